@@ -1,0 +1,145 @@
+"""The ``cuvil`` command line: ``inspect``, ``demo``, ``zoo``."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import List, Optional
+
+import numpy as np
+
+from . import __version__
+from .errors import CuvilError
+
+
+def _fmt_count(n) -> str:
+    if not isinstance(n, int):
+        return str(n)
+    for unit, div in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= div:
+            return f"{n / div:.2f}{unit}"
+    return str(n)
+
+
+def cmd_inspect(args) -> int:
+    from .pipeline import Pipeline
+    p = Pipeline.from_onnx(args.model)
+    if not args.raw:
+        p = p.optimize()
+    g = p.graph
+    st = p.stats()
+    print(f"model: {args.model}  (opset {g.opset}{', as imported' if args.raw else ', after folding/CSE/DCE'})")
+    for kind, vals, names in (("input", g.inputs, [v.name for v in g.inputs]), ("output", g.outputs, g.output_names)):
+        for v, name in zip(vals, names):
+            print(f"  {kind:6} {name}: {v.type}")
+    for s in g.symbols.values():
+        print(f"  symbol {s.name} in [{s.min}, {s.max}]")
+    print(f"nodes: {len(g.nodes)}")
+    for op, n in st.op_histogram.items():
+        print(f"  {op:24} {n}")
+    print(f"parameters: {_fmt_count(st.parameters)} ({st.parameters:,} elements of constants the graph reads, "
+          f"{st.parameter_bytes:,} bytes; the model file has {p.initializer_elements:,} initializer elements)")
+    print(f"compute: {_fmt_count(st.macs)} MACs = {_fmt_count(st.flops)} FLOPs"
+          + ("  (" + ", ".join(f"{op} {_fmt_count(f)}" for op, f in st.flops_by_op.items()) + " FLOPs)" if st.flops_by_op else ""))
+    if args.ir:
+        print(p.print_ir(), end="")
+    return 0
+
+
+def demo_model_path() -> str:
+    return os.path.join(os.path.dirname(__file__), "data", "demo_cnn.onnx")
+
+
+def cmd_demo(args) -> int:
+    from .pipeline import Pipeline
+    path = demo_model_path()
+    print(f"cuvil {__version__} demo: {os.path.relpath(path)}")
+    t0 = time.perf_counter()
+    src = Pipeline.from_onnx(path)
+    t1 = time.perf_counter()
+    opt = src.optimize()
+    t2 = time.perf_counter()
+    before, after = src.stats(), opt.stats()
+    print(f"imported   {len(src.graph.nodes):3} nodes in {1e3 * (t1 - t0):.0f} ms: "
+          + ", ".join(f"{k} {v}" for k, v in before.op_histogram.items()))
+    print(f"optimized  {len(opt.graph.nodes):3} nodes in {1e3 * (t2 - t1):.0f} ms: "
+          + ", ".join(f"{k} {v}" for k, v in after.op_histogram.items()))
+    print(f"passes: " + ", ".join(f"{k} {v}" for k, v in opt.report.counts.items()) + f" ({opt.report.rounds} rounds)")
+    print(f"parameters {after.parameters:,}; {_fmt_count(after.flops)} FLOPs per inference")
+    rng = np.random.default_rng(0)
+    x = src.graph.inputs[0]
+    from .ir.dim import evaluate
+    batch = 2
+    env = {s: batch for s in x.type.free_symbols}
+    shape = tuple(evaluate(d, env) for d in x.shape)
+    feeds = {x.name: rng.standard_normal(shape).astype(np.float32)}
+    ref = src.run_reference(feeds)
+    got = opt.run_reference(feeds)
+    worst = 0.0
+    for name in src.graph.output_names:
+        a, b = ref[name], got[name]
+        worst = max(worst, float(np.max(np.abs(a - b)) / (np.max(np.abs(a)) + 1e-30)))
+        print(f"output {name}: {a.shape} {a.dtype}; optimized vs original max rel. error {worst:.2e}")
+    try:
+        import onnxruntime as ort
+        sess = ort.InferenceSession(opt.to_onnx().SerializeToString(), providers=["CPUExecutionProvider"])
+        o = sess.run(None, feeds)
+        err = max(float(np.max(np.abs(o[k] - ref[n])) / (np.max(np.abs(ref[n])) + 1e-30))
+                  for k, n in enumerate(src.graph.output_names))
+        print(f"onnxruntime on the optimized export: max rel. error {err:.2e}")
+    except ImportError:
+        pass
+    ok = worst <= 1e-5
+    print("demo " + ("passed" if ok else "FAILED"))
+    return 0 if ok else 1
+
+
+def cmd_zoo(args) -> int:
+    import onnx
+    from .testing.models import LIGHT_MODELS, light_model
+    if args.name not in LIGHT_MODELS:
+        raise CuvilError(f"unknown model {args.name!r}; choose from {', '.join(LIGHT_MODELS)}")
+    m = light_model(args.name, seed=args.seed, logits=not args.softmax)
+    onnx.save(m, args.output)
+    print(f"wrote {args.output}: light {args.name} with seeded random weights (seed {args.seed})")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="cuvil", description="Compile ONNX inference graphs into native artifacts.")
+    p.add_argument("--version", action="version", version=f"cuvil {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    sp = sub.add_parser("inspect", help="inputs/outputs, op histogram, parameters and FLOPs of a model")
+    sp.add_argument("model", help="an .onnx file")
+    sp.add_argument("--ir", action="store_true", help="also print the IR")
+    sp.add_argument("--raw", action="store_true", help="as imported, before folding/CSE/DCE")
+    sp.set_defaults(fn=cmd_inspect)
+    sp = sub.add_parser("demo", help="run Cuvil's main job on a small bundled model")
+    sp.set_defaults(fn=cmd_demo)
+    sp = sub.add_parser("zoo", help="write a real architecture (onnx's light models) with seeded random weights")
+    sp.add_argument("name", help="bvlc_alexnet, densenet121, inception_v1, inception_v2, resnet50, shufflenet, squeezenet, vgg19, zfnet512")
+    sp.add_argument("--output", "-o", required=True)
+    sp.add_argument("--seed", type=int, default=0)
+    sp.add_argument("--softmax", action="store_true", help="keep the final Softmax (default: logits)")
+    sp.set_defaults(fn=cmd_zoo)
+    return p
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "fn", None):
+        parser.print_help()
+        return 2
+    try:
+        return args.fn(args)
+    except CuvilError as e:
+        print(f"cuvil: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

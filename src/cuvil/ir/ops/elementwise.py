@@ -1,0 +1,102 @@
+"""Elementwise math, logic and comparison ops (numpy broadcasting)."""
+from __future__ import annotations
+
+from ..dim import floordiv, mod
+from ..dtype import DType
+from ..registry import InferCtx, broadcast_shapes, op
+from ..types import TensorType
+
+UNARY_MATH = ("Abs", "Neg", "Reciprocal", "Floor", "Ceil", "Round", "Sqrt", "Exp", "Log", "Sin", "Cos",
+              "Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh", "Erf", "Sign",
+              "BitwiseNot")
+
+
+@op(*UNARY_MATH)
+def unary(ctx: InferCtx):
+    return ctx.type(0)
+
+
+@op("Not", "IsNaN", "IsInf")
+def unary_bool(ctx: InferCtx):
+    return TensorType(DType.BOOL, ctx.shape(0))
+
+
+def _sym_binary(fn):
+    """Elementwise arithmetic on symbolic shape vectors (1-D or scalar), for shape computations."""
+
+    def ev(ctx: InferCtx):
+        a, b = ctx.sym(0), ctx.sym(1)
+        if a is None or b is None:
+            return None
+        if len(a) == 1 and len(b) != 1:
+            a = a * len(b)
+        if len(b) == 1 and len(a) != 1:
+            b = b * len(a)
+        if len(a) != len(b):
+            return None
+        return [tuple(fn(x, y) for x, y in zip(a, b))]
+
+    return ev
+
+
+@op("Add", sym_eval=_sym_binary(lambda x, y: x + y))
+def add(ctx):
+    return _binary(ctx)
+
+
+@op("Sub", sym_eval=_sym_binary(lambda x, y: x - y))
+def sub(ctx):
+    return _binary(ctx)
+
+
+@op("Mul", sym_eval=_sym_binary(lambda x, y: x * y))
+def mul(ctx):
+    return _binary(ctx)
+
+
+@op("Div", sym_eval=_sym_binary(floordiv))
+def div(ctx):
+    return _binary(ctx)
+
+
+@op("Mod", sym_eval=_sym_binary(mod))
+def mod_(ctx):
+    return _binary(ctx)
+
+
+@op("Pow", "BitShift", "BitwiseAnd", "BitwiseOr", "BitwiseXor")
+def binary(ctx):
+    return _binary(ctx)
+
+
+def _binary(ctx: InferCtx) -> TensorType:
+    if ctx.node.op not in ("Pow", "BitShift") and ctx.dtype(0) != ctx.dtype(1):
+        ctx.fail(f"input dtypes differ: {ctx.dtype(0).name} and {ctx.dtype(1).name}")
+    return TensorType(ctx.dtype(0), broadcast_shapes(ctx, ctx.shape(0), ctx.shape(1)))
+
+
+@op("Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "And", "Or", "Xor")
+def compare(ctx: InferCtx):
+    if ctx.dtype(0) != ctx.dtype(1):
+        ctx.fail(f"input dtypes differ: {ctx.dtype(0).name} and {ctx.dtype(1).name}")
+    return TensorType(DType.BOOL, broadcast_shapes(ctx, ctx.shape(0), ctx.shape(1)))
+
+
+@op("Sum", "Max", "Min", "Mean")
+def variadic(ctx: InferCtx):
+    n = ctx.num_inputs
+    if n == 0:
+        ctx.fail("needs at least one input")
+    for i in range(1, n):
+        if ctx.dtype(i) != ctx.dtype(0):
+            ctx.fail(f"input dtypes differ: {ctx.dtype(0).name} and {ctx.dtype(i).name}")
+    return TensorType(ctx.dtype(0), broadcast_shapes(ctx, *(ctx.shape(i) for i in range(n))))
+
+
+@op("Where")
+def where(ctx: InferCtx):
+    if ctx.dtype(0) != DType.BOOL:
+        ctx.fail(f"condition must be bool, got {ctx.dtype(0).name}")
+    if ctx.dtype(1) != ctx.dtype(2):
+        ctx.fail(f"branch dtypes differ: {ctx.dtype(1).name} and {ctx.dtype(2).name}")
+    return TensorType(ctx.dtype(1), broadcast_shapes(ctx, ctx.shape(0), ctx.shape(1), ctx.shape(2)))

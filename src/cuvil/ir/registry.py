@@ -1,0 +1,269 @@
+"""The op registry: one :class:`OpDef` per ONNX op, declared once in ``ir/ops/<family>.py``.
+
+An OpDef holds the op's shape/dtype inference (symbolic-aware), its canonical form (which constant inputs
+are lifted into attributes on import) and an optional symbolic evaluator for shape computations. Other
+interpretations of ops (Z3 semantics, kernel lowerings) are tables keyed by op name in their own modules.
+Arity and attribute defaults come from ONNX's own schema at :data:`CANON_OPSET`.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import attrs
+import numpy as np
+import onnx
+import onnx.defs
+
+from ..errors import ShapeError, UnsupportedOpError
+from .dim import Dim, as_dim
+from .dtype import DType
+from .types import TensorType
+
+# Cuvil's canonical op semantics are those of this default-domain opset (ops newer than it: their first).
+CANON_OPSET = 21
+
+
+class UnknownRank(Exception):
+    """Raised by InferCtx.shape when an input's rank is unknown; outputs then get unknown rank too."""
+
+
+@attrs.frozen
+class OpDef:
+    name: str
+    family: str
+    infer: Callable[["InferCtx"], Any]
+    # Canonical form: (attribute name, input index, element type) triples; a constant input at that index
+    # becomes the attribute on import (ints as lists, 0-d as scalars) and goes back to an input on export,
+    # as int64 ("i64"), float32 ("f32") or the dtype of input 0 ("data").
+    lifted: Tuple[Tuple[str, int, str], ...] = ()
+    # Elements of small integer outputs as dimensions (shape arithmetic), or None per output.
+    sym_eval: Optional[Callable[["InferCtx"], List[Optional[Tuple[Dim, ...]]]]] = None
+
+    @functools.cached_property
+    def schema(self) -> onnx.defs.OpSchema:
+        return op_schema(self.name)
+
+    @property
+    def attr_defaults(self) -> Dict[str, Any]:
+        return attr_defaults(self.name)
+
+    @property
+    def lifted_names(self) -> Dict[str, int]:
+        return {name: idx for name, idx, _ in self.lifted}
+
+
+REGISTRY: Dict[str, OpDef] = {}
+
+
+def op(*names: str, lifted: Sequence[Tuple[str, int, str]] = (), sym_eval=None):
+    """Decorator: declare ops ``names`` with the decorated function as their shape inference."""
+
+    def deco(fn):
+        family = fn.__module__.rsplit(".", 1)[-1]
+        for name in names:
+            if name in REGISTRY:
+                raise RuntimeError(f"op {name} declared twice ({REGISTRY[name].family} and {family})")
+            REGISTRY[name] = OpDef(name, family, fn, tuple(lifted), sym_eval)
+        return fn
+
+    return deco
+
+
+def lookup(name: str, *, node: str = "", opset: Optional[int] = None, domain: str = "") -> OpDef:
+    _load_families()
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise UnsupportedOpError(name, node, opset, domain=domain) from None
+
+
+def all_ops() -> Dict[str, OpDef]:
+    _load_families()
+    return dict(REGISTRY)
+
+
+@functools.lru_cache(maxsize=None)
+def op_schema(name: str) -> onnx.defs.OpSchema:
+    try:
+        return onnx.defs.get_schema(name, CANON_OPSET, "")
+    except onnx.defs.SchemaError:
+        return onnx.defs.get_schema(name, "")  # ops newer than the canonical opset: their latest schema
+
+
+@functools.lru_cache(maxsize=None)
+def attr_defaults(name: str) -> Dict[str, Any]:
+    out = {}
+    for aname, a in op_schema(name).attributes.items():
+        if a.default_value is not None and a.default_value.type != 0:
+            out[aname] = _attr_py(onnx.helper.get_attribute_value(a.default_value))
+    return out
+
+
+def _attr_py(v):
+    if isinstance(v, bytes):
+        return v.decode()
+    if isinstance(v, list):
+        return [x.decode() if isinstance(x, bytes) else x for x in v]
+    if isinstance(v, onnx.TensorProto):
+        return onnx.numpy_helper.to_array(v)
+    return v
+
+
+_LOADED = False
+
+
+def _load_families():
+    global _LOADED
+    if not _LOADED:
+        _LOADED = True
+        from . import ops  # noqa: F401  (registers every family)
+
+
+# --- inference --------------------------------------------------------------------------------------
+
+class InferCtx:
+    """What a shape function sees of a node: input types, attributes (with defaults), constant inputs."""
+
+    def __init__(self, node, opdef: OpDef, num_outputs: Optional[int] = None):
+        self.node, self.opdef, self._num_outputs = node, opdef, num_outputs
+        self._defaults = opdef.attr_defaults
+
+    @property
+    def num_inputs(self) -> int:
+        n = len(self.node.inputs)
+        while n and self.node.inputs[n - 1] is None:
+            n -= 1
+        return n
+
+    @property
+    def num_outputs(self) -> int:
+        return len(self.node.outputs) or self._num_outputs or 1
+
+    def has_input(self, i: int) -> bool:
+        return i < len(self.node.inputs) and self.node.inputs[i] is not None
+
+    def type(self, i: int) -> TensorType:
+        if not self.has_input(i):
+            self.fail(f"input {i} is missing")
+        return self.node.inputs[i].type
+
+    def dtype(self, i: int) -> DType:
+        return self.type(i).dtype
+
+    def shape(self, i: int) -> Tuple[Dim, ...]:
+        s = self.type(i).shape
+        if s is None:
+            raise UnknownRank()
+        return s
+
+    def rank(self, i: int) -> int:
+        return len(self.shape(i))
+
+    def attr(self, name: str, default: Any = None) -> Any:
+        if name in self.node.attrs:
+            return self.node.attrs[name]
+        return self._defaults.get(name, default)
+
+    def has_attr(self, name: str) -> bool:
+        return name in self.node.attrs
+
+    def const(self, i: int) -> Optional[np.ndarray]:
+        if not self.has_input(i):
+            return None
+        return self.node.inputs[i].const
+
+    def sym(self, i: int) -> Optional[Tuple[Dim, ...]]:
+        """Elements of integer input ``i`` as dimensions, when known (constant or symbolic shape value)."""
+        if not self.has_input(i):
+            return None
+        v = self.node.inputs[i]
+        if v.const is not None and v.const.dtype.kind in "iu" and v.const.size <= 1 << 16:
+            return tuple(int(x) for x in v.const.reshape(-1))
+        return v.sym_value
+
+    def attr_or_input(self, name: str, i: int):
+        """A lifted attribute, or its value from a constant/symbolic input when it was not lifted."""
+        if name in self.node.attrs:
+            return self.node.attrs[name]
+        s = self.sym(i)
+        if s is not None:
+            return list(s)
+        c = self.const(i)
+        if c is not None:
+            return c
+        return None
+
+    def fail(self, msg: str):
+        raise ShapeError(msg)
+
+    def axis(self, a: int, rank: int, what: str = "axis") -> int:
+        if not -rank <= a < max(rank, 1):
+            self.fail(f"{what} {a} out of range for rank {rank}")
+        return a + rank if a < 0 else a
+
+
+def infer_node(node, num_outputs: Optional[int] = None) -> Tuple[List[TensorType], List[Optional[Tuple[Dim, ...]]]]:
+    """Output types (and symbolic values) of ``node``, from the registry; errors name the node.
+
+    ``num_outputs`` is how many outputs the node is asked for, where it has none yet (ops such as Split
+    and MaxPool infer as many as are asked for).
+    """
+    opdef = lookup(node.op, node=node.name, domain=node.domain)
+    ctx = InferCtx(node, opdef, num_outputs)
+    try:
+        res = opdef.infer(ctx)
+        types = [res] if isinstance(res, TensorType) else list(res)
+    except UnknownRank:
+        dt = next((v.dtype for v in node.inputs if v is not None), DType.FLOAT)
+        types = [TensorType(dt, None)] * ctx.num_outputs
+    except ShapeError as e:
+        raise ShapeError(f"node {node.name!r} ({node.op}): {e}") from None
+    syms: List[Optional[Tuple[Dim, ...]]] = [None] * len(types)
+    if opdef.sym_eval is not None:
+        try:
+            got = opdef.sym_eval(ctx)
+        except (UnknownRank, ShapeError, ZeroDivisionError, IndexError, ValueError, TypeError):
+            got = None
+        if got is not None:
+            syms = list(got) + [None] * (len(types) - len(got))
+    return types, syms
+
+
+# --- helpers shared by shape functions -----------------------------------------------------------------
+
+def broadcast_shapes(ctx: InferCtx, *shapes: Sequence[Dim]) -> Tuple[Dim, ...]:
+    """Multidirectional (numpy) broadcasting of symbolic shapes."""
+    from .dim import dmax
+    rank = max((len(s) for s in shapes), default=0)
+    out = []
+    for k in range(rank):
+        dims = [s[len(s) - rank + k] for s in shapes if len(s) - rank + k >= 0]
+        cur: Dim = 1
+        for d in dims:
+            if d == 1:
+                continue
+            if cur == 1 or cur == d:
+                cur = d
+            elif isinstance(cur, int) and isinstance(d, int):
+                ctx.fail(f"shapes {' and '.join(_fmt(s) for s in shapes)} do not broadcast")
+            elif isinstance(d, int):
+                cur = d  # the symbol must be 1 or equal to d
+            elif isinstance(cur, int):
+                pass
+            else:
+                cur = dmax(cur, d)  # one of them is 1 at run time, or they are equal: max is right either way
+        out.append(cur)
+    return tuple(out)
+
+
+def _fmt(s) -> str:
+    return "[" + ",".join(str(d) for d in s) + "]"
+
+
+def same_as(ctx: InferCtx, i: int = 0) -> TensorType:
+    return ctx.type(i)
+
+
+def dims_of(value) -> Tuple[Dim, ...]:
+    return tuple(as_dim(x) for x in value)

@@ -1,0 +1,4 @@
+"""Tools for testing models and rules with Cuvil: real architectures with random weights, oracles."""
+from .models import LIGHT_MODELS, light_model, light_model_path, strip_final_softmax, with_random_weights
+
+__all__ = ["LIGHT_MODELS", "light_model", "light_model_path", "strip_final_softmax", "with_random_weights"]

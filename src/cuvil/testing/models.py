@@ -1,0 +1,105 @@
+"""Real architectures for tests and benchmarks: the onnx package's ``backend/test/data/light`` models.
+
+Their weights are made by ``ConstantOfShape`` (every weight 0.02); :func:`light_model` replaces them by
+seeded random ones scaled so activations stay in range through deep networks, and can cut the final
+Softmax so comparisons look at logits (with random weights a Softmax output is nearly one-hot).
+"""
+from __future__ import annotations
+
+import os
+from typing import Dict, List
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+LIGHT_MODELS = ("bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50", "shufflenet",
+                "squeezenet", "vgg19", "zfnet512")
+
+
+def light_model_path(name: str) -> str:
+    if name not in LIGHT_MODELS:
+        raise ValueError(f"unknown light model {name!r}; choose from {', '.join(LIGHT_MODELS)}")
+    return os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light", f"light_{name}.onnx")
+
+
+def light_model(name: str, seed: int = 0, logits: bool = True) -> onnx.ModelProto:
+    """The light model ``name`` with seeded random weights; ``logits`` drops a final Softmax."""
+    m = with_random_weights(onnx.load(light_model_path(name)), seed)
+    return strip_final_softmax(m) if logits else m
+
+
+def _consumers(g: onnx.GraphProto) -> Dict[str, List[tuple]]:
+    uses: Dict[str, List[tuple]] = {}
+    for n in g.node:
+        for k, i in enumerate(n.input):
+            uses.setdefault(i, []).append((n, k))
+    return uses
+
+
+def _attr(n: onnx.NodeProto, name: str, default):
+    for a in n.attribute:
+        if a.name == name:
+            return onnx.helper.get_attribute_value(a)
+    return default
+
+
+def with_random_weights(model: onnx.ModelProto, seed: int = 0) -> onnx.ModelProto:
+    """Replace each ``ConstantOfShape`` of a constant shape by a random initializer of that shape."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    g = m.graph
+    rng = np.random.default_rng(seed)
+    inits = {t.name: t for t in g.initializer}
+    uses = _consumers(g)
+    keep, new_inits = [], []
+    for n in g.node:
+        if n.op_type != "ConstantOfShape" or n.input[0] not in inits:
+            keep.append(n)
+            continue
+        shape = tuple(int(x) for x in numpy_helper.to_array(inits[n.input[0]]))
+        arr = _random_weight(rng, shape, uses.get(n.output[0], []))
+        new_inits.append(numpy_helper.from_array(arr.astype(np.float32), n.output[0]))
+    del g.node[:]
+    g.node.extend(keep)
+    used = {i for n in keep for i in n.input} | {o.name for o in g.output}
+    survivors = [t for t in g.initializer if t.name in used] + new_inits
+    del g.initializer[:]
+    g.initializer.extend(survivors)
+    init_names = {t.name for t in g.initializer}
+    real_inputs = [vi for vi in g.input if vi.name not in init_names and vi.name in used]
+    del g.input[:]
+    g.input.extend(real_inputs)
+    m.ir_version = max(m.ir_version, 4)  # initializers that are not inputs need IR version 4
+    return m
+
+
+def _random_weight(rng, shape, uses) -> np.ndarray:
+    op, k = (uses[0][0].op_type, uses[0][1]) if uses else ("", -1)
+    if op == "BatchNormalization":
+        # scale and variance positive around 1; bias and mean small
+        return rng.uniform(0.5, 1.5, shape) if k in (1, 4) else rng.normal(0, 0.1, shape)
+    if op in ("Conv", "ConvTranspose") and k == 1:
+        fan_in = int(np.prod(shape[1:])) or 1
+        return rng.normal(0, np.sqrt(2.0 / fan_in), shape)
+    if op == "Gemm" and k == 1:
+        fan_in = shape[1] if _attr(uses[0][0], "transB", 0) else shape[0]
+        return rng.normal(0, np.sqrt(2.0 / fan_in), shape)
+    if op == "Mul":
+        return rng.uniform(0.5, 1.5, shape)
+    return rng.normal(0, 0.05, shape)
+
+
+def strip_final_softmax(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Make each graph output that a Softmax produces the Softmax's input instead."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    g = m.graph
+    producers = {o: n for n in g.node for o in n.output}
+    for out in g.output:
+        n = producers.get(out.name)
+        if n is not None and n.op_type == "Softmax" and len(_consumers(g).get(out.name, [])) == 0:
+            src = n.input[0]
+            g.node.remove(n)
+            out.name = src
+    return m
