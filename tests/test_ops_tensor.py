@@ -229,6 +229,14 @@ def test_unknown_inputs_give_unknown_rank_or_fresh_symbols():
     assert s[1] == 3 and str(s[0]).endswith("_selected")
     (_, s), = cuvil_infer("OneHot", [(I64, (2,)), (I64, ()), (F, (2,))])
     assert s[0] == 2 and str(s[1]).endswith("_depth")
+    # Unknown input ranks keep each op's output dtypes.
+    u = lambda name, dt=F: g.add_input(name, TensorType(dt, None))
+    assert [o.type for o in _node(g, "TopK", [u("t"), g.const(i64(2))], num_outputs=2)] == [TensorType(F, None), TensorType(I64, None)]
+    assert _node(g, "NonZero", [u("nz")])[0].type == TensorType(I64, None)
+    assert _node(g, "OneHot", [u("oh", I64), g.const(np.int64(3)), g.const(f32(0, 1))])[0].type == TensorType(F, None)
+    assert _node(g, "Multinomial", [u("mn")])[0].type == TensorType(I32, None)
+    assert _node(g, "EyeLike", [u("ey")], {"dtype": int(TensorProto.INT64)})[0].type == TensorType(I64, None)
+    assert str(_node(g, "NonMaxSuppression", [u("bx"), u("sc")])[0].type) == "i64[nonmaxsuppression_selected,3]"
 
 
 def _node(g, op, inputs, attrs=None, **kw):

@@ -123,6 +123,8 @@ def scatter_elements(ctx: InferCtx):
 # depth is lifted as int64 whatever its dtype: ONNX accepts any numeric depth and truncates it to an integer.
 @op("OneHot", lifted=(("depth", 1, "i64"),))
 def one_hot(ctx: InferCtx):
+    if ctx.type(0).shape is None:
+        return TensorType(ctx.dtype(2), None)  # the registry's fallback would take input 0's dtype
     s = ctx.shape(0)
     a = ctx.attr("axis")
     if not -(len(s) + 1) <= a <= len(s):
@@ -146,6 +148,8 @@ def one_hot(ctx: InferCtx):
 
 @op("NonZero")
 def non_zero(ctx: InferCtx):
+    if ctx.type(0).shape is None:
+        return TensorType(DType.INT64, None)
     s, c = ctx.shape(0), ctx.const(0)
     # The count of non-zero elements is data-dependent: a fresh symbol unless the input is constant.
     n = fresh_dim(ctx, "nnz") if c is None else int(np.count_nonzero(c))
@@ -154,6 +158,8 @@ def non_zero(ctx: InferCtx):
 
 @op("TopK", lifted=(("k", 1, "i64"),))
 def top_k(ctx: InferCtx):
+    if ctx.type(0).shape is None:
+        return [TensorType(ctx.dtype(0), None), TensorType(DType.INT64, None)]
     s = ctx.shape(0)
     if not s:
         ctx.fail("input must have rank >= 1")
@@ -185,6 +191,8 @@ def cum_sum(ctx: InferCtx):
 
 @op("Unique")
 def unique(ctx: InferCtx):
+    if ctx.type(0).shape is None:
+        return [TensorType(ctx.dtype(0), None)] + [TensorType(DType.INT64, None)] * 3
     s, c = ctx.shape(0), ctx.const(0)
     axis = ctx.attr("axis")
     a = None if axis is None else ctx.axis(axis, len(s))
@@ -219,12 +227,13 @@ def reverse_sequence(ctx: InferCtx):
 
 @op("NonMaxSuppression")
 def non_max_suppression(ctx: InferCtx):
-    boxes, scores = ctx.shape(0), ctx.shape(1)
-    if len(boxes) != 3 or (isinstance(boxes[2], int) and boxes[2] != 4):
+    boxes, scores = ctx.type(0).shape, ctx.type(1).shape  # the output's rank is known even if theirs is not
+    if boxes is not None and (len(boxes) != 3 or isinstance(boxes[2], int) and boxes[2] != 4):
         ctx.fail(f"boxes must be [batch, boxes, 4], got {fmt(boxes)}")
-    if len(scores) != 3:
+    if scores is not None and len(scores) != 3:
         ctx.fail(f"scores must be [batch, classes, boxes], got {fmt(scores)}")
-    unify(ctx, boxes[0], scores[0], "batch of boxes and scores")
-    unify(ctx, boxes[1], scores[2], "box count of boxes and scores")
+    if boxes is not None and scores is not None:
+        unify(ctx, boxes[0], scores[0], "batch of boxes and scores")
+        unify(ctx, boxes[1], scores[2], "box count of boxes and scores")
     # How many boxes survive depends on the scores and overlaps: a fresh symbol.
     return TensorType(DType.INT64, (fresh_dim(ctx, "selected"), 3))

@@ -90,12 +90,14 @@ def random_like(ctx: InferCtx):
 
 @op("Multinomial")
 def multinomial(ctx: InferCtx):
-    s = ctx.shape(0)
-    if len(s) != 2:
-        ctx.fail(f"input must be [batch_size, class_size], got rank {len(s)}")
     dt = _dtype(ctx, "dtype", DType.INT32)
     if dt not in (DType.INT32, DType.INT64):
         ctx.fail(f"dtype must be int32 or int64, got {dt.name}")
+    if ctx.type(0).shape is None:
+        return TensorType(dt, None)
+    s = ctx.shape(0)
+    if len(s) != 2:
+        ctx.fail(f"input must be [batch_size, class_size], got rank {len(s)}")
     return TensorType(dt, (s[0], ctx.attr("sample_size")))
 
 

@@ -550,13 +550,10 @@ def range_(ctx: InferCtx):
 
 @op("EyeLike")
 def eye_like(ctx: InferCtx):
-    s = ctx.shape(0)
-    if len(s) != 2:
+    s, dt = ctx.type(0).shape, ctx.attr("dtype")
+    if s is not None and len(s) != 2:
         ctx.fail(f"input must be 2-D, got rank {len(s)}")
-    dt = ctx.attr("dtype")
-    if dt is None:
-        return TensorType(ctx.dtype(0), s)
     try:
-        return TensorType(DType(dt), s)
+        return TensorType(ctx.dtype(0) if dt is None else DType(dt), s)
     except ValueError:
         ctx.fail(f"unsupported dtype {dt}")
