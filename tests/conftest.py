@@ -2,6 +2,12 @@ import os
 import sys
 
 import pytest
+from hypothesis import settings
+
+# Hypothesis profiles: the default is quick; CI (CUVIL_HYPOTHESIS_PROFILE=ci) runs a fixed seed and more.
+settings.register_profile("default", max_examples=15, deadline=None)
+settings.register_profile("ci", max_examples=60, deadline=None, derandomize=True, print_blob=True)
+settings.load_profile(os.environ.get("CUVIL_HYPOTHESIS_PROFILE", "default"))
 
 sys.path.insert(0, os.path.dirname(__file__))  # test helpers (infer_harness, golden cases)
 

@@ -106,6 +106,58 @@ def cmd_zoo(args) -> int:
     return 0
 
 
+def _rule_paths(args):
+    from .rewrite_rules.verdicts import builtin_rules_dir
+    return args.paths or [builtin_rules_dir()]
+
+
+def cmd_rules_check(args) -> int:
+    from .dsl.parser import load_rules
+    from .rewrite_rules.verdicts import verdicts, write_shipped
+    rules = load_rules(_rule_paths(args))
+    t0 = time.perf_counter()
+    if args.write_verdicts:
+        results = [(v, False) for v in write_shipped(rules, timeout_ms=args.timeout_ms)]
+    else:
+        results = verdicts(rules, use_cache=not args.no_cache, timeout_ms=args.timeout_ms)
+    total = time.perf_counter() - t0
+    width = max([len(r.name) for r in rules] + [4])
+    print(f"{'rule':{width}}  {'obligation':10}  {'verdict':8}  {'ms':>8}  shapes covered")
+    for r, (v, cached) in zip(rules, results):
+        ms = "cached" if cached else f"{v.ms:.0f}"
+        print(f"{r.name:{width}}  {'prove ' + v.obligation:10}  {v.status:8}  {ms:>8}  {v.shapes}")
+        if v.counterexample:
+            print(f"{'':{width}}  counterexample: {v.counterexample}")
+        elif v.detail and not v.proved:
+            print(f"{'':{width}}  {v.detail}")
+    n_ok = sum(v.proved for v, _ in results)
+    print(f"{n_ok}/{len(rules)} proved in {total:.2f} s" + ("" if args.no_cache else " (cache on)"))
+    return 0 if n_ok == len(rules) else 1
+
+
+def cmd_rules_list(args) -> int:
+    from .dsl.parser import load_rules
+    for r in load_rules(_rule_paths(args)):
+        print(f"{r.name:32} benefit {r.benefit:<3} on {r.on:6} prove {r.proof:5}  {r.loc}")
+    return 0
+
+
+def cmd_ops(args) -> int:
+    import onnx.defs
+    from .ir.registry import all_ops
+    ops = all_ops()
+    by_family = {}
+    for name, d in sorted(ops.items()):
+        by_family.setdefault(d.family, []).append(name)
+    for fam, names in by_family.items():
+        print(f"{fam:12} {len(names):3}  {' '.join(names)}")
+    onnx_ops = {s.name for s in onnx.defs.get_all_schemas() if s.domain == "" and not s.deprecated}
+    missing = sorted(onnx_ops - set(ops))
+    print(f"{len(set(ops) & onnx_ops)} of {len(onnx_ops)} ONNX default-domain ops have shape inference")
+    print(f"not covered ({len(missing)}): {' '.join(missing)}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="cuvil", description="Compile ONNX inference graphs into native artifacts.")
     p.add_argument("--version", action="version", version=f"cuvil {__version__}")
@@ -123,6 +175,20 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--seed", type=int, default=0)
     sp.add_argument("--softmax", action="store_true", help="keep the final Softmax (default: logits)")
     sp.set_defaults(fn=cmd_zoo)
+    sp = sub.add_parser("rules", help="prove or list rewrite rules")
+    rsub = sp.add_subparsers(dest="rules_command", metavar="ACTION")
+    rc = rsub.add_parser("check", help="prove every rule (default: the built-in rules/); exit 0 only if all are proved")
+    rc.add_argument("paths", nargs="*", help=".rule files or directories")
+    rc.add_argument("--no-cache", action="store_true", help="prove again, ignoring shipped and cached verdicts")
+    rc.add_argument("--timeout-ms", type=int, default=20_000, help="Z3 time limit per proof")
+    rc.add_argument("--write-verdicts", action="store_true", help=argparse.SUPPRESS)  # maintainers: refresh rules/verdicts.json
+    rc.set_defaults(fn=cmd_rules_check)
+    rl = rsub.add_parser("list", help="list rules with benefit, level and obligation")
+    rl.add_argument("paths", nargs="*")
+    rl.set_defaults(fn=cmd_rules_list)
+    sp.set_defaults(fn=lambda a: (sp.print_help(), 2)[1])
+    sp = sub.add_parser("ops", help="ops with shape inference, by family, and the ONNX ops not covered")
+    sp.set_defaults(fn=cmd_ops)
     return p
 
 

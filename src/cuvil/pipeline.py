@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import os
-from typing import Dict, Mapping, Optional, Union
+from typing import Dict, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import onnx
@@ -13,9 +13,10 @@ from .ir.dim import SymExpr, evaluate
 from .ir.graph import Graph
 from .ir.printer import print_graph
 from .ir.stats import GraphStats, graph_stats
-from .rewrite_rules.passes import PassReport, run_code_passes
+from .rewrite_rules.engine import RewriteReport
 
 ModelSource = Union[str, os.PathLike, bytes, onnx.ModelProto]
+RulePath = Union[str, os.PathLike]
 
 
 class Pipeline:
@@ -26,9 +27,11 @@ class Pipeline:
     >>> outputs = p.run_reference({"x": x})                  # doctest: +SKIP
     """
 
-    def __init__(self, graph: Graph, report: Optional[PassReport] = None, initializer_elements: Optional[int] = None):
+    def __init__(self, graph: Graph, report: Optional[RewriteReport] = None, initializer_elements: Optional[int] = None,
+                 rule_paths: Sequence[RulePath] = ()):
         self._graph = graph
         self.report = report
+        self.rule_paths: Tuple[RulePath, ...] = tuple(rule_paths)
         # Elements of the source model's initializers (what model zoos call its parameter count).
         self.initializer_elements = initializer_elements
 
@@ -43,11 +46,29 @@ class Pipeline:
     def graph(self) -> Graph:
         return self._graph
 
-    def optimize(self) -> "Pipeline":
-        """Constant folding, CSE and DCE to a fixpoint, then shape propagation, on a copy of the graph."""
+    def with_rules(self, *paths: RulePath) -> "Pipeline":
+        """The same model, with extra ``.rule`` files or directories for :meth:`optimize`."""
+        return Pipeline(self._graph, self.report, self.initializer_elements, self.rule_paths + tuple(paths))
+
+    def optimize(self, rules: Union[RulePath, Sequence[RulePath], None] = None, *, builtin: bool = True,
+                 on_unproved: str = "error") -> "Pipeline":
+        """Rewrite a copy of the graph to a fixpoint: the built-in rules (unless ``builtin=False``), the
+        rules of :meth:`with_rules` and ``rules``, together with folding, CSE and DCE.
+
+        Every rule must be proved first (shipped verdicts, the proof cache, or a proof now); an unproved
+        rule raises :class:`cuvil.rewrite_rules.prove.RuleRejectedError` (``on_unproved="skip"`` leaves it out).
+        """
+        from .dsl.parser import load_rules
+        from .rewrite_rules.engine import rewrite
+        from .rewrite_rules.verdicts import builtin_rules, proved_rules
+        extra = list(self.rule_paths)
+        if rules is not None:
+            extra += [rules] if isinstance(rules, (str, os.PathLike)) else list(rules)
+        all_rules = (builtin_rules() if builtin else []) + (load_rules(extra) if extra else [])
+        runnable = proved_rules(all_rules, on_unproved=on_unproved)
         g = self._graph.clone()
-        report = run_code_passes(g)
-        return Pipeline(g, report, self.initializer_elements)
+        report = rewrite(g, runnable)
+        return Pipeline(g, report, self.initializer_elements, self.rule_paths)
 
     def to_onnx(self) -> onnx.ModelProto:
         return export_model(self._graph)

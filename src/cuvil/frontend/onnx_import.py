@@ -22,7 +22,7 @@ from ..ir.dtype import DType
 from ..ir.graph import Graph, Value
 from ..ir.registry import lookup
 from ..ir.types import TensorType
-from ..rewrite_rules.lifting import lift_const_inputs
+from ..rewrite_rules.lifting import drop_default_attrs, lift_const_inputs
 from . import legacy
 
 MIN_OPSET = 7
@@ -242,6 +242,7 @@ def add_canonical_node(g: Graph, op: str, inputs, attrs, out_names, where: str, 
     node = g.add_node(op, list(inputs), attrs, name=where, num_outputs=n_out,
                       output_names=[n or f"{where}_unused{k}" for k, n in enumerate(out_names)])
     lift_const_inputs(g, node)
+    drop_default_attrs(node)
     if len(node.outputs) < len(out_names):
         raise ShapeError(f"node {where!r} ({op}) declares {len(out_names)} outputs but the op has {len(node.outputs)}")
     del node.outputs[len(out_names):]  # optional outputs the model does not ask for

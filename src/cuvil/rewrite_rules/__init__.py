@@ -1,4 +1,5 @@
-"""Graph rewriting: code passes (folding, DCE, CSE, shape propagation) and, later, the rule engine."""
-from .passes import PassReport, run_code_passes
+"""Graph rewriting: the rule engine and the code passes that run in its loop (folding, CSE, DCE, shape
+propagation), and the prover that discharges each rule's obligation."""
+from .engine import NonTerminationError, RewriteReport, rewrite
 
-__all__ = ["PassReport", "run_code_passes"]
+__all__ = ["NonTerminationError", "RewriteReport", "rewrite"]

@@ -6,7 +6,10 @@ from typing import Any
 import numpy as np
 
 from ..ir.graph import Graph, Node
-from ..ir.registry import lookup
+from ..ir.registry import attr_defaults, lookup
+
+# Attributes whose unset meaning is "all zeros"/"all ones"/"from the weights" though ONNX gives no default.
+_WINDOW_OPS = ("Conv", "ConvTranspose", "ConvInteger", "MaxPool", "AveragePool", "LpPool")
 
 
 def lifted_value(arr: np.ndarray) -> Any:
@@ -27,3 +30,36 @@ def lift_const_inputs(graph: Graph, node: Node) -> bool:
     while node.inputs and node.inputs[-1] is None:
         node.inputs.pop()
     return changed
+
+
+def drop_default_attrs(node: Node) -> None:
+    """Canonical form: an attribute equal to its unset meaning is removed, so patterns need not list it.
+
+    Covers the schema defaults, and for windowed ops all-zero ``pads``, all-one ``strides``/``dilations``
+    and a Conv ``kernel_shape`` equal to the weights' spatial dims.
+    """
+    defaults = attr_defaults(node.op)
+    for name in list(node.attrs):
+        if name in defaults and _same(node.attrs[name], defaults[name]):
+            del node.attrs[name]
+    if node.op not in _WINDOW_OPS:
+        return
+    for name, unit in (("pads", 0), ("strides", 1), ("dilations", 1), ("output_padding", 0)):
+        val = node.attrs.get(name)
+        if isinstance(val, list) and all(x == unit for x in val):
+            del node.attrs[name]
+    ks = node.attrs.get("kernel_shape")
+    w = node.input(1)
+    if ks is not None and node.op in ("Conv", "ConvTranspose", "ConvInteger") and w is not None \
+            and w.shape is not None and list(w.shape[2:]) == list(ks):
+        del node.attrs["kernel_shape"]
+    if node.attrs.get("auto_pad") == "NOTSET":
+        del node.attrs["auto_pad"]
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return False
+    if isinstance(a, float) or isinstance(b, float):
+        return np.float32(a) == np.float32(b)
+    return a == b

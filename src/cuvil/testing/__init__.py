@@ -1,4 +1,5 @@
 """Tools for testing models and rules with Cuvil: real architectures with random weights, oracles."""
+from . import strategies
 from .models import LIGHT_MODELS, light_model, light_model_path, strip_final_softmax, with_random_weights
 
-__all__ = ["LIGHT_MODELS", "light_model", "light_model_path", "strip_final_softmax", "with_random_weights"]
+__all__ = ["strategies", "LIGHT_MODELS", "light_model", "light_model_path", "strip_final_softmax", "with_random_weights"]

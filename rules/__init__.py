@@ -1,0 +1,1 @@
+"""The built-in rule library (*.rule) and its shipped proof verdicts, installed as package data."""

@@ -1,0 +1,98 @@
+"""The typed AST of .rule files (attrs classes). Every node carries its source location."""
+from __future__ import annotations
+
+from typing import Optional, Tuple, Union
+
+import attrs
+
+
+@attrs.frozen
+class Loc:
+    path: str
+    line: int
+    col: int
+
+    def __str__(self):
+        return f"{self.path}:{self.line}:{self.col}"
+
+
+@attrs.frozen
+class Var:
+    """A lower-case name: binds a value (or an attribute value) on the left, refers to it on the right."""
+    name: str
+    loc: Loc = attrs.field(eq=False)
+
+
+@attrs.frozen
+class Wildcard:
+    loc: Loc = attrs.field(eq=False)
+
+
+@attrs.frozen
+class Num:
+    value: Union[int, float]
+    loc: Loc = attrs.field(eq=False)
+
+
+@attrs.frozen
+class ListLit:
+    items: Tuple["Expr", ...]
+    loc: Loc = attrs.field(eq=False)
+
+
+@attrs.frozen
+class OpCall:
+    """An ONNX op applied to sub-patterns: positional inputs, ``name=pat`` attributes, ``..rest``."""
+    op: str
+    args: Tuple["Expr", ...]
+    attrs: Tuple[Tuple[str, "Expr"], ...]
+    rest: Optional[str]
+    loc: Loc = attrs.field(eq=False)
+
+    def attr(self, name: str):
+        return dict(self.attrs).get(name)
+
+
+@attrs.frozen
+class FuncCall:
+    """A lower-case call in a guard: ``const(w, b)``, ``rank(x)``, ``dim(x, 1)``, ``shape(a)``, ``single_use(v)``."""
+    name: str
+    args: Tuple["Expr", ...]
+    loc: Loc = attrs.field(eq=False)
+
+
+@attrs.frozen
+class Compare:
+    op: str  # == != < <= > >=
+    left: "Expr"
+    right: "Expr"
+    loc: Loc = attrs.field(eq=False)
+
+
+@attrs.frozen
+class Arith:
+    """Arithmetic inside guards (``dim(x, 1) * 2``); in patterns ``+ - * /`` are ops (Add/Sub/Mul/Div)."""
+    op: str
+    left: "Expr"
+    right: "Expr"
+    loc: Loc = attrs.field(eq=False)
+
+
+Expr = Union[Var, Wildcard, Num, ListLit, OpCall, FuncCall, Arith]
+Guard = Union[FuncCall, Compare]
+
+
+@attrs.frozen
+class Rule:
+    name: str
+    benefit: int
+    on: str                     # "graph" or "kernel"
+    lhs: OpCall
+    guards: Tuple[Guard, ...]
+    rhs: Expr
+    proof: str                  # "exact" or "real"
+    loc: Loc = attrs.field(eq=False)
+    text: str = attrs.field(eq=False, default="")   # the rule's source, for hashing and reports
+
+    def __str__(self):
+        return self.text or self.name

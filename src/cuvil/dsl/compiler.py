@@ -1,0 +1,268 @@
+"""Rule AST -> matcher and builder over the graph IR.
+
+``match(rule, value, graph)`` returns the bindings of the rule's pattern rooted at ``value`` (or None);
+``build(rule, bindings, graph)`` creates the replacement nodes through the op registry, so replacements
+are type-checked exactly like imported nodes.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+from attrs import define, field
+
+from ..errors import ShapeError
+from ..ir.dtype import DType
+from ..ir.graph import Graph, Node, Value
+from ..ir.registry import attr_defaults
+from .ast import Expr, FuncCall, ListLit, Num, OpCall, Rule, Var, Wildcard
+
+_ARITH = {"Add": lambda a, b: a + b, "Sub": lambda a, b: a - b, "Mul": lambda a, b: a * b,
+          "Div": lambda a, b: a / b}
+
+
+@define
+class Bindings:
+    values: Dict[str, Value] = field(factory=dict)
+    attrs: Dict[str, Any] = field(factory=dict)
+    rests: Dict[str, Dict[str, Any]] = field(factory=dict)
+    nodes: List[Node] = field(factory=list)   # the matched nodes, root first
+
+
+def attr_equal(a, b) -> bool:
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.dtype == b.dtype and \
+            a.shape == b.shape and a.tobytes() == b.tobytes()
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(attr_equal(x, y) for x, y in zip(a, b))
+    if isinstance(a, float) or isinstance(b, float):
+        try:
+            return np.float32(a).tobytes() == np.float32(b).tobytes()
+        except (TypeError, ValueError):
+            return False
+    return a == b
+
+
+def literal_matches(v: Value, num) -> bool:
+    """A constant all of whose elements are the literal, bit for bit in the constant's dtype."""
+    if not v.is_const or v.const.size == 0:
+        return False
+    arr = v.const
+    try:
+        lit = np.asarray(num, dtype=arr.dtype)
+    except (OverflowError, ValueError):
+        return False
+    if arr.dtype.kind == "f":
+        return bool(np.all(arr.view(np.uint8).reshape(arr.size, -1) == lit.reshape(1).view(np.uint8)))
+    return bool(np.all(arr == lit))
+
+
+# --- matching --------------------------------------------------------------------------------------
+
+def match(rule: Rule, root: Value, g: Graph) -> Optional[Bindings]:
+    b = Bindings()
+    if not _match(rule.lhs, root, b, g):
+        return None
+    return b if all(guard_holds(gd, b, g) for gd in rule.guards) else None
+
+
+def _match(p: Expr, v: Optional[Value], b: Bindings, g: Graph) -> bool:
+    if isinstance(p, Wildcard):
+        return v is not None
+    if v is None:
+        return False
+    if isinstance(p, Var):
+        if p.name in b.values:
+            return b.values[p.name] is v
+        b.values[p.name] = v
+        return True
+    if isinstance(p, Num):
+        return literal_matches(v, p.value)
+    if isinstance(p, OpCall):
+        n = v.producer
+        if n is None or n.op != p.op or n.domain not in ("", "ai.onnx") or n.outputs[0] is not v:
+            return False
+        present = len(n.inputs)
+        while present and n.inputs[present - 1] is None:
+            present -= 1
+        if present != len(p.args):
+            return False
+        b.nodes.append(n)
+        for sub, inp in zip(p.args, n.inputs):
+            if not _match(sub, inp, b, g):
+                return False
+        return _match_attrs(p, n, b)
+    return False
+
+
+def _match_attrs(p: OpCall, n: Node, b: Bindings) -> bool:
+    defaults = attr_defaults(n.op)
+    mentioned = dict(p.attrs)
+    for name, pat in p.attrs:
+        val = n.attrs.get(name, defaults.get(name))
+        if not _match_attr(pat, val, b):
+            return False
+    rest = {}
+    for name, val in n.attrs.items():
+        if name in mentioned or name.startswith("_"):
+            continue
+        if p.rest is not None:
+            rest[name] = val
+        elif name not in defaults or not attr_equal(val, defaults[name]):
+            return False  # an attribute the pattern does not mention must hold its default
+    if p.rest is not None:
+        if p.rest in b.rests:
+            return all(attr_equal(b.rests[p.rest].get(k), rest.get(k)) for k in set(rest) | set(b.rests[p.rest]))
+        b.rests[p.rest] = rest
+    return True
+
+
+def _match_attr(pat: Expr, val, b: Bindings) -> bool:
+    if isinstance(pat, Wildcard):
+        return True
+    if isinstance(pat, Var):
+        if pat.name in b.attrs:
+            return attr_equal(b.attrs[pat.name], val)
+        if val is None:
+            return False
+        b.attrs[pat.name] = val
+        return True
+    if isinstance(pat, Num):
+        return val is not None and not isinstance(val, (list, np.ndarray)) and attr_equal(val, pat.value)
+    if isinstance(pat, ListLit):
+        if not isinstance(val, (list, tuple)) or len(val) != len(pat.items):
+            return False
+        return all(_match_attr(x, y, b) for x, y in zip(pat.items, val))
+    return False
+
+
+# --- guards ----------------------------------------------------------------------------------------
+
+class _NoValue(Exception):
+    """A guard asked about something unknown (unknown rank, a symbolic dim in an order comparison)."""
+
+
+def guard_holds(gd, b: Bindings, g: Graph) -> bool:
+    try:
+        if isinstance(gd, FuncCall):
+            return bool(_guard_value(gd, b, g))
+        left, right = _guard_value(gd.left, b, g), _guard_value(gd.right, b, g)
+        return _compare(gd.op, left, right)
+    except _NoValue:
+        return False
+
+
+def _compare(op: str, a, b) -> bool:
+    if op == "==":
+        return _eq(a, b)
+    if op == "!=":
+        return not _eq(a, b)
+    if not all(isinstance(x, (int, float, np.ndarray, np.number)) for x in (a, b)):
+        raise _NoValue()
+    fn = {"<": np.less, "<=": np.less_equal, ">": np.greater, ">=": np.greater_equal}[op]
+    return bool(np.all(fn(a, b)))
+
+
+def _eq(a, b) -> bool:
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return bool(np.all(np.asarray(a) == np.asarray(b)))
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_eq(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def _guard_value(e, b: Bindings, g: Graph):
+    if isinstance(e, Num):
+        return e.value
+    if isinstance(e, ListLit):
+        return [_guard_value(x, b, g) for x in e.items]
+    if isinstance(e, Var):
+        if e.name in b.attrs:
+            return b.attrs[e.name]
+        v = b.values[e.name]
+        if not v.is_const:
+            raise _NoValue()
+        return v.const
+    if isinstance(e, OpCall):  # arithmetic sugar inside a guard
+        args = [_guard_value(a, b, g) for a in e.args]
+        if e.op == "Neg":
+            return -args[0]
+        return _ARITH[e.op](*args)
+    if isinstance(e, FuncCall):
+        vals = [b.values.get(a.name) if isinstance(a, Var) else None for a in e.args]
+        if e.name == "const":
+            return all(v is not None and v.is_const for v in vals)
+        if e.name == "single_use":
+            return all(v is not None and g.num_uses(v) == 1 for v in vals)
+        shape = vals[0].shape
+        if shape is None:
+            raise _NoValue()
+        if e.name == "rank":
+            return len(shape)
+        if e.name == "shape":
+            return tuple(shape)
+        if e.name == "dim":
+            i = _guard_value(e.args[1], b, g)
+            if not isinstance(i, int) or not -len(shape) <= i < len(shape):
+                raise _NoValue()
+            return shape[i]
+    raise _NoValue()
+
+
+# --- building --------------------------------------------------------------------------------------
+
+class BuildError(Exception):
+    """The replacement does not type-check for these bindings; the rewrite is skipped."""
+
+
+def build(rule: Rule, b: Bindings, g: Graph, created: List[Node]) -> Value:
+    try:
+        return _build(rule.rhs, b, g, created, None)
+    except ShapeError as e:
+        raise BuildError(str(e)) from None
+
+
+def _is_scalar_literal(e: Expr, b: Bindings) -> bool:
+    return isinstance(e, Num) or (isinstance(e, Var) and e.name not in b.values and e.name in b.attrs)
+
+
+def _build(e: Expr, b: Bindings, g: Graph, created: List[Node], dtype: Optional[DType]) -> Value:
+    if isinstance(e, Var) and e.name in b.values:
+        return b.values[e.name]
+    if _is_scalar_literal(e, b):
+        val = e.value if isinstance(e, Num) else b.attrs[e.name]
+        if isinstance(val, (list, np.ndarray)):
+            arr = np.asarray(val, dtype=(dtype or DType.FLOAT).numpy)
+        else:
+            arr = np.asarray(val, dtype=(dtype or DType.FLOAT).numpy)
+        return g.const(arr, "lit")
+    if isinstance(e, OpCall):
+        inputs: List[Optional[Value]] = [None] * len(e.args)
+        for k, a in enumerate(e.args):  # non-literals first: literals take their siblings' dtype
+            if not _is_scalar_literal(a, b):
+                inputs[k] = _build(a, b, g, created, dtype)
+        sib = next((v.dtype for v in inputs if v is not None), dtype)
+        for k, a in enumerate(e.args):
+            if inputs[k] is None:
+                inputs[k] = _build(a, b, g, created, sib)
+        attrs_: Dict[str, Any] = dict(b.rests.get(e.rest, {})) if e.rest else {}
+        for name, a in e.attrs:
+            attrs_[name] = _attr_value(a, b)
+        node = g.add_node(e.op, inputs, attrs_)
+        created.append(node)
+        return node.outputs[0]
+    raise BuildError(f"cannot build {e!r}")
+
+
+def _attr_value(e: Expr, b: Bindings):
+    if isinstance(e, Num):
+        return e.value
+    if isinstance(e, Var):
+        return b.attrs[e.name]
+    if isinstance(e, ListLit):
+        return [_attr_value(x, b) for x in e.items]
+    raise BuildError(f"bad attribute value {e!r}")
+
+
+def types_equal(a: Value, b: Value) -> bool:
+    return a.type == b.type

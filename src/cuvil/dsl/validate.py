@@ -1,0 +1,170 @@
+"""Semantic checks of parsed rules against the op registry; errors point at the offending token."""
+from __future__ import annotations
+
+from typing import Dict, List, Set
+
+import onnx.defs
+
+from ..errors import UnsupportedOpError
+from ..ir.registry import lookup, op_schema
+from .ast import Arith, Compare, Expr, FuncCall, ListLit, Num, OpCall, Rule, Var, Wildcard
+from .errors import RuleError
+
+# Guards: name -> (number of arguments or None for 1+, what the call yields)
+GUARDS = {"const": (None, "bool"), "single_use": (None, "bool"), "rank": (1, "int"), "dim": (2, "int"),
+          "shape": (1, "shape")}
+# Scalar ops that kernel-level rules (``on kernel``) may use, besides the elementwise ONNX ops.
+KERNEL_OPS = {"Fma"}
+BINARY_SUGAR = {"Add": "+", "Sub": "-", "Mul": "*", "Div": "/"}
+
+
+def validate_rules(rules: List[Rule], source: str) -> None:
+    for r in rules:
+        _Checker(r, source).run()
+
+
+class _Checker:
+    def __init__(self, rule: Rule, source: str):
+        self.r, self.source = rule, source
+        self.values: Set[str] = set()
+        self.attrs: Set[str] = set()
+        self.rests: Set[str] = set()
+
+    def err(self, msg, loc):
+        raise RuleError(msg, loc.path, loc.line, loc.col, self.source)
+
+    def run(self):
+        self.pattern(self.r.lhs, top=True)
+        for g in self.r.guards:
+            self.guard(g)
+        self.replacement(self.r.rhs)
+
+    # --- ops -------------------------------------------------------------------------------------------
+    def check_op(self, c: OpCall):
+        if self.r.on == "kernel" and c.op in KERNEL_OPS:
+            return None
+        try:
+            opdef = lookup(c.op)
+        except UnsupportedOpError:
+            self.err(f"unknown op {c.op!r}", c.loc)
+        schema = op_schema(c.op)
+        n = len(c.args)
+        lifted = set(opdef.lifted_names.values())
+        single = onnx.defs.OpSchema.FormalParameterOption.Single
+        required = [i for i, f in enumerate(schema.inputs) if f.option == single and i not in lifted]
+        lo, hi = (max(required) + 1 if required else 0), schema.max_input
+        if n < lo or n > hi:  # inputs lifted into attributes (Unsqueeze's axes, ...) need not be given
+            want = (f"{lo}" if lo == hi else f"{lo} to {hi}" if hi < 1 << 20 else f"at least {lo}")
+            self.err(f"{c.op} takes {want} inputs, got {n}", c.loc)
+        known = set(schema.attributes) | set(opdef.lifted_names)
+        for name, _ in c.attrs:
+            if name not in known:
+                self.err(f"{c.op} has no attribute {name!r} (it has: {', '.join(sorted(known)) or 'none'})", c.loc)
+        return opdef
+
+    # --- left side -----------------------------------------------------------------------------------
+    def pattern(self, e: Expr, top=False):
+        if isinstance(e, OpCall):
+            self.check_op(e)
+            for a in e.args:
+                self.pattern(a)
+            for _, a in e.attrs:
+                self.attr_pattern(a)
+            if e.rest:
+                if e.rest in self.rests:
+                    self.err(f"..{e.rest} is bound twice", e.loc)
+                self.rests.add(e.rest)
+        elif isinstance(e, Var):
+            self.values.add(e.name)
+        elif isinstance(e, (Wildcard, Num)):
+            pass
+        elif isinstance(e, ListLit):
+            self.err("a list can only be an attribute value", e.loc)
+        elif isinstance(e, FuncCall):
+            self.err(f"{e.name}(...) is a guard; use it after 'when'", e.loc)
+
+    def attr_pattern(self, e: Expr):
+        if isinstance(e, Var):
+            self.attrs.add(e.name)
+        elif isinstance(e, ListLit):
+            for x in e.items:
+                if not isinstance(x, (Num, Wildcard, Var)):
+                    self.err("attribute lists hold numbers, names or _", x.loc)
+                if isinstance(x, Var):
+                    self.attrs.add(x.name)
+        elif not isinstance(e, (Num, Wildcard)):
+            self.err("an attribute pattern is a number, a list, a name or _", e.loc)
+
+    # --- guards ----------------------------------------------------------------------------------------
+    def guard(self, g):
+        if isinstance(g, FuncCall):
+            kind = self.func(g)
+            if kind != "bool":
+                self.err(f"{g.name}(...) is not a condition; compare it, e.g. {g.name}(...) == 4", g.loc)
+        elif isinstance(g, Compare):
+            self.guard_expr(g.left)
+            self.guard_expr(g.right)
+        else:
+            self.err("a guard is a call such as const(w) or a comparison such as rank(x) == 4", g.loc)
+
+    def func(self, f: FuncCall) -> str:
+        if f.name not in GUARDS:
+            self.err(f"unknown guard {f.name!r} (known: {', '.join(sorted(GUARDS))})", f.loc)
+        arity, kind = GUARDS[f.name]
+        if (arity is None and not f.args) or (arity is not None and len(f.args) != arity):
+            self.err(f"{f.name} takes {'one or more arguments' if arity is None else arity}", f.loc)
+        for k, a in enumerate(f.args):
+            if f.name == "dim" and k == 1:
+                self.guard_expr(a)
+                continue
+            if not isinstance(a, Var):
+                self.err(f"{f.name}(...) takes names bound by the pattern", a.loc)
+            if a.name not in self.values:
+                self.err(f"{a.name!r} is not bound to a value by the pattern", a.loc)
+        return kind
+
+    def guard_expr(self, e):
+        if isinstance(e, FuncCall):
+            self.func(e)
+        elif isinstance(e, Var):
+            if e.name not in self.attrs and e.name not in self.values:
+                self.err(f"{e.name!r} is not bound by the pattern", e.loc)
+        elif isinstance(e, OpCall) and e.op in BINARY_SUGAR or isinstance(e, OpCall) and e.op == "Neg":
+            for a in e.args:
+                self.guard_expr(a)
+        elif isinstance(e, (Num, ListLit, Arith)):
+            pass
+        else:
+            self.err("guards compare numbers, bound names, rank/dim/shape and arithmetic on them", e.loc)
+
+    # --- right side -------------------------------------------------------------------------------------
+    def replacement(self, e: Expr):
+        if isinstance(e, OpCall):
+            self.check_op(e)
+            for a in e.args:
+                self.replacement(a)
+            for _, a in e.attrs:
+                self.attr_value(a)
+            if e.rest and e.rest not in self.rests:
+                self.err(f"..{e.rest} is not bound by the pattern", e.loc)
+        elif isinstance(e, Var):
+            if e.name not in self.values and e.name not in self.attrs:
+                self.err(f"{e.name!r} is not bound by the pattern", e.loc)
+        elif isinstance(e, Wildcard):
+            self.err("_ cannot appear in a replacement", e.loc)
+        elif isinstance(e, ListLit):
+            self.err("a list can only be an attribute value", e.loc)
+        elif isinstance(e, FuncCall):
+            self.err(f"{e.name}(...) is a guard; it cannot build a value", e.loc)
+
+    def attr_value(self, e: Expr):
+        if isinstance(e, Var):
+            if e.name not in self.attrs:
+                self.err(f"{e.name!r} is not bound to an attribute by the pattern", e.loc)
+        elif isinstance(e, ListLit):
+            for x in e.items:
+                self.attr_value(x)
+        elif isinstance(e, Wildcard):
+            self.err("_ cannot appear in a replacement", e.loc)
+        elif not isinstance(e, Num):
+            self.err("an attribute value is a number, a list or a bound name", e.loc)

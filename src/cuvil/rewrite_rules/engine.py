@@ -1,0 +1,113 @@
+"""The rewrite engine: applies proved rules to a fixpoint with a worklist, highest benefit first.
+
+Each application replaces the uses of the matched root by the built replacement, after checking that the
+replacement has exactly the root's type (dtype and shape, symbols included). The code passes (folding,
+CSE, DCE) run in the same loop, so a rule's constant sub-expressions fold before the next round.
+"""
+from __future__ import annotations
+
+from collections import Counter, deque
+from typing import Dict, List, Sequence
+
+import attrs
+
+from ..dsl.ast import Rule
+from ..dsl.compiler import BuildError, build, match
+from ..errors import CuvilError
+from ..ir.graph import Graph, Node
+from .cse import eliminate_common_subexpressions
+from .dce import eliminate_dead_code
+from .fold import fold_constants
+from .shape_prop import propagate_shapes
+
+MAX_ROUNDS = 16
+
+
+class NonTerminationError(CuvilError):
+    """A rule set kept rewriting past the iteration cap (typically a rule and its inverse)."""
+
+
+@attrs.define
+class RewriteReport:
+    rounds: int = 0
+    counts: Dict[str, int] = attrs.field(factory=dict)      # per pass: "rules", "fold", "cse", "dce"
+    applied: Counter = attrs.field(factory=Counter)         # per rule name
+
+    def add(self, name: str, n: int) -> None:
+        self.counts[name] = self.counts.get(name, 0) + n
+
+
+def _cap(g: Graph) -> int:
+    return max(10_000, 50 * len(g.nodes))
+
+
+def apply_rules(g: Graph, rules: Sequence[Rule], report: RewriteReport) -> int:
+    """One worklist pass of ``rules`` over ``g``; returns the number of rewrites."""
+    by_op: Dict[str, List[Rule]] = {}
+    for r in sorted(rules, key=lambda r: -r.benefit):  # stable: file order breaks ties
+        by_op.setdefault(r.lhs.op, []).append(r)
+    work = deque(n for n in g.nodes if n.op in by_op)
+    alive = set(map(id, g.nodes))
+    count, cap = 0, _cap(g)
+    recent: Counter = Counter()
+    while work:
+        n = work.popleft()
+        if id(n) not in alive or not n.outputs:
+            continue
+        root = n.outputs[0]
+        if not root.uses and root not in g.outputs:
+            continue
+        for r in by_op.get(n.op, ()):
+            b = match(r, root, g)
+            if b is None:
+                continue
+            created: List[Node] = []
+            try:
+                new = build(r, b, g, created)
+                ok = new.type == root.type and new is not root
+            except BuildError:
+                ok = False
+            if not ok:
+                if created:
+                    g.remove_nodes(created)
+                continue
+            users = g.consumers(root)
+            g.replace_all_uses(root, new)
+            alive.update(map(id, created))
+            report.applied[r.name] += 1
+            recent[r.name] += 1
+            count += 1
+            if count > cap:
+                top = ", ".join(f"{name} ({k} times)" for name, k in recent.most_common(3))
+                raise NonTerminationError(
+                    f"the rules do not terminate: {count} rewrites without reaching a fixpoint; still firing: "
+                    f"{top}. Is one rule the inverse of another?")
+            work.extend(c for c in created if c.op in by_op)
+            work.extend(c for c in users if c.op in by_op)
+            break
+    if count:
+        g.toposort()
+    return count
+
+
+def rewrite(g: Graph, rules: Sequence[Rule], report: RewriteReport | None = None) -> RewriteReport:
+    """Rules and code passes to a joint fixpoint, then shape propagation and verification."""
+    report = report or RewriteReport()
+    graph_rules = [r for r in rules if r.on == "graph"]
+    g.toposort()
+    for _ in range(MAX_ROUNDS):
+        report.rounds += 1
+        changed = 0
+        n = apply_rules(g, graph_rules, report) if graph_rules else 0
+        report.add("rules", n)
+        changed += n
+        for name, fn in (("fold", fold_constants), ("cse", eliminate_common_subexpressions),
+                         ("dce", eliminate_dead_code)):
+            k = fn(g)
+            report.add(name, k)
+            changed += k
+        if not changed:
+            break
+    propagate_shapes(g)
+    g.verify()
+    return report

@@ -1,0 +1,718 @@
+"""The prover: every rule's equivalence obligation, discharged by Z3 before the rule may run.
+
+A rule is instantiated on symbolic tensors (every element a Z3 variable) and both sides are evaluated
+with the op semantics of :mod:`cuvil.rewrite_rules.semantics`:
+
+* ``prove exact``: equal bit for bit in IEEE-754 float32 (NaN, +-0, +-inf, subnormals);
+* ``prove real``: equal over the reals wherever the left side is defined, and the right side defined
+  there too (division by zero, Sqrt/Log of out-of-domain arguments are definedness conditions).
+
+Rules whose ops are all elementwise are proved once on scalars, which covers every shape
+("shape-generic"). Other rules are proved on small concrete shapes found by a search that runs the op
+registry's shape inference and the rule's own guards, so an instance is one the rule could actually match.
+A refutation comes with a counterexample; a timeout, or no instance, is "unknown" and the rule never runs.
+"""
+from __future__ import annotations
+
+import hashlib
+import itertools
+import math
+import re
+import time
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import attrs
+import numpy as np
+import onnx
+import z3
+
+from ..dsl.ast import Expr, FuncCall, ListLit, Num, OpCall, Rule, Var, Wildcard
+from ..dsl.compiler import Bindings, BuildError, build, match
+from ..errors import CuvilError, ShapeError, UnsupportedOpError
+from ..ir.graph import Graph
+from ..ir.registry import attr_defaults, op_schema
+from ..ir.types import TensorType
+from . import semantics as sem
+
+PROVER_VERSION = "1"
+DEFAULT_TIMEOUT_MS = 20_000
+MAX_INSTANCES = 3
+MAX_SEARCH = 4000  # candidate instantiations tried per rule
+MAX_GENERIC = 300  # generic input-shape combinations tried per op of a pattern
+
+# Ops whose every output element is a function of the corresponding (broadcast) input elements alone.
+ELEMENTWISE = {
+    "Abs", "Neg", "Reciprocal", "Floor", "Ceil", "Round", "Sqrt", "Exp", "Log", "Sin", "Cos", "Tan", "Asin",
+    "Acos", "Atan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh", "Erf", "Sign", "Not", "IsNaN", "IsInf", "Add",
+    "Sub", "Mul", "Div", "Pow", "Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "And", "Or",
+    "Xor", "Sum", "Max", "Min", "Mean", "Where", "Relu", "LeakyRelu", "Elu", "Selu", "Sigmoid", "HardSigmoid",
+    "Tanh", "Softplus", "Softsign", "HardSwish", "Gelu", "Mish", "ThresholdedRelu", "Celu", "Clip", "Identity",
+    "Dropout", "Fma",
+}
+SHAPE_GUARDS = {"rank", "dim", "shape"}
+
+
+@attrs.frozen
+class Verdict:
+    rule: str
+    obligation: str             # "exact" or "real"
+    status: str                 # "proved", "refuted" or "unknown"
+    shapes: str                 # what the proof covers
+    ms: float
+    counterexample: Optional[str] = None
+    detail: Optional[str] = None
+    key: str = ""
+
+    @property
+    def proved(self) -> bool:
+        return self.status == "proved"
+
+    def to_json(self) -> dict:
+        return attrs.asdict(self)
+
+    @staticmethod
+    def from_json(d: dict) -> "Verdict":
+        return Verdict(**{k: d.get(k) for k in attrs.fields_dict(Verdict)})
+
+
+class RuleRejectedError(CuvilError):
+    """A rule that is not proved was asked to run."""
+
+
+def normalized_text(rule: Rule) -> str:
+    text = "\n".join(line.split("#", 1)[0] for line in (rule.text or rule.name).splitlines())
+    return re.sub(r"\s+", " ", text).strip()
+
+
+def rule_key(rule: Rule) -> str:
+    """Cache key of a rule's verdict: its text (comments and spacing aside) and the semantics' versions."""
+    h = hashlib.sha256()
+    for part in (normalized_text(rule), rule.proof, sem.SEMANTICS_VERSION, PROVER_VERSION):
+        h.update(part.encode())
+        h.update(b"\x00")
+    return h.hexdigest()[:32]
+
+
+# --- instances ---------------------------------------------------------------------------------------
+
+@attrs.define
+class Instance:
+    shapes: Dict[str, Tuple[int, ...]]      # value variable -> shape
+    attrs: Dict[str, Any]                   # attribute variable -> concrete value (None: symbolic float)
+    rests: Dict[str, Dict[str, Any]]        # ..rest name -> attributes
+    wild: Dict[int, Tuple[int, ...]]        # id of a Wildcard input pattern -> shape
+
+    def describe(self) -> str:
+        parts = [f"{k}=[{','.join(map(str, s))}]" for k, s in sorted(self.shapes.items())]
+        parts += [f"{k}={v}" for k, v in sorted(self.attrs.items()) if v is not None]
+        parts += [f"..{k}={{{', '.join(f'{a}={b}' for a, b in sorted(r.items()))}}}" for k, r in sorted(self.rests.items()) if r]
+        return " ".join(parts)
+
+
+def _ops(e: Expr) -> Iterator[OpCall]:
+    if isinstance(e, OpCall):
+        yield e
+        for a in e.args:
+            yield from _ops(a)
+
+
+def is_elementwise(rule: Rule) -> bool:
+    if any(c.op not in ELEMENTWISE for c in itertools.chain(_ops(rule.lhs), _ops(rule.rhs))):
+        return False
+    if any(c.rest for c in _ops(rule.lhs)):
+        return False
+
+    def uses_shape(e) -> bool:
+        if isinstance(e, FuncCall):
+            return e.name in SHAPE_GUARDS or any(uses_shape(a) for a in e.args)
+        return any(uses_shape(x) for x in getattr(e, "args", ())) or any(
+            uses_shape(getattr(e, k)) for k in ("left", "right") if hasattr(e, k))
+
+    return not any(uses_shape(g) for g in rule.guards)
+
+
+def _attr_type(op: str, name: str) -> Optional[int]:
+    a = op_schema(op).attributes.get(name)
+    return None if a is None else a.type
+
+
+def _is_float_attr(op: str, name: str) -> bool:
+    return _attr_type(op, name) == onnx.AttributeProto.FLOAT
+
+
+def _leaf_vars(e: Expr, out: Dict[str, None]) -> None:
+    if isinstance(e, Var):
+        out.setdefault(e.name)
+    elif isinstance(e, OpCall):
+        for a in e.args:
+            _leaf_vars(a, out)
+
+
+def _input_is_bool(op: str, i: int) -> bool:
+    try:
+        schema = op_schema(op)
+    except Exception:  # kernel-only ops (Fma)
+        return False
+    if not schema.inputs:
+        return False
+    formal = schema.inputs[min(i, len(schema.inputs) - 1)]
+    allowed = {tc.type_param_str: list(tc.allowed_type_strs) for tc in schema.type_constraints}
+    types = allowed.get(formal.type_str, [formal.type_str])
+    return types == ["tensor(bool)"]
+
+
+def var_kinds(rule: Rule) -> Dict[str, str]:
+    """"bool" for value variables in boolean input positions (Where's condition, Dropout's training_mode)."""
+    kinds: Dict[str, str] = {}
+    for c in _ops(rule.lhs):
+        for i, a in enumerate(c.args):
+            if isinstance(a, Var):
+                kinds.setdefault(a.name, "bool" if _input_is_bool(c.op, i) else "float")
+    return kinds
+
+
+def _float_attr_vars(rule: Rule) -> Dict[str, Tuple[str, str]]:
+    """Attribute variables bound to float attributes: they are symbolic in proofs."""
+    out = {}
+    for c in _ops(rule.lhs):
+        for name, p in c.attrs:
+            if isinstance(p, Var) and _is_float_attr(c.op, name):
+                out.setdefault(p.name, (c.op, name))
+    return out
+
+
+def elementwise_instance(rule: Rule) -> Instance:
+    leaves: Dict[str, None] = {}
+    _leaf_vars(rule.lhs, leaves)
+    wild = {id(w): () for c in _ops(rule.lhs) for w in c.args if isinstance(w, Wildcard)}
+    attrs_ = {}
+    for c in _ops(rule.lhs):
+        for name, p in c.attrs:
+            if isinstance(p, Var):
+                attrs_.setdefault(p.name, None if _is_float_attr(c.op, name) else attr_defaults(c.op).get(name))
+    return Instance({k: () for k in leaves}, attrs_, {}, wild)
+
+
+# Candidate shapes and attribute values for the instance search. Small on purpose: every element
+# becomes a Z3 variable.
+_POOL = [(2, 3), (1, 2, 3), (3,), (2, 1, 3), (), (1, 2, 2, 2)]
+
+
+def _related(known: Sequence[Tuple[int, ...]]) -> List[Tuple[int, ...]]:
+    out: List[Tuple[int, ...]] = []
+    for s in known:
+        cands = [s, (), (1,)] + [s[k:] for k in range(1, len(s))] + [(s[-1],)] if s else [s, (), (1,)]
+        if len(s) >= 2:
+            cands.append((s[1],) + (1,) * (len(s) - 2))
+            cands.append((1,) + tuple(s[1:]))
+        for c in cands:
+            if c not in out:
+                out.append(c)
+    return out or list(_POOL)
+
+
+def _window_inputs(op, known):
+    xs = [known[0]] if known[0] is not None else [(1, 2, 3, 3), (1, 1, 4, 4), (1, 2, 4)]
+    for x in xs:
+        c, k = x[1], len(x) - 2
+        ws = []
+        for m in (2, 1):
+            for ks in (1, 2):
+                ws.append((m, c) + (ks,) * k if op != "ConvTranspose" else (c, m) + (ks,) * k)
+        ws.append((c, 1) + (1,) * k)
+        for w in ([known[1]] if len(known) > 1 and known[1] is not None else ws):
+            m = w[0] if op != "ConvTranspose" else w[1]
+            yield [x, w, (m,)]
+
+
+def _matmul_inputs(op, known):
+    pairs = [((2, 3), (3, 4)), ((2, 3), (4, 3)), ((3, 2), (3, 4)), ((2, 2, 3), (3, 4)), ((3,), (3, 4))]
+    for a, b in pairs:
+        if known[0] is not None and known[0] != a:
+            continue
+        for c in [(4,), (2, 4), (1, 4), (), (2, 1), (3,), (2, 3)]:
+            yield [a, b, c]
+    if known[0] is not None:
+        a = known[0]
+        for b in [(a[-1], 2), (a[0], 2), (2, a[-1]), (2, a[0])] if a else []:
+            for c in [(b[-1],), (), (b[0],)]:
+                yield [a, b, c]
+
+
+def _norm_inputs(op, known):
+    xs = [known[0]] if known[0] is not None else [(1, 2, 3, 3), (2, 3), (1, 2, 3)]
+    for x in xs:
+        if len(x) < 2:
+            continue
+        c = (x[1],)
+        if op == "LayerNormalization":
+            for k in range(1, len(x)):
+                yield [x, tuple(x[k:]), tuple(x[k:])]
+        else:
+            yield [x, c, c, c, c]
+
+
+_SPECIFIC = {"Conv": _window_inputs, "ConvTranspose": _window_inputs, "Gemm": _matmul_inputs,
+             "MatMul": _matmul_inputs, "BatchNormalization": _norm_inputs,
+             "InstanceNormalization": _norm_inputs, "LayerNormalization": _norm_inputs}
+
+
+def _perms(rank):
+    ps = list(itertools.permutations(range(rank)))
+    return [list(p) for p in ps[:24]]
+
+
+def _attr_candidates(op: str, name: str, shapes: List[Optional[Tuple[int, ...]]]) -> List[Any]:
+    x = shapes[0] if shapes and shapes[0] is not None else ()
+    r = len(x)
+    k = max(r - 2, 1)
+    table = {
+        "perm": lambda: _perms(r),
+        "axis": lambda: sorted({0, -1, 1} if r >= 2 else {0, -1}),
+        "axes": lambda: [[0], [-1], [1], [0, 1]] if op != "Unsqueeze" else [[0], [r], [1]],
+        "keepdims": lambda: [1, 0],
+        "shape": lambda: [[-1], list(reversed(x)), [1] + list(x), [int(np.prod(x))] if x else [1], list(x)],
+        "pads": lambda: [[1] * (2 * k), [0] * k + [1] * k, [1] * k + [0] * k, [0] * (2 * r), [0, 1] * r],
+        "strides": lambda: [[2] * k, [1] * k],
+        "dilations": lambda: [[2] * k, [1] * k],
+        "kernel_shape": lambda: [[2] * k, [1] * k, [3] * k],
+        "group": lambda: [1] + ([x[1]] if r >= 2 else []),
+        "transA": lambda: [0, 1], "transB": lambda: [0, 1],
+        "repeats": lambda: [[1] * r, [2] + [1] * (r - 1)] if r else [[]],
+        "split": lambda: [[1, x[0] - 1]] if r and x[0] > 1 else [],
+        "starts": lambda: [[0], [1]], "ends": lambda: [[1], [2], [9_223_372_036_854_775_807]],
+        "steps": lambda: [[1], [2]],
+        "to": lambda: [int(onnx.TensorProto.FLOAT)],
+        "count_include_pad": lambda: [0, 1], "ceil_mode": lambda: [0, 1],
+        "mode": lambda: ["constant"],
+        "allowzero": lambda: [0],
+    }
+    fn = table.get(name)
+    vals = fn() if fn else []
+    default = attr_defaults(op).get(name)
+    if default is not None and not any(_eq(default, v) for v in vals):
+        vals = [default] + vals
+    return vals
+
+
+def _rest_candidates(op: str, shapes, mentioned) -> List[Dict[str, Any]]:
+    x = shapes[0] if shapes and shapes[0] is not None else ()
+    k = max(len(x) - 2, 1)
+    opts: List[Dict[str, Any]] = [{}]
+    if op in ("Conv", "ConvTranspose", "MaxPool", "AveragePool", "LpPool"):
+        opts += [{"pads": [1] * (2 * k)}, {"strides": [2] * k}, {"dilations": [2] * k}]
+        if op in ("Conv", "ConvTranspose") and len(x) >= 2 and x[1] > 1:
+            opts.append({"group": x[1]})
+        if op not in ("Conv", "ConvTranspose"):
+            opts = [dict(o, kernel_shape=[2] * k) for o in opts]
+    elif op == "Gemm":
+        opts += [{"transB": 1}, {"transA": 1}, {"alpha": 0.5}]
+    return [{a: v for a, v in o.items() if a not in mentioned} for o in opts]
+
+
+def _eq(a, b) -> bool:
+    return (a == b) if not isinstance(a, np.ndarray) else False
+
+
+def _infer(op: str, in_shapes, attrs_) -> Optional[Tuple[int, ...]]:
+    g = Graph()
+    vals = [None if s is None else g.add_input(f"i{k}", TensorType(9 if _input_is_bool(op, k) else 1, s))
+            for k, s in enumerate(in_shapes)]
+    try:
+        node = g.add_node(op, vals, attrs_)
+    except (ShapeError, UnsupportedOpError, ValueError, TypeError, IndexError, KeyError, ZeroDivisionError):
+        return None
+    t = node.outputs[0].type
+    return tuple(t.shape) if t.is_static else None
+
+
+def search_instances(rule: Rule, limit: int = MAX_INSTANCES) -> List[Instance]:
+    """Concrete shapes/attributes on which the rule's pattern matches (guards included) and its
+    replacement type-checks to the same type."""
+    calls = list(_post_order(rule.lhs))
+    float_vars = _float_attr_vars(rule)
+    found: List[Instance] = []
+    seen = set()
+    tries = [0]
+
+    def dfs(i, shapes, attrs_, rests, wild, outs):
+        if len(found) >= limit or tries[0] > MAX_SEARCH:
+            return
+        if i == len(calls):
+            tries[0] += 1
+            inst = Instance(dict(shapes), dict(attrs_), {k: dict(v) for k, v in rests.items()}, dict(wild))
+            key = inst.describe()
+            if key not in seen and _check_instance(rule, inst):
+                seen.add(key)
+                found.append(inst)
+            return
+        c = calls[i]
+        known = []
+        for a in c.args:
+            if isinstance(a, Var):
+                known.append(shapes.get(a.name))
+            elif isinstance(a, OpCall):
+                known.append(outs[id(a)])
+            elif isinstance(a, Num):
+                known.append(())
+            elif isinstance(a, Wildcard):
+                known.append(wild.get(id(a)))
+            else:
+                known.append(None)
+        for full in _input_options(c.op, known, len(c.args)):
+            tries[0] += 1
+            if tries[0] > MAX_SEARCH or len(found) >= limit:
+                return
+            s2, w2 = dict(shapes), dict(wild)
+            ok = True
+            for a, s in zip(c.args, full):
+                if isinstance(a, Var):
+                    if s2.setdefault(a.name, s) != s:
+                        ok = False
+                elif isinstance(a, Wildcard):
+                    w2[id(a)] = s
+            if not ok:
+                continue
+            for a_choice, r_choice in _attr_options(c, full, attrs_, rests, float_vars):
+                at = _node_attrs(c, a_choice, r_choice, float_vars)
+                out = _infer(c.op, list(full), at)
+                if out is None:
+                    continue
+                o2 = dict(outs)
+                o2[id(c)] = out
+                rs = dict(rests)
+                if c.rest:
+                    rs[c.rest] = r_choice
+                dfs(i + 1, s2, a_choice, rs, w2, o2)
+                if len(found) >= limit or tries[0] > MAX_SEARCH:
+                    return
+
+    dfs(0, {}, {}, {}, {}, {})
+    return found
+
+
+def _post_order(e: Expr) -> Iterator[OpCall]:
+    if isinstance(e, OpCall):
+        for a in e.args:
+            yield from _post_order(a)
+        yield e
+
+
+def _input_options(op: str, known, n) -> Iterator[List[Tuple[int, ...]]]:
+    known = list(known)
+    spec = _SPECIFIC.get(op)
+    produced = set()
+    if spec is not None:
+        for full in spec(op, known + [None] * 5):
+            full = list(full[:n])
+            if len(full) == n and all(k is None or k == f for k, f in zip(known, full)):
+                if tuple(full) not in produced:
+                    produced.add(tuple(full))
+                    yield full
+        return  # the op's own generator knows its shapes; the generic one would only waste the budget
+    unknown = [k for k, s in enumerate(known) if s is None]
+    base = [s for s in known if s is not None]
+    pools = [(_related(base) if base else list(_POOL)) for _ in unknown]
+    if unknown and not base:  # nothing known: the first unknown comes from the pool, the rest relate to it
+        for first in _POOL:
+            rest_pool = _related([first])
+            for combo in itertools.product(*([[first]] + [rest_pool] * (len(unknown) - 1))):
+                full = list(known)
+                for k, s in zip(unknown, combo):
+                    full[k] = s
+                if tuple(full) not in produced:
+                    produced.add(tuple(full))
+                    yield full
+        return
+    for combo in itertools.islice(itertools.product(*pools), MAX_GENERIC):
+        full = list(known)
+        for k, s in zip(unknown, combo):
+            full[k] = s
+        if tuple(full) not in produced:
+            produced.add(tuple(full))
+            yield full
+
+
+def _attr_options(c: OpCall, shapes, attrs_, rests, float_vars):
+    """(attribute-variable choices, ..rest choice) pairs for one op of the pattern."""
+    choices: List[Tuple[str, List[Any]]] = []
+    for name, p in c.attrs:
+        if isinstance(p, Var) and p.name not in attrs_ and p.name not in float_vars:
+            choices.append((p.name, _attr_candidates(c.op, name, shapes)))
+        elif isinstance(p, ListLit):
+            for x in p.items:
+                if isinstance(x, Var) and x.name not in attrs_:
+                    choices.append((x.name, [0, 1, 2, -1]))
+    mentioned = {name for name, _ in c.attrs}
+    rest_opts = [rests[c.rest]] if c.rest and c.rest in rests else (
+        _rest_candidates(c.op, shapes, mentioned) if c.rest else [{}])
+    names = [n for n, _ in choices]
+    for combo in itertools.product(*[vals for _, vals in choices]):
+        a2 = dict(attrs_)
+        a2.update(dict(zip(names, combo)))
+        for fv in float_vars:
+            a2.setdefault(fv, None)
+        for r in rest_opts:
+            yield a2, r
+
+
+def _node_attrs(c: OpCall, attrs_, rest, float_vars) -> Dict[str, Any]:
+    """Concrete attributes for shape inference (symbolic floats get a placeholder value)."""
+    out = dict(rest)
+    for name, p in c.attrs:
+        v = _attr_concrete(p, attrs_, c.op, name)
+        if v is not _SKIP:
+            out[name] = v
+    return out
+
+
+_SKIP = object()
+
+
+def _attr_concrete(p, attrs_, op, name):
+    if isinstance(p, Num):
+        return p.value
+    if isinstance(p, ListLit):
+        return [_attr_concrete(x, attrs_, op, name) for x in p.items]
+    if isinstance(p, Var):
+        v = attrs_.get(p.name)
+        if v is None:
+            return 0.5 if _is_float_attr(op, name) else _SKIP
+        return v
+    return _SKIP  # wildcard: the default
+
+
+def _check_instance(rule: Rule, inst: Instance) -> bool:
+    """Build the instance as a graph: the pattern must match it (guards too) and the replacement must
+    type-check to the root's type."""
+    g = Graph()
+    const_vars = {a.name for gd in rule.guards if isinstance(gd, FuncCall) and gd.name == "const" for a in gd.args
+                  if isinstance(a, Var)}
+    vals = {}
+    kinds = var_kinds(rule)
+    for name, shape in inst.shapes.items():
+        boolean = kinds.get(name) == "bool"
+        if name in const_vars:
+            vals[name] = g.const(np.full(shape, True if boolean else 0.5, np.bool_ if boolean else np.float32), name)
+        else:
+            vals[name] = g.add_input(name, TensorType(9 if boolean else 1, shape))
+    try:
+        root = _build_lhs(rule.lhs, g, vals, inst)
+    except (ShapeError, UnsupportedOpError, BuildError, ValueError, TypeError, KeyError):
+        return False
+    b = match(rule, root, g)
+    if b is None:
+        return False
+    try:
+        new = build(rule, b, g, [])
+    except BuildError:
+        return False
+    return new.type == root.type
+
+
+def _build_lhs(e: Expr, g: Graph, vals, inst: Instance):
+    if isinstance(e, Var):
+        return vals[e.name]
+    if isinstance(e, Wildcard):
+        return g.add_input("wild", TensorType(1, inst.wild[id(e)]))
+    if isinstance(e, Num):
+        return g.const(np.asarray(e.value, np.float32), "lit")
+    ins = [_build_lhs(a, g, vals, inst) for a in e.args]
+    at = dict(inst.rests.get(e.rest, {})) if e.rest else {}
+    for name, p in e.attrs:
+        v = _attr_concrete(p, inst.attrs, e.op, name)
+        if v is not _SKIP:
+            at[name] = v
+        elif isinstance(p, Wildcard) and name in attr_defaults(e.op):
+            at[name] = attr_defaults(e.op)[name]
+    return g.add_node(e.op, ins, at).outputs[0]
+
+
+# --- evaluation on symbolic tensors -----------------------------------------------------------------
+
+class _Env:
+    def __init__(self, dom: sem.Domain, inst: Instance, float_vars, kinds):
+        self.dom, self.inst = dom, inst
+        self.values = {name: sem.symbolic(dom, name, shape, kinds.get(name, "float"))
+                       for name, shape in inst.shapes.items()}
+        self.wild = {k: sem.symbolic(dom, f"_{n}", s) for n, (k, s) in enumerate(inst.wild.items())}
+        self.attrs: Dict[str, Any] = {}
+        for name, v in inst.attrs.items():
+            self.attrs[name] = dom.var(name) if name in float_vars else v
+
+
+def _eval(e: Expr, env: _Env) -> np.ndarray:
+    dom = env.dom
+    if isinstance(e, Var):
+        if e.name in env.values:
+            return env.values[e.name]
+        v = env.attrs[e.name]  # an attribute used as a scalar input
+        return sem.constant_tensor(dom, v) if not isinstance(v, z3.ExprRef) else _scalar(v)
+    if isinstance(e, Wildcard):
+        return env.wild[id(e)]
+    if isinstance(e, Num):
+        return sem.constant_tensor(dom, float(e.value))
+    if isinstance(e, OpCall):
+        ins = [_eval(a, env) for a in e.args]
+        at = dict(env.inst.rests.get(e.rest, {})) if e.rest else {}
+        for name, p in e.attrs:
+            v = _attr_symbolic(p, env)
+            if v is not _SKIP:
+                at[name] = v
+        if e.op == "Fma":
+            return sem._map(lambda a, b, c: z3.fpFMA(z3.RNE(), a, b, c) if dom.name == "exact" else a * b + c, *ins)
+        return sem.evaluate(dom, e.op, ins, at)[0]
+    raise TypeError(e)
+
+
+def _scalar(v) -> np.ndarray:
+    out = np.empty((), dtype=object)
+    out[()] = v
+    return out
+
+
+def _attr_symbolic(p, env: _Env):
+    if isinstance(p, Num):
+        return p.value
+    if isinstance(p, ListLit):
+        return [_attr_symbolic(x, env) for x in p.items]
+    if isinstance(p, Var):
+        v = env.attrs.get(p.name)
+        return _SKIP if v is None else v
+    return _SKIP
+
+
+# --- the obligation ------------------------------------------------------------------------------------
+
+def prove_rule(rule: Rule, timeout_ms: int = DEFAULT_TIMEOUT_MS) -> Verdict:
+    t0 = time.perf_counter()
+    key = rule_key(rule)
+
+    def verdict(status, shapes, cex=None, detail=None):
+        return Verdict(rule.name, rule.proof, status, shapes, round(1e3 * (time.perf_counter() - t0), 1), cex, detail, key)
+
+    if rule.on == "kernel" and not is_elementwise(rule):
+        return verdict("unknown", "", detail="kernel rules must be scalar (elementwise)")
+    if is_elementwise(rule):
+        instances, coverage = [elementwise_instance(rule)], "shape-generic (elementwise, proved on scalars)"
+    else:
+        instances = search_instances(rule)
+        if not instances:
+            return verdict("unknown", "none", detail="no small shapes satisfy the pattern, guards and types")
+        coverage = "; ".join(i.describe() for i in instances)
+    float_vars = _float_attr_vars(rule)
+    for inst in instances:
+        status, cex, detail = _prove_instance(rule, inst, float_vars, timeout_ms)
+        if status != "proved":
+            return verdict(status, inst.describe() or coverage, cex, detail)
+    return verdict("proved", coverage)
+
+
+def _prove_instance(rule: Rule, inst: Instance, float_vars, timeout_ms: int):
+    dom: sem.Domain = sem.FP32Domain() if rule.proof == "exact" else sem.RealDomain()
+    env = _Env(dom, inst, float_vars, var_kinds(rule))
+    try:
+        lhs = _eval(rule.lhs, env)
+        n_side = len(dom.side)
+        rhs = _eval(rule.rhs, env)
+    except UnsupportedOpError as e:
+        return "unknown", None, f"no semantics: {e}"
+    lhs_side, rhs_side = dom.side[:n_side], dom.side[n_side:]
+    if dom.name == "real" and _polynomial_identity(lhs, rhs) and _implied(dom, lhs_side, rhs_side, timeout_ms):
+        return "proved", None, None
+    goal = sem.tensors_equal(dom, lhs, rhs)
+    s = z3.Solver()
+    s.set("timeout", int(timeout_ms))
+    s.add(*dom.axioms)
+    s.add(*lhs_side)
+    s.add(z3.Not(z3.And(goal, *rhs_side)) if rhs_side else z3.Not(goal))
+    res = s.check()
+    if res == z3.unsat:
+        return "proved", None, None
+    if res == z3.unknown:
+        return "unknown", None, f"z3: {s.reason_unknown()}"
+    return "refuted", _counterexample(s.model(), dom, env, lhs, rhs, rhs_side), None
+
+
+_INV = z3.Function("inv", z3.RealSort(), z3.RealSort())
+
+
+def _without_division(e, memo):
+    """``a / b`` rewritten as ``a * inv(b)`` with ``inv`` uninterpreted, bottom-up."""
+    key = e.get_id()
+    if key in memo:
+        return memo[key]
+    if z3.is_app(e) and e.num_args():
+        kids = [_without_division(c, memo) for c in e.children()]
+        if z3.is_app_of(e, z3.Z3_OP_DIV):
+            out = kids[0] * _INV(z3.simplify(kids[1], som=True))
+        else:
+            out = e.decl()(*kids)
+    else:
+        out = e
+    memo[key] = out
+    return out
+
+
+def _polynomial_identity(lhs: np.ndarray, rhs: np.ndarray) -> bool:
+    """Both sides normalise to the same sum of monomials, reading ``a/b`` as ``a * inv(b)``: then they are
+    equal wherever every denominator is non-zero. Cheap, and it settles the rational-function identities
+    (weight folding) that nonlinear real arithmetic otherwise times out on."""
+    if np.shape(lhs) != np.shape(rhs):
+        return False
+    memo: Dict[int, Any] = {}
+    for idx in np.ndindex(*np.shape(lhs)):
+        a, b = lhs[idx], rhs[idx]
+        if not (z3.is_arith(a) and z3.is_arith(b)):
+            return False
+        diff = z3.simplify(_without_division(a, memo) - _without_division(b, memo), som=True)
+        if not (z3.is_rational_value(diff) and diff.as_fraction() == 0):
+            return False
+    return True
+
+
+def _implied(dom, lhs_side, rhs_side, timeout_ms) -> bool:
+    """The replacement's definedness conditions follow from the pattern's (and the axioms)."""
+    if not rhs_side:
+        return True
+    have = {z3.simplify(c).get_id() for c in lhs_side}
+    if all(z3.simplify(c).get_id() in have for c in rhs_side):
+        return True
+    s = z3.Solver()
+    s.set("timeout", int(timeout_ms))
+    s.add(*dom.axioms, *lhs_side)
+    s.add(z3.Not(z3.And(*rhs_side)))
+    return s.check() == z3.unsat
+
+
+def _fmt(v) -> str:
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "nan"
+        if v == 0:
+            return "-0.0" if math.copysign(1, v) < 0 else "+0.0"
+        return repr(float(np.float32(v))) if abs(v) < 1e38 or math.isinf(v) else repr(v)
+    return str(v)
+
+
+def _show(model, dom, arr: np.ndarray, limit: int = 8) -> str:
+    vals = [_fmt(dom.value_of(model, x)) for x in arr.reshape(-1)[:limit]]
+    if arr.ndim == 0:
+        return vals[0]
+    return "[" + ", ".join(vals) + (", ..." if arr.size > limit else "") + "]"
+
+
+def _counterexample(model, dom, env: _Env, lhs, rhs, rhs_side) -> str:
+    parts = [f"{name} = {_show(model, dom, arr)}" for name, arr in env.values.items()]
+    parts += [f"{name} = {_fmt(dom.value_of(model, v))}" for name, v in env.attrs.items() if isinstance(v, z3.ExprRef)]
+    where = ""
+    for idx in np.ndindex(*np.shape(lhs)):
+        if not z3.is_true(model.eval(dom.equal(lhs[idx], rhs[idx]), model_completion=True)):
+            at = f"[{','.join(map(str, idx))}]" if idx else ""
+            where = f"lhs{at} = {_fmt(dom.value_of(model, lhs[idx]))}, rhs{at} = {_fmt(dom.value_of(model, rhs[idx]))}"
+            break
+    if not where and rhs_side:
+        where = "the replacement is undefined there (division by zero or out of domain)"
+    return ", ".join(parts) + (": " + where if where else "")

@@ -1,0 +1,134 @@
+"""Proof verdicts: shipped with the package for the built-in rules, cached on disk for user rules.
+
+Verdicts are keyed by :func:`cuvil.rewrite_rules.prove.rule_key` (the rule's text and the semantics'
+versions), so an edited rule or changed op semantics is proved again. ``rules/verdicts.json`` holds the
+built-in rules' verdicts; a test re-proves them all and fails when the file is stale.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+from ..dsl.ast import Rule
+from ..dsl.parser import load_rules
+from .prove import DEFAULT_TIMEOUT_MS, RuleRejectedError, Verdict, prove_rule, rule_key
+
+SHIPPED_NAME = "verdicts.json"
+
+
+def builtin_rules_dir() -> str:
+    """Installed: the package ``cuvil.rules`` (mapped from the repository's ``rules/``); in a source tree
+    used without installing (``PYTHONPATH=src``): the repository's ``rules/`` itself."""
+    try:
+        import cuvil.rules
+        return os.path.dirname(os.path.abspath(cuvil.rules.__file__))
+    except ImportError:
+        here = os.path.dirname(os.path.abspath(__file__))
+        return os.path.normpath(os.path.join(here, "..", "..", "..", "rules"))
+
+
+def builtin_rules() -> List[Rule]:
+    return load_rules(builtin_rules_dir())
+
+
+def user_cache_path() -> str:
+    base = os.environ.get("CUVIL_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "cuvil")
+    return os.path.join(base, "proofs.json")
+
+
+def _read(path: str) -> Dict[str, dict]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _write(path: str, data: Dict[str, dict]) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=1, sort_keys=True)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+class VerdictStore:
+    """Shipped verdicts (read-only) in front of the user's cache (read-write)."""
+
+    def __init__(self, shipped_path: Optional[str] = None, cache_path: Optional[str] = None):
+        self.shipped_path = shipped_path or os.path.join(builtin_rules_dir(), SHIPPED_NAME)
+        self.cache_path = cache_path or user_cache_path()
+        self.shipped = _read(self.shipped_path)
+        self.cache = _read(self.cache_path)
+
+    def get(self, rule: Rule) -> Optional[Verdict]:
+        d = self.shipped.get(rule_key(rule)) or self.cache.get(rule_key(rule))
+        return Verdict.from_json(d) if d else None
+
+    def put(self, v: Verdict) -> None:
+        if v.status == "unknown":
+            return  # a timeout may succeed with more time: never cache it
+        self.cache[v.key] = v.to_json()
+        try:
+            _write(self.cache_path, self.cache)
+        except OSError:
+            pass  # an unwritable cache costs time, not correctness
+
+
+# Verdicts reached in this process, unknown ones included, so repeated optimize() calls do not retry them.
+_SESSION: Dict[str, Verdict] = {}
+
+
+def verdicts(rules: Sequence[Rule], *, store: Optional[VerdictStore] = None, use_cache: bool = True,
+             timeout_ms: int = DEFAULT_TIMEOUT_MS) -> List[Tuple[Verdict, bool]]:
+    """(verdict, came from the cache) for each rule, proving what no cache holds."""
+    if use_cache and store is None:
+        store = _default_store()
+    out = []
+    for r in rules:
+        v = store.get(r) if store is not None else None
+        if v is None and use_cache:
+            v = _SESSION.get(rule_key(r))
+        if v is not None and v.rule == r.name:
+            out.append((v, True))
+            continue
+        v = prove_rule(r, timeout_ms)
+        _SESSION[v.key] = v
+        if store is not None:
+            store.put(v)
+        out.append((v, False))
+    return out
+
+
+_STORE: Optional[VerdictStore] = None
+
+
+def _default_store() -> VerdictStore:
+    global _STORE
+    if _STORE is None or _STORE.cache_path != user_cache_path():
+        _STORE = VerdictStore()
+    return _STORE
+
+
+def proved_rules(rules: Sequence[Rule], *, on_unproved: str = "error", **kw) -> List[Rule]:
+    """The rules whose obligation is discharged. Others raise RuleRejectedError (or are skipped)."""
+    ok, bad = [], []
+    for r, (v, _) in zip(rules, verdicts(rules, **kw)):
+        (ok if v.proved else bad).append((r, v))
+    if bad and on_unproved == "error":
+        lines = [f"{r.loc}: rule {r.name} is {v.status} ({'prove ' + v.obligation})"
+                 + (f": {v.counterexample}" if v.counterexample else f": {v.detail}" if v.detail else "")
+                 for r, v in bad]
+        raise RuleRejectedError("rules that are not proved may not run:\n" + "\n".join(lines))
+    return [r for r, _ in ok]
+
+
+def write_shipped(rules: Iterable[Rule], path: Optional[str] = None, timeout_ms: int = DEFAULT_TIMEOUT_MS) -> List[Verdict]:
+    """Prove ``rules`` from scratch and write their verdicts as the shipped file."""
+    vs = [v for v, _ in verdicts(list(rules), use_cache=False, timeout_ms=timeout_ms)]
+    _write(path or os.path.join(builtin_rules_dir(), SHIPPED_NAME), {v.key: v.to_json() for v in vs})
+    return vs
