@@ -28,13 +28,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
-from onnx.reference import ReferenceEvaluator
-from onnx.reference.op_run import OpRun
 
 from cuvil.dsl.errors import RuleError
 from cuvil.dsl.parser import load_rules, parse_rules
 from cuvil.frontend import export_model, import_model
 from cuvil.rewrite_rules.engine import NonTerminationError, RewriteReport, rewrite
+from cuvil.rewrite_rules.prove import prove_rule
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RULES_DIR = os.path.join(ROOT, "rules")
@@ -44,54 +43,9 @@ BY_NAME = {r.name: r for r in RULES}
 INT64_MAX = np.iinfo(np.int64).max
 
 
-# --- the oracle ------------------------------------------------------------------------------------------
+# --- the oracle: onnx.reference with the spec's function bodies (cuvil.reference) ---------------------
 
-def softplus_body(x):
-    return (np.log(np.exp(x) + np.ones((), x.dtype))).astype(x.dtype)
-
-
-class Softplus(OpRun):
-    """Softplus by its ONNX function body: Log(Exp(X) + 1), in float32."""
-    op_domain = ""
-
-    def _run(self, x):
-        return (softplus_body(x),)
-
-
-class Sigmoid(OpRun):
-    """Sigmoid by its spec formula 1 / (1 + Exp(-X)), in float32."""
-    op_domain = ""
-
-    def _run(self, x):
-        one = np.ones((), x.dtype)
-        return ((one / (one + np.exp(-x))).astype(x.dtype),)
-
-
-class Mish(OpRun):
-    """Mish by its ONNX function body: X * Tanh(Softplus(X)), with Softplus's body."""
-    op_domain = ""
-
-    def _run(self, x):
-        return ((x * np.tanh(softplus_body(x))).astype(x.dtype),)
-
-
-class Sum(OpRun):
-    """Sum folding left from the first input (not from 0)."""
-    op_domain = ""
-
-    def _run(self, *xs):
-        acc = xs[0]
-        for t in xs[1:]:
-            acc = acc + t
-        return (np.asarray(acc).astype(xs[0].dtype),)
-
-
-ORACLE_OPS = [Softplus, Sigmoid, Mish, Sum]
-
-
-def run_reference(model, feeds):
-    with np.errstate(all="ignore"):
-        return ReferenceEvaluator(model, new_ops=ORACLE_OPS).run(None, feeds)
+from cuvil.reference import run_reference  # noqa: E402
 
 
 # --- model building --------------------------------------------------------------------------------------
@@ -125,8 +79,7 @@ def f32(*a):
 
 
 def lit(v):
-    """A constant for a literal in a pattern: shape [1] (0-d constants hit a matcher bug, see
-    test_literal_matches_0d_constant)."""
+    """A one-element constant of shape [1], for literals in patterns (the _BINARY_CONST cases use 0-d ones)."""
     return np.asarray([v], np.float32)
 
 
@@ -158,22 +111,6 @@ def rand(*shape, seed=0, lo=-1.0, hi=1.0):
     return np.random.default_rng(seed).uniform(lo, hi, shape).astype(np.float32)
 
 
-def _literal_0d_bug() -> bool:
-    """compiler.literal_matches views a 0-d float constant as uint8 and raises ValueError (reported). Such
-    constants are common: scalar initializers, and the literals rule replacements create (e.g. fold_conv_bn's
-    epsilon), so any rule set mixing those with a literal pattern (mul_one) crashes on them."""
-    from cuvil.dsl.compiler import literal_matches
-    from cuvil.ir.graph import Graph
-    try:
-        literal_matches(Graph().const(np.asarray(1.0, np.float32), "c"), 1)
-    except ValueError:
-        return True
-    return False
-
-
-XFAIL_0D = pytest.mark.xfail(_literal_0d_bug(), raises=ValueError, strict=False,
-                             reason="literal_matches fails on 0-d float constants (reported)")
-
 CASES: Dict[str, Callable[[], Case]] = {}
 
 
@@ -191,18 +128,18 @@ X = {"x": (3, 8)}
 
 # (rule, op, the operands around x, what remains)
 _BINARY_CONST = {
-    "mul_one": ("Mul", ["x", "c"], lit(1.0), {"Mul": 0}),
-    "one_mul": ("Mul", ["c", "x"], lit(1.0), {"Mul": 0}),
+    "mul_one": ("Mul", ["x", "c"], f32(1.0), {"Mul": 0}),
+    "one_mul": ("Mul", ["c", "x"], f32(1.0), {"Mul": 0}),
     "div_one": ("Div", ["x", "c"], f32([1.0] * 8), {"Div": 0}),
-    "sub_zero": ("Sub", ["x", "c"], lit(0.0), {"Sub": 0}),
-    "add_neg_zero": ("Add", ["x", "c"], lit(-0.0), {"Add": 0}),
-    "neg_zero_add": ("Add", ["c", "x"], lit(-0.0), {"Add": 0}),
-    "mul_neg_one": ("Mul", ["x", "c"], lit(-1.0), {"Mul": 0, "Neg": 1}),
-    "neg_one_mul": ("Mul", ["c", "x"], lit(-1.0), {"Mul": 0, "Neg": 1}),
-    "pow_one": ("Pow", ["x", "c"], lit(1.0), {"Pow": 0}),
-    "pow_two": ("Pow", ["x", "c"], lit(2.0), {"Pow": 0, "Mul": 1}),
-    "zero_sub": ("Sub", ["c", "x"], lit(0.0), {"Sub": 0, "Neg": 1}),
-    "max_zero_to_relu": ("Max", ["x", "c"], lit(0.0), {"Max": 0, "Relu": 1}),
+    "sub_zero": ("Sub", ["x", "c"], f32(0.0), {"Sub": 0}),
+    "add_neg_zero": ("Add", ["x", "c"], f32(-0.0), {"Add": 0}),
+    "neg_zero_add": ("Add", ["c", "x"], f32(-0.0), {"Add": 0}),
+    "mul_neg_one": ("Mul", ["x", "c"], f32(-1.0), {"Mul": 0, "Neg": 1}),
+    "neg_one_mul": ("Mul", ["c", "x"], f32(-1.0), {"Mul": 0, "Neg": 1}),
+    "pow_one": ("Pow", ["x", "c"], f32(1.0), {"Pow": 0}),
+    "pow_two": ("Pow", ["x", "c"], f32(2.0), {"Pow": 0, "Mul": 1}),
+    "zero_sub": ("Sub", ["c", "x"], f32(0.0), {"Sub": 0, "Neg": 1}),
+    "max_zero_to_relu": ("Max", ["x", "c"], f32(0.0), {"Max": 0, "Relu": 1}),
 }
 
 
@@ -259,12 +196,6 @@ def _const_const(name):
     op = "Mul" if name == "mul_const_const" else "Add"
     return Case([N(op, ["x", "c1"], "t"), N(op, ["t", "c2"], "y")], X,
                 {"c1": rand(8, seed=1, lo=0.5, hi=2), "c2": lit(1.75)}, {op: 1})
-
-
-@case("div_const_to_mul")
-def _div_const():
-    return Case([N("Div", ["x", "c"], "y")], X, {"c": rand(8, seed=2, lo=0.5, hi=3)},
-                {"Div": 0, "Reciprocal": 0, "Mul": 1})
 
 
 def _clip(x, out, lo=None, hi=None, tag=""):
@@ -453,6 +384,29 @@ def _gelu(name):
                 {"Gelu": 1, "Erf": 0, "Mul": 0})
 
 
+@case("softmax_stable_fuse")
+def _softmax_stable():
+    nodes = [N("ReduceMax", ["x", "ax"], "m"), N("Sub", ["x", "m"], "d"), N("Exp", ["d"], "e"),
+             N("ReduceSum", ["e", "ax"], "s"), N("Div", ["e", "s"], "y")]
+    return Case(nodes, {"x": (2, 3, 5)}, {"ax": i64(-1)}, {"Softmax": 1, "Exp": 0, "ReduceMax": 0, "ReduceSum": 0})
+
+
+@case("softmax_fuse")
+def _softmax():
+    nodes = [N("Exp", ["x"], "e"), N("ReduceSum", ["e", "ax"], "s"), N("Div", ["e", "s"], "y")]
+    return Case(nodes, {"x": (2, 3, 5)}, {"ax": i64(-1)}, {"Softmax": 1, "Exp": 0, "ReduceSum": 0})
+
+
+# --- pool.rule ---
+
+@case("reduce_mean_to_global_avgpool", "reduce_mean_squeezed_to_global_avgpool", "reduce_max_to_global_maxpool")
+def _global_pool(name):
+    op = "ReduceMax" if name.startswith("reduce_max") else "ReduceMean"
+    kw = {"keepdims": 0} if "squeezed" in name else {}
+    pool = "GlobalMaxPool" if op == "ReduceMax" else "GlobalAveragePool"
+    return Case([N(op, ["x", "ax"], "y", **kw)], {"x": (2, 3, 4, 5)}, {"ax": i64(2, 3)}, {op: 0, pool: 1})
+
+
 # --- fold.rule ---
 
 def _bn_params(c, seed=3):
@@ -464,17 +418,38 @@ def _bn(x, **kw):
     return N("BatchNormalization", [x, "s", "beta", "mean", "var"], "y", **kw)
 
 
-@case("fold_conv_bn", "fold_conv_bn_nobias", "fold_conv1d_bn", "fold_conv1d_bn_nobias")
+@case("fold_conv_bn", "fold_conv_bn_nobias")
 def _conv_bn(name):
-    one_d = "conv1d" in name
-    bias = not name.endswith("nobias")
-    xs, ws, pads = ((1, 3, 9), (4, 3, 3), [1, 1]) if one_d else ((2, 3, 6, 6), (4, 3, 3, 3), [1, 1, 1, 1])
-    inits = {"w": rand(*ws, seed=1), **_bn_params(4)}
+    bias = name == "fold_conv_bn"
+    inits = {"w": rand(4, 3, 3, 3, seed=1), **_bn_params(4)}
     if bias:
         inits["b"] = rand(4, seed=2)
-    conv = N("Conv", ["x", "w", "b"] if bias else ["x", "w"], "c", pads=pads, strides=[2] * len(pads[::2]))
-    return Case([conv, _bn("c", epsilon=1e-3, momentum=0.8)], {"x": xs}, inits,
+    conv = N("Conv", ["x", "w", "b"] if bias else ["x", "w"], "c", pads=[1, 1, 1, 1], strides=[2, 2])
+    return Case([conv, _bn("c", epsilon=1e-3, momentum=0.8)], {"x": (2, 3, 6, 6)}, inits,
                 {"BatchNormalization": 0, "Conv": 1})
+
+
+@case("fold_conv1d_bn", "fold_conv1d_bn_nobias")
+def _conv1d_bn(name):
+    bias = name == "fold_conv1d_bn"
+    inits = {"w": rand(4, 3, 3, seed=1), **_bn_params(4)}
+    if bias:
+        inits["b"] = rand(4, seed=2)
+    conv = N("Conv", ["x", "w", "b"] if bias else ["x", "w"], "c", pads=[1, 1])
+    return Case([conv, _bn("c", epsilon=1e-3)], {"x": (2, 3, 7)}, inits, {"BatchNormalization": 0, "Conv": 1})
+
+
+@case("bn_to_affine_nchw")
+def _bn_affine_nchw():
+    # BatchNormalization after a Concat (DenseNet): no Conv to fold into
+    return Case([N("Concat", ["x", "x"], "cat", axis=1), _bn("cat")], {"x": (2, 2, 3, 3)}, _bn_params(4),
+                {"BatchNormalization": 0, "Mul": 1, "Add": 1})
+
+
+@case("bn_to_affine_nc")
+def _bn_affine_nc():
+    return Case([N("Relu", ["x"], "r"), _bn("r")], {"x": (5, 4)}, _bn_params(4),
+                {"BatchNormalization": 0, "Mul": 1, "Add": 1})
 
 
 @case("fold_gemm_bn", "fold_gemm_transb_bn")
@@ -527,26 +502,26 @@ def _gemm_add(name):
                 {"a": (5, 3), "b": (4, 3) if tb else (3, 4)}, {"c": rand(4, seed=2)}, {"Add": 0, "Gemm": 1})
 
 
-@case("fold_pad_conv", "fold_pad_conv_nobias")
+@case("fold_pad_conv", "fold_pad_conv_nobias", "fold_pad_conv_strided", "fold_pad_conv_strided_nobias",
+      "fold_pad_conv_grouped_strided", "fold_pad_conv_grouped")
 def _pad_conv(name):
-    bias = name == "fold_pad_conv"
-    inits = {"p": i64(0, 0, 1, 2, 0, 0, 2, 0), "w": rand(4, 3, 3, 3, seed=1)}
+    bias = not name.endswith("nobias")
+    kw = {}
+    if "strided" in name:
+        kw["strides"] = [2, 2]
+    if "grouped" in name:
+        kw["group"] = 3
+    inits = {"p": i64(0, 0, 1, 2, 0, 0, 2, 0), "w": rand(6, 1 if "grouped" in name else 3, 3, 3, seed=1)}
     if bias:
-        inits["b"] = rand(4, seed=2)
-    return Case([N("Pad", ["x", "p"], "t"), N("Conv", ["t", "w", "b"] if bias else ["t", "w"], "y")],
-                {"x": (1, 3, 5, 5)}, inits, {"Pad": 0, "Conv": 1})
+        inits["b"] = rand(6, seed=2)
+    return Case([N("Pad", ["x", "p"], "t"), N("Conv", ["t", "w", "b"] if bias else ["t", "w"], "y", **kw)],
+                {"x": (1, 3, 6, 5)}, inits, {"Pad": 0, "Conv": 1})
 
 
 @case("fold_pad_avgpool")
 def _pad_avgpool():
     return Case([N("Pad", ["x", "p"], "t"), N("AveragePool", ["t"], "y", kernel_shape=[3, 2])], {"x": (1, 2, 5, 5)},
                 {"p": i64(0, 0, 1, 1, 0, 0, 2, 1)}, {"Pad": 0, "AveragePool": 1})
-
-
-@case("fold_pad_maxpool")
-def _pad_maxpool():
-    return Case([N("Pad", ["x", "p", "v"], "t"), N("MaxPool", ["t"], "y", kernel_shape=[3, 3])], {"x": (1, 2, 5, 5)},
-                {"p": i64(0, 0, 1, 2, 0, 0, 2, 1), "v": f32(-np.inf)}, {"Pad": 0, "MaxPool": 1})
 
 
 # --- the tests ---------------------------------------------------------------------------------------------
@@ -603,17 +578,21 @@ def test_rule_fires_and_keeps_outputs(name):
         _compare(rule, run_reference(model, feeds), run_reference(export_model(g), feeds))
 
 
-@XFAIL_0D
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_whole_library_keeps_outputs(name):
-    """All rules together on each case: terminates, and the outputs stay within the real tolerance."""
+    """All rules together on each case: terminates, reaches the case's intended form, and the outputs stay
+    within the real tolerance, scaled by the outputs' magnitude (weight folding reassociates sums, and a sum
+    that cancels keeps the drift of its terms)."""
     c = CASES[name]()
     model = c.model()
     g = import_model(model)
     rewrite(g, RULES)
+    counts = _op_counts(g)  # the other rules do not get in the way of this case's rewrite
+    assert {op: counts.get(op, 0) for op in c.after} == c.after, counts
     feeds = {n: real_data(s, seed=k) for k, (n, s) in enumerate(c.inputs.items())}
     for b, a in zip(run_reference(model, feeds), run_reference(export_model(g), feeds)):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=name)
+        # folded weights reassociate sums: the drift scales with the terms, so atol scales with the outputs
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6 * max(1.0, float(np.max(np.abs(b)))), err_msg=name)
 
 
 def test_every_rule_has_a_comment_above_it():
@@ -630,12 +609,26 @@ def test_every_rule_has_a_comment_above_it():
 def test_rule_files_one_theme_each():
     files = {r.loc.path for r in RULES}
     assert {os.path.basename(f) for f in files} == {"fold.rule", "inference.rule", "layout.rule", "algebra.rule",
-                                                    "activation.rule"}
+                                                    "activation.rule", "pool.rule"}
 
 
 def test_refuted_rules_parse():
     names = {r.name for r in load_rules(REFUTED)}
     assert names == {"add_zero_wrong", "dropout_training_remove_wrong", "relu_distributes_wrong"}
+
+
+@pytest.mark.parametrize("name", [r.name for r in RULES])
+def test_rule_is_proved(name):
+    v = prove_rule(BY_NAME[name])
+    assert v.status == "proved", f"{name} is {v.status}: {v.counterexample or v.detail} ({v.shapes})"
+
+
+@pytest.mark.parametrize("rule", load_rules(REFUTED), ids=lambda r: r.name)
+def test_wrong_rule_is_refuted(rule):
+    v = prove_rule(rule)
+    assert v.status == "refuted" and v.counterexample, (v.status, v.detail)
+    if rule.name == "add_zero_wrong":
+        assert "x = -0.0" in v.counterexample
 
 
 def test_add_zero_is_not_exact_numerically():
@@ -644,8 +637,8 @@ def test_add_zero_is_not_exact_numerically():
     assert np.signbit(x) and not np.signbit(x + np.float32(0.0))
 
 
-@XFAIL_0D
 def test_literal_matches_0d_constant():
+    """A literal in a pattern matches a 0-d constant (this once raised ValueError in literal_matches)."""
     c = Case([N("Mul", ["x", "c"], "y")], X, {"c": f32(1.0)})
     g = import_model(c.model())
     report = rewrite(g, [BY_NAME["mul_one"]])
@@ -672,7 +665,6 @@ def test_rule_and_its_inverse_do_not_terminate():
         rewrite(import_model(m), [BY_NAME["sub_neg"]] + inverse)
 
 
-@XFAIL_0D
 def test_rule_and_its_inverse_with_literals_do_not_terminate():
     text = ("rule double\n  Add(x, x) => Mul(x, 2)\n  prove exact\n"
             "rule undouble\n  Mul(x, 2) => Add(x, x)\n  prove exact\n")
@@ -767,7 +759,5 @@ def test_rule_shaped_soup_raises_only_rule_error(lhs, guards, rhs, proof):
     _parse_only_rule_errors(text)
 
 
-@pytest.mark.xfail(raises=RecursionError, reason="the parser's tree transformer recurses: deep nesting escapes "
-                   "as RecursionError instead of RuleError (reported)")
 def test_deep_nesting_raises_only_rule_error():
     _parse_only_rule_errors("rule r " + "Relu(" * 1000 + "x" + ")" * 1000 + " => x prove exact")

@@ -3,10 +3,9 @@ of the float32 semantics with numpy / onnx.reference on concrete inputs (NaN, +-
 from __future__ import annotations
 
 import numpy as np
-import onnx
 import pytest
 import z3
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
 from cuvil.errors import UnsupportedOpError
@@ -85,7 +84,8 @@ def ref(op, inputs, n_out=1, **attrs):
         vis.append(helper.make_tensor_value_info(f"i{i}", helper.np_dtype_to_tensor_dtype(a.dtype), list(a.shape)))
     outs = [f"y{k}" for k in range(n_out)]
     node = helper.make_node(op, names, outs, **attrs)
-    g = helper.make_graph([node], "g", vis, [helper.make_tensor_value_info(o, TensorProto.UNDEFINED, None) for o in outs])
+    g = helper.make_graph([node], "g", vis,
+                          [helper.make_tensor_value_info(o, TensorProto.UNDEFINED, None) for o in outs])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
     return ReferenceEvaluator(m).run(None, feeds)
 
@@ -120,6 +120,15 @@ def test_exact_relu_idempotent():
     d = FP32Domain()
     x = symbolic(d, "x", [2, 2])
     assert check(d, ev(d, "Relu", ev(d, "Relu", x)[0])[0], ev(d, "Relu", x)[0])[0] == "proved"
+
+
+def test_tensors_equal_whole_tensor():
+    d = FP32Domain()
+    x = symbolic(d, "x", [2, 2])
+    s = z3.Solver()
+    s.add(z3.Not(tensors_equal(d, ev(d, "Transpose", ev(d, "Transpose", x)[0])[0], x)))
+    assert s.check() == z3.unsat
+    assert z3.is_false(tensors_equal(d, x, ev(d, "Reshape", x, shape=[4])[0]))
 
 
 def test_exact_add_zero_refuted_with_negative_zero():
@@ -173,7 +182,8 @@ def test_exact_uninterpreted_functions_shared_across_sides():
     # Exp(x) is the same function on both sides; Softsign has no transcendental at all.
     assert check(d, ev(d, "Exp", x)[0], ev(d, "Exp", x)[0])[0] == "proved"
     sig = ev(d, "Sigmoid", x)[0]
-    body = ev(d, "Div", constant_tensor(d, f32(1)), ev(d, "Add", constant_tensor(d, f32(1)), ev(d, "Exp", ev(d, "Neg", x)[0])[0])[0])[0]
+    one = constant_tensor(d, f32(1))
+    body = ev(d, "Div", one, ev(d, "Add", one, ev(d, "Exp", ev(d, "Neg", x)[0])[0])[0])[0]
     assert check(d, sig, body)[0] == "proved"
     assert check(d, ev(d, "Exp", x)[0], ev(d, "Tanh", x)[0])[0] == "refuted"
 

@@ -142,6 +142,21 @@ def cmd_rules_list(args) -> int:
     return 0
 
 
+def cmd_verify(args) -> int:
+    from .verify import verify
+    res = verify(args.model, rules=args.rules or (), examples=args.examples)
+    fired = ", ".join(f"{k} x{v}" for k, v in sorted(res.rules_fired.items())) or "none"
+    print(f"rules fired: {fired}")
+    print(f"compared {'bit for bit' if res.exact else 'within tolerance (prove real rules fired)'} on {res.examples} inputs")
+    if res.ok:
+        print("verify passed: the optimized model agrees with the original")
+        return 0
+    print(f"verify FAILED: {res.failure}")
+    for name, arr in (res.failing_input or {}).items():
+        print(f"  minimal input {name} {arr.dtype}{list(arr.shape)} = {np.array2string(arr, threshold=64)}")
+    return 1
+
+
 def cmd_ops(args) -> int:
     import onnx.defs
     from .ir.registry import all_ops
@@ -187,6 +202,11 @@ def build_parser() -> argparse.ArgumentParser:
     rl.add_argument("paths", nargs="*")
     rl.set_defaults(fn=cmd_rules_list)
     sp.set_defaults(fn=lambda a: (sp.print_help(), 2)[1])
+    sp = sub.add_parser("verify", help="fuzz the optimized model against the original through onnx.reference")
+    sp.add_argument("model")
+    sp.add_argument("--rules", action="append", help="extra .rule file or directory (repeatable)")
+    sp.add_argument("--examples", type=int, default=50)
+    sp.set_defaults(fn=cmd_verify)
     sp = sub.add_parser("ops", help="ops with shape inference, by family, and the ONNX ops not covered")
     sp.set_defaults(fn=cmd_ops)
     return p

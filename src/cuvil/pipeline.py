@@ -114,11 +114,10 @@ class Pipeline:
         return out
 
     def run_reference(self, inputs: Mapping[str, np.ndarray]) -> Dict[str, np.ndarray]:
-        """Run the graph through ``onnx.reference.ReferenceEvaluator`` on the exported model."""
-        from onnx.reference import ReferenceEvaluator
+        """Run the graph through ``onnx.reference`` (:mod:`cuvil.reference`) on the exported model."""
+        from .reference import run_reference
         feeds = self.check_inputs(inputs)
-        model = self.to_onnx()
-        results = ReferenceEvaluator(model).run(None, feeds)
+        results = run_reference(self.to_onnx(), feeds)
         return dict(zip(self._graph.output_names, results))
 
     def __repr__(self):

@@ -15,6 +15,7 @@ from ..errors import ShapeError
 from ..ir.dtype import DType
 from ..ir.graph import Graph, Node, Value
 from ..ir.registry import attr_defaults
+from ..rewrite_rules.lifting import implicit_attr
 from .ast import Expr, FuncCall, ListLit, Num, OpCall, Rule, Var, Wildcard
 
 _ARITH = {"Add": lambda a, b: a + b, "Sub": lambda a, b: a - b, "Mul": lambda a, b: a * b,
@@ -52,8 +53,9 @@ def literal_matches(v: Value, num) -> bool:
         lit = np.asarray(num, dtype=arr.dtype)
     except (OverflowError, ValueError):
         return False
-    if arr.dtype.kind == "f":
-        return bool(np.all(arr.view(np.uint8).reshape(arr.size, -1) == lit.reshape(1).view(np.uint8)))
+    if arr.dtype.kind == "f":  # bit for bit: 0 does not match -0.0, nan matches only nan's bits
+        bits = np.dtype(f"u{arr.dtype.itemsize}")
+        return bool(np.all(arr.reshape(-1).view(bits) == lit.reshape(1).view(bits)))
     return bool(np.all(arr == lit))
 
 
@@ -99,7 +101,7 @@ def _match_attrs(p: OpCall, n: Node, b: Bindings) -> bool:
     defaults = attr_defaults(n.op)
     mentioned = dict(p.attrs)
     for name, pat in p.attrs:
-        val = n.attrs.get(name, defaults.get(name))
+        val = n.attrs[name] if name in n.attrs else implicit_attr(n, name)
         if not _match_attr(pat, val, b):
             return False
     rest = {}

@@ -160,6 +160,8 @@ def parse_rules(source: str, path: str = "<string>", *, validate: bool = True) -
         tree = _lark().parse(source)
     except lark.exceptions.UnexpectedInput as e:
         raise _syntax_error(e, source, path) from None
+    except RecursionError:
+        raise RuleError("expression nested too deeply", path, 1, 1, source) from None
     except lark.exceptions.LarkError as e:  # pragma: no cover - defensive: any other parse failure
         raise RuleError(f"cannot parse: {e}", path, 1, 1, source) from None
     try:
@@ -167,10 +169,17 @@ def parse_rules(source: str, path: str = "<string>", *, validate: bool = True) -
     except lark.exceptions.VisitError as e:
         if isinstance(e.orig_exc, RuleError):
             raise e.orig_exc from None
+        if isinstance(e.orig_exc, RecursionError):
+            raise RuleError("expression nested too deeply", path, 1, 1, source) from None
         raise
+    except RecursionError:
+        raise RuleError("expression nested too deeply", path, 1, 1, source) from None
     if validate:
         from .validate import validate_rules
-        validate_rules(rules, source)
+        try:
+            validate_rules(rules, source)
+        except RecursionError:
+            raise RuleError("expression nested too deeply", path, 1, 1, source) from None
     return rules
 
 

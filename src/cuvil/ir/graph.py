@@ -95,8 +95,11 @@ class Graph:
         return v
 
     def add_output(self, v: Value, name: Optional[str] = None) -> None:
+        name = name or v.name
+        if any(i.name == name and i is not v for i in self.inputs) or name in self.output_names:
+            raise GraphError(f"output name {name!r} is already taken by an input or another output")
         self.outputs.append(v)
-        self.output_names.append(name or v.name)
+        self.output_names.append(name)
 
     def const(self, array, name: str = "const") -> Value:
         """A new constant value holding ``array`` (kept as given; not copied)."""

@@ -18,6 +18,7 @@ from ..ir.graph import Graph, Node
 from .cse import eliminate_common_subexpressions
 from .dce import eliminate_dead_code
 from .fold import fold_constants
+from .lifting import drop_default_attrs
 from .shape_prop import propagate_shapes
 
 MAX_ROUNDS = 16
@@ -71,8 +72,12 @@ def apply_rules(g: Graph, rules: Sequence[Rule], report: RewriteReport) -> int:
                 if created:
                     g.remove_nodes(created)
                 continue
+            for c in created:
+                drop_default_attrs(c)  # replacements stay in canonical form
             users = g.consumers(root)
             g.replace_all_uses(root, new)
+            if new.producer is not None and new.producer in created:
+                new.name, root.name = root.name, new.name  # the rewritten value keeps the model's name
             alive.update(map(id, created))
             report.applied[r.name] += 1
             recent[r.name] += 1

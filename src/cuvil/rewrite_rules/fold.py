@@ -1,18 +1,18 @@
 """Constant folding: nodes whose inputs are all constant are evaluated by ``onnx.reference``.
 
 Cuvil has no second interpreter: a foldable node is exported on its own and run through ONNX's reference
-implementation, so folded values mean exactly what ONNX says. Shape computations whose elements are known
+implementation (:mod:`cuvil.reference`), so folded values mean exactly what ONNX says. Shape computations whose elements are known
 (``sym_value`` with only ints, e.g. ``Shape`` of a static tensor) fold too, without running anything.
 """
 from __future__ import annotations
 
 import numpy as np
 from onnx import helper
-from onnx.reference import ReferenceEvaluator
 
 from ..frontend.onnx_export import export_opset, node_proto, value_info
 from ..ir.dim import product
 from ..ir.graph import Graph, Node
+from ..reference import run_reference
 from .lifting import lift_const_inputs
 
 # Ops never folded: their result is not a function of their inputs.
@@ -91,4 +91,4 @@ def evaluate_node(g: Graph, n: Node, inputs=None):
     proto = node_proto(n, names, inits)
     graph = helper.make_graph([proto], "fold", vis, [value_info(f"o{j}", o.type) for j, o in enumerate(n.outputs)], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", export_opset(g))])
-    return ReferenceEvaluator(model).run(None, feeds)
+    return run_reference(model, feeds)

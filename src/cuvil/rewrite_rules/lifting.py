@@ -57,6 +57,27 @@ def drop_default_attrs(node: Node) -> None:
         del node.attrs["auto_pad"]
 
 
+def implicit_attr(node: Node, name: str):
+    """The value an absent attribute stands for: its schema default, or for windowed ops the all-zero
+    ``pads``, unit ``strides``/``dilations`` and the weights' ``kernel_shape`` that canonical form drops."""
+    defaults = attr_defaults(node.op)
+    if name in defaults:
+        return defaults[name]
+    if node.op not in _WINDOW_OPS:
+        return None
+    x = node.input(0)
+    if x is None or x.shape is None or len(x.shape) < 3:
+        return None
+    k = len(x.shape) - 2
+    unit = {"pads": [0] * (2 * k), "strides": [1] * k, "dilations": [1] * k}
+    if name in unit:
+        return unit[name]
+    w = node.input(1)
+    if name == "kernel_shape" and node.op in ("Conv", "ConvTranspose", "ConvInteger") and w is not None and w.shape:
+        return list(w.shape[2:])
+    return None
+
+
 def _same(a, b) -> bool:
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
         return False

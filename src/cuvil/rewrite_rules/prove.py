@@ -137,7 +137,15 @@ def _attr_type(op: str, name: str) -> Optional[int]:
 
 
 def _is_float_attr(op: str, name: str) -> bool:
-    return _attr_type(op, name) == onnx.AttributeProto.FLOAT
+    """Float scalars: FLOAT attributes, and lifted scalar inputs of the data's type (Clip's min/max,
+    Pad's constant_value). These are symbolic in proofs."""
+    if _attr_type(op, name) == onnx.AttributeProto.FLOAT:
+        return True
+    try:
+        from ..ir.registry import lookup
+        return any(n == name and kind == "data" for n, _, kind in lookup(op).lifted)
+    except UnsupportedOpError:
+        return False
 
 
 def _leaf_vars(e: Expr, out: Dict[str, None]) -> None:
@@ -236,6 +244,11 @@ def _matmul_inputs(op, known):
         a = known[0]
         for b in [(a[-1], 2), (a[0], 2), (2, a[-1]), (2, a[0])] if a else []:
             for c in [(b[-1],), (), (b[0],)]:
+                yield [a, b, c]
+    elif len(known) > 1 and known[1] is not None and len(known[1]) >= 1:
+        b = known[1]
+        for a in [(2, b[0]), (2, b[-1])] if len(b) >= 2 else [(2, b[0])]:
+            for c in [(b[-1],), (), (2, b[-1])]:
                 yield [a, b, c]
 
 
@@ -442,7 +455,7 @@ def _attr_options(c: OpCall, shapes, attrs_, rests, float_vars):
         elif isinstance(p, ListLit):
             for x in p.items:
                 if isinstance(x, Var) and x.name not in attrs_:
-                    choices.append((x.name, [0, 1, 2, -1]))
+                    choices.append((x.name, [1, 2, 0, -1]))  # non-trivial values first
     mentioned = {name for name, _ in c.attrs}
     rest_opts = [rests[c.rest]] if c.rest and c.rest in rests else (
         _rest_candidates(c.op, shapes, mentioned) if c.rest else [{}])
@@ -483,8 +496,11 @@ def _attr_concrete(p, attrs_, op, name):
 
 
 def _check_instance(rule: Rule, inst: Instance) -> bool:
-    """Build the instance as a graph: the pattern must match it (guards too) and the replacement must
-    type-check to the root's type."""
+    """Build the instance as a graph: the pattern must match it (structural guards too) and the
+    replacement must type-check to the root's type. Guards on values and float attributes are left to
+    the proof, as assumptions."""
+    fv = _float_attr_vars(rule)
+    rule = attrs.evolve(rule, guards=tuple(g for g in rule.guards if not _value_guard(g, rule, fv)))
     g = Graph()
     const_vars = {a.name for gd in rule.guards if isinstance(gd, FuncCall) and gd.name == "const" for a in gd.args
                   if isinstance(a, Var)}
@@ -517,7 +533,8 @@ def _build_lhs(e: Expr, g: Graph, vals, inst: Instance):
         return g.add_input("wild", TensorType(1, inst.wild[id(e)]))
     if isinstance(e, Num):
         return g.const(np.asarray(e.value, np.float32), "lit")
-    ins = [_build_lhs(a, g, vals, inst) for a in e.args]
+    ins = [g.const(np.asarray(bool(a.value)), "lit") if isinstance(a, Num) and _input_is_bool(e.op, k)
+           else _build_lhs(a, g, vals, inst) for k, a in enumerate(e.args)]
     at = dict(inst.rests.get(e.rest, {})) if e.rest else {}
     for name, p in e.attrs:
         v = _attr_concrete(p, inst.attrs, e.op, name)
@@ -553,7 +570,8 @@ def _eval(e: Expr, env: _Env) -> np.ndarray:
     if isinstance(e, Num):
         return sem.constant_tensor(dom, float(e.value))
     if isinstance(e, OpCall):
-        ins = [_eval(a, env) for a in e.args]
+        ins = [np.asarray(bool(a.value)) if isinstance(a, Num) and _input_is_bool(e.op, k) else _eval(a, env)
+               for k, a in enumerate(e.args)]
         at = dict(env.inst.rests.get(e.rest, {})) if e.rest else {}
         for name, p in e.attrs:
             v = _attr_symbolic(p, env)
@@ -563,6 +581,50 @@ def _eval(e: Expr, env: _Env) -> np.ndarray:
             return sem._map(lambda a, b, c: z3.fpFMA(z3.RNE(), a, b, c) if dom.name == "exact" else a * b + c, *ins)
         return sem.evaluate(dom, e.op, ins, at)[0]
     raise TypeError(e)
+
+
+def _guard_terms(e, env: _Env):
+    """A guard operand as a list of Z3 terms (one per element), or a Python number; None if concrete-only."""
+    dom = env.dom
+    if isinstance(e, Num):
+        return e.value
+    if isinstance(e, Var):
+        if e.name in env.values:
+            return list(env.values[e.name].reshape(-1))
+        return env.attrs.get(e.name)
+    if isinstance(e, OpCall) and e.op in ("Add", "Sub", "Mul", "Div", "Neg"):
+        args = [_guard_terms(a, env) for a in e.args]
+        if any(a is None for a in args):
+            return None
+        fn = {"Add": dom.add, "Sub": dom.sub, "Mul": dom.mul, "Div": dom.div, "Neg": dom.neg}[e.op]
+        return _pointwise(lambda *xs: fn(*[dom.lift(x) for x in xs]), args)
+    return None
+
+
+def _pointwise(fn, args):
+    n = max((len(a) for a in args if isinstance(a, list)), default=0)
+    if n == 0:
+        return fn(*args)
+    return [fn(*[a[i] if isinstance(a, list) else a for a in args]) for i in range(n)]
+
+
+def _guard_assumptions(gd, env: _Env) -> List[Any]:
+    dom = env.dom
+    left, right = _guard_terms(gd.left, env), _guard_terms(gd.right, env)
+    if left is None or right is None:
+        return []
+
+    def cmp(a, b):
+        if isinstance(a, z3.BoolRef) or isinstance(b, z3.BoolRef):
+            a, b = (z3.BoolVal(bool(x)) if not isinstance(x, z3.ExprRef) else x for x in (a, b))
+            eq = a == b
+            return eq if gd.op == "==" else z3.Not(eq) if gd.op == "!=" else z3.BoolVal(False)
+        a, b = dom.lift(a), dom.lift(b)
+        return {"==": lambda: dom.eq(a, b), "!=": lambda: z3.Not(dom.eq(a, b)), "<": lambda: dom.lt(a, b),
+                "<=": lambda: dom.le(a, b), ">": lambda: dom.lt(b, a), ">=": lambda: dom.le(b, a)}[gd.op]()
+
+    out = _pointwise(cmp, [left, right])
+    return out if isinstance(out, list) else [out]
 
 
 def _scalar(v) -> np.ndarray:
@@ -584,9 +646,38 @@ def _attr_symbolic(p, env: _Env):
 
 # --- the obligation ------------------------------------------------------------------------------------
 
+def _name_attr_wildcards(rule: Rule) -> Rule:
+    """``attr=_`` matches any value, so the proof must cover any value: each becomes a fresh variable."""
+    counter = itertools.count()
+
+    def fix(e):
+        if isinstance(e, OpCall):
+            at = tuple((n, Var(f"_any{next(counter)}", p.loc) if isinstance(p, Wildcard) else p) for n, p in e.attrs)
+            return attrs.evolve(e, args=tuple(fix(a) for a in e.args), attrs=at)
+        return e
+
+    return attrs.evolve(rule, lhs=fix(rule.lhs))
+
+
+def _value_guard(gd, rule: Rule, float_vars) -> bool:
+    """A comparison on values or float attributes: an assumption of the proof, not a search filter."""
+    leaves: Dict[str, None] = {}
+    _leaf_vars(rule.lhs, leaves)
+
+    def refs(e) -> bool:
+        if isinstance(e, Var):
+            return e.name in leaves or e.name in float_vars
+        if isinstance(e, FuncCall):
+            return False
+        return any(refs(x) for x in getattr(e, "args", ())) or any(refs(getattr(e, k)) for k in ("left", "right") if hasattr(e, k))
+
+    return not isinstance(gd, FuncCall) and refs(gd)
+
+
 def prove_rule(rule: Rule, timeout_ms: int = DEFAULT_TIMEOUT_MS) -> Verdict:
     t0 = time.perf_counter()
     key = rule_key(rule)
+    rule = _name_attr_wildcards(rule)
 
     def verdict(status, shapes, cex=None, detail=None):
         return Verdict(rule.name, rule.proof, status, shapes, round(1e3 * (time.perf_counter() - t0), 1), cex, detail, key)
@@ -618,6 +709,9 @@ def _prove_instance(rule: Rule, inst: Instance, float_vars, timeout_ms: int):
     except UnsupportedOpError as e:
         return "unknown", None, f"no semantics: {e}"
     lhs_side, rhs_side = dom.side[:n_side], dom.side[n_side:]
+    assumptions = [a for gd in rule.guards if _value_guard(gd, rule, float_vars)
+                   for a in _guard_assumptions(gd, env)]
+    lhs_side = assumptions + lhs_side
     if dom.name == "real" and _polynomial_identity(lhs, rhs) and _implied(dom, lhs_side, rhs_side, timeout_ms):
         return "proved", None, None
     goal = sem.tensors_equal(dom, lhs, rhs)

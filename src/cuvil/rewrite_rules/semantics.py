@@ -8,7 +8,13 @@ is concrete. :func:`evaluate` computes an op's outputs from such inputs in one o
   not distinguished: every NaN equals every NaN, while +0 and -0 differ (:meth:`Domain.equal`).
 * :class:`RealDomain` (``prove real``): the reals. Operations undefined somewhere (x/0, Sqrt of a
   negative, Log of a non-positive) record definedness conditions in ``dom.side``; facts about the
-  uninterpreted functions (sqrt(a) >= 0, exp(a) > 0 ...) go to ``dom.axioms``.
+  uninterpreted functions (sqrt(a) >= 0, exp(a) > 0 ...) go to ``dom.axioms``. ``dom.side`` holds each
+  condition once (a condition already required by the left side is not appended again for the right);
+  :meth:`Domain.mark` / :meth:`Domain.side_since` give one side's full list. Sqrt is an uninterpreted
+  ``sqrt`` with sqrt(a) >= 0 and sqrt(a)^2 = a (for a >= 0); Exp, Log, Tanh, Erf ... are uninterpreted
+  (exp > 0; tanh, erf in (-1, 1)); Floor/Ceil/Round are exact via ToInt (Round half-to-even); Pow with a
+  literal integer exponent 0..4 is a product, otherwise uninterpreted; Softmax is exp(x) / sum(exp(x))
+  and LogSoftmax is Log(Softmax(x)) (equal, over the reals, to the max-shifted function bodies).
 
 Choices that matter for bit-exactness (FP32Domain):
 
@@ -40,6 +46,8 @@ Choices that matter for bit-exactness (FP32Domain):
 * BatchNormalization (inference) is (x - mean) / Sqrt(var + eps) * scale + B in this order (the ONNX spec
   formula); InstanceNormalization is scale * (x - mean) / Sqrt(var + eps) + B with var the mean of squared
   deviations; LayerNormalization follows its function body (var = E[x^2] - E[x]^2, stash_type 1 only).
+* LeakyRelu, PRelu, Elu, Selu use their bodies' Where(x < 0, ..., x): -0.0 passes through unchanged
+  (onnx.reference's PRelu computes where(x > 0, x, x * slope) and differs in the sign of zeros).
 * Sign(+-0) = +0, Sign(NaN) = NaN (np.sign); Round is half-to-even; Floor/Ceil round toward -inf/+inf.
 * Dropout in inference is the identity (mask all True). In training mode every element gets a fresh
   symbolic Bool mask m: y = m ? x * (1 / (1 - ratio)) : 0 (ratio == 0 keeps everything), so removing a
@@ -64,7 +72,7 @@ from ..errors import UnsupportedOpError
 from ..ir.registry import attr_defaults
 
 # Part of the proof-cache key: bump whenever any op's semantics change.
-SEMANTICS_VERSION = "1"
+SEMANTICS_VERSION = "2"
 
 FP32 = z3.FPSort(8, 24)
 _F32_MAX = float(np.finfo(np.float32).max)
@@ -1002,8 +1010,9 @@ def _gather(dom, inputs, attrs):
     idx = attrs.get("indices", inputs[1] if len(inputs) > 1 else None)
     if idx is None:
         _unsupported("Gather", "indices are missing")
-    shape = np.shape(idx) if not isinstance(idx, list) else np.asarray(idx).shape
-    flat = _ints(np.asarray(idx, dtype=object).reshape(-1) if shape else [idx if not isinstance(idx, np.ndarray) else idx.reshape(-1)[0]])
+    arr = idx if isinstance(idx, np.ndarray) else np.asarray(idx, dtype=object)
+    shape = arr.shape
+    flat = _ints(list(arr.reshape(-1)))
     a = _axis(attrs.get("axis", 0), x.ndim)
     d = x.shape[a]
     flat = [i + d if i < 0 else i for i in flat]
@@ -1214,8 +1223,9 @@ def _batchnorm(dom, inputs, attrs):
         _unsupported("BatchNormalization", "input must have rank >= 2")
     s, b, mean, var = (_per_channel(p, r) for p in (s, b, mean, var))
     # (x - mean) / sqrt(var + eps) * scale + B
-    return [_map(lambda v, sc, bb, mu, va: dom.add(dom.mul(dom.div(dom.sub(v, mu), dom.sqrt(dom.add(va, eps))), sc), bb),
-                 x, s, b, mean, var)]
+    def one(v, sc, bb, mu, va):
+        return dom.add(dom.mul(dom.div(dom.sub(v, mu), dom.sqrt(dom.add(va, eps))), sc), bb)
+    return [_map(one, x, s, b, mean, var)]
 
 
 def _reduce(x, axes, keepdims, fold):

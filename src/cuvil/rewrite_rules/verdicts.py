@@ -53,6 +53,7 @@ def _write(path: str, data: Dict[str, dict]) -> None:
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         json.dump(data, f, indent=1, sort_keys=True)
         f.write("\n")
+    os.chmod(tmp, 0o644)
     os.replace(tmp, path)
 
 

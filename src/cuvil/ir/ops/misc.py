@@ -30,6 +30,9 @@ def dropout(ctx: InferCtx):
     ratio = ctx.const(1)
     if ratio is not None and not (ratio.size == 1 and 0 <= float(ratio.reshape(-1)[0]) < 1):
         ctx.fail(f"ratio must be a scalar in [0, 1), got {ratio.tolist()}")
+    for i, what in ((1, "ratio"), (2, "training_mode")):
+        if ctx.has_input(i) and ctx.type(i).shape is not None and len(ctx.type(i).shape) != 0:
+            ctx.fail(f"{what} must be a scalar, got shape {list(ctx.type(i).shape)}")
     if ctx.has_input(2) and ctx.dtype(2) != DType.BOOL:
         ctx.fail(f"training_mode must be bool, got {ctx.dtype(2).name}")
     out = ctx.type(0)

@@ -1,0 +1,70 @@
+"""The reference oracle: ``onnx.reference.ReferenceEvaluator``, with the few ops whose reference
+implementation departs from the ONNX spec's own function body replaced by that body.
+
+Cuvil's op semantics (the prover's, the folder's and the backends') are the spec's: Softplus is
+``Log(Exp(X) + 1)``, Sigmoid ``1 / (1 + Exp(-X))``, Mish ``X * Tanh(Softplus(X))``, and Sum folds left
+from its first input (onnx.reference uses logaddexp, a two-branch sigmoid, and Python's ``sum`` from 0,
+which turns ``Sum(-0.0)`` into +0.0; its Softsign fails on 0-d inputs). Everything else is onnx.reference as it is.
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx.reference import ReferenceEvaluator
+from onnx.reference.op_run import OpRun
+
+
+def _softplus(x):
+    return np.log(np.exp(x) + np.ones((), x.dtype)).astype(x.dtype)
+
+
+class Softplus(OpRun):
+    op_domain = ""
+
+    def _run(self, x):
+        return (_softplus(x),)
+
+
+class Sigmoid(OpRun):
+    op_domain = ""
+
+    def _run(self, x):
+        one = np.ones((), x.dtype)
+        return ((one / (one + np.exp(-x))).astype(x.dtype),)
+
+
+class Mish(OpRun):
+    op_domain = ""
+
+    def _run(self, x):
+        return ((x * np.tanh(_softplus(x))).astype(x.dtype),)
+
+
+class Softsign(OpRun):
+    op_domain = ""
+
+    def _run(self, x):
+        x = np.asarray(x)  # onnx.reference's own fails on 0-d inputs
+        return ((x / (np.ones((), x.dtype) + np.abs(x))).astype(x.dtype),)
+
+
+class Sum(OpRun):
+    op_domain = ""
+
+    def _run(self, *xs):
+        acc = xs[0]
+        for t in xs[1:]:
+            acc = acc + t
+        return (np.asarray(acc).astype(xs[0].dtype),)
+
+
+SPEC_OPS = [Softplus, Sigmoid, Mish, Softsign, Sum]
+
+
+def reference_evaluator(model: onnx.ModelProto) -> ReferenceEvaluator:
+    return ReferenceEvaluator(model, new_ops=SPEC_OPS)
+
+
+def run_reference(model: onnx.ModelProto, feeds) -> list:
+    with np.errstate(all="ignore"):  # IEEE corner cases are inputs like any other here
+        return reference_evaluator(model).run(None, feeds)

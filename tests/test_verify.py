@@ -1,0 +1,49 @@
+"""cuvil verify: passes on a correctly optimized model, and on a real-proved rule whose float drift is
+large it reports the difference with a minimal input."""
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from cuvil.cli import main as cli_main
+from cuvil.verify import compare, verify
+
+
+def cancel_model(c=1e8):
+    # (x + c) - c: equal to x over the reals, not in float32 for large c
+    g = helper.make_graph([helper.make_node("Add", ["x", "c"], ["a"]), helper.make_node("Sub", ["a", "c"], ["y"])],
+                          "cancel", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])],
+                          [numpy_helper.from_array(np.array(c, np.float32), "c")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m
+
+
+def test_verify_passes_when_nothing_drifts(tmp_path):
+    path = tmp_path / "m.onnx"
+    onnx.save(cancel_model(), path)
+    res = verify(str(path), examples=10)
+    assert res.ok and res.exact and res.examples >= 1
+
+
+def test_verify_reports_minimal_failing_input(tmp_path, capsys):
+    rules = tmp_path / "cancel.rule"
+    rules.write_text("# (x + c) - c -> x: true over the reals only\nrule add_sub_cancel benefit 5\n"
+                     "  Sub(Add(x, c), c) => x\n  prove real\n")
+    path = tmp_path / "m.onnx"
+    onnx.save(cancel_model(), path)
+    res = verify(str(path), rules=[str(rules)], examples=50)
+    assert not res.ok and not res.exact
+    assert res.rules_fired == {"add_sub_cancel": 1}
+    (x,) = res.failing_input.values()
+    assert x.shape[0] == 1  # shrunk to the smallest batch
+    assert cli_main(["verify", str(path), "--rules", str(rules), "--examples", "30"]) == 1
+    out = capsys.readouterr().out
+    assert "verify FAILED" in out and "minimal input x" in out
+
+
+def test_compare_is_bitwise_for_exact():
+    a = np.array([0.0, np.nan], np.float32)
+    assert compare(a, np.array([-0.0, np.nan], np.float32), exact=True) is not None
+    assert compare(a, a.copy(), exact=True) is None
+    assert compare(a, np.array([1e-6, np.nan], np.float32), exact=False) is None
