@@ -2,7 +2,14 @@
 from .errors import CuvilError, ModelLoadError, ShapeError, UnsupportedDomainError, UnsupportedOpError
 from .pipeline import Pipeline
 
+
+def load(path, num_threads: int = 0):
+    """Open a compiled ``libNAME.so`` (ctypes; any process, no recompilation)."""
+    from .artifact import load as _load
+    return _load(path, num_threads=num_threads)
+
+
 __version__ = "0.1.0"
 
-__all__ = ["Pipeline", "CuvilError", "ModelLoadError", "ShapeError", "UnsupportedDomainError",
+__all__ = ["Pipeline", "load", "CuvilError", "ModelLoadError", "ShapeError", "UnsupportedDomainError",
            "UnsupportedOpError", "__version__"]

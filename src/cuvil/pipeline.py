@@ -1,13 +1,16 @@
 """``Pipeline``: the one place that sequences Cuvil's stages (import -> optimize -> export/compile)."""
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import tempfile
 from typing import Dict, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import onnx
 
-from .errors import ShapeError
+from .errors import CuvilError, ShapeError
 from .frontend import export_model, import_model, load_model
 from .ir.dim import SymExpr, evaluate
 from .ir.graph import Graph
@@ -28,9 +31,10 @@ class Pipeline:
     """
 
     def __init__(self, graph: Graph, report: Optional[RewriteReport] = None, initializer_elements: Optional[int] = None,
-                 rule_paths: Sequence[RulePath] = ()):
+                 rule_paths: Sequence[RulePath] = (), source_sha256: Optional[str] = None):
         self._graph = graph
         self.report = report
+        self.source_sha256 = source_sha256
         self.rule_paths: Tuple[RulePath, ...] = tuple(rule_paths)
         # Elements of the source model's initializers (what model zoos call its parameter count).
         self.initializer_elements = initializer_elements
@@ -40,7 +44,9 @@ class Pipeline:
         """Import an ONNX model (path, bytes or ModelProto), external data included."""
         model = load_model(source)
         graph = import_model(model, constant_initializer_inputs=constant_initializer_inputs)
-        return cls(graph, initializer_elements=sum(int(np.prod(t.dims)) for t in model.graph.initializer))
+        sha = hashlib.sha256(model.SerializeToString()).hexdigest()
+        return cls(graph, initializer_elements=sum(int(np.prod(t.dims)) for t in model.graph.initializer),
+                   source_sha256=sha)
 
     @property
     def graph(self) -> Graph:
@@ -48,7 +54,11 @@ class Pipeline:
 
     def with_rules(self, *paths: RulePath) -> "Pipeline":
         """The same model, with extra ``.rule`` files or directories for :meth:`optimize`."""
-        return Pipeline(self._graph, self.report, self.initializer_elements, self.rule_paths + tuple(paths))
+        return self._derive(self._graph, self.report, self.rule_paths + tuple(paths))
+
+    def _derive(self, graph, report, rule_paths=None) -> "Pipeline":
+        return Pipeline(graph, report, self.initializer_elements,
+                        self.rule_paths if rule_paths is None else rule_paths, self.source_sha256)
 
     def optimize(self, rules: Union[RulePath, Sequence[RulePath], None] = None, *, builtin: bool = True,
                  on_unproved: str = "error") -> "Pipeline":
@@ -68,7 +78,67 @@ class Pipeline:
         runnable = proved_rules(all_rules, on_unproved=on_unproved)
         g = self._graph.clone()
         report = rewrite(g, runnable)
-        return Pipeline(g, report, self.initializer_elements, self.rule_paths)
+        report.verdicts = {r.name: r.proof for r in runnable}
+        return self._derive(g, report)
+
+    def specialize(self, fixed: Mapping[str, int]) -> "Pipeline":
+        """Fix symbolic dims to values (``{"N": 1}``): shapes become static and shape computations fold."""
+        from .ir.dim import evaluate as ev
+        from .ir.types import TensorType
+        from .rewrite_rules.engine import rewrite
+        from .rewrite_rules.shape_prop import propagate_shapes
+        g = self._graph.clone()
+        for name, val in fixed.items():
+            sym = g.symbols.get(name)
+            if sym is None:
+                raise ShapeError(f"the model has no symbol {name!r} (it has {sorted(g.symbols) or 'none'})")
+            if not sym.min <= int(val) <= sym.max:
+                raise ShapeError(f"{name} = {val} is outside its range [{sym.min}, {sym.max}]")
+        env = {k: int(v) for k, v in fixed.items()}
+        for v in g.inputs:
+            if v.shape is not None and any(not isinstance(d, int) for d in v.shape):
+                dims = [d if isinstance(d, int) or not (d.free_symbols <= env.keys()) else ev(d, env) for d in v.shape]
+                v.type = TensorType(v.dtype, dims)
+        for name in env:
+            del g.symbols[name]
+        propagate_shapes(g)
+        report = rewrite(g, [])
+        return self._derive(g, report)
+
+    def compile(self, target: str = "x86_64-linux-gnu", opt_level: int = 3, *, cpu: Optional[str] = None,
+                prefix: str = "cuvil", fixed: Optional[Mapping[str, int]] = None, cache: bool = True,
+                progress=None):
+        """Compile to a native artifact (:class:`cuvil.artifact.Artifact`).
+
+        Symbolic dims are specialised: to ``fixed`` where given, else to each symbol's ``opt`` (or ``min``)
+        value, recorded in the manifest; the library then accepts exactly those shapes.
+        """
+        from .artifact import X86_TARGET, Artifact, build_cached, cache_key
+        from .ir.hash import structural_hash
+        from .targets.x86.compile import compile_x86
+        if target != X86_TARGET:
+            raise CuvilError(f"unknown target {target!r}; available: {X86_TARGET}")
+        if opt_level not in (0, 1, 2, 3):
+            raise CuvilError(f"opt_level must be 0-3, got {opt_level}")
+        fixed = dict(fixed or {})
+        for name, sym in self._graph.symbols.items():
+            fixed.setdefault(name, sym.opt if sym.opt is not None else sym.min)
+        p = self.specialize(fixed) if fixed else self
+        rules = {}
+        if self.report is not None:
+            verdicts = getattr(self.report, "verdicts", {})
+            rules = {name: {"applied": n, "obligation": verdicts.get(name), "verdict": "proved"}
+                     for name, n in self.report.applied.items() if n}
+        extra = {"model_sha256": self.source_sha256, "specialized": fixed, "rules_applied": rules}
+        import cuvil
+        key = cache_key([structural_hash(p.graph), repr(sorted(fixed.items())), str(opt_level), str(cpu), prefix,
+                         cuvil.__version__, target, json.dumps(rules, sort_keys=True), str(self.source_sha256)])
+        build = lambda so: compile_x86(p.graph, so, opt_level=opt_level, cpu=cpu, prefix=prefix,
+                                       manifest_extra=extra, progress=progress)
+        if not cache:
+            out = os.path.join(tempfile.mkdtemp(prefix="cuvil-"), f"lib{prefix}.so")
+            return Artifact(out, build(out))
+        return build_cached(key, prefix, build)
 
     def to_onnx(self) -> onnx.ModelProto:
         return export_model(self._graph)

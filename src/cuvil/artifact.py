@@ -1,0 +1,111 @@
+"""Compiled artifacts: ``Pipeline.compile`` returns an :class:`Artifact` (a built ``libNAME.so`` with its
+header and manifest); :func:`load` opens any saved library in any process, through ctypes.
+
+Artifacts are cached by content: the graph's structural hash, the constants, the compile options and the
+Cuvil version. Compiling the same model twice (tests, notebooks) reuses the library.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from typing import Dict, List, Mapping, Optional, Sequence, Union
+
+import numpy as np
+
+from .errors import CuvilError
+from .targets.x86.loader import Model
+from .targets.x86.loader import load as _load_so
+
+X86_TARGET = "x86_64-linux-gnu"
+
+
+def artifact_cache_dir() -> str:
+    base = os.environ.get("CUVIL_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "cuvil")
+    return os.path.join(base, "artifacts")
+
+
+def _sidecars(so_path: str) -> Dict[str, str]:
+    base = os.path.splitext(so_path)[0]
+    return {"h": base + ".h", "manifest": base + ".manifest.json"}
+
+
+class Artifact:
+    """A compiled model: ``.path`` (the .so), ``.manifest``; ``.save(path)``, ``.run(inputs)``."""
+
+    def __init__(self, so_path: str, manifest: dict, cached: bool = False):
+        self.path, self.manifest, self.cached = so_path, manifest, cached
+        self._model: Optional[Model] = None
+
+    @property
+    def header_path(self) -> str:
+        return _sidecars(self.path)["h"]
+
+    def save(self, path: Union[str, os.PathLike]) -> str:
+        """Copy the library, its header and manifest to ``path`` (``DIR/libNAME.so`` or a directory)."""
+        path = os.fspath(path)
+        if os.path.isdir(path) or path.endswith(os.sep):
+            path = os.path.join(path, os.path.basename(self.path))
+        if not path.endswith(".so"):
+            raise CuvilError(f"{path}: an x86 artifact is saved as DIR/libNAME.so")
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        shutil.copyfile(self.path, path)
+        os.chmod(path, 0o755)
+        for key, src in _sidecars(self.path).items():
+            shutil.copyfile(src, _sidecars(path)[key])
+        return path
+
+    def model(self, num_threads: int = 0) -> Model:
+        if self._model is None:
+            self._model = _load_so(self.path, num_threads=num_threads)
+        return self._model
+
+    def run(self, inputs: Union[Mapping[str, np.ndarray], Sequence[np.ndarray]], num_threads: Optional[int] = None) -> Dict[str, np.ndarray]:
+        """Run the native library; returns outputs by name."""
+        m = self.model()
+        outs = m.run(**inputs, num_threads=num_threads) if isinstance(inputs, Mapping) else m.run(*inputs, num_threads=num_threads)
+        return {spec.name: arr for spec, arr in zip(m.outputs, outs)}
+
+    def __repr__(self):
+        return f"<Artifact {self.path} ({self.manifest.get('kernels')} kernels)>"
+
+
+def load(path: Union[str, os.PathLike], num_threads: int = 0) -> Model:
+    """Open a compiled model (``libNAME.so``) through ctypes; no recompilation, any process."""
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise CuvilError(f"{path}: no such file")
+    return _load_so(path, num_threads=num_threads)
+
+
+def cache_key(parts: Sequence[str]) -> str:
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(p.encode())
+        h.update(b"\0")
+    return h.hexdigest()[:40]
+
+
+def build_cached(key: str, prefix: str, build) -> Artifact:
+    """The cached artifact for ``key``, or ``build(so_path) -> manifest`` run in a fresh directory that is
+    then moved into the cache atomically."""
+    root = artifact_cache_dir()
+    final = os.path.join(root, key)
+    so = os.path.join(final, f"lib{prefix}.so")
+    if os.path.isfile(so) and os.path.isfile(_sidecars(so)["manifest"]):
+        with open(_sidecars(so)["manifest"]) as f:
+            return Artifact(so, json.load(f), cached=True)
+    os.makedirs(root, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".build-", dir=root)
+    try:
+        manifest = build(os.path.join(tmp, f"lib{prefix}.so"))
+        try:
+            os.rename(tmp, final)
+        except OSError:  # another process built it meanwhile
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return Artifact(so, manifest)

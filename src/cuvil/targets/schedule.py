@@ -1,0 +1,266 @@
+"""Scheduling: graph -> kernels ("stages") with fused expressions, and a static memory plan.
+
+Each stage computes one buffer from one tensor expression. A value is *inlined* into its consumers
+(never stored) when that costs no repeated work: its only consumer reads it element for element
+(epilogue fusion: Conv -> Add(residual) -> Relu becomes one stage), or it is cheap index arithmetic
+(Transpose, Pad, Slice, broadcast) or a cheap elementwise op read only by elementwise ops. Everything
+else is stored: in the caller's output buffer for graph outputs, else in the arena at an offset chosen
+from liveness (buffers whose lifetimes do not overlap share bytes). Reshape-like ops are views.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Tuple
+
+import attrs
+import numpy as np
+
+from ..errors import ShapeError, UnsupportedOpError
+from ..ir.dtype import DType
+from ..ir.graph import Graph, Value
+from .lower import LOWERINGS, LowerCtx, TensorFn
+from .texpr import E, Buf, const, load, var
+
+ALIGN = 64
+ARENA, WEIGHTS = 0, 1
+# Ops that read each input element at the output's index (up to broadcasting): fusion consumers.
+ELEMENTWISE_OPS = {
+    "Add", "Sub", "Mul", "Div", "Pow", "Mod", "Max", "Min", "Sum", "Mean", "Sqrt", "Exp", "Log", "Sin", "Cos",
+    "Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh", "Erf", "Floor", "Ceil", "Round",
+    "Tanh", "Abs", "Neg", "Reciprocal", "Sign", "Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual",
+    "And", "Or", "Xor", "Not", "IsNaN", "IsInf", "Where", "Cast", "CastLike", "Relu", "LeakyRelu", "PRelu", "Elu",
+    "Selu", "Celu", "Sigmoid", "HardSigmoid", "HardSwish", "Softplus", "Softsign", "Mish", "Gelu",
+    "ThresholdedRelu", "Shrink", "Clip", "Identity", "Dropout", "BatchNormalization",
+}
+
+
+@attrs.define(eq=False)
+class Stage:
+    name: str
+    buf: Buf
+    vars: List[E]
+    expr: E
+    reads: List[Buf] = attrs.field(factory=list)
+
+
+@attrs.define
+class Schedule:
+    stages: List[Stage]
+    inputs: List[Buf]
+    outputs: List[Buf]
+    weights: List[Tuple[Buf, np.ndarray]]
+    arena_bytes: int
+    weights_bytes: int
+    fused: Dict[str, int]     # op -> how many were inlined into a consumer
+
+    def describe(self) -> str:
+        return "\n".join(f"{s.name}: {s.buf.name}{list(s.buf.shape)}" for s in self.stages)
+
+
+def _align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def schedule(g: Graph) -> Schedule:
+    for v in g.values():
+        if not v.type.is_static:
+            raise ShapeError(f"value {v.name!r} has shape {v.type}: fix the symbols (fixed={{...}}) to compile")
+    ni = len(g.inputs)
+    fns: Dict[int, TensorFn] = {}
+    bufs: Dict[int, Buf] = {}
+    expensive: Dict[int, bool] = {}
+    stages: List[Stage] = []
+    weights: Dict[int, Tuple[Buf, np.ndarray]] = {}
+    fused: Dict[str, int] = {}
+    in_bufs, out_bufs = [], []
+
+    for i, v in enumerate(g.inputs):
+        b = Buf(v.name, v.dtype, tuple(v.shape), 2 + i, 0)
+        in_bufs.append(b)
+        bufs[id(v)] = b
+        fns[id(v)] = _loader(b)
+    out_index: Dict[int, List[int]] = {}
+    for j, v in enumerate(g.outputs):
+        out_index.setdefault(id(v), []).append(j)
+        out_bufs.append(Buf(g.output_names[j], v.dtype, tuple(v.shape), 2 + ni + j, 0))
+
+    def const_fn(v: Value) -> TensorFn:
+        if id(v) in fns:
+            return fns[id(v)]
+        arr = np.asarray(v.const)
+        if arr.size == 1 and v.dtype != DType.STRING:
+            e = const(arr.reshape(-1)[0].item(), v.dtype)
+            t = TensorFn(tuple(arr.shape), v.dtype, lambda idx, e=e: e, "elementwise")
+        else:
+            b = Buf(v.name, v.dtype, tuple(arr.shape), WEIGHTS, 0)
+            weights[id(v)] = (b, arr)
+            bufs[id(v)] = b
+            t = _loader(b)
+        fns[id(v)] = t
+        return t
+
+    def materialize(name: str, shape, dtype, fn, base=ARENA) -> TensorFn:
+        b = Buf(name, dtype, tuple(shape), base, 0)
+        vs = [var(f"i{k}") for k in range(len(shape))]
+        stages.append(Stage(name, b, vs, fn(list(vs))))
+        return _loader(b)
+
+    g.toposort()
+    for node in g.nodes:
+        ins = []
+        for v in node.inputs:
+            if v is None:
+                ins.append(None)
+            elif v.is_const:
+                ins.append(const_fn(v))
+            else:
+                ins.append(fns[id(v)])
+        low = LOWERINGS.get(node.op)
+        if low is None:
+            raise UnsupportedOpError(node.op, node.name, detail="no x86 lowering")
+        temp = lambda shape, dtype, fn, name: materialize(name, shape, dtype, fn)
+        outs = low(LowerCtx(node, ins, temp))
+        # an expression that inlines a reduction is expensive however cheap its own op is
+        inlined_cost = any(expensive.get(id(v), False) for v in node.inputs if v is not None and id(v) not in bufs)
+        for o, t in zip(node.outputs, outs):
+            expensive[id(o)] = t.kind == "complex" or inlined_cost
+            if id(o) in out_index:
+                j = out_index[id(o)][0]
+                ob = out_bufs[j]
+                stages.append(Stage(f"{node.name}", ob, *(_vars_expr(t, ob.shape))))
+                bufs[id(o)] = ob
+                fns[id(o)] = _loader(ob)
+                continue
+            if t.kind == "alias":
+                src = node.inputs[0]
+                if id(src) in bufs:
+                    sb = bufs[id(src)]
+                    view = Buf(o.name, o.dtype, tuple(o.shape), sb.base, sb.offset, root=sb.storage)
+                    if sb.base == WEIGHTS:
+                        weights[id(o)] = (view, None)
+                    bufs[id(o)] = view
+                    fns[id(o)] = _loader(view)
+                    continue
+            if _inline(g, o, t, expensive[id(o)]):
+                fns[id(o)] = t
+                fused[node.op] = fused.get(node.op, 0) + 1
+                continue
+            fns[id(o)] = materialize(o.name, o.shape, o.dtype, t.fn)
+            bufs[id(o)] = stages[-1].buf
+
+    # outputs that no node produces (inputs, constants, duplicates) are copied
+    for j, v in enumerate(g.outputs):
+        ob = out_bufs[j]
+        if any(s.buf is ob for s in stages):
+            continue
+        t = const_fn(v) if v.is_const else fns[id(v)]
+        stages.append(Stage(f"copy_{ob.name}", ob, *(_vars_expr(t, ob.shape))))
+
+    for s in stages:
+        s.reads = _reads(s.expr)
+    arena = _plan_arena(stages)
+    wbytes = _plan_weights(weights)
+    return Schedule(stages, in_bufs, out_bufs, [(b, a) for b, a in weights.values() if a is not None],
+                    arena, wbytes, fused)
+
+
+def root_of(b: Buf) -> Buf:
+    return b.storage
+
+
+def _loader(b: Buf) -> TensorFn:
+    return TensorFn(b.shape, b.dtype, lambda idx: load(b, idx), "elementwise", buf=b)
+
+
+def _vars_expr(t: TensorFn, shape):
+    vs = [var(f"i{k}") for k in range(len(shape))]
+    return vs, t.fn(list(vs))
+
+
+def _inline(g: Graph, o: Value, t: TensorFn, expensive: bool) -> bool:
+    users = g.consumers(o)
+    if not users:
+        return True  # dead: nothing will read it
+    readers_same = all(u.op in ELEMENTWISE_OPS and tuple(u.outputs[0].shape) == tuple(o.shape) for u in users)
+    if len(o.uses) == 1 and readers_same:
+        return True
+    if expensive:
+        return False
+    if t.kind == "injective":
+        return True
+    return t.kind == "elementwise" and all(u.op in ELEMENTWISE_OPS for u in users)
+
+
+def _reads(e: E) -> List[Buf]:
+    out, seen, stack = [], set(), [e]
+    while stack:
+        x = stack.pop()
+        if x.uid in seen:
+            continue
+        seen.add(x.uid)
+        if x.op == "load":
+            out.append(x.attr)
+        elif x.op == "argscan":
+            stack.extend(_argscan_reads(x))
+        stack.extend(x.args)
+    return out
+
+
+def _argscan_reads(x: E):
+    src, base, axis, n, _, _ = x.attr
+    idx = list(base)
+    idx[axis] = const(0, DType.INT64)
+    return [src(idx)]
+
+
+def _plan_arena(stages: List[Stage]) -> int:
+    """Offsets for arena buffers from liveness: first-fit into space freed by dead buffers."""
+    first: Dict[int, int] = {}
+    last: Dict[int, int] = {}
+    roots: Dict[int, Buf] = {}
+    for k, s in enumerate(stages):
+        for b in [s.buf] + s.reads:
+            r = root_of(b)
+            if r.base != ARENA:
+                continue
+            roots[id(r)] = r
+            first.setdefault(id(r), k)
+            last[id(r)] = k
+    active: List[Tuple[int, int, int]] = []  # (offset, size, last use)
+    top = 0
+    offsets: Dict[int, int] = {}
+    for rid in sorted(first, key=lambda r: (first[r], r)):
+        k = first[rid]
+        active = [a for a in active if a[2] >= k]
+        size = _align(max(roots[rid].nbytes, 1))
+        off, cursor = None, 0
+        for a in sorted(active):
+            if a[0] - cursor >= size:
+                off = cursor
+                break
+            cursor = max(cursor, a[0] + a[1])
+        if off is None:
+            off = cursor
+        active.append((off, size, last[rid]))
+        offsets[rid] = off
+        top = max(top, off + size)
+    for s in stages:
+        for b in [s.buf] + s.reads:
+            r = root_of(b)
+            if r.base == ARENA:
+                b.offset = offsets[id(r)]
+    return top
+
+
+def _plan_weights(weights) -> int:
+    off = 0
+    placed: Dict[int, int] = {}
+    for b, arr in weights.values():
+        if arr is None:
+            continue
+        b.offset = off
+        placed[id(b)] = off
+        off = _align(off + max(arr.nbytes, 1))
+    for b, arr in weights.values():
+        if arr is None:
+            b.offset = root_of(b).offset
+    return off

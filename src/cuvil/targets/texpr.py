@@ -1,0 +1,243 @@
+"""Tensor expressions: the kernel IR shared by the backends.
+
+A kernel computes every element of an output buffer from a scalar expression of the output's loop
+variables. Expressions are trees of :class:`E` nodes: integer index arithmetic, loads from buffers (plain
+or guarded by a bounds condition, for padding), scalar math, selects, casts and reductions (which
+introduce their own loop variables). Lowering an op means writing that expression; fusing ops means
+substituting one op's expression where another loads its output.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Any, Callable, Optional, Sequence, Tuple
+
+import attrs
+import numpy as np
+
+from ..ir.dtype import DType
+
+I64 = DType.INT64
+BOOL = DType.BOOL
+_ids = itertools.count()
+
+
+@attrs.define(eq=False)
+class Buf:
+    """A contiguous buffer: ``bufs[base] + offset`` bytes, row-major ``shape``. Aliases (reshapes) are
+    other Buf objects over the same bytes."""
+    name: str
+    dtype: DType
+    shape: Tuple[int, ...]
+    base: int = -1        # index into the kernel's bufs array (0 arena, 1 weights, then inputs, outputs)
+    offset: int = 0       # bytes
+    root: Optional["Buf"] = None   # the buffer this one is a view of (reshapes)
+
+    @property
+    def storage(self) -> "Buf":
+        return self.root if self.root is not None else self
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+    @property
+    def strides(self) -> Tuple[int, ...]:
+        out, acc = [], 1
+        for d in reversed(self.shape):
+            out.append(acc)
+            acc *= d
+        return tuple(reversed(out))
+
+
+class E:
+    """An expression node. ``op`` names the operation, ``args`` are sub-expressions, ``attr`` holds the
+    non-expression payload (a constant's value, a Buf, a function name, reduction variables)."""
+
+    __slots__ = ("op", "args", "dtype", "attr", "uid")
+
+    def __init__(self, op: str, args: Sequence["E"], dtype: DType, attr: Any = None):
+        self.op, self.args, self.dtype, self.attr = op, tuple(args), dtype, attr
+        self.uid = next(_ids)
+
+    def __repr__(self):
+        if self.op == "const":
+            return f"{self.attr!r}"
+        if self.op == "var":
+            return self.attr
+        return f"{self.op}{'[' + str(self.attr) + ']' if self.attr is not None and self.op != 'load' else ''}({', '.join(map(repr, self.args))})"
+
+    # integer index arithmetic, simplified as it is built
+    def __add__(self, o):
+        return iadd(self, o)
+
+    __radd__ = __add__
+
+    def __sub__(self, o):
+        return iadd(self, imul(as_index(o), -1))
+
+    def __rsub__(self, o):
+        return iadd(as_index(o), imul(self, -1))
+
+    def __mul__(self, o):
+        return imul(self, o)
+
+    __rmul__ = __mul__
+
+    def __floordiv__(self, o):
+        return idiv(self, o)
+
+    def __mod__(self, o):
+        return imod(self, o)
+
+
+def var(name: str) -> E:
+    return E("var", (), I64, f"{name}{next(_ids)}")
+
+
+def const(value, dtype: DType) -> E:
+    if dtype.is_float:
+        value = float(value)
+    elif dtype == BOOL:
+        value = bool(value)
+    else:
+        value = int(value)
+    return E("const", (), dtype, value)
+
+
+def as_index(x) -> E:
+    return x if isinstance(x, E) else const(int(x), I64)
+
+
+def _cval(e: E) -> Optional[int]:
+    return e.attr if e.op == "const" else None
+
+
+def iadd(a, b) -> E:
+    a, b = as_index(a), as_index(b)
+    ca, cb = _cval(a), _cval(b)
+    if ca is not None and cb is not None:
+        return const(ca + cb, I64)
+    if ca == 0:
+        return b
+    if cb == 0:
+        return a
+    return E("add", (a, b), I64)
+
+
+def imul(a, b) -> E:
+    a, b = as_index(a), as_index(b)
+    ca, cb = _cval(a), _cval(b)
+    if ca is not None and cb is not None:
+        return const(ca * cb, I64)
+    if ca == 0 or cb == 0:
+        return const(0, I64)
+    if ca == 1:
+        return b
+    if cb == 1:
+        return a
+    return E("mul", (a, b), I64)
+
+
+def idiv(a, b) -> E:
+    """Floor division of non-negative indices."""
+    a, b = as_index(a), as_index(b)
+    ca, cb = _cval(a), _cval(b)
+    if cb == 1:
+        return a
+    if ca is not None and cb is not None:
+        return const(ca // cb, I64)
+    return E("idiv", (a, b), I64)
+
+
+def imod(a, b) -> E:
+    a, b = as_index(a), as_index(b)
+    ca, cb = _cval(a), _cval(b)
+    if cb == 1:
+        return const(0, I64)
+    if ca is not None and cb is not None:
+        return const(ca % cb, I64)
+    return E("imod", (a, b), I64)
+
+
+def load(buf: Buf, idx: Sequence) -> E:
+    if len(idx) != len(buf.shape):
+        raise ValueError(f"load of {buf.name}{list(buf.shape)} with {len(idx)} indices")
+    return E("load", [as_index(i) for i in idx], buf.dtype, buf)
+
+
+def guarded_load(buf: Buf, idx: Sequence, cond: E, default) -> E:
+    """``buf[idx]`` where ``cond`` holds, else ``default`` (the load is never out of bounds)."""
+    return E("gload", [cond, const(default, buf.dtype)] + [as_index(i) for i in idx], buf.dtype, buf)
+
+
+def binop(op: str, a: E, b: E) -> E:
+    return E(op, (a, b), a.dtype)
+
+
+def unop(op: str, a: E) -> E:
+    return E(op, (a,), a.dtype)
+
+
+def call(fn: str, *args: E) -> E:
+    return E("call", args, args[0].dtype, fn)
+
+
+def cmp(pred: str, a: E, b: E) -> E:
+    return E("cmp", (a, b), BOOL, pred)
+
+
+def logic(op: str, *args: E) -> E:
+    return E(op, args, BOOL)
+
+
+def select(c: E, a: E, b: E) -> E:
+    return E("select", (c, a, b), a.dtype)
+
+
+def cast(a: E, dtype: DType) -> E:
+    return a if a.dtype == dtype else E("cast", (a,), dtype)
+
+
+def reduce(kind: str, extents: Sequence[int], body_fn: Callable[..., E], dtype: Optional[DType] = None) -> E:
+    """``kind`` (sum, max, min, prod) of ``body_fn(*vars)`` over ``vars`` ranging over ``extents``."""
+    vs = [var("r") for _ in extents]
+    body = body_fn(*vs)
+    return E("reduce", (body,), dtype or body.dtype, (kind, tuple(vs), tuple(int(x) for x in extents)))
+
+
+def in_range(i: E, lo: int, hi: int) -> E:
+    """lo <= i < hi, simplified when ``i`` is constant."""
+    c = _cval(i)
+    if c is not None:
+        return const(lo <= c < hi, BOOL)
+    return logic("and", cmp("ge", i, const(lo, I64)), cmp("lt", i, const(hi, I64)))
+
+
+def all_of(conds: Sequence[E]) -> E:
+    conds = [c for c in conds if not (c.op == "const" and c.attr is True)]
+    if not conds:
+        return const(True, BOOL)
+    out = conds[0]
+    for c in conds[1:]:
+        out = logic("and", out, c)
+    return out
+
+
+def substitute(e: E, mapping) -> E:
+    """``e`` with variables (by name) replaced by expressions."""
+    memo = {}
+
+    def go(x: E) -> E:
+        if x.uid in memo:
+            return memo[x.uid]
+        if x.op == "var":
+            out = mapping.get(x.attr, x)
+        elif not x.args:
+            out = x
+        else:
+            args = [go(a) for a in x.args]
+            out = x if all(a is b for a, b in zip(args, x.args)) else E(x.op, args, x.dtype, x.attr)
+        memo[x.uid] = out
+        return out
+
+    return go(e)

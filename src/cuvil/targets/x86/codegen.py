@@ -1,0 +1,403 @@
+"""LLVM IR for scheduled stages (llvmlite), optimised and emitted as an object file for the host CPU.
+
+Each stage becomes ``void <sym>(ptr bufs, i64 begin, i64 end)``: it computes the output elements whose
+leading (parallel) indices, flattened, lie in [begin, end); the runtime splits that range over threads.
+Inner loops run over the remaining dimensions, innermost contiguous, so LLVM's vectoriser sees unit
+strides. Reductions accumulate with reassociation allowed (the order of a sum is not specified by ONNX).
+"""
+from __future__ import annotations
+
+import math
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import llvmlite.binding as llvm
+import llvmlite.ir as ir
+import numpy as np
+
+from ...errors import CuvilError
+from ...ir.dtype import DType
+from ..schedule import Schedule, Stage
+from ..texpr import E, Buf
+
+_INITIALIZED = False
+
+
+def _init():
+    global _INITIALIZED
+    if not _INITIALIZED:
+        llvm.initialize_native_target()
+        llvm.initialize_native_asmprinter()
+        _INITIALIZED = True
+
+
+I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
+F16, F32, F64 = ir.HalfType(), ir.FloatType(), ir.DoubleType()
+PTR = ir.PointerType()
+_LL = {DType.FLOAT: F32, DType.DOUBLE: F64, DType.FLOAT16: F16, DType.INT8: I8, DType.UINT8: I8,
+       DType.INT16: ir.IntType(16), DType.UINT16: ir.IntType(16), DType.INT32: I32, DType.UINT32: I32,
+       DType.INT64: I64, DType.UINT64: I64, DType.BOOL: I1}
+_UNSIGNED = {DType.UINT8, DType.UINT16, DType.UINT32, DType.UINT64, DType.BOOL}
+_INTRINSICS = {"sqrt", "exp", "log", "sin", "cos", "pow", "floor", "ceil", "roundeven", "fabs"}
+_LIBM = {"tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "erf", "tanh"}
+PARALLEL_MIN = 64   # leading dims are flattened into the parallel range until it has this many points
+
+
+def ll(dt: DType) -> ir.Type:
+    try:
+        return _LL[dt]
+    except KeyError:
+        raise CuvilError(f"dtype {dt.name} is not supported by the x86 backend") from None
+
+
+def mem_type(dt: DType) -> ir.Type:
+    return I8 if dt == DType.BOOL else ll(dt)
+
+
+def host_target(cpu: Optional[str] = None, opt: int = 3):
+    _init()
+    triple = llvm.get_process_triple()
+    target = llvm.Target.from_triple(triple)
+    if cpu is None or cpu == "native":
+        cpu, features = llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
+    else:
+        features = ""
+    tm = target.create_target_machine(cpu=cpu, features=features, opt=opt, reloc="pic", codemodel="default")
+    return tm, triple, cpu, features
+
+
+class KernelModule:
+    def __init__(self, name: str, tm, triple: str):
+        self.module = ir.Module(name=name)
+        self.module.triple = triple
+        self.module.data_layout = str(tm.target_data)
+        self.tm = tm
+        self._decls: Dict[str, ir.Function] = {}
+
+    def declare(self, name: str, ret: ir.Type, args: Sequence[ir.Type]) -> ir.Function:
+        if name not in self._decls:
+            self._decls[name] = ir.Function(self.module, ir.FunctionType(ret, list(args)), name=name)
+        return self._decls[name]
+
+    def add_stage(self, st: Stage, sym: str) -> Tuple[int, int]:
+        """Emit ``st`` as function ``sym``; returns (parallel extent, grain)."""
+        fn = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [PTR, I64, I64]), name=sym)
+        fn.linkage = "external"
+        fn.visibility = "hidden"
+        fn.args[0].add_attribute("noalias")
+        bufs, begin, end = fn.args
+        entry = fn.append_basic_block("entry")
+        b = ir.IRBuilder(entry)
+        em = _Emitter(self, fn, b, bufs)
+        shape = list(st.buf.shape)
+        k, extent = 0, 1
+        while k < len(shape) and extent < PARALLEL_MIN:
+            extent *= shape[k]
+            k += 1
+        inner_work = int(np.prod(shape[k:])) if shape[k:] else 1
+
+        def body(p):
+            rest = p
+            idx: List[ir.Value] = [None] * len(shape)
+            for d in reversed(range(k)):
+                if d == 0:
+                    idx[d] = rest
+                else:
+                    idx[d] = em.b.srem(rest, I64(shape[d]))
+                    rest = em.b.sdiv(rest, I64(shape[d]))
+            em.loops(shape[k:], lambda inner: em.store_element(st, idx[:k] + inner))
+        em.loop_range(begin, end, body)
+        em.b.ret_void()
+        return (extent if shape else 1), max(1, int(4096 // max(inner_work, 1)))
+
+    def compile(self, opt: int) -> bytes:
+        try:
+            mod = llvm.parse_assembly(str(self.module))
+            mod.verify()
+        except RuntimeError as e:
+            raise CuvilError(f"generated LLVM IR does not verify: {e}") from None
+        if opt > 0:
+            pto = llvm.create_pipeline_tuning_options(speed_level=min(opt, 3))
+            pto.loop_vectorization = opt >= 2
+            pto.slp_vectorization = opt >= 2
+            pb = llvm.create_pass_builder(self.tm, pto)
+            pb.getModulePassManager().run(mod, pb)
+        return self.tm.emit_object(mod)
+
+
+class _Emitter:
+    def __init__(self, km: KernelModule, fn: ir.Function, b: ir.IRBuilder, bufs):
+        self.km, self.fn, self.b, self.bufs = km, fn, b, bufs
+        self.entry = b.block
+        self.bases: Dict[int, ir.Value] = {}
+        self.env: Dict[str, ir.Value] = {}
+        self.memo: List[Dict[int, ir.Value]] = [{}]
+
+    # --- structure ----------------------------------------------------------------------------------
+    def alloca(self, typ) -> ir.Value:
+        with self.b.goto_block(self.entry):
+            self.b.position_at_start(self.entry)
+            return self.b.alloca(typ)
+
+    def loop_range(self, start: ir.Value, stop: ir.Value, body):
+        b = self.b
+        pre = b.block
+        head = self.fn.append_basic_block("loop")
+        inner = self.fn.append_basic_block("body")
+        done = self.fn.append_basic_block("done")
+        b.branch(head)
+        b.position_at_end(head)
+        i = b.phi(I64)
+        i.add_incoming(start, pre)
+        b.cbranch(b.icmp_signed("<", i, stop), inner, done)
+        b.position_at_end(inner)
+        self.memo.append(dict(self.memo[-1]))
+        body(i)
+        self.memo.pop()
+        nxt = b.add(i, I64(1))
+        i.add_incoming(nxt, b.block)
+        b.branch(head)
+        b.position_at_end(done)
+
+    def loops(self, extents: Sequence[int], body, idx=()):
+        if not extents:
+            body(list(idx))
+            return
+        self.loop_range(I64(0), I64(extents[0]), lambda i: self.loops(extents[1:], body, tuple(idx) + (i,)))
+
+    # --- memory -----------------------------------------------------------------------------------
+    def base(self, buf: Buf) -> ir.Value:
+        if buf.base not in self.bases:
+            with self.b.goto_block(self.entry):
+                self.b.position_at_start(self.entry)
+                slot = self.b.gep(self.bufs, [I64(buf.base)], source_etype=PTR)
+                self.bases[buf.base] = self.b.load(slot, typ=PTR)
+        return self.bases[buf.base]
+
+    def address(self, buf: Buf, idx: Sequence[ir.Value]) -> ir.Value:
+        flat = None
+        for i, st in zip(idx, buf.strides):
+            term = i if st == 1 else self.b.mul(i, I64(st))
+            flat = term if flat is None else self.b.add(flat, term)
+        flat = flat if flat is not None else I64(0)
+        p = self.b.gep(self.base(buf), [I64(buf.offset)], source_etype=I8, inbounds=True)
+        return self.b.gep(p, [flat], source_etype=mem_type(buf.dtype), inbounds=True)
+
+    def store_element(self, st: Stage, idx: List[ir.Value]):
+        for v, i in zip(st.vars, idx):
+            self.env[v.attr] = i
+        val = self.emit(st.expr)
+        if st.buf.dtype == DType.BOOL:
+            val = self.b.zext(val, I8)
+        self.b.store(val, self.address(st.buf, idx))
+
+    # --- expressions ------------------------------------------------------------------------------
+    def emit(self, e: E) -> ir.Value:
+        memo = self.memo[-1]
+        if e.uid in memo:
+            return memo[e.uid]
+        v = self._emit(e)
+        memo[e.uid] = v
+        return v
+
+    def _emit(self, e: E) -> ir.Value:
+        b, op, dt = self.b, e.op, e.dtype
+        if op == "var":
+            return self.env[e.attr]
+        if op == "const":
+            return const_value(e.attr, dt)
+        if op == "load":
+            v = b.load(self.address(e.attr, [self.emit(a) for a in e.args]), typ=mem_type(dt))
+            return b.trunc(v, I1) if dt == DType.BOOL else v
+        args = [self.emit(a) for a in e.args] if op not in ("reduce", "argscan") else []
+        if op in ("add", "sub", "mul"):
+            if dt.is_float:
+                return getattr(b, "f" + op)(*args)
+            return getattr(b, op)(*args)
+        if op == "div":
+            return b.fdiv(*args) if dt.is_float else (b.udiv(*args) if dt in _UNSIGNED else b.sdiv(*args))
+        if op in ("idiv", "imod"):
+            return b.sdiv(*args) if op == "idiv" else b.srem(*args)
+        if op == "fmod":
+            return b.frem(*args) if dt.is_float else (b.urem(*args) if dt in _UNSIGNED else b.srem(*args))
+        if op == "pymod":
+            r = b.srem(*args) if dt not in _UNSIGNED else b.urem(*args)
+            if dt in _UNSIGNED:
+                return r
+            zero = ir.Constant(r.type, 0)
+            fix = b.and_(b.icmp_signed("!=", r, zero), b.xor(b.icmp_signed("<", r, zero), b.icmp_signed("<", args[1], zero)))
+            return b.select(fix, b.add(r, args[1]), r)
+        if op == "neg":
+            return b.fneg(args[0]) if dt.is_float else b.sub(ir.Constant(args[0].type, 0), args[0])
+        if op == "cmp":
+            return self.compare(e.attr, args[0], args[1], e.args[0].dtype)
+        if op in ("and", "or", "xor"):
+            out = args[0]
+            for a in args[1:]:
+                out = getattr(b, op + "_")(out, a) if op != "xor" else b.xor(out, a)
+            return out
+        if op == "not":
+            return b.not_(args[0])
+        if op == "select":
+            return b.select(*args)
+        if op == "cast":
+            return self.convert(args[0], e.args[0].dtype, dt)
+        if op == "call":
+            return self.call(e.attr, args, dt)
+        if op == "clamp":
+            lo, hi = e.attr
+            x = args[0]
+            x = b.select(b.icmp_signed("<", x, I64(lo)), I64(lo), x)
+            return b.select(b.icmp_signed(">", x, I64(hi)), I64(hi), x)
+        if op == "reflect":
+            d = e.attr
+            x = args[0]
+            x = b.select(b.icmp_signed("<", x, I64(0)), b.sub(I64(0), x), x)
+            return b.select(b.icmp_signed(">=", x, I64(d)), b.sub(I64(2 * (d - 1)), x), x)
+        if op == "reduce":
+            return self.reduce(e)
+        if op == "argscan":
+            return self.argscan(e)
+        raise CuvilError(f"x86 codegen: no emitter for {op}")
+
+    def compare(self, pred: str, a, c, dt: DType):
+        b = self.b
+        if dt.is_float:
+            p = {"eq": "==", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}.get(pred)
+            if pred == "uno":
+                return b.fcmp_unordered("uno", a, c)
+            if pred == "ne":
+                return b.fcmp_unordered("!=", a, c)
+            return b.fcmp_ordered(p, a, c)
+        p = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}[pred]
+        return b.icmp_unsigned(p, a, c) if dt in _UNSIGNED else b.icmp_signed(p, a, c)
+
+    def convert(self, x, src: DType, dst: DType):
+        b = self.b
+        if src == dst:
+            return x
+        st, dt_ = ll(src), ll(dst)
+        if dst == DType.BOOL:
+            return b.fcmp_unordered("!=", x, ir.Constant(st, 0.0)) if src.is_float else b.icmp_unsigned("!=", x, ir.Constant(st, 0))
+        if src.is_float and dst.is_float:
+            return b.fpext(x, dt_) if _fbits(src) < _fbits(dst) else b.fptrunc(x, dt_)
+        if src.is_float:
+            return b.fptoui(x, dt_) if dst in _UNSIGNED else b.fptosi(x, dt_)
+        if dst.is_float:
+            return b.uitofp(x, dt_) if src in _UNSIGNED else b.sitofp(x, dt_)
+        sb, db = st.width, dt_.width
+        if sb == db:
+            return x
+        if sb > db:
+            return b.trunc(x, dt_)
+        return b.zext(x, dt_) if src in _UNSIGNED else b.sext(x, dt_)
+
+    def call(self, name: str, args, dt: DType):
+        b = self.b
+        if not dt.is_float:
+            raise CuvilError(f"x86 codegen: {name} of {dt.name}")
+        if dt == DType.FLOAT16:
+            wide = [b.fpext(a, F32) for a in args]
+            return b.fptrunc(self.call(name, wide, DType.FLOAT), F16)
+        t = ll(dt)
+        if name in _INTRINSICS:
+            f = self.km.declare(f"llvm.{name}.{'f32' if t == F32 else 'f64'}", t, [t] * len(args))
+        elif name in _LIBM:
+            f = self.km.declare(name + ("f" if t == F32 else ""), t, [t] * len(args))
+        else:
+            raise CuvilError(f"x86 codegen: unknown function {name}")
+        return b.call(f, args)
+
+    def reduce(self, e: E):
+        kind, vs, extents = e.attr
+        b, dt = self.b, e.dtype
+        t = ll(dt)
+        acc = self.alloca(t)
+        b.store(const_value(_identity(kind, dt), dt), acc)
+
+        def body(idx):
+            for v, i in zip(vs, idx):
+                self.env[v.attr] = i
+            x = self.emit(e.args[0])
+            a = b.load(acc, typ=t)
+            if kind == "sum":
+                r = b.fadd(a, x) if dt.is_float else b.add(a, x)
+                if dt.is_float:
+                    r.flags.extend(["reassoc", "contract"])
+            elif kind == "prod":
+                r = b.fmul(a, x) if dt.is_float else b.mul(a, x)
+            else:
+                better = self.compare("gt" if kind == "max" else "lt", x, a, dt)
+                if dt.is_float:  # NaN propagates
+                    better = b.or_(better, b.fcmp_unordered("uno", x, x))
+                r = b.select(better, x, a)
+            b.store(r, acc)
+        self.loops(list(extents), body)
+        return b.load(acc, typ=t)
+
+    def argscan(self, e: E):
+        src, base, axis, n, better, last = e.attr
+        b = self.b
+        dt = src.dtype
+        t = ll(dt)
+        best_v, best_i = self.alloca(t), self.alloca(I64)
+        idx0 = list(base)
+        from ..texpr import const as tconst
+        idx0[axis] = tconst(0, DType.INT64)
+        b.store(self.emit(src(idx0)), best_v)
+        b.store(I64(0), best_i)
+
+        def body(i):
+            idx = list(base)
+            self.env["__arg"] = i
+            from ..texpr import E as _E
+            idx[axis] = _E("var", (), DType.INT64, "__arg")
+            x = self.emit(src(idx))
+            cur = b.load(best_v, typ=t)
+            strict = self.compare(better, x, cur, dt)
+            take = b.or_(strict, self.compare("eq", x, cur, dt)) if last else strict
+            b.store(b.select(take, x, cur), best_v)
+            b.store(b.select(take, i, b.load(best_i, typ=I64)), best_i)
+        self.loop_range(I64(1), I64(n), body)
+        return b.load(best_i, typ=I64)
+
+
+def _fbits(dt: DType) -> int:
+    return {DType.FLOAT16: 16, DType.FLOAT: 32, DType.DOUBLE: 64}[dt]
+
+
+def _identity(kind: str, dt: DType):
+    if kind == "sum":
+        return 0
+    if kind == "prod":
+        return 1
+    if dt.is_float:
+        return -math.inf if kind == "max" else math.inf
+    info = np.iinfo(dt.numpy)
+    return info.min if kind == "max" else info.max
+
+
+def const_value(v, dt: DType) -> ir.Constant:
+    t = ll(dt)
+    if dt == DType.BOOL:
+        return ir.Constant(I1, int(bool(v)))
+    if dt.is_float:
+        return ir.Constant(t, float(np.asarray(v, dt.numpy)))
+    iv = int(v)
+    bits = t.width
+    iv &= (1 << bits) - 1
+    if iv >= 1 << (bits - 1):
+        iv -= 1 << bits
+    return ir.Constant(t, iv)
+
+
+def generate_object(sched: Schedule, prefix: str, cpu: Optional[str], opt: int) -> Tuple[bytes, List[Tuple[str, int, int]], dict]:
+    """The kernels of ``sched`` as an object file, and the (symbol, extent, grain) of each stage."""
+    tm, triple, cpu_name, features = host_target(cpu, opt)
+    km = KernelModule(prefix, tm, triple)
+    steps = []
+    for k, st in enumerate(sched.stages):
+        sym = f"{prefix}_kernel{k}"
+        extent, grain = km.add_stage(st, sym)
+        steps.append((sym, extent, grain))
+    obj = km.compile(opt)
+    return obj, steps, {"triple": triple, "cpu": cpu_name, "features": features}

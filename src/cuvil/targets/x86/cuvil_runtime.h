@@ -1,0 +1,70 @@
+/* Cuvil x86-64 runtime: the internal interface between the generated pieces of an artifact
+ * (kernels.o, weights.S, model.c) and the static runtime (runtime.c).
+ *
+ * This header is NOT installed for users: they get the generated lib<name>.h. It is included by
+ * runtime.c and by the generated model.c, both compiled with -fvisibility=hidden and
+ * -DCUVIL_PREFIX=<prefix>.
+ *
+ * Contract (abi_version 1):
+ *   At run time the runtime builds   void *bufs[2 + num_inputs + num_outputs]:
+ *     bufs[0]                       the session's arena (arena_bytes, 64-byte aligned, NULL if 0 bytes)
+ *     bufs[1]                       model.weights (NULL if the model has no weights)
+ *     bufs[2 + i]                   inputs[i].data    (caller memory, element-aligned, read only)
+ *     bufs[2 + num_inputs + j]      outputs[j].data   (caller memory, element-aligned)
+ *   and executes the steps in order. For a step {fn, extent, grain}:
+ *     extent <= 0   skipped;
+ *     otherwise     [0, extent) is split into n = min(num_threads, max(1, extent / grain)) chunks whose
+ *                   boundaries are multiples of grain (the last chunk ends at extent), so every chunk has
+ *                   >= grain iterations unless extent < grain; fn(bufs, begin, end) is called once per
+ *                   chunk, chunk 0 on the calling thread, chunk t on worker t. n == 1 means one call
+ *                   fn(bufs, 0, extent) on the calling thread with no synchronisation at all.
+ *   All chunks of a step finish (with release/acquire ordering) before any chunk of the next one starts.
+ *   grain <= 0 is treated as 1.
+ */
+#ifndef CUVIL_RUNTIME_H_
+#define CUVIL_RUNTIME_H_
+
+#include <stdint.h>
+
+#ifndef CUVIL_PREFIX
+#define CUVIL_PREFIX cuvil
+#endif
+
+#define CUVIL_CAT_(a, b) a##_##b
+#define CUVIL_CAT(a, b) CUVIL_CAT_(a, b)
+/* CUVIL_API(run) -> <prefix>_run ; CUVIL_MODEL -> <prefix>__model */
+#define CUVIL_API(name) CUVIL_CAT(CUVIL_PREFIX, name)
+#define CUVIL_MODEL CUVIL_CAT(CUVIL_PREFIX, _model)
+
+#define CUVIL_ABI_VERSION 1
+#define CUVIL_HIDDEN __attribute__((visibility("hidden")))
+#define CUVIL_EXPORT __attribute__((visibility("default")))
+
+typedef void (*cuvil_kernel_fn)(void **bufs, int64_t begin, int64_t end);
+
+/* run fn over [0, extent) split into chunks of >= grain iterations across threads */
+typedef struct { cuvil_kernel_fn fn; int64_t extent; int64_t grain; } cuvil_step;
+
+/* dtype = ONNX TensorProto code; shape entries -1 = symbolic (not used yet); shape may be NULL if ndim == 0 */
+typedef struct { const char *name; int32_t dtype; int32_t ndim; const int64_t *shape; } cuvil_io_desc;
+
+typedef struct {
+  int32_t abi_version;            /* CUVIL_ABI_VERSION */
+  int32_t num_inputs, num_outputs;
+  const cuvil_io_desc *inputs, *outputs;
+  int64_t arena_bytes;            /* scratch memory per session, 64-byte aligned allocation */
+  int32_t num_steps; const cuvil_step *steps;
+  const void *weights;            /* address of the embedded weights symbol, or NULL */
+} cuvil_model;
+
+/* The public tensor type, identical to the one in the generated lib<name>.h. */
+#ifndef CUVIL_TENSOR_DEFINED
+#define CUVIL_TENSOR_DEFINED
+typedef struct { void *data; int32_t dtype; int32_t ndim; int64_t *shape; } cuvil_tensor;
+typedef struct cuvil_session cuvil_session;
+#endif
+
+/* Defined (hidden) by the generated model.c. */
+extern CUVIL_HIDDEN const cuvil_model CUVIL_MODEL;
+
+#endif /* CUVIL_RUNTIME_H_ */

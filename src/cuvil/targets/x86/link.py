@@ -1,0 +1,135 @@
+"""Building ``lib<name>.so`` from the pieces of an x86 artifact with the system C compiler.
+
+    kernels.o (llvmlite)  +  weights.S (.incbin)  +  model.c (generated)  +  runtime.c (static, this package)
+        └──────────── cc -shared -O2 -fPIC -fvisibility=hidden -DCUVIL_PREFIX=<prefix> ... ───────────▶ lib<name>.so
+
+Only the ``<prefix>_*`` ABI functions are exported: every object is compiled or declared hidden, and a linker
+version script makes everything else local as well.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+
+from cuvil.errors import CuvilError
+from cuvil.targets.x86.model_info import ABI_FUNCTIONS, is_c_identifier
+
+RUNTIME_DIR = os.path.dirname(os.path.abspath(__file__))
+RUNTIME_C = os.path.join(RUNTIME_DIR, "runtime.c")
+RUNTIME_H = os.path.join(RUNTIME_DIR, "cuvil_runtime.h")
+
+#: Libraries an artifact may depend on at run time (sonames without version; see check_dependencies).
+ALLOWED_DEPENDENCIES = ("linux-vdso", "linux-gate", "ld-linux", "libc", "libm", "libpthread")
+
+COMPILE_FLAGS = ("-std=gnu11", "-O2", "-fPIC", "-fvisibility=hidden", "-fno-plt")
+LINK_FLAGS = ("-shared", "-static-libgcc", "-Wl,--no-undefined", "-Wl,-z,noexecstack", "-Wl,-z,relro",
+              "-Wl,-z,now", "-Wl,--as-needed")
+LIBS = ("-lm", "-lpthread")
+
+
+def exported_symbols(prefix: str) -> list[str]:
+    """The dynamic symbols an artifact with this prefix exports, and nothing else."""
+    return [f"{prefix}_{f}" for f in ABI_FUNCTIONS]
+
+
+def _run(cmd: list[str], what: str) -> None:
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+    except OSError as e:
+        raise CuvilError(f"{what}: cannot run {cmd[0]!r}: {e}") from e
+    if proc.returncode != 0:
+        msg = (proc.stderr or proc.stdout).strip()
+        raise CuvilError(f"{what} failed (exit {proc.returncode}): {' '.join(cmd)}\n{msg}")
+
+
+def link_shared(out_so: str, objects: list[str], model_c_src: str, weights_S: str | None, prefix: str,
+                cc: str = "cc", extra_flags=()) -> None:
+    """Compile runtime.c + ``model_c_src`` (+ ``weights_S``) and link them with ``objects`` into ``out_so``.
+
+    ``objects``: paths of object files (kernels.o). ``model_c_src``: the text of model.c
+    (:func:`cuvil.targets.x86.model_c.generate_model_c`). ``weights_S``: the path of an assembler file, or
+    assembler source text (a string with a newline), or None; an ``.incbin`` in it should use an absolute path.
+    ``extra_flags`` go to the compiler and linker (e.g. ``-g``, ``-march=native``). The result is written to a
+    temporary file and renamed over ``out_so``, so a library that is already loaded is never modified in place.
+    Raises CuvilError with the compiler's messages on failure.
+    """
+    if not is_c_identifier(prefix):
+        raise CuvilError(f"prefix must be a C identifier, got {prefix!r}")
+    for o in objects:
+        if not os.path.isfile(o):
+            raise CuvilError(f"object file {o!r} does not exist")
+    out_so = os.path.abspath(out_so)
+    out_dir = os.path.dirname(out_so)
+    os.makedirs(out_dir, exist_ok=True)
+    if shutil.which(cc) is None and not os.path.isfile(cc):
+        raise CuvilError(f"C compiler {cc!r} not found (set cc=...)")
+
+    with tempfile.TemporaryDirectory(prefix="cuvil-link-") as tmp:
+        model_c = os.path.join(tmp, "model.c")
+        with open(model_c, "w", encoding="utf-8") as f:
+            f.write(model_c_src)
+        sources = [RUNTIME_C, model_c]
+        if weights_S is not None:
+            if "\n" in weights_S or not os.path.isfile(weights_S):
+                if "\n" not in weights_S:
+                    raise CuvilError(f"weights file {weights_S!r} does not exist")
+                path = os.path.join(tmp, "weights.S")
+                with open(path, "w", encoding="utf-8") as f:
+                    f.write(weights_S)
+                weights_S = path
+            sources.append(os.path.abspath(weights_S))
+        version_script = os.path.join(tmp, "exports.map")
+        with open(version_script, "w", encoding="ascii") as f:
+            f.write("{\n  global:\n" + "".join(f"    {s};\n" for s in exported_symbols(prefix))
+                    + "  local:\n    *;\n};\n")
+        fd, tmp_so = tempfile.mkstemp(prefix=".cuvil-", suffix=".so.tmp", dir=out_dir)
+        os.close(fd)
+        try:
+            cmd = [cc, *COMPILE_FLAGS, f"-DCUVIL_PREFIX={prefix}", f"-I{RUNTIME_DIR}", *extra_flags,
+                   *sources, *[os.path.abspath(o) for o in objects],
+                   *LINK_FLAGS, f"-Wl,--version-script={version_script}", "-o", tmp_so, *LIBS]
+            _run(cmd, f"linking {os.path.basename(out_so)}")
+            os.chmod(tmp_so, 0o755)
+            os.replace(tmp_so, out_so)
+        except BaseException:
+            if os.path.exists(tmp_so):
+                os.unlink(tmp_so)
+            raise
+
+
+_LDD_LINE = re.compile(r"^\s*(\S+)(?:\s+=>\s+(.*?))?\s*(?:\(0x[0-9a-fA-F]+\))?\s*$")
+
+
+def check_dependencies(so_path: str) -> list[str]:
+    """The shared libraries ``so_path`` loads, as ``ldd`` names them (e.g. ``libc.so.6``, ``linux-vdso.so.1``,
+    ``/lib64/ld-linux-x86-64.so.2``). A library ldd cannot find is reported as ``NAME (not found)``."""
+    if not os.path.isfile(so_path):
+        raise CuvilError(f"{so_path!r} does not exist")
+    try:
+        proc = subprocess.run(["ldd", os.path.abspath(so_path)], capture_output=True, text=True)
+    except OSError as e:
+        raise CuvilError(f"cannot run ldd: {e}") from e
+    if proc.returncode != 0:
+        raise CuvilError(f"ldd {so_path}: {(proc.stderr or proc.stdout).strip()}")
+    libs = []
+    for line in proc.stdout.splitlines():
+        if not line.strip() or "statically linked" in line:
+            continue
+        m = _LDD_LINE.match(line)
+        if not m:
+            continue
+        name, target = m.group(1), (m.group(2) or "")
+        libs.append(f"{name} (not found)" if target.strip() == "not found" else name)
+    return libs
+
+
+def unexpected_dependencies(libs: list[str]) -> list[str]:
+    """The entries of ``check_dependencies`` that are not libc, libm, libpthread, the loader or the vDSO."""
+    def ok(lib: str) -> bool:
+        base = os.path.basename(lib.split(" ")[0])
+        stem = base.split(".so")[0]
+        return not lib.endswith("(not found)") and any(stem == a or stem.startswith(a + "-") for a in ALLOWED_DEPENDENCIES)
+    return [lib for lib in libs if not ok(lib)]

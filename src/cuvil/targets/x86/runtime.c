@@ -1,0 +1,532 @@
+/* Cuvil x86-64 runtime: the public C ABI of an artifact, its validation and its thread pool.
+ *
+ * Static source, shipped in the package and compiled into every lib<name>.so together with the
+ * generated model.c (the model descriptor <prefix>__model), kernels.o and weights.S:
+ *
+ *   cc -O2 -fPIC -fvisibility=hidden -DCUVIL_PREFIX=<prefix> -shared ... -lm -lpthread
+ *
+ * Only the CUVIL_API(...) functions are exported (default visibility, named <prefix>_<name>); every
+ * other symbol is static or hidden, so several artifacts load into one process without clashes. Exported
+ * functions never call each other (no interposable internal calls). Uses libc/libpthread only.
+ *
+ * See cuvil_runtime.h for the bufs/step contract with the kernels.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE 1
+#endif
+
+#include "cuvil_runtime.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Error codes (kept in sync with cuvil/targets/x86/header.py ERROR_CODES; a test checks it).        */
+
+enum {
+  CUVIL_OK = 0,
+  CUVIL_ERR_NULL_SESSION = -1,
+  CUVIL_ERR_NULL_INPUTS = -2,
+  CUVIL_ERR_NULL_OUTPUTS = -3,
+  CUVIL_ERR_NULL_DATA = -4,
+  CUVIL_ERR_NULL_SHAPE = -5,
+  CUVIL_ERR_DTYPE = -6,
+  CUVIL_ERR_NDIM = -7,
+  CUVIL_ERR_DIM = -8,
+  CUVIL_ERR_ALIGN = -9,
+  CUVIL_ERR_OVERLAP = -10,
+  CUVIL_ERR_INDEX = -11,
+  CUVIL_ERR_NULL_ARGUMENT = -12,
+  CUVIL_ERR_BUSY = -13,
+  CUVIL_ERR_NUM_THREADS = -14,
+  CUVIL_ERR_NOMEM = -15,
+  CUVIL_ERR_THREAD = -16,
+  CUVIL_ERR_ABI = -17,
+  CUVIL_ERR_UNSUPPORTED = -18,
+};
+
+static const char *const cuvil_messages[] = {
+  "success",                                                        /*   0 */
+  "session is NULL",                                                /*  -1 */
+  "inputs array is NULL",                                           /*  -2 */
+  "outputs array is NULL",                                          /*  -3 */
+  "tensor data pointer is NULL",                                    /*  -4 */
+  "tensor shape pointer is NULL while ndim > 0",                    /*  -5 */
+  "tensor dtype does not match the model",                          /*  -6 */
+  "tensor rank (ndim) does not match the model",                    /*  -7 */
+  "tensor dimension does not match the model",                      /*  -8 */
+  "tensor data is not aligned to its element size",                 /*  -9 */
+  "an output buffer overlaps another input or output buffer",       /* -10 */
+  "input/output index out of range",                                /* -11 */
+  "a required pointer argument is NULL",                            /* -12 */
+  "session is already running (sessions are single-threaded)",      /* -13 */
+  "invalid number of threads",                                      /* -14 */
+  "out of memory",                                                  /* -15 */
+  "could not create a worker thread",                               /* -16 */
+  "model descriptor has an unsupported ABI version",                /* -17 */
+  "operation not supported by this artifact",                       /* -18 */
+};
+#define CUVIL_NUM_MESSAGES ((int)(sizeof cuvil_messages / sizeof cuvil_messages[0]))
+
+/* Thread-local detail of the last failing call on this thread. */
+static __thread char cuvil_detail[512];
+
+__attribute__((format(printf, 2, 3)))
+static int fail(int code, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(cuvil_detail, sizeof cuvil_detail, fmt, ap);
+  va_end(ap);
+  return code;
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* dtypes                                                                                           */
+
+static const char *dtype_name(int32_t code) {
+  static const char *const names[] = {
+    "undefined", "float", "uint8", "int8", "uint16", "int16", "int32", "int64", "string", "bool",
+    "float16", "double", "uint32", "uint64", "complex64", "complex128", "bfloat16",
+  };
+  if (code >= 0 && code < (int32_t)(sizeof names / sizeof names[0])) return names[code];
+  return "unknown";
+}
+
+static int64_t dtype_size(int32_t code) {
+  switch (code) {
+    case 2: case 3: case 9: return 1;                 /* uint8 int8 bool */
+    case 4: case 5: case 10: case 16: return 2;       /* uint16 int16 float16 bfloat16 */
+    case 1: case 6: case 12: return 4;                /* float int32 uint32 */
+    case 7: case 11: case 13: case 14: return 8;      /* int64 double uint64 complex64 */
+    case 15: return 16;                               /* complex128 */
+    default: return 0;
+  }
+}
+
+/* Required alignment of data: the element size (a complex number: the size of one component). */
+static uintptr_t dtype_align(int32_t code) {
+  int64_t n = dtype_size(code);
+  if (code == 14 || code == 15) n /= 2;
+  return n > 0 ? (uintptr_t)n : 1;
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Thread pool                                                                                      */
+
+#define CUVIL_CACHELINE 64
+#define CUVIL_WORKER_SPINS (1 << 16)   /* pause iterations before a worker sleeps (~1-2 ms) */
+#define CUVIL_MASTER_SPINS (1 << 12)   /* pause iterations before the caller starts yielding */
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#else
+  __asm__ __volatile__("" ::: "memory");
+#endif
+}
+
+struct cuvil_session;
+
+typedef struct {
+  struct cuvil_session *s;
+  int id;                                             /* 1 .. num_threads-1 */
+} worker_arg;
+
+struct cuvil_session {
+  /* written by the caller before each generation, read by workers after acquiring gen */
+  cuvil_kernel_fn fn;
+  int64_t extent, grain, nunits;
+  int nchunks;
+  int stop;
+  int num_threads;
+  void **bufs;
+  void *arena;
+
+  _Alignas(CUVIL_CACHELINE) atomic_uint gen;          /* bumped (seq_cst) to hand over a step */
+  _Alignas(CUVIL_CACHELINE) atomic_int pending;       /* workers that have not finished the step */
+  _Alignas(CUVIL_CACHELINE) atomic_int sleepers;      /* workers blocked on cv */
+  atomic_int busy;                                    /* a cuvil_run is in progress */
+
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int num_workers;                                    /* workers actually started */
+  pthread_t *threads;
+  worker_arg *args;
+};
+
+static void run_chunk(struct cuvil_session *s, int t) {
+  int64_t lo = (int64_t)((__int128)t * s->nunits / s->nchunks) * s->grain;
+  int64_t hi = (t == s->nchunks - 1) ? s->extent
+                                     : (int64_t)((__int128)(t + 1) * s->nunits / s->nchunks) * s->grain;
+  s->fn(s->bufs, lo, hi);
+}
+
+static void *worker_main(void *p) {
+  worker_arg *a = (worker_arg *)p;
+  struct cuvil_session *s = a->s;
+  const int id = a->id;
+  unsigned seen = 0;                                  /* gen at creation: a late starter must not skip a step */
+  for (;;) {
+    unsigned g;
+    int spins = 0;
+    while ((g = atomic_load_explicit(&s->gen, memory_order_acquire)) == seen && spins < CUVIL_WORKER_SPINS) {
+      cpu_relax();
+      ++spins;
+    }
+    if (g == seen) {
+      pthread_mutex_lock(&s->mu);
+      atomic_fetch_add(&s->sleepers, 1);              /* seq_cst: pairs with the caller's gen store */
+      while ((g = atomic_load(&s->gen)) == seen) pthread_cond_wait(&s->cv, &s->mu);
+      atomic_fetch_sub(&s->sleepers, 1);
+      pthread_mutex_unlock(&s->mu);
+    }
+    seen = g;
+    if (s->stop) break;
+    if (id < s->nchunks) run_chunk(s, id);
+    atomic_fetch_sub_explicit(&s->pending, 1, memory_order_release);
+  }
+  return NULL;
+}
+
+/* Hand the current job (fields already written) to the workers. */
+static void publish(struct cuvil_session *s) {
+  atomic_store_explicit(&s->pending, s->num_workers, memory_order_relaxed);
+  atomic_fetch_add(&s->gen, 1u);                      /* seq_cst: publishes the job fields */
+  if (atomic_load(&s->sleepers) > 0) {
+    pthread_mutex_lock(&s->mu);
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+  }
+}
+
+static void wait_workers(struct cuvil_session *s) {
+  int spins = 0;
+  while (atomic_load_explicit(&s->pending, memory_order_acquire) != 0) {
+    if (spins < CUVIL_MASTER_SPINS) {
+      cpu_relax();
+      ++spins;
+    } else {
+      sched_yield();
+    }
+  }
+}
+
+static void run_step(struct cuvil_session *s, const cuvil_step *st) {
+  int64_t extent = st->extent;
+  if (extent <= 0) return;
+  int64_t grain = st->grain > 0 ? st->grain : 1;
+  int64_t nunits = extent / grain;
+  int64_t n = nunits < 1 ? 1 : nunits;
+  if (n > s->num_threads) n = s->num_threads;
+  if (n <= 1 || s->num_workers == 0) {
+    st->fn(s->bufs, 0, extent);
+    return;
+  }
+  s->fn = st->fn;
+  s->extent = extent;
+  s->grain = grain;
+  s->nunits = nunits;
+  s->nchunks = (int)n;
+  publish(s);
+  run_chunk(s, 0);
+  wait_workers(s);
+}
+
+static void stop_workers(struct cuvil_session *s) {
+  if (s->num_workers == 0) return;
+  s->stop = 1;
+  s->nchunks = 0;
+  atomic_store_explicit(&s->pending, s->num_workers, memory_order_relaxed);
+  atomic_fetch_add(&s->gen, 1u);
+  pthread_mutex_lock(&s->mu);
+  pthread_cond_broadcast(&s->cv);
+  pthread_mutex_unlock(&s->mu);
+  for (int i = 0; i < s->num_workers; ++i) pthread_join(s->threads[i], NULL);
+  s->num_workers = 0;
+}
+
+static int online_cores(void) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0) {
+    int n = CPU_COUNT(&set);
+    if (n > 0) return n;
+  }
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? (int)n : 1;
+}
+
+static void free_session(struct cuvil_session *s) {
+  stop_workers(s);
+  pthread_cond_destroy(&s->cv);
+  pthread_mutex_destroy(&s->mu);
+  free(s->threads);
+  free(s->args);
+  free(s->bufs);
+  free(s->arena);
+  free(s);
+}
+
+#define CUVIL_MAX_THREADS 4096
+
+static struct cuvil_session *session_create(int num_threads) {
+  const cuvil_model *m = &CUVIL_MODEL;
+  if (m->abi_version != CUVIL_ABI_VERSION) {
+    fail(CUVIL_ERR_ABI, "model abi_version %d, runtime expects %d", (int)m->abi_version, CUVIL_ABI_VERSION);
+    return NULL;
+  }
+  if (num_threads < 0 || num_threads > CUVIL_MAX_THREADS) {
+    fail(CUVIL_ERR_NUM_THREADS, "num_threads is %d, expected 0 (all cores) to %d", num_threads, CUVIL_MAX_THREADS);
+    return NULL;
+  }
+  if (num_threads == 0) num_threads = online_cores();
+
+  struct cuvil_session *s;
+  if (posix_memalign((void **)&s, CUVIL_CACHELINE, sizeof *s) != 0) {
+    fail(CUVIL_ERR_NOMEM, "could not allocate a session (%zu bytes)", sizeof *s);
+    return NULL;
+  }
+  memset(s, 0, sizeof *s);
+  atomic_init(&s->gen, 0u);
+  atomic_init(&s->pending, 0);
+  atomic_init(&s->sleepers, 0);
+  atomic_init(&s->busy, 0);
+  s->num_threads = num_threads;
+  pthread_mutex_init(&s->mu, NULL);
+  pthread_cond_init(&s->cv, NULL);
+
+  size_t nbufs = 2 + (size_t)m->num_inputs + (size_t)m->num_outputs;
+  s->bufs = (void **)calloc(nbufs, sizeof(void *));
+  if (!s->bufs) {
+    fail(CUVIL_ERR_NOMEM, "could not allocate the buffer table");
+    free_session(s);
+    return NULL;
+  }
+  s->bufs[1] = (void *)m->weights;
+  if (m->arena_bytes > 0) {
+    size_t bytes = ((size_t)m->arena_bytes + CUVIL_CACHELINE - 1) & ~(size_t)(CUVIL_CACHELINE - 1);
+    if (posix_memalign(&s->arena, CUVIL_CACHELINE, bytes) != 0) {
+      s->arena = NULL;
+      fail(CUVIL_ERR_NOMEM, "could not allocate the arena (%lld bytes)", (long long)m->arena_bytes);
+      free_session(s);
+      return NULL;
+    }
+    memset(s->arena, 0, bytes);                       /* deterministic contents; pre-faults the pages */
+  }
+  s->bufs[0] = s->arena;
+
+  if (num_threads > 1) {
+    int nw = num_threads - 1;
+    s->threads = (pthread_t *)calloc((size_t)nw, sizeof(pthread_t));
+    s->args = (worker_arg *)calloc((size_t)nw, sizeof(worker_arg));
+    if (!s->threads || !s->args) {
+      fail(CUVIL_ERR_NOMEM, "could not allocate %d worker descriptors", nw);
+      free_session(s);
+      return NULL;
+    }
+    /* Workers block all signals: signals keep going to the application's own threads. */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    int err = 0;
+    for (int i = 0; i < nw; ++i) {
+      s->args[i].s = s;
+      s->args[i].id = i + 1;
+      err = pthread_create(&s->threads[i], NULL, worker_main, &s->args[i]);
+      if (err != 0) break;
+      s->num_workers = i + 1;
+    }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (err != 0) {
+      fail(CUVIL_ERR_THREAD, "pthread_create failed for worker %d of %d: %s", s->num_workers + 1, nw, strerror(err));
+      free_session(s);
+      return NULL;
+    }
+  }
+  return s;
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Validation                                                                                       */
+
+/* Checks one caller tensor against its descriptor; with check_data also its data pointer/alignment. */
+static int check_tensor(const char *kind, int i, const cuvil_io_desc *d, const cuvil_tensor *t, int check_data,
+                        int64_t *bytes) {
+  if (t->dtype != d->dtype)
+    return fail(CUVIL_ERR_DTYPE, "%s %d '%s': dtype is %d (%s), expected %d (%s)", kind, i, d->name, (int)t->dtype,
+                dtype_name(t->dtype), (int)d->dtype, dtype_name(d->dtype));
+  if (t->ndim != d->ndim)
+    return fail(CUVIL_ERR_NDIM, "%s %d '%s': ndim is %d, expected %d", kind, i, d->name, (int)t->ndim, (int)d->ndim);
+  if (d->ndim > 0 && t->shape == NULL)
+    return fail(CUVIL_ERR_NULL_SHAPE, "%s %d '%s': shape is NULL, expected %d dims", kind, i, d->name, (int)d->ndim);
+  int64_t n = 1;
+  for (int k = 0; k < d->ndim; ++k) {
+    int64_t want = d->shape[k], got = t->shape[k];
+    if (want >= 0 ? got != want : got < 0) {
+      if (want >= 0)
+        return fail(CUVIL_ERR_DIM, "%s %d '%s': dim %d is %lld, expected %lld", kind, i, d->name, k, (long long)got,
+                    (long long)want);
+      return fail(CUVIL_ERR_DIM, "%s %d '%s': dim %d is %lld, expected >= 0", kind, i, d->name, k, (long long)got);
+    }
+    if (n != 0 && got > INT64_MAX / n / 16)
+      return fail(CUVIL_ERR_DIM, "%s %d '%s': dim %d is %lld, total size overflows", kind, i, d->name, k,
+                  (long long)got);
+    n *= got;
+  }
+  int64_t esize = dtype_size(d->dtype);
+  *bytes = n * esize;
+  if (check_data) {
+    if (t->data == NULL && *bytes != 0)
+      return fail(CUVIL_ERR_NULL_DATA, "%s %d '%s': data is NULL", kind, i, d->name);
+    uintptr_t align = dtype_align(d->dtype);
+    if (((uintptr_t)t->data % align) != 0)
+      return fail(CUVIL_ERR_ALIGN, "%s %d '%s': data %p is not aligned to %u bytes", kind, i, d->name, t->data,
+                  (unsigned)align);
+  }
+  return CUVIL_OK;
+}
+
+static int check_inputs(const cuvil_model *m, const cuvil_tensor *inputs, int check_data) {
+  if (m->num_inputs > 0 && inputs == NULL)
+    return fail(CUVIL_ERR_NULL_INPUTS, "inputs is NULL, the model has %d input(s)", (int)m->num_inputs);
+  int64_t bytes;
+  for (int i = 0; i < m->num_inputs; ++i) {
+    int rc = check_tensor("input", i, &m->inputs[i], &inputs[i], check_data, &bytes);
+    if (rc) return rc;
+  }
+  return CUVIL_OK;
+}
+
+/* Byte size of a tensor whose shape was already validated against d. */
+static int64_t tensor_bytes(const cuvil_io_desc *d, const cuvil_tensor *t) {
+  int64_t n = dtype_size(d->dtype);
+  for (int k = 0; k < d->ndim; ++k) n *= t->shape[k];
+  return n;
+}
+
+static int overlaps(const void *a, int64_t na, const void *b, int64_t nb) {
+  if (na <= 0 || nb <= 0) return 0;
+  uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+  return x < y + (uintptr_t)nb && y < x + (uintptr_t)na;
+}
+
+static int validate_run(const cuvil_model *m, const cuvil_tensor *inputs, const cuvil_tensor *outputs) {
+  int rc = check_inputs(m, inputs, 1);
+  if (rc) return rc;
+  if (m->num_outputs > 0 && outputs == NULL)
+    return fail(CUVIL_ERR_NULL_OUTPUTS, "outputs is NULL, the model has %d output(s)", (int)m->num_outputs);
+  for (int j = 0; j < m->num_outputs; ++j) {
+    int64_t oj;
+    rc = check_tensor("output", j, &m->outputs[j], &outputs[j], 1, &oj);
+    if (rc) return rc;
+    for (int i = 0; i < m->num_inputs; ++i) {
+      if (overlaps(outputs[j].data, oj, inputs[i].data, tensor_bytes(&m->inputs[i], &inputs[i])))
+        return fail(CUVIL_ERR_OVERLAP, "output %d '%s' overlaps input %d '%s'", j, m->outputs[j].name, i,
+                    m->inputs[i].name);
+    }
+    for (int k = 0; k < j; ++k) {
+      if (overlaps(outputs[j].data, oj, outputs[k].data, tensor_bytes(&m->outputs[k], &outputs[k])))
+        return fail(CUVIL_ERR_OVERLAP, "output %d '%s' overlaps output %d '%s'", j, m->outputs[j].name, k,
+                    m->outputs[k].name);
+    }
+  }
+  return CUVIL_OK;
+}
+
+static int io_info(const char *kind, int count, const cuvil_io_desc *descs, int i, int32_t *dtype, int32_t *ndim,
+                   int64_t *shape) {
+  if (i < 0 || i >= count) return fail(CUVIL_ERR_INDEX, "%s index %d out of range [0, %d)", kind, i, count);
+  const cuvil_io_desc *d = &descs[i];
+  if (dtype) *dtype = d->dtype;
+  if (ndim) *ndim = d->ndim;
+  if (shape)
+    for (int k = 0; k < d->ndim; ++k) shape[k] = d->shape[k];
+  return CUVIL_OK;
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Public ABI (the only exported symbols)                                                           */
+
+CUVIL_EXPORT int CUVIL_API(num_inputs)(void) { return CUVIL_MODEL.num_inputs; }
+
+CUVIL_EXPORT int CUVIL_API(num_outputs)(void) { return CUVIL_MODEL.num_outputs; }
+
+CUVIL_EXPORT const char *CUVIL_API(input_name)(int i) {
+  const cuvil_model *m = &CUVIL_MODEL;
+  return (i >= 0 && i < m->num_inputs) ? m->inputs[i].name : NULL;
+}
+
+CUVIL_EXPORT const char *CUVIL_API(output_name)(int i) {
+  const cuvil_model *m = &CUVIL_MODEL;
+  return (i >= 0 && i < m->num_outputs) ? m->outputs[i].name : NULL;
+}
+
+CUVIL_EXPORT int CUVIL_API(input_info)(int i, int32_t *dtype, int32_t *ndim, int64_t *shape) {
+  const cuvil_model *m = &CUVIL_MODEL;
+  return io_info("input", m->num_inputs, m->inputs, i, dtype, ndim, shape);
+}
+
+CUVIL_EXPORT int CUVIL_API(output_info)(int i, int32_t *dtype, int32_t *ndim, int64_t *shape) {
+  const cuvil_model *m = &CUVIL_MODEL;
+  return io_info("output", m->num_outputs, m->outputs, i, dtype, ndim, shape);
+}
+
+CUVIL_EXPORT cuvil_session *CUVIL_API(session_create)(int num_threads) { return session_create(num_threads); }
+
+CUVIL_EXPORT int CUVIL_API(output_shape)(cuvil_session *s, const cuvil_tensor *inputs, int i, int64_t *shape) {
+  const cuvil_model *m = &CUVIL_MODEL;
+  if (s == NULL) return fail(CUVIL_ERR_NULL_SESSION, "output_shape: session is NULL");
+  if (i < 0 || i >= m->num_outputs)
+    return fail(CUVIL_ERR_INDEX, "output index %d out of range [0, %d)", i, (int)m->num_outputs);
+  const cuvil_io_desc *d = &m->outputs[i];
+  if (shape == NULL && d->ndim > 0) return fail(CUVIL_ERR_NULL_ARGUMENT, "output_shape: shape is NULL");
+  int symbolic = 0;
+  for (int k = 0; k < d->ndim; ++k) symbolic |= d->shape[k] < 0;
+  /* Static shapes do not depend on the inputs: they may be NULL. Given ones are checked (not their data). */
+  if (inputs != NULL || symbolic) {
+    int rc = check_inputs(m, inputs, 0);
+    if (rc) return rc;
+  }
+  if (symbolic)
+    return fail(CUVIL_ERR_UNSUPPORTED, "output %d '%s' has symbolic dims, not supported by this artifact", i,
+                d->name);
+  for (int k = 0; k < d->ndim; ++k) shape[k] = d->shape[k];
+  return CUVIL_OK;
+}
+
+CUVIL_EXPORT int CUVIL_API(run)(cuvil_session *s, const cuvil_tensor *inputs, cuvil_tensor *outputs) {
+  const cuvil_model *m = &CUVIL_MODEL;
+  if (s == NULL) return fail(CUVIL_ERR_NULL_SESSION, "run: session is NULL");
+  int rc = validate_run(m, inputs, outputs);
+  if (rc) return rc;
+  if (atomic_exchange_explicit(&s->busy, 1, memory_order_acquire) != 0)
+    return fail(CUVIL_ERR_BUSY, "run: session %p is in use by another thread", (void *)s);
+  void **bufs = s->bufs;
+  const int ni = m->num_inputs, no = m->num_outputs;
+  for (int i = 0; i < ni; ++i) bufs[2 + i] = inputs[i].data;
+  for (int j = 0; j < no; ++j) bufs[2 + ni + j] = outputs[j].data;
+  const cuvil_step *steps = m->steps;
+  for (int k = 0, n = m->num_steps; k < n; ++k) run_step(s, &steps[k]);
+  atomic_store_explicit(&s->busy, 0, memory_order_release);
+  return CUVIL_OK;
+}
+
+CUVIL_EXPORT const char *CUVIL_API(strerror)(int code) {
+  if (code <= 0 && -code < CUVIL_NUM_MESSAGES) return cuvil_messages[-code];
+  return "unknown error code";
+}
+
+/* Extension: the specifics of the last failing call on the calling thread ("" if none yet). */
+CUVIL_EXPORT const char *CUVIL_API(last_error)(void) { return cuvil_detail; }
+
+CUVIL_EXPORT void CUVIL_API(session_destroy)(cuvil_session *s) {
+  if (s != NULL) free_session(s);
+}
