@@ -89,8 +89,10 @@ class KernelModule:
         b = ir.IRBuilder(entry)
         em = _Emitter(self, fn, b, bufs)
         shape = list(st.buf.shape)
+        red = _row_reduction(st)
         k, extent = 0, 1
-        while k < len(shape) and extent < PARALLEL_MIN:
+        limit = len(shape) - 1 if red is not None else len(shape)  # keep the last dim for the row loop
+        while k < limit and extent < PARALLEL_MIN:
             extent *= shape[k]
             k += 1
         inner_work = int(np.prod(shape[k:])) if shape[k:] else 1
@@ -104,7 +106,10 @@ class KernelModule:
                 else:
                     idx[d] = em.b.srem(rest, I64(shape[d]))
                     rest = em.b.sdiv(rest, I64(shape[d]))
-            em.loops(shape[k:], lambda inner: em.store_element(st, idx[:k] + inner))
+            if red is not None:
+                em.loops(shape[k:-1], lambda mid: em.store_row(st, red, idx[:k] + mid, shape[-1]))
+            else:
+                em.loops(shape[k:], lambda inner: em.store_element(st, idx[:k] + inner))
         em.loop_range(begin, end, body)
         em.b.ret_void()
         return (extent if shape else 1), max(1, int(4096 // max(inner_work, 1)))
@@ -133,10 +138,10 @@ class _Emitter:
         self.memo: List[Dict[int, ir.Value]] = [{}]
 
     # --- structure ----------------------------------------------------------------------------------
-    def alloca(self, typ) -> ir.Value:
+    def alloca(self, typ, count: int = 1) -> ir.Value:
         with self.b.goto_block(self.entry):
             self.b.position_at_start(self.entry)
-            return self.b.alloca(typ)
+            return self.b.alloca(typ, size=I64(count) if count > 1 else None)
 
     def loop_range(self, start: ir.Value, stop: ir.Value, body):
         b = self.b
@@ -189,6 +194,56 @@ class _Emitter:
         if st.buf.dtype == DType.BOOL:
             val = self.b.zext(val, I8)
         self.b.store(val, self.address(st.buf, idx))
+
+    def store_row(self, st: Stage, red: E, outer: List[ir.Value], width: int):
+        """Row schedule for a reduction: acc[w] accumulates over the reduction loops with w innermost
+        (unit-stride, vectorisable, each element summed in order), then the epilogue stores the row."""
+        b = self.b
+        kind, vs, extents = red.attr
+        dt = red.dtype
+        t = ll(dt)
+        acc = self.alloca(t, width)
+        for v, i in zip(st.vars, outer):
+            self.env[v.attr] = i
+        wvar = st.vars[-1].attr
+        init = const_value(_identity(kind, dt), dt)
+
+        def slot(w):
+            return b.gep(acc, [w], source_etype=t, inbounds=True)
+
+        self.loop_range(I64(0), I64(width), lambda w: b.store(init, slot(w)))
+
+        def accumulate(ridx):
+            for v, i in zip(vs, ridx):
+                self.env[v.attr] = i
+
+            def inner(w):
+                self.env[wvar] = w
+                x = self.emit(red.args[0])
+                a = b.load(slot(w), typ=t)
+                b.store(self.combine(kind, a, x, dt), slot(w))
+            self.loop_range(I64(0), I64(width), inner)
+        self.loops(list(extents), accumulate)
+
+        def epilogue(w):
+            self.env[wvar] = w
+            self.memo[-1][red.uid] = b.load(slot(w), typ=t)
+            val = self.emit(st.expr)
+            if st.buf.dtype == DType.BOOL:
+                val = b.zext(val, I8)
+            b.store(val, self.address(st.buf, outer + [w]))
+        self.loop_range(I64(0), I64(width), epilogue)
+
+    def combine(self, kind: str, a, x, dt: DType):
+        b = self.b
+        if kind == "sum":
+            return b.fadd(a, x) if dt.is_float else b.add(a, x)
+        if kind == "prod":
+            return b.fmul(a, x) if dt.is_float else b.mul(a, x)
+        better = self.compare("gt" if kind == "max" else "lt", x, a, dt)
+        if dt.is_float:  # NaN propagates
+            better = b.or_(better, b.fcmp_unordered("uno", x, x))
+        return b.select(better, x, a)
 
     # --- expressions ------------------------------------------------------------------------------
     def emit(self, e: E) -> ir.Value:
@@ -359,6 +414,47 @@ class _Emitter:
             b.store(b.select(take, i, b.load(best_i, typ=I64)), best_i)
         self.loop_range(I64(1), I64(n), body)
         return b.load(best_i, typ=I64)
+
+
+def _row_reduction(st: Stage) -> Optional[E]:
+    """The stage's single top-level reduction, when the row schedule applies: rank >= 2, one reduction
+    (not nested in another), and its body reads the last output index (else the row is loop-invariant)."""
+    if len(st.buf.shape) < 2 or st.buf.shape[-1] < 2:
+        return None
+    found: List[E] = []
+    seen = set()
+
+    def walk(e: E, inside: bool):
+        if e.uid in seen:
+            return
+        seen.add(e.uid)
+        if e.op == "argscan":
+            found.append(None)
+            return
+        if e.op == "reduce":
+            found.append(None if inside else e)
+            walk(e.args[0], True)
+            return
+        for a in e.args:
+            walk(a, inside)
+    walk(st.expr, False)
+    if len(found) != 1 or found[0] is None:
+        return None
+    red = found[0]
+    last = st.vars[-1].attr
+
+    def uses_last(e: E, memo={}) -> bool:
+        stack, seen2 = [e], set()
+        while stack:
+            x = stack.pop()
+            if x.uid in seen2:
+                continue
+            seen2.add(x.uid)
+            if x.op == "var" and x.attr == last:
+                return True
+            stack.extend(x.args)
+        return False
+    return red if uses_last(red.args[0]) else None
 
 
 def _fbits(dt: DType) -> int:
