@@ -29,8 +29,18 @@ def builtin_rules_dir() -> str:
         return os.path.normpath(os.path.join(here, "..", "..", "..", "rules"))
 
 
+_BUILTIN: Dict[tuple, List[Rule]] = {}
+
+
 def builtin_rules() -> List[Rule]:
-    return load_rules(builtin_rules_dir())
+    """The built-in rules, parsed once per process (re-read if a file changes)."""
+    d = builtin_rules_dir()
+    files = sorted(f for f in os.listdir(d) if f.endswith(".rule"))
+    key = tuple((f, os.stat(os.path.join(d, f)).st_mtime_ns) for f in files)
+    if key not in _BUILTIN:
+        _BUILTIN.clear()
+        _BUILTIN[key] = load_rules(d)
+    return list(_BUILTIN[key])
 
 
 def user_cache_path() -> str:
