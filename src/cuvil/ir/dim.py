@@ -317,8 +317,8 @@ def mod(a, b) -> Dim:
     return SymExpr._atom("mod", a, b)
 
 
-def dmax(*xs) -> Dim:
-    """Maximum of dimensions; constants are folded, duplicates removed, order made canonical."""
+def _extremum(kind: str, pick, xs) -> Dim:
+    """max/min of dimensions: constants folded, duplicates removed, argument order canonical."""
     xs = [as_dim(x) for x in xs]
     ints = [x for x in xs if isinstance(x, int)]
     syms = []
@@ -326,22 +326,17 @@ def dmax(*xs) -> Dim:
         if isinstance(x, SymExpr) and x not in syms:
             syms.append(x)
     if not syms:
-        return max(ints)
-    args = ([max(ints)] if ints else []) + sorted(syms, key=_key)
-    return args[0] if len(args) == 1 else SymExpr._atom("max", *args)
+        return pick(ints)
+    args = ([pick(ints)] if ints else []) + sorted(syms, key=_key)
+    return args[0] if len(args) == 1 else SymExpr._atom(kind, *args)
+
+
+def dmax(*xs) -> Dim:
+    return _extremum("max", max, xs)
 
 
 def dmin(*xs) -> Dim:
-    xs = [as_dim(x) for x in xs]
-    ints = [x for x in xs if isinstance(x, int)]
-    syms = []
-    for x in xs:
-        if isinstance(x, SymExpr) and x not in syms:
-            syms.append(x)
-    if not syms:
-        return min(ints)
-    args = ([min(ints)] if ints else []) + sorted(syms, key=_key)
-    return args[0] if len(args) == 1 else SymExpr._atom("min", *args)
+    return _extremum("min", min, xs)
 
 
 def is_static(d) -> bool:
