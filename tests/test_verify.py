@@ -47,3 +47,13 @@ def test_compare_is_bitwise_for_exact():
     assert compare(a, np.array([-0.0, np.nan], np.float32), exact=True) is not None
     assert compare(a, a.copy(), exact=True) is None
     assert compare(a, np.array([1e-6, np.nan], np.float32), exact=False) is None
+
+
+def test_verify_artifact_against_the_original(tmp_path, capsys):
+    import os
+    demo = os.path.join(os.path.dirname(__file__), "..", "src", "cuvil", "data", "demo_cnn.onnx")
+    from cuvil import Pipeline
+    so = Pipeline.from_onnx(demo).optimize().compile(fixed={"N": 2}).save(tmp_path / "libdemo.so")
+    assert cli_main(["verify", demo, "--artifact", str(so), "--examples", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "verify passed: the compiled library agrees with the original" in out and "on 5 inputs" in out

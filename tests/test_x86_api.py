@@ -84,3 +84,83 @@ def test_cli_compile_and_run(tmp_path, capsys):
     np.testing.assert_allclose(y, cuvil.load(str(so)).run(x)[0])
     assert cli_main(["compile", "--input", DEMO, "--output", str(tmp_path / "bad.txt")]) == 2
     assert "libNAME.so" in capsys.readouterr().err
+
+
+def _raw_lib(path):
+    import ctypes
+    lib = ctypes.CDLL(path)
+    lib.cuvil_session_create.restype = ctypes.c_void_p
+    lib.cuvil_session_create.argtypes = [ctypes.c_int]
+    lib.cuvil_run.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    lib.cuvil_strerror.restype = ctypes.c_char_p
+    lib.cuvil_last_error.restype = ctypes.c_char_p
+    lib.cuvil_session_destroy.argtypes = [ctypes.c_void_p]
+    return lib
+
+
+def test_compiled_model_rejects_bad_tensors_without_touching_outputs(optimized):
+    """Wrong dtype, rank, dims, NULL data or shape: a negative code, a message, outputs untouched."""
+    import ctypes
+
+    from cuvil.targets.x86.loader import CTensor
+    lib = _raw_lib(optimized.compile(fixed={"N": 1}).path)
+    s = lib.cuvil_session_create(1)
+    x = np.ones((1, 3, 16, 16), np.float32)
+    y = np.full((1, 10), 7.0, np.float32)
+    xs, ys = (ctypes.c_int64 * 4)(1, 3, 16, 16), (ctypes.c_int64 * 2)(1, 10)
+
+    def call(**bad):
+        t_in = CTensor(x.ctypes.data, 1, 4, ctypes.cast(xs, ctypes.POINTER(ctypes.c_int64)))
+        t_out = CTensor(y.ctypes.data, 1, 2, ctypes.cast(ys, ctypes.POINTER(ctypes.c_int64)))
+        for k, v in bad.items():
+            setattr(t_in, k, v)
+        return lib.cuvil_run(s, ctypes.byref(t_in), ctypes.byref(t_out))
+
+    wrong_dims = (ctypes.c_int64 * 4)(1, 3, 16, 15)
+    for bad, detail in (({"dtype": 11}, "dtype"), ({"ndim": 3}, "ndim"), ({"data": None}, "NULL"),
+                        ({"shape": ctypes.cast(wrong_dims, ctypes.POINTER(ctypes.c_int64))}, "dim 3 is 15"),
+                        ({"shape": None}, "NULL")):
+        rc = call(**bad)
+        assert rc < 0, bad
+        assert lib.cuvil_strerror(rc), rc
+        assert detail in lib.cuvil_last_error().decode(), (bad, lib.cuvil_last_error())
+        assert np.all(y == 7.0), f"outputs touched by a rejected call {bad}"
+    assert call() == 0 and not np.all(y == 7.0)
+    lib.cuvil_session_destroy(s)
+
+
+def test_sessions_on_several_threads_stay_correct(optimized):
+    import threading
+    art = optimized.compile(fixed={"N": 1})
+    rng = np.random.default_rng(5)
+    xs = [rng.standard_normal((1, 3, 16, 16)).astype(np.float32) for _ in range(4)]
+    want = [art.run({"image": x})["probs"] for x in xs]
+    errors = []
+
+    def worker(k):
+        m = cuvil.load(art.path, num_threads=1)  # one session per thread
+        for _ in range(25):
+            got = m.run(xs[k])[0]
+            if not np.array_equal(got, want[k]):
+                errors.append(k)
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+
+
+@pytest.mark.skipif(__import__("shutil").which("valgrind") is None or __import__("shutil").which("cc") is None,
+                    reason="needs valgrind and cc")
+def test_compiled_model_is_clean_under_valgrind(optimized, tmp_path):
+    art = optimized.compile(fixed={"N": 1})
+    art.save(tmp_path / "libmodel.so")
+    exe = tmp_path / "run_model"
+    subprocess.run(["cc", "-O1", "-g", os.path.join(ROOT, "examples", "c", "run_model.c"), f"-I{tmp_path}",
+                    f"-L{tmp_path}", "-lmodel", f"-Wl,-rpath,{tmp_path}", "-o", str(exe)], check=True)
+    np.random.default_rng(0).standard_normal((1, 3, 16, 16)).astype(np.float32).tofile(tmp_path / "x.bin")
+    res = subprocess.run(["valgrind", "--error-exitcode=1", "--leak-check=full", "--errors-for-leak-kinds=definite",
+                          str(exe), str(tmp_path / "x.bin")], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "argmax" in res.stdout

@@ -80,5 +80,9 @@ int main(int argc, char **argv) {
         printf("\n");
     }
     cuvil_session_destroy(s);
+    for (int i = 0; i < ni; i++) { free(in[i].data); free(in[i].shape); }
+    for (int j = 0; j < no; j++) { free(out[j].data); free(out[j].shape); }
+    free(in);
+    free(out);
     return 0;
 }

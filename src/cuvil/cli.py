@@ -155,7 +155,18 @@ def cmd_rules_list(args) -> int:
 
 
 def cmd_verify(args) -> int:
-    from .verify import verify
+    from .verify import verify, verify_artifact
+    if args.artifact:
+        res = verify_artifact(args.model, args.artifact, examples=args.examples)
+        print(f"compared {args.artifact} with the original model (onnx.reference) on {res.examples} inputs, "
+              f"within rel. tolerance {__import__('cuvil.verify', fromlist=['x']).NATIVE_RTOL}")
+        if res.ok:
+            print("verify passed: the compiled library agrees with the original")
+            return 0
+        print(f"verify FAILED: {res.failure}")
+        for name, arr in (res.failing_input or {}).items():
+            print(f"  minimal input {name} {arr.dtype}{list(arr.shape)} = {np.array2string(arr, threshold=64)}")
+        return 1
     res = verify(args.model, rules=args.rules or (), examples=args.examples)
     fired = ", ".join(f"{k} x{v}" for k, v in sorted(res.rules_fired.items())) or "none"
     print(f"rules fired: {fired}")
@@ -290,6 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("model")
     sp.add_argument("--rules", action="append", help="extra .rule file or directory (repeatable)")
     sp.add_argument("--examples", type=int, default=50)
+    sp.add_argument("--artifact", help="also fuzz this compiled library (libNAME.so) against the original")
     sp.set_defaults(fn=cmd_verify)
     sp = sub.add_parser("ops", help="ops with shape inference, by family, and the ONNX ops not covered")
     sp.set_defaults(fn=cmd_ops)

@@ -32,7 +32,7 @@ class VerifyResult:
         return self.failure is None
 
 
-def compare(want: np.ndarray, got: np.ndarray, exact: bool) -> Optional[str]:
+def compare(want: np.ndarray, got: np.ndarray, exact: bool, rtol: float = REAL_RTOL) -> Optional[str]:
     if want.shape != got.shape or want.dtype != got.dtype:
         return f"shape/dtype {got.shape} {got.dtype} != {want.shape} {want.dtype}"
     if exact:
@@ -50,9 +50,9 @@ def compare(want: np.ndarray, got: np.ndarray, exact: bool) -> Optional[str]:
     scale = max(float(np.max(np.abs(want[finite]))), 1.0)
     err = np.abs(got.astype(np.float64) - want.astype(np.float64))
     err[~finite] = 0
-    if np.max(err) > REAL_RTOL * scale:
+    if np.max(err) > rtol * scale:
         i = tuple(np.unravel_index(int(np.argmax(err)), err.shape))
-        return f"error {err[i]:.3g} at {list(i)} over tolerance {REAL_RTOL} x {scale:.3g}: original {want[i]!r}, optimized {got[i]!r}"
+        return f"error {err[i]:.3g} at {list(i)} over tolerance {rtol} x {scale:.3g}: original {want[i]!r}, optimized {got[i]!r}"
     return None
 
 
@@ -85,3 +85,43 @@ def verify(source, *, rules: Sequence = (), examples: int = 50, seed: Optional[i
     except Unsatisfiable:
         pass
     return VerifyResult(state["n"], exact, fired, state["fail"], state["input"])
+
+
+# Native kernels reassociate reductions and contract multiply-adds: compiled outputs are compared with
+# the original through onnx.reference within this relative tolerance (of the output's largest magnitude).
+NATIVE_RTOL = 1e-4
+
+
+def verify_artifact(source, library: str, *, examples: int = 30, seed: Optional[int] = 0) -> VerifyResult:
+    """Fuzz a compiled library against the *original* model through onnx.reference (finite inputs of the
+    library's shapes); a difference is shrunk to a minimal input."""
+    from .artifact import load
+    from .testing.strategies import float_arrays
+    src = source if isinstance(source, Pipeline) else Pipeline.from_onnx(source)
+    lib = load(library)
+    specs = lib.inputs
+    state = {"n": 0, "fail": None, "input": None}
+
+    @st.composite
+    def feeds(draw):
+        return {sp.name: draw(float_arrays(tuple(sp.shape), special=False)) for sp in specs}
+
+    @settings(max_examples=examples, deadline=None, database=None, derandomize=seed is not None,
+              suppress_health_check=list(HealthCheck))
+    @given(f=feeds())
+    def check(f):
+        state["n"] += 1
+        want = src.run_reference(f)
+        got = dict(zip([o.name for o in lib.outputs], lib.run(**f)))
+        for name in src.graph.output_names:
+            w, g = want[name], got[name]
+            msg = compare(w, g, exact=False, rtol=NATIVE_RTOL)
+            if msg:
+                state["fail"], state["input"] = f"output {name!r}: {msg}", f
+                raise AssertionError(msg)
+
+    try:
+        check()
+    except AssertionError:
+        pass
+    return VerifyResult(state["n"], False, {}, state["fail"], state["input"])

@@ -1,0 +1,1 @@
+"""Code generation targets: tensor expressions, op lowerings and scheduling shared by the backends."""

@@ -37,12 +37,30 @@ def shapes(min_rank: int = 0, max_rank: int = 4, min_side: int = 1, max_side: in
     return st.lists(st.integers(min_side, max_side), min_size=min_rank, max_size=max_rank).map(tuple)
 
 
+SMALL_ARRAY = 64  # up to this many elements each one is drawn (and shrunk) on its own
+
+
 def float_arrays(shape: Sequence[int], special: bool = True, low: float = -4.0, high: float = 4.0) -> st.SearchStrategy:
-    """float32 arrays of ``shape``; with ``special``, some elements are IEEE corner cases."""
+    """float32 arrays of ``shape``; with ``special``, some elements are IEEE corner cases.
+
+    Small arrays are drawn element by element; large ones from a seeded generator with a drawn scale
+    (shrinking towards all zeros) and, with ``special``, corner cases at drawn positions."""
     n = int(np.prod(shape))
-    finite = st.floats(low, high, width=32, allow_subnormal=True)
-    elem = st.one_of(finite, st.sampled_from(SPECIAL_FLOATS)) if special else finite
-    return st.lists(elem, min_size=n, max_size=n).map(lambda xs: np.asarray(xs, np.float32).reshape(shape))
+    if n <= SMALL_ARRAY:
+        finite = st.floats(low, high, width=32, allow_subnormal=True)
+        elem = st.one_of(finite, st.sampled_from(SPECIAL_FLOATS)) if special else finite
+        return st.lists(elem, min_size=n, max_size=n).map(lambda xs: np.asarray(xs, np.float32).reshape(shape))
+
+    @st.composite
+    def big(draw):
+        seed = draw(st.integers(0, 2**32 - 1))
+        scale = draw(st.floats(0.0, max(abs(low), abs(high)), width=32))
+        arr = (np.random.default_rng(seed).uniform(-1, 1, n) * scale).astype(np.float32)
+        if special:
+            for pos, val in draw(st.lists(st.tuples(st.integers(0, n - 1), st.sampled_from(SPECIAL_FLOATS)), max_size=8)):
+                arr[pos] = val
+        return arr.reshape(shape)
+    return big()
 
 
 @st.composite

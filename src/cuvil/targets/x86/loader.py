@@ -51,14 +51,17 @@ def _numpy_dtype(code: int) -> np.dtype | None:
         return None
 
 
+_CODES = {}
+for _code in range(1, 17):
+    _dt = _numpy_dtype(_code)
+    if _dt is not None and _dt.kind != "O":
+        _CODES.setdefault(_dt, _code)
+
+
 def _dtype_code(dt: np.dtype) -> int:
-    """ONNX code of a numpy dtype; 0 (undefined) when it has none, so that the library rejects it."""
-    if not dt.isnative:
-        return 0
-    try:
-        return int(DType.from_numpy(dt))
-    except TypeError:
-        return 0
+    """ONNX code of a numpy dtype; 0 (undefined) when it has none (e.g. non-native byte order), so that the
+    library rejects it with its own message."""
+    return _CODES.get(dt, 0)
 
 
 def manifest_path(so_path: str) -> str:
@@ -103,6 +106,13 @@ class Model:
         self.outputs = [self._spec(False, j) for j in range(self._f.num_outputs())]
         self._in_tensors = (CTensor * max(1, len(self.inputs)))()
         self._out_tensors = (CTensor * max(1, len(self.outputs)))()
+        # Shape arrays handed to the library, reused across runs (filled under the lock).
+        self._in_shapes = [(ctypes.c_int64 * max(1, d.ndim))() for d in self.inputs]
+        self._out_shapes = [(ctypes.c_int64 * max(1, d.ndim))() for d in self.outputs]
+        for t, d, shape in zip(self._out_tensors, self.outputs, self._out_shapes):
+            t.dtype, t.ndim, t.shape = d.code, d.ndim, shape
+            shape[:d.ndim] = [-1 if v is None else v for v in d.shape]
+        self._static_outputs = all(v is not None for d in self.outputs for v in d.shape)
         self._index = {d.name: k for k, d in enumerate(self.inputs)}
 
     # -- ctypes binding ------------------------------------------------------------------------------
@@ -231,13 +241,19 @@ class Model:
     def run(self, *arrays, num_threads: int | None = None, **named) -> list[np.ndarray]:
         """Runs the model on numpy arrays given in input order and/or by name; returns the outputs in order."""
         xs = self._collect(arrays, named)
-        keep = []
+        for d in self.outputs:
+            if d.dtype is None:
+                raise CuvilError(f"{os.path.basename(self.path)}: output {d.name!r} has dtype code {d.code}, "
+                                 f"which numpy cannot hold")
         with self._lock:
             s = self._get_session(num_threads)
-            ins = self._in_tensors
+            ins, keep = self._in_tensors, []
             for k, a in enumerate(xs):
-                shape = (ctypes.c_int64 * max(1, a.ndim))(*a.shape)
-                keep.append(shape)
+                shape = self._in_shapes[k]
+                if a.ndim > len(shape):  # wrong rank: the library reports it
+                    shape = (ctypes.c_int64 * a.ndim)()
+                    keep.append(shape)
+                shape[:a.ndim] = a.shape
                 t = ins[k]
                 t.data = a.ctypes.data or None
                 t.dtype = _dtype_code(a.dtype)
@@ -245,22 +261,17 @@ class Model:
                 t.shape = shape
             outs = []
             for j, d in enumerate(self.outputs):
-                if d.dtype is None:
-                    raise CuvilError(f"{os.path.basename(self.path)}: output {d.name!r} has dtype code {d.code}, "
-                                     f"which numpy cannot hold")
-                shape = (ctypes.c_int64 * max(1, len(d.shape)))()
-                self._check(self._f.output_shape(s, ins, j, shape))
-                dims = tuple(shape[k] for k in range(len(d.shape)))
+                shape = self._out_shapes[j]
+                if self._static_outputs:
+                    dims = d.shape
+                else:
+                    self._check(self._f.output_shape(s, ins, j, shape))
+                    dims = tuple(shape[k] for k in range(d.ndim))
                 y = np.empty(dims, dtype=d.dtype)
                 outs.append(y)
-                keep.append(shape)
-                t = self._out_tensors[j]
-                t.data = y.ctypes.data or None
-                t.dtype = d.code
-                t.ndim = len(dims)
-                t.shape = shape
+                self._out_tensors[j].data = y.ctypes.data or None
             self._check(self._f.run(s, ins, self._out_tensors))
-        del keep
+            del keep
         return outs
 
     def __repr__(self) -> str:

@@ -162,10 +162,11 @@ struct cuvil_session {
   worker_arg *args;
 };
 
+/* Chunk t of nchunks: units [t*q + min(t, r), ...) with q, r = divmod(nunits, nchunks); the last ends at extent. */
 static void run_chunk(struct cuvil_session *s, int t) {
-  int64_t lo = (int64_t)((__int128)t * s->nunits / s->nchunks) * s->grain;
-  int64_t hi = (t == s->nchunks - 1) ? s->extent
-                                     : (int64_t)((__int128)(t + 1) * s->nunits / s->nchunks) * s->grain;
+  int64_t q = s->nunits / s->nchunks, r = s->nunits % s->nchunks;
+  int64_t lo = (t * q + (t < r ? t : r)) * s->grain;
+  int64_t hi = (t == s->nchunks - 1) ? s->extent : ((t + 1) * q + (t + 1 < r ? t + 1 : r)) * s->grain;
   s->fn(s->bufs, lo, hi);
 }
 

@@ -1,0 +1,208 @@
+"""An ``onnx.backend`` for Cuvil: ONNX's backend API (``prepare`` / ``run`` / ``run_node``) over native
+compilation.
+
+    from cuvil.onnx_backend import backend
+    rep = backend.prepare(model)              # imports and optimises; compiles at the first run
+    (y,) = rep.run([x])                        # inputs in graph-input order (or a dict by name)
+
+Every run executes a library built by ``Pipeline.from_onnx(model).optimize().compile(...)``; nothing is
+interpreted. Graph inputs that have an initializer are constants. Inputs with symbolic dims are
+specialised to the shapes of the arrays actually given: the first run with a new shape signature
+compiles a library for it, later runs with the same shapes reuse it.
+
+Anything Cuvil cannot compile raises :class:`cuvil.errors.UnsupportedOpError` (ops, attribute values,
+dtypes) or another :class:`cuvil.errors.CuvilError`; never a crash.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+import onnx
+from onnx.backend.base import Backend, BackendRep, Device, DeviceType
+
+from .errors import CuvilError, ShapeError, UnsupportedOpError
+from .ir.dim import SymExpr
+from .ir.dtype import DType
+
+__all__ = ["CuvilBackend", "CuvilBackendRep", "backend", "prepare", "run_model", "run_node", "supports_device"]
+
+#: Element types the x86 backend computes in; others (float16, bfloat16, strings, complex, float8, int4)
+#: are refused up front with UnsupportedOpError.
+SUPPORTED_DTYPES = frozenset({DType.FLOAT, DType.DOUBLE, DType.INT8, DType.UINT8, DType.INT16, DType.UINT16,
+                              DType.INT32, DType.UINT32, DType.INT64, DType.UINT64, DType.BOOL})
+
+
+def _dtype_name(code: int) -> str:
+    try:
+        return onnx.TensorProto.DataType.Name(code)
+    except ValueError:
+        return str(code)
+
+
+def _check_value_dtypes(model: onnx.ModelProto) -> None:
+    """UnsupportedOpError for an input, output or initializer of an element type the backend lacks."""
+    g = model.graph
+    typed = [("input", vi) for vi in g.input] + [("output", vi) for vi in g.output]
+    for what, vi in typed:
+        kind = vi.type.WhichOneof("value")
+        if kind is None and what == "output":
+            continue  # an output left for inference to type
+        if kind != "tensor_type":
+            kind = kind or "untyped value"
+            raise UnsupportedOpError("<graph>", vi.name, detail=f"graph {what} {vi.name!r} is a {kind}; only tensors are supported")
+        code = vi.type.tensor_type.elem_type
+        if code and _unsupported_code(code):
+            raise UnsupportedOpError("<graph>", vi.name, detail=f"graph {what} {vi.name!r} has element type "
+                                     f"{_dtype_name(code)}, which the x86 backend does not support")
+    for t in g.initializer:
+        if _unsupported_code(t.data_type):
+            raise UnsupportedOpError("<graph>", t.name, detail=f"initializer {t.name!r} has element type "
+                                     f"{_dtype_name(t.data_type)}, which the x86 backend does not support")
+
+
+def _unsupported_code(code: int) -> bool:
+    try:
+        return DType(code) not in SUPPORTED_DTYPES
+    except ValueError:
+        return True
+
+
+class CuvilBackendRep(BackendRep):
+    """A prepared model: the optimised pipeline and one compiled library per input-shape signature."""
+
+    def __init__(self, model: onnx.ModelProto, opt_level: int = 3, num_threads: int = 0, cache: bool = True,
+                 optimize: bool = True):
+        from .pipeline import Pipeline
+        _check_value_dtypes(model)
+        self.model = model
+        self.opt_level, self.num_threads, self.cache = opt_level, num_threads, cache
+        p = Pipeline.from_onnx(model)
+        self.pipeline = p.optimize() if optimize else p
+        g = self.pipeline.graph
+        self.input_names: List[str] = [v.name for v in g.inputs]
+        self.output_names: List[str] = list(g.output_names)
+        for v in list(g.inputs) + list(g.outputs):
+            if DType(v.dtype) not in SUPPORTED_DTYPES:
+                raise UnsupportedOpError("<graph>", v.name, detail=f"value {v.name!r} has element type "
+                                         f"{DType(v.dtype).name}, which the x86 backend does not support")
+        self._artifacts: Dict[Tuple, Any] = {}
+
+    # --- compilation ---------------------------------------------------------------------------------
+    def _bind_symbols(self, arrays: Sequence[np.ndarray]) -> Dict[str, int]:
+        """Symbol values from the shapes of the given arrays (each symbolic input dim names one symbol)."""
+        g = self.pipeline.graph
+        env: Dict[str, int] = {}
+        for v, a in zip(g.inputs, arrays):
+            if v.shape is None:
+                continue
+            if a.ndim != len(v.shape):
+                raise ShapeError(f"input {v.name!r}: expected rank {len(v.shape)} ({v.type}), got shape {a.shape}")
+            for k, (d, got) in enumerate(zip(v.shape, a.shape)):
+                if isinstance(d, SymExpr) and len(d.free_symbols) == 1 and str(d) in g.symbols:
+                    if env.setdefault(str(d), int(got)) != int(got):
+                        raise ShapeError(f"input {v.name!r} dim {k}: {d} = {got}, but another input has {d} = {env[str(d)]}")
+        return env
+
+    def artifact_for(self, arrays: Sequence[np.ndarray]):
+        """The compiled library for these input shapes (compiled at the first request)."""
+        key = tuple(tuple(a.shape) for a in arrays) if self.pipeline.graph.symbols else ()
+        art = self._artifacts.get(key)
+        if art is None:
+            fixed = self._bind_symbols(arrays) if self.pipeline.graph.symbols else None
+            art = self.pipeline.compile(opt_level=self.opt_level, fixed=fixed, cache=self.cache)
+            self._artifacts[key] = art
+        return art
+
+    # --- running -----------------------------------------------------------------------------------
+    def _arrays(self, inputs) -> List[np.ndarray]:
+        names = self.input_names
+        if isinstance(inputs, Mapping):
+            unknown = sorted(set(inputs) - set(names))
+            if unknown:
+                raise ShapeError(f"unknown input(s) {unknown}; the model's inputs are {names}")
+            missing = [n for n in names if n not in inputs]
+            if missing:
+                raise ShapeError(f"missing input(s) {missing}")
+            return [np.asarray(inputs[n]) for n in names]
+        if isinstance(inputs, np.ndarray):
+            inputs = [inputs]
+        inputs = list(inputs)
+        if len(inputs) != len(names):
+            raise ShapeError(f"{len(inputs)} inputs given, the model has {len(names)} ({names})")
+        return [np.asarray(x) for x in inputs]
+
+    def run(self, inputs, **kwargs) -> Tuple[np.ndarray, ...]:
+        arrays = self._arrays(inputs)
+        for n, a in zip(self.input_names, arrays):
+            if a.dtype == object or a.dtype.kind in "USc" or a.dtype == np.float16:
+                raise UnsupportedOpError("<graph>", n, detail=f"input {n!r} has dtype {a.dtype}, which the x86 backend does not support")
+        art = self.artifact_for(arrays)
+        model = art.model(num_threads=self.num_threads)
+        outs = model.run(*arrays)
+        return tuple(outs)
+
+
+class CuvilBackend(Backend):
+    """ONNX backend API over Cuvil's x86-64 compiler. ``prepare`` keywords: ``opt_level`` (0-3, default 3),
+    ``num_threads`` (0 = all cores), ``cache`` (reuse compiled libraries by content, default True)."""
+
+    @classmethod
+    def is_compatible(cls, model: onnx.ModelProto, device: str = "CPU", **kwargs) -> bool:
+        return cls.supports_device(device)
+
+    @classmethod
+    def supports_device(cls, device: str) -> bool:
+        try:
+            return Device(device).type == DeviceType.CPU
+        except Exception:  # noqa: BLE001 - onnx raises assorted errors for unknown device strings
+            return False
+
+    @classmethod
+    def prepare(cls, model: onnx.ModelProto, device: str = "CPU", **kwargs) -> CuvilBackendRep:
+        if not cls.supports_device(device):
+            raise CuvilError(f"device {device!r} is not supported; Cuvil compiles for CPU")
+        if isinstance(model, (bytes, str)):
+            from .frontend import load_model
+            model = load_model(model)
+        opts = {k: kwargs[k] for k in ("opt_level", "num_threads", "cache", "optimize") if k in kwargs}
+        return CuvilBackendRep(model, **opts)
+
+    @classmethod
+    def run_model(cls, model: onnx.ModelProto, inputs: Any, device: str = "CPU", **kwargs) -> Tuple[np.ndarray, ...]:
+        return cls.prepare(model, device, **kwargs).run(inputs)
+
+    @classmethod
+    def run_node(cls, node: onnx.NodeProto, inputs: Any, device: str = "CPU",
+                 outputs_info: Optional[Sequence[Tuple[Any, Tuple[int, ...]]]] = None, **kwargs) -> Tuple[np.ndarray, ...]:
+        """Run one node: a one-node model is built around it (inputs typed from the arrays given) and compiled."""
+        if isinstance(inputs, Mapping):
+            names = [n for n in node.input if n]
+            arrays = [np.asarray(inputs[n]) for n in names]
+        else:
+            arrays = [np.asarray(x) for x in (inputs if isinstance(inputs, (list, tuple)) else [inputs])]
+            names = [n for n in node.input if n][:len(arrays)]
+        g_inputs = []
+        for n, a in zip(names, arrays):
+            try:
+                elem = onnx.helper.np_dtype_to_tensor_dtype(a.dtype)
+            except (KeyError, ValueError, TypeError):
+                raise UnsupportedOpError(node.op_type, node.name, detail=f"input {n!r} has dtype {a.dtype}") from None
+            g_inputs.append(onnx.helper.make_tensor_value_info(n, elem, list(a.shape)))
+        if outputs_info:
+            g_outputs = [onnx.helper.make_tensor_value_info(n, onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dt)), list(shape))
+                         for n, (dt, shape) in zip([o for o in node.output if o], outputs_info)]
+        else:
+            g_outputs = [onnx.helper.make_empty_tensor_value_info(n) for n in node.output if n]
+        graph = onnx.helper.make_graph([node], f"run_node_{node.op_type}", g_inputs, g_outputs)
+        opset = kwargs.pop("opset_version", None)
+        imports = [onnx.helper.make_opsetid(node.domain or "", opset)] if opset else None
+        model = onnx.helper.make_model(graph, opset_imports=imports) if imports else onnx.helper.make_model(graph)
+        return cls.prepare(model, device, **kwargs).run(arrays)
+
+
+backend = CuvilBackend()
+prepare = backend.prepare
+run_model = backend.run_model
+run_node = backend.run_node
+supports_device = backend.supports_device
