@@ -124,6 +124,9 @@ class KernelModule:
             pto = llvm.create_pipeline_tuning_options(speed_level=min(opt, 3))
             pto.loop_vectorization = opt >= 2
             pto.slp_vectorization = opt >= 2
+            # Full unrolling of short constant loops runs before the loop vectoriser and would leave it
+            # nothing to vectorise; the vectoriser interleaves instead.
+            pto.loop_unrolling = False
             pb = llvm.create_pass_builder(self.tm, pto)
             pb.getModulePassManager().run(mod, pb)
         return self.tm.emit_object(mod)
