@@ -42,9 +42,31 @@ def cmd_inspect(args) -> int:
           f"{st.parameter_bytes:,} bytes; the model file has {p.initializer_elements:,} initializer elements)")
     print(f"compute: {_fmt_count(st.macs)} MACs = {_fmt_count(st.flops)} FLOPs"
           + ("  (" + ", ".join(f"{op} {_fmt_count(f)}" for op, f in st.flops_by_op.items()) + " FLOPs)" if st.flops_by_op else ""))
+    if args.shapes:
+        from .ir.constraints import check_constraints, dim_ranges
+        ranges = _parse_profiles(args.shape_profile)
+        n_cons = sum(len(n.constraints) for n in g.nodes)
+        bad = check_constraints(g, ranges)
+        print(f"shape conditions on symbols: {n_cons}, violated somewhere in range: {len(bad)}")
+        for v in bad:
+            print(f"  {v}")
+        for d, (lo, hi) in sorted(dim_ranges(g, ranges).items()):
+            print(f"  dim {d} in [{lo}, {hi}]")
     if args.ir:
         print(p.print_ir(), end="")
     return 0
+
+
+def _parse_profiles(items) -> dict:
+    """``N=1:8:64`` (min:opt:max) or ``N=1:64`` -> {"N": (1, 64)} (min, max)."""
+    out = {}
+    for item in items or ():
+        name, _, spec = item.partition("=")
+        parts = spec.split(":")
+        if not name or len(parts) not in (2, 3) or not all(x.isdigit() for x in parts):
+            raise CuvilError(f"--shape-profile takes NAME=MIN:OPT:MAX, got {item!r}")
+        out[name] = (int(parts[0]), int(parts[-1]))
+    return out
 
 
 def demo_model_path() -> str:
@@ -260,6 +282,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("model", help="an .onnx file")
     sp.add_argument("--ir", action="store_true", help="also print the IR")
     sp.add_argument("--raw", action="store_true", help="as imported, before folding/CSE/DCE")
+    sp.add_argument("--shapes", action="store_true", help="check the shape conditions on symbolic dims with Z3")
+    sp.add_argument("--shape-profile", action="append", metavar="NAME=MIN:OPT:MAX", help="a symbol's range for --shapes")
     sp.set_defaults(fn=cmd_inspect)
     sp = sub.add_parser("demo", help="run Cuvil's main job on a small bundled model")
     sp.set_defaults(fn=cmd_demo)

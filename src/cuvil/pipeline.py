@@ -81,6 +81,14 @@ class Pipeline:
         report.verdicts = {r.name: r.proof for r in runnable}
         return self._derive(g, report)
 
+    def check_shapes(self, shape_profiles: Optional[Mapping[str, Tuple[int, ...]]] = None):
+        """Prove every shape condition of the graph for every symbol value in its range (``shape_profiles``:
+        ``{"N": (min, max)}`` or ``(min, opt, max)``; default: the symbols' ranges). Returns the
+        violations, each with a counterexample (:class:`cuvil.ir.constraints.Violation`)."""
+        from .ir.constraints import check_constraints
+        ranges = {k: (v[0], v[-1]) for k, v in (shape_profiles or {}).items()}
+        return check_constraints(self._graph, ranges)
+
     def specialize(self, fixed: Mapping[str, int]) -> "Pipeline":
         """Fix symbolic dims to values (``{"N": 1}``): shapes become static and shape computations fold."""
         from .ir.dim import evaluate as ev

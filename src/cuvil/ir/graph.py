@@ -10,6 +10,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tupl
 
 import attrs
 import numpy as np
+from attrs import Factory
 
 from .dim import Dim, Symbol
 from .dtype import DType
@@ -51,6 +52,8 @@ class Node:
     attrs: Dict[str, Any] = attrs.field(factory=dict)
     name: str = ""
     domain: str = ""
+    # Shape conditions inference could not decide (symbolic dims), see cuvil.ir.constraints
+    constraints: list = Factory(list)
 
     def input(self, i: int) -> Optional[Value]:
         return self.inputs[i] if i < len(self.inputs) else None
@@ -256,7 +259,7 @@ class Graph:
 
         g.inputs = [cp(v) for v in self.inputs]
         for n in self.nodes:
-            m = Node(n.op, [cp(v) for v in n.inputs], [], dict(n.attrs), n.name, n.domain)
+            m = Node(n.op, [cp(v) for v in n.inputs], [], dict(n.attrs), n.name, n.domain, list(n.constraints))
             for i, v in enumerate(m.inputs):
                 if v is not None:
                     v.uses.append((m, i))

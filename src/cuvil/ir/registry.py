@@ -122,12 +122,51 @@ def _load_families():
 
 # --- inference --------------------------------------------------------------------------------------
 
+@attrs.frozen
+class ShapeConstraint:
+    """A relation between dims that the model needs and inference could not decide (symbolic dims):
+    ``eq`` a == b, ``bcast`` a == b or either is 1, ``ge`` a >= b, ``mod0`` a % b == 0."""
+    kind: str
+    a: Dim
+    b: Dim
+    what: str
+
+    def __str__(self):
+        return {"eq": f"{self.a} == {self.b}", "bcast": f"{self.a} and {self.b} broadcast",
+                "ge": f"{self.a} >= {self.b}", "mod0": f"({self.a}) % ({self.b}) == 0"}[self.kind]
+
+
+def _decide(kind: str, a: Dim, b: Dim) -> Optional[bool]:
+    if kind in ("eq", "bcast") and a == b:
+        return True
+    if kind == "bcast" and (a == 1 or b == 1):
+        return True
+    if not (isinstance(a, int) and isinstance(b, int)):
+        return None
+    return {"eq": a == b, "bcast": a == b or 1 in (a, b), "ge": a >= b, "mod0": b != 0 and a % b == 0}[kind]
+
+
 class InferCtx:
     """What a shape function sees of a node: input types, attributes (with defaults), constant inputs."""
 
     def __init__(self, node, opdef: OpDef, num_outputs: Optional[int] = None):
         self.node, self.opdef, self._num_outputs = node, opdef, num_outputs
         self._defaults = opdef.attr_defaults
+        self.constraints: List[ShapeConstraint] = []
+
+    def require(self, kind: str, a: Dim, b: Dim, what: str) -> None:
+        """A shape condition: fails now when static and false, is recorded when symbolic (and checked
+        over the symbols' ranges by :mod:`cuvil.ir.constraints`)."""
+        ok = _decide(kind, a, b)
+        if ok is False:
+            self.fail(what)
+        if ok is None:
+            self.constraints.append(ShapeConstraint(kind, a, b, what))
+
+    def unify(self, a: Dim, b: Dim, what: str) -> Dim:
+        """Two dims that must be equal: the static one if any (static ones that differ are an error)."""
+        self.require("eq", a, b, what)
+        return a if isinstance(a, int) else b
 
     @property
     def num_inputs(self) -> int:
@@ -219,6 +258,7 @@ def infer_node(node, num_outputs: Optional[int] = None) -> Tuple[List[TensorType
         types = [TensorType(dt, None)] * ctx.num_outputs
     except ShapeError as e:
         raise ShapeError(f"node {node.name!r} ({node.op}): {e}") from None
+    node.constraints = ctx.constraints
     syms: List[Optional[Tuple[Dim, ...]]] = [None] * len(types)
     if opdef.sym_eval is not None:
         try:
@@ -245,13 +285,11 @@ def broadcast_shapes(ctx: InferCtx, *shapes: Sequence[Dim]) -> Tuple[Dim, ...]:
                 continue
             if cur == 1 or cur == d:
                 cur = d
-            elif isinstance(cur, int) and isinstance(d, int):
-                ctx.fail(f"shapes {' and '.join(_fmt(s) for s in shapes)} do not broadcast")
-            elif isinstance(d, int):
+                continue
+            ctx.require("bcast", cur, d, f"shapes {' and '.join(_fmt(s) for s in shapes)} do not broadcast")
+            if isinstance(d, int):
                 cur = d  # the symbol must be 1 or equal to d
-            elif isinstance(cur, int):
-                pass
-            else:
+            elif not isinstance(cur, int):
                 cur = dmax(cur, d)  # one of them is 1 at run time, or they are equal: max is right either way
         out.append(cur)
     return tuple(out)

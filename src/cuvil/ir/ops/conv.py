@@ -59,9 +59,8 @@ def window_dims(ctx: InferCtx, spatial: Sequence[Dim], kernel: Sequence[Dim]) ->
                 o = o - 1
             elif e < s:
                 o = dmin(o, ceildiv(h + pb, s))
-        if isinstance(o, int) and o < 1:
-            ctx.fail(f"kernel extent {dk} along spatial axis {i} is larger than the padded input "
-                     f"({h} + pads {pb},{pe})")
+        ctx.require("ge", o, 1, f"kernel extent {dk} along spatial axis {i} is larger than the padded input "
+                                f"({h} + pads {pb},{pe})")
         out.append(o)
     return tuple(out)
 
@@ -170,7 +169,6 @@ def conv_transpose(ctx: InferCtx):
             o = full
         else:
             o = full - pads[i] - pads[i + n]
-        if isinstance(o, int) and o < 1:
-            ctx.fail(f"pads {pads} crop the whole output along spatial axis {i}")
+        ctx.require("ge", o, 1, f"pads {pads} crop the whole output along spatial axis {i}")
         out.append(o)
     return TensorType(ctx.dtype(0), (x[0], m, *out))

@@ -14,10 +14,7 @@ def _fmt(s: Sequence[Dim]) -> str:
 
 
 def _unify(ctx: InferCtx, a: Dim, b: Dim, what: str) -> Dim:
-    """Two dims that must be equal: a static one is preferred; static ones that differ are an error."""
-    if isinstance(a, int) and isinstance(b, int) and a != b:
-        ctx.fail(what)
-    return a if isinstance(a, int) else b
+    return ctx.unify(a, b, what)
 
 
 def matmul_shape(ctx: InferCtx, a: Sequence[Dim], b: Sequence[Dim]) -> Tuple[Dim, ...]:

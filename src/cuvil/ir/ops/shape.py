@@ -74,11 +74,7 @@ def same_sym(ctx: InferCtx):
 
 def unify(ctx: InferCtx, a, b, what: str):
     """Two dims the model says are equal: a static one wins over a symbol; two different statics fail."""
-    if a == b:
-        return a
-    if isinstance(a, int) and isinstance(b, int):
-        ctx.fail(f"{what}: {a} != {b}")
-    return a if isinstance(a, int) else b
+    return ctx.unify(a, b, f"{what}: {a} != {b}")
 
 
 def tensor_attr_dtype(ctx: InferCtx, v) -> DType:
@@ -135,13 +131,14 @@ def reshape(ctx: InferCtx):
             ctx.fail(f"shape {fmt(spec)} has both 0 and -1 with allowzero=1")
         k = out.index(-1)
         known = product(d for j, d in enumerate(out) if j != k)
-        if known == 0 or (isinstance(total, int) and isinstance(known, int) and total % known):
+        if known == 0:
             ctx.fail(f"cannot reshape {fmt(x.shape)} ({total} elements) to {fmt(spec)}")
+        ctx.require("mod0", total, known, f"cannot reshape {fmt(x.shape)} ({total} elements) to {fmt(spec)}: "
+                                          f"needs {total} % {known} == 0")
         out[k] = floordiv(total, known)
     else:
         n = product(out)
-        if isinstance(total, int) and isinstance(n, int) and total != n:
-            ctx.fail(f"cannot reshape {fmt(x.shape)} ({total} elements) to {fmt(spec)} ({n} elements)")
+        ctx.require("eq", total, n, f"cannot reshape {fmt(x.shape)} ({total} elements) to {fmt(spec)} ({n} elements)")
     return TensorType(x.dtype, out)
 
 

@@ -1,0 +1,127 @@
+"""Shape constraints over symbol ranges, decided by Z3.
+
+Shape inference records every condition it cannot decide on symbolic dims (``Node.constraints``: a
+Reshape's element counts, broadcasting, MatMul inner dims, Concat's other dims, Conv output sizes >= 1).
+:func:`check_constraints` proves each one for every value of the symbols in their ranges (a profile), or
+returns a counterexample: ``N = 3 makes Reshape 'r1' need (12*N) % (8) == 0``. :func:`dim_ranges` gives
+the exact range of derived dims (``(H + 1)/2`` for H in [1, 224] is [1, 112]).
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Mapping, Optional, Tuple
+
+import attrs
+import z3
+
+from .dim import Dim, SymExpr
+from .graph import Graph, Node
+from .registry import ShapeConstraint
+
+Ranges = Mapping[str, Tuple[int, int]]
+
+
+@attrs.frozen
+class Violation:
+    node: str
+    op: str
+    constraint: ShapeConstraint
+    values: Dict[str, int]          # a symbol assignment inside the ranges that breaks it
+
+    def __str__(self):
+        vals = ", ".join(f"{k} = {v}" for k, v in sorted(self.values.items()))
+        return f"{vals} makes {self.op} {self.node!r} need {self.constraint}: {self.constraint.what}"
+
+
+def to_z3(d: Dim, syms: Dict[str, z3.ArithRef]) -> z3.ArithRef:
+    if isinstance(d, int):
+        return z3.IntVal(d)
+    total = z3.IntVal(0)
+    for mono, coef in d.terms:
+        term = z3.IntVal(coef)
+        for atom in mono:
+            term = term * _atom(atom, syms)
+        total = total + term
+    return total
+
+
+def _atom(a, syms):
+    if a.kind == "sym":
+        name = a.args[0]
+        if name not in syms:
+            syms[name] = z3.Int(name)
+        return syms[name]
+    args = [to_z3(x, syms) for x in a.args]
+    if a.kind == "floordiv":  # Z3's integer division is floor division for positive divisors
+        return args[0] / args[1]
+    if a.kind == "mod":
+        return args[0] % args[1]
+    out = args[0]
+    for x in args[1:]:
+        out = z3.If(x > out, x, out) if a.kind == "max" else z3.If(x < out, x, out)
+    return out
+
+
+def _holds(c: ShapeConstraint, syms) -> z3.BoolRef:
+    a, b = to_z3(c.a, syms), to_z3(c.b, syms)
+    if c.kind == "eq":
+        return a == b
+    if c.kind == "bcast":
+        return z3.Or(a == b, a == 1, b == 1)
+    if c.kind == "ge":
+        return a >= b
+    return z3.And(b != 0, a % b == 0)
+
+
+def _ranges(g: Graph, ranges: Optional[Ranges]) -> Dict[str, Tuple[int, int]]:
+    out = {s.name: (s.min, s.max) for s in g.symbols.values()}
+    out.update(ranges or {})
+    return out
+
+
+def check_constraints(g: Graph, ranges: Optional[Ranges] = None, timeout_ms: int = 5000) -> List[Violation]:
+    """Every recorded shape constraint that fails for some symbol values inside ``ranges`` (default: the
+    graph's symbol ranges), with such values. Constraints Z3 cannot settle in time count as violations
+    with no values (never silently accepted)."""
+    rng = _ranges(g, ranges)
+    out: List[Violation] = []
+    for n in g.nodes:
+        for c in n.constraints:
+            syms: Dict[str, z3.ArithRef] = {}
+            cond = _holds(c, syms)
+            s = z3.Solver()
+            s.set("timeout", timeout_ms)
+            for name, var in syms.items():
+                lo, hi = rng.get(name, (1, None))
+                s.add(var >= lo)
+                if hi is not None:
+                    s.add(var <= hi)
+            s.add(z3.Not(cond))
+            res = s.check()
+            if res == z3.sat:
+                m = s.model()
+                out.append(Violation(n.name, n.op, c, {k: m.eval(v, model_completion=True).as_long() for k, v in syms.items()}))
+            elif res == z3.unknown:
+                out.append(Violation(n.name, n.op, c, {}))
+    return out
+
+
+def dim_ranges(g: Graph, ranges: Optional[Ranges] = None) -> Dict[str, Tuple[int, int]]:
+    """The exact [min, max] of every symbolic dim of the graph's values, over the symbol ranges."""
+    rng = _ranges(g, ranges)
+    out: Dict[str, Tuple[int, int]] = {}
+    for v in g.values():
+        for d in v.shape or ():
+            if isinstance(d, SymExpr) and str(d) not in out:
+                syms: Dict[str, z3.ArithRef] = {}
+                e = to_z3(d, syms)
+                bounds = []
+                for goal in ("min", "max"):
+                    o = z3.Optimize()
+                    for name, var in syms.items():
+                        lo, hi = rng.get(name, (1, 1 << 30))
+                        o.add(var >= lo, var <= hi)
+                    h = o.minimize(e) if goal == "min" else o.maximize(e)
+                    o.check()
+                    bounds.append(o.lower(h).as_long() if goal == "min" else o.upper(h).as_long())
+                out[str(d)] = (bounds[0], bounds[1])
+    return out
