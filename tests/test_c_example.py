@@ -16,7 +16,7 @@ DEMO = os.path.join(ROOT, "src", "cuvil", "data", "demo_cnn.onnx")
 @pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
 def test_c_example_runs_a_compiled_model(tmp_path):
     art = Pipeline.from_onnx(DEMO).optimize().compile(fixed={"N": 1})
-    so = art.save(tmp_path / "libmodel.so")
+    art.save(tmp_path / "libmodel.so")
     exe = tmp_path / "run_model"
     subprocess.run(["cc", "-O2", "-Wall", "-Werror", os.path.join(ROOT, "examples", "c", "run_model.c"), f"-I{tmp_path}",
                     f"-L{tmp_path}", "-lmodel", f"-Wl,-rpath,{tmp_path}", "-o", str(exe)], check=True)

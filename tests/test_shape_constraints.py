@@ -1,6 +1,5 @@
 """Shape conditions on symbolic dims are recorded by inference and decided by Z3 over symbol ranges."""
 import numpy as np
-import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from cuvil import Pipeline

@@ -5,7 +5,6 @@ import os
 
 import pytest
 
-import cuvil.rewrite_rules.prove as prove_mod
 import cuvil.rewrite_rules.verdicts as verdicts_mod
 from cuvil import Pipeline
 from cuvil.cli import main as cli_main

@@ -11,7 +11,7 @@ import json
 import os
 import shutil
 import tempfile
-from typing import Dict, List, Mapping, Optional, Sequence, Union
+from typing import Dict, Mapping, Optional, Sequence, Union
 
 import numpy as np
 

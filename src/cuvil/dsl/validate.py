@@ -1,7 +1,7 @@
 """Semantic checks of parsed rules against the op registry; errors point at the offending token."""
 from __future__ import annotations
 
-from typing import Dict, List, Set
+from typing import List, Set
 
 import onnx.defs
 

@@ -9,7 +9,7 @@ import onnx.defs
 from onnx import helper, numpy_helper
 
 from ..ir.dim import SymExpr
-from ..ir.graph import Graph, Node, Value
+from ..ir.graph import Graph, Node
 from ..ir.registry import CANON_OPSET, lookup
 from ..ir.types import TensorType
 

@@ -14,7 +14,7 @@ import attrs
 import z3
 
 from .dim import Dim, SymExpr
-from .graph import Graph, Node
+from .graph import Graph
 from .registry import ShapeConstraint
 
 Ranges = Mapping[str, Tuple[int, int]]

@@ -27,7 +27,7 @@ import onnx
 import z3
 
 from ..dsl.ast import Expr, FuncCall, ListLit, Num, OpCall, Rule, Var, Wildcard
-from ..dsl.compiler import Bindings, BuildError, build, match
+from ..dsl.compiler import BuildError, build, match
 from ..errors import CuvilError, ShapeError, UnsupportedOpError
 from ..ir.graph import Graph
 from ..ir.registry import attr_defaults, op_schema

@@ -9,7 +9,7 @@ from liveness (buffers whose lifetimes do not overlap share bytes). Reshape-like
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Tuple
 
 import attrs
 import numpy as np

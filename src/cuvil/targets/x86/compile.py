@@ -10,7 +10,7 @@ import json
 import os
 import tempfile
 import time
-from typing import Callable, Dict, Optional
+from typing import Callable, Optional
 
 import numpy as np
 

@@ -111,7 +111,7 @@ def generate_model_c(info: ModelInfo) -> str:
     weights = info.weights_symbol if info.weights_symbol is not None else "NULL"
     lines += [
         f"CUVIL_HIDDEN const cuvil_model {p}__model = {{",
-        f"  /* abi_version */ CUVIL_ABI_VERSION,",
+        "  /* abi_version */ CUVIL_ABI_VERSION,",
         f"  /* num_inputs, num_outputs */ {len(info.inputs)}, {len(info.outputs)},",
         f"  /* inputs, outputs */ {inputs}, {outputs},",
         f"  /* arena_bytes */ {_i64(info.arena_bytes)},",
