@@ -26,10 +26,11 @@ def cmd_inspect(args) -> int:
     from .pipeline import Pipeline
     p = Pipeline.from_onnx(args.model)
     if not args.raw:
-        p = p.optimize()
+        p = p.optimize(builtin=args.optimize)
     g = p.graph
     st = p.stats()
-    print(f"model: {args.model}  (opset {g.opset}{', as imported' if args.raw else ', after folding/CSE/DCE'})")
+    state = "as imported" if args.raw else "after the proved rules and folding" if args.optimize else "after folding/CSE/DCE"
+    print(f"model: {args.model}  (opset {g.opset}, {state})")
     for kind, vals, names in (("input", g.inputs, [v.name for v in g.inputs]), ("output", g.outputs, g.output_names)):
         for v, name in zip(vals, names):
             print(f"  {kind:6} {name}: {v.type}")
@@ -282,6 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("model", help="an .onnx file")
     sp.add_argument("--ir", action="store_true", help="also print the IR")
     sp.add_argument("--raw", action="store_true", help="as imported, before folding/CSE/DCE")
+    sp.add_argument("--optimize", action="store_true", help="after the built-in rules too (BN folded, ...)")
     sp.add_argument("--shapes", action="store_true", help="check the shape conditions on symbolic dims with Z3")
     sp.add_argument("--shape-profile", action="append", metavar="NAME=MIN:OPT:MAX", help="a symbol's range for --shapes")
     sp.set_defaults(fn=cmd_inspect)
