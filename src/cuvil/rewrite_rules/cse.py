@@ -14,7 +14,7 @@ def const_key(arr: np.ndarray):
 
 def attr_key(v):
     if isinstance(v, np.ndarray):
-        return ("tensor",) + const_key(v)
+        return ("tensor", const_key(v))
     if isinstance(v, (list, tuple)):
         return tuple(attr_key(x) for x in v)
     if isinstance(v, float) and v != v:

@@ -59,7 +59,7 @@ def with_random_weights(model: onnx.ModelProto, seed: int = 0) -> onnx.ModelProt
             continue
         shape = tuple(int(x) for x in numpy_helper.to_array(inits[n.input[0]]))
         arr = _random_weight(rng, shape, uses.get(n.output[0], []))
-        new_inits.append(numpy_helper.from_array(arr.astype(np.float32), n.output[0]))
+        new_inits.append(numpy_helper.from_array(arr.astype(np.float32, copy=False), n.output[0]))
     del g.node[:]
     g.node.extend(keep)
     used = {i for n in keep for i in n.input} | {o.name for o in g.output}
@@ -75,19 +75,26 @@ def with_random_weights(model: onnx.ModelProto, seed: int = 0) -> onnx.ModelProt
 
 
 def _random_weight(rng, shape, uses) -> np.ndarray:
+    """float32 directly (VGG-19 has 143M weights): normal(0, std) or uniform(lo, hi) by role."""
     op, k = (uses[0][0].op_type, uses[0][1]) if uses else ("", -1)
+
+    def normal(std):
+        return rng.standard_normal(shape, dtype=np.float32) * np.float32(std)
+
+    def uniform(lo, hi):
+        return rng.random(shape, dtype=np.float32) * np.float32(hi - lo) + np.float32(lo)
     if op == "BatchNormalization":
         # scale and variance positive around 1; bias and mean small
-        return rng.uniform(0.5, 1.5, shape) if k in (1, 4) else rng.normal(0, 0.1, shape)
+        return uniform(0.5, 1.5) if k in (1, 4) else normal(0.1)
     if op in ("Conv", "ConvTranspose") and k == 1:
         fan_in = int(np.prod(shape[1:])) or 1
-        return rng.normal(0, np.sqrt(2.0 / fan_in), shape)
+        return normal(np.sqrt(2.0 / fan_in))
     if op == "Gemm" and k == 1:
         fan_in = shape[1] if _attr(uses[0][0], "transB", 0) else shape[0]
-        return rng.normal(0, np.sqrt(2.0 / fan_in), shape)
+        return normal(np.sqrt(2.0 / fan_in))
     if op == "Mul":
-        return rng.uniform(0.5, 1.5, shape)
-    return rng.normal(0, 0.05, shape)
+        return uniform(0.5, 1.5)
+    return normal(0.05)
 
 
 def strip_final_softmax(model: onnx.ModelProto) -> onnx.ModelProto:
