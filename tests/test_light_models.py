@@ -101,3 +101,12 @@ def test_resnet50_statistics():
             macs += int(np.prod(shapes[n.output[0]])) * inits[n.input[1]][1]
     assert st.macs == macs
     assert 4.0e9 < macs < 4.2e9  # ~4.1 GMACs = 8.2 GFLOP at batch 1
+
+
+def test_constant_of_shape_weights_fold_with_rules():
+    """The light models as shipped make their weights with ConstantOfShape (a tensor attribute): folding
+    turns them into constants, CSE merges the equal ones, and the rules still apply."""
+    from cuvil.testing import light_model_path
+    p = Pipeline.from_onnx(onnx.load(light_model_path("squeezenet"))).optimize()
+    assert "ConstantOfShape" not in p.stats().op_histogram
+    assert p.report.counts["fold"] > 0 and p.report.counts["cse"] > 0
