@@ -1,0 +1,248 @@
+"""PTX code generation (no GPU needed): every light model's schedule lowers to one NVPTX module that ptxas
+assembles for sm_90 (registers per thread reported), a small CNN also for sm_80, and the structure of a
+simple elementwise kernel (thread-index reads, grid-stride loop, no calls to undefined functions)."""
+import re
+import statistics
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from cuvil import Pipeline
+from cuvil.errors import CuvilError, UnsupportedOpError
+from cuvil.ir.dtype import DType
+from cuvil.targets.ptx import KernelDesc, assemble, find_libdevice, find_ptxas, generate_ptx
+from cuvil.targets.ptx.codegen import GRID_CAP
+from cuvil.targets.ptx.ptxas import parse_verbose
+from cuvil.targets.schedule import Schedule, Stage, schedule
+from cuvil.targets.texpr import Buf, binop, call, cmp, const, load, reduce, select, var
+from cuvil.testing import LIGHT_MODELS, light_model
+
+PTXAS = find_ptxas()
+LIBDEVICE = find_libdevice()
+needs_ptxas = pytest.mark.skipif(PTXAS is None, reason="ptxas not found (no CUDA toolkit): PTX cannot be assembled here")
+needs_libdevice = pytest.mark.skipif(LIBDEVICE is None, reason="libdevice.10.bc not found (no CUDA toolkit): "
+                                     "exp/log/pow/... cannot be linked")
+
+F32 = DType.FLOAT
+
+
+def entries(ptx):
+    """kernel name -> its PTX text."""
+    out = {}
+    for m in re.finditer(r"\.visible \.entry (\w+)\((.*?)\n\}\n", ptx, re.S):
+        out[m.group(1)] = m.group(0)
+    return out
+
+
+# --- the nine light models ------------------------------------------------------------------------------
+
+def _build(name):
+    s = schedule(Pipeline.from_onnx(light_model(name)).optimize().graph)
+    ptx, descs = generate_ptx(s, "sm_90")
+    return ptx, descs
+
+
+@pytest.fixture(scope="module")
+def light_ptx():
+    """name -> (ptx, kernel descs, future of ptxas's result). The front end of the next model runs while
+    ptxas assembles the current one (ptxas is a separate process), which keeps the module fast."""
+    pool = ThreadPoolExecutor(max_workers=1)
+    built = {}
+
+    def ensure(name):
+        if name not in built:
+            try:
+                ptx, descs = _build(name)
+                built[name] = (ptx, descs, pool.submit(assemble, ptx, "sm_90", PTXAS))
+            except Exception as e:  # reported by that model's own test
+                built[name] = e
+        return built[name]
+
+    def get(name):
+        got = ensure(name)
+        k = LIGHT_MODELS.index(name)
+        if k + 1 < len(LIGHT_MODELS):
+            ensure(LIGHT_MODELS[k + 1])
+        built.pop(name)
+        if isinstance(got, Exception):
+            raise got
+        return got
+
+    yield get
+    pool.shutdown(wait=True)
+
+
+@needs_ptxas
+@needs_libdevice
+@pytest.mark.parametrize("name", LIGHT_MODELS)
+def test_light_model_assembles_for_sm90(name, light_ptx):
+    ptx, descs, fut = light_ptx(name)
+    _, info = fut.result()
+    assert ".target sm_90" in ptx and ".address_size 64" in ptx
+    assert ".extern" not in ptx, "a call to a function the module does not define"
+    assert sorted(entries(ptx)) == sorted(d.name for d in descs)
+    assert all(d.n_elements > 0 and d.grid >= 1 for d in descs)
+    missing = [d.name for d in descs if d.name not in info or info[d.name].registers is None]
+    assert not missing, f"ptxas reported no register count for {missing}"
+    regs = [info[d.name].registers for d in descs]
+    spills = sum(info[d.name].spill_stores for d in descs)
+    print(f"\n{name}: {len(descs)} kernels, registers/thread max {max(regs)} mean {statistics.mean(regs):.1f}, "
+          f"spill stores {spills} bytes")
+    assert max(regs) <= 255
+
+
+# --- a small CNN, sm_80 and sm_90 -------------------------------------------------------------------------
+
+def small_cnn():
+    rng = np.random.default_rng(0)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 10, 10])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8, 10, 10])
+    w = numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "w")
+    b = numpy_helper.from_array(rng.standard_normal((8, 1, 1)).astype(np.float32), "b")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("Add", ["r", "b"], ["a"]),
+             helper.make_node("Softmax", ["a"], ["y"], axis=1)]
+    g = helper.make_graph(nodes, "small", [x], [y], [w, b])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.fixture(scope="module")
+def small_sched():
+    return schedule(Pipeline.from_onnx(small_cnn()).optimize().graph)
+
+
+@needs_ptxas
+@needs_libdevice
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_small_model_assembles(arch, small_sched):
+    ptx, descs = generate_ptx(small_sched, arch)
+    assert f".target {arch}" in ptx
+    assert ".extern" not in ptx, "a call to a function the module does not define"
+    _, info = assemble(ptx, arch)
+    assert set(info) == {d.name for d in descs}
+    assert all(info[d.name].registers for d in descs)
+    assert [d.n_elements for d in descs][-1] == 2 * 8 * 10 * 10
+
+
+@needs_libdevice
+def test_fma_contraction_is_explicit(small_sched):
+    """Off by default: the conv's multiply-adds round separately (mul.rn + add.rn, which ptxas keeps
+    apart); fma=True fuses them."""
+    conv = next(k for k, st in enumerate(small_sched.stages) if "reduce" in repr(st.expr) and "sum" in repr(st.expr)
+                and "exp" not in repr(st.expr))
+    off, descs = generate_ptx(small_sched, "sm_90")
+    on, _ = generate_ptx(small_sched, "sm_90", fma=True)
+    k_off, k_on = entries(off)[descs[conv].name], entries(on)[descs[conv].name]
+    assert "fma.rn.f32" not in k_off and "mul.rn.f32" in k_off and "add.rn.f32" in k_off
+    assert "fma.rn.f32" in k_on
+
+
+# --- a simple elementwise kernel, golden-style ------------------------------------------------------------
+
+def _sched(stages, inputs, outputs):
+    for s in stages:
+        s.reads = []
+    return Schedule(stages, inputs, outputs, [], 0, 0, {})
+
+
+def elementwise_sched(fn_name=None):
+    """y[i, j] = max(x[i, j] + 1, 0) (or fn(x) when fn_name is given) over a 4x50 float tensor."""
+    x = Buf("x", F32, (4, 50), base=2)
+    y = Buf("y", F32, (4, 50), base=3)
+    i, j = var("i"), var("j")
+    v = binop("add", load(x, [i, j]), const(1.0, F32))
+    v = call(fn_name, v) if fn_name else select(cmp("gt", v, const(0.0, F32)), v, const(0.0, F32))
+    return _sched([Stage("relu", y, [i, j], v)], [x], [y])
+
+
+def test_elementwise_kernel_structure():
+    ptx, descs = generate_ptx(elementwise_sched(), "sm_90", prefix="golden")
+    assert descs == [KernelDesc("golden_k0", 200, 256, "relu")]
+    assert descs[0].grid == 1
+    k = entries(ptx)["golden_k0"]
+    # signature (ptr bufs, i64 n)
+    assert re.search(r"\.visible \.entry golden_k0\(\s*\.param \.u64 (\.ptr \.align \d+ )?golden_k0_param_0,\s*"
+                     r"\.param \.u64 golden_k0_param_1\s*\)", k), k
+    # global index = ctaid.x * ntid.x + tid.x; grid stride = nctaid.x * ntid.x
+    for sreg in ("%tid.x", "%ctaid.x", "%ntid.x", "%nctaid.x"):
+        assert re.search(rf"mov\.u32\s+%r\d+, {re.escape(sreg)};", k), sreg
+    assert re.search(r"setp\.\w+\.s64", k), "bound check against n"
+    assert re.search(r"ld\.global\.nc\.b32", k), "the input is read through the read-only cache"
+    assert re.search(r"st\.global\.b32", k)
+    assert "add.rn.f32" in k
+    assert "call" not in k and ".extern" not in ptx and ".func" not in ptx
+
+
+@needs_libdevice
+def test_libdevice_math_is_linked_and_inlined():
+    ptx, descs = generate_ptx(elementwise_sched("exp"), "sm_90")
+    k = entries(ptx)[descs[0].name]
+    assert "ex2.approx" in k, "__nv_expf's core"
+    assert ".extern" not in ptx and "__nv_" not in ptx and "__nvvm_reflect" not in ptx
+    assert "call" not in k
+
+
+@needs_libdevice
+def test_opt0_resolves_libdevice_reflection():
+    """At -O0 the pipeline still runs NVVMReflect, so no __nvvm_reflect call is left undefined."""
+    ptx, _ = generate_ptx(elementwise_sched("tanh"), "sm_80", opt=0)
+    assert "__nvvm_reflect" not in ptx and ".extern" not in ptx
+    if PTXAS:
+        assemble(ptx, "sm_80")
+
+
+def test_native_math_needs_no_libdevice():
+    ptx, descs = generate_ptx(elementwise_sched("sqrt"), "sm_90", libdevice="/nonexistent/libdevice.bc")
+    k = entries(ptx)[descs[0].name]
+    assert "sqrt.rn.f32" in k, "correctly rounded sqrt"
+
+
+def test_unsupported_function_names_the_op():
+    with pytest.raises(UnsupportedOpError, match="bessel_j0"):
+        generate_ptx(elementwise_sched("bessel_j0"), "sm_90")
+
+
+def test_reduction_is_an_in_thread_loop():
+    """y[i] = sum_k x[i, k] over 1000 terms: a loop inside the thread, no local memory."""
+    x = Buf("x", F32, (3, 1000), base=2)
+    y = Buf("y", F32, (3,), base=3)
+    i = var("i")
+    e = reduce("sum", [1000], lambda kk: load(x, [i, kk]))
+    ptx, descs = generate_ptx(_sched([Stage("rowsum", y, [i], e)], [x], [y]), "sm_90")
+    k = entries(ptx)[descs[0].name]
+    assert descs[0].n_elements == 3
+    assert ".local" not in k and "bra" in k
+    if PTXAS:
+        _, info = assemble(ptx, "sm_90")
+        assert info[descs[0].name].stack_frame == 0
+
+
+def test_grid_is_capped():
+    assert KernelDesc("k", 1000).grid == 4
+    assert KernelDesc("k", 0).grid == 0
+    assert KernelDesc("k", 10 ** 12).grid == GRID_CAP
+    assert KernelDesc("k", 1000, block=128).grid == 8
+
+
+def test_bad_arch_is_rejected():
+    with pytest.raises(CuvilError, match="sm_"):
+        generate_ptx(elementwise_sched(), "compute_90")
+
+
+def test_parse_ptxas_verbose():
+    text = """ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function 'cuvil_k1' for 'sm_90'
+ptxas info    : Function properties for cuvil_k1
+    8 bytes stack frame, 4 bytes spill stores, 4 bytes spill loads
+ptxas info    : Used 32 registers, used 0 barriers, 368 bytes cmem[0]
+ptxas info    : Compiling entry function 'cuvil_k0' for 'sm_90'
+ptxas info    : Function properties for cuvil_k0
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 12 registers, 16 bytes smem, 368 bytes cmem[0]
+"""
+    info = parse_verbose(text)
+    assert info["cuvil_k1"].registers == 32 and info["cuvil_k1"].spill_stores == 4 and info["cuvil_k1"].stack_frame == 8
+    assert info["cuvil_k0"].registers == 12 and info["cuvil_k0"].shared == 16
