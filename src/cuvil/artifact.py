@@ -80,8 +80,27 @@ def load(path: Union[str, os.PathLike], num_threads: int = 0) -> Model:
     return _load_so(path, num_threads=num_threads)
 
 
+def _compiler_digest() -> str:
+    """A digest of the code generator's own sources, so editing it never returns a stale cached library."""
+    global _COMPILER_DIGEST
+    if _COMPILER_DIGEST is None:
+        root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "targets")
+        h = hashlib.sha256()
+        for dirpath, _, files in sorted(os.walk(root)):
+            for f in sorted(files):
+                if f.endswith((".py", ".c", ".h")):
+                    with open(os.path.join(dirpath, f), "rb") as fh:
+                        h.update(f.encode() + fh.read())
+        _COMPILER_DIGEST = h.hexdigest()
+    return _COMPILER_DIGEST
+
+
+_COMPILER_DIGEST = None
+
+
 def cache_key(parts: Sequence[str]) -> str:
     h = hashlib.sha256()
+    h.update(_compiler_digest().encode())
     for p in parts:
         h.update(p.encode())
         h.update(b"\0")

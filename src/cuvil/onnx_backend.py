@@ -6,12 +6,19 @@ compilation.
     (y,) = rep.run([x])                        # inputs in graph-input order (or a dict by name)
 
 Every run executes a library built by ``Pipeline.from_onnx(model).optimize().compile(...)``; nothing is
-interpreted. Graph inputs that have an initializer are constants. Inputs with symbolic dims are
-specialised to the shapes of the arrays actually given: the first run with a new shape signature
-compiles a library for it, later runs with the same shapes reuse it.
+interpreted (no onnx.reference, no onnxruntime). Graph inputs that have an initializer are constants.
+
+Cuvil compiles for static shapes, so a prepared model is specialised at run time, lazily, once per
+*signature* (cached in the rep):
+
+* inputs with symbolic dims take the shapes of the arrays actually given;
+* inputs whose *values* decide shapes or attributes (a Reshape's target shape, Slice's starts, a
+  Reduce's axes, TopK's k, Resize's scales, ... directly or through a chain of nodes; see
+  :func:`value_specialized_inputs`) are compiled in as constants, so the signature includes their
+  values. A model that keeps such tensors as initializers (the usual export) has none.
 
 Anything Cuvil cannot compile raises :class:`cuvil.errors.UnsupportedOpError` (ops, attribute values,
-dtypes) or another :class:`cuvil.errors.CuvilError`; never a crash.
+element types) or another :class:`cuvil.errors.CuvilError`; never a crash.
 """
 from __future__ import annotations
 
@@ -27,9 +34,9 @@ from .ir.dtype import DType
 
 __all__ = ["CuvilBackend", "CuvilBackendRep", "backend", "prepare", "run_model", "run_node", "supports_device"]
 
-#: Element types the x86 backend computes in; others (float16, bfloat16, strings, complex, float8, int4)
-#: are refused up front with UnsupportedOpError.
-SUPPORTED_DTYPES = frozenset({DType.FLOAT, DType.DOUBLE, DType.INT8, DType.UINT8, DType.INT16, DType.UINT16,
+#: Element types the x86 backend computes in; others (bfloat16, strings, complex, float8, int4, ...) are
+#: refused up front with UnsupportedOpError. float16 is computed in float16 (reductions accumulate in it).
+SUPPORTED_DTYPES = frozenset({DType.FLOAT, DType.DOUBLE, DType.FLOAT16, DType.INT8, DType.UINT8, DType.INT16, DType.UINT16,
                               DType.INT32, DType.UINT32, DType.INT64, DType.UINT64, DType.BOOL})
 
 
@@ -68,33 +75,110 @@ def _unsupported_code(code: int) -> bool:
         return True
 
 
+# Inputs whose *values* (not only shapes) decide output shapes or the op's meaning: (op, input index).
+# The lifted int64 positions of the op registry (Reshape's shape, Slice's starts, Reduce*'s axes, TopK's k,
+# ...) plus these.
+_EXTRA_VALUE_POSITIONS = {
+    "Resize": (1, 2, 3), "Upsample": (1,), "Range": (0, 1, 2), "Compress": (1,), "MaxUnpool": (2,),
+    "Dropout": (1, 2), "EyeLike": (), "CenterCropPad": (1,), "Col2Im": (1, 2), "DFT": (2,),
+    "STFT": (1, 3), "HannWindow": (0,), "HammingWindow": (0,), "BlackmanWindow": (0,),
+}
+# Ops whose output depends on their input's shape only: value dependence stops there.
+_SHAPE_ONLY = {"Shape", "Size"}
+
+
+def _value_positions(op: str) -> Tuple[int, ...]:
+    from .ir.registry import all_ops
+    d = all_ops().get(op)
+    out = set(_EXTRA_VALUE_POSITIONS.get(op, ()))
+    if d is not None:
+        out |= {idx for _, idx, kind in d.lifted if kind == "i64"}
+    return tuple(sorted(out))
+
+
+def value_specialized_inputs(model: onnx.ModelProto) -> List[str]:
+    """Graph inputs whose values decide shapes or attributes (a Reshape's target shape, a ReduceSum's axes,
+    directly or through a chain of nodes): the backend compiles them in as constants."""
+    g = model.graph
+    inits = {t.name for t in g.initializer}
+    producer = {o: n for n in g.node for o in n.output if o}
+    need, stack = set(), []
+    for n in g.node:
+        for k in _value_positions(n.op_type):
+            if k < len(n.input) and n.input[k]:
+                stack.append(n.input[k])
+    while stack:
+        name = stack.pop()
+        if name in need:
+            continue
+        need.add(name)
+        n = producer.get(name)
+        if n is not None and n.op_type not in _SHAPE_ONLY:
+            stack.extend(i for i in n.input if i)
+    return [vi.name for vi in g.input if vi.name in need and vi.name not in inits]
+
+
+def _freeze_inputs(model: onnx.ModelProto, values: Mapping[str, np.ndarray]) -> onnx.ModelProto:
+    """A copy of ``model`` where the graph inputs in ``values`` are initializers with those values."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    keep = [vi for vi in m.graph.input if vi.name not in values]
+    del m.graph.input[:]
+    m.graph.input.extend(keep)
+    for name, arr in values.items():
+        m.graph.initializer.append(onnx.numpy_helper.from_array(np.asarray(arr), name))
+    return m
+
+
 class CuvilBackendRep(BackendRep):
-    """A prepared model: the optimised pipeline and one compiled library per input-shape signature."""
+    """A prepared model: the optimised pipeline and one compiled library per input signature.
+
+    The signature is the input shapes when the model has symbolic dims, plus the values of the inputs that
+    decide shapes (:func:`value_specialized_inputs`), which are compiled in as constants.
+    """
 
     def __init__(self, model: onnx.ModelProto, opt_level: int = 3, num_threads: int = 0, cache: bool = True,
                  optimize: bool = True):
-        from .pipeline import Pipeline
         _check_value_dtypes(model)
         self.model = model
-        self.opt_level, self.num_threads, self.cache = opt_level, num_threads, cache
-        p = Pipeline.from_onnx(model)
-        self.pipeline = p.optimize() if optimize else p
-        g = self.pipeline.graph
-        self.input_names: List[str] = [v.name for v in g.inputs]
-        self.output_names: List[str] = list(g.output_names)
-        for v in list(g.inputs) + list(g.outputs):
-            if DType(v.dtype) not in SUPPORTED_DTYPES:
-                raise UnsupportedOpError("<graph>", v.name, detail=f"value {v.name!r} has element type "
-                                         f"{DType(v.dtype).name}, which the x86 backend does not support")
+        self.opt_level, self.num_threads, self.cache, self.optimize = opt_level, num_threads, cache, optimize
+        inits = {t.name for t in model.graph.initializer}
+        self.input_names: List[str] = [vi.name for vi in model.graph.input if vi.name not in inits]
+        self.output_names: List[str] = [vi.name for vi in model.graph.output]
+        self.value_inputs: List[str] = value_specialized_inputs(model)
+        self._pipelines: Dict[Tuple, Any] = {}
         self._artifacts: Dict[Tuple, Any] = {}
+        if not self.value_inputs:
+            self._pipeline(())  # import and optimise now: errors surface at prepare
+
+    def _pipeline(self, key: Tuple, values: Optional[Mapping[str, np.ndarray]] = None):
+        p = self._pipelines.get(key)
+        if p is None:
+            from .pipeline import Pipeline
+            model = _freeze_inputs(self.model, values) if values else self.model
+            p = Pipeline.from_onnx(model)
+            p = p.optimize() if self.optimize else p
+            g = p.graph
+            for v in list(g.inputs) + list(g.outputs):
+                if DType(v.dtype) not in SUPPORTED_DTYPES:
+                    raise UnsupportedOpError("<graph>", v.name, detail=f"value {v.name!r} has element type "
+                                             f"{DType(v.dtype).name}, which the x86 backend does not support")
+            self._pipelines[key] = p
+        return p
+
+    @property
+    def pipeline(self):
+        """The pipeline of the last signature prepared (the only one for a model without value inputs)."""
+        return next(reversed(self._pipelines.values())) if self._pipelines else None
 
     # --- compilation ---------------------------------------------------------------------------------
-    def _bind_symbols(self, arrays: Sequence[np.ndarray]) -> Dict[str, int]:
+    @staticmethod
+    def _bind_symbols(g, feeds: Mapping[str, np.ndarray]) -> Dict[str, int]:
         """Symbol values from the shapes of the given arrays (each symbolic input dim names one symbol)."""
-        g = self.pipeline.graph
         env: Dict[str, int] = {}
-        for v, a in zip(g.inputs, arrays):
-            if v.shape is None:
+        for v in g.inputs:
+            a = feeds.get(v.name)
+            if v.shape is None or a is None:
                 continue
             if a.ndim != len(v.shape):
                 raise ShapeError(f"input {v.name!r}: expected rank {len(v.shape)} ({v.type}), got shape {a.shape}")
@@ -104,18 +188,23 @@ class CuvilBackendRep(BackendRep):
                         raise ShapeError(f"input {v.name!r} dim {k}: {d} = {got}, but another input has {d} = {env[str(d)]}")
         return env
 
-    def artifact_for(self, arrays: Sequence[np.ndarray]):
-        """The compiled library for these input shapes (compiled at the first request)."""
-        key = tuple(tuple(a.shape) for a in arrays) if self.pipeline.graph.symbols else ()
+    def artifact_for(self, feeds: Mapping[str, np.ndarray]):
+        """The compiled library for these inputs (compiled at the first request for their signature)."""
+        values = {n: feeds[n] for n in self.value_inputs}
+        vkey = tuple((n, a.dtype.str, a.shape, a.tobytes()) for n, a in values.items())
+        p = self._pipeline(vkey, values)
+        g = p.graph
+        skey = tuple(tuple(feeds[v.name].shape) for v in g.inputs if v.name in feeds) if g.symbols else ()
+        key = (vkey, skey)
         art = self._artifacts.get(key)
         if art is None:
-            fixed = self._bind_symbols(arrays) if self.pipeline.graph.symbols else None
-            art = self.pipeline.compile(opt_level=self.opt_level, fixed=fixed, cache=self.cache)
+            fixed = self._bind_symbols(g, feeds) if g.symbols else None
+            art = p.compile(opt_level=self.opt_level, fixed=fixed, cache=self.cache)
             self._artifacts[key] = art
         return art
 
     # --- running -----------------------------------------------------------------------------------
-    def _arrays(self, inputs) -> List[np.ndarray]:
+    def _feeds(self, inputs) -> Dict[str, np.ndarray]:
         names = self.input_names
         if isinstance(inputs, Mapping):
             unknown = sorted(set(inputs) - set(names))
@@ -124,23 +213,24 @@ class CuvilBackendRep(BackendRep):
             missing = [n for n in names if n not in inputs]
             if missing:
                 raise ShapeError(f"missing input(s) {missing}")
-            return [np.asarray(inputs[n]) for n in names]
+            return {n: np.asarray(inputs[n]) for n in names}
         if isinstance(inputs, np.ndarray):
             inputs = [inputs]
         inputs = list(inputs)
         if len(inputs) != len(names):
             raise ShapeError(f"{len(inputs)} inputs given, the model has {len(names)} ({names})")
-        return [np.asarray(x) for x in inputs]
+        return {n: np.asarray(x) for n, x in zip(names, inputs)}
 
     def run(self, inputs, **kwargs) -> Tuple[np.ndarray, ...]:
-        arrays = self._arrays(inputs)
-        for n, a in zip(self.input_names, arrays):
-            if a.dtype == object or a.dtype.kind in "USc" or a.dtype == np.float16:
+        feeds = self._feeds(inputs)
+        for n, a in feeds.items():
+            if a.dtype == object or a.dtype.kind in "USVc":
                 raise UnsupportedOpError("<graph>", n, detail=f"input {n!r} has dtype {a.dtype}, which the x86 backend does not support")
-        art = self.artifact_for(arrays)
+        art = self.artifact_for(feeds)
         model = art.model(num_threads=self.num_threads)
-        outs = model.run(*arrays)
-        return tuple(outs)
+        outs = model.run(*[feeds[spec.name] for spec in model.inputs])
+        by_name = {spec.name: y for spec, y in zip(model.outputs, outs)}
+        return tuple(by_name[n] for n in self.output_names)
 
 
 class CuvilBackend(Backend):

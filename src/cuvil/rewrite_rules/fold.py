@@ -56,7 +56,7 @@ def _foldable(n: Node) -> bool:
 def _fold_sym_values(g: Graph, n: Node) -> bool:
     outs = n.outputs
     if not all(o.sym_value is not None and all(isinstance(d, int) for d in o.sym_value) and o.type.is_static
-               for o in outs):
+               and len(o.sym_value) == int(np.prod(o.type.shape, dtype=np.int64)) for o in outs):
         return False
     for o in outs:
         arr = np.asarray(o.sym_value, dtype=o.dtype.numpy).reshape(o.type.shape)

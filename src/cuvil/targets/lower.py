@@ -127,7 +127,18 @@ def _pow(ctx):
 @lowering("Mod")
 def _mod(ctx):
     fmod = ctx.attr("fmod", 0)
-    return elementwise(ctx, lambda a, b: E("fmod" if fmod or a.dtype.is_float else "pymod", (a, b), a.dtype))
+
+    def f(a, b):
+        if fmod or not a.dtype.is_float:
+            return E("fmod" if fmod else "pymod", (a, b), a.dtype)
+        # fmod=0 on floats: numpy's mod (the sign of the divisor), as the reference computes it
+        r = E("fmod", (a, b), a.dtype)
+        z = fconst(0, r)
+        b_neg = cmp("lt", b, z)
+        fix = logic("and", cmp("ne", r, z), logic("xor", cmp("lt", r, z), b_neg))
+        signed_zero = select(b_neg, fconst(-0.0, r), z)
+        return select(fix, binop("add", r, b), select(cmp("eq", r, z), signed_zero, r))
+    return elementwise(ctx, f)
 
 
 def nan_max(a: E, b: E) -> E:
@@ -381,6 +392,13 @@ def _clip(ctx):
 @lowering("Identity", "Dropout")
 def _identity(ctx):
     x = ctx.input(0)
+    if ctx.node.op == "Dropout":
+        ins = ctx.node.inputs
+        train = ins[2] if len(ins) > 2 else None
+        ratio = ins[1] if len(ins) > 1 else None
+        if train is not None and (not train.is_const or bool(np.asarray(train.const).reshape(-1)[0])):
+            if ratio is None or not ratio.is_const or float(np.asarray(ratio.const).reshape(-1)[0]) != 0.0:
+                ctx.unsupported("training mode (random dropout) is not supported")
     outs = [TensorFn(x.shape, x.dtype, x.fn, "elementwise", (0,))]
     if len(ctx.node.outputs) > 1:  # Dropout's mask, inference mode: all kept
         outs.append(TensorFn(x.shape, BOOL, lambda idx: const(True, BOOL), "elementwise"))
@@ -507,16 +525,23 @@ def _pad(ctx):
     mode = ctx.attr("mode", "constant")
     value = ctx.attr("constant_value", 0)
     value = 0 if value is None else value
+    value_in = ctx.input(2)  # a constant_value computed at run time
+    if mode not in ("constant", "edge", "reflect", "wrap"):
+        ctx.unsupported(f"mode {mode}")
 
     def f(idx):
         src = [i - b for i, b in zip(idx, begin)]
         if mode == "constant":
-            return x.at_or(src, all_of([in_range(s, 0, d) for s, d in zip(src, x.shape)]), value)
+            cond = all_of([in_range(s, 0, d) for s, d in zip(src, x.shape)])
+            if value_in is not None:
+                inside = x([clamp(s, d) for s, d in zip(src, x.shape)])
+                return select(cond, inside, value_in([const(0, I64)] * len(value_in.shape)))
+            return x.at_or(src, cond, value)
         if mode == "edge":
             return x([clamp(s, d) for s, d in zip(src, x.shape)])
         if mode == "reflect":
             return x([reflect(s, d) for s, d in zip(src, x.shape)])
-        ctx.unsupported(f"mode {mode}")
+        return x([((s % d) + d) % d for s, d in zip(src, x.shape)])  # wrap
     return [TensorFn(ctx.out_shape(), x.dtype, f, "injective")]
 
 
@@ -555,6 +580,11 @@ def _depth_space(ctx):
             bh, bw = hh % b, ww % b
             src_c = cc * (b * b) + bh * b + bw if crd else (bh * b + bw) * oc + cc
             return x([nn, src_c, hh // b, ww // b])
+    elif ctx.attr("mode", "DCR") == "CRD":
+        def f(idx):
+            nn, cc, hh, ww = idx
+            blk = cc % (b * b)
+            return x([nn, cc // (b * b), hh * b + blk // b, ww * b + blk % b])
     else:
         def f(idx):
             nn, cc, hh, ww = idx
@@ -563,9 +593,42 @@ def _depth_space(ctx):
     return [TensorFn(ctx.out_shape(), x.dtype, f, "injective")]
 
 
-@lowering("Shape", "Size", "ConstantOfShape", "Range")
-def _folded_only(ctx):
-    ctx.unsupported("shape computations must fold to constants before compilation (static shapes)")
+@lowering("Shape", "Size")
+def _shape(ctx):
+    """Shapes are static at compile time: the output is a constant table."""
+    x = ctx.input(0)
+    dt = ctx.out_dtype()
+    if ctx.node.op == "Size":
+        n = int(np.prod(x.shape))
+        return [TensorFn((), dt, lambda idx: const(n, dt), "elementwise")]
+    rank = len(x.shape)
+    start, end = ctx.attr("start", 0) or 0, ctx.attr("end")
+    start = max(0, min(rank, start + rank if start < 0 else start))
+    end = rank if end is None else max(0, min(rank, end + rank if end < 0 else end))
+    dims = list(x.shape[start:end])
+
+    def f(idx):
+        out = const(dims[-1] if dims else 0, dt)
+        for k in range(len(dims) - 2, -1, -1):
+            out = select(cmp("eq", idx[0], const(k, I64)), const(dims[k], dt), out)
+        return out
+    return [TensorFn(ctx.out_shape(), dt, f, "injective")]
+
+
+@lowering("ConstantOfShape")
+def _constant_of_shape(ctx):
+    dt = ctx.out_dtype()
+    v = ctx.attr("value")
+    v = 0 if v is None else np.asarray(v).reshape(-1)[0].item()
+    return [TensorFn(ctx.out_shape(), dt, lambda idx: const(v, dt), "elementwise")]
+
+
+@lowering("Range")
+def _range(ctx):
+    start, delta = ctx.input(0), ctx.input(2)
+    dt = ctx.out_dtype()
+    return [TensorFn(ctx.out_shape(), dt, lambda idx: binop("add", _scalar_of(start), binop(
+        "mul", cast(idx[0], dt), _scalar_of(delta))), "injective")]
 
 
 # --- convolution, matrix products -------------------------------------------------------------------
@@ -597,6 +660,17 @@ def _conv(ctx):
     m_g = w.shape[0] // group
     kern = w.shape[2:]
     strides, dil, begin = _window_params(ctx, spatial, kern, x.shape[2:], out[2:])
+    # Padding is materialised once (a zero-bordered copy of the input) so the convolution's inner loops
+    # read unit-stride memory with no bounds tests.
+    need = [(o - 1) * s + (k - 1) * d + 1 for o, s, k, d in zip(out[2:], strides, kern, dil)]
+    if any(begin) or any(n > size for n, size in zip(need, x.shape[2:])):
+        padded = list(x.shape[:2]) + [max(size + b0, n) for size, b0, n in zip(x.shape[2:], begin, need)]
+
+        def pad_fn(idx):
+            src = [i - b0 for i, b0 in zip(idx[2:], begin)]
+            return x.at_or(idx[:2] + src, all_of([in_range(p, 0, size) for p, size in zip(src, x.shape[2:])]), 0.0)
+        x = ctx.temp(padded, x.dtype, pad_fn, "pad")
+        begin = [0] * spatial
 
     def f(idx):
         n, m, o = idx[0], idx[1], idx[2:]
@@ -604,11 +678,7 @@ def _conv(ctx):
 
         def body(c, *ks):
             pos = [oi * s - p + ki * d for oi, s, p, ki, d in zip(o, strides, begin, ks, dil)]
-            # only dims whose windows can leave the input need a bounds test
-            cond = all_of([in_range(pp, 0, size) for pp, size, p, oo, s, kk, d in
-                           zip(pos, x.shape[2:], begin, out[2:], strides, kern, dil)
-                           if p > 0 or (oo - 1) * s - p + (kk - 1) * d >= size])
-            return binop("mul", x.at_or([n, g_off + c] + pos, cond, 0.0), w([m, c] + list(ks)))
+            return binop("mul", x([n, g_off + c] + pos), w([m, c] + list(ks)))
         acc = reduce("sum", [cin_g] + list(kern), body)
         return binop("add", acc, b([m])) if b is not None else acc
     return [TensorFn(out, ctx.out_dtype(), f, "complex")]
@@ -750,8 +820,44 @@ def _pool(ctx):
         return binop("div", total, reduce("sum", kern, cnt))
     outs = [TensorFn(out, ctx.out_dtype(), f, "complex")]
     if op == "MaxPool" and len(ctx.node.outputs) > 1:
-        ctx.unsupported("MaxPool Indices output")
+        outs.append(_maxpool_indices(ctx, x, out, kern, strides, dil, begin, ctx.temp(out, x.dtype, f, "max")))
     return outs
+
+
+def _maxpool_indices(ctx, x, out, kern, strides, dil, begin, best) -> TensorFn:
+    """MaxPool's Indices: the first window position (in scan order) holding the maximum, as a flat index
+    into the input (row-major, or column-major over the spatial dims with storage_order=1)."""
+    sizes = list(x.shape[2:])
+    col_major = ctx.attr("storage_order", 0)
+    n_win = int(np.prod(kern))
+    step = int(np.prod(sizes))
+
+    def f(idx):
+        n, c, o = idx[0], idx[1], idx[2:]
+        m = best(idx)
+
+        def pos_of(ks):
+            return [oi * s - pb + ki * d for oi, s, pb, ki, d in zip(o, strides, begin, ks, dil)]
+
+        def body(*ks):
+            pos = pos_of(ks)
+            cond = all_of([in_range(pp, 0, size) for pp, size in zip(pos, sizes)])
+            hit = cmp("eq", x.at_or([n, c] + pos, cond, 0), m)
+            if not (cond.op == "const" and cond.attr is True):
+                hit = logic("and", cond, hit)
+            return select(hit, flat_index(list(ks), kern), const(n_win, I64))
+        k = reduce("min", kern, body)
+        pos = pos_of(unflat_index(k, kern))
+        if col_major:
+            spatial = const(0, I64)
+            stride = 1
+            for pp, size in zip(pos, sizes):
+                spatial = spatial + pp * stride
+                stride *= size
+        else:
+            spatial = flat_index(pos, sizes)
+        return (n * x.shape[1] + c) * step + spatial
+    return TensorFn(out, I64, f, "complex")
 
 
 def _end_pads(ctx, spatial):
@@ -929,8 +1035,6 @@ def _sq(v):
 @lowering("LayerNormalization")
 def _layernorm(ctx):
     x, sc, bi = ctx.input(0), ctx.input(1), ctx.input(2)
-    if len(ctx.node.outputs) > 1:
-        ctx.unsupported("Mean/InvStdDev outputs")
     axis = ctx.attr("axis", -1) % len(x.shape)
     eps = ctx.attr("epsilon", 1e-5)
     shape = list(x.shape)
@@ -948,7 +1052,15 @@ def _layernorm(ctx):
         xv = x(idx)
         y = binop("mul", binop("div", binop("sub", xv, mean(st)), call("sqrt", binop("add", var(st), fconst(eps, xv)))), scf(idx))
         return binop("add", y, bif(idx)) if bif else y
-    return [TensorFn(tuple(shape), ctx.out_dtype(), f, "elementwise", (0,))]
+    outs = [TensorFn(tuple(shape), ctx.out_dtype(), f, "elementwise", (0,))]
+    if len(ctx.node.outputs) > 1:  # Mean and InvStdDev (keepdims shape)
+        outs.append(TensorFn(tuple(stat_shape), ctx.out_dtype(1), lambda idx: cast(mean(idx), ctx.out_dtype(1)), "elementwise"))
+    if len(ctx.node.outputs) > 2:
+        def inv_std(idx):
+            v = var(idx)
+            return cast(binop("div", fconst(1, v), call("sqrt", binop("add", v, fconst(eps, v)))), ctx.out_dtype(2))
+        outs.append(TensorFn(tuple(stat_shape), ctx.out_dtype(2), inv_std, "elementwise"))
+    return outs
 
 
 @lowering("LRN")
@@ -970,3 +1082,1148 @@ def _lrn(ctx):
         den = call("pow", binop("add", fconst(bias, xv), binop("mul", fconst(alpha / size, xv), s)), fconst(beta, xv))
         return binop("div", xv, den)
     return [TensorFn(ctx.out_shape(), ctx.out_dtype(), f, "complex")]
+
+
+# --- integer bit operations -------------------------------------------------------------------------
+
+@lowering("BitwiseAnd", "BitwiseOr", "BitwiseXor")
+def _bitwise(ctx):
+    op = {"BitwiseAnd": "and", "BitwiseOr": "or", "BitwiseXor": "xor"}[ctx.node.op]
+    return elementwise(ctx, lambda a, b: E(op, (a, b), a.dtype))
+
+
+@lowering("BitwiseNot")
+def _bitwise_not(ctx):
+    return elementwise(ctx, lambda a: E("not", (a,), a.dtype))
+
+
+@lowering("BitShift")
+def _bitshift(ctx):
+    left = ctx.attr("direction") == "LEFT"
+
+    def f(a, b):
+        bits = a.dtype.itemsize * 8
+        signed = a.dtype.is_int and np.dtype(a.dtype.numpy).kind == "i"
+        out_of_range = cmp("ge", b, const(bits, b.dtype))
+        if signed:
+            out_of_range = logic("or", out_of_range, cmp("lt", b, const(0, b.dtype)))
+        if left:
+            # every bit is shifted out when the amount reaches the width (or is negative)
+            return select(out_of_range, const(0, a.dtype), E("shl", (a, b), a.dtype))
+        if signed:  # arithmetic shift: the sign fills in
+            return E("ashr", (a, select(out_of_range, const(bits - 1, b.dtype), b)), a.dtype)
+        return select(out_of_range, const(0, a.dtype), E("lshr", (a, b), a.dtype))
+    return elementwise(ctx, f)
+
+
+# --- helpers for constant operands -------------------------------------------------------------------
+
+def _scalar_attr(v, default=None):
+    """A lifted scalar attribute (given as a scalar, a one-element list or array)."""
+    if v is None:
+        return default
+    arr = np.asarray(v).reshape(-1)
+    return arr[0].item() if arr.size else default
+
+
+def _const_input(ctx, i: int):
+    """The value of input ``i`` when it is a constant, else None."""
+    ins = ctx.node.inputs
+    if i < len(ins) and ins[i] is not None and ins[i].is_const:
+        return np.asarray(ins[i].const)
+    return None
+
+
+def _scalar_of(t: TensorFn) -> E:
+    """The single element of a one-element tensor."""
+    return t([const(0, I64)] * len(t.shape))
+
+
+def _per_axis(t: Optional[TensorFn], idx: Index, axis: int, rank: int, block: int = 0) -> Optional[E]:
+    """A quantisation parameter at output index ``idx``: per tensor (one element), per ``axis`` (1-D) or
+    blocked along ``axis`` (same rank as the data, ``block`` elements per entry)."""
+    if t is None:
+        return None
+    if int(np.prod(t.shape)) == 1:
+        return _scalar_of(t)
+    if block:
+        sub = list(idx)
+        sub[axis] = idx[axis] // block
+        return t(sub)
+    if len(t.shape) == 1:
+        return t([idx[axis]])
+    return t(broadcast_index(idx, t.shape, [0] * rank))
+
+
+# --- matrices: triangles, identity --------------------------------------------------------------------
+
+@lowering("Trilu")
+def _trilu(ctx):
+    x = ctx.input(0)
+    k = int(_scalar_attr(ctx.attr("k"), 0))
+    upper = ctx.attr("upper", 1)
+
+    def f(idx):
+        d = idx[-1] - idx[-2]
+        keep = cmp("ge", d, const(k, I64)) if upper else cmp("le", d, const(k, I64))
+        return select(keep, x(idx), const(0, x.dtype))
+    return [TensorFn(ctx.out_shape(), x.dtype, f, "injective")]
+
+
+@lowering("EyeLike")
+def _eyelike(ctx):
+    k = ctx.attr("k", 0)
+    dt = ctx.out_dtype()
+    return [TensorFn(ctx.out_shape(), dt, lambda idx: select(cmp("eq", idx[1] - idx[0], const(k, I64)),
+                                                             const(1, dt), const(0, dt)), "injective")]
+
+
+# --- gathers, scatters, one-hot -----------------------------------------------------------------------
+
+def _norm_index(j: E, size: int) -> E:
+    j = cast(j, I64)
+    return select(cmp("lt", j, const(0, I64)), j + size, j)
+
+
+@lowering("GatherElements")
+def _gather_elements(ctx):
+    x, ind = ctx.input(0), ctx.input(1)
+    axis = ctx.attr("axis", 0) % len(x.shape)
+
+    def f(idx):
+        sub = list(idx)
+        sub[axis] = clamp(_norm_index(ind(idx), x.shape[axis]), x.shape[axis])
+        return x(sub)
+    return [TensorFn(ctx.out_shape(), x.dtype, f, "injective")]
+
+
+@lowering("GatherND")
+def _gather_nd(ctx):
+    x, ind = ctx.input(0), ctx.input(1)
+    b = ctx.attr("batch_dims", 0)
+    q = list(ind.shape)
+    k = q[-1]
+    nq = len(q) - 1
+
+    def f(idx):
+        lead = idx[:nq]
+        coords = [clamp(_norm_index(ind(lead + [const(j, I64)]), x.shape[b + j]), x.shape[b + j]) for j in range(k)]
+        return x(idx[:b] + coords + idx[nq:])
+    return [TensorFn(ctx.out_shape(), x.dtype, f, "injective")]
+
+
+def _combine(kind: str, old: E, new: E) -> E:
+    if kind == "add":
+        return binop("add", old, new)
+    if kind == "mul":
+        return binop("mul", old, new)
+    if kind == "max":
+        return nan_max(old, new)
+    return nan_min(old, new)
+
+
+def _scatter_identity(kind: str, dt: DType):
+    if kind == "add":
+        return 0
+    if kind == "mul":
+        return 1
+    if dt.is_float:
+        return -math.inf if kind == "max" else math.inf
+    if dt == BOOL:
+        return kind == "min"
+    info = np.iinfo(dt.numpy)
+    return info.min if kind == "max" else info.max
+
+
+@lowering("ScatterElements")
+def _scatter_elements(ctx):
+    """Each output element searches the update positions that target it (the last one wins, or all are
+    combined by ``reduction``): quadratic in the axis length, no sequential writes."""
+    x, ind, upd = ctx.input(0), ctx.input(1), ctx.input(2)
+    axis = ctx.attr("axis", 0) % len(x.shape)
+    kind = ctx.attr("reduction", "none")
+    q = list(ind.shape)
+    n = q[axis]
+
+    def f(idx):
+        others = all_of([cmp("lt", i, const(d, I64)) for a, (i, d) in enumerate(zip(idx, q)) if a != axis and d < x.shape[a]])
+
+        def at(kk):
+            sub = list(idx)
+            sub[axis] = kk
+            return [clamp(s_, d) for s_, d in zip(sub, q)]
+
+        def match(kk):
+            m = cmp("eq", _norm_index(ind(at(kk)), x.shape[axis]), idx[axis])
+            return m if others.op == "const" and others.attr is True else logic("and", others, m)
+        if kind == "none":
+            last = reduce("max", [n], lambda kk: select(match(kk), kk, const(-1, I64)))
+            return select(cmp("ge", last, const(0, I64)), upd(at(clamp(last, n))), x(idx))
+        red = {"add": "sum", "mul": "prod", "max": "max", "min": "min"}[kind]
+        ident = const(_scatter_identity(kind, x.dtype), x.dtype)
+        acc = reduce(red, [n], lambda kk: select(match(kk), upd(at(kk)), ident))
+        if kind in ("max", "min"):
+            hit = reduce("max", [n], lambda kk: select(match(kk), const(1, I64), const(0, I64)))
+            return select(cmp("gt", hit, const(0, I64)), _combine(kind, x(idx), acc), x(idx))
+        return _combine(kind, x(idx), acc)
+    return [TensorFn(ctx.out_shape(), x.dtype, f, "complex")]
+
+
+@lowering("ScatterND")
+def _scatter_nd(ctx):
+    x, ind, upd = ctx.input(0), ctx.input(1), ctx.input(2)
+    kind = ctx.attr("reduction", "none")
+    q = list(ind.shape)
+    k = q[-1]
+    lead = q[:-1]
+    nl = len(lead)
+
+    def f(idx):
+        def match(*us):
+            conds = [cmp("eq", _norm_index(ind(list(us) + [const(j, I64)]), x.shape[j]), idx[j]) for j in range(k)]
+            return all_of(conds)
+
+        def upd_at(us):
+            return upd(list(us) + idx[k:])
+        if not lead:
+            return select(match(), upd_at([]), x(idx)) if kind == "none" else \
+                select(match(), _combine(kind, x(idx), upd_at([])), x(idx))
+        if kind == "none":
+            last = reduce("max", lead, lambda *us: select(match(*us), flat_index(list(us), lead), const(-1, I64)))
+            us = unflat_index(clamp(last, int(np.prod(lead))), lead)
+            return select(cmp("ge", last, const(0, I64)), upd_at(us), x(idx))
+        red = {"add": "sum", "mul": "prod", "max": "max", "min": "min"}[kind]
+        ident = const(_scatter_identity(kind, x.dtype), x.dtype)
+        acc = reduce(red, lead, lambda *us: select(match(*us), upd_at(us), ident))
+        if kind in ("max", "min"):
+            hit = reduce("max", lead, lambda *us: select(match(*us), const(1, I64), const(0, I64)))
+            return select(cmp("gt", hit, const(0, I64)), _combine(kind, x(idx), acc), x(idx))
+        return _combine(kind, x(idx), acc)
+    return [TensorFn(ctx.out_shape(), x.dtype, f, "complex")]
+
+
+@lowering("OneHot")
+def _onehot(ctx):
+    ind, vals = ctx.input(0), ctx.input(2)
+    depth = ctx.attr("depth")
+    if depth is None:
+        ctx.unsupported("non-constant depth")
+    depth = int(_scalar_attr(depth))
+    out = ctx.out_shape()
+    axis = ctx.attr("axis", -1) % len(out)
+    dt = ctx.out_dtype()
+
+    def f(idx):
+        j = cast(ind(idx[:axis] + idx[axis + 1:]), I64)  # float indices truncate
+        j = select(cmp("lt", j, const(0, I64)), j + depth, j)
+        on = vals([const(1, I64)])
+        off = vals([const(0, I64)])
+        return select(cmp("eq", j, idx[axis]), on, off)
+    return [TensorFn(out, dt, f, "injective")]
+
+
+@lowering("ReverseSequence")
+def _reverse_sequence(ctx):
+    x, lens = ctx.input(0), ctx.input(1)
+    ba, ta = ctx.attr("batch_axis", 1), ctx.attr("time_axis", 0)
+
+    def f(idx):
+        n = cast(lens([idx[ba]]), I64)
+        t = idx[ta]
+        sub = list(idx)
+        sub[ta] = clamp(n - t - 1, x.shape[ta])
+        return select(cmp("lt", t, n), x(sub), x(idx))
+    return [TensorFn(ctx.out_shape(), x.dtype, f, "injective")]
+
+
+@lowering("Compress")
+def _compress(ctx):
+    x = ctx.input(0)
+    cond = _const_input(ctx, 1)
+    if cond is None:
+        ctx.unsupported("a condition computed at run time (the output size depends on it)")
+    axis = ctx.attr("axis")
+    sel = np.nonzero(cond.reshape(-1).astype(bool))[0]
+    # the selected positions as runs of consecutive indices: position = start + (i - first) in each run
+    runs = []
+    for i, p in enumerate(sel.tolist()):
+        if runs and p == runs[-1][1] + (i - runs[-1][0]):
+            continue
+        runs.append((i, p))
+    if len(runs) > 64:
+        ctx.unsupported(f"a condition selecting {len(runs)} separate runs")
+
+    def pick(i: E) -> E:
+        out = None
+        for first, start in runs:  # later runs take over from their first position on
+            val = i + (start - first)
+            out = val if out is None else select(cmp("ge", i, const(first, I64)), val, out)
+        return out if out is not None else const(0, I64)
+    if axis is None:  # the flattened input
+        return [TensorFn(ctx.out_shape(), x.dtype, lambda idx: x(unflat_index(pick(idx[0]), x.shape)), "injective")]
+    axis %= len(x.shape)
+
+    def f(idx):
+        sub = list(idx)
+        sub[axis] = pick(idx[axis])
+        return x(sub)
+    return [TensorFn(ctx.out_shape(), x.dtype, f, "injective")]
+
+
+# --- scans and selections -----------------------------------------------------------------------------
+
+@lowering("CumSum")
+def _cumsum(ctx):
+    x = ctx.input(0)
+    axis = ctx.attr("axis")
+    if axis is None:
+        ctx.unsupported("non-constant axis")
+    axis = int(_scalar_attr(axis)) % len(x.shape)
+    excl, rev = ctx.attr("exclusive", 0), ctx.attr("reverse", 0)
+    n = x.shape[axis]
+    pred = {(0, 0): "le", (1, 0): "lt", (0, 1): "ge", (1, 1): "gt"}[(int(bool(excl)), int(bool(rev)))]
+
+    def f(idx):
+        def body(kk):
+            sub = list(idx)
+            sub[axis] = kk
+            return select(cmp(pred, kk, idx[axis]), x(sub), const(0, x.dtype))
+        return reduce("sum", [n], body)
+    return [TensorFn(ctx.out_shape(), x.dtype, f, "complex")]
+
+
+@lowering("Hardmax")
+def _hardmax(ctx):
+    x = ctx.input(0)
+    axis = ctx.attr("axis", -1) % len(x.shape)
+    n = x.shape[axis]
+    shape = list(x.shape)
+    shape[axis] = 1
+    arg = ctx.temp(shape, I64, lambda idx: E("argscan", (), I64, (x, list(idx), axis, n, "gt", False)), "argmax")
+
+    def f(idx):
+        sub = list(idx)
+        sub[axis] = const(0, I64)
+        return select(cmp("eq", arg(sub), idx[axis]), const(1, x.dtype), const(0, x.dtype))
+    return [TensorFn(ctx.out_shape(), x.dtype, f, "elementwise", (0,))]
+
+
+@lowering("TopK")
+def _topk(ctx):
+    """Ranks by counting (element i's rank = how many elements beat it, ties to the lower index), then
+    output r is the element whose rank is r: quadratic in the axis length."""
+    x = ctx.input(0)
+    k = ctx.attr("k")
+    if k is None:
+        ctx.unsupported("non-constant k")
+    axis = ctx.attr("axis", -1) % len(x.shape)
+    largest = ctx.attr("largest", 1)
+    n = x.shape[axis]
+    better = "gt" if largest else "lt"
+
+    def rank_fn(idx):
+        xi = x(idx)
+
+        def body(j):
+            sub = list(idx)
+            sub[axis] = j
+            xj = x(sub)
+            beats = logic("or", cmp(better, xj, xi), logic("and", cmp("eq", xj, xi), cmp("lt", j, idx[axis])))
+            return select(beats, const(1, I64), const(0, I64))
+        return reduce("sum", [n], body)
+    rank = ctx.temp(x.shape, I64, rank_fn, "rank")
+
+    def index_fn(idx):
+        def body(i):
+            sub = list(idx)
+            sub[axis] = i
+            return select(cmp("eq", rank(sub), idx[axis]), i, const(0, I64))
+        return reduce("sum", [n], body)
+    out_shape = ctx.out_shape()
+    pos = ctx.temp(out_shape, I64, index_fn, "index")
+
+    def values(idx):
+        sub = list(idx)
+        sub[axis] = clamp(pos(idx), n)
+        return x(sub)
+    outs = [TensorFn(out_shape, x.dtype, values, "injective")]
+    if len(ctx.node.outputs) > 1:
+        outs.append(TensorFn(out_shape, ctx.out_dtype(1), lambda idx: cast(pos(idx), ctx.out_dtype(1)), "elementwise"))
+    return outs
+
+
+# --- normalisations -----------------------------------------------------------------------------------
+
+def _stat(ctx, x: TensorFn, axes: Sequence[int], body, name: str, dtype=None) -> TensorFn:
+    """A materialised reduction (sum of ``body(full index)``) over ``axes`` with keepdims."""
+    shape = list(x.shape)
+    ext = [shape[a] for a in axes]
+    for a in axes:
+        shape[a] = 1
+
+    def f(idx):
+        def src(*ks):
+            full = list(idx)
+            for a, kk in zip(axes, ks):
+                full[a] = kk
+            return body(full)
+        return reduce("sum", ext, src)
+    return ctx.temp(shape, dtype or x.dtype, f, name)
+
+
+def _at_stat(t: TensorFn, idx: Index, axes: Sequence[int]) -> E:
+    sub = list(idx)
+    for a in axes:
+        sub[a] = const(0, I64)
+    return t(sub)
+
+
+@lowering("RMSNormalization")
+def _rmsnorm(ctx):
+    x, sc = ctx.input(0), ctx.input(1)
+    rank = len(x.shape)
+    axis = ctx.attr("axis", -1) % rank
+    eps = ctx.attr("epsilon", 1e-5)
+    axes = list(range(axis, rank))
+    cnt = int(np.prod([x.shape[a] for a in axes]))
+    ss = _stat(ctx, x, axes, lambda full: _sq(x(full)), "sumsq")
+    scf = _bcast(sc, x.shape)
+
+    def f(idx):
+        xv = x(idx)
+        rms = call("sqrt", binop("add", binop("div", _at_stat(ss, idx, axes), fconst(cnt, xv)), fconst(eps, xv)))
+        return binop("mul", binop("div", xv, rms), scf(idx))
+    return [TensorFn(ctx.out_shape(), ctx.out_dtype(), f, "elementwise", (0,))]
+
+
+@lowering("LpNormalization")
+def _lpnorm(ctx):
+    x = ctx.input(0)
+    axis = ctx.attr("axis", -1) % len(x.shape)
+    p = ctx.attr("p", 2)
+    if p not in (1, 2):
+        ctx.unsupported(f"p={p}")
+    norm = _stat(ctx, x, [axis], lambda full: _sq(x(full)) if p == 2 else call("fabs", x(full)), "norm")
+
+    def f(idx):
+        nv = _at_stat(norm, idx, [axis])
+        nv = call("sqrt", nv) if p == 2 else nv
+        xv = x(idx)
+        return select(cmp("eq", nv, fconst(0, nv)), fconst(0, xv), binop("div", xv, nv))
+    return [TensorFn(ctx.out_shape(), ctx.out_dtype(), f, "elementwise", (0,))]
+
+
+@lowering("MeanVarianceNormalization")
+def _mvn(ctx):
+    x = ctx.input(0)
+    rank = len(x.shape)
+    axes = sorted(a % rank for a in (ctx.attr("axes") or [0, 2, 3]))
+    cnt = int(np.prod([x.shape[a] for a in axes]))
+    s1 = _stat(ctx, x, axes, lambda full: x(full), "sum")
+    s2 = _stat(ctx, x, axes, lambda full: _sq(x(full)), "sumsq")
+
+    def f(idx):
+        xv = x(idx)
+        mean = binop("div", _at_stat(s1, idx, axes), fconst(cnt, xv))
+        var = binop("sub", binop("div", _at_stat(s2, idx, axes), fconst(cnt, xv)), _sq(mean))
+        return binop("div", binop("sub", xv, mean), binop("add", call("sqrt", var), fconst(1e-9, xv)))
+    return [TensorFn(ctx.out_shape(), ctx.out_dtype(), f, "elementwise", (0,))]
+
+
+@lowering("GroupNormalization")
+def _groupnorm(ctx):
+    x, sc, bi = ctx.input(0), ctx.input(1), ctx.input(2)
+    groups = ctx.attr("num_groups")
+    eps = ctx.attr("epsilon", 1e-5)
+    N, C = x.shape[0], x.shape[1]
+    sp = list(x.shape[2:])
+    cg = C // groups
+    cnt = cg * int(np.prod(sp))
+    xg = lambda n, g, c, ks: x([n, g * cg + c] + list(ks))
+    mean = ctx.temp([N, groups], x.dtype, lambda idx: binop("div", reduce(
+        "sum", [cg] + sp, lambda c, *ks: xg(idx[0], idx[1], c, ks)), const(cnt, x.dtype)), "mean")
+    var = ctx.temp([N, groups], x.dtype, lambda idx: binop("div", reduce(
+        "sum", [cg] + sp, lambda c, *ks: _sq(binop("sub", xg(idx[0], idx[1], c, ks), mean(idx)))), const(cnt, x.dtype)), "var")
+    per_channel = sc.shape[0] == C
+
+    def f(idx):
+        n, c = idx[0], idx[1]
+        g = [n, c // cg]
+        xv = x(idx)
+        y = binop("div", binop("sub", xv, mean(g)), call("sqrt", binop("add", var(g), fconst(eps, xv))))
+        p = [c] if per_channel else [c // cg]
+        return binop("add", binop("mul", y, sc(p)), bi(p))
+    return [TensorFn(ctx.out_shape(), ctx.out_dtype(), f, "elementwise", (0,))]
+
+
+# --- quantisation ---------------------------------------------------------------------------------------
+
+def _saturate_round(v: E, dt: DType) -> E:
+    """round-half-to-even of a float, clamped to ``dt``'s range, converted to ``dt``."""
+    info = np.iinfo(dt.numpy)
+    r = call("roundeven", v)
+    r = nan_max(r, fconst(float(info.min), r))
+    r = nan_min(r, fconst(float(info.max), r))
+    return cast(r, dt)
+
+
+def _quant_dtype(ctx, dt: DType):
+    if dt not in (DType.UINT8, DType.INT8, DType.UINT16, DType.INT16):
+        ctx.unsupported(f"quantisation to {dt.name}")
+
+
+@lowering("QuantizeLinear")
+def _quantize(ctx):
+    x, scale, zp = ctx.input(0), ctx.input(1), ctx.input(2)
+    dt = ctx.out_dtype()
+    _quant_dtype(ctx, dt)
+    rank = len(x.shape)
+    axis = ctx.attr("axis", 1) % max(rank, 1)
+    block = ctx.attr("block_size", 0) or 0
+    work = DType.DOUBLE if x.dtype == DType.DOUBLE else DType.FLOAT
+
+    def f(idx):
+        s = cast(_per_axis(scale, idx, axis, rank, block), work)
+        v = call("roundeven", binop("div", cast(x(idx), work), s))
+        if zp is not None:
+            v = binop("add", v, cast(_per_axis(zp, idx, axis, rank, block), work))
+        return _saturate_round(v, dt)
+    return [TensorFn(ctx.out_shape(), dt, f, "elementwise", (0,))]
+
+
+@lowering("DequantizeLinear")
+def _dequantize(ctx):
+    x, scale, zp = ctx.input(0), ctx.input(1), ctx.input(2)
+    dt = ctx.out_dtype()
+    if x.dtype not in (DType.UINT8, DType.INT8, DType.UINT16, DType.INT16, DType.INT32):
+        ctx.unsupported(f"dequantisation of {x.dtype.name}")
+    rank = len(x.shape)
+    axis = ctx.attr("axis", 1) % max(rank, 1)
+    block = ctx.attr("block_size", 0) or 0
+
+    def f(idx):
+        v = cast(x(idx), DType.FLOAT)
+        if zp is not None:
+            v = binop("sub", v, cast(_per_axis(zp, idx, axis, rank, block), DType.FLOAT))
+        return cast(binop("mul", v, cast(_per_axis(scale, idx, axis, rank, block), DType.FLOAT)), dt)
+    return [TensorFn(ctx.out_shape(), dt, f, "elementwise", (0,))]
+
+
+@lowering("DynamicQuantizeLinear")
+def _dyn_quantize(ctx):
+    x = ctx.input(0)
+    ext = list(x.shape)
+    f32 = DType.FLOAT
+    lo = ctx.temp((), f32, lambda idx: nan_min(reduce("min", ext, lambda *ks: x(list(ks))), const(0.0, f32)), "min")
+    hi = ctx.temp((), f32, lambda idx: nan_max(reduce("max", ext, lambda *ks: x(list(ks))), const(0.0, f32)), "max")
+
+    def scale_fn(idx):
+        mn, mx = lo([]), hi([])
+        rng = select(cmp("eq", mx, mn), const(1.0, f32), binop("sub", mx, mn))
+        return binop("div", rng, const(255.0, f32))
+    scale = ctx.temp((), f32, scale_fn, "scale")
+
+    def zp_fn(idx):
+        z = binop("sub", const(0.0, f32), binop("div", lo([]), scale([])))
+        z = nan_min(nan_max(z, const(0.0, f32)), const(255.0, f32))
+        return cast(call("roundeven", z), DType.UINT8)
+    zp = ctx.temp((), DType.UINT8, zp_fn, "zp")
+
+    def y(idx):
+        v = binop("add", call("roundeven", binop("div", x(idx), scale([]))), cast(zp([]), f32))
+        return _saturate_round(v, DType.UINT8)
+    return [TensorFn(ctx.out_shape(0), DType.UINT8, y, "elementwise", (0,)),
+            TensorFn((), f32, lambda idx: scale([]), "elementwise"),
+            TensorFn((), DType.UINT8, lambda idx: zp([]), "elementwise")]
+
+
+def _minus_zp(t: TensorFn, zp: Optional[TensorFn], zp_axis: Optional[int]) -> TensorFn:
+    """int32(t) - int32(zero point); the zero point is per tensor, or indexed by ``zp_axis`` of ``t``."""
+    i32 = DType.INT32
+
+    def f(idx):
+        v = cast(t(idx), i32)
+        if zp is None:
+            return v
+        if int(np.prod(zp.shape)) == 1:
+            z = _scalar_of(zp)
+        else:
+            z = zp([idx[zp_axis]] if len(zp.shape) == 1 else broadcast_index(idx, zp.shape, t.shape))
+        return binop("sub", v, cast(z, i32))
+    return TensorFn(t.shape, i32, f, "elementwise")
+
+
+def _sub_ctx(ctx, inputs) -> LowerCtx:
+    return LowerCtx(ctx.node, inputs, ctx._temp)
+
+
+@lowering("MatMulInteger")
+def _matmul_integer(ctx):
+    a, b = ctx.input(0), ctx.input(1)
+    a2 = _minus_zp(a, ctx.input(2), len(a.shape) - 2)
+    b2 = _minus_zp(b, ctx.input(3), len(b.shape) - 1)
+    return LOWERINGS["MatMul"](_sub_ctx(ctx, [a2, b2]))
+
+
+@lowering("ConvInteger")
+def _conv_integer(ctx):
+    x, w = ctx.input(0), ctx.input(1)
+    x2 = _minus_zp(x, ctx.input(2), 1)
+    w2 = _minus_zp(w, ctx.input(3), 0)
+    return LOWERINGS["Conv"](_sub_ctx(ctx, [x2, w2, None]))
+
+
+def _requantize(acc: TensorFn, mult, yzp: Optional[TensorFn], dt: DType, axis: int) -> TensorFn:
+    """saturate(rint(acc * mult) + y_zero_point) as ``dt``; ``mult`` maps an index to a float multiplier."""
+    def f(idx):
+        v = binop("mul", cast(acc(idx), DType.FLOAT), mult(idx))
+        v = call("roundeven", v)
+        if yzp is not None:
+            v = binop("add", v, cast(_per_axis(yzp, idx, axis, len(acc.shape)), DType.FLOAT))
+        return _saturate_round(v, dt)
+    return TensorFn(acc.shape, dt, f, "complex")
+
+
+@lowering("QLinearMatMul")
+def _qlinear_matmul(ctx):
+    a, a_s, a_zp, b, b_s, b_zp, y_s, y_zp = (ctx.input(i) for i in range(8))
+    dt = ctx.out_dtype()
+    _quant_dtype(ctx, dt)
+    ra, rb = len(a.shape), len(b.shape)
+    a2 = _minus_zp(a, a_zp, ra - 2)
+    b2 = _minus_zp(b, b_zp, rb - 1)
+    mctx = _sub_ctx(ctx, [a2, b2])
+    mctx.out_dtype = lambda j=0: DType.INT32
+    acc = LOWERINGS["MatMul"](mctx)[0]
+    out = ctx.out_shape()
+
+    def mult(idx):
+        sa = cast(_scalar_of(a_s) if int(np.prod(a_s.shape)) == 1 else a_s([idx[-2]]), DType.FLOAT)
+        sb = cast(_scalar_of(b_s) if int(np.prod(b_s.shape)) == 1 else b_s([idx[-1]]), DType.FLOAT)
+        sy = cast(_scalar_of(y_s), DType.FLOAT)
+        return binop("div", binop("mul", sa, sb), sy)
+    return [_requantize(acc, mult, y_zp, dt, len(out) - 1)]
+
+
+@lowering("QLinearConv")
+def _qlinear_conv(ctx):
+    x, x_s, x_zp, w, w_s, w_zp, y_s, y_zp = (ctx.input(i) for i in range(8))
+    bias = ctx.input(8)
+    dt = ctx.out_dtype()
+    _quant_dtype(ctx, dt)
+    x2 = _minus_zp(x, x_zp, 1)
+    w2 = _minus_zp(w, w_zp, 0)
+    cctx = _sub_ctx(ctx, [x2, w2, bias])
+    cctx.out_dtype = lambda j=0: DType.INT32
+    acc = LOWERINGS["Conv"](cctx)[0]
+
+    def mult(idx):
+        sw = cast(_scalar_of(w_s) if int(np.prod(w_s.shape)) == 1 else w_s([idx[1]]), DType.FLOAT)
+        return binop("div", binop("mul", cast(_scalar_of(x_s), DType.FLOAT), sw), cast(_scalar_of(y_s), DType.FLOAT))
+    return [_requantize(acc, mult, y_zp, dt, 1)]
+
+
+# --- resampling ---------------------------------------------------------------------------------------
+
+def _cubic_coeffs(r: E, A: float) -> List[E]:
+    """The four cubic-convolution weights of taps floor-1 .. floor+2 at fraction ``r`` (as the reference)."""
+    c = lambda v: const(v, r.dtype)
+    one_r = binop("sub", c(1.0), r)
+
+    def far(t):  # ((A*t - 5A)*t + 8A)*t - 4A with t = ratio + 1 or (1 - ratio) + 1
+        return binop("sub", binop("mul", binop("add", binop("mul", binop("sub", binop("mul", c(A), t), c(5 * A)), t), c(8 * A)), t), c(4 * A))
+
+    def near(t):  # ((A+2)*t - (A+3))*t*t + 1
+        return binop("add", binop("mul", binop("mul", binop("sub", binop("mul", c(A + 2), t), c(A + 3)), t), t), c(1.0))
+    return [far(binop("add", r, c(1.0))), near(r), near(one_r), far(binop("add", one_r, c(1.0)))]
+
+
+def _aa_coeffs(r: E, scale: float, cubic: bool, A: float) -> List[E]:
+    """Antialiasing weights (downsampling): the kernel stretched by 1/scale, normalised to sum 1."""
+    c = lambda v: const(v, r.dtype)
+    scale = min(scale, 1.0)
+    if cubic:
+        start = int(np.floor(-2 / scale) + 1)
+        taps = range(start, 2 - start)
+    else:
+        start = int(np.floor(-1 / scale) + 1)
+        taps = range(start, start + 2 - 2 * start)
+    ws = []
+    for i in taps:
+        t = call("fabs", binop("mul", c(scale), binop("sub", c(float(i)), r)))
+        if cubic:
+            t2 = binop("mul", t, t)
+            t3 = binop("mul", t2, t)
+            inner = binop("add", binop("sub", binop("mul", c(A + 2), t3), binop("mul", c(A + 3), t2)), c(1.0))
+            outer = binop("sub", binop("add", binop("sub", binop("mul", c(A), t3), binop("mul", c(5 * A), t2)),
+                                       binop("mul", c(8 * A), t)), c(4 * A))
+            w = select(cmp("le", t, c(1.0)), inner, select(cmp("lt", t, c(2.0)), outer, c(0.0)))
+        else:
+            w = nan_max(c(0.0), nan_min(c(1.0), binop("sub", c(1.0), t)))
+        ws.append(w)
+    total = ws[0]
+    for w in ws[1:]:
+        total = binop("add", total, w)
+    return [binop("div", w, total) for w in ws]
+
+
+@lowering("Resize")
+def _resize(ctx):
+    """Separable resampling as the ONNX reference computes it: per resized axis, the source coordinate of
+    the output index (coordinate_transformation_mode), then the taps around it with their weights
+    (nearest, linear or cubic, edge-clamped); the output is the weighted sum over all tap combinations."""
+    x = ctx.input(0)
+    out = ctx.out_shape()
+    rank = len(x.shape)
+    mode = ctx.attr("mode", "nearest")
+    ctm = ctx.attr("coordinate_transformation_mode", "half_pixel")
+    nearest_mode = ctx.attr("nearest_mode", "round_prefer_floor")
+    A = float(ctx.attr("cubic_coeff_a", -0.75))
+    exclude = ctx.attr("exclude_outside", 0)
+    extrap = float(ctx.attr("extrapolation_value", 0.0))
+    antialias = ctx.attr("antialias", 0)
+    policy = ctx.attr("keep_aspect_ratio_policy", "stretch")
+    axes = ctx.attr("axes")
+    axes = list(range(rank)) if axes is None else [a % rank for a in axes]
+    scales, sizes, roi = ctx.attr("scales"), ctx.attr("sizes"), ctx.attr("roi")
+    scales = None if scales is None or np.asarray(scales).size == 0 else [float(v) for v in np.asarray(scales).reshape(-1)]
+    sizes = None if sizes is None or np.asarray(sizes).size == 0 else [int(v) for v in np.asarray(sizes).reshape(-1)]
+    roi = None if roi is None or np.asarray(roi).size == 0 else [float(v) for v in np.asarray(roi).reshape(-1)]
+    if scales is None and sizes is None:
+        ctx.unsupported("scales or sizes computed at run time")
+    if mode == "nearest" and antialias:
+        ctx.unsupported("antialias with mode nearest")
+    scale_of = [1.0] * rank
+    if scales is not None:
+        for a, s_ in zip(axes, scales):
+            scale_of[a] = s_
+    else:
+        ratios = [n / x.shape[a] for a, n in zip(axes, sizes)]
+        if policy != "stretch":
+            common = min(ratios) if policy == "not_larger" else max(ratios)
+            ratios = [common] * len(axes)
+        for a, r in zip(axes, ratios):
+            scale_of[a] = r
+    roi_of = [(0.0, 1.0)] * rank
+    if roi is not None:
+        n = len(roi) // 2
+        ax = axes if n == len(axes) else list(range(rank))
+        for k, a in enumerate(ax):
+            roi_of[a] = (roi[k], roi[n + k])
+    D = DType.DOUBLE
+    dc = lambda v: const(float(v), D)
+    work = [a for a in range(rank)
+            if not (math.isclose(scale_of[a], 1.0) and out[a] == x.shape[a]
+                    and (ctm != "tf_crop_and_resize" or (math.isclose(roi_of[a][0], 0.0) and math.isclose(roi_of[a][1], 1.0))))]
+
+    def source(a: int, i: E) -> E:
+        y = cast(i, D)
+        length, scale = x.shape[a], scale_of[a]
+        out_w = scale * length
+        if ctm == "align_corners":
+            return dc(0.0) if out_w == 1 else binop("div", binop("mul", y, dc(length - 1)), dc(out_w - 1))
+        if ctm == "asymmetric":
+            return binop("div", y, dc(scale))
+        if ctm == "tf_crop_and_resize":
+            r0, r1 = roi_of[a]
+            base = dc((r1 - r0) * (length - 1) / 2) if out_w == 1 else \
+                binop("div", binop("mul", binop("mul", y, dc(r1 - r0)), dc(length - 1)), dc(out_w - 1))
+            return binop("add", base, dc(r0 * (length - 1)))
+        hp = binop("sub", binop("div", binop("add", y, dc(0.5)), dc(scale)), dc(0.5))
+        if ctm == "pytorch_half_pixel":
+            return dc(-0.5) if out_w == 1 else hp
+        if ctm == "half_pixel":
+            return hp
+        if ctm == "half_pixel_symmetric":
+            adjustment = out[a] / out_w
+            offset = length / 2 * (1 - adjustment)
+            return binop("add", dc(offset), hp)
+        ctx.unsupported(f"coordinate_transformation_mode {ctm}")
+
+    def taps(a: int, i: E):
+        """[(index, weight or None)] for output index ``i`` along axis ``a``, and an extrapolation test."""
+        length = x.shape[a]
+        xo = source(a, i)
+        fl = call("floor", xo)
+        frac = binop("sub", xo, fl)
+        is_int = cmp("eq", frac, dc(0.0))
+        fl_i = cast(fl, I64)
+        outside = None
+        if ctm == "tf_crop_and_resize":
+            outside = logic("or", cmp("lt", xo, dc(0.0)), cmp("gt", xo, dc(length - 1)))
+        if mode == "nearest":
+            if nearest_mode == "round_prefer_floor":
+                up = cmp("gt", frac, dc(0.5))
+            elif nearest_mode == "round_prefer_ceil":
+                up = cmp("ge", frac, dc(0.5))
+            elif nearest_mode == "floor":
+                up = const(False, BOOL)
+            else:
+                up = const(True, BOOL)
+            j = select(logic("and", up, logic("not", is_int)), fl_i + 1, fl_i)
+            return [(clamp(j, length), None)], outside
+        ratio = select(is_int, dc(1.0), frac)
+        if antialias:
+            ws = _aa_coeffs(ratio, scale_of[a], mode == "cubic", A)
+        elif mode == "cubic":
+            ws = _cubic_coeffs(ratio, A)
+        else:
+            ws = [binop("sub", dc(1.0), ratio), ratio]
+        n = len(ws)
+        first = fl_i + select(is_int, const(-(n // 2), I64), const(-(n // 2) + 1, I64))
+        idxs = [first + k for k in range(n)]
+        if exclude:
+            ws = [select(in_range(j, 0, length), w, dc(0.0)) for j, w in zip(idxs, ws)]
+            total = ws[0]
+            for w in ws[1:]:
+                total = binop("add", total, w)
+            total = select(cmp("eq", total, dc(0.0)), dc(1.0), total)
+            ws = [binop("div", w, total) for w in ws]
+        return [(clamp(j, length), w) for j, w in zip(idxs, ws)], outside
+
+    n_terms = 1
+    for a in work:
+        n_terms *= 1 if mode == "nearest" else (4 if mode == "cubic" else 2) * (int(1 / min(scale_of[a], 1.0)) + 1 if antialias else 1)
+    if n_terms > 4096:
+        ctx.unsupported(f"{n_terms} interpolation taps per output element")
+
+    def f(idx):
+        per_axis = {a: taps(a, idx[a]) for a in work}
+        combos = [([], None)]
+        for a in work:
+            combos = [(picks + [(a, j)], w if wa is None else (wa if w is None else binop("mul", w, wa)))
+                      for picks, w in combos for j, wa in per_axis[a][0]]
+        total = None
+        for picks, w in combos:
+            sub = list(idx)
+            for a, j in picks:
+                sub[a] = j
+            v = x(sub)
+            if mode == "nearest":
+                total = v
+                break
+            term = binop("mul", cast(v, D), w)
+            total = term if total is None else binop("add", total, term)
+        if mode != "nearest":
+            if not x.dtype.is_float:  # saturate, then truncate, like the reference's saturate_cast
+                info = np.iinfo(x.dtype.numpy)
+                total = nan_min(nan_max(total, dc(info.min)), dc(info.max))
+            total = cast(total, x.dtype)
+        outs = [per_axis[a][1] for a in work if per_axis[a][1] is not None]
+        if outs:
+            cond = outs[0]
+            for o in outs[1:]:
+                cond = logic("or", cond, o)
+            total = select(cond, const(extrap, x.dtype), total)
+        return total
+    return [TensorFn(out, x.dtype, f, "complex")]
+
+
+# --- Einsum -------------------------------------------------------------------------------------------
+
+def _einsum_labels(term: str, rank: int, what: str, ctx) -> List:
+    """Labels of ``term``'s dims: letters, and ("...", k) for the k-th ellipsis dim counted from its end."""
+    term = term.strip()
+    if "..." in term:
+        left, right = term.split("...")
+        n_ell = rank - len(left) - len(right)
+        if n_ell < 0:
+            ctx.unsupported(f"{what} {term!r} does not fit rank {rank}")
+        return list(left) + [("...", n_ell - k) for k in range(n_ell)] + list(right)
+    if len(term) != rank:
+        ctx.unsupported(f"{what} {term!r} does not fit rank {rank}")
+    return list(term)
+
+
+@lowering("Einsum")
+def _einsum(ctx):
+    eq = ctx.attr("equation").replace(" ", "")
+    ins = [t for t in ctx.inputs if t is not None]
+    lhs, _, rhs = eq.partition("->")
+    terms = lhs.split(",")
+    if len(terms) != len(ins):
+        ctx.unsupported(f"equation {eq!r} has {len(terms)} operands, the node {len(ins)}")
+    labels = [_einsum_labels(t, len(x.shape), "operand", ctx) for t, x in zip(terms, ins)]
+    n_ell = max([sum(1 for lb in ls if isinstance(lb, tuple)) for ls in labels] + [0])
+    ell = [("...", n_ell - k) for k in range(n_ell)]
+    if "->" in eq:
+        out_labels = [lb for lb in (list(rhs.split("...")[0]) + (ell if "..." in rhs else []) +
+                                    (list(rhs.split("...")[1]) if "..." in rhs else []))]
+    else:
+        letters = [lb for ls in labels for lb in ls if not isinstance(lb, tuple)]
+        out_labels = ell + sorted(lb for lb in set(letters) if letters.count(lb) == 1)
+    size = {}
+    for ls, x in zip(labels, ins):
+        for lb, d in zip(ls, x.shape):
+            if d != 1 or lb not in size:
+                size[lb] = max(size.get(lb, 1), d) if isinstance(lb, tuple) else d
+    red = [lb for lb in dict.fromkeys(lb for ls in labels for lb in ls) if lb not in out_labels]
+    dt = ctx.out_dtype()
+
+    def f(idx):
+        env = dict(zip(out_labels, idx))
+
+        def product(*ks):
+            e = dict(env)
+            e.update(zip(red, ks))
+            acc = None
+            for ls, x in zip(labels, ins):
+                sub = [const(0, I64) if d == 1 and size.get(lb, 1) != 1 else e[lb] for lb, d in zip(ls, x.shape)]
+                v = x(sub)
+                acc = v if acc is None else binop("mul", acc, v)
+            return acc
+        if not red:
+            return product()
+        return reduce("sum", [size[lb] for lb in red], product)
+    return [TensorFn(ctx.out_shape(), dt, f, "complex")]
+
+
+@lowering("GridSample")
+def _grid_sample(ctx):
+    """As the ONNX reference: per spatial dim, the grid coordinate denormalised, out-of-border coordinates
+    clamped or reflected (padding_mode), then nearest / linear / cubic taps whose out-of-range reads are 0
+    (zeros), clamped (border) or reflected (reflection)."""
+    x, grid = ctx.input(0), ctx.input(1)
+    mode = {"bilinear": "linear", "bicubic": "cubic"}.get(ctx.attr("mode", "linear"), ctx.attr("mode", "linear"))
+    pad = ctx.attr("padding_mode", "zeros")
+    align = ctx.attr("align_corners", 0)
+    dims = list(x.shape[2:])
+    k = len(dims)
+    if mode not in ("nearest", "linear", "cubic") or pad not in ("zeros", "border", "reflection"):
+        ctx.unsupported(f"mode {mode} with padding_mode {pad}")
+    W = grid.dtype if grid.dtype.is_float else DType.FLOAT
+    c = lambda v: const(float(v), W)
+    lo = [0.0 if align else -0.5 for _ in dims]
+    hi = [d - 1.0 if align else d - 0.5 for d in dims]
+
+    def reflect_f(v, a, b):
+        rng = c(b - a)
+
+        def side(dx, near, far):
+            n = call("floor", binop("div", dx, rng))
+            r = binop("sub", dx, binop("mul", n, rng))
+            even = cmp("eq", binop("sub", n, binop("mul", c(2.0), call("floor", binop("div", n, c(2.0))))), c(0.0))
+            return select(even, binop(near[0], c(near[1]), r), binop(far[0], c(far[1]), r))
+        below = side(binop("sub", c(a), v), ("add", a), ("sub", b))
+        above = side(binop("sub", v, c(b)), ("sub", b), ("add", a))
+        return select(cmp("lt", v, c(a)), below, select(cmp("gt", v, c(b)), above, v))
+
+    def pixel_index(i: E, d: int, axis: int):
+        """(index to read, in-range condition or None) for integer tap ``i``."""
+        if pad == "zeros":
+            return clamp(i, d), in_range(i, 0, d)
+        if pad == "border":
+            return clamp(i, d), None
+        return clamp(cast(reflect_f(cast(i, W), lo[axis], hi[axis]), I64), d), None
+
+    def f(idx):
+        n, ch, o = idx[0], idx[1], idx[2:]
+        per_dim = []
+        for i, d in enumerate(dims):
+            g = cast(grid([n] + list(o) + [const(k - 1 - i, I64)]), W)
+            if align:
+                v = binop("mul", binop("div", binop("add", g, c(1.0)), c(2.0)), c(d - 1))
+            else:
+                v = binop("div", binop("sub", binop("mul", binop("add", g, c(1.0)), c(d)), c(1.0)), c(2.0))
+            if mode == "nearest":
+                v = call("roundeven", v)
+            outside = logic("or", cmp("lt", v, c(lo[i])), cmp("gt", v, c(hi[i])))
+            if pad == "border":
+                v = select(outside, nan_min(nan_max(v, c(0.0)), c(d - 1.0)), v)
+            elif pad == "reflection":
+                v = select(outside, reflect_f(v, lo[i], hi[i]), v)
+            if mode == "nearest":
+                per_dim.append([(pixel_index(cast(v, I64), d, i), None)])
+                continue
+            fl = call("floor", v)
+            t = binop("sub", v, fl)
+            base = cast(fl, I64)
+            if mode == "linear":
+                taps = [(base, binop("sub", c(1.0), t)), (base + 1, t)]
+            else:
+                taps = list(zip([base - 1, base, base + 1, base + 2], _cubic_coeffs(t, -0.75)))
+            per_dim.append([(pixel_index(j, d, i), w) for j, w in taps])
+        combos = [([], None, None)]
+        for taps in per_dim:
+            new = []
+            for sub, w, cond in combos:
+                for (j, ok), wj in taps:
+                    w2 = wj if w is None else (w if wj is None else binop("mul", w, wj))
+                    c2 = ok if cond is None else (cond if ok is None else logic("and", cond, ok))
+                    new.append((sub + [j], w2, c2))
+            combos = new
+        total = None
+        for sub, w, cond in combos:
+            v = cast(x([n, ch] + sub), W)
+            if cond is not None:
+                v = select(cond, v, c(0.0))
+            term = v if w is None else binop("mul", w, v)
+            total = term if total is None else binop("add", total, term)
+        return cast(total, x.dtype)
+    return [TensorFn(ctx.out_shape(), x.dtype, f, "complex")]
+
+
+@lowering("MaxUnpool")
+def _max_unpool(ctx):
+    """Each output element searches its (n, c) plane of the input for the position whose index names it
+    (the last one wins); elements nobody names are 0."""
+    x, ind = ctx.input(0), ctx.input(1)
+    out = ctx.out_shape()
+    sp = list(x.shape[2:])
+    k = len(sp)
+    kern = ctx.attr("kernel_shape")
+    strides = ctx.attr("strides") or [1] * k
+    pads = ctx.attr("pads") or [0] * (2 * k)
+    # indices address the default unpooled shape, even when output_shape pads it further (as the reference)
+    default = list(out[:2]) + [(d - 1) * s_ - pads[i] - pads[k + i] + kk
+                               for i, (d, s_, kk) in enumerate(zip(sp, strides, kern))]
+
+    def f(idx):
+        target = flat_index(idx, default)
+        inside = all_of([cmp("lt", i, const(d, I64)) for i, d, o in zip(idx[2:], default[2:], out[2:]) if d < o])
+        target = select(inside, target, const(-2, I64)) if not (inside.op == "const") else target
+
+        def body(*ks):
+            q = [idx[0], idx[1]] + list(ks)
+            return select(cmp("eq", cast(ind(q), I64), target), flat_index(list(ks), sp), const(-1, I64))
+        last = reduce("max", sp, body)
+        q = [idx[0], idx[1]] + unflat_index(clamp(last, int(np.prod(sp))), sp)
+        return select(cmp("ge", last, const(0, I64)), x(q), const(0, x.dtype))
+    return [TensorFn(out, x.dtype, f, "complex")]
+
+
+@lowering("Det")
+def _det(ctx):
+    """Leibniz expansion: small matrices only (n <= 4)."""
+    import itertools
+    x = ctx.input(0)
+    n = x.shape[-1]
+    if n > 4:
+        ctx.unsupported(f"{n}x{n} matrices (only up to 4x4)")
+
+    def f(idx):
+        total = None
+        for perm in itertools.permutations(range(n)):
+            inv = sum(1 for i in range(n) for j in range(i + 1, n) if perm[i] > perm[j])
+            term = None
+            for i, j in enumerate(perm):
+                v = x(list(idx) + [const(i, I64), const(j, I64)])
+                term = v if term is None else binop("mul", term, v)
+            if total is None:
+                total = term if inv % 2 == 0 else unop("neg", term)
+            else:
+                total = binop("add" if inv % 2 == 0 else "sub", total, term)
+        return total
+    return [TensorFn(ctx.out_shape(), x.dtype, f, "complex")]
+
+
+@lowering("RoiAlign")
+def _roi_align(ctx):
+    """As the ONNX reference, for a fixed sampling_ratio (the adaptive one, 0, makes the number of samples
+    depend on the roi values)."""
+    x, rois, bidx = ctx.input(0), ctx.input(1), ctx.input(2)
+    sr = ctx.attr("sampling_ratio", 0)
+    if sr <= 0:
+        ctx.unsupported("sampling_ratio=0 (the sample count would depend on the roi values)")
+    mode = ctx.attr("mode", "avg")
+    scale = float(ctx.attr("spatial_scale", 1.0))
+    half = ctx.attr("coordinate_transformation_mode", "half_pixel") == "half_pixel"
+    out = ctx.out_shape()
+    ph_n, pw_n = out[2], out[3]
+    H, W = x.shape[2], x.shape[3]
+    F = x.dtype if x.dtype.is_float else DType.FLOAT
+    c = lambda v: const(float(v), F)
+
+    def f(idx):
+        r, ch, ph, pw = idx
+        coord = lambda k: binop("sub", binop("mul", cast(rois([r, const(k, I64)]), F), c(scale)), c(0.5 if half else 0.0))
+        sw, sh, ew, eh = coord(0), coord(1), coord(2), coord(3)
+        rw, rh = binop("sub", ew, sw), binop("sub", eh, sh)
+        if not half:
+            rw, rh = nan_max(rw, c(1.0)), nan_max(rh, c(1.0))
+        bh, bw = binop("div", rh, c(ph_n)), binop("div", rw, c(pw_n))
+        n = cast(bidx([r]), I64)
+        samples = []
+        for iy in range(sr):
+            yy = binop("add", binop("add", sh, binop("mul", cast(ph, F), bh)), binop("div", binop("mul", c(iy + 0.5), bh), c(sr)))
+            for ix in range(sr):
+                xx = binop("add", binop("add", sw, binop("mul", cast(pw, F), bw)), binop("div", binop("mul", c(ix + 0.5), bw), c(sr)))
+                empty = logic("or", logic("or", cmp("lt", yy, c(-1.0)), cmp("gt", yy, c(H))),
+                              logic("or", cmp("lt", xx, c(-1.0)), cmp("gt", xx, c(W))))
+                y0, x0 = nan_max(yy, c(0.0)), nan_max(xx, c(0.0))
+                yl, xl = cast(y0, I64), cast(x0, I64)
+                y_edge, x_edge = cmp("ge", yl, const(H - 1, I64)), cmp("ge", xl, const(W - 1, I64))
+                yl = select(y_edge, const(H - 1, I64), yl)
+                xl = select(x_edge, const(W - 1, I64), xl)
+                yh = select(y_edge, const(H - 1, I64), yl + 1)
+                xh = select(x_edge, const(W - 1, I64), xl + 1)
+                y0 = select(y_edge, cast(yl, F), y0)
+                x0 = select(x_edge, cast(xl, F), x0)
+                ly, lx = binop("sub", y0, cast(yl, F)), binop("sub", x0, cast(xl, F))
+                hy, hx = binop("sub", c(1.0), ly), binop("sub", c(1.0), lx)
+                px = lambda yi, xi: cast(x([n, ch, clamp(yi, H), clamp(xi, W)]), F)
+                terms = [binop("mul", binop("mul", hy, hx), px(yl, xl)), binop("mul", binop("mul", hy, lx), px(yl, xh)),
+                         binop("mul", binop("mul", ly, hx), px(yh, xl)), binop("mul", binop("mul", ly, lx), px(yh, xh))]
+                if mode == "avg":
+                    v = binop("add", binop("add", terms[0], terms[1]), binop("add", terms[2], terms[3]))
+                else:
+                    v = nan_max(nan_max(terms[0], terms[1]), nan_max(terms[2], terms[3]))
+                samples.append(select(empty, c(0.0), v))
+        acc = samples[0]
+        for v in samples[1:]:
+            acc = binop("add", acc, v) if mode == "avg" else nan_max(acc, v)
+        if mode == "avg":
+            acc = binop("div", acc, c(sr * sr))
+        return cast(acc, x.dtype)
+    return [TensorFn(out, x.dtype, f, "complex")]
+
+
+@lowering("DeformConv")
+def _deform_conv(ctx):
+    """2-D deformable convolution as the ONNX reference: each kernel tap reads the input bilinearly at its
+    offset position (zero outside), scaled by the mask."""
+    x, w, off, b, mask = (ctx.input(i) for i in range(5))
+    if len(x.shape) != 4:
+        ctx.unsupported("only 2-D deformable convolution")
+    N, C, H, W_ = x.shape
+    M, cin_g, kh_n, kw_n = w.shape
+    group = ctx.attr("group", 1) or 1
+    og_n = ctx.attr("offset_group", 1) or 1
+    m_g = M // group
+    c_og = C // og_n
+    sh, sw = ctx.attr("strides") or [1, 1]
+    dh, dw = ctx.attr("dilations") or [1, 1]
+    pads = ctx.attr("pads") or [0, 0, 0, 0]
+    F = x.dtype
+    fc = lambda v: const(float(v), F)
+
+    def f(idx):
+        n, m, i, j = idx
+        g = m // m_g if group > 1 else const(0, I64)
+
+        def body(c, ki, kj):
+            ic = g * cin_g + c if group > 1 else c
+            og = ic // c_og if og_n > 1 else const(0, I64)
+            tap = (og * kh_n + ki) * kw_n + kj
+            oh = off([n, tap * 2, i, j])
+            ow = off([n, tap * 2 + 1, i, j])
+            ph = binop("add", cast(i * sh + ki * dh - pads[0], F), oh)
+            pw = binop("add", cast(j * sw + kj * dw - pads[1], F), ow)
+            fh, fw = call("floor", ph), call("floor", pw)
+            th, tw = binop("sub", ph, fh), binop("sub", pw, fw)
+            h0, w0 = cast(fh, I64), cast(fw, I64)
+            total = None
+            for dy, wy in ((0, binop("sub", fc(1), th)), (1, th)):
+                for dx, wx in ((0, binop("sub", fc(1), tw)), (1, tw)):
+                    hh, ww = h0 + dy, w0 + dx
+                    inside = logic("and", in_range(hh, 0, H), in_range(ww, 0, W_))
+                    v = select(inside, x([n, ic, clamp(hh, H), clamp(ww, W_)]), fc(0))
+                    term = binop("mul", binop("mul", wy, wx), v)
+                    total = term if total is None else binop("add", total, term)
+            val = binop("mul", total, w([m, c, ki, kj]))
+            if mask is not None:
+                val = binop("mul", val, mask([n, tap, i, j]))
+            return val
+        acc = reduce("sum", [cin_g, kh_n, kw_n], body)
+        return binop("add", acc, b([m])) if b is not None else acc
+    return [TensorFn(ctx.out_shape(), x.dtype, f, "complex")]

@@ -26,8 +26,8 @@ def _sym_binary(fn):
 
     def ev(ctx: InferCtx):
         a, b = ctx.sym(0), ctx.sym(1)
-        if a is None or b is None:
-            return None
+        if a is None or b is None or any(len(ctx.shape(i)) > 1 for i in (0, 1)):
+            return None  # shape vectors are scalars or 1-D
         if len(a) == 1 and len(b) != 1:
             a = a * len(b)
         if len(b) == 1 and len(a) != 1:

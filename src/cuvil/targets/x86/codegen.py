@@ -295,6 +295,8 @@ class _Emitter:
             return out
         if op == "not":
             return b.not_(args[0])
+        if op in ("shl", "lshr", "ashr"):
+            return getattr(b, op)(*args)
         if op == "select":
             return b.select(*args)
         if op == "cast":
@@ -471,6 +473,8 @@ def _identity(kind: str, dt: DType):
         return 1
     if dt.is_float:
         return -math.inf if kind == "max" else math.inf
+    if dt == DType.BOOL:
+        return kind == "min"
     info = np.iinfo(dt.numpy)
     return info.min if kind == "max" else info.max
 

@@ -8,6 +8,7 @@ version script makes everything else local as well.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
@@ -45,6 +46,30 @@ def _run(cmd: list[str], what: str) -> None:
         raise CuvilError(f"{what} failed (exit {proc.returncode}): {' '.join(cmd)}\n{msg}")
 
 
+def runtime_object(prefix: str, cc: str = "cc", extra_flags: tuple = ()) -> str:
+    """runtime.c compiled once per (prefix, compiler, flags, runtime source) and cached: it is the same
+    object for every model, and compiling it dominated the time to build a small library."""
+    h = hashlib.sha256()
+    for path in (RUNTIME_C, os.path.join(RUNTIME_DIR, "cuvil_runtime.h")):
+        with open(path, "rb") as f:
+            h.update(f.read())
+    h.update(repr((prefix, cc, COMPILE_FLAGS, extra_flags)).encode())
+    base = os.environ.get("CUVIL_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "cuvil")
+    out = os.path.join(base, "runtime", f"runtime-{h.hexdigest()[:24]}.o")
+    if not os.path.isfile(out):
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(out), suffix=".o.tmp")
+        os.close(fd)
+        try:
+            _run([cc, *COMPILE_FLAGS, f"-DCUVIL_PREFIX={prefix}", f"-I{RUNTIME_DIR}", *extra_flags, "-c", RUNTIME_C,
+                  "-o", tmp], "compiling the runtime")
+            os.replace(tmp, out)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    return out
+
+
 def link_shared(out_so: str, objects: list[str], model_c_src: str, weights_S: str | None, prefix: str,
                 cc: str = "cc", extra_flags=()) -> None:
     """Compile runtime.c + ``model_c_src`` (+ ``weights_S``) and link them with ``objects`` into ``out_so``.
@@ -71,7 +96,7 @@ def link_shared(out_so: str, objects: list[str], model_c_src: str, weights_S: st
         model_c = os.path.join(tmp, "model.c")
         with open(model_c, "w", encoding="utf-8") as f:
             f.write(model_c_src)
-        sources = [RUNTIME_C, model_c]
+        sources = [runtime_object(prefix, cc, tuple(extra_flags)), model_c]
         if weights_S is not None:
             if "\n" in weights_S or not os.path.isfile(weights_S):
                 if "\n" not in weights_S:
