@@ -59,6 +59,7 @@ Public interface: :class:`FP32Domain`, :class:`RealDomain`, :func:`evaluate`, :d
 """
 from __future__ import annotations
 
+import abc
 import itertools
 import math
 import struct
@@ -80,7 +81,7 @@ _F32_MAX = float(np.finfo(np.float32).max)
 
 # --- domains --------------------------------------------------------------------------------------
 
-class Domain:
+class Domain(abc.ABC):
     """Scalar operations on Z3 expressions, plus the side conditions and axioms they produce."""
 
     name: str = ""
@@ -141,8 +142,9 @@ class Domain:
     def fresh_bool(self, prefix: str = "b"):
         return self.bool_var(f"{prefix}!{next(self._fresh)}")
 
+    @abc.abstractmethod
     def const(self, value: float):
-        raise NotImplementedError
+        """A literal of this domain's sort."""
 
     def lift(self, v):
         """A scalar operand: Z3 expressions pass through, Python/numpy numbers become literals."""
@@ -207,8 +209,9 @@ class Domain:
     def equal(self, a, b):
         return a == b
 
+    @abc.abstractmethod
     def value_of(self, model, expr):
-        raise NotImplementedError
+        """A Python value of ``expr`` in a Z3 model (for counterexamples)."""
 
 
 class FP32Domain(Domain):
