@@ -178,24 +178,22 @@ def cmd_rules_list(args) -> int:
 
 
 def cmd_verify(args) -> int:
-    from .verify import verify, verify_artifact
+    from .verify import NATIVE_RTOL, verify, verify_artifact
     if args.artifact:
         res = verify_artifact(args.model, args.artifact, examples=args.examples)
         print(f"compared {args.artifact} with the original model (onnx.reference) on {res.examples} inputs, "
-              f"within rel. tolerance {__import__('cuvil.verify', fromlist=['x']).NATIVE_RTOL}")
-        if res.ok:
-            print("verify passed: the compiled library agrees with the original")
-            return 0
-        print(f"verify FAILED: {res.failure}")
-        for name, arr in (res.failing_input or {}).items():
-            print(f"  minimal input {name} {arr.dtype}{list(arr.shape)} = {np.array2string(arr, threshold=64)}")
-        return 1
+              f"within rel. tolerance {NATIVE_RTOL}")
+        return _verdict(res, "the compiled library")
     res = verify(args.model, rules=args.rules or (), examples=args.examples)
     fired = ", ".join(f"{k} x{v}" for k, v in sorted(res.rules_fired.items())) or "none"
     print(f"rules fired: {fired}")
     print(f"compared {'bit for bit' if res.exact else 'within tolerance (prove real rules fired)'} on {res.examples} inputs")
+    return _verdict(res, "the optimized model")
+
+
+def _verdict(res, what: str) -> int:
     if res.ok:
-        print("verify passed: the optimized model agrees with the original")
+        print(f"verify passed: {what} agrees with the original")
         return 0
     print(f"verify FAILED: {res.failure}")
     for name, arr in (res.failing_input or {}).items():
