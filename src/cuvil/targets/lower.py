@@ -15,7 +15,8 @@ import numpy as np
 from ..errors import UnsupportedOpError
 from ..ir.dtype import DType
 from ..ir.graph import Node
-from .texpr import BOOL, I64, Buf, E, all_of, binop, call, cast, cmp, const, in_range, logic, reduce, select, unop
+from .texpr import (BOOL, I64, Buf, E, all_of, binop, call, cast, cmp, const, identity_value, in_range, logic,
+                    reduce, select, unop)
 
 Index = List[E]
 
@@ -1222,19 +1223,6 @@ def _combine(kind: str, old: E, new: E) -> E:
     return nan_min(old, new)
 
 
-def _scatter_identity(kind: str, dt: DType):
-    if kind == "add":
-        return 0
-    if kind == "mul":
-        return 1
-    if dt.is_float:
-        return -math.inf if kind == "max" else math.inf
-    if dt == BOOL:
-        return kind == "min"
-    info = np.iinfo(dt.numpy)
-    return info.min if kind == "max" else info.max
-
-
 @lowering("ScatterElements")
 def _scatter_elements(ctx):
     """Each output element searches the update positions that target it (the last one wins, or all are
@@ -1260,7 +1248,7 @@ def _scatter_elements(ctx):
             last = reduce("max", [n], lambda kk: select(match(kk), kk, const(-1, I64)))
             return select(cmp("ge", last, const(0, I64)), upd(at(clamp(last, n))), x(idx))
         red = {"add": "sum", "mul": "prod", "max": "max", "min": "min"}[kind]
-        ident = const(_scatter_identity(kind, x.dtype), x.dtype)
+        ident = const(identity_value(kind, x.dtype), x.dtype)
         acc = reduce(red, [n], lambda kk: select(match(kk), upd(at(kk)), ident))
         if kind in ("max", "min"):
             hit = reduce("max", [n], lambda kk: select(match(kk), const(1, I64), const(0, I64)))
@@ -1293,7 +1281,7 @@ def _scatter_nd(ctx):
             us = unflat_index(clamp(last, int(np.prod(lead))), lead)
             return select(cmp("ge", last, const(0, I64)), upd_at(us), x(idx))
         red = {"add": "sum", "mul": "prod", "max": "max", "min": "min"}[kind]
-        ident = const(_scatter_identity(kind, x.dtype), x.dtype)
+        ident = const(identity_value(kind, x.dtype), x.dtype)
         acc = reduce(red, lead, lambda *us: select(match(*us), upd_at(us), ident))
         if kind in ("max", "min"):
             hit = reduce("max", lead, lambda *us: select(match(*us), const(1, I64), const(0, I64)))

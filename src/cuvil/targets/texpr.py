@@ -198,6 +198,20 @@ def cast(a: E, dtype: DType) -> E:
     return a if a.dtype == dtype else E("cast", (a,), dtype)
 
 
+def identity_value(kind: str, dtype: DType):
+    """The neutral element of a reduction (``sum``/``add``, ``prod``/``mul``, ``max``, ``min``) in ``dtype``."""
+    if kind in ("sum", "add"):
+        return 0
+    if kind in ("prod", "mul"):
+        return 1
+    if dtype.is_float:
+        return -float("inf") if kind == "max" else float("inf")
+    if dtype == BOOL:
+        return kind == "min"
+    info = np.iinfo(dtype.numpy)
+    return info.min if kind == "max" else info.max
+
+
 def reduce(kind: str, extents: Sequence[int], body_fn: Callable[..., E], dtype: Optional[DType] = None) -> E:
     """``kind`` (sum, max, min, prod) of ``body_fn(*vars)`` over ``vars`` ranging over ``extents``."""
     vs = [var("r") for _ in extents]

@@ -7,7 +7,6 @@ strides. Reductions accumulate with reassociation allowed (the order of a sum is
 """
 from __future__ import annotations
 
-import math
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import llvmlite.binding as llvm
@@ -17,7 +16,7 @@ import numpy as np
 from ...errors import CuvilError
 from ...ir.dtype import DType
 from ..schedule import Schedule, Stage
-from ..texpr import E, Buf
+from ..texpr import E, Buf, identity_value
 
 _INITIALIZED = False
 
@@ -209,7 +208,7 @@ class _Emitter:
         for v, i in zip(st.vars, outer):
             self.env[v.attr] = i
         wvar = st.vars[-1].attr
-        init = const_value(_identity(kind, dt), dt)
+        init = const_value(identity_value(kind, dt), dt)
 
         def slot(w):
             return b.gep(acc, [w], source_etype=t, inbounds=True)
@@ -372,7 +371,7 @@ class _Emitter:
         b, dt = self.b, e.dtype
         t = ll(dt)
         acc = self.alloca(t)
-        b.store(const_value(_identity(kind, dt), dt), acc)
+        b.store(const_value(identity_value(kind, dt), dt), acc)
 
         def body(idx):
             for v, i in zip(vs, idx):
@@ -464,19 +463,6 @@ def _row_reduction(st: Stage) -> Optional[E]:
 
 def _fbits(dt: DType) -> int:
     return {DType.FLOAT16: 16, DType.FLOAT: 32, DType.DOUBLE: 64}[dt]
-
-
-def _identity(kind: str, dt: DType):
-    if kind == "sum":
-        return 0
-    if kind == "prod":
-        return 1
-    if dt.is_float:
-        return -math.inf if kind == "max" else math.inf
-    if dt == DType.BOOL:
-        return kind == "min"
-    info = np.iinfo(dt.numpy)
-    return info.min if kind == "max" else info.max
 
 
 def const_value(v, dt: DType) -> ir.Constant:
