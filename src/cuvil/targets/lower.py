@@ -15,8 +15,9 @@ import numpy as np
 from ..errors import UnsupportedOpError
 from ..ir.dtype import DType
 from ..ir.graph import Node
-from .texpr import (BOOL, I64, Buf, E, all_of, binop, call, cast, cmp, const, identity_value, in_range, logic,
-                    reduce, select, unop)
+from .gemm import MR, Contraction, pack_weights
+from .texpr import (BOOL, I64, Buf, E, all_of, binop, call, cast, cmp, const, identity_value, in_range, load,
+                    logic, reduce, select, unop)
 
 Index = List[E]
 
@@ -32,6 +33,7 @@ class TensorFn:
     # For elementwise ops: which inputs are read at exactly the output index (no broadcasting)
     same_index_inputs: Tuple[int, ...] = ()
     buf: Optional[Buf] = None   # set when the tensor is stored (its loads read this buffer)
+    contraction: bool = False   # the expression is a packed contraction (at most one per stage)
 
     def __call__(self, idx: Index) -> E:
         return self.fn(list(idx))
@@ -45,8 +47,11 @@ class TensorFn:
 
 
 class LowerCtx:
-    def __init__(self, node: Node, inputs: List[Optional[TensorFn]], temp: Callable):
-        self.node, self.inputs, self._temp = node, inputs, temp
+    def __init__(self, node: Node, inputs: List[Optional[TensorFn]], temp: Callable,
+                 weight: Optional[Callable] = None, gemm_cols: int = 0):
+        self.node, self.inputs, self._temp, self._weight = node, inputs, temp, weight
+        # > 0: lower convolutions to packed contractions whose B panels are this many positions wide
+        self.gemm_cols = gemm_cols
 
     def attr(self, name, default=None):
         from ..ir.registry import attr_defaults
@@ -66,6 +71,17 @@ class LowerCtx:
     def temp(self, shape, dtype, fn, name="tmp") -> TensorFn:
         """Materialise ``fn`` over ``shape`` into a scratch buffer; returns a loader of it."""
         return self._temp(tuple(shape), dtype, fn, f"{self.node.name}_{name}")
+
+    def weight(self, array: np.ndarray, name: str) -> Optional[Buf]:
+        """A compile-time constant (e.g. weights repacked for a kernel) stored with the weights; None when the
+        scheduler does not offer constants."""
+        if self._weight is None:
+            return None
+        return self._weight(np.ascontiguousarray(array), f"{self.node.name}_{name}")
+
+    def const_input(self, i: int) -> Optional[np.ndarray]:
+        v = self.node.inputs[i] if i < len(self.node.inputs) else None
+        return np.asarray(v.const) if v is not None and v.is_const else None
 
     def unsupported(self, detail: str):
         raise UnsupportedOpError(self.node.op, self.node.name, detail=detail)
@@ -661,6 +677,10 @@ def _conv(ctx):
     m_g = w.shape[0] // group
     kern = w.shape[2:]
     strides, dil, begin = _window_params(ctx, spatial, kern, x.shape[2:], out[2:])
+    gemm = _conv_as_gemm(ctx, x, b, out, group, cin_g, m_g, kern, strides, dil, begin)
+    if gemm is not None:
+        return [gemm]
+
     # Padding is materialised once (a zero-bordered copy of the input) so the convolution's inner loops
     # read unit-stride memory with no bounds tests.
     need = [(o - 1) * s + (k - 1) * d + 1 for o, s, k, d in zip(out[2:], strides, kern, dil)]
@@ -683,6 +703,46 @@ def _conv(ctx):
         acc = reduce("sum", [cin_g] + list(kern), body)
         return binop("add", acc, b([m])) if b is not None else acc
     return [TensorFn(out, ctx.out_dtype(), f, "complex")]
+
+
+def _conv_as_gemm(ctx, x, b, out, group, cin_g, m_g, kern, strides, dil, begin) -> Optional[TensorFn]:
+    """The convolution as a packed contraction (see :mod:`cuvil.targets.gemm`), when the target asks for
+    them (``ctx.gemm_cols``), it is float32 with constant weights and has enough output channels per group
+    to fill a micro-kernel's rows. The input is stored (zero-padded when the convolution pads) so the
+    kernel can pack it into panels without bounds tests."""
+    wv = ctx.const_input(1)
+    K = cin_g * int(np.prod(kern))
+    if (not ctx.gemm_cols or wv is None or ctx.out_dtype() != DType.FLOAT or x.dtype != DType.FLOAT or m_g < 4
+            or K < 8 or ctx._weight is None):
+        return None
+    out_sp = tuple(out[2:])
+    need = [(o - 1) * s + (k - 1) * d + 1 for o, s, k, d in zip(out_sp, strides, kern, dil)]
+    if any(begin) or any(n > size for n, size in zip(need, x.shape[2:])):
+        padded = list(x.shape[:2]) + [max(size + b0, n) for size, b0, n in zip(x.shape[2:], begin, need)]
+
+        def pad_fn(idx):
+            src = [i - b0 for i, b0 in zip(idx[2:], begin)]
+            return x.at_or(idx[:2] + src, all_of([in_range(p, 0, size) for p, size in zip(src, x.shape[2:])]), 0.0)
+        x = ctx.temp(padded, x.dtype, pad_fn, "pad")
+    elif x.buf is None:
+        x = ctx.temp(x.shape, x.dtype, x.fn, "in")
+    a_buf = ctx.weight(pack_weights(wv.astype(np.float32), group), "packed")
+    spec = Contraction(a_buf, x.buf, x.shape[0], group, m_g, cin_g, tuple(kern), tuple(strides), tuple(dil),
+                       out_sp, ctx.gemm_cols)
+    kshape = [cin_g] + list(kern)
+
+    def f(idx):
+        n, m, o = idx[0], idx[1], idx[2:]
+        g = m // m_g if group > 1 else const(0, I64)
+        ml = m % m_g if group > 1 else m
+
+        def body(k):
+            c, *ks = unflat_index(k, kshape)
+            pos = [oi * s + ki * d for oi, s, ki, d in zip(o, strides, ks, dil)]
+            return binop("mul", load(a_buf, [g, ml // MR, k, ml % MR]), x([n, g * cin_g + c] + pos))
+        acc = E("contract", [n, m] + list(o) + [reduce("sum", [K], body)], DType.FLOAT, spec)
+        return binop("add", acc, b([m])) if b is not None else acc
+    return TensorFn(out, ctx.out_dtype(), f, "complex", contraction=True)
 
 
 @lowering("ConvTranspose")
@@ -757,6 +817,11 @@ def _gemm(ctx):
     out = ctx.out_shape()
     K = a.shape[0] if ta else a.shape[1]
     cf = _bcast(c, out) if c is not None else None
+    wv = ctx.const_input(1)
+    if tb and wv is not None and ctx._weight is not None:
+        # constant B^T: stored transposed at compile time so the row schedule reads it with unit stride
+        bt = ctx.weight(np.ascontiguousarray(wv.T), "transposed")
+        b, tb = TensorFn(bt.shape, bt.dtype, lambda idx: load(bt, idx), "elementwise", buf=bt), 0
 
     def f(idx):
         i, j = idx
@@ -1642,7 +1707,7 @@ def _minus_zp(t: TensorFn, zp: Optional[TensorFn], zp_axis: Optional[int]) -> Te
 
 
 def _sub_ctx(ctx, inputs) -> LowerCtx:
-    return LowerCtx(ctx.node, inputs, ctx._temp)
+    return LowerCtx(ctx.node, inputs, ctx._temp, ctx._weight, ctx.gemm_cols)
 
 
 @lowering("MatMulInteger")

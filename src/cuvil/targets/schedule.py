@@ -40,6 +40,7 @@ class Stage:
     vars: List[E]
     expr: E
     reads: List[Buf] = attrs.field(factory=list)
+    flops: int = 0       # multiply-adds count 2 (reductions of products); elementwise work is not counted
 
 
 @attrs.define
@@ -60,7 +61,9 @@ def _align(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
-def schedule(g: Graph) -> Schedule:
+def schedule(g: Graph, gemm_cols: int = 0) -> Schedule:
+    """Stages and memory plan of ``g``. ``gemm_cols > 0`` lowers convolutions to packed contractions with
+    B panels that many positions wide (the x86 micro-kernels' tile width); 0 keeps plain reductions."""
     for v in g.values():
         if not v.type.is_static:
             raise ShapeError(f"value {v.name!r} has shape {v.type}: fix the symbols (fixed={{...}}) to compile")
@@ -98,14 +101,27 @@ def schedule(g: Graph) -> Schedule:
         fns[id(v)] = t
         return t
 
+    def packed_weight(arr: np.ndarray, name: str) -> Buf:
+        b = Buf(name, DType.from_numpy(arr.dtype), tuple(arr.shape), WEIGHTS, 0)
+        weights[id(b)] = (b, arr)
+        return b
+
     def materialize(name: str, shape, dtype, fn, base=ARENA) -> TensorFn:
         b = Buf(name, dtype, tuple(shape), base, 0)
         vs = [var(f"i{k}") for k in range(len(shape))]
         stages.append(Stage(name, b, vs, fn(list(vs))))
         return _loader(b)
 
+    contracting: Dict[int, bool] = {}   # inlined values whose expression holds a contraction
+
     g.toposort()
     for node in g.nodes:
+        # A stage computes at most one contraction with a micro-kernel: when a node would inline several
+        # (the residual Add of two convolutions), all but the last are stored first.
+        pending = [v for v in node.inputs if v is not None and contracting.get(id(v)) and id(v) not in bufs]
+        for v in pending[:-1]:
+            fns[id(v)] = materialize(v.name, v.shape, v.dtype, fns[id(v)].fn)
+            bufs[id(v)] = stages[-1].buf
         ins = []
         for v in node.inputs:
             if v is None:
@@ -118,11 +134,13 @@ def schedule(g: Graph) -> Schedule:
         if low is None:
             raise UnsupportedOpError(node.op, node.name, detail="no x86 lowering")
         temp = lambda shape, dtype, fn, name: materialize(name, shape, dtype, fn)
-        outs = low(LowerCtx(node, ins, temp))
+        outs = low(LowerCtx(node, ins, temp, packed_weight, gemm_cols))
         # an expression that inlines a reduction is expensive however cheap its own op is
         inlined_cost = any(expensive.get(id(v), False) for v in node.inputs if v is not None and id(v) not in bufs)
+        carries = any(contracting.get(id(v)) for v in node.inputs if v is not None and id(v) not in bufs)
         for o, t in zip(node.outputs, outs):
             expensive[id(o)] = t.kind == "complex" or inlined_cost
+            contracting[id(o)] = t.contraction or carries
             if id(o) in out_index:
                 j = out_index[id(o)][0]
                 ob = out_bufs[j]
@@ -157,6 +175,10 @@ def schedule(g: Graph) -> Schedule:
 
     for s in stages:
         s.reads = _reads(s.expr)
+        s.flops = _flops(s)
+    # constants that no kernel reads (weights a kernel reads repacked) stay out of the artifact
+    read = {id(root_of(b)) for s in stages for b in s.reads}
+    weights = {k: (b, a) for k, (b, a) in weights.items() if id(root_of(b)) in read}
     arena = _plan_arena(stages)
     wbytes = _plan_weights(weights)
     return Schedule(stages, in_bufs, out_bufs, [(b, a) for b, a in weights.values() if a is not None],
@@ -203,6 +225,26 @@ def _reads(e: E) -> List[Buf]:
             stack.extend(_argscan_reads(x))
         stack.extend(x.args)
     return out
+
+
+def _flops(st: Stage) -> int:
+    """2 x (output elements) x (reduction extent) for the stage's top-level sums and contractions."""
+    total, seen, stack = 0, set(), [st.expr]
+    elems = int(np.prod(st.buf.shape, dtype=np.int64))
+    while stack:
+        x = stack.pop()
+        if x.uid in seen:
+            continue
+        seen.add(x.uid)
+        if x.op == "contract":
+            total += x.attr.flops
+            continue
+        if x.op == "reduce":
+            if x.attr[0] == "sum":
+                total += 2 * elems * int(np.prod(x.attr[2], dtype=np.int64))
+            continue
+        stack.extend(x.args)
+    return total
 
 
 def _argscan_reads(x: E):

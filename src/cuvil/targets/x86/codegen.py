@@ -71,6 +71,10 @@ class KernelModule:
         self.module.data_layout = str(tm.target_data)
         self.tm = tm
         self._decls: Dict[str, ir.Function] = {}
+        self.vector_bits = 128   # widest vector registers of the target CPU (set by generate_object)
+        self.scratch_index: Optional[int] = None   # bufs slot of the thread's scratch (None: no scratch)
+        self.scratch_bytes = 0   # per-thread scratch the kernels need
+        self.gemm_symbols = set()   # stages emitted as GEMM micro-kernels
 
     def declare(self, name: str, ret: ir.Type, args: Sequence[ir.Type]) -> ir.Function:
         if name not in self._decls:
@@ -79,6 +83,11 @@ class KernelModule:
 
     def add_stage(self, st: Stage, sym: str) -> Tuple[int, int]:
         """Emit ``st`` as function ``sym``; returns (parallel extent, grain)."""
+        from .gemm import emit_gemm_stage
+        done = emit_gemm_stage(self, st, sym)
+        if done is not None:
+            self.gemm_symbols.add(sym)
+            return done
         fn = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [PTR, I64, I64]), name=sym)
         fn.linkage = "external"
         fn.visibility = "hidden"
@@ -265,6 +274,8 @@ class _Emitter:
         if op == "load":
             v = b.load(self.address(e.attr, [self.emit(a) for a in e.args]), typ=mem_type(dt))
             return b.trunc(v, I1) if dt == DType.BOOL else v
+        if op == "contract":   # a packed contraction outside a GEMM stage: its plain sum
+            return self.emit(e.args[-1])
         args = [self.emit(a) for a in e.args] if op not in ("reduce", "argscan") else []
         if op in ("add", "sub", "mul"):
             if dt.is_float:
@@ -479,14 +490,39 @@ def const_value(v, dt: DType) -> ir.Constant:
     return ir.Constant(t, iv)
 
 
+_AVX512_CPUS = ("avx512", "skylake-avx512", "cascadelake", "cooperlake", "cannonlake", "icelake", "tigerlake",
+                "rocketlake", "sapphirerapids", "graniterapids", "emeraldrapids", "znver4", "znver5", "x86-64-v4")
+_AVX2_CPUS = ("haswell", "broadwell", "skylake", "alderlake", "raptorlake", "meteorlake", "arrowlake", "lunarlake",
+              "znver1", "znver2", "znver3", "x86-64-v3", "bdver4")
+
+
+def vector_bits(cpu: str, features: str) -> int:
+    """Width of the target's vector registers: from the feature string, else from the CPU name."""
+    feats = set(features.split(",")) if features else set()
+    if feats:
+        if "+avx512f" in feats:
+            return 512
+        if "+avx2" in feats and "+fma" in feats:
+            return 256
+        return 128
+    if cpu.startswith(_AVX512_CPUS):
+        return 512
+    if cpu.startswith(_AVX2_CPUS):
+        return 256
+    return 128
+
+
 def generate_object(sched: Schedule, prefix: str, cpu: Optional[str], opt: int) -> Tuple[bytes, List[Tuple[str, int, int]], dict]:
     """The kernels of ``sched`` as an object file, and the (symbol, extent, grain) of each stage."""
     tm, triple, cpu_name, features = host_target(cpu, opt)
     km = KernelModule(prefix, tm, triple)
+    km.vector_bits = vector_bits(cpu_name, features)
+    km.scratch_index = 2 + len(sched.inputs) + len(sched.outputs)
     steps = []
     for k, st in enumerate(sched.stages):
         sym = f"{prefix}_kernel{k}"
         extent, grain = km.add_stage(st, sym)
         steps.append((sym, extent, grain))
     obj = km.compile(opt)
-    return obj, steps, {"triple": triple, "cpu": cpu_name, "features": features}
+    return obj, steps, {"triple": triple, "cpu": cpu_name, "features": features, "scratch_bytes": km.scratch_bytes,
+                        "gemm_symbols": km.gemm_symbols}

@@ -17,7 +17,8 @@ import numpy as np
 from ...errors import CuvilError
 from ...ir.graph import Graph
 from ..schedule import schedule
-from .codegen import generate_object
+from .codegen import generate_object, host_target, vector_bits
+from .gemm import tile_cols
 from .header import generate_header
 from .link import check_dependencies, link_shared, unexpected_dependencies
 from .model_c import generate_model_c
@@ -42,7 +43,8 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
     out_so = os.path.abspath(out_so)
     base = os.path.splitext(out_so)[0]
     say(f"scheduling {len(g.nodes)} nodes")
-    sched = schedule(g)
+    _, _, cpu_name, features = host_target(cpu, opt_level)
+    sched = schedule(g, gemm_cols=tile_cols(vector_bits(cpu_name, features)))
     say(f"{len(sched.stages)} kernels, arena {sched.arena_bytes} B, weights {sched.weights_bytes} B; generating LLVM IR")
     obj, steps, target = generate_object(sched, prefix, cpu, opt_level)
     t_codegen = time.perf_counter()
@@ -52,7 +54,7 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
         outputs=[IODesc(b.name, int(b.dtype), b.shape) for b in sched.outputs],
         arena_bytes=sched.arena_bytes,
         steps=[StepDesc(sym, extent, grain) for sym, extent, grain in steps],
-        weights_symbol=weights_sym, prefix=prefix)
+        weights_symbol=weights_sym, prefix=prefix, scratch_bytes=target["scratch_bytes"])
     with tempfile.TemporaryDirectory(prefix="cuvil-build-") as tmp:
         kobj = os.path.join(tmp, "kernels.o")
         with open(kobj, "wb") as f:
@@ -82,9 +84,13 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
         "inputs": [{"name": d.name, "dtype": d.dtype, "shape": list(d.shape)} for d in info.inputs],
         "outputs": [{"name": d.name, "dtype": d.dtype, "shape": list(d.shape)} for d in info.outputs],
         "arena_bytes": sched.arena_bytes,
+        "scratch_bytes_per_thread": target["scratch_bytes"],
         "weights_bytes": sched.weights_bytes,
         "kernels": len(sched.stages),
         "fused_ops": sched.fused,
+        "steps": [{"stage": st.name, "shape": list(st.buf.shape), "flops": st.flops,
+                   "kernel": "gemm" if sym in target["gemm_symbols"] else "loop"}
+                  for st, (sym, _, _) in zip(sched.stages, steps)],
         "dependencies": deps,
         "compile_seconds": round(time.perf_counter() - t0, 3),
         "codegen_seconds": round(t_codegen - t0, 3),

@@ -5,18 +5,20 @@
  * runtime.c and by the generated model.c, both compiled with -fvisibility=hidden and
  * -DCUVIL_PREFIX=<prefix>.
  *
- * Contract (abi_version 1):
- *   At run time the runtime builds   void *bufs[2 + num_inputs + num_outputs]:
+ * Contract (abi_version 2):
+ *   At run time the runtime builds, for each thread t of the session, void *bufs[3 + num_inputs + num_outputs]:
  *     bufs[0]                       the session's arena (arena_bytes, 64-byte aligned, NULL if 0 bytes)
  *     bufs[1]                       model.weights (NULL if the model has no weights)
  *     bufs[2 + i]                   inputs[i].data    (caller memory, element-aligned, read only)
  *     bufs[2 + num_inputs + j]      outputs[j].data   (caller memory, element-aligned)
+ *     bufs[2 + num_inputs + num_outputs]  thread t's own scratch (scratch_bytes, 64-byte aligned, NULL if
+ *                                   0 bytes; contents undefined at the start of every call)
  *   and executes the steps in order. For a step {fn, extent, grain}:
  *     extent <= 0   skipped;
  *     otherwise     [0, extent) is split into n = min(num_threads, max(1, extent / grain)) chunks whose
  *                   boundaries are multiples of grain (the last chunk ends at extent), so every chunk has
  *                   >= grain iterations unless extent < grain; fn(bufs, begin, end) is called once per
- *                   chunk, chunk 0 on the calling thread, chunk t on worker t. n == 1 means one call
+ *                   chunk, chunk 0 on the calling thread, chunk t on worker t, each with its thread's bufs. n == 1 means one call
  *                   fn(bufs, 0, extent) on the calling thread with no synchronisation at all.
  *   All chunks of a step finish (with release/acquire ordering) before any chunk of the next one starts.
  *   grain <= 0 is treated as 1.
@@ -36,7 +38,7 @@
 #define CUVIL_API(name) CUVIL_CAT(CUVIL_PREFIX, name)
 #define CUVIL_MODEL CUVIL_CAT(CUVIL_PREFIX, _model)
 
-#define CUVIL_ABI_VERSION 1
+#define CUVIL_ABI_VERSION 2
 #define CUVIL_HIDDEN __attribute__((visibility("hidden")))
 #define CUVIL_EXPORT __attribute__((visibility("default")))
 
@@ -55,6 +57,7 @@ typedef struct {
   int64_t arena_bytes;            /* scratch memory per session, 64-byte aligned allocation */
   int32_t num_steps; const cuvil_step *steps;
   const void *weights;            /* address of the embedded weights symbol, or NULL */
+  int64_t scratch_bytes;          /* per-thread scratch (packed GEMM panels), 64-byte aligned allocation */
 } cuvil_model;
 
 /* The public tensor type, identical to the one in the generated lib<name>.h. */

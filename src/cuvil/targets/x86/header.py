@@ -122,6 +122,7 @@ def generate_header(model_info: ModelInfo, prefix: str | None = None) -> str:
         " * \"input 0 'data': dim 2 is 225, expected 224\" (\"\" if none yet). Valid until the next failing call. */",
         f"const char    *{p}_last_error(void);",
         f"void           {p}_session_destroy({session} *s);",
+        f"int            {p}_profile({session} *s, int64_t *step_ns, int32_t capacity);  /* per-step time of later runs */",
         "",
         "#ifdef __cplusplus",
         "}",

@@ -132,6 +132,7 @@ class Model:
             "strerror": (ctypes.c_char_p, [ctypes.c_int]),
             "last_error": (ctypes.c_char_p, []),
             "session_destroy": (None, [ctypes.c_void_p]),
+            "profile": (ctypes.c_int, [ctypes.c_void_p, i64p, ctypes.c_int32]),
         }
 
         class _F:
@@ -273,6 +274,28 @@ class Model:
             self._check(self._f.run(s, ins, self._out_tensors))
             del keep
         return outs
+
+    def profile(self, *arrays, runs: int = 10, num_threads: int | None = None, **named) -> list[float]:
+        """Seconds per run spent in each step (kernel) of the model, averaged over ``runs`` runs after one
+        warm-up; the manifest's ``steps`` names them."""
+        self.run(*arrays, num_threads=num_threads, **named)
+        with self._lock:
+            s = self._get_session(num_threads)
+            n = self._check_count(self._f.profile(s, None, 0))
+            acc = (ctypes.c_int64 * max(1, n))()
+            self._check_count(self._f.profile(s, acc, n))
+        try:
+            for _ in range(runs):
+                self.run(*arrays, num_threads=num_threads, **named)
+        finally:
+            with self._lock:
+                self._f.profile(s, None, 0)
+        return [acc[k] / 1e9 / runs for k in range(n)]
+
+    def _check_count(self, rc: int) -> int:
+        if rc < 0:
+            self._check(rc, CuvilError)
+        return rc
 
     def __repr__(self) -> str:
         fmt = lambda ds: ", ".join(f"{d.name}: {d.dtype}{list(d.shape)}" for d in ds)  # noqa: E731

@@ -117,6 +117,7 @@ def generate_model_c(info: ModelInfo) -> str:
         f"  /* arena_bytes */ {_i64(info.arena_bytes)},",
         f"  /* num_steps, steps */ {len(info.steps)}, {steps},",
         f"  /* weights */ {weights},",
+        f"  /* scratch_bytes (per thread) */ {_i64(info.scratch_bytes)},",
         "};",
         "",
     ]

@@ -20,7 +20,7 @@ ABI_DTYPES = {1: "float", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "in
 
 #: Names the public ABI takes under a prefix (``<prefix>_<name>``); kernels may not use them.
 ABI_FUNCTIONS = ("num_inputs", "num_outputs", "input_name", "output_name", "input_info", "output_info",
-                 "session_create", "output_shape", "run", "strerror", "last_error", "session_destroy")
+                 "session_create", "output_shape", "run", "strerror", "last_error", "session_destroy", "profile")
 
 
 _C_KEYWORDS = frozenset(
@@ -104,6 +104,7 @@ class ModelInfo:
     steps: list = attrs.field(converter=list)
     weights_symbol: str | None = attrs.field(default=None, validator=_opt_ident)
     prefix: str = attrs.field(default="cuvil", validator=_ident)
+    scratch_bytes: int = attrs.field(default=0, validator=_nonneg)   # per thread
 
     def __attrs_post_init__(self):
         for kind, descs in (("input", self.inputs), ("output", self.outputs)):

@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 /* ------------------------------------------------------------------------------------------------ */
@@ -147,8 +148,11 @@ struct cuvil_session {
   int nchunks;
   int stop;
   int num_threads;
-  void **bufs;
+  void **bufs;                                        /* the buffer table: [nbufs] per thread, thread-major */
+  size_t nbufs;                                       /* 3 + inputs + outputs (last: the thread's scratch) */
   void *arena;
+  void *scratch;                                      /* num_threads regions of scratch_stride bytes */
+  int64_t *profile;                                   /* per-step nanoseconds accumulated by runs, or NULL */
 
   _Alignas(CUVIL_CACHELINE) atomic_uint gen;          /* bumped (seq_cst) to hand over a step */
   _Alignas(CUVIL_CACHELINE) atomic_int pending;       /* workers that have not finished the step */
@@ -167,7 +171,7 @@ static void run_chunk(struct cuvil_session *s, int t) {
   int64_t q = s->nunits / s->nchunks, r = s->nunits % s->nchunks;
   int64_t lo = (t * q + (t < r ? t : r)) * s->grain;
   int64_t hi = (t == s->nchunks - 1) ? s->extent : ((t + 1) * q + (t + 1 < r ? t + 1 : r)) * s->grain;
-  s->fn(s->bufs, lo, hi);
+  s->fn(s->bufs + (size_t)t * s->nbufs, lo, hi);
 }
 
 static void *worker_main(void *p) {
@@ -273,6 +277,7 @@ static void free_session(struct cuvil_session *s) {
   free(s->args);
   free(s->bufs);
   free(s->arena);
+  free(s->scratch);
   free(s);
 }
 
@@ -304,14 +309,27 @@ static struct cuvil_session *session_create(int num_threads) {
   pthread_mutex_init(&s->mu, NULL);
   pthread_cond_init(&s->cv, NULL);
 
-  size_t nbufs = 2 + (size_t)m->num_inputs + (size_t)m->num_outputs;
-  s->bufs = (void **)calloc(nbufs, sizeof(void *));
+  size_t nbufs = 3 + (size_t)m->num_inputs + (size_t)m->num_outputs;
+  s->nbufs = nbufs;
+  s->bufs = (void **)calloc(nbufs * (size_t)num_threads, sizeof(void *));
   if (!s->bufs) {
     fail(CUVIL_ERR_NOMEM, "could not allocate the buffer table");
     free_session(s);
     return NULL;
   }
-  s->bufs[1] = (void *)m->weights;
+  if (m->scratch_bytes > 0) {
+    size_t stride = ((size_t)m->scratch_bytes + CUVIL_CACHELINE - 1) & ~(size_t)(CUVIL_CACHELINE - 1);
+    if (posix_memalign(&s->scratch, CUVIL_CACHELINE, stride * (size_t)num_threads) != 0) {
+      s->scratch = NULL;
+      fail(CUVIL_ERR_NOMEM, "could not allocate %d x %lld bytes of thread scratch", num_threads,
+           (long long)m->scratch_bytes);
+      free_session(s);
+      return NULL;
+    }
+    memset(s->scratch, 0, stride * (size_t)num_threads);
+    for (int t = 0; t < num_threads; ++t) s->bufs[(size_t)t * nbufs + nbufs - 1] = (char *)s->scratch + t * stride;
+  }
+  for (int t = 0; t < num_threads; ++t) s->bufs[(size_t)t * nbufs + 1] = (void *)m->weights;
   if (m->arena_bytes > 0) {
     size_t bytes = ((size_t)m->arena_bytes + CUVIL_CACHELINE - 1) & ~(size_t)(CUVIL_CACHELINE - 1);
     if (posix_memalign(&s->arena, CUVIL_CACHELINE, bytes) != 0) {
@@ -322,7 +340,7 @@ static struct cuvil_session *session_create(int num_threads) {
     }
     memset(s->arena, 0, bytes);                       /* deterministic contents; pre-faults the pages */
   }
-  s->bufs[0] = s->arena;
+  for (int t = 0; t < num_threads; ++t) s->bufs[(size_t)t * nbufs] = s->arena;
 
   if (num_threads > 1) {
     int nw = num_threads - 1;
@@ -510,14 +528,38 @@ CUVIL_EXPORT int CUVIL_API(run)(cuvil_session *s, const cuvil_tensor *inputs, cu
   if (rc) return rc;
   if (atomic_exchange_explicit(&s->busy, 1, memory_order_acquire) != 0)
     return fail(CUVIL_ERR_BUSY, "run: session %p is in use by another thread", (void *)s);
-  void **bufs = s->bufs;
   const int ni = m->num_inputs, no = m->num_outputs;
-  for (int i = 0; i < ni; ++i) bufs[2 + i] = inputs[i].data;
-  for (int j = 0; j < no; ++j) bufs[2 + ni + j] = outputs[j].data;
+  for (int t = 0; t < s->num_threads; ++t) {
+    void **bufs = s->bufs + (size_t)t * s->nbufs;
+    for (int i = 0; i < ni; ++i) bufs[2 + i] = inputs[i].data;
+    for (int j = 0; j < no; ++j) bufs[2 + ni + j] = outputs[j].data;
+  }
   const cuvil_step *steps = m->steps;
-  for (int k = 0, n = m->num_steps; k < n; ++k) run_step(s, &steps[k]);
+  if (s->profile == NULL) {
+    for (int k = 0, n = m->num_steps; k < n; ++k) run_step(s, &steps[k]);
+  } else {
+    struct timespec t0, t1;
+    for (int k = 0, n = m->num_steps; k < n; ++k) {
+      clock_gettime(CLOCK_MONOTONIC, &t0);
+      run_step(s, &steps[k]);
+      clock_gettime(CLOCK_MONOTONIC, &t1);
+      s->profile[k] += (int64_t)(t1.tv_sec - t0.tv_sec) * 1000000000 + (t1.tv_nsec - t0.tv_nsec);
+    }
+  }
   atomic_store_explicit(&s->busy, 0, memory_order_release);
   return CUVIL_OK;
+}
+
+/* Extension: time every step of the following runs of session s, adding nanoseconds into step_ns[k]
+ * (capacity >= the number of steps); step_ns NULL stops. Returns the number of steps, or a negative code. */
+CUVIL_EXPORT int CUVIL_API(profile)(cuvil_session *s, int64_t *step_ns, int32_t capacity) {
+  const cuvil_model *m = &CUVIL_MODEL;
+  if (s == NULL) return fail(CUVIL_ERR_NULL_SESSION, "profile: session is NULL");
+  if (step_ns != NULL && capacity < m->num_steps)
+    return fail(CUVIL_ERR_INDEX, "profile: capacity %d < %d steps", (int)capacity, (int)m->num_steps);
+  if (atomic_load(&s->busy)) return fail(CUVIL_ERR_BUSY, "profile: session %p is running", (void *)s);
+  s->profile = step_ns;
+  return m->num_steps;
 }
 
 CUVIL_EXPORT const char *CUVIL_API(strerror)(int code) {

@@ -1,0 +1,59 @@
+"""Where the time goes: per-kernel time, share and GFLOP/s of a model's native library.
+
+    python3 bench/x86_profile.py resnet50 [--threads 1] [--runs 10] [--top 25]
+    python3 bench/x86_profile.py path/to/model.onnx
+
+Uses the runtime's step profiler (``<prefix>_profile``, see docs/c-abi.md) and the manifest's per-step
+FLOPs (2 x multiply-adds of convolutions/matrix products; other work is not counted). ``gemm`` kernels
+are register-blocked micro-kernels, ``loop`` kernels the generic loop nests.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+
+import numpy as np
+
+from cuvil import Pipeline
+from cuvil.testing import LIGHT_MODELS, light_model
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("model", help=f"one of {', '.join(LIGHT_MODELS)} or an .onnx path")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--runs", type=int, default=10)
+    ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--peak-gflops", type=float, default=None,
+                    help="per-core fp32 peak for the %%-of-peak column (default: not shown)")
+    a = ap.parse_args(argv)
+    src = a.model if os.path.exists(a.model) else light_model(a.model, seed=0)
+    art = Pipeline.from_onnx(src).optimize().compile()
+    model = art.model()
+    rng = np.random.default_rng(1)
+    xs = [rng.standard_normal(d.shape).astype(d.dtype) for d in model.inputs]
+    times = model.profile(*xs, runs=a.runs, num_threads=a.threads)
+    steps = art.manifest["steps"]
+    total = sum(times)
+    flops = sum(s["flops"] for s in steps)
+    print(f"{a.model}: {len(steps)} kernels, {total * 1e3:.2f} ms per run in kernels, "
+          f"{flops / 1e9:.2f} GFLOP, {flops / total / 1e9:.1f} GFLOP/s overall ({a.threads} thread(s))")
+    by_kind = {}
+    for s, t in zip(steps, times):
+        by_kind.setdefault(s["kernel"], [0.0, 0])
+        by_kind[s["kernel"]][0] += t
+        by_kind[s["kernel"]][1] += s["flops"]
+    for k, (t, f) in sorted(by_kind.items()):
+        print(f"  {k:5}: {t * 1e3:8.2f} ms ({100 * t / total:4.1f}%), {f / max(t, 1e-12) / 1e9:6.1f} GFLOP/s")
+    peak = a.peak_gflops * a.threads if a.peak_gflops else None
+    print(f"\n{'ms':>8} {'%':>5} {'GFLOP/s':>8} {'%peak' if peak else '':>6} kernel  stage  shape")
+    order = sorted(range(len(steps)), key=lambda k: -times[k])[:a.top]
+    for k in order:
+        s, t = steps[k], times[k]
+        gf = s["flops"] / t / 1e9 if s["flops"] and t > 0 else 0.0
+        pk = f"{100 * gf / peak:5.0f}%" if peak and gf else ""
+        print(f"{t * 1e3:8.3f} {100 * t / total:5.1f} {gf:8.1f} {pk:>6} {s['kernel']:5}  {s['stage']}  {s['shape']}")
+
+
+if __name__ == "__main__":
+    main()

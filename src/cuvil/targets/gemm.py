@@ -1,0 +1,68 @@
+"""Convolution as a packed GEMM: the contraction node that GEMM micro-kernels implement.
+
+A float32 convolution with ``G`` groups is, per image ``n`` and group ``g``, the matrix product
+``out[n, g*Mg + m, p] = sum_k A[g, m, k] * B[n, g, k, p]`` with ``k`` running over (input channel, kernel
+offsets) and ``p`` over output positions; ``B`` is the input seen through the window (im2col). ``A`` is the
+weight tensor, packed at compile time into panels of :data:`MR` output channels
+(``Ap[g, m // MR, k, m % MR]``, zero rows past ``Mg``) so a micro-kernel reads one contiguous ``MR``-vector
+per ``k``. ``B`` is never materialised whole: a kernel packs panels of ``cols`` positions from the stored
+(already zero-padded) input into per-thread scratch, just before the micro-kernels read them.
+
+The lowering emits ``E("contract", [n, m, *o, reduce], attr=Contraction)``: every backend may evaluate it
+as its last argument (the same sum over ``k``, reading the packed weights and the input), and the x86
+backend replaces it by micro-kernels when the node is the stage's own output element.
+"""
+from __future__ import annotations
+
+import attrs
+import numpy as np
+
+from .texpr import Buf
+
+MR = 6   # output channels per weight panel (rows of the micro-kernel's register tile)
+
+
+@attrs.define(eq=False)
+class Contraction:
+    a: Buf              # packed weights [G, Mb, K, MR]
+    x: Buf              # input [N, G*Cg, *spatial], zero-padded: every window position is inside it
+    n: int
+    groups: int
+    m: int              # output channels per group
+    cin: int            # input channels per group
+    kernel: tuple
+    strides: tuple
+    dilations: tuple
+    out_spatial: tuple
+    cols: int           # positions per micro-kernel tile (the target's register tile width)
+
+    @property
+    def k(self) -> int:
+        return self.cin * int(np.prod(self.kernel))
+
+    @property
+    def p(self) -> int:
+        return int(np.prod(self.out_spatial))
+
+    @property
+    def m_blocks(self) -> int:
+        return -(-self.m // MR)
+
+    @property
+    def p_blocks(self) -> int:
+        return -(-self.p // self.cols)
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.n * self.groups * self.m * self.k * self.p
+
+
+def pack_weights(w: np.ndarray, groups: int) -> np.ndarray:
+    """``w[M, C/G, *kernel]`` -> ``[G, Mb, K, MR]`` with K = C/G * prod(kernel), zero rows past M/G."""
+    m_total = w.shape[0]
+    mg = m_total // groups
+    k = int(np.prod(w.shape[1:]))
+    mb = -(-mg // MR)
+    a = np.zeros((groups, mb * MR, k), dtype=np.float32)
+    a[:, :mg, :] = w.reshape(groups, mg, k)
+    return np.ascontiguousarray(a.reshape(groups, mb, MR, k).transpose(0, 1, 3, 2))

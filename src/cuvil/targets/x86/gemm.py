@@ -1,0 +1,273 @@
+"""Register-blocked GEMM micro-kernels for contraction stages (convolutions; see :mod:`cuvil.targets.gemm`).
+
+A stage whose output element is ``epilogue(contract(n, m, o...))`` is computed tile by tile: a tile is
+``MR`` output channels x ``NR`` output positions of one image and group, ``NR = NV * VW`` (``VW`` floats
+per vector register: 8 with AVX2, 16 with AVX-512). The k-loop keeps the ``MR x NV`` accumulators in
+vector registers: per k it loads ``NV`` vectors of a B panel, broadcasts ``MR`` packed weights and issues
+``MR * NV`` fused multiply-adds. The tile is then spilled to a small stack array and the stage's epilogue
+(bias, folded BatchNorm, residual add, activation: whatever was fused into the stage) runs element by
+element through the generic emitter and stores the output.
+
+B panels (``K x NR`` floats, the im2col of ``NR`` positions) are packed into the calling thread's scratch
+(``bufs[scratch]``, one region per thread, see runtime.c) from the stored input: a contiguous copy when the
+panel's positions are consecutive in the input, a gather otherwise; positions past ``P`` repeat the last
+one (their columns are never stored). The parallel range is chosen so the smaller operand cycles:
+
+* ``Mg <= P`` (*panel* order): a unit is one panel of positions; it is packed once and every weight panel
+  runs over it while it sits in L1/L2;
+* ``Mg > P`` (*weights* order): a unit is one weight panel; all B panels of the image are packed once per
+  kernel call (per thread) and reused by every weight panel of the call's range.
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import llvmlite.ir as ir
+
+from ..gemm import MR, Contraction
+from ..schedule import Stage
+from ..texpr import E
+from .codegen import F32, I32, I64, PTR, _Emitter
+
+# Cores with AVX-512 have 32 vector registers, AVX2 16: NV vectors per row keep MR*NV accumulators + NV
+# B vectors + 1 broadcast in registers.
+_NV = {512: 4, 256: 2, 128: 2}
+
+
+def tile_cols(vector_bits: int) -> int:
+    """Positions per micro-kernel tile (B panel width) for a target with ``vector_bits`` registers."""
+    return max(4, vector_bits // 32) * _NV.get(vector_bits, 2)
+
+
+def find_contraction(st: Stage) -> Optional[E]:
+    """The stage's contraction node when the stage stores exactly its elements (its index arguments are
+    the stage's own loop variables) and it is the only one at the top level."""
+    found, seen, stack = [], set(), [st.expr]
+    while stack:
+        x = stack.pop()
+        if x.uid in seen:
+            continue
+        seen.add(x.uid)
+        if x.op == "contract":
+            found.append(x)
+            continue
+        if x.op in ("reduce", "argscan"):
+            if _contains_contract(x):
+                return None
+            continue
+        stack.extend(x.args)
+    if len(found) != 1:
+        return None
+    c = found[0]
+    idx = c.args[:-1]
+    if len(idx) != len(st.vars) or any(a.op != "var" or a.attr != v.attr for a, v in zip(idx, st.vars)):
+        return None
+    return c
+
+
+def _contains_contract(e: E) -> bool:
+    stack, seen = [e], set()
+    while stack:
+        x = stack.pop()
+        if x.uid in seen:
+            continue
+        seen.add(x.uid)
+        if x.op == "contract":
+            return True
+        stack.extend(x.args)
+    return False
+
+
+def scratch_bytes(spec: Contraction) -> int:
+    """Per-thread scratch a contraction stage packs B into."""
+    panels = 1 if spec.m <= spec.p else spec.p_blocks
+    return panels * spec.k * spec.cols * 4
+
+
+def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
+    c = find_contraction(st)
+    if c is None or km.scratch_index is None:
+        return None
+    spec: Contraction = c.attr
+    vw = max(4, km.vector_bits // 32)
+    nr = spec.cols
+    if nr % vw:
+        return None
+    nv = nr // vw
+    vec = ir.VectorType(F32, vw)
+    km.scratch_bytes = max(km.scratch_bytes, scratch_bytes(spec))
+
+    fn = ir.Function(km.module, ir.FunctionType(ir.VoidType(), [PTR, I64, I64]), name=sym)
+    fn.linkage = "external"
+    fn.visibility = "hidden"
+    fn.args[0].add_attribute("noalias")
+    bufs, begin, end = fn.args
+    entry = fn.append_basic_block("entry")
+    b = ir.IRBuilder(entry)
+    em = _Emitter(km, fn, b, bufs)
+    fma = km.declare(f"llvm.fma.v{vw}f32", vec, [vec, vec, vec])
+    tile = em.alloca(vec, MR * nv)   # stored as vectors, read back as floats
+    offs = em.alloca(I64, nr)        # input offset of each position of the panel being packed
+    packed_key = em.alloca(I64)
+    b.store(I64(-1), packed_key)
+
+    G, M, K, P, Mb, Pb = spec.groups, spec.m, spec.k, spec.p, spec.m_blocks, spec.p_blocks
+    panel_order = M <= P
+    zero = ir.Constant(vec, [0.0] * vw)
+    xs = spec.x.shape
+    in_sp = xs[2:]
+    in_strides = spec.x.strides      # elements
+    scratch = b.load(b.gep(bufs, [I64(km.scratch_index)], source_etype=PTR), typ=PTR)
+
+    def fptr(base, off):
+        return b.gep(base, [off], source_etype=F32, inbounds=True)
+
+    def splat(x):
+        v = b.insert_element(ir.Constant(vec, ir.Undefined), x, I32(0))
+        return b.shuffle_vector(v, ir.Constant(vec, ir.Undefined), ir.Constant(ir.VectorType(I32, vw), [0] * vw))
+
+    def pack(n, g, pb_lo, count):
+        """Panels pb_lo .. pb_lo+count-1 of image n, group g into scratch (K x nr floats each)."""
+        xb = b.gep(em.base(spec.x), [I64(spec.x.offset)], source_etype=ir.IntType(8), inbounds=True)
+        xb = fptr(xb, b.mul(b.add(b.mul(n, I64(xs[1])), b.mul(g, I64(spec.cin))), I64(in_strides[1])))
+
+        def one(i):
+            pb = b.add(pb_lo, i)
+            panel = fptr(scratch, b.mul(i, I64(K * nr)))
+
+            def position(j):
+                p = b.add(b.mul(pb, I64(nr)), j)
+                p = b.select(b.icmp_signed("<", p, I64(P)), p, I64(P - 1))
+                off, rest = I64(0), p
+                for d in reversed(range(len(spec.out_spatial))):
+                    od = b.srem(rest, I64(spec.out_spatial[d])) if d else rest
+                    rest = b.sdiv(rest, I64(spec.out_spatial[d])) if d else rest
+                    off = b.add(off, b.mul(od, I64(spec.strides[d] * in_strides[2 + d])))
+                b.store(off, b.gep(offs, [j], source_etype=I64, inbounds=True))
+            em.loop_range(I64(0), I64(nr), position)
+            first = b.load(offs, typ=I64)
+            last = b.load(b.gep(offs, [I64(nr - 1)], source_etype=I64, inbounds=True), typ=I64)
+            contiguous = b.icmp_signed("==", b.sub(last, first), I64(nr - 1))
+
+            def rows(gather):
+                def per_k(kidx):
+                    c_, ks = kidx[0], kidx[1:]
+                    koff = b.mul(c_, I64(in_strides[1]))
+                    for kd, dd, stv in zip(ks, spec.dilations, in_strides[2:]):
+                        koff = b.add(koff, b.mul(kd, I64(dd * stv)))
+                    kflat = kidx[0]
+                    for kd, ext in zip(ks, spec.kernel):
+                        kflat = b.add(b.mul(kflat, I64(ext)), kd)
+                    dst = fptr(panel, b.mul(kflat, I64(nr)))
+                    if gather:
+                        def col(j):
+                            o = b.load(b.gep(offs, [j], source_etype=I64, inbounds=True), typ=I64)
+                            b.store(b.load(fptr(xb, b.add(koff, o)), typ=F32), fptr(dst, j))
+                        em.loop_range(I64(0), I64(nr), col)
+                    else:
+                        src = fptr(xb, b.add(koff, first))
+                        for v in range(nv):
+                            x = b.load(fptr(src, I64(v * vw)), typ=vec, align=4)
+                            b.store(x, b.gep(dst, [I64(v)], source_etype=vec, inbounds=True), align=4)
+                em.loops([spec.cin] + list(spec.kernel), per_k)
+            with b.if_else(contiguous) as (then, otherwise):
+                with then:
+                    rows(False)
+                with otherwise:
+                    rows(True)
+        em.loop_range(I64(0), count, one)
+
+    def kloop(a_ptr, b_ptr):
+        """MR x NV accumulators over k in [0, K), stored to the tile."""
+        pre = b.block
+        head = fn.append_basic_block("k")
+        done = fn.append_basic_block("k_done")
+        b.branch(head)
+        b.position_at_end(head)
+        k = b.phi(I64)
+        k.add_incoming(I64(0), pre)
+        accs = []
+        for _ in range(MR * nv):
+            ph = b.phi(vec)
+            ph.add_incoming(zero, pre)
+            accs.append(ph)
+        brow = fptr(b_ptr, b.mul(k, I64(nr)))
+        bv = [b.load(fptr(brow, I64(v * vw)), typ=vec, align=4) for v in range(nv)]
+        arow = fptr(a_ptr, b.mul(k, I64(MR)))
+        new = []
+        for r in range(MR):
+            av = splat(b.load(fptr(arow, I64(r)), typ=F32, align=4))
+            for v in range(nv):
+                new.append(b.call(fma, [av, bv[v], accs[r * nv + v]]))
+        k1 = b.add(k, I64(1))
+        k.add_incoming(k1, b.block)
+        for ph, x in zip(accs, new):
+            ph.add_incoming(x, b.block)
+        b.cbranch(b.icmp_signed("<", k1, I64(K)), head, done)
+        b.position_at_end(done)
+        for r in range(MR):
+            for v in range(nv):
+                b.store(new[r * nv + v], b.gep(tile, [I64(r * nv + v)], source_etype=vec, inbounds=True), align=4)
+
+    a_base = b.gep(em.base(spec.a), [I64(spec.a.offset)], source_etype=ir.IntType(8), inbounds=True)
+
+    def tile_at(n, g, mb, pb, panel):
+        a_ptr = fptr(a_base, b.mul(b.add(b.mul(g, I64(Mb)), mb), I64(K * MR)))
+        kloop(a_ptr, panel)
+        m0 = b.mul(mb, I64(MR))
+        p0 = b.mul(pb, I64(nr))
+        left = b.sub(I64(P), p0)
+        ncols = b.select(b.icmp_signed("<", left, I64(nr)), left, I64(nr))
+        mleft = b.sub(I64(M), m0)
+        nrows = b.select(b.icmp_signed("<", mleft, I64(MR)), mleft, I64(MR))
+        epilogue(n, g, m0, p0, nrows, ncols)
+
+    def ensure_packed(key, n, g, pb_lo, count):
+        fresh = b.icmp_signed("!=", b.load(packed_key, typ=I64), key)
+        with b.if_then(fresh):
+            pack(n, g, pb_lo, count)
+            b.store(key, packed_key)
+
+    def body(t):
+        inner = Pb if panel_order else Mb
+        u = b.srem(t, I64(inner))
+        ng = b.sdiv(t, I64(inner))
+        g = b.srem(ng, I64(G))
+        n = b.sdiv(ng, I64(G))
+        if panel_order:      # u = pb: pack it, then every weight panel
+            ensure_packed(t, n, g, u, I64(1))
+            em.loop_range(I64(0), I64(Mb), lambda mb: tile_at(n, g, mb, u, scratch))
+        else:                # u = mb: all panels of (n, g) packed once per call
+            ensure_packed(ng, n, g, I64(0), I64(Pb))
+            em.loop_range(I64(0), I64(Pb), lambda pb: tile_at(n, g, u, pb, fptr(scratch, b.mul(pb, I64(K * nr)))))
+
+    out_sp = spec.out_spatial
+
+    def epilogue(n, g, m0, p0, nrows, ncols):
+        mbase = b.add(b.mul(g, I64(M)), m0)
+
+        def row(r):
+            m = b.add(mbase, r)
+
+            def col(j):
+                p = b.add(p0, j)
+                idx = [n, m]
+                rest = p
+                sp = []
+                for d in reversed(out_sp[1:]):
+                    sp.append(b.srem(rest, I64(d)))
+                    rest = b.sdiv(rest, I64(d))
+                sp.append(rest)
+                idx += list(reversed(sp))
+                for v, i in zip(st.vars, idx):
+                    em.env[v.attr] = i
+                slot = b.gep(tile, [b.add(b.mul(r, I64(nr)), j)], source_etype=F32, inbounds=True)
+                em.memo[-1][c.uid] = b.load(slot, typ=F32)
+                val = em.emit(st.expr)
+                b.store(val, em.address(st.buf, idx))
+            em.loop_range(I64(0), ncols, col)
+        em.loop_range(I64(0), nrows, row)
+
+    em.loop_range(begin, end, body)
+    b.ret_void()
+    return spec.n * G * (Pb if panel_order else Mb), 1
