@@ -52,7 +52,7 @@ def main(argv=None):
         s, t = steps[k], times[k]
         gf = s["flops"] / t / 1e9 if s["flops"] and t > 0 else 0.0
         pk = f"{100 * gf / peak:5.0f}%" if peak and gf else ""
-        print(f"{t * 1e3:8.3f} {100 * t / total:5.1f} {gf:8.1f} {pk:>6} {s['kernel']:5}  {s['stage']}  {s['shape']}")
+        print(f"{t * 1e3:8.3f} {100 * t / total:5.1f} {gf:8.1f} {pk:>6} {s['kernel']:5}  {s.get('op', '')}:{s['stage']}  {s['shape']}")
 
 
 if __name__ == "__main__":

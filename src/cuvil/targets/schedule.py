@@ -41,6 +41,7 @@ class Stage:
     expr: E
     reads: List[Buf] = attrs.field(factory=list)
     flops: int = 0       # multiply-adds count 2 (reductions of products); elementwise work is not counted
+    op: str = ""         # the op whose lowering produced the stage (its epilogue may hold fused consumers)
 
 
 @attrs.define
@@ -109,13 +110,16 @@ def schedule(g: Graph, gemm_cols: int = 0) -> Schedule:
     def materialize(name: str, shape, dtype, fn, base=ARENA) -> TensorFn:
         b = Buf(name, dtype, tuple(shape), base, 0)
         vs = [var(f"i{k}") for k in range(len(shape))]
-        stages.append(Stage(name, b, vs, fn(list(vs))))
+        stages.append(Stage(name, b, vs, fn(list(vs)), op=current[0]))
         return _loader(b)
+
+    current = [""]
 
     contracting: Dict[int, bool] = {}   # inlined values whose expression holds a contraction
 
     g.toposort()
     for node in g.nodes:
+        current[0] = node.op
         # A stage computes at most one contraction with a micro-kernel: when a node would inline several
         # (the residual Add of two convolutions), all but the last are stored first.
         pending = [v for v in node.inputs if v is not None and contracting.get(id(v)) and id(v) not in bufs]
@@ -144,7 +148,7 @@ def schedule(g: Graph, gemm_cols: int = 0) -> Schedule:
             if id(o) in out_index:
                 j = out_index[id(o)][0]
                 ob = out_bufs[j]
-                stages.append(Stage(f"{node.name}", ob, *(_vars_expr(t, ob.shape))))
+                stages.append(Stage(f"{node.name}", ob, *(_vars_expr(t, ob.shape)), op=node.op))
                 bufs[id(o)] = ob
                 fns[id(o)] = _loader(ob)
                 continue

@@ -88,7 +88,7 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
         "weights_bytes": sched.weights_bytes,
         "kernels": len(sched.stages),
         "fused_ops": sched.fused,
-        "steps": [{"stage": st.name, "shape": list(st.buf.shape), "flops": st.flops,
+        "steps": [{"stage": st.name, "op": st.op, "shape": list(st.buf.shape), "flops": st.flops,
                    "kernel": "gemm" if sym in target["gemm_symbols"] else "loop"}
                   for st, (sym, _, _) in zip(sched.stages, steps)],
         "dependencies": deps,

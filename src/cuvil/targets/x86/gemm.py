@@ -4,9 +4,9 @@ A stage whose output element is ``epilogue(contract(n, m, o...))`` is computed t
 ``MR`` output channels x ``NR`` output positions of one image and group, ``NR = NV * VW`` (``VW`` floats
 per vector register: 8 with AVX2, 16 with AVX-512). The k-loop keeps the ``MR x NV`` accumulators in
 vector registers: per k it loads ``NV`` vectors of a B panel, broadcasts ``MR`` packed weights and issues
-``MR * NV`` fused multiply-adds. The tile is then spilled to a small stack array and the stage's epilogue
-(bias, folded BatchNorm, residual add, activation: whatever was fused into the stage) runs element by
-element through the generic emitter and stores the output.
+``MR * NV`` fused multiply-adds. The tile is then spilled to a small stack array, the stage's epilogue
+(bias, folded BatchNorm, residual add, activation: whatever was fused into the stage) runs over it in place
+through the generic emitter, and the rows are copied to the output.
 
 B panels (``K x NR`` floats, the im2col of ``NR`` positions) are packed into the calling thread's scratch
 (``bufs[scratch]``, one region per thread, see runtime.c) from the stored input: a contiguous copy when the
@@ -107,6 +107,7 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
     em = _Emitter(km, fn, b, bufs)
     fma = km.declare(f"llvm.fma.v{vw}f32", vec, [vec, vec, vec])
     tile = em.alloca(vec, MR * nv)   # stored as vectors, read back as floats
+    tile_f = b.bitcast(tile, ir.PointerType(F32))
     offs = em.alloca(I64, nr)        # input offset of each position of the panel being packed
     packed_key = em.alloca(I64)
     b.store(I64(-1), packed_key)
@@ -147,7 +148,10 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
             em.loop_range(I64(0), I64(nr), position)
             first = b.load(offs, typ=I64)
             last = b.load(b.gep(offs, [I64(nr - 1)], source_etype=I64, inbounds=True), typ=I64)
-            contiguous = b.icmp_signed("==", b.sub(last, first), I64(nr - 1))
+            # nr distinct, increasing offsets spanning nr - 1 are consecutive; a partial panel repeats its
+            # last position, so it always gathers
+            full = b.icmp_signed("<=", b.mul(b.add(pb, I64(1)), I64(nr)), I64(P))
+            contiguous = b.and_(full, b.icmp_signed("==", b.sub(last, first), I64(nr - 1)))
 
             def rows(gather):
                 def per_k(kidx):
@@ -244,29 +248,32 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
     out_sp = spec.out_spatial
 
     def epilogue(n, g, m0, p0, nrows, ncols):
+        """Two passes over the tile: the fused epilogue in place (stores to the stack tile cannot alias the
+        buffers it reads, so LLVM vectorises it), then a copy of the rows to the output."""
         mbase = b.add(b.mul(g, I64(M)), m0)
 
-        def row(r):
-            m = b.add(mbase, r)
+        def index(r, j):
+            rest, sp = b.add(p0, j), []
+            for d in reversed(out_sp[1:]):
+                sp.append(b.srem(rest, I64(d)))
+                rest = b.sdiv(rest, I64(d))
+            sp.append(rest)
+            return [n, b.add(mbase, r)] + list(reversed(sp))
 
-            def col(j):
-                p = b.add(p0, j)
-                idx = [n, m]
-                rest = p
-                sp = []
-                for d in reversed(out_sp[1:]):
-                    sp.append(b.srem(rest, I64(d)))
-                    rest = b.sdiv(rest, I64(d))
-                sp.append(rest)
-                idx += list(reversed(sp))
-                for v, i in zip(st.vars, idx):
-                    em.env[v.attr] = i
-                slot = b.gep(tile, [b.add(b.mul(r, I64(nr)), j)], source_etype=F32, inbounds=True)
-                em.memo[-1][c.uid] = b.load(slot, typ=F32)
-                val = em.emit(st.expr)
-                b.store(val, em.address(st.buf, idx))
-            em.loop_range(I64(0), ncols, col)
-        em.loop_range(I64(0), nrows, row)
+        def slot(r, j):
+            return b.gep(tile_f, [b.add(b.mul(r, I64(nr)), j)], source_etype=F32, inbounds=True)
+
+        def apply(r, j):
+            idx = index(r, j)
+            for v, i in zip(st.vars, idx):
+                em.env[v.attr] = i
+            em.memo[-1][c.uid] = b.load(slot(r, j), typ=F32)
+            b.store(em.emit(st.expr), slot(r, j))
+
+        def copy(r, j):
+            b.store(b.load(slot(r, j), typ=F32), em.address(st.buf, index(r, j)))
+        for pass_ in (apply, copy):
+            em.loop_range(I64(0), nrows, lambda r: em.loop_range(I64(0), ncols, lambda j: pass_(r, j)))
 
     em.loop_range(begin, end, body)
     b.ret_void()
