@@ -1,0 +1,290 @@
+"""Cuvil beside onnxruntime on five light architectures (seeded random weights), at 1 and 2 threads, through
+the same functions as ``cuvil bench --vs onnxruntime``; writes a Markdown report (default bench/RESULTS.md).
+
+    python3 bench/run_all.py                                   # all five models, 1 and 2 threads
+    python3 bench/run_all.py --models squeezenet --runs 5 --out /tmp/R.md
+
+Per model: a fresh O3 compile (a temporary CUVIL_CACHE_DIR: nothing cached is reused) timed from import to
+library; then, per thread count, p50/p99 of both engines alternating run by run, Cuvil's p99/p50, GFLOP/s
+(the model's Conv/Gemm/MatMul FLOPs from ``Pipeline.stats().flops`` / p50) and its share of an assumed
+per-core fp32 peak, cold start and peak RSS in fresh processes. Then the geometric mean of the p50 ratios
+and the goals, each MET or NOT MET with the measured value. Shared machines are noisy: read ratios.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+
+import llvmlite
+import numpy as np
+import onnx
+import onnxruntime
+
+import cuvil
+from cuvil import Pipeline
+from cuvil.bench import BenchOptions, host_info, run_benchmark
+from cuvil.testing import LIGHT_MODELS, light_model
+
+MODELS = ("resnet50", "squeezenet", "shufflenet", "densenet121", "inception_v1")
+DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "RESULTS.md")
+
+# The goals (issue table): name, target text, how the measured value is read, comparison.
+GOAL_GEOMEAN = 0.85
+GOAL_TAIL = 1.15
+GOAL_COLD = 1 / 10
+GOAL_RSS = 1 / 3
+GOAL_COMPILE_S = 60.0
+GOAL_PEAK_PCT = 90.0
+
+
+def fresh_compile(onnx_path: str, so_path: str, opt_level: int):
+    """Import + optimize + compile with an empty artifact/proof cache; the library is saved to ``so_path``.
+    Returns (pipeline, seconds, manifest)."""
+    old = os.environ.get("CUVIL_CACHE_DIR")
+    with tempfile.TemporaryDirectory(prefix="cuvil-fresh-cache-") as cache:
+        os.environ["CUVIL_CACHE_DIR"] = cache
+        try:
+            t0 = time.perf_counter()
+            p = Pipeline.from_onnx(onnx_path).optimize()
+            art = p.compile(opt_level=opt_level)
+            secs = time.perf_counter() - t0
+            art.save(so_path)
+        finally:
+            if old is None:
+                os.environ.pop("CUVIL_CACHE_DIR", None)
+            else:
+                os.environ["CUVIL_CACHE_DIR"] = old
+    return p, secs, art.manifest
+
+
+def fmt(x, spec=".2f", unit=""):
+    if x is None or (isinstance(x, float) and (math.isnan(x) or math.isinf(x))):
+        return "-"
+    return f"{x:{spec}}{unit}"
+
+
+def verdict(ok) -> str:
+    return "not measured" if ok is None else "MET" if ok else "NOT MET"
+
+
+def goals(rows, compiles, peak_per_core):
+    """(goal, target, measured, verdict) rows."""
+    out = []
+    ok_rows = [r for r in rows if "error" not in r]
+    for model in dict.fromkeys(r["model"] for r in ok_rows):
+        mine = [r for r in ok_rows if r["model"] == model]
+        worst = max(mine, key=lambda r: r["ratio_p50"])
+        out.append((f"{model}: p50 no slower than onnxruntime", "ratio ≤ 1.0 at every thread count",
+                    f"{worst['ratio_p50']:.2f} (worst, {worst['threads']} thr)", verdict(worst["ratio_p50"] <= 1.0)))
+    ratios = [r["ratio_p50"] for r in ok_rows if r["ratio_p50"] > 0]
+    gm = statistics.geometric_mean(ratios) if ratios else math.nan
+    out.append(("geometric mean of p50 ratios", f"≤ {GOAL_GEOMEAN}", fmt(gm),
+                verdict(None if math.isnan(gm) else gm <= GOAL_GEOMEAN)))
+
+    def worst_of(key, goal, label, target, spec=".2f", lowest=False):
+        vals = [(r[key], r) for r in ok_rows if r.get(key) is not None and not math.isnan(r[key])]
+        if not vals:
+            out.append((label, target, "-", verdict(None)))
+            return
+        v, r = (min if lowest else max)(vals, key=lambda t: t[0])
+        ok = v >= goal if lowest else v <= goal
+        out.append((label, target, f"{v:{spec}} ({'lowest' if lowest else 'worst'}: {r['model']}, {r['threads']} thr)",
+                    verdict(ok)))
+
+    worst_of("tail", GOAL_TAIL, "Cuvil p99 / p50", f"≤ {GOAL_TAIL}")
+    worst_of("ratio_cold", GOAL_COLD, "cold start ratio (Cuvil / onnxruntime)", "≤ 1/10 (0.10)", ".3f")
+    worst_of("ratio_rss", GOAL_RSS, "peak RSS ratio (Cuvil / onnxruntime)", "≤ 1/3 (0.33)", ".3f")
+    if "resnet50" in compiles and "seconds" in compiles["resnet50"]:
+        s = compiles["resnet50"]["seconds"]
+        out.append(("ResNet-50 compile at O3 (fresh)", f"≤ {GOAL_COMPILE_S:.0f} s", f"{s:.1f} s",
+                    verdict(s <= GOAL_COMPILE_S)))
+    else:
+        out.append(("ResNet-50 compile at O3 (fresh)", f"≤ {GOAL_COMPILE_S:.0f} s", "-", verdict(None)))
+    worst_of("pct_peak", GOAL_PEAK_PCT, f"% of fp32 peak ({peak_per_core:g} GFLOP/s per core)",
+             f"≥ {GOAL_PEAK_PCT:.0f}%", ".1f", lowest=True)
+    return out, gm
+
+
+def peak_note(peak: float, host: dict) -> str:
+    fpc = 64 if host["simd"] == "avx512f" else 32 if host["simd"] == "avx2" and host["fma"] else None
+    note = f"assumed fp32 peak: {peak:g} GFLOP/s per core (`--peak-gflops-per-core`)"
+    if fpc:
+        note += (f"; this CPU has {'AVX-512' if fpc == 64 else 'AVX2'} + FMA: {fpc} FLOP/cycle with two FMA pipes, "
+                 f"so the assumption stands for {peak / fpc:.2f} GHz")
+    return note
+
+
+def render(args, host, rows, compiles, failures, started) -> str:
+    L = []
+    L.append("# Cuvil vs onnxruntime: batch-1 CPU results")
+    L.append("")
+    L.append(f"Generated by `python3 bench/run_all.py {' '.join(sys.argv[1:])}`".rstrip() + f" on {started}.")
+    L.append("Light ONNX architectures with seeded random weights; inputs seeded random; both engines in one "
+             f"process, alternating run by run{f' ({args.pause_ms:g} ms pause after each)' if args.pause_ms else ''}; "
+             f"{args.warmup} warm-up then {args.runs} timed runs per engine; "
+             f"cold start and peak RSS from {args.cold_runs} fresh process(es) per engine (median time, "
+             "largest RSS). Shared machines are noisy: read ratios, not absolutes.")
+    L.append("")
+    L.append("| | |")
+    L.append("|---|---|")
+    L.append(f"| CPU | {host['cpu']} ({host['simd']}{', fma' if host['fma'] else ''}) |")
+    L.append(f"| cores | {host['cores']} |")
+    for name, v in (("cuvil", cuvil.__version__), ("onnxruntime", onnxruntime.__version__),
+                    ("llvmlite", llvmlite.__version__), ("numpy", np.__version__), ("onnx", onnx.__version__),
+                    ("python", platform.python_version())):
+        L.append(f"| {name} | {v} |")
+    L.append(f"| peak | {peak_note(args.peak_gflops_per_core, host)} |")
+    L.append("")
+    L.append("## Latency")
+    L.append("")
+    L.append("| model | threads | Cuvil p50 (ms) | Cuvil p99 (ms) | ORT p50 (ms) | ORT p99 (ms) | p50 ratio "
+             "(Cuvil/ORT) | Cuvil p99/p50 | GFLOP/s | % of peak |")
+    L.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        if "error" in r:
+            continue
+        L.append(f"| {r['model']} | {r['threads']} | {fmt(r['c50'])} | {fmt(r['c99'])} | {fmt(r['o50'])} | "
+                 f"{fmt(r['o99'])} | {fmt(r['ratio_p50'])} | {fmt(r['tail'])} | {fmt(r['gflops'], '.1f')} | "
+                 f"{fmt(r['pct_peak'], '.1f', '%')} |")
+    L.append("")
+    L.append("GFLOP/s: the model's FLOPs (`Pipeline.stats().flops`: 2 x MACs of Conv/Gemm/MatMul) / Cuvil p50; "
+             "% of peak: GFLOP/s / (per-core peak x threads).")
+    L.append("")
+    L.append("## Cold start and peak RSS")
+    L.append("")
+    L.append("Cold start: a fresh process's dlopen + session create + first run (Cuvil, through a minimal ctypes "
+             "path) vs `InferenceSession` create + first run (onnxruntime). Peak RSS: that process's peak resident "
+             "set (VmHWM), interpreter and numpy included.")
+    L.append("")
+    L.append("| model | threads | Cuvil cold start (ms) | ORT cold start (ms) | ratio | Cuvil peak RSS (MiB) | "
+             "ORT peak RSS (MiB) | ratio |")
+    L.append("|---|---:|---:|---:|---:|---:|---:|---:|")
+    base = None
+    for r in rows:
+        if "error" in r:
+            continue
+        base = r.get("baseline_rss") or base
+        L.append(f"| {r['model']} | {r['threads']} | {fmt(r['cold_c'])} | {fmt(r['cold_o'])} | "
+                 f"{fmt(r['ratio_cold'], '.3f')} | {fmt(r['rss_c'], '.1f')} | {fmt(r['rss_o'], '.1f')} | "
+                 f"{fmt(r['ratio_rss'], '.3f')} |")
+    if base:
+        L.append("")
+        L.append(f"A bare `python -c 'import ctypes, numpy'` process: {base:.1f} MiB.")
+    L.append("")
+    L.append("## Compile time (O3, empty cache)")
+    L.append("")
+    L.append("| model | import + optimize + compile (s) | codegen + link (s) | kernels | library size | GFLOPs "
+             "per inference |")
+    L.append("|---|---:|---:|---:|---:|---:|")
+    for m, c in compiles.items():
+        if "seconds" not in c:
+            continue
+        L.append(f"| {m} | {c['seconds']:.1f} | {fmt(c.get('compile_seconds'), '.1f')} | {c.get('kernels', '-')} | "
+                 f"{c['bytes'] / 1e6:.1f} MB | {fmt(c['flops'] / 1e9 if c.get('flops') else None, '.2f')} |")
+    gl, gm = goals(rows, compiles, args.peak_gflops_per_core)
+    L.append("")
+    L.append(f"## Geometric mean of p50 ratios (Cuvil / onnxruntime): {fmt(gm)}")
+    L.append("")
+    L.append("## Goals")
+    L.append("")
+    L.append("| goal | target | measured | verdict |")
+    L.append("|---|---|---|---|")
+    for g in gl:
+        L.append("| " + " | ".join(g) + " |")
+    if failures:
+        L.append("")
+        L.append("## Failures")
+        L.append("")
+        for m, msg in failures:
+            L.append(f"- {m}: {msg}")
+    return "\n".join(L) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", nargs="+", default=list(MODELS), help=f"from {', '.join(LIGHT_MODELS)}")
+    ap.add_argument("--runs", type=int, default=20, help="timed runs per engine (default 20)")
+    ap.add_argument("--warmup", type=int, default=3, help="untimed runs per engine first (default 3)")
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--cold-runs", type=int, default=3, help="fresh processes per engine for cold start/RSS")
+    ap.add_argument("--opt-level", type=int, default=3)
+    ap.add_argument("--pause-ms", type=float, default=0.0,
+                    help="untimed sleep after each timed run (lets spinning worker threads go idle; default 0)")
+    ap.add_argument("--peak-gflops-per-core", type=float, default=117.0,
+                    help="fp32 peak per core for '%% of peak' (default 117)")
+    ap.add_argument("--out", default=DEFAULT_OUT, help="the Markdown report (default bench/RESULTS.md)")
+    args = ap.parse_args(argv)
+    unknown = [m for m in args.models if m not in LIGHT_MODELS]
+    if unknown:
+        ap.error(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(LIGHT_MODELS)}")
+    host = host_info()
+    started = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
+    print(f"{host['cpu']}, {host['cores']} cores; {peak_note(args.peak_gflops_per_core, host)}", flush=True)
+    print(f"{'model':14} {'thr':>3} {'cuvil p50':>10} {'p99':>9} {'ort p50':>9} {'p99':>9} {'ratio':>6} "
+          f"{'p99/p50':>7} {'GFLOP/s':>8} {'%peak':>6} {'cold':>6} {'rss':>6}", flush=True)
+    rows, compiles, failures = [], {}, []
+    with tempfile.TemporaryDirectory(prefix="cuvil-run-all-") as tmp:
+        for name in args.models:
+            onnx_path = os.path.join(tmp, f"{name}.onnx")
+            so_path = os.path.join(tmp, f"lib{name}.so")
+            try:
+                onnx.save(light_model(name, seed=0), onnx_path)
+                p, secs, manifest = fresh_compile(onnx_path, so_path, args.opt_level)
+                flops = p.stats().flops
+                flops = flops if isinstance(flops, int) else None
+                compiles[name] = {"seconds": secs, "compile_seconds": manifest.get("compile_seconds"),
+                                  "kernels": manifest.get("kernels"), "bytes": os.path.getsize(so_path),
+                                  "flops": flops}
+                print(f"{name}: compiled at O{args.opt_level} in {secs:.1f} s (fresh cache)", flush=True)
+            except Exception as e:  # noqa: BLE001 - one model's failure is reported, the others still run
+                failures.append((name, f"compile failed: {type(e).__name__}: {e}"))
+                traceback.print_exc()
+                continue
+            for t in args.threads:
+                try:
+                    res = run_benchmark(BenchOptions(so_path, onnx=onnx_path, vs="onnxruntime", threads=t,
+                                                     runs=args.runs, warmup=args.warmup, cold_runs=args.cold_runs,
+                                                     pause_ms=args.pause_ms))
+                except Exception as e:  # noqa: BLE001
+                    failures.append((name, f"{t} thread(s): {type(e).__name__}: {e}"))
+                    traceback.print_exc()
+                    continue
+                c, o, rt = res["cuvil"], res["onnxruntime"], res["ratios"]
+                gflops = flops / (c["p50_ms"] / 1e3) / 1e9 if flops and c["p50_ms"] else None
+                row = {"model": name, "threads": t, "c50": c["p50_ms"], "c99": c["p99_ms"], "o50": o["p50_ms"],
+                       "o99": o["p99_ms"], "ratio_p50": rt["p50"], "tail": c["p99_ms"] / c["p50_ms"],
+                       "gflops": gflops,
+                       "pct_peak": 100 * gflops / (args.peak_gflops_per_core * t) if gflops else None,
+                       "cold_c": c.get("cold_start_ms"), "cold_o": o.get("cold_start_ms"),
+                       "ratio_cold": rt["cold_start"], "rss_c": c.get("peak_rss_mb"), "rss_o": o.get("peak_rss_mb"),
+                       "ratio_rss": rt["peak_rss"], "baseline_rss": res.get("baseline_rss_mb")}
+                if not res["agreement"]["agree"]:
+                    err = res["agreement"]["max_rel_err"]
+                    failures.append((name, f"{t} thread(s): outputs disagree with onnxruntime (max rel error {err:.3g})"))
+                rows.append(row)
+                print(f"{name:14} {t:>3} {fmt(row['c50'], '.2f', 'ms'):>10} {fmt(row['c99'], '.1f', 'ms'):>9} "
+                      f"{fmt(row['o50'], '.2f', 'ms'):>9} {fmt(row['o99'], '.1f', 'ms'):>9} "
+                      f"{fmt(row['ratio_p50']):>6} {fmt(row['tail']):>7} {fmt(gflops, '.1f'):>8} "
+                      f"{fmt(row['pct_peak'], '.1f', '%'):>6} {fmt(row['ratio_cold'], '.3f'):>6} "
+                      f"{fmt(row['ratio_rss'], '.3f'):>6}", flush=True)
+            os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+            with open(args.out, "w", encoding="utf-8") as f:  # after each model: partial results survive
+                f.write(render(args, host, rows, compiles, failures, started))
+    report = render(args, host, rows, compiles, failures, started)
+    with open(args.out, "w", encoding="utf-8") as f:
+        f.write(report)
+    print(report[report.index("## Geometric mean"):], end="")
+    print(f"wrote {args.out}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
