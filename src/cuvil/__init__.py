@@ -3,10 +3,11 @@ from .errors import CuvilError, ModelLoadError, ShapeError, UnsupportedDomainErr
 from .pipeline import Pipeline
 
 
-def load(path, num_threads: int = 0):
-    """Open a compiled ``libNAME.so`` (ctypes; any process, no recompilation)."""
+def load(path, num_threads: int = 0, fallback=None, **gpu):
+    """Open a compiled ``libNAME.so`` (ctypes; any process, no recompilation) or a GPU bundle ``NAME.cuvil/``
+    (``fallback="libNAME.so"``: load that instead, with a warning, where the bundle cannot run)."""
     from .artifact import load as _load
-    return _load(path, num_threads=num_threads)
+    return _load(path, num_threads=num_threads, fallback=fallback, **gpu)
 
 
 __version__ = "0.1.0"

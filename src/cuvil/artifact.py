@@ -20,6 +20,7 @@ from .targets.x86.loader import Model
 from .targets.x86.loader import load as _load_so
 
 X86_TARGET = "x86_64-linux-gnu"
+PTX_TARGET = "nvptx64-nvidia-cuda"
 
 
 def artifact_cache_dir() -> str:
@@ -72,12 +73,88 @@ class Artifact:
         return f"<Artifact {self.path} ({self.manifest.get('kernels')} kernels)>"
 
 
-def load(path: Union[str, os.PathLike], num_threads: int = 0) -> Model:
-    """Open a compiled model (``libNAME.so``) through ctypes; no recompilation, any process."""
+def load(path: Union[str, os.PathLike], num_threads: int = 0, fallback: Union[str, os.PathLike, None] = None, **gpu):
+    """Open a compiled model: ``libNAME.so`` through ctypes, or a GPU bundle ``NAME.cuvil/`` through the CUDA
+    driver (``gpu``: ``device``, ``max_graphs``, ``mode``, ``prefer_cubin``). Where a bundle cannot run
+    (no CUDA driver or GPU) and ``fallback`` names an x86 ``libNAME.so``, that is loaded instead, with a
+    warning."""
     path = os.fspath(path)
+    if os.path.isdir(path) or path.rstrip(os.sep).endswith(".cuvil"):
+        from .targets.ptx.runtime import NoGpuError, load_bundle
+        try:
+            return load_bundle(path, **gpu)
+        except NoGpuError as e:
+            if fallback is None:
+                raise
+            import warnings
+            warnings.warn(f"{path}: {e}; running the x86 artifact {os.fspath(fallback)} instead", RuntimeWarning,
+                          stacklevel=2)
+            return load(fallback, num_threads=num_threads)
+    if gpu:
+        raise CuvilError(f"{path}: {', '.join(sorted(gpu))} apply to GPU bundles (NAME.cuvil/) only")
     if not os.path.isfile(path):
         raise CuvilError(f"{path}: no such file")
     return _load_so(path, num_threads=num_threads)
+
+
+class Bundle:
+    """A compiled GPU model: ``.path`` (the ``NAME.cuvil/`` directory), ``.manifest``; ``.save(path)``,
+    ``.model()`` (needs a CUDA driver and GPU), ``.run(inputs)``."""
+
+    def __init__(self, path: str, manifest: dict, cached: bool = False):
+        self.path, self.manifest, self.cached = path, manifest, cached
+        self._model = None
+
+    def save(self, path: Union[str, os.PathLike]) -> str:
+        """Copy the bundle directory to ``path`` (``DIR/NAME.cuvil``; an existing bundle there is replaced)."""
+        path = os.fspath(path).rstrip(os.sep)
+        if not path.endswith(".cuvil"):
+            raise CuvilError(f"{path}: a GPU bundle is saved as DIR/NAME.cuvil")
+        if os.path.exists(path):
+            if not os.path.isfile(os.path.join(path, "plan.json")):
+                raise CuvilError(f"{path} exists and is not a GPU bundle; not replacing it")
+            shutil.rmtree(path)
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        shutil.copytree(self.path, path)
+        return path
+
+    def model(self, **gpu):
+        if self._model is None:
+            from .targets.ptx.runtime import load_bundle
+            self._model = load_bundle(self.path, **gpu)
+        return self._model
+
+    def run(self, inputs: Union[Mapping[str, np.ndarray], Sequence[np.ndarray]]) -> Dict[str, np.ndarray]:
+        """Run on the GPU; returns outputs by name."""
+        m = self.model()
+        outs = m.run(**inputs) if isinstance(inputs, Mapping) else m.run(*inputs)
+        return {spec.name: arr for spec, arr in zip(m.outputs, outs)}
+
+    def __repr__(self):
+        return f"<Bundle {self.path} ({self.manifest.get('kernels')} kernels, {self.manifest['target']['arch']})>"
+
+
+def build_cached_bundle(key: str, name: str, build) -> Bundle:
+    """The cached bundle for ``key``, or ``build(bundle_dir) -> manifest`` run in a fresh directory that is
+    then moved into the cache atomically."""
+    root = artifact_cache_dir()
+    final = os.path.join(root, key)
+    bundle = os.path.join(final, f"{name}.cuvil")
+    if os.path.isfile(os.path.join(bundle, "manifest.json")):
+        with open(os.path.join(bundle, "manifest.json")) as f:
+            return Bundle(bundle, json.load(f), cached=True)
+    os.makedirs(root, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".build-", dir=root)
+    try:
+        manifest = build(os.path.join(tmp, f"{name}.cuvil"))
+        try:
+            os.rename(tmp, final)
+        except OSError:  # another process built it meanwhile
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return Bundle(bundle, manifest)
 
 
 def _compiler_digest() -> str:

@@ -212,7 +212,10 @@ def _parse_fixed(items) -> dict:
 
 
 def cmd_compile(args) -> int:
+    from .artifact import PTX_TARGET
     from .pipeline import Pipeline
+    if args.target == PTX_TARGET:
+        return _compile_gpu_bundle(args)
     if not args.output.endswith(".so"):
         raise CuvilError(f"--output must name DIR/libNAME.so, got {args.output!r}")
     level = {"O0": 0, "O1": 1, "O2": 2, "O3": 3}.get(args.opt_level.upper())
@@ -233,6 +236,37 @@ def cmd_compile(args) -> int:
     print(f"  {m['kernels']} kernels, arena {m['arena_bytes']:,} B, weights {m['weights_bytes']:,} B, "
           f"target {m['target']['cpu']}" + (f", specialized {m['specialized']}" if m.get("specialized") else "")
           + (" (from cache)" if art.cached else f", compiled in {m['compile_seconds']:.1f} s"))
+    return 0
+
+
+def _compile_gpu_bundle(args) -> int:
+    """``--target nvptx64-nvidia-cuda``: a bundle directory DIR/NAME.cuvil (PTX, weights, plan, manifest)."""
+    from .pipeline import Pipeline
+    out_path = args.output.rstrip(os.sep)
+    if not out_path.endswith(".cuvil"):
+        raise CuvilError(f"--output must name DIR/NAME.cuvil for --target {args.target}, got {args.output!r}")
+    if args.cpu:
+        raise CuvilError("--cpu applies to the x86 target; use --arch for GPUs")
+    level = {"O0": 0, "O1": 1, "O2": 2, "O3": 3}.get(args.opt_level.upper())
+    if level is None:
+        raise CuvilError(f"--opt-level takes O0, O1, O2 or O3, got {args.opt_level!r}")
+    t0 = time.perf_counter()
+    progress = (lambda msg: print(f"[{time.perf_counter() - t0:6.1f}s] {msg}", file=sys.stderr, flush=True))
+    progress(f"importing {args.input}")
+    p = Pipeline.from_onnx(args.input)
+    progress(f"optimizing {len(p.graph.nodes)} nodes")
+    p = p.optimize(rules=args.rules or None)
+    bundle = p.compile(args.target, level, prefix=args.prefix, fixed=_parse_fixed(args.fix), progress=progress,
+                       arch=args.arch)
+    out = bundle.save(out_path)
+    m = bundle.manifest
+    regs = [k["registers"] for k in ((m.get("ptxas") or {}).get("kernels") or {}).values() if k.get("registers")]
+    print(f"wrote {out}/ (kernels.ptx, weights.bin, plan.json, manifest.json"
+          + (f", {m['ptxas']['cubin']}" if m.get("ptxas") else "") + ")")
+    print(f"  {m['kernels']} kernels for {m['target']['arch']}, arena {m['arena_bytes']:,} B, weights {m['weights_bytes']:,} B"
+          + (f", registers/thread max {max(regs)}" if regs else ", ptxas not found: registers not checked")
+          + (f", specialized {m['specialized']}" if m.get("specialized") else "")
+          + (" (from cache)" if bundle.cached else f", compiled in {m['compile_seconds']:.1f} s"))
     return 0
 
 
@@ -273,6 +307,61 @@ def cmd_ops(args) -> int:
     return 0
 
 
+def cmd_bench(args) -> int:
+    """Latency percentiles, throughput, error rate, cold start and peak RSS; optionally beside onnxruntime;
+    exit 0 when the SLA held (or none was given), 1 when not."""
+    from . import bench as B
+    cfg = B.load_config(args.config) if args.config else {}
+    if args.runs is not None and args.duration is not None:
+        raise CuvilError("give --runs or --duration, not both")
+    slas = dict(cfg.get("slas", {}))
+    for item in args.sla or ():
+        name, _, val = item.partition("=")
+        try:
+            slas[name] = float(val)
+        except ValueError:
+            raise CuvilError(f"--sla takes NAME=NUMBER, got {item!r}") from None
+    if args.runs is not None or args.duration is not None:
+        runs = args.runs
+        try:
+            duration = B.parse_duration(args.duration) if args.duration is not None else None
+        except ValueError as e:
+            raise CuvilError(f"--duration: {e}") from None
+    else:
+        runs, duration = cfg.get("runs"), cfg.get("duration")
+    pick = lambda flag, key, default: flag if flag is not None else cfg.get(key, default)
+    vs = pick(args.vs, "vs", None)
+    cold_runs = args.cold_runs
+    B.sla_requirements(slas, vs, cold_runs)
+    if args.plot:
+        B.require_matplotlib()
+    if args.runs is not None and args.runs < 1:
+        raise CuvilError(f"--runs must be >= 1, got {args.runs}")
+    for flag, val, lo in (("--warmup", args.warmup, 0), ("--threads", args.threads, 0),
+                          ("--concurrency", args.concurrency, 1), ("--cold-runs", cold_runs, 0),
+                          ("--pause-ms", args.pause_ms, 0)):
+        if val is not None and val < lo:
+            raise CuvilError(f"{flag} must be >= {lo}, got {val}")
+    opts = B.BenchOptions(
+        args.model, onnx=args.onnx, vs=vs, threads=pick(args.threads, "threads", 1), runs=runs, duration=duration,
+        warmup=pick(args.warmup, "warmup", B.DEFAULT_WARMUP), concurrency=pick(args.concurrency, "concurrency", 1),
+        opt_level=B.parse_opt_level(pick(args.opt_level, "opt_level", "O3")), shapes=B.parse_shapes(args.shape),
+        seed=args.seed, cold_runs=cold_runs, pause_ms=args.pause_ms,
+        progress=True if args.progress else "auto" if sys.stderr.isatty() else False,
+        log=lambda msg: print(f"cuvil bench: {msg}", file=sys.stderr, flush=True))
+    res = B.run_benchmark(opts)
+    checks = B.check_slas(res, slas)
+    res["slas"], res["sla_held"] = checks, all(c["held"] for c in checks)
+    print(B.format_report(res, checks))
+    if args.json:
+        B.write_json(res, args.json)
+        print(f"wrote {args.json}")
+    if args.plot:
+        B.plot(res, args.plot)
+        print(f"wrote {args.plot}")
+    return 0 if res["sla_held"] else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="cuvil", description="Compile ONNX inference graphs into native artifacts.")
     p.add_argument("--version", action="version", version=f"cuvil {__version__}")
@@ -307,9 +396,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(fn=lambda a: (sp.print_help(), 2)[1])
     sp = sub.add_parser("compile", help="compile an ONNX model into a native shared library")
     sp.add_argument("--input", required=True, help="the .onnx model")
-    sp.add_argument("--target", default="x86_64-linux-gnu")
+    sp.add_argument("--target", default="x86_64-linux-gnu", help="x86_64-linux-gnu (default) or nvptx64-nvidia-cuda")
     sp.add_argument("--opt-level", default="O3", help="O0, O1, O2 or O3")
-    sp.add_argument("--output", required=True, help="DIR/libNAME.so (the header and manifest go beside it)")
+    sp.add_argument("--output", required=True, help="DIR/libNAME.so (the header and manifest go beside it); "
+                    "DIR/NAME.cuvil (a bundle directory) for nvptx64-nvidia-cuda")
+    sp.add_argument("--arch", default="sm_90", help="GPU architecture for nvptx64-nvidia-cuda (default sm_90)")
     sp.add_argument("--cpu", default=None, help="LLVM CPU name (default: this machine's)")
     sp.add_argument("--prefix", default="cuvil", help="prefix of the C ABI symbols (default cuvil_)")
     sp.add_argument("--fix", action="append", metavar="NAME=INT", help="specialise a symbolic dim (repeatable)")
@@ -329,6 +420,33 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(fn=cmd_verify)
     sp = sub.add_parser("ops", help="ops with shape inference, by family, and the ONNX ops not covered")
     sp.set_defaults(fn=cmd_ops)
+    sp = sub.add_parser("bench", help="latency, throughput, cold start and memory of a model, against an SLA",
+                        description="Benchmark a model (an .onnx, compiled first; or a compiled .so): p50/p90/p99/max "
+                                    "latency, throughput, error rate, cold start, peak RSS, artifact size; optionally "
+                                    "beside onnxruntime. Exit 0 if the SLA held (or none was given), 1 if not, "
+                                    "2 for usage errors. Flags override the config.")
+    sp.add_argument("model", help="MODEL.onnx (compiled through the artifact cache) or LIB.so")
+    sp.add_argument("--config", help="YAML file: concurrency, duration or runs, warmup, threads, opt_level, vs, slas")
+    sp.add_argument("--vs", choices=["onnxruntime"], help="also run onnxruntime, alternating run by run; print ratios")
+    sp.add_argument("--onnx", help="the ONNX model onnxruntime runs when MODEL is a .so")
+    sp.add_argument("--threads", type=int, help="threads per session, both engines (default 1; 0 = all cores)")
+    sp.add_argument("--runs", type=int, help="timed runs per engine, over all workers (default 100)")
+    sp.add_argument("--duration", help="time instead of a run count: seconds, or 10s, 500ms, 2m")
+    sp.add_argument("--warmup", type=int, help="untimed runs per engine and worker first (default 5)")
+    sp.add_argument("--concurrency", type=int, help="parallel workers, each with its own session (default 1)")
+    sp.add_argument("--opt-level", help="O0-O3 for an .onnx (default O3)")
+    sp.add_argument("--shape", action="append", metavar="NAME=DIM",
+                    help="a symbolic dim's size (NAME=DIM) or an input's shape (INPUT=1x3x224x224) (repeatable)")
+    sp.add_argument("--sla", action="append", metavar="NAME=LIMIT", help="an SLA, e.g. p99_latency_ms=50 (repeatable)")
+    sp.add_argument("--cold-runs", type=int, default=3,
+                    help="fresh processes per engine for cold start and peak RSS (default 3; 0 = skip)")
+    sp.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    sp.add_argument("--pause-ms", type=float, default=0.0,
+                    help="untimed sleep after each timed run, so spinning worker threads go idle first (default 0)")
+    sp.add_argument("--json", metavar="OUT", help="write every figure as JSON")
+    sp.add_argument("--plot", metavar="OUT.png", help="latency histogram and CDF (needs matplotlib)")
+    sp.add_argument("--progress", action="store_true", help="progress bar on stderr even when it is not a terminal")
+    sp.set_defaults(fn=cmd_bench)
     return p
 
 

@@ -115,17 +115,19 @@ class Pipeline:
 
     def compile(self, target: str = "x86_64-linux-gnu", opt_level: int = 3, *, cpu: Optional[str] = None,
                 prefix: str = "cuvil", fixed: Optional[Mapping[str, int]] = None, cache: bool = True,
-                progress=None):
-        """Compile to a native artifact (:class:`cuvil.artifact.Artifact`).
+                progress=None, arch: str = "sm_90"):
+        """Compile to a native artifact: :class:`cuvil.artifact.Artifact` (``libNAME.so``) for
+        ``x86_64-linux-gnu``, :class:`cuvil.artifact.Bundle` (``NAME.cuvil/``, PTX for ``arch``) for
+        ``nvptx64-nvidia-cuda``; the GPU bundle is built without a GPU.
 
         Symbolic dims are specialised: to ``fixed`` where given, else to each symbol's ``opt`` (or ``min``)
         value, recorded in the manifest; the library then accepts exactly those shapes.
         """
-        from .artifact import X86_TARGET, Artifact, build_cached, cache_key
+        from .artifact import PTX_TARGET, X86_TARGET, Artifact, build_cached, cache_key
         from .ir.hash import structural_hash
         from .targets.x86.compile import compile_x86
-        if target != X86_TARGET:
-            raise CuvilError(f"unknown target {target!r}; available: {X86_TARGET}")
+        if target not in (X86_TARGET, PTX_TARGET):
+            raise CuvilError(f"unknown target {target!r}; available: {X86_TARGET}, {PTX_TARGET}")
         if opt_level not in (0, 1, 2, 3):
             raise CuvilError(f"opt_level must be 0-3, got {opt_level}")
         fixed = dict(fixed or {})
@@ -139,6 +141,8 @@ class Pipeline:
                      for name, n in self.report.applied.items() if n}
         extra = {"model_sha256": self.source_sha256, "specialized": fixed, "rules_applied": rules}
         import cuvil
+        if target == PTX_TARGET:
+            return self._compile_bundle(p, arch, opt_level, prefix, extra, fixed, rules, cache, progress)
         key = cache_key([structural_hash(p.graph), repr(sorted(fixed.items())), str(opt_level), str(cpu), prefix,
                          cuvil.__version__, target, json.dumps(rules, sort_keys=True), str(self.source_sha256)])
         build = lambda so: compile_x86(p.graph, so, opt_level=opt_level, cpu=cpu, prefix=prefix,
@@ -147,6 +151,22 @@ class Pipeline:
             out = os.path.join(tempfile.mkdtemp(prefix="cuvil-"), f"lib{prefix}.so")
             return Artifact(out, build(out))
         return build_cached(key, prefix, build)
+
+    def _compile_bundle(self, p: "Pipeline", arch, opt_level, prefix, extra, fixed, rules, cache, progress):
+        from .artifact import PTX_TARGET, Bundle, build_cached_bundle, cache_key
+        from .ir.hash import structural_hash
+        from .targets.ptx.bundle import compile_bundle
+        from .targets.ptx.codegen import target_machine
+        import cuvil
+        target_machine(arch)   # a bad arch fails before any work
+        key = cache_key([structural_hash(p.graph), repr(sorted(fixed.items())), str(opt_level), arch, prefix,
+                         cuvil.__version__, PTX_TARGET, json.dumps(rules, sort_keys=True), str(self.source_sha256)])
+        build = lambda out: compile_bundle(p.graph, out, arch=arch, opt_level=opt_level, prefix=prefix,
+                                           manifest_extra=extra, progress=progress)
+        if not cache:
+            out = os.path.join(tempfile.mkdtemp(prefix="cuvil-"), f"{prefix}.cuvil")
+            return Bundle(out, build(out))
+        return build_cached_bundle(key, prefix, build)
 
     def to_onnx(self) -> onnx.ModelProto:
         return export_model(self._graph)

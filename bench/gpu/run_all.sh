@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Everything GPU-side in one go, for one call on a lent GPU machine: environment, the GPU tests, launch
+# overhead, ResNet-50, correctness. Logs and JSON go to $OUT (default ./gpu-results). Each step has its own
+# time limit so that one slow step leaves the others their time; all five together can outlast a 10-minute
+# call, so choose steps per call: run_all.sh env pytest launch correctness, then run_all.sh resnet50
+set -u
+OUT=${OUT:-gpu-results}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+STEPS=${*:-env pytest launch resnet50 correctness}
+for step in $STEPS; do
+  echo "=== $step ($(date -u +%H:%M:%S))"
+  case $step in
+    env)
+      { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv;
+        python3 -c "import sys, cuda.bindings, numpy, onnx, onnxruntime, llvmlite; print(sys.version.split()[0], 'cuda-bindings', cuda.bindings.__version__, 'numpy', numpy.__version__, 'onnx', onnx.__version__, 'onnxruntime', onnxruntime.__version__, 'llvmlite', llvmlite.__version__)";
+        command -v ptxas || ls /usr/local/cuda/bin/ptxas; ptxas --version 2>/dev/null | tail -1 || /usr/local/cuda/bin/ptxas --version | tail -1;
+        python3 -c "from cuvil.targets.ptx import find_libdevice, find_ptxas; print('libdevice', find_libdevice(), 'ptxas', find_ptxas())"; } 2>&1 | tee "$OUT/env.txt" ;;
+    pytest)
+      timeout 90 python3 -m pytest -q -p no:warnings -p no:cacheprovider tests/test_gpu_bundle.py 2>&1 | tee "$OUT/pytest.txt" ;;
+    launch)
+      timeout 60 python3 bench/gpu/launch_overhead.py --json "$OUT/launch.json" 2>&1 | tee "$OUT/launch.txt" ;;
+    resnet50)
+      timeout 300 python3 bench/gpu/resnet50.py --json "$OUT/resnet50.json" 2>&1 | tee "$OUT/resnet50.txt" ;;
+    correctness)
+      timeout 260 python3 bench/gpu/check_correctness.py --json "$OUT/correctness.json" 2>&1 | tee "$OUT/correctness.txt" ;;
+    *) echo "unknown step $step" ;;
+  esac
+done
+echo "=== done ($(date -u +%H:%M:%S))"

@@ -1,0 +1,165 @@
+"""The GPU artifact: a bundle directory ``NAME.cuvil/`` that any machine with a CUDA driver can run, written
+on machines without one.
+
+    NAME.cuvil/
+      kernels.ptx            one module, one kernel per schedule stage (``generate_ptx``)
+      kernels.<arch>.cubin   the same assembled by ptxas for ``arch`` (when ptxas was found at compile time)
+      weights.bin            every constant, packed as the schedule's weights plan lays them out
+      plan.json              arena bytes, the kernels in launch order (name, grid, block, n), inputs and outputs
+                             (name, dtype, shape, index in the buffer-pointer table)
+      manifest.json          model name, arch, Cuvil version, ptxas registers/spills per kernel, float16 tensors
+
+At run time ``bufs = [arena, weights, inputs..., outputs...]`` (device pointers) and kernel ``k`` is launched
+as ``kernel_k<<<grid, block>>>(bufs, n)``, in plan order, on one stream (:mod:`cuvil.targets.ptx.runtime`).
+Nothing here needs a GPU or cuda-python.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from typing import Callable, Optional
+
+import numpy as np
+
+from ...errors import CuvilError
+from ...ir.dtype import DType
+from ...ir.graph import Graph
+from ..schedule import ARENA, WEIGHTS, schedule
+from .codegen import TRIPLE, generate_ptx
+from .ptxas import PtxasError, assemble, find_ptxas
+
+BUNDLE_SUFFIX = ".cuvil"
+PLAN_FORMAT = "cuvil-gpu-plan/1"
+FILES = ("kernels.ptx", "weights.bin", "plan.json", "manifest.json")
+
+
+def weights_blob(sched) -> bytes:
+    """Every constant at the offset the schedule's weights plan gave it (booleans as one byte each)."""
+    blob = bytearray(sched.weights_bytes)
+    for b, arr in sched.weights:
+        data = np.require(np.asarray(arr, dtype=b.dtype.numpy), requirements="C")
+        raw = data.astype(np.uint8) if data.dtype == np.bool_ else data
+        blob[b.offset:b.offset + data.nbytes] = raw.reshape(-1).view(np.uint8).tobytes()
+    return bytes(blob)
+
+
+def _io(bufs) -> list:
+    return [{"name": b.name, "dtype": DType(b.dtype).numpy.name if DType(b.dtype).numpy is not None else None,
+             "dtype_code": int(b.dtype), "shape": [int(d) for d in b.shape], "buffer": int(b.base)} for b in bufs]
+
+
+def _ptxas_version(exe: str) -> Optional[str]:
+    import subprocess
+    try:
+        out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = [ln for ln in out.splitlines() if "release" in ln]
+    return lines[-1].strip() if lines else None
+
+
+def compile_bundle(g: Graph, out_dir: str, *, arch: str = "sm_90", opt_level: int = 3, prefix: str = "cuvil",
+                   fma: bool = False, manifest_extra: Optional[dict] = None,
+                   progress: Optional[Callable[[str], None]] = None) -> dict:
+    """Compile ``g`` (static shapes) into the bundle directory ``out_dir`` (created; files in it replaced);
+    returns the manifest. ptxas, where installed, assembles the PTX for ``arch``: a rejected module is an
+    error, its per-kernel resource report goes into the manifest and the cubin into the bundle."""
+    say = progress or (lambda msg: None)
+    t0 = time.perf_counter()
+    say(f"scheduling {len(g.nodes)} nodes")
+    sched = schedule(g)
+    if any(s.buf.base == WEIGHTS for s in sched.stages):
+        raise CuvilError("a stage writes into the weights buffer; the GPU bundle keeps weights read-only")
+    say(f"{len(sched.stages)} kernels, arena {sched.arena_bytes} B, weights {sched.weights_bytes} B; generating PTX for {arch}")
+    ptx, descs = generate_ptx(sched, arch, opt_level, fma=fma, prefix=prefix)
+    t_codegen = time.perf_counter()
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "kernels.ptx"), "w") as f:
+        f.write(ptx)
+    blob = weights_blob(sched)
+    with open(os.path.join(out_dir, "weights.bin"), "wb") as f:
+        f.write(blob)
+
+    ptxas_info = None
+    exe = find_ptxas()
+    if exe is not None:
+        say(f"assembling with {exe} -arch={arch}")
+        try:
+            cubin, info = assemble(ptx, arch, exe, jobs=0)
+        except PtxasError as e:
+            raise CuvilError(f"the generated PTX does not assemble for {arch}: {e}") from None
+        cubin_name = f"kernels.{arch}.cubin"
+        with open(os.path.join(out_dir, cubin_name), "wb") as f:
+            f.write(cubin)
+        ptxas_info = {
+            "ptxas": _ptxas_version(exe), "cubin": cubin_name,
+            "kernels": {d.name: {"registers": info[d.name].registers, "stack_frame": info[d.name].stack_frame,
+                                 "spill_stores": info[d.name].spill_stores, "spill_loads": info[d.name].spill_loads,
+                                 "shared": info[d.name].shared}
+                        for d in descs if d.name in info},
+        }
+
+    plan = {
+        "format": PLAN_FORMAT,
+        "arch": arch,
+        "arena_bytes": sched.arena_bytes,
+        "weights_bytes": sched.weights_bytes,
+        "buffers": {"arena": ARENA, "weights": WEIGHTS, "first_input": 2, "first_output": 2 + len(sched.inputs),
+                    "count": 2 + len(sched.inputs) + len(sched.outputs)},
+        "kernels": [{"name": d.name, "stage": d.stage, "n": d.n_elements, "grid": [d.grid, 1, 1],
+                     "block": [d.block, 1, 1], "args": ["bufs", "n"]} for d in descs],
+        "inputs": _io(sched.inputs),
+        "outputs": _io(sched.outputs),
+    }
+    with open(os.path.join(out_dir, "plan.json"), "w") as f:
+        json.dump(plan, f, indent=1)
+        f.write("\n")
+    manifest = {
+        "cuvil_version": __import__("cuvil").__version__,
+        "model": g.name,
+        "prefix": prefix,
+        "target": {"triple": TRIPLE, "arch": arch},
+        "opt_level": opt_level,
+        "fma": fma,
+        "kernels": len(descs),
+        "arena_bytes": sched.arena_bytes,
+        "weights_bytes": sched.weights_bytes,
+        "weights_sha256": hashlib.sha256(blob).hexdigest(),
+        "float16_tensors": [b.name for b in list(sched.inputs) + list(sched.outputs) + [s.buf for s in sched.stages]
+                            if b.dtype == DType.FLOAT16],
+        "fused_ops": sched.fused,
+        "ptxas": ptxas_info,
+        "compile_seconds": round(time.perf_counter() - t0, 3),
+        "codegen_seconds": round(t_codegen - t0, 3),
+        **(manifest_extra or {}),
+    }
+    with open(os.path.join(out_dir, "manifest.json"), "w") as f:
+        json.dump(manifest, f, indent=1)
+        f.write("\n")
+    return manifest
+
+
+def is_bundle(path: str) -> bool:
+    return os.path.isdir(path) and os.path.isfile(os.path.join(path, "plan.json"))
+
+
+def read_bundle(path: str):
+    """(plan, manifest) of a bundle directory; a clear error for anything else."""
+    path = os.fspath(path)
+    if not os.path.isdir(path):
+        raise CuvilError(f"{path}: not a GPU bundle directory (NAME{BUNDLE_SUFFIX}/)")
+    missing = [f for f in FILES if not os.path.isfile(os.path.join(path, f))]
+    if missing:
+        raise CuvilError(f"{path}: not a complete GPU bundle, missing {', '.join(missing)}")
+    try:
+        with open(os.path.join(path, "plan.json"), encoding="utf-8") as f:
+            plan = json.load(f)
+        with open(os.path.join(path, "manifest.json"), encoding="utf-8") as f:
+            manifest = json.load(f)
+    except (OSError, ValueError) as e:
+        raise CuvilError(f"{path}: unreadable bundle: {e}") from None
+    if plan.get("format") != PLAN_FORMAT:
+        raise CuvilError(f"{path}: plan format {plan.get('format')!r}, this Cuvil reads {PLAN_FORMAT!r}")
+    return plan, manifest
