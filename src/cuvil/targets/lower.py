@@ -434,18 +434,49 @@ def flat_index(idx: Index, shape: Sequence[int]) -> E:
 
 
 def unflat_index(flat: E, shape: Sequence[int]) -> Index:
+    """Row-major indices of ``flat`` (0 <= flat < prod(shape): the outermost index needs no modulo)."""
+    if not shape:
+        return []
     out = []
-    for d in reversed(shape):
+    for d in reversed(shape[1:]):
         out.append(flat % d)
         flat = flat // d
+    out.append(flat)
     return list(reversed(out))
+
+
+def reshape_index(idx: Index, out_shape: Sequence[int], in_shape: Sequence[int]) -> Index:
+    """Input indices of a reshape's output element. Dims are split into runs of equal products (e.g.
+    [N, C, H*W] <- [N, C, H, W]: N and C map through unchanged), and only within a run is the index
+    flattened and unflattened, so index arithmetic stays cheap and contiguous dims stay unit-stride."""
+    if 0 in out_shape or 0 in in_shape:
+        return unflat_index(flat_index(idx, out_shape), in_shape)
+    res: Index = []
+    i = j = 0
+    no, ni = len(out_shape), len(in_shape)
+    while i < no or j < ni:
+        i0, j0, po, pi = i, j, 1, 1
+        if i < no:
+            po, i = out_shape[i], i + 1
+        if j < ni:
+            pi, j = in_shape[j], j + 1
+        while po != pi:
+            if po < pi and i < no:
+                po, i = po * out_shape[i], i + 1
+            elif j < ni:
+                pi, j = pi * in_shape[j], j + 1
+            else:  # inconsistent sizes cannot come from shape inference; stay correct regardless
+                return unflat_index(flat_index(idx, out_shape), in_shape)
+        flat = idx[i0] if i - i0 == 1 else flat_index(idx[i0:i], out_shape[i0:i])
+        res.extend([flat] if j - j0 == 1 else unflat_index(flat, in_shape[j0:j]))
+    return res
 
 
 @lowering("Reshape", "Flatten", "Squeeze", "Unsqueeze")
 def _reshape(ctx):
     x = ctx.input(0)
     shape = ctx.out_shape()
-    return [TensorFn(shape, x.dtype, lambda idx: x(unflat_index(flat_index(idx, shape), x.shape)), "alias")]
+    return [TensorFn(shape, x.dtype, lambda idx: x(reshape_index(idx, shape, x.shape)), "alias")]
 
 
 @lowering("Transpose")
