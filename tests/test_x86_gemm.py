@@ -87,10 +87,27 @@ def test_residual_of_two_convolutions_uses_two_micro_kernels():
     check(conv_model((1, 16, 12, 12), (18, 16, 3, 3), pads=[1, 1, 1, 1], epilogue="residual"), x, 2)
 
 
-def test_too_few_channels_per_group_keep_the_loop_kernel():
-    # depthwise: one output channel per group does not fill a 6-row panel
+DEPTHWISE = [
+    ((1, 8, 10, 10), (8, 1, 3, 3), dict(group=8, pads=[1, 1, 1, 1])),
+    ((1, 12, 28, 28), (12, 1, 3, 3), dict(group=12, pads=[1, 1, 1, 1], strides=[2, 2])),
+    ((2, 5, 9, 23), (5, 1, 3, 5), dict(group=5, pads=[1, 2, 0, 1], strides=[1, 2])),
+    ((1, 8, 30, 30), (8, 1, 3, 3), dict(group=8, dilations=[2, 2])),
+    ((1, 4, 7, 70), (4, 1, 5, 5), dict(group=4, pads=[2, 2, 2, 2])),     # rows wider than one register block
+]
+
+
+@pytest.mark.parametrize("xs,ws,attrs", DEPTHWISE, ids=[f"dw{i}" for i in range(len(DEPTHWISE))])
+def test_depthwise_row_kernel_matches_onnxruntime(xs, ws, attrs):
+    x = np.random.default_rng(4).standard_normal(xs).astype(np.float32)
+    art = check(conv_model(xs, ws, **attrs), x, 0)
+    assert [s["kernel"] for s in art.manifest["steps"]].count("dwconv") == 1
+
+
+def test_channel_multiplier_keeps_the_loop_kernel():
+    # two output channels per group: neither a 6-row GEMM panel nor a depthwise window
     x = np.random.default_rng(4).standard_normal((1, 8, 10, 10)).astype(np.float32)
-    check(conv_model((1, 8, 10, 10), (8, 1, 3, 3), group=8, pads=[1, 1, 1, 1]), x, 0)
+    art = check(conv_model((1, 8, 10, 10), (16, 1, 3, 3), group=8, pads=[1, 1, 1, 1]), x, 0)
+    assert "dwconv" not in [s["kernel"] for s in art.manifest["steps"]]
 
 
 def test_gemm_with_constant_transposed_b():

@@ -1,4 +1,4 @@
-"""Random convolution geometries through the native GEMM micro-kernels agree with onnxruntime, and the
+"""Random convolution geometries through the native GEMM micro-kernels and depthwise row kernels agree with onnxruntime, and the
 result does not depend on the number of threads."""
 import numpy as np
 import onnxruntime as ort
@@ -12,9 +12,12 @@ from test_x86_gemm import conv_model
 @st.composite
 def conv_cases(draw):
     spatial = draw(st.sampled_from([1, 2, 2, 2, 3]))
-    group = draw(st.sampled_from([1, 1, 1, 2, 3]))
-    cin = group * draw(st.integers(1, 6))
-    m = group * draw(st.integers(4, 14))
+    if spatial == 2 and draw(st.booleans()):   # depthwise (the row kernels)
+        group = cin = m = draw(st.integers(1, 9))
+    else:                                       # GEMM micro-kernels
+        group = draw(st.sampled_from([1, 1, 1, 2, 3]))
+        cin = group * draw(st.integers(1, 6))
+        m = group * draw(st.integers(4, 14))
     kern = [draw(st.integers(1, 3 if spatial == 3 else 4)) for _ in range(spatial)]
     strides = [draw(st.integers(1, 3)) for _ in range(spatial)]
     dil = [draw(st.integers(1, 2)) for _ in range(spatial)]

@@ -66,3 +66,21 @@ def pack_weights(w: np.ndarray, groups: int) -> np.ndarray:
     a = np.zeros((groups, mb * MR, k), dtype=np.float32)
     a[:, :mg, :] = w.reshape(groups, mg, k)
     return np.ascontiguousarray(a.reshape(groups, mb, MR, k).transpose(0, 1, 3, 2))
+
+
+@attrs.define(eq=False)
+class DepthwiseWindow:
+    """A 2-D depthwise convolution (one output channel per input channel) over a stored input whose every
+    window position is inside it (zero-padded): ``E("window", [n, c, oh, ow, reduce], attr=self)``. The
+    x86 backend computes whole output rows in vector registers (see :mod:`cuvil.targets.x86.depthwise`)."""
+    w: Buf              # weights [C, 1, KH, KW]
+    x: Buf              # input [N, C, Hp, Wp]
+    kernel: tuple
+    strides: tuple
+    dilations: tuple
+    out_spatial: tuple
+
+    @property
+    def flops(self) -> int:
+        n, c = self.x.shape[:2]
+        return 2 * n * c * int(np.prod(self.out_spatial)) * int(np.prod(self.kernel))

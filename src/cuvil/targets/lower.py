@@ -15,7 +15,7 @@ import numpy as np
 from ..errors import UnsupportedOpError
 from ..ir.dtype import DType
 from ..ir.graph import Node
-from .gemm import MR, Contraction, pack_weights
+from .gemm import MR, Contraction, DepthwiseWindow, pack_weights
 from .texpr import (BOOL, I64, Buf, E, all_of, binop, call, cast, cmp, const, identity_value, in_range, load,
                     logic, reduce, select, unop)
 
@@ -33,7 +33,7 @@ class TensorFn:
     # For elementwise ops: which inputs are read at exactly the output index (no broadcasting)
     same_index_inputs: Tuple[int, ...] = ()
     buf: Optional[Buf] = None   # set when the tensor is stored (its loads read this buffer)
-    contraction: bool = False   # the expression is a packed contraction (at most one per stage)
+    contraction: bool = False   # holds a micro-kernel node (contract/window: at most one per stage)
 
     def __call__(self, idx: Index) -> E:
         return self.fn(list(idx))
@@ -698,6 +698,22 @@ def _window_params(ctx, spatial: int, kernel: Sequence[int], in_sizes: Sequence[
     return strides, dil, begin
 
 
+def padded_window_input(ctx, x: TensorFn, out_sp, kern, strides, dil, begin, fill):
+    """For a sliding window that reads outside ``x`` (padding, or a ceil-mode window past the end): a
+    materialised copy bordered with ``fill`` and zero begin pads, so the window's loops read memory with no
+    bounds tests. Otherwise ``x`` and ``begin`` unchanged."""
+    spatial = len(kern)
+    need = [(o - 1) * s + (k - 1) * d + 1 for o, s, k, d in zip(out_sp, strides, kern, dil)]
+    if not (any(begin) or any(n > size for n, size in zip(need, x.shape[2:]))):
+        return x, list(begin)
+    padded = list(x.shape[:2]) + [max(size + b0, n) for size, b0, n in zip(x.shape[2:], begin, need)]
+
+    def pad_fn(idx):
+        src = [i - b0 for i, b0 in zip(idx[2:], begin)]
+        return x.at_or(idx[:2] + src, all_of([in_range(p, 0, size) for p, size in zip(src, x.shape[2:])]), fill)
+    return ctx.temp(padded, x.dtype, pad_fn, "pad"), [0] * spatial
+
+
 @lowering("Conv")
 def _conv(ctx):
     x, w, b = ctx.input(0), ctx.input(1), ctx.input(2)
@@ -712,17 +728,13 @@ def _conv(ctx):
     if gemm is not None:
         return [gemm]
 
-    # Padding is materialised once (a zero-bordered copy of the input) so the convolution's inner loops
-    # read unit-stride memory with no bounds tests.
-    need = [(o - 1) * s + (k - 1) * d + 1 for o, s, k, d in zip(out[2:], strides, kern, dil)]
-    if any(begin) or any(n > size for n, size in zip(need, x.shape[2:])):
-        padded = list(x.shape[:2]) + [max(size + b0, n) for size, b0, n in zip(x.shape[2:], begin, need)]
-
-        def pad_fn(idx):
-            src = [i - b0 for i, b0 in zip(idx[2:], begin)]
-            return x.at_or(idx[:2] + src, all_of([in_range(p, 0, size) for p, size in zip(src, x.shape[2:])]), 0.0)
-        x = ctx.temp(padded, x.dtype, pad_fn, "pad")
-        begin = [0] * spatial
+    x, begin = padded_window_input(ctx, x, out[2:], kern, strides, dil, begin, 0.0)
+    # depthwise 2-D with row-vectorisable strides: a window node the x86 backend computes by rows
+    depthwise = (ctx.gemm_cols and spatial == 2 and cin_g == 1 and m_g == 1 and w.buf is not None
+                 and x.dtype == DType.FLOAT and ctx.out_dtype() == DType.FLOAT and strides[1] in (1, 2))
+    if depthwise and x.buf is None:
+        x = ctx.temp(x.shape, x.dtype, x.fn, "in")
+    window = DepthwiseWindow(w.buf, x.buf, tuple(kern), tuple(strides), tuple(dil), tuple(out[2:])) if depthwise else None
 
     def f(idx):
         n, m, o = idx[0], idx[1], idx[2:]
@@ -732,8 +744,10 @@ def _conv(ctx):
             pos = [oi * s - p + ki * d for oi, s, p, ki, d in zip(o, strides, begin, ks, dil)]
             return binop("mul", x([n, g_off + c] + pos), w([m, c] + list(ks)))
         acc = reduce("sum", [cin_g] + list(kern), body)
+        if window is not None:
+            acc = E("window", [n, m] + list(o) + [acc], DType.FLOAT, window)
         return binop("add", acc, b([m])) if b is not None else acc
-    return [TensorFn(out, ctx.out_dtype(), f, "complex")]
+    return [TensorFn(out, ctx.out_dtype(), f, "complex", contraction=window is not None)]
 
 
 def _conv_as_gemm(ctx, x, b, out, group, cin_g, m_g, kern, strides, dil, begin) -> Optional[TensorFn]:
@@ -747,15 +761,8 @@ def _conv_as_gemm(ctx, x, b, out, group, cin_g, m_g, kern, strides, dil, begin) 
             or K < 8 or ctx._weight is None):
         return None
     out_sp = tuple(out[2:])
-    need = [(o - 1) * s + (k - 1) * d + 1 for o, s, k, d in zip(out_sp, strides, kern, dil)]
-    if any(begin) or any(n > size for n, size in zip(need, x.shape[2:])):
-        padded = list(x.shape[:2]) + [max(size + b0, n) for size, b0, n in zip(x.shape[2:], begin, need)]
-
-        def pad_fn(idx):
-            src = [i - b0 for i, b0 in zip(idx[2:], begin)]
-            return x.at_or(idx[:2] + src, all_of([in_range(p, 0, size) for p, size in zip(src, x.shape[2:])]), 0.0)
-        x = ctx.temp(padded, x.dtype, pad_fn, "pad")
-    elif x.buf is None:
+    x, _ = padded_window_input(ctx, x, out_sp, kern, strides, dil, begin, 0.0)
+    if x.buf is None:
         x = ctx.temp(x.shape, x.dtype, x.fn, "in")
     a_buf = ctx.weight(pack_weights(wv.astype(np.float32), group), "packed")
     spec = Contraction(a_buf, x.buf, x.shape[0], group, m_g, cin_g, tuple(kern), tuple(strides), tuple(dil),
@@ -879,9 +886,39 @@ def _pool(ctx):
     count_pad = ctx.attr("count_include_pad", 0)
     p = ctx.attr("p", 2)
 
+    orig_begin = list(begin)
+    sizes = list(x.shape[2:])
+    if op == "MaxPool" and len(ctx.node.outputs) == 1:
+        lowest = -math.inf if x.dtype.is_float else np.iinfo(x.dtype.numpy).min
+        x, begin = padded_window_input(ctx, x, out[2:], kern, strides, dil, begin, lowest)
+    elif op == "AveragePool" and not count_pad and x.dtype.is_float and all(d == 1 for d in dil):
+        x, begin = padded_window_input(ctx, x, out[2:], kern, strides, dil, begin, 0.0)
+    padded = list(x.shape[2:]) != sizes or any(orig_begin)
+    # every window position lies inside x (as padded): reads need no bounds tests
+    inside = not any(begin) and all((o - 1) * s_ + (k - 1) * d + 1 <= size for o, s_, k, d, size in
+                                    zip(out[2:], strides, kern, dil, x.shape[2:]))
+
+    def window_count(o) -> E:
+        """Elements of the window inside the input (unit dilation): a product of clipped extents."""
+        total = None
+        for oi, s_, pb, k, size in zip(o, strides, orig_begin, kern, sizes):
+            lo = oi * s_ - pb
+            hi = lo + k
+            lo_c = select(cmp("lt", lo, const(0, I64)), const(0, I64), lo)
+            hi_c = select(cmp("gt", hi, const(size, I64)), const(size, I64), hi)
+            ext = E("sub", (hi_c, lo_c), I64)
+            total = ext if total is None else E("mul", (total, ext), I64)
+        return cast(total, ctx.out_dtype())
+
     def f(idx):
         n, c, o = idx[0], idx[1], idx[2:]
         pos_of = lambda ks: [oi * s - pb + ki * d for oi, s, pb, ki, d in zip(o, strides, begin, ks, dil)]
+        if op == "AveragePool" and padded and not count_pad and inside:
+            # the copy is zero-padded: a plain sum, divided by the in-bounds count
+            total = reduce("sum", kern, lambda *ks: x([n, c] + pos_of(ks)))
+            return binop("div", total, window_count(o))
+        if op == "MaxPool" and inside:
+            return reduce("max", kern, lambda *ks: x([n, c] + pos_of(ks)))
         if op == "MaxPool":
             def body(*ks):
                 pos = pos_of(ks)

@@ -240,7 +240,7 @@ def _flops(st: Stage) -> int:
         if x.uid in seen:
             continue
         seen.add(x.uid)
-        if x.op == "contract":
+        if x.op in ("contract", "window"):
             total += x.attr.flops
             continue
         if x.op == "reduce":

@@ -75,6 +75,7 @@ class KernelModule:
         self.scratch_index: Optional[int] = None   # bufs slot of the thread's scratch (None: no scratch)
         self.scratch_bytes = 0   # per-thread scratch the kernels need
         self.gemm_symbols = set()   # stages emitted as GEMM micro-kernels
+        self.depthwise_symbols = set()   # stages emitted as depthwise row kernels
 
     def declare(self, name: str, ret: ir.Type, args: Sequence[ir.Type]) -> ir.Function:
         if name not in self._decls:
@@ -83,10 +84,15 @@ class KernelModule:
 
     def add_stage(self, st: Stage, sym: str) -> Tuple[int, int]:
         """Emit ``st`` as function ``sym``; returns (parallel extent, grain)."""
+        from .depthwise import emit_depthwise_stage
         from .gemm import emit_gemm_stage
         done = emit_gemm_stage(self, st, sym)
         if done is not None:
             self.gemm_symbols.add(sym)
+            return done
+        done = emit_depthwise_stage(self, st, sym)
+        if done is not None:
+            self.depthwise_symbols.add(sym)
             return done
         fn = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [PTR, I64, I64]), name=sym)
         fn.linkage = "external"
@@ -274,7 +280,7 @@ class _Emitter:
         if op == "load":
             v = b.load(self.address(e.attr, [self.emit(a) for a in e.args]), typ=mem_type(dt))
             return b.trunc(v, I1) if dt == DType.BOOL else v
-        if op == "contract":   # a packed contraction outside a GEMM stage: its plain sum
+        if op in ("contract", "window"):   # a micro-kernel node in a loop stage: its plain sum
             return self.emit(e.args[-1])
         args = [self.emit(a) for a in e.args] if op not in ("reduce", "argscan") else []
         if op in ("add", "sub", "mul"):
@@ -525,4 +531,4 @@ def generate_object(sched: Schedule, prefix: str, cpu: Optional[str], opt: int) 
         steps.append((sym, extent, grain))
     obj = km.compile(opt)
     return obj, steps, {"triple": triple, "cpu": cpu_name, "features": features, "scratch_bytes": km.scratch_bytes,
-                        "gemm_symbols": km.gemm_symbols}
+                        "gemm_symbols": km.gemm_symbols, "depthwise_symbols": km.depthwise_symbols}

@@ -39,20 +39,20 @@ def tile_cols(vector_bits: int) -> int:
     return max(4, vector_bits // 32) * _NV.get(vector_bits, 2)
 
 
-def find_contraction(st: Stage) -> Optional[E]:
-    """The stage's contraction node when the stage stores exactly its elements (its index arguments are
-    the stage's own loop variables) and it is the only one at the top level."""
+def find_contraction(st: Stage, op: str = "contract") -> Optional[E]:
+    """The stage's micro-kernel node (``op``: contract, window) when the stage stores exactly its elements
+    (its index arguments are the stage's own loop variables) and it is the only one at the top level."""
     found, seen, stack = [], set(), [st.expr]
     while stack:
         x = stack.pop()
         if x.uid in seen:
             continue
         seen.add(x.uid)
-        if x.op == "contract":
+        if x.op == op:
             found.append(x)
             continue
         if x.op in ("reduce", "argscan"):
-            if _contains_contract(x):
+            if _contains(x, op):
                 return None
             continue
         stack.extend(x.args)
@@ -65,14 +65,14 @@ def find_contraction(st: Stage) -> Optional[E]:
     return c
 
 
-def _contains_contract(e: E) -> bool:
+def _contains(e: E, op: str) -> bool:
     stack, seen = [e], set()
     while stack:
         x = stack.pop()
         if x.uid in seen:
             continue
         seen.add(x.uid)
-        if x.op == "contract":
+        if x.op == op:
             return True
         stack.extend(x.args)
     return False
@@ -248,33 +248,44 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
     out_sp = spec.out_spatial
 
     def epilogue(n, g, m0, p0, nrows, ncols):
-        """Two passes over the tile: the fused epilogue in place (stores to the stack tile cannot alias the
-        buffers it reads, so LLVM vectorises it), then a copy of the rows to the output."""
         mbase = b.add(b.mul(g, I64(M)), m0)
 
         def index(r, j):
-            rest, sp = b.add(p0, j), []
-            for d in reversed(out_sp[1:]):
-                sp.append(b.srem(rest, I64(d)))
-                rest = b.sdiv(rest, I64(d))
-            sp.append(rest)
-            return [n, b.add(mbase, r)] + list(reversed(sp))
+            return [n, b.add(mbase, r)] + unflatten(b, b.add(p0, j), out_sp)
 
         def slot(r, j):
             return b.gep(tile_f, [b.add(b.mul(r, I64(nr)), j)], source_etype=F32, inbounds=True)
-
-        def apply(r, j):
-            idx = index(r, j)
-            for v, i in zip(st.vars, idx):
-                em.env[v.attr] = i
-            em.memo[-1][c.uid] = b.load(slot(r, j), typ=F32)
-            b.store(em.emit(st.expr), slot(r, j))
-
-        def copy(r, j):
-            b.store(b.load(slot(r, j), typ=F32), em.address(st.buf, index(r, j)))
-        for pass_ in (apply, copy):
-            em.loop_range(I64(0), nrows, lambda r: em.loop_range(I64(0), ncols, lambda j: pass_(r, j)))
+        tile_epilogue(em, st, c, slot, index, nrows, ncols)
 
     em.loop_range(begin, end, body)
     b.ret_void()
     return spec.n * G * (Pb if panel_order else Mb), 1
+
+
+def unflatten(b: ir.IRBuilder, p, dims) -> list:
+    """Row-major indices of ``p`` over ``dims`` (0 <= p < prod(dims))."""
+    rest, out = p, []
+    for d in reversed(dims[1:]):
+        out.append(b.srem(rest, I64(d)))
+        rest = b.sdiv(rest, I64(d))
+    out.append(rest)
+    return list(reversed(out))
+
+
+def tile_epilogue(em: _Emitter, st: Stage, node: E, slot, index, nrows, ncols):
+    """The stage's fused epilogue over a spilled tile, in two passes: in place on the stack (stores there
+    cannot alias the buffers the epilogue reads, so LLVM vectorises it), then a copy to the output.
+    ``slot(r, j)`` is the tile element's address, ``index(r, j)`` its output index, ``node`` the micro-kernel
+    node whose value the tile holds."""
+    b = em.b
+
+    def apply(r, j):
+        for v, i in zip(st.vars, index(r, j)):
+            em.env[v.attr] = i
+        em.memo[-1][node.uid] = b.load(slot(r, j), typ=F32)
+        b.store(em.emit(st.expr), slot(r, j))
+
+    def copy(r, j):
+        b.store(b.load(slot(r, j), typ=F32), em.address(st.buf, index(r, j)))
+    for pass_ in (apply, copy):
+        em.loop_range(I64(0), nrows, lambda r: em.loop_range(I64(0), ncols, lambda j: pass_(r, j)))

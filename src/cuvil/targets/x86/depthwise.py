@@ -1,0 +1,119 @@
+"""Depthwise convolution row kernels for window stages (see :class:`cuvil.targets.gemm.DepthwiseWindow`).
+
+One unit of the parallel range is one (image, channel) plane. For each output row the kernel keeps up
+to :data:`CHUNK` vectors of outputs in registers and, for every kernel offset (fully unrolled: the
+weights are splatted once per plane), loads the input row segment and accumulates with a fused
+multiply-add. Stride 1 reads the segment directly; stride 2 loads twice the width and keeps the even
+lanes. Every load is masked to the input row, so nothing past the buffer is touched; lanes past the
+output width compute values that are never stored. The row is spilled to a stack array and the stage's
+epilogue runs over it like the GEMM kernels' (:func:`cuvil.targets.x86.gemm.tile_epilogue`).
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import llvmlite.ir as ir
+
+from ..gemm import DepthwiseWindow
+from ..schedule import Stage
+from .codegen import F32, I1, I32, I64, PTR, _Emitter
+from .gemm import find_contraction, tile_epilogue
+
+CHUNK = 4   # output vectors per register block (accumulators)
+
+
+def emit_depthwise_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
+    node = find_contraction(st, "window")
+    if node is None:
+        return None
+    spec: DepthwiseWindow = node.attr
+    vw = max(4, km.vector_bits // 32)
+    vec = ir.VectorType(F32, vw)
+    mvec = ir.VectorType(I1, vw)
+    N, C, Hp, Wp = spec.x.shape
+    KH, KW = spec.kernel
+    sh, sw = spec.strides
+    dh, dw = spec.dilations
+    OH, OW = spec.out_spatial
+    nvec = -(-OW // vw)
+    chunk = min(CHUNK, nvec)
+
+    fn = ir.Function(km.module, ir.FunctionType(ir.VoidType(), [PTR, I64, I64]), name=sym)
+    fn.linkage = "external"
+    fn.visibility = "hidden"
+    fn.args[0].add_attribute("noalias")
+    bufs, begin, end = fn.args
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    em = _Emitter(km, fn, b, bufs)
+    fma = km.declare(f"llvm.fma.v{vw}f32", vec, [vec, vec, vec])
+    mload = km.declare(f"llvm.masked.load.v{vw}f32.p0", vec, [PTR, I32, mvec, vec])
+    row = em.alloca(vec, nvec)
+    row_f = b.bitcast(row, ir.PointerType(F32))
+    zero = ir.Constant(vec, [0.0] * vw)
+    lanes = ir.Constant(ir.VectorType(I64, vw), list(range(vw)))
+
+    def fptr(base, off):
+        return b.gep(base, [off], source_etype=F32, inbounds=True)
+
+    def splat(x, t=vec):
+        v = b.insert_element(ir.Constant(t, ir.Undefined), x, I32(0))
+        return b.shuffle_vector(v, ir.Constant(t, ir.Undefined), ir.Constant(ir.VectorType(I32, vw), [0] * vw))
+
+    def masked(ptr, col):
+        """vw floats from ptr, lanes whose input column col + lane is inside the row."""
+        m = b.icmp_signed("<", b.add(splat(col, ir.VectorType(I64, vw)), lanes), splat(I64(Wp), ir.VectorType(I64, vw)))
+        return b.call(mload, [ptr, I32(4), m, zero])
+
+    x_base = b.gep(em.base(spec.x), [I64(spec.x.offset)], source_etype=ir.IntType(8), inbounds=True)
+    w_base = b.gep(em.base(spec.w), [I64(spec.w.offset)], source_etype=ir.IntType(8), inbounds=True)
+    even = ir.Constant(ir.VectorType(I32, vw), [2 * i for i in range(vw)])
+
+    def plane(t):
+        n = b.sdiv(t, I64(C))
+        c = b.srem(t, I64(C))
+        xp = fptr(x_base, b.mul(t, I64(Hp * Wp)))
+        wv = [splat(b.load(fptr(w_base, b.add(b.mul(c, I64(KH * KW)), I64(k))), typ=F32)) for k in range(KH * KW)]
+
+        def out_row(oh):
+            def block(v0):
+                """output vectors v0 .. v0+chunk-1 of the row"""
+                accs = [zero] * chunk
+                for kh in range(KH):
+                    rp = fptr(xp, b.mul(b.add(b.mul(oh, I64(sh)), I64(kh * dh)), I64(Wp)))
+                    for kw in range(KW):
+                        for v in range(chunk):
+                            col = b.add(b.mul(b.add(v0, I64(v)), I64(vw * sw)), I64(kw * dw))
+                            if sw == 1:
+                                xv = masked(fptr(rp, col), col)
+                            else:
+                                lo = masked(fptr(rp, col), col)
+                                col2 = b.add(col, I64(vw))
+                                hi = masked(fptr(rp, col2), col2)
+                                xv = b.shuffle_vector(lo, hi, even)
+                            accs[v] = b.call(fma, [wv[kh * KW + kw], xv, accs[v]])
+                for v in range(chunk):
+                    b.store(accs[v], b.gep(row, [b.add(v0, I64(v))], source_etype=vec, inbounds=True), align=4)
+            # whole chunks, then the vectors left (fewer than chunk) one block of their own
+            full = nvec // chunk
+            em.loop_range(I64(0), I64(full), lambda k: block(b.mul(k, I64(chunk))))
+            rest = nvec - full * chunk
+            if rest:
+                nonlocal_chunk(block, full * chunk, rest)
+
+            def slot(_r, j):
+                return b.gep(row_f, [j], source_etype=F32, inbounds=True)
+
+            def index(_r, j):
+                return [n, c, oh, j]
+            tile_epilogue(em, st, node, slot, index, I64(1), I64(OW))
+        em.loop_range(I64(0), I64(OH), out_row)
+
+    def nonlocal_chunk(block, v0, count):
+        nonlocal chunk
+        saved, chunk = chunk, count
+        block(I64(v0))
+        chunk = saved
+
+    em.loop_range(begin, end, plane)
+    b.ret_void()
+    return N * C, 1
