@@ -18,8 +18,9 @@
  *     otherwise     [0, extent) is split into n = min(num_threads, max(1, extent / grain)) chunks whose
  *                   boundaries are multiples of grain (the last chunk ends at extent), so every chunk has
  *                   >= grain iterations unless extent < grain; fn(bufs, begin, end) is called once per
- *                   chunk, chunk 0 on the calling thread, chunk t on worker t, each with its thread's bufs. n == 1 means one call
- *                   fn(bufs, 0, extent) on the calling thread with no synchronisation at all.
+ *                   chunk by whichever thread claims it first (the calling thread claims too, so a worker
+ *                   the OS has not scheduled never delays a step), with that thread's bufs. n == 1 means
+ *                   one call fn(bufs, 0, extent) on the calling thread with no synchronisation at all.
  *   All chunks of a step finish (with release/acquire ordering) before any chunk of the next one starts.
  *   grain <= 0 is treated as 1.
  */

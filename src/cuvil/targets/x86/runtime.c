@@ -146,6 +146,7 @@ struct cuvil_session {
   cuvil_kernel_fn fn;
   int64_t extent, grain, nunits;
   int nchunks;
+  uint32_t steps;                                     /* steps handed to workers so far (names a step) */
   int stop;
   int num_threads;
   void **bufs;                                        /* the buffer table: [nbufs] per thread, thread-major */
@@ -154,8 +155,10 @@ struct cuvil_session {
   void *scratch;                                      /* num_threads regions of scratch_stride bytes */
   int64_t *profile;                                   /* per-step nanoseconds accumulated by runs, or NULL */
 
-  _Alignas(CUVIL_CACHELINE) atomic_uint gen;          /* bumped (seq_cst) to hand over a step */
-  _Alignas(CUVIL_CACHELINE) atomic_int pending;       /* workers that have not finished the step */
+  _Alignas(CUVIL_CACHELINE) atomic_uint gen;          /* bumped (seq_cst) to wake workers for a step */
+  /* (step << 32) | next unclaimed chunk; the low half is CLOSED while the job fields are being written */
+  _Alignas(CUVIL_CACHELINE) _Atomic uint64_t next;
+  _Alignas(CUVIL_CACHELINE) atomic_int done;          /* chunks of the current step finished */
   _Alignas(CUVIL_CACHELINE) atomic_int sleepers;      /* workers blocked on cv */
   atomic_int busy;                                    /* a cuvil_run is in progress */
 
@@ -166,12 +169,32 @@ struct cuvil_session {
   worker_arg *args;
 };
 
-/* Chunk t of nchunks: units [t*q + min(t, r), ...) with q, r = divmod(nunits, nchunks); the last ends at extent. */
-static void run_chunk(struct cuvil_session *s, int t) {
+#define CUVIL_CLOSED 0xFFFFFFFFu
+
+/* Chunk t of nchunks: units [t*q + min(t, r), ...) with q, r = divmod(nunits, nchunks); the last ends at
+ * extent. It runs with the buffer table of thread `tid` (its own scratch), whichever chunk it is. */
+static void run_chunk(struct cuvil_session *s, int t, int tid) {
   int64_t q = s->nunits / s->nchunks, r = s->nunits % s->nchunks;
   int64_t lo = (t * q + (t < r ? t : r)) * s->grain;
   int64_t hi = (t == s->nchunks - 1) ? s->extent : ((t + 1) * q + (t + 1 < r ? t + 1 : r)) * s->grain;
-  s->fn(s->bufs + (size_t)t * s->nbufs, lo, hi);
+  s->fn(s->bufs + (size_t)tid * s->nbufs, lo, hi);
+}
+
+/* Claim and run chunks of the open step until none is left. Chunks are claimed, not assigned: a worker
+ * that the OS has not scheduled yet (another process holds its core) never holds up the step, the caller
+ * runs its chunks. A claim is a CAS on `next`, whose high half names the step: a stale claim fails. The job
+ * fields are written only while `next` is CLOSED, so a successful claim always reads the fields of its step. */
+static void claim_chunks(struct cuvil_session *s, int tid) {
+  uint64_t v = atomic_load_explicit(&s->next, memory_order_acquire);
+  for (;;) {
+    uint32_t c = (uint32_t)v;
+    if (c == CUVIL_CLOSED || c >= (uint32_t)s->nchunks) return;
+    if (atomic_compare_exchange_weak_explicit(&s->next, &v, v + 1, memory_order_acq_rel, memory_order_acquire)) {
+      run_chunk(s, (int)c, tid);
+      atomic_fetch_add_explicit(&s->done, 1, memory_order_release);
+      v = atomic_load_explicit(&s->next, memory_order_acquire);
+    }
+  }
 }
 
 static void *worker_main(void *p) {
@@ -195,16 +218,16 @@ static void *worker_main(void *p) {
     }
     seen = g;
     if (s->stop) break;
-    if (id < s->nchunks) run_chunk(s, id);
-    atomic_fetch_sub_explicit(&s->pending, 1, memory_order_release);
+    claim_chunks(s, id);
   }
   return NULL;
 }
 
-/* Hand the current job (fields already written) to the workers. */
-static void publish(struct cuvil_session *s) {
-  atomic_store_explicit(&s->pending, s->num_workers, memory_order_relaxed);
-  atomic_fetch_add(&s->gen, 1u);                      /* seq_cst: publishes the job fields */
+/* Open the step whose fields were just written, and wake the workers. */
+static void publish(struct cuvil_session *s, uint32_t step) {
+  atomic_store_explicit(&s->done, 0, memory_order_relaxed);
+  atomic_store_explicit(&s->next, (uint64_t)step << 32, memory_order_release);
+  atomic_fetch_add(&s->gen, 1u);                      /* seq_cst: pairs with a sleeper's check */
   if (atomic_load(&s->sleepers) > 0) {
     pthread_mutex_lock(&s->mu);
     pthread_cond_broadcast(&s->cv);
@@ -212,9 +235,10 @@ static void publish(struct cuvil_session *s) {
   }
 }
 
-static void wait_workers(struct cuvil_session *s) {
+/* Wait for chunks other threads claimed and are still running, then close the step. */
+static void finish_step(struct cuvil_session *s, uint32_t step) {
   int spins = 0;
-  while (atomic_load_explicit(&s->pending, memory_order_acquire) != 0) {
+  while (atomic_load_explicit(&s->done, memory_order_acquire) != s->nchunks) {
     if (spins < CUVIL_MASTER_SPINS) {
       cpu_relax();
       ++spins;
@@ -222,6 +246,7 @@ static void wait_workers(struct cuvil_session *s) {
       sched_yield();
     }
   }
+  atomic_store_explicit(&s->next, ((uint64_t)step << 32) | CUVIL_CLOSED, memory_order_release);
 }
 
 static void run_step(struct cuvil_session *s, const cuvil_step *st) {
@@ -235,21 +260,21 @@ static void run_step(struct cuvil_session *s, const cuvil_step *st) {
     st->fn(s->bufs, 0, extent);
     return;
   }
+  uint32_t step = ++s->steps;                         /* `next` is CLOSED: the fields are ours */
   s->fn = st->fn;
   s->extent = extent;
   s->grain = grain;
   s->nunits = nunits;
   s->nchunks = (int)n;
-  publish(s);
-  run_chunk(s, 0);
-  wait_workers(s);
+  publish(s, step);
+  claim_chunks(s, 0);
+  finish_step(s, step);
 }
 
 static void stop_workers(struct cuvil_session *s) {
   if (s->num_workers == 0) return;
   s->stop = 1;
   s->nchunks = 0;
-  atomic_store_explicit(&s->pending, s->num_workers, memory_order_relaxed);
   atomic_fetch_add(&s->gen, 1u);
   pthread_mutex_lock(&s->mu);
   pthread_cond_broadcast(&s->cv);
@@ -302,7 +327,8 @@ static struct cuvil_session *session_create(int num_threads) {
   }
   memset(s, 0, sizeof *s);
   atomic_init(&s->gen, 0u);
-  atomic_init(&s->pending, 0);
+  atomic_init(&s->next, (uint64_t)CUVIL_CLOSED);
+  atomic_init(&s->done, 0);
   atomic_init(&s->sleepers, 0);
   atomic_init(&s->busy, 0);
   s->num_threads = num_threads;
