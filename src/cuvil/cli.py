@@ -216,6 +216,10 @@ def cmd_compile(args) -> int:
     from .pipeline import Pipeline
     if args.target == PTX_TARGET:
         return _compile_gpu_bundle(args)
+    if args.enable_fp16:
+        raise CuvilError(f"--enable-fp16 is supported for --target {PTX_TARGET} only; {args.target} computes float32")
+    if args.no_fma:
+        raise CuvilError(f"--no-fma applies to --target {PTX_TARGET} only (GPU kernel rules)")
     if not args.output.endswith(".so"):
         raise CuvilError(f"--output must name DIR/libNAME.so, got {args.output!r}")
     level = {"O0": 0, "O1": 1, "O2": 2, "O3": 3}.get(args.opt_level.upper())
@@ -256,8 +260,14 @@ def _compile_gpu_bundle(args) -> int:
     p = Pipeline.from_onnx(args.input)
     progress(f"optimizing {len(p.graph.nodes)} nodes")
     p = p.optimize(rules=args.rules or None)
+    kernel_rules = None   # the built-in ones; plus any `on kernel` rules in the --rules files
+    if args.rules:
+        from .dsl.parser import load_rules
+        from .targets.kernel_rules import builtin_kernel_rules
+        mine = [r for r in load_rules(args.rules) if r.on == "kernel"]
+        kernel_rules = builtin_kernel_rules() + mine if mine else None
     bundle = p.compile(args.target, level, prefix=args.prefix, fixed=_parse_fixed(args.fix), progress=progress,
-                       arch=args.arch)
+                       arch=args.arch, fma=not args.no_fma, enable_fp16=args.enable_fp16, kernel_rules=kernel_rules)
     out = bundle.save(out_path)
     m = bundle.manifest
     regs = [k["registers"] for k in ((m.get("ptxas") or {}).get("kernels") or {}).values() if k.get("registers")]
@@ -267,6 +277,10 @@ def _compile_gpu_bundle(args) -> int:
           + (f", registers/thread max {max(regs)}" if regs else ", ptxas not found: registers not checked")
           + (f", specialized {m['specialized']}" if m.get("specialized") else "")
           + (" (from cache)" if bundle.cached else f", compiled in {m['compile_seconds']:.1f} s"))
+    fired = {k: v["applied"] for k, v in (m.get("kernel_rules") or {}).items() if v.get("applied")}
+    print("  kernel rules fired: " + (", ".join(f"{k} x{v}" for k, v in sorted(fired.items())) or "none")
+          + ("" if m.get("fma", True) else " (--no-fma)")
+          + (f"; float16: {len(m['float16_tensors'])} tensors" if m.get("enable_fp16") else ""))
     return 0
 
 
@@ -405,6 +419,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--prefix", default="cuvil", help="prefix of the C ABI symbols (default cuvil_)")
     sp.add_argument("--fix", action="append", metavar="NAME=INT", help="specialise a symbolic dim (repeatable)")
     sp.add_argument("--rules", action="append", help="extra .rule file or directory (repeatable)")
+    sp.add_argument("--enable-fp16", action="store_true",
+                    help="GPU: compute float32 tensors in float16 (inputs/outputs stay float32, sums accumulate in float32)")
+    sp.add_argument("--no-fma", action="store_true",
+                    help="GPU: no fused multiply-add contraction (the 'prove real' kernel rules do not run)")
     sp.set_defaults(fn=cmd_compile)
     sp = sub.add_parser("run", help="run a compiled library on .npy inputs")
     sp.add_argument("library")

@@ -115,13 +115,19 @@ class Pipeline:
 
     def compile(self, target: str = "x86_64-linux-gnu", opt_level: int = 3, *, cpu: Optional[str] = None,
                 prefix: str = "cuvil", fixed: Optional[Mapping[str, int]] = None, cache: bool = True,
-                progress=None, arch: str = "sm_90"):
+                progress=None, arch: str = "sm_90", fma: bool = True, enable_fp16: bool = False,
+                kernel_rules=None):
         """Compile to a native artifact: :class:`cuvil.artifact.Artifact` (``libNAME.so``) for
         ``x86_64-linux-gnu``, :class:`cuvil.artifact.Bundle` (``NAME.cuvil/``, PTX for ``arch``) for
         ``nvptx64-nvidia-cuda``; the GPU bundle is built without a GPU.
 
         Symbolic dims are specialised: to ``fixed`` where given, else to each symbol's ``opt`` (or ``min``)
         value, recorded in the manifest; the library then accepts exactly those shapes.
+
+        GPU only: ``fma`` (default on) lets the proved ``prove real`` kernel rules contract ``a * b + c`` into
+        fused multiply-adds (off: every operation rounds separately); ``kernel_rules`` replaces the built-in
+        ``on kernel`` rules (``[]``: none); ``enable_fp16`` computes float32 tensors in float16 (inputs and
+        outputs stay float32, reductions accumulate in float32).
         """
         from .artifact import PTX_TARGET, X86_TARGET, Artifact, build_cached, cache_key
         from .ir.hash import structural_hash
@@ -130,6 +136,9 @@ class Pipeline:
             raise CuvilError(f"unknown target {target!r}; available: {X86_TARGET}, {PTX_TARGET}")
         if opt_level not in (0, 1, 2, 3):
             raise CuvilError(f"opt_level must be 0-3, got {opt_level}")
+        if enable_fp16 and target != PTX_TARGET:
+            raise CuvilError(f"enable_fp16 (--enable-fp16) is supported for the {PTX_TARGET} target only; "
+                             f"{target} computes float32")
         fixed = dict(fixed or {})
         for name, sym in self._graph.symbols.items():
             fixed.setdefault(name, sym.opt if sym.opt is not None else sym.min)
@@ -142,7 +151,8 @@ class Pipeline:
         extra = {"model_sha256": self.source_sha256, "specialized": fixed, "rules_applied": rules}
         import cuvil
         if target == PTX_TARGET:
-            return self._compile_bundle(p, arch, opt_level, prefix, extra, fixed, rules, cache, progress)
+            return self._compile_bundle(p, arch, opt_level, prefix, extra, fixed, rules, cache, progress,
+                                        fma=fma, enable_fp16=enable_fp16, kernel_rules=kernel_rules)
         key = cache_key([structural_hash(p.graph), repr(sorted(fixed.items())), str(opt_level), str(cpu), prefix,
                          cuvil.__version__, target, json.dumps(rules, sort_keys=True), str(self.source_sha256)])
         build = lambda so: compile_x86(p.graph, so, opt_level=opt_level, cpu=cpu, prefix=prefix,
@@ -152,16 +162,21 @@ class Pipeline:
             return Artifact(out, build(out))
         return build_cached(key, prefix, build)
 
-    def _compile_bundle(self, p: "Pipeline", arch, opt_level, prefix, extra, fixed, rules, cache, progress):
+    def _compile_bundle(self, p: "Pipeline", arch, opt_level, prefix, extra, fixed, rules, cache, progress, *,
+                        fma=True, enable_fp16=False, kernel_rules=None):
         from .artifact import PTX_TARGET, Bundle, build_cached_bundle, cache_key
         from .ir.hash import structural_hash
         from .targets.ptx.bundle import compile_bundle
         from .targets.ptx.codegen import target_machine
         import cuvil
         target_machine(arch)   # a bad arch fails before any work
+        from .targets.kernel_rules import select_kernel_rules
+        krules = [] if kernel_rules is False else select_kernel_rules(kernel_rules, fma=fma)
         key = cache_key([structural_hash(p.graph), repr(sorted(fixed.items())), str(opt_level), arch, prefix,
-                         cuvil.__version__, PTX_TARGET, json.dumps(rules, sort_keys=True), str(self.source_sha256)])
+                         cuvil.__version__, PTX_TARGET, json.dumps(rules, sort_keys=True), str(self.source_sha256),
+                         f"fma={bool(fma)}", f"fp16={bool(enable_fp16)}"] + [r.text or r.name for r in krules])
         build = lambda out: compile_bundle(p.graph, out, arch=arch, opt_level=opt_level, prefix=prefix,
+                                           fma=fma, kernel_rules=krules, enable_fp16=enable_fp16,
                                            manifest_extra=extra, progress=progress)
         if not cache:
             out = os.path.join(tempfile.mkdtemp(prefix="cuvil-"), f"{prefix}.cuvil")

@@ -7,7 +7,8 @@ on machines without one.
       weights.bin            every constant, packed as the schedule's weights plan lays them out
       plan.json              arena bytes, the kernels in launch order (name, grid, block, n), inputs and outputs
                              (name, dtype, shape, index in the buffer-pointer table)
-      manifest.json          model name, arch, Cuvil version, ptxas registers/spills per kernel, float16 tensors
+      manifest.json          model name, arch, Cuvil version, ptxas registers/spills per kernel, kernel rules
+                             fired (name -> count), fma, float16 tensors (with --enable-fp16)
 
 At run time ``bufs = [arena, weights, inputs..., outputs...]`` (device pointers) and kernel ``k`` is launched
 as ``kernel_k<<<grid, block>>>(bufs, n)``, in plan order, on one stream (:mod:`cuvil.targets.ptx.runtime`).
@@ -27,7 +28,7 @@ from ...errors import CuvilError
 from ...ir.dtype import DType
 from ...ir.graph import Graph
 from ..schedule import ARENA, WEIGHTS, schedule
-from .codegen import TRIPLE, generate_ptx
+from .codegen import TRIPLE, build_ptx
 from .ptxas import PtxasError, assemble, find_ptxas
 
 BUNDLE_SUFFIX = ".cuvil"
@@ -61,19 +62,31 @@ def _ptxas_version(exe: str) -> Optional[str]:
 
 
 def compile_bundle(g: Graph, out_dir: str, *, arch: str = "sm_90", opt_level: int = 3, prefix: str = "cuvil",
-                   fma: bool = False, manifest_extra: Optional[dict] = None,
+                   fma: bool = True, kernel_rules=None, enable_fp16: bool = False, narrow_index: bool = False,
+                   manifest_extra: Optional[dict] = None,
                    progress: Optional[Callable[[str], None]] = None) -> dict:
     """Compile ``g`` (static shapes) into the bundle directory ``out_dir`` (created; files in it replaced);
     returns the manifest. ptxas, where installed, assembles the PTX for ``arch``: a rejected module is an
-    error, its per-kernel resource report goes into the manifest and the cubin into the bundle."""
+    error, its per-kernel resource report goes into the manifest and the cubin into the bundle.
+
+    ``fma`` (default on, as nvcc and PyTorch): the proved ``prove real`` kernel rules (fma contraction) may
+    run; ``kernel_rules`` as for :func:`~cuvil.targets.ptx.codegen.build_ptx`. ``enable_fp16``: float32
+    tensors are computed in float16 (:mod:`cuvil.targets.ptx.fp16`; inputs and outputs stay float32)."""
     say = progress or (lambda msg: None)
     t0 = time.perf_counter()
+    half_names: list = []
+    if enable_fp16:
+        from .fp16 import to_half
+        g, half_names = to_half(g)
+        say(f"float16: {len(half_names)} tensors lowered to half")
     say(f"scheduling {len(g.nodes)} nodes")
     sched = schedule(g)
     if any(s.buf.base == WEIGHTS for s in sched.stages):
         raise CuvilError("a stage writes into the weights buffer; the GPU bundle keeps weights read-only")
     say(f"{len(sched.stages)} kernels, arena {sched.arena_bytes} B, weights {sched.weights_bytes} B; generating PTX for {arch}")
-    ptx, descs = generate_ptx(sched, arch, opt_level, fma=fma, prefix=prefix)
+    res = build_ptx(sched, arch, opt_level, fma=fma, kernel_rules=kernel_rules, prefix=prefix,
+                    narrow_index=narrow_index)
+    ptx, descs = res.ptx, res.kernels
     t_codegen = time.perf_counter()
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "kernels.ptx"), "w") as f:
@@ -123,12 +136,17 @@ def compile_bundle(g: Graph, out_dir: str, *, arch: str = "sm_90", opt_level: in
         "target": {"triple": TRIPLE, "arch": arch},
         "opt_level": opt_level,
         "fma": fma,
+        "kernel_rules": {name: {"applied": res.kernel_rule_counts.get(name, 0), "obligation": ob, "verdict": "proved"}
+                         for name, ob in res.kernel_rules.items()},
+        "enable_fp16": enable_fp16,
+        "narrow_index": narrow_index,
+        "float16_reductions_widened": res.widened_reductions,
         "kernels": len(descs),
         "arena_bytes": sched.arena_bytes,
         "weights_bytes": sched.weights_bytes,
         "weights_sha256": hashlib.sha256(blob).hexdigest(),
-        "float16_tensors": [b.name for b in list(sched.inputs) + list(sched.outputs) + [s.buf for s in sched.stages]
-                            if b.dtype == DType.FLOAT16],
+        "float16_tensors": half_names if enable_fp16 else
+        [b.name for b in list(sched.inputs) + list(sched.outputs) + [s.buf for s in sched.stages] if b.dtype == DType.FLOAT16],
         "fused_ops": sched.fused,
         "ptxas": ptxas_info,
         "compile_seconds": round(time.perf_counter() - t0, 3),

@@ -15,9 +15,18 @@ Math: sqrt, fabs, floor, ceil, roundeven, trunc, fma, min/max lower to PTX instr
 correctly rounded; no flush-to-zero); exp, log, tanh, erf, pow, fmod, ... call NVIDIA's libdevice, which
 is linked into the module, internalised, and everything unused is dropped before optimisation.
 
-Floating point contraction (``a * b + c`` -> one ``fma``, one rounding) is off by default: the rewrite
-rules' exactness arguments assume each operation rounds separately. Without it NVPTX emits ``add.rn`` /
-``mul.rn``, which ptxas may not fuse either. ``fma=True`` marks every float add, sub and mul ``contract``.
+Kernel rules (``on kernel``, :mod:`cuvil.targets.kernel_rules`) rewrite every stage's expression before
+it is emitted: by default the built-in ones (``rules/kernel.rule``) that are proved, the ``prove real``
+ones (fma contraction) only with ``fma=True``. Floating point contraction happens only through them: LLVM's
+``contract`` flag is stripped from every instruction, so an ``fma`` in the PTX is one a rule put there (and
+the manifest counts it), and without ``fma`` every operation rounds separately (``add.rn`` / ``mul.rn``,
+which ptxas does not fuse either), as the graph rules' exactness arguments assume. ``fma`` E nodes and
+fused multiply-accumulate reductions (``reduce[fma]``) lower to ``llvm.fma`` (``fma.rn.f32`` /
+``fma.rn.f16``).
+
+Float16 (``Pipeline.compile(..., enable_fp16=True)``, :mod:`cuvil.targets.ptx.fp16`): half values are
+stored and computed in half; a float16 ``sum`` reduction is widened here to accumulate in float32
+(:func:`widen_half_reductions`), its result rounded to half once.
 """
 from __future__ import annotations
 
@@ -34,7 +43,7 @@ from ...errors import CuvilError, UnsupportedOpError
 from ...ir.dtype import DType
 from ..schedule import Schedule, Stage
 from ..texpr import E, Buf
-from ..x86.codegen import F16, F32, I1, I32, I64, PTR, KernelModule, _Emitter, ll, mem_type
+from ..x86.codegen import F16, F32, I1, I32, I64, PTR, KernelModule, _Emitter, const_value, ll, mem_type
 
 TRIPLE = "nvptx64-nvidia-cuda"
 BLOCK = 256
@@ -168,6 +177,8 @@ class _PtxEmitter(_Emitter):
             return self.b.trunc(v, I1) if dt == DType.BOOL else v
         if op == "fmod" and dt.is_float:
             return self.call("fmod", [self.emit(a) for a in e.args], dt)
+        if op == "fma":
+            return self.b.call(self.fma_fn(dt), [self.emit(a) for a in e.args])
         if op == "gload":
             raise UnsupportedOpError("gload", detail="guarded loads have no PTX lowering")
         try:
@@ -178,6 +189,32 @@ class _PtxEmitter(_Emitter):
             if "no emitter" in str(err):
                 raise UnsupportedOpError(op, detail="no PTX lowering") from None
             raise
+
+    def fma_fn(self, dt: DType) -> ir.Function:
+        if dt not in (DType.FLOAT16, DType.FLOAT, DType.DOUBLE):
+            raise UnsupportedOpError("fma", detail=f"fma of {dt.name} has no PTX lowering")
+        t = ll(dt)
+        return self.km.declare(f"llvm.fma.{ {DType.FLOAT16: 'f16', DType.FLOAT: 'f32', DType.DOUBLE: 'f64'}[dt]}", t, [t] * 3)
+
+    def reduce(self, e: E):
+        """``reduce[fma](a, b)``: acc = fma(a, b, acc) over the reduction's variables, from +0.0 (the sum's
+        start), in order. Other reductions: the x86 emitter's loop."""
+        kind, vs, extents = e.attr
+        if kind != "fma":
+            return super().reduce(e)
+        b, dt = self.b, e.dtype
+        t = ll(dt)
+        f = self.fma_fn(dt)
+        acc = self.alloca(t)
+        b.store(const_value(0.0, dt), acc)
+
+        def body(idx):
+            for v, i in zip(vs, idx):
+                self.env[v.attr] = i
+            x, y = self.emit(e.args[0]), self.emit(e.args[1])
+            b.store(b.call(f, [x, y, b.load(acc, typ=t)]), acc)
+        self.loops(list(extents), body)
+        return b.load(acc, typ=t)
 
     def call(self, name: str, args, dt: DType):
         b = self.b
@@ -200,12 +237,13 @@ class _PtxEmitter(_Emitter):
 
 
 class PtxKernelModule(KernelModule):
-    def __init__(self, name: str, tm, *, fma: bool = False, block: int = BLOCK):
+    def __init__(self, name: str, tm, *, fma: bool = False, block: int = BLOCK, narrow_index: bool = False):
         super().__init__(name, tm, TRIPLE)
         self.fma = fma
         self.block = block
         self.kernels: List[str] = []
         self.needs_libdevice = False
+        self.narrow_index = narrow_index
         self.empty_md = self.module.add_metadata([])
 
     def sreg(self, b: ir.IRBuilder, name: str) -> ir.Value:
@@ -244,13 +282,19 @@ class PtxKernelModule(KernelModule):
         b.position_at_end(body)
         em.memo.append(dict(em.memo[-1]))
         idx: List[ir.Value] = [None] * len(shape)
-        rest = i
+        # register pressure (opt-in): with fewer than 2^31 elements the element index is unflattened in 32
+        # bits (32-bit mul.hi for the divisions by constants, fewer registers), then widened
+        narrow = self.narrow_index and total < 2 ** 31
+        it = I32 if narrow else I64
+        rest = b.trunc(i, I32) if narrow else i
         for d in reversed(range(len(shape))):
             if d == 0:
                 idx[d] = rest
             else:
-                idx[d] = b.urem(rest, I64(shape[d]))
-                rest = b.udiv(rest, I64(shape[d]))
+                idx[d] = b.urem(rest, it(shape[d]))
+                rest = b.udiv(rest, it(shape[d]))
+        if narrow:
+            idx = [b.zext(x, I64) for x in idx]
         em.store_element(st, idx)
         em.memo.pop()
         nxt = b.add(i, stride)
@@ -258,7 +302,7 @@ class PtxKernelModule(KernelModule):
         b.branch(head)
         b.position_at_end(done)
         b.ret_void()
-        _set_contraction(fn, self.fma)
+        _set_contraction(fn, False)   # contraction only through kernel rules (explicit llvm.fma)
         self.kernels.append(sym)
         return KernelDesc(sym, total, self.block, st.name)
 
@@ -321,16 +365,99 @@ def _sanitize(prefix: str) -> str:
     return s if not s[0].isdigit() else "_" + s
 
 
-def generate_ptx(sched: Schedule, arch: str = "sm_90", opt: int = 3, *, fma: bool = False,
-                 prefix: str = "cuvil", block: int = BLOCK,
-                 libdevice: Optional[str] = None) -> Tuple[str, List[KernelDesc]]:
-    """PTX text for every stage of ``sched`` (one module, one kernel per stage, in schedule order) and how
-    to launch each. ``fma`` allows contracting ``a * b + c`` into one fused multiply-add (off: every
-    operation rounds separately, as the rewrite rules assume)."""
+@attrs.define
+class PtxResult:
+    """What :func:`build_ptx` produced: the module's text, how to launch each kernel, which kernel rules ran
+    (name -> obligation) and how often each fired (name -> count), and the float16 reductions widened."""
+    ptx: str
+    kernels: List[KernelDesc]
+    kernel_rules: Dict[str, str]
+    kernel_rule_counts: Dict[str, int]
+    widened_reductions: int = 0
+
+
+def widen_half_reductions(e: E, stats: Optional[dict] = None) -> E:
+    """Float16 ``sum``/``prod`` reductions accumulate in float32: ``reduce_f16(body)`` becomes
+    ``cast_f16(reduce_f32(widen(body)))`` where a half product is widened operand by operand (exact in
+    float32). A half ``div``/``mul`` of such a widened reduction by a constant (a mean) is done in float32
+    too, so the sum is rounded to half once, after the division, and cannot overflow half on the way."""
+    from ..texpr import cast as tcast
+    H, F = DType.FLOAT16, DType.FLOAT
+    memo: Dict[int, E] = {}
+
+    def wide(x: E) -> E:
+        if x.op == "mul" and x.dtype == H:
+            return E("mul", (tcast(x.args[0], F), tcast(x.args[1], F)), F)
+        return tcast(x, F)
+
+    def go(x: E) -> E:
+        if x.uid in memo:
+            return memo[x.uid]
+        args = [go(a) for a in x.args]
+        y = x if all(a is b for a, b in zip(args, x.args)) else E(x.op, args, x.dtype, x.attr)
+        if y.op == "reduce" and y.dtype == H and y.attr[0] in ("sum", "prod"):
+            y = tcast(E("reduce", (wide(args[0]),), F, y.attr), H)
+            if stats is not None:
+                stats["widened"] = stats.get("widened", 0) + 1
+        elif (y.op in ("div", "mul") and y.dtype == H and args[0].op == "cast" and args[0].args[0].op == "reduce"
+              and args[0].args[0].dtype == F and args[1].op == "const"):
+            from ..texpr import const as tconst
+            y = tcast(E(y.op, (args[0].args[0], tconst(args[1].attr, F)), F), H)
+        memo[x.uid] = y
+        return y
+
+    return go(e)
+
+
+def build_ptx(sched: Schedule, arch: str = "sm_90", opt: int = 3, *, fma: bool = False, kernel_rules=None,
+              prefix: str = "cuvil", block: int = BLOCK, libdevice: Optional[str] = None,
+              narrow_index: bool = False) -> PtxResult:
+    """PTX for every stage of ``sched`` (one module, one kernel per stage, in schedule order).
+
+    ``kernel_rules``: None for the built-in ``on kernel`` rules, a list of rules (graph rules in it are
+    ignored), or ``[]``/False for none. Only proved rules run, and ``prove real`` ones (fma contraction) only
+    with ``fma=True``; without ``fma`` every operation rounds separately. ``narrow_index`` (off by default):
+    kernels of fewer than 2^31 elements unflatten their element index in 32-bit arithmetic: fewer registers
+    and higher theoretical occupancy, but ResNet-50 ran slower on an H200 with it (``bench/gpu/RESULTS.md``,
+    2026-11-29 kernel rules section), so it is opt-in."""
+    from ..kernel_rules import rewrite_stages, select_kernel_rules
     if block <= 0 or block > 1024:
         raise CuvilError(f"block size {block}: expected 1..1024 threads")
     tm = target_machine(arch, opt)
     prefix = _sanitize(prefix)
-    km = PtxKernelModule(prefix, tm, fma=fma, block=block)
-    descs = [km.add_stage(st, f"{prefix}_k{k}") for k, st in enumerate(sched.stages)]
-    return km.compile_ptx(opt, libdevice), descs
+    stages = list(sched.stages)
+    stats: dict = {}
+    if any(_has_half(st.expr) for st in stages):
+        stages = [attrs.evolve(st, expr=widen_half_reductions(st.expr, stats)) for st in stages]
+    rules = [] if kernel_rules is False else select_kernel_rules(kernel_rules, fma=fma)
+    counts: Dict[str, int] = {}
+    if rules:
+        stages, counts = rewrite_stages(stages, rules)
+    km = PtxKernelModule(prefix, tm, fma=fma, block=block, narrow_index=narrow_index)
+    descs = [km.add_stage(st, f"{prefix}_k{k}") for k, st in enumerate(stages)]
+    return PtxResult(km.compile_ptx(opt, libdevice), descs, {r.name: r.proof for r in rules}, counts,
+                     stats.get("widened", 0))
+
+
+def _has_half(e: E) -> bool:
+    stack, seen = [e], set()
+    while stack:
+        x = stack.pop()
+        if x.uid in seen:
+            continue
+        seen.add(x.uid)
+        if x.dtype == DType.FLOAT16:
+            return True
+        stack.extend(x.args)
+    return False
+
+
+def generate_ptx(sched: Schedule, arch: str = "sm_90", opt: int = 3, *, fma: bool = False, kernel_rules=None,
+                 prefix: str = "cuvil", block: int = BLOCK, libdevice: Optional[str] = None,
+                 narrow_index: bool = False) -> Tuple[str, List[KernelDesc]]:
+    """PTX text for every stage of ``sched`` and how to launch each (:func:`build_ptx` without its report).
+    ``fma`` allows contracting ``a * b + c`` into one fused multiply-add, through the proved kernel rules
+    (off: every operation rounds separately, as the graph rules' exactness arguments assume)."""
+    r = build_ptx(sched, arch, opt, fma=fma, kernel_rules=kernel_rules, prefix=prefix, block=block,
+                  libdevice=libdevice, narrow_index=narrow_index)
+    return r.ptx, r.kernels

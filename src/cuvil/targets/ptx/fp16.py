@@ -1,0 +1,146 @@
+"""Half precision for the GPU (``cuvil compile --enable-fp16``, ``Pipeline.compile(..., enable_fp16=True)``):
+a graph pass that computes float32 tensors in float16.
+
+:func:`to_half` returns a retyped copy of a (static-shaped, optimized) graph:
+
+- every node whose op is in :data:`HALF_OPS` and whose float tensors are all float32 computes in float16:
+  its float32 outputs become float16, its float32 inputs are read as float16 (constants converted once, here,
+  at compile time; other values through one ``Cast`` each);
+- other nodes (:data:`FLOAT32_OPS` such as LRN, whose sum of squares overflows half, and anything not listed)
+  stay float32 and read half values through a ``Cast`` back to float32;
+- graph inputs and outputs keep float32: inputs are cast to half where half nodes read them, half outputs are
+  cast back before they leave.
+
+Reductions accumulate in float32: the PTX code generator widens every float16 ``sum`` (convolutions, Gemm,
+pooling averages, Softmax's denominator) to a float32 accumulator and rounds the result to half once
+(:func:`cuvil.targets.ptx.codegen.widen_half_reductions`). ``reference=True`` writes that explicitly for
+``onnx.reference``: accumulating ops get float32 Casts around them, so running the returned graph on the CPU
+shows the drift of half storage and elementwise math with float32 accumulation, the GPU's numerics up to the
+order of summation (:func:`reference_model`).
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Tuple
+
+import numpy as np
+
+from ...errors import CuvilError
+from ...ir.dtype import DType
+from ...ir.graph import Graph, Node, Value
+from ...ir.types import TensorType
+
+F32, F16 = DType.FLOAT, DType.FLOAT16
+
+# Ops computed in half (storage and elementwise math; their reductions accumulate in float32).
+HALF_OPS = {
+    # elementwise math and activations
+    "Add", "Sub", "Mul", "Div", "Neg", "Abs", "Max", "Min", "Sum", "Mean", "Relu", "LeakyRelu", "PRelu", "Clip",
+    "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Elu", "Selu", "Celu", "Softplus", "Softsign", "Gelu", "Mish",
+    "Sqrt", "Exp", "Erf", "Reciprocal", "Where", "BatchNormalization", "Identity", "Dropout",
+    # data movement (exact in any type)
+    "Concat", "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Slice", "Split", "Pad", "Expand",
+    "Gather", "Tile", "DepthToSpace", "SpaceToDepth", "Resize", "MaxPool", "GlobalMaxPool", "ReduceMax",
+    "ReduceMin",
+    # accumulating ops: half in and out, float32 accumulators
+    "Conv", "ConvTranspose", "Gemm", "MatMul", "AveragePool", "GlobalAveragePool", "ReduceSum", "ReduceMean",
+    "Softmax",
+}
+# Accumulating ops (the float32 Casts of the reference form go around them).
+ACCUMULATING = {"Conv", "ConvTranspose", "Gemm", "MatMul", "AveragePool", "GlobalAveragePool", "ReduceSum",
+                "ReduceMean", "Softmax"}
+# Kept in float32 on purpose (the rest of the ops simply are not in HALF_OPS).
+FLOAT32_OPS = {"LRN", "LogSoftmax", "Log", "Pow", "InstanceNormalization", "LayerNormalization"}
+
+
+def _half_node(n: Node) -> bool:
+    if n.op not in HALF_OPS or n.domain not in ("", "ai.onnx"):
+        return False
+    floats = [v for v in list(n.inputs) + list(n.outputs) if v is not None and v.dtype.is_float]
+    return bool(floats) and all(v.dtype == F32 for v in floats) and any(o.dtype == F32 for o in n.outputs)
+
+
+def to_half(graph: Graph, *, reference: bool = False) -> Tuple[Graph, List[str]]:
+    """(half copy of ``graph``, names of the tensors now float16: activations and converted weights)."""
+    from ...rewrite_rules.shape_prop import propagate_shapes
+    for v in graph.values():
+        if not v.type.is_static:
+            raise CuvilError(f"--enable-fp16 needs static shapes: {v.name!r} has shape {v.type}")
+    g = graph.clone()
+    g.toposort()
+    half_nodes = [n for n in g.nodes if _half_node(n)]
+    half_ids = {id(n) for n in half_nodes}
+    half_vals: Dict[int, Value] = {}
+    lowered: List[str] = []
+    for n in half_nodes:
+        for o in n.outputs:
+            if o.dtype == F32:
+                o.type = TensorType(F16, o.shape)
+                half_vals[id(o)] = o
+                lowered.append(o.name)
+    to_half_cache: Dict[int, Value] = {}
+    to_float_cache: Dict[int, Value] = {}
+
+    def cast(v: Value, to: DType, cache) -> Value:
+        if id(v) not in cache:
+            c = g.add_node("Cast", [v], {"to": int(to)}, name=g.fresh_name(f"{v.name}_to_{to.name.lower()}"),
+                           output_names=[f"{v.name}_{'f16' if to == F16 else 'f32'}"])
+            cache[id(v)] = c.outputs[0]
+        return cache[id(v)]
+
+    def half_const(v: Value) -> Value:
+        if id(v) not in to_half_cache:
+            arr = np.asarray(v.const)
+            with np.errstate(over="ignore"):
+                h = arr.astype(np.float16)
+            c = g.const(h, f"{v.name}_f16")
+            to_half_cache[id(v)] = c
+            lowered.append(c.name)
+        return to_half_cache[id(v)]
+
+    for n in list(g.nodes):
+        for i, v in enumerate(n.inputs):
+            if v is None:
+                continue
+            if id(n) in half_ids and v.dtype == F32:
+                g.set_input(n, i, half_const(v) if v.is_const else cast(v, F16, to_half_cache))
+            elif id(n) not in half_ids and id(v) in half_vals:
+                g.set_input(n, i, cast(v, F32, to_float_cache))
+    for j, o in enumerate(list(g.outputs)):
+        if id(o) in half_vals:
+            g.outputs[j] = cast(o, F32, to_float_cache)
+    if reference:
+        _explicit_accumulators(g, [n for n in half_nodes if n.op in ACCUMULATING])
+    g.toposort()
+    propagate_shapes(g)
+    g.verify()
+    return g, lowered
+
+
+def _explicit_accumulators(g: Graph, nodes: List[Node]) -> None:
+    """Reference form: an accumulating half node reads float32 copies of its half inputs and writes float32,
+    rounded to half once by a Cast (what the GPU's widened reductions compute)."""
+    for n in nodes:
+        for i, v in enumerate(n.inputs):
+            if v is not None and v.dtype == F16:
+                if v.is_const:
+                    g.set_input(n, i, g.const(np.asarray(v.const).astype(np.float32), f"{v.name}_f32"))
+                else:
+                    c = g.add_node("Cast", [v], {"to": int(F32)}, name=g.fresh_name(f"{v.name}_acc32"))
+                    g.set_input(n, i, c.outputs[0])
+        for o in n.outputs:
+            if o.dtype != F16:
+                continue
+            uses, outs = list(o.uses), [k for k, x in enumerate(g.outputs) if x is o]
+            o.type = TensorType(F32, o.shape)
+            c = g.add_node("Cast", [o], {"to": int(F16)}, name=g.fresh_name(f"{o.name}_round16"))
+            for node, i in uses:
+                g.set_input(node, i, c.outputs[0])
+            for k in outs:
+                g.outputs[k] = c.outputs[0]
+
+
+def reference_model(graph: Graph):
+    """The half graph in its reference form, as an ONNX model that ``onnx.reference`` runs on the CPU."""
+    from ...frontend import export_model
+    g, _ = to_half(graph, reference=True)
+    return export_model(g)
