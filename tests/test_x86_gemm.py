@@ -136,3 +136,42 @@ def test_profile_times_every_step():
     assert gemm and gemm[0]["flops"] == 2 * 18 * 16 * 9 * 12 * 12 and gemm[0]["op"] == "Relu"  # the stored op: Conv + Relu fused
     # profiling stops afterwards; runs still give the same answer
     np.testing.assert_array_equal(m.run(x)[0], m.run(x)[0])
+
+
+def _concat_model(shapes, axis, chain=False):
+    ins = [helper.make_tensor_value_info(f"x{k}", TensorProto.FLOAT, list(s)) for k, s in enumerate(shapes)]
+    nodes, cur = [], "x0"
+    if chain:   # Concat(Concat(Concat(x0, x1), x2), ...): each level inlined into the next
+        for k in range(1, len(shapes)):
+            nodes.append(helper.make_node("Concat", [cur, f"x{k}"], [f"c{k}"], axis=axis))
+            cur = f"c{k}"
+    else:
+        nodes.append(helper.make_node("Concat", [f"x{k}" for k in range(len(shapes))], ["c"], axis=axis))
+        cur = "c"
+    nodes.append(helper.make_node("Relu", [cur], ["y"]))
+    g = helper.make_graph(nodes, "g", ins, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("axis", [0, 1, 2, 3])
+def test_stored_concat_is_split_into_slices(axis):
+    rng = np.random.default_rng(7)
+    base = [2, 3, 4, 5]
+    shapes = []
+    for k in range(4):
+        s = list(base)
+        s[axis] = k + 1
+        shapes.append(s)
+    xs = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    art = Pipeline.from_onnx(_concat_model(shapes, axis)).compile()
+    assert len(art.manifest["steps"]) == 4   # one stage per piece, each writing its slice
+    np.testing.assert_array_equal(art.model().run(*xs, num_threads=2)[0], np.maximum(np.concatenate(xs, axis), 0))
+
+
+def test_long_chain_of_inlined_concats_stays_small():
+    # 24 nested concatenations (DenseNet-like growth): the expression must grow linearly, not double per level
+    rng = np.random.default_rng(8)
+    shapes = [[1, 2, 3, 3]] * 25
+    xs = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    art = Pipeline.from_onnx(_concat_model(shapes, 1, chain=True)).compile(cache=False)
+    np.testing.assert_array_equal(art.model().run(*xs)[0], np.maximum(np.concatenate(xs, 1), 0))

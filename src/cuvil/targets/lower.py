@@ -508,16 +508,30 @@ def _concat(ctx):
     shape = ctx.out_shape()
     axis = ctx.attr("axis") % len(shape)
 
+    ins = [t for t in ins if t.shape[axis] > 0]
+    bounds = list(np.cumsum([0] + [t.shape[axis] for t in ins]))
+
+    def piece(t, idx, start, clamped):
+        sub = list(idx)
+        sub[axis] = idx[axis] - start
+        if clamped:   # evaluated for every element: keep the read inside t
+            sub[axis] = clamp(sub[axis], t.shape[axis])
+        return t(sub)
+
     def f(idx):
+        # Every piece is evaluated and one selected, each read clamped into its input. A stage that stores
+        # the concatenation may instead be split into one loop nest per piece (the "piecewise" node's
+        # unclamped pieces; see schedule.split_piecewise).
         out = None
-        start = sum(t.shape[axis] for t in ins)
-        for t in reversed(ins):  # the last input is the default; earlier ones win below their end
-            start -= t.shape[axis]
-            sub = list(idx)
-            sub[axis] = idx[axis] - start
-            val = t(sub)
-            out = val if out is None else select(cmp("lt", idx[axis], const(start + t.shape[axis], I64)), val, out)
-        return out
+        for t, start, end in reversed(list(zip(ins, bounds[:-1], bounds[1:]))):
+            val = piece(t, idx, start, len(ins) > 1)
+            out = val if out is None else select(cmp("lt", idx[axis], const(end, I64)), val, out)
+        if len(ins) == 1:
+            return out
+        # the unclamped pieces are built only if the stage is split (building them here too would double
+        # the expression at every level of inlined concatenations)
+        pieces = lambda: [piece(t, idx, start, False) for t, start in zip(ins, bounds[:-1])]  # noqa: E731
+        return E("piecewise", [idx[axis], out], out.dtype, (axis, tuple(int(x) for x in bounds), pieces))
     return [TensorFn(shape, ins[0].dtype, f, "injective")]
 
 

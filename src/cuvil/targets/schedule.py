@@ -9,7 +9,7 @@ from liveness (buffers whose lifetimes do not overlap share bytes). Reshape-like
 """
 from __future__ import annotations
 
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import attrs
 import numpy as np
@@ -18,7 +18,7 @@ from ..errors import ShapeError, UnsupportedOpError
 from ..ir.dtype import DType
 from ..ir.graph import Graph, Value
 from .lower import LOWERINGS, LowerCtx, TensorFn
-from .texpr import E, Buf, const, load, var
+from .texpr import E, Buf, const, load, replace_node, var
 
 ALIGN = 64
 ARENA, WEIGHTS = 0, 1
@@ -42,6 +42,7 @@ class Stage:
     reads: List[Buf] = attrs.field(factory=list)
     flops: int = 0       # multiply-adds count 2 (reductions of products); elementwise work is not counted
     op: str = ""         # the op whose lowering produced the stage (its epilogue may hold fused consumers)
+    region: Optional[Tuple[int, int, int]] = None   # (axis, lo, hi): the stage writes only that slice
 
 
 @attrs.define
@@ -62,9 +63,11 @@ def _align(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
-def schedule(g: Graph, gemm_cols: int = 0) -> Schedule:
+def schedule(g: Graph, gemm_cols: int = 0, split_concat: bool = False) -> Schedule:
     """Stages and memory plan of ``g``. ``gemm_cols > 0`` lowers convolutions to packed contractions with
-    B panels that many positions wide (the x86 micro-kernels' tile width); 0 keeps plain reductions."""
+    B panels that many positions wide (the x86 micro-kernels' tile width); 0 keeps plain reductions.
+    ``split_concat``: a stage storing a concatenation becomes one stage per piece, each writing its slice
+    (for backends whose kernels honour :attr:`Stage.region`)."""
     for v in g.values():
         if not v.type.is_static:
             raise ShapeError(f"value {v.name!r} has shape {v.type}: fix the symbols (fixed={{...}}) to compile")
@@ -177,6 +180,8 @@ def schedule(g: Graph, gemm_cols: int = 0) -> Schedule:
         t = const_fn(v) if v.is_const else fns[id(v)]
         stages.append(Stage(f"copy_{ob.name}", ob, *(_vars_expr(t, ob.shape))))
 
+    if split_concat:
+        stages = [part for st in stages for part in split_piecewise(st)]
     for s in stages:
         s.reads = _reads(s.expr)
         s.flops = _flops(s)
@@ -229,6 +234,33 @@ def _reads(e: E) -> List[Buf]:
             stack.extend(_argscan_reads(x))
         stack.extend(x.args)
     return out
+
+
+def split_piecewise(st: Stage) -> List[Stage]:
+    """A stage whose expression is piecewise along one of its own axes (a stored Concat, possibly under
+    fused elementwise consumers) as one stage per piece writing its slice: each piece reads only its input,
+    with no selects or clamps."""
+    found, seen, stack = [], set(), [st.expr]
+    while stack:
+        x = stack.pop()
+        if x.uid in seen:
+            continue
+        seen.add(x.uid)
+        if x.op in ("reduce", "argscan"):
+            return [st]
+        if x.op == "piecewise":
+            found.append(x)
+            continue
+        stack.extend(x.args)
+    if len(found) != 1:
+        return [st]
+    node = found[0]
+    axis, bounds, make_pieces = node.attr
+    if st.region is not None or node.args[0].op != "var" or node.args[0].attr != st.vars[axis].attr:
+        return [st]
+    return [Stage(f"{st.name}_{k}", st.buf, st.vars, replace_node(st.expr, node, piece), op=st.op,
+                  region=(axis, lo, hi))
+            for k, (piece, lo, hi) in enumerate(zip(make_pieces(), bounds[:-1], bounds[1:]))]
 
 
 def _flops(st: Stage) -> int:

@@ -255,3 +255,23 @@ def substitute(e: E, mapping) -> E:
         return out
 
     return go(e)
+
+
+def replace_node(e: E, target: E, repl: E) -> E:
+    """``e`` with the node ``target`` (by identity) replaced by ``repl``."""
+    memo = {}
+
+    def go(x: E) -> E:
+        if x is target:
+            return repl
+        if x.uid in memo:
+            return memo[x.uid]
+        if not x.args:
+            out = x
+        else:
+            args = [go(a) for a in x.args]
+            out = x if all(a is b for a, b in zip(args, x.args)) else E(x.op, args, x.dtype, x.attr)
+        memo[x.uid] = out
+        return out
+
+    return go(e)

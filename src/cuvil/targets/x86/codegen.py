@@ -103,6 +103,9 @@ class KernelModule:
         b = ir.IRBuilder(entry)
         em = _Emitter(self, fn, b, bufs)
         shape = list(st.buf.shape)
+        if st.region is not None:    # the stage writes the slice [lo, hi) of one axis of its buffer
+            axis, lo, hi = st.region
+            shape[axis] = hi - lo
         red = _row_reduction(st)
         k, extent = 0, 1
         limit = len(shape) - 1 if red is not None else len(shape)  # keep the last dim for the row loop
@@ -110,6 +113,13 @@ class KernelModule:
             extent *= shape[k]
             k += 1
         inner_work = int(np.prod(shape[k:])) if shape[k:] else 1
+
+        def at(ix):
+            if st.region is None:
+                return ix
+            ix = list(ix)
+            ix[st.region[0]] = em.b.add(ix[st.region[0]], I64(st.region[1]))
+            return ix
 
         def body(p):
             rest = p
@@ -121,9 +131,9 @@ class KernelModule:
                     idx[d] = em.b.srem(rest, I64(shape[d]))
                     rest = em.b.sdiv(rest, I64(shape[d]))
             if red is not None:
-                em.loops(shape[k:-1], lambda mid: em.store_row(st, red, idx[:k] + mid, shape[-1]))
+                em.loops(shape[k:-1], lambda mid: em.store_row(st, red, at(idx[:k] + mid), shape[-1]))
             else:
-                em.loops(shape[k:], lambda inner: em.store_element(st, idx[:k] + inner))
+                em.loops(shape[k:], lambda inner: em.store_element(st, at(idx[:k] + inner)))
         em.loop_range(begin, end, body)
         em.b.ret_void()
         return (extent if shape else 1), max(1, int(4096 // max(inner_work, 1)))
@@ -280,7 +290,7 @@ class _Emitter:
         if op == "load":
             v = b.load(self.address(e.attr, [self.emit(a) for a in e.args]), typ=mem_type(dt))
             return b.trunc(v, I1) if dt == DType.BOOL else v
-        if op in ("contract", "window"):   # a micro-kernel node in a loop stage: its plain sum
+        if op in ("contract", "window", "piecewise"):   # nodes other schedules exploit: their plain value
             return self.emit(e.args[-1])
         args = [self.emit(a) for a in e.args] if op not in ("reduce", "argscan") else []
         if op in ("add", "sub", "mul"):

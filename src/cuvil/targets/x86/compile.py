@@ -44,7 +44,7 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
     base = os.path.splitext(out_so)[0]
     say(f"scheduling {len(g.nodes)} nodes")
     _, _, cpu_name, features = host_target(cpu, opt_level)
-    sched = schedule(g, gemm_cols=tile_cols(vector_bits(cpu_name, features)))
+    sched = schedule(g, gemm_cols=tile_cols(vector_bits(cpu_name, features)), split_concat=True)
     say(f"{len(sched.stages)} kernels, arena {sched.arena_bytes} B, weights {sched.weights_bytes} B; generating LLVM IR")
     obj, steps, target = generate_object(sched, prefix, cpu, opt_level)
     t_codegen = time.perf_counter()
