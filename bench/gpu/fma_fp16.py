@@ -153,54 +153,109 @@ def resnet(arch, iters):
 
 
 AB = {"old_codegen": dict(fma=False, kernel_rules=False, narrow_index=False),
+      "nofma_wide_index": dict(fma=False, narrow_index=False),
       "fma_wide_index": dict(fma=True, narrow_index=False),
       "fma_narrow_index": dict(fma=True, narrow_index=True),
       "fp16": dict(fma=True, narrow_index=True, enable_fp16=True),
       "fp16_wide_index": dict(fma=True, narrow_index=False, enable_fp16=True)}
+# old_codegen: no kernel rules, no fma, 64-bit index (the code generator before the kernel rules);
+# nofma_wide_index: exact kernel rules only (--no-fma), 64-bit index; fma_wide_index: THE DEFAULT (rules + fma,
+# 64-bit index); fma_narrow_index: + narrow_index=True; fp16*: --enable-fp16 (fma on) with 32- / 64-bit index
 
 
-def resnet_ab(arch, iters, rounds=3):
+def resnet_ab(arch, iters, rounds=3, out=None, save=lambda: None):
     """ResNet-50 in each AB configuration, all loaded at once, timed in interleaved rounds (graph replay,
-    device-resident input/output), then per-kernel times (CUDA events, eager)."""
+    device-resident input/output), then per-kernel times (CUDA events, eager). ``out`` is filled as results
+    come in (``save`` is called after each phase), so a failure late in the run keeps what was measured."""
     import onnxruntime as ort
     from cuvil import Pipeline
     from cuvil.targets.ptx.bundle import compile_bundle
     from cuvil.targets.ptx.runtime import _call, driver, load_bundle
     from cuvil.testing import light_model
+    out = {} if out is None else out
     model = light_model("resnet50")
     g = Pipeline.from_onnx(model).optimize().graph
     x = np.random.default_rng(1).standard_normal((1, 3, 224, 224)).astype(np.float32)
     ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"gpu_0/data_0": x})[0]
-    drv = driver()
     root = tempfile.mkdtemp(prefix="cuvil-ab-")
-    models, out = {}, {}
+    models = {}
+    t0 = time.perf_counter()
+    # compile in worker processes first; the CUDA work below happens in this process only
     with ProcessPoolExecutor(max_workers=len(AB)) as pool:
         futs = {k: pool.submit(compile_bundle, g, os.path.join(root, f"{k}.cuvil"), arch=arch, **kw) for k, kw in AB.items()}
+        mans = {}
         for k in AB:
-            futs[k].result()
-            m = load_bundle(os.path.join(root, f"{k}.cuvil"))
-            (y,) = m.run(x)
-            models[k] = m
-            out[k] = {"graph_p50_ms": [], "graph_p99_ms": [], **errors(y, ref)}
-    # device buffers once a model has made the primary context current (an earlier version allocated first
-    # and failed with CUDA_ERROR_INVALID_CONTEXT: results/resnet50_ab_failed.txt)
-    d_in = int(_call(drv, "cuMemAlloc", drv.cuMemAlloc(x.nbytes)))
-    d_out = int(_call(drv, "cuMemAlloc", drv.cuMemAlloc(ref.nbytes)))
-    _call(drv, "cuMemcpyHtoD", drv.cuMemcpyHtoD(d_in, x.ctypes.data, x.nbytes))
-    for _ in range(rounds):
+            try:
+                mans[k] = futs[k].result()
+            except Exception as e:  # noqa: BLE001 - reported, the other configurations go on
+                out[k] = {"config": {a: b for a, b in AB[k].items()}, "error": f"compile: {type(e).__name__}: {e}"[:400]}
+                print(f"resnet50 {k:17}: {out[k]['error']}", flush=True)
+    print(f"compiled {len(mans)}/{len(AB)} configurations in {time.perf_counter() - t0:.1f} s", flush=True)
+    # The primary context, retained and made current by this thread BEFORE any cuMemAlloc of our own (as
+    # GpuModel does): an earlier version allocated before any model had done so and failed with
+    # CUDA_ERROR_INVALID_CONTEXT (results/resnet50_ab_failed.txt). Retaining it here also keeps it alive
+    # until our buffers are freed, whatever the models do.
+    drv = driver()
+    dev = _call(drv, "cuDeviceGet", drv.cuDeviceGet(0))
+    ctx = _call(drv, "cuDevicePrimaryCtxRetain", drv.cuDevicePrimaryCtxRetain(dev))
+    _call(drv, "cuCtxSetCurrent", drv.cuCtxSetCurrent(ctx))
+    d_in = d_out = None
+    try:
+        d_in = int(_call(drv, "cuMemAlloc", drv.cuMemAlloc(x.nbytes)))
+        d_out = int(_call(drv, "cuMemAlloc", drv.cuMemAlloc(ref.nbytes)))
+        _call(drv, "cuMemcpyHtoD", drv.cuMemcpyHtoD(d_in, x.ctypes.data, x.nbytes))
+        for k, man in mans.items():
+            row = {"config": {a: b for a, b in AB[k].items()}}
+            try:
+                m = load_bundle(os.path.join(root, f"{k}.cuvil"))
+                (y,) = m.run(x)
+                regs = sorted(m.registers.values())
+                row.update({**errors(y, ref), "kernels_n": man["kernels"], "module": m.module_source,
+                            "registers_median": regs[len(regs) // 2], "registers_max": regs[-1],
+                            "kernel_rules": {a: b["applied"] for a, b in man["kernel_rules"].items() if b["applied"]},
+                            "float16_tensors": len(man.get("float16_tensors") or []),
+                            "graph_p50_ms": [], "graph_p99_ms": [], "graph_min_ms": []})
+                models[k] = m
+            except Exception as e:  # noqa: BLE001
+                row["error"] = f"load/run: {type(e).__name__}: {e}"[:400]
+                print(f"resnet50 {k:17}: {row['error']}", flush=True)
+            out[k] = row
+        save()
+        _call(drv, "cuCtxSetCurrent", drv.cuCtxSetCurrent(ctx))
+        for rnd in range(rounds):
+            for k, m in models.items():
+                r = timed(lambda: m.run_device([d_in], [d_out], mode="graph"), iters)
+                out[k]["graph_p50_ms"].append(r["p50_ms"])
+                out[k]["graph_p99_ms"].append(r["p99_ms"])
+                out[k]["graph_min_ms"].append(r["min_ms"])
+            print(f"round {rnd + 1}/{rounds}: " + ", ".join(f"{k} {out[k]['graph_p50_ms'][-1]:.3f}" for k in models),
+                  flush=True)
+            save()
         for k, m in models.items():
-            r = timed(lambda: m.run_device([d_in], [d_out], mode="graph"), iters)
-            out[k]["graph_p50_ms"].append(r["p50_ms"])
-            out[k]["graph_p99_ms"].append(r["p99_ms"])
-    for k, m in models.items():
-        prof = m.profile_kernels(repeats=5)
-        out[k]["kernels"] = [{**p, "registers": m.registers[p["name"]]} for p in prof]
-        out[k]["kernel_sum_ms"] = sum(p["ms"] for p in prof)
-        m.close()
-        print(f"resnet50 {k:17}: graph p50 {' / '.join(f'{v:.3f}' for v in out[k]['graph_p50_ms'])} ms, p99 "
-              f"{' / '.join(f'{v:.3f}' for v in out[k]['graph_p99_ms'])} ms; kernels sum {out[k]['kernel_sum_ms']:.3f} ms; "
-              f"normwise {out[k]['normwise']:.2e}", flush=True)
-    shutil.rmtree(root, ignore_errors=True)
+            # this configuration's run_device output (d_out is shared: run it once more, then read it back)
+            y = np.empty_like(ref)
+            m.run_device([d_in], [d_out], mode="graph")
+            _call(drv, "cuCtxSetCurrent", drv.cuCtxSetCurrent(ctx))
+            _call(drv, "cuMemcpyDtoH", drv.cuMemcpyDtoH(y.ctypes.data, d_out, y.nbytes))
+            out[k]["run_device_normwise"] = errors(y, ref)["normwise"]
+            prof = m.profile_kernels(repeats=5)
+            out[k]["kernels"] = [{**p, "registers": m.registers[p["name"]]} for p in prof]
+            out[k]["kernel_sum_ms"] = sum(p["ms"] for p in prof)
+            out[k]["graph_stats"] = m.graph_stats()
+            print(f"resnet50 {k:17}: graph p50 {' / '.join(f'{v:.3f}' for v in out[k]['graph_p50_ms'])} ms, p99 "
+                  f"{' / '.join(f'{v:.3f}' for v in out[k]['graph_p99_ms'])} ms; kernels sum {out[k]['kernel_sum_ms']:.3f} ms; "
+                  f"normwise {out[k]['normwise']:.2e} (run_device {out[k]['run_device_normwise']:.2e}); regs median "
+                  f"{out[k]['registers_median']} max {out[k]['registers_max']}; rules {out[k]['kernel_rules']}", flush=True)
+        save()
+    finally:
+        _call(drv, "cuCtxSetCurrent", drv.cuCtxSetCurrent(ctx))
+        for p in (d_in, d_out):
+            if p is not None:
+                drv.cuMemFree(p)
+        for m in models.values():
+            m.close()
+        drv.cuDevicePrimaryCtxRelease(dev)
+        shutil.rmtree(root, ignore_errors=True)
     return out
 
 
@@ -214,6 +269,7 @@ def main(argv=None) -> int:
     ap.add_argument("--skip-resnet", action="store_true")
     ap.add_argument("--skip-correctness", action="store_true")
     ap.add_argument("--ab", action="store_true", help="ResNet-50 only: the AB configurations, interleaved")
+    ap.add_argument("--rounds", type=int, default=3, help="--ab: interleaved timing rounds")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     info = device_info(0)
@@ -225,8 +281,11 @@ def main(argv=None) -> int:
             with open(args.json, "w") as f:
                 json.dump(res, f, indent=1, default=str)
     if args.ab:
-        res["resnet50_ab"] = resnet_ab(info["arch"], args.iters)
-        save()
+        res["resnet50_ab"] = {}
+        try:
+            resnet_ab(info["arch"], args.iters, args.rounds, res["resnet50_ab"], save)
+        finally:
+            save()
         return 0
     if not args.skip_correctness:
         out_dir = tempfile.mkdtemp(prefix="cuvil-fma-fp16-")
