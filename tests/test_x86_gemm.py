@@ -175,3 +175,22 @@ def test_long_chain_of_inlined_concats_stays_small():
     xs = [rng.standard_normal(s).astype(np.float32) for s in shapes]
     art = Pipeline.from_onnx(_concat_model(shapes, 1, chain=True)).compile(cache=False)
     np.testing.assert_array_equal(art.model().run(*xs)[0], np.maximum(np.concatenate(xs, 1), 0))
+
+
+def test_concat_chain_split_recursively_and_under_reshape():
+    # Concat(Concat(x0, x1), x2) stored: three slices; Concat under a Reshape that keeps the axis elsewhere
+    rng = np.random.default_rng(9)
+    shapes = [[1, 2, 3, 4], [1, 3, 3, 4], [1, 1, 3, 4]]
+    xs = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    art = Pipeline.from_onnx(_concat_model(shapes, 1, chain=True)).compile(cache=False)
+    assert len(art.manifest["steps"]) == 3
+    np.testing.assert_array_equal(art.model().run(*xs)[0], np.maximum(np.concatenate(xs, 1), 0))
+    ins = [helper.make_tensor_value_info(f"x{k}", TensorProto.FLOAT, [2, 3, 4]) for k in range(2)]
+    g = helper.make_graph([helper.make_node("Concat", ["x0", "x1"], ["c"], axis=2),
+                           helper.make_node("Reshape", ["c", "s"], ["y"])], "g", ins,
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          [numpy_helper.from_array(np.array([6, 8], np.int64), "s")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    xs = [rng.standard_normal((2, 3, 4)).astype(np.float32) for _ in range(2)]
+    art = Pipeline.from_onnx(m).compile(cache=False)
+    np.testing.assert_array_equal(art.model().run(*xs)[0], np.concatenate(xs, 2).reshape(6, 8))

@@ -239,7 +239,8 @@ def _reads(e: E) -> List[Buf]:
 def split_piecewise(st: Stage) -> List[Stage]:
     """A stage whose expression is piecewise along one of its own axes (a stored Concat, possibly under
     fused elementwise consumers) as one stage per piece writing its slice: each piece reads only its input,
-    with no selects or clamps."""
+    with no selects or clamps. Pieces that are themselves concatenations along the same axis (DenseNet's
+    chains) are split again."""
     found, seen, stack = [], set(), [st.expr]
     while stack:
         x = stack.pop()
@@ -255,12 +256,35 @@ def split_piecewise(st: Stage) -> List[Stage]:
     if len(found) != 1:
         return [st]
     node = found[0]
-    axis, bounds, make_pieces = node.attr
-    if st.region is not None or node.args[0].op != "var" or node.args[0].attr != st.vars[axis].attr:
+    _, bounds, make_pieces = node.attr
+    # the stage axis whose variable (plus a constant shift) indexes the concatenation
+    hits = [(k, _var_offset(node.args[0], v.attr)) for k, v in enumerate(st.vars)]
+    hits = [(k, c) for k, c in hits if c is not None]
+    if len(hits) != 1:
         return [st]
-    return [Stage(f"{st.name}_{k}", st.buf, st.vars, replace_node(st.expr, node, piece), op=st.op,
-                  region=(axis, lo, hi))
-            for k, (piece, lo, hi) in enumerate(zip(make_pieces(), bounds[:-1], bounds[1:]))]
+    axis, shift = hits[0]
+    if st.region is not None and st.region[0] != axis:
+        return [st]
+    lo0, hi0 = st.region[1:] if st.region is not None else (0, st.buf.shape[axis])
+    out = []
+    for k, (piece, b0, b1) in enumerate(zip(make_pieces(), bounds[:-1], bounds[1:])):
+        lo, hi = max(lo0, b0 - shift), min(hi0, b1 - shift)
+        if lo < hi:
+            part = Stage(f"{st.name}_{k}", st.buf, st.vars, replace_node(st.expr, node, piece), op=st.op,
+                         region=(axis, lo, hi))
+            out.extend(split_piecewise(part))
+    return out
+
+
+def _var_offset(e: E, name: str):
+    """c when ``e`` is the variable ``name`` plus a constant c, else None."""
+    if e.op == "var":
+        return 0 if e.attr == name else None
+    if e.op == "add" and len(e.args) == 2:
+        for v, c in (e.args, e.args[::-1]):
+            if v.op == "var" and v.attr == name and c.op == "const":
+                return int(c.attr)
+    return None
 
 
 def _flops(st: Stage) -> int:
