@@ -194,3 +194,33 @@ def test_concat_chain_split_recursively_and_under_reshape():
     xs = [rng.standard_normal((2, 3, 4)).astype(np.float32) for _ in range(2)]
     art = Pipeline.from_onnx(m).compile(cache=False)
     np.testing.assert_array_equal(art.model().run(*xs)[0], np.concatenate(xs, 2).reshape(6, 8))
+
+
+@pytest.mark.parametrize("xs,kern,strides,pads", [
+    ((1, 8, 13, 13), [3, 3], [1, 1], [1, 1, 1, 1]),
+    ((2, 4, 55, 55), [3, 3], [2, 2], [0, 0, 0, 0]),
+    ((1, 3, 9, 40), [2, 3], [1, 2], [0, 1, 1, 1]),
+])
+def test_max_pool_row_kernel(xs, kern, strides, pads):
+    g = helper.make_graph([helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=kern, strides=strides, pads=pads)],
+                          "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(xs))],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    x = np.random.default_rng(10).standard_normal(xs).astype(np.float32)
+    art = Pipeline.from_onnx(m).compile(cache=False)
+    assert "maxpool" in [s["kernel"] for s in art.manifest["steps"]]
+    model = art.model()
+    want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(model.run(x, num_threads=2)[0], want)
+    # NaN: ONNX leaves it unspecified (onnx.reference's answer depends on where in the window the NaN sits);
+    # Cuvil skips NaN like numpy's fmax, so only an all-NaN window gives NaN
+    x.reshape(-1)[::37] = np.nan
+    r0, c0 = strides[0] - pads[0], strides[1] - pads[1]   # the window of output (1, 1), inside the input
+    x[0, 0, r0:r0 + kern[0], c0:c0 + kern[1]] = np.nan
+    xp = np.pad(x, [(0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])], constant_values=-np.inf)
+    win = np.lib.stride_tricks.sliding_window_view(xp, kern, axis=(2, 3))[:, :, ::strides[0], ::strides[1]]
+    oh, ow = want.shape[2:]
+    expect = np.fmax.reduce(np.fmax.reduce(win[:, :, :oh, :ow], axis=-1), axis=-1)
+    got = model.run(x, num_threads=1)[0]
+    assert np.isnan(got[0, 0, 1, 1])
+    np.testing.assert_array_equal(got, expect)

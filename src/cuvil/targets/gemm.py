@@ -14,6 +14,8 @@ backend replaces it by micro-kernels when the node is the stage's own output ele
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import attrs
 import numpy as np
 
@@ -70,17 +72,21 @@ def pack_weights(w: np.ndarray, groups: int) -> np.ndarray:
 
 @attrs.define(eq=False)
 class DepthwiseWindow:
-    """A 2-D depthwise convolution (one output channel per input channel) over a stored input whose every
-    window position is inside it (zero-padded): ``E("window", [n, c, oh, ow, reduce], attr=self)``. The
-    x86 backend computes whole output rows in vector registers (see :mod:`cuvil.targets.x86.depthwise`)."""
-    w: Buf              # weights [C, 1, KH, KW]
+    """A 2-D per-channel window over a stored input whose every window position is inside it (padded): a
+    depthwise convolution (one output channel per input channel) or a max pool.
+    ``E("window", [n, c, oh, ow, reduce], attr=self)``; the x86 backend computes whole output rows in vector
+    registers (see :mod:`cuvil.targets.x86.depthwise`)."""
+    w: Optional[Buf]    # weights [C, 1, KH, KW] ("conv"); None for "max"
     x: Buf              # input [N, C, Hp, Wp]
     kernel: tuple
     strides: tuple
     dilations: tuple
     out_spatial: tuple
+    kind: str = "conv"  # "conv": sum of w * x; "max": fmax of x (MaxPool: NaN skipped, as in the reference)
 
     @property
     def flops(self) -> int:
+        if self.kind != "conv":
+            return 0
         n, c = self.x.shape[:2]
         return 2 * n * c * int(np.prod(self.out_spatial)) * int(np.prod(self.kernel))

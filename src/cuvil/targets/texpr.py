@@ -199,11 +199,14 @@ def cast(a: E, dtype: DType) -> E:
 
 
 def identity_value(kind: str, dtype: DType):
-    """The neutral element of a reduction (``sum``/``add``, ``prod``/``mul``, ``max``, ``min``) in ``dtype``."""
+    """The neutral element of a reduction (``sum``/``add``, ``prod``/``mul``, ``max``, ``min``, ``fmax``) in
+    ``dtype``."""
     if kind in ("sum", "add"):
         return 0
     if kind in ("prod", "mul"):
         return 1
+    if kind == "fmax":   # NaN-skipping max (numpy's fmax): NaN only when every element is NaN
+        return float("nan")
     if dtype.is_float:
         return -float("inf") if kind == "max" else float("inf")
     if dtype == BOOL:

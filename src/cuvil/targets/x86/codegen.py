@@ -75,7 +75,7 @@ class KernelModule:
         self.scratch_index: Optional[int] = None   # bufs slot of the thread's scratch (None: no scratch)
         self.scratch_bytes = 0   # per-thread scratch the kernels need
         self.gemm_symbols = set()   # stages emitted as GEMM micro-kernels
-        self.depthwise_symbols = set()   # stages emitted as depthwise row kernels
+        self.window_kinds = {}   # stages emitted as row kernels: symbol -> "conv" (depthwise) or "max" (pool)
 
     def declare(self, name: str, ret: ir.Type, args: Sequence[ir.Type]) -> ir.Function:
         if name not in self._decls:
@@ -92,8 +92,8 @@ class KernelModule:
             return done
         done = emit_depthwise_stage(self, st, sym)
         if done is not None:
-            self.depthwise_symbols.add(sym)
-            return done
+            self.window_kinds[sym] = done[2]
+            return done[:2]
         fn = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [PTR, I64, I64]), name=sym)
         fn.linkage = "external"
         fn.visibility = "hidden"
@@ -267,6 +267,8 @@ class _Emitter:
             return b.fadd(a, x) if dt.is_float else b.add(a, x)
         if kind == "prod":
             return b.fmul(a, x) if dt.is_float else b.mul(a, x)
+        if kind == "fmax":  # NaN skipped: x wins when greater or when the accumulator is still NaN
+            return b.select(b.or_(b.fcmp_ordered(">", x, a), b.fcmp_unordered("uno", a, a)), x, a)
         better = self.compare("gt" if kind == "max" else "lt", x, a, dt)
         if dt.is_float:  # NaN propagates
             better = b.or_(better, b.fcmp_unordered("uno", x, x))
@@ -412,10 +414,7 @@ class _Emitter:
             elif kind == "prod":
                 r = b.fmul(a, x) if dt.is_float else b.mul(a, x)
             else:
-                better = self.compare("gt" if kind == "max" else "lt", x, a, dt)
-                if dt.is_float:  # NaN propagates
-                    better = b.or_(better, b.fcmp_unordered("uno", x, x))
-                r = b.select(better, x, a)
+                r = self.combine(kind, a, x, dt)
             b.store(r, acc)
         self.loops(list(extents), body)
         return b.load(acc, typ=t)
@@ -541,4 +540,4 @@ def generate_object(sched: Schedule, prefix: str, cpu: Optional[str], opt: int) 
         steps.append((sym, extent, grain))
     obj = km.compile(opt)
     return obj, steps, {"triple": triple, "cpu": cpu_name, "features": features, "scratch_bytes": km.scratch_bytes,
-                        "gemm_symbols": km.gemm_symbols, "depthwise_symbols": km.depthwise_symbols}
+                        "gemm_symbols": km.gemm_symbols, "window_kinds": km.window_kinds}

@@ -90,7 +90,7 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
         "fused_ops": sched.fused,
         "steps": [{"stage": st.name, "op": st.op, "shape": list(st.buf.shape), "flops": st.flops,
                    "kernel": ("gemm" if sym in target["gemm_symbols"] else
-                              "dwconv" if sym in target["depthwise_symbols"] else "loop")}
+                              {"conv": "dwconv", "max": "maxpool"}.get(target["window_kinds"].get(sym), "loop"))}
                   for st, (sym, _, _) in zip(sched.stages, steps)],
         "dependencies": deps,
         "compile_seconds": round(time.perf_counter() - t0, 3),

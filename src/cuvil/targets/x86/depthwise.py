@@ -1,9 +1,10 @@
-"""Depthwise convolution row kernels for window stages (see :class:`cuvil.targets.gemm.DepthwiseWindow`).
+"""Row kernels for window stages, depthwise convolutions and max pools (see
+:class:`cuvil.targets.gemm.DepthwiseWindow`).
 
 One unit of the parallel range is one (image, channel) plane. For each output row the kernel keeps up
 to :data:`CHUNK` vectors of outputs in registers and, for every kernel offset (fully unrolled: the
 weights are splatted once per plane), loads the input row segment and accumulates with a fused
-multiply-add. Stride 1 reads the segment directly; stride 2 loads twice the width and keeps the even
+multiply-add (a max pool: numpy's fmax, NaN only for an all-NaN window, like the reference). Stride 1 reads the segment directly; stride 2 loads twice the width and keeps the even
 lanes. Every load is masked to the input row, so nothing past the buffer is touched; lanes past the
 output width compute values that are never stored. The row is spilled to a stack array and the stage's
 epilogue runs over it like the GEMM kernels' (:func:`cuvil.targets.x86.gemm.tile_epilogue`).
@@ -22,7 +23,8 @@ from .gemm import find_contraction, tile_epilogue
 CHUNK = 4   # output vectors per register block (accumulators)
 
 
-def emit_depthwise_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
+def emit_depthwise_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int, str]]:
+    """Emit a window stage; returns (parallel extent, grain, window kind) or None if ``st`` is not one."""
     node = find_contraction(st, "window")
     if node is None:
         return None
@@ -50,6 +52,8 @@ def emit_depthwise_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
     row = em.alloca(vec, nvec)
     row_f = b.bitcast(row, ir.PointerType(F32))
     zero = ir.Constant(vec, [0.0] * vw)
+    is_max = spec.kind == "max"
+    nan = ir.Constant(vec, [float("nan")] * vw)
     lanes = ir.Constant(ir.VectorType(I64, vw), list(range(vw)))
 
     def fptr(base, off):
@@ -65,19 +69,21 @@ def emit_depthwise_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
         return b.call(mload, [ptr, I32(4), m, zero])
 
     x_base = b.gep(em.base(spec.x), [I64(spec.x.offset)], source_etype=ir.IntType(8), inbounds=True)
-    w_base = b.gep(em.base(spec.w), [I64(spec.w.offset)], source_etype=ir.IntType(8), inbounds=True)
+    w_base = None if spec.w is None else b.gep(em.base(spec.w), [I64(spec.w.offset)], source_etype=ir.IntType(8),
+                                                inbounds=True)
     even = ir.Constant(ir.VectorType(I32, vw), [2 * i for i in range(vw)])
 
     def plane(t):
         n = b.sdiv(t, I64(C))
         c = b.srem(t, I64(C))
         xp = fptr(x_base, b.mul(t, I64(Hp * Wp)))
-        wv = [splat(b.load(fptr(w_base, b.add(b.mul(c, I64(KH * KW)), I64(k))), typ=F32)) for k in range(KH * KW)]
+        wv = [] if is_max else [splat(b.load(fptr(w_base, b.add(b.mul(c, I64(KH * KW)), I64(k))), typ=F32))
+                                for k in range(KH * KW)]
 
         def out_row(oh):
             def block(v0):
                 """output vectors v0 .. v0+chunk-1 of the row"""
-                accs = [zero] * chunk
+                accs = [nan if is_max else zero] * chunk
                 for kh in range(KH):
                     rp = fptr(xp, b.mul(b.add(b.mul(oh, I64(sh)), I64(kh * dh)), I64(Wp)))
                     for kw in range(KW):
@@ -90,7 +96,11 @@ def emit_depthwise_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
                                 col2 = b.add(col, I64(vw))
                                 hi = masked(fptr(rp, col2), col2)
                                 xv = b.shuffle_vector(lo, hi, even)
-                            accs[v] = b.call(fma, [wv[kh * KW + kw], xv, accs[v]])
+                            if is_max:   # fmax: x wins when greater or while the accumulator is NaN
+                                take = b.or_(b.fcmp_ordered(">", xv, accs[v]), b.fcmp_unordered("uno", accs[v], accs[v]))
+                                accs[v] = b.select(take, xv, accs[v])
+                            else:
+                                accs[v] = b.call(fma, [wv[kh * KW + kw], xv, accs[v]])
                 for v in range(chunk):
                     b.store(accs[v], b.gep(row, [b.add(v0, I64(v))], source_etype=vec, inbounds=True), align=4)
             # whole chunks, then the vectors left (fewer than chunk) one block of their own
@@ -116,4 +126,4 @@ def emit_depthwise_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
 
     em.loop_range(begin, end, plane)
     b.ret_void()
-    return N * C, 1
+    return N * C, 1, spec.kind
