@@ -169,6 +169,28 @@ def peak_note(peak: float, host: dict, measured: bool = False) -> str:
     return note
 
 
+def kernel_profile(so_path: str, manifest: dict, peak: float, runs: int = 5) -> dict:
+    """Where one thread's time goes: the runtime's step profiler (``cuvil_profile``) summed by kernel kind,
+    with GFLOP/s, and the three slowest steps."""
+    from cuvil.targets.x86.loader import load
+    model = load(so_path)
+    rng = np.random.default_rng(1)
+    xs = [rng.standard_normal(d.shape).astype(d.dtype) for d in model.inputs]
+    times = model.profile(*xs, runs=runs, num_threads=1)
+    model.close()
+    steps = manifest["steps"]
+    kinds = {}
+    for st, t in zip(steps, times):
+        k = kinds.setdefault(st["kernel"], {"ms": 0.0, "flops": 0, "count": 0})
+        k["ms"] += 1e3 * t
+        k["flops"] += st["flops"]
+        k["count"] += 1
+    top = sorted(zip(times, steps), key=lambda ts: -ts[0])[:3]
+    return {"total_ms": 1e3 * sum(times), "kinds": kinds,
+            "top": [(1e3 * t, st["kernel"], f"{st['op']} {st['stage']} {st['shape']}",
+                     st["flops"] / t / 1e9 if st["flops"] and t else None) for t, st in top], "peak": peak}
+
+
 def render(args, host, rows, compiles, failures, started) -> str:
     L = []
     L.append("# Cuvil vs onnxruntime: batch-1 CPU results")
@@ -236,6 +258,27 @@ def render(args, host, rows, compiles, failures, started) -> str:
             continue
         L.append(f"| {m} | {c['seconds']:.1f} | {fmt(c.get('compile_seconds'), '.1f')} | {c.get('kernels', '-')} | "
                  f"{c['bytes'] / 1e6:.1f} MB | {fmt(c['flops'] / 1e9 if c.get('flops') else None, '.2f')} |")
+    L.append("")
+    L.append("## Where the time goes (1 thread, the runtime's step profiler)")
+    L.append("")
+    L.append("Kernel kinds: `gemm` = packed-GEMM convolution micro-kernels, `dwconv` / `maxpool` = row kernels, "
+             "`loop` = generic loop nests (padding copies, pools, elementwise, concatenation slices, Gemm). "
+             "GFLOP/s counts multiply-adds of convolutions and matrix products only.")
+    L.append("")
+    L.append("| model | kernels ms | by kind: ms (share), GFLOP/s, % of peak | three slowest steps |")
+    L.append("|---|---:|---|---|")
+    for m, c in compiles.items():
+        pr = c.get("profile")
+        if not pr:
+            continue
+        kinds = "; ".join(
+            f"{k} x{v['count']}: {v['ms']:.1f} ({100 * v['ms'] / pr['total_ms']:.0f}%)"
+            + (f", {v['flops'] / v['ms'] / 1e6:.0f} GFLOP/s ({100 * v['flops'] / v['ms'] / 1e6 / pr['peak']:.0f}%)"
+               if v["flops"] else "")
+            for k, v in sorted(pr["kinds"].items(), key=lambda kv: -kv[1]["ms"]))
+        top = "; ".join(f"{ms:.2f} ms {kind} {what}" + (f" ({gf:.0f} GFLOP/s)" if gf else "")
+                        for ms, kind, what, gf in pr["top"])
+        L.append(f"| {m} | {pr['total_ms']:.1f} | {kinds} | {top} |")
     gl, gm = goals(rows, compiles, args.peak_gflops_per_core)
     L.append("")
     L.append(f"## Geometric mean of p50 ratios (Cuvil / onnxruntime): {fmt(gm)}")
@@ -294,6 +337,7 @@ def main(argv=None) -> int:
                                   "kernels": manifest.get("kernels"), "bytes": os.path.getsize(so_path),
                                   "flops": flops}
                 print(f"{name}: compiled at O{args.opt_level} in {secs:.1f} s (fresh cache)", flush=True)
+                compiles[name]["profile"] = kernel_profile(so_path, manifest, args.peak_gflops_per_core)
             except Exception as e:  # noqa: BLE001 - one model's failure is reported, the others still run
                 failures.append((name, f"compile failed: {type(e).__name__}: {e}"))
                 traceback.print_exc()
