@@ -11,7 +11,6 @@ from onnx import TensorProto, helper, numpy_helper
 from cuvil import Pipeline
 from cuvil.cli import main as cli_main
 from cuvil.errors import CuvilError
-from cuvil.frontend import export_model
 from cuvil.ir.dtype import DType
 from cuvil.reference import run_reference
 from cuvil.targets.ptx import find_libdevice, find_ptxas

@@ -5,10 +5,8 @@ to do (argument packing, capture once then replay, eager launches, pointer table
 names). Execution on a real GPU runs only where one is present."""
 import ctypes
 import enum
-import json
 import os
 import types
-import warnings
 
 import numpy as np
 import pytest

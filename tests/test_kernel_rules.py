@@ -13,7 +13,7 @@ from cuvil.dsl.parser import parse_rules
 from cuvil.ir.dtype import DType
 from cuvil.rewrite_rules.prove import RuleRejectedError
 from cuvil.targets.kernel_rules import (KernelRewriter, builtin_kernel_rules, compile_kernel_rule, nan_max,
-                                        rewrite_stages, same, select_kernel_rules)
+                                        same, select_kernel_rules)
 from cuvil.targets.ptx import assemble, find_libdevice, find_ptxas
 from cuvil.targets.ptx.bundle import read_bundle
 from cuvil.targets.ptx.codegen import build_ptx

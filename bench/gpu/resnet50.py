@@ -132,7 +132,7 @@ def bench_cuvil(args):
     for r in top:
         print(f"  {r['name']:10} {r['stage'][:14]:14} {r['n']:8d} {r['grid']:5d} {r['ms']:8.3f} {100 * r['share']:5.1f}% "
               f"{r['registers']:4d} {100 * r['occupancy']:4.0f}% {r['driver_blocks_per_sm']:10d}")
-    print(f"  occupancy formula vs cuOccupancyMaxActiveBlocksPerMultiprocessor: "
+    print("  occupancy formula vs cuOccupancyMaxActiveBlocksPerMultiprocessor: "
           + ("agree on every kernel" if not mismatch else f"differ on {len(mismatch)} kernels: " + ", ".join(mismatch[:8])),
           flush=True)
     drv.cuMemFree(d_in)

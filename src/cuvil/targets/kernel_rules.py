@@ -36,8 +36,7 @@ default, as nvcc's ``-fmad=true`` and PyTorch's kernels do), and then at any flo
 """
 from __future__ import annotations
 
-import math
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import attrs
 import numpy as np

@@ -1437,7 +1437,6 @@ def _scatter_nd(ctx):
     q = list(ind.shape)
     k = q[-1]
     lead = q[:-1]
-    nl = len(lead)
 
     def f(idx):
         def match(*us):

@@ -18,7 +18,7 @@ from ..errors import ShapeError, UnsupportedOpError
 from ..ir.dtype import DType
 from ..ir.graph import Graph, Value
 from .lower import LOWERINGS, LowerCtx, TensorFn
-from .texpr import E, Buf, const, load, replace_node, var
+from .texpr import E, Buf, const, load, replace_node, top_level, var
 
 ALIGN = 64
 ARENA, WEIGHTS = 0, 1
@@ -54,6 +54,15 @@ class Schedule:
     arena_bytes: int
     weights_bytes: int
     fused: Dict[str, int]     # op -> how many were inlined into a consumer
+
+    def weights_blob(self) -> bytes:
+        """Every constant at the offset the weights plan gave it (booleans as one byte each)."""
+        blob = bytearray(self.weights_bytes)
+        for b, arr in self.weights:
+            data = np.require(np.asarray(arr, dtype=b.dtype.numpy), requirements="C")
+            raw = data.astype(np.uint8) if data.dtype == np.bool_ else data
+            blob[b.offset:b.offset + data.nbytes] = raw.reshape(-1).view(np.uint8).tobytes()
+        return bytes(blob)
 
     def describe(self) -> str:
         return "\n".join(f"{s.name}: {s.buf.name}{list(s.buf.shape)}" for s in self.stages)
@@ -241,19 +250,8 @@ def split_piecewise(st: Stage) -> List[Stage]:
     fused elementwise consumers) as one stage per piece writing its slice: each piece reads only its input,
     with no selects or clamps. Pieces that are themselves concatenations along the same axis (DenseNet's
     chains) are split again."""
-    found, seen, stack = [], set(), [st.expr]
-    while stack:
-        x = stack.pop()
-        if x.uid in seen:
-            continue
-        seen.add(x.uid)
-        if x.op in ("reduce", "argscan"):
-            return [st]
-        if x.op == "piecewise":
-            found.append(x)
-            continue
-        stack.extend(x.args)
-    if len(found) != 1:
+    found, reductions = top_level(st.expr, "piecewise")
+    if len(found) != 1 or reductions:   # a row reduction's loop does not take a region
         return [st]
     node = found[0]
     _, bounds, make_pieces = node.attr

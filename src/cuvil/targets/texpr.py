@@ -242,39 +242,61 @@ def all_of(conds: Sequence[E]) -> E:
 
 def substitute(e: E, mapping) -> E:
     """``e`` with variables (by name) replaced by expressions."""
-    memo = {}
-
-    def go(x: E) -> E:
-        if x.uid in memo:
-            return memo[x.uid]
-        if x.op == "var":
-            out = mapping.get(x.attr, x)
-        elif not x.args:
-            out = x
-        else:
-            args = [go(a) for a in x.args]
-            out = x if all(a is b for a, b in zip(args, x.args)) else E(x.op, args, x.dtype, x.attr)
-        memo[x.uid] = out
-        return out
-
-    return go(e)
+    return _rebuild(e, lambda x: mapping.get(x.attr, x) if x.op == "var" else None)
 
 
 def replace_node(e: E, target: E, repl: E) -> E:
     """``e`` with the node ``target`` (by identity) replaced by ``repl``."""
+    return _rebuild(e, lambda x: repl if x is target else None)
+
+
+def _rebuild(e: E, swap) -> E:
+    """``e`` rebuilt bottom-up where ``swap(node)`` returns a replacement (None: keep the node, rebuilding it
+    only if an argument changed)."""
     memo = {}
 
     def go(x: E) -> E:
-        if x is target:
-            return repl
         if x.uid in memo:
             return memo[x.uid]
-        if not x.args:
-            out = x
-        else:
-            args = [go(a) for a in x.args]
-            out = x if all(a is b for a, b in zip(args, x.args)) else E(x.op, args, x.dtype, x.attr)
+        out = swap(x)
+        if out is None:
+            if not x.args:
+                out = x
+            else:
+                args = [go(a) for a in x.args]
+                out = x if all(a is b for a, b in zip(args, x.args)) else E(x.op, args, x.dtype, x.attr)
         memo[x.uid] = out
         return out
 
     return go(e)
+
+
+def top_level(e: E, op: str):
+    """The nodes of kind ``op`` in ``e`` outside reductions (not looking inside them), and the reductions
+    (``reduce``/``argscan`` nodes) met on the way, whose insides were not searched."""
+    found, reductions, seen, stack = [], [], set(), [e]
+    while stack:
+        x = stack.pop()
+        if x.uid in seen:
+            continue
+        seen.add(x.uid)
+        if x.op == op:
+            found.append(x)
+        elif x.op in ("reduce", "argscan"):
+            reductions.append(x)
+        else:
+            stack.extend(x.args)
+    return found, reductions
+
+
+def contains(e: E, op: str) -> bool:
+    stack, seen = [e], set()
+    while stack:
+        x = stack.pop()
+        if x.uid in seen:
+            continue
+        seen.add(x.uid)
+        if x.op == op:
+            return True
+        stack.extend(x.args)
+    return False

@@ -22,7 +22,6 @@ import os
 import time
 from typing import Callable, Optional
 
-import numpy as np
 
 from ...errors import CuvilError
 from ...ir.dtype import DType
@@ -34,16 +33,6 @@ from .ptxas import PtxasError, assemble, find_ptxas
 BUNDLE_SUFFIX = ".cuvil"
 PLAN_FORMAT = "cuvil-gpu-plan/1"
 FILES = ("kernels.ptx", "weights.bin", "plan.json", "manifest.json")
-
-
-def weights_blob(sched) -> bytes:
-    """Every constant at the offset the schedule's weights plan gave it (booleans as one byte each)."""
-    blob = bytearray(sched.weights_bytes)
-    for b, arr in sched.weights:
-        data = np.require(np.asarray(arr, dtype=b.dtype.numpy), requirements="C")
-        raw = data.astype(np.uint8) if data.dtype == np.bool_ else data
-        blob[b.offset:b.offset + data.nbytes] = raw.reshape(-1).view(np.uint8).tobytes()
-    return bytes(blob)
 
 
 def _io(bufs) -> list:
@@ -91,7 +80,7 @@ def compile_bundle(g: Graph, out_dir: str, *, arch: str = "sm_90", opt_level: in
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "kernels.ptx"), "w") as f:
         f.write(ptx)
-    blob = weights_blob(sched)
+    blob = sched.weights_blob()
     with open(os.path.join(out_dir, "weights.bin"), "wb") as f:
         f.write(blob)
 

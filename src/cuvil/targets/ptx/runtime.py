@@ -22,7 +22,7 @@ from __future__ import annotations
 import collections
 import os
 import threading
-from typing import Callable, Dict, Hashable, List, Optional, Sequence
+from typing import Callable, Hashable, List, Optional, Sequence
 
 import numpy as np
 

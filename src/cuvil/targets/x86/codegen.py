@@ -82,6 +82,16 @@ class KernelModule:
             self._decls[name] = ir.Function(self.module, ir.FunctionType(ret, list(args)), name=name)
         return self._decls[name]
 
+    def kernel(self, sym: str):
+        """A new kernel ``void sym(ptr bufs, i64 begin, i64 end)``: its emitter (positioned in the entry
+        block) and the range arguments."""
+        fn = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [PTR, I64, I64]), name=sym)
+        fn.linkage = "external"
+        fn.visibility = "hidden"
+        fn.args[0].add_attribute("noalias")
+        bufs, begin, end = fn.args
+        return _Emitter(self, fn, ir.IRBuilder(fn.append_basic_block("entry")), bufs), begin, end
+
     def add_stage(self, st: Stage, sym: str) -> Tuple[int, int]:
         """Emit ``st`` as function ``sym``; returns (parallel extent, grain)."""
         from .depthwise import emit_depthwise_stage
@@ -94,14 +104,7 @@ class KernelModule:
         if done is not None:
             self.window_kinds[sym] = done[2]
             return done[:2]
-        fn = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [PTR, I64, I64]), name=sym)
-        fn.linkage = "external"
-        fn.visibility = "hidden"
-        fn.args[0].add_attribute("noalias")
-        bufs, begin, end = fn.args
-        entry = fn.append_basic_block("entry")
-        b = ir.IRBuilder(entry)
-        em = _Emitter(self, fn, b, bufs)
+        em, begin, end = self.kernel(sym)
         shape = list(st.buf.shape)
         if st.region is not None:    # the stage writes the slice [lo, hi) of one axis of its buffer
             axis, lo, hi = st.region

@@ -12,7 +12,6 @@ import tempfile
 import time
 from typing import Callable, Optional
 
-import numpy as np
 
 from ...errors import CuvilError
 from ...ir.graph import Graph
@@ -23,15 +22,6 @@ from .header import generate_header
 from .link import check_dependencies, link_shared, unexpected_dependencies
 from .model_c import generate_model_c
 from .model_info import IODesc, ModelInfo, StepDesc
-
-
-def _weights_blob(sched) -> bytes:
-    blob = bytearray(sched.weights_bytes)
-    for b, arr in sched.weights:
-        data = np.require(np.asarray(arr, dtype=b.dtype.numpy), requirements="C")
-        raw = data.astype(np.uint8) if data.dtype == np.bool_ else data
-        blob[b.offset:b.offset + data.nbytes] = raw.reshape(-1).view(np.uint8).tobytes()
-    return bytes(blob)
 
 
 def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str] = None, prefix: str = "cuvil",
@@ -63,7 +53,7 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
         if weights_sym:
             wbin = os.path.join(tmp, "weights.bin")
             with open(wbin, "wb") as f:
-                f.write(_weights_blob(sched))
+                f.write(sched.weights_blob())
             weights_S = (f'\t.section .rodata.{weights_sym},"a",@progbits\n\t.balign 64\n\t.globl {weights_sym}\n'
                          f'\t.hidden {weights_sym}\n\t.type {weights_sym}, @object\n{weights_sym}:\n'
                          f'\t.incbin "{wbin}"\n\t.size {weights_sym}, {sched.weights_bytes}\n'

@@ -17,7 +17,7 @@ import llvmlite.ir as ir
 
 from ..gemm import DepthwiseWindow
 from ..schedule import Stage
-from .codegen import F32, I1, I32, I64, PTR, _Emitter
+from .codegen import F32, I1, I32, I64, PTR
 from .gemm import find_contraction, tile_epilogue
 
 CHUNK = 4   # output vectors per register block (accumulators)
@@ -40,13 +40,8 @@ def emit_depthwise_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int, st
     nvec = -(-OW // vw)
     chunk = min(CHUNK, nvec)
 
-    fn = ir.Function(km.module, ir.FunctionType(ir.VoidType(), [PTR, I64, I64]), name=sym)
-    fn.linkage = "external"
-    fn.visibility = "hidden"
-    fn.args[0].add_attribute("noalias")
-    bufs, begin, end = fn.args
-    b = ir.IRBuilder(fn.append_basic_block("entry"))
-    em = _Emitter(km, fn, b, bufs)
+    em, begin, end = km.kernel(sym)
+    b = em.b
     fma = km.declare(f"llvm.fma.v{vw}f32", vec, [vec, vec, vec])
     mload = km.declare(f"llvm.masked.load.v{vw}f32.p0", vec, [PTR, I32, mvec, vec])
     row = em.alloca(vec, nvec)

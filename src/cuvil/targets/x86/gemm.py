@@ -26,7 +26,7 @@ import llvmlite.ir as ir
 
 from ..gemm import MR, Contraction
 from ..schedule import Stage
-from ..texpr import E
+from ..texpr import E, contains, top_level
 from .codegen import F32, I32, I64, PTR, _Emitter
 
 # Cores with AVX-512 have 32 vector registers, AVX2 16: NV vectors per row keep MR*NV accumulators + NV
@@ -42,40 +42,14 @@ def tile_cols(vector_bits: int) -> int:
 def find_contraction(st: Stage, op: str = "contract") -> Optional[E]:
     """The stage's micro-kernel node (``op``: contract, window) when the stage stores exactly its elements
     (its index arguments are the stage's own loop variables) and it is the only one at the top level."""
-    found, seen, stack = [], set(), [st.expr]
-    while stack:
-        x = stack.pop()
-        if x.uid in seen:
-            continue
-        seen.add(x.uid)
-        if x.op == op:
-            found.append(x)
-            continue
-        if x.op in ("reduce", "argscan"):
-            if _contains(x, op):
-                return None
-            continue
-        stack.extend(x.args)
-    if len(found) != 1:
+    found, reductions = top_level(st.expr, op)
+    if len(found) != 1 or any(contains(r, op) for r in reductions):
         return None
     c = found[0]
     idx = c.args[:-1]
     if len(idx) != len(st.vars) or any(a.op != "var" or a.attr != v.attr for a, v in zip(idx, st.vars)):
         return None
     return c
-
-
-def _contains(e: E, op: str) -> bool:
-    stack, seen = [e], set()
-    while stack:
-        x = stack.pop()
-        if x.uid in seen:
-            continue
-        seen.add(x.uid)
-        if x.op == op:
-            return True
-        stack.extend(x.args)
-    return False
 
 
 # A k-block of one B panel. Measured on a 2-core Zen 3 (AVX2, 16-wide panels): blocks of 16 KiB (L1) and
@@ -116,14 +90,8 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
     vec = ir.VectorType(F32, vw)
     km.scratch_bytes = max(km.scratch_bytes, scratch_bytes(spec))
 
-    fn = ir.Function(km.module, ir.FunctionType(ir.VoidType(), [PTR, I64, I64]), name=sym)
-    fn.linkage = "external"
-    fn.visibility = "hidden"
-    fn.args[0].add_attribute("noalias")
-    bufs, begin, end = fn.args
-    entry = fn.append_basic_block("entry")
-    b = ir.IRBuilder(entry)
-    em = _Emitter(km, fn, b, bufs)
+    em, begin, end = km.kernel(sym)
+    fn, b, bufs = em.fn, em.b, em.bufs
     fma = km.declare(f"llvm.fma.v{vw}f32", vec, [vec, vec, vec])
     tile = em.alloca(vec, MR * nv)   # stored as vectors, read back as floats
     tile_f = b.bitcast(tile, ir.PointerType(F32))
@@ -135,7 +103,6 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
     panel_order = M <= P
     zero = ir.Constant(vec, [0.0] * vw)
     xs = spec.x.shape
-    in_sp = xs[2:]
     in_strides = spec.x.strides      # elements
     scratch = b.load(b.gep(bufs, [I64(km.scratch_index)], source_etype=PTR), typ=PTR)
 
