@@ -10,7 +10,6 @@ import types
 
 import numpy as np
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 
 import cuvil
 from cuvil import Pipeline
@@ -20,7 +19,7 @@ from cuvil.targets.ptx import find_libdevice, find_ptxas
 from cuvil.targets.ptx import runtime as rt
 from cuvil.targets.ptx.bundle import read_bundle
 from cuvil.targets.schedule import schedule
-from cuvil.testing import light_model
+from cuvil.testing import light_model, small_cnn
 
 PTXAS = find_ptxas()
 needs_libdevice = pytest.mark.skipif(find_libdevice() is None, reason="libdevice.10.bc not found (no CUDA toolkit)")
@@ -38,20 +37,6 @@ def _gpu_reason():
 
 NO_GPU = _gpu_reason()
 needs_gpu = pytest.mark.skipif(NO_GPU is not None, reason=f"needs a CUDA GPU ({NO_GPU})")
-
-
-def small_cnn():
-    rng = np.random.default_rng(0)
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 10, 10])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8, 10, 10])
-    w = numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "w")
-    b = numpy_helper.from_array(rng.standard_normal((8, 1, 1)).astype(np.float32), "b")
-    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
-             helper.make_node("Relu", ["c"], ["r"]),
-             helper.make_node("Add", ["r", "b"], ["a"]),
-             helper.make_node("Softmax", ["a"], ["y"], axis=1)]
-    g = helper.make_graph(nodes, "small", [x], [y], [w, b])
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 
 
 @pytest.fixture(scope="module")

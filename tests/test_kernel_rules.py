@@ -4,7 +4,6 @@ the PTX it produces (``fma.rn``), no calls left in light models' PTX, and the bu
 import os
 import re
 
-import numpy as np
 import pytest
 
 from cuvil import Pipeline
@@ -19,7 +18,7 @@ from cuvil.targets.ptx.bundle import read_bundle
 from cuvil.targets.ptx.codegen import build_ptx
 from cuvil.targets.schedule import Schedule, Stage
 from cuvil.targets.texpr import E, Buf, binop, call, cmp, const, load, reduce, select, unop, var
-from cuvil.testing import light_model
+from cuvil.testing import light_model, small_cnn
 
 F32, F16, I64 = DType.FLOAT, DType.FLOAT16, DType.INT64
 PTXAS = find_ptxas()
@@ -170,21 +169,6 @@ def test_refuted_kernel_rule_may_not_run():
     with pytest.raises(RuleRejectedError, match="add_zero_k is refuted"):
         select_kernel_rules([bad])
     assert select_kernel_rules([bad], on_unproved="skip") == []
-
-
-def small_cnn():
-    from onnx import TensorProto, helper, numpy_helper
-    rng = np.random.default_rng(0)
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 10, 10])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8, 10, 10])
-    w = numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "w")
-    b = numpy_helper.from_array(rng.standard_normal((8, 1, 1)).astype(np.float32), "b")
-    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
-             helper.make_node("Relu", ["c"], ["r"]),
-             helper.make_node("Add", ["r", "b"], ["a"]),
-             helper.make_node("Softmax", ["a"], ["y"], axis=1)]
-    g = helper.make_graph(nodes, "small", [x], [y], [w, b])
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 
 
 # --- PTX ---------------------------------------------------------------------------------------------------------

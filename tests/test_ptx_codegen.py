@@ -5,9 +5,7 @@ import re
 import statistics
 from concurrent.futures import ThreadPoolExecutor
 
-import numpy as np
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 
 from cuvil import Pipeline
 from cuvil.errors import CuvilError, UnsupportedOpError
@@ -17,7 +15,7 @@ from cuvil.targets.ptx.codegen import GRID_CAP
 from cuvil.targets.ptx.ptxas import parse_verbose
 from cuvil.targets.schedule import Schedule, Stage, schedule
 from cuvil.targets.texpr import Buf, binop, call, cmp, const, load, reduce, select, var
-from cuvil.testing import LIGHT_MODELS, light_model
+from cuvil.testing import LIGHT_MODELS, light_model, small_cnn
 
 PTXAS = find_ptxas()
 LIBDEVICE = find_libdevice()
@@ -94,19 +92,6 @@ def test_light_model_assembles_for_sm90(name, light_ptx):
 
 
 # --- a small CNN, sm_80 and sm_90 -------------------------------------------------------------------------
-
-def small_cnn():
-    rng = np.random.default_rng(0)
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 10, 10])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8, 10, 10])
-    w = numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "w")
-    b = numpy_helper.from_array(rng.standard_normal((8, 1, 1)).astype(np.float32), "b")
-    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
-             helper.make_node("Relu", ["c"], ["r"]),
-             helper.make_node("Add", ["r", "b"], ["a"]),
-             helper.make_node("Softmax", ["a"], ["y"], axis=1)]
-    g = helper.make_graph(nodes, "small", [x], [y], [w, b])
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 
 
 @pytest.fixture(scope="module")

@@ -135,26 +135,9 @@ class Bundle:
 
 
 def build_cached_bundle(key: str, name: str, build) -> Bundle:
-    """The cached bundle for ``key``, or ``build(bundle_dir) -> manifest`` run in a fresh directory that is
-    then moved into the cache atomically."""
-    root = artifact_cache_dir()
-    final = os.path.join(root, key)
-    bundle = os.path.join(final, f"{name}.cuvil")
-    if os.path.isfile(os.path.join(bundle, "manifest.json")):
-        with open(os.path.join(bundle, "manifest.json")) as f:
-            return Bundle(bundle, json.load(f), cached=True)
-    os.makedirs(root, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".build-", dir=root)
-    try:
-        manifest = build(os.path.join(tmp, f"{name}.cuvil"))
-        try:
-            os.rename(tmp, final)
-        except OSError:  # another process built it meanwhile
-            shutil.rmtree(tmp, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return Bundle(bundle, manifest)
+    """The cached bundle for ``key``, or ``build(bundle_dir) -> manifest`` (see :func:`_cached_build`)."""
+    path, manifest, cached = _cached_build(key, f"{name}.cuvil", lambda p: os.path.join(p, "manifest.json"), build)
+    return Bundle(path, manifest, cached=cached)
 
 
 def _compiler_digest() -> str:
@@ -185,23 +168,29 @@ def cache_key(parts: Sequence[str]) -> str:
 
 
 def build_cached(key: str, prefix: str, build) -> Artifact:
-    """The cached artifact for ``key``, or ``build(so_path) -> manifest`` run in a fresh directory that is
-    then moved into the cache atomically."""
+    """The cached artifact for ``key``, or ``build(so_path) -> manifest`` (see :func:`_cached_build`)."""
+    path, manifest, cached = _cached_build(key, f"lib{prefix}.so", lambda p: _sidecars(p)["manifest"], build)
+    return Artifact(path, manifest, cached=cached)
+
+
+def _cached_build(key: str, name: str, manifest_of, build):
+    """``(path, manifest, cached)`` of cache entry ``key``'s ``name``: read back when its manifest exists, else
+    ``build(path) -> manifest`` run in a fresh directory that is then renamed into the cache atomically (a
+    concurrent builder of the same key wins; ours is discarded)."""
     root = artifact_cache_dir()
-    final = os.path.join(root, key)
-    so = os.path.join(final, f"lib{prefix}.so")
-    if os.path.isfile(so) and os.path.isfile(_sidecars(so)["manifest"]):
-        with open(_sidecars(so)["manifest"]) as f:
-            return Artifact(so, json.load(f), cached=True)
+    path = os.path.join(root, key, name)
+    if os.path.exists(path) and os.path.isfile(manifest_of(path)):
+        with open(manifest_of(path)) as f:
+            return path, json.load(f), True
     os.makedirs(root, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".build-", dir=root)
     try:
-        manifest = build(os.path.join(tmp, f"lib{prefix}.so"))
+        manifest = build(os.path.join(tmp, name))
         try:
-            os.rename(tmp, final)
+            os.rename(tmp, os.path.join(root, key))
         except OSError:  # another process built it meanwhile
             shutil.rmtree(tmp, ignore_errors=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return Artifact(so, manifest)
+    return path, manifest, False

@@ -213,7 +213,6 @@ def _parse_fixed(items) -> dict:
 
 def cmd_compile(args) -> int:
     from .artifact import PTX_TARGET
-    from .pipeline import Pipeline
     if args.target == PTX_TARGET:
         return _compile_gpu_bundle(args)
     if args.enable_fp16:
@@ -222,15 +221,7 @@ def cmd_compile(args) -> int:
         raise CuvilError(f"--no-fma applies to --target {PTX_TARGET} only (GPU kernel rules)")
     if not args.output.endswith(".so"):
         raise CuvilError(f"--output must name DIR/libNAME.so, got {args.output!r}")
-    level = {"O0": 0, "O1": 1, "O2": 2, "O3": 3}.get(args.opt_level.upper())
-    if level is None:
-        raise CuvilError(f"--opt-level takes O0, O1, O2 or O3, got {args.opt_level!r}")
-    t0 = time.perf_counter()
-    progress = (lambda msg: print(f"[{time.perf_counter() - t0:6.1f}s] {msg}", file=sys.stderr, flush=True))
-    progress(f"importing {args.input}")
-    p = Pipeline.from_onnx(args.input)
-    progress(f"optimizing {len(p.graph.nodes)} nodes")
-    p = p.optimize(rules=args.rules or None)
+    level, progress, p = _import_and_optimize(args)
     art = p.compile(args.target, level, cpu=args.cpu, prefix=args.prefix, fixed=_parse_fixed(args.fix),
                     progress=progress)
     out = art.save(args.output)
@@ -243,14 +234,9 @@ def cmd_compile(args) -> int:
     return 0
 
 
-def _compile_gpu_bundle(args) -> int:
-    """``--target nvptx64-nvidia-cuda``: a bundle directory DIR/NAME.cuvil (PTX, weights, plan, manifest)."""
+def _import_and_optimize(args):
+    """The steps both compile targets share: the opt level, a timed progress printer, import and optimize."""
     from .pipeline import Pipeline
-    out_path = args.output.rstrip(os.sep)
-    if not out_path.endswith(".cuvil"):
-        raise CuvilError(f"--output must name DIR/NAME.cuvil for --target {args.target}, got {args.output!r}")
-    if args.cpu:
-        raise CuvilError("--cpu applies to the x86 target; use --arch for GPUs")
     level = {"O0": 0, "O1": 1, "O2": 2, "O3": 3}.get(args.opt_level.upper())
     if level is None:
         raise CuvilError(f"--opt-level takes O0, O1, O2 or O3, got {args.opt_level!r}")
@@ -259,7 +245,17 @@ def _compile_gpu_bundle(args) -> int:
     progress(f"importing {args.input}")
     p = Pipeline.from_onnx(args.input)
     progress(f"optimizing {len(p.graph.nodes)} nodes")
-    p = p.optimize(rules=args.rules or None)
+    return level, progress, p.optimize(rules=args.rules or None)
+
+
+def _compile_gpu_bundle(args) -> int:
+    """``--target nvptx64-nvidia-cuda``: a bundle directory DIR/NAME.cuvil (PTX, weights, plan, manifest)."""
+    out_path = args.output.rstrip(os.sep)
+    if not out_path.endswith(".cuvil"):
+        raise CuvilError(f"--output must name DIR/NAME.cuvil for --target {args.target}, got {args.output!r}")
+    if args.cpu:
+        raise CuvilError("--cpu applies to the x86 target; use --arch for GPUs")
+    level, progress, p = _import_and_optimize(args)
     kernel_rules = None   # the built-in ones; plus any `on kernel` rules in the --rules files
     if args.rules:
         from .dsl.parser import load_rules

@@ -110,3 +110,20 @@ def strip_final_softmax(model: onnx.ModelProto) -> onnx.ModelProto:
             g.node.remove(n)
             out.name = src
     return m
+
+
+def small_cnn() -> onnx.ModelProto:
+    """A seeded four-node CNN (Conv -> Relu -> Add(bias) -> Softmax, input [2, 3, 10, 10]): small enough to
+    compile in well under a second, enough to exercise a fused convolution stage and a row reduction."""
+    from onnx import TensorProto, helper
+    rng = np.random.default_rng(0)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 10, 10])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8, 10, 10])
+    w = numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "w")
+    b = numpy_helper.from_array(rng.standard_normal((8, 1, 1)).astype(np.float32), "b")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("Add", ["r", "b"], ["a"]),
+             helper.make_node("Softmax", ["a"], ["y"], axis=1)]
+    g = helper.make_graph(nodes, "small", [x], [y], [w, b])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])

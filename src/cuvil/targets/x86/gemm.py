@@ -52,9 +52,10 @@ def find_contraction(st: Stage, op: str = "contract") -> Optional[E]:
     return c
 
 
-# A k-block of one B panel. Measured on a 2-core Zen 3 (AVX2, 16-wide panels): blocks of 16 KiB (L1) and
-# unblocked panels run within noise of each other (76-85 GFLOP/s on ResNet's 3x3 layers), so blocks are
-# sized for L2 and only split the long reductions (K > 1024 here; any K > 256 with AVX-512's 64-wide panels).
+# A k-block of one B panel. In an ad-hoc A/B on this 2-core Zen 3 (AVX2, 16-wide panels; the script was not
+# kept, so treat it as a hint) 16 KiB blocks and unblocked panels ran within noise of each other on ResNet's
+# 3x3 layers, so blocks are sized for L2 and only split the long reductions (K > 1024 here; any K > 256 with
+# AVX-512's 64-wide panels, which were never run).
 B_BLOCK_BYTES = 64 * 1024
 
 
