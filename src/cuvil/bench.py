@@ -399,7 +399,8 @@ def _manifest(so_path: str) -> dict:
 
 
 def _input_shapes(model, manifest: dict, shapes: dict[str, Any]) -> list[tuple]:
-    """Concrete shapes of a loaded library's inputs; symbolic dims from ``--shape``."""
+    """Concrete shapes of a loaded library's inputs; symbolic dims from ``--shape``, else the opt value of
+    the library's profile."""
     declared = {d.get("name"): d.get("shape") for d in manifest.get("inputs", []) if isinstance(d, dict)}
     out = []
     for spec in model.inputs:
@@ -417,8 +418,11 @@ def _input_shapes(model, manifest: dict, shapes: dict[str, Any]) -> list[tuple]:
                 continue
             decl = declared.get(spec.name)
             sym = decl[k] if isinstance(decl, list) and k < len(decl) else None
+            profile = (manifest.get("symbols") or {}).get(sym) if isinstance(sym, str) else None
             if isinstance(sym, str) and isinstance(shapes.get(sym), int):
                 dims.append(shapes[sym])
+            elif isinstance(profile, dict) and isinstance(profile.get("opt"), int):
+                dims.append(profile["opt"])   # the library's opt point unless --shape says otherwise
             else:
                 hint = f"--shape {sym}=DIM or " if isinstance(sym, str) else ""
                 raise CuvilError(f"input {spec.name!r} has a symbolic dim {k} ({sym or '?'}); give its size with "
@@ -476,10 +480,13 @@ def prepare_library(opts: BenchOptions) -> dict[str, Any]:
         else:
             raise CuvilError(f"--shape {name}=...: for an ONNX model give symbols (NAME=DIM); "
                              f"symbols: {', '.join(sorted(symbols)) or 'none'}")
+    given = set(fixed)
+    for name, sym in symbols.items():   # a benchmark times one shape: the rest at their opt (else min)
+        fixed.setdefault(name, sym.opt if sym.opt is not None else sym.min)
     art = p.compile(opt_level=opts.opt_level, fixed=fixed)
     secs = time.perf_counter() - t0
     spec = art.manifest.get("specialized") or {}
-    defaulted = sorted(set(spec) - set(fixed))
+    defaulted = sorted(set(spec) - given)
     if defaulted:
         opts.log("symbolic dims set to their opt/min value: " + ", ".join(f"{k}={spec[k]}" for k in defaulted)
                  + " (choose with --shape NAME=DIM)")

@@ -45,7 +45,7 @@ def cmd_inspect(args) -> int:
           + ("  (" + ", ".join(f"{op} {_fmt_count(f)}" for op, f in st.flops_by_op.items()) + " FLOPs)" if st.flops_by_op else ""))
     if args.shapes:
         from .ir.constraints import check_constraints, dim_ranges
-        ranges = _parse_profiles(args.shape_profile)
+        ranges = {k: (v[0], v[-1]) for k, v in _parse_profiles(args.shape_profile).items()}
         n_cons = sum(len(n.constraints) for n in g.nodes)
         bad = check_constraints(g, ranges)
         print(f"shape conditions on symbols: {n_cons}, violated somewhere in range: {len(bad)}")
@@ -59,14 +59,17 @@ def cmd_inspect(args) -> int:
 
 
 def _parse_profiles(items) -> dict:
-    """``N=1:8:64`` (min:opt:max) or ``N=1:64`` -> {"N": (1, 64)} (min, max)."""
+    """``N=1:8:64`` (min:opt:max) -> {"N": (1, 8, 64)}; ``N=1:64`` -> {"N": (1, 64)} (min, max)."""
     out = {}
     for item in items or ():
         name, _, spec = item.partition("=")
         parts = spec.split(":")
         if not name or len(parts) not in (2, 3) or not all(x.isdigit() for x in parts):
             raise CuvilError(f"--shape-profile takes NAME=MIN:OPT:MAX, got {item!r}")
-        out[name] = (int(parts[0]), int(parts[-1]))
+        vals = tuple(int(x) for x in parts)
+        if not 1 <= vals[0] <= vals[-1] or not vals[0] <= vals[len(vals) // 2] <= vals[-1]:
+            raise CuvilError(f"--shape-profile {item!r}: need 1 <= MIN <= OPT <= MAX")
+        out[name] = vals
     return out
 
 
@@ -223,7 +226,7 @@ def cmd_compile(args) -> int:
         raise CuvilError(f"--output must name DIR/libNAME.so, got {args.output!r}")
     level, progress, p = _import_and_optimize(args)
     art = p.compile(args.target, level, cpu=args.cpu, prefix=args.prefix, fixed=_parse_fixed(args.fix),
-                    progress=progress)
+                    progress=progress, shape_profiles=_parse_profiles(args.shape_profile) or None)
     out = art.save(args.output)
     m = art.manifest
     base = os.path.splitext(out)[0]
@@ -231,6 +234,8 @@ def cmd_compile(args) -> int:
     print(f"  {m['kernels']} kernels, arena {m['arena_bytes']:,} B, weights {m['weights_bytes']:,} B, "
           f"target {m['target']['cpu']}" + (f", specialized {m['specialized']}" if m.get("specialized") else "")
           + (" (from cache)" if art.cached else f", compiled in {m['compile_seconds']:.1f} s"))
+    for name, prof in (m.get("symbols") or {}).items():
+        print(f"  symbol {name} in [{prof['min']}, {prof['max']}] (opt {prof['opt']}): one library serves the range")
     return 0
 
 
@@ -263,7 +268,8 @@ def _compile_gpu_bundle(args) -> int:
         mine = [r for r in load_rules(args.rules) if r.on == "kernel"]
         kernel_rules = builtin_kernel_rules() + mine if mine else None
     bundle = p.compile(args.target, level, prefix=args.prefix, fixed=_parse_fixed(args.fix), progress=progress,
-                       arch=args.arch, fma=not args.no_fma, enable_fp16=args.enable_fp16, kernel_rules=kernel_rules)
+                       arch=args.arch, fma=not args.no_fma, enable_fp16=args.enable_fp16, kernel_rules=kernel_rules,
+                       shape_profiles=_parse_profiles(args.shape_profile) or None)
     out = bundle.save(out_path)
     m = bundle.manifest
     regs = [k["registers"] for k in ((m.get("ptxas") or {}).get("kernels") or {}).values() if k.get("registers")]
@@ -414,6 +420,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--cpu", default=None, help="LLVM CPU name (default: this machine's)")
     sp.add_argument("--prefix", default="cuvil", help="prefix of the C ABI symbols (default cuvil_)")
     sp.add_argument("--fix", action="append", metavar="NAME=INT", help="specialise a symbolic dim (repeatable)")
+    sp.add_argument("--shape-profile", action="append", metavar="NAME=MIN:OPT:MAX",
+                    help="a symbolic dim's range (repeatable); the library serves every shape in it "
+                         "(default range [1, 4096])")
     sp.add_argument("--rules", action="append", help="extra .rule file or directory (repeatable)")
     sp.add_argument("--enable-fp16", action="store_true",
                     help="GPU: compute float32 tensors in float16 (inputs/outputs stay float32, sums accumulate in float32)")

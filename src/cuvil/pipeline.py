@@ -113,16 +113,47 @@ class Pipeline:
         report = rewrite(g, [])
         return self._derive(g, report)
 
+    def with_profiles(self, shape_profiles: Mapping[str, Tuple[int, ...]]) -> "Pipeline":
+        """The same graph with symbol ranges set: ``{"N": (1, 8, 64)}`` (min, opt, max) or ``(min, max)``.
+        Every shape condition of the graph must hold over the new ranges (else ShapeError naming the node
+        and a counterexample); derived dims' ranges follow."""
+        from .ir.dim import Symbol
+        g = self._graph.clone()
+        for name, prof in shape_profiles.items():
+            if name not in g.symbols:
+                raise ShapeError(f"--shape-profile {name}: the model has no symbol {name!r} "
+                                 f"(it has {sorted(g.symbols) or 'none'})")
+            vals = tuple(int(x) for x in prof)
+            if len(vals) not in (2, 3):
+                raise ShapeError(f"shape profile of {name}: expected (min, opt, max) or (min, max), got {prof!r}")
+            lo, hi = vals[0], vals[-1]
+            opt = vals[1] if len(vals) == 3 else None
+            if not (1 <= lo <= hi) or (opt is not None and not lo <= opt <= hi):
+                raise ShapeError(f"shape profile {name}={':'.join(map(str, vals))}: need 1 <= min <= opt <= max")
+            g.symbols[name] = Symbol(name, lo, hi, opt)
+        out = self._derive(g, self.report)
+        bad = out.check_shapes()
+        if bad:
+            raise ShapeError("the graph's shape conditions fail inside the profile:\n  " + "\n  ".join(map(str, bad)))
+        return out
+
     def compile(self, target: str = "x86_64-linux-gnu", opt_level: int = 3, *, cpu: Optional[str] = None,
                 prefix: str = "cuvil", fixed: Optional[Mapping[str, int]] = None, cache: bool = True,
                 progress=None, arch: str = "sm_90", fma: bool = True, enable_fp16: bool = False,
-                kernel_rules=None):
+                kernel_rules=None, shape_profiles: Optional[Mapping[str, Tuple[int, ...]]] = None,
+                opt_kernels: bool = True):
         """Compile to a native artifact: :class:`cuvil.artifact.Artifact` (``libNAME.so``) for
         ``x86_64-linux-gnu``, :class:`cuvil.artifact.Bundle` (``NAME.cuvil/``, PTX for ``arch``) for
         ``nvptx64-nvidia-cuda``; the GPU bundle is built without a GPU.
 
-        Symbolic dims are specialised: to ``fixed`` where given, else to each symbol's ``opt`` (or ``min``)
-        value, recorded in the manifest; the library then accepts exactly those shapes.
+        Symbolic dims (x86): ``shape_profiles`` (``{"N": (1, 8, 64)}``, min/opt/max) sets their ranges (without
+        one a symbol ranges over ``[1, 4096]``, :data:`cuvil.ir.dim.DEFAULT_MAX`); every shape condition must
+        hold over them (Z3; else ShapeError with a counterexample). ``fixed`` (``{"N": 1}``) specialises
+        symbols to values. The library serves every shape of the profile with one set of kernels that read
+        the symbols at run time, and rejects shapes outside it. The GPU target specialises every symbol
+        (to ``fixed``, else its opt or min). ``opt_kernels`` (x86, default on): a second set of kernels,
+        specialised for the opt point (every symbol at its opt, else its min), is linked in and runs when a
+        call's shapes are exactly that point.
 
         GPU only: ``fma`` (default on) lets the proved ``prove real`` kernel rules contract ``a * b + c`` into
         fused multiply-adds (off: every operation rounds separately); ``kernel_rules`` replaces the built-in
@@ -139,24 +170,37 @@ class Pipeline:
         if enable_fp16 and target != PTX_TARGET:
             raise CuvilError(f"enable_fp16 (--enable-fp16) is supported for the {PTX_TARGET} target only; "
                              f"{target} computes float32")
-        fixed = dict(fixed or {})
-        for name, sym in self._graph.symbols.items():
-            fixed.setdefault(name, sym.opt if sym.opt is not None else sym.min)
-        p = self.specialize(fixed) if fixed else self
+        fixed = {k: int(v) for k, v in (fixed or {}).items()}
+        base = self.with_profiles(shape_profiles) if shape_profiles else self
+        if target == PTX_TARGET:
+            for name, sym in base._graph.symbols.items():
+                fixed.setdefault(name, sym.opt if sym.opt is not None else sym.min)
+        elif set(base._graph.symbols) - set(fixed) and not shape_profiles:
+            bad = base.specialize(fixed).check_shapes() if fixed else base.check_shapes()
+            if bad:
+                raise ShapeError("the graph's shape conditions fail inside the symbols' ranges (give a "
+                                 "--shape-profile):\n  " + "\n  ".join(map(str, bad)))
+        p = base.specialize(fixed) if fixed else base
+        profiles = {s.name: [s.min, s.opt if s.opt is not None else s.min, s.max] for s in p._graph.symbols.values()}
         rules = {}
         if self.report is not None:
             verdicts = getattr(self.report, "verdicts", {})
             rules = {name: {"applied": n, "obligation": verdicts.get(name), "verdict": "proved"}
                      for name, n in self.report.applied.items() if n}
-        extra = {"model_sha256": self.source_sha256, "specialized": fixed, "rules_applied": rules}
+        extra = {"model_sha256": self.source_sha256, "specialized": fixed, "shape_profiles": profiles,
+                 "rules_applied": rules}
         import cuvil
         if target == PTX_TARGET:
             return self._compile_bundle(p, arch, opt_level, prefix, extra, fixed, rules, cache, progress,
                                         fma=fma, enable_fp16=enable_fp16, kernel_rules=kernel_rules)
-        key = cache_key([structural_hash(p.graph), repr(sorted(fixed.items())), str(opt_level), str(cpu), prefix,
+        key = cache_key([structural_hash(p.graph), repr(sorted(fixed.items())), repr(sorted(profiles.items())),
+                         str(opt_level), str(cpu), prefix, f"opt_kernels={bool(opt_kernels)}",
                          cuvil.__version__, target, json.dumps(rules, sort_keys=True), str(self.source_sha256)])
+        opt_graph = None
+        if opt_kernels and p._graph.symbols:
+            opt_graph = p.specialize({k: v[1] for k, v in profiles.items()}).graph
         build = lambda so: compile_x86(p.graph, so, opt_level=opt_level, cpu=cpu, prefix=prefix,
-                                       manifest_extra=extra, progress=progress)
+                                       manifest_extra=extra, progress=progress, opt_graph=opt_graph)
         if not cache:
             out = os.path.join(tempfile.mkdtemp(prefix="cuvil-"), f"lib{prefix}.so")
             return Artifact(out, build(out))

@@ -139,20 +139,21 @@ class SymExpr:
             total += prod
         return total
 
-    # arithmetic ------------------------------------------------------------------------------------
+    # arithmetic (with another kind of operand, e.g. a kernel index expression, NotImplemented lets the
+    # other operand's reflected method build the result) ----------------------------------------------
     def __add__(self, other):
-        return add(self, other)
+        return add(self, other) if _is_dim(other) else NotImplemented
 
     __radd__ = __add__
 
     def __sub__(self, other):
-        return add(self, mul(other, -1))
+        return add(self, mul(other, -1)) if _is_dim(other) else NotImplemented
 
     def __rsub__(self, other):
-        return add(other, mul(self, -1))
+        return add(other, mul(self, -1)) if _is_dim(other) else NotImplemented
 
     def __mul__(self, other):
-        return mul(self, other)
+        return mul(self, other) if _is_dim(other) else NotImplemented
 
     __rmul__ = __mul__
 
@@ -160,13 +161,18 @@ class SymExpr:
         return mul(self, -1)
 
     def __floordiv__(self, other):
-        return floordiv(self, other)
+        return floordiv(self, other) if _is_dim(other) else NotImplemented
 
     def __rfloordiv__(self, other):
-        return floordiv(other, self)
+        return floordiv(other, self) if _is_dim(other) else NotImplemented
 
     def __mod__(self, other):
-        return mod(self, other)
+        return mod(self, other) if _is_dim(other) else NotImplemented
+
+
+def _is_dim(x) -> bool:
+    import numpy as np
+    return isinstance(x, (int, SymExpr, np.integer))
 
 
 Dim = Union[int, SymExpr]

@@ -13,10 +13,11 @@ import attrs
 import numpy as np
 
 from ..errors import UnsupportedOpError
+from ..ir.dim import SymExpr, evaluate, free_symbols, product
 from ..ir.dtype import DType
 from ..ir.graph import Node
 from .gemm import MR, Contraction, DepthwiseWindow, pack_weights
-from .texpr import (BOOL, I64, Buf, E, all_of, binop, call, cast, cmp, const, identity_value, in_range, load,
+from .texpr import (BOOL, I64, Buf, E, all_of, binop, call, cast, cmp, const, dim_index, identity_value, in_range, load,
                     logic, reduce, select, unop)
 
 Index = List[E]
@@ -445,6 +446,16 @@ def unflat_index(flat: E, shape: Sequence[int]) -> Index:
     return list(reversed(out))
 
 
+def _smaller(a, b) -> bool:
+    """Which run of a reshape to extend: compares sizes, symbolic ones at a sample point. A wrong guess only
+    costs index arithmetic (runs are accepted only when their sizes are equal as polynomials; otherwise the
+    whole index is flattened and unflattened)."""
+    if isinstance(a, SymExpr) or isinstance(b, SymExpr):
+        sample = {name: 7 for name in free_symbols(a) | free_symbols(b)}
+        return evaluate(a, sample) < evaluate(b, sample)
+    return a < b
+
+
 def reshape_index(idx: Index, out_shape: Sequence[int], in_shape: Sequence[int]) -> Index:
     """Input indices of a reshape's output element. Dims are split into runs of equal products (e.g.
     [N, C, H*W] <- [N, C, H, W]: N and C map through unchanged), and only within a run is the index
@@ -461,7 +472,7 @@ def reshape_index(idx: Index, out_shape: Sequence[int], in_shape: Sequence[int])
         if j < ni:
             pi, j = in_shape[j], j + 1
         while po != pi:
-            if po < pi and i < no:
+            if _smaller(po, pi) and i < no:
                 po, i = po * out_shape[i], i + 1
             elif j < ni:
                 pi, j = pi * in_shape[j], j + 1
@@ -661,8 +672,8 @@ def _shape(ctx):
     x = ctx.input(0)
     dt = ctx.out_dtype()
     if ctx.node.op == "Size":
-        n = int(np.prod(x.shape))
-        return [TensorFn((), dt, lambda idx: const(n, dt), "elementwise")]
+        n = product(x.shape)
+        return [TensorFn((), dt, lambda idx: _dim_value(n, dt), "elementwise")]
     rank = len(x.shape)
     start, end = ctx.attr("start", 0) or 0, ctx.attr("end")
     start = max(0, min(rank, start + rank if start < 0 else start))
@@ -670,11 +681,16 @@ def _shape(ctx):
     dims = list(x.shape[start:end])
 
     def f(idx):
-        out = const(dims[-1] if dims else 0, dt)
+        out = _dim_value(dims[-1] if dims else 0, dt)
         for k in range(len(dims) - 2, -1, -1):
-            out = select(cmp("eq", idx[0], const(k, I64)), const(dims[k], dt), out)
+            out = select(cmp("eq", idx[0], const(k, I64)), _dim_value(dims[k], dt), out)
         return out
     return [TensorFn(ctx.out_shape(), dt, f, "injective")]
+
+
+def _dim_value(d, dt) -> E:
+    """A dim as a value of ``dt``: a constant, or the run-time value of a symbolic dim."""
+    return cast(dim_index(d), dt) if isinstance(d, SymExpr) else const(d, dt)
 
 
 @lowering("ConstantOfShape")

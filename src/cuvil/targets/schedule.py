@@ -15,6 +15,7 @@ import attrs
 import numpy as np
 
 from ..errors import ShapeError, UnsupportedOpError
+from ..ir.dim import SymExpr, Symbol, bounds, evaluate, product
 from ..ir.dtype import DType
 from ..ir.graph import Graph, Value
 from .lower import LOWERINGS, LowerCtx, TensorFn
@@ -54,6 +55,16 @@ class Schedule:
     arena_bytes: int
     weights_bytes: int
     fused: Dict[str, int]     # op -> how many were inlined into a consumer
+    symbols: List[Symbol] = attrs.field(factory=list)   # run-time shape symbols, in binding-slot order
+
+    @property
+    def ranges(self) -> Dict[str, Tuple[int, int]]:
+        return {s.name: (s.min, s.max) for s in self.symbols}
+
+    @property
+    def opt_point(self) -> Dict[str, int]:
+        """Each symbol at its ``opt`` value (else its ``min``): where sizes are reported."""
+        return {s.name: s.opt if s.opt is not None else s.min for s in self.symbols}
 
     def weights_blob(self) -> bytes:
         """Every constant at the offset the weights plan gave it (booleans as one byte each)."""
@@ -78,8 +89,27 @@ def schedule(g: Graph, gemm_cols: int = 0, split_concat: bool = False) -> Schedu
     ``split_concat``: a stage storing a concatenation becomes one stage per piece, each writing its slice
     (for backends whose kernels honour :attr:`Stage.region`)."""
     for v in g.values():
-        if not v.type.is_static:
-            raise ShapeError(f"value {v.name!r} has shape {v.type}: fix the symbols (fixed={{...}}) to compile")
+        if v.shape is None:
+            raise ShapeError(f"value {v.name!r} has unknown rank: the x86 and GPU backends need every rank")
+    used = set()
+    for v in g.values():
+        here = set().union(*[d.free_symbols for d in v.shape if isinstance(d, SymExpr)])
+        if here - set(g.symbols):
+            raise ShapeError(f"value {v.name!r} has shape {v.type} over unknown symbol(s) {sorted(here - set(g.symbols))}")
+        used |= here
+    bound = set()
+    for v in g.inputs:
+        for d in v.shape:
+            if isinstance(d, SymExpr):
+                if not (len(d.free_symbols) == 1 and str(d) in g.symbols):
+                    raise ShapeError(f"input {v.name!r} has dim {d}: an input dim must be an integer or a symbol")
+                bound.add(str(d))
+    if used - bound:
+        raise ShapeError(f"symbol(s) {sorted(used - bound)} size tensors but no input dim gives them a value: "
+                         f"fix them (fixed={{...}})")
+    syms = [g.symbols[k] for k in sorted(used)]
+    ranges = {s.name: (s.min, s.max) for s in syms}
+    opt = {s.name: s.opt if s.opt is not None else s.min for s in syms}
     ni = len(g.inputs)
     fns: Dict[int, TensorFn] = {}
     bufs: Dict[int, Buf] = {}
@@ -193,14 +223,14 @@ def schedule(g: Graph, gemm_cols: int = 0, split_concat: bool = False) -> Schedu
         stages = [part for st in stages for part in split_piecewise(st)]
     for s in stages:
         s.reads = _reads(s.expr)
-        s.flops = _flops(s)
+        s.flops = _flops(s, opt)
     # constants that no kernel reads (weights a kernel reads repacked) stay out of the artifact
     read = {id(root_of(b)) for s in stages for b in s.reads}
     weights = {k: (b, a) for k, (b, a) in weights.items() if id(root_of(b)) in read}
-    arena = _plan_arena(stages)
+    arena = _plan_arena(stages, ranges)
     wbytes = _plan_weights(weights)
     return Schedule(stages, in_bufs, out_bufs, [(b, a) for b, a in weights.values() if a is not None],
-                    arena, wbytes, fused)
+                    arena, wbytes, fused, syms)
 
 
 def root_of(b: Buf) -> Buf:
@@ -264,6 +294,8 @@ def split_piecewise(st: Stage) -> List[Stage]:
     if st.region is not None and st.region[0] != axis:
         return [st]
     lo0, hi0 = st.region[1:] if st.region is not None else (0, st.buf.shape[axis])
+    if any(isinstance(x, SymExpr) for x in (lo0, hi0, *bounds)):
+        return [st]     # pieces of symbolic extent: one stage selecting per element
     out = []
     for k, (piece, b0, b1) in enumerate(zip(make_pieces(), bounds[:-1], bounds[1:])):
         lo, hi = max(lo0, b0 - shift), min(hi0, b1 - shift)
@@ -285,21 +317,22 @@ def _var_offset(e: E, name: str):
     return None
 
 
-def _flops(st: Stage) -> int:
-    """2 x (output elements) x (reduction extent) for the stage's top-level sums and contractions."""
+def _flops(st: Stage, env: Dict[str, int]) -> int:
+    """2 x (output elements) x (reduction extent) for the stage's top-level sums and contractions (symbolic
+    shapes: at ``env``, the symbols' opt point)."""
     total, seen, stack = 0, set(), [st.expr]
-    elems = int(np.prod(st.buf.shape, dtype=np.int64))
+    elems = evaluate(product(st.buf.shape), env)
     while stack:
         x = stack.pop()
         if x.uid in seen:
             continue
         seen.add(x.uid)
         if x.op in ("contract", "window"):
-            total += x.attr.flops
+            total += evaluate(x.attr.flops, env)
             continue
         if x.op == "reduce":
             if x.attr[0] == "sum":
-                total += 2 * elems * int(np.prod(x.attr[2], dtype=np.int64))
+                total += 2 * elems * evaluate(product(x.attr[2]), env)
             continue
         stack.extend(x.args)
     return total
@@ -312,8 +345,10 @@ def _argscan_reads(x: E):
     return [src(idx)]
 
 
-def _plan_arena(stages: List[Stage]) -> int:
-    """Offsets for arena buffers from liveness: first-fit into space freed by dead buffers."""
+def _plan_arena(stages: List[Stage], ranges: Dict[str, Tuple[int, int]]) -> int:
+    """Offsets for arena buffers from liveness: first-fit into space freed by dead buffers. A buffer of
+    symbolic shape gets its size at the symbols' maxima (sizes only grow with the symbols), so one plan
+    serves every shape of the profile."""
     first: Dict[int, int] = {}
     last: Dict[int, int] = {}
     roots: Dict[int, Buf] = {}
@@ -331,7 +366,7 @@ def _plan_arena(stages: List[Stage]) -> int:
     for rid in sorted(first, key=lambda r: (first[r], r)):
         k = first[rid]
         active = [a for a in active if a[2] >= k]
-        size = _align(max(roots[rid].nbytes, 1))
+        size = _align(max(bounds(roots[rid].nbytes, ranges)[1], 1))
         off, cursor = None, 0
         for a in sorted(active):
             if a[0] - cursor >= size:

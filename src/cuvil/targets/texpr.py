@@ -14,6 +14,7 @@ from typing import Any, Callable, Optional, Sequence, Tuple
 import attrs
 import numpy as np
 
+from ..ir.dim import SymExpr, product
 from ..ir.dtype import DType
 
 I64 = DType.INT64
@@ -37,8 +38,9 @@ class Buf:
         return self.root if self.root is not None else self
 
     @property
-    def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+    def nbytes(self):
+        """Bytes of the buffer: an int, or a dimension expression when the shape is symbolic."""
+        return product(self.shape) * self.dtype.itemsize
 
     @property
     def strides(self) -> Tuple[int, ...]:
@@ -105,7 +107,43 @@ def const(value, dtype: DType) -> E:
 
 
 def as_index(x) -> E:
-    return x if isinstance(x, E) else const(int(x), I64)
+    if isinstance(x, E):
+        return x
+    if isinstance(x, SymExpr):
+        return dim_index(x)
+    return const(int(x), I64)
+
+
+def sym(name: str) -> E:
+    """The run-time value of the shape symbol ``name`` (bound from the input shapes at each run)."""
+    return E("sym", (), I64, name)
+
+
+def dim_index(d) -> E:
+    """A dimension (int or :class:`~cuvil.ir.dim.SymExpr`) as an index expression over run-time symbols."""
+    if not isinstance(d, SymExpr):
+        return const(int(d), I64)
+    total = None
+    for mono, coef in d.terms:
+        term = const(coef, I64)
+        for a in mono:
+            term = imul(term, _atom_index(a))
+        total = term if total is None else iadd(total, term)
+    return total if total is not None else const(0, I64)
+
+
+def _atom_index(a) -> E:
+    if a.kind == "sym":
+        return sym(a.args[0])
+    xs = [dim_index(x) for x in a.args]
+    if a.kind == "floordiv":
+        return E("fdiv", xs, I64)     # floor division (operands may be negative in intermediate forms)
+    if a.kind == "mod":
+        return E("fmod_i", xs, I64)
+    out = xs[0]
+    for x in xs[1:]:
+        out = select(cmp("gt" if a.kind == "max" else "lt", out, x), out, x)
+    return out
 
 
 def _cval(e: E) -> Optional[int]:
@@ -219,15 +257,16 @@ def reduce(kind: str, extents: Sequence[int], body_fn: Callable[..., E], dtype: 
     """``kind`` (sum, max, min, prod) of ``body_fn(*vars)`` over ``vars`` ranging over ``extents``."""
     vs = [var("r") for _ in extents]
     body = body_fn(*vs)
-    return E("reduce", (body,), dtype or body.dtype, (kind, tuple(vs), tuple(int(x) for x in extents)))
+    return E("reduce", (body,), dtype or body.dtype,
+             (kind, tuple(vs), tuple(x if isinstance(x, SymExpr) else int(x) for x in extents)))
 
 
 def in_range(i: E, lo: int, hi: int) -> E:
     """lo <= i < hi, simplified when ``i`` is constant."""
     c = _cval(i)
-    if c is not None:
+    if c is not None and not isinstance(lo, SymExpr) and not isinstance(hi, SymExpr):
         return const(lo <= c < hi, BOOL)
-    return logic("and", cmp("ge", i, const(lo, I64)), cmp("lt", i, const(hi, I64)))
+    return logic("and", cmp("ge", i, as_index(lo)), cmp("lt", i, as_index(hi)))
 
 
 def all_of(conds: Sequence[E]) -> E:

@@ -127,3 +127,60 @@ def small_cnn() -> onnx.ModelProto:
              helper.make_node("Softmax", ["a"], ["y"], axis=1)]
     g = helper.make_graph(nodes, "small", [x], [y], [w, b])
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def transformer_block(d_model: int = 32, heads: int = 4, d_ff: int = 64, batch="B", seq="S",
+                      seed: int = 0) -> onnx.ModelProto:
+    """A seeded pre-norm transformer encoder block over ``x[batch, seq, d_model]`` (symbolic dims by
+    default): LayerNormalization, Q/K/V projections (MatMul + bias), heads split by Reshape([0, 0, H, Dh])
+    and Transpose, scaled dot-product attention with Softmax, heads merged back, output projection and
+    residual, then LayerNormalization, a GELU (Erf form) feed-forward layer and a second residual. Opset 17."""
+    from onnx import TensorProto, helper
+    rng = np.random.default_rng(seed)
+    dh = d_model // heads
+    inits = []
+
+    def weight(name, shape, scale=None):
+        scale = scale if scale is not None else 1.0 / np.sqrt(shape[0])
+        inits.append(numpy_helper.from_array((rng.standard_normal(shape) * scale).astype(np.float32), name))
+        return name
+
+    def const(name, values, dtype=np.float32):
+        inits.append(numpy_helper.from_array(np.asarray(values, dtype=dtype), name))
+        return name
+
+    nodes = []
+
+    def node(op, ins, out, **attrs):
+        nodes.append(helper.make_node(op, ins, [out], name=out, **attrs))
+        return out
+
+    def dense(x, name, d_in, d_out):
+        y = node("MatMul", [x, weight(f"{name}_w", (d_in, d_out))], f"{name}_mm")
+        return node("Add", [y, weight(f"{name}_b", (d_out,), 0.1)], name)
+
+    def layer_norm(x, name):
+        return node("LayerNormalization", [x, const(f"{name}_g", 1 + 0.1 * rng.standard_normal(d_model)),
+                                           const(f"{name}_beta", 0.1 * rng.standard_normal(d_model))], name, axis=-1)
+
+    split = const("heads_shape", [0, 0, heads, dh], np.int64)
+    merge = const("model_shape", [0, 0, d_model], np.int64)
+    h = layer_norm("x", "ln1")
+    q, k, v = (node("Reshape", [dense(h, n, d_model, d_model), split], f"{n}_heads") for n in ("q", "k", "v"))
+    q = node("Transpose", [q], "q_t", perm=[0, 2, 1, 3])          # [B, H, S, Dh]
+    k = node("Transpose", [k], "k_t", perm=[0, 2, 3, 1])          # [B, H, Dh, S]
+    v = node("Transpose", [v], "v_t", perm=[0, 2, 1, 3])
+    scores = node("Mul", [node("MatMul", [q, k], "qk"), const("scale", 1.0 / np.sqrt(dh))], "scores")
+    attn = node("Softmax", [scores], "attn", axis=-1)             # [B, H, S, S]
+    ctx = node("Transpose", [node("MatMul", [attn, v], "ctx_h")], "ctx_t", perm=[0, 2, 1, 3])
+    ctx = node("Reshape", [ctx, merge], "ctx")
+    x1 = node("Add", ["x", dense(ctx, "proj", d_model, d_model)], "res1")
+    f = dense(layer_norm(x1, "ln2"), "ff1", d_model, d_ff)
+    gelu = node("Mul", [node("Mul", [f, const("half", 0.5)], "ff_half"),
+                        node("Add", [node("Erf", [node("Mul", [f, const("inv_sqrt2", 1 / np.sqrt(2))], "ff_s")],
+                                          "ff_erf"), const("one", 1.0)], "ff_1p")], "gelu")
+    node("Add", [x1, dense(gelu, "ff2", d_ff, d_model)], "y")
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, seq, d_model])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, seq, d_model])
+    g = helper.make_graph(nodes, "transformer_block", [x], [y], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])

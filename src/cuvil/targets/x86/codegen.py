@@ -14,9 +14,10 @@ import llvmlite.ir as ir
 import numpy as np
 
 from ...errors import CuvilError
+from ...ir.dim import SymExpr, bounds, evaluate, product
 from ...ir.dtype import DType
 from ..schedule import Schedule, Stage
-from ..texpr import E, Buf, identity_value
+from ..texpr import E, Buf, dim_index, identity_value
 
 _INITIALIZED = False
 
@@ -76,6 +77,17 @@ class KernelModule:
         self.scratch_bytes = 0   # per-thread scratch the kernels need
         self.gemm_symbols = set()   # stages emitted as GEMM micro-kernels
         self.window_kinds = {}   # stages emitted as row kernels: symbol -> "conv" (depthwise) or "max" (pool)
+        self.dims_index: Optional[int] = None   # bufs slot of the run-time symbol values (int64[])
+        self.symbol_slots: Dict[str, int] = {}  # symbol -> its index in that array
+        self.ranges: Dict[str, Tuple[int, int]] = {}   # symbol -> (min, max)
+        self.opt: Dict[str, int] = {}           # symbol -> the value sizes are tuned for
+
+    def at_opt(self, d) -> int:
+        """A dimension's value at the symbols' opt point (for tuning decisions only)."""
+        return evaluate(d, self.opt)
+
+    def at_max(self, d) -> int:
+        return bounds(d, self.ranges)[1]
 
     def declare(self, name: str, ret: ir.Type, args: Sequence[ir.Type]) -> ir.Function:
         if name not in self._decls:
@@ -109,13 +121,13 @@ class KernelModule:
         if st.region is not None:    # the stage writes the slice [lo, hi) of one axis of its buffer
             axis, lo, hi = st.region
             shape[axis] = hi - lo
-        red = _row_reduction(st)
+        red = _row_reduction(st, self.at_max)
         k, extent = 0, 1
         limit = len(shape) - 1 if red is not None else len(shape)  # keep the last dim for the row loop
-        while k < limit and extent < PARALLEL_MIN:
-            extent *= shape[k]
+        while k < limit and self.at_opt(extent) < PARALLEL_MIN:
+            extent = extent * shape[k]
             k += 1
-        inner_work = int(np.prod(shape[k:])) if shape[k:] else 1
+        inner_work = self.at_opt(product(shape[k:]))
 
         def at(ix):
             if st.region is None:
@@ -131,8 +143,8 @@ class KernelModule:
                 if d == 0:
                     idx[d] = rest
                 else:
-                    idx[d] = em.b.srem(rest, I64(shape[d]))
-                    rest = em.b.sdiv(rest, I64(shape[d]))
+                    idx[d] = em.b.srem(rest, em.index(shape[d]))
+                    rest = em.b.sdiv(rest, em.index(shape[d]))
             if red is not None:
                 em.loops(shape[k:-1], lambda mid: em.store_row(st, red, at(idx[:k] + mid), shape[-1]))
             else:
@@ -164,6 +176,7 @@ class _Emitter:
         self.km, self.fn, self.b, self.bufs = km, fn, b, bufs
         self.entry = b.block
         self.bases: Dict[int, ir.Value] = {}
+        self.syms: Dict[str, ir.Value] = {}
         self.env: Dict[str, ir.Value] = {}
         self.memo: List[Dict[int, ir.Value]] = [{}]
 
@@ -193,11 +206,29 @@ class _Emitter:
         b.branch(head)
         b.position_at_end(done)
 
-    def loops(self, extents: Sequence[int], body, idx=()):
+    def loops(self, extents: Sequence, body, idx=()):
         if not extents:
             body(list(idx))
             return
-        self.loop_range(I64(0), I64(extents[0]), lambda i: self.loops(extents[1:], body, tuple(idx) + (i,)))
+        self.loop_range(I64(0), self.index(extents[0]), lambda i: self.loops(extents[1:], body, tuple(idx) + (i,)))
+
+    def index(self, d) -> ir.Value:
+        """A dimension (int, or a SymExpr over the run-time symbols) as an i64 value."""
+        if isinstance(d, SymExpr):
+            return self.emit(dim_index(d))
+        return I64(int(d))
+
+    def symbol(self, name: str) -> ir.Value:
+        """The run-time value of a shape symbol, loaded once in the entry block."""
+        if name not in self.syms:
+            if self.km.dims_index is None or name not in self.km.symbol_slots:
+                raise CuvilError(f"x86 codegen: symbol {name} has no run-time slot")
+            with self.b.goto_block(self.entry):
+                self.b.position_at_start(self.entry)
+                arr = self.b.load(self.b.gep(self.bufs, [I64(self.km.dims_index)], source_etype=PTR), typ=PTR)
+                slot = self.b.gep(arr, [I64(self.km.symbol_slots[name])], source_etype=I64)
+                self.syms[name] = self.b.load(slot, typ=I64)
+        return self.syms[name]
 
     # --- memory -----------------------------------------------------------------------------------
     def base(self, buf: Buf) -> ir.Value:
@@ -211,7 +242,7 @@ class _Emitter:
     def address(self, buf: Buf, idx: Sequence[ir.Value]) -> ir.Value:
         flat = None
         for i, st in zip(idx, buf.strides):
-            term = i if st == 1 else self.b.mul(i, I64(st))
+            term = i if st == 1 else self.b.mul(i, self.index(st))
             flat = term if flat is None else self.b.add(flat, term)
         flat = flat if flat is not None else I64(0)
         p = self.b.gep(self.base(buf), [I64(buf.offset)], source_etype=I8, inbounds=True)
@@ -232,7 +263,7 @@ class _Emitter:
         kind, vs, extents = red.attr
         dt = red.dtype
         t = ll(dt)
-        acc = self.alloca(t, width)
+        acc = self.alloca(t, self.km.at_max(width))
         for v, i in zip(st.vars, outer):
             self.env[v.attr] = i
         wvar = st.vars[-1].attr
@@ -241,7 +272,8 @@ class _Emitter:
         def slot(w):
             return b.gep(acc, [w], source_etype=t, inbounds=True)
 
-        self.loop_range(I64(0), I64(width), lambda w: b.store(init, slot(w)))
+        width = self.index(width)
+        self.loop_range(I64(0), width, lambda w: b.store(init, slot(w)))
 
         def accumulate(ridx):
             for v, i in zip(vs, ridx):
@@ -252,7 +284,7 @@ class _Emitter:
                 x = self.emit(red.args[0])
                 a = b.load(slot(w), typ=t)
                 b.store(self.combine(kind, a, x, dt), slot(w))
-            self.loop_range(I64(0), I64(width), inner)
+            self.loop_range(I64(0), width, inner)
         self.loops(list(extents), accumulate)
 
         def epilogue(w):
@@ -262,7 +294,7 @@ class _Emitter:
             if st.buf.dtype == DType.BOOL:
                 val = b.zext(val, I8)
             b.store(val, self.address(st.buf, outer + [w]))
-        self.loop_range(I64(0), I64(width), epilogue)
+        self.loop_range(I64(0), width, epilogue)
 
     def combine(self, kind: str, a, x, dt: DType):
         b = self.b
@@ -290,6 +322,8 @@ class _Emitter:
         b, op, dt = self.b, e.op, e.dtype
         if op == "var":
             return self.env[e.attr]
+        if op == "sym":
+            return self.symbol(e.attr)
         if op == "const":
             return const_value(e.attr, dt)
         if op == "load":
@@ -306,6 +340,13 @@ class _Emitter:
             return b.fdiv(*args) if dt.is_float else (b.udiv(*args) if dt in _UNSIGNED else b.sdiv(*args))
         if op in ("idiv", "imod"):
             return b.sdiv(*args) if op == "idiv" else b.srem(*args)
+        if op in ("fdiv", "fmod_i"):     # floor division / modulo (shape arithmetic)
+            q, r = b.sdiv(*args), b.srem(*args)
+            fix = b.and_(b.icmp_signed("!=", r, I64(0)),
+                         b.xor(b.icmp_signed("<", r, I64(0)), b.icmp_signed("<", args[1], I64(0))))
+            if op == "fdiv":
+                return b.select(fix, b.sub(q, I64(1)), q)
+            return b.select(fix, b.add(r, args[1]), r)
         if op == "fmod":
             return b.frem(*args) if dt.is_float else (b.urem(*args) if dt in _UNSIGNED else b.srem(*args))
         if op == "pymod":
@@ -335,15 +376,15 @@ class _Emitter:
         if op == "call":
             return self.call(e.attr, args, dt)
         if op == "clamp":
-            lo, hi = e.attr
+            lo, hi = (self.index(v) for v in e.attr)
             x = args[0]
-            x = b.select(b.icmp_signed("<", x, I64(lo)), I64(lo), x)
-            return b.select(b.icmp_signed(">", x, I64(hi)), I64(hi), x)
+            x = b.select(b.icmp_signed("<", x, lo), lo, x)
+            return b.select(b.icmp_signed(">", x, hi), hi, x)
         if op == "reflect":
-            d = e.attr
+            d = self.index(e.attr)
             x = args[0]
             x = b.select(b.icmp_signed("<", x, I64(0)), b.sub(I64(0), x), x)
-            return b.select(b.icmp_signed(">=", x, I64(d)), b.sub(I64(2 * (d - 1)), x), x)
+            return b.select(b.icmp_signed(">=", x, d), b.sub(b.mul(b.sub(d, I64(1)), I64(2)), x), x)
         if op == "reduce":
             return self.reduce(e)
         if op == "argscan":
@@ -445,14 +486,22 @@ class _Emitter:
             take = b.or_(strict, self.compare("eq", x, cur, dt)) if last else strict
             b.store(b.select(take, x, cur), best_v)
             b.store(b.select(take, i, b.load(best_i, typ=I64)), best_i)
-        self.loop_range(I64(1), I64(n), body)
+        self.loop_range(I64(1), self.index(n), body)
         return b.load(best_i, typ=I64)
 
 
-def _row_reduction(st: Stage) -> Optional[E]:
+ROW_MAX = 16384   # widest row (elements) the row schedule accumulates on the stack
+
+
+def _row_reduction(st: Stage, at_max=lambda d: d) -> Optional[E]:
     """The stage's single top-level reduction, when the row schedule applies: rank >= 2, one reduction
-    (not nested in another), and its body reads the last output index (else the row is loop-invariant)."""
-    if len(st.buf.shape) < 2 or st.buf.shape[-1] < 2:
+    (not nested in another), and its body reads the last output index (else the row is loop-invariant).
+    A symbolic last dim is accumulated in a stack row sized for its maximum (up to ROW_MAX)."""
+    if len(st.buf.shape) < 2 or (isinstance(st.buf.shape[-1], int) and st.buf.shape[-1] < 2):
+        return None
+    if st.region is not None and st.region[0] == len(st.buf.shape) - 1:
+        return None
+    if isinstance(st.buf.shape[-1], SymExpr) and at_max(st.buf.shape[-1]) > ROW_MAX:
         return None
     found: List[E] = []
     seen = set()
@@ -536,6 +585,9 @@ def generate_object(sched: Schedule, prefix: str, cpu: Optional[str], opt: int) 
     km = KernelModule(prefix, tm, triple)
     km.vector_bits = vector_bits(cpu_name, features)
     km.scratch_index = 2 + len(sched.inputs) + len(sched.outputs)
+    km.dims_index = km.scratch_index + 1
+    km.symbol_slots = {s.name: k for k, s in enumerate(sched.symbols)}
+    km.ranges, km.opt = sched.ranges, sched.opt_point
     steps = []
     for k, st in enumerate(sched.stages):
         sym = f"{prefix}_kernel{k}"

@@ -21,13 +21,23 @@ from .gemm import tile_cols
 from .header import generate_header
 from .link import check_dependencies, link_shared, unexpected_dependencies
 from .model_c import generate_model_c
-from .model_info import IODesc, ModelInfo, StepDesc
+from .model_info import IODesc, ModelInfo, StepDesc, SymbolDesc
+
+
+def _weights_asm(sym: str, path: str, nbytes: int) -> str:
+    return (f'\t.section .rodata.{sym},"a",@progbits\n\t.balign 64\n\t.globl {sym}\n'
+            f'\t.hidden {sym}\n\t.type {sym}, @object\n{sym}:\n'
+            f'\t.incbin "{path}"\n\t.size {sym}, {nbytes}\n')
 
 
 def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str] = None, prefix: str = "cuvil",
-                manifest_extra: Optional[dict] = None, progress: Optional[Callable[[str], None]] = None) -> dict:
-    """Compile ``g`` (static shapes) into ``out_so``; writes the header and manifest beside it and returns
-    the manifest."""
+                manifest_extra: Optional[dict] = None, progress: Optional[Callable[[str], None]] = None,
+                opt_graph: Optional[Graph] = None) -> dict:
+    """Compile ``g`` into ``out_so``; writes the header and manifest beside it and returns the manifest.
+    Symbols left in ``g`` stay symbolic: the library binds them from the input shapes at every run and
+    accepts every value in their ranges (``g.symbols``). ``opt_graph``: ``g`` specialised to the symbols'
+    opt values; its kernels are linked in beside the generic ones and run when a call's shapes are exactly
+    the opt point."""
     say = progress or (lambda msg: None)
     t0 = time.perf_counter()
     out_so = os.path.abspath(out_so)
@@ -37,29 +47,46 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
     sched = schedule(g, gemm_cols=tile_cols(vector_bits(cpu_name, features)), split_concat=True)
     say(f"{len(sched.stages)} kernels, arena {sched.arena_bytes} B, weights {sched.weights_bytes} B; generating LLVM IR")
     obj, steps, target = generate_object(sched, prefix, cpu, opt_level)
+    blob = sched.weights_blob()
+    osched = osteps = otarget = oobj = oblob = None
+    if opt_graph is not None and sched.symbols:
+        say(f"specialising for the opt point {sched.opt_point}")
+        osched = schedule(opt_graph, gemm_cols=tile_cols(vector_bits(cpu_name, features)), split_concat=True)
+        oobj, osteps, otarget = generate_object(osched, f"{prefix}_opt", cpu, opt_level)
+        oblob = osched.weights_blob()
     t_codegen = time.perf_counter()
     weights_sym = f"{prefix}_weights" if sched.weights_bytes else None
+    opt_weights_sym = None
+    if osched is not None and osched.weights_bytes:
+        opt_weights_sym = weights_sym if oblob == blob else f"{prefix}_opt_weights"
+    opt = sched.opt_point
     info = ModelInfo(
-        inputs=[IODesc(b.name, int(b.dtype), b.shape) for b in sched.inputs],
-        outputs=[IODesc(b.name, int(b.dtype), b.shape) for b in sched.outputs],
-        arena_bytes=sched.arena_bytes,
+        inputs=[IODesc.of(b.name, int(b.dtype), b.shape) for b in sched.inputs],
+        outputs=[IODesc.of(b.name, int(b.dtype), b.shape) for b in sched.outputs],
+        arena_bytes=max(sched.arena_bytes, osched.arena_bytes if osched else 0),
         steps=[StepDesc(sym, extent, grain) for sym, extent, grain in steps],
-        weights_symbol=weights_sym, prefix=prefix, scratch_bytes=target["scratch_bytes"])
+        weights_symbol=weights_sym, prefix=prefix,
+        scratch_bytes=max(target["scratch_bytes"], otarget["scratch_bytes"] if otarget else 0),
+        symbols=[SymbolDesc(s.name, s.min, opt[s.name], s.max) for s in sched.symbols],
+        opt_steps=[StepDesc(sym, extent, grain) for sym, extent, grain in osteps or ()],
+        opt_weights_symbol=opt_weights_sym)
     with tempfile.TemporaryDirectory(prefix="cuvil-build-") as tmp:
-        kobj = os.path.join(tmp, "kernels.o")
-        with open(kobj, "wb") as f:
-            f.write(obj)
-        weights_S = None
-        if weights_sym:
-            wbin = os.path.join(tmp, "weights.bin")
-            with open(wbin, "wb") as f:
-                f.write(sched.weights_blob())
-            weights_S = (f'\t.section .rodata.{weights_sym},"a",@progbits\n\t.balign 64\n\t.globl {weights_sym}\n'
-                         f'\t.hidden {weights_sym}\n\t.type {weights_sym}, @object\n{weights_sym}:\n'
-                         f'\t.incbin "{wbin}"\n\t.size {weights_sym}, {sched.weights_bytes}\n'
-                         '\t.section .note.GNU-stack,"",@progbits\n')
+        objs = []
+        for name, data in (("kernels.o", obj), ("kernels_opt.o", oobj)):
+            if data is not None:
+                objs.append(os.path.join(tmp, name))
+                with open(objs[-1], "wb") as f:
+                    f.write(data)
+        weights_S = ""
+        for sym, data in ((weights_sym, blob), (opt_weights_sym if opt_weights_sym != weights_sym else None, oblob)):
+            if sym:
+                wbin = os.path.join(tmp, f"{sym}.bin")
+                with open(wbin, "wb") as f:
+                    f.write(data)
+                weights_S += _weights_asm(sym, wbin, len(data))
+        weights_S = weights_S + '\t.section .note.GNU-stack,"",@progbits\n' if weights_S else None
         say("linking")
-        link_shared(out_so, [kobj], generate_model_c(info), weights_S, prefix)
+        link_shared(out_so, objs, generate_model_c(info), weights_S, prefix)
     deps = check_dependencies(out_so)
     bad = unexpected_dependencies(deps)
     if bad:
@@ -71,17 +98,18 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
         "prefix": prefix,
         "target": {"triple": target["triple"], "cpu": target["cpu"], "features": target["features"]},
         "opt_level": opt_level,
-        "inputs": [{"name": d.name, "dtype": d.dtype, "shape": list(d.shape)} for d in info.inputs],
-        "outputs": [{"name": d.name, "dtype": d.dtype, "shape": list(d.shape)} for d in info.outputs],
+        "inputs": [{"name": d.name, "dtype": d.dtype, "shape": _json_dims(d.dims or d.shape)} for d in info.inputs],
+        "outputs": [{"name": d.name, "dtype": d.dtype, "shape": _json_dims(d.dims or d.shape)} for d in info.outputs],
+        "symbols": {s.name: {"min": s.min, "opt": s.opt, "max": s.max} for s in info.symbols},
         "arena_bytes": sched.arena_bytes,
         "scratch_bytes_per_thread": target["scratch_bytes"],
         "weights_bytes": sched.weights_bytes,
         "kernels": len(sched.stages),
         "fused_ops": sched.fused,
-        "steps": [{"stage": st.name, "op": st.op, "shape": list(st.buf.shape), "flops": st.flops,
-                   "kernel": ("gemm" if sym in target["gemm_symbols"] else
-                              {"conv": "dwconv", "max": "maxpool"}.get(target["window_kinds"].get(sym), "loop"))}
-                  for st, (sym, _, _) in zip(sched.stages, steps)],
+        "steps": _steps_json(sched, steps, target, "generic" if osched else None)
+        + (_steps_json(osched, osteps, otarget, "opt") if osched else []),
+        "opt_weights": ("none" if osched is None else "shared" if opt_weights_sym == weights_sym
+                        else f"{osched.weights_bytes} B of their own"),
         "dependencies": deps,
         "compile_seconds": round(time.perf_counter() - t0, 3),
         "codegen_seconds": round(t_codegen - t0, 3),
@@ -91,3 +119,19 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
         json.dump(manifest, f, indent=1)
         f.write("\n")
     return manifest
+
+
+def _steps_json(sched, steps, target, variant) -> list:
+    """The manifest's record of each step (in profile order: the generic steps, then the opt ones)."""
+    out = []
+    for st, (sym, _, _) in zip(sched.stages, steps):
+        kind = ("gemm" if sym in target["gemm_symbols"] else
+                {"conv": "dwconv", "max": "maxpool"}.get(target["window_kinds"].get(sym), "loop"))
+        out.append({"stage": st.name, "op": st.op, "shape": _json_dims(st.buf.shape), "flops": st.flops,
+                    "kernel": kind, **({"variant": variant} if variant else {})})
+    return out
+
+
+def _json_dims(dims) -> list:
+    """Dims for JSON: ints, symbolic ones as their expression text (``"N"``, ``"N*S"``)."""
+    return [d if isinstance(d, int) else str(d) for d in dims]

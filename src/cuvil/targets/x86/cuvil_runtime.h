@@ -5,15 +5,19 @@
  * runtime.c and by the generated model.c, both compiled with -fvisibility=hidden and
  * -DCUVIL_PREFIX=<prefix>.
  *
- * Contract (abi_version 2):
- *   At run time the runtime builds, for each thread t of the session, void *bufs[3 + num_inputs + num_outputs]:
+ * Contract (abi_version 3):
+ *   At run time the runtime builds, for each thread t of the session, void *bufs[4 + num_inputs + num_outputs]:
  *     bufs[0]                       the session's arena (arena_bytes, 64-byte aligned, NULL if 0 bytes)
  *     bufs[1]                       model.weights (NULL if the model has no weights)
  *     bufs[2 + i]                   inputs[i].data    (caller memory, element-aligned, read only)
  *     bufs[2 + num_inputs + j]      outputs[j].data   (caller memory, element-aligned)
  *     bufs[2 + num_inputs + num_outputs]  thread t's own scratch (scratch_bytes, 64-byte aligned, NULL if
  *                                   0 bytes; contents undefined at the start of every call)
- *   and executes the steps in order. For a step {fn, extent, grain}:
+ *     bufs[3 + num_inputs + num_outputs]  the run's symbol values: const int64_t[num_symbols], bound from the
+ *                                   input shapes (input dims whose dim_syms entry is k >= 0 give symbol k)
+ *                                   and checked against [min, max] before any step runs
+ *   and executes the steps in order. For a step {fn, extent, grain}, with extent -1 replaced by the value
+ *   evaluate(symbols, out) computed for it (out[k] for step k; then the outputs' dims, in order):
  *     extent <= 0   skipped;
  *     otherwise     [0, extent) is split into n = min(num_threads, max(1, extent / grain)) chunks whose
  *                   boundaries are multiples of grain (the last chunk ends at extent), so every chunk has
@@ -39,7 +43,7 @@
 #define CUVIL_API(name) CUVIL_CAT(CUVIL_PREFIX, name)
 #define CUVIL_MODEL CUVIL_CAT(CUVIL_PREFIX, _model)
 
-#define CUVIL_ABI_VERSION 2
+#define CUVIL_ABI_VERSION 3
 #define CUVIL_HIDDEN __attribute__((visibility("hidden")))
 #define CUVIL_EXPORT __attribute__((visibility("default")))
 
@@ -48,8 +52,17 @@ typedef void (*cuvil_kernel_fn)(void **bufs, int64_t begin, int64_t end);
 /* run fn over [0, extent) split into chunks of >= grain iterations across threads */
 typedef struct { cuvil_kernel_fn fn; int64_t extent; int64_t grain; } cuvil_step;
 
-/* dtype = ONNX TensorProto code; shape entries -1 = symbolic (not used yet); shape may be NULL if ndim == 0 */
-typedef struct { const char *name; int32_t dtype; int32_t ndim; const int64_t *shape; } cuvil_io_desc;
+/* dtype = ONNX TensorProto code; shape entries -1 = symbolic; shape may be NULL if ndim == 0.
+ * dim_syms (inputs; NULL when every dim is static): per dim, the symbol it binds, or -1. */
+typedef struct {
+  const char *name; int32_t dtype; int32_t ndim; const int64_t *shape; const int32_t *dim_syms;
+} cuvil_io_desc;
+
+/* A shape symbol and its profile: every run must have min <= value <= max. */
+typedef struct { const char *name; int64_t min, opt, max; } cuvil_symbol;
+
+/* Fills out[0, num_evaluated) from the symbol values: step extents, then output dims. */
+typedef void (*cuvil_eval_fn)(const int64_t *symbols, int64_t *out);
 
 typedef struct {
   int32_t abi_version;            /* CUVIL_ABI_VERSION */
@@ -59,6 +72,12 @@ typedef struct {
   int32_t num_steps; const cuvil_step *steps;
   const void *weights;            /* address of the embedded weights symbol, or NULL */
   int64_t scratch_bytes;          /* per-thread scratch (packed GEMM panels), 64-byte aligned allocation */
+  int32_t num_symbols; const cuvil_symbol *symbols;
+  cuvil_eval_fn evaluate; int32_t num_evaluated;   /* NULL, 0 when the model has no symbols */
+  /* Steps specialised for the symbols' opt values (static extents; 0, NULL if none), run instead of steps
+   * when every symbol equals its opt; they read opt_weights as bufs[1]. */
+  int32_t num_opt_steps; const cuvil_step *opt_steps;
+  const void *opt_weights;
 } cuvil_model;
 
 /* The public tensor type, identical to the one in the generated lib<name>.h. */

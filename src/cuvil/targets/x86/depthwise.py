@@ -18,7 +18,7 @@ import llvmlite.ir as ir
 from ..gemm import DepthwiseWindow
 from ..schedule import Stage
 from .codegen import F32, I1, I32, I64, PTR
-from .gemm import find_contraction, tile_epilogue
+from .gemm import batch_only, find_contraction, tile_epilogue
 
 CHUNK = 4   # output vectors per register block (accumulators)
 
@@ -29,6 +29,8 @@ def emit_depthwise_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int, st
     if node is None:
         return None
     spec: DepthwiseWindow = node.attr
+    if not batch_only(spec.x.shape, st.buf.shape):
+        return None
     vw = max(4, km.vector_bits // 32)
     vec = ir.VectorType(F32, vw)
     mvec = ir.VectorType(I1, vw)

@@ -24,6 +24,7 @@ from typing import Optional, Tuple
 
 import llvmlite.ir as ir
 
+from ...ir.dim import SymExpr
 from ..gemm import MR, Contraction
 from ..schedule import Stage
 from ..texpr import E, contains, top_level
@@ -83,6 +84,8 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
     if c is None or km.scratch_index is None:
         return None
     spec: Contraction = c.attr
+    if not batch_only(spec.x.shape, st.buf.shape):
+        return None
     vw = max(4, km.vector_bits // 32)
     nr = spec.cols
     if nr % vw:
@@ -263,6 +266,12 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
     em.loop_range(begin, end, body)
     b.ret_void()
     return spec.n * G * (Pb if panel_order else Mb), 1
+
+
+def batch_only(*shapes) -> bool:
+    """Only the leading (batch) dim of these shapes is symbolic: the micro-kernels' geometry is static and
+    the batch only scales their parallel range."""
+    return not any(isinstance(d, SymExpr) for shape in shapes for d in shape[1:])
 
 
 def unflatten(b: ir.IRBuilder, p, dims) -> list:

@@ -30,6 +30,7 @@ ERROR_CODES = (
     ("CUVIL_ERR_THREAD", -16, "could not create a worker thread"),
     ("CUVIL_ERR_ABI", -17, "model descriptor has an unsupported ABI version"),
     ("CUVIL_ERR_UNSUPPORTED", -18, "operation not supported by this artifact"),
+    ("CUVIL_ERR_PROFILE", -19, "tensor dimension is outside the model's shape profile"),
 )
 
 
@@ -38,7 +39,17 @@ def _io_block(title: str, descs) -> list[str]:
     if not descs:
         out.append(" *   (none)")
     for k, d in enumerate(descs):
-        out.append(f" *   {k}  \"{c_comment_text(d.name)}\"  {d.dtype_name} {shape_text(d.shape)}")
+        out.append(f" *   {k}  \"{c_comment_text(d.name)}\"  {d.dtype_name} "
+                   f"{c_comment_text(shape_text(d.dims or d.shape))}")
+    return out
+
+
+def _symbol_block(info: ModelInfo) -> list[str]:
+    if not info.symbols:
+        return []
+    out = [" * Shape symbols (min <= value <= max at every run, else CUVIL_ERR_PROFILE; kernels tuned for opt):"]
+    for sd in info.symbols:
+        out.append(f" *   {c_comment_text(sd.name)} in [{sd.min}, {sd.max}], opt {sd.opt}")
     return out
 
 
@@ -54,6 +65,7 @@ def generate_header(model_info: ModelInfo, prefix: str | None = None) -> str:
         " *",
         *_io_block("Inputs", model_info.inputs),
         *_io_block("Outputs", model_info.outputs),
+        *_symbol_block(model_info),
         " *",
         " * Shapes: ? marks a symbolic dim (-1 in the *_info functions). dtype values are ONNX TensorProto codes",
         " * (CUVIL_DTYPE_* below). Link with -l<name> (the library needs only libc, libm and libpthread).",
@@ -123,6 +135,9 @@ def generate_header(model_info: ModelInfo, prefix: str | None = None) -> str:
         f"const char    *{p}_last_error(void);",
         f"void           {p}_session_destroy({session} *s);",
         f"int            {p}_profile({session} *s, int64_t *step_ns, int32_t capacity);  /* per-step time of later runs */",
+        "/* Extension: the shape symbols (number; i's name and profile). 0, or CUVIL_ERR_INDEX for a bad i. */",
+        f"int            {p}_num_symbols(void);",
+        f"int            {p}_symbol_info(int i, const char **name, int64_t *min, int64_t *opt, int64_t *max);",
         "",
         "#ifdef __cplusplus",
         "}",

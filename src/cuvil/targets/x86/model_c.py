@@ -8,6 +8,7 @@ visibility the object files gave them), the input/output descriptor tables, the 
 from __future__ import annotations
 
 from cuvil.errors import CuvilError
+from cuvil.ir.dim import SymExpr
 from cuvil.targets.x86.model_info import ModelInfo
 
 # Names of the generated static tables; kernel symbols may not start with this.
@@ -46,10 +47,33 @@ def _i64(v: int) -> str:
     return f"INT64_C({int(v)})"
 
 
+def c_dim(d, slots) -> str:
+    """A dimension as a C expression over ``s[k]``, the run-time symbol values (``slots``: name -> k);
+    floor division and modulo through the helpers model.c defines."""
+    if not isinstance(d, SymExpr):
+        return _i64(d)
+    terms = []
+    for mono, coef in d.terms:
+        factors = [_i64(coef)] if coef != 1 or not mono else []
+        factors += [_c_atom(a, slots) for a in mono]
+        terms.append("*".join(factors))
+    return "(" + " + ".join(terms) + ")"
+
+
+def _c_atom(a, slots) -> str:
+    if a.kind == "sym":
+        return f"s[{slots[a.args[0]]}]"
+    xs = [c_dim(x, slots) for x in a.args]
+    fn = {"floordiv": "cuvil__fdiv", "mod": "cuvil__fmod", "max": "cuvil__max", "min": "cuvil__min"}[a.kind]
+    out = xs[0]
+    for x in xs[1:]:
+        out = f"{fn}({out}, {x})"
+    return out
+
+
 def generate_model_c(info: ModelInfo) -> str:
-    symbols = [s.symbol for s in info.steps]
-    if info.weights_symbol is not None:
-        symbols.append(info.weights_symbol)
+    symbols = [s.symbol for s in info.steps + info.opt_steps]
+    symbols += [w for w in (info.weights_symbol, info.opt_weights_symbol) if w is not None]
     for sym in symbols:
         if sym.startswith(_LOCAL):
             raise CuvilError(f"symbol {sym!r}: names starting with {_LOCAL!r} are reserved for model.c")
@@ -69,15 +93,17 @@ def generate_model_c(info: ModelInfo) -> str:
     ]
 
     declared = []
-    for s in info.steps:
+    for s in info.steps + info.opt_steps:
         if s.symbol not in declared:
             declared.append(s.symbol)
     if declared:
         lines.append("/* kernels (kernels.o) */")
         lines += [f"extern CUVIL_HIDDEN void {sym}(void **bufs, int64_t begin, int64_t end);" for sym in declared]
         lines.append("")
-    if info.weights_symbol is not None:
-        lines += ["/* weights (weights.S) */", f"extern CUVIL_HIDDEN const unsigned char {info.weights_symbol}[];", ""]
+    for w in dict.fromkeys(x for x in (info.weights_symbol, info.opt_weights_symbol) if x is not None):
+        lines += ["/* weights (weights.S) */", f"extern CUVIL_HIDDEN const unsigned char {w}[];", ""]
+
+    slots = {sd.name: k for k, sd in enumerate(info.symbols)}
 
     def io_table(kind: str, descs) -> str:
         if not descs:
@@ -86,12 +112,17 @@ def generate_model_c(info: ModelInfo) -> str:
             if d.shape:
                 dims = ", ".join(_i64(-1 if v is None else v) for v in d.shape)
                 lines.append(f"static const int64_t {_LOCAL}{kind}_shape_{k}[{len(d.shape)}] = {{{dims}}};")
+            if d.dims and kind == "input":
+                syms = ", ".join(str(slots[str(e)]) if isinstance(e, SymExpr) else "-1" for e in d.dims)
+                lines.append(f"static const int32_t {_LOCAL}{kind}_syms_{k}[{len(d.dims)}] = {{{syms}}};")
         table = f"{_LOCAL}{kind}s"
         lines.append(f"static const cuvil_io_desc {table}[{len(descs)}] = {{")
         for k, d in enumerate(descs):
             shape = f"{_LOCAL}{kind}_shape_{k}" if d.shape else "NULL"
-            lines.append(f"  {{{c_string_literal(d.name)}, {d.dtype}, {len(d.shape)}, {shape}}},"
-                         f"  /* {d.dtype_name}{shape_text(d.shape)} */")
+            syms = f"{_LOCAL}{kind}_syms_{k}" if d.dims and kind == "input" else "NULL"
+            text = shape_text(d.dims if d.dims else d.shape)
+            lines.append(f"  {{{c_string_literal(d.name)}, {d.dtype}, {len(d.shape)}, {shape}, {syms}}},"
+                         f"  /* {d.dtype_name}{c_comment_text(text)} */")
         lines.append("};")
         lines.append("")
         return table
@@ -104,9 +135,52 @@ def generate_model_c(info: ModelInfo) -> str:
         steps = f"{_LOCAL}steps"
         lines.append(f"static const cuvil_step {steps}[{len(info.steps)}] = {{")
         for s in info.steps:
-            lines.append(f"  {{{s.symbol}, {_i64(s.extent)}, {_i64(s.grain)}}},")
+            extent = -1 if isinstance(s.extent, SymExpr) else s.extent
+            lines.append(f"  {{{s.symbol}, {_i64(extent)}, {_i64(s.grain)}}},")
         lines.append("};")
         lines.append("")
+
+    opt_steps = "NULL"
+    if info.opt_steps:
+        opt_steps = f"{_LOCAL}opt_steps"
+        lines.append(f"/* kernels specialised for the opt point ({', '.join(f'{sd.name} = {sd.opt}' for sd in info.symbols)}) */")
+        lines.append(f"static const cuvil_step {opt_steps}[{len(info.opt_steps)}] = {{")
+        for s in info.opt_steps:
+            lines.append(f"  {{{s.symbol}, {_i64(s.extent)}, {_i64(s.grain)}}},")
+        lines += ["};", ""]
+
+    # symbols, and the function computing every symbolic size from their values
+    symbols, evaluate, num_eval = "NULL", "NULL", 0
+    if info.symbols:
+        symbols = f"{_LOCAL}symbols"
+        lines.append(f"static const cuvil_symbol {symbols}[{len(info.symbols)}] = {{")
+        for sd in info.symbols:
+            lines.append(f"  {{{c_string_literal(sd.name)}, {_i64(sd.min)}, {_i64(sd.opt)}, {_i64(sd.max)}}},")
+        lines += ["};", "",
+                  "static inline int64_t cuvil__fdiv(int64_t a, int64_t b) {",
+                  "  int64_t q = a / b, r = a % b;",
+                  "  return (r != 0 && ((r < 0) != (b < 0))) ? q - 1 : q;",
+                  "}",
+                  "static inline int64_t cuvil__fmod(int64_t a, int64_t b) {",
+                  "  int64_t r = a % b;",
+                  "  return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;",
+                  "}",
+                  "static inline int64_t cuvil__max(int64_t a, int64_t b) { return a > b ? a : b; }",
+                  "static inline int64_t cuvil__min(int64_t a, int64_t b) { return a < b ? a : b; }",
+                  "",
+                  "/* out[0 .. num_steps): step extents; then every output's dims, in order */",
+                  f"static void {_LOCAL}evaluate(const int64_t *s, int64_t *out) {{",
+                  "  (void)s;"]
+        k = 0
+        for st in info.steps:
+            lines.append(f"  out[{k}] = {c_dim(st.extent, slots)};")
+            k += 1
+        for d in info.outputs:
+            for e in (d.dims or d.shape):
+                lines.append(f"  out[{k}] = {c_dim(e, slots)};")
+                k += 1
+        lines += ["}", ""]
+        evaluate, num_eval = f"{_LOCAL}evaluate", k
 
     weights = info.weights_symbol if info.weights_symbol is not None else "NULL"
     lines += [
@@ -118,6 +192,10 @@ def generate_model_c(info: ModelInfo) -> str:
         f"  /* num_steps, steps */ {len(info.steps)}, {steps},",
         f"  /* weights */ {weights},",
         f"  /* scratch_bytes (per thread) */ {_i64(info.scratch_bytes)},",
+        f"  /* num_symbols, symbols */ {len(info.symbols)}, {symbols},",
+        f"  /* evaluate, num_evaluated */ {evaluate}, {num_eval},",
+        f"  /* num_opt_steps, opt_steps */ {len(info.opt_steps)}, {opt_steps},",
+        f"  /* opt_weights */ {info.opt_weights_symbol or 'NULL'},",
         "};",
         "",
     ]

@@ -10,6 +10,7 @@ import re
 import attrs
 
 from cuvil.errors import CuvilError
+from cuvil.ir.dim import SymExpr
 
 _C_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
@@ -20,7 +21,8 @@ ABI_DTYPES = {1: "float", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "in
 
 #: Names the public ABI takes under a prefix (``<prefix>_<name>``); kernels may not use them.
 ABI_FUNCTIONS = ("num_inputs", "num_outputs", "input_name", "output_name", "input_info", "output_info",
-                 "session_create", "output_shape", "run", "strerror", "last_error", "session_destroy", "profile")
+                 "session_create", "output_shape", "run", "strerror", "last_error", "session_destroy", "profile",
+                 "num_symbols", "symbol_info")
 
 
 _C_KEYWORDS = frozenset(
@@ -70,13 +72,30 @@ def _positive(inst, attribute, value):
         raise CuvilError(f"{type(inst).__name__}.{attribute.name} must be an int >= 1, got {value!r}")
 
 
+def _dims(inst, attribute, value):
+    if value and len(value) != len(inst.shape):
+        raise CuvilError(f"IODesc {inst.name!r}: dims {value!r} and shape {inst.shape!r} differ in rank")
+    for d, s in zip(value, inst.shape):
+        if isinstance(d, SymExpr) != (s is None) or (isinstance(d, int) and d != s):
+            raise CuvilError(f"IODesc {inst.name!r}: dims {value!r} do not match shape {inst.shape!r}")
+
+
 @attrs.frozen
 class IODesc:
-    """One model input or output: name, ONNX dtype code, shape (None = symbolic dim)."""
+    """One model input or output: name, ONNX dtype code, shape (None = symbolic dim); ``dims``: the shape's
+    expressions over the model's symbols (empty when the shape is static)."""
 
     name: str = attrs.field(validator=_name)
     dtype: int = attrs.field(converter=int, validator=_dtype)
     shape: tuple = attrs.field(converter=tuple, validator=_shape)
+    dims: tuple = attrs.field(default=(), converter=tuple, validator=_dims)
+
+    @classmethod
+    def of(cls, name: str, dtype: int, dims) -> "IODesc":
+        dims = tuple(dims)
+        symbolic = any(isinstance(d, SymExpr) for d in dims)
+        return cls(name, dtype, tuple(None if isinstance(d, SymExpr) else int(d) for d in dims),
+                   dims if symbolic else ())
 
     @property
     def dtype_name(self) -> str:
@@ -87,13 +106,30 @@ class IODesc:
         return len(self.shape)
 
 
+def _extent(inst, attribute, value):
+    if not isinstance(value, SymExpr):
+        _nonneg(inst, attribute, value)
+
+
 @attrs.frozen
 class StepDesc:
-    """One step: run kernel ``symbol(bufs, begin, end)`` over [0, extent) in chunks of >= grain iterations."""
+    """One step: run kernel ``symbol(bufs, begin, end)`` over [0, extent) in chunks of >= grain iterations.
+    ``extent`` is an int, or a SymExpr evaluated from the run's symbol values."""
 
     symbol: str = attrs.field(validator=_ident)
-    extent: int = attrs.field(validator=_nonneg)
+    extent: object = attrs.field(validator=_extent)
     grain: int = attrs.field(default=1, validator=_positive)
+
+
+@attrs.frozen
+class SymbolDesc:
+    """A run-time shape symbol and its profile: every run binds it from the input shapes and checks
+    ``min <= value <= max``; ``opt`` is the value the kernels were tuned for."""
+
+    name: str = attrs.field(validator=_name)
+    min: int = attrs.field(validator=_nonneg)
+    opt: int = attrs.field(validator=_nonneg)
+    max: int = attrs.field(validator=_nonneg)
 
 
 @attrs.frozen
@@ -105,8 +141,23 @@ class ModelInfo:
     weights_symbol: str | None = attrs.field(default=None, validator=_opt_ident)
     prefix: str = attrs.field(default="cuvil", validator=_ident)
     scratch_bytes: int = attrs.field(default=0, validator=_nonneg)   # per thread
+    symbols: list = attrs.field(factory=list, converter=list)      # SymbolDesc, in run-time slot order
+    # kernels specialised for the symbols' opt values (static extents), run when a call's shapes are the opt point
+    opt_steps: list = attrs.field(factory=list, converter=list)
+    opt_weights_symbol: str | None = attrs.field(default=None, validator=_opt_ident)
 
     def __attrs_post_init__(self):
+        names = [s.name for s in self.symbols]
+        for kind, descs in (("input", self.inputs), ("output", self.outputs)):
+            for d in descs:
+                for e in d.dims:
+                    extra = set(e.free_symbols) - set(names) if isinstance(e, SymExpr) else set()
+                    if extra:
+                        raise CuvilError(f"{kind} {d.name!r}: dim {e} uses undeclared symbol(s) {sorted(extra)}")
+        for d in self.inputs:
+            for e in d.dims:
+                if isinstance(e, SymExpr) and str(e) not in names:
+                    raise CuvilError(f"input {d.name!r}: dim {e} is not a plain symbol")
         for kind, descs in (("input", self.inputs), ("output", self.outputs)):
             for d in descs:
                 if not isinstance(d, IODesc):
@@ -114,12 +165,17 @@ class ModelInfo:
         for s in self.steps:
             if not isinstance(s, StepDesc):
                 raise CuvilError(f"ModelInfo.steps must hold StepDesc, got {s!r}")
+        for s in self.opt_steps:
+            if not isinstance(s, StepDesc) or isinstance(s.extent, SymExpr):
+                raise CuvilError(f"ModelInfo.opt_steps must hold StepDesc with static extents, got {s!r}")
+        if self.opt_steps and not self.symbols:
+            raise CuvilError("ModelInfo.opt_steps without symbols: nothing to specialise")
         reserved = {f"{self.prefix}_{f}" for f in ABI_FUNCTIONS} | {f"{self.prefix}__model"}
-        symbols = {s.symbol for s in self.steps}
-        if self.weights_symbol is not None:
-            if self.weights_symbol in symbols:
-                raise CuvilError(f"weights symbol {self.weights_symbol!r} is also a kernel symbol")
-            symbols.add(self.weights_symbol)
+        symbols = {s.symbol for s in self.steps} | {s.symbol for s in self.opt_steps}
+        for w in {self.weights_symbol, self.opt_weights_symbol} - {None}:
+            if w in symbols:
+                raise CuvilError(f"weights symbol {w!r} is also a kernel symbol")
+            symbols.add(w)
         clash = sorted(symbols & reserved)
         if clash:
             raise CuvilError(f"symbol(s) {', '.join(clash)} clash with the public ABI of prefix {self.prefix!r}")

@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -52,6 +53,7 @@ enum {
   CUVIL_ERR_THREAD = -16,
   CUVIL_ERR_ABI = -17,
   CUVIL_ERR_UNSUPPORTED = -18,
+  CUVIL_ERR_PROFILE = -19,
 };
 
 static const char *const cuvil_messages[] = {
@@ -74,6 +76,7 @@ static const char *const cuvil_messages[] = {
   "could not create a worker thread",                               /* -16 */
   "model descriptor has an unsupported ABI version",                /* -17 */
   "operation not supported by this artifact",                       /* -18 */
+  "tensor dimension is outside the model's shape profile",          /* -19 */
 };
 #define CUVIL_NUM_MESSAGES ((int)(sizeof cuvil_messages / sizeof cuvil_messages[0]))
 
@@ -150,8 +153,11 @@ struct cuvil_session {
   int stop;
   int num_threads;
   void **bufs;                                        /* the buffer table: [nbufs] per thread, thread-major */
-  size_t nbufs;                                       /* 3 + inputs + outputs (last: the thread's scratch) */
+  size_t nbufs;                                       /* 4 + inputs + outputs (then scratch, symbol values) */
+  int64_t *symv;                                      /* the run's symbol values (num_symbols), or NULL */
+  int64_t *evals;                                     /* sizes evaluated from them (num_evaluated), or NULL */
   void *arena;
+  size_t arena_mapped;                                /* > 0: the arena is an mmap of that many bytes */
   void *scratch;                                      /* num_threads regions of scratch_stride bytes */
   int64_t *profile;                                   /* per-step nanoseconds accumulated by runs, or NULL */
 
@@ -249,8 +255,7 @@ static void finish_step(struct cuvil_session *s, uint32_t step) {
   atomic_store_explicit(&s->next, ((uint64_t)step << 32) | CUVIL_CLOSED, memory_order_release);
 }
 
-static void run_step(struct cuvil_session *s, const cuvil_step *st) {
-  int64_t extent = st->extent;
+static void run_step(struct cuvil_session *s, const cuvil_step *st, int64_t extent) {
   if (extent <= 0) return;
   int64_t grain = st->grain > 0 ? st->grain : 1;
   int64_t nunits = extent / grain;
@@ -301,8 +306,11 @@ static void free_session(struct cuvil_session *s) {
   free(s->threads);
   free(s->args);
   free(s->bufs);
-  free(s->arena);
+  if (s->arena_mapped) munmap(s->arena, s->arena_mapped);
+  else free(s->arena);
   free(s->scratch);
+  free(s->symv);
+  free(s->evals);
   free(s);
 }
 
@@ -335,14 +343,19 @@ static struct cuvil_session *session_create(int num_threads) {
   pthread_mutex_init(&s->mu, NULL);
   pthread_cond_init(&s->cv, NULL);
 
-  size_t nbufs = 3 + (size_t)m->num_inputs + (size_t)m->num_outputs;
+  size_t nbufs = 4 + (size_t)m->num_inputs + (size_t)m->num_outputs;
   s->nbufs = nbufs;
   s->bufs = (void **)calloc(nbufs * (size_t)num_threads, sizeof(void *));
-  if (!s->bufs) {
+  if (m->num_symbols > 0) {
+    s->symv = (int64_t *)calloc((size_t)m->num_symbols, sizeof(int64_t));
+    s->evals = (int64_t *)calloc((size_t)(m->num_evaluated > 0 ? m->num_evaluated : 1), sizeof(int64_t));
+  }
+  if (!s->bufs || (m->num_symbols > 0 && (!s->symv || !s->evals))) {
     fail(CUVIL_ERR_NOMEM, "could not allocate the buffer table");
     free_session(s);
     return NULL;
   }
+  for (int t = 0; t < num_threads; ++t) s->bufs[(size_t)t * nbufs + nbufs - 1] = s->symv;
   if (m->scratch_bytes > 0) {
     size_t stride = ((size_t)m->scratch_bytes + CUVIL_CACHELINE - 1) & ~(size_t)(CUVIL_CACHELINE - 1);
     if (posix_memalign(&s->scratch, CUVIL_CACHELINE, stride * (size_t)num_threads) != 0) {
@@ -353,10 +366,23 @@ static struct cuvil_session *session_create(int num_threads) {
       return NULL;
     }
     memset(s->scratch, 0, stride * (size_t)num_threads);
-    for (int t = 0; t < num_threads; ++t) s->bufs[(size_t)t * nbufs + nbufs - 1] = (char *)s->scratch + t * stride;
+    for (int t = 0; t < num_threads; ++t) s->bufs[(size_t)t * nbufs + nbufs - 2] = (char *)s->scratch + t * stride;
   }
   for (int t = 0; t < num_threads; ++t) s->bufs[(size_t)t * nbufs + 1] = (void *)m->weights;
-  if (m->arena_bytes > 0) {
+  if (m->arena_bytes > 0 && m->num_symbols > 0) {
+    /* A symbolic model's arena is planned for the profile's maxima: reserve it without committing memory
+     * (MAP_NORESERVE); pages fault in, zeroed, as the shapes actually run touch them. */
+    void *p = mmap(NULL, (size_t)m->arena_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                   -1, 0);
+    if (p == MAP_FAILED) {
+      fail(CUVIL_ERR_NOMEM, "could not reserve the arena (%lld bytes, planned for the profile's maxima): %s",
+           (long long)m->arena_bytes, strerror(errno));
+      free_session(s);
+      return NULL;
+    }
+    s->arena = p;
+    s->arena_mapped = (size_t)m->arena_bytes;
+  } else if (m->arena_bytes > 0) {
     size_t bytes = ((size_t)m->arena_bytes + CUVIL_CACHELINE - 1) & ~(size_t)(CUVIL_CACHELINE - 1);
     if (posix_memalign(&s->arena, CUVIL_CACHELINE, bytes) != 0) {
       s->arena = NULL;
@@ -402,9 +428,12 @@ static struct cuvil_session *session_create(int num_threads) {
 /* ------------------------------------------------------------------------------------------------ */
 /* Validation                                                                                       */
 
-/* Checks one caller tensor against its descriptor; with check_data also its data pointer/alignment. */
-static int check_tensor(const char *kind, int i, const cuvil_io_desc *d, const cuvil_tensor *t, int check_data,
-                        int64_t *bytes) {
+/* Checks one caller tensor against its descriptor; with check_data also its data pointer/alignment. A
+ * symbolic dim is bound into sym (entries -1: not bound yet; checked against the symbol's profile and any
+ * earlier binding) when the descriptor names its symbol, else required to equal expect[k] when expect is
+ * given (outputs: the dims the inputs imply), else only required to be >= 0. */
+static int check_tensor(const cuvil_model *m, const char *kind, int i, const cuvil_io_desc *d, const cuvil_tensor *t,
+                        int check_data, int64_t *sym, const int64_t *expect, int64_t *bytes) {
   if (t->dtype != d->dtype)
     return fail(CUVIL_ERR_DTYPE, "%s %d '%s': dtype is %d (%s), expected %d (%s)", kind, i, d->name, (int)t->dtype,
                 dtype_name(t->dtype), (int)d->dtype, dtype_name(d->dtype));
@@ -420,6 +449,20 @@ static int check_tensor(const char *kind, int i, const cuvil_io_desc *d, const c
         return fail(CUVIL_ERR_DIM, "%s %d '%s': dim %d is %lld, expected %lld", kind, i, d->name, k, (long long)got,
                     (long long)want);
       return fail(CUVIL_ERR_DIM, "%s %d '%s': dim %d is %lld, expected >= 0", kind, i, d->name, k, (long long)got);
+    }
+    if (want < 0 && expect != NULL && got != expect[k])
+      return fail(CUVIL_ERR_DIM, "%s %d '%s': dim %d is %lld, expected %lld for these inputs", kind, i, d->name, k,
+                  (long long)got, (long long)expect[k]);
+    if (want < 0 && sym != NULL && d->dim_syms != NULL && d->dim_syms[k] >= 0) {
+      const int32_t sk = d->dim_syms[k];
+      const cuvil_symbol *y = &m->symbols[sk];
+      if (got < y->min || got > y->max)
+        return fail(CUVIL_ERR_PROFILE, "%s %d '%s': dim %d is %s = %lld, outside the profile %s in [%lld, %lld]", kind,
+                    i, d->name, k, y->name, (long long)got, y->name, (long long)y->min, (long long)y->max);
+      if (sym[sk] >= 0 && sym[sk] != got)
+        return fail(CUVIL_ERR_DIM, "%s %d '%s': dim %d is %s = %lld, but an earlier dim bound %s = %lld", kind, i,
+                    d->name, k, y->name, (long long)got, y->name, (long long)sym[sk]);
+      sym[sk] = got;
     }
     if (n != 0 && got > INT64_MAX / n / 16)
       return fail(CUVIL_ERR_DIM, "%s %d '%s': dim %d is %lld, total size overflows", kind, i, d->name, k,
@@ -439,15 +482,30 @@ static int check_tensor(const char *kind, int i, const cuvil_io_desc *d, const c
   return CUVIL_OK;
 }
 
-static int check_inputs(const cuvil_model *m, const cuvil_tensor *inputs, int check_data) {
+/* Checks the inputs; for a symbolic model binds sym[num_symbols] from them and evaluates every symbolic
+ * size into evals[num_evaluated]. */
+static int check_inputs(const cuvil_model *m, const cuvil_tensor *inputs, int check_data, int64_t *sym,
+                        int64_t *evals) {
   if (m->num_inputs > 0 && inputs == NULL)
     return fail(CUVIL_ERR_NULL_INPUTS, "inputs is NULL, the model has %d input(s)", (int)m->num_inputs);
   int64_t bytes;
+  for (int k = 0; k < m->num_symbols; ++k) sym[k] = -1;
   for (int i = 0; i < m->num_inputs; ++i) {
-    int rc = check_tensor("input", i, &m->inputs[i], &inputs[i], check_data, &bytes);
+    int rc = check_tensor(m, "input", i, &m->inputs[i], &inputs[i], check_data, sym, NULL, &bytes);
     if (rc) return rc;
   }
+  for (int k = 0; k < m->num_symbols; ++k)
+    if (sym[k] < 0) return fail(CUVIL_ERR_DIM, "symbol %s is bound by no input dim", m->symbols[k].name);
+  if (m->evaluate != NULL) m->evaluate(sym, evals);
   return CUVIL_OK;
+}
+
+/* Offset, in evals, of output j's dims. */
+static const int64_t *output_dims(const cuvil_model *m, const int64_t *evals, int j) {
+  if (evals == NULL) return NULL;
+  int64_t off = m->num_steps;
+  for (int k = 0; k < j; ++k) off += m->outputs[k].ndim;
+  return evals + off;
 }
 
 /* Byte size of a tensor whose shape was already validated against d. */
@@ -463,14 +521,20 @@ static int overlaps(const void *a, int64_t na, const void *b, int64_t nb) {
   return x < y + (uintptr_t)nb && y < x + (uintptr_t)na;
 }
 
-static int validate_run(const cuvil_model *m, const cuvil_tensor *inputs, const cuvil_tensor *outputs) {
-  int rc = check_inputs(m, inputs, 1);
+static int validate_run(const cuvil_model *m, const cuvil_tensor *inputs, const cuvil_tensor *outputs, int64_t *sym,
+                        int64_t *evals) {
+  int rc = check_inputs(m, inputs, 1, sym, evals);
   if (rc) return rc;
   if (m->num_outputs > 0 && outputs == NULL)
     return fail(CUVIL_ERR_NULL_OUTPUTS, "outputs is NULL, the model has %d output(s)", (int)m->num_outputs);
   for (int j = 0; j < m->num_outputs; ++j) {
     int64_t oj;
-    rc = check_tensor("output", j, &m->outputs[j], &outputs[j], 1, &oj);
+    if (m->evaluate == NULL)
+      for (int k = 0; k < m->outputs[j].ndim; ++k)
+        if (m->outputs[j].shape[k] < 0)
+          return fail(CUVIL_ERR_UNSUPPORTED, "output %d '%s' has symbolic dims that no symbol determines", j,
+                      m->outputs[j].name);
+    rc = check_tensor(m, "output", j, &m->outputs[j], &outputs[j], 1, NULL, output_dims(m, evals, j), &oj);
     if (rc) return rc;
     for (int i = 0; i < m->num_inputs; ++i) {
       if (overlaps(outputs[j].data, oj, inputs[i].data, tensor_bytes(&m->inputs[i], &inputs[i])))
@@ -526,6 +590,21 @@ CUVIL_EXPORT int CUVIL_API(output_info)(int i, int32_t *dtype, int32_t *ndim, in
 
 CUVIL_EXPORT cuvil_session *CUVIL_API(session_create)(int num_threads) { return session_create(num_threads); }
 
+/* Extension: the model's shape symbols and their profiles (min <= value <= max at every run). */
+CUVIL_EXPORT int CUVIL_API(num_symbols)(void) { return CUVIL_MODEL.num_symbols; }
+
+CUVIL_EXPORT int CUVIL_API(symbol_info)(int i, const char **name, int64_t *min, int64_t *opt, int64_t *max) {
+  const cuvil_model *m = &CUVIL_MODEL;
+  if (i < 0 || i >= m->num_symbols)
+    return fail(CUVIL_ERR_INDEX, "symbol index %d out of range [0, %d)", i, (int)m->num_symbols);
+  const cuvil_symbol *y = &m->symbols[i];
+  if (name) *name = y->name;
+  if (min) *min = y->min;
+  if (opt) *opt = y->opt;
+  if (max) *max = y->max;
+  return CUVIL_OK;
+}
+
 CUVIL_EXPORT int CUVIL_API(output_shape)(cuvil_session *s, const cuvil_tensor *inputs, int i, int64_t *shape) {
   const cuvil_model *m = &CUVIL_MODEL;
   if (s == NULL) return fail(CUVIL_ERR_NULL_SESSION, "output_shape: session is NULL");
@@ -535,14 +614,29 @@ CUVIL_EXPORT int CUVIL_API(output_shape)(cuvil_session *s, const cuvil_tensor *i
   if (shape == NULL && d->ndim > 0) return fail(CUVIL_ERR_NULL_ARGUMENT, "output_shape: shape is NULL");
   int symbolic = 0;
   for (int k = 0; k < d->ndim; ++k) symbolic |= d->shape[k] < 0;
+  if (symbolic && m->evaluate == NULL)
+    return fail(CUVIL_ERR_UNSUPPORTED, "output %d '%s' has symbolic dims that no symbol determines", i, d->name);
   /* Static shapes do not depend on the inputs: they may be NULL. Given ones are checked (not their data). */
   if (inputs != NULL || symbolic) {
-    int rc = check_inputs(m, inputs, 0);
-    if (rc) return rc;
+    int64_t *sym = NULL, *evals = NULL;
+    if (m->num_symbols > 0) {
+      sym = (int64_t *)calloc((size_t)m->num_symbols, sizeof(int64_t));
+      evals = (int64_t *)calloc((size_t)(m->num_evaluated > 0 ? m->num_evaluated : 1), sizeof(int64_t));
+      if (!sym || !evals) {
+        free(sym);
+        free(evals);
+        return fail(CUVIL_ERR_NOMEM, "output_shape: out of memory");
+      }
+    }
+    int rc = check_inputs(m, inputs, 0, sym, evals);
+    if (rc == CUVIL_OK) {
+      const int64_t *dims = output_dims(m, evals, i);
+      for (int k = 0; k < d->ndim; ++k) shape[k] = d->shape[k] >= 0 ? d->shape[k] : dims[k];
+    }
+    free(sym);
+    free(evals);
+    return rc;
   }
-  if (symbolic)
-    return fail(CUVIL_ERR_UNSUPPORTED, "output %d '%s' has symbolic dims, not supported by this artifact", i,
-                d->name);
   for (int k = 0; k < d->ndim; ++k) shape[k] = d->shape[k];
   return CUVIL_OK;
 }
@@ -550,10 +644,13 @@ CUVIL_EXPORT int CUVIL_API(output_shape)(cuvil_session *s, const cuvil_tensor *i
 CUVIL_EXPORT int CUVIL_API(run)(cuvil_session *s, const cuvil_tensor *inputs, cuvil_tensor *outputs) {
   const cuvil_model *m = &CUVIL_MODEL;
   if (s == NULL) return fail(CUVIL_ERR_NULL_SESSION, "run: session is NULL");
-  int rc = validate_run(m, inputs, outputs);
-  if (rc) return rc;
   if (atomic_exchange_explicit(&s->busy, 1, memory_order_acquire) != 0)
     return fail(CUVIL_ERR_BUSY, "run: session %p is in use by another thread", (void *)s);
+  int rc = validate_run(m, inputs, outputs, s->symv, s->evals);
+  if (rc) {
+    atomic_store_explicit(&s->busy, 0, memory_order_release);
+    return rc;
+  }
   const int ni = m->num_inputs, no = m->num_outputs;
   for (int t = 0; t < s->num_threads; ++t) {
     void **bufs = s->bufs + (size_t)t * s->nbufs;
@@ -561,15 +658,29 @@ CUVIL_EXPORT int CUVIL_API(run)(cuvil_session *s, const cuvil_tensor *inputs, cu
     for (int j = 0; j < no; ++j) bufs[2 + ni + j] = outputs[j].data;
   }
   const cuvil_step *steps = m->steps;
+  int nsteps = m->num_steps, first = 0;               /* first: the steps' slot in the profile */
+  const int64_t *ext = s->evals;                      /* symbolic extents, evaluated for this run */
+  int at_opt = m->num_opt_steps > 0;
+  for (int k = 0; k < m->num_symbols && at_opt; ++k) at_opt = s->symv[k] == m->symbols[k].opt;
+  const void *weights = at_opt ? m->opt_weights : m->weights;
+  if (at_opt) {
+    steps = m->opt_steps;
+    nsteps = m->num_opt_steps;
+    first = m->num_steps;
+    ext = NULL;
+  }
+  if (s->bufs[1] != weights)
+    for (int t = 0; t < s->num_threads; ++t) s->bufs[(size_t)t * s->nbufs + 1] = (void *)weights;
+#define CUVIL_EXTENT(k) (steps[k].extent >= 0 ? steps[k].extent : ext[k])
   if (s->profile == NULL) {
-    for (int k = 0, n = m->num_steps; k < n; ++k) run_step(s, &steps[k]);
+    for (int k = 0; k < nsteps; ++k) run_step(s, &steps[k], CUVIL_EXTENT(k));
   } else {
     struct timespec t0, t1;
-    for (int k = 0, n = m->num_steps; k < n; ++k) {
+    for (int k = 0; k < nsteps; ++k) {
       clock_gettime(CLOCK_MONOTONIC, &t0);
-      run_step(s, &steps[k]);
+      run_step(s, &steps[k], CUVIL_EXTENT(k));
       clock_gettime(CLOCK_MONOTONIC, &t1);
-      s->profile[k] += (int64_t)(t1.tv_sec - t0.tv_sec) * 1000000000 + (t1.tv_nsec - t0.tv_nsec);
+      s->profile[first + k] += (int64_t)(t1.tv_sec - t0.tv_sec) * 1000000000 + (t1.tv_nsec - t0.tv_nsec);
     }
   }
   atomic_store_explicit(&s->busy, 0, memory_order_release);
@@ -577,15 +688,17 @@ CUVIL_EXPORT int CUVIL_API(run)(cuvil_session *s, const cuvil_tensor *inputs, cu
 }
 
 /* Extension: time every step of the following runs of session s, adding nanoseconds into step_ns[k]
- * (capacity >= the number of steps); step_ns NULL stops. Returns the number of steps, or a negative code. */
+ * (capacity >= the number of steps: the generic ones, then those specialised for the opt point);
+ * step_ns NULL stops. Returns the number of steps, or a negative code. */
 CUVIL_EXPORT int CUVIL_API(profile)(cuvil_session *s, int64_t *step_ns, int32_t capacity) {
   const cuvil_model *m = &CUVIL_MODEL;
   if (s == NULL) return fail(CUVIL_ERR_NULL_SESSION, "profile: session is NULL");
-  if (step_ns != NULL && capacity < m->num_steps)
-    return fail(CUVIL_ERR_INDEX, "profile: capacity %d < %d steps", (int)capacity, (int)m->num_steps);
+  const int total = m->num_steps + m->num_opt_steps;
+  if (step_ns != NULL && capacity < total)
+    return fail(CUVIL_ERR_INDEX, "profile: capacity %d < %d steps", (int)capacity, total);
   if (atomic_load(&s->busy)) return fail(CUVIL_ERR_BUSY, "profile: session %p is running", (void *)s);
   s->profile = step_ns;
-  return m->num_steps;
+  return total;
 }
 
 CUVIL_EXPORT const char *CUVIL_API(strerror)(int code) {
