@@ -484,3 +484,29 @@ def test_cli_rejects_bad_profiles(tmp_path, capsys):
     assert cli_main(["compile", "--input", str(tmp_path / "r.onnx"), "--output", so, "--shape-profile", "N=8:2:4"]) != 0
     assert "MIN <= OPT <= MAX" in capsys.readouterr().err
     assert not os.path.exists(so)
+
+
+RELU_RULE = """\
+rule relu_relu_batched benefit 5
+  Relu(Relu(x)) when dim(x, 0) >= 2
+  => Relu(x)
+  prove exact
+"""
+
+
+def _relu_relu(batch="N"):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 4])
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Relu", ["r"], ["y"])]
+    return helper.make_model(helper.make_graph(nodes, "rr", [x], [y]), opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("profile, fires", [((2, 4, 8), True), ((1, 4, 8), False)])
+def test_guards_reason_about_symbolic_dims_over_their_range(tmp_path, profile, fires):
+    """An order guard on a symbolic dim holds only when it holds for every value of the symbol's range."""
+    rule = tmp_path / "batched.rule"
+    rule.write_text(RELU_RULE)
+    p = Pipeline.from_onnx(_relu_relu()).with_profiles({"N": profile})
+    out = p.optimize(str(rule), builtin=False)
+    assert out.report.applied.get("relu_relu_batched", 0) == (1 if fires else 0)
+    assert [n.op for n in out.graph.nodes] == (["Relu"] if fires else ["Relu", "Relu"])

@@ -187,8 +187,19 @@ class Pipeline:
             verdicts = getattr(self.report, "verdicts", {})
             rules = {name: {"applied": n, "obligation": verdicts.get(name), "verdict": "proved"}
                      for name, n in self.report.applied.items() if n}
+        derived = {}
+        if p._graph.symbols:   # enclosing intervals (exact ranges: `cuvil inspect --shapes`, Z3)
+            from .ir.dim import bounds
+            ranges = p._graph.symbol_ranges()
+            for v in p._graph.values():
+                for d in v.shape or ():
+                    if isinstance(d, SymExpr) and str(d) not in p._graph.symbols and str(d) not in derived:
+                        try:
+                            derived[str(d)] = list(bounds(d, ranges))
+                        except ValueError:
+                            pass
         extra = {"model_sha256": self.source_sha256, "specialized": fixed, "shape_profiles": profiles,
-                 "rules_applied": rules}
+                 "derived_dims": derived, "rules_applied": rules}
         import cuvil
         if target == PTX_TARGET:
             return self._compile_bundle(p, arch, opt_level, prefix, extra, fixed, rules, cache, progress,

@@ -12,6 +12,7 @@ import numpy as np
 from attrs import define, field
 
 from ..errors import ShapeError
+from ..ir.dim import SymExpr, bounds
 from ..ir.dtype import DType
 from ..ir.graph import Graph, Node, Value
 from ..ir.registry import attr_defaults
@@ -149,16 +150,25 @@ def guard_holds(gd, b: Bindings, g: Graph) -> bool:
         if isinstance(gd, FuncCall):
             return bool(_guard_value(gd, b, g))
         left, right = _guard_value(gd.left, b, g), _guard_value(gd.right, b, g)
-        return _compare(gd.op, left, right)
+        return _compare(gd.op, left, right, g.symbol_ranges())
     except _NoValue:
         return False
 
 
-def _compare(op: str, a, b) -> bool:
+def _compare(op: str, a, b, ranges=None) -> bool:
     if op == "==":
         return _eq(a, b)
     if op == "!=":
         return not _eq(a, b)
+    if ranges is not None and any(isinstance(x, SymExpr) for x in (a, b)) and \
+            all(isinstance(x, (int, SymExpr)) for x in (a, b)):
+        # symbolic dims: the comparison must hold for every value in the symbols' ranges (interval bounds of
+        # a - b: sound, so a guard that holds is true for every shape the graph accepts)
+        try:
+            lo, hi = bounds(a - b, ranges)
+        except (ValueError, KeyError):
+            raise _NoValue() from None
+        return {"<": hi < 0, "<=": hi <= 0, ">": lo > 0, ">=": lo >= 0}[op]
     if not all(isinstance(x, (int, float, np.ndarray, np.number)) for x in (a, b)):
         raise _NoValue()
     fn = {"<": np.less, "<=": np.less_equal, ">": np.greater, ">=": np.greater_equal}[op]

@@ -145,11 +145,29 @@ class KernelModule:
                 else:
                     idx[d] = em.b.srem(rest, em.index(shape[d]))
                     rest = em.b.sdiv(rest, em.index(shape[d]))
-            if red is not None:
-                em.loops(shape[k:-1], lambda mid: em.store_row(st, red, at(idx[:k] + mid), shape[-1]))
-            else:
-                em.loops(shape[k:], lambda inner: em.store_element(st, at(idx[:k] + inner)))
-        em.loop_range(begin, end, body)
+            return idx[:k]
+
+        blocked = red is not None and ROW_BLOCK * self.at_max(shape[-1]) <= ROW_MAX
+        if red is None:
+            em.loop_range(begin, end, lambda p: em.loops(shape[k:], lambda inner: em.store_element(
+                st, at(body(p) + inner))))
+        elif not blocked:
+            em.loop_range(begin, end, lambda p: em.loops(shape[k:-1], lambda mid: em.store_row(
+                st, red, [at(body(p) + mid)], shape[-1])))
+        elif k < len(shape) - 1:    # rows blocked along the last outer dim
+            def rows(p):
+                outer = body(p)
+                em.loops(shape[k:-2], lambda mid: em.blocked_range(
+                    I64(0), em.index(shape[-2]), ROW_BLOCK,
+                    lambda j0: em.store_row(st, red, [at(outer + mid + [em.b.add(j0, I64(j))])
+                                                      for j in range(ROW_BLOCK)], shape[-1]),
+                    lambda j: em.store_row(st, red, [at(outer + mid + [j])], shape[-1])))
+            em.loop_range(begin, end, rows)
+        else:                       # every parallel unit is one row: block the parallel range
+            em.blocked_range(begin, end, ROW_BLOCK,
+                             lambda p0: em.store_row(st, red, [at(body(em.b.add(p0, I64(j))))
+                                                               for j in range(ROW_BLOCK)], shape[-1]),
+                             lambda p: em.store_row(st, red, [at(body(p))], shape[-1]))
         em.b.ret_void()
         return (extent if shape else 1), max(1, int(4096 // max(inner_work, 1)))
 
@@ -206,6 +224,14 @@ class _Emitter:
         b.branch(head)
         b.position_at_end(done)
 
+    def blocked_range(self, start: ir.Value, stop: ir.Value, rb: int, block, single):
+        """``block(i0)`` for i0 = start, start + rb, ... while a whole block fits, then ``single(i)`` for the
+        rest."""
+        b = self.b
+        nblocks = b.sdiv(b.sub(stop, start), I64(rb))
+        self.loop_range(I64(0), nblocks, lambda t: block(b.add(start, b.mul(t, I64(rb)))))
+        self.loop_range(b.add(start, b.mul(nblocks, I64(rb))), stop, single)
+
     def loops(self, extents: Sequence, body, idx=()):
         if not extents:
             body(list(idx))
@@ -256,24 +282,35 @@ class _Emitter:
             val = self.b.zext(val, I8)
         self.b.store(val, self.address(st.buf, idx))
 
-    def store_row(self, st: Stage, red: E, outer: List[ir.Value], width: int):
-        """Row schedule for a reduction: acc[w] accumulates over the reduction loops with w innermost
-        (unit-stride, vectorisable, each element summed in order), then the epilogue stores the row."""
+    def store_row(self, st: Stage, red: E, outers: List[List[ir.Value]], width):
+        """Row schedule for a reduction over one or several rows (``outers``: each row's outer indices):
+        acc[r][w] accumulates over the reduction loops with w innermost (unit-stride, vectorisable, each
+        element summed in order), then the epilogue stores the rows. Rows of a block share every load that
+        does not depend on the row (a weight row read once for all of them)."""
         b = self.b
         kind, vs, extents = red.attr
         dt = red.dtype
         t = ll(dt)
-        acc = self.alloca(t, self.km.at_max(width))
-        for v, i in zip(st.vars, outer):
-            self.env[v.attr] = i
+        cap = self.km.at_max(width)
+        acc = self.alloca(t, cap * len(outers))
         wvar = st.vars[-1].attr
         init = const_value(identity_value(kind, dt), dt)
 
-        def slot(w):
-            return b.gep(acc, [w], source_etype=t, inbounds=True)
+        def slot(r, w):
+            return b.gep(acc, [b.add(w, I64(r * cap))] if r else [w], source_etype=t, inbounds=True)
+
+        def with_row(r, fn):
+            """``fn()`` with row r's outer indices bound and its own memo (row-dependent values differ)."""
+            for v, i in zip(st.vars, outers[r]):
+                self.env[v.attr] = i
+            self.memo.append(dict(self.memo[-1]))
+            try:
+                return fn()
+            finally:
+                self.memo.pop()
 
         width = self.index(width)
-        self.loop_range(I64(0), width, lambda w: b.store(init, slot(w)))
+        self.loop_range(I64(0), width, lambda w: [b.store(init, slot(r, w)) for r in range(len(outers))])
 
         def accumulate(ridx):
             for v, i in zip(vs, ridx):
@@ -281,19 +318,23 @@ class _Emitter:
 
             def inner(w):
                 self.env[wvar] = w
-                x = self.emit(red.args[0])
-                a = b.load(slot(w), typ=t)
-                b.store(self.combine(kind, a, x, dt), slot(w))
+                for r in range(len(outers)):
+                    x = with_row(r, lambda: self.emit(red.args[0]))
+                    a = b.load(slot(r, w), typ=t)
+                    b.store(self.combine(kind, a, x, dt), slot(r, w))
             self.loop_range(I64(0), width, inner)
         self.loops(list(extents), accumulate)
 
         def epilogue(w):
             self.env[wvar] = w
-            self.memo[-1][red.uid] = b.load(slot(w), typ=t)
-            val = self.emit(st.expr)
-            if st.buf.dtype == DType.BOOL:
-                val = b.zext(val, I8)
-            b.store(val, self.address(st.buf, outer + [w]))
+            for r in range(len(outers)):
+                def store():
+                    self.memo[-1][red.uid] = b.load(slot(r, w), typ=t)
+                    val = self.emit(st.expr)
+                    if st.buf.dtype == DType.BOOL:
+                        val = b.zext(val, I8)
+                    b.store(val, self.address(st.buf, outers[r] + [w]))
+                with_row(r, store)
         self.loop_range(I64(0), width, epilogue)
 
     def combine(self, kind: str, a, x, dt: DType):
@@ -491,6 +532,7 @@ class _Emitter:
 
 
 ROW_MAX = 16384   # widest row (elements) the row schedule accumulates on the stack
+ROW_BLOCK = 4     # rows accumulated together when they fit in ROW_MAX
 
 
 def _row_reduction(st: Stage, at_max=lambda d: d) -> Optional[E]:
