@@ -190,19 +190,45 @@ def test_unsupported_function_names_the_op():
         generate_ptx(elementwise_sched("bessel_j0"), "sm_90")
 
 
-def test_reduction_is_an_in_thread_loop():
-    """y[i] = sum_k x[i, k] over 1000 terms: a loop inside the thread, no local memory."""
-    x = Buf("x", F32, (3, 1000), base=2)
-    y = Buf("y", F32, (3,), base=3)
+def _rowsum(rows, terms):
+    x = Buf("x", F32, (rows, terms), base=2)
+    y = Buf("y", F32, (rows,), base=3)
     i = var("i")
-    e = reduce("sum", [1000], lambda kk: load(x, [i, kk]))
-    ptx, descs = generate_ptx(_sched([Stage("rowsum", y, [i], e)], [x], [y]), "sm_90")
+    e = reduce("sum", [terms], lambda kk: load(x, [i, kk]))
+    return generate_ptx(_sched([Stage("rowsum", y, [i], e)], [x], [y]), "sm_90")
+
+
+def test_reduction_of_a_large_stage_is_an_in_thread_loop():
+    """y[i] = sum_k x[i, k], 100,000 rows of 1000 terms: enough threads already, a loop inside each thread,
+    no local memory, no shuffles."""
+    ptx, descs = _rowsum(100_000, 1000)
     k = entries(ptx)[descs[0].name]
-    assert descs[0].n_elements == 3
-    assert ".local" not in k and "bra" in k
+    assert descs[0].n_elements == 100_000 and descs[0].lanes == 1
+    assert ".local" not in k and "bra" in k and "shfl" not in k
     if PTXAS:
         _, info = assemble(ptx, "sm_90")
         assert info[descs[0].name].stack_frame == 0
+
+
+def test_reduction_of_a_small_stage_is_split_across_lanes():
+    """3 rows of 1000 terms: 16 lanes per row (each keeps >= 32 terms), each sums every 16th term, a
+    butterfly of shfl.sync.bfly (4 steps) combines them; the launch counts threads."""
+    ptx, descs = _rowsum(3, 1000)
+    k = entries(ptx)[descs[0].name]
+    assert descs[0].lanes == 16 and descs[0].n_elements == 3 * 16
+    assert k.count("shfl.sync.bfly") == 4 and ".local" not in k
+    if PTXAS:
+        _, info = assemble(ptx, "sm_90")
+        assert info[descs[0].name].stack_frame == 0
+
+
+def test_split_lanes_policy():
+    from cuvil.targets.ptx.codegen import split_lanes
+    assert split_lanes(1000, 2048, 2048) == 32          # a final Gemm: a warp per output
+    assert split_lanes(25088, 4608, 512) == 16          # 3x3 conv over 512 channels on 7x7
+    assert split_lanes(50176, 2304, 256) == 8
+    assert split_lanes(3, 1000, 4) == 4                 # never more lanes than input channels
+    assert split_lanes(3, 40, 40) == 1                  # too few terms to share
 
 
 def test_grid_is_capped():

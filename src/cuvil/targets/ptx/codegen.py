@@ -5,7 +5,9 @@ Each stage becomes ``ptx_kernel void <prefix>_k<i>(ptr bufs, i64 n)``: thread ``
 threadIdx.x`` computes output element ``i`` of the flattened output (row-major), then ``i`` advances by
 ``gridDim.x * blockDim.x`` (grid-stride loop) while ``i < n``; so any grid size is correct and the launcher
 may cap it. The element's indices are unflattened from ``i``, the stage's expression is evaluated by the
-x86 backend's expression emitter (reductions become loops inside the thread) and the value is stored.
+x86 backend's expression emitter (reductions become loops inside the thread) and the value is stored. A
+stage with few outputs and a long float sum instead gives each element 2-32 consecutive threads that
+split its reduction (:func:`split_lanes`, :meth:`PtxKernelModule.add_split_stage`).
 
 Memory: ``bufs[b]`` are global-memory pointers (0 arena, 1 weights, then inputs and outputs). Every buffer
 a stage reads and does not write is constant while the kernel runs, so its loads carry ``!invariant.load``
@@ -72,15 +74,46 @@ def _init():
         _INITIALIZED = True
 
 
+WARP = 32
+# A stage with one top-level float sum whose outputs are too few to fill the GPU gets several threads
+# ("lanes", a power of two up to a warp) per output element, each summing part of the reduction
+# (:meth:`PtxKernelModule.add_split_stage`): with one thread per element such stages launch less than a wave
+# and each thread sums thousands of terms serially.
+SPLIT_TARGET_THREADS = 132 * 2048   # threads to aim for: one full wave of resident threads on an H200
+# at most this many output elements: on an H200, ResNet-50's stages of 25,088 and 50,176 outputs ran 1.4-2.9x
+# faster split (the final Gemm 13x), those of 100,352 and 200,704 outputs 0.8-1.4x (bench/gpu/RESULTS.md)
+WARP_MAX_OUTPUTS = 1 << 16
+WARP_MIN_TERMS = 128           # at least this many terms per reduction
+SPLIT_MIN_TERMS_PER_LANE = 32  # lanes are added only while each keeps this many terms
+SPLIT_MODE = "outer"           # how lane l of L takes its terms: "outer": the outermost reduction index
+# (input channel) l, l + L, ..., the inner loops (kernel taps) whole and nested, as one thread would; "strided":
+# the flattened terms l, l + L, ...; "chunked": one contiguous run of them (both unflatten every term:
+# integer divisions that cost more than they save on 3x3 convolutions, bench/gpu/RESULTS.md)
+
+
+def split_lanes(outputs: int, terms: int, outer: int = 0) -> int:
+    """Threads per output element: the smallest power of two that brings the stage to
+    SPLIT_TARGET_THREADS, at most a warp, each lane keeping SPLIT_MIN_TERMS_PER_LANE terms (and, splitting
+    the outermost reduction index, at least one value of it)."""
+    lanes = 1
+    while (lanes < WARP and outputs * lanes < SPLIT_TARGET_THREADS
+           and terms // (2 * lanes) >= SPLIT_MIN_TERMS_PER_LANE
+           and (SPLIT_MODE != "outer" or 2 * lanes <= outer)):
+        lanes *= 2
+    return lanes
+
+
 @attrs.define
 class KernelDesc:
     """How to launch one kernel: ``grid = ceil(n_elements / block)`` blocks of ``block`` threads (1-D),
     capped at :data:`GRID_CAP` (the kernel's grid-stride loop does the rest); arguments ``(bufs, n)`` with
-    ``n = n_elements``. A kernel with ``n_elements == 0`` need not be launched."""
+    ``n = n_elements``. A kernel with ``n_elements == 0`` need not be launched. ``n_elements`` counts
+    threads: output elements x ``lanes`` (32 for a warp-per-element kernel, else 1)."""
     name: str
     n_elements: int
     block: int = BLOCK
     stage: str = ""        # the schedule stage it computes (for reports)
+    lanes: int = 1         # threads per output element
 
     @property
     def grid(self) -> int:
@@ -156,6 +189,26 @@ class _PtxEmitter(_Emitter):
     def __init__(self, km: "PtxKernelModule", fn: ir.Function, b: ir.IRBuilder, bufs, out: Buf):
         super().__init__(km, fn, b, bufs)
         self.out = out
+
+    def loop_step(self, start: ir.Value, stop: ir.Value, step: ir.Value, body):
+        """for (i = start; i < stop; i += step) body(i)."""
+        b = self.b
+        pre = b.block
+        head = self.fn.append_basic_block("loop")
+        inner = self.fn.append_basic_block("body")
+        done = self.fn.append_basic_block("done")
+        b.branch(head)
+        b.position_at_end(head)
+        i = b.phi(I64)
+        i.add_incoming(start, pre)
+        b.cbranch(b.icmp_signed("<", i, stop), inner, done)
+        b.position_at_end(inner)
+        self.memo.append(dict(self.memo[-1]))
+        body(i)
+        self.memo.pop()
+        i.add_incoming(b.add(i, step), b.block)
+        b.branch(head)
+        b.position_at_end(done)
 
     def base(self, buf: Buf) -> ir.Value:
         if buf.base not in self.bases:
@@ -237,8 +290,10 @@ class _PtxEmitter(_Emitter):
 
 
 class PtxKernelModule(KernelModule):
-    def __init__(self, name: str, tm, *, fma: bool = False, block: int = BLOCK, narrow_index: bool = False):
+    def __init__(self, name: str, tm, *, fma: bool = False, block: int = BLOCK, narrow_index: bool = False,
+                 split_reductions: bool = True):
         super().__init__(name, tm, TRIPLE)
+        self.split_reductions = split_reductions
         self.fma = fma
         self.block = block
         self.kernels: List[str] = []
@@ -251,11 +306,119 @@ class PtxKernelModule(KernelModule):
         return b.zext(b.call(f, []), I64)
 
     def add_stage(self, st: Stage, sym: str) -> KernelDesc:
+        red = warp_reduction(st)
+        if red is not None and self.split_reductions:
+            terms = 1
+            for x in red.attr[2]:
+                terms *= int(x)
+            outputs = 1
+            for d in st.buf.shape:
+                outputs *= int(d)
+            lanes = split_lanes(outputs, terms, int(red.attr[2][0]))
+            if lanes > 1:
+                return self.add_split_stage(st, sym, red, lanes)
+        return self.add_element_stage(st, sym)
+
+    def _kernel_fn(self, sym: str):
         fn = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [PTR, I64]), name=sym)
         fn.calling_convention = "ptx_kernel"     # LLVM >= 20 marks kernels by calling convention
         if llvm.llvm_version_info < (20,):         # older LLVM: the nvvm.annotations "kernel" entry
             self.module.add_named_metadata("nvvm.annotations", [fn, "kernel", I32(1)])
         fn.args[0].add_attribute("noalias")
+        return fn
+
+    def add_split_stage(self, st: Stage, sym: str, red: E, lanes: int) -> KernelDesc:
+        """``lanes`` consecutive threads (a power of two <= 32) per output element: lane l sums its part of
+        the element's reduction (flattened; SPLIT_MODE "strided": terms l, l + lanes, ..., so consecutive
+        lanes read consecutive kernel taps / channels; "chunked": one contiguous run), a butterfly of
+        ``shfl.sync.bfly`` within the lane group adds the partial sums (every lane ends with the total), and
+        lane 0 evaluates the rest of the stage's expression (the fused epilogue) and stores. The grid-stride
+        step is a multiple of 32, so a group's lanes always work on the same element together, in one warp."""
+        fn = self._kernel_fn(sym)
+        bufs, n = fn.args
+        b = ir.IRBuilder(fn.append_basic_block("entry"))
+        em = _PtxEmitter(self, fn, b, bufs, st.buf)
+        shape = [int(d) for d in st.buf.shape]
+        total = 1
+        for d in shape:
+            total *= d
+        kind, vs, extents = red.attr
+        extents = [int(x) for x in extents]
+        terms = 1
+        for x in extents:
+            terms *= x
+        dt = red.dtype
+        t = ll(dt)
+        ntid = self.sreg(b, "ntid.x")
+        gid = b.add(b.mul(self.sreg(b, "ctaid.x"), ntid), self.sreg(b, "tid.x"))
+        stride = b.mul(self.sreg(b, "nctaid.x"), ntid)
+        lane = b.and_(gid, I64(lanes - 1))
+        shift = lanes.bit_length() - 1
+        shfl = self.declare("llvm.nvvm.shfl.sync.bfly.f32", F32, [I32, F32, I32, I32])
+        fmaf = em.fma_fn(dt) if kind == "fma" else None
+
+        def element(i):
+            e = b.lshr(i, I64(shift))
+            rest = e
+            idx: List[ir.Value] = [None] * len(shape)
+            for d in reversed(range(len(shape))):
+                if d == 0:
+                    idx[d] = rest
+                else:
+                    idx[d] = b.urem(rest, I64(shape[d]))
+                    rest = b.udiv(rest, I64(shape[d]))
+            for v, x in zip(st.vars, idx):
+                em.env[v.attr] = x
+            acc = em.alloca(t)
+            b.store(const_value(0.0, dt), acc)
+
+            def term(r):
+                rr, ridx = r, []
+                for ext in reversed(extents):
+                    ridx.insert(0, b.urem(rr, I64(ext)) if ext > 1 else I64(0))
+                    rr = b.udiv(rr, I64(ext)) if ext > 1 else rr
+                term_at(ridx)
+
+            def term_at(ridx):
+                for v, x in zip(vs, ridx):
+                    em.env[v.attr] = x
+                a = b.load(acc, typ=t)
+                if kind == "fma":
+                    b.store(b.call(fmaf, [em.emit(red.args[0]), em.emit(red.args[1]), a]), acc)
+                else:
+                    b.store(b.fadd(a, em.emit(red.args[0])), acc)
+            if SPLIT_MODE == "outer":
+                def outer(c):
+                    em.env[vs[0].attr] = c
+                    em.loops(extents[1:], lambda inner: term_at([c] + inner))
+                em.loop_step(lane, I64(extents[0]), I64(lanes), outer)
+            elif SPLIT_MODE == "chunked":
+                chunk = -(-terms // lanes)
+                lo = b.mul(lane, I64(chunk))
+                hi = b.add(lo, I64(chunk))
+                hi = b.select(b.icmp_signed("<", hi, I64(terms)), hi, I64(terms))
+                em.loop_step(lo, hi, I64(1), term)
+            else:
+                em.loop_step(lane, I64(terms), I64(lanes), term)
+            total_v = b.load(acc, typ=t)
+            for off in [x for x in (16, 8, 4, 2, 1) if x < lanes]:
+                total_v = b.fadd(total_v, b.call(shfl, [I32(0xFFFFFFFF), total_v, I32(off), I32(0x1F)]))
+            with b.if_then(b.icmp_unsigned("==", lane, I64(0))):
+                em.memo.append(dict(em.memo[-1]))
+                em.memo[-1][red.uid] = total_v
+                val = em.emit(st.expr)
+                if st.buf.dtype == DType.BOOL:
+                    val = b.zext(val, ir.IntType(8))
+                b.store(val, em.address(st.buf, idx))
+                em.memo.pop()
+        em.loop_step(gid, n, stride, element)
+        b.ret_void()
+        _set_contraction(fn, False)
+        self.kernels.append(sym)
+        return KernelDesc(sym, total * lanes, self.block, st.name, lanes)
+
+    def add_element_stage(self, st: Stage, sym: str) -> KernelDesc:
+        fn = self._kernel_fn(sym)
         bufs, n = fn.args
         entry = fn.append_basic_block("entry")
         b = ir.IRBuilder(entry)
@@ -358,6 +521,44 @@ def _set_contraction(fn: ir.Function, on: bool):
                     flags.extend(x for x in ("nnan", "ninf", "nsz", "arcp", "afn", "reassoc") if x not in flags)
                 while "contract" in flags:
                     flags.remove("contract")
+
+
+def warp_reduction(st: Stage) -> Optional[E]:
+    """The stage's reduction when a warp per output element pays: one top-level float32 ``sum`` / ``fma``
+    reduction (none nested in another, no argmax scans), at least WARP_MIN_TERMS terms, at most
+    WARP_MAX_OUTPUTS outputs, static shapes."""
+    from ..texpr import top_level
+    _, reductions = top_level(st.expr, "__none__")
+    if len(reductions) != 1:
+        return None
+    red = reductions[0]
+    if red.op != "reduce" or red.attr[0] not in ("sum", "fma") or red.dtype != DType.FLOAT:
+        return None
+    if not all(isinstance(d, int) for d in st.buf.shape) or not all(isinstance(x, int) for x in red.attr[2]):
+        return None
+    for a in red.args:   # no reduction inside the reduction's body
+        if any(x.op in ("reduce", "argscan") for x in _nodes(a)):
+            return None
+    terms = 1
+    for x in red.attr[2]:
+        terms *= x
+    outputs = 1
+    for d in st.buf.shape:
+        outputs *= d
+    if terms < WARP_MIN_TERMS or outputs > WARP_MAX_OUTPUTS or st.region is not None:
+        return None
+    return red
+
+
+def _nodes(e: E):
+    stack, seen = [e], set()
+    while stack:
+        x = stack.pop()
+        if x.uid in seen:
+            continue
+        seen.add(x.uid)
+        yield x
+        stack.extend(x.args)
 
 
 def _sanitize(prefix: str) -> str:
