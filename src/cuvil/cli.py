@@ -236,6 +236,8 @@ def cmd_compile(args) -> int:
           + (" (from cache)" if art.cached else f", compiled in {m['compile_seconds']:.1f} s"))
     for name, prof in (m.get("symbols") or {}).items():
         print(f"  symbol {name} in [{prof['min']}, {prof['max']}] (opt {prof['opt']}): one library serves the range")
+    for dim, (lo, hi) in sorted((m.get("derived_dims") or {}).items()):
+        print(f"  derived dim {dim} in [{lo}, {hi}]")
     return 0
 
 
