@@ -225,8 +225,9 @@ def test_reduction_of_a_small_stage_is_split_across_lanes():
 def test_split_lanes_policy():
     from cuvil.targets.ptx.codegen import split_lanes
     assert split_lanes(1000, 2048, 2048) == 32          # a final Gemm: a warp per output
-    assert split_lanes(25088, 4608, 512) == 16          # 3x3 conv over 512 channels on 7x7
-    assert split_lanes(50176, 2304, 256) == 8
+    assert split_lanes(25088, 2048, 2048) == 8          # 1x1 conv over 2048 channels on 7x7
+    assert split_lanes(25088, 4608, 512) == 4           # 3x3 conv over 512 channels on 7x7: fewer lanes
+    assert split_lanes(50176, 2304, 256) == 2
     assert split_lanes(3, 1000, 4) == 4                 # never more lanes than input channels
     assert split_lanes(3, 40, 40) == 1                  # too few terms to share
 

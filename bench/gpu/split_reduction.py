@@ -55,6 +55,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
     ap.add_argument("--models", default="squeezenet,densenet121,inception_v1,shufflenet,bvlc_alexnet")
+    ap.add_argument("--variants", default="strided=SPLIT_MODE:strided",
+                    help="extra builds: name=KEY:VALUE;KEY:VALUE,... over the codegen's SPLIT_*/WARP_* settings")
     args = ap.parse_args()
     import onnxruntime as ort
     import cuvil.targets.ptx.codegen as cg
@@ -65,9 +67,16 @@ def main():
     RESULTS["device"] = info
     defaults = {k: getattr(cg, k) for k in ("WARP_MAX_OUTPUTS", "SPLIT_TARGET_THREADS", "SPLIT_MIN_TERMS_PER_LANE",
                                                "SPLIT_MODE")}
-    variants = [("thread", {"WARP_MAX_OUTPUTS": 0}),
-                ("strided", {"SPLIT_MODE": "strided"}),
-                ("default", {})]
+    variants = [("thread", {"WARP_MAX_OUTPUTS": 0})]
+    for spec in (args.variants or "").split(","):
+        if spec:   # name=KEY:VALUE;KEY:VALUE (ints, or strings for SPLIT_MODE)
+            label, _, body = spec.partition("=")
+            over = {}
+            for kv in body.split(";"):
+                k, _, v = kv.partition(":")
+                over[k] = v if k == "SPLIT_MODE" else int(v)
+            variants.append((label, over))
+    variants.append(("default", {}))
     model = light_model("resnet50")
     x = np.random.default_rng(1).standard_normal((1, 3, 224, 224)).astype(np.float32)
     ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"gpu_0/data_0": x})[0]

@@ -79,9 +79,12 @@ WARP = 32
 # ("lanes", a power of two up to a warp) per output element, each summing part of the reduction
 # (:meth:`PtxKernelModule.add_split_stage`): with one thread per element such stages launch less than a wave
 # and each thread sums thousands of terms serially.
-SPLIT_TARGET_THREADS = 132 * 2048   # threads to aim for: one full wave of resident threads on an H200
-# at most this many output elements: on an H200, ResNet-50's stages of 25,088 and 50,176 outputs ran 1.4-2.9x
-# faster split (the final Gemm 13x), those of 100,352 and 200,704 outputs 0.8-1.4x (bench/gpu/RESULTS.md)
+# threads to aim for: about 3/4 of an H200's resident threads (132 SMs x 2048) when the reduction is one index
+# (1x1 convolutions, Gemm: lanes read consecutive weights), half that with kernel taps (3x3 convolutions:
+# lanes read weights 9 floats apart and input planes apart, so fewer lanes did better; bench/gpu/RESULTS.md)
+SPLIT_TARGET_THREADS = 192 * 1024
+# at most this many output elements: on an H200, ResNet-50's stages of 25,088 and 50,176 outputs ran up to
+# 3x faster split (the final Gemm 13x), those of 100,352 and 200,704 outputs no faster (bench/gpu/RESULTS.md)
 WARP_MAX_OUTPUTS = 1 << 16
 WARP_MIN_TERMS = 128           # at least this many terms per reduction
 SPLIT_MIN_TERMS_PER_LANE = 32  # lanes are added only while each keeps this many terms
@@ -93,10 +96,11 @@ SPLIT_MODE = "outer"           # how lane l of L takes its terms: "outer": the o
 
 def split_lanes(outputs: int, terms: int, outer: int = 0) -> int:
     """Threads per output element: the smallest power of two that brings the stage to
-    SPLIT_TARGET_THREADS, at most a warp, each lane keeping SPLIT_MIN_TERMS_PER_LANE terms (and, splitting
+    SPLIT_TARGET_THREADS (half that when the reduction has inner taps), at most a warp, each lane keeping SPLIT_MIN_TERMS_PER_LANE terms (and, splitting
     the outermost reduction index, at least one value of it)."""
     lanes = 1
-    while (lanes < WARP and outputs * lanes < SPLIT_TARGET_THREADS
+    target = SPLIT_TARGET_THREADS if outer in (0, terms) else SPLIT_TARGET_THREADS // 2
+    while (lanes < WARP and outputs * lanes < target
            and terms // (2 * lanes) >= SPLIT_MIN_TERMS_PER_LANE
            and (SPLIT_MODE != "outer" or 2 * lanes <= outer)):
         lanes *= 2
