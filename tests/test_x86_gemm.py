@@ -125,6 +125,67 @@ def test_gemm_with_constant_transposed_b():
     assert art.manifest["weights_bytes"] < 2 * w.nbytes  # the transposed copy replaces the original
 
 
+def _matmul_model(a_shape, w, *, gemm=None, bias=None, epilogue=True):
+    """x @ w (MatMul) or Gemm(x, w, c) with attributes ``gemm``; then + bias and a residual-free GELU-ish
+    epilogue (Relu) unless ``epilogue`` is False."""
+    inits = [numpy_helper.from_array(w, "w")]
+    if gemm is None:
+        nodes = [helper.make_node("MatMul", ["x", "w"], ["y"])]
+    else:
+        ins = ["x", "w"]
+        if bias is not None:
+            inits.append(numpy_helper.from_array(bias, "c"))
+            ins.append("c")
+        nodes = [helper.make_node("Gemm", ins, ["y"], **gemm)]
+    out = "y"
+    if epilogue:
+        nodes.append(helper.make_node("Relu", ["y"], ["r"]))
+        out = "r"
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(a_shape))],
+                          [helper.make_tensor_value_info(out, TensorProto.FLOAT, None)], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("a_shape, k, m", [
+    ((1, 7, 40), 40, 30),        # rows not a multiple of 6, columns not of the panel width
+    ((2, 13, 64), 64, 16),       # several partial row tiles over a flattened batch
+    ((5, 8), 8, 100),            # 2-D, many panels, a partial last panel
+    ((3, 4, 6, 24), 24, 33),     # rank 4
+])
+def test_matmul_with_constant_weights_uses_the_micro_kernel(a_shape, k, m):
+    rng = np.random.default_rng(k + m)
+    w = (rng.standard_normal((k, m)) / np.sqrt(k)).astype(np.float32)
+    x = rng.standard_normal(a_shape).astype(np.float32)
+    check(_matmul_model(a_shape, w), x, gemm_stages=1)
+
+
+@pytest.mark.parametrize("gemm", [dict(transB=1), dict(alpha=0.5, beta=2.0), dict(transB=1, alpha=-1.5, beta=0.0)])
+def test_gemm_with_constant_b_uses_the_micro_kernel(gemm):
+    rng = np.random.default_rng(11)
+    w = rng.standard_normal((40, 30) if gemm.get("transB") else (30, 40)).astype(np.float32)
+    c = rng.standard_normal(40).astype(np.float32)
+    x = rng.standard_normal((9, 30)).astype(np.float32)
+    check(_matmul_model((9, 30), w, gemm=gemm, bias=c), x, gemm_stages=1)
+
+
+def test_matmul_micro_kernel_with_symbolic_rows():
+    """Rows = batch x sequence, both symbolic: one library, every shape of the profile, partial tiles."""
+    rng = np.random.default_rng(3)
+    w = (rng.standard_normal((48, 20)) / 7).astype(np.float32)
+    model = _matmul_model(("B", "S", 48), w)
+    art = Pipeline.from_onnx(model).compile(shape_profiles={"B": (1, 2, 4), "S": (1, 5, 33)}, cache=False)
+    generic = [s for s in art.manifest["steps"] if s.get("variant") == "generic"]
+    assert [s["kernel"] for s in generic] == ["gemm"]
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    m = art.model()
+    for b_, s_ in [(1, 1), (2, 5), (3, 7), (4, 33), (1, 12)]:
+        x = rng.standard_normal((b_, s_, 48)).astype(np.float32)
+        want = sess.run(None, {"x": x})[0]
+        got = m.run(x)[0]
+        assert got.shape == want.shape
+        assert float(np.abs(got - want).max()) <= 1e-5 * max(1.0, float(np.abs(want).max()))
+
+
 def test_profile_times_every_step():
     x = np.random.default_rng(6).standard_normal((1, 16, 12, 12)).astype(np.float32)
     art = Pipeline.from_onnx(conv_model((1, 16, 12, 12), (18, 16, 3, 3), pads=[1, 1, 1, 1])).compile()

@@ -90,3 +90,36 @@ class DepthwiseWindow:
             return 0
         n, c = self.x.shape[:2]
         return 2 * n * c * int(np.prod(self.out_spatial)) * int(np.prod(self.kernel))
+
+
+@attrs.define(eq=False)
+class MatContraction:
+    """A float32 product with constant weights, ``out[p, m] = sum_k A[p, k] * W[k, m]`` (MatMul with a
+    constant 2-D right operand, Gemm with constant B): ``A`` is stored row-major (rows of ``k``; its leading
+    dims flattened into ``rows``, which may be symbolic), ``W`` packed at compile time into panels of
+    ``cols`` output columns (``Wp[m // cols, k, m % cols]``, zero columns past ``m``). The output's last dim
+    is ``m``. ``E("contract", [*out_index, reduce], attr=self)``; every backend may evaluate it as its sum,
+    the x86 backend runs register tiles of MR rows x ``cols`` columns that read A directly (no packing)."""
+    w: Buf              # packed weights [Mb, K, cols]
+    a: Buf              # A, row-major, rows of k
+    rows: object        # rows of A (int or SymExpr)
+    m: int
+    k: int
+    cols: int
+
+    @property
+    def m_blocks(self) -> int:
+        return -(-self.m // self.cols)
+
+    @property
+    def flops(self):
+        return 2 * self.rows * self.m * self.k
+
+
+def pack_columns(w: np.ndarray, cols: int) -> np.ndarray:
+    """``w[K, M]`` -> ``[ceil(M / cols), K, cols]`` panels of consecutive output columns, zero past M."""
+    k, m = w.shape
+    mb = -(-m // cols)
+    out = np.zeros((k, mb * cols), dtype=np.float32)
+    out[:, :m] = w
+    return np.ascontiguousarray(out.reshape(k, mb, cols).transpose(1, 0, 2))

@@ -16,7 +16,7 @@ from ..errors import UnsupportedOpError
 from ..ir.dim import SymExpr, evaluate, free_symbols, product
 from ..ir.dtype import DType
 from ..ir.graph import Node
-from .gemm import MR, Contraction, DepthwiseWindow, pack_weights
+from .gemm import MR, Contraction, DepthwiseWindow, MatContraction, pack_columns, pack_weights
 from .texpr import (BOOL, I64, Buf, E, all_of, binop, call, cast, cmp, const, dim_index, identity_value, in_range, load,
                     logic, reduce, select, unop)
 
@@ -852,10 +852,41 @@ def _conv_transpose(ctx):
     return [TensorFn(out, ctx.out_dtype(), f, "complex")]
 
 
+def _matmul_as_gemm(ctx, a, wv: Optional[np.ndarray], out, epilogue=None) -> Optional[TensorFn]:
+    """``A @ W`` with ``W[K, M]`` constant as a packed contraction (:class:`MatContraction`), when the target
+    asks for micro-kernels and everything is float32. ``epilogue(idx, acc)`` adds what the op adds to the
+    product (Gemm's alpha, beta * C). A is stored first when it is an expression."""
+    if (not ctx.gemm_cols or wv is None or wv.ndim != 2 or len(a.shape) < 2 or a.dtype != DType.FLOAT
+            or ctx.out_dtype() != DType.FLOAT or ctx._weight is None or isinstance(a.shape[-1], SymExpr)):
+        return None
+    K, M = wv.shape
+    if K < 8 or M < 8 or tuple(out[:-1]) != tuple(a.shape[:-1]) or out[-1] != M:
+        return None
+    cols = ctx.gemm_cols
+    if a.buf is None:
+        a = ctx.temp(a.shape, a.dtype, a.fn, "in")
+    wp = ctx.weight(pack_columns(wv.astype(np.float32), cols), "panels")
+    spec = MatContraction(wp, a.buf, product(a.shape[:-1]), M, K, cols)
+
+    def f(idx):
+        rows, m = list(idx[:-1]), idx[-1]
+        acc = E("contract", list(idx) + [reduce("sum", [K], lambda k: binop(
+            "mul", a(rows + [k]), load(wp, [m // cols, k, m % cols])))], DType.FLOAT, spec)
+        return epilogue(idx, acc) if epilogue is not None else acc
+    return TensorFn(out, ctx.out_dtype(), f, "complex", contraction=True)
+
+
 @lowering("MatMul")
 def _matmul(ctx):
     a, b = ctx.input(0), ctx.input(1)
     out = ctx.out_shape()
+    gemm = _matmul_as_gemm(ctx, a, ctx.const_input(1), out)
+    if gemm is not None:
+        return [gemm]
+    if ctx.gemm_cols and b.buf is None and len(b.shape) >= 2:
+        # the row schedule reads B's rows with the output column innermost: store B (e.g. a transposed
+        # key matrix) so those reads are contiguous instead of strided through the expression
+        b = ctx.temp(b.shape, b.dtype, b.fn, "rhs")
     a_shape, b_shape = list(a.shape), list(b.shape)
     K = a_shape[-1]
 
@@ -886,6 +917,18 @@ def _gemm(ctx):
     K = a.shape[0] if ta else a.shape[1]
     cf = _bcast(c, out) if c is not None else None
     wv = ctx.const_input(1)
+
+    def epilogue(idx, acc):
+        if alpha != 1.0:
+            acc = binop("mul", acc, fconst(alpha, acc))
+        if cf is not None and beta != 0.0:
+            cv = cf(idx)
+            acc = binop("add", acc, cv if beta == 1.0 else binop("mul", cv, fconst(beta, cv)))
+        return acc
+    if not ta and wv is not None:
+        gemm = _matmul_as_gemm(ctx, a, wv.T if tb else wv, out, epilogue)
+        if gemm is not None:
+            return [gemm]
     if tb and wv is not None and ctx._weight is not None:
         # constant B^T: stored transposed at compile time so the row schedule reads it with unit stride
         bt = ctx.weight(np.ascontiguousarray(wv.T), "transposed")
@@ -893,13 +936,8 @@ def _gemm(ctx):
 
     def f(idx):
         i, j = idx
-        acc = reduce("sum", [K], lambda k: binop("mul", a([k, i] if ta else [i, k]), b([j, k] if tb else [k, j])))
-        if alpha != 1.0:
-            acc = binop("mul", acc, fconst(alpha, acc))
-        if cf is not None and beta != 0.0:
-            cv = cf(idx)
-            acc = binop("add", acc, cv if beta == 1.0 else binop("mul", cv, fconst(beta, cv)))
-        return acc
+        return epilogue(idx, reduce("sum", [K], lambda k: binop("mul", a([k, i] if ta else [i, k]),
+                                                                 b([j, k] if tb else [k, j]))))
     return [TensorFn(out, ctx.out_dtype(), f, "complex")]
 
 

@@ -108,6 +108,11 @@ class KernelModule:
         """Emit ``st`` as function ``sym``; returns (parallel extent, grain)."""
         from .depthwise import emit_depthwise_stage
         from .gemm import emit_gemm_stage
+        from .matmul import emit_matmul_stage
+        done = emit_matmul_stage(self, st, sym)
+        if done is not None:
+            self.gemm_symbols.add(sym)
+            return done
         done = emit_gemm_stage(self, st, sym)
         if done is not None:
             self.gemm_symbols.add(sym)

@@ -1,0 +1,124 @@
+"""Register-blocked micro-kernels for products with constant weights (MatMul / Gemm; see
+:class:`cuvil.targets.gemm.MatContraction`).
+
+A unit of the parallel range is a tile of ``MR`` rows of A. For every weight panel (``cols = NV * VW``
+output columns, packed at compile time as ``Wp[mb, k, :]``) the k-loop keeps ``MR x NV`` accumulators in
+vector registers: per k it loads ``NV`` vectors of the panel, broadcasts ``A[p, k]`` of each of the
+``MR`` rows (read in place: rows of A are contiguous, no packing) and issues ``MR * NV`` fused
+multiply-adds. The tile is spilled to a stack array, the stage's fused epilogue (bias, residual, activation,
+Gemm's alpha/beta) runs over it in place, and rows are copied out (``out[p, m0:m0 + cols]`` is contiguous).
+The number of rows may be symbolic (batch x sequence): it is read at run time; a partial tile clamps its
+row pointers to the last row and stores only the rows that exist.
+"""
+from __future__ import annotations
+
+from typing import List, Optional, Tuple
+
+import llvmlite.ir as ir
+
+from ...ir.dim import SymExpr
+from ..gemm import MR, MatContraction
+from ..schedule import Stage
+from .codegen import F32, I32, I64
+from .gemm import find_contraction, tile_epilogue
+
+
+def emit_matmul_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]]:
+    """Emit a MatContraction stage; returns (parallel extent, grain) or None if ``st`` is not one."""
+    c = find_contraction(st)
+    if c is None or not isinstance(c.attr, MatContraction) or st.region is not None:
+        return None
+    spec: MatContraction = c.attr
+    vw = max(4, km.vector_bits // 32)
+    nr = spec.cols
+    if nr % vw or any(isinstance(d, SymExpr) for d in st.buf.shape[-1:]):
+        return None
+    nv = nr // vw
+    vec = ir.VectorType(F32, vw)
+    K, M, Mb = spec.k, spec.m, spec.m_blocks
+
+    em, begin, end = km.kernel(sym)
+    fn, b = em.fn, em.b
+    fma = km.declare(f"llvm.fma.v{vw}f32", vec, [vec, vec, vec])
+    tile = em.alloca(vec, MR * nv)
+    tile_f = b.bitcast(tile, ir.PointerType(F32))
+    zero = ir.Constant(vec, [0.0] * vw)
+    rows_total = em.index(spec.rows)
+    lead = list(st.buf.shape[:-1])
+
+    def fptr(base, off):
+        return b.gep(base, [off], source_etype=F32, inbounds=True)
+
+    def splat(x):
+        v = b.insert_element(ir.Constant(vec, ir.Undefined), x, I32(0))
+        return b.shuffle_vector(v, ir.Constant(vec, ir.Undefined), ir.Constant(ir.VectorType(I32, vw), [0] * vw))
+
+    a_base = b.gep(em.base(spec.a), [I64(spec.a.offset)], source_etype=ir.IntType(8), inbounds=True)
+    w_base = b.gep(em.base(spec.w), [I64(spec.w.offset)], source_etype=ir.IntType(8), inbounds=True)
+    last_row = b.sub(rows_total, I64(1))
+
+    def row_tile(t):
+        p0 = b.mul(t, I64(MR))
+        left = b.sub(rows_total, p0)
+        nrows = b.select(b.icmp_signed("<", left, I64(MR)), left, I64(MR))
+        rows = []
+        for r in range(MR):
+            p = b.add(p0, I64(r))
+            p = b.select(b.icmp_signed("<", p, rows_total), p, last_row)
+            rows.append(fptr(a_base, b.mul(p, I64(K))))
+
+        def panel(mb):
+            w_ptr = fptr(w_base, b.mul(mb, I64(K * nr)))
+            pre = b.block
+            head = fn.append_basic_block("k")
+            done = fn.append_basic_block("k_done")
+            b.branch(head)
+            b.position_at_end(head)
+            k = b.phi(I64)
+            k.add_incoming(I64(0), pre)
+            accs = []
+            for _ in range(MR * nv):
+                ph = b.phi(vec)
+                ph.add_incoming(zero, pre)
+                accs.append(ph)
+            wrow = fptr(w_ptr, b.mul(k, I64(nr)))
+            wv = [b.load(fptr(wrow, I64(v * vw)), typ=vec, align=4) for v in range(nv)]
+            new = []
+            for r in range(MR):
+                av = splat(b.load(fptr(rows[r], k), typ=F32, align=4))
+                for v in range(nv):
+                    new.append(b.call(fma, [av, wv[v], accs[r * nv + v]]))
+            kn = b.add(k, I64(1))
+            k.add_incoming(kn, b.block)
+            for ph, x in zip(accs, new):
+                ph.add_incoming(x, b.block)
+            b.cbranch(b.icmp_signed("<", kn, I64(K)), head, done)
+            b.position_at_end(done)
+            for i in range(MR * nv):
+                b.store(new[i], b.gep(tile, [I64(i)], source_etype=vec, inbounds=True), align=4)
+            m0 = b.mul(mb, I64(nr))
+            mleft = b.sub(I64(M), m0)
+            ncols = b.select(b.icmp_signed("<", mleft, I64(nr)), mleft, I64(nr))
+
+            def index(r, j) -> List[ir.Value]:
+                return _unflatten(em, b.add(p0, r), lead) + [b.add(m0, j)]
+
+            def slot(r, j):
+                return b.gep(tile_f, [b.add(b.mul(r, I64(nr)), j)], source_etype=F32, inbounds=True)
+            tile_epilogue(em, st, c, slot, index, nrows, ncols)
+        em.loop_range(I64(0), I64(Mb), panel)
+
+    em.loop_range(begin, end, row_tile)
+    b.ret_void()
+    return (spec.rows + MR - 1) // MR, 1
+
+
+def _unflatten(em, p, dims) -> List[ir.Value]:
+    """Row-major indices of row ``p`` over ``dims`` (symbolic dims read at run time)."""
+    b = em.b
+    rest, out = p, []
+    for d in reversed(dims[1:]):
+        out.append(b.srem(rest, em.index(d)))
+        rest = b.sdiv(rest, em.index(d))
+    out.append(rest)
+    return list(reversed(out))
