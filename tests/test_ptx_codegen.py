@@ -258,3 +258,27 @@ ptxas info    : Used 12 registers, 16 bytes smem, 368 bytes cmem[0]
     info = parse_verbose(text)
     assert info["cuvil_k1"].registers == 32 and info["cuvil_k1"].spill_stores == 4 and info["cuvil_k1"].stack_frame == 8
     assert info["cuvil_k0"].registers == 12 and info["cuvil_k0"].shared == 16
+
+
+def test_channel_coarsening_policy_and_kernel():
+    """A 3x3 convolution with 200,704 outputs: 2 output channels per thread (half as many threads), no
+    spills; small stages are not coarsened."""
+    from cuvil.targets.ptx.codegen import coarsen_factor, single_sum
+    x = Buf("x", F32, (1, 8, 58, 58), base=2)
+    w = Buf("w", F32, (64, 8, 3, 3), base=1)
+
+    def conv(cout, hw):
+        y = Buf("y", F32, (1, cout, hw, hw), base=3)
+        n, c, h, ww = (var(s) for s in "nchw")
+        e = reduce("sum", [8, 3, 3], lambda ci, kh, kw: binop("mul", load(x, [n, ci, h + kh, ww + kw]),
+                                                               load(w, [c, ci, kh, kw])))
+        return Stage("conv", y, [n, c, h, ww], e), y
+    st, y = conv(64, 56)
+    assert coarsen_factor(st, single_sum(st)) == 2
+    small, _ = conv(64, 8)
+    assert coarsen_factor(small, single_sum(small)) == 1
+    ptx, descs = generate_ptx(_sched([st], [x], [y]), "sm_90")
+    assert descs[0].n_elements == 64 * 56 * 56 // 2
+    if PTXAS:
+        _, info = assemble(ptx, "sm_90")
+        assert info[descs[0].name].spill_stores == 0

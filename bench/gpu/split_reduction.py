@@ -1,5 +1,6 @@
-"""Split reductions on the GPU: one warp per output element for stages with few outputs and long sums,
-against one thread per element, kernel by kernel, on ResNet-50 (batch 1, float32), plus correctness of the
+"""Split reductions (several lanes per output element for stages with few outputs and long sums) and
+channel coarsening (several output channels per thread) on the GPU, against one thread per element, kernel by
+kernel, on ResNet-50 (batch 1, float32), plus correctness of the
 light models built with the chosen thresholds.
 
     python3 bench/gpu/split_reduction.py [--json out.json] [--models squeezenet,densenet121]
@@ -66,8 +67,8 @@ def main():
     arch = info["arch"]
     RESULTS["device"] = info
     defaults = {k: getattr(cg, k) for k in ("WARP_MAX_OUTPUTS", "SPLIT_TARGET_THREADS", "SPLIT_MIN_TERMS_PER_LANE",
-                                               "SPLIT_MODE")}
-    variants = [("thread", {"WARP_MAX_OUTPUTS": 0})]
+                                               "SPLIT_MODE", "COARSEN")}
+    variants = [("thread", {"WARP_MAX_OUTPUTS": 0, "COARSEN": 1})]
     for spec in (args.variants or "").split(","):
         if spec:   # name=KEY:VALUE;KEY:VALUE (ints, or strings for SPLIT_MODE)
             label, _, body = spec.partition("=")
@@ -104,7 +105,7 @@ def main():
         setattr(cg, k, v)
     rows = []
     for stage, t in per["thread"].items():
-        if any(per[v][stage]["lanes"] > 1 for v in per if stage in per[v]):
+        if any(per[v][stage]["lanes"] > 1 or abs(per[v][stage]["ms"] - t["ms"]) > 0.005 for v in per if stage in per[v]):
             rows.append({"stage": stage, "outputs": t["n"],
                          **{f"{v}_ms": per[v][stage]["ms"] for v in per}, **{f"{v}_lanes": per[v][stage]["lanes"] for v in per}})
     RESULTS["stages"] = rows
