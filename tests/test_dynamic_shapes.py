@@ -510,3 +510,42 @@ def test_guards_reason_about_symbolic_dims_over_their_range(tmp_path, profile, f
     out = p.optimize(str(rule), builtin=False)
     assert out.report.applied.get("relu_relu_batched", 0) == (1 if fires else 0)
     assert [n.op for n in out.graph.nodes] == (["Relu"] if fires else ["Relu", "Relu"])
+
+
+def _spatial_cnn():
+    rng = np.random.default_rng(7)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, "H", "W"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    inits = [numpy_helper.from_array((rng.standard_normal(s) / 4).astype(np.float32), n)
+             for n, s in (("w", (8, 3, 3, 3)), ("w2", (16, 8, 3, 3)), ("dw", (16, 1, 3, 3)))]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("MaxPool", ["r"], ["p"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["p", "w2"], ["c2"], pads=[1, 1, 1, 1], strides=[2, 2]),
+             helper.make_node("Conv", ["c2", "dw"], ["c3"], pads=[1, 1, 1, 1], group=16),
+             helper.make_node("AveragePool", ["c3"], ["a"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("GlobalAveragePool", ["a"], ["y"])]
+    return helper.make_model(helper.make_graph(nodes, "spatial", [x], [y], inits),
+                             opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_symbolic_spatial_dims():
+    """H and W symbolic too: shapes like ((H + 1)/2 + 1)/2 stay symbolic (padding, strided windows, pools),
+    the manifest reports the derived dims' ranges, and every shape of the profile matches onnxruntime."""
+    model = _spatial_cnn()
+    p = Pipeline.from_onnx(model)
+    art = p.compile(shape_profiles={"N": (1, 1, 4), "H": (8, 32, 64), "W": (8, 32, 64)}, cache=False)
+    try:
+        assert art.manifest["derived_dims"]["((H + 1)/2 + 1)/2"] == [2, 16]
+        m = cuvil.load(art.path)
+        sess = ort_session(model)
+        rng = np.random.default_rng(1)
+        for shape in [(1, 3, 32, 32), (2, 3, 17, 23), (4, 3, 64, 8), (1, 3, 8, 8), (3, 3, 41, 64)]:
+            x = rng.standard_normal(shape).astype(np.float32)
+            got, want = m.run(x)[0], sess.run(None, {"x": x})[0]
+            assert got.shape == want.shape
+            assert rel_err(got, want) <= 1e-4
+        with pytest.raises(ShapeError, match="outside the profile H in \\[8, 64\\]"):
+            m.run(np.zeros((1, 3, 7, 8), np.float32))
+    finally:
+        shutil.rmtree(os.path.dirname(art.path), ignore_errors=True)

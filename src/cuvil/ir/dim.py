@@ -62,6 +62,15 @@ def _paren(x) -> str:
 Monomial = Tuple[Atom, ...]  # sorted, with repetition for powers
 
 
+def _atom_key(a: "Atom"):
+    """Total order over atoms (their arguments may be expressions, which have no ``<``)."""
+    return (a.kind, tuple(_key(x) for x in a.args))
+
+
+def _mono_key(m) -> tuple:
+    return tuple(_atom_key(a) for a in m)
+
+
 def _key(x):
     """Total order over ints and expressions, used to sort atom arguments canonically."""
     return (0, x, "") if isinstance(x, int) else (1, 0, str(x))
@@ -74,7 +83,7 @@ class SymExpr:
 
     def __init__(self, terms: Mapping[Monomial, int]):
         self.terms: Tuple[Tuple[Monomial, int], ...] = tuple(sorted(
-            ((m, c) for m, c in terms.items() if c != 0), key=lambda t: (len(t[0]), t[0])))
+            ((m, c) for m, c in terms.items() if c != 0), key=lambda t: (len(t[0]), _mono_key(t[0]))))
         self._hash = hash(self.terms)
 
     # construction ----------------------------------------------------------------------------------
@@ -248,7 +257,7 @@ def mul(a, b) -> Dim:
     out: Dict[Monomial, int] = {}
     for ma, ca in pa.items():
         for mb, cb in pb.items():
-            m = tuple(sorted(ma + mb))
+            m = tuple(sorted(ma + mb, key=_atom_key))
             out[m] = out.get(m, 0) + ca * cb
     return _make(out)
 

@@ -19,6 +19,7 @@ from typing import Optional
 import attrs
 import numpy as np
 
+from ..ir.dim import product
 from .texpr import Buf
 
 MR = 6   # output channels per weight panel (rows of the micro-kernel's register tile)
@@ -43,16 +44,16 @@ class Contraction:
         return self.cin * int(np.prod(self.kernel))
 
     @property
-    def p(self) -> int:
-        return int(np.prod(self.out_spatial))
+    def p(self):
+        return product(self.out_spatial)
 
     @property
     def m_blocks(self) -> int:
         return -(-self.m // MR)
 
     @property
-    def p_blocks(self) -> int:
-        return -(-self.p // self.cols)
+    def p_blocks(self):
+        return (self.p + self.cols - 1) // self.cols
 
     @property
     def flops(self) -> int:
@@ -89,7 +90,7 @@ class DepthwiseWindow:
         if self.kind != "conv":
             return 0
         n, c = self.x.shape[:2]
-        return 2 * n * c * int(np.prod(self.out_spatial)) * int(np.prod(self.kernel))
+        return 2 * n * c * product(self.out_spatial) * int(np.prod(self.kernel))
 
 
 @attrs.define(eq=False)

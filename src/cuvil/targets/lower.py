@@ -13,7 +13,7 @@ import attrs
 import numpy as np
 
 from ..errors import UnsupportedOpError
-from ..ir.dim import SymExpr, evaluate, free_symbols, product
+from ..ir.dim import SymExpr, dmax, evaluate, free_symbols, product
 from ..ir.dtype import DType
 from ..ir.graph import Node
 from .gemm import MR, Contraction, DepthwiseWindow, MatContraction, pack_columns, pack_weights
@@ -719,7 +719,7 @@ def _window_params(ctx, spatial: int, kernel: Sequence[int], in_sizes: Sequence[
     if auto in ("SAME_UPPER", "SAME_LOWER"):
         begin = []
         for k in range(spatial):
-            total = max((out_sizes[k] - 1) * strides[k] + (kernel[k] - 1) * dil[k] + 1 - in_sizes[k], 0)
+            total = dmax((out_sizes[k] - 1) * strides[k] + (kernel[k] - 1) * dil[k] + 1 - in_sizes[k], 0)
             begin.append(total // 2 if auto == "SAME_UPPER" else total - total // 2)
     elif pads:
         begin = list(pads[:spatial])
@@ -728,15 +728,21 @@ def _window_params(ctx, spatial: int, kernel: Sequence[int], in_sizes: Sequence[
     return strides, dil, begin
 
 
+def _may_exceed(a, b) -> bool:
+    """a > b for some value of the symbols (symbolic sizes whose difference is not a constant: assumed)."""
+    d = a - b
+    return d > 0 if isinstance(d, int) else True
+
+
 def padded_window_input(ctx, x: TensorFn, out_sp, kern, strides, dil, begin, fill):
     """For a sliding window that reads outside ``x`` (padding, or a ceil-mode window past the end): a
     materialised copy bordered with ``fill`` and zero begin pads, so the window's loops read memory with no
     bounds tests. Otherwise ``x`` and ``begin`` unchanged."""
     spatial = len(kern)
     need = [(o - 1) * s + (k - 1) * d + 1 for o, s, k, d in zip(out_sp, strides, kern, dil)]
-    if not (any(begin) or any(n > size for n, size in zip(need, x.shape[2:]))):
+    if not (any(b0 != 0 for b0 in begin) or any(_may_exceed(n, size) for n, size in zip(need, x.shape[2:]))):
         return x, list(begin)
-    padded = list(x.shape[:2]) + [max(size + b0, n) for size, b0, n in zip(x.shape[2:], begin, need)]
+    padded = list(x.shape[:2]) + [dmax(size + b0, n) for size, b0, n in zip(x.shape[2:], begin, need)]
 
     def pad_fn(idx):
         src = [i - b0 for i, b0 in zip(idx[2:], begin)]
@@ -956,15 +962,17 @@ def _pool(ctx):
 
     orig_begin = list(begin)
     sizes = list(x.shape[2:])
+    x0 = x
     if op == "MaxPool" and len(ctx.node.outputs) == 1:
         lowest = -math.inf if x.dtype.is_float else np.iinfo(x.dtype.numpy).min
         x, begin = padded_window_input(ctx, x, out[2:], kern, strides, dil, begin, lowest)
     elif op == "AveragePool" and not count_pad and x.dtype.is_float and all(d == 1 for d in dil):
         x, begin = padded_window_input(ctx, x, out[2:], kern, strides, dil, begin, 0.0)
-    padded = list(x.shape[2:]) != sizes or any(orig_begin)
-    # every window position lies inside x (as padded): reads need no bounds tests
-    inside = not any(begin) and all((o - 1) * s_ + (k - 1) * d + 1 <= size for o, s_, k, d, size in
-                                    zip(out[2:], strides, kern, dil, x.shape[2:]))
+    padded = x is not x0
+    # every window position lies inside x (as padded: by construction): reads need no bounds tests
+    inside = padded or (not any(b0 != 0 for b0 in begin) and not any(
+        _may_exceed((o - 1) * s_ + (k - 1) * d + 1, size) for o, s_, k, d, size in
+        zip(out[2:], strides, kern, dil, x.shape[2:])))
 
     # a 2-D float32 max pool over a stored, padded input: rows in vector registers on x86
     window = None
@@ -981,7 +989,7 @@ def _pool(ctx):
             lo = oi * s_ - pb
             hi = lo + k
             lo_c = select(cmp("lt", lo, const(0, I64)), const(0, I64), lo)
-            hi_c = select(cmp("gt", hi, const(size, I64)), const(size, I64), hi)
+            hi_c = select(cmp("gt", hi, dim_index(size)), dim_index(size), hi)
             ext = E("sub", (hi_c, lo_c), I64)
             total = ext if total is None else E("mul", (total, ext), I64)
         return cast(total, ctx.out_dtype())
@@ -1082,7 +1090,7 @@ def _end_pads(ctx, spatial):
 def _global_pool(ctx):
     x = ctx.input(0)
     sp = list(x.shape[2:])
-    n_el = int(np.prod(sp))
+    n_el = product(sp)
     op = ctx.node.op
 
     def f(idx):
@@ -1121,7 +1129,7 @@ def _reduce(ctx):
     keep = ctx.attr("keepdims", 1)
     op = ctx.node.op
     ext = [x.shape[a] for a in axes]
-    count = int(np.prod(ext)) if ext else 1
+    count = product(ext) if ext else 1
 
     def f(idx):
         if not axes:
@@ -1226,7 +1234,7 @@ def _instancenorm(ctx):
     eps = ctx.attr("epsilon", 1e-5)
     shape = list(x.shape)
     sp = shape[2:]
-    cnt = int(np.prod(sp))
+    cnt = product(sp)
     stat_shape = shape[:2] + [1] * len(sp)
     zeros = [const(0, I64)] * len(sp)
     mean = ctx.temp(stat_shape, x.dtype, lambda idx: binop("div", reduce("sum", sp, lambda *ks: x(idx[:2] + list(ks))), const(cnt, x.dtype)), "mean")
@@ -1252,7 +1260,7 @@ def _layernorm(ctx):
     eps = ctx.attr("epsilon", 1e-5)
     shape = list(x.shape)
     norm = shape[axis:]
-    cnt = int(np.prod(norm))
+    cnt = product(norm)
     stat_shape = shape[:axis] + [1] * len(norm)
     zeros = [const(0, I64)] * len(norm)
     mean = ctx.temp(stat_shape, x.dtype, lambda idx: binop("div", reduce("sum", norm, lambda *ks: x(idx[:axis] + list(ks))), const(cnt, x.dtype)), "mean")
@@ -1699,7 +1707,7 @@ def _rmsnorm(ctx):
     axis = ctx.attr("axis", -1) % rank
     eps = ctx.attr("epsilon", 1e-5)
     axes = list(range(axis, rank))
-    cnt = int(np.prod([x.shape[a] for a in axes]))
+    cnt = product([x.shape[a] for a in axes])
     ss = _stat(ctx, x, axes, lambda full: _sq(x(full)), "sumsq")
     scf = _bcast(sc, x.shape)
 
@@ -1732,7 +1740,7 @@ def _mvn(ctx):
     x = ctx.input(0)
     rank = len(x.shape)
     axes = sorted(a % rank for a in (ctx.attr("axes") or [0, 2, 3]))
-    cnt = int(np.prod([x.shape[a] for a in axes]))
+    cnt = product([x.shape[a] for a in axes])
     s1 = _stat(ctx, x, axes, lambda full: x(full), "sum")
     s2 = _stat(ctx, x, axes, lambda full: _sq(x(full)), "sumsq")
 
@@ -1752,7 +1760,7 @@ def _groupnorm(ctx):
     N, C = x.shape[0], x.shape[1]
     sp = list(x.shape[2:])
     cg = C // groups
-    cnt = cg * int(np.prod(sp))
+    cnt = cg * product(sp)
     xg = lambda n, g, c, ks: x([n, g * cg + c] + list(ks))
     mean = ctx.temp([N, groups], x.dtype, lambda idx: binop("div", reduce(
         "sum", [cg] + sp, lambda c, *ks: xg(idx[0], idx[1], c, ks)), const(cnt, x.dtype)), "mean")

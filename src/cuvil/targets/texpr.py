@@ -97,6 +97,10 @@ def var(name: str) -> E:
 
 
 def const(value, dtype: DType) -> E:
+    """A constant of ``dtype``; a symbolic dimension (an element count over symbols) becomes its run-time
+    value converted to ``dtype``."""
+    if isinstance(value, SymExpr):
+        return cast(dim_index(value), dtype)
     if dtype.is_float:
         value = float(value)
     elif dtype == BOOL:
