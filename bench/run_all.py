@@ -306,8 +306,11 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--cold-runs", type=int, default=3, help="fresh processes per engine for cold start/RSS")
     ap.add_argument("--opt-level", type=int, default=3)
-    ap.add_argument("--pause-ms", type=float, default=0.0,
-                    help="untimed sleep after each timed run (lets spinning worker threads go idle; default 0)")
+    ap.add_argument("--pause-ms", type=float, default=150.0,
+                    help="untimed sleep after each timed run, so each engine starts on an idle machine (default "
+                         "150: onnxruntime's intra-op workers spin 50-100 ms after a run, and back to back they "
+                         "took the second core from Cuvil's 2-thread runs: ResNet-50 121 ms vs 78 ms with 100 ms "
+                         "pauses, measured here)")
     ap.add_argument("--peak-gflops-per-core", type=float, default=None,
                     help="fp32 peak per core for '%% of peak' (default: measured with a C FMA loop)")
     ap.add_argument("--out", default=DEFAULT_OUT, help="the Markdown report (default bench/RESULTS.md)")

@@ -467,7 +467,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="fresh processes per engine for cold start and peak RSS (default 3; 0 = skip)")
     sp.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     sp.add_argument("--pause-ms", type=float, default=0.0,
-                    help="untimed sleep after each timed run, so spinning worker threads go idle first (default 0)")
+                    help="untimed sleep after each timed run, so spinning worker threads go idle first (default 0; with "
+                         "--vs onnxruntime and several threads use ~150: its workers spin 50-100 ms after a run)")
     sp.add_argument("--json", metavar="OUT", help="write every figure as JSON")
     sp.add_argument("--plot", metavar="OUT.png", help="latency histogram and CDF (needs matplotlib)")
     sp.add_argument("--progress", action="store_true", help="progress bar on stderr even when it is not a terminal")
