@@ -282,3 +282,28 @@ def test_channel_coarsening_policy_and_kernel():
     if PTXAS:
         _, info = assemble(ptx, "sm_90")
         assert info[descs[0].name].spill_stores == 0
+
+
+def test_tiled_kernel_for_a_large_stage():
+    """A 1x1 convolution over 64 channels with 64 x 3136 x 2 = 401,408 outputs: a shared-memory tiled kernel (two tiles in
+    .shared memory, bar.sync between loading and using them), launched as whole blocks of the tile's threads;
+    ptxas accepts it without spills."""
+    from cuvil.targets.ptx.codegen import tile_factors, tile_shape, single_sum
+    x = Buf("x", F32, (2, 64, 56, 56), base=2)
+    w = Buf("w", F32, (64, 64), base=1)
+    y = Buf("y", F32, (2, 64, 56, 56), base=3)
+    n, c, h, ww = (var(s) for s in "nchw")
+    e = reduce("sum", [64], lambda ci: binop("mul", load(x, [n, ci, h, ww]), load(w, [c, ci])))
+    st = Stage("conv1x1", y, [n, c, h, ww], e)
+    wf, xf = tile_factors(st, single_sum(st))
+    assert wf.attr is w and xf.attr is x                   # the weight factor depends on the channel only
+    ptx, descs = generate_ptx(_sched([st], [x], [y]), "sm_90")
+    d = descs[0]
+    assert d.kind == "tiled"
+    tm, tp = tile_shape(64, 2 * 56 * 56)
+    assert d.block == (tm // 4) * (tp // 4) and d.n_elements % d.block == 0
+    k = entries(ptx)[d.name]
+    assert "bar.sync" in k and ".shared" in ptx
+    if PTXAS:
+        _, info = assemble(ptx, "sm_90")
+        assert info[d.name].spill_stores == 0

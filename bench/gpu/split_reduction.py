@@ -67,8 +67,8 @@ def main():
     arch = info["arch"]
     RESULTS["device"] = info
     defaults = {k: getattr(cg, k) for k in ("WARP_MAX_OUTPUTS", "SPLIT_TARGET_THREADS", "SPLIT_MIN_TERMS_PER_LANE",
-                                               "SPLIT_MODE", "COARSEN")}
-    variants = [("thread", {"WARP_MAX_OUTPUTS": 0, "COARSEN": 1})]
+                                               "SPLIT_MODE", "COARSEN", "TILE_ENABLED")}
+    variants = [("thread", {"WARP_MAX_OUTPUTS": 0, "COARSEN": 1, "TILE_ENABLED": 0})]
     for spec in (args.variants or "").split(","):
         if spec:   # name=KEY:VALUE;KEY:VALUE (ints, or strings for SPLIT_MODE)
             label, _, body = spec.partition("=")
@@ -93,8 +93,9 @@ def main():
         err = float(np.max(np.abs(y - ref)) / np.max(np.abs(ref)))
         prof = m.profile_kernels(repeats=5)
         lanes = {k["name"]: k.get("lanes", 1) for k in m.plan["kernels"]}
-        per[label] = {p["stage"]: {"ms": p["ms"], "lanes": lanes[p["name"]], "n": p["n"] // lanes[p["name"]]}
-                      for p in prof}
+        kinds = {k["name"]: k.get("kind", "element") for k in m.plan["kernels"]}
+        per[label] = {p["stage"]: {"ms": p["ms"], "lanes": lanes[p["name"]], "kind": kinds[p["name"]],
+                                   "n": p["n"] // lanes[p["name"]]} for p in prof}
         RESULTS[label] = {"settings": {**defaults, **over}, "graph_p50_ms": p50, "rel_err": err, "compile_s": secs,
                           "kernel_sum_ms": sum(p["ms"] for p in prof),
                           "split_kernels": sum(1 for v in lanes.values() if v > 1)}
@@ -105,15 +106,17 @@ def main():
         setattr(cg, k, v)
     rows = []
     for stage, t in per["thread"].items():
-        if any(per[v][stage]["lanes"] > 1 or abs(per[v][stage]["ms"] - t["ms"]) > 0.005 for v in per if stage in per[v]):
+        if any(per[v][stage]["kind"] != "element" or abs(per[v][stage]["ms"] - t["ms"]) > 0.005
+               for v in per if stage in per[v]):
             rows.append({"stage": stage, "outputs": t["n"],
-                         **{f"{v}_ms": per[v][stage]["ms"] for v in per}, **{f"{v}_lanes": per[v][stage]["lanes"] for v in per}})
+                         **{f"{v}_ms": per[v][stage]["ms"] for v in per}, **{f"{v}_lanes": per[v][stage]["lanes"] for v in per},
+                         **{f"{v}_kind": per[v][stage]["kind"] for v in per}})
     RESULTS["stages"] = rows
     names = [v for v, _ in variants]
     print(f"\n{'stage':10} {'outputs':>8} " + " ".join(f"{n:>12}" for n in names))
     for r in sorted(rows, key=lambda r: r["outputs"]):
         print(f"{r['stage'][:10]:10} {r['outputs']:8d} " + " ".join(
-            f"{r[n + '_ms']:8.3f} x{r[n + '_lanes']:<2d}" for n in names), flush=True)
+            f"{r[n + '_ms']:8.3f} {r[n + '_kind'][:5]:5}" for n in names), flush=True)
     checks = []
     for name in [m for m in args.models.split(",") if m]:
         mod = light_model(name)

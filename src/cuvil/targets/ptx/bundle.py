@@ -111,7 +111,7 @@ def compile_bundle(g: Graph, out_dir: str, *, arch: str = "sm_90", opt_level: in
         "buffers": {"arena": ARENA, "weights": WEIGHTS, "first_input": 2, "first_output": 2 + len(sched.inputs),
                     "count": 2 + len(sched.inputs) + len(sched.outputs)},
         "kernels": [{"name": d.name, "stage": d.stage, "n": d.n_elements, "grid": [d.grid, 1, 1],
-                     "block": [d.block, 1, 1], "args": ["bufs", "n"], "lanes": d.lanes} for d in descs],
+                     "block": [d.block, 1, 1], "args": ["bufs", "n"], "lanes": d.lanes, "kind": d.kind} for d in descs],
         "inputs": _io(sched.inputs),
         "outputs": _io(sched.outputs),
     }

@@ -117,7 +117,8 @@ class KernelDesc:
     n_elements: int
     block: int = BLOCK
     stage: str = ""        # the schedule stage it computes (for reports)
-    lanes: int = 1         # threads per output element
+    lanes: int = 1         # threads per output element (split kernels)
+    kind: str = "element"  # element, split, coarse (several channels per thread), tiled (shared memory)
 
     @property
     def grid(self) -> int:
@@ -295,10 +296,11 @@ class _PtxEmitter(_Emitter):
 
 class PtxKernelModule(KernelModule):
     def __init__(self, name: str, tm, *, fma: bool = False, block: int = BLOCK, narrow_index: bool = False,
-                 split_reductions: bool = True, coarsen: bool = True):
+                 split_reductions: bool = True, coarsen: bool = True, tile: bool = True):
         super().__init__(name, tm, TRIPLE)
         self.split_reductions = split_reductions
         self.coarsen = coarsen
+        self.tile = tile
         self.fma = fma
         self.block = block
         self.kernels: List[str] = []
@@ -322,10 +324,174 @@ class PtxKernelModule(KernelModule):
             lanes = split_lanes(outputs, terms, int(red.attr[2][0]))
             if lanes > 1:
                 return self.add_split_stage(st, sym, red, lanes)
-        red = single_sum(st) if self.coarsen else None
-        if red is not None and coarsen_factor(st, red) > 1:
+        red = single_sum(st) if (self.coarsen or self.tile) else None
+        if red is not None and self.tile and TILE_ENABLED:
+            factors = tile_factors(st, red)
+            if factors is not None:
+                return self.add_tiled_stage(st, sym, red, *factors)
+        if red is not None and self.coarsen and coarsen_factor(st, red) > 1:
             return self.add_coarse_stage(st, sym, red, coarsen_factor(st, red))
         return self.add_element_stage(st, sym)
+
+    def add_tiled_stage(self, st: Stage, sym: str, red: E, wfac: E, xfac: E) -> KernelDesc:
+        """Shared-memory tiled reduction: the output is a (channel = dim 1) x (position = every other dim,
+        flattened) matrix; a block of 256 threads computes a TM x TP tile of it, each thread a 4 x 4 register
+        tile. The reduction runs in chunks of TK terms: the block loads ``wfac`` (depends on the channel and
+        the reduction, not the position: weights) for TM channels and ``xfac`` (depends on the position and
+        the reduction: the input window) for TP positions into shared memory, synchronises, and every thread
+        accumulates its 16 products per term from shared memory, so each value loaded from global memory is
+        used TP (resp. TM) / 4 times. Terms past the reduction, channels past M and positions past P load
+        zero. Then each thread runs the fused epilogue for its 16 outputs and stores those that exist."""
+        fn = self._kernel_fn(sym)
+        bufs, _n = fn.args
+        b = ir.IRBuilder(fn.append_basic_block("entry"))
+        em = _PtxEmitter(self, fn, b, bufs, st.buf)
+        shape = [int(d) for d in st.buf.shape]
+        M = shape[1]
+        rest_dims = [shape[0]] + shape[2:]
+        P = 1
+        for d in rest_dims:
+            P *= d
+        kind, vs, extents = red.attr
+        extents = [int(x) for x in extents]
+        R = 1
+        for x in extents:
+            R *= x
+        dt = red.dtype
+        t = ll(dt)
+        TM, TP = tile_shape(M, P)
+        TK = TILE_K
+        tiles_m, tiles_p = -(-M // TM), -(-P // TP)
+        ntiles = tiles_m * tiles_p
+        smem_t = ir.ArrayType(F32, TK * TM)
+        sa = ir.GlobalVariable(self.module, smem_t, f"{sym}_sa", addrspace=3)
+        sb = ir.GlobalVariable(self.module, ir.ArrayType(F32, TK * TP), f"{sym}_sb", addrspace=3)
+        for g in (sa, sb):
+            g.linkage = "internal"
+            g.initializer = ir.Constant(g.value_type, ir.Undefined)
+            g.align = 16
+        bar = self.declare("llvm.nvvm.barrier0", ir.VoidType(), [])
+        fmaf = self.declare("llvm.fma.f32", F32, [F32, F32, F32])
+        tid = self.sreg(b, "tid.x")
+        ty = b.udiv(tid, I64(TP // 4))          # 0 .. TM/4 - 1: which 4 channels
+        tx = b.urem(tid, I64(TP // 4))          # 0 .. TP/4 - 1: which 4 positions
+        nthreads = (TM // 4) * (TP // 4)
+        per_a, per_b = TK * TM // nthreads, TK * TP // nthreads
+        accs = [em.alloca(F32) for _ in range(16)]
+
+        sbase = {}
+
+        def sptr(g, idx):
+            if g.name not in sbase:
+                with b.goto_block(em.entry):
+                    b.position_at_start(em.entry)
+                    sbase[g.name] = b.bitcast(g, ir.PointerType(F32, addrspace=3))
+            return b.gep(sbase[g.name], [idx], source_etype=F32, inbounds=True)
+
+        def unflat_rest(p):
+            """Index of the stage's output for channel ``m`` at flattened position ``p``."""
+            out = []
+            rest = p
+            for d in reversed(rest_dims[1:]):
+                out.append(b.urem(rest, I64(d)))
+                rest = b.udiv(rest, I64(d))
+            out.append(rest)
+            out.reverse()
+            return out
+
+        def bind_out(m, p):
+            r = unflat_rest(p)
+            idx = [r[0], m] + r[1:]
+            for v, x in zip(st.vars, idx):
+                em.env[v.attr] = x
+            return idx
+
+        def bind_red(r):
+            rr = r
+            for v, ext in reversed(list(zip(vs, extents))):
+                em.env[v.attr] = b.urem(rr, I64(ext)) if ext > 1 else I64(0)
+                rr = b.udiv(rr, I64(ext)) if ext > 1 else rr
+
+        def guarded(cond, make):
+            """make() where cond holds, else 0.0 (no load out of bounds)."""
+            pre = b.block
+            yes = fn.append_basic_block("in")
+            join = fn.append_basic_block("join")
+            b.cbranch(cond, yes, join)
+            b.position_at_end(yes)
+            em.memo.append(dict(em.memo[-1]))
+            v = make()
+            em.memo.pop()
+            yes_end = b.block
+            b.branch(join)
+            b.position_at_end(join)
+            phi = b.phi(F32)
+            phi.add_incoming(ir.Constant(F32, 0.0), pre)
+            phi.add_incoming(v, yes_end)
+            return phi
+
+        def tile_body(tile):
+            tm = b.udiv(tile, I64(tiles_p))
+            tp = b.urem(tile, I64(tiles_p))
+            m0 = b.mul(tm, I64(TM))
+            p0 = b.mul(tp, I64(TP))
+            for a in accs:
+                b.store(ir.Constant(F32, 0.0), a)
+
+            def chunk(k0):
+                for j in range(per_a):           # weights: TK x TM, row kk holds TM channels
+                    e = b.add(b.mul(tid, I64(per_a)), I64(j))
+                    kk, mm = b.udiv(e, I64(TM)), b.urem(e, I64(TM))
+                    r, m = b.add(k0, kk), b.add(m0, mm)
+                    ok = b.and_(b.icmp_unsigned("<", r, I64(R)), b.icmp_unsigned("<", m, I64(M)))
+
+                    def load_w():
+                        bind_out(m, p0)
+                        bind_red(r)
+                        return em.emit(wfac)
+                    b.store(guarded(ok, load_w), sptr(sa, e))
+                for j in range(per_b):           # input: TK x TP, row kk holds TP positions
+                    e = b.add(b.mul(tid, I64(per_b)), I64(j))
+                    kk, pp = b.udiv(e, I64(TP)), b.urem(e, I64(TP))
+                    r, p = b.add(k0, kk), b.add(p0, pp)
+                    ok = b.and_(b.icmp_unsigned("<", r, I64(R)), b.icmp_unsigned("<", p, I64(P)))
+
+                    def load_x():
+                        bind_out(m0, p)
+                        bind_red(r)
+                        return em.emit(xfac)
+                    b.store(guarded(ok, load_x), sptr(sb, e))
+                b.call(bar, [])
+
+                def term(kk):
+                    av = [b.load(sptr(sa, b.add(b.mul(kk, I64(TM)), b.add(b.mul(ty, I64(4)), I64(i)))), typ=F32)
+                          for i in range(4)]
+                    bv = [b.load(sptr(sb, b.add(b.mul(kk, I64(TP)), b.add(b.mul(tx, I64(4)), I64(j)))), typ=F32)
+                          for j in range(4)]
+                    for i in range(4):
+                        for j in range(4):
+                            a_ = accs[i * 4 + j]
+                            b.store(b.call(fmaf, [av[i], bv[j], b.load(a_, typ=F32)]), a_)
+                em.loop_range(I64(0), I64(TK), term)
+                b.call(bar, [])
+            em.loop_step(I64(0), I64(R), I64(TK), chunk)
+            for i in range(4):
+                for j in range(4):
+                    m = b.add(m0, b.add(b.mul(ty, I64(4)), I64(i)))
+                    p = b.add(p0, b.add(b.mul(tx, I64(4)), I64(j)))
+                    ok = b.and_(b.icmp_unsigned("<", m, I64(M)), b.icmp_unsigned("<", p, I64(P)))
+                    with b.if_then(ok):
+                        em.memo.append(dict(em.memo[-1]))
+                        idx = bind_out(m, p)
+                        em.memo[-1][red.uid] = b.load(accs[i * 4 + j], typ=F32)
+                        val = em.emit(st.expr)
+                        b.store(val, em.address(st.buf, idx))
+                        em.memo.pop()
+        em.loop_step(self.sreg(b, "ctaid.x"), I64(ntiles), self.sreg(b, "nctaid.x"), tile_body)
+        b.ret_void()
+        _set_contraction(fn, False)
+        self.kernels.append(sym)
+        return KernelDesc(sym, ntiles * nthreads, nthreads, st.name, 1, "tiled")
 
     def add_coarse_stage(self, st: Stage, sym: str, red: E, co: int) -> KernelDesc:
         """Each thread computes ``co`` consecutive output channels at one position: one loop over the
@@ -395,7 +561,7 @@ class PtxKernelModule(KernelModule):
         b.ret_void()
         _set_contraction(fn, False)
         self.kernels.append(sym)
-        return KernelDesc(sym, total, self.block, st.name)
+        return KernelDesc(sym, total, self.block, st.name, 1, "coarse")
 
     def _kernel_fn(self, sym: str):
         fn = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [PTR, I64]), name=sym)
@@ -493,7 +659,7 @@ class PtxKernelModule(KernelModule):
         b.ret_void()
         _set_contraction(fn, False)
         self.kernels.append(sym)
-        return KernelDesc(sym, total * lanes, self.block, st.name, lanes)
+        return KernelDesc(sym, total * lanes, self.block, st.name, lanes, "split")
 
     def add_element_stage(self, st: Stage, sym: str) -> KernelDesc:
         fn = self._kernel_fn(sym)
@@ -617,6 +783,63 @@ def single_sum(st: Stage) -> Optional[E]:
         if any(x.op in ("reduce", "argscan") for x in _nodes(a)):
             return None
     return red
+
+
+TILE_ENABLED = True   # shared-memory tiled kernels for large reduction stages (add_tiled_stage)
+TILE_M, TILE_P, TILE_K = 64, 64, 16   # the largest tile; smaller ones (32) when it would leave SMs idle
+TILE_MIN_BLOCKS = 264                  # blocks a tiled stage should launch (2 per SM of an H200)
+
+
+def tile_shape(m: int, p: int):
+    """(TM, TP): the largest of 64 x 64, 64 x 32, 32 x 64, 32 x 32 giving TILE_MIN_BLOCKS blocks, else 32 x 32."""
+    for tm, tp in ((TILE_M, TILE_P), (TILE_M, TILE_P // 2), (TILE_M // 2, TILE_P), (TILE_M // 2, TILE_P // 2)):
+        if -(-m // tm) * -(-p // tp) >= TILE_MIN_BLOCKS:
+            return tm, tp
+    return TILE_M // 2, TILE_P // 2
+# stages with at least this many outputs: on an H200 the tiled kernels beat channel coarsening only on
+# ResNet-50's largest stages (401,408 and 802,816 outputs: 0.012-0.037 vs 0.017-0.043 ms); on 3x3 convolutions
+# of 100,352-200,704 outputs their per-load index arithmetic made them up to 2.6x slower (bench/gpu/RESULTS.md)
+TILE_MIN_OUTPUTS = 401408
+TILE_MIN_TERMS = 64
+
+
+def _vars_of(e: E) -> set:
+    return {x.attr for x in _nodes(e) if x.op == "var"}
+
+
+def tile_factors(st: Stage, red: E):
+    """(weight factor, input factor) of a reduction ``sum(w * x)`` / ``fma(w, x)`` whose output is (n, m,
+    rest...) with ``w`` independent of every output index but the channel (dim 1) and ``x`` independent of
+    the channel: what a tiled kernel loads into shared memory. None when the stage does not have that form
+    or is small."""
+    shape = st.buf.shape
+    if len(shape) < 3 or not all(isinstance(d, int) for d in shape):
+        return None
+    outputs = 1
+    for d in shape:
+        outputs *= d
+    terms = 1
+    for x in red.attr[2]:
+        terms *= int(x)
+    if outputs < TILE_MIN_OUTPUTS or terms < TILE_MIN_TERMS or shape[1] < 16:
+        return None
+    kind = red.attr[0]
+    if kind == "fma":
+        f1, f2 = red.args[0], red.args[1]
+    else:
+        body = red.args[0]
+        if body.op != "mul" or len(body.args) != 2:
+            return None
+        f1, f2 = body.args
+    if f1.dtype != DType.FLOAT or f2.dtype != DType.FLOAT:
+        return None
+    chan = st.vars[1].attr
+    others = {v.attr for k, v in enumerate(st.vars) if k != 1}
+    for w, x in ((f1, f2), (f2, f1)):
+        vw, vx = _vars_of(w), _vars_of(x)
+        if chan in vw and not (vw & others) and chan not in vx:
+            return w, x
+    return None
 
 
 COARSEN = 4          # most output channels per thread in a channel-coarsened kernel (1: never coarsen)
