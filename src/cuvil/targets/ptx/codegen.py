@@ -357,8 +357,6 @@ class PtxKernelModule(KernelModule):
         R = 1
         for x in extents:
             R *= x
-        dt = red.dtype
-        t = ll(dt)
         TM, TP = tile_shape(M, P)
         TK = TILE_K
         tiles_m, tiles_p = -(-M // TM), -(-P // TP)
