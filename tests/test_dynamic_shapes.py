@@ -549,3 +549,12 @@ def test_symbolic_spatial_dims():
             m.run(np.zeros((1, 3, 7, 8), np.float32))
     finally:
         shutil.rmtree(os.path.dirname(art.path), ignore_errors=True)
+
+
+def test_cli_demo_runs_fixed_and_dynamic(capsys):
+    """`cuvil demo` (the README's first command): the fixed-batch library and the one-library-per-profile
+    run both agree with onnx.reference."""
+    assert cli_main(["demo"]) == 0
+    out = capsys.readouterr().out
+    assert "demo passed" in out
+    assert re.search(r"dynamic +one library for N=1:2:8 .*batches 1, 5, 8 vs onnx.reference", out)
