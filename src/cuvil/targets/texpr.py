@@ -332,14 +332,17 @@ def top_level(e: E, op: str):
     return found, reductions
 
 
-def contains(e: E, op: str) -> bool:
+def nodes(e: E):
+    """Every node of ``e`` once (shared subtrees once), depth first."""
     stack, seen = [e], set()
     while stack:
         x = stack.pop()
         if x.uid in seen:
             continue
         seen.add(x.uid)
-        if x.op == op:
-            return True
+        yield x
         stack.extend(x.args)
-    return False
+
+
+def contains(e: E, op: str) -> bool:
+    return any(x.op == op for x in nodes(e))

@@ -44,7 +44,7 @@ import llvmlite.ir as ir
 from ...errors import CuvilError, UnsupportedOpError
 from ...ir.dtype import DType
 from ..schedule import Schedule, Stage
-from ..texpr import E, Buf
+from ..texpr import E, Buf, nodes
 from ..x86.codegen import F16, F32, I1, I32, I64, PTR, KernelModule, _Emitter, const_value, ll, mem_type
 
 TRIPLE = "nvptx64-nvidia-cuda"
@@ -194,26 +194,6 @@ class _PtxEmitter(_Emitter):
     def __init__(self, km: "PtxKernelModule", fn: ir.Function, b: ir.IRBuilder, bufs, out: Buf):
         super().__init__(km, fn, b, bufs)
         self.out = out
-
-    def loop_step(self, start: ir.Value, stop: ir.Value, step: ir.Value, body):
-        """for (i = start; i < stop; i += step) body(i)."""
-        b = self.b
-        pre = b.block
-        head = self.fn.append_basic_block("loop")
-        inner = self.fn.append_basic_block("body")
-        done = self.fn.append_basic_block("done")
-        b.branch(head)
-        b.position_at_end(head)
-        i = b.phi(I64)
-        i.add_incoming(start, pre)
-        b.cbranch(b.icmp_signed("<", i, stop), inner, done)
-        b.position_at_end(inner)
-        self.memo.append(dict(self.memo[-1]))
-        body(i)
-        self.memo.pop()
-        i.add_incoming(b.add(i, step), b.block)
-        b.branch(head)
-        b.position_at_end(done)
 
     def base(self, buf: Buf) -> ir.Value:
         if buf.base not in self.bases:
@@ -436,29 +416,24 @@ class PtxKernelModule(KernelModule):
             for a in accs:
                 b.store(ir.Constant(F32, 0.0), a)
 
+            def stage(g, per, width, lo, limit, fac, bind, k0):
+                """Row kk of the TK x width tile in shared memory ``g``: term k0 + kk of ``fac`` at lo + column
+                (zero past the reduction or past ``limit``)."""
+                for j in range(per):
+                    e = b.add(b.mul(tid, I64(per)), I64(j))
+                    kk, col = b.udiv(e, I64(width)), b.urem(e, I64(width))
+                    r, q = b.add(k0, kk), b.add(lo, col)
+                    ok = b.and_(b.icmp_unsigned("<", r, I64(R)), b.icmp_unsigned("<", q, I64(limit)))
+
+                    def value():
+                        bind(q)
+                        bind_red(r)
+                        return em.emit(fac)
+                    b.store(guarded(ok, value), sptr(g, e))
+
             def chunk(k0):
-                for j in range(per_a):           # weights: TK x TM, row kk holds TM channels
-                    e = b.add(b.mul(tid, I64(per_a)), I64(j))
-                    kk, mm = b.udiv(e, I64(TM)), b.urem(e, I64(TM))
-                    r, m = b.add(k0, kk), b.add(m0, mm)
-                    ok = b.and_(b.icmp_unsigned("<", r, I64(R)), b.icmp_unsigned("<", m, I64(M)))
-
-                    def load_w():
-                        bind_out(m, p0)
-                        bind_red(r)
-                        return em.emit(wfac)
-                    b.store(guarded(ok, load_w), sptr(sa, e))
-                for j in range(per_b):           # input: TK x TP, row kk holds TP positions
-                    e = b.add(b.mul(tid, I64(per_b)), I64(j))
-                    kk, pp = b.udiv(e, I64(TP)), b.urem(e, I64(TP))
-                    r, p = b.add(k0, kk), b.add(p0, pp)
-                    ok = b.and_(b.icmp_unsigned("<", r, I64(R)), b.icmp_unsigned("<", p, I64(P)))
-
-                    def load_x():
-                        bind_out(m0, p)
-                        bind_red(r)
-                        return em.emit(xfac)
-                    b.store(guarded(ok, load_x), sptr(sb, e))
+                stage(sa, per_a, TM, m0, M, wfac, lambda m: bind_out(m, p0), k0)   # weights: TM channels a row
+                stage(sb, per_b, TP, p0, P, xfac, lambda p: bind_out(m0, p), k0)   # input: TP positions a row
                 b.call(bar, [])
 
                 def term(kk):
@@ -472,7 +447,7 @@ class PtxKernelModule(KernelModule):
                             b.store(b.call(fmaf, [av[i], bv[j], b.load(a_, typ=F32)]), a_)
                 em.loop_range(I64(0), I64(TK), term)
                 b.call(bar, [])
-            em.loop_step(I64(0), I64(R), I64(TK), chunk)
+            em.loop_range(I64(0), I64(R), chunk, I64(TK))
             for i in range(4):
                 for j in range(4):
                     m = b.add(m0, b.add(b.mul(ty, I64(4)), I64(i)))
@@ -485,7 +460,7 @@ class PtxKernelModule(KernelModule):
                         val = em.emit(st.expr)
                         b.store(val, em.address(st.buf, idx))
                         em.memo.pop()
-        em.loop_step(self.sreg(b, "ctaid.x"), I64(ntiles), self.sreg(b, "nctaid.x"), tile_body)
+        em.loop_range(self.sreg(b, "ctaid.x"), I64(ntiles), tile_body, self.sreg(b, "nctaid.x"))
         b.ret_void()
         _set_contraction(fn, False)
         self.kernels.append(sym)
@@ -555,7 +530,7 @@ class PtxKernelModule(KernelModule):
                     val = b.zext(val, ir.IntType(8))
                 b.store(val, em.address(st.buf, elems[j]))
                 em.memo.pop()
-        em.loop_step(gid, n, stride, thread)
+        em.loop_range(gid, n, thread, stride)
         b.ret_void()
         _set_contraction(fn, False)
         self.kernels.append(sym)
@@ -633,15 +608,15 @@ class PtxKernelModule(KernelModule):
                 def outer(c):
                     em.env[vs[0].attr] = c
                     em.loops(extents[1:], lambda inner: term_at([c] + inner))
-                em.loop_step(lane, I64(extents[0]), I64(lanes), outer)
+                em.loop_range(lane, I64(extents[0]), outer, I64(lanes))
             elif SPLIT_MODE == "chunked":
                 chunk = -(-terms // lanes)
                 lo = b.mul(lane, I64(chunk))
                 hi = b.add(lo, I64(chunk))
                 hi = b.select(b.icmp_signed("<", hi, I64(terms)), hi, I64(terms))
-                em.loop_step(lo, hi, I64(1), term)
+                em.loop_range(lo, hi, term)
             else:
-                em.loop_step(lane, I64(terms), I64(lanes), term)
+                em.loop_range(lane, I64(terms), term, I64(lanes))
             total_v = b.load(acc, typ=t)
             for off in [x for x in (16, 8, 4, 2, 1) if x < lanes]:
                 total_v = b.fadd(total_v, b.call(shfl, [I32(0xFFFFFFFF), total_v, I32(off), I32(0x1F)]))
@@ -653,7 +628,7 @@ class PtxKernelModule(KernelModule):
                     val = b.zext(val, ir.IntType(8))
                 b.store(val, em.address(st.buf, idx))
                 em.memo.pop()
-        em.loop_step(gid, n, stride, element)
+        em.loop_range(gid, n, element, stride)
         b.ret_void()
         _set_contraction(fn, False)
         self.kernels.append(sym)
@@ -778,7 +753,7 @@ def single_sum(st: Stage) -> Optional[E]:
     if not all(isinstance(d, int) for d in st.buf.shape) or not all(isinstance(x, int) for x in red.attr[2]):
         return None
     for a in red.args:   # no reduction inside the reduction's body
-        if any(x.op in ("reduce", "argscan") for x in _nodes(a)):
+        if any(x.op in ("reduce", "argscan") for x in nodes(a)):
             return None
     return red
 
@@ -802,7 +777,7 @@ TILE_MIN_TERMS = 64
 
 
 def _vars_of(e: E) -> set:
-    return {x.attr for x in _nodes(e) if x.op == "var"}
+    return {x.attr for x in nodes(e) if x.op == "var"}
 
 
 def tile_factors(st: Stage, red: E):
@@ -862,7 +837,7 @@ def coarsen_factor(st: Stage, red: E) -> int:
     if co <= 1 or len(st.buf.shape) < 3 or st.buf.shape[1] % co:
         return 1
     chan = st.vars[1].attr
-    if not any(x.op == "var" and x.attr == chan for a in red.args for x in _nodes(a)):
+    if not any(x.op == "var" and x.attr == chan for a in red.args for x in nodes(a)):
         return 1
     return co
 
@@ -882,17 +857,6 @@ def warp_reduction(st: Stage) -> Optional[E]:
     if terms < WARP_MIN_TERMS or outputs > WARP_MAX_OUTPUTS:
         return None
     return red
-
-
-def _nodes(e: E):
-    stack, seen = [e], set()
-    while stack:
-        x = stack.pop()
-        if x.uid in seen:
-            continue
-        seen.add(x.uid)
-        yield x
-        stack.extend(x.args)
 
 
 def _sanitize(prefix: str) -> str:

@@ -209,7 +209,8 @@ class _Emitter:
             self.b.position_at_start(self.entry)
             return self.b.alloca(typ, size=I64(count) if count > 1 else None)
 
-    def loop_range(self, start: ir.Value, stop: ir.Value, body):
+    def loop_range(self, start: ir.Value, stop: ir.Value, body, step: ir.Value = None):
+        """for (i = start; i < stop; i += step) body(i); step 1 by default."""
         b = self.b
         pre = b.block
         head = self.fn.append_basic_block("loop")
@@ -224,7 +225,7 @@ class _Emitter:
         self.memo.append(dict(self.memo[-1]))
         body(i)
         self.memo.pop()
-        nxt = b.add(i, I64(1))
+        nxt = b.add(i, I64(1) if step is None else step)
         i.add_incoming(nxt, b.block)
         b.branch(head)
         b.position_at_end(done)
