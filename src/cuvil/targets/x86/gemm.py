@@ -95,7 +95,7 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
     km.scratch_bytes = max(km.scratch_bytes, scratch_bytes(spec))
 
     em, begin, end = km.kernel(sym)
-    fn, b, bufs = em.fn, em.b, em.bufs
+    b, bufs = em.b, em.bufs
     fma = km.declare(f"llvm.fma.v{vw}f32", vec, [vec, vec, vec])
     tile = em.alloca(vec, MR * nv)   # stored as vectors, read back as floats
     tile_f = b.bitcast(tile, ir.PointerType(F32))
@@ -112,10 +112,6 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
 
     def fptr(base, off):
         return b.gep(base, [off], source_etype=F32, inbounds=True)
-
-    def splat(x):
-        v = b.insert_element(ir.Constant(vec, ir.Undefined), x, I32(0))
-        return b.shuffle_vector(v, ir.Constant(vec, ir.Undefined), ir.Constant(ir.VectorType(I32, vw), [0] * vw))
 
     def pack(n, g, pb_lo, count):
         """Panels pb_lo .. pb_lo+count-1 of image n, group g into scratch (K x nr floats each)."""
@@ -174,34 +170,13 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
     def kloop(a_ptr, b_ptr, k0: int, k1: int, acc_in, acc_out):
         """MR x NV accumulators over k in [k0, k1): start from zero (acc_in None) or the vectors at acc_in,
         end stored at acc_out (the tile, or an accumulator slot between k-blocks)."""
-        pre = b.block
         init = [zero] * (MR * nv) if acc_in is None else [
             b.load(b.gep(acc_in, [I64(i)], source_etype=vec, inbounds=True), typ=vec, align=4) for i in range(MR * nv)]
-        head = fn.append_basic_block("k")
-        done = fn.append_basic_block("k_done")
-        b.branch(head)
-        b.position_at_end(head)
-        k = b.phi(I64)
-        k.add_incoming(I64(k0), pre)
-        accs = []
-        for x in init:
-            ph = b.phi(vec)
-            ph.add_incoming(x, pre)
-            accs.append(ph)
-        brow = fptr(b_ptr, b.mul(k, I64(nr)))
-        bv = [b.load(fptr(brow, I64(v * vw)), typ=vec, align=4) for v in range(nv)]
-        arow = fptr(a_ptr, b.mul(k, I64(MR)))
-        new = []
-        for r in range(MR):
-            av = splat(b.load(fptr(arow, I64(r)), typ=F32, align=4))
-            for v in range(nv):
-                new.append(b.call(fma, [av, bv[v], accs[r * nv + v]]))
-        kn = b.add(k, I64(1))
-        k.add_incoming(kn, b.block)
-        for ph, x in zip(accs, new):
-            ph.add_incoming(x, b.block)
-        b.cbranch(b.icmp_signed("<", kn, I64(k1)), head, done)
-        b.position_at_end(done)
+        new = fma_tile_loop(em, fma, I64(k0), I64(k1), init, nv,
+                            lambda k: [b.load(fptr(fptr(b_ptr, b.mul(k, I64(nr))), I64(v * vw)), typ=vec, align=4)
+                                       for v in range(nv)],
+                            lambda k: [b.load(fptr(fptr(a_ptr, b.mul(k, I64(MR))), I64(r)), typ=F32, align=4)
+                                       for r in range(MR)])
         for i in range(MR * nv):
             b.store(new[i], b.gep(acc_out, [I64(i)], source_etype=vec, inbounds=True), align=4)
 
@@ -266,6 +241,41 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
     em.loop_range(begin, end, body)
     b.ret_void()
     return spec.n * G * (Pb if panel_order else Mb), 1
+
+
+def fma_tile_loop(em, fma, k0, k1, init, nv: int, vectors, scalars) -> list:
+    """The register tile's k-loop, for k in [k0, k1): ``len(scalars(k))`` rows x ``nv`` vectors of
+    accumulators (phis starting at ``init``, row-major), each updated with fma(splat(scalars(k)[r]),
+    vectors(k)[v], acc). Returns the accumulators' values after the loop (k1 > k0 assumed)."""
+    b, fn = em.b, em.fn
+    vec = init[0].type
+    vw = vec.count
+    pre = b.block
+    head = fn.append_basic_block("k")
+    done = fn.append_basic_block("k_done")
+    b.branch(head)
+    b.position_at_end(head)
+    k = b.phi(I64)
+    k.add_incoming(k0, pre)
+    accs = []
+    for x in init:
+        ph = b.phi(vec)
+        ph.add_incoming(x, pre)
+        accs.append(ph)
+    bv = vectors(k)
+    new = []
+    for r, a in enumerate(scalars(k)):
+        v0 = b.insert_element(ir.Constant(vec, ir.Undefined), a, I32(0))
+        av = b.shuffle_vector(v0, ir.Constant(vec, ir.Undefined), ir.Constant(ir.VectorType(I32, vw), [0] * vw))
+        for v in range(nv):
+            new.append(b.call(fma, [av, bv[v], accs[r * nv + v]]))
+    kn = b.add(k, I64(1))
+    k.add_incoming(kn, b.block)
+    for ph, x in zip(accs, new):
+        ph.add_incoming(x, b.block)
+    b.cbranch(b.icmp_signed("<", kn, k1), head, done)
+    b.position_at_end(done)
+    return new
 
 
 def batch_only(*shapes) -> bool:

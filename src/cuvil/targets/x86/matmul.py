@@ -19,8 +19,8 @@ import llvmlite.ir as ir
 from ...ir.dim import SymExpr
 from ..gemm import MR, MatContraction
 from ..schedule import Stage
-from .codegen import F32, I32, I64
-from .gemm import find_contraction, tile_epilogue
+from .codegen import F32, I64
+from .gemm import find_contraction, fma_tile_loop, tile_epilogue
 
 
 def emit_matmul_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]]:
@@ -38,7 +38,7 @@ def emit_matmul_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]]:
     K, M, Mb = spec.k, spec.m, spec.m_blocks
 
     em, begin, end = km.kernel(sym)
-    fn, b = em.fn, em.b
+    b = em.b
     fma = km.declare(f"llvm.fma.v{vw}f32", vec, [vec, vec, vec])
     tile = em.alloca(vec, MR * nv)
     tile_f = b.bitcast(tile, ir.PointerType(F32))
@@ -48,10 +48,6 @@ def emit_matmul_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]]:
 
     def fptr(base, off):
         return b.gep(base, [off], source_etype=F32, inbounds=True)
-
-    def splat(x):
-        v = b.insert_element(ir.Constant(vec, ir.Undefined), x, I32(0))
-        return b.shuffle_vector(v, ir.Constant(vec, ir.Undefined), ir.Constant(ir.VectorType(I32, vw), [0] * vw))
 
     a_base = b.gep(em.base(spec.a), [I64(spec.a.offset)], source_etype=ir.IntType(8), inbounds=True)
     w_base = b.gep(em.base(spec.w), [I64(spec.w.offset)], source_etype=ir.IntType(8), inbounds=True)
@@ -69,31 +65,10 @@ def emit_matmul_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]]:
 
         def panel(mb):
             w_ptr = fptr(w_base, b.mul(mb, I64(K * nr)))
-            pre = b.block
-            head = fn.append_basic_block("k")
-            done = fn.append_basic_block("k_done")
-            b.branch(head)
-            b.position_at_end(head)
-            k = b.phi(I64)
-            k.add_incoming(I64(0), pre)
-            accs = []
-            for _ in range(MR * nv):
-                ph = b.phi(vec)
-                ph.add_incoming(zero, pre)
-                accs.append(ph)
-            wrow = fptr(w_ptr, b.mul(k, I64(nr)))
-            wv = [b.load(fptr(wrow, I64(v * vw)), typ=vec, align=4) for v in range(nv)]
-            new = []
-            for r in range(MR):
-                av = splat(b.load(fptr(rows[r], k), typ=F32, align=4))
-                for v in range(nv):
-                    new.append(b.call(fma, [av, wv[v], accs[r * nv + v]]))
-            kn = b.add(k, I64(1))
-            k.add_incoming(kn, b.block)
-            for ph, x in zip(accs, new):
-                ph.add_incoming(x, b.block)
-            b.cbranch(b.icmp_signed("<", kn, I64(K)), head, done)
-            b.position_at_end(done)
+            new = fma_tile_loop(em, fma, I64(0), I64(K), [zero] * (MR * nv), nv,
+                                lambda k: [b.load(fptr(fptr(w_ptr, b.mul(k, I64(nr))), I64(v * vw)), typ=vec,
+                                                  align=4) for v in range(nv)],
+                                lambda k: [b.load(fptr(rows[r], k), typ=F32, align=4) for r in range(MR)])
             for i in range(MR * nv):
                 b.store(new[i], b.gep(tile, [I64(i)], source_etype=vec, inbounds=True), align=4)
             m0 = b.mul(mb, I64(nr))
