@@ -67,7 +67,7 @@ def main():
     arch = info["arch"]
     RESULTS["device"] = info
     defaults = {k: getattr(cg, k) for k in ("WARP_MAX_OUTPUTS", "SPLIT_TARGET_THREADS", "SPLIT_MIN_TERMS_PER_LANE",
-                                               "SPLIT_MODE", "COARSEN", "TILE_ENABLED")}
+                                               "SPLIT_MODE", "COARSEN", "TILE_ENABLED", "TILE_MIN_OUTPUTS")}
     variants = [("thread", {"WARP_MAX_OUTPUTS": 0, "COARSEN": 1, "TILE_ENABLED": 0})]
     for spec in (args.variants or "").split(","):
         if spec:   # name=KEY:VALUE;KEY:VALUE (ints, or strings for SPLIT_MODE)

@@ -366,13 +366,19 @@ class PtxKernelModule(KernelModule):
                     sbase[g.name] = b.bitcast(g, ir.PointerType(F32, addrspace=3))
             return b.gep(sbase[g.name], [idx], source_etype=F32, inbounds=True)
 
+        def divmod32(x, d: int):
+            """(x // d, x % d) for 0 <= x < 2^31 in 32-bit arithmetic (a 64-bit division by a constant is a
+            multi-word multiply on the GPU), widened back."""
+            t = b.trunc(x, I32)
+            return b.zext(b.udiv(t, I32(d)), I64), b.zext(b.urem(t, I32(d)), I64)
+
         def unflat_rest(p):
             """Index of the stage's output for channel ``m`` at flattened position ``p``."""
             out = []
             rest = p
             for d in reversed(rest_dims[1:]):
-                out.append(b.urem(rest, I64(d)))
-                rest = b.udiv(rest, I64(d))
+                rest, rem = divmod32(rest, d)
+                out.append(rem)
             out.append(rest)
             out.reverse()
             return out
@@ -387,8 +393,10 @@ class PtxKernelModule(KernelModule):
         def bind_red(r):
             rr = r
             for v, ext in reversed(list(zip(vs, extents))):
-                em.env[v.attr] = b.urem(rr, I64(ext)) if ext > 1 else I64(0)
-                rr = b.udiv(rr, I64(ext)) if ext > 1 else rr
+                if ext > 1:
+                    rr, em.env[v.attr] = divmod32(rr, ext)
+                else:
+                    em.env[v.attr] = I64(0)
 
         def guarded(cond, make):
             """make() where cond holds, else 0.0 (no load out of bounds)."""
@@ -421,7 +429,7 @@ class PtxKernelModule(KernelModule):
                 (zero past the reduction or past ``limit``)."""
                 for j in range(per):
                     e = b.add(b.mul(tid, I64(per)), I64(j))
-                    kk, col = b.udiv(e, I64(width)), b.urem(e, I64(width))
+                    kk, col = divmod32(e, width)
                     r, q = b.add(k0, kk), b.add(lo, col)
                     ok = b.and_(b.icmp_unsigned("<", r, I64(R)), b.icmp_unsigned("<", q, I64(limit)))
 
@@ -794,7 +802,7 @@ def tile_factors(st: Stage, red: E):
     terms = 1
     for x in red.attr[2]:
         terms *= int(x)
-    if outputs < TILE_MIN_OUTPUTS or terms < TILE_MIN_TERMS or shape[1] < 16:
+    if outputs < TILE_MIN_OUTPUTS or terms < TILE_MIN_TERMS or shape[1] < 16 or max(outputs, terms) >= 2 ** 31:
         return None
     kind = red.attr[0]
     if kind == "fma":
