@@ -310,7 +310,7 @@ def main(argv=None) -> int:
                     help="untimed sleep after each timed run, so each engine starts on an idle machine (default "
                          "150: onnxruntime's intra-op workers spin 50-100 ms after a run, and back to back they "
                          "took the second core from Cuvil's 2-thread runs: ResNet-50 121 ms vs 78 ms with 100 ms "
-                         "pauses, measured here)")
+                         "pauses; bench/pause_effect.py measures it)")
     ap.add_argument("--peak-gflops-per-core", type=float, default=None,
                     help="fp32 peak per core for '%% of peak' (default: measured with a C FMA loop)")
     ap.add_argument("--out", default=DEFAULT_OUT, help="the Markdown report (default bench/RESULTS.md)")

@@ -2,6 +2,7 @@
 
     python3 bench/x86_profile.py resnet50 [--threads 1] [--runs 10] [--top 25]
     python3 bench/x86_profile.py path/to/model.onnx
+    python3 bench/x86_profile.py transformer_block --fix B=1 --fix S=128   # cuvil.testing's encoder block
 
 Uses the runtime's step profiler (``<prefix>_profile``, see docs/c-abi.md) and the manifest's per-step
 FLOPs (2 x multiply-adds of convolutions/matrix products; other work is not counted). ``gemm`` kernels
@@ -16,19 +17,31 @@ import numpy as np
 
 from cuvil import Pipeline
 from cuvil.testing import LIGHT_MODELS, light_model
+from cuvil.testing.models import transformer_block
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("model", help=f"one of {', '.join(LIGHT_MODELS)} or an .onnx path")
+    ap.add_argument("model", help=f"one of {', '.join(LIGHT_MODELS)}, transformer_block (d_model 256, 8 heads, "
+                    "d_ff 1024) or an .onnx path")
+    ap.add_argument("--fix", action="append", default=[], metavar="NAME=INT",
+                    help="a symbolic dim's value (default: each symbol's opt, else min)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--peak-gflops", type=float, default=None,
                     help="per-core fp32 peak for the %%-of-peak column (default: not shown)")
     a = ap.parse_args(argv)
-    src = a.model if os.path.exists(a.model) else light_model(a.model, seed=0)
-    art = Pipeline.from_onnx(src).optimize().compile()
+    if os.path.exists(a.model):
+        src = a.model
+    elif a.model == "transformer_block":
+        src = transformer_block(d_model=256, heads=8, d_ff=1024)
+    else:
+        src = light_model(a.model, seed=0)
+    p = Pipeline.from_onnx(src).optimize()
+    fixed = {k: int(v) for k, v in (f.split("=", 1) for f in a.fix)}
+    fixed.update({name: sym.tuned for name, sym in p.graph.symbols.items() if name not in fixed})
+    art = p.compile(fixed=fixed)
     model = art.model()
     rng = np.random.default_rng(1)
     xs = [rng.standard_normal(d.shape).astype(d.dtype) for d in model.inputs]

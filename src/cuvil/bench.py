@@ -482,7 +482,7 @@ def prepare_library(opts: BenchOptions) -> dict[str, Any]:
                              f"symbols: {', '.join(sorted(symbols)) or 'none'}")
     given = set(fixed)
     for name, sym in symbols.items():   # a benchmark times one shape: the rest at their opt (else min)
-        fixed.setdefault(name, sym.opt if sym.opt is not None else sym.min)
+        fixed.setdefault(name, sym.tuned)
     art = p.compile(opt_level=opts.opt_level, fixed=fixed)
     secs = time.perf_counter() - t0
     spec = art.manifest.get("specialized") or {}

@@ -174,14 +174,14 @@ class Pipeline:
         base = self.with_profiles(shape_profiles) if shape_profiles else self
         if target == PTX_TARGET:
             for name, sym in base._graph.symbols.items():
-                fixed.setdefault(name, sym.opt if sym.opt is not None else sym.min)
-        elif set(base._graph.symbols) - set(fixed) and not shape_profiles:
-            bad = base.specialize(fixed).check_shapes() if fixed else base.check_shapes()
+                fixed.setdefault(name, sym.tuned)
+        p = base.specialize(fixed) if fixed else base
+        if target != PTX_TARGET and p._graph.symbols and not shape_profiles:   # with_profiles checked those
+            bad = p.check_shapes()
             if bad:
                 raise ShapeError("the graph's shape conditions fail inside the symbols' ranges (give a "
                                  "--shape-profile):\n  " + "\n  ".join(map(str, bad)))
-        p = base.specialize(fixed) if fixed else base
-        profiles = {s.name: [s.min, s.opt if s.opt is not None else s.min, s.max] for s in p._graph.symbols.values()}
+        profiles = {s.name: [s.min, s.tuned, s.max] for s in p._graph.symbols.values()}
         rules = {}
         if self.report is not None:
             verdicts = getattr(self.report, "verdicts", {})

@@ -35,6 +35,11 @@ class Symbol:
         if self.opt is not None and not (self.min <= self.opt <= self.max):
             raise ValueError(f"symbol {self.name}: opt {self.opt} outside [{self.min}, {self.max}]")
 
+    @property
+    def tuned(self) -> int:
+        """The value kernels are tuned and specialised for: ``opt``, else ``min``."""
+        return self.opt if self.opt is not None else self.min
+
 
 # --- atoms -------------------------------------------------------------------------------------------
 

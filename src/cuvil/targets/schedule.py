@@ -64,7 +64,7 @@ class Schedule:
     @property
     def opt_point(self) -> Dict[str, int]:
         """Each symbol at its ``opt`` value (else its ``min``): where sizes are reported."""
-        return {s.name: s.opt if s.opt is not None else s.min for s in self.symbols}
+        return {s.name: s.tuned for s in self.symbols}
 
     def weights_blob(self) -> bytes:
         """Every constant at the offset the weights plan gave it (booleans as one byte each)."""
@@ -109,7 +109,7 @@ def schedule(g: Graph, gemm_cols: int = 0, split_concat: bool = False) -> Schedu
                          f"fix them (fixed={{...}})")
     syms = [g.symbols[k] for k in sorted(used)]
     ranges = {s.name: (s.min, s.max) for s in syms}
-    opt = {s.name: s.opt if s.opt is not None else s.min for s in syms}
+    opt = {s.name: s.tuned for s in syms}
     ni = len(g.inputs)
     fns: Dict[int, TensorFn] = {}
     bufs: Dict[int, Buf] = {}

@@ -89,9 +89,10 @@ WARP_MAX_OUTPUTS = 1 << 16
 WARP_MIN_TERMS = 128           # at least this many terms per reduction
 SPLIT_MIN_TERMS_PER_LANE = 32  # lanes are added only while each keeps this many terms
 SPLIT_MODE = "outer"           # how lane l of L takes its terms: "outer": the outermost reduction index
-# (input channel) l, l + L, ..., the inner loops (kernel taps) whole and nested, as one thread would; "strided":
-# the flattened terms l, l + L, ...; "chunked": one contiguous run of them (both unflatten every term:
-# integer divisions that cost more than they save on 3x3 convolutions, bench/gpu/RESULTS.md)
+# (input channel) l, l + L, ..., the inner loops (kernel taps) whole and nested, as one thread would; "strided"
+# (kept to reproduce the comparison): the flattened terms l, l + L, ..., which unflattens every term with
+# integer divisions that cost more than they save on 3x3 convolutions (bench/gpu/RESULTS.md; a third form,
+# one contiguous run of terms per lane, was slower still and is gone)
 
 
 def split_lanes(outputs: int, terms: int, outer: int = 0) -> int:
@@ -275,12 +276,8 @@ class _PtxEmitter(_Emitter):
 
 
 class PtxKernelModule(KernelModule):
-    def __init__(self, name: str, tm, *, fma: bool = False, block: int = BLOCK, narrow_index: bool = False,
-                 split_reductions: bool = True, coarsen: bool = True, tile: bool = True):
+    def __init__(self, name: str, tm, *, fma: bool = False, block: int = BLOCK, narrow_index: bool = False):
         super().__init__(name, tm, TRIPLE)
-        self.split_reductions = split_reductions
-        self.coarsen = coarsen
-        self.tile = tile
         self.fma = fma
         self.block = block
         self.kernels: List[str] = []
@@ -288,29 +285,40 @@ class PtxKernelModule(KernelModule):
         self.narrow_index = narrow_index
         self.empty_md = self.module.add_metadata([])
 
+    def grid_stride(self, b: ir.IRBuilder):
+        """(global thread index, threads in the grid): the start and step of a grid-stride loop."""
+        ntid = self.sreg(b, "ntid.x")
+        gid = b.add(b.mul(self.sreg(b, "ctaid.x"), ntid), self.sreg(b, "tid.x"))
+        return gid, b.mul(self.sreg(b, "nctaid.x"), ntid)
+
     def sreg(self, b: ir.IRBuilder, name: str) -> ir.Value:
         f = self.declare(f"llvm.nvvm.read.ptx.sreg.{name}", I32, [])
         return b.zext(b.call(f, []), I64)
 
     def add_stage(self, st: Stage, sym: str) -> KernelDesc:
-        red = warp_reduction(st)
-        if red is not None and self.split_reductions:
-            terms = 1
-            for x in red.attr[2]:
-                terms *= int(x)
-            outputs = 1
-            for d in st.buf.shape:
-                outputs *= int(d)
+        """The kernel shape for a stage with one float sum, by output count (thresholds measured on an H200,
+        bench/gpu/RESULTS.md): few outputs and a long sum: lanes split it (WARP_*); the largest stages:
+        shared-memory tiles (TILE_*); large ones: several channels per thread (COARSEN*); else one thread
+        per output."""
+        red = single_sum(st)
+        if red is None:
+            return self.add_element_stage(st, sym)
+        terms = 1
+        for x in red.attr[2]:
+            terms *= int(x)
+        outputs = 1
+        for d in st.buf.shape:
+            outputs *= int(d)
+        if terms >= WARP_MIN_TERMS and outputs <= WARP_MAX_OUTPUTS:
             lanes = split_lanes(outputs, terms, int(red.attr[2][0]))
             if lanes > 1:
                 return self.add_split_stage(st, sym, red, lanes)
-        red = single_sum(st) if (self.coarsen or self.tile) else None
-        if red is not None and self.tile and TILE_ENABLED:
-            factors = tile_factors(st, red)
-            if factors is not None:
-                return self.add_tiled_stage(st, sym, red, *factors)
-        if red is not None and self.coarsen and coarsen_factor(st, red) > 1:
-            return self.add_coarse_stage(st, sym, red, coarsen_factor(st, red))
+        factors = tile_factors(st, red) if TILE_ENABLED else None
+        if factors is not None:
+            return self.add_tiled_stage(st, sym, red, *factors)
+        co = coarsen_factor(st, red)
+        if co > 1:
+            return self.add_coarse_stage(st, sym, red, co)
         return self.add_element_stage(st, sym)
 
     def add_tiled_stage(self, st: Stage, sym: str, red: E, wfac: E, xfac: E) -> KernelDesc:
@@ -493,9 +501,7 @@ class PtxKernelModule(KernelModule):
         dt = red.dtype
         t = ll(dt)
         fmaf = em.fma_fn(dt) if kind == "fma" else None
-        ntid = self.sreg(b, "ntid.x")
-        gid = b.add(b.mul(self.sreg(b, "ctaid.x"), ntid), self.sreg(b, "tid.x"))
-        stride = b.mul(self.sreg(b, "nctaid.x"), ntid)
+        gid, stride = self.grid_stride(b)
         accs = [em.alloca(t) for _ in range(co)]
 
         def thread(i):
@@ -554,8 +560,8 @@ class PtxKernelModule(KernelModule):
 
     def add_split_stage(self, st: Stage, sym: str, red: E, lanes: int) -> KernelDesc:
         """``lanes`` consecutive threads (a power of two <= 32) per output element: lane l sums its part of
-        the element's reduction (flattened; SPLIT_MODE "strided": terms l, l + lanes, ..., so consecutive
-        lanes read consecutive kernel taps / channels; "chunked": one contiguous run), a butterfly of
+        the element's reduction (SPLIT_MODE "outer": input channels l, l + lanes, ... with the tap loops
+        nested; "strided": flattened terms l, l + lanes, ...), a butterfly of
         ``shfl.sync.bfly`` within the lane group adds the partial sums (every lane ends with the total), and
         lane 0 evaluates the rest of the stage's expression (the fused epilogue) and stores. The grid-stride
         step is a multiple of 32, so a group's lanes always work on the same element together, in one warp."""
@@ -574,9 +580,7 @@ class PtxKernelModule(KernelModule):
             terms *= x
         dt = red.dtype
         t = ll(dt)
-        ntid = self.sreg(b, "ntid.x")
-        gid = b.add(b.mul(self.sreg(b, "ctaid.x"), ntid), self.sreg(b, "tid.x"))
-        stride = b.mul(self.sreg(b, "nctaid.x"), ntid)
+        gid, stride = self.grid_stride(b)
         lane = b.and_(gid, I64(lanes - 1))
         shift = lanes.bit_length() - 1
         shfl = self.declare("llvm.nvvm.shfl.sync.bfly.f32", F32, [I32, F32, I32, I32])
@@ -617,12 +621,6 @@ class PtxKernelModule(KernelModule):
                     em.env[vs[0].attr] = c
                     em.loops(extents[1:], lambda inner: term_at([c] + inner))
                 em.loop_range(lane, I64(extents[0]), outer, I64(lanes))
-            elif SPLIT_MODE == "chunked":
-                chunk = -(-terms // lanes)
-                lo = b.mul(lane, I64(chunk))
-                hi = b.add(lo, I64(chunk))
-                hi = b.select(b.icmp_signed("<", hi, I64(terms)), hi, I64(terms))
-                em.loop_range(lo, hi, term)
             else:
                 em.loop_range(lane, I64(terms), term, I64(lanes))
             total_v = b.load(acc, typ=t)
@@ -653,42 +651,25 @@ class PtxKernelModule(KernelModule):
         for d in shape:
             total *= d
 
-        ntid = self.sreg(b, "ntid.x")
-        gid = b.add(b.mul(self.sreg(b, "ctaid.x"), ntid), self.sreg(b, "tid.x"))
-        stride = b.mul(self.sreg(b, "nctaid.x"), ntid)
+        gid, stride = self.grid_stride(b)
 
-        # grid-stride loop: for (i = gid; i < n; i += stride)
-        pre = b.block
-        head = fn.append_basic_block("loop")
-        body = fn.append_basic_block("body")
-        done = fn.append_basic_block("done")
-        b.branch(head)
-        b.position_at_end(head)
-        i = b.phi(I64)
-        i.add_incoming(gid, pre)
-        b.cbranch(b.icmp_signed("<", i, n), body, done)
-        b.position_at_end(body)
-        em.memo.append(dict(em.memo[-1]))
-        idx: List[ir.Value] = [None] * len(shape)
-        # register pressure (opt-in): with fewer than 2^31 elements the element index is unflattened in 32
-        # bits (32-bit mul.hi for the divisions by constants, fewer registers), then widened
-        narrow = self.narrow_index and total < 2 ** 31
-        it = I32 if narrow else I64
-        rest = b.trunc(i, I32) if narrow else i
-        for d in reversed(range(len(shape))):
-            if d == 0:
-                idx[d] = rest
-            else:
-                idx[d] = b.urem(rest, it(shape[d]))
-                rest = b.udiv(rest, it(shape[d]))
-        if narrow:
-            idx = [b.zext(x, I64) for x in idx]
-        em.store_element(st, idx)
-        em.memo.pop()
-        nxt = b.add(i, stride)
-        i.add_incoming(nxt, b.block)
-        b.branch(head)
-        b.position_at_end(done)
+        def element(i):  # grid-stride loop: for (i = gid; i < n; i += stride)
+            idx: List[ir.Value] = [None] * len(shape)
+            # register pressure (opt-in): with fewer than 2^31 elements the element index is unflattened in 32
+            # bits (32-bit mul.hi for the divisions by constants, fewer registers), then widened
+            narrow = self.narrow_index and total < 2 ** 31
+            it = I32 if narrow else I64
+            rest = b.trunc(i, I32) if narrow else i
+            for d in reversed(range(len(shape))):
+                if d == 0:
+                    idx[d] = rest
+                else:
+                    idx[d] = b.urem(rest, it(shape[d]))
+                    rest = b.udiv(rest, it(shape[d]))
+            if narrow:
+                idx = [b.zext(x, I64) for x in idx]
+            em.store_element(st, idx)
+        em.loop_range(gid, n, element, stride)
         b.ret_void()
         _set_contraction(fn, False)   # contraction only through kernel rules (explicit llvm.fma)
         self.kernels.append(sym)
@@ -850,23 +831,6 @@ def coarsen_factor(st: Stage, red: E) -> int:
     return co
 
 
-def warp_reduction(st: Stage) -> Optional[E]:
-    """The stage's reduction when splitting it across lanes pays: :func:`single_sum` with at least
-    WARP_MIN_TERMS terms and at most WARP_MAX_OUTPUTS outputs."""
-    red = single_sum(st)
-    if red is None:
-        return None
-    terms = 1
-    for x in red.attr[2]:
-        terms *= x
-    outputs = 1
-    for d in st.buf.shape:
-        outputs *= d
-    if terms < WARP_MIN_TERMS or outputs > WARP_MAX_OUTPUTS:
-        return None
-    return red
-
-
 def _sanitize(prefix: str) -> str:
     s = re.sub(r"[^A-Za-z0-9_]", "_", prefix) or "cuvil"
     return s if not s[0].isdigit() else "_" + s
@@ -947,16 +911,7 @@ def build_ptx(sched: Schedule, arch: str = "sm_90", opt: int = 3, *, fma: bool =
 
 
 def _has_half(e: E) -> bool:
-    stack, seen = [e], set()
-    while stack:
-        x = stack.pop()
-        if x.uid in seen:
-            continue
-        seen.add(x.uid)
-        if x.dtype == DType.FLOAT16:
-            return True
-        stack.extend(x.args)
-    return False
+    return any(x.dtype == DType.FLOAT16 for x in nodes(e))
 
 
 def generate_ptx(sched: Schedule, arch: str = "sm_90", opt: int = 3, *, fma: bool = False, kernel_rules=None,

@@ -17,7 +17,7 @@ from ...errors import CuvilError
 from ...ir.dim import SymExpr, bounds, evaluate, product
 from ...ir.dtype import DType
 from ..schedule import Schedule, Stage
-from ..texpr import E, Buf, dim_index, identity_value
+from ..texpr import E, Buf, dim_index, identity_value, nodes
 
 _INITIALIZED = False
 
@@ -573,18 +573,7 @@ def _row_reduction(st: Stage, at_max=lambda d: d) -> Optional[E]:
     red = found[0]
     last = st.vars[-1].attr
 
-    def uses_last(e: E, memo={}) -> bool:
-        stack, seen2 = [e], set()
-        while stack:
-            x = stack.pop()
-            if x.uid in seen2:
-                continue
-            seen2.add(x.uid)
-            if x.op == "var" and x.attr == last:
-                return True
-            stack.extend(x.args)
-        return False
-    return red if uses_last(red.args[0]) else None
+    return red if any(x.op == "var" and x.attr == last for x in nodes(red.args[0])) else None
 
 
 def _fbits(dt: DType) -> int:
