@@ -696,7 +696,7 @@ ERRORS = [
     ("rule r\n  Conv(x, w, ..a, ..b) => x\n  prove exact\n", 2, 21, "only one ..rest per call"),
     ("rule r\n  Relu(x) when rank(x) => x\n  prove exact\n", 2, 16, "rank(...) is not a condition"),
     ("rule r\n  Relu(x) => _\n  prove exact\n", 2, 14, "_ cannot appear in a replacement"),
-    ("rule r on gpu\n  Relu(x) => x\n  prove exact\n", 1, 11, "'on' takes graph or kernel"),
+    ("rule r on gpu\n  Relu(x) => x\n  prove exact\n", 1, 11, "'on' takes graph, kernel or x86"),
 ]
 
 

@@ -81,6 +81,18 @@ class Pipeline:
         report.verdicts = {r.name: r.proof for r in runnable}
         return self._derive(g, report)
 
+    def choose_algorithms(self, target: str) -> "Pipeline":
+        """Apply the built-in rules of the target's phase (``on x86``: Winograd convolutions) where the
+        target's cost model accepts the match; the rules are proved like every other rule."""
+        from .rewrite_rules.engine import rewrite
+        from .rewrite_rules.verdicts import builtin_rules, proved_rules
+        from .targets.x86.choose import accept
+        runnable = proved_rules([r for r in builtin_rules() if r.on == "x86"])
+        g = self._graph.clone()
+        report = rewrite(g, runnable, phase="x86", accept=accept)
+        report.verdicts = {r.name: r.proof for r in runnable}
+        return self._derive(g, report)
+
     def check_shapes(self, shape_profiles: Optional[Mapping[str, Tuple[int, ...]]] = None):
         """Prove every shape condition of the graph for every symbol value in its range (``shape_profiles``:
         ``{"N": (min, max)}`` or ``(min, opt, max)``; default: the symbols' ranges). Returns the
@@ -141,7 +153,7 @@ class Pipeline:
                 prefix: str = "cuvil", fixed: Optional[Mapping[str, int]] = None, cache: bool = True,
                 progress=None, arch: str = "sm_90", fma: bool = True, enable_fp16: bool = False,
                 kernel_rules=None, shape_profiles: Optional[Mapping[str, Tuple[int, ...]]] = None,
-                opt_kernels: bool = True):
+                opt_kernels: bool = True, winograd: bool = True):
         """Compile to a native artifact: :class:`cuvil.artifact.Artifact` (``libNAME.so``) for
         ``x86_64-linux-gnu``, :class:`cuvil.artifact.Bundle` (``NAME.cuvil/``, PTX for ``arch``) for
         ``nvptx64-nvidia-cuda``; the GPU bundle is built without a GPU.
@@ -153,7 +165,10 @@ class Pipeline:
         the symbols at run time, and rejects shapes outside it. The GPU target specialises every symbol
         (to ``fixed``, else its opt or min). ``opt_kernels`` (x86, default on): a second set of kernels,
         specialised for the opt point (every symbol at its opt, else its min), is linked in and runs when a
-        call's shapes are exactly that point.
+        call's shapes are exactly that point. ``winograd`` (x86, O2 and O3, default on): stride-1 3x3
+        convolutions become Winograd convolutions (proved ``on x86`` rules, rules/winograd.rule) where the
+        x86 cost model expects them to be faster; they round differently from direct convolution (the
+        transforms reassociate sums, see docs/rules.md), so ``winograd=False`` keeps direct convolutions.
 
         GPU only: ``fma`` (default on) lets the proved ``prove real`` kernel rules contract ``a * b + c`` into
         fused multiply-adds (off: every operation rounds separately); ``kernel_rules`` replaces the built-in
@@ -182,11 +197,16 @@ class Pipeline:
                 raise ShapeError("the graph's shape conditions fail inside the symbols' ranges (give a "
                                  "--shape-profile):\n  " + "\n  ".join(map(str, bad)))
         profiles = {s.name: [s.min, s.tuned, s.max] for s in p._graph.symbols.values()}
+        reports = [self.report]
+        if target == X86_TARGET and winograd and opt_level >= 2:
+            p = p.choose_algorithms(target)
+            reports.append(p.report)
         rules = {}
-        if self.report is not None:
-            verdicts = getattr(self.report, "verdicts", {})
-            rules = {name: {"applied": n, "obligation": verdicts.get(name), "verdict": "proved"}
-                     for name, n in self.report.applied.items() if n}
+        for report in reports:
+            if report is not None:
+                verdicts = getattr(report, "verdicts", {})
+                rules.update({name: {"applied": n, "obligation": verdicts.get(name), "verdict": "proved"}
+                              for name, n in report.applied.items() if n})
         derived = {}
         if p._graph.symbols:   # enclosing intervals (exact ranges: `cuvil inspect --shapes`, Z3)
             from .ir.dim import bounds

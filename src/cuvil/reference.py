@@ -58,7 +58,25 @@ class Sum(OpRun):
         return (np.asarray(acc).astype(xs[0].dtype),)
 
 
-SPEC_OPS = [Softplus, Sigmoid, Mish, Softsign, Sum]
+class WinogradKernel(OpRun):
+    op_domain = "ai.cuvil"
+
+    def _run(self, w, tile=4):
+        from .ir.ops.winograd import kernel_transform
+        return (kernel_transform(w, int(tile)),)
+
+
+class WinogradConv(OpRun):
+    op_domain = "ai.cuvil"
+
+    def _run(self, x, u, b=None, tile=4, pads=None):
+        from .ir.ops.winograd import winograd_conv_reference
+        return (winograd_conv_reference(x, u, b, int(tile), list(pads) if pads is not None else [0, 0, 0, 0]),)
+
+
+# Cuvil's own ops (domain ai.cuvil, see cuvil.ir.ops.winograd)
+CUVIL_OPS = [WinogradKernel, WinogradConv]
+SPEC_OPS = [Softplus, Sigmoid, Mish, Softsign, Sum] + CUVIL_OPS
 
 
 def reference_evaluator(model: onnx.ModelProto) -> ReferenceEvaluator:

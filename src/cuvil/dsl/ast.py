@@ -79,6 +79,11 @@ class Arith:
 
 
 Expr = Union[Var, Wildcard, Num, ListLit, OpCall, FuncCall, Arith]
+
+# Where a rule runs: "graph" rules rewrite the graph in optimize(); "kernel" rules the scalar expressions of
+# fused kernels; "x86" rules choose algorithms for the x86 target just before it lowers the graph (each
+# match is applied only where the target's cost model says it pays, see cuvil.targets.x86.choose).
+PHASES = ("graph", "kernel", "x86")
 Guard = Union[FuncCall, Compare]
 
 
@@ -86,7 +91,7 @@ Guard = Union[FuncCall, Compare]
 class Rule:
     name: str
     benefit: int
-    on: str                     # "graph" or "kernel"
+    on: str                     # one of PHASES
     lhs: OpCall
     guards: Tuple[Guard, ...]
     rhs: Expr

@@ -15,7 +15,7 @@ from ..errors import ShapeError
 from ..ir.dim import SymExpr, bounds
 from ..ir.dtype import DType
 from ..ir.graph import Graph, Node, Value
-from ..ir.registry import attr_defaults
+from ..ir.registry import attr_defaults, lookup
 from ..rewrite_rules.lifting import implicit_attr
 from .ast import Expr, FuncCall, ListLit, Num, OpCall, Rule, Var, Wildcard
 
@@ -83,7 +83,7 @@ def _match(p: Expr, v: Optional[Value], b: Bindings, g: Graph) -> bool:
         return literal_matches(v, p.value)
     if isinstance(p, OpCall):
         n = v.producer
-        if n is None or n.op != p.op or n.domain not in ("", "ai.onnx") or n.outputs[0] is not v:
+        if n is None or n.op != p.op or n.domain not in ("", "ai.onnx", lookup(p.op).domain) or n.outputs[0] is not v:
             return False
         present = len(n.inputs)
         while present and n.inputs[present - 1] is None:
@@ -260,7 +260,7 @@ def _build(e: Expr, b: Bindings, g: Graph, created: List[Node], dtype: Optional[
         attrs_: Dict[str, Any] = dict(b.rests.get(e.rest, {})) if e.rest else {}
         for name, a in e.attrs:
             attrs_[name] = _attr_value(a, b)
-        node = g.add_node(e.op, inputs, attrs_)
+        node = g.add_node(e.op, inputs, attrs_, domain=lookup(e.op).domain)
         created.append(node)
         return node.outputs[0]
     raise BuildError(f"cannot build {e!r}")

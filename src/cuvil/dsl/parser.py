@@ -9,7 +9,7 @@ from typing import Iterable, List, Union
 import lark
 from lark import Lark, Transformer, v_args
 
-from .ast import Compare, FuncCall, ListLit, Loc, Num, OpCall, Rule, Var, Wildcard
+from .ast import PHASES, Compare, FuncCall, ListLit, Loc, Num, OpCall, Rule, Var, Wildcard
 from .errors import RuleError
 
 GRAMMAR = os.path.join(os.path.dirname(__file__), "rule.lark")
@@ -67,8 +67,8 @@ class _ToAst(Transformer):
 
     def on_clause(self, items):
         tok = items[0]
-        if str(tok) not in ("graph", "kernel"):
-            self._err(f"'on' takes graph or kernel, not {str(tok)!r}", tok)
+        if str(tok) not in PHASES:
+            self._err(f"'on' takes {', '.join(PHASES[:-1])} or {PHASES[-1]}, not {str(tok)!r}", tok)
         return ("on", str(tok))
 
     def when(self, items):

@@ -10,7 +10,7 @@ from onnx import helper, numpy_helper
 
 from ..ir.dim import SymExpr
 from ..ir.graph import Graph, Node
-from ..ir.registry import CANON_OPSET, lookup
+from ..ir.registry import CANON_OPSET, CUSTOM_DOMAIN, CUSTOM_OPSET, lookup
 from ..ir.types import TensorType
 
 
@@ -39,8 +39,11 @@ def export_model(g: Graph, *, producer: str = "cuvil") -> onnx.ModelProto:
             nodes.append(helper.make_node("Identity", [names[id(v)]], [want], name=f"{want}_out"))
         outputs.append(value_info(want, v.type))
     graph = helper.make_graph(nodes, g.name, [value_info(names[id(v)], v.type) for v in g.inputs], outputs, inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], producer_name=producer)
-    model.ir_version = helper.find_min_ir_version_for([helper.make_opsetid("", opset)])
+    opsets = [helper.make_opsetid("", opset)]
+    if any(n.domain == CUSTOM_DOMAIN for n in g.nodes):
+        opsets.append(helper.make_opsetid(CUSTOM_DOMAIN, CUSTOM_OPSET))
+    model = helper.make_model(graph, opset_imports=opsets, producer_name=producer)
+    model.ir_version = helper.find_min_ir_version_for(opsets[:1])
     return model
 
 

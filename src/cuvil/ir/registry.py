@@ -22,6 +22,11 @@ from .types import TensorType
 
 # Cuvil's canonical op semantics are those of this default-domain opset (ops newer than it: their first).
 CANON_OPSET = 21
+# Cuvil's own ops (introduced by rewrite rules, never imported from a model) live in this domain; their
+# ONNX schemas are registered with onnx.defs so arity, attributes and defaults read like any op's.
+CUSTOM_DOMAIN = "ai.cuvil"
+CUSTOM_OPSET = 1
+_CUSTOM_SCHEMAS: Dict[str, "onnx.defs.OpSchema"] = {}
 
 
 class UnknownRank(Exception):
@@ -39,6 +44,7 @@ class OpDef:
     lifted: Tuple[Tuple[str, int, str], ...] = ()
     # Elements of small integer outputs as dimensions (shape arithmetic), or None per output.
     sym_eval: Optional[Callable[["InferCtx"], List[Optional[Tuple[Dim, ...]]]]] = None
+    domain: str = ""    # "" for ONNX ops, CUSTOM_DOMAIN for Cuvil's own
 
     @functools.cached_property
     def schema(self) -> onnx.defs.OpSchema:
@@ -56,15 +62,18 @@ class OpDef:
 REGISTRY: Dict[str, OpDef] = {}
 
 
-def op(*names: str, lifted: Sequence[Tuple[str, int, str]] = (), sym_eval=None):
-    """Decorator: declare ops ``names`` with the decorated function as their shape inference."""
+def op(*names: str, lifted: Sequence[Tuple[str, int, str]] = (), sym_eval=None, domain: str = ""):
+    """Decorator: declare ops ``names`` with the decorated function as their shape inference (``domain``:
+    CUSTOM_DOMAIN for Cuvil's own ops, whose schema :func:`register_custom_schema` declared first)."""
 
     def deco(fn):
         family = fn.__module__.rsplit(".", 1)[-1]
         for name in names:
             if name in REGISTRY:
                 raise RuntimeError(f"op {name} declared twice ({REGISTRY[name].family} and {family})")
-            REGISTRY[name] = OpDef(name, family, fn, tuple(lifted), sym_eval)
+            if domain and name not in _CUSTOM_SCHEMAS:
+                raise RuntimeError(f"op {name} of domain {domain} has no registered schema")
+            REGISTRY[name] = OpDef(name, family, fn, tuple(lifted), sym_eval, domain)
         return fn
 
     return deco
@@ -83,8 +92,22 @@ def all_ops() -> Dict[str, OpDef]:
     return dict(REGISTRY)
 
 
+def register_custom_schema(schema: onnx.defs.OpSchema) -> None:
+    """Declare the schema of one of Cuvil's own ops (domain CUSTOM_DOMAIN) to onnx.defs and the registry."""
+    if schema.name in _CUSTOM_SCHEMAS:
+        return
+    try:
+        onnx.defs.get_schema(schema.name, CUSTOM_OPSET, CUSTOM_DOMAIN)
+    except onnx.defs.SchemaError:
+        onnx.defs.register_schema(schema)
+    _CUSTOM_SCHEMAS[schema.name] = onnx.defs.get_schema(schema.name, CUSTOM_OPSET, CUSTOM_DOMAIN)
+
+
 @functools.lru_cache(maxsize=None)
 def op_schema(name: str) -> onnx.defs.OpSchema:
+    _load_families()
+    if name in _CUSTOM_SCHEMAS:
+        return _CUSTOM_SCHEMAS[name]
     try:
         return onnx.defs.get_schema(name, CANON_OPSET, "")
     except onnx.defs.SchemaError:

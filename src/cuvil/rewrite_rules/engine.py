@@ -7,7 +7,7 @@ CSE, DCE) run in the same loop, so a rule's constant sub-expressions fold before
 from __future__ import annotations
 
 from collections import Counter, deque
-from typing import Dict, List, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import attrs
 
@@ -22,6 +22,7 @@ from .lifting import drop_default_attrs
 from .shape_prop import propagate_shapes
 
 MAX_ROUNDS = 16
+Accept = Callable[[Rule, "Bindings"], bool]
 
 
 class NonTerminationError(CuvilError):
@@ -43,8 +44,9 @@ def _cap(g: Graph) -> int:
     return max(10_000, 50 * len(g.nodes))
 
 
-def apply_rules(g: Graph, rules: Sequence[Rule], report: RewriteReport) -> int:
-    """One worklist pass of ``rules`` over ``g``; returns the number of rewrites."""
+def apply_rules(g: Graph, rules: Sequence[Rule], report: RewriteReport, accept: Optional[Accept] = None) -> int:
+    """One worklist pass of ``rules`` over ``g``; returns the number of rewrites. ``accept(rule, bindings)``
+    (a target's cost model) may decline a match: legality is the rule's, profitability the target's."""
     by_op: Dict[str, List[Rule]] = {}
     for r in sorted(rules, key=lambda r: -r.benefit):  # stable: file order breaks ties
         by_op.setdefault(r.lhs.op, []).append(r)
@@ -61,7 +63,7 @@ def apply_rules(g: Graph, rules: Sequence[Rule], report: RewriteReport) -> int:
             continue
         for r in by_op.get(n.op, ()):
             b = match(r, root, g)
-            if b is None:
+            if b is None or (accept is not None and not accept(r, b)):
                 continue
             created: List[Node] = []
             try:
@@ -96,15 +98,16 @@ def apply_rules(g: Graph, rules: Sequence[Rule], report: RewriteReport) -> int:
     return count
 
 
-def rewrite(g: Graph, rules: Sequence[Rule], report: RewriteReport | None = None) -> RewriteReport:
-    """Rules and code passes to a joint fixpoint, then shape propagation and verification."""
+def rewrite(g: Graph, rules: Sequence[Rule], report: RewriteReport | None = None, *, phase: str = "graph",
+            accept: Optional[Accept] = None) -> RewriteReport:
+    """Rules of ``phase`` and code passes to a joint fixpoint, then shape propagation and verification."""
     report = report or RewriteReport()
-    graph_rules = [r for r in rules if r.on == "graph"]
+    graph_rules = [r for r in rules if r.on == phase]
     g.toposort()
     for _ in range(MAX_ROUNDS):
         report.rounds += 1
         changed = 0
-        n = apply_rules(g, graph_rules, report) if graph_rules else 0
+        n = apply_rules(g, graph_rules, report, accept) if graph_rules else 0
         report.add("rules", n)
         changed += n
         for name, fn in (("fold", fold_constants), ("cse", eliminate_common_subexpressions),

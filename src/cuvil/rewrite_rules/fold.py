@@ -12,6 +12,7 @@ from onnx import helper
 from ..frontend.onnx_export import export_opset, node_proto, value_info
 from ..ir.dim import product
 from ..ir.graph import Graph, Node
+from ..ir.registry import CUSTOM_OPSET
 from ..reference import run_reference
 from .lifting import lift_const_inputs
 
@@ -90,5 +91,8 @@ def evaluate_node(g: Graph, n: Node, inputs=None):
     inits = []
     proto = node_proto(n, names, inits)
     graph = helper.make_graph([proto], "fold", vis, [value_info(f"o{j}", o.type) for j, o in enumerate(n.outputs)], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", export_opset(g))])
+    opsets = [helper.make_opsetid("", export_opset(g))]
+    if n.domain:
+        opsets.append(helper.make_opsetid(n.domain, CUSTOM_OPSET))
+    model = helper.make_model(graph, opset_imports=opsets)
     return run_reference(model, feeds)

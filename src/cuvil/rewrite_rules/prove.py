@@ -220,7 +220,8 @@ def _related(known: Sequence[Tuple[int, ...]]) -> List[Tuple[int, ...]]:
 
 
 def _window_inputs(op, known):
-    xs = [known[0]] if known[0] is not None else [(1, 2, 3, 3), (1, 1, 4, 4), (1, 2, 4)]
+    # the last input is large enough for a 3x3 kernel over several output tiles (Winograd: 4x4 tiles)
+    xs = [known[0]] if known[0] is not None else [(1, 2, 3, 3), (1, 1, 4, 4), (1, 2, 4), (1, 2, 6, 5)]
     for x in xs:
         c, k = x[1], len(x) - 2
         ws = []
@@ -228,6 +229,8 @@ def _window_inputs(op, known):
             for ks in (1, 2):
                 ws.append((m, c) + (ks,) * k if op != "ConvTranspose" else (c, m) + (ks,) * k)
         ws.append((c, 1) + (1,) * k)
+        if op == "Conv" and k == 2 and min(x[2:]) >= 5:
+            ws.append((2, c, 3, 3))
         for w in ([known[1]] if len(known) > 1 and known[1] is not None else ws):
             m = w[0] if op != "ConvTranspose" else w[1]
             yield [x, w, (m,)]

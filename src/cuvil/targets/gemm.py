@@ -124,3 +124,39 @@ def pack_columns(w: np.ndarray, cols: int) -> np.ndarray:
     out = np.zeros((k, mb * cols), dtype=np.float32)
     out[:, :m] = w
     return np.ascontiguousarray(out.reshape(k, mb, cols).transpose(1, 0, 2))
+
+
+@attrs.define(eq=False)
+class WinogradInput:
+    """The input transform of a Winograd convolution (:mod:`cuvil.ir.ops.winograd`):
+    ``V[n, e*C + c, t] = (Bt d B)[e]`` for the (m+2) x (m+2) tile ``d`` of channel ``c`` at tile
+    ``t = th*TW + tw`` of the zero-padded input ``x[N, C, Hp, Wp]`` (Hp >= TH*m + 2, Wp >= TW*m + 2).
+    ``E("wino_in", [n, ec, t, sum], attr=self)``; the x86 backend transforms rows of tiles in vector
+    registers (:mod:`cuvil.targets.x86.winograd`). V feeds a grouped 1x1 :class:`Contraction` (one group per
+    tile element e)."""
+    x: Buf
+    tile: int
+    channels: int
+    tiles: tuple        # (TH, TW)
+
+    @property
+    def flops(self) -> int:
+        a = self.tile + 2
+        return 2 * 2 * a ** 3 * self.x.shape[0] * self.channels * self.tiles[0] * self.tiles[1]
+
+
+@attrs.define(eq=False)
+class WinogradOutput:
+    """The output transform: ``Y[n, k, th*m + r, tw*m + q] = (At M A)[r, q]`` for the (m+2) x (m+2) values
+    ``M[n, e*K + k, t]`` of the GEMM stage, cropped to ``out_spatial``. ``E("wino_out", [n, k, h, w, sum],
+    attr=self)``."""
+    m: Buf              # [N, E*K, T]
+    tile: int
+    channels: int       # K
+    tiles: tuple        # (TH, TW)
+    out_spatial: tuple  # (OH, OW)
+
+    @property
+    def flops(self) -> int:
+        a, t = self.tile + 2, self.tiles[0] * self.tiles[1]
+        return 2 * (a * a * self.tile + self.tile * self.tile * a) * self.m.shape[0] * self.channels * t

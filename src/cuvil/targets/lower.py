@@ -16,7 +16,7 @@ from ..errors import UnsupportedOpError
 from ..ir.dim import SymExpr, dmax, evaluate, free_symbols, product
 from ..ir.dtype import DType
 from ..ir.graph import Node
-from .gemm import MR, Contraction, DepthwiseWindow, MatContraction, pack_columns, pack_weights
+from .gemm import MR, Contraction, DepthwiseWindow, MatContraction, WinogradInput, WinogradOutput, pack_columns, pack_weights
 from .texpr import (BOOL, I64, Buf, E, all_of, binop, call, cast, cmp, const, dim_index, identity_value, in_range, load,
                     logic, reduce, select, unop)
 
@@ -786,12 +786,12 @@ def _conv(ctx):
     return [TensorFn(out, ctx.out_dtype(), f, "complex", contraction=window is not None)]
 
 
-def _conv_as_gemm(ctx, x, b, out, group, cin_g, m_g, kern, strides, dil, begin) -> Optional[TensorFn]:
+def _conv_as_gemm(ctx, x, b, out, group, cin_g, m_g, kern, strides, dil, begin, wv=None) -> Optional[TensorFn]:
     """The convolution as a packed contraction (see :mod:`cuvil.targets.gemm`), when the target asks for
     them (``ctx.gemm_cols``), it is float32 with constant weights and has enough output channels per group
     to fill a micro-kernel's rows. The input is stored (zero-padded when the convolution pads) so the
     kernel can pack it into panels without bounds tests."""
-    wv = ctx.const_input(1)
+    wv = ctx.const_input(1) if wv is None else wv
     K = cin_g * int(np.prod(kern))
     if (not ctx.gemm_cols or wv is None or ctx.out_dtype() != DType.FLOAT or x.dtype != DType.FLOAT or m_g < 4
             or K < 8 or ctx._weight is None):
@@ -817,6 +817,64 @@ def _conv_as_gemm(ctx, x, b, out, group, cin_g, m_g, kern, strides, dil, begin) 
         acc = E("contract", [n, m] + list(o) + [reduce("sum", [K], body)], DType.FLOAT, spec)
         return binop("add", acc, b([m])) if b is not None else acc
     return TensorFn(out, ctx.out_dtype(), f, "complex", contraction=True)
+
+
+@lowering("WinogradConv")
+def _winograd_conv(ctx):
+    """Three stages (:mod:`cuvil.ir.ops.winograd`): the input transform V (``wino_in``), one grouped 1x1
+    contraction per tile element (the packed GEMM micro-kernels, ``U`` packed like any weight), and the
+    output transform (``wino_out``) with the bias, where the stage's epilogue (activation, residual) fuses."""
+    from ..ir.ops.winograd import matrices_f64, tiles_of
+    x, b = ctx.input(0), ctx.input(2)
+    uv = ctx.const_input(1)
+    m = int(ctx.attr("tile", 4))
+    a = m + 2
+    pads = list(ctx.attr("pads") or [0, 0, 0, 0])
+    out = ctx.out_shape()
+    n_, c_ = x.shape[:2]
+    oh, ow = out[2:]
+    k_ = out[1]
+    if uv is None or not ctx.gemm_cols or ctx._weight is None or not all(isinstance(d, int) for d in (oh, ow, c_)):
+        ctx.unsupported("WinogradConv needs a constant kernel, static spatial dims and the x86 target")
+    th_, tw_ = tiles_of(oh, m), tiles_of(ow, m)
+    t_ = th_ * tw_
+    xp, _ = padded_window_input(ctx, x, (th_ * m, tw_ * m), (3, 3), (1, 1), (1, 1), pads[:2], 0.0)
+    if xp.buf is None:
+        xp = ctx.temp(xp.shape, xp.dtype, xp.fn, "in")
+    bt, _, at = matrices_f64(m)
+    bt_buf = ctx.weight(bt.astype(np.float32), "bt")
+    at_buf = ctx.weight(at.astype(np.float32), "at")
+    ispec = WinogradInput(xp.buf, m, c_, (th_, tw_))
+
+    def v_fn(idx):
+        n, ec, t = idx
+        e, c = ec // c_, ec % c_
+        i, j = e // a, e % a
+        h0, w0 = (t // tw_) * m, (t % tw_) * m
+
+        def body(p, q):
+            coef = binop("mul", load(bt_buf, [i, p]), load(bt_buf, [j, q]))
+            return binop("mul", coef, xp([n, c, h0 + p, w0 + q]))
+        return E("wino_in", [n, ec, t, reduce("sum", [a, a], body)], DType.FLOAT, ispec)
+    v = ctx.temp((n_, a * a * c_, t_), DType.FLOAT, v_fn, "wino_v")
+    gemm = _conv_as_gemm(ctx, v, None, (n_, a * a * k_, t_), a * a, c_, k_, (1,), (1,), (1,), [0],
+                         wv=uv.reshape(a * a * k_, c_, 1))
+    if gemm is None:
+        ctx.unsupported(f"WinogradConv with {c_} input and {k_} output channels has no GEMM micro-kernel")
+    mt = ctx.temp(gemm.shape, DType.FLOAT, gemm.fn, "wino_m")
+    ospec = WinogradOutput(mt.buf, m, k_, (th_, tw_), (oh, ow))
+
+    def y_fn(idx):
+        n, k, h, w = idx
+        r, q = h % m, w % m
+        t = (h // m) * tw_ + w // m
+
+        def body(i, j):
+            coef = binop("mul", load(at_buf, [r, i]), load(at_buf, [q, j]))
+            return binop("mul", coef, mt([n, (i * a + j) * k_ + k, t]))
+        acc = E("wino_out", [n, k, h, w, reduce("sum", [a, a], body)], DType.FLOAT, ospec)
+        return binop("add", acc, b([k])) if b is not None else acc
+    return [TensorFn(out, ctx.out_dtype(), y_fn, "complex", contraction=True)]
 
 
 @lowering("ConvTranspose")

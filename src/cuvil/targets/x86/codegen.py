@@ -76,7 +76,8 @@ class KernelModule:
         self.scratch_index: Optional[int] = None   # bufs slot of the thread's scratch (None: no scratch)
         self.scratch_bytes = 0   # per-thread scratch the kernels need
         self.gemm_symbols = set()   # stages emitted as GEMM micro-kernels
-        self.window_kinds = {}   # stages emitted as row kernels: symbol -> "conv" (depthwise) or "max" (pool)
+        # stages emitted as row kernels: symbol -> "conv" (depthwise), "max" (pool), "winograd_in"/"_out"
+        self.window_kinds = {}
         self.dims_index: Optional[int] = None   # bufs slot of the run-time symbol values (int64[])
         self.symbol_slots: Dict[str, int] = {}  # symbol -> its index in that array
         self.ranges: Dict[str, Tuple[int, int]] = {}   # symbol -> (min, max)
@@ -109,6 +110,7 @@ class KernelModule:
         from .depthwise import emit_depthwise_stage
         from .gemm import emit_gemm_stage
         from .matmul import emit_matmul_stage
+        from .winograd import emit_winograd_input, emit_winograd_output
         done = emit_matmul_stage(self, st, sym)
         if done is not None:
             self.gemm_symbols.add(sym)
@@ -121,6 +123,11 @@ class KernelModule:
         if done is not None:
             self.window_kinds[sym] = done[2]
             return done[:2]
+        for kind, emit in (("winograd_in", emit_winograd_input), ("winograd_out", emit_winograd_output)):
+            done = emit(self, st, sym)
+            if done is not None:
+                self.window_kinds[sym] = kind
+                return done
         em, begin, end = self.kernel(sym)
         shape = list(st.buf.shape)
         if st.region is not None:    # the stage writes the slice [lo, hi) of one axis of its buffer
@@ -376,7 +383,7 @@ class _Emitter:
         if op == "load":
             v = b.load(self.address(e.attr, [self.emit(a) for a in e.args]), typ=mem_type(dt))
             return b.trunc(v, I1) if dt == DType.BOOL else v
-        if op in ("contract", "window", "piecewise"):   # nodes other schedules exploit: their plain value
+        if op in ("contract", "window", "piecewise", "wino_in", "wino_out"):   # nodes other schedules exploit: their plain value
             return self.emit(e.args[-1])
         args = [self.emit(a) for a in e.args] if op not in ("reduce", "argscan") else []
         if op in ("add", "sub", "mul"):

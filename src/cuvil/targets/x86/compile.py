@@ -125,8 +125,8 @@ def _steps_json(sched, steps, target, variant) -> list:
     """The manifest's record of each step (in profile order: the generic steps, then the opt ones)."""
     out = []
     for st, (sym, _, _) in zip(sched.stages, steps):
-        kind = ("gemm" if sym in target["gemm_symbols"] else
-                {"conv": "dwconv", "max": "maxpool"}.get(target["window_kinds"].get(sym), "loop"))
+        row = target["window_kinds"].get(sym)
+        kind = "gemm" if sym in target["gemm_symbols"] else {"conv": "dwconv", "max": "maxpool"}.get(row, row or "loop")
         out.append({"stage": st.name, "op": st.op, "shape": _json_dims(st.buf.shape), "flops": st.flops,
                     "kernel": kind, **({"variant": variant} if variant else {})})
     return out

@@ -1,0 +1,89 @@
+"""Per-layer A/B of Winograd vs direct convolution on this machine (one process, alternating runs).
+
+For each stride-1 3x3 layer shape of the benchmark models (ResNet-50, DenseNet-121, Inception-v1) it builds
+Conv + bias + Relu, compiles it three ways (direct, forced F(2x2,3x3), forced F(4x4,3x3)) and reports
+p50 latency, the error against onnxruntime (normwise relative) and which one the x86 cost model picks
+(cuvil.targets.x86.choose). This is the measurement the cost model's constants come from.
+
+    python3 bench/winograd_layers.py [--runs 30] [--threads 1]
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from unittest import mock
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import helper, numpy_helper
+
+from cuvil import Pipeline
+from cuvil.targets.x86 import choose
+
+# (C, K, H) for square maps, pads 1
+LAYERS = [(64, 64, 56), (128, 128, 28), (256, 256, 14), (512, 512, 7),     # ResNet-50 stages
+          (128, 32, 56), (128, 32, 28), (128, 32, 14), (128, 32, 7),       # DenseNet-121 growth convs
+          (96, 128, 28), (112, 224, 14), (160, 320, 7), (192, 384, 7)]      # Inception-v1
+
+
+def layer(c, k, h, rng):
+    w = numpy_helper.from_array((rng.standard_normal((k, c, 3, 3)) / np.sqrt(9 * c)).astype(np.float32), "w")
+    b = numpy_helper.from_array(rng.standard_normal(k).astype(np.float32) * 0.1, "b")
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1], kernel_shape=[3, 3]),
+             helper.make_node("Relu", ["c"], ["y"])]
+    g = helper.make_graph(nodes, "layer", [helper.make_tensor_value_info("x", 1, [1, c, h, h])],
+                          [helper.make_tensor_value_info("y", 1, [1, k, h, h])], [w, b])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m
+
+
+def compile_forced(p: Pipeline, tile):
+    """tile None: direct; 2 or 4: that Winograd tile wherever a rule matches."""
+    if tile is None:
+        return p.compile(cache=False, winograd=False)
+    with mock.patch.object(choose, "best_tile", lambda *a: tile):
+        return p.compile(cache=False)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=30)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    rng = np.random.default_rng(0)
+    print(f"| C | K | HxW | direct ms | F(2x2) ms | F(4x4) ms | onnxruntime ms | best | cost model | err direct | err F2 | err F4 |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for c, k, h in LAYERS:
+        m = layer(c, k, h, rng)
+        x = rng.standard_normal((1, c, h, h)).astype(np.float32)
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = args.threads
+        sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        ref = sess.run(None, {"x": x})[0]
+        p = Pipeline.from_onnx(m).optimize()
+        engines = {"direct": None, "F2": 2, "F4": 4}
+        models = {name: compile_forced(p, t).model(num_threads=args.threads) for name, t in engines.items()}
+        times = {name: [] for name in list(models) + ["ort"]}
+        errs = {}
+        for name, mod in models.items():
+            y = mod.run(x=x)[0]
+            errs[name] = float(np.linalg.norm(y - ref) / np.linalg.norm(ref))
+        for _ in range(args.runs):
+            for name, mod in models.items():
+                t0 = time.perf_counter()
+                mod.run(x=x)
+                times[name].append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            sess.run(None, {"x": x})
+            times["ort"].append(time.perf_counter() - t0)
+        p50 = {name: 1e3 * float(np.median(v)) for name, v in times.items()}
+        best = min(engines, key=lambda n: p50[n])
+        pick = {None: "direct", 2: "F2", 4: "F4"}[choose.best_tile(c, k, h, h)]
+        print(f"| {c} | {k} | {h}x{h} | {p50['direct']:.3f} | {p50['F2']:.3f} | {p50['F4']:.3f} | {p50['ort']:.3f} | "
+              f"{best} | {pick} | {errs['direct']:.1e} | {errs['F2']:.1e} | {errs['F4']:.1e} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

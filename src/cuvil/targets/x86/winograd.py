@@ -1,0 +1,195 @@
+"""Transform kernels of Winograd convolutions (see :class:`cuvil.targets.gemm.WinogradInput` /
+:class:`~cuvil.targets.gemm.WinogradOutput`; the GEMM between them is the packed contraction of
+:mod:`cuvil.targets.x86.gemm`).
+
+Both vectorise over ``VW`` neighbouring tiles of one tile row, with the matrices' entries as constants in
+straight-line code (zeros skipped, +-1 as adds and subtracts):
+
+* input (unit: image, channel, tile row): for each of the m+2 input rows, two masked wide loads cover the
+  ``VW`` tiles' columns and stride-m shuffles split them into the m+2 column vectors; then ``Bt d B``
+  (rows, then columns) gives the (m+2)^2 transformed vectors, each stored as ``VW`` consecutive tiles of
+  its row of V (masked on the last, partial block);
+* output (unit: image, output channel, tile row): the (m+2)^2 vectors of M are read (consecutive tiles),
+  ``At M A`` gives m x m vectors, interleaved into m output rows of ``m*VW`` pixels on a stack tile; the
+  stage's epilogue (bias, activation, residual add) runs over the tile and copies the rows out
+  (:func:`cuvil.targets.x86.gemm.tile_epilogue`).
+"""
+from __future__ import annotations
+
+from typing import List, Optional, Tuple
+
+import llvmlite.ir as ir
+
+from ...ir.ops.winograd import MATRICES
+from ..gemm import WinogradInput, WinogradOutput
+from ..schedule import Stage
+from .codegen import F32, I1, I32, I64, PTR
+from .gemm import batch_only, find_contraction, tile_epilogue
+
+
+def _vec_tools(km, em, n: int):
+    b = em.b
+    vec = ir.VectorType(F32, n)
+    mvec = ir.VectorType(I1, n)
+    lanes = ir.Constant(ir.VectorType(I64, n), list(range(n)))
+    ivec = ir.VectorType(I64, n)
+
+    def splat(x, t):
+        v = b.insert_element(ir.Constant(t, ir.Undefined), x, I32(0))
+        return b.shuffle_vector(v, ir.Constant(t, ir.Undefined), ir.Constant(ir.VectorType(I32, n), [0] * n))
+
+    def mask(limit):
+        """Lanes l < limit (an i64 value)."""
+        return b.icmp_signed("<", lanes, splat(limit, ivec))
+    load = km.declare(f"llvm.masked.load.v{n}f32.p0", vec, [PTR, I32, mvec, vec])
+    store = km.declare(f"llvm.masked.store.v{n}f32.p0", ir.VoidType(), [vec, PTR, I32, mvec])
+    zero = ir.Constant(vec, [0.0] * n)
+    return vec, mask, (lambda p, m: b.call(load, [p, I32(4), m, zero])), (lambda v, p, m: b.call(store, [v, p, I32(4), m]))
+
+
+def _combine(b, coeffs, vals, vec):
+    """sum of c * v over the non-zero coefficients (Fractions), +-1 without a multiply."""
+    acc = None
+    for c, v in zip(coeffs, vals):
+        if c == 0:
+            continue
+        if c == 1 or c == -1:
+            term, neg = v, c == -1
+        else:
+            term, neg = b.fmul(v, ir.Constant(vec, [float(abs(c))] * vec.count)), c < 0
+        if acc is None:
+            acc = b.fsub(ir.Constant(vec, [0.0] * vec.count), term) if neg else term
+        else:
+            acc = b.fsub(acc, term) if neg else b.fadd(acc, term)
+    return acc if acc is not None else ir.Constant(vec, [0.0] * vec.count)
+
+
+def _sandwich(b, left, tile: List[List[ir.Value]], right, vec):
+    """left @ tile @ right.T on a grid of vectors."""
+    rows = [[_combine(b, lr, [tile[p][q] for p in range(len(lr))], vec) for q in range(len(tile[0]))] for lr in left]
+    return [[_combine(b, rr, row, vec) for rr in right] for row in rows]
+
+
+def emit_winograd_input(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
+    node = find_contraction(st, "wino_in")
+    if node is None or not isinstance(node.attr, WinogradInput) or not batch_only(node.attr.x.shape, st.buf.shape):
+        return None
+    spec: WinogradInput = node.attr
+    m, a = spec.tile, spec.tile + 2
+    bt, _, _ = MATRICES[m]
+    vw = max(4, km.vector_bits // 32)
+    C = spec.channels
+    TH, TW = spec.tiles
+    T = TH * TW
+    _, _, Hp, Wp = spec.x.shape
+    em, begin, end = km.kernel(sym)
+    b = em.b
+    wide, wmask, wload, _ = _vec_tools(km, em, vw * m)
+    vec, vmask, _, vstore = _vec_tools(km, em, vw)
+    x_base = b.gep(em.base(spec.x), [I64(spec.x.offset)], source_etype=ir.IntType(8), inbounds=True)
+    v_base = b.gep(em.base(st.buf), [I64(st.buf.offset)], source_etype=ir.IntType(8), inbounds=True)
+
+    def fptr(base, off):
+        return b.gep(base, [off], source_etype=F32, inbounds=True)
+    split = [ir.Constant(ir.VectorType(I32, vw), [r + m * l for l in range(vw)]) for r in range(m)]
+
+    def unit(u):
+        th = b.srem(u, I64(TH))
+        nc = b.sdiv(u, I64(TH))          # n * C + c
+        c = b.srem(nc, I64(C))
+        n = b.sdiv(nc, I64(C))
+        plane = fptr(x_base, b.mul(nc, I64(Hp * Wp)))
+        # V[n, e*C + c, th*TW + tw]
+        vrow = fptr(v_base, b.add(b.mul(b.add(b.mul(n, I64(a * a * C)), c), I64(T)), b.mul(th, I64(TW))))
+
+        def block(blk):
+            tw0 = b.mul(blk, I64(vw))
+            col0 = b.mul(tw0, I64(m))
+            d = []
+            for p in range(a):
+                row = fptr(plane, b.add(b.mul(b.add(b.mul(th, I64(m)), I64(p)), I64(Wp)), col0))
+                loads = []
+                for h in range(2):       # columns col0 + h*m + [0, m*vw)
+                    left = b.sub(I64(Wp), b.add(col0, I64(h * m)))
+                    loads.append(wload(fptr(row, I64(h * m)), wmask(left)))
+                d.append([b.shuffle_vector(loads[q // m], ir.Constant(wide, ir.Undefined), split[q % m])
+                          for q in range(a)])
+            v = _sandwich(b, bt, d, bt, vec)
+            keep = vmask(b.sub(I64(TW), tw0))
+            for i in range(a):
+                for j in range(a):
+                    dst = fptr(vrow, b.add(I64((i * a + j) * C * T), tw0))
+                    vstore(v[i][j], dst, keep)
+        em.loop_range(I64(0), I64(-(-TW // vw)), block)
+
+    em.loop_range(begin, end, unit)
+    b.ret_void()
+    return spec.x.shape[0] * C * TH, 1
+
+
+def emit_winograd_output(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
+    node = find_contraction(st, "wino_out")
+    if node is None or not isinstance(node.attr, WinogradOutput) or not batch_only(node.attr.m.shape, st.buf.shape) \
+            or st.region is not None:
+        return None
+    spec: WinogradOutput = node.attr
+    m, a = spec.tile, spec.tile + 2
+    _, _, at = MATRICES[m]
+    vw = max(4, km.vector_bits // 32)
+    K = spec.channels
+    TH, TW = spec.tiles
+    T = TH * TW
+    OH, OW = spec.out_spatial
+    em, begin, end = km.kernel(sym)
+    b = em.b
+    vec, vmask, vload, _ = _vec_tools(km, em, vw)
+    wide = ir.VectorType(F32, vw * m)
+    tile = em.alloca(wide, m)            # m output rows of m*vw pixels
+    tile_f = b.bitcast(tile, ir.PointerType(F32))
+    m_base = b.gep(em.base(spec.m), [I64(spec.m.offset)], source_etype=ir.IntType(8), inbounds=True)
+
+    def fptr(base, off):
+        return b.gep(base, [off], source_etype=F32, inbounds=True)
+    # concatenations of vectors, then the interleave out[l*m + q] = o[q][l]
+    inter = ir.Constant(ir.VectorType(I32, vw * m), [q * vw + l for l in range(vw) for q in range(m)])
+
+    def concat(vs):
+        while len(vs) > 1:
+            n = vs[0].type.count
+            vs = [b.shuffle_vector(vs[i], vs[i + 1], ir.Constant(ir.VectorType(I32, 2 * n), list(range(2 * n))))
+                  for i in range(0, len(vs), 2)]
+        return vs[0]
+
+    def unit(u):
+        th = b.srem(u, I64(TH))
+        nk = b.sdiv(u, I64(TH))
+        k = b.srem(nk, I64(K))
+        n = b.sdiv(nk, I64(K))
+        mrow = fptr(m_base, b.add(b.mul(b.add(b.mul(n, I64(a * a * K)), k), I64(T)), b.mul(th, I64(TW))))
+        rows_left = b.sub(I64(OH), b.mul(th, I64(m)))
+        nrows = b.select(b.icmp_signed("<", rows_left, I64(m)), rows_left, I64(m))
+
+        def block(blk):
+            tw0 = b.mul(blk, I64(vw))
+            keep = vmask(b.sub(I64(TW), tw0))
+            mv = [[vload(fptr(mrow, b.add(I64((i * a + j) * K * T), tw0)), keep) for j in range(a)] for i in range(a)]
+            o = _sandwich(b, at, mv, at, vec)
+            for r in range(m):
+                row = concat(o[r]) if m > 1 else o[r][0]
+                row = b.shuffle_vector(row, ir.Constant(wide, ir.Undefined), inter)
+                b.store(row, b.gep(tile, [I64(r)], source_etype=wide, inbounds=True), align=4)
+            w0 = b.mul(tw0, I64(m))
+            cols_left = b.sub(I64(OW), w0)
+            ncols = b.select(b.icmp_signed("<", cols_left, I64(m * vw)), cols_left, I64(m * vw))
+
+            def index(r, j):
+                return [n, k, b.add(b.mul(th, I64(m)), r), b.add(w0, j)]
+
+            def slot(r, j):
+                return b.gep(tile_f, [b.add(b.mul(r, I64(m * vw)), j)], source_etype=F32, inbounds=True)
+            tile_epilogue(em, st, node, slot, index, nrows, ncols)
+        em.loop_range(I64(0), I64(-(-TW // vw)), block)
+
+    em.loop_range(begin, end, unit)
+    b.ret_void()
+    return spec.m.shape[0] * K * TH, 1
