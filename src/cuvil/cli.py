@@ -242,7 +242,8 @@ def cmd_compile(args) -> int:
         raise CuvilError(f"--output must name DIR/libNAME.so, got {args.output!r}")
     level, progress, p = _import_and_optimize(args)
     art = p.compile(args.target, level, cpu=args.cpu, prefix=args.prefix, fixed=_parse_fixed(args.fix),
-                    progress=progress, shape_profiles=_parse_profiles(args.shape_profile) or None)
+                    progress=progress, shape_profiles=_parse_profiles(args.shape_profile) or None,
+                    winograd=not args.no_winograd)
     out = art.save(args.output)
     m = art.manifest
     base = os.path.splitext(out)[0]
@@ -446,6 +447,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="GPU: compute float32 tensors in float16 (inputs/outputs stay float32, sums accumulate in float32)")
     sp.add_argument("--no-fma", action="store_true",
                     help="GPU: no fused multiply-add contraction (the 'prove real' kernel rules do not run)")
+    sp.add_argument("--no-winograd", action="store_true",
+                    help="x86: keep direct 3x3 convolutions (Winograd rounds differently; see docs/rules.md)")
     sp.set_defaults(fn=cmd_compile)
     sp = sub.add_parser("run", help="run a compiled library on .npy inputs")
     sp.add_argument("library")

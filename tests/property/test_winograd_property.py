@@ -1,0 +1,40 @@
+"""Random 3x3 convolutions forced through Winograd F(2x2) and F(4x4) (input transform, grouped GEMM, output
+transform with a fused epilogue) agree with onnxruntime's direct convolution, with 1 and 2 threads alike.
+The tolerance is test_winograd.TOL (the algorithm's measured drift, see there)."""
+from unittest import mock
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from cuvil import Pipeline
+from cuvil.targets.x86 import choose
+from test_winograd import TOL, conv_model, feeds_for, normwise, ort_run
+
+
+@st.composite
+def cases(draw):
+    c = draw(st.integers(8, 20))
+    k = draw(st.integers(4, 20))
+    pads = [draw(st.integers(0, 2)) for _ in range(4)]
+    h = draw(st.integers(max(1, 3 - pads[0] - pads[2]), 23))
+    w = draw(st.integers(max(1, 3 - pads[1] - pads[3]), 23))
+    return dict(c=c, k=k, h=h, w=w, pads=pads, bias=draw(st.booleans()), residual=draw(st.booleans()),
+                batch=draw(st.integers(1, 2))), draw(st.sampled_from([2, 4]))
+
+
+@settings(suppress_health_check=[HealthCheck.too_slow], max_examples=20, deadline=None)
+@given(case=cases(), seed=st.integers(0, 2**16))
+def test_random_winograd_convolutions_match_onnxruntime(case, seed):
+    geo, tile = case
+    m = conv_model(**geo)
+    feeds = feeds_for(m, seed)
+    want = ort_run(m, feeds)
+    with mock.patch.object(choose, "best_tile", lambda *a: tile):
+        art = Pipeline.from_onnx(m).optimize().compile(cache=False)
+    assert any(name.startswith(f"winograd_f{tile}x{tile}") for name in art.manifest["rules_applied"])
+    got1 = art.run(feeds, num_threads=1)["y"]
+    got2 = art.run(feeds, num_threads=2)["y"]
+    assert got1.shape == want.shape
+    assert normwise(got1, want) < TOL
+    np.testing.assert_array_equal(got1, got2)
