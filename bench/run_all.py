@@ -225,7 +225,8 @@ def render(args, host, rows, compiles, failures, started) -> str:
                  f"{fmt(r['pct_peak'], '.1f', '%')} |")
     L.append("")
     L.append("GFLOP/s: the model's FLOPs (`Pipeline.stats().flops`: 2 x MACs of Conv/Gemm/MatMul) / Cuvil p50; "
-             "% of peak: GFLOP/s / (per-core peak x threads).")
+             "% of peak: GFLOP/s / (per-core peak x threads). These are direct-convolution FLOPs: where 3x3 "
+             "convolutions run as Winograd (fewer multiplications), the figure is an effective rate.")
     L.append("")
     L.append("## Cold start and peak RSS")
     L.append("")

@@ -14,7 +14,6 @@ import time
 from unittest import mock
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 from onnx import helper, numpy_helper
 
@@ -53,7 +52,7 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
     rng = np.random.default_rng(0)
-    print(f"| C | K | HxW | direct ms | F(2x2) ms | F(4x4) ms | onnxruntime ms | best | cost model | err direct | err F2 | err F4 |")
+    print("| C | K | HxW | direct ms | F(2x2) ms | F(4x4) ms | onnxruntime ms | best | cost model | err direct | err F2 | err F4 |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for c, k, h in LAYERS:
         m = layer(c, k, h, rng)

@@ -12,7 +12,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 import attrs
 
 from ..dsl.ast import Rule
-from ..dsl.compiler import BuildError, build, match
+from ..dsl.compiler import Bindings, BuildError, build, match
 from ..errors import CuvilError
 from ..ir.graph import Graph, Node
 from .cse import eliminate_common_subexpressions
@@ -22,7 +22,7 @@ from .lifting import drop_default_attrs
 from .shape_prop import propagate_shapes
 
 MAX_ROUNDS = 16
-Accept = Callable[[Rule, "Bindings"], bool]
+Accept = Callable[[Rule, Bindings], bool]
 
 
 class NonTerminationError(CuvilError):

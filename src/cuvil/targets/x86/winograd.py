@@ -47,6 +47,12 @@ def _vec_tools(km, em, n: int):
     return vec, mask, (lambda p, m: b.call(load, [p, I32(4), m, zero])), (lambda v, p, m: b.call(store, [v, p, I32(4), m]))
 
 
+def _lanes(km, tiles_per_row: int) -> int:
+    """Tiles per vector: the target's width, or 4 for rows of at most 4 tiles (7x7 and 14x14 maps), which
+    would otherwise leave half the lanes idle and every store masked."""
+    return 4 if tiles_per_row <= 4 else max(4, km.vector_bits // 32)
+
+
 def _combine(b, coeffs, vals, vec):
     """sum of c * v over the non-zero coefficients (Fractions), +-1 without a multiply."""
     acc = None
@@ -72,14 +78,15 @@ def _sandwich(b, left, tile: List[List[ir.Value]], right, vec):
 
 def emit_winograd_input(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
     node = find_contraction(st, "wino_in")
-    if node is None or not isinstance(node.attr, WinogradInput) or not batch_only(node.attr.x.shape, st.buf.shape):
+    if node is None or not isinstance(node.attr, WinogradInput) or not batch_only(node.attr.x.shape, st.buf.shape) \
+            or st.region is not None:
         return None
     spec: WinogradInput = node.attr
     m, a = spec.tile, spec.tile + 2
     bt, _, _ = MATRICES[m]
-    vw = max(4, km.vector_bits // 32)
     C = spec.channels
     TH, TW = spec.tiles
+    vw = _lanes(km, TW)
     T = TH * TW
     _, _, Hp, Wp = spec.x.shape
     em, begin, end = km.kernel(sym)
@@ -115,11 +122,22 @@ def emit_winograd_input(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
                 d.append([b.shuffle_vector(loads[q // m], ir.Constant(wide, ir.Undefined), split[q % m])
                           for q in range(a)])
             v = _sandwich(b, bt, d, bt, vec)
-            keep = vmask(b.sub(I64(TW), tw0))
-            for i in range(a):
-                for j in range(a):
-                    dst = fptr(vrow, b.add(I64((i * a + j) * C * T), tw0))
-                    vstore(v[i][j], dst, keep)
+            left = b.sub(I64(TW), tw0)
+
+            def stores(keep):
+                for i in range(a):
+                    for j in range(a):
+                        dst = fptr(vrow, b.add(I64((i * a + j) * C * T), tw0))
+                        if keep is None:
+                            b.store(v[i][j], b.bitcast(dst, vec.as_pointer()), align=4)
+                        else:
+                            vstore(v[i][j], dst, keep)
+            # masked stores are slow (microcoded on AMD cores): only the last, partial block uses them
+            with b.if_else(b.icmp_signed(">=", left, I64(vw))) as (full, partial):
+                with full:
+                    stores(None)
+                with partial:
+                    stores(vmask(left))
         em.loop_range(I64(0), I64(-(-TW // vw)), block)
 
     em.loop_range(begin, end, unit)
@@ -135,9 +153,9 @@ def emit_winograd_output(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
     spec: WinogradOutput = node.attr
     m, a = spec.tile, spec.tile + 2
     _, _, at = MATRICES[m]
-    vw = max(4, km.vector_bits // 32)
     K = spec.channels
     TH, TW = spec.tiles
+    vw = _lanes(km, TW)
     T = TH * TW
     OH, OW = spec.out_spatial
     em, begin, end = km.kernel(sym)
