@@ -139,7 +139,24 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
             full = b.icmp_signed("<=", b.mul(b.add(pb, I64(1)), I64(nr)), I64(P))
             contiguous = b.and_(full, b.icmp_signed("==", b.sub(last, first), I64(nr - 1)))
 
-            def rows(gather):
+            s_last = spec.strides[-1]
+            strided = None
+            if 2 <= s_last <= 4 and in_strides[-1] == 1:
+                # a full panel inside one row of the last output axis reads every s-th input element: one
+                # wide masked load (span (nr-1)*s + 1) and a stride-s shuffle per vector
+                ow = spec.out_spatial[-1]
+                w_first = b.srem(b.mul(pb, I64(nr)), I64(ow))
+                strided = b.and_(full, b.icmp_signed("<", b.add(w_first, I64(nr - 1)), I64(ow)))
+                span = nr * s_last
+                wide = ir.VectorType(F32, span)
+                wload = km.declare(f"llvm.masked.load.v{span}f32.p0", wide,
+                                   [PTR, I32, ir.VectorType(ir.IntType(1), span), wide])
+                wmask = ir.Constant(ir.VectorType(ir.IntType(1), span),
+                                    [int(i <= (nr - 1) * s_last) for i in range(span)])
+                picks = [ir.Constant(ir.VectorType(I32, vw), [(v * vw + l) * s_last for l in range(vw)])
+                         for v in range(nv)]
+
+            def rows(gather, step=1):
                 def per_k(kidx):
                     c_, ks = kidx[0], kidx[1:]
                     koff = b.mul(c_, I64(in_strides[1]))
@@ -149,7 +166,13 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
                     for kd, ext in zip(ks, spec.kernel):
                         kflat = b.add(b.mul(kflat, I64(ext)), kd)
                     dst = fptr(panel, b.mul(kflat, I64(nr)))
-                    if gather:
+                    if step > 1:
+                        src = fptr(xb, b.add(koff, first))
+                        x = b.call(wload, [src, I32(4), wmask, ir.Constant(wide, ir.Undefined)])
+                        for v in range(nv):
+                            b.store(b.shuffle_vector(x, ir.Constant(wide, ir.Undefined), picks[v]),
+                                    b.gep(dst, [I64(v)], source_etype=vec, inbounds=True), align=4)
+                    elif gather:
                         def col(j):
                             o = b.load(b.gep(offs, [j], source_etype=I64, inbounds=True), typ=I64)
                             b.store(b.load(fptr(xb, b.add(koff, o)), typ=F32), fptr(dst, j))
@@ -164,7 +187,14 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
                 with then:
                     rows(False)
                 with otherwise:
-                    rows(True)
+                    if strided is None:
+                        rows(True)
+                    else:
+                        with b.if_else(strided) as (then2, otherwise2):
+                            with then2:
+                                rows(False, s_last)
+                            with otherwise2:
+                                rows(True)
         em.loop_range(I64(0), count, one)
 
     def kloop(a_ptr, b_ptr, k0: int, k1: int, acc_in, acc_out):
@@ -229,14 +259,21 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
     out_sp = spec.out_spatial
 
     def epilogue(n, g, m0, p0, nrows, ncols):
+        """The tile's positions in runs along the last output axis: within a run every index is affine in
+        the column (no division per element), so the epilogue's loads and the stores vectorise."""
         mbase = b.add(b.mul(g, I64(M)), m0)
 
-        def index(r, j):
-            return [n, b.add(mbase, r)] + unflatten(b, b.add(p0, j), out_sp)
+        def run(j0, length):
+            lead = unflatten(b, b.add(p0, j0), out_sp)
+            w0 = lead.pop()
 
-        def slot(r, j):
-            return b.gep(tile_f, [b.add(b.mul(r, I64(nr)), j)], source_etype=F32, inbounds=True)
-        tile_epilogue(em, st, c, slot, index, nrows, ncols)
+            def index(r, j):
+                return [n, b.add(mbase, r)] + lead + [b.add(w0, j)]
+
+            def slot(r, j):
+                return b.gep(tile_f, [b.add(b.add(b.mul(r, I64(nr)), j0), j)], source_etype=F32, inbounds=True)
+            tile_epilogue(em, st, c, slot, index, nrows, length, full=(MR, nr))
+        runs_along_last_axis(em, ncols, lambda j0: b.sub(I64(out_sp[-1]), b.srem(b.add(p0, j0), I64(out_sp[-1]))), run)
 
     em.loop_range(begin, end, body)
     b.ret_void()
@@ -278,6 +315,29 @@ def fma_tile_loop(em, fma, k0, k1, init, nv: int, vectors, scalars) -> list:
     return new
 
 
+def runs_along_last_axis(em: _Emitter, total, room, body):
+    """``body(j0, length)`` for consecutive runs covering columns [0, total): each run is as long as
+    ``room(j0)`` allows (the columns left before the last axis wraps), so it never crosses a row."""
+    b, fn = em.b, em.fn
+    pre = b.block
+    head = fn.append_basic_block("run")
+    inner = fn.append_basic_block("run_body")
+    done = fn.append_basic_block("run_done")
+    b.branch(head)
+    b.position_at_end(head)
+    j0 = b.phi(I64)
+    j0.add_incoming(I64(0), pre)
+    b.cbranch(b.icmp_signed("<", j0, total), inner, done)
+    b.position_at_end(inner)
+    left = b.sub(total, j0)
+    fits = room(j0)
+    length = b.select(b.icmp_signed("<", left, fits), left, fits)
+    body(j0, length)
+    j0.add_incoming(b.add(j0, length), b.block)
+    b.branch(head)
+    b.position_at_end(done)
+
+
 def batch_only(*shapes) -> bool:
     """Only the leading (batch) dim of these shapes is symbolic: the micro-kernels' geometry is static and
     the batch only scales their parallel range."""
@@ -294,12 +354,22 @@ def unflatten(b: ir.IRBuilder, p, dims) -> list:
     return list(reversed(out))
 
 
-def tile_epilogue(em: _Emitter, st: Stage, node: E, slot, index, nrows, ncols):
+def tile_epilogue(em: _Emitter, st: Stage, node: E, slot, index, nrows, ncols, full: Tuple[int, int] = None):
     """The stage's fused epilogue over a spilled tile, in two passes: in place on the stack (stores there
     cannot alias the buffers the epilogue reads, so LLVM vectorises it), then a copy to the output.
     ``slot(r, j)`` is the tile element's address, ``index(r, j)`` its output index, ``node`` the micro-kernel
-    node whose value the tile holds."""
+    node whose value the tile holds. ``full = (rows, cols)``: the tile's full size; when ``nrows x ncols`` is
+    exactly that, the passes run with constant trip counts (LLVM then vectorises them at full width with no
+    remainder loops, and the row copies become vector moves instead of memcpy calls)."""
     b = em.b
+    if full is not None:
+        is_full = b.and_(b.icmp_signed("==", nrows, I64(full[0])), b.icmp_signed("==", ncols, I64(full[1])))
+        with b.if_else(is_full) as (then, otherwise):
+            with then:
+                tile_epilogue(em, st, node, slot, index, I64(full[0]), I64(full[1]))
+            with otherwise:
+                tile_epilogue(em, st, node, slot, index, nrows, ncols)
+        return
 
     def apply(r, j):
         for v, i in zip(st.vars, index(r, j)):

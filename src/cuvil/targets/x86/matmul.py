@@ -80,7 +80,7 @@ def emit_matmul_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]]:
 
             def slot(r, j):
                 return b.gep(tile_f, [b.add(b.mul(r, I64(nr)), j)], source_etype=F32, inbounds=True)
-            tile_epilogue(em, st, c, slot, index, nrows, ncols)
+            tile_epilogue(em, st, c, slot, index, nrows, ncols, full=(MR, nr))
         em.loop_range(I64(0), I64(Mb), panel)
 
     em.loop_range(begin, end, row_tile)

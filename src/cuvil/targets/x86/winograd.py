@@ -205,7 +205,7 @@ def emit_winograd_output(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
 
             def slot(r, j):
                 return b.gep(tile_f, [b.add(b.mul(r, I64(m * vw)), j)], source_etype=F32, inbounds=True)
-            tile_epilogue(em, st, node, slot, index, nrows, ncols)
+            tile_epilogue(em, st, node, slot, index, nrows, ncols, full=(m, m * vw))
         em.loop_range(I64(0), I64(-(-TW // vw)), block)
 
     em.loop_range(begin, end, unit)
