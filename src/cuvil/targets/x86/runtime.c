@@ -171,6 +171,7 @@ struct cuvil_session {
   pthread_mutex_t mu;
   pthread_cond_t cv;
   int num_workers;                                    /* workers actually started */
+  int pin;                                            /* pin workers to CPUs (see pin_worker) */
   pthread_t *threads;
   worker_arg *args;
 };
@@ -203,10 +204,30 @@ static void claim_chunks(struct cuvil_session *s, int tid) {
   }
 }
 
+/* Worker `id` (1 .. n-1) onto the id-th CPU of the process's affinity mask, leaving the first to the caller.
+ * Unpinned, a worker woken after the process idled (~100 ms here) was often placed on the caller's own CPU
+ * and the two then took turns: 2-thread runs after a pause were no faster than 1-thread ones (SqueezeNet
+ * 13-15 ms vs 7.5-9.6 ms pinned; bench/pause_effect.py and docs/c-abi.md "Threads"). */
+static void pin_worker(int id) {
+  cpu_set_t allowed, one;
+  CPU_ZERO(&allowed);
+  if (sched_getaffinity(0, sizeof allowed, &allowed) != 0 || CPU_COUNT(&allowed) < 2) return;
+  int want = id % CPU_COUNT(&allowed), k = -1;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &allowed) && ++k == want) {
+      CPU_ZERO(&one);
+      CPU_SET(cpu, &one);
+      pthread_setaffinity_np(pthread_self(), sizeof one, &one);   /* best effort: unpinned still works */
+      return;
+    }
+  }
+}
+
 static void *worker_main(void *p) {
   worker_arg *a = (worker_arg *)p;
   struct cuvil_session *s = a->s;
   const int id = a->id;
+  if (s->pin) pin_worker(id);
   unsigned seen = 0;                                  /* gen at creation: a late starter must not skip a step */
   for (;;) {
     unsigned g;
@@ -396,6 +417,10 @@ static struct cuvil_session *session_create(int num_threads) {
 
   if (num_threads > 1) {
     int nw = num_threads - 1;
+    /* Pinned when the session uses every CPU the process may run on (nothing else of ours competes for
+     * them); CUVIL_PIN_THREADS=0 never pins, =1 always does. */
+    const char *pin = getenv("CUVIL_PIN_THREADS");
+    s->pin = pin && *pin ? (*pin != '0') : (num_threads >= online_cores());
     s->threads = (pthread_t *)calloc((size_t)nw, sizeof(pthread_t));
     s->args = (worker_arg *)calloc((size_t)nw, sizeof(worker_arg));
     if (!s->threads || !s->args) {
