@@ -78,12 +78,15 @@ class DepthwiseWindow:
     ``E("window", [n, c, oh, ow, reduce], attr=self)``; the x86 backend computes whole output rows in vector
     registers (see :mod:`cuvil.targets.x86.depthwise`)."""
     w: Optional[Buf]    # weights [C, 1, KH, KW] ("conv"); None for "max"
-    x: Buf              # input [N, C, Hp, Wp]
+    x: Buf              # input [N, C, H, W]
     kernel: tuple
     strides: tuple
     dilations: tuple
     out_spatial: tuple
     kind: str = "conv"  # "conv": sum of w * x; "max": fmax of x (MaxPool: NaN skipped, as in the reference)
+    # "conv": zero padding (top, left) the kernel reads as zeros (masked loads, rows outside skipped)
+    # instead of a stored padded copy; a "max" window's input is padded (pads (0, 0))
+    pads: tuple = (0, 0)
 
     @property
     def flops(self) -> int:

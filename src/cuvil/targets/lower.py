@@ -764,13 +764,20 @@ def _conv(ctx):
     if gemm is not None:
         return [gemm]
 
-    x, begin = padded_window_input(ctx, x, out[2:], kern, strides, dil, begin, 0.0)
-    # depthwise 2-D with row-vectorisable strides: a window node the x86 backend computes by rows
+    # depthwise 2-D with row-vectorisable strides: a window node the x86 backend computes by rows, reading
+    # the unpadded input (its loads are masked to the input: no padded copy is stored)
     depthwise = (ctx.gemm_cols and spatial == 2 and cin_g == 1 and m_g == 1 and w.buf is not None
-                 and x.dtype == DType.FLOAT and ctx.out_dtype() == DType.FLOAT and strides[1] in (1, 2))
-    if depthwise and x.buf is None:
-        x = ctx.temp(x.shape, x.dtype, x.fn, "in")
-    window = DepthwiseWindow(w.buf, x.buf, tuple(kern), tuple(strides), tuple(dil), tuple(out[2:])) if depthwise else None
+                 and x.dtype == DType.FLOAT and ctx.out_dtype() == DType.FLOAT and strides[1] in (1, 2)
+                 and all(isinstance(d, int) for d in x.shape[2:]))
+    if depthwise:
+        if x.buf is None:
+            x = ctx.temp(x.shape, x.dtype, x.fn, "in")
+    else:
+        x, begin = padded_window_input(ctx, x, out[2:], kern, strides, dil, begin, 0.0)
+    window = DepthwiseWindow(w.buf, x.buf, tuple(kern), tuple(strides), tuple(dil), tuple(out[2:]),
+                             pads=(begin[0], begin[1])) if depthwise else None
+    bounded = depthwise and (any(begin) or any(_may_exceed((o - 1) * s + (k - 1) * d + 1, size) for o, s, k, d, size
+                                                in zip(out[2:], strides, kern, dil, x.shape[2:])))
 
     def f(idx):
         n, m, o = idx[0], idx[1], idx[2:]
@@ -778,6 +785,9 @@ def _conv(ctx):
 
         def body(c, *ks):
             pos = [oi * s - p + ki * d for oi, s, p, ki, d in zip(o, strides, begin, ks, dil)]
+            if bounded:
+                inside = all_of([in_range(q, 0, size) for q, size in zip(pos, x.shape[2:])])
+                return binop("mul", x.at_or([n, g_off + c] + pos, inside, 0.0), w([m, c] + list(ks)))
             return binop("mul", x([n, g_off + c] + pos), w([m, c] + list(ks)))
         acc = reduce("sum", [cin_g] + list(kern), body)
         if window is not None:

@@ -6,7 +6,9 @@ to :data:`CHUNK` vectors of outputs in registers and, for every kernel offset (f
 weights are splatted once per plane), loads the input row segment and accumulates with a fused
 multiply-add (a max pool: numpy's fmax, NaN only for an all-NaN window, like the reference). Stride 1 reads the segment directly; stride 2 loads twice the width and keeps the even
 lanes. Every load is masked to the input row, so nothing past the buffer is touched; lanes past the
-output width compute values that are never stored. The row is spilled to a stack array and the stage's
+output width compute values that are never stored. A depthwise convolution reads its input unpadded:
+columns left of or past the row and whole rows above or below the input are masked off and read as
+the zeros padding would hold (ShuffleNet: 17 padded copies, 1.9 of 11.9 ms, no longer stored). The row is spilled to a stack array and the stage's
 epilogue runs over it like the GEMM kernels' (:func:`cuvil.targets.x86.gemm.tile_epilogue`).
 """
 from __future__ import annotations
@@ -34,7 +36,8 @@ def emit_depthwise_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int, st
     vw = max(4, km.vector_bits // 32)
     vec = ir.VectorType(F32, vw)
     mvec = ir.VectorType(I1, vw)
-    N, C, Hp, Wp = spec.x.shape
+    N, C, Hp, Wp = spec.x.shape      # conv: the unpadded input, read through masks (see spec.pads)
+    pt, pl = spec.pads
     KH, KW = spec.kernel
     sh, sw = spec.strides
     dh, dw = spec.dilations
@@ -60,10 +63,14 @@ def emit_depthwise_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int, st
         v = b.insert_element(ir.Constant(t, ir.Undefined), x, I32(0))
         return b.shuffle_vector(v, ir.Constant(t, ir.Undefined), ir.Constant(ir.VectorType(I32, vw), [0] * vw))
 
-    def masked(ptr, col):
-        """vw floats from ptr, lanes whose input column col + lane is inside the row."""
-        m = b.icmp_signed("<", b.add(splat(col, ir.VectorType(I64, vw)), lanes), splat(I64(Wp), ir.VectorType(I64, vw)))
-        return b.call(mload, [ptr, I32(4), m, zero])
+    def masked(rp, col, inside):
+        """vw floats of row rp from input column col, lanes whose column col + lane is inside the row;
+        none when the row is outside the input (``inside`` false: padding rows read as zeros)."""
+        i64v = ir.VectorType(I64, vw)
+        at = b.add(splat(col, i64v), lanes)
+        limit = b.select(inside, I64(Wp), I64(0))
+        m = b.and_(b.icmp_signed("<", at, splat(limit, i64v)), b.icmp_signed(">=", at, splat(I64(0), i64v)))
+        return b.call(mload, [b.gep(rp, [col], source_etype=F32), I32(4), m, zero])
 
     x_base = b.gep(em.base(spec.x), [I64(spec.x.offset)], source_etype=ir.IntType(8), inbounds=True)
     w_base = None if spec.w is None else b.gep(em.base(spec.w), [I64(spec.w.offset)], source_etype=ir.IntType(8),
@@ -82,16 +89,17 @@ def emit_depthwise_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int, st
                 """output vectors v0 .. v0+chunk-1 of the row"""
                 accs = [nan if is_max else zero] * chunk
                 for kh in range(KH):
-                    rp = fptr(xp, b.mul(b.add(b.mul(oh, I64(sh)), I64(kh * dh)), I64(Wp)))
+                    ih = b.add(b.mul(oh, I64(sh)), I64(kh * dh - pt))
+                    inside = b.and_(b.icmp_signed(">=", ih, I64(0)), b.icmp_signed("<", ih, I64(Hp)))
+                    rp = b.gep(xp, [b.mul(b.select(inside, ih, I64(0)), I64(Wp))], source_etype=F32)
                     for kw in range(KW):
                         for v in range(chunk):
-                            col = b.add(b.mul(b.add(v0, I64(v)), I64(vw * sw)), I64(kw * dw))
+                            col = b.add(b.mul(b.add(v0, I64(v)), I64(vw * sw)), I64(kw * dw - pl))
                             if sw == 1:
-                                xv = masked(fptr(rp, col), col)
+                                xv = masked(rp, col, inside)
                             else:
-                                lo = masked(fptr(rp, col), col)
-                                col2 = b.add(col, I64(vw))
-                                hi = masked(fptr(rp, col2), col2)
+                                lo = masked(rp, col, inside)
+                                hi = masked(rp, b.add(col, I64(vw)), inside)
                                 xv = b.shuffle_vector(lo, hi, even)
                             if is_max:   # fmax: x wins when greater or while the accumulator is NaN
                                 take = b.or_(b.fcmp_ordered(">", xv, accs[v]), b.fcmp_unordered("uno", accs[v], accs[v]))
