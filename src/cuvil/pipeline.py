@@ -22,6 +22,15 @@ ModelSource = Union[str, os.PathLike, bytes, onnx.ModelProto]
 RulePath = Union[str, os.PathLike]
 
 
+def _applied_rules(report) -> dict:
+    """The manifest's record of the rules a rewrite applied: name -> times applied, obligation, verdict."""
+    if report is None:
+        return {}
+    verdicts = getattr(report, "verdicts", {})
+    return {name: {"applied": n, "obligation": verdicts.get(name), "verdict": "proved"}
+            for name, n in report.applied.items() if n}
+
+
 class Pipeline:
     """A model on its way through Cuvil. Each stage returns a new Pipeline; the source is left as it was.
 
@@ -197,16 +206,7 @@ class Pipeline:
                 raise ShapeError("the graph's shape conditions fail inside the symbols' ranges (give a "
                                  "--shape-profile):\n  " + "\n  ".join(map(str, bad)))
         profiles = {s.name: [s.min, s.tuned, s.max] for s in p._graph.symbols.values()}
-        reports = [self.report]
-        if target == X86_TARGET and winograd and opt_level >= 2:
-            p = p.choose_algorithms(target)
-            reports.append(p.report)
-        rules = {}
-        for report in reports:
-            if report is not None:
-                verdicts = getattr(report, "verdicts", {})
-                rules.update({name: {"applied": n, "obligation": verdicts.get(name), "verdict": "proved"}
-                              for name, n in report.applied.items() if n})
+        rules = _applied_rules(self.report)
         derived = {}
         if p._graph.symbols:   # enclosing intervals (exact ranges: `cuvil inspect --shapes`, Z3)
             from .ir.dim import bounds
@@ -224,14 +224,23 @@ class Pipeline:
         if target == PTX_TARGET:
             return self._compile_bundle(p, arch, opt_level, prefix, extra, fixed, rules, cache, progress,
                                         fma=fma, enable_fp16=enable_fp16, kernel_rules=kernel_rules)
+        # The x86 algorithm choices are a function of the graph, the `on x86` rules and the cost model (its
+        # source is in the compiler digest): they run only when the library is built, not on a cache hit.
+        choose = winograd and opt_level >= 2
+        from .rewrite_rules.verdicts import builtin_rules
         key = cache_key([structural_hash(p.graph), repr(sorted(fixed.items())), repr(sorted(profiles.items())),
                          str(opt_level), str(cpu), prefix, f"opt_kernels={bool(opt_kernels)}",
-                         cuvil.__version__, target, json.dumps(rules, sort_keys=True), str(self.source_sha256)])
-        opt_graph = None
-        if opt_kernels and p._graph.symbols:
-            opt_graph = p.specialize({k: v[1] for k, v in profiles.items()}).graph
-        build = lambda so: compile_x86(p.graph, so, opt_level=opt_level, cpu=cpu, prefix=prefix,
-                                       manifest_extra=extra, progress=progress, opt_graph=opt_graph)
+                         cuvil.__version__, target, json.dumps(rules, sort_keys=True), str(self.source_sha256),
+                         f"winograd={choose}"] + [r.text for r in builtin_rules() if r.on == "x86" and choose])
+
+        def build(so):
+            q = p.choose_algorithms(target) if choose else p
+            opt_graph = None
+            if opt_kernels and q._graph.symbols:
+                opt_graph = q.specialize({k: v[1] for k, v in profiles.items()}).graph
+            extra_q = dict(extra, rules_applied={**rules, **_applied_rules(q.report if choose else None)})
+            return compile_x86(q.graph, so, opt_level=opt_level, cpu=cpu, prefix=prefix,
+                               manifest_extra=extra_q, progress=progress, opt_graph=opt_graph)
         if not cache:
             out = os.path.join(tempfile.mkdtemp(prefix="cuvil-"), f"lib{prefix}.so")
             return Artifact(out, build(out))

@@ -207,7 +207,8 @@ static void claim_chunks(struct cuvil_session *s, int tid) {
 /* Worker `id` (1 .. n-1) onto the id-th CPU of the process's affinity mask, leaving the first to the caller.
  * Unpinned, a worker woken after the process idled (~100 ms here) was often placed on the caller's own CPU
  * and the two then took turns: 2-thread runs after a pause were no faster than 1-thread ones (SqueezeNet
- * 13-15 ms vs 7.5-9.6 ms pinned; bench/pause_effect.py and docs/c-abi.md "Threads"). */
+ * 13-15 ms vs 7.5-9.6 ms pinned: `python3 bench/pause_effect.py squeezenet`, with and without
+ * CUVIL_PIN_THREADS=0; docs/c-abi.md "Threads"). */
 static void pin_worker(int id) {
   cpu_set_t allowed, one;
   CPU_ZERO(&allowed);

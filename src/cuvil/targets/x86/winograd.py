@@ -76,6 +76,17 @@ def _sandwich(b, left, tile: List[List[ir.Value]], right, vec):
     return [[_combine(b, rr, row, vec) for rr in right] for row in rows]
 
 
+def _tile_row(b, u, TH: int, TW: int, channels: int, a: int):
+    """Unit u of a transform kernel = (image n, channel ch, tile row th), th fastest: returns n*channels + ch,
+    th, and the offset of the tile row in the transformed tensor [N, a*a*channels, TH*TW] (element 0)."""
+    th = b.srem(u, I64(TH))
+    nch = b.sdiv(u, I64(TH))
+    ch = b.srem(nch, I64(channels))
+    n = b.sdiv(nch, I64(channels))
+    row = b.add(b.mul(b.add(b.mul(n, I64(a * a * channels)), ch), I64(TH * TW)), b.mul(th, I64(TW)))
+    return nch, th, row
+
+
 def emit_winograd_input(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
     node = find_contraction(st, "wino_in")
     if node is None or not isinstance(node.attr, WinogradInput) or not batch_only(node.attr.x.shape, st.buf.shape) \
@@ -101,13 +112,9 @@ def emit_winograd_input(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
     split = [ir.Constant(ir.VectorType(I32, vw), [r + m * l for l in range(vw)]) for r in range(m)]
 
     def unit(u):
-        th = b.srem(u, I64(TH))
-        nc = b.sdiv(u, I64(TH))          # n * C + c
-        c = b.srem(nc, I64(C))
-        n = b.sdiv(nc, I64(C))
+        nc, th, row = _tile_row(b, u, TH, TW, C, a)
         plane = fptr(x_base, b.mul(nc, I64(Hp * Wp)))
-        # V[n, e*C + c, th*TW + tw]
-        vrow = fptr(v_base, b.add(b.mul(b.add(b.mul(n, I64(a * a * C)), c), I64(T)), b.mul(th, I64(TW))))
+        vrow = fptr(v_base, row)       # V[n, e*C + c, th*TW + tw] at e = 0
 
         def block(blk):
             tw0 = b.mul(blk, I64(vw))
@@ -179,11 +186,10 @@ def emit_winograd_output(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
         return vs[0]
 
     def unit(u):
-        th = b.srem(u, I64(TH))
-        nk = b.sdiv(u, I64(TH))
+        nk, th, row = _tile_row(b, u, TH, TW, K, a)
         k = b.srem(nk, I64(K))
         n = b.sdiv(nk, I64(K))
-        mrow = fptr(m_base, b.add(b.mul(b.add(b.mul(n, I64(a * a * K)), k), I64(T)), b.mul(th, I64(TW))))
+        mrow = fptr(m_base, row)       # M[n, e*K + k, th*TW + tw] at e = 0
         rows_left = b.sub(I64(OH), b.mul(th, I64(m)))
         nrows = b.select(b.icmp_signed("<", rows_left, I64(m)), rows_left, I64(m))
 
