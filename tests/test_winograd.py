@@ -131,11 +131,23 @@ def test_symbolic_batch():
 
 
 def test_cost_model_choices():
+    # AVX2 micro-kernels, 16 positions wide
     assert choose.best_tile(128, 128, 28, 28) == 4      # ResNet-50 stage 2
     assert choose.best_tile(256, 256, 14, 14) == 4
     assert choose.best_tile(512, 512, 7, 7) == 2        # 4x4 tiles of a 7x7 map are mostly padding
     assert choose.best_tile(3, 64, 224, 224) is None    # a first layer: too few input channels
     assert choose.direct_cost(64, 64, 56, 56) > choose.winograd_cost(64, 64, 56, 56, 4)
+    # AVX-512, 64 wide: the 16 tiles of a 7x7 map fill a quarter of one panel, its 49 pixels most of one
+    assert choose.best_tile(128, 128, 28, 28, 64) == 4
+    assert choose.best_tile(256, 256, 14, 14, 64) == 2
+    assert choose.best_tile(512, 512, 7, 7, 64) is None
+
+
+def test_cost_model_follows_the_target_cpu():
+    m = conv_model(512, 512, 7, 7, [1, 1, 1, 1])
+    p = Pipeline.from_onnx(m).optimize()
+    assert "winograd_f2x2_3x3" in p.choose_algorithms("x86_64-linux-gnu", cpu="znver3").report.applied
+    assert not p.choose_algorithms("x86_64-linux-gnu", cpu="znver4").report.applied
 
 
 def test_default_compile_chooses_and_opt_out_keeps_direct():
