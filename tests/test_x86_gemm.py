@@ -8,6 +8,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from cuvil import Pipeline
+from cuvil.targets.x86.codegen import host_target, vector_bits
+from cuvil.targets.x86.gemm import tile_cols
 
 
 def conv_model(x_shape, w_shape, *, strides=None, pads=None, dilations=None, group=1, bias=True, epilogue="relu",
@@ -41,9 +43,9 @@ def conv_model(x_shape, w_shape, *, strides=None, pads=None, dilations=None, gro
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def check(model, x, gemm_stages):
+def check(model, x, gemm_stages, cpu=None):
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-    art = Pipeline.from_onnx(model).optimize().compile(opt_level=3)
+    art = Pipeline.from_onnx(model).optimize().compile(opt_level=3, cpu=cpu)
     kinds = [s["kernel"] for s in art.manifest["steps"]]
     assert kinds.count("gemm") == gemm_stages, art.manifest["steps"]
     m = art.model()
@@ -69,6 +71,13 @@ CASES = [
     ((1, 4, 5, 6, 7), (6, 4, 3, 3, 3), dict(pads=[1, 1, 1, 1, 1, 1])),                # 3-D
     ((1, 160, 6, 6), (8, 160, 3, 3), dict(pads=[1, 1, 1, 1])),                        # K=1440: k-blocks
     ((1, 160, 3, 3), (20, 160, 3, 3), dict(pads=[1, 1, 1, 1])),                       # k-blocks, weights order
+    # full panels across output rows (16- and 64-wide panels), packed run by run: strides 1-4, dilation
+    ((1, 8, 26, 26), (16, 8, 3, 3), dict(pads=[1, 1, 1, 1])),
+    ((1, 8, 50, 50), (16, 8, 3, 3), dict(strides=[2, 2], pads=[1, 1, 1, 1])),
+    ((1, 4, 61, 61), (8, 4, 3, 3), dict(strides=[3, 3])),
+    ((1, 4, 80, 83), (8, 4, 4, 4), dict(strides=[4, 4], pads=[0, 1, 0, 2])),
+    ((1, 8, 30, 30), (9, 8, 3, 3), dict(dilations=[2, 2], pads=[2, 2, 2, 2])),
+    ((1, 8, 5, 50, 50), (6, 8, 1, 3, 3), dict(strides=[1, 2, 2], pads=[0, 1, 1, 0, 1, 1])),   # 3-D, strided
 ]
 
 
@@ -76,6 +85,13 @@ CASES = [
 def test_conv_gemm_matches_onnxruntime(xs, ws, attrs):
     x = np.random.default_rng(1).standard_normal(xs).astype(np.float32)
     check(conv_model(xs, ws, **attrs), x, gemm_stages=1)
+
+
+@pytest.mark.parametrize("xs,ws,attrs", CASES[-6:], ids=[f"case{i}" for i in range(len(CASES) - 6, len(CASES))])
+def test_conv_gemm_avx2_panels(xs, ws, attrs):
+    """The 16-wide AVX2 micro-kernels, whatever the host (every x86-64 host with AVX-512 runs them too)."""
+    x = np.random.default_rng(1).standard_normal(xs).astype(np.float32)
+    check(conv_model(xs, ws, **attrs), x, gemm_stages=1, cpu="haswell")
 
 
 def test_no_bias_and_no_epilogue():
@@ -122,7 +138,11 @@ def test_gemm_with_constant_transposed_b():
     x = rng.standard_normal((3, 40)).astype(np.float32)
     art = Pipeline.from_onnx(m).compile()
     np.testing.assert_allclose(art.model().run(x)[0], x @ w.T, rtol=1e-5, atol=1e-5)
-    assert art.manifest["weights_bytes"] < 2 * w.nbytes  # the transposed copy replaces the original
+    # the packed copy (30 columns padded to the host's panel width) replaces the original
+    _, _, cpu, features = host_target()
+    cols = tile_cols(vector_bits(cpu, features))
+    packed = -(-30 // cols) * cols * 40 * 4
+    assert packed <= art.manifest["weights_bytes"] < packed + w.nbytes
 
 
 def _matmul_model(a_shape, w, *, gemm=None, bias=None, epilogue=True):

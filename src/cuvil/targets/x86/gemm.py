@@ -140,23 +140,55 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
             contiguous = b.and_(full, b.icmp_signed("==", b.sub(last, first), I64(nr - 1)))
 
             s_last = spec.strides[-1]
-            strided = None
-            if 2 <= s_last <= 4 and in_strides[-1] == 1:
-                # a full panel inside one row of the last output axis reads every s-th input element: one
-                # wide masked load (span (nr-1)*s + 1) and a stride-s shuffle per vector
-                ow = spec.out_spatial[-1]
-                w_first = b.srem(b.mul(pb, I64(nr)), I64(ow))
-                strided = b.and_(full, b.icmp_signed("<", b.add(w_first, I64(nr - 1)), I64(ow)))
-                span = nr * s_last
+            ow = spec.out_spatial[-1]
+            # a full panel that is not one contiguous span is copied in runs along the last output axis:
+            # within a run, position i reads input element first_of_run + i*s (s = the last stride), so it
+            # is a vector copy (s = 1) or a wide masked load split by a stride-s shuffle; the per-element
+            # gather is left for partial panels (their last position repeats) and other strides
+            by_runs = 1 <= s_last <= 4 and in_strides[-1] == 1
+            if by_runs:
+                span = vw * s_last
                 wide = ir.VectorType(F32, span)
-                wload = km.declare(f"llvm.masked.load.v{span}f32.p0", wide,
-                                   [PTR, I32, ir.VectorType(ir.IntType(1), span), wide])
-                wmask = ir.Constant(ir.VectorType(ir.IntType(1), span),
-                                    [int(i <= (nr - 1) * s_last) for i in range(span)])
-                picks = [ir.Constant(ir.VectorType(I32, vw), [(v * vw + l) * s_last for l in range(vw)])
-                         for v in range(nv)]
+                i1s = lambda n: ir.VectorType(ir.IntType(1), n)
+                mload = km.declare(f"llvm.masked.load.v{span}f32.p0", wide, [PTR, I32, i1s(span), wide])
+                mstore = km.declare(f"llvm.masked.store.v{vw}f32.p0", ir.VoidType(), [vec, PTR, I32, i1s(vw)])
+                ivec = lambda n: ir.VectorType(I32, n)
+                picks = ir.Constant(ivec(vw), [l * s_last for l in range(vw)])
 
-            def rows(gather, step=1):
+                def lanes_below(limit, n, scale):
+                    """<n x i1>: lane i has i < limit * scale (limit an i32)."""
+                    sp = b.shuffle_vector(b.insert_element(ir.Constant(ivec(n), ir.Undefined), b.mul(limit, I32(scale)), I32(0)),
+                                          ir.Constant(ivec(n), ir.Undefined), ir.Constant(ivec(n), [0] * n))
+                    return b.icmp_signed("<", ir.Constant(ivec(n), list(range(n))), sp)
+
+                def run(j0, length):
+                    src0 = b.load(b.gep(offs, [j0], source_etype=I64, inbounds=True), typ=I64)
+                    chunks = []
+                    for v in range(nv):
+                        left = b.trunc(b.sub(length, I64(v * vw)), I32)
+                        # lanes of the wide load: i <= (left - 1) * s, i.e. i < (left - 1) * s + 1
+                        wl = lanes_below(b.add(b.mul(b.sub(left, I32(1)), I32(s_last)), I32(1)), span, 1)
+                        chunks.append((b.icmp_signed(">", left, I32(0)), wl, lanes_below(left, vw, 1)))
+
+                    def per_k(kidx):
+                        c_, ks = kidx[0], kidx[1:]
+                        koff = b.mul(c_, I64(in_strides[1]))
+                        for kd, dd, stv in zip(ks, spec.dilations, in_strides[2:]):
+                            koff = b.add(koff, b.mul(kd, I64(dd * stv)))
+                        kflat = kidx[0]
+                        for kd, ext in zip(ks, spec.kernel):
+                            kflat = b.add(b.mul(kflat, I64(ext)), kd)
+                        dst = fptr(panel, b.add(b.mul(kflat, I64(nr)), j0))
+                        src = fptr(xb, b.add(koff, src0))
+                        for v, (live, wl, sl) in enumerate(chunks):
+                            with b.if_then(live):
+                                x = b.call(mload, [fptr(src, I64(v * span)), I32(4), wl, ir.Constant(wide, ir.Undefined)])
+                                if s_last > 1:
+                                    x = b.shuffle_vector(x, ir.Constant(wide, ir.Undefined), picks)
+                                b.call(mstore, [x, fptr(dst, I64(v * vw)), I32(4), sl])
+                    em.loops([spec.cin] + list(spec.kernel), per_k)
+
+            def rows(gather):
                 def per_k(kidx):
                     c_, ks = kidx[0], kidx[1:]
                     koff = b.mul(c_, I64(in_strides[1]))
@@ -166,13 +198,7 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
                     for kd, ext in zip(ks, spec.kernel):
                         kflat = b.add(b.mul(kflat, I64(ext)), kd)
                     dst = fptr(panel, b.mul(kflat, I64(nr)))
-                    if step > 1:
-                        src = fptr(xb, b.add(koff, first))
-                        x = b.call(wload, [src, I32(4), wmask, ir.Constant(wide, ir.Undefined)])
-                        for v in range(nv):
-                            b.store(b.shuffle_vector(x, ir.Constant(wide, ir.Undefined), picks[v]),
-                                    b.gep(dst, [I64(v)], source_etype=vec, inbounds=True), align=4)
-                    elif gather:
+                    if gather:
                         def col(j):
                             o = b.load(b.gep(offs, [j], source_etype=I64, inbounds=True), typ=I64)
                             b.store(b.load(fptr(xb, b.add(koff, o)), typ=F32), fptr(dst, j))
@@ -187,12 +213,13 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
                 with then:
                     rows(False)
                 with otherwise:
-                    if strided is None:
+                    if not by_runs:
                         rows(True)
                     else:
-                        with b.if_else(strided) as (then2, otherwise2):
+                        with b.if_else(full) as (then2, otherwise2):
                             with then2:
-                                rows(False, s_last)
+                                p0 = b.mul(pb, I64(nr))
+                                runs_along_last_axis(em, I64(nr), lambda j0: b.sub(I64(ow), b.srem(b.add(p0, j0), I64(ow))), run)
                             with otherwise2:
                                 rows(True)
         em.loop_range(I64(0), count, one)
