@@ -59,6 +59,13 @@ def find_contraction(st: Stage, op: str = "contract") -> Optional[E]:
 # AVX-512's 64-wide panels, which were never run).
 B_BLOCK_BYTES = 64 * 1024
 
+# The packed weights stream from memory once per inference (ResNet-50 has 100 MB of them); the hardware
+# prefetcher does not follow a k-block of a weight panel (a few KB, the next block a panel further on), so
+# the k-loop prefetches the weights it reads PREFETCH_K steps ahead. On a 2-core Zen 5, a chain of eight
+# 512-channel 7x7 3x3 layers (9.4 MB of weights each): 1.64 ms per layer without, 1.24 / 1.25 / 1.21 ms at
+# 64 / 128 / 256 steps (1.22 ms when the weights sit in L3); ResNet-50 1 thread 42.3 -> 37.7 ms in kernels.
+PREFETCH_K = 128
+
 
 def k_block(spec: Contraction) -> int:
     """k-block length: the B panel block fits B_BLOCK_BYTES; K is split into equal blocks."""
@@ -233,7 +240,8 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
                             lambda k: [b.load(fptr(fptr(b_ptr, b.mul(k, I64(nr))), I64(v * vw)), typ=vec, align=4)
                                        for v in range(nv)],
                             lambda k: [b.load(fptr(fptr(a_ptr, b.mul(k, I64(MR))), I64(r)), typ=F32, align=4)
-                                       for r in range(MR)])
+                                       for r in range(MR)],
+                            prefetch=lambda k: [fptr(a_ptr, b.mul(b.add(k, I64(PREFETCH_K)), I64(MR)))])
         for i in range(MR * nv):
             b.store(new[i], b.gep(acc_out, [I64(i)], source_etype=vec, inbounds=True), align=4)
 
@@ -319,10 +327,11 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
     return spec.n * G * (Pb if panel_order else Mb), 1
 
 
-def fma_tile_loop(em, fma, k0, k1, init, nv: int, vectors, scalars) -> list:
+def fma_tile_loop(em, fma, k0, k1, init, nv: int, vectors, scalars, prefetch=None) -> list:
     """The register tile's k-loop, for k in [k0, k1): ``len(scalars(k))`` rows x ``nv`` vectors of
     accumulators (phis starting at ``init``, row-major), each updated with fma(splat(scalars(k)[r]),
-    vectors(k)[v], acc). Returns the accumulators' values after the loop (k1 > k0 assumed)."""
+    vectors(k)[v], acc). ``prefetch(k)``: addresses to prefetch into cache at step k (a hint: they may
+    lie past the operand). Returns the accumulators' values after the loop (k1 > k0 assumed)."""
     b, fn = em.b, em.fn
     vec = init[0].type
     vw = vec.count
@@ -338,6 +347,10 @@ def fma_tile_loop(em, fma, k0, k1, init, nv: int, vectors, scalars) -> list:
         ph = b.phi(vec)
         ph.add_incoming(x, pre)
         accs.append(ph)
+    if prefetch is not None:
+        pf = em.km.declare("llvm.prefetch.p0", ir.VoidType(), [PTR, I32, I32, I32])
+        for addr in prefetch(k):
+            b.call(pf, [addr, I32(0), I32(3), I32(1)])   # read, keep in all levels, data
     bv = vectors(k)
     new = []
     for r, a in enumerate(scalars(k)):

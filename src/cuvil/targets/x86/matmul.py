@@ -20,7 +20,7 @@ from ...ir.dim import SymExpr
 from ..gemm import MR, MatContraction
 from ..schedule import Stage
 from .codegen import F32, I64
-from .gemm import find_contraction, fma_tile_loop, tile_epilogue
+from .gemm import PREFETCH_K, find_contraction, fma_tile_loop, tile_epilogue
 
 
 def emit_matmul_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]]:
@@ -68,7 +68,9 @@ def emit_matmul_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]]:
             new = fma_tile_loop(em, fma, I64(0), I64(K), [zero] * (MR * nv), nv,
                                 lambda k: [b.load(fptr(fptr(w_ptr, b.mul(k, I64(nr))), I64(v * vw)), typ=vec,
                                                   align=4) for v in range(nv)],
-                                lambda k: [b.load(fptr(rows[r], k), typ=F32, align=4) for r in range(MR)])
+                                lambda k: [b.load(fptr(rows[r], k), typ=F32, align=4) for r in range(MR)],
+                                prefetch=lambda k: [fptr(w_ptr, b.add(b.mul(b.add(k, I64(PREFETCH_K)), I64(nr)), I64(v * 16)))
+                                                    for v in range(nr * 4 // 64)])
             for i in range(MR * nv):
                 b.store(new[i], b.gep(tile, [I64(i)], source_etype=vec, inbounds=True), align=4)
             m0 = b.mul(mb, I64(nr))
