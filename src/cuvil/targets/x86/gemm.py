@@ -294,14 +294,16 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
     out_sp = spec.out_spatial
 
     def epilogue(n, g, m0, p0, nrows, ncols):
-        """Output rows at least a tile wide: the tile's positions in runs along the last output axis, within
-        which every index is affine in the column (no division per element), so the epilogue's loads and
-        stores vectorise. Narrower rows (7x7, 14x14 maps) would cut a tile into several short runs with
-        remainder loops, and constant-bound tiles of per-element divisions unroll into too much code (both
-        measured slower on ShuffleNet's 7x7 and 14x14 layers): positions are unflattened one by one there,
-        as before either."""
+        """The tile's positions in runs along the last output axis, within which every index is affine in
+        the column (no division per element), so the epilogue's loads and stores vectorise, when output rows
+        are at least a tile wide, or (AVX-512) at least a vector wide: 56- and 28-wide rows cut a 64-wide
+        tile into 2-3 runs, and per-position stores there cost a 1x1 64->256 convolution over 56x56 as much
+        as its FMAs (0.61 -> 0.50 ms, 0.78 -> 0.49 ms with a residual add; Zen 5). Narrower rows (7x7,
+        14x14 maps) would cut a tile into several short runs with remainder loops, and constant-bound tiles
+        of per-element divisions unroll into too much code (both measured slower on ShuffleNet's 7x7 and
+        14x14 layers with AVX2; within noise with AVX-512): positions are unflattened one by one there."""
         mbase = b.add(b.mul(g, I64(M)), m0)
-        if out_sp[-1] < nr:
+        if out_sp[-1] < (min(nr, vw) if vw >= 16 else nr):
             def index_p(r, j):
                 return [n, b.add(mbase, r)] + unflatten(b, b.add(p0, j), out_sp)
 
