@@ -20,7 +20,7 @@ from onnx import helper, numpy_helper
 from cuvil import Pipeline
 from cuvil.targets.x86 import choose
 from cuvil.targets.x86.codegen import host_target, vector_bits
-from cuvil.targets.x86.gemm import tile_cols
+from cuvil.targets.x86.gemm import tile_shapes
 
 # (C, K, H) for square maps, pads 1
 LAYERS = [(64, 64, 56), (128, 128, 28), (256, 256, 14), (512, 512, 7),     # ResNet-50 stages
@@ -63,7 +63,7 @@ def main():
         so.intra_op_num_threads = args.threads
         sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
         _, _, cpu_name, features = host_target()
-        cols = tile_cols(vector_bits(cpu_name, features))
+        shapes = tile_shapes(vector_bits(cpu_name, features))
         ref = sess.run(None, {"x": x})[0]
         p = Pipeline.from_onnx(m).optimize()
         engines = {"direct": None, "F2": 2, "F4": 4}
@@ -83,7 +83,7 @@ def main():
             times["ort"].append(time.perf_counter() - t0)
         p50 = {name: 1e3 * float(np.median(v)) for name, v in times.items()}
         best = min(engines, key=lambda n: p50[n])
-        pick = {None: "direct", 2: "F2", 4: "F4"}[choose.best_tile(c, k, h, h, cols)]
+        pick = {None: "direct", 2: "F2", 4: "F4"}[choose.best_tile(c, k, h, h, shapes)]
         print(f"| {c} | {k} | {h}x{h} | {p50['direct']:.3f} | {p50['F2']:.3f} | {p50['F4']:.3f} | {p50['ort']:.3f} | "
               f"{best} | {pick} | {errs['direct']:.1e} | {errs['F2']:.1e} | {errs['F4']:.1e} |", flush=True)
 

@@ -71,7 +71,9 @@ CASES = [
     ((1, 4, 5, 6, 7), (6, 4, 3, 3, 3), dict(pads=[1, 1, 1, 1, 1, 1])),                # 3-D
     ((1, 160, 6, 6), (8, 160, 3, 3), dict(pads=[1, 1, 1, 1])),                        # K=1440: k-blocks
     ((1, 160, 3, 3), (20, 160, 3, 3), dict(pads=[1, 1, 1, 1])),                       # k-blocks, weights order
-    # full panels across output rows (16- and 64-wide panels), packed run by run: strides 1-4, dilation
+]
+# full panels across output rows (16- to 64-wide panels), packed run by run: strides 1-4, dilation
+RUN_CASES = [
     ((1, 8, 26, 26), (16, 8, 3, 3), dict(pads=[1, 1, 1, 1])),
     ((1, 8, 50, 50), (16, 8, 3, 3), dict(strides=[2, 2], pads=[1, 1, 1, 1])),
     ((1, 4, 61, 61), (8, 4, 3, 3), dict(strides=[3, 3])),
@@ -79,6 +81,11 @@ CASES = [
     ((1, 8, 30, 30), (9, 8, 3, 3), dict(dilations=[2, 2], pads=[2, 2, 2, 2])),
     ((1, 8, 5, 50, 50), (6, 8, 1, 3, 3), dict(strides=[1, 2, 2], pads=[0, 1, 1, 0, 1, 1])),   # 3-D, strided
 ]
+# one convolution for each AVX-512 register tile (choose_tile below): 12x32, 8x48, 6x64
+TILE_CASES = [((1, 16, 14, 14), (24, 16, 3, 3), dict(pads=[1, 1, 1, 1])),
+              ((1, 16, 28, 28), (16, 16, 3, 3), dict(pads=[1, 1, 1, 1])),
+              ((1, 16, 8, 8), (30, 16, 3, 3), dict(pads=[1, 1, 1, 1]))]
+CASES += RUN_CASES + TILE_CASES
 
 
 @pytest.mark.parametrize("xs,ws,attrs", CASES, ids=[f"case{i}" for i in range(len(CASES))])
@@ -87,11 +94,22 @@ def test_conv_gemm_matches_onnxruntime(xs, ws, attrs):
     check(conv_model(xs, ws, **attrs), x, gemm_stages=1)
 
 
-@pytest.mark.parametrize("xs,ws,attrs", CASES[-6:], ids=[f"case{i}" for i in range(len(CASES) - 6, len(CASES))])
+@pytest.mark.parametrize("xs,ws,attrs", RUN_CASES, ids=[f"runs{i}" for i in range(len(RUN_CASES))])
 def test_conv_gemm_avx2_panels(xs, ws, attrs):
     """The 16-wide AVX2 micro-kernels, whatever the host (every x86-64 host with AVX-512 runs them too)."""
     x = np.random.default_rng(1).standard_normal(xs).astype(np.float32)
     check(conv_model(xs, ws, **attrs), x, gemm_stages=1, cpu="haswell")
+
+
+def test_register_tile_choice():
+    from cuvil.targets.gemm import choose_tile
+    from cuvil.targets.x86.gemm import tile_shapes
+    avx512 = tile_shapes(512)
+    want = [(12, 32), (8, 48), (6, 64)]
+    for (xs, ws, attrs), tile in zip(TILE_CASES, want):
+        assert choose_tile(ws[0], xs[2] * xs[3], avx512) == tile
+    assert choose_tile(512, 49, avx512) == (12, 32)    # a tie with 6x64: the earlier shape
+    assert tile_shapes(256) == ((6, 16),)
 
 
 def test_no_bias_and_no_epilogue():

@@ -93,16 +93,16 @@ class Pipeline:
     def choose_algorithms(self, target: str, cpu: Optional[str] = None) -> "Pipeline":
         """Apply the built-in rules of the target's phase (``on x86``: Winograd convolutions) where the
         target's cost model accepts the match (for ``cpu``, default the host: its vector width sets the
-        micro-kernels' panel width); the rules are proved like every other rule."""
+        micro-kernels' register tiles); the rules are proved like every other rule."""
         from .rewrite_rules.engine import rewrite
         from .rewrite_rules.verdicts import builtin_rules, proved_rules
         from .targets.x86.choose import accepter
         from .targets.x86.codegen import host_target, vector_bits
-        from .targets.x86.gemm import tile_cols
+        from .targets.x86.gemm import tile_shapes
         _, _, cpu_name, features = host_target(cpu)
         runnable = proved_rules([r for r in builtin_rules() if r.on == "x86"])
         g = self._graph.clone()
-        report = rewrite(g, runnable, phase="x86", accept=accepter(tile_cols(vector_bits(cpu_name, features))))
+        report = rewrite(g, runnable, phase="x86", accept=accepter(tile_shapes(vector_bits(cpu_name, features))))
         report.verdicts = {r.name: r.proof for r in runnable}
         return self._derive(g, report)
 

@@ -16,7 +16,7 @@ from ..errors import UnsupportedOpError
 from ..ir.dim import SymExpr, dmax, evaluate, free_symbols, product
 from ..ir.dtype import DType
 from ..ir.graph import Node
-from .gemm import MR, Contraction, DepthwiseWindow, MatContraction, WinogradInput, WinogradOutput, pack_columns, pack_weights
+from .gemm import MR, Contraction, choose_tile, DepthwiseWindow, MatContraction, WinogradInput, WinogradOutput, pack_columns, pack_weights
 from .texpr import (BOOL, I64, Buf, E, all_of, binop, call, cast, cmp, const, dim_index, identity_value, in_range, load,
                     logic, reduce, select, unop)
 
@@ -49,10 +49,12 @@ class TensorFn:
 
 class LowerCtx:
     def __init__(self, node: Node, inputs: List[Optional[TensorFn]], temp: Callable,
-                 weight: Optional[Callable] = None, gemm_cols: int = 0):
+                 weight: Optional[Callable] = None, gemm_cols: int = 0, gemm_tiles: tuple = ()):
         self.node, self.inputs, self._temp, self._weight = node, inputs, temp, weight
-        # > 0: lower convolutions to packed contractions whose B panels are this many positions wide
+        # > 0: lower convolutions to packed contractions (and constant-weight MatMuls to column panels this
+        # many wide); a convolution's register tile (rows, cols) is chosen among gemm_tiles
         self.gemm_cols = gemm_cols
+        self.gemm_tiles = tuple(gemm_tiles) or ((MR, gemm_cols),)
 
     def attr(self, name, default=None):
         from ..ir.registry import attr_defaults
@@ -810,9 +812,10 @@ def _conv_as_gemm(ctx, x, b, out, group, cin_g, m_g, kern, strides, dil, begin, 
     x, _ = padded_window_input(ctx, x, out_sp, kern, strides, dil, begin, 0.0)
     if x.buf is None:
         x = ctx.temp(x.shape, x.dtype, x.fn, "in")
-    a_buf = ctx.weight(pack_weights(wv.astype(np.float32), group), "packed")
+    mr, cols = choose_tile(m_g, product(out_sp), ctx.gemm_tiles)
+    a_buf = ctx.weight(pack_weights(wv.astype(np.float32), group, mr), "packed")
     spec = Contraction(a_buf, x.buf, x.shape[0], group, m_g, cin_g, tuple(kern), tuple(strides), tuple(dil),
-                       out_sp, ctx.gemm_cols)
+                       out_sp, cols, mr)
     kshape = [cin_g] + list(kern)
 
     def f(idx):
@@ -823,7 +826,7 @@ def _conv_as_gemm(ctx, x, b, out, group, cin_g, m_g, kern, strides, dil, begin, 
         def body(k):
             c, *ks = unflat_index(k, kshape)
             pos = [oi * s + ki * d for oi, s, ki, d in zip(o, strides, ks, dil)]
-            return binop("mul", load(a_buf, [g, ml // MR, k, ml % MR]), x([n, g * cin_g + c] + pos))
+            return binop("mul", load(a_buf, [g, ml // mr, k, ml % mr]), x([n, g * cin_g + c] + pos))
         acc = E("contract", [n, m] + list(o) + [reduce("sum", [K], body)], DType.FLOAT, spec)
         return binop("add", acc, b([m])) if b is not None else acc
     return TensorFn(out, ctx.out_dtype(), f, "complex", contraction=True)
@@ -1944,7 +1947,7 @@ def _minus_zp(t: TensorFn, zp: Optional[TensorFn], zp_axis: Optional[int]) -> Te
 
 
 def _sub_ctx(ctx, inputs) -> LowerCtx:
-    return LowerCtx(ctx.node, inputs, ctx._temp, ctx._weight, ctx.gemm_cols)
+    return LowerCtx(ctx.node, inputs, ctx._temp, ctx._weight, ctx.gemm_cols, ctx.gemm_tiles)
 
 
 @lowering("MatMulInteger")

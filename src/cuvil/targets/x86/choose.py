@@ -5,24 +5,24 @@ convolution it estimates the time of the direct packed GEMM (:mod:`cuvil.targets
 Winograd F(2x2) and F(4x4) (:mod:`cuvil.targets.x86.winograd`) in one unit, multiply-adds of a full register
 tile, and a Winograd rule is accepted only when its tile size is the cheapest of the three:
 
-* GEMM work is counted on padded extents: output channels in panels of MR, positions (direct: output
-  pixels; Winograd: tiles) in panels of ``cols``, the target's micro-kernel width (16 with AVX2, 64 with
-  AVX-512): a 7x7 map has 4 tiles of 4x4 in one panel, mostly empty, which is why small maps take F(2x2)
-  with AVX2 and stay direct with AVX-512's wider panels.
+* GEMM work is counted on padded extents: output channels in panels of the register tile's rows,
+  positions (direct: output pixels; Winograd: tiles) in panels of its columns, for the tile the lowering
+  will choose among the target's (:func:`cuvil.targets.gemm.choose_tile`; AVX2: 6x16; AVX-512: 12x32,
+  8x48 or 6x64): a 7x7 map has 4 tiles of 4x4 in one panel, mostly empty, which is why small maps take
+  F(2x2) or stay direct.
 * The transforms are memory-bound passes; their cost per element read or written, in multiply-add units,
   is :data:`TRANSFORM_COST`: an estimate, checked (not fitted) against ``python3 bench/winograd_layers.py``,
   where on a 2-core Zen 3 (AVX2) the model picked the fastest of the three on each of the 12 layer shapes
-  measured, and on a 2-core Zen 5 (AVX-512) on 10 of the 12 (the two misses, Inception-v1's 7x7 layers,
-  stay direct where F(2x2) measured 12-27% faster).
+  measured (the Zen 5 figures are in bench/winograd_layers.py's output and the commit that set them).
 """
 from __future__ import annotations
 
 from typing import Optional
 
 from ...dsl.ast import Num, OpCall, Rule
-from ..gemm import MR
+from ..gemm import MR, choose_tile
 
-COLS = 16                 # B panel width of the AVX2 micro-kernels (tile_cols(256)), the default
+AVX2_TILES = ((MR, 16),)  # the AVX2 micro-kernels' register tile (x86.gemm.tile_shapes(256)), the default
 TRANSFORM_COST = 4.0      # multiply-add units per transformed element (input tile element or output)
 MIN_CHANNELS = 8          # fewer input or output channels: the GEMMs are too thin to gain
 
@@ -31,25 +31,30 @@ def _pad(n: int, to: int) -> int:
     return -(-n // to) * to
 
 
-def direct_cost(c: int, k: int, oh: int, ow: int, cols: int = COLS) -> float:
-    return 9 * c * _pad(k, MR) * _pad(oh * ow, cols)
+def _gemm_work(m: int, p: int, shapes) -> int:
+    rows, cols = choose_tile(m, p, shapes)
+    return _pad(m, rows) * _pad(p, cols)
 
 
-def winograd_cost(c: int, k: int, oh: int, ow: int, m: int, cols: int = COLS) -> float:
+def direct_cost(c: int, k: int, oh: int, ow: int, shapes=AVX2_TILES) -> float:
+    return 9 * c * _gemm_work(k, oh * ow, shapes)
+
+
+def winograd_cost(c: int, k: int, oh: int, ow: int, m: int, shapes=AVX2_TILES) -> float:
     tiles = (-(-oh // m)) * (-(-ow // m))
     e = (m + 2) ** 2
-    gemm = e * c * _pad(k, MR) * _pad(tiles, cols)
+    gemm = e * c * _gemm_work(k, tiles, shapes)
     transforms = TRANSFORM_COST * (e * c * tiles + e * k * tiles + k * oh * ow)
     return gemm + transforms
 
 
-def best_tile(c: int, k: int, oh: int, ow: int, cols: int = COLS) -> Optional[int]:
-    """The Winograd tile (2 or 4) expected to beat the direct convolution, or None, for micro-kernels
-    ``cols`` positions wide."""
+def best_tile(c: int, k: int, oh: int, ow: int, shapes=AVX2_TILES) -> Optional[int]:
+    """The Winograd tile (2 or 4) expected to beat the direct convolution, or None, for a target whose
+    micro-kernels' register tiles are ``shapes`` ((rows, cols) pairs)."""
     if min(c, k) < MIN_CHANNELS:
         return None
-    costs = {None: direct_cost(c, k, oh, ow, cols), 2: winograd_cost(c, k, oh, ow, 2, cols),
-             4: winograd_cost(c, k, oh, ow, 4, cols)}
+    costs = {None: direct_cost(c, k, oh, ow, shapes), 2: winograd_cost(c, k, oh, ow, 2, shapes),
+             4: winograd_cost(c, k, oh, ow, 4, shapes)}
     return min(costs, key=costs.get)
 
 
@@ -62,13 +67,13 @@ def _rhs_tile(rule: Rule) -> Optional[int]:
     return None
 
 
-def accepter(cols: int = COLS):
-    """The ``accept`` of a target whose micro-kernels are ``cols`` positions wide."""
-    return lambda rule, b: accept(rule, b, cols)
+def accepter(shapes=AVX2_TILES):
+    """The ``accept`` of a target whose micro-kernels' register tiles are ``shapes``."""
+    return lambda rule, b: accept(rule, b, shapes)
 
 
-def accept(rule: Rule, b, cols: int = COLS) -> bool:
-    """Whether the x86 target (micro-kernels ``cols`` wide) wants this match of an ``on x86`` rule."""
+def accept(rule: Rule, b, shapes=AVX2_TILES) -> bool:
+    """Whether the x86 target (register tiles ``shapes``) wants this match of an ``on x86`` rule."""
     tile = _rhs_tile(rule)
     if tile is None:
         return True
@@ -81,4 +86,4 @@ def accept(rule: Rule, b, cols: int = COLS) -> bool:
     if not all(isinstance(d, int) for d in dims + pads):
         return False      # symbolic maps: the transform kernels need static geometry
     oh, ow = x.shape[2] + pads[0] + pads[2] - 2, x.shape[3] + pads[1] + pads[3] - 2
-    return best_tile(c, k, oh, ow, cols) == tile
+    return best_tile(c, k, oh, ow, shapes) == tile

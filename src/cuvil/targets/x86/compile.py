@@ -17,7 +17,7 @@ from ...errors import CuvilError
 from ...ir.graph import Graph
 from ..schedule import schedule
 from .codegen import generate_object, host_target, vector_bits
-from .gemm import tile_cols
+from .gemm import tile_cols, tile_shapes
 from .header import generate_header
 from .link import check_dependencies, link_shared, unexpected_dependencies
 from .model_c import generate_model_c
@@ -44,14 +44,15 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
     base = os.path.splitext(out_so)[0]
     say(f"scheduling {len(g.nodes)} nodes")
     _, _, cpu_name, features = host_target(cpu, opt_level)
-    sched = schedule(g, gemm_cols=tile_cols(vector_bits(cpu_name, features)), split_concat=True)
+    bits = vector_bits(cpu_name, features)
+    sched = schedule(g, gemm_cols=tile_cols(bits), split_concat=True, gemm_tiles=tile_shapes(bits))
     say(f"{len(sched.stages)} kernels, arena {sched.arena_bytes} B, weights {sched.weights_bytes} B; generating LLVM IR")
     obj, steps, target = generate_object(sched, prefix, cpu, opt_level)
     blob = sched.weights_blob()
     osched = osteps = otarget = oobj = oblob = None
     if opt_graph is not None and sched.symbols:
         say(f"specialising for the opt point {sched.opt_point}")
-        osched = schedule(opt_graph, gemm_cols=tile_cols(vector_bits(cpu_name, features)), split_concat=True)
+        osched = schedule(opt_graph, gemm_cols=tile_cols(bits), split_concat=True, gemm_tiles=tile_shapes(bits))
         oobj, osteps, otarget = generate_object(osched, f"{prefix}_opt", cpu, opt_level)
         oblob = osched.weights_blob()
     t_codegen = time.perf_counter()

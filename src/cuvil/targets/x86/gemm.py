@@ -2,8 +2,9 @@
 
 A stage whose output element is ``epilogue(contract(n, m, o...))`` is computed tile by tile: a tile is
 ``MR`` output channels x ``NR`` output positions of one image and group, ``NR = NV * VW`` (``VW`` floats
-per vector register: 8 with AVX2, 16 with AVX-512). The k-loop keeps the ``MR x NV`` accumulators in
-vector registers: per k it loads ``NV`` vectors of a B panel, broadcasts ``MR`` packed weights and issues
+per vector register: 8 with AVX2, 16 with AVX-512; ``(MR, NR)`` is the contraction's ``(mr, cols)``, chosen
+per convolution among :func:`tile_shapes`). The k-loop keeps the ``MR x NV`` accumulators in vector
+registers: per k it loads ``NV`` vectors of a B panel, broadcasts ``MR`` packed weights and issues
 ``MR * NV`` fused multiply-adds. The tile is then spilled to a small stack array, the stage's epilogue
 (bias, folded BatchNorm, residual add, activation: whatever was fused into the stage) runs over it in place
 through the generic emitter, and the rows are copied to the output.
@@ -36,8 +37,19 @@ _NV = {512: 4, 256: 2, 128: 2}
 
 
 def tile_cols(vector_bits: int) -> int:
-    """Positions per micro-kernel tile (B panel width) for a target with ``vector_bits`` registers."""
+    """Columns per MatMul micro-kernel tile (weight panel width) for a target with ``vector_bits``
+    registers; also the widest convolution tile of :func:`tile_shapes`."""
     return max(4, vector_bits // 32) * _NV.get(vector_bits, 2)
+
+
+def tile_shapes(vector_bits: int) -> tuple:
+    """The convolution register tiles ``(rows, cols)`` of a target, in the order
+    :func:`cuvil.targets.gemm.choose_tile` breaks ties. AVX-512's 32 registers hold 12x2, 8x3 or 6x4
+    accumulator vectors beside the B vectors and a broadcast; AVX2's 16 hold 6x2."""
+    vw = max(4, vector_bits // 32)
+    if vector_bits >= 512:
+        return ((12, 2 * vw), (8, 3 * vw), (MR, 4 * vw))
+    return ((MR, tile_cols(vector_bits)),)
 
 
 def find_contraction(st: Stage, op: str = "contract") -> Optional[E]:
@@ -83,7 +95,7 @@ def scratch_bytes(spec: Contraction) -> int:
     """Per-thread scratch of a contraction stage: packed B panels, then one accumulator slot (MR x cols
     floats) per tile of a unit for the partial sums between k-blocks."""
     slots = spec.m_blocks if spec.m <= spec.p else spec.p_blocks
-    return (packed_floats(spec) + slots * MR * spec.cols) * 4
+    return (packed_floats(spec) + slots * spec.mr * spec.cols) * 4
 
 
 def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
@@ -98,6 +110,7 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
     if nr % vw:
         return None
     nv = nr // vw
+    MR = spec.mr
     vec = ir.VectorType(F32, vw)
     km.scratch_bytes = max(km.scratch_bytes, scratch_bytes(spec))
 
