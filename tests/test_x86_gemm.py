@@ -323,3 +323,23 @@ def test_max_pool_row_kernel(xs, kern, strides, pads):
     got = model.run(x, num_threads=1)[0]
     assert np.isnan(got[0, 0, 1, 1])
     np.testing.assert_array_equal(got, expect)
+
+
+@pytest.mark.parametrize("op,xs,attrs", [
+    ("MaxPool", (1, 8, 13, 13), dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])),   # fill -inf
+    ("AveragePool", (2, 4, 11, 12), dict(kernel_shape=[3, 3], pads=[1, 2, 0, 1])),   # asymmetric, N=2
+    ("MaxPool", (1, 5, 20), dict(kernel_shape=[3], pads=[2, 1])),                    # 1-D
+    ("MaxPool", (1, 2, 5, 6, 7), dict(kernel_shape=[3, 3, 3], pads=[1, 0, 1, 1, 2, 1])),   # 3-D
+])
+def test_padded_copy_kernel(op, xs, attrs):
+    """Padded inputs of windows are written row by row (fill, interior, fill): exact against onnxruntime."""
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["r"]), helper.make_node(op, ["r"], ["y"], **attrs)],
+                          "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(xs))],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    x = np.random.default_rng(11).standard_normal(xs).astype(np.float32)
+    art = Pipeline.from_onnx(m).compile(cache=False)
+    assert "pad" in [s["kernel"] for s in art.manifest["steps"]]
+    want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    for threads in (1, 2):
+        np.testing.assert_allclose(art.model().run(x, num_threads=threads)[0], want, rtol=1e-6, atol=1e-6)

@@ -148,6 +148,18 @@ def pack_columns(w: np.ndarray, cols: int) -> np.ndarray:
 
 
 @attrs.define(eq=False)
+class PadWindow:
+    """A padded copy ``y[n, c, *p] = x[n, c, *(p - begin)]`` where every ``0 <= p - begin < sizes``, else
+    ``fill``: ``E("padwin", [safe], attr=self)``, where ``safe`` is that select with the reads clamped into
+    ``x`` (every backend may evaluate it); ``interior()`` builds the unclamped read, valid inside only,
+    which the x86 backend evaluates over each row's interior run (:mod:`cuvil.targets.x86.pad`)."""
+    begin: tuple        # leading pad per spatial axis
+    sizes: tuple        # the input's spatial extents
+    fill: float
+    interior: object    # () -> E over the stage's variables
+
+
+@attrs.define(eq=False)
 class WinogradInput:
     """The input transform of a Winograd convolution (:mod:`cuvil.ir.ops.winograd`):
     ``V[n, e*C + c, t] = (Bt d B)[e]`` for the (m+2) x (m+2) tile ``d`` of channel ``c`` at tile

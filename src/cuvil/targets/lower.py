@@ -16,7 +16,7 @@ from ..errors import UnsupportedOpError
 from ..ir.dim import SymExpr, dmax, evaluate, free_symbols, product
 from ..ir.dtype import DType
 from ..ir.graph import Node
-from .gemm import MR, Contraction, choose_tile, DepthwiseWindow, MatContraction, WinogradInput, WinogradOutput, pack_columns, pack_weights
+from .gemm import MR, Contraction, PadWindow, choose_tile, DepthwiseWindow, MatContraction, WinogradInput, WinogradOutput, pack_columns, pack_weights
 from .texpr import (BOOL, I64, Buf, E, all_of, binop, call, cast, cmp, const, dim_index, identity_value, in_range, load,
                     logic, reduce, select, unop)
 
@@ -748,7 +748,11 @@ def padded_window_input(ctx, x: TensorFn, out_sp, kern, strides, dil, begin, fil
 
     def pad_fn(idx):
         src = [i - b0 for i, b0 in zip(idx[2:], begin)]
-        return x.at_or(idx[:2] + src, all_of([in_range(p, 0, size) for p, size in zip(src, x.shape[2:])]), fill)
+        safe = x.at_or(idx[:2] + src, all_of([in_range(p, 0, size) for p, size in zip(src, x.shape[2:])]), fill)
+        if not ctx.gemm_cols or not all(isinstance(d, int) for d in list(x.shape[2:]) + list(begin)):
+            return safe
+        spec = PadWindow(tuple(begin), tuple(x.shape[2:]), fill, lambda: x(idx[:2] + src))
+        return E("padwin", [safe], x.dtype, spec)
     return ctx.temp(padded, x.dtype, pad_fn, "pad"), [0] * spatial
 
 

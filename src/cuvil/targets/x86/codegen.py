@@ -120,6 +120,7 @@ class KernelModule:
         from .depthwise import emit_depthwise_stage
         from .gemm import emit_gemm_stage
         from .matmul import emit_matmul_stage
+        from .pad import emit_pad_stage
         from .winograd import emit_winograd_input, emit_winograd_output
         done = emit_matmul_stage(self, st, sym)
         if done is not None:
@@ -133,7 +134,8 @@ class KernelModule:
         if done is not None:
             self.window_kinds[sym] = done[2]
             return done[:2]
-        for kind, emit in (("winograd_in", emit_winograd_input), ("winograd_out", emit_winograd_output)):
+        for kind, emit in (("winograd_in", emit_winograd_input), ("winograd_out", emit_winograd_output),
+                           ("pad", emit_pad_stage)):
             done = emit(self, st, sym)
             if done is not None:
                 self.window_kinds[sym] = kind
@@ -393,7 +395,7 @@ class _Emitter:
         if op == "load":
             v = b.load(self.address(e.attr, [self.emit(a) for a in e.args]), typ=mem_type(dt))
             return b.trunc(v, I1) if dt == DType.BOOL else v
-        if op in ("contract", "window", "piecewise", "wino_in", "wino_out"):   # nodes other schedules exploit: their plain value
+        if op in ("contract", "window", "piecewise", "wino_in", "wino_out", "padwin"):   # nodes other schedules exploit: their plain value
             return self.emit(e.args[-1])
         args = [self.emit(a) for a in e.args] if op not in ("reduce", "argscan") else []
         if op in ("add", "sub", "mul"):

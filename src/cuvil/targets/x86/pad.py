@@ -1,0 +1,89 @@
+"""Padded copies: the fill-bordered input a sliding window reads without bounds tests
+(:func:`cuvil.targets.lower.padded_window_input`, a ``padwin`` node, :class:`cuvil.targets.gemm.PadWindow`).
+
+The generic loop nest evaluates ``select(inside, x[clamped index], fill)`` for every element: clamped
+indices are not affine in the loop variable, so nothing vectorises and every element pays the bounds
+tests. Here each row of the last spatial axis is split at the pad boundaries instead: rows outside the
+input are filled, rows inside are ``fill`` for ``[0, begin)``, the unclamped input expression for
+``[begin, begin + size)`` (contiguous reads of the producer, which LLVM vectorises) and ``fill`` after.
+The parallel range is the (image, channel) planes.
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import llvmlite.ir as ir
+
+from ...ir.dim import SymExpr, product
+from ...ir.types import DType
+from ..gemm import PadWindow
+from ..schedule import Stage
+from .codegen import I64, const_value
+
+
+def emit_pad_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]]:
+    node = st.expr
+    if node.op != "padwin" or not isinstance(node.attr, PadWindow) or st.buf.dtype == DType.BOOL:
+        return None
+    spec: PadWindow = node.attr
+    shape = list(st.buf.shape)
+    lead = len(shape) - len(spec.begin)
+    if any(isinstance(d, SymExpr) for d in shape[1:]) or lead != 2:
+        return None
+    offset = [0] * len(shape)
+    if st.region is not None:          # a channel slice of a split concatenation
+        axis, lo, hi = st.region
+        if axis >= lead:
+            return None
+        shape[axis], offset[axis] = hi - lo, lo
+    interior = spec.interior()
+    fill = const_value(spec.fill, st.buf.dtype)
+    em, begin, end = km.kernel(sym)
+    b = em.b
+    channels = shape[1]
+
+    def store(idx, value_of):
+        for v, i in zip(st.vars, idx):
+            em.env[v.attr] = i
+        b.store(value_of(), em.address(st.buf, idx))
+
+    def fill_range(prefix, lo, hi):
+        em.loop_range(I64(lo), I64(hi), lambda w: store(prefix + [w], lambda: fill))
+
+    def spatial(prefix, d):
+        """Loops over spatial axis d..; ``prefix``: the indices so far, all inside the input's extent."""
+        extent, b0, size = shape[lead + d], spec.begin[d], spec.sizes[d]
+        if d == len(spec.begin) - 1:
+            fill_range(prefix, 0, b0)
+            em.loop_range(I64(b0), I64(b0 + size), lambda w: store(prefix + [w], lambda: em.emit(interior)))
+            fill_range(prefix, b0 + size, extent)
+            return
+
+        def rows(i):
+            inside = b.and_(b.icmp_signed(">=", i, I64(b0)), b.icmp_signed("<", i, I64(b0 + size)))
+            with b.if_else(inside) as (then, otherwise):
+                with then:
+                    em.memo.append(dict(em.memo[-1]))
+                    spatial(prefix + [i], d + 1)
+                    em.memo.pop()
+                with otherwise:
+                    em.memo.append(dict(em.memo[-1]))
+                    fill_block(prefix + [i], d + 1)
+                    em.memo.pop()
+        em.loop_range(I64(0), I64(extent), rows)
+
+    def fill_block(prefix, d):
+        """Spatial axes d.. filled whole."""
+        if d == len(spec.begin) - 1:
+            fill_range(prefix, 0, shape[-1])
+        else:
+            em.loop_range(I64(0), I64(shape[lead + d]), lambda i: fill_block(prefix + [i], d + 1))
+
+    def body(t):
+        c = b.add(b.srem(t, I64(channels)), I64(offset[1]))
+        n = b.add(b.sdiv(t, I64(channels)), I64(offset[0]))
+        spatial([n, c], 0)
+
+    em.loop_range(begin, end, body)
+    b.ret_void()
+    return product(shape[:2]), 1
