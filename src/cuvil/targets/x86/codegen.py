@@ -7,6 +7,8 @@ strides. Reductions accumulate with reassociation allowed (the order of a sum is
 """
 from __future__ import annotations
 
+import re
+
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import llvmlite.binding as llvm
@@ -20,6 +22,16 @@ from ..schedule import Schedule, Stage
 from ..texpr import E, Buf, dim_index, identity_value, nodes
 
 _INITIALIZED = False
+
+
+_LOOP_SELF = "cuvil.loop."
+_LOOP_ID = re.compile(r'^(!\d+) = !\{ ?!"' + re.escape(_LOOP_SELF) + r'\d+", ', re.M)
+
+
+def _self_referential_loops(text: str) -> str:
+    """``!7 = !{!"cuvil.loop.3", !6}`` -> ``!7 = distinct !{!7, !6}``: llvmlite cannot build a node that
+    names itself."""
+    return _LOOP_ID.sub(lambda m: f"{m.group(1)} = distinct !{{{m.group(1)}, ", text)
 
 
 def _init():
@@ -82,6 +94,7 @@ class KernelModule:
         self.module.data_layout = str(tm.target_data)
         self.tm = tm
         self._decls: Dict[str, ir.Function] = {}
+        self._loops = 0
         self.vector_bits = 128   # widest vector registers of the target CPU (set by generate_object)
         self.scratch_index: Optional[int] = None   # bufs slot of the thread's scratch (None: no scratch)
         self.scratch_bytes = 0   # per-thread scratch the kernels need
@@ -99,6 +112,13 @@ class KernelModule:
 
     def at_max(self, d) -> int:
         return bounds(d, self.ranges)[1]
+
+    def loop_id(self, *flags: str) -> ir.Value:
+        """A fresh ``llvm.loop`` node with boolean hints ``flags``; made self-referential (``distinct
+        !{!self, ...}``, as LLVM requires of loop IDs) when the module is printed, see :meth:`compile`."""
+        self._loops += 1
+        hints = [self.module.add_metadata([ir.MetaDataString(self.module, f), I1(1)]) for f in flags]
+        return self.module.add_metadata([ir.MetaDataString(self.module, f"{_LOOP_SELF}{self._loops}")] + hints)
 
     def declare(self, name: str, ret: ir.Type, args: Sequence[ir.Type]) -> ir.Function:
         if name not in self._decls:
@@ -173,7 +193,7 @@ class KernelModule:
 
         blocked = red is not None and ROW_BLOCK * self.at_max(shape[-1]) <= ROW_MAX
         if red is None:
-            em.loop_range(begin, end, lambda p: em.loops(shape[k:], lambda inner: em.store_element(
+            em.loop_range(begin, end, lambda p: em.loops(shape[k:], tail_fold=self.vector_bits >= 512, body=lambda inner: em.store_element(
                 st, at(body(p) + inner))))
         elif not blocked:
             em.loop_range(begin, end, lambda p: em.loops(shape[k:-1], lambda mid: em.store_row(
@@ -197,7 +217,7 @@ class KernelModule:
 
     def compile(self, opt: int) -> bytes:
         try:
-            mod = llvm.parse_assembly(str(self.module))
+            mod = llvm.parse_assembly(_self_referential_loops(str(self.module)))
             mod.verify()
         except RuntimeError as e:
             raise CuvilError(f"generated LLVM IR does not verify: {e}") from None
@@ -228,8 +248,9 @@ class _Emitter:
             self.b.position_at_start(self.entry)
             return self.b.alloca(typ, size=I64(count) if count > 1 else None)
 
-    def loop_range(self, start: ir.Value, stop: ir.Value, body, step: ir.Value = None):
-        """for (i = start; i < stop; i += step) body(i); step 1 by default."""
+    def loop_range(self, start: ir.Value, stop: ir.Value, body, step: ir.Value = None, tail_fold: bool = False):
+        """for (i = start; i < stop; i += step) body(i); step 1 by default. ``tail_fold``: ask the loop
+        vectoriser to mask the last partial vector instead of finishing in a scalar loop."""
         b = self.b
         pre = b.block
         head = self.fn.append_basic_block("loop")
@@ -246,7 +267,9 @@ class _Emitter:
         self.memo.pop()
         nxt = b.add(i, I64(1) if step is None else step)
         i.add_incoming(nxt, b.block)
-        b.branch(head)
+        latch = b.branch(head)
+        if tail_fold:
+            latch.set_metadata("llvm.loop", self.km.loop_id("llvm.loop.vectorize.predicate.enable"))
         b.position_at_end(done)
 
     def blocked_range(self, start: ir.Value, stop: ir.Value, rb: int, block, single):
@@ -257,11 +280,14 @@ class _Emitter:
         self.loop_range(I64(0), nblocks, lambda t: block(b.add(start, b.mul(t, I64(rb)))))
         self.loop_range(b.add(start, b.mul(nblocks, I64(rb))), stop, single)
 
-    def loops(self, extents: Sequence, body, idx=()):
+    def loops(self, extents: Sequence, body, idx=(), tail_fold: bool = False):
+        """Nested loops over ``extents``; ``tail_fold`` applies to the innermost (see loop_range)."""
         if not extents:
             body(list(idx))
             return
-        self.loop_range(I64(0), self.index(extents[0]), lambda i: self.loops(extents[1:], body, tuple(idx) + (i,)))
+        self.loop_range(I64(0), self.index(extents[0]),
+                        lambda i: self.loops(extents[1:], body, tuple(idx) + (i,), tail_fold),
+                        tail_fold=tail_fold and len(extents) == 1)
 
     def index(self, d) -> ir.Value:
         """A dimension (int, or a SymExpr over the run-time symbols) as an i64 value."""
