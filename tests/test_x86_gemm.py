@@ -343,3 +343,35 @@ def test_padded_copy_kernel(op, xs, attrs):
     want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     for threads in (1, 2):
         np.testing.assert_allclose(art.model().run(x, num_threads=threads)[0], want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("tail", ["affine_clip_residual", "sigmoid"])
+def test_register_epilogue_and_its_fallback(tail):
+    """Full tiles of an epilogue of per-channel and same-position operands run on the accumulators (bias,
+    per-channel scale, residual input, Clip); other epilogues (Sigmoid: a libm call) spill the tile. Both
+    with partial tiles (40 channels, 26x26 positions) and 1 vs 2 threads bit-identical (check)."""
+    rng = np.random.default_rng(12)
+    w = (rng.standard_normal((40, 16, 3, 3)) / 12).astype(np.float32)
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(rng.standard_normal(40).astype(np.float32), "b"),
+             numpy_helper.from_array(rng.standard_normal((40, 1, 1)).astype(np.float32), "s"),
+             numpy_helper.from_array(np.float32(0.0), "lo"), numpy_helper.from_array(np.float32(6.0), "hi")]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1])]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 26, 26])]
+    if tail == "sigmoid":
+        nodes.append(helper.make_node("Sigmoid", ["c"], ["y"]))
+    else:
+        inputs.append(helper.make_tensor_value_info("r", TensorProto.FLOAT, [1, 40, 26, 26]))
+        nodes += [helper.make_node("Mul", ["c", "s"], ["cs"]), helper.make_node("Add", ["cs", "r"], ["a"]),
+                  helper.make_node("Clip", ["a", "lo", "hi"], ["y"])]
+    g = helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    feeds = {"x": rng.standard_normal((1, 16, 26, 26)).astype(np.float32)}
+    if tail != "sigmoid":
+        feeds["r"] = rng.standard_normal((1, 40, 26, 26)).astype(np.float32)
+    want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    art = Pipeline.from_onnx(m).optimize().compile(cache=False)
+    assert [s["kernel"] for s in art.manifest["steps"]].count("gemm") == 1
+    model = art.model()
+    y1, y2 = model.run(**feeds, num_threads=1)[0], model.run(**feeds, num_threads=2)[0]
+    np.testing.assert_array_equal(y1, y2)
+    np.testing.assert_allclose(y1, want, rtol=1e-5, atol=1e-5)

@@ -26,10 +26,11 @@ from typing import Optional, Tuple
 import llvmlite.ir as ir
 
 from ...ir.dim import SymExpr
+from ...ir.dtype import DType
 from ..gemm import MR, Contraction
 from ..schedule import Stage
 from ..texpr import E, contains, top_level
-from .codegen import F32, I32, I64, PTR, _Emitter
+from .codegen import F32, I32, I64, PTR, _Emitter, const_value
 
 # Cores with AVX-512 have 32 vector registers, AVX2 16: NV vectors per row keep MR*NV accumulators + NV
 # B vectors + 1 broadcast in registers.
@@ -246,7 +247,8 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
 
     def kloop(a_ptr, b_ptr, k0: int, k1: int, acc_in, acc_out):
         """MR x NV accumulators over k in [k0, k1): start from zero (acc_in None) or the vectors at acc_in,
-        end stored at acc_out (the tile, or an accumulator slot between k-blocks)."""
+        end stored at acc_out (the tile, or an accumulator slot between k-blocks; None: not stored).
+        Returns the accumulator values."""
         init = [zero] * (MR * nv) if acc_in is None else [
             b.load(b.gep(acc_in, [I64(i)], source_etype=vec, inbounds=True), typ=vec, align=4) for i in range(MR * nv)]
         new = fma_tile_loop(em, fma, I64(k0), I64(k1), init, nv,
@@ -255,8 +257,16 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
                             lambda k: [b.load(fptr(fptr(a_ptr, b.mul(k, I64(MR))), I64(r)), typ=F32, align=4)
                                        for r in range(MR)],
                             prefetch=lambda k: [fptr(a_ptr, b.mul(b.add(k, I64(PREFETCH_K)), I64(MR)))])
+        if acc_out is not None:
+            store_tile(new, acc_out)
+        return new
+
+    def store_tile(values, dst):
         for i in range(MR * nv):
-            b.store(new[i], b.gep(acc_out, [I64(i)], source_etype=vec, inbounds=True), align=4)
+            b.store(values[i], b.gep(dst, [I64(i)], source_etype=vec, inbounds=True), align=4)
+
+    # full tiles of an epilogue made of per-channel and same-position operands run on the accumulators
+    vplan = vector_epilogue_plan(st, c) if st.region is None and tuple(st.buf.shape[2:]) == tuple(spec.out_spatial) else None
 
     a_base = b.gep(em.base(spec.a), [I64(spec.a.offset)], source_etype=ir.IntType(8), inbounds=True)
     # k-blocks: a block of the B panel (kc x nr floats) stays in cache while every tile of the unit passes it;
@@ -270,7 +280,7 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
         a_ptr = fptr(a_base, b.mul(b.add(b.mul(g, I64(Mb)), mb), I64(K * MR)))
         acc = b.bitcast(fptr(acc_base, b.mul(slot, I64(MR * nr))), ir.PointerType(vec))
         last = blk == len(blocks) - 1
-        kloop(a_ptr, panel, k0, k1, None if blk == 0 else acc, tile if last else acc)
+        new = kloop(a_ptr, panel, k0, k1, None if blk == 0 else acc, None if last else acc)
         if not last:
             return
         m0 = b.mul(mb, I64(MR))
@@ -279,7 +289,21 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
         ncols = b.select(b.icmp_signed("<", left, I64(nr)), left, I64(nr))
         mleft = b.sub(I64(M), m0)
         nrows = b.select(b.icmp_signed("<", mleft, I64(MR)), mleft, I64(MR))
-        epilogue(n, g, m0, p0, nrows, ncols)
+        if vplan is None:
+            store_tile(new, tile)
+            epilogue(n, g, m0, p0, nrows, ncols)
+            return
+        full = b.and_(b.icmp_signed("==", nrows, I64(MR)), b.icmp_signed("==", ncols, I64(nr)))
+        with b.if_else(full) as (then, otherwise):
+            with then:
+                em.memo.append(dict(em.memo[-1]))
+                vector_epilogue(em, st, c, vplan, n, b.add(b.mul(g, I64(M)), m0), p0, new, MR, nv, spec.out_spatial)
+                em.memo.pop()
+            with otherwise:
+                em.memo.append(dict(em.memo[-1]))
+                store_tile(new, tile)
+                epilogue(n, g, m0, p0, nrows, ncols)
+                em.memo.pop()
 
     def ensure_packed(key, n, g, pb_lo, count):
         fresh = b.icmp_signed("!=", b.load(packed_key, typ=I64), key)
@@ -340,6 +364,107 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
     em.loop_range(begin, end, body)
     b.ret_void()
     return spec.n * G * (Pb if panel_order else Mb), 1
+
+
+_VEC_OPS = {"add", "sub", "mul", "div", "neg", "cmp", "select", "and", "or", "not", "const"}
+
+
+def vector_epilogue_plan(st: Stage, node: E) -> Optional[dict]:
+    """Whether the stage's epilogue over the micro-kernel ``node`` can run on whole accumulator vectors:
+    float arithmetic, comparisons and selects (bias, folded BatchNorm, Relu/Clip, residual adds) over
+    operands that are per-channel (loads indexed by constants, the image and the channel only) or at the
+    output position itself (loads indexed by exactly the stage's variables, from a buffer with the output's
+    spatial extents: the tile's positions are then consecutive in memory there as in the output). Returns
+    ``{load uid: "channel" | "position"}``, or None (the spilled-tile epilogue then runs)."""
+    names = [v.attr for v in st.vars]
+    if len(names) < 3:
+        return None
+    per_channel = set(names[:2])
+    kinds, seen = {}, set()
+
+    def ok(e: E) -> bool:
+        if e.uid in seen:
+            return True
+        seen.add(e.uid)
+        if e is node:
+            return True
+        if e.op == "load":
+            if not e.dtype.is_float or any(a.op not in ("const", "var") for a in e.args):
+                return False
+            if all(a.op == "const" or a.attr in per_channel for a in e.args):
+                kinds[e.uid] = "channel"
+                return True
+            if [a.attr if a.op == "var" else None for a in e.args] == names and \
+                    tuple(e.attr.shape[2:]) == tuple(st.buf.shape[2:]):
+                kinds[e.uid] = "position"
+                return True
+            return False
+        if e.op not in _VEC_OPS or (e.op not in ("cmp", "and", "or", "not", "select") and not e.dtype.is_float):
+            return False
+        if e.op == "cmp" and not e.args[0].dtype.is_float:
+            return False
+        return all(ok(a) for a in e.args)
+    return kinds if ok(st.expr) and st.buf.dtype == DType.FLOAT else None
+
+
+def vector_epilogue(em, st: Stage, node: E, kinds: dict, n, mbase, p0, accs, mr: int, nv: int, out_sp):
+    """The epilogue of a full tile on its accumulators (``accs``: mr x nv vectors, row-major), stored
+    straight to the output (see :func:`vector_epilogue_plan`)."""
+    b = em.b
+    vec = accs[0].type
+    vw = vec.count
+    lead = unflatten(b, p0, out_sp)
+    names = [v.attr for v in st.vars]
+
+    def splat(x):
+        t = ir.VectorType(x.type, vw)
+        return b.shuffle_vector(b.insert_element(ir.Constant(t, ir.Undefined), x, I32(0)), ir.Constant(t, ir.Undefined),
+                                ir.Constant(ir.VectorType(I32, vw), [0] * vw))
+
+    for r in range(mr):
+        m = b.add(mbase, I64(r))
+        em.env[names[0]], em.env[names[1]] = n, m
+        scalars = {}
+        for v in range(nv):
+            memo = {}
+
+            def emit(e: E):
+                if e.uid in memo:
+                    return memo[e.uid]
+                if e is node:
+                    out = accs[r * nv + v]
+                elif e.op == "const":
+                    out = splat(const_value(e.attr, e.dtype))
+                elif e.op == "load" and kinds[e.uid] == "channel":
+                    if e.uid not in scalars:
+                        em.memo.append({})      # the row's own channel: nothing emitted for another row
+                        scalars[e.uid] = splat(em.emit(e))
+                        em.memo.pop()
+                    out = scalars[e.uid]
+                elif e.op == "load":
+                    ptr = b.gep(em.address(e.attr, [n, m] + lead), [I64(v * vw)], source_etype=F32, inbounds=True)
+                    out = b.load(b.bitcast(ptr, vec.as_pointer()), typ=vec, align=4)
+                else:
+                    args = [emit(a) for a in e.args]
+                    op = e.op
+                    if op in ("add", "sub", "mul", "div"):
+                        out = getattr(b, "f" + op)(*args)
+                    elif op == "neg":
+                        out = b.fneg(args[0])
+                    elif op == "cmp":
+                        out = em.compare(e.attr, args[0], args[1], e.args[0].dtype)
+                    elif op == "select":
+                        out = b.select(*args)
+                    elif op == "not":
+                        out = b.not_(args[0])
+                    else:
+                        out = args[0]
+                        for a in args[1:]:
+                            out = getattr(b, op + "_")(out, a)
+                memo[e.uid] = out
+                return out
+            dst = b.gep(em.address(st.buf, [n, m] + lead), [I64(v * vw)], source_etype=F32, inbounds=True)
+            b.store(emit(st.expr), b.bitcast(dst, vec.as_pointer()), align=4)
 
 
 def fma_tile_loop(em, fma, k0, k1, init, nv: int, vectors, scalars, prefetch=None) -> list:
