@@ -301,8 +301,12 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
                 em.memo.pop()
             with otherwise:
                 em.memo.append(dict(em.memo[-1]))
-                store_tile(new, tile)
-                epilogue(n, g, m0, p0, nrows, ncols)
+                if vw >= 16:     # AVX-512 masked loads and stores are cheap (AVX2's are microcoded on AMD)
+                    vector_epilogue(em, st, c, vplan, n, b.add(b.mul(g, I64(M)), m0), p0, new, MR, nv,
+                                    spec.out_spatial, nrows, ncols)
+                else:
+                    store_tile(new, tile)
+                    epilogue(n, g, m0, p0, nrows, ncols)
                 em.memo.pop()
 
     def ensure_packed(key, n, g, pb_lo, count):
@@ -407,21 +411,36 @@ def vector_epilogue_plan(st: Stage, node: E) -> Optional[dict]:
     return kinds if ok(st.expr) and st.buf.dtype == DType.FLOAT else None
 
 
-def vector_epilogue(em, st: Stage, node: E, kinds: dict, n, mbase, p0, accs, mr: int, nv: int, out_sp):
-    """The epilogue of a full tile on its accumulators (``accs``: mr x nv vectors, row-major), stored
-    straight to the output (see :func:`vector_epilogue_plan`)."""
+def vector_epilogue(em, st: Stage, node: E, kinds: dict, n, mbase, p0, accs, mr: int, nv: int, out_sp,
+                    nrows=None, ncols=None):
+    """The epilogue of a tile on its accumulators (``accs``: mr x nv vectors, row-major), stored straight
+    to the output (see :func:`vector_epilogue_plan`). ``nrows`` / ``ncols`` (run-time values): a partial
+    tile, whose rows past nrows are skipped and whose columns past ncols are masked off (loads and stores);
+    None: a full tile."""
     b = em.b
     vec = accs[0].type
     vw = vec.count
     lead = unflatten(b, p0, out_sp)
     names = [v.attr for v in st.vars]
+    masks = None
+    if ncols is not None:
+        i1v = ir.VectorType(ir.IntType(1), vw)
+        mload = em.km.declare(f"llvm.masked.load.v{vw}f32.p0", vec, [PTR, I32, i1v, vec])
+        mstore = em.km.declare(f"llvm.masked.store.v{vw}f32.p0", ir.VoidType(), [vec, PTR, I32, i1v])
+        lanes = ir.Constant(ir.VectorType(I64, vw), list(range(vw)))
+        masks = []
+        for v in range(nv):
+            live = b.sub(ncols, I64(v * vw))
+            sp = b.shuffle_vector(b.insert_element(ir.Constant(ir.VectorType(I64, vw), ir.Undefined), live, I32(0)),
+                                  ir.Constant(ir.VectorType(I64, vw), ir.Undefined), ir.Constant(ir.VectorType(I32, vw), [0] * vw))
+            masks.append(b.icmp_signed("<", lanes, sp))
 
     def splat(x):
         t = ir.VectorType(x.type, vw)
         return b.shuffle_vector(b.insert_element(ir.Constant(t, ir.Undefined), x, I32(0)), ir.Constant(t, ir.Undefined),
                                 ir.Constant(ir.VectorType(I32, vw), [0] * vw))
 
-    for r in range(mr):
+    def row(r):
         m = b.add(mbase, I64(r))
         em.env[names[0]], em.env[names[1]] = n, m
         scalars = {}
@@ -443,7 +462,10 @@ def vector_epilogue(em, st: Stage, node: E, kinds: dict, n, mbase, p0, accs, mr:
                     out = scalars[e.uid]
                 elif e.op == "load":
                     ptr = b.gep(em.address(e.attr, [n, m] + lead), [I64(v * vw)], source_etype=F32, inbounds=True)
-                    out = b.load(b.bitcast(ptr, vec.as_pointer()), typ=vec, align=4)
+                    if masks is None:
+                        out = b.load(b.bitcast(ptr, vec.as_pointer()), typ=vec, align=4)
+                    else:
+                        out = b.call(mload, [ptr, I32(4), masks[v], ir.Constant(vec, [0.0] * vw)])
                 else:
                     args = [emit(a) for a in e.args]
                     op = e.op
@@ -464,7 +486,19 @@ def vector_epilogue(em, st: Stage, node: E, kinds: dict, n, mbase, p0, accs, mr:
                 memo[e.uid] = out
                 return out
             dst = b.gep(em.address(st.buf, [n, m] + lead), [I64(v * vw)], source_etype=F32, inbounds=True)
-            b.store(emit(st.expr), b.bitcast(dst, vec.as_pointer()), align=4)
+            if masks is None:
+                b.store(emit(st.expr), b.bitcast(dst, vec.as_pointer()), align=4)
+            else:
+                b.call(mstore, [emit(st.expr), dst, I32(4), masks[v]])
+
+    for r in range(mr):
+        if nrows is None or r == 0:
+            row(r)
+            continue
+        with b.if_then(b.icmp_signed(">", nrows, I64(r))):
+            em.memo.append(dict(em.memo[-1]))
+            row(r)
+            em.memo.pop()
 
 
 def fma_tile_loop(em, fma, k0, k1, init, nv: int, vectors, scalars, prefetch=None) -> list:
