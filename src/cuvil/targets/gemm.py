@@ -163,14 +163,16 @@ class PadWindow:
 class WinogradInput:
     """The input transform of a Winograd convolution (:mod:`cuvil.ir.ops.winograd`):
     ``V[n, e*C + c, t] = (Bt d B)[e]`` for the (m+2) x (m+2) tile ``d`` of channel ``c`` at tile
-    ``t = th*TW + tw`` of the zero-padded input ``x[N, C, Hp, Wp]`` (Hp >= TH*m + 2, Wp >= TW*m + 2).
+    ``t = th*TW + tw``, whose element (p, q) is ``x[n, c, th*m + p - pads[0], tw*m + q - pads[1]]`` of the
+    unpadded input ``x[N, C, H, W]``, zero outside it (the padding, and the last tiles' overhang).
     ``E("wino_in", [n, ec, t, sum], attr=self)``; the x86 backend transforms rows of tiles in vector
-    registers (:mod:`cuvil.targets.x86.winograd`). V feeds a grouped 1x1 :class:`Contraction` (one group per
-    tile element e)."""
+    registers, its loads masked to the input (:mod:`cuvil.targets.x86.winograd`): no padded copy is stored.
+    V feeds a grouped 1x1 :class:`Contraction` (one group per tile element e)."""
     x: Buf
     tile: int
     channels: int
     tiles: tuple        # (TH, TW)
+    pads: tuple = (0, 0)   # (top, left)
 
     @property
     def flops(self) -> int:

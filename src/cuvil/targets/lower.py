@@ -855,13 +855,18 @@ def _winograd_conv(ctx):
         ctx.unsupported("WinogradConv needs a constant kernel, static spatial dims and the x86 target")
     th_, tw_ = tiles_of(oh, m), tiles_of(ow, m)
     t_ = th_ * tw_
-    xp, _ = padded_window_input(ctx, x, (th_ * m, tw_ * m), (3, 3), (1, 1), (1, 1), pads[:2], 0.0)
-    if xp.buf is None:
-        xp = ctx.temp(xp.shape, xp.dtype, xp.fn, "in")
+    if x.buf is None:   # the transform reads the stored, unpadded input (its loads are masked to it)
+        x = ctx.temp(x.shape, x.dtype, x.fn, "in")
     bt, _, at = matrices_f64(m)
     bt_buf = ctx.weight(bt.astype(np.float32), "bt")
     at_buf = ctx.weight(at.astype(np.float32), "at")
-    ispec = WinogradInput(xp.buf, m, c_, (th_, tw_))
+    ispec = WinogradInput(x.buf, m, c_, (th_, tw_), (int(pads[0]), int(pads[1])))
+    xh, xw = x.shape[2:]
+
+    def xp(idx):
+        n, c, h, w = idx
+        h, w = h - pads[0], w - pads[1]
+        return x.at_or([n, c, h, w], all_of([in_range(h, 0, xh), in_range(w, 0, xw)]), 0.0)
 
     def v_fn(idx):
         n, ec, t = idx

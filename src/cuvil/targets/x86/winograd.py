@@ -5,8 +5,9 @@
 Both vectorise over ``VW`` neighbouring tiles of one tile row, with the matrices' entries as constants in
 straight-line code (zeros skipped, +-1 as adds and subtracts):
 
-* input (unit: image, channel, tile row): for each of the m+2 input rows, two masked wide loads cover the
-  ``VW`` tiles' columns and stride-m shuffles split them into the m+2 column vectors; then ``Bt d B``
+* input (unit: image, channel, tile row): for each of the m+2 input rows, two wide loads, masked to the
+  unpadded input (the padding and the last tiles' overhang read as zeros; rows outside it load nothing),
+  cover the ``VW`` tiles' columns and stride-m shuffles split them into the m+2 column vectors; then ``Bt d B``
   (rows, then columns) gives the (m+2)^2 transformed vectors, each stored as ``VW`` consecutive tiles of
   its row of V (masked on the last, partial block);
 * output (unit: image, output channel, tile row): the (m+2)^2 vectors of M are read (consecutive tiles),
@@ -99,10 +100,12 @@ def emit_winograd_input(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
     TH, TW = spec.tiles
     vw = _lanes(km, TW)
     T = TH * TW
-    _, _, Hp, Wp = spec.x.shape
+    _, _, H, W = spec.x.shape
+    pt, pl = spec.pads
     em, begin, end = km.kernel(sym)
     b = em.b
     wide, wmask, wload, _ = _vec_tools(km, em, vw * m)
+    nones = ir.Constant(ir.VectorType(I1, vw * m), [0] * (vw * m))
     vec, vmask, _, vstore = _vec_tools(km, em, vw)
     x_base = b.gep(em.base(spec.x), [I64(spec.x.offset)], source_etype=ir.IntType(8), inbounds=True)
     v_base = b.gep(em.base(st.buf), [I64(st.buf.offset)], source_etype=ir.IntType(8), inbounds=True)
@@ -113,19 +116,25 @@ def emit_winograd_input(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
 
     def unit(u):
         nc, th, row = _tile_row(b, u, TH, TW, C, a)
-        plane = fptr(x_base, b.mul(nc, I64(Hp * Wp)))
+        plane = fptr(x_base, b.mul(nc, I64(H * W)))
         vrow = fptr(v_base, row)       # V[n, e*C + c, th*TW + tw] at e = 0
 
         def block(blk):
             tw0 = b.mul(blk, I64(vw))
-            col0 = b.mul(tw0, I64(m))
+            col0 = b.sub(b.mul(tw0, I64(m)), I64(pl))     # the input column of lane 0
             d = []
+            cols = []                    # input columns col0 + h*m + [0, m*vw), masked to [0, W)
+            for h in range(2):
+                first = b.add(col0, I64(h * m))
+                cols.append(b.and_(wmask(b.sub(I64(W), first)), b.not_(wmask(b.sub(I64(0), first)))))
             for p in range(a):
-                row = fptr(plane, b.add(b.mul(b.add(b.mul(th, I64(m)), I64(p)), I64(Wp)), col0))
-                loads = []
-                for h in range(2):       # columns col0 + h*m + [0, m*vw)
-                    left = b.sub(I64(Wp), b.add(col0, I64(h * m)))
-                    loads.append(wload(fptr(row, I64(h * m)), wmask(left)))
+                src = b.sub(b.add(b.mul(th, I64(m)), I64(p)), I64(pt))    # the input row (may be outside)
+                inside = b.and_(b.icmp_signed(">=", src, I64(0)), b.icmp_signed("<", src, I64(H)))
+                # an outside row is all padding: its pointer is never dereferenced (every lane masked off;
+                # no inbounds: lane 0 may lie before the buffer)
+                row = b.gep(plane, [b.add(b.mul(b.select(inside, src, I64(0)), I64(W)), col0)], source_etype=F32)
+                loads = [wload(b.gep(row, [I64(h * m)], source_etype=F32), b.select(inside, cols[h], nones))
+                         for h in range(2)]
                 d.append([b.shuffle_vector(loads[q // m], ir.Constant(wide, ir.Undefined), split[q % m])
                           for q in range(a)])
             v = _sandwich(b, bt, d, bt, vec)
