@@ -165,3 +165,10 @@ def test_compiled_model_is_clean_under_valgrind(optimized, tmp_path):
                           str(exe), str(tmp_path / "x.bin")], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "argmax" in res.stdout
+
+
+def test_artifact_model_takes_the_latest_thread_count(optimized):
+    art = optimized.compile(fixed={"N": 1})
+    assert art.model(num_threads=1).num_threads == 1
+    m = art.model(num_threads=2)
+    assert m is art.model(num_threads=2) and m.num_threads == 2

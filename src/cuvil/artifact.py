@@ -59,13 +59,20 @@ class Artifact:
         return path
 
     def model(self, num_threads: int = 0) -> Model:
+        """The loaded library (loaded once); ``num_threads`` (0 = all cores) becomes the default of its
+        ``run`` from this call on: ``art.model(num_threads=2)`` after ``art.model()`` runs on two threads."""
+        m = self._loaded(num_threads)
+        m.num_threads = num_threads
+        return m
+
+    def _loaded(self, num_threads: int = 0) -> Model:
         if self._model is None:
             self._model = _load_so(self.path, num_threads=num_threads)
         return self._model
 
     def run(self, inputs: Union[Mapping[str, np.ndarray], Sequence[np.ndarray]], num_threads: Optional[int] = None) -> Dict[str, np.ndarray]:
         """Run the native library; returns outputs by name."""
-        m = self.model()
+        m = self._loaded()
         outs = m.run(**inputs, num_threads=num_threads) if isinstance(inputs, Mapping) else m.run(*inputs, num_threads=num_threads)
         return {spec.name: arr for spec, arr in zip(m.outputs, outs)}
 
