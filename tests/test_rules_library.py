@@ -528,6 +528,17 @@ def _pad_avgpool():
                 {"p": i64(0, 0, 1, 1, 0, 0, 2, 1)}, {"Pad": 0, "AveragePool": 1})
 
 
+@case("avgpool_conv1x1_commute", "avgpool_conv1x1_commute_nobias")
+def _avgpool_conv1x1(name):
+    bias = "nobias" not in name
+    inits = {"w": rand(4, 6, 1, 1, seed=3)}
+    if bias:
+        inits["b"] = rand(4, seed=4)
+    return Case([N("Conv", ["x", "w", "b"] if bias else ["x", "w"], "c"),
+                 N("AveragePool", ["c"], "y", kernel_shape=[2, 3], strides=[2, 3])],
+                {"x": (1, 6, 6, 9)}, inits, {"Conv": 1, "AveragePool": 1})
+
+
 # --- the tests ---------------------------------------------------------------------------------------------
 
 def _feeds(c: Case, exact: bool):
