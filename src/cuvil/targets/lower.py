@@ -1081,6 +1081,11 @@ def _pool(ctx):
             # the copy is zero-padded: a plain sum, divided by the in-bounds count
             total = reduce("sum", kern, lambda *ks: x([n, c] + pos_of(ks)))
             return binop("div", total, window_count(o))
+        if op == "AveragePool" and not padded and inside:
+            # every window lies inside the input (no pads, no ceil-mode overhang): a plain sum over a constant
+            # count, no bounds tests (DenseNet-121: a 2x2 average pool over 256 channels of 56x56 0.54 -> 0.15 ms)
+            total = reduce("sum", kern, lambda *ks: x([n, c] + pos_of(ks)))
+            return binop("div", total, fconst(int(np.prod(kern)), total))
         # MaxPool skips NaN like the reference (and onnxruntime): NaN only when the whole window is NaN
         kind = "fmax" if x.dtype.is_float else "max"
         if op == "MaxPool" and inside:
