@@ -52,6 +52,10 @@ _UNSIGNED = {DType.UINT8, DType.UINT16, DType.UINT32, DType.UINT64, DType.BOOL}
 _INTRINSICS = {"sqrt", "exp", "log", "sin", "cos", "pow", "floor", "ceil", "roundeven", "fabs"}
 _LIBM = {"tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "erf", "tanh"}
 PARALLEL_MIN = 64   # leading dims are flattened into the parallel range until it has this many points
+# A step is cut into at most this many chunks per thread (fewer where a chunk repeats set-up work: see
+# KernelModule.split), claimed by whichever thread is free: a worker woken late, or on a core still slow
+# after idling, takes fewer.
+CHUNKS_PER_THREAD = 4
 
 
 def ll(dt: DType) -> ir.Type:
@@ -99,6 +103,7 @@ class KernelModule:
         self.scratch_index: Optional[int] = None   # bufs slot of the thread's scratch (None: no scratch)
         self.scratch_bytes = 0   # per-thread scratch the kernels need
         self.gemm_symbols = set()   # stages emitted as GEMM micro-kernels
+        self.split = {}             # symbol -> chunks per thread, where not CHUNKS_PER_THREAD
         # stages emitted as row kernels: symbol -> "conv" (depthwise), "max" (pool), "winograd_in"/"_out"
         self.window_kinds = {}
         self.dims_index: Optional[int] = None   # bufs slot of the run-time symbol values (int64[])
@@ -674,7 +679,7 @@ def generate_object(sched: Schedule, prefix: str, cpu: Optional[str], opt: int) 
     for k, st in enumerate(sched.stages):
         sym = f"{prefix}_kernel{k}"
         extent, grain = km.add_stage(st, sym)
-        steps.append((sym, extent, grain))
+        steps.append((sym, extent, grain, km.split.get(sym, CHUNKS_PER_THREAD)))
     obj = km.compile(opt)
     return obj, steps, {"triple": triple, "cpu": cpu_name, "features": features, "scratch_bytes": km.scratch_bytes,
                         "gemm_symbols": km.gemm_symbols, "window_kinds": km.window_kinds}

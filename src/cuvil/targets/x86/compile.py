@@ -65,11 +65,11 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
         inputs=[IODesc.of(b.name, int(b.dtype), b.shape) for b in sched.inputs],
         outputs=[IODesc.of(b.name, int(b.dtype), b.shape) for b in sched.outputs],
         arena_bytes=max(sched.arena_bytes, osched.arena_bytes if osched else 0),
-        steps=[StepDesc(sym, extent, grain) for sym, extent, grain in steps],
+        steps=[StepDesc(sym, extent, grain, split) for sym, extent, grain, split in steps],
         weights_symbol=weights_sym, prefix=prefix,
         scratch_bytes=max(target["scratch_bytes"], otarget["scratch_bytes"] if otarget else 0),
         symbols=[SymbolDesc(s.name, s.min, opt[s.name], s.max) for s in sched.symbols],
-        opt_steps=[StepDesc(sym, extent, grain) for sym, extent, grain in osteps or ()],
+        opt_steps=[StepDesc(sym, extent, grain, split) for sym, extent, grain, split in osteps or ()],
         opt_weights_symbol=opt_weights_sym)
     with tempfile.TemporaryDirectory(prefix="cuvil-build-") as tmp:
         objs = []
@@ -125,7 +125,7 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
 def _steps_json(sched, steps, target, variant) -> list:
     """The manifest's record of each step (in profile order: the generic steps, then the opt ones)."""
     out = []
-    for st, (sym, _, _) in zip(sched.stages, steps):
+    for st, (sym, _, _, _) in zip(sched.stages, steps):
         row = target["window_kinds"].get(sym)
         kind = "gemm" if sym in target["gemm_symbols"] else {"conv": "dwconv", "max": "maxpool"}.get(row, row or "loop")
         out.append({"stage": st.name, "op": st.op, "shape": _json_dims(st.buf.shape), "flops": st.flops,

@@ -49,8 +49,9 @@
 
 typedef void (*cuvil_kernel_fn)(void **bufs, int64_t begin, int64_t end);
 
-/* run fn over [0, extent) split into chunks of >= grain iterations across threads */
-typedef struct { cuvil_kernel_fn fn; int64_t extent; int64_t grain; } cuvil_step;
+/* run fn over [0, extent) split into chunks of >= grain iterations across threads, at most split chunks per
+ * thread (chunks are claimed, so a thread that starts late or runs slower takes fewer) */
+typedef struct { cuvil_kernel_fn fn; int64_t extent; int64_t grain; int64_t split; } cuvil_step;
 
 /* dtype = ONNX TensorProto code; shape entries -1 = symbolic; shape may be NULL if ndim == 0.
  * dim_syms (inputs; NULL when every dim is static): per dim, the symbol it binds, or -1. */

@@ -367,6 +367,8 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
 
     em.loop_range(begin, end, body)
     b.ret_void()
+    if not panel_order:
+        km.split[sym] = 1       # every chunk packs all the image's panels: one chunk per thread
     return spec.n * G * (Pb if panel_order else Mb), 1
 
 

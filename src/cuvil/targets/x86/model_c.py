@@ -136,7 +136,7 @@ def generate_model_c(info: ModelInfo) -> str:
         lines.append(f"static const cuvil_step {steps}[{len(info.steps)}] = {{")
         for s in info.steps:
             extent = -1 if isinstance(s.extent, SymExpr) else s.extent
-            lines.append(f"  {{{s.symbol}, {_i64(extent)}, {_i64(s.grain)}}},")
+            lines.append(f"  {{{s.symbol}, {_i64(extent)}, {_i64(s.grain)}, {_i64(s.split)}}},")
         lines.append("};")
         lines.append("")
 
@@ -146,7 +146,7 @@ def generate_model_c(info: ModelInfo) -> str:
         lines.append(f"/* kernels specialised for the opt point ({', '.join(f'{sd.name} = {sd.opt}' for sd in info.symbols)}) */")
         lines.append(f"static const cuvil_step {opt_steps}[{len(info.opt_steps)}] = {{")
         for s in info.opt_steps:
-            lines.append(f"  {{{s.symbol}, {_i64(s.extent)}, {_i64(s.grain)}}},")
+            lines.append(f"  {{{s.symbol}, {_i64(s.extent)}, {_i64(s.grain)}, {_i64(s.split)}}},")
         lines += ["};", ""]
 
     # symbols, and the function computing every symbolic size from their values

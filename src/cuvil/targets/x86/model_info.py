@@ -119,6 +119,7 @@ class StepDesc:
     symbol: str = attrs.field(validator=_ident)
     extent: object = attrs.field(validator=_extent)
     grain: int = attrs.field(default=1, validator=_positive)
+    split: int = attrs.field(default=1, validator=_positive)   # chunks per thread at most
 
 
 @attrs.frozen

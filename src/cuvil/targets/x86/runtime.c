@@ -282,7 +282,8 @@ static void run_step(struct cuvil_session *s, const cuvil_step *st, int64_t exte
   int64_t grain = st->grain > 0 ? st->grain : 1;
   int64_t nunits = extent / grain;
   int64_t n = nunits < 1 ? 1 : nunits;
-  if (n > s->num_threads) n = s->num_threads;
+  int64_t cap = (int64_t)s->num_threads * (st->split > 0 ? st->split : 1);
+  if (n > cap) n = cap;
   if (n <= 1 || s->num_workers == 0) {
     st->fn(s->bufs, 0, extent);
     return;
