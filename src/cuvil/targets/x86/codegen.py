@@ -19,7 +19,7 @@ from ...errors import CuvilError
 from ...ir.dim import SymExpr, bounds, evaluate, product
 from ...ir.dtype import DType
 from ..schedule import Schedule, Stage
-from ..texpr import E, Buf, dim_index, identity_value, nodes
+from ..texpr import E, Buf, dim_index, identity_value, nodes, top_level
 
 _INITIALIZED = False
 
@@ -176,7 +176,10 @@ class KernelModule:
         while k < limit and self.at_opt(extent) < PARALLEL_MIN:
             extent = extent * shape[k]
             k += 1
-        inner_work = self.at_opt(product(shape[k:]))
+        # work of one parallel unit: its output elements times the longest top-level reduction each sums
+        # (a global average pool's 1000 outputs of 169 terms each are worth two threads)
+        terms = [self.at_opt(product(r.attr[2])) for r in top_level(st.expr, "")[1] if r.op == "reduce"]
+        inner_work = self.at_opt(product(shape[k:])) * max(terms, default=1)
 
         def at(ix):
             if st.region is None:
