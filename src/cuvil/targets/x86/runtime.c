@@ -171,7 +171,9 @@ struct cuvil_session {
   pthread_mutex_t mu;
   pthread_cond_t cv;
   int num_workers;                                    /* workers actually started */
-  int pin;                                            /* pin workers to CPUs (see pin_worker) */
+  int pin;                                            /* pin workers to CPUs (see place_workers) */
+  int caller_cpu;                                     /* the caller's CPU when the workers were placed */
+  int *worker_cpu;                                    /* each worker's CPU (-1: not pinned yet) */
   pthread_t *threads;
   worker_arg *args;
 };
@@ -204,23 +206,31 @@ static void claim_chunks(struct cuvil_session *s, int tid) {
   }
 }
 
-/* Worker `id` (1 .. n-1) onto the id-th CPU of the process's affinity mask, leaving the first to the caller.
- * Unpinned, a worker woken after the process idled (~100 ms here) was often placed on the caller's own CPU
- * and the two then took turns: 2-thread runs after a pause were no faster than 1-thread ones (SqueezeNet
- * 13-15 ms vs 7.5-9.6 ms pinned: `python3 bench/pause_effect.py squeezenet`, with and without
- * CUVIL_PIN_THREADS=0; docs/c-abi.md "Threads"). */
-static void pin_worker(int id) {
+/* Pin the workers to the CPUs of the caller's affinity mask other than the one the caller runs on now, one
+ * each, in order; at session creation and again at a run whose caller has moved to another CPU (the
+ * caller's thread is the application's: it is never pinned). Unpinned, a worker woken after the process
+ * idled (~100 ms here) was often placed on the caller's own CPU and the two then took turns: 2-thread runs
+ * after a pause were no faster than 1-thread ones (SqueezeNet 13-15 ms vs 7.5-9.6 ms pinned:
+ * `python3 bench/pause_effect.py squeezenet`, with and without CUVIL_PIN_THREADS=0; docs/c-abi.md
+ * "Threads"); pinned once at start-up, the caller itself was sometimes woken on the worker's CPU after a
+ * pause, with the same effect (ShuffleNet 5.4 ms in one run in ten vs 1.5 ms). */
+static void place_workers(struct cuvil_session *s) {
+  if (!s->pin || s->num_workers == 0) return;
+  int me = sched_getcpu();
+  if (me == s->caller_cpu) return;
   cpu_set_t allowed, one;
   CPU_ZERO(&allowed);
   if (sched_getaffinity(0, sizeof allowed, &allowed) != 0 || CPU_COUNT(&allowed) < 2) return;
-  int want = id % CPU_COUNT(&allowed), k = -1;
-  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
-    if (CPU_ISSET(cpu, &allowed) && ++k == want) {
+  s->caller_cpu = me;
+  int k = 0;
+  for (int cpu = 0; cpu < CPU_SETSIZE && k < s->num_workers; ++cpu) {
+    if (!CPU_ISSET(cpu, &allowed) || cpu == me) continue;
+    if (s->worker_cpu[k] != cpu) {
       CPU_ZERO(&one);
       CPU_SET(cpu, &one);
-      pthread_setaffinity_np(pthread_self(), sizeof one, &one);   /* best effort: unpinned still works */
-      return;
+      if (pthread_setaffinity_np(s->threads[k], sizeof one, &one) == 0) s->worker_cpu[k] = cpu;  /* best effort */
     }
+    ++k;
   }
 }
 
@@ -228,7 +238,6 @@ static void *worker_main(void *p) {
   worker_arg *a = (worker_arg *)p;
   struct cuvil_session *s = a->s;
   const int id = a->id;
-  if (s->pin) pin_worker(id);
   unsigned seen = 0;                                  /* gen at creation: a late starter must not skip a step */
   for (;;) {
     unsigned g;
@@ -327,6 +336,7 @@ static void free_session(struct cuvil_session *s) {
   pthread_cond_destroy(&s->cv);
   pthread_mutex_destroy(&s->mu);
   free(s->threads);
+  free(s->worker_cpu);
   free(s->args);
   free(s->bufs);
   if (s->arena_mapped) munmap(s->arena, s->arena_mapped);
@@ -425,7 +435,11 @@ static struct cuvil_session *session_create(int num_threads) {
     s->pin = pin && *pin ? (*pin != '0') : (num_threads >= online_cores());
     s->threads = (pthread_t *)calloc((size_t)nw, sizeof(pthread_t));
     s->args = (worker_arg *)calloc((size_t)nw, sizeof(worker_arg));
-    if (!s->threads || !s->args) {
+    s->worker_cpu = (int *)malloc((size_t)nw * sizeof(int));
+    s->caller_cpu = -2;                               /* never a CPU: the first placement always runs */
+    if (s->worker_cpu)
+      for (int i = 0; i < nw; ++i) s->worker_cpu[i] = -1;
+    if (!s->threads || !s->args || !s->worker_cpu) {
       fail(CUVIL_ERR_NOMEM, "could not allocate %d worker descriptors", nw);
       free_session(s);
       return NULL;
@@ -674,6 +688,7 @@ CUVIL_EXPORT int CUVIL_API(run)(cuvil_session *s, const cuvil_tensor *inputs, cu
   if (atomic_exchange_explicit(&s->busy, 1, memory_order_acquire) != 0)
     return fail(CUVIL_ERR_BUSY, "run: session %p is in use by another thread", (void *)s);
   int rc = validate_run(m, inputs, outputs, s->symv, s->evals);
+  if (!rc) place_workers(s);
   if (rc) {
     atomic_store_explicit(&s->busy, 0, memory_order_release);
     return rc;
