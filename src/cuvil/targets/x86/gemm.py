@@ -134,6 +134,17 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
     def fptr(base, off):
         return b.gep(base, [off], source_etype=F32, inbounds=True)
 
+    def k_offsets(kidx):
+        """For k = (input channel, kernel offsets...): its offset in the input and its row of the panel."""
+        c_, ks = kidx[0], kidx[1:]
+        koff = b.mul(c_, I64(in_strides[1]))
+        for kd, dd, stv in zip(ks, spec.dilations, in_strides[2:]):
+            koff = b.add(koff, b.mul(kd, I64(dd * stv)))
+        kflat = c_
+        for kd, ext in zip(ks, spec.kernel):
+            kflat = b.add(b.mul(kflat, I64(ext)), kd)
+        return koff, kflat
+
     def pack(n, g, pb_lo, count):
         """Panels pb_lo .. pb_lo+count-1 of image n, group g into scratch (K x nr floats each)."""
         xb = b.gep(em.base(spec.x), [I64(spec.x.offset)], source_etype=ir.IntType(8), inbounds=True)
@@ -192,13 +203,7 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
                         chunks.append((b.icmp_signed(">", left, I32(0)), wl, lanes_below(left, vw, 1)))
 
                     def per_k(kidx):
-                        c_, ks = kidx[0], kidx[1:]
-                        koff = b.mul(c_, I64(in_strides[1]))
-                        for kd, dd, stv in zip(ks, spec.dilations, in_strides[2:]):
-                            koff = b.add(koff, b.mul(kd, I64(dd * stv)))
-                        kflat = kidx[0]
-                        for kd, ext in zip(ks, spec.kernel):
-                            kflat = b.add(b.mul(kflat, I64(ext)), kd)
+                        koff, kflat = k_offsets(kidx)
                         dst = fptr(panel, b.add(b.mul(kflat, I64(nr)), j0))
                         src = fptr(xb, b.add(koff, src0))
                         for v, (live, wl, sl) in enumerate(chunks):
@@ -211,13 +216,7 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
 
             def rows(gather):
                 def per_k(kidx):
-                    c_, ks = kidx[0], kidx[1:]
-                    koff = b.mul(c_, I64(in_strides[1]))
-                    for kd, dd, stv in zip(ks, spec.dilations, in_strides[2:]):
-                        koff = b.add(koff, b.mul(kd, I64(dd * stv)))
-                    kflat = kidx[0]
-                    for kd, ext in zip(ks, spec.kernel):
-                        kflat = b.add(b.mul(kflat, I64(ext)), kd)
+                    koff, kflat = k_offsets(kidx)
                     dst = fptr(panel, b.mul(kflat, I64(nr)))
                     if gather:
                         def col(j):
