@@ -16,7 +16,8 @@ from ..errors import UnsupportedOpError
 from ..ir.dim import SymExpr, dmax, evaluate, free_symbols, product
 from ..ir.dtype import DType
 from ..ir.graph import Node
-from .gemm import MR, Contraction, PadWindow, choose_tile, DepthwiseWindow, MatContraction, WinogradInput, WinogradOutput, pack_columns, pack_weights
+from .gemm import (MR, Contraction, DepthwiseWindow, MatContraction, PadWindow, WinogradInput, WinogradOutput, choose_tile,
+                   pack_columns, pack_weights)
 from .texpr import (BOOL, I64, Buf, E, all_of, binop, call, cast, cmp, const, dim_index, identity_value, in_range, load,
                     logic, reduce, select, unop)
 

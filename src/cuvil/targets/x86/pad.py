@@ -12,8 +12,6 @@ from __future__ import annotations
 
 from typing import Optional, Tuple
 
-import llvmlite.ir as ir
-
 from ...ir.dim import SymExpr, product
 from ...ir.types import DType
 from ..gemm import PadWindow
