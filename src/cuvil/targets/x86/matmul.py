@@ -1,8 +1,9 @@
 """Register-blocked micro-kernels for products with constant weights (MatMul / Gemm; see
 :class:`cuvil.targets.gemm.MatContraction`).
 
-A unit of the parallel range is a tile of ``MR`` rows of A. For every weight panel (``cols = NV * VW``
-output columns, packed at compile time as ``Wp[mb, k, :]``) the k-loop keeps ``MR x NV`` accumulators in
+A unit of the parallel range is a tile of ``MR`` rows of A and one weight panel (``cols = NV * VW``
+output columns, packed at compile time as ``Wp[mb, k, :]``), panels fastest, so a single-row product still
+spreads over the threads (ResNet-50's classifier: 16 panels of 2048 x 64). The k-loop keeps ``MR x NV`` accumulators in
 vector registers: per k it loads ``NV`` vectors of the panel, broadcasts ``A[p, k]`` of each of the
 ``MR`` rows (read in place: rows of A are contiguous, no packing) and issues ``MR * NV`` fused
 multiply-adds. The tile is spilled to a stack array, the stage's fused epilogue (bias, residual, activation,
@@ -53,7 +54,10 @@ def emit_matmul_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]]:
     w_base = b.gep(em.base(spec.w), [I64(spec.w.offset)], source_etype=ir.IntType(8), inbounds=True)
     last_row = b.sub(rows_total, I64(1))
 
-    def row_tile(t):
+    def unit(u):
+        """Unit u = (row tile u // Mb, weight panel u % Mb): a single-row product (a classifier's last
+        layer) still has Mb units for the threads."""
+        t, mb = b.sdiv(u, I64(Mb)), b.srem(u, I64(Mb))
         p0 = b.mul(t, I64(MR))
         left = b.sub(rows_total, p0)
         nrows = b.select(b.icmp_signed("<", left, I64(MR)), left, I64(MR))
@@ -83,11 +87,11 @@ def emit_matmul_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]]:
             def slot(r, j):
                 return b.gep(tile_f, [b.add(b.mul(r, I64(nr)), j)], source_etype=F32, inbounds=True)
             tile_epilogue(em, st, c, slot, index, nrows, ncols, full=(MR, nr))
-        em.loop_range(I64(0), I64(Mb), panel)
+        panel(mb)
 
-    em.loop_range(begin, end, row_tile)
+    em.loop_range(begin, end, unit)
     b.ret_void()
-    return (spec.rows + MR - 1) // MR, 1
+    return ((spec.rows + MR - 1) // MR) * Mb, 1
 
 
 def _unflatten(em, p, dims) -> List[ir.Value]:
