@@ -20,9 +20,10 @@ from __future__ import annotations
 from typing import Optional
 
 from ...dsl.ast import Num, OpCall, Rule
-from ..gemm import MR, choose_tile
+from ..gemm import choose_tile
+from .gemm import tile_shapes
 
-AVX2_TILES = ((MR, 16),)  # the AVX2 micro-kernels' register tile (x86.gemm.tile_shapes(256)), the default
+AVX2_TILES = tile_shapes(256)   # the default target's register tiles
 TRANSFORM_COST = 4.0      # multiply-add units per transformed element (input tile element or output)
 MIN_CHANNELS = 8          # fewer input or output channels: the GEMMs are too thin to gain
 

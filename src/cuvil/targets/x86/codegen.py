@@ -75,6 +75,13 @@ def mem_type(dt: DType) -> ir.Type:
 _TUNING = "+prefer-no-gather,+prefer-no-scatter"
 
 
+def splat(b: ir.IRBuilder, x: ir.Value, n: int) -> ir.Value:
+    """``x`` in every lane of an ``n``-lane vector."""
+    t = ir.VectorType(x.type, n)
+    return b.shuffle_vector(b.insert_element(ir.Constant(t, ir.Undefined), x, I32(0)), ir.Constant(t, ir.Undefined),
+                            ir.Constant(ir.VectorType(I32, n), [0] * n))
+
+
 def _tuned(features: str) -> str:
     return f"{features},{_TUNING}" if features else _TUNING
 
@@ -117,6 +124,12 @@ class KernelModule:
 
     def at_max(self, d) -> int:
         return bounds(d, self.ranges)[1]
+
+    @property
+    def cheap_masks(self) -> bool:
+        """Masked vector loads and stores cost about as much as plain ones (AVX-512; AVX2's masked stores
+        are microcoded on AMD): short rows and partial tiles then end in one masked vector."""
+        return self.vector_bits >= 512
 
     def loop_id(self, *flags: str) -> ir.Value:
         """A fresh ``llvm.loop`` node with boolean hints ``flags``; made self-referential (``distinct
@@ -178,7 +191,7 @@ class KernelModule:
             k += 1
         # work of one parallel unit: its output elements times the longest top-level reduction each sums
         # (a global average pool's 1000 outputs of 169 terms each are worth two threads)
-        terms = [self.at_opt(product(r.attr[2])) for r in top_level(st.expr, "")[1] if r.op == "reduce"]
+        terms = [self.at_opt(product(r.attr[2])) for r in top_level(st.expr, "reduce")[0]]
         inner_work = self.at_opt(product(shape[k:])) * max(terms, default=1)
 
         def at(ix):
@@ -201,7 +214,7 @@ class KernelModule:
 
         blocked = red is not None and ROW_BLOCK * self.at_max(shape[-1]) <= ROW_MAX
         if red is None:
-            em.loop_range(begin, end, lambda p: em.loops(shape[k:], tail_fold=self.vector_bits >= 512, body=lambda inner: em.store_element(
+            em.loop_range(begin, end, lambda p: em.loops(shape[k:], tail_fold=self.cheap_masks, body=lambda inner: em.store_element(
                 st, at(body(p) + inner))))
         elif not blocked:
             em.loop_range(begin, end, lambda p: em.loops(shape[k:-1], lambda mid: em.store_row(

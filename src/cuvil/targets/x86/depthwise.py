@@ -19,7 +19,7 @@ import llvmlite.ir as ir
 
 from ..gemm import DepthwiseWindow
 from ..schedule import Stage
-from .codegen import F32, I1, I32, I64, PTR
+from .codegen import F32, I1, I32, I64, PTR, splat
 from .gemm import batch_only, find_contraction, tile_epilogue
 
 CHUNK = 4   # output vectors per register block (accumulators)
@@ -59,17 +59,12 @@ def emit_depthwise_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int, st
     def fptr(base, off):
         return b.gep(base, [off], source_etype=F32, inbounds=True)
 
-    def splat(x, t=vec):
-        v = b.insert_element(ir.Constant(t, ir.Undefined), x, I32(0))
-        return b.shuffle_vector(v, ir.Constant(t, ir.Undefined), ir.Constant(ir.VectorType(I32, vw), [0] * vw))
-
     def masked(rp, col, inside):
         """vw floats of row rp from input column col, lanes whose column col + lane is inside the row;
         none when the row is outside the input (``inside`` false: padding rows read as zeros)."""
-        i64v = ir.VectorType(I64, vw)
-        at = b.add(splat(col, i64v), lanes)
+        at = b.add(splat(b, col, vw), lanes)
         limit = b.select(inside, I64(Wp), I64(0))
-        m = b.and_(b.icmp_signed("<", at, splat(limit, i64v)), b.icmp_signed(">=", at, splat(I64(0), i64v)))
+        m = b.and_(b.icmp_signed("<", at, splat(b, limit, vw)), b.icmp_signed(">=", at, splat(b, I64(0), vw)))
         return b.call(mload, [b.gep(rp, [col], source_etype=F32), I32(4), m, zero])
 
     x_base = b.gep(em.base(spec.x), [I64(spec.x.offset)], source_etype=ir.IntType(8), inbounds=True)
@@ -81,7 +76,7 @@ def emit_depthwise_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int, st
         n = b.sdiv(t, I64(C))
         c = b.srem(t, I64(C))
         xp = fptr(x_base, b.mul(t, I64(Hp * Wp)))
-        wv = [] if is_max else [splat(b.load(fptr(w_base, b.add(b.mul(c, I64(KH * KW)), I64(k))), typ=F32))
+        wv = [] if is_max else [splat(b, b.load(fptr(w_base, b.add(b.mul(c, I64(KH * KW)), I64(k))), typ=F32), vw)
                                 for k in range(KH * KW)]
 
         def out_row(oh):

@@ -30,7 +30,7 @@ from ...ir.dtype import DType
 from ..gemm import MR, Contraction
 from ..schedule import Stage
 from ..texpr import E, contains, top_level
-from .codegen import F32, I32, I64, PTR, _Emitter, const_value
+from .codegen import F32, I32, I64, PTR, _Emitter, const_value, splat
 
 # Cores with AVX-512 have 32 vector registers, AVX2 16: NV vectors per row keep MR*NV accumulators + NV
 # B vectors + 1 broadcast in registers.
@@ -187,11 +187,9 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
                 ivec = lambda n: ir.VectorType(I32, n)
                 picks = ir.Constant(ivec(vw), [l * s_last for l in range(vw)])
 
-                def lanes_below(limit, n, scale):
-                    """<n x i1>: lane i has i < limit * scale (limit an i32)."""
-                    sp = b.shuffle_vector(b.insert_element(ir.Constant(ivec(n), ir.Undefined), b.mul(limit, I32(scale)), I32(0)),
-                                          ir.Constant(ivec(n), ir.Undefined), ir.Constant(ivec(n), [0] * n))
-                    return b.icmp_signed("<", ir.Constant(ivec(n), list(range(n))), sp)
+                def lanes_below(limit, n):
+                    """<n x i1>: lane i has i < limit (an i32)."""
+                    return b.icmp_signed("<", ir.Constant(ivec(n), list(range(n))), splat(b, limit, n))
 
                 def run(j0, length):
                     src0 = b.load(b.gep(offs, [j0], source_etype=I64, inbounds=True), typ=I64)
@@ -199,8 +197,8 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
                     for v in range(nv):
                         left = b.trunc(b.sub(length, I64(v * vw)), I32)
                         # lanes of the wide load: i <= (left - 1) * s, i.e. i < (left - 1) * s + 1
-                        wl = lanes_below(b.add(b.mul(b.sub(left, I32(1)), I32(s_last)), I32(1)), span, 1)
-                        chunks.append((b.icmp_signed(">", left, I32(0)), wl, lanes_below(left, vw, 1)))
+                        wl = lanes_below(b.add(b.mul(b.sub(left, I32(1)), I32(s_last)), I32(1)), span)
+                        chunks.append((b.icmp_signed(">", left, I32(0)), wl, lanes_below(left, vw)))
 
                     def per_k(kidx):
                         koff, kflat = k_offsets(kidx)
@@ -292,17 +290,17 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
             store_tile(new, tile)
             epilogue(n, g, m0, p0, nrows, ncols)
             return
+        mbase = b.add(b.mul(g, I64(M)), m0)
         full = b.and_(b.icmp_signed("==", nrows, I64(MR)), b.icmp_signed("==", ncols, I64(nr)))
         with b.if_else(full) as (then, otherwise):
             with then:
                 em.memo.append(dict(em.memo[-1]))
-                vector_epilogue(em, st, c, vplan, n, b.add(b.mul(g, I64(M)), m0), p0, new, MR, nv, spec.out_spatial)
+                vector_epilogue(em, st, c, vplan, n, mbase, p0, new, MR, nv, spec.out_spatial)
                 em.memo.pop()
             with otherwise:
                 em.memo.append(dict(em.memo[-1]))
-                if vw >= 16:     # AVX-512 masked loads and stores are cheap (AVX2's are microcoded on AMD)
-                    vector_epilogue(em, st, c, vplan, n, b.add(b.mul(g, I64(M)), m0), p0, new, MR, nv,
-                                    spec.out_spatial, nrows, ncols)
+                if km.cheap_masks:     # partial tiles: rows skipped, columns masked
+                    vector_epilogue(em, st, c, vplan, n, mbase, p0, new, MR, nv, spec.out_spatial, nrows, ncols)
                 else:
                     store_tile(new, tile)
                     epilogue(n, g, m0, p0, nrows, ncols)
@@ -343,7 +341,7 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
         of per-element divisions unroll into too much code (both measured slower on ShuffleNet's 7x7 and
         14x14 layers with AVX2; within noise with AVX-512): positions are unflattened one by one there."""
         mbase = b.add(b.mul(g, I64(M)), m0)
-        if out_sp[-1] < (min(nr, vw) if vw >= 16 else nr):
+        if out_sp[-1] < (vw if km.cheap_masks else nr):
             def index_p(r, j):
                 return [n, b.add(mbase, r)] + unflatten(b, b.add(p0, j), out_sp)
 
@@ -429,17 +427,7 @@ def vector_epilogue(em, st: Stage, node: E, kinds: dict, n, mbase, p0, accs, mr:
         mload = em.km.declare(f"llvm.masked.load.v{vw}f32.p0", vec, [PTR, I32, i1v, vec])
         mstore = em.km.declare(f"llvm.masked.store.v{vw}f32.p0", ir.VoidType(), [vec, PTR, I32, i1v])
         lanes = ir.Constant(ir.VectorType(I64, vw), list(range(vw)))
-        masks = []
-        for v in range(nv):
-            live = b.sub(ncols, I64(v * vw))
-            sp = b.shuffle_vector(b.insert_element(ir.Constant(ir.VectorType(I64, vw), ir.Undefined), live, I32(0)),
-                                  ir.Constant(ir.VectorType(I64, vw), ir.Undefined), ir.Constant(ir.VectorType(I32, vw), [0] * vw))
-            masks.append(b.icmp_signed("<", lanes, sp))
-
-    def splat(x):
-        t = ir.VectorType(x.type, vw)
-        return b.shuffle_vector(b.insert_element(ir.Constant(t, ir.Undefined), x, I32(0)), ir.Constant(t, ir.Undefined),
-                                ir.Constant(ir.VectorType(I32, vw), [0] * vw))
+        masks = [b.icmp_signed("<", lanes, splat(b, b.sub(ncols, I64(v * vw)), vw)) for v in range(nv)]
 
     def row(r):
         m = b.add(mbase, I64(r))
@@ -454,11 +442,11 @@ def vector_epilogue(em, st: Stage, node: E, kinds: dict, n, mbase, p0, accs, mr:
                 if e is node:
                     out = accs[r * nv + v]
                 elif e.op == "const":
-                    out = splat(const_value(e.attr, e.dtype))
+                    out = splat(b, const_value(e.attr, e.dtype), vw)
                 elif e.op == "load" and kinds[e.uid] == "channel":
                     if e.uid not in scalars:
                         em.memo.append({})      # the row's own channel: nothing emitted for another row
-                        scalars[e.uid] = splat(em.emit(e))
+                        scalars[e.uid] = splat(b, em.emit(e), vw)
                         em.memo.pop()
                     out = scalars[e.uid]
                 elif e.op == "load":

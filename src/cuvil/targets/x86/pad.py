@@ -45,7 +45,7 @@ def emit_pad_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]]:
             em.env[v.attr] = i
         b.store(value_of(), em.address(st.buf, idx))
 
-    fold = km.vector_bits >= 512      # masked tails are cheap with AVX-512: rows are short (7 to 113)
+    fold = km.cheap_masks      # rows are short (7 to 113): end them in one masked vector where that is cheap
 
     def fill_range(prefix, lo, hi):
         if hi > lo:

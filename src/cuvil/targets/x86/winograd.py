@@ -24,7 +24,7 @@ import llvmlite.ir as ir
 from ...ir.ops.winograd import MATRICES
 from ..gemm import WinogradInput, WinogradOutput
 from ..schedule import Stage
-from .codegen import F32, I1, I32, I64, PTR
+from .codegen import F32, I1, I32, I64, PTR, splat
 from .gemm import batch_only, find_contraction, tile_epilogue
 
 
@@ -33,15 +33,11 @@ def _vec_tools(km, em, n: int):
     vec = ir.VectorType(F32, n)
     mvec = ir.VectorType(I1, n)
     lanes = ir.Constant(ir.VectorType(I64, n), list(range(n)))
-    ivec = ir.VectorType(I64, n)
 
-    def splat(x, t):
-        v = b.insert_element(ir.Constant(t, ir.Undefined), x, I32(0))
-        return b.shuffle_vector(v, ir.Constant(t, ir.Undefined), ir.Constant(ir.VectorType(I32, n), [0] * n))
 
     def mask(limit):
         """Lanes l < limit (an i64 value)."""
-        return b.icmp_signed("<", lanes, splat(limit, ivec))
+        return b.icmp_signed("<", lanes, splat(b, limit, n))
     load = km.declare(f"llvm.masked.load.v{n}f32.p0", vec, [PTR, I32, mvec, vec])
     store = km.declare(f"llvm.masked.store.v{n}f32.p0", ir.VoidType(), [vec, PTR, I32, mvec])
     zero = ir.Constant(vec, [0.0] * n)
