@@ -35,8 +35,9 @@ def choose_tile(m: int, p, tiles) -> Tuple[int, int]:
     ``pad(m, rows) * pad(p, cols)`` for ``m`` output channels and ``p`` positions (ties: the earlier one);
     the last one when ``p`` is symbolic. With AVX-512 (``((12, 32), (8, 48), (6, 64))``) a 14x14 map takes
     32-wide panels (224 of 196 positions computed, 256 with 64-wide ones), a 28x28 map 48-wide ones; on a
-    2-core Zen 5 the least padded work picked the fastest of the three on 3x3 layers over 56x56, 28x28,
-    14x14 and 7x7 maps (1.23 -> 1.05 ms at 14x14 256 channels, 1.02 -> 0.93 ms at 56x56 64 channels)."""
+    2-core Zen 5, with each shape forced in turn, the least padded work picked the fastest of the three on
+    the 3x3 layers of `python3 bench/x86_layers.py --only conv3x3` (1.23 -> 1.05 ms at 14x14 256 channels,
+    1.02 -> 0.93 ms at 56x56 64 channels)."""
     if not isinstance(p, int):
         return tuple(tiles[-1])
     return tuple(min(tiles, key=lambda t: _pad(m, t[0]) * _pad(p, t[1])))

@@ -76,7 +76,8 @@ B_BLOCK_BYTES = 64 * 1024
 # prefetcher does not follow a k-block of a weight panel (a few KB, the next block a panel further on), so
 # the k-loop prefetches the weights it reads PREFETCH_K steps ahead. On a 2-core Zen 5, a chain of eight
 # 512-channel 7x7 3x3 layers (9.4 MB of weights each): 1.64 ms per layer without, 1.24 / 1.25 / 1.21 ms at
-# 64 / 128 / 256 steps (1.22 ms when the weights sit in L3); ResNet-50 1 thread 42.3 -> 37.7 ms in kernels.
+# 64 / 128 / 256 steps (1.22 ms when the weights sit in L3; `python3 bench/x86_layers.py --only chain7`);
+# ResNet-50 1 thread 42.3 -> 37.7 ms in kernels (`python3 bench/x86_profile.py resnet50`).
 PREFETCH_K = 128
 
 

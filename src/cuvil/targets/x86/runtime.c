@@ -213,7 +213,8 @@ static void claim_chunks(struct cuvil_session *s, int tid) {
  * after a pause were no faster than 1-thread ones (SqueezeNet 13-15 ms vs 7.5-9.6 ms pinned:
  * `python3 bench/pause_effect.py squeezenet`, with and without CUVIL_PIN_THREADS=0; docs/c-abi.md
  * "Threads"); pinned once at start-up, the caller itself was sometimes woken on the worker's CPU after a
- * pause, with the same effect (ShuffleNet 5.4 ms in one run in ten vs 1.5 ms). */
+ * pause, with the same effect (ShuffleNet at 2 threads, p99 5.4 -> 1.65 ms: `python3 bench/ab_libs.py` on
+ * the libraries built before and after). */
 static void place_workers(struct cuvil_session *s) {
   if (!s->pin || s->num_workers == 0) return;
   int me = sched_getcpu();
