@@ -3,9 +3,9 @@
 
 The generic loop nest evaluates ``select(inside, x[clamped index], fill)`` for every element: clamped
 indices are not affine in the loop variable, so nothing vectorises and every element pays the bounds
-tests. Here each row of the last spatial axis is split at the pad boundaries instead: rows outside the
-input are filled, rows inside are ``fill`` for ``[0, begin)``, the unclamped input expression for
-``[begin, begin + size)`` (contiguous reads of the producer, which LLVM vectorises) and ``fill`` after.
+tests. Here every spatial axis is split at the pad boundaries instead, with no test per element: rows
+outside the input are filled, rows inside are ``fill`` for ``[0, begin)``, the unclamped input expression
+for ``[begin, begin + size)`` (contiguous reads of the producer, which LLVM vectorises) and ``fill`` after.
 The parallel range is the (image, channel) planes.
 """
 from __future__ import annotations
@@ -35,7 +35,7 @@ def emit_pad_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]]:
             return None
         shape[axis], offset[axis] = hi - lo, lo
     interior = spec.interior()
-    fill = const_value(spec.fill, st.buf.dtype)
+    fill_value = const_value(spec.fill, st.buf.dtype)
     em, begin, end = km.kernel(sym)
     b = em.b
     channels = shape[1]
@@ -46,40 +46,27 @@ def emit_pad_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]]:
         b.store(value_of(), em.address(st.buf, idx))
 
     fold = km.cheap_masks      # rows are short (7 to 113): end them in one masked vector where that is cheap
+    last = len(spec.begin) - 1
 
-    def fill_range(prefix, lo, hi):
-        if hi > lo:
-            em.loop_range(I64(lo), I64(hi), lambda w: store(prefix + [w], lambda: fill), tail_fold=fold)
+    def fill(prefix, d, lo, hi):
+        """Spatial axis d over [lo, hi), the axes after it whole, all fill."""
+        if hi <= lo:
+            return
+        if d == last:
+            em.loop_range(I64(lo), I64(hi), lambda w: store(prefix + [w], lambda: fill_value), tail_fold=fold)
+        else:
+            em.loop_range(I64(lo), I64(hi), lambda i: fill(prefix + [i], d + 1, 0, shape[lead + d + 1]))
 
     def spatial(prefix, d):
-        """Loops over spatial axis d..; ``prefix``: the indices so far, all inside the input's extent."""
+        """Spatial axis d..: the padding before and after the input's extent filled, the interior between."""
         extent, b0, size = shape[lead + d], spec.begin[d], spec.sizes[d]
-        if d == len(spec.begin) - 1:
-            fill_range(prefix, 0, b0)
+        fill(prefix, d, 0, b0)
+        if d == last:
             em.loop_range(I64(b0), I64(b0 + size), lambda w: store(prefix + [w], lambda: em.emit(interior)),
                           tail_fold=fold)
-            fill_range(prefix, b0 + size, extent)
-            return
-
-        def rows(i):
-            inside = b.and_(b.icmp_signed(">=", i, I64(b0)), b.icmp_signed("<", i, I64(b0 + size)))
-            with b.if_else(inside) as (then, otherwise):
-                with then:
-                    em.memo.append(dict(em.memo[-1]))
-                    spatial(prefix + [i], d + 1)
-                    em.memo.pop()
-                with otherwise:
-                    em.memo.append(dict(em.memo[-1]))
-                    fill_block(prefix + [i], d + 1)
-                    em.memo.pop()
-        em.loop_range(I64(0), I64(extent), rows)
-
-    def fill_block(prefix, d):
-        """Spatial axes d.. filled whole."""
-        if d == len(spec.begin) - 1:
-            fill_range(prefix, 0, shape[-1])
         else:
-            em.loop_range(I64(0), I64(shape[lead + d]), lambda i: fill_block(prefix + [i], d + 1))
+            em.loop_range(I64(b0), I64(b0 + size), lambda i: spatial(prefix + [i], d + 1))
+        fill(prefix, d, b0 + size, extent)
 
     def body(t):
         c = b.add(b.srem(t, I64(channels)), I64(offset[1]))
