@@ -207,8 +207,8 @@ static void claim_chunks(struct cuvil_session *s, int tid) {
 }
 
 /* Pin the workers to the CPUs of the caller's affinity mask other than the one the caller runs on now, one
- * each, in order; at session creation and again at a run whose caller has moved to another CPU (the
- * caller's thread is the application's: it is never pinned). Unpinned, a worker woken after the process
+ * each, in order (workers beyond those CPUs stay unpinned); at a session's first run and again at a run
+ * whose caller has moved to another CPU (the caller's thread is the application's: it is never pinned). Unpinned, a worker woken after the process
  * idled (~100 ms here) was often placed on the caller's own CPU and the two then took turns: 2-thread runs
  * after a pause were no faster than 1-thread ones (SqueezeNet 13-15 ms vs 7.5-9.6 ms pinned:
  * `python3 bench/pause_effect.py squeezenet`, with and without CUVIL_PIN_THREADS=0; docs/c-abi.md
