@@ -17,18 +17,9 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "src"))
 
-SM90 = {"regs_per_sm": 65536, "reg_unit": 256, "max_warps": 64, "max_blocks": 32, "max_threads": 2048, "sms": 132}
+from cuvil.targets.ptx.regpressure import LIMITS, SMS, occupancy  # noqa: E402  (one formula: the pass's)
 
-
-def occupancy(regs: int, block: int, limits=SM90) -> dict:
-    warps_per_block = -(-block // 32)
-    regs_per_warp = -(-max(regs, 1) * 32 // limits["reg_unit"]) * limits["reg_unit"]
-    by_regs = (limits["regs_per_sm"] // regs_per_warp) // warps_per_block
-    by_warps = limits["max_warps"] // warps_per_block
-    blocks = min(by_regs, by_warps, limits["max_blocks"])
-    limiter = "registers" if by_regs < min(by_warps, limits["max_blocks"]) else "threads"
-    return {"blocks_per_sm": blocks, "warps_per_sm": blocks * warps_per_block,
-            "occupancy": blocks * warps_per_block / limits["max_warps"], "limiter": limiter}
+SM90 = {**LIMITS["sm_90"], "max_threads": 2048, "sms": SMS["sm_90"]}
 
 
 def report(bundle: str, limits=SM90) -> list:

@@ -1,7 +1,10 @@
 """ResNet-50, batch 1, float32 on one GPU: Cuvil (eager launches and CUDA-graph replay) beside PyTorch
 (eager, a captured CUDA graph, ``torch.compile(mode="reduce-overhead")``), then where Cuvil's time goes.
 
-    python3 bench/gpu/resnet50.py [--iters 200] [--no-compile] [--json out.json]
+    python3 bench/gpu/resnet50.py [--iters 200] [--no-compile] [--fp16] [--json out.json]
+
+``--fp16``: also float16, Cuvil ``--enable-fp16`` on the light model with BatchNormalization scales in
+(0.25, 0.75) (the default seeded weights overflow half) beside its float32 build, and PyTorch ``.half()``.
 
 Cuvil runs onnx's light ResNet-50 (seeded random weights) compiled to a bundle; inputs and outputs stay on
 the device (``run_device``), so a timed run is the launches plus ``cuStreamSynchronize``. PyTorch runs
@@ -140,6 +143,58 @@ def bench_cuvil(args):
     m.close()
 
 
+def _torch_modes(net, x, label, args, compile_too=True):
+    """PyTorch eager, a captured CUDA graph and (``compile_too``) torch.compile(mode="reduce-overhead") of
+    ``net(x)``, into RESULTS["torch"][MODE_label]."""
+    import torch
+    import torch._dynamo
+
+    def sync_call(f):
+        def run():
+            f()
+            torch.cuda.synchronize()
+        return run
+
+    with torch.inference_mode():
+        r = timed(sync_call(lambda: net(x)), args.iters, warmup=10)
+    RESULTS["torch"][f"eager_{label}"] = r
+    print(f"torch eager       ({label}): p50 {r['p50_ms']:.3f} ms, p99 {r['p99_ms']:.3f} ms", flush=True)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.inference_mode():
+        with torch.cuda.stream(s):
+            for _ in range(3):
+                net(x)
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            y = net(x)
+    r = timed(sync_call(g.replay), args.iters, warmup=10)
+    RESULTS["torch"][f"cuda_graph_{label}"] = r
+    print(f"torch CUDA graph  ({label}): p50 {r['p50_ms']:.3f} ms, p99 {r['p99_ms']:.3f} ms", flush=True)
+    RESULTS["torch"][f"finite_{label}"] = bool(torch.isfinite(y).all())
+    del g, y
+    if not compile_too:
+        return
+    torch._dynamo.reset()
+    t0 = time.perf_counter()
+    try:
+        cnet = torch.compile(net, mode="reduce-overhead")
+        with torch.inference_mode():
+            for _ in range(5):
+                cnet(x)
+            torch.cuda.synchronize()
+            compile_s = time.perf_counter() - t0
+            r = timed(sync_call(lambda: cnet(x)), args.iters, warmup=10)
+        r["compile_s"] = compile_s
+        RESULTS["torch"][f"compile_reduce_overhead_{label}"] = r
+        print(f"torch.compile(mode='reduce-overhead') ({label}): p50 {r['p50_ms']:.3f} ms, p99 {r['p99_ms']:.3f} ms "
+              f"(compile + warm-up {compile_s:.0f} s)", flush=True)
+    except Exception as e:  # noqa: BLE001 - reported
+        RESULTS["torch"][f"compile_reduce_overhead_{label}"] = {"error": f"{type(e).__name__}: {e}"[:300]}
+        print(f"torch.compile failed: {type(e).__name__}: {e}"[:300], flush=True)
+
+
 def bench_torch(args):
     try:
         import torch
@@ -156,62 +211,56 @@ def bench_torch(args):
     torch.manual_seed(0)
     net = torchvision.models.resnet50(weights=None).eval().to(dev)
     x = torch.randn(1, 3, 224, 224, device=dev)
-
-    def sync_call(f):
-        def run():
-            f()
-            torch.cuda.synchronize()
-        return run
-
-    def modes(label):
-        with torch.inference_mode():
-            r = timed(sync_call(lambda: net(x)), args.iters, warmup=10)
-        RESULTS["torch"][f"eager_{label}"] = r
-        print(f"torch eager       ({label}): p50 {r['p50_ms']:.3f} ms, p99 {r['p99_ms']:.3f} ms", flush=True)
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.inference_mode():
-            with torch.cuda.stream(s):
-                for _ in range(3):
-                    net(x)
-            torch.cuda.current_stream().wait_stream(s)
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                y = net(x)
-        r = timed(sync_call(g.replay), args.iters, warmup=10)
-        RESULTS["torch"][f"cuda_graph_{label}"] = r
-        print(f"torch CUDA graph  ({label}): p50 {r['p50_ms']:.3f} ms, p99 {r['p99_ms']:.3f} ms", flush=True)
-        del g, y
-
-    def compiled(label):
-        import torch._dynamo
-        torch._dynamo.reset()
-        t0 = time.perf_counter()
-        try:
-            cnet = torch.compile(net, mode="reduce-overhead")
-            with torch.inference_mode():
-                for _ in range(5):
-                    cnet(x)
-                torch.cuda.synchronize()
-                compile_s = time.perf_counter() - t0
-                r = timed(sync_call(lambda: cnet(x)), args.iters, warmup=10)
-            r["compile_s"] = compile_s
-            RESULTS["torch"][f"compile_reduce_overhead_{label}"] = r
-            print(f"torch.compile(mode='reduce-overhead') ({label}): p50 {r['p50_ms']:.3f} ms, p99 {r['p99_ms']:.3f} ms "
-                  f"(compile + warm-up {compile_s:.0f} s)", flush=True)
-        except Exception as e:  # noqa: BLE001 - reported
-            RESULTS["torch"][f"compile_reduce_overhead_{label}"] = {"error": f"{type(e).__name__}: {e}"[:300]}
-            print(f"torch.compile failed: {type(e).__name__}: {e}"[:300], flush=True)
-
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
-    modes("fp32")
-    if not args.no_compile:
-        compiled("fp32")
+    _torch_modes(net, x, "fp32", args, not args.no_compile)
     torch.backends.cudnn.allow_tf32 = True     # PyTorch's defaults: TF32 convolutions, float32 matmuls
-    modes("default_tf32")
-    if not args.no_compile:
-        compiled("default_tf32")
+    _torch_modes(net, x, "default_tf32", args, not args.no_compile)
+    if args.fp16:
+        _torch_modes(net.half(), x.half(), "fp16", args, not args.no_compile)
+
+
+FP16_BN_SCALE = (0.25, 0.75)   # light_model's BatchNormalization scales for the float16 comparison
+
+
+def bench_cuvil_fp16(args):
+    """Cuvil float16 (``enable_fp16``) beside float32 on ResNet-50 with BatchNormalization scales in
+    FP16_BN_SCALE: with the default (0.5, 1.5) the seeded model's activations reach 2.4e5, past half's
+    range, so its float16 output is inf. Drift of each against onnxruntime (float32, CPU) and each other."""
+    import onnxruntime as ort
+    from cuvil import Pipeline
+    from cuvil.targets.ptx.runtime import _call, device_info, driver, load_bundle
+    from cuvil.testing import light_model
+    arch = device_info(0)["arch"]
+    model = light_model("resnet50", bn_scale=FP16_BN_SCALE)
+    p = Pipeline.from_onnx(model).optimize()
+    x = np.random.default_rng(1).standard_normal((1, 3, 224, 224)).astype(np.float32)
+    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"gpu_0/data_0": x})[0]
+    out = RESULTS.setdefault("fp16", {"bn_scale": list(FP16_BN_SCALE), "ref_max_abs": float(np.abs(ref).max())})
+    drv = driver()
+    ys = {}
+    for label, kw in (("fp32", {}), ("fp16", {"enable_fp16": True})):
+        b = p.compile("nvptx64-nvidia-cuda", arch=arch, cache=False, **kw)
+        m = load_bundle(b.path)
+        (y,) = m.run(x)
+        ys[label] = y
+        d_in = int(_call(drv, "cuMemAlloc", drv.cuMemAlloc(x.nbytes)))
+        d_out = int(_call(drv, "cuMemAlloc", drv.cuMemAlloc(y.nbytes)))
+        _call(drv, "cuMemcpyHtoD", drv.cuMemcpyHtoD(d_in, x.ctypes.data, x.nbytes))
+        r = timed(lambda: m.run_device([d_in], [d_out], mode="graph"), args.iters)
+        r.update({"normwise_vs_ort": float(np.abs(y - ref).max() / np.abs(ref).max()),
+                  "top1_same_as_ort": bool(int(np.argmax(y)) == int(np.argmax(ref))),
+                  "finite": bool(np.isfinite(y).all()), "kernel_sum_ms": sum(q["ms"] for q in m.profile_kernels(repeats=3)),
+                  "float16_tensors": len(b.manifest.get("float16_tensors") or [])})
+        out[f"cuvil_{label}"] = r
+        print(f"cuvil {label} (bn scale {FP16_BN_SCALE}): graph p50 {r['p50_ms']:.3f} ms, p99 {r['p99_ms']:.3f} ms; "
+              f"normwise vs onnxruntime {r['normwise_vs_ort']:.2e}, top-1 same {r['top1_same_as_ort']}, "
+              f"kernel sum {r['kernel_sum_ms']:.3f} ms", flush=True)
+        drv.cuMemFree(d_in)
+        drv.cuMemFree(d_out)
+        m.close()
+    out["fp16_vs_fp32_normwise"] = float(np.abs(ys["fp16"] - ys["fp32"]).max() / np.abs(ys["fp32"]).max())
+    print(f"cuvil fp16 vs fp32: normwise {out['fp16_vs_fp32_normwise']:.2e}", flush=True)
 
 
 def main(argv=None) -> int:
@@ -219,10 +268,12 @@ def main(argv=None) -> int:
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--fp16", action="store_true", help="also float16: Cuvil --enable-fp16 and PyTorch .half()")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     rc = 0
-    for part in ([bench_cuvil] + ([] if args.no_torch else [bench_torch])):
+    parts = [bench_cuvil] + ([bench_cuvil_fp16] if args.fp16 else []) + ([] if args.no_torch else [bench_torch])
+    for part in parts:
         try:
             part(args)
         except Exception:  # noqa: BLE001 - the other part still runs
@@ -239,7 +290,11 @@ def main(argv=None) -> int:
                      ("torch.compile reduce-overhead (fp32)", t.get("compile_reduce_overhead_fp32")),
                      ("PyTorch eager (default, TF32 convs)", t.get("eager_default_tf32")),
                      ("PyTorch CUDA graph (default, TF32 convs)", t.get("cuda_graph_default_tf32")),
-                     ("torch.compile reduce-overhead (default, TF32)", t.get("compile_reduce_overhead_default_tf32"))):
+                     ("torch.compile reduce-overhead (default, TF32)", t.get("compile_reduce_overhead_default_tf32")),
+                     ("Cuvil fp32, CUDA graph (fp16 model weights)", RESULTS.get("fp16", {}).get("cuvil_fp32")),
+                     ("Cuvil --enable-fp16, CUDA graph", RESULTS.get("fp16", {}).get("cuvil_fp16")),
+                     ("PyTorch eager (fp16)", t.get("eager_fp16")), ("PyTorch CUDA graph (fp16)", t.get("cuda_graph_fp16")),
+                     ("torch.compile reduce-overhead (fp16)", t.get("compile_reduce_overhead_fp16"))):
         if r and "p50_ms" in r:
             print(f"  {label:44} {r['p50_ms']:9.3f} {r['p99_ms']:9.3f}")
     return rc

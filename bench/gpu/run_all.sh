@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything GPU-side in one go, for one call on a lent GPU machine: environment, the GPU tests, launch
-# overhead, ResNet-50, correctness. Logs and JSON go to $OUT (default ./gpu-results). Each step has its own
+# overhead, ResNet-50 (float32 and float16), the register pass (regpass), correctness. Logs and JSON go to $OUT (default ./gpu-results). Each step has its own
 # time limit so that one slow step leaves the others their time; all five together can outlast a 10-minute
 # call, so choose steps per call: run_all.sh env pytest launch correctness, then run_all.sh resnet50
 set -u
@@ -21,7 +21,9 @@ for step in $STEPS; do
     launch)
       timeout 60 python3 bench/gpu/launch_overhead.py --json "$OUT/launch.json" 2>&1 | tee "$OUT/launch.txt" ;;
     resnet50)
-      timeout 300 python3 bench/gpu/resnet50.py --json "$OUT/resnet50.json" 2>&1 | tee "$OUT/resnet50.txt" ;;
+      timeout 400 python3 bench/gpu/resnet50.py --fp16 --json "$OUT/resnet50.json" 2>&1 | tee "$OUT/resnet50.txt" ;;
+    regpass)
+      timeout 300 python3 bench/gpu/register_pass.py --json "$OUT/register_pass.json" 2>&1 | tee "$OUT/register_pass.txt" ;;
     correctness)
       timeout 260 python3 bench/gpu/check_correctness.py --json "$OUT/correctness.json" 2>&1 | tee "$OUT/correctness.txt" ;;
     *) echo "unknown step $step" ;;

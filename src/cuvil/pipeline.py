@@ -166,7 +166,7 @@ class Pipeline:
                 prefix: str = "cuvil", fixed: Optional[Mapping[str, int]] = None, cache: bool = True,
                 progress=None, arch: str = "sm_90", fma: bool = True, enable_fp16: bool = False,
                 kernel_rules=None, shape_profiles: Optional[Mapping[str, Tuple[int, ...]]] = None,
-                opt_kernels: bool = True, winograd: bool = True):
+                opt_kernels: bool = True, winograd: bool = True, register_pass: bool = True):
         """Compile to a native artifact: :class:`cuvil.artifact.Artifact` (``libNAME.so``) for
         ``x86_64-linux-gnu``, :class:`cuvil.artifact.Bundle` (``NAME.cuvil/``, PTX for ``arch``) for
         ``nvptx64-nvidia-cuda``; the GPU bundle is built without a GPU.
@@ -186,7 +186,9 @@ class Pipeline:
         GPU only: ``fma`` (default on) lets the proved ``prove real`` kernel rules contract ``a * b + c`` into
         fused multiply-adds (off: every operation rounds separately); ``kernel_rules`` replaces the built-in
         ``on kernel`` rules (``[]``: none); ``enable_fp16`` computes float32 tensors in float16 (inputs and
-        outputs stay float32, reductions accumulate in float32).
+        outputs stay float32, reductions accumulate in float32); ``register_pass`` (default on, needs ptxas):
+        register-limited kernels that run in several waves get fewer registers where ptxas can do it without
+        spilling (:mod:`cuvil.targets.ptx.regpressure`).
         """
         from .artifact import PTX_TARGET, X86_TARGET, Artifact, build_cached, cache_key
         from .ir.hash import structural_hash
@@ -227,7 +229,8 @@ class Pipeline:
         import cuvil
         if target == PTX_TARGET:
             return self._compile_bundle(p, arch, opt_level, prefix, extra, fixed, rules, cache, progress,
-                                        fma=fma, enable_fp16=enable_fp16, kernel_rules=kernel_rules)
+                                        fma=fma, enable_fp16=enable_fp16, kernel_rules=kernel_rules,
+                                        register_pass=register_pass)
         # The x86 algorithm choices are a function of the graph, the `on x86` rules and the cost model (its
         # source is in the compiler digest): they run only when the library is built, not on a cache hit.
         choose = winograd and opt_level >= 2
@@ -251,7 +254,7 @@ class Pipeline:
         return build_cached(key, prefix, build)
 
     def _compile_bundle(self, p: "Pipeline", arch, opt_level, prefix, extra, fixed, rules, cache, progress, *,
-                        fma=True, enable_fp16=False, kernel_rules=None):
+                        fma=True, enable_fp16=False, kernel_rules=None, register_pass=True):
         from .artifact import PTX_TARGET, Bundle, build_cached_bundle, cache_key
         from .ir.hash import structural_hash
         from .targets.ptx.bundle import compile_bundle
@@ -262,10 +265,11 @@ class Pipeline:
         krules = [] if kernel_rules is False else select_kernel_rules(kernel_rules, fma=fma)
         key = cache_key([structural_hash(p.graph), repr(sorted(fixed.items())), str(opt_level), arch, prefix,
                          cuvil.__version__, PTX_TARGET, json.dumps(rules, sort_keys=True), str(self.source_sha256),
-                         f"fma={bool(fma)}", f"fp16={bool(enable_fp16)}"] + [r.text or r.name for r in krules])
+                         f"fma={bool(fma)}", f"fp16={bool(enable_fp16)}", f"register_pass={bool(register_pass)}"]
+                        + [r.text or r.name for r in krules])
         build = lambda out: compile_bundle(p.graph, out, arch=arch, opt_level=opt_level, prefix=prefix,
                                            fma=fma, kernel_rules=krules, enable_fp16=enable_fp16,
-                                           manifest_extra=extra, progress=progress)
+                                           register_pass=register_pass, manifest_extra=extra, progress=progress)
         if not cache:
             out = os.path.join(tempfile.mkdtemp(prefix="cuvil-"), f"{prefix}.cuvil")
             return Bundle(out, build(out))

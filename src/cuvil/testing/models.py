@@ -23,9 +23,12 @@ def light_model_path(name: str) -> str:
     return os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light", f"light_{name}.onnx")
 
 
-def light_model(name: str, seed: int = 0, logits: bool = True) -> onnx.ModelProto:
-    """The light model ``name`` with seeded random weights; ``logits`` drops a final Softmax."""
-    m = with_random_weights(onnx.load(light_model_path(name)), seed)
+def light_model(name: str, seed: int = 0, logits: bool = True, bn_scale=(0.5, 1.5)) -> onnx.ModelProto:
+    """The light model ``name`` with seeded random weights; ``logits`` drops a final Softmax. ``bn_scale``:
+    the range of the BatchNormalization scales (uniform). With the default, ResNet-50's and ShuffleNet's
+    activations grow through the residual / channel-shuffle stages to 2.4e5 / 1.6e7, past float16's 65,504;
+    ``(0.25, 0.75)`` keeps them below 20 / 120 (for float16 runs)."""
+    m = with_random_weights(onnx.load(light_model_path(name)), seed, bn_scale=bn_scale)
     return strip_final_softmax(m) if logits else m
 
 
@@ -44,8 +47,9 @@ def _attr(n: onnx.NodeProto, name: str, default):
     return default
 
 
-def with_random_weights(model: onnx.ModelProto, seed: int = 0) -> onnx.ModelProto:
-    """Replace each ``ConstantOfShape`` of a constant shape by a random initializer of that shape."""
+def with_random_weights(model: onnx.ModelProto, seed: int = 0, bn_scale=(0.5, 1.5)) -> onnx.ModelProto:
+    """Replace each ``ConstantOfShape`` of a constant shape by a random initializer of that shape
+    (``bn_scale``: the uniform range of BatchNormalization scales)."""
     m = onnx.ModelProto()
     m.CopyFrom(model)
     g = m.graph
@@ -58,7 +62,7 @@ def with_random_weights(model: onnx.ModelProto, seed: int = 0) -> onnx.ModelProt
             keep.append(n)
             continue
         shape = tuple(int(x) for x in numpy_helper.to_array(inits[n.input[0]]))
-        arr = _random_weight(rng, shape, uses.get(n.output[0], []))
+        arr = _random_weight(rng, shape, uses.get(n.output[0], []), bn_scale)
         new_inits.append(numpy_helper.from_array(arr.astype(np.float32, copy=False), n.output[0]))
     del g.node[:]
     g.node.extend(keep)
@@ -74,7 +78,7 @@ def with_random_weights(model: onnx.ModelProto, seed: int = 0) -> onnx.ModelProt
     return m
 
 
-def _random_weight(rng, shape, uses) -> np.ndarray:
+def _random_weight(rng, shape, uses, bn_scale=(0.5, 1.5)) -> np.ndarray:
     """float32 directly (VGG-19 has 143M weights): normal(0, std) or uniform(lo, hi) by role."""
     op, k = (uses[0][0].op_type, uses[0][1]) if uses else ("", -1)
 
@@ -84,8 +88,8 @@ def _random_weight(rng, shape, uses) -> np.ndarray:
     def uniform(lo, hi):
         return rng.random(shape, dtype=np.float32) * np.float32(hi - lo) + np.float32(lo)
     if op == "BatchNormalization":
-        # scale and variance positive around 1; bias and mean small
-        return uniform(0.5, 1.5) if k in (1, 4) else normal(0.1)
+        # scale (bn_scale) and variance positive around 1; bias and mean small
+        return uniform(*bn_scale) if k == 1 else uniform(0.5, 1.5) if k == 4 else normal(0.1)
     if op in ("Conv", "ConvTranspose") and k == 1:
         fan_in = int(np.prod(shape[1:])) or 1
         return normal(np.sqrt(2.0 / fan_in))
@@ -95,6 +99,30 @@ def _random_weight(rng, shape, uses) -> np.ndarray:
     if op == "Mul":
         return uniform(0.5, 1.5)
     return normal(0.05)
+
+
+def with_batch(model: onnx.ModelProto, n: int) -> onnx.ModelProto:
+    """``model`` with batch ``n``: dim 0 of every graph input and output set to ``n``, and a constant
+    ``Reshape`` target whose first entry is the batch (the light models flatten ``[1, C, 1, 1]`` to ``[1, C]``)
+    made to copy it (``0``). For models whose only batch-dependent constants are such reshapes."""
+    if n < 1:
+        raise ValueError(f"batch must be >= 1, got {n}")
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    g = m.graph
+    inits = {t.name: t for t in g.initializer}
+    for node in g.node:
+        if node.op_type == "Reshape" and len(node.input) > 1 and node.input[1] in inits:
+            shape = numpy_helper.to_array(inits[node.input[1]]).copy()
+            if shape.size and shape[0] == 1:
+                shape[0] = 0
+                inits[node.input[1]].CopyFrom(numpy_helper.from_array(shape, node.input[1]))
+    for vi in list(g.input) + list(g.output):
+        dims = vi.type.tensor_type.shape.dim
+        if dims:
+            dims[0].Clear()
+            dims[0].dim_value = n
+    return m
 
 
 def strip_final_softmax(model: onnx.ModelProto) -> onnx.ModelProto:

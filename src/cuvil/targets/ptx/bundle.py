@@ -52,7 +52,7 @@ def _ptxas_version(exe: str) -> Optional[str]:
 
 def compile_bundle(g: Graph, out_dir: str, *, arch: str = "sm_90", opt_level: int = 3, prefix: str = "cuvil",
                    fma: bool = True, kernel_rules=None, enable_fp16: bool = False, narrow_index: bool = False,
-                   manifest_extra: Optional[dict] = None,
+                   register_pass: bool = True, sms: Optional[int] = None, manifest_extra: Optional[dict] = None,
                    progress: Optional[Callable[[str], None]] = None) -> dict:
     """Compile ``g`` (static shapes) into the bundle directory ``out_dir`` (created; files in it replaced);
     returns the manifest. ptxas, where installed, assembles the PTX for ``arch``: a rejected module is an
@@ -60,7 +60,10 @@ def compile_bundle(g: Graph, out_dir: str, *, arch: str = "sm_90", opt_level: in
 
     ``fma`` (default on, as nvcc and PyTorch): the proved ``prove real`` kernel rules (fma contraction) may
     run; ``kernel_rules`` as for :func:`~cuvil.targets.ptx.codegen.build_ptx`. ``enable_fp16``: float32
-    tensors are computed in float16 (:mod:`cuvil.targets.ptx.fp16`; inputs and outputs stay float32)."""
+    tensors are computed in float16 (:mod:`cuvil.targets.ptx.fp16`; inputs and outputs stay float32).
+    ``register_pass`` (default on; needs ptxas): kernels that run in several waves and whose registers limit
+    their blocks per SM get a ``.maxnreg`` cap that ptxas meets without spilling (:mod:`cuvil.targets.ptx.regpressure`; ``sms``: the SMs of the GPU it targets, default by
+    ``arch``); the manifest's ``register_pass`` reports registers, occupancy and waves before and after."""
     say = progress or (lambda msg: None)
     t0 = time.perf_counter()
     half_names: list = []
@@ -85,11 +88,22 @@ def compile_bundle(g: Graph, out_dir: str, *, arch: str = "sm_90", opt_level: in
         f.write(blob)
 
     ptxas_info = None
+    rp_report = None
     exe = find_ptxas()
     if exe is not None:
         say(f"assembling with {exe} -arch={arch}")
         try:
             cubin, info = assemble(ptx, arch, exe, jobs=0)
+            if register_pass and narrow_index is not True:
+                from .regpressure import relieve
+                ptx2, cubin2, info2, rp_report = relieve(ptx, descs, info, arch,
+                                                         lambda text: assemble(text, arch, exe, jobs=0), sms=sms)
+                if cubin2 is not None:
+                    ptx, cubin, info = ptx2, cubin2, info2
+                    with open(os.path.join(out_dir, "kernels.ptx"), "w") as f:
+                        f.write(ptx)
+                say(f"register pass: {rp_report['capped']} of {len(rp_report['kernels'])} register-limited "
+                    f"multi-wave kernels capped")
         except PtxasError as e:
             raise CuvilError(f"the generated PTX does not assemble for {arch}: {e}") from None
         cubin_name = f"kernels.{arch}.cubin"
@@ -128,7 +142,9 @@ def compile_bundle(g: Graph, out_dir: str, *, arch: str = "sm_90", opt_level: in
         "kernel_rules": {name: {"applied": res.kernel_rule_counts.get(name, 0), "obligation": ob, "verdict": "proved"}
                          for name, ob in res.kernel_rules.items()},
         "enable_fp16": enable_fp16,
-        "narrow_index": narrow_index,
+        "narrow_index": narrow_index if isinstance(narrow_index, bool) else sorted(narrow_index),
+        "register_pass": rp_report if rp_report is not None else
+        {"skipped": "off" if not register_pass else "ptxas not found" if exe is None else "narrow_index=True"},
         "float16_reductions_widened": res.widened_reductions,
         "kernels": len(descs),
         "arena_bytes": sched.arena_bytes,
