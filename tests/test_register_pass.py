@@ -37,11 +37,14 @@ def test_which_kernels_the_pass_looks_at():
     assert candidate_caps(grid=392, block=256, regs=56, sms=132) == []
     # not register-limited (threads are)
     assert candidate_caps(grid=25000, block=256, regs=30, sms=132) == []
-    # several waves and register-limited: every step with more blocks, fewest registers first
-    assert candidate_caps(grid=1568, block=256, regs=63, sms=132) == [32, 40, 48]
-    # 784 blocks on 132 SMs use at most 6 per SM: 32 registers (8 per SM) would add nothing over 40
-    assert candidate_caps(grid=784, block=256, regs=56, sms=132) == [40, 48]
-    assert candidate_caps(grid=1568, block=256, regs=63, sms=132, min_cap=40) == [40, 48]
+    # 1568 blocks at 63 registers: 4 per SM, 3 waves; 48 registers (5 per SM) still 3 waves, 40 (6) two,
+    # 32 (8) also two: only the mildest cap per wave count saved
+    assert candidate_caps(grid=1568, block=256, regs=63, sms=132) == [40]
+    assert candidate_caps(grid=784, block=256, regs=56, sms=132) == [40]
+    # 5000 blocks: 10 waves at 4 per SM; 48 -> 8, 40 -> 7, 32 -> 5 waves: fewest waves first
+    assert candidate_caps(grid=5000, block=256, regs=63, sms=132) == [32, 40, 48]
+    assert candidate_caps(grid=5000, block=256, regs=63, sms=132, min_cap=40) == [40, 48]
+    assert candidate_caps(grid=12544, block=256, regs=40, sms=132) == [32]
 
 
 def test_apply_caps_edits_only_the_named_entries():
@@ -85,7 +88,7 @@ def _ptx(names):
 def test_relieve_accepts_the_lowest_clean_cap_and_backs_off_on_spills():
     natural = {"a": 63, "b": 56, "c": 40, "d": 64}
     spill_below = {"a": 48, "b": 40, "c": 40, "d": 0}
-    kernels = [K("a", 1568), K("b", 1568), K("c", 12544), K("d", 100)]   # d: one wave, never looked at
+    kernels = [K("a", 5000), K("b", 1568), K("c", 12544), K("d", 100)]   # d: one wave, never looked at
     assemble, calls = fake_ptxas(natural, spill_below)
     info = assemble(_ptx(natural))[1]
     calls.clear()
@@ -93,18 +96,19 @@ def test_relieve_accepts_the_lowest_clean_cap_and_backs_off_on_spills():
     rows = rep["kernels"]
     assert set(rows) == {"a", "b", "c"}
     assert rows["a"]["tried"] == [32, 40, 48] and rows["a"]["cap"] == 48
-    assert rows["b"]["tried"] == [32, 40] and rows["b"]["cap"] == 40
-    assert rows["c"]["tried"] == [32] and rows["c"]["cap"] is None          # only step below 40 spilled
-    assert rows["a"]["before"] == {"registers": 63, "blocks_per_sm": 4, "occupancy": 0.5, "waves": 3}
+    assert rows["b"]["tried"] == [40] and rows["b"]["cap"] == 40
+    assert rows["c"]["tried"] == [32] and rows["c"]["cap"] is None          # the one step below 40 spilled
+    assert rows["a"]["before"] == {"registers": 63, "blocks_per_sm": 4, "occupancy": 0.5, "waves": 10}
     assert rows["a"]["after"]["registers"] == 48 and rows["a"]["after"]["blocks_per_sm"] == 5
-    assert rows["b"]["after"]["waves"] == 2 and rows["c"]["after"]["registers"] == 40
+    assert rows["a"]["after"]["waves"] == 8 and rows["b"]["after"]["waves"] == 2
+    assert rows["c"]["after"]["registers"] == 40
     assert rep["capped"] == 2 and cubin == b"cubin"
     assert calls[-1] == {"a": 48, "b": 40}                                  # the shipped set, assembled alone
     assert ".maxnreg 48" in ptx and ".maxnreg 40" in ptx and got["c"].registers == 40
     # spills allowed: every kernel takes its most aggressive cap
     assemble2, _ = fake_ptxas(natural, spill_below)
     _, _, _, rep2 = relieve(_ptx(natural), kernels, info, "sm_90", assemble2, max_spill=16)
-    assert {k: r["cap"] for k, r in rep2["kernels"].items()} == {"a": 32, "b": 32, "c": 32}
+    assert {k: r["cap"] for k, r in rep2["kernels"].items()} == {"a": 32, "b": 40, "c": 32}
 
 
 def test_relieve_without_candidates_leaves_the_module_alone():
@@ -128,9 +132,10 @@ def conv_model(n=4, c=32, k=64, hw=56):
 @needs_ptxas
 def test_bundle_caps_meet_ptxas_without_spills(tmp_path):
     """On a small GPU (8 SMs assumed) the convolution runs in several waves; whatever the pass caps, ptxas
-    meets without spilling, the cubin holds it, and the manifest says so. Pass off: no .maxnreg at all."""
+    meets without spilling, the cubin holds it, and the manifest says so. Pass off (the default): no
+    .maxnreg at all."""
     g = Pipeline.from_onnx(conv_model()).optimize().graph
-    man = compile_bundle(g, str(tmp_path / "on.cuvil"), sms=8)
+    man = compile_bundle(g, str(tmp_path / "on.cuvil"), sms=8, register_pass=True)
     rp = man["register_pass"]
     assert rp["sms"] == 8 and rp["kernels"], rp
     ptx = open(tmp_path / "on.cuvil" / "kernels.ptx").read()
@@ -143,7 +148,7 @@ def test_bundle_caps_meet_ptxas_without_spills(tmp_path):
             assert man["ptxas"]["kernels"][name]["spill_stores"] == 0
             assert re.search(rf"\.entry {name}\([^)]*\)\n\.maxnreg {row['cap']}\n", ptx)
     assert rp["capped"] == sum(1 for r in rp["kernels"].values() if r["cap"]) >= 1
-    off = compile_bundle(g, str(tmp_path / "off.cuvil"), sms=8, register_pass=False)
+    off = compile_bundle(g, str(tmp_path / "off.cuvil"), sms=8)     # the default
     assert off["register_pass"] == {"skipped": "off"}
     assert ".maxnreg" not in open(tmp_path / "off.cuvil" / "kernels.ptx").read()
     plan, _ = read_bundle(str(tmp_path / "on.cuvil"))

@@ -238,8 +238,8 @@ def cmd_compile(args) -> int:
         raise CuvilError(f"--enable-fp16 is supported for --target {PTX_TARGET} only; {args.target} computes float32")
     if args.no_fma:
         raise CuvilError(f"--no-fma applies to --target {PTX_TARGET} only (GPU kernel rules)")
-    if args.no_register_pass:
-        raise CuvilError(f"--no-register-pass applies to --target {PTX_TARGET} only (GPU registers)")
+    if args.register_pass:
+        raise CuvilError(f"--register-pass applies to --target {PTX_TARGET} only (GPU registers)")
     if not args.output.endswith(".so"):
         raise CuvilError(f"--output must name DIR/libNAME.so, got {args.output!r}")
     level, progress, p = _import_and_optimize(args)
@@ -291,7 +291,7 @@ def _compile_gpu_bundle(args) -> int:
     bundle = p.compile(args.target, level, prefix=args.prefix, fixed=_parse_fixed(args.fix), progress=progress,
                        arch=args.arch, fma=not args.no_fma, enable_fp16=args.enable_fp16, kernel_rules=kernel_rules,
                        shape_profiles=_parse_profiles(args.shape_profile) or None,
-                       register_pass=not args.no_register_pass)
+                       register_pass=args.register_pass)
     out = bundle.save(out_path)
     m = bundle.manifest
     regs = [k["registers"] for k in ((m.get("ptxas") or {}).get("kernels") or {}).values() if k.get("registers")]
@@ -454,8 +454,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="GPU: compute float32 tensors in float16 (inputs/outputs stay float32, sums accumulate in float32)")
     sp.add_argument("--no-fma", action="store_true",
                     help="GPU: no fused multiply-add contraction (the 'prove real' kernel rules do not run)")
-    sp.add_argument("--no-register-pass", action="store_true",
-                    help="GPU: no register caps (.maxnreg) for register-limited multi-wave kernels")
+    sp.add_argument("--register-pass", action="store_true",
+                    help="GPU: cap the registers (.maxnreg) of register-limited kernels where that saves a wave "
+                         "without spills")
     sp.add_argument("--no-winograd", action="store_true",
                     help="x86: keep direct 3x3 convolutions (Winograd rounds differently; see docs/rules.md)")
     sp.set_defaults(fn=cmd_compile)

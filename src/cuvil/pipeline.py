@@ -166,7 +166,7 @@ class Pipeline:
                 prefix: str = "cuvil", fixed: Optional[Mapping[str, int]] = None, cache: bool = True,
                 progress=None, arch: str = "sm_90", fma: bool = True, enable_fp16: bool = False,
                 kernel_rules=None, shape_profiles: Optional[Mapping[str, Tuple[int, ...]]] = None,
-                opt_kernels: bool = True, winograd: bool = True, register_pass: bool = True):
+                opt_kernels: bool = True, winograd: bool = True, register_pass: bool = False):
         """Compile to a native artifact: :class:`cuvil.artifact.Artifact` (``libNAME.so``) for
         ``x86_64-linux-gnu``, :class:`cuvil.artifact.Bundle` (``NAME.cuvil/``, PTX for ``arch``) for
         ``nvptx64-nvidia-cuda``; the GPU bundle is built without a GPU.
@@ -186,9 +186,10 @@ class Pipeline:
         GPU only: ``fma`` (default on) lets the proved ``prove real`` kernel rules contract ``a * b + c`` into
         fused multiply-adds (off: every operation rounds separately); ``kernel_rules`` replaces the built-in
         ``on kernel`` rules (``[]``: none); ``enable_fp16`` computes float32 tensors in float16 (inputs and
-        outputs stay float32, reductions accumulate in float32); ``register_pass`` (default on, needs ptxas):
-        register-limited kernels that run in several waves get fewer registers where ptxas can do it without
-        spilling (:mod:`cuvil.targets.ptx.regpressure`).
+        outputs stay float32, reductions accumulate in float32); ``register_pass`` (opt-in, needs ptxas):
+        register-limited kernels that run in several waves get a register cap where one saves a wave and ptxas
+        meets it without spilling (:mod:`cuvil.targets.ptx.regpressure`; measured no faster on an H200, so off
+        by default).
         """
         from .artifact import PTX_TARGET, X86_TARGET, Artifact, build_cached, cache_key
         from .ir.hash import structural_hash
@@ -254,7 +255,7 @@ class Pipeline:
         return build_cached(key, prefix, build)
 
     def _compile_bundle(self, p: "Pipeline", arch, opt_level, prefix, extra, fixed, rules, cache, progress, *,
-                        fma=True, enable_fp16=False, kernel_rules=None, register_pass=True):
+                        fma=True, enable_fp16=False, kernel_rules=None, register_pass=False):
         from .artifact import PTX_TARGET, Bundle, build_cached_bundle, cache_key
         from .ir.hash import structural_hash
         from .targets.ptx.bundle import compile_bundle

@@ -52,7 +52,7 @@ def _ptxas_version(exe: str) -> Optional[str]:
 
 def compile_bundle(g: Graph, out_dir: str, *, arch: str = "sm_90", opt_level: int = 3, prefix: str = "cuvil",
                    fma: bool = True, kernel_rules=None, enable_fp16: bool = False, narrow_index: bool = False,
-                   register_pass: bool = True, sms: Optional[int] = None, manifest_extra: Optional[dict] = None,
+                   register_pass: bool = False, sms: Optional[int] = None, manifest_extra: Optional[dict] = None,
                    progress: Optional[Callable[[str], None]] = None) -> dict:
     """Compile ``g`` (static shapes) into the bundle directory ``out_dir`` (created; files in it replaced);
     returns the manifest. ptxas, where installed, assembles the PTX for ``arch``: a rejected module is an
@@ -61,8 +61,8 @@ def compile_bundle(g: Graph, out_dir: str, *, arch: str = "sm_90", opt_level: in
     ``fma`` (default on, as nvcc and PyTorch): the proved ``prove real`` kernel rules (fma contraction) may
     run; ``kernel_rules`` as for :func:`~cuvil.targets.ptx.codegen.build_ptx`. ``enable_fp16``: float32
     tensors are computed in float16 (:mod:`cuvil.targets.ptx.fp16`; inputs and outputs stay float32).
-    ``register_pass`` (default on; needs ptxas): kernels that run in several waves and whose registers limit
-    their blocks per SM get a ``.maxnreg`` cap that ptxas meets without spilling (:mod:`cuvil.targets.ptx.regpressure`; ``sms``: the SMs of the GPU it targets, default by
+    ``register_pass`` (opt-in; needs ptxas): kernels that run in several waves and whose registers limit
+    their blocks per SM get a ``.maxnreg`` cap that saves a wave and that ptxas meets without spilling (:mod:`cuvil.targets.ptx.regpressure`; ``sms``: the SMs of the GPU it targets, default by
     ``arch``); the manifest's ``register_pass`` reports registers, occupancy and waves before and after."""
     say = progress or (lambda msg: None)
     t0 = time.perf_counter()

@@ -1,18 +1,21 @@
-"""The register-pressure pass: per kernel, a register cap where registers are what keeps blocks off the GPU.
+"""The register-pressure pass (opt-in: ``register_pass=True``, ``cuvil compile --register-pass``): per kernel,
+a register cap where registers are what keeps a multi-wave grid from fitting in fewer waves.
 
 After the module is assembled once, ``ptxas -v`` says how many registers each kernel's threads use; with the
-kernel's block size that fixes how many of its blocks an SM holds at once (:func:`occupancy`). When the grid
-has more blocks than the GPU then holds (``grid > blocks per SM x SMs``: the kernel runs in several waves) and
-registers are the limit, the pass gives that kernel a ``.maxnreg`` cap at the next occupancy step(s), and
-ptxas re-orders and rematerialises values to stay under it. A cap is kept only if ptxas meets it **without
-spilling** (no local-memory stores or loads, no stack frame): spills would trade the extra resident warps for
-memory traffic. Kernels whose grid fits in one wave are left alone: more resident blocks per SM cannot help
-a grid that already has room (on an H200, ResNet-50 at batch 1 ran *slower* when sub-wave kernels took
-fewer registers, bench/gpu/RESULTS.md, "32-bit indices").
+kernel's block size that fixes how many of its blocks an SM holds at once (:func:`occupancy`) and so how many
+rounds ("waves") its grid takes on the GPU (:func:`waves`). When registers are the binding limit and an
+occupancy step with fewer registers would take fewer waves, the pass gives that kernel a ``.maxnreg`` cap at
+that step and ptxas re-orders and rematerialises values to stay under it. A cap is kept only if ptxas meets
+it without spilling (at most :data:`MAX_SPILL` bytes of spill stores/loads/stack, 0 by default). Kernels
+that fit in one wave, or where no step saves a wave, are left alone. Caps for all kernels are tried
+together, one ptxas run per round, fewest waves first, backing off a step per kernel that spills
+(:func:`relieve`).
 
-Which cap: the smallest number of registers (most blocks per SM) that the grid can still use, no lower than
-:data:`MIN_CAP`; if ptxas spills there, the next step up, and so on while the step still adds blocks. The
-caps for all kernels are tried together, one ptxas run per round (:func:`relieve`).
+Why opt-in: on an H200 (bench/gpu/RESULTS.md, "register-pressure pass") no ResNet-50 kernel qualifies at
+batch 1; at batch 8, capping the shared-memory tiled kernels from 56-63 to 48 registers (50% -> 62%
+occupancy, no spills, no wave saved) made them 0-33% slower, and the caps that do save a wave need 24-36 B
+of spills and were no faster in sum. These kernels are limited by their instruction and shared-memory
+throughput, not by latency that more resident warps would hide.
 
 The decision needs the number of SMs of the GPU that will run the bundle (:data:`SMS`, by architecture:
 an H100/H200 SXM has 132, an A100 108; ``sms=`` overrides it); the bundle's manifest records it with
@@ -81,18 +84,21 @@ def steps(block: int, limits: Optional[dict] = None) -> List[Tuple[int, int]]:
 
 def candidate_caps(grid: int, block: int, regs: int, sms: int, limits: Optional[dict] = None,
                    min_cap: int = MIN_CAP) -> List[int]:
-    """Register caps worth trying for a kernel, in the order to try them (most blocks per SM the grid can
-    use first); empty when registers do not limit it or the grid fits in one wave as it is."""
+    """Register caps worth trying for a kernel, in the order to try them: for each wave count below the
+    kernel's own that an occupancy step reaches, the mildest cap reaching it (most registers), fewest waves
+    first. Empty when registers do not limit the kernel, its grid fits in one wave, or no step at or above
+    ``min_cap`` registers saves a wave."""
     limits = limits or LIMITS["sm_90"]
     occ = occupancy(regs, block, limits)
-    if occ["limiter"] != "registers" or grid <= occ["blocks_per_sm"] * sms:
+    w0 = waves(grid, occ["blocks_per_sm"], sms)
+    if occ["limiter"] != "registers" or w0 <= 1:
         return []
-    useful = -(-grid // sms)                # blocks per SM beyond this stay empty
-    cands = [(r, bps) for r, bps in steps(block, limits) if min_cap <= r < regs and bps > occ["blocks_per_sm"]]
-    cover = [c for c in cands if c[1] >= useful]
-    if cover:                               # of the steps that give every block a slot, only the mildest
-        cands = [c for c in cands if c[1] < useful] + [min(cover, key=lambda c: c[1])]
-    return sorted(r for r, _ in cands)      # fewest registers (most blocks per SM) first
+    best: Dict[int, int] = {}
+    for r, bps in steps(block, limits):
+        w = waves(grid, bps, sms)
+        if min_cap <= r < regs and w < w0:
+            best[w] = max(best.get(w, 0), r)
+    return [best[w] for w in sorted(best)]
 
 
 _ENTRY = re.compile(r"(\.entry\s+(\w+)\s*\((?:[^)]*)\)\s*\n)")
