@@ -375,3 +375,22 @@ def test_register_epilogue_and_its_fallback(tail):
     y1, y2 = model.run(**feeds, num_threads=1)[0], model.run(**feeds, num_threads=2)[0]
     np.testing.assert_array_equal(y1, y2)
     np.testing.assert_allclose(y1, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("cpu", [None, "haswell"])
+def test_winograd_reads_nothing_past_the_input(cpu):
+    """NaNs right before and right after the caller's input must not reach the outputs: the Winograd input
+    transform reads the unpadded input, and its masked-off lanes (the padding) lie outside it. With
+    cpu="haswell" LLVM once made one part of those masked loads a plain load (NaN outputs on a 26 x 26
+    map, a segfault against an unmapped page)."""
+    model = conv_model((1, 8, 26, 26), (16, 8, 3, 3), pads=[1, 1, 1, 1])
+    x = np.random.default_rng(1).standard_normal((1, 8, 26, 26)).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    art = Pipeline.from_onnx(model).optimize().compile(opt_level=3, cpu=cpu)
+    assert any(s["op"] == "WinogradConv" for s in art.manifest["steps"]), art.manifest["steps"]
+    big = np.full(x.size + 8192, np.nan, dtype=np.float32)
+    xv = big[4096:4096 + x.size].reshape(x.shape)
+    xv[...] = x
+    y = art.model().run(xv)[0]
+    assert np.isfinite(y).all()
+    assert float(np.abs(y - want).max()) <= 1e-4 * max(float(np.abs(want).max()), 1.0)
