@@ -18,7 +18,7 @@ from cuvil.errors import CuvilError, ShapeError
 from cuvil.targets.ptx import find_libdevice, find_ptxas
 from cuvil.targets.ptx import runtime as rt
 from cuvil.targets.ptx.bundle import read_bundle
-from cuvil.targets.schedule import schedule
+from cuvil.targets.ptx.codegen import gpu_schedule
 from cuvil.testing import light_model, small_cnn
 
 PTXAS = find_ptxas()
@@ -53,12 +53,14 @@ def test_bundle_files_plan_and_manifest(small_bundle):
     names = sorted(os.listdir(b.path))
     assert {"kernels.ptx", "weights.bin", "plan.json", "manifest.json"} <= set(names)
     plan, man = read_bundle(b.path)
-    sched = schedule(p.graph)
+    sched = gpu_schedule(p.graph)
     assert plan["arena_bytes"] == sched.arena_bytes and plan["weights_bytes"] == sched.weights_bytes
     assert [k["stage"] for k in plan["kernels"]] == [s.name for s in sched.stages]
     assert [k["name"] for k in plan["kernels"]] == [f"cuvil_k{i}" for i in range(len(sched.stages))]
-    for k in plan["kernels"]:
-        assert k["block"] == [256, 1, 1] and k["grid"] == [-(-k["n"] // 256), 1, 1] and k["args"] == ["bufs", "n"]
+    for k in plan["kernels"]:   # the convolution's implicit-GEMM kernel: one 16 x 64 tile per block of 64 threads
+        block = 64 if k["kind"] == "conv" else 256
+        assert k["block"] == [block, 1, 1] and k["grid"] == [-(-k["n"] // block), 1, 1] and k["args"] == ["bufs", "n"]
+    assert [k["kind"] for k in plan["kernels"]].count("conv") == 1
     assert plan["inputs"] == [{"name": "x", "dtype": "float32", "dtype_code": 1, "shape": [2, 3, 10, 10], "buffer": 2}]
     assert plan["outputs"] == [{"name": "y", "dtype": "float32", "dtype_code": 1, "shape": [2, 8, 10, 10], "buffer": 3}]
     assert plan["buffers"]["count"] == 4

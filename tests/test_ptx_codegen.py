@@ -13,6 +13,7 @@ from cuvil.ir.dtype import DType
 from cuvil.targets.ptx import KernelDesc, assemble, find_libdevice, find_ptxas, generate_ptx
 from cuvil.targets.ptx.codegen import GRID_CAP
 from cuvil.targets.ptx.ptxas import parse_verbose
+from cuvil.targets.ptx.codegen import gpu_schedule
 from cuvil.targets.schedule import Schedule, Stage, schedule
 from cuvil.targets.texpr import Buf, binop, call, cmp, const, load, reduce, select, var
 from cuvil.testing import LIGHT_MODELS, light_model, small_cnn
@@ -37,7 +38,7 @@ def entries(ptx):
 # --- the nine light models ------------------------------------------------------------------------------
 
 def _build(name):
-    s = schedule(Pipeline.from_onnx(light_model(name)).optimize().graph)
+    s = gpu_schedule(Pipeline.from_onnx(light_model(name)).optimize().graph)
     ptx, descs = generate_ptx(s, "sm_90")
     return ptx, descs
 

@@ -27,7 +27,7 @@ from ...errors import CuvilError
 from ...ir.dtype import DType
 from ...ir.graph import Graph
 from ..schedule import ARENA, WEIGHTS, schedule
-from .codegen import TRIPLE, build_ptx
+from .codegen import TRIPLE, build_ptx, gpu_schedule
 from .ptxas import PtxasError, assemble, find_ptxas
 
 BUNDLE_SUFFIX = ".cuvil"
@@ -72,13 +72,14 @@ def compile_bundle(g: Graph, out_dir: str, *, arch: str = "sm_90", opt_level: in
         g, half_names = to_half(g)
         say(f"float16: {len(half_names)} tensors lowered to half")
     say(f"scheduling {len(g.nodes)} nodes")
-    sched = schedule(g)
+    sched = gpu_schedule(g)
     if any(s.buf.base == WEIGHTS for s in sched.stages):
         raise CuvilError("a stage writes into the weights buffer; the GPU bundle keeps weights read-only")
     say(f"{len(sched.stages)} kernels, arena {sched.arena_bytes} B, weights {sched.weights_bytes} B; generating PTX for {arch}")
     res = build_ptx(sched, arch, opt_level, fma=fma, kernel_rules=kernel_rules, prefix=prefix,
                     narrow_index=narrow_index)
     ptx, descs = res.ptx, res.kernels
+    arena_bytes = res.scratch_offset + res.scratch_bytes if res.scratch_bytes else sched.arena_bytes
     t_codegen = time.perf_counter()
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "kernels.ptx"), "w") as f:
@@ -120,7 +121,7 @@ def compile_bundle(g: Graph, out_dir: str, *, arch: str = "sm_90", opt_level: in
     plan = {
         "format": PLAN_FORMAT,
         "arch": arch,
-        "arena_bytes": sched.arena_bytes,
+        "arena_bytes": arena_bytes,
         "weights_bytes": sched.weights_bytes,
         "buffers": {"arena": ARENA, "weights": WEIGHTS, "first_input": 2, "first_output": 2 + len(sched.inputs),
                     "count": 2 + len(sched.inputs) + len(sched.outputs)},
@@ -147,7 +148,8 @@ def compile_bundle(g: Graph, out_dir: str, *, arch: str = "sm_90", opt_level: in
         {"skipped": "off" if not register_pass else "ptxas not found" if exe is None else "narrow_index=True"},
         "float16_reductions_widened": res.widened_reductions,
         "kernels": len(descs),
-        "arena_bytes": sched.arena_bytes,
+        "arena_bytes": arena_bytes,
+        "splitk_scratch_bytes": res.scratch_bytes,
         "weights_bytes": sched.weights_bytes,
         "weights_sha256": hashlib.sha256(blob).hexdigest(),
         "float16_tensors": half_names if enable_fp16 else

@@ -46,6 +46,7 @@ from ...ir.dtype import DType
 from ..schedule import Schedule, Stage
 from ..texpr import E, Buf, nodes
 from ..x86.codegen import F16, F32, I1, I32, I64, PTR, KernelModule, _Emitter, const_value, ll, mem_type
+from .conv import TARGET_BLOCKS as CONV_TARGET_BLOCKS, TILE_CHANNELS, combine_stage, conv_node, emit_conv, plan_conv, scratch_buf
 
 TRIPLE = "nvptx64-nvidia-cuda"
 BLOCK = 256
@@ -276,8 +277,12 @@ class _PtxEmitter(_Emitter):
 
 
 class PtxKernelModule(KernelModule):
-    def __init__(self, name: str, tm, *, fma: bool = False, block: int = BLOCK, narrow_index: bool = False):
+    def __init__(self, name: str, tm, *, fma: bool = False, block: int = BLOCK, narrow_index: bool = False,
+                 scratch_offset: int = 0, conv_target_blocks: int = 0):
         super().__init__(name, tm, TRIPLE)
+        self.scratch_offset = -(-scratch_offset // 256) * 256   # split-K partial sums go after the arena
+        self.scratch_bytes = 0
+        self.conv_target_blocks = conv_target_blocks or CONV_TARGET_BLOCKS
         self.fma = fma
         self.block = block
         self.kernels: List[str] = []
@@ -306,6 +311,9 @@ class PtxKernelModule(KernelModule):
         bench/gpu/RESULTS.md): few outputs and a long sum: lanes split it (WARP_*); the largest stages:
         shared-memory tiles (TILE_*); large ones: several channels per thread (COARSEN*); else one thread
         per output."""
+        node = conv_node(st) if CONV_ENABLED else None
+        if node is not None:
+            return self.add_conv_stage(st, sym, node)
         red = single_sum(st)
         if red is None:
             return self.add_element_stage(st, sym)
@@ -326,6 +334,23 @@ class PtxKernelModule(KernelModule):
         if co > 1:
             return self.add_coarse_stage(st, sym, red, co)
         return self.add_element_stage(st, sym)
+
+    def add_conv_stage(self, st: Stage, sym: str, node: E):
+        """A convolution lowered as a packed contraction: the implicit-GEMM tile kernel
+        (:mod:`cuvil.targets.ptx.conv`); with split-K a second kernel ``<sym>s`` adds the slices' partial sums
+        (kept after the arena, :attr:`scratch_bytes`) and runs the epilogue. Returns the kernels' launch
+        descriptions."""
+        plan = plan_conv(node.attr, self.conv_target_blocks)
+        scratch = None
+        if plan.splits > 1:
+            scratch = scratch_buf(plan, self.scratch_offset)
+            self.scratch_bytes = max(self.scratch_bytes, 4 * plan.scratch_floats)
+        threads = emit_conv(self, st, sym, node, plan, scratch)
+        kind = "conv" if plan.splits == 1 else "conv_splitk"
+        descs = [KernelDesc(sym, threads, plan.threads, st.name, 1, kind)]
+        if scratch is not None:
+            descs.append(self.add_element_stage(combine_stage(st, node, plan, scratch), sym + "s", kind="conv_sum"))
+        return descs
 
     def add_tiled_stage(self, st: Stage, sym: str, red: E, wfac: E, xfac: E) -> KernelDesc:
         """Shared-memory tiled reduction: the output is a (channel = dim 1) x (position = every other dim,
@@ -646,7 +671,7 @@ class PtxKernelModule(KernelModule):
         self.kernels.append(sym)
         return KernelDesc(sym, total * lanes, self.block, st.name, lanes, "split")
 
-    def add_element_stage(self, st: Stage, sym: str) -> KernelDesc:
+    def add_element_stage(self, st: Stage, sym: str, kind: str = "element") -> KernelDesc:
         fn = self._kernel_fn(sym)
         bufs, n = fn.args
         entry = fn.append_basic_block("entry")
@@ -679,7 +704,7 @@ class PtxKernelModule(KernelModule):
         b.ret_void()
         _set_contraction(fn, False)   # contraction only through kernel rules (explicit llvm.fma)
         self.kernels.append(sym)
-        return KernelDesc(sym, total, self.block, st.name)
+        return KernelDesc(sym, total, self.block, st.name, 1, kind)
 
     def compile_ptx(self, opt: int, libdevice: Optional[str] = None) -> str:
         try:
@@ -753,6 +778,7 @@ def single_sum(st: Stage) -> Optional[E]:
     return red
 
 
+CONV_ENABLED = True   # convolutions as implicit-GEMM kernels (ptx/conv.py; the GPU lowering packs their weights)
 TILE_ENABLED = True   # shared-memory tiled kernels for large reduction stages (add_tiled_stage)
 TILE_M, TILE_P, TILE_K = 64, 64, 16   # the largest tile; smaller ones (32) when it would leave SMs idle
 TILE_MIN_BLOCKS = 264                  # blocks a tiled stage should launch (2 per SM of an H200)
@@ -851,6 +877,8 @@ class PtxResult:
     kernel_rules: Dict[str, str]
     kernel_rule_counts: Dict[str, int]
     widened_reductions: int = 0
+    scratch_bytes: int = 0     # split-K partial sums: the arena must be scratch_offset + this long
+    scratch_offset: int = 0
 
 
 def widen_half_reductions(e: E, stats: Optional[dict] = None) -> E:
@@ -910,10 +938,27 @@ def build_ptx(sched: Schedule, arch: str = "sm_90", opt: int = 3, *, fma: bool =
     counts: Dict[str, int] = {}
     if rules:
         stages, counts = rewrite_stages(stages, rules)
-    km = PtxKernelModule(prefix, tm, fma=fma, block=block, narrow_index=narrow_index)
-    descs = [km.add_stage(st, f"{prefix}_k{k}") for k, st in enumerate(stages)]
+    km = PtxKernelModule(prefix, tm, fma=fma, block=block, narrow_index=narrow_index,
+                         scratch_offset=sched.arena_bytes)
+    descs: List[KernelDesc] = []
+    for k, st in enumerate(stages):
+        d = km.add_stage(st, f"{prefix}_k{k}")
+        descs.extend(d if isinstance(d, list) else [d])
     return PtxResult(km.compile_ptx(opt, libdevice), descs, {r.name: r.proof for r in rules}, counts,
-                     stats.get("widened", 0))
+                     stats.get("widened", 0), km.scratch_bytes, km.scratch_offset)
+
+
+GPU_GEMM_COLS = 64   # the GPU lowering's packed contractions (schedule's gemm_cols; x86 panels are unrelated)
+
+
+def gpu_schedule(g) -> Schedule:
+    """The GPU schedule of ``g``: convolutions as packed contractions with weight panels of
+    :data:`~cuvil.targets.ptx.conv.TILE_CHANNELS` channels (chosen per convolution), computed by the
+    implicit-GEMM kernels of :mod:`cuvil.targets.ptx.conv`; plain reductions when ``CONV_ENABLED`` is off."""
+    from ..schedule import schedule
+    if not CONV_ENABLED:
+        return schedule(g)
+    return schedule(g, gemm_cols=GPU_GEMM_COLS, gemm_tiles=tuple((m, GPU_GEMM_COLS) for m in TILE_CHANNELS))
 
 
 def _has_half(e: E) -> bool:

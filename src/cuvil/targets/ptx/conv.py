@@ -1,0 +1,315 @@
+"""Implicit-GEMM convolution kernels for the GPU.
+
+A convolution lowered as a packed contraction (:mod:`cuvil.targets.gemm`: ``E("contract")`` with a
+:class:`~cuvil.targets.gemm.Contraction`, weights packed at compile time into panels ``Ap[g, m // TM, k, m % TM]``
+of TM output channels, the input stored zero-padded) is, per image and group, the product of an M x K weight
+matrix and a K x P window matrix (im2col, never stored). A block computes a TM x TP tile of (channel x
+position) outputs, each thread a 4 x 4 register tile, and walks the reduction in chunks of TK = 16 terms:
+
+* the weight tile is TK contiguous rows of the panel (``float4`` loads, coalesced, no index arithmetic: the
+  packing put the TM channels of one term side by side, zero rows past M);
+* the window tile reads ``x[n, g*C + c, o*s + k*d]``, whose address is a per-thread position offset (computed
+  once per tile: a thread always loads the same column) plus a per-term offset (channel and kernel tap,
+  unflattened once per row); positions past P re-read the last position (computed, never stored), so
+  there is no bounds test except for terms past K when TK does not divide it;
+* both go to shared memory (``bar.sync``), and each thread accumulates 16 products per term from two
+  ``float4`` shared loads, with ``fma`` when the kernel rules contracted the reduction (else multiply, add).
+
+Small grids (the late layers at batch 1: 512 channels x 49 positions is 8 blocks of 64 x 64) split the
+reduction into S slices (split-K) so that about :data:`TARGET_BLOCKS` blocks run: each slice writes its raw
+partial sums to a scratch area after the model's arena, and a second kernel adds the S partials in slice
+order (deterministic) and runs the stage's fused epilogue. With S = 1 the epilogue runs in the tile kernel.
+"""
+from __future__ import annotations
+
+from typing import List, Optional
+
+import attrs
+import llvmlite.ir as ir
+
+from ...ir.dtype import DType
+from ..gemm import Contraction
+from ..schedule import ARENA, Stage
+from ..texpr import Buf, E, iadd, imul, load, nodes, reduce, replace_node
+from ..x86.codegen import F32, I32, I64
+
+TK = 16                # reduction terms per chunk (rows of the shared tiles)
+TARGET_BLOCKS = 264    # blocks a convolution should launch (2 per SM of an H200): split-K below that
+MIN_SPLIT_TERMS = 128  # a reduction slice keeps at least this many terms
+TILE_CHANNELS = (64, 32, 16)   # weight panel widths (TM) the GPU lowering offers (choose_tile picks per conv)
+
+
+@attrs.define
+class ConvPlan:
+    tm: int          # output channels per block tile (the weight panel width)
+    tp: int          # positions per block tile
+    splits: int      # reduction slices (split-K)
+    kchunk: int      # terms per slice (a multiple of TK)
+    n: int
+    groups: int
+    m: int           # output channels per group
+    p: int           # output positions per image
+    k: int           # reduction terms (input channels per group x kernel taps)
+
+    @property
+    def threads(self) -> int:
+        return self.tm * self.tp // 16
+
+    @property
+    def tiles_m(self) -> int:
+        return -(-self.m // self.tm)
+
+    @property
+    def tiles_p(self) -> int:
+        return -(-self.p // self.tp)
+
+    @property
+    def blocks(self) -> int:
+        return self.n * self.groups * self.tiles_m * self.tiles_p * self.splits
+
+    @property
+    def scratch_floats(self) -> int:
+        return self.splits * self.n * self.groups * self.m * self.p if self.splits > 1 else 0
+
+
+def conv_node(st: Stage) -> Optional[E]:
+    """The stage's convolution ``contract`` node when an implicit-GEMM kernel can compute the stage: one
+    such node, float32, static shapes, the stage's output indexed exactly by the node's (n, m, o...) and
+    written whole (no region), weight panels TM in :data:`TILE_CHANNELS` wide."""
+    if st.region is not None or st.buf.dtype != DType.FLOAT:
+        return None
+    found = [x for x in nodes(st.expr) if x.op == "contract"]
+    if len(found) != 1 or not isinstance(found[0].attr, Contraction):
+        return None
+    node, spec = found[0], found[0].attr
+    shape = tuple(st.buf.shape)
+    if not all(isinstance(d, int) for d in shape + tuple(spec.x.shape) + tuple(spec.out_spatial)):
+        return None
+    if shape != (spec.n, spec.groups * spec.m) + tuple(spec.out_spatial) or spec.mr not in TILE_CHANNELS:
+        return None
+    if len(node.args) != len(st.vars) + 1 or not all(a.op == "var" and a.attr == v.attr
+                                                     for a, v in zip(node.args[:-1], st.vars)):
+        return None
+    red = node.args[-1]
+    if red.op != "reduce" or red.attr[0] not in ("sum", "fma") or spec.x.dtype != DType.FLOAT:
+        return None
+    return node
+
+
+def plan_conv(spec: Contraction, target_blocks: int = TARGET_BLOCKS) -> ConvPlan:
+    """Tile shape and split-K for one convolution: TP = 64 unless 32 pads the positions less (a 14 x 14
+    map: 224 instead of 256); slices doubled while the grid is below ``target_blocks`` and each slice keeps
+    :data:`MIN_SPLIT_TERMS` terms."""
+    p = 1
+    for d in spec.out_spatial:
+        p *= int(d)
+    tp = 64 if -(-p // 64) * 64 <= -(-p // 32) * 32 else 32
+    k = spec.k
+    plan = ConvPlan(spec.mr, tp, 1, -(-k // TK) * TK, spec.n, spec.groups, spec.m, p, k)
+    s = 1
+    while plan.blocks * s < target_blocks and k // (2 * s) >= MIN_SPLIT_TERMS:
+        s *= 2
+    kchunk = -(-(-(-k // s)) // TK) * TK
+    return attrs.evolve(plan, splits=-(-k // kchunk), kchunk=kchunk)
+
+
+def scratch_buf(plan: ConvPlan, offset: int) -> Buf:
+    """The split-K partial sums: [S, N, G*M, P] floats in the arena at ``offset``."""
+    return Buf("splitk", DType.FLOAT, (plan.splits, plan.n, plan.groups * plan.m, plan.p), base=ARENA, offset=offset)
+
+
+def combine_stage(st: Stage, node: E, plan: ConvPlan, scratch: Buf) -> Stage:
+    """The stage with its convolution replaced by the sum of the S partials in slice order (the second
+    kernel of a split-K convolution: it runs the fused epilogue)."""
+    n_e, m_e = node.args[0], node.args[1]
+    o = node.args[2:-1]
+    p_e = o[0] if o else None
+    for d, od in zip(node.attr.out_spatial[1:], o[1:]):
+        p_e = iadd(imul(p_e, int(d)), od)
+    if p_e is None:
+        p_e = 0
+    total = reduce("sum", [plan.splits], lambda s: load(scratch, [s, n_e, m_e, p_e]), DType.FLOAT)
+    return attrs.evolve(st, expr=replace_node(st.expr, node, total))
+
+
+def emit_conv(km, st: Stage, sym: str, node: E, plan: ConvPlan, scratch: Optional[Buf]):
+    """Emit the tile kernel ``sym`` of a convolution stage (see the module docstring); with split-K it
+    writes ``scratch`` and the caller adds the combining kernel. Returns the launch size (threads)."""
+    from .codegen import _PtxEmitter, _set_contraction
+    spec: Contraction = node.attr
+    red = node.args[-1]
+    use_fma = red.attr[0] == "fma"
+    fn = km._kernel_fn(sym)
+    bufs, _n = fn.args
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    em = _PtxEmitter(km, fn, b, bufs, st.buf)
+    TM, TP, T = plan.tm, plan.tp, plan.threads
+    M, P, K, G, N = plan.m, plan.p, plan.k, plan.groups, plan.n
+    NG, S = N * G, plan.splits
+    xstr = spec.x.strides
+    out_sp = [int(d) for d in spec.out_spatial]
+    kshape = [spec.cin] + [int(x) for x in spec.kernel]
+    V4 = ir.VectorType(F32, 4)
+
+    def smem(name, count):
+        g = ir.GlobalVariable(km.module, ir.ArrayType(F32, count), f"{sym}_{name}", addrspace=3)
+        g.linkage = "internal"
+        g.initializer = ir.Constant(g.value_type, ir.Undefined)
+        g.align = 16
+        return g
+    sa, sb = smem("sa", TK * TM), smem("sb", TK * TP)
+    bar = km.declare("llvm.nvvm.barrier0", ir.VoidType(), [])
+    fmaf = km.declare("llvm.fma.f32", F32, [F32, F32, F32])
+
+    def i32(v):
+        return b.trunc(v, I32)
+
+    def divmod_c(x32, d: int):
+        return b.udiv(x32, I32(d)), b.urem(x32, I32(d))
+
+    def unflatten(x32, dims):
+        """Row-major digits of x32 over dims (32-bit: every index here is below 2^31)."""
+        out = []
+        rest = x32
+        for d in reversed(dims[1:]):
+            rest, r = divmod_c(rest, d)
+            out.append(r)
+        out.append(rest)
+        return out[::-1]
+
+    sbase = {}
+
+    def sgep(g, idx32):
+        if g.name not in sbase:
+            with b.goto_block(em.entry):
+                b.position_at_start(em.entry)
+                sbase[g.name] = b.bitcast(g, ir.PointerType(F32, addrspace=3))
+        return b.gep(sbase[g.name], [idx32], source_etype=F32, inbounds=True)
+
+    tid = i32(km.sreg(b, "tid.x"))
+    ty, tx = divmod_c(tid, TP // 4)                # which 4 channels, which 4 positions
+    col = b.urem(tid, I32(TP))                     # the window tile column this thread loads
+    krow0 = b.udiv(tid, I32(TP))                   # ... its first row; rows krow0 + j * (T / TP)
+    nb = TK * TP // T
+    na4 = TK * TM // (4 * T)
+    a_slots = []
+    for j in range(na4):
+        e4 = b.add(tid, I32(j * T))
+        a_slots.append(divmod_c(e4, TM // 4))     # (row, float4 column)
+    accs = [em.alloca(F32) for _ in range(16)]
+    abuf = em.base(spec.a)
+    xbuf = em.base(spec.x)
+    a_off = spec.a.offset // 4
+    x_off = spec.x.offset // 4
+    mb_total = -(-M // TM)
+    guard_k = K % TK != 0
+
+    def gload(ptr, typ, ok):
+        """``*ptr`` where ok, else zeros (no load)."""
+        if ok is None:
+            v = b.load(ptr, typ=typ, align=16 if typ == V4 else 4)
+            v.set_metadata("invariant.load", km.empty_md)
+            return v
+        pre = b.block
+        yes = fn.append_basic_block("ld")
+        join = fn.append_basic_block("ldj")
+        b.cbranch(ok, yes, join)
+        b.position_at_end(yes)
+        v = b.load(ptr, typ=typ, align=16 if typ == V4 else 4)
+        v.set_metadata("invariant.load", km.empty_md)
+        b.branch(join)
+        b.position_at_end(join)
+        phi = b.phi(typ)
+        phi.add_incoming(ir.Constant(typ, None) if typ == V4 else ir.Constant(F32, 0.0), pre)
+        phi.add_incoming(v, yes)
+        return phi
+
+    def tile_body(bid64):
+        bid = i32(bid64)
+        rest, pt = divmod_c(bid, plan.tiles_p)
+        rest, mt = divmod_c(rest, plan.tiles_m)
+        s, ng = divmod_c(rest, NG)
+        n, g = divmod_c(ng, G)
+        m0 = b.mul(mt, I32(TM))
+        p0 = b.mul(pt, I32(TP))
+        klo = b.mul(s, I32(plan.kchunk))
+        kend = b.add(klo, I32(plan.kchunk))
+        khi = b.select(b.icmp_unsigned("<", kend, I32(K)), kend, I32(K))
+        # this thread's window column: the position's offset in the padded input (clamped into the map)
+        pos = b.add(p0, col)
+        pos = b.select(b.icmp_unsigned("<", pos, I32(P)), pos, I32(P - 1))
+        o = unflatten(pos, out_sp)
+        xrow = b.add(b.mul(n, I32(xstr[0])), b.mul(b.mul(g, I32(spec.cin)), I32(xstr[1])))
+        for d, od in enumerate(o):
+            xrow = b.add(xrow, b.mul(od, I32(int(spec.strides[d]) * xstr[2 + d])))
+        apanel = b.mul(b.add(b.mul(g, I32(mb_total)), mt), I32(K))   # row index of (g, mt, k = 0)
+        for a_ in accs:
+            b.store(ir.Constant(F32, 0.0), a_)
+
+        def chunk(k0_64):
+            k0 = i32(k0_64)
+            for row, c4 in a_slots:
+                k = b.add(k0, row)
+                idx = b.add(b.mul(b.add(apanel, k), I32(TM)), b.mul(c4, I32(4)))
+                src = b.gep(abuf, [b.zext(b.add(idx, I32(a_off)), I64)], source_etype=F32, inbounds=True)
+                v = gload(src, V4, b.icmp_unsigned("<", k, I32(K)) if guard_k else None)
+                dst = sgep(sa, b.add(b.mul(row, I32(TM)), b.mul(c4, I32(4))))
+                b.store(v, b.bitcast(dst, ir.PointerType(V4, addrspace=3)), align=16)
+            for j in range(nb):
+                row = b.add(krow0, I32(j * (T // TP)))
+                k = b.add(k0, row)
+                c, *taps = unflatten(k, kshape)
+                off = b.add(xrow, b.mul(c, I32(xstr[1])))
+                for d, kd in enumerate(taps):
+                    off = b.add(off, b.mul(kd, I32(int(spec.dilations[d]) * xstr[2 + d])))
+                src = b.gep(xbuf, [b.zext(b.add(off, I32(x_off)), I64)], source_etype=F32, inbounds=True)
+                v = gload(src, F32, b.icmp_unsigned("<", k, I32(K)) if guard_k else None)
+                b.store(v, sgep(sb, b.add(b.mul(row, I32(TP)), col)))
+            b.call(bar, [])
+
+            def term(kk64):
+                kk = i32(kk64)
+                v4p = ir.PointerType(V4, addrspace=3)
+                av = b.load(b.bitcast(sgep(sa, b.add(b.mul(kk, I32(TM)), b.mul(ty, I32(4)))), v4p), typ=V4, align=16)
+                bv = b.load(b.bitcast(sgep(sb, b.add(b.mul(kk, I32(TP)), b.mul(tx, I32(4)))), v4p), typ=V4, align=16)
+                ae = [b.extract_element(av, I32(i)) for i in range(4)]
+                be = [b.extract_element(bv, I32(j)) for j in range(4)]
+                for i in range(4):
+                    for j in range(4):
+                        a_ = accs[i * 4 + j]
+                        acc = b.load(a_, typ=F32)
+                        if use_fma:
+                            nv = b.call(fmaf, [ae[i], be[j], acc])
+                        else:
+                            nv = b.fadd(acc, b.fmul(ae[i], be[j]))
+                        b.store(nv, a_)
+            em.loop_range(I64(0), I64(TK), term)
+            b.call(bar, [])
+        em.loop_range(b.zext(klo, I64), b.zext(khi, I64), chunk, I64(TK))
+        for i in range(4):
+            for j in range(4):
+                m = b.add(m0, b.add(b.mul(ty, I32(4)), I32(i)))
+                p = b.add(p0, b.add(b.mul(tx, I32(4)), I32(j)))
+                ok = b.and_(b.icmp_unsigned("<", m, I32(M)), b.icmp_unsigned("<", p, I32(P)))
+                with b.if_then(ok):
+                    acc = b.load(accs[i * 4 + j], typ=F32)
+                    mm = b.add(b.mul(g, I32(M)), m)
+                    if S > 1:
+                        flat = b.add(b.mul(b.add(b.mul(b.add(b.mul(s, I32(N)), n), I32(G * M)), mm), I32(P)), p)
+                        dst = b.gep(em.base(scratch), [I64(scratch.offset)], source_etype=ir.IntType(8), inbounds=True)
+                        dst = b.gep(dst, [b.zext(flat, I64)], source_etype=F32, inbounds=True)
+                        b.store(acc, dst)
+                    else:
+                        idx = [b.zext(x, I64) for x in [n, mm] + unflatten(p, out_sp)]
+                        for v, x in zip(st.vars, idx):
+                            em.env[v.attr] = x
+                        em.memo.append(dict(em.memo[-1]))
+                        em.memo[-1][node.uid] = acc
+                        val = em.emit(st.expr)
+                        b.store(val, em.address(st.buf, idx))
+                        em.memo.pop()
+    em.loop_range(km.sreg(b, "ctaid.x"), I64(plan.blocks), tile_body, km.sreg(b, "nctaid.x"))
+    b.ret_void()
+    _set_contraction(fn, False)
+    km.kernels.append(sym)
+    return plan.blocks * T
