@@ -57,6 +57,7 @@ class Contraction:
     out_spatial: tuple
     cols: int           # positions per micro-kernel tile (the register tile's width)
     mr: int = MR        # output channels per weight panel (the register tile's rows)
+    pads: tuple = ()    # begin pads when ``x`` is the unpadded input (the GPU's kernels test bounds); () padded
 
     @property
     def k(self) -> int:

@@ -50,8 +50,12 @@ class TensorFn:
 
 class LowerCtx:
     def __init__(self, node: Node, inputs: List[Optional[TensorFn]], temp: Callable,
-                 weight: Optional[Callable] = None, gemm_cols: int = 0, gemm_tiles: tuple = ()):
+                 weight: Optional[Callable] = None, gemm_cols: int = 0, gemm_tiles: tuple = (),
+                 unpadded_contractions: bool = False):
         self.node, self.inputs, self._temp, self._weight = node, inputs, temp, weight
+        # a padded convolution's contraction reads the unpadded input (Contraction.pads; the GPU's kernels
+        # test bounds) instead of a stored padded copy (x86 micro-kernels pack panels without tests)
+        self.unpadded_contractions = unpadded_contractions
         # > 0: lower convolutions to packed contractions (and constant-weight MatMuls to column panels this
         # many wide); a convolution's register tile (rows, cols) is chosen among gemm_tiles
         self.gemm_cols = gemm_cols
@@ -814,13 +818,19 @@ def _conv_as_gemm(ctx, x, b, out, group, cin_g, m_g, kern, strides, dil, begin, 
             or K < 8 or ctx._weight is None):
         return None
     out_sp = tuple(out[2:])
-    x, _ = padded_window_input(ctx, x, out_sp, kern, strides, dil, begin, 0.0)
+    pads = ()
+    if ctx.unpadded_contractions and all(isinstance(d, int) for d in list(x.shape[2:]) + list(begin)):
+        need = [(o - 1) * s + (k - 1) * d + 1 for o, s, k, d in zip(out_sp, strides, kern, dil)]
+        if any(begin) or any(n_ - b0 > size for n_, b0, size in zip(need, begin, x.shape[2:])):
+            pads = tuple(int(b0) for b0 in begin)
+    if not pads:
+        x, _ = padded_window_input(ctx, x, out_sp, kern, strides, dil, begin, 0.0)
     if x.buf is None:
         x = ctx.temp(x.shape, x.dtype, x.fn, "in")
     mr, cols = choose_tile(m_g, product(out_sp), ctx.gemm_tiles)
     a_buf = ctx.weight(pack_weights(wv.astype(np.float32), group, mr), "packed")
     spec = Contraction(a_buf, x.buf, x.shape[0], group, m_g, cin_g, tuple(kern), tuple(strides), tuple(dil),
-                       out_sp, cols, mr)
+                       out_sp, cols, mr, pads)
     kshape = [cin_g] + list(kern)
 
     def f(idx):
@@ -830,6 +840,11 @@ def _conv_as_gemm(ctx, x, b, out, group, cin_g, m_g, kern, strides, dil, begin, 
 
         def body(k):
             c, *ks = unflat_index(k, kshape)
+            if pads:
+                pos = [oi * s - p + ki * d for oi, s, p, ki, d in zip(o, strides, pads, ks, dil)]
+                inside = all_of([in_range(q, 0, size) for q, size in zip(pos, x.shape[2:])])
+                return binop("mul", load(a_buf, [g, ml // mr, k, ml % mr]),
+                             x.at_or([n, g * cin_g + c] + pos, inside, 0.0))
             pos = [oi * s + ki * d for oi, s, ki, d in zip(o, strides, ks, dil)]
             return binop("mul", load(a_buf, [g, ml // mr, k, ml % mr]), x([n, g * cin_g + c] + pos))
         acc = E("contract", [n, m] + list(o) + [reduce("sum", [K], body)], DType.FLOAT, spec)
@@ -1962,7 +1977,7 @@ def _minus_zp(t: TensorFn, zp: Optional[TensorFn], zp_axis: Optional[int]) -> Te
 
 
 def _sub_ctx(ctx, inputs) -> LowerCtx:
-    return LowerCtx(ctx.node, inputs, ctx._temp, ctx._weight, ctx.gemm_cols, ctx.gemm_tiles)
+    return LowerCtx(ctx.node, inputs, ctx._temp, ctx._weight, ctx.gemm_cols, ctx.gemm_tiles, ctx.unpadded_contractions)
 
 
 @lowering("MatMulInteger")

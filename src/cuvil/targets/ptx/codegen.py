@@ -46,7 +46,8 @@ from ...ir.dtype import DType
 from ..schedule import Schedule, Stage
 from ..texpr import E, Buf, nodes
 from ..x86.codegen import F16, F32, I1, I32, I64, PTR, KernelModule, _Emitter, const_value, ll, mem_type
-from .conv import TARGET_BLOCKS as CONV_TARGET_BLOCKS, TILE_CHANNELS, combine_stage, conv_node, emit_conv, plan_conv, scratch_buf
+from . import conv as _conv
+from .conv import TILE_CHANNELS, combine_stage, conv_node, emit_conv, plan_conv, scratch_buf
 
 TRIPLE = "nvptx64-nvidia-cuda"
 BLOCK = 256
@@ -282,7 +283,7 @@ class PtxKernelModule(KernelModule):
         super().__init__(name, tm, TRIPLE)
         self.scratch_offset = -(-scratch_offset // 256) * 256   # split-K partial sums go after the arena
         self.scratch_bytes = 0
-        self.conv_target_blocks = conv_target_blocks or CONV_TARGET_BLOCKS
+        self.conv_target_blocks = conv_target_blocks or _conv.TARGET_BLOCKS
         self.fma = fma
         self.block = block
         self.kernels: List[str] = []
@@ -958,7 +959,8 @@ def gpu_schedule(g) -> Schedule:
     from ..schedule import schedule
     if not CONV_ENABLED:
         return schedule(g)
-    return schedule(g, gemm_cols=GPU_GEMM_COLS, gemm_tiles=tuple((m, GPU_GEMM_COLS) for m in TILE_CHANNELS))
+    return schedule(g, gemm_cols=GPU_GEMM_COLS, gemm_tiles=tuple((m, GPU_GEMM_COLS) for m in TILE_CHANNELS),
+                    unpadded_contractions=bool(_conv.UNPADDED))
 
 
 def _has_half(e: E) -> bool:

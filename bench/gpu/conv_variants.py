@@ -1,0 +1,143 @@
+"""ResNet-50 (batch 1, float32) under variants of the GPU code generator's settings, all loaded in one process
+and timed in interleaved rounds (graph replay, device-resident input and output), each checked against
+onnxruntime; per-kernel times of every variant go to the JSON.
+
+    python3 bench/gpu/conv_variants.py [--variants "tb528=conv.TARGET_BLOCKS:528,old=codegen.CONV_ENABLED:0"]
+                                       [--rounds 3] [--iters 100] [--json out.json]
+
+A variant is ``name=MODULE.ATTR:INT;MODULE.ATTR:INT`` over ``cuvil.targets.ptx.conv`` (``conv.``) and
+``cuvil.targets.ptx.codegen`` (``codegen.``); ``default`` (the shipped settings) always runs first.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "src"))
+
+
+def parse(spec: str) -> dict:
+    out = {"default": {}}
+    for item in filter(None, spec.split(",")):
+        name, _, body = item.partition("=")
+        over = {}
+        for kv in filter(None, body.split(";")):
+            k, _, v = kv.partition(":")
+            over[k] = int(v)
+        out[name] = over
+    return out
+
+
+def build(settings: dict, out: str, arch: str, batch: int) -> dict:
+    import cuvil.targets.ptx.codegen as codegen
+    import cuvil.targets.ptx.conv as conv
+    from cuvil import Pipeline
+    from cuvil.targets.ptx.bundle import compile_bundle
+    from cuvil.testing import light_model, with_batch
+    mods = {"conv": conv, "codegen": codegen}
+    for key, v in settings.items():
+        mod, _, attr = key.partition(".")
+        if not hasattr(mods[mod], attr):
+            raise SystemExit(f"no setting {key}")
+        setattr(mods[mod], attr, v)
+    g = Pipeline.from_onnx(with_batch(light_model("resnet50"), batch)).optimize().graph
+    return compile_bundle(g, out, arch=arch)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--variants", default="old=codegen.CONV_ENABLED:0")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--iters", type=int, default=100)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+    import onnxruntime as ort
+    from cuvil.targets.ptx.runtime import _call, device_info, driver, load_bundle
+    from cuvil.testing import light_model, with_batch
+    info = device_info(0)
+    variants = parse(args.variants)
+    res = {"device": info, "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "batch": args.batch,
+           "variants": {k: {"settings": v} for k, v in variants.items()}}
+
+    def save():
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(res, f, indent=1, default=str)
+    root = tempfile.mkdtemp(prefix="cuvil-conv-")
+    t0 = time.perf_counter()
+    with ProcessPoolExecutor(max_workers=min(len(variants), os.cpu_count() or 1)) as pool:
+        futs = {k: pool.submit(build, v, os.path.join(root, f"{k}.cuvil"), info["arch"], args.batch) for k, v in variants.items()}
+        mans = {}
+        for k, f in futs.items():
+            try:
+                mans[k] = f.result()
+            except BaseException as e:  # noqa: BLE001 - reported, the others go on
+                res["variants"][k]["error"] = f"{type(e).__name__}: {e}"[:300]
+                print(f"{k}: compile failed: {res['variants'][k]['error']}", flush=True)
+    print(f"compiled {len(mans)} variants in {time.perf_counter() - t0:.1f} s", flush=True)
+    model = with_batch(light_model("resnet50"), args.batch)
+    x = np.random.default_rng(1).standard_normal((args.batch, 3, 224, 224)).astype(np.float32)
+    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"gpu_0/data_0": x})[0]
+    drv = driver()
+    dev = _call(drv, "cuDeviceGet", drv.cuDeviceGet(0))
+    ctx = _call(drv, "cuDevicePrimaryCtxRetain", drv.cuDevicePrimaryCtxRetain(dev))
+    _call(drv, "cuCtxSetCurrent", drv.cuCtxSetCurrent(ctx))
+    models = {}
+    try:
+        d_in = int(_call(drv, "cuMemAlloc", drv.cuMemAlloc(x.nbytes)))
+        d_out = int(_call(drv, "cuMemAlloc", drv.cuMemAlloc(ref.nbytes)))
+        _call(drv, "cuMemcpyHtoD", drv.cuMemcpyHtoD(d_in, x.ctypes.data, x.nbytes))
+        for k in mans:
+            m = load_bundle(os.path.join(root, f"{k}.cuvil"))
+            (y,) = m.run(x)
+            err = float(np.abs(y - ref).max() / np.abs(ref).max())
+            res["variants"][k].update({"normwise": err, "kernels": len(m.plan["kernels"]), "p50_ms": [], "p99_ms": [],
+                                       "arena_bytes": m.plan["arena_bytes"]})
+            models[k] = m
+            print(f"{k}: {len(m.plan['kernels'])} kernels, normwise error {err:.2e}", flush=True)
+        for rnd in range(args.rounds):
+            for k, m in models.items():
+                _call(drv, "cuCtxSetCurrent", drv.cuCtxSetCurrent(ctx))
+                for _ in range(10):
+                    m.run_device([d_in], [d_out])
+                ts = []
+                for _ in range(args.iters):
+                    t1 = time.perf_counter()
+                    m.run_device([d_in], [d_out])
+                    ts.append(1e3 * (time.perf_counter() - t1))
+                ts.sort()
+                res["variants"][k]["p50_ms"].append(statistics.median(ts))
+                res["variants"][k]["p99_ms"].append(ts[min(len(ts) - 1, int(round(0.99 * (len(ts) - 1))))])
+            print(f"round {rnd + 1}: " + ", ".join(f"{k} {res['variants'][k]['p50_ms'][-1]:.3f}" for k in models), flush=True)
+            save()
+        for k, m in models.items():
+            prof = m.profile_kernels(repeats=5)
+            res["variants"][k]["kernel_sum_ms"] = sum(p["ms"] for p in prof)
+            res["variants"][k]["per_kernel"] = [{"name": p["name"], "stage": p["stage"], "ms": p["ms"]} for p in prof]
+            v = res["variants"][k]
+            print(f"{k:10}: graph p50 {' / '.join(f'{t:.3f}' for t in v['p50_ms'])} ms, p99 "
+                  f"{' / '.join(f'{t:.3f}' for t in v['p99_ms'])}; kernel sum {v['kernel_sum_ms']:.3f} ms; "
+                  f"{v['kernels']} kernels; error {v['normwise']:.1e}", flush=True)
+        save()
+    finally:
+        for m in models.values():
+            m.close()
+        drv.cuDevicePrimaryCtxRelease(dev)
+        shutil.rmtree(root, ignore_errors=True)
+        save()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
