@@ -42,7 +42,7 @@ def _compile(name: str, variant: str, out_dir: str, arch: str):
     from cuvil.testing import light_model
     t0 = time.perf_counter()
     try:
-        b = Pipeline.from_onnx(light_model(name)).optimize().compile(TARGET, arch=arch, cache=False, **VARIANTS[variant])
+        b = Pipeline.from_onnx(light_model(name, bn_scale=BN_SCALE)).optimize().compile(TARGET, arch=arch, cache=False, **VARIANTS[variant])
         path = b.save(os.path.join(out_dir, f"{name}.{variant}.cuvil"))
         m = b.manifest
         regs = [k["registers"] for k in ((m.get("ptxas") or {}).get("kernels") or {}).values()]
@@ -70,7 +70,7 @@ def correctness(names, out_dir, arch, jobs):
     with ProcessPoolExecutor(max_workers=jobs) as pool:
         futs = {(n, v): pool.submit(_compile, n, v, out_dir, arch) for n in names for v in VARIANTS}
         for n in names:
-            model = light_model(n)
+            model = light_model(n, bn_scale=BN_SCALE)
             rng = np.random.default_rng(1)
             inits = {t.name for t in model.graph.initializer}
             feeds = {vi.name: rng.standard_normal([d.dim_value for d in vi.type.tensor_type.shape.dim]).astype(np.float32)
@@ -151,6 +151,8 @@ def resnet(arch, iters):
         out[v] = r
     return out
 
+
+BN_SCALE = (0.5, 1.5)   # light_model's default; --half-range-weights: (0.25, 0.75), activations that fit half
 
 AB = {"old_codegen": dict(fma=False, kernel_rules=False, narrow_index=False),
       "nofma_wide_index": dict(fma=False, narrow_index=False),
@@ -270,8 +272,13 @@ def main(argv=None) -> int:
     ap.add_argument("--skip-correctness", action="store_true")
     ap.add_argument("--ab", action="store_true", help="ResNet-50 only: the AB configurations, interleaved")
     ap.add_argument("--rounds", type=int, default=3, help="--ab: interleaved timing rounds")
+    ap.add_argument("--half-range-weights", action="store_true",
+                    help="BatchNormalization scales in (0.25, 0.75): every model's activations fit float16")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
+    global BN_SCALE
+    if args.half_range_weights:
+        BN_SCALE = (0.25, 0.75)
     info = device_info(0)
     print(f"device: {info}", flush=True)
     res = {"device": info, "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}

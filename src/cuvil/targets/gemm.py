@@ -80,13 +80,13 @@ class Contraction:
         return 2 * self.n * self.groups * self.m * self.k * self.p
 
 
-def pack_weights(w: np.ndarray, groups: int, mr: int = MR) -> np.ndarray:
+def pack_weights(w: np.ndarray, groups: int, mr: int = MR, dtype=np.float32) -> np.ndarray:
     """``w[M, C/G, *kernel]`` -> ``[G, Mb, K, mr]`` with K = C/G * prod(kernel), zero rows past M/G."""
     m_total = w.shape[0]
     mg = m_total // groups
     k = int(np.prod(w.shape[1:]))
     mb = -(-mg // mr)
-    a = np.zeros((groups, mb * mr, k), dtype=np.float32)
+    a = np.zeros((groups, mb * mr, k), dtype=dtype)
     a[:, :mg, :] = w.reshape(groups, mg, k)
     return np.ascontiguousarray(a.reshape(groups, mb, mr, k).transpose(0, 1, 3, 2))
 

@@ -51,11 +51,12 @@ class TensorFn:
 class LowerCtx:
     def __init__(self, node: Node, inputs: List[Optional[TensorFn]], temp: Callable,
                  weight: Optional[Callable] = None, gemm_cols: int = 0, gemm_tiles: tuple = (),
-                 unpadded_contractions: bool = False):
+                 unpadded_contractions: bool = False, matmul_panels: bool = True):
         self.node, self.inputs, self._temp, self._weight = node, inputs, temp, weight
         # a padded convolution's contraction reads the unpadded input (Contraction.pads; the GPU's kernels
         # test bounds) instead of a stored padded copy (x86 micro-kernels pack panels without tests)
         self.unpadded_contractions = unpadded_contractions
+        self.matmul_panels = matmul_panels and gemm_cols > 0   # MatMuls as column-panel contractions (x86)
         # > 0: lower convolutions to packed contractions (and constant-weight MatMuls to column panels this
         # many wide); a convolution's register tile (rows, cols) is chosen among gemm_tiles
         self.gemm_cols = gemm_cols
@@ -814,9 +815,12 @@ def _conv_as_gemm(ctx, x, b, out, group, cin_g, m_g, kern, strides, dil, begin, 
     kernel can pack it into panels without bounds tests."""
     wv = ctx.const_input(1) if wv is None else wv
     K = cin_g * int(np.prod(kern))
-    if (not ctx.gemm_cols or wv is None or ctx.out_dtype() != DType.FLOAT or x.dtype != DType.FLOAT or m_g < 4
+    # float32; float16 too where the kernels accumulate in float32 (the GPU's: unpadded_contractions)
+    dts = (DType.FLOAT, DType.FLOAT16) if ctx.unpadded_contractions else (DType.FLOAT,)
+    if (not ctx.gemm_cols or wv is None or ctx.out_dtype() not in dts or x.dtype != ctx.out_dtype() or m_g < 4
             or K < 8 or ctx._weight is None):
         return None
+    half = x.dtype == DType.FLOAT16
     out_sp = tuple(out[2:])
     pads = ()
     if ctx.unpadded_contractions and all(isinstance(d, int) for d in list(x.shape[2:]) + list(begin)):
@@ -828,7 +832,8 @@ def _conv_as_gemm(ctx, x, b, out, group, cin_g, m_g, kern, strides, dil, begin, 
     if x.buf is None:
         x = ctx.temp(x.shape, x.dtype, x.fn, "in")
     mr, cols = choose_tile(m_g, product(out_sp), ctx.gemm_tiles)
-    a_buf = ctx.weight(pack_weights(wv.astype(np.float32), group, mr), "packed")
+    wdt = np.float16 if half else np.float32
+    a_buf = ctx.weight(pack_weights(wv.astype(wdt), group, mr, wdt), "packed")
     spec = Contraction(a_buf, x.buf, x.shape[0], group, m_g, cin_g, tuple(kern), tuple(strides), tuple(dil),
                        out_sp, cols, mr, pads)
     kshape = [cin_g] + list(kern)
@@ -847,7 +852,7 @@ def _conv_as_gemm(ctx, x, b, out, group, cin_g, m_g, kern, strides, dil, begin, 
                              x.at_or([n, g * cin_g + c] + pos, inside, 0.0))
             pos = [oi * s + ki * d for oi, s, ki, d in zip(o, strides, ks, dil)]
             return binop("mul", load(a_buf, [g, ml // mr, k, ml % mr]), x([n, g * cin_g + c] + pos))
-        acc = E("contract", [n, m] + list(o) + [reduce("sum", [K], body)], DType.FLOAT, spec)
+        acc = E("contract", [n, m] + list(o) + [reduce("sum", [K], body)], x.dtype, spec)
         return binop("add", acc, b([m])) if b is not None else acc
     return TensorFn(out, ctx.out_dtype(), f, "complex", contraction=True)
 
@@ -958,7 +963,7 @@ def _matmul_as_gemm(ctx, a, wv: Optional[np.ndarray], out, epilogue=None) -> Opt
     """``A @ W`` with ``W[K, M]`` constant as a packed contraction (:class:`MatContraction`), when the target
     asks for micro-kernels and everything is float32. ``epilogue(idx, acc)`` adds what the op adds to the
     product (Gemm's alpha, beta * C). A is stored first when it is an expression."""
-    if (not ctx.gemm_cols or wv is None or wv.ndim != 2 or len(a.shape) < 2 or a.dtype != DType.FLOAT
+    if (not ctx.matmul_panels or wv is None or wv.ndim != 2 or len(a.shape) < 2 or a.dtype != DType.FLOAT
             or ctx.out_dtype() != DType.FLOAT or ctx._weight is None or isinstance(a.shape[-1], SymExpr)):
         return None
     K, M = wv.shape
@@ -985,7 +990,7 @@ def _matmul(ctx):
     gemm = _matmul_as_gemm(ctx, a, ctx.const_input(1), out)
     if gemm is not None:
         return [gemm]
-    if ctx.gemm_cols and b.buf is None and len(b.shape) >= 2:
+    if ctx.matmul_panels and b.buf is None and len(b.shape) >= 2:
         # the row schedule reads B's rows with the output column innermost: store B (e.g. a transposed
         # key matrix) so those reads are contiguous instead of strided through the expression
         b = ctx.temp(b.shape, b.dtype, b.fn, "rhs")
@@ -1977,7 +1982,8 @@ def _minus_zp(t: TensorFn, zp: Optional[TensorFn], zp_axis: Optional[int]) -> Te
 
 
 def _sub_ctx(ctx, inputs) -> LowerCtx:
-    return LowerCtx(ctx.node, inputs, ctx._temp, ctx._weight, ctx.gemm_cols, ctx.gemm_tiles, ctx.unpadded_contractions)
+    return LowerCtx(ctx.node, inputs, ctx._temp, ctx._weight, ctx.gemm_cols, ctx.gemm_tiles, ctx.unpadded_contractions,
+                    ctx.matmul_panels)
 
 
 @lowering("MatMulInteger")

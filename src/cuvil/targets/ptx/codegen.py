@@ -960,7 +960,7 @@ def gpu_schedule(g) -> Schedule:
     if not CONV_ENABLED:
         return schedule(g)
     return schedule(g, gemm_cols=GPU_GEMM_COLS, gemm_tiles=tuple((m, GPU_GEMM_COLS) for m in TILE_CHANNELS),
-                    unpadded_contractions=bool(_conv.UNPADDED))
+                    unpadded_contractions=bool(_conv.UNPADDED), matmul_panels=False)
 
 
 def _has_half(e: E) -> bool:

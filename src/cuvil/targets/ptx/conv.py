@@ -32,8 +32,8 @@ import llvmlite.ir as ir
 from ...ir.dtype import DType
 from ..gemm import Contraction
 from ..schedule import ARENA, Stage
-from ..texpr import Buf, E, iadd, imul, load, nodes, reduce, replace_node
-from ..x86.codegen import F32, I32, I64
+from ..texpr import Buf, E, cast, iadd, imul, load, nodes, reduce, replace_node
+from ..x86.codegen import F16, F32, I32, I64
 
 TK = 32                # reduction terms per chunk (rows of the shared tiles; 16 was 6% slower on ResNet-50)
 TARGET_BLOCKS = 264    # blocks a convolution should launch (2 per SM of an H200): split-K below that
@@ -80,7 +80,7 @@ def conv_node(st: Stage) -> Optional[E]:
     """The stage's convolution ``contract`` node when an implicit-GEMM kernel can compute the stage: one
     such node, float32, static shapes, the stage's output indexed exactly by the node's (n, m, o...) and
     written whole (no region), weight panels TM in :data:`TILE_CHANNELS` wide."""
-    if st.region is not None or st.buf.dtype != DType.FLOAT:
+    if st.region is not None or st.buf.dtype not in (DType.FLOAT, DType.FLOAT16):
         return None
     found = [x for x in nodes(st.expr) if x.op == "contract"]
     if len(found) != 1 or not isinstance(found[0].attr, Contraction):
@@ -94,10 +94,19 @@ def conv_node(st: Stage) -> Optional[E]:
     if len(node.args) != len(st.vars) + 1 or not all(a.op == "var" and a.attr == v.attr
                                                      for a, v in zip(node.args[:-1], st.vars)):
         return None
-    red = node.args[-1]
-    if red.op != "reduce" or red.attr[0] not in ("sum", "fma") or spec.x.dtype != DType.FLOAT:
+    red = accumulation(node)
+    if red.op != "reduce" or red.attr[0] not in ("sum", "fma") or red.dtype != DType.FLOAT:
+        return None
+    if spec.x.dtype not in (DType.FLOAT, DType.FLOAT16) or spec.a.dtype != spec.x.dtype or node.dtype != spec.x.dtype:
         return None
     return node
+
+
+def accumulation(node: E) -> E:
+    """The float32 reduction of a contraction node: its last argument, under the cast back to half of a
+    float16 one (``widen_half_reductions`` accumulates half sums in float32)."""
+    red = node.args[-1]
+    return red.args[0] if red.op == "cast" and red.args and red.args[0].op == "reduce" else red
 
 
 def plan_conv(spec: Contraction, target_blocks: int = TARGET_BLOCKS) -> ConvPlan:
@@ -133,6 +142,8 @@ def combine_stage(st: Stage, node: E, plan: ConvPlan, scratch: Buf) -> Stage:
     if p_e is None:
         p_e = 0
     total = reduce("sum", [plan.splits], lambda s: load(scratch, [s, n_e, m_e, p_e]), DType.FLOAT)
+    if node.dtype != DType.FLOAT:
+        total = cast(total, node.dtype)
     return attrs.evolve(st, expr=replace_node(st.expr, node, total))
 
 
@@ -141,8 +152,11 @@ def emit_conv(km, st: Stage, sym: str, node: E, plan: ConvPlan, scratch: Optiona
     writes ``scratch`` and the caller adds the combining kernel. Returns the launch size (threads)."""
     from .codegen import _PtxEmitter, _set_contraction
     spec: Contraction = node.attr
-    red = node.args[-1]
+    red = accumulation(node)
     use_fma = red.attr[0] == "fma"
+    half = spec.x.dtype == DType.FLOAT16     # float16 weights and input, converted on load: float32 tiles
+    ET = F16 if half else F32
+    esize = 2 if half else 4
     fn = km._kernel_fn(sym)
     bufs, _n = fn.args
     b = ir.IRBuilder(fn.append_basic_block("entry"))
@@ -207,24 +221,31 @@ def emit_conv(km, st: Stage, sym: str, node: E, plan: ConvPlan, scratch: Optiona
     bregs = [em.alloca(F32) for _ in range(nb)]
     abuf = em.base(spec.a)
     xbuf = em.base(spec.x)
-    a_off = spec.a.offset // 4
-    x_off = spec.x.offset // 4
+    a_off = spec.a.offset // esize
+    x_off = spec.x.offset // esize
     mb_total = -(-M // TM)
     guard_k = K % TK != 0
 
+    H4 = ir.VectorType(F16, 4)
+
+    def widened(ptr, typ):
+        """A float32 (x4) value from ``ptr``: loaded as is, or as float16 and converted."""
+        lt = (H4 if typ == V4 else F16) if half else typ
+        v = b.load(ptr, typ=lt, align=(4 * esize if typ == V4 else esize))
+        v.set_metadata("invariant.load", km.empty_md)
+        return b.fpext(v, typ) if half else v
+
     def gload(ptr, typ, ok):
-        """``*ptr`` where ok, else zeros (no load)."""
+        """``*ptr`` (float32, converted from float16 inputs) where ok, else zeros (no load)."""
         if ok is None:
-            v = b.load(ptr, typ=typ, align=16 if typ == V4 else 4)
-            v.set_metadata("invariant.load", km.empty_md)
-            return v
+            return widened(ptr, typ)
         pre = b.block
         yes = fn.append_basic_block("ld")
         join = fn.append_basic_block("ldj")
         b.cbranch(ok, yes, join)
         b.position_at_end(yes)
-        v = b.load(ptr, typ=typ, align=16 if typ == V4 else 4)
-        v.set_metadata("invariant.load", km.empty_md)
+        v = widened(ptr, typ)
+        yes = b.block
         b.branch(join)
         b.position_at_end(join)
         phi = b.phi(typ)
@@ -262,7 +283,7 @@ def emit_conv(km, st: Stage, sym: str, node: E, plan: ConvPlan, scratch: Optiona
             for (row, c4), reg in zip(a_slots, aregs):
                 k = b.add(k0, row)
                 idx = b.add(b.mul(b.add(apanel, k), I32(TM)), b.mul(c4, I32(4)))
-                src = b.gep(abuf, [b.zext(b.add(idx, I32(a_off)), I64)], source_etype=F32, inbounds=True)
+                src = b.gep(abuf, [b.zext(b.add(idx, I32(a_off)), I64)], source_etype=ET, inbounds=True)
                 b.store(gload(src, V4, b.icmp_unsigned("<", k, I32(K)) if guard_k else None), reg)
             for j, reg in enumerate(bregs):
                 row = b.add(krow0, I32(j * (T // TP)))
@@ -277,14 +298,12 @@ def emit_conv(km, st: Stage, sym: str, node: E, plan: ConvPlan, scratch: Optiona
                         ok = inside if ok is None else b.and_(ok, inside)
                         off = b.add(off, b.mul(q, I32(xstr[2 + d])))
                     off = b.select(ok, off, I32(0))
-                    src = b.gep(xbuf, [b.zext(b.add(off, I32(x_off)), I64)], source_etype=F32, inbounds=True)
-                    v = b.load(src, typ=F32, align=4)
-                    v.set_metadata("invariant.load", km.empty_md)
-                    b.store(b.select(ok, v, ir.Constant(F32, 0.0)), reg)
+                    src = b.gep(xbuf, [b.zext(b.add(off, I32(x_off)), I64)], source_etype=ET, inbounds=True)
+                    b.store(b.select(ok, widened(src, F32), ir.Constant(F32, 0.0)), reg)
                     continue
                 for d, kd in enumerate(taps):
                     off = b.add(off, b.mul(kd, I32(int(spec.dilations[d]) * xstr[2 + d])))
-                src = b.gep(xbuf, [b.zext(b.add(off, I32(x_off)), I64)], source_etype=F32, inbounds=True)
+                src = b.gep(xbuf, [b.zext(b.add(off, I32(x_off)), I64)], source_etype=ET, inbounds=True)
                 b.store(gload(src, F32, ok), reg)
 
         def chunk(k0_64):
@@ -342,7 +361,7 @@ def emit_conv(km, st: Stage, sym: str, node: E, plan: ConvPlan, scratch: Optiona
                         for v, x in zip(st.vars, idx):
                             em.env[v.attr] = x
                         em.memo.append(dict(em.memo[-1]))
-                        em.memo[-1][node.uid] = acc
+                        em.memo[-1][node.uid] = b.fptrunc(acc, F16) if half else acc
                         val = em.emit(st.expr)
                         b.store(val, em.address(st.buf, idx))
                         em.memo.pop()
