@@ -1,0 +1,144 @@
+"""The GPU's implicit-GEMM convolutions (``cuvil.targets.ptx.conv``), without a GPU: which stages take them,
+tile and split-K plans, the split-K combining stage, the PTX they become (shared tiles, float4 loads,
+ptxas), and the lowering they rely on (unpadded contractions with bounds, float16 contractions) checked
+against onnxruntime by evaluating the same schedule on the CPU (the x86 backend computes a contraction it
+has no micro-kernel for from its reduction, exactly as the GPU's fallback would)."""
+import re
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import cuvil.targets.x86.compile as x86_compile
+from cuvil import Pipeline
+from cuvil.ir.dtype import DType
+from cuvil.targets.gemm import Contraction
+from cuvil.targets.ptx import assemble, find_ptxas
+from cuvil.targets.ptx.codegen import build_ptx, gpu_schedule
+from cuvil.targets.ptx.conv import TK, combine_stage, conv_node, plan_conv, scratch_buf
+from cuvil.targets.schedule import schedule
+from cuvil.targets.texpr import nodes
+from cuvil.testing import light_model
+
+needs_ptxas = pytest.mark.skipif(find_ptxas() is None, reason="ptxas not found (no CUDA toolkit)")
+
+
+def conv_model(x_shape, w_shape, pads=(1, 1, 1, 1), strides=(1, 1), group=1, relu=True):
+    rng = np.random.default_rng(0)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x_shape))
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    w = numpy_helper.from_array((rng.standard_normal(w_shape) / np.sqrt(np.prod(w_shape[1:]))).astype(np.float32), "w")
+    b = numpy_helper.from_array(rng.standard_normal(w_shape[0]).astype(np.float32), "b")
+    nodes_ = [helper.make_node("Conv", ["x", "w", "b"], ["c" if relu else "y"], pads=list(pads), strides=list(strides),
+                               group=group, kernel_shape=list(w_shape[2:]))]
+    if relu:
+        nodes_.append(helper.make_node("Relu", ["c"], ["y"]))
+    return helper.make_model(helper.make_graph(nodes_, "conv", [x], [y], [w, b]), opset_imports=[helper.make_opsetid("", 17)])
+
+
+def conv_stages(sched):
+    return [(st, conv_node(st)) for st in sched.stages if conv_node(st) is not None]
+
+
+def test_gpu_schedule_lowers_convolutions_to_unpadded_contractions():
+    g = Pipeline.from_onnx(conv_model((1, 16, 14, 14), (32, 16, 3, 3))).optimize().graph
+    s = gpu_schedule(g)
+    (st, node), = conv_stages(s)
+    spec = node.attr
+    assert isinstance(spec, Contraction) and spec.pads == (1, 1) and spec.mr == 32
+    assert tuple(spec.x.shape) == (1, 16, 14, 14)          # the input itself, no padded copy
+    assert len(s.stages) == 1 and "pad" not in st.name
+    # the packed weights: [G, M / TM, K, TM]
+    assert tuple(spec.a.shape) == (1, 1, 16 * 9, 32)
+    # the plain schedule (x86 micro-kernels) pads instead
+    plain = schedule(g, gemm_cols=64, gemm_tiles=((32, 64),))
+    assert any("pad" in x.name for x in plain.stages)
+
+
+def test_plans_split_small_grids():
+    short = Contraction(None, None, 1, 1, 64, 3, (3, 3), (1, 1), (1, 1), (112, 112), 64, 64)
+    p = plan_conv(short)                # 27 terms: nothing to split
+    assert (p.tm, p.tp, p.splits) == (64, 64, 1) and p.blocks == 196 and p.kchunk == TK
+    big = Contraction(None, None, 1, 1, 64, 64, (3, 3), (1, 1), (1, 1), (56, 56), 64, 64)
+    p = plan_conv(big)                  # 49 tiles, 576 terms: 4 slices of 160 / 96 terms (>= 128 each on average)
+    assert (p.tm, p.tp, p.splits) == (64, 64, 4) and p.blocks == 196 and p.kchunk % TK == 0
+    late = Contraction(None, None, 1, 1, 512, 512, (3, 3), (1, 1), (1, 1), (7, 7), 64, 64)
+    q = plan_conv(late)                 # 8 tiles of 64 x 64 for 4608 terms: sliced until ~264 blocks
+    assert q.tp == 64 and q.splits > 1 and q.blocks >= 200 and q.kchunk % TK == 0
+    assert (q.splits - 1) * q.kchunk < 4608 <= q.splits * q.kchunk
+    assert q.k // q.splits >= 128
+    mid = Contraction(None, None, 1, 1, 256, 256, (3, 3), (1, 1), (1, 1), (14, 14), 64, 64)
+    assert plan_conv(mid).tp == 32      # 196 positions: 224 computed with 32-wide tiles, 256 with 64
+
+
+def test_split_k_combine_sums_the_slices_in_order():
+    g = Pipeline.from_onnx(conv_model((1, 256, 7, 7), (256, 256, 3, 3))).optimize().graph
+    s = gpu_schedule(g)
+    (st, node), = conv_stages(s)
+    plan = plan_conv(node.attr)
+    assert plan.splits > 1
+    scratch = scratch_buf(plan, 4096)
+    assert scratch.shape == (plan.splits, 1, 256, 49) and scratch.offset == 4096
+    comb = combine_stage(st, node, plan, scratch)
+    assert not any(x.op == "contract" for x in nodes(comb.expr))
+    sums = [x for x in nodes(comb.expr) if x.op == "reduce" and x.attr[2] == (plan.splits,)]
+    assert len(sums) == 1 and sums[0].args[0].op == "load" and sums[0].args[0].attr is scratch
+
+
+@needs_ptxas
+def test_resnet50_convolutions_become_tile_kernels():
+    s = gpu_schedule(Pipeline.from_onnx(light_model("resnet50")).optimize().graph)
+    r = build_ptx(s, "sm_90", fma=True)
+    kinds = [k.kind for k in r.kernels]
+    assert kinds.count("conv") + kinds.count("conv_splitk") == 53        # every convolution
+    assert kinds.count("conv_sum") == kinds.count("conv_splitk") > 0
+    specs = [n.attr for st in s.stages for n in nodes(st.expr) if n.op == "contract" and isinstance(n.attr, Contraction)]
+    assert len(specs) == 53 and sum(1 for c in specs if c.pads) == 17    # the 3x3s and the stem read unpadded
+    assert sum(1 for st in s.stages if "pad" in st.name) == 1            # only the max-pool's padded copy is left
+    assert r.scratch_bytes > 0 and r.scratch_offset >= s.arena_bytes and r.scratch_offset % 256 == 0
+    first = next(k.name for k in r.kernels if k.kind == "conv")
+    k1 = re.search(rf"\.entry {first}\(.*?\n\}}\n", r.ptx, re.S).group(0)
+    assert "bar.sync" in k1 and "ld.global.nc.v4.b32" in k1 and "st.shared.v4.b32" in k1 and "ld.shared.v4.b32" in k1
+    assert "fma.rn.f32" in k1
+    _, info = assemble(r.ptx, "sm_90", jobs=0)
+    assert all(i.spill_stores == 0 and i.stack_frame == 0 for i in info.values())
+
+
+@pytest.mark.parametrize("xs,ws,pads,strides,group", [
+    ((1, 8, 13, 11), (16, 8, 3, 3), (1, 1, 1, 1), (1, 1), 1),
+    ((2, 8, 12, 12), (12, 8, 3, 3), (2, 0, 1, 2), (2, 2), 1),     # asymmetric pads, strided, 2 images
+    ((1, 16, 9, 9), (16, 4, 3, 3), (1, 1, 1, 1), (1, 1), 4),      # groups
+    ((1, 3, 20, 20), (8, 3, 7, 7), (3, 3, 3, 3), (2, 2), 1),      # a stem
+])
+def test_unpadded_contraction_lowering_matches_onnxruntime(monkeypatch, xs, ws, pads, strides, group):
+    """The GPU lowering's contraction reads the unpadded input through bounds; the x86 backend computes a
+    contraction with pads from that same expression (no micro-kernel), so the schedule is checked here."""
+    model = conv_model(xs, ws, pads, strides, group)
+    x = np.random.default_rng(1).standard_normal(xs).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    real = x86_compile.schedule
+    seen = []
+
+    def unpadded(g, **kw):
+        sched = real(g, unpadded_contractions=True, **kw)
+        seen.extend(n.attr.pads for st in sched.stages for n in nodes(st.expr)
+                    if n.op == "contract" and isinstance(n.attr, Contraction))
+        return sched
+    monkeypatch.setattr(x86_compile, "schedule", unpadded)
+    art = Pipeline.from_onnx(model).optimize().compile(opt_level=2, cache=False, winograd=False)
+    assert seen and all(p for p in seen)
+    y = art.model().run(x)[0]
+    np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(want).max())))
+
+
+def test_float16_convolutions_take_the_tile_kernels():
+    from cuvil.targets.ptx.fp16 import to_half
+    g, _ = to_half(Pipeline.from_onnx(conv_model((1, 16, 14, 14), (32, 16, 3, 3))).optimize().graph)
+    s = gpu_schedule(g)
+    (node,) = [n for st in s.stages for n in nodes(st.expr) if n.op == "contract"]
+    assert node.dtype == DType.FLOAT16 and node.attr.a.dtype == DType.FLOAT16 and node.attr.x.dtype == DType.FLOAT16
+    r = build_ptx(s, "sm_90", fma=True)     # the half sum is widened to float32 first, then the tile kernel
+    assert r.widened_reductions >= 1 and "cvt.f32.f16" in r.ptx and any(k.kind.startswith("conv") for k in r.kernels)
+    if find_ptxas():
+        assemble(r.ptx, "sm_90")
