@@ -279,8 +279,9 @@ class _PtxEmitter(_Emitter):
 
 class PtxKernelModule(KernelModule):
     def __init__(self, name: str, tm, *, fma: bool = False, block: int = BLOCK, narrow_index: bool = False,
-                 scratch_offset: int = 0, conv_target_blocks: int = 0):
+                 scratch_offset: int = 0, conv_target_blocks: int = 0, arch: str = "sm_90"):
         super().__init__(name, tm, TRIPLE)
+        self.sm = int(re.sub(r"\D", "", arch) or 0)      # compute capability x 10 (sm_90a -> 90)
         self.scratch_offset = -(-scratch_offset // 256) * 256   # split-K partial sums go after the arena
         self.scratch_bytes = 0
         self.conv_target_blocks = conv_target_blocks or _conv.TARGET_BLOCKS
@@ -341,13 +342,15 @@ class PtxKernelModule(KernelModule):
         (:mod:`cuvil.targets.ptx.conv`); with split-K a second kernel ``<sym>s`` adds the slices' partial sums
         (kept after the arena, :attr:`scratch_bytes`) and runs the epilogue. Returns the kernels' launch
         descriptions."""
-        plan = plan_conv(node.attr, self.conv_target_blocks)
+        red = _conv.accumulation(node)
+        mma = bool(_conv.MMA) and self.sm >= 80 and red.attr[0] == "fma"   # mma accumulates fused, like fma
+        plan = plan_conv(node.attr, self.conv_target_blocks, mma)
         scratch = None
         if plan.splits > 1:
             scratch = scratch_buf(plan, self.scratch_offset)
             self.scratch_bytes = max(self.scratch_bytes, 4 * plan.scratch_floats)
         threads = emit_conv(self, st, sym, node, plan, scratch)
-        kind = "conv" if plan.splits == 1 else "conv_splitk"
+        kind = ("conv" if plan.splits == 1 else "conv_splitk") + ("_mma" if plan.mma else "")
         descs = [KernelDesc(sym, threads, plan.threads, st.name, 1, kind)]
         if scratch is not None:
             descs.append(self.add_element_stage(combine_stage(st, node, plan, scratch), sym + "s", kind="conv_sum"))
@@ -940,7 +943,7 @@ def build_ptx(sched: Schedule, arch: str = "sm_90", opt: int = 3, *, fma: bool =
     if rules:
         stages, counts = rewrite_stages(stages, rules)
     km = PtxKernelModule(prefix, tm, fma=fma, block=block, narrow_index=narrow_index,
-                         scratch_offset=sched.arena_bytes)
+                         scratch_offset=sched.arena_bytes, arch=arch)
     descs: List[KernelDesc] = []
     for k, st in enumerate(stages):
         d = km.add_stage(st, f"{prefix}_k{k}")

@@ -40,6 +40,7 @@ TARGET_BLOCKS = 264    # blocks a convolution should launch (2 per SM of an H200
 MIN_SPLIT_TERMS = 128  # a reduction slice keeps at least this many terms
 TILE_CHANNELS = (64, 32, 16)   # weight panel widths (TM) the GPU lowering offers (choose_tile picks per conv)
 PIPELINE = 1           # 1: the next chunk's global loads are issued before this chunk's FMAs; 0: after the barrier
+MMA = 1                # float16 convolutions with 64-channel panels on sm_80+: tensor cores (mma.sync.m16n8k16)
 UNPADDED = 1           # 1: padded convolutions read their input unpadded, bounds tested (no padded copy stored)
 
 
@@ -54,10 +55,11 @@ class ConvPlan:
     m: int           # output channels per group
     p: int           # output positions per image
     k: int           # reduction terms (input channels per group x kernel taps)
+    mma: bool = False   # float16 tensor cores: each warp a 32 x 32 tile of mma.m16n8k16 (else 4 x 4 per thread)
 
     @property
     def threads(self) -> int:
-        return self.tm * self.tp // 16
+        return self.tm * self.tp // (32 if self.mma else 16)
 
     @property
     def tiles_m(self) -> int:
@@ -109,7 +111,7 @@ def accumulation(node: E) -> E:
     return red.args[0] if red.op == "cast" and red.args and red.args[0].op == "reduce" else red
 
 
-def plan_conv(spec: Contraction, target_blocks: int = TARGET_BLOCKS) -> ConvPlan:
+def plan_conv(spec: Contraction, target_blocks: int = TARGET_BLOCKS, mma: bool = False) -> ConvPlan:
     """Tile shape and split-K for one convolution: TP = 64 unless 32 pads the positions less (a 14 x 14
     map: 224 instead of 256); slices doubled while the grid is below ``target_blocks`` and each slice keeps
     :data:`MIN_SPLIT_TERMS` terms."""
@@ -118,12 +120,14 @@ def plan_conv(spec: Contraction, target_blocks: int = TARGET_BLOCKS) -> ConvPlan
         p *= int(d)
     tp = 64 if -(-p // 64) * 64 <= -(-p // 32) * 32 else 32
     k = spec.k
-    plan = ConvPlan(spec.mr, tp, 1, -(-k // TK) * TK, spec.n, spec.groups, spec.m, p, k)
+    plan = ConvPlan(spec.mr, tp, 1, -(-k // TK) * TK, spec.n, spec.groups, spec.m, p, k,
+                    mma and spec.mr == 64 and spec.x.dtype == DType.FLOAT16)
     s = 1
     while plan.blocks * s < target_blocks and k // (2 * s) >= MIN_SPLIT_TERMS:
         s *= 2
     kchunk = -(-(-(-k // s)) // TK) * TK
     return attrs.evolve(plan, splits=-(-k // kchunk), kchunk=kchunk)
+
 
 
 def scratch_buf(plan: ConvPlan, offset: int) -> Buf:
@@ -171,13 +175,16 @@ def emit_conv(km, st: Stage, sym: str, node: E, plan: ConvPlan, scratch: Optiona
     kshape = [spec.cin] + [int(x) for x in spec.kernel]
     V4 = ir.VectorType(F32, 4)
 
+    mma = plan.mma
+    SK = TK + 8                  # mma: halves per shared row (k contiguous; +8 staggers the banks)
+
     def smem(name, count):
-        g = ir.GlobalVariable(km.module, ir.ArrayType(F32, count), f"{sym}_{name}", addrspace=3)
+        g = ir.GlobalVariable(km.module, ir.ArrayType(F16 if mma else F32, count), f"{sym}_{name}", addrspace=3)
         g.linkage = "internal"
         g.initializer = ir.Constant(g.value_type, ir.Undefined)
         g.align = 16
         return g
-    sa, sb = smem("sa", TK * TM), smem("sb", TK * TP)
+    sa, sb = (smem("sa", TM * SK), smem("sb", TP * SK)) if mma else (smem("sa", TK * TM), smem("sb", TK * TP))
     bar = km.declare("llvm.nvvm.barrier0", ir.VoidType(), [])
     fmaf = km.declare("llvm.fma.f32", F32, [F32, F32, F32])
 
@@ -203,8 +210,8 @@ def emit_conv(km, st: Stage, sym: str, node: E, plan: ConvPlan, scratch: Optiona
         if g.name not in sbase:
             with b.goto_block(em.entry):
                 b.position_at_start(em.entry)
-                sbase[g.name] = b.bitcast(g, ir.PointerType(F32, addrspace=3))
-        return b.gep(sbase[g.name], [idx32], source_etype=F32, inbounds=True)
+                sbase[g.name] = b.bitcast(g, ir.PointerType(F16 if mma else F32, addrspace=3))
+        return b.gep(sbase[g.name], [idx32], source_etype=F16 if mma else F32, inbounds=True)
 
     tid = i32(km.sreg(b, "tid.x"))
     ty, tx = divmod_c(tid, TP // 4)                # which 4 channels, which 4 positions
@@ -216,9 +223,19 @@ def emit_conv(km, st: Stage, sym: str, node: E, plan: ConvPlan, scratch: Optiona
     for j in range(na4):
         e4 = b.add(tid, I32(j * T))
         a_slots.append(divmod_c(e4, TM // 4))     # (row, float4 column)
-    accs = [em.alloca(F32) for _ in range(16)]
-    aregs = [em.alloca(V4) for _ in range(na4)]     # the next chunk, staged in registers (software pipelining)
-    bregs = [em.alloca(F32) for _ in range(nb)]
+    H4 = ir.VectorType(F16, 4)
+    accs = [em.alloca(F32) for _ in range(32 if mma else 16)]
+    # the next chunk, staged in registers (software pipelining); raw halves for the tensor cores
+    aregs = [em.alloca(H4 if mma else V4) for _ in range(na4)]
+    bregs = [em.alloca(F16 if mma else F32) for _ in range(nb)]
+    if mma:
+        lane = b.urem(tid, I32(32))
+        warp = b.udiv(tid, I32(32))
+        wm, wn = divmod_c(warp, TP // 32)            # this warp's 32 x 32 sub-tile
+        lg, lt = b.lshr(lane, I32(2)), b.and_(lane, I32(3))
+        mma_op = ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([F32] * 4), [I32] * 6 + [F32] * 4),
+                              "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {$0,$1,$2,$3}, {$4,$5,$6,$7}, "
+                              "{$8,$9}, {$10,$11,$12,$13};", "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f")
     abuf = em.base(spec.a)
     xbuf = em.base(spec.x)
     a_off = spec.a.offset // esize
@@ -226,14 +243,13 @@ def emit_conv(km, st: Stage, sym: str, node: E, plan: ConvPlan, scratch: Optiona
     mb_total = -(-M // TM)
     guard_k = K % TK != 0
 
-    H4 = ir.VectorType(F16, 4)
-
     def widened(ptr, typ):
-        """A float32 (x4) value from ``ptr``: loaded as is, or as float16 and converted."""
+        """A float32 (x4) value from ``ptr``: loaded as is, or as float16 and converted (kept half for
+        the tensor cores)."""
         lt = (H4 if typ == V4 else F16) if half else typ
         v = b.load(ptr, typ=lt, align=(4 * esize if typ == V4 else esize))
         v.set_metadata("invariant.load", km.empty_md)
-        return b.fpext(v, typ) if half else v
+        return b.fpext(v, typ) if half and not mma else v
 
     def gload(ptr, typ, ok):
         """``*ptr`` (float32, converted from float16 inputs) where ok, else zeros (no load)."""
@@ -248,8 +264,9 @@ def emit_conv(km, st: Stage, sym: str, node: E, plan: ConvPlan, scratch: Optiona
         yes = b.block
         b.branch(join)
         b.position_at_end(join)
-        phi = b.phi(typ)
-        phi.add_incoming(ir.Constant(typ, None) if typ == V4 else ir.Constant(F32, 0.0), pre)
+        rt = v.type
+        phi = b.phi(rt)
+        phi.add_incoming(ir.Constant(rt, None) if isinstance(rt, ir.VectorType) else ir.Constant(rt, 0.0), pre)
         phi.add_incoming(v, yes)
         return phi
 
@@ -299,7 +316,8 @@ def emit_conv(km, st: Stage, sym: str, node: E, plan: ConvPlan, scratch: Optiona
                         off = b.add(off, b.mul(q, I32(xstr[2 + d])))
                     off = b.select(ok, off, I32(0))
                     src = b.gep(xbuf, [b.zext(b.add(off, I32(x_off)), I64)], source_etype=ET, inbounds=True)
-                    b.store(b.select(ok, widened(src, F32), ir.Constant(F32, 0.0)), reg)
+                    v = widened(src, F32)
+                    b.store(b.select(ok, v, ir.Constant(v.type, 0.0)), reg)
                     continue
                 for d, kd in enumerate(taps):
                     off = b.add(off, b.mul(kd, I32(int(spec.dilations[d]) * xstr[2 + d])))
@@ -311,16 +329,47 @@ def emit_conv(km, st: Stage, sym: str, node: E, plan: ConvPlan, scratch: Optiona
             if not PIPELINE:
                 fetch(k0)
             for (row, c4), reg in zip(a_slots, aregs):
+                if mma:      # transposed: sa[m][k], so a fragment's two k's are one 32-bit word
+                    v = b.load(reg, typ=H4)
+                    for i in range(4):
+                        m_ = b.add(b.mul(c4, I32(4)), I32(i))
+                        b.store(b.extract_element(v, I32(i)), sgep(sa, b.add(b.mul(m_, I32(SK)), row)))
+                    continue
                 dst = sgep(sa, b.add(b.mul(row, I32(TM)), b.mul(c4, I32(4))))
                 b.store(b.load(reg, typ=V4), b.bitcast(dst, ir.PointerType(V4, addrspace=3)), align=16)
             for j, reg in enumerate(bregs):
                 row = b.add(krow0, I32(j * (T // TP)))
+                if mma:      # sb[p][k]
+                    b.store(b.load(reg, typ=F16), sgep(sb, b.add(b.mul(col, I32(SK)), row)))
+                    continue
                 b.store(b.load(reg, typ=F32), sgep(sb, b.add(b.mul(row, I32(TP)), col)))
             b.call(bar, [])
             if PIPELINE:
                 nxt = b.add(k0, I32(TK))
                 with b.if_then(b.icmp_unsigned("<", nxt, khi)):   # the next chunk's loads fly during this one's FMAs
                     fetch(nxt)
+
+            def word(g_, idx32):
+                """Two consecutive halves of shared tile g_ as one 32-bit register."""
+                return b.load(b.bitcast(sgep(g_, idx32), ir.PointerType(I32, addrspace=3)), typ=I32, align=4)
+
+            def mma_steps():
+                for ks in range(0, TK, 16):
+                    afr = []
+                    for i in range(2):
+                        r0 = b.add(b.add(b.mul(wm, I32(32)), I32(i * 16)), lg)
+                        c0 = b.add(b.mul(lt, I32(2)), I32(ks))
+                        afr.append([word(sa, b.add(b.mul(b.add(r0, I32(dr)), I32(SK)), b.add(c0, I32(dc))))
+                                    for dr, dc in ((0, 0), (8, 0), (0, 8), (8, 8))])
+                    for j in range(4):
+                        pc = b.add(b.add(b.mul(wn, I32(32)), I32(j * 8)), lg)
+                        c0 = b.add(b.mul(lt, I32(2)), I32(ks))
+                        bfr = [word(sb, b.add(b.mul(pc, I32(SK)), b.add(c0, I32(dc)))) for dc in (0, 8)]
+                        for i in range(2):
+                            cs = accs[(i * 4 + j) * 4:(i * 4 + j) * 4 + 4]
+                            out = b.call(mma_op, afr[i] + bfr + [b.load(c_, typ=F32) for c_ in cs])
+                            for r, c_ in enumerate(cs):
+                                b.store(b.extract_value(out, r), c_)
 
             def term(kk64):
                 kk = i32(kk64)
@@ -338,33 +387,41 @@ def emit_conv(km, st: Stage, sym: str, node: E, plan: ConvPlan, scratch: Optiona
                         else:
                             nv = b.fadd(acc, b.fmul(ae[i], be[j]))
                         b.store(nv, a_)
-            em.loop_range(I64(0), I64(TK), term)
+            if mma:
+                mma_steps()
+            else:
+                em.loop_range(I64(0), I64(TK), term)
             b.call(bar, [])
         if PIPELINE:
             fetch(klo)
         em.loop_range(b.zext(klo, I64), b.zext(khi, I64), chunk, I64(TK))
-        for i in range(4):
-            for j in range(4):
+        for slot in range(len(accs)):
+            if mma:          # accumulator (i, j, r): rows of m16 tile i, columns of n8 tile j
+                i, j, r = slot // 16, (slot // 4) % 4, slot % 4
+                m = b.add(m0, b.add(b.add(b.mul(wm, I32(32)), I32(i * 16 + (8 if r >= 2 else 0))), lg))
+                p = b.add(p0, b.add(b.add(b.mul(wn, I32(32)), I32(j * 8 + (r & 1))), b.mul(lt, I32(2))))
+            else:
+                i, j = divmod(slot, 4)
                 m = b.add(m0, b.add(b.mul(ty, I32(4)), I32(i)))
                 p = b.add(p0, b.add(b.mul(tx, I32(4)), I32(j)))
-                ok = b.and_(b.icmp_unsigned("<", m, I32(M)), b.icmp_unsigned("<", p, I32(P)))
-                with b.if_then(ok):
-                    acc = b.load(accs[i * 4 + j], typ=F32)
-                    mm = b.add(b.mul(g, I32(M)), m)
-                    if S > 1:
-                        flat = b.add(b.mul(b.add(b.mul(b.add(b.mul(s, I32(N)), n), I32(G * M)), mm), I32(P)), p)
-                        dst = b.gep(em.base(scratch), [I64(scratch.offset)], source_etype=ir.IntType(8), inbounds=True)
-                        dst = b.gep(dst, [b.zext(flat, I64)], source_etype=F32, inbounds=True)
-                        b.store(acc, dst)
-                    else:
-                        idx = [b.zext(x, I64) for x in [n, mm] + unflatten(p, out_sp)]
-                        for v, x in zip(st.vars, idx):
-                            em.env[v.attr] = x
-                        em.memo.append(dict(em.memo[-1]))
-                        em.memo[-1][node.uid] = b.fptrunc(acc, F16) if half else acc
-                        val = em.emit(st.expr)
-                        b.store(val, em.address(st.buf, idx))
-                        em.memo.pop()
+            ok = b.and_(b.icmp_unsigned("<", m, I32(M)), b.icmp_unsigned("<", p, I32(P)))
+            with b.if_then(ok):
+                acc = b.load(accs[slot], typ=F32)
+                mm = b.add(b.mul(g, I32(M)), m)
+                if S > 1:
+                    flat = b.add(b.mul(b.add(b.mul(b.add(b.mul(s, I32(N)), n), I32(G * M)), mm), I32(P)), p)
+                    dst = b.gep(em.base(scratch), [I64(scratch.offset)], source_etype=ir.IntType(8), inbounds=True)
+                    dst = b.gep(dst, [b.zext(flat, I64)], source_etype=F32, inbounds=True)
+                    b.store(acc, dst)
+                else:
+                    idx = [b.zext(x, I64) for x in [n, mm] + unflatten(p, out_sp)]
+                    for v, x in zip(st.vars, idx):
+                        em.env[v.attr] = x
+                    em.memo.append(dict(em.memo[-1]))
+                    em.memo[-1][node.uid] = b.fptrunc(acc, F16) if half else acc
+                    val = em.emit(st.expr)
+                    b.store(val, em.address(st.buf, idx))
+                    em.memo.pop()
     em.loop_range(km.sreg(b, "ctaid.x"), I64(plan.blocks), tile_body, km.sreg(b, "nctaid.x"))
     b.ret_void()
     _set_contraction(fn, False)
