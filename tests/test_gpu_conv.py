@@ -139,6 +139,23 @@ def test_float16_convolutions_take_the_tile_kernels():
     (node,) = [n for st in s.stages for n in nodes(st.expr) if n.op == "contract"]
     assert node.dtype == DType.FLOAT16 and node.attr.a.dtype == DType.FLOAT16 and node.attr.x.dtype == DType.FLOAT16
     r = build_ptx(s, "sm_90", fma=True)     # the half sum is widened to float32 first, then the tile kernel
-    assert r.widened_reductions >= 1 and "cvt.f32.f16" in r.ptx and any(k.kind.startswith("conv") for k in r.kernels)
+    assert r.widened_reductions >= 1 and any(k.kind.startswith("conv") for k in r.kernels)
+    # 32-channel panels: the SIMT tiles, half widened on load
+    assert "cvt.f32.f16" in r.ptx and "mma.sync" not in r.ptx
+    if find_ptxas():
+        assemble(r.ptx, "sm_90")
+
+
+def test_float16_convolutions_with_64_channel_panels_use_tensor_cores():
+    from cuvil.targets.ptx.fp16 import to_half
+    g, _ = to_half(Pipeline.from_onnx(conv_model((1, 32, 14, 14), (64, 32, 3, 3))).optimize().graph)
+    s = gpu_schedule(g)
+    r = build_ptx(s, "sm_90", fma=True)
+    (k,) = [k for k in r.kernels if k.kind.startswith("conv") and k.kind != "conv_sum"]
+    assert k.kind.endswith("_mma") and k.block == 64          # a 64 x 32 tile: two warps of 32 x 32
+    assert r.ptx.count("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32") >= 8
+    # no tensor cores without fma contraction (mma accumulates fused) or before sm_80
+    assert "mma.sync" not in build_ptx(s, "sm_90", fma=False).ptx
+    assert "mma.sync" not in build_ptx(s, "sm_75", fma=True).ptx
     if find_ptxas():
         assemble(r.ptx, "sm_90")

@@ -17,6 +17,12 @@ position) outputs, each thread a 4 x 4 register tile, and walks the reduction in
   the next chunk's global loads are issued into registers before this chunk's products (software
   pipelining: their latency hides behind the FMAs) and stored to shared memory after the next barrier.
 
+Float16 with 64-channel panels on sm_80+ (and fma allowed: an ``mma`` accumulates fused) runs on the tensor
+cores instead: the tiles stay half in shared memory, stored k-contiguous (``sa[m][k]``, ``sb[p][k]``, rows
+padded by 8 halves) so a fragment register is one 32-bit shared load, and each warp computes a 32 x 32
+sub-tile with ``mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32`` (2 x 4 per 16 terms, float32
+accumulators; fragment layouts from the PTX ISA, "Matrix Fragments for mma.m16n8k16").
+
 Small grids (the late layers at batch 1: 512 channels x 49 positions is 8 blocks of 64 x 64) split the
 reduction into S slices (split-K) so that about :data:`TARGET_BLOCKS` blocks run: each slice writes its raw
 partial sums to a scratch area after the model's arena, and a second kernel adds the S partials in slice
