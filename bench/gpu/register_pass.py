@@ -15,7 +15,6 @@ import argparse
 import json
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -25,6 +24,9 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "src"))
+sys.path.insert(0, HERE)
+
+from resnet50 import timed  # noqa: E402  (the same host-wall-clock p50 / p99 as the ResNet-50 table)
 
 CONFIGS = {"off": dict(register_pass=False), "on": dict(register_pass=True, max_spill=0),
            "spill64": dict(register_pass=True, max_spill=64)}
@@ -49,22 +51,6 @@ def summary(man: dict) -> dict:
     return {"looked_at": len(rows), "capped": len(capped),
             "kernels": {k: {"before": r["before"], "after": r["after"], "cap": r["cap"], "tried": r["tried"],
                             "grid": r["grid"]} for k, r in rows.items()}}
-
-
-def pct(xs, q):
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(q / 100 * (len(xs) - 1))))]
-
-
-def timed(fn, iters: int, warmup: int = 5) -> dict:
-    for _ in range(warmup):
-        fn()
-    ts = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(1e3 * (time.perf_counter() - t0))
-    return {"p50_ms": statistics.median(ts), "p99_ms": pct(ts, 99)}
 
 
 def main(argv=None) -> int:

@@ -2,16 +2,18 @@
 
 A convolution lowered as a packed contraction (:mod:`cuvil.targets.gemm`: ``E("contract")`` with a
 :class:`~cuvil.targets.gemm.Contraction`, weights packed at compile time into panels ``Ap[g, m // TM, k, m % TM]``
-of TM output channels, the input stored zero-padded) is, per image and group, the product of an M x K weight
-matrix and a K x P window matrix (im2col, never stored). A block computes a TM x TP tile of (channel x
-position) outputs, each thread a 4 x 4 register tile, and walks the reduction in chunks of TK = 16 terms:
+of TM output channels; the GPU's lowering keeps the input unpadded and records the pads) is, per image and
+group, the product of an M x K weight matrix and a K x P window matrix (im2col, never stored). A block
+computes a TM x TP tile of (channel x position) outputs, each thread a 4 x 4 register tile, and walks the
+reduction in chunks of :data:`TK` = 32 terms:
 
 * the weight tile is TK contiguous rows of the panel (``float4`` loads, coalesced, no index arithmetic: the
   packing put the TM channels of one term side by side, zero rows past M);
-* the window tile reads ``x[n, g*C + c, o*s + k*d]``, whose address is a per-thread position offset (computed
-  once per tile: a thread always loads the same column) plus a per-term offset (channel and kernel tap,
-  unflattened once per row); positions past P re-read the last position (computed, never stored), so
-  there is no bounds test except for terms past K when TK does not divide it;
+* the window tile reads ``x[n, g*C + c, o*s - pad + k*d]``: a per-thread position (computed once per tile: a
+  thread always loads the same column) plus a per-term channel and kernel tap (unflattened once per row); a
+  coordinate outside the input (padding) is tested per load and reads 0 (unsigned compares, the address
+  clamped), positions past P re-read the last position (computed, never stored), terms past K (when TK does
+  not divide it) load 0;
 * both go to shared memory (``bar.sync``), and each thread accumulates 16 products per term from two
   ``float4`` shared loads, with ``fma`` when the kernel rules contracted the reduction (else multiply, add);
   the next chunk's global loads are issued into registers before this chunk's products (software
