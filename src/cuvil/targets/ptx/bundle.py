@@ -80,6 +80,7 @@ def compile_bundle(g: Graph, out_dir: str, *, arch: str = "sm_90", opt_level: in
                     narrow_index=narrow_index)
     ptx, descs = res.ptx, res.kernels
     arena_bytes = res.scratch_offset + res.scratch_bytes if res.scratch_bytes else sched.arena_bytes
+    zero = [[res.scratch_offset, res.counter_bytes]] if res.counter_bytes else []
     t_codegen = time.perf_counter()
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "kernels.ptx"), "w") as f:
@@ -123,6 +124,7 @@ def compile_bundle(g: Graph, out_dir: str, *, arch: str = "sm_90", opt_level: in
         "arch": arch,
         "arena_bytes": arena_bytes,
         "weights_bytes": sched.weights_bytes,
+        "zero": zero,
         "buffers": {"arena": ARENA, "weights": WEIGHTS, "first_input": 2, "first_output": 2 + len(sched.inputs),
                     "count": 2 + len(sched.inputs) + len(sched.outputs)},
         "kernels": [{"name": d.name, "stage": d.stage, "n": d.n_elements, "grid": [d.grid, 1, 1],

@@ -282,8 +282,9 @@ class PtxKernelModule(KernelModule):
                  scratch_offset: int = 0, conv_target_blocks: int = 0, arch: str = "sm_90"):
         super().__init__(name, tm, TRIPLE)
         self.sm = int(re.sub(r"\D", "", arch) or 0)      # compute capability x 10 (sm_90a -> 90)
-        self.scratch_offset = -(-scratch_offset // 256) * 256   # split-K partial sums go after the arena
+        self.scratch_offset = -(-scratch_offset // 256) * 256   # split-K counters and partials go after the arena
         self.scratch_bytes = 0
+        self.counter_bytes = 0      # set by plan_scratch: one int32 per tile of the largest split convolution
         self.conv_target_blocks = conv_target_blocks or _conv.TARGET_BLOCKS
         self.fma = fma
         self.block = block
@@ -339,22 +340,40 @@ class PtxKernelModule(KernelModule):
 
     def add_conv_stage(self, st: Stage, sym: str, node: E):
         """A convolution lowered as a packed contraction: the implicit-GEMM tile kernel
-        (:mod:`cuvil.targets.ptx.conv`); with split-K a second kernel ``<sym>s`` adds the slices' partial sums
-        (kept after the arena, :attr:`scratch_bytes`) and runs the epilogue. Returns the kernels' launch
-        descriptions."""
-        red = _conv.accumulation(node)
-        mma = bool(_conv.MMA) and self.sm >= 80 and red.attr[0] == "fma"   # mma accumulates fused, like fma
-        plan = plan_conv(node.attr, self.conv_target_blocks, mma)
+        (:mod:`cuvil.targets.ptx.conv`). With split-K the slices' partial sums are kept after the arena
+        (:attr:`scratch_bytes`); the last slice of each tile to finish adds them (a counter per tile,
+        :attr:`counter_bytes`, zeroed before each run), or with ``FUSED_SPLITK = 0`` a second kernel
+        ``<sym>s`` does. Returns the kernels' launch descriptions."""
+        plan = self.conv_plan(node)
         scratch = None
+        fused = bool(_conv.FUSED_SPLITK)
         if plan.splits > 1:
-            scratch = scratch_buf(plan, self.scratch_offset)
-            self.scratch_bytes = max(self.scratch_bytes, 4 * plan.scratch_floats)
-        threads = emit_conv(self, st, sym, node, plan, scratch)
+            scratch = scratch_buf(plan, self.scratch_offset + self.counter_bytes)
+            self.scratch_bytes = max(self.scratch_bytes, self.counter_bytes + 4 * plan.scratch_floats)
+        threads = emit_conv(self, st, sym, node, plan, scratch,
+                            counters=self.scratch_offset if fused and scratch is not None else None)
         kind = ("conv" if plan.splits == 1 else "conv_splitk") + ("_mma" if plan.mma else "")
         descs = [KernelDesc(sym, threads, plan.threads, st.name, 1, kind)]
-        if scratch is not None:
+        if scratch is not None and not fused:
             descs.append(self.add_element_stage(combine_stage(st, node, plan, scratch), sym + "s", kind="conv_sum"))
         return descs
+
+    def conv_plan(self, node: E):
+        red = _conv.accumulation(node)
+        mma = bool(_conv.MMA) and self.sm >= 80 and red.attr[0] == "fma"   # mma accumulates fused, like fma
+        return plan_conv(node.attr, self.conv_target_blocks, mma)
+
+    def plan_scratch(self, stages) -> None:
+        """Reserve the split-K tile counters (one int32 per output tile of the largest split convolution,
+        256-aligned) before any kernel is emitted: they sit first in the scratch area, partials after."""
+        tiles = 0
+        for st in stages:
+            node = conv_node(st) if CONV_ENABLED else None
+            if node is not None:
+                p = self.conv_plan(node)
+                if p.splits > 1:
+                    tiles = max(tiles, p.n * p.groups * p.tiles_m * p.tiles_p)
+        self.counter_bytes = -(-4 * tiles // 256) * 256 if tiles and _conv.FUSED_SPLITK else 0
 
     def add_tiled_stage(self, st: Stage, sym: str, red: E, wfac: E, xfac: E) -> KernelDesc:
         """Shared-memory tiled reduction: the output is a (channel = dim 1) x (position = every other dim,
@@ -881,8 +900,9 @@ class PtxResult:
     kernel_rules: Dict[str, str]
     kernel_rule_counts: Dict[str, int]
     widened_reductions: int = 0
-    scratch_bytes: int = 0     # split-K partial sums: the arena must be scratch_offset + this long
+    scratch_bytes: int = 0     # split-K tile counters then partial sums: the arena must be scratch_offset + this long
     scratch_offset: int = 0
+    counter_bytes: int = 0     # the counters at scratch_offset: zeroed before each run
 
 
 def widen_half_reductions(e: E, stats: Optional[dict] = None) -> E:
@@ -944,12 +964,13 @@ def build_ptx(sched: Schedule, arch: str = "sm_90", opt: int = 3, *, fma: bool =
         stages, counts = rewrite_stages(stages, rules)
     km = PtxKernelModule(prefix, tm, fma=fma, block=block, narrow_index=narrow_index,
                          scratch_offset=sched.arena_bytes, arch=arch)
+    km.plan_scratch(stages)
     descs: List[KernelDesc] = []
     for k, st in enumerate(stages):
         d = km.add_stage(st, f"{prefix}_k{k}")
         descs.extend(d if isinstance(d, list) else [d])
     return PtxResult(km.compile_ptx(opt, libdevice), descs, {r.name: r.proof for r in rules}, counts,
-                     stats.get("widened", 0), km.scratch_bytes, km.scratch_offset)
+                     stats.get("widened", 0), km.scratch_bytes, km.scratch_offset, km.counter_bytes)
 
 
 GPU_GEMM_COLS = 64   # the GPU lowering's packed contractions (schedule's gemm_cols; x86 panels are unrelated)

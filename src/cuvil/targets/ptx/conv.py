@@ -50,6 +50,7 @@ TILE_CHANNELS = (64, 32, 16)   # weight panel widths (TM) the GPU lowering offer
 PIPELINE = 1           # 1: the next chunk's global loads are issued before this chunk's FMAs; 0: after the barrier
 MMA = 1                # float16 convolutions with 64-channel panels on sm_80+: tensor cores (mma.sync.m16n8k16)
 UNPADDED = 1           # 1: padded convolutions read their input unpadded, bounds tested (no padded copy stored)
+FUSED_SPLITK = 1       # 1: the last slice of a split-K tile adds the partials (no second kernel); 0: a sum kernel
 
 
 @attrs.define
@@ -159,9 +160,12 @@ def combine_stage(st: Stage, node: E, plan: ConvPlan, scratch: Buf) -> Stage:
     return attrs.evolve(st, expr=replace_node(st.expr, node, total))
 
 
-def emit_conv(km, st: Stage, sym: str, node: E, plan: ConvPlan, scratch: Optional[Buf]):
+def emit_conv(km, st: Stage, sym: str, node: E, plan: ConvPlan, scratch: Optional[Buf],
+              counters: Optional[int] = None):
     """Emit the tile kernel ``sym`` of a convolution stage (see the module docstring); with split-K it
-    writes ``scratch`` and the caller adds the combining kernel. Returns the launch size (threads)."""
+    writes ``scratch``, and either the caller adds the combining kernel or (``counters``: the byte offset in
+    the arena of one zeroed int32 per output tile) the last slice to finish a tile adds the partials in slice
+    order and runs the epilogue itself. Returns the launch size (threads)."""
     from .codegen import _PtxEmitter, _set_contraction
     spec: Contraction = node.attr
     red = accumulation(node)
@@ -194,6 +198,15 @@ def emit_conv(km, st: Stage, sym: str, node: E, plan: ConvPlan, scratch: Optiona
         return g
     sa, sb = (smem("sa", TM * SK), smem("sb", TP * SK)) if mma else (smem("sa", TK * TM), smem("sb", TK * TP))
     bar = km.declare("llvm.nvvm.barrier0", ir.VoidType(), [])
+    fence = km.declare("llvm.nvvm.membar.gl", ir.VoidType(), [])
+    # partial sums written by other blocks of this kernel: read through L2 (ld.global.cg), never a stale L1
+    ld_cg = ir.InlineAsm(ir.FunctionType(F32, [I64]), "ld.global.cg.f32 $0, [$1];", "=f,l", side_effect=True)
+    flag = None
+    if counters is not None:
+        fg = ir.GlobalVariable(km.module, I32, f"{sym}_last", addrspace=3)
+        fg.linkage = "internal"
+        fg.initializer = ir.Constant(I32, ir.Undefined)
+        flag = fg
     fmaf = km.declare("llvm.fma.f32", F32, [F32, F32, F32])
 
     def i32(v):
@@ -403,7 +416,7 @@ def emit_conv(km, st: Stage, sym: str, node: E, plan: ConvPlan, scratch: Optiona
         if PIPELINE:
             fetch(klo)
         em.loop_range(b.zext(klo, I64), b.zext(khi, I64), chunk, I64(TK))
-        for slot in range(len(accs)):
+        def coords(slot):
             if mma:          # accumulator (i, j, r): rows of m16 tile i, columns of n8 tile j
                 i, j, r = slot // 16, (slot // 4) % 4, slot % 4
                 m = b.add(m0, b.add(b.add(b.mul(wm, I32(32)), I32(i * 16 + (8 if r >= 2 else 0))), lg))
@@ -412,24 +425,59 @@ def emit_conv(km, st: Stage, sym: str, node: E, plan: ConvPlan, scratch: Optiona
                 i, j = divmod(slot, 4)
                 m = b.add(m0, b.add(b.mul(ty, I32(4)), I32(i)))
                 p = b.add(p0, b.add(b.mul(tx, I32(4)), I32(j)))
-            ok = b.and_(b.icmp_unsigned("<", m, I32(M)), b.icmp_unsigned("<", p, I32(P)))
+            return m, p, b.and_(b.icmp_unsigned("<", m, I32(M)), b.icmp_unsigned("<", p, I32(P)))
+
+        def partial(s_, m, p):
+            mm = b.add(b.mul(g, I32(M)), m)
+            flat = b.add(b.mul(b.add(b.mul(b.add(b.mul(s_, I32(N)), n), I32(G * M)), mm), I32(P)), p)
+            dst = b.gep(em.base(scratch), [I64(scratch.offset)], source_etype=ir.IntType(8), inbounds=True)
+            return b.gep(dst, [b.zext(flat, I64)], source_etype=F32, inbounds=True)
+
+        def finish(m, p, acc):
+            """The fused epilogue of output (m, p) with the convolution's value acc, stored."""
+            mm = b.add(b.mul(g, I32(M)), m)
+            idx = [b.zext(x, I64) for x in [n, mm] + unflatten(p, out_sp)]
+            for v, x in zip(st.vars, idx):
+                em.env[v.attr] = x
+            em.memo.append(dict(em.memo[-1]))
+            em.memo[-1][node.uid] = b.fptrunc(acc, F16) if half else acc
+            val = em.emit(st.expr)
+            b.store(val, em.address(st.buf, idx))
+            em.memo.pop()
+
+        for slot in range(len(accs)):
+            m, p, ok = coords(slot)
             with b.if_then(ok):
                 acc = b.load(accs[slot], typ=F32)
-                mm = b.add(b.mul(g, I32(M)), m)
                 if S > 1:
-                    flat = b.add(b.mul(b.add(b.mul(b.add(b.mul(s, I32(N)), n), I32(G * M)), mm), I32(P)), p)
-                    dst = b.gep(em.base(scratch), [I64(scratch.offset)], source_etype=ir.IntType(8), inbounds=True)
-                    dst = b.gep(dst, [b.zext(flat, I64)], source_etype=F32, inbounds=True)
-                    b.store(acc, dst)
+                    b.store(acc, partial(s, m, p))
                 else:
-                    idx = [b.zext(x, I64) for x in [n, mm] + unflatten(p, out_sp)]
-                    for v, x in zip(st.vars, idx):
-                        em.env[v.attr] = x
-                    em.memo.append(dict(em.memo[-1]))
-                    em.memo[-1][node.uid] = b.fptrunc(acc, F16) if half else acc
-                    val = em.emit(st.expr)
-                    b.store(val, em.address(st.buf, idx))
-                    em.memo.pop()
+                    finish(m, p, acc)
+        if S > 1 and counters is not None:
+            # the last slice of this tile to finish (an atomic count per tile) adds all S partials in slice
+            # order (deterministic) and runs the epilogue; its partials and everyone else's are in L2
+            b.call(fence, [])
+            b.call(bar, [])
+            tile = b.add(b.mul(b.add(b.mul(ng, I32(plan.tiles_m)), mt), I32(plan.tiles_p)), pt)
+            cptr = b.gep(b.gep(em.base(scratch), [I64(counters)], source_etype=ir.IntType(8), inbounds=True),
+                         [b.zext(tile, I64)], source_etype=I32, inbounds=True)
+            with b.if_then(b.icmp_unsigned("==", tid, I32(0))):
+                old = b.atomic_rmw("add", cptr, I32(1), "monotonic")
+                b.store(b.zext(b.icmp_unsigned("==", old, I32(S - 1)), I32), flag)
+            b.call(bar, [])
+            last = b.load(flag, typ=I32)
+            b.call(bar, [])          # every thread has read the flag before thread 0 may write the next one
+            with b.if_then(b.icmp_unsigned("!=", last, I32(0))):
+                b.call(fence, [])
+                for slot in range(len(accs)):
+                    m, p, ok = coords(slot)
+                    with b.if_then(ok):
+                        tot = ir.Constant(F32, 0.0)
+                        for s_ in range(S):
+                            tot = b.fadd(tot, b.call(ld_cg, [b.ptrtoint(partial(I32(s_), m, p), I64)]))
+                        finish(m, p, tot)
+                with b.if_then(b.icmp_unsigned("==", tid, I32(0))):
+                    b.store(I32(0), cptr)     # ready for the next run (the runtime also zeroes them first)
     em.loop_range(km.sreg(b, "ctaid.x"), I64(plan.blocks), tile_body, km.sreg(b, "nctaid.x"))
     b.ret_void()
     _set_contraction(fn, False)

@@ -298,8 +298,16 @@ class GpuModel:
                    self._d.cuMemcpyHtoDAsync(self._table, t.ctypes.data, t.nbytes, stream))
         self._table_set = ptrs
 
+    def _zero(self, stream):
+        """Zero the plan's ``zero`` ranges of the arena (split-K tile counters) at the start of a run, so a
+        run stopped midway can never leave a count behind (the kernels also reset their own)."""
+        for off, nbytes in self.plan.get("zero") or ():
+            self._call("cuMemsetD32Async(counters)",
+                       self._d.cuMemsetD32Async(int(self.arena) + int(off), 0, int(nbytes) // 4, stream))
+
     def _launch_all(self, stream, events=None):
         drv = self._d
+        self._zero(stream)
         for j, (k, fn, _vals, ptrs) in enumerate(self._launches):
             if events is not None:
                 self._call("cuEventRecord", drv.cuEventRecord(events[j][0], stream))
@@ -329,8 +337,9 @@ class GpuModel:
         try:
             got = self._call("cuGraphGetNodes", drv.cuGraphGetNodes(graph))   # (nodes, count) or nodes
             n_nodes = int(got[-1]) if isinstance(got, tuple) else len(got or ())
-            if n_nodes != len(self._launches):
-                raise CuvilError(f"captured graph has {n_nodes} nodes, expected {len(self._launches)} kernel launches")
+            want = len(self._launches) + len(self.plan.get("zero") or ())
+            if n_nodes != want:
+                raise CuvilError(f"captured graph has {n_nodes} nodes, expected {want} (kernel launches and memsets)")
             exe = self._call("cuGraphInstantiate", drv.cuGraphInstantiate(graph, 0))
         except BaseException:
             drv.cuGraphDestroy(graph)
