@@ -72,14 +72,20 @@ def test_plans_split_small_grids():
     assert plan_conv(mid).tp == 32      # 196 positions: 224 computed with 32-wide tiles, 256 with 64
 
 
-def test_split_k_with_a_second_kernel(monkeypatch):
-    """FUSED_SPLITK = 0: each split convolution is followed by a kernel that adds its slices."""
+def test_split_k_in_one_kernel(monkeypatch, tmp_path):
+    """FUSED_SPLITK = 1: no sum kernel; the last slice of each tile (an atomic count per tile, read through
+    L2) adds the partials, and the plan asks the runtime to zero the counters before each run."""
     import cuvil.targets.ptx.conv as conv
-    monkeypatch.setattr(conv, "FUSED_SPLITK", 0)
+    from cuvil.targets.ptx.bundle import compile_bundle, read_bundle
+    monkeypatch.setattr(conv, "FUSED_SPLITK", 1)
     g = Pipeline.from_onnx(conv_model((1, 256, 7, 7), (256, 256, 3, 3))).optimize().graph
     r = build_ptx(gpu_schedule(g), "sm_90", fma=True)
-    assert [k.kind for k in r.kernels] == ["conv_splitk", "conv_sum"] and r.counter_bytes == 0
-    assert "atom.global" not in r.ptx
+    assert [k.kind for k in r.kernels] == ["conv_splitk"] and r.counter_bytes > 0
+    assert "atom.global.add.u32" in r.ptx and "ld.global.cg.f32" in r.ptx and "membar.gl" in r.ptx
+    man = compile_bundle(g, str(tmp_path / "f.cuvil"))
+    plan, _ = read_bundle(str(tmp_path / "f.cuvil"))
+    assert plan["zero"] and plan["zero"][0][1] == r.counter_bytes
+    assert plan["arena_bytes"] >= plan["zero"][0][0] + plan["zero"][0][1] and man["kernels"] == 1
 
 
 def test_split_k_combine_sums_the_slices_in_order():
@@ -102,8 +108,8 @@ def test_resnet50_convolutions_become_tile_kernels():
     r = build_ptx(s, "sm_90", fma=True)
     kinds = [k.kind for k in r.kernels]
     assert kinds.count("conv") + kinds.count("conv_splitk") == 53        # every convolution
-    assert kinds.count("conv_splitk") > 0 and kinds.count("conv_sum") == 0   # the last slice sums: no 2nd kernel
-    assert r.counter_bytes > 0 and "atom.global.add.u32" in r.ptx and "ld.global.cg.f32" in r.ptx
+    assert kinds.count("conv_sum") == kinds.count("conv_splitk") > 0     # each split one followed by its sum
+    assert r.counter_bytes == 0 and "atom.global" not in r.ptx
     specs = [n.attr for st in s.stages for n in nodes(st.expr) if n.op == "contract" and isinstance(n.attr, Contraction)]
     assert len(specs) == 53 and sum(1 for c in specs if c.pads) == 17    # the 3x3s and the stem read unpadded
     assert sum(1 for st in s.stages if "pad" in st.name) == 1            # only the max-pool's padded copy is left

@@ -50,7 +50,11 @@ TILE_CHANNELS = (64, 32, 16)   # weight panel widths (TM) the GPU lowering offer
 PIPELINE = 1           # 1: the next chunk's global loads are issued before this chunk's FMAs; 0: after the barrier
 MMA = 1                # float16 convolutions with 64-channel panels on sm_80+: tensor cores (mma.sync.m16n8k16)
 UNPADDED = 1           # 1: padded convolutions read their input unpadded, bounds tested (no padded copy stored)
-FUSED_SPLITK = 1       # 1: the last slice of a split-K tile adds the partials (no second kernel); 0: a sum kernel
+# 1: the last slice of a split-K tile adds the partials (no second kernel); 0: a sum kernel. Off: correct on an
+# H200 (9/9 light models) but ResNet-50 ran 0.976 ms against 0.708 ms with the sum kernels
+# (bench/gpu/results/conv_variants5_fused_2026-12-01.json): the last block's S dependent L2 reads per output
+# serialise behind each other, where the sum kernel spreads them over a whole grid
+FUSED_SPLITK = 0
 
 
 @attrs.define
