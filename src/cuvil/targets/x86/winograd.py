@@ -90,13 +90,6 @@ def emit_winograd_input(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
             or st.region is not None:
         return None
     spec: WinogradInput = node.attr
-    if not km.cheap_masks:
-        # AVX2: LLVM 22's x86 backend turned an 8-lane part of these wide masked loads whose lanes were all
-        # masked off into a plain load (a 26 x 26 input: the padding of the last tile read the 2 floats past
-        # the input's end, a NaN there gave NaN outputs, an unmapped page a segfault;
-        # tests/test_x86_gemm.py::test_winograd_reads_nothing_past_the_input). The generic kernel for the
-        # transform tests its bounds instead of masking.
-        return None
     m, a = spec.tile, spec.tile + 2
     bt, _, _ = MATRICES[m]
     C = spec.channels
@@ -116,13 +109,39 @@ def emit_winograd_input(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
     def fptr(base, off):
         return b.gep(base, [off], source_etype=F32, inbounds=True)
     split = [ir.Constant(ir.VectorType(I32, vw), [r + m * l for l in range(vw)]) for r in range(m)]
+    blocks = -(-TW // vw)
+    reach = (blocks - 1) * vw * m - pl + m + vw * m      # past a row's start, the last block's loads reach this far
+    # Tile rows whose wide loads reach past the end of the input (in its last plane) or before its start (the
+    # first plane's row 0, column -pl). Their masked-off lanes lie outside the buffer, and on AVX2 targets
+    # LLVM 22 turned a fully masked-off 8-lane part of such a load into a plain load (a 26 x 26 map read 2
+    # floats past the input: NaN outputs, or a segfault against an unmapped page;
+    # tests/test_x86_gemm.py::test_winograd_reads_nothing_past_the_input): those units load lane by lane,
+    # from addresses inside the buffer.
+    rows_of = [[th * m + p - pt for p in range(a) if 0 <= th * m + p - pt < H] for th in range(TH)]
+    last_edge = [th for th in range(TH) if any(r * W + reach > H * W for r in rows_of[th])]
+    first_edge = [th for th in range(TH) if pl > 0 and 0 in rows_of[th]]
+
+    def safe_wload(ptr, mask):
+        """The masked load as lane-by-lane loads, each from an address inside the buffer."""
+        n = vw * m
+        v = ir.Constant(wide, [0.0] * n)
+        for lane in range(n):
+            ok = b.extract_element(mask, I32(lane))
+            addr = b.select(ok, b.gep(ptr, [I64(lane)], source_etype=F32), x_base)
+            v = b.insert_element(v, b.select(ok, b.load(addr, typ=F32), ir.Constant(F32, 0.0)), I32(lane))
+        return v
 
     def unit(u):
         nc, th, row = _tile_row(b, u, TH, TW, C, a)
         plane = fptr(x_base, b.mul(nc, I64(H * W)))
         vrow = fptr(v_base, row)       # V[n, e*C + c, th*TW + tw] at e = 0
-
-        def block(blk):
+        edge = ir.Constant(I1, 0)
+        if last_edge:
+            last_nc = b.sub(b.mul(em.index(spec.x.shape[0]), I64(C)), I64(1))    # the batch may be symbolic
+            edge = b.or_(edge, b.and_(b.icmp_signed("==", nc, last_nc), b.icmp_signed(">=", th, I64(min(last_edge)))))
+        if first_edge:
+            edge = b.or_(edge, b.and_(b.icmp_signed("==", nc, I64(0)), b.icmp_signed("<=", th, I64(max(first_edge)))))
+        def block(blk, load_fn):
             tw0 = b.mul(blk, I64(vw))
             col0 = b.sub(b.mul(tw0, I64(m)), I64(pl))     # the input column of lane 0
             d = []
@@ -136,7 +155,7 @@ def emit_winograd_input(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
                 # an outside row is all padding: its pointer is never dereferenced (every lane masked off;
                 # no inbounds: lane 0 may lie before the buffer)
                 row = b.gep(plane, [b.add(b.mul(b.select(inside, src, I64(0)), I64(W)), col0)], source_etype=F32)
-                loads = [wload(b.gep(row, [I64(h * m)], source_etype=F32), b.select(inside, cols[h], nones))
+                loads = [load_fn(b.gep(row, [I64(h * m)], source_etype=F32), b.select(inside, cols[h], nones))
                          for h in range(2)]
                 d.append([b.shuffle_vector(loads[q // m], ir.Constant(wide, ir.Undefined), split[q % m])
                           for q in range(a)])
@@ -157,7 +176,12 @@ def emit_winograd_input(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
                     stores(None)
                 with partial:
                     stores(vmask(left))
-        em.loop_range(I64(0), I64(-(-TW // vw)), block)
+
+        with b.if_else(edge) as (slow, fast):
+            with slow:
+                em.loop_range(I64(0), I64(blocks), lambda blk: block(blk, safe_wload))
+            with fast:
+                em.loop_range(I64(0), I64(blocks), lambda blk: block(blk, wload))
 
     em.loop_range(begin, end, unit)
     b.ret_void()
