@@ -24,14 +24,15 @@ from cuvil.testing import light_model
 needs_ptxas = pytest.mark.skipif(find_ptxas() is None, reason="ptxas not found (no CUDA toolkit)")
 
 
-def conv_model(x_shape, w_shape, pads=(1, 1, 1, 1), strides=(1, 1), group=1, relu=True):
+def conv_model(x_shape, w_shape, pads=(1, 1, 1, 1), strides=(1, 1), group=1, relu=True, dilations=None):
     rng = np.random.default_rng(0)
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x_shape))
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
     w = numpy_helper.from_array((rng.standard_normal(w_shape) / np.sqrt(np.prod(w_shape[1:]))).astype(np.float32), "w")
     b = numpy_helper.from_array(rng.standard_normal(w_shape[0]).astype(np.float32), "b")
+    extra = {"dilations": list(dilations)} if dilations else {}
     nodes_ = [helper.make_node("Conv", ["x", "w", "b"], ["c" if relu else "y"], pads=list(pads), strides=list(strides),
-                               group=group, kernel_shape=list(w_shape[2:]))]
+                               group=group, kernel_shape=list(w_shape[2:]), **extra)]
     if relu:
         nodes_.append(helper.make_node("Relu", ["c"], ["y"]))
     return helper.make_model(helper.make_graph(nodes_, "conv", [x], [y], [w, b]), opset_imports=[helper.make_opsetid("", 17)])
@@ -122,16 +123,19 @@ def test_resnet50_convolutions_become_tile_kernels():
     assert all(i.spill_stores == 0 and i.stack_frame == 0 for i in info.values())
 
 
-@pytest.mark.parametrize("xs,ws,pads,strides,group", [
-    ((1, 8, 13, 11), (16, 8, 3, 3), (1, 1, 1, 1), (1, 1), 1),
-    ((2, 8, 12, 12), (12, 8, 3, 3), (2, 0, 1, 2), (2, 2), 1),     # asymmetric pads, strided, 2 images
-    ((1, 16, 9, 9), (16, 4, 3, 3), (1, 1, 1, 1), (1, 1), 4),      # groups
-    ((1, 3, 20, 20), (8, 3, 7, 7), (3, 3, 3, 3), (2, 2), 1),      # a stem
+@pytest.mark.parametrize("xs,ws,pads,strides,group,dil", [
+    ((1, 8, 13, 11), (16, 8, 3, 3), (1, 1, 1, 1), (1, 1), 1, None),
+    ((2, 8, 12, 12), (12, 8, 3, 3), (2, 0, 1, 2), (2, 2), 1, None),     # asymmetric pads, strided, 2 images
+    ((1, 16, 9, 9), (16, 4, 3, 3), (1, 1, 1, 1), (1, 1), 4, None),      # groups
+    ((1, 3, 20, 20), (8, 3, 7, 7), (3, 3, 3, 3), (2, 2), 1, None),      # a stem
+    ((1, 8, 11, 11), (8, 8, 3, 3), (0, 0, 2, 1), (1, 1), 1, None),      # end-only pads
+    ((1, 8, 12, 12), (8, 8, 3, 3), (2, 2, 2, 2), (1, 1), 1, (2, 2)),    # dilated
+    ((2, 8, 30), (8, 8, 5), (2, 1), (2,), 1, None),                     # 1-D
 ])
-def test_unpadded_contraction_lowering_matches_onnxruntime(monkeypatch, xs, ws, pads, strides, group):
+def test_unpadded_contraction_lowering_matches_onnxruntime(monkeypatch, xs, ws, pads, strides, group, dil):
     """The GPU lowering's contraction reads the unpadded input through bounds; the x86 backend computes a
     contraction with pads from that same expression (no micro-kernel), so the schedule is checked here."""
-    model = conv_model(xs, ws, pads, strides, group)
+    model = conv_model(xs, ws, pads, strides, group, dilations=dil)
     x = np.random.default_rng(1).standard_normal(xs).astype(np.float32)
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     real = x86_compile.schedule
@@ -156,9 +160,11 @@ def test_float16_convolutions_take_the_tile_kernels():
     (node,) = [n for st in s.stages for n in nodes(st.expr) if n.op == "contract"]
     assert node.dtype == DType.FLOAT16 and node.attr.a.dtype == DType.FLOAT16 and node.attr.x.dtype == DType.FLOAT16
     r = build_ptx(s, "sm_90", fma=True)     # the half sum is widened to float32 first, then the tile kernel
-    assert r.widened_reductions >= 1 and any(k.kind.startswith("conv") for k in r.kernels)
-    # 32-channel panels: the SIMT tiles, half widened on load
-    assert "cvt.f32.f16" in r.ptx and "mma.sync" not in r.ptx
+    assert r.widened_reductions >= 1
+    (k,) = [k for k in r.kernels if k.kind in ("conv", "conv_splitk")]
+    # 32-channel panels: the SIMT tiles, half loaded (16-bit) and widened into float32 shared tiles
+    entry = re.search(rf"\.entry {k.name}\(.*?\n\}}\n", r.ptx, re.S).group(0)
+    assert "ld.global.nc.b16" in entry and "st.shared.v4.b32" in entry and "mma.sync" not in r.ptx
     if find_ptxas():
         assemble(r.ptx, "sm_90")
 

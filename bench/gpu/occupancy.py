@@ -33,7 +33,7 @@ def report(bundle: str, limits=SM90) -> list:
     rows = []
     for k in plan["kernels"]:
         r = info[k["name"]]
-        occ = occupancy(r["registers"], k["block"][0], limits)
+        occ = occupancy(r["registers"], k["block"][0], limits, r.get("shared") or 0)
         resident = occ["blocks_per_sm"] * limits["sms"]
         rows.append({"name": k["name"], "stage": k["stage"], "n": k["n"], "grid": k["grid"][0], "block": k["block"][0],
                      "registers": r["registers"], "spill_stores": r["spill_stores"], **occ,

@@ -310,13 +310,18 @@ class PtxKernelModule(KernelModule):
         return b.zext(b.call(f, []), I64)
 
     def add_stage(self, st: Stage, sym: str) -> KernelDesc:
-        """The kernel shape for a stage with one float sum, by output count (thresholds measured on an H200,
-        bench/gpu/RESULTS.md): few outputs and a long sum: lanes split it (WARP_*); the largest stages:
+        """The kernel(s) for a stage: a convolution lowered as a packed contraction takes the implicit-GEMM
+        kernels (:meth:`add_conv_stage`); other stages with one float sum are shaped by output count (thresholds
+        measured on an H200, bench/gpu/RESULTS.md): few outputs and a long sum: lanes split it (WARP_*); the largest stages:
         shared-memory tiles (TILE_*); large ones: several channels per thread (COARSEN*); else one thread
         per output."""
         node = conv_node(st) if CONV_ENABLED else None
         if node is not None:
             return self.add_conv_stage(st, sym, node)
+        return self.add_stage_plain(st, sym)
+
+    def add_stage_plain(self, st: Stage, sym: str) -> KernelDesc:
+        """The kernel shapes for stages that are not implicit-GEMM convolutions (see :meth:`add_stage`)."""
         red = single_sum(st)
         if red is None:
             return self.add_element_stage(st, sym)
@@ -341,10 +346,12 @@ class PtxKernelModule(KernelModule):
     def add_conv_stage(self, st: Stage, sym: str, node: E):
         """A convolution lowered as a packed contraction: the implicit-GEMM tile kernel
         (:mod:`cuvil.targets.ptx.conv`). With split-K the slices' partial sums are kept after the arena
-        (:attr:`scratch_bytes`); the last slice of each tile to finish adds them (a counter per tile,
-        :attr:`counter_bytes`, zeroed before each run), or with ``FUSED_SPLITK = 0`` a second kernel
-        ``<sym>s`` does. Returns the kernels' launch descriptions."""
+        (:attr:`scratch_bytes`) and a second kernel ``<sym>s`` adds them in slice order and runs the epilogue
+        (with ``conv.FUSED_SPLITK = 1``, measured slower: the last slice of each tile to finish does, a
+        counter per tile, :attr:`counter_bytes`, zeroed before each run). Returns the launch descriptions."""
         plan = self.conv_plan(node)
+        if plan.splits > 1 and (self.scratch_offset + self.counter_bytes) // 4 + plan.scratch_floats >= 2 ** 31:
+            return self.add_stage_plain(st, sym)      # the partial sums would need 64-bit addresses
         scratch = None
         fused = bool(_conv.FUSED_SPLITK)
         if plan.splits > 1:
@@ -360,7 +367,9 @@ class PtxKernelModule(KernelModule):
 
     def conv_plan(self, node: E):
         red = _conv.accumulation(node)
-        mma = bool(_conv.MMA) and self.sm >= 80 and red.attr[0] == "fma"   # mma accumulates fused, like fma
+        # tensor cores only where contraction is allowed (the fma default): an mma's internal sum of 16
+        # products rounds like no chain of separate operations (nor of proved fma steps, see docs/rules.md)
+        mma = bool(_conv.MMA) and self.sm >= 80 and red.attr[0] == "fma"
         return plan_conv(node.attr, self.conv_target_blocks, mma)
 
     def plan_scratch(self, stages) -> None:

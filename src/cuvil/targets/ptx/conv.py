@@ -93,8 +93,9 @@ class ConvPlan:
 
 def conv_node(st: Stage) -> Optional[E]:
     """The stage's convolution ``contract`` node when an implicit-GEMM kernel can compute the stage: one
-    such node, float32, static shapes, the stage's output indexed exactly by the node's (n, m, o...) and
-    written whole (no region), weight panels TM in :data:`TILE_CHANNELS` wide."""
+    such node, float32 or float16, static shapes, the stage's output indexed exactly by the node's (n, m,
+    o...) and written whole (no region), weight panels TM in :data:`TILE_CHANNELS` wide, and every element
+    offset the kernel forms (input, weights) below 2^31: its address arithmetic is 32-bit."""
     if st.region is not None or st.buf.dtype not in (DType.FLOAT, DType.FLOAT16):
         return None
     found = [x for x in nodes(st.expr) if x.op == "contract"]
@@ -114,6 +115,13 @@ def conv_node(st: Stage) -> Optional[E]:
         return None
     if spec.x.dtype not in (DType.FLOAT, DType.FLOAT16) or spec.a.dtype != spec.x.dtype or node.dtype != spec.x.dtype:
         return None
+    esize = 2 if spec.x.dtype == DType.FLOAT16 else 4
+    for buf in (spec.x, spec.a):
+        elems = 1
+        for d in buf.shape:
+            elems *= int(d)
+        if buf.offset // esize + elems >= 2 ** 31:
+            return None
     return node
 
 
@@ -126,8 +134,9 @@ def accumulation(node: E) -> E:
 
 def plan_conv(spec: Contraction, target_blocks: int = TARGET_BLOCKS, mma: bool = False) -> ConvPlan:
     """Tile shape and split-K for one convolution: TP = 64 unless 32 pads the positions less (a 14 x 14
-    map: 224 instead of 256); slices doubled while the grid is below ``target_blocks`` and each slice keeps
-    :data:`MIN_SPLIT_TERMS` terms."""
+    map: 224 instead of 256); slices doubled while the grid is below ``target_blocks`` and the slices keep
+    :data:`MIN_SPLIT_TERMS` terms on average (each slice a multiple of TK terms, the last one the rest:
+    576 terms in 4 slices are 160, 160, 160, 96)."""
     p = 1
     for d in spec.out_spatial:
         p *= int(d)
@@ -174,7 +183,8 @@ def emit_conv(km, st: Stage, sym: str, node: E, plan: ConvPlan, scratch: Optiona
     spec: Contraction = node.attr
     red = accumulation(node)
     use_fma = red.attr[0] == "fma"
-    half = spec.x.dtype == DType.FLOAT16     # float16 weights and input, converted on load: float32 tiles
+    half = spec.x.dtype == DType.FLOAT16     # float16 weights and input: widened on load into float32 tiles,
+    # or (mma) kept half in shared memory for the tensor cores
     ET = F16 if half else F32
     esize = 2 if half else 4
     fn = km._kernel_fn(sym)

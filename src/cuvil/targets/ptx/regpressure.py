@@ -29,10 +29,15 @@ from typing import Dict, List, Optional, Sequence, Tuple
 # per-SM limits by compute capability (CUDA C Programming Guide, "Technical Specifications per Compute
 # Capability"): 64 K 32-bit registers allocated per warp in units of 256, resident warps and blocks
 LIMITS = {
-    "sm_80": {"regs_per_sm": 65536, "reg_unit": 256, "max_warps": 64, "max_blocks": 32, "max_regs": 255},
-    "sm_86": {"regs_per_sm": 65536, "reg_unit": 256, "max_warps": 48, "max_blocks": 16, "max_regs": 255},
-    "sm_89": {"regs_per_sm": 65536, "reg_unit": 256, "max_warps": 48, "max_blocks": 24, "max_regs": 255},
-    "sm_90": {"regs_per_sm": 65536, "reg_unit": 256, "max_warps": 64, "max_blocks": 32, "max_regs": 255},
+# and the shared memory an SM gives its blocks (the configurable carve-out's maximum, 1 KB reserved per block)
+    "sm_80": {"regs_per_sm": 65536, "reg_unit": 256, "max_warps": 64, "max_blocks": 32, "max_regs": 255,
+              "smem_per_sm": 167936},
+    "sm_86": {"regs_per_sm": 65536, "reg_unit": 256, "max_warps": 48, "max_blocks": 16, "max_regs": 255,
+              "smem_per_sm": 102400},
+    "sm_89": {"regs_per_sm": 65536, "reg_unit": 256, "max_warps": 48, "max_blocks": 24, "max_regs": 255,
+              "smem_per_sm": 102400},
+    "sm_90": {"regs_per_sm": 65536, "reg_unit": 256, "max_warps": 64, "max_blocks": 32, "max_regs": 255,
+              "smem_per_sm": 233472},
 }
 # SMs of the usual data-centre part of each architecture (A100; A10 / RTX 3090 class has 72-84; L40S 142;
 # H100 / H200 SXM)
@@ -50,17 +55,20 @@ def sms_for(arch: str) -> int:
     return SMS.get(re.sub(r"[af]$", "", arch), SMS["sm_90"])
 
 
-def occupancy(regs: int, block: int, limits: Optional[dict] = None) -> dict:
-    """Theoretical residency of a kernel using ``regs`` registers per thread in blocks of ``block`` threads:
-    blocks per SM (least of the register, warp and block limits), resident warps, occupancy (resident warps /
-    the SM's maximum) and which limit binds."""
+def occupancy(regs: int, block: int, limits: Optional[dict] = None, shared: int = 0) -> dict:
+    """Theoretical residency of a kernel using ``regs`` registers per thread and ``shared`` bytes of static
+    shared memory per block, in blocks of ``block`` threads: blocks per SM (least of the register, shared
+    memory, warp and block limits), resident warps, occupancy (resident warps / the SM's maximum) and which
+    limit binds."""
     limits = limits or LIMITS["sm_90"]
     warps_per_block = -(-block // 32)
     regs_per_warp = -(-max(regs, 1) * 32 // limits["reg_unit"]) * limits["reg_unit"]
     by_regs = (limits["regs_per_sm"] // regs_per_warp) // warps_per_block
+    by_smem = limits["smem_per_sm"] // (shared + 1024) if shared else limits["max_blocks"]
     by_warps = limits["max_warps"] // warps_per_block
-    blocks = min(by_regs, by_warps, limits["max_blocks"])
-    limiter = "registers" if by_regs < min(by_warps, limits["max_blocks"]) else "threads"
+    blocks = min(by_regs, by_smem, by_warps, limits["max_blocks"])
+    limiter = ("registers" if by_regs < min(by_smem, by_warps, limits["max_blocks"]) else
+               "shared memory" if by_smem < min(by_warps, limits["max_blocks"]) else "threads")
     return {"blocks_per_sm": blocks, "warps_per_sm": blocks * warps_per_block,
             "occupancy": blocks * warps_per_block / limits["max_warps"], "limiter": limiter}
 
@@ -83,18 +91,19 @@ def steps(block: int, limits: Optional[dict] = None) -> List[Tuple[int, int]]:
 
 
 def candidate_caps(grid: int, block: int, regs: int, sms: int, limits: Optional[dict] = None,
-                   min_cap: int = MIN_CAP) -> List[int]:
+                   min_cap: int = MIN_CAP, shared: int = 0) -> List[int]:
     """Register caps worth trying for a kernel, in the order to try them: for each wave count below the
     kernel's own that an occupancy step reaches, the mildest cap reaching it (most registers), fewest waves
     first. Empty when registers do not limit the kernel, its grid fits in one wave, or no step at or above
     ``min_cap`` registers saves a wave."""
     limits = limits or LIMITS["sm_90"]
-    occ = occupancy(regs, block, limits)
+    occ = occupancy(regs, block, limits, shared)
     w0 = waves(grid, occ["blocks_per_sm"], sms)
     if occ["limiter"] != "registers" or w0 <= 1:
         return []
     best: Dict[int, int] = {}
     for r, bps in steps(block, limits):
+        bps = occupancy(r, block, limits, shared)["blocks_per_sm"]     # shared memory may bind first
         w = waves(grid, bps, sms)
         if min_cap <= r < regs and w < w0:
             best[w] = max(best.get(w, 0), r)
@@ -141,11 +150,11 @@ def relieve(ptx: str, kernels: Sequence, info: dict, arch: str, assemble, *, sms
         r = info.get(k.name)
         if r is None or r.registers is None or not _clean(r):
             continue
-        caps = candidate_caps(k.grid, k.block, r.registers, sms, limits, min_cap)
+        caps = candidate_caps(k.grid, k.block, r.registers, sms, limits, min_cap, r.shared)
         if caps:
             pending[k.name] = caps
-            occ = occupancy(r.registers, k.block, limits)
-            rows[k.name] = {"grid": k.grid, "block": k.block,
+            occ = occupancy(r.registers, k.block, limits, r.shared)
+            rows[k.name] = {"grid": k.grid, "block": k.block, "shared": r.shared,
                             "before": {"registers": r.registers, "blocks_per_sm": occ["blocks_per_sm"],
                                        "occupancy": occ["occupancy"],
                                        "waves": waves(k.grid, occ["blocks_per_sm"], sms)},
@@ -175,7 +184,7 @@ def relieve(ptx: str, kernels: Sequence, info: dict, arch: str, assemble, *, sms
         cubin, final_info = assemble(apply_caps(ptx, kept))
     for name, row in rows.items():
         r = final_info[name]
-        occ = occupancy(r.registers, row["block"], limits)
+        occ = occupancy(r.registers, row["block"], limits, row["shared"])
         row["cap"] = kept.get(name)
         row["after"] = {"registers": r.registers, "blocks_per_sm": occ["blocks_per_sm"], "occupancy": occ["occupancy"],
                         "waves": waves(row["grid"], occ["blocks_per_sm"], sms), "spill_stores": r.spill_stores}

@@ -102,7 +102,8 @@ def scratch_bytes(spec: Contraction) -> int:
 
 def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
     c = find_contraction(st)
-    if c is None or km.scratch_index is None or not isinstance(c.attr, Contraction) or c.attr.pads:
+    if (c is None or km.scratch_index is None or not isinstance(c.attr, Contraction) or c.attr.pads
+            or c.attr.x.dtype != DType.FLOAT):   # the GPU lowering's forms (unpadded, float16): the generic kernel
         return None
     spec: Contraction = c.attr
     if not batch_only(spec.x.shape, st.buf.shape):
