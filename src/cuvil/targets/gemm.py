@@ -7,7 +7,9 @@ weight tensor, packed at compile time into panels of ``mr`` output channels
 (``Ap[g, m // mr, k, m % mr]``, zero rows past ``Mg``) so a micro-kernel reads one contiguous ``mr``-vector
 per ``k``. The register tile, ``mr`` channels x ``cols`` positions, is chosen per convolution among the
 target's shapes (:func:`choose_tile`). ``B`` is never materialised whole: a kernel packs panels of ``cols`` positions from the stored
-(already zero-padded) input into per-thread scratch, just before the micro-kernels read them.
+(already zero-padded) input into per-thread scratch, just before the micro-kernels read them. The GPU's
+lowering (``unpadded_contractions``) also emits float16 contractions and ones over the unpadded input
+(``Contraction.pads``: its kernels test the bounds; the x86 micro-kernels take neither form).
 
 The lowering emits ``E("contract", [n, m, *o, reduce], attr=Contraction)``: every backend may evaluate it
 as its last argument (the same sum over ``k``, reading the packed weights and the input), and the x86
@@ -46,7 +48,7 @@ def choose_tile(m: int, p, tiles) -> Tuple[int, int]:
 @attrs.define(eq=False)
 class Contraction:
     a: Buf              # packed weights [G, Mb, K, MR]
-    x: Buf              # input [N, G*Cg, *spatial], zero-padded: every window position is inside it
+    x: Buf              # input [N, G*Cg, *spatial]: zero-padded (every window position inside it), or see pads
     n: int
     groups: int
     m: int              # output channels per group

@@ -810,9 +810,11 @@ def _conv(ctx):
 
 def _conv_as_gemm(ctx, x, b, out, group, cin_g, m_g, kern, strides, dil, begin, wv=None) -> Optional[TensorFn]:
     """The convolution as a packed contraction (see :mod:`cuvil.targets.gemm`), when the target asks for
-    them (``ctx.gemm_cols``), it is float32 with constant weights and has enough output channels per group
-    to fill a micro-kernel's rows. The input is stored (zero-padded when the convolution pads) so the
-    kernel can pack it into panels without bounds tests."""
+    them (``ctx.gemm_cols``), it is float32 (or, for the GPU's ``unpadded_contractions``, float16) with
+    constant weights and has enough output channels per group to fill a micro-kernel's rows. The input is
+    stored, zero-padded when the convolution pads so the x86 kernels pack panels without bounds tests; with
+    ``unpadded_contractions`` it stays unpadded and the contraction records the pads (its expression tests
+    the bounds, as the GPU kernels do)."""
     wv = ctx.const_input(1) if wv is None else wv
     K = cin_g * int(np.prod(kern))
     # float32; float16 too where the kernels accumulate in float32 (the GPU's: unpadded_contractions)

@@ -295,7 +295,7 @@ class PtxKernelModule(KernelModule):
 
     def narrows(self, sym: str) -> bool:
         """Whether kernel ``sym`` unflattens its element index in 32 bits (``narrow_index``: True for every
-        kernel, or the names the register-pressure pass chose)."""
+        kernel, or a set of kernel names)."""
         ni = self.narrow_index
         return bool(ni) if isinstance(ni, bool) else sym in ni
 

@@ -11,10 +11,11 @@ that fit in one wave, or where no step saves a wave, are left alone. Caps for al
 together, one ptxas run per round, fewest waves first, backing off a step per kernel that spills
 (:func:`relieve`).
 
-Why opt-in: on an H200 (bench/gpu/RESULTS.md, "register-pressure pass") no ResNet-50 kernel qualifies at
-batch 1; at batch 8, capping the shared-memory tiled kernels from 56-63 to 48 registers (50% -> 62%
-occupancy, no spills, no wave saved) made them 0-33% slower, and the caps that do save a wave need 24-36 B
-of spills and were no faster in sum. These kernels are limited by their instruction and shared-memory
+Why opt-in: on an H200 (bench/gpu/RESULTS.md, "register-pressure pass"; measured with the kernels of that
+time, before the implicit-GEMM convolutions) no ResNet-50 kernel qualified at batch 1; at batch 8, capping the
+shared-memory tiled kernels from 56-63 to 48 registers (50% -> 62% occupancy, no spills, no wave saved) made
+them 0-33% slower, and the caps that do save a wave needed 24-36 B of spills and were no faster in sum. The
+convolution kernels that replaced them each fit in one wave at batch 1, so the pass caps none of them. These kernels are limited by their instruction and shared-memory
 throughput, not by latency that more resident warps would hide.
 
 The decision needs the number of SMs of the GPU that will run the bundle (:data:`SMS`, by architecture:
