@@ -8,7 +8,7 @@ weight tensor, packed at compile time into panels of ``mr`` output channels
 per ``k``. The register tile, ``mr`` channels x ``cols`` positions, is chosen per convolution among the
 target's shapes (:func:`choose_tile`). ``B`` is never materialised whole: a kernel packs panels of ``cols`` positions from the stored
 (already zero-padded) input into per-thread scratch, just before the micro-kernels read them. The GPU's
-lowering (``unpadded_contractions``) also emits float16 contractions and ones over the unpadded input
+lowering also emits float16 contractions (``half_contractions``) and ones over the unpadded input
 (``Contraction.pads``: its kernels test the bounds; the x86 micro-kernels take neither form).
 
 The lowering emits ``E("contract", [n, m, *o, reduce], attr=Contraction)``: every backend may evaluate it

@@ -51,11 +51,12 @@ class TensorFn:
 class LowerCtx:
     def __init__(self, node: Node, inputs: List[Optional[TensorFn]], temp: Callable,
                  weight: Optional[Callable] = None, gemm_cols: int = 0, gemm_tiles: tuple = (),
-                 unpadded_contractions: bool = False, matmul_panels: bool = True):
+                 unpadded_contractions: bool = False, matmul_panels: bool = True, half_contractions: bool = False):
         self.node, self.inputs, self._temp, self._weight = node, inputs, temp, weight
         # a padded convolution's contraction reads the unpadded input (Contraction.pads; the GPU's kernels
         # test bounds) instead of a stored padded copy (x86 micro-kernels pack panels without tests)
         self.unpadded_contractions = unpadded_contractions
+        self.half_contractions = half_contractions     # float16 convolutions as contractions too (GPU)
         self.matmul_panels = matmul_panels and gemm_cols > 0   # MatMuls as column-panel contractions (x86)
         # > 0: lower convolutions to packed contractions (and constant-weight MatMuls to column panels this
         # many wide); a convolution's register tile (rows, cols) is chosen among gemm_tiles
@@ -810,15 +811,14 @@ def _conv(ctx):
 
 def _conv_as_gemm(ctx, x, b, out, group, cin_g, m_g, kern, strides, dil, begin, wv=None) -> Optional[TensorFn]:
     """The convolution as a packed contraction (see :mod:`cuvil.targets.gemm`), when the target asks for
-    them (``ctx.gemm_cols``), it is float32 (or, for the GPU's ``unpadded_contractions``, float16) with
+    them (``ctx.gemm_cols``), it is float32 (or, with the GPU's ``half_contractions``, float16) with
     constant weights and has enough output channels per group to fill a micro-kernel's rows. The input is
     stored, zero-padded when the convolution pads so the x86 kernels pack panels without bounds tests; with
     ``unpadded_contractions`` it stays unpadded and the contraction records the pads (its expression tests
     the bounds, as the GPU kernels do)."""
     wv = ctx.const_input(1) if wv is None else wv
     K = cin_g * int(np.prod(kern))
-    # float32; float16 too where the kernels accumulate in float32 (the GPU's: unpadded_contractions)
-    dts = (DType.FLOAT, DType.FLOAT16) if ctx.unpadded_contractions else (DType.FLOAT,)
+    dts = (DType.FLOAT, DType.FLOAT16) if ctx.half_contractions else (DType.FLOAT,)
     if (not ctx.gemm_cols or wv is None or ctx.out_dtype() not in dts or x.dtype != ctx.out_dtype() or m_g < 4
             or K < 8 or ctx._weight is None):
         return None
@@ -1985,7 +1985,7 @@ def _minus_zp(t: TensorFn, zp: Optional[TensorFn], zp_axis: Optional[int]) -> Te
 
 def _sub_ctx(ctx, inputs) -> LowerCtx:
     return LowerCtx(ctx.node, inputs, ctx._temp, ctx._weight, ctx.gemm_cols, ctx.gemm_tiles, ctx.unpadded_contractions,
-                    ctx.matmul_panels)
+                    ctx.matmul_panels, ctx.half_contractions)
 
 
 @lowering("MatMulInteger")

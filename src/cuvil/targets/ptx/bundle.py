@@ -26,7 +26,7 @@ from typing import Callable, Optional
 from ...errors import CuvilError
 from ...ir.dtype import DType
 from ...ir.graph import Graph
-from ..schedule import ARENA, WEIGHTS, schedule
+from ..schedule import ARENA, WEIGHTS
 from .codegen import TRIPLE, build_ptx, gpu_schedule
 from .ptxas import PtxasError, assemble, find_ptxas
 
@@ -145,7 +145,7 @@ def compile_bundle(g: Graph, out_dir: str, *, arch: str = "sm_90", opt_level: in
         "kernel_rules": {name: {"applied": res.kernel_rule_counts.get(name, 0), "obligation": ob, "verdict": "proved"}
                          for name, ob in res.kernel_rules.items()},
         "enable_fp16": enable_fp16,
-        "narrow_index": narrow_index if isinstance(narrow_index, bool) else sorted(narrow_index),
+        "narrow_index": narrow_index,
         "register_pass": rp_report if rp_report is not None else
         {"skipped": "off" if not register_pass else "ptxas not found" if exe is None else "narrow_index=True"},
         "float16_reductions_widened": res.widened_reductions,

@@ -293,12 +293,6 @@ class PtxKernelModule(KernelModule):
         self.narrow_index = narrow_index
         self.empty_md = self.module.add_metadata([])
 
-    def narrows(self, sym: str) -> bool:
-        """Whether kernel ``sym`` unflattens its element index in 32 bits (``narrow_index``: True for every
-        kernel, or a set of kernel names)."""
-        ni = self.narrow_index
-        return bool(ni) if isinstance(ni, bool) else sym in ni
-
     def grid_stride(self, b: ir.IRBuilder):
         """(global thread index, threads in the grid): the start and step of a grid-stride loop."""
         ntid = self.sreg(b, "ntid.x")
@@ -720,7 +714,7 @@ class PtxKernelModule(KernelModule):
             idx: List[ir.Value] = [None] * len(shape)
             # register pressure (opt-in): with fewer than 2^31 elements the element index is unflattened in 32
             # bits (32-bit mul.hi for the divisions by constants, fewer registers), then widened
-            narrow = self.narrows(sym) and total < 2 ** 31
+            narrow = self.narrow_index and total < 2 ** 31
             it = I32 if narrow else I64
             rest = b.trunc(i, I32) if narrow else i
             for d in reversed(range(len(shape))):
@@ -993,7 +987,7 @@ def gpu_schedule(g) -> Schedule:
     if not CONV_ENABLED:
         return schedule(g)
     return schedule(g, gemm_cols=GPU_GEMM_COLS, gemm_tiles=tuple((m, GPU_GEMM_COLS) for m in TILE_CHANNELS),
-                    unpadded_contractions=bool(_conv.UNPADDED), matmul_panels=False)
+                    unpadded_contractions=bool(_conv.UNPADDED), matmul_panels=False, half_contractions=True)
 
 
 def _has_half(e: E) -> bool:

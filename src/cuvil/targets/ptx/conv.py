@@ -32,7 +32,7 @@ order (deterministic) and runs the stage's fused epilogue. With S = 1 the epilog
 """
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import Optional
 
 import attrs
 import llvmlite.ir as ir

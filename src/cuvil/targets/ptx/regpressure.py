@@ -15,7 +15,9 @@ Why opt-in: on an H200 (bench/gpu/RESULTS.md, "register-pressure pass"; measured
 time, before the implicit-GEMM convolutions) no ResNet-50 kernel qualified at batch 1; at batch 8, capping the
 shared-memory tiled kernels from 56-63 to 48 registers (50% -> 62% occupancy, no spills, no wave saved) made
 them 0-33% slower, and the caps that do save a wave needed 24-36 B of spills and were no faster in sum. The
-convolution kernels that replaced them each fit in one wave at batch 1, so the pass caps none of them. These kernels are limited by their instruction and shared-memory
+convolution kernels that replaced them each fit in one wave at batch 1, so the pass caps none of them; at
+batch 8 it caps 22 of them (91 -> 72 / 93 -> 64 registers, 2 waves -> 1, no spills;
+``python3 bench/gpu/register_pass.py --no-gpu``), which has not been timed on a GPU. These kernels are limited by their instruction and shared-memory
 throughput, not by latency that more resident warps would hide.
 
 The decision needs the number of SMs of the GPU that will run the bundle (:data:`SMS`, by architecture:
