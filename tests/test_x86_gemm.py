@@ -85,7 +85,14 @@ RUN_CASES = [
 TILE_CASES = [((1, 16, 14, 14), (24, 16, 3, 3), dict(pads=[1, 1, 1, 1])),
               ((1, 16, 28, 28), (16, 16, 3, 3), dict(pads=[1, 1, 1, 1])),
               ((1, 16, 8, 8), (30, 16, 3, 3), dict(pads=[1, 1, 1, 1]))]
-CASES += RUN_CASES + TILE_CASES
+# one for each AVX-512 channel-lane tile: 48x7 (7x7 map), 64x6 (6x6), 32x7 (14x14, 1x1); then a 48x7 tile over
+# 40 channels (a partial channel block) of a strided convolution, and one over 100 positions (a partial panel)
+CHANNEL_CASES = [((1, 16, 7, 7), (48, 16, 3, 3), dict(pads=[1, 1, 1, 1])),
+                 ((1, 16, 6, 6), (64, 16, 3, 3), dict(pads=[1, 1, 1, 1])),
+                 ((1, 16, 14, 14), (32, 16, 1, 1), {}),
+                 ((1, 16, 14, 14), (40, 16, 3, 3), dict(strides=[2, 2], pads=[1, 1, 1, 1])),
+                 ((1, 8, 10, 10), (45, 8, 3, 3), dict(pads=[1, 1, 1, 1]))]
+CASES += RUN_CASES + TILE_CASES + CHANNEL_CASES
 
 
 @pytest.mark.parametrize("xs,ws,attrs", CASES, ids=[f"case{i}" for i in range(len(CASES))])
@@ -102,14 +109,20 @@ def test_conv_gemm_avx2_panels(xs, ws, attrs):
 
 
 def test_register_tile_choice():
-    from cuvil.targets.gemm import choose_tile
+    from cuvil.targets.gemm import CHANNEL_LANES, choose_tile
     from cuvil.targets.x86.gemm import tile_shapes
     avx512 = tile_shapes(512)
-    want = [(12, 32), (8, 48), (6, 64)]
+    want = [(12, 32, 16), (8, 48, 16), (6, 64, 16)]
     for (xs, ws, attrs), tile in zip(TILE_CASES, want):
         assert choose_tile(ws[0], xs[2] * xs[3], avx512) == tile
-    assert choose_tile(512, 49, avx512) == (12, 32)    # a tie with 6x64: the earlier shape
-    assert tile_shapes(256) == ((6, 16),)
+    want = [(48, 7), (64, 6), (32, 7), (48, 7), (48, 7)]
+    for (xs, ws, attrs), tile in zip(CHANNEL_CASES, want):
+        out = [(n + sum(attrs.get("pads", [0] * 4)[d::2]) - k) // s + 1
+               for d, (n, k, s) in enumerate(zip(xs[2:], ws[2:], attrs.get("strides", [1, 1])))]
+        assert choose_tile(ws[0], out[0] * out[1], avx512) == tile + (CHANNEL_LANES,)
+    assert choose_tile(512, 49, avx512) == (32, 7, CHANNEL_LANES)   # 12x32 computes 64 of the 49 positions
+    assert choose_tile(512, 16, avx512) == (12, 32, 16)    # one panel: only the first vector's FMAs are kept
+    assert tile_shapes(256) == ((6, 16, 8),)
 
 
 def test_no_bias_and_no_epilogue():

@@ -17,7 +17,7 @@ backend replaces it by micro-kernels when the node is the stage's own output ele
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Optional
 
 import attrs
 import numpy as np
@@ -32,17 +32,48 @@ def _pad(n: int, to: int) -> int:
     return -(-n // to) * to
 
 
-def choose_tile(m: int, p, tiles) -> Tuple[int, int]:
-    """The register tile ``(rows, cols)`` among the target's ``tiles`` with the least padded work
-    ``pad(m, rows) * pad(p, cols)`` for ``m`` output channels and ``p`` positions (ties: the earlier one);
-    the last one when ``p`` is symbolic. With AVX-512 (``((12, 32), (8, 48), (6, 64))``) a 14x14 map takes
+# A register tile is ``(rows, cols[, lanes])``: ``rows`` output channels broadcast as scalars against
+# vectors of ``lanes`` positions (``cols`` in all); or ``(rows, cols, CHANNEL_LANES)``: vectors along the
+# ``rows`` channels, positions broadcast (Contraction.channel_lanes), which lets ``cols`` be any count (7: a
+# 7x7 map's row) where position vectors would leave lanes empty (49 positions in 64 lanes). Such a tile's
+# epilogue transposes it in registers, so its work is weighted CHANNEL_TILE_COST against the other form's.
+CHANNEL_LANES = "c"
+CHANNEL_TILE_COST = 1.10
+
+
+def channel_lanes(tile) -> bool:
+    return len(tile) > 2 and tile[2] == CHANNEL_LANES
+
+
+def tile_cost(m: int, p: int, tile) -> float:
+    """Padded work of ``tile`` on ``m`` output channels x ``p`` positions (see :func:`choose_tile`). A
+    position-lane tile whose one panel holds every position computes only the vectors that hold some (the
+    x86 kernels' stores past ``p`` are masked off at compile time there, and LLVM drops their FMAs); a k-step
+    then issues ``rows * live`` FMAs beside ``rows + live`` loads, and a tile with fewer FMAs than loads is
+    counted as load-bound (12x32 with one live vector: 13 loads for 12 FMAs)."""
+    rows, cols = tile[:2]
+    if channel_lanes(tile):
+        return _pad(m, rows) * _pad(p, cols) * CHANNEL_TILE_COST
+    lanes = tile[2] if len(tile) > 2 else cols
+    if p > cols:
+        return _pad(m, rows) * _pad(p, cols)
+    live = -(-p // lanes)
+    return _pad(m, rows) * live * lanes * max(1.0, (rows + live) / (rows * live))
+
+
+def choose_tile(m: int, p, tiles) -> tuple:
+    """The register tile among the target's ``tiles`` with the least padded work (:func:`tile_cost`, about
+    ``pad(m, rows) * pad(p, cols)``; channel-lane tiles weighted by CHANNEL_TILE_COST) for ``m``
+    output channels and ``p`` positions (ties: the earlier one); the last position-lane tile when ``p`` is
+    symbolic. With AVX-512's position-lane tiles (``((12, 32), (8, 48), (6, 64))``) a 14x14 map takes
     32-wide panels (224 of 196 positions computed, 256 with 64-wide ones), a 28x28 map 48-wide ones; on a
     2-core Zen 5, with each shape forced in turn, the least padded work picked the fastest of the three on
     the 3x3 layers of `python3 bench/x86_layers.py --only conv3x3` (1.23 -> 1.05 ms at 14x14 256 channels,
-    1.02 -> 0.93 ms at 56x56 64 channels)."""
+    1.02 -> 0.93 ms at 56x56 64 channels). Channel-lane tiles (48 x 7, 64 x 6, 32 x 7) take 7x7 and 14x14
+    maps."""
     if not isinstance(p, int):
-        return tuple(tiles[-1])
-    return tuple(min(tiles, key=lambda t: _pad(m, t[0]) * _pad(p, t[1])))
+        return tuple([t for t in tiles if not channel_lanes(t)][-1])
+    return tuple(min(tiles, key=lambda t: tile_cost(m, p, t)))
 
 
 @attrs.define(eq=False)
@@ -60,6 +91,7 @@ class Contraction:
     cols: int           # positions per micro-kernel tile (the register tile's width)
     mr: int = MR        # output channels per weight panel (the register tile's rows)
     pads: tuple = ()    # begin pads when ``x`` is the unpadded input (the GPU's kernels test bounds); () padded
+    channel_lanes: bool = False   # the register tile's vectors run along its mr channels (see choose_tile)
 
     @property
     def k(self) -> int:

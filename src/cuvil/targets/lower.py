@@ -16,7 +16,7 @@ from ..errors import UnsupportedOpError
 from ..ir.dim import SymExpr, dmax, evaluate, free_symbols, product
 from ..ir.dtype import DType
 from ..ir.graph import Node
-from .gemm import (MR, Contraction, DepthwiseWindow, MatContraction, PadWindow, WinogradInput, WinogradOutput, choose_tile,
+from .gemm import (MR, Contraction, DepthwiseWindow, MatContraction, PadWindow, WinogradInput, WinogradOutput, channel_lanes, choose_tile,
                    pack_columns, pack_weights)
 from .texpr import (BOOL, I64, Buf, E, all_of, binop, call, cast, cmp, const, dim_index, identity_value, in_range, load,
                     logic, reduce, select, unop)
@@ -833,11 +833,12 @@ def _conv_as_gemm(ctx, x, b, out, group, cin_g, m_g, kern, strides, dil, begin, 
         x, _ = padded_window_input(ctx, x, out_sp, kern, strides, dil, begin, 0.0)
     if x.buf is None:
         x = ctx.temp(x.shape, x.dtype, x.fn, "in")
-    mr, cols = choose_tile(m_g, product(out_sp), ctx.gemm_tiles)
+    tile = choose_tile(m_g, product(out_sp), ctx.gemm_tiles)
+    mr, cols = tile[:2]
     wdt = np.float16 if half else np.float32
     a_buf = ctx.weight(pack_weights(wv.astype(wdt), group, mr, wdt), "packed")
     spec = Contraction(a_buf, x.buf, x.shape[0], group, m_g, cin_g, tuple(kern), tuple(strides), tuple(dil),
-                       out_sp, cols, mr, pads)
+                       out_sp, cols, mr, pads, channel_lanes(tile))
     kshape = [cin_g] + list(kern)
 
     def f(idx):

@@ -20,25 +20,26 @@ from __future__ import annotations
 from typing import Optional
 
 from ...dsl.ast import Num, OpCall, Rule
-from ..gemm import choose_tile
+from ..gemm import choose_tile, tile_cost
 from .gemm import tile_shapes
 
 AVX2_TILES = tile_shapes(256)   # the default target's register tiles
 TRANSFORM_COST = 4.0      # multiply-add units per transformed element (input tile element or output)
+# multiply-add units per weight float: a whole model's weights stream from memory once per inference
+# (~30 GB/s here against ~136 G multiply-adds/s per core), and Winograd multiplies them by (m+2)^2 / 9.
+# Without this term F(4x4) won on 7x7 512-channel layers (4 tiles: 38 MB of transformed weights) once
+# channel-lane tiles made its 4-position GEMM cheap on paper; measured 1.15 ms against F(2x2)'s 0.69 ms
+# (`python3 bench/x86_layers.py --only conv3x3`).
+WEIGHT_COST = 16.0
 MIN_CHANNELS = 8          # fewer input or output channels: the GEMMs are too thin to gain
 
 
-def _pad(n: int, to: int) -> int:
-    return -(-n // to) * to
-
-
-def _gemm_work(m: int, p: int, shapes) -> int:
-    rows, cols = choose_tile(m, p, shapes)
-    return _pad(m, rows) * _pad(p, cols)
+def _gemm_work(m: int, p: int, shapes) -> float:
+    return tile_cost(m, p, choose_tile(m, p, shapes))
 
 
 def direct_cost(c: int, k: int, oh: int, ow: int, shapes=AVX2_TILES) -> float:
-    return 9 * c * _gemm_work(k, oh * ow, shapes)
+    return 9 * c * _gemm_work(k, oh * ow, shapes) + WEIGHT_COST * 9 * c * k
 
 
 def winograd_cost(c: int, k: int, oh: int, ow: int, m: int, shapes=AVX2_TILES) -> float:
@@ -46,7 +47,7 @@ def winograd_cost(c: int, k: int, oh: int, ow: int, m: int, shapes=AVX2_TILES) -
     e = (m + 2) ** 2
     gemm = e * c * _gemm_work(k, tiles, shapes)
     transforms = TRANSFORM_COST * (e * c * tiles + e * k * tiles + k * oh * ow)
-    return gemm + transforms
+    return gemm + transforms + WEIGHT_COST * e * c * k
 
 
 def best_tile(c: int, k: int, oh: int, ow: int, shapes=AVX2_TILES) -> Optional[int]:

@@ -27,7 +27,7 @@ import llvmlite.ir as ir
 
 from ...ir.dim import SymExpr
 from ...ir.dtype import DType
-from ..gemm import MR, Contraction
+from ..gemm import CHANNEL_LANES, MR, Contraction
 from ..schedule import Stage
 from ..texpr import E, contains, top_level
 from .codegen import F32, I32, I64, PTR, _Emitter, const_value, splat
@@ -43,14 +43,21 @@ def tile_cols(vector_bits: int) -> int:
     return max(4, vector_bits // 32) * _NV.get(vector_bits, 2)
 
 
+# AVX-512's channel-lane tiles (see cuvil.targets.gemm.choose_tile), as (channel vectors, positions)
+CHANNEL_TILES = ((3, 7), (4, 6), (2, 7))
+
+
 def tile_shapes(vector_bits: int) -> tuple:
-    """The convolution register tiles ``(rows, cols)`` of a target, in the order
+    """The convolution register tiles ``(rows, cols, lanes | CHANNEL_LANES)`` of a target, in the order
     :func:`cuvil.targets.gemm.choose_tile` breaks ties. AVX-512's 32 registers hold 12x2, 8x3 or 6x4
-    accumulator vectors beside the B vectors and a broadcast; AVX2's 16 hold 6x2."""
+    accumulator vectors of positions beside the B vectors and a broadcast, or (channel lanes) 7x3, 6x4 or
+    7x2 vectors of channels beside the weight vectors (7x4 spilled: 28 accumulators + 4 + a broadcast);
+    AVX2's 16 hold 6x2."""
     vw = max(4, vector_bits // 32)
     if vector_bits >= 512:
-        return ((12, 2 * vw), (8, 3 * vw), (MR, 4 * vw))
-    return ((MR, tile_cols(vector_bits)),)
+        lanes = tuple((nvec * vw, cols, CHANNEL_LANES) for nvec, cols in CHANNEL_TILES)
+        return ((12, 2 * vw, vw), (8, 3 * vw, vw), (MR, 4 * vw, vw)) + lanes
+    return ((MR, tile_cols(vector_bits), vw),)
 
 
 def find_contraction(st: Stage, op: str = "contract") -> Optional[E]:
@@ -71,6 +78,7 @@ def find_contraction(st: Stage, op: str = "contract") -> Optional[E]:
 # 3x3 layers, so blocks are sized for L2 and only split the long reductions (K > 1024 here; any K > 256 with
 # AVX-512's 64-wide panels, which were never run).
 B_BLOCK_BYTES = 64 * 1024
+A_BLOCK_BYTES = 64 * 1024
 
 # The packed weights stream from memory once per inference (ResNet-50 has 100 MB of them); the hardware
 # prefetcher does not follow a k-block of a weight panel (a few KB, the next block a panel further on), so
@@ -82,8 +90,9 @@ PREFETCH_K = 128
 
 
 def k_block(spec: Contraction) -> int:
-    """k-block length: the B panel block fits B_BLOCK_BYTES; K is split into equal blocks."""
-    kc = max(64, B_BLOCK_BYTES // (spec.cols * 4))
+    """k-block length: the B panel block fits B_BLOCK_BYTES (with channel lanes: the weight panel block,
+    which every position panel re-reads, fits A_BLOCK_BYTES); K is split into equal blocks."""
+    kc = max(64, (A_BLOCK_BYTES // (spec.mr * 4)) if spec.channel_lanes else B_BLOCK_BYTES // (spec.cols * 4))
     nblocks = -(-spec.k // kc)
     return -(-spec.k // nblocks)
 
@@ -110,21 +119,27 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
         return None
     vw = max(4, km.vector_bits // 32)
     nr = spec.cols
-    if nr % vw:
-        return None
-    nv = nr // vw
     MR = spec.mr
+    cl = spec.channel_lanes          # vectors along the tile's MR channels, its nr positions broadcast
+    if (MR if cl else nr) % vw:
+        return None
+    nv = MR // vw if cl else nr // vw    # accumulator vectors per broadcast row
+    npv = -(-nr // vw)               # vectors per packed panel row (the last one masked when nr % vw)
     vec = ir.VectorType(F32, vw)
     km.scratch_bytes = max(km.scratch_bytes, scratch_bytes(spec))
 
     em, begin, end = km.kernel(sym)
     b, bufs = em.b, em.bufs
     fma = km.declare(f"llvm.fma.v{vw}f32", vec, [vec, vec, vec])
-    tile = em.alloca(vec, MR * nv)   # stored as vectors, read back as floats
+    tile = em.alloca(vec, MR * nr // vw)   # stored as vectors, read back as floats
     tile_f = b.bitcast(tile, ir.PointerType(F32))
     offs = em.alloca(I64, nr)        # input offset of each position of the panel being packed
     packed_key = em.alloca(I64)
     b.store(I64(-1), packed_key)
+    mvec = ir.VectorType(ir.IntType(1), vw)
+    tload = km.declare(f"llvm.masked.load.v{vw}f32.p0", vec, [PTR, I32, mvec, vec])
+    tstore = km.declare(f"llvm.masked.store.v{vw}f32.p0", ir.VoidType(), [vec, PTR, I32, mvec])
+    lanes_lt = lambda n_: ir.Constant(mvec, [l < n_ for l in range(vw)])
 
     G, M, K, P, Mb, Pb = spec.groups, spec.m, spec.k, spec.p, spec.m_blocks, spec.p_blocks
     panel_order = M <= P
@@ -196,7 +211,7 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
                 def run(j0, length):
                     src0 = b.load(b.gep(offs, [j0], source_etype=I64, inbounds=True), typ=I64)
                     chunks = []
-                    for v in range(nv):
+                    for v in range(npv):
                         left = b.trunc(b.sub(length, I64(v * vw)), I32)
                         # lanes of the wide load: i <= (left - 1) * s, i.e. i < (left - 1) * s + 1
                         wl = lanes_below(b.add(b.mul(b.sub(left, I32(1)), I32(s_last)), I32(1)), span)
@@ -225,9 +240,14 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
                         em.loop_range(I64(0), I64(nr), col)
                     else:
                         src = fptr(xb, b.add(koff, first))
-                        for v in range(nv):
-                            x = b.load(fptr(src, I64(v * vw)), typ=vec, align=4)
-                            b.store(x, b.gep(dst, [I64(v)], source_etype=vec, inbounds=True), align=4)
+                        for v in range(npv):
+                            if (v + 1) * vw <= nr:
+                                x = b.load(fptr(src, I64(v * vw)), typ=vec, align=4)
+                                b.store(x, b.gep(dst, [I64(v)], source_etype=vec, inbounds=True), align=4)
+                            else:        # a panel row narrower than the vectors: masked to it
+                                tail = lanes_lt(nr - v * vw)
+                                x = b.call(tload, [fptr(src, I64(v * vw)), I32(4), tail, zero])
+                                b.call(tstore, [x, fptr(dst, I64(v * vw)), I32(4), tail])
                 em.loops([spec.cin] + list(spec.kernel), per_k)
             with b.if_else(contiguous) as (then, otherwise):
                 with then:
@@ -244,28 +264,35 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
                                 rows(True)
         em.loop_range(I64(0), count, one)
 
+    nacc = MR * nr // vw
+
     def kloop(a_ptr, b_ptr, k0: int, k1: int, acc_in, acc_out):
-        """MR x NV accumulators over k in [k0, k1): start from zero (acc_in None) or the vectors at acc_in,
-        end stored at acc_out (the tile, or an accumulator slot between k-blocks; None: not stored).
-        Returns the accumulator values."""
-        init = [zero] * (MR * nv) if acc_in is None else [
-            b.load(b.gep(acc_in, [I64(i)], source_etype=vec, inbounds=True), typ=vec, align=4) for i in range(MR * nv)]
-        new = fma_tile_loop(em, fma, I64(k0), I64(k1), init, nv,
-                            lambda k: [b.load(fptr(fptr(b_ptr, b.mul(k, I64(nr))), I64(v * vw)), typ=vec, align=4)
-                                       for v in range(nv)],
-                            lambda k: [b.load(fptr(fptr(a_ptr, b.mul(k, I64(MR))), I64(r)), typ=F32, align=4)
-                                       for r in range(MR)],
+        """MR x nr accumulators over k in [k0, k1) (nacc vectors: MR rows x nv, or with channel lanes nr
+        rows x nv): start from zero (acc_in None) or the vectors at acc_in, end stored at acc_out (the tile,
+        or an accumulator slot between k-blocks; None: not stored). Returns the accumulator values."""
+        init = [zero] * nacc if acc_in is None else [
+            b.load(b.gep(acc_in, [I64(i)], source_etype=vec, inbounds=True), typ=vec, align=4) for i in range(nacc)]
+        a_row = lambda k: fptr(a_ptr, b.mul(k, I64(MR)))
+        b_row = lambda k: fptr(b_ptr, b.mul(k, I64(nr)))
+        if cl:
+            vectors = lambda k: [b.load(fptr(a_row(k), I64(v * vw)), typ=vec, align=4) for v in range(nv)]
+            scalars = lambda k: [b.load(fptr(b_row(k), I64(j)), typ=F32, align=4) for j in range(nr)]
+        else:
+            vectors = lambda k: [b.load(fptr(b_row(k), I64(v * vw)), typ=vec, align=4) for v in range(nv)]
+            scalars = lambda k: [b.load(fptr(a_row(k), I64(r)), typ=F32, align=4) for r in range(MR)]
+        new = fma_tile_loop(em, fma, I64(k0), I64(k1), init, nv, vectors, scalars,
                             prefetch=lambda k: [fptr(a_ptr, b.mul(b.add(k, I64(PREFETCH_K)), I64(MR)))])
         if acc_out is not None:
             store_tile(new, acc_out)
         return new
 
     def store_tile(values, dst):
-        for i in range(MR * nv):
+        for i in range(nacc):
             b.store(values[i], b.gep(dst, [I64(i)], source_etype=vec, inbounds=True), align=4)
 
     # full tiles of an epilogue made of per-channel and same-position operands run on the accumulators
-    vplan = vector_epilogue_plan(st, c) if st.region is None and tuple(st.buf.shape[2:]) == tuple(spec.out_spatial) else None
+    vplan = (vector_epilogue_plan(st, c) if (km.cheap_masks or not cl) and st.region is None
+             and tuple(st.buf.shape[2:]) == tuple(spec.out_spatial) else None)
 
     a_base = b.gep(em.base(spec.a), [I64(spec.a.offset)], source_etype=ir.IntType(8), inbounds=True)
     # k-blocks: a block of the B panel (kc x nr floats) stays in cache while every tile of the unit passes it;
@@ -293,6 +320,13 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
             epilogue(n, g, m0, p0, nrows, ncols)
             return
         mbase = b.add(b.mul(g, I64(M)), m0)
+        if cl:                   # channel rows of positions, transposed in registers; columns always masked
+            rows, w = transpose_lanes(b, new, nr, nv)
+            em.memo.append(dict(em.memo[-1]))
+            vector_epilogue(em, st, c, vplan, n, mbase, p0, rows, MR, 1, spec.out_spatial, nrows,
+                            None if w == nr else ncols)
+            em.memo.pop()
+            return
         full = b.and_(b.icmp_signed("==", nrows, I64(MR)), b.icmp_signed("==", ncols, I64(nr)))
         with b.if_else(full) as (then, otherwise):
             with then:
@@ -333,6 +367,11 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
 
     out_sp = spec.out_spatial
 
+    def tile_index(r, j):
+        """The tile element of channel r, position j: rows of nr positions, or with channel lanes the
+        stored accumulators' order, nr rows of MR channels."""
+        return b.add(b.mul(j, I64(MR)), r) if cl else b.add(b.mul(r, I64(nr)), j)
+
     def epilogue(n, g, m0, p0, nrows, ncols):
         """The tile's positions in runs along the last output axis, within which every index is affine in
         the column (no division per element), so the epilogue's loads and stores vectorise, when output rows
@@ -348,7 +387,7 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
                 return [n, b.add(mbase, r)] + unflatten(b, b.add(p0, j), out_sp)
 
             def slot_p(r, j):
-                return b.gep(tile_f, [b.add(b.mul(r, I64(nr)), j)], source_etype=F32, inbounds=True)
+                return b.gep(tile_f, [tile_index(r, j)], source_etype=F32, inbounds=True)
             tile_epilogue(em, st, c, slot_p, index_p, nrows, ncols)
             return
 
@@ -360,7 +399,7 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
                 return [n, b.add(mbase, r)] + lead + [b.add(w0, j)]
 
             def slot(r, j):
-                return b.gep(tile_f, [b.add(b.add(b.mul(r, I64(nr)), j0), j)], source_etype=F32, inbounds=True)
+                return b.gep(tile_f, [tile_index(r, b.add(j0, j))], source_etype=F32, inbounds=True)
             tile_epilogue(em, st, c, slot, index, nrows, length, full=(MR, nr))
         runs_along_last_axis(em, ncols, lambda j0: b.sub(I64(out_sp[-1]), b.srem(b.add(p0, j0), I64(out_sp[-1]))), run)
 
@@ -490,6 +529,49 @@ def vector_epilogue(em, st: Stage, node: E, kinds: dict, n, mbase, p0, accs, mr:
             em.memo.append(dict(em.memo[-1]))
             row(r)
             em.memo.pop()
+
+
+def transpose_lanes(b: ir.IRBuilder, accs: list, nr: int, nv: int) -> Tuple[list, int]:
+    """A channel-lane tile's accumulators (``nr`` positions x ``nv`` vectors of ``vw`` channels, row-major)
+    as channel rows: ``nv * vw`` vectors of ``w`` lanes (``w``: the power of two >= nr; lanes past nr are
+    zero), in channel order, and ``w``. Per group of vw channels, log2(w) rounds of two-input shuffles
+    double the positions each vector holds per channel and halve its channels; the last vectors (vw / w
+    channels each) are split into rows."""
+    vec = accs[0].type
+    vw = vec.count
+    w = 1
+    while w < nr:
+        w *= 2
+    assert w <= vw
+    zero = ir.Constant(vec, [0.0] * vw)
+    rows = []
+    for v in range(nv):
+        # level s: vectors of (vw / s) channels x s positions, each channel's positions in consecutive lanes;
+        # a vector is (first channel, its lanes)
+        cur = [(0, accs[j * nv + v] if j < nr else zero) for j in range(w)]
+        s = 1
+        while s < w:
+            nxt = []
+            half = vw // s // 2           # channels in each output vector
+            for i in range(0, len(cur), 2):
+                (c0, lo), (_, hi) = cur[i], cur[i + 1]
+                for part in range(2):
+                    idx = []
+                    for t in range(vw):
+                        q, within = t // (2 * s) + part * half, t % (2 * s)
+                        idx.append(q * s + within if within < s else vw + q * s + within - s)
+                    nxt.append((c0 + part * half, b.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(I32, vw), idx))))
+            # the next level pairs vectors of one channel range holding consecutive position blocks: a stable
+            # sort by channel range keeps the blocks in order
+            cur = sorted(nxt, key=lambda e: e[0])
+            s *= 2
+        narrow = ir.VectorType(I32, w)
+        by_channel = {}
+        for c0, x in cur:
+            for q in range(vw // w):
+                by_channel[c0 + q] = b.shuffle_vector(x, x, ir.Constant(narrow, list(range(q * w, q * w + w))))
+        rows += [by_channel[q] for q in range(vw)]
+    return rows, w
 
 
 def fma_tile_loop(em, fma, k0, k1, init, nv: int, vectors, scalars, prefetch=None) -> list:
