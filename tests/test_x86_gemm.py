@@ -38,16 +38,23 @@ def conv_model(x_shape, w_shape, *, strides=None, pads=None, dilations=None, gro
             out = "s"
         nodes.append(helper.make_node("Relu", [out], ["r"]))
         out = "r"
+    elif epilogue == "sigmoid":      # exp: not a vector-epilogue op, so the tile is spilled first
+        nodes.append(helper.make_node("Sigmoid", [out], ["r"]))
+        out = "r"
     g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x_shape))],
                           [helper.make_tensor_value_info(out, TensorProto.FLOAT, None)], inits)
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def check(model, x, gemm_stages, cpu=None):
+def check(model, x, gemm_stages, cpu=None, tile=None):
+    """Compiled (direct convolutions when ``tile`` is given: the register tile of every gemm step) vs
+    onnxruntime, at 1 and 2 threads."""
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-    art = Pipeline.from_onnx(model).optimize().compile(opt_level=3, cpu=cpu)
+    art = Pipeline.from_onnx(model).optimize().compile(opt_level=3, cpu=cpu, winograd=tile is None)
     kinds = [s["kernel"] for s in art.manifest["steps"]]
     assert kinds.count("gemm") == gemm_stages, art.manifest["steps"]
+    if tile is not None:
+        assert {s["tile"] for s in art.manifest["steps"] if s["kernel"] == "gemm"} == {tile}
     m = art.model()
     y1 = m.run(x, num_threads=1)[0]
     y2 = m.run(x, num_threads=2)[0]
@@ -123,6 +130,36 @@ def test_register_tile_choice():
     assert choose_tile(512, 49, avx512) == (32, 7, CHANNEL_LANES)   # 12x32 computes 64 of the 49 positions
     assert choose_tile(512, 16, avx512) == (12, 32, 16)    # one panel: only the first vector's FMAs are kept
     assert tile_shapes(256) == ((6, 16, 8),)
+
+
+def _host_bits():
+    from cuvil.targets.x86.codegen import host_target, vector_bits
+    _, _, cpu, features = host_target(None, 3)
+    return vector_bits(cpu, features)
+
+
+avx512_host = pytest.mark.skipif(_host_bits() < 512, reason="channel-lane tiles are AVX-512's")
+
+
+@avx512_host
+@pytest.mark.parametrize("epilogue", ["residual", "sigmoid", None])
+@pytest.mark.parametrize("case", [0, 3, 4])
+def test_channel_lane_tiles_with_each_epilogue(case, epilogue):
+    """Channel-lane tiles (accumulators along channels) through the register epilogue with an operand at
+    the output position (residual), the spilled tile (sigmoid) and no epilogue, on full, partial-channel and
+    partial-panel tiles."""
+    xs, ws, attrs = CHANNEL_CASES[case]
+    x = np.random.default_rng(4).standard_normal(xs).astype(np.float32)
+    tile = {0: "48x7c", 3: "48x7c", 4: "48x7c"}[case]
+    check(conv_model(xs, ws, epilogue=epilogue, **attrs), x, 2 if epilogue == "residual" else 1, tile=tile)
+
+
+@avx512_host
+@pytest.mark.parametrize("case", range(len(CHANNEL_CASES)))
+def test_channel_lane_tile_kernels(case):
+    xs, ws, attrs = CHANNEL_CASES[case]
+    x = np.random.default_rng(5).standard_normal(xs).astype(np.float32)
+    check(conv_model(xs, ws, **attrs), x, 1, tile=["48x7c", "64x6c", "32x7c", "48x7c", "48x7c"][case])
 
 
 def test_no_bias_and_no_epilogue():

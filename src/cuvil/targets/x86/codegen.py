@@ -110,6 +110,7 @@ class KernelModule:
         self.scratch_index: Optional[int] = None   # bufs slot of the thread's scratch (None: no scratch)
         self.scratch_bytes = 0   # per-thread scratch the kernels need
         self.gemm_symbols = set()   # stages emitted as GEMM micro-kernels
+        self.gemm_tiles = {}        # symbol -> a convolution micro-kernel's register tile ("12x32", "32x7c")
         self.split = {}             # symbol -> chunks per thread, where not CHUNKS_PER_THREAD
         # stages emitted as row kernels: symbol -> "conv" (depthwise), "max" (pool), "winograd_in"/"_out"
         self.window_kinds = {}
@@ -698,4 +699,4 @@ def generate_object(sched: Schedule, prefix: str, cpu: Optional[str], opt: int) 
         steps.append((sym, extent, grain, km.split.get(sym, CHUNKS_PER_THREAD)))
     obj = km.compile(opt)
     return obj, steps, {"triple": triple, "cpu": cpu_name, "features": features, "scratch_bytes": km.scratch_bytes,
-                        "gemm_symbols": km.gemm_symbols, "window_kinds": km.window_kinds}
+                        "gemm_symbols": km.gemm_symbols, "gemm_tiles": km.gemm_tiles, "window_kinds": km.window_kinds}

@@ -129,7 +129,8 @@ def _steps_json(sched, steps, target, variant) -> list:
         row = target["window_kinds"].get(sym)
         kind = "gemm" if sym in target["gemm_symbols"] else {"conv": "dwconv", "max": "maxpool"}.get(row, row or "loop")
         out.append({"stage": st.name, "op": st.op, "shape": _json_dims(st.buf.shape), "flops": st.flops,
-                    "kernel": kind, **({"variant": variant} if variant else {})})
+                    "kernel": kind, **({"tile": target["gemm_tiles"][sym]} if sym in target["gemm_tiles"] else {}),
+                    **({"variant": variant} if variant else {})})
     return out
 
 

@@ -9,6 +9,13 @@ registers: per k it loads ``NV`` vectors of a B panel, broadcasts ``MR`` packed 
 (bias, folded BatchNorm, residual add, activation: whatever was fused into the stage) runs over it in place
 through the generic emitter, and the rows are copied to the output.
 
+With a *channel-lane* tile (``Contraction.channel_lanes``, AVX-512: 32 x 7, 48 x 7, 64 x 6) the roles swap:
+per k the kernel loads ``MR / VW`` vectors of packed weights and broadcasts ``NR`` packed positions, so
+``NR`` may be any count (7: one row of a 7x7 map, which position vectors would pad to 64); the weight panel
+is k-blocked to ``A_BLOCK_BYTES`` instead of the B panel, since every position panel re-reads it. Its
+accumulators are transposed in registers into channel rows of 8 lanes (:func:`transpose_lanes`) for the
+vector epilogue (columns masked to ``NR``), or stored transposed for the spilled-tile one.
+
 B panels (``K x NR`` floats, the im2col of ``NR`` positions) are packed into the calling thread's scratch
 (``bufs[scratch]``, one region per thread, see runtime.c) from the stored input: a contiguous copy when the
 panel's positions are consecutive in the input, a gather otherwise; positions past ``P`` repeat the last
@@ -129,6 +136,7 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
     km.scratch_bytes = max(km.scratch_bytes, scratch_bytes(spec))
 
     em, begin, end = km.kernel(sym)
+    km.gemm_tiles[sym] = f"{MR}x{nr}{CHANNEL_LANES if cl else ''}"
     b, bufs = em.b, em.bufs
     fma = km.declare(f"llvm.fma.v{vw}f32", vec, [vec, vec, vec])
     tile = em.alloca(vec, MR * nr // vw)   # stored as vectors, read back as floats
