@@ -25,7 +25,8 @@ from cuvil.targets.x86.gemm import tile_shapes
 # (C, K, H) for square maps, pads 1
 LAYERS = [(64, 64, 56), (128, 128, 28), (256, 256, 14), (512, 512, 7),     # ResNet-50 stages
           (128, 32, 56), (128, 32, 28), (128, 32, 14), (128, 32, 7),       # DenseNet-121 growth convs
-          (96, 128, 28), (112, 224, 14), (160, 320, 7), (192, 384, 7)]      # Inception-v1
+          (96, 128, 28), (112, 224, 14), (160, 320, 7), (192, 384, 7),      # Inception-v1
+          (96, 208, 13), (160, 320, 13), (160, 320, 6), (64, 256, 13)]      # the light Inception-v1 / SqueezeNet
 
 
 def layer(c, k, h, rng):
@@ -52,11 +53,16 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=30)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--layers", nargs="+", metavar="C,K,H", help="layer shapes instead of the built-in list")
+    ap.add_argument("--weight-costs", type=float, nargs="+", default=[choose.WEIGHT_COST],
+                    help="the cost model's pick for each of these WEIGHT_COST values (default: the current one)")
     args = ap.parse_args()
+    layers = [tuple(int(v) for v in t.split(",")) for t in args.layers] if args.layers else LAYERS
     rng = np.random.default_rng(0)
-    print("| C | K | HxW | direct ms | F(2x2) ms | F(4x4) ms | onnxruntime ms | best | cost model | err direct | err F2 | err F4 |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for c, k, h in LAYERS:
+    picks = " | ".join(f"cost model (W={w:g})" for w in args.weight_costs)
+    print(f"| C | K | HxW | direct ms | F(2x2) ms | F(4x4) ms | onnxruntime ms | best | {picks} | err direct | err F2 | err F4 |")
+    print("|---|---|---|---|---|---|---|---|" + "---|" * len(args.weight_costs) + "---|---|---|")
+    for c, k, h in layers:
         m = layer(c, k, h, rng)
         x = rng.standard_normal((1, c, h, h)).astype(np.float32)
         so = ort.SessionOptions()
@@ -83,9 +89,13 @@ def main():
             times["ort"].append(time.perf_counter() - t0)
         p50 = {name: 1e3 * float(np.median(v)) for name, v in times.items()}
         best = min(engines, key=lambda n: p50[n])
-        pick = {None: "direct", 2: "F2", 4: "F4"}[choose.best_tile(c, k, h, h, shapes)]
+        pick = []
+        with mock.patch.object(choose, "WEIGHT_COST", 0.0):
+            for w in args.weight_costs:
+                choose.WEIGHT_COST = w
+                pick.append({None: "direct", 2: "F2", 4: "F4"}[choose.best_tile(c, k, h, h, shapes)])
         print(f"| {c} | {k} | {h}x{h} | {p50['direct']:.3f} | {p50['F2']:.3f} | {p50['F4']:.3f} | {p50['ort']:.3f} | "
-              f"{best} | {pick} | {errs['direct']:.1e} | {errs['F2']:.1e} | {errs['F4']:.1e} |", flush=True)
+              f"{best} | {' | '.join(pick)} | {errs['direct']:.1e} | {errs['F2']:.1e} | {errs['F4']:.1e} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -92,13 +92,16 @@ RUN_CASES = [
 TILE_CASES = [((1, 16, 14, 14), (24, 16, 3, 3), dict(pads=[1, 1, 1, 1])),
               ((1, 16, 28, 28), (16, 16, 3, 3), dict(pads=[1, 1, 1, 1])),
               ((1, 16, 8, 8), (30, 16, 3, 3), dict(pads=[1, 1, 1, 1]))]
-# one for each AVX-512 channel-lane tile: 48x7 (7x7 map), 64x6 (6x6), 32x7 (14x14, 1x1); then a 48x7 tile over
-# 40 channels (a partial channel block) of a strided convolution, and one over 100 positions (a partial panel)
-CHANNEL_CASES = [((1, 16, 7, 7), (48, 16, 3, 3), dict(pads=[1, 1, 1, 1])),
-                 ((1, 16, 6, 6), (64, 16, 3, 3), dict(pads=[1, 1, 1, 1])),
-                 ((1, 16, 14, 14), (32, 16, 1, 1), {}),
-                 ((1, 16, 14, 14), (40, 16, 3, 3), dict(strides=[2, 2], pads=[1, 1, 1, 1])),
-                 ((1, 8, 10, 10), (45, 8, 3, 3), dict(pads=[1, 1, 1, 1]))]
+# one for each AVX-512 channel-lane tile: 48x7 (7x7 map, K = 576: two k-blocks), 64x6 (6x6), 32x7 (14x14,
+# 1x1); then a 48x7 tile over 40 channels (a partial channel block) of a strided convolution, one over 100
+# positions (a partial panel) and a 64x6 tile on 17-wide rows (the spilled epilogue's runs along rows)
+CHANNEL_CASES = [((1, 64, 7, 7), (48, 64, 3, 3), dict(pads=[1, 1, 1, 1])),
+                 ((1, 32, 6, 6), (64, 32, 3, 3), dict(pads=[1, 1, 1, 1])),
+                 ((1, 256, 14, 14), (32, 256, 1, 1), {}),
+                 ((1, 32, 14, 14), (40, 32, 3, 3), dict(strides=[2, 2], pads=[1, 1, 1, 1])),
+                 ((1, 32, 10, 10), (45, 32, 3, 3), dict(pads=[1, 1, 1, 1])),
+                 ((1, 32, 17, 17), (64, 32, 3, 3), dict(pads=[1, 1, 1, 1]))]
+CHANNEL_TILES = ["48x7c", "64x6c", "32x7c", "48x7c", "48x7c", "64x6c"]
 CASES += RUN_CASES + TILE_CASES + CHANNEL_CASES
 
 
@@ -116,20 +119,22 @@ def test_conv_gemm_avx2_panels(xs, ws, attrs):
 
 
 def test_register_tile_choice():
-    from cuvil.targets.gemm import CHANNEL_LANES, choose_tile
+    from cuvil.targets.gemm import CHANNEL_LANES, CHANNEL_MIN_K, channel_lanes, choose_tile
     from cuvil.targets.x86.gemm import tile_shapes
     avx512 = tile_shapes(512)
     want = [(12, 32, 16), (8, 48, 16), (6, 64, 16)]
     for (xs, ws, attrs), tile in zip(TILE_CASES, want):
         assert choose_tile(ws[0], xs[2] * xs[3], avx512) == tile
-    want = [(48, 7), (64, 6), (32, 7), (48, 7), (48, 7)]
-    for (xs, ws, attrs), tile in zip(CHANNEL_CASES, want):
+    for (xs, ws, attrs), tile in zip(CHANNEL_CASES, CHANNEL_TILES):
         out = [(n + sum(attrs.get("pads", [0] * 4)[d::2]) - k) // s + 1
                for d, (n, k, s) in enumerate(zip(xs[2:], ws[2:], attrs.get("strides", [1, 1])))]
-        assert choose_tile(ws[0], out[0] * out[1], avx512) == tile + (CHANNEL_LANES,)
+        rows, cols = (int(v) for v in tile[:-1].split("x"))
+        assert choose_tile(ws[0], out[0] * out[1], avx512, int(np.prod(ws[1:]))) == (rows, cols, CHANNEL_LANES)
+    # a short reduction keeps position lanes: the transpose and weight re-reads are not amortised
+    assert not channel_lanes(choose_tile(512, 49, avx512, CHANNEL_MIN_K - 1))
     assert choose_tile(512, 49, avx512) == (32, 7, CHANNEL_LANES)   # 12x32 computes 64 of the 49 positions
     assert choose_tile(512, 16, avx512) == (12, 32, 16)    # one panel: only the first vector's FMAs are kept
-    assert tile_shapes(256) == ((6, 16, 8),)
+    assert tile_shapes(256) == ((6, 16),)
 
 
 def _host_bits():
@@ -143,15 +148,15 @@ avx512_host = pytest.mark.skipif(_host_bits() < 512, reason="channel-lane tiles 
 
 @avx512_host
 @pytest.mark.parametrize("epilogue", ["residual", "sigmoid", None])
-@pytest.mark.parametrize("case", [0, 3, 4])
+@pytest.mark.parametrize("case", [0, 3, 4, 5])
 def test_channel_lane_tiles_with_each_epilogue(case, epilogue):
     """Channel-lane tiles (accumulators along channels) through the register epilogue with an operand at
     the output position (residual), the spilled tile (sigmoid) and no epilogue, on full, partial-channel and
     partial-panel tiles."""
     xs, ws, attrs = CHANNEL_CASES[case]
     x = np.random.default_rng(4).standard_normal(xs).astype(np.float32)
-    tile = {0: "48x7c", 3: "48x7c", 4: "48x7c"}[case]
-    check(conv_model(xs, ws, epilogue=epilogue, **attrs), x, 2 if epilogue == "residual" else 1, tile=tile)
+    check(conv_model(xs, ws, epilogue=epilogue, **attrs), x, 2 if epilogue == "residual" else 1,
+          tile=CHANNEL_TILES[case])
 
 
 @avx512_host
@@ -159,7 +164,7 @@ def test_channel_lane_tiles_with_each_epilogue(case, epilogue):
 def test_channel_lane_tile_kernels(case):
     xs, ws, attrs = CHANNEL_CASES[case]
     x = np.random.default_rng(5).standard_normal(xs).astype(np.float32)
-    check(conv_model(xs, ws, **attrs), x, 1, tile=["48x7c", "64x6c", "32x7c", "48x7c", "48x7c"][case])
+    check(conv_model(xs, ws, **attrs), x, 1, tile=CHANNEL_TILES[case])
 
 
 def test_no_bias_and_no_epilogue():

@@ -39,29 +39,36 @@ def _pad(n: int, to: int) -> int:
 # epilogue transposes it in registers, so its work is weighted CHANNEL_TILE_COST against the other form's.
 CHANNEL_LANES = "c"
 CHANNEL_TILE_COST = 1.10
+# ... and is offered only for reductions at least this long: its per-tile transpose and the weight vectors
+# it re-reads per position panel are amortised over K (2-core Zen 5: K = 256, a 1x1 256->1024 14x14
+# layer, 214 -> 240 GFLOP/s; K = 64, the 36 GEMMs of a 55x55 F(4x4) layer with 192 channels, 24% slower)
+CHANNEL_MIN_K = 256
 
 
 def channel_lanes(tile) -> bool:
     return len(tile) > 2 and tile[2] == CHANNEL_LANES
 
 
-def tile_cost(m: int, p: int, tile) -> float:
+def tile_cost(m: int, p: int, tile, k: Optional[int] = None) -> float:
     """Padded work of ``tile`` on ``m`` output channels x ``p`` positions (see :func:`choose_tile`). A
     position-lane tile whose one panel holds every position computes only the vectors that hold some (the
     x86 kernels' stores past ``p`` are masked off at compile time there, and LLVM drops their FMAs); a k-step
     then issues ``rows * live`` FMAs beside ``rows + live`` loads, and a tile with fewer FMAs than loads is
-    counted as load-bound (12x32 with one live vector: 13 loads for 12 FMAs)."""
+    counted as load-bound (12x32 with one live vector: 13 loads for 12 FMAs). ``k``: the reduction length,
+    when known (channel-lane tiles need CHANNEL_MIN_K)."""
     rows, cols = tile[:2]
     if channel_lanes(tile):
+        if k is not None and k < CHANNEL_MIN_K:
+            return float("inf")
         return _pad(m, rows) * _pad(p, cols) * CHANNEL_TILE_COST
-    lanes = tile[2] if len(tile) > 2 else cols
-    if p > cols:
+    if len(tile) < 3 or p > cols:     # no lanes given (the GPU's tiles): plain padded work
         return _pad(m, rows) * _pad(p, cols)
+    lanes = tile[2]
     live = -(-p // lanes)
     return _pad(m, rows) * live * lanes * max(1.0, (rows + live) / (rows * live))
 
 
-def choose_tile(m: int, p, tiles) -> tuple:
+def choose_tile(m: int, p, tiles, k: Optional[int] = None) -> tuple:
     """The register tile among the target's ``tiles`` with the least padded work (:func:`tile_cost`, about
     ``pad(m, rows) * pad(p, cols)``; channel-lane tiles weighted by CHANNEL_TILE_COST) for ``m``
     output channels and ``p`` positions (ties: the earlier one); the last position-lane tile when ``p`` is
@@ -73,7 +80,7 @@ def choose_tile(m: int, p, tiles) -> tuple:
     maps."""
     if not isinstance(p, int):
         return tuple([t for t in tiles if not channel_lanes(t)][-1])
-    return tuple(min(tiles, key=lambda t: tile_cost(m, p, t)))
+    return tuple(min(tiles, key=lambda t: tile_cost(m, p, t, k)))
 
 
 @attrs.define(eq=False)

@@ -59,7 +59,7 @@ class LowerCtx:
         self.half_contractions = half_contractions     # float16 convolutions as contractions too (GPU)
         self.matmul_panels = matmul_panels and gemm_cols > 0   # MatMuls as column-panel contractions (x86)
         # > 0: lower convolutions to packed contractions (and constant-weight MatMuls to column panels this
-        # many wide); a convolution's register tile (rows, cols) is chosen among gemm_tiles
+        # many wide); a convolution's register tile (rows, cols[, lanes]) is chosen among gemm_tiles
         self.gemm_cols = gemm_cols
         self.gemm_tiles = tuple(gemm_tiles) or ((MR, gemm_cols),)
 
@@ -833,7 +833,7 @@ def _conv_as_gemm(ctx, x, b, out, group, cin_g, m_g, kern, strides, dil, begin, 
         x, _ = padded_window_input(ctx, x, out_sp, kern, strides, dil, begin, 0.0)
     if x.buf is None:
         x = ctx.temp(x.shape, x.dtype, x.fn, "in")
-    tile = choose_tile(m_g, product(out_sp), ctx.gemm_tiles)
+    tile = choose_tile(m_g, product(out_sp), ctx.gemm_tiles, K)
     mr, cols = tile[:2]
     wdt = np.float16 if half else np.float32
     a_buf = ctx.weight(pack_weights(wv.astype(wdt), group, mr, wdt), "packed")

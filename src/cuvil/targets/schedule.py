@@ -87,7 +87,7 @@ def schedule(g: Graph, gemm_cols: int = 0, split_concat: bool = False, gemm_tile
              unpadded_contractions: bool = False, matmul_panels: bool = True,
              half_contractions: bool = False) -> Schedule:
     """Stages and memory plan of ``g``. ``gemm_cols > 0`` lowers convolutions to packed contractions (the
-    x86 micro-kernels), each with a register tile (rows, cols) among ``gemm_tiles`` (default
+    x86 micro-kernels), each with a register tile (rows, cols[, lanes]) among ``gemm_tiles`` (default
     ``((MR, gemm_cols),)``), and constant-weight MatMuls to column panels ``gemm_cols`` wide; 0 keeps plain
     reductions.
     ``split_concat``: a stage storing a concatenation becomes one stage per piece, each writing its slice

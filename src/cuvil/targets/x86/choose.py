@@ -7,9 +7,14 @@ tile, and a Winograd rule is accepted only when its tile size is the cheapest of
 
 * GEMM work is counted on padded extents: output channels in panels of the register tile's rows,
   positions (direct: output pixels; Winograd: tiles) in panels of its columns, for the tile the lowering
-  will choose among the target's (:func:`cuvil.targets.gemm.choose_tile`; AVX2: 6x16; AVX-512: 12x32,
-  8x48 or 6x64): a 7x7 map has 4 tiles of 4x4 in one panel, mostly empty, which is why small maps take
-  F(2x2) or stay direct.
+  will choose among the target's (:func:`cuvil.targets.gemm.choose_tile` / ``tile_cost``; AVX2: 6x16;
+  AVX-512: 12x32, 8x48 or 6x64, or the channel-lane 32x7, 48x7 or 64x6 for reductions of 256 or more): a
+  7x7 map has 4 tiles of 4x4 in one panel, mostly empty, which is why small maps take F(2x2) or stay direct.
+* Weights stream from memory once per inference, Winograd's (m+2)^2/9 times as many: :data:`WEIGHT_COST`
+  per weight float. With it (16) the model picked the fastest of direct / F(2x2) / F(4x4) on 8 of 9 layers
+  of `python3 bench/winograd_layers.py --weight-costs 0 4 8 16 --layers ...` (ResNet-50's 7x7 and 14x14,
+  the light Inception-v1's and SqueezeNet's 13x13 and 6x6, 27x27; the ninth within 7%); with 0 to 8 it took
+  F(4x4) on every 13x13 / 14x14 layer, where F(2x2) was 10-45% faster (2-core Zen 5, AVX-512).
 * The transforms are memory-bound passes; their cost per element read or written, in multiply-add units,
   is :data:`TRANSFORM_COST`: an estimate, checked (not fitted) against ``python3 bench/winograd_layers.py``,
   where on a 2-core Zen 3 (AVX2) the model picked the fastest of the three on each of the 12 layer shapes
@@ -34,25 +39,25 @@ WEIGHT_COST = 16.0
 MIN_CHANNELS = 8          # fewer input or output channels: the GEMMs are too thin to gain
 
 
-def _gemm_work(m: int, p: int, shapes) -> float:
-    return tile_cost(m, p, choose_tile(m, p, shapes))
+def _gemm_work(m: int, p: int, k: int, shapes) -> float:
+    return tile_cost(m, p, choose_tile(m, p, shapes, k), k)
 
 
 def direct_cost(c: int, k: int, oh: int, ow: int, shapes=AVX2_TILES) -> float:
-    return 9 * c * _gemm_work(k, oh * ow, shapes) + WEIGHT_COST * 9 * c * k
+    return 9 * c * _gemm_work(k, oh * ow, 9 * c, shapes) + WEIGHT_COST * 9 * c * k
 
 
 def winograd_cost(c: int, k: int, oh: int, ow: int, m: int, shapes=AVX2_TILES) -> float:
     tiles = (-(-oh // m)) * (-(-ow // m))
     e = (m + 2) ** 2
-    gemm = e * c * _gemm_work(k, tiles, shapes)
+    gemm = e * c * _gemm_work(k, tiles, c, shapes)
     transforms = TRANSFORM_COST * (e * c * tiles + e * k * tiles + k * oh * ow)
     return gemm + transforms + WEIGHT_COST * e * c * k
 
 
 def best_tile(c: int, k: int, oh: int, ow: int, shapes=AVX2_TILES) -> Optional[int]:
     """The Winograd tile (2 or 4) expected to beat the direct convolution, or None, for a target whose
-    micro-kernels' register tiles are ``shapes`` ((rows, cols) pairs)."""
+    micro-kernels' register tiles are ``shapes`` (see :func:`cuvil.targets.gemm.choose_tile`)."""
     if min(c, k) < MIN_CHANNELS:
         return None
     costs = {None: direct_cost(c, k, oh, ow, shapes), 2: winograd_cost(c, k, oh, ow, 2, shapes),

@@ -13,8 +13,9 @@ With a *channel-lane* tile (``Contraction.channel_lanes``, AVX-512: 32 x 7, 48 x
 per k the kernel loads ``MR / VW`` vectors of packed weights and broadcasts ``NR`` packed positions, so
 ``NR`` may be any count (7: one row of a 7x7 map, which position vectors would pad to 64); the weight panel
 is k-blocked to ``A_BLOCK_BYTES`` instead of the B panel, since every position panel re-reads it. Its
-accumulators are transposed in registers into channel rows of 8 lanes (:func:`transpose_lanes`) for the
-vector epilogue (columns masked to ``NR``), or stored transposed for the spilled-tile one.
+accumulators are transposed in registers into channel rows of ``w`` lanes (the power of two >= ``NR``,
+:func:`transpose_lanes`) for the vector epilogue (columns masked to the panel's positions), or stored
+transposed for the spilled-tile one. They are offered for reductions of at least ``CHANNEL_MIN_K``.
 
 B panels (``K x NR`` floats, the im2col of ``NR`` positions) are packed into the calling thread's scratch
 (``bufs[scratch]``, one region per thread, see runtime.c) from the stored input: a contiguous copy when the
@@ -55,7 +56,7 @@ CHANNEL_TILES = ((3, 7), (4, 6), (2, 7))
 
 
 def tile_shapes(vector_bits: int) -> tuple:
-    """The convolution register tiles ``(rows, cols, lanes | CHANNEL_LANES)`` of a target, in the order
+    """The convolution register tiles ``(rows, cols[, lanes | CHANNEL_LANES])`` of a target, in the order
     :func:`cuvil.targets.gemm.choose_tile` breaks ties. AVX-512's 32 registers hold 12x2, 8x3 or 6x4
     accumulator vectors of positions beside the B vectors and a broadcast, or (channel lanes) 7x3, 6x4 or
     7x2 vectors of channels beside the weight vectors (7x4 spilled: 28 accumulators + 4 + a broadcast);
@@ -64,7 +65,7 @@ def tile_shapes(vector_bits: int) -> tuple:
     if vector_bits >= 512:
         lanes = tuple((nvec * vw, cols, CHANNEL_LANES) for nvec, cols in CHANNEL_TILES)
         return ((12, 2 * vw, vw), (8, 3 * vw, vw), (MR, 4 * vw, vw)) + lanes
-    return ((MR, tile_cols(vector_bits), vw),)
+    return ((MR, tile_cols(vector_bits)),)
 
 
 def find_contraction(st: Stage, op: str = "contract") -> Optional[E]:
@@ -85,7 +86,7 @@ def find_contraction(st: Stage, op: str = "contract") -> Optional[E]:
 # 3x3 layers, so blocks are sized for L2 and only split the long reductions (K > 1024 here; any K > 256 with
 # AVX-512's 64-wide panels, which were never run).
 B_BLOCK_BYTES = 64 * 1024
-A_BLOCK_BYTES = 64 * 1024
+A_BLOCK_BYTES = 64 * 1024   # channel-lane tiles: the weight panel k-block every position panel re-reads (L2; not tuned)
 
 # The packed weights stream from memory once per inference (ResNet-50 has 100 MB of them); the hardware
 # prefetcher does not follow a k-block of a weight panel (a few KB, the next block a panel further on), so
@@ -288,8 +289,11 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
         else:
             vectors = lambda k: [b.load(fptr(b_row(k), I64(v * vw)), typ=vec, align=4) for v in range(nv)]
             scalars = lambda k: [b.load(fptr(a_row(k), I64(r)), typ=F32, align=4) for r in range(MR)]
+        # every cache line of the weight row PREFETCH_K steps ahead (a channel-lane row is 2-4 lines)
+        lines = range(0, -(-MR * 4 // 64)) if cl else range(1)
         new = fma_tile_loop(em, fma, I64(k0), I64(k1), init, nv, vectors, scalars,
-                            prefetch=lambda k: [fptr(a_ptr, b.mul(b.add(k, I64(PREFETCH_K)), I64(MR)))])
+                            prefetch=lambda k: [fptr(fptr(a_ptr, b.mul(b.add(k, I64(PREFETCH_K)), I64(MR))), I64(16 * ln))
+                                                for ln in lines])
         if acc_out is not None:
             store_tile(new, acc_out)
         return new
@@ -331,8 +335,7 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
         if cl:                   # channel rows of positions, transposed in registers; columns always masked
             rows, w = transpose_lanes(b, new, nr, nv)
             em.memo.append(dict(em.memo[-1]))
-            vector_epilogue(em, st, c, vplan, n, mbase, p0, rows, MR, 1, spec.out_spatial, nrows,
-                            None if w == nr else ncols)
+            vector_epilogue(em, st, c, vplan, n, mbase, p0, rows, MR, 1, spec.out_spatial, nrows, ncols)
             em.memo.pop()
             return
         full = b.and_(b.icmp_signed("==", nrows, I64(MR)), b.icmp_signed("==", ncols, I64(nr)))
