@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import math
 import os
 import platform
@@ -100,7 +101,8 @@ def goals(rows, compiles, peak_per_core):
         out.append((label, target, f"{v:{spec}} ({'lowest' if lowest else 'worst'}: {r['model']}, {r['threads']} thr)",
                     verdict(ok)))
 
-    worst_of("tail", GOAL_TAIL, "Cuvil p99 / p50", f"≤ {GOAL_TAIL}")
+    worst_of("tail_alone", GOAL_TAIL, "Cuvil p99 / p50 (Cuvil alone in the process)", f"≤ {GOAL_TAIL}")
+    worst_of("tail", GOAL_TAIL, "Cuvil p99 / p50 beside onnxruntime (alternating runs)", f"≤ {GOAL_TAIL}")
     worst_of("ratio_cold", GOAL_COLD, "cold start ratio (Cuvil / onnxruntime)", "≤ 1/10 (0.10)", ".3f")
     worst_of("ratio_rss", GOAL_RSS, "peak RSS ratio (Cuvil / onnxruntime)", "≤ 1/3 (0.33)", ".3f")
     if "resnet50" in compiles and "seconds" in compiles["resnet50"]:
@@ -207,7 +209,10 @@ def render(args, host, rows, compiles, failures, started) -> str:
              f"process, alternating run by run{f' ({args.pause_ms:g} ms pause after each)' if args.pause_ms else ''}; "
              f"{args.warmup} warm-up then {args.runs} timed runs per engine; "
              f"cold start and peak RSS from {args.cold_runs} fresh process(es) per engine (median time, "
-             "largest RSS). Shared machines are noisy: read ratios, not absolutes.")
+             "largest RSS). Then, per thread count, Cuvil alone: "
+             f"{args.alone_runs} timed runs with the same pauses after the onnxruntime session is gone "
+             "(onnxruntime's spinning intra-op threads otherwise share the second core with Cuvil's worker: "
+             "`python3 bench/tail_interference.py`). Shared machines are noisy: read ratios, not absolutes.")
     L.append("")
     L.append("| | |")
     L.append("|---|---|")
@@ -222,13 +227,15 @@ def render(args, host, rows, compiles, failures, started) -> str:
     L.append("## Latency")
     L.append("")
     L.append("| model | threads | Cuvil p50 (ms) | Cuvil p99 (ms) | ORT p50 (ms) | ORT p99 (ms) | p50 ratio "
-             "(Cuvil/ORT) | Cuvil p99/p50 | GFLOP/s | % of peak |")
-    L.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+             "(Cuvil/ORT) | Cuvil p99/p50 | Cuvil alone p50 / p99 (ms) | Cuvil alone p99/p50 | GFLOP/s | % of peak |")
+    L.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         if "error" in r:
             continue
         L.append(f"| {r['model']} | {r['threads']} | {fmt(r['c50'])} | {fmt(r['c99'])} | {fmt(r['o50'])} | "
-                 f"{fmt(r['o99'])} | {fmt(r['ratio_p50'])} | {fmt(r['tail'])} | {fmt(r['gflops'], '.1f')} | "
+                 f"{fmt(r['o99'])} | {fmt(r['ratio_p50'])} | {fmt(r['tail'])} | "
+                 f"{fmt(r.get('c50_alone'))} / {fmt(r.get('c99_alone'))} | {fmt(r.get('tail_alone'))} | "
+                 f"{fmt(r['gflops'], '.1f')} | "
                  f"{fmt(r['pct_peak'], '.1f', '%')} |")
     L.append("")
     L.append("GFLOP/s: the model's FLOPs (`Pipeline.stats().flops`: 2 x MACs of Conv/Gemm/MatMul) / Cuvil p50; "
@@ -319,6 +326,9 @@ def main(argv=None) -> int:
                          "150: onnxruntime's intra-op workers spin 50-100 ms after a run, and back to back they "
                          "took the second core from Cuvil's 2-thread runs: ResNet-50 121 ms vs 78 ms with 100 ms "
                          "pauses; bench/pause_effect.py measures it)")
+    ap.add_argument("--alone-runs", type=int, default=40,
+                    help="then Cuvil alone in the process, this many timed runs with the same pauses, for its own "
+                         "p99/p50 (default 40; 0 = skip)")
     ap.add_argument("--peak-gflops-per-core", type=float, default=None,
                     help="fp32 peak per core for '%% of peak' (default: measured with a C FMA loop)")
     ap.add_argument("--out", default=DEFAULT_OUT, help="the Markdown report (default bench/RESULTS.md)")
@@ -371,6 +381,12 @@ def main(argv=None) -> int:
                        "cold_c": c.get("cold_start_ms"), "cold_o": o.get("cold_start_ms"),
                        "ratio_cold": rt["cold_start"], "rss_c": c.get("peak_rss_mb"), "rss_o": o.get("peak_rss_mb"),
                        "ratio_rss": rt["peak_rss"], "baseline_rss": res.get("baseline_rss_mb")}
+                if args.alone_runs > 0:
+                    gc.collect()      # the onnxruntime session (and its thread pool) of the run above
+                    alone = run_benchmark(BenchOptions(so_path, threads=t, runs=args.alone_runs, warmup=args.warmup,
+                                                       cold_runs=0, pause_ms=args.pause_ms))["cuvil"]
+                    row.update(c50_alone=alone["p50_ms"], c99_alone=alone["p99_ms"],
+                               tail_alone=alone["p99_ms"] / alone["p50_ms"])
                 if not res["agreement"]["agree"]:
                     err = res["agreement"]["max_rel_err"]
                     failures.append((name, f"{t} thread(s): outputs disagree with onnxruntime (max rel error {err:.3g})"))
