@@ -45,6 +45,16 @@ CHANNEL_TILE_COST = 1.10
 CHANNEL_MIN_K = 256
 
 
+# A position-lane tile with vectors dropped (see tile_cost) ran 25% below full tiles: a 12x32 tile on 16
+# positions, the GEMMs of F(2x2) on 7x7 maps, 180 GFLOP/s against ~240 (2-core Zen 5); with the load-bound
+# factor (13/12 there) this weight makes it 1.33. With WEIGHT_COST (x86/choose.py) it was set by the layers
+# of `python3 bench/winograd_layers.py --layers ...`: the cost model then picks the fastest of direct /
+# F(2x2) / F(4x4) on 9 of 11 (misses: 160->320 6x6, direct for F(2x2)'s 0.117 vs 0.156 ms; 144->288 13x13,
+# F(2x2) for F(4x4)'s 0.329 vs 0.352 ms); without it F(4x4) took 13x13 maps, where F(2x2) measured 10-50%
+# faster.
+PARTIAL_TILE_COST = 1.23
+
+
 def channel_lanes(tile) -> bool:
     return len(tile) > 2 and tile[2] == CHANNEL_LANES
 
@@ -53,8 +63,8 @@ def tile_cost(m: int, p: int, tile, k: Optional[int] = None) -> float:
     """Padded work of ``tile`` on ``m`` output channels x ``p`` positions (see :func:`choose_tile`). A
     position-lane tile whose one panel holds every position computes only the vectors that hold some (the
     x86 kernels' stores past ``p`` are masked off at compile time there, and LLVM drops their FMAs); a k-step
-    then issues ``rows * live`` FMAs beside ``rows + live`` loads, and a tile with fewer FMAs than loads is
-    counted as load-bound (12x32 with one live vector: 13 loads for 12 FMAs). ``k``: the reduction length,
+    then issues ``rows * live`` FMAs beside ``rows + live`` loads: its work is weighted PARTIAL_TILE_COST, or
+    as load-bound where it has fewer FMAs than loads. ``k``: the reduction length,
     when known (channel-lane tiles need CHANNEL_MIN_K)."""
     rows, cols = tile[:2]
     if channel_lanes(tile):
@@ -65,7 +75,9 @@ def tile_cost(m: int, p: int, tile, k: Optional[int] = None) -> float:
         return _pad(m, rows) * _pad(p, cols)
     lanes = tile[2]
     live = -(-p // lanes)
-    return _pad(m, rows) * live * lanes * max(1.0, (rows + live) / (rows * live))
+    if live * lanes >= cols:
+        return _pad(m, rows) * cols
+    return _pad(m, rows) * live * lanes * PARTIAL_TILE_COST * max(1.0, (rows + live) / (rows * live))
 
 
 def choose_tile(m: int, p, tiles, k: Optional[int] = None) -> tuple:
@@ -78,8 +90,11 @@ def choose_tile(m: int, p, tiles, k: Optional[int] = None) -> tuple:
     the 3x3 layers of `python3 bench/x86_layers.py --only conv3x3` (1.23 -> 1.05 ms at 14x14 256 channels,
     1.02 -> 0.93 ms at 56x56 64 channels). Channel-lane tiles (48 x 7, 64 x 6, 32 x 7) take 7x7 and 14x14
     maps."""
+    positional = [t for t in tiles if not channel_lanes(t)]
     if not isinstance(p, int):
-        return tuple([t for t in tiles if not channel_lanes(t)][-1])
+        return tuple(positional[-1])
+    if any(len(t) > 2 and p <= t[1] and p % t[2] == 0 for t in positional):
+        tiles = positional     # one panel whose live vectors hold exactly the positions: nothing to remove
     return tuple(min(tiles, key=lambda t: tile_cost(m, p, t, k)))
 
 

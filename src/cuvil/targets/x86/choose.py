@@ -11,10 +11,11 @@ tile, and a Winograd rule is accepted only when its tile size is the cheapest of
   AVX-512: 12x32, 8x48 or 6x64, or the channel-lane 32x7, 48x7 or 64x6 for reductions of 256 or more): a
   7x7 map has 4 tiles of 4x4 in one panel, mostly empty, which is why small maps take F(2x2) or stay direct.
 * Weights stream from memory once per inference, Winograd's (m+2)^2/9 times as many: :data:`WEIGHT_COST`
-  per weight float. With it (16) the model picked the fastest of direct / F(2x2) / F(4x4) on 8 of 9 layers
-  of `python3 bench/winograd_layers.py --weight-costs 0 4 8 16 --layers ...` (ResNet-50's 7x7 and 14x14,
-  the light Inception-v1's and SqueezeNet's 13x13 and 6x6, 27x27; the ninth within 7%); with 0 to 8 it took
-  F(4x4) on every 13x13 / 14x14 layer, where F(2x2) was 10-45% faster (2-core Zen 5, AVX-512).
+  per weight float. It and :data:`cuvil.targets.gemm.PARTIAL_TILE_COST` were set on the layers of
+  `python3 bench/winograd_layers.py --weight-costs 0 4 8 16 --layers ...` (ResNet-50's 7x7 and 14x14, the
+  light Inception-v1's and SqueezeNet's 13x13 and 6x6, 27x27; 2-core Zen 5, AVX-512): the model picks the
+  fastest of direct / F(2x2) / F(4x4) on 9 of 11; with no weight cost it took F(4x4) on every 13x13 / 14x14
+  layer, where F(2x2) was 10-45% faster.
 * The transforms are memory-bound passes; their cost per element read or written, in multiply-add units,
   is :data:`TRANSFORM_COST`: an estimate, checked (not fitted) against ``python3 bench/winograd_layers.py``,
   where on a 2-core Zen 3 (AVX2) the model picked the fastest of the three on each of the 12 layer shapes
