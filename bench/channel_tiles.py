@@ -1,12 +1,13 @@
 """A/B of AVX-512's channel-lane register tiles (cuvil.targets.gemm.choose_tile): the figures behind them.
 
-    python3 bench/channel_tiles.py layers [--runs 20]          # single layers, each tile set forced
+    python3 bench/channel_tiles.py layers [--runs 20] [--tiles 3x7 4x6 2x7 4x7]   # each tile forced in turn
     python3 bench/channel_tiles.py model resnet50 [--threads 1]  # a whole model, with and without them
 
 ``layers``: the conv3x3 / conv1x1 layers of bench/x86_layers.py, direct (no Winograd), compiled once with the
-position-lane tiles only ("off") and once per channel-lane tile forced wherever it is offered ("32x7" ...),
-printing the gemm steps' GFLOP/s. ``model``: the model compiled with the default tile set and with
-channel-lane tiles off (and the Winograd weight cost off, as before they came), alternating twice, printing
+position-lane tiles only ("off") and once per channel-lane tile forced wherever it is offered ("32x7" ...;
+``--tiles`` as vectors x positions, e.g. 4x7, the 64x7 tile that spilled registers), printing the gemm steps'
+GFLOP/s. ``model``: the model compiled with the default tile set and with channel-lane tiles and the
+Winograd weight cost off (the rest of the tile cost model as it is now), alternating twice, printing
 the step profiler's total and the kernels whose time changed most. Timings on a shared 2-core machine are
 noisy: compare within one run.
 """
@@ -35,8 +36,9 @@ def _profile(model, runs, threads, repeats=3):
 
 
 def layers(a):
+    tiles = [tuple(int(v) for v in t.split("x")) for t in a.tiles] if a.tiles else DEFAULT
     sets = {"off": ()}
-    sets.update({f"{nv * 16}x{cols}": ((nv, cols),) for nv, cols in DEFAULT})
+    sets.update({f"{nv * 16}x{cols}": ((nv, cols),) for nv, cols in tiles})
     print(f"{'layer':32}" + "".join(f"{name:>9}" for name in sets) + "   (gemm GFLOP/s, 1 thread)")
     cost = tgemm.CHANNEL_TILE_COST
     for kind, name, m in cases(np.random.default_rng(0)):
@@ -87,6 +89,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="what", required=True)
     pl = sub.add_parser("layers")
+    pl.add_argument("--tiles", nargs="+", metavar="VxP",
+                    help="channel-lane tiles to force, as vectors of 16 channels x positions (default: the shipped ones)")
     pm = sub.add_parser("model")
     pm.add_argument("name", nargs="?", default="resnet50")
     pm.add_argument("--top", type=int, default=15)

@@ -14,7 +14,6 @@ import argparse
 import json
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -24,6 +23,9 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "src"))
+sys.path.insert(0, HERE)
+
+from resnet50 import primary_context, timed  # noqa: E402  (the ResNet-50 table's context and p50 / p99)
 
 
 def parse(spec: str) -> dict:
@@ -63,7 +65,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     import onnxruntime as ort
-    from cuvil.targets.ptx.runtime import _call, device_info, driver, load_bundle
+    from cuvil.targets.ptx.runtime import _call, device_info, load_bundle
     from cuvil.testing import light_model, with_batch
     info = device_info(0)
     variants = parse(args.variants)
@@ -89,53 +91,42 @@ def main(argv=None) -> int:
     model = with_batch(light_model("resnet50"), args.batch)
     x = np.random.default_rng(1).standard_normal((args.batch, 3, 224, 224)).astype(np.float32)
     ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"gpu_0/data_0": x})[0]
-    drv = driver()
-    dev = _call(drv, "cuDeviceGet", drv.cuDeviceGet(0))
-    ctx = _call(drv, "cuDevicePrimaryCtxRetain", drv.cuDevicePrimaryCtxRetain(dev))
-    _call(drv, "cuCtxSetCurrent", drv.cuCtxSetCurrent(ctx))
     models = {}
-    try:
-        d_in = int(_call(drv, "cuMemAlloc", drv.cuMemAlloc(x.nbytes)))
-        d_out = int(_call(drv, "cuMemAlloc", drv.cuMemAlloc(ref.nbytes)))
-        _call(drv, "cuMemcpyHtoD", drv.cuMemcpyHtoD(d_in, x.ctypes.data, x.nbytes))
-        for k in mans:
-            m = load_bundle(os.path.join(root, f"{k}.cuvil"))
-            (y,) = m.run(x)
-            err = float(np.abs(y - ref).max() / np.abs(ref).max())
-            res["variants"][k].update({"normwise": err, "kernels": len(m.plan["kernels"]), "p50_ms": [], "p99_ms": [],
-                                       "arena_bytes": m.plan["arena_bytes"]})
-            models[k] = m
-            print(f"{k}: {len(m.plan['kernels'])} kernels, normwise error {err:.2e}", flush=True)
-        for rnd in range(args.rounds):
+    with primary_context() as (drv, ctx):
+        try:
+            d_in = int(_call(drv, "cuMemAlloc", drv.cuMemAlloc(x.nbytes)))
+            d_out = int(_call(drv, "cuMemAlloc", drv.cuMemAlloc(ref.nbytes)))
+            _call(drv, "cuMemcpyHtoD", drv.cuMemcpyHtoD(d_in, x.ctypes.data, x.nbytes))
+            for k in mans:
+                m = load_bundle(os.path.join(root, f"{k}.cuvil"))
+                (y,) = m.run(x)
+                err = float(np.abs(y - ref).max() / np.abs(ref).max())
+                res["variants"][k].update({"normwise": err, "kernels": len(m.plan["kernels"]), "p50_ms": [], "p99_ms": [],
+                                           "arena_bytes": m.plan["arena_bytes"]})
+                models[k] = m
+                print(f"{k}: {len(m.plan['kernels'])} kernels, normwise error {err:.2e}", flush=True)
+            for rnd in range(args.rounds):
+                for k, m in models.items():
+                    _call(drv, "cuCtxSetCurrent", drv.cuCtxSetCurrent(ctx))
+                    r = timed(lambda: m.run_device([d_in], [d_out]), args.iters, warmup=10)
+                    res["variants"][k]["p50_ms"].append(r["p50_ms"])
+                    res["variants"][k]["p99_ms"].append(r["p99_ms"])
+                print(f"round {rnd + 1}: " + ", ".join(f"{k} {res['variants'][k]['p50_ms'][-1]:.3f}" for k in models), flush=True)
+                save()
             for k, m in models.items():
-                _call(drv, "cuCtxSetCurrent", drv.cuCtxSetCurrent(ctx))
-                for _ in range(10):
-                    m.run_device([d_in], [d_out])
-                ts = []
-                for _ in range(args.iters):
-                    t1 = time.perf_counter()
-                    m.run_device([d_in], [d_out])
-                    ts.append(1e3 * (time.perf_counter() - t1))
-                ts.sort()
-                res["variants"][k]["p50_ms"].append(statistics.median(ts))
-                res["variants"][k]["p99_ms"].append(ts[min(len(ts) - 1, int(round(0.99 * (len(ts) - 1))))])
-            print(f"round {rnd + 1}: " + ", ".join(f"{k} {res['variants'][k]['p50_ms'][-1]:.3f}" for k in models), flush=True)
+                prof = m.profile_kernels(repeats=5)
+                res["variants"][k]["kernel_sum_ms"] = sum(p["ms"] for p in prof)
+                res["variants"][k]["per_kernel"] = [{"name": p["name"], "stage": p["stage"], "ms": p["ms"]} for p in prof]
+                v = res["variants"][k]
+                print(f"{k:10}: graph p50 {' / '.join(f'{t:.3f}' for t in v['p50_ms'])} ms, p99 "
+                      f"{' / '.join(f'{t:.3f}' for t in v['p99_ms'])}; kernel sum {v['kernel_sum_ms']:.3f} ms; "
+                      f"{v['kernels']} kernels; error {v['normwise']:.1e}", flush=True)
             save()
-        for k, m in models.items():
-            prof = m.profile_kernels(repeats=5)
-            res["variants"][k]["kernel_sum_ms"] = sum(p["ms"] for p in prof)
-            res["variants"][k]["per_kernel"] = [{"name": p["name"], "stage": p["stage"], "ms": p["ms"]} for p in prof]
-            v = res["variants"][k]
-            print(f"{k:10}: graph p50 {' / '.join(f'{t:.3f}' for t in v['p50_ms'])} ms, p99 "
-                  f"{' / '.join(f'{t:.3f}' for t in v['p99_ms'])}; kernel sum {v['kernel_sum_ms']:.3f} ms; "
-                  f"{v['kernels']} kernels; error {v['normwise']:.1e}", flush=True)
-        save()
-    finally:
-        for m in models.values():
-            m.close()
-        drv.cuDevicePrimaryCtxRelease(dev)
-        shutil.rmtree(root, ignore_errors=True)
-        save()
+        finally:
+            for m in models.values():
+                m.close()
+            shutil.rmtree(root, ignore_errors=True)
+            save()
     return 0
 
 

@@ -26,7 +26,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "src"))
 sys.path.insert(0, HERE)
 
-from resnet50 import timed  # noqa: E402  (the same host-wall-clock p50 / p99 as the ResNet-50 table)
+from resnet50 import primary_context, timed  # noqa: E402  (the ResNet-50 table's context and p50 / p99)
 
 CONFIGS = {"off": dict(register_pass=False), "on": dict(register_pass=True, max_spill=0),
            "spill64": dict(register_pass=True, max_spill=64)}
@@ -95,51 +95,47 @@ def main(argv=None) -> int:
         shutil.rmtree(root, ignore_errors=True)
         return 0
 
-    from cuvil.targets.ptx.runtime import _call, driver, load_bundle
-    drv = driver()
-    dev = _call(drv, "cuDeviceGet", drv.cuDeviceGet(0))
-    ctx = _call(drv, "cuDevicePrimaryCtxRetain", drv.cuDevicePrimaryCtxRetain(dev))
-    _call(drv, "cuCtxSetCurrent", drv.cuCtxSetCurrent(ctx))
-    try:
-        for bt in args.batches:
-            x = np.random.default_rng(1).standard_normal((bt, 3, 224, 224)).astype(np.float32)
-            models = {c: load_bundle(os.path.join(root, f"b{bt}_{c}.cuvil")) for c in CONFIGS}
-            outs = {c: m.run(x)[0] for c, m in models.items()}
-            d_in = int(_call(drv, "cuMemAlloc", drv.cuMemAlloc(x.nbytes)))
-            d_out = int(_call(drv, "cuMemAlloc", drv.cuMemAlloc(outs["off"].nbytes)))
-            _call(drv, "cuMemcpyHtoD", drv.cuMemcpyHtoD(d_in, x.ctypes.data, x.nbytes))
-            row = res[f"batch{bt}"]
-            for c in CONFIGS:
-                row[c].update({"same_output_as_off": bool(np.array_equal(outs[c], outs["off"])), "graph_p50_ms": [],
-                               "graph_p99_ms": []})
-            for rnd in range(args.rounds):
-                for c, m in models.items():
-                    _call(drv, "cuCtxSetCurrent", drv.cuCtxSetCurrent(ctx))
-                    r = timed(lambda: m.run_device([d_in], [d_out], mode="graph"), args.iters)
-                    row[c]["graph_p50_ms"].append(r["p50_ms"])
-                    row[c]["graph_p99_ms"].append(r["p99_ms"])
-                print(f"batch {bt} round {rnd + 1}: " + ", ".join(f"{c} {row[c]['graph_p50_ms'][-1]:.3f}" for c in CONFIGS),
-                      flush=True)
+    from cuvil.targets.ptx.runtime import _call, load_bundle
+    with primary_context() as (drv, ctx):
+        try:
+            for bt in args.batches:
+                x = np.random.default_rng(1).standard_normal((bt, 3, 224, 224)).astype(np.float32)
+                models = {c: load_bundle(os.path.join(root, f"b{bt}_{c}.cuvil")) for c in CONFIGS}
+                outs = {c: m.run(x)[0] for c, m in models.items()}
+                d_in = int(_call(drv, "cuMemAlloc", drv.cuMemAlloc(x.nbytes)))
+                d_out = int(_call(drv, "cuMemAlloc", drv.cuMemAlloc(outs["off"].nbytes)))
+                _call(drv, "cuMemcpyHtoD", drv.cuMemcpyHtoD(d_in, x.ctypes.data, x.nbytes))
+                row = res[f"batch{bt}"]
+                for c in CONFIGS:
+                    row[c].update({"same_output_as_off": bool(np.array_equal(outs[c], outs["off"])), "graph_p50_ms": [],
+                                   "graph_p99_ms": []})
+                for rnd in range(args.rounds):
+                    for c, m in models.items():
+                        _call(drv, "cuCtxSetCurrent", drv.cuCtxSetCurrent(ctx))
+                        r = timed(lambda: m.run_device([d_in], [d_out], mode="graph"), args.iters)
+                        row[c]["graph_p50_ms"].append(r["p50_ms"])
+                        row[c]["graph_p99_ms"].append(r["p99_ms"])
+                    print(f"batch {bt} round {rnd + 1}: " + ", ".join(f"{c} {row[c]['graph_p50_ms'][-1]:.3f}" for c in CONFIGS),
+                          flush=True)
+                    save()
+                prof = {c: {p["name"]: p["ms"] for p in m.profile_kernels(repeats=5)} for c, m in models.items()}
+                for c in CONFIGS:
+                    row[c]["kernel_sum_ms"] = sum(prof[c].values())
+                    for k, r in row[c]["register_pass"]["kernels"].items():
+                        r["ms"] = prof[c].get(k)
+                        r["ms_off"] = prof["off"].get(k)
+                    capped = {k: r for k, r in row[c]["register_pass"]["kernels"].items() if r["cap"]}
+                    print(f"batch {bt} {c:8}: graph p50 {' / '.join(f'{v:.3f}' for v in row[c]['graph_p50_ms'])} ms; kernel sum "
+                          f"{row[c]['kernel_sum_ms']:.3f} ms; output == off: {row[c]['same_output_as_off']}; capped kernels "
+                          + ", ".join(f"{k} {r['ms_off']:.3f} -> {r['ms']:.3f} ms" for k, r in capped.items()), flush=True)
                 save()
-            prof = {c: {p["name"]: p["ms"] for p in m.profile_kernels(repeats=5)} for c, m in models.items()}
-            for c in CONFIGS:
-                row[c]["kernel_sum_ms"] = sum(prof[c].values())
-                for k, r in row[c]["register_pass"]["kernels"].items():
-                    r["ms"] = prof[c].get(k)
-                    r["ms_off"] = prof["off"].get(k)
-                capped = {k: r for k, r in row[c]["register_pass"]["kernels"].items() if r["cap"]}
-                print(f"batch {bt} {c:8}: graph p50 {' / '.join(f'{v:.3f}' for v in row[c]['graph_p50_ms'])} ms; kernel sum "
-                      f"{row[c]['kernel_sum_ms']:.3f} ms; output == off: {row[c]['same_output_as_off']}; capped kernels "
-                      + ", ".join(f"{k} {r['ms_off']:.3f} -> {r['ms']:.3f} ms" for k, r in capped.items()), flush=True)
+                drv.cuMemFree(d_in)
+                drv.cuMemFree(d_out)
+                for m in models.values():
+                    m.close()
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
             save()
-            drv.cuMemFree(d_in)
-            drv.cuMemFree(d_out)
-            for m in models.values():
-                m.close()
-    finally:
-        drv.cuDevicePrimaryCtxRelease(dev)
-        shutil.rmtree(root, ignore_errors=True)
-        save()
     return 0
 
 

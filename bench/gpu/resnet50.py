@@ -20,6 +20,7 @@ PyTorch is imported by this script only; Cuvil never imports it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -52,6 +53,20 @@ def timed(fn, iters: int, warmup: int = 5) -> dict:
         fn()
         ts.append(1e3 * (time.perf_counter() - t0))
     return {"p50_ms": statistics.median(ts), "p99_ms": pct(ts, 99), "min_ms": min(ts), "iters": iters}
+
+
+@contextlib.contextmanager
+def primary_context(device: int = 0):
+    """The device's primary CUDA context, current on this thread, released on exit: yields (driver, context)."""
+    from cuvil.targets.ptx.runtime import _call, driver
+    drv = driver()
+    dev = _call(drv, "cuDeviceGet", drv.cuDeviceGet(device))
+    ctx = _call(drv, "cuDevicePrimaryCtxRetain", drv.cuDevicePrimaryCtxRetain(dev))
+    try:
+        _call(drv, "cuCtxSetCurrent", drv.cuCtxSetCurrent(ctx))
+        yield drv, ctx
+    finally:
+        drv.cuDevicePrimaryCtxRelease(dev)
 
 
 def save(path):
