@@ -9,12 +9,17 @@ runtime changes' 2-thread tail figures were measured (old and new runtime, same 
         print(Pipeline.from_onnx(light_model('shufflenet')).optimize().compile().path)")
     python3 -c "from cuvil import Pipeline; from cuvil.testing import light_model; \\
         print(Pipeline.from_onnx(light_model('shufflenet')).optimize().compile().path)"
-    python3 bench/ab_libs.py OLD.so NEW.so [--runs 60] [--threads 2] [--pause-ms 150]
+    python3 bench/ab_libs.py OLD.so NEW.so [--runs 60] [--threads 2] [--pause-ms 150] [--kinds 5]
+
+``--kinds R``: then R alternating rounds of the step profiler on each (10 back-to-back runs a round), printing
+the time per kernel kind (the best round of each) from the manifest's step names.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import time
+from collections import defaultdict
 
 import numpy as np
 
@@ -28,6 +33,7 @@ def main(argv=None):
     ap.add_argument("--runs", type=int, default=60)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--pause-ms", type=float, default=150)
+    ap.add_argument("--kinds", type=int, default=0, metavar="R", help="rounds of the per-kernel-kind profile")
     args = ap.parse_args(argv)
     libs = {"A": load(args.a, num_threads=args.threads), "B": load(args.b, num_threads=args.threads)}
     xs = [np.random.default_rng(0).standard_normal(d.shape).astype(d.dtype) for d in libs["A"].inputs]
@@ -46,6 +52,28 @@ def main(argv=None):
         v = np.array(times[k])
         print(f"{k} p50 {np.median(v):.2f} p90 {np.percentile(v, 90):.2f} p99 {np.percentile(v, 99):.2f} "
               f"max {v.max():.2f} ms  {path}")
+    if args.kinds:
+        kinds(libs, {"A": args.a, "B": args.b}, xs, args.kinds, args.threads)
+
+
+def kinds(libs, paths, xs, rounds, threads):
+    prof = {k: [] for k in libs}
+    for i in range(rounds):
+        for k, m in (list(libs.items()) if i % 2 == 0 else list(libs.items())[::-1]):
+            prof[k].append(m.profile(*xs, runs=10, num_threads=threads))
+    per = {}
+    for k in libs:
+        with open(paths[k][:-3] + ".manifest.json") as f:
+            steps = json.load(f)["steps"]
+        best = np.array(prof[k]).min(0)
+        per[k] = defaultdict(float)
+        for st, t in zip(steps, best):
+            per[k][st["kernel"]] += 1e3 * t
+        per[k]["total"] = 1e3 * best.sum()
+    print(f"{'kernel kind (ms, best round)':28} {'A':>9} {'B':>9}  B/A")
+    for kind in sorted(set(per["A"]) | set(per["B"]), key=lambda n: (n == "total", -per["A"].get(n, 0))):
+        a, b = per["A"].get(kind, 0.0), per["B"].get(kind, 0.0)
+        print(f"{kind:28} {a:9.3f} {b:9.3f}  {b / a if a else float('nan'):.3f}")
 
 
 if __name__ == "__main__":
