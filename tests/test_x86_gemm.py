@@ -318,8 +318,26 @@ def test_stored_concat_is_split_into_slices(axis):
         shapes.append(s)
     xs = [rng.standard_normal(s).astype(np.float32) for s in shapes]
     art = Pipeline.from_onnx(_concat_model(shapes, axis)).compile()
-    assert len(art.manifest["steps"]) == 4   # one stage per piece, each writing its slice
+    # one stage per piece, each writing its slice, run as one step (pieces of rows, axis 3: a step each)
+    pieces = ["y_0", "y_1", "y_2", "y_3"]
+    assert [s.get("stages", s["stage"]) for s in art.manifest["steps"]] == (pieces if axis == 3 else [pieces])
     np.testing.assert_array_equal(art.model().run(*xs, num_threads=2)[0], np.maximum(np.concatenate(xs, axis), 0))
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 5])
+def test_concat_pieces_in_one_step_cut_anywhere(threads):
+    # DenseNet's pattern: Relu(Concat(...) * scale + shift) over pieces of 8..56 channels, one step whose
+    # chunks (rows of 28) begin and end inside pieces; every row must be written once, by its own piece
+    rng = np.random.default_rng(11)
+    chans = [8, 24, 56, 16, 8]
+    shapes = [[1, c, 28, 28] for c in chans]
+    xs = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    art = Pipeline.from_onnx(_concat_model(shapes, 1)).compile(cache=False)
+    steps = art.manifest["steps"]
+    assert len(steps) == 1 and len(steps[0]["stages"]) == len(chans) and steps[0]["shape"] == [1, sum(chans), 28, 28]
+    with art.model() as m:
+        for _ in range(5):
+            np.testing.assert_array_equal(m.run(*xs, num_threads=threads)[0], np.maximum(np.concatenate(xs, 1), 0))
 
 
 def test_long_chain_of_inlined_concats_stays_small():
@@ -337,7 +355,7 @@ def test_concat_chain_split_recursively_and_under_reshape():
     shapes = [[1, 2, 3, 4], [1, 3, 3, 4], [1, 1, 3, 4]]
     xs = [rng.standard_normal(s).astype(np.float32) for s in shapes]
     art = Pipeline.from_onnx(_concat_model(shapes, 1, chain=True)).compile(cache=False)
-    assert len(art.manifest["steps"]) == 3
+    assert [len(s.get("stages", [s["stage"]])) for s in art.manifest["steps"]] == [3]
     np.testing.assert_array_equal(art.model().run(*xs)[0], np.maximum(np.concatenate(xs, 1), 0))
     ins = [helper.make_tensor_value_info(f"x{k}", TensorProto.FLOAT, [2, 3, 4]) for k in range(2)]
     g = helper.make_graph([helper.make_node("Concat", ["x0", "x1"], ["c"], axis=2),

@@ -123,13 +123,17 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
 
 
 def _steps_json(sched, steps, target, variant) -> list:
-    """The manifest's record of each step (in profile order: the generic steps, then the opt ones)."""
+    """The manifest's record of each step (in profile order: the generic steps, then the opt ones); a step
+    running several stages (the pieces of a split concatenation) names them all in ``stages``."""
     out = []
-    for st, (sym, _, _, _) in zip(sched.stages, steps):
+    for (sym, _, _, _), members in zip(steps, target["step_stages"]):
+        st = sched.stages[members[0]]
         row = target["window_kinds"].get(sym)
         kind = "gemm" if sym in target["gemm_symbols"] else {"conv": "dwconv", "max": "maxpool"}.get(row, row or "loop")
-        out.append({"stage": st.name, "op": st.op, "shape": _json_dims(st.buf.shape), "flops": st.flops,
-                    "kernel": kind, **({"tile": target["gemm_tiles"][sym]} if sym in target["gemm_tiles"] else {}),
+        out.append({"stage": st.name, "op": st.op, "shape": _json_dims(st.buf.shape),
+                    "flops": sum(sched.stages[i].flops for i in members), "kernel": kind,
+                    **({"stages": [sched.stages[i].name for i in members]} if len(members) > 1 else {}),
+                    **({"tile": target["gemm_tiles"][sym]} if sym in target["gemm_tiles"] else {}),
                     **({"variant": variant} if variant else {})})
     return out
 
