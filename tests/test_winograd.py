@@ -144,6 +144,35 @@ def test_cost_model_choices():
     assert choose.best_tile(256, 256, 14, 14, avx512) == 2
     assert choose.best_tile(512, 512, 7, 7, avx512) == 2
     assert choose.best_tile(3, 64, 224, 224, avx512) is None
+    # DenseNet-121's growth convolutions at 14x14: F(4x4)'s 36 GEMMs of 16 positions pack more than they
+    # compute (0.106 ms against F(2x2)'s 0.073, direct 0.080)
+    assert choose.best_tile(128, 32, 14, 14, avx512) == 2
+    assert choose.best_tile(128, 32, 7, 7, avx512) is None
+
+
+def test_channel_major_v_where_e_major_aliases():
+    from cuvil.targets.gemm import winograd_interleaved
+    assert winograd_interleaved(128, 16, 4)        # 8 KiB apart: all 36 stores in one L1 set
+    assert winograd_interleaved(512, 16, 2)        # ResNet-50's 7x7 F(2x2): 16 stores, one set
+    assert not winograd_interleaved(128, 49, 4)    # 8 sets of 12 ways hold 36 stores
+    assert not winograd_interleaved(112, 16, 4)    # 7 KiB apart: 64 sets
+    assert not winograd_interleaved(100, 49, 2)    # not line-aligned: the streams drift
+
+
+@pytest.mark.parametrize("c, k, h, tile", [(64, 32, 14, 4), (128, 16, 7, 2), (48, 24, 14, 4)])
+def test_channel_major_v_matches_onnxruntime(c, k, h, tile):
+    # the first two store V channel-major (64 channels x 16 tiles, 128 x 16), the last e-major; the batch of
+    # 2 puts a second image's channels after the first's in either layout
+    from cuvil.targets.gemm import winograd_interleaved
+    t = (-(-h // tile)) ** 2
+    assert winograd_interleaved(c, t, tile) == (c != 48)
+    m = conv_model(c, k, h, h, [1, 1, 1, 1], residual=True, batch=2)
+    feeds = feeds_for(m)
+    want = ort_run(m, feeds)
+    art = compile_with_tile(m, tile)
+    assert "winograd_in" in [s["kernel"] for s in art.manifest["steps"]]
+    for threads in (1, 2):
+        assert normwise(art.model().run(*feeds.values(), num_threads=threads)[0], want) < TOL
 
 
 def test_cost_model_follows_the_target_cpu():

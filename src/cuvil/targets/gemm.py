@@ -114,6 +114,8 @@ class Contraction:
     mr: int = MR        # output channels per weight panel (the register tile's rows)
     pads: tuple = ()    # begin pads when ``x`` is the unpadded input (the GPU's kernels test bounds); () padded
     channel_lanes: bool = False   # the register tile's vectors run along its mr channels (see choose_tile)
+    # input channel c of group g is x's channel c*groups + g (Winograd's V, see WinogradInput), not g*cin + c
+    interleaved: bool = False
 
     @property
     def k(self) -> int:
@@ -220,22 +222,45 @@ class PadWindow:
 @attrs.define(eq=False)
 class WinogradInput:
     """The input transform of a Winograd convolution (:mod:`cuvil.ir.ops.winograd`):
-    ``V[n, e*C + c, t] = (Bt d B)[e]`` for the (m+2) x (m+2) tile ``d`` of channel ``c`` at tile
+    ``V[n, e*C + c, t] = (Bt d B)[e]`` (E = (m+2)^2) for the (m+2) x (m+2) tile ``d`` of channel ``c`` at tile
     ``t = th*TW + tw``, whose element (p, q) is ``x[n, c, th*m + p - pads[0], tw*m + q - pads[1]]`` of the
     unpadded input ``x[N, C, H, W]``, zero outside it (the padding, and the last tiles' overhang).
     ``E("wino_in", [n, ec, t, sum], attr=self)``; the x86 backend transforms rows of tiles in vector
     registers, its loads masked to the input (:mod:`cuvil.targets.x86.winograd`): no padded copy is stored.
-    V feeds a grouped 1x1 :class:`Contraction` (one group per tile element e)."""
+    V feeds a grouped 1x1 :class:`Contraction` (one group per tile element e), or with ``interleaved``
+    ``V[n, c*E + e, t]`` and an interleaved contraction, where :func:`winograd_interleaved` says so."""
+
     x: Buf
     tile: int
     channels: int
     tiles: tuple        # (TH, TW)
     pads: tuple = (0, 0)   # (top, left)
+    interleaved: bool = False   # V[n, c*E + e, t] (see winograd_interleaved); else V[n, e*C + c, t]
 
     @property
     def flops(self) -> int:
         a = self.tile + 2
         return 2 * 2 * a ** 3 * self.x.shape[0] * self.channels * self.tiles[0] * self.tiles[1]
+
+
+# L1 data cache geometry of the x86 cores targeted (Zen 4/5 and recent Intel: 48 KiB, 64 sets x 12 ways)
+L1_SETS, L1_WAYS, LINE = 64, 12, 64
+
+
+def winograd_interleaved(channels: int, tiles: int, tile: int) -> bool:
+    """Whether V is stored channel-major (``V[n, c*E + e, t]``): when e-major storage would put more of a
+    transform unit's E = (tile+2)^2 stores, ``channels * tiles`` floats apart, in one L1 set than it has
+    ways. With 128 channels and 16 tiles that stride is 8 KiB and all 36 stores of F(4x4) share a set:
+    DenseNet-121's 14x14 input transforms ran 3.3x slower than channel-major (0.080 -> 0.024 ms), ResNet-50's
+    F(2x2) 7x7 ones 4x (0.135 -> 0.034 ms). Channel-major costs the GEMM's panel packing strided reads
+    (C rows E*T floats apart), ~5% of the GEMM where nothing aliased (`python3 bench/winograd_layers.py`)."""
+    e = (tile + 2) ** 2
+    stride = channels * tiles * 4
+    if stride % LINE:
+        return False        # the streams drift across sets
+    step = (stride // LINE) % L1_SETS
+    sets = L1_SETS // np.gcd(step, L1_SETS) if step else 1
+    return -(-e // sets) > L1_WAYS
 
 
 @attrs.define(eq=False)

@@ -17,7 +17,7 @@ from ..ir.dim import SymExpr, dmax, evaluate, free_symbols, product
 from ..ir.dtype import DType
 from ..ir.graph import Node
 from .gemm import (MR, Contraction, DepthwiseWindow, MatContraction, PadWindow, WinogradInput, WinogradOutput, channel_lanes, choose_tile,
-                   pack_columns, pack_weights)
+                   pack_columns, pack_weights, winograd_interleaved)
 from .texpr import (BOOL, I64, Buf, E, all_of, binop, call, cast, cmp, const, dim_index, identity_value, in_range, load,
                     logic, reduce, select, unop)
 
@@ -809,13 +809,15 @@ def _conv(ctx):
     return [TensorFn(out, ctx.out_dtype(), f, "complex", contraction=window is not None)]
 
 
-def _conv_as_gemm(ctx, x, b, out, group, cin_g, m_g, kern, strides, dil, begin, wv=None) -> Optional[TensorFn]:
+def _conv_as_gemm(ctx, x, b, out, group, cin_g, m_g, kern, strides, dil, begin, wv=None,
+                  interleaved: bool = False) -> Optional[TensorFn]:
     """The convolution as a packed contraction (see :mod:`cuvil.targets.gemm`), when the target asks for
     them (``ctx.gemm_cols``), it is float32 (or, with the GPU's ``half_contractions``, float16) with
     constant weights and has enough output channels per group to fill a micro-kernel's rows. The input is
     stored, zero-padded when the convolution pads so the x86 kernels pack panels without bounds tests; with
     ``unpadded_contractions`` it stays unpadded and the contraction records the pads (its expression tests
-    the bounds, as the GPU kernels do)."""
+    the bounds, as the GPU kernels do). ``interleaved``: channel c of group g is x's channel c*group + g
+    (see :attr:`Contraction.interleaved`)."""
     wv = ctx.const_input(1) if wv is None else wv
     K = cin_g * int(np.prod(kern))
     dts = (DType.FLOAT, DType.FLOAT16) if ctx.half_contractions else (DType.FLOAT,)
@@ -838,7 +840,7 @@ def _conv_as_gemm(ctx, x, b, out, group, cin_g, m_g, kern, strides, dil, begin, 
     wdt = np.float16 if half else np.float32
     a_buf = ctx.weight(pack_weights(wv.astype(wdt), group, mr, wdt), "packed")
     spec = Contraction(a_buf, x.buf, x.shape[0], group, m_g, cin_g, tuple(kern), tuple(strides), tuple(dil),
-                       out_sp, cols, mr, pads, channel_lanes(tile))
+                       out_sp, cols, mr, pads, channel_lanes(tile), interleaved)
     kshape = [cin_g] + list(kern)
 
     def f(idx):
@@ -848,13 +850,13 @@ def _conv_as_gemm(ctx, x, b, out, group, cin_g, m_g, kern, strides, dil, begin, 
 
         def body(k):
             c, *ks = unflat_index(k, kshape)
+            ch = c * group + g if interleaved else g * cin_g + c
             if pads:
                 pos = [oi * s - p + ki * d for oi, s, p, ki, d in zip(o, strides, pads, ks, dil)]
                 inside = all_of([in_range(q, 0, size) for q, size in zip(pos, x.shape[2:])])
-                return binop("mul", load(a_buf, [g, ml // mr, k, ml % mr]),
-                             x.at_or([n, g * cin_g + c] + pos, inside, 0.0))
+                return binop("mul", load(a_buf, [g, ml // mr, k, ml % mr]), x.at_or([n, ch] + pos, inside, 0.0))
             pos = [oi * s + ki * d for oi, s, ki, d in zip(o, strides, ks, dil)]
-            return binop("mul", load(a_buf, [g, ml // mr, k, ml % mr]), x([n, g * cin_g + c] + pos))
+            return binop("mul", load(a_buf, [g, ml // mr, k, ml % mr]), x([n, ch] + pos))
         acc = E("contract", [n, m] + list(o) + [reduce("sum", [K], body)], x.dtype, spec)
         return binop("add", acc, b([m])) if b is not None else acc
     return TensorFn(out, ctx.out_dtype(), f, "complex", contraction=True)
@@ -884,7 +886,8 @@ def _winograd_conv(ctx):
     bt, _, at = matrices_f64(m)
     bt_buf = ctx.weight(bt.astype(np.float32), "bt")
     at_buf = ctx.weight(at.astype(np.float32), "at")
-    ispec = WinogradInput(x.buf, m, c_, (th_, tw_), (int(pads[0]), int(pads[1])))
+    inter = winograd_interleaved(c_, t_, m)
+    ispec = WinogradInput(x.buf, m, c_, (th_, tw_), (int(pads[0]), int(pads[1])), inter)
     xh, xw = x.shape[2:]
 
     def xp(idx):
@@ -893,18 +896,18 @@ def _winograd_conv(ctx):
         return x.at_or([n, c, h, w], all_of([in_range(h, 0, xh), in_range(w, 0, xw)]), 0.0)
 
     def v_fn(idx):
-        n, ec, t = idx
-        e, c = ec // c_, ec % c_
+        n, ce, t = idx
+        c, e = (ce // (a * a), ce % (a * a)) if inter else (ce % c_, ce // c_)
         i, j = e // a, e % a
         h0, w0 = (t // tw_) * m, (t % tw_) * m
 
         def body(p, q):
             coef = binop("mul", load(bt_buf, [i, p]), load(bt_buf, [j, q]))
             return binop("mul", coef, xp([n, c, h0 + p, w0 + q]))
-        return E("wino_in", [n, ec, t, reduce("sum", [a, a], body)], DType.FLOAT, ispec)
+        return E("wino_in", [n, ce, t, reduce("sum", [a, a], body)], DType.FLOAT, ispec)
     v = ctx.temp((n_, a * a * c_, t_), DType.FLOAT, v_fn, "wino_v")
     gemm = _conv_as_gemm(ctx, v, None, (n_, a * a * k_, t_), a * a, c_, k_, (1,), (1,), (1,), [0],
-                         wv=uv.reshape(a * a * k_, c_, 1))
+                         wv=uv.reshape(a * a * k_, c_, 1), interleaved=inter)
     if gemm is None:
         ctx.unsupported(f"WinogradConv with {c_} input and {k_} output channels has no GEMM micro-kernel")
     mt = ctx.temp(gemm.shape, DType.FLOAT, gemm.fn, "wino_m")

@@ -99,8 +99,8 @@ def conv_node(st: Stage) -> Optional[E]:
     if st.region is not None or st.buf.dtype not in (DType.FLOAT, DType.FLOAT16):
         return None
     found = [x for x in nodes(st.expr) if x.op == "contract"]
-    if len(found) != 1 or not isinstance(found[0].attr, Contraction):
-        return None
+    if len(found) != 1 or not isinstance(found[0].attr, Contraction) or found[0].attr.interleaved:
+        return None     # (interleaved groups: x86's Winograd GEMMs only; their expression is still exact)
     node, spec = found[0], found[0].attr
     shape = tuple(st.buf.shape)
     if not all(isinstance(d, int) for d in shape + tuple(spec.x.shape) + tuple(spec.out_spatial)):

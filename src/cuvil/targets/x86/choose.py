@@ -11,11 +11,16 @@ tile, and a Winograd rule is accepted only when its tile size is the cheapest of
   AVX-512: 12x32, 8x48 or 6x64, or the channel-lane 32x7, 48x7 or 64x6 for reductions of 256 or more): a
   7x7 map has 4 tiles of 4x4 in one panel, mostly empty, which is why small maps take F(2x2) or stay direct.
 * Weights stream from memory once per inference, Winograd's (m+2)^2/9 times as many: :data:`WEIGHT_COST`
-  per weight float. It and :data:`cuvil.targets.gemm.PARTIAL_TILE_COST` were set on the layers of
-  `python3 bench/winograd_layers.py --weight-costs 0 4 8 16 --layers ...` (ResNet-50's 7x7 and 14x14, the
-  light Inception-v1's and SqueezeNet's 13x13 and 6x6, 27x27; 2-core Zen 5, AVX-512): the model picks the
-  fastest of direct / F(2x2) / F(4x4) on 9 of 11; with no weight cost it took F(4x4) on every 13x13 / 14x14
-  layer, where F(2x2) was 10-45% faster.
+  per weight float; each GEMM packs its B panels: :data:`PACK_COST` per packed float.
+  :data:`cuvil.targets.gemm.PARTIAL_TILE_COST` and WEIGHT_COST were set on 11 layers (ResNet-50's 7x7 and
+  14x14, the light Inception-v1's and SqueezeNet's 13x13 and 6x6, 27x27), PACK_COST on the 16 layers of
+  `python3 bench/winograd_layers.py` with V's channel-major layout (:func:`cuvil.targets.gemm.
+  winograd_interleaved`; 2-core Zen 5, AVX-512). There the model picks the fastest of direct / F(2x2) /
+  F(4x4) on 11 of 16: F(4x4) for DenseNet-121's 128 -> 32 at 56x56 and 28x28 (3% and 7% slower than
+  F(2x2)), and F(2x2) for three 13x13 / 14x14 Inception-v1 layers, where F(4x4) ran 17-30% faster alone.
+  That is the weight term: a layer run alone keeps its weights in L3, a model streams them. With
+  WEIGHT_COST 12 the model took those three (13 of 16), and whole models measured: Inception-v1 1.5%
+  faster, SqueezeNet 1.5-2% slower, their libraries 36% and 54% larger (F(4x4) stores 4x the weights).
 * The transforms are memory-bound passes; their cost per element read or written, in multiply-add units,
   is :data:`TRANSFORM_COST`: an estimate, checked (not fitted) against ``python3 bench/winograd_layers.py``,
   where on a 2-core Zen 3 (AVX2) the model picked the fastest of the three on each of the 12 layer shapes
@@ -37,11 +42,18 @@ TRANSFORM_COST = 4.0      # multiply-add units per transformed element (input ti
 # channel-lane tiles made its 4-position GEMM cheap on paper; measured 1.15 ms against F(2x2)'s 0.69 ms
 # (`python3 bench/x86_layers.py --only conv3x3`).
 WEIGHT_COST = 16.0
+# multiply-add units per float of a packed B panel (K x padded positions per GEMM): the packing copy (a
+# gather where positions are not consecutive) costs about what a k-step of a 4-vector tile row does, and
+# small GEMMs pay it on every panel. Without it the model took F(4x4) for DenseNet-121's 128 -> 32 growth
+# convolutions at 14x14 (36 GEMMs of 32 x 128 x 16: 0.106 ms against F(2x2)'s 0.073).
+PACK_COST = 8.0
 MIN_CHANNELS = 8          # fewer input or output channels: the GEMMs are too thin to gain
 
 
 def _gemm_work(m: int, p: int, k: int, shapes) -> float:
-    return tile_cost(m, p, choose_tile(m, p, shapes, k), k)
+    """Cost per reduction element of an m x p GEMM: the chosen tile's padded work and its panel packing."""
+    tile = choose_tile(m, p, shapes, k)
+    return tile_cost(m, p, tile, k) + PACK_COST * -(-p // tile[1]) * tile[1]
 
 
 def direct_cost(c: int, k: int, oh: int, ow: int, shapes=AVX2_TILES) -> float:

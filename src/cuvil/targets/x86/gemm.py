@@ -163,7 +163,7 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
     def k_offsets(kidx):
         """For k = (input channel, kernel offsets...): its offset in the input and its row of the panel."""
         c_, ks = kidx[0], kidx[1:]
-        koff = b.mul(c_, I64(in_strides[1]))
+        koff = b.mul(c_, I64(in_strides[1] * (G if spec.interleaved else 1)))
         for kd, dd, stv in zip(ks, spec.dilations, in_strides[2:]):
             koff = b.add(koff, b.mul(kd, I64(dd * stv)))
         kflat = c_
@@ -174,7 +174,8 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
     def pack(n, g, pb_lo, count):
         """Panels pb_lo .. pb_lo+count-1 of image n, group g into scratch (K x nr floats each)."""
         xb = b.gep(em.base(spec.x), [I64(spec.x.offset)], source_etype=ir.IntType(8), inbounds=True)
-        xb = fptr(xb, b.mul(b.add(b.mul(n, I64(xs[1])), b.mul(g, I64(spec.cin))), I64(in_strides[1])))
+        xb = fptr(xb, b.mul(b.add(b.mul(n, I64(xs[1])), g if spec.interleaved else b.mul(g, I64(spec.cin))),
+                            I64(in_strides[1])))
 
         def one(i):
             pb = b.add(pb_lo, i)

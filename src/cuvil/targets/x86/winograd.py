@@ -73,11 +73,15 @@ def _sandwich(b, left, tile: List[List[ir.Value]], right, vec):
     return [[_combine(b, rr, row, vec) for rr in right] for row in rows]
 
 
-def _tile_row(b, u, TH: int, TW: int, channels: int, a: int):
+def _tile_row(b, u, TH: int, TW: int, channels: int, a: int, interleaved: bool = False):
     """Unit u of a transform kernel = (image n, channel ch, tile row th), th fastest: returns n*channels + ch,
-    th, and the offset of the tile row in the transformed tensor [N, a*a*channels, TH*TW] (element 0)."""
+    th, and the offset of the tile row in the transformed tensor [N, a*a*channels, TH*TW] (element 0): at
+    row e*channels + ch of image n, or ch*a*a + e when ``interleaved`` (V, see WinogradInput)."""
     th = b.srem(u, I64(TH))
     nch = b.sdiv(u, I64(TH))
+    if interleaved:
+        row = b.add(b.mul(nch, I64(a * a * TH * TW)), b.mul(th, I64(TW)))
+        return nch, th, row
     ch = b.srem(nch, I64(channels))
     n = b.sdiv(nch, I64(channels))
     row = b.add(b.mul(b.add(b.mul(n, I64(a * a * channels)), ch), I64(TH * TW)), b.mul(th, I64(TW)))
@@ -132,9 +136,10 @@ def emit_winograd_input(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
         return v
 
     def unit(u):
-        nc, th, row = _tile_row(b, u, TH, TW, C, a)
+        nc, th, row = _tile_row(b, u, TH, TW, C, a, interleaved=spec.interleaved)
         plane = fptr(x_base, b.mul(nc, I64(H * W)))
-        vrow = fptr(v_base, row)       # V[n, e*C + c, th*TW + tw] at e = 0
+        vrow = fptr(v_base, row)       # V[n, e*C + c (or c*E + e), th*TW + tw] at e = 0
+        estride = T if spec.interleaved else C * T
         edge = ir.Constant(I1, 0)
         if last_edge:
             last_nc = b.sub(b.mul(em.index(spec.x.shape[0]), I64(C)), I64(1))    # the batch may be symbolic
@@ -165,7 +170,7 @@ def emit_winograd_input(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
             def stores(keep):
                 for i in range(a):
                     for j in range(a):
-                        dst = fptr(vrow, b.add(I64((i * a + j) * C * T), tw0))
+                        dst = fptr(vrow, b.add(I64((i * a + j) * estride), tw0))
                         if keep is None:
                             b.store(v[i][j], b.bitcast(dst, vec.as_pointer()), align=4)
                         else:
