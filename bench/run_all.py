@@ -316,7 +316,7 @@ def render(args, host, rows, compiles, failures, started) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", nargs="+", default=list(MODELS), help=f"from {', '.join(LIGHT_MODELS)}")
-    ap.add_argument("--runs", type=int, default=20, help="timed runs per engine (default 20)")
+    ap.add_argument("--runs", type=int, default=40, help="timed runs per engine (default 40)")
     ap.add_argument("--warmup", type=int, default=3, help="untimed runs per engine first (default 3)")
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--cold-runs", type=int, default=3, help="fresh processes per engine for cold start/RSS")
@@ -326,9 +326,10 @@ def main(argv=None) -> int:
                          "150: onnxruntime's intra-op workers spin 50-100 ms after a run, and back to back they "
                          "took the second core from Cuvil's 2-thread runs: ResNet-50 121 ms vs 78 ms with 100 ms "
                          "pauses; bench/pause_effect.py measures it)")
-    ap.add_argument("--alone-runs", type=int, default=40,
+    ap.add_argument("--alone-runs", type=int, default=200,
                     help="then Cuvil alone in the process, this many timed runs with the same pauses, for its own "
-                         "p99/p50 (default 40; 0 = skip)")
+                         "p99/p50 (default 200: from 40 runs a p99 is the largest one, a single hiccup of the "
+                         "host; 0 = skip)")
     ap.add_argument("--peak-gflops-per-core", type=float, default=None,
                     help="fp32 peak per core for '%% of peak' (default: measured with a C FMA loop)")
     ap.add_argument("--out", default=DEFAULT_OUT, help="the Markdown report (default bench/RESULTS.md)")
