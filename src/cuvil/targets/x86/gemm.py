@@ -171,11 +171,15 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
             kflat = b.add(b.mul(kflat, I64(ext)), kd)
         return koff, kflat
 
+    def x_at(n, g):
+        """The input's element 0 of image n, group g's first channel."""
+        xb = b.gep(em.base(spec.x), [I64(spec.x.offset)], source_etype=ir.IntType(8), inbounds=True)
+        return fptr(xb, b.mul(b.add(b.mul(n, I64(xs[1])), g if spec.interleaved else b.mul(g, I64(spec.cin))),
+                              I64(in_strides[1])))
+
     def pack(n, g, pb_lo, count):
         """Panels pb_lo .. pb_lo+count-1 of image n, group g into scratch (K x nr floats each)."""
-        xb = b.gep(em.base(spec.x), [I64(spec.x.offset)], source_etype=ir.IntType(8), inbounds=True)
-        xb = fptr(xb, b.mul(b.add(b.mul(n, I64(xs[1])), g if spec.interleaved else b.mul(g, I64(spec.cin))),
-                            I64(in_strides[1])))
+        xb = x_at(n, g)
 
         def one(i):
             pb = b.add(pb_lo, i)
@@ -276,14 +280,15 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
 
     nacc = MR * nr // vw
 
-    def kloop(a_ptr, b_ptr, k0: int, k1: int, acc_in, acc_out):
+    def kloop(a_ptr, b_ptr, k0: int, k1: int, acc_in, acc_out, b_stride=None):
         """MR x nr accumulators over k in [k0, k1) (nacc vectors: MR rows x nv, or with channel lanes nr
         rows x nv): start from zero (acc_in None) or the vectors at acc_in, end stored at acc_out (the tile,
-        or an accumulator slot between k-blocks; None: not stored). Returns the accumulator values."""
+        or an accumulator slot between k-blocks; None: not stored). Returns the accumulator values.
+        ``b_stride``: floats from one B row to the next (default nr: a packed panel)."""
         init = [zero] * nacc if acc_in is None else [
             b.load(b.gep(acc_in, [I64(i)], source_etype=vec, inbounds=True), typ=vec, align=4) for i in range(nacc)]
         a_row = lambda k: fptr(a_ptr, b.mul(k, I64(MR)))
-        b_row = lambda k: fptr(b_ptr, b.mul(k, I64(nr)))
+        b_row = lambda k: fptr(b_ptr, b.mul(k, I64(nr) if b_stride is None else b_stride))
         if cl:
             vectors = lambda k: [b.load(fptr(a_row(k), I64(v * vw)), typ=vec, align=4) for v in range(nv)]
             scalars = lambda k: [b.load(fptr(b_row(k), I64(j)), typ=F32, align=4) for j in range(nr)]
@@ -314,12 +319,12 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
     blocks = [(k0, min(K, k0 + kc)) for k0 in range(0, K, kc)]
     acc_base = fptr(scratch, I64(packed_floats(spec)))
 
-    def tile_at(n, g, mb, pb, panel, slot, blk):
+    def tile_at(n, g, mb, pb, panel, slot, blk, b_stride=None):
         k0, k1 = blocks[blk]
         a_ptr = fptr(a_base, b.mul(b.add(b.mul(g, I64(Mb)), mb), I64(K * MR)))
         acc = b.bitcast(fptr(acc_base, b.mul(slot, I64(MR * nr))), ir.PointerType(vec))
         last = blk == len(blocks) - 1
-        new = kloop(a_ptr, panel, k0, k1, None if blk == 0 else acc, None if last else acc)
+        new = kloop(a_ptr, panel, k0, k1, None if blk == 0 else acc, None if last else acc, b_stride)
         if not last:
             return
         m0 = b.mul(mb, I64(MR))
@@ -354,6 +359,14 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
                     epilogue(n, g, m0, p0, nrows, ncols)
                 em.memo.pop()
 
+    # A 1x1 stride-1 contraction over its whole input (positions = input elements, in order) in panel order
+    # reads a full panel's B rows where they are, k_stride floats apart, instead of packing them: the copy
+    # cost more than the FMAs where few weight panels share it (SqueezeNet's 16-64-channel squeezes,
+    # DenseNet-121's 32-channel Winograd GEMMs; position lanes only).
+    k_stride = in_strides[1] * (G if spec.interleaved else 1)
+    in_place = (panel_order and not cl and all(kd == 1 for kd in spec.kernel) and all(sd == 1 for sd in spec.strides)
+                and tuple(xs[2:]) == tuple(spec.out_spatial) and in_strides[-1] == 1)
+
     def ensure_packed(key, n, g, pb_lo, count):
         fresh = b.icmp_signed("!=", b.load(packed_key, typ=I64), key)
         with b.if_then(fresh):
@@ -366,6 +379,15 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
         ng = b.sdiv(t, I64(inner))
         g = b.srem(ng, I64(G))
         n = b.sdiv(ng, I64(G))
+        if panel_order and in_place:   # a full panel is nr consecutive positions of every input row
+            full = b.icmp_signed("<=", b.mul(b.add(u, I64(1)), I64(nr)), I64(P))
+            with b.if_then(b.not_(full)):
+                ensure_packed(t, n, g, u, I64(1))
+            panel = b.select(full, fptr(x_at(n, g), b.mul(u, I64(nr))), scratch)
+            stride = b.select(full, I64(k_stride), I64(nr))
+            for blk in range(len(blocks)):
+                em.loop_range(I64(0), I64(Mb), lambda mb: tile_at(n, g, mb, u, panel, mb, blk, stride))
+            return
         for blk in range(len(blocks)):
             if panel_order:      # u = pb: pack it, then every weight panel
                 if blk == 0:
