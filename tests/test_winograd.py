@@ -147,6 +147,7 @@ def test_cost_model_choices():
     # DenseNet-121's growth convolutions at 14x14: F(4x4)'s 36 GEMMs of 16 positions pack more than they
     # compute (0.106 ms against F(2x2)'s 0.073, direct 0.080)
     assert choose.best_tile(128, 32, 14, 14, avx512) == 2
+    assert choose.best_tile(128, 32, 28, 28, avx512) == 2     # F(4x4): 7 tiles a row in 16 lanes (0.245 vs 0.199 ms)
     assert choose.best_tile(128, 32, 7, 7, avx512) is None
 
 

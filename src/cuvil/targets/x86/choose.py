@@ -11,31 +11,39 @@ tile, and a Winograd rule is accepted only when its tile size is the cheapest of
   AVX-512: 12x32, 8x48 or 6x64, or the channel-lane 32x7, 48x7 or 64x6 for reductions of 256 or more): a
   7x7 map has 4 tiles of 4x4 in one panel, mostly empty, which is why small maps take F(2x2) or stay direct.
 * Weights stream from memory once per inference, Winograd's (m+2)^2/9 times as many: :data:`WEIGHT_COST`
-  per weight float; each GEMM packs its B panels: :data:`PACK_COST` per packed float.
-  :data:`cuvil.targets.gemm.PARTIAL_TILE_COST` and WEIGHT_COST were set on 11 layers (ResNet-50's 7x7 and
-  14x14, the light Inception-v1's and SqueezeNet's 13x13 and 6x6, 27x27), PACK_COST on the 16 layers of
-  `python3 bench/winograd_layers.py` with V's channel-major layout (:func:`cuvil.targets.gemm.
-  winograd_interleaved`; 2-core Zen 5, AVX-512). There the model picks the fastest of direct / F(2x2) /
-  F(4x4) on 11 of 16: F(4x4) for DenseNet-121's 128 -> 32 at 56x56 and 28x28 (3% and 7% slower than
-  F(2x2)), and F(2x2) for three 13x13 / 14x14 Inception-v1 layers, where F(4x4) ran 17-30% faster alone.
-  That is the weight term: a layer run alone keeps its weights in L3, a model streams them. With
-  WEIGHT_COST 12 the model took those three (13 of 16), and whole models measured: Inception-v1 1.5%
-  faster, SqueezeNet 1.5-2% slower, their libraries 36% and 54% larger (F(4x4) stores 4x the weights).
-* The transforms are memory-bound passes; their cost per element read or written, in multiply-add units,
-  is :data:`TRANSFORM_COST`: an estimate, checked (not fitted) against ``python3 bench/winograd_layers.py``,
-  where on a 2-core Zen 3 (AVX2) the model picked the fastest of the three on each of the 12 layer shapes
-  measured (the Zen 5 figures are in bench/winograd_layers.py's output and the commit that set them).
+  per weight float. Each GEMM packs its B panels, :data:`PACK_COST` per packed float, except a 1x1 GEMM in
+  panel order (Winograd's, where output channels <= tiles), which reads them in place.
+* The transforms: :data:`TRANSFORM_OP_COST` per scalar operation (the matrices' non-zeros, counted over
+  whole vectors of tiles: F(4x4) does 7.3 operations per transformed input element to F(2x2)'s 4, and a
+  7-tile row fills 7 of 16 lanes), plus :data:`TRANSFORM_COST` per element stored or loaded.
+* Fitted on the 16 layers of `python3 bench/winograd_layers.py` (2-core Zen 5, AVX-512, in-place panels,
+  V channel-major where it aliases: :func:`cuvil.targets.gemm.winograd_interleaved`), with WEIGHT_COST held
+  at 16 (:data:`cuvil.targets.gemm.PARTIAL_TILE_COST` and it were first set on 11 of them). The model picks
+  the fastest of direct / F(2x2) / F(4x4) on 11 of 16. It takes F(4x4) for DenseNet-121's 128 -> 32 at
+  56x56 (18% slower than F(2x2) there), F(2x2) at 14x14 (direct was 9% faster), and F(2x2) for three 13x13 /
+  14x14 Inception-v1 layers, where F(4x4) ran 17-30% faster alone. Those three are the weight term: a layer
+  run alone keeps its weights in L3, a model streams them. With WEIGHT_COST 12 the model took them, and whole
+  models measured Inception-v1 1.5% faster and SqueezeNet 1.5-2% slower, with libraries 36% and 54% larger
+  (F(4x4) stores 4x the weights). The per-element transform cost alone (4.0, the first model) had taken
+  F(4x4) for DenseNet's 28x28 layers as well (23% slower). AVX2's choices on these 16 layers are the same
+  as that first model's, which picked the fastest of the three on each of 12 layer shapes measured on a
+  2-core Zen 3.
 """
 from __future__ import annotations
 
 from typing import Optional
 
 from ...dsl.ast import Num, OpCall, Rule
+from ...ir.ops.winograd import MATRICES
 from ..gemm import choose_tile, tile_cost
 from .gemm import tile_shapes
 
 AVX2_TILES = tile_shapes(256)   # the default target's register tiles
-TRANSFORM_COST = 4.0      # multiply-add units per transformed element (input tile element or output)
+TRANSFORM_COST = 2.0      # multiply-add units per transformed element stored or loaded (V, M, the output)
+# per scalar operation of the transforms (the matrices' non-zeros, see _transform_ops), counted over whole
+# vectors of tiles: F(4x4) takes 7.3 operations per transformed input element where F(2x2) takes 4, and
+# a 7-tile row fills 7 of 16 lanes
+TRANSFORM_OP_COST = 2.0
 # multiply-add units per weight float: a whole model's weights stream from memory once per inference
 # (~30 GB/s here against ~136 G multiply-adds/s per core), and Winograd multiplies them by (m+2)^2 / 9.
 # Without this term F(4x4) won on 7x7 512-channel layers (4 tiles: 38 MB of transformed weights) once
@@ -50,21 +58,38 @@ PACK_COST = 8.0
 MIN_CHANNELS = 8          # fewer input or output channels: the GEMMs are too thin to gain
 
 
-def _gemm_work(m: int, p: int, k: int, shapes) -> float:
-    """Cost per reduction element of an m x p GEMM: the chosen tile's padded work and its panel packing."""
+def _gemm_work(m: int, p: int, k: int, shapes, in_place: bool = False) -> float:
+    """Cost per reduction element of an m x p GEMM: the chosen tile's padded work and its panel packing;
+    ``in_place``: a 1x1 GEMM whose panels are read where they are when it runs in panel order (m <= p, see
+    :mod:`cuvil.targets.x86.gemm`)."""
     tile = choose_tile(m, p, shapes, k)
-    return tile_cost(m, p, tile, k) + PACK_COST * -(-p // tile[1]) * tile[1]
+    packs = not (in_place and m <= p)
+    return tile_cost(m, p, tile, k) + (PACK_COST * -(-p // tile[1]) * tile[1] if packs else 0.0)
 
 
 def direct_cost(c: int, k: int, oh: int, ow: int, shapes=AVX2_TILES) -> float:
     return 9 * c * _gemm_work(k, oh * ow, 9 * c, shapes) + WEIGHT_COST * 9 * c * k
 
 
+def _transform_ops(m: int) -> tuple:
+    """Scalar adds / multiply-adds of one tile's input transform (Bt d B: two passes of Bt's non-zeros over
+    the (m+2)^2 tile) and output transform (At M A)."""
+    bt, _, at = MATRICES[m]
+    nnz = lambda mat: sum(1 for row in mat for x in row if x != 0)    # noqa: E731
+    return 2 * (m + 2) * nnz(bt), (2 * m + 2) * nnz(at)
+
+
 def winograd_cost(c: int, k: int, oh: int, ow: int, m: int, shapes=AVX2_TILES) -> float:
-    tiles = (-(-oh // m)) * (-(-ow // m))
+    th, tw = -(-oh // m), -(-ow // m)
+    tiles = th * tw
     e = (m + 2) ** 2
-    gemm = e * c * _gemm_work(k, tiles, c, shapes)
-    transforms = TRANSFORM_COST * (e * c * tiles + e * k * tiles + k * oh * ow)
+    gemm = e * c * _gemm_work(k, tiles, c, shapes, in_place=True)
+    # the transform kernels run VW neighbouring tiles of a tile row per vector (4 for rows of <= 4 tiles)
+    vw = 4 if tw <= 4 else (16 if any(len(t) > 2 and t[2] == 16 for t in shapes) else 8)
+    slots = th * -(-tw // vw) * vw
+    ops_in, ops_out = _transform_ops(m)
+    transforms = (TRANSFORM_OP_COST * (ops_in * c + ops_out * k) * slots
+                  + TRANSFORM_COST * (e * c * tiles + e * k * tiles + k * oh * ow))
     return gemm + transforms + WEIGHT_COST * e * c * k
 
 
