@@ -78,6 +78,9 @@ CASES = [
     ((1, 4, 5, 6, 7), (6, 4, 3, 3, 3), dict(pads=[1, 1, 1, 1, 1, 1])),                # 3-D
     ((1, 160, 6, 6), (8, 160, 3, 3), dict(pads=[1, 1, 1, 1])),                        # K=1440: k-blocks
     ((1, 160, 3, 3), (20, 160, 3, 3), dict(pads=[1, 1, 1, 1])),                       # k-blocks, weights order
+    ((1, 24, 20, 20), (112, 6, 1, 1), dict(group=4)),                                 # K=6 (ShuffleNet), groups
+    ((2, 5, 9, 9), (12, 5, 1, 1), {}),                                                # K=5, N=2, panel order
+    ((1, 4, 3, 3), (40, 4, 1, 1), {}),                                                # K=4, weights order
 ]
 # full panels across output rows (16- to 64-wide panels), packed run by run: strides 1-4, dilation
 RUN_CASES = [
