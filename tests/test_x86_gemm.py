@@ -403,7 +403,7 @@ def test_max_pool_row_kernel(xs, kern, strides, pads):
 
 @pytest.mark.parametrize("op,xs,attrs", [
     ("MaxPool", (1, 8, 13, 13), dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])),   # fill -inf
-    ("AveragePool", (2, 4, 11, 12), dict(kernel_shape=[3, 3], pads=[1, 2, 0, 1])),   # asymmetric, N=2
+    ("AveragePool", (1, 2, 5, 6, 7), dict(kernel_shape=[3, 3, 3], pads=[1, 0, 1, 1, 2, 1])),   # 3-D: padded copy
     ("MaxPool", (1, 5, 20), dict(kernel_shape=[3], pads=[2, 1])),                    # 1-D
     ("MaxPool", (1, 2, 5, 6, 7), dict(kernel_shape=[3, 3, 3], pads=[1, 0, 1, 1, 2, 1])),   # 3-D
 ])
@@ -416,6 +416,29 @@ def test_padded_copy_kernel(op, xs, attrs):
     x = np.random.default_rng(11).standard_normal(xs).astype(np.float32)
     art = Pipeline.from_onnx(m).compile(cache=False)
     assert "pad" in [s["kernel"] for s in art.manifest["steps"]]
+    want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    for threads in (1, 2):
+        np.testing.assert_allclose(art.model().run(x, num_threads=threads)[0], want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("xs,attrs", [
+    ((2, 4, 11, 12), dict(kernel_shape=[3, 3], pads=[1, 2, 0, 1])),                      # asymmetric, N=2
+    ((1, 24, 56, 56), dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])),     # ShuffleNet's
+    ((1, 5, 14, 15), dict(kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1)),            # overhang past the input
+    ((1, 7, 16, 16), dict(kernel_shape=[2, 2], strides=[2, 2])),                         # DenseNet's: a constant count
+    ((1, 3, 9, 40), dict(kernel_shape=[5, 3], strides=[1, 1], pads=[2, 0, 2, 2])),       # stride 1, long rows
+])
+def test_average_pool_row_kernel(xs, attrs):
+    """2-D float32 average pools (pads not counted) run as a depthwise window of ones, read unpadded,
+    divided by each window's count inside the input: against onnxruntime at 1 and 2 threads."""
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("AveragePool", ["r"], ["y"], **attrs)],
+                          "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(xs))],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 19)])
+    x = np.random.default_rng(12).standard_normal(xs).astype(np.float32)
+    art = Pipeline.from_onnx(m).compile(cache=False)
+    kinds = [s["kernel"] for s in art.manifest["steps"]]
+    assert "dwconv" in kinds and "pad" not in kinds, kinds
     want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     for threads in (1, 2):
         np.testing.assert_allclose(art.model().run(x, num_threads=threads)[0], want, rtol=1e-6, atol=1e-6)

@@ -1072,6 +1072,11 @@ def _pool(ctx):
 
     orig_begin = list(begin)
     sizes = list(x.shape[2:])
+    if (op == "AveragePool" and not count_pad and ctx.gemm_cols and not ctx.unpadded_contractions   # x86's rows
+            and spatial == 2 and x.dtype == DType.FLOAT
+            and ctx.out_dtype() == DType.FLOAT and all(d == 1 for d in dil) and strides[1] in (1, 2)
+            and all(isinstance(d, int) for d in x.shape[1:])):
+        return [_average_pool_window(ctx, x, out, kern, strides, begin)]
     x0 = x
     if op == "MaxPool" and len(ctx.node.outputs) == 1:
         lowest = -math.inf if x.dtype.is_float else np.iinfo(x.dtype.numpy).min
@@ -1199,6 +1204,45 @@ def _maxpool_indices(ctx, x, out, kern, strides, dil, begin, best) -> TensorFn:
 def _end_pads(ctx, spatial):
     pads = ctx.attr("pads")
     return list(pads[spatial:]) if pads else [0] * spatial
+
+
+def _average_pool_window(ctx, x, out, kern, strides, begin) -> TensorFn:
+    """A 2-D float32 average pool (pads not counted) as a depthwise window of ones over the unpadded input,
+    which the x86 backend computes by rows (masked loads read the padding as zeros), divided by each
+    window's count of input elements. As a loop nest over a padded copy, ShuffleNet's three 3x3 stride-2
+    pools took 0.15 ms of its 2.1."""
+    if x.buf is None:
+        x = ctx.temp(x.shape, x.dtype, x.fn, "in")
+    sizes = x.shape[2:]
+    ones = ctx.weight(np.ones((x.shape[1], 1) + tuple(kern), np.float32), "ones")
+    window = DepthwiseWindow(ones, x.buf, tuple(kern), tuple(strides), (1, 1), tuple(out[2:]),
+                             pads=(int(begin[0]), int(begin[1])))
+    constant = not any(begin) and all((o - 1) * s + k <= size for o, s, k, size in zip(out[2:], strides, kern, sizes))
+
+    def count(o) -> E:
+        """Elements of the window inside the input: a product of clipped extents."""
+        if constant:
+            return const(float(np.prod(kern)), DType.FLOAT)
+        total = None
+        for oi, s_, pb, k, size in zip(o, strides, begin, kern, sizes):
+            lo = oi * s_ - pb
+            hi = lo + k
+            lo_c = select(cmp("lt", lo, const(0, I64)), const(0, I64), lo)
+            hi_c = select(cmp("gt", hi, const(size, I64)), const(size, I64), hi)
+            ext = E("sub", (hi_c, lo_c), I64)
+            total = ext if total is None else E("mul", (total, ext), I64)
+        return cast(total, DType.FLOAT)
+
+    def f(idx):
+        n, c, o = idx[0], idx[1], idx[2:]
+
+        def body(*ks):
+            pos = [oi * s_ - pb + ki for oi, s_, pb, ki in zip(o, strides, begin, ks)]
+            inside = all_of([in_range(q, 0, size) for q, size in zip(pos, sizes)])
+            return binop("mul", x.at_or([n, c] + pos, inside, 0.0), load(ones, [c, const(0, I64)] + list(ks)))
+        acc = E("window", [n, c] + list(o) + [reduce("sum", kern, body)], DType.FLOAT, window)
+        return binop("div", acc, count(o))
+    return TensorFn(out, ctx.out_dtype(), f, "complex", contraction=True)
 
 
 @lowering("GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool")

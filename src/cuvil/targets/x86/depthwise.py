@@ -1,5 +1,6 @@
 """Row kernels for window stages, depthwise convolutions and max pools (see
-:class:`cuvil.targets.gemm.DepthwiseWindow`).
+:class:`cuvil.targets.gemm.DepthwiseWindow`; an average pool is a depthwise window of ones, its epilogue
+dividing by the window's count).
 
 One unit of the parallel range is one (image, channel) plane. For each output row the kernel keeps up
 to :data:`CHUNK` vectors of outputs in registers and, for every kernel offset (fully unrolled: the
