@@ -151,6 +151,21 @@ def test_cost_model_choices():
     assert choose.best_tile(128, 32, 7, 7, avx512) is None
 
 
+def test_gemm_work_charges_the_packing_the_kernel_does():
+    from cuvil.targets.gemm import choose_tile
+    avx512 = tile_shapes(512)
+    # panel order with a position-lane tile: full panels in place, only the partial last one packed
+    t = choose_tile(32, 100, avx512, 64)
+    assert t[1] < 100 and 100 % t[1]
+    assert choose._gemm_work(32, 100, 64, avx512, in_place=True) == pytest.approx(
+        choose._gemm_work(32, 100, 64, avx512) - choose.PACK_COST * (-(-100 // t[1]) - 1) * t[1])
+    # fewer positions than a panel: the one panel is partial, packed whole
+    assert choose._gemm_work(8, 16, 64, avx512, in_place=True) == choose._gemm_work(8, 16, 64, avx512)
+    # a channel-lane tile never reads in place
+    assert len(choose_tile(32, 49, avx512, 1024)) == 3 and choose_tile(32, 49, avx512, 1024)[2] == "c"
+    assert choose._gemm_work(32, 49, 1024, avx512, in_place=True) == choose._gemm_work(32, 49, 1024, avx512)
+
+
 def test_channel_major_v_where_e_major_aliases():
     from cuvil.targets.gemm import winograd_interleaved
     assert winograd_interleaved(128, 16, 4)        # 8 KiB apart: all 36 stores in one L1 set
@@ -160,10 +175,12 @@ def test_channel_major_v_where_e_major_aliases():
     assert not winograd_interleaved(100, 49, 2)    # not line-aligned: the streams drift
 
 
-@pytest.mark.parametrize("c, k, h, tile", [(64, 32, 14, 4), (128, 16, 7, 2), (48, 24, 14, 4)])
+@pytest.mark.parametrize("c, k, h, tile", [(64, 32, 14, 4), (128, 16, 7, 2), (48, 24, 14, 4), (256, 16, 20, 2),
+                                           (1024, 8, 14, 2)])
 def test_channel_major_v_matches_onnxruntime(c, k, h, tile):
-    # the first two store V channel-major (64 channels x 16 tiles, 128 x 16), the last e-major; the batch of
-    # 2 puts a second image's channels after the first's in either layout
+    # all but (48, 24) store V channel-major; the batch of 2 puts a second image's channels after the first's
+    # in either layout. (256, 16, 20) and (1024, 8, 14) run their GEMMs in panel order, full panels read in
+    # place from the interleaved V (1024 channels: two k-blocks) and the partial one packed
     from cuvil.targets.gemm import winograd_interleaved
     t = (-(-h // tile)) ** 2
     assert winograd_interleaved(c, t, tile) == (c != 48)

@@ -81,6 +81,8 @@ CASES = [
     ((1, 24, 20, 20), (112, 6, 1, 1), dict(group=4)),                                 # K=6 (ShuffleNet), groups
     ((2, 5, 9, 9), (12, 5, 1, 1), {}),                                                # K=5, N=2, panel order
     ((1, 4, 3, 3), (40, 4, 1, 1), {}),                                                # K=4, weights order
+    ((2, 1024, 14, 14), (16, 1024, 1, 1), {}),                                        # in place, two k-blocks
+    ((1, 24, 14, 14), (40, 24, 1, 1), dict(pads=[1, 1, 1, 1])),                       # in place from a padded copy
 ]
 # full panels across output rows (16- to 64-wide panels), packed run by run: strides 1-4, dilation
 RUN_CASES = [
@@ -341,6 +343,29 @@ def test_concat_pieces_in_one_step_cut_anywhere(threads):
     with art.model() as m:
         for _ in range(5):
             np.testing.assert_array_equal(m.run(*xs, num_threads=threads)[0], np.maximum(np.concatenate(xs, 1), 0))
+
+
+def test_concat_pieces_with_a_symbolic_batch():
+    # the generic steps (symbolic extents) run a step per piece, the opt-point steps (N = 2) one for all;
+    # both agree with numpy at the opt point and off it
+    ins = [helper.make_tensor_value_info(f"x{k}", TensorProto.FLOAT, ["N", c, 6, 6]) for k, c in enumerate((8, 16, 5))]
+    g = helper.make_graph([helper.make_node("Concat", ["x0", "x1", "x2"], ["c"], axis=1),
+                           helper.make_node("Relu", ["c"], ["y"])], "g", ins,
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    art = Pipeline.from_onnx(m).compile(shape_profiles={"N": (1, 2, 8)}, cache=False)
+    steps = art.manifest["steps"]
+    generic = [s for s in steps if s.get("variant") == "generic"]
+    opt = [s for s in steps if s.get("variant") == "opt"]
+    assert len(generic) == 3 and "stages" not in generic[0]
+    assert len(opt) == 1 and len(opt[0]["stages"]) == 3
+    rng = np.random.default_rng(13)
+    with art.model() as mod:
+        for n in (2, 1, 7):
+            xs = [rng.standard_normal((n, c, 6, 6)).astype(np.float32) for c in (8, 16, 5)]
+            for threads in (1, 2, 8):
+                np.testing.assert_array_equal(mod.run(*xs, num_threads=threads)[0],
+                                              np.maximum(np.concatenate(xs, 1), 0))
 
 
 def test_long_chain_of_inlined_concats_stays_small():

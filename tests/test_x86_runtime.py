@@ -512,3 +512,29 @@ def test_header_compiles_as_cxx(built, tmp_path):
     src.write_text('#include "libnetA.h"\n#include "libnet.h"\nint main() { return netA_num_inputs() == 0 ? 1 : 0; }\n')
     subprocess.run([cxx, "-fsyntax-only", "-Wall", "-Werror", f"-I{os.path.dirname(built['renamed'])}",
                     f"-I{os.path.dirname(built['main'])}", str(src)], check=True)
+
+
+def test_many_small_steps_oversubscribed_bit_exact():
+    """60 small GEMM steps (4 chunks per thread, shares stolen back and forth) at 1-7 threads on however many
+    cores the host has: every run is bit for bit the 1-thread result. A claim loaded in one step and
+    succeeding in a later one, or a chunk run twice or never, would show here."""
+    from onnx import TensorProto, helper, numpy_helper
+    from cuvil import Pipeline
+    rng = np.random.default_rng(21)
+    nodes, inits, x = [], [], "x"
+    for i in range(60):
+        inits.append(numpy_helper.from_array((rng.standard_normal((32, 32, 1, 1)) / 6).astype(np.float32), f"w{i}"))
+        nodes.append(helper.make_node("Conv", [x, f"w{i}"], [f"c{i}"], kernel_shape=[1, 1]))
+        nodes.append(helper.make_node("Relu", [f"c{i}"], [f"y{i}"]))
+        x = f"y{i}"
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 32, 28, 28])],
+                          [helper.make_tensor_value_info(x, TensorProto.FLOAT, None)], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    art = Pipeline.from_onnx(m).compile()
+    assert len(art.manifest["steps"]) == 60
+    xs = rng.standard_normal((1, 32, 28, 28)).astype(np.float32)
+    with art.model() as mod:
+        ref = mod.run(xs, num_threads=1)[0]
+        for threads in (2, 3, 7):
+            for _ in range(15):
+                np.testing.assert_array_equal(mod.run(xs, num_threads=threads)[0], ref)

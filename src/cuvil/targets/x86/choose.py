@@ -35,7 +35,7 @@ from typing import Optional
 
 from ...dsl.ast import Num, OpCall, Rule
 from ...ir.ops.winograd import MATRICES
-from ..gemm import choose_tile, tile_cost
+from ..gemm import channel_lanes, choose_tile, tile_cost
 from .gemm import tile_shapes
 
 AVX2_TILES = tile_shapes(256)   # the default target's register tiles
@@ -60,11 +60,15 @@ MIN_CHANNELS = 8          # fewer input or output channels: the GEMMs are too th
 
 def _gemm_work(m: int, p: int, k: int, shapes, in_place: bool = False) -> float:
     """Cost per reduction element of an m x p GEMM: the chosen tile's padded work and its panel packing;
-    ``in_place``: a 1x1 GEMM whose panels are read where they are when it runs in panel order (m <= p, see
-    :mod:`cuvil.targets.x86.gemm`)."""
+    ``in_place``: a 1x1 GEMM whose full panels are read where they are when it runs in panel order with a
+    position-lane tile (m <= p, see :mod:`cuvil.targets.x86.gemm`); its partial last panel is packed."""
     tile = choose_tile(m, p, shapes, k)
-    packs = not (in_place and m <= p)
-    return tile_cost(m, p, tile, k) + (PACK_COST * -(-p // tile[1]) * tile[1] if packs else 0.0)
+    cols = tile[1]
+    if in_place and m <= p and not channel_lanes(tile):    # only a partial last panel is packed
+        packed = cols if p % cols else 0
+    else:
+        packed = -(-p // cols) * cols
+    return tile_cost(m, p, tile, k) + PACK_COST * packed
 
 
 def direct_cost(c: int, k: int, oh: int, ow: int, shapes=AVX2_TILES) -> float:

@@ -730,7 +730,8 @@ def generate_object(sched: Schedule, prefix: str, cpu: Optional[str], opt: int) 
         # a generic piece's unit is then the same block in every piece: the dims up to the region's axis
         # are its parallel range (channel planes of a channel concatenation), the rest its loop nest. With
         # rows as units instead (a piece's own choice below 64 channels), DenseNet-121's pieces ran 43% slower.
-        lead = sched.stages[k].region[0] + 1 if len(run) > 1 else None
+        static = all(isinstance(d, int) for i in run for d in km.loop_shape(sched.stages[i]))
+        lead = sched.stages[k].region[0] + 1 if len(run) > 1 and static else None
         parts = []
         for i in run:
             sym = f"{prefix}_kernel{i}"
