@@ -1098,16 +1098,7 @@ def _pool(ctx):
         window = DepthwiseWindow(None, x.buf, tuple(kern), tuple(strides), tuple(dil), tuple(out[2:]), "max")
 
     def window_count(o) -> E:
-        """Elements of the window inside the input (unit dilation): a product of clipped extents."""
-        total = None
-        for oi, s_, pb, k, size in zip(o, strides, orig_begin, kern, sizes):
-            lo = oi * s_ - pb
-            hi = lo + k
-            lo_c = select(cmp("lt", lo, const(0, I64)), const(0, I64), lo)
-            hi_c = select(cmp("gt", hi, dim_index(size)), dim_index(size), hi)
-            ext = E("sub", (hi_c, lo_c), I64)
-            total = ext if total is None else E("mul", (total, ext), I64)
-        return cast(total, ctx.out_dtype())
+        return _window_count(o, strides, orig_begin, kern, sizes, ctx.out_dtype())
 
     def f(idx):
         n, c, o = idx[0], idx[1], idx[2:]
@@ -1206,6 +1197,20 @@ def _end_pads(ctx, spatial):
     return list(pads[spatial:]) if pads else [0] * spatial
 
 
+def _window_count(o, strides, begin, kern, sizes, dtype) -> E:
+    """Elements of the window at output position ``o`` inside the input (unit dilation): a product of
+    clipped extents, as ``dtype``."""
+    total = None
+    for oi, s_, pb, k, size in zip(o, strides, begin, kern, sizes):
+        lo = oi * s_ - pb
+        hi = lo + k
+        lo_c = select(cmp("lt", lo, const(0, I64)), const(0, I64), lo)
+        hi_c = select(cmp("gt", hi, dim_index(size)), dim_index(size), hi)
+        ext = E("sub", (hi_c, lo_c), I64)
+        total = ext if total is None else E("mul", (total, ext), I64)
+    return cast(total, dtype)
+
+
 def _average_pool_window(ctx, x, out, kern, strides, begin) -> TensorFn:
     """A 2-D float32 average pool (pads not counted) as a depthwise window of ones over the unpadded input,
     which the x86 backend computes by rows (masked loads read the padding as zeros), divided by each
@@ -1220,18 +1225,9 @@ def _average_pool_window(ctx, x, out, kern, strides, begin) -> TensorFn:
     constant = not any(begin) and all((o - 1) * s + k <= size for o, s, k, size in zip(out[2:], strides, kern, sizes))
 
     def count(o) -> E:
-        """Elements of the window inside the input: a product of clipped extents."""
         if constant:
             return const(float(np.prod(kern)), DType.FLOAT)
-        total = None
-        for oi, s_, pb, k, size in zip(o, strides, begin, kern, sizes):
-            lo = oi * s_ - pb
-            hi = lo + k
-            lo_c = select(cmp("lt", lo, const(0, I64)), const(0, I64), lo)
-            hi_c = select(cmp("gt", hi, const(size, I64)), const(size, I64), hi)
-            ext = E("sub", (hi_c, lo_c), I64)
-            total = ext if total is None else E("mul", (total, ext), I64)
-        return cast(total, DType.FLOAT)
+        return _window_count(o, strides, begin, kern, sizes, DType.FLOAT)
 
     def f(idx):
         n, c, o = idx[0], idx[1], idx[2:]
