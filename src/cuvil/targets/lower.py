@@ -51,8 +51,11 @@ class TensorFn:
 class LowerCtx:
     def __init__(self, node: Node, inputs: List[Optional[TensorFn]], temp: Callable,
                  weight: Optional[Callable] = None, gemm_cols: int = 0, gemm_tiles: tuple = (),
-                 unpadded_contractions: bool = False, matmul_panels: bool = True, half_contractions: bool = False):
+                 unpadded_contractions: bool = False, matmul_panels: bool = True, half_contractions: bool = False,
+                 row_kernels: bool = False):
         self.node, self.inputs, self._temp, self._weight = node, inputs, temp, weight
+        # (x86) short reductions (4+ terms) take the GEMM micro-kernels, 2-D average pools the row kernels
+        self.row_kernels = row_kernels and gemm_cols > 0
         # a padded convolution's contraction reads the unpadded input (Contraction.pads; the GPU's kernels
         # test bounds) instead of a stored padded copy (x86 micro-kernels pack panels without tests)
         self.unpadded_contractions = unpadded_contractions
@@ -823,7 +826,7 @@ def _conv_as_gemm(ctx, x, b, out, group, cin_g, m_g, kern, strides, dil, begin, 
     dts = (DType.FLOAT, DType.FLOAT16) if ctx.half_contractions else (DType.FLOAT,)
     # x86 takes reductions from 4 terms: ShuffleNet's first grouped 1x1 convolution (6 input channels per
     # group) ran 0.130 ms as a loop nest and is one of the micro-kernel's cheaper steps (2.25 -> 2.14 ms in all)
-    min_k = 8 if ctx.unpadded_contractions else 4
+    min_k = 4 if ctx.row_kernels else 8
     if (not ctx.gemm_cols or wv is None or ctx.out_dtype() not in dts or x.dtype != ctx.out_dtype() or m_g < 4
             or K < min_k or ctx._weight is None):
         return None
@@ -1072,8 +1075,7 @@ def _pool(ctx):
 
     orig_begin = list(begin)
     sizes = list(x.shape[2:])
-    if (op == "AveragePool" and not count_pad and ctx.gemm_cols and not ctx.unpadded_contractions   # x86's rows
-            and spatial == 2 and x.dtype == DType.FLOAT
+    if (op == "AveragePool" and not count_pad and ctx.row_kernels and spatial == 2 and x.dtype == DType.FLOAT
             and ctx.out_dtype() == DType.FLOAT and all(d == 1 for d in dil) and strides[1] in (1, 2)
             and all(isinstance(d, int) for d in x.shape[1:])):
         return [_average_pool_window(ctx, x, out, kern, strides, begin)]

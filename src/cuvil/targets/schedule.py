@@ -85,7 +85,7 @@ def _align(n: int) -> int:
 
 def schedule(g: Graph, gemm_cols: int = 0, split_concat: bool = False, gemm_tiles: tuple = (),
              unpadded_contractions: bool = False, matmul_panels: bool = True,
-             half_contractions: bool = False) -> Schedule:
+             half_contractions: bool = False, row_kernels: bool = False) -> Schedule:
     """Stages and memory plan of ``g``. ``gemm_cols > 0`` lowers convolutions to packed contractions (the
     x86 micro-kernels), each with a register tile (rows, cols[, lanes]) among ``gemm_tiles`` (default
     ``((MR, gemm_cols),)``), and constant-weight MatMuls to column panels ``gemm_cols`` wide; 0 keeps plain
@@ -96,7 +96,9 @@ def schedule(g: Graph, gemm_cols: int = 0, split_concat: bool = False, gemm_tile
     bounds, and no padded copy is stored. ``matmul_panels`` (x86): constant-weight MatMuls become column-panel
     contractions and a MatMul's expression operand B is stored (the row schedule's reads); the GPU keeps
     plain reductions (its split-lane kernels read the weights as given). ``half_contractions`` (the GPU's):
-    float16 convolutions become contractions too (its kernels accumulate them in float32)."""
+    float16 convolutions become contractions too (its kernels accumulate them in float32). ``row_kernels``
+    (x86): convolutions with reductions of 4-7 terms become contractions too, and 2-D average pools depthwise
+    windows (:class:`cuvil.targets.gemm.DepthwiseWindow`) for the row kernels."""
     for v in g.values():
         if v.shape is None:
             raise ShapeError(f"value {v.name!r} has unknown rank: the x86 and GPU backends need every rank")
@@ -190,7 +192,7 @@ def schedule(g: Graph, gemm_cols: int = 0, split_concat: bool = False, gemm_tile
             raise UnsupportedOpError(node.op, node.name, detail="no x86 lowering")
         temp = lambda shape, dtype, fn, name: materialize(name, shape, dtype, fn)
         outs = low(LowerCtx(node, ins, temp, packed_weight, gemm_cols, gemm_tiles, unpadded_contractions,
-                            matmul_panels, half_contractions))
+                            matmul_panels, half_contractions, row_kernels))
         # an expression that inlines a reduction is expensive however cheap its own op is
         inlined_cost = any(expensive.get(id(v), False) for v in node.inputs if v is not None and id(v) not in bufs)
         carries = any(contracting.get(id(v)) for v in node.inputs if v is not None and id(v) not in bufs)

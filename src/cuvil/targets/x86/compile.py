@@ -45,14 +45,16 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
     say(f"scheduling {len(g.nodes)} nodes")
     _, _, cpu_name, features = host_target(cpu, opt_level)
     bits = vector_bits(cpu_name, features)
-    sched = schedule(g, gemm_cols=tile_cols(bits), split_concat=True, gemm_tiles=tile_shapes(bits))
+    sched = schedule(g, gemm_cols=tile_cols(bits), split_concat=True, gemm_tiles=tile_shapes(bits),
+                     row_kernels=True)
     say(f"{len(sched.stages)} kernels, arena {sched.arena_bytes} B, weights {sched.weights_bytes} B; generating LLVM IR")
     obj, steps, target = generate_object(sched, prefix, cpu, opt_level)
     blob = sched.weights_blob()
     osched = osteps = otarget = oobj = oblob = None
     if opt_graph is not None and sched.symbols:
         say(f"specialising for the opt point {sched.opt_point}")
-        osched = schedule(opt_graph, gemm_cols=tile_cols(bits), split_concat=True, gemm_tiles=tile_shapes(bits))
+        osched = schedule(opt_graph, gemm_cols=tile_cols(bits), split_concat=True, gemm_tiles=tile_shapes(bits),
+                          row_kernels=True)
         oobj, osteps, otarget = generate_object(osched, f"{prefix}_opt", cpu, opt_level)
         oblob = osched.weights_blob()
     t_codegen = time.perf_counter()
