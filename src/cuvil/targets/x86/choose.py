@@ -37,6 +37,7 @@ from ...dsl.ast import Num, OpCall, Rule
 from ...ir.ops.winograd import MATRICES
 from ..gemm import channel_lanes, choose_tile, tile_cost
 from .gemm import tile_shapes
+from .winograd import transform_lanes
 
 AVX2_TILES = tile_shapes(256)   # the default target's register tiles
 TRANSFORM_COST = 2.0      # multiply-add units per transformed element stored or loaded (V, M, the output)
@@ -89,7 +90,7 @@ def winograd_cost(c: int, k: int, oh: int, ow: int, m: int, shapes=AVX2_TILES) -
     e = (m + 2) ** 2
     gemm = e * c * _gemm_work(k, tiles, c, shapes, in_place=True)
     # the transform kernels run VW neighbouring tiles of a tile row per vector (4 for rows of <= 4 tiles)
-    vw = 4 if tw <= 4 else (16 if any(len(t) > 2 and t[2] == 16 for t in shapes) else 8)
+    vw = transform_lanes(16 if any(len(t) > 2 and t[2] == 16 for t in shapes) else 8, tw)
     slots = th * -(-tw // vw) * vw
     ops_in, ops_out = _transform_ops(m)
     transforms = (TRANSFORM_OP_COST * (ops_in * c + ops_out * k) * slots

@@ -160,10 +160,12 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
     def fptr(base, off):
         return b.gep(base, [off], source_etype=F32, inbounds=True)
 
+    k_stride = in_strides[1] * (G if spec.interleaved else 1)    # floats from one input channel of a group to the next
+
     def k_offsets(kidx):
         """For k = (input channel, kernel offsets...): its offset in the input and its row of the panel."""
         c_, ks = kidx[0], kidx[1:]
-        koff = b.mul(c_, I64(in_strides[1] * (G if spec.interleaved else 1)))
+        koff = b.mul(c_, I64(k_stride))
         for kd, dd, stv in zip(ks, spec.dilations, in_strides[2:]):
             koff = b.add(koff, b.mul(kd, I64(dd * stv)))
         kflat = c_
@@ -363,7 +365,6 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
     # reads a full panel's B rows where they are, k_stride floats apart, instead of packing them: the copy
     # cost more than the FMAs where few weight panels share it (SqueezeNet's 16-64-channel squeezes,
     # DenseNet-121's 32-channel Winograd GEMMs; position lanes only).
-    k_stride = in_strides[1] * (G if spec.interleaved else 1)
     in_place = (panel_order and not cl and all(kd == 1 for kd in spec.kernel) and all(sd == 1 for sd in spec.strides)
                 and tuple(xs[2:]) == tuple(spec.out_spatial) and in_strides[-1] == 1)
 
@@ -379,7 +380,7 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
         ng = b.sdiv(t, I64(inner))
         g = b.srem(ng, I64(G))
         n = b.sdiv(ng, I64(G))
-        if panel_order and in_place:   # a full panel is nr consecutive positions of every input row
+        if in_place:   # a full panel is nr consecutive positions of every input row
             full = b.icmp_signed("<=", b.mul(b.add(u, I64(1)), I64(nr)), I64(P))
             with b.if_then(b.not_(full)):
                 ensure_packed(t, n, g, u, I64(1))

@@ -219,14 +219,9 @@ static int take_chunk(struct cuvil_session *s, int u, int own) {
  * order). Nothing waits for a thread either: a worker that the OS has not scheduled yet
  * (another process holds its core) never holds up the step, the others run its share. */
 static void claim_chunks(struct cuvil_session *s, int tid) {
-  int c;
-  while ((c = take_chunk(s, tid, 1)) >= 0) {
-    run_chunk(s, c, tid);
-    atomic_fetch_add_explicit(&s->done, 1, memory_order_release);
-  }
-  for (int k = 1; k < s->num_threads; ++k) {
-    int u = (tid + k) % s->num_threads;
-    while ((c = take_chunk(s, u, 0)) >= 0) {
+  for (int k = 0; k < s->num_threads; ++k) {          /* k = 0: its own share, in order; then the others' */
+    int u = (tid + k) % s->num_threads, c;
+    while ((c = take_chunk(s, u, k == 0)) >= 0) {
       run_chunk(s, c, tid);
       atomic_fetch_add_explicit(&s->done, 1, memory_order_release);
     }

@@ -44,10 +44,15 @@ def _vec_tools(km, em, n: int):
     return vec, mask, (lambda p, m: b.call(load, [p, I32(4), m, zero])), (lambda v, p, m: b.call(store, [v, p, I32(4), m]))
 
 
+def transform_lanes(vw: int, tiles_per_row: int) -> int:
+    """Tiles per vector of the transform kernels on a target with ``vw`` floats per vector: ``vw``, or 4 for
+    rows of at most 4 tiles (7x7 and 14x14 maps), which would otherwise leave half the lanes idle and every
+    store masked (the cost model counts the same, :func:`cuvil.targets.x86.choose.winograd_cost`)."""
+    return 4 if tiles_per_row <= 4 else max(4, vw)
+
+
 def _lanes(km, tiles_per_row: int) -> int:
-    """Tiles per vector: the target's width, or 4 for rows of at most 4 tiles (7x7 and 14x14 maps), which
-    would otherwise leave half the lanes idle and every store masked."""
-    return 4 if tiles_per_row <= 4 else max(4, km.vector_bits // 32)
+    return transform_lanes(km.vector_bits // 32, tiles_per_row)
 
 
 def _combine(b, coeffs, vals, vec):
