@@ -20,8 +20,8 @@ import pytest
 from cuvil.errors import CuvilError, ShapeError
 from cuvil.targets.x86 import loader
 from cuvil.targets.x86.header import ERROR_CODES, generate_header
-from cuvil.targets.x86.link import (check_dependencies, exported_symbols, link_shared,
-                                    unexpected_dependencies)
+from cuvil.targets.x86.link import (WRITE_BLOCK, check_dependencies, exported_symbols, link_shared,
+                                    unexpected_dependencies, write_library)
 from cuvil.targets.x86.loader import CTensor
 from cuvil.targets.x86.model_c import c_string_literal, generate_model_c
 from cuvil.targets.x86.model_info import IODesc, ModelInfo, StepDesc
@@ -538,3 +538,89 @@ def test_many_small_steps_oversubscribed_bit_exact():
         for threads in (2, 3, 7):
             for _ in range(15):
                 np.testing.assert_array_equal(mod.run(xs, num_threads=threads)[0], ref)
+
+
+# -- session memory: one mapping, zeroed and pre-faulted at session_create ------------------------------------
+
+PREFAULT_KERNELS_C = r"""
+#include <stdint.h>
+enum { ARENA, W, OUT, SCRATCH };
+#define ARENA_BYTES (8 << 20)
+#define SCRATCH_BYTES (1 << 20)
+/* out (int64[4]): [0] non-zero bytes seen, [1] misaligned regions, [2] scratch regions seen, [3] unused.
+ * Every page of the arena and of the calling thread's scratch is read (must be zero on the first run) and
+ * written; the chunks of k_touch cover the arena, and each chunk also walks its thread's scratch. */
+void k_touch(void **bufs, int64_t b, int64_t e) {
+  int64_t *out = bufs[OUT];
+  volatile unsigned char *a = bufs[ARENA], *s = bufs[SCRATCH];
+  if (((uintptr_t)a & 4095) || ((uintptr_t)s & 4095)) __atomic_fetch_add(&out[1], 1, __ATOMIC_RELAXED);
+  for (int64_t p = b; p < e; ++p) {
+    if (a[p * 4096] | a[p * 4096 + 4095]) __atomic_fetch_add(&out[0], 1, __ATOMIC_RELAXED);
+    a[p * 4096] = 1;
+  }
+  for (int64_t off = 0; off < SCRATCH_BYTES; off += 4096) s[off] = 1;
+  __atomic_fetch_add(&out[2], 1, __ATOMIC_RELAXED);
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def prefault_lib(tmp_path_factory):
+    root = tmp_path_factory.mktemp("prefault")
+    kc = root / "kernels.c"
+    kc.write_text(PREFAULT_KERNELS_C)
+    ko = str(root / "kernels.o")
+    subprocess.run(["cc", "-O2", "-fPIC", "-c", str(kc), "-o", ko], check=True)
+    info = ModelInfo(inputs=[], outputs=[IODesc("out", 7, (4,))], arena_bytes=8 << 20, scratch_bytes=1 << 20,
+                     steps=[StepDesc("k_touch", (8 << 20) // 4096, 1)], prefix="pf")
+    so = str(root / "libpf.so")
+    link_shared(so, [ko], generate_model_c(info), None, "pf")
+    return so
+
+
+@pytest.mark.parametrize("threads", [1, 2, 4])
+def test_session_memory_is_zero_and_prefaulted(prefault_lib, threads):
+    """session_create maps the arena and every thread's scratch page-aligned and zero, and faults them in
+    (MADV_POPULATE_WRITE, shared by the threads): the first run touches 2,048 arena pages and 256 scratch
+    pages per thread, and takes far fewer page faults than that (a run that faulted them would take one per
+    page: this fails without the pre-faulting)."""
+    import resource
+    lib = ctypes.CDLL(prefault_lib)
+    lib.pf_session_create.restype = ctypes.c_void_p
+    lib.pf_session_create.argtypes = [ctypes.c_int]
+    lib.pf_run.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(CTensor)]
+    lib.pf_session_destroy.argtypes = [ctypes.c_void_p]
+    s = lib.pf_session_create(threads)
+    assert s
+    try:
+        out = np.zeros(4, np.int64)
+        shape = (ctypes.c_int64 * 1)(4)
+        t = CTensor(out.ctypes.data, 7, 1, shape)
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        assert lib.pf_run(s, None, ctypes.byref(t)) == 0
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+        assert out[0] == 0 and out[1] == 0, out          # zero, page-aligned
+        assert out[2] >= 1
+        assert faults < 256, faults                     # 2,048 + 256 per thread pages if they faulted here
+    finally:
+        lib.pf_session_destroy(s)
+
+
+def test_write_library_copies_whole_and_replaces_atomically(tmp_path):
+    """write_library (every library the compiler writes or saves goes through it, in 2 MiB writes) copies
+    every byte of a file spanning several blocks, leaves it executable, replaces the target by rename (a
+    mapping of the old file keeps the old bytes) and leaves no temporary file behind, also on failure."""
+    import mmap
+    src, dst = tmp_path / "a.so", tmp_path / "b.so"
+    data = np.random.default_rng(0).integers(0, 256, 2 * WRITE_BLOCK + 12345, dtype=np.uint8).tobytes()
+    src.write_bytes(data)
+    dst.write_bytes(b"old library")
+    with open(dst, "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as old:
+        write_library(str(src), str(dst))
+        assert old[:] == b"old library"
+    assert dst.read_bytes() == data
+    assert os.stat(dst).st_mode & 0o777 == 0o755
+    with pytest.raises(FileNotFoundError):
+        write_library(str(tmp_path / "missing.so"), str(dst))
+    assert dst.read_bytes() == data
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.so", "b.so"]

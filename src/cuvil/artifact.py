@@ -16,6 +16,7 @@ from typing import Dict, Mapping, Optional, Sequence, Union
 import numpy as np
 
 from .errors import CuvilError
+from .targets.x86.link import write_library
 from .targets.x86.loader import Model
 from .targets.x86.loader import load as _load_so
 
@@ -52,8 +53,7 @@ class Artifact:
         if not path.endswith(".so"):
             raise CuvilError(f"{path}: an x86 artifact is saved as DIR/libNAME.so")
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        shutil.copyfile(self.path, path)
-        os.chmod(path, 0o755)
+        write_library(self.path, path)                  # 2 MiB writes: a first run as fast as later ones
         for key, src in _sidecars(self.path).items():
             shutil.copyfile(src, _sidecars(path)[key])
         return path

@@ -17,7 +17,11 @@ What is measured (the same in ``cuvil bench`` and ``bench/run_all.py``):
 - cold start: in a fresh ``python -c`` subprocess that has imported only ``ctypes`` and ``numpy``: the wall
   time of dlopen + session create + the first run through the C ABI (a minimal ctypes path, not
   ``cuvil.load``: importing the ``cuvil`` package pulls in onnx). For onnxruntime, another fresh process
-  that has imported ``onnxruntime`` and ``numpy``: ``InferenceSession`` create + the first run.
+  that has imported ``onnxruntime`` and ``numpy``: ``InferenceSession`` create + the first run. Both run with
+  ``OPENBLAS_NUM_THREADS=1``: the harness's numpy only loads the inputs, and its OpenBLAS thread otherwise
+  spins for ~110 ms after ``import numpy`` (CPU time of a process that imports numpy and sleeps: 176 ms,
+  65 ms with the variable), taking the second core from whatever runs then. Cuvil's ResNet-50 cold start at
+  2 threads was 36.9 ms with it spinning, 21.3 ms without (onnxruntime's import outlasts the spin).
 - peak RSS: the peak resident set (``VmHWM`` of ``/proc/self/status``; ``ru_maxrss`` where that is missing)
   of those subprocesses after their first run: absolute, interpreter and numpy included (the report also
   gives a bare ``python + numpy`` process's figure). Not ``ru_maxrss`` itself: Linux carries the parent's
@@ -796,6 +800,7 @@ print(json.dumps({"rss_kb": peak_rss_kb()}))
 
 def _subprocess_json(code: str, args: list[str], what: str) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONSTARTUP",)}
+    env["OPENBLAS_NUM_THREADS"] = "1"                 # numpy's spinning BLAS thread is the harness's, not the engine's
     try:
         r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env,
                            timeout=COLD_TIMEOUT_S, check=False)

@@ -30,6 +30,43 @@ LINK_FLAGS = ("-shared", "-static-libgcc", "-Wl,--no-undefined", "-Wl,-z,noexecs
               "-Wl,-z,now", "-Wl,--as-needed")
 LIBS = ("-lm", "-lpthread")
 
+#: The size of the writes that put a library into the page cache (see write_library).
+WRITE_BLOCK = 2 << 20
+
+
+def write_library(src: str, dst: str) -> None:
+    """Copy the library ``src`` to ``dst`` in 2 MiB writes, through a temporary file renamed over ``dst`` (a
+    library that is already loaded is never modified in place).
+
+    The writes' size decides how the library sits in the page cache, and so what a fresh process's first run
+    costs. The linker's small writes, or ``shutil.copyfile`` (sendfile), leave 4 KiB pages, which a process
+    maps 64 KiB (the kernel's fault-around) per page fault: ResNet-50's first run took 41-47 ms at 1 thread,
+    in ~2,050 faults on its 131 MB of weights, against 29-30 ms for later runs. Written 2 MiB at a time, the
+    file is cached in 2 MiB folios (on file systems with large folios: xfs, ext4 since Linux 6.16), which the
+    kernel maps whole, one page-table entry each: the first run took 29.7 ms in 95 faults, 20.3 ms at 2 threads
+    against 26.9 (/proc/PID/smaps: FilePmdMapped 131072 kB against 0). Elsewhere the copy is only an extra write.
+    """
+    out_dir = os.path.dirname(os.path.abspath(dst))
+    fd, tmp = tempfile.mkstemp(prefix=".cuvil-", suffix=".so.tmp", dir=out_dir)
+    try:
+        buf = bytearray(WRITE_BLOCK)
+        view = memoryview(buf)
+        with open(src, "rb", buffering=0) as f:
+            while (n := f.readinto(buf)) > 0:
+                done = 0
+                while done < n:
+                    done += os.write(fd, view[done:n])
+        os.fchmod(fd, 0o755)
+        os.close(fd)
+        fd = -1
+        os.replace(tmp, dst)
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
 
 def exported_symbols(prefix: str) -> list[str]:
     """The dynamic symbols an artifact with this prefix exports, and nothing else."""
@@ -78,7 +115,8 @@ def link_shared(out_so: str, objects: list[str], model_c_src: str, weights_S: st
     (:func:`cuvil.targets.x86.model_c.generate_model_c`). ``weights_S``: the path of an assembler file, or
     assembler source text (a string with a newline), or None; an ``.incbin`` in it should use an absolute path.
     ``extra_flags`` go to the compiler and linker (e.g. ``-g``, ``-march=native``). The result is written to a
-    temporary file and renamed over ``out_so``, so a library that is already loaded is never modified in place.
+    temporary file and renamed over ``out_so`` by :func:`write_library`, so a library that is already loaded is
+    never modified in place.
     Raises CuvilError with the compiler's messages on failure.
     """
     if not is_c_identifier(prefix):
@@ -117,12 +155,10 @@ def link_shared(out_so: str, objects: list[str], model_c_src: str, weights_S: st
                    *sources, *[os.path.abspath(o) for o in objects],
                    *LINK_FLAGS, f"-Wl,--version-script={version_script}", "-o", tmp_so, *LIBS]
             _run(cmd, f"linking {os.path.basename(out_so)}")
-            os.chmod(tmp_so, 0o755)
-            os.replace(tmp_so, out_so)
-        except BaseException:
+            write_library(tmp_so, out_so)              # the linker's small writes would stay in the page cache
+        finally:
             if os.path.exists(tmp_so):
                 os.unlink(tmp_so)
-            raise
 
 
 _LDD_LINE = re.compile(r"^\s*(\S+)(?:\s+=>\s+(.*?))?\s*(?:\(0x[0-9a-fA-F]+\))?\s*$")
