@@ -118,13 +118,19 @@ def build(root, name: str, prefix: str, seed: int, kernels_o: str, manifest: boo
     return so
 
 
+def compile_kernels(root, source: str) -> str:
+    """The hand-written kernels ``source`` compiled to ROOT/kernels.o."""
+    kc = root / "kernels.c"
+    kc.write_text(source)
+    ko = str(root / "kernels.o")
+    subprocess.run(["cc", "-O2", "-fPIC", "-c", str(kc), "-o", ko], check=True)
+    return ko
+
+
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     root = tmp_path_factory.mktemp("x86rt")
-    kc = root / "kernels.c"
-    kc.write_text(KERNELS_C)
-    ko = str(root / "kernels.o")
-    subprocess.run(["cc", "-O2", "-fPIC", "-c", str(kc), "-o", ko], check=True)
+    ko = compile_kernels(root, KERNELS_C)
     return {
         "root": root,
         "kernels_o": ko,
@@ -567,10 +573,7 @@ void k_touch(void **bufs, int64_t b, int64_t e) {
 @pytest.fixture(scope="module")
 def prefault_lib(tmp_path_factory):
     root = tmp_path_factory.mktemp("prefault")
-    kc = root / "kernels.c"
-    kc.write_text(PREFAULT_KERNELS_C)
-    ko = str(root / "kernels.o")
-    subprocess.run(["cc", "-O2", "-fPIC", "-c", str(kc), "-o", ko], check=True)
+    ko = compile_kernels(root, PREFAULT_KERNELS_C)
     info = ModelInfo(inputs=[], outputs=[IODesc("out", 7, (4,))], arena_bytes=8 << 20, scratch_bytes=1 << 20,
                      steps=[StepDesc("k_touch", (8 << 20) // 4096, 1)], prefix="pf")
     so = str(root / "libpf.so")
