@@ -5,6 +5,7 @@ Timings are never asserted (shared machine): only that the figures exist and the
 import json
 import math
 import os
+import shutil
 
 import pytest
 
@@ -259,3 +260,22 @@ def test_parse_duration_rejects(value):
 def test_shipped_example_config_is_valid(parser):
     cfg = load_config(os.path.join(ROOT, "bench", "sla.yaml"))
     assert cfg["slas"] == {"p99_latency_ms": 50.0, "error_rate_pct": 0.1} and cfg["duration"] == 10.0
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
+def test_jitter_floor_program_reports_ordered_percentiles(tmp_path):
+    """bench/jitter_floor.c (the machine-floor column of bench/run_all.py) builds and reports its percentiles
+    as JSON, for 1 and 2 threads, with and without a streamed buffer. No timing is asserted: only that the
+    report is complete and ordered."""
+    import subprocess
+    src = os.path.join(ROOT, "bench", "jitter_floor.c")
+    exe = str(tmp_path / "jitter_floor")
+    subprocess.run(["cc", "-O2", "-pthread", src, "-o", exe], check=True)
+    for threads, stream in ((1, 0), (2, 1)):
+        out = subprocess.run([exe, "0.5", str(stream), str(threads), "7", "1"], check=True, capture_output=True,
+                             text=True).stdout
+        r = json.loads(out)
+        assert r["threads"] == threads and r["runs"] == 7 and r["stream_mb"] == stream
+        assert 0 < r["p50_ms"] <= r["p90_ms"] <= r["p99_ms"] <= r["max_ms"]
+        assert r["p99_over_p50"] == pytest.approx(r["p99_ms"] / r["p50_ms"], rel=1e-2)
+    assert subprocess.run([exe, "1"], capture_output=True).returncode == 2
