@@ -27,6 +27,9 @@ def test_compile_save_load_in_another_process(optimized, tmp_path):
     np.testing.assert_allclose(art.run({"image": x})["probs"], want, rtol=1e-5, atol=1e-7)
     so = art.save(tmp_path / "out" / "libdemo.so")
     assert os.path.exists(tmp_path / "out" / "libdemo.h") and os.path.exists(tmp_path / "out" / "libdemo.manifest.json")
+    inode = os.stat(so).st_ino
+    assert cuvil.artifact.Artifact(so, art.manifest).save(so) == so       # onto itself: left as it is
+    assert os.stat(so).st_ino == inode
     np.save(tmp_path / "x.npy", x)
     code = (f"import numpy as np, cuvil; m = cuvil.load({so!r}); "
             f"np.save({str(tmp_path / 'y.npy')!r}, m.run(np.load({str(tmp_path / 'x.npy')!r}))[0])")

@@ -53,6 +53,8 @@ class Artifact:
         if not path.endswith(".so"):
             raise CuvilError(f"{path}: an x86 artifact is saved as DIR/libNAME.so")
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        if os.path.exists(path) and os.path.samefile(self.path, path):
+            return path                                 # already there, with its header and manifest
         write_library(self.path, path)                  # 2 MiB writes: a first run as fast as later ones
         for key, src in _sidecars(self.path).items():
             shutil.copyfile(src, _sidecars(path)[key])

@@ -49,20 +49,16 @@ def write_library(src: str, dst: str) -> None:
     out_dir = os.path.dirname(os.path.abspath(dst))
     fd, tmp = tempfile.mkstemp(prefix=".cuvil-", suffix=".so.tmp", dir=out_dir)
     try:
-        buf = bytearray(WRITE_BLOCK)
-        view = memoryview(buf)
-        with open(src, "rb", buffering=0) as f:
+        with open(fd, "wb", buffering=0, closefd=True) as out, open(src, "rb", buffering=0) as f:
+            buf = bytearray(WRITE_BLOCK)
+            view = memoryview(buf)
             while (n := f.readinto(buf)) > 0:
                 done = 0
                 while done < n:
-                    done += os.write(fd, view[done:n])
-        os.fchmod(fd, 0o755)
-        os.close(fd)
-        fd = -1
+                    done += out.write(view[done:n])
+            os.fchmod(out.fileno(), 0o755)
         os.replace(tmp, dst)
     except BaseException:
-        if fd >= 0:
-            os.close(fd)
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise

@@ -158,7 +158,7 @@ struct cuvil_session {
   int64_t extent, grain, nunits;
   int nchunks;
   uint32_t steps;                                     /* steps handed to workers so far (names a step) */
-  int stop;
+  atomic_int stop;                                    /* set before the last gen bump: workers exit */
   int num_threads;
   void **bufs;                                        /* the buffer table: [nbufs] per thread, thread-major */
   size_t nbufs;                                       /* 4 + inputs + outputs (then scratch, symbol values) */
@@ -306,7 +306,7 @@ static void *worker_main(void *p) {
       pthread_mutex_unlock(&s->mu);
     }
     seen = g;
-    if (s->stop) break;
+    if (atomic_load_explicit(&s->stop, memory_order_acquire)) break;
     claim_chunks(s, id);
   }
   return NULL;
@@ -366,7 +366,7 @@ static void run_step(struct cuvil_session *s, const cuvil_step *st, int64_t exte
 
 static void stop_workers(struct cuvil_session *s) {
   if (s->num_workers == 0) return;
-  s->stop = 1;
+  atomic_store_explicit(&s->stop, 1, memory_order_release);
   s->nchunks = 0;
   atomic_fetch_add(&s->gen, 1u);
   pthread_mutex_lock(&s->mu);
@@ -427,6 +427,7 @@ static struct cuvil_session *session_create(int num_threads) {
   atomic_init(&s->done, 0);
   atomic_init(&s->sleepers, 0);
   atomic_init(&s->busy, 0);
+  atomic_init(&s->stop, 0);
   atomic_init(&s->prefault_next, 0);
   atomic_init(&s->prefault_done, 0);
   s->num_threads = num_threads;
