@@ -17,10 +17,12 @@ from __future__ import annotations
 import argparse
 import datetime
 import gc
+import json
 import math
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -162,7 +164,6 @@ int main(void) {
 def measure_peak() -> float:
     """Single-core fp32 FMA throughput (GFLOP/s) of this machine: 12 independent vector FMA chains,
     compiled with cc -O3 -march=native (AVX-512 where the CPU has it); best of 3."""
-    import subprocess
     with tempfile.TemporaryDirectory(prefix="cuvil-peak-") as tmp:
         src, exe = os.path.join(tmp, "peak.c"), os.path.join(tmp, "peak")
         with open(src, "w") as f:
@@ -178,15 +179,12 @@ JITTER_FLOOR_C = os.path.join(os.path.dirname(os.path.abspath(__file__)), "jitte
 def build_jitter_floor(tmp: str) -> str:
     """bench/jitter_floor.c compiled (cc -O2 -march=native): the machine's own p99/p50 for a program that
     cannot be slow (register-only FMA work plus a streamed buffer, chunks claimed from one counter)."""
-    import subprocess
     exe = os.path.join(tmp, "jitter_floor")
     subprocess.run(["cc", "-O2", "-march=native", "-pthread", JITTER_FLOOR_C, "-o", exe], check=True)
     return exe
 
 
 def jitter_floor(exe: str, work_ms: float, stream_mb: float, threads: int, runs: int, pause_ms: float) -> dict:
-    import json
-    import subprocess
     out = subprocess.run([exe, f"{work_ms:.3f}", f"{stream_mb:.4f}", str(threads), str(runs), f"{pause_ms:g}"],
                          check=True, capture_output=True, text=True).stdout
     return json.loads(out)

@@ -627,3 +627,20 @@ def test_write_library_copies_whole_and_replaces_atomically(tmp_path):
         write_library(str(tmp_path / "missing.so"), str(dst))
     assert dst.read_bytes() == data
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.so", "b.so"]
+
+
+def test_first_run_program_runs_a_library(built, tmp_path):
+    """bench/first_run.c (the first-run and page-fault figures of write_library and prefault) loads a library
+    with several inputs and outputs of mixed dtypes, runs it, and prints each run with its fault count; a
+    library it cannot open fails with a message. No timing is asserted."""
+    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "first_run.c")
+    exe = str(tmp_path / "first_run")
+    subprocess.run(["cc", "-O2", src, "-o", exe, "-ldl"], check=True)
+    for threads in (1, 2):
+        out = subprocess.run([exe, built["main"], str(threads), "3"], check=True, capture_output=True,
+                             text=True).stdout
+        assert re.fullmatch(r"dlopen [\d.]+ create [\d.]+ \|( [\d.]+\(\d+\)){3}\n", out), out
+    out = subprocess.run([exe, built["renamed"], "1", "2", "netA"], check=True, capture_output=True, text=True).stdout
+    assert out.count("(") == 2
+    bad = subprocess.run([exe, str(tmp_path / "missing.so"), "1"], capture_output=True, text=True)
+    assert bad.returncode == 1 and "missing.so" in bad.stderr

@@ -20,7 +20,9 @@ What is measured (the same in ``cuvil bench`` and ``bench/run_all.py``):
   that has imported ``onnxruntime`` and ``numpy``: ``InferenceSession`` create + the first run. Both run with
   ``OPENBLAS_NUM_THREADS=1``: the harness's numpy only loads the inputs, and its OpenBLAS thread otherwise
   spins for ~110 ms after ``import numpy`` (CPU time of a process that imports numpy and sleeps: 176 ms,
-  65 ms with the variable), taking the second core from whatever runs then. Cuvil's ResNet-50 cold start at
+  65 ms with the variable: ``python3 -c "import numpy, time, resource; time.sleep(.5);
+  r = resource.getrusage(0); print(r.ru_utime + r.ru_stime)"`` with and without it), taking the second core
+  from whatever runs then. Cuvil's ResNet-50 cold start at
   2 threads was 36.9 ms with it spinning, 21.3 ms without (onnxruntime's import outlasts the spin).
 - peak RSS: the peak resident set (``VmHWM`` of ``/proc/self/status``; ``ru_maxrss`` where that is missing)
   of those subprocesses after their first run: absolute, interpreter and numpy included (the report also

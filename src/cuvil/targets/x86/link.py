@@ -44,7 +44,8 @@ def write_library(src: str, dst: str) -> None:
     in ~2,050 faults on its 131 MB of weights, against 29-30 ms for later runs. Written 2 MiB at a time, the
     file is cached in 2 MiB folios (on file systems with large folios: xfs, ext4 since Linux 6.16), which the
     kernel maps whole, one page-table entry each: the first run took 29.7 ms in 95 faults, 20.3 ms at 2 threads
-    against 26.9 (/proc/PID/smaps: FilePmdMapped 131072 kB against 0). Elsewhere the copy is only an extra write.
+    against 26.9 (/proc/PID/smaps: FilePmdMapped 131072 kB against 0; `bench/first_run.c` on the library and
+    on a `dd bs=4k` copy of it). Elsewhere the copy is only an extra write.
     """
     out_dir = os.path.dirname(os.path.abspath(dst))
     fd, tmp = tempfile.mkstemp(prefix=".cuvil-", suffix=".so.tmp", dir=out_dir)

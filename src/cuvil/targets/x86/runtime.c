@@ -265,11 +265,13 @@ static void place_workers(struct cuvil_session *s) {
  * as it starts. A page's first touch costs ~1.1 us on the 2-core VM (a fault, the kernel zeroing it);
  * MADV_POPULATE_WRITE takes the pages without a fault each (8 MB: 2.25 ms against 3.1 for memset) and two
  * threads share the work (1.35 ms). ResNet-50's session create (7.7 MB of arena, 1.75 MB of scratch per
- * thread), memset before: 3.8 ms at 1 thread, 4.5 at 2; now 2.7-3.0 and 2.7-4.3 (the worker starts late).
+ * thread), memset before: 3.8 ms at 1 thread, 4.5 at 2; now 2.7-3.0 and 2.7-4.3 (the worker starts late;
+ * bench/first_run.c prints it).
  * Nothing waits for a worker that has not started: the caller takes its parts. */
 #define CUVIL_PREFAULT_PARTS 4
+#define CUVIL_PAGE ((size_t)4096)
 static void prefault(struct cuvil_session *s) {
-  const size_t page = 4096, pages = s->mem_bytes / page;
+  const size_t page = CUVIL_PAGE, pages = s->mem_bytes / page;
   const int parts = CUVIL_PREFAULT_PARTS * s->num_threads;
   int k;
   while ((k = atomic_fetch_add(&s->prefault_next, 1)) < parts) {
@@ -459,7 +461,7 @@ static struct cuvil_session *session_create(int num_threads) {
    * zero (deterministic contents) and pre-faulted by prefault() below, so a first run takes no page faults
    * on them. A symbolic model's arena is planned for the profile's maxima: it gets its own mapping, reserved
    * without committing memory (MAP_NORESERVE), whose pages fault in as the shapes actually run touch them. */
-  const size_t page = 4096;
+  const size_t page = CUVIL_PAGE;
   size_t arena_bytes = (m->arena_bytes > 0 && m->num_symbols == 0) ? ((size_t)m->arena_bytes + page - 1) & ~(page - 1) : 0;
   size_t stride = m->scratch_bytes > 0 ? ((size_t)m->scratch_bytes + page - 1) & ~(page - 1) : 0;
   if (arena_bytes + stride > 0) {
