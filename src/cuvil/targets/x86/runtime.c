@@ -263,10 +263,9 @@ static void place_workers(struct cuvil_session *s) {
 /* Pre-fault the session's memory (zeroed anonymous pages) in CUVIL_PREFAULT_PARTS parts per thread, each
  * thread taking parts in order until none is left: the caller once it has started the workers, each worker
  * as it starts. A page's first touch costs ~1.1 us on the 2-core VM (a fault, the kernel zeroing it);
- * MADV_POPULATE_WRITE takes the pages without a fault each (8 MB: 2.25 ms against 3.1 for memset) and two
- * threads share the work (1.35 ms). ResNet-50's session create (7.7 MB of arena, 1.75 MB of scratch per
- * thread), memset before: 3.8 ms at 1 thread, 4.5 at 2; now 2.7-3.0 and 2.7-4.3 (the worker starts late;
- * bench/first_run.c prints it).
+ * MADV_POPULATE_WRITE takes the pages without a fault each, and the threads share the work. ResNet-50's
+ * session create (7.7 MB of arena, 1.75 MB of scratch per thread), memset before: 3.8 ms at 1 thread, 4.5
+ * at 2; now 2.7-3.0 and 2.7-4.3 (the worker starts late; bench/first_run.c prints it).
  * Nothing waits for a worker that has not started: the caller takes its parts. */
 #define CUVIL_PREFAULT_PARTS 4
 #define CUVIL_PAGE ((size_t)4096)
