@@ -55,6 +55,7 @@ from .index_semantics import Unsupported
 
 MAX_RANK = 8            # a rank or list length that can exceed this is "unbounded"
 MAX_COMBOS = 16         # rank assignments proved at most
+MERGE_MS = 3000         # per attempt to prove two reductions equal (unknown: not merged, still sound)
 STRING_CHOICES = {("Pad", "mode"): ("constant", "reflect", "edge", "wrap")}
 
 
@@ -78,8 +79,7 @@ def explain_generic(rule: Rule, timeout_ms: int) -> Tuple[Optional[GenericResult
         return _Proof(rule, timeout_ms).run(), ""
     except Unsupported as e:
         return None, str(e)
-    except (UnsupportedOpError, z3.Z3Exception, RecursionError, ValueError, TypeError, KeyError, IndexError,
-            ZeroDivisionError) as e:
+    except Exception as e:  # noqa: BLE001 - a prover failure is "no verdict" with its reason, never a traceback
         return None, f"{type(e).__name__}: {e}"
 
 
@@ -319,15 +319,64 @@ class _Instance:
             else:
                 self.attr[name] = strings[name]
         self.leaf: Dict[str, ix.Tensor] = {}
+        dims = self.guarded_dims(rule, v, combo)
         for name, kind in v.leaves.items():
             r = combo[f"rank:{name}"]
             if name in v.literal:
-                self.leaf[name] = ix.constant(float(v.literal[name]), r, self.lhs_side, name)
+                self.leaf[name] = ix.constant(float(v.literal[name]), r, self.lhs_side, name, dims[name])
             else:
-                self.leaf[name] = ix.leaf(self.lhs_side, name, r, kind)
+                self.leaf[name] = ix.leaf(self.lhs_side, name, r, kind, dims[name])
         self.lhs = self.eval(rule.lhs, self.lhs_side, True)
         self.rhs = self.eval(rule.rhs, self.rhs_side, False)
         self.guards = [c for g in rule.guards for c in self.guard(g)]
+
+    def guarded_dims(self, rule: Rule, v: _Vars, combo: Dict[str, int]) -> Dict[str, List[Any]]:
+        """The leaves' dims, with the equalities the guards state (``dim(c, 1) == 1``, ``shape(x) == s``)
+        substituted, so that equal dims are the same term. The guards stay assumptions as well; this only
+        spares Z3 case splits such as broadcasting a dim against itself."""
+        dims = {n: ix.leaf_dims(n, combo[f"rank:{n}"]) for n in v.leaves}
+
+        def slots(e):
+            if isinstance(e, Num) and isinstance(e.value, int):
+                return [z3.IntVal(e.value)]
+            if isinstance(e, FuncCall) and e.name == "dim" and isinstance(e.args[1], Num) and e.args[0].name in dims:
+                ds, i = dims[e.args[0].name], e.args[1].value
+                return [ds[i]] if -len(ds) <= i < len(ds) else None
+            if isinstance(e, FuncCall) and e.name == "shape" and e.args[0].name in dims:
+                return list(dims[e.args[0].name])
+            if isinstance(e, Var) and isinstance(self.attr.get(e.name), list):
+                return list(self.attr[e.name])
+            return None
+        sub: List[Tuple[Any, Any]] = []
+        names = {d.decl().name() for ds in dims.values() for d in ds}
+        for g in rule.guards:
+            if not isinstance(g, Compare) or g.op != "==":
+                continue
+            a, b = slots(g.left), slots(g.right)
+            if a is None or b is None or len(a) != len(b):
+                continue
+            for x, y in zip(a, b):
+                x, y = (z3.substitute(t, *sub) if sub else t for t in (x, y))
+                if z3.eq(x, y):
+                    continue
+                if z3.is_const(x) and x.decl().name() in names:
+                    sub.append((x, y))
+                elif z3.is_const(y) and y.decl().name() in names:
+                    sub.append((y, x))
+        if not sub:
+            return dims
+        out = {}
+        for n, ds in dims.items():
+            res = []
+            for d in ds:
+                for _ in range(len(sub) + 1):
+                    d2 = z3.simplify(z3.substitute(d, *sub))
+                    if z3.eq(d2, d):
+                        break
+                    d = d2
+                res.append(d)
+            out[n] = res
+        return out
 
     # values
     def eval(self, e: Expr, side: ix.Side, lhs: bool) -> ix.Tensor:
@@ -424,7 +473,18 @@ class _Proof:
         if rule.proof not in ("exact", "real"):
             raise Unsupported(f"obligation {rule.proof!r}")
         v = _Vars(rule)
-        combos = _Ranks(rule, v).assignments()
+        try:
+            combos = _Ranks(rule, v).assignments()
+        except Unsupported:
+            if not _elementwise(rule):
+                raise
+            # Elementwise ops read each leaf at one (broadcast) index per output element, whatever the
+            # ranks: the rule on scalars is the rule on every shape. Rank guards only restrict shapes.
+            rule = attrs.evolve(rule, guards=tuple(g for g in rule.guards if not _rank_guard(g)))
+            combos = [{f"rank:{n}": 0 for n in v.leaves}]
+            elementwise = True
+        else:
+            elementwise = False
         strings = [n for n, (k, _, _) in v.attrs.items() if k == "string"]
         choices = []
         for n in strings:
@@ -435,15 +495,23 @@ class _Proof:
         covered = []
         t0 = time.perf_counter()
         for combo in combos:
+            reachable = False
             for pick in itertools.product(*choices):
                 inst = _Instance(rule, v, combo, dict(zip(strings, pick)))
-                status = self.prove(inst)
+                status, live = self.prove(inst)
                 if status is not None:
                     return status
-            covered.append(_ranks_text(combo))
+                reachable = reachable or live
+            if reachable:
+                covered.append(_ranks_text(combo))
+        if not covered:
+            raise Unsupported("no shape satisfies the pattern, guards and types")
         symbolic = sorted(n for n in v.attrs if not n.startswith("_any"))
         rests = sorted(v.rests)
-        cov = "generic: every non-empty shape of " + "; ".join(covered)
+        if elementwise:
+            cov = "generic: every shape (elementwise ops: each input read at one broadcast index)"
+        else:
+            cov = "generic: every non-empty shape of " + "; ".join(covered)
         if symbolic or rests:
             cov += "; " + ", ".join(symbolic + [f"..{r}" for r in rests]) + " symbolic"
         cov += f" ({1e3 * (time.perf_counter() - t0):.0f} ms)"
@@ -454,11 +522,12 @@ class _Proof:
         s.set("timeout", int(timeout_ms or self.timeout_ms))
         return s
 
-    def prove(self, inst: _Instance) -> Optional[GenericResult]:
-        """None when this instance is proved; a refutation; raises Unsupported when undecided."""
+    def prove(self, inst: _Instance) -> Tuple[Optional[GenericResult], bool]:
+        """(None, whether any shape reaches it) when these ranks are proved; (a refutation, True); raises
+        Unsupported when undecided."""
         dom, lhs, rhs = inst.dom, inst.lhs, inst.rhs
         if lhs.rank != rhs.rank:
-            return None  # the engine never applies the rule here: the types differ
+            return None, False  # the engine never applies the rule here: the types differ
         idx = [z3.Int(f"i{p}") for p in range(lhs.rank)]
         dom.frames = [[]]
         le = lhs.elem(idx)
@@ -468,30 +537,39 @@ class _Proof:
         rhs_def = dom.frames[0]
         dims_ok = [d >= 1 for t in inst.leaf.values() for d in t.dims]
         base = (dims_ok + inst.lhs_side.valid + inst.guards + getattr(inst, "guards_extra", [])
-                + [a == b for a, b in zip(lhs.dims, rhs.dims)]
                 + [z3.And(i >= 0, i < d) for i, d in zip(idx, lhs.dims)] + list(dom.axioms) + lhs_def)
-        merged = self.merge_folds(inst, base)
+        s = self.solver()
+        s.add(*base)
+        if s.check() == z3.unsat:
+            return None, False  # no shape and attributes satisfy the guards and validity at these ranks
         if le.sort() != re.sort():
             raise Unsupported("the two sides have different element types")
-        eq = dom.equal(le, re) if le.sort() == dom.sort else le == re
-        goal = z3.And([eq] + inst.rhs_side.valid + rhs_def)
+        parts = {"dims": [a == b for a, b in zip(lhs.dims, rhs.dims)], "valid": inst.rhs_side.valid + rhs_def,
+                 "eq": dom.equal(le, re) if le.sort() == dom.sort else le == re}
+        from .generic_refute import quick_refute, refute
+        found = quick_refute(self.rule, inst, base, parts, self.timeout_ms)
+        if found is not None:
+            return found, True
+        merged, pairs = self.merge_folds(inst, base)
+        goal = z3.And(parts["dims"] + parts["valid"] + [parts["eq"]])
         s = self.solver()
         s.add(*base, *merged)
         s.add(z3.Not(goal))
         res = s.check()
         if res == z3.unsat:
-            return None
-        if res == z3.unknown:
-            raise Unsupported(f"z3: {s.reason_unknown()}")
-        from .generic_refute import refute
-        found = refute(self.rule, inst, base + merged, z3.Not(goal), self.timeout_ms)
+            return None, True
+        why = f"z3: {s.reason_unknown()}" if res == z3.unknown else \
+            "the generic obligation fails, but no small instance differs (reductions are abstracted)"
+        found = refute(self.rule, inst, base + merged, parts, _hints(inst, pairs), self.timeout_ms)
         if found is None:
-            raise Unsupported("the generic obligation fails, but no small instance differs (folds abstracted)")
-        return found
+            raise Unsupported(why)
+        return found, True
 
-    def merge_folds(self, inst: _Instance, base) -> List[Any]:
-        """Equalities between folds proved equal: same kind and extents, pointwise-equal bodies."""
+    def merge_folds(self, inst: _Instance, base) -> Tuple[List[Any], set]:
+        """Equalities between folds proved equal (same kind and extents, pointwise-equal bodies), and the
+        pairs merged."""
         eqs: List[Any] = []
+        pairs = set()
         folds = inst.folds
         classes: List[int] = list(range(len(folds)))
         for a, b in itertools.combinations(range(len(folds)), 2):
@@ -510,13 +588,51 @@ class _Proof:
                 claim = z3.And(same_ext, fa.guard == guard_b, z3.Implies(fa.guard, equal))
             else:
                 claim = z3.And(same_ext, equal)
-            s = self.solver()
+            s = self.solver(min(self.timeout_ms, MERGE_MS))
             s.add(*base, inside)
             s.add(z3.Not(claim))
             if s.check() == z3.unsat:
                 classes[b] = classes[a]
                 eqs.append(fa.value == fb.value)
-        return eqs
+                pairs.add((a, b))
+        return eqs, pairs
+
+
+def _hints(inst: _Instance, merged: set) -> List[Any]:
+    """For finding a real counterexample: each unmerged pair of a pattern fold and a replacement fold of
+    the same kind differs somewhere (in an extent, or in a term at some k)."""
+    out = []
+    for a, fa in enumerate(inst.folds):
+        for b, fb in enumerate(inst.folds):
+            if not (str(fa.value).startswith("l") and str(fb.value).startswith("r")) or (a, b) in merged:
+                continue
+            if fa.kind != fb.kind or len(fa.extents) != len(fb.extents):
+                continue
+            sub = list(zip(fb.ks, fa.ks))
+            body_b = z3.substitute(fb.body, *sub) if sub else fb.body
+            inside = z3.And([z3.And(k >= 0, k < e) for k, e in zip(fa.ks, fa.extents)])
+            differ = z3.Or([x != y for x, y in zip(fa.extents, fb.extents)] + [fa.body != body_b])
+            out.append(z3.And(inside, differ))
+    return out
+
+
+def _elementwise(rule: Rule) -> bool:
+    calls = list(_ops(rule.lhs)) + list(_ops(rule.rhs))
+    if any(c.op not in ix.UNARY | ix.BROADCASTING or c.rest for c in calls):
+        return False
+    for g in rule.guards:
+        if isinstance(g, FuncCall) and g.name not in ("const", "single_use"):
+            return False
+        if isinstance(g, Compare) and not _rank_guard(g):
+            return False
+    return True
+
+
+def _rank_guard(g) -> bool:
+    def is_rank(e):
+        return isinstance(e, FuncCall) and e.name == "rank"
+    return isinstance(g, Compare) and (is_rank(g.left) or is_rank(g.right)) and \
+        all(is_rank(e) or isinstance(e, Num) for e in (g.left, g.right))
 
 
 def _ranks_text(combo: Dict[str, int]) -> str:

@@ -10,6 +10,7 @@ its witness (shapes, attributes, input values) can be replayed through any ONNX 
 from __future__ import annotations
 
 import math
+import time
 from typing import Any, Dict, List, Optional
 
 import numpy as np
@@ -22,31 +23,68 @@ from ..ir.graph import Graph
 from ..ir.types import TensorType
 from . import semantics as sem
 
-MAX_TRIES = 4
-_BOUNDS = (3, 5)
+MAX_TRIES = 2
+QUERY_MS = 2000          # per solver call
+BUDGET_MS = 12000        # for the whole search
+_BOUNDS = (3, 5)         # largest dim tried, first pass then second
 
 
-def refute(rule: Rule, inst, assumptions: List[Any], negated_goal, timeout_ms: int):
-    """A "refuted" GenericResult for a small instance where the sides really differ, or None."""
+def quick_refute(rule: Rule, inst, assumptions: List[Any], parts: Dict[str, Any], timeout_ms: int):
+    """Before any hard query: one small instance with dims >= 2 (random inputs only), and one where the
+    output dims differ. Obviously wrong rules are refuted here in well under a second."""
+    return _search(rule, inst, assumptions, [(parts["dims"] + parts["valid"], 2, "elem"),
+                                             (_dims_differ(parts), 1, "dims")],
+                   bounds=(3,), tries=1, query_ms=1000, budget_ms=3000, timeout_ms=timeout_ms, solve=False)
+
+
+def _dims_differ(parts):
+    return parts["valid"] + [z3.Not(z3.And(parts["dims"]))] if parts["dims"] else None
+
+
+def refute(rule: Rule, inst, assumptions: List[Any], parts: Dict[str, Any], hints: List[Any], timeout_ms: int):
+    """A "refuted" GenericResult for a small instance where the sides really differ, or None.
+
+    ``parts`` are the obligation's pieces: "dims" (equal output dims), "valid" (the replacement valid and
+    defined), "eq" (equal elements at the index). Candidates are tried in order: elements that differ where
+    both sides are valid and the replacement's reductions differ from the pattern's (``hints``); the same
+    without hints; output dims that differ; finally any small instance (when Z3 could not decide)."""
+    same = parts["dims"] + parts["valid"]
+    queries = [(same + [z3.Or(hints)] if hints else None, 2, "elem"),
+               (same + [z3.Not(parts["eq"])], 1, "elem"),
+               (_dims_differ(parts), 1, "dims"),
+               (same, 2, "elem")]
+    return _search(rule, inst, assumptions, queries, bounds=_BOUNDS, tries=MAX_TRIES, query_ms=QUERY_MS,
+                   budget_ms=max(BUDGET_MS, timeout_ms), timeout_ms=timeout_ms, solve=True)
+
+
+def _search(rule, inst, assumptions, queries, *, bounds, tries, query_ms, budget_ms, timeout_ms, solve):
     from .generic import GenericResult
-    s = z3.Solver()
-    s.set("timeout", int(timeout_ms))
-    s.add(*assumptions, negated_goal)
+    deadline = time.perf_counter() + budget_ms / 1e3
     small = _small(inst)
-    for bound in _BOUNDS:
-        s.push()
-        s.add(*[c(bound) for c in small])
-        for _ in range(MAX_TRIES):
-            if s.check() != z3.sat:
-                break
-            m = s.model()
-            concrete = _concretize(inst, m)
-            found = _check(rule, inst.v, concrete, timeout_ms)
-            if found is not None:
-                text, witness = found
-                return GenericResult("refuted", "counterexample at " + _describe(concrete), text, witness)
-            s.add(_block(inst, m))
-        s.pop()
+    for goal, lo, kind in queries:
+        if goal is None:
+            continue
+        for bound in bounds:
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                return None
+            s = z3.Solver()
+            s.set("timeout", int(min(query_ms, timeout_ms, 1e3 * left)))
+            s.add(*assumptions, *goal)
+            s.add(*[c(lo, bound) for c in small])
+            for _ in range(tries):
+                if time.perf_counter() > deadline or s.check() != z3.sat:
+                    break
+                m = s.model()
+                concrete = _concretize(inst, m)
+                if kind == "elem":
+                    found = _check(rule, inst.v, concrete, min(timeout_ms, 2 * query_ms), solve)
+                else:
+                    found = _shapes_differ(rule, inst.v, concrete)
+                if found is not None:
+                    text, witness = found
+                    return GenericResult("refuted", "counterexample at " + _describe(concrete), text, witness)
+                s.add(_block(inst, m))
     return None
 
 
@@ -68,9 +106,11 @@ def _terms(inst):
 
 
 def _small(inst):
+    """Bounds (lo, hi) -> a constraint keeping the instance small (dims >= lo avoid degenerate sizes)."""
     dims, ints, rest = _terms(inst)
-    return [lambda b, d=d: d <= b for d in dims] + [lambda b, t=t: z3.And(t >= -b, t <= b + 1) for t in ints] + \
-        [lambda b, t=t: z3.And(t >= 0, t <= b) for t in rest]
+    return [lambda lo, b, d=d: z3.And(d >= lo, d <= b) for d in dims] + \
+        [lambda lo, b, t=t: z3.And(t >= -b, t <= b + 1) for t in ints] + \
+        [lambda lo, b, t=t: z3.And(t >= 0, t <= b) for t in rest]
 
 
 def _block(inst, m):
@@ -152,6 +192,25 @@ def _graph_side(e: Expr, g: Graph, vals, v, concrete, lhs: bool):
 def _matches(rule: Rule, v, concrete) -> bool:
     """The engine would apply the rule to this instance: the pattern matches (guards included) and the
     replacement type-checks to the root's type."""
+    types = _types(rule, v, concrete)
+    return types is not None and types[0] == types[1]
+
+
+def _shapes_differ(rule: Rule, v, concrete):
+    """A counterexample where the pattern matches and the replacement builds, with another shape."""
+    types = _types(rule, v, concrete)
+    if types is None or types[0].shape == types[1].shape:
+        return None
+    inputs = {n: np.zeros(s, np.bool_ if v.leaves[n] == "bool" else np.float32)
+              for n, s in concrete["shapes"].items() if n not in v.literal}
+    floats = {n: 0.5 for n, val in concrete["attrs"].items() if val is None}
+    text = f"the output shapes differ: lhs {list(types[0].shape)}, rhs {list(types[1].shape)}"
+    return text, dict(concrete, inputs=inputs, floats=floats)
+
+
+def _types(rule: Rule, v, concrete):
+    """(pattern root type, replacement type) on this instance, or None if the rule does not match there or
+    the replacement does not build."""
     g = Graph()
     consts = {a.name for gd in rule.guards if isinstance(gd, FuncCall) and gd.name == "const" for a in gd.args
               if isinstance(a, Var)}
@@ -169,10 +228,10 @@ def _matches(rule: Rule, v, concrete) -> bool:
         root = _graph_side(rule.lhs, g, vals, v, concrete, True)
         b = match(rule, root, g)
         if b is None:
-            return False
-        return build(rule, b, g, []).type == root.type
+            return None
+        return root.type, build(rule, b, g, []).type
     except (CuvilError, BuildError, ValueError, TypeError, KeyError, IndexError, ZeroDivisionError):
-        return False
+        return None
 
 
 def _sem_side(e: Expr, dom, vals, v, concrete, lhs: bool):
@@ -190,7 +249,7 @@ def _sem_side(e: Expr, dom, vals, v, concrete, lhs: bool):
     return sem.evaluate(dom, e.op, ins, node_attrs(e, concrete, dom))[0]
 
 
-def _check(rule: Rule, v, concrete, timeout_ms: int):
+def _check(rule: Rule, v, concrete, timeout_ms: int, solve: bool = True):
     if not _matches(rule, v, concrete):
         return None
     dom = sem.FP32Domain() if rule.proof == "exact" else sem.RealDomain()
@@ -213,14 +272,54 @@ def _check(rule: Rule, v, concrete, timeout_ms: int):
         return None
     goal = z3.And(sem.element_equalities(dom, lhs, rhs) + rhs_side)
     inputs = {n: a for n, a in vals.items() if n not in v.literal}
-    for prefer in (True, False):
+    floats = [dom.var(n) for n, val in concrete["attrs"].items() if val is None]
+    leaves = [x for a in inputs.values() for x in a.reshape(-1)] + floats
+    tried = _random_trials(dom, leaves, lhs_side, goal)
+    if tried is not None:
+        return _report(tried, dom, inputs, concrete, lhs, rhs, rhs_side)
+    for prefer in (True, False) if solve else ():
         s = z3.Solver()
         s.set("timeout", int(timeout_ms))
         s.add(*dom.axioms, *lhs_side, z3.Not(goal))
         if prefer:  # small integers make a readable counterexample; any value will do otherwise
-            s.add(*[_small_value(dom, x) for a in inputs.values() for x in a.reshape(-1) if not z3.is_bool(x)])
+            s.add(*[_small_value(dom, x) for x in leaves if not z3.is_bool(x)])
         if s.check() == z3.sat:
             return _report(s.model(), dom, inputs, concrete, lhs, rhs, rhs_side)
+    return None
+
+
+class _Values:
+    """A model made of concrete values for the leaves (what :func:`_report` needs of a Z3 model)."""
+
+    def __init__(self, pairs):
+        self.pairs = pairs
+
+    def eval(self, e, model_completion=True):
+        return z3.simplify(z3.substitute(e, *self.pairs)) if self.pairs else z3.simplify(e)
+
+
+def _random_trials(dom, leaves, lhs_side, goal, n: int = 12):
+    """Cheap first: random small integers, then random floats of every magnitude, substituted into both
+    sides; a trial where the pattern is defined and the goal simplifies to false is a counterexample."""
+    if not leaves:
+        return None
+    rng = np.random.default_rng(0)
+    for trial in range(n):
+        pairs = []
+        for x in leaves:
+            if z3.is_bool(x):
+                pairs.append((x, z3.BoolVal(bool(rng.integers(2)))))
+                continue
+            if trial < n // 2 or dom.name == "real":
+                val = float(rng.integers(-3, 4))
+            else:
+                val = float(np.float32(rng.standard_normal() * 10.0 ** rng.integers(-4, 5)))
+            pairs.append((x, dom.const(val)))
+        m = _Values(pairs)
+        if not all(z3.is_true(m.eval(c)) for c in lhs_side):
+            continue
+        if z3.is_false(m.eval(goal)):
+            return m
     return None
 
 

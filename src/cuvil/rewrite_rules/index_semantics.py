@@ -232,8 +232,12 @@ def _product(fs):
 
 # --- leaves ------------------------------------------------------------------------------------------
 
-def leaf(side: Side, name: str, rank: int, kind: str = "float") -> Tensor:
-    dims = [z3.Int(f"{name}.d{p}") for p in range(rank)]
+def leaf_dims(name: str, rank: int) -> List[Any]:
+    return [z3.Int(f"{name}.d{p}") for p in range(rank)]
+
+
+def leaf(side: Side, name: str, rank: int, kind: str = "float", dims: Optional[List[Any]] = None) -> Tensor:
+    dims = leaf_dims(name, rank) if dims is None else dims
     sort = z3.BoolSort() if kind == "bool" else side.dom.sort
     if rank == 0:
         c = z3.Const(name, sort)
@@ -242,9 +246,9 @@ def leaf(side: Side, name: str, rank: int, kind: str = "float") -> Tensor:
     return Tensor(dims, lambda idx: f(*idx), kind)
 
 
-def constant(value, rank: int, side: Side, name: str) -> Tensor:
+def constant(value, rank: int, side: Side, name: str, dims: Optional[List[Any]] = None) -> Tensor:
     """A constant tensor every element of which is ``value`` (a literal of the pattern, any shape)."""
-    dims = [z3.Int(f"{name}.d{p}") for p in range(rank)]
+    dims = leaf_dims(name, rank) if dims is None else dims
     c = side.dom.lift(value) if not isinstance(value, z3.ExprRef) else value
     return Tensor(dims, lambda idx: c)
 
@@ -321,12 +325,20 @@ def broadcast(side: Side, shapes: List[List[Any]]) -> List[Any]:
     return out
 
 
-def bcast_index(dims: List[Any], idx: Sequence[Any]) -> List[Any]:
+def bcast_index(dims: List[Any], idx: Sequence[Any], out_dims: Optional[Sequence[Any]] = None) -> List[Any]:
+    """The index an operand of ``dims`` is read at for the output index ``idx`` (numpy broadcasting). Where
+    the operand's dim is the output's own (``out_dims``) or a known size other than 1, it is ``idx`` itself."""
     off = len(idx) - len(dims)
     out = []
     for j, d in enumerate(dims):
         one = as_int(d)
-        out.append(z3.IntVal(0) if one == 1 else idx[off + j] if one is not None else z3.If(d == 1, 0, idx[off + j]))
+        same = out_dims is not None and z3.eq(simp(d), simp(out_dims[off + j]))
+        if one == 1:
+            out.append(z3.IntVal(0))
+        elif same or one is not None:
+            out.append(idx[off + j])
+        else:
+            out.append(z3.If(d == 1, 0, idx[off + j]))
     return out
 
 
@@ -355,7 +367,7 @@ def _elementwise(side: Side, ins, at: Attrs) -> Tensor:
     opname = at.op
 
     def elem(idx):
-        return side.scalar(opname, [t.elem(bcast_index(t.dims, idx)) for t in ins], sa)
+        return side.scalar(opname, [t.elem(bcast_index(t.dims, idx, dims)) for t in ins], sa)
     return Tensor(dims, elem, "bool" if opname in BOOL_OUT else ins[-1].kind if opname == "Where" else "float")
 
 
@@ -544,18 +556,35 @@ def _slice(side, ins, at):
     starts, ends = at.ints("starts"), at.ints("ends")
     if starts is None or ends is None:
         raise Unsupported("Slice without starts/ends")
-    axes = _axes(at, "axes", x.rank) if at.get("axes") is not None else list(range(len(starts)))
+    r = x.rank
+    axes = at.ints("axes") if at.get("axes") is not None else [z3.IntVal(j) for j in range(len(starts))]
     steps = at.ints("steps") or [z3.IntVal(1)] * len(starts)
     if not len(starts) == len(ends) == len(axes) == len(steps):
         raise Unsupported("Slice lists of different lengths")
-    dims, first, step_of = list(x.dims), {}, {}
-    for s, e, a, st in zip(starts, ends, axes, steps):
+    norm = []
+    for a in axes:  # an axis may be a variable: every position it can name is a case
+        side.require(z3.And(a >= -r, a < r))
+        norm.append(simp(z3.If(a < 0, a + r, a)))
+    for a, b in itertools.combinations(norm, 2):
+        side.require(a != b)
+    dims = list(x.dims)
+    first: List[Any] = [z3.IntVal(0)] * r
+    step_of: List[Any] = [z3.IntVal(1)] * r
+    touched = [False] * r
+    for s, e, a, st in zip(starts, ends, norm, steps):
         side.require(st != 0)
-        b, n = slice_bounds(x.dims[a], s, e, st)
-        dims[a], first[a], step_of[a] = n, b, st
+        for p in range(r):
+            if as_int(a) is not None and as_int(a) != p:
+                continue
+            b, n = slice_bounds(x.dims[p], s, e, st)
+            here = a == p
+            dims[p] = simp(z3.If(here, n, dims[p]))
+            first[p] = simp(z3.If(here, b, first[p]))
+            step_of[p] = simp(z3.If(here, st, step_of[p]))
+            touched[p] = True
 
     def elem(idx):
-        return x.elem([simp(first[p] + i * step_of[p]) if p in first else i for p, i in enumerate(idx)])
+        return x.elem([simp(first[p] + i * step_of[p]) if touched[p] else i for p, i in enumerate(idx)])
     return Tensor(dims, elem, x.kind)
 
 
@@ -590,7 +619,9 @@ def _pad(side, ins, at):
 
     def elem(idx):
         src = [simp(i - b) for i, b in zip(idx, begin)]
-        inside = z3.And([z3.And(j >= 0, j < d) for j, d in zip(src, x.dims)])
+        # an axis padded by nothing needs no test: its index is within the output's dim, the input's
+        inside = z3.And([z3.And(j >= 0, j < d) for j, d, b, e in zip(src, x.dims, begin, end)
+                         if not (as_int(b) == 0 and as_int(e) == 0)])
         return z3.If(inside, x.elem(src), cv)
     return Tensor(dims, elem, x.kind)
 
@@ -604,7 +635,7 @@ def _expand(side, ins, at):
     for s in shape:
         side.require(s >= 1)
     dims = broadcast(side, [x.dims, list(shape)])
-    return Tensor(dims, lambda idx: x.elem(bcast_index(x.dims, idx)), x.kind)
+    return Tensor(dims, lambda idx: x.elem(bcast_index(x.dims, idx, dims)), x.kind)
 
 
 def _to_float(side: Side, n):
@@ -661,7 +692,7 @@ def _gemm(side, ins, at):
         bn = sem._py_number(beta)
         if c is None or (bn is not None and float(bn) == 0.0):
             return y
-        cv = c.elem(bcast_index(c.dims, [i, j]))
+        cv = c.elem(bcast_index(c.dims, [i, j], [m, n]))
         if bn is not None and float(bn) == 1.0:
             return dom.add(y, cv)
         be = dom.lift(beta)
