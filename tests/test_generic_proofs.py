@@ -112,6 +112,14 @@ WRONG = [
                                         "=> Flatten(GlobalMaxPool(x)) prove exact", "refuted"),
     ("reduce_mean_wrong_axis", "rule w ReduceMean(x, axes=[1, 3]) when rank(x) == 4 => GlobalAveragePool(x) "
                                "prove exact", "refuted"),
+    ("min_max_to_clip_bounds_swapped", "rule w Min(Max(x, lo), hi) when const(lo, hi), rank(lo) == 0, rank(hi) == 0 "
+                                       "=> Clip(x, hi, lo) prove real", "refuted"),
+    ("unsqueeze_transposed_wrong", "rule w Transpose(Unsqueeze(x, axes=[0]), perm=[2, 0, 1]) when rank(x) == 2 "
+                                   "=> Unsqueeze(x, axes=[1]) prove exact", "refuted"),
+    ("matmul_operands_swapped", "rule w MatMul(a, b) when rank(a) == 2, rank(b) == 2 => MatMul(b, a) prove exact",
+     "refuted"),
+    ("maxpool_is_not_avgpool", "rule w MaxPool(x, kernel_shape=[kh, kw]) => AveragePool(x, kernel_shape=[kh, kw]) "
+                               "prove exact", "refuted"),
     ("avgpool_pad_not_counted", "rule w AveragePool(Pad(x, pads=[0, 0, t, l, 0, 0, d, r]), kernel_shape=[kh, kw]) "
                                 f"when {_PAD}, t < kh, d < kh, l < kw, r < kw "
                                 "=> AveragePool(x, kernel_shape=[kh, kw], pads=[l, t, r, d], count_include_pad=1) "
@@ -178,8 +186,8 @@ def _anon_names(rule):
 
 
 def _side(e, g, vals, anon, concrete, lhs):
-    if isinstance(e, Var):
-        return vals[e.name]
+    if isinstance(e, Var):  # a value, or a float attribute used as a scalar (as the engine builds it)
+        return vals[e.name] if e.name in vals else g.const(np.asarray(concrete["attrs"][e.name], np.float32), e.name)
     if isinstance(e, (Wildcard, Num)) and lhs:
         return vals[anon[id(e)]]
     if isinstance(e, Num):

@@ -544,14 +544,23 @@ class _Proof:
             return None, False  # no shape and attributes satisfy the guards and validity at these ranks
         if le.sort() != re.sort():
             raise Unsupported("the two sides have different element types")
-        parts = {"dims": [a == b for a, b in zip(lhs.dims, rhs.dims)], "valid": inst.rhs_side.valid + rhs_def,
-                 "eq": dom.equal(le, re) if le.sort() == dom.sort else le == re}
+        parts = {"dims": [a == b for a, b in zip(lhs.dims, rhs.dims)], "valid": inst.rhs_side.valid,
+                 "defined": rhs_def, "eq": dom.equal(le, re) if le.sort() == dom.sort else le == re}
         from .generic_refute import quick_refute, refute
         found = quick_refute(self.rule, inst, base, parts, self.timeout_ms)
         if found is not None:
             return found, True
-        merged, pairs = self.merge_folds(inst, base)
-        goal = z3.And(parts["dims"] + parts["valid"] + [parts["eq"]])
+        # folds are compared where both sides are valid with the same dims, the only place they matter
+        context = z3.And(parts["dims"] + parts["valid"])
+        merged, pairs = self.merge_folds(inst, base + [context])
+        merged = [z3.Implies(context, e) for e in merged]
+        # Where the replacement's nodes are valid its output has the root's dims, and conversely (so the
+        # engine's type check never hides a wrong rule, and the replacement's validity is proved, not
+        # trusted); there, it is defined wherever the pattern is and its element equals the pattern's.
+        same, valid = z3.And(parts["dims"]), z3.And(parts["valid"])
+        goal = z3.And(same == valid, z3.Implies(same, z3.And(parts["defined"] + [parts["eq"]])))
+        if self.prove_abstracted(inst, base, parts, pairs, [le, re]):
+            return None, True
         s = self.solver()
         s.add(*base, *merged)
         s.add(z3.Not(goal))
@@ -564,6 +573,62 @@ class _Proof:
         if found is None:
             raise Unsupported(why)
         return found, True
+
+    def prove_abstracted(self, inst: _Instance, base, parts, pairs, elems) -> bool:
+        """The obligation in two easier steps: the dims/validity part alone (integers only), then the
+        elements with every read of an input (and every fold) replaced by a variable, reads proved to be at
+        the same index (and folds proved equal) sharing one. Replacing terms by variables only generalises
+        the formula, so a proof of it is a proof of the original; the float part is then small."""
+        same, valid = z3.And(parts["dims"]), z3.And(parts["valid"])
+        s = self.solver(min(self.timeout_ms, MERGE_MS))
+        s.add(*base)
+        s.add(z3.Not(same == valid))
+        if s.check() != z3.unsat:
+            return False
+        ctx = base + [same, valid]
+        goal = z3.And(parts["defined"] + [parts["eq"]])
+        names = set(inst.leaf)
+        reads: Dict[int, Any] = {}
+        todo = list(elems) + [goal]
+        seen = set()
+        while todo:
+            t = todo.pop()
+            if t.get_id() in seen:
+                continue
+            seen.add(t.get_id())
+            if z3.is_app(t) and t.decl().name() in names and not z3.is_int(t):
+                reads[t.get_id()] = t
+            elif z3.is_app(t):
+                todo.extend(t.children())
+        parent = {k: k for k in reads}
+
+        def find(k):
+            while parent[k] != k:
+                k = parent[k]
+            return k
+        items = list(reads.values())
+        for a, b in itertools.combinations(items, 2):
+            if a.decl().name() != b.decl().name() or find(a.get_id()) == find(b.get_id()):
+                continue
+            args = [x == y for x, y in zip(a.children(), b.children())]
+            if not all(z3.is_true(z3.simplify(c)) for c in args):
+                q = self.solver(min(self.timeout_ms, 1000))
+                q.add(*ctx)
+                q.add(z3.Not(z3.And(args)))
+                if q.check() != z3.unsat:
+                    continue
+            parent[find(b.get_id())] = find(a.get_id())
+        sub = [(t, z3.Const(f"read!{find(k)}", t.sort())) for k, t in reads.items()]
+        fold_rep = list(range(len(inst.folds)))
+        for a, b in sorted(pairs):
+            fold_rep[b] = fold_rep[a]
+        sub += [(f.value, inst.folds[fold_rep[j]].value) for j, f in enumerate(inst.folds) if fold_rep[j] != j]
+        if not sub:
+            return False
+        s = self.solver()
+        s.add(*[z3.substitute(c, *sub) for c in ctx])
+        s.add(z3.Not(z3.substitute(goal, *sub)))
+        return s.check() == z3.unsat
 
     def merge_folds(self, inst: _Instance, base) -> Tuple[List[Any], set]:
         """Equalities between folds proved equal (same kind and extents, pointwise-equal bodies), and the

@@ -32,8 +32,8 @@ _BOUNDS = (3, 5)         # largest dim tried, first pass then second
 def quick_refute(rule: Rule, inst, assumptions: List[Any], parts: Dict[str, Any], timeout_ms: int):
     """Before any hard query: one small instance with dims >= 2 (random inputs only), and one where the
     output dims differ. Obviously wrong rules are refuted here in well under a second."""
-    return _search(rule, inst, assumptions, [(parts["dims"] + parts["valid"], 2, "elem"),
-                                             (_dims_differ(parts), 1, "dims")],
+    same = parts["dims"] + parts["valid"] + parts["defined"]
+    return _search(rule, inst, assumptions, [(same, 2, "elem"), (same, (2, 2), "elem"), (_dims_differ(parts), 1, "dims")],
                    bounds=(3,), tries=1, query_ms=1000, budget_ms=3000, timeout_ms=timeout_ms, solve=False)
 
 
@@ -44,13 +44,13 @@ def _dims_differ(parts):
 def refute(rule: Rule, inst, assumptions: List[Any], parts: Dict[str, Any], hints: List[Any], timeout_ms: int):
     """A "refuted" GenericResult for a small instance where the sides really differ, or None.
 
-    ``parts`` are the obligation's pieces: "dims" (equal output dims), "valid" (the replacement valid and
-    defined), "eq" (equal elements at the index). Candidates are tried in order: elements that differ where
+    ``parts`` are the obligation's pieces: "dims" (equal output dims), "valid" (the replacement's nodes
+    valid), "defined" (the replacement defined at the index), "eq" (equal elements at the index). Candidates are tried in order: elements that differ where
     both sides are valid and the replacement's reductions differ from the pattern's (``hints``); the same
     without hints; output dims that differ; finally any small instance (when Z3 could not decide)."""
     same = parts["dims"] + parts["valid"]
     queries = [(same + [z3.Or(hints)] if hints else None, 2, "elem"),
-               (same + [z3.Not(parts["eq"])], 1, "elem"),
+               (same + [z3.Not(z3.And(parts["defined"] + [parts["eq"]]))], 1, "elem"),
                (_dims_differ(parts), 1, "dims"),
                (same, 2, "elem")]
     return _search(rule, inst, assumptions, queries, bounds=_BOUNDS, tries=MAX_TRIES, query_ms=QUERY_MS,
@@ -106,10 +106,14 @@ def _terms(inst):
 
 
 def _small(inst):
-    """Bounds (lo, hi) -> a constraint keeping the instance small (dims >= lo avoid degenerate sizes)."""
+    """Bounds (lo, hi) -> a constraint keeping the instance small (dims >= lo avoid degenerate sizes; a
+    pair lo = (dims_lo, ints_lo) also keeps integer attributes away from degenerate values)."""
     dims, ints, rest = _terms(inst)
-    return [lambda lo, b, d=d: z3.And(d >= lo, d <= b) for d in dims] + \
-        [lambda lo, b, t=t: z3.And(t >= -b, t <= b + 1) for t in ints] + \
+
+    def lo_of(lo, k):
+        return lo[k] if isinstance(lo, tuple) else (lo if k == 0 else None)
+    return [lambda lo, b, d=d: z3.And(d >= lo_of(lo, 0), d <= b) for d in dims] + \
+        [lambda lo, b, t=t: z3.And(t >= (-b if lo_of(lo, 1) is None else lo_of(lo, 1)), t <= b + 1) for t in ints] + \
         [lambda lo, b, t=t: z3.And(t >= 0, t <= b) for t in rest]
 
 

@@ -319,8 +319,13 @@ def broadcast(side: Side, shapes: List[List[Any]]) -> List[Any]:
         ds = [s[len(s) - r + p] for s in shapes if len(s) - r + p >= 0]
         d = ds[0]
         for e in ds[1:]:
+            if as_int(e) == 1 or z3.eq(simp(d), simp(e)):
+                continue
+            if as_int(d) == 1:
+                d = e
+                continue
             side.require(z3.Or(d == e, d == 1, e == 1))
-            d = simp(z3.If(d == 1, e, d)) if as_int(d) != as_int(e) or as_int(d) is None else d
+            d = simp(z3.If(d == 1, e, d))
         out.append(simp(d))
     return out
 
