@@ -177,7 +177,7 @@ def _anon_names(rule):
         if isinstance(e, OpCall):
             for a in e.args:
                 if isinstance(a, (Wildcard, Num)):
-                    names[id(a)] = f"_in{n}"
+                    names[id(a)] = f"in.{n}"
                     n += 1
             for a in e.args:
                 walk(a)

@@ -120,7 +120,7 @@ def _name_wildcards(rule: Rule) -> Rule:
     counter = itertools.count()
 
     def item(p):
-        return Var(f"_any{next(counter)}", p.loc) if isinstance(p, Wildcard) else p
+        return Var(f"any.{next(counter)}", p.loc) if isinstance(p, Wildcard) else p
 
     def fix(e):
         if isinstance(e, OpCall):
@@ -146,7 +146,7 @@ class _Vars:
                 if isinstance(a, Var):
                     self.leaves.setdefault(a.name, "bool" if _bool_input(c.op, k) else "float")
                 elif isinstance(a, (Wildcard, Num)):
-                    name = f"_in{len(self.anon)}"
+                    name = f"in.{len(self.anon)}"
                     self.anon[id(a)] = name
                     self.leaves[name] = "bool" if _bool_input(c.op, k) else "float"
                     if isinstance(a, Num):
@@ -506,7 +506,7 @@ class _Proof:
                 covered.append(_ranks_text(combo))
         if not covered:
             raise Unsupported("no shape satisfies the pattern, guards and types")
-        symbolic = sorted(n for n in v.attrs if not n.startswith("_any"))
+        symbolic = sorted(n for n in v.attrs if not n.startswith("any."))
         rests = sorted(v.rests)
         if elementwise:
             cov = "generic: every shape (elementwise ops: each input read at one broadcast index)"
@@ -528,7 +528,7 @@ class _Proof:
         dom, lhs, rhs = inst.dom, inst.lhs, inst.rhs
         if lhs.rank != rhs.rank:
             return None, False  # the engine never applies the rule here: the types differ
-        idx = [z3.Int(f"i{p}") for p in range(lhs.rank)]
+        idx = [z3.Int(f"idx.{p}") for p in range(lhs.rank)]
         dom.frames = [[]]
         le = lhs.elem(idx)
         lhs_def = dom.frames[0]
@@ -669,7 +669,7 @@ def _hints(inst: _Instance, merged: set) -> List[Any]:
     out = []
     for a, fa in enumerate(inst.folds):
         for b, fb in enumerate(inst.folds):
-            if not (str(fa.value).startswith("l") and str(fb.value).startswith("r")) or (a, b) in merged:
+            if not (str(fa.value).startswith("fold.l") and str(fb.value).startswith("fold.r")) or (a, b) in merged:
                 continue
             if fa.kind != fb.kind or len(fa.extents) != len(fb.extents):
                 continue
@@ -702,6 +702,6 @@ def _rank_guard(g) -> bool:
 
 def _ranks_text(combo: Dict[str, int]) -> str:
     parts = [f"{k.split(':', 1)[1]} rank {v}" for k, v in sorted(combo.items()) if k.startswith("rank:")
-             and not k.split(":", 1)[1].startswith("_in")]
+             and not k.split(":", 1)[1].startswith("in.")]
     lens = [f"len({k.split(':', 1)[1]})={v}" for k, v in sorted(combo.items()) if k.startswith("len:")]
     return ", ".join(parts + lens) or "rank 0"

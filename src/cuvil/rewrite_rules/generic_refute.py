@@ -155,8 +155,8 @@ def _concretize(inst, m) -> Dict[str, Any]:
 
 
 def _describe(c) -> str:
-    parts = [f"{k}=[{','.join(map(str, s))}]" for k, s in sorted(c["shapes"].items()) if not k.startswith("_in")]
-    parts += [f"{k}={v}" for k, v in sorted(c["attrs"].items()) if v is not None and not k.startswith("_any")]
+    parts = [f"{k}=[{','.join(map(str, s))}]" for k, s in sorted(c["shapes"].items()) if not k.startswith("in.")]
+    parts += [f"{k}={v}" for k, v in sorted(c["attrs"].items()) if v is not None and not k.startswith("any.")]
     parts += [f"..{k}={{{', '.join(f'{a}={b}' for a, b in sorted(r.items()))}}}" for k, r in sorted(c["rests"].items())]
     return " ".join(parts)
 
@@ -354,7 +354,7 @@ def _report(m, dom, inputs, concrete, lhs, rhs, rhs_side):
         if val is None:
             floats[name] = float(dom.value_of(m, dom.var(name)))
     parts = [f"{n} = {np.array2string(a.reshape(-1)[:8], separator=', ')}" for n, a in arrays.items()]
-    parts += [f"{n} = {_fmt(x)}" for n, x in floats.items() if not n.startswith("_any")]
+    parts += [f"{n} = {_fmt(x)}" for n, x in floats.items() if not n.startswith("any.")]
     where = "the replacement is undefined there"
     for idx in np.ndindex(*np.shape(lhs)):
         if not z3.is_true(m.eval(dom.equal(lhs[idx], rhs[idx]), model_completion=True)):

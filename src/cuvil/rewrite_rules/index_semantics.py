@@ -170,7 +170,7 @@ class Side:
         if self._depth:
             raise Unsupported("a reduction inside a reduction")
         n = next(self._n)
-        ks = [z3.Int(f"{self.tag}k{n}_{j}") for j in range(len(extents))]
+        ks = [z3.Int(f"k.{self.tag}{n}.{j}") for j in range(len(extents))]
         self._depth += 1
         self.dom.frames.append([])
         try:
@@ -195,7 +195,7 @@ class Side:
             if outer:
                 b = _product(inner) if inner else z3.RealVal(1)
                 outside = _product(outer)
-        value = z3.Const(f"{self.tag}fold{n}", self.dom.sort)
+        value = z3.Const(f"fold.{self.tag}{n}", self.dom.sort)
         self.folds.append(Fold(kind, list(extents), ks, b, g, value))
         return value if real is False or z3.eq(simp(outside), z3.RealVal(1)) else outside * value
 
@@ -1026,7 +1026,7 @@ def _r_conv(ins, at, out):
 
 @ranks("BatchNormalization")
 def _r_batchnorm(ins, at, out):
-    return [ins[0] >= 2, out == ins[0]] + [r == 1 for r in ins[1:] if r is not None]
+    return [ins[0] >= 1, out == ins[0]] + [r == 1 for r in ins[1:] if r is not None]
 
 
 @ranks("ReduceSum", "ReduceMean", "ReduceMax")
@@ -1042,7 +1042,7 @@ def _r_reduce(ins, at, out):
 
 @ranks("GlobalAveragePool", "GlobalMaxPool")
 def _r_global(ins, at, out):
-    return [ins[0] >= 3, out == ins[0]]
+    return [ins[0] >= 2, out == ins[0]]
 
 
 @ranks("AveragePool", "MaxPool")
