@@ -29,6 +29,7 @@ PROVED = [
     "fold_matmul_add_to_gemm", "fold_add_matmul_to_gemm", "fold_gemm_add_bias", "fold_gemm_transb_add_bias",
     "reduce_mean_to_global_avgpool", "reduce_mean_squeezed_to_global_avgpool", "reduce_max_to_global_maxpool",
     "min_max_to_clip", "min_max_to_clip_exact", "min_relu_to_clip", "cast_float_noop",
+    "concat_single", "slice_full_range", "slice_full_range_axis0",
 ]
 
 _PAD = "t >= 0, l >= 0, d >= 0, r >= 0, t + l + d + r > 0"
@@ -59,6 +60,9 @@ WRONG = [
                                     "prove exact", "none-ok"),
     ("slice_full_range_off_by_one_rank2", "rule w Slice(x, starts=[0], ends=[e], axes=[a]) "
                                           "when rank(x) == 2, e >= dim(x, a) - 1 => x prove exact", "refuted"),
+    ("concat_swapped_any_rank", "rule w Concat(x, y, axis=a) => Concat(y, x, axis=a) prove exact", "none-ok"),
+    ("slice_reversed_any_rank", "rule w Slice(x, starts=[-1], ends=[-1000000], axes=[a], steps=[-1]) => x "
+                                "prove exact", "none-ok"),
     ("slice_reversed_is_not_identity", "rule w Slice(x, starts=[-1], ends=[-1000000], axes=[0], steps=[-1]) "
                                        "when rank(x) == 2 => x prove exact", "refuted"),
     ("transpose_swapped_perms_cancel", "rule w Transpose(Transpose(x, perm=[0, 2, 3, 1]), perm=[0, 2, 3, 1]) => x "
@@ -145,7 +149,7 @@ def test_builtin_rule_proved_generically(builtins, name):
 
 def test_rules_outside_the_fragment_get_no_verdict(builtins):
     # the rank of x is not fixed (no guard, no literal list of a known length): no generic verdict
-    for name in ("reshape_reshape", "slice_full_range", "concat_single", "fold_conv_mul_scalar"):
+    for name in ("reshape_reshape", "reshape_noop", "squeeze_unsqueeze_cancel", "fold_conv_mul_scalar"):
         res, why = explain_generic(builtins[name], TIMEOUT_MS)
         assert res is None and "not fixed" in why
     # Winograd's ops have no index semantics; a pool of a convolution nests two reductions

@@ -124,8 +124,8 @@ def _name_wildcards(rule: Rule) -> Rule:
 
     def fix(e):
         if isinstance(e, OpCall):
-            at = tuple((n, item(p) if not isinstance(p, ListLit) else attrs.evolve(p, items=tuple(item(x) for x in p.items)))
-                       for n, p in e.attrs)
+            at = tuple((n, attrs.evolve(p, items=tuple(item(x) for x in p.items))
+                        if isinstance(p, ListLit) else item(p)) for n, p in e.attrs)
             return attrs.evolve(e, args=tuple(fix(a) for a in e.args), attrs=at)
         return e
 
@@ -473,18 +473,25 @@ class _Proof:
         if rule.proof not in ("exact", "real"):
             raise Unsupported(f"obligation {rule.proof!r}")
         v = _Vars(rule)
+        view, elementwise = None, False
         try:
             combos = _Ranks(rule, v).assignments()
         except Unsupported:
-            if not _elementwise(rule):
+            view = _axis_view(rule)
+            if view is not None:
+                # Slice and Concat along one axis act on [dims before, the axis, dims after] of any rank as
+                # on the rank-3 tensor of those three sizes: proving that view proves every rank >= 1.
+                rule = self.rule = view
+                v = _Vars(rule)
+                combos = [{f"rank:{n}": 3 for n in v.leaves}]
+            elif _elementwise(rule):
+                # Elementwise ops read each leaf at one (broadcast) index per output element, whatever the
+                # ranks: the rule on scalars is the rule on every shape. Rank guards only restrict shapes.
+                rule = attrs.evolve(rule, guards=tuple(g for g in rule.guards if not _rank_guard(g)))
+                combos = [{f"rank:{n}": 0 for n in v.leaves}]
+                elementwise = True
+            else:
                 raise
-            # Elementwise ops read each leaf at one (broadcast) index per output element, whatever the
-            # ranks: the rule on scalars is the rule on every shape. Rank guards only restrict shapes.
-            rule = attrs.evolve(rule, guards=tuple(g for g in rule.guards if not _rank_guard(g)))
-            combos = [{f"rank:{n}": 0 for n in v.leaves}]
-            elementwise = True
-        else:
-            elementwise = False
         strings = [n for n, (k, _, _) in v.attrs.items() if k == "string"]
         choices = []
         for n in strings:
@@ -500,6 +507,8 @@ class _Proof:
                 inst = _Instance(rule, v, combo, dict(zip(strings, pick)))
                 status, live = self.prove(inst)
                 if status is not None:
+                    if view is not None:  # the view's counterexample is not an instance of the rule as written
+                        raise Unsupported("refuted on the [before, axis, after] view; no generic verdict")
                     return status
                 reachable = reachable or live
             if reachable:
@@ -510,6 +519,8 @@ class _Proof:
         rests = sorted(v.rests)
         if elementwise:
             cov = "generic: every shape (elementwise ops: each input read at one broadcast index)"
+        elif view is not None:
+            cov = "generic: every non-empty shape of every rank >= 1 (one axis, as [before, axis, after])"
         else:
             cov = "generic: every non-empty shape of " + "; ".join(covered)
         if symbolic or rests:
@@ -679,6 +690,106 @@ def _hints(inst: _Instance, merged: set) -> List[Any]:
             differ = z3.Or([x != y for x, y in zip(fa.extents, fb.extents)] + [fa.body != body_b])
             out.append(z3.And(inside, differ))
     return out
+
+
+_AXIS_OPS = {"Slice", "Concat", "Identity"}
+
+
+def _axis_view(rule: Rule) -> Optional[Rule]:
+    """The rule on the rank-3 view [before, axis, after] when every op is a Slice, Concat or Identity along
+    one and the same axis (a literal, or a variable used nowhere else but in ``dim(v, axis)`` guards), and
+    the guards only compare such dims and integer attributes; else None."""
+    calls = list(_ops(rule.lhs)) + list(_ops(rule.rhs))
+    if not calls or any(c.op not in _AXIS_OPS or c.rest for c in calls):
+        return None
+    axes = []
+    for c in calls:
+        at = dict(c.attrs)
+        if c.op == "Concat":
+            axes.append(at.get("axis"))
+        elif c.op == "Slice":
+            if set(at) - {"starts", "ends", "axes", "steps"}:
+                return None
+            lists = [at.get(k) for k in ("starts", "ends", "steps") if k in at]
+            if any(not isinstance(x, ListLit) or len(x.items) != 1 for x in lists):
+                return None
+            ax = at.get("axes")
+            if ax is None:
+                axes.append(Num(0, c.loc))
+            elif isinstance(ax, ListLit) and len(ax.items) == 1:
+                axes.append(ax.items[0])
+            else:
+                return None
+        elif c.attrs:
+            return None
+    keys = {(type(a).__name__, a.value if isinstance(a, Num) else getattr(a, "name", None)) for a in axes}
+    if len(keys) != 1 or not all(isinstance(a, (Num, Var)) for a in axes):
+        return None
+    kind, key = next(iter(keys))
+    if kind == "Num" and not isinstance(key, int):
+        return None
+
+    def is_axis(e):
+        return (isinstance(e, Num) and kind == "Num" and e.value == key) or \
+            (isinstance(e, Var) and kind == "Var" and e.name == key)
+
+    def mentions_axis_var(e):
+        if kind != "Var":
+            return False
+        if isinstance(e, Var):
+            return e.name == key
+        if isinstance(e, ListLit):
+            return any(mentions_axis_var(x) for x in e.items)
+        if isinstance(e, (OpCall, FuncCall)):
+            return any(mentions_axis_var(x) for x in e.args) or \
+                any(mentions_axis_var(p) for _, p in getattr(e, "attrs", ()))
+        if isinstance(e, Compare):
+            return mentions_axis_var(e.left) or mentions_axis_var(e.right)
+        return False
+    one = lambda loc: Num(1, loc)  # noqa: E731
+
+    def guard_term(e):
+        if isinstance(e, FuncCall):
+            if e.name != "dim" or not is_axis(e.args[1]):
+                raise Unsupported("guard")
+            return attrs.evolve(e, args=(e.args[0], one(e.loc)))
+        if isinstance(e, OpCall):
+            return attrs.evolve(e, args=tuple(guard_term(a) for a in e.args))
+        if mentions_axis_var(e):
+            raise Unsupported("guard")
+        return e
+    guards = []
+    try:
+        for g in rule.guards:
+            if isinstance(g, FuncCall):
+                if g.name not in ("const", "single_use"):
+                    return None
+                guards.append(g)
+            else:
+                guards.append(attrs.evolve(g, left=guard_term(g.left), right=guard_term(g.right)))
+    except Unsupported:
+        return None
+
+    def fix(e):
+        if not isinstance(e, OpCall):
+            return e
+        at = []
+        for name, p in e.attrs:
+            if e.op == "Concat" and name == "axis":
+                p = one(e.loc)
+            elif e.op == "Slice" and name == "axes":
+                p = ListLit((one(e.loc),), e.loc)
+            elif mentions_axis_var(p):
+                raise Unsupported("axis")
+            at.append((name, p))
+        if e.op == "Slice" and "axes" not in dict(e.attrs):
+            at.append(("axes", ListLit((one(e.loc),), e.loc)))
+        return attrs.evolve(e, args=tuple(fix(a) for a in e.args), attrs=tuple(at))
+    try:
+        lhs, rhs = fix(rule.lhs), fix(rule.rhs)
+    except Unsupported:
+        return None
+    return attrs.evolve(rule, lhs=lhs, rhs=rhs, guards=tuple(guards))
 
 
 def _elementwise(rule: Rule) -> bool:

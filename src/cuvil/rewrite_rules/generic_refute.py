@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
 import numpy as np
 import z3
@@ -33,7 +33,8 @@ def quick_refute(rule: Rule, inst, assumptions: List[Any], parts: Dict[str, Any]
     """Before any hard query: one small instance with dims >= 2 (random inputs only), and one where the
     output dims differ. Obviously wrong rules are refuted here in well under a second."""
     same = parts["dims"] + parts["valid"] + parts["defined"]
-    return _search(rule, inst, assumptions, [(same, 2, "elem"), (same, (2, 2), "elem"), (_dims_differ(parts), 1, "dims")],
+    queries = [(same, 2, "elem"), (same, (2, 2), "elem"), (_dims_differ(parts), 1, "dims")]
+    return _search(rule, inst, assumptions, queries,
                    bounds=(3,), tries=1, query_ms=1000, budget_ms=3000, timeout_ms=timeout_ms, solve=False)
 
 
@@ -45,9 +46,10 @@ def refute(rule: Rule, inst, assumptions: List[Any], parts: Dict[str, Any], hint
     """A "refuted" GenericResult for a small instance where the sides really differ, or None.
 
     ``parts`` are the obligation's pieces: "dims" (equal output dims), "valid" (the replacement's nodes
-    valid), "defined" (the replacement defined at the index), "eq" (equal elements at the index). Candidates are tried in order: elements that differ where
-    both sides are valid and the replacement's reductions differ from the pattern's (``hints``); the same
-    without hints; output dims that differ; finally any small instance (when Z3 could not decide)."""
+    valid), "defined" (the replacement defined at the index), "eq" (equal elements at the index).
+    Candidates are tried in order: elements that differ where both sides are valid and the replacement's
+    reductions differ from the pattern's (``hints``); the same without hints; output dims that differ;
+    finally any small instance (when Z3 could not decide)."""
     same = parts["dims"] + parts["valid"]
     queries = [(same + [z3.Or(hints)] if hints else None, 2, "elem"),
                (same + [z3.Not(z3.And(parts["defined"] + [parts["eq"]]))], 1, "elem"),

@@ -1005,7 +1005,8 @@ def _r_expand(ins, at, out):
 @ranks("MatMul")
 def _r_matmul(ins, at, out):
     a, b = ins[0], ins[1]
-    return [a >= 1, b >= 1, out == z3.If(z3.And(a == 1, b == 1), 0, z3.If(a == 1, b - 1, z3.If(b == 1, a - 1, zmax(a, b))))]
+    vec = z3.If(a == 1, b - 1, z3.If(b == 1, a - 1, zmax(a, b)))
+    return [a >= 1, b >= 1, out == z3.If(z3.And(a == 1, b == 1), 0, vec)]
 
 
 @ranks("Gemm")
