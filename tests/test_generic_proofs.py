@@ -13,7 +13,7 @@ from cuvil.rewrite_rules.generic import GenericResult, explain_generic, prove_ge
 from cuvil.rewrite_rules.generic_refute import node_attrs
 from cuvil.rewrite_rules.verdicts import builtin_rules
 
-TIMEOUT_MS = 10_000
+TIMEOUT_MS = 20_000  # the prover's default; generous, so a loaded machine does not turn a proof into "unknown"
 
 # Built-in rules proved generically (every shape and attribute value the pattern and guards allow).
 PROVED = [

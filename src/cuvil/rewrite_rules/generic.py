@@ -55,7 +55,7 @@ from .index_semantics import Unsupported
 
 MAX_RANK = 8            # a rank or list length that can exceed this is "unbounded"
 MAX_COMBOS = 16         # rank assignments proved at most
-MERGE_MS = 3000         # per attempt to prove two reductions equal (unknown: not merged, still sound)
+READ_MS = 3000          # per attempt to prove two reads of an input at the same index (unknown: kept apart)
 STRING_CHOICES = {("Pad", "mode"): ("constant", "reflect", "edge", "wrap")}
 
 
@@ -591,7 +591,7 @@ class _Proof:
         the same index (and folds proved equal) sharing one. Replacing terms by variables only generalises
         the formula, so a proof of it is a proof of the original; the float part is then small."""
         same, valid = z3.And(parts["dims"]), z3.And(parts["valid"])
-        s = self.solver(min(self.timeout_ms, MERGE_MS))
+        s = self.solver()
         s.add(*base)
         s.add(z3.Not(same == valid))
         if s.check() != z3.unsat:
@@ -623,7 +623,7 @@ class _Proof:
                 continue
             args = [x == y for x, y in zip(a.children(), b.children())]
             if not all(z3.is_true(z3.simplify(c)) for c in args):
-                q = self.solver(min(self.timeout_ms, 1000))
+                q = self.solver(min(self.timeout_ms, READ_MS))
                 q.add(*ctx)
                 q.add(z3.Not(z3.And(args)))
                 if q.check() != z3.unsat:
@@ -664,7 +664,7 @@ class _Proof:
                 claim = z3.And(same_ext, fa.guard == guard_b, z3.Implies(fa.guard, equal))
             else:
                 claim = z3.And(same_ext, equal)
-            s = self.solver(min(self.timeout_ms, MERGE_MS))
+            s = self.solver()
             s.add(*base, inside)
             s.add(z3.Not(claim))
             if s.check() == z3.unsat:
