@@ -31,6 +31,7 @@ ERROR_CODES = (
     ("CUVIL_ERR_ABI", -17, "model descriptor has an unsupported ABI version"),
     ("CUVIL_ERR_UNSUPPORTED", -18, "operation not supported by this artifact"),
     ("CUVIL_ERR_PROFILE", -19, "tensor dimension is outside the model's shape profile"),
+    ("CUVIL_ERR_BAD_SESSION", -20, "not a live session of this library (destroyed, or never created by it)"),
 )
 
 
