@@ -8,8 +8,8 @@ Nothing is converted silently: arrays go to the library as they are (made contig
 needed, never cast). Each input's dtype, rank, static dims and profile range are checked here first, with a
 ShapeError that names the input and says what to pass instead; the library validates again and its error
 becomes a ShapeError that carries ``<prefix>_strerror`` and ``<prefix>_last_error``. Output buffers are
-allocated only after their shapes were checked and their size against ``max_output_bytes``. A closed model
-raises CuvilError.
+allocated only after their shapes were checked and their size against ``Model.max_output_bytes``. A closed
+model raises CuvilError.
 """
 from __future__ import annotations
 
@@ -240,28 +240,31 @@ class Model:
             raise exc(f"{os.path.basename(self.path)}: {self.error_message(code)} (code {code})")
 
     def _check_input(self, k: int, a: np.ndarray) -> None:
-        """What the library checks, checked first here with a message that says what to pass instead."""
-        d, lib = self.inputs[k], os.path.basename(self.path)
-        where = f"{lib}: input {k} '{d.name}'"
+        """What the library checks, checked first here with the library's code and wording and what to pass
+        instead."""
+        d = self.inputs[k]
+        where = f"input {k} '{d.name}'"
+
+        def refuse(code: int, detail: str, fix: str):
+            msg = self._f.strerror(code).decode()
+            raise ShapeError(f"{os.path.basename(self.path)}: {msg}: {where}: {detail}; {fix} (code {code})")
         if d.dtype is None or a.dtype != d.dtype:
             code = _dtype_code(a.dtype)
             fix = (f"convert it with .astype(numpy.{d.dtype.name})" if d.dtype is not None
                    else f"numpy has no dtype for code {d.code}; call the C ABI directly")
-            raise ShapeError(f"{where}: dtype is {code} ({_code_name(code) if code else a.dtype}), expected "
-                             f"{d.code} ({_code_name(d.code)}); {fix}")
+            refuse(-6, f"dtype is {code} ({_code_name(code) if code else a.dtype}), expected {d.code} "
+                       f"({_code_name(d.code)})", fix)
         if a.ndim != d.ndim:
-            raise ShapeError(f"{where}: ndim is {a.ndim}, expected {d.ndim} (shape {_shape_text(d.shape)}); "
-                             f"reshape it to that rank")
+            refuse(-7, f"ndim is {a.ndim}, expected {d.ndim}", f"reshape it to {_shape_text(d.shape)}")
         for i, (got, want) in enumerate(zip(a.shape, d.shape)):
             if want is not None and got != want:
-                raise ShapeError(f"{where}: dim {i} is {got}, expected {want} (shape {_shape_text(d.shape)}); "
-                                 f"pass an array of that shape")
+                refuse(-8, f"dim {i} is {got}, expected {want}", f"pass an array of shape {_shape_text(d.shape)}")
             sym = self._dim_symbols[k][i]
             if want is None and sym in self.symbols:
                 lo, _, hi = self.symbols[sym]
                 if not lo <= got <= hi:
-                    raise ShapeError(f"{where}: dim {i} is {sym} = {got}, outside the profile {sym} in [{lo}, {hi}]; "
-                                     f"split the input, or compile with --shape-profile {sym}=MIN:OPT:MAX covering {got}")
+                    refuse(-19, f"dim {i} is {sym} = {got}, outside the profile {sym} in [{lo}, {hi}]",
+                           f"split the input, or compile with --shape-profile {sym}=MIN:OPT:MAX covering {got}")
 
     def _check_output_sizes(self, shapes) -> None:
         """Every output dim >= 0 and their bytes within ``max_output_bytes``, before anything is allocated."""
