@@ -19,6 +19,7 @@ from cuvil.ir.ops import winograd as W
 from cuvil.rewrite_rules.prove import prove_rule
 from cuvil.rewrite_rules.verdicts import builtin_rules_dir
 from cuvil.targets.x86 import choose
+from cuvil.targets.x86 import winograd as x86_winograd
 from cuvil.targets.x86.gemm import tile_shapes
 
 TOL = 2e-5
@@ -225,3 +226,48 @@ def test_winograd_ops_have_clear_shape_errors():
     u = g.const(np.zeros((36, 5, 3), np.float32), "u")   # 3 input channels, the input has 4
     with pytest.raises(ShapeError, match="input channels"):
         g.add_node("WinogradConv", [x, u], {"tile": 4}, domain="ai.cuvil")
+
+
+def scaled_conv_model(c, k, h, w, pads, scale):
+    """Relu(Conv(x * scale) + r): the convolution's input is an intermediate (arena) buffer, scaled into the
+    range where Winograd's transforms overflow while the direct sums stay finite."""
+    rng = np.random.default_rng(c * 100 + h)
+    wt = (rng.standard_normal((k, c, 3, 3)) / np.sqrt(9 * c)).astype(np.float32)
+    b = (rng.standard_normal(k) * 0.1).astype(np.float32)
+    oh, ow = h + pads[0] + pads[2] - 2, w + pads[1] + pads[3] - 2
+    nodes = [helper.make_node("Mul", ["x", "s"], ["xs"]),
+             helper.make_node("Conv", ["xs", "w", "b"], ["c"], pads=pads, kernel_shape=[3, 3]),
+             helper.make_node("Add", ["c", "r"], ["t"]), helper.make_node("Relu", ["t"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", 1, [1, c, h, w]),
+                                       helper.make_tensor_value_info("r", 1, [1, k, oh, ow])],
+                          [helper.make_tensor_value_info("y", 1, [1, k, oh, ow])],
+                          [numpy_helper.from_array(wt, "w"), numpy_helper.from_array(b, "b"),
+                           numpy_helper.from_array(np.array(scale, np.float32), "s")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m
+
+
+@pytest.mark.parametrize("tile,scale,generic", [(4, 1e37, False), (2, 6e37, False), (4, 1e37, True)])
+def test_activations_near_overflow_stay_finite_like_direct_convolution(tile, scale, generic, monkeypatch):
+    """Bt d B scales the input up (F(4x4) by up to 100, F(2x2) 4): these activations overflow it to inf, and
+    the output transform to NaN (2,288 and 542 of 2,288 outputs before the fallback), where the direct
+    convolution stays finite. The output transform computes such tiles directly instead; ``generic``: the
+    same where the stage runs as a plain loop instead of the transform kernel."""
+    if generic:
+        monkeypatch.setattr(x86_winograd, "emit_winograd_output", lambda *a: None)
+    m = scaled_conv_model(16, 16, 13, 11, [1, 0, 1, 2], scale)
+    rng = np.random.default_rng(1)
+    feeds = {"x": rng.standard_normal((1, 16, 13, 11)).astype(np.float32),
+             "r": rng.standard_normal((1, 16, 13, 11)).astype(np.float32)}
+    want = ort_run(m, feeds).astype(np.float64)       # float64: its norm would overflow float32
+    assert np.isfinite(want).all() and np.abs(want).max() > 1e37
+    art = compile_with_tile(m, tile)
+    kinds = [s["kernel"] for s in art.manifest["steps"]]
+    assert "winograd_in" in kinds and ("winograd_out" in kinds) != generic
+    for threads in (1, 2):
+        got = art.run(feeds, num_threads=threads)["y"]
+        assert np.isfinite(got).all()
+        assert normwise(got, want) < TOL
+    small = {"x": feeds["x"] * np.float32(1e-37), "r": feeds["r"]}   # finite tiles: Winograd as before
+    assert normwise(art.run(small)["y"], ort_run(m, small)) < TOL

@@ -207,18 +207,19 @@ def test_all_cores_and_python_threads(built):
     assert not errors
     assert ref[2][0] == min(len(os.sched_getaffinity(0)), N // GRAIN)
     m.close()
-    m.close()
-    np.testing.assert_array_equal(m.run(a, b, s)[0], ref[0])  # a fresh session after close
+    m.close()                                                  # harmless
+    with pytest.raises(CuvilError, match="the model was closed.*load it again"):
+        m.run(a, b, s)
     del m
 
 
 # -- validation ------------------------------------------------------------------------------------
 
 
-def test_python_errors_carry_runtime_messages(built):
+def test_python_errors_name_the_input_and_the_fix(built):
     m = loader.load(built["main"])
     a, b, s = inputs()
-    with pytest.raises(ShapeError, match=r"dtype does not match.*input 0 'a': dtype is 11 \(double\), expected 1"):
+    with pytest.raises(ShapeError, match=r"dtype does not match.*input 0 'a': dtype is 11 \(double\), expected 1 \(float\); convert it.*code -6"):
         m.run(a.astype(np.float64), b, s)
     with pytest.raises(ShapeError, match=re.escape(f"input 1 '{ODD_NAME}': dim 1 is 101, expected 100")):
         m.run(a, np.zeros((100, 101), np.float32), s)
@@ -644,3 +645,48 @@ def test_first_run_program_runs_a_library(built, tmp_path):
     assert out.count("(") == 2
     bad = subprocess.run([exe, str(tmp_path / "missing.so"), "1"], capture_output=True, text=True)
     assert bad.returncode == 1 and "missing.so" in bad.stderr
+
+
+# -- session handles -------------------------------------------------------------------------------
+
+
+def test_stale_and_foreign_session_handles_get_an_error_code(built):
+    f = _raw(built["main"])
+    codes = {name: code for name, code, _ in ERROR_CODES}
+    bad = codes["CUVIL_ERR_BAD_SESSION"]
+    c = _Call()
+    s = f["create"](1)
+    assert f["run"](s, c.ins, c.out) == 0
+    f["destroy"](s)
+    c = _Call()
+    assert f["run"](s, c.ins, c.out) == bad and c.untouched()          # use after destroy
+    assert b"not a live session" in f["last_error"]()
+    assert f["strerror"](bad).decode() == dict((v, m) for _, v, m in ERROR_CODES)[bad]
+    out = (ctypes.c_int64 * 1)()
+    assert f["output_shape"](s, None, 2, out) == bad
+    f["destroy"](s)                                                     # double destroy: a no-op
+    assert b"nothing was freed" in f["last_error"]()
+    s2 = f["create"](2)                                                 # may take the same slot
+    try:
+        assert f["run"](s, c.ins, c.out) == bad and c.untouched()       # the old handle stays dead
+        assert f["run"](s2, c.ins, c.out) == 0
+    finally:
+        f["destroy"](s2)
+    junk = np.zeros(64, np.uint8)
+    for foreign in (junk.ctypes.data, 1, 0xFFFFFFFF, (1 << 63) | 5):   # never handed out by this library
+        c = _Call()
+        assert f["run"](foreign, c.ins, c.out) == bad and c.untouched(), hex(foreign)
+        f["destroy"](foreign)
+    assert (junk == 0).all()
+
+
+def test_a_session_of_another_library_is_foreign(built):
+    fa, fb = _raw(built["main"]), _raw(built["twin"])
+    s = fa["create"](1)
+    try:
+        c = _Call()
+        assert fb["run"](s, c.ins, c.out) == -20 and c.untouched()
+        fb["destroy"](s)                                                 # B frees nothing of A's
+        assert fa["run"](s, c.ins, c.out) == 0
+    finally:
+        fa["destroy"](s)

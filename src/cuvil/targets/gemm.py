@@ -266,8 +266,9 @@ def winograd_interleaved(channels: int, tiles: int, tile: int) -> bool:
 @attrs.define(eq=False)
 class WinogradOutput:
     """The output transform: ``Y[n, k, th*m + r, tw*m + q] = (At M A)[r, q]`` for the (m+2) x (m+2) values
-    ``M[n, e*K + k, t]`` of the GEMM stage, cropped to ``out_spatial``. ``E("wino_out", [n, k, h, w, sum],
-    attr=self)``."""
+    ``M[n, e*K + k, t]`` of the GEMM stage, cropped to ``out_spatial``. ``E("wino_out", [n, k, h, w, direct,
+    sum], attr=self)``: ``direct`` is the direct convolution at that output, which the x86 kernel computes
+    for tiles whose Winograd values are not finite."""
     m: Buf              # [N, E*K, T]
     tile: int
     channels: int       # K

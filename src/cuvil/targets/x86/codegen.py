@@ -474,6 +474,19 @@ class _Emitter:
         if op == "load":
             v = b.load(self.address(e.attr, [self.emit(a) for a in e.args]), typ=mem_type(dt))
             return b.trunc(v, I1) if dt == DType.BOOL else v
+        if op == "wino_out" and len(e.args) == 6:    # [vars, direct, sum]: the direct value where sum is not finite
+            v = self.emit(e.args[-1])
+            d = b.fsub(v, v)                          # NaN exactly for inf and NaN (see x86/winograd.py)
+            entry = b.block
+            with b.if_then(b.fcmp_unordered("uno", d, d), likely=False):
+                self.memo.append(dict(self.memo[-1]))   # values emitted in the branch stay in it
+                alt = self.emit(e.args[-2])
+                self.memo.pop()
+                alt_block = b.block
+            out = b.phi(v.type)
+            out.add_incoming(v, entry)
+            out.add_incoming(alt, alt_block)
+            return out
         if op in ("contract", "window", "piecewise", "wino_in", "wino_out", "padwin"):   # nodes other schedules exploit: their plain value
             return self.emit(e.args[-1])
         args = [self.emit(a) for a in e.args] if op not in ("reduce", "argscan") else []

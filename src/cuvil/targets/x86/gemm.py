@@ -75,7 +75,7 @@ def find_contraction(st: Stage, op: str = "contract") -> Optional[E]:
     if len(found) != 1 or any(contains(r, op) for r in reductions):
         return None
     c = found[0]
-    idx = c.args[:-1]
+    idx = c.args[:len(st.vars)] if op == "wino_out" else c.args[:-1]   # wino_out: [vars, direct, sum]
     if len(idx) != len(st.vars) or any(a.op != "var" or a.attr != v.attr for a, v in zip(idx, st.vars)):
         return None
     return c

@@ -31,6 +31,7 @@ ERROR_CODES = (
     ("CUVIL_ERR_ABI", -17, "model descriptor has an unsupported ABI version"),
     ("CUVIL_ERR_UNSUPPORTED", -18, "operation not supported by this artifact"),
     ("CUVIL_ERR_PROFILE", -19, "tensor dimension is outside the model's shape profile"),
+    ("CUVIL_ERR_BAD_SESSION", -20, "not a live session of this library (destroyed, or never created by it)"),
 )
 
 
@@ -133,6 +134,8 @@ def generate_header(model_info: ModelInfo, prefix: str | None = None) -> str:
         "/* Extension: the specifics of the last failing call on the calling thread, e.g.",
         " * \"input 0 'data': dim 2 is 225, expected 224\" (\"\" if none yet). Valid until the next failing call. */",
         f"const char    *{p}_last_error(void);",
+        "/* Frees s. Afterwards s is dead: any call with it returns CUVIL_ERR_BAD_SESSION, a second destroy frees",
+        " * nothing (so does one of a pointer this library never returned); NULL is ignored. */",
         f"void           {p}_session_destroy({session} *s);",
         f"int            {p}_profile({session} *s, int64_t *step_ns, int32_t capacity);  /* per-step time of later runs */",
         "/* Extension: the shape symbols (number; i's name and profile). 0, or CUVIL_ERR_INDEX for a bad i. */",

@@ -5,8 +5,11 @@
     m.close()                        # or `with load(...) as m:`
 
 Nothing is converted silently: arrays go to the library as they are (made contiguous and aligned if
-needed, never cast), and the library's own validation decides; its error becomes a ShapeError that carries
-``<prefix>_strerror`` and ``<prefix>_last_error``.
+needed, never cast). Each input's dtype, rank, static dims and profile range are checked here first, with a
+ShapeError that names the input and says what to pass instead; the library validates again and its error
+becomes a ShapeError that carries ``<prefix>_strerror`` and ``<prefix>_last_error``. Output buffers are
+allocated only after their shapes were checked and their size against ``Model.max_output_bytes``. A closed
+model raises CuvilError.
 """
 from __future__ import annotations
 
@@ -64,33 +67,75 @@ def _dtype_code(dt: np.dtype) -> int:
     return _CODES.get(dt, 0)
 
 
+#: The ONNX names of the dtype codes, as the runtime prints them (runtime.c dtype_name).
+_CODE_NAMES = ("undefined", "float", "uint8", "int8", "uint16", "int16", "int32", "int64", "string", "bool",
+               "float16", "double", "uint32", "uint64", "complex64", "complex128", "bfloat16")
+
+#: Runtime codes that mean the session handle itself is unusable (not the inputs): CUVIL_ERR_NULL_SESSION,
+#: CUVIL_ERR_BUSY, CUVIL_ERR_BAD_SESSION.
+_SESSION_CODES = (-1, -13, -20)
+
+
+def _code_name(code: int) -> str:
+    return _CODE_NAMES[code] if 0 <= code < len(_CODE_NAMES) else "unknown"
+
+
+def default_max_output_bytes() -> int:
+    """The largest total of output bytes one ``run`` allocates by default: the machine's physical memory
+    (larger outputs could only fail in numpy, or swap)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 1 << 40
+
+
 def manifest_path(so_path: str) -> str:
     """``libnet.manifest.json`` for ``libnet.so``."""
     base = so_path[:-3] if so_path.endswith(".so") else so_path
     return base + ".manifest.json"
 
 
-def _read_prefix(so_path: str) -> str:
+def _read_manifest(so_path: str) -> dict:
     mp = manifest_path(so_path)
-    if os.path.isfile(mp):
-        try:
-            with open(mp, encoding="utf-8") as f:
-                prefix = json.load(f).get("prefix", "cuvil")
-        except (OSError, ValueError, AttributeError) as e:
-            raise CuvilError(f"{mp}: unreadable manifest: {e}") from e
-        return prefix
-    return "cuvil"
+    if not os.path.isfile(mp):
+        return {}
+    try:
+        with open(mp, encoding="utf-8") as f:
+            manifest = json.load(f)
+    except (OSError, ValueError) as e:
+        raise CuvilError(f"{mp}: unreadable manifest: {e}") from e
+    if not isinstance(manifest, dict):
+        raise CuvilError(f"{mp}: unreadable manifest: not a JSON object")
+    return manifest
+
+
+def _input_symbols(manifest: dict, k: int, ndim: int) -> tuple:
+    """Per dim of input k, the symbol name the manifest gives it (a plain symbol), else None."""
+    try:
+        shape = manifest["inputs"][k]["shape"]
+    except (KeyError, IndexError, TypeError):
+        return (None,) * ndim
+    if not isinstance(shape, list) or len(shape) != ndim:
+        return (None,) * ndim
+    return tuple(v if isinstance(v, str) and v.isidentifier() else None for v in shape)
 
 
 class Model:
     """A loaded artifact. One lazily created session (``num_threads``, 0 = all cores) serves ``run``; calls to
-    ``run`` from several Python threads are serialised by a lock."""
+    ``run`` from several Python threads are serialised by a lock. After ``close()`` (or the end of a ``with``
+    block) the model raises CuvilError; load the library again to run it. ``max_output_bytes`` bounds what one
+    ``run`` allocates for its outputs (default: the machine's physical memory)."""
 
-    def __init__(self, path: str, prefix: str | None = None, num_threads: int = 0):
+    def __init__(self, path: str, prefix: str | None = None, num_threads: int = 0,
+                 max_output_bytes: int | None = None):
+        self._closed = True                       # until the library is bound (close() and __del__ rely on it)
         self.path = os.path.abspath(path)
         if not os.path.isfile(self.path):
             raise CuvilError(f"{path!r} does not exist")
-        self.prefix = _read_prefix(self.path) if prefix is None else prefix
+        manifest = _read_manifest(self.path)
+        if prefix is None:
+            prefix = manifest.get("prefix", "cuvil")
+        self.prefix = prefix
         if not is_c_identifier(self.prefix):
             raise CuvilError(f"{path}: prefix {self.prefix!r} is not a C identifier")
         try:
@@ -114,6 +159,12 @@ class Model:
             shape[:d.ndim] = [-1 if v is None else v for v in d.shape]
         self._static_outputs = all(v is not None for d in self.outputs for v in d.shape)
         self._index = {d.name: k for k, d in enumerate(self.inputs)}
+        self.max_output_bytes = default_max_output_bytes() if max_output_bytes is None else int(max_output_bytes)
+        self.symbols = self._symbols()
+        self._dim_symbols = [_input_symbols(manifest, k, d.ndim) for k, d in enumerate(self.inputs)]
+        if self._static_outputs:
+            self._check_output_sizes([d.shape for d in self.outputs])
+        self._closed = False
 
     # -- ctypes binding ------------------------------------------------------------------------------
 
@@ -133,6 +184,8 @@ class Model:
             "last_error": (ctypes.c_char_p, []),
             "session_destroy": (None, [ctypes.c_void_p]),
             "profile": (ctypes.c_int, [ctypes.c_void_p, i64p, ctypes.c_int32]),
+            "num_symbols": (ctypes.c_int, []),
+            "symbol_info": (ctypes.c_int, [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p), i64p, i64p, i64p]),
         }
 
         class _F:
@@ -165,6 +218,16 @@ class Model:
         dims = tuple(None if shape[k] < 0 else int(shape[k]) for k in range(ndim.value))
         return IOSpec(name=name, dtype=_numpy_dtype(dtype.value), shape=dims, code=dtype.value)
 
+    def _symbols(self) -> dict:
+        """``{name: (min, opt, max)}``: the shape symbols and their profile, as the library reports them."""
+        out = {}
+        for i in range(self._f.num_symbols()):
+            name, lo, opt, hi = ctypes.c_char_p(), ctypes.c_int64(), ctypes.c_int64(), ctypes.c_int64()
+            self._check(self._f.symbol_info(i, ctypes.byref(name), ctypes.byref(lo), ctypes.byref(opt),
+                                            ctypes.byref(hi)), CuvilError)
+            out[(name.value or b"").decode("utf-8", errors="surrogateescape")] = (lo.value, opt.value, hi.value)
+        return out
+
     def error_message(self, code: int) -> str:
         msg = self._f.strerror(code).decode()
         detail = (self._f.last_error() or b"").decode("utf-8", errors="replace")
@@ -172,11 +235,62 @@ class Model:
 
     def _check(self, code: int, exc=ShapeError) -> None:
         if code != 0:
+            if code in _SESSION_CODES:
+                exc = CuvilError
             raise exc(f"{os.path.basename(self.path)}: {self.error_message(code)} (code {code})")
+
+    def _check_input(self, k: int, a: np.ndarray) -> None:
+        """What the library checks, checked first here with the library's code and wording and what to pass
+        instead."""
+        d = self.inputs[k]
+        where = f"input {k} '{d.name}'"
+
+        def refuse(code: int, detail: str, fix: str):
+            msg = self._f.strerror(code).decode()
+            raise ShapeError(f"{os.path.basename(self.path)}: {msg}: {where}: {detail}; {fix} (code {code})")
+        if d.dtype is None or a.dtype != d.dtype:
+            code = _dtype_code(a.dtype)
+            fix = (f"convert it with .astype(numpy.{d.dtype.name})" if d.dtype is not None
+                   else f"numpy has no dtype for code {d.code}; call the C ABI directly")
+            refuse(-6, f"dtype is {code} ({_code_name(code) if code else a.dtype}), expected {d.code} "
+                       f"({_code_name(d.code)})", fix)
+        if a.ndim != d.ndim:
+            refuse(-7, f"ndim is {a.ndim}, expected {d.ndim}", f"reshape it to {_shape_text(d.shape)}")
+        for i, (got, want) in enumerate(zip(a.shape, d.shape)):
+            if want is not None and got != want:
+                refuse(-8, f"dim {i} is {got}, expected {want}", f"pass an array of shape {_shape_text(d.shape)}")
+            sym = self._dim_symbols[k][i]
+            if want is None and sym in self.symbols:
+                lo, _, hi = self.symbols[sym]
+                if not lo <= got <= hi:
+                    refuse(-19, f"dim {i} is {sym} = {got}, outside the profile {sym} in [{lo}, {hi}]",
+                           f"split the input, or compile with --shape-profile {sym}=MIN:OPT:MAX covering {got}")
+
+    def _check_output_sizes(self, shapes) -> None:
+        """Every output dim >= 0 and their bytes within ``max_output_bytes``, before anything is allocated."""
+        lib, total = os.path.basename(self.path), 0
+        for d, dims in zip(self.outputs, shapes):
+            if any(v is None or v < 0 for v in dims):
+                raise CuvilError(f"{lib}: output '{d.name}' has shape {_shape_text(dims)}, which no array can have; "
+                                 f"the library is damaged or mismatched: compile the model again")
+            n = d.dtype.itemsize if d.dtype is not None else 1
+            for v in dims:
+                n *= int(v)
+            total += n
+            if total > self.max_output_bytes:
+                raise CuvilError(f"{lib}: output '{d.name}' of shape {_shape_text(dims)} takes {n} bytes, over the "
+                                 f"{self.max_output_bytes} that one run may allocate for its outputs; run smaller "
+                                 f"inputs, or load with max_output_bytes=... if the machine has the memory")
 
     # -- sessions -----------------------------------------------------------------------------------
 
+    def _ensure_open(self) -> None:
+        if self._closed:
+            raise CuvilError(f"{os.path.basename(self.path)}: the model was closed (close() or the end of its with "
+                             f"block); load it again with cuvil.load({self.path!r}) to run it")
+
     def _get_session(self, num_threads: int | None):
+        self._ensure_open()
         n = self.num_threads if num_threads is None else num_threads
         if self._session is not None and n == self._session_threads:
             return self._session
@@ -191,11 +305,12 @@ class Model:
         return s
 
     def close(self) -> None:
-        """Destroys the session (the library stays loaded; ``run`` creates a new session if called again)."""
+        """Destroys the session; the model then raises CuvilError if used again (closing twice is harmless)."""
         lock = getattr(self, "_lock", None)
         if lock is None:
             return
         with lock:
+            self._closed = True
             if getattr(self, "_session", None):
                 self._f.session_destroy(self._session)
                 self._session = None
@@ -232,15 +347,21 @@ class Model:
         if missing:
             raise ShapeError(f"{os.path.basename(self.path)}: missing input(s) {', '.join(map(repr, missing))}")
         out = []
-        for x in given:
-            a = np.asarray(x)  # no dtype: nothing is cast
-            if not (a.flags.c_contiguous and a.flags.aligned):
+        for k, x in enumerate(given):
+            try:
+                a = np.asarray(x)  # no dtype: nothing is cast
+            except (ValueError, TypeError) as e:
+                raise ShapeError(f"{os.path.basename(self.path)}: input {k} '{self.inputs[k].name}' is not an array "
+                                 f"({e}); pass a numpy array") from None
+            self._check_input(k, a)
+            if not (a.flags.c_contiguous and a.flags.aligned):   # a strided view or unaligned buffer: a copy
                 a = np.require(a, requirements=("C_CONTIGUOUS", "ALIGNED"))
             out.append(a)
         return out
 
     def run(self, *arrays, num_threads: int | None = None, **named) -> list[np.ndarray]:
         """Runs the model on numpy arrays given in input order and/or by name; returns the outputs in order."""
+        self._ensure_open()
         xs = self._collect(arrays, named)
         for d in self.outputs:
             if d.dtype is None:
@@ -260,15 +381,18 @@ class Model:
                 t.dtype = _dtype_code(a.dtype)
                 t.ndim = a.ndim
                 t.shape = shape
+            if self._static_outputs:
+                shapes = [d.shape for d in self.outputs]       # checked at load
+            else:
+                shapes = []
+                for j, d in enumerate(self.outputs):
+                    shape = self._out_shapes[j]
+                    self._check(self._f.output_shape(s, ins, j, shape))
+                    shapes.append(tuple(shape[k] for k in range(d.ndim)))
+                self._check_output_sizes(shapes)
             outs = []
             for j, d in enumerate(self.outputs):
-                shape = self._out_shapes[j]
-                if self._static_outputs:
-                    dims = d.shape
-                else:
-                    self._check(self._f.output_shape(s, ins, j, shape))
-                    dims = tuple(shape[k] for k in range(d.ndim))
-                y = np.empty(dims, dtype=d.dtype)
+                y = np.empty(shapes[j], dtype=d.dtype)
                 outs.append(y)
                 self._out_tensors[j].data = y.ctypes.data or None
             self._check(self._f.run(s, ins, self._out_tensors))
@@ -302,7 +426,12 @@ class Model:
         return f"<cuvil.Model {os.path.basename(self.path)} ({fmt(self.inputs)}) -> ({fmt(self.outputs)})>"
 
 
-def load(path: str, prefix: str | None = None, num_threads: int = 0) -> Model:
+def _shape_text(shape) -> str:
+    return "[" + ", ".join("?" if v is None else str(v) for v in shape) + "]"
+
+
+def load(path: str, prefix: str | None = None, num_threads: int = 0, max_output_bytes: int | None = None) -> Model:
     """Loads ``lib<name>.so``. ``prefix`` defaults to the manifest's ``"prefix"``, else ``"cuvil"``;
-    ``num_threads`` (0 = all cores) is the default for the session ``run`` creates."""
-    return Model(path, prefix=prefix, num_threads=num_threads)
+    ``num_threads`` (0 = all cores) is the default for the session ``run`` creates; ``max_output_bytes``
+    bounds the outputs one ``run`` allocates (default: the machine's physical memory)."""
+    return Model(path, prefix=prefix, num_threads=num_threads, max_output_bytes=max_output_bytes)

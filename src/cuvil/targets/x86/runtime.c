@@ -54,6 +54,7 @@ enum {
   CUVIL_ERR_ABI = -17,
   CUVIL_ERR_UNSUPPORTED = -18,
   CUVIL_ERR_PROFILE = -19,
+  CUVIL_ERR_BAD_SESSION = -20,
 };
 
 static const char *const cuvil_messages[] = {
@@ -77,6 +78,7 @@ static const char *const cuvil_messages[] = {
   "model descriptor has an unsupported ABI version",                /* -17 */
   "operation not supported by this artifact",                       /* -18 */
   "tensor dimension is outside the model's shape profile",          /* -19 */
+  "not a live session of this library (destroyed, or never created by it)",  /* -20 */
 };
 #define CUVIL_NUM_MESSAGES ((int)(sizeof cuvil_messages / sizeof cuvil_messages[0]))
 
@@ -176,7 +178,6 @@ struct cuvil_session {
   chunk_range *ranges;                                /* [num_threads]: each thread's chunks of the open step */
   _Alignas(CUVIL_CACHELINE) atomic_int done;          /* chunks of the current step finished */
   _Alignas(CUVIL_CACHELINE) atomic_int sleepers;      /* workers blocked on cv */
-  atomic_int busy;                                    /* a cuvil_run is in progress */
 
   pthread_mutex_t mu;
   pthread_cond_t cv;
@@ -427,7 +428,6 @@ static struct cuvil_session *session_create(int num_threads) {
   atomic_init(&s->gen, 0u);
   atomic_init(&s->done, 0);
   atomic_init(&s->sleepers, 0);
-  atomic_init(&s->busy, 0);
   atomic_init(&s->stop, 0);
   atomic_init(&s->prefault_next, 0);
   atomic_init(&s->prefault_done, 0);
@@ -531,6 +531,137 @@ static struct cuvil_session *session_create(int num_threads) {
   prefault(s);
   while (atomic_load(&s->prefault_done) < CUVIL_PREFAULT_PARTS * num_threads) sched_yield();  /* workers' parts */
   return s;
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Session handles                                                                                  */
+
+/* A cuvil_session * handed to the caller is not the session's address but a handle, (gen << 32) | (slot + 1),
+ * naming a slot of this library's registry and the generation the slot had when the session was created.
+ * Every ABI call that takes a session validates the handle against the slot before touching the session, so
+ * a destroyed session (the slot's generation has moved on, even if its slot or its memory were reused), a
+ * double destroy, or a pointer this library never handed out gets CUVIL_ERR_BAD_SESSION instead of a read of
+ * freed memory. A slot's state word holds (generation << 32) | state, and the calls that use a session move it
+ * FREE -> IDLE (create), IDLE -> BUSY -> IDLE (run, output_shape, profile) and IDLE -> FREE with the next
+ * generation (destroy), each one CAS: the check, the single-thread guard (CUVIL_ERR_BUSY) and the claim of
+ * the session are one atomic operation, as cheap as the busy flag they replace. Slots live in chunks that are
+ * allocated once and never freed or moved, so reading a slot is always defined; each slot has its own cache
+ * line, so sessions run by different threads do not share one. Generations start at a per-library random
+ * value, so a handle of another Cuvil library loaded in the same process is rejected too (but for a 2^-32
+ * chance); a slot's generation wraps after 2^32 sessions created in it. */
+#define CUVIL_SLOTS_PER_CHUNK 256
+#define CUVIL_MAX_CHUNKS_OF_SLOTS 1024                 /* 262,144 live sessions per library */
+enum { SLOT_FREE = 0, SLOT_IDLE = 1, SLOT_BUSY = 2 };
+
+typedef struct {
+  _Alignas(CUVIL_CACHELINE) _Atomic uint64_t word;   /* (generation << 32) | SLOT_* */
+  struct cuvil_session *s;                            /* valid while the state is not FREE */
+} session_slot;
+
+static session_slot *_Atomic registry_chunks[CUVIL_MAX_CHUNKS_OF_SLOTS];
+static pthread_mutex_t registry_mu = PTHREAD_MUTEX_INITIALIZER;   /* serialises slot allocation only */
+
+static inline uint64_t slot_word(uint32_t gen, unsigned state) { return ((uint64_t)gen << 32) | state; }
+
+static session_slot *slot_of(uintptr_t handle) {
+  uint64_t idx = (uint64_t)(handle & 0xFFFFFFFFu);
+  if (idx == 0) return NULL;
+  idx -= 1;
+  if (idx >= (uint64_t)CUVIL_SLOTS_PER_CHUNK * CUVIL_MAX_CHUNKS_OF_SLOTS) return NULL;
+  session_slot *chunk = atomic_load_explicit(&registry_chunks[idx / CUVIL_SLOTS_PER_CHUNK], memory_order_acquire);
+  return chunk ? &chunk[idx % CUVIL_SLOTS_PER_CHUNK] : NULL;
+}
+
+/* Claims the session of handle h for one call (IDLE -> BUSY): the session, or NULL with *rc set. */
+static struct cuvil_session *session_claim(cuvil_session *h, const char *what, int *rc) {
+  if (h == NULL) {
+    *rc = fail(CUVIL_ERR_NULL_SESSION, "%s: session is NULL", what);
+    return NULL;
+  }
+  uintptr_t handle = (uintptr_t)h;
+  session_slot *slot = slot_of(handle);
+  uint64_t idle = slot_word((uint32_t)(handle >> 32), SLOT_IDLE);
+  uint64_t seen = idle;
+  if (slot != NULL &&
+      atomic_compare_exchange_strong_explicit(&slot->word, &seen, idle + (SLOT_BUSY - SLOT_IDLE),
+                                              memory_order_acquire, memory_order_relaxed))
+    return slot->s;
+  if (slot != NULL && seen == idle + (SLOT_BUSY - SLOT_IDLE))
+    *rc = fail(CUVIL_ERR_BUSY, "%s: session %p is in use by another thread", what, (void *)h);
+  else
+    *rc = fail(CUVIL_ERR_BAD_SESSION, "%s: %p is not a live session of this library (destroyed, or never created "
+               "by it)", what, (void *)h);
+  return NULL;
+}
+
+/* Ends the call that claimed handle h (BUSY -> IDLE). */
+static void session_release(cuvil_session *h) {
+  uintptr_t handle = (uintptr_t)h;
+  atomic_store_explicit(&slot_of(handle)->word, slot_word((uint32_t)(handle >> 32), SLOT_IDLE), memory_order_release);
+}
+
+static uint32_t registry_seed(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  uint64_t x = (uint64_t)(uintptr_t)&registry_mu ^ ((uint64_t)t.tv_nsec << 20) ^ (uint64_t)t.tv_sec ^
+               ((uint64_t)getpid() << 40);
+  x ^= x >> 33;                                       /* splitmix64 finaliser */
+  x *= 0xff51afd7ed558ccdULL;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ULL;
+  x ^= x >> 33;
+  return (uint32_t)x;
+}
+
+/* Registers s in a free slot (IDLE): its handle, or NULL with the error recorded. */
+static cuvil_session *session_register(struct cuvil_session *s) {
+  pthread_mutex_lock(&registry_mu);
+  for (int c = 0; c < CUVIL_MAX_CHUNKS_OF_SLOTS; ++c) {
+    session_slot *chunk = atomic_load_explicit(&registry_chunks[c], memory_order_relaxed);
+    if (chunk == NULL) {
+      if (posix_memalign((void **)&chunk, CUVIL_CACHELINE, sizeof(session_slot) * CUVIL_SLOTS_PER_CHUNK) != 0) break;
+      uint32_t seed = registry_seed();
+      for (int k = 0; k < CUVIL_SLOTS_PER_CHUNK; ++k) {
+        atomic_init(&chunk[k].word, slot_word(seed + 0x9E3779B9u * (uint32_t)k, SLOT_FREE));
+        chunk[k].s = NULL;
+      }
+      atomic_store_explicit(&registry_chunks[c], chunk, memory_order_release);
+    }
+    for (int k = 0; k < CUVIL_SLOTS_PER_CHUNK; ++k) {
+      uint64_t w = atomic_load_explicit(&chunk[k].word, memory_order_relaxed);
+      if ((w & 0xFFFFFFFFu) != SLOT_FREE) continue;
+      chunk[k].s = s;
+      atomic_store_explicit(&chunk[k].word, slot_word((uint32_t)(w >> 32), SLOT_IDLE), memory_order_release);
+      pthread_mutex_unlock(&registry_mu);
+      uintptr_t idx = (uintptr_t)c * CUVIL_SLOTS_PER_CHUNK + (uintptr_t)k;
+      return (cuvil_session *)(((uintptr_t)(w >> 32) << 32) | (idx + 1));
+    }
+  }
+  pthread_mutex_unlock(&registry_mu);
+  fail(CUVIL_ERR_NOMEM, "could not register the session: %d sessions of this library are live",
+       CUVIL_SLOTS_PER_CHUNK * CUVIL_MAX_CHUNKS_OF_SLOTS);
+  return NULL;
+}
+
+/* Unregisters handle h (non-NULL; IDLE -> FREE, next generation), waiting for a call in progress on another
+ * thread to end: the session, or NULL with the error recorded (a stale or foreign handle). */
+static struct cuvil_session *session_unregister(cuvil_session *h) {
+  uintptr_t handle = (uintptr_t)h;
+  session_slot *slot = slot_of(handle);
+  uint32_t gen = (uint32_t)(handle >> 32);
+  for (;;) {
+    uint64_t seen = slot_word(gen, SLOT_IDLE);
+    if (slot != NULL && atomic_compare_exchange_strong_explicit(&slot->word, &seen, slot_word(gen + 1, SLOT_FREE),
+                                                                memory_order_acq_rel, memory_order_relaxed)) {
+      return slot->s;
+    }
+    if (slot == NULL || seen != slot_word(gen, SLOT_BUSY)) {
+      fail(CUVIL_ERR_BAD_SESSION, "session_destroy: %p is not a live session of this library (destroyed already, "
+           "or never created by it); nothing was freed", (void *)h);
+      return NULL;
+    }
+    sched_yield();                                    /* a call on another thread still uses it */
+  }
 }
 
 /* ------------------------------------------------------------------------------------------------ */
@@ -696,7 +827,13 @@ CUVIL_EXPORT int CUVIL_API(output_info)(int i, int32_t *dtype, int32_t *ndim, in
   return io_info("output", m->num_outputs, m->outputs, i, dtype, ndim, shape);
 }
 
-CUVIL_EXPORT cuvil_session *CUVIL_API(session_create)(int num_threads) { return session_create(num_threads); }
+CUVIL_EXPORT cuvil_session *CUVIL_API(session_create)(int num_threads) {
+  struct cuvil_session *s = session_create(num_threads);
+  if (s == NULL) return NULL;
+  cuvil_session *h = session_register(s);
+  if (h == NULL) free_session(s);
+  return h;
+}
 
 /* Extension: the model's shape symbols and their profiles (min <= value <= max at every run). */
 CUVIL_EXPORT int CUVIL_API(num_symbols)(void) { return CUVIL_MODEL.num_symbols; }
@@ -713,9 +850,8 @@ CUVIL_EXPORT int CUVIL_API(symbol_info)(int i, const char **name, int64_t *min, 
   return CUVIL_OK;
 }
 
-CUVIL_EXPORT int CUVIL_API(output_shape)(cuvil_session *s, const cuvil_tensor *inputs, int i, int64_t *shape) {
+static int output_shape(const cuvil_tensor *inputs, int i, int64_t *shape) {
   const cuvil_model *m = &CUVIL_MODEL;
-  if (s == NULL) return fail(CUVIL_ERR_NULL_SESSION, "output_shape: session is NULL");
   if (i < 0 || i >= m->num_outputs)
     return fail(CUVIL_ERR_INDEX, "output index %d out of range [0, %d)", i, (int)m->num_outputs);
   const cuvil_io_desc *d = &m->outputs[i];
@@ -749,17 +885,25 @@ CUVIL_EXPORT int CUVIL_API(output_shape)(cuvil_session *s, const cuvil_tensor *i
   return CUVIL_OK;
 }
 
-CUVIL_EXPORT int CUVIL_API(run)(cuvil_session *s, const cuvil_tensor *inputs, cuvil_tensor *outputs) {
+CUVIL_EXPORT int CUVIL_API(output_shape)(cuvil_session *h, const cuvil_tensor *inputs, int i, int64_t *shape) {
+  int rc;
+  if (session_claim(h, "output_shape", &rc) == NULL) return rc;
+  rc = output_shape(inputs, i, shape);
+  session_release(h);
+  return rc;
+}
+
+CUVIL_EXPORT int CUVIL_API(run)(cuvil_session *h, const cuvil_tensor *inputs, cuvil_tensor *outputs) {
   const cuvil_model *m = &CUVIL_MODEL;
-  if (s == NULL) return fail(CUVIL_ERR_NULL_SESSION, "run: session is NULL");
-  if (atomic_exchange_explicit(&s->busy, 1, memory_order_acquire) != 0)
-    return fail(CUVIL_ERR_BUSY, "run: session %p is in use by another thread", (void *)s);
-  int rc = validate_run(m, inputs, outputs, s->symv, s->evals);
-  if (!rc) place_workers(s);
+  int rc;
+  struct cuvil_session *s = session_claim(h, "run", &rc);
+  if (s == NULL) return rc;
+  rc = validate_run(m, inputs, outputs, s->symv, s->evals);
   if (rc) {
-    atomic_store_explicit(&s->busy, 0, memory_order_release);
+    session_release(h);
     return rc;
   }
+  place_workers(s);
   const int ni = m->num_inputs, no = m->num_outputs;
   for (int t = 0; t < s->num_threads; ++t) {
     void **bufs = s->bufs + (size_t)t * s->nbufs;
@@ -792,21 +936,25 @@ CUVIL_EXPORT int CUVIL_API(run)(cuvil_session *s, const cuvil_tensor *inputs, cu
       s->profile[first + k] += (int64_t)(t1.tv_sec - t0.tv_sec) * 1000000000 + (t1.tv_nsec - t0.tv_nsec);
     }
   }
-  atomic_store_explicit(&s->busy, 0, memory_order_release);
+  session_release(h);
   return CUVIL_OK;
 }
 
 /* Extension: time every step of the following runs of session s, adding nanoseconds into step_ns[k]
  * (capacity >= the number of steps: the generic ones, then those specialised for the opt point);
  * step_ns NULL stops. Returns the number of steps, or a negative code. */
-CUVIL_EXPORT int CUVIL_API(profile)(cuvil_session *s, int64_t *step_ns, int32_t capacity) {
+CUVIL_EXPORT int CUVIL_API(profile)(cuvil_session *h, int64_t *step_ns, int32_t capacity) {
   const cuvil_model *m = &CUVIL_MODEL;
-  if (s == NULL) return fail(CUVIL_ERR_NULL_SESSION, "profile: session is NULL");
+  int rc;
+  struct cuvil_session *s = session_claim(h, "profile", &rc);
+  if (s == NULL) return rc;
   const int total = m->num_steps + m->num_opt_steps;
-  if (step_ns != NULL && capacity < total)
+  if (step_ns != NULL && capacity < total) {
+    session_release(h);
     return fail(CUVIL_ERR_INDEX, "profile: capacity %d < %d steps", (int)capacity, total);
-  if (atomic_load(&s->busy)) return fail(CUVIL_ERR_BUSY, "profile: session %p is running", (void *)s);
+  }
   s->profile = step_ns;
+  session_release(h);
   return total;
 }
 
@@ -818,6 +966,9 @@ CUVIL_EXPORT const char *CUVIL_API(strerror)(int code) {
 /* Extension: the specifics of the last failing call on the calling thread ("" if none yet). */
 CUVIL_EXPORT const char *CUVIL_API(last_error)(void) { return cuvil_detail; }
 
-CUVIL_EXPORT void CUVIL_API(session_destroy)(cuvil_session *s) {
+/* NULL, a destroyed session (double destroy) or a foreign pointer: nothing happens but the error detail. */
+CUVIL_EXPORT void CUVIL_API(session_destroy)(cuvil_session *h) {
+  if (h == NULL) return;
+  struct cuvil_session *s = session_unregister(h);
   if (s != NULL) free_session(s);
 }

@@ -231,6 +231,32 @@ def emit_winograd_output(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
                   for i in range(0, len(vs), 2)]
         return vs[0]
 
+    # The direct convolution at one output (lower.py puts it before the Winograd sum), and a block's test:
+    # Winograd's transforms scale the inputs up (F(4x4)'s Bt d B by up to 100), so activations near 1e37
+    # overflow to inf and then NaN where the direct sum stays finite. A block with a value that is not finite
+    # (v - v is NaN exactly for inf and NaN) is computed again directly, so the step is as finite as direct
+    # convolution; finite blocks pay one subtract, compare and or per vector.
+    direct = node.args[-2] if len(node.args) == 6 else None
+
+    def not_finite(o):
+        bad = None
+        for vs in o:
+            for v in vs:
+                d = b.fsub(v, v)
+                u = b.fcmp_unordered("uno", d, d)
+                bad = u if bad is None else b.or_(bad, u)
+        bits = ir.IntType(vw)
+        return b.icmp_unsigned("!=", b.bitcast(bad, bits), ir.Constant(bits, 0))
+
+    def direct_tile(slot, index, nrows, ncols):
+        def one(r, j):
+            for v, i in zip(st.vars, index(r, j)):
+                em.env[v.attr] = i
+            b.store(em.emit(direct), slot(r, j))
+        em.memo.append(dict(em.memo[-1]))     # values emitted in the branch stay in it
+        em.loop_range(I64(0), nrows, lambda r: em.loop_range(I64(0), ncols, lambda j: one(r, j)))
+        em.memo.pop()
+
     def unit(u):
         nk, th, row = _tile_row(b, u, TH, TW, K, a)
         k = b.srem(nk, I64(K))
@@ -257,6 +283,9 @@ def emit_winograd_output(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
 
             def slot(r, j):
                 return b.gep(tile_f, [b.add(b.mul(r, I64(m * vw)), j)], source_etype=F32, inbounds=True)
+            if direct is not None:
+                with b.if_then(not_finite(o), likely=False):
+                    direct_tile(slot, index, nrows, ncols)
             tile_epilogue(em, st, node, slot, index, nrows, ncols, full=(m, m * vw))
         em.loop_range(I64(0), I64(-(-TW // vw)), block)
 

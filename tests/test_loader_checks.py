@@ -1,0 +1,81 @@
+"""The Python loader checks inputs and output sizes before it allocates anything, and a closed model refuses
+to run: errors are CuvilError with the input's name and the next step, never numpy's MemoryError."""
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+
+from cuvil import CuvilError, Pipeline, ShapeError
+from cuvil.fuzz import c_abi
+from cuvil.targets.x86 import loader
+
+pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory):
+    return c_abi.build_fixture(str(tmp_path_factory.mktemp("loader")))
+
+
+def feeds(n):
+    return c_abi.case_inputs(0, n)
+
+
+def test_symbolic_outputs_are_sized_before_allocation(lib, monkeypatch):
+    m = loader.load(lib)
+    x, z = feeds(4)
+    np.testing.assert_allclose(m.run(x, z)[0], c_abi.reference(x, z), rtol=1e-4, atol=1e-4)
+    m.max_output_bytes = 4 * 4 * 36 * 4 - 1           # one byte short of the N = 4 output
+    allocated = []
+    real_empty = np.empty
+    monkeypatch.setattr(loader.np, "empty", lambda *a, **k: allocated.append(a) or real_empty(*a, **k))
+    with pytest.raises(CuvilError, match=r"output 'y' of shape \[4, 4, 6, 6\] takes 2304 bytes, over the 2303 .*"
+                                         r"run smaller inputs"):
+        m.run(x, z)
+    assert allocated == []
+    m.run(*feeds(3))                                   # smaller shapes fit
+    m.close()
+
+
+def test_a_static_output_too_large_is_refused_at_load():
+    art = Pipeline.from_onnx(c_abi.fixture_model()).compile(fixed={"N": 2})
+    with pytest.raises(CuvilError, match=r"output 'y' of shape \[2, 4, 6, 6\] takes 1152 bytes, over the 100"):
+        loader.load(art.path, max_output_bytes=100)
+
+
+def test_inputs_are_checked_with_the_next_step(lib):
+    m = loader.load(lib)
+    x, z = feeds(2)
+    with pytest.raises(ShapeError, match=r"input 0 'x': dim 0 is N = 5, outside the profile N in \[1, 4\]; split the "
+                                         r"input, or compile with --shape-profile N=MIN:OPT:MAX covering 5 \(code -19\)"):
+        m.run(np.zeros((5, 3, 6, 6), np.float32), np.zeros((5, 4, 6, 6), np.float32))
+    with pytest.raises(ShapeError, match=r"input 1 'z': dim 1 is 3, expected 4; pass an array of shape \[\?, 4, 6, 6\]"):
+        m.run(x, np.zeros((2, 3, 6, 6), np.float32))
+    with pytest.raises(ShapeError, match=r"input 0 'x': ndim is 3, expected 4; reshape it to \[\?, 3, 6, 6\]"):
+        m.run(x[0], z)
+    with pytest.raises(ShapeError, match=r"input 0 'x': dtype is 11 \(double\), expected 1 \(float\); convert it with "
+                                         r"\.astype\(numpy\.float32\)"):
+        m.run(x.astype(np.float64), z)
+    with pytest.raises(ShapeError, match="input 1 'z' is not an array"):
+        m.run(x, [[1.0], [1.0, 2.0]])
+    strided = np.zeros((2, 4, 6, 12), np.float32)[..., ::2]         # a view: copied, not refused
+    strided[...] = z
+    np.testing.assert_array_equal(m.run(x, strided)[0], m.run(x, z)[0])
+    m.close()
+
+
+def test_a_closed_model_raises(lib):
+    m = loader.load(lib)
+    x, z = feeds(1)
+    m.run(x, z)
+    m.close()
+    with pytest.raises(CuvilError, match="was closed.*load it again"):
+        m.run(x, z)
+    with pytest.raises(CuvilError, match="was closed"):
+        m.profile(x, z)
+    with loader.load(lib) as m2:
+        m2.run(x, z)
+    with pytest.raises(CuvilError, match="was closed"):
+        m2.run(x, z)
