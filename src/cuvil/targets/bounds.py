@@ -443,8 +443,8 @@ def _family_obligations(st: Stage, node: E, doms) -> List[Access]:
         if spec.w is not None:
             out.append(Access(kind, spec.w, [c, as_index(0)] + ks, [], d, node=node))
         sp = [o * s + kk * dl - p for o, kk, s, dl, p in zip(os_, ks, spec.strides, spec.dilations, spec.pads)]
-        conds = [c_ for x, size in zip(sp, spec.x.shape[2:]) for c_ in _inside(x, size)] \
-            if any(spec.pads) else []                # masked loads, rows outside skipped
+        # every row-kernel load is masked to the input: rows outside skipped, columns past the row masked
+        conds = [c_ for x, size in zip(sp, spec.x.shape[2:]) for c_ in _inside(x, size)]
         out.append(Access(kind, spec.x, [n, c] + sp, conds, d, node=node))
         out.append(Access(kind, st.buf, [n, c] + os_, [], d, node=node))
     elif node.op == "wino_in" and isinstance(spec, WinogradInput):
