@@ -33,7 +33,7 @@ import attrs
 import numpy as np
 import z3
 
-from ..ir.dim import SymExpr, bounds as dim_bounds, product
+from ..ir.dim import SymExpr, product
 from ..ir.dtype import DType
 from .gemm import Contraction, DepthwiseWindow, MatContraction, PadWindow, WinogradInput, WinogradOutput
 from .schedule import ARENA, WEIGHTS, Schedule, Stage, root_of
@@ -635,7 +635,3 @@ def guard_stage(st: Stage, failed: List[Access]):
 def _clamp(i: E, d) -> E:
     return E("clamp", (i,), I64, (0, d - 1))
 
-
-def arena_bytes_at_max(nbytes, ranges) -> int:
-    """Bytes of a buffer at the profile's maxima (its planned size)."""
-    return dim_bounds(nbytes, ranges)[1]
