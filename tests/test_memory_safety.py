@@ -15,8 +15,9 @@ from cuvil.ir.dim import SymExpr, Symbol
 from cuvil.ir.dtype import DType
 from cuvil.targets.bounds import BoundsProver, prove_schedule, prove_stage
 from cuvil.targets.gemm import Contraction
-from cuvil.targets.schedule import Schedule, Stage
-from cuvil.targets.texpr import E, Buf, cmp, const, guarded_load, load, reduce, select, var
+from cuvil.targets.schedule import Schedule, Stage, schedule
+from cuvil.targets.texpr import E, Buf, cmp, const, guarded_load, load, nodes, reduce, select, var
+from cuvil.targets.x86.gemm import tile_cols, tile_shapes
 from cuvil.testing.models import transformer_block
 
 F32 = DType.FLOAT
@@ -118,6 +119,37 @@ def test_micro_kernel_family_access_patterns_are_proved():
     assert cert.kernels[0].status == "guarded"
     assert any("family:contract x[1, 1, 6, 6]" in f for f in cert.kernels[0].failures)
     assert st.expr.op == "reduce"       # the micro-kernel node is gone: the generic loop runs it
+
+
+def test_family_patterns_of_a_real_schedule_catch_a_widened_output():
+    """On the demo CNN's real kernels (GEMM contractions, row-kernel windows, padded copies), each family's
+    stated pattern is proved as scheduled and refuted once its output is one position wider than the
+    buffers it reads and writes; a padded copy's interior read one row further down is refuted too."""
+    p = Pipeline.from_onnx(DEMO).optimize().specialize({"N": 2}).choose_algorithms("x86_64-linux-gnu", None)
+    sched = schedule(p.graph, gemm_cols=tile_cols(512), split_concat=True, gemm_tiles=tile_shapes(512),
+                     row_kernels=True)
+    prover = BoundsProver()
+    seen = set()
+    for st in sched.stages:
+        for x in nodes(st.expr):
+            if x.op not in ("contract", "window", "padwin") or x.op in seen:
+                continue
+            seen.add(x.op)
+            assert prove_stage(prover, sched, st)[1] == []
+            spec = x.attr
+            if x.op == "padwin":
+                old = spec.begin
+                spec.begin = old[:-2] + (old[-2] - 1,) + old[-1:]
+            else:
+                old = spec.out_spatial
+                spec.out_spatial = old[:-1] + (old[-1] + 1,)
+            failed = prove_stage(prover, sched, st)[1]
+            assert any(a.kind == f"family:{x.op}" for a, _ in failed), x.op
+            if x.op == "padwin":
+                spec.begin = old
+            else:
+                spec.out_spatial = old
+    assert seen == {"contract", "window", "padwin"}
 
 
 def test_view_larger_than_its_storage_is_refuted():
