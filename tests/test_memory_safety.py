@@ -3,6 +3,7 @@ over the profile's symbol ranges, the certificate in the manifest, unproved kern
 to the profile's maxima."""
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 
 from cuvil import CuvilError, Pipeline
+from cuvil.cli import main as cli_main
 from cuvil.ir.dim import SymExpr, Symbol
 from cuvil.ir.dtype import DType
 from cuvil.targets.bounds import BoundsProver, prove_schedule, prove_stage
@@ -246,6 +248,12 @@ def test_guarded_kernels_compile_run_correctly_and_are_listed(demo, monkeypatch)
     finally:
         _cleanup(want)
         _cleanup(got)
+
+
+def test_cli_compile_reports_the_certificate(tmp_path, capsys):
+    so = tmp_path / "libms.so"
+    assert cli_main(["compile", "--input", DEMO, "--output", str(so), "--fix", "N=1", "--opt-level", "O1"]) == 0
+    assert re.search(r"memory safety: (\d+)/\1 kernels proved in bounds \(\d+ accesses", capsys.readouterr().out)
 
 
 def test_unbounded_transformer_arena_is_refused_with_a_clear_error():
