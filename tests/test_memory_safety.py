@@ -295,3 +295,121 @@ def test_max_arena_is_configurable(monkeypatch, demo):
     with pytest.raises(CuvilError, match="not a number of bytes"):
         demo.compile(shape_profiles={"N": (1, 2, 4)}, cache=False)
 
+
+
+# -- counter-cases of the soundness review: each was "proved" while the generated code read or wrote outside
+# its buffer ----------------------------------------------------------------------------------------------
+
+def _conv_model(tmp_path, pads):
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    w = np.random.default_rng(0).standard_normal((8, 4, 3, 3)).astype(np.float32)
+    g = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], pads=pads)], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          [numpy_helper.from_array(w, "w")])
+    path = str(tmp_path / "conv.onnx")
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path, w
+
+
+def test_padded_copy_with_a_negative_begin_pad_is_guarded_not_proved(tmp_path):
+    """Conv pads [-1, -1, 0, 0] (a crop) make a padded copy with begin (-1, -1): x86/pad.py runs its interior
+    over rows and columns [-1, 7) of a 7x7 buffer, storing before each row and before the buffer. The padwin
+    pattern used to be stated over the stage's own loop variables (always inside the buffer) and was proved;
+    it is now stated over the interior's loops and refuted, and the stage runs its plain expression."""
+    path, w = _conv_model(tmp_path, [-1, -1, 0, 0])
+    p = Pipeline.from_onnx(path).optimize().choose_algorithms("x86_64-linux-gnu", None)
+    sched = schedule(p.graph, gemm_cols=tile_cols(512), split_concat=True, gemm_tiles=tile_shapes(512),
+                     row_kernels=True)
+    (st,) = [s for s in sched.stages if s.expr.op == "padwin"]
+    cert = prove_schedule(sched)
+    (k,) = cert.guarded
+    assert k.stage == st.name and k.status == "guarded"
+    assert "family:padwin" in k.failures[0] and "-1" in k.failures[0]
+    assert st.expr.op != "padwin"         # the row-run emitter is not used; the generic loop nest is
+    art = Pipeline.from_onnx(path).optimize().compile(cache=False)
+    try:
+        assert [g["stage"] for g in art.manifest["memory_safety"]["guarded"]] == [st.name]
+        x = np.random.default_rng(1).standard_normal((1, 4, 8, 8)).astype(np.float32)
+        (y,) = art.run({"x": x}).values()
+        crop = x[:, :, 1:, 1:]
+        want = np.zeros((1, 8, 5, 5), np.float32)
+        for i in range(5):
+            for j in range(5):
+                want[:, :, i, j] = np.einsum("nchw,mchw->nm", crop[:, :, i:i + 3, j:j + 3], w)
+        np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4)
+    finally:
+        _cleanup(art)
+
+
+def test_padded_copy_pattern_still_proved_for_ordinary_pads(tmp_path):
+    path, _ = _conv_model(tmp_path, [1, 2, 1, 0])
+    p = Pipeline.from_onnx(path).optimize().choose_algorithms("x86_64-linux-gnu", None)
+    sched = schedule(p.graph, gemm_cols=tile_cols(512), split_concat=True, gemm_tiles=tile_shapes(512),
+                     row_kernels=True)
+    assert any(s.expr.op == "padwin" for s in sched.stages)
+    assert prove_schedule(sched, guard=False).guarded == []
+
+
+def test_arg_scan_reads_element_0_even_over_an_empty_axis():
+    """An arg-max's scan reads element 0 before its loop over [1, n): over an axis that may be empty (a symbol
+    whose minimum is 0) that read is outside the buffer. Its loop variable's domain [0, n) is then empty, so
+    the read was proved vacuously; it is now an access of its own, refuted at S = 0, and as no clamp makes
+    an empty buffer readable the kernel stays unproved."""
+    s = Symbol("S", 0, 8)
+    x = x_buf((4, SymExpr.symbol("S")))
+    scan = lambda i: E("argscan", (), DType.INT64,        # noqa: E731
+                       (lambda idx: load(x, idx), [i[0], const(0, DType.INT64)], 1, SymExpr.symbol("S"), "gt", False))
+    sched, _ = one_stage((4,), scan, [x], [s])
+    cert = prove_schedule(sched)
+    assert cert.kernels[0].status == "unproved" and "S=0" in cert.kernels[0].failures[0]
+    nonempty, _ = one_stage((4,), scan, [x], [Symbol("S", 1, 8)])
+    assert prove_schedule(nonempty).proved == 1
+
+
+class _Unprovable(BoundsProver):
+    """Refuses every access of the first load it meets, its guarded form included: a kernel that stays
+    unproved."""
+
+    def check(self, acc, ranges):
+        if acc.kind == "load" and acc.buf.name == "image":
+            return "refused by the test"
+        return super().check(acc, ranges)
+
+
+def test_a_kernel_left_unproved_by_its_guards_is_refused(demo, monkeypatch):
+    """Such a kernel used to be compiled anyway (only the manifest said so)."""
+    monkeypatch.setattr("cuvil.targets.x86.compile.BoundsProver", _Unprovable)
+    with pytest.raises(CuvilError, match=r"not proved memory-safe even with run-time guards: refused by the "
+                                         r"test; .*--shape-profile"):
+        demo.compile(fixed={"N": 1}, cache=False)
+
+
+def test_a_possibly_empty_reduction_elsewhere_in_the_stage_proves_nothing_vacuously():
+    """Every access used to be bounded by the domains of every loop of its stage: a reduction over an extent
+    that may be 0 (here a constant 0; any symbolic extent at 0 likewise) made each query of the stage
+    unsatisfiable, so an off-by-one load beside it was "proved"."""
+    x = x_buf((8,))
+    bad, _ = one_stage((8,), lambda i: E("add", (load(x, [i[0] + 1]),
+                                                 reduce("sum", [0], lambda r: load(x, [r]))), F32), [x])
+    cert = prove_schedule(bad, guard=False)
+    assert cert.proved == 0 and "index (8)" in cert.kernels[0].failures[0]
+    n = Symbol("N", 0, 8)
+    sym_bad, _ = one_stage((8,), lambda i: E("add", (load(x, [i[0] + 1]), reduce(
+        "sum", [SymExpr.symbol("N")], lambda r: load(x, [r * 0]))), F32), [x], [n])
+    assert prove_schedule(sym_bad, guard=False).proved == 0
+
+
+def test_the_cache_does_not_answer_an_access_with_a_vacuous_proof_of_another():
+    """The cache key names the domains of the variables an access reads; the query used to bound every loop
+    of the stage, so x[0] inside a reduction over a possibly empty extent was proved (vacuously at N = 0) and
+    the same key then answered x[0] outside any loop, which runs at N = 0 too. Now neither is proved."""
+    n = Symbol("N", 0, 8)
+    x = x_buf((SymExpr.symbol("N"),))
+    zero = const(0, DType.INT64)
+    prover = BoundsProver()
+    inside, _ = one_stage((4,), lambda i: reduce("sum", [SymExpr.symbol("N")], lambda r: load(x, [zero])), [x], [n])
+    prove_schedule(inside, prover=prover, guard=False)
+    outside, _ = one_stage((4,), lambda i: load(x, [zero]), [x], [n])
+    assert prove_schedule(outside, prover=prover, guard=False).proved == 0

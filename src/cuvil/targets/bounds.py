@@ -19,7 +19,7 @@ Accesses counted:
   (positions past the last one repeat it), masked window and Winograd tile loads, cropped tile stores.
 
 An obligation that Z3 refutes (a counterexample) or cannot decide within :data:`QUERY_TIMEOUT_MS` is
-*unproved*; :func:`guard_schedule` then clamps the unproved loads of that stage into their buffer and takes
+*unproved*; :func:`guard_stage` then clamps the unproved loads of that stage into their buffer and takes
 its micro-kernel node back to its plain expression, and the stage is listed as guarded in the manifest.
 Proofs are cached by a canonical key of the obligation (index expressions with variables renamed, their
 extents, the symbol ranges, the buffer's shape), so equal kernels and equal accesses are proved once.
@@ -37,7 +37,7 @@ from ..ir.dim import SymExpr, product
 from ..ir.dtype import DType
 from .gemm import Contraction, DepthwiseWindow, MatContraction, PadWindow, WinogradInput, WinogradOutput
 from .schedule import ARENA, WEIGHTS, Schedule, Stage, root_of
-from .texpr import E, Buf, _rebuild, as_index, dim_index, nodes, var
+from .texpr import E, Buf, _rebuild, as_index, dim_index, nodes, substitute, var
 
 #: Z3's time limit for one obligation; one that is not decided in time counts as unproved.
 QUERY_TIMEOUT_MS = 2000
@@ -63,7 +63,8 @@ class Access:
 class KernelCertificate:
     """The proof record of one stage: ``status`` is ``proved`` (every access in bounds), ``guarded`` (some
     were not proved; the stage runs with its unproved loads clamped and its micro-kernel node replaced by
-    its plain expression) or ``unproved`` (still failing after guards: never expected, always reported)."""
+    its plain expression) or ``unproved`` (still failing after guards: a clamp cannot help where a buffer
+    may be empty, nor a view that may not fit its storage; the x86 compile then refuses the model)."""
     stage: str
     variant: str
     accesses: int
@@ -254,6 +255,16 @@ def _canon(e: E, names: Dict[str, str], memo: Dict[int, str]) -> str:
     return out
 
 
+def _occurring(acc: Access) -> List[str]:
+    """The loop variables with a domain that the obligation's indices and conditions read (as Z3 sees them:
+    not inside loaded values or reductions)."""
+    names: Dict[str, str] = {}
+    memo: Dict[int, str] = {}
+    for e in list(acc.idx) + list(acc.conds):
+        _canon(e, names, memo)
+    return [v for v in names if v in acc.domains]
+
+
 def _key(acc: Access, ranges) -> str:
     names: Dict[str, str] = {}
     memo: Dict[int, str] = {}
@@ -293,7 +304,11 @@ class BoundsProver:
         self.queries += 1
         s = z3.Solver()
         s.set("timeout", self.timeout_ms)
-        for name, (lo, hi) in acc.domains.items():
+        # only the variables the obligation reads are bounded: a domain of another loop (a reduction or scan
+        # elsewhere in the stage, an extent that may be 0) would make the query vacuous where that loop is
+        # empty, though this access runs regardless; and the cache key (_key) names exactly these domains
+        for name in _occurring(acc):
+            lo, hi = acc.domains[name]
             v = z3.Int(name)
             s.add(v >= tr.dim(lo), v < tr.dim(hi))
         for c in acc.conds:
@@ -449,7 +464,12 @@ def stage_accesses(st: Stage) -> List[Access]:
             doms[i.attr] = (0, n)
             idx = list(base)
             idx[axis] = i
+            # the scan reads element 0 before its loop over [1, n) (x86/codegen.py argscan): that read
+            # happens even where the axis is empty, so it is an access of its own, not one of the loop's
+            first = list(base)
+            first[axis] = as_index(0)
             stack.append((src(idx), conds))
+            stack.append((src(first), conds))
             stack.extend((as_index(b), conds) for b in base)
         if x.op in _FAMILIES:
             out.extend(_family_obligations(st, x, doms))
@@ -493,7 +513,8 @@ def _family_obligations(st: Stage, node: E, doms) -> List[Access]:
         row = _loop(d, "row", spec.rows)
         out.append(Access(kind, spec.a, [row * spec.k + k], [], d, node=node, flat=True))
         m = _loop(d, "m", spec.m)
-        out.append(Access(kind, st.buf, [row * spec.m + m], [], d, node=node, flat=True))
+        # the tile's rows are stored at the output's own row stride (its last dim), x86/matmul.py
+        out.append(Access(kind, st.buf, [row * st.buf.shape[-1] + m], [], d, node=node, flat=True))
     elif node.op == "window" and isinstance(spec, DepthwiseWindow):
         n, c = _loop(d, "n", spec.x.shape[0]), _loop(d, "c", spec.x.shape[1])
         os_ = [_loop(d, "o", o) for o in spec.out_spatial]
@@ -527,10 +548,21 @@ def _family_obligations(st: Stage, node: E, doms) -> List[Access]:
         conds = _inside(y, spec.out_spatial[0]) + _inside(x, spec.out_spatial[1])   # cropped tiles
         out.append(Access(kind, st.buf, [n, k, y, x], conds, d, node=node))
     elif node.op == "padwin" and isinstance(spec, PadWindow):
-        sp = st.vars[len(st.vars) - len(spec.begin):]
-        conds = [c_ for v, b0, size in zip(sp, spec.begin, spec.sizes) for c_ in _inside(v - b0, size)]
+        # x86/pad.py runs each spatial axis over [0, begin) (fill), [begin, begin + size) (the interior: the
+        # unclamped read, stored there) and [begin + size, extent) (fill), whatever the buffer's extent: a
+        # negative begin or an interior past the extent stores outside the buffer, so the interior is stated
+        # over its own loop variables, not over the stage's (whose extent would hide it)
+        lead, sp = st.vars[:len(st.vars) - len(spec.begin)], st.vars[len(st.vars) - len(spec.begin):]
+        at = [b0 + _loop(d, "j", size) for b0, size in zip(spec.begin, spec.sizes)]
+        where = {v.attr: p for v, p in zip(sp, at)}
+        out.append(Access(kind, st.buf, list(lead) + at, [], d, node=node))             # interior stores
         for ld in _loads(spec.interior()):       # the interior runs read unclamped
-            out.append(Access(kind, ld.attr, list(ld.args), conds, d, node=node))
+            out.append(Access(kind, ld.attr, [substitute(i, where) for i in ld.args], [], d, node=node))
+        for k, b0 in enumerate(spec.begin):      # the leading fill of axis k
+            if not isinstance(b0, int) or b0 > 0:
+                idx = list(st.vars)
+                idx[len(lead) + k] = _loop(d, "f", b0)
+                out.append(Access(kind, st.buf, idx, [], d, node=node))
     else:
         out.append(Access(kind, st.buf, [], [z3_false()], d, node=node))
     return out
@@ -602,6 +634,7 @@ def prove_schedule(sched: Schedule, variant: str = "generic", prover: Optional[B
                 guard_stage(st, [a for a, _ in failed])
                 _, still = prove_stage(prover, sched, st)
                 status = "guarded" if not still else "unproved"
+                failed = still or failed      # an unproved kernel: what its guards left unproved
         cert.kernels.append(KernelCertificate(st.name, variant, count, status, time.perf_counter() - t,
                                               [why for _, why in failed]))
     cert.seconds = time.perf_counter() - t0

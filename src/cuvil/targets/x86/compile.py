@@ -15,7 +15,7 @@ from typing import Callable, Optional
 
 from ...errors import CuvilError
 from ...ir.graph import Graph
-from ..bounds import BoundsProver, prove_schedule
+from ..bounds import BoundsProver, Certificate, prove_schedule
 from ..schedule import Schedule, schedule
 from .codegen import generate_object, host_target, vector_bits
 from .gemm import tile_cols, tile_shapes
@@ -62,6 +62,17 @@ def _check_arena(sched: Schedule, limit: int):
                      f"the limit with CUVIL_MAX_ARENA_BYTES")
 
 
+def _refuse_unproved(cert: Certificate):
+    """A kernel whose accesses are not proved even with its run-time guards (clamps cannot help where a
+    buffer may be empty, nor where a view or buffer may not fit its storage) would run unchecked: no library
+    is built."""
+    for k in cert.kernels:
+        if k.status == "unproved":
+            raise CuvilError(f"kernel {k.stage} ({k.variant}) is not proved memory-safe even with run-time "
+                             f"guards: {k.failures[0]}; if a dim can be 0 at some point of the shape profile, "
+                             f"raise the symbols' minimum (--shape-profile NAME=MIN:OPT:MAX), else report it")
+
+
 def _bytes(n: int) -> str:
     for unit, size in (("TB", 1 << 40), ("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
         if n >= size:
@@ -91,6 +102,7 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
     _check_arena(sched, _max_arena_bytes(max_arena_bytes))
     prover = BoundsProver()
     cert = prove_schedule(sched, "generic", prover)
+    _refuse_unproved(cert)
     say(f"memory safety: {cert.summary()} ({cert.seconds:.2f} s)")
     say(f"{len(sched.stages)} kernels, arena {sched.arena_bytes} B, weights {sched.weights_bytes} B; generating LLVM IR")
     obj, steps, target = generate_object(sched, prefix, cpu, opt_level)
@@ -101,6 +113,7 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
         osched = schedule(opt_graph, gemm_cols=tile_cols(bits), split_concat=True, gemm_tiles=tile_shapes(bits),
                           row_kernels=True)
         cert.extend(prove_schedule(osched, "opt", prover))
+        _refuse_unproved(cert)
         oobj, osteps, otarget = generate_object(osched, f"{prefix}_opt", cpu, opt_level)
         oblob = osched.weights_blob()
     t_codegen = time.perf_counter()
