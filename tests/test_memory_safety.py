@@ -413,3 +413,25 @@ def test_the_cache_does_not_answer_an_access_with_a_vacuous_proof_of_another():
     prove_schedule(inside, prover=prover, guard=False)
     outside, _ = one_stage((4,), lambda i: load(x, [zero]), [x], [n])
     assert prove_schedule(outside, prover=prover, guard=False).proved == 0
+
+
+def test_an_obligation_with_fewer_indices_than_dims_is_not_proved():
+    """A stated pattern written for a buffer of another rank: zip() checked only the leading dims."""
+    from cuvil.targets.bounds import Access
+    x = x_buf((2, 3, 4))
+    i = var("i")
+    acc = Access("family:test", x, [i], [], {i.attr: (0, 2)})
+    assert BoundsProver().check(acc, {}) is not None
+
+
+def test_a_micro_kernel_storing_past_its_stage_region_is_not_proved():
+    """The GEMM and row kernels store their whole output, whatever the stage's region (a piece of a split
+    concatenation); the epilogue's loads are proved over the region only. A region narrower than the
+    contraction's output was proved (the stores were checked against the whole buffer)."""
+    ok, st = conv_contraction((4, 4), (1, 1, 6, 6))
+    st.region = (3, 0, 4)
+    assert prove_schedule(ok, guard=False).proved == 1
+    bad, st = conv_contraction((4, 4), (1, 1, 6, 6))
+    st.region = (3, 0, 2)
+    cert = prove_schedule(bad, guard=False)
+    assert cert.proved == 0 and "region 0:2" in cert.kernels[0].failures[0]

@@ -319,6 +319,9 @@ class BoundsProver:
         return str(r), (s.model() if r == z3.sat else None)
 
     def _check(self, acc: Access, ranges) -> Optional[str]:
+        if not acc.flat and len(acc.idx) != len(acc.buf.shape):    # zip would check only the leading dims
+            return f"{acc.kind} {acc.buf.name}{list(acc.buf.shape)}: {len(acc.idx)} indices for its " \
+                   f"{len(acc.buf.shape)} dims"
         tr = _Z3(ranges)
         shape = [tr.dim(d) for d in acc.buf.shape]
         idx = [tr.int(i) for i in acc.idx]
@@ -373,6 +376,8 @@ def _intervals_inside(acc: Access, ranges) -> bool:
     """Whether interval arithmetic alone puts every index inside its (constant) dim, whatever the
     conditions: a sound over-approximation, so True is a proof; False only sends the access to Z3."""
     memo: Dict[int, Optional[Tuple[int, int]]] = {}
+    if len(acc.idx) != len(acc.buf.shape):
+        return False
     for i, d in zip(acc.idx, acc.buf.shape):
         if isinstance(d, SymExpr):
             return False
@@ -504,7 +509,7 @@ def _family_obligations(st: Stage, node: E, doms) -> List[Access]:
         out.append(Access(kind, spec.x, [n, ch] + sp, conds, d, node=node))   # im2col panels (B)
         m = _loop(d, "m", spec.m)
         if len(st.buf.shape) == 2 + len(os_):
-            out.append(Access(kind, st.buf, [n, g * spec.m + m] + os_, [], d, node=node))   # tile stores
+            out.append(_store(kind, st, [n, g * spec.m + m] + os_, d, node))   # tile stores
         else:
             out.append(Access(kind, st.buf, [n], [z3_false()], d, node=node))
     elif node.op == "contract" and isinstance(spec, MatContraction):
@@ -525,7 +530,7 @@ def _family_obligations(st: Stage, node: E, doms) -> List[Access]:
         # every row-kernel load is masked to the input: rows outside skipped, columns past the row masked
         conds = [c_ for x, size in zip(sp, spec.x.shape[2:]) for c_ in _inside(x, size)]
         out.append(Access(kind, spec.x, [n, c] + sp, conds, d, node=node))
-        out.append(Access(kind, st.buf, [n, c] + os_, [], d, node=node))
+        out.append(_store(kind, st, [n, c] + os_, d, node))
     elif node.op == "wino_in" and isinstance(spec, WinogradInput):
         a, e_count = spec.tile + 2, (spec.tile + 2) ** 2
         n, c = _loop(d, "n", spec.x.shape[0]), _loop(d, "c", spec.channels)
@@ -566,6 +571,21 @@ def _family_obligations(st: Stage, node: E, doms) -> List[Access]:
     else:
         out.append(Access(kind, st.buf, [], [z3_false()], d, node=node))
     return out
+
+
+def _store(kind: str, st: Stage, idx: List[E], d, node: E) -> Access:
+    """A micro-kernel's store of ``st.buf[idx]``. The GEMM and row kernels store their whole output whatever
+    the stage's region (a split concatenation's piece); the stage's epilogue loads were proved over the
+    region only, so the store must stay inside it: checked against the region as a buffer of its own."""
+    if st.region is None:
+        return Access(kind, st.buf, idx, [], d, node=node)
+    axis, lo, hi = st.region
+    shape = list(st.buf.shape)
+    shape[axis] = hi - lo
+    idx = list(idx)
+    idx[axis] = idx[axis] - lo
+    return Access(kind, Buf(f"{st.buf.name}[region {lo}:{hi}]", st.buf.dtype, tuple(shape)), idx, [], d,
+                  node=node)
 
 
 def z3_false() -> E:
