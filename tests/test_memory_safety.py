@@ -435,3 +435,18 @@ def test_a_micro_kernel_storing_past_its_stage_region_is_not_proved():
     st.region = (3, 0, 2)
     cert = prove_schedule(bad, guard=False)
     assert cert.proved == 0 and "region 0:2" in cert.kernels[0].failures[0]
+
+
+def test_an_arg_scan_over_an_empty_axis_yields_0_not_nothing():
+    """The scan's result was taken in [0, n): over an axis that may be empty that range is empty, and an
+    access indexed by it was proved vacuously (here z[S][argmax], out of bounds at S = 0). The kernel
+    returns 0 there."""
+    from cuvil.targets.bounds import stage_accesses
+    s = Symbol("S", 0, 8)
+    x = x_buf((4, SymExpr.symbol("S")))
+    z = Buf("z", F32, (SymExpr.symbol("S"),), 3, 0)
+    scan = E("argscan", (), DType.INT64, (lambda idx: load(x, idx), [const(1, DType.INT64), const(0, DType.INT64)],
+                                          1, SymExpr.symbol("S"), "gt", False))
+    sched, st = one_stage((4,), lambda i: load(z, [scan]), [x, z], [s])
+    (acc,) = [a for a in stage_accesses(st) if a.buf is z]
+    assert BoundsProver().check(acc, sched.ranges) is not None

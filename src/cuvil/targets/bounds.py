@@ -209,9 +209,9 @@ class _Z3:
             d = self.dim(e.attr)
             x = z3.If(x < 0, -x, x)
             return z3.If(x >= d, (d - 1) * 2 - x, x)
-        if op == "argscan":
+        if op == "argscan":      # the scan's best index: 0 before its loop over [1, n), so 0 when n is 0
             v = self.fresh(e)
-            self.side += [v >= 0, v < self.dim(e.attr[3])]
+            self.side += [v >= 0, z3.Or(v == 0, v < self.dim(e.attr[3]))]
             return v
         if op == "cast":
             src = e.args[0].dtype
