@@ -450,3 +450,37 @@ def test_an_arg_scan_over_an_empty_axis_yields_0_not_nothing():
     sched, st = one_stage((4,), lambda i: load(z, [scan]), [x, z], [s])
     (acc,) = [a for a in stage_accesses(st) if a.buf is z]
     assert BoundsProver().check(acc, sched.ranges) is not None
+
+
+def _argmax_of_slice(tmp_path):
+    """ArgMax over x[S, S][:, 2:], an axis of max(S - 2, 0) elements."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    inits = [numpy_helper.from_array(np.array([v], np.int64), k) for k, v in (("st", 2), ("en", 1 << 40), ("ax", 1))]
+    g = helper.make_graph([helper.make_node("Slice", ["x", "st", "en", "ax"], ["s"]),
+                           helper.make_node("ArgMax", ["s"], ["y"], axis=1, keepdims=0)], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["S", "S"])],
+                          [helper.make_tensor_value_info("y", TensorProto.INT64, None)], inits)
+    path = str(tmp_path / "argmax.onnx")
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def test_arg_max_over_a_slice_that_may_be_empty_is_refused(tmp_path):
+    """At S <= 2 the sliced axis is empty and the scan's read of its element 0 is x[i, min(2, S)], outside x
+    (the Slice of a symbolic dim used to stop the compile with a TypeError; past it, that read was proved
+    vacuously). The compile is refused, naming the access and the next step; with S >= 3 it is proved and
+    agrees with numpy."""
+    path = _argmax_of_slice(tmp_path)
+    p = Pipeline.from_onnx(path).optimize()
+    with pytest.raises(CuvilError, match=r"kernel y \(generic\) is not proved memory-safe even with run-time "
+                                         r"guards: load x.* out of bounds at .*sym!S=[12]\b.*--shape-profile"):
+        p.compile(shape_profiles={"S": (1, 4, 8)}, cache=False, opt_kernels=False)
+    art = p.compile(shape_profiles={"S": (3, 4, 8)}, cache=False, opt_kernels=False)
+    try:
+        assert art.manifest["memory_safety"]["guarded"] == []
+        x = np.random.default_rng(2).standard_normal((5, 5)).astype(np.float32)
+        (y,) = art.run({"x": x}).values()
+        np.testing.assert_array_equal(y, np.argmax(x[:, 2:], axis=1))
+    finally:
+        _cleanup(art)
