@@ -484,3 +484,42 @@ def test_arg_max_over_a_slice_that_may_be_empty_is_refused(tmp_path):
         np.testing.assert_array_equal(y, np.argmax(x[:, 2:], axis=1))
     finally:
         _cleanup(art)
+
+
+def _max_alloca(path):
+    """The largest stack array (elements) of the x86 kernels of the ONNX model at ``path``."""
+    from cuvil.targets.x86.codegen import KernelModule, host_target
+    p = Pipeline.from_onnx(path).optimize().choose_algorithms("x86_64-linux-gnu", None)
+    sched = schedule(p.graph, gemm_cols=tile_cols(512), split_concat=True, gemm_tiles=tile_shapes(512),
+                     row_kernels=True)
+    tm, triple, _, _ = host_target(None)
+    km = KernelModule("t", tm, triple)
+    km.vector_bits = 512
+    km.scratch_index, km.dims_index = 2 + len(sched.inputs) + len(sched.outputs), None
+    for k, st in enumerate(sched.stages):
+        km.add_stage(st, f"t_kernel{k}")
+    sizes = [int(n) * int(lanes or 1) for lanes, n in
+             re.findall(r"= alloca (?:<(\d+) x [^>]+>|[^,<]+), i64 (\d+)", str(km.module))]
+    return max([1] + sizes)
+
+
+def test_stack_rows_stay_small_however_wide_the_row(tmp_path):
+    """Stack arrays are outside the buffers the proof covers: a row reduction's row was sized by a static last
+    dim however wide (a 4M-wide MatMul of two inputs: a 16 MB alloca, a segfault), and so was a depthwise
+    row kernel's output row. Rows wider than ROW_MAX take the loop nest."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    from cuvil.targets.x86.codegen import ROW_MAX
+    width = 4 * ROW_MAX
+    mm = helper.make_graph([helper.make_node("MatMul", ["a", "b"], ["y"])], "g",
+                           [helper.make_tensor_value_info("a", TensorProto.FLOAT, [2, 4]),
+                            helper.make_tensor_value_info("b", TensorProto.FLOAT, [4, width])],
+                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    w = numpy_helper.from_array(np.ones((2, 1, 3, 3), np.float32), "w")
+    dw = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], group=2)], "g",
+                           [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 3, width])],
+                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w])
+    for k, g in enumerate((mm, dw)):
+        path = str(tmp_path / f"m{k}.onnx")
+        onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+        assert _max_alloca(path) <= ROW_MAX, k
