@@ -523,3 +523,16 @@ def test_stack_rows_stay_small_however_wide_the_row(tmp_path):
         path = str(tmp_path / f"m{k}.onnx")
         onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
         assert _max_alloca(path) <= ROW_MAX, k
+
+
+def test_a_clamp_into_an_empty_dim_is_modelled_as_the_code_computes_it():
+    """clamp(i, 0, d - 1) with d = 0 is -1 for every i in the generated code (lower bound first, then the
+    upper); Z3 gave 0 for i < 0, so z[clamp(i - 1, 0, N - 1)] with a separate buffer z[1] was proved at
+    N = 0 for i = 0, where the code reads z[-1]."""
+    from cuvil.targets.bounds import Access
+    n = Symbol("N", 0, 8)
+    z = Buf("z", F32, (1,), 2, 0)
+    i = var("i")
+    idx = E("clamp", (i - 1,), DType.INT64, (0, SymExpr.symbol("N") - 1))
+    acc = Access("load", z, [idx], [], {i.attr: (0, 1)})
+    assert BoundsProver().check(acc, {"N": (n.min, n.max)}) is not None

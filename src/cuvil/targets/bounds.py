@@ -203,7 +203,8 @@ class _Z3:
         if op == "clamp":
             x = self.int(e.args[0])
             lo, hi = (self.dim(v) for v in e.attr)
-            return z3.If(x < lo, lo, z3.If(x > hi, hi, x))
+            x = z3.If(x < lo, lo, x)       # in the generated code's order: where lo > hi (a dim of 0) that
+            return z3.If(x > hi, hi, x)    # gives hi, -1, for every x
         if op == "reflect":
             x = self.int(e.args[0])
             d = self.dim(e.attr)
