@@ -536,3 +536,18 @@ def test_a_clamp_into_an_empty_dim_is_modelled_as_the_code_computes_it():
     idx = E("clamp", (i - 1,), DType.INT64, (0, SymExpr.symbol("N") - 1))
     acc = Access("load", z, [idx], [], {i.attr: (0, 1)})
     assert BoundsProver().check(acc, {"N": (n.min, n.max)}) is not None
+
+
+def test_int32_arithmetic_wraps_in_the_proof_as_in_the_code():
+    """An index computed in int32 (a tensor's arithmetic, then widened) wraps where it overflows:
+    t[int64(v + 1) - int64(v)] with v a loaded int32 is t[1], except at v = 2^31 - 1 where v + 1 wraps and
+    the code reads t[-2^32]. Over mathematical integers it was always t[1], and proved."""
+    from cuvil.targets.bounds import Access
+    from cuvil.targets.texpr import binop, cast
+    t = Buf("t", F32, (2,), 2, 0)
+    idx_buf = Buf("ix", DType.INT32, (1,), 3, 0)
+    v = load(idx_buf, [const(0, DType.INT64)])
+    one = const(1, DType.INT32)
+    idx = cast(binop("add", v, one), DType.INT64) - cast(v, DType.INT64)
+    acc = Access("load", t, [idx], [], {})
+    assert BoundsProver().check(acc, {}) is not None

@@ -191,7 +191,10 @@ class _Z3:
             return self.fresh(e)
         if op in ("add", "sub", "mul"):
             a, b = self.int(e.args[0]), self.int(e.args[1])
-            return a + b if op == "add" else a - b if op == "sub" else a * b
+            out = a + b if op == "add" else a - b if op == "sub" else a * b
+            if e.dtype == DType.INT32:     # wraps (a tensor's int32 arithmetic): any int32 where it overflows
+                out = z3.If(z3.And(out >= -(2 ** 31), out < 2 ** 31), out, self.fresh(e))
+            return out
         if op in ("idiv", "imod"):       # C sdiv / srem (truncating), as the x86 and PTX code computes them
             a, b = self.int(e.args[0]), self.int(e.args[1])
             q = z3.If(a >= 0, 1, -1) * z3.If(b >= 0, 1, -1) * (_abs(a) / _abs(b))
