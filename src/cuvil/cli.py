@@ -253,6 +253,11 @@ def cmd_compile(args) -> int:
     print(f"  {m['kernels']} kernels, arena {m['arena_bytes']:,} B, weights {m['weights_bytes']:,} B, "
           f"target {m['target']['cpu']}" + (f", specialized {m['specialized']}" if m.get("specialized") else "")
           + (" (from cache)" if art.cached else f", compiled in {m['compile_seconds']:.1f} s"))
+    ms = m.get("memory_safety")
+    if ms:
+        print(f"  memory safety: {ms['summary']} ({ms['accesses']} accesses, {ms['proof_seconds']:.2f} s)")
+        for k in ms["guarded"]:
+            print(f"  guarded kernel {k['stage']} ({k['variant']}): {k['unproved'][0]}")
     for name, prof in (m.get("symbols") or {}).items():
         print(f"  symbol {name} in [{prof['min']}, {prof['max']}] (opt {prof['opt']}): one library serves the range")
     for dim, (lo, hi) in sorted((m.get("derived_dims") or {}).items()):

@@ -13,7 +13,7 @@ import attrs
 import numpy as np
 
 from ..errors import UnsupportedOpError
-from ..ir.dim import SymExpr, dmax, evaluate, free_symbols, product
+from ..ir.dim import SymExpr, dmax, dmin, evaluate, free_symbols, product
 from ..ir.dtype import DType
 from ..ir.graph import Node
 from .gemm import (MR, Contraction, DepthwiseWindow, MatContraction, PadWindow, WinogradInput, WinogradOutput, channel_lanes, choose_tile,
@@ -588,10 +588,11 @@ def _slice(ctx):
     for s, a, st in zip(starts, axes, steps):
         a %= rank
         d = x.shape[a]
+        # d may be symbolic: the start clamped into it is then a dim expression (dmax / dmin)
         if st > 0:
-            s = min(max(s + d if s < 0 else s, 0), d)
+            s = dmin(dmax(s + d if s < 0 else s, 0), d)
         else:
-            s = min(max(s + d if s < 0 else s, -1), d - 1)
+            s = dmin(dmax(s + d if s < 0 else s, -1), d - 1)
         first[a], step[a] = s, st
     return [TensorFn(ctx.out_shape(), x.dtype, lambda idx: x([i * st + f0 for i, st, f0 in zip(idx, step, first)]), "injective")]
 

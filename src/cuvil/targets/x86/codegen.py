@@ -655,12 +655,14 @@ ROW_BLOCK = 4     # rows accumulated together when they fit in ROW_MAX
 def _row_reduction(st: Stage, at_max=lambda d: d) -> Optional[E]:
     """The stage's single top-level reduction, when the row schedule applies: rank >= 2, one reduction
     (not nested in another), and its body reads the last output index (else the row is loop-invariant).
-    A symbolic last dim is accumulated in a stack row sized for its maximum (up to ROW_MAX)."""
+    The row is accumulated on the stack, sized for the last dim's maximum: rows wider than ROW_MAX take the
+    loop nest (a 4M-wide row was a 16 MB alloca: past the thread's stack and its guard page, a segfault,
+    though every buffer access was proved in bounds)."""
     if len(st.buf.shape) < 2 or (isinstance(st.buf.shape[-1], int) and st.buf.shape[-1] < 2):
         return None
     if st.region is not None and st.region[0] == len(st.buf.shape) - 1:
         return None
-    if isinstance(st.buf.shape[-1], SymExpr) and at_max(st.buf.shape[-1]) > ROW_MAX:
+    if at_max(st.buf.shape[-1]) > ROW_MAX:
         return None
     found: List[E] = []
     seen = set()

@@ -15,7 +15,8 @@ from typing import Callable, Optional
 
 from ...errors import CuvilError
 from ...ir.graph import Graph
-from ..schedule import schedule
+from ..bounds import BoundsProver, Certificate, prove_schedule
+from ..schedule import Schedule, schedule
 from .codegen import generate_object, host_target, vector_bits
 from .gemm import tile_cols, tile_shapes
 from .header import generate_header
@@ -30,14 +31,65 @@ def _weights_asm(sym: str, path: str, nbytes: int) -> str:
             f'\t.incbin "{path}"\n\t.size {sym}, {nbytes}\n')
 
 
+#: Largest arena (bytes, at the profile's maxima) a library may reserve per session unless the caller raises
+#: it (``max_arena_bytes``, or the CUVIL_MAX_ARENA_BYTES environment variable). A model with symbolic dims
+#: and no shape profile ranges each symbol over [1, 4096]: a transformer block's attention scores at
+#: batch = sequence = 4096 need terabytes, which no session can reserve.
+MAX_ARENA_BYTES = 16 << 30
+
+
+def _max_arena_bytes(given: Optional[int]) -> int:
+    if given is not None:
+        return int(given)
+    env = os.environ.get("CUVIL_MAX_ARENA_BYTES")
+    if env is None:
+        return MAX_ARENA_BYTES
+    try:
+        return int(env)
+    except ValueError:
+        raise CuvilError(f"CUVIL_MAX_ARENA_BYTES={env!r} is not a number of bytes") from None
+
+
+def _check_arena(sched: Schedule, limit: int):
+    """The arena is sized at the profile's maxima; refuse one no session could reserve, naming the symbols
+    whose maxima make it that large."""
+    if sched.arena_bytes <= limit:
+        return
+    at_max = ", ".join(f"{s.name} <= {s.max}" for s in sched.symbols)
+    raise CuvilError(f"the arena at the shape profile's maxima ({at_max or 'fixed shapes'}) is "
+                     f"{_bytes(sched.arena_bytes)}, above the {_bytes(limit)} limit: give a shape profile with "
+                     f"the maxima you need (--shape-profile NAME=MIN:OPT:MAX; shape_profiles={{...}}), or raise "
+                     f"the limit with CUVIL_MAX_ARENA_BYTES")
+
+
+def _refuse_unproved(cert: Certificate):
+    """A kernel whose accesses are not proved even with its run-time guards (clamps cannot help where a
+    buffer may be empty, nor where a view or buffer may not fit its storage) would run unchecked: no library
+    is built."""
+    for k in cert.kernels:
+        if k.status == "unproved":
+            raise CuvilError(f"kernel {k.stage} ({k.variant}) is not proved memory-safe even with run-time "
+                             f"guards: {k.failures[0]}; if a dim can be 0 at some point of the shape profile, "
+                             f"raise the symbols' minimum (--shape-profile NAME=MIN:OPT:MAX), else report it")
+
+
+def _bytes(n: int) -> str:
+    for unit, size in (("TB", 1 << 40), ("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
 def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str] = None, prefix: str = "cuvil",
                 manifest_extra: Optional[dict] = None, progress: Optional[Callable[[str], None]] = None,
-                opt_graph: Optional[Graph] = None) -> dict:
+                opt_graph: Optional[Graph] = None, max_arena_bytes: Optional[int] = None) -> dict:
     """Compile ``g`` into ``out_so``; writes the header and manifest beside it and returns the manifest.
     Symbols left in ``g`` stay symbolic: the library binds them from the input shapes at every run and
     accepts every value in their ranges (``g.symbols``). ``opt_graph``: ``g`` specialised to the symbols'
     opt values; its kernels are linked in beside the generic ones and run when a call's shapes are exactly
-    the opt point."""
+    the opt point. Every kernel's memory accesses are proved in bounds (:mod:`cuvil.targets.bounds`) before
+    code is generated; a kernel that cannot be proved runs guarded; the certificate is the manifest's
+    ``memory_safety``. ``max_arena_bytes`` (default :data:`MAX_ARENA_BYTES`): a larger arena is refused."""
     say = progress or (lambda msg: None)
     t0 = time.perf_counter()
     out_so = os.path.abspath(out_so)
@@ -47,6 +99,11 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
     bits = vector_bits(cpu_name, features)
     sched = schedule(g, gemm_cols=tile_cols(bits), split_concat=True, gemm_tiles=tile_shapes(bits),
                      row_kernels=True)
+    _check_arena(sched, _max_arena_bytes(max_arena_bytes))
+    prover = BoundsProver()
+    cert = prove_schedule(sched, "generic", prover)
+    _refuse_unproved(cert)
+    say(f"memory safety: {cert.summary()} ({cert.seconds:.2f} s)")
     say(f"{len(sched.stages)} kernels, arena {sched.arena_bytes} B, weights {sched.weights_bytes} B; generating LLVM IR")
     obj, steps, target = generate_object(sched, prefix, cpu, opt_level)
     blob = sched.weights_blob()
@@ -55,6 +112,8 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
         say(f"specialising for the opt point {sched.opt_point}")
         osched = schedule(opt_graph, gemm_cols=tile_cols(bits), split_concat=True, gemm_tiles=tile_shapes(bits),
                           row_kernels=True)
+        cert.extend(prove_schedule(osched, "opt", prover))
+        _refuse_unproved(cert)
         oobj, osteps, otarget = generate_object(osched, f"{prefix}_opt", cpu, opt_level)
         oblob = osched.weights_blob()
     t_codegen = time.perf_counter()
@@ -108,6 +167,7 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
         "scratch_bytes_per_thread": target["scratch_bytes"],
         "weights_bytes": sched.weights_bytes,
         "kernels": len(sched.stages),
+        "memory_safety": cert.to_json(),
         "fused_ops": sched.fused,
         "steps": _steps_json(sched, steps, target, "generic" if osched else None)
         + (_steps_json(osched, osteps, otarget, "opt") if osched else []),

@@ -20,7 +20,7 @@ import llvmlite.ir as ir
 
 from ..gemm import DepthwiseWindow
 from ..schedule import Stage
-from .codegen import F32, I1, I32, I64, PTR, splat
+from .codegen import F32, I1, I32, I64, PTR, ROW_MAX, splat
 from .gemm import batch_only, find_contraction, tile_epilogue
 
 CHUNK = 4   # output vectors per register block (accumulators)
@@ -44,6 +44,8 @@ def emit_depthwise_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int, st
     dh, dw = spec.dilations
     OH, OW = spec.out_spatial
     nvec = -(-OW // vw)
+    if nvec * vw > ROW_MAX:      # the output row is spilled to the stack: wider rows take the loop nest
+        return None
     chunk = min(CHUNK, nvec)
 
     em, begin, end = km.kernel(sym)
