@@ -299,3 +299,30 @@ def test_one_activation_near_overflow_anywhere_gives_direct_convolution():
                 got = art.run({"x": x, "r": r}, num_threads=1 + (i + j) % 2)["y"]
                 assert np.isfinite(got).all(), (ch, i, j)
                 assert normwise(got, want) < TOL, (ch, i, j)
+
+
+@pytest.mark.parametrize("tile", [2, 4])
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_a_non_finite_input_spreads_like_direct_convolution(tile, bad):
+    """One NaN or inf activation: direct convolution makes the outputs whose 3x3 window holds it non-finite
+    (NaN: 72 here, 8 channels x 9); F(4x4)'s transforms spread it over whole tiles (128 before the fallback),
+    and an inf turns into NaN (inf - inf) where direct convolution gives -inf, which the Relu makes 0 (F(2x2)
+    too). The fallback recomputes those tiles directly, so exactly the direct convolution's outputs are
+    non-finite and the others keep their values."""
+    m = scaled_conv_model(8, 8, 12, 12, [1, 1, 1, 1], 1.0)
+    w = numpy_helper.to_array(m.graph.initializer[0]).astype(np.float64)
+    b = numpy_helper.to_array(m.graph.initializer[1]).astype(np.float64)
+    art = compile_with_tile(m, tile)
+    assert "winograd_out" in [s["kernel"] for s in art.manifest["steps"]]
+    x = np.random.default_rng(3).standard_normal((1, 8, 12, 12)).astype(np.float32)
+    x[0, 2, 5, 6] = bad
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    with np.errstate(invalid="ignore"):
+        conv = sum(np.einsum("nchw,kc->nkhw", xp[:, :, p:p + 12, q:q + 12], w[:, :, p, q])
+                   for p in range(3) for q in range(3))
+        want = np.maximum(conv + b[None, :, None, None], 0.0)
+    got = art.run({"x": x, "r": np.zeros((1, 8, 12, 12), np.float32)})["y"]
+    finite = np.isfinite(want)
+    assert np.count_nonzero(~finite) == (72 if np.isnan(bad) else 38)   # inf: Relu makes the -inf ones 0
+    np.testing.assert_array_equal(np.isfinite(got), finite)
+    assert normwise(got[finite], want[finite]) < TOL
