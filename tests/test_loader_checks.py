@@ -79,3 +79,20 @@ def test_a_closed_model_raises(lib):
         m2.run(x, z)
     with pytest.raises(CuvilError, match="was closed"):
         m2.run(x, z)
+
+
+def test_a_view_is_checked_by_the_library_before_it_is_copied(lib, tmp_path):
+    """Without its manifest the loader does not know which symbol an input dim is bound to, so the profile is
+    checked by the library; a broadcast view whose batch (2**40) no profile admits must get that error, not
+    numpy's MemoryError from copying it into a contiguous array first."""
+    alone = tmp_path / "libcabi.so"
+    shutil.copy(lib, alone)
+    m = loader.load(str(alone))
+    x = np.broadcast_to(np.float32(1), (2**40, 3, 6, 6))
+    z = np.broadcast_to(np.float32(1), (2**40, 4, 6, 6))
+    with pytest.raises(ShapeError, match=r"outside the model's shape profile.*N = 1099511627776"):
+        m.run(x, z)
+    xs, zs = feeds(2)
+    np.testing.assert_array_equal(m.run(np.broadcast_to(xs[:1], xs.shape), zs)[0],
+                                  m.run(np.repeat(xs[:1], 2, axis=0), zs)[0])
+    m.close()

@@ -1,6 +1,7 @@
 """runtime.c built with AddressSanitizer and UBSan together with a real model's generated pieces (kernels.o,
 model.c, weights.S, captured from the compiler's link step), driven by a C program through sessions at 1 and
-2 threads, bad inputs and use after destroy; any sanitizer report ends the driver with a failure."""
+2 threads, bad inputs and use after destroy; and built with ThreadSanitizer, driven by two threads racing
+create, run and destroy on shared handles. Any sanitizer report ends the driver with a failure."""
 from __future__ import annotations
 
 import os
@@ -159,18 +160,91 @@ int main(void) {
 """
 
 
-def _sanitizers_work(tmp) -> str:
-    """'' if cc builds and runs an ASan+UBSan program here, else why not."""
+TSAN = ("-fsanitize=thread", "-fno-omit-frame-pointer", "-g")
+TSAN_ENV = {"TSAN_OPTIONS": "halt_on_error=1"}
+
+TSAN_DRIVER_C = r"""
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "libcabi.h"
+
+/* Two threads hammer four shared handle cells with create, run, destroy and stale destroys, so destroy races
+ * run on another thread, two destroys race, and create reuses a slot another thread is destroying. */
+#define C_IN 3
+#define C_OUT 4
+#define HW 36
+#define CELLS 4
+#define ITERS 400
+static _Atomic(cuvil_session *) cells[CELLS];
+static float x[C_IN * HW], z[C_OUT * HW], ref[C_OUT * HW];
+static atomic_int bad;
+
+static unsigned next(unsigned *r) { *r = *r * 1103515245u + 12345u; return *r >> 16; }
+
+static int run(cuvil_session *s, float *y) {
+  int64_t sx[4] = {1, C_IN, 6, 6}, sz[4] = {1, C_OUT, 6, 6}, sy[4] = {1, C_OUT, 6, 6};
+  cuvil_tensor in[2] = {{x, CUVIL_DTYPE_FLOAT, 4, sx}, {z, CUVIL_DTYPE_FLOAT, 4, sz}};
+  cuvil_tensor out[1] = {{y, CUVIL_DTYPE_FLOAT, 4, sy}};
+  return cuvil_run(s, in, out);
+}
+
+static void *hammer(void *p) {
+  unsigned r = (unsigned)(uintptr_t)p;
+  float y[C_OUT * HW];
+  for (int k = 0; k < ITERS; ++k) {
+    int c = next(&r) % CELLS, op = next(&r) % 8;
+    if (op < 2) {                                     /* create, replacing (and destroying) the cell's session */
+      cuvil_session *s = cuvil_session_create(1 + (int)(next(&r) % 2));
+      if (s == NULL) { atomic_store(&bad, 1); continue; }
+      cuvil_session *old = atomic_exchange(&cells[c], s);
+      if (old) cuvil_session_destroy(old);
+    } else if (op < 3) {                              /* destroy without clearing the cell: stale handle left */
+      cuvil_session *s = atomic_load(&cells[c]);
+      if (s) cuvil_session_destroy(s);
+    } else {
+      cuvil_session *s = atomic_load(&cells[c]);
+      if (!s) continue;
+      int rc = run(s, y);
+      if (rc == 0 && memcmp(y, ref, sizeof y) != 0) atomic_store(&bad, 2);
+      if (rc != 0 && rc != CUVIL_ERR_BUSY && rc != CUVIL_ERR_BAD_SESSION) atomic_store(&bad, 3);
+    }
+  }
+  return NULL;
+}
+
+int main(void) {
+  for (int i = 0; i < C_IN * HW; ++i) x[i] = sinf(0.37f * i);
+  for (int i = 0; i < C_OUT * HW; ++i) z[i] = cosf(0.11f * i);
+  cuvil_session *s = cuvil_session_create(1);
+  if (!s || run(s, ref) != 0) { fprintf(stderr, "reference run failed: %s\n", cuvil_last_error()); return 3; }
+  cuvil_session_destroy(s);
+  pthread_t t[2];
+  for (int k = 0; k < 2; ++k) pthread_create(&t[k], NULL, hammer, (void *)(uintptr_t)(k * 7919 + 1));
+  for (int k = 0; k < 2; ++k) pthread_join(t[k], NULL);
+  for (int c = 0; c < CELLS; ++c) if (cells[c]) cuvil_session_destroy(cells[c]);
+  if (atomic_load(&bad)) { fprintf(stderr, "driver: bad outcome %d\n", atomic_load(&bad)); return 4; }
+  printf("done\n");
+  return 0;
+}
+"""
+
+
+def _sanitizers_work(tmp, sanitize=SANITIZE, env=ENV) -> str:
+    """'' if cc builds and runs a program with these sanitizers here, else why not."""
     src = os.path.join(tmp, "probe.c")
     with open(src, "w") as f:
         f.write("int main(void) { return 0; }\n")
     exe = os.path.join(tmp, "probe")
-    p = subprocess.run(["cc", *SANITIZE, src, "-o", exe], capture_output=True, text=True)
+    p = subprocess.run(["cc", *sanitize, src, "-o", exe], capture_output=True, text=True)
     if p.returncode != 0:
-        return f"cc cannot build with {' '.join(SANITIZE[:2])}: {p.stderr.strip().splitlines()[-1:]}"
-    p = subprocess.run([exe], capture_output=True, text=True, env={**os.environ, **ENV})
+        return f"cc cannot build with {sanitize[0]}: {p.stderr.strip().splitlines()[-1:]}"
+    p = subprocess.run([exe], capture_output=True, text=True, env={**os.environ, **env})
     if p.returncode != 0:
-        return f"an ASan+UBSan program does not run here: {p.stderr.strip()[:200]}"
+        return f"a {sanitize[0]} program does not run here: {p.stderr.strip()[:200]}"
     return ""
 
 
@@ -236,3 +310,31 @@ def test_runtime_under_asan_and_ubsan(tmp_path, monkeypatch):
         z = np.cos(np.float32(0.11) * np.arange(4 * 4 * 36, dtype=np.float32))[:n * 4 * 36].reshape(n, 4, 6, 6)
         got = np.array(row[2:], np.float64).reshape(n, 4, 6, 6)
         np.testing.assert_allclose(got, c_abi.reference(x, z), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
+def test_session_registry_under_tsan(tmp_path, monkeypatch):
+    """Two threads race create (reusing slots), run, destroy and destroys of stale handles on four shared
+    handle cells, with 1- and 2-thread sessions (the pool's start, steps and shutdown): no data race, every
+    call either succeeds with the reference bits or returns CUVIL_ERR_BUSY / CUVIL_ERR_BAD_SESSION. The
+    registry before the DYING state raced here every time (destroy read the slot's session after handing the
+    slot to a concurrent create)."""
+    tmp = str(tmp_path)
+    why = _sanitizers_work(tmp, TSAN, TSAN_ENV)
+    if why:
+        print(f"skipped: {why}")
+        pytest.skip(why)
+    p = _build_pieces(tmp, monkeypatch)
+    driver = os.path.join(tmp, "tsan_driver.c")
+    with open(driver, "w") as f:
+        f.write(TSAN_DRIVER_C)
+    exe = os.path.join(tmp, "tsan_driver")
+    flags = [f for f in COMPILE_FLAGS if f != "-O2"] + ["-O1"]
+    cmd = ["cc", *flags, *TSAN, "-DCUVIL_PREFIX=cuvil", f"-I{RUNTIME_DIR}", f"-I{tmp}", driver, RUNTIME_C,
+           p["model_c"], *([p["weights"]] if p["weights"] else []), *p["objects"], "-o", exe, "-lm", "-lpthread"]
+    b = subprocess.run(cmd, capture_output=True, text=True)
+    assert b.returncode == 0, b.stderr
+    for _ in range(3):
+        r = subprocess.run([exe], capture_output=True, text=True, env={**os.environ, **TSAN_ENV}, timeout=120)
+        assert r.returncode == 0 and "done" in r.stdout, r.stderr[-3000:]
+        assert "ThreadSanitizer" not in r.stderr, r.stderr[-3000:]

@@ -271,3 +271,58 @@ def test_activations_near_overflow_stay_finite_like_direct_convolution(tile, sca
         assert normwise(got, want) < TOL
     small = {"x": feeds["x"] * np.float32(1e-37), "r": feeds["r"]}   # finite tiles: Winograd as before
     assert normwise(art.run(small)["y"], ort_run(m, small)) < TOL
+
+
+def test_one_activation_near_overflow_anywhere_gives_direct_convolution():
+    """A single activation of 3e37 at every position, partial edge tiles included (9x7 output in F(4x4)
+    tiles), next to finite tiles of the same vector block: F(4x4)'s Bt d B takes it past float32's range
+    (the transform without the fallback gave non-finite outputs at all 126 positions here); the tiles it
+    reaches are recomputed directly, the others keep their Winograd values, and all stay within rounding of
+    the float64 direct convolution with the original W."""
+    m = scaled_conv_model(8, 8, 9, 7, [1, 0, 1, 2], 1.0)
+    w = numpy_helper.to_array(m.graph.initializer[0]).astype(np.float64)
+    b = numpy_helper.to_array(m.graph.initializer[1]).astype(np.float64)
+    art = compile_with_tile(m, 4)
+    assert "winograd_out" in [s["kernel"] for s in art.manifest["steps"]]
+    rng = np.random.default_rng(2)
+    base = rng.standard_normal((1, 8, 9, 7)).astype(np.float32)
+    r = np.zeros((1, 8, 9, 7), np.float32)
+    for ch in (0, 7):
+        for i in range(9):
+            for j in range(7):
+                x = base.copy()
+                x[0, ch, i, j] = 3e37
+                xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (1, 1), (0, 2)))
+                conv = sum(np.einsum("nchw,kc->nkhw", xp[:, :, p:p + 9, q:q + 7], w[:, :, p, q])
+                           for p in range(3) for q in range(3))
+                want = np.maximum(conv + b[None, :, None, None], 0.0)
+                got = art.run({"x": x, "r": r}, num_threads=1 + (i + j) % 2)["y"]
+                assert np.isfinite(got).all(), (ch, i, j)
+                assert normwise(got, want) < TOL, (ch, i, j)
+
+
+@pytest.mark.parametrize("tile", [2, 4])
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_a_non_finite_input_spreads_like_direct_convolution(tile, bad):
+    """One NaN or inf activation: direct convolution makes the outputs whose 3x3 window holds it non-finite
+    (NaN: 72 here, 8 channels x 9); F(4x4)'s transforms spread it over whole tiles (128 before the fallback),
+    and an inf turns into NaN (inf - inf) where direct convolution gives -inf, which the Relu makes 0 (F(2x2)
+    too). The fallback recomputes those tiles directly, so exactly the direct convolution's outputs are
+    non-finite and the others keep their values."""
+    m = scaled_conv_model(8, 8, 12, 12, [1, 1, 1, 1], 1.0)
+    w = numpy_helper.to_array(m.graph.initializer[0]).astype(np.float64)
+    b = numpy_helper.to_array(m.graph.initializer[1]).astype(np.float64)
+    art = compile_with_tile(m, tile)
+    assert "winograd_out" in [s["kernel"] for s in art.manifest["steps"]]
+    x = np.random.default_rng(3).standard_normal((1, 8, 12, 12)).astype(np.float32)
+    x[0, 2, 5, 6] = bad
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    with np.errstate(invalid="ignore"):
+        conv = sum(np.einsum("nchw,kc->nkhw", xp[:, :, p:p + 12, q:q + 12], w[:, :, p, q])
+                   for p in range(3) for q in range(3))
+        want = np.maximum(conv + b[None, :, None, None], 0.0)
+    got = art.run({"x": x, "r": np.zeros((1, 8, 12, 12), np.float32)})["y"]
+    finite = np.isfinite(want)
+    assert np.count_nonzero(~finite) == (72 if np.isnan(bad) else 38)   # inf: Relu makes the -inf ones 0
+    np.testing.assert_array_equal(np.isfinite(got), finite)
+    assert normwise(got[finite], want[finite]) < TOL

@@ -196,6 +196,14 @@ def case_inputs(seed: int, n: int):
             rng.standard_normal((n, C_OUT, H, W)).astype(np.float32))
 
 
+def _info_values(case: dict, res: dict):
+    """(what a valid, non-NULL *_info call returned, what the fixture says it must return)."""
+    if case["fn"] == "symbol_info":
+        return res["symbol"], ["N", *PROFILE["N"]]
+    shape = (_true_shapes(-1)[0] if case["fn"] == "input_info" and case["i"] == 0 else _true_shapes(-1)[1])
+    return [res["dtype"], res["ndim"], res["shape"]], [FLOAT, len(shape), shape]
+
+
 def judge(case: dict, res: dict, facts: dict):
     """(outcome, message) for a case's result."""
     op = case["op"]
@@ -218,6 +226,8 @@ def judge(case: dict, res: dict, facts: dict):
                 return WRONG, f"{op}: an invalid call returned 0 ({json.dumps(case)[:300]})"
             if rc != 0 and rc not in DOCUMENTED_CODES:
                 return WRONG, f"{op}: undocumented code {rc}"
+        if op == "run" and not res["inputs_intact"]:
+            return WRONG, f"run: a call wrote into an input ({res['rcs']})"
         if not valid:
             if not res.get("untouched", True):
                 return WRONG, f"{op}: a refused call wrote into an output ({res['rcs']})"
@@ -225,6 +235,8 @@ def judge(case: dict, res: dict, facts: dict):
         if op == "output_shape":
             want = _true_shapes(case["inputs"][0]["shape"][0])[2]
             return (ACCEPTED, "") if res["shape"] == want else (WRONG, f"output_shape gave {res['shape']}, not {want}")
+        if not res["tail_intact"]:
+            return WRONG, "run: wrote past the end of its output"
         x, z = case_inputs(case["seed"], case["inputs"][0]["shape"][0])
         got = np.array(res["y"], np.float64).reshape(_true_shapes(x.shape[0])[2])
         if not np.allclose(got, reference(x, z), rtol=1e-4, atol=1e-4):
@@ -240,6 +252,10 @@ def judge(case: dict, res: dict, facts: dict):
         rc = res["rcs"][0]
         if valid != (rc == 0) or (rc != 0 and rc not in DOCUMENTED_CODES):
             return WRONG, f"{case['fn']}({case['i']}) returned {rc}"
+        if valid and not case["null_out"]:
+            got, want = _info_values(case, res)
+            if got != want:
+                return WRONG, f"{case['fn']}({case['i']}) gave {got}, not {want}"
         return (ACCEPTED, "") if valid else (CLEAN_ERROR, "")
     if op == "create":
         valid = 0 <= case["threads"] <= 4096
@@ -257,6 +273,10 @@ def judge(case: dict, res: dict, facts: dict):
     if op == "concurrent":
         x, z = case_inputs(case["seed"], case["n"])
         ref = reference(x, z)
+        if len(res["rcs"]) != len(case["threads"]) * case["runs"]:
+            return WRONG, f"concurrent: {len(res['rcs'])} of {len(case['threads']) * case['runs']} runs reported"
+        if 0 not in res["rcs"]:                      # a busy run means another one was running: it succeeded
+            return WRONG, f"concurrent: no run succeeded ({sorted(set(res['rcs']))})"
         for rc, y in zip(res["rcs"], res["ys"]):
             if rc == 0:
                 if not np.allclose(np.array(y, np.float64).reshape(ref.shape), ref, rtol=1e-4, atol=1e-4):
@@ -359,6 +379,7 @@ class _Worker:
                 for t, spec in zip(outs, case["outputs"]):
                     if spec["data"].startswith("alias_"):
                         t.data = in_bufs[{"alias_x": 0, "alias_z": 1}[spec["data"]]].ctypes.data
+            before = [b.copy() for b in in_bufs]
             s, owned = self.session(case["session"], case.get("threads", 1))
             try:
                 if op == "output_shape":
@@ -366,13 +387,16 @@ class _Worker:
                     rc = self.output_shape(s, ins, case["i"], None if case["shape_null"] else shape)
                     return {"rcs": [rc], "shape": list(shape), "detail": self.last_error().decode("utf-8", "replace")}
                 rcs = [self.run(s, ins, outs) for _ in range(case["repeat"])]
-                out = {"rcs": rcs, "detail": self.last_error().decode("utf-8", "replace")}
+                out = {"rcs": rcs, "detail": self.last_error().decode("utf-8", "replace"),
+                       "inputs_intact": all(np.array_equal(a.view(np.uint8), b.view(np.uint8))
+                                            for a, b in zip(before, in_bufs))}
                 if out_bufs:
                     raw = out_bufs[0].view(np.uint8)
                     out["untouched"] = bool((raw == SENTINEL).all())
                     if rcs and rcs[-1] == 0 and case["outputs"][0]["shape"]:
                         size = int(np.prod(case["outputs"][0]["shape"]))
                         out["y"] = out_bufs[0][:size].astype(float).tolist()
+                        out["tail_intact"] = bool((out_bufs[0][size:].view(np.uint8) == SENTINEL).all())
                 return out
             finally:
                 if owned:
@@ -386,10 +410,13 @@ class _Worker:
                 name, lo, opt, hi = ctypes.c_char_p(), ctypes.c_int64(), ctypes.c_int64(), ctypes.c_int64()
                 args = (None,) * 4 if case["null_out"] else (ctypes.byref(name), ctypes.byref(lo), ctypes.byref(opt),
                                                               ctypes.byref(hi))
-                return {"rcs": [self.symbol_info(i, *args)]}
+                rc = self.symbol_info(i, *args)
+                return {"rcs": [rc], "symbol": [None if name.value is None else name.value.decode("utf-8", "replace"),
+                                                lo.value, opt.value, hi.value]}
             dt, nd, shape = ctypes.c_int32(), ctypes.c_int32(), (ctypes.c_int64 * 8)()
             args = (None, None, None) if case["null_out"] else (ctypes.byref(dt), ctypes.byref(nd), shape)
-            return {"rcs": [getattr(self, fn)(i, *args)]}
+            rc = getattr(self, fn)(i, *args)
+            return {"rcs": [rc], "dtype": dt.value, "ndim": nd.value, "shape": list(shape)[:max(0, min(8, nd.value))]}
         if op == "create":
             s = self.session_create(case["threads"])
             detail = self.last_error().decode("utf-8", "replace")

@@ -354,9 +354,7 @@ class Model:
                 raise ShapeError(f"{os.path.basename(self.path)}: input {k} '{self.inputs[k].name}' is not an array "
                                  f"({e}); pass a numpy array") from None
             self._check_input(k, a)
-            if not (a.flags.c_contiguous and a.flags.aligned):   # a strided view or unaligned buffer: a copy
-                a = np.require(a, requirements=("C_CONTIGUOUS", "ALIGNED"))
-            out.append(a)
+            out.append(a)                      # a strided view is copied in run(), once the library checked it
         return out
 
     def run(self, *arrays, num_threads: int | None = None, **named) -> list[np.ndarray]:
@@ -370,6 +368,7 @@ class Model:
         with self._lock:
             s = self._get_session(num_threads)
             ins, keep = self._in_tensors, []
+            copies = [k for k, a in enumerate(xs) if not (a.flags.c_contiguous and a.flags.aligned)]
             for k, a in enumerate(xs):
                 shape = self._in_shapes[k]
                 if a.ndim > len(shape):  # wrong rank: the library reports it
@@ -381,6 +380,15 @@ class Model:
                 t.dtype = _dtype_code(a.dtype)
                 t.ndim = a.ndim
                 t.shape = shape
+            if copies:
+                # A strided view or unaligned buffer is copied, but only after the library has checked every
+                # input's shape (output_shape reads no data): a dim the loader could not check (no manifest)
+                # must not make numpy allocate first. The view's pointer is never read before the copy.
+                if self.outputs:
+                    self._check(self._f.output_shape(s, ins, 0, self._out_shapes[0]))
+                for k in copies:
+                    xs[k] = np.require(xs[k], requirements=("C_CONTIGUOUS", "ALIGNED"))
+                    ins[k].data = xs[k].ctypes.data or None
             if self._static_outputs:
                 shapes = [d.shape for d in self.outputs]       # checked at load
             else:

@@ -542,8 +542,8 @@ static struct cuvil_session *session_create(int num_threads) {
  * a destroyed session (the slot's generation has moved on, even if its slot or its memory were reused), a
  * double destroy, or a pointer this library never handed out gets CUVIL_ERR_BAD_SESSION instead of a read of
  * freed memory. A slot's state word holds (generation << 32) | state, and the calls that use a session move it
- * FREE -> IDLE (create), IDLE -> BUSY -> IDLE (run, output_shape, profile) and IDLE -> FREE with the next
- * generation (destroy), each one CAS: the check, the single-thread guard (CUVIL_ERR_BUSY) and the claim of
+ * FREE -> IDLE (create), IDLE -> BUSY -> IDLE (run, output_shape, profile) and IDLE -> DYING -> FREE with the
+ * next generation (destroy), each claim one CAS: the check, the single-thread guard (CUVIL_ERR_BUSY) and the claim of
  * the session are one atomic operation, as cheap as the busy flag they replace. Slots live in chunks that are
  * allocated once and never freed or moved, so reading a slot is always defined; each slot has its own cache
  * line, so sessions run by different threads do not share one. Generations start at a per-library random
@@ -551,7 +551,7 @@ static struct cuvil_session *session_create(int num_threads) {
  * chance); a slot's generation wraps after 2^32 sessions created in it. */
 #define CUVIL_SLOTS_PER_CHUNK 256
 #define CUVIL_MAX_CHUNKS_OF_SLOTS 1024                 /* 262,144 live sessions per library */
-enum { SLOT_FREE = 0, SLOT_IDLE = 1, SLOT_BUSY = 2 };
+enum { SLOT_FREE = 0, SLOT_IDLE = 1, SLOT_BUSY = 2, SLOT_DYING = 3 };
 
 typedef struct {
   _Alignas(CUVIL_CACHELINE) _Atomic uint64_t word;   /* (generation << 32) | SLOT_* */
@@ -628,7 +628,7 @@ static cuvil_session *session_register(struct cuvil_session *s) {
       atomic_store_explicit(&registry_chunks[c], chunk, memory_order_release);
     }
     for (int k = 0; k < CUVIL_SLOTS_PER_CHUNK; ++k) {
-      uint64_t w = atomic_load_explicit(&chunk[k].word, memory_order_relaxed);
+      uint64_t w = atomic_load_explicit(&chunk[k].word, memory_order_acquire);   /* after the destroy's read of s */
       if ((w & 0xFFFFFFFFu) != SLOT_FREE) continue;
       chunk[k].s = s;
       atomic_store_explicit(&chunk[k].word, slot_word((uint32_t)(w >> 32), SLOT_IDLE), memory_order_release);
@@ -643,17 +643,24 @@ static cuvil_session *session_register(struct cuvil_session *s) {
   return NULL;
 }
 
-/* Unregisters handle h (non-NULL; IDLE -> FREE, next generation), waiting for a call in progress on another
- * thread to end: the session, or NULL with the error recorded (a stale or foreign handle). */
+/* Unregisters handle h (non-NULL), waiting for a call in progress on another thread to end: the session, or
+ * NULL with the error recorded (a stale or foreign handle, or a destroy already under way). Two steps: IDLE ->
+ * DYING claims the slot (a racing run then gets CUVIL_ERR_BAD_SESSION, a racing destroy the same), the session
+ * pointer is read while the slot is still ours, and only then the release store of FREE with the next
+ * generation hands the slot to session_register. Reading the pointer after FREE was published would race
+ * with a create reusing the slot: the destroy could free the new session (ThreadSanitizer showed the race). */
 static struct cuvil_session *session_unregister(cuvil_session *h) {
   uintptr_t handle = (uintptr_t)h;
   session_slot *slot = slot_of(handle);
   uint32_t gen = (uint32_t)(handle >> 32);
   for (;;) {
     uint64_t seen = slot_word(gen, SLOT_IDLE);
-    if (slot != NULL && atomic_compare_exchange_strong_explicit(&slot->word, &seen, slot_word(gen + 1, SLOT_FREE),
-                                                                memory_order_acq_rel, memory_order_relaxed)) {
-      return slot->s;
+    if (slot != NULL && atomic_compare_exchange_strong_explicit(&slot->word, &seen, slot_word(gen, SLOT_DYING),
+                                                                memory_order_acquire, memory_order_relaxed)) {
+      struct cuvil_session *s = slot->s;
+      slot->s = NULL;
+      atomic_store_explicit(&slot->word, slot_word(gen + 1, SLOT_FREE), memory_order_release);
+      return s;
     }
     if (slot == NULL || seen != slot_word(gen, SLOT_BUSY)) {
       fail(CUVIL_ERR_BAD_SESSION, "session_destroy: %p is not a live session of this library (destroyed already, "
