@@ -15,8 +15,8 @@ import numpy as np
 import onnx
 import onnx.defs
 
-from ..errors import ShapeError, UnsupportedOpError
-from .dim import Dim, as_dim
+from ..errors import InvalidAttributeError, ShapeError, UnsupportedOpError
+from .dim import Dim, SymExpr, as_dim
 from .dtype import DType
 from .types import TensorType
 
@@ -223,9 +223,15 @@ class InferCtx:
         return len(self.shape(i))
 
     def attr(self, name: str, default: Any = None) -> Any:
+        """The attribute's value, checked against its declared type (see :func:`check_attr`); its default
+        when absent; a required attribute that is absent is an InvalidAttributeError."""
         if name in self.node.attrs:
-            return self.node.attrs[name]
-        return self._defaults.get(name, default)
+            return check_attr(self.opdef, name, self.node.attrs[name])
+        if name in self._defaults:
+            return self._defaults[name]
+        if default is None and name in self.opdef.schema.attributes and self.opdef.schema.attributes[name].required:
+            raise InvalidAttributeError(f"missing required attribute {name!r}")
+        return default
 
     def has_attr(self, name: str) -> bool:
         return name in self.node.attrs
@@ -247,7 +253,7 @@ class InferCtx:
     def attr_or_input(self, name: str, i: int):
         """A lifted attribute, or its value from a constant/symbolic input when it was not lifted."""
         if name in self.node.attrs:
-            return self.node.attrs[name]
+            return check_attr(self.opdef, name, self.node.attrs[name])
         s = self.sym(i)
         if s is not None:
             return list(s)
@@ -280,7 +286,7 @@ def infer_node(node, num_outputs: Optional[int] = None) -> Tuple[List[TensorType
         dt = next((v.dtype for v in node.inputs if v is not None), DType.FLOAT)
         types = [TensorType(dt, None)] * ctx.num_outputs
     except ShapeError as e:
-        raise ShapeError(f"node {node.name!r} ({node.op}): {e}") from None
+        raise type(e)(f"node {node.name!r} ({node.op}): {e}") from None
     node.constraints = ctx.constraints
     syms: List[Optional[Tuple[Dim, ...]]] = [None] * len(types)
     if opdef.sym_eval is not None:
@@ -291,6 +297,80 @@ def infer_node(node, num_outputs: Optional[int] = None) -> Tuple[List[TensorType
         if got is not None:
             syms = list(got) + [None] * (len(types) - len(got))
     return types, syms
+
+
+# --- attribute types ----------------------------------------------------------------------------------
+
+_A = onnx.defs.OpSchema.AttrType
+# What each declared attribute type admits as a Python value in a Node's ``attrs``.
+_ATTR_KINDS = {_A.INT: "int", _A.FLOAT: "float", _A.STRING: "str", _A.TENSOR: "tensor", _A.SPARSE_TENSOR: "tensor",
+               _A.INTS: "ints", _A.FLOATS: "floats", _A.STRINGS: "strs"}
+# Lifted attributes (constant inputs moved into attributes) hold a scalar or a flat list of these.
+_LIFTED_KINDS = {"i64": "int", "f32": "float", "data": "number"}
+_KIND_WORDS = {"int": "an integer", "float": "a float", "str": "a string", "tensor": "a tensor", "number": "a number",
+               "ints": "a list of integers", "floats": "a list of floats", "strs": "a list of strings"}
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, (int, np.integer, SymExpr))
+
+
+def _is_float(v) -> bool:
+    return isinstance(v, (int, float, np.integer, np.floating))
+
+
+def _fits(kind: str, v) -> bool:
+    if kind == "int":
+        return _is_int(v)
+    if kind in ("float", "number"):
+        return _is_float(v) or (kind == "number" and isinstance(v, (bool, np.bool_)))
+    if kind == "str":
+        return isinstance(v, str)
+    if kind == "tensor":
+        return isinstance(v, (np.ndarray, onnx.TensorProto, onnx.SparseTensorProto))
+    if isinstance(v, (list, tuple)):
+        return all(_fits(kind[:-1], x) for x in v)
+    return False
+
+
+def _describe(v) -> str:
+    if isinstance(v, (list, tuple)):
+        inner = {type(x).__name__ for x in v}
+        return f"a list of {'/'.join(sorted(inner))}" if inner else "an empty list"
+    return {"int": "an integer", "float": "a float", "str": "a string", "ndarray": "a tensor"}.get(
+        type(v).__name__, f"a {type(v).__name__}")
+
+
+@functools.lru_cache(maxsize=None)
+def _lifted_kind(op: str, idx: int, kind: str) -> str:
+    """What a lifted input admits: integers where its ONNX type constraint is integer-only (Reshape's shape),
+    any number where it also admits floats (OneHot's depth)."""
+    kind = _LIFTED_KINDS[kind]
+    schema = op_schema(op)
+    if kind != "int" or idx >= len(schema.inputs):
+        return kind
+    tstr = schema.inputs[idx].type_str
+    allowed = next((c.allowed_type_strs for c in schema.type_constraints if c.type_param_str == tstr), [tstr])
+    return "number" if any("float" in t or "double" in t for t in allowed) else "int"
+
+
+def check_attr(opdef: OpDef, name: str, value: Any) -> Any:
+    """``value`` if it has the type that attribute ``name`` of ``opdef`` is declared with (in the op's ONNX
+    schema, or its lifted-input table); else an InvalidAttributeError naming both. The one place shape
+    functions' attribute access is type-checked."""
+    lifted = {n: (idx, kind) for n, idx, kind in opdef.lifted}
+    if name in lifted:
+        kind = _lifted_kind(opdef.name, *lifted[name])
+        if _fits(kind, value) or (isinstance(value, (list, tuple)) and _fits(kind + "s", value)):
+            return value
+        want = f"{_KIND_WORDS[kind]} or a flat list of them"
+    else:
+        spec = opdef.schema.attributes.get(name)
+        kind = _ATTR_KINDS.get(spec.type) if spec is not None else None
+        if kind is None or _fits(kind, value):
+            return value
+        want = _KIND_WORDS[kind]
+    raise InvalidAttributeError(f"attribute {name!r} must be {want}, not {_describe(value)}")
 
 
 # --- helpers shared by shape functions -----------------------------------------------------------------
