@@ -205,6 +205,9 @@ class _Importer:
             if a.name in attrs:
                 raise InvalidAttributeError(f"node {where!r} ({np_.op_type}) sets attribute {a.name!r} twice")
             spec = schema.attributes.get(a.name) if schema is not None else None
+            if schema is not None and spec is None:
+                raise InvalidAttributeError(f"node {where!r} ({np_.op_type}) has attribute {a.name!r}, which the op "
+                                            f"does not have at opset {self.opset}")
             if spec is not None and int(a.type) != int(spec.type):
                 raise InvalidAttributeError(
                     f"node {where!r} ({np_.op_type}): attribute {a.name!r} is {_attr_type_name(a.type)}, the op "
@@ -215,6 +218,8 @@ class _Importer:
             if name not in self.env:
                 raise ModelLoadError(f"node {where!r} ({np_.op_type}) reads {name!r}, which nothing defines")
             inputs.append(self.env[name])
+        if schema is not None:
+            _check_input_types(schema, inputs, f"node {where!r} ({np_.op_type}, opset {self.opset})")
         for name in np_.output:
             # One definition per name (SSA): a second one would silently shadow the first.
             if name and (name in self.env or name in self._outputs):
@@ -234,7 +239,7 @@ class _Importer:
             return
         tt = vi.type.tensor_type
         if tt.elem_type and tt.elem_type != int(v.dtype):
-            raise ShapeError(f"{what} {name!r}: the model declares {DType(tt.elem_type).name} but "
+            raise ShapeError(f"{what} {name!r}: the model declares {_dtype_name(tt.elem_type)} but "
                              f"Cuvil infers {v.dtype.name}")
         if tt.HasField("shape") and v.shape is not None:
             declared = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
@@ -300,6 +305,30 @@ def _schema(op: str, opset: int):
         return onnx.defs.get_schema(op, opset, "")
     except onnx.defs.SchemaError:
         return None
+
+
+def _check_input_types(schema, inputs, what: str) -> None:
+    """Inputs against the op's schema, as onnxruntime checks them: not more than the op takes, each of an
+    element type its type constraint allows, and inputs that share a type parameter of one element type."""
+    formals = list(schema.inputs)
+    variadic = bool(formals) and formals[-1].option == onnx.defs.OpSchema.FormalParameterOption.Variadic
+    if len(inputs) > len(formals) and not variadic:
+        raise ShapeError(f"{what} has {len(inputs)} inputs; the op takes at most {len(formals)}")
+    allowed = {c.type_param_str: set(c.allowed_type_strs) for c in schema.type_constraints}
+    bound = {}
+    for k, v in enumerate(inputs):
+        if v is None:
+            continue
+        f = formals[min(k, len(formals) - 1)]
+        got = f"tensor({v.dtype.name.lower()})"
+        ok = allowed.get(f.type_str, {f.type_str})
+        if got not in ok:
+            raise UnsupportedTypeError(f"{what} input {k} ({f.name}) is {got}, which the op does not take "
+                                       f"(it takes {', '.join(sorted(ok))})")
+        if f.type_str in allowed and f.is_homogeneous:
+            first = bound.setdefault(f.type_str, (k, got))
+            if first[1] != got:
+                raise ShapeError(f"{what} input {k} is {got} but input {first[0]} is {first[1]}; they must match")
 
 
 def _check_size(dims, dtype_code: int, what: str) -> None:

@@ -259,14 +259,15 @@ class InferCtx:
             return list(s)
         c = self.const(i)
         if c is not None:
-            return c
+            # A constant the lifting did not take (not integer, or large): checked like the attribute.
+            return check_attr(self.opdef, name, c.tolist())
         return None
 
     def fail(self, msg: str):
         raise ShapeError(msg)
 
     def axis(self, a: int, rank: int, what: str = "axis") -> int:
-        if not -rank <= a < max(rank, 1):
+        if not -rank <= a < rank:
             self.fail(f"{what} {a} out of range for rank {rank}")
         return a + rank if a < 0 else a
 
