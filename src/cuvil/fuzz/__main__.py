@@ -37,11 +37,12 @@ def main(argv=None) -> int:
     ap.add_argument("--quiet", action="store_true", help="no progress lines")
     args = ap.parse_args(argv)
     names = args.family or list(FAMILIES)
-    per_family = max(1, args.budget // len(names))
+    built = {name: _family_module(name) for name in names}
+    per_family = max(1, args.budget // max(1, sum(m is not None for m in built.values())))
     print(f"{'family':<16}{'cases':>8}" + "".join(f"{_LABEL.get(o, o):>12}" for o in OUTCOMES) + f"{'time':>11}")
     reports: List[FamilyReport] = []
     for name in names:
-        mod = _family_module(name)
+        mod = built[name]
         if mod is None:
             print(f"{name:<16}   not built in this tree: skipped")
             continue

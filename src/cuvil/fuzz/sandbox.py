@@ -74,13 +74,15 @@ class Sandbox:
     def run(self, seed: int) -> Tuple[str, str]:
         if self._proc is None or not self._proc.is_alive():
             self._start()
+        died = False
         try:
             self._conn.send(seed)
             if self._conn.poll(self.timeout_s):
                 return self._conn.recv()
         except (EOFError, OSError, BrokenPipeError):
-            pass
-        alive = self._proc.is_alive()
+            died = True
+            self._proc.join(30)  # the pipe closed: the worker is on its way out (a core dump can take a while)
+        alive = not died and self._proc.is_alive()
         code = self._proc.exitcode
         self._stop()
         if alive:
