@@ -42,6 +42,11 @@ def test_oracle_catches_a_wrong_rewrite(monkeypatch):
     assert outcome == WRONG and "output" in message
 
 
+def test_compiled_comparison(monkeypatch):
+    monkeypatch.setattr(oracle, "COMPILE_EVERY", 1)
+    assert oracle.check_model(seed_models()[4], 0) == (ACCEPTED, "compiled")  # the folding model: small, static
+
+
 def _crash(seed):
     os._exit(3)
 

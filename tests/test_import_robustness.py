@@ -257,3 +257,15 @@ def test_graph_error_is_a_cuvil_error():
     with pytest.raises(CuvilError, match="already taken"):
         g.add_output(x, "y")
     assert issubclass(GraphError, CuvilError) and issubclass(InvalidAttributeError, ShapeError)
+
+
+def test_unreadable_sources(tmp_path, monkeypatch):
+    one_line_error(ModelLoadError, 42, "give a path, bytes")
+    path = tmp_path / "m.onnx"
+    path.write_bytes(model([helper.make_node("Relu", ["x"], ["y"])]).SerializeToString())
+
+    def denied(*a, **kw):  # what a mode-000 file gives a user that is not root
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(onnx, "load", denied)
+    one_line_error(ModelLoadError, path, "cannot read the file \\(Permission denied\\)")

@@ -42,13 +42,19 @@ def load_model(src: Union[str, os.PathLike, bytes, onnx.ModelProto]) -> onnx.Mod
         except DecodeError as e:
             raise ModelLoadError(f"not an ONNX model: protobuf parse failed ({e})") from None
         return _check_nonempty(m, "<bytes>")
-    path = os.fspath(src)
+    try:
+        path = os.fspath(src)
+    except TypeError:
+        raise ModelLoadError(f"cannot load a model from a {type(src).__name__}: give a path, bytes or an "
+                             f"onnx.ModelProto") from None
     if not os.path.isfile(path):
         raise ModelLoadError(f"{path}: no such file")
     try:
         m = onnx.load(path, load_external_data=False)
+    except OSError as e:
+        raise ModelLoadError(f"{path}: cannot read the file ({e.strerror or e})") from None
     except (DecodeError, RuntimeError, ValueError) as e:
-        raise ModelLoadError(f"{path}: not an ONNX model: protobuf parse failed ({e})") from None
+        raise ModelLoadError(f"{path}: not an ONNX model: protobuf parse failed ({_one_line(e)})") from None
     try:
         onnx.external_data_helper.load_external_data_for_model(m, os.path.dirname(os.path.abspath(path)))
     except Exception as e:  # onnx raises OSError, ValueError or its ValidationError (paths outside the model's folder)

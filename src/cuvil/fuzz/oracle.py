@@ -167,7 +167,6 @@ def _check_compiled(q: Pipeline, feeds, want) -> Tuple[str, str]:
         return CLEAN_ERROR, f"compile: {e}"
     except Exception as e:  # noqa: BLE001
         return foreign(e)
-    got = got if isinstance(got, dict) else dict(zip(q.graph.output_names, got if isinstance(got, (list, tuple)) else [got]))
     for name, w in want.items():
         why = disagreement(w, got.get(name))
         if why:

@@ -108,10 +108,26 @@ def mutate(rng, text: str) -> str:
     return "".join(tokens)
 
 
+_NUMBER = re.compile(r"(?<![A-Za-z_0-9.])[0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?")
+
+
+def mutate_values(rng, text: str) -> str:
+    """Numbers (attribute values, guard bounds, constants) replaced, so the rule still parses and validates
+    and reaches the prover with odd values: negative pads, huge axes, NaN constants."""
+    pool = _NUMBERS + ["-1", "-2", "3", "4", "8", "65536", "2147483648"]
+
+    def sub(m):
+        return _pick(rng, pool) if rng.random() < 0.5 else m.group(0)
+    body = text.split("\n", 1)
+    return body[0] + "\n" + _NUMBER.sub(sub, body[1]) if len(body) == 2 else text
+
+
 def make_text(seed: int) -> str:
     rng = np.random.default_rng(seed)
     seeds = _seed_texts()
-    kind = int(rng.integers(10))
+    kind = int(rng.integers(12))
+    if kind >= 10:
+        return mutate_values(rng, _pick(rng, seeds))
     if kind < 4:
         return mutate(rng, _pick(rng, seeds))
     if kind < 8:
