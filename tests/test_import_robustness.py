@@ -15,6 +15,10 @@ from cuvil.ir import Graph
 from cuvil.ir.hash import structural_hash
 from cuvil.ir.printer import print_graph
 from cuvil.ir.types import TensorType
+from cuvil.rewrite_rules.cse import eliminate_common_subexpressions
+from cuvil.rewrite_rules.dce import eliminate_dead_code
+from cuvil.rewrite_rules.fold import fold_constants
+from cuvil.rewrite_rules.shape_prop import propagate_shapes
 
 X = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
 Y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
@@ -233,20 +237,36 @@ def test_recursive_or_undefined_local_functions(body_op):
 
 # --- graph depth ------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("reverse", [False, True])
-def test_deep_chains_never_recurse(reverse):
-    n = 5000
+def chain(n, reverse):
     nodes = [helper.make_node("Relu" if k % 2 else "Neg", ["x" if k == 0 else f"t{k}"], ["y" if k == n - 1 else f"t{k + 1}"])
              for k in range(n)]
-    m = model(nodes[::-1] if reverse else nodes)
-    p = Pipeline.from_onnx(m).optimize()
-    structural_hash(p.graph)
-    print_graph(p.graph)
-    onnx.checker.check_model(export_model(p.graph))
+    return nodes[::-1] if reverse else nodes
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_deep_chains_never_recurse(reverse):
+    # Python's default recursion limit is 1,000 frames: 5,000 nodes in a line must pass every stage.
+    n = 5000
+    g = Pipeline.from_onnx(model(chain(n, reverse))).graph.clone()
+    g.toposort()
+    g.verify()
+    propagate_shapes(g)
+    fold_constants(g)
+    eliminate_common_subexpressions(g)
+    eliminate_dead_code(g)
+    assert len(g.nodes) == n
+    structural_hash(g)
+    print_graph(g)
+    onnx.checker.check_model(export_model(g))
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_deep_chain_optimizes_and_folds(reverse):
+    p = Pipeline.from_onnx(model(chain(1500, reverse))).optimize()
+    assert len(p.graph.nodes) == 1500
     # A chain of constants folds link by link.
     const = helper.make_node("Constant", [], ["x"], value=numpy_helper.from_array(np.full((2, 3), -1.0, np.float32)))
-    m = model([const] + (nodes[::-1] if reverse else nodes), inputs=[])
-    p = Pipeline.from_onnx(m).optimize()
+    p = Pipeline.from_onnx(model([const] + chain(1500, reverse), inputs=[])).optimize()
     assert not p.graph.nodes and p.graph.outputs[0].const.tolist() == [[0.0] * 3] * 2
 
 
