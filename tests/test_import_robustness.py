@@ -107,6 +107,8 @@ def test_value_defined_twice_is_refused():
     one_line_error(ModelLoadError, model([helper.make_node("Relu", ["x"], ["w"]), helper.make_node("Add", ["x", "w"], ["y"])],
                                          inits=[w]), "already defined")
     one_line_error(ModelLoadError, model([helper.make_node("Relu", ["x"], ["y"])], inputs=[X, X]), "listed twice")
+    split = helper.make_node("Split", ["x"], ["y", "y"], axis=0, num_outputs=2)
+    one_line_error(ModelLoadError, model([split], opset=18), "'y', which is already defined")
 
 
 # --- attributes -------------------------------------------------------------------------------------------

@@ -145,12 +145,12 @@ class _Importer:
         self.g = Graph(name=model.graph.name or "main", opset=opset)
         self.env: Dict[str, Optional[Value]] = {"": None}
         self._checked = set()
-        self._outputs = set()
         self.declared = {vi.name: vi for vi in list(model.graph.value_info) + list(model.graph.output)}
 
     def run(self) -> Graph:
         mg = self.model.graph
-        # The spec forbids two initializers (dense or sparse) of one name; onnxruntime refuses them too.
+        # The spec forbids two initializers (dense or sparse) of one name; onnxruntime only warns and takes the
+        # last, so a model that relies on either reading is ambiguous: refuse it.
         for name, arr in [(t.name, _to_array(t)) for t in mg.initializer] + \
                          [(sp.values.name, sparse_to_dense(sp)) for sp in mg.sparse_initializer]:
             if name in self.env:
@@ -226,12 +226,12 @@ class _Importer:
             inputs.append(self.env[name])
         if schema is not None:
             _check_input_types(schema, inputs, f"node {where!r} ({np_.op_type}, opset {self.opset})")
-        for name in np_.output:
+        named = [o for o in np_.output if o]
+        for k, name in enumerate(named):
             # One definition per name (SSA): a second one would silently shadow the first.
-            if name and (name in self.env or name in self._outputs):
+            if name in self.env or name in named[:k]:
                 raise ModelLoadError(f"node {where!r} ({np_.op_type}) defines {name!r}, which is already defined; "
                                      f"every value name must be assigned once")
-            self._outputs.add(name)
         outs = legacy.canonicalize(self.g, np_.op_type, inputs, attrs, list(np_.output), where, self.opset)
         for name, v in zip(np_.output, outs):
             if name and v is not None:
