@@ -355,20 +355,32 @@ def _lifted_kind(op: str, idx: int, kind: str) -> str:
     return "number" if any("float" in t or "double" in t for t in allowed) else "int"
 
 
+@functools.lru_cache(maxsize=None)
+def _attr_kind(op: str, name: str) -> Optional[Tuple[str, bool]]:
+    """(kind, lifted) of attribute ``name`` of ``op``, or None where nothing is declared for it."""
+    opdef = REGISTRY[op]
+    for n, idx, kind in opdef.lifted:
+        if n == name:
+            return _lifted_kind(op, idx, kind), True
+    spec = opdef.schema.attributes.get(name)
+    kind = _ATTR_KINDS.get(spec.type) if spec is not None else None
+    return None if kind is None else (kind, False)
+
+
 def check_attr(opdef: OpDef, name: str, value: Any) -> Any:
     """``value`` if it has the type that attribute ``name`` of ``opdef`` is declared with (in the op's ONNX
     schema, or its lifted-input table); else an InvalidAttributeError naming both. The one place shape
     functions' attribute access is type-checked."""
-    lifted = {n: (idx, kind) for n, idx, kind in opdef.lifted}
-    if name in lifted:
-        kind = _lifted_kind(opdef.name, *lifted[name])
+    declared = _attr_kind(opdef.name, name)
+    if declared is None:
+        return value
+    kind, lifted = declared
+    if lifted:
         if _fits(kind, value) or (isinstance(value, (list, tuple)) and _fits(kind + "s", value)):
             return value
         want = f"{_KIND_WORDS[kind]} or a flat list of them"
     else:
-        spec = opdef.schema.attributes.get(name)
-        kind = _ATTR_KINDS.get(spec.type) if spec is not None else None
-        if kind is None or _fits(kind, value):
+        if _fits(kind, value):
             return value
         want = _KIND_WORDS[kind]
     raise InvalidAttributeError(f"attribute {name!r} must be {want}, not {_describe(value)}")
