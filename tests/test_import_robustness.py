@@ -145,6 +145,9 @@ def test_non_utf8_names():
     one_line_error(ModelLoadError, raw.replace(b"axis", b"ax\xffs"), "attribute name .* is not valid UTF-8")
     one_line_error(ModelLoadError, raw.replace(b"nodeA", b"node\xff"), "node name .* is not valid UTF-8")
     one_line_error(ModelLoadError, raw.replace(b"Flatten", b"Flatte\xff"), "op type .* is not valid UTF-8")
+    pad = helper.make_node("Pad", ["x", "p"], ["y"], mode="reflect")
+    raw = model([pad], inits=[numpy_helper.from_array(np.zeros(4, np.int64), "p")]).SerializeToString()
+    one_line_error(ModelLoadError, raw.replace(b"reflect", b"refl\xfft"), "attribute 'mode' is not valid UTF-8")
 
 
 # --- element types and sizes ---------------------------------------------------------------------------------
@@ -184,6 +187,10 @@ def test_huge_constant_outputs_stay_unfolded():
                for k, v in (("a", 0.0), ("b", 1e12), ("d", 1.0))]
     p = Pipeline.from_onnx(model(scalars + [helper.make_node("Range", ["a", "b", "d"], ["y"])])).optimize()
     assert [n.op for n in p.graph.nodes] == ["Range"]
+    one = helper.make_node("Constant", [], ["o"], value=numpy_helper.from_array(np.ones((1, 1), np.float32)))
+    for op in ("Expand", "Tile"):
+        p = Pipeline.from_onnx(model([shape, one, helper.make_node(op, ["o", "s"], ["y"])])).optimize()
+        assert [n.op for n in p.graph.nodes] == [op]
 
 
 def test_failed_fold_leaves_the_node():
