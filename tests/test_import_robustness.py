@@ -147,7 +147,7 @@ def test_non_utf8_names():
     one_line_error(ModelLoadError, raw.replace(b"Flatten", b"Flatte\xff"), "op type .* is not valid UTF-8")
     pad = helper.make_node("Pad", ["x", "p"], ["y"], mode="reflect")
     raw = model([pad], inits=[numpy_helper.from_array(np.zeros(4, np.int64), "p")]).SerializeToString()
-    one_line_error(ModelLoadError, raw.replace(b"reflect", b"refl\xfft"), "attribute 'mode' is not valid UTF-8")
+    one_line_error(ModelLoadError, raw.replace(b"reflect", b"refle\xfft"), "attribute 'mode' is not valid UTF-8")
 
 
 # --- element types and sizes ---------------------------------------------------------------------------------
