@@ -6,12 +6,13 @@ import time
 
 import numpy as np
 import pytest
+from onnx import TensorProto, helper, numpy_helper
 
 from cuvil.fuzz import FAMILIES
 from cuvil.fuzz import __main__ as fuzz_main
 from cuvil.fuzz import onnx_bytes, onnx_structure, oracle, rule_text
 from cuvil.fuzz.corpus import seed_models
-from cuvil.fuzz.report import ACCEPTED, CRASH, FOREIGN, HANG, WRONG
+from cuvil.fuzz.report import ACCEPTED, CLEAN_ERROR, CRASH, FOREIGN, HANG, WRONG
 from cuvil.fuzz.sandbox import Sandbox
 from cuvil.pipeline import Pipeline
 
@@ -40,6 +41,18 @@ def test_oracle_catches_a_wrong_rewrite(monkeypatch):
     monkeypatch.setattr(Pipeline, "optimize", broken)
     outcome, message = oracle.check_model(seed_models()[1], 0)  # the MLP: weights are constants
     assert outcome == WRONG and "output" in message
+
+
+def test_inputs_that_break_a_recorded_shape_condition_are_not_compared():
+    # Reshape [B,2,3] -> [B,0] (0 copies dim 1): import records 6*B == 2*B, false for B = 2. onnxruntime
+    # still answers (shape (1, 6)); the reference cannot: the case is Cuvil's refusal, not a wrong result.
+    g = helper.make_graph([helper.make_node("Reshape", ["x", "s"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", 2, 3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          [numpy_helper.from_array(np.array([2, 0], np.int64), "s")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    outcome, message = oracle.check_model(m.SerializeToString(), 0)
+    assert outcome == CLEAN_ERROR and "B = 2 makes Reshape" in message
 
 
 def test_compiled_comparison(monkeypatch):

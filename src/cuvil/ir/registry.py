@@ -159,7 +159,9 @@ class ShapeConstraint:
                 "ge": f"{self.a} >= {self.b}", "mod0": f"({self.a}) % ({self.b}) == 0"}[self.kind]
 
 
-def _decide(kind: str, a: Dim, b: Dim) -> Optional[bool]:
+def decide_constraint(kind: str, a: Dim, b: Dim) -> Optional[bool]:
+    """Whether a ShapeConstraint of ``kind`` holds for dims ``a``, ``b``: None while either is symbolic and
+    the kind does not settle it."""
     if kind in ("eq", "bcast") and a == b:
         return True
     if kind == "bcast" and (a == 1 or b == 1):
@@ -180,7 +182,7 @@ class InferCtx:
     def require(self, kind: str, a: Dim, b: Dim, what: str) -> None:
         """A shape condition: fails now when static and false, is recorded when symbolic (and checked
         over the symbols' ranges by :mod:`cuvil.ir.constraints`)."""
-        ok = _decide(kind, a, b)
+        ok = decide_constraint(kind, a, b)
         if ok is False:
             self.fail(what)
         if ok is None:
