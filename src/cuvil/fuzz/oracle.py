@@ -6,6 +6,7 @@ import as well as the rewrites), else ``onnx.reference`` on the imported, unopti
 """
 from __future__ import annotations
 
+import math
 import os
 import traceback
 from typing import Dict, Optional, Tuple, Union
@@ -53,7 +54,7 @@ def random_inputs(g: Graph, rng: np.random.Generator) -> Optional[Dict[str, np.n
             shape = tuple(d if isinstance(d, int) else evaluate(d, env) for d in v.shape)
         except Exception:  # noqa: BLE001 - a derived dim the symbol values do not satisfy
             return None
-        if any(not isinstance(d, (int, np.integer)) or d < 0 for d in shape) or int(np.prod(shape)) > 1 << 20:
+        if any(not isinstance(d, (int, np.integer)) or d < 0 for d in shape) or math.prod(shape) > 1 << 20:
             return None
         dt = v.dtype
         if dt.is_float:
