@@ -174,8 +174,9 @@ def test_tensor_sizes_checked_before_allocation():
     sp = helper.make_sparse_tensor(numpy_helper.from_array(SPARSE_VALUES[:1], "w"),
                                    numpy_helper.from_array(np.array([0], np.int64), "w_idx"), [1 << 30, 1 << 30])
     one_line_error(ModelLoadError, add_w(sparse=[sp]), "over Cuvil's limit")
-    short = TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[2, 3], raw_data=b"\0" * 8)
-    one_line_error(ModelLoadError, add_w(inits=[short]), "cannot be read")
+    for size in (8, 32):  # raw data shorter or longer than the dims say
+        bad = TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[2, 3], raw_data=b"\0" * size)
+        one_line_error(ModelLoadError, add_w(inits=[bad]), "cannot be read")
 
 
 def test_huge_constant_outputs_stay_unfolded():
