@@ -1,6 +1,5 @@
 """Hostile or malformed models: every failure is a one-line CuvilError, and what imports computes what
 onnxruntime computes (sparse initializers, duplicate names, deep graphs, unfoldable constants)."""
-import os
 
 import numpy as np
 import onnx
