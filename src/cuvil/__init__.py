@@ -1,5 +1,6 @@
 """Cuvil: a compiler-as-a-library from ONNX inference graphs to self-contained native artifacts."""
-from .errors import CuvilError, ModelLoadError, ShapeError, UnsupportedDomainError, UnsupportedOpError
+from .errors import (CuvilError, GraphError, InvalidAttributeError, ModelLoadError, ShapeError, UnsupportedDomainError,
+                     UnsupportedOpError, UnsupportedTypeError)
 from .pipeline import Pipeline
 
 
@@ -12,5 +13,5 @@ def load(path, num_threads: int = 0, fallback=None, **gpu):
 
 __version__ = "0.1.0"
 
-__all__ = ["Pipeline", "load", "CuvilError", "ModelLoadError", "ShapeError", "UnsupportedDomainError",
-           "UnsupportedOpError", "__version__"]
+__all__ = ["Pipeline", "load", "CuvilError", "GraphError", "InvalidAttributeError", "ModelLoadError", "ShapeError",
+           "UnsupportedDomainError", "UnsupportedOpError", "UnsupportedTypeError", "__version__"]

@@ -26,3 +26,17 @@ class UnsupportedDomainError(CuvilError):
 
 class ShapeError(CuvilError):
     """Shapes or dtypes that do not fit an op, or that contradict what the model declares."""
+
+
+class GraphError(CuvilError):
+    """A graph whose structure breaks the IR's invariants: a cycle, a value used before it is defined, a
+    node removed while still used, two outputs of one name."""
+
+
+class InvalidAttributeError(ShapeError):
+    """A node attribute of the wrong type, or a required attribute that is missing (a ShapeError too, so code
+    that catches "this node does not fit its op" keeps catching it)."""
+
+
+class UnsupportedTypeError(CuvilError):
+    """An element type Cuvil does not know (ONNX data_type 0, an unassigned code) or does not support there."""

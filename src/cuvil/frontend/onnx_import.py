@@ -12,11 +12,13 @@ from typing import Dict, Optional, Union
 import numpy as np
 import onnx
 import onnx.defs
+import onnx.external_data_helper
 import onnx.inliner
 from google.protobuf.message import DecodeError
 from onnx import numpy_helper
 
-from ..errors import ModelLoadError, ShapeError, UnsupportedDomainError, UnsupportedOpError
+from ..errors import (InvalidAttributeError, ModelLoadError, ShapeError, UnsupportedDomainError, UnsupportedOpError,
+                      UnsupportedTypeError)
 from ..ir.dim import SymExpr, Symbol
 from ..ir.dtype import DType
 from ..ir.graph import Graph, Value
@@ -40,18 +42,30 @@ def load_model(src: Union[str, os.PathLike, bytes, onnx.ModelProto]) -> onnx.Mod
         except DecodeError as e:
             raise ModelLoadError(f"not an ONNX model: protobuf parse failed ({e})") from None
         return _check_nonempty(m, "<bytes>")
-    path = os.fspath(src)
+    try:
+        path = os.fspath(src)
+    except TypeError:
+        raise ModelLoadError(f"cannot load a model from a {type(src).__name__}: give a path, bytes or an "
+                             f"onnx.ModelProto") from None
     if not os.path.isfile(path):
         raise ModelLoadError(f"{path}: no such file")
     try:
         m = onnx.load(path, load_external_data=False)
+    except OSError as e:
+        raise ModelLoadError(f"{path}: cannot read the file ({e.strerror or e})") from None
     except (DecodeError, RuntimeError, ValueError) as e:
-        raise ModelLoadError(f"{path}: not an ONNX model: protobuf parse failed ({e})") from None
+        raise ModelLoadError(f"{path}: not an ONNX model: protobuf parse failed ({_one_line(e)})") from None
     try:
         onnx.external_data_helper.load_external_data_for_model(m, os.path.dirname(os.path.abspath(path)))
-    except (OSError, ValueError) as e:
-        raise ModelLoadError(f"{path}: cannot read external weights: {e}") from None
+    except Exception as e:  # onnx raises OSError, ValueError or its ValidationError (paths outside the model's folder)
+        raise ModelLoadError(f"{path}: cannot read external weights: {_one_line(e)}; external data files must lie "
+                             f"in the model's folder and hold every byte the tensor's dims need") from None
     return _check_nonempty(m, path)
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
 
 
 def _check_nonempty(m: onnx.ModelProto, where: str) -> onnx.ModelProto:
@@ -81,8 +95,39 @@ def import_model(model: onnx.ModelProto, *, constant_initializer_inputs: bool = 
     if opset > newest:
         raise ModelLoadError(f"opset {opset} is newer than the installed onnx package knows ({newest})")
     if model.functions:
-        model = onnx.inliner.inline_local_functions(model)
+        try:
+            model = onnx.inliner.inline_local_functions(model)
+        except Exception as e:  # onnx's ValidationError for recursive or undefined functions, and others
+            raise ModelLoadError(f"cannot inline the model's local functions: {_one_line(e)}") from None
+    _check_text(model)
     return _Importer(model, opset, constant_initializer_inputs).run()
+
+
+def _check_text(model: onnx.ModelProto) -> None:
+    """Every name the importer reads is text: protobuf hands back ``bytes`` for strings that are not UTF-8."""
+    def need(s, what):
+        if isinstance(s, bytes):
+            raise ModelLoadError(f"{what} {s!r} is not valid UTF-8; rename it in the model")
+
+    mg = model.graph
+    need(mg.name, "graph name")
+    for o in model.opset_import:
+        need(o.domain, "opset domain")
+    for t in list(mg.initializer) + [sp.values for sp in mg.sparse_initializer] + [sp.indices for sp in mg.sparse_initializer]:
+        need(t.name, "initializer name")
+    for vi in list(mg.input) + list(mg.output) + list(mg.value_info):
+        need(vi.name, "value name")
+        if vi.type.HasField("tensor_type"):
+            for d in vi.type.tensor_type.shape.dim:
+                need(d.dim_param, f"dim_param of {vi.name!r}")
+    for n in mg.node:
+        need(n.name, "node name")
+        need(n.op_type, "op type")
+        need(n.domain, "node domain")
+        for name in list(n.input) + list(n.output):
+            need(name, f"value name in node {n.name!r}")
+        for a in n.attribute:
+            need(a.name, f"attribute name in node {n.name!r}")
 
 
 _IDENT = re.compile(r"[^0-9A-Za-z_]")
@@ -104,16 +149,19 @@ class _Importer:
 
     def run(self) -> Graph:
         mg = self.model.graph
-        for init in mg.initializer:
-            arr = _to_array(init)
-            self.env[init.name] = self.g.const(arr, init.name)
-        for sp in mg.sparse_initializer:
-            arr = onnx.numpy_helper.to_array(sp.values)
-            dense = np.zeros(tuple(sp.dims), arr.dtype)
-            idx = onnx.numpy_helper.to_array(sp.indices)
-            dense.reshape(-1)[idx.reshape(-1)] = arr if idx.ndim == 1 else dense[tuple(idx.T)]
-            self.env[sp.values.name] = self.g.const(dense, sp.values.name)
+        # The spec forbids two initializers (dense or sparse) of one name; onnxruntime only warns and takes the
+        # last, so a model that relies on either reading is ambiguous: refuse it.
+        for name, arr in [(t.name, _to_array(t)) for t in mg.initializer] + \
+                         [(sp.values.name, sparse_to_dense(sp)) for sp in mg.sparse_initializer]:
+            if name in self.env:
+                raise ModelLoadError(f"initializer {name!r} is defined twice; initializer names must be unique")
+            self.env[name] = _const(self.g, arr, f"initializer {name!r}", name)
+        inputs = set()
         for vi in mg.input:
+            if vi.name in inputs:
+                raise ModelLoadError(f"graph input {vi.name!r} is listed twice; input names must be unique")
+            inputs.add(vi.name)
+            # A graph input of an initializer's name is that initializer's overridable default (IR >= 4).
             if vi.name in self.env and self.const_inits:
                 continue
             self.env[vi.name] = self.g.add_input(vi.name, self._type(vi, vi.name))
@@ -134,7 +182,10 @@ class _Importer:
             raise UnsupportedOpError("<input>", owner, detail=f"input {vi.name!r} is a {kind}, only tensors are supported")
         tt = vi.type.tensor_type
         if tt.elem_type == 0:
-            raise ShapeError(f"input {vi.name!r} has no element type")
+            raise UnsupportedTypeError(f"input {vi.name!r} has no element type (data_type 0)")
+        if tt.elem_type not in _KNOWN_DTYPES:
+            raise UnsupportedTypeError(f"input {vi.name!r} has element type {_dtype_name(tt.elem_type)}, which "
+                                       f"Cuvil does not support")
         if not tt.HasField("shape"):
             return TensorType(tt.elem_type, None)
         dims = []
@@ -153,15 +204,34 @@ class _Importer:
             raise UnsupportedDomainError(
                 f"node {where!r} ({np_.op_type}) is in domain {np_.domain!r}; only the default ONNX domain is supported")
         attrs = {}
+        schema = _schema(np_.op_type, self.opset)
         for a in np_.attribute:
             if a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
                 raise UnsupportedOpError(np_.op_type, where, self.opset, "control flow with subgraphs is not supported")
-            attrs[a.name] = _attr_value(a)
+            if a.name in attrs:
+                raise InvalidAttributeError(f"node {where!r} ({np_.op_type}) sets attribute {a.name!r} twice")
+            spec = schema.attributes.get(a.name) if schema is not None else None
+            if schema is not None and spec is None:
+                raise InvalidAttributeError(f"node {where!r} ({np_.op_type}) has attribute {a.name!r}, which the op "
+                                            f"does not have at opset {self.opset}")
+            if spec is not None and int(a.type) != int(spec.type):
+                raise InvalidAttributeError(
+                    f"node {where!r} ({np_.op_type}): attribute {a.name!r} is {_attr_type_name(a.type)}, the op "
+                    f"(opset {self.opset}) declares it {_attr_type_name(spec.type)}")
+            attrs[a.name] = _attr_value(a, f"node {where!r} ({np_.op_type}) attribute {a.name!r}")
         inputs = []
         for name in np_.input:
             if name not in self.env:
                 raise ModelLoadError(f"node {where!r} ({np_.op_type}) reads {name!r}, which nothing defines")
             inputs.append(self.env[name])
+        if schema is not None:
+            _check_input_types(schema, inputs, f"node {where!r} ({np_.op_type}, opset {self.opset})")
+        named = [o for o in np_.output if o]
+        for k, name in enumerate(named):
+            # One definition per name (SSA): a second one would silently shadow the first.
+            if name in self.env or name in named[:k]:
+                raise ModelLoadError(f"node {where!r} ({np_.op_type}) defines {name!r}, which is already defined; "
+                                     f"every value name must be assigned once")
         outs = legacy.canonicalize(self.g, np_.op_type, inputs, attrs, list(np_.output), where, self.opset)
         for name, v in zip(np_.output, outs):
             if name and v is not None:
@@ -175,7 +245,7 @@ class _Importer:
             return
         tt = vi.type.tensor_type
         if tt.elem_type and tt.elem_type != int(v.dtype):
-            raise ShapeError(f"{what} {name!r}: the model declares {DType(tt.elem_type).name} but "
+            raise ShapeError(f"{what} {name!r}: the model declares {_dtype_name(tt.elem_type)} but "
                              f"Cuvil infers {v.dtype.name}")
         if tt.HasField("shape") and v.shape is not None:
             declared = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
@@ -192,46 +262,171 @@ def _topological(mg: onnx.GraphProto):
     if all(produced.get(i, -1) < k for k, n in enumerate(mg.node) for i in n.input):
         return list(mg.node)
     order, state = [], {}
-
-    def visit(k):
-        if state.get(k) == 2:
-            return
-        if state.get(k) == 1:
-            raise ModelLoadError(f"the graph has a cycle through node {mg.node[k].name or mg.node[k].op_type!r}")
-        state[k] = 1
-        for i in mg.node[k].input:
-            if i in produced:
-                visit(produced[i])
-        state[k] = 2
-        order.append(mg.node[k])
-
-    for k in range(len(mg.node)):
-        visit(k)
+    # Depth-first with an explicit stack: a chain of thousands of nodes listed backwards must not recurse.
+    for root in range(len(mg.node)):
+        if state.get(root) == 2:
+            continue
+        stack = [(root, iter(mg.node[root].input))]
+        state[root] = 1
+        while stack:
+            k, pending = stack[-1]
+            for i in pending:
+                p = produced.get(i)
+                if p is None or state.get(p) == 2:
+                    continue
+                if state.get(p) == 1:
+                    raise ModelLoadError(f"the graph has a cycle through node {mg.node[p].name or mg.node[p].op_type!r}")
+                state[p] = 1
+                stack.append((p, iter(mg.node[p].input)))
+                break
+            else:
+                stack.pop()
+                state[k] = 2
+                order.append(mg.node[k])
     return order
 
 
-def _to_array(t: onnx.TensorProto) -> np.ndarray:
+# Largest tensor the importer materialises (dense initializers, sparse ones densified, constants): sizes are
+# checked against it from the dims, before anything is allocated.
+MAX_TENSOR_BYTES = 1 << 34
+_KNOWN_DTYPES = {int(d) for d in DType}
+
+
+def _dtype_name(code: int) -> str:
+    try:
+        return onnx.TensorProto.DataType.Name(code)
+    except ValueError:
+        return f"code {code}"
+
+
+def _attr_type_name(code) -> str:
+    try:
+        return onnx.AttributeProto.AttributeType.Name(int(code))
+    except ValueError:
+        return f"type {int(code)}"
+
+
+def _schema(op: str, opset: int):
+    try:
+        return onnx.defs.get_schema(op, opset, "")
+    except onnx.defs.SchemaError:
+        return None
+
+
+def _check_input_types(schema, inputs, what: str) -> None:
+    """Inputs against the op's schema, as onnxruntime checks them: not more than the op takes, each of an
+    element type its type constraint allows, and inputs that share a type parameter of one element type."""
+    formals = list(schema.inputs)
+    variadic = bool(formals) and formals[-1].option == onnx.defs.OpSchema.FormalParameterOption.Variadic
+    if len(inputs) > len(formals) and not variadic:
+        raise ShapeError(f"{what} has {len(inputs)} inputs; the op takes at most {len(formals)}")
+    allowed = {c.type_param_str: set(c.allowed_type_strs) for c in schema.type_constraints}
+    bound = {}
+    for k, v in enumerate(inputs):
+        if v is None:
+            continue
+        f = formals[min(k, len(formals) - 1)]
+        got = f"tensor({v.dtype.name.lower()})"
+        ok = allowed.get(f.type_str, {f.type_str})
+        if got not in ok:
+            raise UnsupportedTypeError(f"{what} input {k} ({f.name}) is {got}, which the op does not take "
+                                       f"(it takes {', '.join(sorted(ok))})")
+        if f.type_str in allowed and f.is_homogeneous:
+            first = bound.setdefault(f.type_str, (k, got))
+            if first[1] != got:
+                raise ShapeError(f"{what} input {k} is {got} but input {first[0]} is {first[1]}; they must match")
+
+
+def _check_size(dims, dtype_code: int, what: str) -> None:
+    if any(d < 0 for d in dims):
+        raise ModelLoadError(f"{what} has a negative dimension in {list(dims)}")
+    n = 1
+    for d in dims:
+        n *= d
+    item = DType(dtype_code).itemsize if dtype_code in _KNOWN_DTYPES and dtype_code != DType.STRING else 8
+    if n * item > MAX_TENSOR_BYTES:
+        raise ModelLoadError(f"{what} has dims {list(dims)}: {n * item} bytes, over Cuvil's limit of "
+                             f"{MAX_TENSOR_BYTES} bytes for one tensor")
+
+
+def _to_array(t: onnx.TensorProto, what: str = "") -> np.ndarray:
+    what = what or f"initializer {t.name!r}"
+    if t.data_type == 0 or t.data_type not in _KNOWN_DTYPES:
+        raise UnsupportedTypeError(f"{what} has element type {_dtype_name(t.data_type)}, which Cuvil does not support")
+    if onnx.external_data_helper.uses_external_data(t):
+        # Only a model loaded from its path has a folder to resolve the file in; never read the working directory.
+        raise ModelLoadError(f"{what} keeps its data in an external file; load the model from its path "
+                             f"(cuvil.load_model(path)) so the file is read from the model's folder")
+    _check_size(t.dims, t.data_type, what)
     try:
         arr = numpy_helper.to_array(t)
     except Exception as e:  # onnx raises several types for truncated or inconsistent tensors
-        raise ModelLoadError(f"initializer {t.name!r} cannot be read: {e}") from None
+        raise ModelLoadError(f"{what} cannot be read: {_one_line(e)}") from None
     return arr
 
 
-def _attr_value(a: onnx.AttributeProto):
-    v = onnx.helper.get_attribute_value(a)
+def sparse_to_dense(sp: onnx.SparseTensorProto, what: str = "") -> np.ndarray:
+    """The dense array of a sparse tensor. Its indices are either linearized (``[NNZ]``, row-major offsets)
+    or coordinates (``[NNZ, rank]``), as the ONNX spec allows; both are bounds-checked."""
+    what = what or f"sparse initializer {sp.values.name!r}"
+    dims = tuple(int(d) for d in sp.dims)
+    vals = _to_array(sp.values, what + " values").reshape(-1)
+    idx = _to_array(sp.indices, what + " indices")
+    _check_size(dims, sp.values.data_type, what)
+    if idx.dtype.kind not in "iu":
+        raise ModelLoadError(f"{what}: indices must be integers, not {idx.dtype}")
+    nnz = vals.shape[0]
+    rank = len(dims)
+    if idx.ndim == 2 and idx.shape == (nnz, rank):
+        for k in range(rank):
+            col = idx[:, k]
+            if nnz and (col.min() < 0 or col.max() >= dims[k]):
+                raise ModelLoadError(f"{what}: a coordinate index on axis {k} is outside dims {list(dims)}")
+        flat = np.ravel_multi_index(tuple(idx.T.astype(np.int64)), dims) if nnz else np.zeros(0, np.int64)
+    elif idx.ndim == 1 and idx.shape[0] == nnz:
+        size = int(np.prod(dims, dtype=np.int64))
+        if nnz and (idx.min() < 0 or idx.max() >= size):
+            raise ModelLoadError(f"{what}: a linear index is outside the {size} elements of dims {list(dims)}")
+        flat = idx.astype(np.int64)
+    else:
+        raise ModelLoadError(f"{what}: indices of shape {list(idx.shape)} fit neither [NNZ] nor [NNZ, rank] for "
+                             f"{nnz} values of dims {list(dims)}")
+    dense = np.zeros(dims, vals.dtype)
+    dense.reshape(-1)[flat] = vals
+    return dense
+
+
+def _const(g: Graph, arr: np.ndarray, what: str, name: str) -> Value:
+    try:
+        return g.const(arr, name)
+    except TypeError:
+        raise UnsupportedTypeError(f"{what} has element type {arr.dtype}, which Cuvil does not support") from None
+
+
+def _text(b: bytes, what: str) -> str:
+    try:
+        return b.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ModelLoadError(f"{what} is not valid UTF-8") from None
+
+
+def _attr_value(a: onnx.AttributeProto, what: str = ""):
+    what = what or f"attribute {a.name!r}"
+    try:
+        v = onnx.helper.get_attribute_value(a)
+    except Exception as e:  # an AttributeProto of type UNDEFINED or an unknown type code
+        raise InvalidAttributeError(f"{what} cannot be read: {_one_line(e)}") from None
     if isinstance(v, bytes):
-        return v.decode("utf-8", "replace")
+        return _text(v, what)
     if isinstance(v, onnx.TensorProto):
-        return _to_array(v)
+        return _to_array(v, what)
     if isinstance(v, onnx.SparseTensorProto):
-        vals, idx = numpy_helper.to_array(v.values), numpy_helper.to_array(v.indices)
-        dense = np.zeros(tuple(v.dims), vals.dtype)
-        dense.reshape(-1)[idx.reshape(-1)] = vals
-        return dense
+        return sparse_to_dense(v, what)
     if isinstance(v, list):
-        return [x.decode("utf-8", "replace") if isinstance(x, bytes) else
-                _to_array(x) if isinstance(x, onnx.TensorProto) else x for x in v]
+        return [_text(x, what) if isinstance(x, bytes) else
+                _to_array(x, what) if isinstance(x, onnx.TensorProto) else x for x in v]
+    if v is None:
+        raise InvalidAttributeError(f"{what} has no value (attribute type {_attr_type_name(a.type)})")
     return v
 
 

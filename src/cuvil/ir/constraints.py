@@ -13,9 +13,9 @@ from typing import Dict, List, Mapping, Optional, Tuple
 import attrs
 import z3
 
-from .dim import Dim, SymExpr
+from .dim import Dim, SymExpr, evaluate
 from .graph import Graph
-from .registry import ShapeConstraint
+from .registry import ShapeConstraint, decide_constraint
 
 Ranges = Mapping[str, Tuple[int, int]]
 
@@ -76,6 +76,21 @@ def _ranges(g: Graph, ranges: Optional[Ranges]) -> Dict[str, Tuple[int, int]]:
     out = {s.name: (s.min, s.max) for s in g.symbols.values()}
     out.update(ranges or {})
     return out
+
+
+def first_violation_at(g: Graph, values: Mapping[str, int]) -> Optional[str]:
+    """The first recorded shape constraint that fails for these concrete symbol values, described, or None
+    (no solver needed: every dim evaluates to an int)."""
+    for n in g.nodes:
+        for c in n.constraints:
+            try:
+                ok = decide_constraint(c.kind, evaluate(c.a, values), evaluate(c.b, values))
+            except (KeyError, ZeroDivisionError):
+                ok = False
+            if not ok:
+                vals = ", ".join(f"{k} = {v}" for k, v in sorted(values.items()))
+                return f"{vals} makes {n.op} {n.name!r} need {c}: {c.what}"
+    return None
 
 
 def check_constraints(g: Graph, ranges: Optional[Ranges] = None, timeout_ms: int = 5000) -> List[Violation]:

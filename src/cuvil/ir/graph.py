@@ -12,6 +12,7 @@ import attrs
 import numpy as np
 from attrs import Factory
 
+from ..errors import GraphError
 from .dim import Dim, Symbol
 from .dtype import DType
 from .types import TensorType
@@ -60,10 +61,6 @@ class Node:
 
     def __repr__(self):
         return f"<{self.op} {self.name!r}>"
-
-
-class GraphError(Exception):
-    pass
 
 
 @attrs.define(eq=False, repr=False)

@@ -15,8 +15,8 @@ import numpy as np
 import onnx
 import onnx.defs
 
-from ..errors import ShapeError, UnsupportedOpError
-from .dim import Dim, as_dim
+from ..errors import InvalidAttributeError, ShapeError, UnsupportedOpError
+from .dim import Dim, SymExpr, as_dim
 from .dtype import DType
 from .types import TensorType
 
@@ -159,7 +159,9 @@ class ShapeConstraint:
                 "ge": f"{self.a} >= {self.b}", "mod0": f"({self.a}) % ({self.b}) == 0"}[self.kind]
 
 
-def _decide(kind: str, a: Dim, b: Dim) -> Optional[bool]:
+def decide_constraint(kind: str, a: Dim, b: Dim) -> Optional[bool]:
+    """Whether a ShapeConstraint of ``kind`` holds for dims ``a``, ``b``: None while either is symbolic and
+    the kind does not settle it."""
     if kind in ("eq", "bcast") and a == b:
         return True
     if kind == "bcast" and (a == 1 or b == 1):
@@ -180,7 +182,7 @@ class InferCtx:
     def require(self, kind: str, a: Dim, b: Dim, what: str) -> None:
         """A shape condition: fails now when static and false, is recorded when symbolic (and checked
         over the symbols' ranges by :mod:`cuvil.ir.constraints`)."""
-        ok = _decide(kind, a, b)
+        ok = decide_constraint(kind, a, b)
         if ok is False:
             self.fail(what)
         if ok is None:
@@ -223,9 +225,15 @@ class InferCtx:
         return len(self.shape(i))
 
     def attr(self, name: str, default: Any = None) -> Any:
+        """The attribute's value, checked against its declared type (see :func:`check_attr`); its default
+        when absent; a required attribute that is absent is an InvalidAttributeError."""
         if name in self.node.attrs:
-            return self.node.attrs[name]
-        return self._defaults.get(name, default)
+            return check_attr(self.opdef, name, self.node.attrs[name])
+        if name in self._defaults:
+            return self._defaults[name]
+        if default is None and name in self.opdef.schema.attributes and self.opdef.schema.attributes[name].required:
+            raise InvalidAttributeError(f"missing required attribute {name!r}")
+        return default
 
     def has_attr(self, name: str) -> bool:
         return name in self.node.attrs
@@ -247,20 +255,21 @@ class InferCtx:
     def attr_or_input(self, name: str, i: int):
         """A lifted attribute, or its value from a constant/symbolic input when it was not lifted."""
         if name in self.node.attrs:
-            return self.node.attrs[name]
+            return check_attr(self.opdef, name, self.node.attrs[name])
         s = self.sym(i)
         if s is not None:
             return list(s)
         c = self.const(i)
         if c is not None:
-            return c
+            # A constant the lifting did not take (not integer, or large): checked like the attribute.
+            return check_attr(self.opdef, name, c.tolist())
         return None
 
     def fail(self, msg: str):
         raise ShapeError(msg)
 
     def axis(self, a: int, rank: int, what: str = "axis") -> int:
-        if not -rank <= a < max(rank, 1):
+        if not -rank <= a < rank:
             self.fail(f"{what} {a} out of range for rank {rank}")
         return a + rank if a < 0 else a
 
@@ -280,7 +289,7 @@ def infer_node(node, num_outputs: Optional[int] = None) -> Tuple[List[TensorType
         dt = next((v.dtype for v in node.inputs if v is not None), DType.FLOAT)
         types = [TensorType(dt, None)] * ctx.num_outputs
     except ShapeError as e:
-        raise ShapeError(f"node {node.name!r} ({node.op}): {e}") from None
+        raise type(e)(f"node {node.name!r} ({node.op}): {e}") from None
     node.constraints = ctx.constraints
     syms: List[Optional[Tuple[Dim, ...]]] = [None] * len(types)
     if opdef.sym_eval is not None:
@@ -291,6 +300,92 @@ def infer_node(node, num_outputs: Optional[int] = None) -> Tuple[List[TensorType
         if got is not None:
             syms = list(got) + [None] * (len(types) - len(got))
     return types, syms
+
+
+# --- attribute types ----------------------------------------------------------------------------------
+
+_A = onnx.defs.OpSchema.AttrType
+# What each declared attribute type admits as a Python value in a Node's ``attrs``.
+_ATTR_KINDS = {_A.INT: "int", _A.FLOAT: "float", _A.STRING: "str", _A.TENSOR: "tensor", _A.SPARSE_TENSOR: "tensor",
+               _A.INTS: "ints", _A.FLOATS: "floats", _A.STRINGS: "strs"}
+# Lifted attributes (constant inputs moved into attributes) hold a scalar or a flat list of these.
+_LIFTED_KINDS = {"i64": "int", "f32": "float", "data": "number"}
+_KIND_WORDS = {"int": "an integer", "float": "a float", "str": "a string", "tensor": "a tensor", "number": "a number",
+               "ints": "a list of integers", "floats": "a list of floats", "strs": "a list of strings"}
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, (int, np.integer, SymExpr))
+
+
+def _is_float(v) -> bool:
+    return isinstance(v, (int, float, np.integer, np.floating))
+
+
+def _fits(kind: str, v) -> bool:
+    if kind == "int":
+        return _is_int(v)
+    if kind in ("float", "number"):
+        return _is_float(v) or (kind == "number" and isinstance(v, (bool, np.bool_)))
+    if kind == "str":
+        return isinstance(v, str)
+    if kind == "tensor":
+        return isinstance(v, (np.ndarray, onnx.TensorProto, onnx.SparseTensorProto))
+    if isinstance(v, (list, tuple)):
+        return all(_fits(kind[:-1], x) for x in v)
+    return False
+
+
+def _describe(v) -> str:
+    if isinstance(v, (list, tuple)):
+        inner = {type(x).__name__ for x in v}
+        return f"a list of {'/'.join(sorted(inner))}" if inner else "an empty list"
+    return {"int": "an integer", "float": "a float", "str": "a string", "ndarray": "a tensor"}.get(
+        type(v).__name__, f"a {type(v).__name__}")
+
+
+@functools.lru_cache(maxsize=None)
+def _lifted_kind(op: str, idx: int, kind: str) -> str:
+    """What a lifted input admits: integers where its ONNX type constraint is integer-only (Reshape's shape),
+    any number where it also admits floats (OneHot's depth)."""
+    kind = _LIFTED_KINDS[kind]
+    schema = op_schema(op)
+    if kind != "int" or idx >= len(schema.inputs):
+        return kind
+    tstr = schema.inputs[idx].type_str
+    allowed = next((c.allowed_type_strs for c in schema.type_constraints if c.type_param_str == tstr), [tstr])
+    return "number" if any("float" in t or "double" in t for t in allowed) else "int"
+
+
+@functools.lru_cache(maxsize=None)
+def _attr_kind(op: str, name: str) -> Optional[Tuple[str, bool]]:
+    """(kind, lifted) of attribute ``name`` of ``op``, or None where nothing is declared for it."""
+    opdef = REGISTRY[op]
+    for n, idx, kind in opdef.lifted:
+        if n == name:
+            return _lifted_kind(op, idx, kind), True
+    spec = opdef.schema.attributes.get(name)
+    kind = _ATTR_KINDS.get(spec.type) if spec is not None else None
+    return None if kind is None else (kind, False)
+
+
+def check_attr(opdef: OpDef, name: str, value: Any) -> Any:
+    """``value`` if it has the type that attribute ``name`` of ``opdef`` is declared with (in the op's ONNX
+    schema, or its lifted-input table); else an InvalidAttributeError naming both. The one place shape
+    functions' attribute access is type-checked."""
+    declared = _attr_kind(opdef.name, name)
+    if declared is None:
+        return value
+    kind, lifted = declared
+    if lifted:
+        if _fits(kind, value) or (isinstance(value, (list, tuple)) and _fits(kind + "s", value)):
+            return value
+        want = f"{_KIND_WORDS[kind]} or a flat list of them"
+    else:
+        if _fits(kind, value):
+            return value
+        want = _KIND_WORDS[kind]
+    raise InvalidAttributeError(f"attribute {name!r} must be {want}, not {_describe(value)}")
 
 
 # --- helpers shared by shape functions -----------------------------------------------------------------

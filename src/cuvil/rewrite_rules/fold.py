@@ -69,9 +69,17 @@ def _fold_sym_values(g: Graph, n: Node) -> bool:
 def _fold_node(g: Graph, n: Node) -> bool:
     if not _foldable(n):
         return False
-    results = evaluate_node(g, n)
-    for o, arr in zip(n.outputs, results):
-        arr = np.asarray(arr, dtype=o.dtype.numpy).reshape(o.type.shape)
+    try:
+        results = evaluate_node(g, n)
+        arrays = [np.asarray(arr, dtype=o.dtype.numpy).reshape(o.type.shape) for o, arr in zip(n.outputs, results)]
+    except Exception:  # noqa: BLE001
+        # The reference refused the node (inputs that fit its declared shapes but not its semantics, e.g. a
+        # GatherElements index off the data's shape) or gave a result that contradicts inference: folding is
+        # an optimisation, so the node stays as it is and compilation reports it where it must.
+        return False
+    if len(arrays) != len(n.outputs):
+        return False
+    for o, arr in zip(n.outputs, arrays):
         g.replace_all_uses(o, g.const(arr, o.name))
     g.remove_node(n)
     return True

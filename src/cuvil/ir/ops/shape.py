@@ -15,6 +15,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from ...errors import ShapeError
 from ..dim import SymExpr, as_dim, ceildiv, dmin, floordiv, product
 from ..dtype import DType
 from ..registry import InferCtx, broadcast_shapes, op
@@ -42,6 +43,8 @@ def dims(x):
         x = x.reshape(-1).tolist()
     elif not isinstance(x, (list, tuple)):
         x = [x]
+    if not all(isinstance(v, (int, np.integer, SymExpr)) for v in x):
+        raise ShapeError(f"expected integers, got {x if len(x) <= 8 else x[:8] + ['...']}")
     return [as_dim(v) for v in x]
 
 
