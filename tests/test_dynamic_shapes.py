@@ -558,3 +558,20 @@ def test_cli_demo_runs_fixed_and_dynamic(capsys):
     out = capsys.readouterr().out
     assert "demo passed" in out
     assert re.search(r"dynamic +one library for N=1:2:8 .*batches 1, 5, 8 vs onnx.reference", out)
+
+
+def test_concat_along_symbolic_axes_compiles_and_runs():
+    """Concat of two inputs whose concatenated dims are both symbols (found by the fuzz suite: lowering compared a
+    symbolic dim with 0 and raised TypeError). One library serves every split of the rows."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["M", 4])
+    z = helper.make_tensor_value_info("z", TensorProto.FLOAT, None)
+    g = helper.make_graph([helper.make_node("Concat", ["x", "y"], ["c"], axis=0), helper.make_node("Relu", ["c"], ["z"])],
+                          "concat_sym", [x, y], [z])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    art = Pipeline.from_onnx(m).optimize().with_profiles({"N": (1, 2, 8), "M": (1, 3, 8)}).compile()
+    rng = np.random.default_rng(0)
+    for n, k in [(1, 3), (2, 1), (5, 2), (8, 8)]:
+        a = rng.standard_normal((n, 4)).astype(np.float32)
+        b = rng.standard_normal((k, 4)).astype(np.float32)
+        np.testing.assert_array_equal(art.run({"x": a, "y": b})["z"], np.maximum(np.concatenate([a, b]), 0))

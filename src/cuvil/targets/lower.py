@@ -6,6 +6,7 @@ allocate: an op that needs an intermediate (Softmax's row max) asks ``ctx.temp``
 """
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -13,7 +14,7 @@ import attrs
 import numpy as np
 
 from ..errors import UnsupportedOpError
-from ..ir.dim import SymExpr, dmax, dmin, evaluate, free_symbols, product
+from ..ir.dim import SymExpr, dmax, dmin, evaluate, free_symbols, is_static, product
 from ..ir.dtype import DType
 from ..ir.graph import Node
 from .gemm import (MR, Contraction, DepthwiseWindow, MatContraction, PadWindow, WinogradInput, WinogradOutput, channel_lanes, choose_tile,
@@ -531,8 +532,8 @@ def _concat(ctx):
     shape = ctx.out_shape()
     axis = ctx.attr("axis") % len(shape)
 
-    ins = [t for t in ins if t.shape[axis] > 0]
-    bounds = list(np.cumsum([0] + [t.shape[axis] for t in ins]))
+    ins = [t for t in ins if not (is_static(t.shape[axis]) and t.shape[axis] == 0)]   # a symbolic piece may be empty at run time: kept
+    bounds = list(itertools.accumulate([0] + [t.shape[axis] for t in ins]))
 
     def piece(t, idx, start, clamped):
         sub = list(idx)
@@ -549,7 +550,7 @@ def _concat(ctx):
         for t, start, end in reversed(list(zip(ins, bounds[:-1], bounds[1:]))):
             val = piece(t, idx, start, len(ins) > 1)
             out = val if out is None else select(cmp("lt", idx[axis], const(end, I64)), val, out)
-        if len(ins) == 1:
+        if len(ins) == 1 or not all(is_static(b) for b in bounds):   # split stages need static piece bounds
             return out
         # the unclamped pieces are built only if the stage is split (building them here too would double
         # the expression at every level of inlined concatenations)
