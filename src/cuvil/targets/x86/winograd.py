@@ -238,11 +238,12 @@ def emit_winograd_output(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
     # (v - v is NaN exactly for inf and NaN) is computed again directly, so the step is as finite as direct
     # convolution; finite blocks pay one subtract, compare and or per vector.
     direct = node.args[-2] if len(node.args) == 6 else None
-    # W is not stored: each W element is rebuilt from 36 (F(2x2): 16) values of U's panels. Done once per
-    # output channel and kernel call into the thread's scratch (C x 3 x 3 floats), not once per output and
-    # tap, the fallback costs a direct convolution (F(4x4), 64 -> 64 channels, 28 x 28, every tile tripping:
-    # 640 ms before, bench/winograd_fallback.py). The element's and the sum's arithmetic are the direct
-    # expression's own, so the values are the same.
+    # W is not stored: each W element is rebuilt from 36 (F(2x2): 16) values of U's panels. Rebuilt once per
+    # output channel and kernel call into the thread's scratch (C x 3 x 3 floats) rather than once per output
+    # and tap, and summed with the block's outputs innermost, the fallback costs about a scalar direct
+    # convolution (F(4x4), 64 -> 64 channels, 28 x 28, every tile tripping: ~50x faster,
+    # bench/winograd_fallback.py). The element's and the sum's arithmetic (operations, order, flags) are the
+    # direct expression's own, so the outputs are the same bit for bit.
     parts = fallback_weights(node) if direct is not None else None
     if parts is not None:
         w_elem, x_term, w_ext = parts
@@ -251,7 +252,6 @@ def emit_winograd_output(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
         w_buf = b.load(b.gep(em.bufs, [I64(km.scratch_index)], source_etype=PTR), typ=PTR)
         w_key = em.alloca(I64)           # the output channel whose W is in scratch (-1: none yet)
         b.store(I64(-1), w_key)
-        acc = em.alloca(F32)
 
         def w_slot(idx):
             flat = idx[0]
@@ -272,18 +272,27 @@ def emit_winograd_output(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
                 em.memo.pop()
                 b.store(k, w_key)
 
-        def direct_value():
-            """direct's own reduction (x86/codegen.py reduce), W read from scratch."""
-            b.store(ir.Constant(F32, 0.0), acc)
+        def direct_rows(slot, index, nrows, ncols):
+            """direct's own reduction (x86/codegen.py reduce: 0, then + W * x in (c, p, q) order) for every
+            output of the block, W read from scratch; the outputs' loop is innermost (the row schedule's
+            order, vectorisable), each output's sum still in order."""
+            def row(r):
+                em.loop_range(I64(0), ncols, lambda j: b.store(ir.Constant(F32, 0.0), slot(r, j)))
 
-            def term(idx):
-                for v, i in zip(d_vars, idx):
-                    em.env[v.attr] = i
-                r = b.fadd(b.load(acc, typ=F32), b.fmul(b.load(w_slot(idx), typ=F32), em.emit(x_term)))
-                r.flags.extend(["reassoc", "contract"])
-                b.store(r, acc)
-            em.loops(list(w_ext), term)
-            return b.load(acc, typ=F32)
+                def term(idx):
+                    for v, i in zip(d_vars, idx):
+                        em.env[v.attr] = i
+                    wv = b.load(w_slot(idx), typ=F32)
+
+                    def add(j):
+                        for v, i in zip(st.vars, index(r, j)):
+                            em.env[v.attr] = i
+                        out = b.fadd(b.load(slot(r, j), typ=F32), b.fmul(wv, em.emit(x_term)))
+                        out.flags.extend(["reassoc", "contract"])
+                        b.store(out, slot(r, j))
+                    em.loop_range(I64(0), ncols, add)
+                em.loops(list(w_ext), term)
+            em.loop_range(I64(0), nrows, row)
 
     def not_finite(o):
         bad = None
@@ -299,11 +308,13 @@ def emit_winograd_output(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
         def one(r, j):
             for v, i in zip(st.vars, index(r, j)):
                 em.env[v.attr] = i
-            b.store(em.emit(direct) if parts is None else direct_value(), slot(r, j))
+            b.store(em.emit(direct), slot(r, j))
         em.memo.append(dict(em.memo[-1]))     # values emitted in the branch stay in it
         if parts is not None:
             rebuild(k)
-        em.loop_range(I64(0), nrows, lambda r: em.loop_range(I64(0), ncols, lambda j: one(r, j)))
+            direct_rows(slot, index, nrows, ncols)
+        else:
+            em.loop_range(I64(0), nrows, lambda r: em.loop_range(I64(0), ncols, lambda j: one(r, j)))
         em.memo.pop()
 
     def unit(u):
