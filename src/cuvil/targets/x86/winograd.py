@@ -244,7 +244,7 @@ def emit_winograd_output(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
     # convolution (F(4x4), 64 -> 64 channels, 28 x 28, every tile tripping: ~50x faster,
     # bench/winograd_fallback.py). The element's and the sum's arithmetic (operations, order, flags) are the
     # direct expression's own, so the outputs are the same bit for bit.
-    parts = fallback_weights(node) if direct is not None else None
+    parts = fallback_weights(node) if direct is not None and km.scratch_index is not None else None
     if parts is not None:
         w_elem, x_term, w_ext = parts
         _, d_vars, _ = direct.attr
