@@ -18,8 +18,10 @@ from cuvil.dsl.parser import load_rules
 from cuvil.ir.ops import winograd as W
 from cuvil.rewrite_rules.prove import prove_rule
 from cuvil.rewrite_rules.verdicts import builtin_rules_dir
+from cuvil.targets import bounds
 from cuvil.targets.x86 import choose
 from cuvil.targets.x86 import winograd as x86_winograd
+from cuvil.targets.texpr import Buf
 from cuvil.targets.x86.gemm import tile_shapes
 
 TOL = 2e-5
@@ -326,3 +328,25 @@ def test_a_non_finite_input_spreads_like_direct_convolution(tile, bad):
     assert np.count_nonzero(~finite) == (72 if np.isnan(bad) else 38)   # inf: Relu makes the -inf ones 0
     np.testing.assert_array_equal(np.isfinite(got), finite)
     assert normwise(got[finite], want[finite]) < TOL
+
+
+@pytest.mark.parametrize("short", [False, True])
+def test_the_fallbacks_weight_scratch_is_in_the_memory_safety_certificate(short, monkeypatch):
+    """The fallback rebuilds one output channel's W (C x 3 x 3 floats) in the thread's scratch: the Winograd
+    output family states that access, so with the scratch stated one input channel short the kernel is not
+    proved (the stage runs the generic loop instead) and as reserved it is."""
+    stated = []
+    family = bounds._family_obligations
+
+    def obligations(st, node, doms):
+        out = family(st, node, doms)
+        for acc in out:
+            if acc.buf.name.startswith("scratch"):
+                stated.append(acc.buf.shape)
+                if short:
+                    acc.buf = Buf(acc.buf.name, acc.buf.dtype, (acc.buf.shape[0] - 1,) + acc.buf.shape[1:])
+        return out
+    monkeypatch.setattr(bounds, "_family_obligations", obligations)
+    art = compile_with_tile(conv_model(8, 8, 12, 12, [1, 1, 1, 1]), 4)
+    assert (8, 3, 3) in stated
+    assert ("winograd_out" in [s["kernel"] for s in art.manifest["steps"]]) != short

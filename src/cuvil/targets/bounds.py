@@ -35,7 +35,8 @@ import z3
 
 from ..ir.dim import SymExpr, bounds, product
 from ..ir.dtype import DType
-from .gemm import Contraction, DepthwiseWindow, MatContraction, PadWindow, WinogradInput, WinogradOutput
+from .gemm import (Contraction, DepthwiseWindow, MatContraction, PadWindow, WinogradInput, WinogradOutput,
+                   fallback_weights)
 from .schedule import ARENA, WEIGHTS, Schedule, Stage, root_of
 from .texpr import E, Buf, _rebuild, as_index, dim_index, nodes, substitute, var
 
@@ -564,6 +565,11 @@ def _family_obligations(st: Stage, node: E, doms) -> List[Access]:
         y, x = th * spec.tile + r, tw * spec.tile + q
         conds = _inside(y, spec.out_spatial[0]) + _inside(x, spec.out_spatial[1])   # cropped tiles
         out.append(Access(kind, st.buf, [n, k, y, x], conds, d, node=node))
+        parts = fallback_weights(node)
+        if parts is not None:   # the fallback's W of one output channel, in the thread's scratch (that size)
+            ext = parts[2]
+            scratch = Buf("scratch (fallback W)", DType.FLOAT, ext)
+            out.append(Access(kind, scratch, [_loop(d, "wc", e) for e in ext], [], d, node=node))
     elif node.op == "padwin" and isinstance(spec, PadWindow):
         # x86/pad.py runs each spatial axis over [0, begin) (fill), [begin, begin + size) (the interior: the
         # unclamped read, stored there) and [begin + size, extent) (fill), whatever the buffer's extent: a

@@ -17,13 +17,13 @@ backend replaces it by micro-kernels when the node is the stage's own output ele
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
 import attrs
 import numpy as np
 
 from ..ir.dim import product
-from .texpr import Buf
+from .texpr import Buf, E, nodes
 
 MR = 6   # output channels per weight panel (rows of the micro-kernel's register tile) by default
 
@@ -279,3 +279,25 @@ class WinogradOutput:
     def flops(self) -> int:
         a, t = self.tile + 2, self.tiles[0] * self.tiles[1]
         return 2 * (a * a * self.tile + self.tile * self.tile * a) * self.m.shape[0] * self.channels * t
+
+
+def fallback_weights(node: E) -> Optional[Tuple[E, E, Tuple[int, ...]]]:
+    """The parts of a ``wino_out`` node's direct convolution ``sum over (c, p, q) of W[k, c, p, q] * x``
+    (x86/winograd.py rebuilds one output channel's W into per-thread scratch once, then sums from it):
+    ``(w, x, (C, kh, kw))`` with ``w`` the reconstruction of one W element from U's panels, which may read
+    only the reduction's variables and the output channel ``node.args[1]``; None for any other form (the
+    kernel then evaluates the direct expression as it stands)."""
+    if len(node.args) != 6:
+        return None
+    direct = node.args[-2]
+    if direct.op != "reduce" or direct.attr[0] != "sum" or direct.args[0].op != "mul":
+        return None
+    w, x = direct.args[0].args
+    extents = direct.attr[2]
+    if w.op != "reduce" or node.args[1].op != "var" or not all(isinstance(d, int) for d in extents):
+        return None
+    inner = {v.attr for e in nodes(w) if e.op == "reduce" for v in e.attr[1]}
+    allowed = inner | {v.attr for v in direct.attr[1]} | {node.args[1].attr}
+    if any(e.op == "var" and e.attr not in allowed for e in nodes(w)):
+        return None
+    return w, x, tuple(extents)

@@ -21,8 +21,9 @@ from typing import List, Optional, Tuple
 
 import llvmlite.ir as ir
 
+from ...ir.dim import product
 from ...ir.ops.winograd import MATRICES
-from ..gemm import WinogradInput, WinogradOutput
+from ..gemm import WinogradInput, WinogradOutput, fallback_weights
 from ..schedule import Stage
 from .codegen import F32, I1, I32, I64, PTR, splat
 from .gemm import batch_only, find_contraction, tile_epilogue
@@ -237,6 +238,61 @@ def emit_winograd_output(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
     # (v - v is NaN exactly for inf and NaN) is computed again directly, so the step is as finite as direct
     # convolution; finite blocks pay one subtract, compare and or per vector.
     direct = node.args[-2] if len(node.args) == 6 else None
+    # W is not stored: each W element is rebuilt from 36 (F(2x2): 16) values of U's panels. Rebuilt once per
+    # output channel and kernel call into the thread's scratch (C x 3 x 3 floats) rather than once per output
+    # and tap, and summed with the block's outputs innermost, the fallback costs about a scalar direct
+    # convolution (F(4x4), 64 -> 64 channels, 28 x 28, every tile tripping: ~50x faster,
+    # bench/winograd_fallback.py). The element's and the sum's arithmetic (operations, order, flags) are the
+    # direct expression's own, so the outputs are the same bit for bit.
+    parts = fallback_weights(node) if direct is not None and km.scratch_index is not None else None
+    if parts is not None:
+        w_elem, x_term, w_ext = parts
+        _, d_vars, _ = direct.attr
+        km.scratch_bytes = max(km.scratch_bytes, product(w_ext) * 4)
+        w_buf = b.load(b.gep(em.bufs, [I64(km.scratch_index)], source_etype=PTR), typ=PTR)
+        w_key = em.alloca(I64)           # the output channel whose W is in scratch (-1: none yet)
+        b.store(I64(-1), w_key)
+
+        def w_slot(idx):
+            flat = idx[0]
+            for i, d in zip(idx[1:], w_ext[1:]):
+                flat = b.add(b.mul(flat, I64(d)), i)
+            return fptr(w_buf, flat)
+
+        def rebuild(k):
+            with b.if_then(b.icmp_signed("!=", b.load(w_key, typ=I64), k), likely=False):
+                em.memo.append(dict(em.memo[-1]))
+                em.env[node.args[1].attr] = k
+
+                def one(idx):
+                    for v, i in zip(d_vars, idx):
+                        em.env[v.attr] = i
+                    b.store(em.emit(w_elem), w_slot(idx))
+                em.loops(list(w_ext), one)
+                em.memo.pop()
+                b.store(k, w_key)
+
+        def direct_rows(slot, index, nrows, ncols):
+            """direct's own reduction (x86/codegen.py reduce: 0, then + W * x in (c, p, q) order) for every
+            output of the block, W read from scratch; the outputs' loop is innermost (the row schedule's
+            order, vectorisable), each output's sum still in order."""
+            def row(r):
+                em.loop_range(I64(0), ncols, lambda j: b.store(ir.Constant(F32, 0.0), slot(r, j)))
+
+                def term(idx):
+                    for v, i in zip(d_vars, idx):
+                        em.env[v.attr] = i
+                    wv = b.load(w_slot(idx), typ=F32)
+
+                    def add(j):
+                        for v, i in zip(st.vars, index(r, j)):
+                            em.env[v.attr] = i
+                        out = b.fadd(b.load(slot(r, j), typ=F32), b.fmul(wv, em.emit(x_term)))
+                        out.flags.extend(["reassoc", "contract"])
+                        b.store(out, slot(r, j))
+                    em.loop_range(I64(0), ncols, add)
+                em.loops(list(w_ext), term)
+            em.loop_range(I64(0), nrows, row)
 
     def not_finite(o):
         bad = None
@@ -248,13 +304,17 @@ def emit_winograd_output(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
         bits = ir.IntType(vw)
         return b.icmp_unsigned("!=", b.bitcast(bad, bits), ir.Constant(bits, 0))
 
-    def direct_tile(slot, index, nrows, ncols):
+    def direct_tile(slot, index, nrows, ncols, k):
         def one(r, j):
             for v, i in zip(st.vars, index(r, j)):
                 em.env[v.attr] = i
             b.store(em.emit(direct), slot(r, j))
         em.memo.append(dict(em.memo[-1]))     # values emitted in the branch stay in it
-        em.loop_range(I64(0), nrows, lambda r: em.loop_range(I64(0), ncols, lambda j: one(r, j)))
+        if parts is not None:
+            rebuild(k)
+            direct_rows(slot, index, nrows, ncols)
+        else:
+            em.loop_range(I64(0), nrows, lambda r: em.loop_range(I64(0), ncols, lambda j: one(r, j)))
         em.memo.pop()
 
     def unit(u):
@@ -285,7 +345,7 @@ def emit_winograd_output(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
                 return b.gep(tile_f, [b.add(b.mul(r, I64(m * vw)), j)], source_etype=F32, inbounds=True)
             if direct is not None:
                 with b.if_then(not_finite(o), likely=False):
-                    direct_tile(slot, index, nrows, ncols)
+                    direct_tile(slot, index, nrows, ncols, k)
             tile_epilogue(em, st, node, slot, index, nrows, ncols, full=(m, m * vw))
         em.loop_range(I64(0), I64(-(-TW // vw)), block)
 
