@@ -708,6 +708,9 @@ ERRORS = [
     ("rule r\n  Relu(x) when rank(x) => x\n  prove exact\n", 2, 16, "rank(...) is not a condition"),
     ("rule r\n  Relu(x) => _\n  prove exact\n", 2, 14, "_ cannot appear in a replacement"),
     ("rule r on gpu\n  Relu(x) => x\n  prove exact\n", 1, 11, "'on' takes graph, kernel or x86"),
+    ("rule r\n    x => Relu(x)\n  prove exact\n", 2, 5, "a rule's pattern must be an op application"),
+    ("rule r\n  Relu(x) when dtype(x) in [float, floot] => x\n  prove exact\n", 2, 36, "unknown dtype 'floot'"),
+    ("rule r\n  Relu(x) when rank(x) in [float] => x\n  prove exact\n", 2, 16, "'in' takes dtype(name) on its left"),
 ]
 
 
