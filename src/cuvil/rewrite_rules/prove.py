@@ -905,7 +905,8 @@ def semantic_refutation(rule: Rule, instances: Sequence[Instance], rng: np.rando
                 same = z3.simplify(dom.equal(a, b))
                 if z3.is_false(same):
                     at = f"[{','.join(map(str, idx))}]" if idx else ""
-                    return (f"{inst.describe()}{' ' if inst.describe() else ''}{', '.join(shown)}: lhs{at} = "
+                    where = inst.describe() + " " if any(inst.shapes.values()) or inst.wild else ""
+                    return (f"{where}{', '.join(shown)}: lhs{at} = "
                             f"{_fmt(dom.value_of(None, a))}, rhs{at} = {_fmt(dom.value_of(None, b))} (Cuvil's float32 semantics)")
     return None
 
@@ -1096,9 +1097,9 @@ def _prove(rule: Rule, timeout_ms: int, verdict) -> Verdict:
     if is_elementwise(rule):
         inst = elementwise_instance(named)
         rng = np.random.default_rng(SEED)
-        cex, ran = (None, 0) if _uses_kernel_ops(rule) else random_refutation(named, [_vector_instance(inst)], rng)
-        if cex is None:
-            cex = semantic_refutation(named, [inst], rng, float_vars, SCALAR_DRAWS)
+        cex = semantic_refutation(named, [inst], rng, float_vars, SCALAR_DRAWS)
+        if cex is None and not _uses_kernel_ops(rule):
+            cex, _ = random_refutation(named, [_vector_instance(inst)], rng)
         if cex is not None:
             return verdict("refuted", "random testing (elementwise)", cex, detail="found by the random refuter")
         status, cex, detail, info = _prove_instance(named, inst, float_vars, timeout_ms)
