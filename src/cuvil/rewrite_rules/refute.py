@@ -99,8 +99,9 @@ def _num(x) -> str:
 
 
 def refute(samples: List[Sample], rng: np.random.Generator, exact: bool,
-           kinds: Dict[str, str]) -> Tuple[Optional[str], int]:
-    """A counterexample over ``samples`` (None if none differs), and how many samples ran."""
+           kinds: Dict[str, str], elementwise: bool = False) -> Tuple[Optional[str], int]:
+    """A counterexample over ``samples`` (None if none differs), and how many samples ran. For an
+    elementwise rule (inputs of one vector shape) it shows the scalars of the differing element alone."""
     ran = 0
     for s in samples:
         try:
@@ -120,12 +121,16 @@ def refute(samples: List[Sample], rng: np.random.Generator, exact: bool,
             ran += 1
             lhs, rhs = np.asarray(lhs), np.asarray(rhs)
             at = _differs(lhs, rhs, exact, rtol)
+            if at is not None and elementwise and lhs.shape == rhs.shape and at:
+                vals = ", ".join(f"{k} = {_num(v[at])}" for k, v in feeds.items())
+                consts = ", ".join(f"{c.name} = {_num(np.asarray(c.const).reshape(-1)[at[0]])}"
+                                   for c in s.graph.constants() if c.name != "lit" and np.size(c.const) > at[0])
+                return f"{vals}{', ' + consts if consts else ''}: lhs = {_num(lhs[at])}, rhs = {_num(rhs[at])}", ran
             if at is not None:
                 where = (f"shapes differ: lhs {list(lhs.shape)}, rhs {list(rhs.shape)}" if lhs.shape != rhs.shape
                          else f"lhs[{','.join(map(str, at))}] = {_num(lhs[at])}, rhs[{','.join(map(str, at))}] = {_num(rhs[at])}")
                 vals = ", ".join(f"{k} = {_show(v)}" for k, v in feeds.items())
                 consts = ", ".join(f"{c.name} = {_show(c.const)}" for c in s.graph.constants() if c.name != "lit")
-                return (f"{s.describe}{' ' if s.describe else ''}{vals}{', ' + consts if consts else ''}: {where}"
-                        f" (onnx.reference, {'float32' if exact else 'float64'})"), ran
+                return f"{s.describe}{' ' if s.describe else ''}{vals}{', ' + consts if consts else ''}: {where}", ran
     return None, ran
 
