@@ -17,6 +17,7 @@ from cuvil.ir.dtype import DType
 from cuvil.ir.graph import Graph
 from cuvil.ir.types import TensorType
 from cuvil.pipeline import _applied_rules
+from cuvil.rewrite_rules.generic import GenericResult
 from cuvil.reference import run_reference
 from cuvil.rewrite_rules.prove import RuleRejectedError, Verdict, prove_rule, rule_key
 from cuvil.rewrite_rules.verdicts import SHIPPED_NAME, builtin_rules, builtin_rules_dir
@@ -194,3 +195,19 @@ def test_prover_internal_error_is_an_unknown_verdict(monkeypatch):
     rule = parse_rules("rule r\n  Relu(Relu(x)) => Relu(x)\n  prove exact\n")[0]
     v = prove_rule(rule)
     assert v.status == "unknown" and "RuntimeError: internal failure" in v.detail
+
+
+def test_generic_proof_makes_a_structured_rule_proved(monkeypatch):
+    """The order: random refuter, then the generic prover (whose proof covers every shape), then Z3 on
+    bounded instances. Patched here so the test holds with or without the generic prover's fragment."""
+    rule = parse_rules("rule t2\n  Transpose(Transpose(x, perm=[1, 0]), perm=[1, 0]) => x\n  prove exact\n")[0]
+    monkeypatch.setattr(prove_mod, "prove_generic", lambda r, ms: GenericResult("proved", "generic: every shape"))
+    v = prove_rule(rule)
+    assert v.status == "proved" and v.shapes == "generic: every shape" and v.dtypes == ("*",)
+    wrong = parse_rules("rule t3\n  Transpose(Transpose(x, perm=[1, 0]), perm=[1, 0]) => Neg(x)\n  prove exact\n")[0]
+    v = prove_rule(wrong)
+    assert v.status == "refuted" and "random" in v.detail  # refuted before the generic prover is asked
+    monkeypatch.setattr(prove_mod, "prove_generic", lambda r, ms: GenericResult("refuted", "generic", "x = ..."))
+    assert prove_rule(rule).status == "refuted"
+    monkeypatch.setattr(prove_mod, "prove_generic", lambda r, ms: None)
+    assert prove_rule(rule).status in ("proved", "bounded")

@@ -1,4 +1,4 @@
-"""The prover: every rule's equivalence obligation, discharged by Z3 before the rule may run.
+"""The prover: every rule's equivalence obligation, discharged before the rule may run.
 
 A rule is instantiated on symbolic tensors (every element a Z3 variable) and both sides are evaluated
 with the op semantics of :mod:`cuvil.rewrite_rules.semantics`:
@@ -7,10 +7,22 @@ with the op semantics of :mod:`cuvil.rewrite_rules.semantics`:
 * ``prove real``: equal over the reals wherever the left side is defined, and the right side defined
   there too (division by zero, Sqrt/Log of out-of-domain arguments are definedness conditions).
 
-Rules whose ops are all elementwise are proved once on scalars, which covers every shape
-("shape-generic"). Other rules are proved on small concrete shapes found by a search that runs the op
-registry's shape inference and the rule's own guards, so an instance is one the rule could actually match.
-A refutation comes with a counterexample; a timeout, or no instance, is "unknown" and the rule never runs.
+The verdict (:class:`Verdict`) is one of
+
+* ``proved``: for every shape. Rules whose ops are all elementwise are proved once on scalars
+  ("shape-generic"), exact ones in float32 and again in float16, bfloat16 and float64; structured rules
+  when :func:`cuvil.rewrite_rules.generic.prove_generic` proves them with symbolic dims and attributes.
+* ``bounded``: proved by Z3 on N concrete instances with dims up to K, drawn adversarially (each
+  attribute variable independent, boundary values, reduced axes of 3 to 8 elements) and kept only if the
+  pattern matches them and the replacement type-checks. Bounded ``prove exact`` rules whose ops sum are
+  off by default (:attr:`Verdict.on_by_default`).
+* ``refuted``, with a counterexample; ``unknown``, with a reason (a timeout, no instance, an op without
+  semantics, or a failure of the prover itself: never a traceback).
+
+Before Z3, a random refuter runs both sides numerically (:mod:`cuvil.rewrite_rules.refute`: onnx.reference
+on many drawn instances, then, for exact rules, Cuvil's own float32 semantics on concrete values), so a
+wrong rule is refuted in milliseconds. Each verdict records the element types its proof covers; the
+engine lets a rule fire only on those (:func:`cuvil.rewrite_rules.verdicts.restrict_to_proof`).
 """
 from __future__ import annotations
 
@@ -1154,17 +1166,18 @@ def _prove(rule: Rule, timeout_ms: int, verdict) -> Verdict:
         if generic is not None and generic.status == "proved":
             return verdict("proved", generic.coverage, dtypes=_restrict(["float"] if exact else FLOAT_DTYPES, guard))
         return verdict("unknown", "none", detail="no small shapes satisfy the pattern, guards and types")
+    proved_generically = generic is not None and generic.status == "proved"
     moves, order_dependent = True, False
-    for inst in bounded:
-        status, cex, detail, info = _prove_instance(named, inst, float_vars, timeout_ms)
-        if status != "proved":
+    for inst in bounded:  # with a generic proof: only what the sides do (no solving), for the dtypes
+        status, cex, detail, info = _prove_instance(named, inst, float_vars, timeout_ms, solve=not proved_generically)
+        if status not in ("proved", "evaluated"):
             return verdict(status, inst.describe(), cex, detail)
         moves &= info["moves"]
         order_dependent |= info["sums"]
     dtypes = _restrict(ALL_DTYPES if moves else ["float"] if exact else FLOAT_DTYPES, guard)
     if not dtypes:
         return verdict("unknown", "", detail="the proof covers none of the element types the dtype guard allows")
-    if generic is not None and generic.status == "proved":
+    if proved_generically:
         return verdict("proved", generic.coverage, dtypes=dtypes, order_dependent=order_dependent)
     k = max_dim_of(bounded)
     return verdict("bounded", f"checked on {len(bounded)} instances, dims up to {k}",
@@ -1172,9 +1185,11 @@ def _prove(rule: Rule, timeout_ms: int, verdict) -> Verdict:
                    dtypes=dtypes, order_dependent=order_dependent)
 
 
-def _prove_instance(rule: Rule, inst: Instance, float_vars, timeout_ms: int, dom: Optional[sem.Domain] = None):
+def _prove_instance(rule: Rule, inst: Instance, float_vars, timeout_ms: int, dom: Optional[sem.Domain] = None,
+                    solve: bool = True):
     """(status, counterexample, detail, facts) with facts["moves"]: both sides only move elements (so the
-    proof holds for every element type) and facts["sums"]: an op of the rule adds elements of one tensor."""
+    proof holds for every element type) and facts["sums"]: an op of the rule adds elements of one tensor.
+    ``solve=False`` stops after the facts (status "evaluated")."""
     dom = dom or (sem.FP32Domain() if rule.proof == "exact" else sem.RealDomain())
     env = _Env(dom, inst, float_vars, var_kinds(rule))
     facts = {"moves": False, "sums": False}
@@ -1186,6 +1201,8 @@ def _prove_instance(rule: Rule, inst: Instance, float_vars, timeout_ms: int, dom
         return "unknown", None, f"no semantics: {e}", facts
     facts["moves"] = all(z3.is_const(x) for arr in (lhs, rhs) for x in np.asarray(arr).reshape(-1))
     facts["sums"] = any(_op_sums(*call) for call in env.calls)
+    if not solve:
+        return "evaluated", None, None, facts
     lhs_side, rhs_side = dom.side[:n_side], dom.side[n_side:]
     assumptions = [a for gd in rule.guards if _value_guard(gd, rule, float_vars)
                    for a in _guard_assumptions(gd, env)]
