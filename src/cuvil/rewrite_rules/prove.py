@@ -58,6 +58,8 @@ MAX_SEARCH = 4000  # candidate instantiations tried per rule
 REFUTE_INSTANCES, REFUTE_MAX_DIM, REFUTE_MAX_ELEMS = 24, 8, 2048
 BOUNDED_INSTANCES, BOUNDED_MAX_DIM, BOUNDED_MAX_ELEMS = 8, 6, 64
 DRAW_ATTEMPTS = 1500
+# Z3 on bounded instances stops drawing on more once MIN_BOUNDED are proved and BOUNDED_BUDGET_S have passed.
+MIN_BOUNDED, BOUNDED_BUDGET_S = 3, 6.0
 SEED = 25
 MAX_GENERIC = 300  # generic input-shape combinations tried per op of a pattern
 
@@ -648,9 +650,10 @@ def _rand_inputs(op: str, known, n: int, rng, max_dim: int) -> Optional[List[Tup
     for s in known[:n]:
         if s is not None:
             out.append(s)
-        elif base is None:
-            base = _rand_shape(rng, max_dim)
-            out.append(base)
+        elif base is None or (base == () and rng.random() < 0.7):  # a scalar broadcasts against anything
+            drawn = _rand_shape(rng, max_dim)
+            base = drawn if base is None else base
+            out.append(drawn)
         else:
             if rng.random() < 0.4:
                 out.append(base)
@@ -878,7 +881,7 @@ def random_refutation(rule: Rule, instances: Sequence[Instance], rng: np.random.
 SEMANTIC_DRAWS = 2       # value draws per bounded instance for the semantic refuter
 SEMANTIC_ELEMENTS = 12   # output elements compared per draw
 SCALAR_DRAWS = 200       # value draws for an elementwise rule's scalar instance
-FORMAT_TIMEOUT_MS = 3000  # per extra float format of an elementwise exact rule (not covered if it runs out)
+FORMAT_TIMEOUT_MS = 1000  # per extra float format of an elementwise exact rule (not covered if it runs out)
 
 
 def semantic_refutation(rule: Rule, instances: Sequence[Instance], rng: np.random.Generator, float_vars,
@@ -1168,12 +1171,17 @@ def _prove(rule: Rule, timeout_ms: int, verdict) -> Verdict:
         return verdict("unknown", "none", detail="no small shapes satisfy the pattern, guards and types")
     proved_generically = generic is not None and generic.status == "proved"
     moves, order_dependent = True, False
+    started, checked = time.perf_counter(), []
     for inst in bounded:  # with a generic proof: only what the sides do (no solving), for the dtypes
+        if len(checked) >= MIN_BOUNDED and time.perf_counter() - started > BOUNDED_BUDGET_S:
+            break  # the verdict states the instances actually checked
         status, cex, detail, info = _prove_instance(named, inst, float_vars, timeout_ms, solve=not proved_generically)
         if status not in ("proved", "evaluated"):
             return verdict(status, inst.describe(), cex, detail)
         moves &= info["moves"]
         order_dependent |= info["sums"]
+        checked.append(inst)
+    bounded = checked
     dtypes = _restrict(ALL_DTYPES if moves else ["float"] if exact else FLOAT_DTYPES, guard)
     if not dtypes:
         return verdict("unknown", "", detail="the proof covers none of the element types the dtype guard allows")
@@ -1209,18 +1217,66 @@ def _prove_instance(rule: Rule, inst: Instance, float_vars, timeout_ms: int, dom
     lhs_side = assumptions + lhs_side
     if dom.name == "real" and _polynomial_identity(lhs, rhs) and _implied(dom, lhs_side, rhs_side, timeout_ms):
         return "proved", None, None, facts
-    goal = sem.tensors_equal(dom, lhs, rhs)
     s = z3.Solver()
     s.set("timeout", int(timeout_ms))
     s.add(*dom.axioms)
     s.add(*lhs_side)
-    s.add(z3.Not(z3.And(goal, *rhs_side)) if rhs_side else z3.Not(goal))
-    res = s.check()
-    if res == z3.unsat:
-        return "proved", None, None, facts
-    if res == z3.unknown:
-        return "unknown", None, f"z3: {s.reason_unknown()}", facts
-    return "refuted", _counterexample(s.model(), dom, env, lhs, rhs, rhs_side), None, facts
+    if np.shape(lhs) != np.shape(rhs):
+        return "refuted", f"shapes differ: lhs {list(np.shape(lhs))}, rhs {list(np.shape(rhs))}", None, facts
+    # One query per output element (and one for the replacement's definedness): the tensors are equal iff
+    # every element is, and many small bit-precise queries are far easier for Z3 than one disjunction.
+    # In the real domain an element whose sides are the same rational function (see _polynomial_identity)
+    # needs no query: it holds wherever the denominators are non-zero, which the definedness goal covers.
+    goals = [sem.tensors_equal(dom, lhs[idx], rhs[idx]) for idx in np.ndindex(*np.shape(lhs))
+             if not (dom.name == "real" and _polynomial_identity(np.asarray(lhs[idx]), np.asarray(rhs[idx])))]
+    if rhs_side:
+        goals.append(z3.And(*rhs_side))
+    # Without assumptions or axioms, a goal equal to one already proved up to a renaming of its variables
+    # (the same computation on other elements) is proved too.
+    seen = set() if not (dom.axioms or lhs_side) else None
+    for goal in goals or [z3.BoolVal(True)]:
+        if seen is not None:
+            shape_of_goal = _up_to_renaming(goal)
+            if shape_of_goal in seen:
+                continue
+            seen.add(shape_of_goal)
+        s.push()
+        s.add(z3.Not(goal))
+        res = s.check()
+        if res == z3.sat:
+            return "refuted", _counterexample(s.model(), dom, env, lhs, rhs, rhs_side), None, facts
+        if res == z3.unknown:
+            return "unknown", None, f"z3: {s.reason_unknown()}", facts
+        s.pop()
+    return "proved", None, None, facts
+
+
+_QUOTED = re.compile(r"\|[^|]*\||\b[A-Za-z_][A-Za-z0-9_!]*\b")
+
+
+def _up_to_renaming(goal) -> str:
+    """The goal's S-expression with every uninterpreted constant renamed in order of first appearance."""
+    names = {c.decl().name() for c in _constants(goal)}
+    order: Dict[str, str] = {}
+
+    def rename(m):
+        tok = m.group(0)
+        key = tok[1:-1] if tok.startswith("|") else tok
+        if key not in names:
+            return tok
+        return order.setdefault(key, f"v{len(order)}")
+
+    return _QUOTED.sub(rename, goal.sexpr())
+
+
+def _constants(e, seen=None):
+    seen = set() if seen is None else seen
+    if e.get_id() in seen:
+        return []
+    seen.add(e.get_id())
+    if z3.is_const(e) and e.decl().kind() == z3.Z3_OP_UNINTERPRETED:
+        return [e]
+    return [c for k in e.children() for c in _constants(k, seen)]
 
 
 _ADDS = (z3.Z3_OP_FPA_ADD, z3.Z3_OP_FPA_SUB)
