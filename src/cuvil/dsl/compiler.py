@@ -17,7 +17,7 @@ from ..ir.dtype import DType
 from ..ir.graph import Graph, Node, Value
 from ..ir.registry import attr_defaults, lookup
 from ..rewrite_rules.lifting import implicit_attr
-from .ast import Expr, FuncCall, ListLit, Num, OpCall, Rule, Var, Wildcard
+from .ast import DTYPE_NAMES, Compare, Expr, FuncCall, ListLit, Num, OpCall, Rule, Var, Wildcard
 
 _ARITH = {"Add": lambda a, b: a + b, "Sub": lambda a, b: a - b, "Mul": lambda a, b: a * b,
           "Div": lambda a, b: a / b}
@@ -147,6 +147,9 @@ class _NoValue(Exception):
 
 def guard_holds(gd, b: Bindings, g: Graph) -> bool:
     try:
+        if isinstance(gd, Compare) and gd.op == "in":  # dtype(x) in [float, float16]
+            v = b.values.get(gd.left.args[0].name)
+            return v is not None and v.dtype in {DTYPE_NAMES[item.name] for item in gd.right.items}
         if isinstance(gd, FuncCall):
             return bool(_guard_value(gd, b, g))
         left, right = _guard_value(gd.left, b, g), _guard_value(gd.right, b, g)

@@ -34,6 +34,8 @@ class _ToAst(Transformer):
         self.path, self.source = path, source
 
     def _loc(self, meta_or_tok) -> Loc:
+        if isinstance(meta_or_tok, Loc):  # an AST node's own location (its column is ``col``, not ``column``)
+            return Loc(self.path, meta_or_tok.line, meta_or_tok.col)
         line = getattr(meta_or_tok, "line", 0) or 0
         col = getattr(meta_or_tok, "column", 0) or 0
         return Loc(self.path, line, col)
@@ -58,7 +60,7 @@ class _ToAst(Transformer):
             guards = rest.pop(0)[1]
         rhs, proof = rest
         if not isinstance(lhs, OpCall):
-            self._err("a rule's pattern must be an op application, e.g. Relu(x)", lhs.loc if hasattr(lhs, "loc") else meta)
+            self._err("a rule's pattern must be an op application, e.g. Relu(x)", getattr(lhs, "loc", meta))
         text = self.source[meta.start_pos:meta.end_pos] if meta.start_pos is not None else ""
         return Rule(str(name), benefit, on, lhs, tuple(guards), rhs, proof, self._loc(meta), text)
 
@@ -80,6 +82,11 @@ class _ToAst(Transformer):
             return items[0]
         left, op, right = items
         return Compare(str(op), left, right, self._loc(meta))
+
+    @v_args(meta=True)
+    def in_guard(self, meta, items):
+        left, right = items
+        return Compare("in", left, right, self._loc(meta))
 
     def prove(self, items):
         tok = items[0]

@@ -7,12 +7,12 @@ import onnx.defs
 
 from ..errors import UnsupportedOpError
 from ..ir.registry import lookup, op_schema
-from .ast import Arith, Compare, Expr, FuncCall, ListLit, Num, OpCall, Rule, Var, Wildcard
+from .ast import DTYPE_NAMES, Arith, Compare, Expr, FuncCall, ListLit, Num, OpCall, Rule, Var, Wildcard
 from .errors import RuleError
 
 # Guards: name -> (number of arguments or None for 1+, what the call yields)
 GUARDS = {"const": (None, "bool"), "single_use": (None, "bool"), "rank": (1, "int"), "dim": (2, "int"),
-          "shape": (1, "shape")}
+          "shape": (1, "shape"), "dtype": (1, "dtype")}
 # Scalar ops that kernel-level rules (``on kernel``) may use, besides the elementwise ONNX ops.
 KERNEL_OPS = {"Fma"}
 BINARY_SUGAR = {"Add": "+", "Sub": "-", "Mul": "*", "Div": "/"}
@@ -101,7 +101,17 @@ class _Checker:
             kind = self.func(g)
             if kind != "bool":
                 self.err(f"{g.name}(...) is not a condition; compare it, e.g. {g.name}(...) == 4", g.loc)
+        elif isinstance(g, Compare) and g.op == "in":
+            if not (isinstance(g.left, FuncCall) and g.left.name == "dtype"):
+                self.err("'in' takes dtype(name) on its left, e.g. dtype(x) in [float, float16]", g.loc)
+            self.func(g.left)
+            for item in g.right.items:
+                if not (isinstance(item, Var) and item.name in DTYPE_NAMES):
+                    what = item.name if isinstance(item, Var) else "this"
+                    self.err(f"unknown dtype {what!r} (known: {', '.join(sorted(DTYPE_NAMES))})", item.loc)
         elif isinstance(g, Compare):
+            if any(isinstance(x, FuncCall) and x.name == "dtype" for x in (g.left, g.right)):
+                self.err("dtype(...) is compared with 'in', e.g. dtype(x) in [float, float16]", g.loc)
             self.guard_expr(g.left)
             self.guard_expr(g.right)
         else:

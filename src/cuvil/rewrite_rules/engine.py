@@ -35,6 +35,7 @@ class RewriteReport:
     counts: Dict[str, int] = attrs.field(factory=dict)      # per pass: "rules", "fold", "cse", "dce"
     applied: Counter = attrs.field(factory=Counter)         # per rule name
     verdicts: Dict[str, str] = attrs.field(factory=dict)     # rule name -> obligation proved ("exact"/"real")
+    proofs: Dict[str, dict] = attrs.field(factory=dict)      # rule name -> verdict, what it covers, dtypes
 
     def add(self, name: str, n: int) -> None:
         self.counts[name] = self.counts.get(name, 0) + n

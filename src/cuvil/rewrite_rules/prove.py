@@ -1,4 +1,4 @@
-"""The prover: every rule's equivalence obligation, discharged by Z3 before the rule may run.
+"""The prover: every rule's equivalence obligation, discharged before the rule may run.
 
 A rule is instantiated on symbolic tensors (every element a Z3 variable) and both sides are evaluated
 with the op semantics of :mod:`cuvil.rewrite_rules.semantics`:
@@ -7,10 +7,22 @@ with the op semantics of :mod:`cuvil.rewrite_rules.semantics`:
 * ``prove real``: equal over the reals wherever the left side is defined, and the right side defined
   there too (division by zero, Sqrt/Log of out-of-domain arguments are definedness conditions).
 
-Rules whose ops are all elementwise are proved once on scalars, which covers every shape
-("shape-generic"). Other rules are proved on small concrete shapes found by a search that runs the op
-registry's shape inference and the rule's own guards, so an instance is one the rule could actually match.
-A refutation comes with a counterexample; a timeout, or no instance, is "unknown" and the rule never runs.
+The verdict (:class:`Verdict`) is one of
+
+* ``proved``: for every shape. Rules whose ops are all elementwise are proved once on scalars
+  ("shape-generic"), exact ones in float32 and again in float16, bfloat16 and float64; structured rules
+  when :func:`cuvil.rewrite_rules.generic.prove_generic` proves them with symbolic dims and attributes.
+* ``bounded``: proved by Z3 on N concrete instances with dims up to K, drawn adversarially (each
+  attribute variable independent, boundary values, reduced axes of 3 to 8 elements) and kept only if the
+  pattern matches them and the replacement type-checks. Bounded ``prove exact`` rules whose ops sum are
+  off by default (:attr:`Verdict.on_by_default`).
+* ``refuted``, with a counterexample; ``unknown``, with a reason (a timeout, no instance, an op without
+  semantics, or a failure of the prover itself: never a traceback).
+
+Before Z3, a random refuter runs both sides numerically (:mod:`cuvil.rewrite_rules.refute`: onnx.reference
+on many drawn instances, then, for exact rules, Cuvil's own float32 semantics on concrete values), so a
+wrong rule is refuted in milliseconds. Each verdict records the element types its proof covers; the
+engine lets a rule fire only on those (:func:`cuvil.rewrite_rules.verdicts.restrict_to_proof`).
 """
 from __future__ import annotations
 
@@ -26,18 +38,29 @@ import numpy as np
 import onnx
 import z3
 
-from ..dsl.ast import Expr, FuncCall, ListLit, Num, OpCall, Rule, Var, Wildcard
+from ..dsl.ast import DTYPE_NAMES, Expr, FuncCall, ListLit, Num, OpCall, Rule, Var, Wildcard
 from ..dsl.compiler import BuildError, build, match
 from ..errors import CuvilError, ShapeError, UnsupportedOpError
 from ..ir.graph import Graph
 from ..ir.registry import attr_defaults, op_schema
+from ..ir.dtype import DType
 from ..ir.types import TensorType
 from . import semantics as sem
+from .generic import prove_generic
+from .refute import Sample, draw_values, refute
 
-PROVER_VERSION = "1"
+PROVER_VERSION = "2"
 DEFAULT_TIMEOUT_MS = 20_000
-MAX_INSTANCES = 3
+MAX_INSTANCES = 3  # the deterministic search's instances (a fallback when random drawing finds none)
 MAX_SEARCH = 4000  # candidate instantiations tried per rule
+# Adversarial instances: the random refuter runs on REFUTE_INSTANCES with dims up to REFUTE_MAX_DIM; Z3
+# then checks BOUNDED_INSTANCES of them with dims up to BOUNDED_MAX_DIM (every element a Z3 variable).
+REFUTE_INSTANCES, REFUTE_MAX_DIM, REFUTE_MAX_ELEMS = 24, 8, 2048
+BOUNDED_INSTANCES, BOUNDED_MAX_DIM, BOUNDED_MAX_ELEMS = 8, 6, 64
+DRAW_ATTEMPTS = 1500
+# Z3 on bounded instances stops drawing on more once MIN_BOUNDED are proved and BOUNDED_BUDGET_S have passed.
+MIN_BOUNDED, BOUNDED_BUDGET_S = 3, 6.0
+SEED = 25
 MAX_GENERIC = 300  # generic input-shape combinations tried per op of a pattern
 
 # Ops whose every output element is a function of the corresponding (broadcast) input elements alone.
@@ -50,29 +73,49 @@ ELEMENTWISE = {
     "Dropout", "Fma",
 }
 SHAPE_GUARDS = {"rank", "dim", "shape"}
+# The DSL name of each element type (the first of its spellings in DTYPE_NAMES).
+DTYPE_NAME: Dict[DType, str] = {}
+for _name, _dt in DTYPE_NAMES.items():
+    DTYPE_NAME.setdefault(_dt, _name)
 
 
 @attrs.frozen
 class Verdict:
     rule: str
     obligation: str             # "exact" or "real"
-    status: str                 # "proved", "refuted" or "unknown"
-    shapes: str                 # what the proof covers
+    status: str                 # "proved", "bounded", "refuted" or "unknown"
+    shapes: str                 # what the proof covers, in words
     ms: float
     counterexample: Optional[str] = None
     detail: Optional[str] = None
     key: str = ""
+    instances: int = 0          # bounded: the number of concrete instances Z3 checked (0: generic)
+    max_dim: int = 0            # bounded: the largest dim among them
+    dtypes: Tuple[str, ...] = attrs.field(default=(), converter=tuple)  # element types the proof covers
+    order_dependent: bool = False  # an op of the rule sums (Conv, MatMul, ReduceSum ...): order matters
 
     @property
     def proved(self) -> bool:
         return self.status == "proved"
 
+    @property
+    def on_by_default(self) -> bool:
+        """Proved rules run; bounded ones too, except ``prove exact`` rules whose ops sum (a bounded check
+        cannot see an ordering difference on larger shapes): those need ``allow_bounded``."""
+        return self.proved or (self.status == "bounded" and not (self.obligation == "exact" and self.order_dependent))
+
+    def runnable(self, allow_bounded: bool = False) -> bool:
+        return self.on_by_default or (allow_bounded and self.status == "bounded")
+
     def to_json(self) -> dict:
-        return attrs.asdict(self)
+        d = attrs.asdict(self)
+        d["dtypes"] = list(self.dtypes)
+        return d
 
     @staticmethod
     def from_json(d: dict) -> "Verdict":
-        return Verdict(**{k: d.get(k) for k in attrs.fields_dict(Verdict)})
+        fields = attrs.fields_dict(Verdict)
+        return Verdict(**{k: d[k] for k in fields if k in d})
 
 
 class RuleRejectedError(CuvilError):
@@ -529,15 +572,15 @@ def _check_instance(rule: Rule, inst: Instance) -> bool:
     return new.type == root.type
 
 
-def _build_lhs(e: Expr, g: Graph, vals, inst: Instance):
+def _build_lhs(e: Expr, g: Graph, vals, inst: Instance, dtype: DType = DType.FLOAT):
     if isinstance(e, Var):
         return vals[e.name]
     if isinstance(e, Wildcard):
-        return g.add_input("wild", TensorType(1, inst.wild[id(e)]))
+        return g.add_input("wild", TensorType(dtype, inst.wild[id(e)]))
     if isinstance(e, Num):
-        return g.const(np.asarray(e.value, np.float32), "lit")
+        return g.const(np.asarray(e.value, dtype.numpy), "lit")
     ins = [g.const(np.asarray(bool(a.value)), "lit") if isinstance(a, Num) and _input_is_bool(e.op, k)
-           else _build_lhs(a, g, vals, inst) for k, a in enumerate(e.args)]
+           else _build_lhs(a, g, vals, inst, dtype) for k, a in enumerate(e.args)]
     at = dict(inst.rests.get(e.rest, {})) if e.rest else {}
     for name, p in e.attrs:
         v = _attr_concrete(p, inst.attrs, e.op, name)
@@ -546,6 +589,361 @@ def _build_lhs(e: Expr, g: Graph, vals, inst: Instance):
         elif isinstance(p, Wildcard) and name in attr_defaults(e.op):
             at[name] = attr_defaults(e.op)[name]
     return g.add_node(e.op, ins, at).outputs[0]
+
+
+# --- adversarial instances -----------------------------------------------------------------------------
+# Drawn at random, each attribute variable independently: asymmetric pads, reduced axes of 3 to 8
+# elements, boundary values (0, 1, dim-1, dim, dim+1, negative axes, huge ends) and random ones.
+
+_BIG = 9_223_372_036_854_775_807
+
+
+def _rand_dim(rng, max_dim: int) -> int:
+    return int(rng.choice([1, 2] + list(range(3, max_dim + 1)) * 2))
+
+
+def _rand_shape(rng, max_dim: int, rank: Optional[int] = None) -> Tuple[int, ...]:
+    r = int(rng.choice([0, 1, 2, 2, 3, 3, 4, 4])) if rank is None else rank
+    if rng.random() < 0.3:  # all dims equal: permutations and reshapes that keep the shape
+        return (_rand_dim(rng, max_dim),) * r
+    return tuple(_rand_dim(rng, max_dim) for _ in range(r))
+
+
+def _rand_inputs(op: str, known, n: int, rng, max_dim: int) -> Optional[List[Tuple[int, ...]]]:
+    """Input shapes for one op: the known ones kept, the others drawn (related to the known ones, so the
+    op's shape rules hold often enough)."""
+    known = list(known) + [None] * 5
+    dim = lambda: _rand_dim(rng, max_dim)  # noqa: E731
+    if op in ("Conv", "ConvTranspose"):
+        x = known[0] if known[0] is not None else (int(rng.integers(1, 3)), int(rng.integers(1, 4))) + tuple(dim() for _ in range(int(rng.choice([1, 2, 2]))))
+        k = len(x) - 2
+        if known[1] is not None:
+            w = known[1]
+        else:
+            m, c = int(rng.integers(1, 4)), x[1] if len(x) > 1 else 1
+            ks = tuple(int(rng.integers(1, 4)) for _ in range(k))
+            w = (m, c) + ks if op == "Conv" else (c, m) + ks
+        m = w[0] if op == "Conv" else (w[1] if len(w) > 1 else 1)
+        return [x, w, known[2] if known[2] is not None else (m,)][:n]
+    if op in ("MatMul", "Gemm"):
+        a = known[0] if known[0] is not None else ((dim(), dim()) if rng.random() < 0.8 else (dim(), dim(), dim()))
+        kdim = a[-1] if a else dim()
+        if known[1] is not None:
+            b = known[1]
+        else:
+            b = (kdim, dim()) if rng.random() < 0.5 or op == "MatMul" else (dim(), kdim)
+            if op == "Gemm" and rng.random() < 0.3:
+                b = (a[0], dim()) if a else b  # transA
+        nn = b[-1] if b else 1
+        c = known[2] if known[2] is not None else [(nn,), (), (1, nn), (a[0] if a else 1, nn), (a[0] if a else 1, 1)][int(rng.integers(0, 5))]
+        return [a, b, c][:n]
+    if op in ("BatchNormalization", "InstanceNormalization"):
+        x = known[0] if known[0] is not None else (int(rng.integers(1, 3)),) + tuple(dim() for _ in range(int(rng.integers(1, 4))))
+        c = (x[1],) if len(x) > 1 else (1,)
+        return [x] + [known[i] if known[i] is not None else c for i in range(1, n)]
+    if op == "LayerNormalization":
+        x = known[0] if known[0] is not None else _rand_shape(rng, max_dim, int(rng.integers(2, 5)))
+        tail = tuple(x[int(rng.integers(1, len(x))):]) if len(x) > 1 else tuple(x)
+        return [x] + [known[i] if known[i] is not None else tail for i in range(1, n)]
+    base = next((s for s in known if s is not None), None)
+    out = []
+    for s in known[:n]:
+        if s is not None:
+            out.append(s)
+        elif base is None or (base == () and rng.random() < 0.7):  # a scalar broadcasts against anything
+            drawn = _rand_shape(rng, max_dim)
+            base = drawn if base is None else base
+            out.append(drawn)
+        else:
+            if rng.random() < 0.4:
+                out.append(base)
+                continue
+            sh = tuple(base[int(rng.integers(0, len(base) + 1)):]) if rng.random() < 0.6 else tuple(base)
+            if rng.random() < 0.5:  # broadcast: some dims 1 (per-channel constants)
+                sh = tuple(1 if rng.random() < 0.5 else d for d in sh)
+            out.append(sh)
+    return out
+
+
+def _rand_int_item(rng, shape) -> int:
+    dims = list(shape) or [1]
+    d = int(rng.choice(dims))
+    return int(rng.choice([0, 1, 2, 3, -1, d - 1, d, d + 1, d - 1, d, d + 1, -d, -d - 1, _BIG, -_BIG]))
+
+
+def _rand_attr(op: str, name: str, shapes, rng, max_dim: int, item: bool = False):
+    """One attribute value (or one item of a list attribute when ``item``), drawn adversarially."""
+    x = shapes[0] if shapes and shapes[0] is not None else ()
+    r = len(x)
+    k = max(r - 2, 1)
+    if name == "pads":
+        return int(rng.integers(0, 4)) if item else [int(rng.integers(0, 4)) for _ in range(2 * (k if op != "Pad" else r))]
+    if name in ("strides", "dilations", "kernel_shape"):
+        hi = {"strides": 4, "dilations": 3, "kernel_shape": 4}[name]
+        return int(rng.integers(1, hi)) if item else [int(rng.integers(1, hi)) for _ in range(k)]
+    if item:
+        return _rand_int_item(rng, x)
+    if name == "perm":
+        return [int(i) for i in rng.permutation(r)]
+    if name == "axis":
+        return int(rng.integers(-r, r)) if r else 0
+    if name == "axes":
+        top = r + 1 if op == "Unsqueeze" else r
+        if not top:
+            return [0]
+        m = int(rng.integers(1, top + 1))
+        picks = sorted(int(a) for a in rng.choice(top, m, replace=False))
+        return [a - top if rng.random() < 0.3 else a for a in picks]
+    if name in ("starts", "ends"):
+        return [_rand_int_item(rng, x)]
+    if name == "steps":
+        return [int(rng.choice([1, 1, 2, -1]))]
+    if name == "shape":
+        opts = [list(x), list(reversed(x)), [-1], [1] + list(x), [int(np.prod(x))] if x else [1], list(x) + [1],
+                [0] * r, [-1, x[-1]] if x else [1]]
+        return opts[int(rng.integers(0, len(opts)))]
+    if name == "group":
+        return int(rng.choice([1, x[1]])) if r >= 2 else 1
+    if name == "mode" and op == "Pad":
+        return str(rng.choice(["constant", "reflect", "edge"]))
+    if name in ("keepdims", "transA", "transB", "count_include_pad", "ceil_mode", "noop_with_empty_axes"):
+        return int(rng.integers(0, 2))
+    if name == "repeats":
+        return [int(rng.integers(1, 3)) for _ in range(r)]
+    if name == "split":
+        return [1, x[0] - 1] if r and x[0] > 1 else [1]
+    cands = _attr_candidates(op, name, list(shapes))
+    return cands[int(rng.integers(0, len(cands)))] if cands else _SKIP
+
+
+def _rand_rest(op: str, shapes, mentioned, rng, max_dim: int) -> Dict[str, Any]:
+    out: Dict[str, Any] = {}
+    if op in ("Conv", "ConvTranspose", "MaxPool", "AveragePool", "LpPool"):
+        for name in ("pads", "strides", "dilations"):
+            if rng.random() < 0.5:
+                out[name] = _rand_attr(op, name, shapes, rng, max_dim)
+        if op in ("Conv", "ConvTranspose") and rng.random() < 0.3:
+            out["group"] = _rand_attr(op, "group", shapes, rng, max_dim)
+        if op not in ("Conv", "ConvTranspose"):
+            out["kernel_shape"] = _rand_attr(op, "kernel_shape", shapes, rng, max_dim)
+            if op == "AveragePool" and rng.random() < 0.5:
+                out["count_include_pad"] = 1
+    elif op == "Gemm":
+        for name in ("transA", "transB"):
+            if rng.random() < 0.4:
+                out[name] = 1
+        if rng.random() < 0.3:
+            out["alpha"] = float(rng.choice([0.5, 2.0, -1.5]))
+        if rng.random() < 0.3:
+            out["beta"] = float(rng.choice([0.5, 0.0, 3.0]))
+    elif rng.random() < 0.5:
+        for name in ("axis", "keepdims"):
+            if name in attr_defaults(op):
+                out[name] = _rand_attr(op, name, shapes, rng, max_dim)
+    return {a: v for a, v in out.items() if a not in mentioned and v is not _SKIP}
+
+
+def draw_instances(rule: Rule, rng: np.random.Generator, count: int, max_dim: int, max_elems: int) -> List[Instance]:
+    """Up to ``count`` distinct instances on which the pattern matches (guards included) and the
+    replacement type-checks, drawn at random: every attribute variable independently."""
+    calls = list(_post_order(rule.lhs))
+    float_vars = _float_attr_vars(rule)
+    found: List[Instance] = []
+    seen = set()
+    for _ in range(DRAW_ATTEMPTS):
+        if len(found) >= count:
+            break
+        shapes: Dict[str, Tuple[int, ...]] = {}
+        attrs_: Dict[str, Any] = {}
+        rests: Dict[str, Dict[str, Any]] = {}
+        wild: Dict[int, Tuple[int, ...]] = {}
+        outs: Dict[int, Tuple[int, ...]] = {}
+        ok = True
+        for c in calls:
+            known = []
+            for a in c.args:
+                known.append(shapes.get(a.name) if isinstance(a, Var) else outs.get(id(a)) if isinstance(a, OpCall)
+                             else () if isinstance(a, Num) else wild.get(id(a)) if isinstance(a, Wildcard) else None)
+            full = _rand_inputs(c.op, known, len(c.args), rng, max_dim)
+            for a, sh in zip(c.args, full):
+                if isinstance(a, Var):
+                    ok = ok and shapes.setdefault(a.name, sh) == sh
+                elif isinstance(a, Wildcard):
+                    wild[id(a)] = sh
+            if not ok or any(int(np.prod(sh)) > max_elems for sh in full):
+                ok = False
+                break
+            for name, p in c.attrs:
+                if isinstance(p, Var) and p.name not in attrs_:
+                    attrs_[p.name] = None if p.name in float_vars else _rand_attr(c.op, name, full, rng, max_dim)
+                elif isinstance(p, ListLit):
+                    for x in p.items:
+                        if isinstance(x, Var) and x.name not in attrs_:
+                            attrs_[x.name] = _rand_attr(c.op, name, full, rng, max_dim, item=True)
+            if any(v is _SKIP for v in attrs_.values()):
+                ok = False
+                break
+            if c.rest:
+                if c.rest not in rests:
+                    rests[c.rest] = _rand_rest(c.op, full, {n for n, _ in c.attrs}, rng, max_dim)
+            out = _infer(c.op, list(full), _node_attrs(c, attrs_, rests.get(c.rest, {}) if c.rest else {}, float_vars))
+            if out is None or int(np.prod(out)) > max_elems:
+                ok = False
+                break
+            outs[id(c)] = out
+        if not ok:
+            continue
+        inst = Instance(shapes, attrs_, rests, wild)
+        key = inst.describe()
+        if key in seen:
+            continue
+        try:
+            good = _check_instance(rule, inst)
+        except Exception:  # an instance the op registry rejects in an unforeseen way is not an instance
+            good = False
+        if good:
+            seen.add(key)
+            found.append(inst)
+    return found
+
+
+def _uses_kernel_ops(rule: Rule) -> bool:
+    """Ops that exist only inside fused kernels (Fma): no ONNX graph can hold them."""
+    return any(c.op not in ELEMENTWISE or c.op == "Fma" for c in itertools.chain(_ops(rule.lhs), _ops(rule.rhs)))
+
+
+def _vector_instance(inst: Instance, n: int = 256) -> Instance:
+    """An elementwise rule's scalar instance widened to vectors: many values in one run."""
+    return Instance({k: (n,) for k in inst.shapes}, dict(inst.attrs), dict(inst.rests), {k: (n,) for k in inst.wild})
+
+
+def max_dim_of(instances: Sequence[Instance]) -> int:
+    return max((d for i in instances for s in list(i.shapes.values()) + list(i.wild.values()) for d in s), default=0)
+
+
+def build_sample(rule: Rule, inst: Instance, dtype: DType, rng: np.random.Generator, exact: bool) -> Optional[Sample]:
+    """The instance as a graph computing both sides (the pattern's root and the built replacement), with
+    concrete values for ``const`` operands and float attributes; None if the pattern does not match these
+    values (a guard on values failed)."""
+    fv = _float_attr_vars(rule)
+    at = dict(inst.attrs)
+    for name in fv:
+        if at.get(name) is None:
+            at[name] = float(rng.choice([1e-5, 0.5, 2.0, -1.5, 0.0, 1.0])) if exact else float(rng.uniform(0.01, 3.0))
+    inst = attrs.evolve(inst, attrs=at)
+    g = Graph()
+    const_vars = {a.name for gd in rule.guards if isinstance(gd, FuncCall) and gd.name == "const" for a in gd.args
+                  if isinstance(a, Var)}
+    kinds = var_kinds(rule)
+    vals = {}
+    for k, (name, shape) in enumerate(inst.shapes.items()):
+        boolean = kinds.get(name) == "bool"
+        if name in const_vars:
+            arr = draw_values(rng, shape, np.bool_ if boolean else dtype.numpy, exact, k, "bool" if boolean else "float")
+            if not exact and not boolean:
+                arr = np.abs(arr) + np.asarray(0.25, dtype.numpy)  # variances, scales: the pattern's domain
+            vals[name] = g.const(arr, name)
+        else:
+            vals[name] = g.add_input(name, TensorType(DType.BOOL if boolean else dtype, shape))
+    root = _build_lhs(rule.lhs, g, vals, inst, dtype)
+    b = match(rule, root, g)
+    if b is None:
+        return None
+    try:
+        new = build(rule, b, g, [])
+    except BuildError:
+        return None
+    if new.type != root.type:
+        return None
+    g.add_output(root, "lhs")
+    g.add_output(new, "rhs")
+    return Sample(g, root, new, inst.describe())
+
+
+def random_refutation(rule: Rule, instances: Sequence[Instance], rng: np.random.Generator,
+                      elementwise: bool = False) -> Tuple[Optional[str], int]:
+    """Both sides run by onnx.reference: float32 for exact rules; float64 for real ones (float32 where a
+    rule only type-checks there, e.g. it casts to float)."""
+    exact = rule.proof == "exact"
+    samples = []
+    for inst in instances:
+        for dtype in (DType.FLOAT,) if exact else (DType.DOUBLE, DType.FLOAT):
+            try:
+                s = build_sample(rule, inst, dtype, rng, exact)
+            except Exception:  # noqa: BLE001 - not an instance in this dtype: the others still count
+                s = None
+            if s is not None:
+                samples.append(s)
+                break
+    return refute(samples, rng, exact, var_kinds(rule), elementwise)
+
+
+SEMANTIC_DRAWS = 2       # value draws per bounded instance for the semantic refuter
+SEMANTIC_ELEMENTS = 12   # output elements compared per draw
+SCALAR_DRAWS = 200       # value draws for an elementwise rule's scalar instance
+FORMAT_TIMEOUT_MS = 1000  # per extra float format of an elementwise exact rule (not covered if it runs out)
+
+
+def semantic_refutation(rule: Rule, instances: Sequence[Instance], rng: np.random.Generator, float_vars,
+                        draws: int) -> Optional[str]:
+    """Random testing against Cuvil's own float32 semantics (``prove exact`` only): the symbolic sides
+    evaluated on concrete values. It sees what onnx.reference cannot: the order of a sum (numpy's
+    reductions are order-blind) and ops onnx.reference lacks (Fma). Only a difference between two
+    concrete floats counts; terms left symbolic (transcendentals, training-mode masks) are inconclusive."""
+    if rule.proof != "exact":
+        return None
+    kinds = var_kinds(rule)
+    for inst in instances:
+        dom = sem.FP32Domain()
+        env = _Env(dom, inst, float_vars, kinds)
+        lhs = np.asarray(_eval(rule.lhs, env), dtype=object)
+        rhs = np.asarray(_eval(rule.rhs, env), dtype=object)
+        if lhs.shape != rhs.shape or all(z3.is_const(t) for t in itertools.chain(lhs.flat, rhs.flat)):
+            continue  # both sides only move elements: the onnx.reference runs already compared them
+        spots = list(np.ndindex(*lhs.shape))
+        if len(spots) > SEMANTIC_ELEMENTS:  # a sample of the outputs, the first and last included
+            pick = rng.choice(len(spots), SEMANTIC_ELEMENTS - 2, replace=False)
+            spots = [spots[0], spots[-1]] + [spots[int(k)] for k in pick]
+        for draw in range(draws):
+            subs, shown = [], []
+            for k, (name, arr) in enumerate(env.values.items()):
+                kind = kinds.get(name, "float")
+                vals = draw_values(rng, arr.shape, np.float32, True, draw + k, kind)
+                shown.append(f"{name} = {_show_values(vals)}")
+                for idx in np.ndindex(*arr.shape):
+                    v = bool(vals[idx]) if kind == "bool" else dom.const(float(vals[idx]))
+                    subs.append((arr[idx], z3.BoolVal(v) if kind == "bool" else v))
+            for name, var in env.attrs.items():
+                if isinstance(var, z3.ExprRef):
+                    v = float(rng.choice([1e-5, 0.5, 2.0, -1.5, 0.0, -0.0, 1.0, np.inf, np.nan]))
+                    shown.append(f"{name} = {_fmt(v)}")
+                    subs.append((var, dom.const(v)))
+            for idx in spots:
+                a, b = (z3.simplify(z3.substitute(t, *subs)) if isinstance(t, z3.ExprRef) else t
+                        for t in (lhs[idx], rhs[idx]))
+                if not all(isinstance(t, (z3.FPNumRef, z3.BoolRef)) for t in (a, b)):
+                    continue
+                same = z3.simplify(dom.equal(a, b))
+                if z3.is_false(same):
+                    at = f"[{','.join(map(str, idx))}]" if idx else ""
+                    where = inst.describe() + " " if any(inst.shapes.values()) or inst.wild else ""
+                    return (f"{where}{', '.join(shown)}: lhs{at} = "
+                            f"{_fmt(dom.value_of(None, a))}, rhs{at} = {_fmt(dom.value_of(None, b))}")
+    return None
+
+
+SEMANTIC_ORACLE = "Cuvil's float32 semantics on concrete values"
+
+
+def _onnx_oracle(rule: Rule) -> str:
+    return "onnx.reference, float32, bit for bit" if rule.proof == "exact" else "onnx.reference, relative tolerance"
+
+
+def _show_values(vals: np.ndarray, limit: int = 6) -> str:
+    flat = [_fmt(v.item()) for v in np.asarray(vals).reshape(-1)[:limit]]
+    if np.ndim(vals) == 0:
+        return flat[0]
+    return "[" + ", ".join(flat) + (", ..." if np.size(vals) > limit else "") + "]"
 
 
 # --- evaluation on symbolic tensors -----------------------------------------------------------------
@@ -557,6 +955,7 @@ class _Env:
                        for name, shape in inst.shapes.items()}
         self.wild = {k: sem.symbolic(dom, f"_{n}", s) for n, (k, s) in enumerate(inst.wild.items())}
         self.attrs: Dict[str, Any] = {}
+        self.calls: List[Tuple[str, Tuple[Tuple[int, ...], ...], Dict[str, Any]]] = []  # non-elementwise ops
         for name, v in inst.attrs.items():
             self.attrs[name] = dom.var(name) if name in float_vars else v
 
@@ -580,6 +979,8 @@ def _eval(e: Expr, env: _Env) -> np.ndarray:
             v = _attr_symbolic(p, env)
             if v is not _SKIP:
                 at[name] = v
+        if e.op not in ELEMENTWISE and isinstance(dom, sem.FP32Domain):
+            env.calls.append((e.op, tuple(np.shape(i) for i in ins), at))
         if e.op == "Fma":
             return sem._map(lambda a, b, c: z3.fpFMA(z3.RNE(), a, b, c) if dom.name == "exact" else a * b + c, *ins)
         return sem.evaluate(dom, e.op, ins, at)[0]
@@ -677,58 +1078,254 @@ def _value_guard(gd, rule: Rule, float_vars) -> bool:
     return not isinstance(gd, FuncCall) and refs(gd)
 
 
+FLOAT_DTYPES = ("float", "float16", "bfloat16", "double")
+ALL_DTYPES = ("*",)  # the rule only moves elements: every element type
+
+
 def prove_rule(rule: Rule, timeout_ms: int = DEFAULT_TIMEOUT_MS) -> Verdict:
+    """The rule's verdict. Never raises: a failure of the prover itself is an ``unknown`` verdict."""
     t0 = time.perf_counter()
     key = rule_key(rule)
-    rule = _name_attr_wildcards(rule)
 
-    def verdict(status, shapes, cex=None, detail=None):
-        return Verdict(rule.name, rule.proof, status, shapes, round(1e3 * (time.perf_counter() - t0), 1), cex, detail, key)
+    def verdict(status, shapes, cex=None, detail=None, **kw):
+        return Verdict(rule.name, rule.proof, status, shapes, round(1e3 * (time.perf_counter() - t0), 1), cex,
+                       detail, key, **kw)
 
+    try:
+        return _prove(rule, timeout_ms, verdict)
+    except Exception as e:  # noqa: BLE001 - any failure of the prover is a verdict with its reason
+        return verdict("unknown", "", detail=f"the prover failed on this rule: {type(e).__name__}: {e}"[:400])
+
+
+def _guard_dtypes(rule: Rule) -> Optional[set]:
+    """The element types the rule's ``dtype(x) in [...]`` guards allow (None: no such guard)."""
+    allowed = None
+    for gd in rule.guards:
+        if getattr(gd, "op", None) == "in":
+            names = {DTYPE_NAME[DTYPE_NAMES[item.name]] for item in gd.right.items}
+            allowed = names if allowed is None else allowed & names
+    return allowed
+
+
+def _restrict(dtypes: Sequence[str], guard: Optional[set]) -> Tuple[str, ...]:
+    if guard is None:
+        return tuple(dtypes)
+    if tuple(dtypes) == ALL_DTYPES:
+        return tuple(sorted(guard))
+    return tuple(d for d in dtypes if d in guard)
+
+
+def _prove(rule: Rule, timeout_ms: int, verdict) -> Verdict:
+    guard = _guard_dtypes(rule)
+    named = _name_attr_wildcards(rule)
+    float_vars = _float_attr_vars(named)
+    exact = rule.proof == "exact"
     if rule.on == "kernel" and not is_elementwise(rule):
         return verdict("unknown", "", detail="kernel rules must be scalar (elementwise)")
     if is_elementwise(rule):
-        instances, coverage = [elementwise_instance(rule)], "shape-generic (elementwise, proved on scalars)"
-    else:
-        instances = search_instances(rule)
-        if not instances:
-            return verdict("unknown", "none", detail="no small shapes satisfy the pattern, guards and types")
-        coverage = "; ".join(i.describe() for i in instances)
-    float_vars = _float_attr_vars(rule)
-    for inst in instances:
-        status, cex, detail = _prove_instance(rule, inst, float_vars, timeout_ms)
+        inst = elementwise_instance(named)
+        rng = np.random.default_rng(SEED)
+        cex, oracle = semantic_refutation(named, [inst], rng, float_vars, SCALAR_DRAWS), SEMANTIC_ORACLE
+        if cex is None and not _uses_kernel_ops(rule):
+            (cex, _), oracle = random_refutation(named, [_vector_instance(inst)], rng, True), _onnx_oracle(rule)
+        if cex is not None:
+            return verdict("refuted", "random testing (elementwise)", cex, detail=f"found by the random refuter ({oracle})")
+        status, cex, detail, info = _prove_instance(named, inst, float_vars, timeout_ms)
         if status != "proved":
-            return verdict(status, inst.describe() or coverage, cex, detail)
-    return verdict("proved", coverage)
+            return verdict(status, inst.describe() or "scalars", cex, detail)
+        if info["moves"]:
+            dtypes = ALL_DTYPES
+        elif exact:  # bit-exactness depends on the format: prove the rule in each one
+            dtypes = ["float"]
+            for fmt, (e, m, top) in sem.FP_FORMATS.items():
+                if guard is None or fmt in guard:
+                    fmt_ms = min(timeout_ms, FORMAT_TIMEOUT_MS)
+                    if _prove_instance(named, inst, float_vars, fmt_ms, sem.FPDomain(fmt, e, m, top))[0] == "proved":
+                        dtypes.append(fmt)
+        else:
+            dtypes = FLOAT_DTYPES
+        dtypes = _restrict(dtypes, guard)
+        if not dtypes:
+            return verdict("unknown", "", detail="the proof covers none of the element types the dtype guard allows")
+        return verdict("proved", "shape-generic (elementwise, proved on scalars)", dtypes=dtypes)
+
+    rng = np.random.default_rng(SEED)
+    drawn = draw_instances(named, rng, REFUTE_INSTANCES, REFUTE_MAX_DIM, REFUTE_MAX_ELEMS)
+    cex, ran = random_refutation(named, drawn, rng)
+    if cex is not None:
+        return verdict("refuted", f"random testing: {ran} runs on {len(drawn)} instances, dims up to "
+                       f"{max_dim_of(drawn)}", cex, detail=f"found by the random refuter ({_onnx_oracle(rule)})")
+
+    bounded = draw_instances(named, np.random.default_rng(SEED + 1), BOUNDED_INSTANCES, BOUNDED_MAX_DIM,
+                             BOUNDED_MAX_ELEMS) or search_instances(named)
+    cex = semantic_refutation(named, bounded, rng, float_vars, SEMANTIC_DRAWS)
+    if cex is not None:
+        return verdict("refuted", f"random testing on {len(bounded)} instances, dims up to {max_dim_of(bounded)}",
+                       cex, detail=f"found by the random refuter ({SEMANTIC_ORACLE})")
+    generic = prove_generic(rule, timeout_ms)
+    if generic is not None and generic.status == "refuted":
+        return verdict("refuted", generic.coverage, generic.counterexample, detail="generic proof")
+    if not bounded:
+        if generic is not None and generic.status == "proved":
+            return verdict("proved", generic.coverage, dtypes=_restrict(["float"] if exact else FLOAT_DTYPES, guard))
+        return verdict("unknown", "none", detail="no small shapes satisfy the pattern, guards and types")
+    proved_generically = generic is not None and generic.status == "proved"
+    moves, order_dependent = True, False
+    started, checked = time.perf_counter(), []
+    for inst in bounded:  # with a generic proof: only what the sides do (no solving), for the dtypes
+        if len(checked) >= MIN_BOUNDED and time.perf_counter() - started > BOUNDED_BUDGET_S:
+            break  # the verdict states the instances actually checked
+        status, cex, detail, info = _prove_instance(named, inst, float_vars, timeout_ms, solve=not proved_generically)
+        if status not in ("proved", "evaluated"):
+            return verdict(status, inst.describe(), cex, detail)
+        moves &= info["moves"]
+        order_dependent |= info["sums"]
+        checked.append(inst)
+    bounded = checked
+    dtypes = _restrict(ALL_DTYPES if moves else ["float"] if exact else FLOAT_DTYPES, guard)
+    if not dtypes:
+        return verdict("unknown", "", detail="the proof covers none of the element types the dtype guard allows")
+    if proved_generically:
+        return verdict("proved", generic.coverage, dtypes=dtypes, order_dependent=order_dependent)
+    k = max_dim_of(bounded)
+    return verdict("bounded", f"checked on {len(bounded)} instances, dims up to {k}",
+                   detail="; ".join(i.describe() for i in bounded), instances=len(bounded), max_dim=k,
+                   dtypes=dtypes, order_dependent=order_dependent)
 
 
-def _prove_instance(rule: Rule, inst: Instance, float_vars, timeout_ms: int):
-    dom: sem.Domain = sem.FP32Domain() if rule.proof == "exact" else sem.RealDomain()
+def _prove_instance(rule: Rule, inst: Instance, float_vars, timeout_ms: int, dom: Optional[sem.Domain] = None,
+                    solve: bool = True):
+    """(status, counterexample, detail, facts) with facts["moves"]: both sides only move elements (so the
+    proof holds for every element type) and facts["sums"]: an op of the rule adds elements of one tensor.
+    ``solve=False`` stops after the facts (status "evaluated")."""
+    dom = dom or (sem.FP32Domain() if rule.proof == "exact" else sem.RealDomain())
     env = _Env(dom, inst, float_vars, var_kinds(rule))
+    facts = {"moves": False, "sums": False}
     try:
         lhs = _eval(rule.lhs, env)
         n_side = len(dom.side)
         rhs = _eval(rule.rhs, env)
     except UnsupportedOpError as e:
-        return "unknown", None, f"no semantics: {e}"
+        return "unknown", None, f"no semantics: {e}", facts
+    facts["moves"] = all(z3.is_const(x) for arr in (lhs, rhs) for x in np.asarray(arr).reshape(-1))
+    facts["sums"] = any(_op_sums(*call) for call in env.calls)
+    if not solve:
+        return "evaluated", None, None, facts
     lhs_side, rhs_side = dom.side[:n_side], dom.side[n_side:]
     assumptions = [a for gd in rule.guards if _value_guard(gd, rule, float_vars)
                    for a in _guard_assumptions(gd, env)]
     lhs_side = assumptions + lhs_side
     if dom.name == "real" and _polynomial_identity(lhs, rhs) and _implied(dom, lhs_side, rhs_side, timeout_ms):
-        return "proved", None, None
-    goal = sem.tensors_equal(dom, lhs, rhs)
+        return "proved", None, None, facts
     s = z3.Solver()
     s.set("timeout", int(timeout_ms))
     s.add(*dom.axioms)
     s.add(*lhs_side)
-    s.add(z3.Not(z3.And(goal, *rhs_side)) if rhs_side else z3.Not(goal))
-    res = s.check()
-    if res == z3.unsat:
-        return "proved", None, None
-    if res == z3.unknown:
-        return "unknown", None, f"z3: {s.reason_unknown()}"
-    return "refuted", _counterexample(s.model(), dom, env, lhs, rhs, rhs_side), None
+    if np.shape(lhs) != np.shape(rhs):
+        return "refuted", f"shapes differ: lhs {list(np.shape(lhs))}, rhs {list(np.shape(rhs))}", None, facts
+    # One query per output element (and one for the replacement's definedness): the tensors are equal iff
+    # every element is, and many small bit-precise queries are far easier for Z3 than one disjunction.
+    # In the real domain an element whose sides are the same rational function (see _polynomial_identity)
+    # needs no query: it holds wherever the denominators are non-zero, which the definedness goal covers.
+    goals = [sem.tensors_equal(dom, lhs[idx], rhs[idx]) for idx in np.ndindex(*np.shape(lhs))
+             if not (dom.name == "real" and _polynomial_identity(np.asarray(lhs[idx]), np.asarray(rhs[idx])))]
+    if rhs_side:
+        goals.append(z3.And(*rhs_side))
+    # Without assumptions or axioms, a goal equal to one already proved up to a renaming of its variables
+    # (the same computation on other elements) is proved too.
+    seen = set() if not (dom.axioms or lhs_side) else None
+    for goal in goals or [z3.BoolVal(True)]:
+        if seen is not None:
+            shape_of_goal = _up_to_renaming(goal)
+            if shape_of_goal in seen:
+                continue
+            seen.add(shape_of_goal)
+        s.push()
+        s.add(z3.Not(goal))
+        res = s.check()
+        if res == z3.sat:
+            return "refuted", _counterexample(s.model(), dom, env, lhs, rhs, rhs_side), None, facts
+        if res == z3.unknown:
+            return "unknown", None, f"z3: {s.reason_unknown()}", facts
+        s.pop()
+    return "proved", None, None, facts
+
+
+_QUOTED = re.compile(r"\|[^|]*\||\b[A-Za-z_][A-Za-z0-9_!]*\b")
+
+
+def _up_to_renaming(goal) -> str:
+    """The goal's S-expression with every uninterpreted constant renamed in order of first appearance."""
+    names = {c.decl().name() for c in _constants(goal)}
+    order: Dict[str, str] = {}
+
+    def rename(m):
+        tok = m.group(0)
+        key = tok[1:-1] if tok.startswith("|") else tok
+        if key not in names:
+            return tok
+        return order.setdefault(key, f"v{len(order)}")
+
+    return _QUOTED.sub(rename, goal.sexpr())
+
+
+def _constants(e, seen=None):
+    seen = set() if seen is None else seen
+    if e.get_id() in seen:
+        return []
+    seen.add(e.get_id())
+    if z3.is_const(e) and e.decl().kind() == z3.Z3_OP_UNINTERPRETED:
+        return [e]
+    return [c for k in e.children() for c in _constants(k, seen)]
+
+
+_ADDS = (z3.Z3_OP_FPA_ADD, z3.Z3_OP_FPA_SUB)
+_SUMS: Dict[str, bool] = {}
+
+
+def _op_sums(op: str, shapes, at) -> bool:
+    """Whether the op's float32 semantics adds two elements of one input (a reduction: Conv, MatMul,
+    ReduceSum, AveragePool, LayerNormalization ...), so the result depends on the summation order. Read
+    off the semantics themselves on fresh inputs of these shapes, not from a list of op names."""
+    key = repr((op, shapes, sorted(at.items())))
+    if key not in _SUMS:
+        dom = sem.FP32Domain()
+        try:
+            outs = sem.evaluate(dom, op, [sem.symbolic(dom, f"in{k}", s) for k, s in enumerate(shapes)], at)
+        except Exception:  # noqa: BLE001 - unknown: assume it sums (the cautious answer)
+            _SUMS[key] = True
+            return True
+        memo: Dict[int, frozenset] = {}
+        found = [False]
+
+        def leaves(e) -> frozenset:
+            k = e.get_id()
+            if k in memo:
+                return memo[k]
+            if z3.is_const(e):
+                out = frozenset([str(e)]) if e.decl().kind() == z3.Z3_OP_UNINTERPRETED else frozenset()
+            else:
+                kids = [leaves(c) for c in e.children()]
+                if e.decl().kind() in _ADDS and len(kids) >= 2 and not found[0]:
+                    left, right = _by_tensor(kids[-2]), _by_tensor(kids[-1])
+                    found[0] = any(t in right and len(left[t] | right[t]) >= 2 for t in left)
+                out = frozenset().union(*kids) if kids else frozenset()
+            memo[k] = out
+            return out
+
+        for o in outs:
+            for x in np.asarray(o, dtype=object).reshape(-1):
+                if isinstance(x, z3.ExprRef):
+                    leaves(x)
+        _SUMS[key] = found[0]
+    return _SUMS[key]
+
+
+def _by_tensor(names: frozenset) -> Dict[str, set]:
+    out: Dict[str, set] = {}
+    for n in names:
+        out.setdefault(n.split("[")[0], set()).add(n)
+    return out
 
 
 _INV = z3.Function("inv", z3.RealSort(), z3.RealSort())

@@ -316,6 +316,30 @@ class FP32Domain(Domain):
         return float(np.float32(Fraction(r.numerator_as_long(), r.denominator_as_long())))
 
 
+class FPDomain(FP32Domain):
+    """Another IEEE-754 format (float16, bfloat16, float64) with the same operations: elementwise rules
+    are proved in each format a graph may hold, since rounding (and so bit-exactness) depends on it."""
+
+    def __init__(self, dtype: str, ebits: int, sbits: int, max_finite: float):
+        super().__init__()
+        self.dtype, self.sort, self.max_finite = dtype, z3.FPSort(ebits, sbits), max_finite
+
+    def const(self, value):
+        v = float(value)
+        if math.isnan(v):
+            return z3.fpNaN(self.sort)
+        return z3.simplify(z3.fpToFP(z3.RNE(), z3.FPVal(v, z3.Float64()), self.sort))
+
+    def nan(self):
+        return z3.fpNaN(self.sort)
+
+
+# The formats an exact elementwise rule is proved in besides float32 (name, exponent bits, significand
+# bits, largest finite value: Clip's default bound).
+FP_FORMATS = {"float16": (5, 11, 65504.0), "bfloat16": (8, 8, 3.3895313892515355e38),
+              "double": (11, 53, float(np.finfo(np.float64).max))}
+
+
 class RealDomain(Domain):
     """The reals; partial operations record definedness conditions, function facts record axioms."""
 
@@ -828,8 +852,9 @@ def _clip(dom, inputs, attrs):
     lo = None if lo is None or (isinstance(lo, np.ndarray) and lo.size == 0) else _scalar_attr(dom, lo)
     hi = None if hi is None or (isinstance(hi, np.ndarray) and hi.size == 0) else _scalar_attr(dom, hi)
     if not real:  # absent bounds: ONNX's defaults, the lowest / largest float32
-        lo = dom.const(-_F32_MAX) if lo is None else lo
-        hi = dom.const(_F32_MAX) if hi is None else hi
+        top = getattr(dom, "max_finite", _F32_MAX)
+        lo = dom.const(-top) if lo is None else lo
+        hi = dom.const(top) if hi is None else hi
 
     def one(v):
         t = v if lo is None else dom.ite(dom.lt(v, lo), lo, v)

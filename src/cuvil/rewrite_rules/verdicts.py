@@ -11,9 +11,11 @@ import os
 import tempfile
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
-from ..dsl.ast import Rule
+import attrs
+
+from ..dsl.ast import Compare, FuncCall, ListLit, Rule, Var
 from ..dsl.parser import load_rules
-from .prove import DEFAULT_TIMEOUT_MS, RuleRejectedError, Verdict, prove_rule, rule_key
+from .prove import ALL_DTYPES, DEFAULT_TIMEOUT_MS, RuleRejectedError, Verdict, prove_rule, rule_key, var_kinds
 
 SHIPPED_NAME = "verdicts.json"
 
@@ -125,17 +127,41 @@ def _default_store() -> VerdictStore:
     return _STORE
 
 
-def proved_rules(rules: Sequence[Rule], *, on_unproved: str = "error", **kw) -> List[Rule]:
-    """The rules whose obligation is discharged. Others raise RuleRejectedError (or are skipped)."""
+def proved_rules(rules: Sequence[Rule], *, on_unproved: str = "error", allow_bounded: bool = False,
+                 proofs: Optional[Dict[str, Verdict]] = None, **kw) -> List[Rule]:
+    """The rules that may run, each restricted to the element types its proof covers.
+
+    Proved rules run; ``bounded`` ones too, except bounded ``prove exact`` rules whose ops sum (their
+    bit-exactness was checked on small shapes only), which run only with ``allow_bounded``. Refuted and
+    unknown rules raise RuleRejectedError (``on_unproved="skip"``: they are left out). ``proofs``, when
+    given, receives the verdict of every rule returned."""
     ok, bad = [], []
     for r, (v, _) in zip(rules, verdicts(rules, **kw)):
-        (ok if v.proved else bad).append((r, v))
+        if v.runnable(allow_bounded):
+            ok.append((r, v))
+        elif v.status in ("refuted", "unknown"):
+            bad.append((r, v))
     if bad and on_unproved == "error":
         lines = [f"{r.loc}: rule {r.name} is {v.status} ({'prove ' + v.obligation})"
                  + (f": {v.counterexample}" if v.counterexample else f": {v.detail}" if v.detail else "")
                  for r, v in bad]
         raise RuleRejectedError("rules that are not proved may not run:\n" + "\n".join(lines))
-    return [r for r, _ in ok]
+    if proofs is not None:
+        proofs.update({r.name: v for r, v in ok})
+    return [restrict_to_proof(r, v) for r, v in ok]
+
+
+def restrict_to_proof(rule: Rule, v: Verdict) -> Rule:
+    """``rule`` with a ``dtype(x) in [...]`` guard on each of its float operands, naming the element types
+    ``v`` covers (none added when the proof covers every type). Kernel rules rewrite scalar expressions
+    and are left as they are."""
+    if rule.on == "kernel" or tuple(v.dtypes) == ALL_DTYPES:
+        return rule
+    allowed = ListLit(tuple(Var(d, rule.loc) for d in v.dtypes), rule.loc)
+    kinds = var_kinds(rule)
+    leaves = sorted({n for n, k in kinds.items() if k == "float"})
+    extra = tuple(Compare("in", FuncCall("dtype", (Var(n, rule.loc),), rule.loc), allowed, rule.loc) for n in leaves)
+    return attrs.evolve(rule, guards=tuple(rule.guards) + extra)
 
 
 def write_shipped(rules: Iterable[Rule], path: Optional[str] = None, timeout_ms: int = DEFAULT_TIMEOUT_MS) -> List[Verdict]:
