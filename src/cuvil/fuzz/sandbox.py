@@ -7,6 +7,7 @@ over for the next case.
 """
 from __future__ import annotations
 
+import faulthandler
 import multiprocessing
 import os
 import resource
@@ -26,6 +27,7 @@ CaseFn = Callable[[int], Tuple[str, str]]
 
 def _serve(conn, case: CaseFn) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C
+    faulthandler.disable()  # a crash is reported by the parent as one line; an inherited handler (pytest's) dumps stacks
     try:
         resource.setrlimit(resource.RLIMIT_AS, (WORKER_MEMORY_BYTES, WORKER_MEMORY_BYTES))
     except (ValueError, OSError):
