@@ -1,6 +1,8 @@
 """Hostile or malformed models: every failure is a one-line CuvilError, and what imports computes what
 onnxruntime computes (sparse initializers, duplicate names, deep graphs, unfoldable constants)."""
 
+import re
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -298,3 +300,12 @@ def test_unreadable_sources(tmp_path, monkeypatch):
 
     monkeypatch.setattr(onnx, "load", denied)
     one_line_error(ModelLoadError, path, "cannot read the file \\(Permission denied\\)")
+
+
+@pytest.mark.parametrize("node", [helper.make_node("Constant", [], [], value_float=1.0),
+                                  helper.make_node("Relu", ["x"], ["y", "z"])], ids=["constant-no-output", "relu-two"])
+def test_output_count_outside_the_schema_is_refused(node):
+    """Found by the long fuzz run (seed 211395 of onnx_bytes): a Constant whose output list was cut to nothing
+    raised IndexError in the opset adapter."""
+    nodes = [node] if node.op_type == "Relu" else [node, helper.make_node("Relu", ["x"], ["y"])]
+    one_line_error(ModelLoadError, model(nodes), re.escape("output(s); the op has 1 to 1"))

@@ -226,6 +226,9 @@ class _Importer:
             inputs.append(self.env[name])
         if schema is not None:
             _check_input_types(schema, inputs, f"node {where!r} ({np_.op_type}, opset {self.opset})")
+        if schema is not None and not schema.min_output <= len(np_.output) <= schema.max_output:
+            raise ModelLoadError(f"node {where!r} ({np_.op_type}, opset {self.opset}) has {len(np_.output)} output(s); "
+                                 f"the op has {schema.min_output} to {schema.max_output}: fix the exporter's node")
         named = [o for o in np_.output if o]
         for k, name in enumerate(named):
             # One definition per name (SSA): a second one would silently shadow the first.
