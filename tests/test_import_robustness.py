@@ -309,3 +309,13 @@ def test_output_count_outside_the_schema_is_refused(node):
     raised IndexError in the opset adapter."""
     nodes = [node] if node.op_type == "Relu" else [node, helper.make_node("Relu", ["x"], ["y"])]
     one_line_error(ModelLoadError, model(nodes), re.escape("output(s); the op has 1 to 1"))
+
+
+def test_bfloat16_signature_is_a_clean_error_not_a_type_error():
+    """Found by the long fuzz run (onnx_structure seed 208268): numpy has no bfloat16, and DType.numpy raised a
+    bare TypeError out of Pipeline.run_reference."""
+    xb = helper.make_tensor_value_info("x", TensorProto.BFLOAT16, [4])
+    yb = helper.make_tensor_value_info("y", TensorProto.BFLOAT16, [4])
+    p = Pipeline.from_onnx(model([helper.make_node("Relu", ["x"], ["y"])], inputs=(xb,), outputs=(yb,))).optimize()
+    with pytest.raises(UnsupportedTypeError, match="BFLOAT16 is not supported here"):
+        p.run_reference({"x": np.zeros(4, np.float32)})

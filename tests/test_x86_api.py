@@ -41,7 +41,9 @@ def test_manifest_says_what_was_built(optimized):
     m = optimized.compile(fixed={"N": 1}).manifest
     assert m["model_sha256"] and len(m["model_sha256"]) == 64
     assert m["specialized"] == {"N": 1}
-    assert m["rules_applied"]["fold_conv_bn"] == {"applied": 2, "obligation": "real", "verdict": "proved"}
+    rec = m["rules_applied"]["fold_conv_bn"]
+    assert {k: rec[k] for k in ("applied", "obligation", "verdict")} == {"applied": 2, "obligation": "real", "verdict": "proved"}
+    assert rec["coverage"].startswith("generic: ") and "ms" not in rec["coverage"] and "float" in rec["dtypes"]
     assert m["target"]["triple"].startswith("x86_64") and m["target"]["cpu"]
     assert m["arena_bytes"] > 0 and m["weights_bytes"] > 0
     assert {os.path.basename(d).split(".so")[0] for d in m["dependencies"]} <= {

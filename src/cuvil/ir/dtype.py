@@ -5,6 +5,8 @@ import enum
 
 import numpy as np
 
+from ..errors import UnsupportedTypeError
+
 
 class DType(enum.IntEnum):
     FLOAT = 1
@@ -31,7 +33,8 @@ class DType(enum.IntEnum):
     @property
     def numpy(self) -> np.dtype:
         if self not in _TO_NUMPY:
-            raise TypeError(f"dtype {self.name} has no numpy equivalent")
+            raise UnsupportedTypeError(f"element type {self.name} is not supported here (numpy has no equivalent); cast the "
+                                       f"model's tensors of that type to float32 or float16")
         return np.dtype(_TO_NUMPY[self])
 
     @property

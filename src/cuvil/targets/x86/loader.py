@@ -21,7 +21,7 @@ import threading
 import attrs
 import numpy as np
 
-from cuvil.errors import CuvilError, ShapeError
+from cuvil.errors import CuvilError, ShapeError, UnsupportedTypeError
 from cuvil.ir.dtype import DType
 from cuvil.targets.x86.model_info import is_c_identifier
 
@@ -50,7 +50,7 @@ class IOSpec:
 def _numpy_dtype(code: int) -> np.dtype | None:
     try:
         return DType(code).numpy
-    except (ValueError, TypeError):
+    except (ValueError, UnsupportedTypeError):
         return None
 
 
