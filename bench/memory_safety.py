@@ -17,6 +17,7 @@ import sys
 import time
 
 from cuvil import Pipeline
+from cuvil.bench import host_info
 from cuvil.testing import LIGHT_MODELS, light_model
 from cuvil.testing.models import transformer_block
 
@@ -79,7 +80,8 @@ def main(argv=None):
     pct = 100.0 * total_p / max(total_k, 1)
     lines += ["", f"**{total_p}/{total_k} kernels proved ({pct:.2f}%)**; proofs "
               f"{sum(r['proof_s'] for r in rows):.1f} s of {sum(r['compile_s'] for r in rows):.1f} s compiling "
-              f"(machine: {os.cpu_count()} cores, Python {sys.version.split()[0]})."]
+              f"(machine: {host_info()['cpu']}, {os.cpu_count()} cores, Python {sys.version.split()[0]}, "
+              f"{time.strftime('%Y-%m-%d', time.gmtime())})."]
     unproved = [u for r in rows for u in r["unproved"]]
     if unproved:
         lines += ["", "Guarded kernels:", ""] + [f"- {u}" for u in unproved]
