@@ -91,3 +91,25 @@ def test_unproved_conv_is_guarded_and_emitted_plain(monkeypatch):
     assert all(d.kind != "conv" and not d.kind.startswith("conv") for d in res.kernels)
     assert conv_node(s.stages[0]) is not None      # the schedule itself is left as it was
     assert [k["status"] for k in cert.to_json()["guarded"]] == ["guarded"]
+
+
+def test_fused_splitk_counters_and_readbacks_proved(monkeypatch):
+    """With the fused split-K variant the last slice reads every partial back and counts per tile: both
+    are stated and proved, and the kernel is still emitted as the implicit GEMM."""
+    import cuvil.targets.ptx.conv as conv
+    monkeypatch.setattr(conv, "FUSED_SPLITK", 1)
+    s, km, st = _conv_stage((1, 256, 7, 7), (256, 256, 3, 3))
+    accs = [a for a in stage_accesses(st, bounds_patterns.GpuPatterns(km)) if a.kind.startswith("family")]
+    assert [a.buf.name for a in accs].count("splitk") == 2 and "splitk counters" in [a.buf.name for a in accs]
+    res = build_ptx(s, "sm_90", fma=True)
+    assert res.memory_safety.summary() == "1/1 kernels proved in bounds"
+    assert [d.kind for d in res.kernels] == ["conv_splitk"]
+
+
+def test_float16_tensor_core_conv_proved():
+    """A float16 convolution with 64-channel panels (the mma kernel on sm_90) is proved like the float32 one."""
+    from cuvil.targets.ptx.fp16 import to_half
+    g, _ = to_half(Pipeline.from_onnx(conv_model((1, 64, 14, 14), (64, 64, 3, 3))).optimize().graph)
+    res = build_ptx(gpu_schedule(g), "sm_90", fma=True)
+    assert any(d.kind.endswith("_mma") for d in res.kernels)
+    assert res.memory_safety.proved == len(res.memory_safety.kernels) > 0
