@@ -17,6 +17,7 @@ Accesses counted:
 * the x86 micro-kernel families, which do not read through texpr loads: each states its access pattern here
   as index expressions (:func:`_family_obligations`): packed weight panels, im2col windows of a contraction
   (positions past the last one repeat it), masked window and Winograd tile loads, cropped tile stores.
+  Another target passes its own (``families``: the PTX implicit-GEMM kernels', ptx/bounds_patterns.py).
 
 An obligation that Z3 refutes (a counterexample) or cannot decide within :data:`QUERY_TIMEOUT_MS` is
 *unproved*; :func:`guard_stage` then clamps the unproved loads of that stage into their buffer and takes
@@ -453,8 +454,12 @@ def stage_domains(st: Stage) -> Dict[str, Tuple[object, object]]:
     return doms
 
 
-def stage_accesses(st: Stage) -> List[Access]:
-    """Every obligation of ``st``: its store, its loads, its micro-kernel family's accesses."""
+def stage_accesses(st: Stage, families=None) -> List[Access]:
+    """Every obligation of ``st``: its store, its loads, its micro-kernel family's accesses. ``families``
+    (``(stage, node, domains) -> [Access]``, default the x86 micro-kernels' :func:`_family_obligations`)
+    states the accesses of the target's kernels for a family node; a target that emits the node's plain
+    expression returns no accesses for it (its loads are walked like any other)."""
+    families = families or _family_obligations
     doms = stage_domains(st)
     out = [Access("store", st.buf, list(st.vars), [], doms)]
     seen = set()
@@ -490,7 +495,7 @@ def stage_accesses(st: Stage) -> List[Access]:
             stack.append((src(first), conds))
             stack.extend((as_index(b), conds) for b in base)
         if x.op in _FAMILIES:
-            out.extend(_family_obligations(st, x, doms))
+            out.extend(families(st, x, doms))
         stack.extend((a, conds) for a in x.args)
     return out
 
@@ -633,10 +638,12 @@ def _region_limit(sched: Schedule, root: Buf):
     return None
 
 
-def prove_stage(prover: BoundsProver, sched: Schedule, st: Stage) -> Tuple[int, List[Tuple[Access, str]]]:
-    """(number of accesses, the unproved ones with the reason) of one stage."""
+def prove_stage(prover: BoundsProver, sched: Schedule, st: Stage,
+                families=None) -> Tuple[int, List[Tuple[Access, str]]]:
+    """(number of accesses, the unproved ones with the reason) of one stage (``families``: see
+    :func:`stage_accesses`)."""
     ranges = sched.ranges
-    accs = stage_accesses(st)
+    accs = stage_accesses(st, families)
     failed = []
     for acc in accs:
         why = "its micro-kernel's access pattern is not expressible here" if _is_unprovable(acc) \
@@ -655,22 +662,23 @@ def prove_stage(prover: BoundsProver, sched: Schedule, st: Stage) -> Tuple[int, 
 
 
 def prove_schedule(sched: Schedule, variant: str = "generic", prover: Optional[BoundsProver] = None,
-                   guard: bool = True) -> Certificate:
+                   guard: bool = True, families=None) -> Certificate:
     """Prove every stage of ``sched``; with ``guard``, stages with unproved accesses are rewritten in place
-    (:func:`guard_stage`) and proved again, and recorded as ``guarded``."""
+    (:func:`guard_stage`) and proved again, and recorded as ``guarded``. ``families``: the target's
+    kernel access patterns (:func:`stage_accesses`; default the x86 micro-kernels')."""
     prover = prover or BoundsProver()
     cert = Certificate()
     t0 = time.perf_counter()
     h0, q0 = prover.hits, prover.queries
     for st in sched.stages:
         t = time.perf_counter()
-        count, failed = prove_stage(prover, sched, st)
+        count, failed = prove_stage(prover, sched, st, families)
         status = "proved"
         if failed:
             status = "unproved"
             if guard:
                 guard_stage(st, [a for a, _ in failed])
-                _, still = prove_stage(prover, sched, st)
+                _, still = prove_stage(prover, sched, st, families)
                 status = "guarded" if not still else "unproved"
                 failed = still or failed      # an unproved kernel: what its guards left unproved
         cert.kernels.append(KernelCertificate(st.name, variant, count, status, time.perf_counter() - t,

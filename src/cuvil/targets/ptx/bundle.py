@@ -8,7 +8,8 @@ on machines without one.
       plan.json              arena bytes, the kernels in launch order (name, grid, block, n), inputs and outputs
                              (name, dtype, shape, index in the buffer-pointer table)
       manifest.json          model name, arch, Cuvil version, ptxas registers/spills per kernel, kernel rules
-                             fired (name -> count), fma, float16 tensors (with --enable-fp16)
+                             fired (name -> count), fma, float16 tensors (with --enable-fp16), the
+                             memory-safety certificate (``memory_safety``, docs/memory-safety.md)
 
 At run time ``bufs = [arena, weights, inputs..., outputs...]`` (device pointers) and kernel ``k`` is launched
 as ``kernel_k<<<grid, block>>>(bufs, n)``, in plan order, on one stream (:mod:`cuvil.targets.ptx.runtime`).
@@ -78,6 +79,7 @@ def compile_bundle(g: Graph, out_dir: str, *, arch: str = "sm_90", opt_level: in
     say(f"{len(sched.stages)} kernels, arena {sched.arena_bytes} B, weights {sched.weights_bytes} B; generating PTX for {arch}")
     res = build_ptx(sched, arch, opt_level, fma=fma, kernel_rules=kernel_rules, prefix=prefix,
                     narrow_index=narrow_index)
+    say(f"memory safety: {res.memory_safety.summary()} ({res.memory_safety.seconds:.2f} s)")
     ptx, descs = res.ptx, res.kernels
     arena_bytes = res.scratch_offset + res.scratch_bytes if res.scratch_bytes else sched.arena_bytes
     zero = [[res.scratch_offset, res.counter_bytes]] if res.counter_bytes else []
@@ -156,6 +158,7 @@ def compile_bundle(g: Graph, out_dir: str, *, arch: str = "sm_90", opt_level: in
         "weights_sha256": hashlib.sha256(blob).hexdigest(),
         "float16_tensors": half_names if enable_fp16 else
         [b.name for b in list(sched.inputs) + list(sched.outputs) + [s.buf for s in sched.stages] if b.dtype == DType.FLOAT16],
+        "memory_safety": res.memory_safety.to_json(),
         "fused_ops": sched.fused,
         "ptxas": ptxas_info,
         "compile_seconds": round(time.perf_counter() - t0, 3),

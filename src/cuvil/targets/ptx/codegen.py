@@ -43,10 +43,12 @@ import llvmlite.ir as ir
 
 from ...errors import CuvilError, UnsupportedOpError
 from ...ir.dtype import DType
+from ..bounds import Certificate
 from ..schedule import Schedule, Stage
 from ..texpr import E, Buf, nodes
 from ..x86.codegen import F16, F32, I1, I32, I64, PTR, KernelModule, _Emitter, const_value, ll, mem_type
 from . import conv as _conv
+from .bounds_patterns import arena_limit, prove_gpu_stages
 from .conv import TILE_CHANNELS, combine_stage, conv_node, emit_conv, plan_conv, scratch_buf
 
 TRIPLE = "nvptx64-nvidia-cuda"
@@ -906,6 +908,7 @@ class PtxResult:
     scratch_bytes: int = 0     # split-K tile counters then partial sums: the arena must be scratch_offset + this long
     scratch_offset: int = 0
     counter_bytes: int = 0     # the counters at scratch_offset: zeroed before each run
+    memory_safety: Optional[Certificate] = None   # the bounds proof of every kernel (ptx/bounds_patterns.py)
 
 
 def widen_half_reductions(e: E, stats: Optional[dict] = None) -> E:
@@ -967,13 +970,24 @@ def build_ptx(sched: Schedule, arch: str = "sm_90", opt: int = 3, *, fma: bool =
         stages, counts = rewrite_stages(stages, rules)
     km = PtxKernelModule(prefix, tm, fma=fma, block=block, narrow_index=narrow_index,
                          scratch_offset=sched.arena_bytes, arch=arch)
-    km.plan_scratch(stages)
+    # the memory-safety proof of the stages as they are emitted (copies: guards rewrite them, not the schedule)
+    stages = [attrs.evolve(st) for st in stages]
+    cert = prove_gpu_stages(sched, stages, km)
+    for k in cert.kernels:
+        if k.status == "unproved":
+            raise CuvilError(f"kernel {k.stage} (gpu) is not proved memory-safe even with run-time guards: "
+                             f"{k.failures[0]}; report it")
+    limit = arena_limit(km, sched, stages)
     descs: List[KernelDesc] = []
     for k, st in enumerate(stages):
         d = km.add_stage(st, f"{prefix}_k{k}")
         descs.extend(d if isinstance(d, list) else [d])
+    arena = km.scratch_offset + km.scratch_bytes if km.scratch_bytes else sched.arena_bytes
+    if arena != limit:       # the proof checked every buffer against the arena the bundle allocates
+        raise CuvilError(f"internal: the GPU arena is {arena} B, its memory-safety proof assumed {limit} B; "
+                         f"report it")
     return PtxResult(km.compile_ptx(opt, libdevice), descs, {r.name: r.proof for r in rules}, counts,
-                     stats.get("widened", 0), km.scratch_bytes, km.scratch_offset, km.counter_bytes)
+                     stats.get("widened", 0), km.scratch_bytes, km.scratch_offset, km.counter_bytes, cert)
 
 
 GPU_GEMM_COLS = 64   # the GPU lowering's packed contractions (schedule's gemm_cols; x86 panels are unrelated)

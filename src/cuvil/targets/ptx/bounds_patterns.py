@@ -1,0 +1,224 @@
+"""The global-memory access patterns of the PTX kernels, stated for the bounds prover (:mod:`cuvil.targets.bounds`).
+
+Every GPU kernel shape of :mod:`cuvil.targets.ptx.codegen` but one evaluates the stage's texpr expression at
+output and reduction indices inside the stage's loops (element, coarse, split, tiled kernels: the tiled
+kernel's shared-memory staging tests ``term < R`` and ``position < P`` before it evaluates a factor), so
+the shared machinery proves them from the stage's loads and store as they are. The exception is a
+convolution computed by the implicit-GEMM kernel of :mod:`cuvil.targets.ptx.conv`: it does not read
+through the contraction node's loads but forms its own addresses. :class:`GpuPatterns` states them here as
+index expressions over that kernel's own loop variables (tile, slice, chunk, row, column, lane), as
+``emit_conv`` computes them:
+
+* weight panels, ``float4`` loads: flat element ``((g * Mb + mt) * K + k) * TM + 4 * c4 + i`` of the packed
+  panels, ``k = s * kchunk + chunk * TK + row`` inside the slice (``k0 < min(slice end, K)``; the row
+  ``k < K`` tested only when TK does not divide K);
+* the window: flat element ``n * xs0 + (g * cin + c) * xs1 + sum_d q_d * xs_d`` of the input with
+  ``q_d = o_d * s_d - pad_d + tap_d * dil_d`` at the thread's column clamped to the last position; where
+  padded, the offset is selected to 0 outside the input (the load itself is unconditional); unpadded,
+  the load is skipped only for terms past K;
+* tile stores, tested ``m < M`` and ``p < P``: the output at ``(n, g * M + m, unflatten(p))``, or with
+  split-K the partial sum at flat ``((s * N + n) * G * M + g * M + m) * P + p`` of the scratch area after
+  the arena; the sum kernel (or the fused last slice) reads the S partials back, and the fused variant's
+  per-tile counters are indexed by the tile.
+
+The kernel computes these offsets in 32-bit arithmetic; :func:`~cuvil.targets.ptx.conv.conv_node` admits
+only convolutions whose input and weight offsets are below 2^31 and ``add_conv_stage`` falls back to the
+plain kernels where the partial sums would not be, so the int64 index expressions here are exact.
+"""
+from __future__ import annotations
+
+from typing import List, Optional
+
+import attrs
+
+from ...errors import CuvilError
+from ...ir.dtype import DType
+from ..bounds import Access, BoundsProver, Certificate, prove_schedule
+from ..schedule import ARENA, Schedule, Stage
+from ..texpr import Buf, E, as_index, cmp, idiv, imod, logic, select, var
+from . import conv as _conv
+
+
+def _loop(doms, name: str, extent) -> E:
+    v = var(name)
+    doms[v.attr] = (0, extent)
+    return v
+
+
+def _unflatten(x: E, dims) -> List[E]:
+    """Row-major digits of ``x`` over ``dims`` (the kernel's 32-bit udiv/urem chain)."""
+    if not list(dims):
+        return []
+    out, rest = [], x
+    for d in reversed(list(dims)[1:]):
+        out.append(imod(rest, int(d)))
+        rest = idiv(rest, int(d))
+    out.append(rest)
+    return out[::-1]
+
+
+def _lt(a, b) -> E:
+    return cmp("lt", as_index(a), as_index(b))
+
+
+def _ge0(a) -> E:
+    return cmp("ge", as_index(a), as_index(0))
+
+
+def _and(conds: List[E]) -> Optional[E]:
+    return None if not conds else conds[0] if len(conds) == 1 else logic("and", *conds)
+
+
+class GpuPatterns:
+    """The ``families`` hook of :func:`~cuvil.targets.bounds.prove_schedule` for the PTX backend: the access
+    pattern of the implicit-GEMM kernel for a stage's convolution, no accesses for the other family nodes
+    (the PTX emitter evaluates their plain expression, whose loads the prover walks). ``km`` is the
+    :class:`~cuvil.targets.ptx.codegen.PtxKernelModule` that will emit the stages (its convolution plans and
+    scratch layout); ``widen`` adds ``widen`` to every loop extent of the stated patterns (tests: a pattern
+    widened by one must be refuted)."""
+
+    def __init__(self, km, widen: int = 0):
+        self.km = km
+        self.widen = widen
+
+    def conv_plan(self, st: Stage, node: E):
+        """The plan the kernel module emits ``st`` with, or None where it takes the plain kernels."""
+        if _conv.conv_node(st) is not node:
+            return None
+        plan = self.km.conv_plan(node)
+        if plan.splits > 1 and (self.km.scratch_offset + self.km.counter_bytes) // 4 + plan.scratch_floats >= 2 ** 31:
+            return None
+        return plan
+
+    def __call__(self, st: Stage, node: E, doms) -> List[Access]:
+        if node.op != "contract":
+            return []
+        plan = self.conv_plan(st, node)
+        if plan is None:
+            return []
+        return self.conv_accesses(st, node, plan, dict(doms))
+
+    def conv_accesses(self, st: Stage, node: E, plan, d) -> List[Access]:
+        spec, w = node.attr, self.widen
+        kind = "family:conv"
+        TM, TP, TK, K, M, P, N, G = plan.tm, plan.tp, _conv.TK, plan.k, plan.m, plan.p, plan.n, plan.groups
+        S = plan.splits
+        out: List[Access] = []
+        # the block's tile (its flat block index unflattened: a bijection onto these ranges)
+        pt, mt = _loop(d, "pt", plan.tiles_p + w), _loop(d, "mt", plan.tiles_m + w)
+        s, n, g = _loop(d, "s", S + w), _loop(d, "n", N + w), _loop(d, "g", G + w)
+        # the chunk loop: k0 = klo + chunk * TK while k0 < khi = min(klo + kchunk, K)
+        klo = s * plan.kchunk
+        k0 = klo + _loop(d, "chunk", -(-plan.kchunk // TK) + w) * TK
+        khi = select(_lt(klo + plan.kchunk, K), klo + plan.kchunk, as_index(K))
+        in_slice = _lt(k0, khi)
+        guard_k = K % TK != 0
+        # weight panels: rows of the chunk, float4 columns, their 4 lanes
+        row, c4, lane = _loop(d, "row", TK + w), _loop(d, "c4", TM // 4 + w), _loop(d, "lane", 4 + w)
+        k = k0 + row
+        aidx = ((g * plan.tiles_m + mt) * K + k) * TM + c4 * 4 + lane
+        out.append(Access(kind, spec.a, [aidx], [in_slice] + ([_lt(k, K)] if guard_k else []), d, node=node,
+                          flat=True))
+        # the window: this thread's column (clamped to the last position), its chunk rows
+        col, xrow_ = _loop(d, "col", TP + w), _loop(d, "xrow", TK + w)
+        pos = pt * TP + col
+        pos = select(_lt(pos, P), pos, as_index(P - 1))
+        o = _unflatten(pos, spec.out_spatial)
+        kx = k0 + xrow_
+        c, *taps = _unflatten(kx, [spec.cin] + [int(t) for t in spec.kernel])
+        xs = spec.x.strides
+        off = n * xs[0] + (g * spec.cin + c) * xs[1]
+        pads = [int(p) for p in spec.pads]
+        if pads:
+            ok = [_lt(kx, K)] if guard_k else []
+            for dd, (od, kd) in enumerate(zip(o, taps)):
+                q = od * int(spec.strides[dd]) - pads[dd] + kd * int(spec.dilations[dd])
+                ok += [_ge0(q), _lt(q, int(spec.x.shape[2 + dd]))]
+                off = off + q * xs[2 + dd]
+            both = _and(ok)
+            xidx = select(both, off, as_index(0)) if both is not None else off
+            out.append(Access(kind, spec.x, [xidx], [in_slice], d, node=node, flat=True))
+        else:
+            for dd, (od, kd) in enumerate(zip(o, taps)):
+                off = off + (od * int(spec.strides[dd]) + kd * int(spec.dilations[dd])) * xs[2 + dd]
+            out.append(Access(kind, spec.x, [off], [in_slice] + ([_lt(kx, K)] if guard_k else []), d, node=node,
+                              flat=True))
+        # tile stores: the accumulator at (m, p) of the tile, tested m < M and p < P
+        m = mt * TM + _loop(d, "tm", TM + w)
+        p = pt * TP + _loop(d, "tp", TP + w)
+        inside = [_lt(m, M), _lt(p, P)]
+        if S == 1:
+            out.append(Access(kind, st.buf, [n, g * M + m] + _unflatten(p, spec.out_spatial), inside, d, node=node))
+            return out
+        scratch = self.km_scratch(plan)
+        flat = ((s * N + n) * (G * M) + g * M + m) * P + p
+        out.append(Access(kind, scratch, [flat], inside, d, node=node, flat=True))      # partial sums
+        if _conv.FUSED_SPLITK:       # the last slice reads every slice's partial back, counts per tile
+            s2 = _loop(d, "s", S + w)
+            out.append(Access(kind, scratch, [((s2 * N + n) * (G * M) + g * M + m) * P + p], inside, d, node=node,
+                              flat=True))
+            counters = Buf("splitk counters", DType.INT32, (self.km.counter_bytes // 4,), base=ARENA,
+                           offset=self.km.scratch_offset)
+            tile = ((n * G + g) * plan.tiles_m + mt) * plan.tiles_p + pt
+            out.append(Access(kind, counters, [tile], [], d, node=node))
+        else:                        # the sum kernel: partial s of the stage's own output element
+            e = dict(d)
+            s2 = _loop(e, "s", S + w)
+            vs = list(st.vars)
+            p_e = vs[2] if len(vs) > 2 else as_index(0)
+            for dim, v in zip(spec.out_spatial[1:], vs[3:]):
+                p_e = p_e * int(dim) + v
+            out.append(Access("family:conv_sum", scratch, [s2, vs[0], vs[1], p_e], [], e, node=node))
+        return out
+
+    def km_scratch(self, plan) -> Buf:
+        return _conv.scratch_buf(plan, self.km.scratch_offset + self.km.counter_bytes)
+
+
+def arena_limit(km, sched: Schedule, stages) -> int:
+    """The arena the bundle allocates for these stages: the schedule's, then the split-K counters and the
+    largest convolution's partial sums (as ``PtxKernelModule.add_conv_stage`` reserves them)."""
+    pats = GpuPatterns(km)
+    need = 0
+    for st in stages:
+        node = _conv.conv_node(st) if _conv_enabled() else None
+        plan = pats.conv_plan(st, node) if node is not None else None
+        if plan is not None and plan.splits > 1:
+            need = max(need, km.counter_bytes + 4 * plan.scratch_floats)
+    return km.scratch_offset + need if need else sched.arena_bytes
+
+
+def _conv_enabled() -> bool:
+    from . import codegen
+    return codegen.CONV_ENABLED
+
+
+def prove_gpu_stages(sched: Schedule, stages: List[Stage], km, prover: Optional[BoundsProver] = None,
+                     variant: str = "gpu") -> Certificate:
+    """Prove the stages the kernel module ``km`` is about to emit (after kernel rules and float16
+    widening), guarding in place those with unproved accesses; ``km``'s split-K scratch is planned for the
+    guarded stages. The split-K scratch sits after the arena, so the arena the proof checks buffers against
+    is the one the bundle allocates (:func:`arena_limit`); guards that take a convolution back to the plain
+    kernels may shrink it, and the stages are then proved again against the smaller one."""
+    prover = prover or BoundsProver()
+    for st in stages:    # the PTX kernels run over the whole buffer; a region would be proved over its slice
+        if st.region is not None:
+            raise CuvilError(f"internal: stage {st.name} writes a region, which the PTX kernels do not honour "
+                             f"(gpu_schedule does not split concatenations); report it")
+    first: Optional[Certificate] = None
+    while True:
+        km.plan_scratch(stages)
+        limit = arena_limit(km, sched, stages)
+        cert = prove_schedule(attrs.evolve(sched, stages=stages, arena_bytes=limit), variant, prover,
+                              families=GpuPatterns(km))
+        if first is not None:        # a stage guarded by an earlier pass stays listed as guarded
+            for k0, k in zip(first.kernels, cert.kernels):
+                if k0.status != "proved" and k.status == "proved":
+                    k.status, k.failures = "guarded", k0.failures
+            cert.seconds += first.seconds
+            cert.queries += first.queries
+            cert.cache_hits += first.cache_hits
+        first = cert
+        km.plan_scratch(stages)
+        if arena_limit(km, sched, stages) == limit:
+            return cert

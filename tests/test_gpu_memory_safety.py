@@ -1,0 +1,115 @@
+"""The memory-safety certificate of GPU bundles (targets/ptx/bounds_patterns.py), without a GPU: every kernel
+of the demo CNN and of a transformer block proved in bounds, the implicit-GEMM convolution's stated access
+pattern (weight panels, window, tile stores, split-K partials) refuted when widened by one, and a kernel
+whose pattern is not proved guarded: emitted by the plain kernels and listed."""
+import os
+
+import onnx
+import pytest
+
+from cuvil import Pipeline
+from cuvil.targets.bounds import BoundsProver, stage_accesses
+from cuvil.targets.ptx import bounds_patterns, find_libdevice
+from cuvil.targets.ptx.bundle import read_bundle
+from cuvil.targets.ptx.codegen import PtxKernelModule, build_ptx, gpu_schedule, target_machine
+from cuvil.targets.ptx.conv import conv_node
+from cuvil.testing import small_cnn
+from cuvil.testing.models import transformer_block
+
+from test_gpu_conv import conv_model
+
+TARGET = "nvptx64-nvidia-cuda"
+DEMO = os.path.join(os.path.dirname(__file__), "..", "src", "cuvil", "data", "demo_cnn.onnx")
+needs_libdevice = pytest.mark.skipif(find_libdevice() is None, reason="libdevice.10.bc not found (no CUDA toolkit)")
+
+
+def _certificate(model, tmp_path):
+    b = Pipeline.from_onnx(model).optimize().compile(TARGET, arch="sm_90", cache=False)
+    _, man = read_bundle(b.save(str(tmp_path / "m.cuvil")))
+    return man["memory_safety"]
+
+
+def demo_cnn_static(batch: int = 2) -> onnx.ModelProto:
+    """The demo CNN with its batch fixed (GPU bundles have static shapes)."""
+    m = onnx.load(DEMO)
+    m.graph.input[0].type.tensor_type.shape.dim[0].dim_value = batch
+    return m
+
+
+@needs_libdevice
+@pytest.mark.parametrize("model", [demo_cnn_static, small_cnn])
+def test_cnn_bundle_every_kernel_proved(model, tmp_path):
+    ms = _certificate(model(), tmp_path)
+    assert ms["kernels_proved"] == ms["kernels"] > 0 and ms["guarded"] == []
+    assert {k["status"] for k in ms["per_kernel"]} == {"proved"}
+    assert ms["accesses"] > ms["kernels"]
+
+
+@needs_libdevice
+def test_transformer_block_bundle_every_kernel_proved(tmp_path):
+    ms = _certificate(transformer_block(batch=1, seq=8), tmp_path)
+    assert ms["kernels_proved"] == ms["kernels"] >= 10 and ms["guarded"] == []
+
+
+def _conv_stage(x_shape, w_shape, **kw):
+    s = gpu_schedule(Pipeline.from_onnx(conv_model(x_shape, w_shape, **kw)).optimize().graph)
+    km = PtxKernelModule("t", target_machine(), scratch_offset=s.arena_bytes)
+    km.plan_scratch(s.stages)
+    st, = [st for st in s.stages if conv_node(st) is not None]
+    return s, km, st
+
+
+@pytest.mark.parametrize("shapes", [
+    dict(x_shape=(1, 16, 14, 14), w_shape=(32, 16, 3, 3)),                      # padded, one slice
+    dict(x_shape=(1, 16, 14, 14), w_shape=(32, 16, 1, 1), pads=(0, 0, 0, 0)),    # unpadded 1x1
+    dict(x_shape=(1, 256, 7, 7), w_shape=(256, 256, 3, 3)),                     # split-K partials + sum kernel
+])
+def test_conv_pattern_proved_and_refuted_when_widened(shapes):
+    s, km, st = _conv_stage(**shapes)
+    for widen, expect in ((0, True), (1, False)):
+        accs = [a for a in stage_accesses(st, bounds_patterns.GpuPatterns(km, widen)) if a.kind.startswith("family")]
+        kinds = {a.buf.name for a in accs}
+        assert {"x"} <= kinds and len(accs) >= 3
+        prover = BoundsProver()
+        verdicts = [prover.check(a, s.ranges) is None for a in accs]
+        assert verdicts == [expect] * len(accs), (widen, [a.buf.name for a in accs], verdicts)
+    if km.conv_plan(conv_node(st)).splits > 1:
+        assert "splitk" in kinds
+
+
+def test_unproved_conv_is_guarded_and_emitted_plain(monkeypatch):
+    """A convolution whose stated pattern does not prove (here: widened by one) is listed as guarded, and
+    the PTX computes it with the plain kernels, not the implicit-GEMM one."""
+    s, _, _ = _conv_stage((1, 16, 14, 14), (32, 16, 3, 3))
+    res = build_ptx(s, "sm_90", fma=True)
+    assert [d.kind for d in res.kernels] == ["conv"] and res.memory_safety.guarded == []
+    init = bounds_patterns.GpuPatterns.__init__
+    monkeypatch.setattr(bounds_patterns.GpuPatterns, "__init__", lambda self, km, widen=0: init(self, km, 1))
+    res = build_ptx(s, "sm_90", fma=True)
+    cert = res.memory_safety
+    assert [k.status for k in cert.kernels] == ["guarded"] and cert.proved == 0
+    assert all(d.kind != "conv" and not d.kind.startswith("conv") for d in res.kernels)
+    assert conv_node(s.stages[0]) is not None      # the schedule itself is left as it was
+    assert [k["status"] for k in cert.to_json()["guarded"]] == ["guarded"]
+
+
+def test_fused_splitk_counters_and_readbacks_proved(monkeypatch):
+    """With the fused split-K variant the last slice reads every partial back and counts per tile: both
+    are stated and proved, and the kernel is still emitted as the implicit GEMM."""
+    import cuvil.targets.ptx.conv as conv
+    monkeypatch.setattr(conv, "FUSED_SPLITK", 1)
+    s, km, st = _conv_stage((1, 256, 7, 7), (256, 256, 3, 3))
+    accs = [a for a in stage_accesses(st, bounds_patterns.GpuPatterns(km)) if a.kind.startswith("family")]
+    assert [a.buf.name for a in accs].count("splitk") == 2 and "splitk counters" in [a.buf.name for a in accs]
+    res = build_ptx(s, "sm_90", fma=True)
+    assert res.memory_safety.summary() == "1/1 kernels proved in bounds"
+    assert [d.kind for d in res.kernels] == ["conv_splitk"]
+
+
+def test_float16_tensor_core_conv_proved():
+    """A float16 convolution with 64-channel panels (the mma kernel on sm_90) is proved like the float32 one."""
+    from cuvil.targets.ptx.fp16 import to_half
+    g, _ = to_half(Pipeline.from_onnx(conv_model((1, 64, 14, 14), (64, 64, 3, 3))).optimize().graph)
+    res = build_ptx(gpu_schedule(g), "sm_90", fma=True)
+    assert any(d.kind.endswith("_mma") for d in res.kernels)
+    assert res.memory_safety.proved == len(res.memory_safety.kernels) > 0
