@@ -248,3 +248,23 @@ def test_dtype_restriction_covers_unnamed_operands(text, via, tmp_path):
     if via == "wildcard":
         feed["w"] = np.array([np.iinfo(np.int32).min, 5], np.int32)
     np.testing.assert_array_equal(opt.run_reference(feed)["out"], p.run_reference(feed)["out"])
+
+
+def test_literals_do_not_make_a_rule_pure_data_movement(tmp_path):
+    """16777217 rounds to 16777216 in float32, so this Pad rule holds there; its sides only place elements and
+    a literal, but the literal's value depends on the element type (int32 and float64 keep 16777217), so
+    the proof covers the float formats where it was checked, not every type."""
+    rule = tmp_path / "pad.rule"
+    rule.write_text("rule my_pad_round\n  Pad(x, pads=[0, 1], constant_value=16777216)\n"
+                    "  => Pad(x, pads=[0, 1], constant_value=16777217)\n  prove exact\n")
+    (v, _), = verdicts_mod.verdicts(load_rules(rule))
+    assert v.status == "proved" and v.dtypes == ("float",)
+    g = Graph()
+    x = g.add_input("x", TensorType(DType.INT32, (2,)))
+    pad = g.add_node("Pad", [x, g.const(np.array([0, 1], np.int64)), g.const(np.array(16777216, np.int32))])
+    g.add_output(pad.outputs[0], "y")
+    p = Pipeline.from_onnx(export_model(g))
+    opt = p.optimize(rules=rule, builtin=False)
+    assert opt.report.applied["my_pad_round"] == 0
+    feed = {"x": np.array([1, 2], np.int32)}
+    np.testing.assert_array_equal(opt.run_reference(feed)["y"], p.run_reference(feed)["y"])
