@@ -91,7 +91,7 @@ def _dtypes_covered(nodes: List[Node], allowed) -> bool:
     for n in nodes:
         try:
             schema = op_schema(n.op)
-        except Exception:  # noqa: BLE001 - no schema (kernel-only ops): nothing to say about positions
+        except Exception:  # noqa: BLE001 - no schema (kernel-only ops): positions unknown, refuse (cautious)
             return False
         tcs = schema.type_constraints
         for i, v in enumerate(n.inputs):
