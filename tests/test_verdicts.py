@@ -215,3 +215,56 @@ def test_generic_proof_makes_a_structured_rule_proved(monkeypatch):
     assert prove_rule(rule).status == "refuted"
     monkeypatch.setattr(prove_mod, "prove_generic", lambda r, ms: None)
     assert prove_rule(rule).status in ("proved", "bounded")
+
+
+# Proved on floats, wrong on int32 (Abs(INT_MIN) wraps to INT_MIN, which is < 0). The int32 tensor enters the
+# match through a wildcard (first rule) or a literal (second rule), never through a named variable, so a
+# dtype guard on the named variables alone lets it fire.
+INT_THROUGH_UNNAMED = [
+    ("rule my_wild\n  Where(Not(Less(Abs(_), 0)), x, y) => x\n  prove exact\n", "wildcard"),
+    ("rule my_lit\n  Where(Not(Less(Abs(-2147483648), 0)), x, y) => x\n  prove exact\n", "literal"),
+]
+
+
+@pytest.mark.parametrize("text,via", INT_THROUGH_UNNAMED, ids=[v for _, v in INT_THROUGH_UNNAMED])
+def test_dtype_restriction_covers_unnamed_operands(text, via, tmp_path):
+    rule = tmp_path / "r.rule"
+    rule.write_text(text)
+    (v, _), = verdicts_mod.verdicts(load_rules(rule))
+    assert v.status == "proved" and "int32" not in v.dtypes
+    g = Graph()
+    w = (g.add_input("w", TensorType(DType.INT32, (2,))) if via == "wildcard"
+         else g.const(np.array(np.iinfo(np.int32).min, np.int32)))
+    x = g.add_input("x", TensorType(DType.FLOAT, (2,)))
+    y = g.add_input("y", TensorType(DType.FLOAT, (2,)))
+    a = g.add_node("Abs", [w]).outputs[0]
+    c = g.add_node("Not", [g.add_node("Less", [a, g.const(np.array(0, np.int32))]).outputs[0]]).outputs[0]
+    g.add_output(g.add_node("Where", [c, x, y]).outputs[0], "out")
+    name = load_rules(rule)[0].name
+    p = Pipeline(g)
+    opt = p.optimize(rules=rule, builtin=False)
+    assert opt.report.applied[name] == 0
+    feed = {"x": np.array([1, 2], np.float32), "y": np.array([3, 4], np.float32)}
+    if via == "wildcard":
+        feed["w"] = np.array([np.iinfo(np.int32).min, 5], np.int32)
+    np.testing.assert_array_equal(opt.run_reference(feed)["out"], p.run_reference(feed)["out"])
+
+
+def test_literals_do_not_make_a_rule_pure_data_movement(tmp_path):
+    """16777217 rounds to 16777216 in float32, so this Pad rule holds there; its sides only place elements and
+    a literal, but the literal's value depends on the element type (int32 and float64 keep 16777217), so
+    the proof covers the float formats where it was checked, not every type."""
+    rule = tmp_path / "pad.rule"
+    rule.write_text("rule my_pad_round\n  Pad(x, pads=[0, 1], constant_value=16777216)\n"
+                    "  => Pad(x, pads=[0, 1], constant_value=16777217)\n  prove exact\n")
+    (v, _), = verdicts_mod.verdicts(load_rules(rule))
+    assert v.status == "proved" and v.dtypes == ("float",)
+    g = Graph()
+    x = g.add_input("x", TensorType(DType.INT32, (2,)))
+    pad = g.add_node("Pad", [x, g.const(np.array([0, 1], np.int64)), g.const(np.array(16777216, np.int32))])
+    g.add_output(pad.outputs[0], "y")
+    p = Pipeline.from_onnx(export_model(g))
+    opt = p.optimize(rules=rule, builtin=False)
+    assert opt.report.applied["my_pad_round"] == 0
+    feed = {"x": np.array([1, 2], np.int32)}
+    np.testing.assert_array_equal(opt.run_reference(feed)["y"], p.run_reference(feed)["y"])

@@ -109,6 +109,9 @@ class Rule:
     proof: str                  # "exact" or "real"
     loc: Loc = attrs.field(eq=False)
     text: str = attrs.field(eq=False, default="")   # the rule's source, for hashing and reports
+    # Element types its proof covers (DSL names), set by verdicts.restrict_to_proof; None: every type.
+    # The matcher checks every value of a float-capable position of every matched node against it.
+    dtypes: Optional[Tuple[str, ...]] = attrs.field(default=None)
 
     def __str__(self):
         return self.text or self.name

@@ -15,7 +15,7 @@ from ..errors import ShapeError
 from ..ir.dim import SymExpr, bounds
 from ..ir.dtype import DType
 from ..ir.graph import Graph, Node, Value
-from ..ir.registry import attr_defaults, lookup
+from ..ir.registry import attr_defaults, lookup, op_schema
 from ..rewrite_rules.lifting import implicit_attr
 from .ast import DTYPE_NAMES, Compare, Expr, FuncCall, ListLit, Num, OpCall, Rule, Var, Wildcard
 
@@ -66,7 +66,41 @@ def match(rule: Rule, root: Value, g: Graph) -> Optional[Bindings]:
     b = Bindings()
     if not _match(rule.lhs, root, b, g):
         return None
+    if rule.dtypes is not None and not _dtypes_covered(b.nodes, {DTYPE_NAMES[d] for d in rule.dtypes}):
+        return None
     return b if all(guard_holds(gd, b, g) for gd in rule.guards) else None
+
+
+_FLOAT_TYPE_STRS = {"tensor(float)", "tensor(double)", "tensor(float16)", "tensor(bfloat16)"}
+
+
+def _float_capable(formals, type_constraints, i: int) -> bool:
+    """Whether formal ``i`` (the last one for variadic tails) may hold a float tensor: a data position, as
+    opposed to one fixed to bool (a condition) or to integers (shapes, indices, axes)."""
+    if not formals:
+        return False
+    formal = formals[min(i, len(formals) - 1)]
+    allowed = {tc.type_param_str: set(tc.allowed_type_strs) for tc in type_constraints}
+    return bool(allowed.get(formal.type_str, {formal.type_str}) & _FLOAT_TYPE_STRS)
+
+
+def _dtypes_covered(nodes: List[Node], allowed) -> bool:
+    """Every value in a float-capable position of the matched nodes (operands, whether bound to a name, a
+    wildcard or a literal, intermediate values and the root) has one of the ``allowed`` element types: the
+    proof's semantics model those positions in these types only."""
+    for n in nodes:
+        try:
+            schema = op_schema(n.op)
+        except Exception:  # noqa: BLE001 - no schema (kernel-only ops): positions unknown, refuse (cautious)
+            return False
+        tcs = schema.type_constraints
+        for i, v in enumerate(n.inputs):
+            if v is not None and _float_capable(schema.inputs, tcs, i) and v.type.dtype not in allowed:
+                return False
+        for i, v in enumerate(n.outputs[:1]):
+            if _float_capable(schema.outputs, tcs, i) and v.type.dtype not in allowed:
+                return False
+    return True
 
 
 def _match(p: Expr, v: Optional[Value], b: Bindings, g: Graph) -> bool:

@@ -49,7 +49,7 @@ from . import semantics as sem
 from .generic import prove_generic
 from .refute import Sample, draw_values, refute
 
-PROVER_VERSION = "2"
+PROVER_VERSION = "3"  # 3: literals no longer make a rule pure data movement (every dtype)
 DEFAULT_TIMEOUT_MS = 20_000
 MAX_INSTANCES = 3  # the deterministic search's instances (a fallback when random drawing finds none)
 MAX_SEARCH = 4000  # candidate instantiations tried per rule
@@ -1207,7 +1207,10 @@ def _prove_instance(rule: Rule, inst: Instance, float_vars, timeout_ms: int, dom
         rhs = _eval(rule.rhs, env)
     except UnsupportedOpError as e:
         return "unknown", None, f"no semantics: {e}", facts
-    facts["moves"] = all(z3.is_const(x) for arr in (lhs, rhs) for x in np.asarray(arr).reshape(-1))
+    # Moved elements are input variables. A numeral (a literal, a default padding value) is not: its value
+    # was rounded to this domain's format, so it may differ in another element type.
+    facts["moves"] = all(z3.is_const(x) and x.decl().kind() == z3.Z3_OP_UNINTERPRETED
+                         for arr in (lhs, rhs) for x in np.asarray(arr).reshape(-1))
     facts["sums"] = any(_op_sums(*call) for call in env.calls)
     if not solve:
         return "evaluated", None, None, facts

@@ -153,15 +153,17 @@ def proved_rules(rules: Sequence[Rule], *, on_unproved: str = "error", allow_bou
 
 def restrict_to_proof(rule: Rule, v: Verdict) -> Rule:
     """``rule`` with a ``dtype(x) in [...]`` guard on each of its float operands, naming the element types
-    ``v`` covers (none added when the proof covers every type). Kernel rules rewrite scalar expressions
-    and are left as they are."""
+    ``v`` covers (none added when the proof covers every type), and the same types as ``Rule.dtypes``, which
+    the matcher checks on every float-capable value of the match: the operands that have no name
+    (wildcards, literals) and the intermediate values too. Kernel rules rewrite scalar expressions and are
+    left as they are."""
     if rule.on == "kernel" or tuple(v.dtypes) == ALL_DTYPES:
         return rule
     allowed = ListLit(tuple(Var(d, rule.loc) for d in v.dtypes), rule.loc)
     kinds = var_kinds(rule)
     leaves = sorted({n for n, k in kinds.items() if k == "float"})
     extra = tuple(Compare("in", FuncCall("dtype", (Var(n, rule.loc),), rule.loc), allowed, rule.loc) for n in leaves)
-    return attrs.evolve(rule, guards=tuple(rule.guards) + extra)
+    return attrs.evolve(rule, guards=tuple(rule.guards) + extra, dtypes=tuple(v.dtypes))
 
 
 def write_shipped(rules: Iterable[Rule], path: Optional[str] = None, timeout_ms: int = DEFAULT_TIMEOUT_MS) -> List[Verdict]:
