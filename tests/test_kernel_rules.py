@@ -181,7 +181,7 @@ def _gemv_sched(dt=F32):
     e = binop("add", reduce("sum", [64], lambda k: binop("mul", load(x, [i, k]), load(w, [k]))), const(1.0, dt))
     st = Stage("gemv", y, [i], e)
     st.reads = [x, w]
-    return Schedule([st], [x], [y], [], 0, 0, {})
+    return Schedule([st], [x], [y], [], 0, w.nbytes, {})   # the weights section holds w (the bundle proves reads against it)
 
 
 def test_ptx_fma_only_through_rules():
