@@ -268,3 +268,25 @@ def test_literals_do_not_make_a_rule_pure_data_movement(tmp_path):
     assert opt.report.applied["my_pad_round"] == 0
     feed = {"x": np.array([1, 2], np.int32)}
     np.testing.assert_array_equal(opt.run_reference(feed)["y"], p.run_reference(feed)["y"])
+
+
+@pytest.mark.parametrize("give_up", [1, 100], ids=["one-instance", "every-instance"])
+def test_z3_giving_up_on_an_instance_is_no_evidence(monkeypatch, give_up):
+    """Z3's limit is wall-clock, so a loaded machine gives up sooner. An instance it gives up on is not counted
+    (the next one is tried); a verdict is `bounded` only when enough instances were proved, else `unknown`."""
+    (rule,) = parse_rules("rule sum_id\n  ReduceSum(Identity(x), axes=[1], keepdims=1) => ReduceSum(x, axes=[1], keepdims=1)\n"
+                          "  prove exact\n")
+    real, calls = prove_mod._prove_instance, []
+
+    def flaky(*a, **k):
+        calls.append(1)
+        if len(calls) <= give_up:
+            return "unknown", None, "z3: canceled", {"moves": False, "sums": True}
+        return real(*a, **k)
+
+    monkeypatch.setattr(prove_mod, "_prove_instance", flaky)
+    v = prove_rule(rule)
+    if give_up == 1:
+        assert v.status == "bounded" and v.instances >= 3 and v.shapes.startswith(f"checked on {v.instances} ")
+    else:
+        assert v.status == "unknown" and "z3: canceled" in v.detail and "0 proved" in v.detail

@@ -1171,16 +1171,26 @@ def _prove(rule: Rule, timeout_ms: int, verdict) -> Verdict:
         return verdict("unknown", "none", detail="no small shapes satisfy the pattern, guards and types")
     proved_generically = generic is not None and generic.status == "proved"
     moves, order_dependent = True, False
-    started, checked = time.perf_counter(), []
+    started, checked, timed_out = time.perf_counter(), [], []
+    needed = min(MIN_BOUNDED, len(bounded))
     for inst in bounded:  # with a generic proof: only what the sides do (no solving), for the dtypes
         if len(checked) >= MIN_BOUNDED and time.perf_counter() - started > BOUNDED_BUDGET_S:
             break  # the verdict states the instances actually checked
         status, cex, detail, info = _prove_instance(named, inst, float_vars, timeout_ms, solve=not proved_generically)
+        if status == "unknown" and (detail or "").startswith("z3: "):
+            # Z3 gave up on this instance (a wall-clock limit, so a loaded machine gives up sooner): no evidence
+            # either way. It is not counted, and the next instance is tried; too few proved is `unknown` below.
+            timed_out.append((inst, detail))
+            continue
         if status not in ("proved", "evaluated"):
             return verdict(status, inst.describe(), cex, detail)
         moves &= info["moves"]
         order_dependent |= info["sums"]
         checked.append(inst)
+    if len(checked) < needed:
+        inst, detail = timed_out[-1]
+        return verdict("unknown", inst.describe(), None,
+                       f"{detail} on {len(timed_out)} instance(s); {len(checked)} proved, {needed} needed")
     bounded = checked
     dtypes = _restrict(ALL_DTYPES if moves else ["float"] if exact else FLOAT_DTYPES, guard)
     if not dtypes:
