@@ -80,7 +80,7 @@ def demo_model_path() -> str:
 def cmd_demo(args) -> int:
     """Cuvil's main job on a small bundled CNN: import, proved rewrites, native compile, run, compare."""
     from .ir.dim import evaluate
-    from .pipeline import Pipeline
+    from .pipeline import Pipeline, _applied_rules
     path = demo_model_path()
     print(f"cuvil {__version__} demo: {os.path.basename(path)} (bundled)")
     t0 = time.perf_counter()
@@ -93,8 +93,9 @@ def cmd_demo(args) -> int:
           + ", ".join(f"{k} {v}" for k, v in before.op_histogram.items()))
     print(f"optimized  {len(opt.graph.nodes):3} nodes in {1e3 * (t2 - t1):4.0f} ms: "
           + ", ".join(f"{k} {v}" for k, v in after.op_histogram.items()))
-    fired = ", ".join(f"{k} x{v} (prove {opt.report.verdicts.get(k)})" for k, v in opt.report.applied.items() if v)
-    print(f"rules fired (each proved by Z3 before running): {fired}")
+    fired = ", ".join(f"{k} x{r['applied']} (prove {r['obligation']}: {r['verdict']})"
+                      for k, r in _applied_rules(opt.report).items())
+    print(f"rules fired (each checked by Z3 before running; verdict after the colon): {fired}")
     print(f"parameters {after.parameters:,}; {_fmt_count(after.flops)} FLOPs per inference")
     batch = 2
     art = opt.compile(fixed={s: batch for s in opt.graph.symbols})
