@@ -9,7 +9,6 @@ its witness (shapes, attributes, input values) can be replayed through any ONNX 
 """
 from __future__ import annotations
 
-import math
 import time
 from typing import Any, Dict, List
 
@@ -335,16 +334,6 @@ def _small_value(dom, x):
     return z3.Or([x == dom.const(float(k)) for k in range(-3, 4)])
 
 
-def _fmt(v) -> str:
-    if isinstance(v, bool):
-        return str(v).lower()
-    if math.isnan(v):
-        return "nan"
-    if v == 0:
-        return "-0.0" if math.copysign(1, v) < 0 else "+0.0"
-    return repr(float(np.float32(v)))
-
-
 def _report(m, dom, inputs, concrete, lhs, rhs, rhs_side):
     arrays = {}
     for name, arr in inputs.items():
@@ -356,12 +345,7 @@ def _report(m, dom, inputs, concrete, lhs, rhs, rhs_side):
         if val is None:
             floats[name] = float(dom.value_of(m, dom.var(name)))
     parts = [f"{n} = {np.array2string(a.reshape(-1)[:8], separator=', ')}" for n, a in arrays.items()]
-    parts += [f"{n} = {_fmt(x)}" for n, x in floats.items() if not n.startswith("any.")]
-    where = "the replacement is undefined there"
-    for idx in np.ndindex(*np.shape(lhs)):
-        if not z3.is_true(m.eval(dom.equal(lhs[idx], rhs[idx]), model_completion=True)):
-            at = f"[{','.join(map(str, idx))}]" if idx else ""
-            where = f"lhs{at} = {_fmt(dom.value_of(m, lhs[idx]))}, rhs{at} = {_fmt(dom.value_of(m, rhs[idx]))}"
-            break
+    parts += [f"{n} = {sem.format_value(x)}" for n, x in floats.items() if not n.startswith("any.")]
+    where = sem.first_difference(m, dom, lhs, rhs) or "the replacement is undefined there"
     witness = dict(concrete, inputs=arrays, floats=floats)
     return ", ".join(parts) + ": " + where, witness

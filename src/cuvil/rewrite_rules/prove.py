@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import math
 import re
 import time
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
@@ -916,7 +915,7 @@ def semantic_refutation(rule: Rule, instances: Sequence[Instance], rng: np.rando
             for name, var in env.attrs.items():
                 if isinstance(var, z3.ExprRef):
                     v = float(rng.choice([1e-5, 0.5, 2.0, -1.5, 0.0, -0.0, 1.0, np.inf, np.nan]))
-                    shown.append(f"{name} = {_fmt(v)}")
+                    shown.append(f"{name} = {sem.format_value(v)}")
                     subs.append((var, dom.const(v)))
             for idx in spots:
                 a, b = (z3.simplify(z3.substitute(t, *subs)) if isinstance(t, z3.ExprRef) else t
@@ -928,7 +927,7 @@ def semantic_refutation(rule: Rule, instances: Sequence[Instance], rng: np.rando
                     at = f"[{','.join(map(str, idx))}]" if idx else ""
                     where = inst.describe() + " " if any(inst.shapes.values()) or inst.wild else ""
                     return (f"{where}{', '.join(shown)}: lhs{at} = "
-                            f"{_fmt(dom.value_of(None, a))}, rhs{at} = {_fmt(dom.value_of(None, b))}")
+                            f"{sem.format_value(dom.value_of(None, a))}, rhs{at} = {sem.format_value(dom.value_of(None, b))}")
     return None
 
 
@@ -940,7 +939,7 @@ def _onnx_oracle(rule: Rule) -> str:
 
 
 def _show_values(vals: np.ndarray, limit: int = 6) -> str:
-    flat = [_fmt(v.item()) for v in np.asarray(vals).reshape(-1)[:limit]]
+    flat = [sem.format_value(v.item()) for v in np.asarray(vals).reshape(-1)[:limit]]
     if np.ndim(vals) == 0:
         return flat[0]
     return "[" + ", ".join(flat) + (", ..." if np.size(vals) > limit else "") + "]"
@@ -1392,20 +1391,8 @@ def _implied(dom, lhs_side, rhs_side, timeout_ms) -> bool:
     return s.check() == z3.unsat
 
 
-def _fmt(v) -> str:
-    if isinstance(v, bool):
-        return str(v).lower()
-    if isinstance(v, float):
-        if math.isnan(v):
-            return "nan"
-        if v == 0:
-            return "-0.0" if math.copysign(1, v) < 0 else "+0.0"
-        return repr(float(np.float32(v))) if abs(v) < 1e38 or math.isinf(v) else repr(v)
-    return str(v)
-
-
 def _show(model, dom, arr: np.ndarray, limit: int = 8) -> str:
-    vals = [_fmt(dom.value_of(model, x)) for x in arr.reshape(-1)[:limit]]
+    vals = [sem.format_value(dom.value_of(model, x)) for x in arr.reshape(-1)[:limit]]
     if arr.ndim == 0:
         return vals[0]
     return "[" + ", ".join(vals) + (", ..." if arr.size > limit else "") + "]"
@@ -1413,13 +1400,8 @@ def _show(model, dom, arr: np.ndarray, limit: int = 8) -> str:
 
 def _counterexample(model, dom, env: _Env, lhs, rhs, rhs_side) -> str:
     parts = [f"{name} = {_show(model, dom, arr)}" for name, arr in env.values.items()]
-    parts += [f"{name} = {_fmt(dom.value_of(model, v))}" for name, v in env.attrs.items() if isinstance(v, z3.ExprRef)]
-    where = ""
-    for idx in np.ndindex(*np.shape(lhs)):
-        if not z3.is_true(model.eval(dom.equal(lhs[idx], rhs[idx]), model_completion=True)):
-            at = f"[{','.join(map(str, idx))}]" if idx else ""
-            where = f"lhs{at} = {_fmt(dom.value_of(model, lhs[idx]))}, rhs{at} = {_fmt(dom.value_of(model, rhs[idx]))}"
-            break
+    parts += [f"{name} = {sem.format_value(dom.value_of(model, v))}" for name, v in env.attrs.items() if isinstance(v, z3.ExprRef)]
+    where = sem.first_difference(model, dom, lhs, rhs)
     if not where and rhs_side:
         where = "the replacement is undefined there (division by zero or out of domain)"
     return ", ".join(parts) + (": " + where if where else "")
