@@ -1,4 +1,4 @@
-"""A/B of AVX-512's channel-lane register tiles (cuvil.targets.gemm.choose_tile): the figures behind them.
+"""A/B of AVX-512's channel-lane register tiles (cuvil.kernels.contraction.choose_tile): the figures behind them.
 
     python3 bench/channel_tiles.py layers [--runs 20] [--tiles 3x7 4x6 2x7 4x7]   # each tile forced in turn
     python3 bench/channel_tiles.py model resnet50 [--threads 1]  # a whole model, with and without them

@@ -13,12 +13,12 @@ from onnx import TensorProto, helper, numpy_helper
 import cuvil.targets.x86.compile as x86_compile
 from cuvil import Pipeline
 from cuvil.ir.dtype import DType
-from cuvil.targets.gemm import Contraction
+from cuvil.kernels.contraction import Contraction
 from cuvil.targets.ptx import assemble, find_ptxas
 from cuvil.targets.ptx.codegen import build_ptx, gpu_schedule
 from cuvil.targets.ptx.conv import TK, combine_stage, conv_node, plan_conv, scratch_buf
-from cuvil.targets.schedule import schedule
-from cuvil.targets.texpr import nodes
+from cuvil.kernels.schedule import schedule
+from cuvil.kernels.texpr import nodes
 from cuvil.testing import light_model
 
 needs_ptxas = pytest.mark.skipif(find_ptxas() is None, reason="ptxas not found (no CUDA toolkit)")

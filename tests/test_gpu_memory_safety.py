@@ -8,7 +8,7 @@ import onnx
 import pytest
 
 from cuvil import Pipeline
-from cuvil.targets.bounds import BoundsProver, stage_accesses
+from cuvil.kernels.bounds import BoundsProver, stage_accesses
 from cuvil.targets.ptx import bounds_patterns, find_libdevice
 from cuvil.targets.ptx.bundle import read_bundle
 from cuvil.targets.ptx.codegen import PtxKernelModule, build_ptx, gpu_schedule, target_machine

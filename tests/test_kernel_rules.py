@@ -11,13 +11,13 @@ from cuvil.dsl.errors import RuleError
 from cuvil.dsl.parser import parse_rules
 from cuvil.ir.dtype import DType
 from cuvil.rewrite_rules.prove import RuleRejectedError
-from cuvil.targets.kernel_rules import (KernelRewriter, builtin_kernel_rules, compile_kernel_rule, nan_max,
+from cuvil.kernels.kernel_rules import (KernelRewriter, builtin_kernel_rules, compile_kernel_rule, nan_max,
                                         same, select_kernel_rules)
 from cuvil.targets.ptx import assemble, find_libdevice, find_ptxas
 from cuvil.targets.ptx.bundle import read_bundle
 from cuvil.targets.ptx.codegen import build_ptx
-from cuvil.targets.schedule import Schedule, Stage
-from cuvil.targets.texpr import E, Buf, binop, call, cmp, const, load, reduce, select, unop, var
+from cuvil.kernels.schedule import Schedule, Stage
+from cuvil.kernels.texpr import E, Buf, binop, call, cmp, const, load, reduce, select, unop, var
 from cuvil.testing import light_model, small_cnn
 
 F32, F16, I64 = DType.FLOAT, DType.FLOAT16, DType.INT64
@@ -211,7 +211,7 @@ def test_ptx_half_accumulates_in_float32():
 @pytest.mark.parametrize("name", ["squeezenet", "bvlc_alexnet"])
 def test_light_model_ptx_has_no_calls(name):
     """libdevice (exp/pow/...) is linked in and inlined: no call instruction is left in any kernel."""
-    from cuvil.targets.schedule import schedule
+    from cuvil.kernels.schedule import schedule
     s = schedule(Pipeline.from_onnx(light_model(name)).optimize().graph)
     r = build_ptx(s, "sm_90", fma=True)
     assert not re.search(r"\bcall(\.uni)?\b", r.ptx) and ".func" not in r.ptx

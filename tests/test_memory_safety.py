@@ -1,4 +1,4 @@
-"""Memory safety proved at compile time (cuvil.targets.bounds): every load and store of every kernel in bounds
+"""Memory safety proved at compile time (cuvil.kernels.bounds): every load and store of every kernel in bounds
 over the profile's symbol ranges, the certificate in the manifest, unproved kernels guarded; arenas sized
 to the profile's maxima."""
 import json
@@ -15,10 +15,10 @@ from cuvil import CuvilError, Pipeline
 from cuvil.cli import main as cli_main
 from cuvil.ir.dim import SymExpr, Symbol
 from cuvil.ir.dtype import DType
-from cuvil.targets.bounds import BoundsProver, prove_schedule, prove_stage
-from cuvil.targets.gemm import Contraction
-from cuvil.targets.schedule import Schedule, Stage, schedule
-from cuvil.targets.texpr import E, Buf, cmp, const, guarded_load, load, nodes, reduce, select, var
+from cuvil.kernels.bounds import BoundsProver, prove_schedule, prove_stage
+from cuvil.kernels.contraction import Contraction
+from cuvil.kernels.schedule import Schedule, Stage, schedule
+from cuvil.kernels.texpr import E, Buf, cmp, const, guarded_load, load, nodes, reduce, select, var
 from cuvil.targets.x86.gemm import tile_cols, tile_shapes
 from cuvil.testing.models import transformer_block
 
@@ -417,7 +417,7 @@ def test_the_cache_does_not_answer_an_access_with_a_vacuous_proof_of_another():
 
 def test_an_obligation_with_fewer_indices_than_dims_is_not_proved():
     """A stated pattern written for a buffer of another rank: zip() checked only the leading dims."""
-    from cuvil.targets.bounds import Access
+    from cuvil.kernels.bounds import Access
     x = x_buf((2, 3, 4))
     i = var("i")
     acc = Access("family:test", x, [i], [], {i.attr: (0, 2)})
@@ -441,7 +441,7 @@ def test_an_arg_scan_over_an_empty_axis_yields_0_not_nothing():
     """The scan's result was taken in [0, n): over an axis that may be empty that range is empty, and an
     access indexed by it was proved vacuously (here z[S][argmax], out of bounds at S = 0). The kernel
     returns 0 there."""
-    from cuvil.targets.bounds import stage_accesses
+    from cuvil.kernels.bounds import stage_accesses
     s = Symbol("S", 0, 8)
     x = x_buf((4, SymExpr.symbol("S")))
     z = Buf("z", F32, (SymExpr.symbol("S"),), 3, 0)
@@ -529,7 +529,7 @@ def test_a_clamp_into_an_empty_dim_is_modelled_as_the_code_computes_it():
     """clamp(i, 0, d - 1) with d = 0 is -1 for every i in the generated code (lower bound first, then the
     upper); Z3 gave 0 for i < 0, so z[clamp(i - 1, 0, N - 1)] with a separate buffer z[1] was proved at
     N = 0 for i = 0, where the code reads z[-1]."""
-    from cuvil.targets.bounds import Access
+    from cuvil.kernels.bounds import Access
     n = Symbol("N", 0, 8)
     z = Buf("z", F32, (1,), 2, 0)
     i = var("i")
@@ -542,8 +542,8 @@ def test_int32_arithmetic_wraps_in_the_proof_as_in_the_code():
     """An index computed in int32 (a tensor's arithmetic, then widened) wraps where it overflows:
     t[int64(v + 1) - int64(v)] with v a loaded int32 is t[1], except at v = 2^31 - 1 where v + 1 wraps and
     the code reads t[-2^32]. Over mathematical integers it was always t[1], and proved."""
-    from cuvil.targets.bounds import Access
-    from cuvil.targets.texpr import binop, cast
+    from cuvil.kernels.bounds import Access
+    from cuvil.kernels.texpr import binop, cast
     t = Buf("t", F32, (2,), 2, 0)
     idx_buf = Buf("ix", DType.INT32, (1,), 3, 0)
     v = load(idx_buf, [const(0, DType.INT64)])

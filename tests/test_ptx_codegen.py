@@ -14,8 +14,8 @@ from cuvil.targets.ptx import KernelDesc, assemble, find_libdevice, find_ptxas, 
 from cuvil.targets.ptx.codegen import GRID_CAP
 from cuvil.targets.ptx.ptxas import parse_verbose
 from cuvil.targets.ptx.codegen import gpu_schedule
-from cuvil.targets.schedule import Schedule, Stage, schedule
-from cuvil.targets.texpr import Buf, E, binop, call, cmp, const, load, reduce, select, var
+from cuvil.kernels.schedule import Schedule, Stage, schedule
+from cuvil.kernels.texpr import Buf, E, binop, call, cmp, const, load, reduce, select, var
 from cuvil.testing import LIGHT_MODELS, light_model, small_cnn
 
 PTXAS = find_ptxas()

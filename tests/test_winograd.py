@@ -21,7 +21,7 @@ from cuvil.rewrite_rules.verdicts import builtin_rules_dir
 from cuvil.targets import bounds
 from cuvil.targets.x86 import choose
 from cuvil.targets.x86 import winograd as x86_winograd
-from cuvil.targets.texpr import Buf
+from cuvil.kernels.texpr import Buf
 from cuvil.targets.x86.gemm import tile_shapes
 
 TOL = 2e-5
@@ -155,7 +155,7 @@ def test_cost_model_choices():
 
 
 def test_gemm_work_charges_the_packing_the_kernel_does():
-    from cuvil.targets.gemm import choose_tile
+    from cuvil.kernels.contraction import choose_tile
     avx512 = tile_shapes(512)
     # panel order with a position-lane tile: full panels in place, only the partial last one packed
     t = choose_tile(32, 100, avx512, 64)
@@ -170,7 +170,7 @@ def test_gemm_work_charges_the_packing_the_kernel_does():
 
 
 def test_channel_major_v_where_e_major_aliases():
-    from cuvil.targets.gemm import winograd_interleaved
+    from cuvil.kernels.contraction import winograd_interleaved
     assert winograd_interleaved(128, 16, 4)        # 8 KiB apart: all 36 stores in one L1 set
     assert winograd_interleaved(512, 16, 2)        # ResNet-50's 7x7 F(2x2): 16 stores, one set
     assert not winograd_interleaved(128, 49, 4)    # 8 sets of 12 ways hold 36 stores
@@ -184,7 +184,7 @@ def test_channel_major_v_matches_onnxruntime(c, k, h, tile):
     # all but (48, 24) store V channel-major; the batch of 2 puts a second image's channels after the first's
     # in either layout. (256, 16, 20) and (1024, 8, 14) run their GEMMs in panel order, full panels read in
     # place from the interleaved V (1024 channels: two k-blocks) and the partial one packed
-    from cuvil.targets.gemm import winograd_interleaved
+    from cuvil.kernels.contraction import winograd_interleaved
     t = (-(-h // tile)) ** 2
     assert winograd_interleaved(c, t, tile) == (c != 48)
     m = conv_model(c, k, h, h, [1, 1, 1, 1], residual=True, batch=2)

@@ -124,7 +124,7 @@ def test_conv_gemm_avx2_panels(xs, ws, attrs):
 
 
 def test_register_tile_choice():
-    from cuvil.targets.gemm import CHANNEL_LANES, CHANNEL_MIN_K, channel_lanes, choose_tile
+    from cuvil.kernels.contraction import CHANNEL_LANES, CHANNEL_MIN_K, channel_lanes, choose_tile
     from cuvil.targets.x86.gemm import tile_shapes
     avx512 = tile_shapes(512)
     want = [(12, 32, 16), (8, 48, 16), (6, 64, 16)]

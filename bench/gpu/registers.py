@@ -34,7 +34,7 @@ def measure(name: str, arch: str = "sm_90") -> dict:
     from cuvil import Pipeline
     from cuvil.targets.ptx import assemble
     from cuvil.targets.ptx.codegen import build_ptx
-    from cuvil.targets.schedule import schedule
+    from cuvil.kernels.schedule import schedule
     from cuvil.testing import light_model
     sched = schedule(Pipeline.from_onnx(light_model(name)).optimize().graph)
     row = {}

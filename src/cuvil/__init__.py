@@ -2,6 +2,7 @@
 from .errors import (CuvilError, GraphError, InvalidAttributeError, ModelLoadError, ShapeError, UnsupportedDomainError,
                      UnsupportedOpError, UnsupportedTypeError)
 from .pipeline import Pipeline
+from .version import __version__
 
 
 def load(path, num_threads: int = 0, fallback=None, **gpu):
@@ -10,8 +11,6 @@ def load(path, num_threads: int = 0, fallback=None, **gpu):
     from .artifact import load as _load
     return _load(path, num_threads=num_threads, fallback=fallback, **gpu)
 
-
-__version__ = "0.1.0"
 
 __all__ = ["Pipeline", "load", "CuvilError", "GraphError", "InvalidAttributeError", "ModelLoadError", "ShapeError",
            "UnsupportedDomainError", "UnsupportedOpError", "UnsupportedTypeError", "__version__"]

@@ -9,7 +9,7 @@ from typing import List, Optional
 
 import numpy as np
 
-from . import __version__
+from .version import __version__
 from .errors import CuvilError
 
 
@@ -314,7 +314,7 @@ def _compile_gpu_bundle(args) -> int:
     kernel_rules = None   # the built-in ones; plus any `on kernel` rules in the --rules files
     if args.rules:
         from .dsl.parser import load_rules
-        from .targets.kernel_rules import builtin_kernel_rules
+        from .kernels.kernel_rules import builtin_kernel_rules
         mine = [r for r in load_rules(args.rules) if r.on == "kernel"]
         kernel_rules = builtin_kernel_rules() + mine if mine else None
     bundle = p.compile(args.target, level, prefix=args.prefix, fixed=_parse_fixed(args.fix), progress=progress,

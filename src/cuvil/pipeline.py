@@ -275,7 +275,7 @@ class Pipeline:
         from .targets.ptx.codegen import target_machine
         import cuvil
         target_machine(arch)   # a bad arch fails before any work
-        from .targets.kernel_rules import select_kernel_rules
+        from .kernels.kernel_rules import select_kernel_rules
         krules = [] if kernel_rules is False else select_kernel_rules(kernel_rules, fma=fma)
         key = cache_key([structural_hash(p.graph), repr(sorted(fixed.items())), str(opt_level), arch, prefix,
                          cuvil.__version__, PTX_TARGET, json.dumps(rules, sort_keys=True), str(self.source_sha256),

@@ -16,7 +16,7 @@ from ..ir.dim import SymExpr, bounds
 from ..ir.dtype import DType
 from ..ir.graph import Graph, Node, Value
 from ..ir.registry import attr_defaults, lookup, op_schema
-from ..rewrite_rules.lifting import implicit_attr
+from ..ir.lifting import implicit_attr
 from .ast import DTYPE_NAMES, Compare, Expr, FuncCall, ListLit, Num, OpCall, Rule, Var, Wildcard
 
 _ARITH = {"Add": lambda a, b: a + b, "Sub": lambda a, b: a - b, "Mul": lambda a, b: a * b,

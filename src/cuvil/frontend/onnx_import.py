@@ -24,7 +24,7 @@ from ..ir.dtype import DType
 from ..ir.graph import Graph, Value
 from ..ir.registry import lookup
 from ..ir.types import TensorType
-from ..rewrite_rules.lifting import drop_default_attrs, lift_const_inputs
+from ..ir.lifting import drop_default_attrs, lift_const_inputs
 from . import legacy
 
 MIN_OPSET = 7

@@ -18,7 +18,7 @@ from ..ir.graph import Graph, Node
 from .cse import eliminate_common_subexpressions
 from .dce import eliminate_dead_code
 from .fold import fold_constants
-from .lifting import drop_default_attrs
+from ..ir.lifting import drop_default_attrs
 from .shape_prop import propagate_shapes
 
 MAX_ROUNDS = 16

@@ -14,7 +14,7 @@ from ..ir.dim import product
 from ..ir.graph import Graph, Node
 from ..ir.registry import CUSTOM_OPSET
 from ..reference import run_reference
-from .lifting import lift_const_inputs
+from ..ir.lifting import lift_const_inputs
 
 # Ops never folded: their result is not a function of their inputs.
 NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli",

@@ -1,4 +1,4 @@
-"""The global-memory access patterns of the PTX kernels, stated for the bounds prover (:mod:`cuvil.targets.bounds`).
+"""The global-memory access patterns of the PTX kernels, stated for the bounds prover (:mod:`cuvil.kernels.bounds`).
 
 Every GPU kernel shape of :mod:`cuvil.targets.ptx.codegen` but one evaluates the stage's texpr expression at
 output and reduction indices inside the stage's loops (element, coarse, split, tiled kernels: the tiled
@@ -33,9 +33,9 @@ import attrs
 
 from ...errors import CuvilError
 from ...ir.dtype import DType
-from ..bounds import Access, BoundsProver, Certificate, prove_schedule
-from ..schedule import ARENA, Schedule, Stage
-from ..texpr import Buf, E, as_index, cmp, idiv, imod, logic, select, var
+from ...kernels.bounds import Access, BoundsProver, Certificate, prove_schedule
+from ...kernels.schedule import ARENA, Schedule, Stage
+from ...kernels.texpr import Buf, E, as_index, cmp, idiv, imod, logic, select, var
 from . import conv as _conv
 
 
@@ -70,7 +70,7 @@ def _and(conds: List[E]) -> Optional[E]:
 
 
 class GpuPatterns:
-    """The ``families`` hook of :func:`~cuvil.targets.bounds.prove_schedule` for the PTX backend: the access
+    """The ``families`` hook of :func:`~cuvil.kernels.bounds.prove_schedule` for the PTX backend: the access
     pattern of the implicit-GEMM kernel for a stage's convolution, no accesses for the other family nodes
     (the PTX emitter evaluates their plain expression, whose loads the prover walks). ``km`` is the
     :class:`~cuvil.targets.ptx.codegen.PtxKernelModule` that will emit the stages (its convolution plans and

@@ -27,7 +27,8 @@ from typing import Callable, Optional
 from ...errors import CuvilError
 from ...ir.dtype import DType
 from ...ir.graph import Graph
-from ..schedule import ARENA, WEIGHTS
+from ...kernels.schedule import ARENA, WEIGHTS
+from ...version import __version__
 from .codegen import TRIPLE, build_ptx, gpu_schedule
 from .ptxas import PtxasError, assemble, find_ptxas
 
@@ -138,7 +139,7 @@ def compile_bundle(g: Graph, out_dir: str, *, arch: str = "sm_90", opt_level: in
         json.dump(plan, f, indent=1)
         f.write("\n")
     manifest = {
-        "cuvil_version": __import__("cuvil").__version__,
+        "cuvil_version": __version__,
         "model": g.name,
         "prefix": prefix,
         "target": {"triple": TRIPLE, "arch": arch},

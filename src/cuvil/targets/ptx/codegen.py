@@ -17,7 +17,7 @@ Math: sqrt, fabs, floor, ceil, roundeven, trunc, fma, min/max lower to PTX instr
 correctly rounded; no flush-to-zero); exp, log, tanh, erf, pow, fmod, ... call NVIDIA's libdevice, which
 is linked into the module, internalised, and everything unused is dropped before optimisation.
 
-Kernel rules (``on kernel``, :mod:`cuvil.targets.kernel_rules`) rewrite every stage's expression before
+Kernel rules (``on kernel``, :mod:`cuvil.kernels.kernel_rules`) rewrite every stage's expression before
 it is emitted: by default the built-in ones (``rules/kernel.rule``) that are proved, the ``prove real``
 ones (fma contraction) only with ``fma=True``. Floating point contraction happens only through them: LLVM's
 ``contract`` flag is stripped from every instruction, so an ``fma`` in the PTX is one a rule put there (and
@@ -43,9 +43,9 @@ import llvmlite.ir as ir
 
 from ...errors import CuvilError, UnsupportedOpError
 from ...ir.dtype import DType
-from ..bounds import Certificate
-from ..schedule import Schedule, Stage
-from ..texpr import E, Buf, nodes
+from ...kernels.bounds import Certificate
+from ...kernels.schedule import Schedule, Stage
+from ...kernels.texpr import E, Buf, nodes
 from ..x86.codegen import F16, F32, I1, I32, I64, PTR, KernelModule, _Emitter, const_value, ll, mem_type
 from . import conv as _conv
 from .bounds_patterns import arena_limit, prove_gpu_stages
@@ -791,7 +791,7 @@ def _set_contraction(fn: ir.Function, on: bool):
 def single_sum(st: Stage) -> Optional[E]:
     """The stage's one top-level float32 ``sum`` / ``fma`` reduction (none nested in it, no argmax scans, no
     other reduction in the stage), static shapes, no region; else None."""
-    from ..texpr import top_level
+    from ...kernels.texpr import top_level
     _, reductions = top_level(st.expr, "__none__")
     if len(reductions) != 1 or st.region is not None:
         return None
@@ -916,7 +916,7 @@ def widen_half_reductions(e: E, stats: Optional[dict] = None) -> E:
     ``cast_f16(reduce_f32(widen(body)))`` where a half product is widened operand by operand (exact in
     float32). A half ``div``/``mul`` of such a widened reduction by a constant (a mean) is done in float32
     too, so the sum is rounded to half once, after the division, and cannot overflow half on the way."""
-    from ..texpr import cast as tcast
+    from ...kernels.texpr import cast as tcast
     H, F = DType.FLOAT16, DType.FLOAT
     memo: Dict[int, E] = {}
 
@@ -936,7 +936,7 @@ def widen_half_reductions(e: E, stats: Optional[dict] = None) -> E:
                 stats["widened"] = stats.get("widened", 0) + 1
         elif (y.op in ("div", "mul") and y.dtype == H and args[0].op == "cast" and args[0].args[0].op == "reduce"
               and args[0].args[0].dtype == F and args[1].op == "const"):
-            from ..texpr import const as tconst
+            from ...kernels.texpr import const as tconst
             y = tcast(E(y.op, (args[0].args[0], tconst(args[1].attr, F)), F), H)
         memo[x.uid] = y
         return y
@@ -955,7 +955,7 @@ def build_ptx(sched: Schedule, arch: str = "sm_90", opt: int = 3, *, fma: bool =
     kernels of fewer than 2^31 elements unflatten their element index in 32-bit arithmetic: fewer registers
     and higher theoretical occupancy, but ResNet-50 ran slower on an H200 with it (``bench/gpu/RESULTS.md``,
     2026-11-29 kernel rules section), so it is opt-in."""
-    from ..kernel_rules import rewrite_stages, select_kernel_rules
+    from ...kernels.kernel_rules import rewrite_stages, select_kernel_rules
     if block <= 0 or block > 1024:
         raise CuvilError(f"block size {block}: expected 1..1024 threads")
     tm = target_machine(arch, opt)
@@ -997,7 +997,7 @@ def gpu_schedule(g) -> Schedule:
     """The GPU schedule of ``g``: convolutions as packed contractions with weight panels of
     :data:`~cuvil.targets.ptx.conv.TILE_CHANNELS` channels (chosen per convolution), computed by the
     implicit-GEMM kernels of :mod:`cuvil.targets.ptx.conv`; plain reductions when ``CONV_ENABLED`` is off."""
-    from ..schedule import schedule
+    from ...kernels.schedule import schedule
     if not CONV_ENABLED:
         return schedule(g)
     return schedule(g, gemm_cols=GPU_GEMM_COLS, gemm_tiles=tuple((m, GPU_GEMM_COLS) for m in TILE_CHANNELS),

@@ -1,7 +1,7 @@
 """Implicit-GEMM convolution kernels for the GPU.
 
-A convolution lowered as a packed contraction (:mod:`cuvil.targets.gemm`: ``E("contract")`` with a
-:class:`~cuvil.targets.gemm.Contraction`, weights packed at compile time into panels ``Ap[g, m // TM, k, m % TM]``
+A convolution lowered as a packed contraction (:mod:`cuvil.kernels.contraction`: ``E("contract")`` with a
+:class:`~cuvil.kernels.contraction.Contraction`, weights packed at compile time into panels ``Ap[g, m // TM, k, m % TM]``
 of TM output channels; the GPU's lowering keeps the input unpadded and records the pads) is, per image and
 group, the product of an M x K weight matrix and a K x P window matrix (im2col, never stored). A block
 computes a TM x TP tile of (channel x position) outputs, each thread a 4 x 4 register tile, and walks the
@@ -38,9 +38,9 @@ import attrs
 import llvmlite.ir as ir
 
 from ...ir.dtype import DType
-from ..gemm import Contraction
-from ..schedule import ARENA, Stage
-from ..texpr import Buf, E, cast, iadd, imul, load, nodes, reduce, replace_node
+from ...kernels.contraction import Contraction
+from ...kernels.schedule import ARENA, Stage
+from ...kernels.texpr import Buf, E, cast, iadd, imul, load, nodes, reduce, replace_node
 from ..x86.codegen import F16, F32, I32, I64
 
 TK = 32                # reduction terms per chunk (rows of the shared tiles; 16 was 6% slower on ResNet-50)

@@ -7,7 +7,7 @@ tile, and a Winograd rule is accepted only when its tile size is the cheapest of
 
 * GEMM work is counted on padded extents: output channels in panels of the register tile's rows,
   positions (direct: output pixels; Winograd: tiles) in panels of its columns, for the tile the lowering
-  will choose among the target's (:func:`cuvil.targets.gemm.choose_tile` / ``tile_cost``; AVX2: 6x16;
+  will choose among the target's (:func:`cuvil.kernels.contraction.choose_tile` / ``tile_cost``; AVX2: 6x16;
   AVX-512: 12x32, 8x48 or 6x64, or the channel-lane 32x7, 48x7 or 64x6 for reductions of 256 or more): a
   7x7 map has 4 tiles of 4x4 in one panel, mostly empty, which is why small maps take F(2x2) or stay direct.
 * Weights stream from memory once per inference, Winograd's (m+2)^2/9 times as many: :data:`WEIGHT_COST`
@@ -17,8 +17,8 @@ tile, and a Winograd rule is accepted only when its tile size is the cheapest of
   whole vectors of tiles: F(4x4) does 7.3 operations per transformed input element to F(2x2)'s 4, and a
   7-tile row fills 7 of 16 lanes), plus :data:`TRANSFORM_COST` per element stored or loaded.
 * Fitted on the 16 layers of `python3 bench/winograd_layers.py` (2-core Zen 5, AVX-512, in-place panels,
-  V channel-major where it aliases: :func:`cuvil.targets.gemm.winograd_interleaved`), with WEIGHT_COST held
-  at 16 (:data:`cuvil.targets.gemm.PARTIAL_TILE_COST` and it were first set on 11 of them). The model picks
+  V channel-major where it aliases: :func:`cuvil.kernels.contraction.winograd_interleaved`), with WEIGHT_COST held
+  at 16 (:data:`cuvil.kernels.contraction.PARTIAL_TILE_COST` and it were first set on 11 of them). The model picks
   the fastest of direct / F(2x2) / F(4x4) on 11 of 16. It takes F(4x4) for DenseNet-121's 128 -> 32 at
   56x56 (18% slower than F(2x2) there), F(2x2) at 14x14 (direct was 9% faster), and F(2x2) for three 13x13 /
   14x14 Inception-v1 layers, where F(4x4) ran 17-30% faster alone. Those three are the weight term: a layer
@@ -35,7 +35,7 @@ from typing import Optional
 
 from ...dsl.ast import Num, OpCall, Rule
 from ...ir.ops.winograd import MATRICES
-from ..gemm import channel_lanes, choose_tile, tile_cost
+from ...kernels.contraction import channel_lanes, choose_tile, tile_cost
 from .gemm import tile_shapes
 from .winograd import transform_lanes
 
@@ -100,7 +100,7 @@ def winograd_cost(c: int, k: int, oh: int, ow: int, m: int, shapes=AVX2_TILES) -
 
 def best_tile(c: int, k: int, oh: int, ow: int, shapes=AVX2_TILES) -> Optional[int]:
     """The Winograd tile (2 or 4) expected to beat the direct convolution, or None, for a target whose
-    micro-kernels' register tiles are ``shapes`` (see :func:`cuvil.targets.gemm.choose_tile`)."""
+    micro-kernels' register tiles are ``shapes`` (see :func:`cuvil.kernels.contraction.choose_tile`)."""
     if min(c, k) < MIN_CHANNELS:
         return None
     costs = {None: direct_cost(c, k, oh, ow, shapes), 2: winograd_cost(c, k, oh, ow, 2, shapes),

@@ -18,8 +18,8 @@ import numpy as np
 from ...errors import CuvilError
 from ...ir.dim import SymExpr, bounds, evaluate, product
 from ...ir.dtype import DType
-from ..schedule import Schedule, Stage
-from ..texpr import E, Buf, dim_index, identity_value, nodes, top_level
+from ...kernels.schedule import Schedule, Stage
+from ...kernels.texpr import E, Buf, dim_index, identity_value, nodes, top_level
 
 _INITIALIZED = False
 
@@ -628,7 +628,7 @@ class _Emitter:
         t = ll(dt)
         best_v, best_i = self.alloca(t), self.alloca(I64)
         idx0 = list(base)
-        from ..texpr import const as tconst
+        from ...kernels.texpr import const as tconst
         idx0[axis] = tconst(0, DType.INT64)
         b.store(self.emit(src(idx0)), best_v)
         b.store(I64(0), best_i)
@@ -636,7 +636,7 @@ class _Emitter:
         def body(i):
             idx = list(base)
             self.env["__arg"] = i
-            from ..texpr import E as _E
+            from ...kernels.texpr import E as _E
             idx[axis] = _E("var", (), DType.INT64, "__arg")
             x = self.emit(src(idx))
             cur = b.load(best_v, typ=t)
@@ -770,7 +770,7 @@ def generate_object(sched: Schedule, prefix: str, cpu: Optional[str], opt: int) 
 
 def _slice_run(stages, k: int) -> List[int]:
     """Stage k and the stages after it that write slices of the same buffer along the same axis (the
-    pieces of a split concatenation, :func:`cuvil.targets.schedule.split_piecewise`)."""
+    pieces of a split concatenation, :func:`cuvil.kernels.schedule.split_piecewise`)."""
     st = stages[k]
     if st.region is None or st.region[0] == len(st.buf.shape) - 1:   # pieces of rows: their loops differ
         return [k]

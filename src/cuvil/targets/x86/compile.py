@@ -15,8 +15,9 @@ from typing import Callable, Optional
 
 from ...errors import CuvilError
 from ...ir.graph import Graph
-from ..bounds import BoundsProver, Certificate, prove_schedule
-from ..schedule import Schedule, schedule
+from ...kernels.bounds import BoundsProver, Certificate, prove_schedule
+from ...kernels.schedule import Schedule, schedule
+from ...version import __version__
 from .codegen import generate_object, host_target, vector_bits
 from .gemm import tile_cols, tile_shapes
 from .header import generate_header
@@ -87,7 +88,7 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
     Symbols left in ``g`` stay symbolic: the library binds them from the input shapes at every run and
     accepts every value in their ranges (``g.symbols``). ``opt_graph``: ``g`` specialised to the symbols'
     opt values; its kernels are linked in beside the generic ones and run when a call's shapes are exactly
-    the opt point. Every kernel's memory accesses are proved in bounds (:mod:`cuvil.targets.bounds`) before
+    the opt point. Every kernel's memory accesses are proved in bounds (:mod:`cuvil.kernels.bounds`) before
     code is generated; a kernel that cannot be proved runs guarded; the certificate is the manifest's
     ``memory_safety``. ``max_arena_bytes`` (default :data:`MAX_ARENA_BYTES`): a larger arena is refused."""
     say = progress or (lambda msg: None)
@@ -156,7 +157,7 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
     with open(base + ".h", "w") as f:
         f.write(generate_header(info, prefix))
     manifest = {
-        "cuvil_version": __import__("cuvil").__version__,
+        "cuvil_version": __version__,
         "prefix": prefix,
         "target": {"triple": target["triple"], "cpu": target["cpu"], "features": target["features"]},
         "opt_level": opt_level,

@@ -1,5 +1,5 @@
 """Row kernels for window stages, depthwise convolutions and max pools (see
-:class:`cuvil.targets.gemm.DepthwiseWindow`; an average pool is a depthwise window of ones, its epilogue
+:class:`cuvil.kernels.contraction.DepthwiseWindow`; an average pool is a depthwise window of ones, its epilogue
 dividing by the window's count).
 
 One unit of the parallel range is one (image, channel) plane. For each output row the kernel keeps up
@@ -18,8 +18,8 @@ from typing import Optional, Tuple
 
 import llvmlite.ir as ir
 
-from ..gemm import DepthwiseWindow
-from ..schedule import Stage
+from ...kernels.contraction import DepthwiseWindow
+from ...kernels.schedule import Stage
 from .codegen import F32, I1, I32, I64, PTR, ROW_MAX, splat
 from .gemm import batch_only, find_contraction, tile_epilogue
 

@@ -1,4 +1,4 @@
-"""Register-blocked GEMM micro-kernels for contraction stages (convolutions; see :mod:`cuvil.targets.gemm`).
+"""Register-blocked GEMM micro-kernels for contraction stages (convolutions; see :mod:`cuvil.kernels.contraction`).
 
 A stage whose output element is ``epilogue(contract(n, m, o...))`` is computed tile by tile: a tile is
 ``MR`` output channels x ``NR`` output positions of one image and group, ``NR = NV * VW`` (``VW`` floats
@@ -35,9 +35,9 @@ import llvmlite.ir as ir
 
 from ...ir.dim import SymExpr
 from ...ir.dtype import DType
-from ..gemm import CHANNEL_LANES, MR, Contraction
-from ..schedule import Stage
-from ..texpr import E, contains, top_level
+from ...kernels.contraction import CHANNEL_LANES, MR, Contraction
+from ...kernels.schedule import Stage
+from ...kernels.texpr import E, contains, top_level
 from .codegen import F32, I32, I64, PTR, _Emitter, const_value, splat
 
 # Cores with AVX-512 have 32 vector registers, AVX2 16: NV vectors per row keep MR*NV accumulators + NV
@@ -51,13 +51,13 @@ def tile_cols(vector_bits: int) -> int:
     return max(4, vector_bits // 32) * _NV.get(vector_bits, 2)
 
 
-# AVX-512's channel-lane tiles (see cuvil.targets.gemm.choose_tile), as (channel vectors, positions)
+# AVX-512's channel-lane tiles (see cuvil.kernels.contraction.choose_tile), as (channel vectors, positions)
 CHANNEL_TILES = ((3, 7), (4, 6), (2, 7))
 
 
 def tile_shapes(vector_bits: int) -> tuple:
     """The convolution register tiles ``(rows, cols[, lanes | CHANNEL_LANES])`` of a target, in the order
-    :func:`cuvil.targets.gemm.choose_tile` breaks ties. AVX-512's 32 registers hold 12x2, 8x3 or 6x4
+    :func:`cuvil.kernels.contraction.choose_tile` breaks ties. AVX-512's 32 registers hold 12x2, 8x3 or 6x4
     accumulator vectors of positions beside the B vectors and a broadcast, or (channel lanes) 7x3, 6x4 or
     7x2 vectors of channels beside the weight vectors (7x4 spilled: 28 accumulators + 4 + a broadcast);
     AVX2's 16 hold 6x2."""

@@ -1,5 +1,5 @@
 """Register-blocked micro-kernels for products with constant weights (MatMul / Gemm; see
-:class:`cuvil.targets.gemm.MatContraction`).
+:class:`cuvil.kernels.contraction.MatContraction`).
 
 A unit of the parallel range is a tile of ``MR`` rows of A and one weight panel (``cols = NV * VW``
 output columns, packed at compile time as ``Wp[mb, k, :]``), panels fastest, so a single-row product still
@@ -18,8 +18,8 @@ from typing import List, Optional, Tuple
 import llvmlite.ir as ir
 
 from ...ir.dim import SymExpr
-from ..gemm import MR, MatContraction
-from ..schedule import Stage
+from ...kernels.contraction import MR, MatContraction
+from ...kernels.schedule import Stage
 from .codegen import F32, I64
 from .gemm import PREFETCH_K, find_contraction, fma_tile_loop, tile_epilogue
 

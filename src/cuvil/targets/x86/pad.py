@@ -1,5 +1,5 @@
 """Padded copies: the fill-bordered input a sliding window reads without bounds tests
-(:func:`cuvil.targets.lower.padded_window_input`, a ``padwin`` node, :class:`cuvil.targets.gemm.PadWindow`).
+(:func:`cuvil.kernels.lower.padded_window_input`, a ``padwin`` node, :class:`cuvil.kernels.contraction.PadWindow`).
 
 The generic loop nest evaluates ``select(inside, x[clamped index], fill)`` for every element: clamped
 indices are not affine in the loop variable, so nothing vectorises and every element pays the bounds
@@ -14,8 +14,8 @@ from typing import Optional, Tuple
 
 from ...ir.dim import SymExpr, product
 from ...ir.types import DType
-from ..gemm import PadWindow
-from ..schedule import Stage
+from ...kernels.contraction import PadWindow
+from ...kernels.schedule import Stage
 from .codegen import I64, const_value
 
 

@@ -1,5 +1,5 @@
-"""Transform kernels of Winograd convolutions (see :class:`cuvil.targets.gemm.WinogradInput` /
-:class:`~cuvil.targets.gemm.WinogradOutput`; the GEMM between them is the packed contraction of
+"""Transform kernels of Winograd convolutions (see :class:`cuvil.kernels.contraction.WinogradInput` /
+:class:`~cuvil.kernels.contraction.WinogradOutput`; the GEMM between them is the packed contraction of
 :mod:`cuvil.targets.x86.gemm`).
 
 Both vectorise over ``VW`` neighbouring tiles of one tile row, with the matrices' entries as constants in
@@ -23,8 +23,8 @@ import llvmlite.ir as ir
 
 from ...ir.dim import product
 from ...ir.ops.winograd import MATRICES
-from ..gemm import WinogradInput, WinogradOutput, fallback_weights
-from ..schedule import Stage
+from ...kernels.contraction import WinogradInput, WinogradOutput, fallback_weights
+from ...kernels.schedule import Stage
 from .codegen import F32, I1, I32, I64, PTR, splat
 from .gemm import batch_only, find_contraction, tile_epilogue
 

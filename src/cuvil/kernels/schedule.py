@@ -98,7 +98,7 @@ def schedule(g: Graph, gemm_cols: int = 0, split_concat: bool = False, gemm_tile
     plain reductions (its split-lane kernels read the weights as given). ``half_contractions`` (the GPU's):
     float16 convolutions become contractions too (its kernels accumulate them in float32). ``row_kernels``
     (x86): convolutions with reductions of 4-7 terms become contractions too, and 2-D average pools depthwise
-    windows (:class:`cuvil.targets.gemm.DepthwiseWindow`) for the row kernels."""
+    windows (:class:`cuvil.kernels.contraction.DepthwiseWindow`) for the row kernels."""
     for v in g.values():
         if v.shape is None:
             raise ShapeError(f"value {v.name!r} has unknown rank: the x86 and GPU backends need every rank")

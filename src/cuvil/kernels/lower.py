@@ -17,7 +17,7 @@ from ..errors import UnsupportedOpError
 from ..ir.dim import SymExpr, dmax, dmin, evaluate, free_symbols, is_static, product
 from ..ir.dtype import DType
 from ..ir.graph import Node
-from .gemm import (MR, Contraction, DepthwiseWindow, MatContraction, PadWindow, WinogradInput, WinogradOutput, channel_lanes, choose_tile,
+from .contraction import (MR, Contraction, DepthwiseWindow, MatContraction, PadWindow, WinogradInput, WinogradOutput, channel_lanes, choose_tile,
                    pack_columns, pack_weights, winograd_interleaved)
 from .texpr import (BOOL, I64, Buf, E, all_of, binop, call, cast, cmp, const, dim_index, identity_value, in_range, load,
                     logic, nodes, reduce, select, unop, var)
@@ -816,7 +816,7 @@ def _conv(ctx):
 
 def _conv_as_gemm(ctx, x, b, out, group, cin_g, m_g, kern, strides, dil, begin, wv=None,
                   interleaved: bool = False) -> Optional[TensorFn]:
-    """The convolution as a packed contraction (see :mod:`cuvil.targets.gemm`), when the target asks for
+    """The convolution as a packed contraction (see :mod:`cuvil.kernels.contraction`), when the target asks for
     them (``ctx.gemm_cols``), it is float32 (or, with the GPU's ``half_contractions``, float16) with
     constant weights and has enough output channels per group to fill a micro-kernel's rows. The input is
     stored, zero-padded when the convolution pads so the x86 kernels pack panels without bounds tests; with

@@ -36,7 +36,7 @@ import z3
 
 from ..ir.dim import SymExpr, bounds, product
 from ..ir.dtype import DType
-from .gemm import (Contraction, DepthwiseWindow, MatContraction, PadWindow, WinogradInput, WinogradOutput,
+from .contraction import (Contraction, DepthwiseWindow, MatContraction, PadWindow, WinogradInput, WinogradOutput,
                    fallback_weights)
 from .schedule import ARENA, WEIGHTS, Schedule, Stage, root_of
 from .texpr import E, Buf, _rebuild, as_index, dim_index, nodes, substitute, var

@@ -5,8 +5,8 @@ from typing import Any
 
 import numpy as np
 
-from ..ir.graph import Graph, Node
-from ..ir.registry import attr_defaults, lookup
+from .graph import Graph, Node
+from .registry import attr_defaults, lookup
 
 # Attributes whose unset meaning is "all zeros"/"all ones"/"from the weights" though ONNX gives no default.
 _WINDOW_OPS = ("Conv", "ConvTranspose", "ConvInteger", "MaxPool", "AveragePool", "LpPool")

@@ -1,4 +1,4 @@
-"""Kernel-level rewriting: ``on kernel`` rules applied to the scalar expressions (:class:`~cuvil.targets.texpr.E`
+"""Kernel-level rewriting: ``on kernel`` rules applied to the scalar expressions (:class:`~cuvil.kernels.texpr.E`
 trees) of scheduled stages, after fusion and before code generation.
 
 A rule's pattern and replacement are read as expressions over float scalars. Each DSL op has one *kernel
