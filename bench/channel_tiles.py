@@ -19,7 +19,7 @@ from collections import defaultdict
 import numpy as np
 
 from cuvil import Pipeline
-from cuvil.kernels import contraction as tgemm
+from cuvil.targets import gemm as tgemm
 from cuvil.targets.x86 import choose
 from cuvil.targets.x86 import gemm as xgemm
 from cuvil.testing import light_model
