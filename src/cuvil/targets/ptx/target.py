@@ -2,7 +2,7 @@
 (``plan``, ``emit``, ``load``) over :func:`compile_bundle`. The bundle is built without a GPU."""
 from __future__ import annotations
 
-from typing import Dict, Optional
+from typing import Dict, Optional, Sequence, Union
 
 import attrs
 
@@ -39,7 +39,7 @@ class PtxOptions(TargetOptions):
     prefix: str = attrs.field(default="cuvil", validator=check(is_name, "a non-empty name"))
     fma: bool = attrs.field(default=True, validator=check(is_bool, "True or False"))
     enable_fp16: bool = attrs.field(default=False, validator=check(is_bool, "True or False"))
-    kernel_rules: object = attrs.field(default=None, validator=check(
+    kernel_rules: Union[None, bool, Sequence[Rule]] = attrs.field(default=None, validator=check(
         _is_kernel_rules, "None (the built-in kernel rules), False (none) or a list of rules"))
     register_pass: bool = attrs.field(default=False, validator=check(is_bool, "True or False"))
 
