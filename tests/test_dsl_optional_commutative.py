@@ -216,3 +216,20 @@ def test_docs_commutative_example_matches_both_orders():
         g = import_model(_model([helper.make_node("HardSigmoid", ["x"], ["h"], alpha=1.0 / 6.0, beta=0.5),
                                  helper.make_node("Mul", ins, ["y"])], {"x": (2, 3)}, {}))
         assert rewrite(g, [r]).applied["hardswish_doc"] == 1 and [n.op for n in g.nodes] == ["HardSwish"]
+
+
+def test_only_trailing_inputs_are_left_out():
+    """Dropout(x, r?, t?) has three cases (r and t present; t absent; both absent): a Dropout with a training
+    flag but no ratio is none of them, so it is not matched; each case is proved, and the training case refutes
+    the rule (a Dropout in training mode drops elements)."""
+    r = one("rule d\n  Dropout(x, r?, t?) => x\n  prove exact\n")
+    assert [label for label, _ in expand_cases(r)] == ["r present, t present", "r present, t absent",
+                                                       "r absent, t absent"]
+    v = prove_rule(r)
+    assert v.status == "refuted" and v.counterexample.startswith("r present, t present: ")
+    assert [c["status"] for c in v.cases][1:] == ["proved", "proved"]
+    inits = {"r": np.asarray(0.5, np.float32), "t": np.asarray(False)}
+    for ins, matched in ((["x", "r", "t"], True), (["x", "r"], True), (["x"], True), (["x", "", "t"], False)):
+        g = import_model(_model([helper.make_node("Dropout", ins, ["y"])], {"x": (2, 3)},
+                                {k: v for k, v in inits.items() if k in ins}))
+        assert (match(r, root(g), g) is not None) == matched, ins

@@ -119,19 +119,32 @@ def _guards_case(guards, absent: FrozenSet[str]):
     return tuple(out)
 
 
+def _trailing(e: Expr, absent: FrozenSet[str]) -> bool:
+    """Whether, in every op of the pattern, the absent optional inputs come after the present ones."""
+    if not isinstance(e, OpCall):
+        return True
+    opt = [a.name in absent for a in e.args if isinstance(a, OptionalVar)]
+    if any(gone and not later for k, gone in enumerate(opt) for later in opt[k + 1:]):
+        return False
+    return all(_trailing(a, absent) for a in e.args)
+
+
 def case_label(absent: FrozenSet[str], optional: List[str]) -> str:
     return ", ".join(f"{n} {'absent' if n in absent else 'present'}" for n in optional)
 
 
 def expand_cases(rule: Rule) -> List[Tuple[str, Rule]]:
-    """(label, plain rule) for each combination of present and absent optional inputs, all present first;
-    a rule without optional inputs is its own single case (label "")."""
+    """(label, plain rule) for each combination of present and absent optional inputs where the absent ones of
+    an op come after its present ones (all present first); a rule without optional inputs is its own single
+    case (label "")."""
     optional = optional_names(rule)
     if not optional:
         return [("", rule)]
     out = []
     for flags in itertools.product((False, True), repeat=len(optional)):
         absent = frozenset(n for n, f in zip(optional, flags) if f)
+        if not _trailing(rule.lhs, absent):
+            continue  # the matcher never binds such a case (see cuvil.dsl.compiler)
         label = case_label(absent, optional)
         out.append((label, attrs.evolve(rule, lhs=_pattern_case(rule.lhs, absent),
                                         guards=_guards_case(rule.guards, absent), rhs=resolve(rule.rhs, absent),

@@ -151,6 +151,8 @@ def _matches(p: Expr, v: Optional[Value], b: Bindings, commutative) -> Iterator[
     added = _match_attrs(p, n, b)
     if added is None:
         return
+    if any(n.inputs[i] is None for i in range(required, present)):
+        return  # an optional input left out before a present one: the cases only leave out trailing inputs
     inputs = list(n.inputs[:present]) + [None] * (len(p.args) - present)
     orders = [inputs]
     if p.op in commutative and len(inputs) == 2:

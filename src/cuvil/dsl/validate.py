@@ -9,7 +9,7 @@ from ..errors import UnsupportedOpError
 from ..ir.registry import lookup, op_schema
 from .ast import (DTYPE_NAMES, Arith, Coalesce, Compare, Expr, FuncCall, ListLit, Num, OpCall, OptionalVar, Rule,
                   Var, Wildcard)
-from .cases import GUARDS_OVER_PRESENT, first_optional_slot, may_be_absent
+from .cases import GUARDS_OVER_PRESENT, expand_cases, first_optional_slot, may_be_absent
 from .errors import RuleError
 
 # Guards: name -> (number of arguments or None for 1+, what the call yields)
@@ -44,6 +44,11 @@ class _Checker:
         if may_be_absent(self.r.rhs, self.optional):
             self.err("the replacement is absent when an optional input is: give it a default with ??, "
                      "e.g. (b + c) ?? c", getattr(self.r.rhs, "loc", self.r.loc))
+        try:
+            expand_cases(self.r)   # every case's replacement leaves out trailing inputs only
+        except ValueError:
+            self.err("in some case an absent input comes before a present one: only trailing inputs can be "
+                     "left out", getattr(self.r.rhs, "loc", self.r.loc))
 
     # --- ops -------------------------------------------------------------------------------------------
     def check_op(self, c: OpCall):
