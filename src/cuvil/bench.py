@@ -46,7 +46,10 @@ from typing import Any
 import numpy as np
 import yaml
 
+from .artifact import load
 from .errors import CuvilError
+from .ir.dim import evaluate
+from .pipeline import Pipeline
 
 #: Outputs agree when max |cuvil - ort| <= AGREE_RTOL x max(max |ort|, 1) (the tolerance of
 #: ``cuvil.verify.NATIVE_RTOL``: native kernels reassociate reductions and contract multiply-adds).
@@ -353,7 +356,6 @@ def prepare_library(opts: BenchOptions) -> dict[str, Any]:
         if onnx_path and not os.path.isfile(onnx_path):
             raise CuvilError(f"{onnx_path}: no such file")
         return {"library": os.path.abspath(path), "onnx": onnx_path, "compiled": None}
-    from .pipeline import Pipeline
     t0 = time.perf_counter()
     opts.log(f"compiling {path} at O{opts.opt_level}")
     p = Pipeline.from_onnx(path).optimize()
@@ -389,7 +391,6 @@ def _concrete(x, env: dict[str, int]) -> int | None:
     if isinstance(x, int):
         return x
     try:
-        from .ir.dim import evaluate
         return int(evaluate(x, env))
     except Exception:  # noqa: BLE001 - a figure, not a failure
         return None
@@ -491,7 +492,6 @@ def _timed_phase(opts: BenchOptions, lib: str, onnx_path: str | None, threads: i
                  ort_agree: dict[str, Any] | None):
     """Warm-up and timed runs in ``opts.concurrency`` threads, each with its own Cuvil Model (own session)
     and, with ``vs``, its own onnxruntime session."""
-    from .artifact import load
     C = opts.concurrency
     engines = ["cuvil"] + (["onnxruntime"] if opts.vs else [])
     workers = []
@@ -729,7 +729,6 @@ def _ratio(a, b):
 
 def run_benchmark(opts: BenchOptions) -> dict[str, Any]:
     """Compiles or loads, measures, and returns every figure as a JSON-ready dict (see the module doc)."""
-    from .artifact import load
     if opts.vs not in (None, "onnxruntime"):
         raise CuvilError(f"--vs takes onnxruntime, got {opts.vs!r}")
     if opts.concurrency < 1:

@@ -11,7 +11,7 @@ from typing import Dict, List
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
+from onnx import TensorProto, helper, numpy_helper
 
 LIGHT_MODELS = ("bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50", "shufflenet",
                 "squeezenet", "vgg19", "zfnet512")
@@ -143,7 +143,6 @@ def strip_final_softmax(model: onnx.ModelProto) -> onnx.ModelProto:
 def small_cnn() -> onnx.ModelProto:
     """A seeded four-node CNN (Conv -> Relu -> Add(bias) -> Softmax, input [2, 3, 10, 10]): small enough to
     compile in well under a second, enough to exercise a fused convolution stage and a row reduction."""
-    from onnx import TensorProto, helper
     rng = np.random.default_rng(0)
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 10, 10])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8, 10, 10])
@@ -163,7 +162,6 @@ def transformer_block(d_model: int = 32, heads: int = 4, d_ff: int = 64, batch="
     default): LayerNormalization, Q/K/V projections (MatMul + bias), heads split by Reshape([0, 0, H, Dh])
     and Transpose, scaled dot-product attention with Softmax, heads merged back, output projection and
     residual, then LayerNormalization, a GELU (Erf form) feed-forward layer and a second residual. Opset 17."""
-    from onnx import TensorProto, helper
     rng = np.random.default_rng(seed)
     dh = d_model // heads
     inits = []
