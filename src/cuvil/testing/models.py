@@ -3,6 +3,9 @@
 Their weights are made by ``ConstantOfShape`` (every weight 0.02); :func:`light_model` replaces them by
 seeded random ones scaled so activations stay in range through deep networks, and can cut the final
 Softmax so comparisons look at logits (with random weights a Softmax output is nearly one-hot).
+
+Beside them, small seeded models the tests share: :func:`small_cnn`, :func:`symbolic_batch_cnn` and
+:func:`transformer_block` (symbolic dims, with the shape profiles the dynamic-shape tests compile them for).
 """
 from __future__ import annotations
 
@@ -154,6 +157,31 @@ def small_cnn() -> onnx.ModelProto:
              helper.make_node("Softmax", ["a"], ["y"], axis=1)]
     g = helper.make_graph(nodes, "small", [x], [y], [w, b])
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def symbolic_batch_cnn(batch="N", seed: int = 0) -> onnx.ModelProto:
+    """Conv/Relu/MaxPool/Conv stride 2/GlobalAveragePool/Flatten/Gemm/Softmax on x[batch, 3, 16, 16] -> y[batch, 10]."""
+    rng = np.random.default_rng(seed)
+    init = lambda name, shape: numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 3, 16, 16])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 10])
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("MaxPool", ["r"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("Conv", ["p", "w2"], ["c2"], pads=[1, 1, 1, 1], strides=[2, 2]),
+             helper.make_node("Relu", ["c2"], ["r2"]),
+             helper.make_node("GlobalAveragePool", ["r2"], ["g"]),
+             helper.make_node("Flatten", ["g"], ["f"]),
+             helper.make_node("Gemm", ["f", "fw", "fb"], ["z"], transB=1),
+             helper.make_node("Softmax", ["z"], ["y"], axis=1)]
+    inits = [init("w", (8, 3, 3, 3)), init("b", (8,)), init("w2", (16, 8, 3, 3)), init("fw", (10, 16)), init("fb", (10,))]
+    g = helper.make_graph(nodes, "dyncnn", [x], [y], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+#: The shape profiles (min, opt, max of each symbol) the dynamic-shape tests compile these models for.
+SYMBOLIC_CNN_PROFILE = {"N": (1, 4, 16)}
+TRANSFORMER_PROFILE = {"B": (1, 2, 8), "S": (1, 16, 64)}
 
 
 def transformer_block(d_model: int = 32, heads: int = 4, d_ff: int = 64, batch="B", seq="S",
