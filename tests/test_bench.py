@@ -183,6 +183,8 @@ def test_config_reads_the_example(tmp_path):
     ("a: 'open\n", 2, "found unexpected end of stream \\(while scanning a quoted scalar at line 1\\)"),
     ("a: 1\n---\nb: 2\n", 2, "but found another document"),
     ("a: !!python/object/apply:os.system ['true']\n", 1, "could not determine a constructor"),
+    ("a: 1\nb: \x07\n", 2, "unacceptable character #x0007"),
+    ("[" * 5000 + "]" * 5000, 1, "the config is nested too deeply"),
 ])
 def test_yaml_errors_have_line_numbers(text, line, msg):
     with pytest.raises(ConfigError, match=rf"^cfg\.yaml:{line}: {msg}"):
@@ -208,6 +210,13 @@ def test_config_values_are_checked(tmp_path, text, line, msg):
     p = write(tmp_path, text)
     with pytest.raises(ConfigError, match=rf"sla\.yaml:{line}: {msg}"):
         load_config(p)
+
+
+def test_anchors_and_aliases_are_plain_yaml(tmp_path):
+    text = "slas: &limits\n  p99_latency_ms: 50\nruns: 3\nvs: onnxruntime\n"
+    assert load_config(write(tmp_path, text))["slas"] == {"p99_latency_ms": 50.0}
+    _, lines = parse_config_text("a: &m {p: 1}\nb: *m\n")
+    assert lines[("b", "p")] == 1      # an aliased key is reported where it is written
 
 
 def test_sla_limits_in_exponent_notation_are_numbers(tmp_path):

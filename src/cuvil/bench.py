@@ -89,8 +89,9 @@ def parse_config_text(text: str, path: str = "<config>") -> tuple[Any, dict[tupl
     """One YAML document (PyYAML's safe loader) and the line of every mapping key: ``(data, lines)``, where
     ``lines`` maps each key path (a tuple) to its line number. A YAML error or a key given twice in one
     mapping (which YAML forbids but PyYAML would let the last one win) is a ConfigError ``path:line: message``."""
-    loader = yaml.SafeLoader(text)
+    loader = None
     try:
+        loader = yaml.SafeLoader(text)
         node = loader.get_single_node()
         lines: dict[tuple, int] = {}
         if node is not None:
@@ -103,15 +104,20 @@ def parse_config_text(text: str, path: str = "<config>") -> tuple[Any, dict[tupl
         if e.problem and e.context and e.context_mark is not None:
             problem += f" ({e.context} at line {e.context_mark.line + 1})"
         raise ConfigError(f"{path}:{line}: {problem}") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}:1: {str(e).splitlines()[0]}") from None
+    except yaml.reader.ReaderError as e:   # a character YAML does not allow; it has a position, not a mark
+        raise ConfigError(f"{path}:{text.count(chr(10), 0, e.position) + 1}: {str(e).splitlines()[0]}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}:1: the config is nested too deeply") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     return data, lines
 
 
 def _key_lines(loader, node, prefix: tuple, lines: dict[tuple, int], path: str) -> None:
-    if not isinstance(node, yaml.MappingNode):
+    # Two levels are all a config has (its keys, and the SLAs under `slas`): deeper values are rejected by
+    # validation, and walking no deeper keeps aliases of aliases from multiplying the walk.
+    if not isinstance(node, yaml.MappingNode) or len(prefix) == 2:
         return
     for key_node, value_node in node.value:
         if not isinstance(key_node, yaml.ScalarNode):
