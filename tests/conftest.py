@@ -10,7 +10,8 @@ settings.load_profile(os.environ.get("CUVIL_HYPOTHESIS_PROFILE", "default"))
 
 
 def pytest_addoption(parser):
-    parser.addoption("--update-golden", action="store_true", help="rewrite tests/golden/expected/* from the current output")
+    parser.addoption("--update-golden", action="store_true",
+                     help="rewrite the goldens (tests/golden/expected/*, tests/golden/replay/*) from the current output")
 
 
 @pytest.fixture
