@@ -8,14 +8,24 @@ import time
 from typing import List, Optional
 
 import numpy as np
+import onnx
+import onnx.defs
 
-from .version import __version__
+from . import bench
+from .artifact import load
 from .dsl.parser import load_rules
 from .errors import CuvilError
+from .ir.constraints import check_constraints, dim_ranges
+from .ir.dim import evaluate
+from .ir.registry import all_ops
 from .kernels.kernel_rules import builtin_kernel_rules
 from .pipeline import Pipeline
 from .rewrite_rules.proved_rewrite import applied_rules
+from .rewrite_rules.verdicts import builtin_rules_dir, verdicts, write_shipped
 from .targets import PTX_TARGET, get_target, make_options
+from .testing.models import LIGHT_MODELS, light_model
+from .verify import NATIVE_RTOL, verify, verify_artifact
+from .version import __version__
 
 
 def _fmt_count(n) -> str:
@@ -48,7 +58,6 @@ def cmd_inspect(args) -> int:
     print(f"compute: {_fmt_count(st.macs)} MACs = {_fmt_count(st.flops)} FLOPs"
           + ("  (" + ", ".join(f"{op} {_fmt_count(f)}" for op, f in st.flops_by_op.items()) + " FLOPs)" if st.flops_by_op else ""))
     if args.shapes:
-        from .ir.constraints import check_constraints, dim_ranges
         ranges = {k: (v[0], v[-1]) for k, v in _parse_profiles(args.shape_profile).items()}
         n_cons = sum(len(n.constraints) for n in g.nodes)
         bad = check_constraints(g, ranges)
@@ -83,7 +92,6 @@ def demo_model_path() -> str:
 
 def cmd_demo(args) -> int:
     """Cuvil's main job on a small bundled CNN: import, proved rewrites, native compile, run, compare."""
-    from .ir.dim import evaluate
     path = demo_model_path()
     print(f"cuvil {__version__} demo: {os.path.basename(path)} (bundled)")
     t0 = time.perf_counter()
@@ -154,8 +162,6 @@ def cmd_demo(args) -> int:
 
 
 def cmd_zoo(args) -> int:
-    import onnx
-    from .testing.models import LIGHT_MODELS, light_model
     if args.name not in LIGHT_MODELS:
         raise CuvilError(f"unknown model {args.name!r}; choose from {', '.join(LIGHT_MODELS)}")
     m = light_model(args.name, seed=args.seed, logits=not args.softmax)
@@ -165,13 +171,10 @@ def cmd_zoo(args) -> int:
 
 
 def _rule_paths(args):
-    from .rewrite_rules.verdicts import builtin_rules_dir
     return args.paths or [builtin_rules_dir()]
 
 
 def cmd_rules_check(args) -> int:
-    from .dsl.parser import load_rules
-    from .rewrite_rules.verdicts import verdicts, write_shipped
     rules = load_rules(_rule_paths(args))
     t0 = time.perf_counter()
     if args.write_verdicts:
@@ -208,8 +211,6 @@ def _coverage(v) -> str:
 
 
 def cmd_rules_list(args) -> int:
-    from .dsl.parser import load_rules
-    from .rewrite_rules.verdicts import verdicts
     rules = load_rules(_rule_paths(args))
     for r, (v, _) in zip(rules, verdicts(rules, timeout_ms=args.timeout_ms)):
         print(f"{r.name:32} benefit {r.benefit:<3} on {r.on:6} prove {r.proof:5}  {_verdict_label(v):11}  "
@@ -224,7 +225,6 @@ def _allow_bounded_flag(sp) -> None:
 
 
 def cmd_verify(args) -> int:
-    from .verify import NATIVE_RTOL, verify, verify_artifact
     if args.artifact:
         res = verify_artifact(args.model, args.artifact, examples=args.examples)
         print(f"compared {args.artifact} with the original model (onnx.reference) on {res.examples} inputs, "
@@ -348,7 +348,6 @@ def _compile_gpu_bundle(args) -> int:
 
 
 def cmd_run(args) -> int:
-    from .artifact import load
     m = load(args.library, num_threads=args.threads)
     named = {}
     for item in args.input or ():
@@ -369,8 +368,6 @@ def cmd_run(args) -> int:
 
 
 def cmd_ops(args) -> int:
-    import onnx.defs
-    from .ir.registry import all_ops
     ops = all_ops()
     by_family = {}
     for name, d in sorted(ops.items()):
@@ -387,8 +384,7 @@ def cmd_ops(args) -> int:
 def cmd_bench(args) -> int:
     """Latency percentiles, throughput, error rate, cold start and peak RSS; optionally beside onnxruntime;
     exit 0 when the SLA held (or none was given), 1 when not."""
-    from . import bench as B
-    cfg = B.load_config(args.config) if args.config else {}
+    cfg = bench.load_config(args.config) if args.config else {}
     if args.runs is not None and args.duration is not None:
         raise CuvilError("give --runs or --duration, not both")
     slas = dict(cfg.get("slas", {}))
@@ -401,7 +397,7 @@ def cmd_bench(args) -> int:
     if args.runs is not None or args.duration is not None:
         runs = args.runs
         try:
-            duration = B.parse_duration(args.duration) if args.duration is not None else None
+            duration = bench.parse_duration(args.duration) if args.duration is not None else None
         except ValueError as e:
             raise CuvilError(f"--duration: {e}") from None
     else:
@@ -409,9 +405,9 @@ def cmd_bench(args) -> int:
     pick = lambda flag, key, default: flag if flag is not None else cfg.get(key, default)
     vs = pick(args.vs, "vs", None)
     cold_runs = args.cold_runs
-    B.sla_requirements(slas, vs, cold_runs)
+    bench.sla_requirements(slas, vs, cold_runs)
     if args.plot:
-        B.require_matplotlib()
+        bench.require_matplotlib()
     if args.runs is not None and args.runs < 1:
         raise CuvilError(f"--runs must be >= 1, got {args.runs}")
     for flag, val, lo in (("--warmup", args.warmup, 0), ("--threads", args.threads, 0),
@@ -419,22 +415,22 @@ def cmd_bench(args) -> int:
                           ("--pause-ms", args.pause_ms, 0)):
         if val is not None and val < lo:
             raise CuvilError(f"{flag} must be >= {lo}, got {val}")
-    opts = B.BenchOptions(
+    opts = bench.BenchOptions(
         args.model, onnx=args.onnx, vs=vs, threads=pick(args.threads, "threads", 1), runs=runs, duration=duration,
-        warmup=pick(args.warmup, "warmup", B.DEFAULT_WARMUP), concurrency=pick(args.concurrency, "concurrency", 1),
-        opt_level=B.parse_opt_level(pick(args.opt_level, "opt_level", "O3")), shapes=B.parse_shapes(args.shape),
+        warmup=pick(args.warmup, "warmup", bench.DEFAULT_WARMUP), concurrency=pick(args.concurrency, "concurrency", 1),
+        opt_level=bench.parse_opt_level(pick(args.opt_level, "opt_level", "O3")), shapes=bench.parse_shapes(args.shape),
         seed=args.seed, cold_runs=cold_runs, pause_ms=args.pause_ms,
         progress=True if args.progress else "auto" if sys.stderr.isatty() else False,
         log=lambda msg: print(f"cuvil bench: {msg}", file=sys.stderr, flush=True))
-    res = B.run_benchmark(opts)
-    checks = B.check_slas(res, slas)
+    res = bench.run_benchmark(opts)
+    checks = bench.check_slas(res, slas)
     res["slas"], res["sla_held"] = checks, all(c["held"] for c in checks)
-    print(B.format_report(res, checks))
+    print(bench.format_report(res, checks))
     if args.json:
-        B.write_json(res, args.json)
+        bench.write_json(res, args.json)
         print(f"wrote {args.json}")
     if args.plot:
-        B.plot(res, args.plot)
+        bench.plot(res, args.plot)
         print(f"wrote {args.plot}")
     return 0 if res["sla_held"] else 1
 
