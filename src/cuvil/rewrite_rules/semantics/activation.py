@@ -1,5 +1,4 @@
-"""Semantics of the activations: their ONNX function bodies (opset 21).
-"""
+"""Semantics of the activations: their ONNX function bodies (opset 21)."""
 from __future__ import annotations
 
 import numpy as np

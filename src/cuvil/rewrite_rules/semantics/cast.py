@@ -1,5 +1,4 @@
-"""Semantics of Cast (float32 to float32 only).
-"""
+"""Semantics of Cast (float32 to float32 only)."""
 from __future__ import annotations
 
 import z3

@@ -1,5 +1,4 @@
-"""Semantics of Conv and ConvTranspose (products of padding zeros included, as im2col computes them).
-"""
+"""Semantics of Conv and ConvTranspose (products of padding zeros included, as im2col computes them)."""
 from __future__ import annotations
 
 from typing import Dict

@@ -1,5 +1,4 @@
-"""Counterexample text, shared by the bounded and the generic prover.
-"""
+"""Counterexample text, shared by the bounded and the generic prover."""
 from __future__ import annotations
 
 import math

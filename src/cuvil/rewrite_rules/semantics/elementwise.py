@@ -1,5 +1,4 @@
-"""Semantics of the elementwise math, logic and comparison ops (the ``elementwise`` family of ``ir/ops``).
-"""
+"""Semantics of the elementwise math, logic and comparison ops (the ``elementwise`` family of ``ir/ops``)."""
 from __future__ import annotations
 
 import z3

@@ -1,5 +1,4 @@
-"""Semantics of Gather and CumSum.
-"""
+"""Semantics of Gather and CumSum."""
 from __future__ import annotations
 
 import numpy as np

@@ -1,5 +1,4 @@
-"""Semantics of MatMul and Gemm: sums of products, left to right over the reduction index.
-"""
+"""Semantics of MatMul and Gemm: sums of products, left to right over the reduction index."""
 from __future__ import annotations
 
 import numpy as np

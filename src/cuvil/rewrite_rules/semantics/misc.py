@@ -1,5 +1,4 @@
-"""Semantics of Identity and Dropout (inference: the identity; training: a symbolic mask).
-"""
+"""Semantics of Identity and Dropout (inference: the identity; training: a symbolic mask)."""
 from __future__ import annotations
 
 import z3

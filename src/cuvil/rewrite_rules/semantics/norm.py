@@ -1,5 +1,4 @@
-"""Semantics of BatchNormalization, InstanceNormalization and LayerNormalization (the ONNX formulas).
-"""
+"""Semantics of BatchNormalization, InstanceNormalization and LayerNormalization (the ONNX formulas)."""
 from __future__ import annotations
 
 import numpy as np

@@ -1,5 +1,4 @@
-"""Semantics of the pooling ops (padding ignored; MaxPool skips NaNs, AveragePool propagates them).
-"""
+"""Semantics of the pooling ops (padding ignored; MaxPool skips NaNs, AveragePool propagates them)."""
 from __future__ import annotations
 
 import numpy as np

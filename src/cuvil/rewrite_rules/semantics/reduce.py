@@ -1,5 +1,4 @@
-"""Semantics of the ReduceX ops: a map, a left-to-right fold over the reduced elements, a finish.
-"""
+"""Semantics of the ReduceX ops: a map, a left-to-right fold over the reduced elements, a finish."""
 from __future__ import annotations
 
 import numpy as np

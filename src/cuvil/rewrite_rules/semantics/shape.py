@@ -1,5 +1,4 @@
-"""Semantics of the shape and data-movement ops (exact in any domain: they move elements).
-"""
+"""Semantics of the shape and data-movement ops (exact in any domain: they move elements)."""
 from __future__ import annotations
 
 import numpy as np

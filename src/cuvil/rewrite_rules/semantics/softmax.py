@@ -1,5 +1,4 @@
-"""Semantics of Softmax and LogSoftmax (function bodies in float32; exp / sum over the reals).
-"""
+"""Semantics of Softmax and LogSoftmax (function bodies in float32; exp / sum over the reals)."""
 from __future__ import annotations
 
 from .domains import RealDomain

@@ -20,6 +20,8 @@ SEMANTICS: Dict[str, Sem] = {}
 
 
 def sem(*names: str):
+    """Decorator: ``fn(dom, inputs, attrs) -> outputs`` is the semantics of ops ``names``."""
+
     def deco(fn):
         for n in names:
             SEMANTICS[n] = fn

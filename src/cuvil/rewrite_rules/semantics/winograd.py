@@ -1,5 +1,4 @@
-"""Semantics of Cuvil's Winograd ops (exact rational transform matrices).
-"""
+"""Semantics of Cuvil's Winograd ops (exact rational transform matrices)."""
 from __future__ import annotations
 
 from fractions import Fraction
