@@ -3,12 +3,12 @@
 An op is declared once (``@op`` in ``ir/ops/<family>.py``, with its traits); its Z3 semantics and its
 lowering live in files of the same family name. This test fails when a registered op has no semantics and
 is not on :data:`~cuvil.rewrite_rules.semantics.WITHOUT_SEMANTICS`, has no lowering and is not on
-:data:`~cuvil.kernels.unsupported.NOT_LOWERED`, or when a set derived from the traits is inconsistent.
+:data:`~cuvil.kernels.support.NOT_LOWERED`, or when a set derived from the traits is inconsistent.
 
 Targets: x86 and the GPU schedule through the same :data:`~cuvil.kernels.lower.LOWERINGS` (an op without a
 lowering is refused at scheduling for both), so each supports exactly the lowered ops; the PTX emitter's
 own refusals are per scalar operation and element type (an integer ``fma``, a call libdevice lacks), not
-per op, and the support matrix says so (:mod:`cuvil.support`).
+per op, and the support matrix says so (:mod:`cuvil.kernels.support`).
 """
 from __future__ import annotations
 
@@ -26,13 +26,12 @@ from cuvil.ir.registry import (BROADCAST, HALF_ACCUMULATE, HALF_COMPUTE, HALF_EX
                                all_ops, ops_with)
 from cuvil.kernels.lower import LOWERINGS
 from cuvil.kernels.schedule import ELEMENTWISE_OPS
-from cuvil.kernels.unsupported import NOT_LOWERED
+from cuvil.kernels.support import NOT_LOWERED, support_matrix
 from cuvil.reference import run_reference
 from cuvil.rewrite_rules.fold import NONDETERMINISTIC
 from cuvil.rewrite_rules.precision import ACCUMULATING, FLOAT32_OPS, HALF_OPS
 from cuvil.rewrite_rules.prove import ELEMENTWISE as PROVER_ELEMENTWISE
 from cuvil.rewrite_rules.semantics import SEMANTICS, WITHOUT_SEMANTICS
-from cuvil.support import support_matrix
 
 
 def coverage_gaps(ops) -> list:
@@ -43,7 +42,7 @@ def coverage_gaps(ops) -> list:
         if op not in SEMANTICS and op not in WITHOUT_SEMANTICS:
             gaps.append(f"{op}: no proof semantics and not on semantics.WITHOUT_SEMANTICS")
         if op not in LOWERINGS and op not in NOT_LOWERED:
-            gaps.append(f"{op}: no lowering (x86 and GPU) and not on kernels.unsupported.NOT_LOWERED")
+            gaps.append(f"{op}: no lowering (x86 and GPU) and not on kernels.support.NOT_LOWERED")
     return gaps
 
 
@@ -74,7 +73,7 @@ def test_an_op_registered_without_semantics_or_lowering_is_reported(undeclared_o
     assert undeclared_op in all_ops()
     gaps = coverage_gaps(all_ops())
     assert gaps == [f"{undeclared_op}: no proof semantics and not on semantics.WITHOUT_SEMANTICS",
-                    f"{undeclared_op}: no lowering (x86 and GPU) and not on kernels.unsupported.NOT_LOWERED"]
+                    f"{undeclared_op}: no lowering (x86 and GPU) and not on kernels.support.NOT_LOWERED"]
     # and its traits reach the derived sets at once (they are read from the registry, not copied)
     assert undeclared_op in ops_with("elementwise") and undeclared_op in ops_with("half", HALF_COMPUTE)
 

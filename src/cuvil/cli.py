@@ -367,7 +367,7 @@ def cmd_ops(args) -> int:
     default-domain ops Cuvil does not register; ``--json``: the matrix as JSON."""
     import json
     import onnx.defs
-    from .support import support_matrix
+    from .kernels.support import support_matrix
     rows = support_matrix()
     onnx_ops = {s.name for s in onnx.defs.get_all_schemas() if s.domain == "" and not s.deprecated}
     missing = sorted(onnx_ops - {r.op for r in rows})
