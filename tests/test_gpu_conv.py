@@ -140,7 +140,7 @@ def test_unpadded_contraction_lowering_matches_onnxruntime(monkeypatch, xs, ws, 
 
 
 def test_float16_convolutions_take_the_tile_kernels():
-    from cuvil.targets.ptx.fp16 import to_half
+    from cuvil.rewrite_rules.precision import to_half
     g, _ = to_half(Pipeline.from_onnx(conv_relu_model((1, 16, 14, 14), (32, 16, 3, 3))).optimize().graph)
     s = gpu_schedule(g)
     (node,) = [n for st in s.stages for n in nodes(st.expr) if n.op == "contract"]
@@ -156,7 +156,7 @@ def test_float16_convolutions_take_the_tile_kernels():
 
 
 def test_float16_convolutions_with_64_channel_panels_use_tensor_cores():
-    from cuvil.targets.ptx.fp16 import to_half
+    from cuvil.rewrite_rules.precision import to_half
     g, _ = to_half(Pipeline.from_onnx(conv_relu_model((1, 32, 14, 14), (64, 32, 3, 3))).optimize().graph)
     s = gpu_schedule(g)
     r = build_ptx(s, "sm_90", fma=True)

@@ -107,7 +107,7 @@ def test_fused_splitk_counters_and_readbacks_proved(monkeypatch):
 
 def test_float16_tensor_core_conv_proved():
     """A float16 convolution with 64-channel panels (the mma kernel on sm_90) is proved like the float32 one."""
-    from cuvil.targets.ptx.fp16 import to_half
+    from cuvil.rewrite_rules.precision import to_half
     g, _ = to_half(Pipeline.from_onnx(conv_relu_model((1, 64, 14, 14), (64, 64, 3, 3))).optimize().graph)
     res = build_ptx(gpu_schedule(g), "sm_90", fma=True)
     assert any(d.kind.endswith("_mma") for d in res.kernels)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -17,7 +18,7 @@ from .dsl.parser import load_rules
 from .errors import CuvilError
 from .ir.constraints import check_constraints, dim_ranges
 from .ir.dim import evaluate
-from .ir.registry import all_ops
+from .kernels.support import support_matrix
 from .kernels.kernel_rules import builtin_kernel_rules
 from .pipeline import Pipeline
 from .rewrite_rules.proved_rewrite import applied_rules
@@ -368,15 +369,24 @@ def cmd_run(args) -> int:
 
 
 def cmd_ops(args) -> int:
-    ops = all_ops()
-    by_family = {}
-    for name, d in sorted(ops.items()):
-        by_family.setdefault(d.family, []).append(name)
-    for fam, names in by_family.items():
-        print(f"{fam:12} {len(names):3}  {' '.join(names)}")
+    """The support matrix (op x import / proof semantics / x86 / GPU / float16 class), then the ONNX
+    default-domain ops Cuvil does not register; ``--json``: the matrix as JSON."""
+    rows = support_matrix()
     onnx_ops = {s.name for s in onnx.defs.get_all_schemas() if s.domain == "" and not s.deprecated}
-    missing = sorted(onnx_ops - set(ops))
-    print(f"{len(set(ops) & onnx_ops)} of {len(onnx_ops)} ONNX default-domain ops have shape inference")
+    missing = sorted(onnx_ops - {r.op for r in rows})
+    if args.json:
+        print(json.dumps({"ops": [r.as_dict() for r in rows], "onnx_not_covered": missing}, indent=1))
+        return 0
+    mark = lambda ok: "yes" if ok else "-"  # noqa: E731
+    print(f"{'op':26} {'family':12} {'import':6} {'proof':5} {'x86':3} {'gpu':3} half")
+    for r in rows:
+        print(f"{r.op:26} {r.family:12} {mark(r.imported):6} {mark(r.proof):5} {mark(r.x86):3} {mark(r.gpu):3} "
+              f"{r.half or '-'}")
+    count = lambda pred: sum(1 for r in rows if pred(r))  # noqa: E731
+    print(f"{len(rows)} ops: {count(lambda r: r.proof)} with proof semantics, {count(lambda r: r.x86)} on x86, "
+          f"{count(lambda r: r.gpu)} on the GPU, {count(lambda r: r.half and r.half != 'float32')} in float16 "
+          f"(GPU, --enable-fp16); why an op lacks one: cuvil ops --json")
+    print(f"{len(onnx_ops) - len(missing)} of {len(onnx_ops)} ONNX default-domain ops are registered")
     print(f"not covered ({len(missing)}): {' '.join(missing)}")
     return 0
 
@@ -506,7 +516,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--examples", type=int, default=50)
     sp.add_argument("--artifact", help="also fuzz this compiled library (libNAME.so) against the original")
     sp.set_defaults(fn=cmd_verify)
-    sp = sub.add_parser("ops", help="ops with shape inference, by family, and the ONNX ops not covered")
+    sp = sub.add_parser("ops", help="support matrix: each op's import, proof semantics, x86, GPU and float16 support")
+    sp.add_argument("--json", action="store_true", help="the matrix (with the reason for each gap) as JSON")
     sp.set_defaults(fn=cmd_ops)
     sp = sub.add_parser("bench", help="latency, throughput, cold start and memory of a model, against an SLA",
                         description="Benchmark a model (an .onnx, compiled first; or a compiled .so): p50/p90/p99/max "

@@ -13,12 +13,11 @@ from ..frontend.onnx_export import export_opset, node_proto, value_info
 from ..ir.dim import product
 from ..ir.graph import Graph, Node
 from ..ir.lifting import lift_const_inputs
-from ..ir.registry import CUSTOM_OPSET, infer_node
+from ..ir.registry import CUSTOM_OPSET, infer_node, ops_with
 from ..reference import run_reference
 
 # Ops never folded: their result is not a function of their inputs.
-NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli",
-                    "Multinomial"}
+NONDETERMINISTIC = ops_with("nondeterministic")
 # Largest folded output, in elements: folding must not blow a small graph up into a huge constant.
 MAX_FOLD_ELEMENTS = 1 << 26
 

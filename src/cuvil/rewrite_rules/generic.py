@@ -802,7 +802,7 @@ def _axis_view(rule: Rule) -> Optional[Rule]:
 
 def _elementwise(rule: Rule) -> bool:
     calls = list(_ops(rule.lhs)) + list(_ops(rule.rhs))
-    if any(c.op not in ix.UNARY | ix.BROADCASTING or c.rest for c in calls):
+    if any(c.op not in ix.ELEMENTWISE or c.rest for c in calls):
         return False
     for g in rule.guards:
         if isinstance(g, FuncCall) and g.name not in ("const", "single_use"):
