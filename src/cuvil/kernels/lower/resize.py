@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import math
-from typing import List
+from typing import List, Tuple
 
+import attrs
 import numpy as np
 
 from ...ir.dtype import DType
@@ -53,11 +54,44 @@ def _aa_coeffs(r: E, scale: float, cubic: bool, A: float) -> List[E]:
     return [binop("div", w, total) for w in ws]
 
 
+@attrs.define
+class _ResizeSpec:
+    """A Resize node's attributes, resolved per axis of its input ``x``."""
+    x: TensorFn
+    out: Tuple[int, ...]
+    mode: str
+    ctm: str                  # coordinate_transformation_mode
+    nearest_mode: str
+    A: float                  # cubic_coeff_a
+    exclude: int              # exclude_outside
+    extrap: float             # extrapolation_value
+    antialias: int
+    scale_of: List[float]
+    roi_of: List[Tuple[float, float]]
+    work: List[int]           # the axes that resample (the others map through unchanged)
+
+
+def _dconst(v) -> E:
+    return const(float(v), DType.DOUBLE)
+
+
 @lowering("Resize")
 def _resize(ctx):
     """Separable resampling as the ONNX reference computes it: per resized axis, the source coordinate of
     the output index (coordinate_transformation_mode), then the taps around it with their weights
     (nearest, linear or cubic, edge-clamped); the output is the weighted sum over all tap combinations."""
+    s = _resize_spec(ctx)
+    n_terms = 1
+    for a in s.work:
+        n_terms *= 1 if s.mode == "nearest" else (4 if s.mode == "cubic" else 2) * (int(1 / min(s.scale_of[a], 1.0)) + 1 if s.antialias else 1)
+    if n_terms > 4096:
+        ctx.unsupported(f"{n_terms} interpolation taps per output element")
+    return [TensorFn(s.out, s.x.dtype, lambda idx: _resize_element(ctx, s, idx), "complex")]
+
+
+def _resize_spec(ctx) -> _ResizeSpec:
+    """The attributes of ``ctx``'s Resize, each axis's scale and region of interest, and the axes that resample;
+    refuses scales or sizes known only at run time."""
     x = ctx.input(0)
     out = ctx.out_shape()
     rank = len(x.shape)
@@ -96,113 +130,116 @@ def _resize(ctx):
         ax = axes if n == len(axes) else list(range(rank))
         for k, a in enumerate(ax):
             roi_of[a] = (roi[k], roi[n + k])
-    D = DType.DOUBLE
-    dc = lambda v: const(float(v), D)
     work = [a for a in range(rank)
             if not (math.isclose(scale_of[a], 1.0) and out[a] == x.shape[a]
                     and (ctm != "tf_crop_and_resize" or (math.isclose(roi_of[a][0], 0.0) and math.isclose(roi_of[a][1], 1.0))))]
+    return _ResizeSpec(x, out, mode, ctm, nearest_mode, A, exclude, extrap, antialias, scale_of, roi_of, work)
 
-    def source(a: int, i: E) -> E:
-        y = cast(i, D)
-        length, scale = x.shape[a], scale_of[a]
-        out_w = scale * length
-        if ctm == "align_corners":
-            return dc(0.0) if out_w == 1 else binop("div", binop("mul", y, dc(length - 1)), dc(out_w - 1))
-        if ctm == "asymmetric":
-            return binop("div", y, dc(scale))
-        if ctm == "tf_crop_and_resize":
-            r0, r1 = roi_of[a]
-            base = dc((r1 - r0) * (length - 1) / 2) if out_w == 1 else \
-                binop("div", binop("mul", binop("mul", y, dc(r1 - r0)), dc(length - 1)), dc(out_w - 1))
-            return binop("add", base, dc(r0 * (length - 1)))
-        hp = binop("sub", binop("div", binop("add", y, dc(0.5)), dc(scale)), dc(0.5))
-        if ctm == "pytorch_half_pixel":
-            return dc(-0.5) if out_w == 1 else hp
-        if ctm == "half_pixel":
-            return hp
-        if ctm == "half_pixel_symmetric":
-            adjustment = out[a] / out_w
-            offset = length / 2 * (1 - adjustment)
-            return binop("add", dc(offset), hp)
-        ctx.unsupported(f"coordinate_transformation_mode {ctm}")
 
-    def taps(a: int, i: E):
-        """[(index, weight or None)] for output index ``i`` along axis ``a``, and an extrapolation test."""
-        length = x.shape[a]
-        xo = source(a, i)
-        fl = call("floor", xo)
-        frac = binop("sub", xo, fl)
-        is_int = cmp("eq", frac, dc(0.0))
-        fl_i = cast(fl, I64)
-        outside = None
-        if ctm == "tf_crop_and_resize":
-            outside = logic("or", cmp("lt", xo, dc(0.0)), cmp("gt", xo, dc(length - 1)))
-        if mode == "nearest":
-            if nearest_mode == "round_prefer_floor":
-                up = cmp("gt", frac, dc(0.5))
-            elif nearest_mode == "round_prefer_ceil":
-                up = cmp("ge", frac, dc(0.5))
-            elif nearest_mode == "floor":
-                up = const(False, BOOL)
-            else:
-                up = const(True, BOOL)
-            j = select(logic("and", up, logic("not", is_int)), fl_i + 1, fl_i)
-            return [(clamp(j, length), None)], outside
-        ratio = select(is_int, dc(1.0), frac)
-        if antialias:
-            ws = _aa_coeffs(ratio, scale_of[a], mode == "cubic", A)
-        elif mode == "cubic":
-            ws = _cubic_coeffs(ratio, A)
+def _resize_source(ctx, s: _ResizeSpec, a: int, i: E) -> E:
+    """The source coordinate (float64) of output index ``i`` along axis ``a``."""
+    dc = _dconst
+    ctm, out = s.ctm, s.out
+    y = cast(i, DType.DOUBLE)
+    length, scale = s.x.shape[a], s.scale_of[a]
+    out_w = scale * length
+    if ctm == "align_corners":
+        return dc(0.0) if out_w == 1 else binop("div", binop("mul", y, dc(length - 1)), dc(out_w - 1))
+    if ctm == "asymmetric":
+        return binop("div", y, dc(scale))
+    if ctm == "tf_crop_and_resize":
+        r0, r1 = s.roi_of[a]
+        base = dc((r1 - r0) * (length - 1) / 2) if out_w == 1 else \
+            binop("div", binop("mul", binop("mul", y, dc(r1 - r0)), dc(length - 1)), dc(out_w - 1))
+        return binop("add", base, dc(r0 * (length - 1)))
+    hp = binop("sub", binop("div", binop("add", y, dc(0.5)), dc(scale)), dc(0.5))
+    if ctm == "pytorch_half_pixel":
+        return dc(-0.5) if out_w == 1 else hp
+    if ctm == "half_pixel":
+        return hp
+    if ctm == "half_pixel_symmetric":
+        adjustment = out[a] / out_w
+        offset = length / 2 * (1 - adjustment)
+        return binop("add", dc(offset), hp)
+    ctx.unsupported(f"coordinate_transformation_mode {ctm}")
+
+
+def _resize_taps(ctx, s: _ResizeSpec, a: int, i: E):
+    """[(index, weight or None)] for output index ``i`` along axis ``a``, and an extrapolation test."""
+    dc = _dconst
+    mode = s.mode
+    length = s.x.shape[a]
+    xo = _resize_source(ctx, s, a, i)
+    fl = call("floor", xo)
+    frac = binop("sub", xo, fl)
+    is_int = cmp("eq", frac, dc(0.0))
+    fl_i = cast(fl, I64)
+    outside = None
+    if s.ctm == "tf_crop_and_resize":
+        outside = logic("or", cmp("lt", xo, dc(0.0)), cmp("gt", xo, dc(length - 1)))
+    if mode == "nearest":
+        if s.nearest_mode == "round_prefer_floor":
+            up = cmp("gt", frac, dc(0.5))
+        elif s.nearest_mode == "round_prefer_ceil":
+            up = cmp("ge", frac, dc(0.5))
+        elif s.nearest_mode == "floor":
+            up = const(False, BOOL)
         else:
-            ws = [binop("sub", dc(1.0), ratio), ratio]
-        n = len(ws)
-        first = fl_i + select(is_int, const(-(n // 2), I64), const(-(n // 2) + 1, I64))
-        idxs = [first + k for k in range(n)]
-        if exclude:
-            ws = [select(in_range(j, 0, length), w, dc(0.0)) for j, w in zip(idxs, ws)]
-            total = ws[0]
-            for w in ws[1:]:
-                total = binop("add", total, w)
-            total = select(cmp("eq", total, dc(0.0)), dc(1.0), total)
-            ws = [binop("div", w, total) for w in ws]
-        return [(clamp(j, length), w) for j, w in zip(idxs, ws)], outside
+            up = const(True, BOOL)
+        j = select(logic("and", up, logic("not", is_int)), fl_i + 1, fl_i)
+        return [(clamp(j, length), None)], outside
+    ratio = select(is_int, dc(1.0), frac)
+    if s.antialias:
+        ws = _aa_coeffs(ratio, s.scale_of[a], mode == "cubic", s.A)
+    elif mode == "cubic":
+        ws = _cubic_coeffs(ratio, s.A)
+    else:
+        ws = [binop("sub", dc(1.0), ratio), ratio]
+    n = len(ws)
+    first = fl_i + select(is_int, const(-(n // 2), I64), const(-(n // 2) + 1, I64))
+    idxs = [first + k for k in range(n)]
+    if s.exclude:
+        ws = [select(in_range(j, 0, length), w, dc(0.0)) for j, w in zip(idxs, ws)]
+        total = ws[0]
+        for w in ws[1:]:
+            total = binop("add", total, w)
+        total = select(cmp("eq", total, dc(0.0)), dc(1.0), total)
+        ws = [binop("div", w, total) for w in ws]
+    return [(clamp(j, length), w) for j, w in zip(idxs, ws)], outside
 
-    n_terms = 1
+
+def _resize_element(ctx, s: _ResizeSpec, idx) -> E:
+    """One output element: the weighted sum over every combination of the resampled axes' taps."""
+    dc = _dconst
+    x, mode, work = s.x, s.mode, s.work
+    per_axis = {a: _resize_taps(ctx, s, a, idx[a]) for a in work}
+    combos = [([], None)]
     for a in work:
-        n_terms *= 1 if mode == "nearest" else (4 if mode == "cubic" else 2) * (int(1 / min(scale_of[a], 1.0)) + 1 if antialias else 1)
-    if n_terms > 4096:
-        ctx.unsupported(f"{n_terms} interpolation taps per output element")
-
-    def f(idx):
-        per_axis = {a: taps(a, idx[a]) for a in work}
-        combos = [([], None)]
-        for a in work:
-            combos = [(picks + [(a, j)], w if wa is None else (wa if w is None else binop("mul", w, wa)))
-                      for picks, w in combos for j, wa in per_axis[a][0]]
-        total = None
-        for picks, w in combos:
-            sub = list(idx)
-            for a, j in picks:
-                sub[a] = j
-            v = x(sub)
-            if mode == "nearest":
-                total = v
-                break
-            term = binop("mul", cast(v, D), w)
-            total = term if total is None else binop("add", total, term)
-        if mode != "nearest":
-            if not x.dtype.is_float:  # saturate, then truncate, like the reference's saturate_cast
-                info = np.iinfo(x.dtype.numpy)
-                total = nan_min(nan_max(total, dc(info.min)), dc(info.max))
-            total = cast(total, x.dtype)
-        outs = [per_axis[a][1] for a in work if per_axis[a][1] is not None]
-        if outs:
-            cond = outs[0]
-            for o in outs[1:]:
-                cond = logic("or", cond, o)
-            total = select(cond, const(extrap, x.dtype), total)
-        return total
-    return [TensorFn(out, x.dtype, f, "complex")]
+        combos = [(picks + [(a, j)], w if wa is None else (wa if w is None else binop("mul", w, wa)))
+                  for picks, w in combos for j, wa in per_axis[a][0]]
+    total = None
+    for picks, w in combos:
+        sub = list(idx)
+        for a, j in picks:
+            sub[a] = j
+        v = x(sub)
+        if mode == "nearest":
+            total = v
+            break
+        term = binop("mul", cast(v, DType.DOUBLE), w)
+        total = term if total is None else binop("add", total, term)
+    if mode != "nearest":
+        if not x.dtype.is_float:  # saturate, then truncate, like the reference's saturate_cast
+            info = np.iinfo(x.dtype.numpy)
+            total = nan_min(nan_max(total, dc(info.min)), dc(info.max))
+        total = cast(total, x.dtype)
+    outs = [per_axis[a][1] for a in work if per_axis[a][1] is not None]
+    if outs:
+        cond = outs[0]
+        for o in outs[1:]:
+            cond = logic("or", cond, o)
+        total = select(cond, const(s.extrap, x.dtype), total)
+    return total
 
 
 @lowering("GridSample")
