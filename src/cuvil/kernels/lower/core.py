@@ -111,7 +111,8 @@ def broadcast_index(idx: Index, in_shape: Sequence[int], out_shape: Sequence[int
     return [const(0, I64) if d == 1 and out_shape[k + j] != 1 else idx[k + j] for j, d in enumerate(in_shape)]
 
 
-def _bcast(t: TensorFn, out_shape) -> Callable[[Index], E]:
+def broadcast_fn(t: TensorFn, out_shape) -> Callable[[Index], E]:
+    """``t``'s index function read at the indices of an ``out_shape`` output (numpy broadcasting)."""
     if tuple(t.shape) == tuple(out_shape):
         return t.fn
     return lambda idx: t.fn(broadcast_index(idx, t.shape, out_shape))
@@ -120,7 +121,7 @@ def _bcast(t: TensorFn, out_shape) -> Callable[[Index], E]:
 def elementwise(ctx: LowerCtx, scalar: Callable[..., E], inputs=None, dtype=None) -> List[TensorFn]:
     ins = [t for t in (inputs if inputs is not None else ctx.inputs)]
     shape = ctx.out_shape()
-    fns = [_bcast(t, shape) for t in ins]
+    fns = [broadcast_fn(t, shape) for t in ins]
     same = tuple(k for k, t in enumerate(ins) if tuple(t.shape) == tuple(shape))
     return [TensorFn(shape, dtype or ctx.out_dtype(), lambda idx: scalar(*[f(idx) for f in fns]), "elementwise", same)]
 
@@ -210,5 +211,6 @@ def scalar_of(t: TensorFn) -> E:
 
 
 def sub_ctx(ctx, inputs) -> LowerCtx:
+    """``ctx`` with other inputs: an op lowered as another one (ConvInteger as Conv) after rewriting its inputs."""
     return LowerCtx(ctx.node, inputs, ctx._temp, ctx._weight, ctx.gemm_cols, ctx.gemm_tiles, ctx.unpadded_contractions,
                     ctx.matmul_panels, ctx.half_contractions)

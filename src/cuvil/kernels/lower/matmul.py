@@ -9,7 +9,7 @@ from ...ir.dim import SymExpr, product
 from ...ir.dtype import DType
 from ..contraction import MatContraction, pack_columns
 from ..texpr import I64, E, binop, const, load, reduce
-from .core import LOWERINGS, TensorFn, _bcast, broadcast_index, fconst, lowering, sub_ctx
+from .core import LOWERINGS, TensorFn, broadcast_fn, broadcast_index, fconst, lowering, sub_ctx
 from .quant import minus_zp
 
 
@@ -76,7 +76,7 @@ def _gemm(ctx):
     alpha, beta = ctx.attr("alpha", 1.0), ctx.attr("beta", 1.0)
     out = ctx.out_shape()
     K = a.shape[0] if ta else a.shape[1]
-    cf = _bcast(c, out) if c is not None else None
+    cf = broadcast_fn(c, out) if c is not None else None
     wv = ctx.const_input(1)
 
     def epilogue(idx, acc):

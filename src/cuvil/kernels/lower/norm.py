@@ -5,7 +5,7 @@ from typing import Sequence
 
 from ...ir.dim import product
 from ..texpr import I64, E, binop, call, cast, cmp, const, in_range, reduce, select, var
-from .core import Index, TensorFn, _bcast, fconst, lowering
+from .core import Index, TensorFn, broadcast_fn, fconst, lowering
 
 
 @lowering("BatchNormalization")
@@ -62,7 +62,7 @@ def _layernorm(ctx):
     mean = ctx.temp(stat_shape, x.dtype, lambda idx: binop("div", reduce("sum", norm, lambda *ks: x(idx[:axis] + list(ks))), const(cnt, x.dtype)), "mean")
     var = ctx.temp(stat_shape, x.dtype, lambda idx: binop("div", reduce("sum", norm, lambda *ks: _sq(binop(
         "sub", x(idx[:axis] + list(ks)), mean(idx[:axis] + zeros)))), const(cnt, x.dtype)), "var")
-    scf, bif = _bcast(sc, shape), (_bcast(bi, shape) if bi is not None else None)
+    scf, bif = broadcast_fn(sc, shape), (broadcast_fn(bi, shape) if bi is not None else None)
 
     def f(idx):
         st = idx[:axis] + zeros
@@ -149,7 +149,7 @@ def _rmsnorm(ctx):
     axes = list(range(axis, rank))
     cnt = product([x.shape[a] for a in axes])
     ss = _stat(ctx, x, axes, lambda full: _sq(x(full)), "sumsq")
-    scf = _bcast(sc, x.shape)
+    scf = broadcast_fn(sc, x.shape)
 
     def f(idx):
         xv = x(idx)

@@ -7,7 +7,7 @@ import numpy as np
 
 from ...ir.dim import SymExpr, dmax, dmin, is_static, product
 from ..texpr import I64, E, all_of, binop, cast, cmp, const, dim_index, in_range, select
-from .core import TensorFn, _bcast, clamp, lowering, reshape_index, scalar_of, unflat_index
+from .core import TensorFn, broadcast_fn, clamp, lowering, reshape_index, scalar_of, unflat_index
 
 
 @lowering("Reshape", "Flatten", "Squeeze", "Unsqueeze")
@@ -31,7 +31,7 @@ def _transpose(ctx):
 @lowering("Expand")
 def _expand(ctx):
     x = ctx.input(0)
-    return [TensorFn(ctx.out_shape(), x.dtype, _bcast(x, ctx.out_shape()), "injective")]
+    return [TensorFn(ctx.out_shape(), x.dtype, broadcast_fn(x, ctx.out_shape()), "injective")]
 
 
 @lowering("Tile")

@@ -11,6 +11,7 @@ from .core import TensorFn
 
 
 def window_params(ctx, spatial: int, kernel: Sequence[int], in_sizes: Sequence[int], out_sizes: Sequence[int]):
+    """(strides, dilations, begin pads) of a window op, its ``auto_pad`` resolved to explicit begin pads."""
     strides = ctx.attr("strides") or [1] * spatial
     dil = ctx.attr("dilations") or [1] * spatial
     pads = ctx.attr("pads")
