@@ -41,42 +41,22 @@ import attrs
 import llvmlite.binding as llvm
 import llvmlite.ir as ir
 
-from ...errors import CuvilError, UnsupportedOpError
+from ...errors import CuvilError
 from ...ir.dtype import DType
 from ...kernels.bounds import Certificate
-from ...kernels.schedule import Schedule, Stage
-from ...kernels.texpr import E, Buf, nodes
-from ..x86.codegen import F16, F32, I1, I32, I64, PTR, KernelModule, _Emitter, const_value, ll, mem_type
+from ...kernels.kernel_rules import rewrite_stages, select_kernel_rules
+from ...kernels.schedule import Schedule, Stage, schedule
+from ...kernels.texpr import E, cast, const, nodes, top_level
+from ..llvm.module import LLVMKernelModule, initialize_all
+from ..llvm.types import F32, I32, I64, PTR, const_value, ll
 from . import conv as _conv
 from .bounds_patterns import arena_limit, prove_gpu_stages
 from .conv import TILE_CHANNELS, combine_stage, conv_node, emit_conv, plan_conv, scratch_buf
+from .emitter import PtxEmitter, set_contraction
 
 TRIPLE = "nvptx64-nvidia-cuda"
 BLOCK = 256
 GRID_CAP = 65535          # blocks per launch at most; the grid-stride loop covers the rest
-GLOBAL = 1                # NVPTX address space of global memory
-GPTR = ir.PointerType(addrspace=GLOBAL)
-
-# calls lowered to PTX instructions by the NVPTX backend
-_NATIVE = {"sqrt": "sqrt", "fabs": "fabs", "floor": "floor", "ceil": "ceil", "roundeven": "roundeven",
-           "trunc": "trunc", "fma": "fma", "copysign": "copysign", "fmin": "minnum", "fmax": "maxnum",
-           "minnum": "minnum", "maxnum": "maxnum", "minimum": "minimum", "maximum": "maximum"}
-# calls to libdevice (__nv_<name>f for float, __nv_<name> for double)
-_LIBDEVICE = {"exp", "exp2", "exp10", "expm1", "log", "log2", "log10", "log1p", "sin", "cos", "tan", "asin",
-              "acos", "atan", "atan2", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "erf", "erfc", "pow",
-              "fmod", "cbrt", "rsqrt", "hypot", "remainder", "lgamma", "tgamma"}
-_FP_ARITH = {"fadd", "fsub", "fmul"}
-
-_INITIALIZED = False
-
-
-def _init():
-    global _INITIALIZED
-    if not _INITIALIZED:
-        llvm.initialize_all_targets()
-        llvm.initialize_all_asmprinters()
-        _INITIALIZED = True
-
 
 WARP = 32
 # A stage with one top-level float sum whose outputs are too few to fill the GPU gets several threads
@@ -179,107 +159,14 @@ def _libdevice_module(path: Optional[str], triple: str, layout: str):
 def target_machine(arch: str = "sm_90", opt: int = 3):
     if not re.fullmatch(r"sm_\d+[af]?", arch):
         raise CuvilError(f"GPU architecture {arch!r}: expected sm_<number>, e.g. sm_80 or sm_90")
-    _init()
+    initialize_all()
     target = llvm.Target.from_triple(TRIPLE)
     return target.create_target_machine(cpu=arch, features="", opt=min(max(opt, 0), 3))
 
 
 # --- code generation ------------------------------------------------------------------------------------
 
-def _overlaps(a: Buf, b: Buf) -> bool:
-    ra, rb = a.storage, b.storage
-    if ra.base != rb.base:
-        return False
-    return ra.offset < rb.offset + max(rb.nbytes, 1) and rb.offset < ra.offset + max(ra.nbytes, 1)
-
-
-class _PtxEmitter(_Emitter):
-    """The x86 expression emitter with global-memory addressing, read-only loads and GPU math."""
-
-    def __init__(self, km: "PtxKernelModule", fn: ir.Function, b: ir.IRBuilder, bufs, out: Buf):
-        super().__init__(km, fn, b, bufs)
-        self.out = out
-
-    def base(self, buf: Buf) -> ir.Value:
-        if buf.base not in self.bases:
-            with self.b.goto_block(self.entry):
-                self.b.position_at_start(self.entry)
-                slot = self.b.gep(self.bufs, [I64(buf.base)], source_etype=PTR, inbounds=True)
-                p = self.b.load(slot, typ=PTR)
-                p.set_metadata("invariant.load", self.km.empty_md)
-                self.bases[buf.base] = self.b.addrspacecast(p, GPTR)
-        return self.bases[buf.base]
-
-    def _emit(self, e: E) -> ir.Value:
-        op, dt = e.op, e.dtype
-        if op == "load":
-            buf = e.attr
-            v = self.b.load(self.address(buf, [self.emit(a) for a in e.args]), typ=mem_type(dt))
-            if not _overlaps(buf, self.out):
-                v.set_metadata("invariant.load", self.km.empty_md)
-            return self.b.trunc(v, I1) if dt == DType.BOOL else v
-        if op == "fmod" and dt.is_float:
-            return self.call("fmod", [self.emit(a) for a in e.args], dt)
-        if op == "fma":
-            return self.b.call(self.fma_fn(dt), [self.emit(a) for a in e.args])
-        if op == "gload":
-            raise UnsupportedOpError("gload", detail="guarded loads have no PTX lowering")
-        try:
-            return super()._emit(e)
-        except UnsupportedOpError:
-            raise
-        except CuvilError as err:
-            if "no emitter" in str(err):
-                raise UnsupportedOpError(op, detail="no PTX lowering") from None
-            raise
-
-    def fma_fn(self, dt: DType) -> ir.Function:
-        if dt not in (DType.FLOAT16, DType.FLOAT, DType.DOUBLE):
-            raise UnsupportedOpError("fma", detail=f"fma of {dt.name} has no PTX lowering")
-        t = ll(dt)
-        return self.km.declare(f"llvm.fma.{ {DType.FLOAT16: 'f16', DType.FLOAT: 'f32', DType.DOUBLE: 'f64'}[dt]}", t, [t] * 3)
-
-    def reduce(self, e: E):
-        """``reduce[fma](a, b)``: acc = fma(a, b, acc) over the reduction's variables, from +0.0 (the sum's
-        start), in order. Other reductions: the x86 emitter's loop."""
-        kind, vs, extents = e.attr
-        if kind != "fma":
-            return super().reduce(e)
-        b, dt = self.b, e.dtype
-        t = ll(dt)
-        f = self.fma_fn(dt)
-        acc = self.alloca(t)
-        b.store(const_value(0.0, dt), acc)
-
-        def body(idx):
-            for v, i in zip(vs, idx):
-                self.env[v.attr] = i
-            x, y = self.emit(e.args[0]), self.emit(e.args[1])
-            b.store(b.call(f, [x, y, b.load(acc, typ=t)]), acc)
-        self.loops(list(extents), body)
-        return b.load(acc, typ=t)
-
-    def call(self, name: str, args, dt: DType):
-        b = self.b
-        if not dt.is_float:
-            raise UnsupportedOpError(name, detail=f"{name} of {dt.name} has no PTX lowering")
-        if dt == DType.FLOAT16:
-            wide = [b.fpext(a, F32) for a in args]
-            return b.fptrunc(self.call(name, wide, DType.FLOAT), F16)
-        if dt not in (DType.FLOAT, DType.DOUBLE):
-            raise UnsupportedOpError(name, detail=f"{name} of {dt.name} has no PTX lowering")
-        t = ll(dt)
-        if name in _NATIVE:
-            f = self.km.declare(f"llvm.{_NATIVE[name]}.{'f32' if t == F32 else 'f64'}", t, [t] * len(args))
-        elif name in _LIBDEVICE:
-            f = self.km.declare(f"__nv_{name}{'f' if t == F32 else ''}", t, [t] * len(args))
-            self.km.needs_libdevice = True
-        else:
-            raise UnsupportedOpError(name, detail="no PTX (NVPTX intrinsic or libdevice) lowering")
-        return b.call(f, args)
-
-
-class PtxKernelModule(KernelModule):
+class PtxKernelModule(LLVMKernelModule):
     def __init__(self, name: str, tm, *, fma: bool = False, block: int = BLOCK, narrow_index: bool = False,
                  scratch_offset: int = 0, conv_target_blocks: int = 0, arch: str = "sm_90"):
         super().__init__(name, tm, TRIPLE)
@@ -389,10 +276,10 @@ class PtxKernelModule(KernelModule):
         accumulates its 16 products per term from shared memory, so each value loaded from global memory is
         used TP (resp. TM) / 4 times. Terms past the reduction, channels past M and positions past P load
         zero. Then each thread runs the fused epilogue for its 16 outputs and stores those that exist."""
-        fn = self._kernel_fn(sym)
+        fn = self.kernel_fn(sym)
         bufs, _n = fn.args
         b = ir.IRBuilder(fn.append_basic_block("entry"))
-        em = _PtxEmitter(self, fn, b, bufs, st.buf)
+        em = PtxEmitter(self, fn, b, bufs, st.buf)
         shape = [int(d) for d in st.buf.shape]
         M = shape[1]
         rest_dims = [shape[0]] + shape[2:]
@@ -430,7 +317,7 @@ class PtxKernelModule(KernelModule):
             if g.name not in sbase:
                 with b.goto_block(em.entry):
                     b.position_at_start(em.entry)
-                    sbase[g.name] = b.bitcast(g, ir.PointerType(F32, addrspace=3))
+                    sbase[g.name] = b.bicast(g, ir.PointerType(F32, addrspace=3))
             return b.gep(sbase[g.name], [idx], source_etype=F32, inbounds=True)
 
         def divmod32(x, d: int):
@@ -537,7 +424,7 @@ class PtxKernelModule(KernelModule):
                         em.memo.pop()
         em.loop_range(self.sreg(b, "ctaid.x"), I64(ntiles), tile_body, self.sreg(b, "nctaid.x"))
         b.ret_void()
-        _set_contraction(fn, False)
+        set_contraction(fn, False)
         self.kernels.append(sym)
         return KernelDesc(sym, ntiles * nthreads, nthreads, st.name, 1, "tiled")
 
@@ -547,10 +434,10 @@ class PtxKernelModule(KernelModule):
         window of a convolution) is issued once for all of them (``!invariant.load`` lets LLVM merge the
         copies); then each element's epilogue runs and is stored. Threads enumerate (n, c / co, rest...)
         row-major, so neighbouring threads still read neighbouring positions."""
-        fn = self._kernel_fn(sym)
+        fn = self.kernel_fn(sym)
         bufs, n = fn.args
         b = ir.IRBuilder(fn.append_basic_block("entry"))
-        em = _PtxEmitter(self, fn, b, bufs, st.buf)
+        em = PtxEmitter(self, fn, b, bufs, st.buf)
         shape = [int(d) for d in st.buf.shape]
         grid_shape = [shape[0], shape[1] // co] + shape[2:]
         total = 1
@@ -605,16 +492,16 @@ class PtxKernelModule(KernelModule):
                 em.memo.pop()
         em.loop_range(gid, n, thread, stride)
         b.ret_void()
-        _set_contraction(fn, False)
+        set_contraction(fn, False)
         self.kernels.append(sym)
         return KernelDesc(sym, total, self.block, st.name, 1, "coarse")
 
-    def _kernel_fn(self, sym: str):
-        fn = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [PTR, I64]), name=sym)
+    def kernel_fn(self, sym: str) -> ir.Function:
+        """A new kernel entry ``ptx_kernel void sym(ptr bufs, i64 n)``."""
+        fn = self.function(sym, [PTR, I64])
         fn.calling_convention = "ptx_kernel"     # LLVM >= 20 marks kernels by calling convention
         if llvm.llvm_version_info < (20,):         # older LLVM: the nvvm.annotations "kernel" entry
             self.module.add_named_metadata("nvvm.annotations", [fn, "kernel", I32(1)])
-        fn.args[0].add_attribute("noalias")
         return fn
 
     def add_split_stage(self, st: Stage, sym: str, red: E, lanes: int) -> KernelDesc:
@@ -624,10 +511,10 @@ class PtxKernelModule(KernelModule):
         ``shfl.sync.bfly`` within the lane group adds the partial sums (every lane ends with the total), and
         lane 0 evaluates the rest of the stage's expression (the fused epilogue) and stores. The grid-stride
         step is a multiple of 32, so a group's lanes always work on the same element together, in one warp."""
-        fn = self._kernel_fn(sym)
+        fn = self.kernel_fn(sym)
         bufs, n = fn.args
         b = ir.IRBuilder(fn.append_basic_block("entry"))
-        em = _PtxEmitter(self, fn, b, bufs, st.buf)
+        em = PtxEmitter(self, fn, b, bufs, st.buf)
         shape = [int(d) for d in st.buf.shape]
         total = 1
         for d in shape:
@@ -695,16 +582,16 @@ class PtxKernelModule(KernelModule):
                 em.memo.pop()
         em.loop_range(gid, n, element, stride)
         b.ret_void()
-        _set_contraction(fn, False)
+        set_contraction(fn, False)
         self.kernels.append(sym)
         return KernelDesc(sym, total * lanes, self.block, st.name, lanes, "split")
 
     def add_element_stage(self, st: Stage, sym: str, kind: str = "element") -> KernelDesc:
-        fn = self._kernel_fn(sym)
+        fn = self.kernel_fn(sym)
         bufs, n = fn.args
         entry = fn.append_basic_block("entry")
         b = ir.IRBuilder(entry)
-        em = _PtxEmitter(self, fn, b, bufs, st.buf)
+        em = PtxEmitter(self, fn, b, bufs, st.buf)
         shape = [int(d) for d in st.buf.shape]
         total = 1
         for d in shape:
@@ -730,7 +617,7 @@ class PtxKernelModule(KernelModule):
             em.store_element(st, idx)
         em.loop_range(gid, n, element, stride)
         b.ret_void()
-        _set_contraction(fn, False)   # contraction only through kernel rules (explicit llvm.fma)
+        set_contraction(fn, False)   # contraction only through kernel rules (explicit llvm.fma)
         self.kernels.append(sym)
         return KernelDesc(sym, total, self.block, st.name, 1, kind)
 
@@ -770,28 +657,9 @@ class PtxKernelModule(KernelModule):
         return ptx
 
 
-def _set_contraction(fn: ir.Function, on: bool):
-    """Mark every float add/sub/mul ``contract`` (fma allowed) or strip ``contract`` everywhere."""
-    for blk in fn.blocks:
-        for ins in blk.instructions:
-            flags = getattr(ins, "flags", None)
-            if flags is None or not isinstance(flags, list):
-                continue
-            if on and ins.opname in _FP_ARITH:
-                if "contract" not in flags and "fast" not in flags:
-                    flags.append("contract")
-            elif not on:
-                if "fast" in flags:   # fast implies contract: spell out the rest
-                    flags.remove("fast")
-                    flags.extend(x for x in ("nnan", "ninf", "nsz", "arcp", "afn", "reassoc") if x not in flags)
-                while "contract" in flags:
-                    flags.remove("contract")
-
-
 def single_sum(st: Stage) -> Optional[E]:
     """The stage's one top-level float32 ``sum`` / ``fma`` reduction (none nested in it, no argmax scans, no
     other reduction in the stage), static shapes, no region; else None."""
-    from ...kernels.texpr import top_level
     _, reductions = top_level(st.expr, "__none__")
     if len(reductions) != 1 or st.region is not None:
         return None
@@ -916,14 +784,13 @@ def widen_half_reductions(e: E, stats: Optional[dict] = None) -> E:
     ``cast_f16(reduce_f32(widen(body)))`` where a half product is widened operand by operand (exact in
     float32). A half ``div``/``mul`` of such a widened reduction by a constant (a mean) is done in float32
     too, so the sum is rounded to half once, after the division, and cannot overflow half on the way."""
-    from ...kernels.texpr import cast as tcast
     H, F = DType.FLOAT16, DType.FLOAT
     memo: Dict[int, E] = {}
 
     def wide(x: E) -> E:
         if x.op == "mul" and x.dtype == H:
-            return E("mul", (tcast(x.args[0], F), tcast(x.args[1], F)), F)
-        return tcast(x, F)
+            return E("mul", (cast(x.args[0], F), cast(x.args[1], F)), F)
+        return cast(x, F)
 
     def go(x: E) -> E:
         if x.uid in memo:
@@ -931,13 +798,12 @@ def widen_half_reductions(e: E, stats: Optional[dict] = None) -> E:
         args = [go(a) for a in x.args]
         y = x if all(a is b for a, b in zip(args, x.args)) else E(x.op, args, x.dtype, x.attr)
         if y.op == "reduce" and y.dtype == H and y.attr[0] in ("sum", "prod"):
-            y = tcast(E("reduce", (wide(args[0]),), F, y.attr), H)
+            y = cast(E("reduce", (wide(args[0]),), F, y.attr), H)
             if stats is not None:
                 stats["widened"] = stats.get("widened", 0) + 1
         elif (y.op in ("div", "mul") and y.dtype == H and args[0].op == "cast" and args[0].args[0].op == "reduce"
               and args[0].args[0].dtype == F and args[1].op == "const"):
-            from ...kernels.texpr import const as tconst
-            y = tcast(E(y.op, (args[0].args[0], tconst(args[1].attr, F)), F), H)
+            y = cast(E(y.op, (args[0].args[0], const(args[1].attr, F)), F), H)
         memo[x.uid] = y
         return y
 
@@ -955,7 +821,6 @@ def build_ptx(sched: Schedule, arch: str = "sm_90", opt: int = 3, *, fma: bool =
     kernels of fewer than 2^31 elements unflatten their element index in 32-bit arithmetic: fewer registers
     and higher theoretical occupancy, but ResNet-50 ran slower on an H200 with it (``bench/gpu/RESULTS.md``,
     2026-11-29 kernel rules section), so it is opt-in."""
-    from ...kernels.kernel_rules import rewrite_stages, select_kernel_rules
     if block <= 0 or block > 1024:
         raise CuvilError(f"block size {block}: expected 1..1024 threads")
     tm = target_machine(arch, opt)
@@ -997,7 +862,6 @@ def gpu_schedule(g) -> Schedule:
     """The GPU schedule of ``g``: convolutions as packed contractions with weight panels of
     :data:`~cuvil.targets.ptx.conv.TILE_CHANNELS` channels (chosen per convolution), computed by the
     implicit-GEMM kernels of :mod:`cuvil.targets.ptx.conv`; plain reductions when ``CONV_ENABLED`` is off."""
-    from ...kernels.schedule import schedule
     if not CONV_ENABLED:
         return schedule(g)
     return schedule(g, gemm_cols=GPU_GEMM_COLS, gemm_tiles=tuple((m, GPU_GEMM_COLS) for m in TILE_CHANNELS),

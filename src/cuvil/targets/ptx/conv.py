@@ -41,7 +41,8 @@ from ...ir.dtype import DType
 from ...kernels.contraction import Contraction
 from ...kernels.schedule import ARENA, Stage
 from ...kernels.texpr import Buf, E, cast, iadd, imul, load, nodes, reduce, replace_node
-from ..x86.codegen import F16, F32, I32, I64
+from ..llvm.types import F16, F32, I32, I64
+from .emitter import PtxEmitter, set_contraction
 
 TK = 32                # reduction terms per chunk (rows of the shared tiles; 16 was 6% slower on ResNet-50)
 TARGET_BLOCKS = 264    # blocks a convolution should launch (2 per SM of an H200): split-K below that
@@ -179,7 +180,6 @@ def emit_conv(km, st: Stage, sym: str, node: E, plan: ConvPlan, scratch: Optiona
     writes ``scratch``, and either the caller adds the combining kernel or (``counters``: the byte offset in
     the arena of one zeroed int32 per output tile) the last slice to finish a tile adds the partials in slice
     order and runs the epilogue itself. Returns the launch size (threads)."""
-    from .codegen import _PtxEmitter, _set_contraction
     spec: Contraction = node.attr
     red = accumulation(node)
     use_fma = red.attr[0] == "fma"
@@ -187,10 +187,10 @@ def emit_conv(km, st: Stage, sym: str, node: E, plan: ConvPlan, scratch: Optiona
     # or (mma) kept half in shared memory for the tensor cores
     ET = F16 if half else F32
     esize = 2 if half else 4
-    fn = km._kernel_fn(sym)
+    fn = km.kernel_fn(sym)
     bufs, _n = fn.args
     b = ir.IRBuilder(fn.append_basic_block("entry"))
-    em = _PtxEmitter(km, fn, b, bufs, st.buf)
+    em = PtxEmitter(km, fn, b, bufs, st.buf)
     TM, TP, T = plan.tm, plan.tp, plan.threads
     M, P, K, G, N = plan.m, plan.p, plan.k, plan.groups, plan.n
     NG, S = N * G, plan.splits
@@ -494,6 +494,6 @@ def emit_conv(km, st: Stage, sym: str, node: E, plan: ConvPlan, scratch: Optiona
                     b.store(I32(0), cptr)     # ready for the next run (the runtime also zeroes them first)
     em.loop_range(km.sreg(b, "ctaid.x"), I64(plan.blocks), tile_body, km.sreg(b, "nctaid.x"))
     b.ret_void()
-    _set_contraction(fn, False)
+    set_contraction(fn, False)
     km.kernels.append(sym)
     return plan.blocks * T

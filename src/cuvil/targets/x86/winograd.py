@@ -25,7 +25,7 @@ from ...ir.dim import product
 from ...ir.ops.winograd import MATRICES
 from ...kernels.contraction import WinogradInput, WinogradOutput, fallback_weights
 from ...kernels.schedule import Stage
-from .codegen import F32, I1, I32, I64, PTR, splat
+from ..llvm.types import F32, I1, I32, I64, PTR, splat
 from .gemm import batch_only, find_contraction, tile_epilogue
 
 
