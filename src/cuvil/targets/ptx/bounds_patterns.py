@@ -153,7 +153,7 @@ class GpuPatterns:
         scratch = self.km_scratch(plan)
         flat = ((s * N + n) * (G * M) + g * M + m) * P + p
         out.append(Access(kind, scratch, [flat], inside, d, node=node, flat=True))      # partial sums
-        if _conv.FUSED_SPLITK:       # the last slice reads every slice's partial back, counts per tile
+        if self.km.fused_splitk:       # the last slice reads every slice's partial back, counts per tile
             s2 = _loop(d, "s", S + w)
             out.append(Access(kind, scratch, [((s2 * N + n) * (G * M) + g * M + m) * P + p], inside, d, node=node,
                               flat=True))
@@ -181,16 +181,11 @@ def arena_limit(km, sched: Schedule, stages) -> int:
     pats = GpuPatterns(km)
     need = 0
     for st in stages:
-        node = _conv.conv_node(st) if _conv_enabled() else None
+        node = _conv.conv_node(st) if km.tuning.conv_enabled else None
         plan = pats.conv_plan(st, node) if node is not None else None
         if plan is not None and plan.splits > 1:
             need = max(need, km.counter_bytes + 4 * plan.scratch_floats)
     return km.scratch_offset + need if need else sched.arena_bytes
-
-
-def _conv_enabled() -> bool:
-    from . import codegen
-    return codegen.CONV_ENABLED
 
 
 def prove_gpu_stages(sched: Schedule, stages: List[Stage], km, prover: Optional[BoundsProver] = None,

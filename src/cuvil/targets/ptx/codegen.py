@@ -49,45 +49,31 @@ from ...kernels.schedule import Schedule, Stage, schedule
 from ...kernels.texpr import E, cast, const, nodes, top_level
 from ..llvm.module import LLVMKernelModule, initialize_all
 from ..llvm.types import F32, I32, I64, PTR, const_value, ll
-from . import conv as _conv
 from .bounds_patterns import arena_limit, prove_gpu_stages
-from .conv import TILE_CHANNELS, combine_stage, conv_node, emit_conv, plan_conv, scratch_buf
+from .conv import TILE_CHANNELS, accumulation, combine_stage, conv_node, emit_conv, plan_conv, scratch_buf
 from .emitter import PtxEmitter, set_contraction
+from .tuning import DEFAULT_TUNING, PtxTuning
 
 TRIPLE = "nvptx64-nvidia-cuda"
 BLOCK = 256
 GRID_CAP = 65535          # blocks per launch at most; the grid-stride loop covers the rest
 
 WARP = 32
-# A stage with one top-level float sum whose outputs are too few to fill the GPU gets several threads
-# ("lanes", a power of two up to a warp) per output element, each summing part of the reduction
-# (:meth:`PtxKernelModule.add_split_stage`): with one thread per element such stages launch less than a wave
-# and each thread sums thousands of terms serially.
-# threads to aim for: about 3/4 of an H200's resident threads (132 SMs x 2048) when the reduction is one index
-# (1x1 convolutions, Gemm: lanes read consecutive weights), half that with kernel taps (3x3 convolutions:
-# lanes read weights 9 floats apart and input planes apart, so fewer lanes did better; bench/gpu/RESULTS.md)
-SPLIT_TARGET_THREADS = 192 * 1024
-# at most this many output elements: on an H200, ResNet-50's stages of 25,088 and 50,176 outputs ran up to
-# 3x faster split (the final Gemm 13x), those of 100,352 and 200,704 outputs no faster (bench/gpu/RESULTS.md)
-WARP_MAX_OUTPUTS = 1 << 16
-WARP_MIN_TERMS = 128           # at least this many terms per reduction
-SPLIT_MIN_TERMS_PER_LANE = 32  # lanes are added only while each keeps this many terms
-SPLIT_MODE = "outer"           # how lane l of L takes its terms: "outer": the outermost reduction index
-# (input channel) l, l + L, ..., the inner loops (kernel taps) whole and nested, as one thread would; "strided"
-# (kept to reproduce the comparison): the flattened terms l, l + L, ..., which unflattens every term with
-# integer divisions that cost more than they save on 3x3 convolutions (bench/gpu/RESULTS.md; a third form,
-# one contiguous run of terms per lane, was slower still and is gone)
+# a stage whose float sum has at least this many terms may split it over lanes (:func:`split_lanes`; the
+# other thresholds are PtxTuning's)
+WARP_MIN_TERMS = 128
 
 
-def split_lanes(outputs: int, terms: int, outer: int = 0) -> int:
+def split_lanes(outputs: int, terms: int, outer: int = 0, tuning: PtxTuning = DEFAULT_TUNING) -> int:
     """Threads per output element: the smallest power of two that brings the stage to
-    SPLIT_TARGET_THREADS (half that when the reduction has inner taps), at most a warp, each lane keeping SPLIT_MIN_TERMS_PER_LANE terms (and, splitting
-    the outermost reduction index, at least one value of it)."""
+    ``tuning.split_target_threads`` (half that when the reduction has inner taps), at most a warp, each lane
+    keeping ``tuning.split_min_terms_per_lane`` terms (and, splitting the outermost reduction index, at least
+    one value of it)."""
     lanes = 1
-    target = SPLIT_TARGET_THREADS if outer in (0, terms) else SPLIT_TARGET_THREADS // 2
+    target = tuning.split_target_threads if outer in (0, terms) else tuning.split_target_threads // 2
     while (lanes < WARP and outputs * lanes < target
-           and terms // (2 * lanes) >= SPLIT_MIN_TERMS_PER_LANE
-           and (SPLIT_MODE != "outer" or 2 * lanes <= outer)):
+           and terms // (2 * lanes) >= tuning.split_min_terms_per_lane
+           and (tuning.split_mode != "outer" or 2 * lanes <= outer)):
         lanes *= 2
     return lanes
 
@@ -168,13 +154,16 @@ def target_machine(arch: str = "sm_90", opt: int = 3):
 
 class PtxKernelModule(LLVMKernelModule):
     def __init__(self, name: str, tm, *, fma: bool = False, block: int = BLOCK, narrow_index: bool = False,
-                 scratch_offset: int = 0, conv_target_blocks: int = 0, arch: str = "sm_90"):
+                 scratch_offset: int = 0, conv_target_blocks: int = 0, arch: str = "sm_90",
+                 fused_splitk: bool = False, tuning: PtxTuning = DEFAULT_TUNING):
         super().__init__(name, tm, TRIPLE)
         self.sm = int(re.sub(r"\D", "", arch) or 0)      # compute capability x 10 (sm_90a -> 90)
         self.scratch_offset = -(-scratch_offset // 256) * 256   # split-K counters and partials go after the arena
         self.scratch_bytes = 0
         self.counter_bytes = 0      # set by plan_scratch: one int32 per tile of the largest split convolution
-        self.conv_target_blocks = conv_target_blocks or _conv.TARGET_BLOCKS
+        self.conv_target_blocks = conv_target_blocks or tuning.target_blocks
+        self.fused_splitk = fused_splitk   # split-K partials added by the last slice (else a sum kernel)
+        self.tuning = tuning
         self.fma = fma
         self.block = block
         self.kernels: List[str] = []
@@ -194,11 +183,12 @@ class PtxKernelModule(LLVMKernelModule):
 
     def add_stage(self, st: Stage, sym: str) -> KernelDesc:
         """The kernel(s) for a stage: a convolution lowered as a packed contraction takes the implicit-GEMM
-        kernels (:meth:`add_conv_stage`); other stages with one float sum are shaped by output count (thresholds
-        measured on an H200, bench/gpu/RESULTS.md): few outputs and a long sum: lanes split it (WARP_*); the largest stages:
-        shared-memory tiles (TILE_*); large ones: several channels per thread (COARSEN*); else one thread
+        kernels (:meth:`add_conv_stage`); other stages with one float sum are shaped by output count
+        (thresholds measured on an H200, bench/gpu/RESULTS.md, most of them in :attr:`tuning`): few outputs and
+        a long sum: lanes split it (``warp_max_outputs``, ``split_*``); the largest stages: shared-memory tiles
+        (TILE_*, ``tile_*``); large ones: several channels per thread (COARSEN*, ``coarsen``); else one thread
         per output."""
-        node = conv_node(st) if CONV_ENABLED else None
+        node = conv_node(st) if self.tuning.conv_enabled else None
         if node is not None:
             return self.add_conv_stage(st, sym, node)
         return self.add_stage_plain(st, sym)
@@ -214,14 +204,14 @@ class PtxKernelModule(LLVMKernelModule):
         outputs = 1
         for d in st.buf.shape:
             outputs *= int(d)
-        if terms >= WARP_MIN_TERMS and outputs <= WARP_MAX_OUTPUTS:
-            lanes = split_lanes(outputs, terms, int(red.attr[2][0]))
+        if terms >= WARP_MIN_TERMS and outputs <= self.tuning.warp_max_outputs:
+            lanes = split_lanes(outputs, terms, int(red.attr[2][0]), self.tuning)
             if lanes > 1:
                 return self.add_split_stage(st, sym, red, lanes)
-        factors = tile_factors(st, red) if TILE_ENABLED else None
+        factors = tile_factors(st, red, self.tuning) if self.tuning.tile_enabled else None
         if factors is not None:
             return self.add_tiled_stage(st, sym, red, *factors)
-        co = coarsen_factor(st, red)
+        co = coarsen_factor(st, red, self.tuning)
         if co > 1:
             return self.add_coarse_stage(st, sym, red, co)
         return self.add_element_stage(st, sym)
@@ -230,13 +220,13 @@ class PtxKernelModule(LLVMKernelModule):
         """A convolution lowered as a packed contraction: the implicit-GEMM tile kernel
         (:mod:`cuvil.targets.ptx.conv`). With split-K the slices' partial sums are kept after the arena
         (:attr:`scratch_bytes`) and a second kernel ``<sym>s`` adds them in slice order and runs the epilogue
-        (with ``conv.FUSED_SPLITK = 1``, measured slower: the last slice of each tile to finish does, a
+        (with ``fused_splitk``, measured slower: the last slice of each tile to finish does, a
         counter per tile, :attr:`counter_bytes`, zeroed before each run). Returns the launch descriptions."""
         plan = self.conv_plan(node)
         if plan.splits > 1 and (self.scratch_offset + self.counter_bytes) // 4 + plan.scratch_floats >= 2 ** 31:
             return self.add_stage_plain(st, sym)      # the partial sums would need 64-bit addresses
         scratch = None
-        fused = bool(_conv.FUSED_SPLITK)
+        fused = self.fused_splitk
         if plan.splits > 1:
             scratch = scratch_buf(plan, self.scratch_offset + self.counter_bytes)
             self.scratch_bytes = max(self.scratch_bytes, self.counter_bytes + 4 * plan.scratch_floats)
@@ -249,10 +239,10 @@ class PtxKernelModule(LLVMKernelModule):
         return descs
 
     def conv_plan(self, node: E):
-        red = _conv.accumulation(node)
+        red = accumulation(node)
         # tensor cores only where contraction is allowed (the fma default): an mma's internal sum of 16
         # products rounds like no chain of separate operations (nor of proved fma steps, see docs/rules.md)
-        mma = bool(_conv.MMA) and self.sm >= 80 and red.attr[0] == "fma"
+        mma = self.tuning.mma and self.sm >= 80 and red.attr[0] == "fma"
         return plan_conv(node.attr, self.conv_target_blocks, mma)
 
     def plan_scratch(self, stages) -> None:
@@ -260,12 +250,12 @@ class PtxKernelModule(LLVMKernelModule):
         256-aligned) before any kernel is emitted: they sit first in the scratch area, partials after."""
         tiles = 0
         for st in stages:
-            node = conv_node(st) if CONV_ENABLED else None
+            node = conv_node(st) if self.tuning.conv_enabled else None
             if node is not None:
                 p = self.conv_plan(node)
                 if p.splits > 1:
                     tiles = max(tiles, p.n * p.groups * p.tiles_m * p.tiles_p)
-        self.counter_bytes = -(-4 * tiles // 256) * 256 if tiles and _conv.FUSED_SPLITK else 0
+        self.counter_bytes = -(-4 * tiles // 256) * 256 if tiles and self.fused_splitk else 0
 
     def add_tiled_stage(self, st: Stage, sym: str, red: E, wfac: E, xfac: E) -> KernelDesc:
         """Shared-memory tiled reduction: the output is a (channel = dim 1) x (position = every other dim,
@@ -317,7 +307,7 @@ class PtxKernelModule(LLVMKernelModule):
             if g.name not in sbase:
                 with b.goto_block(em.entry):
                     b.position_at_start(em.entry)
-                    sbase[g.name] = b.bicast(g, ir.PointerType(F32, addrspace=3))
+                    sbase[g.name] = b.bitcast(g, ir.PointerType(F32, addrspace=3))
             return b.gep(sbase[g.name], [idx], source_etype=F32, inbounds=True)
 
         def divmod32(x, d: int):
@@ -506,7 +496,7 @@ class PtxKernelModule(LLVMKernelModule):
 
     def add_split_stage(self, st: Stage, sym: str, red: E, lanes: int) -> KernelDesc:
         """``lanes`` consecutive threads (a power of two <= 32) per output element: lane l sums its part of
-        the element's reduction (SPLIT_MODE "outer": input channels l, l + lanes, ... with the tap loops
+        the element's reduction (``tuning.split_mode`` "outer": input channels l, l + lanes, ... with the tap loops
         nested; "strided": flattened terms l, l + lanes, ...), a butterfly of
         ``shfl.sync.bfly`` within the lane group adds the partial sums (every lane ends with the total), and
         lane 0 evaluates the rest of the stage's expression (the fused epilogue) and stores. The grid-stride
@@ -562,7 +552,7 @@ class PtxKernelModule(LLVMKernelModule):
                     b.store(b.call(fmaf, [em.emit(red.args[0]), em.emit(red.args[1]), a]), acc)
                 else:
                     b.store(b.fadd(a, em.emit(red.args[0])), acc)
-            if SPLIT_MODE == "outer":
+            if self.tuning.split_mode == "outer":
                 def outer(c):
                     em.env[vs[0].attr] = c
                     em.loops(extents[1:], lambda inner: term_at([c] + inner))
@@ -674,8 +664,6 @@ def single_sum(st: Stage) -> Optional[E]:
     return red
 
 
-CONV_ENABLED = True   # convolutions as implicit-GEMM kernels (ptx/conv.py; the GPU lowering packs their weights)
-TILE_ENABLED = True   # shared-memory tiled kernels for large reduction stages (add_tiled_stage)
 TILE_M, TILE_P, TILE_K = 64, 64, 16   # the largest tile; smaller ones (32) when it would leave SMs idle
 TILE_MIN_BLOCKS = 264                  # blocks a tiled stage should launch (2 per SM of an H200)
 
@@ -686,22 +674,20 @@ def tile_shape(m: int, p: int):
         if -(-m // tm) * -(-p // tp) >= TILE_MIN_BLOCKS:
             return tm, tp
     return TILE_M // 2, TILE_P // 2
-# stages with at least this many outputs: on an H200 the tiled kernels beat channel coarsening only on
-# ResNet-50's largest stages (401,408 and 802,816 outputs: 0.012-0.037 vs 0.017-0.043 ms); on 3x3 convolutions
-# of 100,352-200,704 outputs their per-load index arithmetic made them up to 2.6x slower (bench/gpu/RESULTS.md)
-TILE_MIN_OUTPUTS = 401408
-TILE_MIN_TERMS = 64
+
+
+TILE_MIN_TERMS = 64   # a tiled stage's reduction has at least this many terms (its outputs: PtxTuning.tile_min_outputs)
 
 
 def _vars_of(e: E) -> set:
     return {x.attr for x in nodes(e) if x.op == "var"}
 
 
-def tile_factors(st: Stage, red: E):
+def tile_factors(st: Stage, red: E, tuning: PtxTuning = DEFAULT_TUNING):
     """(weight factor, input factor) of a reduction ``sum(w * x)`` / ``fma(w, x)`` whose output is (n, m,
     rest...) with ``w`` independent of every output index but the channel (dim 1) and ``x`` independent of
     the channel: what a tiled kernel loads into shared memory. None when the stage does not have that form
-    or is small."""
+    or is small (fewer than ``tuning.tile_min_outputs`` outputs)."""
     shape = st.buf.shape
     if len(shape) < 3 or not all(isinstance(d, int) for d in shape):
         return None
@@ -711,7 +697,7 @@ def tile_factors(st: Stage, red: E):
     terms = 1
     for x in red.attr[2]:
         terms *= int(x)
-    if outputs < TILE_MIN_OUTPUTS or terms < TILE_MIN_TERMS or shape[1] < 16 or max(outputs, terms) >= 2 ** 31:
+    if outputs < tuning.tile_min_outputs or terms < TILE_MIN_TERMS or shape[1] < 16 or max(outputs, terms) >= 2 ** 31:
         return None
     kind = red.attr[0]
     if kind == "fma":
@@ -732,17 +718,17 @@ def tile_factors(st: Stage, red: E):
     return None
 
 
-COARSEN = 4          # most output channels per thread in a channel-coarsened kernel (1: never coarsen)
 COARSEN_MIN = 196608   # outputs from which a reduction with kernel taps is coarsened (x2)...
 COARSEN_MIN_1X1 = 401408   # ... and a single-index one (1x1 convolution); from 802,816 outputs x4
 
 
-def coarsen_factor(st: Stage, red: E) -> int:
+def coarsen_factor(st: Stage, red: E, tuning: PtxTuning = DEFAULT_TUNING) -> int:
     """Output channels (dim 1) one thread computes together, sharing every load that does not depend on
     the channel (a convolution's input window). Only stages with many outputs gain (fewer threads still fill
     the GPU): on an H200, ResNet-50's 3x3 convolutions of 200,704 outputs ran 1.3-1.5x faster with 2
     channels per thread, 1x1 ones 0.8x (they gain from 401,408 outputs), the 7x7 stem (802,816) 1.75x with 4
-    (bench/gpu/RESULTS.md). 1 when dim 1 does not divide or the reduction does not read the channel."""
+    (bench/gpu/RESULTS.md); at most ``tuning.coarsen``. 1 when dim 1 does not divide or the reduction does not
+    read the channel."""
     outputs = 1
     for d in st.buf.shape:
         outputs *= int(d)
@@ -750,7 +736,7 @@ def coarsen_factor(st: Stage, red: E) -> int:
     for x in red.attr[2][1:]:
         taps *= int(x)
     co = 4 if outputs >= 802816 else 2 if outputs >= (COARSEN_MIN if taps > 1 else COARSEN_MIN_1X1) else 1
-    co = min(co, COARSEN)
+    co = min(co, tuning.coarsen)
     if co <= 1 or len(st.buf.shape) < 3 or st.buf.shape[1] % co:
         return 1
     chan = st.vars[1].attr
@@ -812,7 +798,8 @@ def widen_half_reductions(e: E, stats: Optional[dict] = None) -> E:
 
 def build_ptx(sched: Schedule, arch: str = "sm_90", opt: int = 3, *, fma: bool = False, kernel_rules=None,
               prefix: str = "cuvil", block: int = BLOCK, libdevice: Optional[str] = None,
-              narrow_index: bool = False) -> PtxResult:
+              narrow_index: bool = False, fused_splitk: bool = False,
+              tuning: PtxTuning = DEFAULT_TUNING) -> PtxResult:
     """PTX for every stage of ``sched`` (one module, one kernel per stage, in schedule order).
 
     ``kernel_rules``: None for the built-in ``on kernel`` rules, a list of rules (graph rules in it are
@@ -820,7 +807,15 @@ def build_ptx(sched: Schedule, arch: str = "sm_90", opt: int = 3, *, fma: bool =
     with ``fma=True``; without ``fma`` every operation rounds separately. ``narrow_index`` (off by default):
     kernels of fewer than 2^31 elements unflatten their element index in 32-bit arithmetic: fewer registers
     and higher theoretical occupancy, but ResNet-50 ran slower on an H200 with it (``bench/gpu/RESULTS.md``,
-    2026-11-29 kernel rules section), so it is opt-in."""
+    2026-11-29 kernel rules section), so it is opt-in.
+
+    ``fused_splitk`` (off by default): a split-K convolution's last slice to finish a tile adds the partial
+    sums (one zeroed int32 counter per tile, :attr:`PtxResult.counter_bytes`) instead of a second sum
+    kernel. Correct on an H200 (9/9 light models) but ResNet-50 ran 0.976 ms against 0.708 ms with the sum
+    kernels (``bench/gpu/results/conv_variants5_fused_2026-12-01.json``): the last block's S dependent L2
+    reads per output serialise behind each other, where the sum kernel spreads them over a whole grid.
+    ``tuning``: the kernel-shape settings benchmarks vary (:class:`~cuvil.targets.ptx.tuning.PtxTuning`);
+    give the same one to :func:`gpu_schedule`."""
     if block <= 0 or block > 1024:
         raise CuvilError(f"block size {block}: expected 1..1024 threads")
     tm = target_machine(arch, opt)
@@ -834,7 +829,7 @@ def build_ptx(sched: Schedule, arch: str = "sm_90", opt: int = 3, *, fma: bool =
     if rules:
         stages, counts = rewrite_stages(stages, rules)
     km = PtxKernelModule(prefix, tm, fma=fma, block=block, narrow_index=narrow_index,
-                         scratch_offset=sched.arena_bytes, arch=arch)
+                         scratch_offset=sched.arena_bytes, arch=arch, fused_splitk=fused_splitk, tuning=tuning)
     # the memory-safety proof of the stages as they are emitted (copies: guards rewrite them, not the schedule)
     stages = [attrs.evolve(st) for st in stages]
     cert = prove_gpu_stages(sched, stages, km)
@@ -858,14 +853,16 @@ def build_ptx(sched: Schedule, arch: str = "sm_90", opt: int = 3, *, fma: bool =
 GPU_GEMM_COLS = 64   # the GPU lowering's packed contractions (schedule's gemm_cols; x86 panels are unrelated)
 
 
-def gpu_schedule(g) -> Schedule:
+def gpu_schedule(g, unpadded: bool = True, tuning: PtxTuning = DEFAULT_TUNING) -> Schedule:
     """The GPU schedule of ``g``: convolutions as packed contractions with weight panels of
     :data:`~cuvil.targets.ptx.conv.TILE_CHANNELS` channels (chosen per convolution), computed by the
-    implicit-GEMM kernels of :mod:`cuvil.targets.ptx.conv`; plain reductions when ``CONV_ENABLED`` is off."""
-    if not CONV_ENABLED:
+    implicit-GEMM kernels of :mod:`cuvil.targets.ptx.conv`; plain reductions when ``tuning.conv_enabled`` is
+    off. ``unpadded`` (default): a padded convolution reads its input unpadded, its kernel testing bounds (no
+    padded copy stored); off: the input is padded into a copy first."""
+    if not tuning.conv_enabled:
         return schedule(g)
     return schedule(g, gemm_cols=GPU_GEMM_COLS, gemm_tiles=tuple((m, GPU_GEMM_COLS) for m in TILE_CHANNELS),
-                    unpadded_contractions=bool(_conv.UNPADDED), matmul_panels=False, half_contractions=True)
+                    unpadded_contractions=unpadded, matmul_panels=False, half_contractions=True)
 
 
 def _has_half(e: E) -> bool:
@@ -874,10 +871,11 @@ def _has_half(e: E) -> bool:
 
 def generate_ptx(sched: Schedule, arch: str = "sm_90", opt: int = 3, *, fma: bool = False, kernel_rules=None,
                  prefix: str = "cuvil", block: int = BLOCK, libdevice: Optional[str] = None,
-                 narrow_index: bool = False) -> Tuple[str, List[KernelDesc]]:
+                 narrow_index: bool = False, fused_splitk: bool = False,
+                 tuning: PtxTuning = DEFAULT_TUNING) -> Tuple[str, List[KernelDesc]]:
     """PTX text for every stage of ``sched`` and how to launch each (:func:`build_ptx` without its report).
     ``fma`` allows contracting ``a * b + c`` into one fused multiply-add, through the proved kernel rules
     (off: every operation rounds separately, as the graph rules' exactness arguments assume)."""
     r = build_ptx(sched, arch, opt, fma=fma, kernel_rules=kernel_rules, prefix=prefix, block=block,
-                  libdevice=libdevice, narrow_index=narrow_index)
+                  libdevice=libdevice, narrow_index=narrow_index, fused_splitk=fused_splitk, tuning=tuning)
     return r.ptx, r.kernels
