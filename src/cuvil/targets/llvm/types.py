@@ -21,7 +21,7 @@ def ll(dt: DType) -> ir.Type:
     try:
         return _LL[dt]
     except KeyError:
-        raise CuvilError(f"dtype {dt.name} is not supported by the x86 backend") from None
+        raise CuvilError(f"dtype {dt.name} is not supported by the x86 and PTX code generators") from None
 
 
 def mem_type(dt: DType) -> ir.Type:

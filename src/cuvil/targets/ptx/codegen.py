@@ -5,9 +5,9 @@ Each stage becomes ``ptx_kernel void <prefix>_k<i>(ptr bufs, i64 n)``: thread ``
 threadIdx.x`` computes output element ``i`` of the flattened output (row-major), then ``i`` advances by
 ``gridDim.x * blockDim.x`` (grid-stride loop) while ``i < n``; so any grid size is correct and the launcher
 may cap it. The element's indices are unflattened from ``i``, the stage's expression is evaluated by the
-x86 backend's expression emitter (reductions become loops inside the thread) and the value is stored. A
-stage with few outputs and a long float sum instead gives each element 2-32 consecutive threads that
-split its reduction (:func:`split_lanes`, :meth:`PtxKernelModule.add_split_stage`).
+PTX emitter (:mod:`cuvil.targets.ptx.emitter`, over the shared :mod:`cuvil.targets.llvm.emitter`; reductions
+become loops inside the thread) and the value is stored. A stage with few outputs and a long float sum
+instead gives each element 2-32 consecutive threads that split its reduction (:func:`split_lanes`, :meth:`PtxKernelModule.add_split_stage`).
 
 Memory: ``bufs[b]`` are global-memory pointers (0 arena, 1 weights, then inputs and outputs). Every buffer
 a stage reads and does not write is constant while the kernel runs, so its loads carry ``!invariant.load``
