@@ -246,6 +246,27 @@ def test_split_lanes_policy():
     assert split_lanes(3, 40, 40) == 1                  # too few terms to share
 
 
+
+def test_tuning_is_an_argument_not_module_state():
+    """The kernel shapes benchmarks vary come in a PtxTuning per build (no module switch): one process builds
+    the same 3x3 convolution coarsened (the default), not coarsened, and coarsened again."""
+    from cuvil.targets.ptx.codegen import split_lanes
+    from cuvil.targets.ptx.tuning import PtxTuning
+    assert split_lanes(1000, 2048, 2048, PtxTuning(split_target_threads=4000)) == 4
+    assert split_lanes(1000, 2048, 2048) == 32
+    with pytest.raises(ValueError):
+        PtxTuning(split_mode="chunked")
+    x = Buf("x", F32, (1, 8, 58, 58), base=2)
+    w = Buf("w", F32, (64, 8, 3, 3), base=1)
+    y = Buf("y", F32, (1, 64, 56, 56), base=3)
+    n, c, h, ww = (var(s) for s in "nchw")
+    e = reduce("sum", [8, 3, 3], lambda ci, kh, kw: binop("mul", load(x, [n, ci, h + kh, ww + kw]),
+                                                           load(w, [c, ci, kh, kw])))
+    sched = _sched([Stage("conv", y, [n, c, h, ww], e)], [x], [y])
+    tunings = (PtxTuning(), PtxTuning(coarsen=1), PtxTuning())
+    kinds = [generate_ptx(sched, "sm_90", tuning=t)[1][0].kind for t in tunings]
+    assert kinds == ["coarse", "element", "coarse"]
+
 def test_grid_is_capped():
     assert KernelDesc("k", 1000).grid == 4
     assert KernelDesc("k", 0).grid == 0
