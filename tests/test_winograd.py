@@ -18,7 +18,7 @@ from cuvil.dsl.parser import load_rules
 from cuvil.ir.ops import winograd as W
 from cuvil.rewrite_rules.prove import prove_rule
 from cuvil.rewrite_rules.verdicts import builtin_rules_dir
-from cuvil.targets import bounds
+from cuvil.kernels import bounds
 from cuvil.targets.x86 import choose
 from cuvil.targets.x86 import winograd as x86_winograd
 from cuvil.kernels.texpr import Buf
