@@ -32,9 +32,7 @@ stored and computed in half; a float16 ``sum`` reduction is widened here to accu
 """
 from __future__ import annotations
 
-import os
 import re
-import shutil
 from typing import Dict, List, Optional, Tuple
 
 import attrs
@@ -46,36 +44,20 @@ from ...ir.dtype import DType
 from ...kernels.bounds import Certificate
 from ...kernels.kernel_rules import rewrite_stages, select_kernel_rules
 from ...kernels.schedule import Schedule, Stage, schedule
-from ...kernels.texpr import E, cast, const, nodes, top_level
+from ...kernels.texpr import E, cast, const, nodes
 from ..llvm.module import LLVMKernelModule, initialize_all
 from ..llvm.types import F32, I32, I64, PTR, const_value, ll
 from .bounds_patterns import arena_limit, prove_gpu_stages
 from .conv import TILE_CHANNELS, accumulation, combine_stage, conv_node, emit_conv, plan_conv, scratch_buf
 from .emitter import PtxEmitter, set_contraction
+from .kernel_shapes import (TILE_K, WARP_MIN_TERMS, coarsen_factor, single_sum, split_lanes, tile_factors,
+                            tile_shape)
+from .libdevice import libdevice_module
 from .tuning import DEFAULT_TUNING, PtxTuning
 
 TRIPLE = "nvptx64-nvidia-cuda"
 BLOCK = 256
 GRID_CAP = 65535          # blocks per launch at most; the grid-stride loop covers the rest
-
-WARP = 32
-# a stage whose float sum has at least this many terms may split it over lanes (:func:`split_lanes`; the
-# other thresholds are PtxTuning's)
-WARP_MIN_TERMS = 128
-
-
-def split_lanes(outputs: int, terms: int, outer: int = 0, tuning: PtxTuning = DEFAULT_TUNING) -> int:
-    """Threads per output element: the smallest power of two that brings the stage to
-    ``tuning.split_target_threads`` (half that when the reduction has inner taps), at most a warp, each lane
-    keeping ``tuning.split_min_terms_per_lane`` terms (and, splitting the outermost reduction index, at least
-    one value of it)."""
-    lanes = 1
-    target = tuning.split_target_threads if outer in (0, terms) else tuning.split_target_threads // 2
-    while (lanes < WARP and outputs * lanes < target
-           and terms // (2 * lanes) >= tuning.split_min_terms_per_lane
-           and (tuning.split_mode != "outer" or 2 * lanes <= outer)):
-        lanes *= 2
-    return lanes
 
 
 @attrs.define
@@ -96,53 +78,8 @@ class KernelDesc:
         return min(-(-self.n_elements // self.block), GRID_CAP)
 
 
-# --- toolkit ------------------------------------------------------------------------------------------
-
-def find_libdevice() -> Optional[str]:
-    """libdevice.10.bc: $CUVIL_LIBDEVICE, else under $CUDA_HOME / $CUDA_PATH / /usr/local/cuda, next to
-    ptxas, or in the ``nvidia-cuda-nvcc`` wheel; None when absent."""
-    env = os.environ.get("CUVIL_LIBDEVICE")
-    if env:
-        return env if os.path.isfile(env) else None
-    roots = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"]
-    ptxas = shutil.which("ptxas")
-    if ptxas:
-        roots.append(os.path.dirname(os.path.dirname(os.path.realpath(ptxas))))
-    try:
-        import nvidia.cuda_nvcc as _nv  # type: ignore
-        roots.extend(getattr(_nv, "__path__", []))
-    except Exception:
-        pass
-    for root in roots:
-        if root:
-            p = os.path.join(root, "nvvm", "libdevice", "libdevice.10.bc")
-            if os.path.isfile(p):
-                return p
-    # a CUDA install whose ptxas is a wrapper script: /usr/local/cuda-*/
-    for base in sorted(os.listdir("/usr/local")) if os.path.isdir("/usr/local") else []:
-        p = os.path.join("/usr/local", base, "nvvm", "libdevice", "libdevice.10.bc")
-        if base.startswith("cuda") and os.path.isfile(p):
-            return p
-    return None
-
-
-_LIBDEVICE_BITCODE: Dict[str, bytes] = {}
-
-
-def _libdevice_module(path: Optional[str], triple: str, layout: str):
-    path = path or find_libdevice()
-    if path is None or not os.path.isfile(path):
-        raise CuvilError("libdevice.10.bc not found (needed for exp/log/tanh/erf/pow/... on the GPU): "
-                         "install the CUDA toolkit or set CUVIL_LIBDEVICE")
-    if path not in _LIBDEVICE_BITCODE:
-        with open(path, "rb") as f:
-            _LIBDEVICE_BITCODE[path] = f.read()
-    mod = llvm.parse_bitcode(_LIBDEVICE_BITCODE[path])
-    mod.triple, mod.data_layout = triple, layout
-    return mod
-
-
 def target_machine(arch: str = "sm_90", opt: int = 3):
+    """An NVPTX target machine for GPU architecture ``arch`` (``sm_<number>``)."""
     if not re.fullmatch(r"sm_\d+[af]?", arch):
         raise CuvilError(f"GPU architecture {arch!r}: expected sm_<number>, e.g. sm_80 or sm_90")
     initialize_all()
@@ -153,6 +90,9 @@ def target_machine(arch: str = "sm_90", opt: int = 3):
 # --- code generation ------------------------------------------------------------------------------------
 
 class PtxKernelModule(LLVMKernelModule):
+    """The GPU kernels of one schedule: each stage one or two ``ptx_kernel`` entries (:meth:`add_stage`),
+    compiled to PTX text by :meth:`compile_ptx`."""
+
     def __init__(self, name: str, tm, *, fma: bool = False, block: int = BLOCK, narrow_index: bool = False,
                  scratch_offset: int = 0, conv_target_blocks: int = 0, arch: str = "sm_90",
                  fused_splitk: bool = False, tuning: PtxTuning = DEFAULT_TUNING):
@@ -618,7 +558,7 @@ class PtxKernelModule(LLVMKernelModule):
         except RuntimeError as e:
             raise CuvilError(f"generated NVPTX LLVM IR does not verify: {e}") from None
         if self.needs_libdevice:
-            mod.link_in(_libdevice_module(libdevice, mod.triple, mod.data_layout))
+            mod.link_in(libdevice_module(libdevice, mod.triple, mod.data_layout))
             keep = set(self.kernels)
             for f in mod.functions:
                 if not f.is_declaration and f.name not in keep:
@@ -645,104 +585,6 @@ class PtxKernelModule(LLVMKernelModule):
             ext = sorted(set(re.findall(r"\.extern \.func[^(]*?(\w+)\s*\(", ptx)))
             raise CuvilError(f"PTX module calls undefined functions: {', '.join(ext) or '?'}")
         return ptx
-
-
-def single_sum(st: Stage) -> Optional[E]:
-    """The stage's one top-level float32 ``sum`` / ``fma`` reduction (none nested in it, no argmax scans, no
-    other reduction in the stage), static shapes, no region; else None."""
-    _, reductions = top_level(st.expr, "__none__")
-    if len(reductions) != 1 or st.region is not None:
-        return None
-    red = reductions[0]
-    if red.op != "reduce" or red.attr[0] not in ("sum", "fma") or red.dtype != DType.FLOAT:
-        return None
-    if not all(isinstance(d, int) for d in st.buf.shape) or not all(isinstance(x, int) for x in red.attr[2]):
-        return None
-    for a in red.args:   # no reduction inside the reduction's body
-        if any(x.op in ("reduce", "argscan") for x in nodes(a)):
-            return None
-    return red
-
-
-TILE_M, TILE_P, TILE_K = 64, 64, 16   # the largest tile; smaller ones (32) when it would leave SMs idle
-TILE_MIN_BLOCKS = 264                  # blocks a tiled stage should launch (2 per SM of an H200)
-
-
-def tile_shape(m: int, p: int):
-    """(TM, TP): the largest of 64 x 64, 64 x 32, 32 x 64, 32 x 32 giving TILE_MIN_BLOCKS blocks, else 32 x 32."""
-    for tm, tp in ((TILE_M, TILE_P), (TILE_M, TILE_P // 2), (TILE_M // 2, TILE_P), (TILE_M // 2, TILE_P // 2)):
-        if -(-m // tm) * -(-p // tp) >= TILE_MIN_BLOCKS:
-            return tm, tp
-    return TILE_M // 2, TILE_P // 2
-
-
-TILE_MIN_TERMS = 64   # a tiled stage's reduction has at least this many terms (its outputs: PtxTuning.tile_min_outputs)
-
-
-def _vars_of(e: E) -> set:
-    return {x.attr for x in nodes(e) if x.op == "var"}
-
-
-def tile_factors(st: Stage, red: E, tuning: PtxTuning = DEFAULT_TUNING):
-    """(weight factor, input factor) of a reduction ``sum(w * x)`` / ``fma(w, x)`` whose output is (n, m,
-    rest...) with ``w`` independent of every output index but the channel (dim 1) and ``x`` independent of
-    the channel: what a tiled kernel loads into shared memory. None when the stage does not have that form
-    or is small (fewer than ``tuning.tile_min_outputs`` outputs)."""
-    shape = st.buf.shape
-    if len(shape) < 3 or not all(isinstance(d, int) for d in shape):
-        return None
-    outputs = 1
-    for d in shape:
-        outputs *= d
-    terms = 1
-    for x in red.attr[2]:
-        terms *= int(x)
-    if outputs < tuning.tile_min_outputs or terms < TILE_MIN_TERMS or shape[1] < 16 or max(outputs, terms) >= 2 ** 31:
-        return None
-    kind = red.attr[0]
-    if kind == "fma":
-        f1, f2 = red.args[0], red.args[1]
-    else:
-        body = red.args[0]
-        if body.op != "mul" or len(body.args) != 2:
-            return None
-        f1, f2 = body.args
-    if f1.dtype != DType.FLOAT or f2.dtype != DType.FLOAT:
-        return None
-    chan = st.vars[1].attr
-    others = {v.attr for k, v in enumerate(st.vars) if k != 1}
-    for w, x in ((f1, f2), (f2, f1)):
-        vw, vx = _vars_of(w), _vars_of(x)
-        if chan in vw and not (vw & others) and chan not in vx:
-            return w, x
-    return None
-
-
-COARSEN_MIN = 196608   # outputs from which a reduction with kernel taps is coarsened (x2)...
-COARSEN_MIN_1X1 = 401408   # ... and a single-index one (1x1 convolution); from 802,816 outputs x4
-
-
-def coarsen_factor(st: Stage, red: E, tuning: PtxTuning = DEFAULT_TUNING) -> int:
-    """Output channels (dim 1) one thread computes together, sharing every load that does not depend on
-    the channel (a convolution's input window). Only stages with many outputs gain (fewer threads still fill
-    the GPU): on an H200, ResNet-50's 3x3 convolutions of 200,704 outputs ran 1.3-1.5x faster with 2
-    channels per thread, 1x1 ones 0.8x (they gain from 401,408 outputs), the 7x7 stem (802,816) 1.75x with 4
-    (bench/gpu/RESULTS.md); at most ``tuning.coarsen``. 1 when dim 1 does not divide or the reduction does not
-    read the channel."""
-    outputs = 1
-    for d in st.buf.shape:
-        outputs *= int(d)
-    taps = 1
-    for x in red.attr[2][1:]:
-        taps *= int(x)
-    co = 4 if outputs >= 802816 else 2 if outputs >= (COARSEN_MIN if taps > 1 else COARSEN_MIN_1X1) else 1
-    co = min(co, tuning.coarsen)
-    if co <= 1 or len(st.buf.shape) < 3 or st.buf.shape[1] % co:
-        return 1
-    chan = st.vars[1].attr
-    if not any(x.op == "var" and x.attr == chan for a in red.args for x in nodes(a)):
-        return 1
-    return co
 
 
 def _sanitize(prefix: str) -> str:
