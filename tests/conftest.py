@@ -13,7 +13,8 @@ sys.path.insert(0, os.path.dirname(__file__))  # test helpers (infer_harness, go
 
 
 def pytest_addoption(parser):
-    parser.addoption("--update-golden", action="store_true", help="rewrite tests/golden/expected/* from the current output")
+    parser.addoption("--update-golden", action="store_true",
+                     help="rewrite the goldens (tests/golden/expected/*, tests/golden/replay/*) from the current output")
 
 
 @pytest.fixture

@@ -93,7 +93,7 @@ def test_light_model_fp16_assembles():
     b = p.compile(TARGET, cache=False, enable_fp16=True)
     _, man = read_bundle(b.path)
     assert len(man["float16_tensors"]) > 50 and set(man["ptxas"]["kernels"]) and man["kernels"] > 10
-    assert man["kernel_rules"]["fma_contract_commuted"]["applied"] > 0
+    assert man["kernel_rules"]["fma_contract"]["applied"] > 0
 
 
 def test_x86_rejects_fp16(small, tmp_path, capsys):

@@ -4,6 +4,7 @@ the PTX it produces (``fma.rn``), no calls left in light models' PTX, and the bu
 import os
 import re
 
+import attrs
 import pytest
 
 from cuvil import Pipeline
@@ -24,7 +25,8 @@ F32, F16, I64 = DType.FLOAT, DType.FLOAT16, DType.INT64
 PTXAS = find_ptxas()
 needs_ptxas = pytest.mark.skipif(PTXAS is None, reason="ptxas not found (no CUDA toolkit)")
 needs_libdevice = pytest.mark.skipif(find_libdevice() is None, reason="libdevice.10.bc not found")
-BUILTIN = {r.name: r for r in builtin_kernel_rules()}
+# the built-in kernel rules as they run: proved, with the ops whose operands the matcher may swap
+BUILTIN = {r.name: r for r in select_kernel_rules(fma=True)}
 
 
 def rule(text):
@@ -47,9 +49,22 @@ def test_fma_contraction_matches_and_builds():
     assert k.match(e) == {"a": a, "b": b, "c": c}
     out = k.apply(e)
     assert out.op == "fma" and out.args == (a, b, c) and out.dtype == F32
-    # the commuted form is a different rule
-    assert k.apply(binop("add", c, binop("mul", a, b))) is None
-    assert compile_kernel_rule(BUILTIN["fma_contract_commuted"]).apply(binop("add", c, binop("mul", a, b))).op == "fma"
+    # the commuted form c + a * b: the same rule, Add's operands taken the other way round (commutativity of
+    # addition over the reals is proved before the matcher may do so)
+    assert BUILTIN["fma_contract"].commutative == {"Add", "Mul"}
+    commuted = k.apply(binop("add", c, binop("mul", a, b)))
+    assert commuted.op == "fma" and commuted.args == (a, b, c)
+    # as written, without the proved facts, the rule does not take the swapped order
+    plain = compile_kernel_rule(attrs.evolve(BUILTIN["fma_contract"], commutative=frozenset()))
+    assert plain.apply(binop("add", c, binop("mul", a, b))) is None
+
+
+def test_only_add_and_mul_operands_are_swapped():
+    """Max/Min are not commutative bit for bit (ties of +0/-0, which NaN): only Add and Mul operands swap."""
+    assert all(r.commutative <= {"Add", "Mul"} for r in BUILTIN.values())
+    a, b, c, _ = leaves()
+    k = compile_kernel_rule(BUILTIN["kernel_mul_one"])   # x * 1, and 1 * x
+    assert k.apply(binop("mul", a, const(1.0, F32))) is a and k.apply(binop("mul", const(1.0, F32), a)) is a
 
 
 def test_index_arithmetic_is_never_rewritten():
@@ -116,13 +131,13 @@ def test_bottom_up_rewrite_and_counts():
     a, b, c, d = leaves()
     shared = binop("add", binop("mul", a, b), c)              # used twice below: rewritten once
     e = binop("add", binop("mul", shared, d), unop("neg", unop("neg", shared)))
-    rw = KernelRewriter([BUILTIN[n] for n in ("fma_contract", "fma_contract_commuted", "kernel_neg_neg")])
+    rw = KernelRewriter([BUILTIN[n] for n in ("fma_contract", "kernel_neg_neg")])
     out = rw.rewrite(e)
     # neg(neg(s)) -> s; then (s' * d) + s' -> fma(s', d, s') with s' = fma(a, b, c)
     assert out.op == "fma"
     s2 = out.args[0]
     assert s2.op == "fma" and s2.args == (a, b, c) and out.args[2] is s2 and out.args[1] is d
-    assert rw.counts == {"fma_contract": 2, "fma_contract_commuted": 0, "kernel_neg_neg": 1}
+    assert rw.counts == {"fma_contract": 2, "kernel_neg_neg": 1}
 
 
 def test_a_sum_reduction_becomes_a_multiply_accumulate():
@@ -131,11 +146,11 @@ def test_a_sum_reduction_becomes_a_multiply_accumulate():
     i = var("i")
     r = reduce("sum", [100], lambda k: binop("mul", load(x, [i, k]), load(w, [k])))
     e = binop("add", r, const(0.5, F32))
-    rw = KernelRewriter([BUILTIN["fma_contract_commuted"]])
+    rw = KernelRewriter([BUILTIN["fma_contract"]])   # the step acc + a * b, as c + a * b
     out = rw.rewrite(e)
     red = out.args[0]
     assert red.op == "reduce" and red.attr[0] == "fma" and [a.op for a in red.args] == ["load", "load"]
-    assert rw.counts["fma_contract_commuted"] == 1
+    assert rw.counts["fma_contract"] == 1
     # max reductions and non-product sums are left alone
     m = reduce("max", [100], lambda k: load(w, [k]))
     s = reduce("sum", [100], lambda k: load(w, [k]))
@@ -156,7 +171,7 @@ def test_exact_rules_only_touch_float32():
 
 def test_builtin_kernel_rules_are_proved_and_gated_by_fma():
     names = {r.name for r in builtin_kernel_rules()}
-    assert {"fma_contract", "fma_contract_commuted", "kernel_mul_one", "kernel_add_neg"} <= names
+    assert {"fma_contract", "kernel_mul_one", "kernel_add_neg"} <= names
     with_fma = {r.name for r in select_kernel_rules(fma=True)}
     without = {r.name for r in select_kernel_rules(fma=False)}
     assert with_fma == names
@@ -190,7 +205,7 @@ def test_ptx_fma_only_through_rules():
     on = build_ptx(s, "sm_90", fma=True)
     none = build_ptx(s, "sm_90", fma=True, kernel_rules=[])
     assert "fma.rn.f32" not in off.ptx and "mul.rn.f32" in off.ptx
-    assert "fma.rn.f32" in on.ptx and on.kernel_rule_counts["fma_contract_commuted"] == 1
+    assert "fma.rn.f32" in on.ptx and on.kernel_rule_counts["fma_contract"] == 1
     assert "fma.rn.f32" not in none.ptx and none.kernel_rules == {}
     assert set(off.kernel_rules) == {r.name for r in select_kernel_rules(fma=False)}
     if PTXAS:
@@ -215,7 +230,7 @@ def test_light_model_ptx_has_no_calls(name):
     s = schedule(Pipeline.from_onnx(light_model(name)).optimize().graph)
     r = build_ptx(s, "sm_90", fma=True)
     assert not re.search(r"\bcall(\.uni)?\b", r.ptx) and ".func" not in r.ptx
-    assert r.kernel_rule_counts["fma_contract_commuted"] > 0
+    assert r.kernel_rule_counts["fma_contract"] > 0
     _, info = assemble(r.ptx, "sm_90", jobs=0)
     assert all(k.stack_frame == 0 for k in info.values())
 
@@ -226,10 +241,10 @@ def test_bundle_manifest_records_kernel_rules(tmp_path):
     on = p.compile("nvptx64-nvidia-cuda", cache=False)
     off = p.compile("nvptx64-nvidia-cuda", cache=False, fma=False)
     _, man = read_bundle(on.path)
-    assert man["fma"] is True and man["kernel_rules"]["fma_contract_commuted"]["applied"] >= 1
-    assert man["kernel_rules"]["fma_contract_commuted"]["obligation"] == "real"
+    assert man["fma"] is True and man["kernel_rules"]["fma_contract"]["applied"] >= 1
+    assert man["kernel_rules"]["fma_contract"]["obligation"] == "real"
     _, man_off = read_bundle(off.path)
-    assert man_off["fma"] is False and "fma_contract_commuted" not in man_off["kernel_rules"]
+    assert man_off["fma"] is False and "fma_contract" not in man_off["kernel_rules"]
     # libdevice's own expf (Softmax) uses fma either way; the convolution's contractions come and go
     n_on = open(os.path.join(on.path, "kernels.ptx")).read().count("fma.rn.f32")
     n_off = open(os.path.join(off.path, "kernels.ptx")).read().count("fma.rn.f32")

@@ -20,6 +20,7 @@ from cuvil.pipeline import _applied_rules
 from cuvil.rewrite_rules.generic import GenericResult
 from cuvil.reference import run_reference
 from cuvil.rewrite_rules.prove import RuleRejectedError, Verdict, prove_rule, rule_key
+from cuvil.rewrite_rules.commutativity import COMMUTATIVE_OPS, DOMAINS, all_facts, fact_key
 from cuvil.rewrite_rules.verdicts import SHIPPED_NAME, builtin_rules, builtin_rules_dir
 
 DEMO = os.path.join(os.path.dirname(__file__), "..", "src", "cuvil", "data", "demo_cnn.onnx")
@@ -44,13 +45,19 @@ def test_shipped_verdicts_are_current():
         v = prove_rule(r)
         assert v.status in ("proved", "bounded"), (r.name, v.status, v.counterexample, v.detail)
         assert Verdict.from_json(shipped[rule_key(r)]).status == v.status, r.name
-    assert set(shipped) == {rule_key(r) for r in rules}, "verdicts.json holds verdicts of rules that no longer exist"
+    facts = {k for k in shipped if k.startswith("commutes:")}
+    assert set(shipped) - facts == {rule_key(r) for r in rules}, "verdicts.json holds verdicts of rules that no longer exist"
+    # the commutativity facts the matcher relies on (Add and Mul in every domain) ship proved and current
+    assert facts == {fact_key(op, d) for op in COMMUTATIVE_OPS for d in DOMAINS}
+    for key, fresh in all_facts().items():
+        assert shipped[key]["status"] == fresh["status"] == "proved", key
 
 
 def test_fresh_install_proves_nothing(monkeypatch):
     def no_proving(*a, **k):
         raise AssertionError("a built-in rule was proved at first use")
     monkeypatch.setattr(verdicts_mod, "prove_rule", no_proving)
+    monkeypatch.setattr(verdicts_mod, "prove_fact", no_proving)   # nor a commutativity fact: they ship too
     opt = Pipeline.from_onnx(DEMO).optimize()
     assert opt.report.applied["fold_conv_bn"] == 2
 

@@ -1,7 +1,7 @@
 """The typed AST of .rule files (attrs classes). Every node carries its source location."""
 from __future__ import annotations
 
-from typing import Optional, Tuple, Union
+from typing import FrozenSet, Optional, Tuple, Union
 
 import attrs
 
@@ -22,6 +22,24 @@ class Loc:
 class Var:
     """A lower-case name: binds a value (or an attribute value) on the left, refers to it on the right."""
     name: str
+    loc: Loc = attrs.field(eq=False)
+
+
+@attrs.frozen
+class OptionalVar:
+    """``b?`` as a pattern input: binds ``b`` to the input, or to *absent* when the node has no such input.
+    Only the trailing positional inputs of an op may be optional (see :mod:`cuvil.dsl.cases`)."""
+    name: str
+    loc: Loc = attrs.field(eq=False)
+
+
+@attrs.frozen
+class Coalesce:
+    """``x ?? y`` in a replacement: ``x`` where it is present, else ``y``. An expression is absent when an
+    input it needs is an absent optional input (``b * c`` with ``b`` absent); as an optional input of an op
+    an absent expression leaves that input out."""
+    left: "Expr"
+    right: "Expr"
     loc: Loc = attrs.field(eq=False)
 
 
@@ -80,7 +98,7 @@ class Arith:
     loc: Loc = attrs.field(eq=False)
 
 
-Expr = Union[Var, Wildcard, Num, ListLit, OpCall, FuncCall, Arith]
+Expr = Union[Var, OptionalVar, Coalesce, Wildcard, Num, ListLit, OpCall, FuncCall, Arith]
 
 # Where a rule runs: "graph" rules rewrite the graph in optimize(); "kernel" rules the scalar expressions of
 # fused kernels; "x86" rules choose algorithms for the x86 target just before it lowers the graph (each
@@ -112,6 +130,9 @@ class Rule:
     # Element types its proof covers (DSL names), set by verdicts.restrict_to_proof; None: every type.
     # The matcher checks every value of a float-capable position of every matched node against it.
     dtypes: Optional[Tuple[str, ...]] = attrs.field(default=None)
+    # Ops (Add, Mul) whose operands the matcher may also take in the swapped order, set by
+    # verdicts.restrict_to_proof where commutativity is proved for the rule's obligation and element types.
+    commutative: FrozenSet[str] = attrs.field(default=frozenset(), converter=frozenset)
 
     def __str__(self):
         return self.text or self.name

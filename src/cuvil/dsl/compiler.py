@@ -6,7 +6,7 @@ are type-checked exactly like imported nodes.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Iterator, List, Optional, Set
 
 import numpy as np
 from attrs import define, field
@@ -17,7 +17,8 @@ from ..ir.dtype import DType
 from ..ir.graph import Graph, Node, Value
 from ..ir.registry import attr_defaults, lookup, op_schema
 from ..ir.lifting import implicit_attr
-from .ast import DTYPE_NAMES, Compare, Expr, FuncCall, ListLit, Num, OpCall, Rule, Var, Wildcard
+from .ast import DTYPE_NAMES, Compare, Expr, FuncCall, ListLit, Num, OpCall, OptionalVar, Rule, Var, Wildcard
+from .cases import GUARDS_OVER_PRESENT, resolve
 
 _ARITH = {"Add": lambda a, b: a + b, "Sub": lambda a, b: a - b, "Mul": lambda a, b: a * b,
           "Div": lambda a, b: a / b}
@@ -29,6 +30,7 @@ class Bindings:
     attrs: Dict[str, Any] = field(factory=dict)
     rests: Dict[str, Dict[str, Any]] = field(factory=dict)
     nodes: List[Node] = field(factory=list)   # the matched nodes, root first
+    absent: Set[str] = field(factory=set)     # optional inputs (``b?``) the matched nodes do not have
 
 
 def attr_equal(a, b) -> bool:
@@ -63,12 +65,17 @@ def literal_matches(v: Value, num) -> bool:
 # --- matching --------------------------------------------------------------------------------------
 
 def match(rule: Rule, root: Value, g: Graph) -> Optional[Bindings]:
+    """The bindings of the first match of the rule's pattern at ``root`` whose element types and guards hold,
+    or None. Operands of Add and Mul nodes of the pattern are tried in the written order first, then swapped,
+    where ``rule.commutative`` allows it (commutativity proved for the rule's obligation and types)."""
+    allowed = None if rule.dtypes is None else {DTYPE_NAMES[d] for d in rule.dtypes}
     b = Bindings()
-    if not _match(rule.lhs, root, b, g):
-        return None
-    if rule.dtypes is not None and not _dtypes_covered(b.nodes, {DTYPE_NAMES[d] for d in rule.dtypes}):
-        return None
-    return b if all(guard_holds(gd, b, g) for gd in rule.guards) else None
+    for _ in _matches(rule.lhs, root, b, rule.commutative):
+        if allowed is not None and not _dtypes_covered(b.nodes, allowed):
+            continue
+        if all(guard_holds(gd, b, g) for gd in rule.guards):
+            return Bindings(dict(b.values), dict(b.attrs), dict(b.rests), list(b.nodes), set(b.absent))
+    return None
 
 
 _FLOAT_TYPE_STRS = {"tensor(float)", "tensor(double)", "tensor(float16)", "tensor(bfloat16)"}
@@ -103,58 +110,104 @@ def _dtypes_covered(nodes: List[Node], allowed) -> bool:
     return True
 
 
-def _match(p: Expr, v: Optional[Value], b: Bindings, g: Graph) -> bool:
+def _matches(p: Expr, v: Optional[Value], b: Bindings, commutative) -> Iterator[None]:
+    """Yields once per way ``p`` matches ``v``, with ``b`` extended by that match; the extension is undone
+    when the generator resumes, so the caller can backtrack into the next way (the swapped operands)."""
     if isinstance(p, Wildcard):
-        return v is not None
+        if v is not None:
+            yield
+        return
+    if isinstance(p, OptionalVar) and v is None:
+        b.absent.add(p.name)
+        yield
+        b.absent.discard(p.name)
+        return
     if v is None:
-        return False
-    if isinstance(p, Var):
+        return
+    if isinstance(p, (Var, OptionalVar)):
         if p.name in b.values:
-            return b.values[p.name] is v
+            if b.values[p.name] is v:
+                yield
+            return
         b.values[p.name] = v
-        return True
+        yield
+        del b.values[p.name]
+        return
     if isinstance(p, Num):
-        return literal_matches(v, p.value)
-    if isinstance(p, OpCall):
-        n = v.producer
-        if n is None or n.op != p.op or n.domain not in ("", "ai.onnx", lookup(p.op).domain) or n.outputs[0] is not v:
-            return False
-        present = len(n.inputs)
-        while present and n.inputs[present - 1] is None:
-            present -= 1
-        if present != len(p.args):
-            return False
-        b.nodes.append(n)
-        for sub, inp in zip(p.args, n.inputs):
-            if not _match(sub, inp, b, g):
-                return False
-        return _match_attrs(p, n, b)
-    return False
+        if literal_matches(v, p.value):
+            yield
+        return
+    if not isinstance(p, OpCall):
+        return
+    n = v.producer
+    if n is None or n.op != p.op or n.domain not in ("", "ai.onnx", lookup(p.op).domain) or n.outputs[0] is not v:
+        return
+    present = len(n.inputs)
+    while present and n.inputs[present - 1] is None:
+        present -= 1
+    required = sum(not isinstance(a, OptionalVar) for a in p.args)  # optional inputs are the trailing ones
+    if not required <= present <= len(p.args):
+        return
+    added = _match_attrs(p, n, b)
+    if added is None:
+        return
+    if any(n.inputs[i] is None for i in range(required, present)):
+        return  # an optional input left out before a present one: the cases only leave out trailing inputs
+    inputs = list(n.inputs[:present]) + [None] * (len(p.args) - present)
+    orders = [inputs]
+    if p.op in commutative and len(inputs) == 2:
+        orders.append(inputs[::-1])
+    b.nodes.append(n)
+    for order in orders:
+        yield from _all_match(p.args, order, b, commutative)
+    b.nodes.pop()
+    for table, key in added:
+        del table[key]
 
 
-def _match_attrs(p: OpCall, n: Node, b: Bindings) -> bool:
+def _all_match(patterns, values, b: Bindings, commutative) -> Iterator[None]:
+    if not patterns:
+        yield
+        return
+    for _ in _matches(patterns[0], values[0], b, commutative):
+        yield from _all_match(patterns[1:], values[1:], b, commutative)
+
+
+def _match_attrs(p: OpCall, n: Node, b: Bindings):
+    """The (table, key) entries of ``b`` that matching the attributes of ``p`` added, or None (no match;
+    nothing added)."""
+    added = []
     defaults = attr_defaults(n.op)
     mentioned = dict(p.attrs)
     for name, pat in p.attrs:
         val = n.attrs[name] if name in n.attrs else implicit_attr(n, name)
-        if not _match_attr(pat, val, b):
-            return False
-    rest = {}
-    for name, val in n.attrs.items():
-        if name in mentioned or name.startswith("_"):
-            continue
-        if p.rest is not None:
-            rest[name] = val
-        elif name not in defaults or not attr_equal(val, defaults[name]):
-            return False  # an attribute the pattern does not mention must hold its default
-    if p.rest is not None:
-        if p.rest in b.rests:
-            return all(attr_equal(b.rests[p.rest].get(k), rest.get(k)) for k in set(rest) | set(b.rests[p.rest]))
-        b.rests[p.rest] = rest
-    return True
+        if not _match_attr(pat, val, b, added):
+            break
+    else:
+        rest = {}
+        for name, val in n.attrs.items():
+            if name in mentioned or name.startswith("_"):
+                continue
+            if p.rest is not None:
+                rest[name] = val
+            elif name not in defaults or not attr_equal(val, defaults[name]):
+                break  # an attribute the pattern does not mention must hold its default
+        else:
+            if p.rest is None:
+                return added
+            if p.rest in b.rests:
+                if all(attr_equal(b.rests[p.rest].get(k), rest.get(k)) for k in set(rest) | set(b.rests[p.rest])):
+                    return added
+            else:
+                b.rests[p.rest] = rest
+                added.append((b.rests, p.rest))
+                return added
+    for table, key in added:
+        del table[key]
+    return None
 
 
-def _match_attr(pat: Expr, val, b: Bindings) -> bool:
+def _match_attr(pat: Expr, val, b: Bindings, added: list) -> bool:
     if isinstance(pat, Wildcard):
         return True
     if isinstance(pat, Var):
@@ -163,13 +216,14 @@ def _match_attr(pat: Expr, val, b: Bindings) -> bool:
         if val is None:
             return False
         b.attrs[pat.name] = val
+        added.append((b.attrs, pat.name))
         return True
     if isinstance(pat, Num):
         return val is not None and not isinstance(val, (list, np.ndarray)) and attr_equal(val, pat.value)
     if isinstance(pat, ListLit):
         if not isinstance(val, (list, tuple)) or len(val) != len(pat.items):
             return False
-        return all(_match_attr(x, y, b) for x, y in zip(pat.items, val))
+        return all(_match_attr(x, y, b, added) for x, y in zip(pat.items, val))
     return False
 
 
@@ -238,7 +292,10 @@ def _guard_value(e, b: Bindings, g: Graph):
             return -args[0]
         return _ARITH[e.op](*args)
     if isinstance(e, FuncCall):
-        vals = [b.values.get(a.name) if isinstance(a, Var) else None for a in e.args]
+        args = e.args
+        if e.name in GUARDS_OVER_PRESENT:  # they hold for the optional inputs that are present
+            args = [a for a in args if not (isinstance(a, Var) and a.name in b.absent)]
+        vals = [b.values.get(a.name) if isinstance(a, Var) else None for a in args]
         if e.name == "const":
             return all(v is not None and v.is_const for v in vals)
         if e.name == "single_use":
@@ -265,8 +322,9 @@ class BuildError(Exception):
 
 
 def build(rule: Rule, b: Bindings, g: Graph, created: List[Node]) -> Value:
+    """The replacement of the matched case (optional inputs absent or present, see :mod:`cuvil.dsl.cases`)."""
     try:
-        return _build(rule.rhs, b, g, created, None)
+        return _build(resolve(rule.rhs, frozenset(b.absent)), b, g, created, None)
     except ShapeError as e:
         raise BuildError(str(e)) from None
 

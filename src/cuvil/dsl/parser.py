@@ -9,7 +9,7 @@ from typing import Iterable, List, Union
 import lark
 from lark import Lark, Transformer, v_args
 
-from .ast import PHASES, Compare, FuncCall, ListLit, Loc, Num, OpCall, Rule, Var, Wildcard
+from .ast import PHASES, Coalesce, Compare, FuncCall, ListLit, Loc, Num, OpCall, OptionalVar, Rule, Var, Wildcard
 from .errors import RuleError
 
 GRAMMAR = os.path.join(os.path.dirname(__file__), "rule.lark")
@@ -19,6 +19,7 @@ _TOKEN_NAMES = {
     "EQUAL": "'='", "COMPOP": "a comparison", "PLUS": "'+'", "MINUS": "'-'", "STAR": "'*'", "SLASH": "'/'",
     "LSQB": "'['", "RSQB": "']'", "RULE": "'rule'", "WHEN": "'when'", "PROVE": "'prove'", "BENEFIT": "'benefit'",
     "ON": "'on'", "AND": "'and'", "__ANON_0": "'=>'", "DOUBLE_DOT": "'..'", "$END": "end of file",
+    "QMARK": "'?'",
 }
 
 
@@ -124,6 +125,17 @@ class _ToAst(Transformer):
     @v_args(meta=True)
     def list(self, meta, items):
         return ListLit(tuple(items), self._loc(meta))
+
+    @v_args(meta=True)
+    def coalesce(self, meta, items):
+        left, right = items
+        return Coalesce(left, right, self._loc(meta))
+
+    def optional(self, items):
+        tok = items[0]
+        if str(tok) == "_":
+            self._err("_? is not an input: name the optional input (b?)", tok)
+        return OptionalVar(str(tok), self._loc(tok))
 
     def kwarg(self, items):
         return ("kw", str(items[0]), items[1], items[0])

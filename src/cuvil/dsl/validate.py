@@ -7,7 +7,9 @@ import onnx.defs
 
 from ..errors import UnsupportedOpError
 from ..ir.registry import lookup, op_schema
-from .ast import DTYPE_NAMES, Arith, Compare, Expr, FuncCall, ListLit, Num, OpCall, Rule, Var, Wildcard
+from .ast import (DTYPE_NAMES, Arith, Coalesce, Compare, Expr, FuncCall, ListLit, Num, OpCall, OptionalVar, Rule,
+                  Var, Wildcard)
+from .cases import GUARDS_OVER_PRESENT, expand_cases, first_optional_slot, may_be_absent
 from .errors import RuleError
 
 # Guards: name -> (number of arguments or None for 1+, what the call yields)
@@ -29,6 +31,7 @@ class _Checker:
         self.values: Set[str] = set()
         self.attrs: Set[str] = set()
         self.rests: Set[str] = set()
+        self.optional: Set[str] = set()   # names bound by ``name?`` inputs
 
     def err(self, msg, loc):
         raise RuleError(msg, loc.path, loc.line, loc.col, self.source)
@@ -38,6 +41,14 @@ class _Checker:
         for g in self.r.guards:
             self.guard(g)
         self.replacement(self.r.rhs)
+        if may_be_absent(self.r.rhs, self.optional):
+            self.err("the replacement is absent when an optional input is: give it a default with ??, "
+                     "e.g. (b + c) ?? c", getattr(self.r.rhs, "loc", self.r.loc))
+        try:
+            expand_cases(self.r)   # every case's replacement leaves out trailing inputs only
+        except ValueError:
+            self.err("in some case an absent input comes before a present one: only trailing inputs can be "
+                     "left out", getattr(self.r.rhs, "loc", self.r.loc))
 
     # --- ops -------------------------------------------------------------------------------------------
     def check_op(self, c: OpCall):
@@ -66,8 +77,14 @@ class _Checker:
     def pattern(self, e: Expr, top=False):
         if isinstance(e, OpCall):
             self.check_op(e)
-            for a in e.args:
-                self.pattern(a)
+            first = first_optional_slot(e.op)
+            for i, a in enumerate(e.args):
+                if isinstance(a, OptionalVar):
+                    self.optional_input(e, i, a, first)
+                elif any(isinstance(x, OptionalVar) for x in e.args[:i]):
+                    self.err("optional inputs (name?) come last: an input after one cannot be required", a.loc)
+                else:
+                    self.pattern(a)
             for _, a in e.attrs:
                 self.attr_pattern(a)
             if e.rest:
@@ -75,13 +92,28 @@ class _Checker:
                     self.err(f"..{e.rest} is bound twice", e.loc)
                 self.rests.add(e.rest)
         elif isinstance(e, Var):
+            if e.name in self.optional:
+                self.err(f"{e.name!r} is an optional input (bound once, by {e.name}?)", e.loc)
             self.values.add(e.name)
         elif isinstance(e, (Wildcard, Num)):
             pass
+        elif isinstance(e, OptionalVar):
+            self.err(f"{e.name}? is an input of an op: write it among the op's inputs", e.loc)
+        elif isinstance(e, Coalesce):
+            self.err("?? belongs in a replacement", e.loc)
         elif isinstance(e, ListLit):
             self.err("a list can only be an attribute value", e.loc)
         elif isinstance(e, FuncCall):
             self.err(f"{e.name}(...) is a guard; use it after 'when'", e.loc)
+
+    def optional_input(self, c: OpCall, i: int, a: OptionalVar, first: int):
+        if i < first:
+            self.err(f"input {i + 1} of {c.op} is required; only its optional inputs can be written {a.name}?",
+                     a.loc)
+        if a.name in self.values or a.name in self.attrs:
+            self.err(f"{a.name!r} is bound twice; an optional input is bound once", a.loc)
+        self.values.add(a.name)
+        self.optional.add(a.name)
 
     def attr_pattern(self, e: Expr):
         if isinstance(e, Var):
@@ -131,6 +163,9 @@ class _Checker:
                 self.err(f"{f.name}(...) takes names bound by the pattern", a.loc)
             if a.name not in self.values:
                 self.err(f"{a.name!r} is not bound to a value by the pattern", a.loc)
+            if a.name in self.optional and f.name not in GUARDS_OVER_PRESENT:
+                self.err(f"{a.name!r} may be absent: only {' and '.join(GUARDS_OVER_PRESENT)} guards take optional "
+                         "inputs (they hold for the present ones)", a.loc)
         return kind
 
     def guard_expr(self, e):
@@ -139,6 +174,9 @@ class _Checker:
         elif isinstance(e, Var):
             if e.name not in self.attrs and e.name not in self.values:
                 self.err(f"{e.name!r} is not bound by the pattern", e.loc)
+            if e.name in self.optional:
+                self.err(f"{e.name!r} may be absent: only {' and '.join(GUARDS_OVER_PRESENT)} guards take optional "
+                         "inputs", e.loc)
         elif isinstance(e, OpCall) and e.op in BINARY_SUGAR or isinstance(e, OpCall) and e.op == "Neg":
             for a in e.args:
                 self.guard_expr(a)
@@ -151,8 +189,13 @@ class _Checker:
     def replacement(self, e: Expr):
         if isinstance(e, OpCall):
             self.check_op(e)
-            for a in e.args:
+            first = first_optional_slot(e.op)
+            for i, a in enumerate(e.args):
                 self.replacement(a)
+                if i >= first and may_be_absent(a, self.optional) and \
+                        not all(may_be_absent(x, self.optional) for x in e.args[i + 1:]):
+                    self.err(f"input {i + 1} of {e.op} may be absent, but a later input is not: only trailing "
+                             "inputs can be left out", getattr(a, "loc", e.loc))
             for _, a in e.attrs:
                 self.attr_value(a)
             if e.rest and e.rest not in self.rests:
@@ -166,6 +209,14 @@ class _Checker:
             self.err("a list can only be an attribute value", e.loc)
         elif isinstance(e, FuncCall):
             self.err(f"{e.name}(...) is a guard; it cannot build a value", e.loc)
+        elif isinstance(e, OptionalVar):
+            self.err(f"{e.name}? belongs in a pattern; the replacement uses {e.name}", e.loc)
+        elif isinstance(e, Coalesce):
+            self.replacement(e.left)
+            self.replacement(e.right)
+            if not may_be_absent(e.left, self.optional):
+                self.err("the left side of ?? is never absent (it uses no optional input, or only as an "
+                         "optional input of an op)", e.loc)
 
     def attr_value(self, e: Expr):
         if isinstance(e, Var):

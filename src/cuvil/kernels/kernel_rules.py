@@ -17,14 +17,17 @@ Reciprocal(x)       ``div(1, x)``
 ==================  =============================================================================
 
 Literals match constants bit for bit in the expression's dtype. A name used twice must match structurally
-equal sub-expressions. Guards and attributes are not supported at kernel level (a clear error says so).
+equal sub-expressions. The operands of Add and Mul are tried in both orders where the rule's verdict allows
+it (``Rule.commutative``: commutativity proved over the reals for ``prove real`` rules, in float32 for exact
+ones; :mod:`cuvil.rewrite_rules.commutativity`). Guards and attributes are not supported at kernel level (a clear error says so).
 
 Rewriting is bottom-up over the expression DAG (shared sub-expressions are rewritten once), trying rules by
 descending benefit at every node and again on what a rule produced, to a fixpoint (bounded per node).
 
 **Reductions.** The accumulation step of a float ``sum`` reduction, ``acc' = acc + body``, is offered to the
 rules as the expression ``Add(acc, body)`` with ``acc`` an opaque float. When a rule turns it into
-``Fma(a, b, acc)`` (``fma_contract_commuted`` does, for a body ``Mul(a, b)``), the reduction becomes a fused
+``Fma(a, b, acc)`` (``fma_contract`` does, for a body ``Mul(a, b)``, matching ``Add(acc, Mul(a, b))`` with its
+operands swapped), the reduction becomes a fused
 multiply-accumulate (``reduce[fma](a, b)``): each step is that rule's instance, so it is justified by the
 rule's proof.
 
@@ -36,7 +39,7 @@ default, as nvcc's ``-fmad=true`` and PyTorch's kernels do), and then at any flo
 """
 from __future__ import annotations
 
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import attrs
 import numpy as np
@@ -171,7 +174,9 @@ class KernelRule:
 
     def match(self, e: E) -> Optional[Dict[str, E]]:
         b: Dict[str, E] = {}
-        return b if _match(self.rule.lhs, e, b) else None
+        for _ in _matches(self.rule.lhs, e, b, self.rule.commutative):
+            return dict(b)
+        return None
 
     def apply(self, e: E) -> Optional[E]:
         if not _is_float(e):
@@ -196,47 +201,73 @@ def compile_kernel_rule(rule: Rule) -> KernelRule:
     return KernelRule(rule)
 
 
-def _match(p: Expr, e: E, b: Dict[str, E]) -> bool:
+def _matches(p: Expr, e: E, b: Dict[str, E], commutative) -> Iterator[None]:
+    """Yields once per way ``p`` matches ``e``, with ``b`` extended by it (undone when resumed): the operands
+    of the ops in ``commutative`` (Add, Mul, where the rule's verdict allows) are tried as written, then
+    swapped."""
     if isinstance(p, Wildcard):
-        return _is_float(e)
+        if _is_float(e):
+            yield
+        return
     if isinstance(p, Var):
         if not _is_float(e):
-            return False
+            return
         if p.name in b:
-            return same(b[p.name], e)
+            if same(b[p.name], e):
+                yield
+            return
         b[p.name] = e
-        return True
+        yield
+        del b[p.name]
+        return
     if isinstance(p, Num):
         if e.op != "const" or not _is_float(e):
-            return False
+            return
         try:
-            return _bits(float(p.value), e.dtype) == _bits(e.attr, e.dtype)
+            if _bits(float(p.value), e.dtype) == _bits(e.attr, e.dtype):
+                yield
         except (OverflowError, ValueError):
-            return False
+            pass
+        return
     assert isinstance(p, OpCall)
     if not _is_float(e):
-        return False
+        return
     op = p.op
     if op in BINARY:
-        return e.op == BINARY[op] and len(e.args) == 2 and _match(p.args[0], e.args[0], b) and _match(p.args[1], e.args[1], b)
-    if op == "Neg":
-        return e.op == "neg" and _match(p.args[0], e.args[0], b)
-    if op == "Fma":
-        return e.op == "fma" and all(_match(q, x, b) for q, x in zip(p.args, e.args))
-    if op in UNARY_CALLS:
-        return e.op == "call" and e.attr == UNARY_CALLS[op] and len(e.args) == 1 and _match(p.args[0], e.args[0], b)
-    if op == "Reciprocal":
-        return (e.op == "div" and e.args[0].op == "const" and _bits(1.0, e.dtype) == _bits(e.args[0].attr, e.dtype)
-                and _match(p.args[0], e.args[1], b))
-    if op in ("Max", "Min", "Relu"):
+        if e.op == BINARY[op] and len(e.args) == 2:
+            yield from _all_match(p.args, e.args, b, commutative)
+            if op in commutative:
+                yield from _all_match(p.args, e.args[::-1], b, commutative)
+    elif op == "Neg":
+        if e.op == "neg":
+            yield from _matches(p.args[0], e.args[0], b, commutative)
+    elif op == "Fma":
+        if e.op == "fma":
+            yield from _all_match(p.args, e.args, b, commutative)
+    elif op in UNARY_CALLS:
+        if e.op == "call" and e.attr == UNARY_CALLS[op] and len(e.args) == 1:
+            yield from _matches(p.args[0], e.args[0], b, commutative)
+    elif op == "Reciprocal":
+        if e.op == "div" and e.args[0].op == "const" and _bits(1.0, e.dtype) == _bits(e.args[0].attr, e.dtype):
+            yield from _matches(p.args[0], e.args[1], b, commutative)
+    elif op in ("Max", "Min", "Relu"):
         parts = _minmax_parts(e, "lt" if op == "Min" else "gt")
         if parts is None:
-            return False
+            return
         if op == "Relu":
             z = parts[1]
-            return z.op == "const" and _bits(0.0, e.dtype) == _bits(z.attr, e.dtype) and _match(p.args[0], parts[0], b)
-        return _match(p.args[0], parts[0], b) and _match(p.args[1], parts[1], b)
-    return False
+            if z.op == "const" and _bits(0.0, e.dtype) == _bits(z.attr, e.dtype):
+                yield from _matches(p.args[0], parts[0], b, commutative)
+        else:
+            yield from _all_match(p.args, parts, b, commutative)
+
+
+def _all_match(patterns, exprs, b: Dict[str, E], commutative) -> Iterator[None]:
+    if not patterns:
+        yield
+        return
+    for _ in _matches(patterns[0], exprs[0], b, commutative):
+        yield from _all_match(patterns[1:], exprs[1:], b, commutative)
 
 
 def _build(p: Expr, b: Dict[str, E], dt: DType) -> Optional[E]:

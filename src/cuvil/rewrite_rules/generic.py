@@ -47,6 +47,7 @@ import onnx
 import z3
 
 from ..dsl.ast import Compare, Expr, FuncCall, ListLit, Num, OpCall, Rule, Var, Wildcard
+from ..dsl.cases import expand_cases
 from ..errors import UnsupportedOpError
 from ..ir.registry import attr_defaults, lookup, op_schema
 from . import index_semantics as ix
@@ -73,7 +74,26 @@ def prove_generic(rule: Rule, timeout_ms: int) -> Optional[GenericResult]:
 
 
 def explain_generic(rule: Rule, timeout_ms: int) -> Tuple[Optional[GenericResult], str]:
-    """The verdict and, when there is none, why."""
+    """The verdict and, when there is none, why. A rule with optional inputs is proved case by case
+    (:func:`cuvil.dsl.cases.expand_cases`): proved if every case is, refuted if one is (the case named)."""
+    cases = expand_cases(rule)
+    if len(cases) > 1:
+        results = []
+        for label, case in cases:
+            res, why = _explain_case(case, timeout_ms)
+            if res is None:
+                return None, f"{label}: {why}"
+            if res.status == "refuted":
+                return attrs.evolve(res, counterexample=f"{label}: {res.counterexample}"), ""
+            results.append((label, res))
+        prefix = "generic: "
+        return GenericResult("proved", prefix + "; ".join(
+            f"{label}: {res.coverage[len(prefix):] if res.coverage.startswith(prefix) else res.coverage}"
+            for label, res in results)), ""
+    return _explain_case(rule, timeout_ms)
+
+
+def _explain_case(rule: Rule, timeout_ms: int) -> Tuple[Optional[GenericResult], str]:
     try:
         return _Proof(rule, timeout_ms).run(), ""
     except Unsupported as e:

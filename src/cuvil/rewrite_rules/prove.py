@@ -38,6 +38,7 @@ import onnx
 import z3
 
 from ..dsl.ast import DTYPE_NAMES, Expr, FuncCall, ListLit, Num, OpCall, Rule, Var, Wildcard
+from ..dsl.cases import expand_cases
 from ..dsl.compiler import BuildError, build, match
 from ..errors import CuvilError, ShapeError, UnsupportedOpError
 from ..ir.graph import Graph
@@ -92,6 +93,9 @@ class Verdict:
     max_dim: int = 0            # bounded: the largest dim among them
     dtypes: Tuple[str, ...] = attrs.field(default=(), converter=tuple)  # element types the proof covers
     order_dependent: bool = False  # an op of the rule sums (Conv, MatMul, ReduceSum ...): order matters
+    # A rule with optional inputs (``b?``): one obligation per case, each {"case", "status", "shapes",
+    # "dtypes"}; the verdict above is the weakest of them (see prove_rule).
+    cases: Tuple[dict, ...] = attrs.field(default=(), converter=tuple)
 
     @property
     def proved(self) -> bool:
@@ -109,6 +113,8 @@ class Verdict:
     def to_json(self) -> dict:
         d = attrs.asdict(self)
         d["dtypes"] = list(self.dtypes)
+        if not self.cases:
+            del d["cases"]  # rules without optional inputs keep their record as it was
         return d
 
     @staticmethod
@@ -1082,9 +1088,21 @@ ALL_DTYPES = ("*",)  # the rule only moves elements: every element type
 
 
 def prove_rule(rule: Rule, timeout_ms: int = DEFAULT_TIMEOUT_MS) -> Verdict:
-    """The rule's verdict. Never raises: a failure of the prover itself is an ``unknown`` verdict."""
+    """The rule's verdict. Never raises: a failure of the prover itself is an ``unknown`` verdict.
+
+    A rule with optional inputs (``b?``) has one obligation per case (each optional input present or
+    absent, :func:`cuvil.dsl.cases.expand_cases`); each is proved on its own and the verdict is the weakest
+    (:func:`combine_cases`): proved only if every case is proved, refuted if one case is."""
+    cases = expand_cases(rule)
+    if len(cases) == 1:
+        return _prove_case(rule, rule_key(rule), timeout_ms)
     t0 = time.perf_counter()
-    key = rule_key(rule)
+    return combine_cases(rule, [(label, _prove_case(case, rule_key(rule), timeout_ms)) for label, case in cases],
+                         round(1e3 * (time.perf_counter() - t0), 1))
+
+
+def _prove_case(rule: Rule, key: str, timeout_ms: int) -> Verdict:
+    t0 = time.perf_counter()
 
     def verdict(status, shapes, cex=None, detail=None, **kw):
         return Verdict(rule.name, rule.proof, status, shapes, round(1e3 * (time.perf_counter() - t0), 1), cex,
@@ -1094,6 +1112,40 @@ def prove_rule(rule: Rule, timeout_ms: int = DEFAULT_TIMEOUT_MS) -> Verdict:
         return _prove(rule, timeout_ms, verdict)
     except Exception as e:  # noqa: BLE001 - any failure of the prover is a verdict with its reason
         return verdict("unknown", "", detail=f"the prover failed on this rule: {type(e).__name__}: {e}"[:400])
+
+
+# From the strongest verdict to the weakest: a rule's verdict is its weakest case's.
+_STRENGTH = ("proved", "bounded", "unknown", "refuted")
+
+
+def combine_cases(rule: Rule, cases: Sequence[Tuple[str, Verdict]], ms: float) -> Verdict:
+    """One verdict from the verdicts of a rule's cases: the weakest status (its counterexample or reason,
+    named by its case), the element types every case covers, and each case's own verdict in ``cases``."""
+    weakest = max((v for _, v in cases), key=lambda v: _STRENGTH.index(v.status))
+    label = next(lbl for lbl, v in cases if v is weakest)
+    dtypes: Optional[Tuple[str, ...]] = None
+    for _, v in cases:
+        if tuple(v.dtypes) == ALL_DTYPES or not v.dtypes:
+            continue
+        dtypes = tuple(v.dtypes) if dtypes is None else tuple(d for d in dtypes if d in v.dtypes)
+    if dtypes is None:
+        dtypes = ALL_DTYPES if all(tuple(v.dtypes) == ALL_DTYPES for _, v in cases) else ()
+    if weakest.status in ("proved", "bounded") and not dtypes:
+        return attrs.evolve(weakest, ms=ms, dtypes=(), status="unknown", shapes="",
+                            detail="its cases' proofs cover no element type in common",
+                            cases=_case_records(cases))
+    bounded = [v for _, v in cases if v.status == "bounded"]
+    return Verdict(
+        rule.name, rule.proof, weakest.status, "; ".join(f"{lbl}: {v.shapes}" for lbl, v in cases), ms,
+        f"{label}: {weakest.counterexample}" if weakest.counterexample else None,
+        f"{label}: {weakest.detail}" if weakest.detail else None, rule_key(rule),
+        instances=sum(v.instances for v in bounded), max_dim=max((v.max_dim for v in bounded), default=0),
+        dtypes=dtypes if weakest.status in ("proved", "bounded") else (),
+        order_dependent=any(v.order_dependent for _, v in cases), cases=_case_records(cases))
+
+
+def _case_records(cases) -> Tuple[dict, ...]:
+    return tuple({"case": lbl, "status": v.status, "shapes": v.shapes, "dtypes": list(v.dtypes)} for lbl, v in cases)
 
 
 def _guard_dtypes(rule: Rule) -> Optional[set]:

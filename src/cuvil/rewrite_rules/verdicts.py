@@ -15,6 +15,7 @@ import attrs
 
 from ..dsl.ast import Compare, FuncCall, ListLit, Rule, Var
 from ..dsl.parser import load_rules
+from .commutativity import COMMUTATIVE_OPS, all_facts, domains_of, fact_key, prove_fact
 from .prove import ALL_DTYPES, DEFAULT_TIMEOUT_MS, RuleRejectedError, Verdict, prove_rule, rule_key, var_kinds
 
 SHIPPED_NAME = "verdicts.json"
@@ -85,7 +86,18 @@ class VerdictStore:
     def put(self, v: Verdict) -> None:
         if v.status == "unknown":
             return  # a timeout may succeed with more time: never cache it
-        self.cache[v.key] = v.to_json()
+        self._put(v.key, v.to_json())
+
+    def get_fact(self, key: str) -> Optional[dict]:
+        """A commutativity fact's record (:mod:`cuvil.rewrite_rules.commutativity`), shipped or cached."""
+        return self.shipped.get(key) or self.cache.get(key)
+
+    def put_fact(self, key: str, record: dict) -> None:
+        if record["status"] != "unknown":
+            self._put(key, record)
+
+    def _put(self, key: str, record: dict) -> None:
+        self.cache[key] = record
         try:
             _write(self.cache_path, self.cache)
         except OSError:
@@ -94,6 +106,20 @@ class VerdictStore:
 
 # Verdicts reached in this process, unknown ones included, so repeated optimize() calls do not retry them.
 _SESSION: Dict[str, Verdict] = {}
+_SESSION_FACTS: Dict[str, dict] = {}
+
+
+def fact_proved(op: str, domain: str, store: Optional["VerdictStore"] = None) -> bool:
+    """Whether ``op`` is proved commutative in ``domain``: from the store (shipped or cached), else proved
+    now (and cached)."""
+    key = fact_key(op, domain)
+    record = (store.get_fact(key) if store is not None else None) or _SESSION_FACTS.get(key)
+    if record is None:
+        record = prove_fact(op, domain)
+        _SESSION_FACTS[key] = record
+        if store is not None:
+            store.put_fact(key, record)
+    return record["status"] == "proved"
 
 
 def verdicts(rules: Sequence[Rule], *, store: Optional[VerdictStore] = None, use_cache: bool = True,
@@ -148,15 +174,27 @@ def proved_rules(rules: Sequence[Rule], *, on_unproved: str = "error", allow_bou
         raise RuleRejectedError("rules that are not proved may not run:\n" + "\n".join(lines))
     if proofs is not None:
         proofs.update({r.name: v for r, v in ok})
-    return [restrict_to_proof(r, v) for r, v in ok]
+    return [restrict_to_proof(r, v, kw.get("store")) for r, v in ok]
 
 
-def restrict_to_proof(rule: Rule, v: Verdict) -> Rule:
+def restrict_to_proof(rule: Rule, v: Verdict, store: Optional[VerdictStore] = None) -> Rule:
     """``rule`` with a ``dtype(x) in [...]`` guard on each of its float operands, naming the element types
     ``v`` covers (none added when the proof covers every type), and the same types as ``Rule.dtypes``, which
     the matcher checks on every float-capable value of the match: the operands that have no name
-    (wildcards, literals) and the intermediate values too. Kernel rules rewrite scalar expressions and are
-    left as they are."""
+    (wildcards, literals) and the intermediate values too. Kernel rules rewrite scalar expressions and keep
+    their operands' types (exact ones run on float32 only, see cuvil.kernels.kernel_rules).
+
+    ``Rule.commutative`` names the ops (Add, Mul) whose operands the matcher may swap: those proved
+    commutative in every domain the rule's matches live in (the reals for ``prove real``, each covered
+    element type for ``prove exact``), read from ``store`` (default: the shipped verdicts and the user's
+    cache) or proved now."""
+    store = store or _default_store()
+    if rule.on == "kernel":
+        domains = ("real",) if rule.proof == "real" else ("float",)
+    else:
+        domains = domains_of(rule.proof, v.dtypes, tuple(v.dtypes) == ALL_DTYPES)
+    commutative = frozenset(op for op in COMMUTATIVE_OPS if domains and all(fact_proved(op, d, store) for d in domains))
+    rule = attrs.evolve(rule, commutative=commutative)
     if rule.on == "kernel" or tuple(v.dtypes) == ALL_DTYPES:
         return rule
     allowed = ListLit(tuple(Var(d, rule.loc) for d in v.dtypes), rule.loc)
@@ -167,7 +205,7 @@ def restrict_to_proof(rule: Rule, v: Verdict) -> Rule:
 
 
 def write_shipped(rules: Iterable[Rule], path: Optional[str] = None, timeout_ms: int = DEFAULT_TIMEOUT_MS) -> List[Verdict]:
-    """Prove ``rules`` from scratch and write their verdicts as the shipped file."""
+    """Prove ``rules`` and the commutativity facts from scratch and write their verdicts as the shipped file."""
     vs = [v for v, _ in verdicts(list(rules), use_cache=False, timeout_ms=timeout_ms)]
-    _write(path or os.path.join(builtin_rules_dir(), SHIPPED_NAME), {v.key: v.to_json() for v in vs})
+    _write(path or os.path.join(builtin_rules_dir(), SHIPPED_NAME), {**all_facts(), **{v.key: v.to_json() for v in vs}})
     return vs

@@ -12,6 +12,7 @@ from hypothesis import reject
 from hypothesis import strategies as st
 
 from ..dsl.ast import FuncCall, OpCall, Rule, Var
+from ..dsl.cases import expand_cases
 from ..errors import CuvilError
 from ..frontend.onnx_export import export_model
 from ..frontend.onnx_import import import_model
@@ -30,7 +31,9 @@ REAL_RTOL = 1e-4
 
 @st.composite
 def rule_cases(draw, rule: Rule) -> Tuple[onnx.ModelProto, Dict[str, np.ndarray]]:
-    """A model computing ``rule``'s pattern on random values, and its inputs."""
+    """A model computing ``rule``'s pattern on random values, and its inputs (for a rule with optional inputs,
+    the pattern of one of its cases, drawn: with and without the bias ...)."""
+    rule = draw(st.sampled_from([case for _, case in expand_cases(rule)]))
     if is_elementwise(rule):
         base = elementwise_instance(rule)
         shape = draw(shapes(0, 3, 1, 3))
