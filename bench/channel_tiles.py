@@ -19,7 +19,7 @@ from collections import defaultdict
 import numpy as np
 
 from cuvil import Pipeline
-from cuvil.targets import gemm as tgemm
+from cuvil.kernels import contraction
 from cuvil.targets.x86 import choose
 from cuvil.targets.x86 import gemm as xgemm
 from cuvil.testing import light_model
@@ -40,18 +40,18 @@ def layers(a):
     sets = {"off": ()}
     sets.update({f"{nv * 16}x{cols}": ((nv, cols),) for nv, cols in tiles})
     print(f"{'layer':32}" + "".join(f"{name:>9}" for name in sets) + "   (gemm GFLOP/s, 1 thread)")
-    cost = tgemm.CHANNEL_TILE_COST
+    cost = contraction.CHANNEL_TILE_COST
     for kind, name, m in cases(np.random.default_rng(0)):
         if kind not in ("conv3x3", "conv1x1"):
             continue
         line = f"{name:32}"
         for tiles in sets.values():
             xgemm.CHANNEL_TILES = tiles
-            tgemm.CHANNEL_TILE_COST = 0.5 if tiles else cost   # forced wherever offered
+            contraction.CHANNEL_TILE_COST = 0.5 if tiles else cost   # forced wherever offered
             try:
                 art = Pipeline.from_onnx(m).optimize().compile(cache=False, winograd=False)
             finally:
-                xgemm.CHANNEL_TILES, tgemm.CHANNEL_TILE_COST = DEFAULT, cost
+                xgemm.CHANNEL_TILES, contraction.CHANNEL_TILE_COST = DEFAULT, cost
             t = _profile(art.model(), a.runs, a.threads)
             steps = art.manifest["steps"]
             gi = [i for i, s in enumerate(steps) if s["kernel"] == "gemm"]

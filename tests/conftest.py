@@ -1,5 +1,4 @@
 import os
-import sys
 
 import pytest
 from hypothesis import settings
@@ -8,8 +7,6 @@ from hypothesis import settings
 settings.register_profile("default", max_examples=15, deadline=None)
 settings.register_profile("ci", max_examples=60, deadline=None, derandomize=True, print_blob=True)
 settings.load_profile(os.environ.get("CUVIL_HYPOTHESIS_PROFILE", "default"))
-
-sys.path.insert(0, os.path.dirname(__file__))  # test helpers (infer_harness, golden cases)
 
 
 def pytest_addoption(parser):

@@ -11,7 +11,6 @@ import subprocess
 import sys
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
@@ -20,36 +19,15 @@ from cuvil import Pipeline
 from cuvil.cli import main as cli_main
 from cuvil.errors import ShapeError
 from cuvil.targets.x86.loader import CTensor
-from cuvil.testing.models import transformer_block
+from cuvil.testing.artifacts import close_and_remove, compile_and_load
+from cuvil.testing.models import SYMBOLIC_CNN_PROFILE, TRANSFORMER_PROFILE, symbolic_batch_cnn, transformer_block
+from cuvil.testing.oracles import max_rel_error, ort_session
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CUVIL_ERR_DIM, CUVIL_ERR_INDEX, CUVIL_ERR_PROFILE = -8, -11, -19
 
-CNN_PROFILE = {"N": (1, 4, 16)}
-TRANSFORMER_PROFILE = {"B": (1, 2, 8), "S": (1, 16, 64)}
 
-
-# -- models and helpers (also used by tests/property/test_dynamic_property.py) ---------------------------------
-
-def cnn_model(batch="N", seed=0):
-    """Conv/Relu/MaxPool/Conv stride 2/GlobalAveragePool/Flatten/Gemm/Softmax on x[batch, 3, 16, 16] -> y[batch, 10]."""
-    rng = np.random.default_rng(seed)
-    init = lambda name, shape: numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 3, 16, 16])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 10])
-    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
-             helper.make_node("Relu", ["c"], ["r"]),
-             helper.make_node("MaxPool", ["r"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
-             helper.make_node("Conv", ["p", "w2"], ["c2"], pads=[1, 1, 1, 1], strides=[2, 2]),
-             helper.make_node("Relu", ["c2"], ["r2"]),
-             helper.make_node("GlobalAveragePool", ["r2"], ["g"]),
-             helper.make_node("Flatten", ["g"], ["f"]),
-             helper.make_node("Gemm", ["f", "fw", "fb"], ["z"], transB=1),
-             helper.make_node("Softmax", ["z"], ["y"], axis=1)]
-    inits = [init("w", (8, 3, 3, 3)), init("b", (8,)), init("w2", (16, 8, 3, 3)), init("fw", (10, 16)), init("fb", (10,))]
-    g = helper.make_graph(nodes, "dyncnn", [x], [y], inits)
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-
+# -- models and helpers -------------------------------------------------------------------------------------
 
 def add_model():
     """y = a + b with a[N, 4], b[N, 4]: two inputs bind the same symbol."""
@@ -67,27 +45,6 @@ def reshape_model(target, width=12):
     s = numpy_helper.from_array(np.array(target, np.int64), "s")
     g = helper.make_graph([helper.make_node("Reshape", ["x", "s"], ["y"], name="r1")], "reshape", [x], [y], [s])
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-
-
-def ort_session(model):
-    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-
-
-def rel_err(got, want):
-    """max|got - want| / max|want| (shapes must agree)."""
-    assert got.shape == want.shape, (got.shape, want.shape)
-    return float(np.abs(got.astype(np.float64) - want).max() / max(float(np.abs(want).max()), 1e-30))
-
-
-def compile_and_load(model, profiles, **kw):
-    """Compile uncached (a fresh library from the current sources), load it; returns (artifact, Model)."""
-    art = Pipeline.from_onnx(model).compile(shape_profiles=profiles, cache=False, **kw)
-    return art, cuvil.load(art.path)
-
-
-def _cleanup(art, m):
-    m.close()
-    shutil.rmtree(os.path.dirname(art.path), ignore_errors=True)
 
 
 def sha256(path):
@@ -132,10 +89,10 @@ def c_tensors(*arrays):
 
 @pytest.fixture(scope="module")
 def cnn():
-    model = cnn_model()
-    art, m = compile_and_load(model, CNN_PROFILE)
+    model = symbolic_batch_cnn()
+    art, m = compile_and_load(model, SYMBOLIC_CNN_PROFILE)
     yield model, art, m, ort_session(model)
-    _cleanup(art, m)
+    close_and_remove(art, m)
 
 
 def test_cnn_symbol_imported_and_described(cnn):
@@ -161,7 +118,7 @@ def test_cnn_runs_every_batch_of_the_profile_without_recompiling(cnn):
         (y,) = m.run(x)
         (r,) = sess.run(None, {"x": x})
         assert y.shape == (n, 10)
-        assert rel_err(y, r) <= 1e-4, (n, rel_err(y, r))
+        assert max_rel_error(y, r) <= 1e-4, (n, max_rel_error(y, r))
     assert m.path == os.path.abspath(art.path)
     assert (sha256(art.path), os.stat(art.path).st_mtime_ns) == before
     assert sorted(os.listdir(os.path.dirname(art.path))) == files_before
@@ -190,9 +147,9 @@ def test_cnn_out_of_profile_raises_shape_error(cnn):
 
 
 def test_cnn_compiles_are_cached_per_profile():
-    p = Pipeline.from_onnx(cnn_model())
-    a = p.compile(shape_profiles=CNN_PROFILE)
-    b = p.compile(shape_profiles=CNN_PROFILE)
+    p = Pipeline.from_onnx(symbolic_batch_cnn())
+    a = p.compile(shape_profiles=SYMBOLIC_CNN_PROFILE)
+    b = p.compile(shape_profiles=SYMBOLIC_CNN_PROFILE)
     assert b.cached and b.path == a.path
     c = p.compile(shape_profiles={"N": (1, 2, 16)})
     assert c.path != a.path and c.manifest["symbols"]["N"] == {"min": 1, "opt": 2, "max": 16}
@@ -205,7 +162,7 @@ def transformer():
     model = transformer_block(d_model=32, heads=4, d_ff=64, batch="B", seq="S", seed=0)
     art, m = compile_and_load(model, TRANSFORMER_PROFILE)
     yield model, art, m, ort_session(model)
-    _cleanup(art, m)
+    close_and_remove(art, m)
 
 
 def test_transformer_symbols(transformer):
@@ -222,7 +179,7 @@ def test_transformer_matches_onnxruntime(transformer, b, s):
     (y,) = m.run(x)
     (r,) = sess.run(None, {"x": x})
     assert y.shape == (b, s, 32)
-    assert rel_err(y, r) <= 1e-4, ((b, s), rel_err(y, r))
+    assert max_rel_error(y, r) <= 1e-4, ((b, s), max_rel_error(y, r))
 
 
 def test_transformer_out_of_profile(transformer):
@@ -303,7 +260,7 @@ def test_c_abi_run_out_of_profile_and_inside(cnn):
 
         y = np.empty((5, 10), np.float32)
         assert lib.cuvil_run(s, c_tensors(x5), c_tensors(y)) == 0
-        assert rel_err(y, sess.run(None, {"x": x5})[0]) <= 1e-4
+        assert max_rel_error(y, sess.run(None, {"x": x5})[0]) <= 1e-4
     finally:
         lib.cuvil_session_destroy(s)
 
@@ -312,7 +269,7 @@ def test_c_abi_run_out_of_profile_and_inside(cnn):
 def add2():
     art, m = compile_and_load(add_model(), {"N": (1, 2, 8)})
     yield art, m
-    _cleanup(art, m)
+    close_and_remove(art, m)
 
 
 def test_inputs_sharing_a_symbol_must_agree(add2):
@@ -386,7 +343,7 @@ def test_reshape_compiles_where_its_condition_holds(target, profile):
             x = np.arange(n * 12, dtype=np.float32).reshape(n, 12)
             np.testing.assert_array_equal(m.run(x)[0], sess.run(None, {"x": x})[0])
     finally:
-        _cleanup(art, m)
+        close_and_remove(art, m)
 
 
 def test_reshape_merging_two_symbols_compiles():
@@ -408,9 +365,9 @@ def test_reshape_merging_two_symbols_compiles():
     try:
         for b, sq in ((1, 1), (2, 4), (3, 5), (8, 16)):
             xv = np.random.default_rng(b * sq).standard_normal((b, sq, 32)).astype(np.float32)
-            assert rel_err(m.run(xv)[0], sess.run(None, {"x": xv})[0]) <= 1e-4
+            assert max_rel_error(m.run(xv)[0], sess.run(None, {"x": xv})[0]) <= 1e-4
     finally:
-        _cleanup(art, m)
+        close_and_remove(art, m)
 
 
 def test_fixed_value_where_the_condition_holds_compiles():
@@ -428,13 +385,13 @@ def test_fixed_value_where_the_condition_holds_compiles():
         assert m.inputs[0].shape == (2, 12)
         np.testing.assert_array_equal(m.run(x)[0], x.reshape(3, 8))
     finally:
-        _cleanup(art, m)
+        close_and_remove(art, m)
 
 
 # -- fixed symbols and the CLI ---------------------------------------------------------------------------------
 
 def test_fixed_batch_gives_a_static_library():
-    model = cnn_model()
+    model = symbolic_batch_cnn()
     art = Pipeline.from_onnx(model).compile(fixed={"N": 2}, cache=False)
     m = cuvil.load(art.path)
     try:
@@ -443,16 +400,16 @@ def test_fixed_batch_gives_a_static_library():
         assert art.manifest["inputs"][0]["shape"] == [2, 3, 16, 16]
         assert raw_lib(art.path).cuvil_num_symbols() == 0
         x = np.random.default_rng(2).standard_normal((2, 3, 16, 16)).astype(np.float32)
-        assert rel_err(m.run(x)[0], ort_session(model).run(None, {"x": x})[0]) <= 1e-4
+        assert max_rel_error(m.run(x)[0], ort_session(model).run(None, {"x": x})[0]) <= 1e-4
         with pytest.raises(ShapeError, match="dim 0 is 3, expected 2"):
             m.run(np.zeros((3, 3, 16, 16), np.float32))
     finally:
-        _cleanup(art, m)
+        close_and_remove(art, m)
 
 
 def test_cli_compile_with_shape_profile(tmp_path):
     import onnx
-    model = cnn_model()
+    model = symbolic_batch_cnn()
     onnx.save(model, tmp_path / "m.onnx")
     so = tmp_path / "out" / "libm.so"
     res = subprocess.run([sys.executable, "-m", "cuvil", "compile", "--input", str(tmp_path / "m.onnx"),
@@ -468,7 +425,7 @@ def test_cli_compile_with_shape_profile(tmp_path):
         assert m.inputs[0].shape == (None, 3, 16, 16)
         (y,) = m.run(x)
     assert y.shape == (3, 10)
-    assert rel_err(y, ort_session(model).run(None, {"x": x})[0]) <= 1e-4
+    assert max_rel_error(y, ort_session(model).run(None, {"x": x})[0]) <= 1e-4
     np.save(tmp_path / "x.npy", x)                              # and `cuvil run` at N = 3
     assert cli_main(["run", str(so), "--input", f"x={tmp_path / 'x.npy'}", "--output-dir", str(tmp_path / "o")]) == 0
     np.testing.assert_array_equal(np.load(tmp_path / "o" / "y.npy"), y)
@@ -544,7 +501,7 @@ def test_symbolic_spatial_dims():
             x = rng.standard_normal(shape).astype(np.float32)
             got, want = m.run(x)[0], sess.run(None, {"x": x})[0]
             assert got.shape == want.shape
-            assert rel_err(got, want) <= 1e-4
+            assert max_rel_error(got, want) <= 1e-4
         with pytest.raises(ShapeError, match="outside the profile H in \\[8, 64\\]"):
             m.run(np.zeros((1, 3, 7, 8), np.float32))
     finally:

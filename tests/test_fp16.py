@@ -12,10 +12,11 @@ from cuvil import Pipeline
 from cuvil.cli import main as cli_main
 from cuvil.errors import CuvilError
 from cuvil.ir.dtype import DType
+from cuvil.frontend import export_model
 from cuvil.reference import run_reference
+from cuvil.rewrite_rules.precision import to_half
 from cuvil.targets.ptx import find_libdevice, find_ptxas
 from cuvil.targets.ptx.bundle import read_bundle
-from cuvil.targets.ptx.fp16 import reference_model, to_half
 from cuvil.testing import light_model
 
 TARGET = "nvptx64-nvidia-cuda"
@@ -64,7 +65,7 @@ def test_graph_pass_types(small):
 def test_reference_drift_is_small(small):
     x = np.random.default_rng(1).standard_normal((1, 3, 12, 12)).astype(np.float32)
     ref = small.run_reference({"x": x})["y"]
-    half = run_reference(reference_model(small.graph), {"x": x})[0]
+    half = run_reference(export_model(to_half(small.graph, reference=True)[0]), {"x": x})[0]
     assert half.dtype == np.float32 and half.shape == ref.shape
     err = np.max(np.abs(half - ref)) / np.max(np.abs(ref))
     assert 0 < err < 1e-2, err

@@ -8,7 +8,6 @@ import re
 import numpy as np
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 
 import cuvil.targets.x86.compile as x86_compile
 from cuvil import Pipeline
@@ -20,22 +19,9 @@ from cuvil.targets.ptx.conv import TK, combine_stage, conv_node, plan_conv, scra
 from cuvil.kernels.schedule import schedule
 from cuvil.kernels.texpr import nodes
 from cuvil.testing import light_model
+from cuvil.testing.conv_models import conv_relu_model
 
 needs_ptxas = pytest.mark.skipif(find_ptxas() is None, reason="ptxas not found (no CUDA toolkit)")
-
-
-def conv_model(x_shape, w_shape, pads=(1, 1, 1, 1), strides=(1, 1), group=1, relu=True, dilations=None):
-    rng = np.random.default_rng(0)
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x_shape))
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
-    w = numpy_helper.from_array((rng.standard_normal(w_shape) / np.sqrt(np.prod(w_shape[1:]))).astype(np.float32), "w")
-    b = numpy_helper.from_array(rng.standard_normal(w_shape[0]).astype(np.float32), "b")
-    extra = {"dilations": list(dilations)} if dilations else {}
-    nodes_ = [helper.make_node("Conv", ["x", "w", "b"], ["c" if relu else "y"], pads=list(pads), strides=list(strides),
-                               group=group, kernel_shape=list(w_shape[2:]), **extra)]
-    if relu:
-        nodes_.append(helper.make_node("Relu", ["c"], ["y"]))
-    return helper.make_model(helper.make_graph(nodes_, "conv", [x], [y], [w, b]), opset_imports=[helper.make_opsetid("", 17)])
 
 
 def conv_stages(sched):
@@ -43,7 +29,7 @@ def conv_stages(sched):
 
 
 def test_gpu_schedule_lowers_convolutions_to_unpadded_contractions():
-    g = Pipeline.from_onnx(conv_model((1, 16, 14, 14), (32, 16, 3, 3))).optimize().graph
+    g = Pipeline.from_onnx(conv_relu_model((1, 16, 14, 14), (32, 16, 3, 3))).optimize().graph
     s = gpu_schedule(g)
     (st, node), = conv_stages(s)
     spec = node.attr
@@ -77,7 +63,7 @@ def test_split_k_in_one_kernel(tmp_path):
     """fused_splitk: no sum kernel; the last slice of each tile (an atomic count per tile, read through
     L2) adds the partials, and the plan asks the runtime to zero the counters before each run."""
     from cuvil.targets.ptx.bundle import compile_bundle, read_bundle
-    g = Pipeline.from_onnx(conv_model((1, 256, 7, 7), (256, 256, 3, 3))).optimize().graph
+    g = Pipeline.from_onnx(conv_relu_model((1, 256, 7, 7), (256, 256, 3, 3))).optimize().graph
     r = build_ptx(gpu_schedule(g), "sm_90", fma=True, fused_splitk=True)
     assert [k.kind for k in r.kernels] == ["conv_splitk"] and r.counter_bytes > 0
     assert "atom.global.add.u32" in r.ptx and "ld.global.cg.f32" in r.ptx and "membar.gl" in r.ptx
@@ -88,7 +74,7 @@ def test_split_k_in_one_kernel(tmp_path):
 
 
 def test_split_k_combine_sums_the_slices_in_order():
-    g = Pipeline.from_onnx(conv_model((1, 256, 7, 7), (256, 256, 3, 3))).optimize().graph
+    g = Pipeline.from_onnx(conv_relu_model((1, 256, 7, 7), (256, 256, 3, 3))).optimize().graph
     s = gpu_schedule(g)
     (st, node), = conv_stages(s)
     plan = plan_conv(node.attr)
@@ -133,7 +119,7 @@ def test_resnet50_convolutions_become_tile_kernels():
 def test_unpadded_contraction_lowering_matches_onnxruntime(monkeypatch, xs, ws, pads, strides, group, dil):
     """The GPU lowering's contraction reads the unpadded input through bounds; the x86 backend computes a
     contraction with pads from that same expression (no micro-kernel), so the schedule is checked here."""
-    model = conv_model(xs, ws, pads, strides, group, dilations=dil)
+    model = conv_relu_model(xs, ws, pads, strides, group, dilations=dil)
     x = np.random.default_rng(1).standard_normal(xs).astype(np.float32)
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     real = x86_compile.schedule
@@ -152,8 +138,8 @@ def test_unpadded_contraction_lowering_matches_onnxruntime(monkeypatch, xs, ws, 
 
 
 def test_float16_convolutions_take_the_tile_kernels():
-    from cuvil.targets.ptx.fp16 import to_half
-    g, _ = to_half(Pipeline.from_onnx(conv_model((1, 16, 14, 14), (32, 16, 3, 3))).optimize().graph)
+    from cuvil.rewrite_rules.precision import to_half
+    g, _ = to_half(Pipeline.from_onnx(conv_relu_model((1, 16, 14, 14), (32, 16, 3, 3))).optimize().graph)
     s = gpu_schedule(g)
     (node,) = [n for st in s.stages for n in nodes(st.expr) if n.op == "contract"]
     assert node.dtype == DType.FLOAT16 and node.attr.a.dtype == DType.FLOAT16 and node.attr.x.dtype == DType.FLOAT16
@@ -168,8 +154,8 @@ def test_float16_convolutions_take_the_tile_kernels():
 
 
 def test_float16_convolutions_with_64_channel_panels_use_tensor_cores():
-    from cuvil.targets.ptx.fp16 import to_half
-    g, _ = to_half(Pipeline.from_onnx(conv_model((1, 32, 14, 14), (64, 32, 3, 3))).optimize().graph)
+    from cuvil.rewrite_rules.precision import to_half
+    g, _ = to_half(Pipeline.from_onnx(conv_relu_model((1, 32, 14, 14), (64, 32, 3, 3))).optimize().graph)
     s = gpu_schedule(g)
     r = build_ptx(s, "sm_90", fma=True)
     (k,) = [k for k in r.kernels if k.kind.startswith("conv") and k.kind != "conv_sum"]

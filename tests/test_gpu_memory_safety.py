@@ -14,9 +14,8 @@ from cuvil.targets.ptx.bundle import read_bundle
 from cuvil.targets.ptx.codegen import PtxKernelModule, build_ptx, gpu_schedule, target_machine
 from cuvil.targets.ptx.conv import conv_node
 from cuvil.testing import small_cnn
+from cuvil.testing.conv_models import conv_relu_model
 from cuvil.testing.models import transformer_block
-
-from test_gpu_conv import conv_model
 
 TARGET = "nvptx64-nvidia-cuda"
 DEMO = os.path.join(os.path.dirname(__file__), "..", "src", "cuvil", "data", "demo_cnn.onnx")
@@ -52,7 +51,7 @@ def test_transformer_block_bundle_every_kernel_proved(tmp_path):
 
 
 def _conv_stage(x_shape, w_shape, fused_splitk=False, **kw):
-    s = gpu_schedule(Pipeline.from_onnx(conv_model(x_shape, w_shape, **kw)).optimize().graph)
+    s = gpu_schedule(Pipeline.from_onnx(conv_relu_model(x_shape, w_shape, **kw)).optimize().graph)
     km = PtxKernelModule("t", target_machine(), scratch_offset=s.arena_bytes, fused_splitk=fused_splitk)
     km.plan_scratch(s.stages)
     st, = [st for st in s.stages if conv_node(st) is not None]
@@ -106,8 +105,8 @@ def test_fused_splitk_counters_and_readbacks_proved():
 
 def test_float16_tensor_core_conv_proved():
     """A float16 convolution with 64-channel panels (the mma kernel on sm_90) is proved like the float32 one."""
-    from cuvil.targets.ptx.fp16 import to_half
-    g, _ = to_half(Pipeline.from_onnx(conv_model((1, 64, 14, 14), (64, 64, 3, 3))).optimize().graph)
+    from cuvil.rewrite_rules.precision import to_half
+    g, _ = to_half(Pipeline.from_onnx(conv_relu_model((1, 64, 14, 14), (64, 64, 3, 3))).optimize().graph)
     res = build_ptx(gpu_schedule(g), "sm_90", fma=True)
     assert any(d.kind.endswith("_mma") for d in res.kernels)
     assert res.memory_safety.proved == len(res.memory_safety.kernels) > 0

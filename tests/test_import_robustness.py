@@ -5,7 +5,6 @@ import re
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
@@ -20,6 +19,7 @@ from cuvil.rewrite_rules.cse import eliminate_common_subexpressions
 from cuvil.rewrite_rules.dce import eliminate_dead_code
 from cuvil.rewrite_rules.fold import fold_constants
 from cuvil.rewrite_rules.shape_prop import propagate_shapes
+from cuvil.testing.oracles import ort_run
 
 X = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
 Y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
@@ -32,11 +32,6 @@ def model(nodes, inputs=(X,), outputs=(Y,), inits=(), sparse=(), opset=17, **kw)
 
 def add_w(**kw):
     return model([helper.make_node("Add", ["x", "w"], ["y"])], **kw)
-
-
-def ort_run(m, feeds):
-    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
-    return sess.run(None, feeds)[0]
 
 
 def one_line_error(cls, source, match=None):

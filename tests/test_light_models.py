@@ -9,6 +9,7 @@ import pytest
 from cuvil import Pipeline
 from cuvil.ir import DType
 from cuvil.testing import LIGHT_MODELS, light_model
+from cuvil.testing.oracles import random_feeds
 
 
 def ort_run(model, feeds):
@@ -22,19 +23,10 @@ def rel_err(a, b):
     return float(np.max(np.abs(a - b)) / max(float(np.max(np.abs(b))), 1e-30))
 
 
-def feeds_for(model):
-    rng = np.random.default_rng(1)
-    out = {}
-    for vi in model.graph.input:
-        shape = [d.dim_value for d in vi.type.tensor_type.shape.dim]
-        out[vi.name] = rng.standard_normal(shape).astype(np.float32)
-    return out
-
-
 @pytest.fixture(scope="module", params=LIGHT_MODELS)
 def model_case(request):
     m = light_model(request.param, seed=0)
-    feeds = feeds_for(m)
+    feeds = random_feeds(m, seed=1)
     return request.param, m, feeds, ort_run(m, feeds)
 
 

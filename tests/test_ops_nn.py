@@ -1,11 +1,11 @@
 """Shape inference of the NN op families (conv, pool, norm, matmul, reduce, softmax, quant) against onnx."""
 import numpy as np
 import pytest
-from infer_harness import assert_agrees, cuvil_infer
 
 from cuvil.errors import ShapeError
 from cuvil.ir import DType, Graph, SymExpr, TensorType
 from cuvil.ir.dim import evaluate
+from cuvil.testing.shape_inference import assert_agrees, cuvil_infer
 
 F, H16, I8, U8, I32, I64 = DType.FLOAT, DType.FLOAT16, DType.INT8, DType.UINT8, DType.INT32, DType.INT64
 

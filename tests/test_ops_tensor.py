@@ -8,7 +8,7 @@ from onnx import TensorProto, helper
 from cuvil.errors import ShapeError
 from cuvil.ir import DType, Graph, TensorType, parse_dim
 from cuvil.ir.dim import ceildiv, evaluate
-from infer_harness import assert_agrees, cuvil_infer, onnx_infer
+from cuvil.testing.shape_inference import assert_agrees, cuvil_infer, onnx_infer
 
 F, H, D, I32, I64, B = DType.FLOAT, DType.FLOAT16, DType.DOUBLE, DType.INT32, DType.INT64, DType.BOOL
 BIG = 2**63 - 1

@@ -4,12 +4,11 @@ onnxruntime's direct convolution, the cost model picks per layer, and ``winograd
 
 Tolerance: Winograd reassociates and scales sums (F(4x4) multiplies by up to 8 and divides by 24), so
 results are not the direct convolution's rounding; measured normwise errors are 1e-6 to 4e-6 for F(4x4)
-and below 1e-6 for F(2x2) (bench/winograd_layers.py), checked here at 2e-5."""
+and below 1e-6 for F(2x2) (bench/winograd_layers.py), checked here at cuvil.testing.conv_models.WINOGRAD_TOL (2e-5)."""
 from fractions import Fraction
 from unittest import mock
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 from onnx import helper, numpy_helper
 
@@ -23,46 +22,9 @@ from cuvil.targets.x86 import choose
 from cuvil.targets.x86 import codegen as x86_codegen
 from cuvil.kernels.texpr import Buf
 from cuvil.targets.x86.gemm import tile_shapes
+from cuvil.testing.conv_models import WINOGRAD_TOL, winograd_conv_model
+from cuvil.testing.oracles import normwise_error, ort_run, random_feeds
 
-TOL = 2e-5
-
-
-def conv_model(c, k, h, w, pads, bias=True, residual=False, batch=1):
-    rng = np.random.default_rng(c * 1000 + k * 10 + h)
-    inits = [numpy_helper.from_array((rng.standard_normal((k, c, 3, 3)) / np.sqrt(9 * c)).astype(np.float32), "w")]
-    ins = ["x", "w"]
-    if bias:
-        inits.append(numpy_helper.from_array(rng.standard_normal(k).astype(np.float32) * 0.1, "b"))
-        ins.append("b")
-    nodes = [helper.make_node("Conv", ins, ["c"], pads=pads, kernel_shape=[3, 3])]
-    oh, ow = h + pads[0] + pads[2] - 2, w + pads[1] + pads[3] - 2
-    inputs = [helper.make_tensor_value_info("x", 1, [batch, c, h, w])]
-    if residual:
-        inputs.append(helper.make_tensor_value_info("r", 1, [batch, k, oh, ow]))
-        nodes.append(helper.make_node("Add", ["c", "r"], ["s"]))
-        nodes.append(helper.make_node("Relu", ["s"], ["y"]))
-    else:
-        nodes.append(helper.make_node("Relu", ["c"], ["y"]))
-    g = helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info("y", 1, [batch, k, oh, ow])], inits)
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = 8
-    return m
-
-
-def feeds_for(m, seed=0):
-    rng = np.random.default_rng(seed)
-    return {vi.name: rng.standard_normal([d.dim_value for d in vi.type.tensor_type.shape.dim]).astype(np.float32)
-            for vi in m.graph.input}
-
-
-def normwise(a, b):
-    """||a - b|| / ||b||; ||a - b|| when b is all zeros (a Relu can zero a small output)."""
-    diff, ref = np.linalg.norm(a.astype(np.float64) - b), np.linalg.norm(b)
-    return float(diff / ref) if ref > 0 else float(diff)
-
-
-def ort_run(m, feeds):
-    return ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
 
 
 def compile_with_tile(m, tile):
@@ -90,13 +52,13 @@ def test_reference_matches_direct_convolution(tile, h, w, pads):
     x = rng.standard_normal((2, 3, h, w)).astype(np.float32)
     wt = rng.standard_normal((5, 3, 3, 3)).astype(np.float32)
     b = rng.standard_normal(5).astype(np.float32)
-    m = conv_model(3, 5, h, w, pads, batch=2)
+    m = winograd_conv_model(3, 5, h, w, pads, batch=2)
     m.graph.initializer[0].CopyFrom(numpy_helper.from_array(wt, "w"))
     m.graph.initializer[1].CopyFrom(numpy_helper.from_array(b, "b"))
     want = ort_run(m, {"x": x})
     got = np.maximum(W.winograd_conv_reference(x, W.kernel_transform(wt, tile), b, tile, pads), 0)
     assert got.shape == want.shape
-    assert normwise(got, want) < TOL
+    assert normwise_error(got, want) < WINOGRAD_TOL
 
 
 @pytest.mark.parametrize("tile", [2, 4])
@@ -107,8 +69,8 @@ def test_reference_matches_direct_convolution(tile, h, w, pads):
     (8, 16, 6, 6, [0, 0, 0, 0], True, False),       # no padding: the input is read in place
 ])
 def test_compiled_matches_onnxruntime(tile, c, k, h, w, pads, bias, residual):
-    m = conv_model(c, k, h, w, pads, bias=bias, residual=residual)
-    feeds = feeds_for(m)
+    m = winograd_conv_model(c, k, h, w, pads, bias=bias, residual=residual)
+    feeds = random_feeds(m)
     want = ort_run(m, feeds)
     art = compile_with_tile(m, tile)
     applied = art.manifest["rules_applied"]
@@ -117,12 +79,12 @@ def test_compiled_matches_onnxruntime(tile, c, k, h, w, pads, bias, residual):
     assert "winograd_in" in kinds and "winograd_out" in kinds and "gemm" in kinds
     got1 = art.run(feeds, num_threads=1)["y"]
     got2 = art.run(feeds, num_threads=2)["y"]
-    assert normwise(got1, want) < TOL
+    assert normwise_error(got1, want) < WINOGRAD_TOL
     np.testing.assert_array_equal(got1, got2)
 
 
 def test_symbolic_batch():
-    m = conv_model(16, 16, 10, 10, [1, 1, 1, 1], batch=1)
+    m = winograd_conv_model(16, 16, 10, 10, [1, 1, 1, 1], batch=1)
     m.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "N"
     m.graph.output[0].type.tensor_type.shape.dim[0].dim_param = "N"
     with mock.patch.object(choose, "best_tile", lambda *a: 4):
@@ -131,7 +93,7 @@ def test_symbolic_batch():
     mod = art.model()
     for n in (1, 2, 3):
         x = np.random.default_rng(n).standard_normal((n, 16, 10, 10)).astype(np.float32)
-        assert normwise(mod.run(x)[0], ort_run(m, {"x": x})) < TOL
+        assert normwise_error(mod.run(x)[0], ort_run(m, {"x": x})) < WINOGRAD_TOL
 
 
 def test_cost_model_choices():
@@ -187,25 +149,25 @@ def test_channel_major_v_matches_onnxruntime(c, k, h, tile):
     from cuvil.kernels.contraction import winograd_interleaved
     t = (-(-h // tile)) ** 2
     assert winograd_interleaved(c, t, tile) == (c != 48)
-    m = conv_model(c, k, h, h, [1, 1, 1, 1], residual=True, batch=2)
-    feeds = feeds_for(m)
+    m = winograd_conv_model(c, k, h, h, [1, 1, 1, 1], residual=True, batch=2)
+    feeds = random_feeds(m)
     want = ort_run(m, feeds)
     art = compile_with_tile(m, tile)
     assert "winograd_in" in [s["kernel"] for s in art.manifest["steps"]]
     for threads in (1, 2):
-        assert normwise(art.model().run(*feeds.values(), num_threads=threads)[0], want) < TOL
+        assert normwise_error(art.model().run(*feeds.values(), num_threads=threads)[0], want) < WINOGRAD_TOL
 
 
 def test_cost_model_follows_the_target_cpu():
-    m = conv_model(256, 256, 14, 14, [1, 1, 1, 1])
+    m = winograd_conv_model(256, 256, 14, 14, [1, 1, 1, 1])
     p = Pipeline.from_onnx(m).optimize()
     assert set(p.choose_algorithms("x86_64-linux-gnu", cpu="znver3").report.applied) == {"winograd_f4x4_3x3"}
     assert set(p.choose_algorithms("x86_64-linux-gnu", cpu="znver4").report.applied) == {"winograd_f2x2_3x3"}
 
 
 def test_default_compile_chooses_and_opt_out_keeps_direct():
-    m = conv_model(64, 64, 28, 28, [1, 1, 1, 1])
-    feeds = feeds_for(m)
+    m = winograd_conv_model(64, 64, 28, 28, [1, 1, 1, 1])
+    feeds = random_feeds(m)
     want = ort_run(m, feeds)
     p = Pipeline.from_onnx(m).optimize()
     on = p.compile(cache=False)
@@ -213,8 +175,8 @@ def test_default_compile_chooses_and_opt_out_keeps_direct():
     assert "winograd_f4x4_3x3" in on.manifest["rules_applied"]
     assert not any(k.startswith("winograd") for k in off.manifest["rules_applied"])
     assert "winograd_in" not in [s["kernel"] for s in off.manifest["steps"]]
-    assert normwise(on.run(feeds)["y"], want) < TOL
-    assert normwise(off.run(feeds)["y"], want) < 1e-6
+    assert normwise_error(on.run(feeds)["y"], want) < WINOGRAD_TOL
+    assert normwise_error(off.run(feeds)["y"], want) < 1e-6
     low = p.compile(cache=False, opt_level=1)
     assert not any(k.startswith("winograd") for k in low.manifest["rules_applied"])
 
@@ -270,9 +232,9 @@ def test_activations_near_overflow_stay_finite_like_direct_convolution(tile, sca
     for threads in (1, 2):
         got = art.run(feeds, num_threads=threads)["y"]
         assert np.isfinite(got).all()
-        assert normwise(got, want) < TOL
+        assert normwise_error(got, want) < WINOGRAD_TOL
     small = {"x": feeds["x"] * np.float32(1e-37), "r": feeds["r"]}   # finite tiles: Winograd as before
-    assert normwise(art.run(small)["y"], ort_run(m, small)) < TOL
+    assert normwise_error(art.run(small)["y"], ort_run(m, small)) < WINOGRAD_TOL
 
 
 def test_one_activation_near_overflow_anywhere_gives_direct_convolution():
@@ -300,7 +262,7 @@ def test_one_activation_near_overflow_anywhere_gives_direct_convolution():
                 want = np.maximum(conv + b[None, :, None, None], 0.0)
                 got = art.run({"x": x, "r": r}, num_threads=1 + (i + j) % 2)["y"]
                 assert np.isfinite(got).all(), (ch, i, j)
-                assert normwise(got, want) < TOL, (ch, i, j)
+                assert normwise_error(got, want) < WINOGRAD_TOL, (ch, i, j)
 
 
 @pytest.mark.parametrize("tile", [2, 4])
@@ -327,7 +289,7 @@ def test_a_non_finite_input_spreads_like_direct_convolution(tile, bad):
     finite = np.isfinite(want)
     assert np.count_nonzero(~finite) == (72 if np.isnan(bad) else 38)   # inf: Relu makes the -inf ones 0
     np.testing.assert_array_equal(np.isfinite(got), finite)
-    assert normwise(got[finite], want[finite]) < TOL
+    assert normwise_error(got[finite], want[finite]) < WINOGRAD_TOL
 
 
 @pytest.mark.parametrize("short", [False, True])
@@ -347,6 +309,6 @@ def test_the_fallbacks_weight_scratch_is_in_the_memory_safety_certificate(short,
                     acc.buf = Buf(acc.buf.name, acc.buf.dtype, (acc.buf.shape[0] - 1,) + acc.buf.shape[1:])
         return out
     monkeypatch.setattr(bounds, "_family_obligations", obligations)
-    art = compile_with_tile(conv_model(8, 8, 12, 12, [1, 1, 1, 1]), 4)
+    art = compile_with_tile(winograd_conv_model(8, 8, 12, 12, [1, 1, 1, 1]), 4)
     assert (8, 3, 3) in stated
     assert ("winograd_out" in [s["kernel"] for s in art.manifest["steps"]]) != short

@@ -10,40 +10,7 @@ from onnx import TensorProto, helper, numpy_helper
 from cuvil import Pipeline
 from cuvil.targets.x86.codegen import host_target, vector_bits
 from cuvil.targets.x86.gemm import tile_cols
-
-
-def conv_model(x_shape, w_shape, *, strides=None, pads=None, dilations=None, group=1, bias=True, epilogue="relu",
-               seed=0):
-    rng = np.random.default_rng(seed)
-    w = (rng.standard_normal(w_shape) / np.sqrt(np.prod(w_shape[1:]))).astype(np.float32)
-    inits = [numpy_helper.from_array(w, "w")]
-    ins = ["x", "w"]
-    if bias:
-        inits.append(numpy_helper.from_array(rng.standard_normal(w_shape[0]).astype(np.float32), "b"))
-        ins.append("b")
-    attrs = {"kernel_shape": list(w_shape[2:]), "group": group}
-    if strides:
-        attrs["strides"] = strides
-    if pads:
-        attrs["pads"] = pads
-    if dilations:
-        attrs["dilations"] = dilations
-    nodes = [helper.make_node("Conv", ins, ["y"], name="conv", **attrs)]
-    out = "y"
-    if epilogue in ("relu", "residual"):
-        if epilogue == "residual":   # a second convolution with other weights (CSE would merge a copy)
-            inits.append(numpy_helper.from_array(-w, "w2"))
-            nodes.append(helper.make_node("Conv", ["x", "w2"] + ins[2:], ["y2"], name="conv2", **attrs))
-            nodes.append(helper.make_node("Add", ["y", "y2"], ["s"]))
-            out = "s"
-        nodes.append(helper.make_node("Relu", [out], ["r"]))
-        out = "r"
-    elif epilogue == "sigmoid":      # exp: not a vector-epilogue op, so the tile is spilled first
-        nodes.append(helper.make_node("Sigmoid", [out], ["r"]))
-        out = "r"
-    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x_shape))],
-                          [helper.make_tensor_value_info(out, TensorProto.FLOAT, None)], inits)
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+from cuvil.testing.conv_models import conv_epilogue_model
 
 
 def check(model, x, gemm_stages, cpu=None, tile=None):
@@ -113,14 +80,14 @@ CASES += RUN_CASES + TILE_CASES + CHANNEL_CASES
 @pytest.mark.parametrize("xs,ws,attrs", CASES, ids=[f"case{i}" for i in range(len(CASES))])
 def test_conv_gemm_matches_onnxruntime(xs, ws, attrs):
     x = np.random.default_rng(1).standard_normal(xs).astype(np.float32)
-    check(conv_model(xs, ws, **attrs), x, gemm_stages=1)
+    check(conv_epilogue_model(xs, ws, **attrs), x, gemm_stages=1)
 
 
 @pytest.mark.parametrize("xs,ws,attrs", RUN_CASES, ids=[f"runs{i}" for i in range(len(RUN_CASES))])
 def test_conv_gemm_avx2_panels(xs, ws, attrs):
     """The 16-wide AVX2 micro-kernels, whatever the host (every x86-64 host with AVX-512 runs them too)."""
     x = np.random.default_rng(1).standard_normal(xs).astype(np.float32)
-    check(conv_model(xs, ws, **attrs), x, gemm_stages=1, cpu="haswell")
+    check(conv_epilogue_model(xs, ws, **attrs), x, gemm_stages=1, cpu="haswell")
 
 
 def test_register_tile_choice():
@@ -160,7 +127,7 @@ def test_channel_lane_tiles_with_each_epilogue(case, epilogue):
     partial-panel tiles."""
     xs, ws, attrs = CHANNEL_CASES[case]
     x = np.random.default_rng(4).standard_normal(xs).astype(np.float32)
-    check(conv_model(xs, ws, epilogue=epilogue, **attrs), x, 2 if epilogue == "residual" else 1,
+    check(conv_epilogue_model(xs, ws, epilogue=epilogue, **attrs), x, 2 if epilogue == "residual" else 1,
           tile=CHANNEL_TILES[case])
 
 
@@ -169,18 +136,18 @@ def test_channel_lane_tiles_with_each_epilogue(case, epilogue):
 def test_channel_lane_tile_kernels(case):
     xs, ws, attrs = CHANNEL_CASES[case]
     x = np.random.default_rng(5).standard_normal(xs).astype(np.float32)
-    check(conv_model(xs, ws, **attrs), x, 1, tile=CHANNEL_TILES[case])
+    check(conv_epilogue_model(xs, ws, **attrs), x, 1, tile=CHANNEL_TILES[case])
 
 
 def test_no_bias_and_no_epilogue():
     x = np.random.default_rng(2).standard_normal((1, 16, 9, 9)).astype(np.float32)
-    check(conv_model((1, 16, 9, 9), (20, 16, 3, 3), pads=[1, 1, 1, 1], bias=False, epilogue=None), x, 1)
+    check(conv_epilogue_model((1, 16, 9, 9), (20, 16, 3, 3), pads=[1, 1, 1, 1], bias=False, epilogue=None), x, 1)
 
 
 def test_residual_of_two_convolutions_uses_two_micro_kernels():
     # Add(conv, conv2): one conv is stored first, the other keeps Add + Relu as its epilogue
     x = np.random.default_rng(3).standard_normal((1, 16, 12, 12)).astype(np.float32)
-    check(conv_model((1, 16, 12, 12), (18, 16, 3, 3), pads=[1, 1, 1, 1], epilogue="residual"), x, 2)
+    check(conv_epilogue_model((1, 16, 12, 12), (18, 16, 3, 3), pads=[1, 1, 1, 1], epilogue="residual"), x, 2)
 
 
 DEPTHWISE = [
@@ -195,14 +162,14 @@ DEPTHWISE = [
 @pytest.mark.parametrize("xs,ws,attrs", DEPTHWISE, ids=[f"dw{i}" for i in range(len(DEPTHWISE))])
 def test_depthwise_row_kernel_matches_onnxruntime(xs, ws, attrs):
     x = np.random.default_rng(4).standard_normal(xs).astype(np.float32)
-    art = check(conv_model(xs, ws, **attrs), x, 0)
+    art = check(conv_epilogue_model(xs, ws, **attrs), x, 0)
     assert [s["kernel"] for s in art.manifest["steps"]].count("dwconv") == 1
 
 
 def test_channel_multiplier_keeps_the_loop_kernel():
     # two output channels per group: neither a 6-row GEMM panel nor a depthwise window
     x = np.random.default_rng(4).standard_normal((1, 8, 10, 10)).astype(np.float32)
-    art = check(conv_model((1, 8, 10, 10), (16, 1, 3, 3), group=8, pads=[1, 1, 1, 1]), x, 0)
+    art = check(conv_epilogue_model((1, 8, 10, 10), (16, 1, 3, 3), group=8, pads=[1, 1, 1, 1]), x, 0)
     assert "dwconv" not in [s["kernel"] for s in art.manifest["steps"]]
 
 
@@ -286,7 +253,7 @@ def test_matmul_micro_kernel_with_symbolic_rows():
 
 def test_profile_times_every_step():
     x = np.random.default_rng(6).standard_normal((1, 16, 12, 12)).astype(np.float32)
-    art = Pipeline.from_onnx(conv_model((1, 16, 12, 12), (18, 16, 3, 3), pads=[1, 1, 1, 1])).compile(winograd=False)
+    art = Pipeline.from_onnx(conv_epilogue_model((1, 16, 12, 12), (18, 16, 3, 3), pads=[1, 1, 1, 1])).compile(winograd=False)
     m = art.model()
     t = m.profile(x, runs=3, num_threads=1)
     steps = art.manifest["steps"]
@@ -507,7 +474,7 @@ def test_winograd_reads_nothing_past_the_input(cpu):
     transform reads the unpadded input, and its masked-off lanes (the padding) lie outside it. With
     cpu="haswell" LLVM made one part of those masked loads a plain load (NaN outputs on a 26 x 26 map, a
     segfault against an unmapped page); the tile rows at the buffer's ends now load lane by lane."""
-    model = conv_model((1, 8, 26, 26), (16, 8, 3, 3), pads=[1, 1, 1, 1])
+    model = conv_epilogue_model((1, 8, 26, 26), (16, 8, 3, 3), pads=[1, 1, 1, 1])
     x = np.random.default_rng(1).standard_normal((1, 8, 26, 26)).astype(np.float32)
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     art = Pipeline.from_onnx(model).optimize().compile(opt_level=3, cpu=cpu)

@@ -1,6 +1,6 @@
 """Drift of ``--enable-fp16`` measured on the CPU (no GPU needed): each light model's half graph in its
-reference form (:func:`cuvil.targets.ptx.fp16.reference_model`: half storage and elementwise math, float32
-accumulation in Conv/Gemm/pooling averages/Softmax, float32 at the inputs and outputs) against the float32
+reference form (:func:`cuvil.rewrite_rules.precision.to_half` with ``reference=True``: half storage and
+elementwise math, float32 accumulation in Conv/Gemm/pooling averages/Softmax, float32 at the inputs and outputs) against the float32
 model, both run by onnxruntime's CPU provider (onnx.reference where onnxruntime lacks a float16 kernel).
 
     python3 bench/gpu/fp16_drift.py [MODEL ...] [--json out.json]
@@ -47,7 +47,7 @@ def run(model, feeds):
 def measure(name: str, seed: int = 1) -> dict:
     from cuvil import Pipeline
     from cuvil.frontend import export_model
-    from cuvil.targets.ptx.fp16 import reference_model, to_half
+    from cuvil.rewrite_rules.precision import to_half
     from cuvil.testing import light_model
     t0 = time.perf_counter()
     g = Pipeline.from_onnx(light_model(name)).optimize().graph
@@ -55,7 +55,7 @@ def measure(name: str, seed: int = 1) -> dict:
     x = np.random.default_rng(seed).standard_normal(tuple(g.inputs[0].shape)).astype(np.float32)
     feeds = {g.inputs[0].name: x}
     (ref,), _ = run(export_model(g), feeds)
-    (half,), engine = run(reference_model(g), feeds)
+    (half,), engine = run(export_model(to_half(g, reference=True)[0]), feeds)
     return {"model": name, "float16_tensors": len(names), "engine": engine, **errors(half, ref),
             "max_abs_ref": float(np.max(np.abs(ref))), "seconds": round(time.perf_counter() - t0, 1)}
 

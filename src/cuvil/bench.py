@@ -44,8 +44,12 @@ import time
 from typing import Any
 
 import numpy as np
+import yaml
 
+from .artifact import load
 from .errors import CuvilError
+from .ir.dim import evaluate
+from .pipeline import Pipeline
 
 #: Outputs agree when max |cuvil - ort| <= AGREE_RTOL x max(max |ort|, 1) (the tolerance of
 #: ``cuvil.verify.NATIVE_RTOL``: native kernels reassociate reductions and contract multiply-adds).
@@ -61,7 +65,7 @@ class ConfigError(CuvilError):
     """A malformed or invalid SLA config; the message starts with ``file:line:``."""
 
 
-# -- durations and the YAML subset ------------------------------------------------------------------
+# -- durations and the config file -------------------------------------------------------------------
 
 _DURATION = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(ms|s|m|h)?\s*\Z")
 _UNIT = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
@@ -81,162 +85,49 @@ def parse_duration(value) -> float:
     return secs
 
 
-_KEY_LINE = re.compile(r"""(?P<key>"[^"]*"|'[^']*'|[^\s:#'"\-\[\]{}&*!|>%@`?,][^:#]*?)\s*:(?:\s+(?P<value>.*?))?\s*\Z""")
-_INT = re.compile(r"[-+]?(?:0|[1-9][0-9_]*)\Z")
-_FLOAT = re.compile(r"[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?\Z")
-_BOOLS = {"true": True, "yes": True, "on": True, "false": False, "no": False, "off": False}
-
-
-def _strip_comment(line: str) -> str:
-    """``line`` without a ``#`` comment (a ``#`` at the start or after whitespace, outside quotes)."""
-    quote, i = None, 0
-    while i < len(line):
-        c = line[i]
-        if quote == "'" and c == "'":
-            if line[i + 1:i + 2] == "'":  # '' inside single quotes
-                i += 1
-            else:
-                quote = None
-        elif quote == '"' and c == "\\":
-            i += 1
-        elif quote == '"' and c == '"':
-            quote = None
-        elif quote is None and c in "'\"" and (i == 0 or line[i - 1] in " :\t"):
-            quote = c
-        elif quote is None and c == "#" and (i == 0 or line[i - 1] in " \t"):
-            return line[:i]
-        i += 1
-    return line
-
-
-def _scalar(text: str, where: str):
-    if text[0] in "'\"":
-        q = text[0]
-        if len(text) < 2 or text[-1] != q:
-            raise ConfigError(f"{where}: unterminated quoted string {text!r}")
-        body = text[1:-1]
-        if q == "'":
-            return body.replace("''", "'")
-        return re.sub(r"\\(.)", lambda m: {"n": "\n", "t": "\t"}.get(m.group(1), m.group(1)), body)
-    if text[0] in "[]{}&*!|>%@`" or text.startswith("- ") or text == "-":
-        raise ConfigError(f"{where}: unsupported YAML ({text[0]!r}: lists, flow collections, anchors, tags and "
-                          f"block scalars are not part of the config format; install PyYAML for full YAML)")
-    if ": " in text:
-        raise ConfigError(f"{where}: a mapping cannot follow a key on the same line ({text!r}); "
-                          f"put it on the next lines, indented")
-    low = text.lower()
-    if low in _BOOLS:
-        return _BOOLS[low]
-    if low in ("null", "~"):
-        return None
-    if _INT.match(text):
-        return int(text.replace("_", ""))
-    if _FLOAT.match(text):
-        return float(text.replace("_", ""))
-    if low in (".inf", "+.inf"):
-        return math.inf
-    if low == "-.inf":
-        return -math.inf
-    if low == ".nan":
-        return math.nan
-    return text
-
-
-def parse_yaml_subset(text: str, path: str = "<config>") -> tuple[dict[str, Any], dict[tuple, int]]:
-    """The YAML subset of SLA configs: nested mappings by indentation (spaces), scalars (int, float, str,
-    bool, quoted strings), ``#`` comments, an optional leading ``---``. Returns ``(data, lines)`` where
-    ``lines`` maps each key path (a tuple) to its line number. Anything else is a ConfigError
-    ``path:line: message``."""
-    root: dict[str, Any] = {}
-    lines: dict[tuple, int] = {}
-    stack: list[tuple[int, dict, tuple]] = []  # (indent, mapping, key path)
-    pending = None  # (indent, mapping, key, path, line) of a key whose value is an indented mapping
-    seen_content = False
-    for lineno, raw in enumerate(text.splitlines(), 1):
-        where = f"{path}:{lineno}"
-        line = _strip_comment(raw).rstrip()
-        if not line.strip():
-            continue
-        lead = line[:len(line) - len(line.lstrip())]
-        if "\t" in lead:
-            raise ConfigError(f"{where}: tab in indentation (use spaces)")
-        indent, body = len(lead), line.strip()
-        if body == "---" and not seen_content:
-            seen_content = True
-            continue
-        if body in ("---", "..."):
-            raise ConfigError(f"{where}: only one YAML document is allowed")
-        seen_content = True
-        if body.startswith("- ") or body == "-":
-            raise ConfigError(f"{where}: lists are not supported in the config")
-        m = _KEY_LINE.match(body)
-        if not m:
-            raise ConfigError(f"{where}: expected 'key: value', got {body!r}")
-        key = m.group("key")
-        if key[0] in "'\"":
-            key = key[1:-1]
-        value = m.group("value")
-        if pending is not None:
-            p_indent, p_map, p_key, p_path, p_line = pending
-            if indent > p_indent:
-                child: dict[str, Any] = {}
-                p_map[p_key] = child
-                stack.append((indent, child, p_path))
-            else:
-                raise ConfigError(f"{path}:{p_line}: {p_key!r} has no value (give a value or an indented mapping)")
-            pending = None
-        if not stack:
-            stack.append((indent, root, ()))
-        while stack and indent < stack[-1][0]:
-            stack.pop()
-        if not stack or indent != stack[-1][0]:
-            raise ConfigError(f"{where}: bad indentation (does not line up with an enclosing key)")
-        _, mapping, prefix = stack[-1]
-        if key in mapping:
-            raise ConfigError(f"{where}: duplicate key {'.'.join(prefix + (key,))!r} "
-                              f"(first at line {lines[prefix + (key,)]})")
-        lines[prefix + (key,)] = lineno
-        if value is None or value == "":
-            mapping[key] = None
-            pending = (indent, mapping, key, prefix + (key,), lineno)
-        else:
-            mapping[key] = _scalar(value, where)
-    if pending is not None:
-        raise ConfigError(f"{path}:{pending[4]}: {pending[2]!r} has no value (give a value or an indented mapping)")
-    return root, lines
-
-
-def _parse_with_pyyaml(yaml, text: str, path: str) -> tuple[Any, dict[tuple, int]]:
+def parse_config_text(text: str, path: str = "<config>") -> tuple[Any, dict[tuple, int]]:
+    """One YAML document (PyYAML's safe loader) and the line of every mapping key: ``(data, lines)``, where
+    ``lines`` maps each key path (a tuple) to its line number. A YAML error or a key given twice in one
+    mapping (which YAML forbids but PyYAML would let the last one win) is a ConfigError ``path:line: message``."""
+    loader = None
     try:
-        data = yaml.safe_load(text)
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+        loader = yaml.SafeLoader(text)
+        node = loader.get_single_node()
+        lines: dict[tuple, int] = {}
+        if node is not None:
+            _key_lines(loader, node, (), lines, path)
+        data = loader.construct_document(node) if node is not None else None
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
         line = f"{mark.line + 1}" if mark is not None else "1"
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        problem = e.problem or e.context or str(e).splitlines()[0]
+        if e.problem and e.context and e.context_mark is not None:
+            problem += f" ({e.context} at line {e.context_mark.line + 1})"
         raise ConfigError(f"{path}:{line}: {problem}") from None
-    lines: dict[tuple, int] = {}
-
-    def walk(n, prefix):
-        if isinstance(n, yaml.MappingNode):
-            for k, v in n.value:
-                if isinstance(k, yaml.ScalarNode):
-                    key = prefix + (k.value,)
-                    lines[key] = k.start_mark.line + 1
-                    walk(v, key)
-
-    if node is not None:
-        walk(node, ())
+    except yaml.reader.ReaderError as e:   # a character YAML does not allow; it has a position, not a mark
+        raise ConfigError(f"{path}:{text.count(chr(10), 0, e.position) + 1}: {str(e).splitlines()[0]}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}:1: the config is nested too deeply") from None
+    finally:
+        if loader is not None:
+            loader.dispose()
     return data, lines
 
 
-def parse_config_text(text: str, path: str = "<config>") -> tuple[Any, dict[tuple, int]]:
-    """``yaml.safe_load`` when PyYAML is installed, else :func:`parse_yaml_subset`; ``(data, key lines)``."""
-    try:
-        import yaml
-    except ImportError:
-        return parse_yaml_subset(text, path)
-    return _parse_with_pyyaml(yaml, text, path)
+def _key_lines(loader, node, prefix: tuple, lines: dict[tuple, int], path: str) -> None:
+    # Two levels are all a config has (its keys, and the SLAs under `slas`): deeper values are rejected by
+    # validation, and walking no deeper keeps aliases of aliases from multiplying the walk.
+    if not isinstance(node, yaml.MappingNode) or len(prefix) == 2:
+        return
+    for key_node, value_node in node.value:
+        if not isinstance(key_node, yaml.ScalarNode):
+            continue   # a collection as a key: no config key is one, validation rejects it
+        key = prefix + (loader.construct_object(key_node),)
+        line = key_node.start_mark.line + 1
+        if key in lines:
+            raise ConfigError(f"{path}:{line}: duplicate key {'.'.join(map(str, key))!r} (first at line {lines[key]})")
+        lines[key] = line
+        _key_lines(loader, value_node, key, lines, path)
 
 
 #: SLA keys: (figure path in the result, "max" = the figure must be at most the limit, "min" = at least).
@@ -471,7 +362,6 @@ def prepare_library(opts: BenchOptions) -> dict[str, Any]:
         if onnx_path and not os.path.isfile(onnx_path):
             raise CuvilError(f"{onnx_path}: no such file")
         return {"library": os.path.abspath(path), "onnx": onnx_path, "compiled": None}
-    from .pipeline import Pipeline
     t0 = time.perf_counter()
     opts.log(f"compiling {path} at O{opts.opt_level}")
     p = Pipeline.from_onnx(path).optimize()
@@ -507,7 +397,6 @@ def _concrete(x, env: dict[str, int]) -> int | None:
     if isinstance(x, int):
         return x
     try:
-        from .ir.dim import evaluate
         return int(evaluate(x, env))
     except Exception:  # noqa: BLE001 - a figure, not a failure
         return None
@@ -609,7 +498,6 @@ def _timed_phase(opts: BenchOptions, lib: str, onnx_path: str | None, threads: i
                  ort_agree: dict[str, Any] | None):
     """Warm-up and timed runs in ``opts.concurrency`` threads, each with its own Cuvil Model (own session)
     and, with ``vs``, its own onnxruntime session."""
-    from .artifact import load
     C = opts.concurrency
     engines = ["cuvil"] + (["onnxruntime"] if opts.vs else [])
     workers = []
@@ -847,7 +735,6 @@ def _ratio(a, b):
 
 def run_benchmark(opts: BenchOptions) -> dict[str, Any]:
     """Compiles or loads, measures, and returns every figure as a JSON-ready dict (see the module doc)."""
-    from .artifact import load
     if opts.vs not in (None, "onnxruntime"):
         raise CuvilError(f"--vs takes onnxruntime, got {opts.vs!r}")
     if opts.concurrency < 1:

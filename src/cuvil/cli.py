@@ -2,15 +2,29 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
 from typing import List, Optional
 
 import numpy as np
+import onnx
+import onnx.defs
 
-from .version import __version__
+from . import bench
+from .artifact import PTX_TARGET, load
+from .dsl.parser import load_rules
 from .errors import CuvilError
+from .ir.constraints import check_constraints, dim_ranges
+from .ir.dim import evaluate
+from .kernels.support import support_matrix
+from .kernels.kernel_rules import builtin_kernel_rules
+from .pipeline import Pipeline, _applied_rules
+from .rewrite_rules.verdicts import builtin_rules_dir, verdicts, write_shipped
+from .testing.models import LIGHT_MODELS, light_model
+from .verify import NATIVE_RTOL, verify, verify_artifact
+from .version import __version__
 
 
 def _fmt_count(n) -> str:
@@ -23,7 +37,6 @@ def _fmt_count(n) -> str:
 
 
 def cmd_inspect(args) -> int:
-    from .pipeline import Pipeline
     p = Pipeline.from_onnx(args.model)
     if not args.raw:
         p = p.optimize(builtin=args.optimize, allow_bounded=args.allow_bounded_rules)
@@ -44,7 +57,6 @@ def cmd_inspect(args) -> int:
     print(f"compute: {_fmt_count(st.macs)} MACs = {_fmt_count(st.flops)} FLOPs"
           + ("  (" + ", ".join(f"{op} {_fmt_count(f)}" for op, f in st.flops_by_op.items()) + " FLOPs)" if st.flops_by_op else ""))
     if args.shapes:
-        from .ir.constraints import check_constraints, dim_ranges
         ranges = {k: (v[0], v[-1]) for k, v in _parse_profiles(args.shape_profile).items()}
         n_cons = sum(len(n.constraints) for n in g.nodes)
         bad = check_constraints(g, ranges)
@@ -79,8 +91,6 @@ def demo_model_path() -> str:
 
 def cmd_demo(args) -> int:
     """Cuvil's main job on a small bundled CNN: import, proved rewrites, native compile, run, compare."""
-    from .ir.dim import evaluate
-    from .pipeline import Pipeline, _applied_rules
     path = demo_model_path()
     print(f"cuvil {__version__} demo: {os.path.basename(path)} (bundled)")
     t0 = time.perf_counter()
@@ -151,8 +161,6 @@ def cmd_demo(args) -> int:
 
 
 def cmd_zoo(args) -> int:
-    import onnx
-    from .testing.models import LIGHT_MODELS, light_model
     if args.name not in LIGHT_MODELS:
         raise CuvilError(f"unknown model {args.name!r}; choose from {', '.join(LIGHT_MODELS)}")
     m = light_model(args.name, seed=args.seed, logits=not args.softmax)
@@ -162,13 +170,10 @@ def cmd_zoo(args) -> int:
 
 
 def _rule_paths(args):
-    from .rewrite_rules.verdicts import builtin_rules_dir
     return args.paths or [builtin_rules_dir()]
 
 
 def cmd_rules_check(args) -> int:
-    from .dsl.parser import load_rules
-    from .rewrite_rules.verdicts import verdicts, write_shipped
     rules = load_rules(_rule_paths(args))
     t0 = time.perf_counter()
     if args.write_verdicts:
@@ -205,8 +210,6 @@ def _coverage(v) -> str:
 
 
 def cmd_rules_list(args) -> int:
-    from .dsl.parser import load_rules
-    from .rewrite_rules.verdicts import verdicts
     rules = load_rules(_rule_paths(args))
     for r, (v, _) in zip(rules, verdicts(rules, timeout_ms=args.timeout_ms)):
         print(f"{r.name:32} benefit {r.benefit:<3} on {r.on:6} prove {r.proof:5}  {_verdict_label(v):11}  "
@@ -221,7 +224,6 @@ def _allow_bounded_flag(sp) -> None:
 
 
 def cmd_verify(args) -> int:
-    from .verify import NATIVE_RTOL, verify, verify_artifact
     if args.artifact:
         res = verify_artifact(args.model, args.artifact, examples=args.examples)
         print(f"compared {args.artifact} with the original model (onnx.reference) on {res.examples} inputs, "
@@ -255,7 +257,6 @@ def _parse_fixed(items) -> dict:
 
 
 def cmd_compile(args) -> int:
-    from .artifact import PTX_TARGET
     if args.target == PTX_TARGET:
         return _compile_gpu_bundle(args)
     if args.enable_fp16:
@@ -291,7 +292,6 @@ def cmd_compile(args) -> int:
 
 def _import_and_optimize(args):
     """The steps both compile targets share: the opt level, a timed progress printer, import and optimize."""
-    from .pipeline import Pipeline
     level = {"O0": 0, "O1": 1, "O2": 2, "O3": 3}.get(args.opt_level.upper())
     if level is None:
         raise CuvilError(f"--opt-level takes O0, O1, O2 or O3, got {args.opt_level!r}")
@@ -313,8 +313,6 @@ def _compile_gpu_bundle(args) -> int:
     level, progress, p = _import_and_optimize(args)
     kernel_rules = None   # the built-in ones; plus any `on kernel` rules in the --rules files
     if args.rules:
-        from .dsl.parser import load_rules
-        from .kernels.kernel_rules import builtin_kernel_rules
         mine = [r for r in load_rules(args.rules) if r.on == "kernel"]
         kernel_rules = builtin_kernel_rules() + mine if mine else None
     bundle = p.compile(args.target, level, prefix=args.prefix, fixed=_parse_fixed(args.fix), progress=progress,
@@ -342,7 +340,6 @@ def _compile_gpu_bundle(args) -> int:
 
 
 def cmd_run(args) -> int:
-    from .artifact import load
     m = load(args.library, num_threads=args.threads)
     named = {}
     for item in args.input or ():
@@ -363,17 +360,24 @@ def cmd_run(args) -> int:
 
 
 def cmd_ops(args) -> int:
-    import onnx.defs
-    from .ir.registry import all_ops
-    ops = all_ops()
-    by_family = {}
-    for name, d in sorted(ops.items()):
-        by_family.setdefault(d.family, []).append(name)
-    for fam, names in by_family.items():
-        print(f"{fam:12} {len(names):3}  {' '.join(names)}")
+    """The support matrix (op x import / proof semantics / x86 / GPU / float16 class), then the ONNX
+    default-domain ops Cuvil does not register; ``--json``: the matrix as JSON."""
+    rows = support_matrix()
     onnx_ops = {s.name for s in onnx.defs.get_all_schemas() if s.domain == "" and not s.deprecated}
-    missing = sorted(onnx_ops - set(ops))
-    print(f"{len(set(ops) & onnx_ops)} of {len(onnx_ops)} ONNX default-domain ops have shape inference")
+    missing = sorted(onnx_ops - {r.op for r in rows})
+    if args.json:
+        print(json.dumps({"ops": [r.as_dict() for r in rows], "onnx_not_covered": missing}, indent=1))
+        return 0
+    mark = lambda ok: "yes" if ok else "-"  # noqa: E731
+    print(f"{'op':26} {'family':12} {'import':6} {'proof':5} {'x86':3} {'gpu':3} half")
+    for r in rows:
+        print(f"{r.op:26} {r.family:12} {mark(r.imported):6} {mark(r.proof):5} {mark(r.x86):3} {mark(r.gpu):3} "
+              f"{r.half or '-'}")
+    count = lambda pred: sum(1 for r in rows if pred(r))  # noqa: E731
+    print(f"{len(rows)} ops: {count(lambda r: r.proof)} with proof semantics, {count(lambda r: r.x86)} on x86, "
+          f"{count(lambda r: r.gpu)} on the GPU, {count(lambda r: r.half and r.half != 'float32')} in float16 "
+          f"(GPU, --enable-fp16); why an op lacks one: cuvil ops --json")
+    print(f"{len(onnx_ops) - len(missing)} of {len(onnx_ops)} ONNX default-domain ops are registered")
     print(f"not covered ({len(missing)}): {' '.join(missing)}")
     return 0
 
@@ -381,8 +385,7 @@ def cmd_ops(args) -> int:
 def cmd_bench(args) -> int:
     """Latency percentiles, throughput, error rate, cold start and peak RSS; optionally beside onnxruntime;
     exit 0 when the SLA held (or none was given), 1 when not."""
-    from . import bench as B
-    cfg = B.load_config(args.config) if args.config else {}
+    cfg = bench.load_config(args.config) if args.config else {}
     if args.runs is not None and args.duration is not None:
         raise CuvilError("give --runs or --duration, not both")
     slas = dict(cfg.get("slas", {}))
@@ -395,7 +398,7 @@ def cmd_bench(args) -> int:
     if args.runs is not None or args.duration is not None:
         runs = args.runs
         try:
-            duration = B.parse_duration(args.duration) if args.duration is not None else None
+            duration = bench.parse_duration(args.duration) if args.duration is not None else None
         except ValueError as e:
             raise CuvilError(f"--duration: {e}") from None
     else:
@@ -403,9 +406,9 @@ def cmd_bench(args) -> int:
     pick = lambda flag, key, default: flag if flag is not None else cfg.get(key, default)
     vs = pick(args.vs, "vs", None)
     cold_runs = args.cold_runs
-    B.sla_requirements(slas, vs, cold_runs)
+    bench.sla_requirements(slas, vs, cold_runs)
     if args.plot:
-        B.require_matplotlib()
+        bench.require_matplotlib()
     if args.runs is not None and args.runs < 1:
         raise CuvilError(f"--runs must be >= 1, got {args.runs}")
     for flag, val, lo in (("--warmup", args.warmup, 0), ("--threads", args.threads, 0),
@@ -413,22 +416,22 @@ def cmd_bench(args) -> int:
                           ("--pause-ms", args.pause_ms, 0)):
         if val is not None and val < lo:
             raise CuvilError(f"{flag} must be >= {lo}, got {val}")
-    opts = B.BenchOptions(
+    opts = bench.BenchOptions(
         args.model, onnx=args.onnx, vs=vs, threads=pick(args.threads, "threads", 1), runs=runs, duration=duration,
-        warmup=pick(args.warmup, "warmup", B.DEFAULT_WARMUP), concurrency=pick(args.concurrency, "concurrency", 1),
-        opt_level=B.parse_opt_level(pick(args.opt_level, "opt_level", "O3")), shapes=B.parse_shapes(args.shape),
+        warmup=pick(args.warmup, "warmup", bench.DEFAULT_WARMUP), concurrency=pick(args.concurrency, "concurrency", 1),
+        opt_level=bench.parse_opt_level(pick(args.opt_level, "opt_level", "O3")), shapes=bench.parse_shapes(args.shape),
         seed=args.seed, cold_runs=cold_runs, pause_ms=args.pause_ms,
         progress=True if args.progress else "auto" if sys.stderr.isatty() else False,
         log=lambda msg: print(f"cuvil bench: {msg}", file=sys.stderr, flush=True))
-    res = B.run_benchmark(opts)
-    checks = B.check_slas(res, slas)
+    res = bench.run_benchmark(opts)
+    checks = bench.check_slas(res, slas)
     res["slas"], res["sla_held"] = checks, all(c["held"] for c in checks)
-    print(B.format_report(res, checks))
+    print(bench.format_report(res, checks))
     if args.json:
-        B.write_json(res, args.json)
+        bench.write_json(res, args.json)
         print(f"wrote {args.json}")
     if args.plot:
-        B.plot(res, args.plot)
+        bench.plot(res, args.plot)
         print(f"wrote {args.plot}")
     return 0 if res["sla_held"] else 1
 
@@ -504,7 +507,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--examples", type=int, default=50)
     sp.add_argument("--artifact", help="also fuzz this compiled library (libNAME.so) against the original")
     sp.set_defaults(fn=cmd_verify)
-    sp = sub.add_parser("ops", help="ops with shape inference, by family, and the ONNX ops not covered")
+    sp = sub.add_parser("ops", help="support matrix: each op's import, proof semantics, x86, GPU and float16 support")
+    sp.add_argument("--json", action="store_true", help="the matrix (with the reason for each gap) as JSON")
     sp.set_defaults(fn=cmd_ops)
     sp = sub.add_parser("bench", help="latency, throughput, cold start and memory of a model, against an SLA",
                         description="Benchmark a model (an .onnx, compiled first; or a compiled .so): p50/p90/p99/max "

@@ -29,8 +29,11 @@ import onnx
 from onnx.backend.base import Backend, BackendRep, Device, DeviceType
 
 from .errors import CuvilError, ShapeError, UnsupportedOpError
+from .frontend import load_model
 from .ir.dim import SymExpr
 from .ir.dtype import DType
+from .ir.registry import all_ops
+from .pipeline import Pipeline
 
 __all__ = ["CuvilBackend", "CuvilBackendRep", "backend", "prepare", "run_model", "run_node", "supports_device"]
 
@@ -88,7 +91,6 @@ _SHAPE_ONLY = {"Shape", "Size"}
 
 
 def _value_positions(op: str) -> Tuple[int, ...]:
-    from .ir.registry import all_ops
     d = all_ops().get(op)
     out = set(_EXTRA_VALUE_POSITIONS.get(op, ()))
     if d is not None:
@@ -154,7 +156,6 @@ class CuvilBackendRep(BackendRep):
     def _pipeline(self, key: Tuple, values: Optional[Mapping[str, np.ndarray]] = None):
         p = self._pipelines.get(key)
         if p is None:
-            from .pipeline import Pipeline
             model = _freeze_inputs(self.model, values) if values else self.model
             p = Pipeline.from_onnx(model)
             p = p.optimize() if self.optimize else p
@@ -253,7 +254,6 @@ class CuvilBackend(Backend):
         if not cls.supports_device(device):
             raise CuvilError(f"device {device!r} is not supported; Cuvil compiles for CPU")
         if isinstance(model, (bytes, str)):
-            from .frontend import load_model
             model = load_model(model)
         opts = {k: kwargs[k] for k in ("opt_level", "num_threads", "cache", "optimize") if k in kwargs}
         return CuvilBackendRep(model, **opts)

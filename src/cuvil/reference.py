@@ -13,6 +13,8 @@ import onnx
 from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
 
+from .ir.ops.winograd import kernel_transform, winograd_conv_reference
+
 
 def _softplus(x):
     return np.log(np.exp(x) + np.ones((), x.dtype)).astype(x.dtype)
@@ -62,7 +64,6 @@ class WinogradKernel(OpRun):
     op_domain = "ai.cuvil"
 
     def _run(self, w, tile=4):
-        from .ir.ops.winograd import kernel_transform
         return (kernel_transform(w, int(tile)),)
 
 
@@ -70,7 +71,6 @@ class WinogradConv(OpRun):
     op_domain = "ai.cuvil"
 
     def _run(self, x, u, b=None, tile=4, pads=None):
-        from .ir.ops.winograd import winograd_conv_reference
         return (winograd_conv_reference(x, u, b, int(tile), list(pads) if pads is not None else [0, 0, 0, 0]),)
 
 

@@ -14,9 +14,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
 
+from .artifact import load
+from .dsl.parser import load_rules
 from .pipeline import Pipeline
+from .rewrite_rules.verdicts import builtin_rules
 from .testing.rules import REAL_RTOL
-from .testing.strategies import inputs_for
+from .testing.strategies import float_arrays, inputs_for
 
 
 @attrs.define
@@ -59,8 +62,6 @@ def compare(want: np.ndarray, got: np.ndarray, exact: bool, rtol: float = REAL_R
 def verify(source, *, rules: Sequence = (), examples: int = 50, seed: Optional[int] = 0, max_dim: int = 4) -> VerifyResult:
     src = source if isinstance(source, Pipeline) else Pipeline.from_onnx(source)
     opt = src.optimize(rules=list(rules) or None)
-    from .rewrite_rules.verdicts import builtin_rules
-    from .dsl.parser import load_rules
     obligations = {r.name: r.proof for r in builtin_rules() + (load_rules(list(rules)) if rules else [])}
     fired = {k: v for k, v in opt.report.applied.items() if v}
     exact = all(obligations.get(name) == "exact" for name in fired)
@@ -95,8 +96,6 @@ NATIVE_RTOL = 1e-4
 def verify_artifact(source, library: str, *, examples: int = 30, seed: Optional[int] = 0) -> VerifyResult:
     """Fuzz a compiled library against the *original* model through onnx.reference (finite inputs of the
     library's shapes); a difference is shrunk to a minimal input."""
-    from .artifact import load
-    from .testing.strategies import float_arrays
     src = source if isinstance(source, Pipeline) else Pipeline.from_onnx(source)
     lib = load(library)
     specs = lib.inputs

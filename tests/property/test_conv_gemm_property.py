@@ -6,7 +6,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cuvil import Pipeline
-from test_x86_gemm import conv_model
+from cuvil.testing.conv_models import conv_epilogue_model
 
 
 @st.composite
@@ -34,7 +34,7 @@ def conv_cases(draw):
 @given(case=conv_cases(), seed=st.integers(0, 2**16))
 def test_random_convolutions_match_onnxruntime(case, seed):
     xs, ws, attrs = case
-    model = conv_model(xs, ws, seed=seed, **attrs)
+    model = conv_epilogue_model(xs, ws, seed=seed, **attrs)
     x = np.random.default_rng(seed).standard_normal(xs).astype(np.float32)
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     art = Pipeline.from_onnx(model).optimize().compile(opt_level=2)

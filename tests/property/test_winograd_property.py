@@ -1,6 +1,6 @@
 """Random 3x3 convolutions forced through Winograd F(2x2) and F(4x4) (input transform, grouped GEMM, output
 transform with a fused epilogue) agree with onnxruntime's direct convolution, with 1 and 2 threads alike.
-The tolerance is test_winograd.TOL (the algorithm's measured drift, see there)."""
+The tolerance is cuvil.testing.conv_models.WINOGRAD_TOL (the algorithm's measured drift, see there)."""
 from unittest import mock
 
 import numpy as np
@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 
 from cuvil import Pipeline
 from cuvil.targets.x86 import choose
-from test_winograd import TOL, conv_model, feeds_for, normwise, ort_run
+from cuvil.testing.conv_models import WINOGRAD_TOL, winograd_conv_model
+from cuvil.testing.oracles import normwise_error, ort_run, random_feeds
 
 
 @st.composite
@@ -27,8 +28,8 @@ def cases(draw):
 @given(case=cases(), seed=st.integers(0, 2**16))
 def test_random_winograd_convolutions_match_onnxruntime(case, seed):
     geo, tile = case
-    m = conv_model(**geo)
-    feeds = feeds_for(m, seed)
+    m = winograd_conv_model(**geo)
+    feeds = random_feeds(m, seed)
     want = ort_run(m, feeds)
     with mock.patch.object(choose, "best_tile", lambda *a: tile):
         art = Pipeline.from_onnx(m).optimize().compile(cache=False)
@@ -36,5 +37,5 @@ def test_random_winograd_convolutions_match_onnxruntime(case, seed):
     got1 = art.run(feeds, num_threads=1)["y"]
     got2 = art.run(feeds, num_threads=2)["y"]
     assert got1.shape == want.shape
-    assert normwise(got1, want) < TOL
+    assert normwise_error(got1, want) < WINOGRAD_TOL
     np.testing.assert_array_equal(got1, got2)

@@ -11,6 +11,7 @@ from lark import Lark, Transformer, v_args
 
 from .ast import PHASES, Coalesce, Compare, FuncCall, ListLit, Loc, Num, OpCall, OptionalVar, Rule, Var, Wildcard
 from .errors import RuleError
+from .validate import validate_rules
 
 GRAMMAR = os.path.join(os.path.dirname(__file__), "rule.lark")
 
@@ -194,7 +195,6 @@ def parse_rules(source: str, path: str = "<string>", *, validate: bool = True) -
     except RecursionError:
         raise RuleError("expression nested too deeply", path, 1, 1, source) from None
     if validate:
-        from .validate import validate_rules
         try:
             validate_rules(rules, source)
         except RecursionError:

@@ -12,11 +12,11 @@ import numpy as np
 
 from ..errors import UnsupportedOpError
 from ..ir.graph import Graph, Value
+from .canonical import add_canonical_node
 
 
 def canonicalize(g: Graph, op: str, inputs: List[Optional[Value]], attrs: dict, out_names: List[str],
                  where: str, opset: int) -> List[Optional[Value]]:
-    from .onnx_import import add_canonical_node
     if op == "Constant":
         return [g.const(_constant_value(attrs, where, opset), out_names[0] or where)]
     adapter = ADAPTERS.get(op)
@@ -43,7 +43,6 @@ def _constant_value(attrs: dict, where: str, opset: int) -> np.ndarray:
 
 
 def _add(g, op, inputs, attrs, out_names, where, opset):
-    from .onnx_import import add_canonical_node
     return list(add_canonical_node(g, op, inputs, attrs, out_names, where, opset).outputs)
 
 

@@ -22,9 +22,7 @@ from ..errors import (InvalidAttributeError, ModelLoadError, ShapeError, Unsuppo
 from ..ir.dim import SymExpr, Symbol
 from ..ir.dtype import DType
 from ..ir.graph import Graph, Value
-from ..ir.registry import lookup
 from ..ir.types import TensorType
-from ..ir.lifting import drop_default_attrs, lift_const_inputs
 from . import legacy
 
 MIN_OPSET = 7
@@ -433,18 +431,4 @@ def _attr_value(a: onnx.AttributeProto, what: str = ""):
     return v
 
 
-def add_canonical_node(g: Graph, op: str, inputs, attrs, out_names, where: str, opset: int):
-    """Create the canonical node: look the op up, infer types (errors name the node), lift constants."""
-    lookup(op, node=where, opset=opset)
-    n_out = max(1, len(out_names))
-    node = g.add_node(op, list(inputs), attrs, name=where, num_outputs=n_out,
-                      output_names=[n or f"{where}_unused{k}" for k, n in enumerate(out_names)])
-    lift_const_inputs(g, node)
-    drop_default_attrs(node)
-    if len(node.outputs) < len(out_names):
-        raise ShapeError(f"node {where!r} ({op}) declares {len(out_names)} outputs but the op has {len(node.outputs)}")
-    del node.outputs[len(out_names):]  # optional outputs the model does not ask for
-    return node
-
-
-__all__ = ["load_model", "import_model", "symbol_name", "default_opset", "add_canonical_node", "lift_const_inputs"]
+__all__ = ["load_model", "import_model", "symbol_name", "default_opset"]

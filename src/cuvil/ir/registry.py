@@ -1,9 +1,12 @@
 """The op registry: one :class:`OpDef` per ONNX op, declared once in ``ir/ops/<family>.py``.
 
 An OpDef holds the op's shape/dtype inference (symbolic-aware), its canonical form (which constant inputs
-are lifted into attributes on import) and an optional symbolic evaluator for shape computations. Other
-interpretations of ops (Z3 semantics, kernel lowerings) are tables keyed by op name in their own modules.
-Arity and attribute defaults come from ONNX's own schema at :data:`CANON_OPSET`.
+are lifted into attributes on import), an optional symbolic evaluator for shape computations, and its
+traits (elementwise, half-precision class, ...). Every set of ops that other layers need (fusion consumers,
+the elementwise prover's ops, the float16 pass's ops) is derived from the traits with :func:`ops_with`,
+never kept by hand. Other interpretations of ops (Z3 semantics, kernel lowerings) are tables keyed by op
+name in their own modules, named after the same families. Arity and attribute defaults come from ONNX's
+own schema at :data:`CANON_OPSET`.
 """
 from __future__ import annotations
 
@@ -29,6 +32,18 @@ CUSTOM_OPSET = 1
 _CUSTOM_SCHEMAS: Dict[str, "onnx.defs.OpSchema"] = {}
 
 
+# Values of the ``elementwise`` trait: how an elementwise op reads its inputs at the output's index.
+BROADCAST = "broadcast"    # every input at the output's index, up to numpy (multidirectional) broadcasting
+PER_CHANNEL = "channel"    # input 0 at the output's index, the others at its channel (axis 1): BatchNormalization
+
+# Values of the ``half`` trait: what the float16 precision pass does with the op.
+HALF_COMPUTE = "compute"        # computed in half (storage and elementwise math)
+HALF_EXACT = "exact"            # data movement or selection, exact in any type
+HALF_ACCUMULATE = "accumulate"  # half in and out, float32 accumulators (sums of products, averages)
+HALF_FLOAT32 = "float32"        # kept in float32 on purpose (overflows or loses too much in half)
+HALF_CLASSES = (HALF_COMPUTE, HALF_EXACT, HALF_ACCUMULATE, HALF_FLOAT32)
+
+
 class UnknownRank(Exception):
     """Raised by InferCtx.shape when an input's rank is unknown; outputs then get unknown rank too."""
 
@@ -45,6 +60,15 @@ class OpDef:
     # Elements of small integer outputs as dimensions (shape arithmetic), or None per output.
     sym_eval: Optional[Callable[["InferCtx"], List[Optional[Tuple[Dim, ...]]]]] = None
     domain: str = ""    # "" for ONNX ops, CUSTOM_DOMAIN for Cuvil's own
+    # Traits (see the constants above). elementwise: None, BROADCAST or PER_CHANNEL; the fusion consumers
+    # of the kernel layer are the elementwise ops, the elementwise prover takes the BROADCAST ones.
+    elementwise: Optional[str] = None
+    # The float16 pass's class: one of HALF_CLASSES, or None (not half-capable: kept in float32 too).
+    half: Optional[str] = None
+    # The output's element type is chosen by an attribute or another input (Cast, CastLike), not by the data.
+    converts_dtype: bool = False
+    # The output is not a function of the inputs (random ops): never folded nor merged.
+    nondeterministic: bool = False
 
     @functools.cached_property
     def schema(self) -> onnx.defs.OpSchema:
@@ -62,9 +86,17 @@ class OpDef:
 REGISTRY: Dict[str, OpDef] = {}
 
 
-def op(*names: str, lifted: Sequence[Tuple[str, int, str]] = (), sym_eval=None, domain: str = ""):
+def op(*names: str, lifted: Sequence[Tuple[str, int, str]] = (), sym_eval=None, domain: str = "",
+       elementwise: Optional[str] = None, half: Optional[str] = None, converts_dtype: bool = False,
+       nondeterministic: bool = False):
     """Decorator: declare ops ``names`` with the decorated function as their shape inference (``domain``:
-    CUSTOM_DOMAIN for Cuvil's own ops, whose schema :func:`register_custom_schema` declared first)."""
+    CUSTOM_DOMAIN for Cuvil's own ops, whose schema :func:`register_custom_schema` declared first) and the
+    given traits (see :class:`OpDef`). Ops that share a shape function but not their traits stack several
+    ``@op`` on it."""
+    if elementwise not in (None, BROADCAST, PER_CHANNEL):
+        raise ValueError(f"elementwise must be None, {BROADCAST!r} or {PER_CHANNEL!r}, not {elementwise!r}")
+    if half is not None and half not in HALF_CLASSES:
+        raise ValueError(f"half must be None or one of {HALF_CLASSES}, not {half!r}")
 
     def deco(fn):
         family = fn.__module__.rsplit(".", 1)[-1]
@@ -73,7 +105,8 @@ def op(*names: str, lifted: Sequence[Tuple[str, int, str]] = (), sym_eval=None, 
                 raise RuntimeError(f"op {name} declared twice ({REGISTRY[name].family} and {family})")
             if domain and name not in _CUSTOM_SCHEMAS:
                 raise RuntimeError(f"op {name} of domain {domain} has no registered schema")
-            REGISTRY[name] = OpDef(name, family, fn, tuple(lifted), sym_eval, domain)
+            REGISTRY[name] = OpDef(name, family, fn, tuple(lifted), sym_eval, domain, elementwise, half,
+                                   converts_dtype, nondeterministic)
         return fn
 
     return deco
@@ -90,6 +123,17 @@ def lookup(name: str, *, node: str = "", opset: Optional[int] = None, domain: st
 def all_ops() -> Dict[str, OpDef]:
     _load_families()
     return dict(REGISTRY)
+
+
+def ops_with(trait: str, *values: Any) -> frozenset:
+    """Names of the registered ops whose ``trait`` is one of ``values`` (truthy, when no value is given):
+    ``ops_with("elementwise")``, ``ops_with("half", HALF_COMPUTE, HALF_EXACT)``."""
+    _load_families()
+    if trait not in attrs.fields_dict(OpDef):
+        raise ValueError(f"OpDef has no trait {trait!r}")
+    if values:
+        return frozenset(n for n, d in REGISTRY.items() if getattr(d, trait) in values)
+    return frozenset(n for n, d in REGISTRY.items() if getattr(d, trait))
 
 
 def register_custom_schema(schema: onnx.defs.OpSchema) -> None:

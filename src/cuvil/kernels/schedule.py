@@ -18,20 +18,14 @@ from ..errors import ShapeError, UnsupportedOpError
 from ..ir.dim import SymExpr, Symbol, bounds, evaluate, product
 from ..ir.dtype import DType
 from ..ir.graph import Graph, Value
+from ..ir.registry import ops_with
 from .lower import LOWERINGS, LowerCtx, TensorFn
 from .texpr import E, Buf, const, load, replace_node, top_level, var
 
 ALIGN = 64
 ARENA, WEIGHTS = 0, 1
 # Ops that read each input element at the output's index (up to broadcasting): fusion consumers.
-ELEMENTWISE_OPS = {
-    "Add", "Sub", "Mul", "Div", "Pow", "Mod", "Max", "Min", "Sum", "Mean", "Sqrt", "Exp", "Log", "Sin", "Cos",
-    "Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh", "Erf", "Floor", "Ceil", "Round",
-    "Tanh", "Abs", "Neg", "Reciprocal", "Sign", "Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual",
-    "And", "Or", "Xor", "Not", "IsNaN", "IsInf", "Where", "Cast", "CastLike", "Relu", "LeakyRelu", "PRelu", "Elu",
-    "Selu", "Celu", "Sigmoid", "HardSigmoid", "HardSwish", "Softplus", "Softsign", "Mish", "Gelu",
-    "ThresholdedRelu", "Shrink", "Clip", "Identity", "Dropout", "BatchNormalization",
-}
+ELEMENTWISE_OPS = ops_with("elementwise")
 
 
 @attrs.define(eq=False)

@@ -12,13 +12,12 @@ from onnx import helper
 from ..frontend.onnx_export import export_opset, node_proto, value_info
 from ..ir.dim import product
 from ..ir.graph import Graph, Node
-from ..ir.registry import CUSTOM_OPSET
-from ..reference import run_reference
 from ..ir.lifting import lift_const_inputs
+from ..ir.registry import CUSTOM_OPSET, infer_node, ops_with
+from ..reference import run_reference
 
 # Ops never folded: their result is not a function of their inputs.
-NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli",
-                    "Multinomial"}
+NONDETERMINISTIC = ops_with("nondeterministic")
 # Largest folded output, in elements: folding must not blow a small graph up into a huge constant.
 MAX_FOLD_ELEMENTS = 1 << 26
 
@@ -37,7 +36,6 @@ def fold_constants(g: Graph) -> int:
 
 
 def _reinfer(n: Node) -> None:
-    from ..ir.registry import infer_node
     types, syms = infer_node(n)
     for o, t, s in zip(n.outputs, types, syms):
         o.type, o.sym_value = t, s

@@ -51,21 +51,13 @@ from ..dsl.cases import expand_cases
 from ..errors import UnsupportedOpError
 from ..ir.registry import attr_defaults, lookup, op_schema
 from . import index_semantics as ix
+from .generic_refute import GenericResult, quick_refute, refute
 from .index_semantics import Unsupported
 
 MAX_RANK = 8            # a rank or list length that can exceed this is "unbounded"
 MAX_COMBOS = 16         # rank assignments proved at most
 READ_MS = 3000          # per attempt to prove two reads of an input at the same index (unknown: kept apart)
 STRING_CHOICES = {("Pad", "mode"): ("constant", "reflect", "edge", "wrap")}
-
-
-@attrs.frozen
-class GenericResult:
-    status: str                      # "proved" or "refuted"
-    coverage: str                    # what the proof covers
-    counterexample: Optional[str] = None
-    # A refutation's concrete instance (shapes, attributes, input values), for replaying it elsewhere.
-    witness: Optional[dict] = attrs.field(default=None, eq=False)
 
 
 def prove_generic(rule: Rule, timeout_ms: int) -> Optional[GenericResult]:
@@ -574,7 +566,6 @@ class _Proof:
             raise Unsupported("the two sides have different element types")
         parts = {"dims": [a == b for a, b in zip(lhs.dims, rhs.dims)], "valid": inst.rhs_side.valid,
                  "defined": rhs_def, "eq": dom.equal(le, re) if le.sort() == dom.sort else le == re}
-        from .generic_refute import quick_refute, refute
         found = quick_refute(self.rule, inst, base, parts, self.timeout_ms)
         if found is not None:
             return found, True
@@ -811,7 +802,7 @@ def _axis_view(rule: Rule) -> Optional[Rule]:
 
 def _elementwise(rule: Rule) -> bool:
     calls = list(_ops(rule.lhs)) + list(_ops(rule.rhs))
-    if any(c.op not in ix.UNARY | ix.BROADCASTING or c.rest for c in calls):
+    if any(c.op not in ix.ELEMENTWISE or c.rest for c in calls):
         return False
     for g in rule.guards:
         if isinstance(g, FuncCall) and g.name not in ("const", "single_use"):

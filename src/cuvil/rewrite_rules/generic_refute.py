@@ -10,8 +10,9 @@ its witness (shapes, attributes, input values) can be replayed through any ONNX 
 from __future__ import annotations
 
 import time
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
+import attrs
 import numpy as np
 import z3
 
@@ -26,6 +27,17 @@ MAX_TRIES = 2
 QUERY_MS = 2000          # per solver call
 BUDGET_MS = 12000        # for the whole search
 _BOUNDS = (3, 5)         # largest dim tried, first pass then second
+
+
+# Defined here rather than in generic.py, which imports this module: the refuter builds "refuted" results.
+@attrs.frozen
+class GenericResult:
+    """The generic prover's verdict for a rule: "proved" (with what the proof covers) or "refuted"."""
+    status: str                      # "proved" or "refuted"
+    coverage: str                    # what the proof covers
+    counterexample: Optional[str] = None
+    # A refutation's concrete instance (shapes, attributes, input values), for replaying it elsewhere.
+    witness: Optional[dict] = attrs.field(default=None, eq=False)
 
 
 def quick_refute(rule: Rule, inst, assumptions: List[Any], parts: Dict[str, Any], timeout_ms: int):
@@ -59,7 +71,6 @@ def refute(rule: Rule, inst, assumptions: List[Any], parts: Dict[str, Any], hint
 
 
 def _search(rule, inst, assumptions, queries, *, bounds, tries, query_ms, budget_ms, timeout_ms, solve):
-    from .generic import GenericResult
     deadline = time.perf_counter() + budget_ms / 1e3
     small = _small(inst)
     for goal, lo, kind in queries:

@@ -25,6 +25,7 @@ import numpy as np
 import z3
 
 from ..errors import UnsupportedOpError
+from ..ir.registry import BROADCAST, op_schema, ops_with
 from . import semantics as sem
 
 
@@ -347,13 +348,18 @@ def bcast_index(dims: List[Any], idx: Sequence[Any], out_dims: Optional[Sequence
     return out
 
 
-UNARY = {"Abs", "Neg", "Reciprocal", "Floor", "Ceil", "Round", "Sqrt", "Exp", "Log", "Sin", "Cos", "Tan",
-         "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh", "Erf", "Sign", "Not", "IsNaN",
-         "IsInf", "Relu", "LeakyRelu", "Elu", "Selu", "Sigmoid", "HardSigmoid", "Tanh", "Softplus", "Softsign",
-         "HardSwish", "Gelu", "Mish", "ThresholdedRelu", "Celu", "Identity", "Clip", "Cast"}
-BROADCASTING = {"Add", "Sub", "Mul", "Div", "Pow", "Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual",
-                "And", "Or", "Xor", "PRelu", "Sum", "Max", "Min", "Mean", "Where"}
-BOOL_OUT = {"Not", "IsNaN", "IsInf", "Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "And", "Or", "Xor"}
+def _bool_output(op: str) -> bool:
+    """Whether the op's ONNX schema makes its first output Bool (comparisons, logic, IsNaN)."""
+    schema = op_schema(op)
+    allowed = {tc.type_param_str: list(tc.allowed_type_strs) for tc in schema.type_constraints}
+    return allowed.get(schema.outputs[0].type_str, [schema.outputs[0].type_str]) == ["tensor(bool)"]
+
+
+# Elementwise ops read at one broadcast index, each element by its scalar semantics: the op registry's
+# broadcast-elementwise ops that the semantics table models. Dropout has its own index semantics (below:
+# its training mode and mask output).
+ELEMENTWISE = frozenset((ops_with("elementwise", BROADCAST) & set(sem.SEMANTICS)) - {"Dropout"})
+BOOL_OUT = frozenset(o for o in ELEMENTWISE if _bool_output(o))
 
 
 def _scalar_attrs(at: Attrs) -> Dict[str, Any]:
@@ -362,7 +368,7 @@ def _scalar_attrs(at: Attrs) -> Dict[str, Any]:
     return dict(at.explicit)
 
 
-@op(*sorted(UNARY | BROADCASTING))
+@op(*sorted(ELEMENTWISE))
 def _elementwise(side: Side, ins, at: Attrs) -> Tensor:
     ins = [t for t in ins if t is not None]
     if not ins:
@@ -937,7 +943,7 @@ def _zmax_all(xs):
     return out
 
 
-@ranks(*sorted(UNARY | BROADCASTING))
+@ranks(*sorted(ELEMENTWISE))
 def _r_elementwise(ins, at, out):
     xs = [r for r in ins if r is not None]
     return [out == _zmax_all(xs)]

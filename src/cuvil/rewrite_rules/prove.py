@@ -40,9 +40,10 @@ import z3
 from ..dsl.ast import DTYPE_NAMES, Expr, FuncCall, ListLit, Num, OpCall, Rule, Var, Wildcard
 from ..dsl.cases import expand_cases
 from ..dsl.compiler import BuildError, build, match
+from ..dsl.validate import KERNEL_OPS
 from ..errors import CuvilError, ShapeError, UnsupportedOpError
 from ..ir.graph import Graph
-from ..ir.registry import attr_defaults, op_schema
+from ..ir.registry import BROADCAST, attr_defaults, op_schema, ops_with
 from ..ir.dtype import DType
 from ..ir.types import TensorType
 from . import semantics as sem
@@ -63,15 +64,11 @@ MIN_BOUNDED, BOUNDED_BUDGET_S = 3, 6.0
 SEED = 25
 MAX_GENERIC = 300  # generic input-shape combinations tried per op of a pattern
 
-# Ops whose every output element is a function of the corresponding (broadcast) input elements alone.
-ELEMENTWISE = {
-    "Abs", "Neg", "Reciprocal", "Floor", "Ceil", "Round", "Sqrt", "Exp", "Log", "Sin", "Cos", "Tan", "Asin",
-    "Acos", "Atan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh", "Erf", "Sign", "Not", "IsNaN", "IsInf", "Add",
-    "Sub", "Mul", "Div", "Pow", "Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "And", "Or",
-    "Xor", "Sum", "Max", "Min", "Mean", "Where", "Relu", "LeakyRelu", "Elu", "Selu", "Sigmoid", "HardSigmoid",
-    "Tanh", "Softplus", "Softsign", "HardSwish", "Gelu", "Mish", "ThresholdedRelu", "Celu", "Clip", "Identity",
-    "Dropout", "Fma",
-}
+# Ops the elementwise prover takes: every output element a function of the input elements at its (numpy
+# broadcast) index alone, with Z3 semantics, and an element type the data fixes (the prover types every value
+# alike, so not Cast); plus the ops that exist only inside kernels (Fma). Derived from the op registry.
+ELEMENTWISE = frozenset(((ops_with("elementwise", BROADCAST) - ops_with("converts_dtype")) & set(sem.SEMANTICS))
+                        | KERNEL_OPS)
 SHAPE_GUARDS = {"rank", "dim", "shape"}
 # The DSL name of each element type (the first of its spellings in DTYPE_NAMES).
 DTYPE_NAME: Dict[DType, str] = {}

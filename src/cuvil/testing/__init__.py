@@ -1,4 +1,7 @@
-"""Tools for testing models and rules with Cuvil: real architectures with random weights, oracles."""
+"""Tools for testing models and rules with Cuvil: real architectures with random weights (:mod:`.models`),
+single-convolution models (:mod:`.conv_models`), Hypothesis strategies (:mod:`.strategies`), rule checks
+(:mod:`.rules`), onnxruntime as oracle and error measures (:mod:`.oracles`, needs onnxruntime), fresh compiled
+libraries (:mod:`.artifacts`), per-op shape inference against onnx (:mod:`.shape_inference`)."""
 from . import strategies
 from .models import (LIGHT_MODELS, light_model, light_model_path, small_cnn, strip_final_softmax,
                      with_batch, with_random_weights)

@@ -3,6 +3,9 @@
 Their weights are made by ``ConstantOfShape`` (every weight 0.02); :func:`light_model` replaces them by
 seeded random ones scaled so activations stay in range through deep networks, and can cut the final
 Softmax so comparisons look at logits (with random weights a Softmax output is nearly one-hot).
+
+Beside them, small seeded models the tests share: :func:`small_cnn`, :func:`symbolic_batch_cnn` and
+:func:`transformer_block` (symbolic dims, with the shape profiles the dynamic-shape tests compile them for).
 """
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ from typing import Dict, List
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
+from onnx import TensorProto, helper, numpy_helper
 
 LIGHT_MODELS = ("bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50", "shufflenet",
                 "squeezenet", "vgg19", "zfnet512")
@@ -143,7 +146,6 @@ def strip_final_softmax(model: onnx.ModelProto) -> onnx.ModelProto:
 def small_cnn() -> onnx.ModelProto:
     """A seeded four-node CNN (Conv -> Relu -> Add(bias) -> Softmax, input [2, 3, 10, 10]): small enough to
     compile in well under a second, enough to exercise a fused convolution stage and a row reduction."""
-    from onnx import TensorProto, helper
     rng = np.random.default_rng(0)
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 10, 10])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8, 10, 10])
@@ -157,13 +159,37 @@ def small_cnn() -> onnx.ModelProto:
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 
 
+def symbolic_batch_cnn(batch="N", seed: int = 0) -> onnx.ModelProto:
+    """Conv/Relu/MaxPool/Conv stride 2/GlobalAveragePool/Flatten/Gemm/Softmax on x[batch, 3, 16, 16] -> y[batch, 10]."""
+    rng = np.random.default_rng(seed)
+    init = lambda name, shape: numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 3, 16, 16])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 10])
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("MaxPool", ["r"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("Conv", ["p", "w2"], ["c2"], pads=[1, 1, 1, 1], strides=[2, 2]),
+             helper.make_node("Relu", ["c2"], ["r2"]),
+             helper.make_node("GlobalAveragePool", ["r2"], ["g"]),
+             helper.make_node("Flatten", ["g"], ["f"]),
+             helper.make_node("Gemm", ["f", "fw", "fb"], ["z"], transB=1),
+             helper.make_node("Softmax", ["z"], ["y"], axis=1)]
+    inits = [init("w", (8, 3, 3, 3)), init("b", (8,)), init("w2", (16, 8, 3, 3)), init("fw", (10, 16)), init("fb", (10,))]
+    g = helper.make_graph(nodes, "dyncnn", [x], [y], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+#: The shape profiles (min, opt, max of each symbol) the dynamic-shape tests compile these models for.
+SYMBOLIC_CNN_PROFILE = {"N": (1, 4, 16)}
+TRANSFORMER_PROFILE = {"B": (1, 2, 8), "S": (1, 16, 64)}
+
+
 def transformer_block(d_model: int = 32, heads: int = 4, d_ff: int = 64, batch="B", seq="S",
                       seed: int = 0) -> onnx.ModelProto:
     """A seeded pre-norm transformer encoder block over ``x[batch, seq, d_model]`` (symbolic dims by
     default): LayerNormalization, Q/K/V projections (MatMul + bias), heads split by Reshape([0, 0, H, Dh])
     and Transpose, scaled dot-product attention with Softmax, heads merged back, output projection and
     residual, then LayerNormalization, a GELU (Erf form) feed-forward layer and a second residual. Opset 17."""
-    from onnx import TensorProto, helper
     rng = np.random.default_rng(seed)
     dh = d_model // heads
     inits = []

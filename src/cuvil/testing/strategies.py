@@ -29,6 +29,7 @@ from ..ir.dim import evaluate
 from ..ir.dtype import DType
 from ..ir.graph import Graph, Value
 from ..ir.types import TensorType
+from ..pipeline import Pipeline
 
 SPECIAL_FLOATS = (0.0, -0.0, 1.0, -1.0, np.inf, -np.inf, np.nan, 1e-45, -1e-45, 3.4e38, 0.5)
 
@@ -85,7 +86,6 @@ def inputs_for(draw, model, max_dim: int = 4, special: bool = False) -> Dict[str
 
 
 def _graph_of(model) -> Graph:
-    from ..pipeline import Pipeline
     if isinstance(model, Pipeline):
         return model.graph
     if isinstance(model, Graph):

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..dtype import DType
-from ..registry import InferCtx, op
+from ..registry import BROADCAST, InferCtx, op
 from ..types import TensorType
 
 
@@ -25,11 +25,11 @@ def _to(ctx: InferCtx) -> DType:
         ctx.fail(f"cast to ONNX dtype {to} is not supported")
 
 
-@op("Cast", sym_eval=_cast_sym(_to))
+@op("Cast", elementwise=BROADCAST, converts_dtype=True, sym_eval=_cast_sym(_to))
 def cast(ctx: InferCtx):
     return TensorType(_to(ctx), ctx.type(0).shape)
 
 
-@op("CastLike", sym_eval=_cast_sym(lambda ctx: ctx.dtype(1)))
+@op("CastLike", elementwise=BROADCAST, converts_dtype=True, sym_eval=_cast_sym(lambda ctx: ctx.dtype(1)))
 def cast_like(ctx: InferCtx):
     return TensorType(ctx.dtype(1), ctx.type(0).shape)

@@ -9,7 +9,7 @@ from typing import List, Sequence, Tuple
 
 from ..dim import Dim, ceildiv, dmax, dmin, floordiv, product
 from ..dtype import DType
-from ..registry import InferCtx, op
+from ..registry import HALF_ACCUMULATE, InferCtx, op
 from ..types import TensorType
 
 
@@ -115,7 +115,7 @@ def conv_shape(ctx: InferCtx, xi: int = 0, wi: int = 1) -> Tuple[Dim, ...]:
     return (x[0], m, *window_dims(ctx, x[2:], kernel_of(ctx, w)))
 
 
-@op("Conv")
+@op("Conv", half=HALF_ACCUMULATE)
 def conv(ctx: InferCtx):
     shape = conv_shape(ctx)
     check_bias(ctx, 2, shape[1])
@@ -139,7 +139,7 @@ def deform_conv(ctx: InferCtx):
     return TensorType(ctx.dtype(0), shape)
 
 
-@op("ConvTranspose")
+@op("ConvTranspose", half=HALF_ACCUMULATE)
 def conv_transpose(ctx: InferCtx):
     x, w = ctx.shape(0), ctx.shape(1)
     _check_rank(ctx, x, w)

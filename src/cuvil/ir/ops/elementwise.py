@@ -1,22 +1,24 @@
-"""Elementwise math, logic and comparison ops (numpy broadcasting)."""
+"""Elementwise math, logic and comparison ops (numpy broadcasting).
+
+Ops that share a shape function but not their float16 class stack several ``@op`` on it.
+"""
 from __future__ import annotations
 
 from ..dim import floordiv, mod
 from ..dtype import DType
-from ..registry import InferCtx, broadcast_shapes, op
+from ..registry import BROADCAST, HALF_COMPUTE, HALF_FLOAT32, InferCtx, broadcast_shapes, op
 from ..types import TensorType
 
-UNARY_MATH = ("Abs", "Neg", "Reciprocal", "Floor", "Ceil", "Round", "Sqrt", "Exp", "Log", "Sin", "Cos",
-              "Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh", "Erf", "Sign",
-              "BitwiseNot")
 
-
-@op(*UNARY_MATH)
+@op("Abs", "Neg", "Reciprocal", "Sqrt", "Exp", "Erf", elementwise=BROADCAST, half=HALF_COMPUTE)
+@op("Log", elementwise=BROADCAST, half=HALF_FLOAT32)  # log of values near 0 loses too much in half
+@op("Floor", "Ceil", "Round", "Sin", "Cos", "Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh", "Acosh",
+    "Atanh", "Sign", "BitwiseNot", elementwise=BROADCAST)
 def unary(ctx: InferCtx):
     return ctx.type(0)
 
 
-@op("Not", "IsNaN", "IsInf")
+@op("Not", "IsNaN", "IsInf", elementwise=BROADCAST)
 def unary_bool(ctx: InferCtx):
     return TensorType(DType.BOOL, ctx.shape(0))
 
@@ -39,32 +41,33 @@ def _sym_binary(fn):
     return ev
 
 
-@op("Add", sym_eval=_sym_binary(lambda x, y: x + y))
+@op("Add", elementwise=BROADCAST, half=HALF_COMPUTE, sym_eval=_sym_binary(lambda x, y: x + y))
 def add(ctx):
     return _binary(ctx)
 
 
-@op("Sub", sym_eval=_sym_binary(lambda x, y: x - y))
+@op("Sub", elementwise=BROADCAST, half=HALF_COMPUTE, sym_eval=_sym_binary(lambda x, y: x - y))
 def sub(ctx):
     return _binary(ctx)
 
 
-@op("Mul", sym_eval=_sym_binary(lambda x, y: x * y))
+@op("Mul", elementwise=BROADCAST, half=HALF_COMPUTE, sym_eval=_sym_binary(lambda x, y: x * y))
 def mul(ctx):
     return _binary(ctx)
 
 
-@op("Div", sym_eval=_sym_binary(floordiv))
+@op("Div", elementwise=BROADCAST, half=HALF_COMPUTE, sym_eval=_sym_binary(floordiv))
 def div(ctx):
     return _binary(ctx)
 
 
-@op("Mod", sym_eval=_sym_binary(mod))
+@op("Mod", elementwise=BROADCAST, sym_eval=_sym_binary(mod))
 def mod_(ctx):
     return _binary(ctx)
 
 
-@op("Pow", "BitShift", "BitwiseAnd", "BitwiseOr", "BitwiseXor")
+@op("Pow", elementwise=BROADCAST, half=HALF_FLOAT32)  # x**y overflows half for moderate x, y
+@op("BitShift", "BitwiseAnd", "BitwiseOr", "BitwiseXor", elementwise=BROADCAST)
 def binary(ctx):
     return _binary(ctx)
 
@@ -75,14 +78,14 @@ def _binary(ctx: InferCtx) -> TensorType:
     return TensorType(ctx.dtype(0), broadcast_shapes(ctx, ctx.shape(0), ctx.shape(1)))
 
 
-@op("Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "And", "Or", "Xor")
+@op("Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "And", "Or", "Xor", elementwise=BROADCAST)
 def compare(ctx: InferCtx):
     if ctx.dtype(0) != ctx.dtype(1):
         ctx.fail(f"input dtypes differ: {ctx.dtype(0).name} and {ctx.dtype(1).name}")
     return TensorType(DType.BOOL, broadcast_shapes(ctx, ctx.shape(0), ctx.shape(1)))
 
 
-@op("Sum", "Max", "Min", "Mean")
+@op("Sum", "Max", "Min", "Mean", elementwise=BROADCAST, half=HALF_COMPUTE)
 def variadic(ctx: InferCtx):
     n = ctx.num_inputs
     if n == 0:
@@ -93,7 +96,7 @@ def variadic(ctx: InferCtx):
     return TensorType(ctx.dtype(0), broadcast_shapes(ctx, *(ctx.shape(i) for i in range(n))))
 
 
-@op("Where")
+@op("Where", elementwise=BROADCAST, half=HALF_COMPUTE)
 def where(ctx: InferCtx):
     if ctx.dtype(0) != DType.BOOL:
         ctx.fail(f"condition must be bool, got {ctx.dtype(0).name}")

@@ -9,7 +9,7 @@ import numpy as np
 
 from ..dim import SymExpr, product
 from ..dtype import DType
-from ..registry import InferCtx, op
+from ..registry import HALF_EXACT, InferCtx, op
 from ..types import TensorType
 from .shape import dims, fmt, fresh_dim, text, unify
 
@@ -39,7 +39,7 @@ def _gather_sym(ctx: InferCtx):
     return [tuple(data[i] for i in idx)]  # negative indices count from the end, as in Python
 
 
-@op("Gather", sym_eval=_gather_sym)
+@op("Gather", half=HALF_EXACT, sym_eval=_gather_sym)
 def gather(ctx: InferCtx):
     s, q = ctx.shape(0), ctx.shape(1)
     _index_dtype(ctx, 1)

@@ -5,7 +5,7 @@ from typing import Dict, Sequence, Tuple
 
 from ..dim import Dim
 from ..dtype import DType
-from ..registry import InferCtx, broadcast_shapes, op
+from ..registry import HALF_ACCUMULATE, InferCtx, broadcast_shapes, op
 from ..types import TensorType
 
 
@@ -29,7 +29,7 @@ def matmul_shape(ctx: InferCtx, a: Sequence[Dim], b: Sequence[Dim]) -> Tuple[Dim
     return (*broadcast_shapes(ctx, a2[:-2], b2[:-2]), *rows, *cols)
 
 
-@op("MatMul")
+@op("MatMul", half=HALF_ACCUMULATE)
 def matmul(ctx: InferCtx):
     if ctx.dtype(0) != ctx.dtype(1):
         ctx.fail(f"input dtypes differ: {ctx.dtype(0).name} and {ctx.dtype(1).name}")
@@ -41,7 +41,7 @@ def matmul_integer(ctx: InferCtx):
     return TensorType(DType.INT32, matmul_shape(ctx, ctx.shape(0), ctx.shape(1)))  # int32 accumulation
 
 
-@op("Gemm")
+@op("Gemm", half=HALF_ACCUMULATE)
 def gemm(ctx: InferCtx):
     a, b = ctx.shape(0), ctx.shape(1)
     if len(a) != 2 or len(b) != 2:

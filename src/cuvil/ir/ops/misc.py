@@ -5,7 +5,7 @@ import numpy as np
 import onnx
 
 from ..dtype import DType
-from ..registry import InferCtx, op
+from ..registry import BROADCAST, HALF_EXACT, InferCtx, op
 from ..types import TensorType
 from .shape import same_sym, tensor_attr_array, tensor_attr_dtype
 
@@ -20,12 +20,12 @@ def _dtype(ctx: InferCtx, name: str, default: DType) -> DType:
         ctx.fail(f"{name}: ONNX dtype {dt} is not supported")
 
 
-@op("Identity", sym_eval=same_sym)
+@op("Identity", elementwise=BROADCAST, half=HALF_EXACT, sym_eval=same_sym)
 def identity(ctx: InferCtx):
     return ctx.type(0)
 
 
-@op("Dropout")
+@op("Dropout", elementwise=BROADCAST, half=HALF_EXACT)  # inference: the identity
 def dropout(ctx: InferCtx):
     ratio = ctx.const(1)
     if ratio is not None and not (ratio.size == 1 and 0 <= float(ratio.reshape(-1)[0]) < 1):
@@ -76,7 +76,7 @@ def constant(ctx: InferCtx):
     return TensorType(dt, a.shape)
 
 
-@op("RandomNormal", "RandomUniform")
+@op("RandomNormal", "RandomUniform", nondeterministic=True)
 def random(ctx: InferCtx):
     shape = ctx.attr("shape")
     if shape is None:
@@ -86,12 +86,12 @@ def random(ctx: InferCtx):
     return TensorType(_dtype(ctx, "dtype", DType.FLOAT), shape)
 
 
-@op("RandomNormalLike", "RandomUniformLike", "Bernoulli")
+@op("RandomNormalLike", "RandomUniformLike", "Bernoulli", nondeterministic=True)
 def random_like(ctx: InferCtx):
     return TensorType(_dtype(ctx, "dtype", ctx.dtype(0)), ctx.type(0).shape)
 
 
-@op("Multinomial")
+@op("Multinomial", nondeterministic=True)
 def multinomial(ctx: InferCtx):
     dt = _dtype(ctx, "dtype", DType.INT32)
     if dt not in (DType.INT32, DType.INT64):

@@ -8,7 +8,7 @@ from typing import Sequence
 
 from ..dim import Dim
 from ..dtype import DType
-from ..registry import InferCtx, op
+from ..registry import HALF_COMPUTE, HALF_FLOAT32, PER_CHANNEL, InferCtx, op
 from ..types import TensorType
 
 
@@ -38,7 +38,7 @@ def _channels(ctx: InferCtx, min_rank: int = 2) -> Dim:
     return x[1]
 
 
-@op("BatchNormalization")
+@op("BatchNormalization", elementwise=PER_CHANNEL, half=HALF_COMPUTE)
 def batch_norm(ctx: InferCtx):
     x = ctx.shape(0)
     c = x[1] if len(x) > 1 else 1
@@ -53,7 +53,7 @@ def batch_norm(ctx: InferCtx):
     return [y, TensorType(ctx.dtype(3), (c,)), TensorType(ctx.dtype(4), (c,))][:ctx.num_outputs]
 
 
-@op("InstanceNormalization")
+@op("InstanceNormalization", half=HALF_FLOAT32)  # its variance overflows half
 def instance_norm(ctx: InferCtx):
     c = _channels(ctx, 3)
     _param(ctx, 1, "scale", (c,))
@@ -73,7 +73,7 @@ def group_norm(ctx: InferCtx):
     return ctx.type(0)
 
 
-@op("LayerNormalization")
+@op("LayerNormalization", half=HALF_FLOAT32)  # its variance overflows half
 def layer_norm(ctx: InferCtx):
     x = ctx.shape(0)
     axis = ctx.axis(ctx.attr("axis"), len(x))
@@ -98,7 +98,7 @@ def _stash(ctx: InferCtx) -> DType:
         ctx.fail(f"stash_type {ctx.attr('stash_type')} is not a known element type")
 
 
-@op("LRN")
+@op("LRN", half=HALF_FLOAT32)  # its sum of squares overflows half
 def lrn(ctx: InferCtx):
     _channels(ctx, 3)
     if not ctx.has_attr("size") or ctx.attr("size") < 1:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..dtype import DType
-from ..registry import InferCtx, op
+from ..registry import HALF_ACCUMULATE, HALF_EXACT, InferCtx, op
 from ..types import TensorType
 from .conv import ints, window_dims
 
@@ -23,7 +23,9 @@ def _kernel(ctx: InferCtx, n: int):
     return k
 
 
-@op("MaxPool", "AveragePool", "LpPool")
+@op("MaxPool", half=HALF_EXACT)
+@op("AveragePool", half=HALF_ACCUMULATE)
+@op("LpPool")
 def pool(ctx: InferCtx):
     x = _input(ctx)
     y = TensorType(ctx.dtype(0), (x[0], x[1], *window_dims(ctx, x[2:], _kernel(ctx, len(x) - 2))))
@@ -32,7 +34,9 @@ def pool(ctx: InferCtx):
     return y
 
 
-@op("GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool")
+@op("GlobalAveragePool", half=HALF_ACCUMULATE)
+@op("GlobalMaxPool", half=HALF_EXACT)
+@op("GlobalLpPool")
 def global_pool(ctx: InferCtx):
     x = _input(ctx, 2)
     return TensorType(ctx.dtype(0), (x[0], x[1]) + (1,) * (len(x) - 2))

@@ -3,11 +3,8 @@ from __future__ import annotations
 
 from ..dim import dmax, dmin, product
 from ..dtype import DType
-from ..registry import InferCtx, op
+from ..registry import HALF_ACCUMULATE, HALF_EXACT, InferCtx, op
 from ..types import TensorType
-
-REDUCE = ("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
-          "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare")
 
 # Reductions that are exact on dimensions, for shape computations such as ReduceProd(Shape(x)).
 _SYM_FOLD = {"ReduceSum": lambda v: sum(v[1:], v[0]), "ReduceProd": product,
@@ -35,7 +32,13 @@ def _sym_reduce(ctx: InferCtx):
     return [(fold(list(v)),)]
 
 
-@op(*REDUCE, lifted=(("axes", 1, "i64"),), sym_eval=_sym_reduce)
+_AXES = (("axes", 1, "i64"),)
+
+
+@op("ReduceSum", "ReduceMean", half=HALF_ACCUMULATE, lifted=_AXES, sym_eval=_sym_reduce)
+@op("ReduceMax", "ReduceMin", half=HALF_EXACT, lifted=_AXES, sym_eval=_sym_reduce)  # select an element
+@op("ReduceProd", "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare", lifted=_AXES,
+    sym_eval=_sym_reduce)
 def reduce(ctx: InferCtx):
     x = ctx.shape(0)
     axes = _axes(ctx, len(x))

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..dim import floordiv
-from ..registry import InferCtx, op
+from ..registry import HALF_COMPUTE, InferCtx, op
 from ..types import TensorType
 from .shape import dims, fmt, ints, present, text, unify
 
@@ -36,7 +36,7 @@ def _scaled(ctx: InferCtx, d, f: float):
     ctx.fail(f"cannot scale symbolic dim {d} by non-integer scale {f}: the output size would not be exact")
 
 
-@op("Resize", lifted=(("roi", 1, "f32"), ("scales", 2, "f32"), ("sizes", 3, "i64")))
+@op("Resize", half=HALF_COMPUTE, lifted=(("roi", 1, "f32"), ("scales", 2, "f32"), ("sizes", 3, "i64")))
 def resize(ctx: InferCtx):
     s = ctx.shape(0)
     _choice(ctx, "mode", _MODES)

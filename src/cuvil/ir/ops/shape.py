@@ -18,7 +18,7 @@ from onnx import numpy_helper
 from ...errors import ShapeError
 from ..dim import SymExpr, as_dim, ceildiv, dmin, floordiv, product
 from ..dtype import DType
-from ..registry import InferCtx, broadcast_shapes, op
+from ..registry import HALF_EXACT, InferCtx, broadcast_shapes, op
 from ..types import TensorType
 
 # Slice bounds at least this large in magnitude (INT64_MAX, INT32_MAX...) mean "to the end"/"to the start".
@@ -106,7 +106,7 @@ def _unknown(ctx: InferCtx, i: int = 0) -> TensorType:
 
 # --- reshaping ---------------------------------------------------------------------------------------
 
-@op("Reshape", lifted=(("shape", 1, "i64"),), sym_eval=same_sym)
+@op("Reshape", half=HALF_EXACT, lifted=(("shape", 1, "i64"),), sym_eval=same_sym)
 def reshape(ctx: InferCtx):
     x = ctx.type(0)
     spec = dims(ctx.attr_or_input("shape", 1))
@@ -145,7 +145,7 @@ def reshape(ctx: InferCtx):
     return TensorType(x.dtype, out)
 
 
-@op("Flatten", sym_eval=same_sym)
+@op("Flatten", half=HALF_EXACT, sym_eval=same_sym)
 def flatten(ctx: InferCtx):
     s = ctx.shape(0)
     a = ctx.attr("axis")
@@ -155,7 +155,7 @@ def flatten(ctx: InferCtx):
     return TensorType(ctx.dtype(0), (product(s[:a]), product(s[a:])))
 
 
-@op("Squeeze", lifted=(("axes", 1, "i64"),), sym_eval=same_sym)
+@op("Squeeze", half=HALF_EXACT, lifted=(("axes", 1, "i64"),), sym_eval=same_sym)
 def squeeze(ctx: InferCtx):
     s = ctx.shape(0)
     if not present(ctx, "axes", 1):
@@ -173,7 +173,7 @@ def squeeze(ctx: InferCtx):
     return TensorType(ctx.dtype(0), [d for i, d in enumerate(s) if i not in axes])
 
 
-@op("Unsqueeze", lifted=(("axes", 1, "i64"),), sym_eval=same_sym)
+@op("Unsqueeze", half=HALF_EXACT, lifted=(("axes", 1, "i64"),), sym_eval=same_sym)
 def unsqueeze(ctx: InferCtx):
     s = ctx.shape(0)
     axes = ints(ctx.attr_or_input("axes", 1))
@@ -187,7 +187,7 @@ def unsqueeze(ctx: InferCtx):
     return TensorType(ctx.dtype(0), [1 if i in norm else next(rest) for i in range(r)])
 
 
-@op("Transpose")
+@op("Transpose", half=HALF_EXACT)
 def transpose(ctx: InferCtx):
     s = ctx.shape(0)
     perm = ctx.attr("perm")
@@ -197,7 +197,7 @@ def transpose(ctx: InferCtx):
     return TensorType(ctx.dtype(0), [s[p] for p in perm])
 
 
-@op("DepthToSpace")
+@op("DepthToSpace", half=HALF_EXACT)
 def depth_to_space(ctx: InferCtx):
     s, b = _nchw(ctx), _required(ctx, "blocksize")
     if text(ctx.attr("mode")) not in ("DCR", "CRD"):
@@ -208,7 +208,7 @@ def depth_to_space(ctx: InferCtx):
     return TensorType(ctx.dtype(0), (n, floordiv(c, b * b), h * b, w * b))
 
 
-@op("SpaceToDepth")
+@op("SpaceToDepth", half=HALF_EXACT)
 def space_to_depth(ctx: InferCtx):
     s, b = _nchw(ctx), _required(ctx, "blocksize")
     n, c, h, w = s
@@ -234,7 +234,7 @@ def _concat_sym(ctx: InferCtx):
     return None if any(p is None for p in parts) else [sum(parts, ())]
 
 
-@op("Concat", sym_eval=_concat_sym)
+@op("Concat", half=HALF_EXACT, sym_eval=_concat_sym)
 def concat(ctx: InferCtx):
     n = ctx.num_inputs
     if n == 0:
@@ -257,7 +257,7 @@ def concat(ctx: InferCtx):
     return TensorType(ctx.dtype(0), out)
 
 
-@op("Split", lifted=(("split", 1, "i64"),))
+@op("Split", half=HALF_EXACT, lifted=(("split", 1, "i64"),))
 def split(ctx: InferCtx):
     s = ctx.shape(0)
     a = ctx.axis(ctx.attr("axis"), len(s))
@@ -290,7 +290,7 @@ def _tile_sym(ctx: InferCtx):
     return [_repeat(v, reps[0])] if v is not None and reps is not None and ctx.rank(0) == 1 == len(reps) else None
 
 
-@op("Tile", lifted=(("repeats", 1, "i64"),), sym_eval=_tile_sym)
+@op("Tile", half=HALF_EXACT, lifted=(("repeats", 1, "i64"),), sym_eval=_tile_sym)
 def tile(ctx: InferCtx):
     s = ctx.shape(0)
     reps = dims(ctx.attr_or_input("repeats", 1))
@@ -316,7 +316,7 @@ def _expand_sym(ctx: InferCtx):
     return [v if n == len(v) else _repeat(v, n) if len(v) == 1 else None]
 
 
-@op("Expand", lifted=(("shape", 1, "i64"),), sym_eval=_expand_sym)
+@op("Expand", half=HALF_EXACT, lifted=(("shape", 1, "i64"),), sym_eval=_expand_sym)
 def expand(ctx: InferCtx):
     target = dims(ctx.attr_or_input("shape", 1))
     if target is None:
@@ -329,7 +329,7 @@ def expand(ctx: InferCtx):
 _PAD_MODES = ("constant", "reflect", "edge", "wrap")
 
 
-@op("Pad", lifted=(("pads", 1, "i64"), ("constant_value", 2, "data"), ("axes", 3, "i64")))
+@op("Pad", half=HALF_EXACT, lifted=(("pads", 1, "i64"), ("constant_value", 2, "data"), ("axes", 3, "i64")))
 def pad(ctx: InferCtx):
     s = ctx.shape(0)
     mode = text(ctx.attr("mode"))
@@ -443,8 +443,8 @@ def _slice_sym(ctx: InferCtx):
     return [tuple(v[i] for i in range(s, e, step))]
 
 
-@op("Slice", lifted=(("starts", 1, "i64"), ("ends", 2, "i64"), ("axes", 3, "i64"), ("steps", 4, "i64")),
-    sym_eval=_slice_sym)
+@op("Slice", half=HALF_EXACT, sym_eval=_slice_sym,
+    lifted=(("starts", 1, "i64"), ("ends", 2, "i64"), ("axes", 3, "i64"), ("steps", 4, "i64")))
 def slice_(ctx: InferCtx):
     s = ctx.shape(0)
     args = _slice_args(ctx, len(s))

@@ -65,7 +65,7 @@ def compile_bundle(g: Graph, out_dir: str, *, arch: str = "sm_90", opt_level: in
 
     ``fma`` (default on, as nvcc and PyTorch): the proved ``prove real`` kernel rules (fma contraction) may
     run; ``kernel_rules`` as for :func:`~cuvil.targets.ptx.codegen.build_ptx`. ``enable_fp16``: float32
-    tensors are computed in float16 (:mod:`cuvil.targets.ptx.fp16`; inputs and outputs stay float32).
+    tensors are computed in float16 (:mod:`cuvil.rewrite_rules.precision`; inputs and outputs stay float32).
     ``register_pass`` (opt-in; needs ptxas): kernels that run in several waves and whose registers limit
     their blocks per SM get a ``.maxnreg`` cap that saves a wave and that ptxas meets without spilling (:mod:`cuvil.targets.ptx.regpressure`; ``sms``: the SMs of the GPU it targets, default by
     ``arch``; ``max_spill``: spill bytes a capped kernel may have, default ``regpressure.MAX_SPILL``); the
@@ -76,7 +76,7 @@ def compile_bundle(g: Graph, out_dir: str, *, arch: str = "sm_90", opt_level: in
     t0 = time.perf_counter()
     half_names: list = []
     if enable_fp16:
-        from .fp16 import to_half
+        from ...rewrite_rules.precision import to_half
         g, half_names = to_half(g)
         say(f"float16: {len(half_names)} tensors lowered to half")
     say(f"scheduling {len(g.nodes)} nodes")

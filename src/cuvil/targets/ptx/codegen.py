@@ -26,7 +26,7 @@ which ptxas does not fuse either), as the graph rules' exactness arguments assum
 fused multiply-accumulate reductions (``reduce[fma]``) lower to ``llvm.fma`` (``fma.rn.f32`` /
 ``fma.rn.f16``).
 
-Float16 (``Pipeline.compile(..., enable_fp16=True)``, :mod:`cuvil.targets.ptx.fp16`): half values are
+Float16 (``Pipeline.compile(..., enable_fp16=True)``, :mod:`cuvil.rewrite_rules.precision`): half values are
 stored and computed in half; a float16 ``sum`` reduction is widened here to accumulate in float32
 (:func:`widen_half_reductions`), its result rounded to half once.
 """

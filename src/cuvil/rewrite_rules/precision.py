@@ -1,22 +1,23 @@
-"""Half precision for the GPU (``cuvil compile --enable-fp16``, ``Pipeline.compile(..., enable_fp16=True)``):
-a graph pass that computes float32 tensors in float16.
+"""The float16 precision pass (``cuvil compile --enable-fp16``, ``Pipeline.compile(..., enable_fp16=True)``
+for the GPU): a graph rewrite that computes float32 tensors in float16.
 
 :func:`to_half` returns a retyped copy of a (static-shaped, optimized) graph:
 
-- every node whose op is in :data:`HALF_OPS` and whose float tensors are all float32 computes in float16:
+- every node whose op is in :data:`HALF_OPS` (the ops whose ``half`` trait in the op registry is computed in
+  half, exact, or accumulating) and whose float tensors are all float32 computes in float16:
   its float32 outputs become float16, its float32 inputs are read as float16 (constants converted once, here,
   at compile time; other values through one ``Cast`` each);
-- other nodes (:data:`FLOAT32_OPS` such as LRN, whose sum of squares overflows half, and anything not listed)
-  stay float32 and read half values through a ``Cast`` back to float32;
+- other nodes (:data:`FLOAT32_OPS` such as LRN, whose sum of squares overflows half, and every op without a
+  ``half`` trait) stay float32 and read half values through a ``Cast`` back to float32;
 - graph inputs and outputs keep float32: inputs are cast to half where half nodes read them, half outputs are
   cast back before they leave.
 
 Reductions accumulate in float32: the PTX code generator widens every float16 ``sum`` (convolutions, Gemm,
 pooling averages, Softmax's denominator) to a float32 accumulator and rounds the result to half once
 (:func:`cuvil.targets.ptx.codegen.widen_half_reductions`). ``reference=True`` writes that explicitly for
-``onnx.reference``: accumulating ops get float32 Casts around them, so running the returned graph on the CPU
-shows the drift of half storage and elementwise math with float32 accumulation, the GPU's numerics up to the
-order of summation (:func:`reference_model`).
+``onnx.reference``: accumulating ops get float32 Casts around them, so running the returned graph (exported
+with :func:`cuvil.frontend.export_model`) on the CPU shows the drift of half storage and elementwise math with
+float32 accumulation, the GPU's numerics up to the order of summation.
 """
 from __future__ import annotations
 
@@ -24,32 +25,21 @@ from typing import Dict, List, Tuple
 
 import numpy as np
 
-from ...errors import CuvilError
-from ...ir.dtype import DType
-from ...ir.graph import Graph, Node, Value
-from ...ir.types import TensorType
+from ..errors import CuvilError
+from ..ir.dtype import DType
+from ..ir.graph import Graph, Node, Value
+from ..ir.registry import HALF_ACCUMULATE, HALF_COMPUTE, HALF_EXACT, HALF_FLOAT32, ops_with
+from ..ir.types import TensorType
+from .shape_prop import propagate_shapes
 
 F32, F16 = DType.FLOAT, DType.FLOAT16
 
-# Ops computed in half (storage and elementwise math; their reductions accumulate in float32).
-HALF_OPS = {
-    # elementwise math and activations
-    "Add", "Sub", "Mul", "Div", "Neg", "Abs", "Max", "Min", "Sum", "Mean", "Relu", "LeakyRelu", "PRelu", "Clip",
-    "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Elu", "Selu", "Celu", "Softplus", "Softsign", "Gelu", "Mish",
-    "Sqrt", "Exp", "Erf", "Reciprocal", "Where", "BatchNormalization", "Identity", "Dropout",
-    # data movement (exact in any type)
-    "Concat", "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Slice", "Split", "Pad", "Expand",
-    "Gather", "Tile", "DepthToSpace", "SpaceToDepth", "Resize", "MaxPool", "GlobalMaxPool", "ReduceMax",
-    "ReduceMin",
-    # accumulating ops: half in and out, float32 accumulators
-    "Conv", "ConvTranspose", "Gemm", "MatMul", "AveragePool", "GlobalAveragePool", "ReduceSum", "ReduceMean",
-    "Softmax",
-}
+# The float16 classes of the op registry's ``half`` trait, declared with each op.
+HALF_OPS = ops_with("half", HALF_COMPUTE, HALF_EXACT, HALF_ACCUMULATE)
 # Accumulating ops (the float32 Casts of the reference form go around them).
-ACCUMULATING = {"Conv", "ConvTranspose", "Gemm", "MatMul", "AveragePool", "GlobalAveragePool", "ReduceSum",
-                "ReduceMean", "Softmax"}
-# Kept in float32 on purpose (the rest of the ops simply are not in HALF_OPS).
-FLOAT32_OPS = {"LRN", "LogSoftmax", "Log", "Pow", "InstanceNormalization", "LayerNormalization"}
+ACCUMULATING = ops_with("half", HALF_ACCUMULATE)
+# Kept in float32 on purpose (the ops without a ``half`` trait simply are not in HALF_OPS).
+FLOAT32_OPS = ops_with("half", HALF_FLOAT32)
 
 
 def _half_node(n: Node) -> bool:
@@ -60,8 +50,8 @@ def _half_node(n: Node) -> bool:
 
 
 def to_half(graph: Graph, *, reference: bool = False) -> Tuple[Graph, List[str]]:
-    """(half copy of ``graph``, names of the tensors now float16: activations and converted weights)."""
-    from ...rewrite_rules.shape_prop import propagate_shapes
+    """(half copy of ``graph``, names of the tensors now float16: activations and converted weights);
+    ``reference=True``: its reference form for onnx.reference (float32 accumulators written as Casts)."""
     for v in graph.values():
         if not v.type.is_static:
             raise CuvilError(f"--enable-fp16 needs static shapes: {v.name!r} has shape {v.type}")
@@ -138,9 +128,3 @@ def _explicit_accumulators(g: Graph, nodes: List[Node]) -> None:
             for k in outs:
                 g.outputs[k] = c.outputs[0]
 
-
-def reference_model(graph: Graph):
-    """The half graph in its reference form, as an ONNX model that ``onnx.reference`` runs on the CPU."""
-    from ...frontend import export_model
-    g, _ = to_half(graph, reference=True)
-    return export_model(g)

@@ -1,12 +1,13 @@
-"""Compare Cuvil's shape inference for one node with onnx.shape_inference on the same node."""
+"""Cuvil's shape inference for one node beside onnx.shape_inference on the same node (the per-op tests in
+tests/test_ops_*.py sweep every op through :func:`assert_agrees`)."""
 from __future__ import annotations
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from cuvil.ir import DType, Graph, TensorType, parse_dim
-from cuvil.ir.registry import lookup
+from ..ir import DType, Graph, TensorType, parse_dim
+from ..ir.registry import lookup
 
 
 def _dim_proto(d):

@@ -1,0 +1,71 @@
+"""What each registered op is supported by, and the ops the kernel layer does not lower (with the reason).
+
+:data:`NOT_LOWERED` names the registered ops without a lowering, on purpose. Both targets (x86 and PTX)
+schedule through :data:`cuvil.kernels.lower.LOWERINGS`, so an op without a lowering is refused by either at
+scheduling time ("no x86 lowering"), and an op compiles for the GPU exactly when it compiles for x86; the PTX
+emitter refuses per scalar operation and element type (an integer ``fma``, a call libdevice lacks), not per op.
+``tests/test_op_registry.py`` fails for a registered op that has neither a lowering nor a row here.
+
+:func:`support_matrix` (``cuvil ops`` prints it): for each registered op, whether it is imported from ONNX
+models, has proof semantics, compiles for x86 and for the GPU, and its float16 class, each read from where
+the fact lives: the op registry, the prover's semantics table and its
+:data:`~cuvil.rewrite_rules.semantics.WITHOUT_SEMANTICS`, the lowerings and :data:`NOT_LOWERED`.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional
+
+import attrs
+
+from ..ir.registry import all_ops
+from ..rewrite_rules.semantics import SEMANTICS, WITHOUT_SEMANTICS
+from .lower import LOWERINGS
+
+
+def _each(reason: str, *ops: str) -> Dict[str, str]:
+    return {o: reason for o in ops}
+
+
+NOT_LOWERED: Dict[str, str] = {
+    **_each("not a function of its inputs: no random kernels", "RandomNormal", "RandomUniform", "RandomNormalLike",
+            "RandomUniformLike", "Bernoulli", "Multinomial"),
+    **_each("output shape depends on the input values", "NonZero", "Unique", "NonMaxSuppression"),
+    **_each("becomes a constant on import (never scheduled)", "Constant"),
+    **_each("transforms constant weights: folded at compile time", "WinogradKernel"),
+    **_each("not lowered yet", "MaxRoiPool"),
+}
+
+@attrs.frozen
+class OpSupport:
+    """One row of the matrix. ``half`` is the float16 class (GPU only), None where the op stays float32;
+    ``why_not`` gives the reason for each column that is False."""
+    op: str
+    family: str
+    domain: str
+    imported: bool       # ONNX models may hold it (Cuvil's own ops are introduced by rewrite rules only)
+    proof: bool          # the prover has Z3 semantics for it
+    x86: bool
+    gpu: bool
+    half: Optional[str]
+    elementwise: Optional[str]
+    why_not: Dict[str, str]
+
+    def as_dict(self) -> dict:
+        return attrs.asdict(self)
+
+
+def support_matrix() -> List[OpSupport]:
+    """One row per registered op, sorted by family, then name."""
+    rows = []
+    for name, d in all_ops().items():
+        lowered = name in LOWERINGS
+        why = {}
+        if d.domain:
+            why["import"] = f"Cuvil's own op (domain {d.domain}), introduced by rewrite rules"
+        if name not in SEMANTICS:
+            why["proof"] = WITHOUT_SEMANTICS.get(name, "no semantics and no reason given")
+        if not lowered:
+            why["x86"] = why["gpu"] = NOT_LOWERED.get(name, "no lowering and no reason given")
+        rows.append(OpSupport(name, d.family, d.domain, not d.domain, name in SEMANTICS, lowered, lowered, d.half,
+                              d.elementwise, why))
+    return sorted(rows, key=lambda r: (r.family, r.op))
