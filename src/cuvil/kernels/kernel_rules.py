@@ -47,6 +47,7 @@ import numpy as np
 from ..dsl.ast import Expr, Num, OpCall, Rule, Var, Wildcard
 from ..dsl.errors import RuleError
 from ..ir.dtype import DType
+from ..rewrite_rules.verdicts import builtin_rules, proved_rules
 from .texpr import BOOL, E, call, cmp, const, select
 
 # ONNX unary op -> the libm-style call its lowering emits
@@ -306,7 +307,6 @@ def _build(p: Expr, b: Dict[str, E], dt: DType) -> Optional[E]:
 
 def builtin_kernel_rules() -> List[Rule]:
     """The ``on kernel`` rules of the built-in library (``rules/kernel.rule``)."""
-    from ..rewrite_rules.verdicts import builtin_rules
     return [r for r in builtin_rules() if r.on == "kernel"]
 
 
@@ -315,7 +315,6 @@ def select_kernel_rules(rules: Optional[Sequence[Rule]] = None, *, fma: bool = T
     """The kernel rules that may run: proved (verdict store / prover, as for graph rules), and ``prove real``
     ones only when ``fma`` (contraction, fast-math-like) is allowed. ``rules`` None: the built-in ones;
     graph rules in ``rules`` are ignored."""
-    from ..rewrite_rules.verdicts import proved_rules
     rules = builtin_kernel_rules() if rules is None else [r for r in rules if r.on == "kernel"]
     for r in rules:
         compile_kernel_rule(r)

@@ -93,6 +93,34 @@ def schedule(g: Graph, gemm_cols: int = 0, split_concat: bool = False, gemm_tile
     float16 convolutions become contractions too (its kernels accumulate them in float32). ``row_kernels``
     (x86): convolutions with reductions of 4-7 terms become contractions too, and 2-D average pools depthwise
     windows (:class:`cuvil.kernels.contraction.DepthwiseWindow`) for the row kernels."""
+    syms = _run_time_symbols(g)
+    ranges = {s.name: (s.min, s.max) for s in syms}
+    opt = {s.name: s.tuned for s in syms}
+    builder = _StageBuilder(g, (gemm_cols, gemm_tiles, unpadded_contractions, matmul_panels, half_contractions,
+                                row_kernels))
+    g.toposort()
+    for node in g.nodes:
+        builder.lower(node)
+    builder.copy_unproduced_outputs()
+    stages, weights = builder.stages, builder.weights
+
+    if split_concat:
+        stages = [part for st in stages for part in split_piecewise(st)]
+    for s in stages:
+        s.reads = _reads(s.expr)
+        s.flops = _flops(s, opt)
+    # constants that no kernel reads (weights a kernel reads repacked) stay out of the artifact
+    read = {id(root_of(b)) for s in stages for b in s.reads}
+    weights = {k: (b, a) for k, (b, a) in weights.items() if id(root_of(b)) in read}
+    arena = _plan_arena(stages, ranges)
+    wbytes = _plan_weights(weights)
+    return Schedule(stages, builder.in_bufs, builder.out_bufs, [(b, a) for b, a in weights.values() if a is not None],
+                    arena, wbytes, builder.fused, syms)
+
+
+def _run_time_symbols(g: Graph) -> List[Symbol]:
+    """The symbols that size ``g``'s tensors, in binding-slot order; refuses a graph a backend cannot bind
+    (an unknown rank, an unknown symbol, an input dim that is an expression, a symbol no input dim gives)."""
     for v in g.values():
         if v.shape is None:
             raise ShapeError(f"value {v.name!r} has unknown rank: the x86 and GPU backends need every rank")
@@ -112,131 +140,136 @@ def schedule(g: Graph, gemm_cols: int = 0, split_concat: bool = False, gemm_tile
     if used - bound:
         raise ShapeError(f"symbol(s) {sorted(used - bound)} size tensors but no input dim gives them a value: "
                          f"fix them (fixed={{...}})")
-    syms = [g.symbols[k] for k in sorted(used)]
-    ranges = {s.name: (s.min, s.max) for s in syms}
-    opt = {s.name: s.tuned for s in syms}
-    ni = len(g.inputs)
-    fns: Dict[int, TensorFn] = {}
-    bufs: Dict[int, Buf] = {}
-    expensive: Dict[int, bool] = {}
-    stages: List[Stage] = []
-    weights: Dict[int, Tuple[Buf, np.ndarray]] = {}
-    fused: Dict[str, int] = {}
-    in_bufs, out_bufs = [], []
+    return [g.symbols[k] for k in sorted(used)]
 
-    for i, v in enumerate(g.inputs):
-        b = Buf(v.name, v.dtype, tuple(v.shape), 2 + i, 0)
-        in_bufs.append(b)
-        bufs[id(v)] = b
-        fns[id(v)] = _loader(b)
-    out_index: Dict[int, List[int]] = {}
-    for j, v in enumerate(g.outputs):
-        out_index.setdefault(id(v), []).append(j)
-        out_bufs.append(Buf(g.output_names[j], v.dtype, tuple(v.shape), 2 + ni + j, 0))
 
-    def const_fn(v: Value) -> TensorFn:
-        if id(v) in fns:
-            return fns[id(v)]
+class _StageBuilder:
+    """One scheduling run, node by node: each value's expression (``fns``) and, once stored, its buffer
+    (``bufs``); the stages, constants and fusion counts so far; which values are expensive to recompute or
+    hold a contraction."""
+
+    def __init__(self, g: Graph, lower_options: tuple):
+        self.g = g
+        self.lower_options = lower_options   # LowerCtx's arguments after the node, inputs, temp and weight
+        self.fns: Dict[int, TensorFn] = {}
+        self.bufs: Dict[int, Buf] = {}
+        self.expensive: Dict[int, bool] = {}
+        self.contracting: Dict[int, bool] = {}   # inlined values whose expression holds a contraction
+        self.stages: List[Stage] = []
+        self.weights: Dict[int, Tuple[Buf, np.ndarray]] = {}
+        self.fused: Dict[str, int] = {}
+        self.current_op = ""
+        self.in_bufs, self.out_bufs = [], []
+        ni = len(g.inputs)
+        for i, v in enumerate(g.inputs):
+            b = Buf(v.name, v.dtype, tuple(v.shape), 2 + i, 0)
+            self.in_bufs.append(b)
+            self.bufs[id(v)] = b
+            self.fns[id(v)] = _loader(b)
+        self.out_index: Dict[int, List[int]] = {}
+        for j, v in enumerate(g.outputs):
+            self.out_index.setdefault(id(v), []).append(j)
+            self.out_bufs.append(Buf(g.output_names[j], v.dtype, tuple(v.shape), 2 + ni + j, 0))
+
+    def const_fn(self, v: Value) -> TensorFn:
+        if id(v) in self.fns:
+            return self.fns[id(v)]
         arr = np.asarray(v.const)
         if arr.size == 1 and v.dtype != DType.STRING:
             e = const(arr.reshape(-1)[0].item(), v.dtype)
             t = TensorFn(tuple(arr.shape), v.dtype, lambda idx, e=e: e, "elementwise")
         else:
             b = Buf(v.name, v.dtype, tuple(arr.shape), WEIGHTS, 0)
-            weights[id(v)] = (b, arr)
-            bufs[id(v)] = b
+            self.weights[id(v)] = (b, arr)
+            self.bufs[id(v)] = b
             t = _loader(b)
-        fns[id(v)] = t
+        self.fns[id(v)] = t
         return t
 
-    def packed_weight(arr: np.ndarray, name: str) -> Buf:
+    def packed_weight(self, arr: np.ndarray, name: str) -> Buf:
         b = Buf(name, DType.from_numpy(arr.dtype), tuple(arr.shape), WEIGHTS, 0)
-        weights[id(b)] = (b, arr)
+        self.weights[id(b)] = (b, arr)
         return b
 
-    def materialize(name: str, shape, dtype, fn, base=ARENA) -> TensorFn:
+    def materialize(self, name: str, shape, dtype, fn, base=ARENA) -> TensorFn:
         b = Buf(name, dtype, tuple(shape), base, 0)
         vs = [var(f"i{k}") for k in range(len(shape))]
-        stages.append(Stage(name, b, vs, fn(list(vs)), op=current[0]))
+        self.stages.append(Stage(name, b, vs, fn(list(vs)), op=self.current_op))
         return _loader(b)
 
-    current = [""]
+    def temp(self, shape, dtype, fn, name) -> TensorFn:
+        return self.materialize(name, shape, dtype, fn)
 
-    contracting: Dict[int, bool] = {}   # inlined values whose expression holds a contraction
+    def lower(self, node) -> None:
+        """Lower ``node`` and place each of its outputs (stored, a view, or inlined into its consumers)."""
+        self.current_op = node.op
+        ins = self._inputs(node)
+        low = LOWERINGS.get(node.op)
+        if low is None:
+            raise UnsupportedOpError(node.op, node.name, detail="no x86 lowering")
+        outs = low(LowerCtx(node, ins, self.temp, self.packed_weight, *self.lower_options))
+        inlined = [v for v in node.inputs if v is not None and id(v) not in self.bufs]
+        # an expression that inlines a reduction is expensive however cheap its own op is
+        inlined_cost = any(self.expensive.get(id(v), False) for v in inlined)
+        carries = any(self.contracting.get(id(v)) for v in inlined)
+        for o, t in zip(node.outputs, outs):
+            self.expensive[id(o)] = t.kind == "complex" or inlined_cost
+            self.contracting[id(o)] = t.contraction or carries
+            self._place(node, o, t)
 
-    g.toposort()
-    for node in g.nodes:
-        current[0] = node.op
+    def _inputs(self, node) -> List[Optional[TensorFn]]:
         # A stage computes at most one contraction with a micro-kernel: when a node would inline several
         # (the residual Add of two convolutions), all but the last are stored first.
-        pending = [v for v in node.inputs if v is not None and contracting.get(id(v)) and id(v) not in bufs]
+        pending = [v for v in node.inputs
+                   if v is not None and self.contracting.get(id(v)) and id(v) not in self.bufs]
         for v in pending[:-1]:
-            fns[id(v)] = materialize(v.name, v.shape, v.dtype, fns[id(v)].fn)
-            bufs[id(v)] = stages[-1].buf
+            self.fns[id(v)] = self.materialize(v.name, v.shape, v.dtype, self.fns[id(v)].fn)
+            self.bufs[id(v)] = self.stages[-1].buf
         ins = []
         for v in node.inputs:
             if v is None:
                 ins.append(None)
             elif v.is_const:
-                ins.append(const_fn(v))
+                ins.append(self.const_fn(v))
             else:
-                ins.append(fns[id(v)])
-        low = LOWERINGS.get(node.op)
-        if low is None:
-            raise UnsupportedOpError(node.op, node.name, detail="no x86 lowering")
-        temp = lambda shape, dtype, fn, name: materialize(name, shape, dtype, fn)
-        outs = low(LowerCtx(node, ins, temp, packed_weight, gemm_cols, gemm_tiles, unpadded_contractions,
-                            matmul_panels, half_contractions, row_kernels))
-        # an expression that inlines a reduction is expensive however cheap its own op is
-        inlined_cost = any(expensive.get(id(v), False) for v in node.inputs if v is not None and id(v) not in bufs)
-        carries = any(contracting.get(id(v)) for v in node.inputs if v is not None and id(v) not in bufs)
-        for o, t in zip(node.outputs, outs):
-            expensive[id(o)] = t.kind == "complex" or inlined_cost
-            contracting[id(o)] = t.contraction or carries
-            if id(o) in out_index:
-                j = out_index[id(o)][0]
-                ob = out_bufs[j]
-                stages.append(Stage(f"{node.name}", ob, *(_vars_expr(t, ob.shape)), op=node.op))
-                bufs[id(o)] = ob
-                fns[id(o)] = _loader(ob)
-                continue
-            if t.kind == "alias":
-                src = node.inputs[0]
-                if id(src) in bufs:
-                    sb = bufs[id(src)]
-                    view = Buf(o.name, o.dtype, tuple(o.shape), sb.base, sb.offset, root=sb.storage)
-                    if sb.base == WEIGHTS:
-                        weights[id(o)] = (view, None)
-                    bufs[id(o)] = view
-                    fns[id(o)] = _loader(view)
-                    continue
-            if _inline(g, o, t, expensive[id(o)]):
-                fns[id(o)] = t
-                fused[node.op] = fused.get(node.op, 0) + 1
-                continue
-            fns[id(o)] = materialize(o.name, o.shape, o.dtype, t.fn)
-            bufs[id(o)] = stages[-1].buf
+                ins.append(self.fns[id(v)])
+        return ins
 
-    # outputs that no node produces (inputs, constants, duplicates) are copied
-    for j, v in enumerate(g.outputs):
-        ob = out_bufs[j]
-        if any(s.buf is ob for s in stages):
-            continue
-        t = const_fn(v) if v.is_const else fns[id(v)]
-        stages.append(Stage(f"copy_{ob.name}", ob, *(_vars_expr(t, ob.shape))))
+    def _place(self, node, o: Value, t: TensorFn) -> None:
+        """A graph output is stored in its output buffer; an alias of a stored value is a view of its
+        buffer; a value cheap to recompute is inlined; anything else is stored in the arena."""
+        if id(o) in self.out_index:
+            j = self.out_index[id(o)][0]
+            ob = self.out_bufs[j]
+            self.stages.append(Stage(f"{node.name}", ob, *(_vars_expr(t, ob.shape)), op=node.op))
+            self.bufs[id(o)] = ob
+            self.fns[id(o)] = _loader(ob)
+            return
+        if t.kind == "alias":
+            src = node.inputs[0]
+            if id(src) in self.bufs:
+                sb = self.bufs[id(src)]
+                view = Buf(o.name, o.dtype, tuple(o.shape), sb.base, sb.offset, root=sb.storage)
+                if sb.base == WEIGHTS:
+                    self.weights[id(o)] = (view, None)
+                self.bufs[id(o)] = view
+                self.fns[id(o)] = _loader(view)
+                return
+        if _inline(self.g, o, t, self.expensive[id(o)]):
+            self.fns[id(o)] = t
+            self.fused[node.op] = self.fused.get(node.op, 0) + 1
+            return
+        self.fns[id(o)] = self.materialize(o.name, o.shape, o.dtype, t.fn)
+        self.bufs[id(o)] = self.stages[-1].buf
 
-    if split_concat:
-        stages = [part for st in stages for part in split_piecewise(st)]
-    for s in stages:
-        s.reads = _reads(s.expr)
-        s.flops = _flops(s, opt)
-    # constants that no kernel reads (weights a kernel reads repacked) stay out of the artifact
-    read = {id(root_of(b)) for s in stages for b in s.reads}
-    weights = {k: (b, a) for k, (b, a) in weights.items() if id(root_of(b)) in read}
-    arena = _plan_arena(stages, ranges)
-    wbytes = _plan_weights(weights)
-    return Schedule(stages, in_bufs, out_bufs, [(b, a) for b, a in weights.values() if a is not None],
-                    arena, wbytes, fused, syms)
+    def copy_unproduced_outputs(self) -> None:
+        """Outputs that no node produces (inputs, constants, duplicates) are copied."""
+        for j, v in enumerate(self.g.outputs):
+            ob = self.out_bufs[j]
+            if any(s.buf is ob for s in self.stages):
+                continue
+            t = self.const_fn(v) if v.is_const else self.fns[id(v)]
+            self.stages.append(Stage(f"copy_{ob.name}", ob, *(_vars_expr(t, ob.shape))))
 
 
 def root_of(b: Buf) -> Buf:

@@ -1,0 +1,215 @@
+"""Lowerings of the convolutions (Conv, ConvTranspose, ConvInteger, DeformConv): packed contractions for
+the micro-kernels where the schedule asks for them, else reductions over windows."""
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+from ...ir.dim import product
+from ...ir.dtype import DType
+from ..contraction import Contraction, DepthwiseWindow, channel_lanes, choose_tile, pack_weights
+from ..texpr import I64, E, all_of, binop, call, cast, cmp, const, in_range, load, logic, reduce, select
+from .core import LOWERINGS, TensorFn, clamp, lowering, sub_ctx, unflat_index
+from .quant import minus_zp
+from .windows import may_exceed, padded_window_input, window_params
+
+
+@lowering("Conv")
+def _conv(ctx):
+    x, w, b = ctx.input(0), ctx.input(1), ctx.input(2)
+    out = ctx.out_shape()
+    spatial = len(x.shape) - 2
+    group = ctx.attr("group", 1)
+    cin_g = w.shape[1]
+    m_g = w.shape[0] // group
+    kern = w.shape[2:]
+    strides, dil, begin = window_params(ctx, spatial, kern, x.shape[2:], out[2:])
+    gemm = conv_as_gemm(ctx, x, b, out, group, cin_g, m_g, kern, strides, dil, begin)
+    if gemm is not None:
+        return [gemm]
+
+    # depthwise 2-D with row-vectorisable strides: a window node the x86 backend computes by rows, reading
+    # the unpadded input (its loads are masked to the input: no padded copy is stored)
+    depthwise = (ctx.gemm_cols and spatial == 2 and cin_g == 1 and m_g == 1 and w.buf is not None
+                 and x.dtype == DType.FLOAT and ctx.out_dtype() == DType.FLOAT and strides[1] in (1, 2)
+                 and all(isinstance(d, int) for d in x.shape[2:]))
+    if depthwise:
+        if x.buf is None:
+            x = ctx.temp(x.shape, x.dtype, x.fn, "in")
+    else:
+        x, begin = padded_window_input(ctx, x, out[2:], kern, strides, dil, begin, 0.0)
+    window = DepthwiseWindow(w.buf, x.buf, tuple(kern), tuple(strides), tuple(dil), tuple(out[2:]),
+                             pads=(begin[0], begin[1])) if depthwise else None
+    bounded = depthwise and (any(begin) or any(may_exceed((o - 1) * s + (k - 1) * d + 1, size) for o, s, k, d, size
+                                                in zip(out[2:], strides, kern, dil, x.shape[2:])))
+
+    def f(idx):
+        n, m, o = idx[0], idx[1], idx[2:]
+        g_off = (m // m_g) * cin_g if group > 1 else const(0, I64)
+
+        def body(c, *ks):
+            pos = [oi * s - p + ki * d for oi, s, p, ki, d in zip(o, strides, begin, ks, dil)]
+            if bounded:
+                inside = all_of([in_range(q, 0, size) for q, size in zip(pos, x.shape[2:])])
+                return binop("mul", x.at_or([n, g_off + c] + pos, inside, 0.0), w([m, c] + list(ks)))
+            return binop("mul", x([n, g_off + c] + pos), w([m, c] + list(ks)))
+        acc = reduce("sum", [cin_g] + list(kern), body)
+        if window is not None:
+            acc = E("window", [n, m] + list(o) + [acc], DType.FLOAT, window)
+        return binop("add", acc, b([m])) if b is not None else acc
+    return [TensorFn(out, ctx.out_dtype(), f, "complex", contraction=window is not None)]
+
+
+def conv_as_gemm(ctx, x, b, out, group, cin_g, m_g, kern, strides, dil, begin, wv=None,
+                  interleaved: bool = False) -> Optional[TensorFn]:
+    """The convolution as a packed contraction (see :mod:`cuvil.kernels.contraction`), when the target asks for
+    them (``ctx.gemm_cols``), it is float32 (or, with the GPU's ``half_contractions``, float16) with
+    constant weights and has enough output channels per group to fill a micro-kernel's rows. The input is
+    stored, zero-padded when the convolution pads so the x86 kernels pack panels without bounds tests; with
+    ``unpadded_contractions`` it stays unpadded and the contraction records the pads (its expression tests
+    the bounds, as the GPU kernels do). ``interleaved``: channel c of group g is x's channel c*group + g
+    (see :attr:`Contraction.interleaved`)."""
+    wv = ctx.const_input(1) if wv is None else wv
+    K = cin_g * int(np.prod(kern))
+    dts = (DType.FLOAT, DType.FLOAT16) if ctx.half_contractions else (DType.FLOAT,)
+    # x86 takes reductions from 4 terms: ShuffleNet's first grouped 1x1 convolution (6 input channels per
+    # group) ran 0.130 ms as a loop nest and is one of the micro-kernel's cheaper steps (2.25 -> 2.14 ms in all)
+    min_k = 4 if ctx.row_kernels else 8
+    if (not ctx.gemm_cols or wv is None or ctx.out_dtype() not in dts or x.dtype != ctx.out_dtype() or m_g < 4
+            or K < min_k or ctx._weight is None):
+        return None
+    half = x.dtype == DType.FLOAT16
+    out_sp = tuple(out[2:])
+    pads = ()
+    if ctx.unpadded_contractions and all(isinstance(d, int) for d in list(x.shape[2:]) + list(begin)):
+        need = [(o - 1) * s + (k - 1) * d + 1 for o, s, k, d in zip(out_sp, strides, kern, dil)]
+        if any(begin) or any(n_ - b0 > size for n_, b0, size in zip(need, begin, x.shape[2:])):
+            pads = tuple(int(b0) for b0 in begin)
+    if not pads:
+        x, _ = padded_window_input(ctx, x, out_sp, kern, strides, dil, begin, 0.0)
+    if x.buf is None:
+        x = ctx.temp(x.shape, x.dtype, x.fn, "in")
+    tile = choose_tile(m_g, product(out_sp), ctx.gemm_tiles, K)
+    mr, cols = tile[:2]
+    wdt = np.float16 if half else np.float32
+    a_buf = ctx.weight(pack_weights(wv.astype(wdt), group, mr, wdt), "packed")
+    spec = Contraction(a_buf, x.buf, x.shape[0], group, m_g, cin_g, tuple(kern), tuple(strides), tuple(dil),
+                       out_sp, cols, mr, pads, channel_lanes(tile), interleaved)
+    kshape = [cin_g] + list(kern)
+
+    def f(idx):
+        n, m, o = idx[0], idx[1], idx[2:]
+        g = m // m_g if group > 1 else const(0, I64)
+        ml = m % m_g if group > 1 else m
+
+        def body(k):
+            c, *ks = unflat_index(k, kshape)
+            ch = c * group + g if interleaved else g * cin_g + c
+            if pads:
+                pos = [oi * s - p + ki * d for oi, s, p, ki, d in zip(o, strides, pads, ks, dil)]
+                inside = all_of([in_range(q, 0, size) for q, size in zip(pos, x.shape[2:])])
+                return binop("mul", load(a_buf, [g, ml // mr, k, ml % mr]), x.at_or([n, ch] + pos, inside, 0.0))
+            pos = [oi * s + ki * d for oi, s, ki, d in zip(o, strides, ks, dil)]
+            return binop("mul", load(a_buf, [g, ml // mr, k, ml % mr]), x([n, ch] + pos))
+        acc = E("contract", [n, m] + list(o) + [reduce("sum", [K], body)], x.dtype, spec)
+        return binop("add", acc, b([m])) if b is not None else acc
+    return TensorFn(out, ctx.out_dtype(), f, "complex", contraction=True)
+
+
+@lowering("ConvTranspose")
+def _conv_transpose(ctx):
+    x, w, b = ctx.input(0), ctx.input(1), ctx.input(2)
+    out = ctx.out_shape()
+    spatial = len(x.shape) - 2
+    group = ctx.attr("group", 1)
+    cin = x.shape[1]
+    cin_g = cin // group
+    m_g = w.shape[1]
+    kern = w.shape[2:]
+    strides = ctx.attr("strides") or [1] * spatial
+    dil = ctx.attr("dilations") or [1] * spatial
+    pads = ctx.attr("pads")
+    if ctx.attr("auto_pad", "NOTSET") != "NOTSET" or ctx.attr("output_shape") is not None:
+        if pads is None:
+            total = [max((x.shape[2 + k] - 1) * strides[k] + ((kern[k] - 1) * dil[k] + 1) - out[2 + k], 0) for k in range(spatial)]
+            auto = ctx.attr("auto_pad", "NOTSET")
+            pads = [t // 2 if auto != "SAME_LOWER" else t - t // 2 for t in total]
+    begin = list(pads[:spatial]) if pads else [0] * spatial
+
+    def f(idx):
+        n, m, o = idx[0], idx[1], idx[2:]
+        grp = m // m_g if group > 1 else const(0, I64)
+        mm = m % m_g if group > 1 else m
+
+        def body(c, *ks):
+            # out[o] gets x[i] * w[k] where o = i*s - p + k*d, i.e. i = (o + p - k*d) / s when divisible
+            num = [oi + p - ki * d for oi, p, ki, d in zip(o, begin, ks, dil)]
+            pos = [nn // s for nn, s in zip(num, strides)]
+            conds = [in_range(pp, 0, size) for pp, size in zip(pos, x.shape[2:])]
+            conds += [cmp("ge", nn, const(0, I64)) for nn in num]
+            conds += [cmp("eq", nn % s, const(0, I64)) for nn, s in zip(num, strides) if s > 1]
+            xv = x.at_or([n, grp * cin_g + c if group > 1 else c] + pos, all_of(conds), 0.0)
+            return binop("mul", xv, w([grp * cin_g + c if group > 1 else c, mm] + list(ks)))
+        acc = reduce("sum", [cin_g] + list(kern), body)
+        return binop("add", acc, b([m])) if b is not None else acc
+    return [TensorFn(out, ctx.out_dtype(), f, "complex")]
+
+
+@lowering("ConvInteger")
+def _conv_integer(ctx):
+    x, w = ctx.input(0), ctx.input(1)
+    x2 = minus_zp(x, ctx.input(2), 1)
+    w2 = minus_zp(w, ctx.input(3), 0)
+    return LOWERINGS["Conv"](sub_ctx(ctx, [x2, w2, None]))
+
+
+@lowering("DeformConv")
+def _deform_conv(ctx):
+    """2-D deformable convolution as the ONNX reference: each kernel tap reads the input bilinearly at its
+    offset position (zero outside), scaled by the mask."""
+    x, w, off, b, mask = (ctx.input(i) for i in range(5))
+    if len(x.shape) != 4:
+        ctx.unsupported("only 2-D deformable convolution")
+    N, C, H, W_ = x.shape
+    M, cin_g, kh_n, kw_n = w.shape
+    group = ctx.attr("group", 1) or 1
+    og_n = ctx.attr("offset_group", 1) or 1
+    m_g = M // group
+    c_og = C // og_n
+    sh, sw = ctx.attr("strides") or [1, 1]
+    dh, dw = ctx.attr("dilations") or [1, 1]
+    pads = ctx.attr("pads") or [0, 0, 0, 0]
+    F = x.dtype
+    fc = lambda v: const(float(v), F)
+
+    def f(idx):
+        n, m, i, j = idx
+        g = m // m_g if group > 1 else const(0, I64)
+
+        def body(c, ki, kj):
+            ic = g * cin_g + c if group > 1 else c
+            og = ic // c_og if og_n > 1 else const(0, I64)
+            tap = (og * kh_n + ki) * kw_n + kj
+            oh = off([n, tap * 2, i, j])
+            ow = off([n, tap * 2 + 1, i, j])
+            ph = binop("add", cast(i * sh + ki * dh - pads[0], F), oh)
+            pw = binop("add", cast(j * sw + kj * dw - pads[1], F), ow)
+            fh, fw = call("floor", ph), call("floor", pw)
+            th, tw = binop("sub", ph, fh), binop("sub", pw, fw)
+            h0, w0 = cast(fh, I64), cast(fw, I64)
+            total = None
+            for dy, wy in ((0, binop("sub", fc(1), th)), (1, th)):
+                for dx, wx in ((0, binop("sub", fc(1), tw)), (1, tw)):
+                    hh, ww = h0 + dy, w0 + dx
+                    inside = logic("and", in_range(hh, 0, H), in_range(ww, 0, W_))
+                    v = select(inside, x([n, ic, clamp(hh, H), clamp(ww, W_)]), fc(0))
+                    term = binop("mul", binop("mul", wy, wx), v)
+                    total = term if total is None else binop("add", total, term)
+            val = binop("mul", total, w([m, c, ki, kj]))
+            if mask is not None:
+                val = binop("mul", val, mask([n, tap, i, j]))
+            return val
+        acc = reduce("sum", [cin_g, kh_n, kw_n], body)
+        return binop("add", acc, b([m])) if b is not None else acc
+    return [TensorFn(ctx.out_shape(), x.dtype, f, "complex")]

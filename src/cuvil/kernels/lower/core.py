@@ -1,0 +1,216 @@
+"""The lowering table and what every lowering shares: :class:`TensorFn` (a tensor as shape, dtype and a
+function from indices to an expression), :class:`LowerCtx` (a node's inputs, attributes and scratch), the
+:func:`lowering` decorator that fills :data:`LOWERINGS`, and the index and scalar helpers of several families."""
+from __future__ import annotations
+
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import attrs
+import numpy as np
+
+from ...errors import UnsupportedOpError
+from ...ir.dim import SymExpr, evaluate, free_symbols
+from ...ir.dtype import DType
+from ...ir.graph import Node
+from ...ir.registry import attr_defaults
+from ..contraction import MR
+from ..texpr import I64, Buf, E, cmp, const, select
+
+
+Index = List[E]
+
+
+@attrs.define
+class TensorFn:
+    shape: Tuple[int, ...]
+    dtype: DType
+    fn: Callable[[Index], E]
+    # "elementwise": output element i reads input elements at i (up to broadcasting) only;
+    # "injective": data movement; "complex": reductions and windows (worth materialising before reuse)
+    kind: str = "complex"
+    # For elementwise ops: which inputs are read at exactly the output index (no broadcasting)
+    same_index_inputs: Tuple[int, ...] = ()
+    buf: Optional[Buf] = None   # set when the tensor is stored (its loads read this buffer)
+    contraction: bool = False   # holds a micro-kernel node (contract/window: at most one per stage)
+
+    def __call__(self, idx: Index) -> E:
+        return self.fn(list(idx))
+
+    def at_or(self, idx: Index, cond: E, default) -> E:
+        """``self[idx]`` where ``cond`` holds, else ``default``; indices are clamped so the read itself is
+        always in bounds (padding reads no memory outside the tensor)."""
+        if cond.op == "const" and cond.attr is True:
+            return self(idx)
+        return select(cond, self([clamp(i, d) for i, d in zip(idx, self.shape)]), const(default, self.dtype))
+
+
+class LowerCtx:
+    def __init__(self, node: Node, inputs: List[Optional[TensorFn]], temp: Callable,
+                 weight: Optional[Callable] = None, gemm_cols: int = 0, gemm_tiles: tuple = (),
+                 unpadded_contractions: bool = False, matmul_panels: bool = True, half_contractions: bool = False,
+                 row_kernels: bool = False):
+        self.node, self.inputs, self._temp, self._weight = node, inputs, temp, weight
+        # (x86) short reductions (4+ terms) take the GEMM micro-kernels, 2-D average pools the row kernels
+        self.row_kernels = row_kernels and gemm_cols > 0
+        # a padded convolution's contraction reads the unpadded input (Contraction.pads; the GPU's kernels
+        # test bounds) instead of a stored padded copy (x86 micro-kernels pack panels without tests)
+        self.unpadded_contractions = unpadded_contractions
+        self.half_contractions = half_contractions     # float16 convolutions as contractions too (GPU)
+        self.matmul_panels = matmul_panels and gemm_cols > 0   # MatMuls as column-panel contractions (x86)
+        # > 0: lower convolutions to packed contractions (and constant-weight MatMuls to column panels this
+        # many wide); a convolution's register tile (rows, cols[, lanes]) is chosen among gemm_tiles
+        self.gemm_cols = gemm_cols
+        self.gemm_tiles = tuple(gemm_tiles) or ((MR, gemm_cols),)
+
+    def attr(self, name, default=None):
+        if name in self.node.attrs:
+            return self.node.attrs[name]
+        return attr_defaults(self.node.op).get(name, default)
+
+    def input(self, i: int) -> Optional[TensorFn]:
+        return self.inputs[i] if i < len(self.inputs) else None
+
+    def out_shape(self, j: int = 0) -> Tuple[int, ...]:
+        return tuple(self.node.outputs[j].shape)
+
+    def out_dtype(self, j: int = 0) -> DType:
+        return self.node.outputs[j].dtype
+
+    def temp(self, shape, dtype, fn, name="tmp") -> TensorFn:
+        """Materialise ``fn`` over ``shape`` into a scratch buffer; returns a loader of it."""
+        return self._temp(tuple(shape), dtype, fn, f"{self.node.name}_{name}")
+
+    def weight(self, array: np.ndarray, name: str) -> Optional[Buf]:
+        """A compile-time constant (e.g. weights repacked for a kernel) stored with the weights; None when the
+        scheduler does not offer constants."""
+        if self._weight is None:
+            return None
+        return self._weight(np.ascontiguousarray(array), f"{self.node.name}_{name}")
+
+    def const_input(self, i: int) -> Optional[np.ndarray]:
+        v = self.node.inputs[i] if i < len(self.node.inputs) else None
+        return np.asarray(v.const) if v is not None and v.is_const else None
+
+    def unsupported(self, detail: str):
+        raise UnsupportedOpError(self.node.op, self.node.name, detail=detail)
+
+
+LOWERINGS: Dict[str, Callable[[LowerCtx], List[TensorFn]]] = {}
+
+
+def lowering(*ops):
+    def deco(fn):
+        for op in ops:
+            LOWERINGS[op] = fn
+        return fn
+    return deco
+
+
+def broadcast_index(idx: Index, in_shape: Sequence[int], out_shape: Sequence[int]) -> Index:
+    k = len(out_shape) - len(in_shape)
+    return [const(0, I64) if d == 1 and out_shape[k + j] != 1 else idx[k + j] for j, d in enumerate(in_shape)]
+
+
+def broadcast_fn(t: TensorFn, out_shape) -> Callable[[Index], E]:
+    """``t``'s index function read at the indices of an ``out_shape`` output (numpy broadcasting)."""
+    if tuple(t.shape) == tuple(out_shape):
+        return t.fn
+    return lambda idx: t.fn(broadcast_index(idx, t.shape, out_shape))
+
+
+def elementwise(ctx: LowerCtx, scalar: Callable[..., E], inputs=None, dtype=None) -> List[TensorFn]:
+    ins = [t for t in (inputs if inputs is not None else ctx.inputs)]
+    shape = ctx.out_shape()
+    fns = [broadcast_fn(t, shape) for t in ins]
+    same = tuple(k for k, t in enumerate(ins) if tuple(t.shape) == tuple(shape))
+    return [TensorFn(shape, dtype or ctx.out_dtype(), lambda idx: scalar(*[f(idx) for f in fns]), "elementwise", same)]
+
+
+def fconst(v, like: E) -> E:
+    return const(v, like.dtype)
+
+
+def nan_max(a: E, b: E) -> E:
+    """np.maximum: NaN if either is NaN; on ties the second argument."""
+    if not a.dtype.is_float:
+        return select(cmp("gt", a, b), a, b)
+    return select(cmp("uno", a, a), a, select(cmp("gt", a, b), a, b))
+
+
+def nan_min(a: E, b: E) -> E:
+    if not a.dtype.is_float:
+        return select(cmp("lt", a, b), a, b)
+    return select(cmp("uno", a, a), a, select(cmp("lt", a, b), a, b))
+
+
+def flat_index(idx: Index, shape: Sequence[int]) -> E:
+    out = const(0, I64)
+    stride = 1
+    for i, d in zip(reversed(idx), reversed(shape)):
+        out = out + i * stride
+        stride *= d
+    return out
+
+
+def unflat_index(flat: E, shape: Sequence[int]) -> Index:
+    """Row-major indices of ``flat`` (0 <= flat < prod(shape): the outermost index needs no modulo)."""
+    if not shape:
+        return []
+    out = []
+    for d in reversed(shape[1:]):
+        out.append(flat % d)
+        flat = flat // d
+    out.append(flat)
+    return list(reversed(out))
+
+
+def _smaller(a, b) -> bool:
+    """Which run of a reshape to extend: compares sizes, symbolic ones at a sample point. A wrong guess only
+    costs index arithmetic (runs are accepted only when their sizes are equal as polynomials; otherwise the
+    whole index is flattened and unflattened)."""
+    if isinstance(a, SymExpr) or isinstance(b, SymExpr):
+        sample = {name: 7 for name in free_symbols(a) | free_symbols(b)}
+        return evaluate(a, sample) < evaluate(b, sample)
+    return a < b
+
+
+def reshape_index(idx: Index, out_shape: Sequence[int], in_shape: Sequence[int]) -> Index:
+    """Input indices of a reshape's output element. Dims are split into runs of equal products (e.g.
+    [N, C, H*W] <- [N, C, H, W]: N and C map through unchanged), and only within a run is the index
+    flattened and unflattened, so index arithmetic stays cheap and contiguous dims stay unit-stride."""
+    if 0 in out_shape or 0 in in_shape:
+        return unflat_index(flat_index(idx, out_shape), in_shape)
+    res: Index = []
+    i = j = 0
+    no, ni = len(out_shape), len(in_shape)
+    while i < no or j < ni:
+        i0, j0, po, pi = i, j, 1, 1
+        if i < no:
+            po, i = out_shape[i], i + 1
+        if j < ni:
+            pi, j = in_shape[j], j + 1
+        while po != pi:
+            if _smaller(po, pi) and i < no:
+                po, i = po * out_shape[i], i + 1
+            elif j < ni:
+                pi, j = pi * in_shape[j], j + 1
+            else:  # inconsistent sizes cannot come from shape inference; stay correct regardless
+                return unflat_index(flat_index(idx, out_shape), in_shape)
+        flat = idx[i0] if i - i0 == 1 else flat_index(idx[i0:i], out_shape[i0:i])
+        res.extend([flat] if j - j0 == 1 else unflat_index(flat, in_shape[j0:j]))
+    return res
+
+
+def clamp(i: E, d: int) -> E:
+    return E("clamp", (i,), I64, (0, d - 1))
+
+
+def scalar_of(t: TensorFn) -> E:
+    """The single element of a one-element tensor."""
+    return t([const(0, I64)] * len(t.shape))
+
+
+def sub_ctx(ctx, inputs) -> LowerCtx:
+    """``ctx`` with other inputs: an op lowered as another one (ConvInteger as Conv) after rewriting its inputs."""
+    return LowerCtx(ctx.node, inputs, ctx._temp, ctx._weight, ctx.gemm_cols, ctx.gemm_tiles, ctx.unpadded_contractions,
+                    ctx.matmul_panels, ctx.half_contractions)

@@ -1,0 +1,247 @@
+"""Lowerings of gathers, scatters, one-hot, triangles, scans and selections (TopK)."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..texpr import I64, E, all_of, binop, cast, cmp, const, identity_value, logic, reduce, select
+from .core import TensorFn, clamp, flat_index, lowering, nan_max, nan_min, unflat_index
+
+
+@lowering("Gather")
+def _gather(ctx):
+    x, ind = ctx.input(0), ctx.input(1)
+    axis = ctx.attr("axis", 0) % len(x.shape)
+    r = len(ind.shape)
+
+    def f(idx):
+        j = cast(ind(idx[axis:axis + r]), I64)
+        j = select(cmp("lt", j, const(0, I64)), j + x.shape[axis], j)
+        return x(idx[:axis] + [clamp(j, x.shape[axis])] + idx[axis + r:])
+    return [TensorFn(ctx.out_shape(), x.dtype, f, "injective")]
+
+
+def _scalar_attr(v, default=None):
+    """A lifted scalar attribute (given as a scalar, a one-element list or array)."""
+    if v is None:
+        return default
+    arr = np.asarray(v).reshape(-1)
+    return arr[0].item() if arr.size else default
+
+
+@lowering("Trilu")
+def _trilu(ctx):
+    x = ctx.input(0)
+    k = int(_scalar_attr(ctx.attr("k"), 0))
+    upper = ctx.attr("upper", 1)
+
+    def f(idx):
+        d = idx[-1] - idx[-2]
+        keep = cmp("ge", d, const(k, I64)) if upper else cmp("le", d, const(k, I64))
+        return select(keep, x(idx), const(0, x.dtype))
+    return [TensorFn(ctx.out_shape(), x.dtype, f, "injective")]
+
+
+def _norm_index(j: E, size: int) -> E:
+    j = cast(j, I64)
+    return select(cmp("lt", j, const(0, I64)), j + size, j)
+
+
+@lowering("GatherElements")
+def _gather_elements(ctx):
+    x, ind = ctx.input(0), ctx.input(1)
+    axis = ctx.attr("axis", 0) % len(x.shape)
+
+    def f(idx):
+        sub = list(idx)
+        sub[axis] = clamp(_norm_index(ind(idx), x.shape[axis]), x.shape[axis])
+        return x(sub)
+    return [TensorFn(ctx.out_shape(), x.dtype, f, "injective")]
+
+
+@lowering("GatherND")
+def _gather_nd(ctx):
+    x, ind = ctx.input(0), ctx.input(1)
+    b = ctx.attr("batch_dims", 0)
+    q = list(ind.shape)
+    k = q[-1]
+    nq = len(q) - 1
+
+    def f(idx):
+        lead = idx[:nq]
+        coords = [clamp(_norm_index(ind(lead + [const(j, I64)]), x.shape[b + j]), x.shape[b + j]) for j in range(k)]
+        return x(idx[:b] + coords + idx[nq:])
+    return [TensorFn(ctx.out_shape(), x.dtype, f, "injective")]
+
+
+def _combine(kind: str, old: E, new: E) -> E:
+    if kind == "add":
+        return binop("add", old, new)
+    if kind == "mul":
+        return binop("mul", old, new)
+    if kind == "max":
+        return nan_max(old, new)
+    return nan_min(old, new)
+
+
+@lowering("ScatterElements")
+def _scatter_elements(ctx):
+    """Each output element searches the update positions that target it (the last one wins, or all are
+    combined by ``reduction``): quadratic in the axis length, no sequential writes."""
+    x, ind, upd = ctx.input(0), ctx.input(1), ctx.input(2)
+    axis = ctx.attr("axis", 0) % len(x.shape)
+    kind = ctx.attr("reduction", "none")
+    q = list(ind.shape)
+    n = q[axis]
+
+    def f(idx):
+        others = all_of([cmp("lt", i, const(d, I64)) for a, (i, d) in enumerate(zip(idx, q)) if a != axis and d < x.shape[a]])
+
+        def at(kk):
+            sub = list(idx)
+            sub[axis] = kk
+            return [clamp(s_, d) for s_, d in zip(sub, q)]
+
+        def match(kk):
+            m = cmp("eq", _norm_index(ind(at(kk)), x.shape[axis]), idx[axis])
+            return m if others.op == "const" and others.attr is True else logic("and", others, m)
+        if kind == "none":
+            last = reduce("max", [n], lambda kk: select(match(kk), kk, const(-1, I64)))
+            return select(cmp("ge", last, const(0, I64)), upd(at(clamp(last, n))), x(idx))
+        red = {"add": "sum", "mul": "prod", "max": "max", "min": "min"}[kind]
+        ident = const(identity_value(kind, x.dtype), x.dtype)
+        acc = reduce(red, [n], lambda kk: select(match(kk), upd(at(kk)), ident))
+        if kind in ("max", "min"):
+            hit = reduce("max", [n], lambda kk: select(match(kk), const(1, I64), const(0, I64)))
+            return select(cmp("gt", hit, const(0, I64)), _combine(kind, x(idx), acc), x(idx))
+        return _combine(kind, x(idx), acc)
+    return [TensorFn(ctx.out_shape(), x.dtype, f, "complex")]
+
+
+@lowering("ScatterND")
+def _scatter_nd(ctx):
+    x, ind, upd = ctx.input(0), ctx.input(1), ctx.input(2)
+    kind = ctx.attr("reduction", "none")
+    q = list(ind.shape)
+    k = q[-1]
+    lead = q[:-1]
+
+    def f(idx):
+        def match(*us):
+            conds = [cmp("eq", _norm_index(ind(list(us) + [const(j, I64)]), x.shape[j]), idx[j]) for j in range(k)]
+            return all_of(conds)
+
+        def upd_at(us):
+            return upd(list(us) + idx[k:])
+        if not lead:
+            return select(match(), upd_at([]), x(idx)) if kind == "none" else \
+                select(match(), _combine(kind, x(idx), upd_at([])), x(idx))
+        if kind == "none":
+            last = reduce("max", lead, lambda *us: select(match(*us), flat_index(list(us), lead), const(-1, I64)))
+            us = unflat_index(clamp(last, int(np.prod(lead))), lead)
+            return select(cmp("ge", last, const(0, I64)), upd_at(us), x(idx))
+        red = {"add": "sum", "mul": "prod", "max": "max", "min": "min"}[kind]
+        ident = const(identity_value(kind, x.dtype), x.dtype)
+        acc = reduce(red, lead, lambda *us: select(match(*us), upd_at(us), ident))
+        if kind in ("max", "min"):
+            hit = reduce("max", lead, lambda *us: select(match(*us), const(1, I64), const(0, I64)))
+            return select(cmp("gt", hit, const(0, I64)), _combine(kind, x(idx), acc), x(idx))
+        return _combine(kind, x(idx), acc)
+    return [TensorFn(ctx.out_shape(), x.dtype, f, "complex")]
+
+
+@lowering("OneHot")
+def _onehot(ctx):
+    ind, vals = ctx.input(0), ctx.input(2)
+    depth = ctx.attr("depth")
+    if depth is None:
+        ctx.unsupported("non-constant depth")
+    depth = int(_scalar_attr(depth))
+    out = ctx.out_shape()
+    axis = ctx.attr("axis", -1) % len(out)
+    dt = ctx.out_dtype()
+
+    def f(idx):
+        j = cast(ind(idx[:axis] + idx[axis + 1:]), I64)  # float indices truncate
+        j = select(cmp("lt", j, const(0, I64)), j + depth, j)
+        on = vals([const(1, I64)])
+        off = vals([const(0, I64)])
+        return select(cmp("eq", j, idx[axis]), on, off)
+    return [TensorFn(out, dt, f, "injective")]
+
+
+@lowering("ReverseSequence")
+def _reverse_sequence(ctx):
+    x, lens = ctx.input(0), ctx.input(1)
+    ba, ta = ctx.attr("batch_axis", 1), ctx.attr("time_axis", 0)
+
+    def f(idx):
+        n = cast(lens([idx[ba]]), I64)
+        t = idx[ta]
+        sub = list(idx)
+        sub[ta] = clamp(n - t - 1, x.shape[ta])
+        return select(cmp("lt", t, n), x(sub), x(idx))
+    return [TensorFn(ctx.out_shape(), x.dtype, f, "injective")]
+
+
+@lowering("CumSum")
+def _cumsum(ctx):
+    x = ctx.input(0)
+    axis = ctx.attr("axis")
+    if axis is None:
+        ctx.unsupported("non-constant axis")
+    axis = int(_scalar_attr(axis)) % len(x.shape)
+    excl, rev = ctx.attr("exclusive", 0), ctx.attr("reverse", 0)
+    n = x.shape[axis]
+    pred = {(0, 0): "le", (1, 0): "lt", (0, 1): "ge", (1, 1): "gt"}[(int(bool(excl)), int(bool(rev)))]
+
+    def f(idx):
+        def body(kk):
+            sub = list(idx)
+            sub[axis] = kk
+            return select(cmp(pred, kk, idx[axis]), x(sub), const(0, x.dtype))
+        return reduce("sum", [n], body)
+    return [TensorFn(ctx.out_shape(), x.dtype, f, "complex")]
+
+
+@lowering("TopK")
+def _topk(ctx):
+    """Ranks by counting (element i's rank = how many elements beat it, ties to the lower index), then
+    output r is the element whose rank is r: quadratic in the axis length."""
+    x = ctx.input(0)
+    k = ctx.attr("k")
+    if k is None:
+        ctx.unsupported("non-constant k")
+    axis = ctx.attr("axis", -1) % len(x.shape)
+    largest = ctx.attr("largest", 1)
+    n = x.shape[axis]
+    better = "gt" if largest else "lt"
+
+    def rank_fn(idx):
+        xi = x(idx)
+
+        def body(j):
+            sub = list(idx)
+            sub[axis] = j
+            xj = x(sub)
+            beats = logic("or", cmp(better, xj, xi), logic("and", cmp("eq", xj, xi), cmp("lt", j, idx[axis])))
+            return select(beats, const(1, I64), const(0, I64))
+        return reduce("sum", [n], body)
+    rank = ctx.temp(x.shape, I64, rank_fn, "rank")
+
+    def index_fn(idx):
+        def body(i):
+            sub = list(idx)
+            sub[axis] = i
+            return select(cmp("eq", rank(sub), idx[axis]), i, const(0, I64))
+        return reduce("sum", [n], body)
+    out_shape = ctx.out_shape()
+    pos = ctx.temp(out_shape, I64, index_fn, "index")
+
+    def values(idx):
+        sub = list(idx)
+        sub[axis] = clamp(pos(idx), n)
+        return x(sub)
+    outs = [TensorFn(out_shape, x.dtype, values, "injective")]
+    if len(ctx.node.outputs) > 1:
+        outs.append(TensorFn(out_shape, ctx.out_dtype(1), lambda idx: cast(pos(idx), ctx.out_dtype(1)), "elementwise"))
+    return outs

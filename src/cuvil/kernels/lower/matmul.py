@@ -1,0 +1,167 @@
+"""Lowerings of the matrix products (MatMul, Gemm, MatMulInteger, Einsum)."""
+from __future__ import annotations
+
+from typing import List, Optional
+
+import numpy as np
+
+from ...ir.dim import SymExpr, product
+from ...ir.dtype import DType
+from ..contraction import MatContraction, pack_columns
+from ..texpr import I64, E, binop, const, load, reduce
+from .core import LOWERINGS, TensorFn, broadcast_fn, broadcast_index, fconst, lowering, sub_ctx
+from .quant import minus_zp
+
+
+def _matmul_as_gemm(ctx, a, wv: Optional[np.ndarray], out, epilogue=None) -> Optional[TensorFn]:
+    """``A @ W`` with ``W[K, M]`` constant as a packed contraction (:class:`MatContraction`), when the target
+    asks for micro-kernels and everything is float32. ``epilogue(idx, acc)`` adds what the op adds to the
+    product (Gemm's alpha, beta * C). A is stored first when it is an expression."""
+    if (not ctx.matmul_panels or wv is None or wv.ndim != 2 or len(a.shape) < 2 or a.dtype != DType.FLOAT
+            or ctx.out_dtype() != DType.FLOAT or ctx._weight is None or isinstance(a.shape[-1], SymExpr)):
+        return None
+    K, M = wv.shape
+    if K < 8 or M < 8 or tuple(out[:-1]) != tuple(a.shape[:-1]) or out[-1] != M:
+        return None
+    cols = ctx.gemm_cols
+    if a.buf is None:
+        a = ctx.temp(a.shape, a.dtype, a.fn, "in")
+    wp = ctx.weight(pack_columns(wv.astype(np.float32), cols), "panels")
+    spec = MatContraction(wp, a.buf, product(a.shape[:-1]), M, K, cols)
+
+    def f(idx):
+        rows, m = list(idx[:-1]), idx[-1]
+        acc = E("contract", list(idx) + [reduce("sum", [K], lambda k: binop(
+            "mul", a(rows + [k]), load(wp, [m // cols, k, m % cols])))], DType.FLOAT, spec)
+        return epilogue(idx, acc) if epilogue is not None else acc
+    return TensorFn(out, ctx.out_dtype(), f, "complex", contraction=True)
+
+
+@lowering("MatMul")
+def _matmul(ctx):
+    a, b = ctx.input(0), ctx.input(1)
+    out = ctx.out_shape()
+    gemm = _matmul_as_gemm(ctx, a, ctx.const_input(1), out)
+    if gemm is not None:
+        return [gemm]
+    if ctx.matmul_panels and b.buf is None and len(b.shape) >= 2:
+        # the row schedule reads B's rows with the output column innermost: store B (e.g. a transposed
+        # key matrix) so those reads are contiguous instead of strided through the expression
+        b = ctx.temp(b.shape, b.dtype, b.fn, "rhs")
+    a_shape, b_shape = list(a.shape), list(b.shape)
+    K = a_shape[-1]
+
+    def f(idx):
+        if len(a_shape) == 1:
+            ai = lambda k: [k]
+        else:
+            batch = broadcast_index(idx[:-2] if len(b_shape) > 1 else idx[:-1], a_shape[:-2], out[:len(out) - (2 if len(b_shape) > 1 else 1)])
+            row = idx[-2] if len(b_shape) > 1 else idx[-1]
+            ai = lambda k: batch + [row, k]
+        if len(b_shape) == 1:
+            bi = lambda k: [k]
+        else:
+            col = idx[-1]
+            bbatch = broadcast_index(idx[:-2] if len(a_shape) > 1 else idx[:-1], b_shape[:-2],
+                                     out[:len(out) - (2 if len(a_shape) > 1 else 1)])
+            bi = lambda k: bbatch + [k, col]
+        return reduce("sum", [K], lambda k: binop("mul", a(ai(k)), b(bi(k))))
+    return [TensorFn(out, ctx.out_dtype(), f, "complex")]
+
+
+@lowering("Gemm")
+def _gemm(ctx):
+    a, b, c = ctx.input(0), ctx.input(1), ctx.input(2)
+    ta, tb = ctx.attr("transA", 0), ctx.attr("transB", 0)
+    alpha, beta = ctx.attr("alpha", 1.0), ctx.attr("beta", 1.0)
+    out = ctx.out_shape()
+    K = a.shape[0] if ta else a.shape[1]
+    cf = broadcast_fn(c, out) if c is not None else None
+    wv = ctx.const_input(1)
+
+    def epilogue(idx, acc):
+        if alpha != 1.0:
+            acc = binop("mul", acc, fconst(alpha, acc))
+        if cf is not None and beta != 0.0:
+            cv = cf(idx)
+            acc = binop("add", acc, cv if beta == 1.0 else binop("mul", cv, fconst(beta, cv)))
+        return acc
+    if not ta and wv is not None:
+        gemm = _matmul_as_gemm(ctx, a, wv.T if tb else wv, out, epilogue)
+        if gemm is not None:
+            return [gemm]
+    if tb and wv is not None and ctx._weight is not None:
+        # constant B^T: stored transposed at compile time so the row schedule reads it with unit stride
+        bt = ctx.weight(np.ascontiguousarray(wv.T), "transposed")
+        b, tb = TensorFn(bt.shape, bt.dtype, lambda idx: load(bt, idx), "elementwise", buf=bt), 0
+
+    def f(idx):
+        i, j = idx
+        return epilogue(idx, reduce("sum", [K], lambda k: binop("mul", a([k, i] if ta else [i, k]),
+                                                                 b([j, k] if tb else [k, j]))))
+    return [TensorFn(out, ctx.out_dtype(), f, "complex")]
+
+
+@lowering("MatMulInteger")
+def _matmul_integer(ctx):
+    a, b = ctx.input(0), ctx.input(1)
+    a2 = minus_zp(a, ctx.input(2), len(a.shape) - 2)
+    b2 = minus_zp(b, ctx.input(3), len(b.shape) - 1)
+    return LOWERINGS["MatMul"](sub_ctx(ctx, [a2, b2]))
+
+
+def _einsum_labels(term: str, rank: int, what: str, ctx) -> List:
+    """Labels of ``term``'s dims: letters, and ("...", k) for the k-th ellipsis dim counted from its end."""
+    term = term.strip()
+    if "..." in term:
+        left, right = term.split("...")
+        n_ell = rank - len(left) - len(right)
+        if n_ell < 0:
+            ctx.unsupported(f"{what} {term!r} does not fit rank {rank}")
+        return list(left) + [("...", n_ell - k) for k in range(n_ell)] + list(right)
+    if len(term) != rank:
+        ctx.unsupported(f"{what} {term!r} does not fit rank {rank}")
+    return list(term)
+
+
+@lowering("Einsum")
+def _einsum(ctx):
+    eq = ctx.attr("equation").replace(" ", "")
+    ins = [t for t in ctx.inputs if t is not None]
+    lhs, _, rhs = eq.partition("->")
+    terms = lhs.split(",")
+    if len(terms) != len(ins):
+        ctx.unsupported(f"equation {eq!r} has {len(terms)} operands, the node {len(ins)}")
+    labels = [_einsum_labels(t, len(x.shape), "operand", ctx) for t, x in zip(terms, ins)]
+    n_ell = max([sum(1 for lb in ls if isinstance(lb, tuple)) for ls in labels] + [0])
+    ell = [("...", n_ell - k) for k in range(n_ell)]
+    if "->" in eq:
+        out_labels = [lb for lb in (list(rhs.split("...")[0]) + (ell if "..." in rhs else []) +
+                                    (list(rhs.split("...")[1]) if "..." in rhs else []))]
+    else:
+        letters = [lb for ls in labels for lb in ls if not isinstance(lb, tuple)]
+        out_labels = ell + sorted(lb for lb in set(letters) if letters.count(lb) == 1)
+    size = {}
+    for ls, x in zip(labels, ins):
+        for lb, d in zip(ls, x.shape):
+            if d != 1 or lb not in size:
+                size[lb] = max(size.get(lb, 1), d) if isinstance(lb, tuple) else d
+    red = [lb for lb in dict.fromkeys(lb for ls in labels for lb in ls) if lb not in out_labels]
+    dt = ctx.out_dtype()
+
+    def f(idx):
+        env = dict(zip(out_labels, idx))
+
+        def product(*ks):
+            e = dict(env)
+            e.update(zip(red, ks))
+            acc = None
+            for ls, x in zip(labels, ins):
+                sub = [const(0, I64) if d == 1 and size.get(lb, 1) != 1 else e[lb] for lb, d in zip(ls, x.shape)]
+                v = x(sub)
+                acc = v if acc is None else binop("mul", acc, v)
+            return acc
+        if not red:
+            return product()
+        return reduce("sum", [size[lb] for lb in red], product)
+    return [TensorFn(ctx.out_shape(), dt, f, "complex")]
