@@ -59,17 +59,15 @@ def test_plans_split_small_grids():
     assert plan_conv(mid).tp == 32      # 196 positions: 224 computed with 32-wide tiles, 256 with 64
 
 
-def test_split_k_in_one_kernel(monkeypatch, tmp_path):
-    """FUSED_SPLITK = 1: no sum kernel; the last slice of each tile (an atomic count per tile, read through
+def test_split_k_in_one_kernel(tmp_path):
+    """fused_splitk: no sum kernel; the last slice of each tile (an atomic count per tile, read through
     L2) adds the partials, and the plan asks the runtime to zero the counters before each run."""
-    import cuvil.targets.ptx.conv as conv
     from cuvil.targets.ptx.bundle import compile_bundle, read_bundle
-    monkeypatch.setattr(conv, "FUSED_SPLITK", 1)
     g = Pipeline.from_onnx(conv_relu_model((1, 256, 7, 7), (256, 256, 3, 3))).optimize().graph
-    r = build_ptx(gpu_schedule(g), "sm_90", fma=True)
+    r = build_ptx(gpu_schedule(g), "sm_90", fma=True, fused_splitk=True)
     assert [k.kind for k in r.kernels] == ["conv_splitk"] and r.counter_bytes > 0
     assert "atom.global.add.u32" in r.ptx and "ld.global.cg.f32" in r.ptx and "membar.gl" in r.ptx
-    man = compile_bundle(g, str(tmp_path / "f.cuvil"))
+    man = compile_bundle(g, str(tmp_path / "f.cuvil"), fused_splitk=True)
     plan, _ = read_bundle(str(tmp_path / "f.cuvil"))
     assert plan["zero"] and plan["zero"][0][1] == r.counter_bytes
     assert plan["arena_bytes"] >= plan["zero"][0][0] + plan["zero"][0][1] and man["kernels"] == 1

@@ -50,9 +50,9 @@ def test_transformer_block_bundle_every_kernel_proved(tmp_path):
     assert ms["kernels_proved"] == ms["kernels"] >= 10 and ms["guarded"] == []
 
 
-def _conv_stage(x_shape, w_shape, **kw):
+def _conv_stage(x_shape, w_shape, fused_splitk=False, **kw):
     s = gpu_schedule(Pipeline.from_onnx(conv_relu_model(x_shape, w_shape, **kw)).optimize().graph)
-    km = PtxKernelModule("t", target_machine(), scratch_offset=s.arena_bytes)
+    km = PtxKernelModule("t", target_machine(), scratch_offset=s.arena_bytes, fused_splitk=fused_splitk)
     km.plan_scratch(s.stages)
     st, = [st for st in s.stages if conv_node(st) is not None]
     return s, km, st
@@ -92,15 +92,13 @@ def test_unproved_conv_is_guarded_and_emitted_plain(monkeypatch):
     assert [k["status"] for k in cert.to_json()["guarded"]] == ["guarded"]
 
 
-def test_fused_splitk_counters_and_readbacks_proved(monkeypatch):
+def test_fused_splitk_counters_and_readbacks_proved():
     """With the fused split-K variant the last slice reads every partial back and counts per tile: both
     are stated and proved, and the kernel is still emitted as the implicit GEMM."""
-    import cuvil.targets.ptx.conv as conv
-    monkeypatch.setattr(conv, "FUSED_SPLITK", 1)
-    s, km, st = _conv_stage((1, 256, 7, 7), (256, 256, 3, 3))
+    s, km, st = _conv_stage((1, 256, 7, 7), (256, 256, 3, 3), fused_splitk=True)
     accs = [a for a in stage_accesses(st, bounds_patterns.GpuPatterns(km)) if a.kind.startswith("family")]
     assert [a.buf.name for a in accs].count("splitk") == 2 and "splitk counters" in [a.buf.name for a in accs]
-    res = build_ptx(s, "sm_90", fma=True)
+    res = build_ptx(s, "sm_90", fma=True, fused_splitk=True)
     assert res.memory_safety.summary() == "1/1 kernels proved in bounds"
     assert [d.kind for d in res.kernels] == ["conv_splitk"]
 

@@ -237,7 +237,7 @@ def test_reduction_of_a_small_stage_is_split_across_lanes():
 
 
 def test_split_lanes_policy():
-    from cuvil.targets.ptx.codegen import split_lanes
+    from cuvil.targets.ptx.kernel_shapes import split_lanes
     assert split_lanes(1000, 2048, 2048) == 32          # a final Gemm: a warp per output
     assert split_lanes(25088, 2048, 2048) == 8          # 1x1 conv over 2048 channels on 7x7
     assert split_lanes(25088, 4608, 512) == 4           # 3x3 conv over 512 channels on 7x7: fewer lanes
@@ -245,6 +245,27 @@ def test_split_lanes_policy():
     assert split_lanes(3, 1000, 4) == 4                 # never more lanes than input channels
     assert split_lanes(3, 40, 40) == 1                  # too few terms to share
 
+
+
+def test_tuning_is_an_argument_not_module_state():
+    """The kernel shapes benchmarks vary come in a PtxTuning per build (no module switch): one process builds
+    the same 3x3 convolution coarsened (the default), not coarsened, and coarsened again."""
+    from cuvil.targets.ptx.kernel_shapes import split_lanes
+    from cuvil.targets.ptx.tuning import PtxTuning
+    assert split_lanes(1000, 2048, 2048, PtxTuning(split_target_threads=4000)) == 4
+    assert split_lanes(1000, 2048, 2048) == 32
+    with pytest.raises(ValueError):
+        PtxTuning(split_mode="chunked")
+    x = Buf("x", F32, (1, 8, 58, 58), base=2)
+    w = Buf("w", F32, (64, 8, 3, 3), base=1)
+    y = Buf("y", F32, (1, 64, 56, 56), base=3)
+    n, c, h, ww = (var(s) for s in "nchw")
+    e = reduce("sum", [8, 3, 3], lambda ci, kh, kw: binop("mul", load(x, [n, ci, h + kh, ww + kw]),
+                                                           load(w, [c, ci, kh, kw])))
+    sched = _sched([Stage("conv", y, [n, c, h, ww], e)], [x], [y])
+    tunings = (PtxTuning(), PtxTuning(coarsen=1), PtxTuning())
+    kinds = [generate_ptx(sched, "sm_90", tuning=t)[1][0].kind for t in tunings]
+    assert kinds == ["coarse", "element", "coarse"]
 
 def test_grid_is_capped():
     assert KernelDesc("k", 1000).grid == 4
@@ -277,7 +298,7 @@ ptxas info    : Used 12 registers, 16 bytes smem, 368 bytes cmem[0]
 def test_channel_coarsening_policy_and_kernel():
     """A 3x3 convolution with 200,704 outputs: 2 output channels per thread (half as many threads), no
     spills; small stages are not coarsened."""
-    from cuvil.targets.ptx.codegen import coarsen_factor, single_sum
+    from cuvil.targets.ptx.kernel_shapes import coarsen_factor, single_sum
     x = Buf("x", F32, (1, 8, 58, 58), base=2)
     w = Buf("w", F32, (64, 8, 3, 3), base=1)
 
@@ -302,7 +323,7 @@ def test_tiled_kernel_for_a_large_stage():
     """A 1x1 convolution over 64 channels with 64 x 3136 x 2 = 401,408 outputs: a shared-memory tiled kernel (two tiles in
     .shared memory, bar.sync between loading and using them), launched as whole blocks of the tile's threads;
     ptxas accepts it without spills."""
-    from cuvil.targets.ptx.codegen import tile_factors, tile_shape, single_sum
+    from cuvil.targets.ptx.kernel_shapes import tile_factors, tile_shape, single_sum
     x = Buf("x", F32, (2, 64, 56, 56), base=2)
     w = Buf("w", F32, (64, 64), base=1)
     y = Buf("y", F32, (2, 64, 56, 56), base=3)

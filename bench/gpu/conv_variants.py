@@ -2,11 +2,12 @@
 and timed in interleaved rounds (graph replay, device-resident input and output), each checked against
 onnxruntime; per-kernel times of every variant go to the JSON.
 
-    python3 bench/gpu/conv_variants.py [--variants "tb528=conv.TARGET_BLOCKS:528,old=codegen.CONV_ENABLED:0"]
+    python3 bench/gpu/conv_variants.py [--variants "tb528=target_blocks:528,old=conv_enabled:0"]
                                        [--rounds 3] [--iters 100] [--json out.json]
 
-A variant is ``name=MODULE.ATTR:INT;MODULE.ATTR:INT`` over ``cuvil.targets.ptx.conv`` (``conv.``) and
-``cuvil.targets.ptx.codegen`` (``codegen.``); ``default`` (the shipped settings) always runs first.
+A variant is ``name=KEY:VALUE;KEY:VALUE`` over the code generator's settings (``codegen_settings.py``:
+``unpadded`` and ``fused_splitk``, compile_bundle's switches, and the fields of
+:class:`cuvil.targets.ptx.tuning.PtxTuning`); ``default`` (the shipped settings) always runs first.
 """
 from __future__ import annotations
 
@@ -25,50 +26,40 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "src"))
 sys.path.insert(0, HERE)
 
+from codegen_settings import bundle_options, parse_settings  # noqa: E402
+from cuvil import Pipeline  # noqa: E402
+from cuvil.targets.ptx.bundle import compile_bundle  # noqa: E402
+from cuvil.targets.ptx.runtime import _call, device_info, load_bundle  # noqa: E402
+from cuvil.testing import light_model, with_batch  # noqa: E402
 from resnet50 import primary_context, timed  # noqa: E402  (the ResNet-50 table's context and p50 / p99)
 
 
 def parse(spec: str) -> dict:
+    """``name=KEY:VALUE;KEY:VALUE,...`` -> {name: {KEY: value}}, the shipped settings first as ``default``."""
     out = {"default": {}}
     for item in filter(None, spec.split(",")):
         name, _, body = item.partition("=")
-        over = {}
-        for kv in filter(None, body.split(";")):
-            k, _, v = kv.partition(":")
-            over[k] = int(v)
-        out[name] = over
+        out[name] = parse_settings(body)
     return out
 
 
 def build(settings: dict, out: str, arch: str, batch: int) -> dict:
-    import cuvil.targets.ptx.codegen as codegen
-    import cuvil.targets.ptx.conv as conv
-    from cuvil import Pipeline
-    from cuvil.targets.ptx.bundle import compile_bundle
-    from cuvil.testing import light_model, with_batch
-    mods = {"conv": conv, "codegen": codegen}
-    for key, v in settings.items():
-        mod, _, attr = key.partition(".")
-        if not hasattr(mods[mod], attr):
-            raise SystemExit(f"no setting {key}")
-        setattr(mods[mod], attr, v)
     g = Pipeline.from_onnx(with_batch(light_model("resnet50"), batch)).optimize().graph
-    return compile_bundle(g, out, arch=arch)
+    return compile_bundle(g, out, arch=arch, **bundle_options(settings))
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--variants", default="old=codegen.CONV_ENABLED:0")
+    ap.add_argument("--variants", default="old=conv_enabled:0",
+                    help="name=KEY:VALUE;KEY:VALUE,... (keys: unpadded, fused_splitk, PtxTuning's fields)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--iters", type=int, default=100)
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--json")
     args = ap.parse_args(argv)
-    import onnxruntime as ort
-    from cuvil.targets.ptx.runtime import _call, device_info, load_bundle
-    from cuvil.testing import light_model, with_batch
-    info = device_info(0)
     variants = parse(args.variants)
+    import onnxruntime as ort
+    info = device_info(0)
     res = {"device": info, "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "batch": args.batch,
            "variants": {k: {"settings": v} for k, v in variants.items()}}
 

@@ -26,6 +26,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "src"))
 sys.path.insert(0, HERE)
 
+from cuvil import Pipeline  # noqa: E402
+from cuvil.targets.ptx.bundle import compile_bundle  # noqa: E402
+from cuvil.targets.ptx.runtime import _call, device_info, load_bundle  # noqa: E402
+from cuvil.testing import light_model, with_batch  # noqa: E402
 from resnet50 import primary_context, timed  # noqa: E402  (the ResNet-50 table's context and p50 / p99)
 
 CONFIGS = {"off": dict(register_pass=False), "on": dict(register_pass=True, max_spill=0),
@@ -34,14 +38,8 @@ CONFIGS = {"off": dict(register_pass=False), "on": dict(register_pass=True, max_
 
 def build(batch: int, name: str, out: str, arch: str) -> dict:
     """Compile light ResNet-50 at ``batch`` in configuration ``name`` (in a worker process)."""
-    from cuvil import Pipeline
-    from cuvil.targets.ptx import regpressure
-    from cuvil.targets.ptx.bundle import compile_bundle
-    from cuvil.testing import light_model, with_batch
-    kw = dict(CONFIGS[name])
-    regpressure.MAX_SPILL = kw.pop("max_spill", 0)
     g = Pipeline.from_onnx(with_batch(light_model("resnet50"), batch)).optimize().graph
-    return compile_bundle(g, out, arch=arch, **kw)
+    return compile_bundle(g, out, arch=arch, **CONFIGS[name])
 
 
 def summary(man: dict) -> dict:
@@ -70,7 +68,6 @@ def main(argv=None) -> int:
                 json.dump(res, f, indent=1, default=str)
     arch = args.arch or "sm_90"
     if not args.no_gpu:
-        from cuvil.targets.ptx.runtime import device_info
         res["device"] = device_info(0)
         arch = args.arch or res["device"]["arch"]
     root = tempfile.mkdtemp(prefix="cuvil-regpass-")
@@ -95,7 +92,6 @@ def main(argv=None) -> int:
         shutil.rmtree(root, ignore_errors=True)
         return 0
 
-    from cuvil.targets.ptx.runtime import _call, load_bundle
     with primary_context() as (drv, ctx):
         try:
             for bt in args.batches:

@@ -4,9 +4,12 @@ kernel, on ResNet-50 (batch 1, float32), plus correctness of the
 light models built with the chosen thresholds.
 
     python3 bench/gpu/split_reduction.py [--json out.json] [--models squeezenet,densenet121]
+                                         [--variants "strided=split_mode:strided"]
 
 For each candidate stage (a top-level float32 sum of at least ``WARP_MIN_TERMS`` terms) ResNet-50 is built
-twice: every candidate as a warp kernel ("warp") and none ("thread"); each kernel is timed with CUDA events
+with one thread per element ("thread": no split, coarsening or tiles), in each ``--variants`` build
+(``name=KEY:VALUE;...`` over :class:`cuvil.targets.ptx.tuning.PtxTuning`'s fields, see ``codegen_settings.py``)
+and with the shipped settings ("default"); each kernel is timed with CUDA events
 in eager mode (median of 5), so the per-stage choice can be read off the two columns; the graph replay p50
 of both builds and of the default build (the shipped thresholds) follows. Then the models in ``--models``
 are built with the defaults and compared with onnxruntime (CPU).
@@ -18,23 +21,36 @@ import json
 import os
 import statistics
 import sys
+import tempfile
 import time
 
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "src"))
+sys.path.insert(0, HERE)
+
+from codegen_settings import bundle_options, parse_settings  # noqa: E402
+from cuvil import Pipeline  # noqa: E402
+from cuvil.targets.ptx.bundle import compile_bundle  # noqa: E402
+from cuvil.targets.ptx.runtime import _call, device_info, driver, load_bundle  # noqa: E402
+from cuvil.targets.ptx.tuning import DEFAULT_TUNING  # noqa: E402
+from cuvil.testing import light_model  # noqa: E402
 
 RESULTS: dict = {}
+# the shipped values of the settings this benchmark varies (recorded beside each variant's overrides)
+SETTINGS = ("warp_max_outputs", "split_target_threads", "split_min_terms_per_lane", "split_mode", "coarsen",
+            "tile_enabled", "tile_min_outputs")
 
 
-def build(model, arch):
-    from cuvil import Pipeline
-    return Pipeline.from_onnx(model).optimize().compile("nvptx64-nvidia-cuda", arch=arch, cache=False)
+def build(model, arch, settings: dict):
+    """Compile ``model`` for ``arch`` with the code generator settings ``settings``; the loaded bundle."""
+    out = os.path.join(tempfile.mkdtemp(prefix="cuvil-split-"), "model.cuvil")
+    compile_bundle(Pipeline.from_onnx(model).optimize().graph, out, arch=arch, **bundle_options(settings))
+    return load_bundle(out)
 
 
 def graph_p50(m, x, iters=100):
-    from cuvil.targets.ptx.runtime import _call, driver
     drv = driver()
     (y,) = m.run(x)
     d_in = int(_call(drv, "cuMemAlloc", drv.cuMemAlloc(x.nbytes)))
@@ -52,43 +68,33 @@ def graph_p50(m, x, iters=100):
     return statistics.median(ts), y
 
 
-def main():
+def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
     ap.add_argument("--models", default="squeezenet,densenet121,inception_v1,shufflenet,bvlc_alexnet")
-    ap.add_argument("--variants", default="strided=SPLIT_MODE:strided",
-                    help="extra builds: name=KEY:VALUE;KEY:VALUE,... over the codegen's SPLIT_*/WARP_* settings")
-    args = ap.parse_args()
+    ap.add_argument("--variants", default="strided=split_mode:strided",
+                    help="extra builds: name=KEY:VALUE;KEY:VALUE,... over PtxTuning's fields (split_mode, "
+                         "warp_max_outputs, split_target_threads, split_min_terms_per_lane, coarsen, ...)")
+    args = ap.parse_args(argv)
+    defaults = {k: getattr(DEFAULT_TUNING, k) for k in SETTINGS}
+    variants = [("thread", {"warp_max_outputs": 0, "coarsen": 1, "tile_enabled": False})]
+    for spec in (args.variants or "").split(","):
+        if spec:
+            label, _, body = spec.partition("=")
+            variants.append((label, parse_settings(body)))
+    variants.append(("default", {}))
     import onnxruntime as ort
-    import cuvil.targets.ptx.codegen as cg
-    from cuvil.targets.ptx.runtime import device_info, load_bundle
-    from cuvil.testing import light_model
     info = device_info(0)
     arch = info["arch"]
     RESULTS["device"] = info
-    defaults = {k: getattr(cg, k) for k in ("WARP_MAX_OUTPUTS", "SPLIT_TARGET_THREADS", "SPLIT_MIN_TERMS_PER_LANE",
-                                               "SPLIT_MODE", "COARSEN", "TILE_ENABLED", "TILE_MIN_OUTPUTS")}
-    variants = [("thread", {"WARP_MAX_OUTPUTS": 0, "COARSEN": 1, "TILE_ENABLED": 0})]
-    for spec in (args.variants or "").split(","):
-        if spec:   # name=KEY:VALUE;KEY:VALUE (ints, or strings for SPLIT_MODE)
-            label, _, body = spec.partition("=")
-            over = {}
-            for kv in body.split(";"):
-                k, _, v = kv.partition(":")
-                over[k] = v if k == "SPLIT_MODE" else int(v)
-            variants.append((label, over))
-    variants.append(("default", {}))
     model = light_model("resnet50")
     x = np.random.default_rng(1).standard_normal((1, 3, 224, 224)).astype(np.float32)
     ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"gpu_0/data_0": x})[0]
     per = {}
     for label, over in variants:
-        for k, v in {**defaults, **over}.items():
-            setattr(cg, k, v)
         t0 = time.perf_counter()
-        bundle = build(model, arch)
+        m = build(model, arch, over)
         secs = time.perf_counter() - t0
-        m = load_bundle(bundle.path)
         p50, y = graph_p50(m, x)
         err = float(np.max(np.abs(y - ref)) / np.max(np.abs(ref)))
         prof = m.profile_kernels(repeats=5)
@@ -102,8 +108,6 @@ def main():
         print(f"resnet50 {label:8}: graph p50 {p50:.3f} ms, kernels sum {RESULTS[label]['kernel_sum_ms']:.3f} ms, "
               f"{RESULTS[label]['split_kernels']} split kernels, rel err {err:.1e}", flush=True)
         m.close()
-    for k, v in defaults.items():
-        setattr(cg, k, v)
     rows = []
     for stage, t in per["thread"].items():
         if any(per[v][stage]["kind"] != "element" or abs(per[v][stage]["ms"] - t["ms"]) > 0.005
@@ -124,7 +128,7 @@ def main():
         shape = [d.dim_value for d in inp.type.tensor_type.shape.dim]
         xx = np.random.default_rng(2).standard_normal(shape).astype(np.float32)
         r = ort.InferenceSession(mod.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {inp.name: xx})[0]
-        m = load_bundle(build(mod, arch).path)
+        m = build(mod, arch, {})
         (y,) = m.run(xx)
         (ye,) = m.run(xx, mode="eager")
         err = float(np.max(np.abs(y - r)) / np.max(np.abs(r)))

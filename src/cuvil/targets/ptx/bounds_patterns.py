@@ -36,7 +36,7 @@ from ...ir.dtype import DType
 from ...kernels.bounds import Access, BoundsProver, Certificate, prove_schedule
 from ...kernels.schedule import ARENA, Schedule, Stage
 from ...kernels.texpr import Buf, E, as_index, cmp, idiv, imod, logic, select, var
-from . import conv as _conv
+from .conv import TK, conv_node, scratch_buf
 
 
 def _loop(doms, name: str, extent) -> E:
@@ -83,7 +83,7 @@ class GpuPatterns:
 
     def conv_plan(self, st: Stage, node: E):
         """The plan the kernel module emits ``st`` with, or None where it takes the plain kernels."""
-        if _conv.conv_node(st) is not node:
+        if conv_node(st) is not node:
             return None
         plan = self.km.conv_plan(node)
         if plan.splits > 1 and (self.km.scratch_offset + self.km.counter_bytes) // 4 + plan.scratch_floats >= 2 ** 31:
@@ -101,7 +101,7 @@ class GpuPatterns:
     def conv_accesses(self, st: Stage, node: E, plan, d) -> List[Access]:
         spec, w = node.attr, self.widen
         kind = "family:conv"
-        TM, TP, TK, K, M, P, N, G = plan.tm, plan.tp, _conv.TK, plan.k, plan.m, plan.p, plan.n, plan.groups
+        TM, TP, K, M, P, N, G = plan.tm, plan.tp, plan.k, plan.m, plan.p, plan.n, plan.groups
         S = plan.splits
         out: List[Access] = []
         # the block's tile (its flat block index unflattened: a bijection onto these ranges)
@@ -153,7 +153,7 @@ class GpuPatterns:
         scratch = self.km_scratch(plan)
         flat = ((s * N + n) * (G * M) + g * M + m) * P + p
         out.append(Access(kind, scratch, [flat], inside, d, node=node, flat=True))      # partial sums
-        if _conv.FUSED_SPLITK:       # the last slice reads every slice's partial back, counts per tile
+        if self.km.fused_splitk:       # the last slice reads every slice's partial back, counts per tile
             s2 = _loop(d, "s", S + w)
             out.append(Access(kind, scratch, [((s2 * N + n) * (G * M) + g * M + m) * P + p], inside, d, node=node,
                               flat=True))
@@ -172,7 +172,7 @@ class GpuPatterns:
         return out
 
     def km_scratch(self, plan) -> Buf:
-        return _conv.scratch_buf(plan, self.km.scratch_offset + self.km.counter_bytes)
+        return scratch_buf(plan, self.km.scratch_offset + self.km.counter_bytes)
 
 
 def arena_limit(km, sched: Schedule, stages) -> int:
@@ -181,16 +181,11 @@ def arena_limit(km, sched: Schedule, stages) -> int:
     pats = GpuPatterns(km)
     need = 0
     for st in stages:
-        node = _conv.conv_node(st) if _conv_enabled() else None
+        node = conv_node(st) if km.tuning.conv_enabled else None
         plan = pats.conv_plan(st, node) if node is not None else None
         if plan is not None and plan.splits > 1:
             need = max(need, km.counter_bytes + 4 * plan.scratch_floats)
     return km.scratch_offset + need if need else sched.arena_bytes
-
-
-def _conv_enabled() -> bool:
-    from . import codegen
-    return codegen.CONV_ENABLED
 
 
 def prove_gpu_stages(sched: Schedule, stages: List[Stage], km, prover: Optional[BoundsProver] = None,

@@ -32,6 +32,7 @@ from ...version import __version__
 from .codegen import TRIPLE, build_ptx, gpu_schedule
 from .ptxas import PtxasError, assemble, find_ptxas
 from .regpressure import relieve
+from .tuning import DEFAULT_TUNING, PtxTuning
 
 BUNDLE_SUFFIX = ".cuvil"
 PLAN_FORMAT = "cuvil-gpu-plan/1"
@@ -55,7 +56,9 @@ def _ptxas_version(exe: str) -> Optional[str]:
 def compile_bundle(g: Graph, out_dir: str, *, arch: str = "sm_90", opt_level: int = 3, prefix: str = "cuvil",
                    fma: bool = True, kernel_rules=None, enable_fp16: bool = False, narrow_index: bool = False,
                    register_pass: bool = False, sms: Optional[int] = None, manifest_extra: Optional[dict] = None,
-                   progress: Optional[Callable[[str], None]] = None) -> dict:
+                   progress: Optional[Callable[[str], None]] = None, unpadded: bool = True,
+                   fused_splitk: bool = False, tuning: PtxTuning = DEFAULT_TUNING,
+                   max_spill: Optional[int] = None) -> dict:
     """Compile ``g`` (static shapes) into the bundle directory ``out_dir`` (created; files in it replaced);
     returns the manifest. ptxas, where installed, assembles the PTX for ``arch``: a rejected module is an
     error, its per-kernel resource report goes into the manifest and the cubin into the bundle.
@@ -65,7 +68,10 @@ def compile_bundle(g: Graph, out_dir: str, *, arch: str = "sm_90", opt_level: in
     tensors are computed in float16 (:mod:`cuvil.rewrite_rules.precision`; inputs and outputs stay float32).
     ``register_pass`` (opt-in; needs ptxas): kernels that run in several waves and whose registers limit
     their blocks per SM get a ``.maxnreg`` cap that saves a wave and that ptxas meets without spilling (:mod:`cuvil.targets.ptx.regpressure`; ``sms``: the SMs of the GPU it targets, default by
-    ``arch``); the manifest's ``register_pass`` reports registers, occupancy and waves before and after."""
+    ``arch``; ``max_spill``: spill bytes a capped kernel may have, default ``regpressure.MAX_SPILL``); the
+    manifest's ``register_pass`` reports registers, occupancy and waves before and after. ``unpadded`` as for
+    :func:`~cuvil.targets.ptx.codegen.gpu_schedule`, ``fused_splitk`` and ``tuning`` as for
+    :func:`~cuvil.targets.ptx.codegen.build_ptx`."""
     say = progress or (lambda msg: None)
     t0 = time.perf_counter()
     half_names: list = []
@@ -74,12 +80,12 @@ def compile_bundle(g: Graph, out_dir: str, *, arch: str = "sm_90", opt_level: in
         g, half_names = to_half(g)
         say(f"float16: {len(half_names)} tensors lowered to half")
     say(f"scheduling {len(g.nodes)} nodes")
-    sched = gpu_schedule(g)
+    sched = gpu_schedule(g, unpadded=unpadded, tuning=tuning)
     if any(s.buf.base == WEIGHTS for s in sched.stages):
         raise CuvilError("a stage writes into the weights buffer; the GPU bundle keeps weights read-only")
     say(f"{len(sched.stages)} kernels, arena {sched.arena_bytes} B, weights {sched.weights_bytes} B; generating PTX for {arch}")
     res = build_ptx(sched, arch, opt_level, fma=fma, kernel_rules=kernel_rules, prefix=prefix,
-                    narrow_index=narrow_index)
+                    narrow_index=narrow_index, fused_splitk=fused_splitk, tuning=tuning)
     say(f"memory safety: {res.memory_safety.summary()} ({res.memory_safety.seconds:.2f} s)")
     ptx, descs = res.ptx, res.kernels
     arena_bytes = res.scratch_offset + res.scratch_bytes if res.scratch_bytes else sched.arena_bytes
@@ -101,7 +107,8 @@ def compile_bundle(g: Graph, out_dir: str, *, arch: str = "sm_90", opt_level: in
             cubin, info = assemble(ptx, arch, exe, jobs=0)
             if register_pass and narrow_index is not True:
                 ptx2, cubin2, info2, rp_report = relieve(ptx, descs, info, arch,
-                                                         lambda text: assemble(text, arch, exe, jobs=0), sms=sms)
+                                                         lambda text: assemble(text, arch, exe, jobs=0), sms=sms,
+                                                         max_spill=max_spill)
                 if cubin2 is not None:
                     ptx, cubin, info = ptx2, cubin2, info2
                     with open(os.path.join(out_dir, "kernels.ptx"), "w") as f:

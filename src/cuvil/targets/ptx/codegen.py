@@ -5,9 +5,9 @@ Each stage becomes ``ptx_kernel void <prefix>_k<i>(ptr bufs, i64 n)``: thread ``
 threadIdx.x`` computes output element ``i`` of the flattened output (row-major), then ``i`` advances by
 ``gridDim.x * blockDim.x`` (grid-stride loop) while ``i < n``; so any grid size is correct and the launcher
 may cap it. The element's indices are unflattened from ``i``, the stage's expression is evaluated by the
-x86 backend's expression emitter (reductions become loops inside the thread) and the value is stored. A
-stage with few outputs and a long float sum instead gives each element 2-32 consecutive threads that
-split its reduction (:func:`split_lanes`, :meth:`PtxKernelModule.add_split_stage`).
+PTX emitter (:mod:`cuvil.targets.ptx.emitter`, over the shared :mod:`cuvil.targets.llvm.emitter`; reductions
+become loops inside the thread) and the value is stored. A stage with few outputs and a long float sum
+instead gives each element 2-32 consecutive threads that split its reduction (:func:`split_lanes`, :meth:`PtxKernelModule.add_split_stage`).
 
 Memory: ``bufs[b]`` are global-memory pointers (0 arena, 1 weights, then inputs and outputs). Every buffer
 a stage reads and does not write is constant while the kernel runs, so its loads carry ``!invariant.load``
@@ -32,84 +32,32 @@ stored and computed in half; a float16 ``sum`` reduction is widened here to accu
 """
 from __future__ import annotations
 
-import os
 import re
-import shutil
 from typing import Dict, List, Optional, Tuple
 
 import attrs
 import llvmlite.binding as llvm
 import llvmlite.ir as ir
 
-from ...errors import CuvilError, UnsupportedOpError
+from ...errors import CuvilError
 from ...ir.dtype import DType
 from ...kernels.bounds import Certificate
-from ...kernels.schedule import Schedule, Stage
-from ...kernels.texpr import E, Buf, nodes
-from ..x86.codegen import F16, F32, I1, I32, I64, PTR, KernelModule, _Emitter, const_value, ll, mem_type
-from . import conv as _conv
+from ...kernels.kernel_rules import rewrite_stages, select_kernel_rules
+from ...kernels.schedule import Schedule, Stage, schedule
+from ...kernels.texpr import E, cast, const, nodes
+from ..llvm.module import LLVMKernelModule, initialize_all
+from ..llvm.types import F32, I32, I64, PTR, const_value, ll
 from .bounds_patterns import arena_limit, prove_gpu_stages
-from .conv import TILE_CHANNELS, combine_stage, conv_node, emit_conv, plan_conv, scratch_buf
+from .conv import TILE_CHANNELS, accumulation, combine_stage, conv_node, emit_conv, plan_conv, scratch_buf
+from .emitter import PtxEmitter, set_contraction
+from .kernel_shapes import (TILE_K, WARP_MIN_TERMS, coarsen_factor, single_sum, split_lanes, tile_factors,
+                            tile_shape)
+from .libdevice import libdevice_module
+from .tuning import DEFAULT_TUNING, PtxTuning
 
 TRIPLE = "nvptx64-nvidia-cuda"
 BLOCK = 256
 GRID_CAP = 65535          # blocks per launch at most; the grid-stride loop covers the rest
-GLOBAL = 1                # NVPTX address space of global memory
-GPTR = ir.PointerType(addrspace=GLOBAL)
-
-# calls lowered to PTX instructions by the NVPTX backend
-_NATIVE = {"sqrt": "sqrt", "fabs": "fabs", "floor": "floor", "ceil": "ceil", "roundeven": "roundeven",
-           "trunc": "trunc", "fma": "fma", "copysign": "copysign", "fmin": "minnum", "fmax": "maxnum",
-           "minnum": "minnum", "maxnum": "maxnum", "minimum": "minimum", "maximum": "maximum"}
-# calls to libdevice (__nv_<name>f for float, __nv_<name> for double)
-_LIBDEVICE = {"exp", "exp2", "exp10", "expm1", "log", "log2", "log10", "log1p", "sin", "cos", "tan", "asin",
-              "acos", "atan", "atan2", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "erf", "erfc", "pow",
-              "fmod", "cbrt", "rsqrt", "hypot", "remainder", "lgamma", "tgamma"}
-_FP_ARITH = {"fadd", "fsub", "fmul"}
-
-_INITIALIZED = False
-
-
-def _init():
-    global _INITIALIZED
-    if not _INITIALIZED:
-        llvm.initialize_all_targets()
-        llvm.initialize_all_asmprinters()
-        _INITIALIZED = True
-
-
-WARP = 32
-# A stage with one top-level float sum whose outputs are too few to fill the GPU gets several threads
-# ("lanes", a power of two up to a warp) per output element, each summing part of the reduction
-# (:meth:`PtxKernelModule.add_split_stage`): with one thread per element such stages launch less than a wave
-# and each thread sums thousands of terms serially.
-# threads to aim for: about 3/4 of an H200's resident threads (132 SMs x 2048) when the reduction is one index
-# (1x1 convolutions, Gemm: lanes read consecutive weights), half that with kernel taps (3x3 convolutions:
-# lanes read weights 9 floats apart and input planes apart, so fewer lanes did better; bench/gpu/RESULTS.md)
-SPLIT_TARGET_THREADS = 192 * 1024
-# at most this many output elements: on an H200, ResNet-50's stages of 25,088 and 50,176 outputs ran up to
-# 3x faster split (the final Gemm 13x), those of 100,352 and 200,704 outputs no faster (bench/gpu/RESULTS.md)
-WARP_MAX_OUTPUTS = 1 << 16
-WARP_MIN_TERMS = 128           # at least this many terms per reduction
-SPLIT_MIN_TERMS_PER_LANE = 32  # lanes are added only while each keeps this many terms
-SPLIT_MODE = "outer"           # how lane l of L takes its terms: "outer": the outermost reduction index
-# (input channel) l, l + L, ..., the inner loops (kernel taps) whole and nested, as one thread would; "strided"
-# (kept to reproduce the comparison): the flattened terms l, l + L, ..., which unflattens every term with
-# integer divisions that cost more than they save on 3x3 convolutions (bench/gpu/RESULTS.md; a third form,
-# one contiguous run of terms per lane, was slower still and is gone)
-
-
-def split_lanes(outputs: int, terms: int, outer: int = 0) -> int:
-    """Threads per output element: the smallest power of two that brings the stage to
-    SPLIT_TARGET_THREADS (half that when the reduction has inner taps), at most a warp, each lane keeping SPLIT_MIN_TERMS_PER_LANE terms (and, splitting
-    the outermost reduction index, at least one value of it)."""
-    lanes = 1
-    target = SPLIT_TARGET_THREADS if outer in (0, terms) else SPLIT_TARGET_THREADS // 2
-    while (lanes < WARP and outputs * lanes < target
-           and terms // (2 * lanes) >= SPLIT_MIN_TERMS_PER_LANE
-           and (SPLIT_MODE != "outer" or 2 * lanes <= outer)):
-        lanes *= 2
-    return lanes
 
 
 @attrs.define
@@ -130,164 +78,32 @@ class KernelDesc:
         return min(-(-self.n_elements // self.block), GRID_CAP)
 
 
-# --- toolkit ------------------------------------------------------------------------------------------
-
-def find_libdevice() -> Optional[str]:
-    """libdevice.10.bc: $CUVIL_LIBDEVICE, else under $CUDA_HOME / $CUDA_PATH / /usr/local/cuda, next to
-    ptxas, or in the ``nvidia-cuda-nvcc`` wheel; None when absent."""
-    env = os.environ.get("CUVIL_LIBDEVICE")
-    if env:
-        return env if os.path.isfile(env) else None
-    roots = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"]
-    ptxas = shutil.which("ptxas")
-    if ptxas:
-        roots.append(os.path.dirname(os.path.dirname(os.path.realpath(ptxas))))
-    try:
-        import nvidia.cuda_nvcc as _nv  # type: ignore
-        roots.extend(getattr(_nv, "__path__", []))
-    except Exception:
-        pass
-    for root in roots:
-        if root:
-            p = os.path.join(root, "nvvm", "libdevice", "libdevice.10.bc")
-            if os.path.isfile(p):
-                return p
-    # a CUDA install whose ptxas is a wrapper script: /usr/local/cuda-*/
-    for base in sorted(os.listdir("/usr/local")) if os.path.isdir("/usr/local") else []:
-        p = os.path.join("/usr/local", base, "nvvm", "libdevice", "libdevice.10.bc")
-        if base.startswith("cuda") and os.path.isfile(p):
-            return p
-    return None
-
-
-_LIBDEVICE_BITCODE: Dict[str, bytes] = {}
-
-
-def _libdevice_module(path: Optional[str], triple: str, layout: str):
-    path = path or find_libdevice()
-    if path is None or not os.path.isfile(path):
-        raise CuvilError("libdevice.10.bc not found (needed for exp/log/tanh/erf/pow/... on the GPU): "
-                         "install the CUDA toolkit or set CUVIL_LIBDEVICE")
-    if path not in _LIBDEVICE_BITCODE:
-        with open(path, "rb") as f:
-            _LIBDEVICE_BITCODE[path] = f.read()
-    mod = llvm.parse_bitcode(_LIBDEVICE_BITCODE[path])
-    mod.triple, mod.data_layout = triple, layout
-    return mod
-
-
 def target_machine(arch: str = "sm_90", opt: int = 3):
+    """An NVPTX target machine for GPU architecture ``arch`` (``sm_<number>``)."""
     if not re.fullmatch(r"sm_\d+[af]?", arch):
         raise CuvilError(f"GPU architecture {arch!r}: expected sm_<number>, e.g. sm_80 or sm_90")
-    _init()
+    initialize_all()
     target = llvm.Target.from_triple(TRIPLE)
     return target.create_target_machine(cpu=arch, features="", opt=min(max(opt, 0), 3))
 
 
 # --- code generation ------------------------------------------------------------------------------------
 
-def _overlaps(a: Buf, b: Buf) -> bool:
-    ra, rb = a.storage, b.storage
-    if ra.base != rb.base:
-        return False
-    return ra.offset < rb.offset + max(rb.nbytes, 1) and rb.offset < ra.offset + max(ra.nbytes, 1)
+class PtxKernelModule(LLVMKernelModule):
+    """The GPU kernels of one schedule: each stage one or two ``ptx_kernel`` entries (:meth:`add_stage`),
+    compiled to PTX text by :meth:`compile_ptx`."""
 
-
-class _PtxEmitter(_Emitter):
-    """The x86 expression emitter with global-memory addressing, read-only loads and GPU math."""
-
-    def __init__(self, km: "PtxKernelModule", fn: ir.Function, b: ir.IRBuilder, bufs, out: Buf):
-        super().__init__(km, fn, b, bufs)
-        self.out = out
-
-    def base(self, buf: Buf) -> ir.Value:
-        if buf.base not in self.bases:
-            with self.b.goto_block(self.entry):
-                self.b.position_at_start(self.entry)
-                slot = self.b.gep(self.bufs, [I64(buf.base)], source_etype=PTR, inbounds=True)
-                p = self.b.load(slot, typ=PTR)
-                p.set_metadata("invariant.load", self.km.empty_md)
-                self.bases[buf.base] = self.b.addrspacecast(p, GPTR)
-        return self.bases[buf.base]
-
-    def _emit(self, e: E) -> ir.Value:
-        op, dt = e.op, e.dtype
-        if op == "load":
-            buf = e.attr
-            v = self.b.load(self.address(buf, [self.emit(a) for a in e.args]), typ=mem_type(dt))
-            if not _overlaps(buf, self.out):
-                v.set_metadata("invariant.load", self.km.empty_md)
-            return self.b.trunc(v, I1) if dt == DType.BOOL else v
-        if op == "fmod" and dt.is_float:
-            return self.call("fmod", [self.emit(a) for a in e.args], dt)
-        if op == "fma":
-            return self.b.call(self.fma_fn(dt), [self.emit(a) for a in e.args])
-        if op == "gload":
-            raise UnsupportedOpError("gload", detail="guarded loads have no PTX lowering")
-        try:
-            return super()._emit(e)
-        except UnsupportedOpError:
-            raise
-        except CuvilError as err:
-            if "no emitter" in str(err):
-                raise UnsupportedOpError(op, detail="no PTX lowering") from None
-            raise
-
-    def fma_fn(self, dt: DType) -> ir.Function:
-        if dt not in (DType.FLOAT16, DType.FLOAT, DType.DOUBLE):
-            raise UnsupportedOpError("fma", detail=f"fma of {dt.name} has no PTX lowering")
-        t = ll(dt)
-        return self.km.declare(f"llvm.fma.{ {DType.FLOAT16: 'f16', DType.FLOAT: 'f32', DType.DOUBLE: 'f64'}[dt]}", t, [t] * 3)
-
-    def reduce(self, e: E):
-        """``reduce[fma](a, b)``: acc = fma(a, b, acc) over the reduction's variables, from +0.0 (the sum's
-        start), in order. Other reductions: the x86 emitter's loop."""
-        kind, vs, extents = e.attr
-        if kind != "fma":
-            return super().reduce(e)
-        b, dt = self.b, e.dtype
-        t = ll(dt)
-        f = self.fma_fn(dt)
-        acc = self.alloca(t)
-        b.store(const_value(0.0, dt), acc)
-
-        def body(idx):
-            for v, i in zip(vs, idx):
-                self.env[v.attr] = i
-            x, y = self.emit(e.args[0]), self.emit(e.args[1])
-            b.store(b.call(f, [x, y, b.load(acc, typ=t)]), acc)
-        self.loops(list(extents), body)
-        return b.load(acc, typ=t)
-
-    def call(self, name: str, args, dt: DType):
-        b = self.b
-        if not dt.is_float:
-            raise UnsupportedOpError(name, detail=f"{name} of {dt.name} has no PTX lowering")
-        if dt == DType.FLOAT16:
-            wide = [b.fpext(a, F32) for a in args]
-            return b.fptrunc(self.call(name, wide, DType.FLOAT), F16)
-        if dt not in (DType.FLOAT, DType.DOUBLE):
-            raise UnsupportedOpError(name, detail=f"{name} of {dt.name} has no PTX lowering")
-        t = ll(dt)
-        if name in _NATIVE:
-            f = self.km.declare(f"llvm.{_NATIVE[name]}.{'f32' if t == F32 else 'f64'}", t, [t] * len(args))
-        elif name in _LIBDEVICE:
-            f = self.km.declare(f"__nv_{name}{'f' if t == F32 else ''}", t, [t] * len(args))
-            self.km.needs_libdevice = True
-        else:
-            raise UnsupportedOpError(name, detail="no PTX (NVPTX intrinsic or libdevice) lowering")
-        return b.call(f, args)
-
-
-class PtxKernelModule(KernelModule):
     def __init__(self, name: str, tm, *, fma: bool = False, block: int = BLOCK, narrow_index: bool = False,
-                 scratch_offset: int = 0, conv_target_blocks: int = 0, arch: str = "sm_90"):
+                 scratch_offset: int = 0, conv_target_blocks: int = 0, arch: str = "sm_90",
+                 fused_splitk: bool = False, tuning: PtxTuning = DEFAULT_TUNING):
         super().__init__(name, tm, TRIPLE)
         self.sm = int(re.sub(r"\D", "", arch) or 0)      # compute capability x 10 (sm_90a -> 90)
         self.scratch_offset = -(-scratch_offset // 256) * 256   # split-K counters and partials go after the arena
         self.scratch_bytes = 0
         self.counter_bytes = 0      # set by plan_scratch: one int32 per tile of the largest split convolution
-        self.conv_target_blocks = conv_target_blocks or _conv.TARGET_BLOCKS
+        self.conv_target_blocks = conv_target_blocks or tuning.target_blocks
+        self.fused_splitk = fused_splitk   # split-K partials added by the last slice (else a sum kernel)
+        self.tuning = tuning
         self.fma = fma
         self.block = block
         self.kernels: List[str] = []
@@ -307,11 +123,12 @@ class PtxKernelModule(KernelModule):
 
     def add_stage(self, st: Stage, sym: str) -> KernelDesc:
         """The kernel(s) for a stage: a convolution lowered as a packed contraction takes the implicit-GEMM
-        kernels (:meth:`add_conv_stage`); other stages with one float sum are shaped by output count (thresholds
-        measured on an H200, bench/gpu/RESULTS.md): few outputs and a long sum: lanes split it (WARP_*); the largest stages:
-        shared-memory tiles (TILE_*); large ones: several channels per thread (COARSEN*); else one thread
+        kernels (:meth:`add_conv_stage`); other stages with one float sum are shaped by output count
+        (thresholds measured on an H200, bench/gpu/RESULTS.md, most of them in :attr:`tuning`): few outputs and
+        a long sum: lanes split it (``warp_max_outputs``, ``split_*``); the largest stages: shared-memory tiles
+        (TILE_*, ``tile_*``); large ones: several channels per thread (COARSEN*, ``coarsen``); else one thread
         per output."""
-        node = conv_node(st) if CONV_ENABLED else None
+        node = conv_node(st) if self.tuning.conv_enabled else None
         if node is not None:
             return self.add_conv_stage(st, sym, node)
         return self.add_stage_plain(st, sym)
@@ -327,14 +144,14 @@ class PtxKernelModule(KernelModule):
         outputs = 1
         for d in st.buf.shape:
             outputs *= int(d)
-        if terms >= WARP_MIN_TERMS and outputs <= WARP_MAX_OUTPUTS:
-            lanes = split_lanes(outputs, terms, int(red.attr[2][0]))
+        if terms >= WARP_MIN_TERMS and outputs <= self.tuning.warp_max_outputs:
+            lanes = split_lanes(outputs, terms, int(red.attr[2][0]), self.tuning)
             if lanes > 1:
                 return self.add_split_stage(st, sym, red, lanes)
-        factors = tile_factors(st, red) if TILE_ENABLED else None
+        factors = tile_factors(st, red, self.tuning) if self.tuning.tile_enabled else None
         if factors is not None:
             return self.add_tiled_stage(st, sym, red, *factors)
-        co = coarsen_factor(st, red)
+        co = coarsen_factor(st, red, self.tuning)
         if co > 1:
             return self.add_coarse_stage(st, sym, red, co)
         return self.add_element_stage(st, sym)
@@ -343,13 +160,13 @@ class PtxKernelModule(KernelModule):
         """A convolution lowered as a packed contraction: the implicit-GEMM tile kernel
         (:mod:`cuvil.targets.ptx.conv`). With split-K the slices' partial sums are kept after the arena
         (:attr:`scratch_bytes`) and a second kernel ``<sym>s`` adds them in slice order and runs the epilogue
-        (with ``conv.FUSED_SPLITK = 1``, measured slower: the last slice of each tile to finish does, a
+        (with ``fused_splitk``, measured slower: the last slice of each tile to finish does, a
         counter per tile, :attr:`counter_bytes`, zeroed before each run). Returns the launch descriptions."""
         plan = self.conv_plan(node)
         if plan.splits > 1 and (self.scratch_offset + self.counter_bytes) // 4 + plan.scratch_floats >= 2 ** 31:
             return self.add_stage_plain(st, sym)      # the partial sums would need 64-bit addresses
         scratch = None
-        fused = bool(_conv.FUSED_SPLITK)
+        fused = self.fused_splitk
         if plan.splits > 1:
             scratch = scratch_buf(plan, self.scratch_offset + self.counter_bytes)
             self.scratch_bytes = max(self.scratch_bytes, self.counter_bytes + 4 * plan.scratch_floats)
@@ -362,10 +179,10 @@ class PtxKernelModule(KernelModule):
         return descs
 
     def conv_plan(self, node: E):
-        red = _conv.accumulation(node)
+        red = accumulation(node)
         # tensor cores only where contraction is allowed (the fma default): an mma's internal sum of 16
         # products rounds like no chain of separate operations (nor of proved fma steps, see docs/rules.md)
-        mma = bool(_conv.MMA) and self.sm >= 80 and red.attr[0] == "fma"
+        mma = self.tuning.mma and self.sm >= 80 and red.attr[0] == "fma"
         return plan_conv(node.attr, self.conv_target_blocks, mma)
 
     def plan_scratch(self, stages) -> None:
@@ -373,12 +190,12 @@ class PtxKernelModule(KernelModule):
         256-aligned) before any kernel is emitted: they sit first in the scratch area, partials after."""
         tiles = 0
         for st in stages:
-            node = conv_node(st) if CONV_ENABLED else None
+            node = conv_node(st) if self.tuning.conv_enabled else None
             if node is not None:
                 p = self.conv_plan(node)
                 if p.splits > 1:
                     tiles = max(tiles, p.n * p.groups * p.tiles_m * p.tiles_p)
-        self.counter_bytes = -(-4 * tiles // 256) * 256 if tiles and _conv.FUSED_SPLITK else 0
+        self.counter_bytes = -(-4 * tiles // 256) * 256 if tiles and self.fused_splitk else 0
 
     def add_tiled_stage(self, st: Stage, sym: str, red: E, wfac: E, xfac: E) -> KernelDesc:
         """Shared-memory tiled reduction: the output is a (channel = dim 1) x (position = every other dim,
@@ -389,10 +206,10 @@ class PtxKernelModule(KernelModule):
         accumulates its 16 products per term from shared memory, so each value loaded from global memory is
         used TP (resp. TM) / 4 times. Terms past the reduction, channels past M and positions past P load
         zero. Then each thread runs the fused epilogue for its 16 outputs and stores those that exist."""
-        fn = self._kernel_fn(sym)
+        fn = self.kernel_fn(sym)
         bufs, _n = fn.args
         b = ir.IRBuilder(fn.append_basic_block("entry"))
-        em = _PtxEmitter(self, fn, b, bufs, st.buf)
+        em = PtxEmitter(self, fn, b, bufs, st.buf)
         shape = [int(d) for d in st.buf.shape]
         M = shape[1]
         rest_dims = [shape[0]] + shape[2:]
@@ -537,7 +354,7 @@ class PtxKernelModule(KernelModule):
                         em.memo.pop()
         em.loop_range(self.sreg(b, "ctaid.x"), I64(ntiles), tile_body, self.sreg(b, "nctaid.x"))
         b.ret_void()
-        _set_contraction(fn, False)
+        set_contraction(fn, False)
         self.kernels.append(sym)
         return KernelDesc(sym, ntiles * nthreads, nthreads, st.name, 1, "tiled")
 
@@ -547,10 +364,10 @@ class PtxKernelModule(KernelModule):
         window of a convolution) is issued once for all of them (``!invariant.load`` lets LLVM merge the
         copies); then each element's epilogue runs and is stored. Threads enumerate (n, c / co, rest...)
         row-major, so neighbouring threads still read neighbouring positions."""
-        fn = self._kernel_fn(sym)
+        fn = self.kernel_fn(sym)
         bufs, n = fn.args
         b = ir.IRBuilder(fn.append_basic_block("entry"))
-        em = _PtxEmitter(self, fn, b, bufs, st.buf)
+        em = PtxEmitter(self, fn, b, bufs, st.buf)
         shape = [int(d) for d in st.buf.shape]
         grid_shape = [shape[0], shape[1] // co] + shape[2:]
         total = 1
@@ -605,29 +422,29 @@ class PtxKernelModule(KernelModule):
                 em.memo.pop()
         em.loop_range(gid, n, thread, stride)
         b.ret_void()
-        _set_contraction(fn, False)
+        set_contraction(fn, False)
         self.kernels.append(sym)
         return KernelDesc(sym, total, self.block, st.name, 1, "coarse")
 
-    def _kernel_fn(self, sym: str):
-        fn = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [PTR, I64]), name=sym)
+    def kernel_fn(self, sym: str) -> ir.Function:
+        """A new kernel entry ``ptx_kernel void sym(ptr bufs, i64 n)``."""
+        fn = self.function(sym, [PTR, I64])
         fn.calling_convention = "ptx_kernel"     # LLVM >= 20 marks kernels by calling convention
         if llvm.llvm_version_info < (20,):         # older LLVM: the nvvm.annotations "kernel" entry
             self.module.add_named_metadata("nvvm.annotations", [fn, "kernel", I32(1)])
-        fn.args[0].add_attribute("noalias")
         return fn
 
     def add_split_stage(self, st: Stage, sym: str, red: E, lanes: int) -> KernelDesc:
         """``lanes`` consecutive threads (a power of two <= 32) per output element: lane l sums its part of
-        the element's reduction (SPLIT_MODE "outer": input channels l, l + lanes, ... with the tap loops
+        the element's reduction (``tuning.split_mode`` "outer": input channels l, l + lanes, ... with the tap loops
         nested; "strided": flattened terms l, l + lanes, ...), a butterfly of
         ``shfl.sync.bfly`` within the lane group adds the partial sums (every lane ends with the total), and
         lane 0 evaluates the rest of the stage's expression (the fused epilogue) and stores. The grid-stride
         step is a multiple of 32, so a group's lanes always work on the same element together, in one warp."""
-        fn = self._kernel_fn(sym)
+        fn = self.kernel_fn(sym)
         bufs, n = fn.args
         b = ir.IRBuilder(fn.append_basic_block("entry"))
-        em = _PtxEmitter(self, fn, b, bufs, st.buf)
+        em = PtxEmitter(self, fn, b, bufs, st.buf)
         shape = [int(d) for d in st.buf.shape]
         total = 1
         for d in shape:
@@ -675,7 +492,7 @@ class PtxKernelModule(KernelModule):
                     b.store(b.call(fmaf, [em.emit(red.args[0]), em.emit(red.args[1]), a]), acc)
                 else:
                     b.store(b.fadd(a, em.emit(red.args[0])), acc)
-            if SPLIT_MODE == "outer":
+            if self.tuning.split_mode == "outer":
                 def outer(c):
                     em.env[vs[0].attr] = c
                     em.loops(extents[1:], lambda inner: term_at([c] + inner))
@@ -695,16 +512,16 @@ class PtxKernelModule(KernelModule):
                 em.memo.pop()
         em.loop_range(gid, n, element, stride)
         b.ret_void()
-        _set_contraction(fn, False)
+        set_contraction(fn, False)
         self.kernels.append(sym)
         return KernelDesc(sym, total * lanes, self.block, st.name, lanes, "split")
 
     def add_element_stage(self, st: Stage, sym: str, kind: str = "element") -> KernelDesc:
-        fn = self._kernel_fn(sym)
+        fn = self.kernel_fn(sym)
         bufs, n = fn.args
         entry = fn.append_basic_block("entry")
         b = ir.IRBuilder(entry)
-        em = _PtxEmitter(self, fn, b, bufs, st.buf)
+        em = PtxEmitter(self, fn, b, bufs, st.buf)
         shape = [int(d) for d in st.buf.shape]
         total = 1
         for d in shape:
@@ -730,7 +547,7 @@ class PtxKernelModule(KernelModule):
             em.store_element(st, idx)
         em.loop_range(gid, n, element, stride)
         b.ret_void()
-        _set_contraction(fn, False)   # contraction only through kernel rules (explicit llvm.fma)
+        set_contraction(fn, False)   # contraction only through kernel rules (explicit llvm.fma)
         self.kernels.append(sym)
         return KernelDesc(sym, total, self.block, st.name, 1, kind)
 
@@ -741,7 +558,7 @@ class PtxKernelModule(KernelModule):
         except RuntimeError as e:
             raise CuvilError(f"generated NVPTX LLVM IR does not verify: {e}") from None
         if self.needs_libdevice:
-            mod.link_in(_libdevice_module(libdevice, mod.triple, mod.data_layout))
+            mod.link_in(libdevice_module(libdevice, mod.triple, mod.data_layout))
             keep = set(self.kernels)
             for f in mod.functions:
                 if not f.is_declaration and f.name not in keep:
@@ -770,127 +587,6 @@ class PtxKernelModule(KernelModule):
         return ptx
 
 
-def _set_contraction(fn: ir.Function, on: bool):
-    """Mark every float add/sub/mul ``contract`` (fma allowed) or strip ``contract`` everywhere."""
-    for blk in fn.blocks:
-        for ins in blk.instructions:
-            flags = getattr(ins, "flags", None)
-            if flags is None or not isinstance(flags, list):
-                continue
-            if on and ins.opname in _FP_ARITH:
-                if "contract" not in flags and "fast" not in flags:
-                    flags.append("contract")
-            elif not on:
-                if "fast" in flags:   # fast implies contract: spell out the rest
-                    flags.remove("fast")
-                    flags.extend(x for x in ("nnan", "ninf", "nsz", "arcp", "afn", "reassoc") if x not in flags)
-                while "contract" in flags:
-                    flags.remove("contract")
-
-
-def single_sum(st: Stage) -> Optional[E]:
-    """The stage's one top-level float32 ``sum`` / ``fma`` reduction (none nested in it, no argmax scans, no
-    other reduction in the stage), static shapes, no region; else None."""
-    from ...kernels.texpr import top_level
-    _, reductions = top_level(st.expr, "__none__")
-    if len(reductions) != 1 or st.region is not None:
-        return None
-    red = reductions[0]
-    if red.op != "reduce" or red.attr[0] not in ("sum", "fma") or red.dtype != DType.FLOAT:
-        return None
-    if not all(isinstance(d, int) for d in st.buf.shape) or not all(isinstance(x, int) for x in red.attr[2]):
-        return None
-    for a in red.args:   # no reduction inside the reduction's body
-        if any(x.op in ("reduce", "argscan") for x in nodes(a)):
-            return None
-    return red
-
-
-CONV_ENABLED = True   # convolutions as implicit-GEMM kernels (ptx/conv.py; the GPU lowering packs their weights)
-TILE_ENABLED = True   # shared-memory tiled kernels for large reduction stages (add_tiled_stage)
-TILE_M, TILE_P, TILE_K = 64, 64, 16   # the largest tile; smaller ones (32) when it would leave SMs idle
-TILE_MIN_BLOCKS = 264                  # blocks a tiled stage should launch (2 per SM of an H200)
-
-
-def tile_shape(m: int, p: int):
-    """(TM, TP): the largest of 64 x 64, 64 x 32, 32 x 64, 32 x 32 giving TILE_MIN_BLOCKS blocks, else 32 x 32."""
-    for tm, tp in ((TILE_M, TILE_P), (TILE_M, TILE_P // 2), (TILE_M // 2, TILE_P), (TILE_M // 2, TILE_P // 2)):
-        if -(-m // tm) * -(-p // tp) >= TILE_MIN_BLOCKS:
-            return tm, tp
-    return TILE_M // 2, TILE_P // 2
-# stages with at least this many outputs: on an H200 the tiled kernels beat channel coarsening only on
-# ResNet-50's largest stages (401,408 and 802,816 outputs: 0.012-0.037 vs 0.017-0.043 ms); on 3x3 convolutions
-# of 100,352-200,704 outputs their per-load index arithmetic made them up to 2.6x slower (bench/gpu/RESULTS.md)
-TILE_MIN_OUTPUTS = 401408
-TILE_MIN_TERMS = 64
-
-
-def _vars_of(e: E) -> set:
-    return {x.attr for x in nodes(e) if x.op == "var"}
-
-
-def tile_factors(st: Stage, red: E):
-    """(weight factor, input factor) of a reduction ``sum(w * x)`` / ``fma(w, x)`` whose output is (n, m,
-    rest...) with ``w`` independent of every output index but the channel (dim 1) and ``x`` independent of
-    the channel: what a tiled kernel loads into shared memory. None when the stage does not have that form
-    or is small."""
-    shape = st.buf.shape
-    if len(shape) < 3 or not all(isinstance(d, int) for d in shape):
-        return None
-    outputs = 1
-    for d in shape:
-        outputs *= d
-    terms = 1
-    for x in red.attr[2]:
-        terms *= int(x)
-    if outputs < TILE_MIN_OUTPUTS or terms < TILE_MIN_TERMS or shape[1] < 16 or max(outputs, terms) >= 2 ** 31:
-        return None
-    kind = red.attr[0]
-    if kind == "fma":
-        f1, f2 = red.args[0], red.args[1]
-    else:
-        body = red.args[0]
-        if body.op != "mul" or len(body.args) != 2:
-            return None
-        f1, f2 = body.args
-    if f1.dtype != DType.FLOAT or f2.dtype != DType.FLOAT:
-        return None
-    chan = st.vars[1].attr
-    others = {v.attr for k, v in enumerate(st.vars) if k != 1}
-    for w, x in ((f1, f2), (f2, f1)):
-        vw, vx = _vars_of(w), _vars_of(x)
-        if chan in vw and not (vw & others) and chan not in vx:
-            return w, x
-    return None
-
-
-COARSEN = 4          # most output channels per thread in a channel-coarsened kernel (1: never coarsen)
-COARSEN_MIN = 196608   # outputs from which a reduction with kernel taps is coarsened (x2)...
-COARSEN_MIN_1X1 = 401408   # ... and a single-index one (1x1 convolution); from 802,816 outputs x4
-
-
-def coarsen_factor(st: Stage, red: E) -> int:
-    """Output channels (dim 1) one thread computes together, sharing every load that does not depend on
-    the channel (a convolution's input window). Only stages with many outputs gain (fewer threads still fill
-    the GPU): on an H200, ResNet-50's 3x3 convolutions of 200,704 outputs ran 1.3-1.5x faster with 2
-    channels per thread, 1x1 ones 0.8x (they gain from 401,408 outputs), the 7x7 stem (802,816) 1.75x with 4
-    (bench/gpu/RESULTS.md). 1 when dim 1 does not divide or the reduction does not read the channel."""
-    outputs = 1
-    for d in st.buf.shape:
-        outputs *= int(d)
-    taps = 1
-    for x in red.attr[2][1:]:
-        taps *= int(x)
-    co = 4 if outputs >= 802816 else 2 if outputs >= (COARSEN_MIN if taps > 1 else COARSEN_MIN_1X1) else 1
-    co = min(co, COARSEN)
-    if co <= 1 or len(st.buf.shape) < 3 or st.buf.shape[1] % co:
-        return 1
-    chan = st.vars[1].attr
-    if not any(x.op == "var" and x.attr == chan for a in red.args for x in nodes(a)):
-        return 1
-    return co
-
-
 def _sanitize(prefix: str) -> str:
     s = re.sub(r"[^A-Za-z0-9_]", "_", prefix) or "cuvil"
     return s if not s[0].isdigit() else "_" + s
@@ -916,14 +612,13 @@ def widen_half_reductions(e: E, stats: Optional[dict] = None) -> E:
     ``cast_f16(reduce_f32(widen(body)))`` where a half product is widened operand by operand (exact in
     float32). A half ``div``/``mul`` of such a widened reduction by a constant (a mean) is done in float32
     too, so the sum is rounded to half once, after the division, and cannot overflow half on the way."""
-    from ...kernels.texpr import cast as tcast
     H, F = DType.FLOAT16, DType.FLOAT
     memo: Dict[int, E] = {}
 
     def wide(x: E) -> E:
         if x.op == "mul" and x.dtype == H:
-            return E("mul", (tcast(x.args[0], F), tcast(x.args[1], F)), F)
-        return tcast(x, F)
+            return E("mul", (cast(x.args[0], F), cast(x.args[1], F)), F)
+        return cast(x, F)
 
     def go(x: E) -> E:
         if x.uid in memo:
@@ -931,13 +626,12 @@ def widen_half_reductions(e: E, stats: Optional[dict] = None) -> E:
         args = [go(a) for a in x.args]
         y = x if all(a is b for a, b in zip(args, x.args)) else E(x.op, args, x.dtype, x.attr)
         if y.op == "reduce" and y.dtype == H and y.attr[0] in ("sum", "prod"):
-            y = tcast(E("reduce", (wide(args[0]),), F, y.attr), H)
+            y = cast(E("reduce", (wide(args[0]),), F, y.attr), H)
             if stats is not None:
                 stats["widened"] = stats.get("widened", 0) + 1
         elif (y.op in ("div", "mul") and y.dtype == H and args[0].op == "cast" and args[0].args[0].op == "reduce"
               and args[0].args[0].dtype == F and args[1].op == "const"):
-            from ...kernels.texpr import const as tconst
-            y = tcast(E(y.op, (args[0].args[0], tconst(args[1].attr, F)), F), H)
+            y = cast(E(y.op, (args[0].args[0], const(args[1].attr, F)), F), H)
         memo[x.uid] = y
         return y
 
@@ -946,7 +640,8 @@ def widen_half_reductions(e: E, stats: Optional[dict] = None) -> E:
 
 def build_ptx(sched: Schedule, arch: str = "sm_90", opt: int = 3, *, fma: bool = False, kernel_rules=None,
               prefix: str = "cuvil", block: int = BLOCK, libdevice: Optional[str] = None,
-              narrow_index: bool = False) -> PtxResult:
+              narrow_index: bool = False, fused_splitk: bool = False,
+              tuning: PtxTuning = DEFAULT_TUNING) -> PtxResult:
     """PTX for every stage of ``sched`` (one module, one kernel per stage, in schedule order).
 
     ``kernel_rules``: None for the built-in ``on kernel`` rules, a list of rules (graph rules in it are
@@ -954,8 +649,15 @@ def build_ptx(sched: Schedule, arch: str = "sm_90", opt: int = 3, *, fma: bool =
     with ``fma=True``; without ``fma`` every operation rounds separately. ``narrow_index`` (off by default):
     kernels of fewer than 2^31 elements unflatten their element index in 32-bit arithmetic: fewer registers
     and higher theoretical occupancy, but ResNet-50 ran slower on an H200 with it (``bench/gpu/RESULTS.md``,
-    2026-11-29 kernel rules section), so it is opt-in."""
-    from ...kernels.kernel_rules import rewrite_stages, select_kernel_rules
+    2026-11-29 kernel rules section), so it is opt-in.
+
+    ``fused_splitk`` (off by default): a split-K convolution's last slice to finish a tile adds the partial
+    sums (one zeroed int32 counter per tile, :attr:`PtxResult.counter_bytes`) instead of a second sum
+    kernel. Correct on an H200 (9/9 light models) but ResNet-50 ran 0.976 ms against 0.708 ms with the sum
+    kernels (``bench/gpu/results/conv_variants5_fused_2026-12-01.json``): the last block's S dependent L2
+    reads per output serialise behind each other, where the sum kernel spreads them over a whole grid.
+    ``tuning``: the kernel-shape settings benchmarks vary (:class:`~cuvil.targets.ptx.tuning.PtxTuning`);
+    give the same one to :func:`gpu_schedule`."""
     if block <= 0 or block > 1024:
         raise CuvilError(f"block size {block}: expected 1..1024 threads")
     tm = target_machine(arch, opt)
@@ -969,7 +671,7 @@ def build_ptx(sched: Schedule, arch: str = "sm_90", opt: int = 3, *, fma: bool =
     if rules:
         stages, counts = rewrite_stages(stages, rules)
     km = PtxKernelModule(prefix, tm, fma=fma, block=block, narrow_index=narrow_index,
-                         scratch_offset=sched.arena_bytes, arch=arch)
+                         scratch_offset=sched.arena_bytes, arch=arch, fused_splitk=fused_splitk, tuning=tuning)
     # the memory-safety proof of the stages as they are emitted (copies: guards rewrite them, not the schedule)
     stages = [attrs.evolve(st) for st in stages]
     cert = prove_gpu_stages(sched, stages, km)
@@ -993,15 +695,16 @@ def build_ptx(sched: Schedule, arch: str = "sm_90", opt: int = 3, *, fma: bool =
 GPU_GEMM_COLS = 64   # the GPU lowering's packed contractions (schedule's gemm_cols; x86 panels are unrelated)
 
 
-def gpu_schedule(g) -> Schedule:
+def gpu_schedule(g, unpadded: bool = True, tuning: PtxTuning = DEFAULT_TUNING) -> Schedule:
     """The GPU schedule of ``g``: convolutions as packed contractions with weight panels of
     :data:`~cuvil.targets.ptx.conv.TILE_CHANNELS` channels (chosen per convolution), computed by the
-    implicit-GEMM kernels of :mod:`cuvil.targets.ptx.conv`; plain reductions when ``CONV_ENABLED`` is off."""
-    from ...kernels.schedule import schedule
-    if not CONV_ENABLED:
+    implicit-GEMM kernels of :mod:`cuvil.targets.ptx.conv`; plain reductions when ``tuning.conv_enabled`` is
+    off. ``unpadded`` (default): a padded convolution reads its input unpadded, its kernel testing bounds (no
+    padded copy stored); off: the input is padded into a copy first."""
+    if not tuning.conv_enabled:
         return schedule(g)
     return schedule(g, gemm_cols=GPU_GEMM_COLS, gemm_tiles=tuple((m, GPU_GEMM_COLS) for m in TILE_CHANNELS),
-                    unpadded_contractions=bool(_conv.UNPADDED), matmul_panels=False, half_contractions=True)
+                    unpadded_contractions=unpadded, matmul_panels=False, half_contractions=True)
 
 
 def _has_half(e: E) -> bool:
@@ -1010,10 +713,11 @@ def _has_half(e: E) -> bool:
 
 def generate_ptx(sched: Schedule, arch: str = "sm_90", opt: int = 3, *, fma: bool = False, kernel_rules=None,
                  prefix: str = "cuvil", block: int = BLOCK, libdevice: Optional[str] = None,
-                 narrow_index: bool = False) -> Tuple[str, List[KernelDesc]]:
+                 narrow_index: bool = False, fused_splitk: bool = False,
+                 tuning: PtxTuning = DEFAULT_TUNING) -> Tuple[str, List[KernelDesc]]:
     """PTX text for every stage of ``sched`` and how to launch each (:func:`build_ptx` without its report).
     ``fma`` allows contracting ``a * b + c`` into one fused multiply-add, through the proved kernel rules
     (off: every operation rounds separately, as the graph rules' exactness arguments assume)."""
     r = build_ptx(sched, arch, opt, fma=fma, kernel_rules=kernel_rules, prefix=prefix, block=block,
-                  libdevice=libdevice, narrow_index=narrow_index)
+                  libdevice=libdevice, narrow_index=narrow_index, fused_splitk=fused_splitk, tuning=tuning)
     return r.ptx, r.kernels

@@ -26,9 +26,10 @@ sub-tile with ``mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32`` (2 x 4 per 1
 accumulators; fragment layouts from the PTX ISA, "Matrix Fragments for mma.m16n8k16").
 
 Small grids (the late layers at batch 1: 512 channels x 49 positions is 8 blocks of 64 x 64) split the
-reduction into S slices (split-K) so that about :data:`TARGET_BLOCKS` blocks run: each slice writes its raw
-partial sums to a scratch area after the model's arena, and a second kernel adds the S partials in slice
-order (deterministic) and runs the stage's fused epilogue. With S = 1 the epilogue runs in the tile kernel.
+reduction into S slices (split-K) so that about ``PtxTuning.target_blocks`` blocks run
+(:mod:`cuvil.targets.ptx.tuning`): each slice writes its raw partial sums to a scratch area after the model's
+arena, and a second kernel adds the S partials in slice order (deterministic) and runs the stage's fused
+epilogue. With S = 1 the epilogue runs in the tile kernel.
 """
 from __future__ import annotations
 
@@ -41,20 +42,13 @@ from ...ir.dtype import DType
 from ...kernels.contraction import Contraction
 from ...kernels.schedule import ARENA, Stage
 from ...kernels.texpr import Buf, E, cast, iadd, imul, load, nodes, reduce, replace_node
-from ..x86.codegen import F16, F32, I32, I64
+from ..llvm.types import F16, F32, I32, I64
+from .emitter import PtxEmitter, set_contraction
+from .tuning import DEFAULT_TUNING
 
 TK = 32                # reduction terms per chunk (rows of the shared tiles; 16 was 6% slower on ResNet-50)
-TARGET_BLOCKS = 264    # blocks a convolution should launch (2 per SM of an H200): split-K below that
 MIN_SPLIT_TERMS = 128  # a reduction slice keeps at least this many terms
 TILE_CHANNELS = (64, 32, 16)   # weight panel widths (TM) the GPU lowering offers (choose_tile picks per conv)
-PIPELINE = 1           # 1: the next chunk's global loads are issued before this chunk's FMAs; 0: after the barrier
-MMA = 1                # float16 convolutions with 64-channel panels on sm_80+: tensor cores (mma.sync.m16n8k16)
-UNPADDED = 1           # 1: padded convolutions read their input unpadded, bounds tested (no padded copy stored)
-# 1: the last slice of a split-K tile adds the partials (no second kernel); 0: a sum kernel. Off: correct on an
-# H200 (9/9 light models) but ResNet-50 ran 0.976 ms against 0.708 ms with the sum kernels
-# (bench/gpu/results/conv_variants5_fused_2026-12-01.json): the last block's S dependent L2 reads per output
-# serialise behind each other, where the sum kernel spreads them over a whole grid
-FUSED_SPLITK = 0
 
 
 @attrs.define
@@ -132,7 +126,7 @@ def accumulation(node: E) -> E:
     return red.args[0] if red.op == "cast" and red.args and red.args[0].op == "reduce" else red
 
 
-def plan_conv(spec: Contraction, target_blocks: int = TARGET_BLOCKS, mma: bool = False) -> ConvPlan:
+def plan_conv(spec: Contraction, target_blocks: int = DEFAULT_TUNING.target_blocks, mma: bool = False) -> ConvPlan:
     """Tile shape and split-K for one convolution: TP = 64 unless 32 pads the positions less (a 14 x 14
     map: 224 instead of 256); slices doubled while the grid is below ``target_blocks`` and the slices keep
     :data:`MIN_SPLIT_TERMS` terms on average (each slice a multiple of TK terms, the last one the rest:
@@ -178,19 +172,20 @@ def emit_conv(km, st: Stage, sym: str, node: E, plan: ConvPlan, scratch: Optiona
     """Emit the tile kernel ``sym`` of a convolution stage (see the module docstring); with split-K it
     writes ``scratch``, and either the caller adds the combining kernel or (``counters``: the byte offset in
     the arena of one zeroed int32 per output tile) the last slice to finish a tile adds the partials in slice
-    order and runs the epilogue itself. Returns the launch size (threads)."""
-    from .codegen import _PtxEmitter, _set_contraction
+    order and runs the epilogue itself. Software pipelining as ``km.tuning.pipeline`` says. Returns the
+    launch size (threads)."""
     spec: Contraction = node.attr
+    pipeline = km.tuning.pipeline
     red = accumulation(node)
     use_fma = red.attr[0] == "fma"
     half = spec.x.dtype == DType.FLOAT16     # float16 weights and input: widened on load into float32 tiles,
     # or (mma) kept half in shared memory for the tensor cores
     ET = F16 if half else F32
     esize = 2 if half else 4
-    fn = km._kernel_fn(sym)
+    fn = km.kernel_fn(sym)
     bufs, _n = fn.args
     b = ir.IRBuilder(fn.append_basic_block("entry"))
-    em = _PtxEmitter(km, fn, b, bufs, st.buf)
+    em = PtxEmitter(km, fn, b, bufs, st.buf)
     TM, TP, T = plan.tm, plan.tp, plan.threads
     M, P, K, G, N = plan.m, plan.p, plan.k, plan.groups, plan.n
     NG, S = N * G, plan.splits
@@ -361,7 +356,7 @@ def emit_conv(km, st: Stage, sym: str, node: E, plan: ConvPlan, scratch: Optiona
 
         def chunk(k0_64):
             k0 = i32(k0_64)
-            if not PIPELINE:
+            if not pipeline:
                 fetch(k0)
             for (row, c4), reg in zip(a_slots, aregs):
                 if mma:      # transposed: sa[m][k], so a fragment's two k's are one 32-bit word
@@ -379,7 +374,7 @@ def emit_conv(km, st: Stage, sym: str, node: E, plan: ConvPlan, scratch: Optiona
                     continue
                 b.store(b.load(reg, typ=F32), sgep(sb, b.add(b.mul(row, I32(TP)), col)))
             b.call(bar, [])
-            if PIPELINE:
+            if pipeline:
                 nxt = b.add(k0, I32(TK))
                 with b.if_then(b.icmp_unsigned("<", nxt, khi)):   # the next chunk's loads fly during this one's FMAs
                     fetch(nxt)
@@ -427,7 +422,7 @@ def emit_conv(km, st: Stage, sym: str, node: E, plan: ConvPlan, scratch: Optiona
             else:
                 em.loop_range(I64(0), I64(TK), term)
             b.call(bar, [])
-        if PIPELINE:
+        if pipeline:
             fetch(klo)
         em.loop_range(b.zext(klo, I64), b.zext(khi, I64), chunk, I64(TK))
         def coords(slot):
@@ -494,6 +489,6 @@ def emit_conv(km, st: Stage, sym: str, node: E, plan: ConvPlan, scratch: Optiona
                     b.store(I32(0), cptr)     # ready for the next run (the runtime also zeroes them first)
     em.loop_range(km.sreg(b, "ctaid.x"), I64(plan.blocks), tile_body, km.sreg(b, "nctaid.x"))
     b.ret_void()
-    _set_contraction(fn, False)
+    set_contraction(fn, False)
     km.kernels.append(sym)
     return plan.blocks * T

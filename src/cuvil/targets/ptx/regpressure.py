@@ -46,7 +46,7 @@ LIMITS = {
 # H100 / H200 SXM)
 SMS = {"sm_80": 108, "sm_86": 84, "sm_89": 142, "sm_90": 132}
 MIN_CAP = 32        # never ask ptxas for fewer registers than this per thread
-MAX_SPILL = 0       # bytes of spill stores a capped kernel may have (0: none; bench/gpu/register_pass.py varies it)
+MAX_SPILL = 0       # default bytes of spill stores a capped kernel may have (0: none; relieve(max_spill=...))
 
 
 def limits_for(arch: str) -> dict:

@@ -20,7 +20,8 @@ import llvmlite.ir as ir
 
 from ...kernels.contraction import DepthwiseWindow
 from ...kernels.schedule import Stage
-from .codegen import F32, I1, I32, I64, PTR, ROW_MAX, splat
+from ..llvm.types import F32, I1, I32, I64, PTR, splat
+from .emitter import ROW_MAX
 from .gemm import batch_only, find_contraction, tile_epilogue
 
 CHUNK = 4   # output vectors per register block (accumulators)

@@ -38,7 +38,8 @@ from ...ir.dtype import DType
 from ...kernels.contraction import CHANNEL_LANES, MR, Contraction
 from ...kernels.schedule import Stage
 from ...kernels.texpr import E, contains, top_level
-from .codegen import F32, I32, I64, PTR, _Emitter, const_value, splat
+from ..llvm.types import F32, I32, I64, PTR, const_value, splat
+from .emitter import X86Emitter
 
 # Cores with AVX-512 have 32 vector registers, AVX2 16: NV vectors per row keep MR*NV accumulators + NV
 # B vectors + 1 broadcast in registers.
@@ -649,7 +650,7 @@ def fma_tile_loop(em, fma, k0, k1, init, nv: int, vectors, scalars, prefetch=Non
     return new
 
 
-def runs_along_last_axis(em: _Emitter, total, room, body):
+def runs_along_last_axis(em: X86Emitter, total, room, body):
     """``body(j0, length)`` for consecutive runs covering columns [0, total): each run is as long as
     ``room(j0)`` allows (the columns left before the last axis wraps), so it never crosses a row."""
     b, fn = em.b, em.fn
@@ -688,7 +689,7 @@ def unflatten(b: ir.IRBuilder, p, dims) -> list:
     return list(reversed(out))
 
 
-def tile_epilogue(em: _Emitter, st: Stage, node: E, slot, index, nrows, ncols, full: Tuple[int, int] = None):
+def tile_epilogue(em: X86Emitter, st: Stage, node: E, slot, index, nrows, ncols, full: Tuple[int, int] = None):
     """The stage's fused epilogue over a spilled tile, in two passes: in place on the stack (stores there
     cannot alias the buffers the epilogue reads, so LLVM vectorises it), then a copy to the output.
     ``slot(r, j)`` is the tile element's address, ``index(r, j)`` its output index, ``node`` the micro-kernel

@@ -20,7 +20,7 @@ import llvmlite.ir as ir
 from ...ir.dim import SymExpr
 from ...kernels.contraction import MR, MatContraction
 from ...kernels.schedule import Stage
-from .codegen import F32, I64
+from ..llvm.types import F32, I64
 from .gemm import PREFETCH_K, find_contraction, fma_tile_loop, tile_epilogue
 
 

@@ -16,7 +16,7 @@ from ...ir.dim import SymExpr, product
 from ...ir.types import DType
 from ...kernels.contraction import PadWindow
 from ...kernels.schedule import Stage
-from .codegen import I64, const_value
+from ..llvm.types import I64, const_value
 
 
 def emit_pad_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]]:

@@ -25,7 +25,7 @@ from ...ir.dim import product
 from ...ir.ops.winograd import MATRICES
 from ...kernels.contraction import WinogradInput, WinogradOutput, fallback_weights
 from ...kernels.schedule import Stage
-from .codegen import F32, I1, I32, I64, PTR, splat
+from ..llvm.types import F32, I1, I32, I64, PTR, splat
 from .gemm import batch_only, find_contraction, tile_epilogue
 
 
@@ -273,7 +273,7 @@ def emit_winograd_output(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
                 b.store(k, w_key)
 
         def direct_rows(slot, index, nrows, ncols):
-            """direct's own reduction (x86/codegen.py reduce: 0, then + W * x in (c, p, q) order) for every
+            """direct's own reduction (llvm/emitter.py reduce: 0, then + W * x in (c, p, q) order) for every
             output of the block, W read from scratch; the outputs' loop is innermost (the row schedule's
             order, vectorisable), each output's sum still in order."""
             def row(r):

@@ -1,0 +1,318 @@
+"""The emitter skeleton both backends share: a tensor expression (:class:`~cuvil.kernels.texpr.E`) becomes
+LLVM IR inside one kernel function: loops, indices and addresses, arithmetic, comparisons, conversions and
+reductions. A target fills in its hooks: :meth:`LLVMEmitter.call` (math functions: intrinsics, libm,
+libdevice) and, where its memory differs, :meth:`LLVMEmitter.base` (a buffer's base pointer)."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Dict, List, Sequence
+
+import llvmlite.ir as ir
+
+from ...errors import CuvilError
+from ...ir.dim import SymExpr
+from ...ir.dtype import DType
+from ...kernels.schedule import Stage
+from ...kernels.texpr import E, Buf, const, dim_index, identity_value
+from .module import LLVMKernelModule
+from .types import I1, I8, I64, PTR, UNSIGNED, const_value, float_bits, ll, mem_type
+
+
+class LLVMEmitter(ABC):
+    """Emits into function ``fn`` of kernel module ``km`` through builder ``b``; ``bufs`` is the kernel's
+    buffer table. Values are memoised per expression node (``memo``: one scope per loop body or branch);
+    ``env`` binds index variables to values."""
+
+    target = "LLVM"    # the backend's name in error messages
+
+    def __init__(self, km: LLVMKernelModule, fn: ir.Function, b: ir.IRBuilder, bufs):
+        self.km, self.fn, self.b, self.bufs = km, fn, b, bufs
+        self.entry = b.block
+        self.bases: Dict[int, ir.Value] = {}
+        self.syms: Dict[str, ir.Value] = {}
+        self.env: Dict[str, ir.Value] = {}
+        self.memo: List[Dict[int, ir.Value]] = [{}]
+
+    # --- structure ----------------------------------------------------------------------------------
+    def alloca(self, typ, count: int = 1) -> ir.Value:
+        with self.b.goto_block(self.entry):
+            self.b.position_at_start(self.entry)
+            return self.b.alloca(typ, size=I64(count) if count > 1 else None)
+
+    def loop_range(self, start: ir.Value, stop: ir.Value, body, step: ir.Value = None, tail_fold: bool = False):
+        """for (i = start; i < stop; i += step) body(i); step 1 by default. ``tail_fold``: ask the loop
+        vectoriser to mask the last partial vector instead of finishing in a scalar loop."""
+        b = self.b
+        pre = b.block
+        head = self.fn.append_basic_block("loop")
+        inner = self.fn.append_basic_block("body")
+        done = self.fn.append_basic_block("done")
+        b.branch(head)
+        b.position_at_end(head)
+        i = b.phi(I64)
+        i.add_incoming(start, pre)
+        b.cbranch(b.icmp_signed("<", i, stop), inner, done)
+        b.position_at_end(inner)
+        self.memo.append(dict(self.memo[-1]))
+        body(i)
+        self.memo.pop()
+        nxt = b.add(i, I64(1) if step is None else step)
+        i.add_incoming(nxt, b.block)
+        latch = b.branch(head)
+        if tail_fold:
+            latch.set_metadata("llvm.loop", self.km.loop_id("llvm.loop.vectorize.predicate.enable"))
+        b.position_at_end(done)
+
+    def blocked_range(self, start: ir.Value, stop: ir.Value, rb: int, block, single):
+        """``block(i0)`` for i0 = start, start + rb, ... while a whole block fits, then ``single(i)`` for the
+        rest."""
+        b = self.b
+        nblocks = b.sdiv(b.sub(stop, start), I64(rb))
+        self.loop_range(I64(0), nblocks, lambda t: block(b.add(start, b.mul(t, I64(rb)))))
+        self.loop_range(b.add(start, b.mul(nblocks, I64(rb))), stop, single)
+
+    def loops(self, extents: Sequence, body, idx=(), tail_fold: bool = False):
+        """Nested loops over ``extents``; ``tail_fold`` applies to the innermost (see loop_range)."""
+        if not extents:
+            body(list(idx))
+            return
+        self.loop_range(I64(0), self.index(extents[0]),
+                        lambda i: self.loops(extents[1:], body, tuple(idx) + (i,), tail_fold),
+                        tail_fold=tail_fold and len(extents) == 1)
+
+    def index(self, d) -> ir.Value:
+        """A dimension (int, or a SymExpr over the run-time symbols) as an i64 value."""
+        if isinstance(d, SymExpr):
+            return self.emit(dim_index(d))
+        return I64(int(d))
+
+    def symbol(self, name: str) -> ir.Value:
+        """The run-time value of a shape symbol, loaded once in the entry block."""
+        if name not in self.syms:
+            if self.km.dims_index is None or name not in self.km.symbol_slots:
+                raise CuvilError(f"{self.target} codegen: symbol {name} has no run-time slot")
+            with self.b.goto_block(self.entry):
+                self.b.position_at_start(self.entry)
+                arr = self.b.load(self.b.gep(self.bufs, [I64(self.km.dims_index)], source_etype=PTR), typ=PTR)
+                slot = self.b.gep(arr, [I64(self.km.symbol_slots[name])], source_etype=I64)
+                self.syms[name] = self.b.load(slot, typ=I64)
+        return self.syms[name]
+
+    # --- memory -----------------------------------------------------------------------------------
+    def base(self, buf: Buf) -> ir.Value:
+        if buf.base not in self.bases:
+            with self.b.goto_block(self.entry):
+                self.b.position_at_start(self.entry)
+                slot = self.b.gep(self.bufs, [I64(buf.base)], source_etype=PTR)
+                self.bases[buf.base] = self.b.load(slot, typ=PTR)
+        return self.bases[buf.base]
+
+    def address(self, buf: Buf, idx: Sequence[ir.Value]) -> ir.Value:
+        flat = None
+        for i, st in zip(idx, buf.strides):
+            term = i if st == 1 else self.b.mul(i, self.index(st))
+            flat = term if flat is None else self.b.add(flat, term)
+        flat = flat if flat is not None else I64(0)
+        p = self.b.gep(self.base(buf), [I64(buf.offset)], source_etype=I8, inbounds=True)
+        return self.b.gep(p, [flat], source_etype=mem_type(buf.dtype), inbounds=True)
+
+    def store_element(self, st: Stage, idx: List[ir.Value]):
+        """Store the stage's value at output index ``idx`` (its variables bound to it)."""
+        for v, i in zip(st.vars, idx):
+            self.env[v.attr] = i
+        val = self.emit(st.expr)
+        if st.buf.dtype == DType.BOOL:
+            val = self.b.zext(val, I8)
+        self.b.store(val, self.address(st.buf, idx))
+
+    def combine(self, kind: str, a, x, dt: DType):
+        b = self.b
+        if kind == "sum":
+            return b.fadd(a, x) if dt.is_float else b.add(a, x)
+        if kind == "prod":
+            return b.fmul(a, x) if dt.is_float else b.mul(a, x)
+        if kind == "fmax":  # NaN skipped: x wins when greater or when the accumulator is still NaN
+            return b.select(b.or_(b.fcmp_ordered(">", x, a), b.fcmp_unordered("uno", a, a)), x, a)
+        better = self.compare("gt" if kind == "max" else "lt", x, a, dt)
+        if dt.is_float:  # NaN propagates
+            better = b.or_(better, b.fcmp_unordered("uno", x, x))
+        return b.select(better, x, a)
+
+    # --- expressions ------------------------------------------------------------------------------
+    def emit(self, e: E) -> ir.Value:
+        memo = self.memo[-1]
+        if e.uid in memo:
+            return memo[e.uid]
+        v = self._emit(e)
+        memo[e.uid] = v
+        return v
+
+    def _emit(self, e: E) -> ir.Value:
+        b, op, dt = self.b, e.op, e.dtype
+        if op == "var":
+            return self.env[e.attr]
+        if op == "sym":
+            return self.symbol(e.attr)
+        if op == "const":
+            return const_value(e.attr, dt)
+        if op == "load":
+            v = b.load(self.address(e.attr, [self.emit(a) for a in e.args]), typ=mem_type(dt))
+            return b.trunc(v, I1) if dt == DType.BOOL else v
+        if op == "wino_out" and len(e.args) == 6:    # [vars, direct, sum]: the direct value where sum is not finite
+            v = self.emit(e.args[-1])
+            d = b.fsub(v, v)                          # NaN exactly for inf and NaN (see x86/winograd.py)
+            entry = b.block
+            with b.if_then(b.fcmp_unordered("uno", d, d), likely=False):
+                self.memo.append(dict(self.memo[-1]))   # values emitted in the branch stay in it
+                alt = self.emit(e.args[-2])
+                self.memo.pop()
+                alt_block = b.block
+            out = b.phi(v.type)
+            out.add_incoming(v, entry)
+            out.add_incoming(alt, alt_block)
+            return out
+        if op in ("contract", "window", "piecewise", "wino_in", "wino_out", "padwin"):   # nodes other schedules exploit: their plain value
+            return self.emit(e.args[-1])
+        args = [self.emit(a) for a in e.args] if op not in ("reduce", "argscan") else []
+        if op in ("add", "sub", "mul"):
+            if dt.is_float:
+                return getattr(b, "f" + op)(*args)
+            return getattr(b, op)(*args)
+        if op == "div":
+            return b.fdiv(*args) if dt.is_float else (b.udiv(*args) if dt in UNSIGNED else b.sdiv(*args))
+        if op in ("idiv", "imod"):
+            return b.sdiv(*args) if op == "idiv" else b.srem(*args)
+        if op in ("fdiv", "fmod_i"):     # floor division / modulo (shape arithmetic)
+            q, r = b.sdiv(*args), b.srem(*args)
+            fix = b.and_(b.icmp_signed("!=", r, I64(0)),
+                         b.xor(b.icmp_signed("<", r, I64(0)), b.icmp_signed("<", args[1], I64(0))))
+            if op == "fdiv":
+                return b.select(fix, b.sub(q, I64(1)), q)
+            return b.select(fix, b.add(r, args[1]), r)
+        if op == "fmod":
+            return b.frem(*args) if dt.is_float else (b.urem(*args) if dt in UNSIGNED else b.srem(*args))
+        if op == "pymod":
+            r = b.srem(*args) if dt not in UNSIGNED else b.urem(*args)
+            if dt in UNSIGNED:
+                return r
+            zero = ir.Constant(r.type, 0)
+            fix = b.and_(b.icmp_signed("!=", r, zero), b.xor(b.icmp_signed("<", r, zero), b.icmp_signed("<", args[1], zero)))
+            return b.select(fix, b.add(r, args[1]), r)
+        if op == "neg":
+            return b.fneg(args[0]) if dt.is_float else b.sub(ir.Constant(args[0].type, 0), args[0])
+        if op == "cmp":
+            return self.compare(e.attr, args[0], args[1], e.args[0].dtype)
+        if op in ("and", "or", "xor"):
+            out = args[0]
+            for a in args[1:]:
+                out = getattr(b, op + "_")(out, a) if op != "xor" else b.xor(out, a)
+            return out
+        if op == "not":
+            return b.not_(args[0])
+        if op in ("shl", "lshr", "ashr"):
+            return getattr(b, op)(*args)
+        if op == "select":
+            return b.select(*args)
+        if op == "cast":
+            return self.convert(args[0], e.args[0].dtype, dt)
+        if op == "call":
+            return self.call(e.attr, args, dt)
+        if op == "clamp":
+            lo, hi = (self.index(v) for v in e.attr)
+            x = args[0]
+            x = b.select(b.icmp_signed("<", x, lo), lo, x)
+            return b.select(b.icmp_signed(">", x, hi), hi, x)
+        if op == "reflect":
+            d = self.index(e.attr)
+            x = args[0]
+            x = b.select(b.icmp_signed("<", x, I64(0)), b.sub(I64(0), x), x)
+            return b.select(b.icmp_signed(">=", x, d), b.sub(b.mul(b.sub(d, I64(1)), I64(2)), x), x)
+        if op == "reduce":
+            return self.reduce(e)
+        if op == "argscan":
+            return self.argscan(e)
+        raise CuvilError(f"{self.target} codegen: no emitter for {op}")
+
+    def compare(self, pred: str, a, c, dt: DType):
+        b = self.b
+        if dt.is_float:
+            p = {"eq": "==", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}.get(pred)
+            if pred == "uno":
+                return b.fcmp_unordered("uno", a, c)
+            if pred == "ne":
+                return b.fcmp_unordered("!=", a, c)
+            return b.fcmp_ordered(p, a, c)
+        p = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}[pred]
+        return b.icmp_unsigned(p, a, c) if dt in UNSIGNED else b.icmp_signed(p, a, c)
+
+    def convert(self, x, src: DType, dst: DType):
+        b = self.b
+        if src == dst:
+            return x
+        st, dt_ = ll(src), ll(dst)
+        if dst == DType.BOOL:
+            return b.fcmp_unordered("!=", x, ir.Constant(st, 0.0)) if src.is_float else b.icmp_unsigned("!=", x, ir.Constant(st, 0))
+        if src.is_float and dst.is_float:
+            return b.fpext(x, dt_) if float_bits(src) < float_bits(dst) else b.fptrunc(x, dt_)
+        if src.is_float:
+            return b.fptoui(x, dt_) if dst in UNSIGNED else b.fptosi(x, dt_)
+        if dst.is_float:
+            return b.uitofp(x, dt_) if src in UNSIGNED else b.sitofp(x, dt_)
+        sb, db = st.width, dt_.width
+        if sb == db:
+            return x
+        if sb > db:
+            return b.trunc(x, dt_)
+        return b.zext(x, dt_) if src in UNSIGNED else b.sext(x, dt_)
+
+    @abstractmethod
+    def call(self, name: str, args, dt: DType):
+        """The math function ``name`` (sqrt, exp, tanh, ...) of ``args``, all of ``dt``: the target's hook."""
+
+    def reduce(self, e: E):
+        kind, vs, extents = e.attr
+        b, dt = self.b, e.dtype
+        t = ll(dt)
+        acc = self.alloca(t)
+        b.store(const_value(identity_value(kind, dt), dt), acc)
+
+        def body(idx):
+            for v, i in zip(vs, idx):
+                self.env[v.attr] = i
+            x = self.emit(e.args[0])
+            a = b.load(acc, typ=t)
+            if kind == "sum":
+                r = b.fadd(a, x) if dt.is_float else b.add(a, x)
+                if dt.is_float:
+                    r.flags.extend(["reassoc", "contract"])
+            elif kind == "prod":
+                r = b.fmul(a, x) if dt.is_float else b.mul(a, x)
+            else:
+                r = self.combine(kind, a, x, dt)
+            b.store(r, acc)
+        self.loops(list(extents), body)
+        return b.load(acc, typ=t)
+
+    def argscan(self, e: E):
+        src, base, axis, n, better, last = e.attr
+        b = self.b
+        dt = src.dtype
+        t = ll(dt)
+        best_v, best_i = self.alloca(t), self.alloca(I64)
+        idx0 = list(base)
+        idx0[axis] = const(0, DType.INT64)
+        b.store(self.emit(src(idx0)), best_v)
+        b.store(I64(0), best_i)
+
+        def body(i):
+            idx = list(base)
+            self.env["__arg"] = i
+            idx[axis] = E("var", (), DType.INT64, "__arg")
+            x = self.emit(src(idx))
+            cur = b.load(best_v, typ=t)
+            strict = self.compare(better, x, cur, dt)
+            take = b.or_(strict, self.compare("eq", x, cur, dt)) if last else strict
+            b.store(b.select(take, x, cur), best_v)
+            b.store(b.select(take, i, b.load(best_i, typ=I64)), best_i)
+        self.loop_range(I64(1), self.index(n), body)
+        return b.load(best_i, typ=I64)

@@ -1,0 +1,141 @@
+"""The PTX expression emitter: the shared LLVM emitter with global-memory addressing (address space 1),
+read-only loads (``!invariant.load``: ``ld.global.nc``), ``llvm.fma`` for the kernel rules' fused
+multiply-adds, and GPU math (NVPTX intrinsics, libdevice)."""
+from __future__ import annotations
+
+import llvmlite.ir as ir
+
+from ...errors import CuvilError, UnsupportedOpError
+from ...ir.dtype import DType
+from ...kernels.texpr import E, Buf
+from ..llvm.emitter import LLVMEmitter
+from ..llvm.types import F16, F32, I1, I64, PTR, const_value, ll, mem_type
+
+GLOBAL = 1                # NVPTX address space of global memory
+GPTR = ir.PointerType(addrspace=GLOBAL)
+
+# calls lowered to PTX instructions by the NVPTX backend
+_NATIVE = {"sqrt": "sqrt", "fabs": "fabs", "floor": "floor", "ceil": "ceil", "roundeven": "roundeven",
+           "trunc": "trunc", "fma": "fma", "copysign": "copysign", "fmin": "minnum", "fmax": "maxnum",
+           "minnum": "minnum", "maxnum": "maxnum", "minimum": "minimum", "maximum": "maximum"}
+# calls to libdevice (__nv_<name>f for float, __nv_<name> for double)
+_LIBDEVICE = {"exp", "exp2", "exp10", "expm1", "log", "log2", "log10", "log1p", "sin", "cos", "tan", "asin",
+              "acos", "atan", "atan2", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "erf", "erfc", "pow",
+              "fmod", "cbrt", "rsqrt", "hypot", "remainder", "lgamma", "tgamma"}
+_FP_ARITH = {"fadd", "fsub", "fmul"}
+
+
+def overlaps(a: Buf, b: Buf) -> bool:
+    """Whether two buffers share bytes of the same storage."""
+    ra, rb = a.storage, b.storage
+    if ra.base != rb.base:
+        return False
+    return ra.offset < rb.offset + max(rb.nbytes, 1) and rb.offset < ra.offset + max(ra.nbytes, 1)
+
+
+class PtxEmitter(LLVMEmitter):
+    """The LLVM emitter with global-memory addressing, read-only loads and GPU math; ``out`` is the buffer
+    the kernel writes (every other buffer is read-only while it runs)."""
+
+    target = "PTX"
+
+    def __init__(self, km, fn: ir.Function, b: ir.IRBuilder, bufs, out: Buf):
+        super().__init__(km, fn, b, bufs)
+        self.out = out
+
+    def base(self, buf: Buf) -> ir.Value:
+        if buf.base not in self.bases:
+            with self.b.goto_block(self.entry):
+                self.b.position_at_start(self.entry)
+                slot = self.b.gep(self.bufs, [I64(buf.base)], source_etype=PTR, inbounds=True)
+                p = self.b.load(slot, typ=PTR)
+                p.set_metadata("invariant.load", self.km.empty_md)
+                self.bases[buf.base] = self.b.addrspacecast(p, GPTR)
+        return self.bases[buf.base]
+
+    def _emit(self, e: E) -> ir.Value:
+        op, dt = e.op, e.dtype
+        if op == "load":
+            buf = e.attr
+            v = self.b.load(self.address(buf, [self.emit(a) for a in e.args]), typ=mem_type(dt))
+            if not overlaps(buf, self.out):
+                v.set_metadata("invariant.load", self.km.empty_md)
+            return self.b.trunc(v, I1) if dt == DType.BOOL else v
+        if op == "fmod" and dt.is_float:
+            return self.call("fmod", [self.emit(a) for a in e.args], dt)
+        if op == "fma":
+            return self.b.call(self.fma_fn(dt), [self.emit(a) for a in e.args])
+        if op == "gload":
+            raise UnsupportedOpError("gload", detail="guarded loads have no PTX lowering")
+        try:
+            return super()._emit(e)
+        except UnsupportedOpError:
+            raise
+        except CuvilError as err:
+            if "no emitter" in str(err):
+                raise UnsupportedOpError(op, detail="no PTX lowering") from None
+            raise
+
+    def fma_fn(self, dt: DType) -> ir.Function:
+        if dt not in (DType.FLOAT16, DType.FLOAT, DType.DOUBLE):
+            raise UnsupportedOpError("fma", detail=f"fma of {dt.name} has no PTX lowering")
+        t = ll(dt)
+        return self.km.declare(f"llvm.fma.{ {DType.FLOAT16: 'f16', DType.FLOAT: 'f32', DType.DOUBLE: 'f64'}[dt]}", t, [t] * 3)
+
+    def reduce(self, e: E):
+        """``reduce[fma](a, b)``: acc = fma(a, b, acc) over the reduction's variables, from +0.0 (the sum's
+        start), in order. Other reductions: the shared emitter's loop."""
+        kind, vs, extents = e.attr
+        if kind != "fma":
+            return super().reduce(e)
+        b, dt = self.b, e.dtype
+        t = ll(dt)
+        f = self.fma_fn(dt)
+        acc = self.alloca(t)
+        b.store(const_value(0.0, dt), acc)
+
+        def body(idx):
+            for v, i in zip(vs, idx):
+                self.env[v.attr] = i
+            x, y = self.emit(e.args[0]), self.emit(e.args[1])
+            b.store(b.call(f, [x, y, b.load(acc, typ=t)]), acc)
+        self.loops(list(extents), body)
+        return b.load(acc, typ=t)
+
+    def call(self, name: str, args, dt: DType):
+        b = self.b
+        if not dt.is_float:
+            raise UnsupportedOpError(name, detail=f"{name} of {dt.name} has no PTX lowering")
+        if dt == DType.FLOAT16:
+            wide = [b.fpext(a, F32) for a in args]
+            return b.fptrunc(self.call(name, wide, DType.FLOAT), F16)
+        if dt not in (DType.FLOAT, DType.DOUBLE):
+            raise UnsupportedOpError(name, detail=f"{name} of {dt.name} has no PTX lowering")
+        t = ll(dt)
+        if name in _NATIVE:
+            f = self.km.declare(f"llvm.{_NATIVE[name]}.{'f32' if t == F32 else 'f64'}", t, [t] * len(args))
+        elif name in _LIBDEVICE:
+            f = self.km.declare(f"__nv_{name}{'f' if t == F32 else ''}", t, [t] * len(args))
+            self.km.needs_libdevice = True
+        else:
+            raise UnsupportedOpError(name, detail="no PTX (NVPTX intrinsic or libdevice) lowering")
+        return b.call(f, args)
+
+
+def set_contraction(fn: ir.Function, on: bool):
+    """Mark every float add/sub/mul ``contract`` (fma allowed) or strip ``contract`` everywhere."""
+    for blk in fn.blocks:
+        for ins in blk.instructions:
+            flags = getattr(ins, "flags", None)
+            if flags is None or not isinstance(flags, list):
+                continue
+            if on and ins.opname in _FP_ARITH:
+                if "contract" not in flags and "fast" not in flags:
+                    flags.append("contract")
+            elif not on:
+                if "fast" in flags:   # fast implies contract: spell out the rest
+                    flags.remove("fast")
+                    flags.extend(x for x in ("nnan", "ninf", "nsz", "arcp", "afn", "reassoc") if x not in flags)
+                while "contract" in flags:
+                    flags.remove("contract")
+

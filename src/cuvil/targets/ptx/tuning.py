@@ -1,0 +1,51 @@
+"""The PTX code generator's kernel-shape settings that benchmarks vary (``bench/gpu/conv_variants.py``,
+``bench/gpu/split_reduction.py``): one immutable object passed to :func:`~cuvil.targets.ptx.codegen.build_ptx`
+and :func:`~cuvil.targets.ptx.codegen.gpu_schedule`, never module state. The defaults are the shipped
+choices, each measured on an H200 (``bench/gpu/RESULTS.md``)."""
+from __future__ import annotations
+
+import attrs
+
+
+@attrs.frozen
+class PtxTuning:
+    """Kernel-shape settings of the PTX backend (defaults: the shipped, measured ones)."""
+    # convolutions as implicit-GEMM kernels (ptx/conv.py; the GPU lowering packs their weights); off: plain
+    # reductions
+    conv_enabled: bool = True
+    # blocks a convolution should launch (2 per SM of an H200): split-K below that
+    target_blocks: int = 264
+    # the next chunk's global loads are issued before this chunk's FMAs (off: after the barrier)
+    pipeline: bool = True
+    # float16 convolutions with 64-channel panels on sm_80+: tensor cores (mma.sync.m16n8k16)
+    mma: bool = True
+    # shared-memory tiled kernels for large reduction stages (PtxKernelModule.add_tiled_stage)
+    tile_enabled: bool = True
+    # stages with at least this many outputs are tiled: on an H200 the tiled kernels beat channel coarsening
+    # only on ResNet-50's largest stages (401,408 and 802,816 outputs: 0.012-0.037 vs 0.017-0.043 ms); on 3x3
+    # convolutions of 100,352-200,704 outputs their per-load index arithmetic made them up to 2.6x slower
+    tile_min_outputs: int = 401408
+    # most output channels per thread in a channel-coarsened kernel (1: never coarsen)
+    coarsen: int = 4
+    # A stage with one top-level float sum whose outputs are too few to fill the GPU gets several threads
+    # ("lanes", a power of two up to a warp) per output element, each summing part of the reduction
+    # (PtxKernelModule.add_split_stage): with one thread per element such stages launch less than a wave and
+    # each thread sums thousands of terms serially. At most this many output elements: on an H200, ResNet-50's
+    # stages of 25,088 and 50,176 outputs ran up to 3x faster split (the final Gemm 13x), those of 100,352 and
+    # 200,704 outputs no faster (0: never split)
+    warp_max_outputs: int = 1 << 16
+    # threads to aim for: about 3/4 of an H200's resident threads (132 SMs x 2048) when the reduction is one
+    # index (1x1 convolutions, Gemm: lanes read consecutive weights), half that with kernel taps (3x3
+    # convolutions: lanes read weights 9 floats apart and input planes apart, so fewer lanes did better)
+    split_target_threads: int = 192 * 1024
+    # lanes are added only while each keeps this many terms
+    split_min_terms_per_lane: int = 32
+    # how lane l of L takes its terms: "outer": the outermost reduction index (input channel) l, l + L, ...,
+    # the inner loops (kernel taps) whole and nested, as one thread would; "strided" (kept to reproduce the
+    # comparison): the flattened terms l, l + L, ..., which unflattens every term with integer divisions that
+    # cost more than they save on 3x3 convolutions (a third form, one contiguous run of terms per lane, was
+    # slower still and is gone)
+    split_mode: str = attrs.field(default="outer", validator=attrs.validators.in_(("outer", "strided")))
+
+
+DEFAULT_TUNING = PtxTuning()

@@ -1,0 +1,138 @@
+"""The x86 expression emitter: the shared LLVM emitter with host math (LLVM intrinsics, libm) and the row
+schedule (a reduction accumulated for a whole output row at once, :meth:`X86Emitter.store_row`)."""
+from __future__ import annotations
+
+from typing import List, Optional
+
+import llvmlite.ir as ir
+
+from ...errors import CuvilError
+from ...ir.dtype import DType
+from ...kernels.schedule import Stage
+from ...kernels.texpr import E, identity_value, nodes
+from ..llvm.emitter import LLVMEmitter
+from ..llvm.types import F16, F32, I8, I64, const_value, ll
+
+_INTRINSICS = {"sqrt", "exp", "log", "sin", "cos", "pow", "floor", "ceil", "roundeven", "fabs"}
+_LIBM = {"tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "erf", "tanh"}
+
+
+class X86Emitter(LLVMEmitter):
+    """The LLVM emitter for host kernels."""
+
+    target = "x86"
+
+    def store_row(self, st: Stage, red: E, outers: List[List[ir.Value]], width):
+        """Row schedule for a reduction over one or several rows (``outers``: each row's outer indices):
+        acc[r][w] accumulates over the reduction loops with w innermost (unit-stride, vectorisable, each
+        element summed in order), then the epilogue stores the rows. Rows of a block share every load that
+        does not depend on the row (a weight row read once for all of them)."""
+        b = self.b
+        kind, vs, extents = red.attr
+        dt = red.dtype
+        t = ll(dt)
+        cap = self.km.at_max(width)
+        acc = self.alloca(t, cap * len(outers))
+        wvar = st.vars[-1].attr
+        init = const_value(identity_value(kind, dt), dt)
+
+        def slot(r, w):
+            return b.gep(acc, [b.add(w, I64(r * cap))] if r else [w], source_etype=t, inbounds=True)
+
+        def with_row(r, fn):
+            """``fn()`` with row r's outer indices bound and its own memo (row-dependent values differ)."""
+            for v, i in zip(st.vars, outers[r]):
+                self.env[v.attr] = i
+            self.memo.append(dict(self.memo[-1]))
+            try:
+                return fn()
+            finally:
+                self.memo.pop()
+
+        width = self.index(width)
+        self.loop_range(I64(0), width, lambda w: [b.store(init, slot(r, w)) for r in range(len(outers))])
+
+        def accumulate(ridx):
+            for v, i in zip(vs, ridx):
+                self.env[v.attr] = i
+
+            def inner(w):
+                self.env[wvar] = w
+                for r in range(len(outers)):
+                    x = with_row(r, lambda: self.emit(red.args[0]))
+                    a = b.load(slot(r, w), typ=t)
+                    b.store(self.combine(kind, a, x, dt), slot(r, w))
+            self.loop_range(I64(0), width, inner)
+        self.loops(list(extents), accumulate)
+
+        def epilogue(w):
+            self.env[wvar] = w
+            for r in range(len(outers)):
+                def store():
+                    self.memo[-1][red.uid] = b.load(slot(r, w), typ=t)
+                    val = self.emit(st.expr)
+                    if st.buf.dtype == DType.BOOL:
+                        val = b.zext(val, I8)
+                    b.store(val, self.address(st.buf, outers[r] + [w]))
+                with_row(r, store)
+        self.loop_range(I64(0), width, epilogue)
+
+
+    def call(self, name: str, args, dt: DType):
+        """LLVM intrinsics where LLVM lowers them inline, libm otherwise; float16 computes in float32."""
+        b = self.b
+        if not dt.is_float:
+            raise CuvilError(f"{self.target} codegen: {name} of {dt.name}")
+        if dt == DType.FLOAT16:
+            wide = [b.fpext(a, F32) for a in args]
+            return b.fptrunc(self.call(name, wide, DType.FLOAT), F16)
+        t = ll(dt)
+        if name in _INTRINSICS:
+            f = self.km.declare(f"llvm.{name}.{'f32' if t == F32 else 'f64'}", t, [t] * len(args))
+        elif name in _LIBM:
+            f = self.km.declare(name + ("f" if t == F32 else ""), t, [t] * len(args))
+        else:
+            raise CuvilError(f"{self.target} codegen: unknown function {name}")
+        return b.call(f, args)
+
+
+ROW_MAX = 16384   # widest row (elements) the row schedule accumulates on the stack
+ROW_BLOCK = 4     # rows accumulated together when they fit in ROW_MAX
+
+
+def row_reduction(st: Stage, at_max=lambda d: d) -> Optional[E]:
+    """The stage's single top-level reduction, when the row schedule applies: rank >= 2, one reduction
+    (not nested in another), and its body reads the last output index (else the row is loop-invariant).
+    The row is accumulated on the stack, sized for the last dim's maximum: rows wider than ROW_MAX take the
+    loop nest (a 4M-wide row was a 16 MB alloca: past the thread's stack and its guard page, a segfault,
+    though every buffer access was proved in bounds)."""
+    if len(st.buf.shape) < 2 or (isinstance(st.buf.shape[-1], int) and st.buf.shape[-1] < 2):
+        return None
+    if st.region is not None and st.region[0] == len(st.buf.shape) - 1:
+        return None
+    if at_max(st.buf.shape[-1]) > ROW_MAX:
+        return None
+    found: List[E] = []
+    seen = set()
+
+    def walk(e: E, inside: bool):
+        if e.uid in seen:
+            return
+        seen.add(e.uid)
+        if e.op == "argscan":
+            found.append(None)
+            return
+        if e.op == "reduce":
+            found.append(None if inside else e)
+            walk(e.args[0], True)
+            return
+        for a in e.args:
+            walk(a, inside)
+    walk(st.expr, False)
+    if len(found) != 1 or found[0] is None:
+        return None
+    red = found[0]
+    last = st.vars[-1].attr
+
+    return red if any(x.op == "var" and x.attr == last for x in nodes(red.args[0])) else None
+
