@@ -9,6 +9,7 @@ from cuvil.cli import main as cli_main
 from cuvil.targets import PTX_TARGET, TARGETS, X86_TARGET, get_target, make_options
 from cuvil.targets.ptx.target import PtxOptions
 from cuvil.targets.x86.target import X86Options
+from cuvil.testing.conv_models import conv_relu_model
 
 DEMO = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src", "cuvil", "data",
                     "demo_cnn.onnx")
@@ -81,3 +82,15 @@ def test_a_failed_build_leaves_no_cache_entry(tmp_path, monkeypatch):
     with cache_entry("k2", "libx.so") as out:
         open(out, "w").close()
     assert cached_path("k2", "libx.so") == str(tmp_path / "artifacts" / "k2" / "libx.so")
+
+
+def test_gpu_switches_reach_the_kernels():
+    """PtxOptions.unpadded and fused_splitk (once module switches benchmarks flipped) reach the GPU schedule
+    and code generator, and are part of the cache key."""
+    demo = Pipeline.from_onnx(DEMO).optimize()
+    padded, unpadded = demo.compile(PTX_TARGET, unpadded=False), demo.compile(PTX_TARGET)
+    assert padded.path != unpadded.path and padded.manifest["kernels"] > unpadded.manifest["kernels"]
+    conv = Pipeline.from_onnx(conv_relu_model((1, 256, 7, 7), (256, 256, 3, 3))).optimize()
+    fused = conv.compile(options=PtxOptions(fused_splitk=True), cache=False)
+    split = conv.compile(options=PtxOptions(), cache=False)
+    assert fused.manifest["kernels"] == 1 and split.manifest["kernels"] == 2    # no separate sum kernel
