@@ -43,3 +43,12 @@ def test_readme_python_example_runs(monkeypatch):
     (code,) = [b for b in blocks("README.md", "python") if "Pipeline.from_onnx" in b][:1]
     monkeypatch.chdir(ROOT)
     exec(compile(code, "README.md", "exec"), {})
+
+
+def test_targets_python_example_runs(monkeypatch, capsys):
+    (code,) = blocks("docs/targets.md", "python")
+    monkeypatch.chdir(ROOT)
+    exec(compile(code, "docs/targets.md", "exec"), {})
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "sm_80 False"
+    assert out[1].startswith("arch is an option of the nvptx64-nvidia-cuda target only, not of x86_64-linux-gnu")

@@ -16,7 +16,7 @@ from cuvil.frontend.onnx_export import export_model
 from cuvil.ir.dtype import DType
 from cuvil.ir.graph import Graph
 from cuvil.ir.types import TensorType
-from cuvil.pipeline import _applied_rules
+from cuvil.rewrite_rules.proved_rewrite import applied_rules
 from cuvil.rewrite_rules.generic import GenericResult
 from cuvil.reference import run_reference
 from cuvil.rewrite_rules.prove import RuleRejectedError, Verdict, prove_rule, rule_key
@@ -137,7 +137,7 @@ def test_bounded_exact_sum_rule_needs_the_opt_in(tmp_path):
     assert p.optimize(rules=rule, builtin=False).report.applied["my_gap"] == 0
     opt = p.optimize(rules=rule, builtin=False, allow_bounded=True)
     assert opt.report.applied["my_gap"] == 1
-    record = _applied_rules(opt.report)["my_gap"]
+    record = applied_rules(opt.report)["my_gap"]
     assert record["verdict"] == "bounded" and record["coverage"].startswith("checked on ")
     assert record["dtypes"] == ["float"]
 

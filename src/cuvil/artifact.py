@@ -1,85 +1,28 @@
-"""Compiled artifacts: ``Pipeline.compile`` returns an :class:`Artifact` (a built ``libNAME.so`` with its
-header and manifest); :func:`load` opens any saved library in any process, through ctypes.
+"""Compiled artifacts: what :meth:`cuvil.Pipeline.compile` returns (an :class:`Artifact`, ``libNAME.so``
+with its header and manifest; a :class:`Bundle`, ``NAME.cuvil/``), :func:`load` to open any saved one in
+any process, and the content-addressed artifact cache.
 
-Artifacts are cached by content: the graph's structural hash, the constants, the compile options and the
-Cuvil version. Compiling the same model twice (tests, notebooks) reuses the library.
+The cache stores and returns files only: :meth:`Pipeline.compile` computes an entry's key
+(:func:`cache_key`: the graph's structural hash, the options, the Cuvil version and a digest of the code
+generator's sources), looks the entry up (:func:`cached_path`) and, on a miss, has the target build into a
+fresh directory that :func:`cache_entry` moves into the cache atomically. Compiling the same model twice
+(tests, notebooks) reuses the library.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
-import json
 import os
 import shutil
 import tempfile
-from typing import Dict, Mapping, Optional, Sequence, Union
-
-import numpy as np
+import warnings
+from typing import Iterator, Optional, Sequence, Union
 
 from .errors import CuvilError
-from .targets.x86.link import write_library
-from .targets.x86.loader import Model
+from .targets.ptx.artifact import Bundle
+from .targets.ptx.runtime import NoGpuError, load_bundle
+from .targets.x86.artifact import Artifact
 from .targets.x86.loader import load as _load_so
-
-X86_TARGET = "x86_64-linux-gnu"
-PTX_TARGET = "nvptx64-nvidia-cuda"
-
-
-def artifact_cache_dir() -> str:
-    base = os.environ.get("CUVIL_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "cuvil")
-    return os.path.join(base, "artifacts")
-
-
-def _sidecars(so_path: str) -> Dict[str, str]:
-    base = os.path.splitext(so_path)[0]
-    return {"h": base + ".h", "manifest": base + ".manifest.json"}
-
-
-class Artifact:
-    """A compiled model: ``.path`` (the .so), ``.manifest``; ``.save(path)``, ``.run(inputs)``."""
-
-    def __init__(self, so_path: str, manifest: dict, cached: bool = False):
-        self.path, self.manifest, self.cached = so_path, manifest, cached
-        self._model: Optional[Model] = None
-
-    @property
-    def header_path(self) -> str:
-        return _sidecars(self.path)["h"]
-
-    def save(self, path: Union[str, os.PathLike]) -> str:
-        """Copy the library, its header and manifest to ``path`` (``DIR/libNAME.so`` or a directory)."""
-        path = os.fspath(path)
-        if os.path.isdir(path) or path.endswith(os.sep):
-            path = os.path.join(path, os.path.basename(self.path))
-        if not path.endswith(".so"):
-            raise CuvilError(f"{path}: an x86 artifact is saved as DIR/libNAME.so")
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        if os.path.exists(path) and os.path.samefile(self.path, path):
-            return path                                 # already there, with its header and manifest
-        write_library(self.path, path)                  # 2 MiB writes: a first run as fast as later ones
-        for key, src in _sidecars(self.path).items():
-            shutil.copyfile(src, _sidecars(path)[key])
-        return path
-
-    def model(self, num_threads: int = 0) -> Model:
-        """The loaded library (loaded once); ``num_threads`` (0 = all cores) becomes the default of its
-        ``run`` from this call on: ``art.model(num_threads=2)`` after ``art.model()`` runs on two threads."""
-        m = self._loaded(num_threads)
-        m.num_threads = num_threads
-        return m
-
-    def _loaded(self, num_threads: int = 0) -> Model:
-        if self._model is None:
-            self._model = _load_so(self.path, num_threads=num_threads)
-        return self._model
-
-    def run(self, inputs: Union[Mapping[str, np.ndarray], Sequence[np.ndarray]], num_threads: Optional[int] = None) -> Dict[str, np.ndarray]:
-        """Run the native library; returns outputs by name."""
-        m = self._loaded()
-        outs = m.run(**inputs, num_threads=num_threads) if isinstance(inputs, Mapping) else m.run(*inputs, num_threads=num_threads)
-        return {spec.name: arr for spec, arr in zip(m.outputs, outs)}
-
-    def __repr__(self):
-        return f"<Artifact {self.path} ({self.manifest.get('kernels')} kernels)>"
 
 
 def load(path: Union[str, os.PathLike], num_threads: int = 0, fallback: Union[str, os.PathLike, None] = None, **gpu):
@@ -89,13 +32,11 @@ def load(path: Union[str, os.PathLike], num_threads: int = 0, fallback: Union[st
     warning."""
     path = os.fspath(path)
     if os.path.isdir(path) or path.rstrip(os.sep).endswith(".cuvil"):
-        from .targets.ptx.runtime import NoGpuError, load_bundle
         try:
             return load_bundle(path, **gpu)
         except NoGpuError as e:
             if fallback is None:
                 raise
-            import warnings
             warnings.warn(f"{path}: {e}; running the x86 artifact {os.fspath(fallback)} instead", RuntimeWarning,
                           stacklevel=2)
             return load(fallback, num_threads=num_threads)
@@ -106,47 +47,9 @@ def load(path: Union[str, os.PathLike], num_threads: int = 0, fallback: Union[st
     return _load_so(path, num_threads=num_threads)
 
 
-class Bundle:
-    """A compiled GPU model: ``.path`` (the ``NAME.cuvil/`` directory), ``.manifest``; ``.save(path)``,
-    ``.model()`` (needs a CUDA driver and GPU), ``.run(inputs)``."""
-
-    def __init__(self, path: str, manifest: dict, cached: bool = False):
-        self.path, self.manifest, self.cached = path, manifest, cached
-        self._model = None
-
-    def save(self, path: Union[str, os.PathLike]) -> str:
-        """Copy the bundle directory to ``path`` (``DIR/NAME.cuvil``; an existing bundle there is replaced)."""
-        path = os.fspath(path).rstrip(os.sep)
-        if not path.endswith(".cuvil"):
-            raise CuvilError(f"{path}: a GPU bundle is saved as DIR/NAME.cuvil")
-        if os.path.exists(path):
-            if not os.path.isfile(os.path.join(path, "plan.json")):
-                raise CuvilError(f"{path} exists and is not a GPU bundle; not replacing it")
-            shutil.rmtree(path)
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        shutil.copytree(self.path, path)
-        return path
-
-    def model(self, **gpu):
-        if self._model is None:
-            from .targets.ptx.runtime import load_bundle
-            self._model = load_bundle(self.path, **gpu)
-        return self._model
-
-    def run(self, inputs: Union[Mapping[str, np.ndarray], Sequence[np.ndarray]]) -> Dict[str, np.ndarray]:
-        """Run on the GPU; returns outputs by name."""
-        m = self.model()
-        outs = m.run(**inputs) if isinstance(inputs, Mapping) else m.run(*inputs)
-        return {spec.name: arr for spec, arr in zip(m.outputs, outs)}
-
-    def __repr__(self):
-        return f"<Bundle {self.path} ({self.manifest.get('kernels')} kernels, {self.manifest['target']['arch']})>"
-
-
-def build_cached_bundle(key: str, name: str, build) -> Bundle:
-    """The cached bundle for ``key``, or ``build(bundle_dir) -> manifest`` (see :func:`_cached_build`)."""
-    path, manifest, cached = _cached_build(key, f"{name}.cuvil", lambda p: os.path.join(p, "manifest.json"), build)
-    return Bundle(path, manifest, cached=cached)
+def artifact_cache_dir() -> str:
+    base = os.environ.get("CUVIL_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "cuvil")
+    return os.path.join(base, "artifacts")
 
 
 def _compiler_digest() -> str:
@@ -176,25 +79,23 @@ def cache_key(parts: Sequence[str]) -> str:
     return h.hexdigest()[:40]
 
 
-def build_cached(key: str, prefix: str, build) -> Artifact:
-    """The cached artifact for ``key``, or ``build(so_path) -> manifest`` (see :func:`_cached_build`)."""
-    path, manifest, cached = _cached_build(key, f"lib{prefix}.so", lambda p: _sidecars(p)["manifest"], build)
-    return Artifact(path, manifest, cached=cached)
+def cached_path(key: str, name: str) -> Optional[str]:
+    """Where cache entry ``key`` keeps ``name`` (``libNAME.so``, ``NAME.cuvil``), if the entry exists. Entries
+    appear whole (:func:`cache_entry`), so one that exists is complete."""
+    path = os.path.join(artifact_cache_dir(), key, name)
+    return path if os.path.exists(path) else None
 
 
-def _cached_build(key: str, name: str, manifest_of, build):
-    """``(path, manifest, cached)`` of cache entry ``key``'s ``name``: read back when its manifest exists, else
-    ``build(path) -> manifest`` run in a fresh directory that is then renamed into the cache atomically (a
-    concurrent builder of the same key wins; ours is discarded)."""
+@contextlib.contextmanager
+def cache_entry(key: str, name: str) -> Iterator[str]:
+    """Yields the path to build ``name`` at, in a fresh directory of the cache; when the block succeeds, the
+    directory becomes entry ``key`` (one atomic rename: a concurrent builder of the same key wins and ours is
+    discarded), where :func:`cached_path` finds it. When the block fails, the directory is removed."""
     root = artifact_cache_dir()
-    path = os.path.join(root, key, name)
-    if os.path.exists(path) and os.path.isfile(manifest_of(path)):
-        with open(manifest_of(path)) as f:
-            return path, json.load(f), True
     os.makedirs(root, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".build-", dir=root)
     try:
-        manifest = build(os.path.join(tmp, name))
+        yield os.path.join(tmp, name)
         try:
             os.rename(tmp, os.path.join(root, key))
         except OSError:  # another process built it meanwhile
@@ -202,4 +103,6 @@ def _cached_build(key: str, name: str, manifest_of, build):
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return path, manifest, False
+
+
+__all__ = ["Artifact", "Bundle", "load", "artifact_cache_dir", "cache_key", "cached_path", "cache_entry"]

@@ -13,15 +13,17 @@ import onnx
 import onnx.defs
 
 from . import bench
-from .artifact import PTX_TARGET, load
+from .artifact import load
 from .dsl.parser import load_rules
 from .errors import CuvilError
 from .ir.constraints import check_constraints, dim_ranges
 from .ir.dim import evaluate
 from .kernels.support import support_matrix
 from .kernels.kernel_rules import builtin_kernel_rules
-from .pipeline import Pipeline, _applied_rules
+from .pipeline import Pipeline
+from .rewrite_rules.proved_rewrite import applied_rules
 from .rewrite_rules.verdicts import builtin_rules_dir, verdicts, write_shipped
+from .targets import PTX_TARGET, get_target, make_options
 from .testing.models import LIGHT_MODELS, light_model
 from .verify import NATIVE_RTOL, verify, verify_artifact
 from .version import __version__
@@ -104,7 +106,7 @@ def cmd_demo(args) -> int:
     print(f"optimized  {len(opt.graph.nodes):3} nodes in {1e3 * (t2 - t1):4.0f} ms: "
           + ", ".join(f"{k} {v}" for k, v in after.op_histogram.items()))
     fired = ", ".join(f"{k} x{r['applied']} (prove {r['obligation']}: {r['verdict']})"
-                      for k, r in _applied_rules(opt.report).items())
+                      for k, r in applied_rules(opt.report).items())
     print(f"rules fired (each checked by Z3 before running; verdict after the colon): {fired}")
     print(f"parameters {after.parameters:,}; {_fmt_count(after.flops)} FLOPs per inference")
     batch = 2
@@ -257,7 +259,8 @@ def _parse_fixed(items) -> dict:
 
 
 def cmd_compile(args) -> int:
-    if args.target == PTX_TARGET:
+    target = get_target(args.target)   # an unknown target fails before the model is read
+    if target.triple == PTX_TARGET:
         return _compile_gpu_bundle(args)
     if args.enable_fp16:
         raise CuvilError(f"--enable-fp16 is supported for --target {PTX_TARGET} only; {args.target} computes float32")
@@ -267,10 +270,11 @@ def cmd_compile(args) -> int:
         raise CuvilError(f"--register-pass applies to --target {PTX_TARGET} only (GPU registers)")
     if not args.output.endswith(".so"):
         raise CuvilError(f"--output must name DIR/libNAME.so, got {args.output!r}")
-    level, progress, p = _import_and_optimize(args)
-    art = p.compile(args.target, level, cpu=args.cpu, prefix=args.prefix, fixed=_parse_fixed(args.fix),
-                    progress=progress, shape_profiles=_parse_profiles(args.shape_profile) or None,
-                    winograd=not args.no_winograd)
+    options = make_options(args.target, opt_level=_opt_level(args), cpu=args.cpu, prefix=args.prefix,
+                           winograd=not args.no_winograd)
+    progress, p = _import_and_optimize(args)
+    art = p.compile(options=options, fixed=_parse_fixed(args.fix), progress=progress,
+                    shape_profiles=_parse_profiles(args.shape_profile) or None)
     out = art.save(args.output)
     m = art.manifest
     base = os.path.splitext(out)[0]
@@ -290,17 +294,21 @@ def cmd_compile(args) -> int:
     return 0
 
 
-def _import_and_optimize(args):
-    """The steps both compile targets share: the opt level, a timed progress printer, import and optimize."""
+def _opt_level(args) -> int:
     level = {"O0": 0, "O1": 1, "O2": 2, "O3": 3}.get(args.opt_level.upper())
     if level is None:
         raise CuvilError(f"--opt-level takes O0, O1, O2 or O3, got {args.opt_level!r}")
+    return level
+
+
+def _import_and_optimize(args):
+    """The steps both compile targets share: a timed progress printer, import and optimize."""
     t0 = time.perf_counter()
     progress = (lambda msg: print(f"[{time.perf_counter() - t0:6.1f}s] {msg}", file=sys.stderr, flush=True))
     progress(f"importing {args.input}")
     p = Pipeline.from_onnx(args.input)
     progress(f"optimizing {len(p.graph.nodes)} nodes")
-    return level, progress, p.optimize(rules=args.rules or None, allow_bounded=args.allow_bounded_rules)
+    return progress, p.optimize(rules=args.rules or None, allow_bounded=args.allow_bounded_rules)
 
 
 def _compile_gpu_bundle(args) -> int:
@@ -310,15 +318,16 @@ def _compile_gpu_bundle(args) -> int:
         raise CuvilError(f"--output must name DIR/NAME.cuvil for --target {args.target}, got {args.output!r}")
     if args.cpu:
         raise CuvilError("--cpu applies to the x86 target; use --arch for GPUs")
-    level, progress, p = _import_and_optimize(args)
     kernel_rules = None   # the built-in ones; plus any `on kernel` rules in the --rules files
     if args.rules:
         mine = [r for r in load_rules(args.rules) if r.on == "kernel"]
         kernel_rules = builtin_kernel_rules() + mine if mine else None
-    bundle = p.compile(args.target, level, prefix=args.prefix, fixed=_parse_fixed(args.fix), progress=progress,
-                       arch=args.arch, fma=not args.no_fma, enable_fp16=args.enable_fp16, kernel_rules=kernel_rules,
-                       shape_profiles=_parse_profiles(args.shape_profile) or None,
-                       register_pass=args.register_pass)
+    options = make_options(args.target, opt_level=_opt_level(args), prefix=args.prefix, arch=args.arch,
+                           fma=not args.no_fma, enable_fp16=args.enable_fp16, kernel_rules=kernel_rules,
+                           register_pass=args.register_pass)
+    progress, p = _import_and_optimize(args)
+    bundle = p.compile(options=options, fixed=_parse_fixed(args.fix), progress=progress,
+                       shape_profiles=_parse_profiles(args.shape_profile) or None)
     out = bundle.save(out_path)
     m = bundle.manifest
     regs = [k["registers"] for k in ((m.get("ptxas") or {}).get("kernels") or {}).values() if k.get("registers")]

@@ -37,10 +37,10 @@ from typing import Dict, Iterator, List, Optional, Tuple
 import attrs
 import llvmlite.binding as llvm
 
-from ..artifact import PTX_TARGET, X86_TARGET
 from ..kernels.schedule import Schedule, Stage
 from ..kernels.texpr import E, Buf
 from ..pipeline import Pipeline
+from ..targets import PTX_TARGET, X86_TARGET
 from ..targets.ptx import bundle as ptx_bundle
 from ..targets.x86 import compile as x86_compile
 from .models import light_model, transformer_block

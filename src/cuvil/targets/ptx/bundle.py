@@ -20,9 +20,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import subprocess
 import time
 from typing import Callable, Optional
-
 
 from ...errors import CuvilError
 from ...ir.dtype import DType
@@ -31,6 +31,7 @@ from ...kernels.schedule import ARENA, WEIGHTS
 from ...version import __version__
 from .codegen import TRIPLE, build_ptx, gpu_schedule
 from .ptxas import PtxasError, assemble, find_ptxas
+from .regpressure import relieve
 from .tuning import DEFAULT_TUNING, PtxTuning
 
 BUNDLE_SUFFIX = ".cuvil"
@@ -44,7 +45,6 @@ def _io(bufs) -> list:
 
 
 def _ptxas_version(exe: str) -> Optional[str]:
-    import subprocess
     try:
         out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
@@ -106,7 +106,6 @@ def compile_bundle(g: Graph, out_dir: str, *, arch: str = "sm_90", opt_level: in
         try:
             cubin, info = assemble(ptx, arch, exe, jobs=0)
             if register_pass and narrow_index is not True:
-                from .regpressure import relieve
                 ptx2, cubin2, info2, rp_report = relieve(ptx, descs, info, arch,
                                                          lambda text: assemble(text, arch, exe, jobs=0), sms=sms,
                                                          max_spill=max_spill)

@@ -12,7 +12,6 @@ import tempfile
 import time
 from typing import Callable, Optional
 
-
 from ...errors import CuvilError
 from ...ir.graph import Graph
 from ...kernels.bounds import BoundsProver, Certificate, prove_schedule

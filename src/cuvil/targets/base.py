@@ -1,0 +1,110 @@
+"""The interface every code generation target implements, and the option objects targets take.
+
+A target turns an optimised graph into an artifact in three steps, which :meth:`cuvil.Pipeline.compile` runs
+in order with the artifact cache between the first and the second:
+
+* ``plan(graph, options, profiles)``: cheap, before the cache is looked at. Checks what the options can only
+  be checked against the target (a GPU architecture), resolves them (the kernel rules that may run) and
+  returns a :class:`BuildPlan` whose ``key_parts`` are what the artifact depends on besides the graph.
+* ``emit(plan, path, manifest_extra, progress)``: only on a cache miss. The target's own graph passes (x86:
+  the algorithm choices, the opt-point specialisation), scheduling, code generation and then linking (x86,
+  ``cc``) or assembling (PTX, ``ptxas``) into ``path``; returns the manifest it wrote.
+* ``load(path, manifest, cached)``: the artifact object for what ``emit`` wrote (now or on an earlier run).
+
+A target is one folder under ``cuvil/targets/`` with a ``target.py`` defining ``TARGET`` (an object with the
+attributes of :class:`Target`) and its option class, plus one row in :data:`cuvil.targets.TARGETS`.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, ClassVar, Dict, List, Mapping, Optional, Protocol, Tuple, Type
+
+import attrs
+
+from ..errors import CuvilError
+from ..ir.graph import Graph
+
+Progress = Optional[Callable[[str], None]]
+
+
+class TargetOptions:
+    """Base of the per-target option classes (made with :func:`target_options`): frozen, keyword-only, and
+    checked when built (an unknown option or a wrong value is a :class:`CuvilError` naming it)."""
+
+    triple: ClassVar[str]
+
+    @classmethod
+    def names(cls) -> Tuple[str, ...]:
+        return tuple(f.name for f in attrs.fields(cls))
+
+    def replace(self, **changes) -> "TargetOptions":
+        """A copy with ``changes`` applied (checked like the constructor's keywords)."""
+        return type(self)(**{**attrs.asdict(self, recurse=False), **changes})
+
+
+def target_options(triple: str):
+    """Class decorator: an attrs frozen, keyword-only option class of target ``triple``; its constructor
+    refuses unknown keywords with a :class:`CuvilError` listing the valid ones."""
+    def make(cls):
+        cls.triple = triple
+        cls = attrs.frozen(kw_only=True)(cls)
+        init = cls.__init__
+
+        @functools.wraps(init)
+        def checked_init(self, **kw):
+            unknown = sorted(set(kw) - set(cls.names()))
+            if unknown:
+                raise CuvilError(f"{cls.__name__}: unknown option{'s' if len(unknown) > 1 else ''} "
+                                 f"{', '.join(unknown)}; the options of {triple} are {', '.join(cls.names())}")
+            init(self, **kw)
+        cls.__init__ = checked_init
+        return cls
+    return make
+
+
+def check(accepts: Callable[[Any], bool], expected: str):
+    """An attrs validator raising a :class:`CuvilError` that names the option, what it takes and what it got."""
+    def validate(inst, attribute, value):
+        if not accepts(value):
+            raise CuvilError(f"{type(inst).__name__}.{attribute.name} takes {expected}, got {value!r}")
+    return validate
+
+
+def is_bool(v) -> bool:
+    return isinstance(v, bool)
+
+
+def is_opt_level(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v in (0, 1, 2, 3)
+
+
+def is_name(v) -> bool:
+    """A non-empty string (a prefix, an architecture name)."""
+    return isinstance(v, str) and bool(v)
+
+
+@attrs.frozen
+class BuildPlan:
+    """What ``plan`` resolved and ``emit`` builds from: the graph, the options, the cache-key parts of the
+    options as resolved (``key_parts``), the artifact's file or directory name, and target-specific data."""
+    graph: Graph
+    options: TargetOptions
+    artifact_name: str
+    key_parts: List[str]
+    extra: Mapping[str, Any] = attrs.field(factory=dict)
+
+
+class Target(Protocol):
+    """A code generation target: see the module docstring for the three steps."""
+
+    triple: str
+    options_type: Type[TargetOptions]
+    #: True: symbolic dims stay symbolic (one artifact serves a shape profile); False: every symbol is
+    #: specialised before ``plan`` (to the given value, else its opt, else its min).
+    keeps_symbols: bool
+
+    def plan(self, graph: Graph, options: TargetOptions, profiles: Dict[str, list]) -> BuildPlan: ...
+
+    def emit(self, plan: BuildPlan, path: str, manifest_extra: dict, progress: Progress) -> dict: ...
+
+    def load(self, path: str, manifest: Optional[dict] = None, cached: bool = False): ...

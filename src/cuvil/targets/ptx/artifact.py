@@ -1,0 +1,48 @@
+"""The GPU artifact as :meth:`cuvil.Pipeline.compile` returns it: a bundle directory ``NAME.cuvil/``
+(:mod:`cuvil.targets.ptx.bundle`) with its manifest, saved and run from Python."""
+from __future__ import annotations
+
+import os
+import shutil
+from typing import Dict, Mapping, Sequence, Union
+
+import numpy as np
+
+from ...errors import CuvilError
+from .runtime import load_bundle
+
+
+class Bundle:
+    """A compiled GPU model: ``.path`` (the ``NAME.cuvil/`` directory), ``.manifest``; ``.save(path)``,
+    ``.model()`` (needs a CUDA driver and GPU), ``.run(inputs)``."""
+
+    def __init__(self, path: str, manifest: dict, cached: bool = False):
+        self.path, self.manifest, self.cached = path, manifest, cached
+        self._model = None
+
+    def save(self, path: Union[str, os.PathLike]) -> str:
+        """Copy the bundle directory to ``path`` (``DIR/NAME.cuvil``; an existing bundle there is replaced)."""
+        path = os.fspath(path).rstrip(os.sep)
+        if not path.endswith(".cuvil"):
+            raise CuvilError(f"{path}: a GPU bundle is saved as DIR/NAME.cuvil")
+        if os.path.exists(path):
+            if not os.path.isfile(os.path.join(path, "plan.json")):
+                raise CuvilError(f"{path} exists and is not a GPU bundle; not replacing it")
+            shutil.rmtree(path)
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        shutil.copytree(self.path, path)
+        return path
+
+    def model(self, **gpu):
+        if self._model is None:
+            self._model = load_bundle(self.path, **gpu)
+        return self._model
+
+    def run(self, inputs: Union[Mapping[str, np.ndarray], Sequence[np.ndarray]]) -> Dict[str, np.ndarray]:
+        """Run on the GPU; returns outputs by name."""
+        m = self.model()
+        outs = m.run(**inputs) if isinstance(inputs, Mapping) else m.run(*inputs)
+        return {spec.name: arr for spec, arr in zip(m.outputs, outs)}
+
+    def __repr__(self):
+        return f"<Bundle {self.path} ({self.manifest.get('kernels')} kernels, {self.manifest['target']['arch']})>"

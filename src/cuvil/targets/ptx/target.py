@@ -1,0 +1,79 @@
+"""The GPU target (``nvptx64-nvidia-cuda``): its options and the steps of :class:`cuvil.targets.base.Target`
+(``plan``, ``emit``, ``load``) over :func:`compile_bundle`. The bundle is built without a GPU."""
+from __future__ import annotations
+
+from typing import Dict, Optional, Sequence, Union
+
+import attrs
+
+from ...dsl.ast import Rule
+from ...ir.graph import Graph
+from ...kernels.kernel_rules import select_kernel_rules
+from .. import PTX_TARGET
+from ..base import BuildPlan, Progress, TargetOptions, check, is_bool, is_name, is_opt_level, target_options
+from .artifact import Bundle
+from .bundle import compile_bundle, read_bundle
+from .codegen import target_machine
+
+
+def _is_kernel_rules(v) -> bool:
+    return v is None or v is False or (isinstance(v, (list, tuple)) and all(isinstance(r, Rule) for r in v))
+
+
+@target_options(PTX_TARGET)
+class PtxOptions(TargetOptions):
+    """Options of the GPU target.
+
+    ``opt_level`` 0-3; ``arch``: the GPU architecture the PTX (and the cubin, where ptxas is installed) is
+    for; ``prefix``: the bundle's name (``PREFIX.cuvil``) and its kernels' prefix. ``fma`` (default on) lets
+    the proved ``prove real`` kernel rules contract ``a * b + c`` into fused multiply-adds (off: every
+    operation rounds separately); ``kernel_rules`` replaces the built-in ``on kernel`` rules (``[]`` or
+    False: none); ``enable_fp16`` computes float32 tensors in float16 (inputs and outputs stay float32,
+    reductions accumulate in float32); ``register_pass`` (opt-in, needs ptxas): register-limited kernels that
+    run in several waves get a register cap where one saves a wave and ptxas meets it without spilling
+    (:mod:`cuvil.targets.ptx.regpressure`; measured no faster on an H200, so off by default). ``unpadded``
+    (default on): a padded convolution reads its input unpadded, testing bounds, instead of a padded copy
+    (:func:`~cuvil.targets.ptx.codegen.gpu_schedule`); ``fused_splitk`` (default off, measured slower): the
+    last slice of a split-K convolution tile adds the partials instead of a separate sum kernel.
+    """
+
+    opt_level: int = attrs.field(default=3, validator=check(is_opt_level, "0, 1, 2 or 3"))
+    arch: str = attrs.field(default="sm_90", validator=check(is_name, "a GPU architecture such as sm_80 or sm_90"))
+    prefix: str = attrs.field(default="cuvil", validator=check(is_name, "a non-empty name"))
+    fma: bool = attrs.field(default=True, validator=check(is_bool, "True or False"))
+    enable_fp16: bool = attrs.field(default=False, validator=check(is_bool, "True or False"))
+    kernel_rules: Union[None, bool, Sequence[Rule]] = attrs.field(default=None, validator=check(
+        _is_kernel_rules, "None (the built-in kernel rules), False (none) or a list of rules"))
+    register_pass: bool = attrs.field(default=False, validator=check(is_bool, "True or False"))
+    unpadded: bool = attrs.field(default=True, validator=check(is_bool, "True or False"))
+    fused_splitk: bool = attrs.field(default=False, validator=check(is_bool, "True or False"))
+
+
+class PtxTarget:
+    """``PREFIX.cuvil/``: PTX, cubin where ptxas is installed, weights, launch plan, manifest; every symbol
+    is specialised (to ``fixed``, else its opt, else its min)."""
+
+    triple = PTX_TARGET
+    options_type = PtxOptions
+    keeps_symbols = False
+
+    def plan(self, graph: Graph, options: PtxOptions, profiles: Dict[str, list]) -> BuildPlan:
+        target_machine(options.arch)   # a bad arch fails before any work
+        krules = [] if options.kernel_rules is False else select_kernel_rules(options.kernel_rules, fma=options.fma)
+        key = [str(options.opt_level), options.arch, options.prefix, f"fma={options.fma}",
+               f"fp16={options.enable_fp16}", f"register_pass={options.register_pass}",
+               f"unpadded={options.unpadded}", f"fused_splitk={options.fused_splitk}"] + [r.text or r.name for r in krules]
+        return BuildPlan(graph, options, f"{options.prefix}.cuvil", key, {"kernel_rules": krules})
+
+    def emit(self, plan: BuildPlan, path: str, manifest_extra: dict, progress: Progress) -> dict:
+        o: PtxOptions = plan.options
+        return compile_bundle(plan.graph, path, arch=o.arch, opt_level=o.opt_level, prefix=o.prefix, fma=o.fma,
+                              kernel_rules=plan.extra["kernel_rules"], enable_fp16=o.enable_fp16,
+                              register_pass=o.register_pass, unpadded=o.unpadded, fused_splitk=o.fused_splitk,
+                              manifest_extra=manifest_extra, progress=progress)
+
+    def load(self, path: str, manifest: Optional[dict] = None, cached: bool = False) -> Bundle:
+        return Bundle(path, read_bundle(path)[1] if manifest is None else manifest, cached=cached)
+
+
+TARGET = PtxTarget()

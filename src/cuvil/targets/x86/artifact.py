@@ -1,0 +1,67 @@
+"""The x86 artifact: a built ``libNAME.so`` with its header ``libNAME.h`` and manifest
+``libNAME.manifest.json`` beside it, as :meth:`cuvil.Pipeline.compile` returns it."""
+from __future__ import annotations
+
+import os
+import shutil
+from typing import Dict, Mapping, Optional, Sequence, Union
+
+import numpy as np
+
+from ...errors import CuvilError
+from .link import write_library
+from .loader import Model, load
+
+
+def sidecars(so_path: str) -> Dict[str, str]:
+    """The files that travel with ``libNAME.so``: its header and its manifest."""
+    base = os.path.splitext(so_path)[0]
+    return {"h": base + ".h", "manifest": base + ".manifest.json"}
+
+
+class Artifact:
+    """A compiled model: ``.path`` (the .so), ``.manifest``; ``.save(path)``, ``.run(inputs)``."""
+
+    def __init__(self, so_path: str, manifest: dict, cached: bool = False):
+        self.path, self.manifest, self.cached = so_path, manifest, cached
+        self._model: Optional[Model] = None
+
+    @property
+    def header_path(self) -> str:
+        return sidecars(self.path)["h"]
+
+    def save(self, path: Union[str, os.PathLike]) -> str:
+        """Copy the library, its header and manifest to ``path`` (``DIR/libNAME.so`` or a directory)."""
+        path = os.fspath(path)
+        if os.path.isdir(path) or path.endswith(os.sep):
+            path = os.path.join(path, os.path.basename(self.path))
+        if not path.endswith(".so"):
+            raise CuvilError(f"{path}: an x86 artifact is saved as DIR/libNAME.so")
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        if os.path.exists(path) and os.path.samefile(self.path, path):
+            return path                                 # already there, with its header and manifest
+        write_library(self.path, path)                  # 2 MiB writes: a first run as fast as later ones
+        for key, src in sidecars(self.path).items():
+            shutil.copyfile(src, sidecars(path)[key])
+        return path
+
+    def model(self, num_threads: int = 0) -> Model:
+        """The loaded library (loaded once); ``num_threads`` (0 = all cores) becomes the default of its
+        ``run`` from this call on: ``art.model(num_threads=2)`` after ``art.model()`` runs on two threads."""
+        m = self._loaded(num_threads)
+        m.num_threads = num_threads
+        return m
+
+    def _loaded(self, num_threads: int = 0) -> Model:
+        if self._model is None:
+            self._model = load(self.path, num_threads=num_threads)
+        return self._model
+
+    def run(self, inputs: Union[Mapping[str, np.ndarray], Sequence[np.ndarray]], num_threads: Optional[int] = None) -> Dict[str, np.ndarray]:
+        """Run the native library; returns outputs by name."""
+        m = self._loaded()
+        outs = m.run(**inputs, num_threads=num_threads) if isinstance(inputs, Mapping) else m.run(*inputs, num_threads=num_threads)
+        return {spec.name: arr for spec, arr in zip(m.outputs, outs)}
+
+    def __repr__(self):
+        return f"<Artifact {self.path} ({self.manifest.get('kernels')} kernels)>"

@@ -1,0 +1,103 @@
+"""The x86-64 target (``x86_64-linux-gnu``): its options, its algorithm choices, and the steps of
+:class:`cuvil.targets.base.Target` (``plan``, ``emit``, ``load``) over :func:`compile_x86`."""
+from __future__ import annotations
+
+import json
+import os
+from typing import Dict, Optional, Tuple
+
+import attrs
+
+from ...errors import CuvilError
+from ...ir.graph import Graph
+from ...rewrite_rules.engine import RewriteReport
+from ...rewrite_rules.proved_rewrite import applied_rules, proved_rewrite
+from ...rewrite_rules.specialize import specialize_graph
+from ...rewrite_rules.verdicts import builtin_rules
+from .. import X86_TARGET
+from ..base import BuildPlan, Progress, TargetOptions, check, is_bool, is_opt_level, target_options
+from .artifact import Artifact, sidecars
+from .choose import accepter
+from .codegen import host_target, vector_bits
+from .compile import compile_x86
+from .gemm import tile_shapes
+from .model_info import is_c_identifier
+
+
+@target_options(X86_TARGET)
+class X86Options(TargetOptions):
+    """Options of the x86 target.
+
+    ``opt_level`` 0-3; ``cpu``: the LLVM CPU name to generate for (None: this machine's); ``prefix``: the C
+    ABI's symbol prefix and the library's name (``libPREFIX.so``). ``opt_kernels`` (default on): for models
+    with symbolic dims, a second set of kernels specialised for the opt point (every symbol at its opt,
+    else its min) is linked in and runs when a call's shapes are exactly that point. ``winograd`` (O2 and
+    O3, default on): stride-1 3x3 convolutions become Winograd convolutions (proved ``on x86`` rules,
+    rules/winograd.rule) where the x86 cost model expects them to be faster; they round differently from
+    direct convolution, so ``winograd=False`` keeps direct convolutions. ``max_arena_bytes``: the largest
+    arena a library may reserve (default :data:`cuvil.targets.x86.compile.MAX_ARENA_BYTES`, or the
+    ``CUVIL_MAX_ARENA_BYTES`` environment variable).
+    """
+
+    opt_level: int = attrs.field(default=3, validator=check(is_opt_level, "0, 1, 2 or 3"))
+    cpu: Optional[str] = attrs.field(default=None, validator=check(
+        lambda v: v is None or (isinstance(v, str) and bool(v)), "an LLVM CPU name, or None for this machine's"))
+    prefix: str = attrs.field(default="cuvil", validator=check(is_c_identifier, "a C identifier (not a keyword)"))
+    opt_kernels: bool = attrs.field(default=True, validator=check(is_bool, "True or False"))
+    winograd: bool = attrs.field(default=True, validator=check(is_bool, "True or False"))
+    max_arena_bytes: Optional[int] = attrs.field(default=None, validator=check(
+        lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and v > 0),
+        "a positive number of bytes, or None for the default"))
+
+
+def choose_algorithms(graph: Graph, cpu: Optional[str] = None) -> Tuple[Graph, RewriteReport]:
+    """A copy of ``graph`` with the built-in ``on x86`` rules (Winograd convolutions) applied where the x86
+    cost model accepts the match for ``cpu`` (default the host: its vector width sets the micro-kernels'
+    register tiles), and the rewrite's report; the rules are proved like every other rule."""
+    _, _, cpu_name, features = host_target(cpu)
+    g = graph.clone()
+    report = proved_rewrite(g, [r for r in builtin_rules() if r.on == "x86"], phase="x86",
+                            accept=accepter(tile_shapes(vector_bits(cpu_name, features))))
+    return g, report
+
+
+class X86Target:
+    """``libPREFIX.so``, its header and manifest; symbolic dims stay symbolic (one library per profile)."""
+
+    triple = X86_TARGET
+    options_type = X86Options
+    keeps_symbols = True
+
+    def plan(self, graph: Graph, options: X86Options, profiles: Dict[str, list]) -> BuildPlan:
+        # The algorithm choices are a function of the graph, the `on x86` rules and the cost model (its
+        # source is in the compiler digest): they run in `emit`, when the library is built, not on a cache hit.
+        choose = options.winograd and options.opt_level >= 2
+        key = [str(options.opt_level), str(options.cpu), options.prefix, f"opt_kernels={options.opt_kernels}",
+               f"winograd={choose}"] + [r.text for r in builtin_rules() if r.on == "x86" and choose]
+        return BuildPlan(graph, options, f"lib{options.prefix}.so", key, {"choose": choose, "profiles": profiles})
+
+    def emit(self, plan: BuildPlan, path: str, manifest_extra: dict, progress: Progress) -> dict:
+        o: X86Options = plan.options
+        g = plan.graph
+        extra = dict(manifest_extra)
+        if plan.extra["choose"]:
+            g, report = choose_algorithms(g, o.cpu)
+            extra["rules_applied"] = {**extra.get("rules_applied", {}), **applied_rules(report)}
+        opt_graph = None
+        if o.opt_kernels and g.symbols:
+            opt_graph, _ = specialize_graph(g, {k: v[1] for k, v in plan.extra["profiles"].items()})
+        return compile_x86(g, path, opt_level=o.opt_level, cpu=o.cpu, prefix=o.prefix, manifest_extra=extra,
+                           progress=progress, opt_graph=opt_graph, max_arena_bytes=o.max_arena_bytes)
+
+    def load(self, path: str, manifest: Optional[dict] = None, cached: bool = False) -> Artifact:
+        if manifest is None:
+            mp = sidecars(path)["manifest"]
+            try:
+                with open(mp, encoding="utf-8") as f:
+                    manifest = json.load(f)
+            except (OSError, ValueError) as e:
+                raise CuvilError(f"{mp}: unreadable manifest: {e}") from None
+        return Artifact(os.fspath(path), manifest, cached=cached)
+
+
+TARGET = X86Target()
