@@ -3,8 +3,10 @@ import os
 
 import pytest
 
+import cuvil
+
 from cuvil import CuvilError, Pipeline
-from cuvil.artifact import cache_entry, cached_path
+from cuvil.artifact import cache_entry, cached_path, compiler_sources
 from cuvil.cli import main as cli_main
 from cuvil.targets import PTX_TARGET, TARGETS, X86_TARGET, get_target, make_options
 from cuvil.targets.ptx.target import PtxOptions
@@ -94,3 +96,18 @@ def test_gpu_switches_reach_the_kernels():
     fused = conv.compile(options=PtxOptions(fused_splitk=True), cache=False)
     split = conv.compile(options=PtxOptions(), cache=False)
     assert fused.manifest["kernels"] == 1 and split.manifest["kernels"] == 2    # no separate sum kernel
+
+
+def test_the_cache_key_covers_the_kernel_layer_and_the_passes_a_build_runs():
+    """A cached library is keyed by the sources that built it: the backends, and also the kernel layer (lowering,
+    scheduling, bounds) and the rewrite passes a build runs (float16, specialisation). Moving the kernel layer
+    out of targets/ once left it out of the key, so an edited lowering returned stale libraries."""
+    root = os.path.dirname(cuvil.__file__)
+    covered = {os.path.relpath(p, root) for p in compiler_sources()}
+    for sub in ("kernels", "targets", "rewrite_rules", "ir"):
+        for dirpath, _, files in os.walk(os.path.join(root, sub)):
+            for f in files:
+                if f.endswith((".py", ".c", ".h")) and "__pycache__" not in dirpath:
+                    assert os.path.relpath(os.path.join(dirpath, f), root) in covered
+    assert os.path.join("kernels", "lower", "core.py") in covered
+    assert os.path.join("targets", "x86", "runtime.c") in covered

@@ -16,7 +16,7 @@ import os
 import shutil
 import tempfile
 import warnings
-from typing import Iterator, Optional, Sequence, Union
+from typing import Iterator, List, Optional, Sequence, Union
 
 from .errors import CuvilError
 from .targets.ptx.artifact import Bundle
@@ -52,17 +52,28 @@ def artifact_cache_dir() -> str:
     return os.path.join(base, "artifacts")
 
 
+def compiler_sources() -> List[str]:
+    """Every source file of the package (Python, the C runtime, the grammar), sorted: what a cached artifact
+    was built by. The whole package, not only the backends: the kernel layer lowers and schedules, and the
+    rewrite layer's passes (float16, specialisation) run inside a build, so an edit anywhere below the
+    pipeline can change what a build writes."""
+    root = os.path.dirname(os.path.abspath(__file__))
+    out = []
+    for dirpath, dirnames, files in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+        out.extend(os.path.join(dirpath, f) for f in files if f.endswith((".py", ".c", ".h", ".lark")))
+    return sorted(out)
+
+
 def _compiler_digest() -> str:
-    """A digest of the code generator's own sources, so editing it never returns a stale cached library."""
+    """A digest of the compiler's own sources, so editing it never returns a stale cached library."""
     global _COMPILER_DIGEST
     if _COMPILER_DIGEST is None:
-        root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "targets")
+        root = os.path.dirname(os.path.abspath(__file__))
         h = hashlib.sha256()
-        for dirpath, _, files in sorted(os.walk(root)):
-            for f in sorted(files):
-                if f.endswith((".py", ".c", ".h")):
-                    with open(os.path.join(dirpath, f), "rb") as fh:
-                        h.update(f.encode() + fh.read())
+        for path in compiler_sources():
+            with open(path, "rb") as fh:
+                h.update(os.path.relpath(path, root).encode() + b"\0" + fh.read())
         _COMPILER_DIGEST = h.hexdigest()
     return _COMPILER_DIGEST
 
