@@ -7,7 +7,7 @@ rtol=1e-5 / atol=1e-6 for ``prove real`` rules. Exact rules are fed IEEE special
 subnormals, huge values) as well as ordinary numbers.
 
 The oracle is onnx.reference with a few ops evaluated the way Cuvil's op semantics define them (see
-rewrite_rules/semantics.py): Softplus, Mish and Sigmoid by their ONNX function bodies / spec formula in
+rewrite_rules/semantics/): Softplus, Mish and Sigmoid by their ONNX function bodies / spec formula in
 float32 (onnx.reference's Softplus uses np.logaddexp, its Sigmoid a two-branch "stable" form, and Mish's body
 is expanded with that Softplus), and Sum folding left from its first input (onnx.reference's Python
 ``sum()`` starts from integer 0, so it turns Sum(-0.0) into +0.0). Fusing a function body into its op is

@@ -20,7 +20,7 @@ proved only where t = l = d = r). Here a rule is proved once for every shape and
   its element at ``i`` must equal the pattern's: bit for bit in float32 for ``prove exact`` (the prover's
   FP32Domain equality: +0 and -0 differ, NaN equals NaN), over the reals where the pattern is defined for
   ``prove real`` (definedness of every element the output reads). Element terms come from the op index
-  semantics of :mod:`cuvil.rewrite_rules.index_semantics`, whose scalar arithmetic is ``semantics.py``'s.
+  semantics of :mod:`cuvil.rewrite_rules.index_semantics`, whose scalar arithmetic is :mod:`cuvil.rewrite_rules.semantics`'s.
 * **Reductions.** A sum over a symbolic extent cannot be expanded. Each reduction is a fold: (kind,
   extents, body at symbolic reduction indices k, optional filter), standing in the element term for a fresh
   constant. Two folds are taken as equal when, under the assumptions, their kinds and extents are equal and

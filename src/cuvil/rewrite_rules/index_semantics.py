@@ -11,7 +11,7 @@ are collected in :attr:`Side.valid`.
 Reductions over a symbolic extent (Conv, MatMul, Gemm, ReduceSum/Mean/Max, pools) cannot be expanded: each
 becomes a :class:`Fold` (kind, extents, the body at symbolic reduction indices ``ks``) represented in the
 element term by a fresh constant; :mod:`generic` decides which folds are equal. A fold's order is the one
-of ``semantics.py``: row-major over its extents, left to right from the first term.
+of :mod:`cuvil.rewrite_rules.semantics`: row-major over its extents, left to right from the first term.
 
 Anything this module cannot express raises :class:`Unsupported`; the caller then gives no verdict.
 """
