@@ -12,6 +12,7 @@ import math
 from typing import Dict, Iterable, Mapping, Tuple, Union
 
 import attrs
+import numpy as np
 
 # Default range of a symbol that no profile bounds (documented in docs/architecture.md).
 DEFAULT_MIN = 1
@@ -185,7 +186,6 @@ class SymExpr:
 
 
 def _is_dim(x) -> bool:
-    import numpy as np
     return isinstance(x, (int, SymExpr, np.integer))
 
 
@@ -225,12 +225,8 @@ def _poly(x) -> Dict[Monomial, int]:
         return dict(x.terms)
     if isinstance(x, (int,)) and not isinstance(x, bool):
         return {(): int(x)} if x else {}
-    try:
-        import numpy as np
-        if isinstance(x, np.integer):
-            return {(): int(x)} if x else {}
-    except ImportError:  # pragma: no cover
-        pass
+    if isinstance(x, np.integer):
+        return {(): int(x)} if x else {}
     raise TypeError(f"not a dimension: {x!r}")
 
 

@@ -5,6 +5,7 @@ node output (``producer``). Nodes refer to values directly; names exist only for
 """
 from __future__ import annotations
 
+import heapq
 import itertools
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
@@ -15,6 +16,7 @@ from attrs import Factory
 from ..errors import GraphError
 from .dim import Dim, Symbol
 from .dtype import DType
+from .registry import infer_node
 from .types import TensorType
 
 
@@ -120,7 +122,6 @@ class Graph:
                 v.uses.append((node, i))
         if outputs is None:
             if infer:
-                from .registry import infer_node  # late import: the registry imports this module
                 types, sym_values = infer_node(node, num_outputs)
             else:
                 types, sym_values = [TensorType(DType.FLOAT, None)] * num_outputs, [None] * num_outputs
@@ -199,7 +200,6 @@ class Graph:
         for n in self.nodes:
             indeg[id(n)] = sum(1 for v in {id(i): i for i in n.inputs if i is not None and i.producer is not None}.values())
         order_index = {id(n): k for k, n in enumerate(self.nodes)}
-        import heapq
         ready = [(order_index[id(n)], id(n), n) for n in self.nodes if indeg[id(n)] == 0]
         heapq.heapify(ready)
         out = []

@@ -19,7 +19,7 @@ import onnx
 import onnx.defs
 
 from ..errors import InvalidAttributeError, ShapeError, UnsupportedOpError
-from .dim import Dim, SymExpr, as_dim
+from .dim import Dim, SymExpr, as_dim, dmax
 from .dtype import DType
 from .types import TensorType
 
@@ -436,7 +436,6 @@ def check_attr(opdef: OpDef, name: str, value: Any) -> Any:
 
 def broadcast_shapes(ctx: InferCtx, *shapes: Sequence[Dim]) -> Tuple[Dim, ...]:
     """Multidirectional (numpy) broadcasting of symbolic shapes."""
-    from .dim import dmax
     rank = max((len(s) for s in shapes), default=0)
     out = []
     for k in range(rank):

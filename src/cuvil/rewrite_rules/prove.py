@@ -43,7 +43,7 @@ from ..dsl.compiler import BuildError, build, match
 from ..dsl.validate import KERNEL_OPS
 from ..errors import CuvilError, ShapeError, UnsupportedOpError
 from ..ir.graph import Graph
-from ..ir.registry import BROADCAST, attr_defaults, op_schema, ops_with
+from ..ir.registry import BROADCAST, attr_defaults, lookup, op_schema, ops_with
 from ..ir.dtype import DType
 from ..ir.types import TensorType
 from . import semantics as sem
@@ -187,7 +187,6 @@ def _is_float_attr(op: str, name: str) -> bool:
     if _attr_type(op, name) == onnx.AttributeProto.FLOAT:
         return True
     try:
-        from ..ir.registry import lookup
         return any(n == name and kind == "data" for n, _, kind in lookup(op).lifted)
     except UnsupportedOpError:
         return False

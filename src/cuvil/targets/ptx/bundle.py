@@ -28,6 +28,7 @@ from ...errors import CuvilError
 from ...ir.dtype import DType
 from ...ir.graph import Graph
 from ...kernels.schedule import ARENA, WEIGHTS
+from ...rewrite_rules.precision import to_half
 from ...version import __version__
 from .codegen import TRIPLE, build_ptx, gpu_schedule
 from .ptxas import PtxasError, assemble, find_ptxas
@@ -76,7 +77,6 @@ def compile_bundle(g: Graph, out_dir: str, *, arch: str = "sm_90", opt_level: in
     t0 = time.perf_counter()
     half_names: list = []
     if enable_fp16:
-        from ...rewrite_rules.precision import to_half
         g, half_names = to_half(g)
         say(f"float16: {len(half_names)} tensors lowered to half")
     say(f"scheduling {len(g.nodes)} nodes")
