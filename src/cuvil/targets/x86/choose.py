@@ -98,7 +98,9 @@ def winograd_cost(c: int, k: int, oh: int, ow: int, m: int, shapes=AVX2_TILES,
 def best_tile(c: int, k: int, oh: int, ow: int, shapes=AVX2_TILES, tuning: X86Tuning = DEFAULT_TUNING) -> Optional[int]:
     """The Winograd tile (2 or 4) expected to beat the direct convolution, or None, for a target whose
     micro-kernels' register tiles are ``shapes`` (see :func:`cuvil.kernels.contraction.choose_tile`), with
-    the cost model's weights ``tuning``."""
+    the cost model's weights ``tuning`` (its ``winograd_tile``, when set, is taken whatever the costs)."""
+    if tuning.winograd_tile is not None:
+        return tuning.winograd_tile
     if min(c, k) < MIN_CHANNELS:
         return None
     costs = {None: direct_cost(c, k, oh, ow, shapes, tuning), 2: winograd_cost(c, k, oh, ow, 2, shapes, tuning),

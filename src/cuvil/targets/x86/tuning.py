@@ -6,7 +6,7 @@ tiles offered (:func:`cuvil.targets.x86.gemm.tile_shapes`), never module state. 
 choices, each measured on a 2-core Zen 5 (the figures are in the comments below and in those modules)."""
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Optional, Tuple
 
 import attrs
 
@@ -42,6 +42,10 @@ class X86Tuning:
     # (4 tiles: 38 MB of transformed weights) once channel-lane tiles made its 4-position GEMM cheap on paper;
     # measured 1.15 ms against F(2x2)'s 0.69 ms (`python3 bench/x86_layers.py --only conv3x3`)
     weight_cost: float = attrs.field(default=16.0, validator=_non_negative)
+    # 2 or 4: every stride-1 3x3 convolution an `on x86` Winograd rule matches takes that tile, whatever the
+    # cost model says (the A/B measurements the model is fitted on: bench/winograd_layers.py,
+    # bench/winograd_fallback.py); None: the cost model chooses
+    winograd_tile: Optional[int] = attrs.field(default=None, validator=attrs.validators.in_((None, 2, 4)))
 
 
 DEFAULT_TUNING = X86Tuning()
