@@ -162,7 +162,7 @@ def test_commutativity_facts_are_proved():
 @pytest.mark.parametrize("commuted", [False, True])
 def test_add_and_mul_match_both_orders(commuted):
     (r,) = proved_rules([one(SCALE_CONV)])
-    assert r.commutative == {"Add", "Mul"}   # prove real: commutativity over the reals
+    assert r.commutative == {"Mul"}   # prove real: commutativity over the reals, for the ops the pattern has
     g = import_model(conv_mul_model(True, commuted))
     assert match(r, root(g), g) is not None
     # the rule as written, before the verdict allows swapping, takes the written order only
@@ -233,3 +233,12 @@ def test_only_trailing_inputs_are_left_out():
         g = import_model(_model([helper.make_node("Dropout", ins, ["y"])], {"x": (2, 3)},
                                 {k: v for k, v in inits.items() if k in ins}))
         assert (match(r, root(g), g) is not None) == matched, ins
+
+
+def test_a_rule_without_add_or_mul_gets_no_commutativity_and_a_bool_guard_loads():
+    """Commutativity is looked up only for the Add/Mul the pattern has; an element type with no fact (bool)
+    allows no swapping instead of failing the load (it raised a KeyError for a bool dtype guard)."""
+    text = ("rule transpose_pair_bool\n  Transpose(Transpose(x, perm=[1, 0]), perm=[1, 0]) when dtype(x) in [float, bool]"
+            " => x\n  prove exact\n")
+    (rule,) = proved_rules(parse_rules(text, "<test>"))
+    assert rule.commutative == frozenset()

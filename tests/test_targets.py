@@ -111,3 +111,15 @@ def test_the_cache_key_covers_the_kernel_layer_and_the_passes_a_build_runs():
                     assert os.path.relpath(os.path.join(dirpath, f), root) in covered
     assert os.path.join("kernels", "lower", "core.py") in covered
     assert os.path.join("targets", "x86", "runtime.c") in covered
+
+
+def test_a_cached_library_is_not_returned_past_a_smaller_arena_limit(tmp_path, monkeypatch):
+    """The arena limit is enforced while building: a library built under a larger limit (or the default) must
+    not come back from the cache to a caller who set a smaller one."""
+    monkeypatch.setenv("CUVIL_CACHE_DIR", str(tmp_path))
+    p = Pipeline.from_onnx(DEMO).optimize()
+    first = p.compile(opt_level=0, fixed={"N": 1})
+    assert first.manifest["arena_bytes"] > 1
+    with pytest.raises(CuvilError, match="limit"):
+        p.compile(opt_level=0, fixed={"N": 1}, max_arena_bytes=1)
+    assert p.compile(opt_level=0, fixed={"N": 1}).cached

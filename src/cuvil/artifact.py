@@ -19,6 +19,7 @@ import warnings
 from typing import Iterator, List, Optional, Sequence, Union
 
 from .errors import CuvilError
+from .targets import PTX_TARGET, X86_TARGET
 from .targets.ptx.artifact import Bundle
 from .targets.ptx.runtime import NoGpuError, load_bundle
 from .targets.x86.artifact import Artifact
@@ -107,13 +108,17 @@ def cache_entry(key: str, name: str) -> Iterator[str]:
     tmp = tempfile.mkdtemp(prefix=".build-", dir=root)
     try:
         yield os.path.join(tmp, name)
+        dest = os.path.join(root, key)
         try:
-            os.rename(tmp, os.path.join(root, key))
-        except OSError:  # another process built it meanwhile
+            os.rename(tmp, dest)
+        except OSError as e:
             shutil.rmtree(tmp, ignore_errors=True)
+            if not os.path.isdir(dest):   # not another process that built it meanwhile: a real failure
+                raise CuvilError(f"cannot store the build in the artifact cache {root}: {e}; set CUVIL_CACHE_DIR "
+                                 "to a writable directory, or compile with cache=False") from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
 
 
-__all__ = ["Artifact", "Bundle", "load", "artifact_cache_dir", "cache_key", "cached_path", "cache_entry"]
+__all__ = ["Artifact", "Bundle", "X86_TARGET", "PTX_TARGET", "load", "artifact_cache_dir", "cache_key", "cached_path", "cache_entry"]

@@ -183,8 +183,11 @@ _LOADED = False
 def _load_families():
     global _LOADED
     if not _LOADED:
+        # A plugin load, not a cycle to hide: the family modules declare their ops into this registry. Marked
+        # loaded only once every family imported, so a family that fails to import fails every lookup loudly
+        # (a re-entrant call during the import finds the partly imported package in sys.modules).
+        from . import ops  # noqa: F401
         _LOADED = True
-        from . import ops  # noqa: F401  (registers every family)
 
 
 # --- inference --------------------------------------------------------------------------------------

@@ -154,17 +154,18 @@ class Instance:
         return " ".join(parts)
 
 
-def _ops(e: Expr) -> Iterator[OpCall]:
+def ops_in(e: Expr) -> Iterator[OpCall]:
+    """Every op call of a pattern or replacement, outermost first."""
     if isinstance(e, OpCall):
         yield e
         for a in e.args:
-            yield from _ops(a)
+            yield from ops_in(a)
 
 
 def is_elementwise(rule: Rule) -> bool:
-    if any(c.op not in ELEMENTWISE for c in itertools.chain(_ops(rule.lhs), _ops(rule.rhs))):
+    if any(c.op not in ELEMENTWISE for c in itertools.chain(ops_in(rule.lhs), ops_in(rule.rhs))):
         return False
-    if any(c.rest for c in _ops(rule.lhs)):
+    if any(c.rest for c in ops_in(rule.lhs)):
         return False
 
     def uses_shape(e) -> bool:
@@ -216,7 +217,7 @@ def _input_is_bool(op: str, i: int) -> bool:
 def var_kinds(rule: Rule) -> Dict[str, str]:
     """"bool" for value variables in boolean input positions (Where's condition, Dropout's training_mode)."""
     kinds: Dict[str, str] = {}
-    for c in _ops(rule.lhs):
+    for c in ops_in(rule.lhs):
         for i, a in enumerate(c.args):
             if isinstance(a, Var):
                 kinds.setdefault(a.name, "bool" if _input_is_bool(c.op, i) else "float")
@@ -226,7 +227,7 @@ def var_kinds(rule: Rule) -> Dict[str, str]:
 def _float_attr_vars(rule: Rule) -> Dict[str, Tuple[str, str]]:
     """Attribute variables bound to float attributes: they are symbolic in proofs."""
     out = {}
-    for c in _ops(rule.lhs):
+    for c in ops_in(rule.lhs):
         for name, p in c.attrs:
             if isinstance(p, Var) and _is_float_attr(c.op, name):
                 out.setdefault(p.name, (c.op, name))
@@ -236,9 +237,9 @@ def _float_attr_vars(rule: Rule) -> Dict[str, Tuple[str, str]]:
 def elementwise_instance(rule: Rule) -> Instance:
     leaves: Dict[str, None] = {}
     _leaf_vars(rule.lhs, leaves)
-    wild = {id(w): () for c in _ops(rule.lhs) for w in c.args if isinstance(w, Wildcard)}
+    wild = {id(w): () for c in ops_in(rule.lhs) for w in c.args if isinstance(w, Wildcard)}
     attrs_ = {}
-    for c in _ops(rule.lhs):
+    for c in ops_in(rule.lhs):
         for name, p in c.attrs:
             if isinstance(p, Var):
                 attrs_.setdefault(p.name, None if _is_float_attr(c.op, name) else attr_defaults(c.op).get(name))
@@ -810,7 +811,7 @@ def draw_instances(rule: Rule, rng: np.random.Generator, count: int, max_dim: in
 
 def _uses_kernel_ops(rule: Rule) -> bool:
     """Ops that exist only inside fused kernels (Fma): no ONNX graph can hold them."""
-    return any(c.op not in ELEMENTWISE or c.op == "Fma" for c in itertools.chain(_ops(rule.lhs), _ops(rule.rhs)))
+    return any(c.op not in ELEMENTWISE or c.op == "Fma" for c in itertools.chain(ops_in(rule.lhs), ops_in(rule.rhs)))
 
 
 def _vector_instance(inst: Instance, n: int = 256) -> Instance:

@@ -16,8 +16,8 @@ import attrs
 
 from ..dsl.ast import Compare, FuncCall, ListLit, Rule, Var
 from ..dsl.parser import load_rules
-from .commutativity import COMMUTATIVE_OPS, all_facts, domains_of, fact_key, prove_fact
-from .prove import ALL_DTYPES, DEFAULT_TIMEOUT_MS, RuleRejectedError, Verdict, prove_rule, rule_key, var_kinds
+from .commutativity import COMMUTATIVE_OPS, DOMAINS, all_facts, domains_of, fact_key, prove_fact
+from .prove import ALL_DTYPES, DEFAULT_TIMEOUT_MS, RuleRejectedError, Verdict, ops_in, prove_rule, rule_key, var_kinds
 
 SHIPPED_NAME = "verdicts.json"
 
@@ -195,7 +195,10 @@ def restrict_to_proof(rule: Rule, v: Verdict, store: Optional[VerdictStore] = No
         domains = ("real",) if rule.proof == "real" else ("float",)
     else:
         domains = domains_of(rule.proof, v.dtypes, tuple(v.dtypes) == ALL_DTYPES)
-    commutative = frozenset(op for op in COMMUTATIVE_OPS if domains and all(fact_proved(op, d, store) for d in domains))
+    # Only the ops the pattern has; a domain without a fact (a bool-only guard, say) allows no swapping.
+    present = {c.op for c in ops_in(rule.lhs)} & set(COMMUTATIVE_OPS)
+    commutative = frozenset(op for op in sorted(present)
+                            if domains and all(d in DOMAINS and fact_proved(op, d, store) for d in domains))
     rule = attrs.evolve(rule, commutative=commutative)
     if rule.on == "kernel" or tuple(v.dtypes) == ALL_DTYPES:
         return rule

@@ -3,7 +3,8 @@
 Adding a backend is one folder plus one row: ``cuvil/targets/NAME/target.py`` defines ``TARGET`` (see
 :class:`cuvil.targets.base.Target`: ``plan``, ``emit``, ``load``) and its option class, and :data:`TARGETS`
 maps the target triple to that module. :meth:`cuvil.Pipeline.compile` and ``cuvil compile`` look targets up
-here and nowhere else. A target's module is imported only when the target is used.
+here and nowhere else. The table names modules (strings), so this package needs neither backend to be
+imported; :mod:`cuvil.artifact` imports both, since `cuvil.load` opens either kind of artifact.
 """
 from __future__ import annotations
 

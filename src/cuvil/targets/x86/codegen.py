@@ -42,6 +42,15 @@ def _tuned(features: str) -> str:
     return f"{features},{_TUNING}" if features else _TUNING
 
 
+def cpu_identity(cpu: Optional[str] = None) -> str:
+    """What a library is built for, as a cache key part: ``cpu`` as given, or for the host (None, "native") its
+    LLVM name and feature string, so a cache shared between machines never hands one host's library to a CPU
+    without its instructions."""
+    if cpu is None or cpu == "native":
+        return f"{llvm.get_host_cpu_name()}:{llvm.get_host_cpu_features().flatten()}"
+    return cpu
+
+
 def host_target(cpu: Optional[str] = None, opt: int = 3):
     initialize_native()
     triple = llvm.get_process_triple()

@@ -39,7 +39,8 @@ def _weights_asm(sym: str, path: str, nbytes: int) -> str:
 MAX_ARENA_BYTES = 16 << 30
 
 
-def _max_arena_bytes(given: Optional[int]) -> int:
+def arena_limit(given: Optional[int]) -> int:
+    """The arena limit a build enforces: ``given``, else CUVIL_MAX_ARENA_BYTES, else :data:`MAX_ARENA_BYTES`."""
     if given is not None:
         return int(given)
     env = os.environ.get("CUVIL_MAX_ARENA_BYTES")
@@ -102,7 +103,7 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
     bits = vector_bits(cpu_name, features)
     sched = schedule(g, gemm_cols=tile_cols(bits), split_concat=True, gemm_tiles=tile_shapes(bits, tuning),
                      row_kernels=True, channel_tile_cost=tuning.channel_tile_cost)
-    _check_arena(sched, _max_arena_bytes(max_arena_bytes))
+    _check_arena(sched, arena_limit(max_arena_bytes))
     prover = BoundsProver()
     cert = prove_schedule(sched, "generic", prover)
     _refuse_unproved(cert)

@@ -18,8 +18,8 @@ from .. import X86_TARGET
 from ..base import BuildPlan, Progress, TargetOptions, check, is_bool, is_opt_level, target_options
 from .artifact import Artifact, sidecars
 from .choose import accepter
-from .codegen import host_target, vector_bits
-from .compile import compile_x86
+from .codegen import cpu_identity, host_target, vector_bits
+from .compile import arena_limit, compile_x86
 from .gemm import tile_shapes
 from .model_info import is_c_identifier
 from .tuning import DEFAULT_TUNING, X86Tuning
@@ -78,8 +78,10 @@ class X86Target:
         # The algorithm choices are a function of the graph, the `on x86` rules and the cost model (its
         # source is in the compiler digest): they run in `emit`, when the library is built, not on a cache hit.
         choose = options.winograd and options.opt_level >= 2
-        key = [str(options.opt_level), str(options.cpu), options.prefix, f"opt_kernels={options.opt_kernels}",
-               f"winograd={choose}", f"tuning={options.tuning!r}"] + [r.text for r in builtin_rules() if r.on == "x86" and choose]
+        # The arena limit is enforced while building, so a cached library must have been built under the same one.
+        key = [str(options.opt_level), cpu_identity(options.cpu), options.prefix, f"opt_kernels={options.opt_kernels}",
+               f"winograd={choose}", f"max_arena_bytes={arena_limit(options.max_arena_bytes)}",
+               f"tuning={options.tuning!r}"] + [r.text for r in builtin_rules() if r.on == "x86" and choose]
         return BuildPlan(graph, options, f"lib{options.prefix}.so", key, {"choose": choose, "profiles": profiles})
 
     def emit(self, plan: BuildPlan, path: str, manifest_extra: dict, progress: Progress) -> dict:
