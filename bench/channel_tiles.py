@@ -19,14 +19,12 @@ from collections import defaultdict
 import numpy as np
 
 from cuvil import Pipeline
-from cuvil.kernels import contraction
-from cuvil.targets.x86 import choose
-from cuvil.targets.x86 import gemm as xgemm
+from cuvil.targets.x86.tuning import DEFAULT_TUNING, X86Tuning
 from cuvil.testing import light_model
 
 from x86_layers import cases   # bench/ is the script's own directory
 
-DEFAULT = xgemm.CHANNEL_TILES
+DEFAULT = DEFAULT_TUNING.channel_tiles
 
 
 def _profile(model, runs, threads, repeats=3):
@@ -40,18 +38,14 @@ def layers(a):
     sets = {"off": ()}
     sets.update({f"{nv * 16}x{cols}": ((nv, cols),) for nv, cols in tiles})
     print(f"{'layer':32}" + "".join(f"{name:>9}" for name in sets) + "   (gemm GFLOP/s, 1 thread)")
-    cost = contraction.CHANNEL_TILE_COST
     for kind, name, m in cases(np.random.default_rng(0)):
         if kind not in ("conv3x3", "conv1x1"):
             continue
         line = f"{name:32}"
         for tiles in sets.values():
-            xgemm.CHANNEL_TILES = tiles
-            contraction.CHANNEL_TILE_COST = 0.5 if tiles else cost   # forced wherever offered
-            try:
-                art = Pipeline.from_onnx(m).optimize().compile(cache=False, winograd=False)
-            finally:
-                xgemm.CHANNEL_TILES, contraction.CHANNEL_TILE_COST = DEFAULT, cost
+            # a channel-lane tile weighted 0.5: forced wherever it is offered
+            tuning = X86Tuning(channel_tiles=tiles, channel_tile_cost=0.5) if tiles else X86Tuning(channel_tiles=())
+            art = Pipeline.from_onnx(m).optimize().compile(cache=False, winograd=False, tuning=tuning)
             t = _profile(art.model(), a.runs, a.threads)
             steps = art.manifest["steps"]
             gi = [i for i, s in enumerate(steps) if s["kernel"] == "gemm"]
@@ -61,16 +55,11 @@ def layers(a):
 
 def model(a):
     src = light_model(a.name, seed=0)
-    configs = {"off": ((), 0.0), "on": (DEFAULT, choose.WEIGHT_COST)}
-    weight_cost = choose.WEIGHT_COST
+    configs = {"off": X86Tuning(channel_tiles=(), weight_cost=0.0), "on": DEFAULT_TUNING}
     totals, groups = defaultdict(list), defaultdict(lambda: defaultdict(list))
     for _ in range(2):
-        for name, (tiles, wc) in configs.items():
-            xgemm.CHANNEL_TILES, choose.WEIGHT_COST = tiles, wc
-            try:
-                art = Pipeline.from_onnx(src).optimize().compile(cache=False)
-            finally:
-                xgemm.CHANNEL_TILES, choose.WEIGHT_COST = DEFAULT, weight_cost
+        for name, tuning in configs.items():
+            art = Pipeline.from_onnx(src).optimize().compile(cache=False, tuning=tuning)
             t = _profile(art.model(), a.runs, a.threads)
             totals[name].append(t.sum())
             for s, ts in zip(art.manifest["steps"], t):

@@ -11,13 +11,12 @@ from __future__ import annotations
 import argparse
 import hashlib
 import time
-from unittest import mock
 
 import numpy as np
 from onnx import helper, numpy_helper
 
 from cuvil import Pipeline
-from cuvil.targets.x86 import choose
+from cuvil.targets.x86.tuning import X86Tuning
 
 C = K = 64
 H = 28
@@ -47,11 +46,10 @@ def inputs():
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=10)
-    ap.add_argument("--tile", type=int, default=4)
+    ap.add_argument("--tile", type=int, default=4, choices=(2, 4))
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
-    with mock.patch.object(choose, "best_tile", lambda *a: args.tile):
-        art = Pipeline.from_onnx(layer()).optimize().compile(cache=False)
+    art = Pipeline.from_onnx(layer()).optimize().compile(cache=False, tuning=X86Tuning(winograd_tile=args.tile))
     assert "winograd_out" in [s["kernel"] for s in art.manifest["steps"]], "the layer did not take Winograd"
     mod = art.model(num_threads=args.threads)
     print(f"C=K={C}, {H}x{H}, F({args.tile}x{args.tile}), {args.threads} thread(s), p50 of {args.runs} runs")

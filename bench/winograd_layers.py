@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import time
-from unittest import mock
 
 import numpy as np
 import onnxruntime as ort
@@ -21,6 +20,7 @@ from cuvil import Pipeline
 from cuvil.targets.x86 import choose
 from cuvil.targets.x86.codegen import host_target, vector_bits
 from cuvil.targets.x86.gemm import tile_shapes
+from cuvil.targets.x86.tuning import DEFAULT_TUNING, X86Tuning
 
 # (C, K, H) for square maps, pads 1
 LAYERS = [(64, 64, 56), (128, 128, 28), (256, 256, 14), (512, 512, 7),     # ResNet-50 stages
@@ -45,8 +45,7 @@ def compile_forced(p: Pipeline, tile):
     """tile None: direct; 2 or 4: that Winograd tile wherever a rule matches."""
     if tile is None:
         return p.compile(cache=False, winograd=False)
-    with mock.patch.object(choose, "best_tile", lambda *a: tile):
-        return p.compile(cache=False)
+    return p.compile(cache=False, tuning=X86Tuning(winograd_tile=tile))
 
 
 def main():
@@ -54,8 +53,8 @@ def main():
     ap.add_argument("--runs", type=int, default=30)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--layers", nargs="+", metavar="C,K,H", help="layer shapes instead of the built-in list")
-    ap.add_argument("--weight-costs", type=float, nargs="+", default=[choose.WEIGHT_COST],
-                    help="the cost model's pick for each of these WEIGHT_COST values (default: the current one)")
+    ap.add_argument("--weight-costs", type=float, nargs="+", default=[DEFAULT_TUNING.weight_cost],
+                    help="the cost model's pick for each of these X86Tuning.weight_cost values (default: the shipped one)")
     args = ap.parse_args()
     layers = [tuple(int(v) for v in t.split(",")) for t in args.layers] if args.layers else LAYERS
     rng = np.random.default_rng(0)
@@ -90,10 +89,9 @@ def main():
         p50 = {name: 1e3 * float(np.median(v)) for name, v in times.items()}
         best = min(engines, key=lambda n: p50[n])
         pick = []
-        with mock.patch.object(choose, "WEIGHT_COST", 0.0):
-            for w in args.weight_costs:
-                choose.WEIGHT_COST = w
-                pick.append({None: "direct", 2: "F2", 4: "F4"}[choose.best_tile(c, k, h, h, shapes)])
+        for w in args.weight_costs:
+            tuning = X86Tuning(weight_cost=w)
+            pick.append({None: "direct", 2: "F2", 4: "F4"}[choose.best_tile(c, k, h, h, shapes, tuning)])
         print(f"| {c} | {k} | {h}x{h} | {p50['direct']:.3f} | {p50['F2']:.3f} | {p50['F4']:.3f} | {p50['ort']:.3f} | "
               f"{best} | {' | '.join(pick)} | {errs['direct']:.1e} | {errs['F2']:.1e} | {errs['F4']:.1e} |", flush=True)
 

@@ -20,6 +20,7 @@ from cuvil.kernels.contraction import Contraction
 from cuvil.kernels.schedule import Schedule, Stage, schedule
 from cuvil.kernels.texpr import E, Buf, cmp, const, guarded_load, load, nodes, reduce, select, var
 from cuvil.targets.x86.gemm import tile_cols, tile_shapes
+from cuvil.targets.x86.tuning import DEFAULT_TUNING
 from cuvil.testing.models import transformer_block
 
 F32 = DType.FLOAT
@@ -129,7 +130,7 @@ def test_family_patterns_of_a_real_schedule_catch_a_widened_output():
     buffers it reads and writes; a padded copy's interior read one row further down is refuted too."""
     p = Pipeline.from_onnx(DEMO).optimize().specialize({"N": 2}).choose_algorithms("x86_64-linux-gnu", None)
     sched = schedule(p.graph, gemm_cols=tile_cols(512), split_concat=True, gemm_tiles=tile_shapes(512),
-                     row_kernels=True)
+                     row_kernels=True, channel_tile_cost=DEFAULT_TUNING.channel_tile_cost)
     prover = BoundsProver()
     seen = set()
     for st in sched.stages:
@@ -321,7 +322,7 @@ def test_padded_copy_with_a_negative_begin_pad_is_guarded_not_proved(tmp_path):
     path, w = _conv_model(tmp_path, [-1, -1, 0, 0])
     p = Pipeline.from_onnx(path).optimize().choose_algorithms("x86_64-linux-gnu", None)
     sched = schedule(p.graph, gemm_cols=tile_cols(512), split_concat=True, gemm_tiles=tile_shapes(512),
-                     row_kernels=True)
+                     row_kernels=True, channel_tile_cost=DEFAULT_TUNING.channel_tile_cost)
     (st,) = [s for s in sched.stages if s.expr.op == "padwin"]
     cert = prove_schedule(sched)
     (k,) = cert.guarded
@@ -347,7 +348,7 @@ def test_padded_copy_pattern_still_proved_for_ordinary_pads(tmp_path):
     path, _ = _conv_model(tmp_path, [1, 2, 1, 0])
     p = Pipeline.from_onnx(path).optimize().choose_algorithms("x86_64-linux-gnu", None)
     sched = schedule(p.graph, gemm_cols=tile_cols(512), split_concat=True, gemm_tiles=tile_shapes(512),
-                     row_kernels=True)
+                     row_kernels=True, channel_tile_cost=DEFAULT_TUNING.channel_tile_cost)
     assert any(s.expr.op == "padwin" for s in sched.stages)
     assert prove_schedule(sched, guard=False).guarded == []
 
@@ -491,7 +492,7 @@ def _max_alloca(path):
     from cuvil.targets.x86.codegen import KernelModule, host_target
     p = Pipeline.from_onnx(path).optimize().choose_algorithms("x86_64-linux-gnu", None)
     sched = schedule(p.graph, gemm_cols=tile_cols(512), split_concat=True, gemm_tiles=tile_shapes(512),
-                     row_kernels=True)
+                     row_kernels=True, channel_tile_cost=DEFAULT_TUNING.channel_tile_cost)
     tm, triple, _, _ = host_target(None)
     km = KernelModule("t", tm, triple)
     km.vector_bits = 512

@@ -6,7 +6,6 @@ Tolerance: Winograd reassociates and scales sums (F(4x4) multiplies by up to 8 a
 results are not the direct convolution's rounding; measured normwise errors are 1e-6 to 4e-6 for F(4x4)
 and below 1e-6 for F(2x2) (bench/winograd_layers.py), checked here at cuvil.testing.conv_models.WINOGRAD_TOL (2e-5)."""
 from fractions import Fraction
-from unittest import mock
 
 import numpy as np
 import pytest
@@ -22,14 +21,14 @@ from cuvil.targets.x86 import choose
 from cuvil.targets.x86 import codegen as x86_codegen
 from cuvil.kernels.texpr import Buf
 from cuvil.targets.x86.gemm import tile_shapes
+from cuvil.targets.x86.tuning import DEFAULT_TUNING, X86Tuning
 from cuvil.testing.conv_models import WINOGRAD_TOL, winograd_conv_model
 from cuvil.testing.oracles import normwise_error, ort_run, random_feeds
 
 
 
 def compile_with_tile(m, tile):
-    with mock.patch.object(choose, "best_tile", lambda *a: tile):
-        return Pipeline.from_onnx(m).optimize().compile(cache=False)
+    return Pipeline.from_onnx(m).optimize().compile(cache=False, tuning=X86Tuning(winograd_tile=tile))
 
 
 @pytest.mark.parametrize("tile", [2, 4])
@@ -87,8 +86,8 @@ def test_symbolic_batch():
     m = winograd_conv_model(16, 16, 10, 10, [1, 1, 1, 1], batch=1)
     m.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "N"
     m.graph.output[0].type.tensor_type.shape.dim[0].dim_param = "N"
-    with mock.patch.object(choose, "best_tile", lambda *a: 4):
-        art = Pipeline.from_onnx(m).optimize().compile(cache=False, shape_profiles={"N": (1, 2, 3)})
+    art = Pipeline.from_onnx(m).optimize().compile(cache=False, shape_profiles={"N": (1, 2, 3)},
+                                                   tuning=X86Tuning(winograd_tile=4))
     assert "winograd_f4x4_3x3" in art.manifest["rules_applied"]
     mod = art.model()
     for n in (1, 2, 3):
@@ -127,7 +126,7 @@ def test_gemm_work_charges_the_packing_the_kernel_does():
     # fewer positions than a panel: the one panel is partial, packed whole
     assert choose._gemm_work(8, 16, 64, avx512, in_place=True) == choose._gemm_work(8, 16, 64, avx512)
     # a channel-lane tile never reads in place
-    assert len(choose_tile(32, 49, avx512, 1024)) == 3 and choose_tile(32, 49, avx512, 1024)[2] == "c"
+    assert choose_tile(32, 49, avx512, 1024, DEFAULT_TUNING.channel_tile_cost)[2:] == ("c",)
     assert choose._gemm_work(32, 49, 1024, avx512, in_place=True) == choose._gemm_work(32, 49, 1024, avx512)
 
 

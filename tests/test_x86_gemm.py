@@ -93,19 +93,21 @@ def test_conv_gemm_avx2_panels(xs, ws, attrs):
 def test_register_tile_choice():
     from cuvil.kernels.contraction import CHANNEL_LANES, CHANNEL_MIN_K, channel_lanes, choose_tile
     from cuvil.targets.x86.gemm import tile_shapes
+    from cuvil.targets.x86.tuning import DEFAULT_TUNING
     avx512 = tile_shapes(512)
+    cost = DEFAULT_TUNING.channel_tile_cost
     want = [(12, 32, 16), (8, 48, 16), (6, 64, 16)]
     for (xs, ws, attrs), tile in zip(TILE_CASES, want):
-        assert choose_tile(ws[0], xs[2] * xs[3], avx512) == tile
+        assert choose_tile(ws[0], xs[2] * xs[3], avx512, channel_tile_cost=cost) == tile
     for (xs, ws, attrs), tile in zip(CHANNEL_CASES, CHANNEL_TILES):
         out = [(n + sum(attrs.get("pads", [0] * 4)[d::2]) - k) // s + 1
                for d, (n, k, s) in enumerate(zip(xs[2:], ws[2:], attrs.get("strides", [1, 1])))]
         rows, cols = (int(v) for v in tile[:-1].split("x"))
-        assert choose_tile(ws[0], out[0] * out[1], avx512, int(np.prod(ws[1:]))) == (rows, cols, CHANNEL_LANES)
+        assert choose_tile(ws[0], out[0] * out[1], avx512, int(np.prod(ws[1:])), cost) == (rows, cols, CHANNEL_LANES)
     # a short reduction keeps position lanes: the transpose and weight re-reads are not amortised
-    assert not channel_lanes(choose_tile(512, 49, avx512, CHANNEL_MIN_K - 1))
-    assert choose_tile(512, 49, avx512) == (32, 7, CHANNEL_LANES)   # 12x32 computes 64 of the 49 positions
-    assert choose_tile(512, 16, avx512) == (12, 32, 16)    # one panel: only the first vector's FMAs are kept
+    assert not channel_lanes(choose_tile(512, 49, avx512, CHANNEL_MIN_K - 1, cost))
+    assert choose_tile(512, 49, avx512, channel_tile_cost=cost) == (32, 7, CHANNEL_LANES)   # 12x32 computes 64 of the 49 positions
+    assert choose_tile(512, 16, avx512, channel_tile_cost=cost) == (12, 32, 16)    # one panel: only the first vector's FMAs are kept
     assert tile_shapes(256) == ((6, 16),)
 
 

@@ -1,14 +1,12 @@
 """Random 3x3 convolutions forced through Winograd F(2x2) and F(4x4) (input transform, grouped GEMM, output
 transform with a fused epilogue) agree with onnxruntime's direct convolution, with 1 and 2 threads alike.
 The tolerance is cuvil.testing.conv_models.WINOGRAD_TOL (the algorithm's measured drift, see there)."""
-from unittest import mock
-
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cuvil import Pipeline
-from cuvil.targets.x86 import choose
+from cuvil.targets.x86.tuning import X86Tuning
 from cuvil.testing.conv_models import WINOGRAD_TOL, winograd_conv_model
 from cuvil.testing.oracles import normwise_error, ort_run, random_feeds
 
@@ -31,8 +29,7 @@ def test_random_winograd_convolutions_match_onnxruntime(case, seed):
     m = winograd_conv_model(**geo)
     feeds = random_feeds(m, seed)
     want = ort_run(m, feeds)
-    with mock.patch.object(choose, "best_tile", lambda *a: tile):
-        art = Pipeline.from_onnx(m).optimize().compile(cache=False)
+    art = Pipeline.from_onnx(m).optimize().compile(cache=False, tuning=X86Tuning(winograd_tile=tile))
     assert any(name.startswith(f"winograd_f{tile}x{tile}") for name in art.manifest["rules_applied"])
     got1 = art.run(feeds, num_threads=1)["y"]
     got2 = art.run(feeds, num_threads=2)["y"]

@@ -36,9 +36,9 @@ def _pad(n: int, to: int) -> int:
 # vectors of ``lanes`` positions (``cols`` in all); or ``(rows, cols, CHANNEL_LANES)``: vectors along the
 # ``rows`` channels, positions broadcast (Contraction.channel_lanes), which lets ``cols`` be any count (7: a
 # 7x7 map's row) where position vectors would leave lanes empty (49 positions in 64 lanes). Such a tile's
-# epilogue transposes it in registers, so its work is weighted CHANNEL_TILE_COST against the other form's.
+# epilogue transposes it in registers, so its work is weighted by the target's ``channel_tile_cost`` against
+# the other form's (x86: cuvil.targets.x86.tuning.X86Tuning.channel_tile_cost).
 CHANNEL_LANES = "c"
-CHANNEL_TILE_COST = 1.10
 # ... and is offered only for reductions at least this long: its per-tile transpose and the weight vectors
 # it re-reads per position panel are amortised over K (2-core Zen 5: K = 256, a 1x1 256->1024 14x14
 # layer, 214 -> 240 GFLOP/s; K = 64, the 36 GEMMs of a 55x55 F(4x4) layer with 192 channels, 24% slower)
@@ -47,9 +47,9 @@ CHANNEL_MIN_K = 256
 
 # A position-lane tile with vectors dropped (see tile_cost) ran 25% below full tiles: a 12x32 tile on 16
 # positions, the GEMMs of F(2x2) on 7x7 maps, 180 GFLOP/s against ~240 (2-core Zen 5); with the load-bound
-# factor (13/12 there) this weight makes it 1.33. With WEIGHT_COST (x86/choose.py) it was set by the layers
-# of `python3 bench/winograd_layers.py --layers ...`: the cost model then picks the fastest of direct /
-# F(2x2) / F(4x4) on 9 of 11 (misses: 160->320 6x6, direct for F(2x2)'s 0.117 vs 0.156 ms; 144->288 13x13,
+# factor (13/12 there) this weight makes it 1.33. With the Winograd choice's weight cost (x86/choose.py) it
+# was set by the layers of `python3 bench/winograd_layers.py --layers ...`: the cost model then picks the
+# fastest of direct / F(2x2) / F(4x4) on 9 of 11 (misses: 160->320 6x6, direct for F(2x2)'s 0.117 vs 0.156 ms; 144->288 13x13,
 # F(2x2) for F(4x4)'s 0.329 vs 0.352 ms); without it F(4x4) took 13x13 maps, where F(2x2) measured 10-50%
 # faster.
 PARTIAL_TILE_COST = 1.23
@@ -59,18 +59,21 @@ def channel_lanes(tile) -> bool:
     return len(tile) > 2 and tile[2] == CHANNEL_LANES
 
 
-def tile_cost(m: int, p: int, tile, k: Optional[int] = None) -> float:
+def tile_cost(m: int, p: int, tile, k: Optional[int] = None, channel_tile_cost: Optional[float] = None) -> float:
     """Padded work of ``tile`` on ``m`` output channels x ``p`` positions (see :func:`choose_tile`). A
     position-lane tile whose one panel holds every position computes only the vectors that hold some (the
     x86 kernels' stores past ``p`` are masked off at compile time there, and LLVM drops their FMAs); a k-step
     then issues ``rows * live`` FMAs beside ``rows + live`` loads: its work is weighted PARTIAL_TILE_COST, or
     as load-bound where it has fewer FMAs than loads. ``k``: the reduction length,
-    when known (channel-lane tiles need CHANNEL_MIN_K)."""
+    when known (channel-lane tiles need CHANNEL_MIN_K). ``channel_tile_cost``: the weight of a channel-lane
+    tile's work, given by the target that offers such tiles."""
     rows, cols = tile[:2]
     if channel_lanes(tile):
         if k is not None and k < CHANNEL_MIN_K:
             return float("inf")
-        return _pad(m, rows) * _pad(p, cols) * CHANNEL_TILE_COST
+        if channel_tile_cost is None:
+            raise ValueError("a channel-lane tile needs the target's channel_tile_cost")
+        return _pad(m, rows) * _pad(p, cols) * channel_tile_cost
     if len(tile) < 3 or p > cols:     # no lanes given (the GPU's tiles): plain padded work
         return _pad(m, rows) * _pad(p, cols)
     lanes = tile[2]
@@ -80,9 +83,9 @@ def tile_cost(m: int, p: int, tile, k: Optional[int] = None) -> float:
     return _pad(m, rows) * live * lanes * PARTIAL_TILE_COST * max(1.0, (rows + live) / (rows * live))
 
 
-def choose_tile(m: int, p, tiles, k: Optional[int] = None) -> tuple:
+def choose_tile(m: int, p, tiles, k: Optional[int] = None, channel_tile_cost: Optional[float] = None) -> tuple:
     """The register tile among the target's ``tiles`` with the least padded work (:func:`tile_cost`, about
-    ``pad(m, rows) * pad(p, cols)``; channel-lane tiles weighted by CHANNEL_TILE_COST) for ``m``
+    ``pad(m, rows) * pad(p, cols)``; channel-lane tiles weighted by ``channel_tile_cost``) for ``m``
     output channels and ``p`` positions (ties: the earlier one); the last position-lane tile when ``p`` is
     symbolic. With AVX-512's position-lane tiles (``((12, 32), (8, 48), (6, 64))``) a 14x14 map takes
     32-wide panels (224 of 196 positions computed, 256 with 64-wide ones), a 28x28 map 48-wide ones; on a
@@ -95,7 +98,7 @@ def choose_tile(m: int, p, tiles, k: Optional[int] = None) -> tuple:
         return tuple(positional[-1])
     if any(len(t) > 2 and p <= t[1] and p % t[2] == 0 for t in positional):
         tiles = positional     # one panel whose live vectors hold exactly the positions: nothing to remove
-    return tuple(min(tiles, key=lambda t: tile_cost(m, p, t, k)))
+    return tuple(min(tiles, key=lambda t: tile_cost(m, p, t, k, channel_tile_cost)))
 
 
 @attrs.define(eq=False)

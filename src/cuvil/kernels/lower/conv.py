@@ -90,7 +90,7 @@ def conv_as_gemm(ctx, x, b, out, group, cin_g, m_g, kern, strides, dil, begin, w
         x, _ = padded_window_input(ctx, x, out_sp, kern, strides, dil, begin, 0.0)
     if x.buf is None:
         x = ctx.temp(x.shape, x.dtype, x.fn, "in")
-    tile = choose_tile(m_g, product(out_sp), ctx.gemm_tiles, K)
+    tile = choose_tile(m_g, product(out_sp), ctx.gemm_tiles, K, ctx.channel_tile_cost)
     mr, cols = tile[:2]
     wdt = np.float16 if half else np.float32
     a_buf = ctx.weight(pack_weights(wv.astype(wdt), group, mr, wdt), "packed")

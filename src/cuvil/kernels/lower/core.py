@@ -48,7 +48,7 @@ class LowerCtx:
     def __init__(self, node: Node, inputs: List[Optional[TensorFn]], temp: Callable,
                  weight: Optional[Callable] = None, gemm_cols: int = 0, gemm_tiles: tuple = (),
                  unpadded_contractions: bool = False, matmul_panels: bool = True, half_contractions: bool = False,
-                 row_kernels: bool = False):
+                 row_kernels: bool = False, channel_tile_cost: Optional[float] = None):
         self.node, self.inputs, self._temp, self._weight = node, inputs, temp, weight
         # (x86) short reductions (4+ terms) take the GEMM micro-kernels, 2-D average pools the row kernels
         self.row_kernels = row_kernels and gemm_cols > 0
@@ -61,6 +61,7 @@ class LowerCtx:
         # many wide); a convolution's register tile (rows, cols[, lanes]) is chosen among gemm_tiles
         self.gemm_cols = gemm_cols
         self.gemm_tiles = tuple(gemm_tiles) or ((MR, gemm_cols),)
+        self.channel_tile_cost = channel_tile_cost     # the weight of channel-lane tiles in the tile choice
 
     def attr(self, name, default=None):
         if name in self.node.attrs:
@@ -213,4 +214,4 @@ def scalar_of(t: TensorFn) -> E:
 def sub_ctx(ctx, inputs) -> LowerCtx:
     """``ctx`` with other inputs: an op lowered as another one (ConvInteger as Conv) after rewriting its inputs."""
     return LowerCtx(ctx.node, inputs, ctx._temp, ctx._weight, ctx.gemm_cols, ctx.gemm_tiles, ctx.unpadded_contractions,
-                    ctx.matmul_panels, ctx.half_contractions)
+                    ctx.matmul_panels, ctx.half_contractions, channel_tile_cost=ctx.channel_tile_cost)

@@ -10,19 +10,20 @@ tile, and a Winograd rule is accepted only when its tile size is the cheapest of
   will choose among the target's (:func:`cuvil.kernels.contraction.choose_tile` / ``tile_cost``; AVX2: 6x16;
   AVX-512: 12x32, 8x48 or 6x64, or the channel-lane 32x7, 48x7 or 64x6 for reductions of 256 or more): a
   7x7 map has 4 tiles of 4x4 in one panel, mostly empty, which is why small maps take F(2x2) or stay direct.
-* Weights stream from memory once per inference, Winograd's (m+2)^2/9 times as many: :data:`WEIGHT_COST`
-  per weight float. Each GEMM packs its B panels, :data:`PACK_COST` per packed float, except a 1x1 GEMM in
+* Weights stream from memory once per inference, Winograd's (m+2)^2/9 times as many:
+  :attr:`X86Tuning.weight_cost <cuvil.targets.x86.tuning.X86Tuning.weight_cost>` per weight float. Each
+  GEMM packs its B panels, :data:`PACK_COST` per packed float, except a 1x1 GEMM in
   panel order (Winograd's, where output channels <= tiles), which reads them in place.
 * The transforms: :data:`TRANSFORM_OP_COST` per scalar operation (the matrices' non-zeros, counted over
   whole vectors of tiles: F(4x4) does 7.3 operations per transformed input element to F(2x2)'s 4, and a
   7-tile row fills 7 of 16 lanes), plus :data:`TRANSFORM_COST` per element stored or loaded.
 * Fitted on the 16 layers of `python3 bench/winograd_layers.py` (2-core Zen 5, AVX-512, in-place panels,
-  V channel-major where it aliases: :func:`cuvil.kernels.contraction.winograd_interleaved`), with WEIGHT_COST held
+  V channel-major where it aliases: :func:`cuvil.kernels.contraction.winograd_interleaved`), with the weight cost held
   at 16 (:data:`cuvil.kernels.contraction.PARTIAL_TILE_COST` and it were first set on 11 of them). The model picks
   the fastest of direct / F(2x2) / F(4x4) on 11 of 16. It takes F(4x4) for DenseNet-121's 128 -> 32 at
   56x56 (18% slower than F(2x2) there), F(2x2) at 14x14 (direct was 9% faster), and F(2x2) for three 13x13 /
   14x14 Inception-v1 layers, where F(4x4) ran 17-30% faster alone. Those three are the weight term: a layer
-  run alone keeps its weights in L3, a model streams them. With WEIGHT_COST 12 the model took them, and whole
+  run alone keeps its weights in L3, a model streams them. With a weight cost of 12 the model took them, and whole
   models measured Inception-v1 1.5% faster and SqueezeNet 1.5-2% slower, with libraries 36% and 54% larger
   (F(4x4) stores 4x the weights). The per-element transform cost alone (4.0, the first model) had taken
   F(4x4) for DenseNet's 28x28 layers as well (23% slower). AVX2's choices on these 16 layers are the same
@@ -37,6 +38,7 @@ from ...dsl.ast import Num, OpCall, Rule
 from ...ir.ops.winograd import MATRICES
 from ...kernels.contraction import channel_lanes, choose_tile, tile_cost
 from .gemm import tile_shapes
+from .tuning import DEFAULT_TUNING, X86Tuning
 from .winograd import transform_lanes
 
 AVX2_TILES = tile_shapes(256)   # the default target's register tiles
@@ -45,12 +47,6 @@ TRANSFORM_COST = 2.0      # multiply-add units per transformed element stored or
 # vectors of tiles: F(4x4) takes 7.3 operations per transformed input element where F(2x2) takes 4, and
 # a 7-tile row fills 7 of 16 lanes
 TRANSFORM_OP_COST = 2.0
-# multiply-add units per weight float: a whole model's weights stream from memory once per inference
-# (~30 GB/s here against ~136 G multiply-adds/s per core), and Winograd multiplies them by (m+2)^2 / 9.
-# Without this term F(4x4) won on 7x7 512-channel layers (4 tiles: 38 MB of transformed weights) once
-# channel-lane tiles made its 4-position GEMM cheap on paper; measured 1.15 ms against F(2x2)'s 0.69 ms
-# (`python3 bench/x86_layers.py --only conv3x3`).
-WEIGHT_COST = 16.0
 # multiply-add units per float of a packed B panel (K x padded positions per GEMM): the packing copy (a
 # gather where positions are not consecutive) costs about what a k-step of a 4-vector tile row does, and
 # small GEMMs pay it on every panel. Without it the model took F(4x4) for DenseNet-121's 128 -> 32 growth
@@ -59,21 +55,21 @@ PACK_COST = 8.0
 MIN_CHANNELS = 8          # fewer input or output channels: the GEMMs are too thin to gain
 
 
-def _gemm_work(m: int, p: int, k: int, shapes, in_place: bool = False) -> float:
+def _gemm_work(m: int, p: int, k: int, shapes, in_place: bool = False, tuning: X86Tuning = DEFAULT_TUNING) -> float:
     """Cost per reduction element of an m x p GEMM: the chosen tile's padded work and its panel packing;
     ``in_place``: a 1x1 GEMM whose full panels are read where they are when it runs in panel order with a
     position-lane tile (m <= p, see :mod:`cuvil.targets.x86.gemm`); its partial last panel is packed."""
-    tile = choose_tile(m, p, shapes, k)
+    tile = choose_tile(m, p, shapes, k, tuning.channel_tile_cost)
     cols = tile[1]
     if in_place and m <= p and not channel_lanes(tile):    # only a partial last panel is packed
         packed = cols if p % cols else 0
     else:
         packed = -(-p // cols) * cols
-    return tile_cost(m, p, tile, k) + PACK_COST * packed
+    return tile_cost(m, p, tile, k, tuning.channel_tile_cost) + PACK_COST * packed
 
 
-def direct_cost(c: int, k: int, oh: int, ow: int, shapes=AVX2_TILES) -> float:
-    return 9 * c * _gemm_work(k, oh * ow, 9 * c, shapes) + WEIGHT_COST * 9 * c * k
+def direct_cost(c: int, k: int, oh: int, ow: int, shapes=AVX2_TILES, tuning: X86Tuning = DEFAULT_TUNING) -> float:
+    return 9 * c * _gemm_work(k, oh * ow, 9 * c, shapes, tuning=tuning) + tuning.weight_cost * 9 * c * k
 
 
 def _transform_ops(m: int) -> tuple:
@@ -84,27 +80,31 @@ def _transform_ops(m: int) -> tuple:
     return 2 * (m + 2) * nnz(bt), (2 * m + 2) * nnz(at)
 
 
-def winograd_cost(c: int, k: int, oh: int, ow: int, m: int, shapes=AVX2_TILES) -> float:
+def winograd_cost(c: int, k: int, oh: int, ow: int, m: int, shapes=AVX2_TILES,
+                  tuning: X86Tuning = DEFAULT_TUNING) -> float:
     th, tw = -(-oh // m), -(-ow // m)
     tiles = th * tw
     e = (m + 2) ** 2
-    gemm = e * c * _gemm_work(k, tiles, c, shapes, in_place=True)
+    gemm = e * c * _gemm_work(k, tiles, c, shapes, in_place=True, tuning=tuning)
     # the transform kernels run VW neighbouring tiles of a tile row per vector (4 for rows of <= 4 tiles)
     vw = transform_lanes(16 if any(len(t) > 2 and t[2] == 16 for t in shapes) else 8, tw)
     slots = th * -(-tw // vw) * vw
     ops_in, ops_out = _transform_ops(m)
     transforms = (TRANSFORM_OP_COST * (ops_in * c + ops_out * k) * slots
                   + TRANSFORM_COST * (e * c * tiles + e * k * tiles + k * oh * ow))
-    return gemm + transforms + WEIGHT_COST * e * c * k
+    return gemm + transforms + tuning.weight_cost * e * c * k
 
 
-def best_tile(c: int, k: int, oh: int, ow: int, shapes=AVX2_TILES) -> Optional[int]:
+def best_tile(c: int, k: int, oh: int, ow: int, shapes=AVX2_TILES, tuning: X86Tuning = DEFAULT_TUNING) -> Optional[int]:
     """The Winograd tile (2 or 4) expected to beat the direct convolution, or None, for a target whose
-    micro-kernels' register tiles are ``shapes`` (see :func:`cuvil.kernels.contraction.choose_tile`)."""
+    micro-kernels' register tiles are ``shapes`` (see :func:`cuvil.kernels.contraction.choose_tile`), with
+    the cost model's weights ``tuning`` (its ``winograd_tile``, when set, is taken whatever the costs)."""
+    if tuning.winograd_tile is not None:
+        return tuning.winograd_tile
     if min(c, k) < MIN_CHANNELS:
         return None
-    costs = {None: direct_cost(c, k, oh, ow, shapes), 2: winograd_cost(c, k, oh, ow, 2, shapes),
-             4: winograd_cost(c, k, oh, ow, 4, shapes)}
+    costs = {None: direct_cost(c, k, oh, ow, shapes, tuning), 2: winograd_cost(c, k, oh, ow, 2, shapes, tuning),
+             4: winograd_cost(c, k, oh, ow, 4, shapes, tuning)}
     return min(costs, key=costs.get)
 
 
@@ -117,13 +117,14 @@ def _rhs_tile(rule: Rule) -> Optional[int]:
     return None
 
 
-def accepter(shapes=AVX2_TILES):
-    """The ``accept`` of a target whose micro-kernels' register tiles are ``shapes``."""
-    return lambda rule, b: accept(rule, b, shapes)
+def accepter(shapes=AVX2_TILES, tuning: X86Tuning = DEFAULT_TUNING):
+    """The ``accept`` of a target whose micro-kernels' register tiles are ``shapes``, cost model ``tuning``."""
+    return lambda rule, b: accept(rule, b, shapes, tuning)
 
 
-def accept(rule: Rule, b, shapes=AVX2_TILES) -> bool:
-    """Whether the x86 target (register tiles ``shapes``) wants this match of an ``on x86`` rule."""
+def accept(rule: Rule, b, shapes=AVX2_TILES, tuning: X86Tuning = DEFAULT_TUNING) -> bool:
+    """Whether the x86 target (register tiles ``shapes``, cost model ``tuning``) wants this match of an
+    ``on x86`` rule."""
     tile = _rhs_tile(rule)
     if tile is None:
         return True
@@ -136,4 +137,4 @@ def accept(rule: Rule, b, shapes=AVX2_TILES) -> bool:
     if not all(isinstance(d, int) for d in dims + pads):
         return False      # symbolic maps: the transform kernels need static geometry
     oh, ow = x.shape[2] + pads[0] + pads[2] - 2, x.shape[3] + pads[1] + pads[3] - 2
-    return best_tile(c, k, oh, ow, shapes) == tile
+    return best_tile(c, k, oh, ow, shapes, tuning) == tile

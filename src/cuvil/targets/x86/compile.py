@@ -23,6 +23,7 @@ from .header import generate_header
 from .link import check_dependencies, link_shared, unexpected_dependencies
 from .model_c import generate_model_c
 from .model_info import IODesc, ModelInfo, StepDesc, SymbolDesc
+from .tuning import DEFAULT_TUNING, X86Tuning
 
 
 def _weights_asm(sym: str, path: str, nbytes: int) -> str:
@@ -83,14 +84,16 @@ def _bytes(n: int) -> str:
 
 def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str] = None, prefix: str = "cuvil",
                 manifest_extra: Optional[dict] = None, progress: Optional[Callable[[str], None]] = None,
-                opt_graph: Optional[Graph] = None, max_arena_bytes: Optional[int] = None) -> dict:
+                opt_graph: Optional[Graph] = None, max_arena_bytes: Optional[int] = None,
+                tuning: X86Tuning = DEFAULT_TUNING) -> dict:
     """Compile ``g`` into ``out_so``; writes the header and manifest beside it and returns the manifest.
     Symbols left in ``g`` stay symbolic: the library binds them from the input shapes at every run and
     accepts every value in their ranges (``g.symbols``). ``opt_graph``: ``g`` specialised to the symbols'
     opt values; its kernels are linked in beside the generic ones and run when a call's shapes are exactly
     the opt point. Every kernel's memory accesses are proved in bounds (:mod:`cuvil.kernels.bounds`) before
     code is generated; a kernel that cannot be proved runs guarded; the certificate is the manifest's
-    ``memory_safety``. ``max_arena_bytes`` (default :data:`MAX_ARENA_BYTES`): a larger arena is refused."""
+    ``memory_safety``. ``max_arena_bytes`` (default :data:`MAX_ARENA_BYTES`): a larger arena is refused.
+    ``tuning``: the register tiles offered and the tile choice's weights (:class:`X86Tuning`)."""
     say = progress or (lambda msg: None)
     t0 = time.perf_counter()
     out_so = os.path.abspath(out_so)
@@ -98,8 +101,8 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
     say(f"scheduling {len(g.nodes)} nodes")
     _, _, cpu_name, features = host_target(cpu, opt_level)
     bits = vector_bits(cpu_name, features)
-    sched = schedule(g, gemm_cols=tile_cols(bits), split_concat=True, gemm_tiles=tile_shapes(bits),
-                     row_kernels=True)
+    sched = schedule(g, gemm_cols=tile_cols(bits), split_concat=True, gemm_tiles=tile_shapes(bits, tuning),
+                     row_kernels=True, channel_tile_cost=tuning.channel_tile_cost)
     _check_arena(sched, arena_limit(max_arena_bytes))
     prover = BoundsProver()
     cert = prove_schedule(sched, "generic", prover)
@@ -111,8 +114,9 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
     osched = osteps = otarget = oobj = oblob = None
     if opt_graph is not None and sched.symbols:
         say(f"specialising for the opt point {sched.opt_point}")
-        osched = schedule(opt_graph, gemm_cols=tile_cols(bits), split_concat=True, gemm_tiles=tile_shapes(bits),
-                          row_kernels=True)
+        osched = schedule(opt_graph, gemm_cols=tile_cols(bits), split_concat=True,
+                          gemm_tiles=tile_shapes(bits, tuning), row_kernels=True,
+                          channel_tile_cost=tuning.channel_tile_cost)
         cert.extend(prove_schedule(osched, "opt", prover))
         _refuse_unproved(cert)
         oobj, osteps, otarget = generate_object(osched, f"{prefix}_opt", cpu, opt_level)

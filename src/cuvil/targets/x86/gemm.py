@@ -40,6 +40,7 @@ from ...kernels.schedule import Stage
 from ...kernels.texpr import E, contains, top_level
 from ..llvm.types import F32, I32, I64, PTR, const_value, splat
 from .emitter import X86Emitter
+from .tuning import DEFAULT_TUNING, X86Tuning
 
 # Cores with AVX-512 have 32 vector registers, AVX2 16: NV vectors per row keep MR*NV accumulators + NV
 # B vectors + 1 broadcast in registers.
@@ -52,19 +53,15 @@ def tile_cols(vector_bits: int) -> int:
     return max(4, vector_bits // 32) * _NV.get(vector_bits, 2)
 
 
-# AVX-512's channel-lane tiles (see cuvil.kernels.contraction.choose_tile), as (channel vectors, positions)
-CHANNEL_TILES = ((3, 7), (4, 6), (2, 7))
-
-
-def tile_shapes(vector_bits: int) -> tuple:
+def tile_shapes(vector_bits: int, tuning: X86Tuning = DEFAULT_TUNING) -> tuple:
     """The convolution register tiles ``(rows, cols[, lanes | CHANNEL_LANES])`` of a target, in the order
     :func:`cuvil.kernels.contraction.choose_tile` breaks ties. AVX-512's 32 registers hold 12x2, 8x3 or 6x4
     accumulator vectors of positions beside the B vectors and a broadcast, or (channel lanes) 7x3, 6x4 or
-    7x2 vectors of channels beside the weight vectors (7x4 spilled: 28 accumulators + 4 + a broadcast);
-    AVX2's 16 hold 6x2."""
+    7x2 vectors of channels beside the weight vectors (7x4 spilled: 28 accumulators + 4 + a broadcast;
+    ``tuning.channel_tiles``); AVX2's 16 hold 6x2."""
     vw = max(4, vector_bits // 32)
     if vector_bits >= 512:
-        lanes = tuple((nvec * vw, cols, CHANNEL_LANES) for nvec, cols in CHANNEL_TILES)
+        lanes = tuple((nvec * vw, cols, CHANNEL_LANES) for nvec, cols in tuning.channel_tiles)
         return ((12, 2 * vw, vw), (8, 3 * vw, vw), (MR, 4 * vw, vw)) + lanes
     return ((MR, tile_cols(vector_bits)),)
 

@@ -22,6 +22,7 @@ from .codegen import cpu_identity, host_target, vector_bits
 from .compile import arena_limit, compile_x86
 from .gemm import tile_shapes
 from .model_info import is_c_identifier
+from .tuning import DEFAULT_TUNING, X86Tuning
 
 
 @target_options(X86_TARGET)
@@ -36,7 +37,9 @@ class X86Options(TargetOptions):
     rules/winograd.rule) where the x86 cost model expects them to be faster; they round differently from
     direct convolution, so ``winograd=False`` keeps direct convolutions. ``max_arena_bytes``: the largest
     arena a library may reserve (default :data:`cuvil.targets.x86.compile.MAX_ARENA_BYTES`, or the
-    ``CUVIL_MAX_ARENA_BYTES`` environment variable).
+    ``CUVIL_MAX_ARENA_BYTES`` environment variable). ``tuning``: the cost model's weights and the register
+    tiles offered (:class:`cuvil.targets.x86.tuning.X86Tuning`; default: the shipped, measured ones), the
+    settings benchmarks vary.
     """
 
     opt_level: int = attrs.field(default=3, validator=check(is_opt_level, "0, 1, 2 or 3"))
@@ -48,16 +51,19 @@ class X86Options(TargetOptions):
     max_arena_bytes: Optional[int] = attrs.field(default=None, validator=check(
         lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and v > 0),
         "a positive number of bytes, or None for the default"))
+    tuning: X86Tuning = attrs.field(default=DEFAULT_TUNING, validator=check(
+        lambda v: isinstance(v, X86Tuning), "an X86Tuning"))
 
 
-def choose_algorithms(graph: Graph, cpu: Optional[str] = None) -> Tuple[Graph, RewriteReport]:
+def choose_algorithms(graph: Graph, cpu: Optional[str] = None,
+                      tuning: X86Tuning = DEFAULT_TUNING) -> Tuple[Graph, RewriteReport]:
     """A copy of ``graph`` with the built-in ``on x86`` rules (Winograd convolutions) applied where the x86
-    cost model accepts the match for ``cpu`` (default the host: its vector width sets the micro-kernels'
-    register tiles), and the rewrite's report; the rules are proved like every other rule."""
+    cost model (weights ``tuning``) accepts the match for ``cpu`` (default the host: its vector width sets the
+    micro-kernels' register tiles), and the rewrite's report; the rules are proved like every other rule."""
     _, _, cpu_name, features = host_target(cpu)
     g = graph.clone()
     report = proved_rewrite(g, [r for r in builtin_rules() if r.on == "x86"], phase="x86",
-                            accept=accepter(tile_shapes(vector_bits(cpu_name, features))))
+                            accept=accepter(tile_shapes(vector_bits(cpu_name, features), tuning), tuning))
     return g, report
 
 
@@ -74,7 +80,8 @@ class X86Target:
         choose = options.winograd and options.opt_level >= 2
         # The arena limit is enforced while building, so a cached library must have been built under the same one.
         key = [str(options.opt_level), cpu_identity(options.cpu), options.prefix, f"opt_kernels={options.opt_kernels}",
-               f"winograd={choose}", f"max_arena_bytes={arena_limit(options.max_arena_bytes)}"] + [r.text for r in builtin_rules() if r.on == "x86" and choose]
+               f"winograd={choose}", f"max_arena_bytes={arena_limit(options.max_arena_bytes)}",
+               f"tuning={options.tuning!r}"] + [r.text for r in builtin_rules() if r.on == "x86" and choose]
         return BuildPlan(graph, options, f"lib{options.prefix}.so", key, {"choose": choose, "profiles": profiles})
 
     def emit(self, plan: BuildPlan, path: str, manifest_extra: dict, progress: Progress) -> dict:
@@ -82,13 +89,14 @@ class X86Target:
         g = plan.graph
         extra = dict(manifest_extra)
         if plan.extra["choose"]:
-            g, report = choose_algorithms(g, o.cpu)
+            g, report = choose_algorithms(g, o.cpu, o.tuning)
             extra["rules_applied"] = {**extra.get("rules_applied", {}), **applied_rules(report)}
         opt_graph = None
         if o.opt_kernels and g.symbols:
             opt_graph, _ = specialize_graph(g, {k: v[1] for k, v in plan.extra["profiles"].items()})
         return compile_x86(g, path, opt_level=o.opt_level, cpu=o.cpu, prefix=o.prefix, manifest_extra=extra,
-                           progress=progress, opt_graph=opt_graph, max_arena_bytes=o.max_arena_bytes)
+                           progress=progress, opt_graph=opt_graph, max_arena_bytes=o.max_arena_bytes,
+                           tuning=o.tuning)
 
     def load(self, path: str, manifest: Optional[dict] = None, cached: bool = False) -> Artifact:
         if manifest is None:

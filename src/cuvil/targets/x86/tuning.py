@@ -1,0 +1,51 @@
+"""The x86 backend's cost-model and register-tile settings that benchmarks vary (``bench/channel_tiles.py``,
+``bench/winograd_layers.py``): one immutable object carried by :class:`cuvil.targets.x86.target.X86Options`
+and passed to the Winograd choice (:mod:`cuvil.targets.x86.choose`), the scheduler's tile choice
+(:func:`cuvil.kernels.contraction.choose_tile`, which takes the plain ``channel_tile_cost``) and the register
+tiles offered (:func:`cuvil.targets.x86.gemm.tile_shapes`), never module state. The defaults are the shipped
+choices, each measured on a 2-core Zen 5 (the figures are in the comments below and in those modules)."""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import attrs
+
+
+def _channel_tiles(value) -> Tuple[Tuple[int, int], ...]:
+    return tuple((int(n), int(c)) for n, c in value)
+
+
+def _positive_pairs(inst, attribute, value) -> None:
+    if not all(n > 0 and c > 0 for n, c in value):
+        raise ValueError(f"{attribute.name}: (channel vectors, positions) pairs of positive ints, got {value!r}")
+
+
+def _non_negative(inst, attribute, value) -> None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"{attribute.name}: a number >= 0, got {value!r}")
+
+
+@attrs.frozen
+class X86Tuning:
+    """Cost-model weights and register tiles of the x86 backend (defaults: the shipped, measured ones)."""
+    # AVX-512's channel-lane register tiles (cuvil.kernels.contraction.choose_tile), as (channel vectors,
+    # positions): 7x3, 6x4 or 7x2 accumulator vectors of channels beside the weight vectors and a broadcast
+    # (7x4 spilled: 28 accumulators + 4 + a broadcast). Empty: position-lane tiles only
+    channel_tiles: Tuple[Tuple[int, int], ...] = attrs.field(default=((3, 7), (4, 6), (2, 7)),
+                                                             converter=_channel_tiles, validator=_positive_pairs)
+    # A channel-lane tile's epilogue transposes it in registers, so its padded work is weighted this much
+    # against a position-lane tile's (cuvil.kernels.contraction.tile_cost)
+    channel_tile_cost: float = attrs.field(default=1.10, validator=_non_negative)
+    # multiply-add units per weight float in the Winograd choice (cuvil.targets.x86.choose): a whole model's
+    # weights stream from memory once per inference (~30 GB/s here against ~136 G multiply-adds/s per core),
+    # and Winograd multiplies them by (m+2)^2 / 9. Without this term F(4x4) won on 7x7 512-channel layers
+    # (4 tiles: 38 MB of transformed weights) once channel-lane tiles made its 4-position GEMM cheap on paper;
+    # measured 1.15 ms against F(2x2)'s 0.69 ms (`python3 bench/x86_layers.py --only conv3x3`)
+    weight_cost: float = attrs.field(default=16.0, validator=_non_negative)
+    # 2 or 4: every stride-1 3x3 convolution an `on x86` Winograd rule matches takes that tile, whatever the
+    # cost model says (the A/B measurements the model is fitted on: bench/winograd_layers.py,
+    # bench/winograd_fallback.py); None: the cost model chooses
+    winograd_tile: Optional[int] = attrs.field(default=None, validator=attrs.validators.in_((None, 2, 4)))
+
+
+DEFAULT_TUNING = X86Tuning()
