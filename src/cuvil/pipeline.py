@@ -27,6 +27,7 @@ from .rewrite_rules.specialize import specialize_graph
 from .rewrite_rules.verdicts import builtin_rules
 from .targets import X86_TARGET, TargetOptions, get_target, make_options
 from .targets.x86.target import choose_algorithms
+from .targets.x86.tuning import DEFAULT_TUNING, X86Tuning
 from .version import __version__
 
 ModelSource = Union[str, os.PathLike, bytes, onnx.ModelProto]
@@ -107,15 +108,17 @@ class Pipeline:
         report = proved_rewrite(g, all_rules, on_unproved=on_unproved, allow_bounded=allow_bounded)
         return self._derive(g, report)
 
-    def choose_algorithms(self, target: str = X86_TARGET, cpu: Optional[str] = None) -> "Pipeline":
+    def choose_algorithms(self, target: str = X86_TARGET, cpu: Optional[str] = None,
+                          tuning: Optional[X86Tuning] = None) -> "Pipeline":
         """Apply the built-in rules of the target's phase (``on x86``: Winograd convolutions) where the
         target's cost model accepts the match (for ``cpu``, default the host: its vector width sets the
-        micro-kernels' register tiles); the rules are proved like every other rule. Only the x86 target
-        has algorithm choices (:func:`cuvil.targets.x86.target.choose_algorithms`)."""
+        micro-kernels' register tiles) with the cost model's weights ``tuning`` (default
+        :data:`cuvil.targets.x86.tuning.DEFAULT_TUNING`, as ``compile`` uses); the rules are proved like every
+        other rule. Only the x86 target has algorithm choices (:func:`cuvil.targets.x86.target.choose_algorithms`)."""
         if target != X86_TARGET:
             get_target(target)   # an unknown target is named as such
             raise CuvilError(f"{target} has no algorithm choices; {X86_TARGET} has (Winograd convolutions)")
-        g, report = choose_algorithms(self._graph, cpu)
+        g, report = choose_algorithms(self._graph, cpu, tuning or DEFAULT_TUNING)
         return self._derive(g, report)
 
     def check_shapes(self, shape_profiles: Optional[Mapping[str, Tuple[int, ...]]] = None):
