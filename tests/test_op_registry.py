@@ -145,3 +145,12 @@ def test_bitwise_ops_fuse_and_compute_as_the_reference(tmp_path):
     art = Pipeline.from_onnx(model).compile("x86_64-linux-gnu", cache=False)
     np.testing.assert_array_equal(art.run(feeds)["z"], run_reference(model, feeds)[0])
     assert art.manifest["kernels"] == 1
+
+
+def test_trait_sets_that_replaced_hand_kept_lists():
+    """The commutative, window and shape-only traits replaced lists in the rewrite layer, the canonical form
+    and the ONNX backend. Max and Min must never be commutative (ties of +0/-0 and NaNs depend on the order)."""
+    assert ops_with("commutative") == {"Add", "Mul"}
+    assert not ops_with("commutative") & {"Max", "Min", "Sub", "Div"}
+    assert ops_with("window") == {"Conv", "ConvInteger", "ConvTranspose", "MaxPool", "AveragePool", "LpPool"}
+    assert ops_with("shape_only") == {"Shape", "Size"}

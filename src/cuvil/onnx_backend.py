@@ -32,7 +32,7 @@ from .errors import CuvilError, ShapeError, UnsupportedOpError
 from .frontend import load_model
 from .ir.dim import SymExpr
 from .ir.dtype import DType
-from .ir.registry import all_ops
+from .ir.registry import all_ops, ops_with
 from .pipeline import Pipeline
 
 __all__ = ["CuvilBackend", "CuvilBackendRep", "backend", "prepare", "run_model", "run_node", "supports_device"]
@@ -87,7 +87,7 @@ _EXTRA_VALUE_POSITIONS = {
     "STFT": (1, 3), "HannWindow": (0,), "HammingWindow": (0,), "BlackmanWindow": (0,),
 }
 # Ops whose output depends on their input's shape only: value dependence stops there.
-_SHAPE_ONLY = {"Shape", "Size"}
+_SHAPE_ONLY = ops_with("shape_only")
 
 
 def _value_positions(op: str) -> Tuple[int, ...]:

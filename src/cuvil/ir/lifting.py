@@ -8,8 +8,10 @@ import numpy as np
 from .graph import Graph, Node
 from .registry import attr_defaults, lookup
 
-# Attributes whose unset meaning is "all zeros"/"all ones"/"from the weights" though ONNX gives no default.
-_WINDOW_OPS = ("Conv", "ConvTranspose", "ConvInteger", "MaxPool", "AveragePool", "LpPool")
+def _is_window(node: Node) -> bool:
+    """Window ops (the ``window`` trait): attributes whose unset meaning is "all zeros"/"all ones"/"from the
+    weights" though ONNX gives no default."""
+    return lookup(node.op, node=node.name, domain=node.domain).window
 
 
 def lifted_value(arr: np.ndarray) -> Any:
@@ -42,7 +44,7 @@ def drop_default_attrs(node: Node) -> None:
     for name in list(node.attrs):
         if name in defaults and _same(node.attrs[name], defaults[name]):
             del node.attrs[name]
-    if node.op not in _WINDOW_OPS:
+    if not _is_window(node):
         return
     for name, unit in (("pads", 0), ("strides", 1), ("dilations", 1), ("output_padding", 0)):
         val = node.attrs.get(name)
@@ -63,7 +65,7 @@ def implicit_attr(node: Node, name: str):
     defaults = attr_defaults(node.op)
     if name in defaults:
         return defaults[name]
-    if node.op not in _WINDOW_OPS:
+    if not _is_window(node):
         return None
     x = node.input(0)
     if x is None or x.shape is None or len(x.shape) < 3:

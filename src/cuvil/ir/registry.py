@@ -69,6 +69,14 @@ class OpDef:
     converts_dtype: bool = False
     # The output is not a function of the inputs (random ops): never folded nor merged.
     nondeterministic: bool = False
+    # op(a, b) == op(b, a) for every element type (Add, Mul; not Max/Min, whose ties depend on the order): the
+    # matcher may try both operand orders once the fact is proved per domain (rewrite_rules/commutativity.py).
+    commutative: bool = False
+    # A sliding window (convolutions, pools): unset pads/strides/dilations mean zeros/ones, though ONNX gives
+    # them no default (the canonical form, ir/lifting.py).
+    window: bool = False
+    # The output depends on the input's shape only, not its values (Shape, Size).
+    shape_only: bool = False
 
     @functools.cached_property
     def schema(self) -> onnx.defs.OpSchema:
@@ -88,7 +96,8 @@ REGISTRY: Dict[str, OpDef] = {}
 
 def op(*names: str, lifted: Sequence[Tuple[str, int, str]] = (), sym_eval=None, domain: str = "",
        elementwise: Optional[str] = None, half: Optional[str] = None, converts_dtype: bool = False,
-       nondeterministic: bool = False):
+       nondeterministic: bool = False, commutative: bool = False, window: bool = False,
+       shape_only: bool = False):
     """Decorator: declare ops ``names`` with the decorated function as their shape inference (``domain``:
     CUSTOM_DOMAIN for Cuvil's own ops, whose schema :func:`register_custom_schema` declared first) and the
     given traits (see :class:`OpDef`). Ops that share a shape function but not their traits stack several
@@ -106,7 +115,7 @@ def op(*names: str, lifted: Sequence[Tuple[str, int, str]] = (), sym_eval=None, 
             if domain and name not in _CUSTOM_SCHEMAS:
                 raise RuntimeError(f"op {name} of domain {domain} has no registered schema")
             REGISTRY[name] = OpDef(name, family, fn, tuple(lifted), sym_eval, domain, elementwise, half,
-                                   converts_dtype, nondeterministic)
+                                   converts_dtype, nondeterministic, commutative, window, shape_only)
         return fn
 
     return deco

@@ -24,9 +24,10 @@ from typing import Dict, Iterable, Tuple
 
 import z3
 
+from ..ir.registry import ops_with
 from . import semantics as sem
 
-COMMUTATIVE_OPS = ("Add", "Mul")
+COMMUTATIVE_OPS = tuple(sorted(ops_with("commutative")))   # Add, Mul
 FACTS_VERSION = "1"
 FACT_TIMEOUT_MS = 120_000  # proved once and cached: Z3's float64 multiplier takes seconds
 INT_WIDTHS = {"int8": 8, "int16": 16, "int32": 32, "int64": 64, "uint8": 8, "uint16": 16, "uint32": 32,

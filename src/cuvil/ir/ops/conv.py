@@ -115,14 +115,14 @@ def conv_shape(ctx: InferCtx, xi: int = 0, wi: int = 1) -> Tuple[Dim, ...]:
     return (x[0], m, *window_dims(ctx, x[2:], kernel_of(ctx, w)))
 
 
-@op("Conv", half=HALF_ACCUMULATE)
+@op("Conv", half=HALF_ACCUMULATE, window=True)
 def conv(ctx: InferCtx):
     shape = conv_shape(ctx)
     check_bias(ctx, 2, shape[1])
     return TensorType(ctx.dtype(0), shape)
 
 
-@op("ConvInteger")
+@op("ConvInteger", window=True)
 def conv_integer(ctx: InferCtx):
     return TensorType(DType.INT32, conv_shape(ctx))  # accumulates 8-bit products in int32
 
@@ -139,7 +139,7 @@ def deform_conv(ctx: InferCtx):
     return TensorType(ctx.dtype(0), shape)
 
 
-@op("ConvTranspose", half=HALF_ACCUMULATE)
+@op("ConvTranspose", half=HALF_ACCUMULATE, window=True)
 def conv_transpose(ctx: InferCtx):
     x, w = ctx.shape(0), ctx.shape(1)
     _check_rank(ctx, x, w)

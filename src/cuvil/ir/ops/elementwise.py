@@ -41,7 +41,7 @@ def _sym_binary(fn):
     return ev
 
 
-@op("Add", elementwise=BROADCAST, half=HALF_COMPUTE, sym_eval=_sym_binary(lambda x, y: x + y))
+@op("Add", elementwise=BROADCAST, half=HALF_COMPUTE, commutative=True, sym_eval=_sym_binary(lambda x, y: x + y))
 def add(ctx):
     return _binary(ctx)
 
@@ -51,7 +51,7 @@ def sub(ctx):
     return _binary(ctx)
 
 
-@op("Mul", elementwise=BROADCAST, half=HALF_COMPUTE, sym_eval=_sym_binary(lambda x, y: x * y))
+@op("Mul", elementwise=BROADCAST, half=HALF_COMPUTE, commutative=True, sym_eval=_sym_binary(lambda x, y: x * y))
 def mul(ctx):
     return _binary(ctx)
 

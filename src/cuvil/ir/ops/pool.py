@@ -23,9 +23,9 @@ def _kernel(ctx: InferCtx, n: int):
     return k
 
 
-@op("MaxPool", half=HALF_EXACT)
-@op("AveragePool", half=HALF_ACCUMULATE)
-@op("LpPool")
+@op("MaxPool", half=HALF_EXACT, window=True)
+@op("AveragePool", half=HALF_ACCUMULATE, window=True)
+@op("LpPool", window=True)
 def pool(ctx: InferCtx):
     x = _input(ctx)
     y = TensorType(ctx.dtype(0), (x[0], x[1], *window_dims(ctx, x[2:], _kernel(ctx, len(x) - 2))))

@@ -463,14 +463,14 @@ def _shape_part(ctx: InferCtx):
     return s[ctx.attr("start"):ctx.attr("end")]  # Python's clamping of a step-1 slice is ONNX's
 
 
-@op("Shape", sym_eval=lambda ctx: [tuple(_shape_part(ctx))])
+@op("Shape", shape_only=True, sym_eval=lambda ctx: [tuple(_shape_part(ctx))])
 def shape(ctx: InferCtx):
     if ctx.type(0).shape is None:
         return TensorType(DType.INT64, None)
     return TensorType(DType.INT64, (len(_shape_part(ctx)),))
 
 
-@op("Size", sym_eval=lambda ctx: [(product(ctx.shape(0)),)])
+@op("Size", shape_only=True, sym_eval=lambda ctx: [(product(ctx.shape(0)),)])
 def size(ctx: InferCtx):
     return TensorType(DType.INT64, ())
 
