@@ -2,6 +2,8 @@
 kernels share, loop metadata, and LLVM's one-time initialisation."""
 from __future__ import annotations
 
+import functools
+
 import re
 from typing import Dict, List, Optional, Sequence
 
@@ -11,26 +13,18 @@ import llvmlite.ir as ir
 from ...kernels.schedule import Stage
 from .types import I1
 
-_NATIVE_READY = False
-_ALL_READY = False
-
-
+@functools.cache
 def initialize_native() -> None:
     """Initialise LLVM's host target (once)."""
-    global _NATIVE_READY
-    if not _NATIVE_READY:
-        llvm.initialize_native_target()
-        llvm.initialize_native_asmprinter()
-        _NATIVE_READY = True
+    llvm.initialize_native_target()
+    llvm.initialize_native_asmprinter()
 
 
+@functools.cache
 def initialize_all() -> None:
     """Initialise every target LLVM was built with (once): NVPTX is not the host."""
-    global _ALL_READY
-    if not _ALL_READY:
-        llvm.initialize_all_targets()
-        llvm.initialize_all_asmprinters()
-        _ALL_READY = True
+    llvm.initialize_all_targets()
+    llvm.initialize_all_asmprinters()
 
 
 _LOOP_SELF = "cuvil.loop."
