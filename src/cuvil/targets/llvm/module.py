@@ -3,7 +3,6 @@ kernels share, loop metadata, and LLVM's one-time initialisation."""
 from __future__ import annotations
 
 import functools
-
 import re
 from typing import Dict, List, Optional, Sequence
 
@@ -12,6 +11,7 @@ import llvmlite.ir as ir
 
 from ...kernels.schedule import Stage
 from .types import I1
+
 
 @functools.cache
 def initialize_native() -> None:
