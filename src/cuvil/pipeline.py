@@ -14,6 +14,8 @@ from .artifact import cache_entry, cache_key, cached_path
 from .dsl.parser import load_rules
 from .errors import CuvilError, ShapeError
 from .frontend import export_model, import_model, load_model
+from .frontend.torch_import import (TORCH_SUFFIXES, dim_ranges, export_exported_program, export_module,
+                                    export_torchscript)
 from .ir.constraints import check_constraints
 from .ir.dim import SymExpr, Symbol, bounds, evaluate
 from .ir.graph import Graph
@@ -76,6 +78,42 @@ class Pipeline:
         sha = hashlib.sha256(model.SerializeToString()).hexdigest()
         return cls(graph, initializer_elements=sum(int(np.prod(t.dims)) for t in model.graph.initializer),
                    source_sha256=sha)
+
+    @classmethod
+    def from_torch(cls, module, example_inputs, dynamic_shapes=None, *, input_names=None,
+                   output_names=None) -> "Pipeline":
+        """Import a PyTorch ``nn.Module`` through ``torch.onnx.export(..., dynamo=True)`` (opset 18).
+
+        ``example_inputs`` is a tuple of tensors and ``dynamic_shapes`` ``torch.export``'s structure
+        (``{"x": {0: torch.export.Dim("batch", min=1, max=8)}}``): each named Dim becomes a Cuvil symbol of the
+        same name with the Dim's range as its profile. Needs the ``torch`` extra."""
+        model = export_module(module, example_inputs, dynamic_shapes, input_names=input_names,
+                              output_names=output_names)
+        return cls.from_onnx(model)._with_symbol_ranges(dim_ranges(dynamic_shapes))
+
+    @classmethod
+    def from_torch_file(cls, path: Union[str, os.PathLike], input_shapes=None, input_dtypes=None) -> "Pipeline":
+        """Import a ``.pt2`` ExportedProgram (``torch.export.save``; its symbols and their ranges are kept) or a
+        ``.pt`` TorchScript file (``torch.jit.save``; ``input_shapes`` names each input of ``forward`` with one
+        shape or ``(min, opt, max)``, and a dim that varies becomes the symbol ``NAME.AXIS``). Needs the
+        ``torch`` extra."""
+        if os.fspath(path).endswith(".pt2"):
+            model, ranges = export_exported_program(path)
+        else:
+            model, ranges = export_torchscript(path, input_shapes or {}, input_dtypes)
+        return cls.from_onnx(model)._with_symbol_ranges(ranges)
+
+    @classmethod
+    def from_file(cls, path: Union[str, os.PathLike], input_shapes=None) -> "Pipeline":
+        """An ``.onnx`` file, or a PyTorch file by its suffix (``.pt``, ``.pth``, ``.pt2``: :meth:`from_torch_file`)."""
+        if os.fspath(path).endswith(TORCH_SUFFIXES):
+            return cls.from_torch_file(path, input_shapes)
+        return cls.from_onnx(path)
+
+    def _with_symbol_ranges(self, ranges: Mapping[str, Tuple[int, int]]) -> "Pipeline":
+        """The exporter's symbol ranges as profiles, for the symbols the graph kept (torch may specialise some)."""
+        kept = {name: r for name, r in ranges.items() if name in self._graph.symbols}
+        return self.with_profiles(kept) if kept else self
 
     @property
     def graph(self) -> Graph:
