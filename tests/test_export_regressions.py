@@ -53,3 +53,54 @@ def test_gather_elements_along_an_axis_longer_than_np_choose_allows(axis, data_s
     xi = helper.make_tensor_value_info("i", TensorProto.INT64, list(index_shape))
     m2 = make([const("d", data), helper.make_node("GatherElements", ["d", "i"], ["y"], axis=axis)], [xi])
     check(m2, {"i": idx})
+
+
+# --- element types where a rank is unknown (TorchScript exports' attention masks) ---------------------------
+
+def _torchscript_mask(scores_shape=("B", "H", "S", "S")):
+    """The TorchScript exporter's extended attention mask: the Expand target comes out of a Where over a
+    shape vector, which Cuvil cannot evaluate before the symbols are fixed, so the Expand's rank is unknown
+    and everything after it must get its element type without shapes."""
+    mask = helper.make_tensor_value_info("mask", TensorProto.INT64, ["B", "S"])
+    scores = helper.make_tensor_value_info("scores", TensorProto.FLOAT, list(scores_shape))
+    i64 = lambda name, v: const(name, np.array(v, np.int64))
+    nodes = [
+        helper.make_node("Cast", ["mask"], ["mb"], to=TensorProto.BOOL),
+        i64("ax", [1, 2]), helper.make_node("Unsqueeze", ["mb", "ax"], ["m4"]),             # [B, 1, 1, S]
+        helper.make_node("Shape", ["scores"], ["ss"]),
+        i64("neg", -1), helper.make_node("Equal", ["ss", "neg"], ["is_neg"]),
+        helper.make_node("Shape", ["ss"], ["ss_len"]),
+        helper.make_node("ConstantOfShape", ["ss_len"], ["ones"], value=numpy_helper.from_array(np.array([1], np.int64))),
+        helper.make_node("Where", ["is_neg", "ones", "ss"], ["target"]),
+        helper.make_node("Expand", ["m4", "target"], ["mx"]),                               # rank unknown to Cuvil
+        helper.make_node("Not", ["mx"], ["pad"]),
+        helper.make_node("Cast", ["pad"], ["padf"], to=TensorProto.FLOAT),
+        const("zero", np.array([0.0], np.float32)), const("ninf", np.array([-1e9], np.float32)),
+        helper.make_node("Where", ["mx", "zero", "ninf"], ["bias"]),                        # float, not bool
+        helper.make_node("Add", ["scores", "bias"], ["s2"]),
+        helper.make_node("Add", ["s2", "padf"], ["y"]),
+        helper.make_node("Identity", ["pad"], ["pad_out"]),
+    ]
+    return make(nodes, [mask, scores], outputs=("y", "pad_out"), opset=17)
+
+
+def test_dtypes_survive_an_unknown_rank():
+    m = _torchscript_mask()
+    g = Pipeline.from_onnx(m).graph
+    by_name = {v.name: v for v in g.values()}
+    assert by_name["target"].dtype.name == "INT64"
+    assert by_name["bias"].dtype.name == "FLOAT" and by_name["pad"].dtype.name == "BOOL"
+    assert by_name["padf"].dtype.name == "FLOAT"
+
+
+@pytest.mark.parametrize("B,S", [(1, 1), (2, 5), (3, 8)])
+def test_torchscript_mask_pattern_matches_onnxruntime(B, S):
+    m = _torchscript_mask()
+    rng = np.random.default_rng(B * 10 + S)
+    mask = np.ones((B, S), np.int64)
+    mask[-1, 1:] = 0                                  # the last row mostly padding
+    feeds = {"mask": mask, "scores": rng.standard_normal((B, 2, S, S)).astype(np.float32)}
+    want = ort_session(m).run(None, feeds)
+    got = Pipeline.from_onnx(m).optimize().compile(fixed={"B": B, "S": S, "H": 2}).run(feeds)
+    np.testing.assert_allclose(got["y"], want[0], rtol=1e-6)
+    np.testing.assert_array_equal(got["pad_out"], want[1])
