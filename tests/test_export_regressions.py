@@ -104,3 +104,60 @@ def test_torchscript_mask_pattern_matches_onnxruntime(B, S):
     got = Pipeline.from_onnx(m).optimize().compile(fixed={"B": B, "S": S, "H": 2}).run(feeds)
     np.testing.assert_allclose(got["y"], want[0], rtol=1e-6)
     np.testing.assert_array_equal(got["pad_out"], want[1])
+
+
+# --- Concat of shape values along an inner axis (dynamo exports' padding-mask index, B = 1) -----------------
+
+def _dynamo_mask_index():
+    """``mask[batch_idx, kv_idx]`` as torch.onnx's dynamo exporter writes it: two aranges broadcast against
+    each other (Expand to the Shape of their Max), Unsqueeze(-1), Concat on the last axis, GatherND. At
+    B = 1 every index element is known at compile time, and Concat's symbolic evaluation joined the
+    inputs' elements whole instead of pair by pair: the mask was read at wrong positions."""
+    mask = helper.make_tensor_value_info("mask", TensorProto.INT64, ["B", "S"])
+    i64 = lambda name, v: const(name, np.array(v, np.int64))
+    nodes = [
+        i64("zero", 0), i64("one", 1), i64("ax12", [1, 2]), i64("ax3", [3]), i64("ax01", [0, 1]), i64("ax2", [2]),
+        i64("last", [-1]),
+        helper.make_node("Shape", ["mask"], ["b_"], start=0, end=1), helper.make_node("Squeeze", ["b_"], ["b"]),
+        helper.make_node("Shape", ["mask"], ["s_"], start=1, end=2), helper.make_node("Squeeze", ["s_"], ["s"]),
+        helper.make_node("Range", ["zero", "b", "one"], ["bi"]),
+        helper.make_node("Unsqueeze", ["bi", "ax12"], ["bi3"]), helper.make_node("Unsqueeze", ["bi3", "ax3"], ["bi4"]),
+        helper.make_node("Range", ["zero", "s", "one"], ["si"]),
+        helper.make_node("Unsqueeze", ["si", "ax01"], ["si3"]), helper.make_node("Unsqueeze", ["si3", "ax2"], ["si4"]),
+        helper.make_node("Max", ["bi4", "si4"], ["mx"]), helper.make_node("Shape", ["mx"], ["target"]),
+        helper.make_node("Expand", ["bi4", "target"], ["bx"]), helper.make_node("Unsqueeze", ["bx", "last"], ["bx5"]),
+        helper.make_node("Expand", ["si4", "target"], ["sx"]), helper.make_node("Unsqueeze", ["sx", "last"], ["sx5"]),
+        helper.make_node("Concat", ["bx5", "sx5"], ["idx"], axis=-1),                       # [B, 1, 1, S, 2]
+        helper.make_node("Cast", ["mask"], ["mb"], to=TensorProto.BOOL),
+        helper.make_node("GatherND", ["mb", "idx"], ["picked"]),
+        helper.make_node("Cast", ["picked"], ["y"], to=TensorProto.FLOAT),
+    ]
+    return make(nodes, [mask])
+
+
+@pytest.mark.parametrize("B,S", [(1, 7), (1, 16), (2, 5)])
+def test_dynamo_mask_index_matches_onnxruntime(B, S):
+    m = _dynamo_mask_index()
+    mask = np.ones((B, S), np.int64)
+    mask[0, S // 2:] = 0
+    feeds = {"mask": mask}
+    want = ort_session(m).run(None, feeds)[0]
+    p = Pipeline.from_onnx(m)
+    # The fully specialised graph is what the GPU target compiles (it fixes every symbol): its folded
+    # index must be right there too.
+    np.testing.assert_array_equal(p.specialize({"B": B, "S": S}).run_reference(feeds)["y"], want)
+    np.testing.assert_array_equal(p.optimize().compile(fixed={"B": B, "S": S}).run(feeds)["y"], want)
+
+
+@pytest.mark.parametrize("axis,shapes", [(-1, [(1, 3, 1), (1, 3, 1)]), (1, [(2, 1), (2, 2)]), (0, [(1, 2), (2, 2)]),
+                                         (1, [(2, 2, 1), (2, 1, 1)])])
+def test_concat_of_known_elements_folds_in_row_major_order(axis, shapes):
+    parts = [np.arange(int(np.prod(s)), dtype=np.int64).reshape(s) + 10 * k for k, s in enumerate(shapes)]
+    out_shape = np.concatenate(parts, axis).shape
+    x = helper.make_tensor_value_info("x", TensorProto.INT64, list(out_shape))
+    # Small integer constants fold through the ops' symbolic evaluation (Concat's), not through onnx.reference.
+    nodes = [const(f"p{k}", a) for k, a in enumerate(parts)]
+    nodes += [helper.make_node("Concat", [f"p{k}" for k in range(len(parts))], ["c"], axis=axis),
+              helper.make_node("Add", ["x", "c"], ["y"])]
+    m = make(nodes, [x])
+    check(m, {"x": np.zeros(out_shape, np.int64)})
