@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from cuvil import Pipeline
+from cuvil import CuvilError, Pipeline
 from cuvil.testing.oracles import ort_session
 
 
@@ -161,3 +161,22 @@ def test_concat_of_known_elements_folds_in_row_major_order(axis, shapes):
               helper.make_node("Add", ["x", "c"], ["y"])]
     m = make(nodes, [x])
     check(m, {"x": np.zeros(out_shape, np.int64)})
+
+
+def test_run_time_sized_range_is_a_cuvil_error_or_compiles():
+    # A Range whose length comes from data has a size symbol with no range: bounding it raised a raw KeyError.
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", 4])
+    n = helper.make_tensor_value_info("n", TensorProto.INT64, [])
+    nodes = [const("zero", np.array(0, np.int64)), const("one", np.array(1, np.int64)),
+             helper.make_node("Range", ["zero", "n", "one"], ["r"]),
+             helper.make_node("Cast", ["r"], ["rf"], to=TensorProto.FLOAT),
+             helper.make_node("ReduceSum", ["rf"], ["s"], keepdims=0),
+             helper.make_node("Add", ["x", "s"], ["y"])]
+    m = make(nodes, [x, n])
+    try:
+        art = Pipeline.from_onnx(m).optimize().compile(shape_profiles={"B": (1, 2, 4)})
+    except CuvilError as e:
+        assert "\n" not in str(e).strip()
+        return
+    feeds = {"x": np.ones((2, 4), np.float32), "n": np.array(5, np.int64)}
+    np.testing.assert_allclose(art.run(feeds)["y"], ort_session(m).run(None, feeds)[0])
