@@ -4,7 +4,8 @@ implementation departs from the ONNX spec's own function body replaced by that b
 Cuvil's op semantics (the prover's, the folder's and the backends') are the spec's: Softplus is
 ``Log(Exp(X) + 1)``, Sigmoid ``1 / (1 + Exp(-X))``, Mish ``X * Tanh(Softplus(X))``, and Sum folds left
 from its first input (onnx.reference uses logaddexp, a two-branch sigmoid, and Python's ``sum`` from 0,
-which turns ``Sum(-0.0)`` into +0.0; its Softsign fails on 0-d inputs). Everything else is onnx.reference as it is.
+which turns ``Sum(-0.0)`` into +0.0; its Softsign fails on 0-d inputs; its GatherElements is wrong along an
+axis longer than numpy's ``np.choose`` limit). Everything else is onnx.reference as it is.
 """
 from __future__ import annotations
 
@@ -60,6 +61,25 @@ class Sum(OpRun):
         return (np.asarray(acc).astype(xs[0].dtype),)
 
 
+class GatherElements(OpRun):
+    """onnx.reference's own falls back, past numpy's limit on ``np.choose`` choices (an axis longer than
+    32 or 64), to a 2-D path that reads one index per row: a raw ValueError (BERT's token_type_ids gathered
+    from a 512-long buffer) or, for indices of one column, silently wrong values."""
+    op_domain = ""
+
+    def _run(self, data, indices, axis=0):
+        axis = int(axis) % data.ndim
+        n = data.shape[axis]
+        if indices.size and not (-n <= indices.min() and indices.max() < n):
+            raise ValueError(f"GatherElements: indices out of range for axis {axis} of size {n}")
+        if any(q > d for k, (q, d) in enumerate(zip(indices.shape, data.shape)) if k != axis):
+            raise ValueError(f"GatherElements: indices {indices.shape} longer than data {data.shape} off the axis")
+        # take_along_axis broadcasts: data is cut to the indices' extent off the axis first.
+        cut = tuple(slice(0, q) if k != axis else slice(None) for k, q in enumerate(indices.shape))
+        idx = np.where(indices < 0, indices + n, indices).astype(np.int64)
+        return (np.take_along_axis(data[cut], idx, axis),)
+
+
 class WinogradKernel(OpRun):
     op_domain = "ai.cuvil"
 
@@ -76,7 +96,7 @@ class WinogradConv(OpRun):
 
 # Cuvil's own ops (domain ai.cuvil, see cuvil.ir.ops.winograd)
 CUVIL_OPS = [WinogradKernel, WinogradConv]
-SPEC_OPS = [Softplus, Sigmoid, Mish, Softsign, Sum] + CUVIL_OPS
+SPEC_OPS = [Softplus, Sigmoid, Mish, Softsign, Sum, GatherElements] + CUVIL_OPS
 
 
 def reference_evaluator(model: onnx.ModelProto) -> ReferenceEvaluator:

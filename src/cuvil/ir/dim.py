@@ -391,6 +391,8 @@ def bounds(d: Dim, ranges: Mapping[str, Tuple[int, int]]) -> Tuple[int, int]:
 
 def _atom_bounds(a: Atom, ranges) -> Tuple[int, int]:
     if a.kind == "sym":
+        if a.args[0] not in ranges:  # a size known only at run time (a Range's length from data)
+            raise ValueError(f"cannot bound {a}: {a.args[0]!r} has no range")
         return ranges[a.args[0]]
     bs = [bounds(x, ranges) for x in a.args]
     if a.kind == "max":

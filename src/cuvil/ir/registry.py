@@ -330,6 +330,57 @@ class InferCtx:
         return a + rank if a < 0 else a
 
 
+# Attributes that name an output's element type (Cast's ``to``; ``dtype`` of EyeLike, the random ops,
+# Multinomial; ``output_dtype`` of QuantizeLinear); 0 or absent means "not set here".
+_DTYPE_ATTRS = ("to", "dtype", "output_dtype")
+
+
+def _dtypes_without_shapes(node, n: int) -> List[DType]:
+    """The element types of ``node``'s ``n`` outputs when an input's rank is unknown, so the op's own
+    inference (which needs shapes) could not run. The dtype does not depend on shapes: an attribute that
+    names it, else the ONNX schema's type constraints: an output that shares its type parameter with an
+    input has that input's type, and a constraint that allows one type is that type (Equal's, Not's,
+    IsNaN's bool; Shape's int64). Taking input 0's type instead made a Where over a bool condition bool
+    and a Cast to bool its source type (TorchScript exports' attention masks)."""
+    first = next((v.dtype for v in node.inputs if v is not None), DType.FLOAT)
+    for name in _DTYPE_ATTRS:
+        code = node.attrs.get(name)
+        if isinstance(code, (int, np.integer)) and not isinstance(code, bool) and int(code) > 0:
+            try:
+                return [DType(int(code))] * n
+            except ValueError:
+                break
+    try:
+        schema = onnx.defs.get_schema(node.op, node.domain or "")
+    except onnx.defs.SchemaError:
+        return [first] * n
+    allowed = {c.type_param_str: list(c.allowed_type_strs) for c in schema.type_constraints}
+    formals = list(schema.inputs)
+    out: List[DType] = []
+    for j in range(n):
+        if not schema.outputs:
+            out.append(first)
+            continue
+        ts = schema.outputs[min(j, len(schema.outputs) - 1)].type_str
+        dt = None
+        for k, v in enumerate(node.inputs):
+            if v is not None and formals and formals[min(k, len(formals) - 1)].type_str == ts:
+                dt = v.dtype
+                break
+        if dt is None:
+            strs = allowed.get(ts, [ts])
+            dt = _dtype_of_type_str(strs[0]) if len(strs) == 1 else None
+        out.append(first if dt is None else dt)
+    return out
+
+
+def _dtype_of_type_str(ts: str) -> Optional[DType]:
+    """``tensor(int64)`` -> DType.INT64; None for anything else (sequences, unknown names)."""
+    if not (ts.startswith("tensor(") and ts.endswith(")")):
+        return None
+    return DType.__members__.get(ts[len("tensor("):-1].upper())
+
+
 def infer_node(node, num_outputs: Optional[int] = None) -> Tuple[List[TensorType], List[Optional[Tuple[Dim, ...]]]]:
     """Output types (and symbolic values) of ``node``, from the registry; errors name the node.
 
@@ -342,8 +393,7 @@ def infer_node(node, num_outputs: Optional[int] = None) -> Tuple[List[TensorType
         res = opdef.infer(ctx)
         types = [res] if isinstance(res, TensorType) else list(res)
     except UnknownRank:
-        dt = next((v.dtype for v in node.inputs if v is not None), DType.FLOAT)
-        types = [TensorType(dt, None)] * ctx.num_outputs
+        types = [TensorType(dt, None) for dt in _dtypes_without_shapes(node, ctx.num_outputs)]
     except ShapeError as e:
         raise type(e)(f"node {node.name!r} ({node.op}): {e}") from None
     node.constraints = ctx.constraints

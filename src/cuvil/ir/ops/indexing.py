@@ -58,7 +58,15 @@ def gather_elements(ctx: InferCtx):
     _index_dtype(ctx, 1)
     if len(s) != len(q) or not s:
         ctx.fail(f"data {fmt(s)} and indices {fmt(q)} must have the same rank >= 1")
-    ctx.axis(ctx.attr("axis"), len(s))
+    a = ctx.axis(ctx.attr("axis"), len(s))
+    # Off the axis, each output element reads data at its own position: an indices dim longer than data's
+    # would read past it (onnxruntime refuses such shapes too).
+    for d, (n, m) in enumerate(zip(s, q)):
+        if d != a and isinstance(n, int) and isinstance(m, int) and m > n:
+            ctx.fail(f"indices {fmt(q)} longer than data {fmt(s)} in dim {d} (only the axis {a} may differ)")
+    idx = ctx.const(1)
+    if idx is not None and isinstance(s[a], int) and idx.size and not (-s[a] <= idx.min() and idx.max() < s[a]):
+        ctx.fail(f"indices in [{idx.min()}, {idx.max()}] out of range for axis {a} of size {s[a]}")
     return TensorType(ctx.dtype(0), q)
 
 

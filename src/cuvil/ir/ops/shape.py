@@ -230,8 +230,24 @@ def _nchw(ctx: InferCtx):
 # --- joining and splitting ---------------------------------------------------------------------------
 
 def _concat_sym(ctx: InferCtx):
+    """The joined elements in row-major order: each input contributes, per index of the dims before the
+    axis, its run of ``product(dims from the axis on)`` elements. Joining the flat tuples whole is right
+    only when those leading dims are all 1 (a dynamo export's ``[1, 1, 1, S, 2]`` mask index, built by a
+    Concat on the last axis, came out as wrong pairs)."""
     parts = [ctx.sym(i) for i in range(ctx.num_inputs)]
-    return None if any(p is None for p in parts) else [sum(parts, ())]
+    if any(p is None for p in parts):
+        return None
+    shapes = [ctx.shape(i) for i in range(ctx.num_inputs)]
+    if not shapes[0]:
+        return None
+    a = ctx.axis(_required(ctx, "axis"), len(shapes[0]))
+    if any(len(s) != len(shapes[0]) or not all(isinstance(d, int) for d in s) for s in shapes):
+        return None if len(shapes[0]) != 1 else [sum(parts, ())]
+    outer = product(shapes[0][:a])
+    runs = [product(s[a:]) for s in shapes]
+    if any(len(p) != outer * r for p, r in zip(parts, runs)):
+        return None
+    return [tuple(x for k in range(outer) for p, r in zip(parts, runs) for x in p[k * r:(k + 1) * r])]
 
 
 @op("Concat", half=HALF_EXACT, sym_eval=_concat_sym)
