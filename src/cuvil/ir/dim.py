@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import math
+import re
 from typing import Dict, Iterable, Mapping, Tuple, Union
 
 import attrs
@@ -17,6 +18,16 @@ import numpy as np
 # Default range of a symbol that no profile bounds (documented in docs/architecture.md).
 DEFAULT_MIN = 1
 DEFAULT_MAX = 4096
+
+# A symbol's name: an identifier, or dotted identifiers/numbers as models spell them (``x.2`` for axis 2 of
+# input ``x``, ``p2o.DynamicDimension.0``). Shape expressions print and parse these names as they are; C
+# code never uses them as identifiers (symbols are slots there).
+_SYMBOL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z0-9_]+)*")
+
+
+def is_symbol_name(text) -> bool:
+    """Whether ``text`` can name a symbol: ``N``, ``batch_size``, ``x.2``, ``p2o.DynamicDimension.0``."""
+    return isinstance(text, str) and _SYMBOL_NAME.fullmatch(text) is not None
 
 
 @attrs.frozen
@@ -29,8 +40,8 @@ class Symbol:
     opt: int | None = None
 
     def __attrs_post_init__(self):
-        if not self.name.isidentifier():
-            raise ValueError(f"symbol name {self.name!r} is not an identifier")
+        if not is_symbol_name(self.name):
+            raise ValueError(f"symbol name {self.name!r} is not an identifier or dotted name (x.2)")
         if not (0 <= self.min <= self.max):
             raise ValueError(f"symbol {self.name}: empty range [{self.min}, {self.max}]")
         if self.opt is not None and not (self.min <= self.opt <= self.max):
@@ -62,7 +73,7 @@ class Atom:
 
 def _paren(x) -> str:
     s = str(x)
-    return s if isinstance(x, int) or s.isidentifier() or s.isdigit() else f"({s})"
+    return s if isinstance(x, int) or is_symbol_name(s) or s.isdigit() else f"({s})"
 
 
 Monomial = Tuple[Atom, ...]  # sorted, with repetition for powers
@@ -409,29 +420,44 @@ def _atom_bounds(a: Atom, ranges) -> Tuple[int, int]:
 # --- parsing -----------------------------------------------------------------------------------------
 
 def parse_dim(text: str) -> Dim:
-    """Parse ``"N"``, ``"2*N + 1"``, ``"(H - 1)/2 + 1"`` (``/`` is floor division), ``"max(A, B)"``."""
+    """Parse ``"N"``, ``"2*N + 1"``, ``"(H - 1)/2 + 1"`` (``/`` is floor division), ``"max(A, B)"``; dotted
+    symbol names (``x.2 * 2``) included."""
+    dotted: Dict[str, str] = {}   # placeholder identifier -> dotted name
+
+    def placeholder(m):   # Python would read x.2 as an attribute access or a syntax error
+        for k, v in dotted.items():
+            if v == m.group(0):
+                return k
+        key = f"__cuvil_dotted_{len(dotted)}"
+        dotted[key] = m.group(0)
+        return key
+
+    source = _DOTTED_IN_TEXT.sub(placeholder, text.strip())
     try:
-        tree = ast.parse(text.strip(), mode="eval").body
+        tree = ast.parse(source, mode="eval").body
     except SyntaxError as e:
         raise ValueError(f"bad dimension expression {text!r}: {e.msg}") from None
-    return _from_ast(tree, text)
+    return _from_ast(tree, text, dotted)
 
 
-def _from_ast(n, text) -> Dim:
+_DOTTED_IN_TEXT = re.compile(r"(?<![A-Za-z0-9_.])[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z0-9_]+)+")
+
+
+def _from_ast(n, text, dotted: Mapping[str, str]) -> Dim:
     if isinstance(n, ast.Constant) and isinstance(n.value, int) and not isinstance(n.value, bool):
         return n.value
     if isinstance(n, ast.Name):
-        return SymExpr.symbol(n.id)
+        return SymExpr.symbol(dotted.get(n.id, n.id))
     if isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.USub):
-        return mul(_from_ast(n.operand, text), -1)
+        return mul(_from_ast(n.operand, text, dotted), -1)
     if isinstance(n, ast.BinOp):
-        a, b = _from_ast(n.left, text), _from_ast(n.right, text)
+        a, b = _from_ast(n.left, text, dotted), _from_ast(n.right, text, dotted)
         ops = {ast.Add: add, ast.Sub: lambda x, y: add(x, mul(y, -1)), ast.Mult: mul,
                ast.Div: floordiv, ast.FloorDiv: floordiv, ast.Mod: mod}
         if type(n.op) in ops:
             return ops[type(n.op)](a, b)
     if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in ("max", "min"):
-        args = [_from_ast(a, text) for a in n.args]
+        args = [_from_ast(a, text, dotted) for a in n.args]
         return dmax(*args) if n.func.id == "max" else dmin(*args)
     raise ValueError(f"bad dimension expression {text!r}")
 
