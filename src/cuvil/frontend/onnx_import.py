@@ -6,7 +6,6 @@ Every opset from 7 to the installed onnx package's newest is accepted. Legacy fo
 from __future__ import annotations
 
 import os
-import re
 from typing import Dict, Optional, Union
 
 import numpy as np
@@ -19,7 +18,7 @@ from onnx import numpy_helper
 
 from ..errors import (InvalidAttributeError, ModelLoadError, ShapeError, UnsupportedDomainError, UnsupportedOpError,
                       UnsupportedTypeError)
-from ..ir.dim import SymExpr, Symbol, is_symbol_name
+from ..ir.dim import SymExpr, Symbol, symbol_name
 from ..ir.dtype import DType
 from ..ir.graph import Graph, Value
 from ..ir.types import TensorType
@@ -126,18 +125,6 @@ def _check_text(model: onnx.ModelProto) -> None:
             need(name, f"value name in node {n.name!r}")
         for a in n.attribute:
             need(a.name, f"attribute name in node {n.name!r}")
-
-
-_NOT_IN_NAME = re.compile(r"[^0-9A-Za-z_.]")
-
-
-def symbol_name(text: str) -> str:
-    """The symbol for an ONNX ``dim_param`` (any string): the model's own spelling where it can name a symbol
-    (``batch_size``, ``p2o.DynamicDimension.0``, ``x.2``); other characters (``batch size``) become ``_``."""
-    s = _NOT_IN_NAME.sub("_", text.strip())
-    s = re.sub(r"\.(?=\.|$)|^\.", "_", s) or "dim"
-    s = "_" + s if s[0].isdigit() else s
-    return s if is_symbol_name(s) else re.sub(r"[^0-9A-Za-z_]", "_", s)
 
 
 def is_anonymous_dim(d: onnx.TensorShapeProto.Dimension) -> bool:

@@ -30,6 +30,16 @@ def is_symbol_name(text) -> bool:
     return isinstance(text, str) and _SYMBOL_NAME.fullmatch(text) is not None
 
 
+def symbol_name(text: str) -> str:
+    """The symbol a spelling names (an ONNX ``dim_param`` may be any string): the spelling itself where it can
+    name a symbol (``batch_size``, ``p2o.DynamicDimension.0``, ``x.2``); other characters (``batch size``)
+    become ``_``, and a leading digit gets a ``_`` in front."""
+    s = re.sub(r"[^0-9A-Za-z_.]", "_", text.strip())
+    s = re.sub(r"\.(?=\.|$)|^\.", "_", s) or "dim"
+    s = "_" + s if s[0].isdigit() else s
+    return s if is_symbol_name(s) else re.sub(r"[^0-9A-Za-z_]", "_", s)
+
+
 @attrs.frozen
 class Symbol:
     """A named dimension with an inclusive range ``[min, max]`` and an optimisation point ``opt``."""

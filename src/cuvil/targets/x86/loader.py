@@ -265,7 +265,8 @@ class Model:
                 lo, _, hi = self.symbols[sym]
                 if not lo <= got <= hi:
                     refuse(-19, f"dim {i} is {sym} = {got}, outside the profile {sym} in [{lo}, {hi}]",
-                           f"split the input, or compile with --shape-profile {sym}=MIN:OPT:MAX covering {got}")
+                           f"split the input, or compile with --shape-profile {sym}=MIN:OPT:MAX covering {got} "
+                           f"(or --input-shape {d.name}=MIN:OPT:MAX, three shapes)")
 
     def _check_output_sizes(self, shapes) -> None:
         """Every output dim >= 0 and their bytes within ``max_output_bytes``, before anything is allocated."""
