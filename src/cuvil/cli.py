@@ -34,7 +34,7 @@ from .version import __version__
 def _fmt_count(n) -> str:
     if not isinstance(n, int):
         return str(n)
-    for unit, div in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+    for unit, div in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
         if abs(n) >= div:
             return f"{n / div:.2f}{unit}"
     return str(n)
@@ -87,8 +87,11 @@ def _cost_text(g, st) -> str:
                 + (f"  ({by_op({})} FLOPs)" if st.flops_by_op else ""))
     opt = {s.name: s.tuned for s in g.symbols.values()}
     top = {s.name: s.max for s in g.symbols.values()}
+    # The formula's terms are ranked (and max() resolved) at the opt point, or at the max for a symbol
+    # without one: its min (1 by default) would rank constant terms first.
+    rank_at = {s.name: s.opt if s.opt is not None else s.max for s in g.symbols.values()}
     point = ", ".join(f"{k}={v}" for k, v in opt.items())
-    return (f"{cost_terms(st.macs, opt)} MACs\n"
+    return (f"{cost_terms(st.macs, rank_at)} MACs\n"
             f"  at the opt point ({point}): {_fmt_count(evaluate(st.macs, opt))} MACs = "
             f"{_fmt_count(evaluate(st.flops, opt))} FLOPs" + (f"  ({by_op(opt)} FLOPs)" if st.flops_by_op else "")
             + f"\n  at the profile's max: {_fmt_count(evaluate(st.macs, top))} MACs")
@@ -105,8 +108,8 @@ def _shape_flags(p: Pipeline, args):
 def _bind_shapes(p: Pipeline, args, check: bool = True):
     """``p`` with the shape flags applied (ranges set, fixed symbols specialised), and the fixed values."""
     fixed, profiles = _shape_flags(p, args)
-    p = p.with_profiles(profiles, check=check) if profiles else p
-    return (p.specialize(fixed) if fixed else p), fixed
+    p = p.specialize(fixed) if fixed else p
+    return (p.with_profiles(profiles, check=check) if profiles else p), fixed
 
 
 def _parse_input_shapes(items, flag: str = "--input-shape") -> dict:

@@ -150,8 +150,8 @@ class Pipeline:
         among ``x``'s dims (:meth:`specialize`), ``{"x": (min, opt, max)}`` (three shapes) sets their ranges
         (:meth:`with_profiles`); see :func:`cuvil.ir.shape_binding.bind_input_shapes` for the checks."""
         b = bind_input_shapes(self._graph, input_shapes)
-        p = self.with_profiles(b.profiles) if b.profiles else self
-        return p.specialize(b.fixed) if b.fixed else p
+        p = self.specialize(b.fixed) if b.fixed else self
+        return p.with_profiles(b.profiles) if b.profiles else p
 
     def with_profiles(self, shape_profiles: Mapping[str, Tuple[int, ...]], *, check: bool = True) -> "Pipeline":
         """The same graph with symbol ranges set: ``{"N": (1, 8, 64)}`` (min, opt, max) or ``(min, max)``.
@@ -171,7 +171,9 @@ class Pipeline:
         out = self._derive(g, self.report)
         bad = out.check_shapes() if check else ()
         if bad:
-            raise ShapeError("the graph's shape conditions fail inside the profile:\n  " + "\n  ".join(map(str, bad)))
+            raise ShapeError("the graph's shape conditions fail inside the profile:\n  " + "\n  ".join(map(str, bad))
+                             + "\nnarrow the ranges of the symbols named there, fix one of them (--fix, or one "
+                             "--input-shape for its input), or give dims that must be equal one dim_param in the model")
         return out
 
     def compile(self, target: Optional[str] = None, opt_level: Optional[int] = None, *,
@@ -215,11 +217,13 @@ class Pipeline:
             raise CuvilError(f"options={type(options).__name__}(...) are not options of {triple}; "
                              f"it takes {tgt.options_type.__name__}")
         fixed, shape_profiles = self.resolve_shapes(fixed, shape_profiles, input_shapes)
-        base = self.with_profiles(shape_profiles) if shape_profiles else self
-        if not tgt.keeps_symbols:
-            for name, sym in base._graph.symbols.items():
-                fixed.setdefault(name, sym.tuned)
-        p = base.specialize(fixed) if fixed else base
+        # Fixed symbols first: a profile's shape conditions are then checked with them at their values.
+        p = self.specialize(fixed) if fixed else self
+        p = p.with_profiles(shape_profiles) if shape_profiles else p
+        if not tgt.keeps_symbols and p._graph.symbols:
+            rest = {name: sym.tuned for name, sym in p._graph.symbols.items()}
+            fixed.update(rest)
+            p = p.specialize(rest)
         if p._graph.symbols and not shape_profiles:   # with_profiles checked those
             bad = p.check_shapes()
             if bad:
