@@ -227,8 +227,9 @@ class Pipeline:
         if p._graph.symbols and not shape_profiles:   # with_profiles checked those
             bad = p.check_shapes()
             if bad:
-                raise ShapeError("the graph's shape conditions fail inside the symbols' ranges (give a "
-                                 "--shape-profile):\n  " + "\n  ".join(map(str, bad)))
+                raise ShapeError("the graph's shape conditions fail inside the symbols' ranges (give ranges where "
+                                 "they hold: --input-shape INPUT=MIN:OPT:MAX or --shape-profile NAME=MIN:OPT:MAX):\n  "
+                                 + "\n  ".join(map(str, bad)))
         profiles = {s.name: [s.min, s.tuned, s.max] for s in p._graph.symbols.values()}
         rules = applied_rules(self.report)
         extra = {"model_sha256": self.source_sha256, "specialized": fixed, "shape_profiles": profiles,
