@@ -227,6 +227,28 @@ def test_anonymous_dims_that_must_be_equal_fail_with_the_next_step():
                                                                   "s": ([1, 4, 1, 1], [2, 4, 1, 1], [3, 4, 1, 1])})
 
 
+def test_x86_anonymous_dims_made_one_symbol():
+    # s's batch must equal x's for this library: --fix s.0=x.0 makes them one symbol, checked at every run
+    model = anonymous_cnn()
+    p = Pipeline.from_onnx(model).optimize()
+    art = p.compile(fixed={"s.0": "x.0"}, input_shapes={"x": ([1, 3, 4, 4], [2, 3, 32, 24], [3, 3, 64, 64]),
+                                                        "s": ([1, 4, 1, 1], [2, 4, 1, 1], [3, 4, 1, 1])})
+    assert set(art.manifest["symbols"]) == {"x.0", "x.2", "x.3"}
+    assert art.manifest["specialized"] == {"s.0": "x.0"}
+    rng = np.random.default_rng(5)
+    _check_against_ort(model, art, [{"x": rng.standard_normal((n, 3, h, w)).astype(np.float32),
+                                     "s": rng.standard_normal((n, 4, 1, 1)).astype(np.float32)}
+                                    for n, h, w in [(1, 5, 9), (2, 32, 24), (3, 64, 17)]])
+    with pytest.raises(ShapeError, match=r"input 1 's': dim 0 is x.0 = 1, but an earlier dim bound x.0 = 2"):
+        art.run({"x": np.zeros((2, 3, 8, 8), np.float32), "s": np.zeros((1, 4, 1, 1), np.float32)})
+    with pytest.raises(ShapeError, match=r"input 's' axis 0 is symbol x.0, which input 'x' axis 0 also is; they "
+                                         r"are given 1:2:4 and 1:2:3"):
+        p.compile(fixed={"s.0": "x.0"}, input_shapes={"x": ([1, 3, 4, 4], [2, 3, 32, 24], [3, 3, 64, 64]),
+                                                      "s": ([1, 4, 1, 1], [2, 4, 1, 1], [4, 4, 1, 1])})
+    with pytest.raises(ShapeError, match=r"--fix s.0=H: the model has no symbol 'H'"):
+        p.compile(fixed={"s.0": "H"})
+
+
 def test_x86_several_question_marks_in_one_input():
     model = anonymous_attention()
     art = Pipeline.from_onnx(model).optimize().compile(input_shapes={"q": ([1, 1, 8], [2, 16, 8], [4, 64, 8])})
@@ -282,6 +304,12 @@ def test_cli_compile_errors_name_the_next_step(cnn_path, tmp_path, capsys):
         capsys.readouterr().err
     assert cli_main(["compile", "--input", cnn_path, "--output", lib, "--fix", "H=4"]) == 2
     assert "--fix H: the model has no symbol 'H'" in capsys.readouterr().err
+    assert cli_main(["compile", "--input", cnn_path, "--output", lib, "--input-shape", "x=1x3x8x8:2x3x16x16:4x3x32x32",
+                     "--input-shape", "s=1x4x1x1:2x4x1x1:4x4x1x1"]) == 2
+    err = capsys.readouterr().err
+    assert "makes Mul 'y' need x.0 and s.0 broadcast" in err and "fix one of them" in err
+    assert cli_main(["compile", "--input", cnn_path, "--output", lib, "--fix", "s.0=x.0", "--input-shape",
+                     "x=1x3x8x8:2x3x16x16:4x3x32x32", "--input-shape", "s=1x4x1x1:2x4x1x1:4x4x1x1"]) == 0
 
 
 def test_cli_inspect_shows_symbols_and_a_readable_cost(cnn_path, capsys):

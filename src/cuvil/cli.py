@@ -18,7 +18,7 @@ from .artifact import load
 from .dsl.parser import load_rules
 from .errors import CuvilError
 from .ir.constraints import check_constraints, dim_ranges
-from .ir.dim import evaluate
+from .ir.dim import evaluate, is_symbol_name
 from .ir.stats import cost_terms
 from .kernels.support import support_matrix
 from .kernels.kernel_rules import builtin_kernel_rules
@@ -312,9 +312,12 @@ def _verdict(res, what: str) -> int:
 def _parse_fixed(items) -> dict:
     out = {}
     for item in items or ():
-        name, _, val = item.partition("=")
+        name, _, val = item.rpartition("=")
+        if name and is_symbol_name(val):
+            out[name] = val   # another symbol: the two become one
+            continue
         if not name or not val.lstrip("-").isdigit():
-            raise CuvilError(f"--fix takes NAME=INT, got {item!r}")
+            raise CuvilError(f"--fix takes NAME=INT, or NAME=OTHER to make two symbols one, got {item!r}")
         out[name] = int(val)
     return out
 
@@ -551,6 +554,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "ranges): the cost is shown at that point, --shapes checks that range (repeatable)")
     sp.add_argument("--shape-profile", action="append", metavar="NAME=MIN:OPT:MAX",
                     help="a symbol's range, by name: the cost's opt point, the range --shapes checks")
+    sp.add_argument("--fix", action="append", metavar="NAME=INT",
+                    help="a symbol's value, by name; NAME=OTHER makes it the symbol OTHER (repeatable)")
     sp.set_defaults(fn=cmd_inspect)
     sp = sub.add_parser("demo", help="run Cuvil's main job on a small bundled model")
     sp.set_defaults(fn=cmd_demo)
@@ -587,7 +592,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "1x3x1280x1280, min:opt:max; the library serves every shape in between); a dim the model "
                           "fixes must be given its value (repeatable)")
     sp.add_argument("--fix", action="append", metavar="NAME=INT",
-                    help="specialise a symbolic dim by its name, as `cuvil inspect` lists it (repeatable)")
+                    help="specialise a symbolic dim by its name, as `cuvil inspect` lists it; NAME=OTHER makes it "
+                         "the symbol OTHER (two anonymous dims that must be equal: --fix s.0=x.0) (repeatable)")
     sp.add_argument("--shape-profile", action="append", metavar="NAME=MIN:OPT:MAX",
                     help="a symbolic dim's range, by name (repeatable); the library serves every shape in it "
                          "(default range [1, 4096])")

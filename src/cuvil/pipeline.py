@@ -129,10 +129,14 @@ class Pipeline:
         ranges = {k: (v[0], v[-1]) for k, v in (shape_profiles or {}).items()}
         return check_constraints(self._graph, ranges)
 
-    def specialize(self, fixed: Mapping[str, int]) -> "Pipeline":
+    def specialize(self, fixed: Mapping[str, Union[int, str]]) -> "Pipeline":
         """Fix symbolic dims to values (``{"N": 1}``, ``{"x.2": 640}``): shapes become static and shape
-        computations fold. A symbol is named as :meth:`Graph.symbols` lists it, or by the model's spelling."""
-        g, report = specialize_graph(self._graph, self._by_symbol(fixed, "--fix"))
+        computations fold. A symbol is named as :meth:`Graph.symbols` lists it, or by the model's spelling.
+        A value that is another symbol's name makes the two one symbol (``{"s.0": "x.0"}``: two anonymous
+        batch dims that must be equal)."""
+        fixed = {k: lookup_symbol(self._graph, v, f"--fix {k}={v}").name if isinstance(v, str) else v
+                 for k, v in self._by_symbol(fixed, "--fix").items()}
+        g, report = specialize_graph(self._graph, fixed)
         return self._derive(g, report)
 
     def _by_symbol(self, values: Mapping[str, object], flag: str) -> Dict[str, object]:
@@ -196,7 +200,7 @@ class Pipeline:
         Symbolic dims: ``shape_profiles`` (``{"N": (1, 8, 64)}``, min/opt/max) sets their ranges (without
         one a symbol ranges over ``[1, 4096]``, :data:`cuvil.ir.dim.DEFAULT_MAX`); every shape condition must
         hold over them (Z3; else ShapeError with a counterexample). ``fixed`` (``{"N": 1}``) specialises
-        symbols to values. ``input_shapes`` binds them by input instead, whatever they are called, as
+        symbols to values, or to another symbol (``{"s.0": "x.0"}``). ``input_shapes`` binds them by input instead, whatever they are called, as
         trtexec's ``--shapes``: ``{"x": [1, 3, 640, 640]}`` fixes them, ``{"x": ([1, 3, 32, 32],
         [1, 3, 640, 640], [1, 3, 1280, 1280])}`` (min, opt, max) sets their ranges; a symbol bound twice (by
         name and by input) must be bound alike. The x86 library serves every shape of the profile with one set of kernels that
@@ -254,11 +258,13 @@ class Pipeline:
         """The symbols' values and ranges that ``fixed`` (by symbol), ``shape_profiles`` (by symbol) and
         ``input_shapes`` (by input, :meth:`with_input_shapes`) give together, keyed by the symbols' names, as
         ``(fixed, shape_profiles)``; a symbol bound twice must be bound alike (else ShapeError)."""
-        fixed = {k: int(v) for k, v in self._by_symbol(fixed or {}, "--fix").items()}
+        fixed = {k: lookup_symbol(self._graph, v, f"--fix {k}={v}").name if isinstance(v, str) else int(v)
+                 for k, v in self._by_symbol(fixed or {}, "--fix").items()}
         profiles = self._by_symbol(shape_profiles or {}, "--shape-profile")
         if not input_shapes:
             return fixed, profiles
-        b = bind_input_shapes(self._graph, input_shapes)
+        aliases = {k: v for k, v in fixed.items() if isinstance(v, str)}   # s.0 = x.0: bound through x.0
+        b = bind_input_shapes(specialize_graph(self._graph, aliases)[0] if aliases else self._graph, input_shapes)
         for name, val in b.fixed.items():
             other = fixed.get(name, val)
             prof = profiles.get(name)

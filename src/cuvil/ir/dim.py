@@ -384,6 +384,26 @@ def evaluate(d: Dim, env: Mapping[str, int]) -> int:
     return d if isinstance(d, int) else d.evaluate(env)
 
 
+def substitute(d: Dim, env: Mapping[str, Dim]) -> Dim:
+    """``d`` with the symbols of ``env`` replaced by their dims (ints or expressions), kept canonical."""
+    if isinstance(d, int):
+        return d
+    total: Dim = 0
+    for mono, coef in d.terms:
+        prod: Dim = coef
+        for a in mono:
+            prod = mul(prod, _substitute_atom(a, env))
+        total = add(total, prod)
+    return total
+
+
+def _substitute_atom(a: Atom, env) -> Dim:
+    if a.kind == "sym":
+        return env.get(a.args[0], SymExpr({(a,): 1}))
+    args = [substitute(x, env) for x in a.args]
+    return {"floordiv": floordiv, "mod": mod, "max": dmax, "min": dmin}[a.kind](*args)
+
+
 def free_symbols(d: Dim) -> frozenset:
     return frozenset() if isinstance(d, int) else d.free_symbols
 
