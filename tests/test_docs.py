@@ -52,3 +52,26 @@ def test_targets_python_example_runs(monkeypatch, capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "sm_80 False"
     assert out[1].startswith("arch is an option of the nvptx64-nvidia-cuda target only, not of x86_64-linux-gnu")
+
+
+def test_shapes_doc_runs_in_order(tmp_path, monkeypatch, capsys):
+    """docs/shapes.md: its python blocks and `cuvil` command lines run in order in one scratch folder; a bare
+    block after a command holds lines that command prints."""
+    import shlex
+
+    from cuvil.cli import main as cli_main
+
+    text = open(os.path.join(ROOT, "docs/shapes.md"), encoding="utf-8").read()
+    monkeypatch.chdir(tmp_path)
+    env, printed = {}, ""
+    for lang, body in re.findall(r"```(\w*)\n(.*?)```", text, re.S):
+        if lang == "python":
+            exec(compile(body, "docs/shapes.md", "exec"), env)
+        elif lang == "sh":
+            for line in body.strip().splitlines():
+                capsys.readouterr()
+                assert cli_main(shlex.split(line)[1:]) == 0, (line, capsys.readouterr().err)
+                printed = capsys.readouterr().out
+        else:
+            for line in body.strip("\n").splitlines():
+                assert line in printed.splitlines(), (line, printed)

@@ -73,8 +73,8 @@ def test_cli_prints_one_line_errors(tmp_path, capsys):
 def test_dim_params_become_symbols():
     m = make_model([helper.make_node("Relu", ["x"], ["y"])], [vi("x", ["batch size", 3, None])], [vi("y", None)])
     g = Pipeline.from_onnx(m).graph
-    assert str(g.inputs[0].type) == "f32[batch_size,3,x_d2]"
-    assert set(g.symbols) == {"batch_size", "x_d2"}
+    assert str(g.inputs[0].type) == "f32[batch_size,3,x.2]"
+    assert set(g.symbols) == {"batch_size", "x.2"}
 
 
 def test_external_data_is_loaded(tmp_path):

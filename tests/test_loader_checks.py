@@ -49,7 +49,8 @@ def test_inputs_are_checked_with_the_next_step(lib):
     m = loader.load(lib)
     x, z = feeds(2)
     with pytest.raises(ShapeError, match=r"input 0 'x': dim 0 is N = 5, outside the profile N in \[1, 4\]; split the "
-                                         r"input, or compile with --shape-profile N=MIN:OPT:MAX covering 5 \(code -19\)"):
+                                         r"input, or compile with --shape-profile N=MIN:OPT:MAX covering 5 \(or "
+                                         r"--input-shape x=MIN:OPT:MAX, three shapes\) \(code -19\)"):
         m.run(np.zeros((5, 3, 6, 6), np.float32), np.zeros((5, 4, 6, 6), np.float32))
     with pytest.raises(ShapeError, match=r"input 1 'z': dim 1 is 3, expected 4; pass an array of shape \[\?, 4, 6, 6\]"):
         m.run(x, np.zeros((2, 3, 6, 6), np.float32))

@@ -49,6 +49,7 @@ import yaml
 from .artifact import load
 from .errors import CuvilError
 from .ir.dim import evaluate
+from .ir.shape_binding import lookup_symbol
 from .pipeline import Pipeline
 
 #: Outputs agree when max |cuvil - ort| <= AGREE_RTOL x max(max |ort|, 1) (the tolerance of
@@ -295,6 +296,11 @@ def _manifest(so_path: str) -> dict:
         return {}
 
 
+def is_profile(spec) -> bool:
+    """Whether a ``--input-shape`` value is three shapes (min, opt, max) rather than one."""
+    return isinstance(spec, tuple) and bool(spec) and isinstance(spec[0], tuple)
+
+
 def _input_shapes(model, manifest: dict, shapes: dict[str, Any]) -> list[tuple]:
     """Concrete shapes of a loaded library's inputs; symbolic dims from ``--shape``, else the opt value of
     the library's profile."""
@@ -361,31 +367,31 @@ def prepare_library(opts: BenchOptions) -> dict[str, Any]:
             raise CuvilError(f"--vs {opts.vs} with a compiled library needs the ONNX model it came from: --onnx MODEL.onnx")
         if onnx_path and not os.path.isfile(onnx_path):
             raise CuvilError(f"{onnx_path}: no such file")
+        for name, spec in opts.shapes.items():
+            if is_profile(spec):
+                raise CuvilError(f"--input-shape {name}=MIN:OPT:MAX: a compiled library's profile was set when it "
+                                 f"was compiled; give the one shape to time, --input-shape {name}=" + "x".join(map(str, spec[1])))
         return {"library": os.path.abspath(path), "onnx": onnx_path, "compiled": None}
     t0 = time.perf_counter()
     opts.log(f"compiling {path} at O{opts.opt_level}")
     p = Pipeline.from_onnx(path).optimize()
     symbols = dict(p.graph.symbols)
-    fixed = {}
     for name, val in opts.shapes.items():
-        if isinstance(val, int) and name in symbols:
-            fixed[name] = val
-        elif isinstance(val, int):
-            raise CuvilError(f"--shape {name}={val}: the model has no symbol {name!r} "
-                             f"(symbols: {', '.join(sorted(symbols)) or 'none'})")
-        else:
-            raise CuvilError(f"--shape {name}=...: for an ONNX model give symbols (NAME=DIM); "
-                             f"symbols: {', '.join(sorted(symbols)) or 'none'}")
-    given = set(fixed)
+        if isinstance(val, int):
+            lookup_symbol(p.graph, name, f"--shape {name}={val}")
+    fixed, profiles = p.resolve_shapes({k: v for k, v in opts.shapes.items() if isinstance(v, int)}, None,
+                                       {k: v for k, v in opts.shapes.items() if not isinstance(v, int)})
+    given = set(fixed) | set(profiles)
     for name, sym in symbols.items():   # a benchmark times one shape: the rest at their opt (else min)
-        fixed.setdefault(name, sym.tuned)
-    art = p.compile(opt_level=opts.opt_level, fixed=fixed)
+        if name not in profiles:
+            fixed.setdefault(name, sym.tuned)
+    art = p.compile(opt_level=opts.opt_level, fixed=fixed, shape_profiles=profiles)
     secs = time.perf_counter() - t0
     spec = art.manifest.get("specialized") or {}
     defaulted = sorted(set(spec) - given)
     if defaulted:
         opts.log("symbolic dims set to their opt/min value: " + ", ".join(f"{k}={spec[k]}" for k in defaulted)
-                 + " (choose with --shape NAME=DIM)")
+                 + " (choose with --shape NAME=DIM or --input-shape INPUT=D0xD1x...)")
     return {"library": art.path, "onnx": opts.onnx or path,
             "compiled": {"cached": art.cached, "seconds": secs, "opt_level": opts.opt_level,
                          "compile_seconds": art.manifest.get("compile_seconds"), "specialized": spec,
@@ -746,7 +752,7 @@ def run_benchmark(opts: BenchOptions) -> dict[str, Any]:
     threads = _resolve_threads(opts.threads)
     manifest = _manifest(lib)
     probe = load(lib, num_threads=threads)
-    shapes = _input_shapes(probe, manifest, opts.shapes)
+    shapes = _input_shapes(probe, manifest, {k: v for k, v in opts.shapes.items() if not is_profile(v)})
     arrays = random_inputs(probe, shapes, opts.seed)
     names = [d.name for d in probe.inputs]
     out_names = [d.name for d in probe.outputs]

@@ -6,6 +6,7 @@ import json
 import os
 import sys
 import time
+import types
 from typing import List, Optional
 
 import numpy as np
@@ -17,7 +18,8 @@ from .artifact import load
 from .dsl.parser import load_rules
 from .errors import CuvilError
 from .ir.constraints import check_constraints, dim_ranges
-from .ir.dim import evaluate
+from .ir.dim import evaluate, is_symbol_name
+from .ir.stats import cost_terms
 from .kernels.support import support_matrix
 from .kernels.kernel_rules import builtin_kernel_rules
 from .pipeline import Pipeline
@@ -32,7 +34,7 @@ from .version import __version__
 def _fmt_count(n) -> str:
     if not isinstance(n, int):
         return str(n)
-    for unit, div in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+    for unit, div in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
         if abs(n) >= div:
             return f"{n / div:.2f}{unit}"
     return str(n)
@@ -42,6 +44,7 @@ def cmd_inspect(args) -> int:
     p = Pipeline.from_onnx(args.model)
     if not args.raw:
         p = p.optimize(builtin=args.optimize, allow_bounded=args.allow_bounded_rules)
+    p, fixed = _bind_shapes(p, args, check=not args.shapes)   # --shapes reports failing conditions instead
     g = p.graph
     st = p.stats()
     state = "as imported" if args.raw else "after the proved rules and folding" if args.optimize else "after folding/CSE/DCE"
@@ -50,16 +53,19 @@ def cmd_inspect(args) -> int:
         for v, name in zip(vals, names):
             print(f"  {kind:6} {name}: {v.type}")
     for s in g.symbols.values():
-        print(f"  symbol {s.name} in [{s.min}, {s.max}]")
+        axes = ", ".join(f"{v.name} axis {k}" for v in g.inputs for k, d in enumerate(v.shape or ())
+                         if str(d) == s.name)
+        print(f"  symbol {s.name} in [{s.min}, {s.max}], opt {s.tuned}" + (f": {axes}" if axes else ""))
+    if fixed:
+        print("  fixed  " + ", ".join(f"{k} = {v}" for k, v in fixed.items()))
     print(f"nodes: {len(g.nodes)}")
     for op, n in st.op_histogram.items():
         print(f"  {op:24} {n}")
     print(f"parameters: {_fmt_count(st.parameters)} ({st.parameters:,} elements of constants the graph reads, "
           f"{st.parameter_bytes:,} bytes; the model file has {p.initializer_elements:,} initializer elements)")
-    print(f"compute: {_fmt_count(st.macs)} MACs = {_fmt_count(st.flops)} FLOPs"
-          + ("  (" + ", ".join(f"{op} {_fmt_count(f)}" for op, f in st.flops_by_op.items()) + " FLOPs)" if st.flops_by_op else ""))
+    print("compute: " + _cost_text(g, st))
     if args.shapes:
-        ranges = {k: (v[0], v[-1]) for k, v in _parse_profiles(args.shape_profile).items()}
+        ranges = g.symbol_ranges()
         n_cons = sum(len(n.constraints) for n in g.nodes)
         bad = check_constraints(g, ranges)
         print(f"shape conditions on symbols: {n_cons}, violated somewhere in range: {len(bad)}")
@@ -70,6 +76,57 @@ def cmd_inspect(args) -> int:
     if args.ir:
         print(p.print_ir(), end="")
     return 0
+
+
+def _cost_text(g, st) -> str:
+    """MACs and FLOPs: numbers for a static graph; with symbols, a formula of a few terms and its value at
+    the opt point (each symbol's opt, else min) and at the profile's max."""
+    by_op = lambda env: ", ".join(f"{op} {_fmt_count(evaluate(f, env))}" for op, f in st.flops_by_op.items())  # noqa: E731
+    if not g.symbols:
+        return (f"{_fmt_count(st.macs)} MACs = {_fmt_count(st.flops)} FLOPs"
+                + (f"  ({by_op({})} FLOPs)" if st.flops_by_op else ""))
+    opt = {s.name: s.tuned for s in g.symbols.values()}
+    top = {s.name: s.max for s in g.symbols.values()}
+    # The formula's terms are ranked (and max() resolved) at the opt point, or at the max for a symbol
+    # without one: its min (1 by default) would rank constant terms first.
+    rank_at = {s.name: s.opt if s.opt is not None else s.max for s in g.symbols.values()}
+    point = ", ".join(f"{k}={v}" for k, v in opt.items())
+    return (f"{cost_terms(st.macs, rank_at)} MACs\n"
+            f"  at the opt point ({point}): {_fmt_count(evaluate(st.macs, opt))} MACs = "
+            f"{_fmt_count(evaluate(st.flops, opt))} FLOPs" + (f"  ({by_op(opt)} FLOPs)" if st.flops_by_op else "")
+            + f"\n  at the profile's max: {_fmt_count(evaluate(st.macs, top))} MACs")
+
+
+def _shape_flags(p: Pipeline, args):
+    """``(fixed, shape_profiles)`` from ``--fix``, ``--shape-profile`` and ``--input-shape`` (where the
+    command has them), by symbol name."""
+    return p.resolve_shapes(_parse_fixed(getattr(args, "fix", None)),
+                            _parse_profiles(getattr(args, "shape_profile", None)),
+                            _parse_input_shapes(getattr(args, "input_shape", None)))
+
+
+def _bind_shapes(p: Pipeline, args, check: bool = True):
+    """``p`` with the shape flags applied (ranges set, fixed symbols specialised), and the fixed values."""
+    fixed, profiles = _shape_flags(p, args)
+    p = p.specialize(fixed) if fixed else p
+    return (p.with_profiles(profiles, check=check) if profiles else p), fixed
+
+
+def _parse_input_shapes(items, flag: str = "--input-shape") -> dict:
+    """``x=1x3x640x640`` -> {"x": (1, 3, 640, 640)}; ``x=1x3x32x32:1x3x640x640:1x3x1280x1280`` -> {"x": (min,
+    opt, max)}, as trtexec's ``--shapes``."""
+    out = {}
+    for item in items or ():
+        name, _, spec = item.rpartition("=")
+        shapes = [part.lower().split("x") for part in spec.split(":")]
+        if not name or len(shapes) not in (1, 3) or not all(d.isdigit() for sh in shapes for d in sh):
+            raise CuvilError(f"{flag} takes INPUT=D0xD1x... (one shape) or INPUT=MIN:OPT:MAX (three shapes, "
+                             f"e.g. x=1x3x32x32:1x3x640x640:1x3x1280x1280), got {item!r}")
+        if name in out:
+            raise CuvilError(f"{flag} {name}: the input is given twice")
+        dims = [tuple(int(d) for d in sh) for sh in shapes]
+        out[name] = dims[0] if len(dims) == 1 else tuple(dims)
+    return out
 
 
 def _parse_profiles(items) -> dict:
@@ -219,6 +276,10 @@ def cmd_rules_list(args) -> int:
     return 0
 
 
+def _input_shape_flag(sp, text: str) -> None:
+    sp.add_argument("--input-shape", action="append", metavar="INPUT=SHAPE", help=text)
+
+
 def _allow_bounded_flag(sp) -> None:
     sp.add_argument("--allow-bounded-rules", action="store_true",
                     help="also run 'prove exact' rules checked only on bounded instances whose ops sum (their "
@@ -251,9 +312,12 @@ def _verdict(res, what: str) -> int:
 def _parse_fixed(items) -> dict:
     out = {}
     for item in items or ():
-        name, _, val = item.partition("=")
+        name, _, val = item.rpartition("=")
+        if name and is_symbol_name(val):
+            out[name] = val   # another symbol: the two become one
+            continue
         if not name or not val.lstrip("-").isdigit():
-            raise CuvilError(f"--fix takes NAME=INT, got {item!r}")
+            raise CuvilError(f"--fix takes NAME=INT, or NAME=OTHER to make two symbols one, got {item!r}")
         out[name] = int(val)
     return out
 
@@ -273,8 +337,8 @@ def cmd_compile(args) -> int:
     options = make_options(args.target, opt_level=_opt_level(args), cpu=args.cpu, prefix=args.prefix,
                            winograd=not args.no_winograd)
     progress, p = _import_and_optimize(args)
-    art = p.compile(options=options, fixed=_parse_fixed(args.fix), progress=progress,
-                    shape_profiles=_parse_profiles(args.shape_profile) or None)
+    fixed, profiles = _shape_flags(p, args)
+    art = p.compile(options=options, fixed=fixed, progress=progress, shape_profiles=profiles)
     out = art.save(args.output)
     m = art.manifest
     base = os.path.splitext(out)[0]
@@ -326,8 +390,8 @@ def _compile_gpu_bundle(args) -> int:
                            fma=not args.no_fma, enable_fp16=args.enable_fp16, kernel_rules=kernel_rules,
                            register_pass=args.register_pass)
     progress, p = _import_and_optimize(args)
-    bundle = p.compile(options=options, fixed=_parse_fixed(args.fix), progress=progress,
-                       shape_profiles=_parse_profiles(args.shape_profile) or None)
+    fixed, profiles = _shape_flags(p, args)
+    bundle = p.compile(options=options, fixed=fixed, progress=progress, shape_profiles=profiles)
     out = bundle.save(out_path)
     m = bundle.manifest
     regs = [k["registers"] for k in ((m.get("ptxas") or {}).get("kernels") or {}).values() if k.get("registers")]
@@ -356,6 +420,27 @@ def cmd_run(args) -> int:
         if not path:
             raise CuvilError(f"--input takes NAME=FILE.npy, got {item!r}")
         named[name] = np.load(path)
+    shapes = _parse_input_shapes(args.input_shape)
+    for name, spec in shapes.items():
+        if bench.is_profile(spec):
+            raise CuvilError(f"cuvil run takes one shape per input: --input-shape {name}=" + "x".join(map(str, spec[1])))
+        if name in named:
+            raise CuvilError(f"input {name!r} is given by both --input and --input-shape; give one")
+    known = {spec.name for spec in m.inputs}
+    unknown = sorted(set(shapes) - known)
+    if unknown:
+        raise CuvilError(f"--input-shape {unknown[0]}: the library has no input {unknown[0]!r}; its inputs are "
+                         + ", ".join(sorted(known)))
+    missing = [spec for spec in m.inputs if spec.name not in named and spec.name not in shapes]
+    if missing and shapes:
+        spec = missing[0]
+        raise CuvilError(f"input {spec.name!r} is not given: --input {spec.name}=FILE.npy, or --input-shape "
+                         f"{spec.name}=" + "x".join(str(d if d is not None else "D") for d in spec.shape)
+                         + " for random values")
+    if shapes:   # seeded random values; the library checks the shapes against its inputs and profile
+        want = [spec for spec in m.inputs if spec.name in shapes]
+        arrays = bench.random_inputs(types.SimpleNamespace(inputs=want), [shapes[s.name] for s in want], args.seed)
+        named.update({spec.name: a for spec, a in zip(want, arrays)})
     outs = m.run(**named)
     for spec, arr in zip(m.outputs, outs):
         if args.output_dir:
@@ -428,7 +513,7 @@ def cmd_bench(args) -> int:
     opts = bench.BenchOptions(
         args.model, onnx=args.onnx, vs=vs, threads=pick(args.threads, "threads", 1), runs=runs, duration=duration,
         warmup=pick(args.warmup, "warmup", bench.DEFAULT_WARMUP), concurrency=pick(args.concurrency, "concurrency", 1),
-        opt_level=bench.parse_opt_level(pick(args.opt_level, "opt_level", "O3")), shapes=bench.parse_shapes(args.shape),
+        opt_level=bench.parse_opt_level(pick(args.opt_level, "opt_level", "O3")), shapes=_bench_shapes(args),
         seed=args.seed, cold_runs=cold_runs, pause_ms=args.pause_ms,
         progress=True if args.progress else "auto" if sys.stderr.isatty() else False,
         log=lambda msg: print(f"cuvil bench: {msg}", file=sys.stderr, flush=True))
@@ -445,6 +530,15 @@ def cmd_bench(args) -> int:
     return 0 if res["sla_held"] else 1
 
 
+def _bench_shapes(args) -> dict:
+    shapes = bench.parse_shapes(args.shape)
+    for name, spec in _parse_input_shapes(args.input_shape).items():
+        if name in shapes:
+            raise CuvilError(f"input {name!r} is given by both --shape and --input-shape; give one")
+        shapes[name] = spec
+    return shapes
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="cuvil", description="Compile ONNX inference graphs into native artifacts.")
     p.add_argument("--version", action="version", version=f"cuvil {__version__}")
@@ -456,7 +550,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--optimize", action="store_true", help="after the built-in rules too (BN folded, ...)")
     _allow_bounded_flag(sp)
     sp.add_argument("--shapes", action="store_true", help="check the shape conditions on symbolic dims with Z3")
-    sp.add_argument("--shape-profile", action="append", metavar="NAME=MIN:OPT:MAX", help="a symbol's range for --shapes")
+    _input_shape_flag(sp, "an input's shape (x=1x3x640x640: its symbols fixed) or min:opt:max shapes (their "
+                          "ranges): the cost is shown at that point, --shapes checks that range (repeatable)")
+    sp.add_argument("--shape-profile", action="append", metavar="NAME=MIN:OPT:MAX",
+                    help="a symbol's range, by name: the cost's opt point, the range --shapes checks")
+    sp.add_argument("--fix", action="append", metavar="NAME=INT",
+                    help="a symbol's value, by name; NAME=OTHER makes it the symbol OTHER (repeatable)")
     sp.set_defaults(fn=cmd_inspect)
     sp = sub.add_parser("demo", help="run Cuvil's main job on a small bundled model")
     sp.set_defaults(fn=cmd_demo)
@@ -488,9 +587,15 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--arch", default="sm_90", help="GPU architecture for nvptx64-nvidia-cuda (default sm_90)")
     sp.add_argument("--cpu", default=None, help="LLVM CPU name (default: this machine's)")
     sp.add_argument("--prefix", default="cuvil", help="prefix of the C ABI symbols (default cuvil_)")
-    sp.add_argument("--fix", action="append", metavar="NAME=INT", help="specialise a symbolic dim (repeatable)")
+    _input_shape_flag(sp, "bind the symbolic dims of an input by its shape, whatever they are called: one "
+                          "shape fixes them (x=1x3x640x640), three set their ranges (x=1x3x32x32:1x3x640x640:"
+                          "1x3x1280x1280, min:opt:max; the library serves every shape in between); a dim the model "
+                          "fixes must be given its value (repeatable)")
+    sp.add_argument("--fix", action="append", metavar="NAME=INT",
+                    help="specialise a symbolic dim by its name, as `cuvil inspect` lists it; NAME=OTHER makes it "
+                         "the symbol OTHER (two anonymous dims that must be equal: --fix s.0=x.0) (repeatable)")
     sp.add_argument("--shape-profile", action="append", metavar="NAME=MIN:OPT:MAX",
-                    help="a symbolic dim's range (repeatable); the library serves every shape in it "
+                    help="a symbolic dim's range, by name (repeatable); the library serves every shape in it "
                          "(default range [1, 4096])")
     sp.add_argument("--rules", action="append", help="extra .rule file or directory (repeatable)")
     sp.add_argument("--enable-fp16", action="store_true",
@@ -507,6 +612,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("run", help="run a compiled library on .npy inputs")
     sp.add_argument("library")
     sp.add_argument("--input", action="append", metavar="NAME=FILE.npy")
+    _input_shape_flag(sp, "run on seeded random values of this shape for an input not given by --input "
+                          "(x=1x3x640x640; repeatable)")
+    sp.add_argument("--seed", type=int, default=0, help="seed of the --input-shape random values")
     sp.add_argument("--output-dir", help="write each output as NAME.npy here (default: print)")
     sp.add_argument("--threads", type=int, default=0, help="0 = all cores")
     sp.set_defaults(fn=cmd_run)
@@ -536,6 +644,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--opt-level", help="O0-O3 for an .onnx (default O3)")
     sp.add_argument("--shape", action="append", metavar="NAME=DIM",
                     help="a symbolic dim's size (NAME=DIM) or an input's shape (INPUT=1x3x224x224) (repeatable)")
+    _input_shape_flag(sp, "an input's shape to time (x=1x3x640x640), or for an .onnx three shapes "
+                          "(x=1x3x32x32:1x3x640x640:1x3x1280x1280): compile for that range, time its opt shape "
+                          "(repeatable)")
     sp.add_argument("--sla", action="append", metavar="NAME=LIMIT", help="an SLA, e.g. p99_latency_ms=50 (repeatable)")
     sp.add_argument("--cold-runs", type=int, default=3,
                     help="fresh processes per engine for cold start and peak RSS (default 3; 0 = skip)")

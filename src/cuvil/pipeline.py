@@ -21,6 +21,7 @@ from .ir.dim import SymExpr, Symbol, bounds, evaluate
 from .ir.graph import Graph
 from .ir.hash import structural_hash
 from .ir.printer import print_graph
+from .ir.shape_binding import bind_input_shapes, lookup_symbol
 from .ir.stats import GraphStats, graph_stats
 from .reference import run_reference
 from .rewrite_rules.engine import RewriteReport
@@ -166,20 +167,41 @@ class Pipeline:
         ranges = {k: (v[0], v[-1]) for k, v in (shape_profiles or {}).items()}
         return check_constraints(self._graph, ranges)
 
-    def specialize(self, fixed: Mapping[str, int]) -> "Pipeline":
-        """Fix symbolic dims to values (``{"N": 1}``): shapes become static and shape computations fold."""
+    def specialize(self, fixed: Mapping[str, Union[int, str]]) -> "Pipeline":
+        """Fix symbolic dims to values (``{"N": 1}``, ``{"x.2": 640}``): shapes become static and shape
+        computations fold. A symbol is named as :meth:`Graph.symbols` lists it, or by the model's spelling.
+        A value that is another symbol's name makes the two one symbol (``{"s.0": "x.0"}``: two anonymous
+        batch dims that must be equal)."""
+        fixed = {k: lookup_symbol(self._graph, v, f"--fix {k}={v}").name if isinstance(v, str) else v
+                 for k, v in self._by_symbol(fixed, "--fix").items()}
         g, report = specialize_graph(self._graph, fixed)
         return self._derive(g, report)
 
-    def with_profiles(self, shape_profiles: Mapping[str, Tuple[int, ...]]) -> "Pipeline":
+    def _by_symbol(self, values: Mapping[str, object], flag: str) -> Dict[str, object]:
+        """``values`` keyed by the symbols' own names (a user may spell ``batch size`` for ``batch_size``)."""
+        out: Dict[str, object] = {}
+        for name, val in values.items():
+            sym = lookup_symbol(self._graph, name, f"{flag} {name}")
+            if sym.name in out and out[sym.name] != val:
+                raise ShapeError(f"{flag}: symbol {sym.name} is given twice, {out[sym.name]} and {val}")
+            out[sym.name] = val
+        return out
+
+    def with_input_shapes(self, input_shapes: Mapping[str, object]) -> "Pipeline":
+        """Bind symbols by input, as trtexec's ``--shapes``: ``{"x": [1, 3, 640, 640]}`` fixes the symbols
+        among ``x``'s dims (:meth:`specialize`), ``{"x": (min, opt, max)}`` (three shapes) sets their ranges
+        (:meth:`with_profiles`); see :func:`cuvil.ir.shape_binding.bind_input_shapes` for the checks."""
+        b = bind_input_shapes(self._graph, input_shapes)
+        p = self.specialize(b.fixed) if b.fixed else self
+        return p.with_profiles(b.profiles) if b.profiles else p
+
+    def with_profiles(self, shape_profiles: Mapping[str, Tuple[int, ...]], *, check: bool = True) -> "Pipeline":
         """The same graph with symbol ranges set: ``{"N": (1, 8, 64)}`` (min, opt, max) or ``(min, max)``.
         Every shape condition of the graph must hold over the new ranges (else ShapeError naming the node
-        and a counterexample); derived dims' ranges follow."""
+        and a counterexample; ``check=False`` leaves that to :meth:`check_shapes`); derived dims' ranges
+        follow."""
         g = self._graph.clone()
-        for name, prof in shape_profiles.items():
-            if name not in g.symbols:
-                raise ShapeError(f"--shape-profile {name}: the model has no symbol {name!r} "
-                                 f"(it has {sorted(g.symbols) or 'none'})")
+        for name, prof in self._by_symbol(shape_profiles, "--shape-profile").items():
             vals = tuple(int(x) for x in prof)
             if len(vals) not in (2, 3):
                 raise ShapeError(f"shape profile of {name}: expected (min, opt, max) or (min, max), got {prof!r}")
@@ -189,14 +211,17 @@ class Pipeline:
                 raise ShapeError(f"shape profile {name}={':'.join(map(str, vals))}: need 1 <= min <= opt <= max")
             g.symbols[name] = Symbol(name, lo, hi, opt)
         out = self._derive(g, self.report)
-        bad = out.check_shapes()
+        bad = out.check_shapes() if check else ()
         if bad:
-            raise ShapeError("the graph's shape conditions fail inside the profile:\n  " + "\n  ".join(map(str, bad)))
+            raise ShapeError("the graph's shape conditions fail inside the profile:\n  " + "\n  ".join(map(str, bad))
+                             + "\nnarrow the ranges of the symbols named there, fix one of them (--fix, or one "
+                             "--input-shape for its input), or give dims that must be equal one dim_param in the model")
         return out
 
     def compile(self, target: Optional[str] = None, opt_level: Optional[int] = None, *,
                 options: Optional[TargetOptions] = None, fixed: Optional[Mapping[str, int]] = None,
-                shape_profiles: Optional[Mapping[str, Tuple[int, ...]]] = None, cache: bool = True, progress=None,
+                shape_profiles: Optional[Mapping[str, Tuple[int, ...]]] = None,
+                input_shapes: Optional[Mapping[str, object]] = None, cache: bool = True, progress=None,
                 **target_options):
         """Compile for ``target`` (a triple of :data:`cuvil.targets.TARGETS`, default ``x86_64-linux-gnu``):
         :class:`cuvil.artifact.Artifact` (``libNAME.so``) for ``x86_64-linux-gnu``,
@@ -213,7 +238,10 @@ class Pipeline:
         Symbolic dims: ``shape_profiles`` (``{"N": (1, 8, 64)}``, min/opt/max) sets their ranges (without
         one a symbol ranges over ``[1, 4096]``, :data:`cuvil.ir.dim.DEFAULT_MAX`); every shape condition must
         hold over them (Z3; else ShapeError with a counterexample). ``fixed`` (``{"N": 1}``) specialises
-        symbols to values. The x86 library serves every shape of the profile with one set of kernels that
+        symbols to values, or to another symbol (``{"s.0": "x.0"}``). ``input_shapes`` binds them by input instead, whatever they are called, as
+        trtexec's ``--shapes``: ``{"x": [1, 3, 640, 640]}`` fixes them, ``{"x": ([1, 3, 32, 32],
+        [1, 3, 640, 640], [1, 3, 1280, 1280])}`` (min, opt, max) sets their ranges; a symbol bound twice (by
+        name and by input) must be bound alike. The x86 library serves every shape of the profile with one set of kernels that
         read the symbols at run time, and rejects shapes outside it. The GPU target specialises every symbol
         (to ``fixed``, else its opt or min). ``cache`` (default on): artifacts are cached by content
         (:mod:`cuvil.artifact`).
@@ -230,17 +258,20 @@ class Pipeline:
         elif not isinstance(options, tgt.options_type):
             raise CuvilError(f"options={type(options).__name__}(...) are not options of {triple}; "
                              f"it takes {tgt.options_type.__name__}")
-        fixed = {k: int(v) for k, v in (fixed or {}).items()}
-        base = self.with_profiles(shape_profiles) if shape_profiles else self
-        if not tgt.keeps_symbols:
-            for name, sym in base._graph.symbols.items():
-                fixed.setdefault(name, sym.tuned)
-        p = base.specialize(fixed) if fixed else base
+        fixed, shape_profiles = self.resolve_shapes(fixed, shape_profiles, input_shapes)
+        # Fixed symbols first: a profile's shape conditions are then checked with them at their values.
+        p = self.specialize(fixed) if fixed else self
+        p = p.with_profiles(shape_profiles) if shape_profiles else p
+        if not tgt.keeps_symbols and p._graph.symbols:
+            rest = {name: sym.tuned for name, sym in p._graph.symbols.items()}
+            fixed.update(rest)
+            p = p.specialize(rest)
         if p._graph.symbols and not shape_profiles:   # with_profiles checked those
             bad = p.check_shapes()
             if bad:
-                raise ShapeError("the graph's shape conditions fail inside the symbols' ranges (give a "
-                                 "--shape-profile):\n  " + "\n  ".join(map(str, bad)))
+                raise ShapeError("the graph's shape conditions fail inside the symbols' ranges (give ranges where "
+                                 "they hold: --input-shape INPUT=MIN:OPT:MAX or --shape-profile NAME=MIN:OPT:MAX):\n  "
+                                 + "\n  ".join(map(str, bad)))
         profiles = {s.name: [s.min, s.tuned, s.max] for s in p._graph.symbols.values()}
         rules = applied_rules(self.report)
         extra = {"model_sha256": self.source_sha256, "specialized": fixed, "shape_profiles": profiles,
@@ -258,6 +289,36 @@ class Pipeline:
         with cache_entry(key, plan.artifact_name) as out:
             manifest = tgt.emit(plan, out, extra, progress)
         return tgt.load(cached_path(key, plan.artifact_name), manifest)
+
+    def resolve_shapes(self, fixed: Optional[Mapping[str, int]] = None,
+                       shape_profiles: Optional[Mapping[str, Tuple[int, ...]]] = None,
+                       input_shapes: Optional[Mapping[str, object]] = None) -> Tuple[Dict[str, int], Dict[str, tuple]]:
+        """The symbols' values and ranges that ``fixed`` (by symbol), ``shape_profiles`` (by symbol) and
+        ``input_shapes`` (by input, :meth:`with_input_shapes`) give together, keyed by the symbols' names, as
+        ``(fixed, shape_profiles)``; a symbol bound twice must be bound alike (else ShapeError)."""
+        fixed = {k: lookup_symbol(self._graph, v, f"--fix {k}={v}").name if isinstance(v, str) else int(v)
+                 for k, v in self._by_symbol(fixed or {}, "--fix").items()}
+        profiles = self._by_symbol(shape_profiles or {}, "--shape-profile")
+        if not input_shapes:
+            return fixed, profiles
+        aliases = {k: v for k, v in fixed.items() if isinstance(v, str)}   # s.0 = x.0: bound through x.0
+        b = bind_input_shapes(specialize_graph(self._graph, aliases)[0] if aliases else self._graph, input_shapes)
+        for name, val in b.fixed.items():
+            other = fixed.get(name, val)
+            prof = profiles.get(name)
+            if other != val or (prof is not None and tuple(prof)[0] != tuple(prof)[-1]):
+                given = f"--fix {name}={other}" if other != val else f"--shape-profile {name}=" + ":".join(map(str, prof))
+                raise ShapeError(f"--input-shape sets symbol {name} to {val}, {given} says otherwise; give one")
+            fixed[name] = val
+        for name, prof in b.profiles.items():
+            if name in fixed:
+                raise ShapeError(f"--input-shape gives symbol {name} the range {':'.join(map(str, prof))}, "
+                                 f"--fix {name}={fixed[name]} fixes it; give one")
+            if name in profiles and tuple(profiles[name]) != tuple(prof):
+                raise ShapeError(f"--input-shape gives symbol {name} the range {':'.join(map(str, prof))}, "
+                                 f"--shape-profile {':'.join(map(str, profiles[name]))}; give one")
+            profiles[name] = prof
+        return fixed, profiles
 
     def to_onnx(self) -> onnx.ModelProto:
         return export_model(self._graph)

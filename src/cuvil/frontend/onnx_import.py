@@ -6,7 +6,6 @@ Every opset from 7 to the installed onnx package's newest is accepted. Legacy fo
 from __future__ import annotations
 
 import os
-import re
 from typing import Dict, Optional, Union
 
 import numpy as np
@@ -19,7 +18,7 @@ from onnx import numpy_helper
 
 from ..errors import (InvalidAttributeError, ModelLoadError, ShapeError, UnsupportedDomainError, UnsupportedOpError,
                       UnsupportedTypeError)
-from ..ir.dim import SymExpr, Symbol
+from ..ir.dim import SymExpr, Symbol, symbol_name
 from ..ir.dtype import DType
 from ..ir.graph import Graph, Value
 from ..ir.types import TensorType
@@ -128,13 +127,22 @@ def _check_text(model: onnx.ModelProto) -> None:
             need(a.name, f"attribute name in node {n.name!r}")
 
 
-_IDENT = re.compile(r"[^0-9A-Za-z_]")
+def is_anonymous_dim(d: onnx.TensorShapeProto.Dimension) -> bool:
+    """A dim the model leaves unknown: no value and no name, a ``dim_param`` without a letter or digit
+    (``?``), or a negative ``dim_value`` (``-1``: onnxruntime reads any negative value as unknown). A
+    ``dim_value`` of 0 is a real, empty dim (onnxruntime refuses any other size for it), not unknown."""
+    if d.HasField("dim_value"):
+        return d.dim_value < 0
+    return not any(c.isalnum() for c in d.dim_param)
 
 
-def symbol_name(text: str) -> str:
-    """An identifier for an ONNX ``dim_param`` (which may be any string, e.g. 'batch size')."""
-    s = _IDENT.sub("_", text.strip()) or "dim"
-    return "_" + s if s[0].isdigit() else s
+def anonymous_symbol(input_name: str, axis: int, taken) -> str:
+    """A fresh symbol for axis ``axis`` of input ``input_name``: ``x.2``, unique against ``taken``."""
+    base = f"{symbol_name(input_name)}.{axis}"
+    name, k = base, 1
+    while name in taken:
+        name, k = f"{base}_{k}", k + 1
+    return name
 
 
 class _Importer:
@@ -144,6 +152,10 @@ class _Importer:
         self.env: Dict[str, Optional[Value]] = {"": None}
         self._checked = set()
         self.declared = {vi.name: vi for vi in list(model.graph.value_info) + list(model.graph.output)}
+        # Every named dim of the inputs, so a fresh name (x.2) never captures a symbol the model names itself.
+        self.named_dims = {symbol_name(d.dim_param) for vi in model.graph.input if vi.type.HasField("tensor_type")
+                           for d in vi.type.tensor_type.shape.dim if not is_anonymous_dim(d)
+                           and not d.HasField("dim_value")}
 
     def run(self) -> Graph:
         mg = self.model.graph
@@ -188,12 +200,15 @@ class _Importer:
             return TensorType(tt.elem_type, None)
         dims = []
         for k, d in enumerate(tt.shape.dim):
-            if d.HasField("dim_value"):
+            if is_anonymous_dim(d):   # each its own symbol: two '?' of one input are not forced equal
+                name = anonymous_symbol(vi.name, k, self.named_dims | set(self.g.symbols))
+            elif d.HasField("dim_value"):
                 dims.append(int(d.dim_value))
+                continue
             else:
-                name = symbol_name(d.dim_param) if d.dim_param else symbol_name(f"{vi.name}_d{k}")
-                self.g.symbols.setdefault(name, Symbol(name))
-                dims.append(SymExpr.symbol(name))
+                name = symbol_name(d.dim_param)
+            self.g.symbols.setdefault(name, Symbol(name))
+            dims.append(SymExpr.symbol(name))
         return TensorType(tt.elem_type, dims)
 
     def _node(self, np_: onnx.NodeProto):
@@ -249,7 +264,7 @@ class _Importer:
             raise ShapeError(f"{what} {name!r}: the model declares {_dtype_name(tt.elem_type)} but "
                              f"Cuvil infers {v.dtype.name}")
         if tt.HasField("shape") and v.shape is not None:
-            declared = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
+            declared = [d.dim_value if d.HasField("dim_value") and d.dim_value >= 0 else None for d in tt.shape.dim]
             if len(declared) != len(v.shape) or any(
                     d is not None and isinstance(s, int) and d != s for d, s in zip(declared, v.shape)):
                 shown = [d if d is not None else "?" for d in declared]
@@ -431,4 +446,4 @@ def _attr_value(a: onnx.AttributeProto, what: str = ""):
     return v
 
 
-__all__ = ["load_model", "import_model", "symbol_name", "default_opset"]
+__all__ = ["load_model", "import_model", "symbol_name", "is_anonymous_dim", "anonymous_symbol", "default_opset"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import math
+import re
 from typing import Dict, Iterable, Mapping, Tuple, Union
 
 import attrs
@@ -17,6 +18,26 @@ import numpy as np
 # Default range of a symbol that no profile bounds (documented in docs/architecture.md).
 DEFAULT_MIN = 1
 DEFAULT_MAX = 4096
+
+# A symbol's name: an identifier, or dotted identifiers/numbers as models spell them (``x.2`` for axis 2 of
+# input ``x``, ``p2o.DynamicDimension.0``). Shape expressions print and parse these names as they are; C
+# code never uses them as identifiers (symbols are slots there).
+_SYMBOL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z0-9_]+)*")
+
+
+def is_symbol_name(text) -> bool:
+    """Whether ``text`` can name a symbol: ``N``, ``batch_size``, ``x.2``, ``p2o.DynamicDimension.0``."""
+    return isinstance(text, str) and _SYMBOL_NAME.fullmatch(text) is not None
+
+
+def symbol_name(text: str) -> str:
+    """The symbol a spelling names (an ONNX ``dim_param`` may be any string): the spelling itself where it can
+    name a symbol (``batch_size``, ``p2o.DynamicDimension.0``, ``x.2``); other characters (``batch size``)
+    become ``_``, and a leading digit gets a ``_`` in front."""
+    s = re.sub(r"[^0-9A-Za-z_.]", "_", text.strip())
+    s = re.sub(r"\.(?=\.|$)|^\.", "_", s) or "dim"
+    s = "_" + s if s[0].isdigit() else s
+    return s if is_symbol_name(s) else re.sub(r"[^0-9A-Za-z_]", "_", s)
 
 
 @attrs.frozen
@@ -29,8 +50,8 @@ class Symbol:
     opt: int | None = None
 
     def __attrs_post_init__(self):
-        if not self.name.isidentifier():
-            raise ValueError(f"symbol name {self.name!r} is not an identifier")
+        if not is_symbol_name(self.name):
+            raise ValueError(f"symbol name {self.name!r} is not an identifier or dotted name (x.2)")
         if not (0 <= self.min <= self.max):
             raise ValueError(f"symbol {self.name}: empty range [{self.min}, {self.max}]")
         if self.opt is not None and not (self.min <= self.opt <= self.max):
@@ -62,7 +83,7 @@ class Atom:
 
 def _paren(x) -> str:
     s = str(x)
-    return s if isinstance(x, int) or s.isidentifier() or s.isdigit() else f"({s})"
+    return s if isinstance(x, int) or is_symbol_name(s) or s.isdigit() else f"({s})"
 
 
 Monomial = Tuple[Atom, ...]  # sorted, with repetition for powers
@@ -363,6 +384,26 @@ def evaluate(d: Dim, env: Mapping[str, int]) -> int:
     return d if isinstance(d, int) else d.evaluate(env)
 
 
+def substitute(d: Dim, env: Mapping[str, Dim]) -> Dim:
+    """``d`` with the symbols of ``env`` replaced by their dims (ints or expressions), kept canonical."""
+    if isinstance(d, int):
+        return d
+    total: Dim = 0
+    for mono, coef in d.terms:
+        prod: Dim = coef
+        for a in mono:
+            prod = mul(prod, _substitute_atom(a, env))
+        total = add(total, prod)
+    return total
+
+
+def _substitute_atom(a: Atom, env) -> Dim:
+    if a.kind == "sym":
+        return env.get(a.args[0], SymExpr({(a,): 1}))
+    args = [substitute(x, env) for x in a.args]
+    return {"floordiv": floordiv, "mod": mod, "max": dmax, "min": dmin}[a.kind](*args)
+
+
 def free_symbols(d: Dim) -> frozenset:
     return frozenset() if isinstance(d, int) else d.free_symbols
 
@@ -411,29 +452,44 @@ def _atom_bounds(a: Atom, ranges) -> Tuple[int, int]:
 # --- parsing -----------------------------------------------------------------------------------------
 
 def parse_dim(text: str) -> Dim:
-    """Parse ``"N"``, ``"2*N + 1"``, ``"(H - 1)/2 + 1"`` (``/`` is floor division), ``"max(A, B)"``."""
+    """Parse ``"N"``, ``"2*N + 1"``, ``"(H - 1)/2 + 1"`` (``/`` is floor division), ``"max(A, B)"``; dotted
+    symbol names (``x.2 * 2``) included."""
+    dotted: Dict[str, str] = {}   # placeholder identifier -> dotted name
+
+    def placeholder(m):   # Python would read x.2 as an attribute access or a syntax error
+        for k, v in dotted.items():
+            if v == m.group(0):
+                return k
+        key = f"__cuvil_dotted_{len(dotted)}"
+        dotted[key] = m.group(0)
+        return key
+
+    source = _DOTTED_IN_TEXT.sub(placeholder, text.strip())
     try:
-        tree = ast.parse(text.strip(), mode="eval").body
+        tree = ast.parse(source, mode="eval").body
     except SyntaxError as e:
         raise ValueError(f"bad dimension expression {text!r}: {e.msg}") from None
-    return _from_ast(tree, text)
+    return _from_ast(tree, text, dotted)
 
 
-def _from_ast(n, text) -> Dim:
+_DOTTED_IN_TEXT = re.compile(r"(?<![A-Za-z0-9_.])[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z0-9_]+)+")
+
+
+def _from_ast(n, text, dotted: Mapping[str, str]) -> Dim:
     if isinstance(n, ast.Constant) and isinstance(n.value, int) and not isinstance(n.value, bool):
         return n.value
     if isinstance(n, ast.Name):
-        return SymExpr.symbol(n.id)
+        return SymExpr.symbol(dotted.get(n.id, n.id))
     if isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.USub):
-        return mul(_from_ast(n.operand, text), -1)
+        return mul(_from_ast(n.operand, text, dotted), -1)
     if isinstance(n, ast.BinOp):
-        a, b = _from_ast(n.left, text), _from_ast(n.right, text)
+        a, b = _from_ast(n.left, text, dotted), _from_ast(n.right, text, dotted)
         ops = {ast.Add: add, ast.Sub: lambda x, y: add(x, mul(y, -1)), ast.Mult: mul,
                ast.Div: floordiv, ast.FloorDiv: floordiv, ast.Mod: mod}
         if type(n.op) in ops:
             return ops[type(n.op)](a, b)
     if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in ("max", "min"):
-        args = [_from_ast(a, text) for a in n.args]
+        args = [_from_ast(a, text, dotted) for a in n.args]
         return dmax(*args) if n.func.id == "max" else dmin(*args)
     raise ValueError(f"bad dimension expression {text!r}")
 

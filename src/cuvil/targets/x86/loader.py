@@ -22,6 +22,7 @@ import attrs
 import numpy as np
 
 from cuvil.errors import CuvilError, ShapeError, UnsupportedTypeError
+from cuvil.ir.dim import is_symbol_name
 from cuvil.ir.dtype import DType
 from cuvil.targets.x86.model_info import is_c_identifier
 
@@ -117,7 +118,7 @@ def _input_symbols(manifest: dict, k: int, ndim: int) -> tuple:
         return (None,) * ndim
     if not isinstance(shape, list) or len(shape) != ndim:
         return (None,) * ndim
-    return tuple(v if isinstance(v, str) and v.isidentifier() else None for v in shape)
+    return tuple(v if is_symbol_name(v) else None for v in shape)
 
 
 class Model:
@@ -264,7 +265,8 @@ class Model:
                 lo, _, hi = self.symbols[sym]
                 if not lo <= got <= hi:
                     refuse(-19, f"dim {i} is {sym} = {got}, outside the profile {sym} in [{lo}, {hi}]",
-                           f"split the input, or compile with --shape-profile {sym}=MIN:OPT:MAX covering {got}")
+                           f"split the input, or compile with --shape-profile {sym}=MIN:OPT:MAX covering {got} "
+                           f"(or --input-shape {d.name}=MIN:OPT:MAX, three shapes)")
 
     def _check_output_sizes(self, shapes) -> None:
         """Every output dim >= 0 and their bytes within ``max_output_bytes``, before anything is allocated."""

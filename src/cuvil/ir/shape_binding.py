@@ -1,0 +1,153 @@
+"""Binding symbolic dims by what a user knows: a symbol's name, or an input's whole shape.
+
+``bind_input_shapes`` is trtexec's ``--shapes``: ``{"x": [1, 3, 640, 640]}`` fixes every symbol among
+``x``'s dims to the value at its axis; ``{"x": ([1, 3, 32, 32], [1, 3, 640, 640], [1, 3, 1280, 1280])}``
+(min, opt, max) gives each of them that range. Whatever the dims are called in the model (``N``,
+``p2o.DynamicDimension.0``, or nothing: ``x.2``), the user names only inputs and axes.
+"""
+from __future__ import annotations
+
+from typing import Dict, Mapping, Sequence, Tuple
+
+import attrs
+import numpy as np
+
+from ..errors import ShapeError
+from .dim import SymExpr, Symbol, evaluate, symbol_name
+from .graph import Graph
+
+
+def lookup_symbol(g: Graph, name: str, flag: str) -> Symbol:
+    """The symbol ``name`` names: its display name (``x.2``, ``batch_size``) or the model's raw spelling
+    (``batch size``). ``flag`` is how the user gave it (``--fix x.2``), for the error."""
+    sym = g.symbols.get(name) or g.symbols.get(symbol_name(name))
+    if sym is not None:
+        return sym
+    raise ShapeError(f"{flag}: the model has no symbol {name!r} ({symbols_and_inputs(g)}); name a symbol as "
+                     f"listed, or bind whole inputs: {input_shape_hint(g)}")
+
+
+def symbols_and_inputs(g: Graph) -> str:
+    """``symbols x.0, x.2; inputs x: f32[x.0,3,x.2,x.3]``: what a binding can name."""
+    syms = ", ".join(sorted(g.symbols)) or "none"
+    return f"its symbols: {syms}; inputs: " + ", ".join(f"{v.name}: {v.type}" for v in g.inputs)
+
+
+def input_shape_hint(g: Graph) -> str:
+    """An ``--input-shape`` for the first input with a symbolic dim, each symbol at its opt (else min)."""
+    for v in g.inputs:
+        if v.shape is not None and not v.type.is_static:
+            dims = [d if isinstance(d, int) else _tuned(g, d) for d in v.shape]
+            return f"--input-shape {v.name}=" + "x".join(map(str, dims)) + " (Pipeline: input_shapes=)"
+    return "--input-shape INPUT=D0xD1x... (Pipeline: input_shapes=)"
+
+
+def _tuned(g: Graph, d: SymExpr) -> int:
+    try:
+        return evaluate(d, {k: s.tuned for k, s in g.symbols.items()})
+    except KeyError:
+        return 1
+
+
+@attrs.frozen
+class InputShapeBinding:
+    """What input shapes say about the symbols: ``fixed`` values (one shape, or a profile with
+    min = opt = max) and ``profiles`` (min, opt, max) ranges, keyed by symbol name."""
+
+    fixed: Dict[str, int]
+    profiles: Dict[str, Tuple[int, int, int]]
+
+
+def bind_input_shapes(g: Graph, input_shapes: Mapping[str, object]) -> InputShapeBinding:
+    """Bind the symbols of ``g``'s inputs from ``{"x": [1, 3, 640, 640]}`` or ``{"x": (min, opt, max)}``
+    (three shapes). A dim the model fixes must be given its value; a symbol shared by several inputs or
+    axes must be given one value (range); a derived dim (``2*N``) must agree with its symbols'. Every
+    mismatch is a ShapeError naming the input, the axis and what the model declares."""
+    by_input = {v.name: v for v in g.inputs}
+    seen: Dict[str, Tuple[Tuple[int, int, int], str]] = {}   # symbol -> (min, opt, max), where it came from
+    derived = []
+    for name, spec in input_shapes.items():
+        v = by_input.get(name)
+        if v is None:
+            raise ShapeError(f"--input-shape {name}: the model has no input {name!r}; its inputs are "
+                             + ", ".join(f"{x.name}: {x.type}" for x in g.inputs))
+        points = _points(name, spec)
+        given = _spec_text(points)
+        if v.shape is None:
+            raise ShapeError(f"--input-shape {name}={given}: the model does not declare the rank of {name!r} "
+                             f"({v.type}); Cuvil needs a ranked input")
+        for p in points:
+            if len(p) != len(v.shape):
+                raise ShapeError(f"--input-shape {name}={given}: input {name!r} has rank {len(v.shape)} "
+                                 f"({v.type}), the shape gives {len(p)} dims")
+        for axis, d in enumerate(v.shape):
+            vals = tuple(p[axis] for p in points)
+            if len(vals) == 1:
+                vals = vals * 3
+            where = f"input {name!r} axis {axis}"
+            if not vals[0] <= vals[1] <= vals[2]:
+                raise ShapeError(f"--input-shape {name}={given}: {where} has min {vals[0]}, opt {vals[1]}, "
+                                 f"max {vals[2]}; need min <= opt <= max")
+            if isinstance(d, int):
+                if vals != (d, d, d):
+                    raise ShapeError(f"--input-shape {name}={given}: {where} is fixed to {d} in the model "
+                                     f"({v.type}); give {d} there")
+            elif str(d) in g.symbols:
+                prev = seen.get(str(d))
+                if prev is not None and prev[0] != vals:
+                    raise ShapeError(f"--input-shape {name}={given}: {where} is symbol {d}, which {prev[1]} "
+                                     f"also is; they are given {_range_text(vals)} and {_range_text(prev[0])}: "
+                                     f"give both the same")
+                seen.setdefault(str(d), (vals, where))
+            else:
+                derived.append((d, vals, where, name, given))
+    for d, vals, where, name, given in derived:   # 2*N: checked once its symbols are bound
+        unbound = sorted(d.free_symbols - seen.keys())
+        if unbound:
+            raise ShapeError(f"--input-shape {name}={given}: {where} is {d}, computed from {', '.join(unbound)}; "
+                             f"bind {', '.join(unbound)} through an input where it is a whole dim, or by name "
+                             f"(--fix / --shape-profile)")
+        want = tuple(evaluate(d, {s: seen[s][0][k] for s in d.free_symbols}) for k in range(3))
+        if want != vals:
+            raise ShapeError(f"--input-shape {name}={given}: {where} is {d} = {_range_text(want)} from the other "
+                             f"dims, the shape gives {_range_text(vals)}")
+    fixed = {s: r[0] for s, (r, _) in seen.items() if r[0] == r[2]}
+    profiles = {s: r for s, (r, _) in seen.items() if r[0] != r[2]}
+    return InputShapeBinding(fixed, profiles)
+
+
+def _points(name: str, spec) -> Tuple[Tuple[int, ...], ...]:
+    """One shape ``[1, 3, 640, 640]`` -> (shape,); three shapes (min, opt, max) -> (min, opt, max)."""
+    points = _as_dims(spec)
+    if points is not None:
+        points = (points,)
+    elif isinstance(spec, Sequence) and not isinstance(spec, (str, bytes)) and len(spec) == 3:
+        points = tuple(_as_dims(p) for p in spec)
+        points = None if None in points else points
+    if points is None:
+        raise ShapeError(f"input_shapes[{name!r}] = {spec!r}: give one shape ([1, 3, 640, 640]) or three "
+                         f"(min, opt, max); on the command line --input-shape {name}=1x3x640x640 or "
+                         f"{name}=1x3x32x32:1x3x640x640:1x3x1280x1280")
+    if any(d < 0 for p in points for d in p):
+        raise ShapeError(f"input_shapes[{name!r}] = {_spec_text(points)}: a dim is negative")
+    return points
+
+
+def _as_dims(x):
+    """``x`` as a tuple of ints when it is a sequence of integers (numpy's too), else None."""
+    if isinstance(x, (str, bytes)) or not isinstance(x, (Sequence, np.ndarray)):
+        return None
+    if not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) for d in x):
+        return None
+    return tuple(int(d) for d in x)
+
+
+def _spec_text(points) -> str:
+    return ":".join("x".join(map(str, p)) for p in points)
+
+
+def _range_text(vals: Tuple[int, int, int]) -> str:
+    return str(vals[0]) if vals[0] == vals[2] else ":".join(map(str, vals))
+
+
+__all__ = ["InputShapeBinding", "bind_input_shapes", "lookup_symbol", "symbols_and_inputs", "input_shape_hint"]
