@@ -26,6 +26,7 @@ from .ir.stats import GraphStats, graph_stats
 from .reference import run_reference
 from .rewrite_rules.engine import RewriteReport
 from .rewrite_rules.proved_rewrite import applied_rules, proved_rewrite
+from .rewrite_rules.shape_prop import propagate_shapes
 from .rewrite_rules.specialize import specialize_graph
 from .rewrite_rules.verdicts import builtin_rules
 from .targets import X86_TARGET, TargetOptions, get_target, make_options
@@ -210,6 +211,7 @@ class Pipeline:
             if not (1 <= lo <= hi) or (opt is not None and not lo <= opt <= hi):
                 raise ShapeError(f"shape profile {name}={':'.join(map(str, vals))}: need 1 <= min <= opt <= max")
             g.symbols[name] = Symbol(name, lo, hi, opt)
+        propagate_shapes(g)   # dims simplified over the new ranges (min(S, 512) is S for S <= 512)
         out = self._derive(g, self.report)
         bad = out.check_shapes() if check else ()
         if bad:

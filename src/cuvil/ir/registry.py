@@ -19,7 +19,7 @@ import onnx
 import onnx.defs
 
 from ..errors import InvalidAttributeError, ShapeError, UnsupportedOpError
-from .dim import Dim, SymExpr, as_dim, dmax
+from .dim import Dim, SymExpr, as_dim, dmax, floordiv, mul
 from .dtype import DType
 from .types import TensorType
 
@@ -222,6 +222,8 @@ def decide_constraint(kind: str, a: Dim, b: Dim) -> Optional[bool]:
         return True
     if kind == "bcast" and (a == 1 or b == 1):
         return True
+    if kind == "mod0" and b != 0 and mul(floordiv(a, b), b) == a:   # b divides a as polynomials: (B*S*S) % (B*S)
+        return True
     if not (isinstance(a, int) and isinstance(b, int)):
         return None
     return {"eq": a == b, "bcast": a == b or 1 in (a, b), "ge": a >= b, "mod0": b != 0 and a % b == 0}[kind]
@@ -304,7 +306,7 @@ class InferCtx:
         if not self.has_input(i):
             return None
         v = self.node.inputs[i]
-        if v.const is not None and v.const.dtype.kind in "iu" and v.const.size <= 1 << 16:
+        if v.const is not None and v.const.dtype.kind in "iub" and v.const.size <= 1 << 16:   # bools as 0/1
             return tuple(int(x) for x in v.const.reshape(-1))
         return v.sym_value
 

@@ -4,7 +4,7 @@ Ops that share a shape function but not their float16 class stack several ``@op`
 """
 from __future__ import annotations
 
-from ..dim import floordiv, mod
+from ..dim import SymExpr, dmax, dmin, floordiv, mod
 from ..dtype import DType
 from ..registry import BROADCAST, HALF_COMPUTE, HALF_FLOAT32, InferCtx, broadcast_shapes, op
 from ..types import TensorType
@@ -78,14 +78,58 @@ def _binary(ctx: InferCtx) -> TensorType:
     return TensorType(ctx.dtype(0), broadcast_shapes(ctx, ctx.shape(0), ctx.shape(1)))
 
 
-@op("Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "And", "Or", "Xor", elementwise=BROADCAST)
+def _sign(d):
+    """-1, 0 or 1 when the sign of dim expression ``d`` is the same for every value of its symbols (all >= 0),
+    else None: a polynomial over symbols only whose coefficients all share the constant term's sign."""
+    if isinstance(d, int):
+        return (d > 0) - (d < 0)
+    if any(a.kind != "sym" for mono, _ in d.terms for a in mono):
+        return None
+    const = dict(d.terms).get((), 0)
+    coefs = [c for mono, c in d.terms if mono]
+    if const > 0 and all(c > 0 for c in coefs):
+        return 1
+    if const < 0 and all(c < 0 for c in coefs):
+        return -1
+    return None
+
+
+# Each comparison as a function of sign(a - b) (None: undecided).
+_COMPARE = {"Equal": lambda sg: sg == 0, "Less": lambda sg: sg < 0, "LessOrEqual": lambda sg: sg <= 0,
+            "Greater": lambda sg: sg > 0, "GreaterOrEqual": lambda sg: sg >= 0}
+
+
+def _compare_sym(ctx: InferCtx):
+    """Comparisons of shape values decided where the sign of their difference is known (``Equal(Shape(x),
+    -1)`` of the exporters' Expand/Reshape shapes: a dim is never -1); booleans as 0/1."""
+    test = _COMPARE.get(ctx.node.op)
+    if test is None or not ctx.dtype(0).is_int:
+        return None
+
+    def one(x, y):
+        sg = 0 if x == y else _sign(x - y)
+        if sg is None:
+            raise ValueError("undecided")
+        return int(test(sg))
+    return _sym_binary(one)(ctx)
+
+
+@op("Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "And", "Or", "Xor", elementwise=BROADCAST,
+    sym_eval=_compare_sym)
 def compare(ctx: InferCtx):
     if ctx.dtype(0) != ctx.dtype(1):
         ctx.fail(f"input dtypes differ: {ctx.dtype(0).name} and {ctx.dtype(1).name}")
     return TensorType(DType.BOOL, broadcast_shapes(ctx, ctx.shape(0), ctx.shape(1)))
 
 
-@op("Sum", "Max", "Min", "Mean", elementwise=BROADCAST, half=HALF_COMPUTE)
+def _extremum_sym(ctx: InferCtx):
+    """Max/Min of shape values (``max(S, 1)``), as dim expressions."""
+    if ctx.node.op not in ("Max", "Min") or ctx.num_inputs != 2 or not ctx.dtype(0).is_int:
+        return None
+    return _sym_binary(dmax if ctx.node.op == "Max" else dmin)(ctx)
+
+
+@op("Sum", "Max", "Min", "Mean", elementwise=BROADCAST, half=HALF_COMPUTE, sym_eval=_extremum_sym)
 def variadic(ctx: InferCtx):
     n = ctx.num_inputs
     if n == 0:
@@ -96,7 +140,19 @@ def variadic(ctx: InferCtx):
     return TensorType(ctx.dtype(0), broadcast_shapes(ctx, *(ctx.shape(i) for i in range(n))))
 
 
-@op("Where", elementwise=BROADCAST, half=HALF_COMPUTE)
+def _where_sym(ctx: InferCtx):
+    """Where over shape values with a condition known element by element (0/1)."""
+    c, a, b = ctx.sym(0), ctx.sym(1), ctx.sym(2)
+    if c is None or a is None or b is None or any(len(ctx.shape(i)) > 1 for i in range(3)):
+        return None
+    n = max(len(c), len(a), len(b))
+    if any(len(v) not in (1, n) for v in (c, a, b)) or not all(isinstance(x, int) for x in c):
+        return None
+    pick = lambda v, k: v[0] if len(v) == 1 else v[k]  # noqa: E731
+    return [tuple(pick(a, k) if pick(c, k) else pick(b, k) for k in range(n))]
+
+
+@op("Where", elementwise=BROADCAST, half=HALF_COMPUTE, sym_eval=_where_sym)
 def where(ctx: InferCtx):
     if ctx.dtype(0) != DType.BOOL:
         ctx.fail(f"condition must be bool, got {ctx.dtype(0).name}")

@@ -397,7 +397,7 @@ def _clamp(d: int, s: int, e: int, step: int):
     return min(max(s, 0), d - 1), min(max(e, -1), d - 1)
 
 
-def _slice_len(d, s, e, step):
+def _slice_len(d, s, e, step, ctx: InferCtx = None):
     if all(isinstance(v, int) for v in (d, s, e)):
         s, e = _clamp(d, s, e, step)
         return max(0, -((s - e) // step))
@@ -417,6 +417,14 @@ def _slice_len(d, s, e, step):
 
     def bound(v, is_end):
         if not isinstance(v, int):
+            # A start or end computed from shapes (x[:, :S], x[:, P:P + S]) is taken as it is, without
+            # ONNX's clamping: a condition the profile's ranges must meet (checked by Z3 at compile time,
+            # with a counterexample otherwise), so the output dim stays the plain expression.
+            if ctx is not None:
+                lo, hi = (0, d) if fwd else (-1 if is_end else 0, d - 1)
+                what = f"the computed {'end' if is_end else 'start'} {v} inside the sliced dim {d}"
+                ctx.require("ge", v, lo, what)
+                ctx.require("ge", hi, v, what)
             return v
         if v >= _BIG:
             return d if fwd else d - 1
@@ -428,7 +436,11 @@ def _slice_len(d, s, e, step):
 
     s2, e2 = bound(s, False), bound(e, True)
     n = ceildiv(e2 - s2, step) if fwd else ceildiv(s2 - e2, -step)
-    return max(n, 0) if isinstance(n, int) else n
+    if isinstance(n, int):
+        return max(n, 0)
+    if ctx is not None and not (isinstance(s, int) and isinstance(e, int)):
+        ctx.require("ge", n, 0, f"the computed bounds {s}:{e} of a non-empty slice")
+    return n
 
 
 def _slice_args(ctx: InferCtx, r: int):
@@ -468,7 +480,7 @@ def slice_(ctx: InferCtx):
         return _unknown(ctx)
     out = list(s)
     for st, en, a, step in zip(*args):
-        out[a] = _slice_len(s[a], st, en, step)
+        out[a] = _slice_len(s[a], st, en, step, ctx)
     return TensorType(ctx.dtype(0), out)
 
 

@@ -90,19 +90,39 @@ def _split(ctx):
     return outs
 
 
+def _slice_param(ctx, name: str, i: int):
+    """A Slice parameter: the lifted attribute, or the elements of input ``i`` known as dims (a start or end
+    computed from shapes, ``Shape(x)[1]``, is then a symbolic dim read at run time)."""
+    v = ctx.attr(name)
+    if v is not None:
+        return list(v)
+    inp = ctx.node.input(i)
+    if inp is not None and inp.is_const and inp.const.dtype.kind in "iu":
+        return [int(x) for x in inp.const.reshape(-1)]
+    if inp is not None and inp.sym_value is not None:
+        return list(inp.sym_value)
+    return None
+
+
 @lowering("Slice")
 def _slice(ctx):
     x = ctx.input(0)
-    starts, ends = ctx.attr("starts"), ctx.attr("ends")
+    starts, ends = _slice_param(ctx, "starts", 1), _slice_param(ctx, "ends", 2)
     if starts is None or ends is None:
-        ctx.unsupported("non-constant starts/ends")
+        ctx.unsupported("starts/ends computed from tensor data (only constants and shape computations are supported)")
     rank = len(x.shape)
-    axes = ctx.attr("axes") or list(range(len(starts)))
-    steps = ctx.attr("steps") or [1] * len(starts)
+    axes = _slice_param(ctx, "axes", 3) or list(range(len(starts)))
+    steps = _slice_param(ctx, "steps", 4) or [1] * len(starts)
+    if not all(isinstance(v, int) for v in list(axes) + list(steps)):
+        ctx.unsupported("axes/steps computed at run time")
     first, step = [0] * rank, [1] * rank
     for s, a, st in zip(starts, axes, steps):
         a %= rank
         d = x.shape[a]
+        if isinstance(s, SymExpr):
+            # computed from shapes: inside the dim over the profile (a condition shape inference recorded)
+            first[a], step[a] = s, st
+            continue
         # d may be symbolic: the start clamped into it is then a dim expression (dmax / dmin)
         if st > 0:
             s = dmin(dmax(s + d if s < 0 else s, 0), d)
