@@ -146,3 +146,24 @@ def test_docs_pytorch_example_runs(monkeypatch):
                 encoding="utf-8").read()
     (code,) = re.findall(r"```python\n(.*?)```", text, re.S)
     exec(compile(code, "docs/pytorch.md", "exec"), {})
+
+
+@needs_torch
+def test_cli_compiles_a_torchscript_file_over_a_batch_profile(tmp_path):
+    import torch
+    from cuvil.cli import main as cli_main
+    net = _net()
+    path = tmp_path / "net.pt"
+    torch.jit.save(torch.jit.trace(net, torch.randn(2, 3, 16, 16)), str(path))
+    out = tmp_path / "libnet.so"
+    assert cli_main(["compile", "--input", str(path), "--input-shape", "x=1x3x16x16:2x3x16x16:8x3x16x16",
+                     "--output", str(out)]) == 0
+    model = load(str(out))
+    try:
+        for b in (1, 8):
+            x = np.random.default_rng(b).standard_normal((b, 3, 16, 16)).astype(np.float32)
+            with torch.no_grad():
+                want = net(torch.from_numpy(x)).numpy()
+            np.testing.assert_allclose(model.run(x)[0], want, rtol=1e-4, atol=1e-5)
+    finally:
+        model.close()

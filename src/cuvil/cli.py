@@ -370,7 +370,7 @@ def _import_and_optimize(args):
     t0 = time.perf_counter()
     progress = (lambda msg: print(f"[{time.perf_counter() - t0:6.1f}s] {msg}", file=sys.stderr, flush=True))
     progress(f"importing {args.input}")
-    p = Pipeline.from_onnx(args.input)
+    p = Pipeline.from_file(args.input, input_shapes=_parse_input_shapes(getattr(args, "input_shape", None)))
     progress(f"optimizing {len(p.graph.nodes)} nodes")
     return progress, p.optimize(rules=args.rules or None, allow_bounded=args.allow_bounded_rules)
 
@@ -579,7 +579,9 @@ def build_parser() -> argparse.ArgumentParser:
     rl.set_defaults(fn=cmd_rules_list)
     sp.set_defaults(fn=lambda a: (sp.print_help(), 2)[1])
     sp = sub.add_parser("compile", help="compile an ONNX model into a native shared library")
-    sp.add_argument("--input", required=True, help="the .onnx model")
+    sp.add_argument("--input", required=True,
+                    help="the model: .onnx, or PyTorch: .pt2 (torch.export.save) or .pt (torch.jit.save; give "
+                         "--input-shape for each input of forward), exported by torch.onnx (needs cuvil[torch])")
     sp.add_argument("--target", default="x86_64-linux-gnu", help="x86_64-linux-gnu (default) or nvptx64-nvidia-cuda")
     sp.add_argument("--opt-level", default="O3", help="O0, O1, O2 or O3")
     sp.add_argument("--output", required=True, help="DIR/libNAME.so (the header and manifest go beside it); "
