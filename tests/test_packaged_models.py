@@ -1,6 +1,6 @@
 """Models as they ship inside PyPI packages, the outside check nobody here wrote: PaddleOCR's text detector
 (dynamic height and width), recogniser (dynamic width) and direction classifier from ``rapidocr-onnxruntime``,
-and Silero's voice-activity detectors (an LSTM, inside an If on the sample rate) from ``silero-vad``.
+ddddocr's YOLOX text detector and its CRNN (an LSTM, dynamic width), and Silero's voice-activity detectors (an LSTM, inside an If on the sample rate) from ``silero-vad``.
 Each compiles for x86 and matches onnxruntime within 1e-4 relative.
 
 The small ones are committed (tests/fixtures/packaged/); the others are fetched at test time with
@@ -29,7 +29,11 @@ RTOL = 1e-4
 
 RAPIDOCR = ("rapidocr-onnxruntime==1.4.4", "rapidocr_onnxruntime-1.4.4-py3-none-any.whl",
             "971d7d5f223a7a808662229df1ef69893809d8457d834e6373d3854bc1782cbf")
+DDDDOCR = ("ddddocr==1.6.1", "ddddocr-1.6.1-py3-none-any.whl",
+           "c7c70f4ae2d0335440ae8b272eea48c9f6888ecef46785fe2311f0c97a133935")
 FETCHED = {
+    "captcha_det": (DDDDOCR, "ddddocr/common_det.onnx", "6faa8ea85a8c1a634e5050c4a138fca10f30194e0d7abbe9ade1fcd423af6ed6"),
+    "captcha_ocr": (DDDDOCR, "ddddocr/common.onnx", "33b5cd351ee94e73a6bf8fa18c415ed8b819b3ffd342e267c30d8ad8334e34e8"),
     "ocr_det": (RAPIDOCR, "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx",
                 "d2a7720d45a54257208b1e13e36a8479894cb74155a5efe29462512d42f49da9"),
     "ocr_rec": (RAPIDOCR, "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx",
@@ -151,6 +155,20 @@ def test_ocr_detector(height, width):
     art = Pipeline.from_onnx(model).optimize().compile(fixed=dict(zip(syms, (1, height, width))))
     got, want = check(model, art, {"x": page(1, height, width, seed=height)}, outputs={logits})
     np.testing.assert_allclose(got[model.graph.output[0].name], want[0], rtol=0, atol=1e-4)
+
+
+def test_captcha_detector():
+    model = fetched("captcha_det")
+    art = Pipeline.from_onnx(model).optimize().compile()
+    check(model, art, {"images": (0.5 * page(1, 416, 416, seed=4) + 0.5)})
+
+
+def test_captcha_recognizer_one_library_for_every_width():
+    needs("LSTM")
+    model = fetched("captcha_ocr")
+    art = Pipeline.from_onnx(model).optimize().compile(shape_profiles={"image_width": (32, 160, 512)})
+    for width in (32, 100, 257):
+        check(model, art, {"input1": page(1, 64, width, seed=width)[:, :1]})
 
 
 # --- Silero VAD ------------------------------------------------------------------------------------------
