@@ -180,3 +180,20 @@ def test_run_time_sized_range_is_a_cuvil_error_or_compiles():
         return
     feeds = {"x": np.ones((2, 4), np.float32), "n": np.array(5, np.int64)}
     np.testing.assert_allclose(art.run(feeds)["y"], ort_session(m).run(None, feeds)[0])
+
+
+def test_gather_elements_with_symbolic_dims_matches_and_stays_in_bounds():
+    # data [N, 4], indices [M, 4]: whether M <= N is known only at run time; the memory-safety prover
+    # (kernels/bounds.py) cannot prove the read in bounds, so it clamps it.
+    d = helper.make_tensor_value_info("d", TensorProto.FLOAT, ["N", 4])
+    i = helper.make_tensor_value_info("i", TensorProto.INT64, ["M", 4])
+    m = make([helper.make_node("GatherElements", ["d", "i"], ["y"], axis=1)], [d, i])
+    art = Pipeline.from_onnx(m).optimize().compile(shape_profiles={"N": (1, 4, 16), "M": (1, 4, 16)})
+    rng = np.random.default_rng(0)
+    for n, k in ((5, 3), (4, 4)):
+        feeds = {"d": rng.standard_normal((n, 4)).astype(np.float32), "i": rng.integers(-4, 4, (k, 4)).astype(np.int64)}
+        np.testing.assert_array_equal(art.run(feeds)["y"], ort_session(m).run(None, feeds)[0])
+    # M > N: onnxruntime refuses; the library reads inside the data (rows past N read row N - 1), never past it
+    data = np.arange(1, 9, dtype=np.float32).reshape(2, 4)
+    got = art.run({"d": data, "i": np.zeros((9, 4), np.int64)})["y"]
+    np.testing.assert_array_equal(got, np.repeat(data[[0] + [1] * 8, :1], 4, axis=1))
