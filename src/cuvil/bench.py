@@ -370,7 +370,8 @@ def prepare_library(opts: BenchOptions) -> dict[str, Any]:
         for name, spec in opts.shapes.items():
             if is_profile(spec):
                 raise CuvilError(f"--input-shape {name}=MIN:OPT:MAX: a compiled library's profile was set when it "
-                                 f"was compiled; give the one shape to time, --input-shape {name}=" + "x".join(map(str, spec[1])))
+                                 f"was compiled; give the one shape to time, --input-shape {name}="
+                                 + "x".join(map(str, spec[1])))
         return {"library": os.path.abspath(path), "onnx": onnx_path, "compiled": None}
     t0 = time.perf_counter()
     opts.log(f"compiling {path} at O{opts.opt_level}")

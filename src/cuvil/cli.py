@@ -18,7 +18,7 @@ from .artifact import load
 from .dsl.parser import load_rules
 from .errors import CuvilError
 from .ir.constraints import check_constraints, dim_ranges
-from .ir.dim import evaluate, is_symbol_name
+from .ir.dim import evaluate, free_symbols, is_symbol_name
 from .ir.stats import cost_terms
 from .kernels.support import support_matrix
 from .kernels.kernel_rules import builtin_kernel_rules
@@ -81,7 +81,9 @@ def cmd_inspect(args) -> int:
 def _cost_text(g, st) -> str:
     """MACs and FLOPs: numbers for a static graph; with symbols, a formula of a few terms and its value at
     the opt point (each symbol's opt, else min) and at the profile's max."""
-    by_op = lambda env: ", ".join(f"{op} {_fmt_count(evaluate(f, env))}" for op, f in st.flops_by_op.items())  # noqa: E731
+    def by_op(env) -> str:
+        return ", ".join(f"{op} {_fmt_count(evaluate(f, env))}" for op, f in st.flops_by_op.items())
+
     if not g.symbols:
         return (f"{_fmt_count(st.macs)} MACs = {_fmt_count(st.flops)} FLOPs"
                 + (f"  ({by_op({})} FLOPs)" if st.flops_by_op else ""))
@@ -91,6 +93,8 @@ def _cost_text(g, st) -> str:
     # without one: its min (1 by default) would rank constant terms first.
     rank_at = {s.name: s.opt if s.opt is not None else s.max for s in g.symbols.values()}
     point = ", ".join(f"{k}={v}" for k, v in opt.items())
+    if not free_symbols(st.flops) <= g.symbols.keys():   # a size no input binds (data-dependent): no values
+        return f"{st.macs} MACs"
     return (f"{cost_terms(st.macs, rank_at)} MACs\n"
             f"  at the opt point ({point}): {_fmt_count(evaluate(st.macs, opt))} MACs = "
             f"{_fmt_count(evaluate(st.flops, opt))} FLOPs" + (f"  ({by_op(opt)} FLOPs)" if st.flops_by_op else "")
@@ -423,7 +427,8 @@ def cmd_run(args) -> int:
     shapes = _parse_input_shapes(args.input_shape)
     for name, spec in shapes.items():
         if bench.is_profile(spec):
-            raise CuvilError(f"cuvil run takes one shape per input: --input-shape {name}=" + "x".join(map(str, spec[1])))
+            raise CuvilError(f"cuvil run takes one shape per input: --input-shape {name}="
+                             + "x".join(map(str, spec[1])))
         if name in named:
             raise CuvilError(f"input {name!r} is given by both --input and --input-shape; give one")
     known = {spec.name for spec in m.inputs}

@@ -221,7 +221,7 @@ class Pipeline:
         return out
 
     def compile(self, target: Optional[str] = None, opt_level: Optional[int] = None, *,
-                options: Optional[TargetOptions] = None, fixed: Optional[Mapping[str, int]] = None,
+                options: Optional[TargetOptions] = None, fixed: Optional[Mapping[str, Union[int, str]]] = None,
                 shape_profiles: Optional[Mapping[str, Tuple[int, ...]]] = None,
                 input_shapes: Optional[Mapping[str, object]] = None, cache: bool = True, progress=None,
                 **target_options):
@@ -240,13 +240,13 @@ class Pipeline:
         Symbolic dims: ``shape_profiles`` (``{"N": (1, 8, 64)}``, min/opt/max) sets their ranges (without
         one a symbol ranges over ``[1, 4096]``, :data:`cuvil.ir.dim.DEFAULT_MAX`); every shape condition must
         hold over them (Z3; else ShapeError with a counterexample). ``fixed`` (``{"N": 1}``) specialises
-        symbols to values, or to another symbol (``{"s.0": "x.0"}``). ``input_shapes`` binds them by input instead, whatever they are called, as
-        trtexec's ``--shapes``: ``{"x": [1, 3, 640, 640]}`` fixes them, ``{"x": ([1, 3, 32, 32],
-        [1, 3, 640, 640], [1, 3, 1280, 1280])}`` (min, opt, max) sets their ranges; a symbol bound twice (by
-        name and by input) must be bound alike. The x86 library serves every shape of the profile with one set of kernels that
-        read the symbols at run time, and rejects shapes outside it. The GPU target specialises every symbol
-        (to ``fixed``, else its opt or min). ``cache`` (default on): artifacts are cached by content
-        (:mod:`cuvil.artifact`).
+        symbols to values, or to another symbol (``{"s.0": "x.0"}``). ``input_shapes`` binds them by input,
+        whatever they are called, as trtexec's ``--shapes``: ``{"x": [1, 3, 640, 640]}`` fixes them,
+        ``{"x": ([1, 3, 32, 32], [1, 3, 640, 640], [1, 3, 1280, 1280])}`` (min, opt, max) sets their ranges; a
+        symbol bound twice (by name and by input) must be bound alike (docs/shapes.md). The x86 library
+        serves every shape of the profile with one set of kernels that read the symbols at run time, and
+        rejects shapes outside it. The GPU target specialises every symbol (to ``fixed``, else its opt or
+        min). ``cache`` (default on): artifacts are cached by content (:mod:`cuvil.artifact`).
         """
         triple = target or (options.triple if options is not None else X86_TARGET)
         tgt = get_target(triple)
@@ -292,9 +292,10 @@ class Pipeline:
             manifest = tgt.emit(plan, out, extra, progress)
         return tgt.load(cached_path(key, plan.artifact_name), manifest)
 
-    def resolve_shapes(self, fixed: Optional[Mapping[str, int]] = None,
+    def resolve_shapes(self, fixed: Optional[Mapping[str, Union[int, str]]] = None,
                        shape_profiles: Optional[Mapping[str, Tuple[int, ...]]] = None,
-                       input_shapes: Optional[Mapping[str, object]] = None) -> Tuple[Dict[str, int], Dict[str, tuple]]:
+                       input_shapes: Optional[Mapping[str, object]] = None
+                       ) -> Tuple[Dict[str, object], Dict[str, tuple]]:
         """The symbols' values and ranges that ``fixed`` (by symbol), ``shape_profiles`` (by symbol) and
         ``input_shapes`` (by input, :meth:`with_input_shapes`) give together, keyed by the symbols' names, as
         ``(fixed, shape_profiles)``; a symbol bound twice must be bound alike (else ShapeError)."""
@@ -307,9 +308,10 @@ class Pipeline:
         b = bind_input_shapes(specialize_graph(self._graph, aliases)[0] if aliases else self._graph, input_shapes)
         for name, val in b.fixed.items():
             other = fixed.get(name, val)
-            prof = profiles.get(name)
-            if other != val or (prof is not None and tuple(prof)[0] != tuple(prof)[-1]):
-                given = f"--fix {name}={other}" if other != val else f"--shape-profile {name}=" + ":".join(map(str, prof))
+            prof = profiles.pop(name, None)
+            if other != val or (prof is not None and set(prof) != {val}):
+                given = (f"--fix {name}={other}" if other != val
+                         else f"--shape-profile {name}=" + ":".join(map(str, prof)))
                 raise ShapeError(f"--input-shape sets symbol {name} to {val}, {given} says otherwise; give one")
             fixed[name] = val
         for name, prof in b.profiles.items():

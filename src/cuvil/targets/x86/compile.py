@@ -60,7 +60,8 @@ def _check_arena(sched: Schedule, limit: int):
     at_max = ", ".join(f"{s.name} <= {s.max}" for s in sched.symbols)
     raise CuvilError(f"the arena at the shape profile's maxima ({at_max or 'fixed shapes'}) is "
                      f"{_bytes(sched.arena_bytes)}, above the {_bytes(limit)} limit: give a shape profile with "
-                     f"the maxima you need (--shape-profile NAME=MIN:OPT:MAX or --input-shape INPUT=MIN:OPT:MAX; shape_profiles= / input_shapes=), or raise "
+                     f"the maxima you need (--shape-profile NAME=MIN:OPT:MAX or --input-shape INPUT=MIN:OPT:MAX; "
+                     f"shape_profiles= / input_shapes=), or raise "
                      f"the limit with CUVIL_MAX_ARENA_BYTES")
 
 
