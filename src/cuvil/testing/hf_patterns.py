@@ -208,3 +208,20 @@ def hf_feeds(model: onnx.ModelProto, b: int, s: int, seed: int = 0, past: int = 
         else:
             out[vi.name] = rng.standard_normal(shape).astype(np.float32)
     return out
+
+
+def topk_from_shape(k_max: int = 4) -> onnx.ModelProto:
+    """``TopK(scores, k = Min(S, k_max))`` along the sequence, k computed from a shape (a search over the
+    first tokens of a sequence that may be shorter than ``k_max``)."""
+    nodes = [h.make_node("Shape", ["x"], ["sh"]),
+             h.make_node("Gather", ["sh", "one1"], ["S1"], axis=0),
+             h.make_node("Min", ["S1", "kmax"], ["k"]),
+             h.make_node("ReduceSum", ["x", "ax2"], ["sc"], keepdims=0),
+             h.make_node("TopK", ["sc", "k"], ["v", "i"], axis=1),
+             h.make_node("Cast", ["i"], ["fi"], to=TP.FLOAT),
+             h.make_node("Add", ["v", "fi"], ["y"])]
+    inits = [_i64("one1", 1), _i64("kmax", k_max), _i64("ax2", 2)]
+    return _model("topk_from_shape", nodes, [_in("x", TP.FLOAT, ["B", "S", 8])], inits)
+
+
+HF_PATTERNS["topk_from_shape"] = topk_from_shape
