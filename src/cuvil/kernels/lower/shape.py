@@ -6,6 +6,7 @@ import itertools
 import numpy as np
 
 from ...ir.dim import SymExpr, dmax, dmin, is_static, product
+from ...ir.ops.shape import symbolic_slice_index
 from ..texpr import I64, E, all_of, binop, cast, cmp, const, dim_index, in_range, select
 from .core import TensorFn, broadcast_fn, clamp, lowering, reshape_index, scalar_of, shape_param, unflat_index
 
@@ -107,7 +108,7 @@ def _slice(ctx):
         d = x.shape[a]
         if isinstance(s, SymExpr):
             # computed from shapes: inside the dim over the profile (a condition shape inference recorded)
-            first[a], step[a] = s, st
+            first[a], step[a] = symbolic_slice_index(s, d), st
             continue
         # d may be symbolic: the start clamped into it is then a dim expression (dmax / dmin)
         if st > 0:
