@@ -405,11 +405,13 @@ def _slice_len(d, s, e, step, ctx: InferCtx = None):
             # without ONNX's clamping: a condition the profile's ranges must meet (checked by Z3 at compile
             # time, with a counterexample otherwise), so the output dim stays the plain expression.
             if ctx is not None and counts_from_end(v):
-                ctx.require("ge", -1, v, f"the computed {'end' if is_end else 'start'} {v} negative")
+                ctx.require("ge", -1, v, f"the {'end' if is_end else 'start'} {v}, computed from shapes, must "
+                                         "stay negative (it counts from the end)")
             v = symbolic_slice_index(v, d)
             if ctx is not None:
                 lo, hi = (0, d) if fwd else (-1 if is_end else 0, d - 1)
-                what = f"the computed {'end' if is_end else 'start'} {v} inside the sliced dim {d}"
+                what = (f"the {'end' if is_end else 'start'} {v}, computed from shapes, must lie inside the sliced "
+                        f"dim of size {d} (a profile whose symbols keep it there compiles)")
                 ctx.require("ge", v, lo, what)
                 ctx.require("ge", hi, v, what)
             return v
