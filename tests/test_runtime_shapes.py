@@ -9,10 +9,11 @@ import os
 import numpy as np
 import onnx
 import pytest
+from onnx import TensorProto, helper, numpy_helper
 
 from cuvil import Pipeline
 from cuvil.artifact import load
-from cuvil.errors import ShapeError
+from cuvil.errors import ShapeError, UnsupportedOpError
 from cuvil.ir.dim import parse_dim
 from cuvil.rewrite_rules.shape_prop import simplify_dim
 from cuvil.targets.ptx import find_ptxas
@@ -137,3 +138,55 @@ def test_text_export_one_library_for_batch_1_8_sequence_1_512(entry):
                 assert max_rel_error(y, r) <= 1e-4, (entry["file"], b, s, name, max_rel_error(y, r))
     finally:
         close_and_remove(art, lib)
+
+
+def test_data_dependent_size_is_one_clean_line():
+    """NonZero's count depends on the values: both targets refuse it naming the op, node and opset (never a
+    KeyError from the symbol's missing range)."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])
+    g = helper.make_graph([helper.make_node("NonZero", ["x"], ["nz"], name="nz"),
+                           helper.make_node("Transpose", ["nz"], ["y"])], "g", [x],
+                          [helper.make_tensor_value_info("y", TensorProto.INT64, None)])
+    p = Pipeline.from_onnx(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    for target in ("x86_64-linux-gnu", "nvptx64-nvidia-cuda"):
+        with pytest.raises(UnsupportedOpError, match=r"NonZero \(node 'nz', opset 17\): output 'nz' has shape "
+                                                     r"i64\[2,nz_nnz\], whose size nz_nnz depends on tensor values"):
+            p.compile(target, shape_profiles={"N": (1, 4, 8)}, cache=False)
+
+
+def _shape_value(op, a, b):
+    """sym_value of ``op(a, b)`` where a and b are built from Shape(x) of x[B, S] and constants."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", "S"])
+    consts = {"c": np.array(b, np.int64)}
+    nodes = [helper.make_node("Shape", ["x"], ["sh"]), helper.make_node(op, [a, "c"], ["r"])]
+    g = helper.make_graph(nodes, "g", [x], [helper.make_value_info("r", onnx.TypeProto())],
+                          [numpy_helper.from_array(v, k) for k, v in consts.items()])
+    graph = Pipeline.from_onnx(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])).graph
+    (r,) = [n for n in graph.nodes if n.op == op][0].outputs
+    return None if r.sym_value is None else [str(v) for v in r.sym_value]
+
+
+@pytest.mark.parametrize("op, b, want", [
+    ("Equal", [-1, -1], ["0", "0"]),          # a dim is never -1: the exporters' Where(Equal(s, -1), 1, s)
+    ("Equal", [1, 1], None),                  # S == 1 depends on S: undecided, no value
+    ("Less", [0, 0], ["0", "0"]),
+    ("GreaterOrEqual", [1, 0], None),         # B >= 1 holds for profiles but not for every symbol value >= 0
+    ("Greater", [-3, -1], ["1", "1"]),
+    ("Max", [1, 1], ["max(1, B)", "max(1, S)"]),
+    ("Min", [4, 4], ["min(4, B)", "min(4, S)"]),
+    ("Sub", [0, 1], ["B", "S - 1"]),
+])
+def test_shape_values_compare_and_combine(op, b, want):
+    assert _shape_value(op, "sh", b) == want
+
+
+def test_where_and_neg_of_shape_values():
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", "S"])
+    nodes = [helper.make_node("Shape", ["x"], ["sh"]), helper.make_node("Equal", ["sh", "m1"], ["eq"]),
+             helper.make_node("Where", ["eq", "ones", "sh"], ["w"]), helper.make_node("Neg", ["w"], ["r"])]
+    inits = [numpy_helper.from_array(np.array([-1], np.int64), "m1"),
+             numpy_helper.from_array(np.array([1, 1], np.int64), "ones")]
+    g = helper.make_graph(nodes, "g", [x], [helper.make_tensor_value_info("r", TensorProto.INT64, None)], inits)
+    graph = Pipeline.from_onnx(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])).graph
+    vals = {n.outputs[0].name: n.outputs[0].sym_value for n in graph.nodes}
+    assert [str(v) for v in vals["w"]] == ["B", "S"] and [str(v) for v in vals["r"]] == ["-B", "-S"]

@@ -50,7 +50,7 @@ def _derived_dims(g: Graph) -> Dict[str, list]:
             if isinstance(d, SymExpr) and str(d) not in g.symbols and str(d) not in derived:
                 try:
                     derived[str(d)] = list(bounds(d, ranges))
-                except ValueError:
+                except (KeyError, ValueError):   # KeyError: a data-dependent size, refused when scheduled
                     pass
     return derived
 

@@ -127,6 +127,7 @@ def _run_time_symbols(g: Graph) -> List[Symbol]:
     for v in g.values():
         if v.shape is None:
             raise ShapeError(f"value {v.name!r} has unknown rank: the x86 and GPU backends need every rank")
+    _refuse_data_dependent_sizes(g)
     used = set()
     for v in g.values():
         here = set().union(*[d.free_symbols for d in v.shape if isinstance(d, SymExpr)])
@@ -144,6 +145,21 @@ def _run_time_symbols(g: Graph) -> List[Symbol]:
         raise ShapeError(f"symbol(s) {sorted(used - bound)} size tensors but no input dim gives them a value: "
                          f"fix them (fixed={{...}})")
     return [g.symbols[k] for k in sorted(used)]
+
+
+def _refuse_data_dependent_sizes(g: Graph) -> None:
+    """A size that depends on tensor contents (NonZero's count, TopK's k or Range's bounds read from tensor
+    data: a fresh symbol of shape inference, outside the graph's symbols) has no run-time value a kernel could
+    read yet: the first node that makes one is named."""
+    for n in g.nodes:
+        for o in n.outputs:
+            fresh = sorted(set().union(*[d.free_symbols for d in o.shape or () if isinstance(d, SymExpr)])
+                           - set(g.symbols))
+            if fresh:
+                raise UnsupportedOpError(
+                    n.op, n.name, g.opset, detail=f"output {o.name!r} has shape {o.type}, whose size {fresh[0]} "
+                    "depends on tensor values (not on input shapes); neither target sizes such outputs at run "
+                    "time yet: make that input a constant, or compute this part outside the library")
 
 
 class _StageBuilder:

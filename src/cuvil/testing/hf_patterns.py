@@ -208,3 +208,38 @@ def hf_feeds(model: onnx.ModelProto, b: int, s: int, seed: int = 0, past: int = 
         else:
             out[vi.name] = rng.standard_normal(shape).astype(np.float32)
     return out
+
+
+def topk_from_shape(k_max: int = 4) -> onnx.ModelProto:
+    """``TopK(scores, k = Min(S, k_max))`` along the sequence, k computed from a shape (a search over the
+    first tokens of a sequence that may be shorter than ``k_max``)."""
+    nodes = [h.make_node("Shape", ["x"], ["sh"]),
+             h.make_node("Gather", ["sh", "one1"], ["S1"], axis=0),
+             h.make_node("Min", ["S1", "kmax"], ["k"]),
+             h.make_node("ReduceSum", ["x", "ax2"], ["sc"], keepdims=0),
+             h.make_node("TopK", ["sc", "k"], ["v", "i"], axis=1),
+             h.make_node("Cast", ["i"], ["fi"], to=TP.FLOAT),
+             h.make_node("Add", ["v", "fi"], ["y"])]
+    inits = [_i64("one1", 1), _i64("kmax", k_max), _i64("ax2", 2)]
+    return _model("topk_from_shape", nodes, [_in("x", TP.FLOAT, ["B", "S", 8])], inits)
+
+
+HF_PATTERNS["topk_from_shape"] = topk_from_shape
+
+
+def tail_slice() -> onnx.ModelProto:
+    """``keys[:, -S:]`` of ``keys = Concat(past, new)`` along the sequence (a start that counts from the end,
+    ``-S``, computed from a shape), scaled and added to the new entries."""
+    nodes = [h.make_node("Shape", ["kv"], ["sh"]),
+             h.make_node("Gather", ["sh", "one1"], ["S1"], axis=0),
+             h.make_node("Neg", ["S1"], ["mS1"]),
+             h.make_node("Concat", ["past", "kv"], ["keys"], axis=1),
+             h.make_node("Slice", ["keys", "mS1", "big", "one1"], ["tail"]),
+             h.make_node("Mul", ["tail", "two"], ["t2"]),
+             h.make_node("Add", ["t2", "kv"], ["y"])]
+    inits = [_i64("one1", 1), _i64("big", 2**63 - 1), _c("two", np.array(2.0, np.float32))]
+    return _model("tail_slice", nodes, [_in("past", TP.FLOAT, ["B", "P", 4]), _in("kv", TP.FLOAT, ["B", "S", 4])],
+                  inits)
+
+
+HF_PATTERNS["tail_slice"] = tail_slice

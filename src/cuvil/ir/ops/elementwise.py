@@ -10,7 +10,14 @@ from ..registry import BROADCAST, HALF_COMPUTE, HALF_FLOAT32, InferCtx, broadcas
 from ..types import TensorType
 
 
-@op("Abs", "Neg", "Reciprocal", "Sqrt", "Exp", "Erf", elementwise=BROADCAST, half=HALF_COMPUTE)
+def _neg_sym(ctx: InferCtx):
+    """-x of a shape value (``x[:, -S:]``)."""
+    v = ctx.sym(0)
+    return None if v is None or not ctx.dtype(0).is_int else [tuple(-x for x in v)]
+
+
+@op("Neg", elementwise=BROADCAST, half=HALF_COMPUTE, sym_eval=_neg_sym)
+@op("Abs", "Reciprocal", "Sqrt", "Exp", "Erf", elementwise=BROADCAST, half=HALF_COMPUTE)
 @op("Log", elementwise=BROADCAST, half=HALF_FLOAT32)  # log of values near 0 loses too much in half
 @op("Floor", "Ceil", "Round", "Sin", "Cos", "Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh", "Acosh",
     "Atanh", "Sign", "BitwiseNot", elementwise=BROADCAST)
@@ -78,20 +85,20 @@ def _binary(ctx: InferCtx) -> TensorType:
     return TensorType(ctx.dtype(0), broadcast_shapes(ctx, ctx.shape(0), ctx.shape(1)))
 
 
-def _sign(d):
-    """-1, 0 or 1 when the sign of dim expression ``d`` is the same for every value of its symbols (all >= 0),
-    else None: a polynomial over symbols only whose coefficients all share the constant term's sign."""
+def _signs(d) -> frozenset:
+    """The signs (-1, 0, 1) dim expression ``d`` can take over symbol values >= 0: a polynomial over symbols only
+    whose coefficients share the constant term's sign keeps it (``S + 1`` > 0, ``S`` >= 0, ``-S - 1`` < 0)."""
     if isinstance(d, int):
-        return (d > 0) - (d < 0)
+        return frozenset({(d > 0) - (d < 0)})
     if any(a.kind != "sym" for mono, _ in d.terms for a in mono):
-        return None
+        return frozenset({-1, 0, 1})
     const = dict(d.terms).get((), 0)
     coefs = [c for mono, c in d.terms if mono]
-    if const > 0 and all(c > 0 for c in coefs):
-        return 1
-    if const < 0 and all(c < 0 for c in coefs):
-        return -1
-    return None
+    if const >= 0 and all(c > 0 for c in coefs):
+        return frozenset({1} if const > 0 else {0, 1})
+    if const <= 0 and all(c < 0 for c in coefs):
+        return frozenset({-1} if const < 0 else {-1, 0})
+    return frozenset({-1, 0, 1})
 
 
 # Each comparison as a function of sign(a - b) (None: undecided).
@@ -107,10 +114,10 @@ def _compare_sym(ctx: InferCtx):
         return None
 
     def one(x, y):
-        sg = 0 if x == y else _sign(x - y)
-        if sg is None:
-            raise ValueError("undecided")
-        return int(test(sg))
+        outcomes = {test(sg) for sg in ({0} if x == y else _signs(x - y))}
+        if len(outcomes) != 1:
+            raise ValueError("undecided")   # no value: the comparison is computed at run time
+        return int(outcomes.pop())
     return _sym_binary(one)(ctx)
 
 

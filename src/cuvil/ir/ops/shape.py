@@ -417,12 +417,17 @@ def _slice_len(d, s, e, step, ctx: InferCtx = None):
 
     def bound(v, is_end):
         if not isinstance(v, int):
-            # A start or end computed from shapes (x[:, :S], x[:, P:P + S]) is taken as it is, without
-            # ONNX's clamping: a condition the profile's ranges must meet (checked by Z3 at compile time,
-            # with a counterexample otherwise), so the output dim stays the plain expression.
+            # A start or end computed from shapes (x[:, :S], x[:, P:P + S], x[:, -S:]) is taken as it is,
+            # without ONNX's clamping: a condition the profile's ranges must meet (checked by Z3 at compile
+            # time, with a counterexample otherwise), so the output dim stays the plain expression.
+            if ctx is not None and counts_from_end(v):
+                ctx.require("ge", -1, v, f"the {'end' if is_end else 'start'} {v}, computed from shapes, must "
+                                         "stay negative (it counts from the end)")
+            v = symbolic_slice_index(v, d)
             if ctx is not None:
                 lo, hi = (0, d) if fwd else (-1 if is_end else 0, d - 1)
-                what = f"the computed {'end' if is_end else 'start'} {v} inside the sliced dim {d}"
+                what = (f"the {'end' if is_end else 'start'} {v}, computed from shapes, must lie inside the sliced "
+                        f"dim of size {d} (a profile whose symbols keep it there compiles)")
                 ctx.require("ge", v, lo, what)
                 ctx.require("ge", hi, v, what)
             return v
@@ -441,6 +446,18 @@ def _slice_len(d, s, e, step, ctx: InferCtx = None):
     if ctx is not None and not (isinstance(s, int) and isinstance(e, int)):
         ctx.require("ge", n, 0, f"the computed bounds {s}:{e} of a non-empty slice")
     return n
+
+
+def counts_from_end(v) -> bool:
+    """A Slice bound computed from shapes that reads as negative (``-S``, ``-S - 1``: no positive term), so it
+    counts from the end of the dim as a negative constant does (a condition makes sure it is <= -1)."""
+    return isinstance(v, SymExpr) and all(c <= 0 for _, c in v.terms)
+
+
+def symbolic_slice_index(v, d):
+    """The position in a dim of size ``d`` of a Slice bound ``v`` computed from shapes: ``d + v`` where ``v``
+    counts from the end, else ``v``."""
+    return d + v if counts_from_end(v) else v
 
 
 def _slice_args(ctx: InferCtx, r: int):

@@ -107,6 +107,21 @@ def lowering(*ops):
     return deco
 
 
+def shape_param(ctx: LowerCtx, name: str, i: int):
+    """An integer parameter of the node: the lifted attribute ``name``, or the elements of input ``i`` as dims,
+    from a constant or from shape computations (Slice's end ``Shape(x)[1]`` is then the symbolic dim ``S``,
+    read at run time); None when computed from tensor data."""
+    v = ctx.attr(name)
+    if v is not None:
+        return list(v) if isinstance(v, (list, tuple, np.ndarray)) else [v]
+    inp = ctx.node.input(i)
+    if inp is not None and inp.is_const and inp.const.dtype.kind in "iu":
+        return [int(x) for x in inp.const.reshape(-1)]
+    if inp is not None and inp.sym_value is not None:
+        return list(inp.sym_value)
+    return None
+
+
 def broadcast_index(idx: Index, in_shape: Sequence[int], out_shape: Sequence[int]) -> Index:
     k = len(out_shape) - len(in_shape)
     return [const(0, I64) if d == 1 and out_shape[k + j] != 1 else idx[k + j] for j, d in enumerate(in_shape)]

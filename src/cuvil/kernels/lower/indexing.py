@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..texpr import I64, E, all_of, binop, cast, cmp, const, identity_value, logic, reduce, select
-from .core import TensorFn, clamp, flat_index, lowering, nan_max, nan_min, unflat_index
+from .core import TensorFn, clamp, flat_index, lowering, nan_max, nan_min, shape_param, unflat_index
 
 
 @lowering("Gather")
@@ -208,9 +208,9 @@ def _topk(ctx):
     """Ranks by counting (element i's rank = how many elements beat it, ties to the lower index), then
     output r is the element whose rank is r: quadratic in the axis length."""
     x = ctx.input(0)
-    k = ctx.attr("k")
+    k = shape_param(ctx, "k", 1)   # k only sizes the outputs (a dim computed from shapes, min(S, 10), is fine)
     if k is None:
-        ctx.unsupported("non-constant k")
+        ctx.unsupported("k computed from tensor data (the output size would depend on it)")
     axis = ctx.attr("axis", -1) % len(x.shape)
     largest = ctx.attr("largest", 1)
     n = x.shape[axis]

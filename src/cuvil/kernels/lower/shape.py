@@ -6,8 +6,9 @@ import itertools
 import numpy as np
 
 from ...ir.dim import SymExpr, dmax, dmin, is_static, product
+from ...ir.ops.shape import symbolic_slice_index
 from ..texpr import I64, E, all_of, binop, cast, cmp, const, dim_index, in_range, select
-from .core import TensorFn, broadcast_fn, clamp, lowering, reshape_index, scalar_of, unflat_index
+from .core import TensorFn, broadcast_fn, clamp, lowering, reshape_index, scalar_of, shape_param, unflat_index
 
 
 @lowering("Reshape", "Flatten", "Squeeze", "Unsqueeze")
@@ -90,29 +91,15 @@ def _split(ctx):
     return outs
 
 
-def _slice_param(ctx, name: str, i: int):
-    """A Slice parameter: the lifted attribute, or the elements of input ``i`` known as dims (a start or end
-    computed from shapes, ``Shape(x)[1]``, is then a symbolic dim read at run time)."""
-    v = ctx.attr(name)
-    if v is not None:
-        return list(v)
-    inp = ctx.node.input(i)
-    if inp is not None and inp.is_const and inp.const.dtype.kind in "iu":
-        return [int(x) for x in inp.const.reshape(-1)]
-    if inp is not None and inp.sym_value is not None:
-        return list(inp.sym_value)
-    return None
-
-
 @lowering("Slice")
 def _slice(ctx):
     x = ctx.input(0)
-    starts, ends = _slice_param(ctx, "starts", 1), _slice_param(ctx, "ends", 2)
+    starts, ends = shape_param(ctx, "starts", 1), shape_param(ctx, "ends", 2)
     if starts is None or ends is None:
         ctx.unsupported("starts/ends computed from tensor data (only constants and shape computations are supported)")
     rank = len(x.shape)
-    axes = _slice_param(ctx, "axes", 3) or list(range(len(starts)))
-    steps = _slice_param(ctx, "steps", 4) or [1] * len(starts)
+    axes = shape_param(ctx, "axes", 3) or list(range(len(starts)))
+    steps = shape_param(ctx, "steps", 4) or [1] * len(starts)
     if not all(isinstance(v, int) for v in list(axes) + list(steps)):
         ctx.unsupported("axes/steps computed at run time")
     first, step = [0] * rank, [1] * rank
@@ -121,7 +108,7 @@ def _slice(ctx):
         d = x.shape[a]
         if isinstance(s, SymExpr):
             # computed from shapes: inside the dim over the profile (a condition shape inference recorded)
-            first[a], step[a] = s, st
+            first[a], step[a] = symbolic_slice_index(s, d), st
             continue
         # d may be symbolic: the start clamped into it is then a dim expression (dmax / dmin)
         if st > 0:
