@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Dict, Optional, Union
+from typing import Dict, List, Optional, Union
 
 import numpy as np
 import onnx
@@ -23,7 +23,7 @@ from ..ir.dim import SymExpr, Symbol
 from ..ir.dtype import DType
 from ..ir.graph import Graph, Value
 from ..ir.types import TensorType
-from . import legacy
+from . import legacy, subgraphs
 
 MIN_OPSET = 7
 DEFAULT_DOMAINS = ("", "ai.onnx")
@@ -203,7 +203,8 @@ class _Importer:
                 f"node {where!r} ({np_.op_type}) is in domain {np_.domain!r}; only the default ONNX domain is supported")
         attrs = {}
         schema = _schema(np_.op_type, self.opset)
-        for a in np_.attribute:
+        control = np_.op_type in subgraphs.CONTROL_OPS
+        for a in ([] if control else np_.attribute):  # control flow reads its own (subgraph) attributes
             if a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
                 raise UnsupportedOpError(np_.op_type, where, self.opset, "control flow with subgraphs is not supported")
             if a.name in attrs:
@@ -233,11 +234,42 @@ class _Importer:
             if name in self.env or name in named[:k]:
                 raise ModelLoadError(f"node {where!r} ({np_.op_type}) defines {name!r}, which is already defined; "
                                      f"every value name must be assigned once")
-        outs = legacy.canonicalize(self.g, np_.op_type, inputs, attrs, list(np_.output), where, self.opset)
+        if control:
+            outs = subgraphs.expand(self, np_, inputs, where)
+        else:
+            outs = legacy.canonicalize(self.g, np_.op_type, inputs, attrs, list(np_.output), where, self.opset)
         for name, v in zip(np_.output, outs):
             if name and v is not None:
                 self.env[name] = v
                 self._check_declared(name, v, f"node {where!r} ({np_.op_type}) output")
+
+    def import_body(self, body: onnx.GraphProto, bound: Dict[str, Value], where: str) -> List[Optional[Value]]:
+        """Import the subgraph ``body`` inline: its formal inputs are the values ``bound`` gives, every other
+        name it reads resolves in the enclosing scope (outer-scope values); returns its outputs' values.
+        Each call imports the nodes afresh (a Loop body once per iteration)."""
+        saved = self.env, self.declared, self._checked
+        self.env = dict(self.env)
+        try:
+            for t in body.initializer:
+                self.env[t.name] = _const(self.g, _to_array(t), f"initializer {t.name!r} of {where!r}", t.name)
+            for sp in body.sparse_initializer:
+                self.env[sp.values.name] = _const(self.g, sparse_to_dense(sp), f"initializer of {where!r}",
+                                                  sp.values.name)
+            self.env.update(bound)
+            self.declared = {vi.name: vi for vi in list(body.value_info) + list(body.output)}
+            self._checked = set()
+            for node in _topological(body):
+                self._node(node)
+            outs = []
+            for vi in body.output:
+                if vi.name not in self.env or self.env[vi.name] is None:
+                    raise ModelLoadError(f"subgraph output {vi.name!r} of node {where!r} is not produced by any node")
+                if vi.name not in self._checked:
+                    self._check_declared(vi.name, self.env[vi.name], f"subgraph output of node {where!r}")
+                outs.append(self.env[vi.name])
+            return outs
+        finally:
+            self.env, self.declared, self._checked = saved
 
     def _check_declared(self, name: str, v: Value, what: str):
         self._checked.add(name)

@@ -31,6 +31,8 @@ NOT_LOWERED: Dict[str, str] = {
             "RandomUniformLike", "Bernoulli", "Multinomial"),
     **_each("output shape depends on the input values", "NonZero", "Unique", "NonMaxSuppression"),
     **_each("becomes a constant on import (never scheduled)", "Constant"),
+    **_each("expanded on import (frontend/subgraphs.py): a branch inlined or selected by Where, a body "
+            "unrolled over its trip count; the ops of the subgraphs are what gets compiled", "If", "Loop", "Scan"),
     **_each("transforms constant weights: folded at compile time", "WinogradKernel"),
     **_each("not lowered yet", "MaxRoiPool"),
 }
