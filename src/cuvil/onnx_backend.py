@@ -119,6 +119,8 @@ def value_specialized_inputs(model: onnx.ModelProto) -> List[str]:
         n = producer.get(name)
         if n is not None and n.op_type not in _SHAPE_ONLY:
             stack.extend(i for i in n.input if i)
+            # A control-flow node's outputs also depend on every outer value its subgraphs read.
+            stack.extend(i for sub in _all_nodes(_subgraph_holder(n)) for i in sub.input if i)
     return [vi.name for vi in g.input if vi.name in need and vi.name not in inits]
 
 
@@ -133,6 +135,16 @@ def _all_nodes(g: onnx.GraphProto) -> List[onnx.NodeProto]:
                         list(a.graphs) if a.type == onnx.AttributeProto.GRAPHS else []):
                 out.extend(_all_nodes(sub))
     return out
+
+
+def _subgraph_holder(n: onnx.NodeProto) -> onnx.GraphProto:
+    """A graph whose nodes are ``n``'s subgraphs' nodes (none for an ordinary node)."""
+    holder = onnx.GraphProto()
+    for a in n.attribute:
+        for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else
+                    list(a.graphs) if a.type == onnx.AttributeProto.GRAPHS else []):
+            holder.node.extend(sub.node)
+    return holder
 
 
 def _freeze_inputs(model: onnx.ModelProto, values: Mapping[str, np.ndarray]) -> onnx.ModelProto:

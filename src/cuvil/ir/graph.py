@@ -206,13 +206,15 @@ class Graph:
         while ready:
             _, _, n = heapq.heappop(ready)
             out.append(n)
-            for o in n.outputs:
-                for c in self.consumers(o):
-                    deps = {id(i) for i in c.inputs if i is not None and i.producer is n}
-                    if deps:
-                        indeg[id(c)] -= len(deps)
-                        if indeg[id(c)] == 0:
-                            heapq.heappush(ready, (order_index[id(c)], id(c), c))
+            # Each consumer once, however many of n's outputs it reads (a Concat of one Split's pieces): its
+            # in-degree counts every distinct input n produced, and drops by all of them at once.
+            consumers = {id(c): c for o in n.outputs for c in self.consumers(o)}
+            for c in consumers.values():
+                deps = {id(i) for i in c.inputs if i is not None and i.producer is n}
+                if deps:
+                    indeg[id(c)] -= len(deps)
+                    if indeg[id(c)] == 0:
+                        heapq.heappush(ready, (order_index[id(c)], id(c), c))
         if len(out) != len(self.nodes):
             stuck = [n.name for n in self.nodes if indeg[id(n)] > 0][:5]
             raise GraphError(f"graph has a cycle through nodes {stuck}")
