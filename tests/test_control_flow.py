@@ -251,3 +251,65 @@ def test_control_flow_assembles_for_the_gpu():
     ptx, descs = generate_ptx(gpu_schedule(g), "sm_90")
     _, info = assemble(ptx, "sm_90", PTXAS)
     assert set(info) == {d.name for d in descs}
+
+
+# --- inputs fixed at compile time ---------------------------------------------------------------------------
+
+def test_input_values_fix_an_input_an_if_branches_on():
+    # The branches differ in shape, so a run-time sr is refused; input_values={"sr": ...} keeps one branch
+    # and sr leaves the compiled model's inputs.
+    then_g = h.make_graph([h.make_node("Identity", ["x"], ["t"])], "then", [], [vi("t", T.FLOAT, [4])])
+    else_g = h.make_graph([h.make_node("Slice", ["x", "zero", "two"], ["e"])], "else", [], [vi("e", T.FLOAT, [2])],
+                          [h.make_tensor("zero", T.INT64, [1], [0]), h.make_tensor("two", T.INT64, [1], [2])])
+    m = model([h.make_node("Equal", ["sr", "k16"], ["c"]),
+               h.make_node("If", ["c"], ["y"], then_branch=then_g, else_branch=else_g, name="sr_if")],
+              [vi("x", T.FLOAT, [4]), vi("sr", T.INT64, [])], [vi("y", T.FLOAT, [""])],
+              [h.make_tensor("k16", T.INT64, [], [16000])])
+    with pytest.raises(UnsupportedOpError, match=r"If \(node 'sr_if', opset 17\)"):
+        import_model(m)
+    x = np.arange(4, dtype=np.float32)
+    sess = ort_session(m)
+    for sr in (16000, 8000):
+        p = Pipeline.from_onnx(m, input_values={"sr": sr}).optimize()
+        assert [v.name for v in p.graph.inputs] == ["x"]
+        got = p.compile().run({"x": x})["y"]
+        np.testing.assert_array_equal(got, sess.run(None, {"x": x, "sr": np.array(sr, np.int64)})[0])
+
+
+def test_input_values_are_checked():
+    m = runtime_if_model(2)
+    from cuvil.errors import ModelLoadError, ShapeError
+    with pytest.raises(ModelLoadError, match="no input of; its inputs: 'x'"):
+        import_model(m, input_values={"sr": 1})
+    with pytest.raises(ShapeError, match=r"input_values\['x'\] has shape \[3\]"):
+        import_model(m, input_values={"x": np.zeros(3)})
+
+
+# --- a packaged model: Silero VAD (If on the sample rate) -----------------------------------------------------
+
+def _silero(name):
+    import os
+    for d in (os.environ.get("CUVIL_SILERO_DIR", ""), os.path.join(os.path.dirname(__file__), "fixtures", "silero_vad")):
+        if d and os.path.isfile(os.path.join(d, name)):
+            return os.path.join(d, name)
+    pytest.skip(f"{name} not found (set CUVIL_SILERO_DIR to the silero_vad package's data folder)")
+
+
+@pytest.mark.parametrize("sr,S", [(16000, 512), (8000, 256)])
+def test_silero_vad_if_on_the_sample_rate(sr, S):
+    # silero_vad_op18_ifless: one If on sr around the 16 kHz and 8 kHz models (LSTM cells as Gemm). A run-time
+    # sr computes both branches and selects; input_values={"sr": sr} keeps one. Both against onnxruntime.
+    path = _silero("silero_vad_op18_ifless.onnx")
+    sess = ort_session(onnx.load(path))
+    rng = np.random.default_rng(6)
+    runtime = Pipeline.from_onnx(path).optimize().compile(shape_profiles={"batch": (1, 1, 4), "sequence": (256, 512, 512)})
+    fixed = Pipeline.from_onnx(path, input_values={"sr": sr}).optimize().compile(
+        shape_profiles={"batch": (1, 1, 4), "sequence": (256, 512, 512)})
+    for b in (1, 3):
+        feeds = {"input": rng.standard_normal((b, S)).astype(np.float32) * 0.1,
+                 "state": rng.standard_normal((2, b, 128)).astype(np.float32) * 0.3, "sr": np.array(sr, np.int64)}
+        want = dict(zip(["output", "stateN"], sess.run(None, feeds)))
+        for got in (runtime.run(feeds), fixed.run({k: v for k, v in feeds.items() if k != "sr"})):
+            for k, w in want.items():
+                assert got[k].shape == w.shape
+                assert np.abs(got[k] - w).max() <= 1e-4 * np.abs(w).max(), k

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Dict, List, Optional, Union
+from typing import Dict, List, Mapping, Optional, Union
 
 import numpy as np
 import onnx
@@ -79,12 +79,14 @@ def default_opset(model: onnx.ModelProto) -> int:
     return max(versions)
 
 
-def import_model(model: onnx.ModelProto, *, constant_initializer_inputs: bool = True) -> Graph:
+def import_model(model: onnx.ModelProto, *, constant_initializer_inputs: bool = True,
+                 input_values: Optional[Mapping[str, np.ndarray]] = None) -> Graph:
     """Build the canonical Graph of ``model``.
 
     Graph inputs that also have an initializer are treated as constants when
     ``constant_initializer_inputs`` (the usual inference setting; old exporters list every weight as an
-    input).
+    input). ``input_values`` binds graph inputs to values fixed at compile time (e.g. ``{"sr": 16000}``, a
+    sample rate an ``If`` branches on): they become constants and leave the compiled model's inputs.
     """
     opset = default_opset(model)
     newest = onnx.defs.onnx_opset_version()
@@ -98,7 +100,7 @@ def import_model(model: onnx.ModelProto, *, constant_initializer_inputs: bool = 
         except Exception as e:  # onnx's ValidationError for recursive or undefined functions, and others
             raise ModelLoadError(f"cannot inline the model's local functions: {_one_line(e)}") from None
     _check_text(model)
-    return _Importer(model, opset, constant_initializer_inputs).run()
+    return _Importer(model, opset, constant_initializer_inputs, dict(input_values or {})).run()
 
 
 def _check_text(model: onnx.ModelProto) -> None:
@@ -138,8 +140,8 @@ def symbol_name(text: str) -> str:
 
 
 class _Importer:
-    def __init__(self, model: onnx.ModelProto, opset: int, const_inits: bool):
-        self.model, self.opset, self.const_inits = model, opset, const_inits
+    def __init__(self, model: onnx.ModelProto, opset: int, const_inits: bool, input_values: Dict[str, np.ndarray]):
+        self.model, self.opset, self.const_inits, self.input_values = model, opset, const_inits, input_values
         self.g = Graph(name=model.graph.name or "main", opset=opset)
         self.env: Dict[str, Optional[Value]] = {"": None}
         self._checked = set()
@@ -162,7 +164,14 @@ class _Importer:
             # A graph input of an initializer's name is that initializer's overridable default (IR >= 4).
             if vi.name in self.env and self.const_inits:
                 continue
+            if vi.name in self.input_values:
+                self.env[vi.name] = self._input_value(vi)
+                continue
             self.env[vi.name] = self.g.add_input(vi.name, self._type(vi, vi.name))
+        unknown = sorted(set(self.input_values) - inputs)
+        if unknown:
+            raise ModelLoadError(f"input_values names {', '.join(map(repr, unknown))}, which the model has no "
+                                 f"input of; its inputs: {', '.join(repr(vi.name) for vi in mg.input)}")
         for node in _topological(mg):
             self._node(node)
         for vi in mg.output:
@@ -173,6 +182,19 @@ class _Importer:
                 self._check_declared(vi.name, v, "graph output")
             self.g.add_output(v, vi.name)
         return self.g
+
+    def _input_value(self, vi: onnx.ValueInfoProto) -> Value:
+        """The constant a graph input is bound to by ``input_values``, checked against the declared type."""
+        declared = self._type(vi, vi.name)
+        try:
+            arr = np.asarray(self.input_values[vi.name], dtype=DType(declared.dtype).numpy)
+        except (TypeError, ValueError) as e:
+            raise ShapeError(f"input_values[{vi.name!r}] cannot be read as {DType(declared.dtype).name}: {e}") from None
+        if declared.shape is not None and (len(declared.shape) != arr.ndim or any(
+                isinstance(d, int) and d != n for d, n in zip(declared.shape, arr.shape))):
+            raise ShapeError(f"input_values[{vi.name!r}] has shape {list(arr.shape)}; the model declares "
+                             f"{declared}")
+        return _const(self.g, arr, f"input_values[{vi.name!r}]", vi.name)
 
     def _type(self, vi: onnx.ValueInfoProto, owner: str) -> TensorType:
         if not vi.type.HasField("tensor_type"):

@@ -29,21 +29,16 @@ from typing import List, Optional
 import numpy as np
 import onnx
 import onnx.helper
-from onnx.reference import ReferenceEvaluator
 
 from ..errors import InvalidAttributeError, UnsupportedOpError
 from ..ir.graph import Graph, Value
-from ..ir.registry import ops_with
 from .canonical import add_canonical_node
-from .onnx_export import export_opset, node_proto, value_info
+from .static_eval import static_value
 
 CONTROL_OPS = frozenset({"If", "Loop", "Scan"})
 
 #: Most nodes one control-flow node may expand into (all iterations of its body together).
 MAX_UNROLLED_NODES = 100_000
-#: Largest value the compile-time evaluation of a condition or trip count computes (elements).
-_MAX_STATIC_ELEMENTS = 1 << 16
-_NONDETERMINISTIC = ops_with("nondeterministic")
 
 
 def expand(imp, node: onnx.NodeProto, inputs: List[Optional[Value]], where: str) -> List[Optional[Value]]:
@@ -317,54 +312,4 @@ def _describe(v: Value) -> str:
     return f"{v.name!r}" + (f", from {v.producer.op} node {v.producer.name!r}" if v.producer is not None else "")
 
 
-def static_value(g: Graph, v: Optional[Value], _depth: int = 0) -> Optional[np.ndarray]:
-    """The value of ``v`` if it is known at compile time: a constant, a shape computation whose elements are
-    all known (``sym_value``), or a node over such values, evaluated by ``onnx.reference``; else None."""
-    if v is None:
-        return None
-    if v.const is not None:
-        return np.asarray(v.const)
-    shape = v.shape
-    if shape is None or not all(isinstance(d, int) for d in shape):
-        return None
-    size = int(np.prod(shape, dtype=np.int64))
-    if v.sym_value is not None and all(isinstance(d, int) for d in v.sym_value) and len(v.sym_value) == size:
-        return np.asarray(v.sym_value, dtype=v.dtype.numpy).reshape(shape)
-    n = v.producer
-    if n is None or _depth > 64 or n.op in _NONDETERMINISTIC or n.domain or size > _MAX_STATIC_ELEMENTS:
-        return None
-    feeds = []
-    for i in n.inputs:
-        if i is None:
-            feeds.append(None)
-            continue
-        a = static_value(g, i, _depth + 1)
-        if a is None:
-            return None
-        feeds.append(a)
-    try:
-        results = _evaluate(g, n, feeds)
-        return np.asarray(results[n.outputs.index(v)], dtype=v.dtype.numpy).reshape(shape)
-    except Exception:  # noqa: BLE001 -- the reference refused the node: the value stays unknown
-        return None
-
-
-def _evaluate(g: Graph, n, feeds) -> list:
-    names, inputs, vis = {}, {}, []
-    for k, (v, a) in enumerate(zip(n.inputs, feeds)):
-        if v is None or id(v) in names:
-            continue
-        names[id(v)] = f"i{k}"
-        inputs[f"i{k}"] = a
-        vis.append(value_info(f"i{k}", v.type))
-    for j, o in enumerate(n.outputs):
-        names[id(o)] = f"o{j}"
-    inits: list = []
-    proto = node_proto(n, names, inits)
-    graph = onnx.helper.make_graph([proto], "static", vis,
-                                   [value_info(f"o{j}", o.type) for j, o in enumerate(n.outputs)], inits)
-    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", export_opset(g))])
-    return ReferenceEvaluator(model).run(None, inputs)
-
-
-__all__ = ["CONTROL_OPS", "MAX_UNROLLED_NODES", "expand", "static_value"]
+__all__ = ["CONTROL_OPS", "MAX_UNROLLED_NODES", "expand"]
