@@ -313,3 +313,22 @@ def test_silero_vad_if_on_the_sample_rate(sr, S):
             for k, w in want.items():
                 assert got[k].shape == w.shape
                 assert np.abs(got[k] - w).max() <= 1e-4 * np.abs(w).max(), k
+
+
+def test_runtime_if_on_a_symbolic_dim_folds_once_the_dim_is_fixed():
+    # cond = (N == 1) reads a symbolic dim: a Where over both branches in the generic library; with N fixed
+    # the condition folds and the select goes, leaving one branch.
+    then_g = h.make_graph([h.make_node("Relu", ["x"], ["t"])], "then", [], [vi("t", T.FLOAT, ["N", 3])])
+    else_g = h.make_graph([h.make_node("Neg", ["x"], ["e"])], "else", [], [vi("e", T.FLOAT, ["N", 3])])
+    m = model([h.make_node("Shape", ["x"], ["s"]), h.make_node("Gather", ["s", "zero"], ["n"], axis=0),
+               h.make_node("Equal", ["n", "one"], ["c"]),
+               h.make_node("If", ["c"], ["y"], then_branch=then_g, else_branch=else_g)],
+              [vi("x", T.FLOAT, ["N", 3])], [vi("y", T.FLOAT, ["N", 3])],
+              [h.make_tensor("zero", T.INT64, [], [0]), h.make_tensor("one", T.INT64, [], [1])])
+    p = Pipeline.from_onnx(m).optimize()
+    assert "Where" in {n.op for n in p.graph.nodes}
+    for n, kept, gone in ((1, "Relu", "Neg"), (3, "Neg", "Relu")):
+        ops = {x.op for x in p.specialize({"N": n}).graph.nodes}
+        assert kept in ops and gone not in ops and "Where" not in ops, ops
+    rng = np.random.default_rng(7)
+    check(m, [{"x": rng.standard_normal((n, 3)).astype(np.float32)} for n in (1, 2, 3)], profiles={"N": (1, 1, 4)})
