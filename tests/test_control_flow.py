@@ -151,16 +151,17 @@ def test_loop_with_a_data_dependent_early_exit():
     check(m, feeds)
 
 
-def test_loop_scan_outputs_with_a_static_exit():
+@pytest.mark.parametrize("trip", [6, 1, 0, -2])
+def test_loop_scan_outputs_with_a_static_exit(trip):
     # The body's condition passes its input through: known at compile time, so the scan output's
-    # length is the trip count (6), stacked along a new axis 0.
+    # length is the trip count, stacked along a new axis 0 (empty for no iteration, as for M < 0).
     body = h.make_graph([h.make_node("Add", ["acc_in", "x"], ["acc_out"]), h.make_node("Identity", ["c_in"], ["c_out"]),
                          h.make_node("Mul", ["acc_out", "acc_out"], ["sq"])], "body",
                         [vi("i", T.INT64, []), vi("c_in", T.BOOL, []), vi("acc_in", T.FLOAT, [2, 2])],
                         [vi("c_out", T.BOOL, []), vi("acc_out", T.FLOAT, [2, 2]), vi("sq", T.FLOAT, [2, 2])])
     m = model([h.make_node("Loop", ["M", "", "a0"], ["a", "sqs"], body=body)],
               [vi("x", T.FLOAT, [2, 2]), vi("a0", T.FLOAT, [2, 2])],
-              [vi("a", T.FLOAT, [2, 2]), vi("sqs", T.FLOAT, [6, 2, 2])], [h.make_tensor("M", T.INT64, [], [6])])
+              [vi("a", T.FLOAT, [2, 2]), vi("sqs", T.FLOAT, ["", 2, 2])], [h.make_tensor("M", T.INT64, [], [trip])])
     rng = np.random.default_rng(3)
     check(m, [{"x": rng.standard_normal((2, 2)).astype(np.float32), "a0": rng.standard_normal((2, 2)).astype(np.float32)}],
           rtol=1e-5)

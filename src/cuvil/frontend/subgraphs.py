@@ -38,7 +38,7 @@ from .static_eval import static_value
 CONTROL_OPS = frozenset({"If", "Loop", "Scan"})
 
 #: Most nodes one control-flow node may expand into (all iterations of its body together).
-MAX_UNROLLED_NODES = 100_000
+MAX_UNROLLED_NODES = 20_000
 
 
 def expand(imp, node: onnx.NodeProto, inputs: List[Optional[Value]], where: str) -> List[Optional[Value]]:
