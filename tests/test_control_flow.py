@@ -333,3 +333,31 @@ def test_runtime_if_on_a_symbolic_dim_folds_once_the_dim_is_fixed():
         assert kept in ops and gone not in ops and "Where" not in ops, ops
     rng = np.random.default_rng(7)
     check(m, [{"x": rng.standard_normal((n, 3)).astype(np.float32)} for n in (1, 2, 3)], profiles={"N": (1, 1, 4)})
+
+
+@pytest.mark.parametrize("sr,S,B", [(16000, 512, 1), (8000, 256, 2)])
+def test_silero_vad_with_lstm_inside_its_ifs(sr, S, B):
+    # silero_vad.onnx: 25 Ifs (the sample rate's, and the exporter's "squeeze if the dim is 1" guards, whose
+    # branches differ in rank), LSTMs inside them. With sr fixed and static shapes every condition folds.
+    from cuvil.ir.registry import all_ops
+    if "LSTM" not in all_ops():
+        pytest.skip("LSTM is not registered in this tree")
+    path = _silero("silero_vad.onnx")
+    m = onnx.load(path)
+    for v in m.graph.input:
+        dims = v.type.tensor_type.shape.dim
+        if v.name == "input":
+            dims[0].dim_value, dims[1].dim_value = B, S
+        elif v.name == "state":
+            dims[1].dim_value = B
+    art = Pipeline.from_onnx(m, input_values={"sr": sr}).optimize().compile()
+    sess = ort_session(onnx.load(path))
+    rng = np.random.default_rng(8)
+    for scale in (0.05, 1.0):
+        feeds = {"input": rng.standard_normal((B, S)).astype(np.float32) * scale,
+                 "state": rng.standard_normal((2, B, 128)).astype(np.float32) * 0.3}
+        want = dict(zip(["output", "stateN"], sess.run(None, dict(feeds, sr=np.array(sr, np.int64)))))
+        got = art.run(feeds)
+        for k, w in want.items():
+            assert got[k].shape == w.shape
+            assert np.abs(got[k] - w).max() <= 1e-4 * np.abs(w).max(), k
