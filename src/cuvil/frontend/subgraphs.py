@@ -31,6 +31,7 @@ import onnx
 import onnx.helper
 
 from ..errors import InvalidAttributeError, UnsupportedOpError
+from ..ir.dtype import DType
 from ..ir.graph import Graph, Value
 from .canonical import add_canonical_node
 from .static_eval import static_value
@@ -52,6 +53,9 @@ def expand(imp, node: onnx.NodeProto, inputs: List[Optional[Value]], where: str)
 
 
 class _Expansion:
+    """One control-flow node being expanded: its attributes read, the nodes it adds counted against
+    :data:`MAX_UNROLLED_NODES`, every refusal raised with its op, node and opset."""
+
     def __init__(self, imp, node: onnx.NodeProto, inputs, where: str):
         self.imp, self.node, self.inputs, self.where = imp, node, inputs, where
         self.g: Graph = imp.g
@@ -101,7 +105,7 @@ class _Expansion:
 
     def scalar_bool(self, v: Value) -> Value:
         """``v`` (a one-element bool tensor) as a scalar, so a select broadcasts it over any shape."""
-        if v.dtype.name != "BOOL":
+        if v.dtype != DType.BOOL:
             self.fail(f"its condition is {v.dtype.name}, not a bool tensor")
         if v.shape is not None and len(v.shape) == 0:
             return v
@@ -112,7 +116,8 @@ class _Expansion:
             return a
         if a.type != b.type:
             self.fail(f"{what}: {a.type} and {b.type} differ; a condition known only at run time selects between "
-                      f"both, which needs equal types (make the condition foldable, e.g. fix the shapes it reads)")
+                      f"both, which needs equal types: make the condition known at compile time (fix the inputs it "
+                      f"reads with input_values=, or give the dims it reads static values in the model)")
         return self.add("Where", [cond, a, b])
 
     def stack(self, pieces: List[Value], axis: int, what: str) -> Value:
