@@ -361,3 +361,39 @@ def test_silero_vad_with_lstm_inside_its_ifs(sr, S, B):
         for k, w in want.items():
             assert got[k].shape == w.shape
             assert np.abs(got[k] - w).max() <= 1e-4 * np.abs(w).max(), k
+
+
+# --- run-time branch choice: the steps of the branch not taken are skipped (x86) -------------------------------
+
+def heavy_branches_model(rng):
+    """An If on sign(mean(x)) whose branches are MatMul chains ending in a Softmax (stored stages, not
+    inlined into the select), of equal output types."""
+    w = [h.make_tensor(f"w{k}", T.FLOAT, [16, 16], rng.standard_normal(256).astype(np.float32).tolist())
+         for k in range(3)]
+    then_g = h.make_graph([h.make_node("MatMul", ["x", "w0"], ["t1"]), h.make_node("Relu", ["t1"], ["t2"]),
+                           h.make_node("MatMul", ["t2", "w1"], ["t3"]), h.make_node("Softmax", ["t3"], ["yt"], axis=-1)],
+                          "then", [], [vi("yt", T.FLOAT, ["N", 16])])
+    else_g = h.make_graph([h.make_node("MatMul", ["x", "w2"], ["e1"]), h.make_node("Tanh", ["e1"], ["e2"]),
+                           h.make_node("Softmax", ["e2"], ["ye"], axis=0)], "else", [], [vi("ye", T.FLOAT, ["N", 16])])
+    return model([h.make_node("ReduceMean", ["x"], ["s"], keepdims=0), h.make_node("Greater", ["s", "zero"], ["c"]),
+                  h.make_node("If", ["c"], ["y"], then_branch=then_g, else_branch=else_g)],
+                 [vi("x", T.FLOAT, ["N", 16])], [vi("y", T.FLOAT, ["N", 16])], w + [scalar("zero", 0.0)])
+
+
+def test_runtime_if_skips_the_steps_of_the_branch_not_taken():
+    rng = np.random.default_rng(9)
+    m = heavy_branches_model(rng)
+    xs = [s * np.abs(rng.standard_normal((n, 16))).astype(np.float32) for n in (3, 8) for s in (1, -1)]
+    art = check(m, [{"x": x} for x in xs], profiles={"N": (1, 8, 8)}, rtol=1e-5)
+    steps = art.manifest["steps"]
+    when = [s.get("guard", {}).get("runs_when") for s in steps]
+    assert True in when and False in when, steps
+    mod = art.model()
+    for x in xs:
+        # the profile times only the steps that ran: a skipped step accumulates nothing
+        times = mod.profile(x=x, runs=2)
+        taken = bool(x.mean() > 0)
+        variant = "opt" if x.shape[0] == 8 else "generic"
+        skipped = [t for step, w, t in zip(steps, when, times)
+                   if w is not None and w != taken and step.get("variant") == variant]
+        assert skipped and all(t == 0 for t in skipped), (taken, variant, skipped)

@@ -1,19 +1,21 @@
 """ONNX control flow (``If``, ``Loop``, ``Scan``) expanded into the data-flow graph as it is imported.
 
-Cuvil's artifacts are straight-line kernel sequences (x86: the step table of ``model.c``; GPU: one CUDA graph per
-shape bucket), so control flow is resolved at compile time, as the importer meets it:
+Cuvil's artifacts are kernel sequences (x86: the step table of ``model.c``, whose steps may be guarded; GPU: one
+CUDA graph per shape bucket), so control flow becomes data flow as the importer meets it:
 
 * ``If`` whose condition is known at compile time (a constant, a shape computation whose value is known, or
   a chain of nodes over constants, evaluated here by ``onnx.reference``) becomes the branch it takes; the
   other branch is never imported, so it may even be ill-typed for these shapes.
-* ``If`` whose condition is known only at run time is *if-converted*: both branches are imported and each
-  output is ``Where(cond, then, else)``. Both branches run; their outputs must have equal types.
+* ``If`` whose condition is known only at run time: both branches are imported and each output is
+  ``Where(cond, then, else)``; their outputs must have equal types. Each branch's nodes are guarded by the
+  condition (:attr:`cuvil.ir.graph.Node.guard`), so the x86 runtime skips the steps of the branch not taken.
 * ``Loop`` with a trip count known at compile time is unrolled: the body is imported once per iteration with
   the iteration number as a constant (so an ``If`` on it folds) and the loop-carried values threaded through;
   scan outputs are stacked (``Unsqueeze`` + ``Concat``). A termination condition known only at run time is
   *predicated*: from the first iteration whose condition is dynamic on, each iteration's carried values are
   ``Where(running, new, old)`` and ``running`` is ``And``-ed with the body's condition, so the values after the
-  last taken iteration come out unchanged. Scan outputs then have a data-dependent length: refused.
+  last taken iteration come out unchanged; the iterations are guarded by ``running`` (skipped after the exit).
+  Scan outputs then have a data-dependent length: refused.
 * ``Scan`` (opset 8 with its batch axis, and 9+) is unrolled over its sequence length, which must be known at
   compile time; every direction and axis attribute is honoured.
 
@@ -95,6 +97,14 @@ class _Expansion:
                       f"time: lower the trip count or the sequence length")
         return outs
 
+    def guard(self, lo: int, hi: int, cond: Value, polarity: bool) -> None:
+        """The nodes ``lo:hi`` of the graph (one branch, one iteration) are read only when ``cond`` is
+        ``polarity``: a backend may skip them otherwise (:attr:`cuvil.ir.graph.Node.guard`). Nodes of a
+        nested branch keep their own, inner guard."""
+        for n in self.g.nodes[lo:hi]:
+            if n.guard is None:
+                n.guard = (cond, polarity)
+
     def add(self, op: str, inputs, attrs=None) -> Value:
         n = add_canonical_node(self.g, op, list(inputs), dict(attrs or {}), [f"{self.where}_{op.lower()}"],
                                self.where, self.opset)
@@ -147,7 +157,12 @@ class _Expansion:
                 self.fail(f"its condition has {known.size} elements; it must have one")
             return self.body(then_g if bool(known.reshape(-1)[0]) else else_g, [])
         c = self.scalar_bool(cond)
-        a, b = self.body(then_g, []), self.body(else_g, [])
+        start = len(self.g.nodes)
+        a = self.body(then_g, [])
+        mid = len(self.g.nodes)
+        b = self.body(else_g, [])
+        self.guard(start, mid, c, True)
+        self.guard(mid, len(self.g.nodes), c, False)
         if len(a) != len(b):
             self.fail(f"its branches give {len(a)} and {len(b)} outputs")
         return [self.select(c, x, y, f"output {k} of the branches") for k, (x, y) in enumerate(zip(a, b))]
@@ -188,7 +203,10 @@ class _Expansion:
             if trip is None and i >= MAX_UNROLLED_NODES:
                 self.fail("its condition never becomes false at compile time")
             it = self.g.const(np.array(i, np.int64), f"{self.where}_iter{i}")
+            start = len(self.g.nodes)
             outs = self.body(body, [it, true if running is None else running] + carried)
+            if running is not None:
+                self.guard(start, len(self.g.nodes), running, True)   # skipped once the loop has exited
             first = first or outs
             cond_out, new, scan_out = outs[0], outs[1:1 + len(carried)], outs[1 + len(carried):]
             if running is None:

@@ -57,6 +57,10 @@ class Node:
     domain: str = ""
     # Shape conditions inference could not decide (symbolic dims), see cuvil.ir.constraints
     constraints: list = Factory(list)
+    # (cond, polarity): the node's outputs are read only when the bool scalar ``cond`` equals ``polarity`` (the
+    # nodes of a run-time If's branch), so a backend may skip it otherwise. A hint, never needed for
+    # correctness: a pass that cannot keep it true drops it (running a node is always correct).
+    guard: Optional[Tuple["Value", bool]] = None
 
     def input(self, i: int) -> Optional[Value]:
         return self.inputs[i] if i < len(self.inputs) else None
@@ -258,7 +262,8 @@ class Graph:
 
         g.inputs = [cp(v) for v in self.inputs]
         for n in self.nodes:
-            m = Node(n.op, [cp(v) for v in n.inputs], [], dict(n.attrs), n.name, n.domain, list(n.constraints))
+            m = Node(n.op, [cp(v) for v in n.inputs], [], dict(n.attrs), n.name, n.domain, list(n.constraints),
+                     None if n.guard is None else (cp(n.guard[0]), n.guard[1]))
             for i, v in enumerate(m.inputs):
                 if v is not None:
                     v.uses.append((m, i))

@@ -79,6 +79,7 @@ def apply_rules(g: Graph, rules: Sequence[Rule], report: RewriteReport, accept: 
                 continue
             for c in created:
                 drop_default_attrs(c)  # replacements stay in canonical form
+                c.guard = n.guard      # they compute what the matched root did, for the same readers
             users = g.consumers(root)
             g.replace_all_uses(root, new)
             if new.producer is not None and new.producer in created:
