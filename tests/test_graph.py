@@ -102,3 +102,17 @@ def test_symbolic_broadcast_takes_max():
     b = g.add_input("b", TensorType(DType.FLOAT, ["M", 5]))
     out = g.add_node("Add", [a, b]).outputs[0]
     assert str(out.type) == "f32[max(M, N),5]"
+
+
+def test_toposort_with_a_consumer_of_several_outputs_of_one_node():
+    # A Concat of a Split's pieces and of another node's output: it was decremented by both pieces once per
+    # piece, went below zero and never became ready (reported as a cycle).
+    g = Graph()
+    x = g.add_input("x", TensorType(DType.FLOAT, [4]))
+    split = g.add_node("Split", [x], {"num_outputs": 2}, num_outputs=2)
+    relu = g.add_node("Relu", [x])
+    cat = g.add_node("Concat", [split.outputs[1], split.outputs[0], relu.outputs[0]], {"axis": 0})
+    g.add_output(cat.outputs[0], "y")
+    g.nodes = [cat, split, relu]
+    g.toposort()
+    assert [n.op for n in g.nodes] == ["Split", "Relu", "Concat"]

@@ -85,6 +85,7 @@ _EXTRA_VALUE_POSITIONS = {
     "Resize": (1, 2, 3), "Upsample": (1,), "Range": (0, 1, 2), "Compress": (1,), "MaxUnpool": (2,),
     "Dropout": (1, 2), "EyeLike": (), "CenterCropPad": (1,), "Col2Im": (1, 2), "DFT": (2,),
     "STFT": (1, 3), "HannWindow": (0,), "HammingWindow": (0,), "BlackmanWindow": (0,),
+    "Loop": (0, 1),  # the trip count and the initial condition: loops are unrolled at compile time
 }
 # Ops whose output depends on their input's shape only: value dependence stops there.
 _SHAPE_ONLY = ops_with("shape_only")
@@ -103,9 +104,10 @@ def value_specialized_inputs(model: onnx.ModelProto) -> List[str]:
     directly or through a chain of nodes): the backend compiles them in as constants."""
     g = model.graph
     inits = {t.name for t in g.initializer}
-    producer = {o: n for n in g.node for o in n.output if o}
+    nodes = _all_nodes(g)
+    producer = {o: n for n in nodes for o in n.output if o}
     need, stack = set(), []
-    for n in g.node:
+    for n in nodes:
         for k in _value_positions(n.op_type):
             if k < len(n.input) and n.input[k]:
                 stack.append(n.input[k])
@@ -117,7 +119,32 @@ def value_specialized_inputs(model: onnx.ModelProto) -> List[str]:
         n = producer.get(name)
         if n is not None and n.op_type not in _SHAPE_ONLY:
             stack.extend(i for i in n.input if i)
+            # A control-flow node's outputs also depend on every outer value its subgraphs read.
+            stack.extend(i for sub in _all_nodes(_subgraph_holder(n)) for i in sub.input if i)
     return [vi.name for vi in g.input if vi.name in need and vi.name not in inits]
+
+
+def _all_nodes(g: onnx.GraphProto) -> List[onnx.NodeProto]:
+    """The nodes of ``g`` and of every subgraph in it (If branches, Loop and Scan bodies), which may read
+    the outer graph's inputs."""
+    out = []
+    for n in g.node:
+        out.append(n)
+        for a in n.attribute:
+            for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else
+                        list(a.graphs) if a.type == onnx.AttributeProto.GRAPHS else []):
+                out.extend(_all_nodes(sub))
+    return out
+
+
+def _subgraph_holder(n: onnx.NodeProto) -> onnx.GraphProto:
+    """A graph whose nodes are ``n``'s subgraphs' nodes (none for an ordinary node)."""
+    holder = onnx.GraphProto()
+    for a in n.attribute:
+        for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else
+                    list(a.graphs) if a.type == onnx.AttributeProto.GRAPHS else []):
+            holder.node.extend(sub.node)
+    return holder
 
 
 def _freeze_inputs(model: onnx.ModelProto, values: Mapping[str, np.ndarray]) -> onnx.ModelProto:

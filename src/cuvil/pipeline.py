@@ -5,7 +5,7 @@ import hashlib
 import json
 import os
 import tempfile
-from typing import Dict, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import onnx
@@ -73,10 +73,13 @@ class Pipeline:
         self.initializer_elements = initializer_elements
 
     @classmethod
-    def from_onnx(cls, source: ModelSource, *, constant_initializer_inputs: bool = True) -> "Pipeline":
-        """Import an ONNX model (path, bytes or ModelProto), external data included."""
+    def from_onnx(cls, source: ModelSource, *, constant_initializer_inputs: bool = True,
+                  input_values: Optional[Mapping[str, Any]] = None) -> "Pipeline":
+        """Import an ONNX model (path, bytes or ModelProto), external data included. ``input_values`` fixes
+        graph inputs to values at compile time (``{"sr": 16000}``): they become constants (an ``If`` on them
+        keeps only its branch) and are no longer inputs of the compiled model."""
         model = load_model(source)
-        graph = import_model(model, constant_initializer_inputs=constant_initializer_inputs)
+        graph = import_model(model, constant_initializer_inputs=constant_initializer_inputs, input_values=input_values)
         sha = hashlib.sha256(model.SerializeToString()).hexdigest()
         return cls(graph, initializer_elements=sum(int(np.prod(t.dims)) for t in model.graph.initializer),
                    source_sha256=sha)

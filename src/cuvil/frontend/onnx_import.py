@@ -6,7 +6,8 @@ Every opset from 7 to the installed onnx package's newest is accepted. Legacy fo
 from __future__ import annotations
 
 import os
-from typing import Dict, Optional, Union
+import re
+from typing import Dict, List, Mapping, Optional, Union
 
 import numpy as np
 import onnx
@@ -22,7 +23,7 @@ from ..ir.dim import SymExpr, Symbol, symbol_name
 from ..ir.dtype import DType
 from ..ir.graph import Graph, Value
 from ..ir.types import TensorType
-from . import legacy
+from . import legacy, subgraphs
 
 MIN_OPSET = 7
 DEFAULT_DOMAINS = ("", "ai.onnx")
@@ -78,12 +79,14 @@ def default_opset(model: onnx.ModelProto) -> int:
     return max(versions)
 
 
-def import_model(model: onnx.ModelProto, *, constant_initializer_inputs: bool = True) -> Graph:
+def import_model(model: onnx.ModelProto, *, constant_initializer_inputs: bool = True,
+                 input_values: Optional[Mapping[str, np.ndarray]] = None) -> Graph:
     """Build the canonical Graph of ``model``.
 
     Graph inputs that also have an initializer are treated as constants when
     ``constant_initializer_inputs`` (the usual inference setting; old exporters list every weight as an
-    input).
+    input). ``input_values`` binds graph inputs to values fixed at compile time (e.g. ``{"sr": 16000}``, a
+    sample rate an ``If`` branches on): they become constants and leave the compiled model's inputs.
     """
     opset = default_opset(model)
     newest = onnx.defs.onnx_opset_version()
@@ -97,7 +100,7 @@ def import_model(model: onnx.ModelProto, *, constant_initializer_inputs: bool = 
         except Exception as e:  # onnx's ValidationError for recursive or undefined functions, and others
             raise ModelLoadError(f"cannot inline the model's local functions: {_one_line(e)}") from None
     _check_text(model)
-    return _Importer(model, opset, constant_initializer_inputs).run()
+    return _Importer(model, opset, constant_initializer_inputs, dict(input_values or {})).run()
 
 
 def _check_text(model: onnx.ModelProto) -> None:
@@ -146,8 +149,8 @@ def anonymous_symbol(input_name: str, axis: int, taken) -> str:
 
 
 class _Importer:
-    def __init__(self, model: onnx.ModelProto, opset: int, const_inits: bool):
-        self.model, self.opset, self.const_inits = model, opset, const_inits
+    def __init__(self, model: onnx.ModelProto, opset: int, const_inits: bool, input_values: Dict[str, np.ndarray]):
+        self.model, self.opset, self.const_inits, self.input_values = model, opset, const_inits, input_values
         self.g = Graph(name=model.graph.name or "main", opset=opset)
         self.env: Dict[str, Optional[Value]] = {"": None}
         self._checked = set()
@@ -174,7 +177,14 @@ class _Importer:
             # A graph input of an initializer's name is that initializer's overridable default (IR >= 4).
             if vi.name in self.env and self.const_inits:
                 continue
+            if vi.name in self.input_values:
+                self.env[vi.name] = self._input_value(vi)
+                continue
             self.env[vi.name] = self.g.add_input(vi.name, self._type(vi, vi.name))
+        unknown = sorted(set(self.input_values) - inputs)
+        if unknown:
+            raise ModelLoadError(f"input_values names {', '.join(map(repr, unknown))}, which the model has no "
+                                 f"input of; its inputs: {', '.join(repr(vi.name) for vi in mg.input)}")
         for node in _topological(mg):
             self._node(node)
         for vi in mg.output:
@@ -185,6 +195,19 @@ class _Importer:
                 self._check_declared(vi.name, v, "graph output")
             self.g.add_output(v, vi.name)
         return self.g
+
+    def _input_value(self, vi: onnx.ValueInfoProto) -> Value:
+        """The constant a graph input is bound to by ``input_values``, checked against the declared type."""
+        declared = self._type(vi, vi.name)
+        try:
+            arr = np.asarray(self.input_values[vi.name], dtype=DType(declared.dtype).numpy)
+        except (TypeError, ValueError) as e:
+            raise ShapeError(f"input_values[{vi.name!r}] cannot be read as {DType(declared.dtype).name}: {e}") from None
+        if declared.shape is not None and (len(declared.shape) != arr.ndim or any(
+                isinstance(d, int) and d != n for d, n in zip(declared.shape, arr.shape))):
+            raise ShapeError(f"input_values[{vi.name!r}] has shape {list(arr.shape)}; the model declares "
+                             f"{declared}")
+        return _const(self.g, arr, f"input_values[{vi.name!r}]", vi.name)
 
     def _type(self, vi: onnx.ValueInfoProto, owner: str) -> TensorType:
         if not vi.type.HasField("tensor_type"):
@@ -218,7 +241,8 @@ class _Importer:
                 f"node {where!r} ({np_.op_type}) is in domain {np_.domain!r}; only the default ONNX domain is supported")
         attrs = {}
         schema = _schema(np_.op_type, self.opset)
-        for a in np_.attribute:
+        control = np_.op_type in subgraphs.CONTROL_OPS
+        for a in ([] if control else np_.attribute):  # control flow reads its own (subgraph) attributes
             if a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
                 raise UnsupportedOpError(np_.op_type, where, self.opset, "control flow with subgraphs is not supported")
             if a.name in attrs:
@@ -248,11 +272,42 @@ class _Importer:
             if name in self.env or name in named[:k]:
                 raise ModelLoadError(f"node {where!r} ({np_.op_type}) defines {name!r}, which is already defined; "
                                      f"every value name must be assigned once")
-        outs = legacy.canonicalize(self.g, np_.op_type, inputs, attrs, list(np_.output), where, self.opset)
+        if control:
+            outs = subgraphs.expand(self, np_, inputs, where)
+        else:
+            outs = legacy.canonicalize(self.g, np_.op_type, inputs, attrs, list(np_.output), where, self.opset)
         for name, v in zip(np_.output, outs):
             if name and v is not None:
                 self.env[name] = v
                 self._check_declared(name, v, f"node {where!r} ({np_.op_type}) output")
+
+    def import_body(self, body: onnx.GraphProto, bound: Dict[str, Value], where: str) -> List[Optional[Value]]:
+        """Import the subgraph ``body`` inline: its formal inputs are the values ``bound`` gives, every other
+        name it reads resolves in the enclosing scope (outer-scope values); returns its outputs' values.
+        Each call imports the nodes afresh (a Loop body once per iteration)."""
+        saved = self.env, self.declared, self._checked
+        self.env = dict(self.env)
+        try:
+            for t in body.initializer:
+                self.env[t.name] = _const(self.g, _to_array(t), f"initializer {t.name!r} of {where!r}", t.name)
+            for sp in body.sparse_initializer:
+                self.env[sp.values.name] = _const(self.g, sparse_to_dense(sp), f"initializer of {where!r}",
+                                                  sp.values.name)
+            self.env.update(bound)
+            self.declared = {vi.name: vi for vi in list(body.value_info) + list(body.output)}
+            self._checked = set()
+            for node in _topological(body):
+                self._node(node)
+            outs = []
+            for vi in body.output:
+                if vi.name not in self.env or self.env[vi.name] is None:
+                    raise ModelLoadError(f"subgraph output {vi.name!r} of node {where!r} is not produced by any node")
+                if vi.name not in self._checked:
+                    self._check_declared(vi.name, self.env[vi.name], f"subgraph output of node {where!r}")
+                outs.append(self.env[vi.name])
+            return outs
+        finally:
+            self.env, self.declared, self._checked = saved
 
     def _check_declared(self, name: str, v: Value, what: str):
         self._checked.add(name)

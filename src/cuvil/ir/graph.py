@@ -57,6 +57,10 @@ class Node:
     domain: str = ""
     # Shape conditions inference could not decide (symbolic dims), see cuvil.ir.constraints
     constraints: list = Factory(list)
+    # (cond, polarity): the node's outputs are read only when the bool scalar ``cond`` equals ``polarity`` (the
+    # nodes of a run-time If's branch), so a backend may skip it otherwise. A hint, never needed for
+    # correctness: a pass that cannot keep it true drops it (running a node is always correct).
+    guard: Optional[Tuple["Value", bool]] = None
 
     def input(self, i: int) -> Optional[Value]:
         return self.inputs[i] if i < len(self.inputs) else None
@@ -206,13 +210,15 @@ class Graph:
         while ready:
             _, _, n = heapq.heappop(ready)
             out.append(n)
-            for o in n.outputs:
-                for c in self.consumers(o):
-                    deps = {id(i) for i in c.inputs if i is not None and i.producer is n}
-                    if deps:
-                        indeg[id(c)] -= len(deps)
-                        if indeg[id(c)] == 0:
-                            heapq.heappush(ready, (order_index[id(c)], id(c), c))
+            # Each consumer once, however many of n's outputs it reads (a Concat of one Split's pieces): its
+            # in-degree counts every distinct input n produced, and drops by all of them at once.
+            consumers = {id(c): c for o in n.outputs for c in self.consumers(o)}
+            for c in consumers.values():
+                deps = {id(i) for i in c.inputs if i is not None and i.producer is n}
+                if deps:
+                    indeg[id(c)] -= len(deps)
+                    if indeg[id(c)] == 0:
+                        heapq.heappush(ready, (order_index[id(c)], id(c), c))
         if len(out) != len(self.nodes):
             stuck = [n.name for n in self.nodes if indeg[id(n)] > 0][:5]
             raise GraphError(f"graph has a cycle through nodes {stuck}")
@@ -256,7 +262,8 @@ class Graph:
 
         g.inputs = [cp(v) for v in self.inputs]
         for n in self.nodes:
-            m = Node(n.op, [cp(v) for v in n.inputs], [], dict(n.attrs), n.name, n.domain, list(n.constraints))
+            m = Node(n.op, [cp(v) for v in n.inputs], [], dict(n.attrs), n.name, n.domain, list(n.constraints),
+                     None if n.guard is None else (cp(n.guard[0]), n.guard[1]))
             for i, v in enumerate(m.inputs):
                 if v is not None:
                     v.uses.append((m, i))

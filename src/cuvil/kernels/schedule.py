@@ -38,6 +38,10 @@ class Stage:
     flops: int = 0       # multiply-adds count 2 (reductions of products); elementwise work is not counted
     op: str = ""         # the op whose lowering produced the stage (its epilogue may hold fused consumers)
     region: Optional[Tuple[int, int, int]] = None   # (axis, lo, hi): the stage writes only that slice
+    # (cond, polarity): the stage may be skipped when the bool scalar in buffer ``cond`` differs from
+    # ``polarity`` (a branch of a run-time If, an iteration after a Loop's run-time exit); cond is written by
+    # an earlier stage (or is an input) and is among ``reads``, so it lives until this stage
+    guard: Optional[Tuple[Buf, bool]] = None
 
 
 @attrs.define
@@ -107,10 +111,11 @@ def schedule(g: Graph, gemm_cols: int = 0, split_concat: bool = False, gemm_tile
     builder.copy_unproduced_outputs()
     stages, weights = builder.stages, builder.weights
 
+    builder.resolve_guards()
     if split_concat:
         stages = [part for st in stages for part in split_piecewise(st)]
     for s in stages:
-        s.reads = _reads(s.expr)
+        s.reads = _reads(s.expr) + ([s.guard[0]] if s.guard is not None else [])
         s.flops = _flops(s, opt)
     # constants that no kernel reads (weights a kernel reads repacked) stay out of the artifact
     read = {id(root_of(b)) for s in stages for b in s.reads}
@@ -178,6 +183,10 @@ class _StageBuilder:
         self.weights: Dict[int, Tuple[Buf, np.ndarray]] = {}
         self.fused: Dict[str, int] = {}
         self.current_op = ""
+        self.current_guard = None   # the guard of the node being lowered (its stages take it)
+        self.guards: Dict[int, tuple] = {}   # id(stage) -> (cond value, polarity), resolved to buffers at the end
+        # Values that guard nodes: stored (never inlined), so the run time can read them before the guarded steps.
+        self.guard_conds = {id(n.guard[0]) for n in g.nodes if n.guard is not None}
         self.in_bufs, self.out_bufs = [], []
         ni = len(g.inputs)
         for i, v in enumerate(g.inputs):
@@ -210,11 +219,30 @@ class _StageBuilder:
         self.weights[id(b)] = (b, arr)
         return b
 
-    def materialize(self, name: str, shape, dtype, fn, base=ARENA) -> TensorFn:
+    def materialize(self, name: str, shape, dtype, fn, base=ARENA, guard=None) -> TensorFn:
         b = Buf(name, dtype, tuple(shape), base, 0)
         vs = [var(f"i{k}") for k in range(len(shape))]
-        self.stages.append(Stage(name, b, vs, fn(list(vs)), op=self.current_op))
+        self.add_stage(Stage(name, b, vs, fn(list(vs)), op=self.current_op), self.current_guard if guard is None else guard)
         return _loader(b)
+
+    def add_stage(self, st: Stage, guard) -> None:
+        self.stages.append(st)
+        if guard:
+            self.guards[id(st)] = guard
+
+    def resolve_guards(self) -> None:
+        """Each guarded stage's condition as a buffer written before it (a graph input, or a stage earlier in
+        the order); a guard whose condition is not stored by then, or is a constant, is dropped (the stage
+        always runs, which is always correct)."""
+        written = {id(b) for b in self.in_bufs}
+        for st in self.stages:
+            g = self.guards.get(id(st))
+            if g is not None:
+                cond, polarity = g
+                b = self.bufs.get(id(cond))
+                if b is not None and id(root_of(b)) in written and b.dtype == DType.BOOL and b.base != WEIGHTS:
+                    st.guard = (b, polarity)
+            written.add(id(root_of(st.buf)))
 
     def temp(self, shape, dtype, fn, name) -> TensorFn:
         return self.materialize(name, shape, dtype, fn)
@@ -222,6 +250,7 @@ class _StageBuilder:
     def lower(self, node) -> None:
         """Lower ``node`` and place each of its outputs (stored, a view, or inlined into its consumers)."""
         self.current_op = node.op
+        self.current_guard = node.guard
         ins = self._inputs(node)
         low = LOWERINGS.get(node.op)
         if low is None:
@@ -242,7 +271,9 @@ class _StageBuilder:
         pending = [v for v in node.inputs
                    if v is not None and self.contracting.get(id(v)) and id(v) not in self.bufs]
         for v in pending[:-1]:
-            self.fns[id(v)] = self.materialize(v.name, v.shape, v.dtype, self.fns[id(v)].fn)
+            # stored for every reader of v: it runs under v's own guard, not the node's
+            own = v.producer.guard if v.producer is not None else None
+            self.fns[id(v)] = self.materialize(v.name, v.shape, v.dtype, self.fns[id(v)].fn, guard=own or ())
             self.bufs[id(v)] = self.stages[-1].buf
         ins = []
         for v in node.inputs:
@@ -260,7 +291,7 @@ class _StageBuilder:
         if id(o) in self.out_index:
             j = self.out_index[id(o)][0]
             ob = self.out_bufs[j]
-            self.stages.append(Stage(f"{node.name}", ob, *(_vars_expr(t, ob.shape)), op=node.op))
+            self.add_stage(Stage(f"{node.name}", ob, *(_vars_expr(t, ob.shape)), op=node.op), node.guard)
             self.bufs[id(o)] = ob
             self.fns[id(o)] = _loader(ob)
             return
@@ -274,7 +305,7 @@ class _StageBuilder:
                 self.bufs[id(o)] = view
                 self.fns[id(o)] = _loader(view)
                 return
-        if _inline(self.g, o, t, self.expensive[id(o)]):
+        if id(o) not in self.guard_conds and _inline(self.g, o, t, self.expensive[id(o)]):
             self.fns[id(o)] = t
             self.fused[node.op] = self.fused.get(node.op, 0) + 1
             return
@@ -359,7 +390,7 @@ def split_piecewise(st: Stage) -> List[Stage]:
         lo, hi = max(lo0, b0 - shift), min(hi0, b1 - shift)
         if lo < hi:
             part = Stage(f"{st.name}_{k}", st.buf, st.vars, replace_node(st.expr, node, piece), op=st.op,
-                         region=(axis, lo, hi))
+                         region=(axis, lo, hi), guard=st.guard)
             out.extend(split_piecewise(part))
     return out
 

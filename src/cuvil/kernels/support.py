@@ -1,6 +1,7 @@
 """What each registered op is supported by, and the ops the kernel layer does not lower (with the reason).
 
-:data:`NOT_LOWERED` names the registered ops without a lowering, on purpose. Both targets (x86 and PTX)
+:data:`NOT_LOWERED` names the registered ops without a lowering, on purpose; :data:`EXPANDED_ON_IMPORT` the
+control-flow ops that need none (the frontend expands them into other ops). Both targets (x86 and PTX)
 schedule through :data:`cuvil.kernels.lower.LOWERINGS`, so an op without a lowering is refused by either at
 scheduling time ("no x86 lowering"), and an op compiles for the GPU exactly when it compiles for x86; the PTX
 emitter refuses per scalar operation and element type (an integer ``fma``, a call libdevice lacks), not per op.
@@ -35,6 +36,16 @@ NOT_LOWERED: Dict[str, str] = {
     **_each("not lowered yet", "MaxRoiPool"),
 }
 
+#: Registered ops that compile on both targets without a lowering of their own: the frontend expands them on
+#: import into other ops (cuvil.frontend.subgraphs), with what each expansion needs.
+EXPANDED_ON_IMPORT: Dict[str, str] = {
+    "If": "branch inlined when the condition is known at compile time, else both branches and a Where per output "
+          "(equal types needed)",
+    "Loop": "body unrolled over a trip count known at compile time; a run-time exit condition is predicated",
+    "Scan": "body unrolled over a sequence length known at compile time",
+}
+
+
 @attrs.frozen
 class OpSupport:
     """One row of the matrix. ``half`` is the float16 class (GPU only), None where the op stays float32;
@@ -58,7 +69,7 @@ def support_matrix() -> List[OpSupport]:
     """One row per registered op, sorted by family, then name."""
     rows = []
     for name, d in all_ops().items():
-        lowered = name in LOWERINGS
+        lowered = name in LOWERINGS or name in EXPANDED_ON_IMPORT
         why = {}
         if d.domain:
             why["import"] = f"Cuvil's own op (domain {d.domain}), introduced by rewrite rules"

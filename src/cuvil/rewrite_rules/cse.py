@@ -42,6 +42,8 @@ def eliminate_common_subexpressions(g: Graph) -> int:
         first = seen.setdefault(key, n)
         if first is n:
             continue
+        if first.guard != n.guard:
+            first.guard = None  # it now serves readers under both guards: it must always run
         for a, b in zip(n.outputs, first.outputs):
             g.replace_all_uses(a, b)
         g.remove_node(n)

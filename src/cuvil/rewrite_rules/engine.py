@@ -18,6 +18,7 @@ from ..ir.graph import Graph, Node
 from .cse import eliminate_common_subexpressions
 from .dce import eliminate_dead_code
 from .fold import fold_constants
+from .select import fold_constant_selects
 from ..ir.lifting import drop_default_attrs
 from .shape_prop import propagate_shapes
 
@@ -78,6 +79,7 @@ def apply_rules(g: Graph, rules: Sequence[Rule], report: RewriteReport, accept: 
                 continue
             for c in created:
                 drop_default_attrs(c)  # replacements stay in canonical form
+                c.guard = n.guard      # they compute what the matched root did, for the same readers
             users = g.consumers(root)
             g.replace_all_uses(root, new)
             if new.producer is not None and new.producer in created:
@@ -111,8 +113,8 @@ def rewrite(g: Graph, rules: Sequence[Rule], report: RewriteReport | None = None
         n = apply_rules(g, graph_rules, report, accept) if graph_rules else 0
         report.add("rules", n)
         changed += n
-        for name, fn in (("fold", fold_constants), ("cse", eliminate_common_subexpressions),
-                         ("dce", eliminate_dead_code)):
+        for name, fn in (("fold", fold_constants), ("select", fold_constant_selects),
+                         ("cse", eliminate_common_subexpressions), ("dce", eliminate_dead_code)):
             k = fn(g)
             report.add(name, k)
             changed += k

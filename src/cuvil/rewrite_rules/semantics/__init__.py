@@ -91,6 +91,7 @@ WITHOUT_SEMANTICS: Dict[str, str] = {
             "RandomUniformLike", "Bernoulli", "Multinomial"),
     **_each("computed from shapes and attributes only (folded before rules run)", "Constant", "ConstantOfShape",
             "Shape", "Size", "Range", "EyeLike"),
+    **_each("control flow: expanded on import into the ops of its subgraphs (never in a graph)", "If", "Loop", "Scan"),
     **_each("the output type comes from another input (CastLike: no float32-only form)", "CastLike"),
     **_each("not modelled yet: no built-in rule uses it", "DeformConv", "Det", "Einsum", "GatherElements",
             "GatherND", "GlobalLpPool", "GridSample", "GroupNormalization", "LRN", "LpNormalization", "LpPool",

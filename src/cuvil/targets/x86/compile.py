@@ -83,6 +83,21 @@ def _bytes(n: int) -> str:
     return f"{n} B"
 
 
+def _step_descs(sched, steps, step_stages) -> list:
+    """The steps with their guards: a step is guarded when all its stages share one guard (a branch of a
+    run-time If; the runtime then skips it when the condition says the branch is not taken)."""
+    out = []
+    for (sym, extent, grain, split), members in zip(steps, step_stages):
+        guards = {None if sched.stages[i].guard is None else (id(sched.stages[i].guard[0]), sched.stages[i].guard[1])
+                  for i in members}
+        guard = None
+        if len(guards) == 1 and None not in guards:
+            b, polarity = sched.stages[members[0]].guard
+            guard = (b.base, b.offset, polarity)
+        out.append(StepDesc(sym, extent, grain, split, guard))
+    return out
+
+
 def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str] = None, prefix: str = "cuvil",
                 manifest_extra: Optional[dict] = None, progress: Optional[Callable[[str], None]] = None,
                 opt_graph: Optional[Graph] = None, max_arena_bytes: Optional[int] = None,
@@ -132,11 +147,11 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
         inputs=[IODesc.of(b.name, int(b.dtype), b.shape) for b in sched.inputs],
         outputs=[IODesc.of(b.name, int(b.dtype), b.shape) for b in sched.outputs],
         arena_bytes=max(sched.arena_bytes, osched.arena_bytes if osched else 0),
-        steps=[StepDesc(sym, extent, grain, split) for sym, extent, grain, split in steps],
+        steps=_step_descs(sched, steps, target["step_stages"]),
         weights_symbol=weights_sym, prefix=prefix,
         scratch_bytes=max(target["scratch_bytes"], otarget["scratch_bytes"] if otarget else 0),
         symbols=[SymbolDesc(s.name, s.min, opt[s.name], s.max) for s in sched.symbols],
-        opt_steps=[StepDesc(sym, extent, grain, split) for sym, extent, grain, split in osteps or ()],
+        opt_steps=_step_descs(osched, osteps, otarget["step_stages"]) if osteps else [],
         opt_weights_symbol=opt_weights_sym)
     with tempfile.TemporaryDirectory(prefix="cuvil-build-") as tmp:
         objs = []
@@ -175,8 +190,8 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
         "kernels": len(sched.stages),
         "memory_safety": cert.to_json(),
         "fused_ops": sched.fused,
-        "steps": _steps_json(sched, steps, target, "generic" if osched else None)
-        + (_steps_json(osched, osteps, otarget, "opt") if osched else []),
+        "steps": _steps_json(sched, steps, target, "generic" if osched else None, info.steps)
+        + (_steps_json(osched, osteps, otarget, "opt", info.opt_steps) if osched else []),
         "opt_weights": ("none" if osched is None else "shared" if opt_weights_sym == weights_sym
                         else f"{osched.weights_bytes} B of their own"),
         "dependencies": deps,
@@ -190,11 +205,12 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
     return manifest
 
 
-def _steps_json(sched, steps, target, variant) -> list:
+def _steps_json(sched, steps, target, variant, descs) -> list:
     """The manifest's record of each step (in profile order: the generic steps, then the opt ones); a step
-    running several stages (the pieces of a split concatenation) names them all in ``stages``."""
+    running several stages (the pieces of a split concatenation) names them all in ``stages``; a guarded
+    step names its condition's buffer and the value it runs for (``guard``)."""
     out = []
-    for (sym, _, _, _), members in zip(steps, target["step_stages"]):
+    for (sym, _, _, _), members, desc in zip(steps, target["step_stages"], descs):
         st = sched.stages[members[0]]
         row = target["window_kinds"].get(sym)
         kind = "gemm" if sym in target["gemm_symbols"] else {"conv": "dwconv", "max": "maxpool"}.get(row, row or "loop")
@@ -202,6 +218,8 @@ def _steps_json(sched, steps, target, variant) -> list:
                     "flops": sum(sched.stages[i].flops for i in members), "kernel": kind,
                     **({"stages": [sched.stages[i].name for i in members]} if len(members) > 1 else {}),
                     **({"tile": target["gemm_tiles"][sym]} if sym in target["gemm_tiles"] else {}),
+                    **({"guard": {"cond": st.guard[0].name, "runs_when": bool(st.guard[1])}}
+                       if desc.guard is not None else {}),
                     **({"variant": variant} if variant else {})})
     return out
 

@@ -50,8 +50,13 @@
 typedef void (*cuvil_kernel_fn)(void **bufs, int64_t begin, int64_t end);
 
 /* run fn over [0, extent) split into chunks of >= grain iterations across threads, at most split chunks per
- * thread (chunks are claimed, so a thread that starts late or runs slower takes fewer) */
-typedef struct { cuvil_kernel_fn fn; int64_t extent; int64_t grain; int64_t split; } cuvil_step;
+ * thread (chunks are claimed, so a thread that starts late or runs slower takes fewer). guard_buf > 0: the
+ * step runs only when the bool at bufs[guard_buf - 1] + guard_off, written by an earlier step or an input,
+ * equals guard_value (a branch of a run-time If); guard_buf == 0: always. */
+typedef struct {
+  cuvil_kernel_fn fn; int64_t extent; int64_t grain; int64_t split;
+  int32_t guard_buf; int32_t guard_value; int64_t guard_off;
+} cuvil_step;
 
 /* dtype = ONNX TensorProto code; shape entries -1 = symbolic; shape may be NULL if ndim == 0.
  * dim_syms (inputs; NULL when every dim is static): per dim, the symbol it binds, or -1. */

@@ -71,6 +71,15 @@ def _c_atom(a, slots) -> str:
     return out
 
 
+def _guard(step) -> str:
+    """A guarded step's extra fields (buffer table index + 1, polarity, byte offset); none for the others,
+    whose zero-initialised guard_buf means 'always run'."""
+    if step.guard is None:
+        return ""
+    index, offset, polarity = step.guard
+    return f", {int(index) + 1}, {int(bool(polarity))}, {_i64(offset)}"
+
+
 def generate_model_c(info: ModelInfo) -> str:
     symbols = [s.symbol for s in info.steps + info.opt_steps]
     symbols += [w for w in (info.weights_symbol, info.opt_weights_symbol) if w is not None]
@@ -136,7 +145,7 @@ def generate_model_c(info: ModelInfo) -> str:
         lines.append(f"static const cuvil_step {steps}[{len(info.steps)}] = {{")
         for s in info.steps:
             extent = -1 if isinstance(s.extent, SymExpr) else s.extent
-            lines.append(f"  {{{s.symbol}, {_i64(extent)}, {_i64(s.grain)}, {_i64(s.split)}}},")
+            lines.append(f"  {{{s.symbol}, {_i64(extent)}, {_i64(s.grain)}, {_i64(s.split)}{_guard(s)}}},")
         lines.append("};")
         lines.append("")
 
@@ -146,7 +155,7 @@ def generate_model_c(info: ModelInfo) -> str:
         lines.append(f"/* kernels specialised for the opt point ({', '.join(f'{sd.name} = {sd.opt}' for sd in info.symbols)}) */")
         lines.append(f"static const cuvil_step {opt_steps}[{len(info.opt_steps)}] = {{")
         for s in info.opt_steps:
-            lines.append(f"  {{{s.symbol}, {_i64(s.extent)}, {_i64(s.grain)}, {_i64(s.split)}}},")
+            lines.append(f"  {{{s.symbol}, {_i64(s.extent)}, {_i64(s.grain)}, {_i64(s.split)}{_guard(s)}}},")
         lines += ["};", ""]
 
     # symbols, and the function computing every symbolic size from their values

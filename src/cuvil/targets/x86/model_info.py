@@ -6,6 +6,7 @@ print into C: identifiers are C identifiers, dtypes are ONNX ``TensorProto`` cod
 from __future__ import annotations
 
 import re
+from typing import Optional, Tuple
 
 import attrs
 
@@ -120,6 +121,9 @@ class StepDesc:
     extent: object = attrs.field(validator=_extent)
     grain: int = attrs.field(default=1, validator=_positive)
     split: int = attrs.field(default=1, validator=_positive)   # chunks per thread at most
+    # (buffer table index, byte offset, polarity): skip the step when the bool at bufs[index] + offset is not
+    # polarity (a branch of a run-time If); None: always run
+    guard: Optional[Tuple[int, int, bool]] = None
 
 
 @attrs.frozen

@@ -932,11 +932,17 @@ CUVIL_EXPORT int CUVIL_API(run)(cuvil_session *h, const cuvil_tensor *inputs, cu
   if (s->bufs[1] != weights)
     for (int t = 0; t < s->num_threads; ++t) s->bufs[(size_t)t * s->nbufs + 1] = (void *)weights;
 #define CUVIL_EXTENT(k) (steps[k].extent >= 0 ? steps[k].extent : ext[k])
+  /* A guarded step whose condition says its branch is not taken is skipped: the previous step finished
+   * (release/acquire) before this thread reads the condition, so it reads the value just written. */
+#define CUVIL_SKIP(k) (steps[k].guard_buf > 0 && \
+    (((const uint8_t *)s->bufs[steps[k].guard_buf - 1])[steps[k].guard_off] != 0) != (steps[k].guard_value != 0))
   if (s->profile == NULL) {
-    for (int k = 0; k < nsteps; ++k) run_step(s, &steps[k], CUVIL_EXTENT(k));
+    for (int k = 0; k < nsteps; ++k)
+      if (!CUVIL_SKIP(k)) run_step(s, &steps[k], CUVIL_EXTENT(k));
   } else {
     struct timespec t0, t1;
     for (int k = 0; k < nsteps; ++k) {
+      if (CUVIL_SKIP(k)) continue;
       clock_gettime(CLOCK_MONOTONIC, &t0);
       run_step(s, &steps[k], CUVIL_EXTENT(k));
       clock_gettime(CLOCK_MONOTONIC, &t1);

@@ -1,0 +1,338 @@
+"""ONNX control flow (``If``, ``Loop``, ``Scan``) expanded into the data-flow graph as it is imported.
+
+Cuvil's artifacts are kernel sequences (x86: the step table of ``model.c``, whose steps may be guarded; GPU: one
+CUDA graph per shape bucket), so control flow becomes data flow as the importer meets it:
+
+* ``If`` whose condition is known at compile time (a constant, a shape computation whose value is known, or
+  a chain of nodes over constants, evaluated here by ``onnx.reference``) becomes the branch it takes; the
+  other branch is never imported, so it may even be ill-typed for these shapes.
+* ``If`` whose condition is known only at run time: both branches are imported and each output is
+  ``Where(cond, then, else)``; their outputs must have equal types. Each branch's nodes are guarded by the
+  condition (:attr:`cuvil.ir.graph.Node.guard`), so the x86 runtime skips the steps of the branch not taken.
+* ``Loop`` with a trip count known at compile time is unrolled: the body is imported once per iteration with
+  the iteration number as a constant (so an ``If`` on it folds) and the loop-carried values threaded through;
+  scan outputs are stacked (``Unsqueeze`` + ``Concat``). A termination condition known only at run time is
+  *predicated*: from the first iteration whose condition is dynamic on, each iteration's carried values are
+  ``Where(running, new, old)`` and ``running`` is ``And``-ed with the body's condition, so the values after the
+  last taken iteration come out unchanged; the iterations are guarded by ``running`` (skipped after the exit).
+  Scan outputs then have a data-dependent length: refused.
+* ``Scan`` (opset 8 with its batch axis, and 9+) is unrolled over its sequence length, which must be known at
+  compile time; every direction and axis attribute is honoured.
+
+Refused, each with one :class:`UnsupportedOpError` naming op, node and opset: a run-time trip count with no
+compile-time value (``M`` a graph input, an unbounded loop under a run-time condition), a symbolic sequence
+length, run-time branches of different types, scan outputs under a run-time condition, and loops that unroll
+past :data:`MAX_UNROLLED_NODES`.
+"""
+from __future__ import annotations
+
+from typing import List, Optional
+
+import numpy as np
+import onnx
+import onnx.helper
+
+from ..errors import InvalidAttributeError, UnsupportedOpError
+from ..ir.dtype import DType
+from ..ir.graph import Graph, Value
+from .canonical import add_canonical_node
+from .static_eval import static_value
+
+CONTROL_OPS = frozenset({"If", "Loop", "Scan"})
+
+#: Most nodes one control-flow node may expand into (all iterations of its body together).
+MAX_UNROLLED_NODES = 20_000
+
+
+def expand(imp, node: onnx.NodeProto, inputs: List[Optional[Value]], where: str) -> List[Optional[Value]]:
+    """The values of ``node``'s outputs, after its expansion into ``imp``'s graph (``imp``: the importer,
+    which provides ``g``, ``opset`` and ``import_body``)."""
+    x = _Expansion(imp, node, inputs, where)
+    outs = {"If": x.if_, "Loop": x.loop, "Scan": x.scan}[node.op_type]()
+    if len(outs) < len(node.output):
+        x.fail(f"the subgraph gives {len(outs)} outputs for the node's {len(node.output)}")
+    return outs[:len(node.output)]
+
+
+class _Expansion:
+    """One control-flow node being expanded: its attributes read, the nodes it adds counted against
+    :data:`MAX_UNROLLED_NODES`, every refusal raised with its op, node and opset."""
+
+    def __init__(self, imp, node: onnx.NodeProto, inputs, where: str):
+        self.imp, self.node, self.inputs, self.where = imp, node, inputs, where
+        self.g: Graph = imp.g
+        self.opset = imp.opset
+        self.attrs = {}
+        for a in node.attribute:
+            try:
+                self.attrs[a.name] = onnx.helper.get_attribute_value(a)
+            except Exception as e:  # an AttributeProto of an unknown type
+                raise InvalidAttributeError(f"node {where!r} ({node.op_type}) attribute {a.name!r} cannot be read: "
+                                            f"{e}") from None
+        self.start = len(self.g.nodes)
+
+    # --- helpers ---------------------------------------------------------------------------------------
+    def fail(self, detail: str):
+        raise UnsupportedOpError(self.node.op_type, self.where, self.opset, detail)
+
+    def graph_attr(self, name: str) -> onnx.GraphProto:
+        body = self.attrs.get(name)
+        if not isinstance(body, onnx.GraphProto):
+            raise InvalidAttributeError(f"node {self.where!r} ({self.node.op_type}) needs the graph attribute {name!r}")
+        return body
+
+    def body(self, gp: onnx.GraphProto, args: List[Optional[Value]]) -> List[Optional[Value]]:
+        if len(gp.input) != len(args):
+            self.fail(f"its subgraph {gp.name or '<body>'!r} takes {len(gp.input)} inputs, the node gives {len(args)}")
+        for vi, v in zip(gp.input, args):
+            declared = vi.type.tensor_type.elem_type if vi.type.HasField("tensor_type") else None
+            if vi.type.WhichOneof("value") not in (None, "tensor_type"):
+                self.fail(f"subgraph input {vi.name!r} is a {vi.type.WhichOneof('value')}; only tensors are supported")
+            if declared and v is not None and declared != int(v.dtype):
+                self.fail(f"subgraph input {vi.name!r} is declared {onnx.TensorProto.DataType.Name(declared)} but "
+                          f"receives {v.dtype.name}")
+        outs = self.imp.import_body(gp, {vi.name: v for vi, v in zip(gp.input, args)}, self.where)
+        if len(self.g.nodes) - self.start > MAX_UNROLLED_NODES:
+            self.fail(f"expanding it takes more than {MAX_UNROLLED_NODES} nodes; Cuvil unrolls loops at compile "
+                      f"time: lower the trip count or the sequence length")
+        return outs
+
+    def guard(self, lo: int, hi: int, cond: Value, polarity: bool) -> None:
+        """The nodes ``lo:hi`` of the graph (one branch, one iteration) are read only when ``cond`` is
+        ``polarity``: a backend may skip them otherwise (:attr:`cuvil.ir.graph.Node.guard`). Nodes of a
+        nested branch keep their own, inner guard."""
+        for n in self.g.nodes[lo:hi]:
+            if n.guard is None:
+                n.guard = (cond, polarity)
+
+    def add(self, op: str, inputs, attrs=None) -> Value:
+        n = add_canonical_node(self.g, op, list(inputs), dict(attrs or {}), [f"{self.where}_{op.lower()}"],
+                               self.where, self.opset)
+        return n.outputs[0]
+
+    def i64(self, values) -> Value:
+        return self.g.const(np.asarray(values, np.int64), f"{self.where}_i")
+
+    def scalar_bool(self, v: Value) -> Value:
+        """``v`` (a one-element bool tensor) as a scalar, so a select broadcasts it over any shape."""
+        if v.dtype != DType.BOOL:
+            self.fail(f"its condition is {v.dtype.name}, not a bool tensor")
+        if v.shape is not None and len(v.shape) == 0:
+            return v
+        return self.add("Reshape", [v, self.i64([])])
+
+    def select(self, cond: Value, a: Value, b: Value, what: str) -> Value:
+        if a is b:
+            return a
+        if a.type != b.type:
+            self.fail(f"{what}: {a.type} and {b.type} differ; a condition known only at run time selects between "
+                      f"both, which needs equal types: make the condition known at compile time (fix the inputs it "
+                      f"reads with input_values=, or give the dims it reads static values in the model)")
+        return self.add("Where", [cond, a, b])
+
+    def stack(self, pieces: List[Value], axis: int, what: str) -> Value:
+        """``pieces`` stacked along a new ``axis``."""
+        ups = [self.add("Unsqueeze", [p, self.i64([axis])]) for p in pieces]
+        if not ups:
+            self.fail(f"{what}: no iteration runs, so its type is unknown")
+        return ups[0] if len(ups) == 1 else self.add("Concat", ups, {"axis": axis})
+
+    def empty_stack(self, like: Value, axis: int) -> Value:
+        """An empty scan output (zero iterations) of the type one iteration's value ``like`` has."""
+        shape = list(like.shape or [])
+        if like.shape is None or not all(isinstance(d, int) for d in shape):
+            self.fail("no iteration runs and a scan output's shape is not static")
+        shape.insert(axis, 0)
+        return self.g.const(np.zeros(shape, like.dtype.numpy), f"{self.where}_empty")
+
+    # --- If --------------------------------------------------------------------------------------------
+    def if_(self) -> List[Optional[Value]]:
+        cond = self.inputs[0] if self.inputs else None
+        if cond is None:
+            self.fail("it has no condition")
+        then_g, else_g = self.graph_attr("then_branch"), self.graph_attr("else_branch")
+        known = static_value(self.g, cond)
+        if known is not None:
+            if known.size != 1:
+                self.fail(f"its condition has {known.size} elements; it must have one")
+            return self.body(then_g if bool(known.reshape(-1)[0]) else else_g, [])
+        c = self.scalar_bool(cond)
+        start = len(self.g.nodes)
+        a = self.body(then_g, [])
+        mid = len(self.g.nodes)
+        b = self.body(else_g, [])
+        self.guard(start, mid, c, True)
+        self.guard(mid, len(self.g.nodes), c, False)
+        if len(a) != len(b):
+            self.fail(f"its branches give {len(a)} and {len(b)} outputs")
+        return [self.select(c, x, y, f"output {k} of the branches") for k, (x, y) in enumerate(zip(a, b))]
+
+    # --- Loop ------------------------------------------------------------------------------------------
+    def loop(self) -> List[Optional[Value]]:
+        body = self.graph_attr("body")
+        m_in = self.inputs[0] if self.inputs else None
+        c_in = self.inputs[1] if len(self.inputs) > 1 else None
+        carried = list(self.inputs[2:])
+        if any(v is None for v in carried):
+            self.fail("a loop-carried initial value is missing")
+        n_scan = len(body.output) - 1 - len(carried)
+        if n_scan < 0 or len(body.input) != 2 + len(carried):
+            self.fail(f"its body takes {len(body.input)} inputs and gives {len(body.output)} outputs for "
+                      f"{len(carried)} loop-carried values")
+        trip = None
+        if m_in is not None:
+            m = static_value(self.g, m_in)
+            if m is None:
+                self.fail(f"its trip count M is known only at run time ({_describe(m_in)}); Cuvil unrolls loops at "
+                          f"compile time: give M as a constant or a value computed from static shapes")
+            trip = int(m.reshape(-1)[0])
+        running = None  # None: every iteration so far was taken for certain; else the run-time bool scalar
+        if c_in is not None:
+            c = static_value(self.g, c_in)
+            if c is None:
+                running = self.scalar_bool(c_in)
+            elif not bool(c.reshape(-1)[0]):
+                trip = 0
+        if trip is None and running is not None:
+            self.fail("it has no trip count and its condition is known only at run time, so the number of "
+                      "iterations is unbounded at compile time; give M (an upper bound) as a constant")
+        true = self.g.const(np.array(True), f"{self.where}_true")
+        scans: List[List[Value]] = [[] for _ in range(n_scan)]
+        i, first = 0, None
+        while trip is None or i < trip:
+            if trip is None and i >= MAX_UNROLLED_NODES:
+                self.fail("its condition never becomes false at compile time")
+            it = self.g.const(np.array(i, np.int64), f"{self.where}_iter{i}")
+            start = len(self.g.nodes)
+            outs = self.body(body, [it, true if running is None else running] + carried)
+            if running is not None:
+                self.guard(start, len(self.g.nodes), running, True)   # skipped once the loop has exited
+            first = first or outs
+            cond_out, new, scan_out = outs[0], outs[1:1 + len(carried)], outs[1 + len(carried):]
+            if running is None:
+                carried = list(new)
+                for k, s in enumerate(scan_out):
+                    scans[k].append(s)
+            else:
+                if n_scan:
+                    self.fail("its condition is known only at run time, so the length of its scan outputs is "
+                              "data-dependent; Cuvil needs it at compile time")
+                carried = [self.select(running, x, y, f"loop-carried value {k}")
+                           for k, (x, y) in enumerate(zip(new, carried))]
+            i += 1
+            if cond_out is None:
+                self.fail("its body gives no condition output")
+            c = static_value(self.g, cond_out)
+            if c is not None and not bool(c.reshape(-1)[0]):
+                break
+            if c is None:
+                cond_s = self.scalar_bool(cond_out)
+                running = cond_s if running is None else self.add("And", [running, cond_s])
+        out_scans = []
+        for k, pieces in enumerate(scans):
+            if pieces:
+                out_scans.append(self.stack(pieces, 0, f"scan output {k}"))
+            else:
+                like = first or self.body(body, [self.g.const(np.array(0, np.int64)), true] + carried)
+                out_scans.append(self.empty_stack(like[1 + len(carried) + k], 0))
+        return carried + out_scans
+
+    # --- Scan ------------------------------------------------------------------------------------------
+    def scan(self) -> List[Optional[Value]]:
+        body = self.graph_attr("body")
+        n_in = self.attrs.get("num_scan_inputs")
+        if not isinstance(n_in, int) or n_in < 1:
+            raise InvalidAttributeError(f"node {self.where!r} (Scan) needs num_scan_inputs >= 1")
+        if self.opset < 9:
+            return self._scan8(body, n_in)
+        states, xs = list(self.inputs[:len(self.inputs) - n_in]), list(self.inputs[len(self.inputs) - n_in:])
+        return self._scan_unrolled(body, states, xs, self.attrs.get("scan_input_axes"),
+                                   self.attrs.get("scan_input_directions"), self.attrs.get("scan_output_axes"),
+                                   self.attrs.get("scan_output_directions"))
+
+    def _scan8(self, body, n_in: int) -> List[Optional[Value]]:
+        """Opset 8: every input and output has a leading batch axis, the sequence axis is 1; each batch
+        element is scanned on its own and the results stacked."""
+        if self.inputs and self.inputs[0] is not None:
+            self.fail("sequence_lens (opset-8 Scan) is not supported; leave it empty (every sequence full length)")
+        rest = list(self.inputs[1:])
+        states, xs = rest[:len(rest) - n_in], rest[len(rest) - n_in:]
+        batch = _static_dim(xs[0], 0) if xs and xs[0] is not None else None
+        if batch is None:
+            self.fail("the batch size of its scan inputs is not static")
+        dirs = self.attrs.get("directions")
+        per_b = []
+        for b in range(batch):
+            pick = lambda v: self.add("Gather", [v, self.i64(b)], {"axis": 0})
+            per_b.append(self._scan_unrolled(body, [pick(s) for s in states], [pick(x) for x in xs],
+                                             None, dirs, None, None))
+        return [self.stack([outs[k] for outs in per_b], 0, f"output {k}") for k in range(len(per_b[0]))]
+
+    def _scan_unrolled(self, body, states, xs, in_axes, in_dirs, out_axes, out_dirs) -> List[Optional[Value]]:
+        n_state, n_in = len(states), len(xs)
+        n_out = len(body.output) - n_state
+        if any(v is None for v in states + xs) or n_out < 0 or len(body.input) != n_state + n_in:
+            self.fail(f"its body takes {len(body.input)} inputs and gives {len(body.output)} outputs for "
+                      f"{n_state} state and {n_in} scan inputs")
+        in_axes = self._list_attr(in_axes, n_in, "scan_input_axes")
+        in_dirs = self._list_attr(in_dirs, n_in, "scan_input_directions")
+        out_axes = self._list_attr(out_axes, n_out, "scan_output_axes")
+        out_dirs = self._list_attr(out_dirs, n_out, "scan_output_directions")
+        length, axes = None, []
+        for k, (x, ax) in enumerate(zip(xs, in_axes)):
+            rank = len(x.shape) if x.shape is not None else None
+            if rank is None or not -rank <= ax < rank:
+                self.fail(f"scan input {k} has axis {ax} outside its rank ({x.type})")
+            ax %= rank
+            axes.append(ax)
+            n = _static_dim(x, ax)
+            if n is None:
+                self.fail(f"the sequence length of scan input {k} ({x.type}, axis {ax}) is known only at run time; "
+                          f"Cuvil unrolls Scan at compile time: fix that dim (input_shapes= / --fix)")
+            if length is not None and n != length:
+                self.fail(f"its scan inputs have sequence lengths {length} and {n}; they must be equal")
+            length = n
+        per_t: List[List[Value]] = [[] for _ in range(n_out)]
+        first = None
+        for t in range(length):
+            slices = [self.add("Gather", [x, self.i64(length - 1 - t if d else t)], {"axis": ax})
+                      for x, ax, d in zip(xs, axes, in_dirs)]
+            outs = self.body(body, states + slices)
+            first = first or outs
+            states = list(outs[:n_state])
+            for k, o in enumerate(outs[n_state:]):
+                per_t[k].append(o)
+        results = []
+        for k, pieces in enumerate(per_t):
+            if length == 0:
+                self.fail("its sequence length is 0, so the types of its scan outputs are unknown")
+            rank = len(pieces[0].shape) + 1 if pieces[0].shape is not None else None
+            ax = out_axes[k]
+            if rank is None or not -rank <= ax < rank:
+                self.fail(f"scan output {k} has axis {ax} outside its rank ({rank})")
+            results.append(self.stack(pieces[::-1] if out_dirs[k] else pieces, ax % rank, f"scan output {k}"))
+        return states + results
+
+    def _list_attr(self, v, n: int, name: str) -> List[int]:
+        if v is None:
+            return [0] * n
+        v = [int(x) for x in v]
+        if len(v) != n:
+            raise InvalidAttributeError(f"node {self.where!r} (Scan): {name} has {len(v)} entries for {n} values")
+        return v
+
+
+def _static_dim(v: Value, axis: int) -> Optional[int]:
+    if v.shape is None or axis >= len(v.shape):
+        return None
+    d = v.shape[axis]
+    return d if isinstance(d, int) else None
+
+
+def _describe(v: Value) -> str:
+    if v.producer is None and v.const is None:
+        return f"graph input {v.name!r}"
+    return f"{v.name!r}" + (f", from {v.producer.op} node {v.producer.name!r}" if v.producer is not None else "")
+
+
+__all__ = ["CONTROL_OPS", "MAX_UNROLLED_NODES", "expand"]
