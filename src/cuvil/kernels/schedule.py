@@ -210,7 +210,8 @@ class _StageBuilder:
         low = LOWERINGS.get(node.op)
         if low is None:
             raise UnsupportedOpError(node.op, node.name, detail="no x86 lowering")
-        outs = low(LowerCtx(node, ins, self.temp, self.packed_weight, *self.lower_options))
+        used = [bool(o.uses) or id(o) in self.out_index for o in node.outputs]
+        outs = low(LowerCtx(node, ins, self.temp, self.packed_weight, *self.lower_options, used_outputs=used))
         inlined = [v for v in node.inputs if v is not None and id(v) not in self.bufs]
         # an expression that inlines a reduction is expensive however cheap its own op is
         inlined_cost = any(self.expensive.get(id(v), False) for v in inlined)
@@ -313,6 +314,9 @@ def _reads(e: E) -> List[Buf]:
             out.append(x.attr)
         elif x.op == "argscan":
             stack.extend(_argscan_reads(x))
+        elif x.op == "sequential":     # every buffer its program writes, and what its expressions load
+            out.extend(x.attr.written())
+            stack.extend(x.attr.exprs())
         stack.extend(x.args)
     return out
 
