@@ -25,6 +25,22 @@ ACTIVATION_PARAMS = {
 DIRECTIONS = {"forward": 1, "reverse": 1, "bidirectional": 2}
 
 
+def activation_names(op: str, names, dirs: int):
+    """The activations of each direction's gates (``ACTIVATIONS[op]`` order), from the attribute's list or
+    the defaults. RNN's schema default lists Tanh twice whatever the direction: one direction takes the first
+    (as onnxruntime does). A wrong count or an unknown name is a ValueError."""
+    per = len(ACTIVATIONS[op])
+    names = list(names) if names else list(ACTIVATIONS[op]) * dirs
+    if op == "RNN" and dirs == 1 and len(names) == 2:
+        names = names[:1]
+    if len(names) != per * dirs:
+        raise ValueError(f"activations {names} must list {per} per direction ({dirs} direction(s))")
+    unknown = [a for a in names if a.lower() not in ACTIVATION_PARAMS]
+    if unknown:
+        raise ValueError(f"unknown activation(s) {unknown}; ONNX's are {sorted(ACTIVATION_PARAMS)}")
+    return names
+
+
 def _dims(ctx: InferCtx, i: int, what: str, want) -> None:
     """Input ``i``, when present, must have rank len(want) and the static dims of ``want``."""
     if not ctx.has_input(i):
@@ -63,13 +79,10 @@ def recurrent(ctx: InferCtx):
     if name == "LSTM":
         _dims(ctx, 6, "initial_c", state)
         _dims(ctx, 7, "P", (dirs, 3 * hidden))
-    acts = ctx.attr("activations")
-    if acts is not None:
-        if len(acts) != len(ACTIVATIONS[name]) * dirs:
-            ctx.fail(f"activations {acts} must list {len(ACTIVATIONS[name])} per direction ({dirs})")
-        unknown = [a for a in acts if a.lower() not in ACTIVATION_PARAMS]
-        if unknown:
-            ctx.fail(f"unknown activation(s) {unknown}")
+    try:
+        activation_names(name, ctx.attr("activations"), dirs)
+    except ValueError as e:
+        ctx.fail(str(e))
     if name == "LSTM" and ctx.attr("input_forget", 0) not in (0, 1):
         ctx.fail("input_forget must be 0 or 1")
     dt = ctx.dtype(0)

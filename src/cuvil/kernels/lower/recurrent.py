@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Callable, List, Optional
 
 from ...ir.dtype import DType
-from ...ir.ops.recurrent import ACTIVATION_PARAMS, ACTIVATIONS, DIRECTIONS, GATES
+from ...ir.ops.recurrent import ACTIVATION_PARAMS, ACTIVATIONS, DIRECTIONS, GATES, activation_names
 from ..sequential import Assign, Sequential, sequential
 from ..texpr import I64, Buf, E, binop, call, cast, cmp, const, load, reduce, select, unop, var
 from .activation import relu
@@ -62,7 +62,7 @@ def _activation(name: str, alpha: float, beta: float) -> Callable[[E], E]:
 def _activations(ctx, op: str, dirs: int) -> List[List[Callable[[E], E]]]:
     """Per direction, the op's activations (f, g[, h]) with their alpha/beta, consumed in list order by the
     activations that take them (onnxruntime's reading of activation_alpha / activation_beta)."""
-    names = ctx.attr("activations") or list(ACTIVATIONS[op]) * dirs
+    names = activation_names(op, ctx.attr("activations"), dirs)
     alphas = list(ctx.attr("activation_alpha") or [])
     betas = list(ctx.attr("activation_beta") or [])
     fns = []
@@ -192,16 +192,19 @@ def _recurrent(ctx):
         return select(valid, new, old)
 
     j, h = var("j"), var("h")
-    init = []
-    if h0 is not None:
-        init.append(Assign(hs, [d, n, h], state_in(h0, d, n, h), [h], [H]))
-    else:
-        init.append(Assign(hs, [d, n, h], const(0, dt), [h], [H]))
+
+    def initial(given: Optional[TensorFn]) -> E:
+        """A state's initial value; a row of length 0 runs no step and reports zero states (onnxruntime)."""
+        if given is None:
+            return const(0, dt)
+        v = state_in(given, d, n, h)
+        return v if lens is None else select(cmp("eq", length, const(0, I64)), const(0, dt), v)
+    init = [Assign(hs, [d, n, h], initial(h0), [h], [H])]
     body = []
     f_act, g_act = per_dir(0), per_dir(1) if op != "RNN" else None
 
     if op == "LSTM":
-        init.append(Assign(cs, [d, n, h], state_in(c0, d, n, h) if c0 is not None else const(0, dt), [h], [H]))
+        init.append(Assign(cs, [d, n, h], initial(c0), [h], [H]))
         h_act = per_dir(2)
         body.append(Assign(gs, [d, n, j], binop("add", xw(j), rec(0)(j)), [j], [GH]))
 
