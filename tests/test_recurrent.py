@@ -279,7 +279,7 @@ def _ptx_tools():
 @pytest.mark.parametrize("op", ["LSTM", "GRU", "RNN"])
 def test_ptx_assembles_for_sm90(op):
     """The same lowering on the GPU target: the schedule (fixed at one shape, as a GPU bucket is) lowers to
-    PTX that ptxas assembles for sm_90, the sequential kernel one thread per (direction, batch row)."""
+    PTX that ptxas assembles for sm_90, the sequential kernel one thread block per (direction, batch row)."""
     from cuvil.targets.ptx import assemble, generate_ptx
     from cuvil.targets.ptx.codegen import gpu_schedule
     ptxas, libdevice = _ptx_tools()
@@ -293,5 +293,8 @@ def test_ptx_assembles_for_sm90(op):
     assert ".target sm_90" in ptx and ".extern" not in ptx
     _, info = assemble(ptx, "sm_90", ptxas)
     assert set(info) == {d.name for d in descs}
-    steps = [d for d in descs if d.n_elements == 2 * 3]      # the (direction, batch row) kernel
-    assert steps and all(info[d.name].registers for d in descs)
+    assert all(info[d.name].registers for d in descs)
+    steps = [d for d in descs if d.kind == "sequential"]
+    assert len(steps) == 1 and steps[0].grid == 2 * 3 and steps[0].block % 32 == 0   # a block per (dir, row)
+    body = ptx.split(f".entry {steps[0].name}")[1].split(".entry")[0]
+    assert "bar.sync" in body            # the block meets after each assignment
