@@ -19,6 +19,7 @@ from typing import List, Sequence
 
 import attrs
 
+from ..ir.dim import evaluate, product
 from ..ir.dtype import DType
 from .texpr import E, Buf, nodes
 
@@ -57,6 +58,15 @@ class Sequential:
     def exprs(self) -> List[E]:
         """Every expression the program evaluates (values and store indices)."""
         return [x for a in self.assigns() for x in [a.value, *a.index]]
+
+    def work(self, env) -> int:
+        """Expression evaluations of one row (every assignment's points, reductions' terms included), the
+        symbols at ``env``: what a scheduler weighs a row by."""
+        per_step = 0
+        for a in self.body:
+            terms = [product(x.attr[2]) for x in nodes(a.value) if x.op == "reduce"]
+            per_step += evaluate(product(a.extents), env) * max([evaluate(t, env) for t in terms], default=1)
+        return max(1, evaluate(self.steps, env) * per_step)
 
     def loads(self) -> List[Buf]:
         """The buffers the program's expressions load from."""

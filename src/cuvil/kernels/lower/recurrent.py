@@ -133,7 +133,8 @@ def _recurrent(ctx):
             return with_bias(idx, reduce("sum", [I], lambda k: binop("mul", xin(t, n, k), w([dj, gj, k]))))
         proj = ctx.temp(proj_shape, dt, proj_fn, "xw")
 
-    # --- 2. the recurrence: one row per (direction, batch row) -----------------------------------------
+    # --- 2. the recurrence: one row per direction (x86: the whole batch in the row, so each step reads the
+    # recurrent weights once) or per (direction, batch row) (the GPU: a thread block each) ------------------
     def scratch(name, shape):
         return Buf(f"{ctx.node.name}_{name}", dt, tuple(shape), ARENA, 0)
 
@@ -191,6 +192,17 @@ def _recurrent(ctx):
     def keep(new, old):
         return select(valid, new, old)
 
+    batched = ctx.batched_sequences
+
+    def put(buf: Buf, index, value, v: E, extent, batch_inner: bool = False) -> Assign:
+        """``buf[index] = value`` for v in [0, extent) (and every batch row, when the row holds the batch;
+        innermost for the recurrent products, whose weight row is then reused across the batch)."""
+        if not batched:
+            return Assign(buf, index, value, [v], [extent])
+        if batch_inner:
+            return Assign(buf, index, value, [v, n], [extent, N])
+        return Assign(buf, index, value, [n, v], [N, extent])
+
     j, h = var("j"), var("h")
 
     def initial(given: Optional[TensorFn]) -> E:
@@ -199,14 +211,14 @@ def _recurrent(ctx):
             return const(0, dt)
         v = state_in(given, d, n, h)
         return v if lens is None else select(cmp("eq", length, const(0, I64)), const(0, dt), v)
-    init = [Assign(hs, [d, n, h], initial(h0), [h], [H])]
+    init = [put(hs, [d, n, h], initial(h0), h, H)]
     body = []
     f_act, g_act = per_dir(0), per_dir(1) if op != "RNN" else None
 
     if op == "LSTM":
-        init.append(Assign(cs, [d, n, h], initial(c0), [h], [H]))
+        init.append(put(cs, [d, n, h], initial(c0), h, H))
         h_act = per_dir(2)
-        body.append(Assign(gs, [d, n, j], binop("add", xw(j), rec(0)(j)), [j], [GH]))
+        body.append(put(gs, [d, n, j], binop("add", xw(j), rec(0)(j)), j, GH, batch_inner=True))
 
         def peephole(k, cval):
             return (lambda e: e) if peep is None else (lambda e: binop("add", e, binop("mul", peep([d, k * H + h]), cval)))
@@ -217,33 +229,34 @@ def _recurrent(ctx):
         else:
             f_gate = f_act(clipped(peephole(2, c_old)(G_(2 * H + h))))
         c_new = binop("add", binop("mul", f_gate, c_old), binop("mul", i_gate, g_act(clipped(G_(3 * H + h)))))
-        body.append(Assign(cs, [d, n, h], keep(c_new, c_old), [h], [H]))
+        body.append(put(cs, [d, n, h], keep(c_new, c_old), h, H))
         c_t = C_(h)
         o_gate = f_act(clipped(peephole(1, c_t)(G_(H + h))))
-        body.append(Assign(hs, [d, n, h], keep(binop("mul", o_gate, h_act(c_t)), H_(h)), [h], [H]))
+        body.append(put(hs, [d, n, h], keep(binop("mul", o_gate, h_act(c_t)), H_(h)), h, H))
     elif op == "GRU":
-        body.append(Assign(gs, [d, n, j], f_act(clipped(binop("add", xw(j), rec(0)(j)))), [j], [2 * H]))
+        body.append(put(gs, [d, n, j], f_act(clipped(binop("add", xw(j), rec(0)(j)))), j, 2 * H,
+                        batch_inner=True))
         z = G_(h)
         if lbr:
             rbh = (lambda k: bias([d, GH + 2 * H + k])) if bias is not None else None
             inner = rec(2 * H)(j)
-            body.append(Assign(gs, [d, n, 2 * H + j], inner if rbh is None else binop("add", inner, rbh(j)), [j], [H]))
+            body.append(put(gs, [d, n, 2 * H + j], inner if rbh is None else binop("add", inner, rbh(j)), j, H,
+                            batch_inner=True))
             cand = binop("add", xw(2 * H + h), binop("mul", G_(H + h), G_(2 * H + h)))
         else:
-            body.append(Assign(gs, [d, n, 2 * H + j],
-                               binop("add", xw(2 * H + j), rec(2 * H, lambda k: binop("mul", G_(H + k), H_(k)))(j)),
-                               [j], [H]))
+            reset = rec(2 * H, lambda k: binop("mul", G_(H + k), H_(k)))
+            body.append(put(gs, [d, n, 2 * H + j], binop("add", xw(2 * H + j), reset(j)), j, H, batch_inner=True))
             cand = G_(2 * H + h)
         h_new = binop("add", binop("mul", binop("sub", fconst(1, z), z), g_act(clipped(cand))), binop("mul", z, H_(h)))
-        body.append(Assign(hs, [d, n, h], keep(h_new, H_(h)), [h], [H]))
+        body.append(put(hs, [d, n, h], keep(h_new, H_(h)), h, H))
     else:
-        body.append(Assign(gs, [d, n, j], binop("add", xw(j), rec(0)(j)), [j], [H]))
-        body.append(Assign(hs, [d, n, h], keep(f_act(clipped(G_(h))), H_(h)), [h], [H]))
+        body.append(put(gs, [d, n, j], binop("add", xw(j), rec(0)(j)), j, H, batch_inner=True))
+        body.append(put(hs, [d, n, h], keep(f_act(clipped(G_(h))), H_(h)), h, H))
     if ys is not None:
-        body.append(Assign(ys, [t_write, d, n, h], select(valid, H_(h), const(0, dt)), [h], [H]))
+        body.append(put(ys, [t_write, d, n, h], select(valid, H_(h), const(0, dt)), h, H))
 
-    program = Sequential([d, n], init, s, T, body)
-    ctx.temp((dirs, N), dt, lambda idx: sequential(idx, program, dt), "steps")
+    program = Sequential([d] if batched else [d, n], init, s, T, body)
+    ctx.temp((dirs,) if batched else (dirs, N), dt, lambda idx: sequential(idx, program, dt), "steps")
 
     # --- 3. the outputs read the buffers the program wrote -------------------------------------------
     def reader(buf: Buf, order: Callable[[list], list], shape) -> TensorFn:
