@@ -298,3 +298,23 @@ def test_ptx_assembles_for_sm90(op):
     assert len(steps) == 1 and steps[0].grid == 2 * 3 and steps[0].block % 32 == 0   # a block per (dir, row)
     body = ptx.split(f".entry {steps[0].name}")[1].split(".entry")[0]
     assert "bar.sync" in body            # the block meets after each assignment
+
+
+@pytest.mark.parametrize("op", ["LSTM", "GRU", "RNN"])
+def test_double(op):
+    """float64 layers (onnxruntime has no double kernels for them): against onnx.reference in float64."""
+    from onnx.reference import ReferenceEvaluator
+    m = _model([_spec(op, "bidirectional", init_h=True)])
+    for t in list(m.graph.input) + list(m.graph.output):
+        t.type.tensor_type.elem_type = TensorProto.DOUBLE
+    for k, init in enumerate(m.graph.initializer):
+        m.graph.initializer[k].CopyFrom(onnx.numpy_helper.from_array(
+            onnx.numpy_helper.to_array(init).astype(np.float64), init.name))
+    art = Pipeline.from_onnx(m).compile(opt_level=2)
+    ref = ReferenceEvaluator(m)
+    for k, (T, N) in enumerate([(4, 2), (1, 3)]):
+        feeds = {n: v.astype(np.float64) for n, v in _feeds(m, 0, T, N, seed=k).items()}
+        got = art.run(feeds)
+        for o, want in zip(m.graph.output, ref.run(None, feeds)):
+            assert got[o.name].dtype == np.float64
+            np.testing.assert_allclose(got[o.name], want, rtol=1e-10, atol=1e-12, err_msg=f"{o.name} at T={T}, N={N}")
