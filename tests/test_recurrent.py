@@ -318,3 +318,33 @@ def test_double(op):
         for o, want in zip(m.graph.output, ref.run(None, feeds)):
             assert got[o.name].dtype == np.float64
             np.testing.assert_allclose(got[o.name], want, rtol=1e-10, atol=1e-12, err_msg=f"{o.name} at T={T}, N={N}")
+
+
+# --- the sequential kernel node in the bounds proof ------------------------------------------------------
+
+def _sequential_schedule(shift: int):
+    """One stage over rows r in [0, 4) running: state[r, s + shift] = x[r, s] for s in [0, 6)."""
+    from cuvil.kernels.schedule import Schedule, Stage
+    from cuvil.kernels.sequential import Assign, Sequential, sequential
+    from cuvil.kernels.texpr import Buf, load, var
+    from cuvil.ir.dtype import DType
+    x = Buf("x", DType.FLOAT, (4, 6), 2, 0)
+    state = Buf("state", DType.FLOAT, (4, 6), 0, 0)
+    out = Buf("out", DType.FLOAT, (4,), 3, 0)
+    r, s = var("r"), var("s")
+    prog = Sequential([r], [], s, 6, [Assign(state, [r, s + shift], load(x, [r, s]))])
+    i = var("i")
+    st = Stage("steps", out, [i], sequential([i], prog, DType.FLOAT))
+    return Schedule([st], [x], [out], [], 4 * 6 * 4, 0, {}, []), st
+
+
+def test_sequential_stores_are_proved_and_an_off_by_one_is_refuted():
+    from cuvil.kernels.bounds import BoundsProver, prove_stage
+    from cuvil.kernels.schedule import _reads
+    good, st = _sequential_schedule(0)
+    count, failed = prove_stage(BoundsProver(), good, st)
+    assert count == 3 and not failed            # the stage's store, the program's store and its load
+    assert {b.name for b in _reads(st.expr)} == {"x", "state"}   # the memory plan sees both
+    bad, st = _sequential_schedule(1)
+    _, failed = prove_stage(BoundsProver(), bad, st)
+    assert len(failed) == 1 and failed[0][0].buf.name == "state" and "out of bounds" in failed[0][1]
