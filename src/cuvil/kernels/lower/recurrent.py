@@ -173,9 +173,21 @@ def _recurrent(ctx):
         jj = d * GH + j
         return proj([n, t_read, jj] if layout else [t_read, n, jj])
 
+    if ctx.batched_sequences:
+        # R^T[d, k, j]: a step's products then run over j innermost with unit stride (x86's row schedule)
+        rv = ctx.const_input(2)
+        rt_buf = ctx.weight(rv.transpose(0, 2, 1), "rt") if rv is not None else None
+        if rt_buf is not None:
+            r_at = lambda dj, j, k: load(rt_buf, [dj, k, j])
+        else:
+            rt = ctx.temp((dirs, H, GH), dt, lambda idx: r([idx[0], idx[2], idx[1]]), "rt")
+            r_at = lambda dj, j, k: rt([dj, k, j])
+    else:
+        r_at = lambda dj, j, k: r([dj, j, k])
+
     def rec(row0, k_of=H_):
         """sum_k k_of(k) * R[d, row0 + j, k] as a function of j."""
-        return lambda j: reduce("sum", [H], lambda k: binop("mul", k_of(k), r([d, row0 + j, k])))
+        return lambda j: reduce("sum", [H], lambda k: binop("mul", k_of(k), r_at(d, row0 + j, k)))
 
     def clipped(e):
         if clip is None:
@@ -194,13 +206,11 @@ def _recurrent(ctx):
 
     batched = ctx.batched_sequences
 
-    def put(buf: Buf, index, value, v: E, extent, batch_inner: bool = False) -> Assign:
-        """``buf[index] = value`` for v in [0, extent) (and every batch row, when the row holds the batch;
-        innermost for the recurrent products, whose weight row is then reused across the batch)."""
+    def put(buf: Buf, index, value, v: E, extent) -> Assign:
+        """``buf[index] = value`` for v in [0, extent) (and every batch row, outermost, when the row holds the
+        batch)."""
         if not batched:
             return Assign(buf, index, value, [v], [extent])
-        if batch_inner:
-            return Assign(buf, index, value, [v, n], [extent, N])
         return Assign(buf, index, value, [n, v], [N, extent])
 
     j, h = var("j"), var("h")
@@ -218,7 +228,7 @@ def _recurrent(ctx):
     if op == "LSTM":
         init.append(put(cs, [d, n, h], initial(c0), h, H))
         h_act = per_dir(2)
-        body.append(put(gs, [d, n, j], binop("add", xw(j), rec(0)(j)), j, GH, batch_inner=True))
+        body.append(put(gs, [d, n, j], binop("add", xw(j), rec(0)(j)), j, GH))
 
         def peephole(k, cval):
             return (lambda e: e) if peep is None else (lambda e: binop("add", e, binop("mul", peep([d, k * H + h]), cval)))
@@ -234,23 +244,21 @@ def _recurrent(ctx):
         o_gate = f_act(clipped(peephole(1, c_t)(G_(H + h))))
         body.append(put(hs, [d, n, h], keep(binop("mul", o_gate, h_act(c_t)), H_(h)), h, H))
     elif op == "GRU":
-        body.append(put(gs, [d, n, j], f_act(clipped(binop("add", xw(j), rec(0)(j)))), j, 2 * H,
-                        batch_inner=True))
+        body.append(put(gs, [d, n, j], f_act(clipped(binop("add", xw(j), rec(0)(j)))), j, 2 * H))
         z = G_(h)
         if lbr:
             rbh = (lambda k: bias([d, GH + 2 * H + k])) if bias is not None else None
             inner = rec(2 * H)(j)
-            body.append(put(gs, [d, n, 2 * H + j], inner if rbh is None else binop("add", inner, rbh(j)), j, H,
-                            batch_inner=True))
+            body.append(put(gs, [d, n, 2 * H + j], inner if rbh is None else binop("add", inner, rbh(j)), j, H))
             cand = binop("add", xw(2 * H + h), binop("mul", G_(H + h), G_(2 * H + h)))
         else:
             reset = rec(2 * H, lambda k: binop("mul", G_(H + k), H_(k)))
-            body.append(put(gs, [d, n, 2 * H + j], binop("add", xw(2 * H + j), reset(j)), j, H, batch_inner=True))
+            body.append(put(gs, [d, n, 2 * H + j], binop("add", xw(2 * H + j), reset(j)), j, H))
             cand = G_(2 * H + h)
         h_new = binop("add", binop("mul", binop("sub", fconst(1, z), z), g_act(clipped(cand))), binop("mul", z, H_(h)))
         body.append(put(hs, [d, n, h], keep(h_new, H_(h)), h, H))
     else:
-        body.append(put(gs, [d, n, j], binop("add", xw(j), rec(0)(j)), j, H, batch_inner=True))
+        body.append(put(gs, [d, n, j], binop("add", xw(j), rec(0)(j)), j, H))
         body.append(put(hs, [d, n, h], keep(f_act(clipped(G_(h))), H_(h)), h, H))
     if ys is not None:
         body.append(put(ys, [t_write, d, n, h], select(valid, H_(h), const(0, dt)), h, H))
