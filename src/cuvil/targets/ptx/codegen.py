@@ -8,6 +8,9 @@ may cap it. The element's indices are unflattened from ``i``, the stage's expres
 PTX emitter (:mod:`cuvil.targets.ptx.emitter`, over the shared :mod:`cuvil.targets.llvm.emitter`; reductions
 become loops inside the thread) and the value is stored. A stage with few outputs and a long float sum
 instead gives each element 2-32 consecutive threads that split its reduction (:func:`split_lanes`, :meth:`PtxKernelModule.add_split_stage`).
+A sequential stage (a recurrent layer's steps, :mod:`cuvil.kernels.sequential`) runs one thread block per
+row, its threads sharing each assignment and meeting at a barrier after it
+(:meth:`PtxKernelModule.add_sequential_stage`).
 
 Memory: ``bufs[b]`` are global-memory pointers (0 arena, 1 weights, then inputs and outputs). Every buffer
 a stage reads and does not write is constant while the kernel runs, so its loads carry ``!invariant.load``
@@ -71,7 +74,8 @@ class KernelDesc:
     block: int = BLOCK
     stage: str = ""        # the schedule stage it computes (for reports)
     lanes: int = 1         # threads per output element (split kernels)
-    kind: str = "element"  # element, split, coarse (several channels per thread), tiled (shared memory)
+    # element, split, coarse (several channels per thread), tiled (shared memory), sequential (a block per row)
+    kind: str = "element"
 
     @property
     def grid(self) -> int:
