@@ -383,6 +383,9 @@ def _flops(st: Stage, env: Dict[str, int]) -> int:
             if x.attr[0] == "sum":
                 total += 2 * elems * evaluate(product(x.attr[2]), env)
             continue
+        if x.op == "sequential":     # each row's program: its steps' sums of products
+            total += elems * x.attr.flops(env)
+            continue
         stack.extend(x.args)
     return total
 

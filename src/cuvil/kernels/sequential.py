@@ -68,6 +68,16 @@ class Sequential:
             per_step += evaluate(product(a.extents), env) * max([evaluate(t, env) for t in terms], default=1)
         return max(1, evaluate(self.steps, env) * per_step)
 
+    def flops(self, env) -> int:
+        """Floating-point operations of one row's sums of products (2 per multiply-add, as
+        :func:`cuvil.kernels.schedule._flops` counts a stage's), the symbols at ``env``."""
+        total = 0
+        for a in self.init + self.body:
+            sums = [product(x.attr[2]) for x in nodes(a.value) if x.op == "reduce" and x.attr[0] == "sum"]
+            n = evaluate(product(a.extents), env) * sum(evaluate(t, env) for t in sums)
+            total += 2 * n * (evaluate(self.steps, env) if any(a is b for b in self.body) else 1)
+        return total
+
     def loads(self) -> List[Buf]:
         """The buffers the program's expressions load from."""
         return [x.attr for e in self.exprs() for x in nodes(e) if x.op == "load"]
