@@ -29,7 +29,8 @@ from cuvil.targets.ptx.runtime import load_bundle  # noqa: E402
 from test_recurrent import _feeds, _model, _reference, _spec  # noqa: E402
 
 CASES = [
-    ("lstm_bidirectional", [_spec("LSTM", "bidirectional", init_h=True, init_c=True, peepholes=True, clip=2.0)], 0, True),
+    ("lstm_bidirectional",
+     [_spec("LSTM", "bidirectional", init_h=True, init_c=True, peepholes=True, clip=2.0)], 0, True),
     ("lstm_reverse_layout1", [_spec("LSTM", "reverse", init_h=True, init_c=True, peepholes=True, input_forget=1)], 1,
      True),
     ("gru_both_resets", [_spec("GRU", "bidirectional", init_h=True, linear_before_reset=0),
@@ -58,7 +59,8 @@ def main() -> int:
                 with load_bundle(path) as g:
                     got = list(g.run(*args))
                     eager = list(g.run(*args, mode="eager"))
-                err = max(float(np.abs(x - want[k]).max() / (np.abs(want[k]).max() + 1e-30)) for x, k in zip(got, names))
+                err = max(float(np.abs(x - want[k]).max() / (np.abs(want[k]).max() + 1e-30))
+                          for x, k in zip(got, names))
                 same = all(np.array_equal(a, c) for a, c in zip(got, eager))
                 ok = err < 1e-4 and same
                 failed += not ok

@@ -145,9 +145,14 @@ def _recurrent(ctx):
     ys = scratch("y", (T, dirs, N, H)) if want_y else None
 
     d, n, s = var("dir"), var("batch"), var("step")
-    H_ = lambda k: load(hs, [d, n, k])
-    C_ = lambda k: load(cs, [d, n, k])
-    G_ = lambda j: load(gs, [d, n, j])
+    def hidden(k):
+        return load(hs, [d, n, k])
+
+    def cell(k):
+        return load(cs, [d, n, k])
+
+    def gate(j):
+        return load(gs, [d, n, j])
 
     if lens is not None:
         raw = cast(lens([n]), I64)
@@ -166,12 +171,11 @@ def _recurrent(ctx):
     else:
         back = E("clamp", (binop("sub", binop("sub", length, const(1, I64)), s),), I64, (0, T - 1))
         t = select(rev, back, s)
-    t_read = t
-    t_write = t if rev is None else select(valid, t, s)
+    t_write = t if rev is None else select(valid, t, s)    # a padded step writes its zeros at its own place
 
     def xw(j):
         jj = d * GH + j
-        return proj([n, t_read, jj] if layout else [t_read, n, jj])
+        return proj([n, t, jj] if layout else [t, n, jj])
 
     if ctx.batched_sequences:
         # R^T[d, k, j]: a step's products then run over j innermost with unit stride (x86's row schedule)
@@ -185,7 +189,7 @@ def _recurrent(ctx):
     else:
         r_at = lambda dj, j, k: r([dj, j, k])
 
-    def rec(row0, k_of=H_):
+    def rec(row0, k_of=hidden):
         """sum_k k_of(k) * R[d, row0 + j, k] as a function of j."""
         return lambda j: reduce("sum", [H], lambda k: binop("mul", k_of(k), r_at(d, row0 + j, k)))
 
@@ -231,37 +235,41 @@ def _recurrent(ctx):
         body.append(put(gs, [d, n, j], binop("add", xw(j), rec(0)(j)), j, GH))
 
         def peephole(k, cval):
-            return (lambda e: e) if peep is None else (lambda e: binop("add", e, binop("mul", peep([d, k * H + h]), cval)))
-        c_old = C_(h)
-        i_gate = f_act(clipped(peephole(0, c_old)(G_(h))))
+            """Adds P[k] (.) cval to a gate's pre-activation (P's gates: i, o, f)."""
+            if peep is None:
+                return lambda e: e
+            return lambda e: binop("add", e, binop("mul", peep([d, k * H + h]), cval))
+        c_old = cell(h)
+        i_gate = f_act(clipped(peephole(0, c_old)(gate(h))))
         if ctx.attr("input_forget", 0):
             f_gate = binop("sub", fconst(1, i_gate), i_gate)
         else:
-            f_gate = f_act(clipped(peephole(2, c_old)(G_(2 * H + h))))
-        c_new = binop("add", binop("mul", f_gate, c_old), binop("mul", i_gate, g_act(clipped(G_(3 * H + h)))))
+            f_gate = f_act(clipped(peephole(2, c_old)(gate(2 * H + h))))
+        c_new = binop("add", binop("mul", f_gate, c_old), binop("mul", i_gate, g_act(clipped(gate(3 * H + h)))))
         body.append(put(cs, [d, n, h], keep(c_new, c_old), h, H))
-        c_t = C_(h)
-        o_gate = f_act(clipped(peephole(1, c_t)(G_(H + h))))
-        body.append(put(hs, [d, n, h], keep(binop("mul", o_gate, h_act(c_t)), H_(h)), h, H))
+        c_t = cell(h)
+        o_gate = f_act(clipped(peephole(1, c_t)(gate(H + h))))
+        body.append(put(hs, [d, n, h], keep(binop("mul", o_gate, h_act(c_t)), hidden(h)), h, H))
     elif op == "GRU":
         body.append(put(gs, [d, n, j], f_act(clipped(binop("add", xw(j), rec(0)(j)))), j, 2 * H))
-        z = G_(h)
+        z = gate(h)
         if lbr:
             rbh = (lambda k: bias([d, GH + 2 * H + k])) if bias is not None else None
             inner = rec(2 * H)(j)
             body.append(put(gs, [d, n, 2 * H + j], inner if rbh is None else binop("add", inner, rbh(j)), j, H))
-            cand = binop("add", xw(2 * H + h), binop("mul", G_(H + h), G_(2 * H + h)))
+            cand = binop("add", xw(2 * H + h), binop("mul", gate(H + h), gate(2 * H + h)))
         else:
-            reset = rec(2 * H, lambda k: binop("mul", G_(H + k), H_(k)))
+            reset = rec(2 * H, lambda k: binop("mul", gate(H + k), hidden(k)))
             body.append(put(gs, [d, n, 2 * H + j], binop("add", xw(2 * H + j), reset(j)), j, H))
-            cand = G_(2 * H + h)
-        h_new = binop("add", binop("mul", binop("sub", fconst(1, z), z), g_act(clipped(cand))), binop("mul", z, H_(h)))
-        body.append(put(hs, [d, n, h], keep(h_new, H_(h)), h, H))
+            cand = gate(2 * H + h)
+        h_new = binop("add", binop("mul", binop("sub", fconst(1, z), z), g_act(clipped(cand))),
+                      binop("mul", z, hidden(h)))
+        body.append(put(hs, [d, n, h], keep(h_new, hidden(h)), h, H))
     else:
         body.append(put(gs, [d, n, j], binop("add", xw(j), rec(0)(j)), j, H))
-        body.append(put(hs, [d, n, h], keep(f_act(clipped(G_(h))), H_(h)), h, H))
+        body.append(put(hs, [d, n, h], keep(f_act(clipped(gate(h))), hidden(h)), h, H))
     if ys is not None:
-        body.append(put(ys, [t_write, d, n, h], select(valid, H_(h), const(0, dt)), h, H))
+        body.append(put(ys, [t_write, d, n, h], select(valid, hidden(h), const(0, dt)), h, H))
 
     program = Sequential([d] if batched else [d, n], init, s, T, body)
     ctx.temp((dirs,) if batched else (dirs, N), dt, lambda idx: sequential(idx, program, dt), "steps")
