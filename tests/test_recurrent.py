@@ -8,6 +8,8 @@ onnxruntime's CPU kernels refuse layout 1, so a layout-1 model is checked agains
 """
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import onnx
 import pytest
@@ -348,3 +350,13 @@ def test_sequential_stores_are_proved_and_an_off_by_one_is_refuted():
     bad, st = _sequential_schedule(1)
     _, failed = prove_stage(BoundsProver(), bad, st)
     assert len(failed) == 1 and failed[0][0].buf.name == "state" and "out of bounds" in failed[0][1]
+
+
+def test_tiny_layers(monkeypatch):
+    """Hidden size 1 and input size 1: the projection is too small for the GEMM micro-kernel (a plain
+    reduction), every row of the recurrent product one term."""
+    monkeypatch.setattr(sys.modules[__name__], "INPUT", 1)
+    m = _model([_spec("LSTM", "bidirectional", hidden=1, peepholes=True, init_c=True),
+                _spec("GRU", "reverse", hidden=1, linear_before_reset=1), _spec("RNN", hidden=1, init_h=True)],
+               lens=True)
+    _check(m, shapes=[(3, 2), (1, 1)])
