@@ -494,6 +494,18 @@ def stage_accesses(st: Stage, families=None) -> List[Access]:
             stack.append((src(idx), conds))
             stack.append((src(first), conds))
             stack.extend((as_index(b), conds) for b in base)
+        elif x.op == "sequential":
+            # each assignment stores at its index over its loops and the steps; its loads are walked below
+            prog = x.attr
+            rows = {v.attr: a for v, a in zip(prog.row_vars, x.args)}
+            doms[prog.step.attr] = (0, prog.steps)
+            for a in prog.assigns():
+                for v, n in zip(a.loop_vars, a.extents):
+                    doms[v.attr] = (0, n)
+                idx = [substitute(i, rows) for i in a.index]
+                out.append(Access("store", a.buf, idx, list(conds), doms))
+                stack.append((substitute(a.value, rows), conds))
+                stack.extend((i, conds) for i in idx)
         if x.op in _FAMILIES:
             out.extend(families(st, x, doms))
         stack.extend((a, conds) for a in x.args)

@@ -93,6 +93,7 @@ WITHOUT_SEMANTICS: Dict[str, str] = {
             "Shape", "Size", "Range", "EyeLike"),
     **_each("control flow: expanded on import into the ops of its subgraphs (never in a graph)", "If", "Loop", "Scan"),
     **_each("the output type comes from another input (CastLike: no float32-only form)", "CastLike"),
+    **_each("a loop over time carrying state (no built-in rule rewrites a recurrence)", "LSTM", "GRU", "RNN"),
     **_each("not modelled yet: no built-in rule uses it", "DeformConv", "Det", "Einsum", "GatherElements",
             "GatherND", "GlobalLpPool", "GridSample", "GroupNormalization", "LRN", "LpNormalization", "LpPool",
             "MaxRoiPool", "MaxUnpool", "MeanVarianceNormalization", "OneHot", "RMSNormalization", "Resize",

@@ -32,6 +32,7 @@ class LLVMEmitter(ABC):
         self.syms: Dict[str, ir.Value] = {}
         self.env: Dict[str, ir.Value] = {}
         self.memo: List[Dict[int, ir.Value]] = [{}]
+        self.mutable: List[Buf] = []    # buffers a sequential node writes (never read as invariant)
 
     # --- structure ----------------------------------------------------------------------------------
     def alloca(self, typ, count: int = 1) -> ir.Value:
@@ -173,7 +174,7 @@ class LLVMEmitter(ABC):
             return out
         if op in ("contract", "window", "piecewise", "wino_in", "wino_out", "padwin"):   # nodes other schedules exploit: their plain value
             return self.emit(e.args[-1])
-        args = [self.emit(a) for a in e.args] if op not in ("reduce", "argscan") else []
+        args = [self.emit(a) for a in e.args] if op not in ("reduce", "argscan", "sequential") else []
         if op in ("add", "sub", "mul"):
             if dt.is_float:
                 return getattr(b, "f" + op)(*args)
@@ -231,6 +232,8 @@ class LLVMEmitter(ABC):
             return self.reduce(e)
         if op == "argscan":
             return self.argscan(e)
+        if op == "sequential":
+            return self.sequential(e)
         raise CuvilError(f"{self.target} codegen: no emitter for {op}")
 
     def compare(self, pred: str, a, c, dt: DType):
@@ -316,3 +319,35 @@ class LLVMEmitter(ABC):
             b.store(b.select(take, i, b.load(best_i, typ=I64)), best_i)
         self.loop_range(I64(1), self.index(n), body)
         return b.load(best_i, typ=I64)
+
+    def sequential(self, e: E):
+        """Run a :func:`~cuvil.kernels.sequential.sequential` node's program for the row at its arguments:
+        the init assignments, then the body's for each step. Every assignment is a loop nest of its own,
+        with its own memo scope: a value loaded from a buffer an earlier assignment stored is loaded again."""
+        prog = e.attr
+        for v, a in zip(prog.row_vars, e.args):
+            self.env[v.attr] = self.emit(a)
+        self.mutable.extend(prog.written())
+        for a in prog.init:
+            self.assign(a)
+
+        def step(s):
+            self.env[prog.step.attr] = s
+            for a in prog.body:
+                self.assign(a)
+        self.loop_range(I64(0), self.index(prog.steps), step)
+        return const_value(0, e.dtype)
+
+    def assign(self, a):
+        """``a.buf[a.index] = a.value`` over ``a``'s loop nest."""
+        self.memo.append(dict(self.memo[-1]))
+
+        def body(idx):
+            for v, i in zip(a.loop_vars, idx):
+                self.env[v.attr] = i
+            val = self.emit(a.value)
+            if a.buf.dtype == DType.BOOL:
+                val = self.b.zext(val, I8)
+            self.b.store(val, self.address(a.buf, [self.emit(i) for i in a.index]))
+        self.loops(list(a.extents), body)
+        self.memo.pop()

@@ -8,6 +8,9 @@ may cap it. The element's indices are unflattened from ``i``, the stage's expres
 PTX emitter (:mod:`cuvil.targets.ptx.emitter`, over the shared :mod:`cuvil.targets.llvm.emitter`; reductions
 become loops inside the thread) and the value is stored. A stage with few outputs and a long float sum
 instead gives each element 2-32 consecutive threads that split its reduction (:func:`split_lanes`, :meth:`PtxKernelModule.add_split_stage`).
+A sequential stage (a recurrent layer's steps, :mod:`cuvil.kernels.sequential`) runs one thread block per
+row, its threads sharing each assignment and meeting at a barrier after it
+(:meth:`PtxKernelModule.add_sequential_stage`).
 
 Memory: ``bufs[b]`` are global-memory pointers (0 arena, 1 weights, then inputs and outputs). Every buffer
 a stage reads and does not write is constant while the kernel runs, so its loads carry ``!invariant.load``
@@ -71,7 +74,8 @@ class KernelDesc:
     block: int = BLOCK
     stage: str = ""        # the schedule stage it computes (for reports)
     lanes: int = 1         # threads per output element (split kernels)
-    kind: str = "element"  # element, split, coarse (several channels per thread), tiled (shared memory)
+    # element, split, coarse (several channels per thread), tiled (shared memory), sequential (a block per row)
+    kind: str = "element"
 
     @property
     def grid(self) -> int:
@@ -131,7 +135,46 @@ class PtxKernelModule(LLVMKernelModule):
         node = conv_node(st) if self.tuning.conv_enabled else None
         if node is not None:
             return self.add_conv_stage(st, sym, node)
+        if st.expr.op == "sequential":
+            return self.add_sequential_stage(st, sym)
         return self.add_stage_plain(st, sym)
+
+    def add_sequential_stage(self, st: Stage, sym: str) -> KernelDesc:
+        """A :func:`~cuvil.kernels.sequential.sequential` stage: one thread block per row (grid-stride over
+        rows, so every thread of a block runs the same steps); the block's threads share each assignment's
+        loop nest and meet at a barrier after it (:meth:`PtxEmitter.assign`), so a step's recurrent product
+        is spread over the block and the next assignment sees every element the last one stored."""
+        rows = 1
+        for d in st.buf.shape:
+            rows *= int(d)
+        widest = 1
+        for a in st.expr.attr.assigns():
+            n = 1
+            for x in a.extents:
+                n *= int(x)
+            widest = max(widest, n)
+        threads = min(max(32, -(-widest // 32) * 32), self.block)
+        fn = self.kernel_fn(sym)
+        bufs, _ = fn.args
+        b = ir.IRBuilder(fn.append_basic_block("entry"))
+        em = PtxEmitter(self, fn, b, bufs, st.buf)
+        em.lanes = (self.sreg(b, "tid.x"), self.sreg(b, "ntid.x"))
+        shape = [int(d) for d in st.buf.shape]
+
+        def row(r):
+            idx: List[ir.Value] = [None] * len(shape)
+            for d in reversed(range(len(shape))):
+                if d == 0:
+                    idx[d] = r
+                else:
+                    idx[d] = b.urem(r, I64(shape[d]))
+                    r = b.udiv(r, I64(shape[d]))
+            em.store_element(st, idx)
+        em.loop_range(self.sreg(b, "ctaid.x"), I64(rows), row, self.sreg(b, "nctaid.x"))
+        b.ret_void()
+        set_contraction(fn, False)
+        self.kernels.append(sym)
+        return KernelDesc(sym, rows * threads, threads, st.name, 1, "sequential")
 
     def add_stage_plain(self, st: Stage, sym: str) -> KernelDesc:
         """The kernel shapes for stages that are not implicit-GEMM convolutions (see :meth:`add_stage`)."""

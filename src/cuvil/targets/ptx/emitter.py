@@ -42,6 +42,9 @@ class PtxEmitter(LLVMEmitter):
     def __init__(self, km, fn: ir.Function, b: ir.IRBuilder, bufs, out: Buf):
         super().__init__(km, fn, b, bufs)
         self.out = out
+        # (thread index, threads) of the block that shares a sequential node's assignments; None: the thread
+        # runs them alone
+        self.lanes = None
 
     def base(self, buf: Buf) -> ir.Value:
         if buf.base not in self.bases:
@@ -58,7 +61,7 @@ class PtxEmitter(LLVMEmitter):
         if op == "load":
             buf = e.attr
             v = self.b.load(self.address(buf, [self.emit(a) for a in e.args]), typ=mem_type(dt))
-            if not overlaps(buf, self.out):
+            if not overlaps(buf, self.out) and not any(overlaps(buf, w) for w in self.mutable):
                 v.set_metadata("invariant.load", self.km.empty_md)
             return self.b.trunc(v, I1) if dt == DType.BOOL else v
         if op == "fmod" and dt.is_float:
@@ -75,6 +78,38 @@ class PtxEmitter(LLVMEmitter):
             if "no emitter" in str(err):
                 raise UnsupportedOpError(op, detail="no PTX lowering") from None
             raise
+
+    def assign(self, a):
+        """With :attr:`lanes`: the assignment's loop nest flattened and shared by the block's threads
+        (thread t takes elements t, t + threads, ...), then a block barrier, so the next assignment reads
+        what every thread stored."""
+        if self.lanes is None:
+            return super().assign(a)
+        b = self.b
+        tid, threads = self.lanes
+        exts = [self.index(x) for x in a.extents]
+        total = I64(1)
+        for x in exts:
+            total = b.mul(total, x)
+        self.memo.append(dict(self.memo[-1]))
+
+        def element(f):
+            idx = [None] * len(exts)
+            for k in reversed(range(len(exts))):
+                if k == 0:
+                    idx[k] = f
+                else:
+                    idx[k] = b.urem(f, exts[k])
+                    f = b.udiv(f, exts[k])
+            for v, i in zip(a.loop_vars, idx):
+                self.env[v.attr] = i
+            val = self.emit(a.value)
+            if a.buf.dtype == DType.BOOL:
+                val = b.zext(val, ll(DType.INT8))
+            b.store(val, self.address(a.buf, [self.emit(i) for i in a.index]))
+        self.loop_range(tid, total, element, threads)
+        self.memo.pop()
+        b.call(self.km.declare("llvm.nvvm.barrier0", ir.VoidType(), []), [])
 
     def fma_fn(self, dt: DType) -> ir.Function:
         if dt not in (DType.FLOAT16, DType.FLOAT, DType.DOUBLE):

@@ -158,6 +158,7 @@ class KernelModule(LLVMKernelModule):
         # work of one parallel unit: its output elements times the longest top-level reduction each sums
         # (a global average pool's 1000 outputs of 169 terms each are worth two threads)
         terms = [self.at_opt(product(r.attr[2])) for r in top_level(st.expr, "reduce")[0]]
+        terms += [s.attr.work(self.opt) for s in top_level(st.expr, "sequential")[0]]   # a row's whole program
         inner_work = self.at_opt(product(shape[k:])) * max(terms, default=1)
 
         def at(ix):

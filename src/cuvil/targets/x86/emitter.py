@@ -9,7 +9,7 @@ import llvmlite.ir as ir
 from ...errors import CuvilError
 from ...ir.dtype import DType
 from ...kernels.schedule import Stage
-from ...kernels.texpr import E, identity_value, nodes
+from ...kernels.texpr import E, identity_value, nodes, top_level
 from ..llvm.emitter import LLVMEmitter
 from ..llvm.types import F16, F32, I8, I64, const_value, ll
 
@@ -78,6 +78,53 @@ class X86Emitter(LLVMEmitter):
         self.loop_range(I64(0), width, epilogue)
 
 
+    def assign(self, a):
+        """A sequential program's assignment; one whose value is a reduction reading the innermost loop
+        variable (a step's recurrent product, ``sum_k h[k] * R^T[k, j]``) takes the row schedule: the row of
+        accumulators over that variable (unit-stride, vectorised) summed over the reduction loops, then the
+        value computed and stored for each element of the row."""
+        red = _row_assign_reduction(a, self.km.at_max)
+        if red is None:
+            return super().assign(a)
+        b = self.b
+        kind, vs, extents = red.attr
+        dt = red.dtype
+        t = ll(dt)
+        width = a.extents[-1]
+        acc = self.alloca(t, self.km.at_max(width))
+        init = const_value(identity_value(kind, dt), dt)
+        wvar = a.loop_vars[-1].attr
+        n = self.index(width)
+        self.memo.append(dict(self.memo[-1]))
+
+        def row(outer):
+            for v, i in zip(a.loop_vars, outer):
+                self.env[v.attr] = i
+            self.loop_range(I64(0), n, lambda w: b.store(init, b.gep(acc, [w], source_etype=t, inbounds=True)))
+
+            def terms(ridx):
+                for v, i in zip(vs, ridx):
+                    self.env[v.attr] = i
+
+                def inner(w):
+                    self.env[wvar] = w
+                    x = self.emit(red.args[0])
+                    slot = b.gep(acc, [w], source_etype=t, inbounds=True)
+                    b.store(self.combine(kind, b.load(slot, typ=t), x, dt), slot)
+                self.loop_range(I64(0), n, inner)
+            self.loops(list(extents), terms)
+
+            def store(w):
+                self.env[wvar] = w
+                self.memo[-1][red.uid] = b.load(b.gep(acc, [w], source_etype=t, inbounds=True), typ=t)
+                val = self.emit(a.value)
+                if a.buf.dtype == DType.BOOL:
+                    val = b.zext(val, I8)
+                b.store(val, self.address(a.buf, [self.emit(i) for i in a.index]))
+            self.loop_range(I64(0), n, store)
+        self.loops(list(a.extents[:-1]), row)
+        self.memo.pop()
+
     def call(self, name: str, args, dt: DType):
         """LLVM intrinsics where LLVM lowers them inline, libm otherwise; float16 computes in float32."""
         b = self.b
@@ -98,6 +145,19 @@ class X86Emitter(LLVMEmitter):
 
 ROW_MAX = 16384   # widest row (elements) the row schedule accumulates on the stack
 ROW_BLOCK = 4     # rows accumulated together when they fit in ROW_MAX
+
+
+def _row_assign_reduction(a, at_max) -> Optional[E]:
+    """The single top-level reduction of a sequential assignment's value when it reads the assignment's
+    innermost loop variable and that row fits ROW_MAX accumulators; else None."""
+    if not a.loop_vars or at_max(a.extents[-1]) > ROW_MAX:
+        return None
+    found, scans = top_level(a.value, "reduce")
+    if len(found) != 1 or scans or any(x.op in ("reduce", "argscan") for x in nodes(found[0].args[0])):
+        return None
+    last = a.loop_vars[-1].attr
+    red = found[0]
+    return red if any(x.op == "var" and x.attr == last for x in nodes(red.args[0])) else None
 
 
 def row_reduction(st: Stage, at_max=lambda d: d) -> Optional[E]:
