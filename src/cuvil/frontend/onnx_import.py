@@ -22,8 +22,9 @@ from ..errors import (InvalidAttributeError, ModelLoadError, ShapeError, Unsuppo
 from ..ir.dim import SymExpr, Symbol
 from ..ir.dtype import DType
 from ..ir.graph import Graph, Value
+from ..ir.registry import all_ops
 from ..ir.types import TensorType
-from . import legacy
+from . import functions, legacy
 
 MIN_OPSET = 7
 DEFAULT_DOMAINS = ("", "ai.onnx")
@@ -196,26 +197,28 @@ class _Importer:
                 dims.append(SymExpr.symbol(name))
         return TensorType(tt.elem_type, dims)
 
-    def _node(self, np_: onnx.NodeProto):
+    def _node(self, np_: onnx.NodeProto, opset: Optional[int] = None):
+        """Import one node written at ``opset`` (the model's, or the one of the function body it comes from)."""
+        opset = self.opset if opset is None else opset
         where = np_.name or (np_.output[0] if np_.output else np_.op_type)
         if np_.domain not in DEFAULT_DOMAINS:
             raise UnsupportedDomainError(
                 f"node {where!r} ({np_.op_type}) is in domain {np_.domain!r}; only the default ONNX domain is supported")
         attrs = {}
-        schema = _schema(np_.op_type, self.opset)
+        schema = _schema(np_.op_type, opset)
         for a in np_.attribute:
             if a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
-                raise UnsupportedOpError(np_.op_type, where, self.opset, "control flow with subgraphs is not supported")
+                raise UnsupportedOpError(np_.op_type, where, opset, "control flow with subgraphs is not supported")
             if a.name in attrs:
                 raise InvalidAttributeError(f"node {where!r} ({np_.op_type}) sets attribute {a.name!r} twice")
             spec = schema.attributes.get(a.name) if schema is not None else None
             if schema is not None and spec is None:
                 raise InvalidAttributeError(f"node {where!r} ({np_.op_type}) has attribute {a.name!r}, which the op "
-                                            f"does not have at opset {self.opset}")
+                                            f"does not have at opset {opset}")
             if spec is not None and int(a.type) != int(spec.type):
                 raise InvalidAttributeError(
                     f"node {where!r} ({np_.op_type}): attribute {a.name!r} is {_attr_type_name(a.type)}, the op "
-                    f"(opset {self.opset}) declares it {_attr_type_name(spec.type)}")
+                    f"(opset {opset}) declares it {_attr_type_name(spec.type)}")
             attrs[a.name] = _attr_value(a, f"node {where!r} ({np_.op_type}) attribute {a.name!r}")
         inputs = []
         for name in np_.input:
@@ -223,9 +226,9 @@ class _Importer:
                 raise ModelLoadError(f"node {where!r} ({np_.op_type}) reads {name!r}, which nothing defines")
             inputs.append(self.env[name])
         if schema is not None:
-            _check_input_types(schema, inputs, f"node {where!r} ({np_.op_type}, opset {self.opset})")
+            _check_input_types(schema, inputs, f"node {where!r} ({np_.op_type}, opset {opset})")
         if schema is not None and not schema.min_output <= len(np_.output) <= schema.max_output:
-            raise ModelLoadError(f"node {where!r} ({np_.op_type}, opset {self.opset}) has {len(np_.output)} output(s); "
+            raise ModelLoadError(f"node {where!r} ({np_.op_type}, opset {opset}) has {len(np_.output)} output(s); "
                                  f"the op has {schema.min_output} to {schema.max_output}: fix the exporter's node")
         named = [o for o in np_.output if o]
         for k, name in enumerate(named):
@@ -233,11 +236,28 @@ class _Importer:
             if name in self.env or name in named[:k]:
                 raise ModelLoadError(f"node {where!r} ({np_.op_type}) defines {name!r}, which is already defined; "
                                      f"every value name must be assigned once")
-        outs = legacy.canonicalize(self.g, np_.op_type, inputs, attrs, list(np_.output), where, self.opset)
+        if _expands(np_.op_type, opset):
+            self._expand(np_, inputs, where, opset)
+            return
+        outs = legacy.canonicalize(self.g, np_.op_type, inputs, attrs, list(np_.output), where, opset)
         for name, v in zip(np_.output, outs):
             if name and v is not None:
                 self.env[name] = v
                 self._check_declared(name, v, f"node {where!r} ({np_.op_type}) output")
+
+    def _expand(self, np_: onnx.NodeProto, inputs, where: str, opset: int):
+        """Import an op Cuvil does not register as the nodes of its ONNX function body (frontend/functions.py)."""
+        fn = functions.function_body(np_, inputs, opset, where)
+        prefix = f"{where}/"
+        while any(prefix + v in self.env for n in fn.node for v in n.output):
+            prefix = f"{prefix.rstrip('/')}_/"  # a model value already has a name of this form
+        inner_opset = functions.body_opset(fn, opset)
+        for inner in functions.inline_body(np_, fn, opset, prefix):
+            self._node(inner, inner_opset)
+        for name in np_.output:
+            if name and name not in self.env:
+                raise ModelLoadError(f"node {where!r} ({np_.op_type}, opset {opset}): its function body does not "
+                                     f"define output {name!r}")
 
     def _check_declared(self, name: str, v: Value, what: str):
         self._checked.add(name)
@@ -305,6 +325,13 @@ def _attr_type_name(code) -> str:
         return onnx.AttributeProto.AttributeType.Name(int(code))
     except ValueError:
         return f"type {int(code)}"
+
+
+def _expands(op: str, opset: int) -> bool:
+    """Whether ``op`` is imported as its function body: Cuvil does not register it (nor rewrite it from a legacy
+    form) and onnx defines it by a function at ``opset``."""
+    return op not in all_ops() and op not in legacy.ADAPTERS and op != "Constant" and \
+        functions.has_function_body(op, opset)
 
 
 def _schema(op: str, opset: int):
