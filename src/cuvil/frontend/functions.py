@@ -162,17 +162,26 @@ def inline_body(node: onnx.NodeProto, fn: onnx.FunctionProto, schema_opset: int,
     return out
 
 
+def _tensor_only(schema) -> bool:
+    """Every input and output may be a tensor (Cuvil imports no sequences or optionals: SequenceMap's body
+    would not help)."""
+    allowed = {c.type_param_str: c.allowed_type_strs for c in schema.type_constraints}
+    return all(any(t.startswith("tensor(") for t in allowed.get(f.type_str, [f.type_str]))
+               for f in list(schema.inputs) + list(schema.outputs))
+
+
 @functools.lru_cache(maxsize=None)
 def expandable_ops(opset: int) -> Dict[str, str]:
     """The default-domain ops at ``opset`` defined by a function body, each with how: ``"function"`` (one body
     for every node) or ``"context-dependent function"`` (a body built per node). Whether a given node then
-    compiles depends on the ops of its body."""
+    compiles depends on the ops of its body. Ops over sequences or optionals are left out: Cuvil imports
+    tensors only."""
     out = {}
     for s in onnx.defs.get_all_schemas_with_history():
         if s.domain not in DEFAULT_DOMAIN_NAMES or s.deprecated:
             continue
         cur = _schema(s.name, opset)
-        if cur is None or cur.name in out:
+        if cur is None or cur.name in out or not _tensor_only(cur):
             continue
         if _versions(cur, opset, False):
             out[cur.name] = "function"

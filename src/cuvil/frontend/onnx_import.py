@@ -17,8 +17,8 @@ import onnx.inliner
 from google.protobuf.message import DecodeError
 from onnx import numpy_helper
 
-from ..errors import (InvalidAttributeError, ModelLoadError, ShapeError, UnsupportedDomainError, UnsupportedOpError,
-                      UnsupportedTypeError)
+from ..errors import (CuvilError, InvalidAttributeError, ModelLoadError, ShapeError, UnsupportedDomainError,
+                      UnsupportedOpError, UnsupportedTypeError)
 from ..ir.dim import SymExpr, Symbol
 from ..ir.dtype import DType
 from ..ir.graph import Graph, Value
@@ -227,6 +227,9 @@ class _Importer:
             inputs.append(self.env[name])
         if schema is not None:
             _check_input_types(schema, inputs, f"node {where!r} ({np_.op_type}, opset {opset})")
+        if schema is not None and len(np_.input) < schema.min_input:
+            raise ModelLoadError(f"node {where!r} ({np_.op_type}, opset {opset}) has {len(np_.input)} input(s); "
+                                 f"the op needs at least {schema.min_input}: fix the exporter's node")
         if schema is not None and not schema.min_output <= len(np_.output) <= schema.max_output:
             raise ModelLoadError(f"node {where!r} ({np_.op_type}, opset {opset}) has {len(np_.output)} output(s); "
                                  f"the op has {schema.min_output} to {schema.max_output}: fix the exporter's node")
@@ -252,8 +255,19 @@ class _Importer:
         while any(prefix + v in self.env for n in fn.node for v in n.output):
             prefix = f"{prefix.rstrip('/')}_/"  # a model value already has a name of this form
         inner_opset = functions.body_opset(fn, opset)
-        for inner in functions.inline_body(np_, fn, opset, prefix):
-            self._node(inner, inner_opset)
+        try:
+            for inner in functions.inline_body(np_, fn, opset, prefix):
+                self._node(inner, inner_opset)
+        except UnsupportedOpError as e:
+            if e.op == np_.op_type and e.node == where:
+                raise
+            raise UnsupportedOpError(np_.op_type, where, opset, f"its function body needs what Cuvil lacks: {e}") from None
+        except CuvilError as e:
+            try:
+                wrapped = type(e)(f"in the function body of {np_.op_type} node {where!r} (opset {opset}): {e}")
+            except TypeError:  # an error class with another constructor: its own message names the inner node
+                raise e from None
+            raise wrapped from None
         for name in np_.output:
             if name and name not in self.env:
                 raise ModelLoadError(f"node {where!r} ({np_.op_type}, opset {opset}): its function body does not "

@@ -340,10 +340,11 @@ def _affine_grid(ctx):
 
     def coord(i: E, n: int) -> E:
         f = cast(i, dt)
-        if align:
-            return const(-1.0, dt) if n == 1 else binop("add", binop("mul", f, const(2.0 / (n - 1), dt)), const(-1.0, dt))
-        return binop("add", binop("div", binop("add", binop("mul", f, const(2.0, dt)), const(1.0, dt)), const(float(n), dt)),
-                     const(-1.0, dt))
+        minus_one = const(-1.0, dt)
+        if align:  # -1 + i * 2 / (n - 1); a single position is -1
+            return minus_one if n == 1 else binop("add", binop("mul", f, const(2.0 / (n - 1), dt)), minus_one)
+        centre = binop("add", binop("mul", f, const(2.0, dt)), const(1.0, dt))  # (2i + 1) / n - 1
+        return binop("add", binop("div", centre, const(float(n), dt)), minus_one)
 
     def f(idx):
         n, pos, row = idx[0], idx[1:-1], idx[-1]
