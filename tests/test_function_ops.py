@@ -288,3 +288,19 @@ def test_a_body_onnx_cannot_build_is_one_clean_error():
               [("Y", TP.FLOAT, [1, 3, 8])], 23)
     with pytest.raises(CuvilError, match=r"function body of RotaryEmbedding node 'Y' \(opset 23\)"):
         import_model(m)
+
+
+def test_flexattention_of_the_preview_domain_imports_as_its_body():
+    """ai.onnx.preview's FlexAttention (a score_mod subgraph inlined by onnx's builder) matches the reference."""
+    score_mod = h.make_graph([h.make_node("Mul", ["s", "k"], ["o"])], "score_mod",
+                             [h.make_tensor_value_info("s", TP.FLOAT, ["B", "H", "L", "S"])],
+                             [h.make_tensor_value_info("o", TP.FLOAT, ["B", "H", "L", "S"])],
+                             [onnx.numpy_helper.from_array(np.array(0.5, np.float32), "k")])
+    node = h.make_node("FlexAttention", ["Q", "K", "V"], ["Y"], domain="ai.onnx.preview", score_mod=score_mod)
+    g = h.make_graph([node], "m", [h.make_tensor_value_info(n, TP.FLOAT, [1, 2, 3, 4]) for n in "QKV"],
+                     [h.make_tensor_value_info("Y", TP.FLOAT, [1, 2, 3, 4])])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 26), h.make_opsetid("ai.onnx.preview", 1)])
+    rng = np.random.default_rng(9)
+    feeds = {n: rng.standard_normal((1, 2, 3, 4)).astype(np.float32) for n in "QKV"}
+    np.testing.assert_allclose(run(compiled(m, {}), feeds)[0], ReferenceEvaluator(m).run(None, feeds)[0],
+                               rtol=1e-5, atol=1e-6)

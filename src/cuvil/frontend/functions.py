@@ -24,16 +24,17 @@ from ..ir.graph import Value
 DEFAULT_DOMAIN_NAMES = ("", "ai.onnx")
 
 
-def _schema(op: str, opset: int):
+def _schema(op: str, opset: int, domain: str = ""):
     try:
-        return onnx.defs.get_schema(op, opset, "")
+        return onnx.defs.get_schema(op, opset, domain)
     except onnx.defs.SchemaError:
         return None
 
 
-def has_function_body(op: str, opset: int) -> bool:
-    """Whether the default-domain ``op`` at ``opset`` is defined by a function (plain or context-dependent)."""
-    s = _schema(op, opset)
+def has_function_body(op: str, opset: int, domain: str = "") -> bool:
+    """Whether ``op`` of ``domain`` at ``opset`` (that domain's version) is defined by a function (plain or
+    context-dependent)."""
+    s = _schema(op, opset, domain)
     return s is not None and bool(_versions(s, opset, False) or _versions(s, opset, True))
 
 
@@ -61,11 +62,12 @@ def _input_type(v: Optional[Value]) -> onnx.TypeProto:
 
 
 def function_body(node: onnx.NodeProto, inputs: Sequence[Optional[Value]], opset: int,
-                  where: str) -> onnx.FunctionProto:
+                  where: str, domain: str = "") -> onnx.FunctionProto:
     """The FunctionProto that defines ``node`` at ``opset``: the op's plain function, or the one its builder
-    makes for this node's attributes and input types. UnsupportedOpError when the op has none, or when the
-    builder refuses the node (it then gives no reason; the node's attributes or input types do not fit)."""
-    schema = _schema(node.op_type, opset)
+    makes for this node's attributes and input types (``opset``: the version of the node's ``domain``).
+    UnsupportedOpError when the op has none, or when the builder refuses the node (it then gives no reason; the
+    node's attributes or input types do not fit)."""
+    schema = _schema(node.op_type, opset, domain)
     if schema is None:
         raise UnsupportedOpError(node.op_type, where, opset, "the op has no schema at this opset")
     plain, context = _versions(schema, opset, False), _versions(schema, opset, True)
@@ -113,11 +115,12 @@ def body_opset(fn: onnx.FunctionProto, fallback: int) -> int:
     return max((o.version for o in fn.opset_import if o.domain in DEFAULT_DOMAIN_NAMES), default=fallback)
 
 
-def inline_body(node: onnx.NodeProto, fn: onnx.FunctionProto, schema_opset: int, prefix: str) -> List[onnx.NodeProto]:
+def inline_body(node: onnx.NodeProto, fn: onnx.FunctionProto, schema_opset: int, prefix: str,
+                domain: str = "") -> List[onnx.NodeProto]:
     """The body's nodes with its formal inputs/outputs renamed to the node's actual ones, every other value to
     ``prefix + name``, and attribute references bound to the node's attributes (then the op's defaults; a
     reference to an attribute that is neither drops the inner attribute, so the inner op's default applies)."""
-    schema = _schema(node.op_type, schema_opset)
+    schema = _schema(node.op_type, schema_opset, domain)
     attrs: Dict[str, onnx.AttributeProto] = {}
     if schema is not None:
         for name, spec in schema.attributes.items():

@@ -145,6 +145,8 @@ class _Importer:
         self.env: Dict[str, Optional[Value]] = {"": None}
         self._checked = set()
         self.declared = {vi.name: vi for vi in list(model.graph.value_info) + list(model.graph.output)}
+        # Other domains' versions: an op there is imported only as its ONNX function body (FlexAttention).
+        self.domains = {o.domain: o.version for o in model.opset_import if o.domain not in DEFAULT_DOMAINS}
 
     def run(self) -> Graph:
         mg = self.model.graph
@@ -202,6 +204,10 @@ class _Importer:
         opset = self.opset if opset is None else opset
         where = np_.name or (np_.output[0] if np_.output else np_.op_type)
         if np_.domain not in DEFAULT_DOMAINS:
+            version = self.domains.get(np_.domain)
+            if version is not None and functions.has_function_body(np_.op_type, version, np_.domain):
+                self._expand(np_, self._inputs(np_, where), where, opset, np_.domain, version)
+                return
             raise UnsupportedDomainError(
                 f"node {where!r} ({np_.op_type}) is in domain {np_.domain!r}; only the default ONNX domain is supported")
         attrs = {}
@@ -220,11 +226,7 @@ class _Importer:
                     f"node {where!r} ({np_.op_type}): attribute {a.name!r} is {_attr_type_name(a.type)}, the op "
                     f"(opset {opset}) declares it {_attr_type_name(spec.type)}")
             attrs[a.name] = _attr_value(a, f"node {where!r} ({np_.op_type}) attribute {a.name!r}")
-        inputs = []
-        for name in np_.input:
-            if name not in self.env:
-                raise ModelLoadError(f"node {where!r} ({np_.op_type}) reads {name!r}, which nothing defines")
-            inputs.append(self.env[name])
+        inputs = self._inputs(np_, where)
         if schema is not None:
             _check_input_types(schema, inputs, f"node {where!r} ({np_.op_type}, opset {opset})")
         if schema is not None and len(np_.input) < schema.min_input:
@@ -248,23 +250,35 @@ class _Importer:
                 self.env[name] = v
                 self._check_declared(name, v, f"node {where!r} ({np_.op_type}) output")
 
-    def _expand(self, np_: onnx.NodeProto, inputs, where: str, opset: int):
-        """Import an op Cuvil does not register as the nodes of its ONNX function body (frontend/functions.py)."""
-        fn = functions.function_body(np_, inputs, opset, where)
+    def _inputs(self, np_: onnx.NodeProto, where: str):
+        inputs = []
+        for name in np_.input:
+            if name not in self.env:
+                raise ModelLoadError(f"node {where!r} ({np_.op_type}) reads {name!r}, which nothing defines")
+            inputs.append(self.env[name])
+        return inputs
+
+    def _expand(self, np_: onnx.NodeProto, inputs, where: str, opset: int, domain: str = "",
+                version: Optional[int] = None):
+        """Import an op Cuvil does not register as the nodes of its ONNX function body (frontend/functions.py);
+        ``version``: the opset of the node's ``domain`` where that is not the default one."""
+        version = opset if version is None else version
+        fn = functions.function_body(np_, inputs, version, where, domain)
         prefix = f"{where}/"
         while any(prefix + v in self.env for n in fn.node for v in n.output):
             prefix = f"{prefix.rstrip('/')}_/"  # a model value already has a name of this form
         inner_opset = functions.body_opset(fn, opset)
         try:
-            for inner in functions.inline_body(np_, fn, opset, prefix):
+            for inner in functions.inline_body(np_, fn, version, prefix, domain):
                 self._node(inner, inner_opset)
         except UnsupportedOpError as e:
             if e.op == np_.op_type and e.node == where:
                 raise
-            raise UnsupportedOpError(np_.op_type, where, opset, f"its function body needs what Cuvil lacks: {e}") from None
+            raise UnsupportedOpError(np_.op_type, where, version, f"its function body needs what Cuvil lacks: {e}",
+                                     domain=domain) from None
         except CuvilError as e:
             try:
-                wrapped = type(e)(f"in the function body of {np_.op_type} node {where!r} (opset {opset}): {e}")
+                wrapped = type(e)(f"in the function body of {np_.op_type} node {where!r} (opset {version}): {e}")
             except TypeError:  # an error class with another constructor: its own message names the inner node
                 raise e from None
             raise wrapped from None
