@@ -304,3 +304,10 @@ def test_flexattention_of_the_preview_domain_imports_as_its_body():
     feeds = {n: rng.standard_normal((1, 2, 3, 4)).astype(np.float32) for n in "QKV"}
     np.testing.assert_allclose(run(compiled(m, {}), feeds)[0], ReferenceEvaluator(m).run(None, feeds)[0],
                                rtol=1e-5, atol=1e-6)
+
+
+def test_a_registered_op_with_a_function_body_keeps_its_own_kernel():
+    """LayerNormalization and Gelu have ONNX function bodies too; Cuvil registers them, so they stay one node."""
+    nodes = [h.make_node("LayerNormalization", ["x", "s"], ["y"]), h.make_node("Gelu", ["y"], ["z"])]
+    m = model(nodes, [("x", TP.FLOAT, [2, 4]), ("s", TP.FLOAT, [4])], [("z", TP.FLOAT, [2, 4])], 20)
+    assert [n.op for n in import_model(m).nodes] == ["LayerNormalization", "Gelu"]
