@@ -17,13 +17,14 @@ import onnx.inliner
 from google.protobuf.message import DecodeError
 from onnx import numpy_helper
 
-from ..errors import (InvalidAttributeError, ModelLoadError, ShapeError, UnsupportedDomainError, UnsupportedOpError,
-                      UnsupportedTypeError)
+from ..errors import (CuvilError, InvalidAttributeError, ModelLoadError, ShapeError, UnsupportedDomainError,
+                      UnsupportedOpError, UnsupportedTypeError)
 from ..ir.dim import SymExpr, Symbol, symbol_name
 from ..ir.dtype import DType
 from ..ir.graph import Graph, Value
+from ..ir.registry import all_ops
 from ..ir.types import TensorType
-from . import legacy, subgraphs
+from . import functions, legacy, subgraphs
 
 MIN_OPSET = 7
 DEFAULT_DOMAINS = ("", "ai.onnx")
@@ -159,6 +160,8 @@ class _Importer:
         self.named_dims = {symbol_name(d.dim_param) for vi in model.graph.input if vi.type.HasField("tensor_type")
                            for d in vi.type.tensor_type.shape.dim if not is_anonymous_dim(d)
                            and not d.HasField("dim_value")}
+        # Other domains' versions: an op there is imported only as its ONNX function body (FlexAttention).
+        self.domains = {o.domain: o.version for o in model.opset_import if o.domain not in DEFAULT_DOMAINS}
 
     def run(self) -> Graph:
         mg = self.model.graph
@@ -234,37 +237,42 @@ class _Importer:
             dims.append(SymExpr.symbol(name))
         return TensorType(tt.elem_type, dims)
 
-    def _node(self, np_: onnx.NodeProto):
+    def _node(self, np_: onnx.NodeProto, opset: Optional[int] = None):
+        """Import one node written at ``opset`` (the model's, or the one of the function body it comes from)."""
+        opset = self.opset if opset is None else opset
         where = np_.name or (np_.output[0] if np_.output else np_.op_type)
         if np_.domain not in DEFAULT_DOMAINS:
+            version = self.domains.get(np_.domain)
+            if version is not None and functions.has_function_body(np_.op_type, version, np_.domain):
+                self._expand(np_, self._inputs(np_, where), where, opset, np_.domain, version)
+                return
             raise UnsupportedDomainError(
                 f"node {where!r} ({np_.op_type}) is in domain {np_.domain!r}; only the default ONNX domain is supported")
         attrs = {}
-        schema = _schema(np_.op_type, self.opset)
+        schema = _schema(np_.op_type, opset)
         control = np_.op_type in subgraphs.CONTROL_OPS
         for a in ([] if control else np_.attribute):  # control flow reads its own (subgraph) attributes
             if a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
-                raise UnsupportedOpError(np_.op_type, where, self.opset, "control flow with subgraphs is not supported")
+                raise UnsupportedOpError(np_.op_type, where, opset, "control flow with subgraphs is not supported")
             if a.name in attrs:
                 raise InvalidAttributeError(f"node {where!r} ({np_.op_type}) sets attribute {a.name!r} twice")
             spec = schema.attributes.get(a.name) if schema is not None else None
             if schema is not None and spec is None:
                 raise InvalidAttributeError(f"node {where!r} ({np_.op_type}) has attribute {a.name!r}, which the op "
-                                            f"does not have at opset {self.opset}")
+                                            f"does not have at opset {opset}")
             if spec is not None and int(a.type) != int(spec.type):
                 raise InvalidAttributeError(
                     f"node {where!r} ({np_.op_type}): attribute {a.name!r} is {_attr_type_name(a.type)}, the op "
-                    f"(opset {self.opset}) declares it {_attr_type_name(spec.type)}")
+                    f"(opset {opset}) declares it {_attr_type_name(spec.type)}")
             attrs[a.name] = _attr_value(a, f"node {where!r} ({np_.op_type}) attribute {a.name!r}")
-        inputs = []
-        for name in np_.input:
-            if name not in self.env:
-                raise ModelLoadError(f"node {where!r} ({np_.op_type}) reads {name!r}, which nothing defines")
-            inputs.append(self.env[name])
+        inputs = self._inputs(np_, where)
         if schema is not None:
-            _check_input_types(schema, inputs, f"node {where!r} ({np_.op_type}, opset {self.opset})")
+            _check_input_types(schema, inputs, f"node {where!r} ({np_.op_type}, opset {opset})")
+        if schema is not None and len(np_.input) < schema.min_input:
+            raise ModelLoadError(f"node {where!r} ({np_.op_type}, opset {opset}) has {len(np_.input)} input(s); "
+                                 f"the op needs at least {schema.min_input}: fix the exporter's node")
         if schema is not None and not schema.min_output <= len(np_.output) <= schema.max_output:
-            raise ModelLoadError(f"node {where!r} ({np_.op_type}, opset {self.opset}) has {len(np_.output)} output(s); "
+            raise ModelLoadError(f"node {where!r} ({np_.op_type}, opset {opset}) has {len(np_.output)} output(s); "
                                  f"the op has {schema.min_output} to {schema.max_output}: fix the exporter's node")
         named = [o for o in np_.output if o]
         for k, name in enumerate(named):
@@ -275,7 +283,10 @@ class _Importer:
         if control:
             outs = subgraphs.expand(self, np_, inputs, where)
         else:
-            outs = legacy.canonicalize(self.g, np_.op_type, inputs, attrs, list(np_.output), where, self.opset)
+            if _expands(np_.op_type, opset):
+                self._expand(np_, inputs, where, opset)
+                return
+            outs = legacy.canonicalize(self.g, np_.op_type, inputs, attrs, list(np_.output), where, opset)
         for name, v in zip(np_.output, outs):
             if name and v is not None:
                 self.env[name] = v
@@ -308,6 +319,43 @@ class _Importer:
             return outs
         finally:
             self.env, self.declared, self._checked = saved
+
+    def _inputs(self, np_: onnx.NodeProto, where: str):
+        inputs = []
+        for name in np_.input:
+            if name not in self.env:
+                raise ModelLoadError(f"node {where!r} ({np_.op_type}) reads {name!r}, which nothing defines")
+            inputs.append(self.env[name])
+        return inputs
+
+    def _expand(self, np_: onnx.NodeProto, inputs, where: str, opset: int, domain: str = "",
+                version: Optional[int] = None):
+        """Import an op Cuvil does not register as the nodes of its ONNX function body (frontend/functions.py);
+        ``version``: the opset of the node's ``domain`` where that is not the default one."""
+        version = opset if version is None else version
+        fn = functions.function_body(np_, inputs, version, where, domain)
+        prefix = f"{where}/"
+        while any(prefix + v in self.env for n in fn.node for v in n.output):
+            prefix = f"{prefix.rstrip('/')}_/"  # a model value already has a name of this form
+        inner_opset = functions.body_opset(fn, opset)
+        try:
+            for inner in functions.inline_body(np_, fn, version, prefix, domain):
+                self._node(inner, inner_opset)
+        except UnsupportedOpError as e:
+            if e.op == np_.op_type and e.node == where:
+                raise
+            raise UnsupportedOpError(np_.op_type, where, version, f"its function body needs what Cuvil lacks: {e}",
+                                     domain=domain) from None
+        except CuvilError as e:
+            try:
+                wrapped = type(e)(f"in the function body of {np_.op_type} node {where!r} (opset {version}): {e}")
+            except TypeError:  # an error class with another constructor: its own message names the inner node
+                raise e from None
+            raise wrapped from None
+        for name in np_.output:
+            if name and name not in self.env:
+                raise ModelLoadError(f"node {where!r} ({np_.op_type}, opset {opset}): its function body does not "
+                                     f"define output {name!r}")
 
     def _check_declared(self, name: str, v: Value, what: str):
         self._checked.add(name)
@@ -375,6 +423,13 @@ def _attr_type_name(code) -> str:
         return onnx.AttributeProto.AttributeType.Name(int(code))
     except ValueError:
         return f"type {int(code)}"
+
+
+def _expands(op: str, opset: int) -> bool:
+    """Whether ``op`` is imported as its function body: Cuvil does not register it (nor rewrite it from a legacy
+    form) and onnx defines it by a function at ``opset``."""
+    return op not in all_ops() and op not in legacy.ADAPTERS and op != "Constant" and \
+        functions.has_function_body(op, opset)
 
 
 def _schema(op: str, opset: int):

@@ -118,7 +118,9 @@ def rewrite(g: Graph, rules: Sequence[Rule], report: RewriteReport | None = None
             k = fn(g)
             report.add(name, k)
             changed += k
-        if not changed:
+        # Folding re-infers only the nodes it lifts constants into: types further down (a Shape of a Pad whose
+        # pads were just folded) are refreshed here, and a refresh that settles a shape folds on another round.
+        if not changed and not propagate_shapes(g):
             break
     propagate_shapes(g)
     g.verify()

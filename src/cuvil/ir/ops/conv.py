@@ -172,3 +172,42 @@ def conv_transpose(ctx: InferCtx):
         ctx.require("ge", o, 1, f"pads {pads} crop the whole output along spatial axis {i}")
         out.append(o)
     return TensorType(ctx.dtype(0), (x[0], m, *out))
+
+
+@op("Col2Im", lifted=(("image_shape", 1, "i64"), ("block_shape", 2, "i64")))
+def col2im(ctx: InferCtx):
+    """The inverse of im2col: (N, C * prod(block_shape), L) column blocks summed back into an image
+    (N, C, *image_shape), L being the number of block positions the image, pads, strides and dilations give."""
+    s = ctx.shape(0)
+    image, block = ctx.attr_or_input("image_shape", 1), ctx.attr_or_input("block_shape", 2)
+    if image is None or block is None:
+        ctx.fail("image_shape and block_shape must be constants")
+    image, block = [int(d) for d in image], [int(d) for d in block]
+    n = len(image)
+    if len(block) != n or n == 0:
+        ctx.fail(f"image_shape {image} and block_shape {block} must have the same length >= 1")
+    if len(s) != 3:
+        ctx.fail(f"input must be (N, C * prod(block_shape), L), got rank {len(s)}")
+    if any(d < 1 for d in block):
+        ctx.fail(f"block_shape {block} must be positive")
+    positions = col2im_positions(ctx, image, block)
+    k = product(block)
+    if isinstance(s[1], int) and s[1] % k:
+        ctx.fail(f"input dim 1 ({s[1]}) is not a multiple of prod(block_shape) = {k}")
+    ctx.unify(s[2], product(positions), f"input dim 2 ({s[2]}) must be the {product(positions)} block positions")
+    c = s[1] // k if isinstance(s[1], int) else floordiv(s[1], k)
+    return TensorType(ctx.dtype(0), (s[0], c, *image))
+
+
+def col2im_positions(ctx: InferCtx, image: Sequence[int], block: Sequence[int]) -> List[int]:
+    """Block positions per spatial axis: (image + pads - dilation * (block - 1) - 1) // stride + 1."""
+    n = len(image)
+    strides, dilations, pads = ints(ctx, "strides", n, 1), ints(ctx, "dilations", n, 1), ints(ctx, "pads", 2 * n, 0)
+    out = []
+    for a in range(n):
+        span = image[a] + pads[a] + pads[n + a] - dilations[a] * (block[a] - 1) - 1
+        if strides[a] < 1 or dilations[a] < 1 or span < 0:
+            ctx.fail(f"no block of {block} fits the image {list(image)} with pads {pads}, strides {strides} and "
+                     f"dilations {dilations}")
+        out.append(span // strides[a] + 1)
+    return out

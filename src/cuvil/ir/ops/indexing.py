@@ -188,7 +188,7 @@ def trilu(ctx: InferCtx):
     return ctx.type(0)
 
 
-@op("CumSum", lifted=(("axis", 1, "i64"),))
+@op("CumSum", "CumProd", lifted=(("axis", 1, "i64"),))
 def cum_sum(ctx: InferCtx):
     s = ctx.shape(0)
     a = _scalar(ctx, "axis", 1)
@@ -245,3 +245,30 @@ def non_max_suppression(ctx: InferCtx):
         unify(ctx, boxes[1], scores[2], "box count of boxes and scores")
     # How many boxes survive depends on the scores and overlaps: a fresh symbol.
     return TensorType(DType.INT64, (fresh_dim(ctx, "selected"), 3))
+
+
+@op("TensorScatter")
+def tensor_scatter(ctx: InferCtx):
+    """A KV-cache write: ``update`` (the cache's shape but ``sequence_length`` on ``axis``) written into
+    ``past_cache`` from each batch row's write index (modulo the cache length in circular mode)."""
+    s, u = ctx.shape(0), ctx.shape(1)
+    if len(s) < 2 or len(u) != len(s):
+        ctx.fail(f"past_cache {fmt(s)} and update {fmt(u)} must have the same rank >= 2")
+    a = ctx.axis(ctx.attr("axis"), len(s))
+    if a == 0:
+        ctx.fail("axis must not be the batch axis 0")
+    if text(ctx.attr("mode")) not in ("linear", "circular"):
+        ctx.fail(f"mode must be linear or circular, got {ctx.attr('mode')!r}")
+    if ctx.dtype(1) != ctx.dtype(0):
+        ctx.fail(f"update dtype {ctx.dtype(1).name} differs from past_cache dtype {ctx.dtype(0).name}")
+    for j, (c, d) in enumerate(zip(s, u)):
+        if j != a:
+            unify(ctx, c, d, f"past_cache {fmt(s)} and update {fmt(u)} differ in dim {j}")
+    if isinstance(s[a], int) and isinstance(u[a], int) and u[a] > s[a]:
+        ctx.fail(f"update's sequence length {u[a]} exceeds the cache's {s[a]} on axis {a}")
+    if ctx.has_input(2):
+        w = ctx.shape(2)
+        if len(w) != 1:
+            ctx.fail(f"write_indices must be [batch_size], got {fmt(w)}")
+        unify(ctx, w[0], s[0], "write_indices length and batch size")
+    return ctx.type(0)

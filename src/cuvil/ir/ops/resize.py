@@ -88,3 +88,21 @@ def grid_sample(ctx: InferCtx):
         ctx.fail(f"grid must be a float tensor, got {ctx.dtype(1).name}")
     n = unify(ctx, x[0], g[0], "batch of X and grid")
     return TensorType(ctx.dtype(0), (n, x[1]) + g[1:-1])
+
+
+@op("AffineGrid", lifted=(("size", 1, "i64"),))
+def affine_grid(ctx: InferCtx):
+    """theta (N, 2, 3) or (N, 3, 4) applied to a grid of normalised positions: (N, H, W, 2) or (N, D, H, W, 3)."""
+    t = ctx.shape(0)
+    size = dims(ctx.attr_or_input("size", 1))
+    if size is None:
+        ctx.fail("size must be a constant (N, C, H, W) or (N, C, D, H, W)")
+    if len(size) not in (4, 5):
+        ctx.fail(f"size must have 4 or 5 elements, got {fmt(size)}")
+    k = len(size) - 2
+    if len(t) != 3:
+        ctx.fail(f"theta must be (N, {k}, {k + 1}), got {fmt(t)}")
+    unify(ctx, t[0], size[0], "theta's batch and size[0]")
+    unify(ctx, t[1], k, f"theta's dim 1 for a {k}-D grid")
+    unify(ctx, t[2], k + 1, f"theta's dim 2 for a {k}-D grid")
+    return TensorType(ctx.dtype(0), (t[0], *size[2:], k))

@@ -213,3 +213,45 @@ def _deform_conv(ctx):
         acc = reduce("sum", [cin_g, kh_n, kw_n], body)
         return binop("add", acc, b([m])) if b is not None else acc
     return [TensorFn(ctx.out_shape(), x.dtype, f, "complex")]
+
+
+@lowering("Col2Im")
+def _col2im(ctx):
+    """Image element (n, c, y...) sums the column entries of every block position and kernel offset that
+    cover it: block position b_a = (y_a + pad_a - i_a * dilation_a) / stride_a where that divides exactly and
+    falls inside the grid of block positions."""
+    x = ctx.input(0)
+    out = ctx.out_shape()
+    image = list(out[2:])
+    block = [int(v) for v in np.asarray(ctx.attr("block_shape")).reshape(-1)]
+    n = len(image)
+    strides = list(ctx.attr("strides") or [1] * n)
+    dilations = list(ctx.attr("dilations") or [1] * n)
+    pads = list(ctx.attr("pads") or [0] * (2 * n))
+    grid = [(image[a] + pads[a] + pads[n + a] - dilations[a] * (block[a] - 1) - 1) // strides[a] + 1 for a in range(n)]
+    kernel = int(np.prod(block))
+    zero = const(0, x.dtype)
+
+    def f(idx):
+        nb, c, ys = idx[0], idx[1], idx[2:]
+
+        def body(*offs):
+            conds, pos = [], []
+            for a in range(n):
+                t = ys[a] + pads[a] - offs[a] * dilations[a]
+                tc = clamp(t, image[a] + pads[a])  # read index only: the conditions below decide
+                conds += [cmp("ge", t, const(0, I64)), cmp("lt", t, const(grid[a] * strides[a], I64))]
+                if strides[a] > 1:
+                    conds.append(cmp("eq", tc % strides[a], const(0, I64)))
+                pos.append(clamp(tc // strides[a], grid[a]))
+            column = c * kernel
+            stride = kernel
+            for a in range(n):
+                stride //= block[a]
+                column = column + offs[a] * stride
+            flat = pos[0]
+            for a in range(1, n):
+                flat = flat * grid[a] + pos[a]
+            return select(all_of(conds), x([nb, column, flat]), zero)
+        return reduce("sum", block, body)
+    return [TensorFn(out, x.dtype, f, "complex")]

@@ -183,8 +183,8 @@ def _reverse_sequence(ctx):
     return [TensorFn(ctx.out_shape(), x.dtype, f, "injective")]
 
 
-@lowering("CumSum")
-def _cumsum(ctx):
+@lowering("CumSum", "CumProd")
+def _cumulative(ctx):
     x = ctx.input(0)
     axis = ctx.attr("axis")
     if axis is None:
@@ -194,13 +194,36 @@ def _cumsum(ctx):
     n = x.shape[axis]
     pred = {(0, 0): "le", (1, 0): "lt", (0, 1): "ge", (1, 1): "gt"}[(int(bool(excl)), int(bool(rev)))]
 
+    kind, unit = ("prod", 1) if ctx.node.op == "CumProd" else ("sum", 0)
+
     def f(idx):
         def body(kk):
             sub = list(idx)
             sub[axis] = kk
-            return select(cmp(pred, kk, idx[axis]), x(sub), const(0, x.dtype))
-        return reduce("sum", [n], body)
+            return select(cmp(pred, kk, idx[axis]), x(sub), const(unit, x.dtype))
+        return reduce(kind, [n], body)
     return [TensorFn(ctx.out_shape(), x.dtype, f, "complex")]
+
+
+@lowering("TensorScatter")
+def _tensor_scatter(ctx):
+    """Cache position s of batch row b holds update[s - w_b] when that falls in the update (w_b: the row's
+    write index; circular mode wraps s - w_b modulo the cache length), else past_cache[s]."""
+    past, upd, write = ctx.input(0), ctx.input(1), ctx.input(2)
+    axis = ctx.attr("axis", -2) % len(past.shape)
+    circular = ctx.attr("mode", "linear") == "circular"
+    m, n = past.shape[axis], upd.shape[axis]
+
+    def f(idx):
+        w = cast(write([idx[0]]), I64) if write is not None else const(0, I64)
+        j = idx[axis] - w
+        if circular:
+            j = E("pymod", (j, const(m, I64)), I64)
+        inside = logic("and", cmp("ge", j, const(0, I64)), cmp("lt", j, const(n, I64)))
+        sub = list(idx)
+        sub[axis] = clamp(j, n)
+        return select(inside, upd(sub), past(idx))
+    return [TensorFn(ctx.out_shape(), past.dtype, f, "injective")]
 
 
 @lowering("TopK")

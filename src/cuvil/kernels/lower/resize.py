@@ -325,3 +325,32 @@ def _grid_sample(ctx):
             total = term if total is None else binop("add", total, term)
         return cast(total, x.dtype)
     return [TensorFn(ctx.out_shape(), x.dtype, f, "complex")]
+
+
+@lowering("AffineGrid")
+def _affine_grid(ctx):
+    """grid[n, ..., k] = sum_j theta[n, k, j] * p_j + theta[n, k, last], p the output position normalised to
+    [-1, 1] per axis (x from the last axis, then y, then z), at pixel centres unless align_corners."""
+    theta = ctx.input(0)
+    out = ctx.out_shape()
+    spatial = out[1:-1]
+    k = len(spatial)
+    align = ctx.attr("align_corners", 0)
+    dt = theta.dtype
+
+    def coord(i: E, n: int) -> E:
+        f = cast(i, dt)
+        minus_one = const(-1.0, dt)
+        if align:  # -1 + i * 2 / (n - 1); a single position is -1
+            return minus_one if n == 1 else binop("add", binop("mul", f, const(2.0 / (n - 1), dt)), minus_one)
+        centre = binop("add", binop("mul", f, const(2.0, dt)), const(1.0, dt))  # (2i + 1) / n - 1
+        return binop("add", binop("div", centre, const(float(n), dt)), minus_one)
+
+    def f(idx):
+        n, pos, row = idx[0], idx[1:-1], idx[-1]
+        acc = theta([n, row, const(k, I64)])
+        for j in range(k):  # p_j: x reads the last spatial axis, y the one before, ...
+            axis = k - 1 - j
+            acc = binop("add", binop("mul", theta([n, row, const(j, I64)]), coord(pos[axis], spatial[axis])), acc)
+        return acc
+    return [TensorFn(out, dt, f, "complex")]

@@ -97,7 +97,8 @@ WITHOUT_SEMANTICS: Dict[str, str] = {
     **_each("not modelled yet: no built-in rule uses it", "DeformConv", "Det", "Einsum", "GatherElements",
             "GatherND", "GlobalLpPool", "GridSample", "GroupNormalization", "LRN", "LpNormalization", "LpPool",
             "MaxRoiPool", "MaxUnpool", "MeanVarianceNormalization", "OneHot", "RMSNormalization", "Resize",
-            "ReverseSequence", "RoiAlign", "ScatterElements", "ScatterND", "Shrink", "Trilu"),
+            "ReverseSequence", "RoiAlign", "ScatterElements", "ScatterND", "Shrink", "Trilu", "TensorScatter",
+            "Col2Im", "AffineGrid"),
 }
 
 __all__ = ["FP32", "FP_FORMATS", "SEMANTICS", "SEMANTICS_VERSION", "Domain", "FP32Domain", "FPDomain", "RealDomain",

@@ -1,4 +1,4 @@
-"""Semantics of Gather and CumSum."""
+"""Semantics of Gather, CumSum and CumProd."""
 from __future__ import annotations
 
 import numpy as np
@@ -25,6 +25,16 @@ def _gather(dom, inputs, attrs):
 
 @sem("CumSum")
 def _cumsum(dom, inputs, attrs):
+    return _cumulative(dom, inputs, attrs, 0.0, dom.add)
+
+
+@sem("CumProd")
+def _cumprod(dom, inputs, attrs):
+    return _cumulative(dom, inputs, attrs, 1.0, dom.mul)
+
+
+def _cumulative(dom, inputs, attrs, unit, combine):
+    """Left to right (right to left when reversed) along the axis, from the first term."""
     x = _in(dom, inputs, 0)
     a = _axis(_ints(attrs.get("axis"))[0], x.ndim)
     excl, rev = bool(attrs.get("exclusive", 0)), bool(attrs.get("reverse", 0))
@@ -36,8 +46,8 @@ def _cumsum(dom, inputs, attrs):
         acc = None
         for j in order:
             if excl:
-                out[idx + (j,)] = dom.const(0.0) if acc is None else acc
-            acc = row[j] if acc is None else dom.add(acc, row[j])
+                out[idx + (j,)] = dom.const(unit) if acc is None else acc
+            acc = row[j] if acc is None else combine(acc, row[j])
             if not excl:
                 out[idx + (j,)] = acc
     return [np.moveaxis(out, -1, a).copy()]
