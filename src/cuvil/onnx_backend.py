@@ -37,10 +37,13 @@ from .pipeline import Pipeline
 
 __all__ = ["CuvilBackend", "CuvilBackendRep", "backend", "prepare", "run_model", "run_node", "supports_device"]
 
-#: Element types the x86 backend computes in; others (bfloat16, strings, complex, float8, int4, ...) are
-#: refused up front with UnsupportedOpError. float16 is computed in float16 (reductions accumulate in it).
+#: Element types the x86 backend computes in; others (strings, complex, float8e8m0, ...) are refused up front
+#: with UnsupportedOpError. float16 is computed in float16 (reductions accumulate in it), bfloat16 in float32;
+#: float8, float4 and 2/4-bit integers are stored one per byte (targets/llvm/narrow.py).
 SUPPORTED_DTYPES = frozenset({DType.FLOAT, DType.DOUBLE, DType.FLOAT16, DType.INT8, DType.UINT8, DType.INT16, DType.UINT16,
-                              DType.INT32, DType.UINT32, DType.INT64, DType.UINT64, DType.BOOL})
+                              DType.INT32, DType.UINT32, DType.INT64, DType.UINT64, DType.BOOL, DType.BFLOAT16,
+                              DType.FLOAT8E4M3FN, DType.FLOAT8E4M3FNUZ, DType.FLOAT8E5M2, DType.FLOAT8E5M2FNUZ,
+                              DType.FLOAT4E2M1, DType.INT4, DType.UINT4, DType.INT2, DType.UINT2})
 
 
 def _dtype_name(code: int) -> str:
@@ -69,6 +72,14 @@ def _check_value_dtypes(model: onnx.ModelProto) -> None:
         if _unsupported_code(t.data_type):
             raise UnsupportedOpError("<graph>", t.name, detail=f"initializer {t.name!r} has element type "
                                      f"{_dtype_name(t.data_type)}, which the x86 backend does not support")
+
+
+def _dtype_of(a: np.ndarray) -> Optional[DType]:
+    """The Cuvil element type of an array (ml_dtypes' types included); None when there is none."""
+    try:
+        return DType.from_numpy(a.dtype)
+    except TypeError:
+        return None
 
 
 def _unsupported_code(code: int) -> bool:
@@ -225,7 +236,7 @@ class CuvilBackendRep(BackendRep):
     def run(self, inputs, **kwargs) -> Tuple[np.ndarray, ...]:
         feeds = self._feeds(inputs)
         for n, a in feeds.items():
-            if a.dtype == object or a.dtype.kind in "USVc":
+            if _dtype_of(a) not in SUPPORTED_DTYPES:
                 raise UnsupportedOpError("<graph>", n, detail=f"input {n!r} has dtype {a.dtype}, which the x86 backend does not support")
         art = self.artifact_for(feeds)
         model = art.model(num_threads=self.num_threads)

@@ -236,8 +236,10 @@ def select(c: E, a: E, b: E) -> E:
     return E("select", (c, a, b), a.dtype)
 
 
-def cast(a: E, dtype: DType) -> E:
-    return a if a.dtype == dtype else E("cast", (a,), dtype)
+def cast(a: E, dtype: DType, saturate: bool = True) -> E:
+    """``a`` converted to ``dtype``; ``saturate=False`` (Cast's attribute, float8 targets only): magnitudes past
+    the largest finite value become inf/NaN instead of it."""
+    return a if a.dtype == dtype else E("cast", (a,), dtype, None if saturate or not dtype.is_minifloat else "nosat")
 
 
 def identity_value(kind: str, dtype: DType):

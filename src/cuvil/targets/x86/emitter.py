@@ -70,10 +70,7 @@ class X86Emitter(LLVMEmitter):
             for r in range(len(outers)):
                 def store():
                     self.memo[-1][red.uid] = b.load(slot(r, w), typ=t)
-                    val = self.emit(st.expr)
-                    if st.buf.dtype == DType.BOOL:
-                        val = b.zext(val, I8)
-                    b.store(val, self.address(st.buf, outers[r] + [w]))
+                    b.store(self.to_memory(self.emit(st.expr), st.buf.dtype), self.address(st.buf, outers[r] + [w]))
                 with_row(r, store)
         self.loop_range(I64(0), width, epilogue)
 
