@@ -74,16 +74,15 @@ def decode_minifloat(b: ir.IRBuilder, code: ir.Value, fmt: Minifloat) -> ir.Valu
     k = b.add(mant, b.select(normal, I32(1 << fmt.m), I32(0)))
     scale = _pow2(b, b.sub(_smax(b, e_field, I32(1)), I32(fmt.bias + fmt.m)))
     v = b.fmul(b.uitofp(k, F32), scale)
-    v = b.select(b.icmp_unsigned("!=", sign, I32(0)), b.fneg(v), v)
     nan = ir.Constant(F32, float("nan"))
-    if fmt.unsigned_nan:
-        v = b.select(b.icmp_unsigned("==", c, I32(1 << fmt.sign_shift)), nan, v)
-    elif fmt.inf_code is not None:   # IEEE-like: the top exponent is inf (mantissa 0) or NaN
+    if fmt.inf_code is not None:   # IEEE-like: the top exponent is inf (mantissa 0) or NaN
         top = b.icmp_unsigned(">=", mag, I32(fmt.inf_code))
-        inf = b.select(b.icmp_unsigned("!=", sign, I32(0)), ir.Constant(F32, float("-inf")), ir.Constant(F32, float("inf")))
-        v = b.select(top, b.select(b.icmp_unsigned("==", mag, I32(fmt.inf_code)), inf, nan), v)
+        v = b.select(top, b.select(b.icmp_unsigned("==", mag, I32(fmt.inf_code)), ir.Constant(F32, float("inf")), nan), v)
     elif fmt.nan_code is not None:
         v = b.select(b.icmp_unsigned("==", mag, I32(fmt.nan_code)), nan, v)
+    v = b.select(b.icmp_unsigned("!=", sign, I32(0)), b.fneg(v), v)    # NaNs keep their sign bit too
+    if fmt.unsigned_nan:   # the negative-zero pattern (a NaN with its sign bit set, as ml_dtypes decodes it)
+        v = b.select(b.icmp_unsigned("==", c, I32(1 << fmt.sign_shift)), ir.Constant(F32, float("-nan")), v)
     return v
 
 
