@@ -309,14 +309,20 @@ class LLVMEmitter(ABC):
     def reduce(self, e: E):
         kind, vs, extents = e.attr
         b, dt = self.b, e.dtype
-        t = ll(dt)
+        # float16 sums and products accumulate in float32 and round once (as numpy's and onnxruntime's do):
+        # a float16 accumulator loses an ulp every few terms
+        wide = dt == DType.FLOAT16 and kind in ("sum", "prod")
+        acc_dt = DType.FLOAT if wide else dt
+        t = ll(acc_dt)
         acc = self.alloca(t)
-        b.store(const_value(identity_value(kind, dt), dt), acc)
+        b.store(const_value(identity_value(kind, acc_dt), acc_dt), acc)
 
         def body(idx):
             for v, i in zip(vs, idx):
                 self.env[v.attr] = i
             x = self.emit(e.args[0])
+            if wide:
+                x = b.fpext(x, t)
             a = b.load(acc, typ=t)
             if kind == "sum":
                 r = b.fadd(a, x) if dt.is_float else b.add(a, x)
@@ -328,7 +334,8 @@ class LLVMEmitter(ABC):
                 r = self.combine(kind, a, x, dt)
             b.store(r, acc)
         self.loops(list(extents), body)
-        return b.load(acc, typ=t)
+        out = b.load(acc, typ=t)
+        return b.fptrunc(out, ll(dt)) if wide else out
 
     def argscan(self, e: E):
         src, base, axis, n, better, last = e.attr
