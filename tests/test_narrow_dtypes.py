@@ -107,14 +107,15 @@ def test_bfloat16_rounds_to_nearest_even_and_computes_in_float32():
 
 @pytest.mark.skipif(find_ptxas() is None or find_libdevice() is None, reason="ptxas or libdevice not found")
 def test_narrow_casts_assemble_for_sm90():
-    """The same conversions through the GPU's emitter: one kernel per Cast assembles with ptxas."""
+    """The same conversions (and BitCast) through the GPU's emitter assemble with ptxas."""
     chain = [TensorProto.FLOAT, TensorProto.FLOAT8E4M3FN, TensorProto.FLOAT, TensorProto.BFLOAT16, TensorProto.FLOAT,
              TensorProto.INT4, TensorProto.FLOAT, TensorProto.FLOAT8E5M2FNUZ, TensorProto.FLOAT16]
     nodes = [helper.make_node("Cast", [f"v{i}"], [f"v{i + 1}"], to=chain[i + 1], saturate=i % 2) for i in range(len(chain) - 1)]
-    nodes = [helper.make_node("Identity", ["x"], ["v0"])] + nodes + [helper.make_node("Identity", [f"v{len(chain) - 1}"], ["y"])]
+    nodes = [helper.make_node("BitCast", ["x"], ["xi"], to=TensorProto.INT32),
+             helper.make_node("BitCast", ["xi"], ["v0"], to=TensorProto.FLOAT)] + nodes + [helper.make_node("Identity", [f"v{len(chain) - 1}"], ["y"])]
     g = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [32])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [32])])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 25)])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 26)])
     sched = schedule(Pipeline.from_onnx(m).graph)
     ptx, descs = generate_ptx(sched, "sm_90")
     _, info = assemble(ptx, "sm_90")

@@ -1,8 +1,8 @@
-"""Lowerings of Cast and CastLike."""
+"""Lowerings of Cast, CastLike and BitCast."""
 from __future__ import annotations
 
 from ...ir.dtype import DType
-from ..texpr import cast
+from ..texpr import E, cast
 from .core import elementwise, lowering
 
 
@@ -25,3 +25,9 @@ def _castlike(ctx):
 def _check_round_mode(ctx, to: DType):
     if to == DType.FLOAT8E8M0 or ctx.input(0).dtype == DType.FLOAT8E8M0:
         ctx.unsupported("casts to and from FLOAT8E8M0 are not supported; cast through float32 elsewhere")
+
+
+@lowering("BitCast")
+def _bitcast(ctx):
+    to = ctx.out_dtype()
+    return elementwise(ctx, lambda x: E("bitcast", (x,), to), [ctx.input(0)], dtype=to)

@@ -233,6 +233,8 @@ class LLVMEmitter(ABC):
             return b.select(*args)
         if op == "cast":
             return self.convert(args[0], e.args[0].dtype, dt, saturate=e.attr != "nosat")
+        if op == "bitcast":   # through the memory form: the bits as stored (bfloat16's 16, bool's byte)
+            return self.from_memory(b.bitcast(self.to_memory(args[0], e.args[0].dtype), mem_type(dt)), dt)
         if op == "call":
             return self.call(e.attr, args, dt)
         if op == "clamp":
