@@ -94,8 +94,9 @@ def _unsupported_code(code: int) -> bool:
 # ...) plus these.
 _EXTRA_VALUE_POSITIONS = {
     "Resize": (1, 2, 3), "Upsample": (1,), "Range": (0, 1, 2), "Compress": (1,), "MaxUnpool": (2,),
-    "Dropout": (1, 2), "EyeLike": (), "CenterCropPad": (1,), "Col2Im": (1, 2), "DFT": (2,),
+    "Dropout": (1, 2), "EyeLike": (), "CenterCropPad": (1,), "Col2Im": (1, 2), "DFT": (1, 2),
     "STFT": (1, 3), "HannWindow": (0,), "HammingWindow": (0,), "BlackmanWindow": (0,),
+    "MelWeightMatrix": (0, 1, 2, 3, 4),
 }
 # Ops whose output depends on their input's shape only: value dependence stops there.
 _SHAPE_ONLY = ops_with("shape_only")

@@ -93,6 +93,8 @@ WITHOUT_SEMANTICS: Dict[str, str] = {
             "Shape", "Size", "Range", "EyeLike"),
     **_each("the output type comes from another input (CastLike: no float32-only form)", "CastLike"),
     **_each("reinterprets bit patterns across types (the domains hold values of one type)", "BitCast"),
+    **_each("signal processing (trigonometric sums over whole rows): no built-in rule uses it", "DFT", "STFT",
+            "HannWindow", "HammingWindow", "BlackmanWindow", "MelWeightMatrix"),
     **_each("not modelled yet: no built-in rule uses it", "DeformConv", "Det", "Einsum", "GatherElements",
             "GatherND", "GlobalLpPool", "GridSample", "GroupNormalization", "LRN", "LpNormalization", "LpPool",
             "MaxRoiPool", "MaxUnpool", "MeanVarianceNormalization", "OneHot", "RMSNormalization", "Resize",
