@@ -109,7 +109,8 @@ def test_bfloat16_rounds_to_nearest_even_and_computes_in_float32():
 def test_narrow_casts_assemble_for_sm90():
     """The same conversions (and BitCast) through the GPU's emitter assemble with ptxas."""
     chain = [TensorProto.FLOAT, TensorProto.FLOAT8E4M3FN, TensorProto.FLOAT, TensorProto.BFLOAT16, TensorProto.FLOAT,
-             TensorProto.INT4, TensorProto.FLOAT, TensorProto.FLOAT8E5M2FNUZ, TensorProto.FLOAT16]
+             TensorProto.INT4, TensorProto.FLOAT, TensorProto.FLOAT8E5M2FNUZ, TensorProto.FLOAT, TensorProto.FLOAT8E8M0,
+             TensorProto.FLOAT16]
     nodes = [helper.make_node("Cast", [f"v{i}"], [f"v{i + 1}"], to=chain[i + 1], saturate=i % 2) for i in range(len(chain) - 1)]
     nodes = [helper.make_node("BitCast", ["x"], ["xi"], to=TensorProto.INT32),
              helper.make_node("BitCast", ["xi"], ["v0"], to=TensorProto.FLOAT)] + nodes + [helper.make_node("Identity", [f"v{len(chain) - 1}"], ["y"])]
@@ -120,3 +121,19 @@ def test_narrow_casts_assemble_for_sm90():
     ptx, descs = generate_ptx(sched, "sm_90")
     _, info = assemble(ptx, "sm_90")
     assert set(info) == {d.name for d in descs}
+
+
+@pytest.mark.parametrize("round_mode", ["up", "down", "nearest"])
+@pytest.mark.parametrize("saturate", [1, 0])
+def test_float8e8m0_round_modes_match_reference(round_mode, saturate):
+    x = np.concatenate([_adversarial_floats(), np.array([2.0 ** 127 * 1.5, 3e38, 1.5, 1.25, 1.75, 0.75], np.float32)])
+    node = helper.make_node("Cast", ["x"], ["y"], to=TensorProto.FLOAT8E8M0, saturate=saturate, round_mode=round_mode)
+    g = helper.make_graph([node], "cast", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [x.size])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT8E8M0, [x.size])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 25)])
+    (want,) = ReferenceEvaluator(m).run(None, {"x": x})
+    (got,) = prepare(m, opt_level=1).run([x])
+    np.testing.assert_array_equal(_bits(got), _bits(want))
+    (back,) = prepare(_cast_model(TensorProto.FLOAT8E8M0, TensorProto.FLOAT, 256), opt_level=1).run(
+        [np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e8m0fnu)])
+    np.testing.assert_array_equal(back, np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e8m0fnu).astype(np.float32))

@@ -15,8 +15,9 @@ from ...ir.dtype import DType
 from ...kernels.schedule import Stage
 from ...kernels.texpr import E, Buf, const, dim_index, identity_value
 from .module import LLVMKernelModule
-from .narrow import (MINIFLOAT_FORMATS, bfloat16_from_memory, bfloat16_round, bfloat16_to_memory, decode_minifloat,
-                     encode_minifloat, load_narrow_int, store_narrow_int, wrap_narrow_int)
+from .narrow import (MINIFLOAT_FORMATS, bfloat16_from_memory, bfloat16_round, bfloat16_to_memory, decode_e8m0,
+                     decode_minifloat, encode_e8m0, encode_minifloat, load_narrow_int, store_narrow_int,
+                     wrap_narrow_int)
 from .types import I1, I8, I64, PTR, UNSIGNED, const_value, float_bits, ll, mem_type
 
 
@@ -239,7 +240,8 @@ class LLVMEmitter(ABC):
         if op == "select":
             return b.select(*args)
         if op == "cast":
-            return self.convert(args[0], e.args[0].dtype, dt, saturate=e.attr != "nosat")
+            saturate, round_mode = e.attr or (True, "up")
+            return self.convert(args[0], e.args[0].dtype, dt, saturate, round_mode)
         if op == "bitcast":   # through the memory form: the bits as stored (bfloat16's 16, bool's byte)
             return self.from_memory(b.bitcast(self.to_memory(args[0], e.args[0].dtype), mem_type(dt)), dt)
         if op == "call":
@@ -272,12 +274,16 @@ class LLVMEmitter(ABC):
         p = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}[pred]
         return b.icmp_unsigned(p, a, c) if dt in UNSIGNED else b.icmp_signed(p, a, c)
 
-    def convert(self, x, src: DType, dst: DType, saturate: bool = True):
+    def convert(self, x, src: DType, dst: DType, saturate: bool = True, round_mode: str = "up"):
         """``x`` of ``src`` as ``dst`` (float to integer: truncated; ``saturate``: float8 overflow gives the
-        largest finite value, not inf/NaN)."""
+        largest finite value, not inf/NaN; ``round_mode``: float8e8m0's rounding)."""
         b = self.b
         if src == dst:
             return x
+        if src == DType.FLOAT8E8M0:
+            return self.convert(decode_e8m0(b, x), DType.FLOAT, dst)
+        if dst == DType.FLOAT8E8M0:
+            return encode_e8m0(b, self.convert(x, src, DType.FLOAT), saturate, round_mode)
         # The narrow types convert through float32 (bfloat16: through float32 rounded to bfloat16).
         if src in MINIFLOAT_FORMATS:
             return self.convert(decode_minifloat(b, x, MINIFLOAT_FORMATS[src]), DType.FLOAT, dst)

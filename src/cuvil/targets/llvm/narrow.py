@@ -128,6 +128,37 @@ def encode_minifloat(b: ir.IRBuilder, x: ir.Value, fmt: Minifloat, saturate: boo
     return b.trunc(out, I8)
 
 
+def decode_e8m0(b: ir.IRBuilder, code: ir.Value) -> ir.Value:
+    """float8e8m0 (an unsigned power of two, 2**(code - 127); 0xFF is NaN) as float32."""
+    c = b.zext(code, I32)
+    bits = b.select(b.icmp_unsigned("==", c, I32(0)), I32(0x00400000), b.shl(c, I32(23)))   # 2**-127: subnormal
+    v = b.bitcast(bits, F32)
+    return b.select(b.icmp_unsigned("==", c, I32(0xFF)), ir.Constant(F32, float("nan")), v)
+
+
+def encode_e8m0(b: ir.IRBuilder, x: ir.Value, saturate: bool, round_mode: str) -> ir.Value:
+    """float32 to float8e8m0 as onnx.numpy_helper.to_float8e8m0 does: the float32 exponent field, rounded
+    ``up`` (any fraction), ``down`` or to ``nearest`` (its guard/round/sticky rule), the sign ignored; inf and
+    NaN give 0xFF; ``saturate`` stops rounding at 0xFE."""
+    bits = b.bitcast(x, I32)
+    exponent = b.and_(b.lshr(bits, I32(23)), I32(0xFF))
+    special = b.icmp_unsigned("==", exponent, I32(0xFF))
+    if round_mode == "up":
+        up = b.icmp_unsigned("!=", b.and_(bits, I32(0x7FFFFF)), I32(0))
+    elif round_mode == "nearest":
+        g = b.icmp_unsigned("!=", b.and_(bits, I32(0x400000)), I32(0))
+        r = b.icmp_unsigned("!=", b.and_(bits, I32(0x200000)), I32(0))
+        sticky = b.icmp_unsigned("!=", b.and_(bits, I32(0x1FFFFF)), I32(0))
+        lsb = b.icmp_unsigned("!=", exponent, I32(0))
+        up = b.and_(g, b.or_(r, b.or_(sticky, lsb)))
+    else:
+        up = ir.Constant(ir.IntType(1), 0)
+    if saturate:
+        up = b.and_(up, b.icmp_unsigned("!=", exponent, I32(0xFE)))
+    out = b.add(exponent, b.zext(up, I32))
+    return b.trunc(b.select(special, I32(0xFF), out), I8)
+
+
 def round_bfloat16(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
     """The float32 ``x`` rounded to bfloat16 precision (nearest, ties to even), as float32 bits (an i32 whose
     low 16 bits are zero); NaN stays a quiet NaN of the same sign."""

@@ -16,7 +16,7 @@ _LL = {DType.FLOAT: F32, DType.DOUBLE: F64, DType.FLOAT16: F16, DType.INT8: I8, 
        # narrow types (targets/llvm/narrow.py): bfloat16 computes in float32; float8/float4 are bit patterns;
        # 2- and 4-bit integers compute as 8-bit ones
        DType.BFLOAT16: F32, DType.FLOAT8E4M3FN: I8, DType.FLOAT8E4M3FNUZ: I8, DType.FLOAT8E5M2: I8,
-       DType.FLOAT8E5M2FNUZ: I8, DType.FLOAT4E2M1: I8, DType.INT4: I8, DType.UINT4: I8, DType.INT2: I8, DType.UINT2: I8}
+       DType.FLOAT8E5M2FNUZ: I8, DType.FLOAT4E2M1: I8, DType.FLOAT8E8M0: I8, DType.INT4: I8, DType.UINT4: I8, DType.INT2: I8, DType.UINT2: I8}
 UNSIGNED = {DType.UINT8, DType.UINT16, DType.UINT32, DType.UINT64, DType.BOOL, DType.UINT4,   # zero-extended,
             DType.UINT2}                                                                   # unsigned compares
 
