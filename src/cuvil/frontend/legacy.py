@@ -119,6 +119,13 @@ def _scatter(g, inputs, attrs, out_names, where, opset):
     return _add(g, "ScatterElements", inputs, attrs, out_names, where, opset)
 
 
+def _dft(g, inputs, attrs, out_names, where, opset):
+    # Before opset 20 the axis was an attribute defaulting to 1 (now an input defaulting to -2).
+    if opset < 20:
+        attrs.setdefault("axis", 1)
+    return None
+
+
 def _drop_attrs(*names):
     def adapt(g, inputs, attrs, out_names, where, opset):
         for n in names:
@@ -139,6 +146,7 @@ def _legacy_broadcast(op):
 
 ADAPTERS: Dict[str, Callable] = {
     "BatchNormalization": _batchnorm,
+    "DFT": _dft,
     "Dropout": _dropout,
     "Softmax": _softmax_family("Softmax"),
     "LogSoftmax": _softmax_family("LogSoftmax"),

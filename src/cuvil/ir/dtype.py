@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import enum
 
+import ml_dtypes
 import numpy as np
 
 from ..errors import UnsupportedTypeError
@@ -25,6 +26,16 @@ class DType(enum.IntEnum):
     COMPLEX64 = 14
     COMPLEX128 = 15
     BFLOAT16 = 16
+    FLOAT8E4M3FN = 17
+    FLOAT8E4M3FNUZ = 18
+    FLOAT8E5M2 = 19
+    FLOAT8E5M2FNUZ = 20
+    UINT4 = 21
+    INT4 = 22
+    FLOAT4E2M1 = 23
+    FLOAT8E8M0 = 24
+    UINT2 = 25
+    INT2 = 26
 
     @property
     def short(self) -> str:
@@ -46,8 +57,26 @@ class DType(enum.IntEnum):
         return self in _INTS
 
     @property
+    def is_minifloat(self) -> bool:
+        """float8 and float4 formats: values are kept as their bit patterns (one byte each, as ml_dtypes holds
+        them) and only converted by Cast, QuantizeLinear and DequantizeLinear; they have no arithmetic."""
+        return self in MINIFLOATS
+
+    @property
+    def narrow_bits(self) -> int:
+        """Bits of a 2- or 4-bit integer (held one per byte, in the low bits, as ml_dtypes holds them); 0 for
+        other types."""
+        return _NARROW_BITS.get(self, 0)
+
+    @property
+    def int_range(self):
+        """(min, max) of an integer type."""
+        info = ml_dtypes.iinfo(self.numpy) if self.narrow_bits else np.iinfo(self.numpy)
+        return int(info.min), int(info.max)
+
+    @property
     def itemsize(self) -> int:
-        return 2 if self is DType.BFLOAT16 else self.numpy.itemsize
+        return self.numpy.itemsize
 
     @staticmethod
     def from_numpy(dt) -> "DType":
@@ -69,12 +98,24 @@ _SHORT = {
     DType.FLOAT: "f32", DType.UINT8: "u8", DType.INT8: "i8", DType.UINT16: "u16", DType.INT16: "i16",
     DType.INT32: "i32", DType.INT64: "i64", DType.STRING: "str", DType.BOOL: "bool", DType.FLOAT16: "f16",
     DType.DOUBLE: "f64", DType.UINT32: "u32", DType.UINT64: "u64", DType.COMPLEX64: "c64",
-    DType.COMPLEX128: "c128", DType.BFLOAT16: "bf16",
+    DType.COMPLEX128: "c128", DType.BFLOAT16: "bf16", DType.FLOAT8E4M3FN: "f8e4m3fn", DType.FLOAT8E4M3FNUZ: "f8e4m3fnuz",
+    DType.FLOAT8E5M2: "f8e5m2", DType.FLOAT8E5M2FNUZ: "f8e5m2fnuz", DType.UINT4: "u4", DType.INT4: "i4",
+    DType.FLOAT4E2M1: "f4e2m1", DType.FLOAT8E8M0: "f8e8m0", DType.UINT2: "u2", DType.INT2: "i2",
 }
 _TO_NUMPY = {
     DType.FLOAT: np.float32, DType.UINT8: np.uint8, DType.INT8: np.int8, DType.UINT16: np.uint16,
     DType.INT16: np.int16, DType.INT32: np.int32, DType.INT64: np.int64, DType.STRING: np.object_,
     DType.BOOL: np.bool_, DType.FLOAT16: np.float16, DType.DOUBLE: np.float64, DType.UINT32: np.uint32,
     DType.UINT64: np.uint64, DType.COMPLEX64: np.complex64, DType.COMPLEX128: np.complex128,
+    # numpy has none of these: ml_dtypes' (one byte per element, as onnx.numpy_helper gives them)
+    DType.BFLOAT16: ml_dtypes.bfloat16, DType.FLOAT8E4M3FN: ml_dtypes.float8_e4m3fn,
+    DType.FLOAT8E4M3FNUZ: ml_dtypes.float8_e4m3fnuz, DType.FLOAT8E5M2: ml_dtypes.float8_e5m2,
+    DType.FLOAT8E5M2FNUZ: ml_dtypes.float8_e5m2fnuz, DType.UINT4: ml_dtypes.uint4, DType.INT4: ml_dtypes.int4,
+    DType.FLOAT4E2M1: ml_dtypes.float4_e2m1fn, DType.FLOAT8E8M0: ml_dtypes.float8_e8m0fnu, DType.UINT2: ml_dtypes.uint2,
+    DType.INT2: ml_dtypes.int2,
 }
-_INTS = {DType.UINT8, DType.INT8, DType.UINT16, DType.INT16, DType.INT32, DType.INT64, DType.UINT32, DType.UINT64}
+_NARROW_BITS = {DType.UINT4: 4, DType.INT4: 4, DType.UINT2: 2, DType.INT2: 2}
+_INTS = {DType.UINT8, DType.INT8, DType.UINT16, DType.INT16, DType.INT32, DType.INT64, DType.UINT32, DType.UINT64,
+         *_NARROW_BITS}
+MINIFLOATS = frozenset({DType.FLOAT8E4M3FN, DType.FLOAT8E4M3FNUZ, DType.FLOAT8E5M2, DType.FLOAT8E5M2FNUZ,
+                        DType.FLOAT4E2M1, DType.FLOAT8E8M0})

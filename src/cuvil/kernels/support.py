@@ -33,6 +33,7 @@ NOT_LOWERED: Dict[str, str] = {
     **_each("output shape depends on the input values", "NonZero", "Unique", "NonMaxSuppression"),
     **_each("becomes a constant on import (never scheduled)", "Constant"),
     **_each("transforms constant weights: folded at compile time", "WinogradKernel"),
+    **_each("every input decides the output's shape, so it is constant: folded at compile time", "MelWeightMatrix"),
     **_each("not lowered yet", "MaxRoiPool"),
 }
 

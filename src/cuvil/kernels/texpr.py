@@ -236,8 +236,14 @@ def select(c: E, a: E, b: E) -> E:
     return E("select", (c, a, b), a.dtype)
 
 
-def cast(a: E, dtype: DType) -> E:
-    return a if a.dtype == dtype else E("cast", (a,), dtype)
+def cast(a: E, dtype: DType, saturate: bool = True, round_mode: str = "up") -> E:
+    """``a`` converted to ``dtype``. Cast's attributes, for float8 targets only: ``saturate=False`` makes
+    magnitudes past the largest finite value inf/NaN instead of it; ``round_mode`` (up, down, nearest) rounds
+    into float8e8m0."""
+    if a.dtype == dtype:
+        return a
+    mode = (bool(saturate), round_mode) if dtype.is_minifloat else None
+    return E("cast", (a,), dtype, None if mode == (True, "up") else mode)
 
 
 def identity_value(kind: str, dtype: DType):

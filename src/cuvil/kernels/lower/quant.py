@@ -29,15 +29,18 @@ def _per_axis(t: Optional[TensorFn], idx: Index, axis: int, rank: int, block: in
 
 def _saturate_round(v: E, dt: DType) -> E:
     """round-half-to-even of a float, clamped to ``dt``'s range, converted to ``dt``."""
-    info = np.iinfo(dt.numpy)
+    lo, hi = dt.int_range
     r = call("roundeven", v)
-    r = nan_max(r, fconst(float(info.min), r))
-    r = nan_min(r, fconst(float(info.max), r))
+    r = nan_max(r, fconst(float(lo), r))
+    r = nan_min(r, fconst(float(hi), r))
     return cast(r, dt)
 
 
+_QUANT_INTS = (DType.UINT8, DType.INT8, DType.UINT16, DType.INT16, DType.UINT4, DType.INT4, DType.UINT2, DType.INT2)
+
+
 def _quant_dtype(ctx, dt: DType):
-    if dt not in (DType.UINT8, DType.INT8, DType.UINT16, DType.INT16):
+    if dt not in _QUANT_INTS and not (dt.is_minifloat and dt != DType.FLOAT8E8M0):
         ctx.unsupported(f"quantisation to {dt.name}")
 
 
@@ -51,9 +54,16 @@ def _quantize(ctx):
     block = ctx.attr("block_size", 0) or 0
     work = DType.DOUBLE if x.dtype == DType.DOUBLE else DType.FLOAT
 
+    saturate = bool(ctx.attr("saturate", 1))
+
     def f(idx):
         s = cast(_per_axis(scale, idx, axis, rank, block), work)
-        v = call("roundeven", binop("div", cast(x(idx), work), s))
+        v = binop("div", cast(x(idx), work), s)
+        if dt.is_minifloat:   # float8/float4: the cast rounds (to nearest even) and saturates (or not)
+            if zp is not None:
+                v = binop("add", v, cast(_per_axis(zp, idx, axis, rank, block), work))
+            return cast(v, dt, saturate)
+        v = call("roundeven", v)
         if zp is not None:
             v = binop("add", v, cast(_per_axis(zp, idx, axis, rank, block), work))
         return _saturate_round(v, dt)
@@ -64,7 +74,7 @@ def _quantize(ctx):
 def _dequantize(ctx):
     x, scale, zp = ctx.input(0), ctx.input(1), ctx.input(2)
     dt = ctx.out_dtype()
-    if x.dtype not in (DType.UINT8, DType.INT8, DType.UINT16, DType.INT16, DType.INT32):
+    if x.dtype not in _QUANT_INTS + (DType.INT32,) and not (x.dtype.is_minifloat and x.dtype != DType.FLOAT8E8M0):
         ctx.unsupported(f"dequantisation of {x.dtype.name}")
     rank = len(x.shape)
     axis = ctx.attr("axis", 1) % max(rank, 1)

@@ -15,7 +15,15 @@ from ...ir.dtype import DType
 from ...kernels.schedule import Stage
 from ...kernels.texpr import E, Buf, const, dim_index, identity_value
 from .module import LLVMKernelModule
+from .narrow import (MINIFLOAT_FORMATS, bfloat16_from_memory, bfloat16_round, bfloat16_to_memory, decode_e8m0,
+                     decode_minifloat, encode_e8m0, encode_minifloat, load_narrow_int, store_narrow_int,
+                     wrap_narrow_int)
 from .types import I1, I8, I64, PTR, UNSIGNED, const_value, float_bits, ll, mem_type
+
+
+# bfloat16 arithmetic is computed in float32 and each result rounded to bfloat16, so a fused chain gives the
+# values the ops give one by one (the reference's); a reduction accumulates in float32 and rounds once.
+_ROUNDED_BF16 = frozenset({"add", "sub", "mul", "div", "fmod", "pymod", "call", "fma", "reduce"})
 
 
 class LLVMEmitter(ABC):
@@ -121,10 +129,27 @@ class LLVMEmitter(ABC):
         """Store the stage's value at output index ``idx`` (its variables bound to it)."""
         for v, i in zip(st.vars, idx):
             self.env[v.attr] = i
-        val = self.emit(st.expr)
-        if st.buf.dtype == DType.BOOL:
-            val = self.b.zext(val, I8)
-        self.b.store(val, self.address(st.buf, idx))
+        self.b.store(self.to_memory(self.emit(st.expr), st.buf.dtype), self.address(st.buf, idx))
+
+    def to_memory(self, val: ir.Value, dt: DType) -> ir.Value:
+        """A computed value of ``dt`` in its memory form (bool: a byte; the narrow types: narrow.py)."""
+        if dt == DType.BOOL:
+            return self.b.zext(val, I8)
+        if dt == DType.BFLOAT16:
+            return bfloat16_to_memory(self.b, val)
+        if dt.narrow_bits:
+            return store_narrow_int(self.b, val, dt)
+        return val
+
+    def from_memory(self, val: ir.Value, dt: DType) -> ir.Value:
+        """A loaded value of ``dt`` in the form it is computed in (the inverse of :meth:`to_memory`)."""
+        if dt == DType.BOOL:
+            return self.b.trunc(val, I1)
+        if dt == DType.BFLOAT16:
+            return bfloat16_from_memory(self.b, val)
+        if dt.narrow_bits:
+            return load_narrow_int(self.b, val, dt)
+        return val
 
     def combine(self, kind: str, a, x, dt: DType):
         b = self.b
@@ -145,6 +170,8 @@ class LLVMEmitter(ABC):
         if e.uid in memo:
             return memo[e.uid]
         v = self._emit(e)
+        if e.dtype == DType.BFLOAT16 and e.op in _ROUNDED_BF16:
+            v = bfloat16_round(self.b, v)
         memo[e.uid] = v
         return v
 
@@ -157,8 +184,7 @@ class LLVMEmitter(ABC):
         if op == "const":
             return const_value(e.attr, dt)
         if op == "load":
-            v = b.load(self.address(e.attr, [self.emit(a) for a in e.args]), typ=mem_type(dt))
-            return b.trunc(v, I1) if dt == DType.BOOL else v
+            return self.from_memory(b.load(self.address(e.attr, [self.emit(a) for a in e.args]), typ=mem_type(dt)), dt)
         if op == "wino_out" and len(e.args) == 6:    # [vars, direct, sum]: the direct value where sum is not finite
             v = self.emit(e.args[-1])
             d = b.fsub(v, v)                          # NaN exactly for inf and NaN (see x86/winograd.py)
@@ -215,7 +241,10 @@ class LLVMEmitter(ABC):
         if op == "select":
             return b.select(*args)
         if op == "cast":
-            return self.convert(args[0], e.args[0].dtype, dt)
+            saturate, round_mode = e.attr or (True, "up")
+            return self.convert(args[0], e.args[0].dtype, dt, saturate, round_mode)
+        if op == "bitcast":   # through the memory form: the bits as stored (bfloat16's 16, bool's byte)
+            return self.from_memory(b.bitcast(self.to_memory(args[0], e.args[0].dtype), mem_type(dt)), dt)
         if op == "call":
             return self.call(e.attr, args, dt)
         if op == "clamp":
@@ -248,10 +277,33 @@ class LLVMEmitter(ABC):
         p = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}[pred]
         return b.icmp_unsigned(p, a, c) if dt in UNSIGNED else b.icmp_signed(p, a, c)
 
-    def convert(self, x, src: DType, dst: DType):
+    def convert(self, x, src: DType, dst: DType, saturate: bool = True, round_mode: str = "up"):
+        """``x`` of ``src`` as ``dst`` (float to integer: truncated; ``saturate``: float8 overflow gives the
+        largest finite value, not inf/NaN; ``round_mode``: float8e8m0's rounding)."""
         b = self.b
         if src == dst:
             return x
+        if src == DType.FLOAT8E8M0:
+            return self.convert(decode_e8m0(b, x), DType.FLOAT, dst)
+        if dst == DType.FLOAT8E8M0:
+            return encode_e8m0(b, self.convert(x, src, DType.FLOAT), saturate, round_mode)
+        # The narrow types convert through float32 (bfloat16: through float32 rounded to bfloat16).
+        if src in MINIFLOAT_FORMATS:
+            return self.convert(decode_minifloat(b, x, MINIFLOAT_FORMATS[src]), DType.FLOAT, dst)
+        if dst in MINIFLOAT_FORMATS:
+            wide = self.convert(x, src, DType.FLOAT)
+            return encode_minifloat(b, wide, MINIFLOAT_FORMATS[dst], saturate,
+                                    lambda v: self.call("roundeven", [v], DType.FLOAT))
+        if src == DType.BFLOAT16:
+            return self.convert(bfloat16_round(b, x), DType.FLOAT, dst)
+        if dst == DType.BFLOAT16:
+            return bfloat16_round(b, self.convert(x, src, DType.FLOAT))
+        if dst.narrow_bits:
+            if src.is_float:   # as ml_dtypes' astype (onnx's reference): truncated, 0 outside the range
+                lo, hi = dst.int_range
+                ok = b.and_(b.fcmp_ordered(">", x, ir.Constant(x.type, lo - 1.0)), b.fcmp_ordered("<", x, ir.Constant(x.type, hi + 1.0)))
+                return b.select(ok, b.fptosi(x, I8), I8(0))
+            return wrap_narrow_int(b, x if src.narrow_bits else self.convert(x, src, DType.INT8), dst)  # wraps
         st, dt_ = ll(src), ll(dst)
         if dst == DType.BOOL:
             return b.fcmp_unordered("!=", x, ir.Constant(st, 0.0)) if src.is_float else b.icmp_unsigned("!=", x, ir.Constant(st, 0))
@@ -275,14 +327,20 @@ class LLVMEmitter(ABC):
     def reduce(self, e: E):
         kind, vs, extents = e.attr
         b, dt = self.b, e.dtype
-        t = ll(dt)
+        # float16 sums and products accumulate in float32 and round once (as numpy's and onnxruntime's do):
+        # a float16 accumulator loses an ulp every few terms
+        wide = dt == DType.FLOAT16 and kind in ("sum", "prod")
+        acc_dt = DType.FLOAT if wide else dt
+        t = ll(acc_dt)
         acc = self.alloca(t)
-        b.store(const_value(identity_value(kind, dt), dt), acc)
+        b.store(const_value(identity_value(kind, acc_dt), acc_dt), acc)
 
         def body(idx):
             for v, i in zip(vs, idx):
                 self.env[v.attr] = i
             x = self.emit(e.args[0])
+            if wide:
+                x = b.fpext(x, t)
             a = b.load(acc, typ=t)
             if kind == "sum":
                 r = b.fadd(a, x) if dt.is_float else b.add(a, x)
@@ -294,7 +352,8 @@ class LLVMEmitter(ABC):
                 r = self.combine(kind, a, x, dt)
             b.store(r, acc)
         self.loops(list(extents), body)
-        return b.load(acc, typ=t)
+        out = b.load(acc, typ=t)
+        return b.fptrunc(out, ll(dt)) if wide else out
 
     def argscan(self, e: E):
         src, base, axis, n, better, last = e.attr

@@ -12,8 +12,13 @@ F16, F32, F64 = ir.HalfType(), ir.FloatType(), ir.DoubleType()
 PTR = ir.PointerType()
 _LL = {DType.FLOAT: F32, DType.DOUBLE: F64, DType.FLOAT16: F16, DType.INT8: I8, DType.UINT8: I8,
        DType.INT16: ir.IntType(16), DType.UINT16: ir.IntType(16), DType.INT32: I32, DType.UINT32: I32,
-       DType.INT64: I64, DType.UINT64: I64, DType.BOOL: I1}
-UNSIGNED = {DType.UINT8, DType.UINT16, DType.UINT32, DType.UINT64, DType.BOOL}   # zero-extended, unsigned compares
+       DType.INT64: I64, DType.UINT64: I64, DType.BOOL: I1,
+       # narrow types (targets/llvm/narrow.py): bfloat16 computes in float32; float8/float4 are bit patterns;
+       # 2- and 4-bit integers compute as 8-bit ones
+       DType.BFLOAT16: F32, DType.FLOAT8E4M3FN: I8, DType.FLOAT8E4M3FNUZ: I8, DType.FLOAT8E5M2: I8,
+       DType.FLOAT8E5M2FNUZ: I8, DType.FLOAT4E2M1: I8, DType.FLOAT8E8M0: I8, DType.INT4: I8, DType.UINT4: I8, DType.INT2: I8, DType.UINT2: I8}
+UNSIGNED = {DType.UINT8, DType.UINT16, DType.UINT32, DType.UINT64, DType.BOOL, DType.UINT4,   # zero-extended,
+            DType.UINT2}                                                                   # unsigned compares
 
 
 def ll(dt: DType) -> ir.Type:
@@ -25,8 +30,12 @@ def ll(dt: DType) -> ir.Type:
 
 
 def mem_type(dt: DType) -> ir.Type:
-    """The LLVM type a value of ``dt`` is stored as in memory (bool: one byte)."""
-    return I8 if dt == DType.BOOL else ll(dt)
+    """The LLVM type a value of ``dt`` is stored as in memory (bool: one byte; bfloat16: its 16 bits)."""
+    if dt == DType.BOOL:
+        return I8
+    if dt == DType.BFLOAT16:
+        return ir.IntType(16)
+    return ll(dt)
 
 
 def float_bits(dt: DType) -> int:
@@ -40,6 +49,8 @@ def const_value(v, dt: DType) -> ir.Constant:
         return ir.Constant(I1, int(bool(v)))
     if dt.is_float:
         return ir.Constant(t, float(np.asarray(v, dt.numpy)))
+    if dt.is_minifloat:   # its bit pattern
+        return ir.Constant(t, int(np.asarray(v, dt.numpy).reshape(1).view(np.uint8)[0]))
     iv = int(v)
     bits = t.width
     iv &= (1 << bits) - 1

@@ -392,8 +392,7 @@ class PtxKernelModule(LLVMKernelModule):
                         em.memo.append(dict(em.memo[-1]))
                         idx = bind_out(m, p)
                         em.memo[-1][red.uid] = b.load(accs[i * 4 + j], typ=F32)
-                        val = em.emit(st.expr)
-                        b.store(val, em.address(st.buf, idx))
+                        b.store(em.to_memory(em.emit(st.expr), st.buf.dtype), em.address(st.buf, idx))
                         em.memo.pop()
         em.loop_range(self.sreg(b, "ctaid.x"), I64(ntiles), tile_body, self.sreg(b, "nctaid.x"))
         b.ret_void()
@@ -459,8 +458,7 @@ class PtxKernelModule(LLVMKernelModule):
                 em.memo.append(dict(em.memo[-1]))
                 em.memo[-1][red.uid] = b.load(accs[j], typ=t)
                 val = em.emit(st.expr)
-                if st.buf.dtype == DType.BOOL:
-                    val = b.zext(val, ir.IntType(8))
+                val = em.to_memory(val, st.buf.dtype)
                 b.store(val, em.address(st.buf, elems[j]))
                 em.memo.pop()
         em.loop_range(gid, n, thread, stride)
@@ -549,8 +547,7 @@ class PtxKernelModule(LLVMKernelModule):
                 em.memo.append(dict(em.memo[-1]))
                 em.memo[-1][red.uid] = total_v
                 val = em.emit(st.expr)
-                if st.buf.dtype == DType.BOOL:
-                    val = b.zext(val, ir.IntType(8))
+                val = em.to_memory(val, st.buf.dtype)
                 b.store(val, em.address(st.buf, idx))
                 em.memo.pop()
         em.loop_range(gid, n, element, stride)

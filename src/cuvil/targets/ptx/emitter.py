@@ -63,7 +63,7 @@ class PtxEmitter(LLVMEmitter):
             v = self.b.load(self.address(buf, [self.emit(a) for a in e.args]), typ=mem_type(dt))
             if not overlaps(buf, self.out) and not any(overlaps(buf, w) for w in self.mutable):
                 v.set_metadata("invariant.load", self.km.empty_md)
-            return self.b.trunc(v, I1) if dt == DType.BOOL else v
+            return self.from_memory(v, dt)
         if op == "fmod" and dt.is_float:
             return self.call("fmod", [self.emit(a) for a in e.args], dt)
         if op == "fma":

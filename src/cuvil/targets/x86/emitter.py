@@ -11,6 +11,7 @@ from ...ir.dtype import DType
 from ...kernels.schedule import Stage
 from ...kernels.texpr import E, identity_value, nodes, top_level
 from ..llvm.emitter import LLVMEmitter
+from ..llvm.narrow import bfloat16_round
 from ..llvm.types import F16, F32, I8, I64, const_value, ll
 
 _INTRINSICS = {"sqrt", "exp", "log", "sin", "cos", "pow", "floor", "ceil", "roundeven", "fabs"}
@@ -30,11 +31,13 @@ class X86Emitter(LLVMEmitter):
         b = self.b
         kind, vs, extents = red.attr
         dt = red.dtype
-        t = ll(dt)
+        wide = dt == DType.FLOAT16 and kind in ("sum", "prod")   # float32 accumulators, as LLVMEmitter.reduce
+        acc_dt = DType.FLOAT if wide else dt
+        t = ll(acc_dt)
         cap = self.km.at_max(width)
         acc = self.alloca(t, cap * len(outers))
         wvar = st.vars[-1].attr
-        init = const_value(identity_value(kind, dt), dt)
+        init = const_value(identity_value(kind, acc_dt), acc_dt)
 
         def slot(r, w):
             return b.gep(acc, [b.add(w, I64(r * cap))] if r else [w], source_etype=t, inbounds=True)
@@ -60,6 +63,8 @@ class X86Emitter(LLVMEmitter):
                 self.env[wvar] = w
                 for r in range(len(outers)):
                     x = with_row(r, lambda: self.emit(red.args[0]))
+                    if wide:
+                        x = b.fpext(x, t)
                     a = b.load(slot(r, w), typ=t)
                     b.store(self.combine(kind, a, x, dt), slot(r, w))
             self.loop_range(I64(0), width, inner)
@@ -69,11 +74,11 @@ class X86Emitter(LLVMEmitter):
             self.env[wvar] = w
             for r in range(len(outers)):
                 def store():
-                    self.memo[-1][red.uid] = b.load(slot(r, w), typ=t)
-                    val = self.emit(st.expr)
-                    if st.buf.dtype == DType.BOOL:
-                        val = b.zext(val, I8)
-                    b.store(val, self.address(st.buf, outers[r] + [w]))
+                    total = b.load(slot(r, w), typ=t)
+                    if dt == DType.BFLOAT16:   # as LLVMEmitter.emit rounds a reduction's result
+                        total = bfloat16_round(b, total)
+                    self.memo[-1][red.uid] = b.fptrunc(total, ll(dt)) if wide else total
+                    b.store(self.to_memory(self.emit(st.expr), st.buf.dtype), self.address(st.buf, outers[r] + [w]))
                 with_row(r, store)
         self.loop_range(I64(0), width, epilogue)
 

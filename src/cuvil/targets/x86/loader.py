@@ -56,7 +56,7 @@ def _numpy_dtype(code: int) -> np.dtype | None:
 
 
 _CODES = {}
-for _code in range(1, 17):
+for _code in range(1, 27):
     _dt = _numpy_dtype(_code)
     if _dt is not None and _dt.kind != "O":
         _CODES.setdefault(_dt, _code)
@@ -70,7 +70,9 @@ def _dtype_code(dt: np.dtype) -> int:
 
 #: The ONNX names of the dtype codes, as the runtime prints them (runtime.c dtype_name).
 _CODE_NAMES = ("undefined", "float", "uint8", "int8", "uint16", "int16", "int32", "int64", "string", "bool",
-               "float16", "double", "uint32", "uint64", "complex64", "complex128", "bfloat16")
+               "float16", "double", "uint32", "uint64", "complex64", "complex128", "bfloat16", "float8e4m3fn",
+               "float8e4m3fnuz", "float8e5m2", "float8e5m2fnuz", "uint4", "int4", "float4e2m1", "float8e8m0", "uint2",
+               "int2")
 
 #: Runtime codes that mean the session handle itself is unusable (not the inputs): CUVIL_ERR_NULL_SESSION,
 #: CUVIL_ERR_BUSY, CUVIL_ERR_BAD_SESSION.

@@ -18,7 +18,8 @@ _C_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 #: ONNX TensorProto codes usable at the C ABI (everything with a fixed element size; not STRING).
 ABI_DTYPES = {1: "float", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64", 9: "bool",
               10: "float16", 11: "double", 12: "uint32", 13: "uint64", 14: "complex64", 15: "complex128",
-              16: "bfloat16"}
+              16: "bfloat16", 17: "float8e4m3fn", 18: "float8e4m3fnuz", 19: "float8e5m2", 20: "float8e5m2fnuz",
+              21: "uint4", 22: "int4", 23: "float4e2m1", 24: "float8e8m0", 25: "uint2", 26: "int2"}   # the narrow ones: one per byte
 
 #: Names the public ABI takes under a prefix (``<prefix>_<name>``); kernels may not use them.
 ABI_FUNCTIONS = ("num_inputs", "num_outputs", "input_name", "output_name", "input_info", "output_info",

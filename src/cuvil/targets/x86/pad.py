@@ -43,7 +43,7 @@ def emit_pad_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]]:
     def store(idx, value_of):
         for v, i in zip(st.vars, idx):
             em.env[v.attr] = i
-        b.store(value_of(), em.address(st.buf, idx))
+        b.store(em.to_memory(value_of(), st.buf.dtype), em.address(st.buf, idx))
 
     fold = km.cheap_masks      # rows are short (7 to 113): end them in one masked vector where that is cheap
     last = len(spec.begin) - 1

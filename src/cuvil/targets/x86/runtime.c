@@ -100,7 +100,8 @@ static int fail(int code, const char *fmt, ...) {
 static const char *dtype_name(int32_t code) {
   static const char *const names[] = {
     "undefined", "float", "uint8", "int8", "uint16", "int16", "int32", "int64", "string", "bool",
-    "float16", "double", "uint32", "uint64", "complex64", "complex128", "bfloat16",
+    "float16", "double", "uint32", "uint64", "complex64", "complex128", "bfloat16", "float8e4m3fn",
+    "float8e4m3fnuz", "float8e5m2", "float8e5m2fnuz", "uint4", "int4", "float4e2m1", "float8e8m0", "uint2", "int2",
   };
   if (code >= 0 && code < (int32_t)(sizeof names / sizeof names[0])) return names[code];
   return "unknown";
@@ -109,6 +110,8 @@ static const char *dtype_name(int32_t code) {
 static int64_t dtype_size(int32_t code) {
   switch (code) {
     case 2: case 3: case 9: return 1;                 /* uint8 int8 bool */
+    case 17: case 18: case 19: case 20: case 24: return 1;  /* float8 formats (bit patterns) */
+    case 21: case 22: case 23: case 25: case 26: return 1;  /* 4- and 2-bit types: one per byte, low bits */
     case 4: case 5: case 10: case 16: return 2;       /* uint16 int16 float16 bfloat16 */
     case 1: case 6: case 12: return 4;                /* float int32 uint32 */
     case 7: case 11: case 13: case 14: return 8;      /* int64 double uint64 complex64 */
