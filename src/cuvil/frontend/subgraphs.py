@@ -35,6 +35,7 @@ import onnx.helper
 from ..errors import InvalidAttributeError, UnsupportedOpError
 from ..ir.dtype import DType
 from ..ir.graph import Graph, Value
+from ..ir.registry import CUSTOM_DOMAIN
 from .canonical import add_canonical_node
 from .static_eval import static_value
 
@@ -42,6 +43,9 @@ CONTROL_OPS = frozenset({"If", "Loop", "Scan"})
 
 #: Most nodes one control-flow node may expand into (all iterations of its body together).
 MAX_UNROLLED_NODES = 20_000
+#: Loops with a constant trip count up to this many iterations are unrolled (fusion and folding see across
+#: iterations); longer ones, and those whose trip count is known only at run time, run as run-time loops.
+MAX_UNROLLED_TRIPS = 64
 
 
 def expand(imp, node: onnx.NodeProto, inputs: List[Optional[Value]], where: str) -> List[Optional[Value]]:
@@ -180,22 +184,22 @@ class _Expansion:
             self.fail(f"its body takes {len(body.input)} inputs and gives {len(body.output)} outputs for "
                       f"{len(carried)} loop-carried values")
         trip = None
-        if m_in is not None:
-            m = static_value(self.g, m_in)
-            if m is None:
-                self.fail(f"its trip count M is known only at run time ({_describe(m_in)}); Cuvil unrolls loops at "
-                          f"compile time: give M as a constant or a value computed from static shapes")
+        m = static_value(self.g, m_in) if m_in is not None else None
+        if m is not None:
             trip = int(m.reshape(-1)[0])
+        c = static_value(self.g, c_in) if c_in is not None else None
+        if c is not None and not bool(c.reshape(-1)[0]):
+            trip = 0
+        if m_in is None and c_in is None:
+            self.fail("it has neither a trip count M nor a condition, so it never ends")
+        dynamic = (m_in is not None and m is None) or (trip is None and (c is None or not n_scan))
+        if trip != 0 and (dynamic or (trip is not None and trip > MAX_UNROLLED_TRIPS and not n_scan)):
+            # a trip count known only at run time, a run-time exit with no bound, or a long loop: compiled
+            # once and run by the backend (a backward branch in the x86 step table)
+            return self.runtime_loop(body, m_in, c_in, carried, n_scan)
         running = None  # None: every iteration so far was taken for certain; else the run-time bool scalar
-        if c_in is not None:
-            c = static_value(self.g, c_in)
-            if c is None:
-                running = self.scalar_bool(c_in)
-            elif not bool(c.reshape(-1)[0]):
-                trip = 0
-        if trip is None and running is not None:
-            self.fail("it has no trip count and its condition is known only at run time, so the number of "
-                      "iterations is unbounded at compile time; give M (an upper bound) as a constant")
+        if c_in is not None and c is None:
+            running = self.scalar_bool(c_in)
         true = self.g.const(np.array(True), f"{self.where}_true")
         scans: List[List[Value]] = [[] for _ in range(n_scan)]
         i, first = 0, None
@@ -236,6 +240,36 @@ class _Expansion:
                 like = first or self.body(body, [self.g.const(np.array(0, np.int64)), true] + carried)
                 out_scans.append(self.empty_stack(like[1 + len(carried) + k], 0))
         return carried + out_scans
+
+    def runtime_loop(self, body, m_in, c_in, carried, n_scan) -> List[Optional[Value]]:
+        """The loop as one copy of its body between a ``LoopState`` node (the state slots the body reads:
+        iteration number, condition, carried values) and a ``LoopBack`` node (the values the body computes
+        for the next iteration; its outputs are the final values), see :mod:`cuvil.ir.ops.control`."""
+        if n_scan:
+            self.fail(f"its trip count is not a small constant known at compile time (M: "
+                      f"{_describe(m_in) if m_in is not None else 'none'}), so its {n_scan} scan output(s) would have "
+                      f"a data-dependent length; Cuvil runs such loops at run time only without scan outputs: "
+                      f"return the values as loop-carried ones, or make M a constant <= {MAX_UNROLLED_TRIPS}")
+        m = None if m_in is None else self.add("Reshape", [m_in, self.i64([1])])
+        c = None if c_in is None else self.add("Reshape", [self.scalar_bool(c_in), self.i64([1])])
+        state = self.g.add_node("LoopState", [m, c] + carried, {"loop": self.where}, name=f"{self.where}_state",
+                                num_outputs=2 + len(carried), domain=CUSTOM_DOMAIN,
+                                output_names=[f"{self.where}_iter", f"{self.where}_running"]
+                                + [f"{self.where}_state{k}" for k in range(len(carried))])
+        it, running, states = state.outputs[0], state.outputs[1], state.outputs[2:]
+        outs = self.body(body, [it, running] + list(states))
+        cond_out, new = outs[0], list(outs[1:1 + len(carried)])
+        if cond_out is None:
+            self.fail("its body gives no condition output")
+        for k, (a, b) in enumerate(zip(states, new)):
+            if b is None or a.type != b.type:
+                self.fail(f"loop-carried value {k} is {a.type} before an iteration and "
+                          f"{None if b is None else b.type} after it; a loop run at run time needs them equal")
+        cond_next = None if c_in is None else self.add("Reshape", [self.scalar_bool(cond_out), self.i64([1])])
+        back = self.g.add_node("LoopBack", [cond_next] + new, {"loop": self.where}, name=f"{self.where}_back",
+                               num_outputs=len(new), domain=CUSTOM_DOMAIN,
+                               output_names=[f"{self.where}_final{k}" for k in range(len(new))])
+        return list(back.outputs)
 
     # --- Scan ------------------------------------------------------------------------------------------
     def scan(self) -> List[Optional[Value]]:
@@ -335,4 +369,4 @@ def _describe(v: Value) -> str:
     return f"{v.name!r}" + (f", from {v.producer.op} node {v.producer.name!r}" if v.producer is not None else "")
 
 
-__all__ = ["CONTROL_OPS", "MAX_UNROLLED_NODES", "expand"]
+__all__ = ["CONTROL_OPS", "MAX_UNROLLED_NODES", "MAX_UNROLLED_TRIPS", "expand"]

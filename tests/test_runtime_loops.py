@@ -1,0 +1,134 @@
+"""Run-time loops (a Loop whose trip count is known only at run time, a while loop, a long Loop): the body is
+compiled once and the x86 runtime re-runs its steps (a backward branch in the step table), against
+onnxruntime; the GPU target refuses them with one clear error.
+"""
+import json
+import os
+
+import numpy as np
+import pytest
+from onnx import TensorProto as T
+from onnx import helper as h
+
+from cuvil import Pipeline
+from cuvil.errors import UnsupportedOpError
+from cuvil.frontend import import_model
+from cuvil.targets.ptx.codegen import gpu_schedule
+from test_control_flow import check, model, ops_of, scalar, vi
+
+
+def swap_loop_model(m_from_input=True, trip=None):
+    """Carried (a, b, n): a, b = b * 0.5 + i, a - x (a swap through the body), n += 1; M a graph input
+    (or the constant ``trip``)."""
+    body = h.make_graph([h.make_node("Cast", ["i"], ["fi"], to=T.FLOAT),
+                         h.make_node("Mul", ["b_in", "half"], ["bh"]), h.make_node("Add", ["bh", "fi"], ["a_out"]),
+                         h.make_node("Sub", ["a_in", "x"], ["b_out"]),
+                         h.make_node("Add", ["n_in", "one"], ["n_out"]),
+                         h.make_node("Identity", ["c_in"], ["c_out"])], "body",
+                        [vi("i", T.INT64, []), vi("c_in", T.BOOL, []), vi("a_in", T.FLOAT, [2, 3]),
+                         vi("b_in", T.FLOAT, [2, 3]), vi("n_in", T.INT64, [])],
+                        [vi("c_out", T.BOOL, []), vi("a_out", T.FLOAT, [2, 3]), vi("b_out", T.FLOAT, [2, 3]),
+                         vi("n_out", T.INT64, [])],
+                        [scalar("half", 0.5), h.make_tensor("one", T.INT64, [], [1])])
+    inputs = [vi("x", T.FLOAT, [2, 3]), vi("a0", T.FLOAT, [2, 3]), vi("b0", T.FLOAT, [2, 3])]
+    inits = [h.make_tensor("n0", T.INT64, [], [0])]
+    if m_from_input:
+        inputs.insert(0, vi("M", T.INT64, [1]))
+    else:
+        inits.append(h.make_tensor("M", T.INT64, [1], [trip]))
+    return model([h.make_node("Loop", ["M", "", "a0", "b0", "n0"], ["a", "b", "n"], body=body, name="rt_loop")],
+                 inputs, [vi("a", T.FLOAT, [2, 3]), vi("b", T.FLOAT, [2, 3]), vi("n", T.INT64, [])], inits)
+
+
+def feeds(rng, **extra):
+    return {"x": rng.standard_normal((2, 3)).astype(np.float32), "a0": rng.standard_normal((2, 3)).astype(np.float32),
+            "b0": rng.standard_normal((2, 3)).astype(np.float32), **extra}
+
+
+def test_loop_trip_count_from_an_input_runs_at_run_time():
+    m = swap_loop_model()
+    assert {"LoopState", "LoopBack"} <= ops_of(m)
+    rng = np.random.default_rng(0)
+    art = check(m, [feeds(rng, M=np.array([n], np.int64)) for n in (0, 1, 7, 100, 3, -1)], rtol=1e-5, atol=1e-5)
+    # the body is compiled once: its steps appear once, with the two jumps of the loop
+    with open(os.path.splitext(art.path)[0] + ".manifest.json") as f:
+        steps = json.load(f)["steps"]
+    jumps = [(k, s["jump"]) for k, s in enumerate(steps) if "jump" in s]
+    assert len(jumps) == 2, jumps
+    (head, exit_), (back, again) = jumps
+    assert "unless" in exit_ and exit_["to"] == back + 1 and again == {"to": head}
+    assert sum(1 for s in steps if s["op"] == "Sub") == 1   # the body's one Sub, compiled once
+
+
+def test_long_constant_loop_is_not_unrolled():
+    m = swap_loop_model(m_from_input=False, trip=300)
+    ops = [n.op for n in import_model(m).nodes]
+    assert ops.count("LoopState") == 1 and len(ops) < 30
+    rng = np.random.default_rng(1)
+    check(m, [feeds(rng) for _ in range(2)], rtol=1e-5, atol=1e-5)
+
+
+def while_model():
+    """A while loop (no M): acc = acc * 2 + x while sum(acc) < limit; the iteration count (a carried value)
+    and the final acc depend on the data only."""
+    body = h.make_graph([h.make_node("Mul", ["acc_in", "two"], ["a2"]), h.make_node("Add", ["a2", "x"], ["acc_out"]),
+                         h.make_node("ReduceSum", ["acc_out"], ["s"], keepdims=0),
+                         h.make_node("Less", ["s", "limit"], ["c_out"]),
+                         h.make_node("Add", ["k_in", "one"], ["k_out"])], "body",
+                        [vi("i", T.INT64, []), vi("c_in", T.BOOL, []), vi("acc_in", T.FLOAT, [4]),
+                         vi("k_in", T.INT64, [])],
+                        [vi("c_out", T.BOOL, []), vi("acc_out", T.FLOAT, [4]), vi("k_out", T.INT64, [])],
+                        [scalar("two", 2.0), h.make_tensor("one", T.INT64, [], [1])])
+    return model([h.make_node("Loop", ["", "go", "acc0", "k0"], ["acc", "k"], body=body, name="while_loop")],
+                 [vi("x", T.FLOAT, [4]), vi("acc0", T.FLOAT, [4]), vi("go", T.BOOL, []), vi("limit", T.FLOAT, [])],
+                 [vi("acc", T.FLOAT, [4]), vi("k", T.INT64, [])], [h.make_tensor("k0", T.INT64, [], [0])])
+
+
+def test_while_loop_with_a_data_dependent_condition():
+    m = while_model()
+    rng = np.random.default_rng(2)
+    cases = []
+    for limit in (-1.0, 1.0, 50.0, 1e6, 1e30):     # 1, a few, ~20, ~100 iterations
+        for go in (True, False):
+            cases.append({"x": rng.uniform(0.1, 1, 4).astype(np.float32), "acc0": rng.uniform(0, 1, 4).astype(np.float32),
+                          "go": np.array(go), "limit": np.array(limit, np.float32)})
+    check(m, cases, rtol=1e-6, atol=0)
+
+
+def test_if_nested_in_a_run_time_loop_body():
+    """Each iteration: if sum(acc) > 0 then acc * 0.5 - x else acc + 1 (a run-time If inside a run-time
+    Loop: guarded steps inside the loop's step range)."""
+    then_g = h.make_graph([h.make_node("Mul", ["acc_in", "half"], ["p0"]), h.make_node("Sub", ["p0", "x"], ["p"])],
+                          "t", [], [vi("p", T.FLOAT, [3])], [scalar("half", 0.5)])
+    else_g = h.make_graph([h.make_node("Add", ["acc_in", "one"], ["q"])], "e", [], [vi("q", T.FLOAT, [3])],
+                          [scalar("one", 1.0)])
+    body = h.make_graph([h.make_node("ReduceSum", ["acc_in"], ["s"], keepdims=0),
+                         h.make_node("Greater", ["s", "zero"], ["pos"]),
+                         h.make_node("If", ["pos"], ["acc_out"], then_branch=then_g, else_branch=else_g),
+                         h.make_node("Identity", ["c_in"], ["c_out"])], "body",
+                        [vi("i", T.INT64, []), vi("c_in", T.BOOL, []), vi("acc_in", T.FLOAT, [3])],
+                        [vi("c_out", T.BOOL, []), vi("acc_out", T.FLOAT, [3])], [scalar("zero", 0.0)])
+    m = model([h.make_node("Loop", ["M", "", "a0"], ["a"], body=body)],
+              [vi("M", T.INT64, []), vi("x", T.FLOAT, [3]), vi("a0", T.FLOAT, [3])], [vi("a", T.FLOAT, [3])])
+    rng = np.random.default_rng(4)
+    check(m, [{"M": np.array(n, np.int64), "x": rng.standard_normal(3).astype(np.float32) * s,
+               "a0": rng.standard_normal(3).astype(np.float32)} for n in (0, 1, 6, 33) for s in (0.1, -3.0)],
+          rtol=1e-5, atol=1e-5)
+
+
+def test_run_time_loop_with_scan_outputs_is_one_clear_error():
+    body = h.make_graph([h.make_node("Identity", ["c_in"], ["c_out"]), h.make_node("Identity", ["v_in"], ["v_out"]),
+                         h.make_node("Identity", ["v_in"], ["y"])],
+                        "body", [vi("i", T.INT64, []), vi("c_in", T.BOOL, []), vi("v_in", T.FLOAT, [2])],
+                        [vi("c_out", T.BOOL, []), vi("v_out", T.FLOAT, [2]), vi("y", T.FLOAT, [2])])
+    m = model([h.make_node("Loop", ["M", "", "v"], ["w", "ys"], body=body, name="dyn_loop")],
+              [vi("M", T.INT64, []), vi("v", T.FLOAT, [2])], [vi("w", T.FLOAT, [2]), vi("ys", T.FLOAT, ["", 2])])
+    with pytest.raises(UnsupportedOpError, match=r"Loop \(node 'dyn_loop', opset 17\): .*graph input 'M'.* scan "
+                                                 r"output\(s\) would have a data-dependent length"):
+        import_model(m)
+
+
+def test_run_time_loop_on_the_gpu_is_one_clear_error():
+    g = Pipeline.from_onnx(swap_loop_model()).optimize().graph
+    with pytest.raises(UnsupportedOpError, match=r"Loop \(node 'rt_loop', opset 17\): .*run-time loop"):
+        gpu_schedule(g)
