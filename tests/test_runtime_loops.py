@@ -14,7 +14,7 @@ from cuvil import Pipeline
 from cuvil.errors import UnsupportedOpError
 from cuvil.frontend import import_model
 from cuvil.targets.ptx.codegen import gpu_schedule
-from test_control_flow import check, model, ops_of, scalar, vi
+from test_control_flow import check, model, ops_of, running_sum_model, scalar, vi
 
 
 def swap_loop_model(m_from_input=True, trip=None):
@@ -132,3 +132,29 @@ def test_run_time_loop_on_the_gpu_is_one_clear_error():
     g = Pipeline.from_onnx(swap_loop_model()).optimize().graph
     with pytest.raises(UnsupportedOpError, match=r"Loop \(node 'rt_loop', opset 17\): .*run-time loop"):
         gpu_schedule(g)
+
+
+@pytest.mark.parametrize("in_axis,in_dir,out_axis,out_dir", [(0, 0, 0, 0), (1, 1, 1, 0), (-1, 0, -1, 1), (-2, 1, 0, 1)])
+def test_scan_over_a_symbolic_sequence_length(in_axis, in_dir, out_axis, out_dir):
+    """One library for sequence lengths S = 1..512: the scan input read at the iteration (or reversed), the
+    scan outputs written at their row, in every direction and axis."""
+    m = running_sum_model(in_axis, in_dir, out_axis, out_dir)
+    dims = m.graph.input[1].type.tensor_type.shape.dim
+    seq = 0 if in_axis in (0, -2) else 1
+    dims[seq].dim_param = "S"
+    assert "LoopState" in ops_of(m)
+    rng = np.random.default_rng(6)
+    cases = []
+    for n in (1, 2, 7, 16, 512):   # 16: the kernels specialised for the opt point
+        shape = [n, 4] if seq == 0 else [4, n]
+        cases.append({"s0": rng.standard_normal(4).astype(np.float32), "x": rng.standard_normal(shape).astype(np.float32)})
+    check(m, cases, profiles={"S": (1, 16, 512)}, rtol=1e-5, atol=1e-5)
+
+
+def test_long_static_scan_is_not_unrolled():
+    m = running_sum_model()
+    m.graph.input[1].type.tensor_type.shape.dim[0].dim_value = 200
+    assert [n.op for n in import_model(m).nodes].count("LoopState") == 1
+    rng = np.random.default_rng(7)
+    check(m, [{"s0": rng.standard_normal(4).astype(np.float32), "x": rng.standard_normal((200, 4)).astype(np.float32)}],
+          rtol=1e-5, atol=1e-5)

@@ -35,6 +35,7 @@ import onnx.helper
 from ..errors import InvalidAttributeError, UnsupportedOpError
 from ..ir.dtype import DType
 from ..ir.graph import Graph, Value
+from ..ir.types import TensorType
 from ..ir.registry import CUSTOM_DOMAIN
 from .canonical import add_canonical_node
 from .static_eval import static_value
@@ -319,13 +320,12 @@ class _Expansion:
                 self.fail(f"scan input {k} has axis {ax} outside its rank ({x.type})")
             ax %= rank
             axes.append(ax)
-            n = _static_dim(x, ax)
-            if n is None:
-                self.fail(f"the sequence length of scan input {k} ({x.type}, axis {ax}) is known only at run time; "
-                          f"Cuvil unrolls Scan at compile time: fix that dim (input_shapes= / --fix)")
+            n = x.shape[ax]
             if length is not None and n != length:
                 self.fail(f"its scan inputs have sequence lengths {length} and {n}; they must be equal")
             length = n
+        if not isinstance(length, int) or length > MAX_UNROLLED_TRIPS:
+            return self._scan_at_run_time(body, states, xs, axes, in_dirs, out_axes, out_dirs)
         per_t: List[List[Value]] = [[] for _ in range(n_out)]
         first = None
         for t in range(length):
@@ -346,6 +346,63 @@ class _Expansion:
                 self.fail(f"scan output {k} has axis {ax} outside its rank ({rank})")
             results.append(self.stack(pieces[::-1] if out_dirs[k] else pieces, ax % rank, f"scan output {k}"))
         return states + results
+
+    def _scan_at_run_time(self, body, states, xs, axes, in_dirs, out_axes, out_dirs) -> List[Optional[Value]]:
+        """A Scan over a symbolic (or long) sequence as a run-time loop: iteration t reads each scan input at
+        t (reversed: n-1-t) with a Gather, and each scan output is a loop-carried accumulator [n, ...] whose
+        row t (reversed: n-1-t) the iteration replaces (a Where against the row index), moved to its output
+        axis at the end."""
+        n_state = len(states)
+        n = self.add("Gather", [self.add("Shape", [xs[0]]), self.i64([axes[0]])], {"axis": 0})
+        slice_types = [TensorType(x.dtype, tuple(d for k, d in enumerate(x.shape) if k != ax))
+                       for x, ax in zip(xs, axes)]
+        # the scan outputs' types (a trial import of the body, removed again) size their accumulators
+        start = len(self.g.nodes)
+        trial = self.body(body, [Value(f"{self.where}_probe{k}", v.type) for k, v in enumerate(states)]
+                          + [Value(f"{self.where}_probe_x{k}", t) for k, t in enumerate(slice_types)])
+        ys = [y.type for y in trial[n_state:]]
+        self.g.remove_nodes(self.g.nodes[start:])
+        zeros = []
+        for k, t in enumerate(ys):
+            if t.shape is None or not all(isinstance(d, int) for d in t.shape):
+                self.fail(f"scan output {k} is {t} per iteration; a Scan run at run time needs its per-iteration "
+                          f"shape static")
+            shape = self.add("Concat", [n, self.i64(list(t.shape))], {"axis": 0})
+            zeros.append(self.add("Expand", [self.g.const(np.zeros((), t.dtype.numpy), f"{self.where}_zero"), shape]))
+        state = self.g.add_node("LoopState", [self.add("Reshape", [n, self.i64([1])]), None] + states + zeros,
+                                {"loop": self.where}, name=f"{self.where}_state",
+                                num_outputs=2 + len(states) + len(zeros), domain=CUSTOM_DOMAIN)
+        it, slots = state.outputs[0], state.outputs[2:]
+        last = self.add("Sub", [self.add("Reshape", [n, self.i64([])]), self.i64(1)])
+        rev = self.add("Sub", [last, it])
+        slices = [self.add("Gather", [x, rev if d else it], {"axis": ax}) for x, ax, d in zip(xs, axes, in_dirs)]
+        outs = self.body(body, list(slots[:n_state]) + slices)
+        new = list(outs[:n_state])
+        for k, (a, b) in enumerate(zip(slots, new)):
+            if a.type != b.type:
+                self.fail(f"state {k} is {a.type} before an iteration and {b.type} after it; a Scan run at run time "
+                          f"needs them equal")
+        for k, (acc, y, d) in enumerate(zip(slots[n_state:], outs[n_state:], out_dirs)):
+            if y.type != ys[k]:
+                self.fail(f"scan output {k} is {y.type}, {ys[k]} in a trial import")
+            rank = len(y.shape) + 1
+            rows = self.add("Unsqueeze", [self.add("Range", [self.i64(0), self.add("Reshape", [n, self.i64([])]),
+                                                             self.i64(1)]), self.i64(list(range(1, rank)))])
+            hit = self.add("Equal", [rows, rev if d else it])
+            new.append(self.add("Where", [hit, self.add("Unsqueeze", [y, self.i64([0])]), acc]))
+        back = self.g.add_node("LoopBack", [None] + new, {"loop": self.where}, name=f"{self.where}_back",
+                               num_outputs=len(new), domain=CUSTOM_DOMAIN)
+        finals = list(back.outputs)
+        for k, ax in enumerate(out_axes):
+            v = finals[n_state + k]
+            rank = len(v.shape)
+            if not -rank <= ax < rank:
+                self.fail(f"scan output {k} has axis {ax} outside its rank ({rank})")
+            ax %= rank
+            if ax:
+                perm = list(range(1, ax + 1)) + [0] + list(range(ax + 1, rank))
+                finals[n_state + k] = self.add("Transpose", [v], {"perm": perm})
+        return finals
 
     def _list_attr(self, v, n: int, name: str) -> List[int]:
         if v is None:
