@@ -158,3 +158,23 @@ def test_long_static_scan_is_not_unrolled():
     rng = np.random.default_rng(7)
     check(m, [{"s0": rng.standard_normal(4).astype(np.float32), "x": rng.standard_normal((200, 4)).astype(np.float32)}],
           rtol=1e-5, atol=1e-5)
+
+
+def test_nested_run_time_loops():
+    """An outer Loop (M from an input) whose body runs an inner Loop with a trip count from data (the outer
+    iteration number + 1): acc += sum over j <= i of (x * j)."""
+    inner = h.make_graph([h.make_node("Cast", ["j"], ["fj"], to=T.FLOAT), h.make_node("Mul", ["x", "fj"], ["xj"]),
+                          h.make_node("Add", ["s_in", "xj"], ["s_out"]), h.make_node("Identity", ["ci"], ["co"])],
+                         "inner", [vi("j", T.INT64, []), vi("ci", T.BOOL, []), vi("s_in", T.FLOAT, [3])],
+                         [vi("co", T.BOOL, []), vi("s_out", T.FLOAT, [3])])
+    outer = h.make_graph([h.make_node("Add", ["i", "one"], ["n"]),
+                          h.make_node("Loop", ["n", "", "acc_in"], ["acc_out"], body=inner, name="inner_loop"),
+                          h.make_node("Identity", ["c_in"], ["c_out"])], "outer",
+                         [vi("i", T.INT64, []), vi("c_in", T.BOOL, []), vi("acc_in", T.FLOAT, [3])],
+                         [vi("c_out", T.BOOL, []), vi("acc_out", T.FLOAT, [3])], [h.make_tensor("one", T.INT64, [], [1])])
+    m = model([h.make_node("Loop", ["M", "", "a0"], ["a"], body=outer, name="outer_loop")],
+              [vi("M", T.INT64, []), vi("x", T.FLOAT, [3]), vi("a0", T.FLOAT, [3])], [vi("a", T.FLOAT, [3])])
+    assert [n.op for n in import_model(m).nodes].count("LoopState") == 2
+    rng = np.random.default_rng(8)
+    check(m, [{"M": np.array(n, np.int64), "x": rng.standard_normal(3).astype(np.float32),
+               "a0": rng.standard_normal(3).astype(np.float32)} for n in (0, 1, 4, 20)], rtol=1e-5, atol=1e-4)
