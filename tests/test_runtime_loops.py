@@ -1,20 +1,33 @@
 """Run-time loops (a Loop whose trip count is known only at run time, a while loop, a long Loop): the body is
 compiled once and the x86 runtime re-runs its steps (a backward branch in the step table), against
-onnxruntime; the GPU target refuses them with one clear error.
+onnxruntime; the GPU target refuses them with one clear error. A Scan over a symbolic sequence length (one
+library for S = 1..512), loops nested in loops and Ifs in loop bodies, and a Scan inside an onnx function
+body (LinearAttention's).
 """
+import functools
 import json
 import os
+import warnings
 
 import numpy as np
 import pytest
 from onnx import TensorProto as T
 from onnx import helper as h
+from onnx.backend.test.case.node import collect_testcases
 
 from cuvil import Pipeline
 from cuvil.errors import UnsupportedOpError
 from cuvil.frontend import import_model
+from cuvil.onnx_backend import backend
 from cuvil.targets.ptx.codegen import gpu_schedule
 from test_control_flow import check, model, ops_of, running_sum_model, scalar, vi
+
+
+@functools.lru_cache(maxsize=None)
+def node_cases():
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        return {c.name: c for c in collect_testcases(None)}
 
 
 def swap_loop_model(m_from_input=True, trip=None):
@@ -178,3 +191,15 @@ def test_nested_run_time_loops():
     rng = np.random.default_rng(8)
     check(m, [{"M": np.array(n, np.int64), "x": rng.standard_normal(3).astype(np.float32),
                "a0": rng.standard_normal(3).astype(np.float32)} for n in (0, 1, 4, 20)], rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("case", ["test_linear_attention_linear", "test_linear_attention_gated_delta",
+                                  "test_linear_attention_decode_step"])
+def test_function_body_holding_a_scan(case):
+    """LinearAttention's onnx function body runs a Scan whose body reads values of the function body: the
+    subgraph's outer names are renamed with the body's (frontend/functions.py), then the Scan imports."""
+    c = node_cases()[case]
+    rep = backend.prepare(c.model, opt_level=1)
+    for inputs, expected in c.data_sets:
+        for got, want in zip(rep.run(list(inputs)), expected):
+            np.testing.assert_allclose(got, want, rtol=c.rtol, atol=c.atol)
