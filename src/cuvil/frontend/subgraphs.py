@@ -9,20 +9,23 @@ CUDA graph per shape bucket), so control flow becomes data flow as the importer 
 * ``If`` whose condition is known only at run time: both branches are imported and each output is
   ``Where(cond, then, else)``; their outputs must have equal types. Each branch's nodes are guarded by the
   condition (:attr:`cuvil.ir.graph.Node.guard`), so the x86 runtime skips the steps of the branch not taken.
-* ``Loop`` with a trip count known at compile time is unrolled: the body is imported once per iteration with
-  the iteration number as a constant (so an ``If`` on it folds) and the loop-carried values threaded through;
-  scan outputs are stacked (``Unsqueeze`` + ``Concat``). A termination condition known only at run time is
-  *predicated*: from the first iteration whose condition is dynamic on, each iteration's carried values are
-  ``Where(running, new, old)`` and ``running`` is ``And``-ed with the body's condition, so the values after the
-  last taken iteration come out unchanged; the iterations are guarded by ``running`` (skipped after the exit).
-  Scan outputs then have a data-dependent length: refused.
-* ``Scan`` (opset 8 with its batch axis, and 9+) is unrolled over its sequence length, which must be known at
-  compile time; every direction and axis attribute is honoured.
+* ``Loop`` with a constant trip count up to :data:`MAX_UNROLLED_TRIPS` is unrolled: the body is imported
+  once per iteration with the iteration number as a constant (so an ``If`` on it folds) and the loop-carried
+  values threaded through; scan outputs are stacked (``Unsqueeze`` + ``Concat``). A termination condition
+  known only at run time is *predicated*: from the first iteration whose condition is dynamic on, each
+  iteration's carried values are ``Where(running, new, old)`` and ``running`` is ``And``-ed with the body's
+  condition; the iterations are guarded by ``running`` (skipped after the exit).
+* Any other ``Loop`` (trip count known only at run time, a while loop, a long loop) is a *run-time loop*:
+  the body imported once between a ``LoopState`` and a ``LoopBack`` node (:mod:`cuvil.ir.ops.control`),
+  which the x86 backend runs as a backward branch (:mod:`cuvil.kernels.loops`).
+* ``Scan`` (opset 8 with its batch axis, and 9+) is unrolled over a constant sequence length up to
+  :data:`MAX_UNROLLED_TRIPS`, else (a symbolic or long sequence) run as a run-time loop whose scan outputs
+  are accumulators with one row replaced per iteration; every direction and axis attribute is honoured.
 
-Refused, each with one :class:`UnsupportedOpError` naming op, node and opset: a run-time trip count with no
-compile-time value (``M`` a graph input, an unbounded loop under a run-time condition), a symbolic sequence
-length, run-time branches of different types, scan outputs under a run-time condition, and loops that unroll
-past :data:`MAX_UNROLLED_NODES`.
+Refused, each with one :class:`UnsupportedOpError` naming op, node and opset: a loop with neither trip count
+nor condition, scan outputs of a run-time ``Loop`` (data-dependent length), run-time branches of different
+types, loop-carried values whose type changes across iterations of a run-time loop, and expansions past
+:data:`MAX_UNROLLED_NODES`.
 """
 from __future__ import annotations
 

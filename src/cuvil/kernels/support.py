@@ -47,7 +47,8 @@ EXPANDED_ON_IMPORT: Dict[str, str] = {
           "(equal types needed)",
     "Loop": "body unrolled over a constant trip count <= 64 (a run-time exit predicated); otherwise (trip count "
             "from data, while loops, long loops) compiled once and run as a run-time loop (x86 only)",
-    "Scan": "body unrolled over a sequence length known at compile time",
+    "Scan": "body unrolled over a constant sequence length <= 64; a symbolic or longer one runs as a run-time "
+            "loop (x86 only)",
 }
 
 
