@@ -203,3 +203,19 @@ def test_function_body_holding_a_scan(case):
     for inputs, expected in c.data_sets:
         for got, want in zip(rep.run(list(inputs)), expected):
             np.testing.assert_allclose(got, want, rtol=c.rtol, atol=c.atol)
+
+
+def test_run_time_loop_over_a_symbolic_batch():
+    """Carried values of symbolic shape [N, 3] (one library for N = 1..8): the state slots and the back edge's
+    copies take the run's extents."""
+    m = swap_loop_model()
+    for vinfo in list(m.graph.input)[1:] + list(m.graph.output)[:2]:
+        vinfo.type.tensor_type.shape.dim[0].dim_param = "N"
+    for vinfo in list(m.graph.node[0].attribute[0].g.input)[2:4] + list(m.graph.node[0].attribute[0].g.output)[1:3]:
+        vinfo.type.tensor_type.shape.dim[0].dim_param = "N"
+    rng = np.random.default_rng(9)
+    cases = []
+    for n, M in ((1, 5), (3, 0), (4, 17), (8, 2)):   # 4: the opt point's kernels
+        cases.append({"M": np.array([M], np.int64), **{k: rng.standard_normal((n, 3)).astype(np.float32)
+                                                        for k in ("x", "a0", "b0")}})
+    check(m, cases, profiles={"N": (1, 4, 8)}, rtol=1e-5, atol=1e-5)
