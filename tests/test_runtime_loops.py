@@ -219,3 +219,20 @@ def test_run_time_loop_over_a_symbolic_batch():
         cases.append({"M": np.array([M], np.int64), **{k: rng.standard_normal((n, 3)).astype(np.float32)
                                                         for k in ("x", "a0", "b0")}})
     check(m, cases, profiles={"N": (1, 4, 8)}, rtol=1e-5, atol=1e-5)
+
+
+def test_nodes_outside_the_loop_run_when_it_runs_no_iteration():
+    """A loop-invariant node of the body (Relu(x), also an output of the graph itself: CSE merges the two)
+    and outer nodes the sort may place among the body's must run even for M = 0, when the body's steps are
+    jumped over: the schedule moves them before the loop."""
+    body = h.make_graph([h.make_node("Relu", ["x"], ["r"]), h.make_node("Add", ["acc_in", "r"], ["acc_out"]),
+                         h.make_node("Identity", ["c_in"], ["c_out"])], "body",
+                        [vi("i", T.INT64, []), vi("c_in", T.BOOL, []), vi("acc_in", T.FLOAT, [5])],
+                        [vi("c_out", T.BOOL, []), vi("acc_out", T.FLOAT, [5])])
+    m = model([h.make_node("Loop", ["M", "", "a0"], ["a"], body=body), h.make_node("Relu", ["x"], ["rx"]),
+               h.make_node("Neg", ["x"], ["nx"]), h.make_node("Mul", ["nx", "a0"], ["p"])],
+              [vi("M", T.INT64, []), vi("x", T.FLOAT, [5]), vi("a0", T.FLOAT, [5])],
+              [vi("a", T.FLOAT, [5]), vi("rx", T.FLOAT, [5]), vi("p", T.FLOAT, [5])])
+    rng = np.random.default_rng(10)
+    check(m, [{"M": np.array(n, np.int64), "x": rng.standard_normal(5).astype(np.float32),
+               "a0": rng.standard_normal(5).astype(np.float32)} for n in (0, 3, 0)], rtol=1e-5, atol=1e-5)

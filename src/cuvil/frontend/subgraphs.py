@@ -256,7 +256,8 @@ class _Expansion:
                       f"return the values as loop-carried ones, or make M a constant <= {MAX_UNROLLED_TRIPS}")
         m = None if m_in is None else self.add("Reshape", [m_in, self.i64([1])])
         c = None if c_in is None else self.add("Reshape", [self.scalar_bool(c_in), self.i64([1])])
-        state = self.g.add_node("LoopState", [m, c] + carried, {"loop": self.where}, name=f"{self.where}_state",
+        loop_id = self.g.fresh_name(self.where)   # unique: an unrolled outer loop imports this node once per copy
+        state = self.g.add_node("LoopState", [m, c] + carried, {"loop": loop_id}, name=f"{self.where}_state",
                                 num_outputs=2 + len(carried), domain=CUSTOM_DOMAIN,
                                 output_names=[f"{self.where}_iter", f"{self.where}_running"]
                                 + [f"{self.where}_state{k}" for k in range(len(carried))])
@@ -270,7 +271,7 @@ class _Expansion:
                 self.fail(f"loop-carried value {k} is {a.type} before an iteration and "
                           f"{None if b is None else b.type} after it; a loop run at run time needs them equal")
         cond_next = None if c_in is None else self.add("Reshape", [self.scalar_bool(cond_out), self.i64([1])])
-        back = self.g.add_node("LoopBack", [cond_next] + new, {"loop": self.where}, name=f"{self.where}_back",
+        back = self.g.add_node("LoopBack", [cond_next] + new, {"loop": loop_id}, name=f"{self.where}_back",
                                num_outputs=len(new), domain=CUSTOM_DOMAIN,
                                output_names=[f"{self.where}_final{k}" for k in range(len(new))])
         return list(back.outputs)
@@ -372,8 +373,9 @@ class _Expansion:
                           f"shape static")
             shape = self.add("Concat", [n, self.i64(list(t.shape))], {"axis": 0})
             zeros.append(self.add("Expand", [self.g.const(np.zeros((), t.dtype.numpy), f"{self.where}_zero"), shape]))
+        loop_id = self.g.fresh_name(self.where)
         state = self.g.add_node("LoopState", [self.add("Reshape", [n, self.i64([1])]), None] + states + zeros,
-                                {"loop": self.where}, name=f"{self.where}_state",
+                                {"loop": loop_id}, name=f"{self.where}_state",
                                 num_outputs=2 + len(states) + len(zeros), domain=CUSTOM_DOMAIN)
         it, slots = state.outputs[0], state.outputs[2:]
         last = self.add("Sub", [self.add("Reshape", [n, self.i64([])]), self.i64(1)])
@@ -393,7 +395,7 @@ class _Expansion:
                                                              self.i64(1)]), self.i64(list(range(1, rank)))])
             hit = self.add("Equal", [rows, rev if d else it])
             new.append(self.add("Where", [hit, self.add("Unsqueeze", [y, self.i64([0])]), acc]))
-        back = self.g.add_node("LoopBack", [None] + new, {"loop": self.where}, name=f"{self.where}_back",
+        back = self.g.add_node("LoopBack", [None] + new, {"loop": loop_id}, name=f"{self.where}_back",
                                num_outputs=len(new), domain=CUSTOM_DOMAIN)
         finals = list(back.outputs)
         for k, ax in enumerate(out_axes):

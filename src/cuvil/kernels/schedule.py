@@ -19,7 +19,7 @@ from ..ir.dim import SymExpr, Symbol, bounds, evaluate, product
 from ..ir.dtype import DType
 from ..ir.graph import Graph, Value
 from ..ir.registry import ops_with
-from .loops import LoopRegion, extend_lifetimes, lower_loop_back, lower_loop_state
+from .loops import LoopRegion, extend_lifetimes, hoist_out_of_loops, lower_loop_back, lower_loop_state
 from .lower import LOWERINGS, LowerCtx, TensorFn
 from .texpr import E, Buf, const, load, replace_node, top_level, var
 
@@ -111,6 +111,7 @@ def schedule(g: Graph, gemm_cols: int = 0, split_concat: bool = False, gemm_tile
     builder = _StageBuilder(g, (gemm_cols, gemm_tiles, unpadded_contractions, matmul_panels, half_contractions,
                                 row_kernels, channel_tile_cost, batched_sequences))
     g.toposort()
+    hoist_out_of_loops(g.nodes)
     for node in g.nodes:
         builder.lower(node)
     builder.copy_unproduced_outputs()
