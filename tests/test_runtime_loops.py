@@ -143,8 +143,12 @@ def test_run_time_loop_with_scan_outputs_is_one_clear_error():
 
 def test_run_time_loop_on_the_gpu_is_one_clear_error():
     g = Pipeline.from_onnx(swap_loop_model()).optimize().graph
-    with pytest.raises(UnsupportedOpError, match=r"Loop \(node 'rt_loop', opset 17\): .*run-time loop"):
+    with pytest.raises(UnsupportedOpError, match=r"Loop \(node 'rt_loop', opset 17\): its trip count .*run-time loop"):
         gpu_schedule(g)
+    m = running_sum_model()
+    m.graph.input[1].type.tensor_type.shape.dim[0].dim_param = "S"
+    with pytest.raises(UnsupportedOpError, match=r"Scan \(node 's', opset 17\): its sequence length .*run-time loop"):
+        Pipeline.from_onnx(m).optimize().compile(target="nvptx64-nvidia-cuda", shape_profiles={"S": (1, 16, 512)})
 
 
 @pytest.mark.parametrize("in_axis,in_dir,out_axis,out_dir", [(0, 0, 0, 0), (1, 1, 1, 0), (-1, 0, -1, 1), (-2, 1, 0, 1)])

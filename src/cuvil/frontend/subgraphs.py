@@ -375,7 +375,7 @@ class _Expansion:
             zeros.append(self.add("Expand", [self.g.const(np.zeros((), t.dtype.numpy), f"{self.where}_zero"), shape]))
         loop_id = self.g.fresh_name(self.where)
         state = self.g.add_node("LoopState", [self.add("Reshape", [n, self.i64([1])]), None] + states + zeros,
-                                {"loop": loop_id}, name=f"{self.where}_state",
+                                {"loop": loop_id, "kind": "Scan"}, name=f"{self.where}_state",
                                 num_outputs=2 + len(states) + len(zeros), domain=CUSTOM_DOMAIN)
         it, slots = state.outputs[0], state.outputs[2:]
         last = self.add("Sub", [self.add("Reshape", [n, self.i64([])]), self.i64(1)])

@@ -21,6 +21,7 @@ branch in its step table (:mod:`cuvil.kernels.loops`), the GPU backend refuses t
 from __future__ import annotations
 
 import onnx.defs
+import onnx.helper
 
 from ...errors import UnsupportedOpError
 from ..dtype import DType
@@ -42,6 +43,7 @@ def _schemas():
     FP = S.FormalParameter
     opt, var = S.FormalParameterOption.Optional, S.FormalParameterOption.Variadic
     loop = S.Attribute("loop", S.AttrType.STRING, "the loop's id (pairs a LoopState with its LoopBack)")
+    kind = S.Attribute("kind", onnx.helper.make_attribute("kind", "Loop"), "the ONNX op it comes from: Loop or Scan")
     any_t = [("V", [f"tensor({t})" for t in ("float", "double", "float16", "int8", "int16", "int32", "int64",
                                               "uint8", "uint16", "uint32", "uint64", "bool")], "any tensor")]
     yield S("LoopState", CUSTOM_DOMAIN, 1, "a run-time loop's state slots: iteration, condition, carried values",
@@ -50,7 +52,7 @@ def _schemas():
             outputs=[FP("iter", "I"), FP("running", "B"),
                      FP("state", "V", param_option=var, is_homogeneous=False, min_arity=0)],
             type_constraints=any_t + [("I", ["tensor(int64)"], "int64"), ("B", ["tensor(bool)"], "bool")],
-            attributes=[loop])
+            attributes=[loop, kind])
     yield S("LoopBack", CUSTOM_DOMAIN, 1, "a run-time loop's back edge: next values in, final values out",
             inputs=[FP("cond", "B", param_option=opt),
                     FP("next", "V", param_option=var, is_homogeneous=False, min_arity=0)],

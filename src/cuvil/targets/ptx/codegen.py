@@ -743,10 +743,12 @@ def gpu_schedule(g, unpadded: bool = True, tuning: PtxTuning = DEFAULT_TUNING) -
     padded copy stored); off: the input is padded into a copy first."""
     for n in g.nodes:
         if n.op == "LoopState":   # a Loop/Scan run at run time: a backward branch only the x86 runtime takes
-            raise UnsupportedOpError("Loop", n.attrs.get("loop", n.name), g.opset, detail=(
-                "its trip count is known only at run time (or is over the unrolling limit), so it runs as a "
-                "run-time loop, which the GPU bundle (one captured CUDA graph) cannot express yet: compile "
-                "for x86, or make the trip count a constant <= frontend.subgraphs.MAX_UNROLLED_TRIPS"))
+            kind = n.attrs.get("kind", "Loop")
+            count = "trip count" if kind == "Loop" else "sequence length"
+            raise UnsupportedOpError(kind, n.attrs.get("loop", n.name), g.opset, detail=(
+                f"its {count} is known only at run time (or is over the unrolling limit), so it runs as a "
+                f"run-time loop, which the GPU bundle (one captured CUDA graph) cannot express yet: compile "
+                f"for x86, or make the {count} a constant <= frontend.subgraphs.MAX_UNROLLED_TRIPS"))
     if not tuning.conv_enabled:
         return schedule(g)
     return schedule(g, gemm_cols=GPU_GEMM_COLS, gemm_tiles=tuple((m, GPU_GEMM_COLS) for m in TILE_CHANNELS),
