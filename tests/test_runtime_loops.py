@@ -240,3 +240,22 @@ def test_nodes_outside_the_loop_run_when_it_runs_no_iteration():
     rng = np.random.default_rng(10)
     check(m, [{"M": np.array(n, np.int64), "x": rng.standard_normal(5).astype(np.float32),
                "a0": rng.standard_normal(5).astype(np.float32)} for n in (0, 3, 0)], rtol=1e-5, atol=1e-5)
+
+
+def test_long_loop_with_scan_outputs():
+    """A constant trip count over the unrolling limit with scan outputs: each is an accumulator [trip, ...]
+    whose row the iteration replaces; no run-time exit, so the length is the trip count."""
+    body = h.make_graph([h.make_node("Add", ["acc_in", "x"], ["acc_out"]), h.make_node("Identity", ["c_in"], ["c_out"]),
+                         h.make_node("Mul", ["acc_out", "acc_out"], ["sq"]),
+                         h.make_node("Cast", ["i"], ["fi"], to=T.FLOAT)], "body",
+                        [vi("i", T.INT64, []), vi("c_in", T.BOOL, []), vi("acc_in", T.FLOAT, [2, 2])],
+                        [vi("c_out", T.BOOL, []), vi("acc_out", T.FLOAT, [2, 2]), vi("sq", T.FLOAT, [2, 2]),
+                         vi("fi", T.FLOAT, [])])
+    m = model([h.make_node("Loop", ["M", "", "a0"], ["a", "sqs", "its"], body=body)],
+              [vi("x", T.FLOAT, [2, 2]), vi("a0", T.FLOAT, [2, 2])],
+              [vi("a", T.FLOAT, [2, 2]), vi("sqs", T.FLOAT, ["", 2, 2]), vi("its", T.FLOAT, [""])],
+              [h.make_tensor("M", T.INT64, [], [150])])
+    assert [n.op for n in import_model(m).nodes].count("LoopState") == 1
+    rng = np.random.default_rng(11)
+    check(m, [{"x": rng.standard_normal((2, 2)).astype(np.float32) * 0.1,
+               "a0": rng.standard_normal((2, 2)).astype(np.float32)}], rtol=1e-5, atol=1e-5)

@@ -23,7 +23,8 @@ CUDA graph per shape bucket), so control flow becomes data flow as the importer 
   are accumulators with one row replaced per iteration; every direction and axis attribute is honoured.
 
 Refused, each with one :class:`UnsupportedOpError` naming op, node and opset: a loop with neither trip count
-nor condition, scan outputs of a run-time ``Loop`` (data-dependent length), run-time branches of different
+nor condition, scan outputs of a ``Loop`` whose trip count is not constant or which has a run-time exit
+(data-dependent length), run-time branches of different
 types, loop-carried values whose type changes across iterations of a run-time loop, and expansions past
 :data:`MAX_UNROLLED_NODES`.
 """
@@ -197,10 +198,11 @@ class _Expansion:
         if m_in is None and c_in is None:
             self.fail("it has neither a trip count M nor a condition, so it never ends")
         dynamic = (m_in is not None and m is None) or (trip is None and (c is None or not n_scan))
-        if trip != 0 and (dynamic or (trip is not None and trip > MAX_UNROLLED_TRIPS and not n_scan)):
+        long_ = trip is not None and trip > MAX_UNROLLED_TRIPS and (not n_scan or c_in is None)
+        if trip != 0 and (dynamic or long_):
             # a trip count known only at run time, a run-time exit with no bound, or a long loop: compiled
             # once and run by the backend (a backward branch in the x86 step table)
-            return self.runtime_loop(body, m_in, c_in, carried, n_scan)
+            return self.runtime_loop(body, m_in, c_in, carried, n_scan, trip)
         running = None  # None: every iteration so far was taken for certain; else the run-time bool scalar
         if c_in is not None and c is None:
             running = self.scalar_bool(c_in)
@@ -245,23 +247,31 @@ class _Expansion:
                 out_scans.append(self.empty_stack(like[1 + len(carried) + k], 0))
         return carried + out_scans
 
-    def runtime_loop(self, body, m_in, c_in, carried, n_scan) -> List[Optional[Value]]:
+    def runtime_loop(self, body, m_in, c_in, carried, n_scan, trip) -> List[Optional[Value]]:
         """The loop as one copy of its body between a ``LoopState`` node (the state slots the body reads:
         iteration number, condition, carried values) and a ``LoopBack`` node (the values the body computes
-        for the next iteration; its outputs are the final values), see :mod:`cuvil.ir.ops.control`."""
-        if n_scan:
+        for the next iteration; its outputs are the final values), see :mod:`cuvil.ir.ops.control`. Scan
+        outputs need a length known at compile time (a constant trip count and no run-time exit): each is an
+        accumulator ``[trip, ...]`` whose row the iteration replaces."""
+        if n_scan and (trip is None or c_in is not None):
             self.fail(f"its trip count is not a small constant known at compile time (M: "
-                      f"{_describe(m_in) if m_in is not None else 'none'}), so its {n_scan} scan output(s) would have "
-                      f"a data-dependent length; Cuvil runs such loops at run time only without scan outputs: "
-                      f"return the values as loop-carried ones, or make M a constant <= {MAX_UNROLLED_TRIPS}")
+                      f"{_describe(m_in) if m_in is not None else 'none'}"
+                      f"{', and a run-time condition' if c_in is not None else ''}), so its {n_scan} scan output(s) "
+                      f"would have a data-dependent length; Cuvil runs such loops at run time only without scan "
+                      f"outputs: return the values as loop-carried ones, or make M a constant <= {MAX_UNROLLED_TRIPS}")
         m = None if m_in is None else self.add("Reshape", [m_in, self.i64([1])])
         c = None if c_in is None else self.add("Reshape", [self.scalar_bool(c_in), self.i64([1])])
+        ys = []
+        if n_scan:
+            ys = self._trial_types(body, [TensorType(DType.INT64, ()), TensorType(DType.BOOL, ())]
+                                   + [v.type for v in carried])[1 + len(carried):]
+        zeros = self._accumulators(ys, self.i64([max(trip, 0)])) if n_scan else []
         loop_id = self.g.fresh_name(self.where)   # unique: an unrolled outer loop imports this node once per copy
-        state = self.g.add_node("LoopState", [m, c] + carried, {"loop": loop_id}, name=f"{self.where}_state",
-                                num_outputs=2 + len(carried), domain=CUSTOM_DOMAIN,
+        state = self.g.add_node("LoopState", [m, c] + carried + zeros, {"loop": loop_id}, name=f"{self.where}_state",
+                                num_outputs=2 + len(carried) + n_scan, domain=CUSTOM_DOMAIN,
                                 output_names=[f"{self.where}_iter", f"{self.where}_running"]
-                                + [f"{self.where}_state{k}" for k in range(len(carried))])
-        it, running, states = state.outputs[0], state.outputs[1], state.outputs[2:]
+                                + [f"{self.where}_state{k}" for k in range(len(carried) + n_scan)])
+        it, running, states = state.outputs[0], state.outputs[1], state.outputs[2:2 + len(carried)]
         outs = self.body(body, [it, running] + list(states))
         cond_out, new = outs[0], list(outs[1:1 + len(carried)])
         if cond_out is None:
@@ -270,11 +280,41 @@ class _Expansion:
             if b is None or a.type != b.type:
                 self.fail(f"loop-carried value {k} is {a.type} before an iteration and "
                           f"{None if b is None else b.type} after it; a loop run at run time needs them equal")
+        rows = self.i64(np.arange(max(trip or 0, 0))) if n_scan else None
+        for k, (acc, y) in enumerate(zip(state.outputs[2 + len(carried):], outs[1 + len(carried):])):
+            new.append(self._replace_row(acc, y, ys[k], rows, it, k))
         cond_next = None if c_in is None else self.add("Reshape", [self.scalar_bool(cond_out), self.i64([1])])
         back = self.g.add_node("LoopBack", [cond_next] + new, {"loop": loop_id}, name=f"{self.where}_back",
                                num_outputs=len(new), domain=CUSTOM_DOMAIN,
                                output_names=[f"{self.where}_final{k}" for k in range(len(new))])
         return list(back.outputs)
+
+    def _trial_types(self, body, types) -> List[TensorType]:
+        """The types of the body's outputs for inputs of ``types`` (a trial import, removed again): the
+        per-iteration shapes of scan outputs, which size their accumulators before the loop."""
+        start = len(self.g.nodes)
+        outs = self.body(body, [Value(f"{self.where}_probe{k}", t) for k, t in enumerate(types)])
+        self.g.remove_nodes(self.g.nodes[start:])
+        return [o.type for o in outs]
+
+    def _accumulators(self, ys: List[TensorType], n: Value) -> List[Value]:
+        """For each per-iteration type in ``ys``, zeros ``[n, ...]`` (``n`` a one-element int64 value)."""
+        zeros = []
+        for k, t in enumerate(ys):
+            if t.shape is None or not all(isinstance(d, int) for d in t.shape):
+                self.fail(f"scan output {k} is {t} per iteration; a loop run at run time needs its per-iteration "
+                          f"shape static")
+            shape = self.add("Concat", [n, self.i64(list(t.shape))], {"axis": 0})
+            zeros.append(self.add("Expand", [self.g.const(np.zeros((), t.dtype.numpy), f"{self.where}_zero"), shape]))
+        return zeros
+
+    def _replace_row(self, acc: Value, y: Value, expected: TensorType, rows: Value, row: Value, k: int) -> Value:
+        """``acc`` with row ``row`` replaced by ``y`` (``rows``: the row indices 0..n-1)."""
+        if y.type != expected:
+            self.fail(f"scan output {k} is {y.type}, {expected} in a trial import")
+        rank = len(y.shape) + 1
+        hit = self.add("Equal", [self.add("Unsqueeze", [rows, self.i64(list(range(1, rank)))]), row])
+        return self.add("Where", [hit, self.add("Unsqueeze", [y, self.i64([0])]), acc])
 
     # --- Scan ------------------------------------------------------------------------------------------
     def scan(self) -> List[Optional[Value]]:
@@ -360,19 +400,9 @@ class _Expansion:
         n = self.add("Gather", [self.add("Shape", [xs[0]]), self.i64([axes[0]])], {"axis": 0})
         slice_types = [TensorType(x.dtype, tuple(d for k, d in enumerate(x.shape) if k != ax))
                        for x, ax in zip(xs, axes)]
-        # the scan outputs' types (a trial import of the body, removed again) size their accumulators
-        start = len(self.g.nodes)
-        trial = self.body(body, [Value(f"{self.where}_probe{k}", v.type) for k, v in enumerate(states)]
-                          + [Value(f"{self.where}_probe_x{k}", t) for k, t in enumerate(slice_types)])
-        ys = [y.type for y in trial[n_state:]]
-        self.g.remove_nodes(self.g.nodes[start:])
-        zeros = []
-        for k, t in enumerate(ys):
-            if t.shape is None or not all(isinstance(d, int) for d in t.shape):
-                self.fail(f"scan output {k} is {t} per iteration; a Scan run at run time needs its per-iteration "
-                          f"shape static")
-            shape = self.add("Concat", [n, self.i64(list(t.shape))], {"axis": 0})
-            zeros.append(self.add("Expand", [self.g.const(np.zeros((), t.dtype.numpy), f"{self.where}_zero"), shape]))
+        # the scan outputs' types (a trial import of the body) size their accumulators
+        ys = self._trial_types(body, [v.type for v in states] + slice_types)[n_state:]
+        zeros = self._accumulators(ys, n)
         loop_id = self.g.fresh_name(self.where)
         state = self.g.add_node("LoopState", [self.add("Reshape", [n, self.i64([1])]), None] + states + zeros,
                                 {"loop": loop_id, "kind": "Scan"}, name=f"{self.where}_state",
@@ -387,14 +417,9 @@ class _Expansion:
             if a.type != b.type:
                 self.fail(f"state {k} is {a.type} before an iteration and {b.type} after it; a Scan run at run time "
                           f"needs them equal")
+        rows = self.add("Range", [self.i64(0), self.add("Reshape", [n, self.i64([])]), self.i64(1)])
         for k, (acc, y, d) in enumerate(zip(slots[n_state:], outs[n_state:], out_dirs)):
-            if y.type != ys[k]:
-                self.fail(f"scan output {k} is {y.type}, {ys[k]} in a trial import")
-            rank = len(y.shape) + 1
-            rows = self.add("Unsqueeze", [self.add("Range", [self.i64(0), self.add("Reshape", [n, self.i64([])]),
-                                                             self.i64(1)]), self.i64(list(range(1, rank)))])
-            hit = self.add("Equal", [rows, rev if d else it])
-            new.append(self.add("Where", [hit, self.add("Unsqueeze", [y, self.i64([0])]), acc]))
+            new.append(self._replace_row(acc, y, ys[k], rows, rev if d else it, k))
         back = self.g.add_node("LoopBack", [None] + new, {"loop": loop_id}, name=f"{self.where}_back",
                                num_outputs=len(new), domain=CUSTOM_DOMAIN)
         finals = list(back.outputs)
