@@ -59,9 +59,9 @@ def _activation(name: str, alpha: float, beta: float) -> Callable[[E], E]:
     raise ValueError(name)
 
 
-def _activations(ctx, op: str, dirs: int) -> List[List[Callable[[E], E]]]:
-    """Per direction, the op's activations (f, g[, h]) with their alpha/beta, consumed in list order by the
-    activations that take them (onnxruntime's reading of activation_alpha / activation_beta)."""
+def _activations(ctx, op: str, dirs: int) -> List[List[tuple]]:
+    """Per direction, the op's activations (f, g[, h]) as (name, alpha, beta), alpha/beta consumed in list
+    order by the activations that take them (onnxruntime's reading of activation_alpha / activation_beta)."""
     names = activation_names(op, ctx.attr("activations"), dirs)
     alphas = list(ctx.attr("activation_alpha") or [])
     betas = list(ctx.attr("activation_beta") or [])
@@ -72,7 +72,7 @@ def _activations(ctx, op: str, dirs: int) -> List[List[Callable[[E], E]]]:
             a = alphas.pop(0)
         if uses_b and betas:
             b = betas.pop(0)
-        fns.append(_activation(n, a, b))
+        fns.append((n.lower(), a, b))
     k = len(ACTIVATIONS[op])
     return [fns[d * k:(d + 1) * k] for d in range(dirs)]
 
@@ -198,10 +198,12 @@ def _recurrent(ctx):
         return select(cmp("gt", e, fconst(-clip, e)), e, fconst(-clip, e))
 
     def per_dir(k):
-        """Activation k of this row's direction."""
-        if dirs == 1:
-            return acts[0][k]
-        return lambda e: select(cmp("eq", d, const(0, I64)), acts[0][k](e), acts[1][k](e))
+        """Activation k of this row's direction (one expression when both directions use the same: a select
+        computes both of its arms)."""
+        if dirs == 1 or acts[0][k] == acts[1][k]:
+            return _activation(*acts[0][k])
+        fwd, bwd = _activation(*acts[0][k]), _activation(*acts[1][k])
+        return lambda e: select(cmp("eq", d, const(0, I64)), fwd(e), bwd(e))
 
     def keep(new, old):
         return select(valid, new, old)
