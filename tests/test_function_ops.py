@@ -311,3 +311,17 @@ def test_a_registered_op_with_a_function_body_keeps_its_own_kernel():
     nodes = [h.make_node("LayerNormalization", ["x", "s"], ["y"]), h.make_node("Gelu", ["y"], ["z"])]
     m = model(nodes, [("x", TP.FLOAT, [2, 4]), ("s", TP.FLOAT, [4])], [("z", TP.FLOAT, [2, 4])], 20)
     assert [n.op for n in import_model(m).nodes] == ["LayerNormalization", "Gelu"]
+
+
+def test_rotary_embedding_4d_without_position_ids_matches_onnxruntime():
+    """(B, heads, S, head) input, cos/sin caches given per batch and position (no position_ids)."""
+    node = h.make_node("RotaryEmbedding", ["X", "cos", "sin"], ["Y"], rotary_embedding_dim=6)
+    m = model([node], [("X", TP.FLOAT, ["B", 3, "S", 10]), ("cos", TP.FLOAT, ["B", "S", 3]),
+                       ("sin", TP.FLOAT, ["B", "S", 3])], [("Y", TP.FLOAT, ["B", 3, "S", 10])], 23)
+    art = compiled(m)
+    rng = np.random.default_rng(10)
+    for b, s in [(1, 1), (2, 7), (4, 20)]:
+        angles = rng.uniform(0, 6, (b, s, 3)).astype(np.float32)
+        feeds = {"X": rng.standard_normal((b, 3, s, 10), np.float32), "cos": np.cos(angles), "sin": np.sin(angles)}
+        np.testing.assert_allclose(run(art, feeds)[0], onnxruntime_outputs(m, feeds)[0], rtol=1e-5, atol=1e-6,
+                                   err_msg=f"B={b} S={s}")
