@@ -156,10 +156,10 @@ def _refuse_data_dependent_sizes(g: Graph) -> None:
     """A size that depends on tensor contents (NonZero's count, TopK's k or Range's bounds read from tensor
     data: a fresh symbol of shape inference, outside the graph's symbols) has no run-time value a kernel could
     read yet: the first node that makes one is named."""
+    known = set(g.symbols).union(*[d.free_symbols for v in g.inputs for d in v.shape or () if isinstance(d, SymExpr)])
     for n in g.nodes:
         for o in n.outputs:
-            fresh = sorted(set().union(*[d.free_symbols for d in o.shape or () if isinstance(d, SymExpr)])
-                           - set(g.symbols))
+            fresh = sorted(set().union(*[d.free_symbols for d in o.shape or () if isinstance(d, SymExpr)]) - known)
             if fresh:
                 raise UnsupportedOpError(
                     n.op, n.name, g.opset, detail=f"output {o.name!r} has shape {o.type}, whose size {fresh[0]} "
