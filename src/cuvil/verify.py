@@ -16,6 +16,7 @@ from hypothesis.errors import Unsatisfiable
 
 from .artifact import load
 from .dsl.parser import load_rules
+from .ir.dim import SymExpr
 from .pipeline import Pipeline
 from .rewrite_rules.verdicts import builtin_rules
 from .testing.rules import REAL_RTOL
@@ -100,9 +101,16 @@ def verify_artifact(source, library: str, *, examples: int = 30, seed: Optional[
     a difference is shrunk to a minimal input."""
     src = source if isinstance(source, Pipeline) else Pipeline.from_onnx(source)
     lib = load(library)
-    # Symbolic dims are drawn inside the library's own profile (the source model's symbols carry no range).
-    profiles = {name: (lo, hi) for name, (lo, _, hi) in lib.symbols.items() if name in src.graph.symbols}
-    drawn = src.with_profiles(profiles, check=False) if profiles else src
+    # Inputs take the library's shapes: a dim it fixed at that value, a symbol inside the library's own profile
+    # (the source model's symbols carry no range).
+    fixed = {}
+    for v, spec in zip(src.graph.inputs, lib.inputs):
+        for d, n in zip(v.shape or (), spec.shape):
+            if n is not None and isinstance(d, SymExpr) and str(d) in src.graph.symbols:
+                fixed[str(d)] = int(n)
+    drawn = src.specialize(fixed) if fixed else src
+    profiles = {name: (lo, hi) for name, (lo, _, hi) in lib.symbols.items() if name in drawn.graph.symbols}
+    drawn = drawn.with_profiles(profiles, check=False) if profiles else drawn
     state = {"n": 0, "fail": None, "input": None}
 
     @st.composite
