@@ -97,9 +97,8 @@ def rel_error(got: np.ndarray, ref: np.ndarray) -> float:
 
 
 def _ort(model, feeds):
-    import onnxruntime as ort
-    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return sess.run(None, feeds)
+    from cuvil.testing.oracles import ort_session
+    return ort_session(model).run(None, feeds)
 
 
 def run_gpu(path: str, args):
