@@ -6,6 +6,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from cuvil import CuvilError, Pipeline
+from cuvil.dsl.compiler import build, match
+from cuvil.dsl.parser import parse_rules
+from cuvil.frontend import import_model
 from cuvil.testing.oracles import ort_session
 
 
@@ -197,3 +200,20 @@ def test_gather_elements_with_symbolic_dims_matches_and_stays_in_bounds():
     data = np.arange(1, 9, dtype=np.float32).reshape(2, 4)
     got = art.run({"d": data, "i": np.zeros((9, 4), np.int64)})["y"]
     np.testing.assert_array_equal(got, np.repeat(data[[0] + [1] * 8, :1], 4, axis=1))
+
+
+# --- literals in a rule's replacement take the type of the input they share a type parameter with --------
+
+def test_rule_literal_in_where_takes_the_branch_dtype():
+    # Where(c, x, 0): the 0 is a branch (type parameter T, x's), not the bool condition's type.
+    (rule,) = parse_rules("rule r\n  Mul(Cast(c, to=1), x) => Where(c, x, 0)\n  prove real\n", "t.rule", validate=False)
+    c = helper.make_tensor_value_info("c", TensorProto.BOOL, [3])
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])
+    m = make([helper.make_node("Cast", ["c"], ["cf"], to=TensorProto.FLOAT), helper.make_node("Mul", ["cf", "x"], ["y"])],
+             [c, x])
+    g = import_model(m)
+    b = match(rule, g.outputs[0], g)
+    assert b is not None
+    out = build(rule, b, g, [])
+    assert out.producer.op == "Where" and out.dtype.name == "FLOAT"
+    assert out.producer.inputs[2].dtype.name == "FLOAT"
