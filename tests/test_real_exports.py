@@ -3,7 +3,7 @@ committed under tests/fixtures/exports/ (exports.json lists them), compiled for 
 onnxruntime within 1e-4 relative, with padded attention masks (B = 1 padded too: the dynamo exporter's
 mask indexing is all constants there), at several (B, S).
 
-Where the library can serve a profile (B = 1..8, S = 1..64) one library is checked at every shape;
+Where the library can serve a profile (B = 1..8, S = 1..512) one library is checked at every shape;
 the others (Slice bounds or Expand targets computed from Shape at run time, see rtshapes in issue 19)
 compile once per shape with the symbols fixed.
 """
@@ -20,12 +20,13 @@ from cuvil.testing.oracles import max_rel_error, ort_session
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "exports"
 EXPORTS = [e["file"] for e in json.loads((FIXTURES / "exports.json").read_text()) if e["status"] == "ok"]
 RTOL = 1e-4
-PROFILE = {"batch": (1, 2, 8), "sequence": (1, 16, 64), "past_sequence": (1, 8, 64), "total_sequence": (2, 9, 65)}
+# B = 1..8, S = 1..512 (a decode step: a past of 1..511); BERT's position table has 512 rows.
+PROFILE = {"batch": (1, 2, 8), "sequence": (1, 16, 512), "past_sequence": (1, 16, 511), "total_sequence": (2, 17, 512)}
 # One library serves the whole profile.
 ONE_LIBRARY = {"gpt2.dynamo.onnx", "gpt2_decode.dynamo.onnx", "roberta.dynamo.onnx", "t5_encoder.dynamo.onnx",
                "vit.dynamo.onnx", "whisper_encoder.dynamo.onnx", "whisper_encoder.torchscript.onnx"}
 # (B, S): the first row of each batch is padded from the middle on; with B > 1 the second keeps one token.
-SHAPES = [(1, 16), (3, 9), (8, 33)]
+SHAPES = [(1, 16), (3, 9), (8, 33), (2, 511)]
 FIXED_SHAPES = [(1, 16), (3, 9)]
 
 
