@@ -217,3 +217,18 @@ def test_rule_literal_in_where_takes_the_branch_dtype():
     out = build(rule, b, g, [])
     assert out.producer.op == "Where" and out.dtype.name == "FLOAT"
     assert out.producer.inputs[2].dtype.name == "FLOAT"
+
+
+def test_unknown_rank_outputs_get_their_ops_dtypes():
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, None)   # rank unknown
+    k = const("k", np.array([1], np.int64))
+    nodes = [k, helper.make_node("Equal", ["x", "x"], ["eq"]), helper.make_node("Not", ["eq"], ["ne"]),
+             helper.make_node("Where", ["ne", "x", "x"], ["wh"]), helper.make_node("Cast", ["x"], ["ci"], to=TensorProto.INT32),
+             helper.make_node("ArgMax", ["x"], ["am"]), helper.make_node("TopK", ["x", "k"], ["tv", "ti"]),
+             helper.make_node("CastLike", ["x", "ci"], ["cl"]), helper.make_node("IsNaN", ["x"], ["nan"])]
+    want = {"eq": "BOOL", "ne": "BOOL", "wh": "FLOAT", "ci": "INT32", "am": "INT64", "tv": "FLOAT", "ti": "INT64",
+            "cl": "INT32", "nan": "BOOL"}
+    m = make(nodes, [x], outputs=tuple(want))
+    g = import_model(m)
+    got = {v.name: v.dtype.name for v in g.values() if v.name in want}
+    assert got == want
