@@ -232,3 +232,23 @@ def test_unknown_rank_outputs_get_their_ops_dtypes():
     g = import_model(m)
     got = {v.name: v.dtype.name for v in g.values() if v.name in want}
     assert got == want
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_concat_folds_like_numpy(seed):
+    # Random ranks, axes and part counts: the folded constant (Concat's symbolic evaluation) is numpy's concatenate.
+    rng = np.random.default_rng(seed)
+    rank = int(rng.integers(1, 5))
+    axis = int(rng.integers(-rank, rank))
+    base = [int(v) for v in rng.integers(1, 4, rank)]
+    parts = []
+    for k in range(int(rng.integers(1, 4))):
+        shape = list(base)
+        shape[axis] = int(rng.integers(1, 4))
+        parts.append(rng.integers(-50, 50, shape).astype(np.int64))
+    want = np.concatenate(parts, axis)
+    nodes = [const(f"p{k}", a) for k, a in enumerate(parts)]
+    nodes.append(helper.make_node("Concat", [f"p{k}" for k in range(len(parts))], ["y"], axis=axis))
+    g = Pipeline.from_onnx(make(nodes, [])).optimize().graph
+    assert not g.nodes                                  # folded
+    np.testing.assert_array_equal(g.outputs[0].const, want)
