@@ -25,11 +25,10 @@ RTOL = 1e-4
 # B = 1..8, S = 1..512 (a decode step: a past of 1..511); BERT's position table has 512 rows.
 PROFILE = {"batch": (1, 2, 8), "sequence": (1, 16, 512), "past_sequence": (1, 16, 511), "total_sequence": (2, 17, 512)}
 # One library serves the whole profile.
-ONE_LIBRARY = {"gpt2.dynamo.onnx", "gpt2_decode.dynamo.onnx", "roberta.dynamo.onnx", "t5_encoder.dynamo.onnx",
-               "vit.dynamo.onnx", "whisper_encoder.dynamo.onnx", "whisper_encoder.torchscript.onnx"}
+ONE_LIBRARY = set(EXPORTS)  # every export, both exporters (run-time Slice bounds and Expand targets: item 3)
 # (B, S): the first row of each batch is padded from the middle on; with B > 1 the second keeps one token.
 SHAPES = [(1, 16), (3, 9), (8, 33), (2, 511)]
-FIXED_SHAPES = [(1, 16), (3, 9)]
+FIXED_SHAPES = [(1, 16)]
 
 
 def attention_mask(batch: int, length: int, left: bool) -> np.ndarray:
@@ -87,9 +86,11 @@ def test_one_library_serves_the_profile(name):
         compare(model, art, batch, seq)
 
 
-@pytest.mark.parametrize("name", sorted(set(EXPORTS) - ONE_LIBRARY))
+@pytest.mark.parametrize("name", EXPORTS)
 @pytest.mark.parametrize("batch,seq", FIXED_SHAPES)
 def test_fixed_shapes(name, batch, seq):
+    """Every symbol fixed, as the GPU target compiles: shape computations fold to constants (where the
+    Concat fold of the dynamo exporter's mask index once went wrong at B = 1)."""
     model = onnx.load(FIXTURES / name)
     p = Pipeline.from_onnx(model).optimize()
     art = p.compile(fixed=symbols_of(p, batch=batch, sequence=seq, past_sequence=seq, total_sequence=seq + 1))
