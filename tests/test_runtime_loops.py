@@ -259,3 +259,21 @@ def test_long_loop_with_scan_outputs():
     rng = np.random.default_rng(11)
     check(m, [{"x": rng.standard_normal((2, 2)).astype(np.float32) * 0.1,
                "a0": rng.standard_normal((2, 2)).astype(np.float32)}], rtol=1e-5, atol=1e-5)
+
+
+def test_for_loop_with_break_both_known_only_at_run_time():
+    """M from an input and a data-dependent condition (a for loop with a break): the loop stops at whichever
+    comes first."""
+    body = h.make_graph([h.make_node("Mul", ["acc_in", "two"], ["a2"]), h.make_node("Add", ["a2", "x"], ["acc_out"]),
+                         h.make_node("ReduceMax", ["acc_out"], ["mx"], keepdims=0),
+                         h.make_node("Less", ["mx", "limit"], ["c_out"])], "body",
+                        [vi("i", T.INT64, []), vi("c_in", T.BOOL, []), vi("acc_in", T.FLOAT, [6])],
+                        [vi("c_out", T.BOOL, []), vi("acc_out", T.FLOAT, [6])], [scalar("two", 2.0)])
+    m = model([h.make_node("Loop", ["M", "go", "acc0"], ["acc"], body=body)],
+              [vi("M", T.INT64, [1]), vi("go", T.BOOL, []), vi("x", T.FLOAT, [6]), vi("acc0", T.FLOAT, [6]),
+               vi("limit", T.FLOAT, [])], [vi("acc", T.FLOAT, [6])])
+    rng = np.random.default_rng(12)
+    cases = [{"M": np.array([n], np.int64), "go": np.array(go), "x": rng.uniform(0, 1, 6).astype(np.float32),
+              "acc0": rng.uniform(0, 1, 6).astype(np.float32), "limit": np.array(limit, np.float32)}
+             for n in (0, 2, 40) for go in (True, False) for limit in (-1.0, 30.0, 1e9)]
+    check(m, cases, rtol=1e-6, atol=0)
