@@ -21,11 +21,6 @@ from .narrow import (MINIFLOAT_FORMATS, bfloat16_from_memory, bfloat16_round, bf
 from .types import I1, I8, I64, PTR, UNSIGNED, const_value, float_bits, ll, mem_type
 
 
-# bfloat16 arithmetic is computed in float32 and each result rounded to bfloat16, so a fused chain gives the
-# values the ops give one by one (the reference's); a reduction accumulates in float32 and rounds once.
-_ROUNDED_BF16 = frozenset({"add", "sub", "mul", "div", "fmod", "pymod", "call", "fma", "reduce"})
-
-
 class LLVMEmitter(ABC):
     """Emits into function ``fn`` of kernel module ``km`` through builder ``b``; ``bufs`` is the kernel's
     buffer table. Values are memoised per expression node (``memo``: one scope per loop body or branch);
@@ -169,8 +164,6 @@ class LLVMEmitter(ABC):
         if e.uid in memo:
             return memo[e.uid]
         v = self._emit(e)
-        if e.dtype == DType.BFLOAT16 and e.op in _ROUNDED_BF16:
-            v = bfloat16_round(self.b, v)
         memo[e.uid] = v
         return v
 
