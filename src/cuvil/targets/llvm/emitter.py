@@ -328,9 +328,7 @@ class LLVMEmitter(ABC):
         def body(idx):
             for v, i in zip(vs, idx):
                 self.env[v.attr] = i
-            x = self.emit(e.args[0])
-            if wide:
-                x = b.fpext(x, t)
+            x = self.wide_term(e.args[0]) if wide else self.emit(e.args[0])
             a = b.load(acc, typ=t)
             if kind == "sum":
                 r = b.fadd(a, x) if dt.is_float else b.add(a, x)
@@ -344,6 +342,14 @@ class LLVMEmitter(ABC):
         self.loops(list(extents), body)
         out = b.load(acc, typ=t)
         return b.fptrunc(out, ll(dt)) if wide else out
+
+    def wide_term(self, body: E) -> ir.Value:
+        """A float16 reduction's term in float32: a product of two float16 values is exact in float32, so it
+        is formed there (as numpy's and onnxruntime's float16 MatMul do) instead of rounded to float16 first."""
+        b = self.b
+        if body.op == "mul" and all(a.dtype == DType.FLOAT16 for a in body.args):
+            return b.fmul(*(b.fpext(self.emit(a), ll(DType.FLOAT)) for a in body.args))
+        return b.fpext(self.emit(body), ll(DType.FLOAT))
 
     def argscan(self, e: E):
         src, base, axis, n, better, last = e.attr

@@ -61,9 +61,7 @@ class X86Emitter(LLVMEmitter):
             def inner(w):
                 self.env[wvar] = w
                 for r in range(len(outers)):
-                    x = with_row(r, lambda: self.emit(red.args[0]))
-                    if wide:
-                        x = b.fpext(x, t)
+                    x = with_row(r, lambda: self.wide_term(red.args[0]) if wide else self.emit(red.args[0]))
                     a = b.load(slot(r, w), typ=t)
                     b.store(self.combine(kind, a, x, dt), slot(r, w))
             self.loop_range(I64(0), width, inner)
