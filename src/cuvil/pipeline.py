@@ -21,7 +21,7 @@ from .ir.dim import SymExpr, Symbol, bounds, evaluate
 from .ir.graph import Graph
 from .ir.hash import structural_hash
 from .ir.printer import print_graph
-from .ir.shape_binding import bind_input_shapes, lookup_symbol
+from .ir.shape_binding import bind_input_shapes, lookup_symbol, profile_symbol
 from .ir.stats import GraphStats, graph_stats
 from .reference import run_reference
 from .rewrite_rules.engine import RewriteReport
@@ -200,20 +200,16 @@ class Pipeline:
         return p.with_profiles(b.profiles) if b.profiles else p
 
     def with_profiles(self, shape_profiles: Mapping[str, Tuple[int, ...]], *, check: bool = True) -> "Pipeline":
-        """The same graph with symbol ranges set: ``{"N": (1, 8, 64)}`` (min, opt, max) or ``(min, max)``.
+        """The same graph with symbol ranges set: ``{"N": (1, 8, 64)}`` (min, opt, max) or ``(min, max)``;
+        a last element ``{"multiple": 32}`` admits only the multiples of 32 in the range (``--shape-profile
+        H=32:640:1280/32``; min, opt and max are multiples too), and every shape condition is then proved for
+        those values only.
         Every shape condition of the graph must hold over the new ranges (else ShapeError naming the node
         and a counterexample; ``check=False`` leaves that to :meth:`check_shapes`); derived dims' ranges
         follow."""
         g = self._graph.clone()
         for name, prof in self._by_symbol(shape_profiles, "--shape-profile").items():
-            vals = tuple(int(x) for x in prof)
-            if len(vals) not in (2, 3):
-                raise ShapeError(f"shape profile of {name}: expected (min, opt, max) or (min, max), got {prof!r}")
-            lo, hi = vals[0], vals[-1]
-            opt = vals[1] if len(vals) == 3 else None
-            if not (1 <= lo <= hi) or (opt is not None and not lo <= opt <= hi):
-                raise ShapeError(f"shape profile {name}={':'.join(map(str, vals))}: need 1 <= min <= opt <= max")
-            g.symbols[name] = Symbol(name, lo, hi, opt)
+            g.symbols[name] = profile_symbol(name, prof)
         propagate_shapes(g)   # dims simplified over the new ranges (min(S, 512) is S for S <= 512)
         out = self._derive(g, self.report)
         bad = out.check_shapes() if check else ()
@@ -277,7 +273,8 @@ class Pipeline:
                 raise ShapeError("the graph's shape conditions fail inside the symbols' ranges (give ranges where "
                                  "they hold: --input-shape INPUT=MIN:OPT:MAX or --shape-profile NAME=MIN:OPT:MAX):\n  "
                                  + "\n  ".join(map(str, bad)))
-        profiles = {s.name: [s.min, s.tuned, s.max] for s in p._graph.symbols.values()}
+        profiles = {s.name: [s.min, s.tuned, s.max] + ([{"multiple": s.multiple}] if s.multiple > 1 else [])
+                    for s in p._graph.symbols.values()}
         rules = applied_rules(self.report)
         extra = {"model_sha256": self.source_sha256, "specialized": fixed, "shape_profiles": profiles,
                  "derived_dims": _derived_dims(p._graph), "rules_applied": rules}
@@ -357,8 +354,9 @@ class Pipeline:
                 for k, (d, got) in enumerate(zip(v.shape, arr.shape)):
                     if isinstance(d, SymExpr) and len(d.free_symbols) == 1 and str(d) in g.symbols:
                         sym = g.symbols[str(d)]
-                        if not sym.min <= got <= sym.max:
-                            raise ShapeError(f"input {v.name!r} dim {k}: {sym.name} = {got} is outside [{sym.min}, {sym.max}]")
+                        if not sym.admits(got):
+                            raise ShapeError(f"input {v.name!r} dim {k}: {sym.name} = {got} is outside the profile "
+                                             f"{sym.profile_text()}")
                         if env.setdefault(sym.name, got) != got:
                             raise ShapeError(f"input {v.name!r} dim {k}: {sym.name} = {got}, but another input has {sym.name} = {env[sym.name]}")
                     elif isinstance(d, int) and d != got:

@@ -28,8 +28,8 @@ def specialize_graph(graph: Graph, fixed: Mapping[str, Union[int, str, SymExpr]]
                                  f"{sorted(k for k in g.symbols if not isinstance(fixed.get(k), (str, SymExpr)))})")
             env[name] = SymExpr.symbol(other)
             continue
-        if not sym.min <= int(val) <= sym.max:
-            raise ShapeError(f"{name} = {val} is outside its range [{sym.min}, {sym.max}]")
+        if not sym.admits(int(val)):
+            raise ShapeError(f"{name} = {val} is outside its range {sym.profile_text()}")
         env[name] = int(val)
     env = {k: substitute(d, env) for k, d in env.items()}   # s.0 = x.0 with x.0 = 2 fixed too: s.0 = 2
     for v in g.inputs:
