@@ -142,3 +142,18 @@ def test_shape_conditions_are_proved_over_the_multiples():
     for h in (8, 24, 64):
         x = np.arange(h, dtype=np.float32)[None]
         np.testing.assert_array_equal(art.run({"x": x})["y"], x.reshape(-1, 8))
+
+
+def test_cli_inspect_and_compile_take_multiples(tmp_path, capsys):
+    from cuvil.cli import main as cli_main
+    import onnx
+    path = str(tmp_path / "pyramid.onnx")
+    onnx.save(pyramid_model(), path)
+    assert cli_main(["inspect", path, "--shapes", "--input-shape", "x=1x2x8x8:1x2x16x24:1x2x64x64/1x1x4x4"]) == 0
+    out = capsys.readouterr().out
+    assert "symbol x.2 in [8, 64], multiples of 4, opt 16: x axis 2" in out, out
+    assert "violated somewhere in range: 0" in out, out
+    lib = str(tmp_path / "libpyr.so")
+    assert cli_main(["compile", "--input", path, "--output", lib, "--shape-profile", "x.2=8:16:64/4",
+                     "--shape-profile", "x.3=8:16:64/4"]) == 0
+    assert "multiples of 4" in open(str(tmp_path / "libpyr.h")).read()

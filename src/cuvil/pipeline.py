@@ -27,7 +27,7 @@ from .reference import run_reference
 from .rewrite_rules.engine import RewriteReport
 from .rewrite_rules.proved_rewrite import applied_rules, proved_rewrite
 from .rewrite_rules.shape_prop import propagate_shapes
-from .rewrite_rules.specialize import specialize_graph
+from .rewrite_rules.specialize import specialize_graph, unify_required_equal
 from .rewrite_rules.verdicts import builtin_rules
 from .targets import X86_TARGET, TargetOptions, get_target, make_options
 from .targets.x86.target import choose_algorithms
@@ -80,6 +80,7 @@ class Pipeline:
         keeps only its branch) and are no longer inputs of the compiled model."""
         model = load_model(source)
         graph = import_model(model, constant_initializer_inputs=constant_initializer_inputs, input_values=input_values)
+        unify_required_equal(graph)   # input.0 and state.1 that an LSTM needs equal: one symbol (docs/shapes.md)
         sha = hashlib.sha256(model.SerializeToString()).hexdigest()
         return cls(graph, initializer_elements=sum(int(np.prod(t.dims)) for t in model.graph.initializer),
                    source_sha256=sha)
@@ -178,6 +179,9 @@ class Pipeline:
         batch dims that must be equal)."""
         fixed = {k: lookup_symbol(self._graph, v, f"--fix {k}={v}").name if isinstance(v, str) else v
                  for k, v in self._by_symbol(fixed, "--fix").items()}
+        fixed = {k: v for k, v in fixed.items() if k != v}   # state.1 = input.0 where they are one already
+        if not fixed:
+            return self
         g, report = specialize_graph(self._graph, fixed)
         return self._derive(g, report)
 
@@ -301,6 +305,7 @@ class Pipeline:
         ``(fixed, shape_profiles)``; a symbol bound twice must be bound alike (else ShapeError)."""
         fixed = {k: lookup_symbol(self._graph, v, f"--fix {k}={v}").name if isinstance(v, str) else int(v)
                  for k, v in self._by_symbol(fixed or {}, "--fix").items()}
+        fixed = {k: v for k, v in fixed.items() if k != v}   # state.1 = input.0 where they are one already
         profiles = self._by_symbol(shape_profiles or {}, "--shape-profile")
         if not input_shapes:
             return fixed, profiles

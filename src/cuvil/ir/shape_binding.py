@@ -23,11 +23,17 @@ from .graph import Graph
 
 
 def lookup_symbol(g: Graph, name: str, flag: str) -> Symbol:
-    """The symbol ``name`` names: its display name (``x.2``, ``batch_size``) or the model's raw spelling
-    (``batch size``). ``flag`` is how the user gave it (``--fix x.2``), for the error."""
+    """The symbol ``name`` names: its display name (``x.2``, ``batch_size``), the model's raw spelling
+    (``batch size``), or ``INPUT.AXIS`` of an input axis whose dim is a symbol (``state.1`` once Cuvil has
+    made it ``input.0``: two dims the ops require equal). ``flag`` is how the user gave it (``--fix x.2``),
+    for the error."""
     sym = g.symbols.get(name) or g.symbols.get(symbol_name(name))
     if sym is not None:
         return sym
+    for v in g.inputs:
+        for k, d in enumerate(v.shape or ()):
+            if name == f"{v.name}.{k}" and isinstance(d, SymExpr) and str(d) in g.symbols:
+                return g.symbols[str(d)]
     raise ShapeError(f"{flag}: the model has no symbol {name!r} ({symbols_and_inputs(g)}); name a symbol as "
                      f"listed, or bind whole inputs: {input_shape_hint(g)}")
 
