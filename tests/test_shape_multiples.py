@@ -157,3 +157,10 @@ def test_cli_inspect_and_compile_take_multiples(tmp_path, capsys):
     assert cli_main(["compile", "--input", path, "--output", lib, "--shape-profile", "x.2=8:16:64/4",
                      "--shape-profile", "x.3=8:16:64/4"]) == 0
     assert "multiples of 4" in open(str(tmp_path / "libpyr.h")).read()
+
+
+def test_check_shapes_takes_multiples():
+    p = Pipeline.from_onnx(pyramid_model())
+    assert p.check_shapes({"x.2": (8, 16, 64, {"multiple": 4}), "x.3": (8, 16, 64, {"multiple": 4})}) == []
+    bad = p.check_shapes({"x.2": (8, 16, 64, {"multiple": 2}), "x.3": (8, 16, 64, {"multiple": 4})})
+    assert bad and all(v.values["x.2"] % 4 == 2 for v in bad if "x.2" in v.values)

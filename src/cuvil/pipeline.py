@@ -21,7 +21,7 @@ from .ir.dim import SymExpr, Symbol, bounds, evaluate
 from .ir.graph import Graph
 from .ir.hash import structural_hash
 from .ir.printer import print_graph
-from .ir.shape_binding import bind_input_shapes, lookup_symbol, profile_symbol
+from .ir.shape_binding import bind_input_shapes, lookup_symbol, profile_symbol, split_options
 from .ir.stats import GraphStats, graph_stats
 from .reference import run_reference
 from .rewrite_rules.engine import RewriteReport
@@ -167,8 +167,11 @@ class Pipeline:
 
     def check_shapes(self, shape_profiles: Optional[Mapping[str, Tuple[int, ...]]] = None):
         """Prove every shape condition of the graph for every symbol value in its range (``shape_profiles``:
-        ``{"N": (min, max)}`` or ``(min, opt, max)``; default: the symbols' ranges). Returns the
-        violations, each with a counterexample (:class:`cuvil.ir.constraints.Violation`)."""
+        ``{"N": (min, max)}`` or ``(min, opt, max)``, optionally ending in ``{"multiple": M}``; default: the
+        symbols' ranges). Returns the violations, each with a counterexample
+        (:class:`cuvil.ir.constraints.Violation`)."""
+        if any(split_options(k, v, "--shape-profile")[1] != 1 for k, v in (shape_profiles or {}).items()):
+            return self.with_profiles(shape_profiles, check=False).check_shapes()   # the multiples apply too
         ranges = {k: (v[0], v[-1]) for k, v in (shape_profiles or {}).items()}
         return check_constraints(self._graph, ranges)
 
