@@ -84,7 +84,7 @@ def _align(n: int) -> int:
 def schedule(g: Graph, gemm_cols: int = 0, split_concat: bool = False, gemm_tiles: tuple = (),
              unpadded_contractions: bool = False, matmul_panels: bool = True,
              half_contractions: bool = False, row_kernels: bool = False,
-             channel_tile_cost: Optional[float] = None, batched_sequences: bool = False) -> Schedule:
+             channel_tile_cost: Optional[float] = None) -> Schedule:
     """Stages and memory plan of ``g``. ``gemm_cols > 0`` lowers convolutions to packed contractions (the
     x86 micro-kernels), each with a register tile (rows, cols[, lanes]) among ``gemm_tiles`` (default
     ``((MR, gemm_cols),)``), and constant-weight MatMuls to column panels ``gemm_cols`` wide; 0 keeps plain
@@ -99,15 +99,12 @@ def schedule(g: Graph, gemm_cols: int = 0, split_concat: bool = False, gemm_tile
     (x86): convolutions with reductions of 4-7 terms become contractions too, and 2-D average pools depthwise
     windows (:class:`cuvil.kernels.contraction.DepthwiseWindow`) for the row kernels. ``channel_tile_cost``:
     the weight of a channel-lane tile's work in the tile choice (:func:`cuvil.kernels.contraction.tile_cost`),
-    needed when ``gemm_tiles`` offers such tiles (x86: ``X86Tuning.channel_tile_cost``). ``batched_sequences``
-    (x86): a recurrent layer's sequential kernel takes every batch row of a direction in one row, so a step
-    reads the recurrent weights once for the whole batch; without it (the GPU) each batch row is a row of its
-    own (a thread block)."""
+    needed when ``gemm_tiles`` offers such tiles (x86: ``X86Tuning.channel_tile_cost``)."""
     syms = _run_time_symbols(g)
     ranges = {s.name: (s.min, s.max) for s in syms}
     opt = {s.name: s.tuned for s in syms}
     builder = _StageBuilder(g, (gemm_cols, gemm_tiles, unpadded_contractions, matmul_panels, half_contractions,
-                                row_kernels, channel_tile_cost, batched_sequences))
+                                row_kernels, channel_tile_cost))
     g.toposort()
     for node in g.nodes:
         builder.lower(node)
@@ -159,10 +156,10 @@ def _refuse_data_dependent_sizes(g: Graph) -> None:
     """A size that depends on tensor contents (NonZero's count, TopK's k or Range's bounds read from tensor
     data: a fresh symbol of shape inference, outside the graph's symbols) has no run-time value a kernel could
     read yet: the first node that makes one is named."""
+    known = set(g.symbols).union(*[d.free_symbols for v in g.inputs for d in v.shape or () if isinstance(d, SymExpr)])
     for n in g.nodes:
         for o in n.outputs:
-            fresh = sorted(set().union(*[d.free_symbols for d in o.shape or () if isinstance(d, SymExpr)])
-                           - set(g.symbols))
+            fresh = sorted(set().union(*[d.free_symbols for d in o.shape or () if isinstance(d, SymExpr)]) - known)
             if fresh:
                 raise UnsupportedOpError(
                     n.op, n.name, g.opset, detail=f"output {o.name!r} has shape {o.type}, whose size {fresh[0]} "

@@ -165,6 +165,24 @@ class LLVMEmitter(ABC):
         return b.select(better, x, a)
 
     # --- expressions ------------------------------------------------------------------------------
+    def int_divide(self, instr, a, d, signed: bool = True):
+        """``instr(a, d)`` (an LLVM integer division or remainder) that cannot trap: LLVM's sdiv/srem on a zero
+        divisor, or INT_MIN / -1, is undefined and faults (SIGFPE) on x86, and a model's integer Div/Mod runs on
+        the caller's data. A zero divisor gives 0, as numpy does; INT_MIN / -1 wraps to INT_MIN (remainder 0).
+        A constant divisor other than 0 and -1 needs no guard."""
+        b = self.b
+        if isinstance(d, ir.Constant) and d.constant not in (0, -1, None):
+            return instr(a, d)
+        zero, one = ir.Constant(d.type, 0), ir.Constant(d.type, 1)
+        is_zero = b.icmp_signed("==", d, zero)
+        unsafe = is_zero
+        if signed:
+            int_min = ir.Constant(a.type, -(1 << (a.type.width - 1)))
+            overflow = b.and_(b.icmp_signed("==", a, int_min), b.icmp_signed("==", d, ir.Constant(d.type, -1)))
+            unsafe = b.or_(is_zero, overflow)
+        result = instr(a, b.select(unsafe, one, d))
+        return b.select(is_zero, ir.Constant(result.type, 0), result)
+
     def emit(self, e: E) -> ir.Value:
         memo = self.memo[-1]
         if e.uid in memo:
@@ -206,20 +224,24 @@ class LLVMEmitter(ABC):
                 return getattr(b, "f" + op)(*args)
             return getattr(b, op)(*args)
         if op == "div":
-            return b.fdiv(*args) if dt.is_float else (b.udiv(*args) if dt in UNSIGNED else b.sdiv(*args))
+            if dt.is_float:
+                return b.fdiv(*args)
+            return self.int_divide(b.udiv if dt in UNSIGNED else b.sdiv, *args, signed=dt not in UNSIGNED)
         if op in ("idiv", "imod"):
-            return b.sdiv(*args) if op == "idiv" else b.srem(*args)
+            return self.int_divide(b.sdiv if op == "idiv" else b.srem, *args)
         if op in ("fdiv", "fmod_i"):     # floor division / modulo (shape arithmetic)
-            q, r = b.sdiv(*args), b.srem(*args)
+            q, r = self.int_divide(b.sdiv, *args), self.int_divide(b.srem, *args)
             fix = b.and_(b.icmp_signed("!=", r, I64(0)),
                          b.xor(b.icmp_signed("<", r, I64(0)), b.icmp_signed("<", args[1], I64(0))))
             if op == "fdiv":
                 return b.select(fix, b.sub(q, I64(1)), q)
             return b.select(fix, b.add(r, args[1]), r)
         if op == "fmod":
-            return b.frem(*args) if dt.is_float else (b.urem(*args) if dt in UNSIGNED else b.srem(*args))
+            if dt.is_float:
+                return b.frem(*args)
+            return self.int_divide(b.urem if dt in UNSIGNED else b.srem, *args, signed=dt not in UNSIGNED)
         if op == "pymod":
-            r = b.srem(*args) if dt not in UNSIGNED else b.urem(*args)
+            r = self.int_divide(b.srem if dt not in UNSIGNED else b.urem, *args, signed=dt not in UNSIGNED)
             if dt in UNSIGNED:
                 return r
             zero = ir.Constant(r.type, 0)

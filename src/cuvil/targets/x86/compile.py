@@ -118,7 +118,7 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
     _, _, cpu_name, features = host_target(cpu, opt_level)
     bits = vector_bits(cpu_name, features)
     sched = schedule(g, gemm_cols=tile_cols(bits), split_concat=True, gemm_tiles=tile_shapes(bits, tuning),
-                     row_kernels=True, channel_tile_cost=tuning.channel_tile_cost, batched_sequences=True)
+                     row_kernels=True, channel_tile_cost=tuning.channel_tile_cost)
     _check_arena(sched, arena_limit(max_arena_bytes))
     prover = BoundsProver()
     cert = prove_schedule(sched, "generic", prover)
@@ -132,7 +132,7 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
         say(f"specialising for the opt point {sched.opt_point}")
         osched = schedule(opt_graph, gemm_cols=tile_cols(bits), split_concat=True,
                           gemm_tiles=tile_shapes(bits, tuning), row_kernels=True,
-                          channel_tile_cost=tuning.channel_tile_cost, batched_sequences=True)
+                          channel_tile_cost=tuning.channel_tile_cost)
         cert.extend(prove_schedule(osched, "opt", prover))
         _refuse_unproved(cert)
         oobj, osteps, otarget = generate_object(osched, f"{prefix}_opt", cpu, opt_level)
