@@ -164,16 +164,18 @@ def check_nodes(names, out_dir, arch, pool):
         warnings.simplefilter("ignore")
         cases = {c.name: c for c in collect_testcases(None)}
     names = [n for n in names if n in cases]
+
+    def arrays(xs):   # cases that keep their data as TensorProto (float8, int4, ... casts): numpy, as onnx's runner
+        return [onnx.numpy_helper.to_array(x) if isinstance(x, onnx.TensorProto) else np.asarray(x) for x in xs]
     futs = {}
     for n in names:
         c = cases[n]
-        inputs, _ = c.data_sets[0]
+        inputs = arrays(c.data_sets[0][0])
         futs[n] = pool.submit(_compile_node, n, c.model.SerializeToString(), list(inputs), out_dir, arch)
     rows = []
     for n in names:
         c = cases[n]
-        inputs, expected = c.data_sets[0]
-        expected = [onnx.numpy_helper.to_array(e) if isinstance(e, onnx.TensorProto) else np.asarray(e) for e in expected]
+        inputs, expected = arrays(c.data_sets[0][0]), arrays(c.data_sets[0][1])
         built = futs[n].result()
         row = {"case": n, "kind": "node"}
         if "error" in built:

@@ -21,11 +21,6 @@ from .narrow import (MINIFLOAT_FORMATS, bfloat16_from_memory, bfloat16_round, bf
 from .types import I1, I8, I64, PTR, UNSIGNED, const_value, float_bits, ll, mem_type
 
 
-# bfloat16 arithmetic is computed in float32 and each result rounded to bfloat16, so a fused chain gives the
-# values the ops give one by one (the reference's); a reduction accumulates in float32 and rounds once.
-_ROUNDED_BF16 = frozenset({"add", "sub", "mul", "div", "fmod", "pymod", "call", "fma", "reduce"})
-
-
 class LLVMEmitter(ABC):
     """Emits into function ``fn`` of kernel module ``km`` through builder ``b``; ``bufs`` is the kernel's
     buffer table. Values are memoised per expression node (``memo``: one scope per loop body or branch);
@@ -188,8 +183,6 @@ class LLVMEmitter(ABC):
         if e.uid in memo:
             return memo[e.uid]
         v = self._emit(e)
-        if e.dtype == DType.BFLOAT16 and e.op in _ROUNDED_BF16:
-            v = bfloat16_round(self.b, v)
         memo[e.uid] = v
         return v
 
@@ -360,9 +353,7 @@ class LLVMEmitter(ABC):
         def body(idx):
             for v, i in zip(vs, idx):
                 self.env[v.attr] = i
-            x = self.emit(e.args[0])
-            if wide:
-                x = b.fpext(x, t)
+            x = self.wide_term(e.args[0]) if wide else self.emit(e.args[0])
             a = b.load(acc, typ=t)
             if kind == "sum":
                 r = b.fadd(a, x) if dt.is_float else b.add(a, x)
@@ -376,6 +367,14 @@ class LLVMEmitter(ABC):
         self.loops(list(extents), body)
         out = b.load(acc, typ=t)
         return b.fptrunc(out, ll(dt)) if wide else out
+
+    def wide_term(self, body: E) -> ir.Value:
+        """A float16 reduction's term in float32: a product of two float16 values is exact in float32, so it
+        is formed there (as numpy's and onnxruntime's float16 MatMul do) instead of rounded to float16 first."""
+        b = self.b
+        if body.op == "mul" and all(a.dtype == DType.FLOAT16 for a in body.args):
+            return b.fmul(*(b.fpext(self.emit(a), ll(DType.FLOAT)) for a in body.args))
+        return b.fpext(self.emit(body), ll(DType.FLOAT))
 
     def argscan(self, e: E):
         src, base, axis, n, better, last = e.attr

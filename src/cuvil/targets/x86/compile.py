@@ -164,7 +164,7 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
         steps=_step_descs(sched, steps, target["step_stages"]),
         weights_symbol=weights_sym, prefix=prefix,
         scratch_bytes=max(target["scratch_bytes"], otarget["scratch_bytes"] if otarget else 0),
-        symbols=[SymbolDesc(s.name, s.min, opt[s.name], s.max) for s in sched.symbols],
+        symbols=[SymbolDesc(s.name, s.min, opt[s.name], s.max, s.multiple) for s in sched.symbols],
         opt_steps=_step_descs(osched, osteps, otarget["step_stages"]) if osteps else [],
         opt_weights_symbol=opt_weights_sym)
     with tempfile.TemporaryDirectory(prefix="cuvil-build-") as tmp:
@@ -197,7 +197,8 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
         "opt_level": opt_level,
         "inputs": [{"name": d.name, "dtype": d.dtype, "shape": _json_dims(d.dims or d.shape)} for d in info.inputs],
         "outputs": [{"name": d.name, "dtype": d.dtype, "shape": _json_dims(d.dims or d.shape)} for d in info.outputs],
-        "symbols": {s.name: {"min": s.min, "opt": s.opt, "max": s.max} for s in info.symbols},
+        "symbols": {s.name: {"min": s.min, "opt": s.opt, "max": s.max, **({"multiple": s.multiple} if s.multiple > 1
+                                                                          else {})} for s in info.symbols},
         "arena_bytes": sched.arena_bytes,
         "scratch_bytes_per_thread": target["scratch_bytes"],
         "weights_bytes": sched.weights_bytes,

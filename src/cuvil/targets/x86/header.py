@@ -48,9 +48,11 @@ def _io_block(title: str, descs) -> list[str]:
 def _symbol_block(info: ModelInfo) -> list[str]:
     if not info.symbols:
         return []
-    out = [" * Shape symbols (min <= value <= max at every run, else CUVIL_ERR_PROFILE; kernels tuned for opt):"]
+    out = [" * Shape symbols (min <= value <= max at every run, and a multiple of the multiple given, else "
+           "CUVIL_ERR_PROFILE; kernels tuned for opt):"]
     for sd in info.symbols:
-        out.append(f" *   {c_comment_text(sd.name)} in [{sd.min}, {sd.max}], opt {sd.opt}")
+        mult = f", multiples of {sd.multiple}" if sd.multiple > 1 else ""
+        out.append(f" *   {c_comment_text(sd.name)} in [{sd.min}, {sd.max}]{mult}, opt {sd.opt}")
     return out
 
 
