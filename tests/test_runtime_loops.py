@@ -103,7 +103,8 @@ def test_while_loop_with_a_data_dependent_condition():
     cases = []
     for limit in (-1.0, 1.0, 50.0, 1e6, 1e30):     # 1, a few, ~20, ~100 iterations
         for go in (True, False):
-            cases.append({"x": rng.uniform(0.1, 1, 4).astype(np.float32), "acc0": rng.uniform(0, 1, 4).astype(np.float32),
+            cases.append({"x": rng.uniform(0.1, 1, 4).astype(np.float32),
+                          "acc0": rng.uniform(0, 1, 4).astype(np.float32),
                           "go": np.array(go), "limit": np.array(limit, np.float32)})
     check(m, cases, rtol=1e-6, atol=0)
 
@@ -164,7 +165,8 @@ def test_scan_over_a_symbolic_sequence_length(in_axis, in_dir, out_axis, out_dir
     cases = []
     for n in (1, 2, 7, 16, 512):   # 16: the kernels specialised for the opt point
         shape = [n, 4] if seq == 0 else [4, n]
-        cases.append({"s0": rng.standard_normal(4).astype(np.float32), "x": rng.standard_normal(shape).astype(np.float32)})
+        cases.append({"s0": rng.standard_normal(4).astype(np.float32),
+                      "x": rng.standard_normal(shape).astype(np.float32)})
     check(m, cases, profiles={"S": (1, 16, 512)}, rtol=1e-5, atol=1e-5)
 
 
@@ -188,7 +190,8 @@ def test_nested_run_time_loops():
                           h.make_node("Loop", ["n", "", "acc_in"], ["acc_out"], body=inner, name="inner_loop"),
                           h.make_node("Identity", ["c_in"], ["c_out"])], "outer",
                          [vi("i", T.INT64, []), vi("c_in", T.BOOL, []), vi("acc_in", T.FLOAT, [3])],
-                         [vi("c_out", T.BOOL, []), vi("acc_out", T.FLOAT, [3])], [h.make_tensor("one", T.INT64, [], [1])])
+                         [vi("c_out", T.BOOL, []), vi("acc_out", T.FLOAT, [3])],
+                         [h.make_tensor("one", T.INT64, [], [1])])
     m = model([h.make_node("Loop", ["M", "", "a0"], ["a"], body=outer, name="outer_loop")],
               [vi("M", T.INT64, []), vi("x", T.FLOAT, [3]), vi("a0", T.FLOAT, [3])], [vi("a", T.FLOAT, [3])])
     assert [n.op for n in import_model(m).nodes].count("LoopState") == 2

@@ -202,7 +202,7 @@ class _Expansion:
         if trip != 0 and (dynamic or long_):
             # a trip count known only at run time, a run-time exit with no bound, or a long loop: compiled
             # once and run by the backend (a backward branch in the x86 step table)
-            return self.runtime_loop(body, m_in, c_in, carried, n_scan, trip)
+            return self._loop_at_run_time(body, m_in, c_in, carried, n_scan, trip)
         running = None  # None: every iteration so far was taken for certain; else the run-time bool scalar
         if c_in is not None and c is None:
             running = self.scalar_bool(c_in)
@@ -247,7 +247,7 @@ class _Expansion:
                 out_scans.append(self.empty_stack(like[1 + len(carried) + k], 0))
         return carried + out_scans
 
-    def runtime_loop(self, body, m_in, c_in, carried, n_scan, trip) -> List[Optional[Value]]:
+    def _loop_at_run_time(self, body, m_in, c_in, carried, n_scan, trip) -> List[Optional[Value]]:
         """The loop as one copy of its body between a ``LoopState`` node (the state slots the body reads:
         iteration number, condition, carried values) and a ``LoopBack`` node (the values the body computes
         for the next iteration; its outputs are the final values), see :mod:`cuvil.ir.ops.control`. Scan
