@@ -20,6 +20,7 @@ from cuvil.errors import UnsupportedOpError
 from cuvil.frontend import import_model
 from cuvil.onnx_backend import backend
 from cuvil.targets.ptx.codegen import gpu_schedule
+from cuvil.testing.oracles import ort_session
 from test_control_flow import check, model, ops_of, running_sum_model, scalar, vi
 
 
@@ -280,3 +281,25 @@ def test_for_loop_with_break_both_known_only_at_run_time():
               "acc0": rng.uniform(0, 1, 6).astype(np.float32), "limit": np.array(limit, np.float32)}
              for n in (0, 2, 40) for go in (True, False) for limit in (-1.0, 30.0, 1e9)]
     check(m, cases, rtol=1e-6, atol=0)
+
+
+def test_exported_run_time_loops_go_back_to_onnx_loops():
+    """Pipeline.to_onnx turns each LoopState .. LoopBack run back into an ONNX Loop (nested ones inside its
+    body), so run_reference (onnx.reference) and onnxruntime run the imported graph."""
+    rng = np.random.default_rng(13)
+    scan = running_sum_model(1, 1, 1, 0)
+    scan.graph.input[1].type.tensor_type.shape.dim[1].dim_param = "S"
+    models = [(swap_loop_model(), [feeds(rng, M=np.array([n], np.int64)) for n in (0, 3)]),
+              (while_model(), [{"x": rng.uniform(0.1, 1, 4).astype(np.float32),
+                                "acc0": rng.uniform(0, 1, 4).astype(np.float32), "go": np.array(True),
+                                "limit": np.array(50.0, np.float32)}]),
+              (scan, [{"s0": rng.standard_normal(4).astype(np.float32),
+                       "x": rng.standard_normal((4, n)).astype(np.float32)} for n in (1, 7)])]
+    for m, cases in models:
+        p = Pipeline.from_onnx(m)
+        assert "Loop" in {n.op_type for n in p.to_onnx().graph.node}
+        sess = ort_session(m)
+        for f in cases:
+            got = p.run_reference(f)
+            for o, want in zip(m.graph.output, sess.run(None, f)):
+                np.testing.assert_allclose(got[o.name], want, rtol=1e-5, atol=1e-5, err_msg=o.name)

@@ -13,7 +13,7 @@ do too. The stages made here:
   last of these copies (the *back* stage) the run jumps to the head. The outputs are the state slots.
 
 Stages between the head and the back stage run once per iteration, and not at all when the loop runs none:
-before lowering, :func:`hoist_out_of_loops` moves every node there that does not depend on the loop's state
+before lowering, :func:`cuvil.ir.ops.control.hoist_out_of_loops` moves every node there that does not depend on the loop's state
 (outer nodes the topological sort interleaved, loop-invariant parts of the body, which CSE may share with
 outer consumers) before the ``LoopState``. The memory plan keeps every buffer
 that is written before the head and read inside the loop alive until the back stage (its bytes must survive
@@ -39,33 +39,6 @@ class LoopRegion:
     head: object     # Stage
     go: Buf
     back: object     # Stage
-
-
-def hoist_out_of_loops(nodes: list) -> None:
-    """Reorder ``nodes`` (topologically sorted) so that between each ``LoopState`` and its ``LoopBack`` lie
-    only nodes that depend on the loop's state: any other node there (an outer node the sort interleaved,
-    a loop-invariant part of the body) moves before the ``LoopState``. The body's steps are skipped when the
-    loop runs no iteration, so a node that outer consumers need must not be among them; it also runs once
-    instead of once per iteration. Order among the moved nodes is kept, so the order stays topological."""
-    k = 0
-    while k < len(nodes):
-        s = nodes[k]
-        if s.op == "LoopState":
-            ends = [j for j in range(k + 1, len(nodes))
-                    if nodes[j].op == "LoopBack" and nodes[j].attrs.get("loop") == s.attrs.get("loop")]
-            if ends:
-                j = ends[0]
-                dependent = {id(v) for v in s.outputs}
-                keep, hoist = [], []
-                for n in nodes[k + 1:j + 1]:
-                    if n is nodes[j] or any(v is not None and id(v) in dependent for v in n.inputs):
-                        keep.append(n)
-                        dependent.update(id(o) for o in n.outputs)
-                    else:
-                        hoist.append(n)
-                nodes[k:j + 1] = hoist + [s] + keep
-                k += len(hoist)
-        k += 1
 
 
 def _first(t) -> object:

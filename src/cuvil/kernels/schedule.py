@@ -18,8 +18,9 @@ from ..errors import ShapeError, UnsupportedOpError
 from ..ir.dim import SymExpr, Symbol, bounds, evaluate, product
 from ..ir.dtype import DType
 from ..ir.graph import Graph, Value
+from ..ir.ops.control import hoist_out_of_loops
 from ..ir.registry import ops_with
-from .loops import LoopRegion, extend_lifetimes, hoist_out_of_loops, lower_loop_back, lower_loop_state
+from .loops import LoopRegion, extend_lifetimes, lower_loop_back, lower_loop_state
 from .lower import LOWERINGS, LowerCtx, TensorFn
 from .texpr import E, Buf, const, load, replace_node, top_level, var
 
