@@ -285,10 +285,10 @@ def test_input_values_are_checked():
 
 def _silero(name):
     import os
-    for d in (os.environ.get("CUVIL_SILERO_DIR", ""), os.path.join(os.path.dirname(__file__), "fixtures", "silero_vad")):
+    for d in (os.environ.get("CUVIL_SILERO_DIR", ""), os.path.join(os.path.dirname(__file__), "fixtures", "packaged")):
         if d and os.path.isfile(os.path.join(d, name)):
             return os.path.join(d, name)
-    pytest.skip(f"{name} not found (set CUVIL_SILERO_DIR to the silero_vad package's data folder)")
+    pytest.skip(f"{name} not found: only silero_vad.onnx is committed (tests/fixtures/packaged); set CUVIL_SILERO_DIR to the silero-vad package's data folder for the others")
 
 
 @pytest.mark.parametrize("sr,S", [(16000, 512), (8000, 256)])
