@@ -10,13 +10,16 @@ do too. The stages made here:
 * ``LoopBack``: each next value stored in a buffer of its own first, then copied into its state slot (two
   steps, so a body that swaps carried values, or passes one through as a view of another's slot, reads
   every old value before any slot is written), the iteration number plus one, the next condition; after the
-  last of these copies (the *back* stage) the run jumps to the head. The outputs are the state slots.
+  last of these copies (the *back* stage) the run jumps to the head. A slot whose next value is
+  ``Where(c, a, slot)`` read by nothing else, and which nothing else reads (a scan output's accumulator with
+  one row replaced), is updated in place after the other next values are stored: one pass instead of three.
+  The outputs are the state slots.
 
 Stages between the head and the back stage run once per iteration, and not at all when the loop runs none:
-before lowering, :func:`cuvil.ir.ops.control.hoist_out_of_loops` moves every node there that does not depend on the loop's state
-(outer nodes the topological sort interleaved, loop-invariant parts of the body, which CSE may share with
-outer consumers) before the ``LoopState``. The memory plan keeps every buffer
-that is written before the head and read inside the loop alive until the back stage (its bytes must survive
+before lowering, :func:`cuvil.ir.ops.control.hoist_out_of_loops` moves every node there that does not
+depend on the loop's state (outer nodes the topological sort interleaved, loop-invariant parts of the body,
+which CSE may share with outer consumers) before the ``LoopState``. The memory plan keeps every buffer that
+is written before the head and read inside the loop alive until the back stage (its bytes must survive
 every iteration), which covers the state slots and values read by the body from outside.
 """
 from __future__ import annotations
@@ -72,30 +75,47 @@ def lower_loop_state(builder, node) -> None:
 
     builder.materialize(f"{node.name}_go", (), DType.BOOL, go)
     head = builder.stages[-1]
-    builder.open_loops[node.attrs["loop"]] = (head, head.buf, it, run, states)
+    builder.open_loops[node.attrs["loop"]] = (node, head, head.buf, it, run, states)
 
 
 def lower_loop_back(builder, node) -> None:
     name = node.attrs["loop"]
-    head, go, it, run, states = builder.open_loops.pop(name)
+    state, head, go, it, run, states = builder.open_loops.pop(name)
     ins = builder._inputs(node)
     cond_next, nexts = ins[0], ins[1:]
-    # every next value first into a buffer of its own, then into the slots
-    temps = [builder.materialize(f"{node.name}_next{k}", s.shape, s.dtype, t.fn) for k, (s, t) in
-             enumerate(zip(states, nexts))]
+    in_place = [_in_place(state, node, k) for k in range(len(states))]
+    # every next value first into a buffer of its own, then into the slots; a slot only its own row update
+    # reads (a scan output's accumulator) is updated in place, after the others' next values are stored
+    temps = [None if in_place[k] else builder.materialize(f"{node.name}_next{k}", s.shape, s.dtype, t.fn)
+             for k, (s, t) in enumerate(zip(states, nexts))]
+    for k, (slot, t) in enumerate(zip(states, nexts)):
+        if in_place[k]:
+            builder.store_into(f"{node.name}_update{k}", slot, t.fn)
     it_next = builder.materialize(f"{node.name}_iter_next", (), DType.INT64,
                                   lambda idx: load(it, []) + const(1, DType.INT64))
     run_next = None
     if cond_next is not None:
         run_next = builder.materialize(f"{node.name}_running_next", (), DType.BOOL, lambda idx: _first(cond_next))
     for k, (slot, t) in enumerate(zip(states, temps)):
-        _copy(builder, f"{node.name}_carry{k}", slot, t)
+        if t is not None:
+            _copy(builder, f"{node.name}_carry{k}", slot, t)
     _copy(builder, f"{node.name}_carry_iter", it, it_next)
     if run_next is not None:
         _copy(builder, f"{node.name}_carry_running", run, run_next)
     builder.loops.append(LoopRegion(name, head, go, builder.stages[-1]))
     for o, slot in zip(node.outputs, states):
         builder.place_stored(node, o, slot)
+
+
+def _in_place(state, back, k: int) -> bool:
+    """Slot ``k``'s next value is ``Where(c, a, slot)`` and nothing else reads the slot (a scan output's
+    accumulator with one row replaced): each element of the update reads the slot at its own index only,
+    and no other next value reads it, so the update may write the slot directly (one pass, not three)."""
+    slot, nxt = state.outputs[2 + k], back.inputs[1 + k]
+    w = nxt.producer if nxt is not None else None
+    return (w is not None and w.op == "Where" and w.inputs[2] is slot and w.inputs[0] is not slot
+            and w.inputs[1] is not slot and all(u is w for u, _ in slot.uses)
+            and all(u is back for u, _ in nxt.uses) and nxt.type == slot.type)
 
 
 def _copy(builder, name: str, slot: Buf, t) -> None:

@@ -363,6 +363,8 @@ def _inline(g: Graph, o: Value, t: TensorFn, expensive: bool) -> bool:
     users = g.consumers(o)
     if not users:
         return True  # dead: nothing will read it
+    if all(u.op == "LoopBack" for u in users):
+        return True  # a run-time loop's next value: stored by the back edge (kernels/loops.py), once
     readers_same = all(u.op in ELEMENTWISE_OPS and tuple(u.outputs[0].shape) == tuple(o.shape) for u in users)
     if len(o.uses) == 1 and readers_same:
         return True
