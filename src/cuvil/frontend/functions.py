@@ -140,28 +140,59 @@ def inline_body(node: onnx.NodeProto, fn: onnx.FunctionProto, schema_opset: int,
 
     out = []
     for inner in fn.node:
-        if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in inner.attribute):
-            raise UnsupportedOpError(node.op_type, prefix.rstrip("/"), schema_opset,
-                                     f"its function body holds a {inner.op_type} with a subgraph, which Cuvil "
-                                     f"does not import")
-        n = onnx.NodeProto()
-        n.CopyFrom(inner)
-        n.ClearField("input")
-        n.ClearField("output")
-        n.ClearField("attribute")
-        n.input.extend(rename(x) for x in inner.input)
-        n.output.extend(rename(x) for x in inner.output)
+        n = _bound_node(inner, rename, attrs)
         n.name = prefix + (inner.name or (inner.output[0] if inner.output else inner.op_type))
-        for a in inner.attribute:
-            if a.ref_attr_name:
-                if a.ref_attr_name in attrs:
-                    b = onnx.AttributeProto()
-                    b.CopyFrom(attrs[a.ref_attr_name])
-                    b.name = a.name
-                    n.attribute.append(b)
-            else:
-                n.attribute.append(a)
         out.append(n)
+    return out
+
+
+def _bound_node(inner: onnx.NodeProto, rename, attrs) -> onnx.NodeProto:
+    """``inner`` with its value names renamed and attribute references bound; a subgraph attribute (the body
+    of a Scan or Loop in a function body) gets the same treatment for the names it reads from outside."""
+    n = onnx.NodeProto()
+    n.CopyFrom(inner)
+    n.ClearField("input")
+    n.ClearField("output")
+    n.ClearField("attribute")
+    n.input.extend(rename(x) for x in inner.input)
+    n.output.extend(rename(x) for x in inner.output)
+    for a in inner.attribute:
+        if a.ref_attr_name:
+            if a.ref_attr_name in attrs:
+                b = onnx.AttributeProto()
+                b.CopyFrom(attrs[a.ref_attr_name])
+                b.name = a.name
+                n.attribute.append(b)
+        elif a.type == onnx.AttributeProto.GRAPH:
+            b = onnx.AttributeProto()
+            b.CopyFrom(a)
+            b.g.CopyFrom(_bound_graph(a.g, rename, attrs))
+            n.attribute.append(b)
+        elif a.type == onnx.AttributeProto.GRAPHS:
+            b = onnx.AttributeProto()
+            b.CopyFrom(a)
+            del b.graphs[:]
+            b.graphs.extend(_bound_graph(x, rename, attrs) for x in a.graphs)
+            n.attribute.append(b)
+        else:
+            n.attribute.append(a)
+    return n
+
+
+def _bound_graph(g: onnx.GraphProto, rename, attrs) -> onnx.GraphProto:
+    """A subgraph of a function body: the names it defines (inputs, initializers, node outputs) stay, the
+    names it reads from the enclosing body are renamed as the body's are."""
+    local = {vi.name for vi in g.input} | {t.name for t in g.initializer} | {o for x in g.node for o in x.output}
+
+    def inner_rename(name: str) -> str:
+        return name if name in local or not name else rename(name)
+
+    out = onnx.GraphProto()
+    out.CopyFrom(g)
+    del out.node[:]
+    out.node.extend(_bound_node(x, inner_rename, attrs) for x in g.node)
+    for vi in out.output:     # an output may be a value of the enclosing body, passed through
+        vi.name = inner_rename(vi.name)
     return out
 
 

@@ -9,20 +9,24 @@ CUDA graph per shape bucket), so control flow becomes data flow as the importer 
 * ``If`` whose condition is known only at run time: both branches are imported and each output is
   ``Where(cond, then, else)``; their outputs must have equal types. Each branch's nodes are guarded by the
   condition (:attr:`cuvil.ir.graph.Node.guard`), so the x86 runtime skips the steps of the branch not taken.
-* ``Loop`` with a trip count known at compile time is unrolled: the body is imported once per iteration with
-  the iteration number as a constant (so an ``If`` on it folds) and the loop-carried values threaded through;
-  scan outputs are stacked (``Unsqueeze`` + ``Concat``). A termination condition known only at run time is
-  *predicated*: from the first iteration whose condition is dynamic on, each iteration's carried values are
-  ``Where(running, new, old)`` and ``running`` is ``And``-ed with the body's condition, so the values after the
-  last taken iteration come out unchanged; the iterations are guarded by ``running`` (skipped after the exit).
-  Scan outputs then have a data-dependent length: refused.
-* ``Scan`` (opset 8 with its batch axis, and 9+) is unrolled over its sequence length, which must be known at
-  compile time; every direction and axis attribute is honoured.
+* ``Loop`` with a constant trip count up to :data:`MAX_UNROLLED_TRIPS` is unrolled: the body is imported
+  once per iteration with the iteration number as a constant (so an ``If`` on it folds) and the loop-carried
+  values threaded through; scan outputs are stacked (``Unsqueeze`` + ``Concat``). A termination condition
+  known only at run time is *predicated*: from the first iteration whose condition is dynamic on, each
+  iteration's carried values are ``Where(running, new, old)`` and ``running`` is ``And``-ed with the body's
+  condition; the iterations are guarded by ``running`` (skipped after the exit).
+* Any other ``Loop`` (trip count known only at run time, a while loop, a long loop) is a *run-time loop*:
+  the body imported once between a ``LoopState`` and a ``LoopBack`` node (:mod:`cuvil.ir.ops.control`),
+  which the x86 backend runs as a backward branch (:mod:`cuvil.kernels.loops`).
+* ``Scan`` (opset 8 with its batch axis, and 9+) is unrolled over a constant sequence length up to
+  :data:`MAX_UNROLLED_TRIPS`, else (a symbolic or long sequence) run as a run-time loop whose scan outputs
+  are accumulators with one row replaced per iteration; every direction and axis attribute is honoured.
 
-Refused, each with one :class:`UnsupportedOpError` naming op, node and opset: a run-time trip count with no
-compile-time value (``M`` a graph input, an unbounded loop under a run-time condition), a symbolic sequence
-length, run-time branches of different types, scan outputs under a run-time condition, and loops that unroll
-past :data:`MAX_UNROLLED_NODES`.
+Refused, each with one :class:`UnsupportedOpError` naming op, node and opset: a loop with neither trip count
+nor condition, scan outputs of a ``Loop`` whose trip count is not constant or which has a run-time exit
+(data-dependent length), run-time branches of different
+types, loop-carried values whose type changes across iterations of a run-time loop, and expansions past
+:data:`MAX_UNROLLED_NODES`.
 """
 from __future__ import annotations
 
@@ -35,6 +39,8 @@ import onnx.helper
 from ..errors import InvalidAttributeError, UnsupportedOpError
 from ..ir.dtype import DType
 from ..ir.graph import Graph, Value
+from ..ir.types import TensorType
+from ..ir.registry import CUSTOM_DOMAIN
 from .canonical import add_canonical_node
 from .static_eval import static_value
 
@@ -42,6 +48,9 @@ CONTROL_OPS = frozenset({"If", "Loop", "Scan"})
 
 #: Most nodes one control-flow node may expand into (all iterations of its body together).
 MAX_UNROLLED_NODES = 20_000
+#: Loops with a constant trip count up to this many iterations are unrolled (fusion and folding see across
+#: iterations); longer ones, and those whose trip count is known only at run time, run as run-time loops.
+MAX_UNROLLED_TRIPS = 64
 
 
 def expand(imp, node: onnx.NodeProto, inputs: List[Optional[Value]], where: str) -> List[Optional[Value]]:
@@ -180,22 +189,23 @@ class _Expansion:
             self.fail(f"its body takes {len(body.input)} inputs and gives {len(body.output)} outputs for "
                       f"{len(carried)} loop-carried values")
         trip = None
-        if m_in is not None:
-            m = static_value(self.g, m_in)
-            if m is None:
-                self.fail(f"its trip count M is known only at run time ({_describe(m_in)}); Cuvil unrolls loops at "
-                          f"compile time: give M as a constant or a value computed from static shapes")
+        m = static_value(self.g, m_in) if m_in is not None else None
+        if m is not None:
             trip = int(m.reshape(-1)[0])
+        c = static_value(self.g, c_in) if c_in is not None else None
+        if c is not None and not bool(c.reshape(-1)[0]):
+            trip = 0
+        if m_in is None and c_in is None:
+            self.fail("it has neither a trip count M nor a condition, so it never ends")
+        dynamic = (m_in is not None and m is None) or (trip is None and (c is None or not n_scan))
+        long_ = trip is not None and trip > MAX_UNROLLED_TRIPS and (not n_scan or c_in is None)
+        if trip != 0 and (dynamic or long_):
+            # a trip count known only at run time, a run-time exit with no bound, or a long loop: compiled
+            # once and run by the backend (a backward branch in the x86 step table)
+            return self._loop_at_run_time(body, m_in, c_in, carried, n_scan, trip)
         running = None  # None: every iteration so far was taken for certain; else the run-time bool scalar
-        if c_in is not None:
-            c = static_value(self.g, c_in)
-            if c is None:
-                running = self.scalar_bool(c_in)
-            elif not bool(c.reshape(-1)[0]):
-                trip = 0
-        if trip is None and running is not None:
-            self.fail("it has no trip count and its condition is known only at run time, so the number of "
-                      "iterations is unbounded at compile time; give M (an upper bound) as a constant")
+        if c_in is not None and c is None:
+            running = self.scalar_bool(c_in)
         true = self.g.const(np.array(True), f"{self.where}_true")
         scans: List[List[Value]] = [[] for _ in range(n_scan)]
         i, first = 0, None
@@ -236,6 +246,75 @@ class _Expansion:
                 like = first or self.body(body, [self.g.const(np.array(0, np.int64)), true] + carried)
                 out_scans.append(self.empty_stack(like[1 + len(carried) + k], 0))
         return carried + out_scans
+
+    def _loop_at_run_time(self, body, m_in, c_in, carried, n_scan, trip) -> List[Optional[Value]]:
+        """The loop as one copy of its body between a ``LoopState`` node (the state slots the body reads:
+        iteration number, condition, carried values) and a ``LoopBack`` node (the values the body computes
+        for the next iteration; its outputs are the final values), see :mod:`cuvil.ir.ops.control`. Scan
+        outputs need a length known at compile time (a constant trip count and no run-time exit): each is an
+        accumulator ``[trip, ...]`` whose row the iteration replaces."""
+        if n_scan and (trip is None or c_in is not None):
+            self.fail(f"its trip count is not a small constant known at compile time (M: "
+                      f"{_describe(m_in) if m_in is not None else 'none'}"
+                      f"{', and a run-time condition' if c_in is not None else ''}), so its {n_scan} scan output(s) "
+                      f"would have a data-dependent length; Cuvil runs such loops at run time only without scan "
+                      f"outputs: return the values as loop-carried ones, or make M a constant <= {MAX_UNROLLED_TRIPS}")
+        m = None if m_in is None else self.add("Reshape", [m_in, self.i64([1])])
+        c = None if c_in is None else self.add("Reshape", [self.scalar_bool(c_in), self.i64([1])])
+        ys = []
+        if n_scan:
+            ys = self._trial_types(body, [TensorType(DType.INT64, ()), TensorType(DType.BOOL, ())]
+                                   + [v.type for v in carried])[1 + len(carried):]
+        zeros = self._accumulators(ys, self.i64([max(trip, 0)])) if n_scan else []
+        loop_id = self.g.fresh_name(self.where)   # unique: an unrolled outer loop imports this node once per copy
+        state = self.g.add_node("LoopState", [m, c] + carried + zeros, {"loop": loop_id}, name=f"{self.where}_state",
+                                num_outputs=2 + len(carried) + n_scan, domain=CUSTOM_DOMAIN,
+                                output_names=[f"{self.where}_iter", f"{self.where}_running"]
+                                + [f"{self.where}_state{k}" for k in range(len(carried) + n_scan)])
+        it, running, states = state.outputs[0], state.outputs[1], state.outputs[2:2 + len(carried)]
+        outs = self.body(body, [it, running] + list(states))
+        cond_out, new = outs[0], list(outs[1:1 + len(carried)])
+        if cond_out is None:
+            self.fail("its body gives no condition output")
+        for k, (a, b) in enumerate(zip(states, new)):
+            if b is None or a.type != b.type:
+                self.fail(f"loop-carried value {k} is {a.type} before an iteration and "
+                          f"{None if b is None else b.type} after it; a loop run at run time needs them equal")
+        rows = self.i64(np.arange(max(trip or 0, 0))) if n_scan else None
+        for k, (acc, y) in enumerate(zip(state.outputs[2 + len(carried):], outs[1 + len(carried):])):
+            new.append(self._replace_row(acc, y, ys[k], rows, it, k))
+        cond_next = None if c_in is None else self.add("Reshape", [self.scalar_bool(cond_out), self.i64([1])])
+        back = self.g.add_node("LoopBack", [cond_next] + new, {"loop": loop_id}, name=f"{self.where}_back",
+                               num_outputs=len(new), domain=CUSTOM_DOMAIN,
+                               output_names=[f"{self.where}_final{k}" for k in range(len(new))])
+        return list(back.outputs)
+
+    def _trial_types(self, body, types) -> List[TensorType]:
+        """The types of the body's outputs for inputs of ``types`` (a trial import, removed again): the
+        per-iteration shapes of scan outputs, which size their accumulators before the loop."""
+        start = len(self.g.nodes)
+        outs = self.body(body, [Value(f"{self.where}_probe{k}", t) for k, t in enumerate(types)])
+        self.g.remove_nodes(self.g.nodes[start:])
+        return [o.type for o in outs]
+
+    def _accumulators(self, ys: List[TensorType], n: Value) -> List[Value]:
+        """For each per-iteration type in ``ys``, zeros ``[n, ...]`` (``n`` a one-element int64 value)."""
+        zeros = []
+        for k, t in enumerate(ys):
+            if t.shape is None or not all(isinstance(d, int) for d in t.shape):
+                self.fail(f"scan output {k} is {t} per iteration; a loop run at run time needs its per-iteration "
+                          f"shape static")
+            shape = self.add("Concat", [n, self.i64(list(t.shape))], {"axis": 0})
+            zeros.append(self.add("Expand", [self.g.const(np.zeros((), t.dtype.numpy), f"{self.where}_zero"), shape]))
+        return zeros
+
+    def _replace_row(self, acc: Value, y: Value, expected: TensorType, rows: Value, row: Value, k: int) -> Value:
+        """``acc`` with row ``row`` replaced by ``y`` (``rows``: the row indices 0..n-1)."""
+        if y.type != expected:
+            self.fail(f"scan output {k} is {y.type}, {expected} in a trial import")
+        rank = len(y.shape) + 1
+        hit = self.add("Equal", [self.add("Unsqueeze", [rows, self.i64(list(range(1, rank)))]), row])
+        return self.add("Where", [hit, self.add("Unsqueeze", [y, self.i64([0])]), acc])
 
     # --- Scan ------------------------------------------------------------------------------------------
     def scan(self) -> List[Optional[Value]]:
@@ -285,13 +364,12 @@ class _Expansion:
                 self.fail(f"scan input {k} has axis {ax} outside its rank ({x.type})")
             ax %= rank
             axes.append(ax)
-            n = _static_dim(x, ax)
-            if n is None:
-                self.fail(f"the sequence length of scan input {k} ({x.type}, axis {ax}) is known only at run time; "
-                          f"Cuvil unrolls Scan at compile time: fix that dim (input_shapes= / --fix)")
+            n = x.shape[ax]
             if length is not None and n != length:
                 self.fail(f"its scan inputs have sequence lengths {length} and {n}; they must be equal")
             length = n
+        if not isinstance(length, int) or length > MAX_UNROLLED_TRIPS:
+            return self._scan_at_run_time(body, states, xs, axes, in_dirs, out_axes, out_dirs)
         per_t: List[List[Value]] = [[] for _ in range(n_out)]
         first = None
         for t in range(length):
@@ -312,6 +390,49 @@ class _Expansion:
                 self.fail(f"scan output {k} has axis {ax} outside its rank ({rank})")
             results.append(self.stack(pieces[::-1] if out_dirs[k] else pieces, ax % rank, f"scan output {k}"))
         return states + results
+
+    def _scan_at_run_time(self, body, states, xs, axes, in_dirs, out_axes, out_dirs) -> List[Optional[Value]]:
+        """A Scan over a symbolic (or long) sequence as a run-time loop: iteration t reads each scan input at
+        t (reversed: n-1-t) with a Gather, and each scan output is a loop-carried accumulator [n, ...] whose
+        row t (reversed: n-1-t) the iteration replaces (a Where against the row index), moved to its output
+        axis at the end."""
+        n_state = len(states)
+        n = self.add("Gather", [self.add("Shape", [xs[0]]), self.i64([axes[0]])], {"axis": 0})
+        slice_types = [TensorType(x.dtype, tuple(d for k, d in enumerate(x.shape) if k != ax))
+                       for x, ax in zip(xs, axes)]
+        # the scan outputs' types (a trial import of the body) size their accumulators
+        ys = self._trial_types(body, [v.type for v in states] + slice_types)[n_state:]
+        zeros = self._accumulators(ys, n)
+        loop_id = self.g.fresh_name(self.where)
+        state = self.g.add_node("LoopState", [self.add("Reshape", [n, self.i64([1])]), None] + states + zeros,
+                                {"loop": loop_id, "kind": "Scan"}, name=f"{self.where}_state",
+                                num_outputs=2 + len(states) + len(zeros), domain=CUSTOM_DOMAIN)
+        it, slots = state.outputs[0], state.outputs[2:]
+        last = self.add("Sub", [self.add("Reshape", [n, self.i64([])]), self.i64(1)])
+        rev = self.add("Sub", [last, it])
+        slices = [self.add("Gather", [x, rev if d else it], {"axis": ax}) for x, ax, d in zip(xs, axes, in_dirs)]
+        outs = self.body(body, list(slots[:n_state]) + slices)
+        new = list(outs[:n_state])
+        for k, (a, b) in enumerate(zip(slots, new)):
+            if a.type != b.type:
+                self.fail(f"state {k} is {a.type} before an iteration and {b.type} after it; a Scan run at run time "
+                          f"needs them equal")
+        rows = self.add("Range", [self.i64(0), self.add("Reshape", [n, self.i64([])]), self.i64(1)])
+        for k, (acc, y, d) in enumerate(zip(slots[n_state:], outs[n_state:], out_dirs)):
+            new.append(self._replace_row(acc, y, ys[k], rows, rev if d else it, k))
+        back = self.g.add_node("LoopBack", [None] + new, {"loop": loop_id}, name=f"{self.where}_back",
+                               num_outputs=len(new), domain=CUSTOM_DOMAIN)
+        finals = list(back.outputs)
+        for k, ax in enumerate(out_axes):
+            v = finals[n_state + k]
+            rank = len(v.shape)
+            if not -rank <= ax < rank:
+                self.fail(f"scan output {k} has axis {ax} outside its rank ({rank})")
+            ax %= rank
+            if ax:
+                perm = list(range(1, ax + 1)) + [0] + list(range(ax + 1, rank))
+                finals[n_state + k] = self.add("Transpose", [v], {"perm": perm})
+        return finals
 
     def _list_attr(self, v, n: int, name: str) -> List[int]:
         if v is None:
@@ -335,4 +456,4 @@ def _describe(v: Value) -> str:
     return f"{v.name!r}" + (f", from {v.producer.op} node {v.producer.name!r}" if v.producer is not None else "")
 
 
-__all__ = ["CONTROL_OPS", "MAX_UNROLLED_NODES", "expand"]
+__all__ = ["CONTROL_OPS", "MAX_UNROLLED_NODES", "MAX_UNROLLED_TRIPS", "expand"]

@@ -18,7 +18,9 @@ from ..errors import ShapeError, UnsupportedOpError
 from ..ir.dim import SymExpr, Symbol, bounds, evaluate, product
 from ..ir.dtype import DType
 from ..ir.graph import Graph, Value
+from ..ir.ops.control import hoist_out_of_loops
 from ..ir.registry import ops_with
+from .loops import LoopRegion, extend_lifetimes, lower_loop_back, lower_loop_state
 from .lower import LOWERINGS, LowerCtx, TensorFn
 from .texpr import E, Buf, const, load, replace_node, top_level, var
 
@@ -54,6 +56,7 @@ class Schedule:
     weights_bytes: int
     fused: Dict[str, int]     # op -> how many were inlined into a consumer
     symbols: List[Symbol] = attrs.field(factory=list)   # run-time shape symbols, in binding-slot order
+    loops: List[LoopRegion] = attrs.field(factory=list)  # run-time loops (backward branches), inner first
 
     @property
     def ranges(self) -> Dict[str, Tuple[int, int]]:
@@ -106,6 +109,7 @@ def schedule(g: Graph, gemm_cols: int = 0, split_concat: bool = False, gemm_tile
     builder = _StageBuilder(g, (gemm_cols, gemm_tiles, unpadded_contractions, matmul_panels, half_contractions,
                                 row_kernels, channel_tile_cost))
     g.toposort()
+    hoist_out_of_loops(g.nodes)
     for node in g.nodes:
         builder.lower(node)
     builder.copy_unproduced_outputs()
@@ -120,10 +124,10 @@ def schedule(g: Graph, gemm_cols: int = 0, split_concat: bool = False, gemm_tile
     # constants that no kernel reads (weights a kernel reads repacked) stay out of the artifact
     read = {id(root_of(b)) for s in stages for b in s.reads}
     weights = {k: (b, a) for k, (b, a) in weights.items() if id(root_of(b)) in read}
-    arena = _plan_arena(stages, ranges)
+    arena = _plan_arena(stages, ranges, builder.loops)
     wbytes = _plan_weights(weights)
     return Schedule(stages, builder.in_bufs, builder.out_bufs, [(b, a) for b, a in weights.values() if a is not None],
-                    arena, wbytes, builder.fused, syms)
+                    arena, wbytes, builder.fused, syms, builder.loops)
 
 
 def _run_time_symbols(g: Graph) -> List[Symbol]:
@@ -187,6 +191,8 @@ class _StageBuilder:
         self.guards: Dict[int, tuple] = {}   # id(stage) -> (cond value, polarity), resolved to buffers at the end
         # Values that guard nodes: stored (never inlined), so the run time can read them before the guarded steps.
         self.guard_conds = {id(n.guard[0]) for n in g.nodes if n.guard is not None}
+        self.open_loops: Dict[str, tuple] = {}   # loop id -> its LoopState's head and slots, until its LoopBack
+        self.loops: List[LoopRegion] = []
         self.in_bufs, self.out_bufs = [], []
         ni = len(g.inputs)
         for i, v in enumerate(g.inputs):
@@ -244,6 +250,17 @@ class _StageBuilder:
                     st.guard = (b, polarity)
             written.add(id(root_of(st.buf)))
 
+    def store_into(self, name: str, buf: Buf, fn) -> None:
+        """A stage writing ``fn`` into an existing buffer (a run-time loop's back edge into a state slot)."""
+        vs = [var(f"i{k}") for k in range(len(buf.shape))]
+        self.add_stage(Stage(name, buf, vs, fn(list(vs)), op=self.current_op), self.current_guard)
+
+    def place_stored(self, node, o: Value, buf: Buf) -> None:
+        """Output ``o`` of ``node`` is the contents of ``buf`` (read in place, or copied where it must be)."""
+        self.expensive[id(o)] = False
+        self.contracting[id(o)] = False
+        self._place(node, o, _loader(buf))
+
     def temp(self, shape, dtype, fn, name) -> TensorFn:
         return self.materialize(name, shape, dtype, fn)
 
@@ -251,6 +268,9 @@ class _StageBuilder:
         """Lower ``node`` and place each of its outputs (stored, a view, or inlined into its consumers)."""
         self.current_op = node.op
         self.current_guard = node.guard
+        if node.op in _LOOP_LOWERINGS:
+            _LOOP_LOWERINGS[node.op](self, node)
+            return
         ins = self._inputs(node)
         low = LOWERINGS.get(node.op)
         if low is None:
@@ -323,6 +343,9 @@ class _StageBuilder:
             self.stages.append(Stage(f"copy_{ob.name}", ob, *(_vars_expr(t, ob.shape))))
 
 
+_LOOP_LOWERINGS = {"LoopState": lower_loop_state, "LoopBack": lower_loop_back}
+
+
 def root_of(b: Buf) -> Buf:
     return b.storage
 
@@ -340,6 +363,8 @@ def _inline(g: Graph, o: Value, t: TensorFn, expensive: bool) -> bool:
     users = g.consumers(o)
     if not users:
         return True  # dead: nothing will read it
+    if all(u.op == "LoopBack" for u in users):
+        return True  # a run-time loop's next value: stored by the back edge (kernels/loops.py), once
     readers_same = all(u.op in ELEMENTWISE_OPS and tuple(u.outputs[0].shape) == tuple(o.shape) for u in users)
     if len(o.uses) == 1 and readers_same:
         return True
@@ -441,10 +466,11 @@ def _argscan_reads(x: E):
     return [src(idx)]
 
 
-def _plan_arena(stages: List[Stage], ranges: Dict[str, Tuple[int, int]]) -> int:
+def _plan_arena(stages: List[Stage], ranges: Dict[str, Tuple[int, int]], loops: List[LoopRegion] = ()) -> int:
     """Offsets for arena buffers from liveness: first-fit into space freed by dead buffers. A buffer of
     symbolic shape gets its size at the symbols' maxima (sizes only grow with the symbols), so one plan
-    serves every shape of the profile."""
+    serves every shape of the profile. A run-time loop keeps what it reads from before it alive through
+    its back edge (:func:`cuvil.kernels.loops.extend_lifetimes`)."""
     first: Dict[int, int] = {}
     last: Dict[int, int] = {}
     roots: Dict[int, Buf] = {}
@@ -456,6 +482,7 @@ def _plan_arena(stages: List[Stage], ranges: Dict[str, Tuple[int, int]]) -> int:
             roots[id(r)] = r
             first.setdefault(id(r), k)
             last[id(r)] = k
+    extend_lifetimes(loops, stages, first, last)
     active: List[Tuple[int, int, int]] = []  # (offset, size, last use)
     top = 0
     offsets: Dict[int, int] = {}

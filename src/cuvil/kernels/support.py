@@ -35,6 +35,9 @@ NOT_LOWERED: Dict[str, str] = {
     **_each("transforms constant weights: folded at compile time", "WinogradKernel"),
     **_each("every input decides the output's shape, so it is constant: folded at compile time", "MelWeightMatrix"),
     **_each("not lowered yet", "MaxRoiPool"),
+    **_each("a run-time loop's state slots / back edge: no kernel of its own, the schedule makes them the loop's "
+            "stages and backward branch (kernels/loops.py; x86 runs them, the GPU target refuses them)",
+            "LoopState", "LoopBack"),
 }
 
 #: Registered ops that compile on both targets without a lowering of their own: the frontend expands them on
@@ -42,8 +45,10 @@ NOT_LOWERED: Dict[str, str] = {
 EXPANDED_ON_IMPORT: Dict[str, str] = {
     "If": "branch inlined when the condition is known at compile time, else both branches and a Where per output "
           "(equal types needed)",
-    "Loop": "body unrolled over a trip count known at compile time; a run-time exit condition is predicated",
-    "Scan": "body unrolled over a sequence length known at compile time",
+    "Loop": "body unrolled over a constant trip count <= 64 (a run-time exit predicated); otherwise (trip count "
+            "from data, while loops, long loops) compiled once and run as a run-time loop (x86 only)",
+    "Scan": "body unrolled over a constant sequence length <= 64; a symbolic or longer one runs as a run-time "
+            "loop (x86 only)",
 }
 
 

@@ -42,7 +42,7 @@ import attrs
 import llvmlite.binding as llvm
 import llvmlite.ir as ir
 
-from ...errors import CuvilError
+from ...errors import CuvilError, UnsupportedOpError
 from ...ir.dtype import DType
 from ...kernels.bounds import Certificate
 from ...kernels.kernel_rules import rewrite_stages, select_kernel_rules
@@ -741,6 +741,14 @@ def gpu_schedule(g, unpadded: bool = True, tuning: PtxTuning = DEFAULT_TUNING) -
     implicit-GEMM kernels of :mod:`cuvil.targets.ptx.conv`; plain reductions when ``tuning.conv_enabled`` is
     off. ``unpadded`` (default): a padded convolution reads its input unpadded, its kernel testing bounds (no
     padded copy stored); off: the input is padded into a copy first."""
+    for n in g.nodes:
+        if n.op == "LoopState":   # a Loop/Scan run at run time: a backward branch only the x86 runtime takes
+            kind = n.attrs.get("kind", "Loop")
+            count = "trip count" if kind == "Loop" else "sequence length"
+            raise UnsupportedOpError(kind, n.attrs.get("loop", n.name), g.opset, detail=(
+                f"its {count} is known only at run time (or is over the unrolling limit), so it runs as a "
+                f"run-time loop, which the GPU bundle (one captured CUDA graph) cannot express yet: compile "
+                f"for x86, or make the {count} a constant <= frontend.subgraphs.MAX_UNROLLED_TRIPS"))
     if not tuning.conv_enabled:
         return schedule(g)
     return schedule(g, gemm_cols=GPU_GEMM_COLS, gemm_tiles=tuple((m, GPU_GEMM_COLS) for m in TILE_CHANNELS),

@@ -12,6 +12,8 @@ import tempfile
 import time
 from typing import Callable, Optional
 
+import attrs
+
 from ...errors import CuvilError
 from ...ir.graph import Graph
 from ...kernels.bounds import BoundsProver, Certificate, prove_schedule
@@ -95,7 +97,19 @@ def _step_descs(sched, steps, step_stages) -> list:
             b, polarity = sched.stages[members[0]].guard
             guard = (b.base, b.offset, polarity)
         out.append(StepDesc(sym, extent, grain, split, guard))
-    return out
+    return _loop_jumps(sched, step_stages, out)
+
+
+def _loop_jumps(sched, step_stages, descs) -> list:
+    """Each run-time loop's two jumps: after its head step, to the step past its back edge when ``go`` is
+    false; after its back-edge step, to its head step."""
+    step_of = {i: k for k, members in enumerate(step_stages) for i in members}
+    index = {id(st): i for i, st in enumerate(sched.stages)}
+    for lp in sched.loops:
+        h, b = step_of[index[id(lp.head)]], step_of[index[id(lp.back)]]
+        descs[h] = attrs.evolve(descs[h], jump=(b + 1, (lp.go.base, lp.go.offset, False)))
+        descs[b] = attrs.evolve(descs[b], jump=(h, None))
+    return descs
 
 
 def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str] = None, prefix: str = "cuvil",
@@ -209,7 +223,9 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
 def _steps_json(sched, steps, target, variant, descs) -> list:
     """The manifest's record of each step (in profile order: the generic steps, then the opt ones); a step
     running several stages (the pieces of a split concatenation) names them all in ``stages``; a guarded
-    step names its condition's buffer and the value it runs for (``guard``)."""
+    step names its condition's buffer and the value it runs for (``guard``); a run-time loop's head step
+    says where the run goes when its ``go`` is false (``jump``: ``to``, ``unless``), its back-edge step where
+    it goes always."""
     out = []
     for (sym, _, _, _), members, desc in zip(steps, target["step_stages"], descs):
         st = sched.stages[members[0]]
@@ -221,6 +237,8 @@ def _steps_json(sched, steps, target, variant, descs) -> list:
                     **({"tile": target["gemm_tiles"][sym]} if sym in target["gemm_tiles"] else {}),
                     **({"guard": {"cond": st.guard[0].name, "runs_when": bool(st.guard[1])}}
                        if desc.guard is not None else {}),
+                    **({"jump": {"to": desc.jump[0], "unless": st.name} if desc.jump[1] is not None
+                        else {"to": desc.jump[0]}} if desc.jump is not None else {}),
                     **({"variant": variant} if variant else {})})
     return out
 

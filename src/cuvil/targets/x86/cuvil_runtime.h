@@ -52,10 +52,13 @@ typedef void (*cuvil_kernel_fn)(void **bufs, int64_t begin, int64_t end);
 /* run fn over [0, extent) split into chunks of >= grain iterations across threads, at most split chunks per
  * thread (chunks are claimed, so a thread that starts late or runs slower takes fewer). guard_buf > 0: the
  * step runs only when the bool at bufs[guard_buf - 1] + guard_off, written by an earlier step or an input,
- * equals guard_value (a branch of a run-time If); guard_buf == 0: always. */
+ * equals guard_value (a branch of a run-time If); guard_buf == 0: always. jump_to > 0: after the step runs
+ * (not when skipped), the run goes on at step jump_to - 1 when jump_buf == 0 or the bool at
+ * bufs[jump_buf - 1] + jump_off equals jump_value (a run-time loop's exit test and back edge). */
 typedef struct {
   cuvil_kernel_fn fn; int64_t extent; int64_t grain; int64_t split;
   int32_t guard_buf; int32_t guard_value; int64_t guard_off;
+  int32_t jump_to; int32_t jump_buf; int32_t jump_value; int64_t jump_off;
 } cuvil_step;
 
 /* dtype = ONNX TensorProto code; shape entries -1 = symbolic; shape may be NULL if ndim == 0.

@@ -72,12 +72,20 @@ def _c_atom(a, slots) -> str:
 
 
 def _guard(step) -> str:
-    """A guarded step's extra fields (buffer table index + 1, polarity, byte offset); none for the others,
-    whose zero-initialised guard_buf means 'always run'."""
-    if step.guard is None:
+    """A guarded step's extra fields (buffer table index + 1, polarity, byte offset), then a jumping step's
+    (target step + 1, its condition as a guard's, or zeros: always); none for the others, whose
+    zero-initialised guard_buf and jump_to mean 'always run' and 'go on with the next step'."""
+    if step.guard is None and step.jump is None:
         return ""
-    index, offset, polarity = step.guard
-    return f", {int(index) + 1}, {int(bool(polarity))}, {_i64(offset)}"
+    fields = ", 0, 0, 0"
+    if step.guard is not None:
+        index, offset, polarity = step.guard
+        fields = f", {int(index) + 1}, {int(bool(polarity))}, {_i64(offset)}"
+    if step.jump is not None:
+        target, cond = step.jump
+        index, offset, value = (-1, 0, False) if cond is None else cond
+        fields += f", {int(target) + 1}, {int(index) + 1}, {int(bool(value))}, {_i64(offset)}"
+    return fields
 
 
 def generate_model_c(info: ModelInfo) -> str:

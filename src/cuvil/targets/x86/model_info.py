@@ -125,6 +125,10 @@ class StepDesc:
     # (buffer table index, byte offset, polarity): skip the step when the bool at bufs[index] + offset is not
     # polarity (a branch of a run-time If); None: always run
     guard: Optional[Tuple[int, int, bool]] = None
+    # (target step, condition): after the step runs (not when it is skipped), the run goes on at the target
+    # step when the condition, (buffer table index, byte offset, value) as for ``guard``, holds, or always
+    # when it is None: a run-time loop's exit test and back edge
+    jump: Optional[Tuple[int, Optional[Tuple[int, int, bool]]]] = None
 
 
 @attrs.frozen

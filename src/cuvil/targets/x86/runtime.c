@@ -943,9 +943,16 @@ CUVIL_EXPORT int CUVIL_API(run)(cuvil_session *h, const cuvil_tensor *inputs, cu
    * (release/acquire) before this thread reads the condition, so it reads the value just written. */
 #define CUVIL_SKIP(k) (steps[k].guard_buf > 0 && \
     (((const uint8_t *)s->bufs[steps[k].guard_buf - 1])[steps[k].guard_off] != 0) != (steps[k].guard_value != 0))
+  /* A run-time loop: after its head step (go false) or its back-edge step (always), the run goes on at
+   * another step; k = target - 1, then ++k. */
+#define CUVIL_JUMP(k) (steps[k].jump_to > 0 && (steps[k].jump_buf == 0 || \
+    ((((const uint8_t *)s->bufs[steps[k].jump_buf - 1])[steps[k].jump_off] != 0) == (steps[k].jump_value != 0))))
   if (s->profile == NULL) {
-    for (int k = 0; k < nsteps; ++k)
-      if (!CUVIL_SKIP(k)) run_step(s, &steps[k], CUVIL_EXTENT(k));
+    for (int k = 0; k < nsteps; ++k) {
+      if (CUVIL_SKIP(k)) continue;
+      run_step(s, &steps[k], CUVIL_EXTENT(k));
+      if (CUVIL_JUMP(k)) k = steps[k].jump_to - 2;
+    }
   } else {
     struct timespec t0, t1;
     for (int k = 0; k < nsteps; ++k) {
@@ -954,6 +961,7 @@ CUVIL_EXPORT int CUVIL_API(run)(cuvil_session *h, const cuvil_tensor *inputs, cu
       run_step(s, &steps[k], CUVIL_EXTENT(k));
       clock_gettime(CLOCK_MONOTONIC, &t1);
       s->profile[first + k] += (int64_t)(t1.tv_sec - t0.tv_sec) * 1000000000 + (t1.tv_nsec - t0.tv_nsec);
+      if (CUVIL_JUMP(k)) k = steps[k].jump_to - 2;
     }
   }
   session_release(h);
