@@ -20,6 +20,7 @@ from ..ir.dtype import DType
 from ..ir.graph import Graph, Value
 from ..ir.registry import ops_with
 from .lower import LOWERINGS, LowerCtx, TensorFn
+from .run_time_sizes import run_time_symbols
 from .texpr import E, Buf, const, load, replace_node, top_level, var
 
 ALIGN = 64
@@ -54,6 +55,8 @@ class Schedule:
     weights_bytes: int
     fused: Dict[str, int]     # op -> how many were inlined into a consumer
     symbols: List[Symbol] = attrs.field(factory=list)   # run-time shape symbols, in binding-slot order
+    # the last this many symbols are data-dependent sizes, written by a kernel during the run (range [0, bound])
+    num_run_time_symbols: int = 0
 
     @property
     def ranges(self) -> Dict[str, Tuple[int, int]]:
@@ -84,7 +87,8 @@ def _align(n: int) -> int:
 def schedule(g: Graph, gemm_cols: int = 0, split_concat: bool = False, gemm_tiles: tuple = (),
              unpadded_contractions: bool = False, matmul_panels: bool = True,
              half_contractions: bool = False, row_kernels: bool = False,
-             channel_tile_cost: Optional[float] = None, batched_sequences: bool = False) -> Schedule:
+             channel_tile_cost: Optional[float] = None, batched_sequences: bool = False,
+             run_time_sizes: bool = False) -> Schedule:
     """Stages and memory plan of ``g``. ``gemm_cols > 0`` lowers convolutions to packed contractions (the
     x86 micro-kernels), each with a register tile (rows, cols[, lanes]) among ``gemm_tiles`` (default
     ``((MR, gemm_cols),)``), and constant-weight MatMuls to column panels ``gemm_cols`` wide; 0 keeps plain
@@ -102,12 +106,18 @@ def schedule(g: Graph, gemm_cols: int = 0, split_concat: bool = False, gemm_tile
     needed when ``gemm_tiles`` offers such tiles (x86: ``X86Tuning.channel_tile_cost``). ``batched_sequences``
     (x86): a recurrent layer's sequential kernel takes every batch row of a direction in one row, so a step
     reads the recurrent weights once for the whole batch; without it (the GPU) each batch row is a row of its
-    own (a thread block)."""
-    syms = _run_time_symbols(g)
+    own (a thread block). ``run_time_sizes`` (x86): a size that depends on tensor values (NonZero's count,
+    TopK's k read from data, Compress's kept count) becomes a run-time symbol its producer's kernel writes
+    (:mod:`cuvil.kernels.run_time_sizes`; the schedule's last ``num_run_time_symbols`` symbols); without it
+    such a size is refused naming its node."""
+    data_syms, writers = run_time_symbols(g, run_time_sizes)
+    syms = _run_time_symbols(g, data_syms)
     ranges = {s.name: (s.min, s.max) for s in syms}
     opt = {s.name: s.tuned for s in syms}
     builder = _StageBuilder(g, (gemm_cols, gemm_tiles, unpadded_contractions, matmul_panels, half_contractions,
                                 row_kernels, channel_tile_cost, batched_sequences))
+    builder.size_writers = writers
+    builder.symbol_slots = {s.name: k for k, s in enumerate(syms)}
     g.toposort()
     for node in g.nodes:
         builder.lower(node)
@@ -126,22 +136,23 @@ def schedule(g: Graph, gemm_cols: int = 0, split_concat: bool = False, gemm_tile
     arena = _plan_arena(stages, ranges)
     wbytes = _plan_weights(weights)
     return Schedule(stages, builder.in_bufs, builder.out_bufs, [(b, a) for b, a in weights.values() if a is not None],
-                    arena, wbytes, builder.fused, syms)
+                    arena, wbytes, builder.fused, syms, len(data_syms))
 
 
-def _run_time_symbols(g: Graph) -> List[Symbol]:
-    """The symbols that size ``g``'s tensors, in binding-slot order; refuses a graph a backend cannot bind
-    (an unknown rank, an unknown symbol, an input dim that is an expression, a symbol no input dim gives)."""
+def _run_time_symbols(g: Graph, data_syms: Dict[str, Symbol]) -> List[Symbol]:
+    """The symbols that size ``g``'s tensors, in binding-slot order (those input dims give, then the
+    data-dependent ones ``data_syms``, which kernels write); refuses a graph a backend cannot bind (an
+    unknown rank, an unknown symbol, an input dim that is an expression, a symbol no input dim gives)."""
     for v in g.values():
         if v.shape is None:
             raise ShapeError(f"value {v.name!r} has unknown rank: the x86 and GPU backends need every rank")
-    _refuse_data_dependent_sizes(g)
+    known = set(g.symbols) | set(data_syms)
     used = set()
     for v in g.values():
         here = set().union(*[d.free_symbols for d in v.shape if isinstance(d, SymExpr)])
-        if here - set(g.symbols):
-            raise ShapeError(f"value {v.name!r} has shape {v.type} over unknown symbol(s) {sorted(here - set(g.symbols))}")
-        used |= here
+        if here - known:
+            raise ShapeError(f"value {v.name!r} has shape {v.type} over unknown symbol(s) {sorted(here - known)}")
+        used |= here - set(data_syms)
     bound = set()
     for v in g.inputs:
         for d in v.shape:
@@ -152,22 +163,7 @@ def _run_time_symbols(g: Graph) -> List[Symbol]:
     if used - bound:
         raise ShapeError(f"symbol(s) {sorted(used - bound)} size tensors but no input dim gives them a value: "
                          f"fix them (fixed={{...}})")
-    return [g.symbols[k] for k in sorted(used)]
-
-
-def _refuse_data_dependent_sizes(g: Graph) -> None:
-    """A size that depends on tensor contents (NonZero's count, TopK's k or Range's bounds read from tensor
-    data: a fresh symbol of shape inference, outside the graph's symbols) has no run-time value a kernel could
-    read yet: the first node that makes one is named."""
-    for n in g.nodes:
-        for o in n.outputs:
-            fresh = sorted(set().union(*[d.free_symbols for d in o.shape or () if isinstance(d, SymExpr)])
-                           - set(g.symbols))
-            if fresh:
-                raise UnsupportedOpError(
-                    n.op, n.name, g.opset, detail=f"output {o.name!r} has shape {o.type}, whose size {fresh[0]} "
-                    "depends on tensor values (not on input shapes); neither target sizes such outputs at run "
-                    "time yet: make that input a constant, or compute this part outside the library")
+    return [g.symbols[k] for k in sorted(used)] + list(data_syms.values())
 
 
 class _StageBuilder:
@@ -190,6 +186,8 @@ class _StageBuilder:
         self.guards: Dict[int, tuple] = {}   # id(stage) -> (cond value, polarity), resolved to buffers at the end
         # Values that guard nodes: stored (never inlined), so the run time can read them before the guarded steps.
         self.guard_conds = {id(n.guard[0]) for n in g.nodes if n.guard is not None}
+        self.size_writers: Dict[int, str] = {}     # id(node) -> the run-time symbol its lowering writes
+        self.symbol_slots: Dict[str, int] = {}
         self.in_bufs, self.out_bufs = [], []
         ni = len(g.inputs)
         for i, v in enumerate(g.inputs):
@@ -247,6 +245,13 @@ class _StageBuilder:
                     st.guard = (b, polarity)
             written.add(id(root_of(st.buf)))
 
+    def write_symbol(self, name: str, value: E) -> None:
+        """A scalar stage storing ``value`` (int64) into run-time symbol ``name``'s slot of the symbol table
+        (buffer table index ``3 + inputs + outputs``): later kernels read the symbol from there."""
+        base = 3 + len(self.g.inputs) + len(self.g.outputs)
+        b = Buf(f"{name}_size", DType.INT64, (), base, 8 * self.symbol_slots[name])
+        self.add_stage(Stage(f"{name}_size", b, [], value, op=self.current_op), self.current_guard)
+
     def temp(self, shape, dtype, fn, name) -> TensorFn:
         return self.materialize(name, shape, dtype, fn)
 
@@ -259,7 +264,9 @@ class _StageBuilder:
         if low is None:
             raise UnsupportedOpError(node.op, node.name, detail="no x86 lowering")
         used = [bool(o.uses) or id(o) in self.out_index for o in node.outputs]
-        outs = low(LowerCtx(node, ins, self.temp, self.packed_weight, *self.lower_options, used_outputs=used))
+        writes = self.size_writers.get(id(node))
+        outs = low(LowerCtx(node, ins, self.temp, self.packed_weight, *self.lower_options, used_outputs=used,
+                            set_size=(lambda value, name=writes: self.write_symbol(name, value)) if writes else None))
         inlined = [v for v in node.inputs if v is not None and id(v) not in self.bufs]
         # an expression that inlines a reduction is expensive however cheap its own op is
         inlined_cost = any(self.expensive.get(id(v), False) for v in inlined)

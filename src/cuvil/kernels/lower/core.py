@@ -49,8 +49,11 @@ class LowerCtx:
                  weight: Optional[Callable] = None, gemm_cols: int = 0, gemm_tiles: tuple = (),
                  unpadded_contractions: bool = False, matmul_panels: bool = True, half_contractions: bool = False,
                  row_kernels: bool = False, channel_tile_cost: Optional[float] = None,
-                 batched_sequences: bool = False, used_outputs: Optional[Sequence[bool]] = None):
+                 batched_sequences: bool = False, used_outputs: Optional[Sequence[bool]] = None,
+                 set_size: Optional[Callable] = None):
         self.node, self.inputs, self._temp, self._weight = node, inputs, temp, weight
+        # stores the node's data-dependent output size into its run-time symbol (None: the size is not one)
+        self._set_size = set_size
         # which outputs some node or the graph reads (None: all); an op may skip work for the others
         self.used_outputs = tuple(used_outputs) if used_outputs is not None else (True,) * len(node.outputs)
         # (x86) short reductions (4+ terms) take the GEMM micro-kernels, 2-D average pools the row kernels
@@ -97,6 +100,15 @@ class LowerCtx:
     def const_input(self, i: int) -> Optional[np.ndarray]:
         v = self.node.inputs[i] if i < len(self.node.inputs) else None
         return np.asarray(v.const) if v is not None and v.is_const else None
+
+    def set_size(self, value: E) -> bool:
+        """Store ``value`` (an int64 scalar expression, computed before the outputs) as the run-time value of
+        this node's data-dependent output size, which the outputs' shapes name; False (nothing stored) when
+        the size is not a run-time symbol (a constant, or a dim computed from shapes)."""
+        if self._set_size is None:
+            return False
+        self._set_size(value)
+        return True
 
     def unsupported(self, detail: str):
         raise UnsupportedOpError(self.node.op, self.node.name, detail=detail)

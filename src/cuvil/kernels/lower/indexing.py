@@ -1,8 +1,9 @@
-"""Lowerings of gathers, scatters, one-hot, triangles, scans and selections (TopK)."""
+"""Lowerings of gathers, scatters, one-hot, triangles, scans and selections (TopK, NonZero)."""
 from __future__ import annotations
 
 import numpy as np
 
+from ...ir.dim import product
 from ..texpr import I64, E, all_of, binop, cast, cmp, const, identity_value, logic, reduce, select
 from .core import TensorFn, clamp, flat_index, lowering, nan_max, nan_min, shape_param, unflat_index
 
@@ -268,3 +269,39 @@ def _topk(ctx):
     if len(ctx.node.outputs) > 1:
         outs.append(TensorFn(out_shape, ctx.out_dtype(1), lambda idx: cast(pos(idx), ctx.out_dtype(1)), "elementwise"))
     return outs
+
+
+def _selected_positions(ctx, keep, n, name: str):
+    """For a 0/1 predicate ``keep(i)`` over ``[0, n)``: stores the count as the node's run-time size and
+    returns ``pick(j)``, the position of the j-th kept element (j below the count). By counting, as TopK
+    ranks: each position's rank among the kept ones (a stored prefix count), then the position whose rank is
+    j; quadratic in ``n``, no sequential writes."""
+    one, zero = const(1, I64), const(0, I64)
+    kept = lambda i: select(keep(i), one, zero)   # noqa: E731
+    ctx.set_size(reduce("sum", [n], kept))
+    rank = ctx.temp([n], I64, lambda idx: reduce("sum", [n], lambda i: select(cmp("lt", i, idx[0]), kept(i), zero)),
+                    f"{name}_rank")
+    where = ctx.temp([n], I64, lambda idx: reduce(
+        "sum", [n], lambda i: select(logic("and", keep(i), cmp("eq", rank([i]), idx[0])), i, zero)), f"{name}_at")
+    return lambda j: clamp(where([j]), n)
+
+
+@lowering("NonZero")
+def _nonzero(ctx):
+    """The indices of the non-zero elements, in row-major order: its count is a run-time size."""
+    x = ctx.input(0)
+    if not x.shape:
+        ctx.unsupported("a scalar input")
+    n = product(x.shape)
+    nz = lambda i: cmp("ne", x(unflat_index(i, x.shape)), const(0, x.dtype))   # noqa: E731
+    pick = _selected_positions(ctx, nz, n, "nonzero")
+    return [TensorFn(ctx.out_shape(), I64, lambda idx: _component(unflat_index(pick(idx[1]), x.shape), idx[0]),
+                     "injective")]
+
+
+def _component(parts, k: E) -> E:
+    """``parts[k]`` for a run-time index ``k`` in ``[0, len(parts))``."""
+    out = parts[-1]
+    for d in range(len(parts) - 2, -1, -1):
+        out = select(cmp("eq", k, const(d, I64)), parts[d], out)
+    return out

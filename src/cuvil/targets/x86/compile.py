@@ -118,7 +118,8 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
     _, _, cpu_name, features = host_target(cpu, opt_level)
     bits = vector_bits(cpu_name, features)
     sched = schedule(g, gemm_cols=tile_cols(bits), split_concat=True, gemm_tiles=tile_shapes(bits, tuning),
-                     row_kernels=True, channel_tile_cost=tuning.channel_tile_cost, batched_sequences=True)
+                     row_kernels=True, channel_tile_cost=tuning.channel_tile_cost, batched_sequences=True,
+                     run_time_sizes=True)
     _check_arena(sched, arena_limit(max_arena_bytes))
     prover = BoundsProver()
     cert = prove_schedule(sched, "generic", prover)
@@ -128,7 +129,8 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
     obj, steps, target = generate_object(sched, prefix, cpu, opt_level)
     blob = sched.weights_blob()
     osched = osteps = otarget = oobj = oblob = None
-    if opt_graph is not None and sched.symbols:
+    # sizes written at run time (NonZero's count) have no opt point to specialise for: generic kernels only
+    if opt_graph is not None and sched.symbols and not sched.num_run_time_symbols:
         say(f"specialising for the opt point {sched.opt_point}")
         osched = schedule(opt_graph, gemm_cols=tile_cols(bits), split_concat=True,
                           gemm_tiles=tile_shapes(bits, tuning), row_kernels=True,
@@ -152,7 +154,7 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
         scratch_bytes=max(target["scratch_bytes"], otarget["scratch_bytes"] if otarget else 0),
         symbols=[SymbolDesc(s.name, s.min, opt[s.name], s.max) for s in sched.symbols],
         opt_steps=_step_descs(osched, osteps, otarget["step_stages"]) if osteps else [],
-        opt_weights_symbol=opt_weights_sym)
+        opt_weights_symbol=opt_weights_sym, num_run_time_symbols=sched.num_run_time_symbols)
     with tempfile.TemporaryDirectory(prefix="cuvil-build-") as tmp:
         objs = []
         for name, data in (("kernels.o", obj), ("kernels_opt.o", oobj)):
