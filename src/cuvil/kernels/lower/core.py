@@ -14,7 +14,7 @@ from ...ir.dtype import DType
 from ...ir.graph import Node
 from ...ir.registry import attr_defaults
 from ..contraction import MR
-from ..texpr import I64, Buf, E, cmp, const, select
+from ..texpr import I64, Buf, E, cmp, const, logic, reduce, select
 
 
 Index = List[E]
@@ -237,6 +237,21 @@ def reshape_index(idx: Index, out_shape: Sequence[int], in_shape: Sequence[int])
 
 def clamp(i: E, d: int) -> E:
     return E("clamp", (i,), I64, (0, d - 1))
+
+
+def selected_positions(ctx: LowerCtx, keep: Callable[[E], E], n, name: str) -> Callable[[E], E]:
+    """For a 0/1 predicate ``keep(i)`` over ``[0, n)``: stores the count as the node's run-time size and
+    returns ``pick(j)``, the position of the j-th kept element (j below the count). By counting, as TopK
+    ranks: each position's rank among the kept ones (a stored prefix count), then the position whose rank is
+    j; quadratic in ``n``, no sequential writes."""
+    one, zero = const(1, I64), const(0, I64)
+    kept = lambda i: select(keep(i), one, zero)   # noqa: E731
+    ctx.set_size(reduce("sum", [n], kept))
+    rank = ctx.temp([n], I64, lambda idx: reduce("sum", [n], lambda i: select(cmp("lt", i, idx[0]), kept(i), zero)),
+                    f"{name}_rank")
+    where = ctx.temp([n], I64, lambda idx: reduce(
+        "sum", [n], lambda i: select(logic("and", keep(i), cmp("eq", rank([i]), idx[0])), i, zero)), f"{name}_at")
+    return lambda j: clamp(where([j]), n)
 
 
 def scalar_of(t: TensorFn) -> E:

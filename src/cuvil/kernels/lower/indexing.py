@@ -5,7 +5,8 @@ import numpy as np
 
 from ...ir.dim import product
 from ..texpr import I64, E, all_of, binop, cast, cmp, const, identity_value, logic, reduce, select
-from .core import TensorFn, clamp, flat_index, lowering, nan_max, nan_min, shape_param, unflat_index
+from .core import (TensorFn, clamp, flat_index, lowering, nan_max, nan_min, selected_positions, shape_param,
+                   unflat_index)
 
 
 @lowering("Gather")
@@ -233,7 +234,8 @@ def _topk(ctx):
     output r is the element whose rank is r: quadratic in the axis length."""
     x = ctx.input(0)
     k = shape_param(ctx, "k", 1)   # k only sizes the outputs (a dim computed from shapes, min(S, 10), is fine)
-    if k is None:
+    # k read from tensor data: a run-time size (the runtime checks 0 <= k <= the axis length after this store)
+    if k is None and not ctx.set_size(cast(ctx.input(1)([const(0, I64)] * len(ctx.input(1).shape)), I64)):
         ctx.unsupported("k computed from tensor data (the output size would depend on it)")
     axis = ctx.attr("axis", -1) % len(x.shape)
     largest = ctx.attr("largest", 1)
@@ -271,21 +273,6 @@ def _topk(ctx):
     return outs
 
 
-def _selected_positions(ctx, keep, n, name: str):
-    """For a 0/1 predicate ``keep(i)`` over ``[0, n)``: stores the count as the node's run-time size and
-    returns ``pick(j)``, the position of the j-th kept element (j below the count). By counting, as TopK
-    ranks: each position's rank among the kept ones (a stored prefix count), then the position whose rank is
-    j; quadratic in ``n``, no sequential writes."""
-    one, zero = const(1, I64), const(0, I64)
-    kept = lambda i: select(keep(i), one, zero)   # noqa: E731
-    ctx.set_size(reduce("sum", [n], kept))
-    rank = ctx.temp([n], I64, lambda idx: reduce("sum", [n], lambda i: select(cmp("lt", i, idx[0]), kept(i), zero)),
-                    f"{name}_rank")
-    where = ctx.temp([n], I64, lambda idx: reduce(
-        "sum", [n], lambda i: select(logic("and", keep(i), cmp("eq", rank([i]), idx[0])), i, zero)), f"{name}_at")
-    return lambda j: clamp(where([j]), n)
-
-
 @lowering("NonZero")
 def _nonzero(ctx):
     """The indices of the non-zero elements, in row-major order: its count is a run-time size."""
@@ -294,7 +281,7 @@ def _nonzero(ctx):
         ctx.unsupported("a scalar input")
     n = product(x.shape)
     nz = lambda i: cmp("ne", x(unflat_index(i, x.shape)), const(0, x.dtype))   # noqa: E731
-    pick = _selected_positions(ctx, nz, n, "nonzero")
+    pick = selected_positions(ctx, nz, n, "nonzero")
     return [TensorFn(ctx.out_shape(), I64, lambda idx: _component(unflat_index(pick(idx[1]), x.shape), idx[0]),
                      "injective")]
 
