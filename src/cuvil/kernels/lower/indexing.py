@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...ir.dim import product
-from ..texpr import I64, E, all_of, binop, cast, cmp, const, identity_value, logic, reduce, select
+from ..texpr import I64, E, all_of, binop, cast, cmp, const, dim_index, identity_value, logic, reduce, select
 from .core import (TensorFn, clamp, flat_index, lowering, nan_max, nan_min, selected_positions, shape_param,
                    unflat_index)
 
@@ -234,10 +234,12 @@ def _topk(ctx):
     output r is the element whose rank is r: quadratic in the axis length."""
     x = ctx.input(0)
     k = shape_param(ctx, "k", 1)   # k only sizes the outputs (a dim computed from shapes, min(S, 10), is fine)
-    # k read from tensor data: a run-time size (the runtime checks 0 <= k <= the axis length after this store)
-    if k is None and not ctx.set_size(cast(ctx.input(1)([const(0, I64)] * len(ctx.input(1).shape)), I64)):
-        ctx.unsupported("k computed from tensor data (the output size would depend on it)")
     axis = ctx.attr("axis", -1) % len(x.shape)
+    if k is None:   # read from tensor data: a run-time size; one outside [0, axis length] is stored as -1,
+        kv = cast(ctx.input(1)([const(0, I64)] * len(ctx.input(1).shape)), I64)   # which the runtime refuses
+        ok = logic("and", cmp("ge", kv, const(0, I64)), cmp("le", kv, dim_index(x.shape[axis])))
+        if not ctx.set_size(select(ok, kv, const(-1, I64))):
+            ctx.unsupported("k computed from tensor data (the output size would depend on it)")
     largest = ctx.attr("largest", 1)
     n = x.shape[axis]
     better = "gt" if largest else "lt"

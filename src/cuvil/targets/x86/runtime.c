@@ -810,8 +810,9 @@ static int refresh_run_time_sizes(const cuvil_model *m, struct cuvil_session *s)
     const cuvil_symbol *y = &m->symbols[k];
     int64_t v = s->symv[k], *last = &s->symv[m->num_symbols + k];
     if (v < y->min || v > y->max)
-      return fail(CUVIL_ERR_PROFILE, "run: size %s computed from the input values is %lld, outside [%lld, %lld] "
-                  "(e.g. TopK's k larger than its axis)", y->name, (long long)v, (long long)y->min, (long long)y->max);
+      return fail(CUVIL_ERR_PROFILE, "run: size %s computed from the input values is invalid (%lld; at most %lld "
+                  "in this profile): e.g. TopK's k outside [0, its axis length]", y->name, (long long)v,
+                  (long long)y->max);
     changed |= v != *last;
     *last = v;
   }
