@@ -186,6 +186,8 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
         "inputs": [{"name": d.name, "dtype": d.dtype, "shape": _json_dims(d.dims or d.shape)} for d in info.inputs],
         "outputs": [{"name": d.name, "dtype": d.dtype, "shape": _json_dims(d.dims or d.shape)} for d in info.outputs],
         "symbols": {s.name: {"min": s.min, "opt": s.opt, "max": s.max} for s in info.symbols},
+        # sizes a kernel computes from tensor values during the run (NonZero's count), max = their bound
+        "run_time_sizes": [s.name for s in info.symbols[len(info.symbols) - info.num_run_time_symbols:]],
         "arena_bytes": sched.arena_bytes,
         "scratch_bytes_per_thread": target["scratch_bytes"],
         "weights_bytes": sched.weights_bytes,

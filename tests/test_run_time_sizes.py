@@ -1,0 +1,134 @@
+"""Sizes that depend on tensor values (NonZero's count, TopK's k read from data, Compress by a run-time
+condition): one x86 library per profile, outputs of the actual size, checked against onnxruntime at sizes 0,
+1 and the bound; the C ABI gives the bound before the run and the actual dims after it; the GPU target and
+the ops without a run-time size kernel refuse with one clean error naming the op."""
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from cuvil.errors import ShapeError, UnsupportedOpError
+from cuvil.pipeline import Pipeline
+from cuvil.targets.x86.loader import CTensor
+
+ort = pytest.importorskip("onnxruntime")
+
+
+def _model(nodes, inputs, outputs, inits=()):
+    g = helper.make_graph(nodes, "g", inputs, outputs, list(inits))
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _check(model, profile, feeds_list):
+    art = Pipeline.from_onnx(model).compile(shape_profiles=profile, cache=False)
+    sess = ort.InferenceSession(model.SerializeToString())
+    for feeds in feeds_list:
+        got = art.run(feeds)
+        for o, want in zip(model.graph.output, sess.run(None, feeds)):
+            assert got[o.name].shape == want.shape, ({k: v.shape for k, v in feeds.items()}, o.name)
+            np.testing.assert_array_equal(got[o.name], want)
+    return art
+
+
+def detection_pattern():
+    """Scores above a threshold -> NonZero -> Transpose -> GatherND: the kept scores, then a consumer."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    i = helper.make_tensor_value_info("idx", TensorProto.INT64, None)
+    nodes = [helper.make_node("Greater", ["x", "t"], ["m"]),
+             helper.make_node("NonZero", ["m"], ["nz"], name="nz"),
+             helper.make_node("Transpose", ["nz"], ["idx"], perm=[1, 0]),
+             helper.make_node("GatherND", ["x", "idx"], ["g"]),
+             helper.make_node("Mul", ["g", "two"], ["y"])]
+    inits = [numpy_helper.from_array(np.array(0.5, np.float32), "t"),
+             numpy_helper.from_array(np.array(2.0, np.float32), "two")]
+    return _model(nodes, [x], [y, i], inits)
+
+
+def _scores(rng, n, p):
+    return {"x": np.where(rng.random((n, 4)) < p, 1.0 + rng.random((n, 4)), 0.25).astype(np.float32)}
+
+
+def test_nonzero_transpose_gathernd_matches_onnxruntime_at_zero_one_and_the_bound():
+    rng = np.random.default_rng(0)
+    one = {"x": np.full((1, 4), 0.25, np.float32)}
+    one["x"][0, 2] = 3.0
+    feeds = [_scores(rng, 1, 0.0), one, _scores(rng, 16, 1.0), _scores(rng, 16, 0.0), _scores(rng, 7, 0.5),
+             _scores(rng, 3, 1.0)]
+    art = _check(detection_pattern(), {"N": (1, 4, 16)}, feeds)
+    assert art.manifest["run_time_sizes"] == ["nz_nnz"]
+    assert art.manifest["symbols"]["nz_nnz"]["max"] == 64     # the bound: the mask's element count at N = 16
+
+
+def test_topk_with_k_from_data_matches_onnxruntime_and_refuses_a_k_beyond_the_axis():
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, "N"])
+    k = helper.make_tensor_value_info("k", TensorProto.INT64, [1])
+    outs = [helper.make_tensor_value_info(n, t, None) for n, t in (("v", TensorProto.FLOAT), ("i", TensorProto.INT64))]
+    model = _model([helper.make_node("TopK", ["x", "k"], ["v", "i"], name="tk")], [x, k], outs)
+    rng = np.random.default_rng(1)
+    feeds = [{"x": rng.standard_normal((3, n)).astype(np.float32), "k": np.array([kk])}
+             for n, kk in ((1, 0), (1, 1), (10, 10), (7, 3), (10, 0), (4, 4))]
+    art = _check(model, {"N": (1, 8, 10)}, feeds)
+    for n, kk in ((10, 11), (7, 8), (5, -1)):   # 8 <= the bound 10, but beyond this run's axis of 7
+        with pytest.raises(ShapeError, match="tk_k computed from the input values is invalid"):
+            art.run({"x": np.zeros((3, n), np.float32), "k": np.array([kk])})
+
+
+@pytest.mark.parametrize("axis", [0, None])
+def test_compress_by_a_run_time_condition_matches_onnxruntime(axis):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3])
+    c = helper.make_tensor_value_info("c", TensorProto.BOOL, ["M"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    kw = {} if axis is None else {"axis": axis}
+    model = _model([helper.make_node("Compress", ["x", "c"], ["y"], name="cp", **kw)], [x, c], [y])
+    rng = np.random.default_rng(2)
+    # kept 0, 1, the bound; a condition shorter than the axis; one longer than it (axis=None: the flat input)
+    cases = [(1, 1, 0.0), (1, 1, 1.0), (8, 8, 1.0), (6, 6, 0.5), (6, 3, 1.0), (4, 2, 0.5), (2, 8, 1.0)]
+    feeds = [{"x": rng.standard_normal((n, 3)).astype(np.float32), "c": rng.random(m) < p} for n, m, p in cases]
+    if axis == 0:
+        feeds.pop()   # onnxruntime refuses a condition longer than the axis
+    _check(model, {"N": (1, 4, 8), "M": (1, 4, 8)}, feeds)
+
+
+def test_c_abi_gives_the_bound_before_the_run_and_the_actual_dims_after():
+    art = Pipeline.from_onnx(detection_pattern()).compile(shape_profiles={"N": (1, 4, 16)}, cache=False)
+    lib = ctypes.CDLL(art.path)
+    lib.cuvil_session_create.restype = ctypes.c_void_p
+    lib.cuvil_session_create.argtypes = [ctypes.c_int]
+    lib.cuvil_output_shape.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+    lib.cuvil_run.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    lib.cuvil_session_destroy.argtypes = [ctypes.c_void_p]
+    s = lib.cuvil_session_create(1)
+    x = np.full((5, 4), 0.25, np.float32)
+    x[1, 3] = x[4, 0] = 2.0
+    xs = (ctypes.c_int64 * 2)(5, 4)
+    t_in = CTensor(x.ctypes.data, 1, 2, ctypes.cast(xs, ctypes.POINTER(ctypes.c_int64)))
+    y_shape, i_shape = (ctypes.c_int64 * 1)(), (ctypes.c_int64 * 2)()
+    assert lib.cuvil_output_shape(s, ctypes.byref(t_in), 0, y_shape) == 0
+    assert lib.cuvil_output_shape(s, ctypes.byref(t_in), 1, i_shape) == 0
+    assert list(y_shape) == [64] and list(i_shape) == [64, 2]     # the bound over the profile (16 x 4)
+    y, idx = np.full(64, -1.0, np.float32), np.full((64, 2), -1, np.int64)
+    outs = (CTensor * 2)(CTensor(y.ctypes.data, 1, 1, ctypes.cast(y_shape, ctypes.POINTER(ctypes.c_int64))),
+                         CTensor(idx.ctypes.data, 7, 2, ctypes.cast(i_shape, ctypes.POINTER(ctypes.c_int64))))
+    assert lib.cuvil_run(s, ctypes.byref(t_in), outs) == 0
+    assert list(y_shape) == [2] and list(i_shape) == [2, 2]       # the actual sizes, written by the run
+    np.testing.assert_array_equal(y[:2], [4.0, 4.0])
+    np.testing.assert_array_equal(idx.reshape(-1)[:4].reshape(2, 2), [[1, 3], [4, 0]])
+    lib.cuvil_session_destroy(s)
+
+
+def test_gpu_target_refuses_a_run_time_size_naming_the_op():
+    with pytest.raises(UnsupportedOpError, match=r"NonZero \(node 'nz', opset 17\).*the x86 target sizes"):
+        Pipeline.from_onnx(detection_pattern()).compile("nvptx64-nvidia-cuda", shape_profiles={"N": (1, 4, 16)},
+                                                        cache=False, arch="sm_90")
+
+
+def test_sizes_without_a_run_time_kernel_are_refused_naming_the_op():
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    model = _model([helper.make_node("Unique", ["x"], ["y"], name="u")], [x], [y])
+    with pytest.raises(UnsupportedOpError, match=r"Unique \(node 'u', opset 17\).*only for NonZero, TopK and Compress"):
+        Pipeline.from_onnx(model).compile(shape_profiles={"N": (1, 4, 8)}, cache=False)
