@@ -1,7 +1,7 @@
 """Sizes that depend on tensor values (NonZero's count, TopK's k read from data, Compress by a run-time
-condition): one x86 library per profile, outputs of the actual size, checked against onnxruntime at sizes 0,
+condition, Unique): one x86 library per profile, outputs of the actual size, checked against onnxruntime at sizes 0,
 1 and the bound; the C ABI gives the bound before the run and the actual dims after it; the GPU target and
-the ops without a run-time size kernel refuse with one clean error naming the op."""
+the ops without a run-time size kernel (NonMaxSuppression) refuse with one clean error naming the op."""
 from __future__ import annotations
 
 import ctypes
@@ -126,9 +126,24 @@ def test_gpu_target_refuses_a_run_time_size_naming_the_op():
                                                         cache=False, arch="sm_90")
 
 
+@pytest.mark.parametrize("axis,sort", [(None, 1), (None, 0), (0, 1), (1, 1), (0, 0)])
+def test_unique_matches_onnxruntime(axis, sort):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3])
+    outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT if n == "y" else TensorProto.INT64, None)
+            for n in ("y", "i", "inv", "c")]
+    kw = {"sorted": sort} if axis is None else {"sorted": sort, "axis": axis}
+    model = _model([helper.make_node("Unique", ["x"], ["y", "i", "inv", "c"], name="u", **kw)], [x], outs)
+    rng = np.random.default_rng(3)
+    feeds = [{"x": rng.integers(-1, 2 if axis != 0 else 1, (n, 3)).astype(np.float32)} for n in (1, 3, 8, 5)]
+    feeds.append({"x": np.full((8, 3), 2.5, np.float32)})   # one distinct element / slice
+    feeds.append({"x": np.arange(24, dtype=np.float32)[::-1].reshape(8, 3).copy()})   # all distinct: the bound
+    _check(model, {"N": (1, 4, 8)}, feeds)
+
+
 def test_sizes_without_a_run_time_kernel_are_refused_naming_the_op():
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N"])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
-    model = _model([helper.make_node("Unique", ["x"], ["y"], name="u")], [x], [y])
-    with pytest.raises(UnsupportedOpError, match=r"Unique \(node 'u', opset 17\).*only for NonZero, TopK and Compress"):
+    boxes = helper.make_tensor_value_info("b", TensorProto.FLOAT, [1, "N", 4])
+    scores = helper.make_tensor_value_info("s", TensorProto.FLOAT, [1, 1, "N"])
+    y = helper.make_tensor_value_info("y", TensorProto.INT64, None)
+    model = _model([helper.make_node("NonMaxSuppression", ["b", "s"], ["y"], name="nms")], [boxes, scores], [y])
+    with pytest.raises(UnsupportedOpError, match=r"NonMaxSuppression \(node 'nms', opset 17\).*only for NonZero"):
         Pipeline.from_onnx(model).compile(shape_profiles={"N": (1, 4, 8)}, cache=False)

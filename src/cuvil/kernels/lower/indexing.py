@@ -294,3 +294,68 @@ def _component(parts, k: E) -> E:
     for d in range(len(parts) - 2, -1, -1):
         out = select(cmp("eq", k, const(d, I64)), parts[d], out)
     return out
+
+
+@lowering("Unique")
+def _unique(ctx):
+    """Distinct elements (or slices along ``axis``) by counting, quadratic in their number: element i is a
+    first occurrence when no earlier one equals it; its class is its rank among the first occurrences (by
+    value, lexicographic for slices, when ``sorted``; else by position); the count of first occurrences is
+    the run-time size. (NaN inputs are not handled as onnxruntime does: untested.)"""
+    x = ctx.input(0)
+    axis = ctx.attr("axis")
+    one, zero = const(1, I64), const(0, I64)
+    if axis is None:
+        n, rest = product(x.shape), []
+        at = lambda i, k: x(unflat_index(i, x.shape))   # noqa: E731
+    else:
+        axis %= len(x.shape)
+        n, rest = x.shape[axis], list(x.shape[:axis]) + list(x.shape[axis + 1:])
+
+        def at(i, k):   # element k (flat over the other axes) of slice i
+            sub = unflat_index(k, rest)
+            return x(sub[:axis] + [i] + sub[axis:])
+    m = product(rest) if rest else 1
+    k0 = const(0, I64)
+    # differ[i, j]: the first flat position where slices i and j differ (m when equal)
+    if axis is None:
+        differ = lambda i, j: select(cmp("eq", at(i, k0), at(j, k0)), dim_index(m), k0)   # noqa: E731
+    else:
+        d = ctx.temp([n, n], I64, lambda idx: reduce("min", [m], lambda k: select(
+            cmp("ne", at(idx[0], k), at(idx[1], k)), k, dim_index(m))), "differ")
+        differ = lambda i, j: d([i, j])   # noqa: E731
+    same = lambda i, j: cmp("eq", differ(i, j), dim_index(m))   # noqa: E731
+    first_of = ctx.temp([n], I64, lambda idx: reduce("min", [n], lambda j: select(same(j, idx[0]), j, idx[0])),
+                        "first")
+    is_first = lambda i: cmp("eq", first_of([i]), i)   # noqa: E731
+    if ctx.attr("sorted", 1):
+        def before(j, i):   # slice j sorts before slice i
+            k = differ(j, i)
+            kc = clamp(k, m)
+            return logic("and", cmp("lt", k, dim_index(m)), cmp("lt", at(j, kc), at(i, kc)))
+    else:
+        before = lambda j, i: cmp("lt", j, first_of([i]))   # noqa: E731
+    cls = ctx.temp([n], I64, lambda idx: reduce("sum", [n], lambda j: select(
+        logic("and", is_first(j), before(j, idx[0])), one, zero)), "class")
+    ctx.set_size(reduce("sum", [n], lambda i: select(is_first(i), one, zero)))
+    pos = ctx.temp([n], I64, lambda idx: reduce("sum", [n], lambda i: select(
+        logic("and", is_first(i), cmp("eq", cls([i]), idx[0])), i, zero)), "at")
+    out = ctx.out_shape()
+    if axis is None:
+        y = TensorFn(out, x.dtype, lambda idx: at(clamp(pos([idx[0]]), n), k0), "injective")
+    else:
+        def y_fn(idx):
+            sub = list(idx)
+            sub[axis] = clamp(pos([idx[axis]]), n)
+            return x(sub)
+        y = TensorFn(out, x.dtype, y_fn, "injective")
+    u = ctx.out_shape(1) if len(ctx.node.outputs) > 1 else None
+    outs = [y]
+    if len(ctx.node.outputs) > 1:
+        outs.append(TensorFn(u, I64, lambda idx: pos([idx[0]]), "injective"))
+    if len(ctx.node.outputs) > 2:
+        outs.append(TensorFn(ctx.out_shape(2), I64, lambda idx: cls([idx[0]]), "injective"))
+    if len(ctx.node.outputs) > 3:
+        outs.append(TensorFn(ctx.out_shape(3), I64, lambda idx: reduce("sum", [n], lambda i: select(
+            cmp("eq", cls([i]), idx[0]), one, zero)), "complex"))
+    return outs
