@@ -301,7 +301,7 @@ def _unique(ctx):
     """Distinct elements (or slices along ``axis``) by counting, quadratic in their number: element i is a
     first occurrence when no earlier one equals it; its class is its rank among the first occurrences (by
     value, lexicographic for slices, when ``sorted``; else by position); the count of first occurrences is
-    the run-time size. (NaN inputs are not handled as onnxruntime does: untested.)"""
+    the run-time size. NaN inputs are not checked against onnxruntime yet."""
     x = ctx.input(0)
     axis = ctx.attr("axis")
     one, zero = const(1, I64), const(0, I64)
