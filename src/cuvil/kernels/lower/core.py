@@ -14,10 +14,12 @@ from ...ir.dtype import DType
 from ...ir.graph import Node
 from ...ir.registry import attr_defaults
 from ..contraction import MR
-from ..texpr import I64, Buf, E, cmp, const, logic, reduce, select
+from ..sequential import Assign, Sequential, sequential
+from ..texpr import I64, Buf, E, cmp, const, load, select, var
 
 
 Index = List[E]
+ARENA = 0   # the kernel's bufs slot of the arena (kernels.schedule.ARENA; the lowerings do not import the scheduler)
 
 
 @attrs.define
@@ -240,18 +242,21 @@ def clamp(i: E, d: int) -> E:
 
 
 def selected_positions(ctx: LowerCtx, keep: Callable[[E], E], n, name: str) -> Callable[[E], E]:
-    """For a 0/1 predicate ``keep(i)`` over ``[0, n)``: stores the count as the node's run-time size and
-    returns ``pick(j)``, the position of the j-th kept element (j below the count). By counting, as TopK
-    ranks: each position's rank among the kept ones (a stored prefix count), then the position whose rank is
-    j; quadratic in ``n``, no sequential writes."""
-    one, zero = const(1, I64), const(0, I64)
-    kept = lambda i: select(keep(i), one, zero)   # noqa: E731
-    ctx.set_size(reduce("sum", [n], kept))
-    rank = ctx.temp([n], I64, lambda idx: reduce("sum", [n], lambda i: select(cmp("lt", i, idx[0]), kept(i), zero)),
-                    f"{name}_rank")
-    where = ctx.temp([n], I64, lambda idx: reduce(
-        "sum", [n], lambda i: select(logic("and", keep(i), cmp("eq", rank([i]), idx[0])), i, zero)), f"{name}_at")
-    return lambda j: clamp(where([j]), n)
+    """For a predicate ``keep(i)`` over ``[0, n)``: stores the count of kept positions as the node's run-time
+    size and returns ``pick(j)``, the position of the j-th kept one (j below the count). One sequential scan,
+    linear in ``n`` (:mod:`cuvil.kernels.sequential`): step i writes i at the running count (a position not
+    kept is overwritten by the next kept one, as the count has not moved) and adds 1 when i is kept."""
+    zero = const(0, I64)
+    count = Buf(f"{ctx.node.name}_{name}_count", I64, (1,), ARENA, 0)
+    where = Buf(f"{ctx.node.name}_{name}_at", I64, (n,), ARENA, 0)
+    i, row = var("i"), var("row")
+    running = load(count, [zero])
+    program = Sequential([row], [Assign(count, [zero], zero)], i, n,
+                         [Assign(where, [clamp(running, n)], i),
+                          Assign(count, [zero], running + select(keep(i), const(1, I64), zero))])
+    ctx.temp((1,), I64, lambda idx: sequential(idx, program, I64), f"{name}_scan")
+    ctx.set_size(load(count, [zero]))
+    return lambda j: clamp(load(where, [j]), n)
 
 
 def scalar_of(t: TensorFn) -> E:
