@@ -1,7 +1,7 @@
 """Sizes that depend on tensor values (NonZero's count, TopK's k read from data, Compress by a run-time
-condition, Unique): one x86 library per profile, outputs of the actual size, checked against onnxruntime at sizes 0,
+condition, Unique, NonMaxSuppression): one x86 library per profile, outputs of the actual size, checked against onnxruntime at sizes 0,
 1 and the bound; the C ABI gives the bound before the run and the actual dims after it; the GPU target and
-the ops without a run-time size kernel (NonMaxSuppression) refuse with one clean error naming the op."""
+the sizes without a run-time size kernel (Range's length read from data) refuse with one clean error naming the op."""
 from __future__ import annotations
 
 import ctypes
@@ -140,10 +140,37 @@ def test_unique_matches_onnxruntime(axis, sort):
     _check(model, {"N": (1, 4, 8)}, feeds)
 
 
+@pytest.mark.parametrize("center", [0, 1])
+def test_non_max_suppression_matches_onnxruntime(center):
+    """Boxes, scores and the three limits all graph inputs: zero kept, one kept, every box kept (the bound),
+    overlapping clusters, ties in score, two batches and two classes."""
+    f, i64 = TensorProto.FLOAT, TensorProto.INT64
+    ins = [helper.make_tensor_value_info("b", f, [2, "N", 4]), helper.make_tensor_value_info("s", f, [2, 2, "N"]),
+           helper.make_tensor_value_info("m", i64, [1]), helper.make_tensor_value_info("iou", f, [1]),
+           helper.make_tensor_value_info("st", f, [1])]
+    y = helper.make_tensor_value_info("y", i64, None)
+    model = _model([helper.make_node("NonMaxSuppression", ["b", "s", "m", "iou", "st"], ["y"], name="nms",
+                                     center_point_box=center)], ins, [y])
+    rng = np.random.default_rng(4)
+
+    def case(n, m, iou, st, spread=4.0):
+        xy = rng.random((2, n, 2)).astype(np.float32) * spread
+        wh = 0.5 + rng.random((2, n, 2)).astype(np.float32)
+        b = np.concatenate([xy, xy + wh] if center == 0 else [xy, wh], axis=2)
+        s = np.round(rng.random((2, 2, n)), 1).astype(np.float32)   # rounded: ties in score
+        return {"b": b, "s": s, "m": np.array([m]), "iou": np.array([iou], np.float32),
+                "st": np.array([st], np.float32)}
+    feeds = [case(1, 5, 0.5, 2.0), case(1, 1, 0.5, -1.0), case(6, 10, 1.0, -1.0, spread=100.0),
+             case(6, 3, 0.3, 0.2), case(5, 2, 0.0, 0.0, spread=1.0), case(6, 0, 0.5, 0.0)]
+    art = _check(model, {"N": (1, 4, 6)}, feeds)
+    assert art.manifest["symbols"]["nms_selected"]["max"] == 24    # 2 batches x 2 classes x 6 boxes
+
+
 def test_sizes_without_a_run_time_kernel_are_refused_naming_the_op():
-    boxes = helper.make_tensor_value_info("b", TensorProto.FLOAT, [1, "N", 4])
-    scores = helper.make_tensor_value_info("s", TensorProto.FLOAT, [1, 1, "N"])
+    n = helper.make_tensor_value_info("n", TensorProto.INT64, [])
     y = helper.make_tensor_value_info("y", TensorProto.INT64, None)
-    model = _model([helper.make_node("NonMaxSuppression", ["b", "s"], ["y"], name="nms")], [boxes, scores], [y])
-    with pytest.raises(UnsupportedOpError, match=r"NonMaxSuppression \(node 'nms', opset 17\).*only for NonZero"):
-        Pipeline.from_onnx(model).compile(shape_profiles={"N": (1, 4, 8)}, cache=False)
+    model = _model([helper.make_node("Range", ["zero", "n", "one"], ["y"], name="rg")], [n], [y],
+                   [numpy_helper.from_array(np.array(0, np.int64), "zero"),
+                    numpy_helper.from_array(np.array(1, np.int64), "one")])
+    with pytest.raises(UnsupportedOpError, match=r"Range \(node 'rg', opset 17\).*only for NonZero"):
+        Pipeline.from_onnx(model).compile(cache=False)

@@ -1,15 +1,15 @@
 """Sizes that depend on tensor values: NonZero's count, TopK's k read from data, Compress's kept count,
-Unique's distinct count.
+Unique's distinct count, NonMaxSuppression's kept boxes.
 
 Shape inference names such a size with a fresh symbol that no input dim gives (``fresh_dim``). For the ops
-here, the scheduler makes it a **run-time symbol**: its range is ``[0, bound]`` with the bound taken from
-the producer's input shapes at the profile's maxima (NonZero: the input's element count; TopK: the axis
-length; Compress and Unique: the axis length, or the element count without an axis), so buffers are
-planned at that bound as every symbolic buffer is; the producer's lowering stores the actual value into
-the symbol's run-time slot (:meth:`cuvil.kernels.lower.core.LowerCtx.set_size`), and every later kernel
-reads it like a symbol bound from an input dim. Any other producer of a fresh symbol (Range or OneHot sized
-by tensor data, NonMaxSuppression) is refused naming its node, and targets that cannot write symbols at run
-time (the GPU, which specialises every symbol) refuse all of them.
+here, the scheduler makes it a **run-time symbol**: its range is ``[0, bound]`` with the bound taken from the
+producer's input shapes at the profile's maxima (NonZero: the input's element count; TopK: the axis length;
+Compress and Unique: the axis length, or the element count without an axis; NonMaxSuppression: batches x
+classes x boxes), so buffers are planned at that bound as every symbolic buffer is; the producer's lowering
+stores the actual value into the symbol's run-time slot (:meth:`cuvil.kernels.lower.core.LowerCtx.set_size`),
+and every later kernel reads it like a symbol bound from an input dim. Any other producer of a fresh symbol
+(Range or OneHot sized by tensor data) is refused naming its node, and targets that cannot write symbols at
+run time (the GPU, which specialises every symbol) refuse all of them.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from ..ir.dim import SymExpr, Symbol, bounds, product
 from ..ir.graph import Graph, Node
 
 # Ops whose lowering writes the run-time value of the size symbol of their output(s).
-RUN_TIME_SIZE_OPS = ("NonZero", "TopK", "Compress", "Unique")
+RUN_TIME_SIZE_OPS = ("NonZero", "TopK", "Compress", "Unique", "NonMaxSuppression")
 
 
 def fresh_symbols(g: Graph, node: Node, known: Set[str]) -> List[str]:
@@ -40,6 +40,8 @@ def _max_of(d, ranges) -> int:
 def size_bound(node: Node, ranges) -> int:
     """The largest value ``node``'s data-dependent size can take over the profile ``ranges``."""
     s = node.inputs[0].shape
+    if node.op == "NonMaxSuppression":   # every box of every (batch, class)
+        return _max_of(product([s[0], s[1], node.inputs[1].shape[1]]), ranges)
     axis = node.attrs.get("axis")
     if node.op == "NonZero" or node.op == "Unique" and axis is None:
         return _max_of(product(s), ranges)
@@ -66,9 +68,10 @@ def run_time_symbols(g: Graph, run_time_sizes: bool) -> Tuple[Dict[str, Symbol],
                                                         if isinstance(d, SymExpr)]) & set(fresh))
         if not run_time_sizes:
             why = "this target specialises every size before it runs (the x86 target sizes NonZero, TopK, " \
-                  "Compress and Unique outputs at run time)"
+                  "Compress, Unique and NonMaxSuppression outputs at run time)"
         elif n.op not in RUN_TIME_SIZE_OPS or len(fresh) != 1:
-            why = "Cuvil sizes such outputs at run time only for NonZero, TopK, Compress and Unique"
+            why = "Cuvil sizes such outputs at run time only for NonZero, TopK, Compress, Unique and " \
+                  "NonMaxSuppression"
         else:
             ranges = {s.name: (s.min, s.max) for s in list(g.symbols.values()) + list(found.values())}
             bound = size_bound(n, ranges)

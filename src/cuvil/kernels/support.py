@@ -31,7 +31,6 @@ def _each(reason: str, *ops: str) -> Dict[str, str]:
 NOT_LOWERED: Dict[str, str] = {
     **_each("not a function of its inputs: no random kernels", "RandomNormal", "RandomUniform", "RandomNormalLike",
             "RandomUniformLike", "Bernoulli", "Multinomial"),
-    **_each("output shape depends on the input values", "NonMaxSuppression"),
     **_each("becomes a constant on import (never scheduled)", "Constant"),
     **_each("transforms constant weights: folded at compile time", "WinogradKernel"),
     **_each("every input decides the output's shape, so it is constant: folded at compile time", "MelWeightMatrix"),
@@ -54,6 +53,7 @@ EXPANDED_ON_IMPORT: Dict[str, str] = {
 X86_ONLY: Dict[str, str] = {
     "NonZero": "output size depends on the input values: sized at run time on x86 only",
     "Unique": "output size depends on the input values: sized at run time on x86 only",
+    "NonMaxSuppression": "output size depends on the input values: sized at run time on x86 only",
 }
 
 

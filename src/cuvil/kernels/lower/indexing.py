@@ -1,11 +1,14 @@
-"""Lowerings of gathers, scatters, one-hot, triangles, scans and selections (TopK, NonZero)."""
+"""Lowerings of gathers, scatters, one-hot, triangles, scans and selections (TopK, NonZero, Unique,
+NonMaxSuppression)."""
 from __future__ import annotations
 
 import numpy as np
 
 from ...ir.dim import product
-from ..texpr import I64, E, all_of, binop, cast, cmp, const, dim_index, identity_value, logic, reduce, select
-from .core import (TensorFn, clamp, flat_index, lowering, nan_max, nan_min, selected_positions, shape_param,
+from ..sequential import Assign, Sequential, sequential
+from ..texpr import (I64, Buf, E, all_of, binop, cast, cmp, const, dim_index, identity_value, load, logic, reduce,
+                     select, var)
+from .core import (ARENA, TensorFn, clamp, flat_index, lowering, nan_max, nan_min, selected_positions, shape_param,
                    unflat_index)
 
 
@@ -359,3 +362,89 @@ def _unique(ctx):
         outs.append(TensorFn(ctx.out_shape(3), I64, lambda idx: reduce("sum", [n], lambda i: select(
             cmp("eq", cls([i]), idx[0]), one, zero)), "complex"))
     return outs
+
+
+@lowering("NonMaxSuppression")
+def _non_max_suppression(ctx):
+    """Per (batch, class): boxes ranked by score (higher first, ties to the lower index; by counting, as
+    TopK), then one sequential scan over the ranks keeps a box when it passes the score threshold, fewer
+    than ``max_output_boxes_per_class`` are kept, and no kept box overlaps it by more than the IoU threshold
+    (onnx's reference arithmetic); the kept total is the run-time size, rows in (batch, class, kept) order."""
+    boxes, scores = ctx.input(0), ctx.input(1)
+    B, N = boxes.shape[0], boxes.shape[1]
+    C = scores.shape[1]
+    dt = boxes.dtype
+    one, zero = const(1, I64), const(0, I64)
+    first = lambda t: t([const(0, I64)] * len(t.shape))   # noqa: E731
+    max_out = cast(first(ctx.input(2)), I64) if ctx.input(2) is not None and 0 not in ctx.input(2).shape else zero
+    iou_thr = cast(first(ctx.input(3)), dt) if ctx.input(3) is not None and 0 not in ctx.input(3).shape \
+        else const(0.0, dt)
+    score_thr = cast(first(ctx.input(4)), dt) if ctx.input(4) is not None and 0 not in ctx.input(4).shape \
+        else None
+    center = ctx.attr("center_point_box", 0)
+
+    def rank_fn(idx):
+        b, c, i = idx
+        si = scores([b, c, i])
+        return reduce("sum", [N], lambda j: select(logic("or", cmp("gt", scores([b, c, j]), si), logic(
+            "and", cmp("eq", scores([b, c, j]), si), cmp("lt", j, i))), one, zero))
+    rank = ctx.temp([B, C, N], I64, rank_fn, "rank")
+    order = ctx.temp([B, C, N], I64, lambda idx: reduce("sum", [N], lambda i: select(
+        cmp("eq", rank([idx[0], idx[1], i]), idx[2]), i, zero)), "order")
+
+    def lo_hi(a, b_):
+        return select(cmp("ge", a, b_), b_, a), select(cmp("ge", a, b_), a, b_)
+
+    def extent(b, i):
+        """(x_min, x_max, y_min, y_max) of box i in batch b."""
+        v = [boxes([b, i, const(k, I64)]) for k in range(4)]
+        if center == 0:
+            (x0, x1), (y0, y1) = lo_hi(v[1], v[3]), lo_hi(v[0], v[2])
+            return x0, x1, y0, y1
+        two = const(2.0, dt)
+        w, h = binop("div", v[2], two), binop("div", v[3], two)
+        return binop("sub", v[0], w), binop("add", v[0], w), binop("sub", v[1], h), binop("add", v[1], h)
+
+    def overlaps(b, i, j):
+        """IoU(box i, box j) > threshold, as onnx's reference decides it."""
+        ax0, ax1, ay0, ay1 = extent(b, i)
+        bx0, bx1, by0, by1 = extent(b, j)
+        fmax = lambda p, q: select(cmp("gt", p, q), p, q)   # noqa: E731
+        fmin = lambda p, q: select(cmp("lt", p, q), p, q)   # noqa: E731
+        ix0, ix1, iy0, iy1 = fmax(ax0, bx0), fmin(ax1, bx1), fmax(ay0, by0), fmin(ay1, by1)
+        inter = binop("mul", binop("sub", ix1, ix0), binop("sub", iy1, iy0))
+        area_a = binop("mul", binop("sub", ax1, ax0), binop("sub", ay1, ay0))
+        area_b = binop("mul", binop("sub", bx1, bx0), binop("sub", by1, by0))
+        union = binop("sub", binop("add", area_a, area_b), inter)
+        z = const(0.0, dt)
+        return all_of([cmp("gt", ix1, ix0), cmp("gt", iy1, iy0), cmp("gt", inter, z), cmp("gt", area_a, z),
+                       cmp("gt", area_b, z), cmp("gt", union, z), cmp("gt", binop("div", inter, union), iou_thr)])
+
+    count = Buf(f"{ctx.node.name}_count", I64, (B, C), ARENA, 0)
+    kept = Buf(f"{ctx.node.name}_kept", I64, (B, C, N), ARENA, 0)
+    b, c, t = var("b"), var("c"), var("t")
+    running = load(count, [b, c])
+    cand = clamp(order([b, c, t]), N)
+    hit = reduce("max", [N], lambda k: select(logic("and", cmp("lt", k, running), overlaps(
+        b, clamp(load(kept, [b, c, k]), N), cand)), one, zero))
+    ok = [cmp("lt", running, max_out), cmp("eq", hit, zero)]
+    if score_thr is not None:
+        ok.append(cmp("gt", scores([b, c, cand]), score_thr))
+    program = Sequential([b, c], [Assign(count, [b, c], zero)], t, N,
+                         [Assign(kept, [b, c, clamp(running, N)], cand),
+                          Assign(count, [b, c], running + select(all_of(ok), one, zero))])
+    ctx.temp([B, C], I64, lambda idx: sequential(idx, program, I64), "scan")
+    rows = product([B, C])
+    per_row = lambda r: load(count, unflat_index(r, [B, C]))   # noqa: E731
+    ctx.set_size(reduce("sum", [rows], per_row))
+    start = ctx.temp([rows], I64, lambda idx: reduce("sum", [rows], lambda r: select(
+        cmp("lt", r, idx[0]), per_row(r), zero)), "start")
+
+    def out_fn(idx):
+        j, col = idx
+        row = reduce("sum", [rows], lambda r: select(cmp("le", start([r]) + per_row(r), j), one, zero))
+        row = clamp(row, rows)
+        bc = unflat_index(row, [B, C])
+        box = load(kept, bc + [clamp(j - start([row]), N)])
+        return select(cmp("eq", col, zero), bc[0], select(cmp("eq", col, one), bc[1], box))
+    return [TensorFn(ctx.out_shape(), I64, out_fn, "complex")]
