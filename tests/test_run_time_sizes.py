@@ -5,6 +5,7 @@ the sizes without a run-time size kernel (Range's length read from data) refuse 
 from __future__ import annotations
 
 import ctypes
+import os
 
 import numpy as np
 import pytest
@@ -95,6 +96,8 @@ def test_compress_by_a_run_time_condition_matches_onnxruntime(axis):
 
 def test_c_abi_gives_the_bound_before_the_run_and_the_actual_dims_after():
     art = Pipeline.from_onnx(detection_pattern()).compile(shape_profiles={"N": (1, 4, 16)}, cache=False)
+    with open(os.path.splitext(art.path)[0] + ".h", encoding="utf-8") as f:
+        assert "nz_nnz in [0, 64], computed from the input values during the run" in f.read()
     lib = ctypes.CDLL(art.path)
     lib.cuvil_session_create.restype = ctypes.c_void_p
     lib.cuvil_session_create.argtypes = [ctypes.c_int]
