@@ -221,3 +221,31 @@ def test_run_time_sizes_are_clean_under_valgrind(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     # x[i] = 2 where i % 3 == 0: 7 of the 20 elements, the first at (0, 0), then (0, 3)
     assert res.stdout.strip() == "rc 0 y [7] idx [7, 2] first 0 0", res.stdout
+
+
+def test_sizes_computed_from_earlier_run_time_sizes():
+    """A run-time size over a tensor sized by another (NonZero of a GatherND of NonZero's indices, Compress by
+    that mask, TopK and Unique of the result): each bound from the previous one, every kernel proved in
+    bounds with the limits (a count never exceeds the length its kernel scans)."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])
+    k = helper.make_tensor_value_info("k", TensorProto.INT64, [1])
+    outs = [helper.make_tensor_value_info(n, t, None)
+            for n, t in (("nz2", TensorProto.INT64), ("v", TensorProto.FLOAT), ("u", TensorProto.FLOAT))]
+    nodes = [helper.make_node("Greater", ["x", "t"], ["m"]), helper.make_node("NonZero", ["m"], ["nz"], name="nz"),
+             helper.make_node("Transpose", ["nz"], ["idx"], perm=[1, 0]),
+             helper.make_node("GatherND", ["x", "idx"], ["g"]), helper.make_node("Greater", ["g", "t2"], ["m2"]),
+             helper.make_node("NonZero", ["m2"], ["nz2"], name="nz2"),
+             helper.make_node("Compress", ["g", "m2"], ["c"], name="cp", axis=0),
+             helper.make_node("TopK", ["c", "k"], ["v", "vi"], name="tk"),
+             helper.make_node("Unique", ["c"], ["u"], name="uq")]
+    inits = [numpy_helper.from_array(np.array(0.5, np.float32), "t"),
+             numpy_helper.from_array(np.array(1.5, np.float32), "t2")]
+    model = _model(nodes, [x, k], outs, inits)
+    rng = np.random.default_rng(5)
+    feeds = [{"x": np.round(rng.random((n, 4)) * 2, 1).astype(np.float32), "k": np.array([kk])}
+             for n, kk in ((1, 0), (8, 2), (5, 1), (8, 0))]
+    feeds.append({"x": np.full((8, 4), 1.75, np.float32), "k": np.array([32])})   # every size at its bound
+    art = _check(model, {"N": (1, 4, 8)}, feeds)
+    assert art.manifest["run_time_sizes"] == ["nz_nnz", "nz2_nnz", "cp_count", "tk_k", "uq_unique"]
+    safety = art.manifest["memory_safety"]
+    assert safety["kernels_proved"] == safety["kernels"] and safety["guarded"] == [], safety["summary"]

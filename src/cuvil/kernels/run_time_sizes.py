@@ -37,29 +37,39 @@ def _max_of(d, ranges) -> int:
     return int(d) if not isinstance(d, SymExpr) else int(bounds(d, ranges)[1])
 
 
-def size_bound(node: Node, ranges) -> int:
-    """The largest value ``node``'s data-dependent size can take over the profile ``ranges``."""
+def size_limit(node: Node):
+    """A dim expression over the input shapes that ``node``'s data-dependent size never exceeds (the length
+    its kernel scans)."""
     s = node.inputs[0].shape
     if node.op == "NonMaxSuppression":   # every box of every (batch, class)
-        return _max_of(product([s[0], s[1], node.inputs[1].shape[1]]), ranges)
+        return product([s[0], s[1], node.inputs[1].shape[1]])
     axis = node.attrs.get("axis")
     if node.op == "NonZero" or node.op == "Unique" and axis is None:
-        return _max_of(product(s), ranges)
-    if node.op == "Unique":
-        return _max_of(s[int(axis) % len(s)], ranges)
+        return product(s)
     if node.op == "TopK":
-        return _max_of(s[(-1 if axis is None else int(axis)) % len(s)], ranges)
-    # Compress: the kept elements are at most the axis (the condition may be shorter: it truncates)
-    n = _max_of(product(s) if axis is None else s[int(axis) % len(s)], ranges)
-    return min(n, _max_of(node.inputs[1].shape[0], ranges))
+        return s[(-1 if axis is None else int(axis)) % len(s)]
+    if node.op == "Compress":   # the kept entries of the condition (its kernel scans the condition)
+        return node.inputs[1].shape[0]
+    return s[int(axis) % len(s)]   # Unique along an axis
 
 
-def run_time_symbols(g: Graph, run_time_sizes: bool) -> Tuple[Dict[str, Symbol], Dict[int, str]]:
-    """Each data-dependent size of ``g`` as a run-time symbol ``[0, bound]`` (name -> Symbol, in node order)
-    and the symbol each producer writes (id(node) -> name). Refuses the first node making a size that no
+def size_bound(node: Node, ranges) -> int:
+    """The largest value ``node``'s data-dependent size can take over the profile ``ranges``."""
+    n = _max_of(size_limit(node), ranges)
+    if node.op == "Compress":   # also at most the axis (or the element count): a longer condition is cut
+        s, axis = node.inputs[0].shape, node.attrs.get("axis")
+        n = min(n, _max_of(product(s) if axis is None else s[int(axis) % len(s)], ranges))
+    return n
+
+
+def run_time_symbols(g: Graph, run_time_sizes: bool) -> Tuple[Dict[str, Symbol], Dict[int, str], Dict[str, object]]:
+    """Each data-dependent size of ``g`` as a run-time symbol ``[0, bound]`` (name -> Symbol, in node order),
+    the symbol each producer writes (id(node) -> name), and the dim each never exceeds (name -> dim, for the
+    memory-safety prover: :func:`size_limit`). Refuses the first node making a size that no
     kernel writes, or any such node when ``run_time_sizes`` is False (a target that specialises symbols)."""
     found: Dict[str, Symbol] = {}
     writers: Dict[int, str] = {}
+    limits: Dict[str, object] = {}
     for n in g.nodes:
         fresh = fresh_symbols(g, n, set(found))
         if not fresh:
@@ -77,9 +87,10 @@ def run_time_symbols(g: Graph, run_time_sizes: bool) -> Tuple[Dict[str, Symbol],
             bound = size_bound(n, ranges)
             found[fresh[0]] = Symbol(fresh[0], 0, bound, bound)
             writers[id(n)] = fresh[0]
+            limits[fresh[0]] = size_limit(n)
             continue
         raise UnsupportedOpError(
             n.op, n.name, g.opset, detail=f"output {o.name!r} has shape {o.type}, whose size {fresh[0]} depends "
             f"on tensor values (not on input shapes); {why}: make that input a constant, or compute this part "
             "outside the library")
-    return found, writers
+    return found, writers, limits

@@ -57,6 +57,8 @@ class Schedule:
     symbols: List[Symbol] = attrs.field(factory=list)   # run-time shape symbols, in binding-slot order
     # the last this many symbols are data-dependent sizes, written by a kernel during the run (range [0, bound])
     num_run_time_symbols: int = 0
+    # run-time symbol -> a dim it never exceeds (NonZero's count: its input's element count), for the prover
+    size_limits: Dict[str, object] = attrs.field(factory=dict)
 
     @property
     def ranges(self) -> Dict[str, Tuple[int, int]]:
@@ -110,7 +112,7 @@ def schedule(g: Graph, gemm_cols: int = 0, split_concat: bool = False, gemm_tile
     TopK's k read from data, Compress's kept count) becomes a run-time symbol its producer's kernel writes
     (:mod:`cuvil.kernels.run_time_sizes`; the schedule's last ``num_run_time_symbols`` symbols); without it
     such a size is refused naming its node."""
-    data_syms, writers = run_time_symbols(g, run_time_sizes)
+    data_syms, writers, limits = run_time_symbols(g, run_time_sizes)
     syms = _run_time_symbols(g, data_syms)
     ranges = {s.name: (s.min, s.max) for s in syms}
     opt = {s.name: s.tuned for s in syms}
@@ -136,7 +138,7 @@ def schedule(g: Graph, gemm_cols: int = 0, split_concat: bool = False, gemm_tile
     arena = _plan_arena(stages, ranges)
     wbytes = _plan_weights(weights)
     return Schedule(stages, builder.in_bufs, builder.out_bufs, [(b, a) for b, a in weights.values() if a is not None],
-                    arena, wbytes, builder.fused, syms, len(data_syms))
+                    arena, wbytes, builder.fused, syms, len(data_syms), limits)
 
 
 def _run_time_symbols(g: Graph, data_syms: Dict[str, Symbol]) -> List[Symbol]:

@@ -248,15 +248,18 @@ def selected_positions(ctx: LowerCtx, keep: Callable[[E], E], n, name: str) -> C
     kept is overwritten by the next kept one, as the count has not moved) and adds 1 when i is kept."""
     zero = const(0, I64)
     count = Buf(f"{ctx.node.name}_{name}_count", I64, (1,), ARENA, 0)
-    where = Buf(f"{ctx.node.name}_{name}_at", I64, (n,), ARENA, 0)
+    # one spare slot: step i stores at the running count <= i < n, but the store index must be provably in
+    # bounds also where n may be 0 (a scan over a run-time size), which the step loop alone does not show
+    where = Buf(f"{ctx.node.name}_{name}_at", I64, (n + 1,), ARENA, 0)
     i, row = var("i"), var("row")
     running = load(count, [zero])
     program = Sequential([row], [Assign(count, [zero], zero)], i, n,
-                         [Assign(where, [clamp(running, n)], i),
+                         [Assign(where, [clamp(running, n + 1)], i),
                           Assign(count, [zero], running + select(keep(i), const(1, I64), zero))])
     ctx.temp((1,), I64, lambda idx: sequential(idx, program, I64), f"{name}_scan")
     ctx.set_size(load(count, [zero]))
-    return lambda j: clamp(load(where, [j]), n)
+    # j < count <= n, but the count is a symbol of its own (its bound over the profile, not n): clamped
+    return lambda j: clamp(load(where, [clamp(j, n + 1)]), n)
 
 
 def scalar_of(t: TensorFn) -> E:

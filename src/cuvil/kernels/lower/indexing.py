@@ -421,7 +421,7 @@ def _non_max_suppression(ctx):
                        cmp("gt", area_b, z), cmp("gt", union, z), cmp("gt", binop("div", inter, union), iou_thr)])
 
     count = Buf(f"{ctx.node.name}_count", I64, (B, C), ARENA, 0)
-    kept = Buf(f"{ctx.node.name}_kept", I64, (B, C, N), ARENA, 0)
+    kept = Buf(f"{ctx.node.name}_kept", I64, (B, C, N + 1), ARENA, 0)   # a spare slot, as selected_positions
     b, c, t = var("b"), var("c"), var("t")
     running = load(count, [b, c])
     cand = clamp(order([b, c, t]), N)
@@ -431,7 +431,7 @@ def _non_max_suppression(ctx):
     if score_thr is not None:
         ok.append(cmp("gt", scores([b, c, cand]), score_thr))
     program = Sequential([b, c], [Assign(count, [b, c], zero)], t, N,
-                         [Assign(kept, [b, c, clamp(running, N)], cand),
+                         [Assign(kept, [b, c, clamp(running, N + 1)], cand),
                           Assign(count, [b, c], running + select(all_of(ok), one, zero))])
     ctx.temp([B, C], I64, lambda idx: sequential(idx, program, I64), "scan")
     rows = product([B, C])

@@ -121,7 +121,7 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
                      row_kernels=True, channel_tile_cost=tuning.channel_tile_cost, batched_sequences=True,
                      run_time_sizes=True)
     _check_arena(sched, arena_limit(max_arena_bytes))
-    prover = BoundsProver()
+    prover = BoundsProver(limits=sched.size_limits)
     cert = prove_schedule(sched, "generic", prover)
     _refuse_unproved(cert)
     say(f"memory safety: {cert.summary()} ({cert.seconds:.2f} s)")
