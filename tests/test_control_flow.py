@@ -290,10 +290,10 @@ def test_input_values_are_checked():
 
 def _silero(name):
     import os
-    for d in (os.environ.get("CUVIL_SILERO_DIR", ""), os.path.join(os.path.dirname(__file__), "fixtures", "silero_vad")):
+    for d in (os.environ.get("CUVIL_SILERO_DIR", ""), os.path.join(os.path.dirname(__file__), "fixtures", "packaged")):
         if d and os.path.isfile(os.path.join(d, name)):
             return os.path.join(d, name)
-    pytest.skip(f"{name} not found (set CUVIL_SILERO_DIR to the silero_vad package's data folder)")
+    pytest.skip(f"{name} not found: only silero_vad.onnx is committed (tests/fixtures/packaged); set CUVIL_SILERO_DIR to the silero-vad package's data folder for the others")
 
 
 @pytest.mark.parametrize("sr,S", [(16000, 512), (8000, 256)])
@@ -397,3 +397,25 @@ def test_runtime_if_skips_the_steps_of_the_branch_not_taken():
         skipped = [t for step, w, t in zip(steps, when, times)
                    if w is not None and w != taken and step.get("variant") == variant]
         assert skipped and all(t == 0 for t in skipped), (taken, variant, skipped)
+
+
+def test_nested_runtime_ifs_with_a_subexpression_shared_by_both_branches():
+    # Both branches compute MatMul(x, w0) (CSE merges them: the survivor must run whichever branch is taken);
+    # the then branch nests a second run-time If. Every combination of the two conditions against onnxruntime.
+    rng = np.random.default_rng(10)
+    w = [h.make_tensor(f"w{k}", T.FLOAT, [16, 16], rng.standard_normal(256).astype(np.float32).tolist())
+         for k in range(3)]
+    inner_then = h.make_graph([h.make_node("MatMul", ["p", "w1"], ["q"]), h.make_node("Softmax", ["q"], ["it"], axis=-1)],
+                              "it", [], [vi("it", T.FLOAT, [8, 16])])
+    inner_else = h.make_graph([h.make_node("Tanh", ["p"], ["r"]), h.make_node("MatMul", ["r", "w2"], ["ie"])],
+                              "ie", [], [vi("ie", T.FLOAT, [8, 16])])
+    then_g = h.make_graph([h.make_node("MatMul", ["x", "w0"], ["p"]),
+                           h.make_node("If", ["c2"], ["t"], then_branch=inner_then, else_branch=inner_else)],
+                          "then", [], [vi("t", T.FLOAT, [8, 16])])
+    else_g = h.make_graph([h.make_node("MatMul", ["x", "w0"], ["p2"]), h.make_node("Relu", ["p2"], ["p3"]),
+                           h.make_node("Softmax", ["p3"], ["e"], axis=0)], "else", [], [vi("e", T.FLOAT, [8, 16])])
+    m = model([h.make_node("If", ["c1"], ["y"], then_branch=then_g, else_branch=else_g)],
+              [vi("x", T.FLOAT, [8, 16]), vi("c1", T.BOOL, []), vi("c2", T.BOOL, [1])], [vi("y", T.FLOAT, [8, 16])], w)
+    x = rng.standard_normal((8, 16)).astype(np.float32)
+    check(m, [{"x": x, "c1": np.array(a), "c2": np.array([b])} for a in (True, False) for b in (True, False)],
+          rtol=1e-5, atol=1e-5)

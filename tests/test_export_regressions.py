@@ -6,6 +6,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from cuvil import CuvilError, Pipeline
+from cuvil.dsl.compiler import build, match
+from cuvil.dsl.parser import parse_rules
+from cuvil.frontend import import_model
 from cuvil.testing.oracles import ort_session
 
 
@@ -197,3 +200,55 @@ def test_gather_elements_with_symbolic_dims_matches_and_stays_in_bounds():
     data = np.arange(1, 9, dtype=np.float32).reshape(2, 4)
     got = art.run({"d": data, "i": np.zeros((9, 4), np.int64)})["y"]
     np.testing.assert_array_equal(got, np.repeat(data[[0] + [1] * 8, :1], 4, axis=1))
+
+
+# --- literals in a rule's replacement take the type of the input they share a type parameter with --------
+
+def test_rule_literal_in_where_takes_the_branch_dtype():
+    # Where(c, x, 0): the 0 is a branch (type parameter T, x's), not the bool condition's type.
+    (rule,) = parse_rules("rule r\n  Mul(Cast(c, to=1), x) => Where(c, x, 0)\n  prove real\n", "t.rule", validate=False)
+    c = helper.make_tensor_value_info("c", TensorProto.BOOL, [3])
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])
+    m = make([helper.make_node("Cast", ["c"], ["cf"], to=TensorProto.FLOAT), helper.make_node("Mul", ["cf", "x"], ["y"])],
+             [c, x])
+    g = import_model(m)
+    b = match(rule, g.outputs[0], g)
+    assert b is not None
+    out = build(rule, b, g, [])
+    assert out.producer.op == "Where" and out.dtype.name == "FLOAT"
+    assert out.producer.inputs[2].dtype.name == "FLOAT"
+
+
+def test_unknown_rank_outputs_get_their_ops_dtypes():
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, None)   # rank unknown
+    k = const("k", np.array([1], np.int64))
+    nodes = [k, helper.make_node("Equal", ["x", "x"], ["eq"]), helper.make_node("Not", ["eq"], ["ne"]),
+             helper.make_node("Where", ["ne", "x", "x"], ["wh"]), helper.make_node("Cast", ["x"], ["ci"], to=TensorProto.INT32),
+             helper.make_node("ArgMax", ["x"], ["am"]), helper.make_node("TopK", ["x", "k"], ["tv", "ti"]),
+             helper.make_node("CastLike", ["x", "ci"], ["cl"]), helper.make_node("IsNaN", ["x"], ["nan"])]
+    want = {"eq": "BOOL", "ne": "BOOL", "wh": "FLOAT", "ci": "INT32", "am": "INT64", "tv": "FLOAT", "ti": "INT64",
+            "cl": "INT32", "nan": "BOOL"}
+    m = make(nodes, [x], outputs=tuple(want))
+    g = import_model(m)
+    got = {v.name: v.dtype.name for v in g.values() if v.name in want}
+    assert got == want
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_concat_folds_like_numpy(seed):
+    # Random ranks, axes and part counts: the folded constant (Concat's symbolic evaluation) is numpy's concatenate.
+    rng = np.random.default_rng(seed)
+    rank = int(rng.integers(1, 5))
+    axis = int(rng.integers(-rank, rank))
+    base = [int(v) for v in rng.integers(1, 4, rank)]
+    parts = []
+    for k in range(int(rng.integers(1, 4))):
+        shape = list(base)
+        shape[axis] = int(rng.integers(1, 4))
+        parts.append(rng.integers(-50, 50, shape).astype(np.int64))
+    want = np.concatenate(parts, axis)
+    nodes = [const(f"p{k}", a) for k, a in enumerate(parts)]
+    nodes.append(helper.make_node("Concat", [f"p{k}" for k in range(len(parts))], ["y"], axis=axis))
+    g = Pipeline.from_onnx(make(nodes, [])).optimize().graph
+    assert not g.nodes                                  # folded
+    np.testing.assert_array_equal(g.outputs[0].const, want)

@@ -8,6 +8,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from cuvil import ModelLoadError, Pipeline, ShapeError, UnsupportedDomainError, UnsupportedOpError
 from cuvil.cli import main as cli_main
+from cuvil.errors import DeclaredShapeWarning
 
 
 def make_model(nodes, inputs, outputs, inits=(), opset=21, ir_version=None):
@@ -50,9 +51,39 @@ def test_custom_domain_is_rejected():
         Pipeline.from_onnx(m)
 
 
-def test_inconsistent_declared_shape():
+def test_inconsistent_declared_shape_warns_and_inference_wins():
     m = make_model([helper.make_node("Relu", ["x"], ["y"], name="r")], [vi("x", [2, 3])], [vi("y", [3, 2])])
-    with pytest.raises(ShapeError, match=r"node 'r' \(Relu\) output 'y': the model declares shape \[3, 2\] but Cuvil infers f32\[2,3\]"):
+    with pytest.warns(DeclaredShapeWarning, match=r"node 'r' \(Relu\) output 'y': the model declares shape \[3, 2\] "
+                                                  r"but Cuvil infers f32\[2,3\] from the inputs; using the inferred shape"):
+        p = Pipeline.from_onnx(m)
+    assert str(p.graph.outputs[0].type) == "f32[2,3]"
+    x = np.arange(6, dtype=np.float32).reshape(2, 3) - 2
+    np.testing.assert_array_equal(p.compile().run({"x": x})["y"], np.maximum(x, 0))
+
+
+def test_stale_declared_output_rank_of_a_symbolic_model():
+    # As ddddocr's CRNN declares its output: [1, '?'], where the graph computes [W', 1, C]; onnxruntime warns
+    # ("Expected shape from model of {1,-1} does not match actual shape") and runs it; so does Cuvil.
+    nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=[2, 0, 1], name="tr"),
+             helper.make_node("Relu", ["t"], ["y"], name="r")]
+    m = make_model(nodes, [vi("x", [1, 5, "W"])], [vi("y", [1, "?"])], opset=17)
+    m.graph.value_info.append(vi("t", [1, 5, 7]))    # a stale value_info too (W was 7 when exported)
+    with pytest.warns(DeclaredShapeWarning) as rec:
+        p = Pipeline.from_onnx(m)
+    msgs = [str(w.message) for w in rec]
+    assert any("node 'tr' (Transpose) output 't': the model declares shape [1, 5, 7] but Cuvil infers f32[W,1,5]" in w
+               for w in msgs), msgs
+    assert any("output 'y': the model declares shape [1, '?'] but Cuvil infers f32[W,1,5]" in w for w in msgs), msgs
+    art = p.compile(shape_profiles={"W": (1, 4, 16)})
+    for w in (1, 7, 16):
+        x = np.random.default_rng(w).standard_normal((1, 5, w)).astype(np.float32)
+        np.testing.assert_array_equal(art.run({"x": x})["y"], np.maximum(x.transpose(2, 0, 1), 0))
+
+
+def test_inconsistent_declared_dtype_is_an_error():
+    m = make_model([helper.make_node("Relu", ["x"], ["y"], name="r")], [vi("x", [2, 3])],
+                   [vi("y", [2, 3], TensorProto.DOUBLE)])
+    with pytest.raises(ShapeError, match=r"output 'y': the model declares DOUBLE but Cuvil infers FLOAT"):
         Pipeline.from_onnx(m)
 
 

@@ -17,6 +17,7 @@ from cuvil.cli import main as cli_main
 from cuvil.errors import CuvilError, ShapeError, UnsupportedOpError
 from cuvil.frontend.functions import expandable_ops
 from cuvil.frontend.onnx_import import import_model
+from cuvil.onnx_backend import _freeze_inputs, backend, value_specialized_inputs
 from cuvil.targets.ptx import find_ptxas
 
 ort = pytest.importorskip("onnxruntime")
@@ -203,9 +204,10 @@ def test_swish_and_swiglu_match_the_reference():
 
 # --- ops without a function body ---------------------------------------------------------------------------
 
-def test_cumprod_tensorscatter_col2im_affinegrid_match_the_reference():
+def kernel_cases():
+    """(model, feeds) of the ops that got kernels, on corners their node cases do not try."""
     rng = np.random.default_rng(8)
-    cases = [
+    return [
         (model([h.make_node("CumProd", ["x", "a"], ["y"], exclusive=1, reverse=1)],
                [("x", TP.FLOAT, [3, 0, 4]), ("a", TP.INT64, [])], [("y", TP.FLOAT, [3, 0, 4])], 26),
          {"x": np.zeros((3, 0, 4), np.float32), "a": np.array(-1, np.int64)}),
@@ -226,8 +228,10 @@ def test_cumprod_tensorscatter_col2im_affinegrid_match_the_reference():
                [("t", TP.FLOAT, [2, 3, 4]), ("size", TP.INT64, [5])], [("g", TP.FLOAT, [2, 1, 3, 5, 3])], 20),
          {"t": rng.standard_normal((2, 3, 4), np.float32), "size": np.array([2, 1, 1, 3, 5], np.int64)}),
     ]
-    from cuvil.onnx_backend import backend
-    for m, feeds in cases:
+
+
+def test_cumprod_tensorscatter_col2im_affinegrid_match_the_reference():
+    for m, feeds in kernel_cases():
         with np.errstate(divide="ignore"):  # the reference's AffineGrid divides by zero for a 1-long axis
             want = ReferenceEvaluator(m).run(None, feeds)
         got = backend.prepare(m).run([feeds[i.name] for i in m.graph.input])
@@ -258,6 +262,16 @@ def test_attention_and_rotary_embedding_ptx_assembles(tmp_path):
         bundle.save(str(out))
         cubins = list(out.glob("*.cubin"))
         assert cubins and cubins[0].stat().st_size > 0, m.graph.node[0].op_type
+
+
+@pytest.mark.skipif(find_ptxas() is None, reason="ptxas not found (no CUDA toolkit): PTX cannot be assembled here")
+def test_new_kernels_ptx_assembles(tmp_path):
+    """CumProd, TensorScatter (circular: an integer modulo), Col2Im, AffineGrid through the shared lowering."""
+    for k, (m, feeds) in enumerate(kernel_cases()):
+        frozen = _freeze_inputs(m, {n: feeds[n] for n in value_specialized_inputs(m)})
+        out = tmp_path / f"k{k}.cuvil"
+        Pipeline.from_onnx(frozen).optimize().compile(PTX, arch="sm_90", cache=False).save(str(out))
+        assert list(out.glob("*.cubin")), m.graph.node[0].op_type
 
 
 # --- support matrix and errors -----------------------------------------------------------------------------
@@ -311,3 +325,17 @@ def test_a_registered_op_with_a_function_body_keeps_its_own_kernel():
     nodes = [h.make_node("LayerNormalization", ["x", "s"], ["y"]), h.make_node("Gelu", ["y"], ["z"])]
     m = model(nodes, [("x", TP.FLOAT, [2, 4]), ("s", TP.FLOAT, [4])], [("z", TP.FLOAT, [2, 4])], 20)
     assert [n.op for n in import_model(m).nodes] == ["LayerNormalization", "Gelu"]
+
+
+def test_rotary_embedding_4d_without_position_ids_matches_onnxruntime():
+    """(B, heads, S, head) input, cos/sin caches given per batch and position (no position_ids)."""
+    node = h.make_node("RotaryEmbedding", ["X", "cos", "sin"], ["Y"], rotary_embedding_dim=6)
+    m = model([node], [("X", TP.FLOAT, ["B", 3, "S", 10]), ("cos", TP.FLOAT, ["B", "S", 3]),
+                       ("sin", TP.FLOAT, ["B", "S", 3])], [("Y", TP.FLOAT, ["B", 3, "S", 10])], 23)
+    art = compiled(m)
+    rng = np.random.default_rng(10)
+    for b, s in [(1, 1), (2, 7), (4, 20)]:
+        angles = rng.uniform(0, 6, (b, s, 3)).astype(np.float32)
+        feeds = {"X": rng.standard_normal((b, 3, s, 10), np.float32), "cos": np.cos(angles), "sin": np.sin(angles)}
+        np.testing.assert_allclose(run(art, feeds)[0], onnxruntime_outputs(m, feeds)[0], rtol=1e-5, atol=1e-6,
+                                   err_msg=f"B={b} S={s}")

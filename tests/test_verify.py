@@ -57,3 +57,22 @@ def test_verify_artifact_against_the_original(tmp_path, capsys):
     assert cli_main(["verify", demo, "--artifact", str(so), "--examples", "5"]) == 0
     out = capsys.readouterr().out
     assert "verify passed: the compiled library agrees with the original" in out and "on 5 inputs" in out
+
+
+def test_verify_artifact_of_a_profile_library_draws_its_dims_inside_the_profile(tmp_path, capsys):
+    """A library over a batch range: its inputs are drawn with the symbol inside the library's profile (this
+    was a raw TypeError from a None dim)."""
+    from cuvil import Pipeline
+    from cuvil.verify import verify_artifact
+    m = cancel_model(c=1.0)
+    so = Pipeline.from_onnx(m).compile(shape_profiles={"N": (2, 3, 5)}).save(tmp_path / "libc.so")
+    res = verify_artifact(m, str(so), examples=8)
+    assert res.ok and res.examples == 8
+    assert cli_main(["verify", _save(m, tmp_path), "--artifact", str(so), "--examples", "4"]) == 0
+    assert "verify passed" in capsys.readouterr().out
+
+
+def _save(m, tmp_path):
+    path = str(tmp_path / "m.onnx")
+    onnx.save(m, path)
+    return path

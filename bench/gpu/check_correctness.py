@@ -4,6 +4,7 @@ batch 1) and a sample of the official ONNX node test cases (those the x86 backen
 
     python3 bench/gpu/check_correctness.py                       # everything, table on stdout
     python3 bench/gpu/check_correctness.py --models resnet50 --node-sample 0 --json out.json
+    python3 bench/gpu/check_correctness.py --models --node-sample 0 --node-match 'attention|rotary'
 
 Each model is compiled to a bundle (``Pipeline.compile(target="nvptx64-nvidia-cuda")``) in worker
 processes, then run on the GPU by graph replay and eagerly (the two must agree bit for bit). Light models
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import tempfile
 import time
@@ -95,9 +97,8 @@ def rel_error(got: np.ndarray, ref: np.ndarray) -> float:
 
 
 def _ort(model, feeds):
-    import onnxruntime as ort
-    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return sess.run(None, feeds)
+    from cuvil.testing.oracles import ort_session
+    return ort_session(model).run(None, feeds)
 
 
 def run_gpu(path: str, args):
@@ -149,6 +150,13 @@ def node_sample(k: int):
     return names[::k] if k > 0 else []
 
 
+def node_names():
+    from onnx.backend.test.case.node import collect_testcases
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        return [c.name for c in collect_testcases(None)]
+
+
 def check_nodes(names, out_dir, arch, pool):
     import onnx
     from onnx.backend.test.case.node import collect_testcases
@@ -156,16 +164,18 @@ def check_nodes(names, out_dir, arch, pool):
         warnings.simplefilter("ignore")
         cases = {c.name: c for c in collect_testcases(None)}
     names = [n for n in names if n in cases]
+
+    def arrays(xs):   # cases that keep their data as TensorProto (float8, int4, ... casts): numpy, as onnx's runner
+        return [onnx.numpy_helper.to_array(x) if isinstance(x, onnx.TensorProto) else np.asarray(x) for x in xs]
     futs = {}
     for n in names:
         c = cases[n]
-        inputs, _ = c.data_sets[0]
+        inputs = arrays(c.data_sets[0][0])
         futs[n] = pool.submit(_compile_node, n, c.model.SerializeToString(), list(inputs), out_dir, arch)
     rows = []
     for n in names:
         c = cases[n]
-        inputs, expected = c.data_sets[0]
-        expected = [onnx.numpy_helper.to_array(e) if isinstance(e, onnx.TensorProto) else np.asarray(e) for e in expected]
+        inputs, expected = arrays(c.data_sets[0][0]), arrays(c.data_sets[0][1])
         built = futs[n].result()
         row = {"case": n, "kind": "node"}
         if "error" in built:
@@ -206,6 +216,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", nargs="*", default=list(LIGHT_MODELS))
     ap.add_argument("--node-sample", type=int, default=15, help="every k-th passing node case (0: none)")
+    ap.add_argument("--node-match", help="also every node case whose name matches this regular expression")
     ap.add_argument("--jobs", type=int, default=min(12, os.cpu_count() or 1))
     ap.add_argument("--json", help="write the rows here")
     args = ap.parse_args(argv)
@@ -217,7 +228,10 @@ def main(argv=None) -> int:
     with ProcessPoolExecutor(max_workers=args.jobs, mp_context=mp.get_context("spawn")) as pool:
         print(f"{'kind':5} {'case':44} {'status':13} {'rel.err':>9} {'krn':>4} {'oracle':14} module", flush=True)
         rows = check_light(args.models, out_dir, info["arch"], pool)
-        rows += check_nodes(node_sample(args.node_sample), out_dir, info["arch"], pool)
+        names = node_sample(args.node_sample)
+        if args.node_match:
+            names += [n for n in node_names() if re.search(args.node_match, n) and n not in names]
+        rows += check_nodes(names, out_dir, info["arch"], pool)
     summary = {}
     for r in rows:
         summary.setdefault(r["kind"], {}).setdefault(r["status"], 0)

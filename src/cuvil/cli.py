@@ -56,7 +56,7 @@ def cmd_inspect(args) -> int:
     for s in g.symbols.values():
         axes = ", ".join(f"{v.name} axis {k}" for v in g.inputs for k, d in enumerate(v.shape or ())
                          if str(d) == s.name)
-        print(f"  symbol {s.name} in [{s.min}, {s.max}], opt {s.tuned}" + (f": {axes}" if axes else ""))
+        print(f"  symbol {s.name} in {s.profile_text()}, opt {s.tuned}" + (f": {axes}" if axes else ""))
     if fixed:
         print("  fixed  " + ", ".join(f"{k} = {v}" for k, v in fixed.items()))
     print(f"nodes: {len(g.nodes)}")
@@ -119,33 +119,43 @@ def _bind_shapes(p: Pipeline, args, check: bool = True):
 
 def _parse_input_shapes(items, flag: str = "--input-shape") -> dict:
     """``x=1x3x640x640`` -> {"x": (1, 3, 640, 640)}; ``x=1x3x32x32:1x3x640x640:1x3x1280x1280`` -> {"x": (min,
-    opt, max)}, as trtexec's ``--shapes``."""
+    opt, max)}, as trtexec's ``--shapes``; a ``/1x1x32x32`` suffix gives each axis's multiple (``{"multiple":
+    (1, 1, 32, 32)}`` after the three shapes)."""
     out = {}
     for item in items or ():
         name, _, spec = item.rpartition("=")
+        spec, slash, mult = spec.partition("/")
         shapes = [part.lower().split("x") for part in spec.split(":")]
-        if not name or len(shapes) not in (1, 3) or not all(d.isdigit() for sh in shapes for d in sh):
+        mults = mult.lower().split("x") if slash else []
+        if (not name or len(shapes) not in (1, 3) or not all(d.isdigit() for sh in shapes + [mults] for d in sh)
+                or (slash and (len(shapes) != 3 or not mults))):
             raise CuvilError(f"{flag} takes INPUT=D0xD1x... (one shape) or INPUT=MIN:OPT:MAX (three shapes, "
-                             f"e.g. x=1x3x32x32:1x3x640x640:1x3x1280x1280), got {item!r}")
+                             f"e.g. x=1x3x32x32:1x3x640x640:1x3x1280x1280), optionally followed by /MULTIPLES "
+                             f"(one per axis, e.g. /1x1x32x32), got {item!r}")
         if name in out:
             raise CuvilError(f"{flag} {name}: the input is given twice")
         dims = [tuple(int(d) for d in sh) for sh in shapes]
         out[name] = dims[0] if len(dims) == 1 else tuple(dims)
+        if slash:
+            out[name] += ({"multiple": tuple(int(d) for d in mults)},)
     return out
 
 
 def _parse_profiles(items) -> dict:
-    """``N=1:8:64`` (min:opt:max) -> {"N": (1, 8, 64)}; ``N=1:64`` -> {"N": (1, 64)} (min, max)."""
+    """``N=1:8:64`` (min:opt:max) -> {"N": (1, 8, 64)}; ``N=1:64`` -> {"N": (1, 64)} (min, max);
+    ``H=32:640:1280/32`` -> {"H": (32, 640, 1280, {"multiple": 32})} (only multiples of 32)."""
     out = {}
     for item in items or ():
         name, _, spec = item.partition("=")
+        spec, slash, mult = spec.partition("/")
         parts = spec.split(":")
-        if not name or len(parts) not in (2, 3) or not all(x.isdigit() for x in parts):
-            raise CuvilError(f"--shape-profile takes NAME=MIN:OPT:MAX, got {item!r}")
+        if (not name or len(parts) not in (2, 3) or not all(x.isdigit() for x in parts)
+                or (slash and not mult.isdigit())):
+            raise CuvilError(f"--shape-profile takes NAME=MIN:OPT:MAX, or NAME=MIN:OPT:MAX/MULTIPLE, got {item!r}")
         vals = tuple(int(x) for x in parts)
         if not 1 <= vals[0] <= vals[-1] or not vals[0] <= vals[len(vals) // 2] <= vals[-1]:
             raise CuvilError(f"--shape-profile {item!r}: need 1 <= MIN <= OPT <= MAX")
-        out[name] = vals
+        out[name] = vals + (({"multiple": int(mult)},) if slash else ())
     return out
 
 
@@ -565,7 +575,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--shapes", action="store_true", help="check the shape conditions on symbolic dims with Z3")
     _input_shape_flag(sp, "an input's shape (x=1x3x640x640: its symbols fixed) or min:opt:max shapes (their "
                           "ranges): the cost is shown at that point, --shapes checks that range (repeatable)")
-    sp.add_argument("--shape-profile", action="append", metavar="NAME=MIN:OPT:MAX",
+    sp.add_argument("--shape-profile", action="append", metavar="NAME=MIN:OPT:MAX[/MULTIPLE]",
                     help="a symbol's range, by name: the cost's opt point, the range --shapes checks")
     sp.add_argument("--fix", action="append", metavar="NAME=INT",
                     help="a symbol's value, by name; NAME=OTHER makes it the symbol OTHER (repeatable)")
@@ -604,12 +614,13 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--prefix", default="cuvil", help="prefix of the C ABI symbols (default cuvil_)")
     _input_shape_flag(sp, "bind the symbolic dims of an input by its shape, whatever they are called: one "
                           "shape fixes them (x=1x3x640x640), three set their ranges (x=1x3x32x32:1x3x640x640:"
-                          "1x3x1280x1280, min:opt:max; the library serves every shape in between); a dim the model "
-                          "fixes must be given its value (repeatable)")
+                          "1x3x1280x1280, min:opt:max; the library serves every shape in between; a /1x1x32x32 suffix "
+                          "serves only multiples of 32 on the last two axes); a dim the model fixes must be given "
+                          "its value (repeatable)")
     sp.add_argument("--fix", action="append", metavar="NAME=INT",
                     help="specialise a symbolic dim by its name, as `cuvil inspect` lists it; NAME=OTHER makes it "
                          "the symbol OTHER (two anonymous dims that must be equal: --fix s.0=x.0) (repeatable)")
-    sp.add_argument("--shape-profile", action="append", metavar="NAME=MIN:OPT:MAX",
+    sp.add_argument("--shape-profile", action="append", metavar="NAME=MIN:OPT:MAX[/MULTIPLE]",
                     help="a symbolic dim's range, by name (repeatable); the library serves every shape in it "
                          "(default range [1, 4096])")
     sp.add_argument("--rules", action="append", help="extra .rule file or directory (repeatable)")

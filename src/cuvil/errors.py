@@ -40,3 +40,9 @@ class InvalidAttributeError(ShapeError):
 
 class UnsupportedTypeError(CuvilError):
     """An element type Cuvil does not know (ONNX data_type 0, an unassigned code) or does not support there."""
+
+
+class DeclaredShapeWarning(UserWarning):
+    """A value's shape as the model declares it (a graph output, a value_info) contradicts the shape Cuvil infers
+    from the inputs; Cuvil goes on with the inferred one, as onnxruntime does (exporters write stale
+    declarations: ddddocr's CRNN declares its output [1, '?'], it is [W', 1, 8210])."""

@@ -38,7 +38,7 @@ from .pipeline import Pipeline
 __all__ = ["CuvilBackend", "CuvilBackendRep", "backend", "prepare", "run_model", "run_node", "supports_device"]
 
 #: Element types the x86 backend computes in; others (strings, complex, ...) are refused up front
-#: with UnsupportedOpError. float16 is computed in float16 (reductions accumulate in it), bfloat16 in float32;
+#: with UnsupportedOpError. float16 is computed in float16 (sums accumulate in float32), bfloat16 in float32;
 #: float8, float4 and 2/4-bit integers are stored one per byte (targets/llvm/narrow.py).
 SUPPORTED_DTYPES = frozenset({DType.FLOAT, DType.DOUBLE, DType.FLOAT16, DType.INT8, DType.UINT8, DType.INT16, DType.UINT16,
                               DType.INT32, DType.UINT32, DType.INT64, DType.UINT64, DType.BOOL, DType.BFLOAT16,

@@ -21,13 +21,13 @@ from .ir.dim import SymExpr, Symbol, bounds, evaluate
 from .ir.graph import Graph
 from .ir.hash import structural_hash
 from .ir.printer import print_graph
-from .ir.shape_binding import bind_input_shapes, lookup_symbol
+from .ir.shape_binding import bind_input_shapes, lookup_symbol, profile_symbol, split_options
 from .ir.stats import GraphStats, graph_stats
 from .reference import run_reference
 from .rewrite_rules.engine import RewriteReport
 from .rewrite_rules.proved_rewrite import applied_rules, proved_rewrite
 from .rewrite_rules.shape_prop import propagate_shapes
-from .rewrite_rules.specialize import specialize_graph
+from .rewrite_rules.specialize import specialize_graph, unify_required_equal
 from .rewrite_rules.verdicts import builtin_rules
 from .targets import X86_TARGET, TargetOptions, get_target, make_options
 from .targets.x86.target import choose_algorithms
@@ -80,6 +80,7 @@ class Pipeline:
         keeps only its branch) and are no longer inputs of the compiled model."""
         model = load_model(source)
         graph = import_model(model, constant_initializer_inputs=constant_initializer_inputs, input_values=input_values)
+        unify_required_equal(graph)   # input.0 and state.1 that an LSTM needs equal: one symbol (docs/shapes.md)
         sha = hashlib.sha256(model.SerializeToString()).hexdigest()
         return cls(graph, initializer_elements=sum(int(np.prod(t.dims)) for t in model.graph.initializer),
                    source_sha256=sha)
@@ -166,8 +167,11 @@ class Pipeline:
 
     def check_shapes(self, shape_profiles: Optional[Mapping[str, Tuple[int, ...]]] = None):
         """Prove every shape condition of the graph for every symbol value in its range (``shape_profiles``:
-        ``{"N": (min, max)}`` or ``(min, opt, max)``; default: the symbols' ranges). Returns the
-        violations, each with a counterexample (:class:`cuvil.ir.constraints.Violation`)."""
+        ``{"N": (min, max)}`` or ``(min, opt, max)``, optionally ending in ``{"multiple": M}``; default: the
+        symbols' ranges). Returns the violations, each with a counterexample
+        (:class:`cuvil.ir.constraints.Violation`)."""
+        if any(split_options(k, v, "--shape-profile")[1] != 1 for k, v in (shape_profiles or {}).items()):
+            return self.with_profiles(shape_profiles, check=False).check_shapes()   # the multiples apply too
         ranges = {k: (v[0], v[-1]) for k, v in (shape_profiles or {}).items()}
         return check_constraints(self._graph, ranges)
 
@@ -178,6 +182,9 @@ class Pipeline:
         batch dims that must be equal)."""
         fixed = {k: lookup_symbol(self._graph, v, f"--fix {k}={v}").name if isinstance(v, str) else v
                  for k, v in self._by_symbol(fixed, "--fix").items()}
+        fixed = {k: v for k, v in fixed.items() if k != v}   # state.1 = input.0 where they are one already
+        if not fixed:
+            return self
         g, report = specialize_graph(self._graph, fixed)
         return self._derive(g, report)
 
@@ -200,20 +207,16 @@ class Pipeline:
         return p.with_profiles(b.profiles) if b.profiles else p
 
     def with_profiles(self, shape_profiles: Mapping[str, Tuple[int, ...]], *, check: bool = True) -> "Pipeline":
-        """The same graph with symbol ranges set: ``{"N": (1, 8, 64)}`` (min, opt, max) or ``(min, max)``.
+        """The same graph with symbol ranges set: ``{"N": (1, 8, 64)}`` (min, opt, max) or ``(min, max)``;
+        a last element ``{"multiple": 32}`` admits only the multiples of 32 in the range (``--shape-profile
+        H=32:640:1280/32``; min, opt and max are multiples too), and every shape condition is then proved for
+        those values only.
         Every shape condition of the graph must hold over the new ranges (else ShapeError naming the node
         and a counterexample; ``check=False`` leaves that to :meth:`check_shapes`); derived dims' ranges
         follow."""
         g = self._graph.clone()
         for name, prof in self._by_symbol(shape_profiles, "--shape-profile").items():
-            vals = tuple(int(x) for x in prof)
-            if len(vals) not in (2, 3):
-                raise ShapeError(f"shape profile of {name}: expected (min, opt, max) or (min, max), got {prof!r}")
-            lo, hi = vals[0], vals[-1]
-            opt = vals[1] if len(vals) == 3 else None
-            if not (1 <= lo <= hi) or (opt is not None and not lo <= opt <= hi):
-                raise ShapeError(f"shape profile {name}={':'.join(map(str, vals))}: need 1 <= min <= opt <= max")
-            g.symbols[name] = Symbol(name, lo, hi, opt)
+            g.symbols[name] = profile_symbol(name, prof)
         propagate_shapes(g)   # dims simplified over the new ranges (min(S, 512) is S for S <= 512)
         out = self._derive(g, self.report)
         bad = out.check_shapes() if check else ()
@@ -277,7 +280,8 @@ class Pipeline:
                 raise ShapeError("the graph's shape conditions fail inside the symbols' ranges (give ranges where "
                                  "they hold: --input-shape INPUT=MIN:OPT:MAX or --shape-profile NAME=MIN:OPT:MAX):\n  "
                                  + "\n  ".join(map(str, bad)))
-        profiles = {s.name: [s.min, s.tuned, s.max] for s in p._graph.symbols.values()}
+        profiles = {s.name: [s.min, s.tuned, s.max] + ([{"multiple": s.multiple}] if s.multiple > 1 else [])
+                    for s in p._graph.symbols.values()}
         rules = applied_rules(self.report)
         extra = {"model_sha256": self.source_sha256, "specialized": fixed, "shape_profiles": profiles,
                  "derived_dims": _derived_dims(p._graph), "rules_applied": rules}
@@ -304,6 +308,7 @@ class Pipeline:
         ``(fixed, shape_profiles)``; a symbol bound twice must be bound alike (else ShapeError)."""
         fixed = {k: lookup_symbol(self._graph, v, f"--fix {k}={v}").name if isinstance(v, str) else int(v)
                  for k, v in self._by_symbol(fixed or {}, "--fix").items()}
+        fixed = {k: v for k, v in fixed.items() if k != v}   # state.1 = input.0 where they are one already
         profiles = self._by_symbol(shape_profiles or {}, "--shape-profile")
         if not input_shapes:
             return fixed, profiles
@@ -357,8 +362,9 @@ class Pipeline:
                 for k, (d, got) in enumerate(zip(v.shape, arr.shape)):
                     if isinstance(d, SymExpr) and len(d.free_symbols) == 1 and str(d) in g.symbols:
                         sym = g.symbols[str(d)]
-                        if not sym.min <= got <= sym.max:
-                            raise ShapeError(f"input {v.name!r} dim {k}: {sym.name} = {got} is outside [{sym.min}, {sym.max}]")
+                        if not sym.admits(got):
+                            raise ShapeError(f"input {v.name!r} dim {k}: {sym.name} = {got} is outside the profile "
+                                             f"{sym.profile_text()}")
                         if env.setdefault(sym.name, got) != got:
                             raise ShapeError(f"input {v.name!r} dim {k}: {sym.name} = {got}, but another input has {sym.name} = {env[sym.name]}")
                     elif isinstance(d, int) and d != got:

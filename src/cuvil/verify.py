@@ -16,10 +16,11 @@ from hypothesis.errors import Unsatisfiable
 
 from .artifact import load
 from .dsl.parser import load_rules
+from .ir.dim import SymExpr
 from .pipeline import Pipeline
 from .rewrite_rules.verdicts import builtin_rules
 from .testing.rules import REAL_RTOL
-from .testing.strategies import float_arrays, inputs_for
+from .testing.strategies import inputs_for
 
 
 @attrs.define
@@ -93,17 +94,28 @@ def verify(source, *, rules: Sequence = (), examples: int = 50, seed: Optional[i
 NATIVE_RTOL = 1e-4
 
 
-def verify_artifact(source, library: str, *, examples: int = 30, seed: Optional[int] = 0) -> VerifyResult:
+def verify_artifact(source, library: str, *, examples: int = 30, seed: Optional[int] = 0,
+                    max_dim: int = 4) -> VerifyResult:
     """Fuzz a compiled library against the *original* model through onnx.reference (finite inputs of the
-    library's shapes); a difference is shrunk to a minimal input."""
+    library's shapes; a symbolic dim inside the library's profile, at most ``max_dim`` where the profile allows);
+    a difference is shrunk to a minimal input."""
     src = source if isinstance(source, Pipeline) else Pipeline.from_onnx(source)
     lib = load(library)
-    specs = lib.inputs
+    # Inputs take the library's shapes: a dim it fixed at that value, a symbol inside the library's own profile
+    # (the source model's symbols carry no range).
+    fixed = {}
+    for v, spec in zip(src.graph.inputs, lib.inputs):
+        for d, n in zip(v.shape or (), spec.shape):
+            if n is not None and isinstance(d, SymExpr) and str(d) in src.graph.symbols:
+                fixed[str(d)] = int(n)
+    drawn = src.specialize(fixed) if fixed else src
+    profiles = {name: (lo, hi) for name, (lo, _, hi) in lib.symbols.items() if name in drawn.graph.symbols}
+    drawn = drawn.with_profiles(profiles, check=False) if profiles else drawn
     state = {"n": 0, "fail": None, "input": None}
 
     @st.composite
     def feeds(draw):
-        return {sp.name: draw(float_arrays(tuple(sp.shape), special=False)) for sp in specs}
+        return draw(inputs_for(drawn, max_dim=max_dim))
 
     @settings(max_examples=examples, deadline=None, database=None, derandomize=seed is not None,
               suppress_health_check=list(HealthCheck))

@@ -348,10 +348,9 @@ def _build(e: Expr, b: Bindings, g: Graph, created: List[Node], dtype: Optional[
         for k, a in enumerate(e.args):  # non-literals first: literals take their siblings' dtype
             if not _is_scalar_literal(a, b):
                 inputs[k] = _build(a, b, g, created, dtype)
-        sib = next((v.dtype for v in inputs if v is not None), dtype)
         for k, a in enumerate(e.args):
             if inputs[k] is None:
-                inputs[k] = _build(a, b, g, created, sib)
+                inputs[k] = _build(a, b, g, created, _literal_dtype(e.op, k, inputs, dtype))
         attrs_: Dict[str, Any] = dict(b.rests.get(e.rest, {})) if e.rest else {}
         for name, a in e.attrs:
             attrs_[name] = _attr_value(a, b)
@@ -359,6 +358,19 @@ def _build(e: Expr, b: Bindings, g: Graph, created: List[Node], dtype: Optional[
         created.append(node)
         return node.outputs[0]
     raise BuildError(f"cannot build {e!r}")
+
+
+def _literal_dtype(op: str, k: int, inputs: List[Optional[Value]], default: Optional[DType]) -> Optional[DType]:
+    """The element type of a scalar literal at input ``k`` of ``op``: that of an input sharing its type
+    parameter in the op's schema (Where(c, x, 0): x's, not the bool condition's), else of the first built
+    input, else ``default``."""
+    formals = list(op_schema(op).inputs)
+    if formals:
+        ts = formals[min(k, len(formals) - 1)].type_str
+        for j, v in enumerate(inputs):
+            if v is not None and formals[min(j, len(formals) - 1)].type_str == ts:
+                return v.dtype
+    return next((v.dtype for v in inputs if v is not None), default)
 
 
 def _attr_value(e: Expr, b: Bindings):

@@ -1,6 +1,6 @@
 """ONNX function bodies: an op Cuvil does not register is imported as the ops of its schema's function body.
 
-Many ONNX ops are defined by a function of other ONNX ops (``Swish``, ``AffineGrid``, the window ops), some by a
+Many ONNX ops are defined by a function of other ONNX ops (``Swish``, ``SwiGLU``, the window ops), some by a
 function built for the node at hand, from its attributes and input types (``Attention``, ``RotaryEmbedding``,
 ``SoftmaxCrossEntropyLoss``, ``CenterCropPad``): onnxruntime and onnx-mlir support such ops the same way. The body
 is taken at the model's opset (the newest function version not newer than it), its values renamed under the

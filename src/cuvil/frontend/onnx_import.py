@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import warnings
 from typing import Dict, List, Mapping, Optional, Union
 
 import numpy as np
@@ -17,7 +18,7 @@ import onnx.inliner
 from google.protobuf.message import DecodeError
 from onnx import numpy_helper
 
-from ..errors import (CuvilError, InvalidAttributeError, ModelLoadError, ShapeError, UnsupportedDomainError,
+from ..errors import (CuvilError, DeclaredShapeWarning, InvalidAttributeError, ModelLoadError, ShapeError, UnsupportedDomainError,
                       UnsupportedOpError, UnsupportedTypeError)
 from ..ir.dim import SymExpr, Symbol, symbol_name
 from ..ir.dtype import DType
@@ -358,6 +359,10 @@ class _Importer:
                                      f"define output {name!r}")
 
     def _check_declared(self, name: str, v: Value, what: str):
+        """A declared dtype that differs from the inferred one is a ShapeError (onnxruntime refuses such a
+        model too); a declared shape that contradicts the inferred one is a :class:`DeclaredShapeWarning`,
+        and the inferred shape is kept: it follows from the inputs' declared shapes and the ops, where the
+        declaration is a note the exporter wrote (onnxruntime also only warns)."""
         self._checked.add(name)
         vi = self.declared.get(name)
         if vi is None or not vi.type.HasField("tensor_type"):
@@ -371,8 +376,8 @@ class _Importer:
             if len(declared) != len(v.shape) or any(
                     d is not None and isinstance(s, int) and d != s for d, s in zip(declared, v.shape)):
                 shown = [d if d is not None else "?" for d in declared]
-                raise ShapeError(f"{what} {name!r}: the model declares shape {shown} but "
-                                 f"Cuvil infers {v.type}")
+                warnings.warn(f"{what} {name!r}: the model declares shape {shown} but Cuvil infers {v.type} "
+                              f"from the inputs; using the inferred shape", DeclaredShapeWarning, stacklevel=2)
 
 
 def _topological(mg: onnx.GraphProto):

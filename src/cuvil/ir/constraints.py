@@ -3,7 +3,8 @@
 Shape inference records every condition it cannot decide on symbolic dims (``Node.constraints``: a
 Reshape's element counts, broadcasting, MatMul inner dims, Concat's other dims, Conv output sizes >= 1).
 :func:`check_constraints` proves each one for every value of the symbols in their ranges (a profile), or
-returns a counterexample: ``N = 3 makes Reshape 'r1' need (12*N) % (8) == 0``. :func:`dim_ranges` gives
+returns a counterexample: ``N = 3 makes Reshape 'r1' need (12*N) % (8) == 0``. A symbol whose profile
+takes only multiples (``Symbol.multiple``) ranges over those multiples here too. :func:`dim_ranges` gives
 the exact range of derived dims (``(H + 1)/2`` for H in [1, 224] is [1, 112]).
 """
 from __future__ import annotations
@@ -78,6 +79,20 @@ def _ranges(g: Graph, ranges: Optional[Ranges]) -> Dict[str, Tuple[int, int]]:
     return out
 
 
+def _domain(g: Graph, syms: Dict[str, z3.ArithRef], rng: Mapping[str, Tuple[int, int]], default_hi):
+    """The Z3 facts that bound ``syms``: each in its range, and a multiple of its symbol's ``multiple``."""
+    facts = []
+    for name, var in syms.items():
+        lo, hi = rng.get(name, (1, default_hi))
+        facts.append(var >= lo)
+        if hi is not None:
+            facts.append(var <= hi)
+        sym = g.symbols.get(name)
+        if sym is not None and sym.multiple > 1:
+            facts.append(var % sym.multiple == 0)
+    return facts
+
+
 def first_violation_at(g: Graph, values: Mapping[str, int]) -> Optional[str]:
     """The first recorded shape constraint that fails for these concrete symbol values, described, or None
     (no solver needed: every dim evaluates to an int)."""
@@ -105,11 +120,7 @@ def check_constraints(g: Graph, ranges: Optional[Ranges] = None, timeout_ms: int
             cond = _holds(c, syms)
             s = z3.Solver()
             s.set("timeout", timeout_ms)
-            for name, var in syms.items():
-                lo, hi = rng.get(name, (1, None))
-                s.add(var >= lo)
-                if hi is not None:
-                    s.add(var <= hi)
+            s.add(*_domain(g, syms, rng, None))
             s.add(z3.Not(cond))
             res = s.check()
             if res == z3.sat:
@@ -132,9 +143,7 @@ def dim_ranges(g: Graph, ranges: Optional[Ranges] = None) -> Dict[str, Tuple[int
                 bounds = []
                 for goal in ("min", "max"):
                     o = z3.Optimize()
-                    for name, var in syms.items():
-                        lo, hi = rng.get(name, (1, 1 << 30))
-                        o.add(var >= lo, var <= hi)
+                    o.add(*_domain(g, syms, rng, 1 << 30))
                     h = o.minimize(e) if goal == "min" else o.maximize(e)
                     o.check()
                     bounds.append(o.lower(h).as_long() if goal == "min" else o.upper(h).as_long())

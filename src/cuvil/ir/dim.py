@@ -42,12 +42,15 @@ def symbol_name(text: str) -> str:
 
 @attrs.frozen
 class Symbol:
-    """A named dimension with an inclusive range ``[min, max]`` and an optimisation point ``opt``."""
+    """A named dimension with an inclusive range ``[min, max]`` and an optimisation point ``opt``; with
+    ``multiple`` > 1 its values are only the multiples of ``multiple`` in the range (a detector whose
+    feature pyramid needs H and W divisible by 32). min, opt and max are then multiples too."""
 
     name: str
     min: int = DEFAULT_MIN
     max: int = DEFAULT_MAX
     opt: int | None = None
+    multiple: int = 1
 
     def __attrs_post_init__(self):
         if not is_symbol_name(self.name):
@@ -56,6 +59,19 @@ class Symbol:
             raise ValueError(f"symbol {self.name}: empty range [{self.min}, {self.max}]")
         if self.opt is not None and not (self.min <= self.opt <= self.max):
             raise ValueError(f"symbol {self.name}: opt {self.opt} outside [{self.min}, {self.max}]")
+        if self.multiple < 1:
+            raise ValueError(f"symbol {self.name}: multiple {self.multiple} is not >= 1")
+        off = [v for v in (self.min, self.opt, self.max) if v is not None and v % self.multiple]
+        if off:
+            raise ValueError(f"symbol {self.name}: {off[0]} is not a multiple of {self.multiple}")
+
+    def admits(self, value: int) -> bool:
+        """Whether ``value`` is in the symbol's profile: in ``[min, max]`` and a multiple of ``multiple``."""
+        return self.min <= value <= self.max and value % self.multiple == 0
+
+    def profile_text(self) -> str:
+        """``[32, 1280]``, or ``[32, 1280], multiples of 32``: the profile as messages print it."""
+        return f"[{self.min}, {self.max}]" + (f", multiples of {self.multiple}" if self.multiple > 1 else "")
 
     @property
     def tuned(self) -> int:
@@ -402,6 +418,42 @@ def _substitute_atom(a: Atom, env) -> Dim:
         return env.get(a.args[0], SymExpr({(a,): 1}))
     args = [substitute(x, env) for x in a.args]
     return {"floordiv": floordiv, "mod": mod, "max": dmax, "min": dmin}[a.kind](*args)
+
+
+def with_multiples(d: Dim, multiples: Mapping[str, int]) -> Dim:
+    """``d`` in a canonical form that knows each symbol ``S`` of ``multiples`` is ``m*k`` (``{"H": 32}``): the
+    sizes a stride-2 pyramid computes from H (``((H + 1)/2 + 1)/2``, ``2*(H/8)``) are all the one expression
+    ``H/4`` then, so equal sizes compare equal and broadcasts between them are decided. ``d`` is rewritten
+    over ``k`` (the algebra then divides exactly) and each ``c*k`` back as ``(c/g)*(S/(m/g))``,
+    ``g = gcd(c, m)``."""
+    multiples = {k: m for k, m in multiples.items() if m > 1}
+    if isinstance(d, int) or not (free_symbols(d) & multiples.keys()):
+        return d
+    quotient = {k: f"{k}.__k{m}" for k, m in multiples.items()}
+    over_k = substitute(d, {k: mul(m, SymExpr.symbol(quotient[k])) for k, m in multiples.items()})
+    back = {q: (k, multiples[k]) for k, q in quotient.items()}
+    return _from_quotients(over_k, back)
+
+
+def _from_quotients(d: Dim, back: Mapping[str, Tuple[str, int]]) -> Dim:
+    if isinstance(d, int):
+        return d
+    total: Dim = 0
+    for mono, coef in d.terms:
+        prod: Dim = 1
+        for a in mono:
+            if a.kind == "sym" and a.args[0] in back:
+                name, m = back[a.args[0]]
+                g = math.gcd(coef, m)
+                coef //= g
+                prod = mul(prod, floordiv(SymExpr.symbol(name), m // g))
+            elif a.kind == "sym":
+                prod = mul(prod, SymExpr({(a,): 1}))
+            else:
+                args = [_from_quotients(x, back) for x in a.args]
+                prod = mul(prod, {"floordiv": floordiv, "mod": mod, "max": dmax, "min": dmin}[a.kind](*args))
+        total = add(total, mul(coef, prod))
+    return total
 
 
 def free_symbols(d: Dim) -> frozenset:

@@ -4,6 +4,11 @@
 ``x``'s dims to the value at its axis; ``{"x": ([1, 3, 32, 32], [1, 3, 640, 640], [1, 3, 1280, 1280])}``
 (min, opt, max) gives each of them that range. Whatever the dims are called in the model (``N``,
 ``p2o.DynamicDimension.0``, or nothing: ``x.2``), the user names only inputs and axes.
+
+A profile may end with ``{"multiple": M}``: only the multiples of M in the range are served (a detector's
+H and W, multiples of 32). By symbol: ``(32, 640, 1280, {"multiple": 32})``, on the command line
+``--shape-profile H=32:640:1280/32``; by input, one multiple per axis: ``(min, opt, max, {"multiple": [1, 1,
+32, 32]})``, ``--input-shape x=1x3x32x32:1x3x640x640:1x3x1280x1280/1x1x32x32``.
 """
 from __future__ import annotations
 
@@ -18,11 +23,17 @@ from .graph import Graph
 
 
 def lookup_symbol(g: Graph, name: str, flag: str) -> Symbol:
-    """The symbol ``name`` names: its display name (``x.2``, ``batch_size``) or the model's raw spelling
-    (``batch size``). ``flag`` is how the user gave it (``--fix x.2``), for the error."""
+    """The symbol ``name`` names: its display name (``x.2``, ``batch_size``), the model's raw spelling
+    (``batch size``), or ``INPUT.AXIS`` of an input axis whose dim is a symbol (``state.1`` once Cuvil has
+    made it ``input.0``: two dims the ops require equal). ``flag`` is how the user gave it (``--fix x.2``),
+    for the error."""
     sym = g.symbols.get(name) or g.symbols.get(symbol_name(name))
     if sym is not None:
         return sym
+    for v in g.inputs:
+        for k, d in enumerate(v.shape or ()):
+            if name == f"{v.name}.{k}" and isinstance(d, SymExpr) and str(d) in g.symbols:
+                return g.symbols[str(d)]
     raise ShapeError(f"{flag}: the model has no symbol {name!r} ({symbols_and_inputs(g)}); name a symbol as "
                      f"listed, or bind whole inputs: {input_shape_hint(g)}")
 
@@ -49,13 +60,54 @@ def _tuned(g: Graph, d: SymExpr) -> int:
         return 1
 
 
+def split_options(name: str, prof, flag: str) -> Tuple[tuple, int | Sequence[int]]:
+    """A profile's points and its ``multiple`` (1 when not given): ``(32, 640, 1280, {"multiple": 32})`` ->
+    ``((32, 640, 1280), 32)``. Any other option is a ShapeError."""
+    prof = tuple(prof) if isinstance(prof, (Sequence, np.ndarray)) and not isinstance(prof, (str, bytes)) else prof
+    if isinstance(prof, tuple) and prof and isinstance(prof[-1], Mapping):
+        opts = dict(prof[-1])
+        unknown = sorted(set(opts) - {"multiple"})
+        if unknown:
+            raise ShapeError(f"{flag} {name}: unknown profile option(s) {unknown}; the one option is "
+                             f"{{'multiple': M}} (only multiples of M are served)")
+        return prof[:-1], opts.get("multiple", 1)
+    return prof, 1
+
+
+def profile_symbol(name: str, prof) -> Symbol:
+    """The symbol ``name`` with the profile ``prof``: ``(min, max)``, ``(min, opt, max)``, either followed
+    by ``{"multiple": M}``. Bad profiles are ShapeErrors that say what to give."""
+    points, multiple = split_options(name, prof, "--shape-profile")
+    try:
+        vals = tuple(int(x) for x in points)
+        multiple = int(multiple)
+    except (TypeError, ValueError):
+        vals = ()
+    if len(vals) not in (2, 3):
+        raise ShapeError(f"shape profile of {name}: expected (min, opt, max) or (min, max), optionally followed by "
+                         f"{{'multiple': M}}, got {prof!r}")
+    lo, hi = vals[0], vals[-1]
+    opt = vals[1] if len(vals) == 3 else None
+    text = ":".join(map(str, vals)) + (f"/{multiple}" if multiple != 1 else "")
+    if not (1 <= lo <= hi) or (opt is not None and not lo <= opt <= hi):
+        raise ShapeError(f"shape profile {name}={text}: need 1 <= min <= opt <= max")
+    if multiple < 1:
+        raise ShapeError(f"shape profile {name}={text}: the multiple must be >= 1")
+    off = [v for v in vals if v % multiple]
+    if off:
+        raise ShapeError(f"shape profile {name}={text}: {off[0]} is not a multiple of {multiple}; give min, opt "
+                         f"and max as multiples of {multiple}")
+    return Symbol(name, lo, hi, opt, multiple)
+
+
 @attrs.frozen
 class InputShapeBinding:
     """What input shapes say about the symbols: ``fixed`` values (one shape, or a profile with
-    min = opt = max) and ``profiles`` (min, opt, max) ranges, keyed by symbol name."""
+    min = opt = max) and ``profiles`` (min, opt, max) ranges, followed by ``{"multiple": M}`` where the
+    shapes give one, keyed by symbol name."""
 
     fixed: Dict[str, int]
-    profiles: Dict[str, Tuple[int, int, int]]
+    profiles: Dict[str, tuple]
 
 
 def bind_input_shapes(g: Graph, input_shapes: Mapping[str, object]) -> InputShapeBinding:
@@ -71,12 +123,18 @@ def bind_input_shapes(g: Graph, input_shapes: Mapping[str, object]) -> InputShap
         if v is None:
             raise ShapeError(f"--input-shape {name}: the model has no input {name!r}; its inputs are "
                              + ", ".join(f"{x.name}: {x.type}" for x in g.inputs))
+        spec, mults = split_options(name, spec, "--input-shape")
         points = _points(name, spec)
-        given = _spec_text(points)
+        given = _spec_text(points) + ("/" + "x".join(map(str, mults)) if mults != 1 else "")
         if v.shape is None:
             raise ShapeError(f"--input-shape {name}={given}: the model does not declare the rank of {name!r} "
                              f"({v.type}); Cuvil needs a ranked input")
-        for p in points:
+        if mults == 1:
+            mults = (1,) * len(v.shape)
+        elif _as_dims(mults) is None or len(points) != 3:
+            raise ShapeError(f"--input-shape {name}={given}: multiples are one per axis ({{'multiple': [1, 1, 32, "
+                             f"32]}}, on the command line MIN:OPT:MAX/1x1x32x32), after three shapes")
+        for p in points + (tuple(mults),):
             if len(p) != len(v.shape):
                 raise ShapeError(f"--input-shape {name}={given}: input {name!r} has rank {len(v.shape)} "
                                  f"({v.type}), the shape gives {len(p)} dims")
@@ -88,6 +146,16 @@ def bind_input_shapes(g: Graph, input_shapes: Mapping[str, object]) -> InputShap
             if not vals[0] <= vals[1] <= vals[2]:
                 raise ShapeError(f"--input-shape {name}={given}: {where} has min {vals[0]}, opt {vals[1]}, "
                                  f"max {vals[2]}; need min <= opt <= max")
+            multiple = int(mults[axis])
+            if multiple < 1 or any(x % multiple for x in vals):
+                raise ShapeError(f"--input-shape {name}={given}: {where} has min {vals[0]}, opt {vals[1]}, max "
+                                 f"{vals[2]}, multiple {multiple}; give a multiple >= 1 and min, opt, max its "
+                                 f"multiples")
+            if multiple != 1:
+                if not isinstance(d, SymExpr) or str(d) not in g.symbols:
+                    raise ShapeError(f"--input-shape {name}={given}: {where} is {d} in the model ({v.type}); only "
+                                     f"a dim that is a symbol of its own takes a multiple")
+                vals = vals + ({"multiple": multiple},)
             if isinstance(d, int):
                 if vals != (d, d, d):
                     raise ShapeError(f"--input-shape {name}={given}: {where} is fixed to {d} in the model "
@@ -108,6 +176,7 @@ def bind_input_shapes(g: Graph, input_shapes: Mapping[str, object]) -> InputShap
                              f"bind {', '.join(unbound)} through an input where it is a whole dim, or by name "
                              f"(--fix / --shape-profile)")
         want = tuple(evaluate(d, {s: seen[s][0][k] for s in d.free_symbols}) for k in range(3))
+        vals = vals[:3]
         if want != vals:
             raise ShapeError(f"--input-shape {name}={given}: {where} is {d} = {_range_text(want)} from the other "
                              f"dims, the shape gives {_range_text(vals)}")
@@ -146,8 +215,12 @@ def _spec_text(points) -> str:
     return ":".join("x".join(map(str, p)) for p in points)
 
 
-def _range_text(vals: Tuple[int, int, int]) -> str:
-    return str(vals[0]) if vals[0] == vals[2] else ":".join(map(str, vals))
+def _range_text(vals: tuple) -> str:
+    """``640``, ``32:640:1280`` or ``32:640:1280/32`` (a profile with its multiple)."""
+    points, multiple = split_options("", vals, "")
+    text = str(points[0]) if points[0] == points[2] else ":".join(map(str, points))
+    return text + (f"/{multiple}" if multiple != 1 else "")
 
 
-__all__ = ["InputShapeBinding", "bind_input_shapes", "lookup_symbol", "symbols_and_inputs", "input_shape_hint"]
+__all__ = ["InputShapeBinding", "bind_input_shapes", "profile_symbol", "split_options", "lookup_symbol",
+           "symbols_and_inputs", "input_shape_hint"]

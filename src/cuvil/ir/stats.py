@@ -6,8 +6,11 @@ from typing import Dict, Mapping, Tuple
 
 import attrs
 
+from ..errors import ShapeError
 from .dim import Atom, Dim, SymExpr, evaluate, product
 from .graph import Graph, Node
+from .ops.spectral import dft_geometry, stft_geometry
+from .registry import InferCtx, lookup
 
 
 @attrs.define
@@ -15,7 +18,7 @@ class GraphStats:
     op_histogram: Dict[str, int]
     parameters: int          # elements of all constants the graph reads
     parameter_bytes: int
-    macs: Dim                # multiply-accumulates of Conv/ConvTranspose/Gemm/MatMul (symbolic if shapes are)
+    macs: Dim                # multiply-accumulates of convolutions, products, recurrences, DFTs (symbolic if shapes are)
     flops_by_op: Dict[str, Dim]
 
     @property
@@ -24,7 +27,9 @@ class GraphStats:
 
 
 def node_macs(n: Node) -> Dim:
-    """Multiply-accumulates of one Conv/ConvTranspose/Gemm/MatMul node, 0 for other ops."""
+    """Multiply-accumulates of one Conv/ConvTranspose/Gemm/MatMul node, an LSTM/GRU/RNN (its gates' products
+    over every step), a DFT/STFT (as the direct sums the kernels compute), 0 for other ops. Ops imported as
+    their ONNX function bodies (opset-23 Attention) count through the MatMuls of the body."""
     if n.op in ("Conv", "ConvTranspose", "ConvInteger", "QLinearConv"):
         w = n.inputs[3 if n.op == "QLinearConv" else 1].type.shape
         out = n.outputs[0].type.shape
@@ -42,7 +47,39 @@ def node_macs(n: Node) -> Dim:
             return 0
         k = a[0] if n.op == "Gemm" and n.attrs.get("transA", 0) else a[-1]
         return product(out) * k
+    if n.op in ("LSTM", "GRU", "RNN"):
+        return _recurrent_macs(n)
+    if n.op in ("DFT", "STFT"):
+        return _spectral_macs(n)
     return 0
+
+
+def _recurrent_macs(n: Node) -> Dim:
+    """Every step multiplies X's row by W ([dirs, G*hidden, input]) and the state by R ([dirs, G*hidden,
+    hidden]) for each batch row: seq*batch*dirs*G*hidden*(input + hidden), G = 4 (LSTM), 3 (GRU), 1 (RNN)."""
+    x, w, r = (n.inputs[k].type.shape for k in range(3))
+    if x is None or w is None or r is None or len(x) != 3:
+        return 0
+    seq, batch = (x[1], x[0]) if n.attrs.get("layout", 0) else (x[0], x[1])
+    return seq * batch * (product(w) + product(r))
+
+
+def _spectral_macs(n: Node) -> Dim:
+    """A direct DFT: each output frequency sums N input samples times a complex twiddle, 2 real MACs per
+    sample of a real signal, 4 of a complex one; an STFT does that per frame (window length samples)."""
+    x, out = n.inputs[0].type.shape, n.outputs[0].type.shape
+    if x is None or out is None:
+        return 0
+    per_sample = 2 if x[-1] == 1 else 4
+    try:
+        ctx = InferCtx(n, lookup(n.op))
+        if n.op == "DFT":
+            _, length, size, _ = dft_geometry(ctx)
+            return product(out[:-1]) * min(length, size) * per_sample
+        _, frame_length, _, _ = stft_geometry(ctx)
+        return product(out[:-1]) * frame_length * per_sample
+    except ShapeError:   # a node shape inference refused: no cost to report
+        return 0
 
 
 def graph_stats(g: Graph) -> GraphStats:

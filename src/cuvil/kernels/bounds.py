@@ -31,7 +31,6 @@ import time
 from typing import Dict, List, Optional, Tuple
 
 import attrs
-import numpy as np
 import z3
 
 from ..ir.dim import SymExpr, bounds, product
@@ -149,9 +148,10 @@ class _Z3:
         v = z3.Int(f"fresh!{e.uid}")
         if e.dtype.is_float:
             lo, hi = -(2 ** 63), 2 ** 63 - 1
+        elif e.dtype.is_minifloat:   # a bit pattern held in a byte
+            lo, hi = -128, 127
         else:
-            info = np.iinfo(e.dtype.numpy)
-            lo, hi = int(info.min), int(info.max)
+            lo, hi = e.dtype.int_range
         self.side += [v >= lo, v <= hi]
         return v
 

@@ -24,13 +24,15 @@ RUN_TIME_SIZE_OPS = ("NonZero", "TopK", "Compress", "Unique", "NonMaxSuppression
 
 
 def fresh_symbols(g: Graph, node: Node, known: Set[str]) -> List[str]:
-    """The symbols in ``node``'s output shapes that are neither graph symbols nor in ``known``."""
+    """The symbols in ``node``'s output shapes that are neither graph symbols, input dims' symbols (an
+    unknown one of those is a ShapeError of its own) nor in ``known``."""
     out: Set[str] = set()
     for o in node.outputs:
         for d in o.shape or ():
             if isinstance(d, SymExpr):
                 out |= set(d.free_symbols)
-    return sorted(out - set(g.symbols) - known)
+    inputs = set().union(*[d.free_symbols for v in g.inputs for d in v.shape or () if isinstance(d, SymExpr)])
+    return sorted(out - set(g.symbols) - inputs - known)
 
 
 def _max_of(d, ranges) -> int:

@@ -89,8 +89,7 @@ def _align(n: int) -> int:
 def schedule(g: Graph, gemm_cols: int = 0, split_concat: bool = False, gemm_tiles: tuple = (),
              unpadded_contractions: bool = False, matmul_panels: bool = True,
              half_contractions: bool = False, row_kernels: bool = False,
-             channel_tile_cost: Optional[float] = None, batched_sequences: bool = False,
-             run_time_sizes: bool = False) -> Schedule:
+             channel_tile_cost: Optional[float] = None, run_time_sizes: bool = False) -> Schedule:
     """Stages and memory plan of ``g``. ``gemm_cols > 0`` lowers convolutions to packed contractions (the
     x86 micro-kernels), each with a register tile (rows, cols[, lanes]) among ``gemm_tiles`` (default
     ``((MR, gemm_cols),)``), and constant-weight MatMuls to column panels ``gemm_cols`` wide; 0 keeps plain
@@ -105,11 +104,9 @@ def schedule(g: Graph, gemm_cols: int = 0, split_concat: bool = False, gemm_tile
     (x86): convolutions with reductions of 4-7 terms become contractions too, and 2-D average pools depthwise
     windows (:class:`cuvil.kernels.contraction.DepthwiseWindow`) for the row kernels. ``channel_tile_cost``:
     the weight of a channel-lane tile's work in the tile choice (:func:`cuvil.kernels.contraction.tile_cost`),
-    needed when ``gemm_tiles`` offers such tiles (x86: ``X86Tuning.channel_tile_cost``). ``batched_sequences``
-    (x86): a recurrent layer's sequential kernel takes every batch row of a direction in one row, so a step
-    reads the recurrent weights once for the whole batch; without it (the GPU) each batch row is a row of its
-    own (a thread block). ``run_time_sizes`` (x86): a size that depends on tensor values (NonZero's count,
-    TopK's k read from data, Compress's kept count) becomes a run-time symbol its producer's kernel writes
+    needed when ``gemm_tiles`` offers such tiles (x86: ``X86Tuning.channel_tile_cost``). ``run_time_sizes``
+    (x86): a size that depends on tensor values (NonZero's count, TopK's k read from data, Compress's kept
+    count, Unique's, NonMaxSuppression's) becomes a run-time symbol its producer's kernel writes
     (:mod:`cuvil.kernels.run_time_sizes`; the schedule's last ``num_run_time_symbols`` symbols); without it
     such a size is refused naming its node."""
     data_syms, writers, limits = run_time_symbols(g, run_time_sizes)
@@ -117,7 +114,7 @@ def schedule(g: Graph, gemm_cols: int = 0, split_concat: bool = False, gemm_tile
     ranges = {s.name: (s.min, s.max) for s in syms}
     opt = {s.name: s.tuned for s in syms}
     builder = _StageBuilder(g, (gemm_cols, gemm_tiles, unpadded_contractions, matmul_panels, half_contractions,
-                                row_kernels, channel_tile_cost, batched_sequences))
+                                row_kernels, channel_tile_cost))
     builder.size_writers = writers
     builder.symbol_slots = {s.name: k for k, s in enumerate(syms)}
     g.toposort()

@@ -12,7 +12,6 @@ import itertools
 from typing import Any, Callable, Optional, Sequence, Tuple
 
 import attrs
-import numpy as np
 
 from ..ir.dim import SymExpr, product
 from ..ir.dtype import DType
@@ -259,8 +258,8 @@ def identity_value(kind: str, dtype: DType):
         return -float("inf") if kind == "max" else float("inf")
     if dtype == BOOL:
         return kind == "min"
-    info = np.iinfo(dtype.numpy)
-    return info.min if kind == "max" else info.max
+    lo, hi = dtype.int_range
+    return lo if kind == "max" else hi
 
 
 def reduce(kind: str, extents: Sequence[int], body_fn: Callable[..., E], dtype: Optional[DType] = None) -> E:

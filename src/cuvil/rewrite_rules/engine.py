@@ -121,7 +121,8 @@ def rewrite(g: Graph, rules: Sequence[Rule], report: RewriteReport | None = None
         # Folding re-infers only the nodes it lifts constants into: types further down (a Shape of a Pad whose
         # pads were just folded) are refreshed here, and a refresh that settles a shape folds on another round.
         if not changed and not propagate_shapes(g):
-            break
-    propagate_shapes(g)
+            break  # types are fresh: the refresh just ran and changed nothing
+    else:
+        propagate_shapes(g)
     g.verify()
     return report

@@ -4,7 +4,7 @@ Ops that share a shape function but not their float16 class stack several ``@op`
 """
 from __future__ import annotations
 
-from ..dim import SymExpr, dmax, dmin, floordiv, mod
+from ..dim import dmax, dmin, floordiv, mod
 from ..dtype import DType
 from ..registry import BROADCAST, HALF_COMPUTE, HALF_FLOAT32, InferCtx, broadcast_shapes, op
 from ..types import TensorType

@@ -48,6 +48,10 @@ def _dims(ctx: InferCtx, i: int, what: str, want) -> None:
     got = ctx.shape(i)
     if len(got) != len(want) or any(isinstance(a, int) and isinstance(b, int) and a != b for a, b in zip(got, want)):
         ctx.fail(f"{what} has shape [{','.join(map(str, got))}], expected [{','.join(map(str, want))}]")
+    for k, (a, b) in enumerate(zip(got, want)):   # symbolic: a condition (the kernels read them as one size)
+        if not (isinstance(a, int) and isinstance(b, int)):
+            ctx.require("eq", a, b, f"{what} has shape [{','.join(map(str, got))}], expected "
+                                    f"[{','.join(map(str, want))}]")
 
 
 @op("LSTM", "GRU", "RNN")

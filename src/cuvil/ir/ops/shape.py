@@ -444,7 +444,7 @@ def _slice_len(d, s, e, step, ctx: InferCtx = None):
     if isinstance(n, int):
         return max(n, 0)
     if ctx is not None and not (isinstance(s, int) and isinstance(e, int)):
-        ctx.require("ge", n, 0, f"the computed bounds {s}:{e} of a non-empty slice")
+        ctx.require("ge", n, 0, f"the bounds {s}:{e}, computed from shapes, must not be reversed")
     return n
 
 

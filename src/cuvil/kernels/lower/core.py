@@ -51,8 +51,7 @@ class LowerCtx:
                  weight: Optional[Callable] = None, gemm_cols: int = 0, gemm_tiles: tuple = (),
                  unpadded_contractions: bool = False, matmul_panels: bool = True, half_contractions: bool = False,
                  row_kernels: bool = False, channel_tile_cost: Optional[float] = None,
-                 batched_sequences: bool = False, used_outputs: Optional[Sequence[bool]] = None,
-                 set_size: Optional[Callable] = None):
+                 used_outputs: Optional[Sequence[bool]] = None, set_size: Optional[Callable] = None):
         self.node, self.inputs, self._temp, self._weight = node, inputs, temp, weight
         # stores the node's data-dependent output size into its run-time symbol (None: the size is not one)
         self._set_size = set_size
@@ -70,9 +69,6 @@ class LowerCtx:
         self.gemm_cols = gemm_cols
         self.gemm_tiles = tuple(gemm_tiles) or ((MR, gemm_cols),)
         self.channel_tile_cost = channel_tile_cost     # the weight of channel-lane tiles in the tile choice
-        # a recurrent layer's sequential kernel runs a direction's whole batch in one row (x86), else one row
-        # per batch row (the GPU's thread blocks)
-        self.batched_sequences = batched_sequences
 
     def attr(self, name, default=None):
         if name in self.node.attrs:
@@ -271,4 +267,4 @@ def sub_ctx(ctx, inputs) -> LowerCtx:
     """``ctx`` with other inputs: an op lowered as another one (ConvInteger as Conv) after rewriting its inputs."""
     return LowerCtx(ctx.node, inputs, ctx._temp, ctx._weight, ctx.gemm_cols, ctx.gemm_tiles, ctx.unpadded_contractions,
                     ctx.matmul_panels, ctx.half_contractions, channel_tile_cost=ctx.channel_tile_cost,
-                    batched_sequences=ctx.batched_sequences, used_outputs=ctx.used_outputs)
+                    used_outputs=ctx.used_outputs)

@@ -11,7 +11,7 @@ from .core import Index, TensorFn, broadcast_fn, fconst, lowering
 @lowering("BatchNormalization")
 def _batchnorm(ctx):
     if ctx.attr("training_mode", 0):
-        ctx.unsupported("training mode")
+        return _batchnorm_training(ctx)
     x, sc, bi, mean, var = ctx.inputs[:5]
     eps = ctx.attr("epsilon", 1e-5)
     out = ctx.out_shape()
@@ -22,6 +22,39 @@ def _batchnorm(ctx):
         inv = call("sqrt", binop("add", var(c), fconst(eps, xv)))
         return binop("add", binop("mul", binop("div", binop("sub", xv, mean(c)), inv), sc(c)), bi(c))
     return [TensorFn(out, ctx.out_dtype(), f, "elementwise", (0,))]
+
+
+def _batchnorm_training(ctx):
+    """Training form: normalised by the batch's own statistics (mean and biased variance over every axis but
+    the channel), and the running statistics updated with ``momentum``, as ONNX defines it."""
+    x, sc, bi, mean_in, var_in = ctx.inputs[:5]
+    eps, momentum = ctx.attr("epsilon", 1e-5), ctx.attr("momentum", 0.9)
+    shape = list(x.shape)
+    others = [shape[0]] + shape[2:]
+    cnt = product(others)
+
+    def at(c, ks):
+        return [ks[0], c] + list(ks[1:])
+    mean = ctx.temp([shape[1]], x.dtype, lambda idx: binop("div", reduce("sum", others, lambda *ks: x(at(idx[0], ks))),
+                                                          const(cnt, x.dtype)), "mean")
+    var = ctx.temp([shape[1]], x.dtype, lambda idx: binop("div", reduce("sum", others, lambda *ks: _sq(binop(
+        "sub", x(at(idx[0], ks)), mean(idx)))), const(cnt, x.dtype)), "var")
+
+    def y(idx):
+        c = [idx[1]]
+        inv = call("sqrt", binop("add", var(c), fconst(eps, var(c))))
+        return binop("add", binop("mul", binop("div", binop("sub", x(idx), mean(c)), inv), sc(c)), bi(c))
+
+    def running(stat, given):
+        def f(idx):
+            g = given(idx)
+            return binop("add", binop("mul", g, fconst(momentum, g)), binop("mul", cast(stat(idx), g.dtype), fconst(1 - momentum, g)))
+        return f
+    outs = [TensorFn(ctx.out_shape(), ctx.out_dtype(), y, "complex")]
+    for k, (stat, given) in enumerate(((mean, mean_in), (var, var_in)), 1):
+        if k < len(ctx.node.outputs):
+            outs.append(TensorFn(ctx.out_shape(k), ctx.out_dtype(k), running(stat, given), "elementwise"))
+    return outs
 
 
 @lowering("InstanceNormalization")

@@ -59,9 +59,9 @@ def _activation(name: str, alpha: float, beta: float) -> Callable[[E], E]:
     raise ValueError(name)
 
 
-def _activations(ctx, op: str, dirs: int) -> List[List[Callable[[E], E]]]:
-    """Per direction, the op's activations (f, g[, h]) with their alpha/beta, consumed in list order by the
-    activations that take them (onnxruntime's reading of activation_alpha / activation_beta)."""
+def _activations(ctx, op: str, dirs: int) -> List[List[tuple]]:
+    """Per direction, the op's activations (f, g[, h]) as (name, alpha, beta), alpha/beta consumed in list
+    order by the activations that take them (onnxruntime's reading of activation_alpha / activation_beta)."""
     names = activation_names(op, ctx.attr("activations"), dirs)
     alphas = list(ctx.attr("activation_alpha") or [])
     betas = list(ctx.attr("activation_beta") or [])
@@ -72,7 +72,7 @@ def _activations(ctx, op: str, dirs: int) -> List[List[Callable[[E], E]]]:
             a = alphas.pop(0)
         if uses_b and betas:
             b = betas.pop(0)
-        fns.append(_activation(n, a, b))
+        fns.append((n.lower(), a, b))
     k = len(ACTIVATIONS[op])
     return [fns[d * k:(d + 1) * k] for d in range(dirs)]
 
@@ -133,8 +133,8 @@ def _recurrent(ctx):
             return with_bias(idx, reduce("sum", [I], lambda k: binop("mul", xin(t, n, k), w([dj, gj, k]))))
         proj = ctx.temp(proj_shape, dt, proj_fn, "xw")
 
-    # --- 2. the recurrence: one row per direction (x86: the whole batch in the row, so each step reads the
-    # recurrent weights once) or per (direction, batch row) (the GPU: a thread block each) ------------------
+    # --- 2. the recurrence: one row per (direction, batch row); rows run in parallel (x86: threads; the GPU:
+    # a thread block each) -------------------------------------------------------------------------------
     def scratch(name, shape):
         return Buf(f"{ctx.node.name}_{name}", dt, tuple(shape), ARENA, 0)
 
@@ -177,17 +177,15 @@ def _recurrent(ctx):
         jj = d * GH + j
         return proj([n, t, jj] if layout else [t, n, jj])
 
-    if ctx.batched_sequences:
-        # R^T[d, k, j]: a step's products then run over j innermost with unit stride (x86's row schedule)
-        rv = ctx.const_input(2)
-        rt_buf = ctx.weight(rv.transpose(0, 2, 1), "rt") if rv is not None else None
-        if rt_buf is not None:
-            r_at = lambda dj, j, k: load(rt_buf, [dj, k, j])
-        else:
-            rt = ctx.temp((dirs, H, GH), dt, lambda idx: r([idx[0], idx[2], idx[1]]), "rt")
-            r_at = lambda dj, j, k: rt([dj, k, j])
+    # R^T[d, k, j]: a step's products read the weights with j, the output gate, at unit stride (x86's row
+    # schedule vectorises over j; the GPU's neighbouring threads, each a j, read neighbouring addresses)
+    rv = ctx.const_input(2)
+    rt_buf = ctx.weight(rv.transpose(0, 2, 1), "rt") if rv is not None else None
+    if rt_buf is not None:
+        r_at = lambda dj, j, k: load(rt_buf, [dj, k, j])
     else:
-        r_at = lambda dj, j, k: r([dj, j, k])
+        rt = ctx.temp((dirs, H, GH), dt, lambda idx: r([idx[0], idx[2], idx[1]]), "rt")
+        r_at = lambda dj, j, k: rt([dj, k, j])
 
     def rec(row0, k_of=hidden):
         """sum_k k_of(k) * R[d, row0 + j, k] as a function of j."""
@@ -200,22 +198,19 @@ def _recurrent(ctx):
         return select(cmp("gt", e, fconst(-clip, e)), e, fconst(-clip, e))
 
     def per_dir(k):
-        """Activation k of this row's direction."""
-        if dirs == 1:
-            return acts[0][k]
-        return lambda e: select(cmp("eq", d, const(0, I64)), acts[0][k](e), acts[1][k](e))
+        """Activation k of this row's direction (one expression when both directions use the same: a select
+        computes both of its arms)."""
+        if dirs == 1 or acts[0][k] == acts[1][k]:
+            return _activation(*acts[0][k])
+        fwd, bwd = _activation(*acts[0][k]), _activation(*acts[1][k])
+        return lambda e: select(cmp("eq", d, const(0, I64)), fwd(e), bwd(e))
 
     def keep(new, old):
         return select(valid, new, old)
 
-    batched = ctx.batched_sequences
-
     def put(buf: Buf, index, value, v: E, extent) -> Assign:
-        """``buf[index] = value`` for v in [0, extent) (and every batch row, outermost, when the row holds the
-        batch)."""
-        if not batched:
-            return Assign(buf, index, value, [v], [extent])
-        return Assign(buf, index, value, [n, v], [N, extent])
+        """``buf[index] = value`` for v in [0, extent)."""
+        return Assign(buf, index, value, [v], [extent])
 
     j, h = var("j"), var("h")
 
@@ -271,8 +266,8 @@ def _recurrent(ctx):
     if ys is not None:
         body.append(put(ys, [t_write, d, n, h], select(valid, hidden(h), const(0, dt)), h, H))
 
-    program = Sequential([d] if batched else [d, n], init, s, T, body)
-    ctx.temp((dirs,) if batched else (dirs, N), dt, lambda idx: sequential(idx, program, dt), "steps")
+    program = Sequential([d, n], init, s, T, body)
+    ctx.temp((dirs, N), dt, lambda idx: sequential(idx, program, dt), "steps")
 
     # --- 3. the outputs read the buffers the program wrote -------------------------------------------
     def reader(buf: Buf, order: Callable[[list], list], shape) -> TensorFn:

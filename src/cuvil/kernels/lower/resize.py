@@ -142,7 +142,10 @@ def _resize_source(ctx, s: _ResizeSpec, a: int, i: E) -> E:
     ctm, out = s.ctm, s.out
     y = cast(i, DType.DOUBLE)
     length, scale = s.x.shape[a], s.scale_of[a]
-    out_w = scale * length
+    if ctm in ("align_corners", "tf_crop_and_resize", "pytorch_half_pixel", "half_pixel_symmetric") \
+            and not isinstance(length, int):   # asymmetric and half_pixel read only the scale
+        ctx.unsupported(f"coordinate_transformation_mode {ctm} over a symbolic size ({length}); fix the symbol")
+    out_w = scale * length if isinstance(length, int) else None
     if ctm == "align_corners":
         return dc(0.0) if out_w == 1 else binop("div", binop("mul", y, dc(length - 1)), dc(out_w - 1))
     if ctm == "asymmetric":

@@ -21,11 +21,6 @@ from .narrow import (MINIFLOAT_FORMATS, bfloat16_from_memory, bfloat16_round, bf
 from .types import I1, I8, I64, PTR, UNSIGNED, const_value, float_bits, ll, mem_type
 
 
-# bfloat16 arithmetic is computed in float32 and each result rounded to bfloat16, so a fused chain gives the
-# values the ops give one by one (the reference's); a reduction accumulates in float32 and rounds once.
-_ROUNDED_BF16 = frozenset({"add", "sub", "mul", "div", "fmod", "pymod", "call", "fma", "reduce"})
-
-
 class LLVMEmitter(ABC):
     """Emits into function ``fn`` of kernel module ``km`` through builder ``b``; ``bufs`` is the kernel's
     buffer table. Values are memoised per expression node (``memo``: one scope per loop body or branch);
@@ -165,13 +160,29 @@ class LLVMEmitter(ABC):
         return b.select(better, x, a)
 
     # --- expressions ------------------------------------------------------------------------------
+    def int_divide(self, instr, a, d, signed: bool = True):
+        """``instr(a, d)`` (an LLVM integer division or remainder) that cannot trap: LLVM's sdiv/srem on a zero
+        divisor, or INT_MIN / -1, is undefined and faults (SIGFPE) on x86, and a model's integer Div/Mod runs on
+        the caller's data. A zero divisor gives 0, as numpy does; INT_MIN / -1 wraps to INT_MIN (remainder 0).
+        A constant divisor other than 0 and -1 needs no guard."""
+        b = self.b
+        if isinstance(d, ir.Constant) and d.constant not in (0, -1, None):
+            return instr(a, d)
+        zero, one = ir.Constant(d.type, 0), ir.Constant(d.type, 1)
+        is_zero = b.icmp_signed("==", d, zero)
+        unsafe = is_zero
+        if signed:
+            int_min = ir.Constant(a.type, -(1 << (a.type.width - 1)))
+            overflow = b.and_(b.icmp_signed("==", a, int_min), b.icmp_signed("==", d, ir.Constant(d.type, -1)))
+            unsafe = b.or_(is_zero, overflow)
+        result = instr(a, b.select(unsafe, one, d))
+        return b.select(is_zero, ir.Constant(result.type, 0), result)
+
     def emit(self, e: E) -> ir.Value:
         memo = self.memo[-1]
         if e.uid in memo:
             return memo[e.uid]
         v = self._emit(e)
-        if e.dtype == DType.BFLOAT16 and e.op in _ROUNDED_BF16:
-            v = bfloat16_round(self.b, v)
         memo[e.uid] = v
         return v
 
@@ -206,20 +217,24 @@ class LLVMEmitter(ABC):
                 return getattr(b, "f" + op)(*args)
             return getattr(b, op)(*args)
         if op == "div":
-            return b.fdiv(*args) if dt.is_float else (b.udiv(*args) if dt in UNSIGNED else b.sdiv(*args))
+            if dt.is_float:
+                return b.fdiv(*args)
+            return self.int_divide(b.udiv if dt in UNSIGNED else b.sdiv, *args, signed=dt not in UNSIGNED)
         if op in ("idiv", "imod"):
-            return b.sdiv(*args) if op == "idiv" else b.srem(*args)
+            return self.int_divide(b.sdiv if op == "idiv" else b.srem, *args)
         if op in ("fdiv", "fmod_i"):     # floor division / modulo (shape arithmetic)
-            q, r = b.sdiv(*args), b.srem(*args)
+            q, r = self.int_divide(b.sdiv, *args), self.int_divide(b.srem, *args)
             fix = b.and_(b.icmp_signed("!=", r, I64(0)),
                          b.xor(b.icmp_signed("<", r, I64(0)), b.icmp_signed("<", args[1], I64(0))))
             if op == "fdiv":
                 return b.select(fix, b.sub(q, I64(1)), q)
             return b.select(fix, b.add(r, args[1]), r)
         if op == "fmod":
-            return b.frem(*args) if dt.is_float else (b.urem(*args) if dt in UNSIGNED else b.srem(*args))
+            if dt.is_float:
+                return b.frem(*args)
+            return self.int_divide(b.urem if dt in UNSIGNED else b.srem, *args, signed=dt not in UNSIGNED)
         if op == "pymod":
-            r = b.srem(*args) if dt not in UNSIGNED else b.urem(*args)
+            r = self.int_divide(b.srem if dt not in UNSIGNED else b.urem, *args, signed=dt not in UNSIGNED)
             if dt in UNSIGNED:
                 return r
             zero = ir.Constant(r.type, 0)
@@ -338,9 +353,7 @@ class LLVMEmitter(ABC):
         def body(idx):
             for v, i in zip(vs, idx):
                 self.env[v.attr] = i
-            x = self.emit(e.args[0])
-            if wide:
-                x = b.fpext(x, t)
+            x = self.wide_term(e.args[0]) if wide else self.emit(e.args[0])
             a = b.load(acc, typ=t)
             if kind == "sum":
                 r = b.fadd(a, x) if dt.is_float else b.add(a, x)
@@ -354,6 +367,14 @@ class LLVMEmitter(ABC):
         self.loops(list(extents), body)
         out = b.load(acc, typ=t)
         return b.fptrunc(out, ll(dt)) if wide else out
+
+    def wide_term(self, body: E) -> ir.Value:
+        """A float16 reduction's term in float32: a product of two float16 values is exact in float32, so it
+        is formed there (as numpy's and onnxruntime's float16 MatMul do) instead of rounded to float16 first."""
+        b = self.b
+        if body.op == "mul" and all(a.dtype == DType.FLOAT16 for a in body.args):
+            return b.fmul(*(b.fpext(self.emit(a), ll(DType.FLOAT)) for a in body.args))
+        return b.fpext(self.emit(body), ll(DType.FLOAT))
 
     def argscan(self, e: E):
         src, base, axis, n, better, last = e.attr

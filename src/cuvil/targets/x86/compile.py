@@ -118,8 +118,7 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
     _, _, cpu_name, features = host_target(cpu, opt_level)
     bits = vector_bits(cpu_name, features)
     sched = schedule(g, gemm_cols=tile_cols(bits), split_concat=True, gemm_tiles=tile_shapes(bits, tuning),
-                     row_kernels=True, channel_tile_cost=tuning.channel_tile_cost, batched_sequences=True,
-                     run_time_sizes=True)
+                     row_kernels=True, channel_tile_cost=tuning.channel_tile_cost, run_time_sizes=True)
     _check_arena(sched, arena_limit(max_arena_bytes))
     prover = BoundsProver(limits=sched.size_limits)
     cert = prove_schedule(sched, "generic", prover)
@@ -134,7 +133,7 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
         say(f"specialising for the opt point {sched.opt_point}")
         osched = schedule(opt_graph, gemm_cols=tile_cols(bits), split_concat=True,
                           gemm_tiles=tile_shapes(bits, tuning), row_kernels=True,
-                          channel_tile_cost=tuning.channel_tile_cost, batched_sequences=True)
+                          channel_tile_cost=tuning.channel_tile_cost)
         cert.extend(prove_schedule(osched, "opt", prover))
         _refuse_unproved(cert)
         oobj, osteps, otarget = generate_object(osched, f"{prefix}_opt", cpu, opt_level)
@@ -152,7 +151,7 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
         steps=_step_descs(sched, steps, target["step_stages"]),
         weights_symbol=weights_sym, prefix=prefix,
         scratch_bytes=max(target["scratch_bytes"], otarget["scratch_bytes"] if otarget else 0),
-        symbols=[SymbolDesc(s.name, s.min, opt[s.name], s.max) for s in sched.symbols],
+        symbols=[SymbolDesc(s.name, s.min, opt[s.name], s.max, s.multiple) for s in sched.symbols],
         opt_steps=_step_descs(osched, osteps, otarget["step_stages"]) if osteps else [],
         opt_weights_symbol=opt_weights_sym, num_run_time_symbols=sched.num_run_time_symbols)
     with tempfile.TemporaryDirectory(prefix="cuvil-build-") as tmp:
@@ -185,7 +184,8 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
         "opt_level": opt_level,
         "inputs": [{"name": d.name, "dtype": d.dtype, "shape": _json_dims(d.dims or d.shape)} for d in info.inputs],
         "outputs": [{"name": d.name, "dtype": d.dtype, "shape": _json_dims(d.dims or d.shape)} for d in info.outputs],
-        "symbols": {s.name: {"min": s.min, "opt": s.opt, "max": s.max} for s in info.symbols},
+        "symbols": {s.name: {"min": s.min, "opt": s.opt, "max": s.max, **({"multiple": s.multiple} if s.multiple > 1
+                                                                          else {})} for s in info.symbols},
         # sizes a kernel computes from tensor values during the run (NonZero's count), max = their bound
         "run_time_sizes": [s.name for s in info.symbols[len(info.symbols) - info.num_run_time_symbols:]],
         "arena_bytes": sched.arena_bytes,

@@ -44,7 +44,7 @@
 #define CUVIL_API(name) CUVIL_CAT(CUVIL_PREFIX, name)
 #define CUVIL_MODEL CUVIL_CAT(CUVIL_PREFIX, _model)
 
-#define CUVIL_ABI_VERSION 3
+#define CUVIL_ABI_VERSION 4
 #define CUVIL_HIDDEN __attribute__((visibility("hidden")))
 #define CUVIL_EXPORT __attribute__((visibility("default")))
 
@@ -65,8 +65,8 @@ typedef struct {
   const char *name; int32_t dtype; int32_t ndim; const int64_t *shape; const int32_t *dim_syms;
 } cuvil_io_desc;
 
-/* A shape symbol and its profile: every run must have min <= value <= max. */
-typedef struct { const char *name; int64_t min, opt, max; } cuvil_symbol;
+/* A shape symbol and its profile: every run must have min <= value <= max and value % multiple == 0. */
+typedef struct { const char *name; int64_t min, opt, max, multiple; } cuvil_symbol;
 
 /* Fills out[0, num_evaluated) from the symbol values: step extents, then output dims. */
 typedef void (*cuvil_eval_fn)(const int64_t *symbols, int64_t *out);

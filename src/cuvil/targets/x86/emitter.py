@@ -11,7 +11,6 @@ from ...ir.dtype import DType
 from ...kernels.schedule import Stage
 from ...kernels.texpr import E, identity_value, nodes, top_level
 from ..llvm.emitter import LLVMEmitter
-from ..llvm.narrow import bfloat16_round
 from ..llvm.types import F16, F32, I8, I64, const_value, ll
 
 _INTRINSICS = {"sqrt", "exp", "log", "sin", "cos", "pow", "floor", "ceil", "roundeven", "fabs"}
@@ -62,9 +61,7 @@ class X86Emitter(LLVMEmitter):
             def inner(w):
                 self.env[wvar] = w
                 for r in range(len(outers)):
-                    x = with_row(r, lambda: self.emit(red.args[0]))
-                    if wide:
-                        x = b.fpext(x, t)
+                    x = with_row(r, lambda: self.wide_term(red.args[0]) if wide else self.emit(red.args[0]))
                     a = b.load(slot(r, w), typ=t)
                     b.store(self.combine(kind, a, x, dt), slot(r, w))
             self.loop_range(I64(0), width, inner)
@@ -75,8 +72,6 @@ class X86Emitter(LLVMEmitter):
             for r in range(len(outers)):
                 def store():
                     total = b.load(slot(r, w), typ=t)
-                    if dt == DType.BFLOAT16:   # as LLVMEmitter.emit rounds a reduction's result
-                        total = bfloat16_round(b, total)
                     self.memo[-1][red.uid] = b.fptrunc(total, ll(dt)) if wide else total
                     b.store(self.to_memory(self.emit(st.expr), st.buf.dtype), self.address(st.buf, outers[r] + [w]))
                 with_row(r, store)

@@ -164,6 +164,9 @@ class Model:
         self._index = {d.name: k for k, d in enumerate(self.inputs)}
         self.max_output_bytes = default_max_output_bytes() if max_output_bytes is None else int(max_output_bytes)
         self.symbols = self._symbols()
+        # a symbol's multiple (the C ABI reports min/opt/max; the library checks the multiple itself)
+        self._multiples = {name: int(s.get("multiple", 1)) for name, s in (manifest.get("symbols") or {}).items()
+                           if isinstance(s, dict)}
         self._dim_symbols = [_input_symbols(manifest, k, d.ndim) for k, d in enumerate(self.inputs)]
         if self._static_outputs:
             self._check_output_sizes([d.shape for d in self.outputs])
@@ -269,6 +272,11 @@ class Model:
                     refuse(-19, f"dim {i} is {sym} = {got}, outside the profile {sym} in [{lo}, {hi}]",
                            f"split the input, or compile with --shape-profile {sym}=MIN:OPT:MAX covering {got} "
                            f"(or --input-shape {d.name}=MIN:OPT:MAX, three shapes)")
+                multiple = self._multiples.get(sym, 1)
+                if multiple > 1 and got % multiple:
+                    refuse(-19, f"dim {i} is {sym} = {got}, not a multiple of {multiple} (the profile {sym} in "
+                               f"[{lo}, {hi}], multiples of {multiple})",
+                           f"pad the input to a multiple of {multiple} (e.g. {-(-got // multiple) * multiple})")
 
     def _check_output_sizes(self, shapes) -> None:
         """Every output dim >= 0 and their bytes within ``max_output_bytes``, before anything is allocated."""

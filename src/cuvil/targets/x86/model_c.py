@@ -164,7 +164,8 @@ def generate_model_c(info: ModelInfo) -> str:
         symbols = f"{_LOCAL}symbols"
         lines.append(f"static const cuvil_symbol {symbols}[{len(info.symbols)}] = {{")
         for sd in info.symbols:
-            lines.append(f"  {{{c_string_literal(sd.name)}, {_i64(sd.min)}, {_i64(sd.opt)}, {_i64(sd.max)}}},")
+            lines.append(f"  {{{c_string_literal(sd.name)}, {_i64(sd.min)}, {_i64(sd.opt)}, {_i64(sd.max)}, "
+                         f"{_i64(sd.multiple)}}},")
         lines += ["};", "",
                   "static inline int64_t cuvil__fdiv(int64_t a, int64_t b) {",
                   "  int64_t q = a / b, r = a % b;",

@@ -130,12 +130,13 @@ class StepDesc:
 @attrs.frozen
 class SymbolDesc:
     """A run-time shape symbol and its profile: every run binds it from the input shapes and checks
-    ``min <= value <= max``; ``opt`` is the value the kernels were tuned for."""
+    ``min <= value <= max`` and that ``multiple`` divides it; ``opt`` is the value the kernels were tuned for."""
 
     name: str = attrs.field(validator=_name)
     min: int = attrs.field(validator=_nonneg)
     opt: int = attrs.field(validator=_nonneg)
     max: int = attrs.field(validator=_nonneg)
+    multiple: int = attrs.field(default=1, validator=_nonneg)
 
 
 @attrs.frozen

@@ -709,6 +709,10 @@ static int check_tensor(const cuvil_model *m, const char *kind, int i, const cuv
       if (got < y->min || got > y->max)
         return fail(CUVIL_ERR_PROFILE, "%s %d '%s': dim %d is %s = %lld, outside the profile %s in [%lld, %lld]", kind,
                     i, d->name, k, y->name, (long long)got, y->name, (long long)y->min, (long long)y->max);
+      if (y->multiple > 1 && got % y->multiple != 0)
+        return fail(CUVIL_ERR_PROFILE, "%s %d '%s': dim %d is %s = %lld, not a multiple of %lld (the profile %s in "
+                    "[%lld, %lld], multiples of %lld)", kind, i, d->name, k, y->name, (long long)got,
+                    (long long)y->multiple, y->name, (long long)y->min, (long long)y->max, (long long)y->multiple);
       if (sym[sk] >= 0 && sym[sk] != got)
         return fail(CUVIL_ERR_DIM, "%s %d '%s': dim %d is %s = %lld, but an earlier dim bound %s = %lld", kind, i,
                     d->name, k, y->name, (long long)got, y->name, (long long)sym[sk]);
