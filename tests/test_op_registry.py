@@ -26,7 +26,7 @@ from cuvil.ir.registry import (BROADCAST, HALF_ACCUMULATE, HALF_COMPUTE, HALF_EX
                                all_ops, ops_with)
 from cuvil.kernels.lower import LOWERINGS
 from cuvil.kernels.schedule import ELEMENTWISE_OPS
-from cuvil.kernels.support import EXPANDED_ON_IMPORT, NOT_LOWERED, support_matrix
+from cuvil.kernels.support import EXPANDED_ON_IMPORT, NOT_LOWERED, X86_ONLY, support_matrix
 from cuvil.reference import run_reference
 from cuvil.rewrite_rules.fold import NONDETERMINISTIC
 from cuvil.rewrite_rules.precision import ACCUMULATING, FLOAT32_OPS, HALF_OPS
@@ -111,10 +111,11 @@ def test_support_matrix_rows():
     r = rows["Softsign"]
     assert (r.imported, r.proof, r.x86, r.gpu, r.half) == (True, True, True, True, HALF_COMPUTE)
     assert rows["WinogradKernel"].why_not["import"].startswith("Cuvil's own op")
-    assert rows["NonZero"].why_not["x86"] == NOT_LOWERED["NonZero"] and not rows["NonZero"].gpu
+    assert rows["RandomNormal"].why_not["x86"] == NOT_LOWERED["RandomNormal"] and not rows["RandomNormal"].gpu
+    assert rows["NonZero"].x86 and rows["NonZero"].why_not["gpu"] == X86_ONLY["NonZero"] and not rows["NonZero"].gpu
     assert rows["Mod"].why_not["proof"] == WITHOUT_SEMANTICS["Mod"]
     assert rows["Loop"].x86 and rows["Loop"].gpu and "x86" not in rows["Loop"].why_not   # expanded on import
-    assert all(r.x86 == r.gpu for r in rows.values())
+    assert all(r.x86 == r.gpu for r in rows.values() if r.op not in X86_ONLY)
 
 
 def test_cli_ops_prints_the_matrix(capsys):
@@ -127,7 +128,7 @@ def test_cli_ops_prints_the_matrix(capsys):
     doc = json.loads(capsys.readouterr().out)
     by_op = {r["op"]: r for r in doc["ops"]}
     assert by_op["Conv"]["half"] == HALF_ACCUMULATE and by_op["Conv"]["proof"] is True
-    assert "proof" in by_op["NonZero"]["why_not"] and "x86" in by_op["NonZero"]["why_not"]
+    assert "proof" in by_op["NonZero"]["why_not"] and "gpu" in by_op["NonZero"]["why_not"]
 
 
 def test_bitwise_ops_fuse_and_compute_as_the_reference(tmp_path):

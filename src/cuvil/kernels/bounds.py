@@ -120,8 +120,9 @@ class _Z3:
     """Index expressions of one stage as Z3 integers. Variables are named by their texpr name; a value Z3
     cannot follow (a loaded integer, a float cast to an index) is a fresh integer ranging over its dtype."""
 
-    def __init__(self, ranges: Dict[str, Tuple[int, int]]):
+    def __init__(self, ranges: Dict[str, Tuple[int, int]], limits=None):
         self.ranges = ranges
+        self.limits = limits or {}           # symbol -> a dim it never exceeds (a run-time size's bound)
         self.side: List[z3.BoolRef] = []     # dtype ranges of fresh values, symbol ranges
         self.memo: Dict[int, z3.ExprRef] = {}
         self.syms: Dict[str, z3.ArithRef] = {}
@@ -132,6 +133,8 @@ class _Z3:
             lo, hi = self.ranges.get(name, (0, 2 ** 62))
             self.side += [s >= lo, s <= hi]
             self.syms[name] = s
+            if name in self.limits:
+                self.side.append(s <= self.dim(self.limits[name]))
         return self.syms[name]
 
     def dim(self, d) -> z3.ArithRef:
@@ -287,8 +290,11 @@ class BoundsProver:
     """Proves access obligations, with a cache shared by every schedule it sees (the generic and opt-point
     kernels of one model, and any model compiled in the same process)."""
 
-    def __init__(self, timeout_ms: int = QUERY_TIMEOUT_MS):
+    def __init__(self, timeout_ms: int = QUERY_TIMEOUT_MS, limits=None):
+        """``limits``: symbol -> a dim expression it never exceeds (a run-time size, NonZero's count, is at
+        most its input's element count: ``Schedule.size_limits``), assumed beside the symbols' ranges."""
         self.timeout_ms = timeout_ms
+        self.limits = dict(limits or {})
         self.cache: Dict[str, Optional[str]] = {}
         self.hits = 0
         self.queries = 0
@@ -298,7 +304,7 @@ class BoundsProver:
         if not acc.flat and _intervals_inside(acc, ranges):
             self.hits += 1
             return None
-        key = _key(acc, ranges)
+        key = _key(acc, ranges) + (f"|{sorted((k, str(v)) for k, v in self.limits.items())}" if self.limits else "")
         if key in self.cache:
             self.hits += 1
             return self.cache[key]
@@ -328,7 +334,7 @@ class BoundsProver:
         if not acc.flat and len(acc.idx) != len(acc.buf.shape):    # zip would check only the leading dims
             return f"{acc.kind} {acc.buf.name}{list(acc.buf.shape)}: {len(acc.idx)} indices for its " \
                    f"{len(acc.buf.shape)} dims"
-        tr = _Z3(ranges)
+        tr = _Z3(ranges, self.limits)
         shape = [tr.dim(d) for d in acc.buf.shape]
         idx = [tr.int(i) for i in acc.idx]
         if acc.flat:
@@ -373,7 +379,7 @@ class BoundsProver:
         except (ValueError, KeyError):
             pass
         self.queries += 1
-        tr = _Z3(ranges)
+        tr = _Z3(ranges, self.limits)
         s = z3.Solver()
         s.set("timeout", self.timeout_ms)
         s.add(z3.Not(tr.dim(view.nbytes) <= tr.dim(limit)))

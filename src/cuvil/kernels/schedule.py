@@ -22,6 +22,7 @@ from ..ir.ops.control import hoist_out_of_loops
 from ..ir.registry import ops_with
 from .loops import LoopRegion, extend_lifetimes, lower_loop_back, lower_loop_state
 from .lower import LOWERINGS, LowerCtx, TensorFn
+from .run_time_sizes import run_time_symbols
 from .texpr import E, Buf, const, load, replace_node, top_level, var
 
 ALIGN = 64
@@ -57,6 +58,10 @@ class Schedule:
     fused: Dict[str, int]     # op -> how many were inlined into a consumer
     symbols: List[Symbol] = attrs.field(factory=list)   # run-time shape symbols, in binding-slot order
     loops: List[LoopRegion] = attrs.field(factory=list)  # run-time loops (backward branches), inner first
+    # the last this many symbols are data-dependent sizes, written by a kernel during the run (range [0, bound])
+    num_run_time_symbols: int = 0
+    # run-time symbol -> a dim it never exceeds (NonZero's count: its input's element count), for the prover
+    size_limits: Dict[str, object] = attrs.field(factory=dict)
 
     @property
     def ranges(self) -> Dict[str, Tuple[int, int]]:
@@ -87,7 +92,7 @@ def _align(n: int) -> int:
 def schedule(g: Graph, gemm_cols: int = 0, split_concat: bool = False, gemm_tiles: tuple = (),
              unpadded_contractions: bool = False, matmul_panels: bool = True,
              half_contractions: bool = False, row_kernels: bool = False,
-             channel_tile_cost: Optional[float] = None) -> Schedule:
+             channel_tile_cost: Optional[float] = None, run_time_sizes: bool = False) -> Schedule:
     """Stages and memory plan of ``g``. ``gemm_cols > 0`` lowers convolutions to packed contractions (the
     x86 micro-kernels), each with a register tile (rows, cols[, lanes]) among ``gemm_tiles`` (default
     ``((MR, gemm_cols),)``), and constant-weight MatMuls to column panels ``gemm_cols`` wide; 0 keeps plain
@@ -102,12 +107,19 @@ def schedule(g: Graph, gemm_cols: int = 0, split_concat: bool = False, gemm_tile
     (x86): convolutions with reductions of 4-7 terms become contractions too, and 2-D average pools depthwise
     windows (:class:`cuvil.kernels.contraction.DepthwiseWindow`) for the row kernels. ``channel_tile_cost``:
     the weight of a channel-lane tile's work in the tile choice (:func:`cuvil.kernels.contraction.tile_cost`),
-    needed when ``gemm_tiles`` offers such tiles (x86: ``X86Tuning.channel_tile_cost``)."""
-    syms = _run_time_symbols(g)
+    needed when ``gemm_tiles`` offers such tiles (x86: ``X86Tuning.channel_tile_cost``). ``run_time_sizes``
+    (x86): a size that depends on tensor values (NonZero's count, TopK's k read from data, Compress's kept
+    count, Unique's, NonMaxSuppression's) becomes a run-time symbol its producer's kernel writes
+    (:mod:`cuvil.kernels.run_time_sizes`; the schedule's last ``num_run_time_symbols`` symbols); without it
+    such a size is refused naming its node."""
+    data_syms, writers, limits = run_time_symbols(g, run_time_sizes)
+    syms = _run_time_symbols(g, data_syms)
     ranges = {s.name: (s.min, s.max) for s in syms}
     opt = {s.name: s.tuned for s in syms}
     builder = _StageBuilder(g, (gemm_cols, gemm_tiles, unpadded_contractions, matmul_panels, half_contractions,
                                 row_kernels, channel_tile_cost))
+    builder.size_writers = writers
+    builder.symbol_slots = {s.name: k for k, s in enumerate(syms)}
     g.toposort()
     hoist_out_of_loops(g.nodes)
     for node in g.nodes:
@@ -128,21 +140,23 @@ def schedule(g: Graph, gemm_cols: int = 0, split_concat: bool = False, gemm_tile
     wbytes = _plan_weights(weights)
     return Schedule(stages, builder.in_bufs, builder.out_bufs, [(b, a) for b, a in weights.values() if a is not None],
                     arena, wbytes, builder.fused, syms, builder.loops)
+                    arena, wbytes, builder.fused, syms, len(data_syms), limits)
 
 
-def _run_time_symbols(g: Graph) -> List[Symbol]:
-    """The symbols that size ``g``'s tensors, in binding-slot order; refuses a graph a backend cannot bind
-    (an unknown rank, an unknown symbol, an input dim that is an expression, a symbol no input dim gives)."""
+def _run_time_symbols(g: Graph, data_syms: Dict[str, Symbol]) -> List[Symbol]:
+    """The symbols that size ``g``'s tensors, in binding-slot order (those input dims give, then the
+    data-dependent ones ``data_syms``, which kernels write); refuses a graph a backend cannot bind (an
+    unknown rank, an unknown symbol, an input dim that is an expression, a symbol no input dim gives)."""
     for v in g.values():
         if v.shape is None:
             raise ShapeError(f"value {v.name!r} has unknown rank: the x86 and GPU backends need every rank")
-    _refuse_data_dependent_sizes(g)
+    known = set(g.symbols) | set(data_syms)
     used = set()
     for v in g.values():
         here = set().union(*[d.free_symbols for d in v.shape if isinstance(d, SymExpr)])
-        if here - set(g.symbols):
-            raise ShapeError(f"value {v.name!r} has shape {v.type} over unknown symbol(s) {sorted(here - set(g.symbols))}")
-        used |= here
+        if here - known:
+            raise ShapeError(f"value {v.name!r} has shape {v.type} over unknown symbol(s) {sorted(here - known)}")
+        used |= here - set(data_syms)
     bound = set()
     for v in g.inputs:
         for d in v.shape:
@@ -153,22 +167,7 @@ def _run_time_symbols(g: Graph) -> List[Symbol]:
     if used - bound:
         raise ShapeError(f"symbol(s) {sorted(used - bound)} size tensors but no input dim gives them a value: "
                          f"fix them (fixed={{...}})")
-    return [g.symbols[k] for k in sorted(used)]
-
-
-def _refuse_data_dependent_sizes(g: Graph) -> None:
-    """A size that depends on tensor contents (NonZero's count, TopK's k or Range's bounds read from tensor
-    data: a fresh symbol of shape inference, outside the graph's symbols) has no run-time value a kernel could
-    read yet: the first node that makes one is named."""
-    known = set(g.symbols).union(*[d.free_symbols for v in g.inputs for d in v.shape or () if isinstance(d, SymExpr)])
-    for n in g.nodes:
-        for o in n.outputs:
-            fresh = sorted(set().union(*[d.free_symbols for d in o.shape or () if isinstance(d, SymExpr)]) - known)
-            if fresh:
-                raise UnsupportedOpError(
-                    n.op, n.name, g.opset, detail=f"output {o.name!r} has shape {o.type}, whose size {fresh[0]} "
-                    "depends on tensor values (not on input shapes); neither target sizes such outputs at run "
-                    "time yet: make that input a constant, or compute this part outside the library")
+    return [g.symbols[k] for k in sorted(used)] + list(data_syms.values())
 
 
 class _StageBuilder:
@@ -193,6 +192,8 @@ class _StageBuilder:
         self.guard_conds = {id(n.guard[0]) for n in g.nodes if n.guard is not None}
         self.open_loops: Dict[str, tuple] = {}   # loop id -> its LoopState's head and slots, until its LoopBack
         self.loops: List[LoopRegion] = []
+        self.size_writers: Dict[int, str] = {}     # id(node) -> the run-time symbol its lowering writes
+        self.symbol_slots: Dict[str, int] = {}
         self.in_bufs, self.out_bufs = [], []
         ni = len(g.inputs)
         for i, v in enumerate(g.inputs):
@@ -250,16 +251,7 @@ class _StageBuilder:
                     st.guard = (b, polarity)
             written.add(id(root_of(st.buf)))
 
-    def store_into(self, name: str, buf: Buf, fn) -> None:
-        """A stage writing ``fn`` into an existing buffer (a run-time loop's back edge into a state slot)."""
-        vs = [var(f"i{k}") for k in range(len(buf.shape))]
-        self.add_stage(Stage(name, buf, vs, fn(list(vs)), op=self.current_op), self.current_guard)
-
-    def place_stored(self, node, o: Value, buf: Buf) -> None:
-        """Output ``o`` of ``node`` is the contents of ``buf`` (read in place, or copied where it must be)."""
-        self.expensive[id(o)] = False
-        self.contracting[id(o)] = False
-        self._place(node, o, _loader(buf))
+                    arena, wbytes, builder.fused, syms, builder.loops, len(data_syms), limits)
 
     def temp(self, shape, dtype, fn, name) -> TensorFn:
         return self.materialize(name, shape, dtype, fn)
@@ -276,7 +268,9 @@ class _StageBuilder:
         if low is None:
             raise UnsupportedOpError(node.op, node.name, detail="no x86 lowering")
         used = [bool(o.uses) or id(o) in self.out_index for o in node.outputs]
-        outs = low(LowerCtx(node, ins, self.temp, self.packed_weight, *self.lower_options, used_outputs=used))
+        writes = self.size_writers.get(id(node))
+        outs = low(LowerCtx(node, ins, self.temp, self.packed_weight, *self.lower_options, used_outputs=used,
+                            set_size=(lambda value, name=writes: self.write_symbol(name, value)) if writes else None))
         inlined = [v for v in node.inputs if v is not None and id(v) not in self.bufs]
         # an expression that inlines a reduction is expensive however cheap its own op is
         inlined_cost = any(self.expensive.get(id(v), False) for v in inlined)

@@ -3,8 +3,9 @@
 :data:`NOT_LOWERED` names the registered ops without a lowering, on purpose; :data:`EXPANDED_ON_IMPORT` the
 control-flow ops that need none (the frontend expands them into other ops). Both targets (x86 and PTX)
 schedule through :data:`cuvil.kernels.lower.LOWERINGS`, so an op without a lowering is refused by either at
-scheduling time ("no x86 lowering"), and an op compiles for the GPU exactly when it compiles for x86; the PTX
-emitter refuses per scalar operation and element type (an integer ``fma``, a call libdevice lacks), not per op.
+scheduling time ("no x86 lowering"), and an op compiles for the GPU exactly when it compiles for x86 (but for
+:data:`X86_ONLY`: sizes computed at run time); the PTX emitter refuses per scalar operation and element type
+(an integer ``fma``, a call libdevice lacks), not per op.
 ``tests/test_op_registry.py`` fails for a registered op that has neither a lowering nor a row here.
 
 :func:`support_matrix` (``cuvil ops`` prints it): for each registered op, whether it is imported from ONNX
@@ -30,7 +31,6 @@ def _each(reason: str, *ops: str) -> Dict[str, str]:
 NOT_LOWERED: Dict[str, str] = {
     **_each("not a function of its inputs: no random kernels", "RandomNormal", "RandomUniform", "RandomNormalLike",
             "RandomUniformLike", "Bernoulli", "Multinomial"),
-    **_each("output shape depends on the input values", "NonZero", "Unique", "NonMaxSuppression"),
     **_each("becomes a constant on import (never scheduled)", "Constant"),
     **_each("transforms constant weights: folded at compile time", "WinogradKernel"),
     **_each("every input decides the output's shape, so it is constant: folded at compile time", "MelWeightMatrix"),
@@ -49,6 +49,16 @@ EXPANDED_ON_IMPORT: Dict[str, str] = {
             "from data, while loops, long loops) compiled once and run as a run-time loop (x86 only)",
     "Scan": "body unrolled over a constant sequence length <= 64; a symbolic or longer one runs as a run-time "
             "loop (x86 only)",
+}
+
+
+#: Lowered ops the GPU target refuses: their output's size depends on the input values (a run-time size the
+#: x86 runtime computes, :mod:`cuvil.kernels.run_time_sizes`; the GPU target specialises every size).
+#: TopK and Compress only need it with k or the condition computed at run time, so they are not listed.
+X86_ONLY: Dict[str, str] = {
+    "NonZero": "output size depends on the input values: sized at run time on x86 only",
+    "Unique": "output size depends on the input values: sized at run time on x86 only",
+    "NonMaxSuppression": "output size depends on the input values: sized at run time on x86 only",
 }
 
 
@@ -83,6 +93,8 @@ def support_matrix() -> List[OpSupport]:
             why["proof"] = WITHOUT_SEMANTICS.get(name, "no semantics and no reason given")
         if not lowered:
             why["x86"] = why["gpu"] = NOT_LOWERED.get(name, "no lowering and no reason given")
-        rows.append(OpSupport(name, d.family, d.domain, not d.domain, name in SEMANTICS, lowered, lowered, d.half,
-                              d.elementwise, why))
+        elif name in X86_ONLY:
+            why["gpu"] = X86_ONLY[name]
+        rows.append(OpSupport(name, d.family, d.domain, not d.domain, name in SEMANTICS, lowered,
+                              lowered and name not in X86_ONLY, d.half, d.elementwise, why))
     return sorted(rows, key=lambda r: (r.family, r.op))

@@ -14,10 +14,12 @@ from ...ir.dtype import DType
 from ...ir.graph import Node
 from ...ir.registry import attr_defaults
 from ..contraction import MR
-from ..texpr import I64, Buf, E, cmp, const, select
+from ..sequential import Assign, Sequential, sequential
+from ..texpr import I64, Buf, E, cmp, const, load, select, var
 
 
 Index = List[E]
+ARENA = 0   # the kernel's bufs slot of the arena (kernels.schedule.ARENA; the lowerings do not import the scheduler)
 
 
 @attrs.define
@@ -49,8 +51,10 @@ class LowerCtx:
                  weight: Optional[Callable] = None, gemm_cols: int = 0, gemm_tiles: tuple = (),
                  unpadded_contractions: bool = False, matmul_panels: bool = True, half_contractions: bool = False,
                  row_kernels: bool = False, channel_tile_cost: Optional[float] = None,
-                 used_outputs: Optional[Sequence[bool]] = None):
+                 used_outputs: Optional[Sequence[bool]] = None, set_size: Optional[Callable] = None):
         self.node, self.inputs, self._temp, self._weight = node, inputs, temp, weight
+        # stores the node's data-dependent output size into its run-time symbol (None: the size is not one)
+        self._set_size = set_size
         # which outputs some node or the graph reads (None: all); an op may skip work for the others
         self.used_outputs = tuple(used_outputs) if used_outputs is not None else (True,) * len(node.outputs)
         # (x86) short reductions (4+ terms) take the GEMM micro-kernels, 2-D average pools the row kernels
@@ -94,6 +98,15 @@ class LowerCtx:
     def const_input(self, i: int) -> Optional[np.ndarray]:
         v = self.node.inputs[i] if i < len(self.node.inputs) else None
         return np.asarray(v.const) if v is not None and v.is_const else None
+
+    def set_size(self, value: E) -> bool:
+        """Store ``value`` (an int64 scalar expression, computed before the outputs) as the run-time value of
+        this node's data-dependent output size, which the outputs' shapes name; False (nothing stored) when
+        the size is not a run-time symbol (a constant, or a dim computed from shapes)."""
+        if self._set_size is None:
+            return False
+        self._set_size(value)
+        return True
 
     def unsupported(self, detail: str):
         raise UnsupportedOpError(self.node.op, self.node.name, detail=detail)
@@ -222,6 +235,27 @@ def reshape_index(idx: Index, out_shape: Sequence[int], in_shape: Sequence[int])
 
 def clamp(i: E, d: int) -> E:
     return E("clamp", (i,), I64, (0, d - 1))
+
+
+def selected_positions(ctx: LowerCtx, keep: Callable[[E], E], n, name: str) -> Callable[[E], E]:
+    """For a predicate ``keep(i)`` over ``[0, n)``: stores the count of kept positions as the node's run-time
+    size and returns ``pick(j)``, the position of the j-th kept one (j below the count). One sequential scan,
+    linear in ``n`` (:mod:`cuvil.kernels.sequential`): step i writes i at the running count (a position not
+    kept is overwritten by the next kept one, as the count has not moved) and adds 1 when i is kept."""
+    zero = const(0, I64)
+    count = Buf(f"{ctx.node.name}_{name}_count", I64, (1,), ARENA, 0)
+    # one spare slot: step i stores at the running count <= i < n, but the store index must be provably in
+    # bounds also where n may be 0 (a scan over a run-time size), which the step loop alone does not show
+    where = Buf(f"{ctx.node.name}_{name}_at", I64, (n + 1,), ARENA, 0)
+    i, row = var("i"), var("row")
+    running = load(count, [zero])
+    program = Sequential([row], [Assign(count, [zero], zero)], i, n,
+                         [Assign(where, [clamp(running, n + 1)], i),
+                          Assign(count, [zero], running + select(keep(i), const(1, I64), zero))])
+    ctx.temp((1,), I64, lambda idx: sequential(idx, program, I64), f"{name}_scan")
+    ctx.set_size(load(count, [zero]))
+    # j < count <= n, but the count is a symbol of its own (its bound over the profile, not n): clamped
+    return lambda j: clamp(load(where, [clamp(j, n + 1)]), n)
 
 
 def scalar_of(t: TensorFn) -> E:

@@ -1,10 +1,15 @@
-"""Lowerings of gathers, scatters, one-hot, triangles, scans and selections (TopK)."""
+"""Lowerings of gathers, scatters, one-hot, triangles, scans and selections (TopK, NonZero, Unique,
+NonMaxSuppression)."""
 from __future__ import annotations
 
 import numpy as np
 
-from ..texpr import I64, E, all_of, binop, cast, cmp, const, identity_value, logic, reduce, select
-from .core import TensorFn, clamp, flat_index, lowering, nan_max, nan_min, shape_param, unflat_index
+from ...ir.dim import product
+from ..sequential import Assign, Sequential, sequential
+from ..texpr import (I64, Buf, E, all_of, binop, cast, cmp, const, dim_index, identity_value, load, logic, reduce,
+                     select, var)
+from .core import (ARENA, TensorFn, clamp, flat_index, lowering, nan_max, nan_min, selected_positions, shape_param,
+                   unflat_index)
 
 
 @lowering("Gather")
@@ -232,9 +237,12 @@ def _topk(ctx):
     output r is the element whose rank is r: quadratic in the axis length."""
     x = ctx.input(0)
     k = shape_param(ctx, "k", 1)   # k only sizes the outputs (a dim computed from shapes, min(S, 10), is fine)
-    if k is None:
-        ctx.unsupported("k computed from tensor data (the output size would depend on it)")
     axis = ctx.attr("axis", -1) % len(x.shape)
+    if k is None:   # read from tensor data: a run-time size; one outside [0, axis length] is stored as -1,
+        kv = cast(ctx.input(1)([const(0, I64)] * len(ctx.input(1).shape)), I64)   # which the runtime refuses
+        ok = logic("and", cmp("ge", kv, const(0, I64)), cmp("le", kv, dim_index(x.shape[axis])))
+        if not ctx.set_size(select(ok, kv, const(-1, I64))):
+            ctx.unsupported("k computed from tensor data (the output size would depend on it)")
     largest = ctx.attr("largest", 1)
     n = x.shape[axis]
     better = "gt" if largest else "lt"
@@ -268,3 +276,175 @@ def _topk(ctx):
     if len(ctx.node.outputs) > 1:
         outs.append(TensorFn(out_shape, ctx.out_dtype(1), lambda idx: cast(pos(idx), ctx.out_dtype(1)), "elementwise"))
     return outs
+
+
+@lowering("NonZero")
+def _nonzero(ctx):
+    """The indices of the non-zero elements, in row-major order: its count is a run-time size."""
+    x = ctx.input(0)
+    if not x.shape:
+        ctx.unsupported("a scalar input")
+    n = product(x.shape)
+    nz = lambda i: cmp("ne", x(unflat_index(i, x.shape)), const(0, x.dtype))   # noqa: E731
+    pick = selected_positions(ctx, nz, n, "nonzero")
+    return [TensorFn(ctx.out_shape(), I64, lambda idx: _component(unflat_index(pick(idx[1]), x.shape), idx[0]),
+                     "injective")]
+
+
+def _component(parts, k: E) -> E:
+    """``parts[k]`` for a run-time index ``k`` in ``[0, len(parts))``."""
+    out = parts[-1]
+    for d in range(len(parts) - 2, -1, -1):
+        out = select(cmp("eq", k, const(d, I64)), parts[d], out)
+    return out
+
+
+@lowering("Unique")
+def _unique(ctx):
+    """Distinct elements (or slices along ``axis``) by counting, quadratic in their number: element i is a
+    first occurrence when no earlier one equals it; its class is its rank among the first occurrences (by
+    value, lexicographic for slices, when ``sorted``; else by position); the count of first occurrences is
+    the run-time size. NaN inputs are not checked against onnxruntime yet."""
+    x = ctx.input(0)
+    axis = ctx.attr("axis")
+    one, zero = const(1, I64), const(0, I64)
+    if axis is None:
+        n, rest = product(x.shape), []
+        at = lambda i, k: x(unflat_index(i, x.shape))   # noqa: E731
+    else:
+        axis %= len(x.shape)
+        n, rest = x.shape[axis], list(x.shape[:axis]) + list(x.shape[axis + 1:])
+
+        def at(i, k):   # element k (flat over the other axes) of slice i
+            sub = unflat_index(k, rest)
+            return x(sub[:axis] + [i] + sub[axis:])
+    m = product(rest) if rest else 1
+    k0 = const(0, I64)
+    # differ[i, j]: the first flat position where slices i and j differ (m when equal)
+    if axis is None:
+        differ = lambda i, j: select(cmp("eq", at(i, k0), at(j, k0)), dim_index(m), k0)   # noqa: E731
+    else:
+        d = ctx.temp([n, n], I64, lambda idx: reduce("min", [m], lambda k: select(
+            cmp("ne", at(idx[0], k), at(idx[1], k)), k, dim_index(m))), "differ")
+        differ = lambda i, j: d([i, j])   # noqa: E731
+    same = lambda i, j: cmp("eq", differ(i, j), dim_index(m))   # noqa: E731
+    first_of = ctx.temp([n], I64, lambda idx: reduce("min", [n], lambda j: select(same(j, idx[0]), j, idx[0])),
+                        "first")
+    is_first = lambda i: cmp("eq", first_of([i]), i)   # noqa: E731
+    if ctx.attr("sorted", 1):
+        def before(j, i):   # slice j sorts before slice i
+            k = differ(j, i)
+            kc = clamp(k, m)
+            return logic("and", cmp("lt", k, dim_index(m)), cmp("lt", at(j, kc), at(i, kc)))
+    else:
+        before = lambda j, i: cmp("lt", j, first_of([i]))   # noqa: E731
+    cls = ctx.temp([n], I64, lambda idx: reduce("sum", [n], lambda j: select(
+        logic("and", is_first(j), before(j, idx[0])), one, zero)), "class")
+    ctx.set_size(reduce("sum", [n], lambda i: select(is_first(i), one, zero)))
+    pos = ctx.temp([n], I64, lambda idx: reduce("sum", [n], lambda i: select(
+        logic("and", is_first(i), cmp("eq", cls([i]), idx[0])), i, zero)), "at")
+    out = ctx.out_shape()
+    if axis is None:
+        y = TensorFn(out, x.dtype, lambda idx: at(clamp(pos([idx[0]]), n), k0), "injective")
+    else:
+        def y_fn(idx):
+            sub = list(idx)
+            sub[axis] = clamp(pos([idx[axis]]), n)
+            return x(sub)
+        y = TensorFn(out, x.dtype, y_fn, "injective")
+    u = ctx.out_shape(1) if len(ctx.node.outputs) > 1 else None
+    outs = [y]
+    if len(ctx.node.outputs) > 1:
+        outs.append(TensorFn(u, I64, lambda idx: pos([idx[0]]), "injective"))
+    if len(ctx.node.outputs) > 2:
+        outs.append(TensorFn(ctx.out_shape(2), I64, lambda idx: cls([idx[0]]), "injective"))
+    if len(ctx.node.outputs) > 3:
+        outs.append(TensorFn(ctx.out_shape(3), I64, lambda idx: reduce("sum", [n], lambda i: select(
+            cmp("eq", cls([i]), idx[0]), one, zero)), "complex"))
+    return outs
+
+
+@lowering("NonMaxSuppression")
+def _non_max_suppression(ctx):
+    """Per (batch, class): boxes ranked by score (higher first, ties to the lower index; by counting, as
+    TopK), then one sequential scan over the ranks keeps a box when it passes the score threshold, fewer
+    than ``max_output_boxes_per_class`` are kept, and no kept box overlaps it by more than the IoU threshold
+    (onnx's reference arithmetic); the kept total is the run-time size, rows in (batch, class, kept) order."""
+    boxes, scores = ctx.input(0), ctx.input(1)
+    B, N = boxes.shape[0], boxes.shape[1]
+    C = scores.shape[1]
+    dt = boxes.dtype
+    one, zero = const(1, I64), const(0, I64)
+    first = lambda t: t([const(0, I64)] * len(t.shape))   # noqa: E731
+    max_out = cast(first(ctx.input(2)), I64) if ctx.input(2) is not None and 0 not in ctx.input(2).shape else zero
+    iou_thr = cast(first(ctx.input(3)), dt) if ctx.input(3) is not None and 0 not in ctx.input(3).shape \
+        else const(0.0, dt)
+    score_thr = cast(first(ctx.input(4)), dt) if ctx.input(4) is not None and 0 not in ctx.input(4).shape \
+        else None
+    center = ctx.attr("center_point_box", 0)
+
+    def rank_fn(idx):
+        b, c, i = idx
+        si = scores([b, c, i])
+        return reduce("sum", [N], lambda j: select(logic("or", cmp("gt", scores([b, c, j]), si), logic(
+            "and", cmp("eq", scores([b, c, j]), si), cmp("lt", j, i))), one, zero))
+    rank = ctx.temp([B, C, N], I64, rank_fn, "rank")
+    order = ctx.temp([B, C, N], I64, lambda idx: reduce("sum", [N], lambda i: select(
+        cmp("eq", rank([idx[0], idx[1], i]), idx[2]), i, zero)), "order")
+
+    def lo_hi(a, b_):
+        return select(cmp("ge", a, b_), b_, a), select(cmp("ge", a, b_), a, b_)
+
+    def extent(b, i):
+        """(x_min, x_max, y_min, y_max) of box i in batch b."""
+        v = [boxes([b, i, const(k, I64)]) for k in range(4)]
+        if center == 0:
+            (x0, x1), (y0, y1) = lo_hi(v[1], v[3]), lo_hi(v[0], v[2])
+            return x0, x1, y0, y1
+        two = const(2.0, dt)
+        w, h = binop("div", v[2], two), binop("div", v[3], two)
+        return binop("sub", v[0], w), binop("add", v[0], w), binop("sub", v[1], h), binop("add", v[1], h)
+
+    def overlaps(b, i, j):
+        """IoU(box i, box j) > threshold, as onnx's reference decides it."""
+        ax0, ax1, ay0, ay1 = extent(b, i)
+        bx0, bx1, by0, by1 = extent(b, j)
+        fmax = lambda p, q: select(cmp("gt", p, q), p, q)   # noqa: E731
+        fmin = lambda p, q: select(cmp("lt", p, q), p, q)   # noqa: E731
+        ix0, ix1, iy0, iy1 = fmax(ax0, bx0), fmin(ax1, bx1), fmax(ay0, by0), fmin(ay1, by1)
+        inter = binop("mul", binop("sub", ix1, ix0), binop("sub", iy1, iy0))
+        area_a = binop("mul", binop("sub", ax1, ax0), binop("sub", ay1, ay0))
+        area_b = binop("mul", binop("sub", bx1, bx0), binop("sub", by1, by0))
+        union = binop("sub", binop("add", area_a, area_b), inter)
+        z = const(0.0, dt)
+        return all_of([cmp("gt", ix1, ix0), cmp("gt", iy1, iy0), cmp("gt", inter, z), cmp("gt", area_a, z),
+                       cmp("gt", area_b, z), cmp("gt", union, z), cmp("gt", binop("div", inter, union), iou_thr)])
+
+    count = Buf(f"{ctx.node.name}_count", I64, (B, C), ARENA, 0)
+    kept = Buf(f"{ctx.node.name}_kept", I64, (B, C, N + 1), ARENA, 0)   # a spare slot, as selected_positions
+    b, c, t = var("b"), var("c"), var("t")
+    running = load(count, [b, c])
+    cand = clamp(order([b, c, t]), N)
+    hit = reduce("max", [N], lambda k: select(logic("and", cmp("lt", k, running), overlaps(
+        b, clamp(load(kept, [b, c, k]), N), cand)), one, zero))
+    ok = [cmp("lt", running, max_out), cmp("eq", hit, zero)]
+    if score_thr is not None:
+        ok.append(cmp("gt", scores([b, c, cand]), score_thr))
+    program = Sequential([b, c], [Assign(count, [b, c], zero)], t, N,
+                         [Assign(kept, [b, c, clamp(running, N + 1)], cand),
+                          Assign(count, [b, c], running + select(all_of(ok), one, zero))])
+    ctx.temp([B, C], I64, lambda idx: sequential(idx, program, I64), "scan")
+    rows = product([B, C])
+    per_row = lambda r: load(count, unflat_index(r, [B, C]))   # noqa: E731
+    ctx.set_size(reduce("sum", [rows], per_row))
+    start = ctx.temp([rows], I64, lambda idx: reduce("sum", [rows], lambda r: select(
+        cmp("lt", r, idx[0]), per_row(r), zero)), "start")
+
+    def out_fn(idx):
+        j, col = idx
+        row = reduce("sum", [rows], lambda r: select(cmp("le", start([r]) + per_row(r), j), one, zero))
+        row = clamp(row, rows)
+        bc = unflat_index(row, [B, C])
+        box = load(kept, bc + [clamp(j - start([row]), N)])
+        return select(cmp("eq", col, zero), bc[0], select(cmp("eq", col, one), bc[1], box))
+    return [TensorFn(ctx.out_shape(), I64, out_fn, "complex")]

@@ -7,8 +7,9 @@ import numpy as np
 
 from ...ir.dim import SymExpr, dmax, dmin, is_static, product
 from ...ir.ops.shape import symbolic_slice_index
-from ..texpr import I64, E, all_of, binop, cast, cmp, const, dim_index, in_range, select
-from .core import TensorFn, broadcast_fn, clamp, lowering, reshape_index, scalar_of, shape_param, unflat_index
+from ..texpr import I64, E, all_of, binop, cast, cmp, const, dim_index, in_range, logic, select
+from .core import (TensorFn, broadcast_fn, clamp, lowering, reshape_index, scalar_of, selected_positions, shape_param,
+                   unflat_index)
 
 
 @lowering("Reshape", "Flatten", "Squeeze", "Unsqueeze")
@@ -247,9 +248,9 @@ def _eyelike(ctx):
 def _compress(ctx):
     x = ctx.input(0)
     cond = _const_input(ctx, 1)
-    if cond is None:
-        ctx.unsupported("a condition computed at run time (the output size depends on it)")
     axis = ctx.attr("axis")
+    if cond is None:
+        return [_compress_at_run_time(ctx, x, axis)]
     sel = np.nonzero(cond.reshape(-1).astype(bool))[0]
     # the selected positions as runs of consecutive indices: position = start + (i - first) in each run
     runs = []
@@ -275,3 +276,26 @@ def _compress(ctx):
         sub[axis] = pick(idx[axis])
         return x(sub)
     return [TensorFn(ctx.out_shape(), x.dtype, f, "injective")]
+
+
+def _compress_at_run_time(ctx, x, axis) -> TensorFn:
+    """Compress by a condition computed at run time: its count of true entries (those within the axis) is
+    the node's run-time size, the kept positions found by counting (:func:`cuvil.kernels.lower.core.selected_positions`)."""
+    c = ctx.input(1)
+    d = product(x.shape) if axis is None else x.shape[axis % len(x.shape)]
+    m = c.shape[0]   # a condition shorter than the axis truncates it; entries past the axis are ignored
+
+    def keep(i):
+        hit = cmp("ne", cast(c([i]), I64), const(0, I64))
+        return hit if isinstance(m, int) and isinstance(d, int) and m <= d else logic("and", cmp("lt", i, dim_index(d)), hit)
+    at = selected_positions(ctx, keep, m, "compress")
+    pick = lambda j: clamp(at(j), d)   # noqa: E731
+    if axis is None:
+        return TensorFn(ctx.out_shape(), x.dtype, lambda idx: x(unflat_index(pick(idx[0]), x.shape)), "injective")
+    axis %= len(x.shape)
+
+    def f(idx):
+        sub = list(idx)
+        sub[axis] = pick(idx[axis])
+        return x(sub)
+    return TensorFn(ctx.out_shape(), x.dtype, f, "injective")

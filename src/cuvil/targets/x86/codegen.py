@@ -266,7 +266,7 @@ def generate_object(sched: Schedule, prefix: str, cpu: Optional[str], opt: int) 
             sym = f"{prefix}_kernel{i}"
             extent, grain = km.add_stage(sched.stages[i], sym, lead=lead)
             parts.append((i, sym, extent, grain))
-        for group in _groups(km, parts):
+        for group in _groups(km, parts, sched.stages):
             if len(group) == 1:
                 i, sym, extent, grain = group[0]
             else:
@@ -295,14 +295,15 @@ def _slice_run(stages, k: int) -> List[int]:
     return list(range(k, j))
 
 
-def _groups(km, parts) -> List[list]:
+def _groups(km, parts, stages) -> List[list]:
     """Consecutive generic loop-nest pieces with constant extents become one step (DenseNet-121's
     BatchNorm + Relu over each dense layer's concatenation: 594 steps -> 58); each other piece keeps
-    its own."""
+    its own, and so does a stage storing a run-time size (the runtime reads it between steps)."""
     out, cur = [], []
     for part in parts:
-        _, sym, extent, _ = part
-        if sym not in km.gemm_symbols and sym not in km.window_kinds and isinstance(extent, int):
+        i, sym, extent, _ = part
+        if sym not in km.gemm_symbols and sym not in km.window_kinds and isinstance(extent, int) \
+                and stages[i].buf.base != km.dims_index:
             cur.append(part)
             continue
         out.extend([cur] if cur else [])

@@ -132,9 +132,9 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
     _, _, cpu_name, features = host_target(cpu, opt_level)
     bits = vector_bits(cpu_name, features)
     sched = schedule(g, gemm_cols=tile_cols(bits), split_concat=True, gemm_tiles=tile_shapes(bits, tuning),
-                     row_kernels=True, channel_tile_cost=tuning.channel_tile_cost)
+                     row_kernels=True, channel_tile_cost=tuning.channel_tile_cost, run_time_sizes=True)
     _check_arena(sched, arena_limit(max_arena_bytes))
-    prover = BoundsProver()
+    prover = BoundsProver(limits=sched.size_limits)
     cert = prove_schedule(sched, "generic", prover)
     _refuse_unproved(cert)
     say(f"memory safety: {cert.summary()} ({cert.seconds:.2f} s)")
@@ -142,7 +142,8 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
     obj, steps, target = generate_object(sched, prefix, cpu, opt_level)
     blob = sched.weights_blob()
     osched = osteps = otarget = oobj = oblob = None
-    if opt_graph is not None and sched.symbols:
+    # sizes written at run time (NonZero's count) have no opt point to specialise for: generic kernels only
+    if opt_graph is not None and sched.symbols and not sched.num_run_time_symbols:
         say(f"specialising for the opt point {sched.opt_point}")
         osched = schedule(opt_graph, gemm_cols=tile_cols(bits), split_concat=True,
                           gemm_tiles=tile_shapes(bits, tuning), row_kernels=True,
@@ -166,7 +167,7 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
         scratch_bytes=max(target["scratch_bytes"], otarget["scratch_bytes"] if otarget else 0),
         symbols=[SymbolDesc(s.name, s.min, opt[s.name], s.max, s.multiple) for s in sched.symbols],
         opt_steps=_step_descs(osched, osteps, otarget["step_stages"]) if osteps else [],
-        opt_weights_symbol=opt_weights_sym)
+        opt_weights_symbol=opt_weights_sym, num_run_time_symbols=sched.num_run_time_symbols)
     with tempfile.TemporaryDirectory(prefix="cuvil-build-") as tmp:
         objs = []
         for name, data in (("kernels.o", obj), ("kernels_opt.o", oobj)):
@@ -199,6 +200,8 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
         "outputs": [{"name": d.name, "dtype": d.dtype, "shape": _json_dims(d.dims or d.shape)} for d in info.outputs],
         "symbols": {s.name: {"min": s.min, "opt": s.opt, "max": s.max, **({"multiple": s.multiple} if s.multiple > 1
                                                                           else {})} for s in info.symbols},
+        # sizes a kernel computes from tensor values during the run (NonZero's count), max = their bound
+        "run_time_sizes": [s.name for s in info.symbols[len(info.symbols) - info.num_run_time_symbols:]],
         "arena_bytes": sched.arena_bytes,
         "scratch_bytes_per_thread": target["scratch_bytes"],
         "weights_bytes": sched.weights_bytes,

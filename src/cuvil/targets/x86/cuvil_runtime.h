@@ -13,9 +13,10 @@
  *     bufs[2 + num_inputs + j]      outputs[j].data   (caller memory, element-aligned)
  *     bufs[2 + num_inputs + num_outputs]  thread t's own scratch (scratch_bytes, 64-byte aligned, NULL if
  *                                   0 bytes; contents undefined at the start of every call)
- *     bufs[3 + num_inputs + num_outputs]  the run's symbol values: const int64_t[num_symbols], bound from the
+ *     bufs[3 + num_inputs + num_outputs]  the run's symbol values: int64_t[num_symbols], bound from the
  *                                   input shapes (input dims whose dim_syms entry is k >= 0 give symbol k)
- *                                   and checked against [min, max] before any step runs
+ *                                   and checked against [min, max] before any step runs; the run-time
+ *                                   symbols among them (see num_run_time_symbols) are written by steps
  *   and executes the steps in order. For a step {fn, extent, grain}, with extent -1 replaced by the value
  *   evaluate(symbols, out) computed for it (out[k] for step k; then the outputs' dims, in order):
  *     extent <= 0   skipped;
@@ -87,6 +88,11 @@ typedef struct {
    * when every symbol equals its opt; they read opt_weights as bufs[1]. */
   int32_t num_opt_steps; const cuvil_step *opt_steps;
   const void *opt_weights;
+  /* The last num_run_time_symbols symbols are sizes that depend on tensor values (NonZero's count): no input
+   * binds them; they hold their max (the bound outputs are allocated at) until the step computing one stores
+   * its value into bufs[3 + num_inputs + num_outputs][k]; extents are then evaluated again, and after the run
+   * every output's dims are written back into its cuvil_tensor.shape. */
+  int32_t num_run_time_symbols;
 } cuvil_model;
 
 /* The public tensor type, identical to the one in the generated lib<name>.h. */

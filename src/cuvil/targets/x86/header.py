@@ -50,7 +50,12 @@ def _symbol_block(info: ModelInfo) -> list[str]:
         return []
     out = [" * Shape symbols (min <= value <= max at every run, and a multiple of the multiple given, else "
            "CUVIL_ERR_PROFILE; kernels tuned for opt):"]
-    for sd in info.symbols:
+    first_run_time = len(info.symbols) - info.num_run_time_symbols
+    for k, sd in enumerate(info.symbols):
+        if k >= first_run_time:
+            out.append(f" *   {c_comment_text(sd.name)} in [0, {sd.max}], computed from the input values during the run:")
+            out.append(f" *     allocate its outputs at {sd.max} (cuvil_output_shape); cuvil_run writes their actual dims")
+            continue
         mult = f", multiples of {sd.multiple}" if sd.multiple > 1 else ""
         out.append(f" *   {c_comment_text(sd.name)} in [{sd.min}, {sd.max}]{mult}, opt {sd.opt}")
     return out

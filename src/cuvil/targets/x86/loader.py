@@ -417,6 +417,11 @@ class Model:
                 self._out_tensors[j].data = y.ctypes.data or None
             self._check(self._f.run(s, ins, self._out_tensors))
             del keep
+            if not self._static_outputs:   # sizes computed from the values (NonZero): the run wrote the dims
+                for j, d in enumerate(self.outputs):
+                    dims = tuple(self._out_shapes[j][k] for k in range(d.ndim))
+                    if dims != shapes[j]:   # the first prod(dims) elements, row-major
+                        outs[j] = outs[j].reshape(-1)[:int(np.prod(dims, dtype=np.int64))].reshape(dims).copy()
         return outs
 
     def profile(self, *arrays, runs: int = 10, num_threads: int | None = None, **named) -> list[float]:

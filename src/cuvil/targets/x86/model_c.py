@@ -214,6 +214,7 @@ def generate_model_c(info: ModelInfo) -> str:
         f"  /* evaluate, num_evaluated */ {evaluate}, {num_eval},",
         f"  /* num_opt_steps, opt_steps */ {len(info.opt_steps)}, {opt_steps},",
         f"  /* opt_weights */ {info.opt_weights_symbol or 'NULL'},",
+        f"  /* num_run_time_symbols */ {info.num_run_time_symbols},",
         "};",
         "",
     ]

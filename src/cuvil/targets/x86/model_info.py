@@ -156,6 +156,9 @@ class ModelInfo:
     # kernels specialised for the symbols' opt values (static extents), run when a call's shapes are the opt point
     opt_steps: list = attrs.field(factory=list, converter=list)
     opt_weights_symbol: str | None = attrs.field(default=None, validator=_opt_ident)
+    # the last this many symbols are sizes a step writes during the run (NonZero's count), not bound by inputs:
+    # before the run they hold their max (the bound outputs are allocated at)
+    num_run_time_symbols: int = attrs.field(default=0, validator=_nonneg)
 
     def __attrs_post_init__(self):
         names = [s.name for s in self.symbols]
@@ -179,6 +182,9 @@ class ModelInfo:
         for s in self.opt_steps:
             if not isinstance(s, StepDesc) or isinstance(s.extent, SymExpr):
                 raise CuvilError(f"ModelInfo.opt_steps must hold StepDesc with static extents, got {s!r}")
+        if self.num_run_time_symbols > len(self.symbols) or (self.num_run_time_symbols and self.opt_steps):
+            raise CuvilError(f"ModelInfo: {self.num_run_time_symbols} run-time symbol(s) of {len(self.symbols)}, "
+                             f"{len(self.opt_steps)} opt steps (run-time sizes have no opt point)")
         if self.opt_steps and not self.symbols:
             raise CuvilError("ModelInfo.opt_steps without symbols: nothing to specialise")
         reserved = {f"{self.prefix}_{f}" for f in ABI_FUNCTIONS} | {f"{self.prefix}__model"}

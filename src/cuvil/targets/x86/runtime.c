@@ -167,7 +167,8 @@ struct cuvil_session {
   int num_threads;
   void **bufs;                                        /* the buffer table: [nbufs] per thread, thread-major */
   size_t nbufs;                                       /* 4 + inputs + outputs (then scratch, symbol values) */
-  int64_t *symv;                                      /* the run's symbol values (num_symbols), or NULL */
+  int64_t *symv;                                      /* the run's symbol values (num_symbols), then the run-time
+                                                       * ones as last evaluated (num_symbols more), or NULL */
   int64_t *evals;                                     /* sizes evaluated from them (num_evaluated), or NULL */
   void *arena;
   size_t arena_mapped;                                /* > 0: a symbolic model's arena, its own mapping */
@@ -450,7 +451,7 @@ static struct cuvil_session *session_create(int num_threads) {
   s->nbufs = nbufs;
   s->bufs = (void **)calloc(nbufs * (size_t)num_threads, sizeof(void *));
   if (m->num_symbols > 0) {
-    s->symv = (int64_t *)calloc((size_t)m->num_symbols, sizeof(int64_t));
+    s->symv = (int64_t *)calloc((size_t)m->num_symbols * 2, sizeof(int64_t));
     s->evals = (int64_t *)calloc((size_t)(m->num_evaluated > 0 ? m->num_evaluated : 1), sizeof(int64_t));
   }
   if (!s->bufs || (m->num_symbols > 0 && (!s->symv || !s->evals))) {
@@ -747,6 +748,8 @@ static int check_inputs(const cuvil_model *m, const cuvil_tensor *inputs, int ch
     int rc = check_tensor(m, "input", i, &m->inputs[i], &inputs[i], check_data, sym, NULL, &bytes);
     if (rc) return rc;
   }
+  /* sizes that a step computes (NonZero's count) are at their bound until then: outputs are allocated there */
+  for (int k = m->num_symbols - m->num_run_time_symbols; k < m->num_symbols; ++k) sym[k] = m->symbols[k].max;
   for (int k = 0; k < m->num_symbols; ++k)
     if (sym[k] < 0) return fail(CUVIL_ERR_DIM, "symbol %s is bound by no input dim", m->symbols[k].name);
   if (m->evaluate != NULL) m->evaluate(sym, evals);
@@ -801,6 +804,33 @@ static int validate_run(const cuvil_model *m, const cuvil_tensor *inputs, const 
     }
   }
   return CUVIL_OK;
+}
+
+/* After a step: a run-time symbol it stored (NonZero's count, TopK's k read from data) is checked against
+ * its range, and the extents and output dims are evaluated again when one changed. */
+static int refresh_run_time_sizes(const cuvil_model *m, struct cuvil_session *s) {
+  int changed = 0;
+  for (int k = m->num_symbols - m->num_run_time_symbols; k < m->num_symbols; ++k) {
+    const cuvil_symbol *y = &m->symbols[k];
+    int64_t v = s->symv[k], *last = &s->symv[m->num_symbols + k];
+    if (v < y->min || v > y->max)
+      return fail(CUVIL_ERR_PROFILE, "run: size %s computed from the input values is invalid (%lld; at most %lld "
+                  "in this profile): e.g. TopK's k outside [0, its axis length]", y->name, (long long)v,
+                  (long long)y->max);
+    changed |= v != *last;
+    *last = v;
+  }
+  if (changed) m->evaluate(s->symv, s->evals);
+  return CUVIL_OK;
+}
+
+/* After a run with run-time sizes: every output's actual dims into its caller tensor's shape. */
+static void write_output_dims(const cuvil_model *m, const int64_t *evals, cuvil_tensor *outputs) {
+  for (int j = 0; j < m->num_outputs; ++j) {
+    const int64_t *dims = output_dims(m, evals, j);
+    for (int k = 0; k < m->outputs[j].ndim; ++k)
+      if (m->outputs[j].shape[k] < 0) outputs[j].shape[k] = dims[k];
+  }
 }
 
 static int io_info(const char *kind, int count, const cuvil_io_desc *descs, int i, int32_t *dtype, int32_t *ndim,
@@ -947,10 +977,17 @@ CUVIL_EXPORT int CUVIL_API(run)(cuvil_session *h, const cuvil_tensor *inputs, cu
    * another step; k = target - 1, then ++k. */
 #define CUVIL_JUMP(k) (steps[k].jump_to > 0 && (steps[k].jump_buf == 0 || \
     ((((const uint8_t *)s->bufs[steps[k].jump_buf - 1])[steps[k].jump_off] != 0) == (steps[k].jump_value != 0))))
+  const int sized = m->num_run_time_symbols > 0 && !at_opt;
+  if (sized)
+    for (int k = m->num_symbols - m->num_run_time_symbols; k < m->num_symbols; ++k)
+      s->symv[m->num_symbols + k] = s->symv[k];
+#define CUVIL_SIZES() \
+  if (sized && (rc = refresh_run_time_sizes(m, s)) != CUVIL_OK) { session_release(h); return rc; }
   if (s->profile == NULL) {
     for (int k = 0; k < nsteps; ++k) {
       if (CUVIL_SKIP(k)) continue;
       run_step(s, &steps[k], CUVIL_EXTENT(k));
+      CUVIL_SIZES();
       if (CUVIL_JUMP(k)) k = steps[k].jump_to - 2;
     }
   } else {
@@ -961,9 +998,11 @@ CUVIL_EXPORT int CUVIL_API(run)(cuvil_session *h, const cuvil_tensor *inputs, cu
       run_step(s, &steps[k], CUVIL_EXTENT(k));
       clock_gettime(CLOCK_MONOTONIC, &t1);
       s->profile[first + k] += (int64_t)(t1.tv_sec - t0.tv_sec) * 1000000000 + (t1.tv_nsec - t0.tv_nsec);
+      CUVIL_SIZES();
       if (CUVIL_JUMP(k)) k = steps[k].jump_to - 2;
     }
   }
+  if (sized) write_output_dims(m, s->evals, outputs);
   session_release(h);
   return CUVIL_OK;
 }
