@@ -139,8 +139,7 @@ def schedule(g: Graph, gemm_cols: int = 0, split_concat: bool = False, gemm_tile
     arena = _plan_arena(stages, ranges, builder.loops)
     wbytes = _plan_weights(weights)
     return Schedule(stages, builder.in_bufs, builder.out_bufs, [(b, a) for b, a in weights.values() if a is not None],
-                    arena, wbytes, builder.fused, syms, builder.loops)
-                    arena, wbytes, builder.fused, syms, len(data_syms), limits)
+                    arena, wbytes, builder.fused, syms, builder.loops, len(data_syms), limits)
 
 
 def _run_time_symbols(g: Graph, data_syms: Dict[str, Symbol]) -> List[Symbol]:
@@ -251,7 +250,23 @@ class _StageBuilder:
                     st.guard = (b, polarity)
             written.add(id(root_of(st.buf)))
 
-                    arena, wbytes, builder.fused, syms, builder.loops, len(data_syms), limits)
+    def store_into(self, name: str, buf: Buf, fn) -> None:
+        """A stage writing ``fn`` into an existing buffer (a run-time loop's back edge into a state slot)."""
+        vs = [var(f"i{k}") for k in range(len(buf.shape))]
+        self.add_stage(Stage(name, buf, vs, fn(list(vs)), op=self.current_op), self.current_guard)
+
+    def place_stored(self, node, o: Value, buf: Buf) -> None:
+        """Output ``o`` of ``node`` is the contents of ``buf`` (read in place, or copied where it must be)."""
+        self.expensive[id(o)] = False
+        self.contracting[id(o)] = False
+        self._place(node, o, _loader(buf))
+
+    def write_symbol(self, name: str, value: E) -> None:
+        """A scalar stage storing ``value`` (int64) into run-time symbol ``name``'s slot of the symbol table
+        (buffer table index ``3 + inputs + outputs``): later kernels read the symbol from there."""
+        base = 3 + len(self.g.inputs) + len(self.g.outputs)
+        b = Buf(f"{name}_size", DType.INT64, (), base, 8 * self.symbol_slots[name])
+        self.add_stage(Stage(f"{name}_size", b, [], value, op=self.current_op), self.current_guard)
 
     def temp(self, shape, dtype, fn, name) -> TensorFn:
         return self.materialize(name, shape, dtype, fn)
