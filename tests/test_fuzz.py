@@ -108,3 +108,15 @@ def test_docs_python_snippet_runs():
     text = open(os.path.join(os.path.dirname(__file__), "..", "docs", "fuzzing.md"), encoding="utf-8").read()
     (code,) = re.findall(r"```python\n(.*?)```", text, re.S)
     exec(compile(code, "docs/fuzzing.md", "exec"), {})
+
+
+def test_reference_global_average_pool_on_an_empty_batch():
+    """onnx.reference's GlobalAveragePool divides by zero on an empty batch (found by onnx_structure seed 290,
+    a batch dim mutated to 0); Cuvil's reference gives the empty result, as onnxruntime does."""
+    g = helper.make_graph([helper.make_node("GlobalAveragePool", ["x"], ["y"])], "gap",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [0, 2, 3, 3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [0, 2, 1, 1])])
+    p = Pipeline.from_onnx(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    assert p.run_reference({"x": np.zeros((0, 2, 3, 3), np.float32)})["y"].shape == (0, 2, 1, 1)
+    y = p.run_reference({"x": np.arange(18, dtype=np.float32).reshape(1, 2, 3, 3)})["y"]
+    np.testing.assert_allclose(y.ravel(), [4.0, 13.0])

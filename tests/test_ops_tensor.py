@@ -361,7 +361,7 @@ ERRORS = [
     ("ReverseSequence", [(F, (3, 4)), (I64, (4,))], {"batch_axis": 0, "time_axis": 0}, {}, "0 and 1"),
     ("ReverseSequence", [(F, (3, 4)), (I64, (5,))], {}, {}, "batch size"),
     ("NonMaxSuppression", [(F, (1, 10, 5)), (F, (1, 2, 10))], {}, {}, "boxes must be"),
-    ("Cast", [(F, (2,))], {"to": 17}, {}, "not supported"),
+    ("Cast", [(F, (2,))], {"to": 99}, {}, "not supported"),
     ("Resize", [(F, (1, 3, 4, 4)), None, None, None], {}, {2: f32(1, 1, 2, 2), 3: i64(1, 3, 8, 8)}, "exactly one of scales and sizes"),
     ("Resize", [(F, (1, 3, 4, 4)), None, None], {}, {2: f32(2, 2)}, "one entry per resized axis"),
     ("Resize", [(F, ("N", 3, "H", 4)), None, None], {}, {2: f32(1, 1, 1.5, 1)}, "non-integer scale"),

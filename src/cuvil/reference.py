@@ -5,7 +5,8 @@ Cuvil's op semantics (the prover's, the folder's and the backends') are the spec
 ``Log(Exp(X) + 1)``, Sigmoid ``1 / (1 + Exp(-X))``, Mish ``X * Tanh(Softplus(X))``, and Sum folds left
 from its first input (onnx.reference uses logaddexp, a two-branch sigmoid, and Python's ``sum`` from 0,
 which turns ``Sum(-0.0)`` into +0.0; its Softsign fails on 0-d inputs; its GatherElements is wrong along an
-axis longer than numpy's ``np.choose`` limit). Everything else is onnx.reference as it is.
+axis longer than numpy's ``np.choose`` limit, and its GlobalAveragePool divides by zero on an empty batch).
+Everything else is onnx.reference as it is.
 """
 from __future__ import annotations
 
@@ -80,6 +81,18 @@ class GatherElements(OpRun):
         return (np.take_along_axis(data[cut], idx, axis),)
 
 
+class GlobalAveragePool(OpRun):
+    """The mean over every axis after the first two. onnx.reference averages with a division by the element
+    count that raises ZeroDivisionError on an empty batch or channel axis, where the result is simply empty."""
+    op_domain = ""
+
+    def _run(self, x):
+        axes = tuple(range(2, x.ndim))
+        if x.size == 0:
+            return (np.zeros(x.shape[:2] + (1,) * len(axes), dtype=x.dtype),)
+        return (np.mean(x, axis=axes, keepdims=True).astype(x.dtype),)
+
+
 class WinogradKernel(OpRun):
     op_domain = "ai.cuvil"
 
@@ -96,7 +109,7 @@ class WinogradConv(OpRun):
 
 # Cuvil's own ops (domain ai.cuvil, see cuvil.ir.ops.winograd)
 CUVIL_OPS = [WinogradKernel, WinogradConv]
-SPEC_OPS = [Softplus, Sigmoid, Mish, Softsign, Sum, GatherElements] + CUVIL_OPS
+SPEC_OPS = [Softplus, Sigmoid, Mish, Softsign, Sum, GatherElements, GlobalAveragePool] + CUVIL_OPS
 
 
 def reference_evaluator(model: onnx.ModelProto) -> ReferenceEvaluator:
