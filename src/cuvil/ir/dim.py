@@ -400,17 +400,22 @@ def evaluate(d: Dim, env: Mapping[str, int]) -> int:
     return d if isinstance(d, int) else d.evaluate(env)
 
 
-def substitute(d: Dim, env: Mapping[str, Dim]) -> Dim:
-    """``d`` with the symbols of ``env`` replaced by their dims (ints or expressions), kept canonical."""
+def map_atoms(d: Dim, fn) -> Dim:
+    """``d`` rebuilt, canonical, with every atom ``a`` of its polynomial replaced by the dim ``fn(a)``."""
     if isinstance(d, int):
         return d
     total: Dim = 0
     for mono, coef in d.terms:
         prod: Dim = coef
         for a in mono:
-            prod = mul(prod, _substitute_atom(a, env))
+            prod = mul(prod, fn(a))
         total = add(total, prod)
     return total
+
+
+def substitute(d: Dim, env: Mapping[str, Dim]) -> Dim:
+    """``d`` with the symbols of ``env`` replaced by their dims (ints or expressions), kept canonical."""
+    return map_atoms(d, lambda a: _substitute_atom(a, env))
 
 
 def _substitute_atom(a: Atom, env) -> Dim:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Mapping, Optional, Tuple
 
 from ..errors import ShapeError
-from ..ir.dim import Atom, Dim, SymExpr, add, bounds, dmax, dmin, floordiv, mod, mul, with_multiples
+from ..ir.dim import Atom, Dim, SymExpr, bounds, dmax, dmin, floordiv, map_atoms, mod, with_multiples
 from ..ir.graph import Graph
 from ..ir.registry import infer_node
 from ..ir.types import TensorType
@@ -58,13 +58,7 @@ def simplify_dim(d: Dim, ranges: Ranges, multiples: Optional[Multiples] = None) 
         d = with_multiples(d, multiples)
     if isinstance(d, int) or not any(a.kind != "sym" for mono, _ in d.terms for a in mono):
         return d
-    out: Dim = 0
-    for mono, coef in d.terms:
-        term: Dim = coef
-        for a in mono:
-            term = mul(term, _simplify_atom(a, ranges))
-        out = add(out, term)
-    return out
+    return map_atoms(d, lambda a: _simplify_atom(a, ranges))
 
 
 def _simplify_atom(a: Atom, ranges: Ranges) -> Dim:
