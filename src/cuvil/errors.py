@@ -1,9 +1,46 @@
-"""The typed errors of Cuvil's public interface. Each message is one line that names what failed."""
+"""The typed errors of Cuvil's public interface. Each message is one line that names what failed, in the
+user's spelling (names as the model writes them), with at most a few lines of detail and the next step that
+works."""
 from __future__ import annotations
+
+from typing import Iterable, Optional
+
+#: The most detail lines an error shows; the rest are summarised as "... N more".
+MAX_DETAIL_LINES = 6
+#: Detail lines longer than this are cut (an expression of 4 kB helps nobody).
+MAX_DETAIL_CHARS = 240
 
 
 class CuvilError(Exception):
-    """Base of every error Cuvil raises on purpose."""
+    """Base of every error Cuvil raises on purpose.
+
+    ``CuvilError(message, hint=..., details=[...])``: ``message`` is one line naming the problem; ``hint`` the
+    next step that works (``"give --input-shape x=1x3x640x640"``); ``details`` a few supporting lines (shown
+    truncated). ``str(e)`` is the message followed by the details and the hint, one per line, so a Python user
+    sees all three; the CLI prints them as ``cuvil: error: MESSAGE`` then indented lines.
+    """
+
+    def __init__(self, message: str = "", *args, hint: Optional[str] = None, details: Iterable[str] = ()):
+        super().__init__(message, *args)
+        self.message = str(message)
+        self.hint = hint
+        self.details = [str(d) for d in details]
+
+    def detail_lines(self) -> list:
+        """The details as shown: at most MAX_DETAIL_LINES, each cut to MAX_DETAIL_CHARS."""
+        lines = [_cut(d) for d in self.details[:MAX_DETAIL_LINES]]
+        if len(self.details) > MAX_DETAIL_LINES:
+            lines.append(f"... {len(self.details) - MAX_DETAIL_LINES} more")
+        return lines
+
+    def __str__(self) -> str:
+        text = self.message if not self.args[1:] else super().__str__()
+        extra = [f"  {d}" for d in self.detail_lines()] + ([f"  next: {self.hint}"] if self.hint else [])
+        return "\n".join([text] + extra)
+
+
+def _cut(line: str) -> str:
+    return line if len(line) <= MAX_DETAIL_CHARS else line[:MAX_DETAIL_CHARS - 3] + "..."
 
 
 class ModelLoadError(CuvilError):
