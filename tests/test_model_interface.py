@@ -193,6 +193,7 @@ def test_refusals_name_the_next_step(built):
     e = refusal(x86, ids, np.zeros((2, 9), np.int64))
     assert e.message.endswith("input 1 'attention_mask': dim 1 is sequence = 9, but input 0 'input_ids' dim 1 bound "
                               "sequence = 8 (code -8)")
+    assert e.hint == "give every dim named sequence one value (here 8, as input 0 'input_ids' dim 1 has)"
     e = refusal(gpu, ids, np.zeros((2, 9), np.int64))
     assert e.message.endswith("input 1 'attention_mask': dim 1 is 9, expected 8 (code -8)")
 

@@ -232,7 +232,7 @@ class Signature:
                        f"(e.g. {-(-got // prof.multiple) * prof.multiple})")
             if sym in bindings and bindings[sym] != got:
                 refuse(-8, f"dim {i} is {sym} = {got}, but {bound_by[sym]} bound {sym} = {bindings[sym]}",
-                       f"give every dim named {sym} one value")
+                       f"give every dim named {sym} one value (here {bindings[sym]}, as {bound_by[sym]} has)")
             bindings.setdefault(sym, got)
             bound_by.setdefault(sym, f"input {k} '{d.name}' dim {i}")
 
