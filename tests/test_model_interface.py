@@ -145,6 +145,7 @@ def _cases():
         "too many": ((ids, mask, mask), {}, "3 positional inputs, the model has 2 ('input_ids', 'attention_mask')"),
         "dict and keywords": ((f,), {"input_ids": ids}, "inputs given both in a dict and as keywords ('input_ids')"),
         "dict among arrays": ((f, mask), {}, "a dict of inputs among 2 positional arguments"),
+        "a list as one input": (([ids, mask],), {}, "a list of 2 arrays given as one input"),
         "dtype": ((ids.astype(np.int32), mask), {},
                   "tensor dtype does not match the model: input 0 'input_ids': dtype is 6 (int32), expected 7 "
                   "(int64) (code -6)"),

@@ -166,6 +166,10 @@ class Signature:
                          "pass the dict alone, run({name: array, ...}), or only arrays in input order "
                          f"({self.input_names()})")
         n = len(self.inputs)
+        if (len(args) == 1 and n > 1 and isinstance(args[0], (list, tuple)) and len(args[0]) == n
+                and all(isinstance(a, np.ndarray) for a in args[0])):
+            self._refuse(f"a {type(args[0]).__name__} of {n} arrays given as one input",
+                         "unpack it, run(*arrays), or pass a dict by name")
         if len(args) > n:
             self._refuse(f"{len(args)} positional inputs, the model has {n} ({self.input_names()})",
                          f"pass {n} arrays in input order, or a dict by name")
