@@ -268,6 +268,22 @@ def test_run_errors_name_the_next_step(demo_lib, capsys):
     assert capsys.readouterr().out.startswith("probs: float32[2, 10] = ")
 
 
+def test_run_names_a_symbolic_dim_and_offers_a_shape_the_library_serves(tmp_path, capsys):
+    lib = str(tmp_path / "libdyn.so")
+    assert cli_main(["compile", DEMO, "-o", lib, "--shape-profile", "N=1:3:8", "-q"]) == 0
+    capsys.readouterr()
+    assert cli_main(["run", lib]) == 2
+    assert_next_step(errors_of(capsys), "inputs: image float32[Nx3x16x16]", "next: --input image=FILE.npy, or "
+                     "--input-shape image=3x3x16x16")
+    np.save(tmp_path / "small.npy", np.zeros((2, 3, 8, 8), np.float32))
+    assert cli_main(["run", lib, "--input", f"image={tmp_path / 'small.npy'}"]) == 2
+    assert_next_step(errors_of(capsys), "input 'image' is Nx3x16x16", "next: save an array of shape 3x3x16x16")
+    assert cli_main(["run", lib, "--input-shape", "image=9x3x16x16"]) == 2   # the model checks the profile
+    assert_next_step(errors_of(capsys), "outside the profile N in [1, 8]", "next: ")
+    assert cli_main(["run", lib, "--input-shape", "image=5x3x16x16"]) == 0
+    assert capsys.readouterr().out.startswith("probs: float32[5, 10] = ")
+
+
 def test_a_closed_pipe_ends_quietly():
     """`cuvil ops | head`: the reader is gone before cuvil writes; no traceback, the exit status of SIGPIPE."""
     env = dict(os.environ, PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""))

@@ -53,7 +53,7 @@ def cmd_run(args) -> int:
         if name not in specs:
             raise CuvilError(f"--input {item}: {path} has no input {name!r}", details=[_inputs_text(m)],
                              hint=f"--input {_nearest(name, specs)}={file}")
-        named[name] = _checked_array(specs[name], file, item)
+        named[name] = _checked_array(m, specs[name], file, item)
     shapes = parse_input_shapes(args.input_shape)
     for name, spec in shapes.items():
         if bench.is_profile(spec):
@@ -70,8 +70,8 @@ def cmd_run(args) -> int:
         spec = missing[0]
         raise CuvilError(f"input {spec.name!r} is not given" + (f" (nor {len(missing) - 1} more)" if missing[1:] else ""),
                          details=[_inputs_text(m)],
-                         hint=f"--input {spec.name}=FILE.npy, or --input-shape {spec.name}={_dims_text(spec)} for "
-                              f"seeded random values")
+                         hint=f"--input {spec.name}=FILE.npy, or --input-shape {spec.name}={_example_dims(m, spec)} "
+                              f"for seeded random values")
     if shapes:   # seeded random values; the library checks the shapes against its inputs and profile
         want = [spec for spec in m.inputs if spec.name in shapes]
         arrays = bench.random_inputs(types.SimpleNamespace(inputs=want), [shapes[s.name] for s in want], args.seed)
@@ -88,19 +88,19 @@ def cmd_run(args) -> int:
     return 0
 
 
-def _checked_array(spec, file: str, item: str) -> np.ndarray:
+def _checked_array(m, spec, file: str, item: str) -> np.ndarray:
     """The array in ``file`` for input ``spec``: a readable .npy of the input's dtype and rank, its fixed dims
-    equal (symbolic dims are checked against the profile by the library)."""
-    dims = _dims_text(spec)
+    equal (symbolic dims are checked against the profile by the model)."""
+    dims, example = _dims_text(spec), _example_dims(m, spec)
     dtype = np.dtype(spec.dtype).name if spec.dtype is not None else f"ONNX type {spec.code}"
     make = f"numpy.save('{_npy_name(file)}', array)  # array: {dtype}, shape {dims}"
     if not os.path.isfile(file):
         raise CuvilError(f"--input {item}: no such file", hint=f"write it with {make}; or --input-shape "
-                                                               f"{spec.name}={dims} for seeded random values")
+                                                               f"{spec.name}={example} for seeded random values")
     with open(file, "rb") as f:
         head = f.read(len(NPY_MAGIC))
     if head != NPY_MAGIC:
-        raw = f"numpy.fromfile('{file}', numpy.{dtype}).reshape({dims.replace('x', ', ')})"
+        raw = f"numpy.fromfile('{file}', numpy.{dtype}).reshape({example.replace('x', ', ')})"
         raise CuvilError(f"--input {item}: not a .npy file (cuvil run reads numpy.save's format, which records "
                          f"the dtype and shape)",
                          hint=f"python3 -c \"import numpy; numpy.save('{_npy_name(file)}', {raw})\" if it holds "
@@ -115,13 +115,19 @@ def _checked_array(spec, file: str, item: str) -> np.ndarray:
     fits = arr.ndim == len(spec.shape) and all(d is None or d == n for d, n in zip(spec.shape, arr.shape))
     if not fits:
         raise CuvilError(f"--input {item}: the array's shape is {'x'.join(map(str, arr.shape)) or 'scalar'}, input "
-                         f"{spec.name!r} is {dims}", hint=f"save an array of shape {dims} (D: any size the library "
-                                                          f"serves)" if "D" in dims else f"save an array of shape {dims}")
+                         f"{spec.name!r} is {dims}", hint=f"save an array of shape {example}"
+                         + (f" (or another size in the range of {dims}: cuvil inspect shows it)" if dims != example else ""))
     return arr
 
 
 def _dims_text(spec) -> str:
-    return "x".join(str(d) if d is not None else "D" for d in spec.shape)
+    """``Nx3x16x16``: the input's dims, a symbol by its name."""
+    return "x".join(str(d) for d in spec.dims)
+
+
+def _example_dims(m, spec) -> str:
+    """``2x3x16x16``: a shape the model takes, each symbol at its profile's opt."""
+    return "x".join(str(m.symbols[d].opt) if isinstance(d, str) and d in m.symbols else str(d) for d in spec.dims)
 
 
 def _npy_name(file: str) -> str:
