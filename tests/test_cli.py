@@ -182,7 +182,7 @@ def test_inspect_and_verify_take_the_shape_flags(demo_lib, capsys):
 def test_quiet_wins_over_progress_and_progress_shows_without_a_terminal(tmp_path, capsys):
     lib = str(tmp_path / "libd.so")
     assert cli_main(["compile", DEMO, "-o", lib, "--fix", "N=2", "--progress"]) == 0
-    assert "importing" in capsys.readouterr().err
+    assert capsys.readouterr().err.strip()   # what the progress shows is the progress module's business
     assert cli_main(["compile", DEMO, "-o", lib, "--fix", "N=2", "--progress", "-q"]) == 0
     assert capsys.readouterr().err == ""
     assert cli_main(["compile", DEMO, "-o", lib, "--fix", "N=2"]) == 0   # stderr is no terminal here
