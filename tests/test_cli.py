@@ -167,6 +167,20 @@ def test_bench_shape_alias_works_for_an_onnx(ocr_like, capsys):
     assert "inputs     x: float32[1, 3, 48, 320]" in capsys.readouterr().out
 
 
+def test_bench_errors_spell_the_flag_the_user_gave(demo_lib, capsys):
+    lib, _ = demo_lib
+    for flag in ("--shape", "--input-shape"):
+        assert cli_main(["bench", lib, flag, "image=2x3x8x8", *BENCH_FAST]) == 2
+        assert_next_step(errors_of(capsys), f"{flag} image=2x3x8x8 does not fit the library's input image",
+                         "next: --input-shape image=2x3x16x16")
+    for flag in ("--shape", "--fix"):
+        assert cli_main(["bench", DEMO, flag, "M=3", *BENCH_FAST]) == 2
+        assert f"{flag} M=3: the model has no symbol 'M'" in errors_of(capsys)
+    assert cli_main(["bench", lib, "--shape-profile", "N=1:2:4", *BENCH_FAST]) == 2
+    assert_next_step(errors_of(capsys), "a compiled library's profile was set when it was compiled",
+                     "next: give one size to time: --fix N=SIZE, or bench the .onnx with --shape-profile")
+
+
 def test_inspect_and_verify_take_the_shape_flags(demo_lib, capsys):
     assert cli_main(["inspect", DEMO, "--fix", "N=2"]) == 0
     assert "fixed  N = 2" in capsys.readouterr().out
@@ -212,6 +226,16 @@ def test_target_aliases():
     (["bench", DEMO, "--threads", "-1"], ["--threads must be >= 0", "next: --threads 0 (all cores)"]),
     (["bench", DEMO, "--runs", "3", "--duration", "1s"], ["not both", "next: drop one"]),
     (["verify", DEMO, "--examples", "0"], ["at least one example", "next: --examples 50"]),
+    # malformed shape flags are refused before the model is read (it does not exist here)
+    (["compile", "nope.onnx", "-o", "x.so", "--fix", "N"], ["--fix takes NAME=INT", "next: --fix N=8"]),
+    (["inspect", "nope.onnx", "--shape-profile", "N=1:x"], ["--shape-profile takes NAME=MIN:OPT:MAX",
+                                                           "next: --shape-profile N=1:8:64"]),
+    (["inspect", "nope.onnx", "--shape-profile", "N=8:1:4"], ["need 1 <= MIN <= OPT <= MAX",
+                                                             "next: --shape-profile N=1:1:8"]),
+    (["verify", "nope.onnx", "--input-shape", "x=1x2:3"], ["--input-shape takes INPUT=D0xD1x",
+                                                          "next: --input-shape x=1x3x640x640 (one shape)"]),
+    (["bench", "nope.onnx", "--input-shape", "x=1x2", "--input-shape", "x=1x2"], ["the input is given twice",
+                                                                                 "next: give --input-shape x=... once"]),
     (["verify", DEMO, "--artifact", "nowhere/libm.so"], ["nowhere/libm.so: no such file",
                                                          f"next: compile it first: cuvil compile {DEMO} -o nowhere/libm.so"]),
 ])

@@ -13,7 +13,7 @@ from ..targets import PTX_TARGET, make_options
 from ..targets.ptx.archs import DEFAULT_ARCH, check_arch
 from .flags import (add_allow_bounded_flag, add_opt_level_flag, add_progress_flag, add_quiet_flag, add_shape_flags,
                     add_target_flag, opt_level, resolve_target)
-from .shape_flags import parse_input_shapes, shape_flags
+from .shape_flags import check_shape_flags, parse_input_shapes, shape_flags
 
 
 def register(sub) -> None:
@@ -117,6 +117,7 @@ def _check_flags(args) -> None:
     if args.target == PTX_TARGET:
         args.arch = check_arch(args.arch or DEFAULT_ARCH)
     args.opt_level = opt_level(args.opt_level)
+    check_shape_flags(args)
 
 
 def _stem(path: str) -> str:
