@@ -24,6 +24,7 @@ import numpy as np
 from cuvil.errors import CuvilError, ShapeError, UnsupportedTypeError
 from cuvil.ir.dim import is_symbol_name
 from cuvil.ir.dtype import DType
+from cuvil.targets.x86.cpu import check_runs_here
 from cuvil.targets.x86.model_info import is_c_identifier
 
 
@@ -112,6 +113,15 @@ def _read_manifest(so_path: str) -> dict:
     return manifest
 
 
+def _check_isa(manifest: dict, path: str) -> None:
+    """Refuse, before the library is mapped, one built with ISA features this CPU lacks (the manifest's
+    ``target.isa_features``; older manifests have none and are not checked)."""
+    target = manifest.get("target")
+    required = target.get("isa_features") if isinstance(target, dict) else None
+    if isinstance(required, list):
+        check_runs_here([str(f) for f in required], os.path.basename(path), str(target.get("cpu", "")))
+
+
 def _input_symbols(manifest: dict, k: int, ndim: int) -> tuple:
     """Per dim of input k, the symbol name the manifest gives it (a plain symbol), else None."""
     try:
@@ -136,6 +146,7 @@ class Model:
         if not os.path.isfile(self.path):
             raise CuvilError(f"{path!r} does not exist")
         manifest = _read_manifest(self.path)
+        _check_isa(manifest, path)
         if prefix is None:
             prefix = manifest.get("prefix", "cuvil")
         self.prefix = prefix
