@@ -16,7 +16,8 @@ from onnx import TensorProto, helper, numpy_helper
 import cuvil
 from cuvil import CuvilError, Pipeline
 from cuvil.targets.x86.cpu import (C_CHECKED_FEATURES, CpuDescription, check_runs_here, describe_cpu, describe_host,
-                                   host_cpu, llvm_cpu_features, llvm_cpu_names, validate_cpu, vector_bits_of)
+                                   host_cpu, llvm_cpu_features, llvm_cpu_names, portable_cpu, validate_cpu,
+                                   vector_bits_of)
 from cuvil.targets.x86.target import X86Options
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -207,3 +208,9 @@ def test_check_runs_here_names_every_missing_feature():
     with pytest.raises(CuvilError, match="may use instructions this CPU lacks: no-such-a, no-such-b"):
         check_runs_here(["no-such-b", "no-such-a", *sorted(host_cpu().features)], "libx.so", "somecpu")
     check_runs_here(sorted(host_cpu().features), "libx.so", "native")
+
+
+def test_the_portable_level_suggested_runs_here():
+    level = portable_cpu()
+    assert level in ("x86-64-v3", "x86-64-v2", "x86-64")
+    assert llvm_cpu_features(level) <= host_cpu().features

@@ -273,14 +273,28 @@ def missing_features(required: Iterable[str], cpu: Optional[CpuDescription] = No
     return tuple(sorted(set(required) - have))
 
 
+#: What LLVM's portable x86-64 levels ask of a CPU, for hints.
+_LEVEL_NEEDS = {PORTABLE_CPU: " with AVX2 and FMA", "x86-64-v2": " with SSE4.2 and POPCNT", "x86-64": ""}
+
+
+def portable_cpu() -> str:
+    """The most capable of LLVM's portable x86-64 levels this machine runs (``x86-64-v3``: AVX2 and FMA, else
+    ``x86-64-v2``, else ``x86-64``): the ``--cpu`` that builds a library for this CPU and every CPU like it."""
+    for level in (PORTABLE_CPU, "x86-64-v2"):
+        if not missing_features(llvm_cpu_features(level)):
+            return level
+    return "x86-64"
+
+
 def check_runs_here(required: Iterable[str], what: str, built_for: str = "") -> None:
     """Refuse (:class:`CuvilError`) a library built with ISA features this CPU lacks: running it would end in
     SIGILL at the first such instruction. ``what`` names the library, ``built_for`` its CPU."""
     missing = missing_features(required)
     if missing:
         shown = ", ".join(missing[:12]) + (f" and {len(missing) - 12} more" if len(missing) > 12 else "")
+        level = portable_cpu()
         raise CuvilError(
             f"{what} was built for {built_for or 'another CPU'} and may use instructions this CPU lacks: {shown}",
             details=[f"this CPU: {cpu_label()}"],
             hint=f"recompile the model on this machine (cuvil compile MODEL -o OUT --cpu native), or anywhere with "
-                 f"--cpu {PORTABLE_CPU} for a library that runs on any x86-64 CPU with AVX2")
+                 f"--cpu {level} for a library that runs on every x86-64 CPU{_LEVEL_NEEDS[level]}")
