@@ -38,7 +38,8 @@ DEMO = os.path.join(ROOT, "src", "cuvil", "data", "demo_cnn.onnx")
 ])
 def test_vector_width_comes_from_features(features, bits):
     assert vector_bits_of(features) == bits
-    assert CpuDescription(llvm_name="whatever-llvm-guessed", features=frozenset(features), is_host=True).vector_bits == bits
+    desc = CpuDescription(llvm_name="whatever-llvm-guessed", features=frozenset(features), is_host=True)
+    assert desc.vector_bits == bits
 
 
 def _fake_llvm(enabled):

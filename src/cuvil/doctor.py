@@ -134,8 +134,9 @@ def report_text(info: Dict) -> str:
         f"ptxas:      {cuda['ptxas']['path'] or 'not found (GPU bundles are emitted as PTX only)'}"
         + (f" ({cuda['ptxas']['version']})" if cuda["ptxas"]["version"] else ""),
         f"libdevice:  {cuda['libdevice'] or 'not found (GPU exp/log/tanh/erf need it; set CUVIL_LIBDEVICE)'}",
-        ("GPU:        " + f"{gpu['name']} ({gpu['arch']}, {gpu['memory_bytes'] / 2**30:.1f} GiB), "
-         f"driver CUDA {gpu['driver_cuda_version']}") if gpu.get("available") else f"GPU:        none ({gpu['reason']})",
+        (f"GPU:        {gpu['name']} ({gpu['arch']}, {gpu['memory_bytes'] / 2**30:.1f} GiB), "
+         f"driver CUDA {gpu['driver_cuda_version']}") if gpu.get("available")
+        else f"GPU:        none ({gpu['reason']})",
         f"cache:      {info['cache_dir']} (CUVIL_CACHE_DIR)",
     ]
     return "\n".join(lines)

@@ -17,8 +17,8 @@ from ...ir.dim import bounds, evaluate, product
 from ...kernels.schedule import Schedule, Stage
 from ...kernels.texpr import top_level
 from ..llvm.module import LLVMKernelModule, initialize_native
-from .cpu import CpuDescription, describe_cpu, host_cpu, is_host_name
 from ..llvm.types import I64, PTR
+from .cpu import CpuDescription, describe_cpu, host_cpu, is_host_name
 from .depthwise import emit_depthwise_stage
 from .emitter import ROW_BLOCK, ROW_MAX, X86Emitter, row_reduction
 from .gemm import emit_gemm_stage

@@ -19,8 +19,8 @@ from ..base import BuildPlan, Progress, TargetOptions, check, is_bool, is_opt_le
 from .artifact import Artifact, sidecars
 from .choose import accepter
 from .codegen import cpu_identity
-from .cpu import describe_cpu, validate_cpu
 from .compile import arena_limit, compile_x86
+from .cpu import describe_cpu, validate_cpu
 from .gemm import tile_shapes
 from .model_info import is_c_identifier
 from .tuning import DEFAULT_TUNING, X86Tuning
@@ -30,9 +30,9 @@ from .tuning import DEFAULT_TUNING, X86Tuning
 class X86Options(TargetOptions):
     """Options of the x86 target.
 
-    ``opt_level`` 0-3; ``cpu``: the LLVM CPU name to generate for (None, ``"native"`` or ``"host"``: this machine's; its ISA
-    features, not its name, set the kernels' vector width); ``prefix``: the C
-    ABI's symbol prefix and the library's name (``libPREFIX.so``). ``opt_kernels`` (default on): for models
+    ``opt_level`` 0-3; ``cpu``: the LLVM CPU name to generate for (None, ``"native"`` or ``"host"``: this
+    machine's; its ISA features, not its name, set the kernels' vector width); ``prefix``: the C ABI's symbol
+    prefix and the library's name (``libPREFIX.so``). ``opt_kernels`` (default on): for models
     with symbolic dims, a second set of kernels specialised for the opt point (every symbol at its opt,
     else its min) is linked in and runs when a call's shapes are exactly that point. ``winograd`` (O2 and
     O3, default on): stride-1 3x3 convolutions become Winograd convolutions (proved ``on x86`` rules,
