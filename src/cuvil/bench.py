@@ -51,6 +51,7 @@ from .errors import CuvilError
 from .ir.dim import evaluate
 from .ir.shape_binding import lookup_symbol
 from .pipeline import Pipeline
+from .targets.x86.cpu import host_cpu
 
 #: Outputs agree when max |cuvil - ort| <= AGREE_RTOL x max(max |ort|, 1) (the tolerance of
 #: ``cuvil.verify.NATIVE_RTOL``: native kernels reassociate reductions and contract multiply-adds).
@@ -827,18 +828,12 @@ def run_benchmark(opts: BenchOptions) -> dict[str, Any]:
 
 
 def host_info() -> dict[str, Any]:
-    cpu, flags = "unknown", set()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith("model name") and cpu == "unknown":
-                    cpu = line.split(":", 1)[1].strip()
-                elif line.startswith("flags") and not flags:
-                    flags = set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    simd = "avx512f" if "avx512f" in flags else "avx2" if "avx2" in flags else "sse" if flags else "unknown"
-    return {"cpu": cpu, "cores": _resolve_threads(0), "simd": simd, "fma": "fma" in flags}
+    """The machine a benchmark ran on: ``cpu`` (brand string and cpuid family/model/stepping), ``cores``, the
+    widest SIMD Cuvil's kernels use (``simd``, ``vector_bits``) and ``fma``, from the ISA features."""
+    cpu = host_cpu()
+    simd = {512: "avx512f", 256: "avx2"}.get(cpu.vector_bits, "sse")
+    return {"cpu": cpu.label(), "cores": _resolve_threads(0), "simd": simd, "fma": "fma" in cpu.features,
+            "vector_bits": cpu.vector_bits}
 
 
 # -- SLAs, report, plot ----------------------------------------------------------------------------
