@@ -226,7 +226,8 @@ def test_target_aliases():
     (["bench", DEMO, "--threads", "-1"], ["--threads must be >= 0", "next: --threads 0 (all cores)"]),
     (["bench", DEMO, "--runs", "3", "--duration", "1s"], ["not both", "next: drop one"]),
     (["verify", DEMO, "--examples", "0"], ["at least one example", "next: --examples 50"]),
-    # malformed shape flags are refused before the model is read (it does not exist here)
+    # a bad --cpu, and malformed shape flags, are refused before the model is read (it does not exist here)
+    (["compile", "nope.onnx", "-o", "x.so", "--cpu", "zen5"], ["unknown CPU 'zen5' (--cpu)", "znver5", "next: --cpu "]),
     (["compile", "nope.onnx", "-o", "x.so", "--fix", "N"], ["--fix takes NAME=INT", "next: --fix N=8"]),
     (["inspect", "nope.onnx", "--shape-profile", "N=1:x"], ["--shape-profile takes NAME=MIN:OPT:MAX",
                                                            "next: --shape-profile N=1:8:64"]),
