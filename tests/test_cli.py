@@ -16,6 +16,7 @@ from cuvil.cli import build_parser
 from cuvil.cli import main as cli_main
 from cuvil.cli.flags import opt_level, resolve_target
 from cuvil.targets.ptx.archs import GPU_ARCHS, check_arch
+from cuvil.targets.ptx.libdevice import find_libdevice
 
 DEMO = os.path.join(os.path.dirname(cuvil.__file__), "data", "demo_cnn.onnx")
 SRC = os.path.dirname(os.path.dirname(cuvil.__file__))
@@ -307,6 +308,21 @@ def test_run_names_a_symbolic_dim_and_offers_a_shape_the_library_serves(tmp_path
     assert_next_step(errors_of(capsys), "outside the profile N in [1, 8]", "next: ")
     assert cli_main(["run", lib, "--input-shape", "image=5x3x16x16"]) == 0
     assert capsys.readouterr().out.startswith("probs: float32[5, 10] = ")
+
+
+def test_run_takes_a_gpu_bundle_through_cuvil_load(tmp_path, capsys):
+    if find_libdevice() is None:
+        pytest.skip("libdevice.10.bc not found: no GPU bundle can be compiled here")
+    bundle = str(tmp_path / "demo.cuvil")
+    assert cli_main(["compile", DEMO, "-o", bundle, "--target", "cuda", "--fix", "N=2", "-q"]) == 0
+    capsys.readouterr()
+    rc = cli_main(["run", bundle, "--input-shape", "image=2x3x16x16"])
+    if rc == 0:   # a machine with a GPU: the same interface and output as the x86 library
+        assert capsys.readouterr().out.startswith("probs: float32[2, 10] = ")
+    else:
+        assert rc == 2
+        assert_next_step(errors_of(capsys), f"{bundle}: no CUDA driver/GPU", "next: run the bundle where an NVIDIA GPU",
+                         "cuvil compile MODEL -o build/libNAME.so")
 
 
 def test_a_closed_pipe_ends_quietly():
