@@ -31,7 +31,8 @@ def register(sub) -> None:
                     "DIR/NAME.cuvil (a bundle directory) for nvptx64-nvidia-cuda")
     add_target_flag(sp)
     add_opt_level_flag(sp)
-    sp.add_argument("--arch", default=None, help="GPU architecture for nvptx64-nvidia-cuda, sm_NN (default sm_90)")
+    sp.add_argument("--arch", default=None,
+                    help=f"GPU architecture for nvptx64-nvidia-cuda, sm_NN (default {DEFAULT_ARCH})")
     sp.add_argument("--cpu", default=None, help="x86: LLVM CPU name (default: this machine's)")
     sp.add_argument("--prefix", default="cuvil", help="prefix of the C ABI symbols (default cuvil_)")
     add_shape_flags(sp, "bind the symbolic dims of an input by its shape, whatever they are called: one "
