@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 import onnx.defs
 
-from . import bench
+from . import bench, progress
 from .artifact import load
 from .dsl.parser import load_rules
 from .errors import CuvilError
@@ -295,19 +295,32 @@ def _input_shape_flag(sp, text: str) -> None:
     sp.add_argument("--input-shape", action="append", metavar="INPUT=SHAPE", help=text)
 
 
+def _progress_flags(sp) -> None:
+    sp.add_argument("-q", "--quiet", action="store_true", help="no progress, only results and errors")
+    sp.add_argument("--progress", action="store_true", help="progress on stderr even when it is not a terminal")
+
+
 def _allow_bounded_flag(sp) -> None:
     sp.add_argument("--allow-bounded-rules", action="store_true",
                     help="also run 'prove exact' rules checked only on bounded instances whose ops sum (their "
                          "bits may depend on the summation order on larger shapes; off by default)")
 
 
+def _progress_wanted(args) -> bool:
+    """Progress on stderr: when it is a terminal or with --progress, never with -q."""
+    return progress.wanted(getattr(args, "quiet", False), getattr(args, "progress", False))
+
+
 def cmd_verify(args) -> int:
+    with progress.enabled(_progress_wanted(args)):
+        if args.artifact:
+            res = verify_artifact(args.model, args.artifact, examples=args.examples)
+        else:
+            res = verify(args.model, rules=args.rules or (), examples=args.examples)
     if args.artifact:
-        res = verify_artifact(args.model, args.artifact, examples=args.examples)
         print(f"compared {args.artifact} with the original model (onnx.reference) on {res.examples} inputs, "
               f"within rel. tolerance {NATIVE_RTOL}")
         return _verdict(res, "the compiled library")
-    res = verify(args.model, rules=args.rules or (), examples=args.examples)
     fired = ", ".join(f"{k} x{v}" for k, v in sorted(res.rules_fired.items())) or "none"
     print(f"rules fired: {fired}")
     print(f"compared {'bit for bit' if res.exact else 'within tolerance (prove real rules fired)'} on {res.examples} inputs")
@@ -315,6 +328,7 @@ def cmd_verify(args) -> int:
 
 
 def _verdict(res, what: str) -> int:
+    print(res.error_line())
     if res.ok:
         print(f"verify passed: {what} agrees with the original")
         return 0
@@ -351,9 +365,10 @@ def cmd_compile(args) -> int:
         raise CuvilError(f"--output must name DIR/libNAME.so, got {args.output!r}")
     options = make_options(args.target, opt_level=_opt_level(args), cpu=args.cpu, prefix=args.prefix,
                            winograd=not args.no_winograd)
-    progress, p = _import_and_optimize(args)
-    fixed, profiles = _shape_flags(p, args)
-    art = p.compile(options=options, fixed=fixed, progress=progress, shape_profiles=profiles)
+    with progress.enabled(_progress_wanted(args)):
+        p = _import_and_optimize(args)
+        fixed, profiles = _shape_flags(p, args)
+        art = p.compile(options=options, fixed=fixed, shape_profiles=profiles)
     out = art.save(args.output)
     m = art.manifest
     base = os.path.splitext(out)[0]
@@ -381,13 +396,9 @@ def _opt_level(args) -> int:
 
 
 def _import_and_optimize(args):
-    """The steps both compile targets share: a timed progress printer, import and optimize."""
-    t0 = time.perf_counter()
-    progress = (lambda msg: print(f"[{time.perf_counter() - t0:6.1f}s] {msg}", file=sys.stderr, flush=True))
-    progress(f"importing {args.input}")
+    """The steps both compile targets share: import and optimize (each reports its progress)."""
     p = Pipeline.from_file(args.input, input_shapes=_parse_input_shapes(getattr(args, "input_shape", None)))
-    progress(f"optimizing {len(p.graph.nodes)} nodes")
-    return progress, p.optimize(rules=args.rules or None, allow_bounded=args.allow_bounded_rules)
+    return p.optimize(rules=args.rules or None, allow_bounded=args.allow_bounded_rules)
 
 
 def _compile_gpu_bundle(args) -> int:
@@ -404,9 +415,10 @@ def _compile_gpu_bundle(args) -> int:
     options = make_options(args.target, opt_level=_opt_level(args), prefix=args.prefix, arch=args.arch,
                            fma=not args.no_fma, enable_fp16=args.enable_fp16, kernel_rules=kernel_rules,
                            register_pass=args.register_pass)
-    progress, p = _import_and_optimize(args)
-    fixed, profiles = _shape_flags(p, args)
-    bundle = p.compile(options=options, fixed=fixed, progress=progress, shape_profiles=profiles)
+    with progress.enabled(_progress_wanted(args)):
+        p = _import_and_optimize(args)
+        fixed, profiles = _shape_flags(p, args)
+        bundle = p.compile(options=options, fixed=fixed, shape_profiles=profiles)
     out = bundle.save(out_path)
     m = bundle.manifest
     regs = [k["registers"] for k in ((m.get("ptxas") or {}).get("kernels") or {}).values() if k.get("registers")]
@@ -538,7 +550,7 @@ def cmd_bench(args) -> int:
         warmup=pick(args.warmup, "warmup", bench.DEFAULT_WARMUP), concurrency=pick(args.concurrency, "concurrency", 1),
         opt_level=bench.parse_opt_level(pick(args.opt_level, "opt_level", "O3")), shapes=_bench_shapes(args),
         seed=args.seed, cold_runs=cold_runs, pause_ms=args.pause_ms,
-        progress=True if args.progress else "auto" if sys.stderr.isatty() else False,
+        progress=_progress_wanted(args),
         log=lambda msg: print(f"cuvil bench: {msg}", file=sys.stderr, flush=True))
     res = bench.run_benchmark(opts)
     checks = bench.check_slas(res, slas)
@@ -634,6 +646,7 @@ def build_parser() -> argparse.ArgumentParser:
     _allow_bounded_flag(sp)
     sp.add_argument("--no-winograd", action="store_true",
                     help="x86: keep direct 3x3 convolutions (Winograd rounds differently; see docs/rules.md)")
+    _progress_flags(sp)
     sp.set_defaults(fn=cmd_compile)
     sp = sub.add_parser("run", help="run a compiled library on .npy inputs")
     sp.add_argument("library")
@@ -649,6 +662,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--rules", action="append", help="extra .rule file or directory (repeatable)")
     sp.add_argument("--examples", type=int, default=50)
     sp.add_argument("--artifact", help="also fuzz this compiled library (libNAME.so) against the original")
+    _progress_flags(sp)
     sp.set_defaults(fn=cmd_verify)
     sp = sub.add_parser("ops", help="support matrix: each op's import, proof semantics, x86, GPU and float16 support")
     sp.add_argument("--json", action="store_true", help="the matrix (with the reason for each gap) as JSON")

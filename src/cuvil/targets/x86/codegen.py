@@ -16,6 +16,7 @@ from ...errors import CuvilError
 from ...ir.dim import bounds, evaluate, product
 from ...kernels.schedule import Schedule, Stage
 from ...kernels.texpr import top_level
+from ...progress import stage
 from ..llvm.module import LLVMKernelModule, initialize_native
 from ..llvm.types import I64, PTR
 from .depthwise import emit_depthwise_stage
@@ -243,8 +244,12 @@ def vector_bits(cpu: str, features: str) -> int:
     return 128
 
 
-def generate_object(sched: Schedule, prefix: str, cpu: Optional[str], opt: int) -> Tuple[bytes, List[Tuple[str, int, int]], dict]:
-    """The kernels of ``sched`` as an object file, and the (symbol, extent, grain) of each stage."""
+def generate_object(sched: Schedule, prefix: str, cpu: Optional[str], opt: int,
+                    variant: str = "") -> Tuple[bytes, List[Tuple[str, int, int]], dict]:
+    """The kernels of ``sched`` as an object file, and the (symbol, extent, grain) of each stage. Progress
+    (:mod:`cuvil.progress`): the LLVM IR kernel by kernel, then LLVM's optimisation and code generation,
+    which run over the whole module at once (``variant`` names the kernels' variant in those lines)."""
+    suffix = f" ({variant})" if variant else ""
     tm, triple, cpu_name, features = host_target(cpu, opt)
     km = KernelModule(prefix, tm, triple)
     km.vector_bits = vector_bits(cpu_name, features)
@@ -254,29 +259,32 @@ def generate_object(sched: Schedule, prefix: str, cpu: Optional[str], opt: int) 
     km.ranges, km.opt = sched.ranges, sched.opt_point
     steps, step_stages = [], []
     k = 0
-    while k < len(sched.stages):
-        run = _slice_run(sched.stages, k)
-        # a generic piece's unit is then the same block in every piece: the dims up to the region's axis
-        # are its parallel range (channel planes of a channel concatenation), the rest its loop nest. With
-        # rows as units instead (a piece's own choice below 64 channels), DenseNet-121's pieces ran 43% slower.
-        static = all(isinstance(d, int) for i in run for d in km.loop_shape(sched.stages[i]))
-        lead = sched.stages[k].region[0] + 1 if len(run) > 1 and static else None
-        parts = []
-        for i in run:
-            sym = f"{prefix}_kernel{i}"
-            extent, grain = km.add_stage(sched.stages[i], sym, lead=lead)
-            parts.append((i, sym, extent, grain))
-        for group in _groups(km, parts, sched.stages):
-            if len(group) == 1:
-                i, sym, extent, grain = group[0]
-            else:
-                i, sym = group[0][0], f"{prefix}_group{group[0][0]}"
-                km.add_group(sym, [(psym, e) for _, psym, e, _ in group])
-                extent, grain = sum(e for _, _, e, _ in group), group[0][3]
-            steps.append((sym, extent, grain, km.split.get(sym, CHUNKS_PER_THREAD)))
-            step_stages.append([g[0] for g in group])
-        k = run[-1] + 1
-    obj = km.compile(opt)
+    with stage("llvm IR" + suffix, total=len(sched.stages), unit="kernels") as progress:
+        while k < len(sched.stages):
+            run = _slice_run(sched.stages, k)
+            # a generic piece's unit is then the same block in every piece: the dims up to the region's axis
+            # are its parallel range (channel planes of a channel concatenation), the rest its loop nest. With
+            # rows as units instead (a piece's own choice below 64 channels), DenseNet-121's pieces ran 43% slower.
+            static = all(isinstance(d, int) for i in run for d in km.loop_shape(sched.stages[i]))
+            lead = sched.stages[k].region[0] + 1 if len(run) > 1 and static else None
+            parts = []
+            for i in run:
+                sym = f"{prefix}_kernel{i}"
+                extent, grain = km.add_stage(sched.stages[i], sym, lead=lead)
+                parts.append((i, sym, extent, grain))
+                progress.advance(item=f"{sym}: {sched.stages[i].op} {sched.stages[i].name}")
+            for group in _groups(km, parts, sched.stages):
+                if len(group) == 1:
+                    i, sym, extent, grain = group[0]
+                else:
+                    i, sym = group[0][0], f"{prefix}_group{group[0][0]}"
+                    km.add_group(sym, [(psym, e) for _, psym, e, _ in group])
+                    extent, grain = sum(e for _, _, e, _ in group), group[0][3]
+                steps.append((sym, extent, grain, km.split.get(sym, CHUNKS_PER_THREAD)))
+                step_stages.append([g[0] for g in group])
+            k = run[-1] + 1
+    with stage("llvm" + suffix, detail=f"optimising {len(sched.stages)} kernels at O{opt} and emitting one object"):
+        obj = km.compile(opt)
     return obj, steps, {"triple": triple, "cpu": cpu_name, "features": features, "scratch_bytes": km.scratch_bytes,
                         "gemm_symbols": km.gemm_symbols, "gemm_tiles": km.gemm_tiles, "window_kinds": km.window_kinds,
                         "step_stages": step_stages}
