@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import sys
+import threading
 import time
 from typing import Callable, Iterable, Iterator, Optional, TextIO, TypeVar
 
@@ -33,6 +34,9 @@ T = TypeVar("T")
 
 #: Seconds between two lines of one stage when progress is written as lines, for steps that name no item.
 LINE_INTERVAL = 1.0
+#: Seconds between two redraws of a bar whose stage is inside one long call (LLVM optimising a module): its
+#: clock keeps moving, so the stage does not look stuck.
+TICK = 1.0
 
 
 class _Reporter:
@@ -115,9 +119,17 @@ class _Shown(Stage):
                    if total else "{desc} [{elapsed}{postfix}]")
             self.bar = tqdm(total=total, desc=name, file=reporter.stream, leave=True, bar_format=fmt,
                             dynamic_ncols=True, mininterval=0.1, postfix=detail or None)
+            self.stop = threading.Event()
+            self.ticker = threading.Thread(target=self._tick, name="cuvil-progress", daemon=True)
+            self.ticker.start()
         else:
             reporter.line(f"{name}: " + ", ".join(p for p in (detail, self._count()) if p) if detail or total
                           else name)
+
+    def _tick(self) -> None:
+        # llvmlite and ptxas release the GIL while they work, so this thread runs during their long calls
+        while not self.stop.wait(TICK):
+            self.bar.refresh()
 
     def _count(self) -> str:
         return f"{self.n}/{self.total} {self.unit}" if self.total else f"{self.n} {self.unit}" if self.n else ""
@@ -161,6 +173,8 @@ class _Shown(Stage):
 
     def close(self) -> None:
         if self.bar is not None:
+            self.stop.set()
+            self.ticker.join()
             self.item = None
             self._postfix()
             self.bar.close()
