@@ -7,7 +7,7 @@ strides. Reductions accumulate with reassociation allowed (the order of a sum is
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 import llvmlite.binding as llvm
 import llvmlite.ir as ir
@@ -204,22 +204,34 @@ class KernelModule(LLVMKernelModule):
         em.b.ret_void()
         return (extent if shape else 1), max(1, int(4096 // max(inner_work, 1)))
 
-    def compile(self, opt: int) -> bytes:
-        try:
-            mod = llvm.parse_assembly(self.ir_text())
-            mod.verify()
-        except RuntimeError as e:
-            raise CuvilError(f"generated LLVM IR does not verify: {e}") from None
-        if opt > 0:
-            pto = llvm.create_pipeline_tuning_options(speed_level=min(opt, 3))
-            pto.loop_vectorization = opt >= 2
-            pto.slp_vectorization = opt >= 2
-            # Full unrolling of short constant loops runs before the loop vectoriser and would leave it
-            # nothing to vectorise; the vectoriser interleaves instead.
-            pto.loop_unrolling = False
-            pb = llvm.create_pass_builder(self.tm, pto)
-            pb.getModulePassManager().run(mod, pb)
-        return self.tm.emit_object(mod)
+    def compile_parts(self, opt: int, parts: Sequence[Tuple[str, Set[str]]], done=lambda name: None) -> List[bytes]:
+        """One object file per part (``(name, kernel symbols)``: a step's kernel, or a group kernel with the
+        pieces it calls), each parsed, optimised and emitted on its own so that progress can name each kernel
+        (``done(name)`` after each). No kernel calls outside its part, so LLVM sees what it would in one
+        module: every function is optimised alone (the group's pieces inlined into it as before)."""
+        defined = {f.name for f in self.module.functions if not f.is_declaration}
+        covered = [sym for _, syms in parts for sym in syms]
+        if sorted(covered) != sorted(defined):
+            raise CuvilError(f"internal: the kernel parts cover {len(covered)} functions of {len(defined)}; report it")
+        objects = []
+        for name, syms in parts:
+            try:
+                mod = llvm.parse_assembly(self.part_text(syms))
+                mod.verify()
+            except RuntimeError as e:
+                raise CuvilError(f"generated LLVM IR of {name} does not verify: {e}") from None
+            if opt > 0:
+                pto = llvm.create_pipeline_tuning_options(speed_level=min(opt, 3))
+                pto.loop_vectorization = opt >= 2
+                pto.slp_vectorization = opt >= 2
+                # Full unrolling of short constant loops runs before the loop vectoriser and would leave it
+                # nothing to vectorise; the vectoriser interleaves instead.
+                pto.loop_unrolling = False
+                pb = llvm.create_pass_builder(self.tm, pto)
+                pb.getModulePassManager().run(mod, pb)
+            objects.append(self.tm.emit_object(mod))
+            done(name)
+        return objects
 
 
 _AVX512_CPUS = ("avx512", "skylake-avx512", "cascadelake", "cooperlake", "cannonlake", "icelake", "tigerlake",
@@ -245,10 +257,10 @@ def vector_bits(cpu: str, features: str) -> int:
 
 
 def generate_object(sched: Schedule, prefix: str, cpu: Optional[str], opt: int,
-                    variant: str = "") -> Tuple[bytes, List[Tuple[str, int, int]], dict]:
-    """The kernels of ``sched`` as an object file, and the (symbol, extent, grain) of each stage. Progress
-    (:mod:`cuvil.progress`): the LLVM IR kernel by kernel, then LLVM's optimisation and code generation,
-    which run over the whole module at once (``variant`` names the kernels' variant in those lines)."""
+                    variant: str = "") -> Tuple[List[bytes], List[Tuple[str, int, int]], dict]:
+    """The kernels of ``sched`` as object files (one per step), and the (symbol, extent, grain) of each
+    stage. Progress (:mod:`cuvil.progress`), kernel by kernel: the LLVM IR, then LLVM's optimisation and
+    code generation (``variant`` names the kernels' variant in those lines)."""
     suffix = f" ({variant})" if variant else ""
     tm, triple, cpu_name, features = host_target(cpu, opt)
     km = KernelModule(prefix, tm, triple)
@@ -258,6 +270,7 @@ def generate_object(sched: Schedule, prefix: str, cpu: Optional[str], opt: int,
     km.symbol_slots = {s.name: k for k, s in enumerate(sched.symbols)}
     km.ranges, km.opt = sched.ranges, sched.opt_point
     steps, step_stages = [], []
+    functions: List[Tuple[str, Set[str]]] = []   # each step's kernel and the kernels it calls: one object each
     k = 0
     with stage("llvm IR" + suffix, total=len(sched.stages), unit="kernels") as progress:
         while k < len(sched.stages):
@@ -282,10 +295,11 @@ def generate_object(sched: Schedule, prefix: str, cpu: Optional[str], opt: int,
                     extent, grain = sum(e for _, _, e, _ in group), group[0][3]
                 steps.append((sym, extent, grain, km.split.get(sym, CHUNKS_PER_THREAD)))
                 step_stages.append([g[0] for g in group])
+                functions.append((sym, {sym} | {psym for _, psym, _, _ in group}))
             k = run[-1] + 1
-    with stage("llvm" + suffix, detail=f"optimising {len(sched.stages)} kernels at O{opt} and emitting one object"):
-        obj = km.compile(opt)
-    return obj, steps, {"triple": triple, "cpu": cpu_name, "features": features, "scratch_bytes": km.scratch_bytes,
+    with stage("llvm" + suffix, total=len(functions), unit="kernels", detail=f"O{opt}") as progress:
+        objects = km.compile_parts(opt, functions, lambda name: progress.advance(item=name))
+    return objects, steps, {"triple": triple, "cpu": cpu_name, "features": features, "scratch_bytes": km.scratch_bytes,
                         "gemm_symbols": km.gemm_symbols, "gemm_tiles": km.gemm_tiles, "window_kinds": km.window_kinds,
                         "step_stages": step_stages}
 

@@ -178,9 +178,9 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
         opt_weights_symbol=opt_weights_sym, num_run_time_symbols=sched.num_run_time_symbols)
     with tempfile.TemporaryDirectory(prefix="cuvil-build-") as tmp:
         objs = []
-        for name, data in (("kernels.o", obj), ("kernels_opt.o", oobj)):
-            if data is not None:
-                objs.append(os.path.join(tmp, name))
+        for name, parts in (("kernels", obj), ("kernels_opt", oobj or [])):
+            for k, data in enumerate(parts):
+                objs.append(os.path.join(tmp, f"{name}{k}.o"))
                 with open(objs[-1], "wb") as f:
                     f.write(data)
         weights_S = ""
