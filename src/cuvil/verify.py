@@ -183,17 +183,19 @@ NATIVE_RTOL = 1e-4
 
 
 def verify_artifact(source, library: str, *, examples: int = 30, seed: Optional[int] = 0,
-                    max_dim: int = 4, progress: Optional[bool] = None) -> VerifyResult:
+                    max_dim: int = 4, num_threads: int = 0, progress: Optional[bool] = None) -> VerifyResult:
     """Fuzz a compiled library against the *original* model through onnx.reference (finite inputs of the
     library's shapes; a symbolic dim inside the library's profile, at most ``max_dim`` where the profile allows);
-    a difference is shrunk to a minimal input. ``progress`` as for :func:`verify`."""
+    a difference is shrunk to a minimal input. ``num_threads``: the library's threads (0 = all cores).
+    ``progress`` as for :func:`verify`."""
     with progress_enabled(progress) if progress is not None else contextlib.nullcontext():
-        return _verify_artifact(source, library, examples, seed, max_dim)
+        return _verify_artifact(source, library, examples, seed, max_dim, num_threads)
 
 
-def _verify_artifact(source, library: str, examples: int, seed: Optional[int], max_dim: int) -> VerifyResult:
+def _verify_artifact(source, library: str, examples: int, seed: Optional[int], max_dim: int,
+                     num_threads: int) -> VerifyResult:
     src = source if isinstance(source, Pipeline) else Pipeline.from_onnx(source)
-    lib = load(library)
+    lib = load(library, num_threads=num_threads)
     # Inputs take the library's shapes: a dim it fixed at that value, a symbol inside the library's own profile
     # (the source model's symbols carry no range).
     fixed = {}
@@ -202,7 +204,7 @@ def _verify_artifact(source, library: str, examples: int, seed: Optional[int], m
             if n is not None and isinstance(d, SymExpr) and str(d) in src.graph.symbols:
                 fixed[str(d)] = int(n)
     drawn = src.specialize(fixed) if fixed else src
-    profiles = {name: (lo, hi) for name, (lo, _, hi) in lib.symbols.items() if name in drawn.graph.symbols}
+    profiles = {name: (p.min, p.max) for name, p in lib.symbols.items() if name in drawn.graph.symbols}
     drawn = drawn.with_profiles(profiles, check=False) if profiles else drawn
     state = {"n": 0, "fail": None, "input": None}
 
@@ -228,7 +230,7 @@ def _verify_artifact(source, library: str, examples: int, seed: Optional[int], m
                 raise AssertionError(msg)
 
     with stage("verify", total=examples, unit="examples",
-               detail=f"{os.path.basename(library)} vs original, within rel {NATIVE_RTOL:g}") as bar:
+               detail=f"{os.path.basename(os.path.normpath(library))} vs original, within rel {NATIVE_RTOL:g}") as bar:
         largest = _Largest(bar)
         try:
             check()
