@@ -33,7 +33,7 @@ def test_compile_reports_each_stage_and_each_kernel_on_stderr_only(capfd):
     assert [int(k) for k, _ in kernels] == list(range(1, n + 1))
     assert {sym for _, sym in kernels} == {f"cuvil_kernel{i}" for i in range(n)}
     steps = [s["stage"] for s in art.manifest["steps"]]
-    emitted = re.findall(r"llvm: (\d+)/(\d+) kernels, (cuvil_\w+)", err)
+    emitted = re.findall(r"llvm: (\d+)/(\d+) kernels, (cuvil_\w+): ", err)
     assert [int(k) for k, _, _ in emitted] == list(range(1, len(steps) + 1))
     assert {int(total) for _, total, _ in emitted} == {len(steps)}
 
@@ -96,10 +96,10 @@ def test_cli_verify_progress_and_quiet(capfd):
 
 def test_cli_compile_progress_and_quiet(tmp_path, capfd):
     so = str(tmp_path / "libdemo.so")
-    assert cli_main(["compile", "--input", DEMO, "--output", so, "--fix", "N=1", "--progress"]) == 0
+    assert cli_main(["compile", DEMO, "-o", so, "--fix", "N=1", "--progress"]) == 0
     out, err = capfd.readouterr()
     assert "import: demo_cnn.onnx" in err and "optimize:" in err
     assert "import:" not in out and "wrote " in out
-    assert cli_main(["compile", "--input", DEMO, "--output", so, "--fix", "N=1", "-q"]) == 0
+    assert cli_main(["compile", DEMO, "-o", so, "--fix", "N=1", "-q"]) == 0
     out, err = capfd.readouterr()
     assert err == "" and "wrote " in out

@@ -250,7 +250,7 @@ def generate_object(sched: Schedule, prefix: str, cpu: Optional[str], opt: int,
     km.symbol_slots = {s.name: k for k, s in enumerate(sched.symbols)}
     km.ranges, km.opt = sched.ranges, sched.opt_point
     steps, step_stages = [], []
-    functions: List[Tuple[str, Set[str]]] = []   # each step's kernel and the kernels it calls: one object each
+    functions: List[Tuple[str, Set[str]]] = []   # each step: its kernel and those it calls, one object each
     k = 0
     with stage("llvm IR" + suffix, total=len(sched.stages), unit="kernels") as progress:
         while k < len(sched.stages):
@@ -275,7 +275,9 @@ def generate_object(sched: Schedule, prefix: str, cpu: Optional[str], opt: int,
                     extent, grain = sum(e for _, _, e, _ in group), group[0][3]
                 steps.append((sym, extent, grain, km.split.get(sym, CHUNKS_PER_THREAD)))
                 step_stages.append([g[0] for g in group])
-                functions.append((sym, {sym} | {psym for _, psym, _, _ in group}))
+                first = sched.stages[group[0][0]]
+                label = f"{sym}: {first.op} {first.name}" + (f" (+{len(group) - 1} pieces)" if len(group) > 1 else "")
+                functions.append((label, {sym} | {psym for _, psym, _, _ in group}))
             k = run[-1] + 1
     with stage("llvm" + suffix, total=len(functions), unit="kernels", detail=f"O{opt}") as progress:
         objects = km.compile_parts(opt, functions, lambda name: progress.advance(item=name))
