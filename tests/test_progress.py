@@ -103,3 +103,29 @@ def test_cli_compile_progress_and_quiet(tmp_path, capfd):
     assert cli_main(["compile", DEMO, "-o", so, "--fix", "N=1", "-q"]) == 0
     out, err = capfd.readouterr()
     assert err == "" and "wrote " in out
+
+
+def test_llvm_parts_copy_internal_helpers_and_refuse_external_ones():
+    """The x86 LLVM stage emits one object per kernel: a helper function two kernels call is copied into both
+    (internal), an external one could not be and is refused rather than defined twice."""
+    import llvmlite.ir as ir
+    import pytest
+    from cuvil.errors import CuvilError
+    from cuvil.targets.llvm.types import I64, PTR
+    from cuvil.targets.x86.codegen import KernelModule, host_target
+    tm, triple, _ = host_target(None, 2)
+    km = KernelModule("t", tm, triple)
+    helper = ir.Function(km.module, ir.FunctionType(I64, [I64]), name="helper")
+    helper.linkage = "internal"
+    b = ir.IRBuilder(helper.append_basic_block())
+    b.ret(b.add(helper.args[0], I64(1)))
+    for k in range(2):
+        fn = km.function(f"k{k}", [PTR, I64, I64])
+        b = ir.IRBuilder(fn.append_basic_block())
+        b.call(helper, [fn.args[1]])
+        b.ret_void()
+    done = []
+    assert len(km.compile_parts(2, [("k0", {"k0"}), ("k1", {"k1"})], done.append)) == 2 and done == ["k0", "k1"]
+    helper.linkage = ""
+    with pytest.raises(CuvilError, match="helper"):
+        km.compile_parts(2, [("k0", {"k0"}), ("k1", {"k1"})])

@@ -210,15 +210,18 @@ class KernelModule(LLVMKernelModule):
         """One object file per part (``(name, kernel symbols)``: a step's kernel, or a group kernel with the
         pieces it calls), each parsed, optimised and emitted on its own so that progress can name each kernel
         (``done(name)`` after each). No kernel calls outside its part, so LLVM sees what it would in one
-        module: every function is optimised alone (the group's pieces inlined into it as before)."""
-        defined = {f.name for f in self.module.functions if not f.is_declaration}
-        covered = [sym for _, syms in parts for sym in syms]
-        if sorted(covered) != sorted(defined):
-            raise CuvilError(f"internal: the kernel parts cover {len(covered)} functions of {len(defined)}; report it")
+        module: every function is optimised alone (the group's pieces inlined into it as before). A defined
+        function that is no part's kernel is a helper: internal, copied into every part."""
+        kernels = [sym for _, syms in parts for sym in syms]
+        helpers = {f.name: f for f in self.module.functions if not f.is_declaration and f.name not in kernels}
+        shared = sorted(name for name, f in helpers.items() if f.linkage not in ("internal", "private"))
+        if len(set(kernels)) != len(kernels) or shared:
+            raise CuvilError(f"internal: kernel parts overlap or leave out external functions ({', '.join(shared)}); "
+                             f"report it")
         objects = []
         for name, syms in parts:
             try:
-                mod = llvm.parse_assembly(self.part_text(syms))
+                mod = llvm.parse_assembly(self.part_text(set(syms) | set(helpers)))
                 mod.verify()
             except RuntimeError as e:
                 raise CuvilError(f"generated LLVM IR of {name} does not verify: {e}") from None
