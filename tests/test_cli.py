@@ -202,6 +202,10 @@ def test_quiet_wins_over_progress_and_progress_shows_without_a_terminal(tmp_path
     assert capsys.readouterr().err == ""
     assert cli_main(["compile", DEMO, "-o", lib, "--fix", "N=2"]) == 0   # stderr is no terminal here
     assert capsys.readouterr().err == ""
+    assert cli_main(["bench", lib, *BENCH_FAST, "--progress"]) == 0
+    assert capsys.readouterr().err.strip()
+    assert cli_main(["bench", DEMO, *BENCH_FAST, "--progress", "-q"]) == 0
+    assert capsys.readouterr().err == ""
 
 
 def test_target_aliases():
