@@ -312,17 +312,21 @@ def is_profile(spec) -> bool:
     return isinstance(spec, tuple) and bool(spec) and isinstance(spec[0], tuple)
 
 
-def _input_shapes(model, manifest: dict, shapes: dict[str, Any]) -> list[tuple]:
-    """Concrete shapes of a loaded library's inputs; symbolic dims from ``--shape``, else the opt value of
-    the library's profile."""
+def _input_shapes(model, manifest: dict, shapes: dict[str, Any], spelled: dict[str, str] | None = None) -> list[tuple]:
+    """Concrete shapes of a loaded library's inputs; symbolic dims from ``--fix``/``--input-shape`` (or their
+    old spelling ``--shape``), else the opt value of the library's profile. ``spelled``: the flag that gave
+    each name, for errors."""
+    spelled = spelled or {}
     declared = {d.get("name"): d.get("shape") for d in manifest.get("inputs", []) if isinstance(d, dict)}
     out = []
     for spec in model.inputs:
         given = shapes.get(spec.name)
         if isinstance(given, tuple):
             if len(given) != spec.ndim or any(v is not None and v != g for v, g in zip(spec.shape, given)):
-                raise CuvilError(f"--shape {spec.name}={'x'.join(map(str, given))} does not fit the library's "
-                                 f"input {spec.name}: {list(spec.shape)}")
+                raise CuvilError(f"{spelled.get(spec.name, '--input-shape')} {spec.name}={'x'.join(map(str, given))} "
+                                 f"does not fit the library's input {spec.name}: {list(spec.shape)}",
+                                 hint=f"--input-shape {spec.name}=" + "x".join(str(d or "D") for d in spec.shape)
+                                      + " with each D a size the library serves")
             out.append(given)
             continue
         dims = []
@@ -338,9 +342,9 @@ def _input_shapes(model, manifest: dict, shapes: dict[str, Any]) -> list[tuple]:
             elif isinstance(profile, dict) and isinstance(profile.get("opt"), int):
                 dims.append(profile["opt"])   # the library's opt point unless --shape says otherwise
             else:
-                hint = f"--shape {sym}=DIM or " if isinstance(sym, str) else ""
-                raise CuvilError(f"input {spec.name!r} has a symbolic dim {k} ({sym or '?'}); give its size with "
-                                 f"{hint}--shape {spec.name}=" + "x".join(str(d or "D") for d in spec.shape))
+                raise CuvilError(f"input {spec.name!r} has a symbolic dim {k} ({sym or '?'}) and no size to time",
+                                 hint=(f"--fix {sym}=DIM or " if isinstance(sym, str) else "") + f"--input-shape "
+                                      f"{spec.name}=" + "x".join(str(d or "D") for d in spec.shape))
         out.append(tuple(dims))
     return out
 
@@ -381,7 +385,7 @@ def prepare_library(opts: BenchOptions) -> dict[str, Any]:
         if opts.shape_profiles:
             name = next(iter(opts.shape_profiles))
             raise CuvilError(f"--shape-profile {name}: a compiled library's profile was set when it was compiled",
-                             hint=f"give the size to time: --fix {name}=N, or bench the .onnx with --shape-profile")
+                             hint=f"give one size to time: --fix {name}=SIZE, or bench the .onnx with --shape-profile")
         for name, spec in opts.shapes.items():
             if is_profile(spec):
                 raise CuvilError(f"--input-shape {name}=MIN:OPT:MAX: a compiled library's profile was set when it "
@@ -408,7 +412,7 @@ def prepare_library(opts: BenchOptions) -> dict[str, Any]:
     defaulted = sorted(set(spec) - given)
     if defaulted:
         opts.log("symbolic dims set to their opt/min value: " + ", ".join(f"{k}={spec[k]}" for k in defaulted)
-                 + " (choose with --shape NAME=DIM or --input-shape INPUT=D0xD1x...)")
+                 + " (choose with --fix NAME=DIM or --input-shape INPUT=D0xD1x...)")
     return {"library": art.path, "onnx": opts.onnx or path,
             "compiled": {"cached": art.cached, "seconds": secs, "opt_level": opts.opt_level,
                          "compile_seconds": art.manifest.get("compile_seconds"), "specialized": spec,
@@ -748,7 +752,7 @@ def _run_benchmark(opts: BenchOptions) -> dict[str, Any]:
     threads = _resolve_threads(opts.threads)
     manifest = _manifest(lib)
     probe = load(lib, num_threads=threads)
-    shapes = _input_shapes(probe, manifest, {k: v for k, v in opts.shapes.items() if not is_profile(v)})
+    shapes = _input_shapes(probe, manifest, {k: v for k, v in opts.shapes.items() if not is_profile(v)}, opts.spelled)
     arrays = random_inputs(probe, shapes, opts.seed)
     names = [d.name for d in probe.inputs]
     out_names = [d.name for d in probe.outputs]

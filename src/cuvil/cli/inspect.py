@@ -7,7 +7,7 @@ from ..ir.stats import cost_terms
 from ..pipeline import Pipeline
 from .counts import fmt_count
 from .flags import add_allow_bounded_flag, add_model_arg, add_quiet_flag, add_shape_flags
-from .shape_flags import bind_shapes
+from .shape_flags import bind_shapes, check_shape_flags
 
 
 def register(sub) -> None:
@@ -30,6 +30,7 @@ def register(sub) -> None:
 
 
 def cmd_inspect(args) -> int:
+    check_shape_flags(args)
     p = Pipeline.from_onnx(args.model)
     if not args.raw:
         p = p.optimize(builtin=args.optimize, allow_bounded=args.allow_bounded_rules)
