@@ -17,10 +17,11 @@ from .frontend import export_model, import_model, load_model
 from .frontend.torch_import import (TORCH_SUFFIXES, dim_ranges, export_exported_program, export_module,
                                     export_torchscript)
 from .ir.constraints import check_constraints
-from .ir.dim import SymExpr, Symbol, bounds, evaluate
+from .ir.dim import SymExpr, Symbol, bounds, evaluate, free_symbols
 from .ir.graph import Graph
 from .ir.hash import structural_hash
 from .ir.printer import print_graph
+from .ir.shape_advice import ShapeAdvice, advise, required_multiples, satisfying_point, symbol_text
 from .ir.shape_binding import bind_input_shapes, lookup_symbol, profile_symbol, split_options
 from .ir.stats import GraphStats, graph_stats
 from .reference import run_reference
@@ -53,6 +54,12 @@ def _derived_dims(g: Graph) -> Dict[str, list]:
                 except (KeyError, ValueError):   # KeyError: a data-dependent size, refused when scheduled
                     pass
     return derived
+
+
+def _and(items) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    items = list(items)
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
 class Pipeline:
@@ -221,10 +228,72 @@ class Pipeline:
         out = self._derive(g, self.report)
         bad = out.check_shapes() if check else ()
         if bad:
-            raise ShapeError("the graph's shape conditions fail inside the profile:\n  " + "\n  ".join(map(str, bad))
-                             + "\nnarrow the ranges of the symbols named there, fix one of them (--fix, or one "
-                             "--input-shape for its input), or give dims that must be equal one dim_param in the model")
+            raise out._shape_conditions_error(bad)
         return out
+
+    def _shape_conditions_error(self, bad) -> ShapeError:
+        """The error for shape conditions that fail inside the symbols' ranges: which symbols, the failing
+        nodes with counterexamples, and a next step the solver found and checked (the multiples the graph
+        needs, two symbols to make one, or values where every condition holds)."""
+        g = self._graph
+        names = sorted({n for v in bad for c in (v.constraint,) for n in free_symbols(c.a) | free_symbols(c.b)})
+        who = _and(symbol_text(g, n) for n in names)
+        need, hint = "", None
+        alias = self._alias_advice(bad)
+        if alias is not None:
+            need = f"{symbol_text(g, alias[0])} and {symbol_text(g, alias[1])} must be equal"
+            hint = f"make them one symbol: --fix {alias[0]}={alias[1]} (Pipeline: fixed={{{alias[0]!r}: {alias[1]!r}}})"
+        mult = required_multiples(g, bad) if hint is None else None
+        if mult:
+            advice = advise(g, mult)
+            if advice is not None and self._advice_holds(advice):
+                groups: Dict[int, list] = {}
+                for n in names:
+                    groups.setdefault(mult.get(n, 1), []).append(n)
+                need = "; ".join(_and(symbol_text(g, n) for n in ns) + " must be "
+                                 + ("multiples" if len(ns) > 1 else "a multiple") + f" of {m}"
+                                 for m, ns in sorted(groups.items()) if m > 1)
+                hint = ("give multiples: " + " ".join(advice.flags) + " (Pipeline: input_shapes= / shape_profiles= "
+                        "ending in {'multiple': M})")
+        if hint is None:
+            point = satisfying_point(g)
+            advice = advise(g, point=point) if point is not None else None
+            if advice is not None and self._advice_holds(advice):
+                hint = ("fix them where every condition holds: " + " ".join(advice.flags) + ", or narrow the ranges of "
+                        "the symbols named there; or fix one of them")
+        if hint is None:
+            hint = ("narrow the ranges of the symbols named there (--input-shape INPUT=MIN:OPT:MAX or --shape-profile "
+                    "NAME=MIN:OPT:MAX), fix one of them (--fix NAME=VALUE), or give dims that must be equal one "
+                    "dim_param in the model")
+        message = ("the graph's shape conditions fail inside the profile: " + need if need
+                   else f"the graph's shape conditions fail inside the profile of {who}")
+        return ShapeError(message, hint=hint, details=[str(v) for v in bad])
+
+    def _advice_holds(self, advice: ShapeAdvice) -> bool:
+        """Whether binding ``advice`` makes every shape condition hold: the solver run again on it."""
+        try:
+            b = bind_input_shapes(self._graph, advice.input_shapes)
+            fixed = {**b.fixed, **{k: v[0] for k, v in advice.shape_profiles.items() if v[0] == v[2]}}
+            profiles = {**b.profiles, **{k: v for k, v in advice.shape_profiles.items() if v[0] != v[2]}}
+            p = self.specialize(fixed) if fixed else self
+            return not (p.with_profiles(profiles, check=False) if profiles else p).check_shapes()
+        except CuvilError:
+            return False
+
+    def _alias_advice(self, bad) -> Optional[Tuple[str, str]]:
+        """``(s.0, x.0)`` when a failing condition asks two symbols to be equal (or to broadcast) and making
+        them one symbol makes every condition hold."""
+        for v in bad:
+            a, b = v.constraint.a, v.constraint.b
+            if v.constraint.kind in ("eq", "bcast") and all(str(d) in self._graph.symbols for d in (a, b)):
+                order = [str(d) for x in self._graph.inputs for d in x.shape or () if str(d) in (str(a), str(b))]
+                keep, drop = sorted((str(a), str(b)), key=lambda n: (order.index(n) if n in order else len(order), n))
+                try:
+                    if not self.specialize({drop: keep}).check_shapes():
+                        return drop, keep
+                except CuvilError:
+                    pass
+        return None
 
     def compile(self, target: Optional[str] = None, opt_level: Optional[int] = None, *,
                 options: Optional[TargetOptions] = None, fixed: Optional[Mapping[str, Union[int, str]]] = None,
@@ -277,9 +346,7 @@ class Pipeline:
         if p._graph.symbols and not shape_profiles:   # with_profiles checked those
             bad = p.check_shapes()
             if bad:
-                raise ShapeError("the graph's shape conditions fail inside the symbols' ranges (give ranges where "
-                                 "they hold: --input-shape INPUT=MIN:OPT:MAX or --shape-profile NAME=MIN:OPT:MAX):\n  "
-                                 + "\n  ".join(map(str, bad)))
+                raise p._shape_conditions_error(bad)
         profiles = {s.name: [s.min, s.tuned, s.max] + ([{"multiple": s.multiple}] if s.multiple > 1 else [])
                     for s in p._graph.symbols.values()}
         rules = applied_rules(self.report)
