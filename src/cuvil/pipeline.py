@@ -21,7 +21,8 @@ from .ir.dim import SymExpr, Symbol, bounds, evaluate, free_symbols
 from .ir.graph import Graph
 from .ir.hash import structural_hash
 from .ir.printer import print_graph
-from .ir.shape_advice import ShapeAdvice, advise, required_multiples, satisfying_point, symbol_text
+from .ir.shape_advice import (ShapeAdvice, advise, narrowed_maxima, required_multiples, satisfying_point,
+                              symbol_text)
 from .ir.shape_binding import bind_input_shapes, lookup_symbol, profile_symbol, split_options
 from .ir.stats import GraphStats, graph_stats
 from .reference import run_reference
@@ -255,6 +256,12 @@ class Pipeline:
                                  for m, ns in sorted(groups.items()) if m > 1)
                 hint = ("give multiples: " + " ".join(advice.flags) + " (Pipeline: input_shapes= / shape_profiles= "
                         "ending in {'multiple': M})")
+        maxima = narrowed_maxima(g, bad) if hint is None else None
+        if maxima:
+            advice = advise(g, maxima=maxima)
+            if advice is not None and self._advice_holds(advice):
+                need = "; ".join(f"{symbol_text(g, n)} must be at most {m}" for n, m in sorted(maxima.items()))
+                hint = "narrow the ranges: " + " ".join(advice.flags) + " (Pipeline: input_shapes= / shape_profiles=)"
         if hint is None:
             point = satisfying_point(g)
             advice = advise(g, point=point) if point is not None else None

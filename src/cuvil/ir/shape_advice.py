@@ -47,15 +47,17 @@ def symbol_text(g: Graph, name: str) -> str:
 def required_multiples(g: Graph, violations: Sequence[Violation]) -> Optional[Dict[str, int]]:
     """For the symbols of the failing conditions, the smallest multiples that make every shape condition of
     ``g`` hold over the symbols' ranges (``{"H": 32, "W": 32}``), or None when no divisibility does (or the
-    solver cannot tell)."""
+    solver cannot tell). Symbols that share a failing condition get one multiple; the others each their own."""
     rng = _ranges(g, None)
     mult = {name: s.multiple for name, s in g.symbols.items()}
+    conds = []
     for v in violations:
-        c = v.constraint
-        names = sorted(free_symbols(c.a) | free_symbols(c.b))
+        names = frozenset(free_symbols(v.constraint.a) | free_symbols(v.constraint.b))
         if not names or any(n not in rng for n in names):
             return None
-        found = _smallest_multiple(g, v, names, rng, mult)
+        conds.append((v, names))
+    for group in _groups([names for _, names in conds]):
+        found = _smallest_multiple(g, [(v, n) for v, n in conds if n <= group], sorted(group), rng, mult)
         if found is None:
             return None
         mult.update(found)
@@ -64,29 +66,61 @@ def required_multiples(g: Graph, violations: Sequence[Violation]) -> Optional[Di
     return {n: m for n, m in mult.items() if m > 1}
 
 
-def _smallest_multiple(g: Graph, v: Violation, names, rng, mult) -> Optional[Dict[str, int]]:
+def _groups(sets) -> List[frozenset]:
+    """The connected components of symbols that share a condition."""
+    groups: List[frozenset] = []
+    for s in sets:
+        joined = [x for x in groups if x & s]
+        groups = [x for x in groups if not x & s] + [frozenset(s.union(*joined))]
+    return groups
+
+
+def _smallest_multiple(g: Graph, conds, names, rng, mult) -> Optional[Dict[str, int]]:
     """The multiples of ``names`` (each the lcm of what ``mult`` has and one common M, M smallest) under which
-    ``v``'s condition holds; a counterexample to M rules out every M' dividing its values."""
-    if counterexample(g, v.constraint, rng, mult) is None:   # an earlier condition's multiples settled it
-        return {}
-    failing = [v.values] if v.values else []
+    every condition of ``conds`` holds; a counterexample to M rules out every M' dividing its values."""
+    failing = [(n, v.values) for v, n in conds if v.values]
     tries = 0
     for m in range(2, min(rng[n][1] for n in names) + 1):
         trial = {n: math.lcm(mult.get(n, 1), m) for n in names}
-        if any(all(vals.get(n, 0) % trial[n] == 0 for n in names) for vals in failing):
+        if any(all(vals.get(n, 0) % trial[n] == 0 for n in cn) for cn, vals in failing):
             continue
         if any(-(-rng[n][0] // trial[n]) * trial[n] + trial[n] > rng[n][1] for n in names):
             continue      # a range would keep one multiple of M or none: that is a fixed value, not divisibility
         tries += 1
         if tries > MAX_MULTIPLE_TRIES:
             return None
-        ce = counterexample(g, v.constraint, rng, {**mult, **trial})
-        if ce is None:
+        for v, cn in conds:
+            ce = counterexample(g, v.constraint, rng, {**mult, **trial})
+            if ce is not None:
+                if not ce:      # the solver could not settle it
+                    return None
+                failing.append((cn, ce))
+                break
+        else:
             return trial
-        if not ce:      # the solver could not settle it
-            return None
-        failing.append(ce)
     return None
+
+
+def narrowed_maxima(g: Graph, violations: Sequence[Violation]) -> Optional[Dict[str, int]]:
+    """For the symbols of the failing conditions, the largest maxima (each found by bisection, in turn) under
+    which every shape condition of ``g`` holds over ``[min, max]`` (a Slice that needs S <= 512); None when
+    even the minima fail."""
+    names = sorted({n for v in violations for n in free_symbols(v.constraint.a) | free_symbols(v.constraint.b)})
+    rng = dict(_ranges(g, None))
+    if any(n not in rng for n in names) or check_constraints(g, {n: (rng[n][0], rng[n][0]) for n in names}):
+        return None
+    for name in names:
+        lo, hi = rng[name][0], rng[name][1]
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if check_constraints(g, {**rng, name: (rng[name][0], mid)}):
+                hi = mid - 1
+            else:
+                lo = mid
+        rng[name] = (rng[name][0], lo)
+    if check_constraints(g, rng):
+        return None
+    return {n: rng[n][1] for n in names}
 
 
 def satisfying_point(g: Graph) -> Optional[Dict[str, int]]:
@@ -129,15 +163,19 @@ def rounded_profile(g: Graph, name: str, multiple: int) -> Tuple[int, int, int]:
     return lo, opt, hi
 
 
-def advise(g: Graph, multiples: Mapping[str, int] = {}, point: Optional[Mapping[str, int]] = None
-           ) -> Optional[ShapeAdvice]:
-    """The profiles that give each symbol of ``g`` its range rounded to ``multiples`` (or, with ``point``, one
-    value each), as ``--input-shape`` for the inputs whose dims carry them and ``--shape-profile`` / ``--fix``
-    for the others. None when an input's dim cannot be given (a derived dim of an unbound symbol)."""
+def advise(g: Graph, multiples: Mapping[str, int] = {}, point: Optional[Mapping[str, int]] = None,
+           maxima: Mapping[str, int] = {}) -> Optional[ShapeAdvice]:
+    """The profiles that give each symbol of ``g`` its range rounded to ``multiples``, cut at ``maxima`` (or,
+    with ``point``, one value each), as ``--input-shape`` for the inputs whose dims carry them and
+    ``--shape-profile`` / ``--fix`` for the others. None when an input's dim cannot be given (a derived dim of
+    an unbound symbol)."""
     prof = {}
-    for name in g.symbols:
+    for name, sym in g.symbols.items():
         if point is not None:
             prof[name] = (point[name],) * 3
+        elif name in maxima:
+            hi = maxima[name]
+            prof[name] = (sym.min, min(sym.tuned, hi), hi)
         else:
             prof[name] = rounded_profile(g, name, multiples.get(name, 1))
     input_shapes: Dict[str, object] = {}
@@ -180,5 +218,5 @@ def advise(g: Graph, multiples: Mapping[str, int] = {}, point: Optional[Mapping[
     return ShapeAdvice(input_shapes, profiles, flags)
 
 
-__all__ = ["required_multiples", "satisfying_point", "advise", "ShapeAdvice", "symbol_places", "symbol_text",
+__all__ = ["required_multiples", "narrowed_maxima", "satisfying_point", "advise", "ShapeAdvice", "symbol_places", "symbol_text",
            "rounded_profile"]
