@@ -9,7 +9,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from cuvil import Pipeline
-from cuvil.cli import _parse_input_shapes, _parse_profiles
+from cuvil.cli.shape_flags import parse_input_shapes as _parse_input_shapes, parse_profiles as _parse_profiles
 from cuvil.errors import ShapeError
 from cuvil.ir.dim import SymExpr, Symbol, dmax, floordiv, mod, with_multiples
 from cuvil.testing.oracles import max_rel_error, ort_session
