@@ -47,14 +47,26 @@ class ModelLoadError(CuvilError):
     """The file or bytes are not a readable ONNX model."""
 
 
-class UnsupportedOpError(CuvilError):
-    """An op (or one of its attribute values) has no Cuvil implementation."""
+#: What to do about an op Cuvil lacks: see what it supports, and get the model without the op.
+UNSUPPORTED_OP_HINT = ("`cuvil ops` lists the ops Cuvil supports on each target; export the model without this op "
+                       "(ONNX's own ops, another opset or exporter option), or replace it in the ONNX file")
 
-    def __init__(self, op: str, node: str = "", opset: int | None = None, detail: str = "", domain: str = ""):
+
+class UnsupportedOpError(CuvilError):
+    """An op (or one of its attribute values) has no Cuvil implementation. ``op``, ``node``, ``opset``,
+    ``domain`` name the first such node; ``nodes`` lists every one where an import collected them all
+    (:func:`cuvil.frontend.survey.unsupported_nodes`), and the message then names every op."""
+
+    def __init__(self, op: str, node: str = "", opset: int | None = None, detail: str = "", domain: str = "", *,
+                 message: Optional[str] = None, hint: Optional[str] = UNSUPPORTED_OP_HINT,
+                 details: Iterable[str] = (), nodes: Iterable = ()):
         self.op, self.node, self.opset, self.domain = op, node, opset, domain
-        where = f" (node {node!r}" + (f", opset {opset}" if opset is not None else "") + ")" if node or opset else ""
-        qual = f"{domain}::{op}" if domain else op
-        super().__init__(f"unsupported op {qual}{where}" + (f": {detail}" if detail else ""))
+        self.nodes = list(nodes)
+        if message is None:
+            where = f" (node {node!r}" + (f", opset {opset}" if opset is not None else "") + ")" if node or opset else ""
+            qual = f"{domain}::{op}" if domain else op
+            message = f"unsupported op {qual}{where}" + (f": {detail}" if detail else "")
+        super().__init__(message, hint=hint, details=details)
 
 
 class UnsupportedDomainError(CuvilError):

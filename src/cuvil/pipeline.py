@@ -14,6 +14,7 @@ from .artifact import cache_entry, cache_key, cached_path
 from .dsl.parser import load_rules
 from .errors import CuvilError, ShapeError
 from .frontend import export_model, import_model, load_model
+from .frontend.survey import ModelSurvey, survey_model
 from .frontend.torch_import import (TORCH_SUFFIXES, dim_ranges, export_exported_program, export_module,
                                     export_torchscript)
 from .ir.constraints import check_constraints
@@ -93,6 +94,13 @@ class Pipeline:
         return cls(graph, initializer_elements=sum(int(np.prod(t.dims)) for t in model.graph.initializer),
                    source_sha256=sha)
 
+    @staticmethod
+    def survey(source: ModelSource) -> ModelSurvey:
+        """What an ONNX model declares (inputs, outputs, op histogram, parameters) and every op in it Cuvil
+        cannot import, read without importing it: works on a model :meth:`from_onnx` refuses
+        (:class:`cuvil.frontend.survey.ModelSurvey`; ``cuvil inspect`` shows it)."""
+        return survey_model(load_model(source))
+
     @classmethod
     def from_torch(cls, module, example_inputs, dynamic_shapes=None, *, input_names=None,
                    output_names=None) -> "Pipeline":
@@ -169,7 +177,8 @@ class Pipeline:
         other rule. Only the x86 target has algorithm choices (:func:`cuvil.targets.x86.target.choose_algorithms`)."""
         if target != X86_TARGET:
             get_target(target)   # an unknown target is named as such
-            raise CuvilError(f"{target} has no algorithm choices; {X86_TARGET} has (Winograd convolutions)")
+            raise CuvilError(f"{target} has no algorithm choices", hint=f"choose_algorithms({X86_TARGET!r}) has "
+                             f"(Winograd convolutions); compile for {target} without this step")
         g, report = choose_algorithms(self._graph, cpu, tuning or DEFAULT_TUNING)
         return self._derive(g, report)
 
@@ -202,7 +211,8 @@ class Pipeline:
         for name, val in values.items():
             sym = lookup_symbol(self._graph, name, f"{flag} {name}")
             if sym.name in out and out[sym.name] != val:
-                raise ShapeError(f"{flag}: symbol {sym.name} is given twice, {out[sym.name]} and {val}")
+                raise ShapeError(f"{flag}: symbol {sym.name} is given twice, {out[sym.name]} and {val}",
+                                 hint=f"give {flag} {sym.name} once")
             out[sym.name] = val
         return out
 
@@ -337,11 +347,12 @@ class Pipeline:
                 target_options["opt_level"] = opt_level
             options = make_options(triple, **target_options)
         elif target_options or opt_level is not None:
-            raise CuvilError(f"give the options of {triple} either as options= or as keywords "
-                             f"({', '.join(sorted(target_options) or ['opt_level'])}), not both")
+            raise CuvilError(f"the options of {triple} are given both as options= and as keywords "
+                             f"({', '.join(sorted(target_options) or ['opt_level'])})",
+                             hint="give them one way: the keywords as fields of options=, or keywords alone")
         elif not isinstance(options, tgt.options_type):
-            raise CuvilError(f"options={type(options).__name__}(...) are not options of {triple}; "
-                             f"it takes {tgt.options_type.__name__}")
+            raise CuvilError(f"options={type(options).__name__}(...) are not options of {triple}",
+                             hint=f"give options={tgt.options_type.__name__}(...), or target= the options' own")
         fixed, shape_profiles = self.resolve_shapes(fixed, shape_profiles, input_shapes)
         # Fixed symbols first: a profile's shape conditions are then checked with them at their values.
         p = self.specialize(fixed) if fixed else self
@@ -394,15 +405,18 @@ class Pipeline:
             if other != val or (prof is not None and set(prof) != {val}):
                 given = (f"--fix {name}={other}" if other != val
                          else f"--shape-profile {name}=" + ":".join(map(str, prof)))
-                raise ShapeError(f"--input-shape sets symbol {name} to {val}, {given} says otherwise; give one")
+                raise ShapeError(f"--input-shape sets symbol {name} to {val}, {given} says otherwise",
+                                 hint=f"give one: drop {given}, or bind {name} by it alone")
             fixed[name] = val
         for name, prof in b.profiles.items():
             if name in fixed:
                 raise ShapeError(f"--input-shape gives symbol {name} the range {':'.join(map(str, prof))}, "
-                                 f"--fix {name}={fixed[name]} fixes it; give one")
+                                 f"--fix {name}={fixed[name]} fixes it", hint=f"give one: drop --fix {name} or the "
+                                 f"range of the --input-shape")
             if name in profiles and tuple(profiles[name]) != tuple(prof):
                 raise ShapeError(f"--input-shape gives symbol {name} the range {':'.join(map(str, prof))}, "
-                                 f"--shape-profile {':'.join(map(str, profiles[name]))}; give one")
+                                 f"--shape-profile {':'.join(map(str, profiles[name]))}",
+                                 hint=f"give one: drop --shape-profile {name} or bind it by --input-shape alone")
             profiles[name] = prof
         return fixed, profiles
 
@@ -421,33 +435,40 @@ class Pipeline:
         names = [v.name for v in g.inputs]
         unknown = sorted(set(inputs) - set(names))
         if unknown:
-            raise ShapeError(f"unknown input(s) {unknown}; the model's inputs are {names}")
+            raise ShapeError(f"unknown input(s) {unknown}; the model's inputs are {names}",
+                             hint=f"name the inputs as the model does: {names}")
         env: Dict[str, int] = {}
         out = {}
         for v in g.inputs:
             if v.name not in inputs:
-                raise ShapeError(f"missing input {v.name!r} ({v.type})")
+                raise ShapeError(f"missing input {v.name!r} ({v.type})", hint=f"give {v.name!r}: an array {v.type}")
             arr = np.asarray(inputs[v.name])
             if arr.dtype != v.dtype.numpy:
-                raise ShapeError(f"input {v.name!r}: expected {v.dtype.numpy} ({v.type}), got {arr.dtype}")
+                raise ShapeError(f"input {v.name!r}: expected {v.dtype.numpy} ({v.type}), got {arr.dtype}",
+                                 hint=f"convert it: x.astype(np.{v.dtype.numpy})")
             if v.shape is not None:
                 if arr.ndim != len(v.shape):
-                    raise ShapeError(f"input {v.name!r}: expected rank {len(v.shape)} ({v.type}), got shape {arr.shape}")
+                    raise ShapeError(f"input {v.name!r}: expected rank {len(v.shape)} ({v.type}), got shape {arr.shape}",
+                                     hint=f"give an array of {len(v.shape)} dims, {v.type}")
                 for k, (d, got) in enumerate(zip(v.shape, arr.shape)):
                     if isinstance(d, SymExpr) and len(d.free_symbols) == 1 and str(d) in g.symbols:
                         sym = g.symbols[str(d)]
                         if not sym.admits(got):
                             raise ShapeError(f"input {v.name!r} dim {k}: {sym.name} = {got} is outside the profile "
-                                             f"{sym.profile_text()}")
+                                             f"{sym.profile_text()}", hint=f"give a size in the profile, or widen it: "
+                                             f"--shape-profile {sym.name}=MIN:OPT:MAX covering {got}")
                         if env.setdefault(sym.name, got) != got:
-                            raise ShapeError(f"input {v.name!r} dim {k}: {sym.name} = {got}, but another input has {sym.name} = {env[sym.name]}")
+                            raise ShapeError(f"input {v.name!r} dim {k}: {sym.name} = {got}, but another input has "
+                                             f"{sym.name} = {env[sym.name]}", hint=f"give every dim {sym.name} one size")
                     elif isinstance(d, int) and d != got:
-                        raise ShapeError(f"input {v.name!r}: expected shape {v.type}, got {arr.shape}")
+                        raise ShapeError(f"input {v.name!r}: expected shape {v.type}, got {arr.shape}",
+                                         hint=f"give dim {k} the size {d}")
             out[v.name] = arr
         for v in g.inputs:  # derived dims (e.g. 2*N) checked once every symbol is bound
             for k, (d, got) in enumerate(zip(v.shape or (), out[v.name].shape)):
                 if isinstance(d, SymExpr) and d.free_symbols <= env.keys() and evaluate(d, env) != got:
-                    raise ShapeError(f"input {v.name!r} dim {k}: expected {d} = {evaluate(d, env)}, got {got}")
+                    raise ShapeError(f"input {v.name!r} dim {k}: expected {d} = {evaluate(d, env)}, got {got}",
+                                     hint=f"give dim {k} the size {evaluate(d, env)}")
         return out
 
     def run_reference(self, inputs: Mapping[str, np.ndarray]) -> Dict[str, np.ndarray]:

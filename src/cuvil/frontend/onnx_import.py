@@ -26,6 +26,7 @@ from ..ir.graph import Graph, Value
 from ..ir.registry import all_ops
 from ..ir.types import TensorType
 from . import functions, legacy, subgraphs
+from .survey import unsupported_error, unsupported_nodes
 
 MIN_OPSET = 7
 DEFAULT_DOMAINS = ("", "ai.onnx")
@@ -102,7 +103,18 @@ def import_model(model: onnx.ModelProto, *, constant_initializer_inputs: bool = 
         except Exception as e:  # onnx's ValidationError for recursive or undefined functions, and others
             raise ModelLoadError(f"cannot inline the model's local functions: {_one_line(e)}") from None
     _check_text(model)
-    return _Importer(model, opset, constant_initializer_inputs, dict(input_values or {})).run()
+    try:
+        return _Importer(model, opset, constant_initializer_inputs, dict(input_values or {})).run()
+    except (UnsupportedOpError, UnsupportedDomainError) as e:
+        # Name every op Cuvil lacks at once, not only the first one reached (an If branch that a fixed input
+        # leaves out is never reached, so the whole model is surveyed only once import has failed).
+        bad = unsupported_nodes(model)
+        if not bad:
+            raise
+        err = unsupported_error(bad)
+        if isinstance(e, UnsupportedOpError) and e.node not in {b.node for b in bad}:   # an attribute value: keep it
+            err.details.append(f"also: {e.message}")
+        raise err from None
 
 
 def _check_text(model: onnx.ModelProto) -> None:
