@@ -51,7 +51,8 @@ def arena_limit(given: Optional[int]) -> int:
     try:
         return int(env)
     except ValueError:
-        raise CuvilError(f"CUVIL_MAX_ARENA_BYTES={env!r} is not a number of bytes") from None
+        raise CuvilError(f"CUVIL_MAX_ARENA_BYTES={env!r} is not a number of bytes",
+                         hint=f"set it to an integer (CUVIL_MAX_ARENA_BYTES={MAX_ARENA_BYTES}), or unset it") from None
 
 
 def _check_arena(sched: Schedule, limit: int):
@@ -61,10 +62,11 @@ def _check_arena(sched: Schedule, limit: int):
         return
     at_max = ", ".join(f"{s.name} <= {s.max}" for s in sched.symbols)
     raise CuvilError(f"the arena at the shape profile's maxima ({at_max or 'fixed shapes'}) is "
-                     f"{_bytes(sched.arena_bytes)}, above the {_bytes(limit)} limit: give a shape profile with "
-                     f"the maxima you need (--shape-profile NAME=MIN:OPT:MAX or --input-shape INPUT=MIN:OPT:MAX; "
-                     f"shape_profiles= / input_shapes=), or raise "
-                     f"the limit with CUVIL_MAX_ARENA_BYTES")
+                     f"{_bytes(sched.arena_bytes)}, above the {_bytes(limit)} limit",
+                     hint=f"give a shape profile with the maxima you need (--shape-profile NAME=MIN:OPT:MAX or "
+                          f"--input-shape INPUT=MIN:OPT:MAX; shape_profiles= / input_shapes=), or, where a session "
+                          f"can reserve {_bytes(sched.arena_bytes)}, raise the limit: CUVIL_MAX_ARENA_BYTES="
+                          f"{sched.arena_bytes}")
 
 
 def _refuse_unproved(cert: Certificate):
@@ -74,8 +76,10 @@ def _refuse_unproved(cert: Certificate):
     for k in cert.kernels:
         if k.status == "unproved":
             raise CuvilError(f"kernel {k.stage} ({k.variant}) is not proved memory-safe even with run-time "
-                             f"guards: {k.failures[0]}; if a dim can be 0 at some point of the shape profile, "
-                             f"raise the symbols' minimum (--shape-profile NAME=MIN:OPT:MAX), else report it")
+                             f"guards", details=[str(k.failures[0])],
+                             hint="if a dim can be 0 at some point of the shape profile, raise the symbols' minimum "
+                                  "(--shape-profile NAME=MIN:OPT:MAX), else report it with `cuvil inspect MODEL "
+                                  "--shapes` output")
 
 
 def _bytes(n: int) -> str:
@@ -188,7 +192,9 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
     deps = check_dependencies(out_so)
     bad = unexpected_dependencies(deps)
     if bad:
-        raise CuvilError(f"{out_so} depends on {bad}; only libc, libm and libpthread are allowed")
+        raise CuvilError(f"{out_so} depends on {bad}; only libc, libm and libpthread are allowed",
+                         hint="the system linker added them: check `cc` (CC=) links without extra libraries, "
+                              "or report it with `ldd` of the library")
     with open(base + ".h", "w") as f:
         f.write(generate_header(info, prefix))
     manifest = {
