@@ -267,17 +267,21 @@ class Pipeline:
                 hint = ("give multiples: " + " ".join(advice.flags) + " (Pipeline: input_shapes= / shape_profiles= "
                         "ending in {'multiple': M})")
         maxima = narrowed_maxima(g, bad) if hint is None else None
-        if maxima:
+        if maxima and all(m > g.symbols[n].min for n, m in maxima.items()):   # a range, not one value
             advice = advise(g, maxima=maxima)
             if advice is not None and self._advice_holds(advice):
                 need = "; ".join(f"{symbol_text(g, n)} must be at most {m}" for n, m in sorted(maxima.items()))
                 hint = "narrow the ranges: " + " ".join(advice.flags) + " (Pipeline: input_shapes= / shape_profiles=)"
         if hint is None:
             point = satisfying_point(g)
-            advice = advise(g, point=point) if point is not None else None
-            if advice is not None and self._advice_holds(advice):
-                hint = ("fix them where every condition holds: " + " ".join(advice.flags) + ", or narrow the ranges of "
-                        "the symbols named there; or fix one of them")
+            # the failing symbols fixed where every condition holds, the others keep their ranges; else all fixed
+            tries = [] if point is None else [{n: point[n] for n in names}, point]
+            advice = next((a for a in (advise(g, point=t) for t in tries) if a is not None and self._advice_holds(a)),
+                          None)
+            if advice is not None:
+                fixed_at = ", ".join(f"{n} = {point[n]}" for n in names)
+                need = f"no range of {who} found where they hold; they hold at {fixed_at}"
+                hint = "fix them there: " + " ".join(advice.flags) + " (Pipeline: input_shapes= / fixed=)"
         if hint is None:
             hint = ("narrow the ranges of the symbols named there (--input-shape INPUT=MIN:OPT:MAX or --shape-profile "
                     "NAME=MIN:OPT:MAX), fix one of them (--fix NAME=VALUE), or give dims that must be equal one "

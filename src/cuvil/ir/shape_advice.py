@@ -166,12 +166,12 @@ def rounded_profile(g: Graph, name: str, multiple: int) -> Tuple[int, int, int]:
 def advise(g: Graph, multiples: Mapping[str, int] = {}, point: Optional[Mapping[str, int]] = None,
            maxima: Mapping[str, int] = {}) -> Optional[ShapeAdvice]:
     """The profiles that give each symbol of ``g`` its range rounded to ``multiples``, cut at ``maxima`` (or,
-    with ``point``, one value each), as ``--input-shape`` for the inputs whose dims carry them and
+    with ``point``, the value it gives; the others keep their ranges), as ``--input-shape`` for the inputs whose dims carry them and
     ``--shape-profile`` / ``--fix`` for the others. None when an input's dim cannot be given (a derived dim of
     an unbound symbol)."""
     prof = {}
     for name, sym in g.symbols.items():
-        if point is not None:
+        if point is not None and name in point:
             prof[name] = (point[name],) * 3
         elif name in maxima:
             hi = maxima[name]
@@ -191,8 +191,7 @@ def advise(g: Graph, multiples: Mapping[str, int] = {}, point: Optional[Mapping[
                                for d in v.shape])
             except KeyError:
                 return None
-        mults = [multiples.get(str(d), 1) if point is None and isinstance(d, SymExpr) and str(d) in g.symbols else 1
-                 for d in v.shape]
+        mults = [multiples.get(str(d), 1) if isinstance(d, SymExpr) and str(d) in g.symbols else 1 for d in v.shape]
         bound |= {str(d) for d in v.shape if isinstance(d, SymExpr) and str(d) in g.symbols}
         if points[0] == points[2]:
             input_shapes[v.name] = points[0]
@@ -208,7 +207,7 @@ def advise(g: Graph, multiples: Mapping[str, int] = {}, point: Optional[Mapping[
     profiles: Dict[str, tuple] = {}
     for name in sorted(set(g.symbols) - bound):
         lo, opt, hi = prof[name]
-        m = multiples.get(name, 1) if point is None else 1
+        m = multiples.get(name, 1)
         if lo == hi:
             flags.append(f"--fix {name}={lo}")
             profiles[name] = (lo, lo, lo)

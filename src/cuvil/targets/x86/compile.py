@@ -14,7 +14,7 @@ from typing import Callable, Optional
 
 import attrs
 
-from ...errors import CuvilError
+from ...errors import CuvilError, UnsupportedTypeError
 from ...ir.graph import Graph
 from ...kernels.bounds import BoundsProver, Certificate, prove_schedule
 from ...kernels.schedule import Schedule, schedule
@@ -24,7 +24,7 @@ from .gemm import tile_cols, tile_shapes
 from .header import generate_header
 from .link import check_dependencies, link_shared, unexpected_dependencies
 from .model_c import generate_model_c
-from .model_info import IODesc, ModelInfo, StepDesc, SymbolDesc
+from .model_info import ABI_DTYPES, IODesc, ModelInfo, StepDesc, SymbolDesc
 from .tuning import DEFAULT_TUNING, X86Tuning
 
 
@@ -67,6 +67,18 @@ def _check_arena(sched: Schedule, limit: int):
                           f"--input-shape INPUT=MIN:OPT:MAX; shape_profiles= / input_shapes=), or, where a session "
                           f"can reserve {_bytes(sched.arena_bytes)}, raise the limit: CUVIL_MAX_ARENA_BYTES="
                           f"{sched.arena_bytes}")
+
+
+def _check_abi_types(g: Graph):
+    """Every input and output must have an element type the C ABI passes (not a string): refused by name, before
+    any kernel is built."""
+    for kind, values, names in (("input", g.inputs, [v.name for v in g.inputs]), ("output", g.outputs, g.output_names)):
+        for v, name in zip(values, names):
+            if int(v.dtype) not in ABI_DTYPES:
+                raise UnsupportedTypeError(
+                    f"{kind} {name!r} is {v.type}: the x86 library's C ABI has no {v.dtype.name.lower()} tensors",
+                    hint=f"export the model without the {v.dtype.name.lower()} {kind} (keep that processing outside "
+                         f"the model), or compile the graph that ends before it")
 
 
 def _refuse_unproved(cert: Certificate):
@@ -132,6 +144,7 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
     t0 = time.perf_counter()
     out_so = os.path.abspath(out_so)
     base = os.path.splitext(out_so)[0]
+    _check_abi_types(g)
     say(f"scheduling {len(g.nodes)} nodes")
     _, _, cpu_name, features = host_target(cpu, opt_level)
     bits = vector_bits(cpu_name, features)
