@@ -106,3 +106,10 @@ def test_a_slice_past_its_table_asks_for_a_maximum():
     assert e.value.details[0].startswith("S = 65 makes Slice 'pids' need 64 >= S")
     assert e.value.hint.startswith("narrow the ranges: --input-shape ids=1x1:1x1:8x64 ")
     Pipeline.from_onnx(position_ids(max_pos=64)).with_input_shapes({"ids": ([1, 1], [1, 1], [8, 64])})
+
+
+def test_inspect_shapes_lists_the_failures_and_the_next_step(detector_path, capsys):
+    assert cli_main(["inspect", detector_path, "--shapes", "--input-shape", "x=1x3x32x32:1x3x64x96:1x3x256x256"]) == 0
+    out = capsys.readouterr().out
+    assert "violated somewhere in range: 4" in out and " makes Add 'fpn_add4' need " in out
+    assert f"  next: give multiples: --input-shape {SUGGESTED} " in out

@@ -239,10 +239,10 @@ class Pipeline:
         out = self._derive(g, self.report)
         bad = out.check_shapes() if check else ()
         if bad:
-            raise out._shape_conditions_error(bad)
+            raise out.shape_conditions_error(bad)
         return out
 
-    def _shape_conditions_error(self, bad) -> ShapeError:
+    def shape_conditions_error(self, bad) -> ShapeError:
         """The error for shape conditions that fail inside the symbols' ranges: which symbols, the failing
         nodes with counterexamples, and a next step the solver found and checked (the multiples the graph
         needs, two symbols to make one, or values where every condition holds)."""
@@ -368,7 +368,7 @@ class Pipeline:
         if p._graph.symbols and not shape_profiles:   # with_profiles checked those
             bad = p.check_shapes()
             if bad:
-                raise p._shape_conditions_error(bad)
+                raise p.shape_conditions_error(bad)
         profiles = {s.name: [s.min, s.tuned, s.max] + ([{"multiple": s.multiple}] if s.multiple > 1 else [])
                     for s in p._graph.symbols.values()}
         rules = applied_rules(self.report)

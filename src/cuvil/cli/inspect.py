@@ -70,6 +70,8 @@ def cmd_inspect(args) -> int:
         print(f"shape conditions on symbols: {n_cons}, violated somewhere in range: {len(bad)}")
         for v in bad:
             print(f"  {v}")
+        if bad:
+            print(f"  next: {p.shape_conditions_error(bad).hint}")
         for d, (lo, hi) in sorted(dim_ranges(g, ranges).items()):
             print(f"  dim {d} in [{lo}, {hi}]")
     if args.ir:
