@@ -4,12 +4,13 @@ names, '?' for unknown dims) and lists them all, exit status 1."""
 import json
 
 import numpy as np
+import onnx.version_converter
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from cuvil import Pipeline
 from cuvil.cli import main as cli_main
-from cuvil.errors import MAX_DETAIL_LINES, UnsupportedOpError
+from cuvil.errors import MAX_DETAIL_LINES, ModelLoadError, UnsupportedOpError
 
 
 def model_with_unsupported_ops():
@@ -109,3 +110,17 @@ def test_cli_compile_refuses_with_every_op(model_path, tmp_path, capsys):
     assert cli_main(["compile", "--input", model_path, "--output", str(tmp_path / "libu.so")]) == 2
     err = capsys.readouterr().err
     assert "cuvil: error: " + MESSAGE in err and "`cuvil inspect MODEL` shows the rest of the model" in err
+
+
+def test_an_old_opset_names_the_converter_and_the_converted_model_imports():
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="relu")], "old",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 6)])
+    with pytest.raises(ModelLoadError) as e:
+        Pipeline.from_onnx(m)
+    assert e.value.message == "opset 6 is older than the oldest supported (7)"
+    assert "onnx.version_converter.convert_version(model, 13)" in e.value.hint
+    p = Pipeline.from_onnx(onnx.version_converter.convert_version(m, 13))   # the hint, followed
+    x = np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3)
+    np.testing.assert_array_equal(p.run_reference({"x": x})["y"], np.maximum(x, 0))
