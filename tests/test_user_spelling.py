@@ -63,7 +63,7 @@ def test_library_header_manifest_and_run_time_errors_keep_the_spelling(dyn_path,
     header = (tmp_path / "libdyn.h").read_text()
     assert "float [p2o.DynamicDimension.0, x.1, 8]" in header and "p2o_DynamicDimension" not in header
     model = cuvil.load(lib)
-    with pytest.raises(ShapeError, match=r"dim 0 is p2o.DynamicDimension.0 = 8, outside the profile "
+    with pytest.raises(ShapeError, match=r"(?s)dim 0 is p2o.DynamicDimension.0 = 8, outside the profile "
                                          r"p2o.DynamicDimension.0 in \[1, 4\].*--shape-profile p2o.DynamicDimension.0="):
         model.run(np.zeros((8, 3, 8), np.float32))
     assert cli_main(["run", lib, "--input-shape", "x=8x3x8"]) == 2
