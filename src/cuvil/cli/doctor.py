@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from ..doctor import collect, report_text
+from .flags import add_quiet_flag
 
 
 def register(sub) -> None:
@@ -17,6 +18,7 @@ def register(sub) -> None:
                     "the GPU and driver (through cuda-python, if installed), the optional extras installed and the "
                     "cache directory.")
     sp.add_argument("--json", action="store_true", help="the same facts as one JSON object")
+    add_quiet_flag(sp)   # every command takes -q; doctor prints only its report anyway
     sp.set_defaults(fn=cmd_doctor)
 
 
