@@ -41,7 +41,8 @@ def load_model(src: Union[str, os.PathLike, bytes, onnx.ModelProto]) -> onnx.Mod
         try:
             m.ParseFromString(bytes(src))
         except DecodeError as e:
-            raise ModelLoadError(f"not an ONNX model: protobuf parse failed ({e})") from None
+            raise ModelLoadError(f"not an ONNX model: protobuf parse failed ({e})",
+                                 hint="give the bytes of an .onnx file (ModelProto.SerializeToString())") from None
         return _check_nonempty(m, "<bytes>")
     try:
         path = os.fspath(src)
@@ -54,9 +55,12 @@ def load_model(src: Union[str, os.PathLike, bytes, onnx.ModelProto]) -> onnx.Mod
     try:
         m = onnx.load(path, load_external_data=False)
     except OSError as e:
-        raise ModelLoadError(f"{path}: cannot read the file ({e.strerror or e})") from None
+        raise ModelLoadError(f"{path}: cannot read the file ({e.strerror or e})",
+                             hint="make the file readable (ls -l shows its permissions), or copy it somewhere it is") from None
     except (DecodeError, RuntimeError, ValueError) as e:
-        raise ModelLoadError(f"{path}: not an ONNX model: protobuf parse failed ({_one_line(e)})") from None
+        raise ModelLoadError(f"{path}: not an ONNX model: protobuf parse failed ({_one_line(e)})",
+                             hint="give an .onnx file (a PyTorch .pt/.pt2 goes through Pipeline.from_file / cuvil "
+                                  "compile, which export it)") from None
     try:
         onnx.external_data_helper.load_external_data_for_model(m, os.path.dirname(os.path.abspath(path)))
     except Exception as e:  # onnx raises OSError, ValueError or its ValidationError (paths outside the model's folder)
