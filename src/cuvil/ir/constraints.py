@@ -80,7 +80,8 @@ def _atom(a, syms):
     return out
 
 
-def _holds(c: ShapeConstraint, syms) -> z3.BoolRef:
+def condition_holds(c: ShapeConstraint, syms) -> z3.BoolRef:
+    """``c`` as a Z3 formula over the symbols (``syms`` collects their Z3 variables)."""
     a, b = to_z3(c.a, syms), to_z3(c.b, syms)
     if c.kind == "eq":
         return a == b
@@ -91,14 +92,15 @@ def _holds(c: ShapeConstraint, syms) -> z3.BoolRef:
     return z3.And(b != 0, a % b == 0)
 
 
-def _ranges(g: Graph, ranges: Optional[Ranges]) -> Dict[str, Tuple[int, int]]:
+def symbol_ranges(g: Graph, ranges: Optional[Ranges]) -> Dict[str, Tuple[int, int]]:
+    """Every symbol's (min, max): the graph's, overridden by ``ranges``."""
     out = {s.name: (s.min, s.max) for s in g.symbols.values()}
     out.update(ranges or {})
     return out
 
 
-def _domain(g: Graph, syms: Dict[str, z3.ArithRef], rng: Mapping[str, Tuple[int, int]], default_hi,
-            multiples: Optional[Multiples] = None):
+def domain_facts(g: Graph, syms: Dict[str, z3.ArithRef], rng: Mapping[str, Tuple[int, int]], default_hi,
+                 multiples: Optional[Multiples] = None):
     """The Z3 facts that bound ``syms``: each in its range, and a multiple of its symbol's ``multiple`` (or
     of ``multiples[name]`` where given)."""
     facts = []
@@ -134,7 +136,7 @@ def check_constraints(g: Graph, ranges: Optional[Ranges] = None, timeout_ms: int
     """Every recorded shape constraint that fails for some symbol values inside ``ranges`` (default: the
     graph's symbol ranges; ``multiples`` overrides symbols' ``multiple``), with such values. Constraints Z3
     cannot settle in time count as violations with no values (never silently accepted)."""
-    rng = _ranges(g, ranges)
+    rng = symbol_ranges(g, ranges)
     out: List[Violation] = []
     for n in g.nodes:
         for c in n.constraints:
@@ -149,10 +151,10 @@ def counterexample(g: Graph, c: ShapeConstraint, ranges: Ranges, multiples: Opti
     """Symbol values inside ``ranges`` (and ``multiples``) that break ``c``; ``{}`` when Z3 cannot settle it
     in time (counted as broken); None when ``c`` holds everywhere there."""
     syms: Dict[str, z3.ArithRef] = {}
-    cond = _holds(c, syms)
+    cond = condition_holds(c, syms)
     s = z3.Solver()
     s.set("timeout", timeout_ms)
-    s.add(*_domain(g, syms, ranges, None, multiples))
+    s.add(*domain_facts(g, syms, ranges, None, multiples))
     s.add(z3.Not(cond))
     res = s.check()
     if res == z3.sat:
@@ -163,7 +165,7 @@ def counterexample(g: Graph, c: ShapeConstraint, ranges: Ranges, multiples: Opti
 
 def dim_ranges(g: Graph, ranges: Optional[Ranges] = None) -> Dict[str, Tuple[int, int]]:
     """The exact [min, max] of every symbolic dim of the graph's values, over the symbol ranges."""
-    rng = _ranges(g, ranges)
+    rng = symbol_ranges(g, ranges)
     out: Dict[str, Tuple[int, int]] = {}
     for v in g.values():
         for d in v.shape or ():
@@ -173,7 +175,7 @@ def dim_ranges(g: Graph, ranges: Optional[Ranges] = None) -> Dict[str, Tuple[int
                 bounds = []
                 for goal in ("min", "max"):
                     o = z3.Optimize()
-                    o.add(*_domain(g, syms, rng, 1 << 30))
+                    o.add(*domain_facts(g, syms, rng, 1 << 30))
                     h = o.minimize(e) if goal == "min" else o.maximize(e)
                     o.check()
                     bounds.append(o.lower(h).as_long() if goal == "min" else o.upper(h).as_long())

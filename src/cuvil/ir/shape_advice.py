@@ -16,7 +16,8 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 import attrs
 import z3
 
-from .constraints import Violation, _domain, _holds, _ranges, check_constraints, counterexample, first_violation_at
+from .constraints import (Violation, check_constraints, condition_holds, counterexample, domain_facts,
+                          first_violation_at, symbol_ranges)
 from .dim import SymExpr, evaluate, free_symbols
 from .graph import Graph
 
@@ -48,7 +49,7 @@ def required_multiples(g: Graph, violations: Sequence[Violation]) -> Optional[Di
     """For the symbols of the failing conditions, the smallest multiples that make every shape condition of
     ``g`` hold over the symbols' ranges (``{"H": 32, "W": 32}``), or None when no divisibility does (or the
     solver cannot tell). Symbols that share a failing condition get one multiple; the others each their own."""
-    rng = _ranges(g, None)
+    rng = symbol_ranges(g, None)
     mult = {name: s.multiple for name, s in g.symbols.items()}
     conds = []
     for v in violations:
@@ -106,7 +107,7 @@ def narrowed_maxima(g: Graph, violations: Sequence[Violation]) -> Optional[Dict[
     which every shape condition of ``g`` holds over ``[min, max]`` (a Slice that needs S <= 512); None when
     even the minima fail."""
     names = sorted({n for v in violations for n in free_symbols(v.constraint.a) | free_symbols(v.constraint.b)})
-    rng = dict(_ranges(g, None))
+    rng = dict(symbol_ranges(g, None))
     if any(n not in rng for n in names) or check_constraints(g, {n: (rng[n][0], rng[n][0]) for n in names}):
         return None
     for name in names:
@@ -130,12 +131,12 @@ def satisfying_point(g: Graph) -> Optional[Dict[str, int]]:
     if first_violation_at(g, tuned) is None:
         return tuned
     syms: Dict[str, z3.ArithRef] = {}
-    conds = [_holds(c, syms) for n in g.nodes for c in n.constraints]
+    conds = [condition_holds(c, syms) for n in g.nodes for c in n.constraints]
     for name in g.symbols:
         syms.setdefault(name, z3.Int(name))
     s = z3.Solver()
     s.set("timeout", 5000)
-    s.add(*_domain(g, syms, _ranges(g, None), None), *conds)
+    s.add(*domain_facts(g, syms, symbol_ranges(g, None), None), *conds)
     if s.check() != z3.sat:
         return None
     m = s.model()
