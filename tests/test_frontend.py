@@ -98,7 +98,7 @@ def test_cli_prints_one_line_errors(tmp_path, capsys):
     bad.write_bytes(b"\xff" * 40)
     assert cli_main(["inspect", str(bad)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 2 and err[0].startswith("cuvil: error: ") and err[1].startswith("  next: run onnx's checker")
+    assert len(err) == 2 and err[0].startswith("cuvil: error: ") and err[1].startswith("  next: give an .onnx file")
 
 
 def test_dim_params_become_symbols():
