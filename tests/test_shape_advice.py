@@ -113,3 +113,12 @@ def test_inspect_shapes_lists_the_failures_and_the_next_step(detector_path, caps
     out = capsys.readouterr().out
     assert "violated somewhere in range: 4" in out and " makes Add 'fpn_add4' need " in out
     assert f"  next: give multiples: --input-shape {SUGGESTED} " in out
+
+
+def test_a_fixed_size_off_the_multiple_names_the_nearest_that_works():
+    p = Pipeline.from_onnx(detector_model())
+    with pytest.raises(ShapeError) as e:
+        p.with_input_shapes({"x": [1, 3, 100, 64]})
+    assert e.value.message == "node 'fpn_add4' (Add): shapes [1,4,7,4] and [1,4,8,4] do not broadcast"
+    assert e.value.hint == "p2o.DynamicDimension.1 (x axis 2) must be a multiple of 32: --input-shape x=1x3x96x64"
+    assert p.with_input_shapes({"x": [1, 3, 96, 64]}).graph.symbols == {}      # the hint, followed

@@ -202,8 +202,34 @@ class Pipeline:
         fixed = {k: v for k, v in fixed.items() if k != v}   # state.1 = input.0 where they are one already
         if not fixed:
             return self
-        g, report = specialize_graph(self._graph, fixed)
+        try:
+            g, report = specialize_graph(self._graph, fixed)
+        except ShapeError as e:
+            raise self._fixed_values_hint(e, fixed) from None
         return self._derive(g, report)
+
+    def _fixed_values_hint(self, err: ShapeError, fixed: Mapping[str, object]) -> ShapeError:
+        """``err`` (values that break a shape condition), with the nearest values of the multiples the graph
+        needs as its next step, checked by specialising to them, where a multiple is what they miss."""
+        if err.hint is not None:
+            return err
+        g = self._graph
+        bad = check_constraints(g)
+        mult = required_multiples(g, bad) if bad else None
+        off = {n: m for n, m in (mult or {}).items() if isinstance(fixed.get(n), int) and fixed[n] % m}
+        if not off:
+            return err
+        point = {n: v for n, v in fixed.items() if isinstance(v, int)}
+        point.update({n: max(m, round(point[n] / m) * m) for n, m in off.items()})
+        advice = advise(g, point=point)
+        try:
+            ok = advice is not None and not self.specialize(point).check_shapes()
+        except CuvilError:
+            ok = False
+        if ok:
+            err.hint = ("; ".join(f"{symbol_text(g, n)} must be a multiple of {m}" for n, m in off.items())
+                        + ": " + " ".join(advice.flags))
+        return err
 
     def _by_symbol(self, values: Mapping[str, object], flag: str) -> Dict[str, object]:
         """``values`` keyed by the symbols' own names (a user may spell ``batch size`` for ``batch_size``)."""
