@@ -14,7 +14,7 @@ from typing import Optional
 
 import attrs
 
-from ...errors import CuvilError
+from ...errors import CuvilError, UnsupportedTypeError
 from ...ir.graph import Graph
 from ...kernels.bounds import BoundsProver, Certificate, prove_schedule
 from ...kernels.schedule import Schedule, schedule
@@ -26,7 +26,7 @@ from .gemm import tile_cols, tile_shapes
 from .header import generate_header
 from .link import check_dependencies, link_shared, unexpected_dependencies
 from .model_c import generate_model_c
-from .model_info import IODesc, ModelInfo, StepDesc, SymbolDesc
+from .model_info import ABI_DTYPES, IODesc, ModelInfo, StepDesc, SymbolDesc
 from .tuning import DEFAULT_TUNING, X86Tuning
 
 
@@ -53,7 +53,8 @@ def arena_limit(given: Optional[int]) -> int:
     try:
         return int(env)
     except ValueError:
-        raise CuvilError(f"CUVIL_MAX_ARENA_BYTES={env!r} is not a number of bytes") from None
+        raise CuvilError(f"CUVIL_MAX_ARENA_BYTES={env!r} is not a number of bytes",
+                         hint=f"set it to an integer (CUVIL_MAX_ARENA_BYTES={MAX_ARENA_BYTES}), or unset it") from None
 
 
 def _check_arena(sched: Schedule, limit: int):
@@ -63,10 +64,23 @@ def _check_arena(sched: Schedule, limit: int):
         return
     at_max = ", ".join(f"{s.name} <= {s.max}" for s in sched.symbols)
     raise CuvilError(f"the arena at the shape profile's maxima ({at_max or 'fixed shapes'}) is "
-                     f"{_bytes(sched.arena_bytes)}, above the {_bytes(limit)} limit: give a shape profile with "
-                     f"the maxima you need (--shape-profile NAME=MIN:OPT:MAX or --input-shape INPUT=MIN:OPT:MAX; "
-                     f"shape_profiles= / input_shapes=), or raise "
-                     f"the limit with CUVIL_MAX_ARENA_BYTES")
+                     f"{_bytes(sched.arena_bytes)}, above the {_bytes(limit)} limit",
+                     hint=f"give a shape profile with the maxima you need (--shape-profile NAME=MIN:OPT:MAX or "
+                          f"--input-shape INPUT=MIN:OPT:MAX; shape_profiles= / input_shapes=), or, where a session "
+                          f"can reserve {_bytes(sched.arena_bytes)}, raise the limit: CUVIL_MAX_ARENA_BYTES="
+                          f"{sched.arena_bytes}")
+
+
+def _check_abi_types(g: Graph):
+    """Every input and output must have an element type the C ABI passes (not a string): refused by name, before
+    any kernel is built."""
+    for kind, values, names in (("input", g.inputs, [v.name for v in g.inputs]), ("output", g.outputs, g.output_names)):
+        for v, name in zip(values, names):
+            if int(v.dtype) not in ABI_DTYPES:
+                raise UnsupportedTypeError(
+                    f"{kind} {name!r} is {v.type}: the x86 library's C ABI has no {v.dtype.name.lower()} tensors",
+                    hint=f"export the model without the {v.dtype.name.lower()} {kind} (keep that processing outside "
+                         f"the model), or compile the graph that ends before it")
 
 
 def _refuse_unproved(cert: Certificate):
@@ -76,8 +90,10 @@ def _refuse_unproved(cert: Certificate):
     for k in cert.kernels:
         if k.status == "unproved":
             raise CuvilError(f"kernel {k.stage} ({k.variant}) is not proved memory-safe even with run-time "
-                             f"guards: {k.failures[0]}; if a dim can be 0 at some point of the shape profile, "
-                             f"raise the symbols' minimum (--shape-profile NAME=MIN:OPT:MAX), else report it")
+                             f"guards", details=[str(k.failures[0])],
+                             hint="if a dim can be 0 at some point of the shape profile, raise the symbols' minimum "
+                                  "(--shape-profile NAME=MIN:OPT:MAX), else report it with `cuvil inspect MODEL "
+                                  "--shapes` output")
 
 
 def _bytes(n: int) -> str:
@@ -130,6 +146,7 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
     t0 = time.perf_counter()
     out_so = os.path.abspath(out_so)
     base = os.path.splitext(out_so)[0]
+    _check_abi_types(g)
     target_cpu = describe_cpu(cpu)
     bits = target_cpu.vector_bits
     with stage("schedule", detail=f"{len(g.nodes)} nodes") as s:
@@ -198,7 +215,9 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
     deps = check_dependencies(out_so)
     bad = unexpected_dependencies(deps)
     if bad:
-        raise CuvilError(f"{out_so} depends on {bad}; only libc, libm and libpthread are allowed")
+        raise CuvilError(f"{out_so} depends on {bad}; only libc, libm and libpthread are allowed",
+                         hint="the system linker added them: check `cc` (CC=) links without extra libraries, "
+                              "or report it with `ldd` of the library")
     with open(base + ".h", "w") as f:
         f.write(generate_header(info, prefix))
     manifest = {
