@@ -70,6 +70,7 @@ class KernelModule(LLVMKernelModule):
     def __init__(self, name: str, tm, triple: str):
         super().__init__(name, tm, triple)
         self.vector_bits = 128   # widest vector registers of the target CPU (set by generate_object)
+        self.math = "vector"     # float32 exp/erf/tanh/log: "vector" (inline polynomials) or "libm" (calls)
         self.scratch_index: Optional[int] = None   # bufs slot of the thread's scratch (None: no scratch)
         self.gemm_symbols = set()   # stages emitted as GEMM micro-kernels
         self.gemm_tiles = {}        # symbol -> a convolution micro-kernel's register tile ("12x32", "32x7c")
@@ -243,10 +244,13 @@ def vector_bits(cpu: str, features: str) -> int:
     return 128
 
 
-def generate_object(sched: Schedule, prefix: str, cpu: Optional[str], opt: int) -> Tuple[bytes, List[Tuple[str, int, int]], dict]:
-    """The kernels of ``sched`` as an object file, and the (symbol, extent, grain) of each stage."""
+def generate_object(sched: Schedule, prefix: str, cpu: Optional[str], opt: int,
+                    math: str = "vector") -> Tuple[bytes, List[Tuple[str, int, int]], dict]:
+    """The kernels of ``sched`` as an object file, and the (symbol, extent, grain) of each stage; ``math``:
+    float32 exp, erf, tanh and log as inline polynomials ("vector") or libm calls ("libm")."""
     tm, triple, cpu_name, features = host_target(cpu, opt)
     km = KernelModule(prefix, tm, triple)
+    km.math = math
     km.vector_bits = vector_bits(cpu_name, features)
     km.scratch_index = 2 + len(sched.inputs) + len(sched.outputs)
     km.dims_index = km.scratch_index + 1

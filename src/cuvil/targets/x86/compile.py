@@ -115,7 +115,7 @@ def _loop_jumps(sched, step_stages, descs) -> list:
 def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str] = None, prefix: str = "cuvil",
                 manifest_extra: Optional[dict] = None, progress: Optional[Callable[[str], None]] = None,
                 opt_graph: Optional[Graph] = None, max_arena_bytes: Optional[int] = None,
-                tuning: X86Tuning = DEFAULT_TUNING) -> dict:
+                tuning: X86Tuning = DEFAULT_TUNING, math: str = "vector") -> dict:
     """Compile ``g`` into ``out_so``; writes the header and manifest beside it and returns the manifest.
     Symbols left in ``g`` stay symbolic: the library binds them from the input shapes at every run and
     accepts every value in their ranges (``g.symbols``). ``opt_graph``: ``g`` specialised to the symbols'
@@ -123,7 +123,8 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
     the opt point. Every kernel's memory accesses are proved in bounds (:mod:`cuvil.kernels.bounds`) before
     code is generated; a kernel that cannot be proved runs guarded; the certificate is the manifest's
     ``memory_safety``. ``max_arena_bytes`` (default :data:`MAX_ARENA_BYTES`): a larger arena is refused.
-    ``tuning``: the register tiles offered and the tile choice's weights (:class:`X86Tuning`)."""
+    ``tuning``: the register tiles offered and the tile choice's weights (:class:`X86Tuning`). ``math``: float32
+    exp, erf, tanh and log as inline vector polynomials ("vector") or libm calls ("libm")."""
     say = progress or (lambda msg: None)
     t0 = time.perf_counter()
     out_so = os.path.abspath(out_so)
@@ -139,7 +140,7 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
     _refuse_unproved(cert)
     say(f"memory safety: {cert.summary()} ({cert.seconds:.2f} s)")
     say(f"{len(sched.stages)} kernels, arena {sched.arena_bytes} B, weights {sched.weights_bytes} B; generating LLVM IR")
-    obj, steps, target = generate_object(sched, prefix, cpu, opt_level)
+    obj, steps, target = generate_object(sched, prefix, cpu, opt_level, math)
     blob = sched.weights_blob()
     osched = osteps = otarget = oobj = oblob = None
     # sizes written at run time (NonZero's count) have no opt point to specialise for: generic kernels only
@@ -150,7 +151,7 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
                           channel_tile_cost=tuning.channel_tile_cost)
         cert.extend(prove_schedule(osched, "opt", prover))
         _refuse_unproved(cert)
-        oobj, osteps, otarget = generate_object(osched, f"{prefix}_opt", cpu, opt_level)
+        oobj, osteps, otarget = generate_object(osched, f"{prefix}_opt", cpu, opt_level, math)
         oblob = osched.weights_blob()
     t_codegen = time.perf_counter()
     weights_sym = f"{prefix}_weights" if sched.weights_bytes else None
@@ -196,6 +197,7 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
         "prefix": prefix,
         "target": {"triple": target["triple"], "cpu": target["cpu"], "features": target["features"]},
         "opt_level": opt_level,
+        "math": math,
         "inputs": [{"name": d.name, "dtype": d.dtype, "shape": _json_dims(d.dims or d.shape)} for d in info.inputs],
         "outputs": [{"name": d.name, "dtype": d.dtype, "shape": _json_dims(d.dims or d.shape)} for d in info.outputs],
         "symbols": {s.name: {"min": s.min, "opt": s.opt, "max": s.max, **({"multiple": s.multiple} if s.multiple > 1
