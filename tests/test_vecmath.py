@@ -5,6 +5,8 @@ no libm call left in the library, and ``math="libm"`` still selecting glibc.
 The bounds are the largest errors measured over every 64th float32 (bench/vecmath.py; docs/math.md) rounded
 up in the last digit; this test sweeps every 4099th (about 1M values per function).
 """
+import os
+import re
 import subprocess
 import warnings
 
@@ -120,3 +122,11 @@ def test_vector_math_calls_no_libm_and_libm_stays_selectable(compiled, op):
 def test_unknown_math_mode_is_refused():
     with pytest.raises(CuvilError, match='"vector" or "libm"'):
         Pipeline.from_onnx(unary_model("Exp", 4)).optimize().compile(math="fast")
+
+
+def test_docs_math_snippet_runs():
+    """docs/math.md's python block (building with libm) runs as written."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "docs", "math.md"), encoding="utf-8") as f:
+        (code,) = re.findall(r"```python\n(.*?)```", f.read(), re.S)
+    exec(compile(code, "docs/math.md", "exec"), {})
