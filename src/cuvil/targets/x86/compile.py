@@ -133,7 +133,7 @@ def _loop_jumps(sched, step_stages, descs) -> list:
 def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str] = None, prefix: str = "cuvil",
                 manifest_extra: Optional[dict] = None,
                 opt_graph: Optional[Graph] = None, max_arena_bytes: Optional[int] = None,
-                tuning: X86Tuning = DEFAULT_TUNING) -> dict:
+                tuning: X86Tuning = DEFAULT_TUNING, math: str = "vector") -> dict:
     """Compile ``g`` into ``out_so``; writes the header and manifest beside it and returns the manifest.
     Symbols left in ``g`` stay symbolic: the library binds them from the input shapes at every run and
     accepts every value in their ranges (``g.symbols``). ``opt_graph``: ``g`` specialised to the symbols'
@@ -141,8 +141,9 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
     the opt point. Every kernel's memory accesses are proved in bounds (:mod:`cuvil.kernels.bounds`) before
     code is generated; a kernel that cannot be proved runs guarded; the certificate is the manifest's
     ``memory_safety``. ``max_arena_bytes`` (default :data:`MAX_ARENA_BYTES`): a larger arena is refused.
-    ``tuning``: the register tiles offered and the tile choice's weights (:class:`X86Tuning`). Each stage,
-    the LLVM IR kernel by kernel, is reported through :mod:`cuvil.progress`."""
+    ``tuning``: the register tiles offered and the tile choice's weights (:class:`X86Tuning`). ``math``: float32
+    exp, erf, tanh and log as inline vector polynomials ("vector") or libm calls ("libm"). Each stage, the LLVM
+    IR kernel by kernel, is reported through :mod:`cuvil.progress`."""
     t0 = time.perf_counter()
     out_so = os.path.abspath(out_so)
     base = os.path.splitext(out_so)[0]
@@ -160,7 +161,7 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
         cert = prove_schedule(sched, "generic", prover)
         s.detail(cert.summary())
     _refuse_unproved(cert)
-    obj, steps, target = generate_object(sched, prefix, cpu, opt_level)
+    obj, steps, target = generate_object(sched, prefix, cpu, opt_level, math=math)
     blob = sched.weights_blob()
     osched = osteps = otarget = oobj = oblob = None
     # sizes written at run time (NonZero's count) have no opt point to specialise for: generic kernels only
@@ -176,7 +177,8 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
             s.detail(opt_cert.summary())
         cert.extend(opt_cert)
         _refuse_unproved(cert)
-        oobj, osteps, otarget = generate_object(osched, f"{prefix}_opt", cpu, opt_level, variant="opt point")
+        oobj, osteps, otarget = generate_object(osched, f"{prefix}_opt", cpu, opt_level, variant="opt point",
+                                                math=math)
         oblob = osched.weights_blob()
     t_codegen = time.perf_counter()
     weights_sym = f"{prefix}_weights" if sched.weights_bytes else None
@@ -225,6 +227,7 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
         "prefix": prefix,
         "target": _target_json(target["triple"], target["cpu"]),
         "opt_level": opt_level,
+        "math": math,
         "inputs": [{"name": d.name, "dtype": d.dtype, "shape": _json_dims(d.dims or d.shape)} for d in info.inputs],
         "outputs": [{"name": d.name, "dtype": d.dtype, "shape": _json_dims(d.dims or d.shape)} for d in info.outputs],
         "symbols": {s.name: {"min": s.min, "opt": s.opt, "max": s.max, **({"multiple": s.multiple} if s.multiple > 1
