@@ -4,20 +4,24 @@ blocks with an online softmax (flash attention's recurrence); the [B, H, Sq, Sk]
 Per row, with ``m`` the running max of the scores seen, ``l`` the running sum of their exponentials and
 ``acc[Dv]`` the running sum of exp(score - m) * V, a step over the block of keys ``t*KB .. t*KB+KB-1``:
 
-1. ``s[j] = (Q[i] · Kt[:, key]) * scale + mask[i, key]`` (``-inf`` past the last key); the dot product runs
-   over the head size, which both exporters leave contiguous in Q and (before their transposes, which the
-   loads read through) in K;
+0. (once, before the rows) Kt and V copied with their key axes padded with zeros to whole blocks: O(S D)
+   copies against the O(S^2 D) products, so that the loops below read contiguous keys with no clamped index;
+1. ``s[j] = (Q[i] · Kt[:, key]) * scale + mask[i, key]`` (``-inf`` past the last key): a row of KB
+   accumulators over contiguous keys, summed over d (x86's row schedule for sequential assignments);
 2. ``m' = max(m, max_j s[j])``; the shift ``c = m'`` (0 while every score so far is ``-inf``, so a row masked
    so far adds exp(-inf) = 0 instead of NaN);
 3. ``r = exp(m - c)``, ``p[j] = exp(s[j] - c)`` (in place of ``s``), ``l = l * r + sum_j p[j]``;
 4. ``acc[d] = acc[d] * r + sum_j p[j] * V[key, d]``, unrolled over the block's keys in groups so that the
-   innermost loop runs over ``d`` at unit stride (vectorised);
+   innermost loop runs over ``d`` at unit stride (vectorised; a padded key adds 0 * 0);
 5. ``m = m'``.
 
 The output is ``acc / l``: a row whose every key is masked with ``-inf`` ends with ``l = 0`` and gives NaN,
 as the unfused Softmax does, and 0 under ``zero_nan``. Rows run in parallel (x86: the thread pool splits
 the stage's rows). Equal to the composite over the reals; in float32 the sums are reassociated (blocks,
 rescaling), within the tolerances the unfused graph is held to (tests/test_attention.py).
+
+Exp is the emitter's (``call("exp")``): on x86 today LLVM's vector exp becomes one libm call per lane, about
+half the kernel's time at S = 128; the shared vector polynomials replace it there without a change here.
 """
 from __future__ import annotations
 
@@ -44,8 +48,24 @@ def _fused_attention(ctx):
     B, H, Sq, Dv = out_shape
     D, Sk = kt.shape[2], kt.shape[3]
     qf = broadcast_fn(q, (B, H, Sq, D))
-    kf = broadcast_fn(kt, (B, H, D, Sk))
-    vf = broadcast_fn(v, (B, H, Sk, Dv))
+    steps = (Sk + KEY_BLOCK - 1) // KEY_BLOCK
+    padded = steps * KEY_BLOCK
+    n_keys = _to_index(Sk)
+
+    def keys_padded(read, key_axis):
+        """``read`` (a broadcast index function) with the key axis padded with zeros to whole blocks."""
+        def f(idx):
+            k = idx[key_axis]
+            inner = list(idx)
+            inner[key_axis] = _clamp(k, Sk)
+            return select(cmp("lt", k, n_keys), read(inner), const(0.0, dt))
+        return f
+    # Kt and V stored once, their key axes padded to whole blocks (O(S D) copies against O(S^2 D) products):
+    # a block's scores are then a row of accumulators over contiguous keys, summed over d (x86's row
+    # schedule), with no clamped index (reading the exports' K [B, S, H, D] through their transposes would
+    # gather across rows); a padded key's V row is 0, its probability exp(-inf) = 0.
+    kf = ctx.temp((B, H, D, padded), dt, keys_padded(broadcast_fn(kt, (B, H, D, Sk)), 3), "keys")
+    vf = ctx.temp((B, H, padded, Dv), dt, keys_padded(broadcast_fn(v, (B, H, Sk, Dv)), 2), "values")
     mf = broadcast_fn(mask, (B, H, Sq, Sk)) if mask is not None else None
     scale = scalar_of(scale_t)
 
@@ -68,11 +88,10 @@ def _fused_attention(ctx):
         return cmp("lt", key(jj), _to_index(Sk))
 
     def score(jj: E) -> E:
-        kk = _clamp(key(jj), Sk)
-        dot = reduce("sum", [D], lambda c: binop("mul", qf([b, h, i, c]), kf([b, h, c, kk])))
+        dot = reduce("sum", [D], lambda c: binop("mul", qf([b, h, i, c]), kf([b, h, c, key(jj)])))
         s = binop("mul", dot, scale)
         if mf is not None:
-            s = binop("add", s, mf([b, h, i, kk]))
+            s = binop("add", s, mf([b, h, i, _clamp(key(jj), Sk)]))
         return select(valid(jj), s, neg_inf)
 
     def at(buf, *extra):
@@ -84,10 +103,8 @@ def _fused_attention(ctx):
     init = [put(m_buf, neg_inf), put(l_buf, zero), put(acc_buf, zero, [d], [Dv], [d])]
     block_max = reduce("max", [KEY_BLOCK], lambda jj: load(s_buf, row + [jj]))
     new_max = select(cmp("gt", block_max, at(m_buf)), block_max, at(m_buf))
-    # one assignment per key: its dot product runs over d, contiguous in Q and in the keys' rows (a loop over
-    # the block's keys innermost would read Kt across rows, a gather per vector)
-    body = [put(s_buf, score(const(jj, I64)), extra=[const(jj, I64)]) for jj in range(KEY_BLOCK)]
-    body += [
+    body = [
+        put(s_buf, score(j), [j], [KEY_BLOCK], [j]),
         put(mnew_buf, new_max),
         put(shift_buf, select(cmp("eq", at(mnew_buf), neg_inf), zero, at(mnew_buf))),
         put(r_buf, call("exp", binop("sub", at(m_buf), at(shift_buf)))),
@@ -99,13 +116,10 @@ def _fused_attention(ctx):
         total = binop("mul", at(acc_buf, d), at(r_buf)) if g == 0 else at(acc_buf, d)
         for jj in range(g, g + PV_GROUP):
             jc = const(jj, I64)
-            term = binop("mul", at(s_buf, jc), vf([b, h, _clamp(key(jc), Sk), d]))
-            # a key past the end has p = 0, but its clamped V row may hold inf: the term must be 0 itself
-            total = binop("add", total, select(valid(jc), term, zero))
+            total = binop("add", total, binop("mul", at(s_buf, jc), vf([b, h, key(jc), d])))
         body.append(put(acc_buf, total, [d], [Dv], [d]))
     body.append(put(m_buf, at(mnew_buf)))
 
-    steps = (Sk + KEY_BLOCK - 1) // KEY_BLOCK
     program = Sequential(row, init, step, steps, body)
     ctx.temp((B, H, Sq), dt, lambda idx: sequential(idx, program, dt), "rows")
 
