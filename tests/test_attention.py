@@ -55,7 +55,8 @@ def attention_model(guard: bool, mask_rank: int, fill: float) -> onnx.ModelProto
         nodes += [helper.make_node("IsNaN", ["p"], ["nan"]), helper.make_node("Where", ["nan", "zero", "p"], ["pg"])]
     nodes += [helper.make_node("MatMul", ["pg" if guard else "p", "v"], ["y"])]
     qkv = [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["B", H, "S", D]) for n in "qkv"]
-    inits = [helper.make_tensor("a", TensorProto.FLOAT, [], [a]), helper.make_tensor("zero", TensorProto.FLOAT, [], [0.0]),
+    inits = [helper.make_tensor("a", TensorProto.FLOAT, [], [a]),
+             helper.make_tensor("zero", TensorProto.FLOAT, [], [0.0]),
              helper.make_tensor("fill", TensorProto.FLOAT, [], [fill]),
              helper.make_tensor("axes", TensorProto.INT64, [2], [1, 2])]
     g = helper.make_graph(nodes, "attention", qkv + [mask_in],
