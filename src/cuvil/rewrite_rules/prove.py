@@ -282,7 +282,9 @@ def _window_inputs(op, known):
 
 
 def _matmul_inputs(op, known):
-    pairs = [((2, 3), (3, 4)), ((2, 3), (4, 3)), ((3, 2), (3, 4)), ((2, 2, 3), (3, 4)), ((3,), (3, 4))]
+    # the last: batched [B, H, S, D] operands (attention's Q · Kt, P · V)
+    pairs = [((2, 3), (3, 4)), ((2, 3), (4, 3)), ((3, 2), (3, 4)), ((2, 2, 3), (3, 4)), ((3,), (3, 4)),
+             ((1, 2, 2, 2), (1, 2, 2, 3))]
     for a, b in pairs:
         if known[0] is not None and known[0] != a:
             continue
