@@ -15,6 +15,7 @@ from cuvil.ir.ops.attention import fused_attention_reference
 from cuvil.kernels.lower.attention import KEY_BLOCK
 from cuvil.targets.x86.target import choose_algorithms
 from cuvil.testing.oracles import max_rel_error, ort_session
+from test_real_exports import compare, symbols_of
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "exports"
 # every export: torch's scaled_dot_product_attention as both exporters write it (BERT, DistilBERT, RoBERTa, GPT-2,
@@ -113,3 +114,15 @@ def test_reference_is_the_unfused_composite():
     mask = np.where(f["keep"], np.float32(0), np.float32("-inf"))
     got = fused_attention_reference(f["q"], f["k"].transpose(0, 1, 3, 2), f["v"], np.float32(D ** -0.5), mask, 1)
     assert max_rel_error(got, want) <= RTOL
+
+
+@pytest.mark.parametrize("name", ["bert.dynamo.onnx", "gpt2.torchscript.onnx"])
+def test_real_export_fused_from_one_library_at_s1_and_odd_s(name):
+    """The issue's profile (B = 1..8, S = 1..512, opt S = 128), one library, padded masks (tests/test_real_exports.py's
+    feeds: a row half padded, a row with one token): S = 1, S not a multiple of the key block, B up to 4."""
+    model = onnx.load(FIXTURES / name)
+    p = Pipeline.from_onnx(model).optimize()
+    art = p.compile(shape_profiles=symbols_of(p, batch=(1, 1, 8), sequence=(1, 128, 512)))
+    assert art.manifest["rules_applied"]["fused_attention_guarded"]["applied"] == 2
+    for batch, seq in [(1, 1), (4, 1), (2, KEY_BLOCK + 1), (4, 100)]:
+        compare(model, art, batch, seq)
