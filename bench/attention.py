@@ -164,7 +164,7 @@ def main(argv=None):
         import onnxruntime as ort
         so = ort.SessionOptions()
         so.intra_op_num_threads = threads
-        sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        sess = ort_session(model, so)
         models = {k: art.model() for k, art in arts.items()}
         runners = {"fused": lambda f: models["fused"].run(f, num_threads=threads),
                    "unfused": lambda f: models["unfused"].run(f, num_threads=threads),

@@ -28,6 +28,7 @@ import warnings
 
 import numpy as np
 
+from cuvil.testing.oracles import ort_session
 from cuvil import Pipeline
 from cuvil.targets.x86.loader import load
 from cuvil.testing.models import transformer_block
@@ -107,7 +108,7 @@ def end_to_end(seq: int, runs: int = 40, pause_s: float = 0.05):
     engines = {m: load(p.compile(math=m).path, num_threads=1) for m in ("vector", "libm")}
     so = ort.SessionOptions()
     so.intra_op_num_threads = so.inter_op_num_threads = 1
-    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    sess = ort_session(model, so)
     x = np.random.default_rng(1).standard_normal((1, seq, 768)).astype(np.float32)
     name = sess.get_inputs()[0].name
     runners = {"Cuvil vector": lambda: engines["vector"].run(x), "Cuvil libm": lambda: engines["libm"].run(x),

@@ -21,7 +21,8 @@ from cuvil.targets.x86.cpu import (C_CHECKED_FEATURES, CpuDescription, check_run
 from cuvil.targets.x86.target import X86Options
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ENV = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "src")}
+# the checkout first, the caller's path after it (a machine whose deps live on PYTHONPATH still finds them)
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (os.path.join(ROOT, "src"), os.environ.get("PYTHONPATH")) if p)}
 DEMO = os.path.join(ROOT, "src", "cuvil", "data", "demo_cnn.onnx")
 
 

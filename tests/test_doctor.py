@@ -9,7 +9,8 @@ from cuvil.targets.ptx import runtime as gpu_runtime
 from cuvil.targets.x86.cpu import host_cpu
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ENV = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "src")}
+# the checkout first, the caller's path after it (a machine whose deps live on PYTHONPATH still finds them)
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (os.path.join(ROOT, "src"), os.environ.get("PYTHONPATH")) if p)}
 
 
 def _cli(*args):

@@ -8,12 +8,13 @@ import numpy as np
 import onnxruntime as ort
 
 
-def ort_session(model) -> ort.InferenceSession:
-    """An onnxruntime CPU session for an ``onnx.ModelProto``. A model that an onnx newer than the installed
-    onnxruntime stamped with a newer IR version than it reads (the GPU machine's pairing) is run at the IR
-    version onnxruntime names, the ops and their opsets unchanged."""
+def ort_session(model, options: "ort.SessionOptions | None" = None) -> ort.InferenceSession:
+    """An onnxruntime CPU session for an ``onnx.ModelProto`` (``options``: its SessionOptions, e.g. the thread
+    counts a benchmark sets). A model that an onnx newer than the installed onnxruntime stamped with a newer IR
+    version than it reads (the GPU machine's pairing) is run at the IR version onnxruntime names, the ops and
+    their opsets unchanged."""
     try:
-        return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     except Exception as e:      # onnxruntime's own Fail exception; only the IR-version refusal is retried
         m = re.search(r"Unsupported model IR version: (\d+), max supported IR version: (\d+)", str(e))
         if m is None:
@@ -21,7 +22,7 @@ def ort_session(model) -> ort.InferenceSession:
     older = type(model)()
     older.CopyFrom(model)
     older.ir_version = int(m.group(2))
-    return ort.InferenceSession(older.SerializeToString(), providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(older.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
 def ort_run(model, feeds):
