@@ -27,7 +27,7 @@ from .pipeline import Pipeline
 from .rewrite_rules.proved_rewrite import applied_rules
 from .rewrite_rules.verdicts import builtin_rules_dir, verdicts, write_shipped
 from .targets import PTX_TARGET, get_target, make_options
-from .testing.models import LIGHT_MODELS, light_model
+from .testing.zoo import ZOO, zoo_model
 from .verify import NATIVE_RTOL, verify, verify_artifact
 from .version import __version__
 
@@ -235,11 +235,8 @@ def cmd_demo(args) -> int:
 
 
 def cmd_zoo(args) -> int:
-    if args.name not in LIGHT_MODELS:
-        raise CuvilError(f"unknown model {args.name!r}; choose from {', '.join(LIGHT_MODELS)}")
-    m = light_model(args.name, seed=args.seed, logits=not args.softmax)
-    onnx.save(m, args.output)
-    print(f"wrote {args.output}: light {args.name} with seeded random weights (seed {args.seed})")
+    onnx.save(zoo_model(args.name, seed=args.seed, softmax=args.softmax), args.output)
+    print(f"wrote {args.output}: {ZOO[args.name]} (seed {args.seed})")
     return 0
 
 
@@ -582,8 +579,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(fn=cmd_inspect)
     sp = sub.add_parser("demo", help="run Cuvil's main job on a small bundled model")
     sp.set_defaults(fn=cmd_demo)
-    sp = sub.add_parser("zoo", help="write a real architecture (onnx's light models) with seeded random weights")
-    sp.add_argument("name", help="bvlc_alexnet, densenet121, inception_v1, inception_v2, resnet50, shufflenet, squeezenet, vgg19, zfnet512")
+    sp = sub.add_parser("zoo", help="write an example model (onnx's light architectures, a BERT block) with seeded random weights")
+    sp.add_argument("name", help=", ".join(ZOO))
     sp.add_argument("--output", "-o", required=True)
     sp.add_argument("--seed", type=int, default=0)
     sp.add_argument("--softmax", action="store_true", help="keep the final Softmax (default: logits)")
