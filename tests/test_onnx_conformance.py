@@ -9,7 +9,8 @@ rtol/atol: 1e-3/1e-7).
 ``tests/conformance_expected_pass.txt`` lists the cases that pass (``scripts/update_conformance_list.py``
 regenerates it). A listed case that fails is a regression and fails its test; a case that passes but is
 not listed is reported (a warning and the terminal summary) so that the list can be extended. The
-terminal summary prints ``ONNX node conformance: N/M cases pass``.
+terminal summary prints ``ONNX node conformance: N/M cases pass`` and what each other outcome (mismatch,
+unsupported, ...) means.
 
 Cases run in worker processes (``CUVIL_CONFORMANCE_JOBS``, default: the CPU count, at most 8), each
 compiling at ``opt_level=1`` into a private artifact cache that is deleted afterwards, so every run
@@ -45,6 +46,16 @@ class Result(NamedTuple):
     status: str      # pass | mismatch | unsupported | error | crash | timeout
     detail: str
     seconds: float
+
+
+#: What each outcome but ``pass`` means, for the terminal summary.
+OUTCOMES = {
+    "mismatch": "ran, but an output differs from onnx's expected values beyond the case's rtol/atol:",
+    "unsupported": "refused with a CuvilError (strings, sequences, training and random ops, other domains)",
+    "error": "an internal error (a bug: an exception that is not a CuvilError):",
+    "crash": "the worker process died (fails test_no_crashes):",
+    "timeout": f"no result within {CASE_TIMEOUT_S:.0f} s (fails test_no_crashes):",
+}
 
 
 def expected_pass() -> List[str]:
@@ -225,17 +236,21 @@ class _Summary:
         else:
             tr.write_line(f"ONNX node conformance: {len(passed)}/{len(r)} of the cases run pass "
                           f"({self.total} cases in all; {self.seconds:.0f} s)")
-        counts = {}
-        for x in r.values():
-            counts[x.status] = counts.get(x.status, 0) + 1
-        tr.write_line("  by outcome: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+        others = {}
+        for n, x in r.items():
+            if x.status != "pass":
+                others.setdefault(x.status, []).append(n)
+        if others:
+            tr.write_line(f"  the other {sum(map(len, others.values()))}, by outcome (one listed in "
+                          f"{os.path.basename(LIST_PATH)} fails its test; an unlisted one fails nothing unless it "
+                          "crashes or times out):")
+            for status, names in sorted(others.items()):
+                shown = " ".join(sorted(names)) if status != "unsupported" else "(cuvil ops lists the gaps)"
+                tr.write_line(f"    {len(names)} {status}: {OUTCOMES.get(status, status)} {shown}")
         new = sorted(set(passed) - set(self.listed))
         if new:
             tr.write_line(f"  {len(new)} passing case(s) not in {os.path.basename(LIST_PATH)} "
                           f"(run scripts/update_conformance_list.py): {' '.join(new)}")
-        bad = sorted(n for n, x in r.items() if x.status in ("error", "crash", "timeout"))
-        if bad:
-            tr.write_line(f"  {len(bad)} case(s) failed with an internal error, crash or timeout: {' '.join(bad)}")
 
 
 @pytest.fixture(scope="module")
