@@ -332,9 +332,13 @@ def test_runtime_checks_inputs_and_names_driver_errors(small_bundle, fake):
     _, b = small_bundle
     m = rt.load_bundle(b.path)
     x = np.zeros((2, 3, 10, 10), np.float32)
-    with pytest.raises(ShapeError, match="expected float32, got float64"):
+    assert isinstance(m, cuvil.Model) and [str(d) for d in m.inputs] == ["x: float32[2, 3, 10, 10]"]
+    out = m.run({"x": x})                       # the one interface: a dict in, a dict out
+    assert list(out) == ["y"] and out["y"].shape == (2, 8, 10, 10)
+    with pytest.raises(ShapeError, match=r"dtype is 11 \(double\), expected 1 \(float\) .*\n  next: convert it with "
+                                         r"\.astype\(numpy\.float32\)"):
         m.run(x.astype(np.float64))
-    with pytest.raises(ShapeError, match=r"expected shape \[2, 3, 10, 10\]"):
+    with pytest.raises(ShapeError, match=r"dim 0 is 1, expected 2 .*\n  next: pass an array of shape \[2, 3, 10, 10\]"):
         m.run(x[:1])
     with pytest.raises(ShapeError, match="unknown input 'z'"):
         m.run(z=x)

@@ -48,15 +48,18 @@ def test_a_static_output_too_large_is_refused_at_load():
 def test_inputs_are_checked_with_the_next_step(lib):
     m = loader.load(lib)
     x, z = feeds(2)
-    with pytest.raises(ShapeError, match=r"input 0 'x': dim 0 is N = 5, outside the profile N in \[1, 4\]; split the "
-                                         r"input, or compile with --shape-profile N=MIN:OPT:MAX covering 5 \(or "
-                                         r"--input-shape x=MIN:OPT:MAX, three shapes\) \(code -19\)"):
+    with pytest.raises(ShapeError, match=r"input 0 'x': dim 0 is N = 5, outside the profile N in \[1, 4\] \(code -19\)"
+                                         r"\n  next: split the input, or compile with --shape-profile N=MIN:OPT:MAX "
+                                         r"covering 5 \(or --input-shape x=MIN:OPT:MAX, three shapes\)"):
         m.run(np.zeros((5, 3, 6, 6), np.float32), np.zeros((5, 4, 6, 6), np.float32))
-    with pytest.raises(ShapeError, match=r"input 1 'z': dim 1 is 3, expected 4; pass an array of shape \[\?, 4, 6, 6\]"):
+    with pytest.raises(ShapeError, match=r"input 1 'z': dim 1 is 3, expected 4 \(code -8\)\n  next: pass an array "
+                                         r"of shape \[\?, 4, 6, 6\]"):
         m.run(x, np.zeros((2, 3, 6, 6), np.float32))
-    with pytest.raises(ShapeError, match=r"input 0 'x': ndim is 3, expected 4; reshape it to \[\?, 3, 6, 6\]"):
+    with pytest.raises(ShapeError, match=r"input 0 'x': ndim is 3, expected 4 \(code -7\)\n  next: reshape it to "
+                                         r"\[\?, 3, 6, 6\]"):
         m.run(x[0], z)
-    with pytest.raises(ShapeError, match=r"input 0 'x': dtype is 11 \(double\), expected 1 \(float\); convert it with "
+    with pytest.raises(ShapeError, match=r"input 0 'x': dtype is 11 \(double\), expected 1 \(float\) \(code -6\)\n"
+                                         r"  next: convert it with "
                                          r"\.astype\(numpy\.float32\)"):
         m.run(x.astype(np.float64), z)
     with pytest.raises(ShapeError, match="input 1 'z' is not an array"):
@@ -72,7 +75,7 @@ def test_a_closed_model_raises(lib):
     x, z = feeds(1)
     m.run(x, z)
     m.close()
-    with pytest.raises(CuvilError, match="was closed.*load it again"):
+    with pytest.raises(CuvilError, match="was closed.*\n  next: load it again"):
         m.run(x, z)
     with pytest.raises(CuvilError, match="was closed"):
         m.profile(x, z)

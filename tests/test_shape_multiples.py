@@ -9,7 +9,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from cuvil import Pipeline
-from cuvil.cli import _parse_input_shapes, _parse_profiles
+from cuvil.cli.shape_flags import parse_input_shapes as _parse_input_shapes, parse_profiles as _parse_profiles
 from cuvil.errors import ShapeError
 from cuvil.ir.dim import SymExpr, Symbol, dmax, floordiv, mod, with_multiples
 from cuvil.testing.oracles import max_rel_error, ort_session
@@ -86,7 +86,8 @@ def test_one_library_serves_every_multiple(pyramid):
 def test_a_size_that_is_not_a_multiple_is_refused(pyramid):
     _, art = pyramid
     with pytest.raises(ShapeError, match=r"dim 2 is x.2 = 18, not a multiple of 4 \(the profile x.2 in \[8, 64\], "
-                                         r"multiples of 4\); pad the input to a multiple of 4 \(e.g. 20\) \(code -19\)"):
+                                         r"multiples of 4\) \(code -19\)\n"
+                                         r"  next: pad the input to a multiple of 4 \(e.g. 20\)"):
         art.run({"x": np.zeros((1, 2, 18, 16), np.float32)})
     lib = raw_lib(art.path)     # the library itself refuses it too (a C caller has no Python check)
     shape = (ctypes.c_int64 * 4)()

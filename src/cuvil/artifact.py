@@ -1,6 +1,7 @@
 """Compiled artifacts: what :meth:`cuvil.Pipeline.compile` returns (an :class:`Artifact`, ``libNAME.so``
 with its header and manifest; a :class:`Bundle`, ``NAME.cuvil/``), :func:`load` to open any saved one in
-any process, and the content-addressed artifact cache.
+any process as a :class:`Model` (one interface whatever the target: :mod:`cuvil.targets.model_api`), and
+the content-addressed artifact cache.
 
 The cache stores and returns files only: :meth:`Pipeline.compile` computes an entry's key
 (:func:`cache_key`: the graph's structural hash, the options, the Cuvil version and a digest of the code
@@ -20,17 +21,21 @@ from typing import Iterator, List, Optional, Sequence, Union
 
 from .errors import CuvilError
 from .targets import PTX_TARGET, X86_TARGET
+from .targets.model_api import Model
 from .targets.ptx.artifact import Bundle
 from .targets.ptx.runtime import NoGpuError, load_bundle
 from .targets.x86.artifact import Artifact
 from .targets.x86.loader import load as _load_so
 
 
-def load(path: Union[str, os.PathLike], num_threads: int = 0, fallback: Union[str, os.PathLike, None] = None, **gpu):
-    """Open a compiled model: ``libNAME.so`` through ctypes, or a GPU bundle ``NAME.cuvil/`` through the CUDA
-    driver (``gpu``: ``device``, ``max_graphs``, ``mode``, ``prefer_cubin``). Where a bundle cannot run
-    (no CUDA driver or GPU) and ``fallback`` names an x86 ``libNAME.so``, that is loaded instead, with a
-    warning."""
+def load(path: Union[str, os.PathLike], num_threads: int = 0, fallback: Union[str, os.PathLike, None] = None,
+         **gpu) -> Model:
+    """Open a compiled model as a :class:`Model`: ``libNAME.so`` through ctypes, or a GPU bundle
+    ``NAME.cuvil/`` through the CUDA driver (``gpu``: ``device``, ``max_graphs``, ``mode``,
+    ``prefer_cubin``). Both answer the same calls: ``run(*arrays)`` / ``run(**named)`` return a list in
+    output order, ``run({name: array})`` a dict by output name; ``inputs``, ``outputs``, ``symbols``;
+    ``close()`` and ``with``. Where a bundle cannot run (no CUDA driver or GPU) and ``fallback`` names an
+    x86 ``libNAME.so``, that is loaded instead, with a warning."""
     path = os.fspath(path)
     if os.path.isdir(path) or path.rstrip(os.sep).endswith(".cuvil"):
         try:
@@ -121,4 +126,5 @@ def cache_entry(key: str, name: str) -> Iterator[str]:
         raise
 
 
-__all__ = ["Artifact", "Bundle", "X86_TARGET", "PTX_TARGET", "load", "artifact_cache_dir", "cache_key", "cached_path", "cache_entry"]
+__all__ = ["Artifact", "Bundle", "Model", "X86_TARGET", "PTX_TARGET", "load", "artifact_cache_dir", "cache_key",
+           "cached_path", "cache_entry"]

@@ -109,7 +109,7 @@ def verify_artifact(source, library: str, *, examples: int = 30, seed: Optional[
             if n is not None and isinstance(d, SymExpr) and str(d) in src.graph.symbols:
                 fixed[str(d)] = int(n)
     drawn = src.specialize(fixed) if fixed else src
-    profiles = {name: (lo, hi) for name, (lo, _, hi) in lib.symbols.items() if name in drawn.graph.symbols}
+    profiles = {name: (p.min, p.max) for name, p in lib.symbols.items() if name in drawn.graph.symbols}
     drawn = drawn.with_profiles(profiles, check=False) if profiles else drawn
     state = {"n": 0, "fail": None, "input": None}
 

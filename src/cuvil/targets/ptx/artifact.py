@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import os
 import shutil
-from typing import Dict, Mapping, Sequence, Union
+from typing import Dict, List, Mapping, Sequence, Union
 
 import numpy as np
 
 from ...errors import CuvilError
+from ..model_api import as_run_args
 from .runtime import load_bundle
 
 
@@ -38,11 +39,12 @@ class Bundle:
             self._model = load_bundle(self.path, **gpu)
         return self._model
 
-    def run(self, inputs: Union[Mapping[str, np.ndarray], Sequence[np.ndarray]]) -> Dict[str, np.ndarray]:
-        """Run on the GPU; returns outputs by name."""
-        m = self.model()
-        outs = m.run(**inputs) if isinstance(inputs, Mapping) else m.run(*inputs)
-        return {spec.name: arr for spec, arr in zip(m.outputs, outs)}
+    def run(self, inputs: Union[Mapping[str, np.ndarray], Sequence[np.ndarray], np.ndarray]
+            ) -> Union[Dict[str, np.ndarray], List[np.ndarray]]:
+        """Run on the GPU through :meth:`Model.run <cuvil.targets.model_api.Model.run>`: a dict of named
+        inputs returns a dict by output name; a sequence of arrays in input order (or one array, for a model
+        of one input) returns a list in output order."""
+        return self.model().run(*as_run_args(inputs))
 
     def __repr__(self):
         return f"<Bundle {self.path} ({self.manifest.get('kernels')} kernels, {self.manifest['target']['arch']})>"

@@ -3,7 +3,12 @@
 
     m = load_bundle("build/resnet50.cuvil")      # module, one arena, weights uploaded once
     (y,) = m.run(x)                              # numpy in, numpy out (H2D, one graph replay, D2H)
+    m.run({"data": x})["probs"]                  # a dict in, a dict out
     m.run_device([x_ptr], [y_ptr])               # device pointers (ints): no copies
+
+:class:`GpuModel` is the GPU side of the one model interface (:mod:`cuvil.targets.model_api`): the call
+forms, the metadata and the input checks are the x86 model's. :func:`bundle_signature` reads them from the
+bundle alone, without a driver, so they are checked (and tested) on machines without a GPU.
 
 One model holds: the module (the bundle's cubin when it was built for this GPU's architecture, else its PTX,
 compiled by the driver), one stream, one device arena of ``plan["arena_bytes"]``, the weights, staging
@@ -28,6 +33,7 @@ import numpy as np
 
 from ...errors import CuvilError, ShapeError
 from ...ir.dtype import DType
+from ..model_api import Model, Signature, SymbolProfile, fixed_symbols, tensor_spec
 from .bundle import read_bundle
 
 MODES = ("graph", "eager")
@@ -172,7 +178,9 @@ def _listify(x):
 
 # --- the model -------------------------------------------------------------------------------------------
 
-class _Spec:
+class _Buffer:
+    """Where an input or output lives on the device: its index in the buffer-pointer table and its bytes."""
+
     __slots__ = ("name", "dtype", "shape", "code", "buffer", "nbytes")
 
     def __init__(self, d: dict):
@@ -189,10 +197,27 @@ class _Spec:
         return f"{self.name}: {np.dtype(self.dtype).name}{list(self.shape)}"
 
 
-class GpuModel:
-    """A loaded GPU bundle: ``run(*arrays, **named)`` like the x86 :class:`cuvil.targets.x86.loader.Model`,
-    ``run_device`` for device pointers, ``graph_stats()``, ``profile_kernels()``. Calls are serialised by a
-    lock; one inference is in flight at a time."""
+def bundle_signature(path: str, plan: Optional[dict] = None, manifest: Optional[dict] = None) -> Signature:
+    """The inputs, outputs and symbols of bundle ``path`` (plan.json, manifest.json; no driver needed). A
+    bundle's shapes are static: every symbol was fixed at compile time (the manifest's ``specialized``), so
+    each has min = opt = max, and a dim that does not fit names the compile that would."""
+    if plan is None or manifest is None:
+        plan, manifest = read_bundle(path)
+    fixed = fixed_symbols(manifest)
+    triple = (manifest.get("target") or {}).get("triple", "") if isinstance(manifest.get("target"), dict) else ""
+    return Signature(artifact=os.path.basename(os.path.abspath(path)),
+                     inputs=tuple(tensor_spec(d["name"], d["dtype_code"], d["shape"]) for d in plan["inputs"]),
+                     outputs=tuple(tensor_spec(d["name"], d["dtype_code"], d["shape"]) for d in plan["outputs"]),
+                     symbols={k: SymbolProfile(v, v, v) for k, v in fixed.items()}, fixed=fixed, target=triple)
+
+
+class GpuModel(Model):
+    """A loaded GPU bundle (:class:`cuvil.targets.model_api.Model`: ``run``, ``inputs``, ``outputs``,
+    ``symbols``; ``run(..., mode="eager")`` for one call), ``run_device`` for device pointers,
+    ``graph_stats()``, ``profile_kernels()``. Calls are serialised by a lock; one inference is in flight at a
+    time."""
+
+    run_options = ("mode",)
 
     def __init__(self, path: str, *, device: int = 0, max_graphs: int = 4, mode: str = "graph",
                  prefer_cubin: bool = True):
@@ -201,9 +226,9 @@ class GpuModel:
         self.path = os.path.abspath(os.fspath(path))
         self.plan, self.manifest = read_bundle(self.path)   # a bad bundle fails before the driver is touched
         self.mode = mode
-        self.inputs = [_Spec(d) for d in self.plan["inputs"]]
-        self.outputs = [_Spec(d) for d in self.plan["outputs"]]
-        self._index = {s.name: k for k, s in enumerate(self.inputs)}
+        self.signature = bundle_signature(self.path, self.plan, self.manifest)
+        self._in_bufs = [_Buffer(d) for d in self.plan["inputs"]]
+        self._out_bufs = [_Buffer(d) for d in self.plan["outputs"]]
         self._lock = threading.RLock()
         self._closed = True
         self._allocs: List[int] = []
@@ -233,15 +258,15 @@ class GpuModel:
                 raise CuvilError(f"{self.path}: weights.bin has {blob.nbytes} bytes, the plan says "
                                  f"{self.plan['weights_bytes']}")
             self._call("cuMemcpyHtoD(weights)", drv.cuMemcpyHtoD(self.weights, blob.ctypes.data, blob.nbytes))
-        self._in_stage = [self._alloc(max(s.nbytes, 1), f"input {s.name}") for s in self.inputs]
-        self._out_stage = [self._alloc(max(s.nbytes, 1), f"output {s.name}") for s in self.outputs]
+        self._in_stage = [self._alloc(max(s.nbytes, 1), f"input {s.name}") for s in self._in_bufs]
+        self._out_stage = [self._alloc(max(s.nbytes, 1), f"output {s.name}") for s in self._out_bufs]
         n_bufs = int(self.plan["buffers"]["count"])
         self._table = self._alloc(8 * n_bufs, "buffer table")
         self._table_host = np.zeros(n_bufs, dtype=np.uint64)
         self._table_set: Optional[tuple] = None
         self._staged = tuple(self._in_stage + self._out_stage)
         self.device_bytes = (max(int(self.plan["arena_bytes"]), 1) + max(int(self.plan["weights_bytes"]), 1)
-                             + sum(max(s.nbytes, 1) for s in self.inputs + self.outputs) + 8 * n_bufs)
+                             + sum(max(s.nbytes, 1) for s in self._in_bufs + self._out_bufs) + 8 * n_bufs)
 
         # kernel arguments (bufs, n): a pointer array per launch, built once; the driver copies them at launch
         self._launches = []
@@ -259,9 +284,12 @@ class GpuModel:
     def _call(self, what: str, res):
         return _call(self._d, what, res)
 
-    def _activate(self):
+    def _ensure_open(self) -> None:
         if self._closed:
-            raise CuvilError(f"{self.path}: the model is closed")
+            raise self.closed_error()
+
+    def _activate(self):
+        self._ensure_open()
         self._call("cuCtxSetCurrent", self._d.cuCtxSetCurrent(self._ctx))
 
     def _alloc(self, nbytes: int, what: str) -> int:
@@ -368,52 +396,25 @@ class GpuModel:
 
     # -- running ------------------------------------------------------------------------------------
 
-    def _collect(self, arrays, named) -> List[np.ndarray]:
-        n, base = len(self.inputs), os.path.basename(self.path)
-        if len(arrays) > n:
-            raise ShapeError(f"{base}: {len(arrays)} positional inputs, the model has {n}")
-        given = list(arrays) + [None] * (n - len(arrays))
-        have = [True] * len(arrays) + [False] * (n - len(arrays))
-        for name, value in named.items():
-            k = self._index.get(name)
-            if k is None:
-                raise ShapeError(f"{base}: unknown input {name!r} (inputs: {', '.join(s.name for s in self.inputs)})")
-            if have[k]:
-                raise ShapeError(f"{base}: input {name!r} given twice")
-            given[k], have[k] = value, True
-        missing = [self.inputs[k].name for k in range(n) if not have[k]]
-        if missing:
-            raise ShapeError(f"{base}: missing input(s) {', '.join(map(repr, missing))}")
-        out = []
-        for spec, x in zip(self.inputs, given):
-            a = np.asarray(x)  # nothing is cast
-            if a.dtype != spec.dtype:
-                raise ShapeError(f"{base}: input {spec.name!r}: expected {np.dtype(spec.dtype).name}, got {a.dtype}")
-            if tuple(a.shape) != spec.shape:
-                raise ShapeError(f"{base}: input {spec.name!r}: expected shape {list(spec.shape)}, got {list(a.shape)}")
-            out.append(np.ascontiguousarray(a))
-        return out
-
-    def run(self, *arrays, mode: Optional[str] = None, **named) -> List[np.ndarray]:
-        """Runs the model on numpy arrays given in input order and/or by name; returns the outputs in order.
-        ``mode``: "graph" (replay the captured graph; the default unless the model was loaded eager) or
-        "eager"."""
-        xs = self._collect(arrays, named)
+    def _run_arrays(self, xs: List[np.ndarray], mode: Optional[str] = None) -> List[np.ndarray]:
+        """One inference on checked inputs (``Model.run``): H2D, the captured graph's replay (or, with
+        ``mode="eager"``, the kernels one by one), D2H."""
+        xs = [np.ascontiguousarray(a) for a in xs]
         drv = self._d
         with self._lock:
             self._activate()
             s = self._stream
-            for a, p, spec in zip(xs, self._in_stage, self.inputs):
+            for a, p, buf in zip(xs, self._in_stage, self._in_bufs):
                 if a.nbytes:
-                    self._call(f"cuMemcpyHtoDAsync(input {spec.name})",
+                    self._call(f"cuMemcpyHtoDAsync(input {buf.name})",
                                drv.cuMemcpyHtoDAsync(p, a.ctypes.data, a.nbytes, s))
             self._set_table(self._staged, s)
             self._execute(tuple(a.shape for a in xs), s, mode)
             outs = []
-            for p, spec in zip(self._out_stage, self.outputs):
-                y = np.empty(spec.shape, dtype=spec.dtype)
+            for p, buf in zip(self._out_stage, self._out_bufs):
+                y = np.empty(buf.shape, dtype=buf.dtype)
                 if y.nbytes:
-                    self._call(f"cuMemcpyDtoHAsync(output {spec.name})",
+                    self._call(f"cuMemcpyDtoHAsync(output {buf.name})",
                                drv.cuMemcpyDtoHAsync(y.ctypes.data, p, y.nbytes, s))
                 outs.append(y)
             self._call("cuStreamSynchronize", drv.cuStreamSynchronize(s))
@@ -425,17 +426,17 @@ class GpuModel:
         to contiguous tensors of the plan's shapes and dtypes, in this model's context (the device's primary
         context). Runs on ``stream`` (a CUstream or its int handle; default: the model's stream) after the
         work already queued there; ``sync=False`` returns without waiting."""
-        if len(in_ptrs) != len(self.inputs) or len(out_ptrs) != len(self.outputs):
-            raise ShapeError(f"{os.path.basename(self.path)}: run_device takes {len(self.inputs)} input and "
-                             f"{len(self.outputs)} output pointers, got {len(in_ptrs)} and {len(out_ptrs)}")
+        if len(in_ptrs) != len(self._in_bufs) or len(out_ptrs) != len(self._out_bufs):
+            raise ShapeError(f"{os.path.basename(self.path)}: run_device takes {len(self._in_bufs)} input and "
+                             f"{len(self._out_bufs)} output pointers, got {len(in_ptrs)} and {len(out_ptrs)}")
         ptrs = tuple(int(p) for p in list(in_ptrs) + list(out_ptrs))
-        if any(p == 0 for p, spec in zip(ptrs, self.inputs + self.outputs) if spec.nbytes):
+        if any(p == 0 for p, buf in zip(ptrs, self._in_bufs + self._out_bufs) if buf.nbytes):
             raise ShapeError(f"{os.path.basename(self.path)}: run_device got a null device pointer")
         with self._lock:
             self._activate()
             s = self._stream if stream is None else (stream if not isinstance(stream, int) else self._d.CUstream(stream))
             self._set_table(ptrs, s)
-            self._execute(tuple(spec.shape for spec in self.inputs), s, mode)
+            self._execute(tuple(buf.shape for buf in self._in_bufs), s, mode)
             if sync:
                 self._call("cuStreamSynchronize", self._d.cuStreamSynchronize(s))
 
@@ -510,12 +511,6 @@ class GpuModel:
             drv.cuDevicePrimaryCtxRelease(self._dev)
             self._closed = True
 
-    def __enter__(self) -> "GpuModel":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
     def __del__(self):
         try:
             self.close()
@@ -523,7 +518,7 @@ class GpuModel:
             pass
 
     def __repr__(self) -> str:
-        fmt = lambda ds: ", ".join(map(repr, ds))  # noqa: E731
+        fmt = lambda ds: ", ".join(map(str, ds))  # noqa: E731
         return (f"<cuvil.GpuModel {os.path.basename(self.path)} on {self.device['name']} ({fmt(self.inputs)}) -> "
                 f"({fmt(self.outputs)}), {len(self._launches)} kernels>")
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import os
 import shutil
-from typing import Dict, Mapping, Optional, Sequence, Union
+from typing import Dict, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
 from ...errors import CuvilError
+from ..model_api import as_run_args
 from .link import write_library
 from .loader import Model, load
 
@@ -57,11 +58,12 @@ class Artifact:
             self._model = load(self.path, num_threads=num_threads)
         return self._model
 
-    def run(self, inputs: Union[Mapping[str, np.ndarray], Sequence[np.ndarray]], num_threads: Optional[int] = None) -> Dict[str, np.ndarray]:
-        """Run the native library; returns outputs by name."""
-        m = self._loaded()
-        outs = m.run(**inputs, num_threads=num_threads) if isinstance(inputs, Mapping) else m.run(*inputs, num_threads=num_threads)
-        return {spec.name: arr for spec, arr in zip(m.outputs, outs)}
+    def run(self, inputs: Union[Mapping[str, np.ndarray], Sequence[np.ndarray], np.ndarray],
+            num_threads: Optional[int] = None) -> Union[Dict[str, np.ndarray], List[np.ndarray]]:
+        """Run the native library through :meth:`Model.run <cuvil.targets.model_api.Model.run>`: a dict of
+        named inputs returns a dict by output name; a sequence of arrays in input order (or one array, for a
+        model of one input) returns a list in output order."""
+        return self._loaded().run(*as_run_args(inputs), num_threads=num_threads)
 
     def __repr__(self):
         return f"<Artifact {self.path} ({self.manifest.get('kernels')} kernels)>"

@@ -1,0 +1,106 @@
+"""``cuvil bench MODEL|LIB``: latency, throughput, cold start and memory of a model, against an SLA."""
+from __future__ import annotations
+
+import sys
+
+from .. import bench
+from ..errors import CuvilError
+from .flags import add_input_shape_flag
+from .shape_flags import parse_input_shapes
+
+
+def register(sub) -> None:
+    sp = sub.add_parser("bench", help="latency, throughput, cold start and memory of a model, against an SLA",
+                        description="Benchmark a model (an .onnx, compiled first; or a compiled .so): p50/p90/p99/max "
+                                    "latency, throughput, error rate, cold start, peak RSS, artifact size; optionally "
+                                    "beside onnxruntime. Exit 0 if the SLA held (or none was given), 1 if not, "
+                                    "2 for usage errors. Flags override the config.")
+    sp.add_argument("model", help="MODEL.onnx (compiled through the artifact cache) or LIB.so")
+    sp.add_argument("--config", help="YAML file: concurrency, duration or runs, warmup, threads, opt_level, vs, slas")
+    sp.add_argument("--vs", choices=["onnxruntime"], help="also run onnxruntime, alternating run by run; print ratios")
+    sp.add_argument("--onnx", help="the ONNX model onnxruntime runs when MODEL is a .so")
+    sp.add_argument("--threads", type=int, help="threads per session, both engines (default 1; 0 = all cores)")
+    sp.add_argument("--runs", type=int, help="timed runs per engine, over all workers (default 100)")
+    sp.add_argument("--duration", help="time instead of a run count: seconds, or 10s, 500ms, 2m")
+    sp.add_argument("--warmup", type=int, help="untimed runs per engine and worker first (default 5)")
+    sp.add_argument("--concurrency", type=int, help="parallel workers, each with its own session (default 1)")
+    sp.add_argument("--opt-level", help="O0-O3 for an .onnx (default O3)")
+    sp.add_argument("--shape", action="append", metavar="NAME=DIM",
+                    help="a symbolic dim's size (NAME=DIM) or an input's shape (INPUT=1x3x224x224) (repeatable)")
+    add_input_shape_flag(sp, "an input's shape to time (x=1x3x640x640), or for an .onnx three shapes "
+                          "(x=1x3x32x32:1x3x640x640:1x3x1280x1280): compile for that range, time its opt shape "
+                          "(repeatable)")
+    sp.add_argument("--sla", action="append", metavar="NAME=LIMIT", help="an SLA, e.g. p99_latency_ms=50 (repeatable)")
+    sp.add_argument("--cold-runs", type=int, default=3,
+                    help="fresh processes per engine for cold start and peak RSS (default 3; 0 = skip)")
+    sp.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    sp.add_argument("--pause-ms", type=float, default=0.0,
+                    help="untimed sleep after each timed run, so spinning worker threads go idle first (default 0; with "
+                         "--vs onnxruntime and several threads use ~150: its workers spin 50-100 ms after a run)")
+    sp.add_argument("--json", metavar="OUT", help="write every figure as JSON")
+    sp.add_argument("--plot", metavar="OUT.png", help="latency histogram and CDF (needs matplotlib)")
+    sp.add_argument("--progress", action="store_true", help="progress bar on stderr even when it is not a terminal")
+    sp.set_defaults(fn=cmd_bench)
+
+
+def cmd_bench(args) -> int:
+    """Latency percentiles, throughput, error rate, cold start and peak RSS; optionally beside onnxruntime;
+    exit 0 when the SLA held (or none was given), 1 when not."""
+    cfg = bench.load_config(args.config) if args.config else {}
+    if args.runs is not None and args.duration is not None:
+        raise CuvilError("give --runs or --duration, not both")
+    slas = dict(cfg.get("slas", {}))
+    for item in args.sla or ():
+        name, _, val = item.partition("=")
+        try:
+            slas[name] = float(val)
+        except ValueError:
+            raise CuvilError(f"--sla takes NAME=NUMBER, got {item!r}") from None
+    if args.runs is not None or args.duration is not None:
+        runs = args.runs
+        try:
+            duration = bench.parse_duration(args.duration) if args.duration is not None else None
+        except ValueError as e:
+            raise CuvilError(f"--duration: {e}") from None
+    else:
+        runs, duration = cfg.get("runs"), cfg.get("duration")
+    pick = lambda flag, key, default: flag if flag is not None else cfg.get(key, default)
+    vs = pick(args.vs, "vs", None)
+    cold_runs = args.cold_runs
+    bench.sla_requirements(slas, vs, cold_runs)
+    if args.plot:
+        bench.require_matplotlib()
+    if args.runs is not None and args.runs < 1:
+        raise CuvilError(f"--runs must be >= 1, got {args.runs}")
+    for flag, val, lo in (("--warmup", args.warmup, 0), ("--threads", args.threads, 0),
+                          ("--concurrency", args.concurrency, 1), ("--cold-runs", cold_runs, 0),
+                          ("--pause-ms", args.pause_ms, 0)):
+        if val is not None and val < lo:
+            raise CuvilError(f"{flag} must be >= {lo}, got {val}")
+    opts = bench.BenchOptions(
+        args.model, onnx=args.onnx, vs=vs, threads=pick(args.threads, "threads", 1), runs=runs, duration=duration,
+        warmup=pick(args.warmup, "warmup", bench.DEFAULT_WARMUP), concurrency=pick(args.concurrency, "concurrency", 1),
+        opt_level=bench.parse_opt_level(pick(args.opt_level, "opt_level", "O3")), shapes=_bench_shapes(args),
+        seed=args.seed, cold_runs=cold_runs, pause_ms=args.pause_ms,
+        progress=True if args.progress else "auto" if sys.stderr.isatty() else False,
+        log=lambda msg: print(f"cuvil bench: {msg}", file=sys.stderr, flush=True))
+    res = bench.run_benchmark(opts)
+    checks = bench.check_slas(res, slas)
+    res["slas"], res["sla_held"] = checks, all(c["held"] for c in checks)
+    print(bench.format_report(res, checks))
+    if args.json:
+        bench.write_json(res, args.json)
+        print(f"wrote {args.json}")
+    if args.plot:
+        bench.plot(res, args.plot)
+        print(f"wrote {args.plot}")
+    return 0 if res["sla_held"] else 1
+
+
+def _bench_shapes(args) -> dict:
+    shapes = bench.parse_shapes(args.shape)
+    for name, spec in parse_input_shapes(args.input_shape).items():
+        if name in shapes:
+            raise CuvilError(f"input {name!r} is given by both --shape and --input-shape; give one")
+        shapes[name] = spec
+    return shapes

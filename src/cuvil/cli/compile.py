@@ -1,0 +1,134 @@
+"""``cuvil compile``: an ONNX (or PyTorch) model into a native x86-64 shared library or a GPU bundle."""
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from ..dsl.parser import load_rules
+from ..errors import CuvilError
+from ..kernels.kernel_rules import builtin_kernel_rules
+from ..pipeline import Pipeline
+from ..targets import PTX_TARGET, get_target, make_options
+from .flags import add_allow_bounded_flag, add_input_shape_flag, opt_level
+from .shape_flags import parse_input_shapes, shape_flags
+
+
+def register(sub) -> None:
+    sp = sub.add_parser("compile", help="compile an ONNX model into a native shared library")
+    sp.add_argument("--input", required=True,
+                    help="the model: .onnx, or PyTorch: .pt2 (torch.export.save) or .pt (torch.jit.save; give "
+                         "--input-shape for each input of forward), exported by torch.onnx (needs cuvil[torch])")
+    sp.add_argument("--target", default="x86_64-linux-gnu", help="x86_64-linux-gnu (default) or nvptx64-nvidia-cuda")
+    sp.add_argument("--opt-level", default="O3", help="O0, O1, O2 or O3")
+    sp.add_argument("--output", required=True, help="DIR/libNAME.so (the header and manifest go beside it); "
+                    "DIR/NAME.cuvil (a bundle directory) for nvptx64-nvidia-cuda")
+    sp.add_argument("--arch", default="sm_90", help="GPU architecture for nvptx64-nvidia-cuda (default sm_90)")
+    sp.add_argument("--cpu", default=None, help="LLVM CPU name (default: this machine's)")
+    sp.add_argument("--prefix", default="cuvil", help="prefix of the C ABI symbols (default cuvil_)")
+    add_input_shape_flag(sp, "bind the symbolic dims of an input by its shape, whatever they are called: one "
+                          "shape fixes them (x=1x3x640x640), three set their ranges (x=1x3x32x32:1x3x640x640:"
+                          "1x3x1280x1280, min:opt:max; the library serves every shape in between; a /1x1x32x32 suffix "
+                          "serves only multiples of 32 on the last two axes); a dim the model fixes must be given "
+                          "its value (repeatable)")
+    sp.add_argument("--fix", action="append", metavar="NAME=INT",
+                    help="specialise a symbolic dim by its name, as `cuvil inspect` lists it; NAME=OTHER makes it "
+                         "the symbol OTHER (two anonymous dims that must be equal: --fix s.0=x.0) (repeatable)")
+    sp.add_argument("--shape-profile", action="append", metavar="NAME=MIN:OPT:MAX[/MULTIPLE]",
+                    help="a symbolic dim's range, by name (repeatable); the library serves every shape in it "
+                         "(default range [1, 4096])")
+    sp.add_argument("--rules", action="append", help="extra .rule file or directory (repeatable)")
+    sp.add_argument("--enable-fp16", action="store_true",
+                    help="GPU: compute float32 tensors in float16 (inputs/outputs stay float32, sums accumulate in float32)")
+    sp.add_argument("--no-fma", action="store_true",
+                    help="GPU: no fused multiply-add contraction (the 'prove real' kernel rules do not run)")
+    sp.add_argument("--register-pass", action="store_true",
+                    help="GPU: cap the registers (.maxnreg) of register-limited kernels where that saves a wave "
+                         "without spills")
+    add_allow_bounded_flag(sp)
+    sp.add_argument("--no-winograd", action="store_true",
+                    help="x86: keep direct 3x3 convolutions (Winograd rounds differently; see docs/rules.md)")
+    sp.set_defaults(fn=cmd_compile)
+
+
+def cmd_compile(args) -> int:
+    target = get_target(args.target)   # an unknown target fails before the model is read
+    if target.triple == PTX_TARGET:
+        return _compile_gpu_bundle(args)
+    if args.enable_fp16:
+        raise CuvilError(f"--enable-fp16 is supported for --target {PTX_TARGET} only; {args.target} computes float32")
+    if args.no_fma:
+        raise CuvilError(f"--no-fma applies to --target {PTX_TARGET} only (GPU kernel rules)")
+    if args.register_pass:
+        raise CuvilError(f"--register-pass applies to --target {PTX_TARGET} only (GPU registers)")
+    if not args.output.endswith(".so"):
+        raise CuvilError(f"--output must name DIR/libNAME.so, got {args.output!r}")
+    options = make_options(args.target, opt_level=opt_level(args.opt_level), cpu=args.cpu, prefix=args.prefix,
+                           winograd=not args.no_winograd)
+    progress, p = _import_and_optimize(args)
+    fixed, profiles = shape_flags(p, args)
+    art = p.compile(options=options, fixed=fixed, progress=progress, shape_profiles=profiles)
+    out = art.save(args.output)
+    m = art.manifest
+    base = os.path.splitext(out)[0]
+    print(f"wrote {out}, {base}.h, {base}.manifest.json")
+    print(f"  {m['kernels']} kernels, arena {m['arena_bytes']:,} B, weights {m['weights_bytes']:,} B, "
+          f"target {m['target']['cpu']}" + (f", specialized {m['specialized']}" if m.get("specialized") else "")
+          + (" (from cache)" if art.cached else f", compiled in {m['compile_seconds']:.1f} s"))
+    ms = m.get("memory_safety")
+    if ms:
+        print(f"  memory safety: {ms['summary']} ({ms['accesses']} accesses, {ms['proof_seconds']:.2f} s)")
+        for k in ms["guarded"]:
+            print(f"  guarded kernel {k['stage']} ({k['variant']}): {k['unproved'][0]}")
+    for name, prof in (m.get("symbols") or {}).items():
+        print(f"  symbol {name} in [{prof['min']}, {prof['max']}] (opt {prof['opt']}): one library serves the range")
+    for dim, (lo, hi) in sorted((m.get("derived_dims") or {}).items()):
+        print(f"  derived dim {dim} in [{lo}, {hi}]")
+    return 0
+
+
+def _import_and_optimize(args):
+    """The steps both compile targets share: a timed progress printer, import and optimize."""
+    t0 = time.perf_counter()
+    progress = (lambda msg: print(f"[{time.perf_counter() - t0:6.1f}s] {msg}", file=sys.stderr, flush=True))
+    progress(f"importing {args.input}")
+    p = Pipeline.from_file(args.input, input_shapes=parse_input_shapes(getattr(args, "input_shape", None)))
+    progress(f"optimizing {len(p.graph.nodes)} nodes")
+    return progress, p.optimize(rules=args.rules or None, allow_bounded=args.allow_bounded_rules)
+
+
+def _compile_gpu_bundle(args) -> int:
+    """``--target nvptx64-nvidia-cuda``: a bundle directory DIR/NAME.cuvil (PTX, weights, plan, manifest)."""
+    out_path = args.output.rstrip(os.sep)
+    if not out_path.endswith(".cuvil"):
+        raise CuvilError(f"--output must name DIR/NAME.cuvil for --target {args.target}, got {args.output!r}")
+    if args.cpu:
+        raise CuvilError("--cpu applies to the x86 target; use --arch for GPUs")
+    kernel_rules = None   # the built-in ones; plus any `on kernel` rules in the --rules files
+    if args.rules:
+        mine = [r for r in load_rules(args.rules) if r.on == "kernel"]
+        kernel_rules = builtin_kernel_rules() + mine if mine else None
+    options = make_options(args.target, opt_level=opt_level(args.opt_level), prefix=args.prefix, arch=args.arch,
+                           fma=not args.no_fma, enable_fp16=args.enable_fp16, kernel_rules=kernel_rules,
+                           register_pass=args.register_pass)
+    progress, p = _import_and_optimize(args)
+    fixed, profiles = shape_flags(p, args)
+    bundle = p.compile(options=options, fixed=fixed, progress=progress, shape_profiles=profiles)
+    out = bundle.save(out_path)
+    m = bundle.manifest
+    regs = [k["registers"] for k in ((m.get("ptxas") or {}).get("kernels") or {}).values() if k.get("registers")]
+    print(f"wrote {out}/ (kernels.ptx, weights.bin, plan.json, manifest.json"
+          + (f", {m['ptxas']['cubin']}" if m.get("ptxas") else "") + ")")
+    print(f"  {m['kernels']} kernels for {m['target']['arch']}, arena {m['arena_bytes']:,} B, weights {m['weights_bytes']:,} B"
+          + (f", registers/thread max {max(regs)}" if regs else ", ptxas not found: registers not checked")
+          + (f", specialized {m['specialized']}" if m.get("specialized") else "")
+          + (" (from cache)" if bundle.cached else f", compiled in {m['compile_seconds']:.1f} s"))
+    rp = m.get("register_pass") or {}
+    if rp.get("kernels"):
+        print(f"  register pass: {len(rp['kernels'])} multi-wave kernels limited by registers; "
+              f"{rp['capped']} capped without spills (assuming {rp['sms']} SMs)")
+    fired = {k: v["applied"] for k, v in (m.get("kernel_rules") or {}).items() if v.get("applied")}
+    print("  kernel rules fired: " + (", ".join(f"{k} x{v}" for k, v in sorted(fired.items())) or "none")
+          + ("" if m.get("fma", True) else " (--no-fma)")
+          + (f"; float16: {len(m['float16_tensors'])} tensors" if m.get("enable_fp16") else ""))
+    return 0

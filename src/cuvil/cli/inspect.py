@@ -1,0 +1,88 @@
+"""``cuvil inspect MODEL``: inputs/outputs, symbols, op histogram, parameters and FLOPs of a model."""
+from __future__ import annotations
+
+from ..ir.constraints import check_constraints, dim_ranges
+from ..ir.dim import evaluate, free_symbols
+from ..ir.stats import cost_terms
+from ..pipeline import Pipeline
+from .counts import fmt_count
+from .flags import add_allow_bounded_flag, add_input_shape_flag
+from .shape_flags import bind_shapes
+
+
+def register(sub) -> None:
+    sp = sub.add_parser("inspect", help="inputs/outputs, op histogram, parameters and FLOPs of a model")
+    sp.add_argument("model", help="an .onnx file")
+    sp.add_argument("--ir", action="store_true", help="also print the IR")
+    sp.add_argument("--raw", action="store_true", help="as imported, before folding/CSE/DCE")
+    sp.add_argument("--optimize", action="store_true", help="after the built-in rules too (BN folded, ...)")
+    add_allow_bounded_flag(sp)
+    sp.add_argument("--shapes", action="store_true", help="check the shape conditions on symbolic dims with Z3")
+    add_input_shape_flag(sp, "an input's shape (x=1x3x640x640: its symbols fixed) or min:opt:max shapes (their "
+                             "ranges): the cost is shown at that point, --shapes checks that range (repeatable)")
+    sp.add_argument("--shape-profile", action="append", metavar="NAME=MIN:OPT:MAX[/MULTIPLE]",
+                    help="a symbol's range, by name: the cost's opt point, the range --shapes checks")
+    sp.add_argument("--fix", action="append", metavar="NAME=INT",
+                    help="a symbol's value, by name; NAME=OTHER makes it the symbol OTHER (repeatable)")
+    sp.set_defaults(fn=cmd_inspect)
+
+
+def cmd_inspect(args) -> int:
+    p = Pipeline.from_onnx(args.model)
+    if not args.raw:
+        p = p.optimize(builtin=args.optimize, allow_bounded=args.allow_bounded_rules)
+    p, fixed = bind_shapes(p, args, check=not args.shapes)   # --shapes reports failing conditions instead
+    g = p.graph
+    st = p.stats()
+    state = "as imported" if args.raw else "after the proved rules and folding" if args.optimize else "after folding/CSE/DCE"
+    print(f"model: {args.model}  (opset {g.opset}, {state})")
+    for kind, vals, names in (("input", g.inputs, [v.name for v in g.inputs]), ("output", g.outputs, g.output_names)):
+        for v, name in zip(vals, names):
+            print(f"  {kind:6} {name}: {v.type}")
+    for s in g.symbols.values():
+        axes = ", ".join(f"{v.name} axis {k}" for v in g.inputs for k, d in enumerate(v.shape or ())
+                         if str(d) == s.name)
+        print(f"  symbol {s.name} in {s.profile_text()}, opt {s.tuned}" + (f": {axes}" if axes else ""))
+    if fixed:
+        print("  fixed  " + ", ".join(f"{k} = {v}" for k, v in fixed.items()))
+    print(f"nodes: {len(g.nodes)}")
+    for op, n in st.op_histogram.items():
+        print(f"  {op:24} {n}")
+    print(f"parameters: {fmt_count(st.parameters)} ({st.parameters:,} elements of constants the graph reads, "
+          f"{st.parameter_bytes:,} bytes; the model file has {p.initializer_elements:,} initializer elements)")
+    print("compute: " + _cost_text(g, st))
+    if args.shapes:
+        ranges = g.symbol_ranges()
+        n_cons = sum(len(n.constraints) for n in g.nodes)
+        bad = check_constraints(g, ranges)
+        print(f"shape conditions on symbols: {n_cons}, violated somewhere in range: {len(bad)}")
+        for v in bad:
+            print(f"  {v}")
+        for d, (lo, hi) in sorted(dim_ranges(g, ranges).items()):
+            print(f"  dim {d} in [{lo}, {hi}]")
+    if args.ir:
+        print(p.print_ir(), end="")
+    return 0
+
+
+def _cost_text(g, st) -> str:
+    """MACs and FLOPs: numbers for a static graph; with symbols, a formula of a few terms and its value at
+    the opt point (each symbol's opt, else min) and at the profile's max."""
+    def by_op(env) -> str:
+        return ", ".join(f"{op} {fmt_count(evaluate(f, env))}" for op, f in st.flops_by_op.items())
+
+    if not g.symbols:
+        return (f"{fmt_count(st.macs)} MACs = {fmt_count(st.flops)} FLOPs"
+                + (f"  ({by_op({})} FLOPs)" if st.flops_by_op else ""))
+    opt = {s.name: s.tuned for s in g.symbols.values()}
+    top = {s.name: s.max for s in g.symbols.values()}
+    # The formula's terms are ranked (and max() resolved) at the opt point, or at the max for a symbol
+    # without one: its min (1 by default) would rank constant terms first.
+    rank_at = {s.name: s.opt if s.opt is not None else s.max for s in g.symbols.values()}
+    point = ", ".join(f"{k}={v}" for k, v in opt.items())
+    if not free_symbols(st.flops) <= g.symbols.keys():   # a size no input binds (data-dependent): no values
+        return f"{st.macs} MACs"
+    return (f"{cost_terms(st.macs, rank_at)} MACs\n"
+            f"  at the opt point ({point}): {fmt_count(evaluate(st.macs, opt))} MACs = "
+            f"{fmt_count(evaluate(st.flops, opt))} FLOPs" + (f"  ({by_op(opt)} FLOPs)" if st.flops_by_op else "")
+            + f"\n  at the profile's max: {fmt_count(evaluate(st.macs, top))} MACs")
