@@ -18,7 +18,7 @@ from onnx import helper, numpy_helper
 
 from cuvil import Pipeline
 from cuvil.targets.x86 import choose
-from cuvil.targets.x86.codegen import host_target, vector_bits
+from cuvil.targets.x86.cpu import host_cpu
 from cuvil.targets.x86.gemm import tile_shapes
 from cuvil.targets.x86.tuning import DEFAULT_TUNING, X86Tuning
 
@@ -67,8 +67,7 @@ def main():
         so = ort.SessionOptions()
         so.intra_op_num_threads = args.threads
         sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
-        _, _, cpu_name, features = host_target()
-        shapes = tile_shapes(vector_bits(cpu_name, features))
+        shapes = tile_shapes(host_cpu().vector_bits)
         ref = sess.run(None, {"x": x})[0]
         p = Pipeline.from_onnx(m).optimize()
         engines = {"direct": None, "F2": 2, "F4": 4}

@@ -58,7 +58,8 @@ def test_json_has_every_figure(tmp_path, capsys):
     assert c["cold_start_ms"] > 0 and c["peak_rss_mb"] > 0 and r["baseline_rss_mb"] > 0
     assert r["artifact_bytes"] == os.path.getsize(r["library"]) > 0
     assert len(r["latencies_ms"]["cuvil"]) == 15
-    assert r["settings"]["threads"] == 1 and r["sla_held"] is True and r["slas"] == []
+    # --threads defaults to 0 = all cores, as in cuvil run and cuvil verify
+    assert r["settings"]["threads"] == len(os.sched_getaffinity(0)) and r["sla_held"] is True and r["slas"] == []
     assert r["inputs"] == [{"name": "image", "dtype": "float32", "shape": [1, 3, 16, 16]}]
     assert r["compiled"]["specialized"] == {"N": 1} and r["compiled"]["flops"] > 0
 

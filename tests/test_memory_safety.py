@@ -493,7 +493,7 @@ def _max_alloca(path):
     p = Pipeline.from_onnx(path).optimize().choose_algorithms("x86_64-linux-gnu", None)
     sched = schedule(p.graph, gemm_cols=tile_cols(512), split_concat=True, gemm_tiles=tile_shapes(512),
                      row_kernels=True, channel_tile_cost=DEFAULT_TUNING.channel_tile_cost)
-    tm, triple, _, _ = host_target(None)
+    tm, triple, _ = host_target(None)
     km = KernelModule("t", tm, triple)
     km.vector_bits = 512
     km.scratch_index, km.dims_index = 2 + len(sched.inputs) + len(sched.outputs), None

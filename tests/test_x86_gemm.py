@@ -8,7 +8,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from cuvil import Pipeline
-from cuvil.targets.x86.codegen import host_target, vector_bits
+from cuvil.targets.x86.cpu import host_cpu
 from cuvil.targets.x86.gemm import tile_cols
 from cuvil.testing.conv_models import conv_epilogue_model
 
@@ -112,9 +112,7 @@ def test_register_tile_choice():
 
 
 def _host_bits():
-    from cuvil.targets.x86.codegen import host_target, vector_bits
-    _, _, cpu, features = host_target(None, 3)
-    return vector_bits(cpu, features)
+    return host_cpu().vector_bits
 
 
 avx512_host = pytest.mark.skipif(_host_bits() < 512, reason="channel-lane tiles are AVX-512's")
@@ -186,8 +184,7 @@ def test_gemm_with_constant_transposed_b():
     art = Pipeline.from_onnx(m).compile()
     np.testing.assert_allclose(art.model().run(x)[0], x @ w.T, rtol=1e-5, atol=1e-5)
     # the packed copy (30 columns padded to the host's panel width) replaces the original
-    _, _, cpu, features = host_target()
-    cols = tile_cols(vector_bits(cpu, features))
+    cols = tile_cols(host_cpu().vector_bits)
     packed = -(-30 // cols) * cols * 40 * 4
     assert packed <= art.manifest["weights_bytes"] < packed + w.nbytes
 

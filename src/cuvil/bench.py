@@ -51,6 +51,7 @@ from .errors import CuvilError
 from .ir.dim import evaluate
 from .ir.shape_binding import lookup_symbol
 from .pipeline import Pipeline
+from .targets.x86.cpu import host_cpu
 
 #: Outputs agree when max |cuvil - ort| <= AGREE_RTOL x max(max |ort|, 1) (the tolerance of
 #: ``cuvil.verify.NATIVE_RTOL``: native kernels reassociate reductions and contract multiply-adds).
@@ -256,22 +257,28 @@ def parse_shapes(items) -> dict[str, Any]:
 
 class BenchOptions:
     """What to benchmark and how. ``model`` is an .onnx (compiled first) or a .so (loaded); ``onnx`` the
-    ONNX model onnxruntime runs (default: ``model`` when it is one). ``runs`` or ``duration`` (seconds);
-    ``threads`` 0 = all cores; ``cold_runs`` fresh subprocesses per engine for cold start and peak RSS
+    ONNX model onnxruntime runs (default: ``model`` when it is one). ``shapes``: a symbol's size by name
+    (``{"N": 8}``) or an input's shape (``{"x": (1, 3, 224, 224)}``, or three shapes min, opt, max for an .onnx);
+    ``shape_profiles``: a symbol's range by name (``{"N": (1, 8, 64)}``, an .onnx only: compiled for the range,
+    timed at its opt). ``runs`` or ``duration`` (seconds); ``threads`` 0 = all cores (the default; onnxruntime
+    gets the same count); ``cold_runs`` fresh subprocesses per engine for cold start and peak RSS
     (0 = skip; the median time and the largest RSS are reported); ``progress`` True (a bar on stderr), False,
     or "auto" (a bar once a run lasts over a second). ``pause_ms``: an untimed sleep after every timed run, so
     that one engine's spinning worker threads have gone idle before the next run starts (both runtimes spin
     for a while after a run; on a machine with few cores, back-to-back alternation makes each engine's spinners
     compete with the other engine's run)."""
 
-    def __init__(self, model: str, *, onnx: str | None = None, vs: str | None = None, threads: int = 1,
+    def __init__(self, model: str, *, onnx: str | None = None, vs: str | None = None, threads: int = 0,
                  runs: int | None = None, duration: float | None = None, warmup: int = DEFAULT_WARMUP,
                  concurrency: int = 1, opt_level: int = 3, shapes: dict[str, Any] | None = None, seed: int = 0,
                  cold_runs: int = DEFAULT_COLD_RUNS, rtol: float = AGREE_RTOL, progress: bool | str = False,
-                 pause_ms: float = 0.0, log=None):
+                 pause_ms: float = 0.0, log=None, shape_profiles: dict[str, Any] | None = None,
+                 spelled: dict[str, str] | None = None):
         self.model, self.onnx, self.vs = model, onnx, vs
         self.threads, self.runs, self.duration, self.warmup = threads, runs, duration, warmup
         self.concurrency, self.opt_level, self.shapes, self.seed = concurrency, opt_level, dict(shapes or {}), seed
+        self.shape_profiles = dict(shape_profiles or {})
+        self.spelled = dict(spelled or {})   # name -> the flag that gave it (--fix, --shape), for errors
         self.cold_runs, self.rtol, self.progress, self.pause_ms = cold_runs, rtol, progress, pause_ms
         self.log = log or (lambda msg: None)
         if runs is None and duration is None:
@@ -367,6 +374,10 @@ def prepare_library(opts: BenchOptions) -> dict[str, Any]:
             raise CuvilError(f"--vs {opts.vs} with a compiled library needs the ONNX model it came from: --onnx MODEL.onnx")
         if onnx_path and not os.path.isfile(onnx_path):
             raise CuvilError(f"{onnx_path}: no such file")
+        if opts.shape_profiles:
+            name = next(iter(opts.shape_profiles))
+            raise CuvilError(f"--shape-profile {name}: a compiled library's profile was set when it was compiled",
+                             hint=f"give the size to time: --fix {name}=N, or bench the .onnx with --shape-profile")
         for name, spec in opts.shapes.items():
             if is_profile(spec):
                 raise CuvilError(f"--input-shape {name}=MIN:OPT:MAX: a compiled library's profile was set when it "
@@ -378,10 +389,11 @@ def prepare_library(opts: BenchOptions) -> dict[str, Any]:
     p = Pipeline.from_onnx(path).optimize()
     symbols = dict(p.graph.symbols)
     for name, val in opts.shapes.items():
-        if isinstance(val, int):
-            lookup_symbol(p.graph, name, f"--shape {name}={val}")
-    fixed, profiles = p.resolve_shapes({k: v for k, v in opts.shapes.items() if isinstance(v, int)}, None,
-                                       {k: v for k, v in opts.shapes.items() if not isinstance(v, int)})
+        if not isinstance(val, tuple):
+            lookup_symbol(p.graph, name, f"{opts.spelled.get(name, '--shape')} {name}={val}")
+    fixed, profiles = p.resolve_shapes({k: v for k, v in opts.shapes.items() if not isinstance(v, tuple)},
+                                       opts.shape_profiles or None,
+                                       {k: v for k, v in opts.shapes.items() if isinstance(v, tuple)})
     given = set(fixed) | set(profiles)
     for name, sym in symbols.items():   # a benchmark times one shape: the rest at their opt (else min)
         if name not in profiles:
@@ -812,18 +824,12 @@ def run_benchmark(opts: BenchOptions) -> dict[str, Any]:
 
 
 def host_info() -> dict[str, Any]:
-    cpu, flags = "unknown", set()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith("model name") and cpu == "unknown":
-                    cpu = line.split(":", 1)[1].strip()
-                elif line.startswith("flags") and not flags:
-                    flags = set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    simd = "avx512f" if "avx512f" in flags else "avx2" if "avx2" in flags else "sse" if flags else "unknown"
-    return {"cpu": cpu, "cores": _resolve_threads(0), "simd": simd, "fma": "fma" in flags}
+    """The machine a benchmark ran on: ``cpu`` (brand string and cpuid family/model/stepping), ``cores``, the
+    widest SIMD Cuvil's kernels use (``simd``, ``vector_bits``) and ``fma``, from the ISA features."""
+    cpu = host_cpu()
+    simd = {512: "avx512f", 256: "avx2"}.get(cpu.vector_bits, "sse")
+    return {"cpu": cpu.label(), "cores": _resolve_threads(0), "simd": simd, "fma": "fma" in cpu.features,
+            "vector_bits": cpu.vector_bits}
 
 
 # -- SLAs, report, plot ----------------------------------------------------------------------------

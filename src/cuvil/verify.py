@@ -95,12 +95,12 @@ NATIVE_RTOL = 1e-4
 
 
 def verify_artifact(source, library: str, *, examples: int = 30, seed: Optional[int] = 0,
-                    max_dim: int = 4) -> VerifyResult:
+                    max_dim: int = 4, num_threads: int = 0) -> VerifyResult:
     """Fuzz a compiled library against the *original* model through onnx.reference (finite inputs of the
     library's shapes; a symbolic dim inside the library's profile, at most ``max_dim`` where the profile allows);
-    a difference is shrunk to a minimal input."""
+    a difference is shrunk to a minimal input. ``num_threads``: the library's threads (0 = all cores)."""
     src = source if isinstance(source, Pipeline) else Pipeline.from_onnx(source)
-    lib = load(library)
+    lib = load(library, num_threads=num_threads)
     # Inputs take the library's shapes: a dim it fixed at that value, a symbol inside the library's own profile
     # (the source model's symbols carry no range).
     fixed = {}

@@ -1,18 +1,20 @@
 """The ``cuvil`` command line: one module per subcommand, each with ``register(sub)`` (its parser) and its
 ``cmd_*`` function; shared flags in ``flags``/``shape_flags``. ``main`` prints a CuvilError as ``cuvil: error:``
-and exits 2."""
+and exits 2; a closed pipe (``cuvil ops | head``) ends it quietly."""
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 from typing import List, Optional
 
 from ..errors import CuvilError
 from ..version import __version__
-from . import bench, compile, demo, inspect, ops, rules, run, verify, zoo
+from . import bench, compile, demo, doctor, inspect, ops, rules, run, verify, zoo
 
 #: The subcommands, in the order ``cuvil --help`` lists them.
-COMMANDS = (inspect, demo, zoo, rules, compile, run, verify, ops, bench)
+COMMANDS = (inspect, demo, zoo, rules, compile, run, verify, ops, bench, doctor)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,9 +33,17 @@ def main(argv: Optional[List[str]] = None) -> int:
         parser.print_help()
         return 2
     try:
-        return args.fn(args)
+        rc = args.fn(args)
+        sys.stdout.flush()   # a reader that stopped early (cuvil ops | head) shows here, not at exit
+        return rc
     except CuvilError as e:
         print(f"cuvil: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # Python's documented recipe: point stdout at devnull so that the interpreter's final flush does not
+        # fail again, and exit as a process stopped by SIGPIPE does (128 + 13), quietly.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     except KeyboardInterrupt:
         return 130

@@ -5,8 +5,9 @@ import sys
 
 from .. import bench
 from ..errors import CuvilError
-from .flags import add_input_shape_flag
-from .shape_flags import parse_input_shapes
+from .flags import (THREADS_HELP, add_model_arg, add_progress_flag, add_quiet_flag, add_shape_flags, opt_level,
+                    threads)
+from .shape_flags import parse_fixed, parse_input_shapes, parse_profiles
 
 
 def register(sub) -> None:
@@ -15,21 +16,21 @@ def register(sub) -> None:
                                     "latency, throughput, error rate, cold start, peak RSS, artifact size; optionally "
                                     "beside onnxruntime. Exit 0 if the SLA held (or none was given), 1 if not, "
                                     "2 for usage errors. Flags override the config.")
-    sp.add_argument("model", help="MODEL.onnx (compiled through the artifact cache) or LIB.so")
+    add_model_arg(sp, "MODEL.onnx (compiled through the artifact cache) or LIB.so")
     sp.add_argument("--config", help="YAML file: concurrency, duration or runs, warmup, threads, opt_level, vs, slas")
     sp.add_argument("--vs", choices=["onnxruntime"], help="also run onnxruntime, alternating run by run; print ratios")
     sp.add_argument("--onnx", help="the ONNX model onnxruntime runs when MODEL is a .so")
-    sp.add_argument("--threads", type=int, help="threads per session, both engines (default 1; 0 = all cores)")
+    sp.add_argument("--threads", type=int, metavar="N", help=THREADS_HELP + "; both engines")
     sp.add_argument("--runs", type=int, help="timed runs per engine, over all workers (default 100)")
     sp.add_argument("--duration", help="time instead of a run count: seconds, or 10s, 500ms, 2m")
     sp.add_argument("--warmup", type=int, help="untimed runs per engine and worker first (default 5)")
     sp.add_argument("--concurrency", type=int, help="parallel workers, each with its own session (default 1)")
-    sp.add_argument("--opt-level", help="O0-O3 for an .onnx (default O3)")
-    sp.add_argument("--shape", action="append", metavar="NAME=DIM",
-                    help="a symbolic dim's size (NAME=DIM) or an input's shape (INPUT=1x3x224x224) (repeatable)")
-    add_input_shape_flag(sp, "an input's shape to time (x=1x3x640x640), or for an .onnx three shapes "
-                          "(x=1x3x32x32:1x3x640x640:1x3x1280x1280): compile for that range, time its opt shape "
-                          "(repeatable)")
+    sp.add_argument("-O", "--opt-level", metavar="LEVEL", help="for an .onnx: O0, O1, O2 or O3, or 0-3 (default O3)")
+    add_shape_flags(sp, "an input's shape to time (x=1x3x640x640), or for an .onnx three shapes "
+                        "(x=1x3x32x32:1x3x640x640:1x3x1280x1280): compile for that range, time its opt shape "
+                        "(repeatable)")
+    sp.add_argument("--shape", action="append", metavar="NAME=DIM|INPUT=DIMS",
+                    help="an older spelling: NAME=DIM is --fix NAME=DIM, INPUT=1x3x224x224 is --input-shape (repeatable)")
     sp.add_argument("--sla", action="append", metavar="NAME=LIMIT", help="an SLA, e.g. p99_latency_ms=50 (repeatable)")
     sp.add_argument("--cold-runs", type=int, default=3,
                     help="fresh processes per engine for cold start and peak RSS (default 3; 0 = skip)")
@@ -39,7 +40,8 @@ def register(sub) -> None:
                          "--vs onnxruntime and several threads use ~150: its workers spin 50-100 ms after a run)")
     sp.add_argument("--json", metavar="OUT", help="write every figure as JSON")
     sp.add_argument("--plot", metavar="OUT.png", help="latency histogram and CDF (needs matplotlib)")
-    sp.add_argument("--progress", action="store_true", help="progress bar on stderr even when it is not a terminal")
+    add_quiet_flag(sp)
+    add_progress_flag(sp)
     sp.set_defaults(fn=cmd_bench)
 
 
@@ -48,20 +50,20 @@ def cmd_bench(args) -> int:
     exit 0 when the SLA held (or none was given), 1 when not."""
     cfg = bench.load_config(args.config) if args.config else {}
     if args.runs is not None and args.duration is not None:
-        raise CuvilError("give --runs or --duration, not both")
+        raise CuvilError("give --runs or --duration, not both", hint=f"drop one: --runs {args.runs} or --duration {args.duration}")
     slas = dict(cfg.get("slas", {}))
     for item in args.sla or ():
         name, _, val = item.partition("=")
         try:
             slas[name] = float(val)
         except ValueError:
-            raise CuvilError(f"--sla takes NAME=NUMBER, got {item!r}") from None
+            raise CuvilError(f"--sla takes NAME=NUMBER, got {item!r}", hint="e.g. --sla p99_latency_ms=50") from None
     if args.runs is not None or args.duration is not None:
         runs = args.runs
         try:
             duration = bench.parse_duration(args.duration) if args.duration is not None else None
         except ValueError as e:
-            raise CuvilError(f"--duration: {e}") from None
+            raise CuvilError(f"--duration: {e}", hint="e.g. --duration 10s, 500ms or 2m") from None
     else:
         runs, duration = cfg.get("runs"), cfg.get("duration")
     pick = lambda flag, key, default: flag if flag is not None else cfg.get(key, default)
@@ -71,19 +73,21 @@ def cmd_bench(args) -> int:
     if args.plot:
         bench.require_matplotlib()
     if args.runs is not None and args.runs < 1:
-        raise CuvilError(f"--runs must be >= 1, got {args.runs}")
+        raise CuvilError(f"--runs must be >= 1, got {args.runs}", hint="--runs 100 (the default)")
     for flag, val, lo in (("--warmup", args.warmup, 0), ("--threads", args.threads, 0),
                           ("--concurrency", args.concurrency, 1), ("--cold-runs", cold_runs, 0),
                           ("--pause-ms", args.pause_ms, 0)):
         if val is not None and val < lo:
-            raise CuvilError(f"{flag} must be >= {lo}, got {val}")
+            raise CuvilError(f"{flag} must be >= {lo}, got {val}", hint=f"{flag} {lo}" + (" (all cores)" if flag == "--threads" else ""))
+    fixed, input_shapes, spelled = _bench_shapes(args)
     opts = bench.BenchOptions(
-        args.model, onnx=args.onnx, vs=vs, threads=pick(args.threads, "threads", 1), runs=runs, duration=duration,
-        warmup=pick(args.warmup, "warmup", bench.DEFAULT_WARMUP), concurrency=pick(args.concurrency, "concurrency", 1),
-        opt_level=bench.parse_opt_level(pick(args.opt_level, "opt_level", "O3")), shapes=_bench_shapes(args),
+        args.model, onnx=args.onnx, vs=vs, threads=threads(pick(args.threads, "threads", 0)), runs=runs,
+        duration=duration, warmup=pick(args.warmup, "warmup", bench.DEFAULT_WARMUP),
+        concurrency=pick(args.concurrency, "concurrency", 1), opt_level=opt_level(pick(args.opt_level, "opt_level", "O3")),
+        shapes={**fixed, **input_shapes}, shape_profiles=parse_profiles(args.shape_profile), spelled=spelled,
         seed=args.seed, cold_runs=cold_runs, pause_ms=args.pause_ms,
-        progress=True if args.progress else "auto" if sys.stderr.isatty() else False,
-        log=lambda msg: print(f"cuvil bench: {msg}", file=sys.stderr, flush=True))
+        progress=False if args.quiet else True if args.progress else "auto" if sys.stderr.isatty() else False,
+        log=(lambda msg: None) if args.quiet else (lambda msg: print(f"cuvil bench: {msg}", file=sys.stderr, flush=True)))
     res = bench.run_benchmark(opts)
     checks = bench.check_slas(res, slas)
     res["slas"], res["sla_held"] = checks, all(c["held"] for c in checks)
@@ -97,10 +101,21 @@ def cmd_bench(args) -> int:
     return 0 if res["sla_held"] else 1
 
 
-def _bench_shapes(args) -> dict:
-    shapes = bench.parse_shapes(args.shape)
+def _bench_shapes(args):
+    """``(fixed, input_shapes, spelled)`` from --fix, --input-shape and their older spelling --shape (NAME=DIM is
+    --fix, INPUT=AxB is --input-shape); ``spelled``: the flag that gave each name, so errors show the user's."""
+    fixed, input_shapes, spelled = {}, {}, {}
+    old = bench.parse_shapes(args.shape)
+    for name, spec in old.items():
+        (fixed if isinstance(spec, int) else input_shapes)[name] = spec
+        spelled[name] = "--shape"
+    for name, val in parse_fixed(args.fix).items():
+        if name in old:
+            raise CuvilError(f"symbol {name!r} is given by both --shape and --fix", hint=f"give one: --fix {name}={val}")
+        fixed[name], spelled[name] = val, "--fix"
     for name, spec in parse_input_shapes(args.input_shape).items():
-        if name in shapes:
-            raise CuvilError(f"input {name!r} is given by both --shape and --input-shape; give one")
-        shapes[name] = spec
-    return shapes
+        if name in old:
+            raise CuvilError(f"input {name!r} is given by both --shape and --input-shape",
+                             hint=f"give one: --input-shape {name}=" + "x".join(map(str, old[name])))
+        input_shapes[name] = spec
+    return fixed, input_shapes, spelled

@@ -9,34 +9,36 @@ from ..dsl.parser import load_rules
 from ..errors import CuvilError
 from ..kernels.kernel_rules import builtin_kernel_rules
 from ..pipeline import Pipeline
-from ..targets import PTX_TARGET, get_target, make_options
-from .flags import add_allow_bounded_flag, add_input_shape_flag, opt_level
+from ..targets import PTX_TARGET, make_options
+from ..targets.ptx.archs import DEFAULT_ARCH, check_arch
+from .flags import (add_allow_bounded_flag, add_opt_level_flag, add_progress_flag, add_quiet_flag, add_shape_flags,
+                    add_target_flag, opt_level, resolve_target)
 from .shape_flags import parse_input_shapes, shape_flags
 
 
 def register(sub) -> None:
-    sp = sub.add_parser("compile", help="compile an ONNX model into a native shared library")
-    sp.add_argument("--input", required=True,
+    sp = sub.add_parser("compile", help="compile a model into a native shared library or a GPU bundle",
+                        description="Compile MODEL (.onnx; PyTorch .pt2/.pt with cuvil[torch]) into OUT: a native "
+                                    "x86-64 shared library DIR/libNAME.so (with its C header and manifest beside "
+                                    "it), or for --target nvptx64-nvidia-cuda a GPU bundle DIR/NAME.cuvil. The "
+                                    "proved rewrite rules run first; symbolic dims are bound by --input-shape, "
+                                    "--fix or --shape-profile. Example: cuvil compile model.onnx -o build/libmodel.so")
+    sp.add_argument("model", nargs="?", metavar="MODEL",
                     help="the model: .onnx, or PyTorch: .pt2 (torch.export.save) or .pt (torch.jit.save; give "
                          "--input-shape for each input of forward), exported by torch.onnx (needs cuvil[torch])")
-    sp.add_argument("--target", default="x86_64-linux-gnu", help="x86_64-linux-gnu (default) or nvptx64-nvidia-cuda")
-    sp.add_argument("--opt-level", default="O3", help="O0, O1, O2 or O3")
-    sp.add_argument("--output", required=True, help="DIR/libNAME.so (the header and manifest go beside it); "
+    sp.add_argument("--input", dest="input_alias", metavar="MODEL", help="the model, as MODEL (an older spelling)")
+    sp.add_argument("-o", "--output", metavar="OUT", help="DIR/libNAME.so (the header and manifest go beside it); "
                     "DIR/NAME.cuvil (a bundle directory) for nvptx64-nvidia-cuda")
-    sp.add_argument("--arch", default="sm_90", help="GPU architecture for nvptx64-nvidia-cuda (default sm_90)")
-    sp.add_argument("--cpu", default=None, help="LLVM CPU name (default: this machine's)")
+    add_target_flag(sp)
+    add_opt_level_flag(sp)
+    sp.add_argument("--arch", default=None, help="GPU architecture for nvptx64-nvidia-cuda, sm_NN (default sm_90)")
+    sp.add_argument("--cpu", default=None, help="x86: LLVM CPU name (default: this machine's)")
     sp.add_argument("--prefix", default="cuvil", help="prefix of the C ABI symbols (default cuvil_)")
-    add_input_shape_flag(sp, "bind the symbolic dims of an input by its shape, whatever they are called: one "
-                          "shape fixes them (x=1x3x640x640), three set their ranges (x=1x3x32x32:1x3x640x640:"
-                          "1x3x1280x1280, min:opt:max; the library serves every shape in between; a /1x1x32x32 suffix "
-                          "serves only multiples of 32 on the last two axes); a dim the model fixes must be given "
-                          "its value (repeatable)")
-    sp.add_argument("--fix", action="append", metavar="NAME=INT",
-                    help="specialise a symbolic dim by its name, as `cuvil inspect` lists it; NAME=OTHER makes it "
-                         "the symbol OTHER (two anonymous dims that must be equal: --fix s.0=x.0) (repeatable)")
-    sp.add_argument("--shape-profile", action="append", metavar="NAME=MIN:OPT:MAX[/MULTIPLE]",
-                    help="a symbolic dim's range, by name (repeatable); the library serves every shape in it "
-                         "(default range [1, 4096])")
+    add_shape_flags(sp, "bind the symbolic dims of an input by its shape, whatever they are called: one "
+                        "shape fixes them (x=1x3x640x640), three set their ranges (x=1x3x32x32:1x3x640x640:"
+                        "1x3x1280x1280, min:opt:max; the library serves every shape in between; a /1x1x32x32 suffix "
+                        "serves only multiples of 32 on the last two axes); a dim the model fixes must be given "
+                        "its value (repeatable)")
     sp.add_argument("--rules", action="append", help="extra .rule file or directory (repeatable)")
     sp.add_argument("--enable-fp16", action="store_true",
                     help="GPU: compute float32 tensors in float16 (inputs/outputs stay float32, sums accumulate in float32)")
@@ -48,22 +50,33 @@ def register(sub) -> None:
     add_allow_bounded_flag(sp)
     sp.add_argument("--no-winograd", action="store_true",
                     help="x86: keep direct 3x3 convolutions (Winograd rounds differently; see docs/rules.md)")
+    add_quiet_flag(sp)
+    add_progress_flag(sp)
     sp.set_defaults(fn=cmd_compile)
 
 
 def cmd_compile(args) -> int:
-    target = get_target(args.target)   # an unknown target fails before the model is read
-    if target.triple == PTX_TARGET:
+    _check_flags(args)   # every flag's value is checked before the model is read
+    if args.target == PTX_TARGET:
         return _compile_gpu_bundle(args)
     if args.enable_fp16:
-        raise CuvilError(f"--enable-fp16 is supported for --target {PTX_TARGET} only; {args.target} computes float32")
+        raise CuvilError(f"--enable-fp16 is supported for --target {PTX_TARGET} only; {args.target} computes float32",
+                         hint=f"drop --enable-fp16, or compile for the GPU: --target {PTX_TARGET}")
     if args.no_fma:
-        raise CuvilError(f"--no-fma applies to --target {PTX_TARGET} only (GPU kernel rules)")
+        raise CuvilError(f"--no-fma applies to --target {PTX_TARGET} only (GPU kernel rules)",
+                         hint=f"drop --no-fma, or compile for the GPU: --target {PTX_TARGET}")
     if args.register_pass:
-        raise CuvilError(f"--register-pass applies to --target {PTX_TARGET} only (GPU registers)")
+        raise CuvilError(f"--register-pass applies to --target {PTX_TARGET} only (GPU registers)",
+                         hint=f"drop --register-pass, or compile for the GPU: --target {PTX_TARGET}")
+    if args.arch:
+        raise CuvilError(f"--arch applies to --target {PTX_TARGET} only (GPU architectures)",
+                         hint=f"drop --arch (x86 takes --cpu NAME), or compile for the GPU: --target {PTX_TARGET}")
     if not args.output.endswith(".so"):
-        raise CuvilError(f"--output must name DIR/libNAME.so, got {args.output!r}")
-    options = make_options(args.target, opt_level=opt_level(args.opt_level), cpu=args.cpu, prefix=args.prefix,
+        raise CuvilError(f"--output must name DIR/libNAME.so, got {args.output!r}",
+                         hint=f"-o {os.path.join(os.path.dirname(args.output), 'lib' + _stem(args.output) + '.so')}")
+    # The one place --cpu is checked before the model is read: X86Options validates it (the cpu helper's
+    # cuvil.targets.x86.cpu.validate_cpu refuses an unknown name with the nearest ones).
+    options = make_options(args.target, opt_level=args.opt_level, cpu=args.cpu, prefix=args.prefix,
                            winograd=not args.no_winograd)
     progress, p = _import_and_optimize(args)
     fixed, profiles = shape_flags(p, args)
@@ -87,12 +100,40 @@ def cmd_compile(args) -> int:
     return 0
 
 
+def _check_flags(args) -> None:
+    """Resolves MODEL (positional or --input), OUT, --target (a triple or an alias), --arch and --opt-level in
+    ``args``, refusing a bad value with the next step, before any work."""
+    if args.model and args.input_alias:
+        raise CuvilError(f"the model is given twice: {args.model!r} and --input {args.input_alias!r}",
+                         hint=f"give it once: cuvil compile {args.model} -o OUT")
+    args.model = args.model or args.input_alias
+    if not args.model:
+        raise CuvilError("no model to compile", hint="cuvil compile MODEL.onnx -o DIR/libNAME.so")
+    if not args.output:
+        raise CuvilError("no output named (-o/--output)",
+                         hint=f"cuvil compile {args.model} -o build/lib{_stem(args.model)}.so (x86), or "
+                              f"-o build/{_stem(args.model)}.cuvil with --target {PTX_TARGET}")
+    args.target = resolve_target(args.target)
+    if args.target == PTX_TARGET:
+        args.arch = check_arch(args.arch or DEFAULT_ARCH)
+    args.opt_level = opt_level(args.opt_level)
+
+
+def _stem(path: str) -> str:
+    name = os.path.basename(path.rstrip(os.sep))
+    for suffix in (".onnx", ".pt2", ".pt", ".so", ".cuvil"):
+        name = name.removesuffix(suffix)
+    return name.removeprefix("lib") or "model"
+
+
 def _import_and_optimize(args):
     """The steps both compile targets share: a timed progress printer, import and optimize."""
     t0 = time.perf_counter()
-    progress = (lambda msg: print(f"[{time.perf_counter() - t0:6.1f}s] {msg}", file=sys.stderr, flush=True))
-    progress(f"importing {args.input}")
-    p = Pipeline.from_file(args.input, input_shapes=parse_input_shapes(getattr(args, "input_shape", None)))
+    shown = not args.quiet and (args.progress or sys.stderr.isatty())
+    progress = ((lambda msg: print(f"[{time.perf_counter() - t0:6.1f}s] {msg}", file=sys.stderr, flush=True))
+                if shown else (lambda msg: None))
+    progress(f"importing {args.model}")
+    p = Pipeline.from_file(args.model, input_shapes=parse_input_shapes(getattr(args, "input_shape", None)))
     progress(f"optimizing {len(p.graph.nodes)} nodes")
     return progress, p.optimize(rules=args.rules or None, allow_bounded=args.allow_bounded_rules)
 
@@ -101,14 +142,16 @@ def _compile_gpu_bundle(args) -> int:
     """``--target nvptx64-nvidia-cuda``: a bundle directory DIR/NAME.cuvil (PTX, weights, plan, manifest)."""
     out_path = args.output.rstrip(os.sep)
     if not out_path.endswith(".cuvil"):
-        raise CuvilError(f"--output must name DIR/NAME.cuvil for --target {args.target}, got {args.output!r}")
+        raise CuvilError(f"--output must name DIR/NAME.cuvil for --target {args.target}, got {args.output!r}",
+                         hint=f"-o {os.path.join(os.path.dirname(out_path), _stem(out_path) + '.cuvil')}")
     if args.cpu:
-        raise CuvilError("--cpu applies to the x86 target; use --arch for GPUs")
+        raise CuvilError("--cpu applies to the x86 target; use --arch for GPUs",
+                         hint=f"drop --cpu; --arch {args.arch} picks the GPU architecture")
     kernel_rules = None   # the built-in ones; plus any `on kernel` rules in the --rules files
     if args.rules:
         mine = [r for r in load_rules(args.rules) if r.on == "kernel"]
         kernel_rules = builtin_kernel_rules() + mine if mine else None
-    options = make_options(args.target, opt_level=opt_level(args.opt_level), prefix=args.prefix, arch=args.arch,
+    options = make_options(args.target, opt_level=args.opt_level, prefix=args.prefix, arch=args.arch,
                            fma=not args.no_fma, enable_fp16=args.enable_fp16, kernel_rules=kernel_rules,
                            register_pass=args.register_pass)
     progress, p = _import_and_optimize(args)

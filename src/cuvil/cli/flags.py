@@ -1,11 +1,39 @@
-"""Flags several subcommands share, defined once so that they are spelled and explained the same way."""
+"""Flags several subcommands share, defined once so that each is spelled, defaulted and explained the same way
+in every command: the model positional, the shape flags, ``-O/--opt-level``, ``--threads``, ``--target``,
+``-q/--quiet`` and ``--progress``; and the checks that refuse a bad value before any work."""
 from __future__ import annotations
 
+import difflib
+
+from .. import bench
 from ..errors import CuvilError
+from ..targets import PTX_TARGET, TARGETS, X86_TARGET
+
+#: Friendlier names for the target triples (``--target cuda``).
+TARGET_ALIASES = {"x86_64": X86_TARGET, "x86-64": X86_TARGET, "x86": X86_TARGET, "cpu": X86_TARGET,
+                  "nvptx64": PTX_TARGET, "nvptx": PTX_TARGET, "ptx": PTX_TARGET, "cuda": PTX_TARGET,
+                  "gpu": PTX_TARGET}
+
+#: What ``--threads 0`` means, the same in every command and in onnxruntime beside it.
+THREADS_HELP = "threads per session (default 0 = all cores)"
+
+
+def add_model_arg(sp, text: str) -> None:
+    sp.add_argument("model", metavar="MODEL", help=text)
+
+
+def add_shape_flags(sp, input_shape_text: str) -> None:
+    """``--input-shape`` (by input), ``--fix`` and ``--shape-profile`` (by symbol name, as inspect lists it)."""
+    add_input_shape_flag(sp, input_shape_text)
+    sp.add_argument("--fix", action="append", metavar="SYMBOL=INT",
+                    help="a symbolic dim's value, by name as `cuvil inspect` lists it; SYMBOL=OTHER makes it the "
+                         "symbol OTHER (two anonymous dims that must be equal: --fix s.0=x.0) (repeatable)")
+    sp.add_argument("--shape-profile", action="append", metavar="SYMBOL=MIN:OPT:MAX[/MULTIPLE]",
+                    help="a symbolic dim's range, by name (repeatable; default range [1, 4096])")
 
 
 def add_input_shape_flag(sp, text: str) -> None:
-    sp.add_argument("--input-shape", action="append", metavar="INPUT=SHAPE", help=text)
+    sp.add_argument("--input-shape", action="append", metavar="INPUT=DIMS[:DIMS:DIMS][/MULTIPLES]", help=text)
 
 
 def add_allow_bounded_flag(sp) -> None:
@@ -14,9 +42,59 @@ def add_allow_bounded_flag(sp) -> None:
                          "bits may depend on the summation order on larger shapes; off by default)")
 
 
-def opt_level(text: str) -> int:
-    """``O0``..``O3`` -> 0..3."""
-    level = {"O0": 0, "O1": 1, "O2": 2, "O3": 3}.get(text.upper())
-    if level is None:
-        raise CuvilError(f"--opt-level takes O0, O1, O2 or O3, got {text!r}")
-    return level
+def add_opt_level_flag(sp) -> None:
+    sp.add_argument("-O", "--opt-level", default="O3", metavar="LEVEL",
+                    help="optimisation level: O0, O1, O2 or O3, or 0-3 (default O3; -O2 works too)")
+
+
+def add_threads_flag(sp) -> None:
+    sp.add_argument("--threads", type=int, default=0, metavar="N", help=THREADS_HELP)
+
+
+def add_quiet_flag(sp) -> None:
+    sp.add_argument("-q", "--quiet", action="store_true",
+                    help="no progress output: only the results and errors")
+
+
+def add_progress_flag(sp) -> None:
+    sp.add_argument("--progress", action="store_true",
+                    help="progress on stderr even when it is not a terminal (default: only on a terminal)")
+
+
+def add_target_flag(sp) -> None:
+    sp.add_argument("--target", default=X86_TARGET, metavar="TARGET",
+                    help=f"{X86_TARGET} (default; also x86_64) or {PTX_TARGET} (also cuda)")
+
+
+def opt_level(text) -> int:
+    """``O0``..``O3`` or ``0``..``3`` -> 0..3."""
+    try:
+        return bench.parse_opt_level(text)
+    except CuvilError:
+        raise CuvilError(f"unknown optimisation level {text!r} (--opt-level)",
+                         hint="-O3 (the default), or O0, O1, O2; 0-3 work too") from None
+
+
+def threads(n: int) -> int:
+    """``--threads``: 0 (all cores) or a positive count."""
+    if n < 0:
+        raise CuvilError(f"--threads {n}: a thread count cannot be negative",
+                         hint="--threads 0 (all cores, the default) or a positive count such as --threads 1")
+    return n
+
+
+def resolve_target(text: str) -> str:
+    """The target triple ``--target`` names (a triple or an alias); an unknown one is refused with the nearest
+    names, before any model is read."""
+    name = str(text).strip()
+    if name in TARGETS:
+        return name
+    if name.lower() in TARGET_ALIASES:
+        return TARGET_ALIASES[name.lower()]
+    names = list(TARGETS) + list(TARGET_ALIASES)
+    nearest = difflib.get_close_matches(name.lower(), names, n=3, cutoff=0.4)
+    triples = list(dict.fromkeys(TARGET_ALIASES.get(n, n) for n in nearest))
+    raise CuvilError(f"unknown target {text!r} (--target)",
+                     details=[f"the targets are {X86_TARGET} (a native .so; alias x86_64) and {PTX_TARGET} (a GPU "
+                              f"bundle for NVIDIA GPUs; alias cuda)"],
+                     hint=f"--target {triples[0]}" if triples else f"--target {X86_TARGET} (the default)")

@@ -6,24 +6,26 @@ from ..ir.dim import evaluate, free_symbols
 from ..ir.stats import cost_terms
 from ..pipeline import Pipeline
 from .counts import fmt_count
-from .flags import add_allow_bounded_flag, add_input_shape_flag
+from .flags import add_allow_bounded_flag, add_model_arg, add_quiet_flag, add_shape_flags
 from .shape_flags import bind_shapes
 
 
 def register(sub) -> None:
-    sp = sub.add_parser("inspect", help="inputs/outputs, op histogram, parameters and FLOPs of a model")
-    sp.add_argument("model", help="an .onnx file")
+    sp = sub.add_parser("inspect", help="inputs/outputs, op histogram, parameters and FLOPs of a model",
+                        description="Show what MODEL is: its inputs and outputs with their symbolic dims (the "
+                                    "names --fix and --shape-profile take, and each symbol's range), the op "
+                                    "histogram after folding (or --raw, or --optimize), parameters, and MACs/FLOPs "
+                                    "(a formula when dims are symbolic). Example: cuvil inspect model.onnx "
+                                    "--input-shape x=1x3x224x224")
+    add_model_arg(sp, "an .onnx file")
     sp.add_argument("--ir", action="store_true", help="also print the IR")
     sp.add_argument("--raw", action="store_true", help="as imported, before folding/CSE/DCE")
     sp.add_argument("--optimize", action="store_true", help="after the built-in rules too (BN folded, ...)")
     add_allow_bounded_flag(sp)
     sp.add_argument("--shapes", action="store_true", help="check the shape conditions on symbolic dims with Z3")
-    add_input_shape_flag(sp, "an input's shape (x=1x3x640x640: its symbols fixed) or min:opt:max shapes (their "
-                             "ranges): the cost is shown at that point, --shapes checks that range (repeatable)")
-    sp.add_argument("--shape-profile", action="append", metavar="NAME=MIN:OPT:MAX[/MULTIPLE]",
-                    help="a symbol's range, by name: the cost's opt point, the range --shapes checks")
-    sp.add_argument("--fix", action="append", metavar="NAME=INT",
-                    help="a symbol's value, by name; NAME=OTHER makes it the symbol OTHER (repeatable)")
+    add_shape_flags(sp, "an input's shape (x=1x3x640x640: its symbols fixed) or min:opt:max shapes (their "
+                        "ranges): the cost is shown at that point, --shapes checks that range (repeatable)")
+    add_quiet_flag(sp)
     sp.set_defaults(fn=cmd_inspect)
 
 

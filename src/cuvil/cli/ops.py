@@ -8,11 +8,17 @@ import onnx.defs
 
 from ..frontend.functions import expandable_ops
 from ..kernels.support import support_matrix
+from .flags import add_quiet_flag
 
 
 def register(sub) -> None:
-    sp = sub.add_parser("ops", help="support matrix: each op's import, proof semantics, x86, GPU and float16 support")
+    sp = sub.add_parser("ops", help="support matrix: each op's import, proof semantics, x86, GPU and float16 support",
+                        description="List every op Cuvil registers with what it supports: ONNX import, proof "
+                                    "semantics (rules over it can be proved), x86 and GPU code, float16 on the GPU; "
+                                    "then the ONNX default-domain ops imported as their function bodies and those "
+                                    "not covered. Example: cuvil ops | grep Conv")
     sp.add_argument("--json", action="store_true", help="the matrix (with the reason for each gap) as JSON")
+    add_quiet_flag(sp)
     sp.set_defaults(fn=cmd_ops)
 
 

@@ -9,16 +9,26 @@ from ..rewrite_rules.verdicts import builtin_rules_dir, verdicts, write_shipped
 
 
 def register(sub) -> None:
-    sp = sub.add_parser("rules", help="prove or list rewrite rules")
+    sp = sub.add_parser("rules", help="prove or list rewrite rules",
+                        description="The rewrite rules (.rule files): `check` proves them with Z3, `list` shows "
+                                    "them with their verdicts. Example: cuvil rules check my_rules/")
     rsub = sp.add_subparsers(dest="rules_command", metavar="ACTION")
-    rc = rsub.add_parser("check", help="prove every rule (default: the built-in rules/); exit 0 unless one is refuted or unknown")
+    rc = rsub.add_parser("check", help="prove every rule (default: the built-in rules/); exit 0 unless one is refuted or unknown",
+                         description="Prove each rule of PATHS (default: the built-in rules) with Z3 and print its "
+                                     "obligation, verdict, time and what the proof covers; a refuted rule shows a "
+                                     "counterexample. Exit 0 unless a rule is refuted or unknown.")
     rc.add_argument("paths", nargs="*", help=".rule files or directories")
     rc.add_argument("--no-cache", action="store_true", help="prove again, ignoring shipped and cached verdicts")
     rc.add_argument("--timeout-ms", type=int, default=20_000, help="Z3 time limit per proof")
     rc.add_argument("--write-verdicts", action="store_true", help=argparse.SUPPRESS)  # maintainers: refresh rules/verdicts.json
     rc.set_defaults(fn=cmd_rules_check)
-    rl = rsub.add_parser("list", help="list rules with benefit, level, obligation and verdict (what the proof covers)")
-    rl.add_argument("paths", nargs="*")
+    rc.add_argument("-q", "--quiet", action="store_true", help="no progress output: only the results and errors")
+    rl = rsub.add_parser("list", help="list rules with benefit, level, obligation and verdict (what the proof covers)",
+                         description="One line per rule of PATHS (default: the built-in rules): name, benefit, the "
+                                     "level it runs on, its proof obligation and verdict (proved on first use and "
+                                     "cached), what the proof covers, and where it is defined.")
+    rl.add_argument("paths", nargs="*", help=".rule files or directories")
+    rl.add_argument("-q", "--quiet", action="store_true", help="no progress output: only the results and errors")
     rl.add_argument("--timeout-ms", type=int, default=20_000, help="Z3 time limit per proof (rules not yet proved)")
     rl.set_defaults(fn=cmd_rules_list)
     sp.set_defaults(fn=lambda a: (sp.print_help(), 2)[1])

@@ -50,6 +50,7 @@ from ...kernels.schedule import Schedule, Stage, schedule
 from ...kernels.texpr import E, cast, const, nodes
 from ..llvm.module import LLVMKernelModule, initialize_all
 from ..llvm.types import F32, I32, I64, PTR, const_value, ll
+from .archs import check_arch
 from .bounds_patterns import arena_limit, prove_gpu_stages
 from .conv import TILE_CHANNELS, accumulation, combine_stage, conv_node, emit_conv, plan_conv, scratch_buf
 from .emitter import PtxEmitter, set_contraction
@@ -84,8 +85,7 @@ class KernelDesc:
 
 def target_machine(arch: str = "sm_90", opt: int = 3):
     """An NVPTX target machine for GPU architecture ``arch`` (``sm_<number>``)."""
-    if not re.fullmatch(r"sm_\d+[af]?", arch):
-        raise CuvilError(f"GPU architecture {arch!r}: expected sm_<number>, e.g. sm_80 or sm_90")
+    check_arch(arch, flag="arch")
     initialize_all()
     target = llvm.Target.from_triple(TRIPLE)
     return target.create_target_machine(cpu=arch, features="", opt=min(max(opt, 0), 3))

@@ -18,6 +18,7 @@ from ...kernels.schedule import Schedule, Stage
 from ...kernels.texpr import top_level
 from ..llvm.module import LLVMKernelModule, initialize_native
 from ..llvm.types import I64, PTR
+from .cpu import CpuDescription, describe_cpu, host_cpu, is_host_name
 from .depthwise import emit_depthwise_stage
 from .emitter import ROW_BLOCK, ROW_MAX, X86Emitter, row_reduction
 from .gemm import emit_gemm_stage
@@ -43,24 +44,25 @@ def _tuned(features: str) -> str:
 
 
 def cpu_identity(cpu: Optional[str] = None) -> str:
-    """What a library is built for, as a cache key part: ``cpu`` as given, or for the host (None, "native") its
-    LLVM name and feature string, so a cache shared between machines never hands one host's library to a CPU
-    without its instructions."""
-    if cpu is None or cpu == "native":
-        return f"{llvm.get_host_cpu_name()}:{llvm.get_host_cpu_features().flatten()}"
+    """What a library is built for, as a cache key part: ``cpu`` as given, or for the host (None, "native",
+    "host") its LLVM name and feature string, so a cache shared between machines never hands one host's library
+    to a CPU without its instructions."""
+    if is_host_name(cpu):
+        host = host_cpu()
+        return f"{host.llvm_name}:{host.llvm_features}"
     return cpu
 
 
-def host_target(cpu: Optional[str] = None, opt: int = 3):
+def host_target(cpu: Optional[str] = None, opt: int = 3) -> Tuple[object, str, CpuDescription]:
+    """The LLVM target machine for ``cpu`` (a ``--cpu`` value, checked; None: this machine), the triple, and the
+    CPU's description (its features set the kernels' vector width)."""
     initialize_native()
+    desc = describe_cpu(cpu)
     triple = llvm.get_process_triple()
     target = llvm.Target.from_triple(triple)
-    if cpu is None or cpu == "native":
-        cpu, features = llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
-    else:
-        features = ""
-    tm = target.create_target_machine(cpu=cpu, features=_tuned(features), opt=opt, reloc="pic", codemodel="default")
-    return tm, triple, cpu, features
+    tm = target.create_target_machine(cpu=desc.llvm_name, features=_tuned(desc.llvm_features), opt=opt,
+                                      reloc="pic", codemodel="default")
+    return tm, triple, desc
 
 
 class KernelModule(LLVMKernelModule):
@@ -221,33 +223,11 @@ class KernelModule(LLVMKernelModule):
         return self.tm.emit_object(mod)
 
 
-_AVX512_CPUS = ("avx512", "skylake-avx512", "cascadelake", "cooperlake", "cannonlake", "icelake", "tigerlake",
-                "rocketlake", "sapphirerapids", "graniterapids", "emeraldrapids", "znver4", "znver5", "x86-64-v4")
-_AVX2_CPUS = ("haswell", "broadwell", "skylake", "alderlake", "raptorlake", "meteorlake", "arrowlake", "lunarlake",
-              "znver1", "znver2", "znver3", "x86-64-v3", "bdver4")
-
-
-def vector_bits(cpu: str, features: str) -> int:
-    """Width of the target's vector registers: from the feature string, else from the CPU name."""
-    feats = set(features.split(",")) if features else set()
-    if feats:
-        if "+avx512f" in feats:
-            return 512
-        if "+avx2" in feats and "+fma" in feats:
-            return 256
-        return 128
-    if cpu.startswith(_AVX512_CPUS):
-        return 512
-    if cpu.startswith(_AVX2_CPUS):
-        return 256
-    return 128
-
-
 def generate_object(sched: Schedule, prefix: str, cpu: Optional[str], opt: int) -> Tuple[bytes, List[Tuple[str, int, int]], dict]:
     """The kernels of ``sched`` as an object file, and the (symbol, extent, grain) of each stage."""
-    tm, triple, cpu_name, features = host_target(cpu, opt)
+    tm, triple, desc = host_target(cpu, opt)
     km = KernelModule(prefix, tm, triple)
-    km.vector_bits = vector_bits(cpu_name, features)
+    km.vector_bits = desc.vector_bits
     km.scratch_index = 2 + len(sched.inputs) + len(sched.outputs)
     km.dims_index = km.scratch_index + 1
     km.symbol_slots = {s.name: k for k, s in enumerate(sched.symbols)}
@@ -277,7 +257,7 @@ def generate_object(sched: Schedule, prefix: str, cpu: Optional[str], opt: int) 
             step_stages.append([g[0] for g in group])
         k = run[-1] + 1
     obj = km.compile(opt)
-    return obj, steps, {"triple": triple, "cpu": cpu_name, "features": features, "scratch_bytes": km.scratch_bytes,
+    return obj, steps, {"triple": triple, "cpu": desc, "scratch_bytes": km.scratch_bytes,
                         "gemm_symbols": km.gemm_symbols, "gemm_tiles": km.gemm_tiles, "window_kinds": km.window_kinds,
                         "step_stages": step_stages}
 

@@ -19,7 +19,8 @@ from ...ir.graph import Graph
 from ...kernels.bounds import BoundsProver, Certificate, prove_schedule
 from ...kernels.schedule import Schedule, schedule
 from ...version import __version__
-from .codegen import generate_object, host_target, vector_bits
+from .codegen import generate_object
+from .cpu import C_CHECKED_FEATURES, cpu_label, describe_cpu
 from .gemm import tile_cols, tile_shapes
 from .header import generate_header
 from .link import check_dependencies, link_shared, unexpected_dependencies
@@ -129,8 +130,8 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
     out_so = os.path.abspath(out_so)
     base = os.path.splitext(out_so)[0]
     say(f"scheduling {len(g.nodes)} nodes")
-    _, _, cpu_name, features = host_target(cpu, opt_level)
-    bits = vector_bits(cpu_name, features)
+    target_cpu = describe_cpu(cpu)
+    bits = target_cpu.vector_bits
     sched = schedule(g, gemm_cols=tile_cols(bits), split_concat=True, gemm_tiles=tile_shapes(bits, tuning),
                      row_kernels=True, channel_tile_cost=tuning.channel_tile_cost, run_time_sizes=True)
     _check_arena(sched, arena_limit(max_arena_bytes))
@@ -167,7 +168,8 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
         scratch_bytes=max(target["scratch_bytes"], otarget["scratch_bytes"] if otarget else 0),
         symbols=[SymbolDesc(s.name, s.min, opt[s.name], s.max, s.multiple) for s in sched.symbols],
         opt_steps=_step_descs(osched, osteps, otarget["step_stages"]) if osteps else [],
-        opt_weights_symbol=opt_weights_sym, num_run_time_symbols=sched.num_run_time_symbols)
+        opt_weights_symbol=opt_weights_sym, num_run_time_symbols=sched.num_run_time_symbols,
+        isa_checks=[f for f in C_CHECKED_FEATURES if f in target_cpu.features])
     with tempfile.TemporaryDirectory(prefix="cuvil-build-") as tmp:
         objs = []
         for name, data in (("kernels.o", obj), ("kernels_opt.o", oobj)):
@@ -194,7 +196,7 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
     manifest = {
         "cuvil_version": __version__,
         "prefix": prefix,
-        "target": {"triple": target["triple"], "cpu": target["cpu"], "features": target["features"]},
+        "target": _target_json(target["triple"], target["cpu"]),
         "opt_level": opt_level,
         "inputs": [{"name": d.name, "dtype": d.dtype, "shape": _json_dims(d.dims or d.shape)} for d in info.inputs],
         "outputs": [{"name": d.name, "dtype": d.dtype, "shape": _json_dims(d.dims or d.shape)} for d in info.outputs],
@@ -244,6 +246,16 @@ def _steps_json(sched, steps, target, variant, descs) -> list:
                         else {"to": desc.jump[0]}} if desc.jump is not None else {}),
                     **({"variant": variant} if variant else {})})
     return out
+
+
+def _target_json(triple: str, cpu) -> dict:
+    """The manifest's ``target``: the CPU the library was built for and ``isa_features``, every ISA feature the
+    code generator was allowed to use, which the loader requires of the CPU it runs on (a missing one would be
+    SIGILL at its first instruction); ``vector_bits``: the kernels' vector width; ``built_on``: the host's CPU
+    in one line (for a named CPU too: where the figures of a benchmark come from)."""
+    return {"triple": triple, "cpu": cpu.llvm_name, "features": cpu.llvm_features,
+            "isa_features": sorted(cpu.features), "vector_bits": cpu.vector_bits, "native": cpu.is_host,
+            "built_on": cpu_label()}
 
 
 def _json_dims(dims) -> list:

@@ -104,5 +104,9 @@ typedef struct cuvil_session cuvil_session;
 
 /* Defined (hidden) by the generated model.c. */
 extern CUVIL_HIDDEN const cuvil_model CUVIL_MODEL;
+/* The first ISA feature the kernels were compiled for that this CPU lacks (its name, as __builtin_cpu_supports
+ * spells it), or NULL: session creation refuses such a CPU instead of dying of SIGILL in the first step. */
+#define CUVIL_MISSING_ISA CUVIL_CAT(CUVIL_PREFIX, _missing_isa)
+extern CUVIL_HIDDEN const char *CUVIL_MISSING_ISA(void);
 
 #endif /* CUVIL_RUNTIME_H_ */

@@ -28,6 +28,7 @@ from cuvil.ir.dim import is_symbol_name
 from cuvil.targets import model_api
 from cuvil.targets.model_api import (Signature, SymbolProfile, TensorSpec, dtype_code, fixed_symbols, shape_text,
                                     tensor_spec)
+from cuvil.targets.x86.cpu import check_runs_here
 from cuvil.targets.x86.model_info import is_c_identifier
 
 
@@ -74,6 +75,15 @@ def _read_manifest(so_path: str) -> dict:
     return manifest
 
 
+def _check_isa(manifest: dict, path: str) -> None:
+    """Refuse, before the library is mapped, one built with ISA features this CPU lacks (the manifest's
+    ``target.isa_features``; older manifests have none and are not checked)."""
+    target = manifest.get("target")
+    required = target.get("isa_features") if isinstance(target, dict) else None
+    if isinstance(required, list):
+        check_runs_here([str(f) for f in required], os.path.basename(path), str(target.get("cpu", "")))
+
+
 def _manifest_dims(manifest: dict, key: str, k: int, spec: TensorSpec, plain: bool) -> tuple:
     """Per dim of ``manifest[key][k]``, the name the manifest gives a symbolic dim (a plain symbol; with
     ``plain=False`` an expression too, as an output's ``2*N``), else the library's dim."""
@@ -104,6 +114,7 @@ class X86Model(model_api.Model):
         if not os.path.isfile(self.path):
             raise CuvilError(f"{path!r} does not exist")
         manifest = _read_manifest(self.path)
+        _check_isa(manifest, path)
         self.manifest = manifest
         if prefix is None:
             prefix = manifest.get("prefix", "cuvil")

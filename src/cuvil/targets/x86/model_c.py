@@ -200,6 +200,15 @@ def generate_model_c(info: ModelInfo) -> str:
         lines += ["}", ""]
         evaluate, num_eval = f"{_LOCAL}evaluate", k
 
+    lines += ["/* the first ISA feature the kernels use that this CPU lacks, or NULL (cuvil_runtime.h) */",
+              f"CUVIL_HIDDEN const char *{p}__missing_isa(void) {{"]
+    if info.isa_checks:
+        lines.append("  __builtin_cpu_init();")
+    for feature in info.isa_checks:
+        name = c_string_literal(feature)
+        lines.append(f"  if (!__builtin_cpu_supports({name})) return {name};")
+    lines += ["  return NULL;", "}", ""]
+
     weights = info.weights_symbol if info.weights_symbol is not None else "NULL"
     lines += [
         f"CUVIL_HIDDEN const cuvil_model {p}__model = {{",

@@ -159,6 +159,8 @@ class ModelInfo:
     # the last this many symbols are sizes a step writes during the run (NonZero's count), not bound by inputs:
     # before the run they hold their max (the bound outputs are allocated at)
     num_run_time_symbols: int = attrs.field(default=0, validator=_nonneg)
+    # ISA features (LLVM spellings, which __builtin_cpu_supports shares) a session refuses to start without
+    isa_checks: tuple = attrs.field(factory=tuple, converter=tuple)
 
     def __attrs_post_init__(self):
         names = [s.name for s in self.symbols]

@@ -417,6 +417,12 @@ static struct cuvil_session *session_create(int num_threads) {
     fail(CUVIL_ERR_ABI, "model abi_version %d, runtime expects %d", (int)m->abi_version, CUVIL_ABI_VERSION);
     return NULL;
   }
+  const char *missing = CUVIL_MISSING_ISA();
+  if (missing != NULL) {
+    fail(CUVIL_ERR_UNSUPPORTED, "this CPU lacks %s, which the library's kernels were compiled for: recompile the "
+         "model on this machine (cuvil compile MODEL -o OUT --cpu native) or with --cpu x86-64-v3", missing);
+    return NULL;
+  }
   if (num_threads < 0 || num_threads > CUVIL_MAX_THREADS) {
     fail(CUVIL_ERR_NUM_THREADS, "num_threads is %d, expected 0 (all cores) to %d", num_threads, CUVIL_MAX_THREADS);
     return NULL;

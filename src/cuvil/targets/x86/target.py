@@ -18,8 +18,9 @@ from .. import X86_TARGET
 from ..base import BuildPlan, Progress, TargetOptions, check, is_bool, is_opt_level, target_options
 from .artifact import Artifact, sidecars
 from .choose import accepter
-from .codegen import cpu_identity, host_target, vector_bits
+from .codegen import cpu_identity
 from .compile import arena_limit, compile_x86
+from .cpu import describe_cpu, validate_cpu
 from .gemm import tile_shapes
 from .model_info import is_c_identifier
 from .tuning import DEFAULT_TUNING, X86Tuning
@@ -29,8 +30,9 @@ from .tuning import DEFAULT_TUNING, X86Tuning
 class X86Options(TargetOptions):
     """Options of the x86 target.
 
-    ``opt_level`` 0-3; ``cpu``: the LLVM CPU name to generate for (None: this machine's); ``prefix``: the C
-    ABI's symbol prefix and the library's name (``libPREFIX.so``). ``opt_kernels`` (default on): for models
+    ``opt_level`` 0-3; ``cpu``: the LLVM CPU name to generate for (None, ``"native"`` or ``"host"``: this
+    machine's; its ISA features, not its name, set the kernels' vector width); ``prefix``: the C ABI's symbol
+    prefix and the library's name (``libPREFIX.so``). ``opt_kernels`` (default on): for models
     with symbolic dims, a second set of kernels specialised for the opt point (every symbol at its opt,
     else its min) is linked in and runs when a call's shapes are exactly that point. ``winograd`` (O2 and
     O3, default on): stride-1 3x3 convolutions become Winograd convolutions (proved ``on x86`` rules,
@@ -43,8 +45,9 @@ class X86Options(TargetOptions):
     """
 
     opt_level: int = attrs.field(default=3, validator=check(is_opt_level, "0, 1, 2 or 3"))
-    cpu: Optional[str] = attrs.field(default=None, validator=check(
-        lambda v: v is None or (isinstance(v, str) and bool(v)), "an LLVM CPU name, or None for this machine's"))
+    # checked against the names LLVM knows (nearest names suggested) before any work: LLVM itself only warns
+    # about an unknown name, then aborts
+    cpu: Optional[str] = attrs.field(default=None, validator=lambda inst, attr, v: validate_cpu(v))
     prefix: str = attrs.field(default="cuvil", validator=check(is_c_identifier, "a C identifier (not a keyword)"))
     opt_kernels: bool = attrs.field(default=True, validator=check(is_bool, "True or False"))
     winograd: bool = attrs.field(default=True, validator=check(is_bool, "True or False"))
@@ -60,10 +63,10 @@ def choose_algorithms(graph: Graph, cpu: Optional[str] = None,
     """A copy of ``graph`` with the built-in ``on x86`` rules (Winograd convolutions) applied where the x86
     cost model (weights ``tuning``) accepts the match for ``cpu`` (default the host: its vector width sets the
     micro-kernels' register tiles), and the rewrite's report; the rules are proved like every other rule."""
-    _, _, cpu_name, features = host_target(cpu)
+    bits = describe_cpu(cpu).vector_bits
     g = graph.clone()
     report = proved_rewrite(g, [r for r in builtin_rules() if r.on == "x86"], phase="x86",
-                            accept=accepter(tile_shapes(vector_bits(cpu_name, features), tuning), tuning))
+                            accept=accepter(tile_shapes(bits, tuning), tuning))
     return g, report
 
 
