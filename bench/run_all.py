@@ -40,13 +40,8 @@ import onnxruntime
 import cuvil
 from cuvil import Pipeline
 from cuvil.bench import BenchOptions, host_info, run_benchmark
+from cuvil.targets.x86.cpu import cpu_label
 from cuvil.testing import LIGHT_MODELS, light_model
-
-try:
-    from cuvil.targets.x86.cpu import cpu_label
-except ImportError:     # a tree without cuvil's CPU identification: /proc/cpuinfo's model name
-    def cpu_label() -> str:
-        return host_info()["cpu"]
 
 MODELS = ("resnet50", "squeezenet", "shufflenet", "densenet121", "inception_v1")
 HERE = os.path.dirname(os.path.abspath(__file__))
