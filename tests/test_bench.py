@@ -84,7 +84,7 @@ def test_duration_and_concurrency(tmp_path, capsys):
     out = tmp_path / "r.json"
     assert cli_main(["bench", DEMO, "--duration", "300ms", "--concurrency", "2", "--warmup", "1",
                      "--cold-runs", "0", "--json", str(out), "--progress"]) == 0
-    assert "] 100.0% 0.3/0.3 s" in capsys.readouterr().err
+    assert "timing: cuvil, 300/300 ms in " in capsys.readouterr().err
     r = json.loads(out.read_text())
     assert r["settings"]["duration_s"] == pytest.approx(0.3) and r["settings"]["runs"] is None
     assert r["cuvil"]["runs"] >= 2 and r["cuvil"]["throughput_ips"] > 0

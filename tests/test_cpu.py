@@ -119,9 +119,11 @@ def test_options_check_the_cpu():
     assert X86Options(cpu="znver3").cpu == "znver3"
 
 
-def test_cli_refuses_an_unknown_cpu_without_llvm_noise(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "cuvil", "compile", "--input", DEMO, "--output",
-                          str(tmp_path / "libx.so"), "--cpu", "zen5"], capture_output=True, text=True, env=ENV)
+@pytest.mark.parametrize("model", [DEMO, "no-such-model.onnx"])
+def test_cli_refuses_an_unknown_cpu_without_llvm_noise(tmp_path, model):
+    """Before any work (the model is not even read) and with nothing but Cuvil's error on stderr."""
+    out = subprocess.run([sys.executable, "-m", "cuvil", "compile", model, "-o", str(tmp_path / "libx.so"),
+                          "--cpu", "zen5"], capture_output=True, text=True, env=ENV, cwd=tmp_path)
     assert out.returncode == 2, out.stderr
     assert out.stderr.startswith("cuvil: error: unknown CPU 'zen5' (--cpu)")
     assert "znver5" in out.stderr and "next: --cpu native" in out.stderr

@@ -31,6 +31,7 @@ What is measured (the same in ``cuvil bench`` and ``bench/run_all.py``):
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
@@ -51,6 +52,8 @@ from .errors import CuvilError
 from .ir.dim import evaluate
 from .ir.shape_binding import lookup_symbol
 from .pipeline import Pipeline
+from .progress import enabled as progress_enabled
+from .progress import stage
 from .targets.x86.cpu import host_cpu
 
 #: Outputs agree when max |cuvil - ort| <= AGREE_RTOL x max(max |ort|, 1) (the tolerance of
@@ -262,16 +265,17 @@ class BenchOptions:
     ``shape_profiles``: a symbol's range by name (``{"N": (1, 8, 64)}``, an .onnx only: compiled for the range,
     timed at its opt). ``runs`` or ``duration`` (seconds); ``threads`` 0 = all cores (the default; onnxruntime
     gets the same count); ``cold_runs`` fresh subprocesses per engine for cold start and peak RSS
-    (0 = skip; the median time and the largest RSS are reported); ``progress`` True (a bar on stderr), False,
-    or "auto" (a bar once a run lasts over a second). ``pause_ms``: an untimed sleep after every timed run, so
-    that one engine's spinning worker threads have gone idle before the next run starts (both runtimes spin
-    for a while after a run; on a machine with few cores, back-to-back alternation makes each engine's spinners
-    compete with the other engine's run)."""
+    (0 = skip; the median time and the largest RSS are reported); ``progress``: True shows the compile stages
+    and the timed runs on stderr (:mod:`cuvil.progress`; "auto" means the same), False hides them, None leaves
+    it to the caller's ``cuvil.progress.enabled()`` (off outside one). ``pause_ms``: an untimed sleep after
+    every timed run, so that one engine's spinning worker threads have gone idle before the next run starts
+    (both runtimes spin for a while after a run; on a machine with few cores, back-to-back alternation makes
+    each engine's spinners compete with the other engine's run)."""
 
     def __init__(self, model: str, *, onnx: str | None = None, vs: str | None = None, threads: int = 0,
                  runs: int | None = None, duration: float | None = None, warmup: int = DEFAULT_WARMUP,
                  concurrency: int = 1, opt_level: int = 3, shapes: dict[str, Any] | None = None, seed: int = 0,
-                 cold_runs: int = DEFAULT_COLD_RUNS, rtol: float = AGREE_RTOL, progress: bool | str = False,
+                 cold_runs: int = DEFAULT_COLD_RUNS, rtol: float = AGREE_RTOL, progress: bool | str | None = None,
                  pause_ms: float = 0.0, log=None, shape_profiles: dict[str, Any] | None = None,
                  spelled: dict[str, str] | None = None):
         self.model, self.onnx, self.vs = model, onnx, vs
@@ -483,36 +487,6 @@ def _stats(lat: list[float], errors: int, attempted: int, busy: list[tuple[int, 
             "throughput_ips": thr}
 
 
-class _Progress:
-    """A text bar on stderr, at most ~10 updates a second; with ``delay``, drawn only once a run has lasted
-    that long (short runs stay quiet)."""
-
-    def __init__(self, enabled: bool, total: float, unit: str, delay: float = 0.0):
-        self.enabled, self.total, self.unit, self.delay = enabled, total, unit, delay
-        self.t0 = time.monotonic()
-        self.last = 0.0
-        self.drawn = False
-
-    def update(self, done: float, force: bool = False) -> None:
-        if not self.enabled:
-            return
-        now = time.monotonic()
-        if (not force and now - self.last < 0.1) or (not self.drawn and now - self.t0 < self.delay):
-            return
-        self.last, self.drawn = now, True
-        frac = min(1.0, done / self.total) if self.total else 1.0
-        width = 30
-        bar = "#" * int(frac * width) + "." * (width - int(frac * width))
-        shown = f"{done:.1f}/{self.total:.1f} s" if self.unit == "s" else f"{int(done)}/{int(self.total)} runs"
-        sys.stderr.write(f"\r[{bar}] {100 * frac:5.1f}% {shown}")
-        sys.stderr.flush()
-
-    def close(self) -> None:
-        if self.drawn:
-            sys.stderr.write("\n")
-            sys.stderr.flush()
-
-
 def _timed_phase(opts: BenchOptions, lib: str, onnx_path: str | None, threads: int, arrays, names,
                  ort_agree: dict[str, Any] | None):
     """Warm-up and timed runs in ``opts.concurrency`` threads, each with its own Cuvil Model (own session)
@@ -584,17 +558,21 @@ def _timed_phase(opts: BenchOptions, lib: str, onnx_path: str | None, threads: i
     state["t0"] = t0 = time.perf_counter()
     if opts.duration is not None:
         state["deadline"] = t0 + opts.duration
-    bar = _Progress(bool(opts.progress), opts.duration if opts.duration is not None else opts.runs,
-                    "s" if opts.duration is not None else "runs", delay=1.0 if opts.progress == "auto" else 0.0)
-    while True:
-        alive = [t for t in threads_ if t.is_alive()]
-        if not alive:
-            break
-        bar.update(time.perf_counter() - t0 if opts.duration is not None else min(counter[0], opts.runs))
-        alive[0].join(timeout=0.05)
-    if bar.drawn:
-        bar.update(opts.duration if opts.duration is not None else opts.runs, force=True)
-    bar.close()
+    # a duration is counted in whole milliseconds: progress steps are counts
+    total = round(opts.duration * 1e3) if opts.duration is not None else opts.runs
+    with stage("timing", total=total, unit="ms" if opts.duration is not None else "runs",
+               detail=" vs ".join(engines)) as bar:
+        shown = 0
+        while True:
+            alive = [t for t in threads_ if t.is_alive()]
+            done = total if not alive else min(total, round((time.perf_counter() - t0) * 1e3)
+                                                if opts.duration is not None else counter[0])
+            if done > shown:
+                bar.advance(done - shown)
+                shown = done
+            if not alive:
+                break
+            alive[0].join(timeout=0.05)
     wall = time.perf_counter() - t0
     out = {}
     for e in engines:
@@ -754,6 +732,11 @@ def _ratio(a, b):
 
 def run_benchmark(opts: BenchOptions) -> dict[str, Any]:
     """Compiles or loads, measures, and returns every figure as a JSON-ready dict (see the module doc)."""
+    with progress_enabled(bool(opts.progress)) if opts.progress is not None else contextlib.nullcontext():
+        return _run_benchmark(opts)
+
+
+def _run_benchmark(opts: BenchOptions) -> dict[str, Any]:
     if opts.vs not in (None, "onnxruntime"):
         raise CuvilError(f"--vs takes onnxruntime, got {opts.vs!r}")
     if opts.concurrency < 1:

@@ -25,7 +25,7 @@ from .targets.x86.cpu import host_cpu
 from .version import __version__
 
 #: Distributions Cuvil needs (install_requires), reported with their versions.
-REQUIRED = ("numpy", "onnx", "llvmlite", "z3-solver", "lark", "attrs")
+REQUIRED = ("numpy", "onnx", "ml_dtypes", "llvmlite", "z3-solver", "lark", "attrs", "hypothesis", "PyYAML")
 #: Optional distributions (extras and oracles): their versions, or None when absent.
 OPTIONAL = ("onnxruntime", "onnxruntime-gpu", "torch", "cuda-python", "matplotlib", "tqdm")
 #: The features shown first in the text report: the ones that shape Cuvil's kernels (vector width, FMA,

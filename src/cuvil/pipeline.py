@@ -1,6 +1,7 @@
 """``Pipeline``: the one place that sequences Cuvil's stages (import -> optimize -> compile for a target)."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -23,6 +24,8 @@ from .ir.hash import structural_hash
 from .ir.printer import print_graph
 from .ir.shape_binding import bind_input_shapes, lookup_symbol, profile_symbol, split_options
 from .ir.stats import GraphStats, graph_stats
+from .progress import enabled as progress_enabled
+from .progress import stage
 from .reference import run_reference
 from .rewrite_rules.engine import RewriteReport
 from .rewrite_rules.proved_rewrite import applied_rules, proved_rewrite
@@ -78,9 +81,13 @@ class Pipeline:
         """Import an ONNX model (path, bytes or ModelProto), external data included. ``input_values`` fixes
         graph inputs to values at compile time (``{"sr": 16000}``): they become constants (an ``If`` on them
         keeps only its branch) and are no longer inputs of the compiled model."""
-        model = load_model(source)
-        graph = import_model(model, constant_initializer_inputs=constant_initializer_inputs, input_values=input_values)
-        unify_required_equal(graph)   # input.0 and state.1 that an LSTM needs equal: one symbol (docs/shapes.md)
+        named = os.path.basename(os.fspath(source)) if isinstance(source, (str, os.PathLike)) else "model"
+        with stage("import", detail=named) as s:
+            model = load_model(source)
+            graph = import_model(model, constant_initializer_inputs=constant_initializer_inputs,
+                                 input_values=input_values)
+            unify_required_equal(graph)   # input.0 and state.1 that an LSTM needs equal: one symbol (docs/shapes.md)
+            s.detail(f"{named}, {len(graph.nodes)} nodes")
         sha = hashlib.sha256(model.SerializeToString()).hexdigest()
         return cls(graph, initializer_elements=sum(int(np.prod(t.dims)) for t in model.graph.initializer),
                    source_sha256=sha)
@@ -149,7 +156,10 @@ class Pipeline:
             extra += [rules] if isinstance(rules, (str, os.PathLike)) else list(rules)
         all_rules = (builtin_rules() if builtin else []) + (load_rules(extra) if extra else [])
         g = self._graph.clone()
-        report = proved_rewrite(g, all_rules, on_unproved=on_unproved, allow_bounded=allow_bounded)
+        with stage("optimize", detail=f"{len(g.nodes)} nodes, {len(all_rules)} rules") as s:
+            report = proved_rewrite(g, all_rules, on_unproved=on_unproved, allow_bounded=allow_bounded)
+            s.detail(f"{len(self._graph.nodes)} -> {len(g.nodes)} nodes, "
+                     f"{sum(report.applied.values())} rewrites")
         return self._derive(g, report)
 
     def choose_algorithms(self, target: str = X86_TARGET, cpu: Optional[str] = None,
@@ -219,7 +229,8 @@ class Pipeline:
             g.symbols[name] = profile_symbol(name, prof)
         propagate_shapes(g)   # dims simplified over the new ranges (min(S, 512) is S for S <= 512)
         out = self._derive(g, self.report)
-        bad = out.check_shapes() if check else ()
+        with stage("shape conditions", detail=f"symbols {', '.join(g.symbols)}") if check else contextlib.nullcontext():
+            bad = out.check_shapes() if check else ()
         if bad:
             raise ShapeError("the graph's shape conditions fail inside the profile:\n  " + "\n  ".join(map(str, bad))
                              + "\nnarrow the ranges of the symbols named there, fix one of them (--fix, or one "
@@ -229,7 +240,8 @@ class Pipeline:
     def compile(self, target: Optional[str] = None, opt_level: Optional[int] = None, *,
                 options: Optional[TargetOptions] = None, fixed: Optional[Mapping[str, Union[int, str]]] = None,
                 shape_profiles: Optional[Mapping[str, Tuple[int, ...]]] = None,
-                input_shapes: Optional[Mapping[str, object]] = None, cache: bool = True, progress=None,
+                input_shapes: Optional[Mapping[str, object]] = None, cache: bool = True,
+                progress: Optional[bool] = None,
                 **target_options):
         """Compile for ``target`` (a triple of :data:`cuvil.targets.TARGETS`, default ``x86_64-linux-gnu``):
         :class:`cuvil.artifact.Artifact` (``libNAME.so``) for ``x86_64-linux-gnu``,
@@ -241,7 +253,9 @@ class Pipeline:
         defaults to the options' own), or, as a shorthand, their fields as keywords: ``compile(cpu="znver3",
         winograd=False)``, ``compile("nvptx64-nvidia-cuda", arch="sm_80", fma=False)``; ``opt_level`` (0-3,
         default 3) may also come second, positionally. A keyword that is not an option of ``target`` is a
-        CuvilError naming the target it belongs to. ``progress``: a callable receiving one line per step.
+        CuvilError naming the target it belongs to. ``progress``: True shows each stage on stderr (the LLVM
+        stage kernel by kernel, :mod:`cuvil.progress`), False hides it, None (default) leaves it as the
+        caller's ``cuvil.progress.enabled()`` block says (off outside one).
 
         Symbolic dims: ``shape_profiles`` (``{"N": (1, 8, 64)}``, min/opt/max) sets their ranges (without
         one a symbol ranges over ``[1, 4096]``, :data:`cuvil.ir.dim.DEFAULT_MAX`); every shape condition must
@@ -254,6 +268,11 @@ class Pipeline:
         rejects shapes outside it. The GPU target specialises every symbol (to ``fixed``, else its opt or
         min). ``cache`` (default on): artifacts are cached by content (:mod:`cuvil.artifact`).
         """
+        with progress_enabled(progress) if progress is not None else contextlib.nullcontext():
+            return self._compile(target, opt_level, options, fixed, shape_profiles, input_shapes, cache,
+                                 target_options)
+
+    def _compile(self, target, opt_level, options, fixed, shape_profiles, input_shapes, cache, target_options):
         triple = target or (options.triple if options is not None else X86_TARGET)
         tgt = get_target(triple)
         if options is None:
@@ -275,7 +294,8 @@ class Pipeline:
             fixed.update(rest)
             p = p.specialize(rest)
         if p._graph.symbols and not shape_profiles:   # with_profiles checked those
-            bad = p.check_shapes()
+            with stage("shape conditions", detail=f"symbols {', '.join(p._graph.symbols)}"):
+                bad = p.check_shapes()
             if bad:
                 raise ShapeError("the graph's shape conditions fail inside the symbols' ranges (give ranges where "
                                  "they hold: --input-shape INPUT=MIN:OPT:MAX or --shape-profile NAME=MIN:OPT:MAX):\n  "
@@ -288,7 +308,7 @@ class Pipeline:
         plan = tgt.plan(p.graph, options, profiles)
         if not cache:
             out = os.path.join(tempfile.mkdtemp(prefix="cuvil-"), plan.artifact_name)
-            return tgt.load(out, tgt.emit(plan, out, extra, progress))
+            return tgt.load(out, tgt.emit(plan, out, extra))
         key = cache_key([structural_hash(p.graph), repr(sorted(fixed.items())), repr(sorted(profiles.items())),
                          __version__, triple, json.dumps(rules, sort_keys=True), str(self.source_sha256)]
                         + plan.key_parts)
@@ -296,7 +316,7 @@ class Pipeline:
         if hit is not None:
             return tgt.load(hit, cached=True)
         with cache_entry(key, plan.artifact_name) as out:
-            manifest = tgt.emit(plan, out, extra, progress)
+            manifest = tgt.emit(plan, out, extra)
         return tgt.load(cached_path(key, plan.artifact_name), manifest)
 
     def resolve_shapes(self, fixed: Optional[Mapping[str, Union[int, str]]] = None,

@@ -2,9 +2,8 @@
 from __future__ import annotations
 
 import os
-import sys
-import time
 
+from .. import progress
 from ..dsl.parser import load_rules
 from ..errors import CuvilError
 from ..kernels.kernel_rules import builtin_kernel_rules
@@ -78,9 +77,10 @@ def cmd_compile(args) -> int:
     # cuvil.targets.x86.cpu.validate_cpu refuses an unknown name with the nearest ones).
     options = make_options(args.target, opt_level=args.opt_level, cpu=args.cpu, prefix=args.prefix,
                            winograd=not args.no_winograd)
-    progress, p = _import_and_optimize(args)
-    fixed, profiles = shape_flags(p, args)
-    art = p.compile(options=options, fixed=fixed, progress=progress, shape_profiles=profiles)
+    with _progress(args):
+        p = _import_and_optimize(args)
+        fixed, profiles = shape_flags(p, args)
+        art = p.compile(options=options, fixed=fixed, shape_profiles=profiles)
     out = art.save(args.output)
     m = art.manifest
     base = os.path.splitext(out)[0]
@@ -126,16 +126,16 @@ def _stem(path: str) -> str:
     return name.removeprefix("lib") or "model"
 
 
+def _progress(args):
+    """Each stage on stderr (the LLVM stage kernel by kernel) when it is a terminal or with --progress, never
+    with -q."""
+    return progress.enabled(progress.wanted(args.quiet, args.progress))
+
+
 def _import_and_optimize(args):
-    """The steps both compile targets share: a timed progress printer, import and optimize."""
-    t0 = time.perf_counter()
-    shown = not args.quiet and (args.progress or sys.stderr.isatty())
-    progress = ((lambda msg: print(f"[{time.perf_counter() - t0:6.1f}s] {msg}", file=sys.stderr, flush=True))
-                if shown else (lambda msg: None))
-    progress(f"importing {args.model}")
+    """The steps both compile targets share: import and optimize (each reports its own progress)."""
     p = Pipeline.from_file(args.model, input_shapes=parse_input_shapes(getattr(args, "input_shape", None)))
-    progress(f"optimizing {len(p.graph.nodes)} nodes")
-    return progress, p.optimize(rules=args.rules or None, allow_bounded=args.allow_bounded_rules)
+    return p.optimize(rules=args.rules or None, allow_bounded=args.allow_bounded_rules)
 
 
 def _compile_gpu_bundle(args) -> int:
@@ -154,9 +154,10 @@ def _compile_gpu_bundle(args) -> int:
     options = make_options(args.target, opt_level=args.opt_level, prefix=args.prefix, arch=args.arch,
                            fma=not args.no_fma, enable_fp16=args.enable_fp16, kernel_rules=kernel_rules,
                            register_pass=args.register_pass)
-    progress, p = _import_and_optimize(args)
-    fixed, profiles = shape_flags(p, args)
-    bundle = p.compile(options=options, fixed=fixed, progress=progress, shape_profiles=profiles)
+    with _progress(args):
+        p = _import_and_optimize(args)
+        fixed, profiles = shape_flags(p, args)
+        bundle = p.compile(options=options, fixed=fixed, shape_profiles=profiles)
     out = bundle.save(out_path)
     m = bundle.manifest
     regs = [k["registers"] for k in ((m.get("ptxas") or {}).get("kernels") or {}).values() if k.get("registers")]

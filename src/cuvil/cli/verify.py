@@ -6,6 +6,7 @@ import os
 
 import numpy as np
 
+from .. import progress
 from ..errors import CuvilError
 from ..pipeline import Pipeline
 from ..verify import NATIVE_RTOL, verify, verify_artifact
@@ -40,13 +41,17 @@ def cmd_verify(args) -> int:
     if args.artifact and not os.path.exists(args.artifact):
         raise CuvilError(f"--artifact {args.artifact}: no such file",
                          hint=f"compile it first: cuvil compile {args.model} -o {args.artifact}")
-    source, _ = bind_shapes(Pipeline.from_onnx(args.model), args)
+    # each stage, then each example with the largest error so far, on stderr (a terminal, or --progress; never -q)
+    with progress.enabled(progress.wanted(args.quiet, args.progress)):
+        source, _ = bind_shapes(Pipeline.from_onnx(args.model), args)
+        if args.artifact:
+            res = verify_artifact(source, args.artifact, examples=args.examples, num_threads=n_threads)
+        else:
+            res = verify(source, rules=args.rules or (), examples=args.examples)
     if args.artifact:
-        res = verify_artifact(source, args.artifact, examples=args.examples, num_threads=n_threads)
         print(f"compared {args.artifact} with the original model (onnx.reference) on {res.examples} inputs, "
               f"within rel. tolerance {NATIVE_RTOL}")
         return _verdict(res, "the compiled library")
-    res = verify(source, rules=args.rules or (), examples=args.examples)
     fired = ", ".join(f"{k} x{v}" for k, v in sorted(res.rules_fired.items())) or "none"
     print(f"rules fired: {fired}")
     print(f"compared {'bit for bit' if res.exact else 'within tolerance (prove real rules fired)'} on {res.examples} inputs")
@@ -54,6 +59,7 @@ def cmd_verify(args) -> int:
 
 
 def _verdict(res, what: str) -> int:
+    print(res.error_line())   # always, with -q too: the figure the verdict rests on
     if res.ok:
         print(f"verify passed: {what} agrees with the original")
         return 0

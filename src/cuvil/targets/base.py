@@ -6,7 +6,7 @@ in order with the artifact cache between the first and the second:
 * ``plan(graph, options, profiles)``: cheap, before the cache is looked at. Checks what the options can only
   be checked against the target (a GPU architecture), resolves them (the kernel rules that may run) and
   returns a :class:`BuildPlan` whose ``key_parts`` are what the artifact depends on besides the graph.
-* ``emit(plan, path, manifest_extra, progress)``: only on a cache miss. The target's own graph passes (x86:
+* ``emit(plan, path, manifest_extra)``: only on a cache miss. The target's own graph passes (x86:
   the algorithm choices, the opt-point specialisation), scheduling, code generation and then linking (x86,
   ``cc``) or assembling (PTX, ``ptxas``) into ``path``; returns the manifest it wrote.
 * ``load(path, manifest, cached)``: the artifact object for what ``emit`` wrote (now or on an earlier run).
@@ -23,9 +23,6 @@ import attrs
 
 from ..errors import CuvilError
 from ..ir.graph import Graph
-
-Progress = Optional[Callable[[str], None]]
-
 
 class TargetOptions:
     """Base of the per-target option classes (made with :func:`target_options`): frozen, keyword-only, and
@@ -105,6 +102,7 @@ class Target(Protocol):
 
     def plan(self, graph: Graph, options: TargetOptions, profiles: Dict[str, list]) -> BuildPlan: ...
 
-    def emit(self, plan: BuildPlan, path: str, manifest_extra: dict, progress: Progress) -> dict: ...
+    def emit(self, plan: BuildPlan, path: str, manifest_extra: dict) -> dict:
+        """Build the artifact at ``path``, reporting its stages through :mod:`cuvil.progress`."""
 
     def load(self, path: str, manifest: Optional[dict] = None, cached: bool = False): ...

@@ -43,6 +43,7 @@ from ..pipeline import Pipeline
 from ..targets import PTX_TARGET, X86_TARGET
 from ..targets.ptx import bundle as ptx_bundle
 from ..targets.x86 import compile as x86_compile
+from ..targets.x86.codegen import KernelModule as X86KernelModule
 from .models import light_model, transformer_block
 
 #: The x86 CPU every snapshot is generated for (AVX-512: 512-bit vectors, the 12x32 / channel-lane tiles).
@@ -221,9 +222,16 @@ def _capture(p: Pipeline, seam_of: str, **compile_kw) -> Tuple[Schedule, str]:
         got["ir"] = text
         raise _Stop
 
+    def compile_parts(km, *a, **kw):
+        # x86 hands LLVM one module per kernel (for progress kernel by kernel): the snapshot is the whole
+        # module, before it is cut
+        got["ir"] = km.ir_text()
+        raise _Stop
+
     def intercepted(sched, *a, **kw):
         got["schedule"] = sched
-        with _patched(llvm, "parse_assembly", parse_assembly):
+        with _patched(llvm, "parse_assembly", parse_assembly), \
+                _patched(X86KernelModule, "compile_parts", compile_parts):
             return real(sched, *a, **kw)
 
     with _patched(seam_mod, seam, intercepted), _scratch_tempdir(), contextlib.suppress(_Stop):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Set
 
 import llvmlite.binding as llvm
 import llvmlite.ir as ir
@@ -83,3 +83,17 @@ class LLVMKernelModule:
     def ir_text(self) -> str:
         """The module's LLVM IR as text LLVM parses (loop IDs made self-referential)."""
         return self_referential_loops(str(self.module))
+
+    def part_text(self, functions: Set[str]) -> str:
+        """:meth:`ir_text` of a module holding only the kernels named ``functions`` (and every declaration and
+        metadata node: LLVM drops those a part does not use). A part may call only kernels inside it."""
+        m = self.module
+        lines = [f'; ModuleID = "{m.name}"', f'target triple = "{m.triple}"',
+                 f'target datalayout = "{m.data_layout}"', ""]
+        lines += [t.get_declaration() for t in m.get_identified_types().values()]
+        lines += [str(v) for v in m.globals.values()
+                  if not isinstance(v, ir.Function) or v.is_declaration or v.name in functions]
+        lines += [f"!{name} = !{{ {', '.join(op.get_reference() for op in md.operands)} }}"
+                  for name, md in m.namedmetadata.items()]
+        lines += [str(md) for md in m.metadata]
+        return self_referential_loops("\n".join(lines))

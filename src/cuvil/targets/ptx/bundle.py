@@ -22,12 +22,13 @@ import json
 import os
 import subprocess
 import time
-from typing import Callable, Optional
+from typing import Optional
 
 from ...errors import CuvilError
 from ...ir.dtype import DType
 from ...ir.graph import Graph
 from ...kernels.schedule import ARENA, WEIGHTS
+from ...progress import stage
 from ...rewrite_rules.precision import to_half
 from ...version import __version__
 from .codegen import TRIPLE, build_ptx, gpu_schedule
@@ -57,7 +58,7 @@ def _ptxas_version(exe: str) -> Optional[str]:
 def compile_bundle(g: Graph, out_dir: str, *, arch: str = "sm_90", opt_level: int = 3, prefix: str = "cuvil",
                    fma: bool = True, kernel_rules=None, enable_fp16: bool = False, narrow_index: bool = False,
                    register_pass: bool = False, sms: Optional[int] = None, manifest_extra: Optional[dict] = None,
-                   progress: Optional[Callable[[str], None]] = None, unpadded: bool = True,
+                   unpadded: bool = True,
                    fused_splitk: bool = False, tuning: PtxTuning = DEFAULT_TUNING,
                    max_spill: Optional[int] = None) -> dict:
     """Compile ``g`` (static shapes) into the bundle directory ``out_dir`` (created; files in it replaced);
@@ -72,21 +73,21 @@ def compile_bundle(g: Graph, out_dir: str, *, arch: str = "sm_90", opt_level: in
     ``arch``; ``max_spill``: spill bytes a capped kernel may have, default ``regpressure.MAX_SPILL``); the
     manifest's ``register_pass`` reports registers, occupancy and waves before and after. ``unpadded`` as for
     :func:`~cuvil.targets.ptx.codegen.gpu_schedule`, ``fused_splitk`` and ``tuning`` as for
-    :func:`~cuvil.targets.ptx.codegen.build_ptx`."""
-    say = progress or (lambda msg: None)
+    :func:`~cuvil.targets.ptx.codegen.build_ptx`. Each stage, the LLVM IR kernel by kernel, is reported
+    through :mod:`cuvil.progress`."""
     t0 = time.perf_counter()
     half_names: list = []
     if enable_fp16:
-        g, half_names = to_half(g)
-        say(f"float16: {len(half_names)} tensors lowered to half")
-    say(f"scheduling {len(g.nodes)} nodes")
-    sched = gpu_schedule(g, unpadded=unpadded, tuning=tuning)
+        with stage("float16") as s:
+            g, half_names = to_half(g)
+            s.detail(f"{len(half_names)} tensors lowered to half")
+    with stage("schedule", detail=f"{len(g.nodes)} nodes") as s:
+        sched = gpu_schedule(g, unpadded=unpadded, tuning=tuning)
+        s.detail(f"{len(sched.stages)} kernels, arena {sched.arena_bytes} B, weights {sched.weights_bytes} B")
     if any(s.buf.base == WEIGHTS for s in sched.stages):
         raise CuvilError("a stage writes into the weights buffer; the GPU bundle keeps weights read-only")
-    say(f"{len(sched.stages)} kernels, arena {sched.arena_bytes} B, weights {sched.weights_bytes} B; generating PTX for {arch}")
     res = build_ptx(sched, arch, opt_level, fma=fma, kernel_rules=kernel_rules, prefix=prefix,
                     narrow_index=narrow_index, fused_splitk=fused_splitk, tuning=tuning)
-    say(f"memory safety: {res.memory_safety.summary()} ({res.memory_safety.seconds:.2f} s)")
     ptx, descs = res.ptx, res.kernels
     arena_bytes = res.scratch_offset + res.scratch_bytes if res.scratch_bytes else sched.arena_bytes
     zero = [[res.scratch_offset, res.counter_bytes]] if res.counter_bytes else []
@@ -102,19 +103,20 @@ def compile_bundle(g: Graph, out_dir: str, *, arch: str = "sm_90", opt_level: in
     rp_report = None
     exe = find_ptxas()
     if exe is not None:
-        say(f"assembling with {exe} -arch={arch}")
         try:
-            cubin, info = assemble(ptx, arch, exe, jobs=0)
+            with stage("ptxas", detail=f"{exe} -arch={arch}, {len(descs)} kernels"):
+                cubin, info = assemble(ptx, arch, exe, jobs=0)
             if register_pass and narrow_index is not True:
-                ptx2, cubin2, info2, rp_report = relieve(ptx, descs, info, arch,
-                                                         lambda text: assemble(text, arch, exe, jobs=0), sms=sms,
-                                                         max_spill=max_spill)
+                with stage("register pass") as s:
+                    ptx2, cubin2, info2, rp_report = relieve(ptx, descs, info, arch,
+                                                             lambda text: assemble(text, arch, exe, jobs=0), sms=sms,
+                                                             max_spill=max_spill)
+                    s.detail(f"{rp_report['capped']} of {len(rp_report['kernels'])} register-limited multi-wave "
+                             f"kernels capped")
                 if cubin2 is not None:
                     ptx, cubin, info = ptx2, cubin2, info2
                     with open(os.path.join(out_dir, "kernels.ptx"), "w") as f:
                         f.write(ptx)
-                say(f"register pass: {rp_report['capped']} of {len(rp_report['kernels'])} register-limited "
-                    f"multi-wave kernels capped")
         except PtxasError as e:
             raise CuvilError(f"the generated PTX does not assemble for {arch}: {e}") from None
         cubin_name = f"kernels.{arch}.cubin"

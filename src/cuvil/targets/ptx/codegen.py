@@ -48,6 +48,7 @@ from ...kernels.bounds import Certificate
 from ...kernels.kernel_rules import rewrite_stages, select_kernel_rules
 from ...kernels.schedule import Schedule, Stage, schedule
 from ...kernels.texpr import E, cast, const, nodes
+from ...progress import stage
 from ..llvm.module import LLVMKernelModule, initialize_all
 from ..llvm.types import F32, I32, I64, PTR, const_value, ll
 from .archs import check_arch
@@ -714,21 +715,27 @@ def build_ptx(sched: Schedule, arch: str = "sm_90", opt: int = 3, *, fma: bool =
                          scratch_offset=sched.arena_bytes, arch=arch, fused_splitk=fused_splitk, tuning=tuning)
     # the memory-safety proof of the stages as they are emitted (copies: guards rewrite them, not the schedule)
     stages = [attrs.evolve(st) for st in stages]
-    cert = prove_gpu_stages(sched, stages, km)
+    with stage("memory safety", detail=f"{len(stages)} kernels") as s:
+        cert = prove_gpu_stages(sched, stages, km)
+        s.detail(cert.summary())
     for k in cert.kernels:
         if k.status == "unproved":
             raise CuvilError(f"kernel {k.stage} (gpu) is not proved memory-safe even with run-time guards: "
                              f"{k.failures[0]}; report it")
     limit = arena_limit(km, sched, stages)
     descs: List[KernelDesc] = []
-    for k, st in enumerate(stages):
-        d = km.add_stage(st, f"{prefix}_k{k}")
-        descs.extend(d if isinstance(d, list) else [d])
+    with stage("llvm IR", total=len(stages), unit="kernels") as progress:
+        for k, st in enumerate(stages):
+            d = km.add_stage(st, f"{prefix}_k{k}")
+            descs.extend(d if isinstance(d, list) else [d])
+            progress.advance(item=f"{prefix}_k{k}: {st.op} {st.name}")
     arena = km.scratch_offset + km.scratch_bytes if km.scratch_bytes else sched.arena_bytes
     if arena != limit:       # the proof checked every buffer against the arena the bundle allocates
         raise CuvilError(f"internal: the GPU arena is {arena} B, its memory-safety proof assumed {limit} B; "
                          f"report it")
-    return PtxResult(km.compile_ptx(opt, libdevice), descs, {r.name: r.proof for r in rules}, counts,
+    with stage("llvm", detail=f"optimising {len(stages)} kernels at O{opt} and emitting PTX for {arch}"):
+        ptx = km.compile_ptx(opt, libdevice)
+    return PtxResult(ptx, descs, {r.name: r.proof for r in rules}, counts,
                      stats.get("widened", 0), km.scratch_bytes, km.scratch_offset, km.counter_bytes, cert)
 
 

@@ -10,7 +10,7 @@ from ...dsl.ast import Rule
 from ...ir.graph import Graph
 from ...kernels.kernel_rules import select_kernel_rules
 from .. import PTX_TARGET
-from ..base import BuildPlan, Progress, TargetOptions, check, is_bool, is_name, is_opt_level, target_options
+from ..base import BuildPlan, TargetOptions, check, is_bool, is_name, is_opt_level, target_options
 from .artifact import Bundle
 from .bundle import compile_bundle, read_bundle
 from .codegen import target_machine
@@ -65,12 +65,12 @@ class PtxTarget:
                f"unpadded={options.unpadded}", f"fused_splitk={options.fused_splitk}"] + [r.text or r.name for r in krules]
         return BuildPlan(graph, options, f"{options.prefix}.cuvil", key, {"kernel_rules": krules})
 
-    def emit(self, plan: BuildPlan, path: str, manifest_extra: dict, progress: Progress) -> dict:
+    def emit(self, plan: BuildPlan, path: str, manifest_extra: dict) -> dict:
         o: PtxOptions = plan.options
         return compile_bundle(plan.graph, path, arch=o.arch, opt_level=o.opt_level, prefix=o.prefix, fma=o.fma,
                               kernel_rules=plan.extra["kernel_rules"], enable_fp16=o.enable_fp16,
                               register_pass=o.register_pass, unpadded=o.unpadded, fused_splitk=o.fused_splitk,
-                              manifest_extra=manifest_extra, progress=progress)
+                              manifest_extra=manifest_extra)
 
     def load(self, path: str, manifest: Optional[dict] = None, cached: bool = False) -> Bundle:
         return Bundle(path, read_bundle(path)[1] if manifest is None else manifest, cached=cached)

@@ -7,7 +7,7 @@ strides. Reductions accumulate with reassociation allowed (the order of a sum is
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 import llvmlite.binding as llvm
 import llvmlite.ir as ir
@@ -16,6 +16,7 @@ from ...errors import CuvilError
 from ...ir.dim import bounds, evaluate, product
 from ...kernels.schedule import Schedule, Stage
 from ...kernels.texpr import top_level
+from ...progress import stage
 from ..llvm.module import LLVMKernelModule, initialize_native
 from ..llvm.types import I64, PTR
 from .cpu import CpuDescription, describe_cpu, host_cpu, is_host_name
@@ -205,26 +206,45 @@ class KernelModule(LLVMKernelModule):
         em.b.ret_void()
         return (extent if shape else 1), max(1, int(4096 // max(inner_work, 1)))
 
-    def compile(self, opt: int) -> bytes:
-        try:
-            mod = llvm.parse_assembly(self.ir_text())
-            mod.verify()
-        except RuntimeError as e:
-            raise CuvilError(f"generated LLVM IR does not verify: {e}") from None
-        if opt > 0:
-            pto = llvm.create_pipeline_tuning_options(speed_level=min(opt, 3))
-            pto.loop_vectorization = opt >= 2
-            pto.slp_vectorization = opt >= 2
-            # Full unrolling of short constant loops runs before the loop vectoriser and would leave it
-            # nothing to vectorise; the vectoriser interleaves instead.
-            pto.loop_unrolling = False
-            pb = llvm.create_pass_builder(self.tm, pto)
-            pb.getModulePassManager().run(mod, pb)
-        return self.tm.emit_object(mod)
+    def compile_parts(self, opt: int, parts: Sequence[Tuple[str, Set[str]]], done=lambda name: None) -> List[bytes]:
+        """One object file per part (``(name, kernel symbols)``: a step's kernel, or a group kernel with the
+        pieces it calls), each parsed, optimised and emitted on its own so that progress can name each kernel
+        (``done(name)`` after each). No kernel calls outside its part, so LLVM sees what it would in one
+        module: every function is optimised alone (the group's pieces inlined into it as before). A defined
+        function that is no part's kernel is a helper: internal, copied into every part."""
+        kernels = [sym for _, syms in parts for sym in syms]
+        helpers = {f.name: f for f in self.module.functions if not f.is_declaration and f.name not in kernels}
+        shared = sorted(name for name, f in helpers.items() if f.linkage not in ("internal", "private"))
+        if len(set(kernels)) != len(kernels) or shared:
+            raise CuvilError(f"internal: kernel parts overlap or leave out external functions ({', '.join(shared)}); "
+                             f"report it")
+        objects = []
+        for name, syms in parts:
+            try:
+                mod = llvm.parse_assembly(self.part_text(set(syms) | set(helpers)))
+                mod.verify()
+            except RuntimeError as e:
+                raise CuvilError(f"generated LLVM IR of {name} does not verify: {e}") from None
+            if opt > 0:
+                pto = llvm.create_pipeline_tuning_options(speed_level=min(opt, 3))
+                pto.loop_vectorization = opt >= 2
+                pto.slp_vectorization = opt >= 2
+                # Full unrolling of short constant loops runs before the loop vectoriser and would leave it
+                # nothing to vectorise; the vectoriser interleaves instead.
+                pto.loop_unrolling = False
+                pb = llvm.create_pass_builder(self.tm, pto)
+                pb.getModulePassManager().run(mod, pb)
+            objects.append(self.tm.emit_object(mod))
+            done(name)
+        return objects
 
 
-def generate_object(sched: Schedule, prefix: str, cpu: Optional[str], opt: int) -> Tuple[bytes, List[Tuple[str, int, int]], dict]:
-    """The kernels of ``sched`` as an object file, and the (symbol, extent, grain) of each stage."""
+def generate_object(sched: Schedule, prefix: str, cpu: Optional[str], opt: int,
+                    variant: str = "") -> Tuple[List[bytes], List[Tuple[str, int, int]], dict]:
+    """The kernels of ``sched`` as object files (one per step), and the (symbol, extent, grain) of each
+    stage. Progress (:mod:`cuvil.progress`), kernel by kernel: the LLVM IR, then LLVM's optimisation and
+    code generation (``variant`` names the kernels' variant in those lines)."""
+    suffix = f" ({variant})" if variant else ""
     tm, triple, desc = host_target(cpu, opt)
     km = KernelModule(prefix, tm, triple)
     km.vector_bits = desc.vector_bits
@@ -233,31 +253,38 @@ def generate_object(sched: Schedule, prefix: str, cpu: Optional[str], opt: int) 
     km.symbol_slots = {s.name: k for k, s in enumerate(sched.symbols)}
     km.ranges, km.opt = sched.ranges, sched.opt_point
     steps, step_stages = [], []
+    functions: List[Tuple[str, Set[str]]] = []   # each step: its kernel and those it calls, one object each
     k = 0
-    while k < len(sched.stages):
-        run = _slice_run(sched.stages, k)
-        # a generic piece's unit is then the same block in every piece: the dims up to the region's axis
-        # are its parallel range (channel planes of a channel concatenation), the rest its loop nest. With
-        # rows as units instead (a piece's own choice below 64 channels), DenseNet-121's pieces ran 43% slower.
-        static = all(isinstance(d, int) for i in run for d in km.loop_shape(sched.stages[i]))
-        lead = sched.stages[k].region[0] + 1 if len(run) > 1 and static else None
-        parts = []
-        for i in run:
-            sym = f"{prefix}_kernel{i}"
-            extent, grain = km.add_stage(sched.stages[i], sym, lead=lead)
-            parts.append((i, sym, extent, grain))
-        for group in _groups(km, parts, sched.stages):
-            if len(group) == 1:
-                i, sym, extent, grain = group[0]
-            else:
-                i, sym = group[0][0], f"{prefix}_group{group[0][0]}"
-                km.add_group(sym, [(psym, e) for _, psym, e, _ in group])
-                extent, grain = sum(e for _, _, e, _ in group), group[0][3]
-            steps.append((sym, extent, grain, km.split.get(sym, CHUNKS_PER_THREAD)))
-            step_stages.append([g[0] for g in group])
-        k = run[-1] + 1
-    obj = km.compile(opt)
-    return obj, steps, {"triple": triple, "cpu": desc, "scratch_bytes": km.scratch_bytes,
+    with stage("llvm IR" + suffix, total=len(sched.stages), unit="kernels") as progress:
+        while k < len(sched.stages):
+            run = _slice_run(sched.stages, k)
+            # a generic piece's unit is then the same block in every piece: the dims up to the region's axis
+            # are its parallel range (channel planes of a channel concatenation), the rest its loop nest. With
+            # rows as units instead (a piece's own choice below 64 channels), DenseNet-121's pieces ran 43% slower.
+            static = all(isinstance(d, int) for i in run for d in km.loop_shape(sched.stages[i]))
+            lead = sched.stages[k].region[0] + 1 if len(run) > 1 and static else None
+            parts = []
+            for i in run:
+                sym = f"{prefix}_kernel{i}"
+                extent, grain = km.add_stage(sched.stages[i], sym, lead=lead)
+                parts.append((i, sym, extent, grain))
+                progress.advance(item=f"{sym}: {sched.stages[i].op} {sched.stages[i].name}")
+            for group in _groups(km, parts, sched.stages):
+                if len(group) == 1:
+                    i, sym, extent, grain = group[0]
+                else:
+                    i, sym = group[0][0], f"{prefix}_group{group[0][0]}"
+                    km.add_group(sym, [(psym, e) for _, psym, e, _ in group])
+                    extent, grain = sum(e for _, _, e, _ in group), group[0][3]
+                steps.append((sym, extent, grain, km.split.get(sym, CHUNKS_PER_THREAD)))
+                step_stages.append([g[0] for g in group])
+                first = sched.stages[group[0][0]]
+                label = f"{sym}: {first.op} {first.name}" + (f" (+{len(group) - 1} pieces)" if len(group) > 1 else "")
+                functions.append((label, {sym} | {psym for _, psym, _, _ in group}))
+            k = run[-1] + 1
+    with stage("llvm" + suffix, total=len(functions), unit="kernels", detail=f"O{opt}") as progress:
+        objects = km.compile_parts(opt, functions, lambda name: progress.advance(item=name))
+    return objects, steps, {"triple": triple, "cpu": desc, "scratch_bytes": km.scratch_bytes,
                         "gemm_symbols": km.gemm_symbols, "gemm_tiles": km.gemm_tiles, "window_kinds": km.window_kinds,
                         "step_stages": step_stages}
 

@@ -10,7 +10,7 @@ import json
 import os
 import tempfile
 import time
-from typing import Callable, Optional
+from typing import Optional
 
 import attrs
 
@@ -18,6 +18,7 @@ from ...errors import CuvilError
 from ...ir.graph import Graph
 from ...kernels.bounds import BoundsProver, Certificate, prove_schedule
 from ...kernels.schedule import Schedule, schedule
+from ...progress import stage
 from ...version import __version__
 from .codegen import generate_object
 from .cpu import C_CHECKED_FEATURES, cpu_label, describe_cpu
@@ -114,7 +115,7 @@ def _loop_jumps(sched, step_stages, descs) -> list:
 
 
 def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str] = None, prefix: str = "cuvil",
-                manifest_extra: Optional[dict] = None, progress: Optional[Callable[[str], None]] = None,
+                manifest_extra: Optional[dict] = None,
                 opt_graph: Optional[Graph] = None, max_arena_bytes: Optional[int] = None,
                 tuning: X86Tuning = DEFAULT_TUNING) -> dict:
     """Compile ``g`` into ``out_so``; writes the header and manifest beside it and returns the manifest.
@@ -124,34 +125,41 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
     the opt point. Every kernel's memory accesses are proved in bounds (:mod:`cuvil.kernels.bounds`) before
     code is generated; a kernel that cannot be proved runs guarded; the certificate is the manifest's
     ``memory_safety``. ``max_arena_bytes`` (default :data:`MAX_ARENA_BYTES`): a larger arena is refused.
-    ``tuning``: the register tiles offered and the tile choice's weights (:class:`X86Tuning`)."""
-    say = progress or (lambda msg: None)
+    ``tuning``: the register tiles offered and the tile choice's weights (:class:`X86Tuning`). Each stage,
+    the LLVM IR kernel by kernel, is reported through :mod:`cuvil.progress`."""
     t0 = time.perf_counter()
     out_so = os.path.abspath(out_so)
     base = os.path.splitext(out_so)[0]
-    say(f"scheduling {len(g.nodes)} nodes")
     target_cpu = describe_cpu(cpu)
     bits = target_cpu.vector_bits
-    sched = schedule(g, gemm_cols=tile_cols(bits), split_concat=True, gemm_tiles=tile_shapes(bits, tuning),
-                     row_kernels=True, channel_tile_cost=tuning.channel_tile_cost, run_time_sizes=True)
+    with stage("schedule", detail=f"{len(g.nodes)} nodes") as s:
+        sched = schedule(g, gemm_cols=tile_cols(bits), split_concat=True, gemm_tiles=tile_shapes(bits, tuning),
+                         row_kernels=True, channel_tile_cost=tuning.channel_tile_cost, run_time_sizes=True)
+        s.detail(f"{len(sched.stages)} kernels, arena {_bytes(sched.arena_bytes)}, "
+                 f"weights {_bytes(sched.weights_bytes)}")
     _check_arena(sched, arena_limit(max_arena_bytes))
     prover = BoundsProver(limits=sched.size_limits)
-    cert = prove_schedule(sched, "generic", prover)
+    with stage("memory safety", detail=f"{len(sched.stages)} kernels") as s:
+        cert = prove_schedule(sched, "generic", prover)
+        s.detail(cert.summary())
     _refuse_unproved(cert)
-    say(f"memory safety: {cert.summary()} ({cert.seconds:.2f} s)")
-    say(f"{len(sched.stages)} kernels, arena {sched.arena_bytes} B, weights {sched.weights_bytes} B; generating LLVM IR")
     obj, steps, target = generate_object(sched, prefix, cpu, opt_level)
     blob = sched.weights_blob()
     osched = osteps = otarget = oobj = oblob = None
     # sizes written at run time (NonZero's count) have no opt point to specialise for: generic kernels only
     if opt_graph is not None and sched.symbols and not sched.num_run_time_symbols:
-        say(f"specialising for the opt point {sched.opt_point}")
-        osched = schedule(opt_graph, gemm_cols=tile_cols(bits), split_concat=True,
-                          gemm_tiles=tile_shapes(bits, tuning), row_kernels=True,
-                          channel_tile_cost=tuning.channel_tile_cost)
-        cert.extend(prove_schedule(osched, "opt", prover))
+        point = ", ".join(f"{k}={v}" for k, v in sched.opt_point.items())
+        with stage("schedule (opt point)", detail=point) as s:
+            osched = schedule(opt_graph, gemm_cols=tile_cols(bits), split_concat=True,
+                              gemm_tiles=tile_shapes(bits, tuning), row_kernels=True,
+                              channel_tile_cost=tuning.channel_tile_cost)
+            s.detail(f"{point}: {len(osched.stages)} kernels")
+        with stage("memory safety (opt point)", detail=f"{len(osched.stages)} kernels") as s:
+            opt_cert = prove_schedule(osched, "opt", prover)
+            s.detail(opt_cert.summary())
+        cert.extend(opt_cert)
         _refuse_unproved(cert)
-        oobj, osteps, otarget = generate_object(osched, f"{prefix}_opt", cpu, opt_level)
+        oobj, osteps, otarget = generate_object(osched, f"{prefix}_opt", cpu, opt_level, variant="opt point")
         oblob = osched.weights_blob()
     t_codegen = time.perf_counter()
     weights_sym = f"{prefix}_weights" if sched.weights_bytes else None
@@ -172,9 +180,9 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
         isa_checks=[f for f in C_CHECKED_FEATURES if f in target_cpu.features])
     with tempfile.TemporaryDirectory(prefix="cuvil-build-") as tmp:
         objs = []
-        for name, data in (("kernels.o", obj), ("kernels_opt.o", oobj)):
-            if data is not None:
-                objs.append(os.path.join(tmp, name))
+        for name, parts in (("kernels", obj), ("kernels_opt", oobj or [])):
+            for k, data in enumerate(parts):
+                objs.append(os.path.join(tmp, f"{name}{k}.o"))
                 with open(objs[-1], "wb") as f:
                     f.write(data)
         weights_S = ""
@@ -185,8 +193,8 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
                     f.write(data)
                 weights_S += _weights_asm(sym, wbin, len(data))
         weights_S = weights_S + '\t.section .note.GNU-stack,"",@progbits\n' if weights_S else None
-        say("linking")
-        link_shared(out_so, objs, generate_model_c(info), weights_S, prefix)
+        with stage("link", detail=os.path.basename(out_so)):
+            link_shared(out_so, objs, generate_model_c(info), weights_S, prefix)
     deps = check_dependencies(out_so)
     bad = unexpected_dependencies(deps)
     if bad:

@@ -82,19 +82,13 @@ class CpuDescription:
         return vector_bits_of(self.features)
 
     def label(self) -> str:
-        """One line for reports and benchmark tables: ``AMD EPYC 9B45 (family 26 model 2 stepping 1)``, or for
+        """One line for reports and benchmark tables: ``AMD EPYC 9B45 (family 26, model 2, stepping 1)``, or for
         a named CPU ``znver4 (named)``."""
         if not self.is_host:
             return f"{self.llvm_name} (named)"
         ident = ", ".join(f"{k} {v}" for k, v in (("family", self.family), ("model", self.model),
                                                    ("stepping", self.stepping)) if v is not None)
         return (self.model_name or self.vendor or "unknown x86-64 CPU") + (f" ({ident})" if ident else "")
-
-    def to_json(self) -> dict:
-        return {"llvm_name": self.llvm_name, "is_host": self.is_host, "vendor": self.vendor,
-                "model_name": self.model_name, "family": self.family, "model": self.model,
-                "stepping": self.stepping, "vector_bits": self.vector_bits, "features": sorted(self.features),
-                "notes": list(self.notes)}
 
 
 # ------------------------------------------------------------------------------------------------ the host
@@ -118,7 +112,7 @@ def _read_cpuinfo(path: str = "/proc/cpuinfo") -> Dict[str, str]:
 
 def _int_or_none(text: Optional[str]) -> Optional[int]:
     try:
-        return int(text, 0) if text is not None else None
+        return int(text) if text is not None else None
     except ValueError:
         return None
 

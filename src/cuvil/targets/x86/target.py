@@ -10,12 +10,13 @@ import attrs
 
 from ...errors import CuvilError
 from ...ir.graph import Graph
+from ...progress import stage
 from ...rewrite_rules.engine import RewriteReport
 from ...rewrite_rules.proved_rewrite import applied_rules, proved_rewrite
 from ...rewrite_rules.specialize import specialize_graph
 from ...rewrite_rules.verdicts import builtin_rules
 from .. import X86_TARGET
-from ..base import BuildPlan, Progress, TargetOptions, check, is_bool, is_opt_level, target_options
+from ..base import BuildPlan, TargetOptions, check, is_bool, is_opt_level, target_options
 from .artifact import Artifact, sidecars
 from .choose import accepter
 from .codegen import cpu_identity
@@ -87,18 +88,20 @@ class X86Target:
                f"tuning={options.tuning!r}"] + [r.text for r in builtin_rules() if r.on == "x86" and choose]
         return BuildPlan(graph, options, f"lib{options.prefix}.so", key, {"choose": choose, "profiles": profiles})
 
-    def emit(self, plan: BuildPlan, path: str, manifest_extra: dict, progress: Progress) -> dict:
+    def emit(self, plan: BuildPlan, path: str, manifest_extra: dict) -> dict:
         o: X86Options = plan.options
         g = plan.graph
         extra = dict(manifest_extra)
         if plan.extra["choose"]:
-            g, report = choose_algorithms(g, o.cpu, o.tuning)
+            with stage("choose algorithms", detail="Winograd convolutions where the cost model accepts them") as s:
+                g, report = choose_algorithms(g, o.cpu, o.tuning)
+                s.detail(f"{sum(report.applied.values())} rewrites")
             extra["rules_applied"] = {**extra.get("rules_applied", {}), **applied_rules(report)}
         opt_graph = None
         if o.opt_kernels and g.symbols:
             opt_graph, _ = specialize_graph(g, {k: v[1] for k, v in plan.extra["profiles"].items()})
         return compile_x86(g, path, opt_level=o.opt_level, cpu=o.cpu, prefix=o.prefix, manifest_extra=extra,
-                           progress=progress, opt_graph=opt_graph, max_arena_bytes=o.max_arena_bytes,
+                           opt_graph=opt_graph, max_arena_bytes=o.max_arena_bytes,
                            tuning=o.tuning)
 
     def load(self, path: str, manifest: Optional[dict] = None, cached: bool = False) -> Artifact:
