@@ -8,8 +8,8 @@ The convention (README.md's "Documentation that runs" section says it once for w
   checkout (PYTHONPATH=src) and ``python3``/``python``/``pytest`` are this interpreter. ``python``: exec'd
   in one namespace per document, so later blocks see earlier names.
 - A ``text`` block after a run block (the next block of the page; prose may come between) lists lines that
-  block prints (stdout and stderr): each must appear, ``...`` inside a line matching anything. Other languages (console, yaml, json, c, rule) and bare
-  blocks are not run.
+  block prints (stdout and stderr): each must appear, ``...`` inside a line matching anything. Other
+  languages (console, yaml, json, c, rule) and bare blocks are not run.
 - An HTML comment right before a block's fence marks it: ``<!-- needs: gpu, torch, ptxas, cc, slow,
   install, edits-checkout -->`` (skipped, with that reason, only when the need is absent; ``slow`` runs with
   CUVIL_DOCS_SLOW=1, ``install`` with CUVIL_DOCS_INSTALL=1, ``edits-checkout`` never: it would rewrite the
