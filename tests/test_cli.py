@@ -16,6 +16,7 @@ from cuvil.cli import build_parser
 from cuvil.cli import main as cli_main
 from cuvil.cli.flags import opt_level, resolve_target
 from cuvil.targets.ptx.archs import GPU_ARCHS, check_arch
+from cuvil.targets.ptx.libdevice import find_libdevice
 
 DEMO = os.path.join(os.path.dirname(cuvil.__file__), "data", "demo_cnn.onnx")
 SRC = os.path.dirname(os.path.dirname(cuvil.__file__))
@@ -167,6 +168,20 @@ def test_bench_shape_alias_works_for_an_onnx(ocr_like, capsys):
     assert "inputs     x: float32[1, 3, 48, 320]" in capsys.readouterr().out
 
 
+def test_bench_errors_spell_the_flag_the_user_gave(demo_lib, capsys):
+    lib, _ = demo_lib
+    for flag in ("--shape", "--input-shape"):
+        assert cli_main(["bench", lib, flag, "image=2x3x8x8", *BENCH_FAST]) == 2
+        assert_next_step(errors_of(capsys), f"{flag} image=2x3x8x8 does not fit the library's input image",
+                         "next: --input-shape image=2x3x16x16")
+    for flag in ("--shape", "--fix"):
+        assert cli_main(["bench", DEMO, flag, "M=3", *BENCH_FAST]) == 2
+        assert f"{flag} M=3: the model has no symbol 'M'" in errors_of(capsys)
+    assert cli_main(["bench", lib, "--shape-profile", "N=1:2:4", *BENCH_FAST]) == 2
+    assert_next_step(errors_of(capsys), "a compiled library's profile was set when it was compiled",
+                     "next: give one size to time: --fix N=SIZE, or bench the .onnx with --shape-profile")
+
+
 def test_inspect_and_verify_take_the_shape_flags(demo_lib, capsys):
     assert cli_main(["inspect", DEMO, "--fix", "N=2"]) == 0
     assert "fixed  N = 2" in capsys.readouterr().out
@@ -186,6 +201,10 @@ def test_quiet_wins_over_progress_and_progress_shows_without_a_terminal(tmp_path
     assert cli_main(["compile", DEMO, "-o", lib, "--fix", "N=2", "--progress", "-q"]) == 0
     assert capsys.readouterr().err == ""
     assert cli_main(["compile", DEMO, "-o", lib, "--fix", "N=2"]) == 0   # stderr is no terminal here
+    assert capsys.readouterr().err == ""
+    assert cli_main(["bench", lib, *BENCH_FAST, "--progress"]) == 0
+    assert capsys.readouterr().err.strip()
+    assert cli_main(["bench", DEMO, *BENCH_FAST, "--progress", "-q"]) == 0
     assert capsys.readouterr().err == ""
 
 
@@ -212,6 +231,17 @@ def test_target_aliases():
     (["bench", DEMO, "--threads", "-1"], ["--threads must be >= 0", "next: --threads 0 (all cores)"]),
     (["bench", DEMO, "--runs", "3", "--duration", "1s"], ["not both", "next: drop one"]),
     (["verify", DEMO, "--examples", "0"], ["at least one example", "next: --examples 50"]),
+    # a bad --cpu, and malformed shape flags, are refused before the model is read (it does not exist here)
+    (["compile", "nope.onnx", "-o", "x.so", "--cpu", "zen5"], ["unknown CPU 'zen5' (--cpu)", "znver5", "next: --cpu "]),
+    (["compile", "nope.onnx", "-o", "x.so", "--fix", "N"], ["--fix takes NAME=INT", "next: --fix N=8"]),
+    (["inspect", "nope.onnx", "--shape-profile", "N=1:x"], ["--shape-profile takes NAME=MIN:OPT:MAX",
+                                                           "next: --shape-profile N=1:8:64"]),
+    (["inspect", "nope.onnx", "--shape-profile", "N=8:1:4"], ["need 1 <= MIN <= OPT <= MAX",
+                                                             "next: --shape-profile N=1:1:8"]),
+    (["verify", "nope.onnx", "--input-shape", "x=1x2:3"], ["--input-shape takes INPUT=D0xD1x",
+                                                          "next: --input-shape x=1x3x640x640 (one shape)"]),
+    (["bench", "nope.onnx", "--input-shape", "x=1x2", "--input-shape", "x=1x2"], ["the input is given twice",
+                                                                                 "next: give --input-shape x=... once"]),
     (["verify", DEMO, "--artifact", "nowhere/libm.so"], ["nowhere/libm.so: no such file",
                                                          f"next: compile it first: cuvil compile {DEMO} -o nowhere/libm.so"]),
 ])
@@ -282,6 +312,21 @@ def test_run_names_a_symbolic_dim_and_offers_a_shape_the_library_serves(tmp_path
     assert_next_step(errors_of(capsys), "outside the profile N in [1, 8]", "next: ")
     assert cli_main(["run", lib, "--input-shape", "image=5x3x16x16"]) == 0
     assert capsys.readouterr().out.startswith("probs: float32[5, 10] = ")
+
+
+def test_run_takes_a_gpu_bundle_through_cuvil_load(tmp_path, capsys):
+    if find_libdevice() is None:
+        pytest.skip("libdevice.10.bc not found: no GPU bundle can be compiled here")
+    bundle = str(tmp_path / "demo.cuvil")
+    assert cli_main(["compile", DEMO, "-o", bundle, "--target", "cuda", "--fix", "N=2", "-q"]) == 0
+    capsys.readouterr()
+    rc = cli_main(["run", bundle, "--input-shape", "image=2x3x16x16"])
+    if rc == 0:   # a machine with a GPU: the same interface and output as the x86 library
+        assert capsys.readouterr().out.startswith("probs: float32[2, 10] = ")
+    else:
+        assert rc == 2
+        assert_next_step(errors_of(capsys), f"{bundle}: no CUDA driver/GPU", "next: run the bundle where an NVIDIA GPU",
+                         "cuvil compile MODEL -o build/libNAME.so")
 
 
 def test_a_closed_pipe_ends_quietly():

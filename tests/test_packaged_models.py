@@ -19,6 +19,7 @@ import onnx
 import pytest
 
 from cuvil import Pipeline
+from cuvil.cli import main as cli_main
 from cuvil.errors import UnsupportedOpError
 from cuvil.ir.registry import lookup
 from cuvil.testing.oracles import max_rel_error, ort_session
@@ -207,3 +208,19 @@ def test_silero_vad_both_sample_rates(rate, chunk):
         feeds = {"input": (0.2 * rng.standard_normal((2, chunk))).astype(np.float32), "state": state}
         got, _ = check(model, art, feeds, oracle_feeds={"sr": np.array(rate, np.int64)})
         state = got["stateN"]
+
+
+def test_ocr_detector_profile_error_names_the_multiple_it_needs(tmp_path, capsys):
+    # issue 27: the refusal was 4.3 kB of nested expressions advising a --shape-profile that cannot work; it is
+    # one line naming the model's own symbols, and the --input-shape it suggests proves (inspect --shapes)
+    path = tmp_path / "det.onnx"
+    path.write_bytes(fetched("ocr_det").SerializeToString())
+    assert cli_main(["inspect", str(path), "--input-shape", "x=1x3x32x32:1x3x640x640:1x3x960x960"]) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines()[0] == ("cuvil: error: the graph's shape conditions fail inside the profile: "
+                                   "p2o.DynamicDimension.1 (x axis 2) and p2o.DynamicDimension.2 (x axis 3) must be "
+                                   "multiples of 32")
+    suggested = "x=1x3x32x32:1x3x640x640:1x3x960x960/1x1x32x32"
+    assert f"next: give multiples: --input-shape {suggested} " in err and len(err) < 1500, err
+    assert cli_main(["inspect", str(path), "--shapes", "--input-shape", suggested]) == 0
+    assert "violated somewhere in range: 0" in capsys.readouterr().out

@@ -65,7 +65,7 @@ def test_a_keyword_of_the_other_target_is_named():
 
 def test_compile_takes_options_or_keywords_not_both():
     p = Pipeline.from_onnx(DEMO)
-    with pytest.raises(CuvilError, match="either as options= or as keywords"):
+    with pytest.raises(CuvilError, match="are given both as options= and as keywords"):
         p.compile(options=X86Options(), winograd=False)
     with pytest.raises(CuvilError, match=r"options=PtxOptions\(...\) are not options of x86_64-linux-gnu"):
         p.compile(X86_TARGET, options=PtxOptions())

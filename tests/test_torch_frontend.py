@@ -103,7 +103,7 @@ def test_torchscript_file_needs_its_input_shapes(tmp_path):
     import torch
     path = tmp_path / "net.pt"
     torch.jit.save(torch.jit.trace(_net(), torch.randn(1, 3, 16, 16)), str(path))
-    with pytest.raises(CuvilError, match=r"stores no input shapes.*--input-shape.*missing: x"):
+    with pytest.raises(CuvilError, match=r"(?s)stores no input shapes; missing: x.*next: .*--input-shape"):
         Pipeline.from_file(path)
 
 
@@ -112,7 +112,7 @@ def test_a_state_dict_is_not_a_model(tmp_path):
     import torch
     path = tmp_path / "weights.pt"
     torch.save(_net().state_dict(), str(path))
-    with pytest.raises(ModelLoadError, match="not a TorchScript file.*torch.jit.save"):
+    with pytest.raises(ModelLoadError, match="(?s)not a TorchScript file.*torch.jit.save"):
         Pipeline.from_file(path, input_shapes={"x": (1, 3, 16, 16)})
 
 

@@ -47,9 +47,11 @@ def load(path: Union[str, os.PathLike], num_threads: int = 0, fallback: Union[st
                           stacklevel=2)
             return load(fallback, num_threads=num_threads)
     if gpu:
-        raise CuvilError(f"{path}: {', '.join(sorted(gpu))} apply to GPU bundles (NAME.cuvil/) only")
+        raise CuvilError(f"{path}: {', '.join(sorted(gpu))} apply to GPU bundles (NAME.cuvil/) only",
+                         hint=f"leave {', '.join(sorted(gpu))} out for an x86 library")
     if not os.path.isfile(path):
-        raise CuvilError(f"{path}: no such file")
+        raise CuvilError(f"{path}: no such file", hint="give a compiled libNAME.so or NAME.cuvil bundle (cuvil "
+                         "compile MODEL -o libNAME.so writes one)")
     return _load_so(path, num_threads=num_threads)
 
 
@@ -119,8 +121,8 @@ def cache_entry(key: str, name: str) -> Iterator[str]:
         except OSError as e:
             shutil.rmtree(tmp, ignore_errors=True)
             if not os.path.isdir(dest):   # not another process that built it meanwhile: a real failure
-                raise CuvilError(f"cannot store the build in the artifact cache {root}: {e}; set CUVIL_CACHE_DIR "
-                                 "to a writable directory, or compile with cache=False") from None
+                raise CuvilError(f"cannot store the build in the artifact cache {root}: {e}",
+                                 hint="set CUVIL_CACHE_DIR to a writable directory, or compile with cache=False") from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

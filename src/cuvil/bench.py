@@ -69,6 +69,8 @@ COLD_TIMEOUT_S = 600
 class ConfigError(CuvilError):
     """A malformed or invalid SLA config; the message starts with ``file:line:``."""
 
+    default_hint = "fix that line of the config (bench/sla.yaml shows every key and SLA)"
+
 
 # -- durations and the config file -------------------------------------------------------------------
 
@@ -240,7 +242,7 @@ def parse_opt_level(value) -> int:
     s = str(value).upper()
     level = {"O0": 0, "O1": 1, "O2": 2, "O3": 3, "0": 0, "1": 1, "2": 2, "3": 3}.get(s)
     if level is None or isinstance(value, bool):
-        raise CuvilError(f"opt level must be O0, O1, O2 or O3, got {value!r}")
+        raise CuvilError(f"opt level must be O0, O1, O2 or O3, got {value!r}", hint="give -O O3 (or 0..3)")
     return level
 
 
@@ -251,7 +253,8 @@ def parse_shapes(items) -> dict[str, Any]:
         name, _, spec = item.partition("=")
         parts = spec.lower().split("x") if spec else []
         if not name or not parts or not all(p.isdigit() for p in parts):
-            raise CuvilError(f"--shape takes NAME=DIM (a symbol) or INPUT=D0xD1x... (an input's shape), got {item!r}")
+            raise CuvilError(f"--shape {item!r} is neither NAME=DIM nor INPUT=D0xD1x...",
+                             hint="give --fix NAME=DIM (a symbol) or --input-shape INPUT=D0xD1x... (an input's shape)")
         out[name] = int(parts[0]) if len(parts) == 1 else tuple(int(p) for p in parts)
     return out
 
@@ -312,17 +315,22 @@ def is_profile(spec) -> bool:
     return isinstance(spec, tuple) and bool(spec) and isinstance(spec[0], tuple)
 
 
-def _input_shapes(model, manifest: dict, shapes: dict[str, Any]) -> list[tuple]:
-    """Concrete shapes of a loaded library's inputs; symbolic dims from ``--shape``, else the opt value of
-    the library's profile."""
+def _input_shapes(model, manifest: dict, shapes: dict[str, Any], spelled: dict[str, str] | None = None) -> list[tuple]:
+    """Concrete shapes of a loaded library's inputs; symbolic dims from ``--fix``/``--input-shape`` (or their
+    old spelling ``--shape``), else the opt value of the library's profile. ``spelled``: the flag that gave
+    each name, for errors."""
+    spelled = spelled or {}
     declared = {d.get("name"): d.get("shape") for d in manifest.get("inputs", []) if isinstance(d, dict)}
     out = []
     for spec in model.inputs:
         given = shapes.get(spec.name)
         if isinstance(given, tuple):
             if len(given) != spec.ndim or any(v is not None and v != g for v, g in zip(spec.shape, given)):
-                raise CuvilError(f"--shape {spec.name}={'x'.join(map(str, given))} does not fit the library's "
-                                 f"input {spec.name}: {list(spec.shape)}")
+                fit = "x".join(str(v if v is not None else g) for v, g in zip(spec.shape, given)) \
+                    if len(given) == spec.ndim else "x".join(str(v or "D") for v in spec.shape)
+                raise CuvilError(f"{spelled.get(spec.name, '--input-shape')} {spec.name}={'x'.join(map(str, given))} "
+                                 f"does not fit the library's input {spec.name}: {list(spec.shape)}",
+                                 hint=f"give --input-shape {spec.name}={fit}")
             out.append(given)
             continue
         dims = []
@@ -338,9 +346,9 @@ def _input_shapes(model, manifest: dict, shapes: dict[str, Any]) -> list[tuple]:
             elif isinstance(profile, dict) and isinstance(profile.get("opt"), int):
                 dims.append(profile["opt"])   # the library's opt point unless --shape says otherwise
             else:
-                hint = f"--shape {sym}=DIM or " if isinstance(sym, str) else ""
-                raise CuvilError(f"input {spec.name!r} has a symbolic dim {k} ({sym or '?'}); give its size with "
-                                 f"{hint}--shape {spec.name}=" + "x".join(str(d or "D") for d in spec.shape))
+                raise CuvilError(f"input {spec.name!r} has a symbolic dim {k} ({sym or '?'}) and no size to time",
+                                 hint=(f"--fix {sym}=DIM or " if isinstance(sym, str) else "") + f"--input-shape "
+                                      f"{spec.name}=" + "x".join(str(d or "D") for d in spec.shape))
         out.append(tuple(dims))
     return out
 
@@ -352,7 +360,8 @@ def random_inputs(model, shapes: list[tuple], seed: int = 0) -> list[np.ndarray]
     for spec, shape in zip(model.inputs, shapes):
         dt = spec.dtype
         if dt is None:
-            raise CuvilError(f"input {spec.name!r} has dtype code {spec.code}, which numpy cannot hold")
+            raise CuvilError(f"input {spec.name!r} has dtype code {spec.code}, which numpy cannot hold",
+                             hint="time it from C (examples/c), or export the model with a numeric input type")
         if dt.kind == "f":
             a = rng.standard_normal(shape).astype(dt)
         elif dt.kind == "c":
@@ -362,7 +371,8 @@ def random_inputs(model, shapes: list[tuple], seed: int = 0) -> list[np.ndarray]
         elif dt.kind in "iu":
             a = rng.integers(0, 4, size=shape).astype(dt)
         else:
-            raise CuvilError(f"input {spec.name!r}: cannot make random data of dtype {dt}")
+            raise CuvilError(f"input {spec.name!r}: cannot make random data of dtype {dt}",
+                             hint="time it from C (examples/c) with your own data")
         arrays.append(np.ascontiguousarray(a))
     return arrays
 
@@ -371,21 +381,22 @@ def prepare_library(opts: BenchOptions) -> dict[str, Any]:
     """Compiles ``opts.model`` (an .onnx) or checks the .so; returns {"library", "onnx", "compiled": {...}}."""
     path = opts.model
     if not os.path.isfile(path):
-        raise CuvilError(f"{path}: no such file")
+        raise CuvilError(f"{path}: no such file", hint="give an .onnx model or a compiled libNAME.so")
     if path.endswith(".so"):
         onnx_path = opts.onnx
         if opts.vs and not onnx_path:
-            raise CuvilError(f"--vs {opts.vs} with a compiled library needs the ONNX model it came from: --onnx MODEL.onnx")
+            raise CuvilError(f"--vs {opts.vs} with a compiled library needs the ONNX model it came from",
+                             hint="add --onnx MODEL.onnx")
         if onnx_path and not os.path.isfile(onnx_path):
-            raise CuvilError(f"{onnx_path}: no such file")
+            raise CuvilError(f"{onnx_path}: no such file", hint="give --onnx the model the library was compiled from")
         if opts.shape_profiles:
             name = next(iter(opts.shape_profiles))
             raise CuvilError(f"--shape-profile {name}: a compiled library's profile was set when it was compiled",
-                             hint=f"give the size to time: --fix {name}=N, or bench the .onnx with --shape-profile")
+                             hint=f"give one size to time: --fix {name}=SIZE, or bench the .onnx with --shape-profile")
         for name, spec in opts.shapes.items():
             if is_profile(spec):
                 raise CuvilError(f"--input-shape {name}=MIN:OPT:MAX: a compiled library's profile was set when it "
-                                 f"was compiled; give the one shape to time, --input-shape {name}="
+                                 f"was compiled", hint=f"give the one shape to time: --input-shape {name}="
                                  + "x".join(map(str, spec[1])))
         return {"library": os.path.abspath(path), "onnx": onnx_path, "compiled": None}
     t0 = time.perf_counter()
@@ -408,7 +419,7 @@ def prepare_library(opts: BenchOptions) -> dict[str, Any]:
     defaulted = sorted(set(spec) - given)
     if defaulted:
         opts.log("symbolic dims set to their opt/min value: " + ", ".join(f"{k}={spec[k]}" for k in defaulted)
-                 + " (choose with --shape NAME=DIM or --input-shape INPUT=D0xD1x...)")
+                 + " (choose with --fix NAME=DIM or --input-shape INPUT=D0xD1x...)")
     return {"library": art.path, "onnx": opts.onnx or path,
             "compiled": {"cached": art.cached, "seconds": secs, "opt_level": opts.opt_level,
                          "compile_seconds": art.manifest.get("compile_seconds"), "specialized": spec,
@@ -431,7 +442,8 @@ def _ort_session(onnx_path: str, threads: int):
     try:
         import onnxruntime as ort
     except ImportError:
-        raise CuvilError("--vs onnxruntime needs onnxruntime: pip install onnxruntime (or 'cuvil[bench]')") from None
+        raise CuvilError("--vs onnxruntime needs onnxruntime, which is not installed",
+                         hint="pip install onnxruntime (or pip install 'cuvil[bench]')") from None
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
@@ -446,7 +458,8 @@ def _ort_names(sess, names: list[str]) -> list[str]:
         return list(names)
     if len(want) == len(names):  # renamed inputs: match by position
         return want
-    raise CuvilError(f"onnxruntime's model has inputs {want}, the library {names}")
+    raise CuvilError(f"onnxruntime's model has inputs {want}, the library {names}",
+                     hint="give --onnx the model this library was compiled from")
 
 
 def compare_outputs(names: list[str], got: list[np.ndarray], ort_names: list[str], want: list[np.ndarray],
@@ -692,10 +705,12 @@ def _subprocess_json(code: str, args: list[str], what: str) -> dict[str, Any]:
         r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env,
                            timeout=COLD_TIMEOUT_S, check=False)
     except subprocess.TimeoutExpired:
-        raise CuvilError(f"cold-start measurement of {what} took over {COLD_TIMEOUT_S} s") from None
+        raise CuvilError(f"cold-start measurement of {what} took over {COLD_TIMEOUT_S} s",
+                         hint="leave it out (--cold-runs 0), or time a smaller model") from None
     if r.returncode != 0:
         tail = (r.stderr or r.stdout).strip().splitlines()[-1:] or ["no output"]
-        raise CuvilError(f"cold-start measurement of {what} failed (exit {r.returncode}): {tail[0]}")
+        raise CuvilError(f"cold-start measurement of {what} failed (exit {r.returncode}): {tail[0]}",
+                         hint="leave it out (--cold-runs 0); the error above is the child process's")
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
@@ -738,17 +753,17 @@ def run_benchmark(opts: BenchOptions) -> dict[str, Any]:
 
 def _run_benchmark(opts: BenchOptions) -> dict[str, Any]:
     if opts.vs not in (None, "onnxruntime"):
-        raise CuvilError(f"--vs takes onnxruntime, got {opts.vs!r}")
+        raise CuvilError(f"--vs takes onnxruntime, got {opts.vs!r}", hint="give --vs onnxruntime, or leave it out")
     if opts.concurrency < 1:
-        raise CuvilError(f"--concurrency must be >= 1, got {opts.concurrency}")
+        raise CuvilError(f"--concurrency must be >= 1, got {opts.concurrency}", hint="give --concurrency 1 or more")
     if opts.duration is None and (opts.runs is None or opts.runs < 1):
-        raise CuvilError(f"--runs must be >= 1, got {opts.runs}")
+        raise CuvilError(f"--runs must be >= 1, got {opts.runs}", hint="give --runs 1 or more, or --duration 10s")
     prep = prepare_library(opts)
     lib, onnx_path = prep["library"], prep["onnx"]
     threads = _resolve_threads(opts.threads)
     manifest = _manifest(lib)
     probe = load(lib, num_threads=threads)
-    shapes = _input_shapes(probe, manifest, {k: v for k, v in opts.shapes.items() if not is_profile(v)})
+    shapes = _input_shapes(probe, manifest, {k: v for k, v in opts.shapes.items() if not is_profile(v)}, opts.spelled)
     arrays = random_inputs(probe, shapes, opts.seed)
     names = [d.name for d in probe.inputs]
     out_names = [d.name for d in probe.outputs]
@@ -771,7 +786,8 @@ def _run_benchmark(opts: BenchOptions) -> dict[str, Any]:
         try:
             got = probe.run(*arrays)
         except CuvilError as e:
-            raise CuvilError(f"the library fails on the benchmark inputs: {e}") from None
+            raise CuvilError(f"the library fails on the benchmark inputs: {getattr(e, 'message', e)}",
+                             hint=getattr(e, "hint", None) or "run it alone: cuvil run LIB --input-shape ...") from None
         want = sess.run(None, feeds)
         agreement = compare_outputs(out_names, got, [o.name for o in sess.get_outputs()], want, opts.rtol)
         del sess
@@ -834,11 +850,11 @@ def sla_requirements(slas: dict[str, float], vs: str | None, cold_runs: int) -> 
     """Usage errors for SLAs the requested run cannot measure."""
     for name in slas:
         if name not in SLA_KEYS:
-            raise CuvilError(f"unknown SLA {name!r} (known: {', '.join(SLA_KEYS)})")
+            raise CuvilError(f"unknown SLA {name!r}", hint=f"name one of {', '.join(SLA_KEYS)}")
         if name in _NEEDS_VS and not vs:
-            raise CuvilError(f"the SLA {name} compares with onnxruntime: add --vs onnxruntime")
+            raise CuvilError(f"the SLA {name} compares with onnxruntime", hint="add --vs onnxruntime")
         if name in _NEEDS_COLD and cold_runs < 1:
-            raise CuvilError(f"the SLA {name} needs the cold-start measurement (--cold-runs >= 1)")
+            raise CuvilError(f"the SLA {name} needs the cold-start measurement", hint="give --cold-runs 1 or more")
 
 
 def _fmt(x, digits=3) -> str:
@@ -946,8 +962,8 @@ def require_matplotlib():
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise CuvilError("--plot needs matplotlib, which is not installed: pip install matplotlib "
-                         "(or pip install 'cuvil[plot]')") from None
+        raise CuvilError("--plot needs matplotlib, which is not installed",
+                         hint="pip install matplotlib (or pip install 'cuvil[plot]')") from None
     return plt
 
 

@@ -15,13 +15,16 @@ from .artifact import cache_entry, cache_key, cached_path
 from .dsl.parser import load_rules
 from .errors import CuvilError, ShapeError
 from .frontend import export_model, import_model, load_model
+from .frontend.survey import ModelSurvey, survey_model
 from .frontend.torch_import import (TORCH_SUFFIXES, dim_ranges, export_exported_program, export_module,
                                     export_torchscript)
 from .ir.constraints import check_constraints
-from .ir.dim import SymExpr, Symbol, bounds, evaluate
+from .ir.dim import SymExpr, Symbol, bounds, evaluate, free_symbols
 from .ir.graph import Graph
 from .ir.hash import structural_hash
 from .ir.printer import print_graph
+from .ir.shape_advice import (ShapeAdvice, advise, narrowed_maxima, required_multiples, satisfying_point,
+                              symbol_text)
 from .ir.shape_binding import bind_input_shapes, lookup_symbol, profile_symbol, split_options
 from .ir.stats import GraphStats, graph_stats
 from .progress import enabled as progress_enabled
@@ -58,6 +61,12 @@ def _derived_dims(g: Graph) -> Dict[str, list]:
     return derived
 
 
+def _and(items) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    items = list(items)
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
 class Pipeline:
     """A model on its way through Cuvil. Each stage returns a new Pipeline; the source is left as it was.
 
@@ -91,6 +100,13 @@ class Pipeline:
         sha = hashlib.sha256(model.SerializeToString()).hexdigest()
         return cls(graph, initializer_elements=sum(int(np.prod(t.dims)) for t in model.graph.initializer),
                    source_sha256=sha)
+
+    @staticmethod
+    def survey(source: ModelSource) -> ModelSurvey:
+        """What an ONNX model declares (inputs, outputs, op histogram, parameters) and every op in it Cuvil
+        cannot import, read without importing it: works on a model :meth:`from_onnx` refuses
+        (:class:`cuvil.frontend.survey.ModelSurvey`; ``cuvil inspect`` shows it)."""
+        return survey_model(load_model(source))
 
     @classmethod
     def from_torch(cls, module, example_inputs, dynamic_shapes=None, *, input_names=None,
@@ -171,7 +187,8 @@ class Pipeline:
         other rule. Only the x86 target has algorithm choices (:func:`cuvil.targets.x86.target.choose_algorithms`)."""
         if target != X86_TARGET:
             get_target(target)   # an unknown target is named as such
-            raise CuvilError(f"{target} has no algorithm choices; {X86_TARGET} has (Winograd convolutions)")
+            raise CuvilError(f"{target} has no algorithm choices", hint=f"choose_algorithms({X86_TARGET!r}) has "
+                             f"(Winograd convolutions); compile for {target} without this step")
         g, report = choose_algorithms(self._graph, cpu, tuning or DEFAULT_TUNING)
         return self._derive(g, report)
 
@@ -195,8 +212,34 @@ class Pipeline:
         fixed = {k: v for k, v in fixed.items() if k != v}   # state.1 = input.0 where they are one already
         if not fixed:
             return self
-        g, report = specialize_graph(self._graph, fixed)
+        try:
+            g, report = specialize_graph(self._graph, fixed)
+        except ShapeError as e:
+            raise self._fixed_values_hint(e, fixed) from None
         return self._derive(g, report)
+
+    def _fixed_values_hint(self, err: ShapeError, fixed: Mapping[str, object]) -> ShapeError:
+        """``err`` (values that break a shape condition), with the nearest values of the multiples the graph
+        needs as its next step, checked by specialising to them, where a multiple is what they miss."""
+        if err.hint is not None:
+            return err
+        g = self._graph
+        bad = check_constraints(g)
+        mult = required_multiples(g, bad) if bad else None
+        off = {n: m for n, m in (mult or {}).items() if isinstance(fixed.get(n), int) and fixed[n] % m}
+        if not off:
+            return err
+        point = {n: v for n, v in fixed.items() if isinstance(v, int)}
+        point.update({n: max(m, round(point[n] / m) * m) for n, m in off.items()})
+        advice = advise(g, point=point)
+        try:
+            ok = advice is not None and not self.specialize(point).check_shapes()
+        except CuvilError:
+            ok = False
+        if ok:
+            err.hint = ("; ".join(f"{symbol_text(g, n)} must be a multiple of {m}" for n, m in off.items())
+                        + ": " + " ".join(advice.flags))
+        return err
 
     def _by_symbol(self, values: Mapping[str, object], flag: str) -> Dict[str, object]:
         """``values`` keyed by the symbols' own names (a user may spell ``batch size`` for ``batch_size``)."""
@@ -204,7 +247,8 @@ class Pipeline:
         for name, val in values.items():
             sym = lookup_symbol(self._graph, name, f"{flag} {name}")
             if sym.name in out and out[sym.name] != val:
-                raise ShapeError(f"{flag}: symbol {sym.name} is given twice, {out[sym.name]} and {val}")
+                raise ShapeError(f"{flag}: symbol {sym.name} is given twice, {out[sym.name]} and {val}",
+                                 hint=f"give {flag} {sym.name} once")
             out[sym.name] = val
         return out
 
@@ -232,10 +276,82 @@ class Pipeline:
         with stage("shape conditions", detail=f"symbols {', '.join(g.symbols)}") if check else contextlib.nullcontext():
             bad = out.check_shapes() if check else ()
         if bad:
-            raise ShapeError("the graph's shape conditions fail inside the profile:\n  " + "\n  ".join(map(str, bad))
-                             + "\nnarrow the ranges of the symbols named there, fix one of them (--fix, or one "
-                             "--input-shape for its input), or give dims that must be equal one dim_param in the model")
+            raise out.shape_conditions_error(bad)
         return out
+
+    def shape_conditions_error(self, bad) -> ShapeError:
+        """The error for shape conditions that fail inside the symbols' ranges: which symbols, the failing
+        nodes with counterexamples, and a next step the solver found and checked (the multiples the graph
+        needs, two symbols to make one, or values where every condition holds)."""
+        g = self._graph
+        names = sorted({n for v in bad for c in (v.constraint,) for n in free_symbols(c.a) | free_symbols(c.b)})
+        who = _and(symbol_text(g, n) for n in names)
+        need, hint = "", None
+        alias = self._alias_advice(bad)
+        if alias is not None:
+            need = f"{symbol_text(g, alias[0])} and {symbol_text(g, alias[1])} must be equal"
+            hint = f"make them one symbol: --fix {alias[0]}={alias[1]} (Pipeline: fixed={{{alias[0]!r}: {alias[1]!r}}})"
+        mult = required_multiples(g, bad) if hint is None else None
+        if mult:
+            advice = advise(g, mult)
+            if advice is not None and self._advice_holds(advice):
+                groups: Dict[int, list] = {}
+                for n in names:
+                    groups.setdefault(mult.get(n, 1), []).append(n)
+                need = "; ".join(_and(symbol_text(g, n) for n in ns) + " must be "
+                                 + ("multiples" if len(ns) > 1 else "a multiple") + f" of {m}"
+                                 for m, ns in sorted(groups.items()) if m > 1)
+                hint = ("give multiples: " + " ".join(advice.flags) + " (Pipeline: input_shapes= / shape_profiles= "
+                        "ending in {'multiple': M})")
+        maxima = narrowed_maxima(g, bad) if hint is None else None
+        if maxima and all(m > g.symbols[n].min for n, m in maxima.items()):   # a range, not one value
+            advice = advise(g, maxima=maxima)
+            if advice is not None and self._advice_holds(advice):
+                need = "; ".join(f"{symbol_text(g, n)} must be at most {m}" for n, m in sorted(maxima.items()))
+                hint = "narrow the ranges: " + " ".join(advice.flags) + " (Pipeline: input_shapes= / shape_profiles=)"
+        if hint is None:
+            point = satisfying_point(g)
+            # the failing symbols fixed where every condition holds, the others keep their ranges; else all fixed
+            tries = [] if point is None else [{n: point[n] for n in names}, point]
+            advice = next((a for a in (advise(g, point=t) for t in tries) if a is not None and self._advice_holds(a)),
+                          None)
+            if advice is not None:
+                fixed_at = ", ".join(f"{n} = {point[n]}" for n in names)
+                need = f"no range of {who} found where they hold; they hold at {fixed_at}"
+                hint = "fix them there: " + " ".join(advice.flags) + " (Pipeline: input_shapes= / fixed=)"
+        if hint is None:
+            hint = ("narrow the ranges of the symbols named there (--input-shape INPUT=MIN:OPT:MAX or --shape-profile "
+                    "NAME=MIN:OPT:MAX), fix one of them (--fix NAME=VALUE), or give dims that must be equal one "
+                    "dim_param in the model")
+        message = ("the graph's shape conditions fail inside the profile: " + need if need
+                   else f"the graph's shape conditions fail inside the profile of {who}")
+        return ShapeError(message, hint=hint, details=[str(v) for v in bad])
+
+    def _advice_holds(self, advice: ShapeAdvice) -> bool:
+        """Whether binding ``advice`` makes every shape condition hold: the solver run again on it."""
+        try:
+            b = bind_input_shapes(self._graph, advice.input_shapes)
+            fixed = {**b.fixed, **{k: v[0] for k, v in advice.shape_profiles.items() if v[0] == v[2]}}
+            profiles = {**b.profiles, **{k: v for k, v in advice.shape_profiles.items() if v[0] != v[2]}}
+            p = self.specialize(fixed) if fixed else self
+            return not (p.with_profiles(profiles, check=False) if profiles else p).check_shapes()
+        except CuvilError:
+            return False
+
+    def _alias_advice(self, bad) -> Optional[Tuple[str, str]]:
+        """``(s.0, x.0)`` when a failing condition asks two symbols to be equal (or to broadcast) and making
+        them one symbol makes every condition hold."""
+        for v in bad:
+            a, b = v.constraint.a, v.constraint.b
+            if v.constraint.kind in ("eq", "bcast") and all(str(d) in self._graph.symbols for d in (a, b)):
+                order = [str(d) for x in self._graph.inputs for d in x.shape or () if str(d) in (str(a), str(b))]
+                keep, drop = sorted((str(a), str(b)), key=lambda n: (order.index(n) if n in order else len(order), n))
+                try:
+                    if not self.specialize({drop: keep}).check_shapes():
+                        return drop, keep
+                except CuvilError:
+                    pass
+        return None
 
     def compile(self, target: Optional[str] = None, opt_level: Optional[int] = None, *,
                 options: Optional[TargetOptions] = None, fixed: Optional[Mapping[str, Union[int, str]]] = None,
@@ -280,11 +396,12 @@ class Pipeline:
                 target_options["opt_level"] = opt_level
             options = make_options(triple, **target_options)
         elif target_options or opt_level is not None:
-            raise CuvilError(f"give the options of {triple} either as options= or as keywords "
-                             f"({', '.join(sorted(target_options) or ['opt_level'])}), not both")
+            raise CuvilError(f"the options of {triple} are given both as options= and as keywords "
+                             f"({', '.join(sorted(target_options) or ['opt_level'])})",
+                             hint="give them one way: the keywords as fields of options=, or keywords alone")
         elif not isinstance(options, tgt.options_type):
-            raise CuvilError(f"options={type(options).__name__}(...) are not options of {triple}; "
-                             f"it takes {tgt.options_type.__name__}")
+            raise CuvilError(f"options={type(options).__name__}(...) are not options of {triple}",
+                             hint=f"give options={tgt.options_type.__name__}(...), or target= the options' own")
         fixed, shape_profiles = self.resolve_shapes(fixed, shape_profiles, input_shapes)
         # Fixed symbols first: a profile's shape conditions are then checked with them at their values.
         p = self.specialize(fixed) if fixed else self
@@ -297,9 +414,7 @@ class Pipeline:
             with stage("shape conditions", detail=f"symbols {', '.join(p._graph.symbols)}"):
                 bad = p.check_shapes()
             if bad:
-                raise ShapeError("the graph's shape conditions fail inside the symbols' ranges (give ranges where "
-                                 "they hold: --input-shape INPUT=MIN:OPT:MAX or --shape-profile NAME=MIN:OPT:MAX):\n  "
-                                 + "\n  ".join(map(str, bad)))
+                raise p.shape_conditions_error(bad)
         profiles = {s.name: [s.min, s.tuned, s.max] + ([{"multiple": s.multiple}] if s.multiple > 1 else [])
                     for s in p._graph.symbols.values()}
         rules = applied_rules(self.report)
@@ -340,15 +455,18 @@ class Pipeline:
             if other != val or (prof is not None and set(prof) != {val}):
                 given = (f"--fix {name}={other}" if other != val
                          else f"--shape-profile {name}=" + ":".join(map(str, prof)))
-                raise ShapeError(f"--input-shape sets symbol {name} to {val}, {given} says otherwise; give one")
+                raise ShapeError(f"--input-shape sets symbol {name} to {val}, {given} says otherwise",
+                                 hint=f"give one: drop {given}, or bind {name} by it alone")
             fixed[name] = val
         for name, prof in b.profiles.items():
             if name in fixed:
                 raise ShapeError(f"--input-shape gives symbol {name} the range {':'.join(map(str, prof))}, "
-                                 f"--fix {name}={fixed[name]} fixes it; give one")
+                                 f"--fix {name}={fixed[name]} fixes it", hint=f"give one: drop --fix {name} or the "
+                                 f"range of the --input-shape")
             if name in profiles and tuple(profiles[name]) != tuple(prof):
                 raise ShapeError(f"--input-shape gives symbol {name} the range {':'.join(map(str, prof))}, "
-                                 f"--shape-profile {':'.join(map(str, profiles[name]))}; give one")
+                                 f"--shape-profile {':'.join(map(str, profiles[name]))}",
+                                 hint=f"give one: drop --shape-profile {name} or bind it by --input-shape alone")
             profiles[name] = prof
         return fixed, profiles
 
@@ -367,33 +485,40 @@ class Pipeline:
         names = [v.name for v in g.inputs]
         unknown = sorted(set(inputs) - set(names))
         if unknown:
-            raise ShapeError(f"unknown input(s) {unknown}; the model's inputs are {names}")
+            raise ShapeError(f"unknown input(s) {unknown}; the model's inputs are {names}",
+                             hint=f"name the inputs as the model does: {names}")
         env: Dict[str, int] = {}
         out = {}
         for v in g.inputs:
             if v.name not in inputs:
-                raise ShapeError(f"missing input {v.name!r} ({v.type})")
+                raise ShapeError(f"missing input {v.name!r} ({v.type})", hint=f"give {v.name!r}: an array {v.type}")
             arr = np.asarray(inputs[v.name])
             if arr.dtype != v.dtype.numpy:
-                raise ShapeError(f"input {v.name!r}: expected {v.dtype.numpy} ({v.type}), got {arr.dtype}")
+                raise ShapeError(f"input {v.name!r}: expected {v.dtype.numpy} ({v.type}), got {arr.dtype}",
+                                 hint=f"convert it: x.astype(np.{v.dtype.numpy})")
             if v.shape is not None:
                 if arr.ndim != len(v.shape):
-                    raise ShapeError(f"input {v.name!r}: expected rank {len(v.shape)} ({v.type}), got shape {arr.shape}")
+                    raise ShapeError(f"input {v.name!r}: expected rank {len(v.shape)} ({v.type}), got shape {arr.shape}",
+                                     hint=f"give an array of {len(v.shape)} dims, {v.type}")
                 for k, (d, got) in enumerate(zip(v.shape, arr.shape)):
                     if isinstance(d, SymExpr) and len(d.free_symbols) == 1 and str(d) in g.symbols:
                         sym = g.symbols[str(d)]
                         if not sym.admits(got):
                             raise ShapeError(f"input {v.name!r} dim {k}: {sym.name} = {got} is outside the profile "
-                                             f"{sym.profile_text()}")
+                                             f"{sym.profile_text()}", hint=f"give a size in the profile, or widen it: "
+                                             f"--shape-profile {sym.name}=MIN:OPT:MAX covering {got}")
                         if env.setdefault(sym.name, got) != got:
-                            raise ShapeError(f"input {v.name!r} dim {k}: {sym.name} = {got}, but another input has {sym.name} = {env[sym.name]}")
+                            raise ShapeError(f"input {v.name!r} dim {k}: {sym.name} = {got}, but another input has "
+                                             f"{sym.name} = {env[sym.name]}", hint=f"give every dim {sym.name} one size")
                     elif isinstance(d, int) and d != got:
-                        raise ShapeError(f"input {v.name!r}: expected shape {v.type}, got {arr.shape}")
+                        raise ShapeError(f"input {v.name!r}: expected shape {v.type}, got {arr.shape}",
+                                         hint=f"give dim {k} the size {d}")
             out[v.name] = arr
         for v in g.inputs:  # derived dims (e.g. 2*N) checked once every symbol is bound
             for k, (d, got) in enumerate(zip(v.shape or (), out[v.name].shape)):
                 if isinstance(d, SymExpr) and d.free_symbols <= env.keys() and evaluate(d, env) != got:
-                    raise ShapeError(f"input {v.name!r} dim {k}: expected {d} = {evaluate(d, env)}, got {got}")
+                    raise ShapeError(f"input {v.name!r} dim {k}: expected {d} = {evaluate(d, env)}, got {got}",
+                                     hint=f"give dim {k} the size {evaluate(d, env)}")
         return out
 
     def run_reference(self, inputs: Mapping[str, np.ndarray]) -> Dict[str, np.ndarray]:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import sys
 
-from .. import bench
+from .. import bench, progress
 from ..errors import CuvilError
 from .flags import (THREADS_HELP, add_model_arg, add_progress_flag, add_quiet_flag, add_shape_flags, opt_level,
                     threads)
@@ -86,7 +86,7 @@ def cmd_bench(args) -> int:
         concurrency=pick(args.concurrency, "concurrency", 1), opt_level=opt_level(pick(args.opt_level, "opt_level", "O3")),
         shapes={**fixed, **input_shapes}, shape_profiles=parse_profiles(args.shape_profile), spelled=spelled,
         seed=args.seed, cold_runs=cold_runs, pause_ms=args.pause_ms,
-        progress=False if args.quiet else True if args.progress else "auto" if sys.stderr.isatty() else False,
+        progress=progress.wanted(args.quiet, args.progress),
         log=(lambda msg: None) if args.quiet else (lambda msg: print(f"cuvil bench: {msg}", file=sys.stderr, flush=True)))
     res = bench.run_benchmark(opts)
     checks = bench.check_slas(res, slas)

@@ -12,7 +12,7 @@ from ..targets import PTX_TARGET, make_options
 from ..targets.ptx.archs import DEFAULT_ARCH, check_arch
 from .flags import (add_allow_bounded_flag, add_opt_level_flag, add_progress_flag, add_quiet_flag, add_shape_flags,
                     add_target_flag, opt_level, resolve_target)
-from .shape_flags import parse_input_shapes, shape_flags
+from .shape_flags import check_shape_flags, parse_input_shapes, shape_flags
 
 
 def register(sub) -> None:
@@ -30,7 +30,8 @@ def register(sub) -> None:
                     "DIR/NAME.cuvil (a bundle directory) for nvptx64-nvidia-cuda")
     add_target_flag(sp)
     add_opt_level_flag(sp)
-    sp.add_argument("--arch", default=None, help="GPU architecture for nvptx64-nvidia-cuda, sm_NN (default sm_90)")
+    sp.add_argument("--arch", default=None,
+                    help=f"GPU architecture for nvptx64-nvidia-cuda, sm_NN (default {DEFAULT_ARCH})")
     sp.add_argument("--cpu", default=None, help="x86: LLVM CPU name (default: this machine's)")
     sp.add_argument("--prefix", default="cuvil", help="prefix of the C ABI symbols (default cuvil_)")
     add_shape_flags(sp, "bind the symbolic dims of an input by its shape, whatever they are called: one "
@@ -117,6 +118,7 @@ def _check_flags(args) -> None:
     if args.target == PTX_TARGET:
         args.arch = check_arch(args.arch or DEFAULT_ARCH)
     args.opt_level = opt_level(args.opt_level)
+    check_shape_flags(args)
 
 
 def _stem(path: str) -> str:

@@ -1,13 +1,17 @@
 """``cuvil inspect MODEL``: inputs/outputs, symbols, op histogram, parameters and FLOPs of a model."""
 from __future__ import annotations
 
+import sys
+
+from ..errors import UnsupportedOpError
+from ..frontend.survey import unsupported_error
 from ..ir.constraints import check_constraints, dim_ranges
 from ..ir.dim import evaluate, free_symbols
 from ..ir.stats import cost_terms
 from ..pipeline import Pipeline
 from .counts import fmt_count
 from .flags import add_allow_bounded_flag, add_model_arg, add_quiet_flag, add_shape_flags
-from .shape_flags import bind_shapes
+from .shape_flags import bind_shapes, check_shape_flags
 
 
 def register(sub) -> None:
@@ -15,8 +19,9 @@ def register(sub) -> None:
                         description="Show what MODEL is: its inputs and outputs with their symbolic dims (the "
                                     "names --fix and --shape-profile take, and each symbol's range), the op "
                                     "histogram after folding (or --raw, or --optimize), parameters, and MACs/FLOPs "
-                                    "(a formula when dims are symbolic). Example: cuvil inspect model.onnx "
-                                    "--input-shape x=1x3x224x224")
+                                    "(a formula when dims are symbolic). A model with ops Cuvil cannot import is "
+                                    "shown as its file declares it, every such op is listed, and the exit status "
+                                    "is 1. Example: cuvil inspect model.onnx --input-shape x=1x3x224x224")
     add_model_arg(sp, "an .onnx file")
     sp.add_argument("--ir", action="store_true", help="also print the IR")
     sp.add_argument("--raw", action="store_true", help="as imported, before folding/CSE/DCE")
@@ -30,7 +35,13 @@ def register(sub) -> None:
 
 
 def cmd_inspect(args) -> int:
-    p = Pipeline.from_onnx(args.model)
+    check_shape_flags(args)
+    try:
+        p = Pipeline.from_onnx(args.model)
+    except UnsupportedOpError as e:
+        if not e.nodes:      # an attribute value or a body Cuvil lacks: the error says which
+            raise
+        return _show_unsupported(args)
     if not args.raw:
         p = p.optimize(builtin=args.optimize, allow_bounded=args.allow_bounded_rules)
     p, fixed = bind_shapes(p, args, check=not args.shapes)   # --shapes reports failing conditions instead
@@ -60,11 +71,33 @@ def cmd_inspect(args) -> int:
         print(f"shape conditions on symbols: {n_cons}, violated somewhere in range: {len(bad)}")
         for v in bad:
             print(f"  {v}")
+        if bad:
+            print(f"  next: {p.shape_conditions_error(bad).hint}")
         for d, (lo, hi) in sorted(dim_ranges(g, ranges).items()):
             print(f"  dim {d} in [{lo}, {hi}]")
     if args.ir:
         print(p.print_ir(), end="")
     return 0
+
+
+def _show_unsupported(args) -> int:
+    """A model Cuvil cannot import, as its file declares it, then every op Cuvil lacks (on stderr, as the
+    error it is); exit status 1: the model was shown, and it does not compile."""
+    sv = Pipeline.survey(args.model)
+    print(f"model: {args.model}  (opset {sv.opset}, as the file declares it: Cuvil cannot import it)")
+    for kind, items in (("input", sv.inputs), ("output", sv.outputs)):
+        for name, typ in items:
+            print(f"  {kind:6} {name}: {typ}")
+    print(f"nodes: {sum(sv.op_histogram.values())}")
+    lacking = {u.qualified for u in sv.unsupported}
+    for op, n in sv.op_histogram.items():
+        print(f"  {op:24} {n}" + ("  (unsupported)" if op in lacking else ""))
+    print(f"parameters: the model file has {sv.initializer_elements:,} initializer elements")
+    if any(getattr(args, f, None) for f in ("shapes", "input_shape", "shape_profile", "fix", "ir")):
+        print("(shape flags, --shapes and --ir need the model imported: not applied)")
+    sys.stdout.flush()
+    print(f"cuvil: error: {unsupported_error(sv.unsupported, inspecting=True)}", file=sys.stderr)
+    return 1
 
 
 def _cost_text(g, st) -> str:

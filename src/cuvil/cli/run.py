@@ -11,6 +11,7 @@ import numpy as np
 from .. import bench
 from ..artifact import load
 from ..errors import CuvilError
+from ..targets.ptx.runtime import NoGpuError
 from .flags import add_input_shape_flag, add_quiet_flag, add_threads_flag, threads
 from .shape_flags import parse_input_shapes
 
@@ -42,7 +43,15 @@ def cmd_run(args) -> int:
     if not os.path.exists(path):
         raise CuvilError(f"{path}: no such file",
                          hint=f"compile one first: cuvil compile MODEL.onnx -o {path}")
-    m = load(path, num_threads=threads(args.threads))
+    try:
+        m = load(path, num_threads=threads(args.threads))
+    except NoGpuError as e:
+        if e.hint:
+            raise
+        raise CuvilError(f"{path}: {e.message}", details=e.details,
+                         hint="run the bundle where an NVIDIA GPU, its driver and cuda-python are (pip install "
+                              "'cuvil[gpu]'), or compile the model for this CPU: cuvil compile MODEL -o "
+                              "build/libNAME.so") from None
     specs = {spec.name: spec for spec in m.inputs}
     named = {}
     for item in args.input or ():

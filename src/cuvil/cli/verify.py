@@ -11,7 +11,7 @@ from ..errors import CuvilError
 from ..pipeline import Pipeline
 from ..verify import NATIVE_RTOL, verify, verify_artifact
 from .flags import add_model_arg, add_progress_flag, add_quiet_flag, add_shape_flags, add_threads_flag, threads
-from .shape_flags import bind_shapes
+from .shape_flags import bind_shapes, check_shape_flags
 
 
 def register(sub) -> None:
@@ -38,6 +38,7 @@ def cmd_verify(args) -> int:
     if args.examples < 1:
         raise CuvilError(f"--examples {args.examples}: at least one example is needed", hint="--examples 50 (the default)")
     n_threads = threads(args.threads)
+    check_shape_flags(args)
     if args.artifact and not os.path.exists(args.artifact):
         raise CuvilError(f"--artifact {args.artifact}: no such file",
                          hint=f"compile it first: cuvil compile {args.model} -o {args.artifact}")

@@ -14,6 +14,10 @@ from ..errors import UnsupportedOpError
 from ..ir.graph import Graph, Value
 from .canonical import add_canonical_node
 
+#: A legacy form Cuvil does not rewrite: onnx's converter rewrites it into the current one.
+UPGRADE_HINT = ("convert the model to a newer opset: onnx.save(onnx.version_converter.convert_version(onnx.load("
+                "'MODEL.onnx'), 13), 'MODEL13.onnx'), then compile that")
+
 
 def canonicalize(g: Graph, op: str, inputs: List[Optional[Value]], attrs: dict, out_names: List[str],
                  where: str, opset: int) -> List[Optional[Value]]:
@@ -48,7 +52,7 @@ def _add(g, op, inputs, attrs, out_names, where, opset):
 
 def _batchnorm(g, inputs, attrs, out_names, where, opset):
     if opset < 9 and attrs.pop("spatial", 1) != 1:
-        raise UnsupportedOpError("BatchNormalization", where, opset, "spatial=0 is not supported")
+        raise UnsupportedOpError("BatchNormalization", where, opset, "spatial=0 is not supported", hint=UPGRADE_HINT)
     attrs.pop("is_test", None)
     attrs.pop("consumed_inputs", None)
     if opset < 14 and len(out_names) > 1:
@@ -71,7 +75,7 @@ def _softmax_family(op):
         x = inputs[0]
         axis = attrs.get("axis", 1)
         if x.shape is None:
-            raise UnsupportedOpError(op, where, opset, "pre-13 semantics need the input rank")
+            raise UnsupportedOpError(op, where, opset, "pre-13 semantics need the input rank", hint=UPGRADE_HINT)
         rank = len(x.shape)
         axis = axis + rank if axis < 0 else axis
         if axis == rank - 1:
@@ -137,7 +141,7 @@ def _drop_attrs(*names):
 def _legacy_broadcast(op):
     def adapt(g, inputs, attrs, out_names, where, opset):
         if attrs.pop("broadcast", 0) and "axis" in attrs:
-            raise UnsupportedOpError(op, where, opset, "legacy axis broadcasting is not supported")
+            raise UnsupportedOpError(op, where, opset, "legacy axis broadcasting is not supported", hint=UPGRADE_HINT)
         attrs.pop("axis", None)
         attrs.pop("consumed_inputs", None)
         return None

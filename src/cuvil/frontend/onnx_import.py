@@ -18,7 +18,7 @@ import onnx.inliner
 from google.protobuf.message import DecodeError
 from onnx import numpy_helper
 
-from ..errors import (CuvilError, DeclaredShapeWarning, InvalidAttributeError, ModelLoadError, ShapeError, UnsupportedDomainError,
+from ..errors import (CHECK_MODEL_HINT, CuvilError, DeclaredShapeWarning, InvalidAttributeError, ModelLoadError, ShapeError, UnsupportedDomainError,
                       UnsupportedOpError, UnsupportedTypeError)
 from ..ir.dim import SymExpr, Symbol, symbol_name
 from ..ir.dtype import DType
@@ -26,6 +26,7 @@ from ..ir.graph import Graph, Value
 from ..ir.registry import all_ops
 from ..ir.types import TensorType
 from . import functions, legacy, subgraphs
+from .survey import unsupported_error, unsupported_nodes
 
 MIN_OPSET = 7
 DEFAULT_DOMAINS = ("", "ai.onnx")
@@ -40,26 +41,32 @@ def load_model(src: Union[str, os.PathLike, bytes, onnx.ModelProto]) -> onnx.Mod
         try:
             m.ParseFromString(bytes(src))
         except DecodeError as e:
-            raise ModelLoadError(f"not an ONNX model: protobuf parse failed ({e})") from None
+            raise ModelLoadError(f"not an ONNX model: protobuf parse failed ({e})",
+                                 hint="give the bytes of an .onnx file (ModelProto.SerializeToString())") from None
         return _check_nonempty(m, "<bytes>")
     try:
         path = os.fspath(src)
     except TypeError:
-        raise ModelLoadError(f"cannot load a model from a {type(src).__name__}: give a path, bytes or an "
-                             f"onnx.ModelProto") from None
+        raise ModelLoadError(f"cannot load a model from a {type(src).__name__}",
+                             hint="give a path, bytes or an onnx.ModelProto") from None
     if not os.path.isfile(path):
-        raise ModelLoadError(f"{path}: no such file")
+        raise ModelLoadError(f"{path}: no such file", hint="check the path; `cuvil zoo resnet50 -o resnet50.onnx` "
+                             "writes a model to try")
     try:
         m = onnx.load(path, load_external_data=False)
     except OSError as e:
-        raise ModelLoadError(f"{path}: cannot read the file ({e.strerror or e})") from None
+        raise ModelLoadError(f"{path}: cannot read the file ({e.strerror or e})",
+                             hint="make the file readable (ls -l shows its permissions), or copy it somewhere it is") from None
     except (DecodeError, RuntimeError, ValueError) as e:
-        raise ModelLoadError(f"{path}: not an ONNX model: protobuf parse failed ({_one_line(e)})") from None
+        raise ModelLoadError(f"{path}: not an ONNX model: protobuf parse failed ({_one_line(e)})",
+                             hint="give an .onnx file (a PyTorch .pt/.pt2 goes through Pipeline.from_file / cuvil "
+                                  "compile, which export it)") from None
     try:
         onnx.external_data_helper.load_external_data_for_model(m, os.path.dirname(os.path.abspath(path)))
     except Exception as e:  # onnx raises OSError, ValueError or its ValidationError (paths outside the model's folder)
-        raise ModelLoadError(f"{path}: cannot read external weights: {_one_line(e)}; external data files must lie "
-                             f"in the model's folder and hold every byte the tensor's dims need") from None
+        raise ModelLoadError(f"{path}: cannot read external weights: {_one_line(e)}",
+                             hint="put the external data files in the model's folder, whole (every byte the "
+                                  "tensors' dims need)") from None
     return _check_nonempty(m, path)
 
 
@@ -93,16 +100,34 @@ def import_model(model: onnx.ModelProto, *, constant_initializer_inputs: bool = 
     opset = default_opset(model)
     newest = onnx.defs.onnx_opset_version()
     if opset < MIN_OPSET:
-        raise ModelLoadError(f"opset {opset} is older than the oldest supported ({MIN_OPSET})")
+        raise ModelLoadError(f"opset {opset} is older than the oldest supported ({MIN_OPSET})",
+                             hint=f"convert it: onnx.version_converter.convert_version(model, {max(MIN_OPSET, 13)}), "
+                                  f"then save it and compile that")
     if opset > newest:
-        raise ModelLoadError(f"opset {opset} is newer than the installed onnx package knows ({newest})")
+        raise ModelLoadError(f"opset {opset} is newer than the installed onnx package knows ({newest})",
+                             hint="upgrade onnx (pip install -U onnx), or export the model at an older opset")
     if model.functions:
         try:
             model = onnx.inliner.inline_local_functions(model)
         except Exception as e:  # onnx's ValidationError for recursive or undefined functions, and others
             raise ModelLoadError(f"cannot inline the model's local functions: {_one_line(e)}") from None
     _check_text(model)
-    return _Importer(model, opset, constant_initializer_inputs, dict(input_values or {})).run()
+    try:
+        return _Importer(model, opset, constant_initializer_inputs, dict(input_values or {})).run()
+    except (UnsupportedOpError, UnsupportedDomainError) as e:
+        # Name every op Cuvil lacks at once, not only the first one reached (an If branch that a fixed input
+        # leaves out is never reached, so the whole model is surveyed only once import has failed).
+        bad = unsupported_nodes(model)
+        if not bad:
+            raise
+        err = unsupported_error(bad)
+        if isinstance(e, UnsupportedOpError) and e.node not in {b.node for b in bad}:   # an attribute value: keep it
+            err.details.append(f"also: {e.message}")
+        raise err from None
+    except CuvilError as e:
+        if e.hint is None:   # shapes or types that contradict each other inside the file: the model is broken
+            e.hint = CHECK_MODEL_HINT
+        raise
 
 
 def _check_text(model: onnx.ModelProto) -> None:
@@ -188,7 +213,7 @@ class _Importer:
         unknown = sorted(set(self.input_values) - inputs)
         if unknown:
             raise ModelLoadError(f"input_values names {', '.join(map(repr, unknown))}, which the model has no "
-                                 f"input of; its inputs: {', '.join(repr(vi.name) for vi in mg.input)}")
+                                 f"input of", hint=f"name its inputs: {', '.join(repr(vi.name) for vi in mg.input)}")
         for node in _topological(mg):
             self._node(node)
         for vi in mg.output:
@@ -210,7 +235,7 @@ class _Importer:
         if declared.shape is not None and (len(declared.shape) != arr.ndim or any(
                 isinstance(d, int) and d != n for d, n in zip(declared.shape, arr.shape))):
             raise ShapeError(f"input_values[{vi.name!r}] has shape {list(arr.shape)}; the model declares "
-                             f"{declared}")
+                             f"{declared}", hint=f"give input_values[{vi.name!r}] a value of shape {declared}")
         return _const(self.g, arr, f"input_values[{vi.name!r}]", vi.name)
 
     def _type(self, vi: onnx.ValueInfoProto, owner: str) -> TensorType:
@@ -271,10 +296,10 @@ class _Importer:
             _check_input_types(schema, inputs, f"node {where!r} ({np_.op_type}, opset {opset})")
         if schema is not None and len(np_.input) < schema.min_input:
             raise ModelLoadError(f"node {where!r} ({np_.op_type}, opset {opset}) has {len(np_.input)} input(s); "
-                                 f"the op needs at least {schema.min_input}: fix the exporter's node")
+                                 f"the op needs at least {schema.min_input}")
         if schema is not None and not schema.min_output <= len(np_.output) <= schema.max_output:
             raise ModelLoadError(f"node {where!r} ({np_.op_type}, opset {opset}) has {len(np_.output)} output(s); "
-                                 f"the op has {schema.min_output} to {schema.max_output}: fix the exporter's node")
+                                 f"the op has {schema.min_output} to {schema.max_output}")
         named = [o for o in np_.output if o]
         for k, name in enumerate(named):
             # One definition per name (SSA): a second one would silently shadow the first.
@@ -345,14 +370,10 @@ class _Importer:
         except UnsupportedOpError as e:
             if e.op == np_.op_type and e.node == where:
                 raise
-            raise UnsupportedOpError(np_.op_type, where, version, f"its function body needs what Cuvil lacks: {e}",
-                                     domain=domain) from None
+            raise UnsupportedOpError(np_.op_type, where, version, f"its function body needs what Cuvil lacks: "
+                                     f"{e.message}", domain=domain) from None
         except CuvilError as e:
-            try:
-                wrapped = type(e)(f"in the function body of {np_.op_type} node {where!r} (opset {version}): {e}")
-            except TypeError:  # an error class with another constructor: its own message names the inner node
-                raise e from None
-            raise wrapped from None
+            raise e.with_context(f"in the function body of {np_.op_type} node {where!r} (opset {version}): ") from None
         for name in np_.output:
             if name and name not in self.env:
                 raise ModelLoadError(f"node {where!r} ({np_.op_type}, opset {opset}): its function body does not "
@@ -486,8 +507,9 @@ def _to_array(t: onnx.TensorProto, what: str = "") -> np.ndarray:
         raise UnsupportedTypeError(f"{what} has element type {_dtype_name(t.data_type)}, which Cuvil does not support")
     if onnx.external_data_helper.uses_external_data(t):
         # Only a model loaded from its path has a folder to resolve the file in; never read the working directory.
-        raise ModelLoadError(f"{what} keeps its data in an external file; load the model from its path "
-                             f"(cuvil.load_model(path)) so the file is read from the model's folder")
+        raise ModelLoadError(f"{what} keeps its data in an external file",
+                             hint="load the model from its path (Pipeline.from_onnx(path)) so the file is read from "
+                                  "the model's folder")
     _check_size(t.dims, t.data_type, what)
     try:
         arr = numpy_helper.to_array(t)

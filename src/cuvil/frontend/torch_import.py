@@ -39,8 +39,9 @@ def _torch():
     try:
         import torch
     except ImportError:
-        raise CuvilError("PyTorch input needs torch: pip install 'cuvil[torch]' (or export to ONNX with "
-                         "torch.onnx.export and compile the .onnx)") from None
+        raise CuvilError("PyTorch input needs torch, which is not installed",
+                         hint="pip install 'cuvil[torch]', or export to ONNX with torch.onnx.export and compile "
+                              "the .onnx") from None
     return torch
 
 
@@ -81,9 +82,9 @@ def export_module(module, example_inputs: Sequence[Any], dynamic_shapes: Any = N
                                     output_names=output_names, external_data=False)
     except Exception as e:      # torch raises its own TorchExportError, UserError, ...: one clear line instead
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise CuvilError(f"torch.onnx.export (dynamo) failed: {type(e).__name__}: {first}; make the module "
-                         f"torch.export-able (see the exporter's message) or export it to ONNX yourself and "
-                         f"compile the .onnx") from None
+        raise CuvilError(f"torch.onnx.export (dynamo) failed: {type(e).__name__}: {first}",
+                         hint="make the module torch.export-able (see the exporter's message), or export it to "
+                              "ONNX yourself and compile the .onnx") from None
     return program.model_proto
 
 
@@ -95,10 +96,12 @@ def _example(torch, shape: Shape, dtype) -> Any:
 def _profile(name: str, prof: ShapeProfile) -> Tuple[Shape, Shape, Shape]:
     if prof and isinstance(prof[0], (list, tuple)):
         if len(prof) != 3:
-            raise CuvilError(f"input shape of {name}: give one shape or (min, opt, max), got {prof!r}")
+            raise CuvilError(f"input shape of {name}: neither one shape nor (min, opt, max): {prof!r}",
+                             hint=f"give --input-shape {name}=1x3x224x224 or MIN:OPT:MAX (three shapes)")
         lo, opt, hi = (tuple(int(d) for d in s) for s in prof)
         if not len(lo) == len(opt) == len(hi):
-            raise CuvilError(f"input shape of {name}: min, opt and max have different ranks: {prof!r}")
+            raise CuvilError(f"input shape of {name}: min, opt and max have different ranks: {prof!r}",
+                             hint="give three shapes of one rank")
         return lo, opt, hi
     s = tuple(int(d) for d in prof)
     return s, s, s
@@ -113,21 +116,22 @@ def export_torchscript(path: Union[str, os.PathLike], input_shapes: Mapping[str,
     torch = _torch()
     path = os.fspath(path)
     if not os.path.isfile(path):
-        raise ModelLoadError(f"{path}: no such file")
+        raise ModelLoadError(f"{path}: no such file", hint="check the path")
     try:
         module = torch.jit.load(path, map_location="cpu")
     except Exception as e:
-        raise ModelLoadError(f"{path}: not a TorchScript file ({type(e).__name__}); a .pt must come from "
-                             f"torch.jit.save (a state_dict or a pickled module holds no graph: script or "
-                             f"trace the module first), a .pt2 from torch.export.save") from None
+        raise ModelLoadError(f"{path}: not a TorchScript file ({type(e).__name__})",
+                             hint="a .pt must come from torch.jit.save (a state_dict or a pickled module holds no "
+                                  "graph: script or trace the module first), a .pt2 from torch.export.save") from None
     args = [a.name for a in module.forward.schema.arguments[1:]]
     missing = [a for a in args if a not in input_shapes]
     unknown = sorted(set(input_shapes) - set(args))
     if missing or unknown:
-        raise CuvilError(f"{path}: a TorchScript file stores no input shapes; give one per input of forward "
-                         f"({', '.join(args)}) with --input-shape NAME=1x3x224x224 (or MIN:OPT:MAX)"
+        raise CuvilError(f"{path}: a TorchScript file stores no input shapes"
                          + (f"; missing: {', '.join(missing)}" if missing else "")
-                         + (f"; not an input: {', '.join(unknown)}" if unknown else ""))
+                         + (f"; not an input: {', '.join(unknown)}" if unknown else ""),
+                         hint=f"give one per input of forward ({', '.join(args)}) with --input-shape "
+                              f"NAME=1x3x224x224 (or MIN:OPT:MAX)")
     examples, dynamic_axes, ranges = [], {}, {}
     for name in args:
         lo, opt, hi = _profile(name, input_shapes[name])
@@ -143,7 +147,9 @@ def export_torchscript(path: Union[str, os.PathLike], input_shapes: Mapping[str,
                           input_names=args, dynamic_axes=dynamic_axes or None)
     except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise CuvilError(f"torch.onnx.export (TorchScript) failed on {path}: {type(e).__name__}: {first}") from None
+        raise CuvilError(f"torch.onnx.export (TorchScript) failed on {path}: {type(e).__name__}: {first}",
+                         hint="save the module with torch.export.save (.pt2) instead, or export it to ONNX "
+                              "yourself and compile the .onnx") from None
     model = onnx.ModelProto()
     model.ParseFromString(buf.getvalue())
     return model, ranges
@@ -155,12 +161,12 @@ def export_exported_program(path: Union[str, os.PathLike]) -> Tuple[onnx.ModelPr
     torch = _torch()
     path = os.fspath(path)
     if not os.path.isfile(path):
-        raise ModelLoadError(f"{path}: no such file")
+        raise ModelLoadError(f"{path}: no such file", hint="check the path")
     try:
         program = torch.export.load(path)
     except Exception as e:
-        raise ModelLoadError(f"{path}: not an ExportedProgram ({type(e).__name__}); a .pt2 must come from "
-                             f"torch.export.save") from None
+        raise ModelLoadError(f"{path}: not an ExportedProgram ({type(e).__name__})",
+                             hint="a .pt2 must come from torch.export.save") from None
     model = export_module(program, program.example_inputs[0] if program.example_inputs else ())
     ranges: SymbolRanges = {}
     names = {d.dim_param for i in model.graph.input for d in i.type.tensor_type.shape.dim if d.dim_param}

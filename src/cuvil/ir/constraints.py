@@ -19,6 +19,10 @@ from .graph import Graph
 from .registry import ShapeConstraint, decide_constraint
 
 Ranges = Mapping[str, Tuple[int, int]]
+Multiples = Mapping[str, int]
+
+#: A condition longer than this is shown with its dims evaluated at the counterexample instead.
+MAX_CONDITION_CHARS = 80
 
 
 @attrs.frozen
@@ -30,7 +34,21 @@ class Violation:
 
     def __str__(self):
         vals = ", ".join(f"{k} = {v}" for k, v in sorted(self.values.items()))
-        return f"{vals} makes {self.op} {self.node!r} need {self.constraint}: {self.constraint.what}"
+        cond = str(self.constraint)
+        if len(cond) > MAX_CONDITION_CHARS:
+            cond = self.condition_at_values() or cond[:MAX_CONDITION_CHARS - 3] + "..."
+        text = f"{vals} makes {self.op} {self.node!r} need {cond}"
+        # ``what`` repeats the whole shapes (4 kB on a detector's pyramid): shown only while it is short.
+        return text + (f": {self.constraint.what}" if len(text) + len(self.constraint.what) <= 200 else "")
+
+    def condition_at_values(self) -> Optional[str]:
+        """The condition with its dims evaluated at the counterexample (``3 and 4 broadcast (at these
+        values)``), or None when the values do not bind every symbol."""
+        try:
+            a, b = evaluate(self.constraint.a, self.values), evaluate(self.constraint.b, self.values)
+        except (KeyError, ZeroDivisionError):
+            return None
+        return f"{ShapeConstraint(self.constraint.kind, a, b, self.constraint.what)} (its dims at these values)"
 
 
 def to_z3(d: Dim, syms: Dict[str, z3.ArithRef]) -> z3.ArithRef:
@@ -62,7 +80,8 @@ def _atom(a, syms):
     return out
 
 
-def _holds(c: ShapeConstraint, syms) -> z3.BoolRef:
+def condition_holds(c: ShapeConstraint, syms) -> z3.BoolRef:
+    """``c`` as a Z3 formula over the symbols (``syms`` collects their Z3 variables)."""
     a, b = to_z3(c.a, syms), to_z3(c.b, syms)
     if c.kind == "eq":
         return a == b
@@ -73,14 +92,17 @@ def _holds(c: ShapeConstraint, syms) -> z3.BoolRef:
     return z3.And(b != 0, a % b == 0)
 
 
-def _ranges(g: Graph, ranges: Optional[Ranges]) -> Dict[str, Tuple[int, int]]:
+def symbol_ranges(g: Graph, ranges: Optional[Ranges]) -> Dict[str, Tuple[int, int]]:
+    """Every symbol's (min, max): the graph's, overridden by ``ranges``."""
     out = {s.name: (s.min, s.max) for s in g.symbols.values()}
     out.update(ranges or {})
     return out
 
 
-def _domain(g: Graph, syms: Dict[str, z3.ArithRef], rng: Mapping[str, Tuple[int, int]], default_hi):
-    """The Z3 facts that bound ``syms``: each in its range, and a multiple of its symbol's ``multiple``."""
+def domain_facts(g: Graph, syms: Dict[str, z3.ArithRef], rng: Mapping[str, Tuple[int, int]], default_hi,
+                 multiples: Optional[Multiples] = None):
+    """The Z3 facts that bound ``syms``: each in its range, and a multiple of its symbol's ``multiple`` (or
+    of ``multiples[name]`` where given)."""
     facts = []
     for name, var in syms.items():
         lo, hi = rng.get(name, (1, default_hi))
@@ -88,8 +110,9 @@ def _domain(g: Graph, syms: Dict[str, z3.ArithRef], rng: Mapping[str, Tuple[int,
         if hi is not None:
             facts.append(var <= hi)
         sym = g.symbols.get(name)
-        if sym is not None and sym.multiple > 1:
-            facts.append(var % sym.multiple == 0)
+        multiple = (multiples or {}).get(name, sym.multiple if sym is not None else 1)
+        if multiple > 1:
+            facts.append(var % multiple == 0)
     return facts
 
 
@@ -108,32 +131,41 @@ def first_violation_at(g: Graph, values: Mapping[str, int]) -> Optional[str]:
     return None
 
 
-def check_constraints(g: Graph, ranges: Optional[Ranges] = None, timeout_ms: int = 5000) -> List[Violation]:
+def check_constraints(g: Graph, ranges: Optional[Ranges] = None, timeout_ms: int = 5000,
+                      multiples: Optional[Multiples] = None) -> List[Violation]:
     """Every recorded shape constraint that fails for some symbol values inside ``ranges`` (default: the
-    graph's symbol ranges), with such values. Constraints Z3 cannot settle in time count as violations
-    with no values (never silently accepted)."""
-    rng = _ranges(g, ranges)
+    graph's symbol ranges; ``multiples`` overrides symbols' ``multiple``), with such values. Constraints Z3
+    cannot settle in time count as violations with no values (never silently accepted)."""
+    rng = symbol_ranges(g, ranges)
     out: List[Violation] = []
     for n in g.nodes:
         for c in n.constraints:
-            syms: Dict[str, z3.ArithRef] = {}
-            cond = _holds(c, syms)
-            s = z3.Solver()
-            s.set("timeout", timeout_ms)
-            s.add(*_domain(g, syms, rng, None))
-            s.add(z3.Not(cond))
-            res = s.check()
-            if res == z3.sat:
-                m = s.model()
-                out.append(Violation(n.name, n.op, c, {k: m.eval(v, model_completion=True).as_long() for k, v in syms.items()}))
-            elif res == z3.unknown:
-                out.append(Violation(n.name, n.op, c, {}))
+            values = counterexample(g, c, rng, multiples, timeout_ms)
+            if values is not None:
+                out.append(Violation(n.name, n.op, c, values))
     return out
+
+
+def counterexample(g: Graph, c: ShapeConstraint, ranges: Ranges, multiples: Optional[Multiples] = None,
+                   timeout_ms: int = 5000) -> Optional[Dict[str, int]]:
+    """Symbol values inside ``ranges`` (and ``multiples``) that break ``c``; ``{}`` when Z3 cannot settle it
+    in time (counted as broken); None when ``c`` holds everywhere there."""
+    syms: Dict[str, z3.ArithRef] = {}
+    cond = condition_holds(c, syms)
+    s = z3.Solver()
+    s.set("timeout", timeout_ms)
+    s.add(*domain_facts(g, syms, ranges, None, multiples))
+    s.add(z3.Not(cond))
+    res = s.check()
+    if res == z3.sat:
+        m = s.model()
+        return {k: m.eval(v, model_completion=True).as_long() for k, v in syms.items()}
+    return {} if res == z3.unknown else None
 
 
 def dim_ranges(g: Graph, ranges: Optional[Ranges] = None) -> Dict[str, Tuple[int, int]]:
     """The exact [min, max] of every symbolic dim of the graph's values, over the symbol ranges."""
-    rng = _ranges(g, ranges)
+    rng = symbol_ranges(g, ranges)
     out: Dict[str, Tuple[int, int]] = {}
     for v in g.values():
         for d in v.shape or ():
@@ -143,7 +175,7 @@ def dim_ranges(g: Graph, ranges: Optional[Ranges] = None) -> Dict[str, Tuple[int
                 bounds = []
                 for goal in ("min", "max"):
                     o = z3.Optimize()
-                    o.add(*_domain(g, syms, rng, 1 << 30))
+                    o.add(*domain_facts(g, syms, rng, 1 << 30))
                     h = o.minimize(e) if goal == "min" else o.maximize(e)
                     o.check()
                     bounds.append(o.lower(h).as_long() if goal == "min" else o.upper(h).as_long())

@@ -397,7 +397,7 @@ def infer_node(node, num_outputs: Optional[int] = None) -> Tuple[List[TensorType
     except UnknownRank:
         types = [TensorType(dt, None) for dt in _dtypes_without_shapes(node, ctx.num_outputs)]
     except ShapeError as e:
-        raise type(e)(f"node {node.name!r} ({node.op}): {e}") from None
+        raise e.with_context(f"node {node.name!r} ({node.op}): ") from None
     node.constraints = ctx.constraints
     syms: List[Optional[Tuple[Dim, ...]]] = [None] * len(types)
     if opdef.sym_eval is not None:

@@ -34,8 +34,9 @@ def lookup_symbol(g: Graph, name: str, flag: str) -> Symbol:
         for k, d in enumerate(v.shape or ()):
             if name == f"{v.name}.{k}" and isinstance(d, SymExpr) and str(d) in g.symbols:
                 return g.symbols[str(d)]
-    raise ShapeError(f"{flag}: the model has no symbol {name!r} ({symbols_and_inputs(g)}); name a symbol as "
-                     f"listed, or bind whole inputs: {input_shape_hint(g)}")
+    raise ShapeError(f"{flag}: the model has no symbol {name!r}", details=[symbols_and_inputs(g)],
+                     hint=f"name a symbol as listed (cuvil inspect MODEL lists them), or bind whole inputs: "
+                          f"{input_shape_hint(g)}")
 
 
 def symbols_and_inputs(g: Graph) -> str:
@@ -44,10 +45,11 @@ def symbols_and_inputs(g: Graph) -> str:
     return f"its symbols: {syms}; inputs: " + ", ".join(f"{v.name}: {v.type}" for v in g.inputs)
 
 
-def input_shape_hint(g: Graph) -> str:
-    """An ``--input-shape`` for the first input with a symbolic dim, each symbol at its opt (else min)."""
+def input_shape_hint(g: Graph, name: str | None = None) -> str:
+    """An ``--input-shape`` for input ``name`` (default: the first input with a symbolic dim), each symbol at its
+    opt (else min)."""
     for v in g.inputs:
-        if v.shape is not None and not v.type.is_static:
+        if v.shape is not None and (not v.type.is_static if name is None else v.name == name):
             dims = [d if isinstance(d, int) else _tuned(g, d) for d in v.shape]
             return f"--input-shape {v.name}=" + "x".join(map(str, dims)) + " (Pipeline: input_shapes=)"
     return "--input-shape INPUT=D0xD1x... (Pipeline: input_shapes=)"
@@ -68,8 +70,8 @@ def split_options(name: str, prof, flag: str) -> Tuple[tuple, int | Sequence[int
         opts = dict(prof[-1])
         unknown = sorted(set(opts) - {"multiple"})
         if unknown:
-            raise ShapeError(f"{flag} {name}: unknown profile option(s) {unknown}; the one option is "
-                             f"{{'multiple': M}} (only multiples of M are served)")
+            raise ShapeError(f"{flag} {name}: unknown profile option(s) {unknown}",
+                             hint="the one option is {'multiple': M} (only multiples of M are served)")
         return prof[:-1], opts.get("multiple", 1)
     return prof, 1
 
@@ -84,19 +86,25 @@ def profile_symbol(name: str, prof) -> Symbol:
     except (TypeError, ValueError):
         vals = ()
     if len(vals) not in (2, 3):
-        raise ShapeError(f"shape profile of {name}: expected (min, opt, max) or (min, max), optionally followed by "
-                         f"{{'multiple': M}}, got {prof!r}")
+        raise ShapeError(f"shape profile of {name}: expected (min, opt, max) or (min, max), got {prof!r}",
+                         hint=f"give {name}=(min, opt, max), optionally followed by {{'multiple': M}}; on the command "
+                              f"line --shape-profile {name}=MIN:OPT:MAX[/M]")
     lo, hi = vals[0], vals[-1]
     opt = vals[1] if len(vals) == 3 else None
     text = ":".join(map(str, vals)) + (f"/{multiple}" if multiple != 1 else "")
     if not (1 <= lo <= hi) or (opt is not None and not lo <= opt <= hi):
-        raise ShapeError(f"shape profile {name}={text}: need 1 <= min <= opt <= max")
+        raise ShapeError(f"shape profile {name}={text}: need 1 <= min <= opt <= max",
+                         hint=f"give --shape-profile {name}=MIN:OPT:MAX with 1 <= MIN <= OPT <= MAX")
     if multiple < 1:
-        raise ShapeError(f"shape profile {name}={text}: the multiple must be >= 1")
+        raise ShapeError(f"shape profile {name}={text}: the multiple must be >= 1",
+                         hint=f"give --shape-profile {name}=MIN:OPT:MAX/M with M >= 1, or leave /M out")
     off = [v for v in vals if v % multiple]
     if off:
-        raise ShapeError(f"shape profile {name}={text}: {off[0]} is not a multiple of {multiple}; give min, opt "
-                         f"and max as multiples of {multiple}")
+        fit = [-(-lo // multiple) * multiple] + ([min(max(round(opt / multiple) * multiple, lo), hi)] if opt else []) \
+            + [hi // multiple * multiple]
+        raise ShapeError(f"shape profile {name}={text}: {off[0]} is not a multiple of {multiple}",
+                         hint=f"give min, opt and max as multiples of {multiple}: --shape-profile {name}="
+                              + ":".join(map(str, fit)) + f"/{multiple}")
     return Symbol(name, lo, hi, opt, multiple)
 
 
@@ -121,23 +129,27 @@ def bind_input_shapes(g: Graph, input_shapes: Mapping[str, object]) -> InputShap
     for name, spec in input_shapes.items():
         v = by_input.get(name)
         if v is None:
-            raise ShapeError(f"--input-shape {name}: the model has no input {name!r}; its inputs are "
-                             + ", ".join(f"{x.name}: {x.type}" for x in g.inputs))
+            raise ShapeError(f"--input-shape {name}: the model has no input {name!r}",
+                             details=["its inputs: " + ", ".join(f"{x.name}: {x.type}" for x in g.inputs)],
+                             hint=f"name an input: {input_shape_hint(g)}")
         spec, mults = split_options(name, spec, "--input-shape")
         points = _points(name, spec)
         given = _spec_text(points) + ("/" + "x".join(map(str, mults)) if mults != 1 else "")
         if v.shape is None:
             raise ShapeError(f"--input-shape {name}={given}: the model does not declare the rank of {name!r} "
-                             f"({v.type}); Cuvil needs a ranked input")
+                             f"({v.type})", hint="Cuvil needs a ranked input: declare its shape in the model "
+                             "(onnx.tools.update_model_dims.update_inputs_outputs_dims)")
         if mults == 1:
             mults = (1,) * len(v.shape)
         elif _as_dims(mults) is None or len(points) != 3:
-            raise ShapeError(f"--input-shape {name}={given}: multiples are one per axis ({{'multiple': [1, 1, 32, "
-                             f"32]}}, on the command line MIN:OPT:MAX/1x1x32x32), after three shapes")
+            raise ShapeError(f"--input-shape {name}={given}: multiples need three shapes and one multiple per axis",
+                             hint=f"give --input-shape {name}=MIN:OPT:MAX/1x1x32x32 ({{'multiple': [1, 1, 32, 32]}} "
+                                  f"after three shapes in Python)")
         for p in points + (tuple(mults),):
             if len(p) != len(v.shape):
                 raise ShapeError(f"--input-shape {name}={given}: input {name!r} has rank {len(v.shape)} "
-                                 f"({v.type}), the shape gives {len(p)} dims")
+                                 f"({v.type}), the shape gives {len(p)} dims",
+                                 hint=f"give {len(v.shape)} dims: {input_shape_hint(g, name)}")
         for axis, d in enumerate(v.shape):
             vals = tuple(p[axis] for p in points)
             if len(vals) == 1:
@@ -145,41 +157,43 @@ def bind_input_shapes(g: Graph, input_shapes: Mapping[str, object]) -> InputShap
             where = f"input {name!r} axis {axis}"
             if not vals[0] <= vals[1] <= vals[2]:
                 raise ShapeError(f"--input-shape {name}={given}: {where} has min {vals[0]}, opt {vals[1]}, "
-                                 f"max {vals[2]}; need min <= opt <= max")
+                                 f"max {vals[2]}", hint="give the shapes in the order MIN:OPT:MAX, each dim of "
+                                 "MIN <= OPT <= MAX")
             multiple = int(mults[axis])
             if multiple < 1 or any(x % multiple for x in vals):
                 raise ShapeError(f"--input-shape {name}={given}: {where} has min {vals[0]}, opt {vals[1]}, max "
-                                 f"{vals[2]}, multiple {multiple}; give a multiple >= 1 and min, opt, max its "
-                                 f"multiples")
+                                 f"{vals[2]}, multiple {multiple}, not multiples of it",
+                                 hint="give a multiple >= 1 and min, opt, max its multiples")
             if multiple != 1:
                 if not isinstance(d, SymExpr) or str(d) not in g.symbols:
-                    raise ShapeError(f"--input-shape {name}={given}: {where} is {d} in the model ({v.type}); only "
-                                     f"a dim that is a symbol of its own takes a multiple")
+                    raise ShapeError(f"--input-shape {name}={given}: {where} is {d} in the model ({v.type}), "
+                                     f"not a symbol of its own", hint=f"give multiple 1 at {where}: only a dim that "
+                                     f"is a symbol of its own takes a multiple")
                 vals = vals + ({"multiple": multiple},)
             if isinstance(d, int):
                 if vals != (d, d, d):
                     raise ShapeError(f"--input-shape {name}={given}: {where} is fixed to {d} in the model "
-                                     f"({v.type}); give {d} there")
+                                     f"({v.type})", hint=f"give {d} there: {input_shape_hint(g, name)}")
             elif str(d) in g.symbols:
                 prev = seen.get(str(d))
                 if prev is not None and prev[0] != vals:
                     raise ShapeError(f"--input-shape {name}={given}: {where} is symbol {d}, which {prev[1]} "
-                                     f"also is; they are given {_range_text(vals)} and {_range_text(prev[0])}: "
-                                     f"give both the same")
+                                     f"also is; they are given {_range_text(vals)} and {_range_text(prev[0])}",
+                                     hint=f"give both the same: {_range_text(prev[0])}")
                 seen.setdefault(str(d), (vals, where))
             else:
                 derived.append((d, vals, where, name, given))
     for d, vals, where, name, given in derived:   # 2*N: checked once its symbols are bound
         unbound = sorted(d.free_symbols - seen.keys())
         if unbound:
-            raise ShapeError(f"--input-shape {name}={given}: {where} is {d}, computed from {', '.join(unbound)}; "
-                             f"bind {', '.join(unbound)} through an input where it is a whole dim, or by name "
-                             f"(--fix / --shape-profile)")
+            raise ShapeError(f"--input-shape {name}={given}: {where} is {d}, computed from {', '.join(unbound)}",
+                             hint=f"bind {', '.join(unbound)} through an input where it is a whole dim, or by name "
+                                  f"(--fix {unbound[0]}=VALUE / --shape-profile {unbound[0]}=MIN:OPT:MAX)")
         want = tuple(evaluate(d, {s: seen[s][0][k] for s in d.free_symbols}) for k in range(3))
         vals = vals[:3]
         if want != vals:
             raise ShapeError(f"--input-shape {name}={given}: {where} is {d} = {_range_text(want)} from the other "
-                             f"dims, the shape gives {_range_text(vals)}")
+                             f"dims, the shape gives {_range_text(vals)}", hint=f"give {_range_text(want)} there")
     fixed = {s: r[0] for s, (r, _) in seen.items() if r[0] == r[2]}
     profiles = {s: r for s, (r, _) in seen.items() if r[0] != r[2]}
     return InputShapeBinding(fixed, profiles)
@@ -194,11 +208,12 @@ def _points(name: str, spec) -> Tuple[Tuple[int, ...], ...]:
         points = tuple(_as_dims(p) for p in spec)
         points = None if None in points else points
     if points is None:
-        raise ShapeError(f"input_shapes[{name!r}] = {spec!r}: give one shape ([1, 3, 640, 640]) or three "
-                         f"(min, opt, max); on the command line --input-shape {name}=1x3x640x640 or "
-                         f"{name}=1x3x32x32:1x3x640x640:1x3x1280x1280")
+        raise ShapeError(f"input_shapes[{name!r}] = {spec!r}: not one shape nor three",
+                         hint=f"give one shape ([1, 3, 640, 640]) or three (min, opt, max); on the command line "
+                              f"--input-shape {name}=1x3x640x640 or {name}=1x3x32x32:1x3x640x640:1x3x1280x1280")
     if any(d < 0 for p in points for d in p):
-        raise ShapeError(f"input_shapes[{name!r}] = {_spec_text(points)}: a dim is negative")
+        raise ShapeError(f"input_shapes[{name!r}] = {_spec_text(points)}: a dim is negative",
+                         hint="give dims >= 0")
     return points
 
 

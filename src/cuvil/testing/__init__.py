@@ -1,7 +1,8 @@
 """Tools for testing models and rules with Cuvil: real architectures with random weights (:mod:`.models`),
 single-convolution models (:mod:`.conv_models`), Hypothesis strategies (:mod:`.strategies`), rule checks
 (:mod:`.rules`), onnxruntime as oracle and error measures (:mod:`.oracles`, needs onnxruntime), fresh compiled
-libraries (:mod:`.artifacts`), per-op shape inference against onnx (:mod:`.shape_inference`)."""
+libraries (:mod:`.artifacts`), per-op shape inference against onnx (:mod:`.shape_inference`), errors in ULPs of float32
+math over sweeps of float32 bit patterns (:mod:`.ulp`)."""
 from . import strategies
 from .models import (LIGHT_MODELS, light_model, light_model_path, small_cnn, strip_final_softmax,
                      with_batch, with_random_weights)

@@ -73,6 +73,7 @@ class KernelModule(LLVMKernelModule):
     def __init__(self, name: str, tm, triple: str):
         super().__init__(name, tm, triple)
         self.vector_bits = 128   # widest vector registers of the target CPU (set by generate_object)
+        self.math = "vector"     # float32 exp/erf/tanh/log: "vector" (inline polynomials) or "libm" (calls)
         self.scratch_index: Optional[int] = None   # bufs slot of the thread's scratch (None: no scratch)
         self.gemm_symbols = set()   # stages emitted as GEMM micro-kernels
         self.gemm_tiles = {}        # symbol -> a convolution micro-kernel's register tile ("12x32", "32x7c")
@@ -240,13 +241,15 @@ class KernelModule(LLVMKernelModule):
 
 
 def generate_object(sched: Schedule, prefix: str, cpu: Optional[str], opt: int,
-                    variant: str = "") -> Tuple[List[bytes], List[Tuple[str, int, int]], dict]:
+                    variant: str = "", math: str = "vector") -> Tuple[List[bytes], List[Tuple[str, int, int]], dict]:
     """The kernels of ``sched`` as object files (one per step), and the (symbol, extent, grain) of each
     stage. Progress (:mod:`cuvil.progress`), kernel by kernel: the LLVM IR, then LLVM's optimisation and
-    code generation (``variant`` names the kernels' variant in those lines)."""
+    code generation (``variant`` names the kernels' variant in those lines). ``math``: float32 exp, erf, tanh
+    and log as inline polynomials ("vector") or libm calls ("libm")."""
     suffix = f" ({variant})" if variant else ""
     tm, triple, desc = host_target(cpu, opt)
     km = KernelModule(prefix, tm, triple)
+    km.math = math
     km.vector_bits = desc.vector_bits
     km.scratch_index = 2 + len(sched.inputs) + len(sched.outputs)
     km.dims_index = km.scratch_index + 1

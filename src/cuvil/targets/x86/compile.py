@@ -14,7 +14,7 @@ from typing import Optional
 
 import attrs
 
-from ...errors import CuvilError
+from ...errors import CuvilError, UnsupportedTypeError
 from ...ir.graph import Graph
 from ...kernels.bounds import BoundsProver, Certificate, prove_schedule
 from ...kernels.schedule import Schedule, schedule
@@ -26,7 +26,7 @@ from .gemm import tile_cols, tile_shapes
 from .header import generate_header
 from .link import check_dependencies, link_shared, unexpected_dependencies
 from .model_c import generate_model_c
-from .model_info import IODesc, ModelInfo, StepDesc, SymbolDesc
+from .model_info import ABI_DTYPES, IODesc, ModelInfo, StepDesc, SymbolDesc
 from .tuning import DEFAULT_TUNING, X86Tuning
 
 
@@ -53,7 +53,8 @@ def arena_limit(given: Optional[int]) -> int:
     try:
         return int(env)
     except ValueError:
-        raise CuvilError(f"CUVIL_MAX_ARENA_BYTES={env!r} is not a number of bytes") from None
+        raise CuvilError(f"CUVIL_MAX_ARENA_BYTES={env!r} is not a number of bytes",
+                         hint=f"set it to an integer (CUVIL_MAX_ARENA_BYTES={MAX_ARENA_BYTES}), or unset it") from None
 
 
 def _check_arena(sched: Schedule, limit: int):
@@ -63,10 +64,23 @@ def _check_arena(sched: Schedule, limit: int):
         return
     at_max = ", ".join(f"{s.name} <= {s.max}" for s in sched.symbols)
     raise CuvilError(f"the arena at the shape profile's maxima ({at_max or 'fixed shapes'}) is "
-                     f"{_bytes(sched.arena_bytes)}, above the {_bytes(limit)} limit: give a shape profile with "
-                     f"the maxima you need (--shape-profile NAME=MIN:OPT:MAX or --input-shape INPUT=MIN:OPT:MAX; "
-                     f"shape_profiles= / input_shapes=), or raise "
-                     f"the limit with CUVIL_MAX_ARENA_BYTES")
+                     f"{_bytes(sched.arena_bytes)}, above the {_bytes(limit)} limit",
+                     hint=f"give a shape profile with the maxima you need (--shape-profile NAME=MIN:OPT:MAX or "
+                          f"--input-shape INPUT=MIN:OPT:MAX; shape_profiles= / input_shapes=), or, where a session "
+                          f"can reserve {_bytes(sched.arena_bytes)}, raise the limit: CUVIL_MAX_ARENA_BYTES="
+                          f"{sched.arena_bytes}")
+
+
+def _check_abi_types(g: Graph):
+    """Every input and output must have an element type the C ABI passes (not a string): refused by name, before
+    any kernel is built."""
+    for kind, values, names in (("input", g.inputs, [v.name for v in g.inputs]), ("output", g.outputs, g.output_names)):
+        for v, name in zip(values, names):
+            if int(v.dtype) not in ABI_DTYPES:
+                raise UnsupportedTypeError(
+                    f"{kind} {name!r} is {v.type}: the x86 library's C ABI has no {v.dtype.name.lower()} tensors",
+                    hint=f"export the model without the {v.dtype.name.lower()} {kind} (keep that processing outside "
+                         f"the model), or compile the graph that ends before it")
 
 
 def _refuse_unproved(cert: Certificate):
@@ -76,8 +90,10 @@ def _refuse_unproved(cert: Certificate):
     for k in cert.kernels:
         if k.status == "unproved":
             raise CuvilError(f"kernel {k.stage} ({k.variant}) is not proved memory-safe even with run-time "
-                             f"guards: {k.failures[0]}; if a dim can be 0 at some point of the shape profile, "
-                             f"raise the symbols' minimum (--shape-profile NAME=MIN:OPT:MAX), else report it")
+                             f"guards", details=[str(k.failures[0])],
+                             hint="if a dim can be 0 at some point of the shape profile, raise the symbols' minimum "
+                                  "(--shape-profile NAME=MIN:OPT:MAX), else report it with `cuvil inspect MODEL "
+                                  "--shapes` output")
 
 
 def _bytes(n: int) -> str:
@@ -117,7 +133,7 @@ def _loop_jumps(sched, step_stages, descs) -> list:
 def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str] = None, prefix: str = "cuvil",
                 manifest_extra: Optional[dict] = None,
                 opt_graph: Optional[Graph] = None, max_arena_bytes: Optional[int] = None,
-                tuning: X86Tuning = DEFAULT_TUNING) -> dict:
+                tuning: X86Tuning = DEFAULT_TUNING, math: str = "vector") -> dict:
     """Compile ``g`` into ``out_so``; writes the header and manifest beside it and returns the manifest.
     Symbols left in ``g`` stay symbolic: the library binds them from the input shapes at every run and
     accepts every value in their ranges (``g.symbols``). ``opt_graph``: ``g`` specialised to the symbols'
@@ -125,11 +141,13 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
     the opt point. Every kernel's memory accesses are proved in bounds (:mod:`cuvil.kernels.bounds`) before
     code is generated; a kernel that cannot be proved runs guarded; the certificate is the manifest's
     ``memory_safety``. ``max_arena_bytes`` (default :data:`MAX_ARENA_BYTES`): a larger arena is refused.
-    ``tuning``: the register tiles offered and the tile choice's weights (:class:`X86Tuning`). Each stage,
-    the LLVM IR kernel by kernel, is reported through :mod:`cuvil.progress`."""
+    ``tuning``: the register tiles offered and the tile choice's weights (:class:`X86Tuning`). ``math``: float32
+    exp, erf, tanh and log as inline vector polynomials ("vector") or libm calls ("libm"). Each stage, the LLVM
+    IR kernel by kernel, is reported through :mod:`cuvil.progress`."""
     t0 = time.perf_counter()
     out_so = os.path.abspath(out_so)
     base = os.path.splitext(out_so)[0]
+    _check_abi_types(g)
     target_cpu = describe_cpu(cpu)
     bits = target_cpu.vector_bits
     with stage("schedule", detail=f"{len(g.nodes)} nodes") as s:
@@ -143,7 +161,7 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
         cert = prove_schedule(sched, "generic", prover)
         s.detail(cert.summary())
     _refuse_unproved(cert)
-    obj, steps, target = generate_object(sched, prefix, cpu, opt_level)
+    obj, steps, target = generate_object(sched, prefix, cpu, opt_level, math=math)
     blob = sched.weights_blob()
     osched = osteps = otarget = oobj = oblob = None
     # sizes written at run time (NonZero's count) have no opt point to specialise for: generic kernels only
@@ -159,7 +177,8 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
             s.detail(opt_cert.summary())
         cert.extend(opt_cert)
         _refuse_unproved(cert)
-        oobj, osteps, otarget = generate_object(osched, f"{prefix}_opt", cpu, opt_level, variant="opt point")
+        oobj, osteps, otarget = generate_object(osched, f"{prefix}_opt", cpu, opt_level, variant="opt point",
+                                                math=math)
         oblob = osched.weights_blob()
     t_codegen = time.perf_counter()
     weights_sym = f"{prefix}_weights" if sched.weights_bytes else None
@@ -198,7 +217,9 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
     deps = check_dependencies(out_so)
     bad = unexpected_dependencies(deps)
     if bad:
-        raise CuvilError(f"{out_so} depends on {bad}; only libc, libm and libpthread are allowed")
+        raise CuvilError(f"{out_so} depends on {bad}; only libc, libm and libpthread are allowed",
+                         hint="the system linker added them: check `cc` (CC=) links without extra libraries, "
+                              "or report it with `ldd` of the library")
     with open(base + ".h", "w") as f:
         f.write(generate_header(info, prefix))
     manifest = {
@@ -206,6 +227,7 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
         "prefix": prefix,
         "target": _target_json(target["triple"], target["cpu"]),
         "opt_level": opt_level,
+        "math": math,
         "inputs": [{"name": d.name, "dtype": d.dtype, "shape": _json_dims(d.dims or d.shape)} for d in info.inputs],
         "outputs": [{"name": d.name, "dtype": d.dtype, "shape": _json_dims(d.dims or d.shape)} for d in info.outputs],
         "symbols": {s.name: {"min": s.min, "opt": s.opt, "max": s.max, **({"multiple": s.multiple} if s.multiple > 1

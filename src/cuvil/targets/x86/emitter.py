@@ -1,4 +1,5 @@
-"""The x86 expression emitter: the shared LLVM emitter with host math (LLVM intrinsics, libm) and the row
+"""The x86 expression emitter: the shared LLVM emitter with host math (float32 exp, erf, tanh and log as
+vectorisable polynomials, :mod:`cuvil.targets.llvm.vecmath`; LLVM intrinsics and libm otherwise) and the row
 schedule (a reduction accumulated for a whole output row at once, :meth:`X86Emitter.store_row`)."""
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from ...kernels.schedule import Stage
 from ...kernels.texpr import E, identity_value, nodes, top_level
 from ..llvm.emitter import LLVMEmitter
 from ..llvm.types import F16, F32, I8, I64, const_value, ll
+from ..llvm.vecmath import VECTOR_FUNCTIONS, VectorMath
 
 _INTRINSICS = {"sqrt", "exp", "log", "sin", "cos", "pow", "floor", "ceil", "roundeven", "fabs"}
 _LIBM = {"tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "erf", "tanh"}
@@ -126,7 +128,9 @@ class X86Emitter(LLVMEmitter):
         self.memo.pop()
 
     def call(self, name: str, args, dt: DType):
-        """LLVM intrinsics where LLVM lowers them inline, libm otherwise; float16 computes in float32."""
+        """Float32 exp, erf, tanh and log inline as polynomials (:mod:`~cuvil.targets.llvm.vecmath`) unless the
+        module asks for libm (``km.math == "libm"``); LLVM intrinsics where LLVM lowers them inline, libm
+        otherwise; float16 computes in float32."""
         b = self.b
         if not dt.is_float:
             raise CuvilError(f"{self.target} codegen: {name} of {dt.name}")
@@ -134,6 +138,8 @@ class X86Emitter(LLVMEmitter):
             wide = [b.fpext(a, F32) for a in args]
             return b.fptrunc(self.call(name, wide, DType.FLOAT), F16)
         t = ll(dt)
+        if t == F32 and name in VECTOR_FUNCTIONS and self.km.math == "vector":
+            return getattr(VectorMath(b, self.km.declare), name)(*args)
         if name in _INTRINSICS:
             f = self.km.declare(f"llvm.{name}.{'f32' if t == F32 else 'f64'}", t, [t] * len(args))
         elif name in _LIBM:

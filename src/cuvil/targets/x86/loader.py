@@ -69,9 +69,9 @@ def _read_manifest(so_path: str) -> dict:
         with open(mp, encoding="utf-8") as f:
             manifest = json.load(f)
     except (OSError, ValueError) as e:
-        raise CuvilError(f"{mp}: unreadable manifest: {e}") from e
+        raise CuvilError(f"{mp}: unreadable manifest: {e}", hint="compile the model again (cuvil compile MODEL -o libNAME.so): the manifest is written beside the library") from e
     if not isinstance(manifest, dict):
-        raise CuvilError(f"{mp}: unreadable manifest: not a JSON object")
+        raise CuvilError(f"{mp}: unreadable manifest: not a JSON object", hint="compile the model again (cuvil compile MODEL -o libNAME.so): the manifest is written beside the library")
     return manifest
 
 
@@ -112,7 +112,8 @@ class X86Model(model_api.Model):
         self._closed = True                       # until the library is bound (close() and __del__ rely on it)
         self.path = os.path.abspath(path)
         if not os.path.isfile(self.path):
-            raise CuvilError(f"{path!r} does not exist")
+            raise CuvilError(f"{path!r} does not exist", hint="give the path of a compiled libNAME.so (cuvil compile "
+                             "MODEL -o libNAME.so writes one)")
         manifest = _read_manifest(self.path)
         _check_isa(manifest, path)
         self.manifest = manifest
@@ -120,11 +121,13 @@ class X86Model(model_api.Model):
             prefix = manifest.get("prefix", "cuvil")
         self.prefix = prefix
         if not is_c_identifier(self.prefix):
-            raise CuvilError(f"{path}: prefix {self.prefix!r} is not a C identifier")
+            raise CuvilError(f"{path}: prefix {self.prefix!r} is not a C identifier",
+                             hint="give prefix= the --prefix the library was compiled with (default cuvil)")
         try:
             self._lib = ctypes.CDLL(self.path, mode=os.RTLD_LOCAL | os.RTLD_NOW)
         except OSError as e:
-            raise CuvilError(f"cannot load {path}: {e}") from e
+            raise CuvilError(f"cannot load {path}: {e}", hint="compile the model again on this machine (cuvil "
+                             "compile MODEL -o libNAME.so); `cuvil doctor` shows what this machine has") from e
         self._bind()
         self.num_threads = num_threads
         self._session = None
@@ -186,8 +189,9 @@ class X86Model(model_api.Model):
             try:
                 fn = getattr(lib, f"{p}_{name}")
             except AttributeError:
-                raise CuvilError(f"{self.path}: no symbol {p}_{name}; not a Cuvil artifact with prefix {p!r} "
-                                 f"(pass prefix=... or keep lib<name>.manifest.json next to the library)") from None
+                raise CuvilError(f"{self.path}: no symbol {p}_{name}; not a Cuvil artifact with prefix {p!r}",
+                                 hint="pass prefix= the --prefix it was compiled with, or keep lib<name>.manifest.json "
+                                      "next to the library") from None
             fn.restype, fn.argtypes = res, args
             setattr(f, name, fn)
         self._f = f
@@ -234,15 +238,16 @@ class X86Model(model_api.Model):
         for d, dims in zip(self.signature.outputs, shapes):
             if any(v is None or v < 0 for v in dims):
                 raise CuvilError(f"{lib}: output '{d.name}' has shape {shape_text(dims)}, which no array can have; "
-                                 f"the library is damaged or mismatched: compile the model again")
+                                 f"the library is damaged or mismatched", hint="compile the model again")
             n = d.dtype.itemsize if d.dtype is not None else 1
             for v in dims:
                 n *= int(v)
             total += n
             if total > self.max_output_bytes:
                 raise CuvilError(f"{lib}: output '{d.name}' of shape {shape_text(dims)} takes {n} bytes, over the "
-                                 f"{self.max_output_bytes} that one run may allocate for its outputs; run smaller "
-                                 f"inputs, or load with max_output_bytes=... if the machine has the memory")
+                                 f"{self.max_output_bytes} that one run may allocate for its outputs",
+                                 hint=f"run smaller inputs, or load with max_output_bytes={n} if the machine has the "
+                                      f"memory")
 
     # -- sessions -----------------------------------------------------------------------------------
 
@@ -261,7 +266,8 @@ class X86Model(model_api.Model):
         s = self._f.session_create(int(n))
         if not s:
             raise CuvilError(f"{os.path.basename(self.path)}: cannot create a session with num_threads={n}: "
-                             f"{(self._f.last_error() or b'').decode()}")
+                             f"{(self._f.last_error() or b'').decode()}",
+                             hint="give num_threads=0 (all cores) or a count up to the cores this machine has")
         self._session, self._session_threads = s, n
         return s
 
@@ -290,7 +296,8 @@ class X86Model(model_api.Model):
         for d in outputs:
             if d.dtype is None:
                 raise CuvilError(f"{os.path.basename(self.path)}: output {d.name!r} has dtype code {d.code}, "
-                                 f"which numpy cannot hold")
+                                 f"which numpy cannot hold", hint="call the library from C (the header beside it "
+                                 "declares cuvil_run)")
         with self._lock:
             s = self._get_session(num_threads)
             ins, keep = self._in_tensors, []

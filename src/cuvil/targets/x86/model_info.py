@@ -38,9 +38,14 @@ def is_c_identifier(s: object) -> bool:
     return isinstance(s, str) and bool(_C_IDENT.match(s)) and s not in _C_KEYWORDS
 
 
+#: These checks guard what reaches the C generators; a model that trips one found a gap in an earlier check.
+_REPORT = "report it with the model's `cuvil inspect MODEL --raw` output; the message names what failed"
+
+
 def _ident(inst, attribute, value):
     if not is_c_identifier(value):
-        raise CuvilError(f"{type(inst).__name__}.{attribute.name} must be a C identifier, got {value!r}")
+        raise CuvilError(f"{type(inst).__name__}.{attribute.name} must be a C identifier, got {value!r}",
+                         hint="give a C identifier (letters, digits, _; not a C keyword), e.g. --prefix mymodel")
 
 
 def _opt_ident(inst, attribute, value):
@@ -50,36 +55,40 @@ def _opt_ident(inst, attribute, value):
 
 def _name(inst, attribute, value):
     if not isinstance(value, str) or "\0" in value:
-        raise CuvilError(f"{type(inst).__name__}.{attribute.name} must be a str without NUL, got {value!r}")
+        raise CuvilError(f"tensor name {value!r} holds a NUL character, which C strings cannot carry",
+                         hint="rename the input/output in the model (onnx.compose.add_prefix or editing the "
+                              "ValueInfoProto)")
 
 
 def _dtype(inst, attribute, value):
     if int(value) not in ABI_DTYPES:
-        raise CuvilError(f"IODesc {inst.name!r}: dtype {value!r} is not an ONNX dtype code usable at the C ABI")
+        raise CuvilError(f"tensor {inst.name!r}: element type code {value!r} cannot cross the C ABI",
+                         hint="export the model with numeric inputs and outputs (float32, int64, ...)")
 
 
 def _shape(inst, attribute, value):
     for d in value:
         if d is not None and (not isinstance(d, int) or isinstance(d, bool) or d < 0):
-            raise CuvilError(f"IODesc {inst.name!r}: shape {value!r} must hold ints >= 0 or None")
+            shown = "[" + ", ".join("?" if x is None else str(x) for x in value) + "]"
+            raise CuvilError(f"tensor {inst.name!r} has shape {shown}: a dim is not a size >= 0", hint=_REPORT)
 
 
 def _nonneg(inst, attribute, value):
     if not isinstance(value, int) or value < 0:
-        raise CuvilError(f"{type(inst).__name__}.{attribute.name} must be an int >= 0, got {value!r}")
+        raise CuvilError(f"{type(inst).__name__}.{attribute.name} must be an int >= 0, got {value!r}", hint=_REPORT)
 
 
 def _positive(inst, attribute, value):
     if not isinstance(value, int) or value < 1:
-        raise CuvilError(f"{type(inst).__name__}.{attribute.name} must be an int >= 1, got {value!r}")
+        raise CuvilError(f"{type(inst).__name__}.{attribute.name} must be an int >= 1, got {value!r}", hint=_REPORT)
 
 
 def _dims(inst, attribute, value):
     if value and len(value) != len(inst.shape):
-        raise CuvilError(f"IODesc {inst.name!r}: dims {value!r} and shape {inst.shape!r} differ in rank")
+        raise CuvilError(f"tensor {inst.name!r}: dims {value!r} and shape {inst.shape!r} differ in rank", hint=_REPORT)
     for d, s in zip(value, inst.shape):
         if isinstance(d, SymExpr) != (s is None) or (isinstance(d, int) and d != s):
-            raise CuvilError(f"IODesc {inst.name!r}: dims {value!r} do not match shape {inst.shape!r}")
+            raise CuvilError(f"tensor {inst.name!r}: dims {value!r} do not match shape {inst.shape!r}", hint=_REPORT)
 
 
 @attrs.frozen

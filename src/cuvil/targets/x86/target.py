@@ -42,7 +42,9 @@ class X86Options(TargetOptions):
     arena a library may reserve (default :data:`cuvil.targets.x86.compile.MAX_ARENA_BYTES`, or the
     ``CUVIL_MAX_ARENA_BYTES`` environment variable). ``tuning``: the cost model's weights and the register
     tiles offered (:class:`cuvil.targets.x86.tuning.X86Tuning`; default: the shipped, measured ones), the
-    settings benchmarks vary.
+    settings benchmarks vary. ``math``: float32 exp, erf, tanh and log as inline polynomials the loop
+    vectoriser widens (``"vector"``, the default; their errors in ULPs are in docs/math.md) or as calls to
+    libm (``"libm"``: glibc's results, one scalar call per element).
     """
 
     opt_level: int = attrs.field(default=3, validator=check(is_opt_level, "0, 1, 2 or 3"))
@@ -57,6 +59,8 @@ class X86Options(TargetOptions):
         "a positive number of bytes, or None for the default"))
     tuning: X86Tuning = attrs.field(default=DEFAULT_TUNING, validator=check(
         lambda v: isinstance(v, X86Tuning), "an X86Tuning"))
+    math: str = attrs.field(default="vector", validator=check(lambda v: v in ("vector", "libm"),
+                                                              '"vector" or "libm"'))
 
 
 def choose_algorithms(graph: Graph, cpu: Optional[str] = None,
@@ -85,7 +89,7 @@ class X86Target:
         # The arena limit is enforced while building, so a cached library must have been built under the same one.
         key = [str(options.opt_level), cpu_identity(options.cpu), options.prefix, f"opt_kernels={options.opt_kernels}",
                f"winograd={choose}", f"max_arena_bytes={arena_limit(options.max_arena_bytes)}",
-               f"tuning={options.tuning!r}"] + [r.text for r in builtin_rules() if r.on == "x86" and choose]
+               f"tuning={options.tuning!r}", f"math={options.math}"] + [r.text for r in builtin_rules() if r.on == "x86" and choose]
         return BuildPlan(graph, options, f"lib{options.prefix}.so", key, {"choose": choose, "profiles": profiles})
 
     def emit(self, plan: BuildPlan, path: str, manifest_extra: dict) -> dict:
@@ -102,7 +106,7 @@ class X86Target:
             opt_graph, _ = specialize_graph(g, {k: v[1] for k, v in plan.extra["profiles"].items()})
         return compile_x86(g, path, opt_level=o.opt_level, cpu=o.cpu, prefix=o.prefix, manifest_extra=extra,
                            opt_graph=opt_graph, max_arena_bytes=o.max_arena_bytes,
-                           tuning=o.tuning)
+                           tuning=o.tuning, math=o.math)
 
     def load(self, path: str, manifest: Optional[dict] = None, cached: bool = False) -> Artifact:
         if manifest is None:
