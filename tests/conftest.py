@@ -8,10 +8,40 @@ settings.register_profile("default", max_examples=15, deadline=None)
 settings.register_profile("ci", max_examples=60, deadline=None, derandomize=True, print_blob=True)
 settings.load_profile(os.environ.get("CUVIL_HYPOTHESIS_PROFILE", "default"))
 
+# What a worker of `pytest -n auto` (pytest-xdist) hands back to the controller: the conformance summary lines,
+# which the worker cannot print (only the controller writes the terminal summary).
+CONFORMANCE_SUMMARY = "cuvil_conformance_summary"
+_SUMMARY_LINES = pytest.StashKey[list]()
+
 
 def pytest_addoption(parser):
     parser.addoption("--update-golden", action="store_true",
                      help="rewrite the goldens (tests/golden/expected/*, tests/golden/replay/*) from the current output")
+
+
+def pytest_configure(config):
+    # `pytest -n auto` (pytest-xdist) distributes module by module ('loadfile'), not test by test (xdist's
+    # default, 'load'): several modules do the work of all their tests in one module-scoped fixture (the ONNX
+    # conformance cases and the replay snapshots, each in its own pool of processes; compiled libraries), which
+    # every worker running a test of the module would repeat. Largest modules first, so the conformance module
+    # starts at once and the other worker takes the rest meanwhile.
+    if getattr(config.option, "dist", None) == "load":
+        config.option.dist = "loadfile"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    lines = getattr(node, "workeroutput", {}).get(CONFORMANCE_SUMMARY)
+    if lines:
+        node.config.stash[_SUMMARY_LINES] = lines
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    lines = config.stash.get(_SUMMARY_LINES, None)
+    if lines:
+        terminalreporter.section("ONNX node conformance")
+        for line in lines:
+            terminalreporter.write_line(line)
 
 
 @pytest.fixture

@@ -217,40 +217,48 @@ def run_all(cases, names: Optional[List[str]] = None, jobs: Optional[int] = None
 # --- pytest -------------------------------------------------------------------------------------------
 
 _LISTED = expected_pass()
+# The key under which an xdist worker hands the summary lines to the controller (tests/conftest.py).
+CONFORMANCE_SUMMARY = "cuvil_conformance_summary"
+
+
+def summary_lines(results: Dict[str, Result], total: int, listed: List[str], seconds: float) -> List[str]:
+    """The terminal summary: the pass count, what each other outcome means and which cases had it, the passing
+    cases not listed."""
+    r = results
+    passed = sorted(n for n, x in r.items() if x.status == "pass")
+    if len(r) == total:
+        lines = [f"ONNX node conformance: {len(passed)}/{total} cases pass ({len(r)} run in {seconds:.0f} s)"]
+    else:
+        lines = [f"ONNX node conformance: {len(passed)}/{len(r)} of the cases run pass "
+                 f"({total} cases in all; {seconds:.0f} s)"]
+    others = {}
+    for n, x in r.items():
+        if x.status != "pass":
+            others.setdefault(x.status, []).append(n)
+    if others:
+        lines.append(f"  the other {sum(map(len, others.values()))}, by outcome (one listed in "
+                     f"{os.path.basename(LIST_PATH)} fails its test; an unlisted one fails nothing unless it "
+                     "crashes or times out):")
+        for status, names in sorted(others.items()):
+            shown = " ".join(sorted(names)) if status != "unsupported" else "(cuvil ops lists the gaps)"
+            lines.append(f"    {len(names)} {status}: {OUTCOMES.get(status, status)} {shown}")
+    new = sorted(set(passed) - set(listed))
+    if new:
+        lines.append(f"  {len(new)} passing case(s) not in {os.path.basename(LIST_PATH)} "
+                     f"(run scripts/update_conformance_list.py): {' '.join(new)}")
+    return lines
 
 
 class _Summary:
-    """Registered as a plugin by the fixture: prints the pass count at the end of the session."""
+    """Registered as a plugin by the fixture: prints the summary at the end of the session."""
 
-    def __init__(self, results: Dict[str, Result], total: int, listed: List[str], seconds: float):
-        self.results, self.total, self.listed, self.seconds = results, total, listed, seconds
+    def __init__(self, lines: List[str]):
+        self.lines = lines
 
     def pytest_terminal_summary(self, terminalreporter):
-        r = self.results
-        passed = sorted(n for n, x in r.items() if x.status == "pass")
-        tr = terminalreporter
-        tr.section("ONNX node conformance")
-        if len(r) == self.total:
-            tr.write_line(f"ONNX node conformance: {len(passed)}/{self.total} cases pass "
-                          f"({len(r)} run in {self.seconds:.0f} s)")
-        else:
-            tr.write_line(f"ONNX node conformance: {len(passed)}/{len(r)} of the cases run pass "
-                          f"({self.total} cases in all; {self.seconds:.0f} s)")
-        others = {}
-        for n, x in r.items():
-            if x.status != "pass":
-                others.setdefault(x.status, []).append(n)
-        if others:
-            tr.write_line(f"  the other {sum(map(len, others.values()))}, by outcome (one listed in "
-                          f"{os.path.basename(LIST_PATH)} fails its test; an unlisted one fails nothing unless it "
-                          "crashes or times out):")
-            for status, names in sorted(others.items()):
-                shown = " ".join(sorted(names)) if status != "unsupported" else "(cuvil ops lists the gaps)"
-                tr.write_line(f"    {len(names)} {status}: {OUTCOMES.get(status, status)} {shown}")
-        new = sorted(set(passed) - set(self.listed))
-        if new:
-            tr.write_line(f"  {len(new)} passing case(s) not in {os.path.basename(LIST_PATH)} "
-                          f"(run scripts/update_conformance_list.py): {' '.join(new)}")
+        terminalreporter.section("ONNX node conformance")
+        for line in self.lines:
+            terminalreporter.write_line(line)
 
 
 @pytest.fixture(scope="module")
@@ -266,8 +274,11 @@ def conformance(request):
     else:
         names = [it.callspec.params["name"] for it in selected if it.callspec.params["name"] in cases]
     results = run_all(cases, names)
-    summary = _Summary(results, len(cases), _LISTED, time.perf_counter() - t0)
-    request.config.pluginmanager.register(summary, "cuvil-onnx-conformance-summary")
+    lines = summary_lines(results, len(cases), _LISTED, time.perf_counter() - t0)
+    if hasattr(request.config, "workeroutput"):   # a pytest-xdist worker: the controller prints it (conftest.py)
+        request.config.workeroutput[CONFORMANCE_SUMMARY] = lines
+    else:
+        request.config.pluginmanager.register(_Summary(lines), "cuvil-onnx-conformance-summary")
     return cases, results
 
 

@@ -330,7 +330,7 @@ def _input_shapes(model, manifest: dict, shapes: dict[str, Any], spelled: dict[s
                     if len(given) == spec.ndim else "x".join(str(v or "D") for v in spec.shape)
                 raise CuvilError(f"{spelled.get(spec.name, '--input-shape')} {spec.name}={'x'.join(map(str, given))} "
                                  f"does not fit the library's input {spec.name}: {list(spec.shape)}",
-                                 hint=f"give --input-shape {spec.name}={fit}")
+                                 hint=f"--input-shape {spec.name}={fit}")
             out.append(given)
             continue
         dims = []

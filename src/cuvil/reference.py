@@ -15,6 +15,7 @@ import onnx
 from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
 
+from .ir.ops.attention import fused_attention_reference
 from .ir.ops.winograd import kernel_transform, winograd_conv_reference
 
 
@@ -107,8 +108,15 @@ class WinogradConv(OpRun):
         return (winograd_conv_reference(x, u, b, int(tile), list(pads) if pads is not None else [0, 0, 0, 0]),)
 
 
-# Cuvil's own ops (domain ai.cuvil, see cuvil.ir.ops.winograd)
-CUVIL_OPS = [WinogradKernel, WinogradConv]
+class FusedAttention(OpRun):
+    op_domain = "ai.cuvil"
+
+    def _run(self, q, kt, v, scale, mask=None, zero_nan=0):
+        return (fused_attention_reference(q, kt, v, scale, mask, int(zero_nan)),)
+
+
+# Cuvil's own ops (domain ai.cuvil, see cuvil.ir.ops.winograd and cuvil.ir.ops.attention)
+CUVIL_OPS = [WinogradKernel, WinogradConv, FusedAttention]
 SPEC_OPS = [Softplus, Sigmoid, Mish, Softsign, Sum, GatherElements, GlobalAveragePool] + CUVIL_OPS
 
 

@@ -37,7 +37,7 @@ import numpy as np
 import onnx
 import z3
 
-from ..dsl.ast import DTYPE_NAMES, Expr, FuncCall, ListLit, Num, OpCall, Rule, Var, Wildcard
+from ..dsl.ast import Compare, DTYPE_NAMES, Expr, FuncCall, ListLit, Num, OpCall, Rule, Var, Wildcard
 from ..dsl.cases import expand_cases
 from ..dsl.compiler import BuildError, build, match
 from ..dsl.validate import KERNEL_OPS
@@ -282,12 +282,22 @@ def _window_inputs(op, known):
 
 
 def _matmul_inputs(op, known):
-    pairs = [((2, 3), (3, 4)), ((2, 3), (4, 3)), ((3, 2), (3, 4)), ((2, 2, 3), (3, 4)), ((3,), (3, 4))]
+    # the last: batched [B, H, S, D] operands (attention's Q · Kt, P · V)
+    pairs = [((2, 3), (3, 4)), ((2, 3), (4, 3)), ((3, 2), (3, 4)), ((2, 2, 3), (3, 4)), ((3,), (3, 4)),
+             ((1, 2, 2, 2), (1, 2, 2, 3))]
     for a, b in pairs:
         if known[0] is not None and known[0] != a:
             continue
         for c in [(4,), (2, 4), (1, 4), (), (2, 1), (3,), (2, 3)]:
             yield [a, b, c]
+    if known[0] is not None and len(known) > 1 and known[1] is not None:
+        a, b = known[0], known[1]
+        if len(a) >= 2 and len(b) >= 2 and a[-1] == b[-2]:   # both known (attention: Q·Kt of two subpatterns)
+            yield [a, b, ()]
+    if known[0] is not None and len(known[0]) >= 3:
+        a = known[0]   # batched products (attention's [B, H, S, D] operands): the same batch dims on the right
+        for b in [a[:-2] + (a[-1], 2), a[:-2] + (a[-1], a[-2])]:
+            yield [a, b, (b[-1],)]
     if known[0] is not None:
         a = known[0]
         for b in [(a[-1], 2), (a[0], 2), (2, a[-1]), (2, a[0])] if a else []:
@@ -392,6 +402,7 @@ def search_instances(rule: Rule, limit: int = MAX_INSTANCES) -> List[Instance]:
     replacement type-checks to the same type."""
     calls = list(_post_order(rule.lhs))
     float_vars = _float_attr_vars(rule)
+    rank_ok = _rank_guards(rule)
     found: List[Instance] = []
     seen = set()
     tries = [0]
@@ -428,7 +439,7 @@ def search_instances(rule: Rule, limit: int = MAX_INSTANCES) -> List[Instance]:
             ok = True
             for a, s in zip(c.args, full):
                 if isinstance(a, Var):
-                    if s2.setdefault(a.name, s) != s:
+                    if s2.setdefault(a.name, s) != s or not rank_ok(a.name, s):
                         ok = False
                 elif isinstance(a, Wildcard):
                     w2[id(a)] = s
@@ -450,6 +461,23 @@ def search_instances(rule: Rule, limit: int = MAX_INSTANCES) -> List[Instance]:
 
     dfs(0, {}, {}, {}, {}, {})
     return found
+
+
+_RANK_TESTS = {"==": lambda r, n: r == n, "!=": lambda r, n: r != n, "<": lambda r, n: r < n,
+               "<=": lambda r, n: r <= n, ">": lambda r, n: r > n, ">=": lambda r, n: r >= n}
+
+
+def _rank_guards(rule: Rule):
+    """``ok(var, shape)``: whether ``shape`` passes the rule's guards ``rank(var) OP N`` (N a literal). The
+    search prunes a shape that fails one as soon as the variable is bound, instead of after building the
+    whole pattern: a large pattern (attention's two copies of the score chain) fits the budget."""
+    tests: Dict[str, List] = {}
+    for gd in rule.guards:
+        if (isinstance(gd, Compare) and isinstance(gd.left, FuncCall) and gd.left.name == "rank"
+                and len(gd.left.args) == 1 and isinstance(gd.left.args[0], Var) and isinstance(gd.right, Num)
+                and gd.op in _RANK_TESTS):
+            tests.setdefault(gd.left.args[0].name, []).append((_RANK_TESTS[gd.op], int(gd.right.value)))
+    return lambda name, shape: all(t(len(shape), n) for t, n in tests.get(name, ()))
 
 
 def _post_order(e: Expr) -> Iterator[OpCall]:
@@ -750,6 +778,7 @@ def draw_instances(rule: Rule, rng: np.random.Generator, count: int, max_dim: in
     replacement type-checks, drawn at random: every attribute variable independently."""
     calls = list(_post_order(rule.lhs))
     float_vars = _float_attr_vars(rule)
+    rank_ok = _rank_guards(rule)
     found: List[Instance] = []
     seen = set()
     for _ in range(DRAW_ATTEMPTS):

@@ -64,14 +64,16 @@ Public interface: :class:`FP32Domain`, :class:`RealDomain`, :func:`evaluate`, :d
 """
 from typing import Dict
 
-from . import activation, cast, conv, elementwise, indexing, matmul, misc, norm, pool, reduce, shape, softmax, winograd
+from . import (activation, attention, cast, conv, elementwise, indexing, matmul, misc, norm, pool, reduce, shape,
+               softmax, winograd)
 from .counterexamples import first_difference, format_value
 from .domains import FP32, FP_FORMATS, Domain, FP32Domain, FPDomain, RealDomain
 from .table import SEMANTICS, SEMANTICS_VERSION, evaluate, sem
 from .tensors import _map, _py_number, constant_tensor, element_equalities, symbolic, tensors_equal
 
 # The op families with semantics (modules named as in ir/ops); each registers its ops on import.
-FAMILIES = (activation, cast, conv, elementwise, indexing, matmul, misc, norm, pool, reduce, shape, softmax, winograd)
+FAMILIES = (activation, cast, conv, elementwise, indexing, matmul, misc, norm, pool, reduce, shape, softmax, winograd,
+            attention)
 
 
 def _each(reason: str, *ops: str) -> Dict[str, str]:

@@ -81,10 +81,24 @@ class X86Emitter(LLVMEmitter):
 
 
     def assign(self, a):
-        """A sequential program's assignment; one whose value is a reduction reading the innermost loop
-        variable (a step's recurrent product, ``sum_k h[k] * R^T[k, j]``) takes the row schedule: the row of
-        accumulators over that variable (unit-stride, vectorised) summed over the reduction loops, then the
-        value computed and stored for each element of the row."""
+        """A sequential program's assignment. Loads that do not move with its loops (a row's scalars, read at
+        the row's and step's indices only) from buffers other than the one it stores are read once before
+        its loop nest: inside it, LLVM must assume the store may alias them (one arena), reloads them every
+        iteration and does not vectorise (attention's ``acc[d] += p[j] * V[j, d]``). Only where every extent
+        is a positive constant, so the hoisted loads run only where the loop would have run them."""
+        self.memo.append(dict(self.memo[-1]))
+        try:
+            for x in _invariant_loads(a):
+                self.emit(x)
+            self._assign(a)
+        finally:
+            self.memo.pop()
+
+    def _assign(self, a):
+        """One whose value is a reduction reading the innermost loop variable (a step's recurrent product,
+        ``sum_k h[k] * R^T[k, j]``) takes the row schedule: the row of accumulators over that variable
+        (unit-stride, vectorised) summed over the reduction loops, then the value computed and stored for each
+        element of the row."""
         red = _row_assign_reduction(a, self.km.at_max)
         if red is None:
             return super().assign(a)
@@ -151,6 +165,28 @@ class X86Emitter(LLVMEmitter):
 
 ROW_MAX = 16384   # widest row (elements) the row schedule accumulates on the stack
 ROW_BLOCK = 4     # rows accumulated together when they fit in ROW_MAX
+
+
+def _invariant_loads(a) -> List[E]:
+    """The loads in ``a``'s value whose indices use none of the variables its loops and reductions bind,
+    from buffers other than ``a.buf``; none unless every extent is a positive constant and the value has no
+    scan (whose variables are bound another way)."""
+    if not a.loop_vars or not all(isinstance(n, int) and n > 0 for n in a.extents):
+        return []
+    every = list(nodes(a.value))
+    if any(x.op == "argscan" for x in every):
+        return []
+    bound = {v.attr for v in a.loop_vars}
+    for x in every:
+        if x.op == "reduce":
+            bound |= {v.attr for v in x.attr[1]}
+
+    stored = a.buf.storage
+
+    def invariant(x: E) -> bool:
+        return x.op == "load" and x.attr.storage is not stored and not any(
+            y.op == "var" and y.attr in bound for i in x.args for y in nodes(i))
+    return [x for x in every if invariant(x)]
 
 
 def _row_assign_reduction(a, at_max) -> Optional[E]:

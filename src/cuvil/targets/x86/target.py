@@ -44,7 +44,10 @@ class X86Options(TargetOptions):
     tiles offered (:class:`cuvil.targets.x86.tuning.X86Tuning`; default: the shipped, measured ones), the
     settings benchmarks vary. ``math``: float32 exp, erf, tanh and log as inline polynomials the loop
     vectoriser widens (``"vector"``, the default; their errors in ULPs are in docs/math.md) or as calls to
-    libm (``"libm"``: glibc's results, one scalar call per element).
+    libm (``"libm"``: glibc's results, one scalar call per element). ``fused_attention`` (O2 and O3, default
+    on): attention as the exports spell it (MatMul / Softmax / MatMul) becomes one FusedAttention kernel with
+    an online softmax (proved ``on x86`` rules, rules/attention.rule); it reassociates the softmax's sums, so
+    ``fused_attention=False`` keeps the unfused ops.
     """
 
     opt_level: int = attrs.field(default=3, validator=check(is_opt_level, "0, 1, 2 or 3"))
@@ -54,6 +57,7 @@ class X86Options(TargetOptions):
     prefix: str = attrs.field(default="cuvil", validator=check(is_c_identifier, "a C identifier (not a keyword)"))
     opt_kernels: bool = attrs.field(default=True, validator=check(is_bool, "True or False"))
     winograd: bool = attrs.field(default=True, validator=check(is_bool, "True or False"))
+    fused_attention: bool = attrs.field(default=True, validator=check(is_bool, "True or False"))
     max_arena_bytes: Optional[int] = attrs.field(default=None, validator=check(
         lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and v > 0),
         "a positive number of bytes, or None for the default"))
@@ -63,14 +67,24 @@ class X86Options(TargetOptions):
                                                               '"vector" or "libm"'))
 
 
-def choose_algorithms(graph: Graph, cpu: Optional[str] = None,
-                      tuning: X86Tuning = DEFAULT_TUNING) -> Tuple[Graph, RewriteReport]:
-    """A copy of ``graph`` with the built-in ``on x86`` rules (Winograd convolutions) applied where the x86
-    cost model (weights ``tuning``) accepts the match for ``cpu`` (default the host: its vector width sets the
-    micro-kernels' register tiles), and the rewrite's report; the rules are proved like every other rule."""
+def x86_rules(winograd: bool = True, fused_attention: bool = True) -> list:
+    """The built-in ``on x86`` rules the options turn on: Winograd convolutions (rules/winograd.rule) and
+    fused attention (rules/attention.rule, the rules whose replacement is a FusedAttention)."""
+    def wanted(rule) -> bool:
+        attention = getattr(rule.rhs, "op", None) == "FusedAttention"
+        return fused_attention if attention else winograd
+    return [r for r in builtin_rules() if r.on == "x86" and wanted(r)]
+
+
+def choose_algorithms(graph: Graph, cpu: Optional[str] = None, tuning: X86Tuning = DEFAULT_TUNING,
+                      winograd: bool = True, fused_attention: bool = True) -> Tuple[Graph, RewriteReport]:
+    """A copy of ``graph`` with the built-in ``on x86`` rules (Winograd convolutions, fused attention; the
+    flags turn each off) applied where the x86 cost model (weights ``tuning``) accepts the match for ``cpu``
+    (default the host: its vector width sets the micro-kernels' register tiles), and the rewrite's report;
+    the rules are proved like every other rule."""
     bits = describe_cpu(cpu).vector_bits
     g = graph.clone()
-    report = proved_rewrite(g, [r for r in builtin_rules() if r.on == "x86"], phase="x86",
+    report = proved_rewrite(g, x86_rules(winograd, fused_attention), phase="x86",
                             accept=accepter(tile_shapes(bits, tuning), tuning))
     return g, report
 
@@ -85,11 +99,12 @@ class X86Target:
     def plan(self, graph: Graph, options: X86Options, profiles: Dict[str, list]) -> BuildPlan:
         # The algorithm choices are a function of the graph, the `on x86` rules and the cost model (its
         # source is in the compiler digest): they run in `emit`, when the library is built, not on a cache hit.
-        choose = options.winograd and options.opt_level >= 2
+        choose = (options.winograd or options.fused_attention) and options.opt_level >= 2
+        rules = x86_rules(options.winograd, options.fused_attention) if choose else []
         # The arena limit is enforced while building, so a cached library must have been built under the same one.
         key = [str(options.opt_level), cpu_identity(options.cpu), options.prefix, f"opt_kernels={options.opt_kernels}",
-               f"winograd={choose}", f"max_arena_bytes={arena_limit(options.max_arena_bytes)}",
-               f"tuning={options.tuning!r}", f"math={options.math}"] + [r.text for r in builtin_rules() if r.on == "x86" and choose]
+               f"winograd={choose and options.winograd}", f"max_arena_bytes={arena_limit(options.max_arena_bytes)}",
+               f"tuning={options.tuning!r}", f"math={options.math}"] + [r.text for r in rules]
         return BuildPlan(graph, options, f"lib{options.prefix}.so", key, {"choose": choose, "profiles": profiles})
 
     def emit(self, plan: BuildPlan, path: str, manifest_extra: dict) -> dict:
@@ -97,8 +112,8 @@ class X86Target:
         g = plan.graph
         extra = dict(manifest_extra)
         if plan.extra["choose"]:
-            with stage("choose algorithms", detail="Winograd convolutions where the cost model accepts them") as s:
-                g, report = choose_algorithms(g, o.cpu, o.tuning)
+            with stage("choose algorithms", detail="Winograd convolutions and fused attention where they apply") as s:
+                g, report = choose_algorithms(g, o.cpu, o.tuning, o.winograd, o.fused_attention)
                 s.detail(f"{sum(report.applied.values())} rewrites")
             extra["rules_applied"] = {**extra.get("rules_applied", {}), **applied_rules(report)}
         opt_graph = None

@@ -1,0 +1,136 @@
+"""Lowering of FusedAttention: one sequential kernel, a row per (batch, head, query), walking the keys in
+blocks with an online softmax (flash attention's recurrence); the [B, H, Sq, Sk] scores are never stored.
+
+Per row, with ``m`` the running max of the scores seen, ``l`` the running sum of their exponentials and
+``acc[Dv]`` the running sum of exp(score - m) * V, a step over the block of keys ``t*KB .. t*KB+KB-1``:
+
+0. (once, before the rows) Kt and V copied with their key axes padded with zeros to whole blocks: O(S D)
+   copies against the O(S^2 D) products, so that the loops below read contiguous keys with no clamped index;
+1. ``s[j] = (Q[i] · Kt[:, key]) * scale + mask[i, key]`` (``-inf`` past the last key): a row of KB
+   accumulators over contiguous keys, summed over d (x86's row schedule for sequential assignments);
+2. ``m' = max(m, max_j s[j])``; the shift ``c = m'`` (0 while every score so far is ``-inf``, so a row masked
+   so far adds exp(-inf) = 0 instead of NaN);
+3. ``r = exp(m - c)``, ``p[j] = exp(s[j] - c)`` (in place of ``s``), ``l = l * r + sum_j p[j]``;
+4. ``acc[d] = acc[d] * r + sum_j p[j] * V[key, d]``, unrolled over the block's keys in groups so that the
+   innermost loop runs over ``d`` at unit stride (vectorised; a padded key adds 0 * 0);
+5. ``m = m'``.
+
+The output is ``acc / l``: a row whose every key is masked with ``-inf`` ends with ``l = 0`` and gives NaN,
+as the unfused Softmax does, and 0 under ``zero_nan``. Rows run in parallel (x86: the thread pool splits
+the stage's rows). Equal to the composite over the reals; in float32 the sums are reassociated (blocks,
+rescaling), within the tolerances the unfused graph is held to (tests/test_attention.py).
+
+Exp is the emitter's (``call("exp")``): on x86 today LLVM's vector exp becomes one libm call per lane, about
+half the kernel's time at S = 128; the shared vector polynomials replace it there without a change here.
+"""
+from __future__ import annotations
+
+from ...ir.dtype import DType
+from ..sequential import Assign, Sequential, sequential
+from ..texpr import I64, Buf, E, binop, call, cmp, const, dim_index, load, reduce, select, var
+from .core import ARENA, TensorFn, broadcast_fn, lowering, scalar_of
+
+KEY_BLOCK = 32      # keys per step: the scores of one block stay in L1 next to the accumulator
+PV_GROUP = 4        # keys whose P·V terms one vectorised pass over d adds (one load/store of acc per group)
+
+
+def _clamp(i: E, n) -> E:
+    return E("clamp", (i,), I64, (0, n - 1))
+
+
+@lowering("FusedAttention")
+def _fused_attention(ctx):
+    q, kt, v, scale_t, mask = (ctx.input(i) for i in range(5))
+    dt = q.dtype
+    if dt != DType.FLOAT:
+        ctx.unsupported(f"FusedAttention of {dt.name}: the kernel computes in float32")
+    out_shape = ctx.out_shape()
+    B, H, Sq, Dv = out_shape
+    D, Sk = kt.shape[2], kt.shape[3]
+    qf = broadcast_fn(q, (B, H, Sq, D))
+    steps = (Sk + KEY_BLOCK - 1) // KEY_BLOCK
+    padded = steps * KEY_BLOCK
+    n_keys = _to_index(Sk)
+
+    def keys_padded(read, key_axis):
+        """``read`` (a broadcast index function) with the key axis padded with zeros to whole blocks."""
+        def f(idx):
+            k = idx[key_axis]
+            inner = list(idx)
+            inner[key_axis] = _clamp(k, Sk)
+            return select(cmp("lt", k, n_keys), read(inner), const(0.0, dt))
+        return f
+    # Kt and V stored once, their key axes padded to whole blocks (O(S D) copies against O(S^2 D) products):
+    # a block's scores are then a row of accumulators over contiguous keys, summed over d (x86's row
+    # schedule), with no clamped index (reading the exports' K [B, S, H, D] through their transposes would
+    # gather across rows); a padded key's V row is 0, its probability exp(-inf) = 0.
+    kf = ctx.temp((B, H, D, padded), dt, keys_padded(broadcast_fn(kt, (B, H, D, Sk)), 3), "keys")
+    vf = ctx.temp((B, H, padded, Dv), dt, keys_padded(broadcast_fn(v, (B, H, Sk, Dv)), 2), "values")
+    mf = broadcast_fn(mask, (B, H, Sq, Sk)) if mask is not None else None
+    scale = scalar_of(scale_t)
+
+    def scratch(name, shape):
+        return Buf(f"{ctx.node.name}_{name}", dt, tuple(shape), ARENA, 0)
+    m_buf, shift_buf, r_buf, l_buf = (scratch(n, (B, H, Sq)) for n in ("max", "shift", "rescale", "sum"))
+    mnew_buf = scratch("newmax", (B, H, Sq))
+    s_buf = scratch("scores", (B, H, Sq, KEY_BLOCK))
+    acc_buf = scratch("acc", (B, H, Sq, Dv))
+
+    b, h, i, step, j, d = var("b"), var("h"), var("i"), var("step"), var("j"), var("d")
+    row = [b, h, i]
+    zero, neg_inf = const(0.0, dt), const(float("-inf"), dt)
+    key0 = step * KEY_BLOCK
+
+    def key(jj: E) -> E:
+        return key0 + jj
+
+    def valid(jj: E) -> E:
+        return cmp("lt", key(jj), _to_index(Sk))
+
+    def score(jj: E) -> E:
+        dot = reduce("sum", [D], lambda c: binop("mul", qf([b, h, i, c]), kf([b, h, c, key(jj)])))
+        s = binop("mul", dot, scale)
+        if mf is not None:
+            s = binop("add", s, mf([b, h, i, _clamp(key(jj), Sk)]))
+        return select(valid(jj), s, neg_inf)
+
+    def at(buf, *extra):
+        return load(buf, row + list(extra))
+
+    def put(buf, value, loop_vars=(), extents=(), extra=()) -> Assign:
+        return Assign(buf, row + list(extra), value, list(loop_vars), list(extents))
+
+    init = [put(m_buf, neg_inf), put(l_buf, zero), put(acc_buf, zero, [d], [Dv], [d])]
+    block_max = reduce("max", [KEY_BLOCK], lambda jj: load(s_buf, row + [jj]))
+    new_max = select(cmp("gt", block_max, at(m_buf)), block_max, at(m_buf))
+    body = [
+        put(s_buf, score(j), [j], [KEY_BLOCK], [j]),
+        put(mnew_buf, new_max),
+        put(shift_buf, select(cmp("eq", at(mnew_buf), neg_inf), zero, at(mnew_buf))),
+        put(r_buf, call("exp", binop("sub", at(m_buf), at(shift_buf)))),
+        put(s_buf, call("exp", binop("sub", at(s_buf, j), at(shift_buf))), [j], [KEY_BLOCK], [j]),
+        put(l_buf, binop("add", binop("mul", at(l_buf), at(r_buf)),
+                         reduce("sum", [KEY_BLOCK], lambda jj: at(s_buf, jj)))),
+    ]
+    for g in range(0, KEY_BLOCK, PV_GROUP):
+        total = binop("mul", at(acc_buf, d), at(r_buf)) if g == 0 else at(acc_buf, d)
+        for jj in range(g, g + PV_GROUP):
+            jc = const(jj, I64)
+            total = binop("add", total, binop("mul", at(s_buf, jc), vf([b, h, key(jc), d])))
+        body.append(put(acc_buf, total, [d], [Dv], [d]))
+    body.append(put(m_buf, at(mnew_buf)))
+
+    program = Sequential(row, init, step, steps, body)
+    ctx.temp((B, H, Sq), dt, lambda idx: sequential(idx, program, dt), "rows")
+
+    def out(idx):
+        y = binop("div", load(acc_buf, list(idx)), load(l_buf, list(idx[:3])))
+        if ctx.attr("zero_nan", 0):
+            y = select(cmp("uno", y, y), zero, y)
+        return y
+    return [TensorFn(tuple(out_shape), dt, out, "injective")]
+
+
+def _to_index(n) -> E:
+    """A dim (int or symbolic) as an int64 expression."""
+    return const(n, I64) if isinstance(n, int) else dim_index(n)
