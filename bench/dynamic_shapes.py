@@ -29,6 +29,7 @@ import onnxruntime as ort
 
 import cuvil
 from cuvil import Pipeline
+from cuvil.bench import host_info
 from cuvil.testing.models import light_model, transformer_block
 
 
@@ -105,7 +106,7 @@ def fmt_env(env):
 
 def report(results, runs) -> str:
     out = [f"# Dynamic shapes: one library per profile ({datetime.date.today()})", "",
-           f"`python3 bench/dynamic_shapes.py --runs {runs}` on {platform.processor() or platform.machine()}, "
+           f"`python3 bench/dynamic_shapes.py --runs {runs}` on {host_info()['cpu']} ({platform.machine()}), "
            f"{os.cpu_count()} cores, 1 thread, O3; onnxruntime {ort.__version__}; p50 over {runs} alternating runs.",
            "", "`lib` is the default library (generic kernels + kernels specialised for the opt point, picked at "
            "run time when the shapes are exactly the opt point); `generic` was compiled with `opt_kernels=False`. "
