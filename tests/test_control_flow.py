@@ -288,7 +288,7 @@ def _silero(name):
     for d in (os.environ.get("CUVIL_SILERO_DIR", ""), os.path.join(os.path.dirname(__file__), "fixtures", "packaged")):
         if d and os.path.isfile(os.path.join(d, name)):
             return os.path.join(d, name)
-    pytest.skip(f"{name} not found: only silero_vad.onnx is committed (tests/fixtures/packaged); set CUVIL_SILERO_DIR to the silero-vad package's data folder for the others")
+    pytest.fail(f"{name} not found in tests/fixtures/packaged (nor CUVIL_SILERO_DIR): it is committed there")
 
 
 @pytest.mark.parametrize("sr,S", [(16000, 512), (8000, 256)])
