@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import re
 
 import numpy as np
 import pytest
@@ -141,14 +140,6 @@ def test_without_torch_the_error_names_the_extra(tmp_path):
 
 
 @needs_torch
-def test_docs_pytorch_example_runs(monkeypatch):
-    text = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "pytorch.md"),
-                encoding="utf-8").read()
-    (code,) = re.findall(r"```python\n(.*?)```", text, re.S)
-    exec(compile(code, "docs/pytorch.md", "exec"), {})
-
-
-@needs_torch
 def test_cli_compiles_a_torchscript_file_over_a_batch_profile(tmp_path):
     import torch
     from cuvil.cli import main as cli_main
@@ -167,27 +158,3 @@ def test_cli_compiles_a_torchscript_file_over_a_batch_profile(tmp_path):
             np.testing.assert_allclose(model.run(x)[0], want, rtol=1e-4, atol=1e-5)
     finally:
         model.close()
-
-
-@needs_torch
-def test_docs_pytorch_command_lines_run(tmp_path, monkeypatch):
-    """The doc's `cuvil compile` lines, as written, on files made from the doc's own module."""
-    import shlex
-
-    import torch
-    from cuvil.cli import main as cli_main
-    text = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "pytorch.md"),
-                encoding="utf-8").read()
-    (code,) = re.findall(r"```python\n(.*?)```", text, re.S)
-    scope = {}
-    exec(compile(code, "docs/pytorch.md", "exec"), scope)
-    net = scope["net"]
-    monkeypatch.chdir(tmp_path)
-    batch = torch.export.Dim("batch", min=1, max=32)
-    torch.export.save(torch.export.export(net, (torch.randn(2, 3, 224, 224),), dynamic_shapes=({0: batch},)),
-                      "net.pt2")
-    torch.jit.save(torch.jit.trace(net, torch.randn(2, 3, 224, 224)), "net.pt")
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip().startswith("cuvil compile")]
-    assert len(lines) == 2
-    for line in lines:
-        assert cli_main(shlex.split(line)[1:]) == 0, line
