@@ -388,3 +388,14 @@ def test_review_verify_refuses_a_library_of_another_model_at_once(demo_lib, tmp_
     assert cli_main(["verify", other, "--artifact", lib, "--examples", "1", "-q"]) == 2
     assert_next_step(errors_of(capsys), "its inputs do not match the model's", "library: image (rank 4)",
                      "model: x (rank 2)", f"next: compile it from this model (cuvil compile {other} -o {lib})")
+
+
+def test_review_a_library_without_its_manifest_names_a_step_the_cli_can_take(tmp_path, capsys):
+    """`cuvil run` on a library whose symbols have another prefix advised `prefix=`, which no CLI flag takes."""
+    lib = tmp_path / "libp.so"
+    assert cli_main(["compile", DEMO, "-o", str(lib), "--fix", "N=1", "--prefix", "foo", "-q"]) == 0
+    capsys.readouterr()
+    (tmp_path / "libp.manifest.json").unlink()
+    assert cli_main(["run", str(lib), "--input-shape", "image=1x3x16x16"]) == 2
+    assert_next_step(errors_of(capsys), "no symbol cuvil_num_inputs", "keep that file there",
+                     "cuvil compile MODEL.onnx -o libNAME.so")
