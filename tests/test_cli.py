@@ -399,3 +399,10 @@ def test_review_a_library_without_its_manifest_names_a_step_the_cli_can_take(tmp
     assert cli_main(["run", str(lib), "--input-shape", "image=1x3x16x16"]) == 2
     assert_next_step(errors_of(capsys), "no symbol cuvil_num_inputs", "keep that file there",
                      "cuvil compile MODEL.onnx -o libNAME.so")
+
+
+def test_review_fix_with_a_non_integer_value_suggests_an_integer(tmp_path, capsys):
+    """`--fix N=abc` (NAME=OTHER: make two symbols one) advised naming a symbol; the value is the mistake."""
+    assert cli_main(["compile", DEMO, "-o", str(tmp_path / "libx.so"), "--fix", "N=abc"]) == 2
+    assert_next_step(errors_of(capsys), "--fix N=abc: the model has no symbol 'abc'",
+                     "next: --fix N=8 (an integer), or --fix N=OTHER")
