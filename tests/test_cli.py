@@ -337,3 +337,72 @@ def test_a_closed_pipe_ends_quietly():
     p.stdout.close()
     err = p.stderr.read().decode()
     assert p.wait() == 141 and err == "", err
+
+
+def test_review_model_file_errors_name_the_next_step(tmp_path, capsys):
+    """A directory, an empty file or a bundle-less directory: each one `cuvil: error:` line with a next step
+    (a directory was reported as "no such file", an empty file sent the user to onnx's checker, a directory
+    given to `cuvil run` had no next step, and `cuvil run MODEL.onnx` ended in dlopen's "invalid ELF header")."""
+    (tmp_path / "adir").mkdir()
+    (tmp_path / "empty.onnx").write_bytes(b"")
+    cases = [
+        (["inspect", str(tmp_path / "adir")], ["adir: a directory, not a model file", "next: give the .onnx file inside it"]),
+        (["inspect", str(tmp_path / "empty.onnx")], ["empty.onnx: an empty file, not an ONNX model", "next: write the model again"]),
+        (["run", str(tmp_path / "adir")], ["not a complete GPU bundle", "next: write the bundle again: cuvil compile MODEL.onnx "
+                                           "--target nvptx64-nvidia-cuda"]),
+        (["run", DEMO], ["a model, not a compiled one", f"next: cuvil compile {DEMO} -o build/libdemo_cnn.so"]),
+        (["run", str(tmp_path / "m.cuvil")], ["m.cuvil: no such file", "-o " + str(tmp_path / "m.cuvil") +
+                                              " --target nvptx64-nvidia-cuda"]),
+        (["compile", DEMO, "-o", str(tmp_path / "m.cuvil")], ["--output must name DIR/libNAME.so",
+                                                              "add --target nvptx64-nvidia-cuda for a GPU bundle"]),
+    ]
+    for argv, expected in cases:
+        assert cli_main(argv) == 2, argv
+        err = errors_of(capsys)
+        assert "Traceback" not in err
+        assert_next_step(err, *expected)
+
+
+def test_review_rule_file_errors_name_the_next_step(tmp_path, capsys):
+    """A rule syntax error keeps file:line:col and gains a next step; a missing rule file no longer claims a
+    position 0:0."""
+    bad = tmp_path / "bad.rule"
+    bad.write_text("rule r benefit 1\n  Relu(Relu(x) =>\n")
+    assert cli_main(["rules", "check", str(bad)]) == 2
+    assert_next_step(errors_of(capsys), "bad.rule:2:16: unexpected '=>'", "next: fix the rule there (docs/rules.md")
+    assert cli_main(["rules", "check", str(tmp_path / "missing.rule")]) == 2
+    err = errors_of(capsys)
+    assert ":0:0" not in err
+    assert_next_step(err, "missing.rule: no such rule file or directory", "next: give .rule files or folders of them")
+
+
+def test_review_verify_refuses_a_library_of_another_model_at_once(demo_lib, tmp_path, capsys):
+    """`cuvil verify OTHER.onnx --artifact LIB` ran the reference for minutes, silently, before failing; the
+    libraries' inputs are compared first."""
+    lib, _ = demo_lib
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])
+    other = str(tmp_path / "other.onnx")
+    onnx.save(helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y]),
+                                opset_imports=[helper.make_opsetid("", 17)]), other)
+    assert cli_main(["verify", other, "--artifact", lib, "--examples", "1", "-q"]) == 2
+    assert_next_step(errors_of(capsys), "its inputs do not match the model's", "library: image (rank 4)",
+                     "model: x (rank 2)", f"next: compile it from this model (cuvil compile {other} -o {lib})")
+
+
+def test_review_a_library_without_its_manifest_names_a_step_the_cli_can_take(tmp_path, capsys):
+    """`cuvil run` on a library whose symbols have another prefix advised `prefix=`, which no CLI flag takes."""
+    lib = tmp_path / "libp.so"
+    assert cli_main(["compile", DEMO, "-o", str(lib), "--fix", "N=1", "--prefix", "foo", "-q"]) == 0
+    capsys.readouterr()
+    (tmp_path / "libp.manifest.json").unlink()
+    assert cli_main(["run", str(lib), "--input-shape", "image=1x3x16x16"]) == 2
+    assert_next_step(errors_of(capsys), "no symbol cuvil_num_inputs", "keep that file there",
+                     "cuvil compile MODEL.onnx -o libNAME.so")
+
+
+def test_review_fix_with_a_non_integer_value_suggests_an_integer(tmp_path, capsys):
+    """`--fix N=abc` (NAME=OTHER: make two symbols one) advised naming a symbol; the value is the mistake."""
+    assert cli_main(["compile", DEMO, "-o", str(tmp_path / "libx.so"), "--fix", "N=abc"]) == 2
+    assert_next_step(errors_of(capsys), "--fix N=abc: the model has no symbol 'abc'",
+                     "next: --fix N=8 (an integer), or --fix N=OTHER")

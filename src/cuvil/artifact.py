@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import re
 import shutil
 import tempfile
 import warnings
@@ -27,6 +28,9 @@ from .targets.ptx.runtime import NoGpuError, load_bundle
 from .targets.x86.artifact import Artifact
 from .targets.x86.loader import load as _load_so
 
+#: Model files (ONNX, PyTorch) that cuvil.load is sometimes given in place of the library compiled from them.
+MODEL_SUFFIXES = (".onnx", ".pt", ".pt2")
+
 
 def load(path: Union[str, os.PathLike], num_threads: int = 0, fallback: Union[str, os.PathLike, None] = None,
          **gpu) -> Model:
@@ -37,6 +41,12 @@ def load(path: Union[str, os.PathLike], num_threads: int = 0, fallback: Union[st
     ``close()`` and ``with``. Where a bundle cannot run (no CUDA driver or GPU) and ``fallback`` names an
     x86 ``libNAME.so``, that is loaded instead, with a warning."""
     path = os.fspath(path)
+    if os.path.isfile(path) and path.lower().endswith(MODEL_SUFFIXES):
+        # a model given where a compiled one belongs would otherwise reach dlopen ("invalid ELF header")
+        name = re.sub(r"\W", "_", os.path.splitext(os.path.basename(path))[0])
+        raise CuvilError(f"{path}: a model, not a compiled one: compile it first",
+                         hint=f"cuvil compile {path} -o build/lib{name}.so, then load build/lib{name}.so "
+                              f"(Python: cuvil.Pipeline.from_file({path!r}).compile())")
     if os.path.isdir(path) or path.rstrip(os.sep).endswith(".cuvil"):
         try:
             return load_bundle(path, **gpu)

@@ -20,6 +20,7 @@ from hypothesis.errors import Unsatisfiable
 
 from .artifact import load
 from .dsl.parser import load_rules
+from .errors import CuvilError
 from .ir.dim import SymExpr
 from .pipeline import Pipeline
 from .progress import enabled as progress_enabled
@@ -183,19 +184,37 @@ NATIVE_RTOL = 1e-4
 
 
 def verify_artifact(source, library: str, *, examples: int = 30, seed: Optional[int] = 0,
-                    max_dim: int = 4, num_threads: int = 0, progress: Optional[bool] = None) -> VerifyResult:
+                    max_dim: int = 4, num_threads: int = 0, progress: Optional[bool] = None,
+                    model: Optional[str] = None) -> VerifyResult:
     """Fuzz a compiled library against the *original* model through onnx.reference (finite inputs of the
     library's shapes; a symbolic dim inside the library's profile, at most ``max_dim`` where the profile allows);
     a difference is shrunk to a minimal input. ``num_threads``: the library's threads (0 = all cores).
-    ``progress`` as for :func:`verify`."""
+    ``progress`` as for :func:`verify`. ``model``: the model's path as the user spelled it, named in errors
+    (default: ``source`` where it is a path)."""
     with progress_enabled(progress) if progress is not None else contextlib.nullcontext():
-        return _verify_artifact(source, library, examples, seed, max_dim, num_threads)
+        if model is None:
+            model = os.fspath(source) if isinstance(source, (str, os.PathLike)) else "MODEL.onnx"
+        return _verify_artifact(source, library, examples, seed, max_dim, num_threads, model)
+
+
+def _check_same_interface(src: Pipeline, lib, library: str, model: str) -> None:
+    """Refuse a library compiled from another model before any example runs (the reference run of a large model
+    takes minutes, and would end in a confusing missing-input error)."""
+    want = [(v.name, len(v.shape or ())) for v in src.graph.inputs]
+    have = [(spec.name, len(spec.shape)) for spec in lib.inputs]
+    if sorted(want) != sorted(have):  # by name: the order is the library's to keep
+        show = lambda io: ", ".join(f"{n} (rank {r})" for n, r in io)  # noqa: E731
+        raise CuvilError(f"{library}: its inputs do not match the model's: not compiled from this model",
+                         details=[f"library: {show(have)}", f"model: {show(want)}"],
+                         hint=f"compile it from this model (cuvil compile {model} -o {library}), or give the model "
+                              "the library was compiled from")
 
 
 def _verify_artifact(source, library: str, examples: int, seed: Optional[int], max_dim: int,
-                     num_threads: int) -> VerifyResult:
+                     num_threads: int, model: str) -> VerifyResult:
     src = source if isinstance(source, Pipeline) else Pipeline.from_onnx(source)
     lib = load(library, num_threads=num_threads)
+    _check_same_interface(src, lib, library, model)
     # Inputs take the library's shapes: a dim it fixed at that value, a symbol inside the library's own profile
     # (the source model's symbols carry no range).
     fixed = {}

@@ -73,7 +73,9 @@ def cmd_compile(args) -> int:
                          hint=f"drop --arch (x86 takes --cpu NAME), or compile for the GPU: --target {PTX_TARGET}")
     if not args.output.endswith(".so"):
         raise CuvilError(f"--output must name DIR/libNAME.so, got {args.output!r}",
-                         hint=f"-o {os.path.join(os.path.dirname(args.output), 'lib' + _stem(args.output) + '.so')}")
+                         hint=f"-o {os.path.join(os.path.dirname(args.output), 'lib' + _stem(args.output) + '.so')}"
+                              + (f", or keep -o {args.output} and add --target {PTX_TARGET} for a GPU bundle"
+                                 if args.output.rstrip(os.sep).endswith(".cuvil") else ""))
     # The one place --cpu is checked before the model is read: X86Options validates it (the cpu helper's
     # cuvil.targets.x86.cpu.validate_cpu refuses an unknown name with the nearest ones).
     options = make_options(args.target, opt_level=args.opt_level, cpu=args.cpu, prefix=args.prefix,

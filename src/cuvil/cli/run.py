@@ -11,6 +11,7 @@ import numpy as np
 from .. import bench
 from ..artifact import load
 from ..errors import CuvilError
+from ..targets import PTX_TARGET
 from ..targets.ptx.runtime import NoGpuError
 from .flags import add_input_shape_flag, add_quiet_flag, add_threads_flag, threads
 from .shape_flags import parse_input_shapes
@@ -42,7 +43,8 @@ def cmd_run(args) -> int:
     path = args.artifact
     if not os.path.exists(path):
         raise CuvilError(f"{path}: no such file",
-                         hint=f"compile one first: cuvil compile MODEL.onnx -o {path}")
+                         hint=f"compile one first: cuvil compile MODEL.onnx -o {path}"
+                              + (f" --target {PTX_TARGET}" if path.rstrip(os.sep).endswith(".cuvil") else ""))
     try:
         m = load(path, num_threads=threads(args.threads))
     except NoGpuError as e:

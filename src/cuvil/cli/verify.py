@@ -46,7 +46,8 @@ def cmd_verify(args) -> int:
     with progress.enabled(progress.wanted(args.quiet, args.progress)):
         source, _ = bind_shapes(Pipeline.from_onnx(args.model), args)
         if args.artifact:
-            res = verify_artifact(source, args.artifact, examples=args.examples, num_threads=n_threads)
+            res = verify_artifact(source, args.artifact, examples=args.examples, num_threads=n_threads,
+                                  model=args.model)
         else:
             res = verify(source, rules=args.rules or (), examples=args.examples)
     if args.artifact:

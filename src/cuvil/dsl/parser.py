@@ -235,7 +235,8 @@ def load_rules(paths: Union[str, os.PathLike, Iterable[Union[str, os.PathLike]]]
         elif os.path.isfile(p):
             files.append(p)
         else:
-            raise RuleError("no such rule file or directory", p, 0, 0)
+            raise RuleError("no such rule file or directory", p, 0, 0,
+                            hint="give .rule files or folders of them; `cuvil rules check` alone proves the built-in rules")
     rules: List[Rule] = []
     seen = {}
     for f in files:

@@ -49,9 +49,15 @@ def load_model(src: Union[str, os.PathLike, bytes, onnx.ModelProto]) -> onnx.Mod
     except TypeError:
         raise ModelLoadError(f"cannot load a model from a {type(src).__name__}",
                              hint="give a path, bytes or an onnx.ModelProto") from None
+    if os.path.isdir(path):
+        raise ModelLoadError(f"{path}: a directory, not a model file",
+                             hint=f"give the .onnx file inside it (ls {os.path.join(path, '*.onnx')})")
     if not os.path.isfile(path):
         raise ModelLoadError(f"{path}: no such file", hint="check the path; `cuvil zoo resnet50 -o resnet50.onnx` "
                              "writes a model to try")
+    if os.path.getsize(path) == 0:
+        raise ModelLoadError(f"{path}: an empty file, not an ONNX model",
+                             hint="write the model again (an export or copy that stopped early leaves an empty file)")
     try:
         m = onnx.load(path, load_external_data=False)
     except OSError as e:

@@ -34,9 +34,13 @@ def lookup_symbol(g: Graph, name: str, flag: str) -> Symbol:
         for k, d in enumerate(v.shape or ()):
             if name == f"{v.name}.{k}" and isinstance(d, SymExpr) and str(d) in g.symbols:
                 return g.symbols[str(d)]
-    raise ShapeError(f"{flag}: the model has no symbol {name!r}", details=[symbols_and_inputs(g)],
-                     hint=f"name a symbol as listed (cuvil inspect MODEL lists them), or bind whole inputs: "
-                          f"{input_shape_hint(g)}")
+    hint = (f"name a symbol as listed (cuvil inspect MODEL lists them), or bind whole inputs: "
+            f"{input_shape_hint(g)}")
+    left, eq, right = flag.partition(" ")[2].partition("=")
+    if eq and right == name:
+        # --fix N=abc: the user most likely meant a value, not NAME=OTHER (two symbols made one)
+        hint = f"--fix {left}=8 (an integer), or --fix {left}=OTHER with OTHER a symbol as listed"
+    raise ShapeError(f"{flag}: the model has no symbol {name!r}", details=[symbols_and_inputs(g)], hint=hint)
 
 
 def symbols_and_inputs(g: Graph) -> str:

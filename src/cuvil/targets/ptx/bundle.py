@@ -184,14 +184,19 @@ def is_bundle(path: str) -> bool:
     return os.path.isdir(path) and os.path.isfile(os.path.join(path, "plan.json"))
 
 
+#: Where a bundle comes from (a half-copied or unrelated directory is the usual cause of a bad one).
+BUNDLE_HINT = (f"write the bundle again: cuvil compile MODEL.onnx --target nvptx64-nvidia-cuda --arch sm_90 -o "
+               f"build/NAME{BUNDLE_SUFFIX} (an x86 library is a libNAME.so file instead)")
+
+
 def read_bundle(path: str):
     """(plan, manifest) of a bundle directory; a clear error for anything else."""
     path = os.fspath(path)
     if not os.path.isdir(path):
-        raise CuvilError(f"{path}: not a GPU bundle directory (NAME{BUNDLE_SUFFIX}/)")
+        raise CuvilError(f"{path}: not a GPU bundle directory (NAME{BUNDLE_SUFFIX}/)", hint=BUNDLE_HINT)
     missing = [f for f in FILES if not os.path.isfile(os.path.join(path, f))]
     if missing:
-        raise CuvilError(f"{path}: not a complete GPU bundle, missing {', '.join(missing)}")
+        raise CuvilError(f"{path}: not a complete GPU bundle, missing {', '.join(missing)}", hint=BUNDLE_HINT)
     try:
         with open(os.path.join(path, "plan.json"), encoding="utf-8") as f:
             plan = json.load(f)

@@ -190,8 +190,9 @@ class X86Model(model_api.Model):
                 fn = getattr(lib, f"{p}_{name}")
             except AttributeError:
                 raise CuvilError(f"{self.path}: no symbol {p}_{name}; not a Cuvil artifact with prefix {p!r}",
-                                 hint="pass prefix= the --prefix it was compiled with, or keep lib<name>.manifest.json "
-                                      "next to the library") from None
+                                 hint="a Cuvil library compiled with --prefix finds it in the libNAME.manifest.json "
+                                      "beside it: keep that file there (Python: cuvil.load(path, prefix=...)); any "
+                                      "other library: compile the model, cuvil compile MODEL.onnx -o libNAME.so") from None
             fn.restype, fn.argtypes = res, args
             setattr(f, name, fn)
         self._f = f
