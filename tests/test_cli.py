@@ -406,3 +406,20 @@ def test_review_fix_with_a_non_integer_value_suggests_an_integer(tmp_path, capsy
     assert cli_main(["compile", DEMO, "-o", str(tmp_path / "libx.so"), "--fix", "N=abc"]) == 2
     assert_next_step(errors_of(capsys), "--fix N=abc: the model has no symbol 'abc'",
                      "next: --fix N=8 (an integer), or --fix N=OTHER")
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (["bench"], "cuvil bench: the following arguments are required: MODEL"),
+    (["run", "lib.so", "--threads", "abc"], "cuvil run: argument --threads: invalid int value: 'abc'"),
+    (["nosuch"], "cuvil: argument COMMAND: invalid choice: 'nosuch'"),
+])
+def test_usage_errors_read_like_every_other_error(argv, expected, capsys):
+    # argparse's own refusals: the usage line, then the `cuvil: error:` line and this command's help as next step
+    with pytest.raises(SystemExit) as e:
+        cli_main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: "), err
+    line = next(ln for ln in err.splitlines() if ln.startswith("cuvil: error: "))
+    assert expected in line, err
+    assert err.rstrip().endswith("--help lists its arguments"), err

@@ -17,8 +17,18 @@ from . import bench, compile, demo, doctor, inspect, ops, rules, run, verify, zo
 COMMANDS = (inspect, demo, zoo, rules, compile, run, verify, ops, bench, doctor)
 
 
+class CuvilArgumentParser(argparse.ArgumentParser):
+    """argparse's parser, whose usage errors (a missing MODEL, ``--threads abc``, an unknown flag) read like every
+    other Cuvil error: the usage line, then ``cuvil: error: MESSAGE`` and the next step (this command's help).
+    Subcommand parsers are made of this class too (argparse gives them the parent's class)."""
+
+    def error(self, message: str):
+        self.print_usage(sys.stderr)
+        self.exit(2, f"cuvil: error: {self.prog}: {message}\n  next: {self.prog} --help lists its arguments\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="cuvil", description="Compile ONNX inference graphs into native artifacts.")
+    p = CuvilArgumentParser(prog="cuvil", description="Compile ONNX inference graphs into native artifacts.")
     p.add_argument("--version", action="version", version=f"cuvil {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     for command in COMMANDS:
