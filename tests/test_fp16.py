@@ -104,7 +104,7 @@ def test_x86_rejects_fp16(small, tmp_path, capsys):
     onnx.save(lrn_cnn(), str(tmp_path / "m.onnx"))
     rc = cli_main(["compile", "--input", str(tmp_path / "m.onnx"), "--enable-fp16", "--output", str(tmp_path / "libm.so")])
     assert rc == 2
-    assert "--enable-fp16 is supported for --target nvptx64-nvidia-cuda only" in capsys.readouterr().err
+    assert "--enable-fp16 applies to --target nvptx64-nvidia-cuda only (float16 compute" in capsys.readouterr().err
 
 
 @needs_libdevice

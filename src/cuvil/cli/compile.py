@@ -55,22 +55,22 @@ def register(sub) -> None:
     sp.set_defaults(fn=cmd_compile)
 
 
+#: Flags only the GPU target reads: (flag, args attribute, what it controls), refused for x86 by one check.
+_GPU_ONLY_FLAGS = (("--enable-fp16", "enable_fp16", "float16 compute; x86 computes float32"),
+                   ("--no-fma", "no_fma", "GPU kernel rules"),
+                   ("--register-pass", "register_pass", "GPU registers"),
+                   ("--arch", "arch", "GPU architectures"))
+
+
 def cmd_compile(args) -> int:
     _check_flags(args)   # every flag's value is checked before the model is read
     if args.target == PTX_TARGET:
         return _compile_gpu_bundle(args)
-    if args.enable_fp16:
-        raise CuvilError(f"--enable-fp16 is supported for --target {PTX_TARGET} only; {args.target} computes float32",
-                         hint=f"drop --enable-fp16, or compile for the GPU: --target {PTX_TARGET}")
-    if args.no_fma:
-        raise CuvilError(f"--no-fma applies to --target {PTX_TARGET} only (GPU kernel rules)",
-                         hint=f"drop --no-fma, or compile for the GPU: --target {PTX_TARGET}")
-    if args.register_pass:
-        raise CuvilError(f"--register-pass applies to --target {PTX_TARGET} only (GPU registers)",
-                         hint=f"drop --register-pass, or compile for the GPU: --target {PTX_TARGET}")
-    if args.arch:
-        raise CuvilError(f"--arch applies to --target {PTX_TARGET} only (GPU architectures)",
-                         hint=f"drop --arch (x86 takes --cpu NAME), or compile for the GPU: --target {PTX_TARGET}")
+    for flag, given, what in _GPU_ONLY_FLAGS:
+        if getattr(args, given):
+            raise CuvilError(f"{flag} applies to --target {PTX_TARGET} only ({what})",
+                             hint=f"drop {flag}{' (x86 takes --cpu NAME)' if flag == '--arch' else ''}, or compile "
+                                  f"for the GPU: --target {PTX_TARGET}")
     if not args.output.endswith(".so"):
         raise CuvilError(f"--output must name DIR/libNAME.so, got {args.output!r}",
                          hint=f"-o {os.path.join(os.path.dirname(args.output), 'lib' + _stem(args.output) + '.so')}"
