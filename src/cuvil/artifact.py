@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -20,27 +21,37 @@ import tempfile
 import warnings
 from typing import Iterator, List, Optional, Sequence, Union
 
+from . import audit
 from .errors import CuvilError
+from .signing import SignatureError, verify_artifact
 from .targets import PTX_TARGET, X86_TARGET
 from .targets.model_api import Model
 from .targets.ptx.artifact import Bundle
 from .targets.ptx.runtime import NoGpuError, load_bundle
-from .targets.x86.artifact import Artifact
+from .targets.x86.artifact import Artifact, sidecars
 from .targets.x86.loader import load as _load_so
+from .targets.x86.sealed import sealed_library
 
 #: Model files (ONNX, PyTorch) that cuvil.load is sometimes given in place of the library compiled from them.
 MODEL_SUFFIXES = (".onnx", ".pt", ".pt2")
 
 
 def load(path: Union[str, os.PathLike], num_threads: int = 0, fallback: Union[str, os.PathLike, None] = None,
-         **gpu) -> Model:
+         *, verify=None, **gpu) -> Model:
     """Open a compiled model as a :class:`Model`: ``libNAME.so`` through ctypes, or a GPU bundle
     ``NAME.cuvil/`` through the CUDA driver (``gpu``: ``device``, ``max_graphs``, ``mode``,
     ``prefer_cubin``). Both answer the same calls: ``run(*arrays)`` / ``run(**named)`` return a list in
     output order, ``run({name: array})`` a dict by output name; ``inputs``, ``outputs``, ``symbols``;
     ``close()`` and ``with``. Where a bundle cannot run (no CUDA driver or GPU) and ``fallback`` names an
-    x86 ``libNAME.so``, that is loaded instead, with a warning."""
+    x86 ``libNAME.so``, that is loaded instead, with a warning.
+
+    ``verify`` (a public key: PEM file, PEM bytes or key object): first check the artifact's signature
+    (:func:`cuvil.signing.verify_artifact`; a :class:`cuvil.signing.SignatureError` if it does not hold),
+    then load the very bytes checked: the library from a sealed in-memory file, its manifest as verified
+    (a bundle's files likewise); a fallback is verified with the same key."""
     path = os.fspath(path)
+    if verify is not None:
+        return _load_verified(path, verify, num_threads, fallback, gpu)
     if os.path.isfile(path) and path.lower().endswith(MODEL_SUFFIXES):
         # a model given where a compiled one belongs would otherwise reach dlopen ("invalid ELF header")
         name = re.sub(r"\W", "_", os.path.splitext(os.path.basename(path))[0])
@@ -63,6 +74,41 @@ def load(path: Union[str, os.PathLike], num_threads: int = 0, fallback: Union[st
         raise CuvilError(f"{path}: no such file", hint="give a compiled libNAME.so or NAME.cuvil bundle (cuvil "
                          "compile MODEL -o libNAME.so writes one)")
     return _load_so(path, num_threads=num_threads)
+
+
+def _load_verified(path: str, key, num_threads: int, fallback, gpu: dict) -> Model:
+    try:
+        v = verify_artifact(path, key)
+    except CuvilError as e:
+        audit.record("load", artifact=path, outcome="refused" if isinstance(e, SignatureError) else "error",
+                     reason=e.message)
+        raise
+    if v.kind == "bundle":
+        try:
+            return load_bundle(path, files=v.files, **gpu)
+        except NoGpuError as e:
+            if fallback is None:
+                raise
+            warnings.warn(f"{path}: {e}; running the x86 artifact {os.fspath(fallback)} instead", RuntimeWarning,
+                          stacklevel=3)
+            return load(fallback, num_threads=num_threads, verify=key)
+    if gpu:
+        raise CuvilError(f"{path}: {', '.join(sorted(gpu))} apply to GPU bundles (NAME.cuvil/) only",
+                         hint=f"leave {', '.join(sorted(gpu))} out for an x86 library")
+    lib = os.path.basename(path)
+    names = {k: os.path.basename(p) for k, p in sidecars(path).items()}
+    manifest = {}
+    if names["manifest"] in v.files:
+        try:
+            manifest = json.loads(v.files[names["manifest"]])
+        except ValueError as e:
+            raise CuvilError(f"{path}: its signed manifest is not JSON ({e})",
+                             hint="compile the model again and sign the new artifact") from None
+    extra = {}
+    if "weights" in names and names["weights"] in v.files:      # external weights: the verified bytes
+        extra["weights"] = v.files[names["weights"]]
+    return _load_so(path, num_threads=num_threads, manifest=manifest, dlopen_path=sealed_library(v.files[lib], lib),
+                    **extra)
 
 
 def artifact_cache_dir() -> str:
