@@ -85,10 +85,17 @@ def _weights_offset(data: bytes) -> int:
 
 
 def _flip(path, offset=None):
+    """One bit of ``path`` flipped, in a new file renamed over it (a library this process has mapped keeps its
+    pages: rewriting it in place would truncate them under the mapping)."""
     data = bytearray(pathlib.Path(path).read_bytes())
     k = len(data) // 2 if offset is None else offset
     data[k] ^= 0x01
-    pathlib.Path(path).write_bytes(bytes(data))
+    _replace(path, bytes(data))
+
+
+def _replace(path, data: bytes):
+    pathlib.Path(f"{path}.new").write_bytes(data)
+    os.replace(f"{path}.new", path)
 
 
 def _refused_both_ways(so, pub, reason, capsys):
@@ -248,8 +255,7 @@ def test_load_runs_the_verified_bytes_not_what_the_disk_holds_after(signed, keys
         # after the check, before the load: the library and its manifest replaced on disk (new files renamed
         # over them: `expected` keeps its own mapping of the old library)
         for p, data in ((path, b"\x7fELF not a library any more"), (sidecars(path)["manifest"], b'{"prefix": "evil"}')):
-            pathlib.Path(p + ".new").write_bytes(data)
-            os.replace(p + ".new", p)
+            _replace(p, data)
         return v
 
     monkeypatch.setattr(artifact_mod, "verify_artifact", verify_then_swap)
@@ -341,3 +347,67 @@ def test_a_verified_bundle_loads_the_bytes_it_verified(bundle, keys, tmp_path, m
     m = cuvil.load(path, verify=keys / "pub.pem")
     assert m.module_source == "kernels.sm_90.cubin" and drv.module_image == cubin[:16]
     assert bytes(drv.mem[m.weights][:len(weights)]) == weights
+
+
+# -- the C verifier (examples/c/verify_and_load.c, OpenSSL libcrypto) -----------------------------------------
+
+C_SOURCE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "c",
+                        "verify_and_load.c")
+
+
+def _libcrypto_reason():
+    import shutil as sh
+    if sh.which("cc") is None:
+        return "needs a C compiler"
+    if not any(os.path.isfile(os.path.join(d, "openssl", "evp.h")) for d in ("/usr/include", "/usr/local/include")):
+        return "needs the OpenSSL libcrypto headers (libssl-dev)"
+    return None
+
+
+@pytest.fixture(scope="module")
+def c_verifier(tmp_path_factory):
+    reason = _libcrypto_reason()
+    if reason:
+        pytest.skip(reason)
+    import subprocess
+    exe = tmp_path_factory.mktemp("cver") / "verify_and_load"
+    subprocess.run(["cc", "-O2", "-Wall", "-Wextra", "-Werror", C_SOURCE, "-lcrypto", "-ldl", "-o", str(exe)],
+                   check=True)
+    return exe
+
+
+def test_the_c_verifier_verifies_then_runs_the_sealed_library(c_verifier, signed, keys):
+    import subprocess
+    run = lambda pub: subprocess.run([str(c_verifier), str(pub), signed], capture_output=True, text=True)  # noqa: E731
+    res = run(keys / "pub.pem")
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert lines[0].startswith(f"verified {signed}: 3 files") or lines[0].startswith(f"verified {signed}:")
+    name, rest = lines[1].split(" shape ")
+    assert name == "probs" and rest.startswith("[1,10] values")
+    m = cuvil.load(signed)
+    x = (np.float32(0.1) * (np.arange(3 * 16 * 16) % 7).astype(np.float32) - np.float32(0.3)).reshape(1, 3, 16, 16)
+    want = m.run(x.astype(np.float32))[0].reshape(-1)
+    np.testing.assert_allclose([float(v) for v in rest.split("values ")[1].split()], want[:10], rtol=1e-5)
+    # refused: another key; each file altered; a sidecar added after signing; unsigned
+    res = run(keys / "pub2.pem")
+    assert res.returncode == 1 and "does not verify" in res.stderr
+    cars = sidecars(signed)
+    for path, offset in ((signed, _code_offset(pathlib.Path(signed).read_bytes())), (cars["manifest"], None),
+                         (cars["h"], None)):
+        saved = pathlib.Path(path).read_bytes()
+        _flip(path, offset)
+        res = run(keys / "pub.pem")
+        assert res.returncode == 1 and f"{os.path.basename(path)} was altered" in res.stderr, res.stderr
+        _replace(path, saved)
+    assert run(keys / "pub.pem").returncode == 0
+    header = pathlib.Path(cars["h"])
+    saved = header.read_bytes()
+    header.unlink()
+    cuvil.sign(signed, keys / "key.pem")
+    header.write_bytes(saved)
+    res = run(keys / "pub.pem")
+    assert res.returncode == 1 and "libdemo.h is not covered" in res.stderr
+    os.unlink(signing.signature_path(signed))
+    res = run(keys / "pub.pem")
+    assert res.returncode == 1 and "unsigned" in res.stderr
