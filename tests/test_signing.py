@@ -170,7 +170,7 @@ def test_other_models_in_the_same_folder_are_no_part_of_an_artifact(signed, keys
 
 # -- refusals -----------------------------------------------------------------------------------------------
 
-TAMPERED = ["code", "weights", "manifest", "header", "sbom", "provenance", "external-weights"]
+TAMPERED = ["code", "weights", "manifest", "header", "sbom", "provenance"]   # external weights: below
 
 
 @pytest.mark.parametrize("what", TAMPERED)
@@ -179,8 +179,7 @@ def test_one_byte_changed_in_any_file_is_refused(what, signed, keys, capsys):
     data = pathlib.Path(signed).read_bytes()
     target, offset = {"code": (signed, _code_offset(data)), "weights": (signed, _weights_offset(data)),
                       "manifest": (cars["manifest"], None), "header": (cars["h"], None),
-                      "sbom": (cars.get("cdx"), None), "provenance": (cars.get("intoto"), None),
-                      "external-weights": (cars.get("weights"), None)}[what]
+                      "sbom": (cars.get("cdx"), None), "provenance": (cars.get("intoto"), None)}[what]
     if target is None or not os.path.exists(target):
         pytest.skip(f"this compile writes no {what} file (another part of issue 24)")
     _flip(target, offset)
@@ -411,3 +410,58 @@ def test_the_c_verifier_verifies_then_runs_the_sealed_library(c_verifier, signed
     os.unlink(signing.signature_path(signed))
     res = run(keys / "pub.pem")
     assert res.returncode == 1 and "unsigned" in res.stderr
+
+
+# -- external weights (issue 24 part 5; these run once that part is in) -------------------------------------
+
+def _external_options():
+    import attrs
+    from cuvil.targets.x86.target import X86Options
+    return {f.name for f in attrs.fields(X86Options)}
+
+
+@pytest.fixture(scope="module")
+def external(tmp_path_factory):
+    if "external_weights" not in _external_options():
+        pytest.skip("this build has no external weights (issue 24 part 5)")
+    return Pipeline.from_onnx(DEMO).compile(external_weights=True)
+
+
+def test_external_weights_are_signed_and_the_verified_bytes_are_bound(external, keys, tmp_path, monkeypatch, capsys):
+    import cuvil.artifact as artifact_mod
+    so = external.save(tmp_path / "libdemo.so")
+    weights = sidecars(so)["weights"]
+    assert os.path.isfile(weights)
+    cuvil.sign(so, keys / "key.pem")
+    assert "libdemo.weights" in cuvil.verify_artifact(so, keys / "pub.pem").files
+    expected = cuvil.load(so)
+    x = _input(expected)
+    want = expected.run(x)[0]
+    real = artifact_mod.verify_artifact
+
+    def verify_then_swap(path, key):                  # the weights file replaced after the check
+        v = real(path, key)
+        data = bytearray(pathlib.Path(weights).read_bytes())
+        data[-1] ^= 0x01
+        _replace(weights, bytes(data))
+        return v
+
+    monkeypatch.setattr(artifact_mod, "verify_artifact", verify_then_swap)
+    np.testing.assert_array_equal(cuvil.load(so, verify=keys / "pub.pem").run(x)[0], want)
+    monkeypatch.undo()
+    _refused_both_ways(so, keys / "pub.pem", "altered", capsys)       # the flipped file, now checked
+
+
+def test_encrypted_weights_load_verified_with_their_key(keys, tmp_path, capsys):
+    import inspect
+    if "encrypt_weights" not in _external_options() or "weights_key" not in inspect.signature(cuvil.load).parameters:
+        pytest.skip("this build has no encrypted weights (issue 24 part 5)")
+    key = os.urandom(32)
+    art = Pipeline.from_onnx(DEMO).compile(encrypt_weights=key)
+    so = art.save(tmp_path / "libdemo.so")
+    cuvil.sign(so, keys / "key.pem")
+    x = _input(cuvil.load(so, weights_key=key))
+    np.testing.assert_array_equal(cuvil.load(so, verify=keys / "pub.pem", weights_key=key).run(x)[0],
+                                  cuvil.load(so, weights_key=key).run(x)[0])
+    _flip(sidecars(so)["weights"])
+    _refused_both_ways(so, keys / "pub.pem", "altered", capsys)
