@@ -102,7 +102,7 @@ def record(event: str, *, artifact: Optional[str] = None,
     if callable(digest):
         try:
             digest = digest()
-        except OSError:
+        except (OSError, CuvilError):
             digest = None                     # the file went away: the event is still recorded
     entry = {"time": datetime.datetime.now(datetime.timezone.utc).isoformat(), "event": event,
              "artifact": None if artifact is None else os.path.abspath(os.fspath(artifact)),
