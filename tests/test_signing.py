@@ -465,3 +465,20 @@ def test_encrypted_weights_load_verified_with_their_key(keys, tmp_path, capsys):
                                   cuvil.load(so, weights_key=key).run(x)[0])
     _flip(sidecars(so)["weights"])
     _refused_both_ways(so, keys / "pub.pem", "altered", capsys)
+
+
+def test_verify_takes_a_pem_file_pem_bytes_or_a_key_object_and_refuses_links(signed, keys, tmp_path):
+    from cryptography.hazmat.primitives import serialization
+    pem = (keys / "pub.pem").read_bytes()
+    assert cuvil.verify_artifact(signed, pem).files
+    assert cuvil.verify_artifact(signed, serialization.load_pem_public_key(pem)).files
+    with pytest.raises(CuvilError, match="not a PEM public key"):
+        cuvil.verify_artifact(signed, b"-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----\n")
+    # a signed file replaced by a link (to its own original bytes, even) is not a plain file: refused
+    header = pathlib.Path(sidecars(signed)["h"])
+    real = tmp_path / "elsewhere.h"
+    shutil.copyfile(header, real)
+    header.unlink()
+    header.symlink_to(real)
+    with pytest.raises(SignatureError, match="symbolic link"):
+        cuvil.verify_artifact(signed, keys / "pub.pem")

@@ -54,7 +54,7 @@ PathLike = Union[str, os.PathLike]
 class SignatureError(CuvilError):
     """An artifact that a signature check refuses: unsigned, signed by another key, an altered signature, or
     a file altered, missing or not signed. ``reason`` is one of ``unsigned``, ``wrong-key``,
-    ``bad-signature``, ``altered``, ``missing``, ``extra``."""
+    ``bad-signature``, ``altered``, ``missing``, ``extra``, ``link`` (a file replaced by a symbolic link)."""
 
     def __init__(self, message: str, reason: str, hint: Optional[str] = None, details=()):
         super().__init__(message, hint=hint, details=details)
@@ -157,7 +157,7 @@ def _read_all(files: Dict[str, str], what: str) -> Dict[str, bytes]:
     for name, p in files.items():
         if os.path.islink(p):
             raise SignatureError(f"{what}: {name} is a symbolic link; a signed artifact holds plain files only",
-                                 "extra", hint="replace the link by the file it points to, then sign again")
+                                 "link", hint="replace the link by the file it points to (and sign again)")
         with open(p, "rb") as f:
             out[name] = f.read()
     return out
