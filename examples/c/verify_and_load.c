@@ -9,6 +9,7 @@
  *  1. build/libmodel.sig, the OpenSSF model-signing signature `cuvil sign` wrote: a Sigstore bundle (JSON) with
  *     a DSSE envelope. The ECDSA signature (DER, SHA-256 for a P-256 key) must hold over the DSSE
  *     pre-authentication encoding PAE("application/vnd.in-toto+json", payload) with the public key given.
+ *     (The bundle's public-key hint is not read: it is not signed, so it proves nothing.)
  *  2. The payload, an in-toto statement: its predicate lists every signed file with its SHA-256 (resources),
  *     and its subject digest is SHA-256 over those digests in order (checked too).
  *  3. Each signed file is read ONCE into memory and its SHA-256 compared; the library must be among them, and
@@ -36,6 +37,11 @@
 
 #include <openssl/evp.h>
 #include <openssl/pem.h>
+
+#if OPENSSL_VERSION_NUMBER < 0x30000000L   /* OpenSSL 1.1.1: the same calls under their older names */
+#define EVP_PKEY_get_base_id EVP_PKEY_base_id
+#define EVP_PKEY_get_bits EVP_PKEY_bits
+#endif
 
 #define REFUSE(...) do { fprintf(stderr, "refused: " __VA_ARGS__); fputc('\n', stderr); exit(1); } while (0)
 #define FAIL(...) do { fprintf(stderr, "error: " __VA_ARGS__); fputc('\n', stderr); exit(2); } while (0)
