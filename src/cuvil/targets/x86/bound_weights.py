@@ -87,8 +87,8 @@ def bind_external_weights(lib: ctypes.CDLL, prefix: str, so_path: str, weights=N
         check_matches(h, nbytes, digest, name, lib_name)
         if h.encrypted and weights_key is None:
             raise CuvilError(f"{name}: the weights of {lib_name} are encrypted: give their key",
-                             hint=f"cuvil.load({so_path!r}, weights_key=KEYFILE), KEYFILE being the file given to "
-                                  f"--encrypt-weights when it was compiled")
+                             hint=f"cuvil.load({so_path!r}, weights_key=KEYFILE) (cuvil run: --weights-key KEYFILE), "
+                                  f"KEYFILE being the file given to --encrypt-weights when it was compiled")
         if not h.encrypted and weights_key is not None:
             raise CuvilError(f"{name}: the weights of {lib_name} are not encrypted: weights_key= has nothing to "
                              f"decrypt", hint="drop weights_key=, or compile with --encrypt-weights KEYFILE to "

@@ -189,6 +189,8 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
     opt_weights_sym = None
     if osched is not None and osched.weights_bytes:
         opt_weights_sym = weights_sym if oblob == blob else f"{prefix}_opt_weights"
+    opt_weights = ("none" if osched is None else "shared" if opt_weights_sym == weights_sym
+                   else f"{osched.weights_bytes} B of their own")
     external = _external_weights(blob, oblob, weights_sym, opt_weights_sym) if external_weights else None
     weights_file = None
     if external is not None:
@@ -263,8 +265,7 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
         "fused_ops": sched.fused,
         "steps": _steps_json(sched, steps, target, "generic" if osched else None, info.steps)
         + (_steps_json(osched, osteps, otarget, "opt", info.opt_steps) if osched else []),
-        "opt_weights": ("none" if osched is None else "shared" if opt_weights_sym == weights_sym
-                        else f"{osched.weights_bytes} B of their own"),
+        "opt_weights": opt_weights,
         "dependencies": deps,
         "compile_seconds": round(time.perf_counter() - t0, 3),
         "codegen_seconds": round(t_codegen - t0, 3),
