@@ -315,3 +315,45 @@ def test_the_c_example_maps_and_binds_the_weights_file(built, tmp_path):
     open(weights_of(so), "wb").write(data)
     res = subprocess.run([str(exe), str(tmp_path / "x.npy")], capture_output=True, text=True)
     assert res.returncode == 1 and "does not match the library (size or SHA-256)" in res.stderr
+
+
+SHA_HARNESS = r"""
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+%s
+int main(int argc, char **argv) {  /* the SHA-256 of bytes k*7 + (k>>8) (mod 256), k < n, for each n given */
+  for (int a = 1; a < argc; ++a) {
+    size_t n = strtoull(argv[a], NULL, 10);
+    uint8_t *p = malloc(n + 1), d[32];
+    for (size_t k = 0; k < n; ++k) p[k] = (uint8_t)(k * 7 + (k >> 8));
+    sha256(p, n, d);
+    for (int i = 0; i < 32; ++i) printf("%%02x", d[i]);
+    printf("\n");
+    free(p);
+  }
+  return 0;
+}
+"""
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
+def test_the_runtime_sha256_agrees_with_hashlib_on_both_paths(tmp_path):
+    import hashlib
+    src = open(os.path.join(ROOT, "src", "cuvil", "targets", "x86", "runtime.c")).read()
+    start = src.index("/* SHA-256 (FIPS 180-4)")
+    section = src[start:src.index("/* ----", start)]
+    (tmp_path / "sha.c").write_text(SHA_HARNESS % section)
+    exe = str(tmp_path / "sha")
+    subprocess.run(["cc", "-std=gnu11", "-O2", "-Wall", "-Werror", "-Wno-unused-function", str(tmp_path / "sha.c"),
+                    "-o", exe], check=True)
+    sizes = list(range(0, 200)) + [1000, 4096, 65536 + 55, (1 << 20) + 63]
+    want = []
+    for n in sizes:
+        k = np.arange(n, dtype=np.uint64)
+        want.append(hashlib.sha256(((k * 7 + (k >> 8)) & 255).astype(np.uint8).tobytes()).hexdigest())
+    for env in ({}, {"CUVIL_SHA256": "portable"}):
+        out = subprocess.run([exe, *map(str, sizes)], capture_output=True, text=True, check=True,
+                             env={**os.environ, **env}).stdout.split()
+        assert out == want, env

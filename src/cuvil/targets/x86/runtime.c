@@ -557,7 +557,13 @@ static pthread_mutex_t weights_mu = PTHREAD_MUTEX_INITIALIZER;   /* bound_weight
 static const void *bound_weights;
 static long live_sessions;
 
-/* SHA-256 (FIPS 180-4), plain C: the runtime links libc, libm and libpthread only. */
+/* SHA-256 (FIPS 180-4) of the weights bind_weights is given: with the SHA extensions where the CPU has them
+ * (cpuid; a few times faster), else in plain C. No library beyond libc: the runtime links libc, libm and
+ * libpthread only. tests/test_external_weights.py compiles this section alone (from here to the next rule)
+ * and checks both paths against hashlib. */
+#include <cpuid.h>
+#include <immintrin.h>
+
 static const uint32_t sha256_k[64] = {
   0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
   0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
@@ -571,37 +577,84 @@ static const uint32_t sha256_k[64] = {
 
 #define SHA_ROR(x, n) (((x) >> (n)) | ((x) << (32 - (n))))
 
-static void sha256_block(uint32_t h[8], const uint8_t *p) {
-  uint32_t w[64];
-  for (int i = 0; i < 16; ++i)
-    w[i] = (uint32_t)p[4 * i] << 24 | (uint32_t)p[4 * i + 1] << 16 | (uint32_t)p[4 * i + 2] << 8 | p[4 * i + 3];
-  for (int i = 16; i < 64; ++i) {
-    uint32_t s0 = SHA_ROR(w[i - 15], 7) ^ SHA_ROR(w[i - 15], 18) ^ (w[i - 15] >> 3);
-    uint32_t s1 = SHA_ROR(w[i - 2], 17) ^ SHA_ROR(w[i - 2], 19) ^ (w[i - 2] >> 10);
-    w[i] = w[i - 16] + s0 + w[i - 7] + s1;
+static void sha256_blocks_c(uint32_t h[8], const uint8_t *p, size_t blocks) {
+  for (; blocks > 0; --blocks, p += 64) {
+    uint32_t w[64];
+    for (int i = 0; i < 16; ++i)
+      w[i] = (uint32_t)p[4 * i] << 24 | (uint32_t)p[4 * i + 1] << 16 | (uint32_t)p[4 * i + 2] << 8 | p[4 * i + 3];
+    for (int i = 16; i < 64; ++i) {
+      uint32_t s0 = SHA_ROR(w[i - 15], 7) ^ SHA_ROR(w[i - 15], 18) ^ (w[i - 15] >> 3);
+      uint32_t s1 = SHA_ROR(w[i - 2], 17) ^ SHA_ROR(w[i - 2], 19) ^ (w[i - 2] >> 10);
+      w[i] = w[i - 16] + s0 + w[i - 7] + s1;
+    }
+    uint32_t a = h[0], b = h[1], c = h[2], d = h[3], e = h[4], f = h[5], g = h[6], k = h[7];
+    for (int i = 0; i < 64; ++i) {
+      uint32_t t1 = k + (SHA_ROR(e, 6) ^ SHA_ROR(e, 11) ^ SHA_ROR(e, 25)) + ((e & f) ^ (~e & g)) + sha256_k[i] + w[i];
+      uint32_t t2 = (SHA_ROR(a, 2) ^ SHA_ROR(a, 13) ^ SHA_ROR(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
+      k = g; g = f; f = e; e = d + t1; d = c; c = b; b = a; a = t1 + t2;
+    }
+    h[0] += a; h[1] += b; h[2] += c; h[3] += d; h[4] += e; h[5] += f; h[6] += g; h[7] += k;
   }
-  uint32_t a = h[0], b = h[1], c = h[2], d = h[3], e = h[4], f = h[5], g = h[6], k = h[7];
-  for (int i = 0; i < 64; ++i) {
-    uint32_t t1 = k + (SHA_ROR(e, 6) ^ SHA_ROR(e, 11) ^ SHA_ROR(e, 25)) + ((e & f) ^ (~e & g)) + sha256_k[i] + w[i];
-    uint32_t t2 = (SHA_ROR(a, 2) ^ SHA_ROR(a, 13) ^ SHA_ROR(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
-    k = g; g = f; f = e; e = d + t1; d = c; c = b; b = a; a = t1 + t2;
+}
+
+/* The SHA extensions: the state as ABEF/CDGH vectors, two rounds per sha256rnds2, the message schedule four
+ * words at a time (W[j] = msg2(msg1(W[j-4], W[j-3]) + W[4j-7 .. 4j-4], W[j-1]), W[j] the words 4j .. 4j+3). */
+__attribute__((target("sha,sse4.1,ssse3")))
+static void sha256_blocks_ni(uint32_t h[8], const uint8_t *p, size_t blocks) {
+  const __m128i bswap = _mm_set_epi64x(0x0c0d0e0f08090a0bULL, 0x0405060700010203ULL);
+  __m128i tmp = _mm_shuffle_epi32(_mm_loadu_si128((const __m128i *)&h[0]), 0xB1);     /* CDAB */
+  __m128i st1 = _mm_shuffle_epi32(_mm_loadu_si128((const __m128i *)&h[4]), 0x1B);     /* EFGH */
+  __m128i st0 = _mm_alignr_epi8(tmp, st1, 8);                                          /* ABEF */
+  st1 = _mm_blend_epi16(st1, tmp, 0xF0);                                               /* CDGH */
+  for (; blocks > 0; --blocks, p += 64) {
+    __m128i abef = st0, cdgh = st1, w[4];
+#pragma GCC unroll 16
+    for (int j = 0; j < 16; ++j) {
+      __m128i m;
+      if (j < 4) {
+        m = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(p + 16 * j)), bswap);
+      } else {
+        m = _mm_sha256msg1_epu32(w[j & 3], w[(j + 1) & 3]);
+        m = _mm_add_epi32(m, _mm_alignr_epi8(w[(j + 3) & 3], w[(j + 2) & 3], 4));
+        m = _mm_sha256msg2_epu32(m, w[(j + 3) & 3]);
+      }
+      w[j & 3] = m;
+      __m128i wk = _mm_add_epi32(m, _mm_loadu_si128((const __m128i *)&sha256_k[4 * j]));
+      st1 = _mm_sha256rnds2_epu32(st1, st0, wk);
+      st0 = _mm_sha256rnds2_epu32(st0, st1, _mm_shuffle_epi32(wk, 0x0E));
+    }
+    st0 = _mm_add_epi32(st0, abef);
+    st1 = _mm_add_epi32(st1, cdgh);
   }
-  h[0] += a; h[1] += b; h[2] += c; h[3] += d; h[4] += e; h[5] += f; h[6] += g; h[7] += k;
+  tmp = _mm_shuffle_epi32(st0, 0x1B);                                                  /* FEBA */
+  st1 = _mm_shuffle_epi32(st1, 0xB1);                                                  /* DCHG */
+  _mm_storeu_si128((__m128i *)&h[0], _mm_blend_epi16(tmp, st1, 0xF0));                 /* DCBA */
+  _mm_storeu_si128((__m128i *)&h[4], _mm_alignr_epi8(st1, tmp, 8));                    /* HGFE */
+}
+
+/* 1 when the CPU has the SHA extensions, SSE4.1 and SSSE3; CUVIL_SHA256=portable takes the plain C path. */
+static int sha256_has_ni(void) {
+  const char *env = getenv("CUVIL_SHA256");
+  if (env && strcmp(env, "portable") == 0) return 0;
+  unsigned a, b, c, d;
+  if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & bit_SSE4_1) || !(c & bit_SSSE3)) return 0;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
+  return (b & (1u << 29)) != 0;
 }
 
 static void sha256(const void *data, size_t n, uint8_t out[32]) {
   uint32_t h[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
+  void (*blocks)(uint32_t *, const uint8_t *, size_t) = sha256_has_ni() ? sha256_blocks_ni : sha256_blocks_c;
   const uint8_t *p = (const uint8_t *)data;
-  size_t left = n;
-  for (; left >= 64; left -= 64, p += 64) sha256_block(h, p);
+  blocks(h, p, n / 64);
+  size_t left = n % 64;
   uint8_t tail[128] = {0};
-  memcpy(tail, p, left);
+  memcpy(tail, p + (n - left), left);
   tail[left] = 0x80;
   size_t end = left < 56 ? 64 : 128;
   uint64_t bits = (uint64_t)n * 8;
   for (int i = 0; i < 8; ++i) tail[end - 1 - i] = (uint8_t)(bits >> (8 * i));
-  sha256_block(h, tail);
-  if (end == 128) sha256_block(h, tail + 64);
+  blocks(h, tail, end / 64);
   for (int i = 0; i < 8; ++i) {
     out[4 * i] = (uint8_t)(h[i] >> 24); out[4 * i + 1] = (uint8_t)(h[i] >> 16);
     out[4 * i + 2] = (uint8_t)(h[i] >> 8); out[4 * i + 3] = (uint8_t)h[i];
