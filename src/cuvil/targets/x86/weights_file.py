@@ -238,13 +238,15 @@ def check_matches(h: WeightsHeader, nbytes: int, digest: bytes, name: str, lib: 
 
 def private_buffer(nbytes: int) -> mmap.mmap:
     """Anonymous private memory for decrypted weights: page-aligned, never backed by a file, left out of core
-    dumps."""
+    dumps, in huge pages where the kernel has them (the kernels stream the weights: 4 KiB pages made a 64 MiB
+    GEMV 1.3x slower than the same weights mapped from a file written in 2 MiB writes)."""
     mm = mmap.mmap(-1, max(1, nbytes), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    if hasattr(mmap, "MADV_DONTDUMP"):
-        try:
-            mm.madvise(mmap.MADV_DONTDUMP)
-        except OSError:
-            pass
+    for advice in ("MADV_DONTDUMP", "MADV_HUGEPAGE"):
+        if hasattr(mmap, advice):
+            try:
+                mm.madvise(getattr(mmap, advice))
+            except OSError:
+                pass
     return mm
 
 
