@@ -14,14 +14,10 @@ from .link import write_library
 from .loader import Model, load
 
 
-#: Sidecars that exist only for some builds: ``weights`` (libNAME.weights) only with external weights.
-OPTIONAL_SIDECARS = ("weights",)
-
-
 def sidecars(so_path: str) -> Dict[str, str]:
     """The files that travel with ``libNAME.so``: its header and its manifest, and its weights file
-    ``libNAME.weights`` when it was compiled with external weights (:data:`OPTIONAL_SIDECARS`: absent
-    otherwise)."""
+    ``libNAME.weights`` when it was compiled with external weights (absent otherwise: saving skips a sidecar
+    that is not there)."""
     base = os.path.splitext(so_path)[0]
     return {"h": base + ".h", "manifest": base + ".manifest.json", "weights": base + ".weights"}
 
@@ -49,12 +45,10 @@ class Artifact:
             return path                                 # already there, with its header and manifest
         write_library(self.path, path)                  # 2 MiB writes: a first run as fast as later ones
         for key, src in sidecars(self.path).items():
-            dst = sidecars(path)[key]
-            if key in OPTIONAL_SIDECARS and not os.path.exists(src):
-                if os.path.exists(dst):
-                    os.unlink(dst)                      # an earlier build's: it would not match this library
-                continue
-            shutil.copyfile(src, dst)
+            if os.path.exists(src):
+                shutil.copyfile(src, sidecars(path)[key])
+            elif os.path.exists(sidecars(path)[key]):
+                os.unlink(sidecars(path)[key])          # a stale one of an earlier artifact there: not ours
         return path
 
     def model(self, num_threads: int = 0, weights_key=None) -> Model:
