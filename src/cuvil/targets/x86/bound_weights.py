@@ -76,7 +76,7 @@ def bind_external_weights(lib: ctypes.CDLL, prefix: str, so_path: str, weights=N
         given = [k for k, v in (("weights=", weights), ("weights_key=", weights_key)) if v is not None]
         if given:
             raise CuvilError(f"{lib_name} embeds its weights (compiled without --external-weights): "
-                             f"{' and '.join(given)} have nothing to bind", hint=f"drop {' and '.join(given)}")
+                             f"{' and '.join(given)} {'have' if len(given) > 1 else 'has'} nothing to bind", hint=f"drop {' and '.join(given)}")
         return None
     nbytes, digest = expected
     wp = weights_path(so_path)
