@@ -6,6 +6,7 @@ import ctypes
 import os
 import shutil
 import subprocess
+import sys
 
 import numpy as np
 import onnx
@@ -357,3 +358,53 @@ def test_the_runtime_sha256_agrees_with_hashlib_on_both_paths(tmp_path):
         out = subprocess.run([exe, *map(str, sizes)], capture_output=True, text=True, check=True,
                              env={**os.environ, **env}).stdout.split()
         assert out == want, env
+
+
+def test_a_model_without_weights_writes_no_weights_file(tmp_path):
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "relu",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    out = Pipeline.from_onnx(model).compile(external_weights=True).save(tmp_path / "librelu.so")
+    assert not os.path.exists(weights_of(out)) and "weights_file" not in cuvil.load(out).manifest
+    x = np.array([[-1, 2, -3], [4, -5, 6]], np.float32)
+    np.testing.assert_array_equal(cuvil.load(out).run(x)[0], np.maximum(x, 0))
+
+
+CHILD = """
+import sys, cuvil, numpy as np
+m = cuvil.load(sys.argv[1])
+m.run(image=np.zeros((1, 3, 16, 16), np.float32))
+print("ready", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_two_processes_share_the_weights_pages(built):
+    """Each process maps the file shared and read-only; every page it holds is also the other's (the page
+    cache's): /proc/PID/smaps counts them all as Shared_*, none as Private_*."""
+    so = built[1]["ext"]
+    target = os.path.realpath(weights_of(so))
+    env = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "src")}
+    procs = [subprocess.Popen([sys.executable, "-c", CHILD, str(so)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True, env=env) for _ in range(2)]
+    try:
+        for p in procs:
+            assert p.stdout.readline().strip() == "ready"
+        for p in procs:
+            fields, inside = {}, False
+            with open(f"/proc/{p.pid}/smaps") as f:
+                for line in f:
+                    if "-" in line.split()[0] and len(line.split()) >= 5:
+                        inside = line.rstrip().endswith(target)
+                        if inside:
+                            assert line.split()[1] == "r--s", line
+                    elif inside and line.split()[0].endswith(":") and line.split()[1].isdigit():
+                        key = line.split()[0][:-1]
+                        fields[key] = fields.get(key, 0) + int(line.split()[1])
+            shared = fields.get("Shared_Clean", 0) + fields.get("Shared_Dirty", 0)   # dirty: not written back yet
+            assert shared == fields["Rss"] > 0, sorted(fields.items())
+            assert fields.get("Private_Clean", 0) == fields.get("Private_Dirty", 0) == 0, sorted(fields.items())
+    finally:
+        for p in procs:
+            p.communicate("\n", timeout=60)
