@@ -36,22 +36,28 @@ from .targets.x86.sealed import sealed_library
 MODEL_SUFFIXES = (".onnx", ".pt", ".pt2")
 
 
-def load(path: Union[str, os.PathLike], num_threads: int = 0, fallback: Union[str, os.PathLike, None] = None,
-         *, verify=None, **gpu) -> Model:
+def load(path: Union[str, os.PathLike], num_threads: int = 0, fallback: Union[str, os.PathLike, None] = None, *,
+         weights=None, weights_key=None, verify=None, **gpu) -> Model:
     """Open a compiled model as a :class:`Model`: ``libNAME.so`` through ctypes, or a GPU bundle
     ``NAME.cuvil/`` through the CUDA driver (``gpu``: ``device``, ``max_graphs``, ``mode``,
     ``prefer_cubin``). Both answer the same calls: ``run(*arrays)`` / ``run(**named)`` return a list in
     output order, ``run({name: array})`` a dict by output name; ``inputs``, ``outputs``, ``symbols``;
     ``close()`` and ``with``. Where a bundle cannot run (no CUDA driver or GPU) and ``fallback`` names an
-    x86 ``libNAME.so``, that is loaded instead, with a warning.
+    x86 ``libNAME.so``, that is loaded instead, with a warning. A library compiled with external weights
+    maps its ``libNAME.weights`` (read-only, shared between processes), or binds ``weights`` (the contents of
+    that file, bytes-like); encrypted ones need ``weights_key`` (a key file, or the key's 32 bytes) and are
+    decrypted in memory only (docs/weights.md).
 
     ``verify`` (a public key: PEM file, PEM bytes or key object): first check the artifact's signature
     (:func:`cuvil.signing.verify_artifact`; a :class:`cuvil.signing.SignatureError` if it does not hold),
-    then load the very bytes checked: the library from a sealed in-memory file, its manifest as verified
-    (a bundle's files likewise); a fallback is verified with the same key."""
+    then load the very bytes checked: the library from a sealed in-memory file, its manifest and external
+    weights as verified (a bundle's files likewise); a fallback is verified with the same key."""
     path = os.fspath(path)
     if verify is not None:
-        return _load_verified(path, verify, num_threads, fallback, gpu)
+        if weights is not None:
+            raise CuvilError(f"{path}: weights= and verify= together: the weights to bind would be unverified",
+                             hint="leave weights= out: a verified load binds the libNAME.weights it verified")
+        return _load_verified(path, verify, num_threads, fallback, gpu, weights_key)
     if os.path.isfile(path) and path.lower().endswith(MODEL_SUFFIXES):
         # a model given where a compiled one belongs would otherwise reach dlopen ("invalid ELF header")
         name = re.sub(r"\W", "_", os.path.splitext(os.path.basename(path))[0])
@@ -59,6 +65,10 @@ def load(path: Union[str, os.PathLike], num_threads: int = 0, fallback: Union[st
                          hint=f"cuvil compile {path} -o build/lib{name}.so, then load build/lib{name}.so "
                               f"(Python: cuvil.Pipeline.from_file({path!r}).compile())")
     if os.path.isdir(path) or path.rstrip(os.sep).endswith(".cuvil"):
+        if weights is not None or weights_key is not None:
+            raise CuvilError(f"{path}: weights= and weights_key= apply to x86 libraries (libNAME.so) only; a "
+                             f"GPU bundle keeps its weights in its own weights.bin",
+                             hint="drop weights= and weights_key= for a bundle")
         try:
             return load_bundle(path, **gpu)
         except NoGpuError as e:
@@ -73,10 +83,10 @@ def load(path: Union[str, os.PathLike], num_threads: int = 0, fallback: Union[st
     if not os.path.isfile(path):
         raise CuvilError(f"{path}: no such file", hint="give a compiled libNAME.so or NAME.cuvil bundle (cuvil "
                          "compile MODEL -o libNAME.so writes one)")
-    return _load_so(path, num_threads=num_threads)
+    return _load_so(path, num_threads=num_threads, weights=weights, weights_key=weights_key)
 
 
-def _load_verified(path: str, key, num_threads: int, fallback, gpu: dict) -> Model:
+def _load_verified(path: str, key, num_threads: int, fallback, gpu: dict, weights_key=None) -> Model:
     try:
         v = verify_artifact(path, key)
     except CuvilError as e:
@@ -91,7 +101,7 @@ def _load_verified(path: str, key, num_threads: int, fallback, gpu: dict) -> Mod
                 raise
             warnings.warn(f"{path}: {e}; running the x86 artifact {os.fspath(fallback)} instead", RuntimeWarning,
                           stacklevel=3)
-            return load(fallback, num_threads=num_threads, verify=key)
+            return load(fallback, num_threads=num_threads, verify=key, weights_key=weights_key)
     if gpu:
         raise CuvilError(f"{path}: {', '.join(sorted(gpu))} apply to GPU bundles (NAME.cuvil/) only",
                          hint=f"leave {', '.join(sorted(gpu))} out for an x86 library")
@@ -104,11 +114,9 @@ def _load_verified(path: str, key, num_threads: int, fallback, gpu: dict) -> Mod
         except ValueError as e:
             raise CuvilError(f"{path}: its signed manifest is not JSON ({e})",
                              hint="compile the model again and sign the new artifact") from None
-    extra = {}
-    if "weights" in names and names["weights"] in v.files:      # external weights: the verified bytes
-        extra["weights"] = v.files[names["weights"]]
-    return _load_so(path, num_threads=num_threads, manifest=manifest, dlopen_path=sealed_library(v.files[lib], lib),
-                    **extra)
+    weights = v.files.get(names["weights"])      # external weights: the verified bytes (None when embedded)
+    return _load_so(path, num_threads=num_threads, weights=weights, weights_key=weights_key, manifest=manifest,
+                    dlopen_path=sealed_library(v.files[lib], lib))
 
 
 def artifact_cache_dir() -> str:

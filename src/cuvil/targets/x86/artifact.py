@@ -15,9 +15,11 @@ from .loader import Model, load
 
 
 def sidecars(so_path: str) -> Dict[str, str]:
-    """The files that travel with ``libNAME.so``: its header and its manifest."""
+    """The files that travel with ``libNAME.so``: its header and its manifest, and its weights file
+    ``libNAME.weights`` when it was compiled with external weights (absent otherwise: saving skips a sidecar
+    that is not there)."""
     base = os.path.splitext(so_path)[0]
-    return {"h": base + ".h", "manifest": base + ".manifest.json"}
+    return {"h": base + ".h", "manifest": base + ".manifest.json", "weights": base + ".weights"}
 
 
 class Artifact:
@@ -43,19 +45,23 @@ class Artifact:
             return path                                 # already there, with its header and manifest
         write_library(self.path, path)                  # 2 MiB writes: a first run as fast as later ones
         for key, src in sidecars(self.path).items():
-            shutil.copyfile(src, sidecars(path)[key])
+            if os.path.exists(src):
+                shutil.copyfile(src, sidecars(path)[key])
+            elif os.path.exists(sidecars(path)[key]):
+                os.unlink(sidecars(path)[key])          # a stale one of an earlier artifact there: not ours
         return path
 
-    def model(self, num_threads: int = 0) -> Model:
+    def model(self, num_threads: int = 0, weights_key=None) -> Model:
         """The loaded library (loaded once); ``num_threads`` (0 = all cores) becomes the default of its
-        ``run`` from this call on: ``art.model(num_threads=2)`` after ``art.model()`` runs on two threads."""
-        m = self._loaded(num_threads)
+        ``run`` from this call on: ``art.model(num_threads=2)`` after ``art.model()`` runs on two threads.
+        ``weights_key``: the key of encrypted weights (``encrypt_weights=`` at compile time)."""
+        m = self._loaded(num_threads, weights_key)
         m.num_threads = num_threads
         return m
 
-    def _loaded(self, num_threads: int = 0) -> Model:
+    def _loaded(self, num_threads: int = 0, weights_key=None) -> Model:
         if self._model is None:
-            self._model = load(self.path, num_threads=num_threads)
+            self._model = load(self.path, num_threads=num_threads, weights_key=weights_key)
         return self._model
 
     def run(self, inputs: Union[Mapping[str, np.ndarray], Sequence[np.ndarray], np.ndarray],
