@@ -482,3 +482,19 @@ def test_verify_takes_a_pem_file_pem_bytes_or_a_key_object_and_refuses_links(sig
     header.symlink_to(real)
     with pytest.raises(SignatureError, match="symbolic link"):
         cuvil.verify_artifact(signed, keys / "pub.pem")
+
+
+def test_the_c_verifier_binds_the_verified_external_weights(c_verifier, external, keys, tmp_path):
+    import subprocess
+    so = external.save(tmp_path / "libdemo.so")
+    cuvil.sign(so, keys / "key.pem")
+    run = lambda: subprocess.run([str(c_verifier), str(keys / "pub.pem"), so], capture_output=True, text=True)  # noqa: E731
+    res = run()
+    assert res.returncode == 0, res.stderr
+    m = cuvil.load(so)
+    x = (np.float32(0.1) * (np.arange(3 * 16 * 16) % 7).astype(np.float32) - np.float32(0.3)).reshape(1, 3, 16, 16)
+    printed = [float(v) for v in res.stdout.splitlines()[1].split("values ")[1].split()]
+    np.testing.assert_allclose(printed, m.run(x.astype(np.float32))[0].reshape(-1)[:10], rtol=1e-5)
+    _flip(sidecars(so)["weights"])
+    res = run()
+    assert res.returncode == 1 and "libdemo.weights was altered" in res.stderr

@@ -20,9 +20,12 @@
  * filled with a fixed pattern (float32: 0.1 * (i % 7) - 0.3; other types zero; a symbolic dim at 1), it runs
  * once, and each output's name, shape and first values are printed.
  *
+ * A library compiled with --external-weights gets the verified bytes of its libNAME.weights, from memory, through
+ * PREFIX_bind_weights (which checks them against the size and SHA-256 the library embeds); encrypted weights
+ * need the key and AES-GCM, which this example leaves to cuvil.load(..., verify=, weights_key=).
+ *
  * Exit status: 0 verified and ran; 1 refused (unsigned, wrong key, altered/missing/extra file), with the
- * reason; 2 usage or I/O error; 3 the library failed to load or run. External weights (libNAME.weights) are
- * outside this example: it refuses a library signed with them rather than load it half-verified.
+ * reason; 2 usage or I/O error; 3 the library failed to load or run.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -246,8 +249,9 @@ static int ecdsa_verify(const char *pub_path, const unsigned char *msg, size_t m
 
 static const char *SIDECARS[] = {".h", ".manifest.json", ".cdx.json", ".intoto.json", ".weights"};
 
-/* Verifies lib_path against its .sig with pub_path; returns the library's verified bytes. */
-static buf verify_library(const char *pub_path, const char *lib_path) {
+/* Verifies lib_path against its .sig with pub_path; returns the library's verified bytes, and in *weights those
+ * of libNAME.weights when it is signed (else .data NULL). */
+static buf verify_library(const char *pub_path, const char *lib_path, buf *weights) {
     size_t lp = strlen(lib_path);
     if (lp < 4 || strcmp(lib_path + lp - 3, ".so")) FAIL("%s: expected a libNAME.so", lib_path);
     char base[4096], dir[4096], path[4096];
@@ -296,6 +300,7 @@ static buf verify_library(const char *pub_path, const char *lib_path) {
 
     /* 3. every signed file, read once, hashed; the library's bytes kept */
     buf lib = {NULL, 0};
+    weights->data = NULL;
     for (size_t k = 0; k < res->n; k++) {
         const char *name = jstr(res->items[k], "name"), *alg = jstr(res->items[k], "algorithm");
         const char *want = jstr(res->items[k], "digest");
@@ -311,13 +316,10 @@ static buf verify_library(const char *pub_path, const char *lib_path) {
         unsigned char wraw[32];
         for (int i = 0; i < 32; i++) { unsigned v; sscanf(want + 2 * i, "%2x", &v); wraw[i] = (unsigned char)v; }
         EVP_DigestUpdate(all, wraw, 32);
+        size_t nl = strlen(name), bl = strlen(lib_name) - 3;                 /* libNAME */
         if (!strcmp(name, lib_name)) lib = f;
-        else {
-            size_t nl = strlen(name);
-            if (nl > 8 && !strcmp(name + nl - 8, ".weights"))
-                REFUSE("%s: signed with external weights (%s), which this example does not bind", lib_path, name);
-            free(f.data);
-        }
+        else if (nl == bl + 8 && !strncmp(name, lib_name, bl) && !strcmp(name + bl, ".weights")) *weights = f;
+        else free(f.data);
     }
     unsigned char rd[32];
     unsigned int rdl = 0;
@@ -358,6 +360,44 @@ static void sealed_path(const buf *lib, const char *name, char *out, size_t cap)
 
 /* ---- running ----------------------------------------------------------------------------------------------- */
 
+static void *sym(void *h, const char *prefix, const char *name);
+
+/* A library compiled with --external-weights: hand it the payload of the verified weights file (header: "CUVILWTS",
+ * u32 version, u32 flags (1 = encrypted), u64 header_bytes, u64 plain_bytes; docs/weights.md), copied to a
+ * page-aligned buffer that lives as long as the process. Exits 3 if the library cannot use them. */
+static void bind_verified_weights(void *h, const char *prefix, const buf *w) {
+    char full[256];
+    snprintf(full, sizeof full, "%s_weights_info", prefix);
+    int (*info)(int64_t *, uint8_t *) = (int (*)(int64_t *, uint8_t *))dlsym(h, full);
+    int64_t nbytes = 0;
+    int external = info && info(&nbytes, NULL) == 1;
+    if (!external) {
+        if (w->data) { fprintf(stderr, "error: a weights file is signed but the library embeds its weights\n"); exit(3); }
+        return;
+    }
+    if (!w->data) { fprintf(stderr, "error: the library needs external weights, and none are signed with it\n"); exit(3); }
+    uint32_t version, flags;
+    uint64_t header_bytes, plain_bytes;
+    if (w->len < 40 || memcmp(w->data, "CUVILWTS", 8)) { fprintf(stderr, "error: not a Cuvil weights file\n"); exit(3); }
+    memcpy(&version, w->data + 8, 4);
+    memcpy(&flags, w->data + 12, 4);
+    memcpy(&header_bytes, w->data + 16, 8);
+    memcpy(&plain_bytes, w->data + 24, 8);
+    if (version != 1 || (flags & 1)) {
+        fprintf(stderr, "error: %s\n", version != 1 ? "weights format version is not 1"
+                                                    : "encrypted weights: load them with cuvil.load(path, verify=PUB, weights_key=KEY)");
+        exit(3);
+    }
+    if (header_bytes > w->len || plain_bytes != w->len - header_bytes) { fprintf(stderr, "error: weights file size\n"); exit(3); }
+    void *payload = NULL;
+    if (posix_memalign(&payload, 4096, plain_bytes ? plain_bytes : 1)) FAIL("out of memory");
+    memcpy(payload, w->data + header_bytes, plain_bytes);
+    int (*bind)(const void *, size_t) = (int (*)(const void *, size_t))sym(h, prefix, "bind_weights");
+    const char *(*strerror_)(int) = (const char *(*)(int))sym(h, prefix, "strerror");
+    int rc = bind(payload, (size_t)plain_bytes);
+    if (rc) { fprintf(stderr, "error: bind_weights: %s\n", strerror_(rc)); exit(3); }
+}
+
 typedef struct { void *data; int32_t dtype; int32_t ndim; int64_t *shape; } cuvil_tensor;
 
 static void *sym(void *h, const char *prefix, const char *name) {
@@ -377,12 +417,15 @@ static size_t dtype_size(int32_t t) {
 int main(int argc, char **argv) {
     if (argc < 3 || argc > 4) FAIL("usage: %s PUB.pem build/libNAME.so [PREFIX]", argv[0]);
     const char *prefix = argc == 4 ? argv[3] : "cuvil";
-    buf lib = verify_library(argv[1], argv[2]);
+    buf weights;
+    buf lib = verify_library(argv[1], argv[2], &weights);
     char dl_path[64];
     sealed_path(&lib, strrchr(argv[2], '/') ? strrchr(argv[2], '/') + 1 : argv[2], dl_path, sizeof dl_path);
     free(lib.data);
     void *h = dlopen(dl_path, RTLD_NOW | RTLD_LOCAL);
     if (!h) { fprintf(stderr, "error: dlopen: %s\n", dlerror()); return 3; }
+    bind_verified_weights(h, prefix, &weights);
+    free(weights.data);
 
     int (*num_inputs)(void) = (int (*)(void))sym(h, prefix, "num_inputs");
     int (*num_outputs)(void) = (int (*)(void))sym(h, prefix, "num_outputs");
