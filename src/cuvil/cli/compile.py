@@ -90,10 +90,11 @@ def cmd_compile(args) -> int:
     print(f"wrote {out}, {base}.h, {base}.manifest.json")
     print(f"  {m['kernels']} kernels, arena {m['arena_bytes']:,} B, weights {m['weights_bytes']:,} B, "
           f"target {m['target']['cpu']}" + (f", specialized {m['specialized']}" if m.get("specialized") else "")
-          + (" (from cache)" if art.cached else f", compiled in {m['compile_seconds']:.1f} s"))
+          + (" (from cache)" if art.cached else f", compiled in {art.timings['compile_seconds']:.1f} s"))
     ms = m.get("memory_safety")
     if ms:
-        print(f"  memory safety: {ms['summary']} ({ms['accesses']} accesses, {ms['proof_seconds']:.2f} s)")
+        print(f"  memory safety: {ms['summary']} ({ms['accesses']} accesses"
+              + (f", {art.timings['proof_seconds']:.2f} s)" if art.timings else ")"))
         for k in ms["guarded"]:
             print(f"  guarded kernel {k['stage']} ({k['variant']}): {k['unproved'][0]}")
     for name, prof in (m.get("symbols") or {}).items():
@@ -170,7 +171,7 @@ def _compile_gpu_bundle(args) -> int:
     print(f"  {m['kernels']} kernels for {m['target']['arch']}, arena {m['arena_bytes']:,} B, weights {m['weights_bytes']:,} B"
           + (f", registers/thread max {max(regs)}" if regs else ", ptxas not found: registers not checked")
           + (f", specialized {m['specialized']}" if m.get("specialized") else "")
-          + (" (from cache)" if bundle.cached else f", compiled in {m['compile_seconds']:.1f} s"))
+          + (" (from cache)" if bundle.cached else f", compiled in {bundle.timings['compile_seconds']:.1f} s"))
     rp = m.get("register_pass") or {}
     if rp.get("kernels"):
         print(f"  register pass: {len(rp['kernels'])} multi-wave kernels limited by registers; "

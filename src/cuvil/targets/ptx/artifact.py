@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from typing import Dict, List, Mapping, Sequence, Union
+from typing import Dict, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
@@ -19,6 +19,8 @@ class Bundle:
 
     def __init__(self, path: str, manifest: dict, cached: bool = False):
         self.path, self.manifest, self.cached = path, manifest, cached
+        #: Seconds the compile took (as :attr:`cuvil.artifact.Artifact.timings`); None from the cache.
+        self.timings: Optional[Dict[str, float]] = None
         self._model = None
 
     def save(self, path: Union[str, os.PathLike]) -> str:
