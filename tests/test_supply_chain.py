@@ -141,6 +141,22 @@ def test_save_copies_every_sidecar(demo, tmp_path):
             assert a.read() == b.read(), key
 
 
+def test_saved_under_another_name_the_records_name_the_files_as_they_are(demo, tmp_path):
+    _, art = demo
+    out = art.save(tmp_path / "libdemo.so")
+    st = load(sidecars(out)["intoto"])
+    subjects = {s["name"]: s["digest"]["sha256"] for s in st["subject"]}
+    assert subjects == {n: sha256(p) for n, p in artifact_files(out, provenance=False).items()}
+    assert "libdemo.so" in subjects and "libdemo.cdx.json" in subjects
+    with open(sidecars(out)["cdx"], encoding="utf-8") as f:
+        text = f.read()
+    assert JsonStrictValidator(SchemaVersion.V1_6).validate_str(text) is None
+    bom = json.loads(text)
+    assert bom["metadata"]["component"]["name"] == "libdemo.so"
+    assert {c["name"] for c in bom["metadata"]["component"]["components"]} == {
+        "libdemo.so", "libdemo.h", "libdemo.manifest.json"}
+
+
 def test_gpu_bundle_has_its_sbom_and_provenance_inside(tmp_path):
     art = Pipeline.from_onnx(DEMO).optimize().compile("nvptx64-nvidia-cuda", arch="sm_90", cache=False)
     try:

@@ -87,7 +87,7 @@ def cmd_compile(args) -> int:
     out = art.save(args.output)
     m = art.manifest
     base = os.path.splitext(out)[0]
-    print(f"wrote {out}, {base}.h, {base}.manifest.json")
+    print(f"wrote {out}, {base}.h, {base}.manifest.json, SBOM {base}.cdx.json, provenance {base}.intoto.json")
     print(f"  {m['kernels']} kernels, arena {m['arena_bytes']:,} B, weights {m['weights_bytes']:,} B, "
           f"target {m['target']['cpu']}" + (f", specialized {m['specialized']}" if m.get("specialized") else "")
           + (" (from cache)" if art.cached else f", compiled in {art.timings['compile_seconds']:.1f} s"))
@@ -167,7 +167,7 @@ def _compile_gpu_bundle(args) -> int:
     m = bundle.manifest
     regs = [k["registers"] for k in ((m.get("ptxas") or {}).get("kernels") or {}).values() if k.get("registers")]
     print(f"wrote {out}/ (kernels.ptx, weights.bin, plan.json, manifest.json"
-          + (f", {m['ptxas']['cubin']}" if m.get("ptxas") else "") + ")")
+          + (f", {m['ptxas']['cubin']}" if m.get("ptxas") else "") + ", sbom.cdx.json, provenance.intoto.json)")
     print(f"  {m['kernels']} kernels for {m['target']['arch']}, arena {m['arena_bytes']:,} B, weights {m['weights_bytes']:,} B"
           + (f", registers/thread max {max(regs)}" if regs else ", ptxas not found: registers not checked")
           + (f", specialized {m['specialized']}" if m.get("specialized") else "")

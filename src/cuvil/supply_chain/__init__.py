@@ -4,8 +4,8 @@ SLSA v1 provenance predicate), both written at every compile from one :class:`.b
 deterministic, so that a rebuild of the same model with the same options and compiler is byte-identical."""
 from .build_info import BuildInfo, RuleFile, sha256_file
 from .provenance import BUILD_TYPE, BUILDER_ID, provenance_statement, write_provenance
-from .record import record_build
+from .record import record_build, rename_records
 from .sbom import sbom_json, write_sbom
 
 __all__ = ["BuildInfo", "RuleFile", "sha256_file", "BUILD_TYPE", "BUILDER_ID", "provenance_statement",
-           "write_provenance", "sbom_json", "write_sbom", "record_build"]
+           "write_provenance", "sbom_json", "write_sbom", "record_build", "rename_records"]

@@ -14,7 +14,7 @@ is as true as that of a fresh one."""
 from __future__ import annotations
 
 import json
-from typing import Any, Dict
+from typing import Any, Dict, Mapping
 
 from .build_info import BuildInfo, jsonable
 
@@ -53,6 +53,21 @@ def provenance_statement(info: BuildInfo) -> Dict[str, Any]:
             },
         },
     }
+
+
+def rename_in_provenance(path: str, renames: Mapping[str, str], digests: Mapping[str, str]) -> None:
+    """Rewrite the statement at ``path`` for an artifact saved under other file names (``renames``: old ->
+    new name); ``digests``: new name -> sha256 of the files whose bytes changed (the SBOM, which names them)."""
+    with open(path, encoding="utf-8") as f:
+        st = json.load(f)
+    for s in st["subject"]:
+        s["name"] = renames.get(s["name"], s["name"])
+        if s["name"] in digests:
+            s["digest"] = {"sha256": digests[s["name"]]}
+    st["subject"] = sorted(st["subject"], key=lambda s: s["name"])
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(st, f, sort_keys=True, indent=1)
+        f.write("\n")
 
 
 def write_provenance(path: str, info: BuildInfo) -> str:

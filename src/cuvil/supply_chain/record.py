@@ -10,8 +10,8 @@ import attrs
 
 from ..rewrite_rules.verdicts import builtin_rules, builtin_rules_dir
 from .build_info import BuildInfo, RuleFile, c_compiler_version, digest_files, jsonable, sha256_file
-from .provenance import write_provenance
-from .sbom import write_sbom
+from .provenance import rename_in_provenance, write_provenance
+from .sbom import rename_in_sbom, write_sbom
 
 
 def _rule_file_name(path: str) -> str:
@@ -79,3 +79,13 @@ def record_build(files: Mapping[str, str], sbom_path: str, provenance_path: str,
     write_provenance(provenance_path, info)
     return info
 
+
+
+def rename_records(sbom_path: str, provenance_path: str, renames: Mapping[str, str]) -> None:
+    """The SBOM and provenance of an artifact saved under other file names (``libcuvil.so`` saved as
+    ``libdemo.so``; ``renames``: old name -> new name) rewritten to name the files as they now are; the
+    other files' bytes, and so their digests, are unchanged."""
+    if not (os.path.isfile(sbom_path) and os.path.isfile(provenance_path)):
+        return
+    rename_in_sbom(sbom_path, renames)
+    rename_in_provenance(provenance_path, renames, {os.path.basename(sbom_path): sha256_file(sbom_path)})

@@ -15,14 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
-from typing import Any, List
-
-from cyclonedx.model import HashAlgorithm, HashType, Property
-from cyclonedx.model.bom import Bom, BomMetaData
-from cyclonedx.model.component import Component, ComponentType
-from cyclonedx.model.dependency import Dependency
-from cyclonedx.output.json import JsonV1Dot6
-from packageurl import PackageURL
+from typing import Mapping
 
 from .build_info import BuildInfo, jsonable, package_versions
 
@@ -30,16 +23,19 @@ from .build_info import BuildInfo, jsonable, package_versions
 _SERIAL_NAMESPACE = uuid.UUID("5c0b1b9e-3a3c-4d39-9d1f-6f1c8c1b2a24")
 
 
-def _sha256(hexdigest: str) -> HashType:
+def _sha256(hexdigest: str):
+    from cyclonedx.model import HashAlgorithm, HashType
     return HashType(alg=HashAlgorithm.SHA_256, content=hexdigest)
 
 
-def _props(prefix: str, items) -> List[Property]:
+def _props(prefix: str, items) -> list:
+    from cyclonedx.model import Property
     return [Property(name=f"{prefix}{k}", value=v if isinstance(v, str) else json.dumps(jsonable(v), sort_keys=True))
             for k, v in items if v is not None]
 
 
-def _rule_components(info: BuildInfo) -> List[Component]:
+def _rule_components(info: BuildInfo) -> list:
+    from cyclonedx.model.component import Component, ComponentType
     files = {f.name: f.sha256 for f in info.rule_files}
     out = []
     for name in sorted(info.rules):
@@ -58,6 +54,12 @@ def _rule_components(info: BuildInfo) -> List[Component]:
 
 def sbom_json(info: BuildInfo) -> str:
     """The CycloneDX 1.6 JSON text of ``info``'s SBOM (deterministic: see the module docstring)."""
+    # imported here: the library takes a second to import, which `import cuvil` need not pay
+    from cyclonedx.model.bom import Bom, BomMetaData
+    from cyclonedx.model.component import Component, ComponentType
+    from cyclonedx.model.dependency import Dependency
+    from cyclonedx.output.json import JsonV1Dot6
+    from packageurl import PackageURL
     target = info.target
     subject = Component(
         type=ComponentType.LIBRARY, name=info.artifact, bom_ref="artifact",
@@ -82,8 +84,14 @@ def sbom_json(info: BuildInfo) -> str:
     bom = Bom(components=[model, cuvil, *packages, *tools, *rules], metadata=BomMetaData(component=subject),
               dependencies=deps)
     data = json.loads(JsonV1Dot6(bom).output_as_string())
-    data.pop("serialNumber", None)
     data.get("metadata", {}).pop("timestamp", None)   # a build time would make two equal builds differ
+    return sbom_text(data)
+
+
+def sbom_text(data: dict) -> str:
+    """The SBOM ``data`` as written: its serial number derived from the rest of its content, sorted keys."""
+    data = dict(data)
+    data.pop("serialNumber", None)
     body = json.dumps(data, sort_keys=True, indent=1)
     data["serialNumber"] = uuid.uuid5(_SERIAL_NAMESPACE, hashlib.sha256(body.encode()).hexdigest()).urn
     return json.dumps(data, sort_keys=True, indent=1) + "\n"
@@ -96,6 +104,17 @@ def write_sbom(path: str, info: BuildInfo) -> str:
     return path
 
 
-def read_sbom(path: str) -> Any:
+def rename_in_sbom(path: str, renames: Mapping[str, str]) -> None:
+    """Rewrite the SBOM at ``path`` for an artifact saved under other file names (``renames``: old -> new
+    name): the subject's name and its files' names (their hashes are the same bytes)."""
     with open(path, encoding="utf-8") as f:
-        return json.load(f)
+        data = json.load(f)
+    subject = data.get("metadata", {}).get("component", {})
+    subject["name"] = renames.get(subject.get("name"), subject.get("name"))
+    for c in subject.get("components", []):
+        if c.get("name") in renames:
+            c["name"] = renames[c["name"]]
+            c["bom-ref"] = f"file:{c['name']}"
+    subject["components"] = sorted(subject.get("components", []), key=lambda c: c.get("name", ""))
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(sbom_text(data))

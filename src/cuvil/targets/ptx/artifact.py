@@ -9,7 +9,9 @@ from typing import Dict, List, Mapping, Optional, Sequence, Union
 import numpy as np
 
 from ...errors import CuvilError
+from ...supply_chain import rename_records
 from ..model_api import as_run_args
+from .bundle import PROVENANCE_FILE, SBOM_FILE
 from .runtime import load_bundle
 
 
@@ -34,6 +36,9 @@ class Bundle:
             shutil.rmtree(path)
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         shutil.copytree(self.path, path)
+        old, new = os.path.basename(self.path.rstrip(os.sep)), os.path.basename(path)
+        if old != new:     # the SBOM names the bundle: as it now is
+            rename_records(os.path.join(path, SBOM_FILE), os.path.join(path, PROVENANCE_FILE), {old: new})
         return path
 
     def model(self, **gpu):

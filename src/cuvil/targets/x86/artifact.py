@@ -10,6 +10,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Union
 import numpy as np
 
 from ...errors import CuvilError
+from ...supply_chain import rename_records
 from ..model_api import as_run_args
 from .link import write_library
 from .loader import Model, load
@@ -55,6 +56,11 @@ class Artifact:
                 shutil.copyfile(src, sidecars(path)[key])
             elif os.path.exists(sidecars(path)[key]):
                 os.unlink(sidecars(path)[key])          # a stale one of an earlier artifact there: not ours
+        if os.path.basename(path) != os.path.basename(self.path):   # saved under another name: the SBOM and
+            src, dst = sidecars(self.path), sidecars(path)          # provenance name the files as they now are
+            renames = {os.path.basename(self.path): os.path.basename(path),
+                       **{os.path.basename(src[k]): os.path.basename(dst[k]) for k in src}}
+            rename_records(dst["cdx"], dst["intoto"], renames)
         return path
 
     def model(self, num_threads: int = 0) -> Model:

@@ -285,10 +285,11 @@ def _target_json(triple: str, cpu) -> dict:
     """The manifest's ``target``: the CPU the library was built for and ``isa_features``, every ISA feature the
     code generator was allowed to use, which the loader requires of the CPU it runs on (a missing one would be
     SIGILL at its first instruction); ``vector_bits``: the kernels' vector width; ``built_on``: the host's CPU
-    in one line (for a named CPU too: where the figures of a benchmark come from)."""
+    in one line, for a library built for the host (it is the target then); a library built for a named CPU
+    leaves it out, so that it is the same bytes whichever machine builds it (docs/supply-chain.md)."""
     return {"triple": triple, "cpu": cpu.llvm_name, "features": cpu.llvm_features,
             "isa_features": sorted(cpu.features), "vector_bits": cpu.vector_bits, "native": cpu.is_host,
-            "built_on": cpu_label()}
+            **({"built_on": cpu_label()} if cpu.is_host else {})}
 
 
 def _json_dims(dims) -> list:
