@@ -1,7 +1,7 @@
 """Builds for the reproducible-build check (tests/test_reproducible.py, docs/supply-chain.md): run as
 ``python -m cuvil.testing.rebuild OUT CASE...`` it compiles each case with the artifact cache off and saves
 the artifact (every file: library or bundle, header, manifest, SBOM, provenance) under ``OUT/CASE/``, and
-prints one line per case with the seconds it took. Two runs in different directories, with different
+prints one line per case with the seconds it took (wall and CPU). Two runs in different directories, with different
 ``PYTHONHASHSEED`` values, must write byte-identical trees.
 
 Cases: the nine light models (:data:`cuvil.testing.LIGHT_MODELS`, seeded weights, saved to an ONNX file
@@ -51,12 +51,18 @@ def _saved(art, path: str) -> str:
     return out
 
 
+def _cpu() -> float:
+    """CPU seconds of this process and its finished children (cc, ptxas)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
 def main(argv) -> int:
     out, cases = argv[0], argv[1:]
     for case in cases:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), _cpu()
         build(case, os.path.join(out, case))
-        print(f"{case} {time.perf_counter() - t0:.1f} s", flush=True)
+        print(f"{case} {time.perf_counter() - t0:.1f} s ({_cpu() - c0:.1f} s of CPU)", flush=True)
     return 0
 
 
