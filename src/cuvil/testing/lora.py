@@ -58,3 +58,58 @@ def write_peft_adapter(directory, modules: dict, r: int = 4, lora_alpha: float =
     cfg.update(config or {})
     (d / "adapter_config.json").write_text(json.dumps(cfg, indent=2))
     return d
+
+
+def numpy_merged_model(model: onnx.ModelProto, specs) -> onnx.ModelProto:
+    """An independent reference merge: a copy of ``model`` whose adapted weights are
+    ``W + Σ weight·scale·B·A`` computed in numpy (float64, then cast to the weight's type), in the layout the
+    consuming node reads, each adapted node given its own initializer where the weight is shared (GPT-2's
+    tied lm_head). ``specs``: ``[(adapter dir or Adapter, weight), ...]``. For onnxruntime to run."""
+    from onnx import numpy_helper
+    from ..lora import map_adapter, read_adapter
+    from ..lora.adapter import Adapter
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    inits = {t.name: t for t in m.graph.initializer}
+    acc = {}   # node name -> (initializer, layout, float64 sum of updates)
+    for src, weight in specs:
+        ad = src if isinstance(src, Adapter) else read_adapter(src)
+        for t in map_adapter(m, ad):
+            lm = ad.modules[t.module]
+            d = float(weight) * lm.scale * (lm.B.astype(np.float64) @ lm.A.astype(np.float64))  # [out, in]
+            d = d.T if t.layout == "in_out" else d
+            prev = acc.get(t.node)
+            acc[t.node] = (t, d if prev is None else prev[1] + d)
+    producers = {o: n for n in m.graph.node for o in n.output}
+    for node in list(m.graph.node):
+        if node.name not in acc:
+            continue
+        t, d = acc[node.name]
+        w = numpy_helper.to_array(inits[t.initializer])
+        new = (w.astype(np.float64) + d).astype(w.dtype)
+        name = f"{t.initializer}.merged.{node.name}"
+        m.graph.initializer.append(numpy_helper.from_array(new, name))
+        # re-point the node (or the Transpose / Identity it reads the weight through) at the merged copy
+        chain, v = [node], node.input[1]
+        while v != t.initializer:
+            p = producers[v]
+            chain.append(p)
+            v = p.input[0]
+        last = chain[-1]
+        idx = 1 if last is node else 0
+        if len(chain) > 1:   # a private copy of the chain for this node
+            prev_out = name
+            for p in reversed(chain[1:]):
+                q = onnx.helper.make_node(p.op_type, [prev_out] + list(p.input[1:]), [p.output[0] + ".merged"],
+                                          name=p.name + ".merged")
+                q.attribute.extend(p.attribute)
+                m.graph.node.insert(list(m.graph.node).index(node), q)
+                prev_out = q.output[0]
+            node.input[1] = prev_out
+        else:
+            node.input[idx] = name
+    used = {i for n in m.graph.node for i in n.input} | {o.name for o in m.graph.output}
+    keep = [t for t in m.graph.initializer if t.name in used]
+    del m.graph.initializer[:]
+    m.graph.initializer.extend(keep)
+    return m
