@@ -312,3 +312,23 @@ def test_against_torch_reference(tmp_path):
         unmerged = x @ w_torch.T + scale * ((x @ A.T) @ B.T)
         merged_out = x.numpy() @ ours_torch_layout.T
         assert max_rel_error(merged_out, unmerged.numpy().astype(np.float64)) <= RTOL, t.module
+
+
+# ---- cuvil lora check ---------------------------------------------------------------------------------------
+def test_lora_check(tmp_path, cli, monkeypatch):
+    model = EXPORTS / "gpt2.torchscript.onnx"
+    d = _adapter(tmp_path, onnx.load(model), "gpt2", scale_b=0.02)
+    r = cli("lora", "check", str(model), str(d))
+    assert r.returncode == 0, r.stdout + r.stderr
+    for needle in ("transformer.h.0.attn.c_attn", "model.transformer.h.0.attn.c_attn.weight", "32x96", "4x32",
+                   "96x4", "output logits: merged (Cuvil library) vs unmerged (reference)", "lora check: ok"):
+        assert needle in r.stdout, (needle, r.stdout)
+    # the gate decides the exit status
+    import cuvil.cli.lora as lora_cli
+    monkeypatch.setattr(lora_cli, "GATES", {"float32": 0.0})
+    r = cli("lora", "check", str(model), str(d))
+    assert r.returncode == 1 and "lora check: FAILED" in r.stdout
+    # an error: one line naming it, the next step, exit 1
+    bad = write_peft_adapter(tmp_path / "bad", {"transformer.h.0.attn.c_atn": (32, 96)})
+    r = cli("lora", "check", str(model), str(bad))
+    assert r.returncode == 1 and "'transformer.h.0.attn.c_atn' maps to no weight" in r.stderr and "next:" in r.stderr
