@@ -11,11 +11,11 @@ from typing import List, Optional
 
 from ..errors import CuvilError
 from ..version import __version__
-from . import (bench, compile, demo, doctor, inspect, keygen, ops, rules, run, sign, verify, verify_artifact,
+from . import (bench, compile, demo, doctor, inspect, keygen, lora, ops, rules, run, sign, verify, verify_artifact,
                weights_key, zoo)
 
 #: The subcommands, in the order ``cuvil --help`` lists them.
-COMMANDS = (inspect, demo, zoo, rules, compile, run, verify, ops, bench, doctor, weights_key, keygen, sign,
+COMMANDS = (inspect, demo, zoo, rules, compile, lora, run, verify, ops, bench, doctor, weights_key, keygen, sign,
             verify_artifact)
 
 
