@@ -1,0 +1,214 @@
+"""The x86 attention kernel: flash-style tiles of :class:`cuvil.kernels.attention.AttentionTile`.
+
+One unit of the parallel range is a block of ``qb`` query rows of one (batch, head). For each panel of ``kb``
+keys (``nv = kb / lanes`` vectors) the kernel
+
+1. computes the ``qb x kb`` scores as a register-blocked micro-kernel: for each ``d`` it loads the panel's
+   ``nv`` key vectors once (contiguous: the keys are stored transposed and cut into panels) and multiplies
+   them by each row's ``q[d]`` broadcast, ``qb * nv`` FMAs into accumulators that stay in registers;
+2. per row, scales the scores and adds the mask row (``-inf`` past the last key), takes the block max with a
+   vector max that propagates NaN (an unordered compare selects ``a + b`` where either is NaN) and updates
+   the row's running max ``m`` and the shift ``c`` (0 while every score so far is ``-inf``, so a row masked
+   so far adds exp(-inf) = 0, not NaN); ``r = exp(m_old - c)``;
+3. spills the scores to a stack tile and replaces them by ``exp(s - c)`` in a loop of constant trip count
+   (the shared polynomial of :mod:`cuvil.targets.llvm.vecmath`, which LLVM's loop vectoriser widens), and
+   adds them to the row's running sum ``l`` (a vector of partial sums, scaled by ``r``);
+4. scales the output accumulators by ``r`` and adds ``P · V``: for each key, its value row's vectors
+   (``dvp / lanes``) loaded once and multiplied by each row's probability broadcast from the tile.
+
+The rows end as ``acc / l`` (NaN for a row whose every key is ``-inf``, 0 for a NaN element under
+``zero_nan``), stored for the rows below ``Sq`` (a last partial block computes its missing rows on a clamped
+copy of the last row and drops them). The recurrence is the sequential form's
+(:mod:`cuvil.kernels.lower.attention`); the order of every sum is fixed per row, so results do not depend on
+the thread count.
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import llvmlite.ir as ir
+
+from ...kernels.attention import AttentionTile
+from ...kernels.schedule import Stage
+from ..llvm.types import F32, I1, I32, I64, splat
+from ..llvm.vecmath import VectorMath
+
+
+def find_attention(st: Stage) -> Optional[AttentionTile]:
+    """The tile spec when the stage's whole expression is the ``attention`` node at the stage's own indices."""
+    e = st.expr
+    if e.op != "attention" or not isinstance(e.attr, AttentionTile) or st.region is not None:
+        return None
+    idx = e.args[:-1]
+    if len(idx) != len(st.vars) or any(a.op != "var" or a.attr != v.attr for a, v in zip(idx, st.vars)):
+        return None
+    return e.attr
+
+
+def emit_attention_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]]:
+    """Emit an attention stage; returns (parallel extent, grain) or None if ``st`` is not one (its plain value
+    then takes the loop nest)."""
+    spec = find_attention(st)
+    if spec is None:
+        return None
+    vw = max(4, km.vector_bits // 32)
+    if spec.kb % vw or spec.dvp % vw:
+        return None
+    vec = ir.VectorType(F32, vw)
+    QB, KB, D, NV, NW = spec.qb, spec.kb, spec.d, spec.kb // vw, spec.dvp // vw
+    em, begin, end = km.kernel(sym)
+    b = em.b
+    fma = km.declare(f"llvm.fma.v{vw}f32", vec, [vec, vec, vec])
+    math = VectorMath(b, km.declare)
+    zero_v = ir.Constant(vec, [0.0] * vw)
+    neg_inf = ir.Constant(F32, float("-inf"))
+
+    def fptr(base, off):
+        return b.gep(base, [off], source_etype=F32, inbounds=True)
+
+    vptr = ir.PointerType(vec)
+
+    def vload(p):
+        return b.load(b.bitcast(p, vptr), typ=vec, align=4)
+
+    def vstore(x, p):
+        b.store(x, b.bitcast(p, vptr), align=4)
+
+    def slot(arr, k):
+        return b.gep(arr, [I64(k)], source_etype=vec, inbounds=True)
+
+    def nanmax(x, y):
+        """max(x, y), NaN where either is NaN (a vector max alone would return one of them)."""
+        mx = b.select(b.fcmp_ordered(">", x, y), x, y)
+        return b.select(b.fcmp_unordered("uno", x, y), b.fadd(x, y), mx)
+
+    def horizontal(x, combine):
+        n = vw
+        while n > 1:
+            n //= 2
+            lo = b.shuffle_vector(x, ir.Constant(x.type, ir.Undefined), ir.Constant(ir.VectorType(I32, n), list(range(n))))
+            hi = b.shuffle_vector(x, ir.Constant(x.type, ir.Undefined),
+                                  ir.Constant(ir.VectorType(I32, n), list(range(n, 2 * n))))
+            x = combine(lo, hi)
+        return b.extract_element(x, I32(0))
+
+    H = spec.heads
+    Sq = em.index(spec.rows)
+    nqb = b.sdiv(b.add(Sq, I64(QB - 1)), I64(QB))
+    nkb = em.index(spec.key_blocks)
+    scale = splat(b, em.emit(spec.scale), vw)
+    mshape = spec.mask.shape
+    s_acc = em.alloca(vec, QB * NV)       # the tile's scores (registers after SROA)
+    o_acc = em.alloca(vec, QB * NW)       # the rows' output accumulators
+    l_vec = em.alloca(vec, QB)            # the rows' running sums, per lane
+    m_row = em.alloca(F32, QB)            # the rows' running maxima
+    ptile = em.alloca(F32, QB * KB)       # the tile's probabilities (broadcast by P · V)
+
+    def unit(p):
+        qblk = b.srem(p, nqb)
+        bh = b.sdiv(p, nqb)
+        h = b.srem(bh, I64(H))
+        n = b.sdiv(bh, I64(H))
+        i0 = b.mul(qblk, I64(QB))
+        last = b.sub(Sq, I64(1))
+        rows = []
+        for qi in range(QB):
+            i = b.add(i0, I64(qi))
+            rows.append(b.select(b.icmp_signed("<", i, Sq), i, last))
+        qrow = [em.address(spec.q, [n, h, r, I64(0)]) for r in rows]
+        mrow = [em.address(spec.mask, [n if mshape[0] != 1 else I64(0), h if mshape[1] != 1 else I64(0),
+                                        r if mshape[2] != 1 else I64(0), I64(0)]) for r in rows]
+        kbase = em.address(spec.kt, [n, h, I64(0), I64(0), I64(0)])
+        vbase = em.address(spec.v, [n, h, I64(0), I64(0)])
+        for qi in range(QB):
+            b.store(neg_inf, b.gep(m_row, [I64(qi)], source_etype=F32))
+            vstore(zero_v, slot(l_vec, qi))
+            for w in range(NW):
+                vstore(zero_v, slot(o_acc, qi * NW + w))
+
+        def panel(t):
+            kpanel = fptr(kbase, b.mul(t, I64(D * KB)))
+            for k in range(QB * NV):
+                vstore(zero_v, slot(s_acc, k))
+
+            def qk(d):      # 1. scores: nv key vectors x qb broadcast query elements
+                kp = fptr(kpanel, b.mul(d, I64(KB)))
+                keys = [vload(fptr(kp, I64(v * vw))) for v in range(NV)]
+                for qi in range(QB):
+                    qs = splat(b, b.load(fptr(qrow[qi], d), typ=F32), vw)
+                    for v in range(NV):
+                        a = slot(s_acc, qi * NV + v)
+                        vstore(b.call(fma, [qs, keys[v], vload(a)]), a)
+            em.loop_range(I64(0), I64(D), qk)
+            key0 = b.mul(t, I64(KB))
+            shifts, rescale = [], []
+            for qi in range(QB):     # 2. scale, mask, running max
+                mp = fptr(mrow[qi], key0)
+                s = [b.fadd(b.fmul(vload(slot(s_acc, qi * NV + v)), scale), vload(fptr(mp, I64(v * vw))))
+                     for v in range(NV)]
+                top = s[0]
+                for x in s[1:]:
+                    top = nanmax(top, x)
+                top = horizontal(top, nanmax)
+                mp_old = b.gep(m_row, [I64(qi)], source_etype=F32)
+                m_old = b.load(mp_old, typ=F32)
+                m_new = nanmax(m_old, top)
+                c = b.select(b.fcmp_ordered("==", m_new, neg_inf), ir.Constant(F32, 0.0), m_new)
+                rescale.append(math.exp(b.fsub(m_old, c)))
+                shifts.append(c)
+                b.store(m_new, mp_old)
+                for v in range(NV):
+                    vstore(s[v], fptr(ptile, I64(qi * KB + v * vw)))
+            for qi in range(QB):     # 3. probabilities (a loop the vectoriser widens) and running sums
+                row = fptr(ptile, I64(qi * KB))
+
+                def expo(j, row=row, c=shifts[qi]):
+                    at = fptr(row, j)
+                    b.store(math.exp(b.fsub(b.load(at, typ=F32), c)), at)
+                em.loop_range(I64(0), I64(KB), expo)
+                total = vload(fptr(row, I64(0)))
+                for v in range(1, NV):
+                    total = b.fadd(total, vload(fptr(row, I64(v * vw))))
+                lp = slot(l_vec, qi)
+                vstore(b.fadd(b.fmul(vload(lp), splat(b, rescale[qi], vw)), total), lp)
+                r = splat(b, rescale[qi], vw)
+                for w in range(NW):
+                    a = slot(o_acc, qi * NW + w)
+                    vstore(b.fmul(vload(a), r), a)
+            vpanel = fptr(vbase, b.mul(key0, I64(spec.dvp)))
+
+            def pv(j):      # 4. P · V: nw value vectors x qb broadcast probabilities
+                vp = fptr(vpanel, b.mul(j, I64(spec.dvp)))
+                vals = [vload(fptr(vp, I64(w * vw))) for w in range(NW)]
+                for qi in range(QB):
+                    pj = splat(b, b.load(fptr(ptile, b.add(j, I64(qi * KB))), typ=F32), vw)
+                    for w in range(NW):
+                        a = slot(o_acc, qi * NW + w)
+                        vstore(b.call(fma, [pj, vals[w], vload(a)]), a)
+            em.loop_range(I64(0), I64(KB), pv)
+        em.loop_range(I64(0), nkb, panel)
+
+        lanes = ir.Constant(ir.VectorType(I64, vw), list(range(vw)))
+        mstore = km.declare(f"llvm.masked.store.v{vw}f32.p0", ir.VoidType(), [vec, ir.PointerType(), I32,
+                                                                              ir.VectorType(I1, vw)])
+        for qi in range(QB):         # the rows: acc / l, stored below Sq
+            i = b.add(i0, I64(qi))
+            with b.if_then(b.icmp_signed("<", i, Sq)):
+                l_sum = horizontal(vload(slot(l_vec, qi)), b.fadd)
+                lv = splat(b, l_sum, vw)
+                out = em.address(st.buf, [n, h, i, I64(0)])
+                for w in range(NW):
+                    y = b.fdiv(vload(slot(o_acc, qi * NW + w)), lv)
+                    if spec.zero_nan:
+                        y = b.select(b.fcmp_unordered("uno", y, y), zero_v, y)
+                    at = fptr(out, I64(w * vw))
+                    if (w + 1) * vw <= spec.dv:
+                        vstore(y, at)
+                    elif w * vw < spec.dv:
+                        keep = b.icmp_signed("<", b.add(lanes, splat(b, I64(w * vw), vw)), splat(b, I64(spec.dv), vw))
+                        b.call(mstore, [y, at, I32(4), keep])
+
+    em.loop_range(begin, end, unit)
+    b.ret_void()
+    extent = spec.batch * H * ((spec.rows + QB - 1) // QB)
+    return extent, 1
