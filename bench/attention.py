@@ -8,7 +8,9 @@ B = 1..8, S = 1..512, timed against onnxruntime, p50 of alternating runs with an
     PYTHONPATH=src python3 bench/attention.py --attention-only           # the attention alone
 
 ``--profile``: then the time in kernels at each S (1 thread, the step profiler's mean over 5 runs) and the
-fused kernel's share, with its FLOPs (4 B H S^2 D per layer: Q·Kt and P·V) as GFLOP/s.
+fused kernel's share, with its FLOPs (4 B H S^2 D per layer: Q·Kt and P·V) as GFLOP/s and as a share of one
+core's peak (``--peak-gflops``; by default 64 float32 FLOP per cycle, two AVX-512 FMA pipes, at the clock
+/proc/cpuinfo reports: an assumption, printed with the figures).
 """
 from __future__ import annotations
 
@@ -141,6 +143,8 @@ def main(argv=None):
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--pause-ms", type=float, default=100)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--peak-gflops", type=float, default=None,
+                    help="one core's float32 peak for --profile's %% of peak (default: 64 FLOP/cycle x cpu MHz)")
     ap.add_argument("--save", metavar="PATH")
     ap.add_argument("--attention-only", action="store_true",
                     help="one attention (12 heads of 64) over inputs q, k, v instead of the encoder")
@@ -174,6 +178,10 @@ def main(argv=None):
             print(f"| {s} | {threads} | {t['fused']:.2f} | {t['unfused']:.2f} | {t['ort']:.2f} | "
                   f"{t['fused'] / t['ort']:.2f} | {t['unfused'] / t['ort']:.2f} |", flush=True)
     if a.profile:
+        from cuvil.targets.x86.cpu import cpu_label
+        peak = a.peak_gflops or 64 * _cpu_mhz() / 1e3
+        print(f"\n{cpu_label()}; peak assumed {peak:.0f} GFLOP/s per core"
+              + ("" if a.peak_gflops else " (2 AVX-512 FMA pipes x 16 lanes x 2 FLOP at the clock /proc/cpuinfo reports)"))
         for s in seqs:
             for name, art in arts.items():
                 sym = {"B": 1, "S": s}
@@ -186,11 +194,20 @@ def main(argv=None):
                     ta = sum(t for _, t in attn)     # the kernel's steps: Kt / V copies, the rows, the output
                     # a library with a profile lists its kernels twice (generic, and specialised for the opt
                     # point): only those that ran count
-                    layers = sum(st["stage"].endswith("_rows") and t > 0 for st, t in attn)
+                    # (the sequential form's row stage, or the tiled kernel's output stage)
+                    layers = sum(st["stage"].endswith(("_rows", "_out")) and t > 0 for st, t in attn)
                     flops = 4 * 12 * s * s * 64 * layers
                     line += (f"; FusedAttention {1e3 * ta:.2f} ms ({100 * ta / total:.0f}%), "
-                             f"{flops / ta / 1e9:.1f} GFLOP/s")
+                             f"{flops / ta / 1e9:.1f} GFLOP/s ({100 * flops / ta / 1e9 / peak:.0f}% of peak)")
                 print(line, sym)
+
+
+def _cpu_mhz() -> float:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return max(float(line.split(":")[1]) for line in f if line.startswith("cpu MHz"))
+    except (OSError, ValueError):
+        return 3000.0
 
 
 if __name__ == "__main__":

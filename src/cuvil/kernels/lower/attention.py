@@ -23,7 +23,8 @@ Per row, with ``m`` the running max of the scores seen, ``l`` the running sum of
 5. ``m = m'``.
 
 The output is ``acc / l``: a row whose every key is masked with ``-inf`` ends with ``l = 0`` and gives NaN,
-as the unfused Softmax does, and 0 under ``zero_nan``. Rows run in parallel (x86: the thread pool splits
+as the unfused Softmax does; under ``zero_nan`` such a row (or one with a NaN score) is ``sum_j 0 * V[j]``, as
+the guarded composite computes it (:func:`_guarded`). Rows run in parallel (x86: the thread pool splits
 the stage's rows). Equal to the composite over the reals; in float32 the sums are reassociated (blocks,
 rescaling), within the tolerances the unfused graph is held to (tests/test_attention.py).
 
@@ -138,11 +139,23 @@ def _fused_attention(ctx):
     ctx.temp((B, H, Sq), dt, lambda idx: sequential(idx, program, dt), "rows")
 
     def out(idx):
-        y = binop("div", load(acc_buf, list(idx)), load(l_buf, list(idx[:3])))
+        total = load(l_buf, list(idx[:3]))
+        y = binop("div", load(acc_buf, list(idx)), total)
         if ctx.attr("zero_nan", 0):
-            y = select(cmp("uno", y, y), zero, y)
+            bb, hh, _, c = idx
+            y = _guarded(y, total, lambda key: vf([bb, hh, key, c]), [padded])
         return y
     return [TensorFn(tuple(out_shape), dt, out, "injective")]
+
+
+def _guarded(y: E, total: E, value, keys) -> E:
+    """Where(IsNaN(P), 0, P) · V from the unguarded row ``y = acc / l``: a row's probabilities are NaN all
+    together, exactly when ``l`` is NaN (a NaN or infinite score) or 0 (every key -inf); such a row is then
+    ``sum_j 0 * V[j]`` (0, or NaN in a column holding a non-finite value), any other row ``y`` itself (a NaN
+    value times its probability stays NaN, as in the composite)."""
+    zero = const(0.0, y.dtype)
+    nan_row = logic("or", cmp("uno", total, total), cmp("eq", total, zero))
+    return select(nan_row, reduce("sum", keys, lambda *j: binop("mul", zero, value(*j))), y)
 
 
 def _to_index(n) -> E:
@@ -208,8 +221,9 @@ def _tiled(ctx, q, kt, v, scale_t, mask):
         def weight(t, j):
             return call("exp", binop("sub", score(t, j), shift))
         num = reduce("sum", [nkb, KB], lambda t, j: binop("mul", weight(t, j), load(vb, [b, h, t * KB + j, c])))
-        y = binop("div", num, reduce("sum", [nkb, KB], weight))
+        total = reduce("sum", [nkb, KB], weight)
+        y = binop("div", num, total)
         if spec.zero_nan:
-            y = select(cmp("uno", y, y), zero, y)
+            y = _guarded(y, total, lambda t, j: load(vb, [b, h, t * KB + j, c]), [nkb, KB])
         return E("attention", [b, h, i, c, y], dt, spec)
     return [ctx.temp((B, H, Sq, Dv), dt, element, "out")]

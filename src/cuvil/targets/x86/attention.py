@@ -16,8 +16,11 @@ keys (``nv = kb / lanes`` vectors) the kernel
 4. scales the output accumulators by ``r`` and adds ``P · V``: for each key, its value row's vectors
    (``dvp / lanes``) loaded once and multiplied by each row's probability broadcast from the tile.
 
-The rows end as ``acc / l`` (NaN for a row whose every key is ``-inf``, 0 for a NaN element under
-``zero_nan``), stored for the rows below ``Sq`` (a last partial block computes its missing rows on a clamped
+The rows end as ``acc / l``: NaN for a row whose every key is ``-inf`` (0 / 0) or that has a NaN or infinite score
+(l is NaN), as the unfused Softmax gives; under ``zero_nan`` (the guard ``Where(IsNaN(P), 0, P)``: such a row's
+probabilities all become 0) such a row is ``sum_j 0 * V[j]`` as the guarded composite computes it (0, or NaN in
+a column with a non-finite value), and any other row keeps its NaN elements (a NaN value times its
+probability). They are stored for the rows below ``Sq`` (a last partial block computes its missing rows on a clamped
 copy of the last row and drops them). The recurrence is the sequential form's
 (:mod:`cuvil.kernels.lower.attention`); the order of every sum is fixed per row, so results do not depend on
 the thread count.
@@ -191,22 +194,50 @@ def emit_attention_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]
         lanes = ir.Constant(ir.VectorType(I64, vw), list(range(vw)))
         mstore = km.declare(f"llvm.masked.store.v{vw}f32.p0", ir.VoidType(), [vec, ir.PointerType(), I32,
                                                                               ir.VectorType(I1, vw)])
+        keys = b.mul(nkb, I64(KB))
+
+        def store_row(out, ys):
+            for w, y in enumerate(ys):
+                at = fptr(out, I64(w * vw))
+                if (w + 1) * vw <= spec.dv:
+                    vstore(y, at)
+                elif w * vw < spec.dv:
+                    keep = b.icmp_signed("<", b.add(lanes, splat(b, I64(w * vw), vw)), splat(b, I64(spec.dv), vw))
+                    b.call(mstore, [y, at, I32(4), keep])
+
+        def zero_times_values(out):
+            """sum_j 0 * V[j]: the guarded composite's P · V for a row whose probabilities were all NaN (each
+            then 0): 0, or NaN in a column holding an infinite or NaN value."""
+            z = em.alloca(vec, NW)
+            for w in range(NW):
+                vstore(zero_v, slot(z, w))
+
+            def add(j):
+                vp = fptr(vbase, b.mul(j, I64(spec.dvp)))
+                for w in range(NW):
+                    vstore(b.fadd(vload(slot(z, w)), b.fmul(zero_v, vload(fptr(vp, I64(w * vw))))), slot(z, w))
+            em.loop_range(I64(0), keys, add)
+            store_row(out, [vload(slot(z, w)) for w in range(NW)])
+
         for qi in range(QB):         # the rows: acc / l, stored below Sq
             i = b.add(i0, I64(qi))
             with b.if_then(b.icmp_signed("<", i, Sq)):
                 l_sum = horizontal(vload(slot(l_vec, qi)), b.fadd)
                 lv = splat(b, l_sum, vw)
                 out = em.address(st.buf, [n, h, i, I64(0)])
-                for w in range(NW):
-                    y = b.fdiv(vload(slot(o_acc, qi * NW + w)), lv)
-                    if spec.zero_nan:
-                        y = b.select(b.fcmp_unordered("uno", y, y), zero_v, y)
-                    at = fptr(out, I64(w * vw))
-                    if (w + 1) * vw <= spec.dv:
-                        vstore(y, at)
-                    elif w * vw < spec.dv:
-                        keep = b.icmp_signed("<", b.add(lanes, splat(b, I64(w * vw), vw)), splat(b, I64(spec.dv), vw))
-                        b.call(mstore, [y, at, I32(4), keep])
+
+                def quotient(out=out, qi=qi, lv=lv):
+                    store_row(out, [b.fdiv(vload(slot(o_acc, qi * NW + w)), lv) for w in range(NW)])
+                if not spec.zero_nan:
+                    quotient()
+                    continue
+                # the row's probabilities are NaN exactly when l is (a NaN or infinite score) or 0 (every key -inf)
+                nan_row = b.or_(b.fcmp_unordered("uno", l_sum, l_sum), b.fcmp_ordered("==", l_sum, ir.Constant(F32, 0.0)))
+                with b.if_else(nan_row, likely=False) as (then, otherwise):
+                    with then:
+                        zero_times_values(out)
+                    with otherwise:
+                        quotient()
 
     em.loop_range(begin, end, unit)
     b.ret_void()
