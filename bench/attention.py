@@ -181,7 +181,8 @@ def main(argv=None):
         from cuvil.targets.x86.cpu import cpu_label
         peak = a.peak_gflops or 64 * _cpu_mhz() / 1e3
         print(f"\n{cpu_label()}; peak assumed {peak:.0f} GFLOP/s per core"
-              + ("" if a.peak_gflops else " (2 AVX-512 FMA pipes x 16 lanes x 2 FLOP at the clock /proc/cpuinfo reports)"))
+              + ("" if a.peak_gflops else " (2 AVX-512 FMA pipes x 16 lanes x 2 FLOP at the clock /proc/cpuinfo"
+                                          " reports)"))
         for s in seqs:
             for name, art in arts.items():
                 sym = {"B": 1, "S": s}

@@ -20,10 +20,10 @@ The rows end as ``acc / l``: NaN for a row whose every key is ``-inf`` (0 / 0) o
 (l is NaN), as the unfused Softmax gives; under ``zero_nan`` (the guard ``Where(IsNaN(P), 0, P)``: such a row's
 probabilities all become 0) such a row is ``sum_j 0 * V[j]`` as the guarded composite computes it (0, or NaN in
 a column with a non-finite value), and any other row keeps its NaN elements (a NaN value times its
-probability). They are stored for the rows below ``Sq`` (a last partial block computes its missing rows on a clamped
-copy of the last row and drops them). The recurrence is the sequential form's
-(:mod:`cuvil.kernels.lower.attention`); the order of every sum is fixed per row, so results do not depend on
-the thread count.
+probability). A block of ``qb`` rows takes the full tile; the rows of a last partial block (``Sq`` not a multiple
+of ``qb``; a decode step's single query) take a one-row tile each, so no row is computed twice. The recurrence
+is the sequential form's (:mod:`cuvil.kernels.lower.attention`); the order of every sum is fixed per row (a row
+gives the same bits in either tile), so results do not depend on the thread count.
 """
 from __future__ import annotations
 
@@ -89,9 +89,9 @@ def emit_attention_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]
         n = vw
         while n > 1:
             n //= 2
-            lo = b.shuffle_vector(x, ir.Constant(x.type, ir.Undefined), ir.Constant(ir.VectorType(I32, n), list(range(n))))
-            hi = b.shuffle_vector(x, ir.Constant(x.type, ir.Undefined),
-                                  ir.Constant(ir.VectorType(I32, n), list(range(n, 2 * n))))
+            undef = ir.Constant(x.type, ir.Undefined)
+            lo = b.shuffle_vector(x, undef, ir.Constant(ir.VectorType(I32, n), list(range(n))))
+            hi = b.shuffle_vector(x, undef, ir.Constant(ir.VectorType(I32, n), list(range(n, 2 * n))))
             x = combine(lo, hi)
         return b.extract_element(x, I32(0))
 
@@ -107,12 +107,8 @@ def emit_attention_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]
     m_row = em.alloca(F32, QB)            # the rows' running maxima
     ptile = em.alloca(F32, QB * KB)       # the tile's probabilities (broadcast by P · V)
 
-    def unit(p):
-        qblk = b.srem(p, nqb)
-        bh = b.sdiv(p, nqb)
-        h = b.srem(bh, I64(H))
-        n = b.sdiv(bh, I64(H))
-        i0 = b.mul(qblk, I64(QB))
+    def tile(n, h, i0, QB):
+        """Rows i0 .. i0 + QB - 1 of (n, h) (rows past Sq computed on the last row's copy, not stored)."""
         last = b.sub(Sq, I64(1))
         rows = []
         for qi in range(QB):
@@ -232,12 +228,27 @@ def emit_attention_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]
                     quotient()
                     continue
                 # the row's probabilities are NaN exactly when l is (a NaN or infinite score) or 0 (every key -inf)
-                nan_row = b.or_(b.fcmp_unordered("uno", l_sum, l_sum), b.fcmp_ordered("==", l_sum, ir.Constant(F32, 0.0)))
+                nan_row = b.or_(b.fcmp_unordered("uno", l_sum, l_sum),
+                                b.fcmp_ordered("==", l_sum, ir.Constant(F32, 0.0)))
                 with b.if_else(nan_row, likely=False) as (then, otherwise):
                     with then:
                         zero_times_values(out)
                     with otherwise:
                         quotient()
+
+    def unit(p):
+        qblk = b.srem(p, nqb)
+        bh = b.sdiv(p, nqb)
+        h = b.srem(bh, I64(H))
+        n = b.sdiv(bh, I64(H))
+        i0 = b.mul(qblk, I64(QB))
+        # a whole block takes the full tile; the last rows (Sq not a multiple of QB, a decode step's one
+        # query) one at a time, so no row is computed twice
+        with b.if_else(b.icmp_signed(">=", b.sub(Sq, i0), I64(QB))) as (then, otherwise):
+            with then:
+                tile(n, h, i0, QB)
+            with otherwise:
+                em.loop_range(i0, Sq, lambda i: tile(n, h, i, 1))
 
     em.loop_range(begin, end, unit)
     b.ret_void()
