@@ -164,13 +164,13 @@ def main(argv=None):
     hidden = 768
     p = Pipeline.from_onnx(model).optimize()
     arts = {}
+    seqs = [int(s) + 1 for s in a.decode.split(",")] if decode else [int(s) for s in a.seqs.split(",")]
     profile = {"B": (1, 1, 8), "S": (1, 129, max(seqs))} if decode else PROFILE
     for name, fused in (("fused", True), ("unfused", False)):
         t0 = time.perf_counter()
         arts[name] = p.compile(shape_profiles=profile, fused_attention=fused)
         rules = sorted(arts[name].manifest["rules_applied"])
         print(f"{name}: compiled in {time.perf_counter() - t0:.0f} s, rules {rules}")
-    seqs = [int(s) + 1 for s in a.decode.split(",")] if decode else [int(s) for s in a.seqs.split(",")]
     print(f"\n| S | threads | Cuvil fused (ms) | Cuvil unfused (ms) | onnxruntime (ms) | fused/ort | unfused/ort |")
     print("|---|---|---|---|---|---|---|")
     for threads in [int(t) for t in a.threads.split(",")]:
