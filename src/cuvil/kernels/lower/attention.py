@@ -201,7 +201,8 @@ def _tiled(ctx, q, kt, v, scale_t, mask):
         return select(cmp("lt", key, n_keys), inside, neg_inf)
 
     qb = ctx.temp((B, H, Sq, D), dt, qf, "queries").buf
-    kb = ctx.temp((B, H, nkb, D, KB), dt, kt_panels, "key_panels").buf
+    kb = ctx.temp((B, H, nkb, D, KB), dt, lambda idx: E("attention_keys", list(idx) + [kt_panels(idx)], dt),
+                  "key_panels").buf
     vb = ctx.temp((B, H, padded, dvp), dt, v_rows, "values").buf
     mb = ctx.temp(mshape, dt, mask_rows, "mask").buf
     spec = AttentionTile(q=qb, kt=kb, v=vb, mask=mb, scale=scalar_of(scale_t), heads=H, d=D, dv=Dv, dvp=dvp,

@@ -254,3 +254,73 @@ def emit_attention_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]
     b.ret_void()
     extent = spec.batch * H * ((spec.rows + QB - 1) // QB)
     return extent, 1
+
+
+def transpose(b: ir.IRBuilder, rows: list) -> list:
+    """The columns of the square matrix whose rows are the ``n`` vectors ``rows`` (``n`` lanes each, a power of
+    two): log2(n) butterfly stages of two-input shuffles, stage ``s`` swapping bit ``s`` of the row index with
+    bit ``s`` of the lane index."""
+    n = len(rows)
+    rows = list(rows)
+    s = 1
+    while s < n:
+        lo = ir.Constant(ir.VectorType(I32, n), [c if not c & s else c - s + n for c in range(n)])
+        hi = ir.Constant(ir.VectorType(I32, n), [c + s if not c & s else c + n for c in range(n)])
+        for i in range(n):
+            if not i & s:
+                x, y = rows[i], rows[i + s]
+                rows[i], rows[i + s] = b.shuffle_vector(x, y, lo), b.shuffle_vector(x, y, hi)
+        s *= 2
+    return rows
+
+
+def emit_key_panels_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]]:
+    """The keys' panels ``kt[B, H, KBLOCKS, D, KB]`` (an ``attention_keys`` stage): a unit is one panel of one
+    (batch, head). Its elements are computed key by key, ``d`` innermost (where the keys come from, ``d`` is
+    the contiguous axis: the exports' K rows), into a stack tile ``[KB, D]``, which is then stored transposed,
+    ``lanes x lanes`` blocks at a time through registers. (The generic loop nest ran ``KB`` innermost, a gather
+    of one float per key: 93% of a decode step's fused attention at 1,025 keys.)"""
+    e = st.expr
+    if e.op != "attention_keys" or st.region is not None:
+        return None
+    idx = e.args[:-1]
+    if len(idx) != len(st.vars) or any(a.op != "var" or a.attr != v.attr for a, v in zip(idx, st.vars)):
+        return None
+    B, H, nkb, D, KB = st.buf.shape
+    vw = max(4, km.vector_bits // 32)
+    if not all(isinstance(x, int) for x in (H, D, KB)) or D % vw or KB % vw:
+        return None
+    vec = ir.VectorType(F32, vw)
+    vptr = ir.PointerType(vec)
+    em, begin, end = km.kernel(sym)
+    b = em.b
+    tile = em.alloca(F32, KB * D)
+    blocks = em.index(nkb)
+    plain = e.args[-1]
+
+    def fptr(base, off):
+        return b.gep(base, [off], source_etype=F32, inbounds=True)
+
+    def unit(p):
+        t = b.srem(p, blocks)
+        bh = b.sdiv(p, blocks)
+        h = b.srem(bh, I64(H))
+        n = b.sdiv(bh, I64(H))
+
+        def key(j):
+            def element(d):
+                for v, i in zip(st.vars, (n, h, t, d, j)):
+                    em.env[v.attr] = i
+                b.store(em.emit(plain), fptr(tile, b.add(b.mul(j, I64(D)), d)))
+            em.loop_range(I64(0), I64(D), element)
+        em.loop_range(I64(0), I64(KB), key)
+        out = em.address(st.buf, [n, h, t, I64(0), I64(0)])
+        for jb in range(KB // vw):
+            for db in range(D // vw):
+                rows = [b.load(b.bitcast(fptr(tile, I64((jb * vw + r) * D + db * vw)), vptr), typ=vec, align=4)
+                        for r in range(vw)]
+                for r, col in enumerate(transpose(b, rows)):
+                    b.store(col, b.bitcast(fptr(out, I64((db * vw + r) * KB + jb * vw)), vptr), align=4)
+    em.loop_range(begin, end, unit)
+    b.ret_void()
+    return B * H * nkb, 1
