@@ -14,8 +14,12 @@ from onnx import TensorProto, helper
 
 from cuvil import Pipeline
 from cuvil.ir.ops.attention import fused_attention_reference
+from cuvil.kernels.bounds import BoundsProver, prove_stage
 from cuvil.kernels.lower.attention import KEY_BLOCK, QUERY_BLOCK
+from cuvil.kernels.schedule import schedule
+from cuvil.targets.x86.gemm import tile_cols, tile_shapes
 from cuvil.targets.x86.target import choose_algorithms
+from cuvil.targets.x86.tuning import DEFAULT_TUNING
 from cuvil.testing.oracles import max_rel_error, ort_session
 from test_real_exports import compare, symbols_of
 
@@ -177,6 +181,26 @@ def test_symbolic_head_size_takes_the_sequential_form():
         got = art.run(f)["y"]
         assert np.isnan(want).any() and np.array_equal(np.isnan(got), np.isnan(want)), (batch, seq)
         assert max_rel_error(np.nan_to_num(got), np.nan_to_num(want)) <= RTOL, (batch, seq)
+
+
+def test_tile_accesses_are_proved_and_a_widened_tile_refuted():
+    """The tile kernel's accesses (kernels/bounds.py, family "attention") are proved on a real schedule and
+    refuted once its key panels or value rows are read one vector wider than stored: the stage is then
+    guarded back to its plain expression."""
+    p = Pipeline.from_onnx(attention_model(True, 2, float("-inf"), D=32)).optimize().specialize({"B": 2, "S": 40})
+    p = p.choose_algorithms("x86_64-linux-gnu", None)
+    sched = schedule(p.graph, gemm_cols=tile_cols(512), split_concat=True, gemm_tiles=tile_shapes(512),
+                     row_kernels=True, channel_tile_cost=DEFAULT_TUNING.channel_tile_cost)
+    prover = BoundsProver()
+    st = next(st for st in sched.stages if st.expr.op == "attention")
+    assert prove_stage(prover, sched, st)[1] == []
+    spec = st.expr.attr
+    for field in ("kb", "dvp"):
+        old = getattr(spec, field)
+        setattr(spec, field, old + 16)
+        failed = prove_stage(prover, sched, st)[1]
+        assert any(a.kind == "family:attention" for a, _ in failed), field
+        setattr(spec, field, old)
 
 
 def test_reference_is_the_unfused_composite():
