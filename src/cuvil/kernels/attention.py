@@ -8,7 +8,8 @@ copies against the O(S^2 D) products):
 * ``kt[B, H, KBLOCKS, D, KB]``: the keys transposed and cut into panels of ``kb`` keys: for each ``d`` one
   contiguous run of ``kb`` keys (``kb / lanes`` vectors), zeros past the last key;
 * ``v[B, H, KBLOCKS * KB, DVP]``: the values, ``dv`` padded with zeros to whole vectors (``dvp``), zero rows
-  past the last key;
+  past the last key; or, where the values are already stored with contiguous rows of whole vectors (``v_axes``
+  set: a decode step's KV cache, a graph input), that buffer read in place, keys past the last never read;
 * ``mask[MB, MH, MSQ, KBLOCKS * KB]``: the additive mask (0 when the op has none) with each of its batch,
   head and query dims either the output's or 1 (broadcast), ``-inf`` past the last key (so a padded key's
   probability is exp(-inf) = 0 and the kernel needs no key test).
@@ -21,6 +22,8 @@ stage's whole expression.
 from __future__ import annotations
 
 import attrs
+
+from typing import Optional, Tuple
 
 from .texpr import Buf, E
 
@@ -39,6 +42,10 @@ class AttentionTile:
     kb: int             # keys per panel
     qb: int             # query rows per tile
     zero_nan: bool      # a NaN output element counts as 0 (Where(IsNaN(P), 0, P) upstream)
+    keys: object = None     # Sk, the key count (a dim)
+    # None: ``v`` is the padded copy; else ``v`` is read in place, each of its dims indexed by the logical axis
+    # (0 batch, 1 head, 2 key, 3 column) given here, or 0 where None (a broadcast dim)
+    v_axes: Optional[Tuple[Optional[int], ...]] = None
 
     @property
     def batch(self):

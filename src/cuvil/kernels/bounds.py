@@ -621,7 +621,13 @@ def _family_obligations(st: Stage, node: E, doms) -> List[Access]:
         t, k, j = _loop(d, "t", spec.key_blocks), _loop(d, "k", spec.d), _loop(d, "j", spec.kb)
         out.append(Access(kind, spec.q, [n, h, clamped, k], [], d, node=node))
         out.append(Access(kind, spec.kt, [n, h, t, k, j], [], d, node=node))
-        out.append(Access(kind, spec.v, [n, h, t * spec.kb + j, _loop(d, "c", spec.dvp)], [], d, node=node))
+        c = _loop(d, "c", spec.dvp)
+        if spec.v_axes is None:      # the padded copy, whole panels
+            out.append(Access(kind, spec.v, [n, h, t * spec.kb + j, c], [], d, node=node))
+        else:                        # read in place, keys below Sk only
+            at = (n, h, t * spec.kb + j, c)
+            out.append(Access(kind, spec.v, [at[a] if a is not None else as_index(0) for a in spec.v_axes],
+                              [E("cmp", (t * spec.kb + j, as_index(spec.keys)), DType.BOOL, "lt")], d, node=node))
         lead = [x if size != 1 else as_index(0) for x, size in zip((n, h, clamped), spec.mask.shape)]
         out.append(Access(kind, spec.mask, lead + [t * spec.kb + j], [], d, node=node))
         st_idx = [n, h, row, _loop(d, "c", spec.dv)]

@@ -148,6 +148,29 @@ def _fused_attention(ctx):
     return [TensorFn(tuple(out_shape), dt, out, "injective")]
 
 
+def _stored_rows(read):
+    """For the values' index function ``read`` (at [b, h, key, column]): when it is a plain load of a stored
+    buffer whose last dim is the column (contiguous rows), that buffer and the logical axis each of its dims is
+    indexed by (None: a broadcast dim, index 0); else None."""
+    vs = [var("b"), var("h"), var("key"), var("c")]
+    e = read(vs)
+    if e.op != "load":
+        return None
+    names = {v.attr: k for k, v in enumerate(vs)}
+    axes = []
+    for a in e.args:
+        if a.op == "var" and a.attr in names:
+            axes.append(names[a.attr])
+        elif a.op == "const" and a.attr == 0:
+            axes.append(None)
+        else:
+            return None
+    used = [x for x in axes if x is not None]
+    if axes[-1] != 3 or 2 not in used or len(used) != len(set(used)):
+        return None
+    return e.attr, tuple(axes)
+
+
 def _guarded(y: E, total: E, value, keys) -> E:
     """Where(IsNaN(P), 0, P) · V from the unguarded row ``y = acc / l``: a row's probabilities are NaN all
     together, exactly when ``l`` is NaN (a NaN or infinite score) or 0 (every key -inf); such a row is then
@@ -203,10 +226,14 @@ def _tiled(ctx, q, kt, v, scale_t, mask):
     qb = ctx.temp((B, H, Sq, D), dt, qf, "queries").buf
     kb = ctx.temp((B, H, nkb, D, KB), dt, lambda idx: E("attention_keys", list(idx) + [kt_panels(idx)], dt),
                   "key_panels").buf
-    vb = ctx.temp((B, H, padded, dvp), dt, v_rows, "values").buf
+    stored = _stored_rows(vf) if dvp == Dv else None
+    if stored is not None:
+        vb, v_axes = stored
+    else:
+        vb, v_axes = ctx.temp((B, H, padded, dvp), dt, v_rows, "values").buf, None
     mb = ctx.temp(mshape, dt, mask_rows, "mask").buf
     spec = AttentionTile(q=qb, kt=kb, v=vb, mask=mb, scale=scalar_of(scale_t), heads=H, d=D, dv=Dv, dvp=dvp,
-                         kb=KB, qb=QUERY_BLOCK, zero_nan=bool(ctx.attr("zero_nan", 0)))
+                         kb=KB, qb=QUERY_BLOCK, zero_nan=bool(ctx.attr("zero_nan", 0)), keys=Sk, v_axes=v_axes)
 
     def element(idx):
         b, h, i, c = idx
@@ -221,10 +248,14 @@ def _tiled(ctx, q, kt, v, scale_t, mask):
 
         def weight(t, j):
             return call("exp", binop("sub", score(t, j), shift))
-        num = reduce("sum", [nkb, KB], lambda t, j: binop("mul", weight(t, j), load(vb, [b, h, t * KB + j, c])))
+        def value(t, j):
+            if v_axes is None:
+                return load(vb, [b, h, t * KB + j, c])
+            return select(cmp("lt", t * KB + j, n_keys), vf([b, h, _clamp(t * KB + j, Sk), c]), zero)
+        num = reduce("sum", [nkb, KB], lambda t, j: binop("mul", weight(t, j), value(t, j)))
         total = reduce("sum", [nkb, KB], weight)
         y = binop("div", num, total)
         if spec.zero_nan:
-            y = _guarded(y, total, lambda t, j: load(vb, [b, h, t * KB + j, c]), [nkb, KB])
+            y = _guarded(y, total, value, [nkb, KB])
         return E("attention", [b, h, i, c, y], dt, spec)
     return [ctx.temp((B, H, Sq, Dv), dt, element, "out")]

@@ -99,6 +99,7 @@ def emit_attention_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]
     Sq = em.index(spec.rows)
     nqb = b.sdiv(b.add(Sq, I64(QB - 1)), I64(QB))
     nkb = em.index(spec.key_blocks)
+    n_keys = em.index(spec.keys)
     scale = splat(b, em.emit(spec.scale), vw)
     mshape = spec.mask.shape
     s_acc = em.alloca(vec, QB * NV)       # the tile's scores (registers after SROA)
@@ -118,7 +119,13 @@ def emit_attention_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]
         mrow = [em.address(spec.mask, [n if mshape[0] != 1 else I64(0), h if mshape[1] != 1 else I64(0),
                                         r if mshape[2] != 1 else I64(0), I64(0)]) for r in rows]
         kbase = em.address(spec.kt, [n, h, I64(0), I64(0), I64(0)])
-        vbase = em.address(spec.v, [n, h, I64(0), I64(0)])
+
+        def vrow(key):
+            """The address of value row ``key`` (the padded copy's, or the stored buffer's in place)."""
+            if spec.v_axes is None:
+                return em.address(spec.v, [n, h, key, I64(0)])
+            at = (n, h, key, I64(0))
+            return em.address(spec.v, [at[a] if a is not None else I64(0) for a in spec.v_axes])
         for qi in range(QB):
             b.store(neg_inf, b.gep(m_row, [I64(qi)], source_etype=F32))
             vstore(zero_v, slot(l_vec, qi))
@@ -174,23 +181,25 @@ def emit_attention_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]
                 for w in range(NW):
                     a = slot(o_acc, qi * NW + w)
                     vstore(b.fmul(vload(a), r), a)
-            vpanel = fptr(vbase, b.mul(key0, I64(spec.dvp)))
 
             def pv(j):      # 4. P · V: nw value vectors x qb broadcast probabilities
-                vp = fptr(vpanel, b.mul(j, I64(spec.dvp)))
+                vp = vrow(b.add(key0, j))
                 vals = [vload(fptr(vp, I64(w * vw))) for w in range(NW)]
                 for qi in range(QB):
                     pj = splat(b, b.load(fptr(ptile, b.add(j, I64(qi * KB))), typ=F32), vw)
                     for w in range(NW):
                         a = slot(o_acc, qi * NW + w)
                         vstore(b.call(fma, [pj, vals[w], vload(a)]), a)
-            em.loop_range(I64(0), I64(KB), pv)
+            # the padded copy has zero rows past the last key; values read in place stop at it (a padded
+            # key's probability is 0: the terms skipped are 0)
+            em.loop_range(I64(0), I64(KB) if spec.v_axes is None else b.select(
+                b.icmp_signed("<", b.sub(n_keys, key0), I64(KB)), b.sub(n_keys, key0), I64(KB)), pv)
         em.loop_range(I64(0), nkb, panel)
 
         lanes = ir.Constant(ir.VectorType(I64, vw), list(range(vw)))
         mstore = km.declare(f"llvm.masked.store.v{vw}f32.p0", ir.VoidType(), [vec, ir.PointerType(), I32,
                                                                               ir.VectorType(I1, vw)])
-        keys = b.mul(nkb, I64(KB))
+        keys = b.mul(nkb, I64(KB)) if spec.v_axes is None else n_keys
 
         def store_row(out, ys):
             for w, y in enumerate(ys):
@@ -209,7 +218,7 @@ def emit_attention_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]
                 vstore(zero_v, slot(z, w))
 
             def add(j):
-                vp = fptr(vbase, b.mul(j, I64(spec.dvp)))
+                vp = vrow(j)
                 for w in range(NW):
                     vstore(b.fadd(vload(slot(z, w)), b.fmul(zero_v, vload(fptr(vp, I64(w * vw))))), slot(z, w))
             em.loop_range(I64(0), keys, add)
