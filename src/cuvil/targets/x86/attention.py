@@ -14,7 +14,8 @@ keys (``nv = kb / lanes`` vectors) the kernel
    (the shared polynomial of :mod:`cuvil.targets.llvm.vecmath`, which LLVM's loop vectoriser widens), and
    adds them to the row's running sum ``l`` (a vector of partial sums, scaled by ``r``);
 4. scales the output accumulators by ``r`` and adds ``P · V``: for each key, its value row's vectors
-   (``dvp / lanes``) loaded once and multiplied by each row's probability broadcast from the tile.
+   (``dvp / lanes``) loaded once and multiplied by each row's probability broadcast from the tile (values read
+   in place stop at the last key; the padded copy's zero rows past it add 0).
 
 The rows end as ``acc / l``: NaN for a row whose every key is ``-inf`` (0 / 0) or that has a NaN or infinite score
 (l is NaN), as the unfused Softmax gives; under ``zero_nan`` (the guard ``Where(IsNaN(P), 0, P)``: such a row's
