@@ -100,3 +100,32 @@ def test_a_view_is_checked_by_the_library_before_it_is_copied(lib, tmp_path):
     np.testing.assert_array_equal(m.run(np.broadcast_to(xs[:1], xs.shape), zs)[0],
                                   m.run(np.repeat(xs[:1], 2, axis=0), zs)[0])
     m.close()
+
+
+def test_a_static_model_takes_every_kind_of_array_on_the_fast_path():
+    """run(*arrays) on a static model skips the general checks for exact ndarrays of the declared dtype and
+    shape (and takes buffers' addresses without numpy's ctypes helper): read-only, strided and subclassed
+    arrays, and a wrong dtype after fast calls, give what the full path gives."""
+    art = Pipeline.from_onnx(c_abi.fixture_model()).compile(fixed={"N": 2})
+    m = loader.load(art.path)
+    assert m.signature._exact is not None              # every input static: the fast path is on
+    x, z = feeds(2)
+    want = c_abi.reference(x, z)
+    np.testing.assert_allclose(m.run(x, z)[0], want, rtol=1e-4, atol=1e-4)
+    ro = x.copy()
+    ro.flags.writeable = False
+    np.testing.assert_allclose(m.run(ro, z)[0], want, rtol=1e-4, atol=1e-4)
+    wide = np.zeros(x.shape[:-1] + (2 * x.shape[-1],), x.dtype)
+    wide[..., ::2] = x
+    np.testing.assert_allclose(m.run(wide[..., ::2], z)[0], want, rtol=1e-4, atol=1e-4)
+
+    class Sub(np.ndarray):
+        pass
+    np.testing.assert_allclose(m.run(x.view(Sub), z)[0], want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(m.run({"x": x, "z": z})["y"], want, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ShapeError, match=r"input 0 'x': dtype is 11 \(double\), expected 1 \(float\)"):
+        m.run(x.astype(np.float64), z)
+    with pytest.raises(ShapeError, match=r"input 0 'x': dim 0 is 3, expected 2"):
+        m.run(feeds(3)[0], z)
+    np.testing.assert_allclose(m.run(x, z)[0], want, rtol=1e-4, atol=1e-4)
+    m.close()

@@ -100,6 +100,15 @@ def _manifest_dims(manifest: dict, key: str, k: int, spec: TensorSpec, plain: bo
                  for v, want in zip(shape, spec.shape))
 
 
+def _address(a: np.ndarray):
+    """The data pointer of ``a`` for a CTensor (None for no data). ``a.ctypes.data`` builds numpy's ctypes
+    helper and array interface, 2-3 us a call: most of a small model's run; a writable C-contiguous array's
+    buffer gives the same address in a fraction of that."""
+    if a.nbytes and a.flags.writeable and a.flags.c_contiguous:
+        return ctypes.addressof(ctypes.c_char.from_buffer(a))
+    return a.ctypes.data or None
+
+
 class X86Model(model_api.Model):
     """A loaded ``libNAME.so`` (:class:`cuvil.targets.model_api.Model`: ``run``, ``inputs``, ``outputs``,
     ``symbols``). One lazily created session (``num_threads``, 0 = all cores; ``run(..., num_threads=N)`` for
@@ -157,6 +166,9 @@ class X86Model(model_api.Model):
         self._out_tensors = (CTensor * max(1, len(outputs)))()
         # Shape arrays handed to the library, reused across runs (filled under the lock).
         self._in_shapes = [(ctypes.c_int64 * max(1, d.ndim))() for d in inputs]
+        for t, shape in zip(self._in_tensors, self._in_shapes):
+            t.shape = shape
+        self._swapped_shapes = False
         self._out_shapes = [(ctypes.c_int64 * max(1, d.ndim))() for d in outputs]
         for t, d, shape in zip(self._out_tensors, outputs, self._out_shapes):
             t.dtype, t.ndim, t.shape = d.code, d.ndim, shape
@@ -320,18 +332,22 @@ class X86Model(model_api.Model):
         with self._lock:
             s = self._get_session(num_threads)
             ins, keep = self._in_tensors, []
+            if self._swapped_shapes:   # a wrong-rank call before pointed a CTensor at its own shape array
+                for t, shape in zip(ins, self._in_shapes):
+                    t.shape = shape
+                self._swapped_shapes = False
             copies = [k for k, a in enumerate(xs) if not (a.flags.c_contiguous and a.flags.aligned)]
             for k, a in enumerate(xs):
-                shape = self._in_shapes[k]
+                shape, t = self._in_shapes[k], ins[k]
                 if a.ndim > len(shape):  # wrong rank: the library reports it
                     shape = (ctypes.c_int64 * a.ndim)()
                     keep.append(shape)
+                    t.shape = shape      # put back by the next call (setting a pointer field costs ~0.5 us)
+                    self._swapped_shapes = True
                 shape[:a.ndim] = a.shape
-                t = ins[k]
-                t.data = a.ctypes.data or None
+                t.data = _address(a)
                 t.dtype = dtype_code(a.dtype)
                 t.ndim = a.ndim
-                t.shape = shape
             if copies:
                 # A strided view or unaligned buffer is copied, but only after the library has checked every
                 # input's shape (output_shape reads no data): a dim the loader could not check (no manifest)
@@ -354,9 +370,8 @@ class X86Model(model_api.Model):
             for j, d in enumerate(outputs):
                 y = np.empty(shapes[j], dtype=d.dtype)
                 outs.append(y)
-                self._out_tensors[j].data = y.ctypes.data or None
+                self._out_tensors[j].data = _address(y)
             self._check(self._f.run(s, ins, self._out_tensors))
-            del keep
             if not self._static_outputs:   # sizes computed from the values (NonZero): the run wrote the dims
                 for j, d in enumerate(outputs):
                     dims = tuple(self._out_shapes[j][k] for k in range(d.ndim))
