@@ -129,3 +129,20 @@ def test_a_static_model_takes_every_kind_of_array_on_the_fast_path():
         m.run(feeds(3)[0], z)
     np.testing.assert_allclose(m.run(x, z)[0], want, rtol=1e-4, atol=1e-4)
     m.close()
+
+
+def test_a_symbolic_model_called_again_with_the_same_shapes_checks_the_same(lib):
+    """The last accepted shapes of a model with symbols skip the full checks on the next call with the same
+    ones; other shapes, a dict call and a second call after another shape still get every check."""
+    m = loader.load(lib)
+    for n in (2, 3, 2, 2):
+        x, z = feeds(n)
+        np.testing.assert_allclose(m.run(x, z)[0], c_abi.reference(x, z), rtol=1e-4, atol=1e-4)
+        assert m.run(x, z)[0].shape == c_abi.reference(x, z).shape
+    x, z = feeds(2)
+    with pytest.raises(ShapeError, match=r"input 0 'x': dtype is 11 \(double\), expected 1 \(float\)"):
+        m.run(x.astype(np.float64), z)
+    with pytest.raises(ShapeError, match=r"dim 0 is N = 3, but input 0 .x. dim 0 bound N = 2"):
+        m.run(x, feeds(3)[1])
+    np.testing.assert_allclose(m.run({"x": x, "z": z})["y"], c_abi.reference(x, z), rtol=1e-4, atol=1e-4)
+    m.close()
