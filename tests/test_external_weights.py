@@ -408,3 +408,10 @@ def test_two_processes_share_the_weights_pages(built):
     finally:
         for p in procs:
             p.communicate("\n", timeout=60)
+
+
+def test_cuvil_bench_binds_external_weights_in_its_cold_start(built, capsys):
+    assert cli_main(["bench", str(built[1]["ext"]), "--runs", "5", "--warmup", "1", "--cold-runs", "1",
+                     "--threads", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "cold start" in out and "error rate                 0 %" in out
