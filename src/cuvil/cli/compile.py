@@ -100,13 +100,15 @@ def cmd_compile(args) -> int:
     base = os.path.splitext(out)[0]
     print(f"wrote {out}, {base}.h, {base}.manifest.json"
           + (f", {base}.weights" + (" (encrypted)" if m["weights_file"]["encrypted"] else "")
-             if m.get("weights_file") else ""))
+             if m.get("weights_file") else "")
+          + f", SBOM {base}.cdx.json, provenance {base}.intoto.json")
     print(f"  {m['kernels']} kernels, arena {m['arena_bytes']:,} B, weights {m['weights_bytes']:,} B, "
           f"target {m['target']['cpu']}" + (f", specialized {m['specialized']}" if m.get("specialized") else "")
-          + (" (from cache)" if art.cached else f", compiled in {m['compile_seconds']:.1f} s"))
+          + (" (from cache)" if art.cached else f", compiled in {art.timings['compile_seconds']:.1f} s"))
     ms = m.get("memory_safety")
     if ms:
-        print(f"  memory safety: {ms['summary']} ({ms['accesses']} accesses, {ms['proof_seconds']:.2f} s)")
+        print(f"  memory safety: {ms['summary']} ({ms['accesses']} accesses"
+              + (f", {art.timings['proof_seconds']:.2f} s)" if art.timings else ")"))
         for k in ms["guarded"]:
             print(f"  guarded kernel {k['stage']} ({k['variant']}): {k['unproved'][0]}")
     for name, prof in (m.get("symbols") or {}).items():
@@ -183,11 +185,11 @@ def _compile_gpu_bundle(args) -> int:
     m = bundle.manifest
     regs = [k["registers"] for k in ((m.get("ptxas") or {}).get("kernels") or {}).values() if k.get("registers")]
     print(f"wrote {out}/ (kernels.ptx, weights.bin, plan.json, manifest.json"
-          + (f", {m['ptxas']['cubin']}" if m.get("ptxas") else "") + ")")
+          + (f", {m['ptxas']['cubin']}" if m.get("ptxas") else "") + ", sbom.cdx.json, provenance.intoto.json)")
     print(f"  {m['kernels']} kernels for {m['target']['arch']}, arena {m['arena_bytes']:,} B, weights {m['weights_bytes']:,} B"
           + (f", registers/thread max {max(regs)}" if regs else ", ptxas not found: registers not checked")
           + (f", specialized {m['specialized']}" if m.get("specialized") else "")
-          + (" (from cache)" if bundle.cached else f", compiled in {m['compile_seconds']:.1f} s"))
+          + (" (from cache)" if bundle.cached else f", compiled in {bundle.timings['compile_seconds']:.1f} s"))
     rp = m.get("register_pass") or {}
     if rp.get("kernels"):
         print(f"  register pass: {len(rp['kernels'])} multi-wave kernels limited by registers; "

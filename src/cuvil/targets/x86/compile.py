@@ -136,7 +136,8 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
                 opt_graph: Optional[Graph] = None, max_arena_bytes: Optional[int] = None,
                 tuning: X86Tuning = DEFAULT_TUNING, math: str = "vector", external_weights: bool = False,
                 weights_key: Optional[bytes] = None) -> dict:
-    """Compile ``g`` into ``out_so``; writes the header and manifest beside it and returns the manifest.
+    """Compile ``g`` into ``out_so``; writes the header and manifest beside it and returns the manifest, with
+    ``timings`` added (seconds: ``compile_seconds``, ``codegen_seconds``, ``proof_seconds``; not written).
     Symbols left in ``g`` stay symbolic: the library binds them from the input shapes at every run and
     accepts every value in their ranges (``g.symbols``). ``opt_graph``: ``g`` specialised to the symbols'
     opt values; its kernels are linked in beside the generic ones and run when a call's shapes are exactly
@@ -267,14 +268,16 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
         + (_steps_json(osched, osteps, otarget, "opt", info.opt_steps) if osched else []),
         "opt_weights": opt_weights,
         "dependencies": deps,
-        "compile_seconds": round(time.perf_counter() - t0, 3),
-        "codegen_seconds": round(t_codegen - t0, 3),
         **(manifest_extra or {}),
     }
     with open(base + ".manifest.json", "w") as f:
         json.dump(manifest, f, indent=1)
         f.write("\n")
-    return manifest
+    # Times are not written into the artifact (builds are reproducible, byte for byte: docs/supply-chain.md);
+    # Pipeline.compile moves them to the artifact object (Artifact.timings).
+    return {**manifest, "timings": {"compile_seconds": round(time.perf_counter() - t0, 3),
+                                    "codegen_seconds": round(t_codegen - t0, 3),
+                                    "proof_seconds": round(cert.seconds, 3)}}
 
 
 def _external_weights(blob, oblob, weights_sym, opt_weights_sym):
@@ -319,10 +322,11 @@ def _target_json(triple: str, cpu) -> dict:
     """The manifest's ``target``: the CPU the library was built for and ``isa_features``, every ISA feature the
     code generator was allowed to use, which the loader requires of the CPU it runs on (a missing one would be
     SIGILL at its first instruction); ``vector_bits``: the kernels' vector width; ``built_on``: the host's CPU
-    in one line (for a named CPU too: where the figures of a benchmark come from)."""
+    in one line, for a library built for the host (it is the target then); a library built for a named CPU
+    leaves it out, so that it is the same bytes whichever machine builds it (docs/supply-chain.md)."""
     return {"triple": triple, "cpu": cpu.llvm_name, "features": cpu.llvm_features,
             "isa_features": sorted(cpu.features), "vector_bits": cpu.vector_bits, "native": cpu.is_host,
-            "built_on": cpu_label()}
+            **({"built_on": cpu_label()} if cpu.is_host else {})}
 
 
 def _json_dims(dims) -> list:

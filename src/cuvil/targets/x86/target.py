@@ -114,7 +114,10 @@ class X86Target:
         choose = (options.winograd or options.fused_attention) and options.opt_level >= 2
         rules = x86_rules(options.winograd, options.fused_attention) if choose else []
         # The arena limit is enforced while building, so a cached library must have been built under the same one.
-        key = [str(options.opt_level), cpu_identity(options.cpu), options.prefix, f"opt_kernels={options.opt_kernels}",
+        # The ISA features the code may use, by name: a cache shared between hosts never hands a library that
+        # needs AVX-512 to a host without it, whatever the CPU is called.
+        isa = "isa=" + ",".join(sorted(describe_cpu(options.cpu).features))
+        key = [str(options.opt_level), cpu_identity(options.cpu), isa, options.prefix, f"opt_kernels={options.opt_kernels}",
                f"winograd={choose and options.winograd}", f"max_arena_bytes={arena_limit(options.max_arena_bytes)}",
                f"tuning={options.tuning!r}", f"math={options.math}"] + [r.text for r in rules]
         key_bytes = options.weights_key()
