@@ -17,7 +17,7 @@ import cuvil
 from cuvil import CuvilError, Pipeline
 from cuvil.cli import main as cli_main
 from cuvil.targets.x86.link import check_dependencies, unexpected_dependencies
-from cuvil.targets.x86.weights_file import HEADER_BYTES, new_key_file, read_key
+from cuvil.targets.x86.weights_file import HEADER_BYTES, WeightsKey, new_key_file, read_key
 
 pytest.importorskip("cryptography", reason="encrypted weights need the cryptography package (cuvil[encrypt])")
 
@@ -415,3 +415,16 @@ def test_cuvil_bench_binds_external_weights_in_its_cold_start(built, capsys):
                      "--threads", "1"]) == 0
     out = capsys.readouterr().out
     assert "cold start" in out and "error rate                 0 %" in out
+
+
+def test_the_build_records_name_the_key_by_its_id_only(demo, tmp_path):
+    new_key_file(str(tmp_path / "k"))
+    key = read_key(tmp_path / "k")
+    for given in (str(tmp_path / "k"), key):
+        art = demo.compile(fixed={"N": 1}, encrypt_weights=given)
+        base = art.path[:-3]
+        text = "".join(open(base + ext).read() for ext in (".intoto.json", ".cdx.json", ".manifest.json"))
+        assert key.hex() not in text and repr(key) not in text and str(tmp_path) not in text
+        assert f"WeightsKey(id={WeightsKey(key).id})" in text
+    with pytest.raises(CuvilError, match="encrypt_weights: give a key file's path or the key's 32 bytes"):
+        demo.compile(fixed={"N": 1}, encrypt_weights=42)

@@ -97,6 +97,8 @@ def _chunks(plain_bytes: int, chunk_bytes: int) -> int:
 def read_key(key: KeyLike, what: str = "weights_key") -> bytes:
     """The 32-byte AES-256 key ``key`` names: raw bytes (32), or a key file holding 32 raw bytes or 64 hex
     characters (whitespace around them ignored)."""
+    if isinstance(key, WeightsKey):
+        return key.key
     if isinstance(key, (bytes, bytearray, memoryview)):
         raw = bytes(key)
         if len(raw) == KEY_BYTES:
@@ -109,7 +111,11 @@ def read_key(key: KeyLike, what: str = "weights_key") -> bytes:
             pass
         raise CuvilError(f"{what}: a key is 32 bytes (or 64 hex characters), got {len(raw)} bytes",
                          hint=f"give the key file's path, or its 32 bytes; {_KEY_HINT}")
-    path = os.fspath(key)
+    try:
+        path = os.fspath(key)
+    except TypeError:
+        raise CuvilError(f"{what}: give a key file's path or the key's 32 bytes, got a {type(key).__name__}",
+                         hint=_KEY_HINT) from None
     try:
         with open(path, "rb") as f:
             data = f.read(4096)
@@ -140,6 +146,39 @@ def new_key_file(path: str) -> None:
         raise CuvilError(f"cannot create {path}: {e.strerror or e}", hint="give a path in a writable directory") from None
     with os.fdopen(fd, "w", encoding="ascii") as f:
         f.write(key.hex() + "\n")
+
+
+class WeightsKey:
+    """An AES-256 key for weights files, read once (:func:`read_key`). Its ``repr`` (what a build's provenance
+    and any log see) is its :func:`key_id`: never the key, nor the path it was read from."""
+
+    __slots__ = ("_key",)
+
+    def __init__(self, key: bytes):
+        if len(key) != KEY_BYTES:
+            raise CuvilError(f"a weights key is {KEY_BYTES} bytes, got {len(key)}", hint=_KEY_HINT)
+        self._key = bytes(key)
+
+    @classmethod
+    def of(cls, key: Union["WeightsKey", KeyLike], what: str = "weights_key") -> "WeightsKey":
+        return key if isinstance(key, WeightsKey) else cls(read_key(key, what))
+
+    @property
+    def key(self) -> bytes:
+        return self._key
+
+    @property
+    def id(self) -> str:
+        return key_id(self._key)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, WeightsKey) and hmac.compare_digest(self._key, other._key)
+
+    def __hash__(self) -> int:
+        return hash(self.id)
+
+    def __repr__(self) -> str:
+        return f"WeightsKey(id={self.id})"
 
 
 def _derive(key: bytes, purpose: bytes) -> bytes:
