@@ -3,6 +3,8 @@ library, which binds them at run time (``PREFIX_bind_weights``, checked against 
 library embeds); ``--encrypt-weights KEYFILE`` keeps that file AES-256-GCM encrypted, decrypted in memory by
 ``cuvil.load(path, weights_key=...)``."""
 import ctypes
+import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -215,7 +217,7 @@ def test_the_c_abi_refuses_sessions_before_binding_and_checks_the_buffer(built, 
     nbytes, digest = ctypes.c_int64(), (ctypes.c_uint8 * 32)()
     assert lib.cuvil_weights_info(ctypes.byref(nbytes), digest) == 1
     data = open(weights_of(so), "rb").read()[HEADER_BYTES:]
-    assert nbytes.value == len(data) and bytes(digest) == __import__("hashlib").sha256(data).digest()
+    assert nbytes.value == len(data) and bytes(digest) == hashlib.sha256(data).digest()
     assert lib.cuvil_session_create(1) is None
     assert b"call bind_weights before creating a session" in lib.cuvil_last_error()
     buf = (ctypes.c_uint8 * (len(data) + 128))()
@@ -341,7 +343,6 @@ int main(int argc, char **argv) {  /* the SHA-256 of bytes k*7 + (k>>8) (mod 256
 
 @pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
 def test_the_runtime_sha256_agrees_with_hashlib_on_both_paths(tmp_path):
-    import hashlib
     src = open(os.path.join(ROOT, "src", "cuvil", "targets", "x86", "runtime.c")).read()
     start = src.index("/* SHA-256 (FIPS 180-4)")
     section = src[start:src.index("/* ----", start)]
@@ -426,5 +427,8 @@ def test_the_build_records_name_the_key_by_its_id_only(demo, tmp_path):
         text = "".join(open(base + ext).read() for ext in (".intoto.json", ".cdx.json", ".manifest.json"))
         assert key.hex() not in text and repr(key) not in text and str(tmp_path) not in text
         assert f"WeightsKey(id={WeightsKey(key).id})" in text
+        subjects = {x["name"]: x["digest"]["sha256"] for x in json.load(open(base + ".intoto.json"))["subject"]}
+        assert subjects[os.path.basename(weights_of(art.path))] == hashlib.sha256(
+            open(weights_of(art.path), "rb").read()).hexdigest()       # the ciphertext, as every file: by digest
     with pytest.raises(CuvilError, match="encrypt_weights: give a key file's path or the key's 32 bytes"):
         demo.compile(fixed={"N": 1}, encrypt_weights=42)
