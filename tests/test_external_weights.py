@@ -18,6 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 import cuvil
 from cuvil import CuvilError, Pipeline
 from cuvil.cli import main as cli_main
+from cuvil.targets.x86.artifact import sidecars
 from cuvil.targets.x86.link import check_dependencies, unexpected_dependencies
 from cuvil.targets.x86.weights_file import HEADER_BYTES, WeightsKey, new_key_file, read_key
 
@@ -249,12 +250,17 @@ def test_the_library_still_needs_only_libc_libm_and_libpthread(built):
 
 
 def test_encrypted_builds_are_byte_identical(demo, tmp_path):
+    """Two builds with one key, read from key files in two places: every file of the artifact the same bytes
+    (the weights file's nonces derive from the key and the weights; the records name the key by its id)."""
     new_key_file(str(tmp_path / "k"))
-    files = []
-    for k in range(2):
-        art = demo.compile(fixed={"N": 1}, encrypt_weights=str(tmp_path / "k"), cache=False)
-        files.append(open(weights_of(art.path), "rb").read())
-    assert files[0] == files[1]
+    os.makedirs(tmp_path / "elsewhere")
+    shutil.copyfile(tmp_path / "k", tmp_path / "elsewhere" / "k2")
+    builds = []
+    for keyfile in (tmp_path / "k", tmp_path / "elsewhere" / "k2"):
+        art = demo.compile(fixed={"N": 1}, encrypt_weights=str(keyfile), cache=False)
+        builds.append({os.path.basename(p): open(p, "rb").read()
+                       for p in [art.path, *sidecars(art.path).values()]})
+    assert "libcuvil.weights" in builds[0] and builds[0] == builds[1]
 
 
 def test_save_copies_the_weights_and_drops_a_stale_one(built, demo, tmp_path):
