@@ -353,18 +353,20 @@ def test_the_runtime_sha256_agrees_with_hashlib_on_both_paths(tmp_path):
     start = src.index("/* SHA-256 (FIPS 180-4)")
     section = src[start:src.index("/* ----", start)]
     (tmp_path / "sha.c").write_text(SHA_HARNESS % section)
-    exe = str(tmp_path / "sha")
-    subprocess.run(["cc", "-std=gnu11", "-O2", "-Wall", "-Werror", "-Wno-unused-function", str(tmp_path / "sha.c"),
-                    "-o", exe], check=True)
     sizes = list(range(0, 200)) + [1000, 4096, 65536 + 55, (1 << 20) + 63]
     want = []
     for n in sizes:
         k = np.arange(n, dtype=np.uint64)
         want.append(hashlib.sha256(((k * 7 + (k >> 8)) & 255).astype(np.uint8).tobytes()).hexdigest())
-    for env in ({}, {"CUVIL_SHA256": "portable"}):
-        out = subprocess.run([exe, *map(str, sizes)], capture_output=True, text=True, check=True,
-                             env={**os.environ, **env}).stdout.split()
-        assert out == want, env
+    # plain, then under AddressSanitizer and UBSan (every read inside the buffer, no undefined shift or overflow)
+    for flags in ((), ("-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-g")):
+        exe = str(tmp_path / f"sha{len(flags)}")
+        subprocess.run(["cc", "-std=gnu11", "-O2", "-Wall", "-Werror", "-Wno-unused-function", *flags,
+                        str(tmp_path / "sha.c"), "-o", exe], check=True)
+        for env in ({}, {"CUVIL_SHA256": "portable"}):
+            out = subprocess.run([exe, *map(str, sizes)], capture_output=True, text=True, check=True,
+                                 env={**os.environ, **env}).stdout.split()
+            assert out == want, (flags, env)
 
 
 def test_a_model_without_weights_writes_no_weights_file(tmp_path):
