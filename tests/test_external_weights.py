@@ -204,7 +204,7 @@ def test_weights_given_as_bytes(built, tmp_path):
         os.unlink(weights_of(so))            # the file beside it is not read
         m = cuvil.load(so, weights=data, weights_key=key)
         np.testing.assert_array_equal(m.run(image=x)[0], want)
-    with pytest.raises(CuvilError, match="weights=: not a Cuvil weights file"):
+    with pytest.raises(CuvilError, match="libnet.weights: not a Cuvil weights file"):
         cuvil.load(copy_artifact(paths["ext"], tmp_path / "bad"), weights=b"\0" * 64)
 
 

@@ -80,7 +80,7 @@ def bind_external_weights(lib: ctypes.CDLL, prefix: str, so_path: str, weights=N
         return None
     nbytes, digest = expected
     wp = weights_path(so_path)
-    name = os.path.basename(wp) if weights is None else "weights="
+    name = os.path.basename(wp)         # weights= holds that file's contents (e.g. as a verified load read them)
     data = _file_mapping(wp, lib_name) if weights is None else memoryview(weights).cast("B")
     try:
         h = parse_header(data, name)
