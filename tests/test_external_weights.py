@@ -440,3 +440,21 @@ def test_the_build_records_name_the_key_by_its_id_only(demo, tmp_path):
             open(weights_of(art.path), "rb").read()).hexdigest()       # the ciphertext, as every file: by digest
     with pytest.raises(CuvilError, match="encrypt_weights: give a key file's path or the key's 32 bytes"):
         demo.compile(fixed={"N": 1}, encrypt_weights=42)
+
+
+def test_the_audit_log_records_weights_loads_and_refusals(built, tmp_path):
+    from cuvil import audit
+    d, paths = built
+    log = tmp_path / "audit.jsonl"
+    audit.configure(log)
+    try:
+        cuvil.load(paths["enc"], weights_key=d / "key")
+        with pytest.raises(CuvilError, match="authentication failed"):
+            cuvil.load(paths["enc"], weights_key=d / "other.key")
+        with pytest.raises(CuvilError, match="give their key"):
+            cuvil.load(paths["enc"])
+    finally:
+        audit.reset()
+    loads = [(e["outcome"], e.get("weights")) for e in audit.read(log) if e["event"] == "load"]
+    assert loads == [("ok", "encrypted"), ("refused", None), ("error", None)]
+    assert str(d / "key") not in log.read_text() and "other.key" not in log.read_text()

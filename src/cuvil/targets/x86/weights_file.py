@@ -52,6 +52,11 @@ KEY_BYTES = 32
 FLAG_ENCRYPTED = 1
 _FIELDS = struct.Struct("<8sIIQQQQ32s")
 
+class WeightsRefused(CuvilError):
+    """Weights that are not the library's: another model's or build's, or altered, or under another key (the
+    audit log records such a load as ``refused``, not ``error``)."""
+
+
 KeyLike = Union[str, "os.PathLike[str]", bytes, bytearray, memoryview]
 
 _KEY_HINT = ("make one with `cuvil weights-key KEYFILE` (32 random bytes as 64 hex characters; keep it away from "
@@ -270,7 +275,7 @@ def parse_header(data, name: str) -> WeightsHeader:
 def check_matches(h: WeightsHeader, nbytes: int, digest: bytes, name: str, lib: str) -> None:
     """Refuse a weights file whose header names other weights than the library ``lib`` expects."""
     if h.plain_bytes != nbytes or h.sha256 != digest:
-        raise CuvilError(f"{name}: weights of another model or build ({h.plain_bytes} B, SHA-256 {h.sha256.hex()[:16]}..."
+        raise WeightsRefused(f"{name}: weights of another model or build ({h.plain_bytes} B, SHA-256 {h.sha256.hex()[:16]}..."
                          f"); {lib} expects {nbytes} B, SHA-256 {digest.hex()[:16]}...",
                          hint=f"use the .weights file compiled together with {lib} (cuvil compile writes both)")
 
@@ -312,7 +317,7 @@ def _decrypt_chunks(aes, view, head, h, key, expected, out, name) -> None:
             plain = aes.decrypt(_nonce(key, h.sha256, i), sealed, _aad(head, expected, i, i == chunks - 1))
         except InvalidTag:
             sealed.release()
-            raise CuvilError(f"{name}: authentication failed: the key is not the one the weights were encrypted "
+            raise WeightsRefused(f"{name}: authentication failed: the key is not the one the weights were encrypted "
                              f"with, or the file was altered (chunk {i} of {chunks})",
                              hint="give weights_key= the key file given to --encrypt-weights at compile time; if "
                                   "it is that key, the .weights file is damaged or tampered with: copy it again "
