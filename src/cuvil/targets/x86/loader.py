@@ -31,6 +31,7 @@ from cuvil.targets.digests import sha256_file
 from cuvil.targets.model_api import (Signature, SymbolProfile, TensorSpec, dtype_code, fixed_symbols, shape_text,
                                     tensor_spec)
 from cuvil.targets.x86.bound_weights import bind_external_weights
+from cuvil.targets.x86.weights_file import WeightsRefused
 from cuvil.targets.x86.cpu import check_runs_here
 from cuvil.targets.x86.model_info import is_c_identifier
 
@@ -410,8 +411,9 @@ def load(path: str, prefix: str | None = None, num_threads: int = 0, max_output_
         m = X86Model(path, prefix=prefix, num_threads=num_threads, max_output_bytes=max_output_bytes,
                      weights=weights, weights_key=weights_key, manifest=manifest, dlopen_path=dlopen_path)
     except CuvilError as e:
-        audit.record("load", artifact=path, digest=lambda: sha256_file(dlopen_path or path), outcome="error",
-                     reason=e.message)
+        audit.record("load", artifact=path, digest=lambda: sha256_file(dlopen_path or path),
+                     outcome="refused" if isinstance(e, WeightsRefused) else "error", reason=e.message)
         raise
-    audit.record("load", artifact=path, digest=m.digest, verified=dlopen_path is not None)
+    audit.record("load", artifact=path, digest=m.digest, verified=dlopen_path is not None,
+                 **({} if m._weights is None else {"weights": "encrypted" if m._weights.encrypted else "external"}))
     return m

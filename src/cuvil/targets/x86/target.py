@@ -25,7 +25,7 @@ from .cpu import describe_cpu, validate_cpu
 from .gemm import tile_shapes
 from .model_info import is_c_identifier
 from .tuning import DEFAULT_TUNING, X86Tuning
-from .weights_file import KeyLike, key_id, read_key
+from .weights_file import WeightsKey, key_id
 
 
 @target_options(X86_TARGET)
@@ -70,13 +70,14 @@ class X86Options(TargetOptions):
     math: str = attrs.field(default="vector", validator=check(lambda v: v in ("vector", "libm"),
                                                               '"vector" or "libm"'))
     external_weights: bool = attrs.field(default=False, validator=check(is_bool, "True or False"))
-    # a path or the key itself: never shown (repr=False), checked readable and well formed at once
-    encrypt_weights: Optional[KeyLike] = attrs.field(
-        default=None, repr=False, validator=lambda inst, attr, v: v is None or read_key(v, "encrypt_weights"))
+    # a key file or the key's bytes, read at once into a WeightsKey: the options (and the provenance that
+    # records them) then show the key's id only, never the key or its path
+    encrypt_weights: Optional[WeightsKey] = attrs.field(
+        default=None, converter=lambda v: None if v is None else WeightsKey.of(v, "encrypt_weights"))
 
     def weights_key(self) -> Optional[bytes]:
-        """The 32-byte key ``encrypt_weights`` names, or None."""
-        return None if self.encrypt_weights is None else read_key(self.encrypt_weights, "encrypt_weights")
+        """The 32-byte key ``encrypt_weights`` holds, or None."""
+        return None if self.encrypt_weights is None else self.encrypt_weights.key
 
 
 def x86_rules(winograd: bool = True, fused_attention: bool = True) -> list:
