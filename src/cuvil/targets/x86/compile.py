@@ -133,7 +133,7 @@ def _loop_jumps(sched, step_stages, descs) -> list:
 def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str] = None, prefix: str = "cuvil",
                 manifest_extra: Optional[dict] = None,
                 opt_graph: Optional[Graph] = None, max_arena_bytes: Optional[int] = None,
-                tuning: X86Tuning = DEFAULT_TUNING, math: str = "vector") -> dict:
+                tuning: X86Tuning = DEFAULT_TUNING, math: str = "vector", lora_slots=()) -> dict:
     """Compile ``g`` into ``out_so``; writes the header and manifest beside it and returns the manifest.
     Symbols left in ``g`` stay symbolic: the library binds them from the input shapes at every run and
     accepts every value in their ranges (``g.symbols``). ``opt_graph``: ``g`` specialised to the symbols'
@@ -142,8 +142,10 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
     code is generated; a kernel that cannot be proved runs guarded; the certificate is the manifest's
     ``memory_safety``. ``max_arena_bytes`` (default :data:`MAX_ARENA_BYTES`): a larger arena is refused.
     ``tuning``: the register tiles offered and the tile choice's weights (:class:`X86Tuning`). ``math``: float32
-    exp, erf, tanh and log as inline vector polynomials ("vector") or libm calls ("libm"). Each stage, the LLVM
-    IR kernel by kernel, is reported through :mod:`cuvil.progress`."""
+    exp, erf, tanh and log as inline vector polynomials ("vector") or libm calls ("libm"). ``lora_slots``: the
+    :class:`cuvil.lora.slots.LoraSlot` of ``g`` (:func:`cuvil.lora.slots.add_lora_slots`), whose three inputs
+    each, the last of ``g``, the runtime supplies from the active adapter. Each stage, the LLVM IR kernel by
+    kernel, is reported through :mod:`cuvil.progress`."""
     t0 = time.perf_counter()
     out_so = os.path.abspath(out_so)
     base = os.path.splitext(out_so)[0]
@@ -152,7 +154,8 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
     bits = target_cpu.vector_bits
     with stage("schedule", detail=f"{len(g.nodes)} nodes") as s:
         sched = schedule(g, gemm_cols=tile_cols(bits), split_concat=True, gemm_tiles=tile_shapes(bits, tuning),
-                         row_kernels=True, channel_tile_cost=tuning.channel_tile_cost, run_time_sizes=True)
+                         row_kernels=True, channel_tile_cost=tuning.channel_tile_cost, run_time_sizes=True,
+                         hidden_inputs=3 * len(lora_slots))
         s.detail(f"{len(sched.stages)} kernels, arena {_bytes(sched.arena_bytes)}, "
                  f"weights {_bytes(sched.weights_bytes)}")
     _check_arena(sched, arena_limit(max_arena_bytes))
@@ -170,7 +173,7 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
         with stage("schedule (opt point)", detail=point) as s:
             osched = schedule(opt_graph, gemm_cols=tile_cols(bits), split_concat=True,
                               gemm_tiles=tile_shapes(bits, tuning), row_kernels=True,
-                              channel_tile_cost=tuning.channel_tile_cost)
+                              channel_tile_cost=tuning.channel_tile_cost, hidden_inputs=3 * len(lora_slots))
             s.detail(f"{point}: {len(osched.stages)} kernels")
         with stage("memory safety (opt point)", detail=f"{len(osched.stages)} kernels") as s:
             opt_cert = prove_schedule(osched, "opt", prover)
@@ -196,7 +199,8 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
         symbols=[SymbolDesc(s.name, s.min, opt[s.name], s.max, s.multiple) for s in sched.symbols],
         opt_steps=_step_descs(osched, osteps, otarget["step_stages"]) if osteps else [],
         opt_weights_symbol=opt_weights_sym, num_run_time_symbols=sched.num_run_time_symbols,
-        isa_checks=[f for f in C_CHECKED_FEATURES if f in target_cpu.features])
+        isa_checks=[f for f in C_CHECKED_FEATURES if f in target_cpu.features],
+        lora_slots=[(s.module, s.in_features, s.out_features, s.rank) for s in lora_slots])
     with tempfile.TemporaryDirectory(prefix="cuvil-build-") as tmp:
         objs = []
         for name, parts in (("kernels", obj), ("kernels_opt", oobj or [])):
@@ -245,6 +249,7 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
         "opt_weights": ("none" if osched is None else "shared" if opt_weights_sym == weights_sym
                         else f"{osched.weights_bytes} B of their own"),
         "dependencies": deps,
+        **({"lora_slots": [s.to_json() for s in lora_slots]} if lora_slots else {}),
         "compile_seconds": round(time.perf_counter() - t0, 3),
         "codegen_seconds": round(t_codegen - t0, 3),
         **(manifest_extra or {}),

@@ -209,6 +209,14 @@ def generate_model_c(info: ModelInfo) -> str:
         lines.append(f"  if (!__builtin_cpu_supports({name})) return {name};")
     lines += ["  return NULL;", "}", ""]
 
+    lora = "NULL"
+    if info.lora_slots:
+        lora = f"{_LOCAL}lora_slots"
+        lines.append(f"static const cuvil_lora_slot {lora}[{len(info.lora_slots)}] = {{")
+        for module, d_in, d_out, rank in info.lora_slots:
+            lines.append(f"  {{{c_string_literal(module)}, {_i64(d_in)}, {_i64(d_out)}, {_i64(rank)}}},")
+        lines += ["};", ""]
+
     weights = info.weights_symbol if info.weights_symbol is not None else "NULL"
     lines += [
         f"CUVIL_HIDDEN const cuvil_model {p}__model = {{",
@@ -224,6 +232,7 @@ def generate_model_c(info: ModelInfo) -> str:
         f"  /* num_opt_steps, opt_steps */ {len(info.opt_steps)}, {opt_steps},",
         f"  /* opt_weights */ {info.opt_weights_symbol or 'NULL'},",
         f"  /* num_run_time_symbols */ {info.num_run_time_symbols},",
+        f"  /* num_lora_slots, lora_slots */ {len(info.lora_slots)}, {lora},",
         "};",
         "",
     ]

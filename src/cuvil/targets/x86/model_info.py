@@ -24,7 +24,8 @@ ABI_DTYPES = {1: "float", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "in
 #: Names the public ABI takes under a prefix (``<prefix>_<name>``); kernels may not use them.
 ABI_FUNCTIONS = ("num_inputs", "num_outputs", "input_name", "output_name", "input_info", "output_info",
                  "session_create", "output_shape", "run", "strerror", "last_error", "session_destroy", "profile",
-                 "num_symbols", "symbol_info")
+                 "num_symbols", "symbol_info", "num_lora_slots", "lora_slot_info", "adapter_load",
+                 "adapter_activate", "adapter_unload", "adapter_bytes")
 
 
 _C_KEYWORDS = frozenset(
@@ -170,6 +171,8 @@ class ModelInfo:
     num_run_time_symbols: int = attrs.field(default=0, validator=_nonneg)
     # ISA features (LLVM spellings, which __builtin_cpu_supports shares) a session refuses to start without
     isa_checks: tuple = attrs.field(factory=tuple, converter=tuple)
+    # LoRA slots, (module, in, out, rank) each: their buffers follow the symbol table (cuvil_runtime.h)
+    lora_slots: tuple = attrs.field(factory=tuple, converter=tuple)
 
     def __attrs_post_init__(self):
         names = [s.name for s in self.symbols]

@@ -10,6 +10,7 @@ import attrs
 
 from ...errors import CuvilError
 from ...ir.graph import Graph
+from ...lora.slots import add_lora_slots
 from ...progress import stage
 from ...rewrite_rules.engine import RewriteReport
 from ...rewrite_rules.proved_rewrite import applied_rules, proved_rewrite
@@ -47,7 +48,10 @@ class X86Options(TargetOptions):
     libm (``"libm"``: glibc's results, one scalar call per element). ``fused_attention`` (O2 and O3, default
     on): attention as the exports spell it (MatMul / Softmax / MatMul) becomes one FusedAttention kernel with
     an online softmax (proved ``on x86`` rules, rules/attention.rule); it reassociates the softmax's sums, so
-    ``fused_attention=False`` keeps the unfused ops.
+    ``fused_attention=False`` keeps the unfused ops. ``lora_slots`` (a rank R > 0): the layers ``lora_targets``
+    names (PEFT ``target_modules`` style: module-name suffixes or a regex; default the attention projections,
+    :data:`cuvil.lora.slots.DEFAULT_TARGETS`) take a LoRA adapter of rank up to R at run time
+    (``load_adapter`` / ``set_adapter`` on the loaded model; docs/lora.md).
     """
 
     opt_level: int = attrs.field(default=3, validator=check(is_opt_level, "0, 1, 2 or 3"))
@@ -65,6 +69,13 @@ class X86Options(TargetOptions):
         lambda v: isinstance(v, X86Tuning), "an X86Tuning"))
     math: str = attrs.field(default="vector", validator=check(lambda v: v in ("vector", "libm"),
                                                               '"vector" or "libm"'))
+    lora_slots: int = attrs.field(default=0, validator=check(
+        lambda v: isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 4096,
+        "a rank from 1 to 4096 (0: no LoRA slots)"))
+    lora_targets: tuple = attrs.field(
+        default=(), converter=lambda v: (v,) if isinstance(v, str) else tuple(v) if isinstance(v, (list, tuple)) else v,
+        validator=check(lambda v: isinstance(v, tuple) and all(isinstance(p, str) and p for p in v),
+                        "a list of module-name suffixes or regexes (strings)"))
 
 
 def x86_rules(winograd: bool = True, fused_attention: bool = True) -> list:
@@ -105,6 +116,8 @@ class X86Target:
         key = [str(options.opt_level), cpu_identity(options.cpu), options.prefix, f"opt_kernels={options.opt_kernels}",
                f"winograd={choose and options.winograd}", f"max_arena_bytes={arena_limit(options.max_arena_bytes)}",
                f"tuning={options.tuning!r}", f"math={options.math}"] + [r.text for r in rules]
+        if options.lora_slots:
+            key += [f"lora_slots={options.lora_slots}", f"lora_targets={list(options.lora_targets)}"]
         return BuildPlan(graph, options, f"lib{options.prefix}.so", key, {"choose": choose, "profiles": profiles})
 
     def emit(self, plan: BuildPlan, path: str, manifest_extra: dict) -> dict:
@@ -116,12 +129,21 @@ class X86Target:
                 g, report = choose_algorithms(g, o.cpu, o.tuning, o.winograd, o.fused_attention)
                 s.detail(f"{sum(report.applied.values())} rewrites")
             extra["rules_applied"] = {**extra.get("rules_applied", {}), **applied_rules(report)}
+        slots = []
+        if o.lora_slots:
+            with stage("lora slots", detail=f"rank {o.lora_slots}") as s:
+                g, slots = add_lora_slots(g, o.lora_slots, o.lora_targets)
+                s.detail(f"{len(slots)} layers: {', '.join(x.module for x in slots[:4])}"
+                         + (", ..." if len(slots) > 4 else ""))
+        elif o.lora_targets:
+            raise CuvilError("--lora-targets without --lora-slots: no layer gets a LoRA slot",
+                             hint="add --lora-slots RANK (Python: lora_slots=RANK), the largest adapter rank to load")
         opt_graph = None
         if o.opt_kernels and g.symbols:
             opt_graph, _ = specialize_graph(g, {k: v[1] for k, v in plan.extra["profiles"].items()})
         return compile_x86(g, path, opt_level=o.opt_level, cpu=o.cpu, prefix=o.prefix, manifest_extra=extra,
                            opt_graph=opt_graph, max_arena_bytes=o.max_arena_bytes,
-                           tuning=o.tuning, math=o.math)
+                           tuning=o.tuning, math=o.math, lora_slots=slots)
 
     def load(self, path: str, manifest: Optional[dict] = None, cached: bool = False) -> Artifact:
         if manifest is None:
