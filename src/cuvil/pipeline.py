@@ -83,6 +83,13 @@ class Pipeline:
         self.rule_paths: Tuple[RulePath, ...] = tuple(rule_paths)
         # Elements of the source model's initializers (what model zoos call its parameter count).
         self.initializer_elements = initializer_elements
+        # LoRA (with_lora): the ONNX source (its names map adapters), the graph before any adapter, the adapters
+        # merged so far, and the merge's rule report and per-weight records (kept through later stages).
+        self._onnx_source: Optional[ModelSource] = None
+        self._lora_base: Optional[Graph] = None
+        self._loras: Tuple = ()
+        self.lora_report: Optional[RewriteReport] = None
+        self.lora_records: list = []
 
     @classmethod
     def from_onnx(cls, source: ModelSource, *, constant_initializer_inputs: bool = True,
@@ -98,8 +105,11 @@ class Pipeline:
             unify_required_equal(graph)   # input.0 and state.1 that an LSTM needs equal: one symbol (docs/shapes.md)
             s.detail(f"{named}, {len(graph.nodes)} nodes")
         sha = hashlib.sha256(model.SerializeToString()).hexdigest()
-        return cls(graph, initializer_elements=sum(int(np.prod(t.dims)) for t in model.graph.initializer),
-                   source_sha256=sha)
+        p = cls(graph, initializer_elements=sum(int(np.prod(t.dims)) for t in model.graph.initializer),
+                source_sha256=sha)
+        p._onnx_source = source if isinstance(source, (str, os.PathLike)) else model
+        p._lora_base = graph
+        return p
 
     @staticmethod
     def survey(source: ModelSource) -> ModelSurvey:
@@ -153,8 +163,36 @@ class Pipeline:
         return self._derive(self._graph, self.report, self.rule_paths + tuple(paths))
 
     def _derive(self, graph, report, rule_paths=None) -> "Pipeline":
-        return Pipeline(graph, report, self.initializer_elements,
-                        self.rule_paths if rule_paths is None else rule_paths, self.source_sha256)
+        p = Pipeline(graph, report, self.initializer_elements,
+                     self.rule_paths if rule_paths is None else rule_paths, self.source_sha256)
+        p._onnx_source, p.lora_report, p.lora_records = self._onnx_source, self.lora_report, self.lora_records
+        if graph is self._graph:   # adapters may still be added (with_rules); not after a stage changed the graph
+            p._lora_base, p._loras = self._lora_base, self._loras
+        return p
+
+    def with_lora(self, path: Union[str, os.PathLike], weight: float = 1.0, *,
+                  lora_map: Union[str, os.PathLike, Mapping[str, str], None] = None) -> "Pipeline":
+        """The model with the LoRA adapter at ``path`` (a PEFT directory or an ``.onnx_adapter`` file) merged
+        into its weights, scaled by ``weight``: each adapted weight becomes ``W + Σ weight·scale·B·A`` (in the
+        layout its MatMul/Gemm reads; ``scale`` = lora_alpha/r, or /sqrt(r) with use_rslora), correctly rounded
+        to the weight's type once over all the adapters of the chain (``.with_lora(a).with_lora(b, 0.5)``).
+
+        The merge is the proved rewrite ``lora_merge_*`` of ``rules/lora.rule`` applied to the model with its
+        adapters written unmerged; it is recorded among the rules applied (``cuvil.lora.merge``). Modules map to
+        weights by the names the torch exporters leave (docs/lora.md); ``lora_map`` (a JSON/YAML file or a
+        dict: module -> initializer or node name) names them where those were lost. Call it on the imported
+        model, before :meth:`optimize`."""
+        from .lora.apply import merged_graph
+        if self._onnx_source is None or self._lora_base is None:
+            raise CuvilError("with_lora needs the imported ONNX model, before optimize() or another stage",
+                             hint="Pipeline.from_onnx(path).with_lora(adapter).optimize()")
+        base = self._lora_base
+        model = load_model(self._onnx_source)
+        loras = self._loras + ((path, weight, lora_map),)
+        g, report, records = merged_graph(base, model, loras)
+        p = self._derive(g, self.report)
+        p._lora_base, p._loras, p.lora_report, p.lora_records = base, loras, report, records
+        return p
 
     def optimize(self, rules: Union[RulePath, Sequence[RulePath], None] = None, *, builtin: bool = True,
                  on_unproved: str = "error", allow_bounded: bool = False) -> "Pipeline":
@@ -417,9 +455,11 @@ class Pipeline:
                 raise p.shape_conditions_error(bad)
         profiles = {s.name: [s.min, s.tuned, s.max] + ([{"multiple": s.multiple}] if s.multiple > 1 else [])
                     for s in p._graph.symbols.values()}
-        rules = applied_rules(self.report)
+        rules = {**applied_rules(self.lora_report), **applied_rules(self.report)}
         extra = {"model_sha256": self.source_sha256, "specialized": fixed, "shape_profiles": profiles,
                  "derived_dims": _derived_dims(p._graph), "rules_applied": rules}
+        if self.lora_records:
+            extra["lora"] = self.lora_records
         plan = tgt.plan(p.graph, options, profiles)
         if not cache:
             out = os.path.join(tempfile.mkdtemp(prefix="cuvil-"), plan.artifact_name)
