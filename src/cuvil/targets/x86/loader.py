@@ -25,6 +25,8 @@ import numpy as np
 
 from cuvil.errors import CuvilError, ShapeError
 from cuvil.ir.dim import is_symbol_name
+from cuvil.lora.adapter import read_adapter
+from cuvil.lora.mapping import suffix_score
 from cuvil.targets import model_api
 from cuvil.targets.model_api import (Signature, SymbolProfile, TensorSpec, dtype_code, fixed_symbols, shape_text,
                                     tensor_spec)
@@ -521,8 +523,7 @@ def _adapter_modules(adapter) -> dict:
     """``{module: (A, B, scale)}`` of an adapter given as a path, an :class:`cuvil.lora.adapter.Adapter` or a
     dict of such triples."""
     if isinstance(adapter, (str, os.PathLike)):
-        raise CuvilError(f"reading adapter files ({os.fspath(adapter)!r}) arrives with cuvil.lora.adapter",
-                         hint="give {module: (A [r, in], B [out, r], scale)} meanwhile")
+        adapter = read_adapter(adapter)
     modules = getattr(adapter, "modules", adapter)
     if not isinstance(modules, dict) or not modules:
         raise CuvilError(f"{type(adapter).__name__} is not an adapter with modules",
@@ -535,11 +536,12 @@ def _adapter_modules(adapter) -> dict:
 
 
 def _slot_of(module: str, slots: list, lib: str) -> int:
-    """The slot whose module is ``module`` or ends with it, or that it ends with (PEFT's names drop the
-    exporter's wrapper prefix, ``model.``; the exporter's may lack the adapter's, ``bert.``)."""
-    def same(a: str, b: str) -> bool:
-        return a == b or a.endswith("." + b) or b.endswith("." + a)
-    hits = [k for k, s in enumerate(slots) if same(s["module"], module)]
+    """The slot whose module shares the most trailing dotted components with ``module``, as the compile-time
+    mapping matches them (:func:`cuvil.lora.mapping.suffix_score`: the exporter's wrapper prefix ``model.``
+    and the adapter's ``bert.`` may differ)."""
+    scores = [suffix_score(module, s["module"]) for s in slots]
+    top = max(scores)
+    hits = [k for k, v in enumerate(scores) if v == top and v > 0]
     if len(hits) == 1:
         return hits[0]
     if hits:

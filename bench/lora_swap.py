@@ -1,0 +1,237 @@
+"""Hot-swapped LoRA adapters on x86: a BERT-base-sized encoder (hidden 768, 12 heads, FFN 3072, post-norm, erf
+GELU; weights named as Hugging Face names them, ``encoder.layer.{i}.attention.self.query.weight`` [in, out])
+compiled once with rank-16 LoRA slots on q/k/v/o of every layer (``lora_slots=16``, the default targets), and
+the figures of issue 23:
+
+* swap time: ``set_adapter`` between two loaded adapters (median of many; also the raw C ``adapter_activate``),
+  and ``load_adapter`` (copy + transpose + pad of every tensor) separately; a recompile for comparison;
+* latency of the slot library with an adapter active against the library compiled from the model with that
+  adapter merged into its weights (numpy, float64, rounded once), same shapes, p50 of alternating runs;
+  and with no adapter active against the base library;
+* hot-swap output against the merged library's (max |diff| / max |ref|); no adapter against the base
+  library (bit for bit);
+* memory per adapter: the bytes the library holds (``adapter_bytes``) and the process RSS growth.
+
+    PYTHONPATH=src python3 bench/lora_swap.py [--layers 12] [--seq 128] [--threads 1] [--runs 20]
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import time
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+import cuvil
+from cuvil import Pipeline
+from cuvil.targets.x86.cpu import cpu_label
+
+TARGETS = ("attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense")
+
+
+def bert_encoder(layers: int = 12, hidden: int = 768, heads: int = 12, ffn: int = 3072, seed: int = 0) -> onnx.ModelProto:
+    """``x[1, S, hidden]``, ``attention_mask[1, S]`` -> ``y[1, S, hidden]``: post-norm BERT layers whose dense
+    weights carry Hugging Face's module names (the LoRA slots find their modules by them)."""
+    rng = np.random.default_rng(seed)
+    dh = hidden // heads
+    inits, nodes = [], []
+
+    def init(name, arr):
+        inits.append(numpy_helper.from_array(np.asarray(arr), name))
+        return name
+
+    def node(op, ins, out, **attrs):
+        nodes.append(helper.make_node(op, ins, [out], name=out, **attrs))
+        return out
+
+    def dense(x, module, d_in, d_out):
+        w = init(f"{module}.weight", (rng.standard_normal((d_in, d_out)) / np.sqrt(d_in)).astype(np.float32))
+        b = init(f"{module}.bias", (0.1 * rng.standard_normal(d_out)).astype(np.float32))
+        return node("Add", [node("MatMul", [x, w], f"{module}/MatMul"), b], f"{module}/Add")
+
+    def norm(x, module):
+        g = init(f"{module}.weight", (1 + 0.1 * rng.standard_normal(hidden)).astype(np.float32))
+        b = init(f"{module}.bias", (0.1 * rng.standard_normal(hidden)).astype(np.float32))
+        return node("LayerNormalization", [x, g, b], f"{module}/LayerNorm", axis=-1, epsilon=1e-12)
+
+    init("split", np.array([0, 0, heads, dh], np.int64))
+    init("merge", np.array([0, 0, hidden], np.int64))
+    init("scale", np.float32(dh ** -0.5))
+    init("one", np.float32(1))
+    init("half", np.float32(0.5))
+    init("is2", np.float32(2 ** -0.5))
+    init("masked", np.float32(-10000.0))
+    init("axes", np.array([1, 2], np.int64))
+    keep = node("Cast", ["attention_mask"], "keep", to=TensorProto.FLOAT)
+    mask = node("Unsqueeze", [node("Mul", [node("Sub", ["one", keep], "pad"), "masked"], "mask_add"), "axes"], "mask")
+    x = "x"
+    for i in range(layers):
+        L = f"encoder.layer.{i}"
+
+        def heads_of(n, perm):
+            return node("Transpose", [node("Reshape", [dense(x, f"{L}.attention.self.{n}", hidden, hidden), "split"],
+                                           f"{L}/{n}_h")], f"{L}/{n}_t", perm=perm)
+        q, kt, v = heads_of("query", [0, 2, 1, 3]), heads_of("key", [0, 2, 3, 1]), heads_of("value", [0, 2, 1, 3])
+        s = node("Add", [node("Mul", [node("MatMul", [q, kt], f"{L}/qk"), "scale"], f"{L}/qks"), mask], f"{L}/scores")
+        p = node("Softmax", [s], f"{L}/p", axis=-1)
+        ctx = node("Reshape", [node("Transpose", [node("MatMul", [p, v], f"{L}/ctx_h")], f"{L}/ctx_t",
+                                    perm=[0, 2, 1, 3]), "merge"], f"{L}/ctx")
+        x = norm(node("Add", [x, dense(ctx, f"{L}.attention.output.dense", hidden, hidden)], f"{L}/res1"),
+                 f"{L}.attention.output.LayerNorm")
+        f = dense(x, f"{L}.intermediate.dense", hidden, ffn)
+        gelu = node("Mul", [node("Mul", [f, "half"], f"{L}/fh"),
+                            node("Add", [node("Erf", [node("Mul", [f, "is2"], f"{L}/fs")], f"{L}/erf"), "one"],
+                                 f"{L}/f1")], f"{L}/gelu")
+        x = norm(node("Add", [x, dense(gelu, f"{L}.output.dense", ffn, hidden)], f"{L}/res2"), f"{L}.output.LayerNorm")
+    nodes.append(helper.make_node("Identity", [x], ["y"]))
+    g = helper.make_graph(nodes, "bert_encoder",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", "S", hidden]),
+                           helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["B", "S"])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["B", "S", hidden])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def random_adapter(model: onnx.ModelProto, rank: int, seed: int, alpha: float = 32.0) -> dict:
+    """{module: (A [r, in], B [out, r], lora_alpha / r)} on q/k/v/o of every layer, PEFT's layout and scale."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for t in model.graph.initializer:
+        module = t.name[:-len(".weight")]
+        if t.name.endswith(".weight") and module.endswith(TARGETS):
+            d_in, d_out = t.dims
+            out[module] = ((rng.standard_normal((rank, d_in)) / np.sqrt(d_in)).astype(np.float32),
+                           (0.5 * rng.standard_normal((d_out, rank)) / np.sqrt(rank)).astype(np.float32), alpha / rank)
+    return out
+
+
+def merged(model: onnx.ModelProto, adapter: dict) -> onnx.ModelProto:
+    """The model with W + s·(B·A)ᵀ (its weights are [in, out]) in float64, rounded once to float32."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    for t in m.graph.initializer:
+        module = t.name[:-len(".weight")]
+        if module in adapter:
+            a, b, s = adapter[module]
+            w = numpy_helper.to_array(t).astype(np.float64) + s * (b.astype(np.float64) @ a.astype(np.float64)).T
+            t.CopyFrom(numpy_helper.from_array(w.astype(np.float32), t.name))
+    return m
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def p50s(runners: dict, runs: int) -> dict:
+    for r in runners.values():
+        r()
+    times = {k: [] for k in runners}
+    for i in range(runs):
+        for k, r in (list(runners.items()) if i % 2 == 0 else list(runners.items())[::-1]):
+            t0 = time.perf_counter()
+            r()
+            times[k].append((time.perf_counter() - t0) * 1e3)
+    return {k: float(np.median(v)) for k, v in times.items()}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--layers", type=int, default=12)
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--rank", type=int, default=16)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--runs", type=int, default=20)
+    ap.add_argument("--swaps", type=int, default=1000)
+    a = ap.parse_args(argv)
+    model = bert_encoder(a.layers)
+    shapes = {"x": [1, a.seq, 768], "attention_mask": [1, a.seq]}
+    ad1, ad2 = random_adapter(model, a.rank, 1), random_adapter(model, a.rank, 2)
+
+    t0 = time.perf_counter()
+    slot_art = Pipeline.from_onnx(model).optimize().compile(lora_slots=a.rank, input_shapes=shapes, cache=False)
+    t_slot = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    merged_art = Pipeline.from_onnx(merged(model, ad1)).optimize().compile(input_shapes=shapes, cache=False)
+    t_merged = time.perf_counter() - t0
+    base_art = Pipeline.from_onnx(model).optimize().compile(input_shapes=shapes, cache=False)
+    print(f"compiled: slots {t_slot:.0f} s ({len(slot_art.manifest['lora_slots'])} slots), merged {t_merged:.0f} s",
+          flush=True)
+
+    m = cuvil.load(slot_art.path, num_threads=a.threads)
+    mm, mb = cuvil.load(merged_art.path, num_threads=a.threads), cuvil.load(base_art.path, num_threads=a.threads)
+    rng = np.random.default_rng(0)
+    feed = {"x": rng.standard_normal((1, a.seq, 768)).astype(np.float32),
+            "attention_mask": np.ones((1, a.seq), np.int64)}
+    feed["attention_mask"][0, -a.seq // 8:] = 0
+    m.run(feed)                                      # the session exists before memory is measured
+
+    rss0 = rss_bytes()
+    t0 = time.perf_counter()
+    m.load_adapter("a1", ad1)
+    t_load = time.perf_counter() - t0
+    rss1 = rss_bytes()
+    m.load_adapter("a2", ad2)
+    rss2 = rss_bytes()
+    held = m.adapter_bytes("a1")
+    tensors = sum(x.nbytes + y.nbytes for x, y, _ in ad1.values())
+
+    # swap: Python set_adapter (the next run's activation included: set_adapter switches the live session)
+    names = ["a1", "a2"]
+    t = []
+    for i in range(a.swaps):
+        t0 = time.perf_counter()
+        m.set_adapter(names[i % 2])
+        t.append(time.perf_counter() - t0)
+    t_set = float(np.median(t)) * 1e3
+    t_set_max = float(np.max(t)) * 1e3
+    # the raw C call alone
+    act = m.lib.cuvil_adapter_activate
+    act.argtypes, act.restype = [ctypes.c_void_p, ctypes.c_char_p], ctypes.c_int
+    s = ctypes.c_void_p(m._get_session(None))
+    c_names = [m._c_name(n) for n in names]
+    t = []
+    for i in range(a.swaps):
+        t0 = time.perf_counter()
+        act(s, c_names[i % 2])
+        t.append(time.perf_counter() - t0)
+    t_c = float(np.median(t)) * 1e6
+    m._session_adapter = "a2" if a.swaps % 2 == 0 else "a1"   # what the raw calls left active
+
+    m.set_adapter("a1")
+    y_slot, y_merged = m.run(feed)["y"], mm.run(feed)["y"]
+    err = float(np.abs(y_slot.astype(np.float64) - y_merged).max() / np.abs(y_merged).max())
+    m.set_adapter(None)
+    base_exact = m.run(feed)["y"].tobytes() == mb.run(feed)["y"].tobytes()
+
+    def slot_with(name):
+        return lambda: m.run(feed, adapter=name)
+    lat = p50s({"slot a1": slot_with("a1"), "merged": lambda: mm.run(feed),
+                "slot none": slot_with(None), "base": lambda: mb.run(feed)}, a.runs)
+
+    print(f"\nBERT-base-sized encoder ({a.layers} layers, hidden 768, FFN 3072), B = 1, S = {a.seq}, rank {a.rank} "
+          f"on q/k/v/o of every layer ({len(ad1)} slots), {a.threads} thread(s); CPU: {cpu_label()}\n")
+    print("| figure | measured | goal |")
+    print("|---|---|---|")
+    print(f"| set_adapter (median of {a.swaps}; max) | {t_set:.4f} ms ({t_set_max:.3f} ms) | <= 5 ms |")
+    print(f"| C adapter_activate alone (median) | {t_c:.2f} us | |")
+    print(f"| load_adapter (copy, transpose, pad {len(ad1)} pairs) | {t_load * 1e3:.1f} ms | |")
+    print(f"| recompile instead (the slot library's compile) | {t_slot:.0f} s | |")
+    print(f"| latency: slot library, adapter active / merged library | {lat['slot a1']:.2f} / {lat['merged']:.2f} ms "
+          f"= {lat['slot a1'] / lat['merged']:.3f} | <= 1.10 |")
+    print(f"| latency: slot library, no adapter / base library | {lat['slot none']:.2f} / {lat['base']:.2f} ms "
+          f"= {lat['slot none'] / lat['base']:.3f} | |")
+    print(f"| hot-swap vs merged library, max abs diff / max abs | {err:.2e} | <= 1e-4 |")
+    print(f"| no adapter vs base library | {'bit for bit' if base_exact else 'DIFFERENT'} | bit for bit |")
+    print(f"| memory per adapter: held by the library / its tensors | {held / 2**20:.2f} MiB / "
+          f"{tensors / 2**20:.2f} MiB | |")
+    print(f"| RSS growth: 1st adapter, 2nd adapter | {(rss1 - rss0) / 2**20:.2f} MiB, {(rss2 - rss1) / 2**20:.2f} MiB"
+          f" | the adapters' size |")
+
+
+if __name__ == "__main__":
+    main()
