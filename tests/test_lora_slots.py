@@ -357,3 +357,23 @@ def _raw_run(m, s, x) -> np.ndarray:
     rc = m.lib.cuvil_run(s, ins, outs)
     assert rc == 0, m.lib.cuvil_last_error()
     return y0
+
+
+# -- the CLI ----------------------------------------------------------------------------------------------------
+
+SHAPES = ["--input-shape", "input_ids=1x1:1x8:2x16", "--input-shape", "attention_mask=1x1:1x8:2x16",
+          "--input-shape", "token_type_ids=1x1:1x8:2x16"]
+
+
+def test_cli_refusals(tmp_path, capsys):
+    from cuvil.cli import main as cli_main
+    out = str(tmp_path / "libm.so")
+    assert cli_main(["compile", MODEL, "-o", out, "--lora-slots", "4", "--lora-targets", "qkv", *SHAPES, "-q"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "--lora-targets qkv matches no linear layer" in err and "next: " in err
+    assert cli_main(["compile", MODEL, "-o", out, "--lora-targets", "query", *SHAPES, "-q"]) == 2
+    assert "next: add --lora-slots RANK" in capsys.readouterr().err
+    assert cli_main(["compile", MODEL, "-o", str(tmp_path / "m.cuvil"), "--target", "nvptx64-nvidia-cuda",
+                     "--lora-slots", "4", "-q"]) == 2
+    assert "apply to the x86 target only" in capsys.readouterr().err
+    assert not os.path.exists(out)
