@@ -172,7 +172,8 @@ class Pipeline:
 
     def with_lora(self, path: Union[str, os.PathLike], weight: float = 1.0, *,
                   lora_map: Union[str, os.PathLike, Mapping[str, str], None] = None) -> "Pipeline":
-        """The model with the LoRA adapter at ``path`` (a PEFT directory or an ``.onnx_adapter`` file) merged
+        """The model with the LoRA adapter at ``path`` (a PEFT directory, an ``.onnx_adapter`` file, or a read
+        :class:`cuvil.lora.Adapter`) merged
         into its weights, scaled by ``weight``: each adapted weight becomes ``W + Σ weight·scale·B·A`` (in the
         layout its MatMul/Gemm reads; ``scale`` = lora_alpha/r, or /sqrt(r) with use_rslora), correctly rounded
         to the weight's type once over all the adapters of the chain (``.with_lora(a).with_lora(b, 0.5)``).

@@ -146,6 +146,10 @@ def merge_lora(g: Graph, branches: Sequence[Branch], report: Optional[RewriteRep
             merged, exact = round_exact_sum(w, a, s, b, fmt)
         new = g.const(merged.astype(w.dtype), name=f"{br.w.name}.merged")
         g.replace_all_uses(add.outputs[0], new)
+        # the rewritten MatMul/Gemm keeps the original node's name (mapping, hot-swap slots and tools find it)
+        for n in _through_transpose(new):
+            if n.op in ("MatMul", "Gemm"):
+                n.name = br.target.node
         records.append({"modules": list(br.modules), "node": br.target.node, "initializer": br.target.initializer,
                         "layout": br.target.layout, "elements": int(merged.size), "exact_decisions": exact,
                         "rounding": f"correctly rounded to {fmt}"})
