@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import time
 
 import numpy as np
 import onnx
@@ -321,6 +322,12 @@ def test_c_abi(libs):
     assert load(b"bad", 0, a[:, :16].copy(), b) == CODES["CUVIL_ERR_DIM"]
     assert load(b"bad", 9, a, b) == CODES["CUVIL_ERR_INDEX"]
     assert load(b"bad", 0, a.astype(np.int64), b) == CODES["CUVIL_ERR_DTYPE"]
+    assert load(None, 0, a, b) == CODES["CUVIL_ERR_NULL_ARGUMENT"]
+    assert lib.cuvil_adapter_load(b"bad", 1, None, None, None, None) == CODES["CUVIL_ERR_NULL_ARGUMENT"]
+    assert lib.cuvil_adapter_load(b"bad", -1, None, None, None, None) == CODES["CUVIL_ERR_INDEX"]
+    assert lib.cuvil_adapter_unload(None) == CODES["CUVIL_ERR_NULL_ARGUMENT"]
+    assert lib.cuvil_adapter_activate(None, b"c") == CODES["CUVIL_ERR_NULL_SESSION"]
+    assert lib.cuvil_adapter_activate(ctypes.c_void_p(12345), b"c") == CODES["CUVIL_ERR_BAD_SESSION"]
 
     x = inputs(1, 8)
     base_y = m.run(x)["last_hidden_state"]
@@ -377,3 +384,39 @@ def test_cli_refusals(tmp_path, capsys):
                      "--lora-slots", "4", "-q"]) == 2
     assert "apply to the x86 target only" in capsys.readouterr().err
     assert not os.path.exists(out)
+
+
+def test_activate_during_a_run_on_another_thread(libs):
+    """A session running on one thread while another activates adapters on it: each activate returns 0 or
+    CUVIL_ERR_BUSY, and every run computes entirely with the adapter active when it started (its output is
+    exactly the base model's or the adapter's)."""
+    import threading
+    m = cuvil.load(libs[0].path, num_threads=1)
+    m.load_adapter("a", make_adapter(m.lora_slots, ("query", "key", "value", "dense"), RANK, 12))
+    x = inputs(2, 16)
+    expected = {m.run(x, adapter=None)["last_hidden_state"].tobytes(), m.run(x, adapter="a")["last_hidden_state"].tobytes()}
+    assert len(expected) == 2
+    lib, s = m.lib, ctypes.c_void_p(m._get_session(None))
+    lib.cuvil_adapter_activate.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+    seen, codes, stop = [], set(), threading.Event()
+
+    def runner():
+        while not stop.is_set():
+            seen.append(_raw_run(m, s, x).tobytes())
+            time.sleep(0.001)   # the session idle between runs (and the GIL free): activates land there too
+
+    t = threading.Thread(target=runner)
+    t.start()
+    try:
+        deadline, i = time.monotonic() + 60, 0
+        while time.monotonic() < deadline and not (len(codes) >= 2 and len(seen) >= 20):
+            codes.add(lib.cuvil_adapter_activate(s, m._c_name("a") if i % 2 else None))
+            i += 1
+            time.sleep(0.0002)
+    finally:
+        stop.set()
+        t.join()
+    assert codes <= {0, CODES["CUVIL_ERR_BUSY"]} and CODES["CUVIL_ERR_BUSY"] in codes and 0 in codes
+    assert seen and set(seen) <= expected
+    m._session_adapter = "unknown"   # raw calls switched it behind the model's back
+    m.close()
