@@ -65,7 +65,7 @@ class LoraSlot:
 def module_name(node: Node, weight: Value) -> Optional[str]:
     """The module a linear layer belongs to: from its weight's name, else from its node's path; None when
     neither names one."""
-    if weight.name.endswith(".weight") and "::" not in weight.name:
+    if weight.name.endswith(".weight"):
         return weight.name[:-len(".weight")]
     if "/" in node.name:
         parts = [p for p in node.name.split("/") if p]
@@ -130,7 +130,7 @@ def select_targets(g: Graph, patterns: Sequence[str] = ()) -> List[Tuple[Node, V
                          "constant weight whose initializer or node names its module)",
                          hint="export the model with the torch exporter's names kept (torch.onnx.export keeps "
                               "node paths such as /encoder/layer.0/attention/self/query/MatMul)")
-    if not patterns == DEFAULT_TARGETS:
+    if patterns != DEFAULT_TARGETS:
         unused = [p for p in patterns if not any(matches(t[2], p) for t in layers)]
         if unused:
             raise CuvilError(f"--lora-targets {' '.join(unused)} matches no linear layer of the model",
@@ -178,5 +178,4 @@ def add_lora_slots(g: Graph, rank: int, patterns: Sequence[str] = ()) -> Tuple[G
     if dup:
         raise CuvilError(f"several linear layers are named {', '.join(dup)}: an adapter's module could not say "
                          f"which one it changes", hint="narrow --lora-targets to layers with distinct names")
-    # the hidden inputs go last, slot by slot, after the public ones (already there: add_input appends)
-    return g, slots
+    return g, slots   # add_input appended: the hidden inputs follow the public ones, slot by slot

@@ -5,7 +5,7 @@
  * runtime.c and by the generated model.c, both compiled with -fvisibility=hidden and
  * -DCUVIL_PREFIX=<prefix>.
  *
- * Contract (abi_version 3):
+ * Contract (abi_version 5):
  *   At run time the runtime builds, for each thread t of the session, void *bufs[4 + num_inputs + num_outputs]:
  *     bufs[0]                       the session's arena (arena_bytes, 64-byte aligned, NULL if 0 bytes)
  *     bufs[1]                       model.weights (NULL if the model has no weights)
