@@ -420,3 +420,28 @@ def test_activate_during_a_run_on_another_thread(libs):
     assert seen and set(seen) <= expected
     m._session_adapter = "unknown"   # raw calls switched it behind the model's back
     m.close()
+
+
+def test_gpt2_gemm_layers(tmp_path):
+    """GPT-2's attention projections are Gemms over [tokens, in] with Conv1D weights [in, out]
+    (fan_in_fan_out): the slot adds s·(x·Aᵀ)·Bᵀ whatever the layout, and matches the numpy-merged model."""
+    pytest.importorskip("safetensors")
+    from cuvil.testing.lora import model_modules, numpy_merged_model, write_peft_adapter
+    mods = model_modules(GPT2, r"attn\.(c_attn|c_proj)$")
+    d = write_peft_adapter(tmp_path / "g", mods, r=3, lora_alpha=6, seed=4, scale_b=0.3,
+                           config={"fan_in_fan_out": True})
+    art = Pipeline.from_onnx(GPT2).optimize().compile(lora_slots=RANK, shape_profiles=PROFILE, opt_kernels=False,
+                                                      cache=False)
+    assert [s["module"] for s in art.manifest["lora_slots"]] == [f"model.transformer.h.{i}.attn.{m}"
+                                                                 for i in range(2) for m in ("c_attn", "c_proj")]
+    m = cuvil.load(art.path)
+    m.load_adapter("g", d)
+    rng = np.random.default_rng(5)
+    x = {"input_ids": rng.integers(0, 500, (2, 9)), "attention_mask": np.ones((2, 9), np.int64)}
+    base = m.run(x)["logits"]
+    sess = ort.InferenceSession(numpy_merged_model(onnx.load(GPT2), [(d, 1.0)]).SerializeToString(),
+                                providers=["CPUExecutionProvider"])
+    ref = sess.run(None, x)[0]
+    assert rel_err(m.run(x, adapter="g")["logits"], ref) <= 1e-4
+    assert rel_err(base, ref) > 1e-3
+    m.close()
