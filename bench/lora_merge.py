@@ -4,6 +4,7 @@ rounded merge at BERT-base size.
 
     PYTHONPATH=src python3 bench/lora_merge.py                 # every export, one adapter and two with weights
     PYTHONPATH=src python3 bench/lora_merge.py --exports bert.torchscript gpt2.dynamo --rank 8
+    PYTHONPATH=src python3 bench/lora_merge.py --out bench/results/lora_merge.md   # also as a Markdown file
 
 Per export: an adapter in PEFT's layout (random A, B: cuvil.testing.lora) of rank --rank on every Linear the
 mapping finds (attention projections, MLP, pooler/lm_head), merged with ``Pipeline.with_lora``, compiled for
@@ -98,21 +99,31 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--exports", nargs="*", default=None, help="fixture stems (default: every prefill export)")
     ap.add_argument("--rank", type=int, default=16)
+    ap.add_argument("--out", default=None, help="also write the report to this Markdown file")
     args = ap.parse_args()
+    lines = []
+
+    def emit(line=""):   # the report goes to stdout and, with --out, to the file
+        lines.append(line)
+        print(line, flush=True)
+
     names = args.exports or sorted(p.name[:-5] for p in EXPORTS.glob("*.onnx"))
-    print(f"# LoRA merge, {datetime.date.today()}, {cpu_label()}, rank {args.rank}")
-    print(f"{'export':28} {'adapters':24} {'weights':>7} {'max rel err':>11} {'effect':>8} {'merge s':>8} {'exact':>5}")
+    emit(f"# LoRA merge, {datetime.date.today()}, {cpu_label()}, rank {args.rank}")
+    emit(f"{'export':28} {'adapters':24} {'weights':>7} {'max rel err':>11} {'effect':>8} {'merge s':>8} {'exact':>5}")
     worst = 0.0
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
             for row in one(name, args.rank, Path(tmp)) or ():
                 worst = max(worst, row[3])
-                print(f"{row[0]:28} {row[1]:24} {row[2]:>7} {row[3]:>11.2e} {row[4]:>8.2f} {row[5]:>8.2f} {row[6]:>5}")
+                emit(f"{row[0]:28} {row[1]:24} {row[2]:>7} {row[3]:>11.2e} {row[4]:>8.2f} {row[5]:>8.2f} {row[6]:>5}")
     secs, exact = merge_cost(args.rank)
-    print(f"correctly rounded merge, BERT-base q/k/v/o (48 x 768x768), rank {args.rank}: {secs:.2f} s "
+    emit(f"correctly rounded merge, BERT-base q/k/v/o (48 x 768x768), rank {args.rank}: {secs:.2f} s "
           f"({exact} elements decided in rational arithmetic)")
-    print(f"merged library vs numpy-merged onnxruntime: max rel err {worst:.2e} (goal <= {GOAL:g}: "
+    emit(f"merged library vs numpy-merged onnxruntime: max rel err {worst:.2e} (goal <= {GOAL:g}: "
           f"{'MET' if worst <= GOAL else 'NOT MET'}) on {cpu_label()}")
+    if args.out:
+        Path(args.out).write_text(lines[0] + "\n\n`PYTHONPATH=src python3 bench/lora_merge.py`\n\n```text\n"
+                                  + "\n".join(lines[1:]) + "\n```\n")
 
 
 if __name__ == "__main__":

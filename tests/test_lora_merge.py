@@ -332,3 +332,46 @@ def test_lora_check(tmp_path, cli, monkeypatch):
     bad = write_peft_adapter(tmp_path / "bad", {"transformer.h.0.attn.c_atn": (32, 96)})
     r = cli("lora", "check", str(model), str(bad))
     assert r.returncode == 1 and "'transformer.h.0.attn.c_atn' maps to no weight" in r.stderr and "next:" in r.stderr
+
+
+def test_onnx_adapter_merges_like_peft(tmp_path):
+    """An onnxruntime .onnx_adapter (no config: scale 1) merges to the same weight as the PEFT adapter with its
+    scale folded into B."""
+    ort = pytest.importorskip("onnxruntime")
+    if not hasattr(ort, "AdapterFormat"):
+        pytest.skip(f"onnxruntime {ort.__version__} has no AdapterFormat")
+    model = onnx.load(EXPORTS / "gpt2.dynamo.onnx")
+    d = write_peft_adapter(tmp_path / "peft", model_modules(model, r"h\.1\.mlp\.c_fc$|lm_head$"), r=4, lora_alpha=4)
+    ad = read_adapter(d)   # scale alpha / r = 1: the same tensors written as an .onnx_adapter merge the same
+    fmt = ort.AdapterFormat()
+    fmt.set_parameters({f"{m}.lora_{w}.weight": ort.OrtValue.ortvalue_from_numpy(getattr(lm, w))
+                        for m, lm in ad.modules.items() for w in "AB"})
+    path = tmp_path / "x.onnx_adapter"
+    fmt.export_adapter(str(path))
+    a = Pipeline.from_onnx(model).with_lora(path)
+    b = Pipeline.from_onnx(model).with_lora(d)
+    for t in map_adapter(model, ad):
+        np.testing.assert_array_equal(_merged_weight(a, t.node), _merged_weight(b, t.node))
+    # the tied lm_head: the embedding's Gather still reads the original table
+    t, = [t for t in map_adapter(model, ad) if t.module == "lm_head"]
+    gather = [n for n in a.graph.nodes if n.op == "Gather" and n.inputs[0].is_const
+              and n.inputs[0].shape == (512, 32)]
+    w = numpy_helper.to_array({i.name: i for i in model.graph.initializer}[t.initializer])
+    assert gather and all(np.array_equal(n.inputs[0].const, w) for n in gather)
+    assert not np.array_equal(_merged_weight(a, t.node), w)
+
+
+def test_bf16_weights_round_to_bf16(tmp_path):
+    import ml_dtypes
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((8, 6)).astype(ml_dtypes.bfloat16)
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "lin.weight"], ["y"], name="/lin/MatMul")], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.BFLOAT16, [2, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.BFLOAT16, [2, 6])],
+                          [numpy_helper.from_array(w, "lin.weight")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    d = write_peft_adapter(tmp_path / "a", {"lin": (8, 6)}, r=2, lora_alpha=3, scale_b=0.5)
+    got = _merged_weight(Pipeline.from_onnx(model).with_lora(d), "/lin/MatMul")
+    assert got.dtype == ml_dtypes.bfloat16
+    lm, = read_adapter(d).modules.values()
+    np.testing.assert_array_equal(got.astype(np.float64), _exact_merge(w, [(lm, 1.0, "in_out")], "bfloat16"))

@@ -679,7 +679,7 @@ def test_every_rule_has_a_comment_above_it():
 def test_rule_files_one_theme_each():
     files = {r.loc.path for r in RULES}
     assert {os.path.basename(f) for f in files} == {"fold.rule", "inference.rule", "layout.rule", "algebra.rule",
-                                                    "activation.rule", "pool.rule"}
+                                                    "activation.rule", "pool.rule", "lora.rule"}
     assert {os.path.basename(r.loc.path) for r in KERNEL_RULES} == {"kernel.rule"}
     assert len(KERNEL_RULES) >= 4
 

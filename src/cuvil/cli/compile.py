@@ -57,6 +57,13 @@ def register(sub) -> None:
                     help="the weight of the n-th --lora (repeatable, in order; default 1.0)")
     sp.add_argument("--lora-map", metavar="FILE",
                     help="JSON/YAML module -> initializer (or node) name, for graphs whose names were lost")
+    # weights outside the code (docs/weights.md)
+    sp.add_argument("--external-weights", action="store_true",
+                    help="x86: write the weights to libNAME.weights beside the library (mapped read-only, shared "
+                         "between processes) instead of into it")
+    sp.add_argument("--encrypt-weights", metavar="KEYFILE",
+                    help="x86: encrypt libNAME.weights with this key file (AES-256-GCM; implies --external-weights; "
+                         "make one with cuvil weights-key KEYFILE; load with weights_key=KEYFILE)")
     sp.add_argument("--lora-slots", type=int, default=0, metavar="RANK",
                     help="x86: give the --lora-targets layers a LoRA slot of rank RANK: the library then takes "
                          "adapters of rank <= RANK at run time (load_adapter / set_adapter; docs/lora.md)")
@@ -67,6 +74,9 @@ def register(sub) -> None:
     add_progress_flag(sp)
     sp.set_defaults(fn=cmd_compile)
 
+
+#: Flags only the x86 target reads: (flag, args attribute), refused for the GPU (a bundle keeps weights.bin).
+_X86_ONLY_FLAGS = (("--external-weights", "external_weights"), ("--encrypt-weights", "encrypt_weights"))
 
 #: Flags only the GPU target reads: (flag, args attribute, what it controls), refused for x86 by one check.
 _GPU_ONLY_FLAGS = (("--enable-fp16", "enable_fp16", "float16 compute; x86 computes float32"),
@@ -95,7 +105,8 @@ def cmd_compile(args) -> int:
     # The one place --cpu is checked before the model is read: X86Options validates it (the cpu helper's
     # cuvil.targets.x86.cpu.validate_cpu refuses an unknown name with the nearest ones).
     options = make_options(args.target, opt_level=args.opt_level, cpu=args.cpu, prefix=args.prefix,
-                           winograd=not args.no_winograd, lora_slots=args.lora_slots,
+                           winograd=not args.no_winograd, external_weights=args.external_weights,
+                           encrypt_weights=args.encrypt_weights, lora_slots=args.lora_slots,
                            lora_targets=args.lora_targets or ())
     with _progress(args):
         p = _import_and_optimize(args)
@@ -104,13 +115,17 @@ def cmd_compile(args) -> int:
     out = art.save(args.output)
     m = art.manifest
     base = os.path.splitext(out)[0]
-    print(f"wrote {out}, {base}.h, {base}.manifest.json")
+    print(f"wrote {out}, {base}.h, {base}.manifest.json"
+          + (f", {base}.weights" + (" (encrypted)" if m["weights_file"]["encrypted"] else "")
+             if m.get("weights_file") else "")
+          + f", SBOM {base}.cdx.json, provenance {base}.intoto.json")
     print(f"  {m['kernels']} kernels, arena {m['arena_bytes']:,} B, weights {m['weights_bytes']:,} B, "
           f"target {m['target']['cpu']}" + (f", specialized {m['specialized']}" if m.get("specialized") else "")
-          + (" (from cache)" if art.cached else f", compiled in {m['compile_seconds']:.1f} s"))
+          + (" (from cache)" if art.cached else f", compiled in {art.timings['compile_seconds']:.1f} s"))
     ms = m.get("memory_safety")
     if ms:
-        print(f"  memory safety: {ms['summary']} ({ms['accesses']} accesses, {ms['proof_seconds']:.2f} s)")
+        print(f"  memory safety: {ms['summary']} ({ms['accesses']} accesses"
+              + (f", {art.timings['proof_seconds']:.2f} s)" if art.timings else ")"))
         for k in ms["guarded"]:
             print(f"  guarded kernel {k['stage']} ({k['variant']}): {k['unproved'][0]}")
     if m.get("lora"):
@@ -206,6 +221,10 @@ def _compile_gpu_bundle(args) -> int:
     if args.cpu:
         raise CuvilError("--cpu applies to the x86 target; use --arch for GPUs",
                          hint=f"drop --cpu; --arch {args.arch} picks the GPU architecture")
+    for flag, given in _X86_ONLY_FLAGS:
+        if getattr(args, given):
+            raise CuvilError(f"{flag} applies to the x86 target only: a GPU bundle keeps its weights in its own "
+                             f"weights.bin file", hint=f"drop {flag} for --target {args.target}")
     kernel_rules = None   # the built-in ones; plus any `on kernel` rules in the --rules files
     if args.rules:
         mine = [r for r in load_rules(args.rules) if r.on == "kernel"]
@@ -221,11 +240,11 @@ def _compile_gpu_bundle(args) -> int:
     m = bundle.manifest
     regs = [k["registers"] for k in ((m.get("ptxas") or {}).get("kernels") or {}).values() if k.get("registers")]
     print(f"wrote {out}/ (kernels.ptx, weights.bin, plan.json, manifest.json"
-          + (f", {m['ptxas']['cubin']}" if m.get("ptxas") else "") + ")")
+          + (f", {m['ptxas']['cubin']}" if m.get("ptxas") else "") + ", sbom.cdx.json, provenance.intoto.json)")
     print(f"  {m['kernels']} kernels for {m['target']['arch']}, arena {m['arena_bytes']:,} B, weights {m['weights_bytes']:,} B"
           + (f", registers/thread max {max(regs)}" if regs else ", ptxas not found: registers not checked")
           + (f", specialized {m['specialized']}" if m.get("specialized") else "")
-          + (" (from cache)" if bundle.cached else f", compiled in {m['compile_seconds']:.1f} s"))
+          + (" (from cache)" if bundle.cached else f", compiled in {bundle.timings['compile_seconds']:.1f} s"))
     rp = m.get("register_pass") or {}
     if rp.get("kernels"):
         print(f"  register pass: {len(rp['kernels'])} multi-wave kernels limited by registers; "

@@ -234,8 +234,13 @@ def pattern_value(patterns: dict, module: str, default):
     """PEFT's rank_pattern / alpha_pattern lookup: the first key equal to the module name or matching its end
     as a regular expression (``(.*\\.)?KEY$``), else ``default``."""
     for key, value in (patterns or {}).items():
-        if key == module or re.match(rf"(.*\.)?(?:{key})$", module):
+        if key == module:
             return value
+        try:
+            if re.match(rf"(.*\.)?(?:{key})$", module):
+                return value
+        except re.error:   # not a regular expression: an exact name only (checked above)
+            continue
     return default
 
 

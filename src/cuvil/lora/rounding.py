@@ -30,6 +30,9 @@ def round_array(v: np.ndarray, fmt: str) -> np.ndarray:
     result is exactly representable in ``fmt``). Monotone: ``x <= y`` gives ``round(x) <= round(y)``."""
     p, emin, emax = FORMATS[fmt]
     v = np.asarray(v, np.float64)
+    if fmt == "float32":   # the IEEE conversion itself: round to nearest, ties to even, overflow to ±inf
+        with np.errstate(over="ignore"):
+            return v.astype(np.float32).astype(np.float64)
     _, e = np.frexp(v)                       # v = m * 2**e, 0.5 <= |m| < 1: the leading bit is 2**(e - 1)
     ex = np.maximum(e - 1, emin)
     q = np.ldexp(1.0, (ex - (p - 1)).astype(np.int32))

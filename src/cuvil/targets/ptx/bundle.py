@@ -39,6 +39,9 @@ from .tuning import DEFAULT_TUNING, PtxTuning
 BUNDLE_SUFFIX = ".cuvil"
 PLAN_FORMAT = "cuvil-gpu-plan/1"
 FILES = ("kernels.ptx", "weights.bin", "plan.json", "manifest.json")
+#: The bundle's SBOM and provenance (docs/supply-chain.md): fixed names inside the directory, like its other
+#: files, so that a bundle saved under another name keeps them.
+SBOM_FILE, PROVENANCE_FILE = "sbom.cdx.json", "provenance.intoto.json"
 
 
 def _io(bufs) -> list:
@@ -170,14 +173,15 @@ def compile_bundle(g: Graph, out_dir: str, *, arch: str = "sm_90", opt_level: in
         "memory_safety": res.memory_safety.to_json(),
         "fused_ops": sched.fused,
         "ptxas": ptxas_info,
-        "compile_seconds": round(time.perf_counter() - t0, 3),
-        "codegen_seconds": round(t_codegen - t0, 3),
         **(manifest_extra or {}),
     }
     with open(os.path.join(out_dir, "manifest.json"), "w") as f:
         json.dump(manifest, f, indent=1)
         f.write("\n")
-    return manifest
+    # Times stay out of the bundle (reproducible builds); Pipeline.compile puts them on Bundle.timings.
+    return {**manifest, "timings": {"compile_seconds": round(time.perf_counter() - t0, 3),
+                                    "codegen_seconds": round(t_codegen - t0, 3),
+                                    "proof_seconds": round(res.memory_safety.seconds, 3)}}
 
 
 def is_bundle(path: str) -> bool:

@@ -30,6 +30,7 @@ from cuvil.lora.mapping import suffix_score
 from cuvil.targets import model_api
 from cuvil.targets.model_api import (Signature, SymbolProfile, TensorSpec, dtype_code, fixed_symbols, shape_text,
                                     tensor_spec)
+from cuvil.targets.x86.bound_weights import bind_external_weights
 from cuvil.targets.x86.cpu import check_runs_here
 from cuvil.targets.x86.model_info import is_c_identifier
 
@@ -113,7 +114,7 @@ class X86Model(model_api.Model):
     run_options = ("num_threads", "adapter")
 
     def __init__(self, path: str, prefix: str | None = None, num_threads: int = 0,
-                 max_output_bytes: int | None = None):
+                 max_output_bytes: int | None = None, weights=None, weights_key=None):
         self._closed = True                       # until the library is bound (close() and __del__ rely on it)
         self.path = os.path.abspath(path)
         if not os.path.isfile(self.path):
@@ -138,6 +139,8 @@ class X86Model(model_api.Model):
         self._session = None
         self._session_threads = None
         self._lock = threading.Lock()
+        # before the first session; released by close() (and so by __del__, also when a check below fails)
+        self._weights = bind_external_weights(self._lib, self.prefix, self.path, weights, weights_key)
         self._adapters: dict = {}              # name -> bytes the library holds for it (LoRA slots)
         self._active = None                    # the adapter set_adapter chose (None: the base model)
         self._session_adapter = None           # the one active in the C session
@@ -303,6 +306,9 @@ class X86Model(model_api.Model):
             if getattr(self, "_session", None):
                 self._f.session_destroy(self._session)
                 self._session = None
+            weights, self._weights = getattr(self, "_weights", None), None
+            if weights is not None:
+                weights.release()
             for name in list(getattr(self, "_adapters", ())):
                 self._f.adapter_unload(self._c_name(name))
             self._adapters = {}
@@ -577,8 +583,13 @@ def _check_pair(module: str, slot: dict, a: np.ndarray, b: np.ndarray, lib: str)
 Model = X86Model
 
 
-def load(path: str, prefix: str | None = None, num_threads: int = 0, max_output_bytes: int | None = None) -> X86Model:
+def load(path: str, prefix: str | None = None, num_threads: int = 0, max_output_bytes: int | None = None,
+         weights=None, weights_key=None) -> X86Model:
     """Loads ``lib<name>.so``. ``prefix`` defaults to the manifest's ``"prefix"``, else ``"cuvil"``;
     ``num_threads`` (0 = all cores) is the default for the session ``run`` creates; ``max_output_bytes``
-    bounds the outputs one ``run`` allocates (default: the machine's physical memory)."""
-    return X86Model(path, prefix=prefix, num_threads=num_threads, max_output_bytes=max_output_bytes)
+    bounds the outputs one ``run`` allocates (default: the machine's physical memory). A library compiled
+    with external weights binds ``libNAME.weights`` from beside it (mapped read-only, shared), or
+    ``weights``, the contents of that file (bytes-like); ``weights_key`` (a key file or the key's 32 bytes)
+    decrypts encrypted ones, in memory only (:mod:`cuvil.targets.x86.bound_weights`)."""
+    return X86Model(path, prefix=prefix, num_threads=num_threads, max_output_bytes=max_output_bytes,
+                    weights=weights, weights_key=weights_key)
