@@ -11,6 +11,7 @@ from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union
 import numpy as np
 import onnx
 
+from . import audit
 from .artifact import artifact_cache_dir, artifact_files, cache_entry, cache_key, cached_path, supply_chain_paths
 from .dsl.parser import load_rules
 from .errors import CuvilError, ShapeError
@@ -32,6 +33,7 @@ from .lora.merge import lora_rules
 from .progress import enabled as progress_enabled
 from .progress import stage
 from .reference import run_reference
+from .signing import artifact_digest
 from .rewrite_rules.engine import RewriteReport
 from .rewrite_rules.proved_rewrite import applied_rules, proved_rewrite
 from .rewrite_rules.shape_prop import propagate_shapes
@@ -445,8 +447,15 @@ class Pipeline:
         min). ``cache`` (default on): artifacts are cached by content (:mod:`cuvil.artifact`).
         """
         with progress_enabled(progress) if progress is not None else contextlib.nullcontext():
-            return self._compile(target, opt_level, options, fixed, shape_profiles, input_shapes, cache,
-                                 target_options)
+            try:
+                art = self._compile(target, opt_level, options, fixed, shape_profiles, input_shapes, cache,
+                                    target_options)
+            except CuvilError as e:
+                audit.record("compile", artifact=None, outcome="error", model=self._graph.name, reason=e.message)
+                raise
+        audit.record("compile", artifact=art.path, digest=lambda: artifact_digest(art.path), cached=art.cached,
+                     model_sha256=self.source_sha256)
+        return art
 
     def _compile(self, target, opt_level, options, fixed, shape_profiles, input_shapes, cache, target_options):
         triple = target or (options.triple if options is not None else X86_TARGET)
