@@ -39,14 +39,17 @@ from .targets.x86.loader import load as _load_so
 MODEL_SUFFIXES = (".onnx", ".pt", ".pt2")
 
 
-def load(path: Union[str, os.PathLike], num_threads: int = 0, fallback: Union[str, os.PathLike, None] = None,
-         **gpu) -> Model:
+def load(path: Union[str, os.PathLike], num_threads: int = 0, fallback: Union[str, os.PathLike, None] = None, *,
+         weights=None, weights_key=None, **gpu) -> Model:
     """Open a compiled model as a :class:`Model`: ``libNAME.so`` through ctypes, or a GPU bundle
     ``NAME.cuvil/`` through the CUDA driver (``gpu``: ``device``, ``max_graphs``, ``mode``,
     ``prefer_cubin``). Both answer the same calls: ``run(*arrays)`` / ``run(**named)`` return a list in
     output order, ``run({name: array})`` a dict by output name; ``inputs``, ``outputs``, ``symbols``;
     ``close()`` and ``with``. Where a bundle cannot run (no CUDA driver or GPU) and ``fallback`` names an
-    x86 ``libNAME.so``, that is loaded instead, with a warning."""
+    x86 ``libNAME.so``, that is loaded instead, with a warning. A library compiled with external weights
+    maps its ``libNAME.weights`` (read-only, shared between processes), or binds ``weights`` (the contents of
+    that file, bytes-like); encrypted ones need ``weights_key`` (a key file, or the key's 32 bytes) and are
+    decrypted in memory only (docs/weights.md)."""
     path = os.fspath(path)
     if os.path.isfile(path) and path.lower().endswith(MODEL_SUFFIXES):
         # a model given where a compiled one belongs would otherwise reach dlopen ("invalid ELF header")
@@ -55,6 +58,10 @@ def load(path: Union[str, os.PathLike], num_threads: int = 0, fallback: Union[st
                          hint=f"cuvil compile {path} -o build/lib{name}.so, then load build/lib{name}.so "
                               f"(Python: cuvil.Pipeline.from_file({path!r}).compile())")
     if os.path.isdir(path) or path.rstrip(os.sep).endswith(".cuvil"):
+        if weights is not None or weights_key is not None:
+            raise CuvilError(f"{path}: weights= and weights_key= apply to x86 libraries (libNAME.so) only; a "
+                             f"GPU bundle keeps its weights in its own weights.bin",
+                             hint="drop weights= and weights_key= for a bundle")
         try:
             return load_bundle(path, **gpu)
         except NoGpuError as e:
@@ -69,7 +76,7 @@ def load(path: Union[str, os.PathLike], num_threads: int = 0, fallback: Union[st
     if not os.path.isfile(path):
         raise CuvilError(f"{path}: no such file", hint="give a compiled libNAME.so or NAME.cuvil bundle (cuvil "
                          "compile MODEL -o libNAME.so writes one)")
-    return _load_so(path, num_threads=num_threads)
+    return _load_so(path, num_threads=num_threads, weights=weights, weights_key=weights_key)
 
 
 def supply_chain_paths(path: str) -> Tuple[str, str]:

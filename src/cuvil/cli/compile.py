@@ -50,10 +50,20 @@ def register(sub) -> None:
     add_allow_bounded_flag(sp)
     sp.add_argument("--no-winograd", action="store_true",
                     help="x86: keep direct 3x3 convolutions (Winograd rounds differently; see docs/rules.md)")
+    # weights outside the code (docs/weights.md)
+    sp.add_argument("--external-weights", action="store_true",
+                    help="x86: write the weights to libNAME.weights beside the library (mapped read-only, shared "
+                         "between processes) instead of into it")
+    sp.add_argument("--encrypt-weights", metavar="KEYFILE",
+                    help="x86: encrypt libNAME.weights with this key file (AES-256-GCM; implies --external-weights; "
+                         "make one with cuvil weights-key KEYFILE; load with weights_key=KEYFILE)")
     add_quiet_flag(sp)
     add_progress_flag(sp)
     sp.set_defaults(fn=cmd_compile)
 
+
+#: Flags only the x86 target reads: (flag, args attribute), refused for the GPU (a bundle keeps weights.bin).
+_X86_ONLY_FLAGS = (("--external-weights", "external_weights"), ("--encrypt-weights", "encrypt_weights"))
 
 #: Flags only the GPU target reads: (flag, args attribute, what it controls), refused for x86 by one check.
 _GPU_ONLY_FLAGS = (("--enable-fp16", "enable_fp16", "float16 compute; x86 computes float32"),
@@ -79,7 +89,8 @@ def cmd_compile(args) -> int:
     # The one place --cpu is checked before the model is read: X86Options validates it (the cpu helper's
     # cuvil.targets.x86.cpu.validate_cpu refuses an unknown name with the nearest ones).
     options = make_options(args.target, opt_level=args.opt_level, cpu=args.cpu, prefix=args.prefix,
-                           winograd=not args.no_winograd)
+                           winograd=not args.no_winograd, external_weights=args.external_weights,
+                           encrypt_weights=args.encrypt_weights)
     with _progress(args):
         p = _import_and_optimize(args)
         fixed, profiles = shape_flags(p, args)
@@ -87,7 +98,10 @@ def cmd_compile(args) -> int:
     out = art.save(args.output)
     m = art.manifest
     base = os.path.splitext(out)[0]
-    print(f"wrote {out}, {base}.h, {base}.manifest.json, SBOM {base}.cdx.json, provenance {base}.intoto.json")
+    print(f"wrote {out}, {base}.h, {base}.manifest.json"
+          + (f", {base}.weights" + (" (encrypted)" if m["weights_file"]["encrypted"] else "")
+             if m.get("weights_file") else "")
+          + f", SBOM {base}.cdx.json, provenance {base}.intoto.json")
     print(f"  {m['kernels']} kernels, arena {m['arena_bytes']:,} B, weights {m['weights_bytes']:,} B, "
           f"target {m['target']['cpu']}" + (f", specialized {m['specialized']}" if m.get("specialized") else "")
           + (" (from cache)" if art.cached else f", compiled in {art.timings['compile_seconds']:.1f} s"))
@@ -152,6 +166,10 @@ def _compile_gpu_bundle(args) -> int:
     if args.cpu:
         raise CuvilError("--cpu applies to the x86 target; use --arch for GPUs",
                          hint=f"drop --cpu; --arch {args.arch} picks the GPU architecture")
+    for flag, given in _X86_ONLY_FLAGS:
+        if getattr(args, given):
+            raise CuvilError(f"{flag} applies to the x86 target only: a GPU bundle keeps its weights in its own "
+                             f"weights.bin file", hint=f"drop {flag} for --target {args.target}")
     kernel_rules = None   # the built-in ones; plus any `on kernel` rules in the --rules files
     if args.rules:
         mine = [r for r in load_rules(args.rules) if r.on == "kernel"]

@@ -18,12 +18,13 @@ from .loader import Model, load
 
 def sidecars(so_path: str) -> Dict[str, str]:
     """The files that travel with ``libNAME.so``, by role: its header, its manifest, its SBOM (CycloneDX 1.6,
-    ``cdx``) and provenance (in-toto / SLSA v1, ``intoto``) (docs/supply-chain.md). The one list of an x86
-    artifact's files: saving, signing and the provenance's subjects read it; a sidecar that is not there
-    (an artifact built by an older Cuvil) is skipped where it is optional."""
+    ``cdx``) and provenance (in-toto / SLSA v1, ``intoto``) (docs/supply-chain.md), and its weights file
+    ``libNAME.weights`` when it was compiled with external weights. The one list of an x86 artifact's files:
+    saving, signing and the provenance's subjects read it; a sidecar that is not there (the weights of a
+    library that embeds them; an artifact built by an older Cuvil) is skipped where it is optional."""
     base = os.path.splitext(so_path)[0]
     return {"h": base + ".h", "manifest": base + ".manifest.json", "cdx": base + ".cdx.json",
-            "intoto": base + ".intoto.json"}
+            "intoto": base + ".intoto.json", "weights": base + ".weights"}
 
 
 class Artifact:
@@ -63,16 +64,17 @@ class Artifact:
             rename_records(dst["cdx"], dst["intoto"], renames)
         return path
 
-    def model(self, num_threads: int = 0) -> Model:
+    def model(self, num_threads: int = 0, weights_key=None) -> Model:
         """The loaded library (loaded once); ``num_threads`` (0 = all cores) becomes the default of its
-        ``run`` from this call on: ``art.model(num_threads=2)`` after ``art.model()`` runs on two threads."""
-        m = self._loaded(num_threads)
+        ``run`` from this call on: ``art.model(num_threads=2)`` after ``art.model()`` runs on two threads.
+        ``weights_key``: the key of encrypted weights (``encrypt_weights=`` at compile time)."""
+        m = self._loaded(num_threads, weights_key)
         m.num_threads = num_threads
         return m
 
-    def _loaded(self, num_threads: int = 0) -> Model:
+    def _loaded(self, num_threads: int = 0, weights_key=None) -> Model:
         if self._model is None:
-            self._model = load(self.path, num_threads=num_threads)
+            self._model = load(self.path, num_threads=num_threads, weights_key=weights_key)
         return self._model
 
     def run(self, inputs: Union[Mapping[str, np.ndarray], Sequence[np.ndarray], np.ndarray],

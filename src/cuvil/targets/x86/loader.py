@@ -28,6 +28,7 @@ from cuvil.ir.dim import is_symbol_name
 from cuvil.targets import model_api
 from cuvil.targets.model_api import (Signature, SymbolProfile, TensorSpec, dtype_code, fixed_symbols, shape_text,
                                     tensor_spec)
+from cuvil.targets.x86.bound_weights import bind_external_weights
 from cuvil.targets.x86.cpu import check_runs_here
 from cuvil.targets.x86.model_info import is_c_identifier
 
@@ -108,7 +109,7 @@ class X86Model(model_api.Model):
     run_options = ("num_threads",)
 
     def __init__(self, path: str, prefix: str | None = None, num_threads: int = 0,
-                 max_output_bytes: int | None = None):
+                 max_output_bytes: int | None = None, weights=None, weights_key=None):
         self._closed = True                       # until the library is bound (close() and __del__ rely on it)
         self.path = os.path.abspath(path)
         if not os.path.isfile(self.path):
@@ -133,6 +134,8 @@ class X86Model(model_api.Model):
         self._session = None
         self._session_threads = None
         self._lock = threading.Lock()
+        # before the first session; released by close() (and so by __del__, also when a check below fails)
+        self._weights = bind_external_weights(self._lib, self.prefix, self.path, weights, weights_key)
         inputs = [self._spec(True, i) for i in range(self._f.num_inputs())]
         outputs = [self._spec(False, j) for j in range(self._f.num_outputs())]
         inputs = [attrs.evolve(d, dims=_manifest_dims(manifest, "inputs", k, d, True)) for k, d in enumerate(inputs)]
@@ -282,6 +285,9 @@ class X86Model(model_api.Model):
             if getattr(self, "_session", None):
                 self._f.session_destroy(self._session)
                 self._session = None
+            weights, self._weights = getattr(self, "_weights", None), None
+            if weights is not None:
+                weights.release()
 
     def __del__(self):
         try:
@@ -377,8 +383,13 @@ class X86Model(model_api.Model):
 Model = X86Model
 
 
-def load(path: str, prefix: str | None = None, num_threads: int = 0, max_output_bytes: int | None = None) -> X86Model:
+def load(path: str, prefix: str | None = None, num_threads: int = 0, max_output_bytes: int | None = None,
+         weights=None, weights_key=None) -> X86Model:
     """Loads ``lib<name>.so``. ``prefix`` defaults to the manifest's ``"prefix"``, else ``"cuvil"``;
     ``num_threads`` (0 = all cores) is the default for the session ``run`` creates; ``max_output_bytes``
-    bounds the outputs one ``run`` allocates (default: the machine's physical memory)."""
-    return X86Model(path, prefix=prefix, num_threads=num_threads, max_output_bytes=max_output_bytes)
+    bounds the outputs one ``run`` allocates (default: the machine's physical memory). A library compiled
+    with external weights binds ``libNAME.weights`` from beside it (mapped read-only, shared), or
+    ``weights``, the contents of that file (bytes-like); ``weights_key`` (a key file or the key's 32 bytes)
+    decrypts encrypted ones, in memory only (:mod:`cuvil.targets.x86.bound_weights`)."""
+    return X86Model(path, prefix=prefix, num_threads=num_threads, max_output_bytes=max_output_bytes,
+                    weights=weights, weights_key=weights_key)
