@@ -212,3 +212,26 @@ def test_cache_key_names_the_isa_features(monkeypatch):
         keys.append(x86_target.TARGET.plan(g, x86_target.X86Options(), {}).key_parts)
     assert keys[0] != keys[1]
     assert any("avx512f" in k for k in keys[1]) and not any("avx512f" in k for k in keys[0])
+
+
+def test_external_weights_are_a_subject_and_the_key_is_never_recorded(tmp_path):
+    """An encrypted weights file is one of the provenance's subjects; the key (given as its 32 bytes, or as a
+    key file) appears in neither record, nor does the key file's path."""
+    key = bytes(range(32))
+    key_file = tmp_path / "weights.key"
+    key_file.write_bytes(key)
+    for given in (key, str(key_file)):
+        art = Pipeline.from_onnx(DEMO).optimize().compile(fixed={"N": 1}, encrypt_weights=given, cache=False)
+        try:
+            s = sidecars(art.path)
+            subjects = {x["name"]: x["digest"]["sha256"] for x in load(s["intoto"])["subject"]}
+            assert subjects["libcuvil.weights"] == sha256(s["weights"])
+            for doc in (s["intoto"], s["cdx"]):
+                with open(doc, "rb") as f:
+                    data = f.read()
+                assert key.hex().encode() not in data and repr(key).encode() not in data
+                assert str(tmp_path).encode() not in data
+            opts = load(s["intoto"])["predicate"]["buildDefinition"]["externalParameters"]["options"]
+            assert opts["encrypt_weights"] == "(given; a secret, not recorded)"
+        finally:
+            shutil.rmtree(os.path.dirname(art.path), ignore_errors=True)
