@@ -138,8 +138,8 @@ def test_save_copies_every_sidecar(demo, tmp_path):
     out = art.save(tmp_path / "libcuvil.so")
     copied = 0
     for key, src in sidecars(art.path).items():
-        if key == "weights" and not os.path.exists(src):       # embedded weights: no weights file
-            assert not os.path.exists(sidecars(out)[key])
+        if key == "weights":      # only with external weights: none here, and none saved
+            assert not os.path.exists(src) and not os.path.exists(sidecars(out)[key])
             continue
         with open(src, "rb") as a, open(sidecars(out)[key], "rb") as b:
             assert a.read() == b.read(), key

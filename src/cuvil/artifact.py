@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -25,7 +26,9 @@ import tempfile
 import warnings
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
+from . import audit
 from .errors import CuvilError
+from .signing import SignatureError, verify_artifact
 from .targets import PTX_TARGET, X86_TARGET
 from .targets.model_api import Model
 from .supply_chain import sha256_file
@@ -34,13 +37,14 @@ from .targets.ptx.bundle import PROVENANCE_FILE, SBOM_FILE
 from .targets.ptx.runtime import NoGpuError, load_bundle
 from .targets.x86.artifact import Artifact, sidecars
 from .targets.x86.loader import load as _load_so
+from .targets.x86.sealed import sealed_library
 
 #: Model files (ONNX, PyTorch) that cuvil.load is sometimes given in place of the library compiled from them.
 MODEL_SUFFIXES = (".onnx", ".pt", ".pt2")
 
 
 def load(path: Union[str, os.PathLike], num_threads: int = 0, fallback: Union[str, os.PathLike, None] = None, *,
-         weights=None, weights_key=None, **gpu) -> Model:
+         weights=None, weights_key=None, verify=None, **gpu) -> Model:
     """Open a compiled model as a :class:`Model`: ``libNAME.so`` through ctypes, or a GPU bundle
     ``NAME.cuvil/`` through the CUDA driver (``gpu``: ``device``, ``max_graphs``, ``mode``,
     ``prefer_cubin``). Both answer the same calls: ``run(*arrays)`` / ``run(**named)`` return a list in
@@ -49,8 +53,18 @@ def load(path: Union[str, os.PathLike], num_threads: int = 0, fallback: Union[st
     x86 ``libNAME.so``, that is loaded instead, with a warning. A library compiled with external weights
     maps its ``libNAME.weights`` (read-only, shared between processes), or binds ``weights`` (the contents of
     that file, bytes-like); encrypted ones need ``weights_key`` (a key file, or the key's 32 bytes) and are
-    decrypted in memory only (docs/weights.md)."""
+    decrypted in memory only (docs/weights.md).
+
+    ``verify`` (a public key: PEM file, PEM bytes or key object): first check the artifact's signature
+    (:func:`cuvil.signing.verify_artifact`; a :class:`cuvil.signing.SignatureError` if it does not hold),
+    then load the very bytes checked: the library from a sealed in-memory file, its manifest and external
+    weights as verified (a bundle's files likewise); a fallback is verified with the same key."""
     path = os.fspath(path)
+    if verify is not None:
+        if weights is not None:
+            raise CuvilError(f"{path}: weights= and verify= together: the weights to bind would be unverified",
+                             hint="leave weights= out: a verified load binds the libNAME.weights it verified")
+        return _load_verified(path, verify, num_threads, fallback, gpu, weights_key)
     if os.path.isfile(path) and path.lower().endswith(MODEL_SUFFIXES):
         # a model given where a compiled one belongs would otherwise reach dlopen ("invalid ELF header")
         name = re.sub(r"\W", "_", os.path.splitext(os.path.basename(path))[0])
@@ -107,6 +121,39 @@ def artifact_files(path: str, *, provenance: bool = True, signatures: bool = Tru
                 out[os.path.relpath(full, path)] = full
     return {k: out[k] for k in sorted(out)
             if (provenance or out[k] != prov) and (signatures or not k.endswith(".sig"))}
+
+
+def _load_verified(path: str, key, num_threads: int, fallback, gpu: dict, weights_key=None) -> Model:
+    try:
+        v = verify_artifact(path, key)
+    except CuvilError as e:
+        audit.record("load", artifact=path, outcome="refused" if isinstance(e, SignatureError) else "error",
+                     reason=e.message)
+        raise
+    if v.kind == "bundle":
+        try:
+            return load_bundle(path, files=v.files, **gpu)
+        except NoGpuError as e:
+            if fallback is None:
+                raise
+            warnings.warn(f"{path}: {e}; running the x86 artifact {os.fspath(fallback)} instead", RuntimeWarning,
+                          stacklevel=3)
+            return load(fallback, num_threads=num_threads, verify=key, weights_key=weights_key)
+    if gpu:
+        raise CuvilError(f"{path}: {', '.join(sorted(gpu))} apply to GPU bundles (NAME.cuvil/) only",
+                         hint=f"leave {', '.join(sorted(gpu))} out for an x86 library")
+    lib = os.path.basename(path)
+    names = {k: os.path.basename(p) for k, p in sidecars(path).items()}
+    manifest = {}
+    if names["manifest"] in v.files:
+        try:
+            manifest = json.loads(v.files[names["manifest"]])
+        except ValueError as e:
+            raise CuvilError(f"{path}: its signed manifest is not JSON ({e})",
+                             hint="compile the model again and sign the new artifact") from None
+    weights = v.files.get(names["weights"])      # external weights: the verified bytes (None when embedded)
+    return _load_so(path, num_threads=num_threads, weights=weights, weights_key=weights_key, manifest=manifest,
+                    dlopen_path=sealed_library(v.files[lib], lib))
 
 
 def artifact_cache_dir() -> str:

@@ -50,6 +50,13 @@ def register(sub) -> None:
     add_allow_bounded_flag(sp)
     sp.add_argument("--no-winograd", action="store_true",
                     help="x86: keep direct 3x3 convolutions (Winograd rounds differently; see docs/rules.md)")
+    # LoRA merged at compile time (issue 23, docs/lora.md)
+    sp.add_argument("--lora", action="append", metavar="ADAPTER",
+                    help="merge a LoRA adapter (PEFT directory or .onnx_adapter) into the weights (repeatable)")
+    sp.add_argument("--lora-weight", action="append", type=float, metavar="W",
+                    help="the weight of the n-th --lora (repeatable, in order; default 1.0)")
+    sp.add_argument("--lora-map", metavar="FILE",
+                    help="JSON/YAML module -> initializer (or node) name, for graphs whose names were lost")
     # weights outside the code (docs/weights.md)
     sp.add_argument("--external-weights", action="store_true",
                     help="x86: write the weights to libNAME.weights beside the library (mapped read-only, shared "
@@ -111,6 +118,10 @@ def cmd_compile(args) -> int:
               + (f", {art.timings['proof_seconds']:.2f} s)" if art.timings else ")"))
         for k in ms["guarded"]:
             print(f"  guarded kernel {k['stage']} ({k['variant']}): {k['unproved'][0]}")
+    if m.get("lora"):
+        exact = sum(r["exact_decisions"] for r in m["lora"])
+        print(f"  lora: {len(m['lora'])} weights merged (rules {', '.join(sorted(k for k in m['rules_applied'] if k.startswith('lora_merge')))}), "
+              f"each correctly rounded ({exact} elements decided in exact arithmetic)")
     for name, prof in (m.get("symbols") or {}).items():
         print(f"  symbol {name} in [{prof['min']}, {prof['max']}] (opt {prof['opt']}): one library serves the range")
     for dim, (lo, hi) in sorted((m.get("derived_dims") or {}).items()):
@@ -136,6 +147,36 @@ def _check_flags(args) -> None:
         args.arch = check_arch(args.arch or DEFAULT_ARCH)
     args.opt_level = opt_level(args.opt_level)
     check_shape_flags(args)
+    check_lora_flags(args)
+
+
+def check_lora_flags(args) -> None:
+    weights, loras = getattr(args, "lora_weight", None) or [], getattr(args, "lora", None) or []
+    if len(weights) > len(loras):
+        raise CuvilError(f"{len(weights)} --lora-weight for {len(loras)} --lora adapter(s)",
+                         hint="give one --lora-weight after each --lora it scales (the n-th weight scales the "
+                              "n-th adapter; default 1.0)")
+    if getattr(args, "lora_map", None) and not loras:
+        raise CuvilError("--lora-map without --lora", hint="add --lora ADAPTER_DIR")
+
+
+def with_lora_flags(p, args):
+    """``p`` with the adapters of --lora / --lora-weight / --lora-map merged (``Pipeline.with_lora``)."""
+    from ..lora import load_lora_map, read_adapter
+    loras = getattr(args, "lora", None) or []
+    if not loras:
+        return p
+    weights = (args.lora_weight or []) + [1.0] * (len(loras) - len(args.lora_weight or []))
+    adapters = [read_adapter(path) for path in loras]
+    lmap = load_lora_map(args.lora_map) if args.lora_map else {}
+    stray = sorted(k for k in lmap if not any(k in a.modules for a in adapters))
+    if stray:
+        raise CuvilError(f"--lora-map names {len(stray)} module(s) that no --lora adapter has", details=stray,
+                         hint="use the module names of the adapters' keys (less base_model.model. and "
+                              ".lora_A.weight)")
+    for adapter, weight in zip(adapters, weights):
+        p = p.with_lora(adapter, weight, lora_map={k: v for k, v in lmap.items() if k in adapter.modules} or None)
+    return p
 
 
 def _stem(path: str) -> str:
@@ -154,6 +195,7 @@ def _progress(args):
 def _import_and_optimize(args):
     """The steps both compile targets share: import and optimize (each reports its own progress)."""
     p = Pipeline.from_file(args.model, input_shapes=parse_input_shapes(getattr(args, "input_shape", None)))
+    p = with_lora_flags(p, args)
     return p.optimize(rules=args.rules or None, allow_bounded=args.allow_bounded_rules)
 
 
