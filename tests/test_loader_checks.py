@@ -146,3 +146,36 @@ def test_a_symbolic_model_called_again_with_the_same_shapes_checks_the_same(lib)
         m.run(x, feeds(3)[1])
     np.testing.assert_allclose(m.run({"x": x, "z": z})["y"], c_abi.reference(x, z), rtol=1e-4, atol=1e-4)
     m.close()
+
+
+def test_large_outputs_reuse_only_blocks_no_array_refers_to(tmp_path):
+    """Outputs of 256 KiB and more come from the model's pool: a block is handed out again only once every
+    array (and view) of it is gone, so outputs the caller keeps are never overwritten."""
+    from onnx import TensorProto, helper
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1 << 16])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1 << 16])
+    model = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "relu", [x], [y]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    m = loader.load(Pipeline.from_onnx(model).compile().path)
+
+    def run(v):
+        return m.run(np.full((1, 1 << 16), v, np.float32))[0]
+
+    def addr(a):
+        return a.__array_interface__["data"][0]
+    y1 = run(1.0)
+    y2 = run(2.0)
+    assert addr(y1) != addr(y2) and (y1 == 1).all() and (y2 == 2).all()
+    a1 = addr(y1)
+    del y1
+    y3 = run(3.0)
+    assert addr(y3) == a1 and (y2 == 2).all() and (y3 == 3).all()
+    view = y2[:, ::2]
+    a2 = addr(y2)
+    del y2
+    y4 = run(4.0)
+    assert addr(y4) not in (a2, a1) and (view == 2).all() and (y3 == 3).all() and (y4 == 4).all()
+    del view
+    y5 = run(5.0)
+    assert addr(y5) == a2 and (y3 == 3).all() and (y4 == 4).all() and (y5 == 5).all()
+    m.close()

@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import sys
 import threading
 
 import attrs
@@ -106,6 +107,10 @@ def _manifest_dims(manifest: dict, key: str, k: int, spec: TensorSpec, plain: bo
                  for v, want in zip(shape, spec.shape))
 
 
+_POOL_MIN_BYTES = 1 << 18   # outputs from 256 KiB up come from the model's pool (smaller: numpy's allocator)
+_POOL_BLOCKS = 64           # blocks a model's pool keeps
+
+
 def _address(a: np.ndarray):
     """The data pointer of ``a`` for a CTensor (None for no data). ``a.ctypes.data`` builds numpy's ctypes
     helper and array interface, 2-3 us a call: most of a small model's run; a writable C-contiguous array's
@@ -179,6 +184,7 @@ class X86Model(model_api.Model):
         for t, shape in zip(self._in_tensors, self._in_shapes):
             t.shape = shape
         self._swapped_shapes = False
+        self._pool: list = []       # blocks large outputs are carved from (_output_array)
         self._last_out = None       # (input dtypes and shapes, output sizes) of the last run of a symbolic model
         self._out_shapes = [(ctypes.c_int64 * max(1, d.ndim))() for d in outputs]
         for t, d, shape in zip(self._out_tensors, outputs, self._out_shapes):
@@ -332,6 +338,7 @@ class X86Model(model_api.Model):
             if getattr(self, "_session", None):
                 self._f.session_destroy(self._session)
                 self._session = None
+            self._pool = []
             weights, self._weights = getattr(self, "_weights", None), None
             if weights is not None:
                 weights.release()
@@ -346,6 +353,33 @@ class X86Model(model_api.Model):
             pass
 
     # -- running ------------------------------------------------------------------------------------
+
+    def _output_array(self, shape, dtype) -> np.ndarray:
+        """An uninitialised output array. A large one (an LLM step's present keys and values: megabytes each)
+        is carved from a block of this model's pool that no array refers to any more (the caller dropped the
+        outputs it was handed; any view of them keeps the block referenced), as onnxruntime's arena does: a
+        fresh one would be page-faulted and zeroed by the kernel at every call (24 x 3 MB a GPT-2 step at 1,024
+        keys: more time than the step's kernels)."""
+        n = dtype.itemsize
+        for v in shape:
+            n *= int(v)
+        if n < _POOL_MIN_BYTES:
+            return np.empty(shape, dtype=dtype)
+        pool, found = self._pool, None
+        for k in range(len(pool)):
+            # references: the pool's list and getrefcount's argument: no array holds the block
+            if n <= pool[k].nbytes <= 2 * n and sys.getrefcount(pool[k]) == 2:
+                found = pool.pop(k)
+                break
+        if found is None:
+            found = np.empty(n, dtype=np.uint8)
+            if len(pool) >= _POOL_BLOCKS:      # the oldest block nothing refers to goes back to the system
+                for k in range(len(pool)):
+                    if sys.getrefcount(pool[k]) == 2:
+                        del pool[k]
+                        break
+        pool.append(found)                      # most recently used last
+        return found[:n].view(dtype).reshape(shape)
 
     def _run_arrays(self, xs: list, num_threads: int | None = None, adapter=_UNSET) -> list:
         """One run on checked inputs (``Model.run``); ``num_threads`` for this call (None: the model's);
@@ -407,7 +441,7 @@ class X86Model(model_api.Model):
                     self._last_out = (key, shapes)
             outs = []
             for j, d in enumerate(outputs):
-                y = np.empty(shapes[j], dtype=d.dtype)
+                y = self._output_array(shapes[j], d.dtype)
                 outs.append(y)
                 self._out_tensors[j].data = _address(y)
             self._check(self._f.run(s, ins, self._out_tensors))
