@@ -54,10 +54,17 @@ def emit_matmul_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]]:
     w_base = b.gep(em.base(spec.w), [I64(spec.w.offset)], source_etype=ir.IntType(8), inbounds=True)
     last_row = b.sub(rows_total, I64(1))
 
+    row_tiles = b.sdiv(b.add(rows_total, I64(MR - 1)), I64(MR))
+
     def unit(u):
-        """Unit u = (row tile u // Mb, weight panel u % Mb): a single-row product (a classifier's last
-        layer) still has Mb units for the threads."""
-        t, mb = b.sdiv(u, I64(Mb)), b.srem(u, I64(Mb))
+        """Unit u = (weight panel u // T, row tile u % T), T row tiles: consecutive units share a weight
+        panel, which stays in L2 (K x cols floats: 768 KiB for K = 3072) while every row tile of the
+        thread's range runs over it; a single-row product (a classifier's last layer) still has Mb units
+        for the threads. Row tiles fastest instead of panels: BERT-base's 768 -> 3072 and 3072 -> 768
+        products (bias fused) at 128 / 384 rows, 1 thread, 174-200 -> 213-231 GFLOP/s (2-core Zen 5). A
+        k-blocked variant (32 or 64 KiB slices of the panel, eight row tiles over each, partial sums in
+        scratch) ran 1-4% slower than this unblocked one."""
+        mb, t = b.sdiv(u, row_tiles), b.srem(u, row_tiles)
         p0 = b.mul(t, I64(MR))
         left = b.sub(rows_total, p0)
         nrows = b.select(b.icmp_signed("<", left, I64(MR)), left, I64(MR))
