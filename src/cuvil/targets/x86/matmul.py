@@ -56,6 +56,17 @@ def emit_matmul_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]]:
 
     row_tiles = b.sdiv(b.add(rows_total, I64(MR - 1)), I64(MR))
 
+    lines = nr * 4 // 64       # cache lines per panel row
+
+    def next_panel(w_ptr, t, k):
+        """Row tile t's share of the next weight panel, prefetched into L2 while this one runs: line
+        t % lines of each row (so ``lines`` consecutive row tiles fetch it all); off with
+        NEXT_PANEL_PREFETCH False. Addresses past the last panel are only hints."""
+        if not NEXT_PANEL_PREFETCH or K * nr * 4 > NEXT_PANEL_MAX_BYTES:
+            return []
+        line = b.mul(b.srem(t, I64(lines)), I64(16))
+        return [(fptr(w_ptr, b.add(I64(K * nr), b.add(b.mul(k, I64(nr)), line))), 2)]
+
     def unit(u):
         """Unit u = (weight panel u // T, row tile u % T), T row tiles: consecutive units share a weight
         panel, which stays in L2 (K x cols floats: 768 KiB for K = 3072) while every row tile of the
@@ -81,7 +92,7 @@ def emit_matmul_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]]:
                                                   align=4) for v in range(nv)],
                                 lambda k: [b.load(fptr(rows[r], k), typ=F32, align=4) for r in range(MR)],
                                 prefetch=lambda k: [fptr(w_ptr, b.add(b.mul(b.add(k, I64(PREFETCH_K)), I64(nr)), I64(v * 16)))
-                                                    for v in range(nr * 4 // 64)])
+                                                    for v in range(nr * 4 // 64)] + next_panel(w_ptr, t, k))
             for i in range(MR * nv):
                 b.store(new[i], b.gep(tile, [I64(i)], source_etype=vec, inbounds=True), align=4)
             m0 = b.mul(mb, I64(nr))
@@ -99,6 +110,10 @@ def emit_matmul_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]]:
     em.loop_range(begin, end, unit)
     b.ret_void()
     return ((spec.rows + MR - 1) // MR) * Mb, 1
+
+
+NEXT_PANEL_PREFETCH = True
+NEXT_PANEL_MAX_BYTES = 256 * 1024
 
 
 def _unflatten(em, p, dims) -> List[ir.Value]:
