@@ -306,7 +306,7 @@ class _StageBuilder:
                    if v is not None and self.contracting.get(id(v)) and id(v) not in self.bufs]
         # ... unless they all carry the one same contraction (a GELU's two branches over one product: its
         # node is shared, see _shared)
-        one = {self.contraction_of.get(id(v)) for v in pending}
+        one = {self.contraction_of.get(id(v), frozenset()) for v in pending}
         if len(one) == 1 and len(next(iter(one))) == 1:
             pending = pending[-1:]
         for v in pending[:-1]:
@@ -426,7 +426,8 @@ def _shared(t: TensorFn) -> TensorFn:
     memo: Dict[tuple, E] = {}
 
     def fn(idx):
-        key = tuple((i.op, i.attr, i.dtype) if i.op in ("var", "const") else i.uid for i in idx)
+        key = tuple(i if not isinstance(i, E) else (i.op, i.attr, i.dtype) if i.op in ("var", "const") else i.uid
+                    for i in idx)
         if key not in memo:
             memo[key] = t.fn(list(idx))
         return memo[key]
