@@ -62,12 +62,16 @@ def kernel_table(art, seq: int, runs: int, peak: float | None):
     print(f"|---|---|---|---|---|---|---|{'---|' if peak else ''}")
     by_kind = {}
     for t, st in rows:
-        flops = st["flops"] if st["kernel"] == "gemm" or "FusedAttention" in st.get("op", "") else 0
-        moved = 0.0
+        # the manifest's FLOPs and shapes are at the profile's opt point (S = 128): scaled to this S
+        flops, moved = 0, 0.0
+        shape = [PROFILE[d][1] if isinstance(d, str) else d for d in st["shape"]]   # a generic step's symbols
         if st["kernel"] == "gemm":      # rows x n out, k x n weights, rows x k in: k from the FLOPs
-            n = st["shape"][-1]
-            k = flops // (2 * seq * n)
+            n, rows_opt = shape[-1], int(np.prod(shape[:-1]))
+            k = st["flops"] // (2 * rows_opt * n)
+            flops = 2 * seq * n * k
             moved = 4 * (seq * n + k * n + seq * k) / 1e6
+        elif "FusedAttention" in st.get("op", ""):    # Q.Kt and P.V over S x S
+            flops = st["flops"] * seq * seq // (shape[-1] * shape[-1])
         gf = flops / t / 1e9 if flops else 0.0
         pk = f" {100 * gf / peak:.0f}% |" if peak and gf else (" |" if peak else "")
         print(f"| {st['kernel']} | {st.get('op', '')}:{st['stage']} | {1e3 * t:.3f} | {100 * t / total:.1f}% | "
