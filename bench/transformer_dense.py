@@ -64,7 +64,8 @@ def kernel_table(art, seq: int, runs: int, peak: float | None):
     for t, st in rows:
         # the manifest's FLOPs and shapes are at the profile's opt point (S = 128): scaled to this S
         flops, moved = 0, 0.0
-        shape = [PROFILE[d][1] if isinstance(d, str) else d for d in st["shape"]]   # a generic step's symbols
+        opt = {k: v[1] for k, v in PROFILE.items()}     # a generic step's dims: symbols, or expressions of them
+        shape = [int(eval(d.replace("/", "//"), {}, dict(opt))) if isinstance(d, str) else d for d in st["shape"]]
         if st["kernel"] == "gemm":      # rows x n out, k x n weights, rows x k in: k from the FLOPs
             n, rows_opt = shape[-1], int(np.prod(shape[:-1]))
             k = st["flops"] // (2 * rows_opt * n)
@@ -76,7 +77,8 @@ def kernel_table(art, seq: int, runs: int, peak: float | None):
         pk = f" {100 * gf / peak:.0f}% |" if peak and gf else (" |" if peak else "")
         print(f"| {st['kernel']} | {st.get('op', '')}:{st['stage']} | {1e3 * t:.3f} | {100 * t / total:.1f}% | "
               f"{flops / 1e9:.3f} | {moved:.2f} | {gf:.0f} |{pk}")
-        kind = "GEMM" if st["kernel"] == "gemm" else ("attention" if "FusedAttention" in st.get("op", "") else st.get("op", ""))
+        op = st.get("op", "")
+        kind = "GEMM" if st["kernel"] == "gemm" else ("attention" if "FusedAttention" in op else op)
         acc = by_kind.setdefault(kind, [0.0, 0])
         acc[0] += t
         acc[1] += flops
