@@ -1,0 +1,56 @@
+"""BERT-base and the GPT-2 (124M) decode step with a KV cache, exported by torch.onnx at full size with random
+weights (transformers' default configs), for ``bench/run_all.py --bert-model ... --gpt2-model ...``.
+
+Needs torch and transformers (the GPU machine has both; nothing runs on the GPU). It runs the project's
+exporter, ``scripts/export_transformers.py --size full`` (both exporters: TorchScript, opset 17, and dynamo,
+opset 18; symbolic batch and sequence / past dims; each export checked against torch with onnxruntime at two
+shapes; weights in ``DIR/*.onnx.data``), for the two benchmark models only, and prints the run_all command::
+
+    python3 bench/models/export_transformers.py --out DIR
+    python3 bench/run_all.py --section transformer --bert-model DIR/bert.torchscript.onnx \\
+        --gpt2-model DIR/gpt2_decode.torchscript.onnx
+
+Without torch, run_all builds the same architectures itself (``cuvil.testing.hf_models``).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MODELS = ("bert", "gpt2_decode")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True, help="a folder for the .onnx files, their .data and exports.json")
+    a = ap.parse_args(argv)
+    try:
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError as e:
+        print(f"export_transformers: {e.name} is not installed; this script needs torch and transformers.\n"
+              "next: run it where they are (pip install torch transformers), or run bench/run_all.py without "
+              "--bert-model/--gpt2-model: it builds the same models", file=sys.stderr)
+        return 2
+    spec = importlib.util.spec_from_file_location("export_transformers",
+                                                  os.path.join(ROOT, "scripts", "export_transformers.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    rc = mod.main(["--out", a.out, "--size", "full", "--only", *MODELS])
+    with open(os.path.join(a.out, "exports.json")) as f:
+        records = json.load(f)
+    for r in records:
+        print(f"{r['file']}: {r['status']} {r.get('ort_vs_torch_rel_err', r.get('error', ''))}"[:300])
+    ok = {r["model"]: r["file"] for r in records if r["status"] == "ok" and r["exporter"] == "torchscript"}
+    if len(ok) == len(MODELS):
+        print("next: python3 bench/run_all.py --section transformer "
+              f"--bert-model {os.path.join(a.out, ok['bert'])} --gpt2-model {os.path.join(a.out, ok['gpt2_decode'])}")
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
