@@ -97,8 +97,11 @@ def _profile(so: str, manifest: dict, feeds: Dict[str, np.ndarray], names, runs:
         k = kinds.setdefault(st["kernel"], {"ms": 0.0, "count": 0})
         k["ms"] += 1e3 * t
         k["count"] += 1
-    top = sorted(ran, key=lambda ts: -ts[0])[:3]
-    return {"total_ms": 1e3 * sum(t for t, _ in ran), "kinds": kinds,
+    top = sorted(ran, key=lambda ts: -ts[0])[:5]
+    ops: Dict[str, float] = {}
+    for t, st in ran:
+        ops[st["op"]] = ops.get(st["op"], 0.0) + 1e3 * t
+    return {"total_ms": 1e3 * sum(t for t, _ in ran), "kinds": kinds, "ops": ops,
             "top": [(1e3 * t, st["kernel"], f"{st['op']} {st['stage']}") for t, st in top]}
 
 
@@ -148,13 +151,17 @@ def run_transformers(args, log) -> dict:
                 failures.append((kind, f"compile failed: {type(e).__name__}: {e}"))
                 traceback.print_exc()
                 continue
-            mid = points[len(points) // 2] if kind == "bert" else points[0]
-            try:
-                compiles[kind]["kernel_profile"] = _profile(so, manifest, text_feeds(model, 1, mid), set(
-                    d["name"] for d in manifest.get("inputs", []) if isinstance(d, dict)))
-                compiles[kind]["kernel_profile"]["at"] = f"{axis} = {mid}"
-            except Exception as e:  # noqa: BLE001 - context, not a figure of the goals
-                failures.append((kind, f"step profile failed: {type(e).__name__}: {e}"))
+            # BERT at its middle S; the decode step at each past (what grows with the cache)
+            at = [points[len(points) // 2]] if kind == "bert" else list(points)
+            compiles[kind]["kernel_profiles"] = []
+            for point in at:
+                try:
+                    pr = _profile(so, manifest, text_feeds(model, 1, point), set(
+                        d["name"] for d in manifest.get("inputs", []) if isinstance(d, dict)))
+                    pr["at"] = f"{axis} = {point}"
+                    compiles[kind]["kernel_profiles"].append(pr)
+                except Exception as e:  # noqa: BLE001 - context, not a figure of the goals
+                    failures.append((kind, f"step profile failed: {type(e).__name__}: {e}"))
             for t in args.threads:
                 lib = load(so, num_threads=t)
                 sess = ort_session(model, t)
@@ -257,13 +264,16 @@ def render(res: dict, args) -> List[str]:
                  f"{_f(r['onnxruntime_p50'])} | {_f(r.get('openvino_p50'))} | **{_f(r['ratio_ort'])}** | "
                  f"{_f(r['ratio_ov'])} | {_f(r['cuvil_p99'])} | {_f(r['onnxruntime_p99'])} | "
                  f"{_f(r.get('openvino_p99'))} | {_f(r.get('err_cuvil'), '.1e')}; {_f(r.get('err_openvino'), '.1e')} |")
-    profs = [(k, c["kernel_profile"]) for k, c in res["compiles"].items() if c.get("kernel_profile")]
+    profs = [(k, pr) for k, c in res["compiles"].items() for pr in c.get("kernel_profiles", [])]
     if profs:
         L += ["", "Where Cuvil's time goes (1 thread, the runtime's step profiler, mean of 3 runs):", "",
-              "| model | at | kernels ms | by kind: ms (share) | three slowest steps |", "|---|---|---:|---|---|"]
+              "| model | at | kernels ms | by kind: ms (share) | by op (the step's ONNX op): ms (share) | five slowest steps |",
+              "|---|---|---:|---|---|---|"]
         for k, pr in profs:
-            kinds = "; ".join(f"{n} x{v['count']}: {v['ms']:.1f} ({100 * v['ms'] / pr['total_ms']:.0f}%)"
+            kinds = "; ".join(f"{n} x{v['count']}: {v['ms']:.2f} ({100 * v['ms'] / pr['total_ms']:.0f}%)"
                               for n, v in sorted(pr["kinds"].items(), key=lambda kv: -kv[1]["ms"]))
             top = "; ".join(f"{ms:.2f} ms {kern} {what}" for ms, kern, what in pr["top"])
-            L.append(f"| {k} | {pr['at']} | {pr['total_ms']:.1f} | {kinds} | {top} |")
+            ops = "; ".join(f"{op}: {ms:.2f} ({100 * ms / pr['total_ms']:.0f}%)"
+                            for op, ms in sorted(pr["ops"].items(), key=lambda kv: -kv[1])[:6])
+            L.append(f"| {k} | {pr['at']} | {pr['total_ms']:.1f} | {kinds} | {ops} | {top} |")
     return L
