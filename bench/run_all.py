@@ -97,7 +97,7 @@ def fresh_compile(onnx_path: str, so_path: str, opt_level: int):
                 os.environ.pop("CUVIL_CACHE_DIR", None)
             else:
                 os.environ["CUVIL_CACHE_DIR"] = old
-    return p, secs, art.manifest
+    return p, secs, {**art.manifest, **(art.timings or {})}   # compile_seconds: the artifact's timings
 
 
 def fmt(x, spec=".2f", unit=""):

@@ -10,7 +10,7 @@ The convention (README.md's "Documentation that runs" section says it once for w
 - A ``text`` block after a run block (the next block of the page; prose may come between) lists lines that
   block prints (stdout and stderr): each must appear, ``...`` inside a line matching anything. Other
   languages (console, yaml, json, c, rule) and bare blocks are not run.
-- An HTML comment right before a block's fence marks it: ``<!-- needs: gpu, torch, ptxas, cc, slow,
+- An HTML comment right before a block's fence marks it: ``<!-- needs: gpu, torch, ptxas, cc, libcrypto, sign, slow,
   install, edits-checkout -->`` (skipped, with that reason, only when the need is absent; ``slow`` runs with
   CUVIL_DOCS_SLOW=1, ``install`` with CUVIL_DOCS_INSTALL=1, ``edits-checkout`` never: it would rewrite the
   checkout's own files through the links), ``<!-- exit: N -->`` (the block must end with
@@ -98,6 +98,9 @@ NEEDS = {
     "torch": lambda: None if importlib.util.find_spec("torch") else "needs torch (pip install -e '.[torch]')",
     "ptxas": _ptxas_absent,
     "cc": lambda: None if shutil.which("cc") else "needs a C compiler (cc)",
+    "libcrypto": lambda: (None if any(os.path.isfile(os.path.join(d, "openssl", "evp.h")) for d in
+                                      ("/usr/include", "/usr/local/include")) else "needs OpenSSL's libcrypto headers"),
+    "sign": lambda: None if importlib.util.find_spec("model_signing") else "needs pip install 'cuvil[sign]'",
     "edits-checkout": lambda: "rewrites committed files of the checkout: run it by hand",
     "slow": lambda: None if os.environ.get("CUVIL_DOCS_SLOW") == "1" else "slow on 2 cores: set CUVIL_DOCS_SLOW=1 to run it",
     "install": lambda: (None if os.environ.get("CUVIL_DOCS_INSTALL") == "1"

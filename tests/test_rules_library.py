@@ -554,6 +554,43 @@ def _avgpool_conv1x1(name):
                 {"x": (1, 6, 6, 9)}, inits, {"Conv": 1, "AveragePool": 1})
 
 
+# --- lora.rule ---
+# x·W + ((x·a) ∘ s)·b with W, a, s, b constants (a LoRA adapter written unmerged, cuvil.lora.merge)
+
+def _lora_branch(x, s_name="s"):
+    return [N("MatMul", [x, "a"], "xa"), N("Mul", ["xa", s_name], "xas"), N("MatMul", ["xas", "b"], "up")]
+
+
+def _lora_inits(fin, fout, r=3):
+    return {"a": rand(fin, r, seed=5), "s": f32([0.5, 2.0, -1.0][:r]), "b": rand(r, fout, seed=6)}
+
+
+@case("lora_merge_matmul")
+def _lora_matmul():
+    return Case([N("MatMul", ["x", "w"], "base")] + _lora_branch("x") + [N("Add", ["base", "up"], "y")],
+                {"x": (2, 3, 8)}, {"w": rand(8, 5, seed=7), **_lora_inits(8, 5)}, {"MatMul": 1, "Add": 0})
+
+
+@case("lora_merge_matmul_transposed")
+def _lora_matmul_transposed():
+    return Case([N("Transpose", ["w"], "wt", perm=[1, 0]), N("MatMul", ["x", "wt"], "base")] + _lora_branch("x")
+                + [N("Add", ["base", "up"], "y")],
+                {"x": (2, 3, 8)}, {"w": rand(5, 8, seed=7), **_lora_inits(8, 5)}, {"MatMul": 1, "Add": 0})
+
+
+@case("lora_merge_gemm", "lora_merge_gemm[nobias]", "lora_merge_gemm_transposed",
+      "lora_merge_gemm_transposed[nobias]")
+def _lora_gemm(name):
+    tb = "transposed" in name
+    bias = "nobias" not in name
+    inits = {"w": rand(5, 8, seed=7) if tb else rand(8, 5, seed=7), **_lora_inits(8, 5)}
+    if bias:
+        inits["c"] = rand(5, seed=8)
+    gemm = N("Gemm", ["x", "w", "c"] if bias else ["x", "w"], "base", **({"transB": 1} if tb else {}))
+    return Case([gemm] + _lora_branch("x") + [N("Add", ["base", "up"], "y")], {"x": (4, 8)}, inits,
+                {"Gemm": 1, "MatMul": 0, "Add": 0})
+
+
 # --- the tests ---------------------------------------------------------------------------------------------
 
 def _feeds(c: Case, exact: bool):
@@ -642,7 +679,7 @@ def test_every_rule_has_a_comment_above_it():
 def test_rule_files_one_theme_each():
     files = {r.loc.path for r in RULES}
     assert {os.path.basename(f) for f in files} == {"fold.rule", "inference.rule", "layout.rule", "algebra.rule",
-                                                    "activation.rule", "pool.rule"}
+                                                    "activation.rule", "pool.rule", "lora.rule"}
     assert {os.path.basename(r.loc.path) for r in KERNEL_RULES} == {"kernel.rule"}
     assert len(KERNEL_RULES) >= 4
 

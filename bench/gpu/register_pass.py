@@ -79,7 +79,7 @@ def main(argv=None) -> int:
     print(f"compiled {len(jobs)} bundles in {time.perf_counter() - t0:.1f} s", flush=True)
     for (bt, c), man in mans.items():
         s = summary(man)
-        res.setdefault(f"batch{bt}", {})[c] = {"register_pass": s, "compile_s": man["compile_seconds"]}
+        res.setdefault(f"batch{bt}", {})[c] = {"register_pass": s, "compile_s": man["timings"]["compile_seconds"]}
         print(f"batch {bt} {c:8}: {s['looked_at']} register-limited multi-wave kernels, {s['capped']} capped", flush=True)
         for k, r in s["kernels"].items():
             if r["cap"]:

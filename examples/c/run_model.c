@@ -11,11 +11,22 @@
  * input's (only for inputs without symbolic dims: raw data carry no shape). Bad input: a message naming the
  * file and what it should be, exit status 2; a failed run: the library's message, exit status 1.
  *
+ * A library compiled with --external-weights has its weights in libNAME.weights beside it: this program
+ * maps that file read-only and shared (every process running the model shares its pages) and hands the
+ * weights to the library with cuvil_bind_weights before creating a session (bind_weights, below; the file's
+ * format is in docs/weights.md). Encrypted weights are decrypted by Python's cuvil.load(..., weights_key=).
+ *
  * The model's header is included as "libmodel.h"; compile with -DMODEL_HEADER='"libNAME.h"' for another. */
+#define _GNU_SOURCE 1                                  /* dladdr: where the library was loaded from */
+#include <dlfcn.h>
+#include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #ifndef MODEL_HEADER
 #define MODEL_HEADER "libmodel.h"
@@ -184,6 +195,60 @@ static int read_input(int i, const char *path, cuvil_tensor *t) {
     return 0;
 }
 
+/* For a library compiled with --external-weights: maps libNAME.weights (found beside the library) and binds
+ * its payload. Returns 0 (also when the library embeds its weights), or 1 after printing why. The mapping
+ * stays until the process exits: the library reads it for as long as sessions run. */
+static int bind_weights(void) {
+  int64_t nbytes = 0;
+  if (cuvil_weights_info(&nbytes, NULL) != 1) return 0;          /* embedded */
+  Dl_info where;
+  if (!dladdr((void *)cuvil_weights_info, &where) || !where.dli_fname) {
+    fprintf(stderr, "cannot find where the model library was loaded from\n");
+    return 1;
+  }
+  char path[4096];
+  size_t len = strlen(where.dli_fname);
+  if (len < 3 || len + 6 >= sizeof path || strcmp(where.dli_fname + len - 3, ".so") != 0) {
+    fprintf(stderr, "%s: not a libNAME.so path\n", where.dli_fname);
+    return 1;
+  }
+  memcpy(path, where.dli_fname, len - 3);
+  strcpy(path + len - 3, ".weights");
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  struct stat st;
+  if (fd < 0 || fstat(fd, &st) != 0) { perror(path); return 1; }
+  /* header: "CUVILWTS", u32 version, u32 flags (1 = encrypted), u64 header_bytes, u64 plain_bytes, ... */
+  unsigned char head[40];
+  uint32_t version, flags;
+  uint64_t header_bytes, plain_bytes;
+  if (st.st_size < (off_t)sizeof head || pread(fd, head, sizeof head, 0) != (ssize_t)sizeof head ||
+      memcmp(head, "CUVILWTS", 8) != 0) {
+    fprintf(stderr, "%s: not a Cuvil weights file\n", path);
+    return 1;
+  }
+  memcpy(&version, head + 8, 4);
+  memcpy(&flags, head + 12, 4);
+  memcpy(&header_bytes, head + 16, 8);
+  memcpy(&plain_bytes, head + 24, 8);
+  if (version != 1 || (flags & 1)) {
+    fprintf(stderr, "%s: %s\n", path, version != 1 ? "weights format version is not 1"
+                                                    : "encrypted weights: load them with cuvil.load(..., weights_key=)");
+    return 1;
+  }
+  if (header_bytes > (uint64_t)st.st_size || plain_bytes != (uint64_t)st.st_size - header_bytes) {
+    fprintf(stderr, "%s: %lld bytes, the header says %llu (truncated?)\n", path, (long long)st.st_size,
+            (unsigned long long)(header_bytes + plain_bytes));
+    return 1;
+  }
+  void *map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+  close(fd);
+  if (map == MAP_FAILED) { perror(path); return 1; }
+  /* the library checks the size and the SHA-256 it embeds: another model's weights are refused */
+  int rc = cuvil_bind_weights((const char *)map + header_bytes, (size_t)plain_bytes);
+  if (rc) { fprintf(stderr, "%s: %s: %s\n", path, cuvil_strerror(rc), cuvil_last_error()); return 1; }
+  return 0;
+}
+
 int main(int argc, char **argv) {
     int ni = cuvil_num_inputs(), no = cuvil_num_outputs();
     if (argc != ni + 1) {
@@ -195,6 +260,7 @@ int main(int argc, char **argv) {
     cuvil_tensor *in = calloc((size_t)ni, sizeof *in), *out = calloc((size_t)no, sizeof *out);
     for (int i = 0; i < ni; i++)
         if (read_input(i, argv[i + 1], &in[i])) return 2;
+    if (bind_weights()) return 1;
     cuvil_session *s = cuvil_session_create(0);
     if (!s) { fprintf(stderr, "session: %s\n", cuvil_last_error()); return 1; }
     for (int j = 0; j < no; j++) {

@@ -3,8 +3,9 @@ from .errors import (CuvilError, GraphError, InvalidAttributeError, ModelLoadErr
                      UnsupportedOpError, UnsupportedTypeError)
 from .artifact import Model, load
 from .pipeline import Pipeline
+from .signing import keygen, sign, verify_artifact
 from .version import __version__
 
 
 __all__ = ["Pipeline", "load", "Model", "CuvilError", "GraphError", "InvalidAttributeError", "ModelLoadError",
-           "ShapeError", "UnsupportedDomainError", "UnsupportedOpError", "UnsupportedTypeError", "__version__"]
+           "ShapeError", "UnsupportedDomainError", "UnsupportedOpError", "UnsupportedTypeError", "__version__", "keygen", "sign", "verify_artifact"]

@@ -425,7 +425,7 @@ def prepare_library(opts: BenchOptions) -> dict[str, Any]:
                  + " (choose with --fix NAME=DIM or --input-shape INPUT=D0xD1x...)")
     return {"library": art.path, "onnx": opts.onnx or path,
             "compiled": {"cached": art.cached, "seconds": secs, "opt_level": opts.opt_level,
-                         "compile_seconds": art.manifest.get("compile_seconds"), "specialized": spec,
+                         "compile_seconds": (art.timings or {}).get("compile_seconds"), "specialized": spec,
                          "flops": _concrete(p.stats().flops, spec)}}
 
 

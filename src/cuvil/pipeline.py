@@ -11,7 +11,8 @@ from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union
 import numpy as np
 import onnx
 
-from .artifact import cache_entry, cache_key, cached_path
+from . import audit
+from .artifact import artifact_cache_dir, artifact_files, cache_entry, cache_key, cached_path, supply_chain_paths
 from .dsl.parser import load_rules
 from .errors import CuvilError, ShapeError
 from .frontend import export_model, import_model, load_model
@@ -27,14 +28,19 @@ from .ir.shape_advice import (ShapeAdvice, advise, narrowed_maxima, required_mul
                               symbol_text)
 from .ir.shape_binding import bind_input_shapes, lookup_symbol, profile_symbol, split_options
 from .ir.stats import GraphStats, graph_stats
+from .lora.apply import merged_graph
+from .lora.merge import lora_rules
 from .progress import enabled as progress_enabled
 from .progress import stage
 from .reference import run_reference
+from .signing import artifact_digest
 from .rewrite_rules.engine import RewriteReport
 from .rewrite_rules.proved_rewrite import applied_rules, proved_rewrite
 from .rewrite_rules.shape_prop import propagate_shapes
 from .rewrite_rules.specialize import specialize_graph, unify_required_equal
 from .rewrite_rules.verdicts import builtin_rules
+from .supply_chain import record_build, sha256_file
+from .supply_chain.build_info import jsonable
 from .targets import X86_TARGET, TargetOptions, get_target, make_options
 from .targets.x86.target import choose_algorithms
 from .targets.x86.tuning import DEFAULT_TUNING, X86Tuning
@@ -61,6 +67,11 @@ def _derived_dims(g: Graph) -> Dict[str, list]:
     return derived
 
 
+def _rule_list(value) -> list:
+    """A target option's rule objects (a GPU bundle's ``kernel_rules``: None, False or a list of rules)."""
+    return list(value) if isinstance(value, (list, tuple)) else []
+
+
 def _and(items) -> str:
     """``a``, ``a and b``, ``a, b and c``."""
     items = list(items)
@@ -76,13 +87,26 @@ class Pipeline:
     """
 
     def __init__(self, graph: Graph, report: Optional[RewriteReport] = None, initializer_elements: Optional[int] = None,
-                 rule_paths: Sequence[RulePath] = (), source_sha256: Optional[str] = None):
+                 rule_paths: Sequence[RulePath] = (), source_sha256: Optional[str] = None,
+                 source: Optional[Tuple[str, str]] = None, rule_sources: Optional[Mapping[str, str]] = None):
         self._graph = graph
         self.report = report
         self.source_sha256 = source_sha256
+        #: The input as given, for the SBOM and provenance: (name, sha256 of its bytes): an ONNX file's name
+        #: and the digest `sha256sum` prints; ("model", source_sha256) for a ModelProto.
+        self.source: Tuple[str, str] = source or ("model", source_sha256 or "")
+        #: rule name -> the .rule file of each rule that rewrote the graph (the provenance's digests of them).
+        self.rule_sources: Dict[str, str] = dict(rule_sources or {})
         self.rule_paths: Tuple[RulePath, ...] = tuple(rule_paths)
         # Elements of the source model's initializers (what model zoos call its parameter count).
         self.initializer_elements = initializer_elements
+        # LoRA (with_lora): the ONNX source (its names map adapters), the graph before any adapter, the adapters
+        # merged so far, and the merge's rule report and per-weight records (kept through later stages).
+        self._onnx_source: Optional[ModelSource] = None
+        self._lora_base: Optional[Graph] = None
+        self._loras: Tuple = ()
+        self.lora_report: Optional[RewriteReport] = None
+        self.lora_records: list = []
 
     @classmethod
     def from_onnx(cls, source: ModelSource, *, constant_initializer_inputs: bool = True,
@@ -98,8 +122,15 @@ class Pipeline:
             unify_required_equal(graph)   # input.0 and state.1 that an LSTM needs equal: one symbol (docs/shapes.md)
             s.detail(f"{named}, {len(graph.nodes)} nodes")
         sha = hashlib.sha256(model.SerializeToString()).hexdigest()
-        return cls(graph, initializer_elements=sum(int(np.prod(t.dims)) for t in model.graph.initializer),
-                   source_sha256=sha)
+        if isinstance(source, (str, os.PathLike)):
+            given = (named, sha256_file(os.fspath(source)))
+        else:
+            given = ("model", hashlib.sha256(bytes(source)).hexdigest() if isinstance(source, (bytes, bytearray)) else sha)
+        p = cls(graph, initializer_elements=sum(int(np.prod(t.dims)) for t in model.graph.initializer),
+                source_sha256=sha, source=given)
+        p._onnx_source = source if isinstance(source, (str, os.PathLike)) else model
+        p._lora_base = graph
+        return p
 
     @staticmethod
     def survey(source: ModelSource) -> ModelSurvey:
@@ -152,9 +183,39 @@ class Pipeline:
         """The same model, with extra ``.rule`` files or directories for :meth:`optimize`."""
         return self._derive(self._graph, self.report, self.rule_paths + tuple(paths))
 
-    def _derive(self, graph, report, rule_paths=None) -> "Pipeline":
-        return Pipeline(graph, report, self.initializer_elements,
-                        self.rule_paths if rule_paths is None else rule_paths, self.source_sha256)
+    def _derive(self, graph, report, rule_paths=None, rule_sources=None) -> "Pipeline":
+        p = Pipeline(graph, report, self.initializer_elements,
+                     self.rule_paths if rule_paths is None else rule_paths, self.source_sha256, self.source,
+                     {**self.rule_sources, **(rule_sources or {})})
+        p._onnx_source, p.lora_report, p.lora_records = self._onnx_source, self.lora_report, self.lora_records
+        if graph is self._graph:   # adapters may still be added (with_rules); not after a stage changed the graph
+            p._lora_base, p._loras = self._lora_base, self._loras
+        return p
+
+    def with_lora(self, path: Union[str, os.PathLike], weight: float = 1.0, *,
+                  lora_map: Union[str, os.PathLike, Mapping[str, str], None] = None) -> "Pipeline":
+        """The model with the LoRA adapter at ``path`` (a PEFT directory, an ``.onnx_adapter`` file, or a read
+        :class:`cuvil.lora.Adapter`) merged
+        into its weights, scaled by ``weight``: each adapted weight becomes ``W + Σ weight·scale·B·A`` (in the
+        layout its MatMul/Gemm reads; ``scale`` = lora_alpha/r, or /sqrt(r) with use_rslora), correctly rounded
+        to the weight's type once over all the adapters of the chain (``.with_lora(a).with_lora(b, 0.5)``).
+
+        The merge is the proved rewrite ``lora_merge_*`` of ``rules/lora.rule`` applied to the model with its
+        adapters written unmerged; it is recorded among the rules applied (``cuvil.lora.merge``). Modules map to
+        weights by the names the torch exporters leave (docs/lora.md); ``lora_map`` (a JSON/YAML file or a
+        dict: module -> initializer or node name) names them where those were lost. Call it on the imported
+        model, before :meth:`optimize`."""
+        if self._onnx_source is None or self._lora_base is None:
+            raise CuvilError("with_lora needs the imported ONNX model, before optimize() or another stage",
+                             hint="Pipeline.from_onnx(path).with_lora(adapter).optimize()")
+        base = self._lora_base
+        model = load_model(self._onnx_source)
+        loras = self._loras + ((path, weight, lora_map),)
+        g, report, records = merged_graph(base, model, loras)
+        p = self._derive(g, self.report, rule_sources={r.name: r.loc.path for r in lora_rules()
+                                                       if report.applied.get(r.name)})
+        p._lora_base, p._loras, p.lora_report, p.lora_records = base, loras, report, records
+        return p
 
     def optimize(self, rules: Union[RulePath, Sequence[RulePath], None] = None, *, builtin: bool = True,
                  on_unproved: str = "error", allow_bounded: bool = False) -> "Pipeline":
@@ -176,7 +237,8 @@ class Pipeline:
             report = proved_rewrite(g, all_rules, on_unproved=on_unproved, allow_bounded=allow_bounded)
             s.detail(f"{len(self._graph.nodes)} -> {len(g.nodes)} nodes, "
                      f"{sum(report.applied.values())} rewrites")
-        return self._derive(g, report)
+        return self._derive(g, report, rule_sources={r.name: r.loc.path for r in all_rules
+                                                     if report.applied.get(r.name) and r.loc is not None})
 
     def choose_algorithms(self, target: str = X86_TARGET, cpu: Optional[str] = None,
                           tuning: Optional[X86Tuning] = None) -> "Pipeline":
@@ -385,8 +447,15 @@ class Pipeline:
         min). ``cache`` (default on): artifacts are cached by content (:mod:`cuvil.artifact`).
         """
         with progress_enabled(progress) if progress is not None else contextlib.nullcontext():
-            return self._compile(target, opt_level, options, fixed, shape_profiles, input_shapes, cache,
-                                 target_options)
+            try:
+                art = self._compile(target, opt_level, options, fixed, shape_profiles, input_shapes, cache,
+                                    target_options)
+            except CuvilError as e:
+                audit.record("compile", artifact=None, outcome="error", model=self._graph.name, reason=e.message)
+                raise
+        audit.record("compile", artifact=art.path, digest=lambda: artifact_digest(art.path), cached=art.cached,
+                     model_sha256=self.source_sha256)
+        return art
 
     def _compile(self, target, opt_level, options, fixed, shape_profiles, input_shapes, cache, target_options):
         triple = target or (options.triple if options is not None else X86_TARGET)
@@ -417,22 +486,43 @@ class Pipeline:
                 raise p.shape_conditions_error(bad)
         profiles = {s.name: [s.min, s.tuned, s.max] + ([{"multiple": s.multiple}] if s.multiple > 1 else [])
                     for s in p._graph.symbols.values()}
-        rules = applied_rules(self.report)
+        rules = {**applied_rules(self.lora_report), **applied_rules(self.report)}
         extra = {"model_sha256": self.source_sha256, "specialized": fixed, "shape_profiles": profiles,
                  "derived_dims": _derived_dims(p._graph), "rules_applied": rules}
+        if self.lora_records:
+            extra["lora"] = self.lora_records
         plan = tgt.plan(p.graph, options, profiles)
+        params = {"target": triple, "options": options, "fixed": fixed, "shape_profiles": profiles}
         if not cache:
             out = os.path.join(tempfile.mkdtemp(prefix="cuvil-"), plan.artifact_name)
-            return tgt.load(out, tgt.emit(plan, out, extra))
+            return self._emit(tgt, plan, out, extra, params)
+        rule_files = sorted({(name, sha256_file(path)) for name, path in self.rule_sources.items()
+                             if os.path.isfile(path)})
         key = cache_key([structural_hash(p.graph), repr(sorted(fixed.items())), repr(sorted(profiles.items())),
-                         __version__, triple, json.dumps(rules, sort_keys=True), str(self.source_sha256)]
-                        + plan.key_parts)
+                         __version__, triple, json.dumps(rules, sort_keys=True), str(self.source_sha256),
+                         repr(self.source), repr(rule_files)] + plan.key_parts)
         hit = cached_path(key, plan.artifact_name)
         if hit is not None:
             return tgt.load(hit, cached=True)
         with cache_entry(key, plan.artifact_name) as out:
-            manifest = tgt.emit(plan, out, extra)
-        return tgt.load(cached_path(key, plan.artifact_name), manifest)
+            art = self._emit(tgt, plan, out, extra, params)
+        art.path = os.path.join(artifact_cache_dir(), key, plan.artifact_name)
+        return art
+
+    def _emit(self, tgt, plan, out: str, extra: dict, params: dict):
+        """Build ``plan`` at ``out``, then its SBOM and provenance beside it (:mod:`cuvil.supply_chain`); the
+        artifact object, with the build's times as its ``timings`` (they are not written into the artifact:
+        builds are reproducible byte for byte)."""
+        manifest = tgt.emit(plan, out, extra)
+        timings = manifest.pop("timings", None)
+        sbom, prov = supply_chain_paths(out)
+        record_build(artifact_files(out, provenance=False, signatures=False), sbom, prov, manifest,
+                     artifact=plan.artifact_name, model_name=self.source[0], model_sha256=self.source[1],
+                     parameters=jsonable(params), rule_sources=self.rule_sources,
+                     extra_rules=_rule_list(getattr(plan.options, "kernel_rules", None)))
+        art = tgt.load(out, manifest)
+        art.timings = timings
+        return art
 
     def resolve_shapes(self, fixed: Optional[Mapping[str, Union[int, str]]] = None,
                        shape_profiles: Optional[Mapping[str, Tuple[int, ...]]] = None,

@@ -50,10 +50,27 @@ def register(sub) -> None:
     add_allow_bounded_flag(sp)
     sp.add_argument("--no-winograd", action="store_true",
                     help="x86: keep direct 3x3 convolutions (Winograd rounds differently; see docs/rules.md)")
+    # LoRA merged at compile time (issue 23, docs/lora.md)
+    sp.add_argument("--lora", action="append", metavar="ADAPTER",
+                    help="merge a LoRA adapter (PEFT directory or .onnx_adapter) into the weights (repeatable)")
+    sp.add_argument("--lora-weight", action="append", type=float, metavar="W",
+                    help="the weight of the n-th --lora (repeatable, in order; default 1.0)")
+    sp.add_argument("--lora-map", metavar="FILE",
+                    help="JSON/YAML module -> initializer (or node) name, for graphs whose names were lost")
+    # weights outside the code (docs/weights.md)
+    sp.add_argument("--external-weights", action="store_true",
+                    help="x86: write the weights to libNAME.weights beside the library (mapped read-only, shared "
+                         "between processes) instead of into it")
+    sp.add_argument("--encrypt-weights", metavar="KEYFILE",
+                    help="x86: encrypt libNAME.weights with this key file (AES-256-GCM; implies --external-weights; "
+                         "make one with cuvil weights-key KEYFILE; load with weights_key=KEYFILE)")
     add_quiet_flag(sp)
     add_progress_flag(sp)
     sp.set_defaults(fn=cmd_compile)
 
+
+#: Flags only the x86 target reads: (flag, args attribute), refused for the GPU (a bundle keeps weights.bin).
+_X86_ONLY_FLAGS = (("--external-weights", "external_weights"), ("--encrypt-weights", "encrypt_weights"))
 
 #: Flags only the GPU target reads: (flag, args attribute, what it controls), refused for x86 by one check.
 _GPU_ONLY_FLAGS = (("--enable-fp16", "enable_fp16", "float16 compute; x86 computes float32"),
@@ -79,7 +96,8 @@ def cmd_compile(args) -> int:
     # The one place --cpu is checked before the model is read: X86Options validates it (the cpu helper's
     # cuvil.targets.x86.cpu.validate_cpu refuses an unknown name with the nearest ones).
     options = make_options(args.target, opt_level=args.opt_level, cpu=args.cpu, prefix=args.prefix,
-                           winograd=not args.no_winograd)
+                           winograd=not args.no_winograd, external_weights=args.external_weights,
+                           encrypt_weights=args.encrypt_weights)
     with _progress(args):
         p = _import_and_optimize(args)
         fixed, profiles = shape_flags(p, args)
@@ -87,15 +105,23 @@ def cmd_compile(args) -> int:
     out = art.save(args.output)
     m = art.manifest
     base = os.path.splitext(out)[0]
-    print(f"wrote {out}, {base}.h, {base}.manifest.json")
+    print(f"wrote {out}, {base}.h, {base}.manifest.json"
+          + (f", {base}.weights" + (" (encrypted)" if m["weights_file"]["encrypted"] else "")
+             if m.get("weights_file") else "")
+          + f", SBOM {base}.cdx.json, provenance {base}.intoto.json")
     print(f"  {m['kernels']} kernels, arena {m['arena_bytes']:,} B, weights {m['weights_bytes']:,} B, "
           f"target {m['target']['cpu']}" + (f", specialized {m['specialized']}" if m.get("specialized") else "")
-          + (" (from cache)" if art.cached else f", compiled in {m['compile_seconds']:.1f} s"))
+          + (" (from cache)" if art.cached else f", compiled in {art.timings['compile_seconds']:.1f} s"))
     ms = m.get("memory_safety")
     if ms:
-        print(f"  memory safety: {ms['summary']} ({ms['accesses']} accesses, {ms['proof_seconds']:.2f} s)")
+        print(f"  memory safety: {ms['summary']} ({ms['accesses']} accesses"
+              + (f", {art.timings['proof_seconds']:.2f} s)" if art.timings else ")"))
         for k in ms["guarded"]:
             print(f"  guarded kernel {k['stage']} ({k['variant']}): {k['unproved'][0]}")
+    if m.get("lora"):
+        exact = sum(r["exact_decisions"] for r in m["lora"])
+        print(f"  lora: {len(m['lora'])} weights merged (rules {', '.join(sorted(k for k in m['rules_applied'] if k.startswith('lora_merge')))}), "
+              f"each correctly rounded ({exact} elements decided in exact arithmetic)")
     for name, prof in (m.get("symbols") or {}).items():
         print(f"  symbol {name} in [{prof['min']}, {prof['max']}] (opt {prof['opt']}): one library serves the range")
     for dim, (lo, hi) in sorted((m.get("derived_dims") or {}).items()):
@@ -121,6 +147,36 @@ def _check_flags(args) -> None:
         args.arch = check_arch(args.arch or DEFAULT_ARCH)
     args.opt_level = opt_level(args.opt_level)
     check_shape_flags(args)
+    check_lora_flags(args)
+
+
+def check_lora_flags(args) -> None:
+    weights, loras = getattr(args, "lora_weight", None) or [], getattr(args, "lora", None) or []
+    if len(weights) > len(loras):
+        raise CuvilError(f"{len(weights)} --lora-weight for {len(loras)} --lora adapter(s)",
+                         hint="give one --lora-weight after each --lora it scales (the n-th weight scales the "
+                              "n-th adapter; default 1.0)")
+    if getattr(args, "lora_map", None) and not loras:
+        raise CuvilError("--lora-map without --lora", hint="add --lora ADAPTER_DIR")
+
+
+def with_lora_flags(p, args):
+    """``p`` with the adapters of --lora / --lora-weight / --lora-map merged (``Pipeline.with_lora``)."""
+    from ..lora import load_lora_map, read_adapter
+    loras = getattr(args, "lora", None) or []
+    if not loras:
+        return p
+    weights = (args.lora_weight or []) + [1.0] * (len(loras) - len(args.lora_weight or []))
+    adapters = [read_adapter(path) for path in loras]
+    lmap = load_lora_map(args.lora_map) if args.lora_map else {}
+    stray = sorted(k for k in lmap if not any(k in a.modules for a in adapters))
+    if stray:
+        raise CuvilError(f"--lora-map names {len(stray)} module(s) that no --lora adapter has", details=stray,
+                         hint="use the module names of the adapters' keys (less base_model.model. and "
+                              ".lora_A.weight)")
+    for adapter, weight in zip(adapters, weights):
+        p = p.with_lora(adapter, weight, lora_map={k: v for k, v in lmap.items() if k in adapter.modules} or None)
+    return p
 
 
 def _stem(path: str) -> str:
@@ -139,6 +195,7 @@ def _progress(args):
 def _import_and_optimize(args):
     """The steps both compile targets share: import and optimize (each reports its own progress)."""
     p = Pipeline.from_file(args.model, input_shapes=parse_input_shapes(getattr(args, "input_shape", None)))
+    p = with_lora_flags(p, args)
     return p.optimize(rules=args.rules or None, allow_bounded=args.allow_bounded_rules)
 
 
@@ -151,6 +208,10 @@ def _compile_gpu_bundle(args) -> int:
     if args.cpu:
         raise CuvilError("--cpu applies to the x86 target; use --arch for GPUs",
                          hint=f"drop --cpu; --arch {args.arch} picks the GPU architecture")
+    for flag, given in _X86_ONLY_FLAGS:
+        if getattr(args, given):
+            raise CuvilError(f"{flag} applies to the x86 target only: a GPU bundle keeps its weights in its own "
+                             f"weights.bin file", hint=f"drop {flag} for --target {args.target}")
     kernel_rules = None   # the built-in ones; plus any `on kernel` rules in the --rules files
     if args.rules:
         mine = [r for r in load_rules(args.rules) if r.on == "kernel"]
@@ -166,11 +227,11 @@ def _compile_gpu_bundle(args) -> int:
     m = bundle.manifest
     regs = [k["registers"] for k in ((m.get("ptxas") or {}).get("kernels") or {}).values() if k.get("registers")]
     print(f"wrote {out}/ (kernels.ptx, weights.bin, plan.json, manifest.json"
-          + (f", {m['ptxas']['cubin']}" if m.get("ptxas") else "") + ")")
+          + (f", {m['ptxas']['cubin']}" if m.get("ptxas") else "") + ", sbom.cdx.json, provenance.intoto.json)")
     print(f"  {m['kernels']} kernels for {m['target']['arch']}, arena {m['arena_bytes']:,} B, weights {m['weights_bytes']:,} B"
           + (f", registers/thread max {max(regs)}" if regs else ", ptxas not found: registers not checked")
           + (f", specialized {m['specialized']}" if m.get("specialized") else "")
-          + (" (from cache)" if bundle.cached else f", compiled in {m['compile_seconds']:.1f} s"))
+          + (" (from cache)" if bundle.cached else f", compiled in {bundle.timings['compile_seconds']:.1f} s"))
     rp = m.get("register_pass") or {}
     if rp.get("kernels"):
         print(f"  register pass: {len(rp['kernels'])} multi-wave kernels limited by registers; "

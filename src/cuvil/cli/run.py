@@ -34,6 +34,8 @@ def register(sub) -> None:
                              "(x=1x3x640x640; repeatable)")
     sp.add_argument("--seed", type=int, default=0, help="seed of the --input-shape random values")
     sp.add_argument("--output-dir", help="write each output as NAME.npy here (default: print)")
+    sp.add_argument("--weights-key", metavar="KEYFILE",
+                    help="the key of a library compiled with --encrypt-weights KEYFILE")
     add_threads_flag(sp)
     add_quiet_flag(sp)
     sp.set_defaults(fn=cmd_run)
@@ -46,7 +48,8 @@ def cmd_run(args) -> int:
                          hint=f"compile one first: cuvil compile MODEL.onnx -o {path}"
                               + (f" --target {PTX_TARGET}" if path.rstrip(os.sep).endswith(".cuvil") else ""))
     try:
-        m = load(path, num_threads=threads(args.threads))
+        m = load(path, num_threads=threads(args.threads),
+                 **({"weights_key": args.weights_key} if args.weights_key else {}))
     except NoGpuError as e:
         if e.hint:
             raise

@@ -8,7 +8,9 @@ in order with the artifact cache between the first and the second:
   returns a :class:`BuildPlan` whose ``key_parts`` are what the artifact depends on besides the graph.
 * ``emit(plan, path, manifest_extra)``: only on a cache miss. The target's own graph passes (x86:
   the algorithm choices, the opt-point specialisation), scheduling, code generation and then linking (x86,
-  ``cc``) or assembling (PTX, ``ptxas``) into ``path``; returns the manifest it wrote.
+  ``cc``) or assembling (PTX, ``ptxas``) into ``path``; returns the manifest it wrote, with ``timings`` added
+  (seconds of its stages: not written, the artifact is the same bytes at every build). The pipeline then
+  writes the SBOM and provenance beside it (:mod:`cuvil.supply_chain`).
 * ``load(path, manifest, cached)``: the artifact object for what ``emit`` wrote (now or on an earlier run).
 
 A target is one folder under ``cuvil/targets/`` with a ``target.py`` defining ``TARGET`` (an object with the

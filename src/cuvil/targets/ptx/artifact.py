@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import os
 import shutil
-from typing import Dict, List, Mapping, Sequence, Union
+from typing import Dict, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
 from ...errors import CuvilError
+from ...supply_chain import rename_records
 from ..model_api import as_run_args
+from .bundle import PROVENANCE_FILE, SBOM_FILE
 from .runtime import load_bundle
 
 
@@ -19,6 +21,8 @@ class Bundle:
 
     def __init__(self, path: str, manifest: dict, cached: bool = False):
         self.path, self.manifest, self.cached = path, manifest, cached
+        #: Seconds the compile took (as :attr:`cuvil.artifact.Artifact.timings`); None from the cache.
+        self.timings: Optional[Dict[str, float]] = None
         self._model = None
 
     def save(self, path: Union[str, os.PathLike]) -> str:
@@ -32,6 +36,9 @@ class Bundle:
             shutil.rmtree(path)
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         shutil.copytree(self.path, path)
+        old, new = os.path.basename(self.path.rstrip(os.sep)), os.path.basename(path)
+        if old != new:     # the SBOM names the bundle: as it now is
+            rename_records(os.path.join(path, SBOM_FILE), os.path.join(path, PROVENANCE_FILE), {old: new})
         return path
 
     def model(self, **gpu):

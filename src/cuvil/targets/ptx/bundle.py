@@ -22,7 +22,7 @@ import json
 import os
 import subprocess
 import time
-from typing import Optional
+from typing import Mapping, Optional
 
 from ...errors import CuvilError
 from ...ir.dtype import DType
@@ -39,6 +39,11 @@ from .tuning import DEFAULT_TUNING, PtxTuning
 BUNDLE_SUFFIX = ".cuvil"
 PLAN_FORMAT = "cuvil-gpu-plan/1"
 FILES = ("kernels.ptx", "weights.bin", "plan.json", "manifest.json")
+#: The bundle's SBOM and provenance (docs/supply-chain.md): fixed names inside the directory, like its other
+#: files, so that a bundle saved under another name keeps them.
+SBOM_FILE, PROVENANCE_FILE = "sbom.cdx.json", "provenance.intoto.json"
+#: A signed bundle's signature (:mod:`cuvil.signing`; model-signing's default name): it covers every other file.
+SIGNATURE_FILE = "model.sig"
 
 
 def _io(bufs) -> list:
@@ -170,14 +175,23 @@ def compile_bundle(g: Graph, out_dir: str, *, arch: str = "sm_90", opt_level: in
         "memory_safety": res.memory_safety.to_json(),
         "fused_ops": sched.fused,
         "ptxas": ptxas_info,
-        "compile_seconds": round(time.perf_counter() - t0, 3),
-        "codegen_seconds": round(t_codegen - t0, 3),
         **(manifest_extra or {}),
     }
     with open(os.path.join(out_dir, "manifest.json"), "w") as f:
         json.dump(manifest, f, indent=1)
         f.write("\n")
-    return manifest
+    # Times stay out of the bundle (reproducible builds); Pipeline.compile puts them on Bundle.timings.
+    return {**manifest, "timings": {"compile_seconds": round(time.perf_counter() - t0, 3),
+                                    "codegen_seconds": round(t_codegen - t0, 3),
+                                    "proof_seconds": round(res.memory_safety.seconds, 3)}}
+
+
+def bundle_file(path: str, name: str, files: Optional[Mapping[str, bytes]] = None) -> bytes:
+    """The bytes of the bundle's file ``name``: from ``files`` when given (a verified load), else read."""
+    if files is not None:
+        return files[name]
+    with open(os.path.join(path, name), "rb") as f:
+        return f.read()
 
 
 def is_bundle(path: str) -> bool:
@@ -189,19 +203,18 @@ BUNDLE_HINT = (f"write the bundle again: cuvil compile MODEL.onnx --target nvptx
                f"build/NAME{BUNDLE_SUFFIX} (an x86 library is a libNAME.so file instead)")
 
 
-def read_bundle(path: str):
-    """(plan, manifest) of a bundle directory; a clear error for anything else."""
+def read_bundle(path: str, files: Optional[Mapping[str, bytes]] = None):
+    """(plan, manifest) of a bundle directory; a clear error for anything else. ``files``: the bundle's
+    files already read (``{name: bytes}``, a verified load's), used instead of the directory's."""
     path = os.fspath(path)
-    if not os.path.isdir(path):
+    if files is None and not os.path.isdir(path):
         raise CuvilError(f"{path}: not a GPU bundle directory (NAME{BUNDLE_SUFFIX}/)", hint=BUNDLE_HINT)
-    missing = [f for f in FILES if not os.path.isfile(os.path.join(path, f))]
+    missing = [f for f in FILES if (f not in files if files is not None else not os.path.isfile(os.path.join(path, f)))]
     if missing:
         raise CuvilError(f"{path}: not a complete GPU bundle, missing {', '.join(missing)}", hint=BUNDLE_HINT)
     try:
-        with open(os.path.join(path, "plan.json"), encoding="utf-8") as f:
-            plan = json.load(f)
-        with open(os.path.join(path, "manifest.json"), encoding="utf-8") as f:
-            manifest = json.load(f)
+        plan = json.loads(bundle_file(path, "plan.json", files))
+        manifest = json.loads(bundle_file(path, "manifest.json", files))
     except (OSError, ValueError) as e:
         raise CuvilError(f"{path}: unreadable bundle: {e}") from None
     if plan.get("format") != PLAN_FORMAT:

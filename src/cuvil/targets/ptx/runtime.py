@@ -27,14 +27,16 @@ from __future__ import annotations
 import collections
 import os
 import threading
-from typing import Callable, Hashable, List, Optional, Sequence
+from typing import Callable, Hashable, List, Mapping, Optional, Sequence
 
 import numpy as np
 
+from ... import audit
 from ...errors import CuvilError, ShapeError
 from ...ir.dtype import DType
+from ..digests import directory_files, file_digests, root_digest, sha256_file
 from ..model_api import Model, Signature, SymbolProfile, fixed_symbols, tensor_spec
-from .bundle import read_bundle
+from .bundle import SIGNATURE_FILE, bundle_file, read_bundle
 
 MODES = ("graph", "eager")
 
@@ -220,11 +222,12 @@ class GpuModel(Model):
     run_options = ("mode",)
 
     def __init__(self, path: str, *, device: int = 0, max_graphs: int = 4, mode: str = "graph",
-                 prefer_cubin: bool = True):
+                 prefer_cubin: bool = True, files: Optional[Mapping[str, bytes]] = None):
         if mode not in MODES:
             raise CuvilError(f"mode {mode!r}: expected one of {', '.join(MODES)}")
         self.path = os.path.abspath(os.fspath(path))
-        self.plan, self.manifest = read_bundle(self.path)   # a bad bundle fails before the driver is touched
+        self._files = files                                       # a verified load's bytes: the disk is not read
+        self.plan, self.manifest = read_bundle(self.path, files)   # a bad bundle fails before the driver is touched
         self.mode = mode
         self.signature = bundle_signature(self.path, self.plan, self.manifest)
         self._in_bufs = [_Buffer(d) for d in self.plan["inputs"]]
@@ -253,7 +256,7 @@ class GpuModel(Model):
         self.arena = self._alloc(max(int(self.plan["arena_bytes"]), 1), "arena")
         self.weights = self._alloc(max(int(self.plan["weights_bytes"]), 1), "weights")
         if int(self.plan["weights_bytes"]):
-            blob = np.fromfile(os.path.join(self.path, "weights.bin"), dtype=np.uint8)
+            blob = np.frombuffer(bundle_file(self.path, "weights.bin", self._files), dtype=np.uint8)
             if blob.nbytes != int(self.plan["weights_bytes"]):
                 raise CuvilError(f"{self.path}: weights.bin has {blob.nbytes} bytes, the plan says "
                                  f"{self.plan['weights_bytes']}")
@@ -302,16 +305,15 @@ class GpuModel(Model):
         self.module_source = None
         cubin = (self.manifest.get("ptxas") or {}).get("cubin")
         if prefer_cubin and cubin and self.plan.get("arch") == self.device["arch"]:
-            path = os.path.join(self.path, cubin)
-            if os.path.isfile(path):
-                image = np.fromfile(path, dtype=np.uint8)
+            present = cubin in self._files if self._files is not None else os.path.isfile(os.path.join(self.path, cubin))
+            if present:
+                image = np.frombuffer(bundle_file(self.path, cubin, self._files), dtype=np.uint8)
                 res = drv.cuModuleLoadData(image.ctypes.data)
                 if res[0] == drv.CUresult.CUDA_SUCCESS:
                     self._module, self.module_source = res[1], cubin
                     return
                 # an older driver can refuse a newer toolkit's cubin: the PTX still loads through the JIT
-        with open(os.path.join(self.path, "kernels.ptx"), "rb") as f:
-            image = np.frombuffer(f.read() + b"\0", dtype=np.uint8)
+        image = np.frombuffer(bundle_file(self.path, "kernels.ptx", self._files) + b"\0", dtype=np.uint8)
         self._module = self._call("cuModuleLoadData(kernels.ptx)", drv.cuModuleLoadData(image.ctypes.data))
         self.module_source = "kernels.ptx"
 
@@ -524,6 +526,20 @@ class GpuModel(Model):
 
 
 def load_bundle(path, *, device: int = 0, max_graphs: int = 4, mode: str = "graph",
-                prefer_cubin: bool = True) -> GpuModel:
-    """Load a bundle directory onto GPU ``device``. :class:`NoGpuError` where there is no CUDA driver or GPU."""
-    return GpuModel(path, device=device, max_graphs=max_graphs, mode=mode, prefer_cubin=prefer_cubin)
+                prefer_cubin: bool = True, files: Optional[Mapping[str, bytes]] = None) -> GpuModel:
+    """Load a bundle directory onto GPU ``device``. :class:`NoGpuError` where there is no CUDA driver or GPU.
+    ``files``: the bundle's files as already read and verified (``{name: bytes}``, :mod:`cuvil.signing`),
+    loaded instead of the directory's."""
+    def digest():
+        if files is not None:
+            return root_digest(file_digests(files))
+        names = directory_files(path, exclude=(SIGNATURE_FILE,))
+        return root_digest({n: sha256_file(os.path.join(path, n)) for n in names})
+
+    try:
+        m = GpuModel(path, device=device, max_graphs=max_graphs, mode=mode, prefer_cubin=prefer_cubin, files=files)
+    except CuvilError as e:
+        audit.record("load", artifact=path, digest=digest, outcome="error", reason=e.message)
+        raise
+    audit.record("load", artifact=path, digest=digest, verified=files is not None)
+    return m

@@ -28,6 +28,7 @@ from .link import check_dependencies, link_shared, unexpected_dependencies
 from .model_c import generate_model_c
 from .model_info import ABI_DTYPES, IODesc, ModelInfo, StepDesc, SymbolDesc
 from .tuning import DEFAULT_TUNING, X86Tuning
+from .weights_file import pad64, weights_path, write_weights
 
 
 def _weights_asm(sym: str, path: str, nbytes: int) -> str:
@@ -133,8 +134,10 @@ def _loop_jumps(sched, step_stages, descs) -> list:
 def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str] = None, prefix: str = "cuvil",
                 manifest_extra: Optional[dict] = None,
                 opt_graph: Optional[Graph] = None, max_arena_bytes: Optional[int] = None,
-                tuning: X86Tuning = DEFAULT_TUNING, math: str = "vector") -> dict:
-    """Compile ``g`` into ``out_so``; writes the header and manifest beside it and returns the manifest.
+                tuning: X86Tuning = DEFAULT_TUNING, math: str = "vector", external_weights: bool = False,
+                weights_key: Optional[bytes] = None) -> dict:
+    """Compile ``g`` into ``out_so``; writes the header and manifest beside it and returns the manifest, with
+    ``timings`` added (seconds: ``compile_seconds``, ``codegen_seconds``, ``proof_seconds``; not written).
     Symbols left in ``g`` stay symbolic: the library binds them from the input shapes at every run and
     accepts every value in their ranges (``g.symbols``). ``opt_graph``: ``g`` specialised to the symbols'
     opt values; its kernels are linked in beside the generic ones and run when a call's shapes are exactly
@@ -143,7 +146,9 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
     ``memory_safety``. ``max_arena_bytes`` (default :data:`MAX_ARENA_BYTES`): a larger arena is refused.
     ``tuning``: the register tiles offered and the tile choice's weights (:class:`X86Tuning`). ``math``: float32
     exp, erf, tanh and log as inline vector polynomials ("vector") or libm calls ("libm"). Each stage, the LLVM
-    IR kernel by kernel, is reported through :mod:`cuvil.progress`."""
+    IR kernel by kernel, is reported through :mod:`cuvil.progress`. ``external_weights``: the weights go to
+    ``libNAME.weights`` beside the library (:mod:`cuvil.targets.x86.weights_file`), which binds them at run
+    time, instead of into it; ``weights_key`` (32 bytes): that file is encrypted with it (AES-256-GCM)."""
     t0 = time.perf_counter()
     out_so = os.path.abspath(out_so)
     base = os.path.splitext(out_so)[0]
@@ -185,6 +190,21 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
     opt_weights_sym = None
     if osched is not None and osched.weights_bytes:
         opt_weights_sym = weights_sym if oblob == blob else f"{prefix}_opt_weights"
+    opt_weights = ("none" if osched is None else "shared" if opt_weights_sym == weights_sym
+                   else f"{osched.weights_bytes} B of their own")
+    external = _external_weights(blob, oblob, weights_sym, opt_weights_sym) if external_weights else None
+    weights_file = None
+    if external is not None:
+        plain, opt_offset = external
+        with stage("weights file", detail=f"{_bytes(len(plain))}" + (", encrypted" if weights_key else "")):
+            header = write_weights(weights_path(out_so), plain, weights_key)
+        weights_file = {"file": os.path.basename(weights_path(out_so)), "format": header.version,
+                        "bytes": header.plain_bytes, "sha256": header.sha256.hex(), "encrypted": header.encrypted,
+                        "opt_offset": opt_offset}
+        weights_sym = opt_weights_sym = None
+        blob = oblob = None
+    elif os.path.exists(weights_path(out_so)):
+        os.unlink(weights_path(out_so))           # a stale one of an earlier build: the library embeds its own
     opt = sched.opt_point
     info = ModelInfo(
         inputs=[IODesc.of(b.name, int(b.dtype), b.shape) for b in sched.inputs],
@@ -196,7 +216,10 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
         symbols=[SymbolDesc(s.name, s.min, opt[s.name], s.max, s.multiple) for s in sched.symbols],
         opt_steps=_step_descs(osched, osteps, otarget["step_stages"]) if osteps else [],
         opt_weights_symbol=opt_weights_sym, num_run_time_symbols=sched.num_run_time_symbols,
-        isa_checks=[f for f in C_CHECKED_FEATURES if f in target_cpu.features])
+        isa_checks=[f for f in C_CHECKED_FEATURES if f in target_cpu.features],
+        **({} if weights_file is None else {"external_weights_bytes": weights_file["bytes"],
+                                            "external_weights_sha256": bytes.fromhex(weights_file["sha256"]),
+                                            "external_opt_weights_offset": weights_file["opt_offset"]}))
     with tempfile.TemporaryDirectory(prefix="cuvil-build-") as tmp:
         objs = []
         for name, parts in (("kernels", obj), ("kernels_opt", oobj or [])):
@@ -237,22 +260,39 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
         "arena_bytes": sched.arena_bytes,
         "scratch_bytes_per_thread": target["scratch_bytes"],
         "weights_bytes": sched.weights_bytes,
+        **({"weights_file": weights_file} if weights_file else {}),
         "kernels": len(sched.stages),
         "memory_safety": cert.to_json(),
         "fused_ops": sched.fused,
         "steps": _steps_json(sched, steps, target, "generic" if osched else None, info.steps)
         + (_steps_json(osched, osteps, otarget, "opt", info.opt_steps) if osched else []),
-        "opt_weights": ("none" if osched is None else "shared" if opt_weights_sym == weights_sym
-                        else f"{osched.weights_bytes} B of their own"),
+        "opt_weights": opt_weights,
         "dependencies": deps,
-        "compile_seconds": round(time.perf_counter() - t0, 3),
-        "codegen_seconds": round(t_codegen - t0, 3),
         **(manifest_extra or {}),
     }
     with open(base + ".manifest.json", "w") as f:
         json.dump(manifest, f, indent=1)
         f.write("\n")
-    return manifest
+    # Times are not written into the artifact (builds are reproducible, byte for byte: docs/supply-chain.md);
+    # Pipeline.compile moves them to the artifact object (Artifact.timings).
+    return {**manifest, "timings": {"compile_seconds": round(time.perf_counter() - t0, 3),
+                                    "codegen_seconds": round(t_codegen - t0, 3),
+                                    "proof_seconds": round(cert.seconds, 3)}}
+
+
+def _external_weights(blob, oblob, weights_sym, opt_weights_sym):
+    """``(plaintext, opt_offset)`` of a weights file: the generic kernels' weights, then, at a 64-byte aligned
+    offset, the opt-point kernels' own ones when they differ (``opt_offset``: where the opt kernels' weights
+    start, -1 when they read none); None when the model has no weights (no file is written)."""
+    if weights_sym is None and opt_weights_sym is None:
+        return None
+    plain = bytes(blob or b"")
+    if opt_weights_sym is None:
+        return plain, -1
+    if opt_weights_sym == weights_sym:
+        return plain, 0
+    offset = pad64(len(plain))
+    return plain.ljust(offset, b"\0") + bytes(oblob), offset
 
 
 def _steps_json(sched, steps, target, variant, descs) -> list:
@@ -282,10 +322,11 @@ def _target_json(triple: str, cpu) -> dict:
     """The manifest's ``target``: the CPU the library was built for and ``isa_features``, every ISA feature the
     code generator was allowed to use, which the loader requires of the CPU it runs on (a missing one would be
     SIGILL at its first instruction); ``vector_bits``: the kernels' vector width; ``built_on``: the host's CPU
-    in one line (for a named CPU too: where the figures of a benchmark come from)."""
+    in one line, for a library built for the host (it is the target then); a library built for a named CPU
+    leaves it out, so that it is the same bytes whichever machine builds it (docs/supply-chain.md)."""
     return {"triple": triple, "cpu": cpu.llvm_name, "features": cpu.llvm_features,
             "isa_features": sorted(cpu.features), "vector_bits": cpu.vector_bits, "native": cpu.is_host,
-            "built_on": cpu_label()}
+            **({"built_on": cpu_label()} if cpu.is_host else {})}
 
 
 def _json_dims(dims) -> list:

@@ -5,10 +5,11 @@
  * runtime.c and by the generated model.c, both compiled with -fvisibility=hidden and
  * -DCUVIL_PREFIX=<prefix>.
  *
- * Contract (abi_version 3):
+ * Contract (abi_version 5):
  *   At run time the runtime builds, for each thread t of the session, void *bufs[4 + num_inputs + num_outputs]:
  *     bufs[0]                       the session's arena (arena_bytes, 64-byte aligned, NULL if 0 bytes)
- *     bufs[1]                       model.weights (NULL if the model has no weights)
+ *     bufs[1]                       model.weights, or the weights bound by bind_weights when the model's are
+ *                                   external (NULL if the model has no weights)
  *     bufs[2 + i]                   inputs[i].data    (caller memory, element-aligned, read only)
  *     bufs[2 + num_inputs + j]      outputs[j].data   (caller memory, element-aligned)
  *     bufs[2 + num_inputs + num_outputs]  thread t's own scratch (scratch_bytes, 64-byte aligned, NULL if
@@ -44,7 +45,7 @@
 #define CUVIL_API(name) CUVIL_CAT(CUVIL_PREFIX, name)
 #define CUVIL_MODEL CUVIL_CAT(CUVIL_PREFIX, _model)
 
-#define CUVIL_ABI_VERSION 4
+#define CUVIL_ABI_VERSION 5
 #define CUVIL_HIDDEN __attribute__((visibility("hidden")))
 #define CUVIL_EXPORT __attribute__((visibility("default")))
 
@@ -93,6 +94,12 @@ typedef struct {
    * its value into bufs[3 + num_inputs + num_outputs][k]; extents are then evaluated again, and after the run
    * every output's dims are written back into its cuvil_tensor.shape. */
   int32_t num_run_time_symbols;
+  /* External weights (--external-weights): > 0 when weights and opt_weights are NULL and the weights, this many
+   * bytes with this SHA-256, are handed over at run time by bind_weights (from libNAME.weights); the opt
+   * steps' weights start external_opt_weights_offset bytes into them (-1: the opt steps read none). */
+  int64_t external_weights_bytes;
+  const uint8_t *external_weights_sha256;
+  int64_t external_opt_weights_offset;
 } cuvil_model;
 
 /* The public tensor type, identical to the one in the generated lib<name>.h. */

@@ -1,6 +1,6 @@
 """Generator of the public C header ``lib<name>.h`` shipped next to an x86 artifact.
 
-The header is self-contained (only <stdint.h>), usable from C and C++, and several headers of differently
+The header is self-contained (only <stddef.h> and <stdint.h>), usable from C and C++, and several headers of differently
 prefixed models can be included in one translation unit: the shared types and constants are guarded.
 """
 from __future__ import annotations
@@ -32,6 +32,8 @@ ERROR_CODES = (
     ("CUVIL_ERR_UNSUPPORTED", -18, "operation not supported by this artifact"),
     ("CUVIL_ERR_PROFILE", -19, "tensor dimension is outside the model's shape profile"),
     ("CUVIL_ERR_BAD_SESSION", -20, "not a live session of this library (destroyed, or never created by it)"),
+    ("CUVIL_ERR_WEIGHTS_UNBOUND", -21, "the library's external weights are not bound (call bind_weights first)"),
+    ("CUVIL_ERR_WEIGHTS_MISMATCH", -22, "the weights buffer does not match the library (size or SHA-256)"),
 )
 
 
@@ -92,6 +94,7 @@ def generate_header(model_info: ModelInfo, prefix: str | None = None) -> str:
         f"#ifndef {guard}",
         f"#define {guard}",
         "",
+        "#include <stddef.h>",
         "#include <stdint.h>",
         "",
         "#ifdef __cplusplus",
@@ -148,6 +151,14 @@ def generate_header(model_info: ModelInfo, prefix: str | None = None) -> str:
         "/* Extension: the shape symbols (number; i's name and profile). 0, or CUVIL_ERR_INDEX for a bad i. */",
         f"int            {p}_num_symbols(void);",
         f"int            {p}_symbol_info(int i, const char **name, int64_t *min, int64_t *opt, int64_t *max);",
+        "/* Extension: external weights (docs/weights.md). weights_info: 1 when the weights are in libNAME.weights",
+        " * and must be bound before the first session_create (nbytes, sha256[32] filled; either may be NULL), 0 when",
+        " * they are embedded. bind_weights: data = the file's payload (64-byte aligned, kept alive and unchanged),",
+        " * nbytes = weights_info's; 0, or CUVIL_ERR_WEIGHTS_MISMATCH (size or SHA-256), CUVIL_ERR_ALIGN,",
+        " * CUVIL_ERR_BUSY (sessions live), CUVIL_ERR_UNSUPPORTED (embedded weights). Without it, session_create",
+        " * returns NULL (CUVIL_ERR_WEIGHTS_UNBOUND in last_error). */",
+        f"int            {p}_weights_info(int64_t *nbytes, uint8_t *sha256);",
+        f"int            {p}_bind_weights(const void *data, size_t nbytes);",
         "",
         "#ifdef __cplusplus",
         "}",

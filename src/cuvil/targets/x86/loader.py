@@ -23,11 +23,14 @@ import threading
 import attrs
 import numpy as np
 
+from cuvil import audit
 from cuvil.errors import CuvilError, ShapeError
 from cuvil.ir.dim import is_symbol_name
 from cuvil.targets import model_api
+from cuvil.targets.digests import sha256_file
 from cuvil.targets.model_api import (Signature, SymbolProfile, TensorSpec, dtype_code, fixed_symbols, shape_text,
                                     tensor_spec)
+from cuvil.targets.x86.bound_weights import bind_external_weights
 from cuvil.targets.x86.cpu import check_runs_here
 from cuvil.targets.x86.model_info import is_c_identifier
 
@@ -108,13 +111,15 @@ class X86Model(model_api.Model):
     run_options = ("num_threads",)
 
     def __init__(self, path: str, prefix: str | None = None, num_threads: int = 0,
-                 max_output_bytes: int | None = None):
+                 max_output_bytes: int | None = None, weights=None, weights_key=None, manifest: dict | None = None,
+                 dlopen_path: str | None = None):
         self._closed = True                       # until the library is bound (close() and __del__ rely on it)
         self.path = os.path.abspath(path)
         if not os.path.isfile(self.path):
             raise CuvilError(f"{path!r} does not exist", hint="give the path of a compiled libNAME.so (cuvil compile "
                              "MODEL -o libNAME.so writes one)")
-        manifest = _read_manifest(self.path)
+        if manifest is None:
+            manifest = _read_manifest(self.path)
         _check_isa(manifest, path)
         self.manifest = manifest
         if prefix is None:
@@ -124,15 +129,18 @@ class X86Model(model_api.Model):
             raise CuvilError(f"{path}: prefix {self.prefix!r} is not a C identifier",
                              hint="give prefix= the --prefix the library was compiled with (default cuvil)")
         try:
-            self._lib = ctypes.CDLL(self.path, mode=os.RTLD_LOCAL | os.RTLD_NOW)
+            self._lib = ctypes.CDLL(dlopen_path or self.path, mode=os.RTLD_LOCAL | os.RTLD_NOW)
         except OSError as e:
             raise CuvilError(f"cannot load {path}: {e}", hint="compile the model again on this machine (cuvil "
                              "compile MODEL -o libNAME.so); `cuvil doctor` shows what this machine has") from e
+        self._mapped, self._digest = dlopen_path or self.path, None
         self._bind()
         self.num_threads = num_threads
         self._session = None
         self._session_threads = None
         self._lock = threading.Lock()
+        # before the first session; released by close() (and so by __del__, also when a check below fails)
+        self._weights = bind_external_weights(self._lib, self.prefix, self.path, weights, weights_key)
         inputs = [self._spec(True, i) for i in range(self._f.num_inputs())]
         outputs = [self._spec(False, j) for j in range(self._f.num_outputs())]
         inputs = [attrs.evolve(d, dims=_manifest_dims(manifest, "inputs", k, d, True)) for k, d in enumerate(inputs)]
@@ -196,6 +204,12 @@ class X86Model(model_api.Model):
             fn.restype, fn.argtypes = res, args
             setattr(f, name, fn)
         self._f = f
+
+    def digest(self) -> str:
+        """SHA-256 (hex) of the library as mapped (the verified bytes after a verified load)."""
+        if self._digest is None:
+            self._digest = sha256_file(self._mapped)
+        return self._digest
 
     @property
     def lib(self) -> ctypes.CDLL:
@@ -270,6 +284,7 @@ class X86Model(model_api.Model):
                              f"{(self._f.last_error() or b'').decode()}",
                              hint="give num_threads=0 (all cores) or a count up to the cores this machine has")
         self._session, self._session_threads = s, n
+        audit.record("session-create", artifact=self.path, digest=self.digest, num_threads=int(n))
         return s
 
     def close(self) -> None:
@@ -282,6 +297,9 @@ class X86Model(model_api.Model):
             if getattr(self, "_session", None):
                 self._f.session_destroy(self._session)
                 self._session = None
+            weights, self._weights = getattr(self, "_weights", None), None
+            if weights is not None:
+                weights.release()
 
     def __del__(self):
         try:
@@ -377,8 +395,23 @@ class X86Model(model_api.Model):
 Model = X86Model
 
 
-def load(path: str, prefix: str | None = None, num_threads: int = 0, max_output_bytes: int | None = None) -> X86Model:
+def load(path: str, prefix: str | None = None, num_threads: int = 0, max_output_bytes: int | None = None,
+         weights=None, weights_key=None, manifest: dict | None = None, dlopen_path: str | None = None) -> X86Model:
     """Loads ``lib<name>.so``. ``prefix`` defaults to the manifest's ``"prefix"``, else ``"cuvil"``;
     ``num_threads`` (0 = all cores) is the default for the session ``run`` creates; ``max_output_bytes``
-    bounds the outputs one ``run`` allocates (default: the machine's physical memory)."""
-    return X86Model(path, prefix=prefix, num_threads=num_threads, max_output_bytes=max_output_bytes)
+    bounds the outputs one ``run`` allocates (default: the machine's physical memory). A library compiled
+    with external weights binds ``libNAME.weights`` from beside it (mapped read-only, shared), or
+    ``weights``, the contents of that file (bytes-like); ``weights_key`` (a key file or the key's 32 bytes)
+    decrypts encrypted ones, in memory only (:mod:`cuvil.targets.x86.bound_weights`). ``manifest``: the
+    parsed manifest to use instead of reading ``libNAME.manifest.json``, and ``dlopen_path``: the file to
+    map instead of ``path`` (which still names the library in messages): a verified load passes the bytes
+    it checked (:mod:`cuvil.targets.x86.sealed`)."""
+    try:
+        m = X86Model(path, prefix=prefix, num_threads=num_threads, max_output_bytes=max_output_bytes,
+                     weights=weights, weights_key=weights_key, manifest=manifest, dlopen_path=dlopen_path)
+    except CuvilError as e:
+        audit.record("load", artifact=path, digest=lambda: sha256_file(dlopen_path or path), outcome="error",
+                     reason=e.message)
+        raise
+    audit.record("load", artifact=path, digest=m.digest, verified=dlopen_path is not None)
+    return m

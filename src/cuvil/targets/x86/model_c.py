@@ -210,6 +210,12 @@ def generate_model_c(info: ModelInfo) -> str:
     lines += ["  return NULL;", "}", ""]
 
     weights = info.weights_symbol if info.weights_symbol is not None else "NULL"
+    sha = "NULL"
+    if info.external_weights_bytes:
+        sha = f"{_LOCAL}weights_sha256"
+        digest = ", ".join(f"0x{b:02x}" for b in info.external_weights_sha256)
+        lines += ["/* external weights (libNAME.weights): the SHA-256 bind_weights checks */",
+                  f"static const uint8_t {sha}[32] = {{{digest}}};", ""]
     lines += [
         f"CUVIL_HIDDEN const cuvil_model {p}__model = {{",
         "  /* abi_version */ CUVIL_ABI_VERSION,",
@@ -224,6 +230,8 @@ def generate_model_c(info: ModelInfo) -> str:
         f"  /* num_opt_steps, opt_steps */ {len(info.opt_steps)}, {opt_steps},",
         f"  /* opt_weights */ {info.opt_weights_symbol or 'NULL'},",
         f"  /* num_run_time_symbols */ {info.num_run_time_symbols},",
+        f"  /* external_weights_bytes, _sha256, external_opt_weights_offset */ {_i64(info.external_weights_bytes)}, "
+        f"{sha}, {_i64(info.external_opt_weights_offset)},",
         "};",
         "",
     ]

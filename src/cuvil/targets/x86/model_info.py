@@ -24,7 +24,7 @@ ABI_DTYPES = {1: "float", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "in
 #: Names the public ABI takes under a prefix (``<prefix>_<name>``); kernels may not use them.
 ABI_FUNCTIONS = ("num_inputs", "num_outputs", "input_name", "output_name", "input_info", "output_info",
                  "session_create", "output_shape", "run", "strerror", "last_error", "session_destroy", "profile",
-                 "num_symbols", "symbol_info")
+                 "num_symbols", "symbol_info", "weights_info", "bind_weights")
 
 
 _C_KEYWORDS = frozenset(
@@ -170,6 +170,11 @@ class ModelInfo:
     num_run_time_symbols: int = attrs.field(default=0, validator=_nonneg)
     # ISA features (LLVM spellings, which __builtin_cpu_supports shares) a session refuses to start without
     isa_checks: tuple = attrs.field(factory=tuple, converter=tuple)
+    # external weights (libNAME.weights, bound at run time): their size and SHA-256, and where in them the opt
+    # steps' own weights start (-1: the opt steps read none); 0 bytes: the weights are embedded (weights_symbol)
+    external_weights_bytes: int = attrs.field(default=0, validator=_nonneg)
+    external_weights_sha256: bytes = b""
+    external_opt_weights_offset: int = -1
 
     def __attrs_post_init__(self):
         names = [s.name for s in self.symbols]
@@ -198,6 +203,9 @@ class ModelInfo:
                              f"{len(self.opt_steps)} opt steps (run-time sizes have no opt point)")
         if self.opt_steps and not self.symbols:
             raise CuvilError("ModelInfo.opt_steps without symbols: nothing to specialise")
+        if self.external_weights_bytes and (len(self.external_weights_sha256) != 32 or self.weights_symbol
+                                            or self.opt_weights_symbol):
+            raise CuvilError("ModelInfo: external weights need a 32-byte SHA-256 and no embedded weights symbol")
         reserved = {f"{self.prefix}_{f}" for f in ABI_FUNCTIONS} | {f"{self.prefix}__model"}
         symbols = {s.symbol for s in self.steps} | {s.symbol for s in self.opt_steps}
         for w in {self.weights_symbol, self.opt_weights_symbol} - {None}:

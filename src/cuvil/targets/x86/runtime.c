@@ -55,6 +55,8 @@ enum {
   CUVIL_ERR_UNSUPPORTED = -18,
   CUVIL_ERR_PROFILE = -19,
   CUVIL_ERR_BAD_SESSION = -20,
+  CUVIL_ERR_WEIGHTS_UNBOUND = -21,
+  CUVIL_ERR_WEIGHTS_MISMATCH = -22,
 };
 
 static const char *const cuvil_messages[] = {
@@ -79,6 +81,8 @@ static const char *const cuvil_messages[] = {
   "operation not supported by this artifact",                       /* -18 */
   "tensor dimension is outside the model's shape profile",          /* -19 */
   "not a live session of this library (destroyed, or never created by it)",  /* -20 */
+  "the library's external weights are not bound (call bind_weights first)",  /* -21 */
+  "the weights buffer does not match the library (size or SHA-256)",        /* -22 */
 };
 #define CUVIL_NUM_MESSAGES ((int)(sizeof cuvil_messages / sizeof cuvil_messages[0]))
 
@@ -177,6 +181,7 @@ struct cuvil_session {
   _Alignas(CUVIL_CACHELINE) atomic_int prefault_next; /* parts of mem claimed for pre-faulting */
   atomic_int prefault_done;                           /* parts pre-faulted */
   int64_t *profile;                                   /* per-step nanoseconds accumulated by runs, or NULL */
+  const void *weights, *opt_weights;                  /* the model's (embedded or bound when created) */
 
   _Alignas(CUVIL_CACHELINE) atomic_uint gen;          /* bumped (seq_cst) to wake workers for a step */
   chunk_range *ranges;                                /* [num_threads]: each thread's chunks of the open step */
@@ -411,7 +416,7 @@ static void free_session(struct cuvil_session *s) {
 
 #define CUVIL_MAX_THREADS 4096
 
-static struct cuvil_session *session_create(int num_threads) {
+static struct cuvil_session *session_create(int num_threads, const void *weights, const void *opt_weights) {
   const cuvil_model *m = &CUVIL_MODEL;
   if (m->abi_version != CUVIL_ABI_VERSION) {
     fail(CUVIL_ERR_ABI, "model abi_version %d, runtime expects %d", (int)m->abi_version, CUVIL_ABI_VERSION);
@@ -442,6 +447,8 @@ static struct cuvil_session *session_create(int num_threads) {
   atomic_init(&s->prefault_next, 0);
   atomic_init(&s->prefault_done, 0);
   s->num_threads = num_threads;
+  s->weights = weights;
+  s->opt_weights = opt_weights;
   pthread_mutex_init(&s->mu, NULL);
   pthread_cond_init(&s->cv, NULL);
 
@@ -499,7 +506,7 @@ static struct cuvil_session *session_create(int num_threads) {
     s->arena = p;
     s->arena_mapped = (size_t)m->arena_bytes;
   }
-  for (int t = 0; t < num_threads; ++t) s->bufs[(size_t)t * nbufs + 1] = (void *)m->weights;
+  for (int t = 0; t < num_threads; ++t) s->bufs[(size_t)t * nbufs + 1] = (void *)s->weights;
   for (int t = 0; t < num_threads; ++t) s->bufs[(size_t)t * nbufs] = s->arena;
 
   if (num_threads > 1) {
@@ -541,6 +548,117 @@ static struct cuvil_session *session_create(int num_threads) {
   prefault(s);
   while (atomic_load(&s->prefault_done) < CUVIL_PREFAULT_PARTS * num_threads) sched_yield();  /* workers' parts */
   return s;
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* External weights: the buffer bind_weights accepted, checked against the SHA-256 the library embeds    */
+
+static pthread_mutex_t weights_mu = PTHREAD_MUTEX_INITIALIZER;   /* bound_weights and live_sessions */
+static const void *bound_weights;
+static long live_sessions;
+
+/* SHA-256 (FIPS 180-4) of the weights bind_weights is given: with the SHA extensions where the CPU has them
+ * (cpuid; a few times faster), else in plain C. No library beyond libc: the runtime links libc, libm and
+ * libpthread only. tests/test_external_weights.py compiles this section alone (from here to the next rule)
+ * and checks both paths against hashlib. */
+#include <cpuid.h>
+#include <immintrin.h>
+
+static const uint32_t sha256_k[64] = {
+  0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
+  0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
+  0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
+  0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
+  0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
+  0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
+  0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
+  0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2,
+};
+
+#define SHA_ROR(x, n) (((x) >> (n)) | ((x) << (32 - (n))))
+
+static void sha256_blocks_c(uint32_t h[8], const uint8_t *p, size_t blocks) {
+  for (; blocks > 0; --blocks, p += 64) {
+    uint32_t w[64];
+    for (int i = 0; i < 16; ++i)
+      w[i] = (uint32_t)p[4 * i] << 24 | (uint32_t)p[4 * i + 1] << 16 | (uint32_t)p[4 * i + 2] << 8 | p[4 * i + 3];
+    for (int i = 16; i < 64; ++i) {
+      uint32_t s0 = SHA_ROR(w[i - 15], 7) ^ SHA_ROR(w[i - 15], 18) ^ (w[i - 15] >> 3);
+      uint32_t s1 = SHA_ROR(w[i - 2], 17) ^ SHA_ROR(w[i - 2], 19) ^ (w[i - 2] >> 10);
+      w[i] = w[i - 16] + s0 + w[i - 7] + s1;
+    }
+    uint32_t a = h[0], b = h[1], c = h[2], d = h[3], e = h[4], f = h[5], g = h[6], k = h[7];
+    for (int i = 0; i < 64; ++i) {
+      uint32_t t1 = k + (SHA_ROR(e, 6) ^ SHA_ROR(e, 11) ^ SHA_ROR(e, 25)) + ((e & f) ^ (~e & g)) + sha256_k[i] + w[i];
+      uint32_t t2 = (SHA_ROR(a, 2) ^ SHA_ROR(a, 13) ^ SHA_ROR(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
+      k = g; g = f; f = e; e = d + t1; d = c; c = b; b = a; a = t1 + t2;
+    }
+    h[0] += a; h[1] += b; h[2] += c; h[3] += d; h[4] += e; h[5] += f; h[6] += g; h[7] += k;
+  }
+}
+
+/* The SHA extensions: the state as ABEF/CDGH vectors, two rounds per sha256rnds2, the message schedule four
+ * words at a time (W[j] = msg2(msg1(W[j-4], W[j-3]) + W[4j-7 .. 4j-4], W[j-1]), W[j] the words 4j .. 4j+3). */
+__attribute__((target("sha,sse4.1,ssse3")))
+static void sha256_blocks_ni(uint32_t h[8], const uint8_t *p, size_t blocks) {
+  const __m128i bswap = _mm_set_epi64x(0x0c0d0e0f08090a0bULL, 0x0405060700010203ULL);
+  __m128i tmp = _mm_shuffle_epi32(_mm_loadu_si128((const __m128i *)&h[0]), 0xB1);     /* CDAB */
+  __m128i st1 = _mm_shuffle_epi32(_mm_loadu_si128((const __m128i *)&h[4]), 0x1B);     /* EFGH */
+  __m128i st0 = _mm_alignr_epi8(tmp, st1, 8);                                          /* ABEF */
+  st1 = _mm_blend_epi16(st1, tmp, 0xF0);                                               /* CDGH */
+  for (; blocks > 0; --blocks, p += 64) {
+    __m128i abef = st0, cdgh = st1, w[4];
+#pragma GCC unroll 16
+    for (int j = 0; j < 16; ++j) {
+      __m128i m;
+      if (j < 4) {
+        m = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(p + 16 * j)), bswap);
+      } else {
+        m = _mm_sha256msg1_epu32(w[j & 3], w[(j + 1) & 3]);
+        m = _mm_add_epi32(m, _mm_alignr_epi8(w[(j + 3) & 3], w[(j + 2) & 3], 4));
+        m = _mm_sha256msg2_epu32(m, w[(j + 3) & 3]);
+      }
+      w[j & 3] = m;
+      __m128i wk = _mm_add_epi32(m, _mm_loadu_si128((const __m128i *)&sha256_k[4 * j]));
+      st1 = _mm_sha256rnds2_epu32(st1, st0, wk);
+      st0 = _mm_sha256rnds2_epu32(st0, st1, _mm_shuffle_epi32(wk, 0x0E));
+    }
+    st0 = _mm_add_epi32(st0, abef);
+    st1 = _mm_add_epi32(st1, cdgh);
+  }
+  tmp = _mm_shuffle_epi32(st0, 0x1B);                                                  /* FEBA */
+  st1 = _mm_shuffle_epi32(st1, 0xB1);                                                  /* DCHG */
+  _mm_storeu_si128((__m128i *)&h[0], _mm_blend_epi16(tmp, st1, 0xF0));                 /* DCBA */
+  _mm_storeu_si128((__m128i *)&h[4], _mm_alignr_epi8(st1, tmp, 8));                    /* HGFE */
+}
+
+/* 1 when the CPU has the SHA extensions, SSE4.1 and SSSE3; CUVIL_SHA256=portable takes the plain C path. */
+static int sha256_has_ni(void) {
+  const char *env = getenv("CUVIL_SHA256");
+  if (env && strcmp(env, "portable") == 0) return 0;
+  unsigned a, b, c, d;
+  if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & bit_SSE4_1) || !(c & bit_SSSE3)) return 0;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
+  return (b & (1u << 29)) != 0;
+}
+
+static void sha256(const void *data, size_t n, uint8_t out[32]) {
+  uint32_t h[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
+  void (*blocks)(uint32_t *, const uint8_t *, size_t) = sha256_has_ni() ? sha256_blocks_ni : sha256_blocks_c;
+  const uint8_t *p = (const uint8_t *)data;
+  blocks(h, p, n / 64);
+  size_t left = n % 64;
+  uint8_t tail[128] = {0};
+  memcpy(tail, p + (n - left), left);
+  tail[left] = 0x80;
+  size_t end = left < 56 ? 64 : 128;
+  uint64_t bits = (uint64_t)n * 8;
+  for (int i = 0; i < 8; ++i) tail[end - 1 - i] = (uint8_t)(bits >> (8 * i));
+  blocks(h, tail, end / 64);
+  for (int i = 0; i < 8; ++i) {
+    out[4 * i] = (uint8_t)(h[i] >> 24); out[4 * i + 1] = (uint8_t)(h[i] >> 16);
+    out[4 * i + 2] = (uint8_t)(h[i] >> 8); out[4 * i + 3] = (uint8_t)h[i];
+  }
 }
 
 /* ------------------------------------------------------------------------------------------------ */
@@ -878,11 +996,83 @@ CUVIL_EXPORT int CUVIL_API(output_info)(int i, int32_t *dtype, int32_t *ndim, in
 }
 
 CUVIL_EXPORT cuvil_session *CUVIL_API(session_create)(int num_threads) {
-  struct cuvil_session *s = session_create(num_threads);
-  if (s == NULL) return NULL;
-  cuvil_session *h = session_register(s);
-  if (h == NULL) free_session(s);
+  const cuvil_model *m = &CUVIL_MODEL;
+  const void *weights = m->weights, *opt_weights = m->opt_weights;
+  pthread_mutex_lock(&weights_mu);
+  if (m->external_weights_bytes > 0) {
+    if (bound_weights == NULL) {
+      pthread_mutex_unlock(&weights_mu);
+      fail(CUVIL_ERR_WEIGHTS_UNBOUND, "session_create: the weights of this library are in its libNAME.weights "
+           "file (compiled with --external-weights): map that file and call bind_weights before creating a session");
+      return NULL;
+    }
+    weights = bound_weights;
+    opt_weights = m->external_opt_weights_offset >= 0
+                      ? (const void *)((const char *)bound_weights + m->external_opt_weights_offset) : NULL;
+  }
+  struct cuvil_session *s = session_create(num_threads, weights, opt_weights);
+  cuvil_session *h = s != NULL ? session_register(s) : NULL;
+  if (s != NULL && h == NULL) free_session(s);
+  if (h != NULL) live_sessions++;
+  pthread_mutex_unlock(&weights_mu);
   return h;
+}
+
+/* Extension: external weights. 1 when the library's weights are in a separate libNAME.weights file and must be
+ * bound with bind_weights before a session is created (nbytes: their size; sha256: their 32-byte SHA-256;
+ * either may be NULL); 0 when they are embedded (or the model has none), nbytes then 0. */
+CUVIL_EXPORT int CUVIL_API(weights_info)(int64_t *nbytes, uint8_t *sha256) {
+  const cuvil_model *m = &CUVIL_MODEL;
+  if (nbytes) *nbytes = m->external_weights_bytes;
+  if (m->external_weights_bytes == 0) return 0;
+  if (sha256) memcpy(sha256, m->external_weights_sha256, 32);
+  return 1;
+}
+
+/* Extension: hands the library its external weights: data (64-byte aligned, read only, unchanged and alive
+ * until every session created while it is bound is destroyed) must be exactly the weights_info bytes with the
+ * SHA-256 embedded in the library. Allowed only while no session is live: binding again replaces the buffer,
+ * and (NULL, 0) unbinds it (session_create then refuses again). */
+CUVIL_EXPORT int CUVIL_API(bind_weights)(const void *data, size_t nbytes) {
+  const cuvil_model *m = &CUVIL_MODEL;
+  if (m->external_weights_bytes == 0)
+    return fail(CUVIL_ERR_UNSUPPORTED, "bind_weights: this library embeds its weights (compiled without "
+                "--external-weights): there is nothing to bind");
+  if (data == NULL && nbytes == 0) {
+    pthread_mutex_lock(&weights_mu);
+    long n = live_sessions;
+    if (n == 0) bound_weights = NULL;
+    pthread_mutex_unlock(&weights_mu);
+    return n == 0 ? CUVIL_OK : fail(CUVIL_ERR_BUSY, "bind_weights: %ld session(s) of this library are live: "
+                                    "destroy them before unbinding", n);
+  }
+  if (data == NULL) return fail(CUVIL_ERR_NULL_ARGUMENT, "bind_weights: data is NULL");
+  if ((uintptr_t)data % 64 != 0)
+    return fail(CUVIL_ERR_ALIGN, "bind_weights: data %p is not 64-byte aligned (map the file: the weights start "
+                "at a page boundary of it)", data);
+  if ((uint64_t)nbytes != (uint64_t)m->external_weights_bytes)
+    return fail(CUVIL_ERR_WEIGHTS_MISMATCH, "bind_weights: %zu bytes given, the library's weights are %lld bytes: "
+                "the weights of another model, or a truncated file", nbytes, (long long)m->external_weights_bytes);
+  uint8_t digest[32];
+  sha256(data, nbytes, digest);
+  if (memcmp(digest, m->external_weights_sha256, 32) != 0) {
+    char got[17], want[17];
+    for (int k = 0; k < 8; ++k) {
+      snprintf(got + 2 * k, 3, "%02x", digest[k]);
+      snprintf(want + 2 * k, 3, "%02x", m->external_weights_sha256[k]);
+    }
+    return fail(CUVIL_ERR_WEIGHTS_MISMATCH, "bind_weights: the weights' SHA-256 is %s..., the library's %s...: the "
+                "weights of another build of the model, or altered ones", got, want);
+  }
+  pthread_mutex_lock(&weights_mu);
+  if (live_sessions > 0) {
+    long n = live_sessions;
+    pthread_mutex_unlock(&weights_mu);
+    return fail(CUVIL_ERR_BUSY, "bind_weights: %ld session(s) of this library are live: destroy them first", n);
+  }
+  bound_weights = data;
+  pthread_mutex_unlock(&weights_mu);
+  return CUVIL_OK;
 }
 
 /* Extension: the model's shape symbols and their profiles (min <= value <= max at every run). */
@@ -965,7 +1155,7 @@ CUVIL_EXPORT int CUVIL_API(run)(cuvil_session *h, const cuvil_tensor *inputs, cu
   const int64_t *ext = s->evals;                      /* symbolic extents, evaluated for this run */
   int at_opt = m->num_opt_steps > 0;
   for (int k = 0; k < m->num_symbols && at_opt; ++k) at_opt = s->symv[k] == m->symbols[k].opt;
-  const void *weights = at_opt ? m->opt_weights : m->weights;
+  const void *weights = at_opt ? s->opt_weights : s->weights;
   if (at_opt) {
     steps = m->opt_steps;
     nsteps = m->num_opt_steps;
@@ -1043,5 +1233,9 @@ CUVIL_EXPORT const char *CUVIL_API(last_error)(void) { return cuvil_detail; }
 CUVIL_EXPORT void CUVIL_API(session_destroy)(cuvil_session *h) {
   if (h == NULL) return;
   struct cuvil_session *s = session_unregister(h);
-  if (s != NULL) free_session(s);
+  if (s == NULL) return;
+  free_session(s);
+  pthread_mutex_lock(&weights_mu);
+  live_sessions--;
+  pthread_mutex_unlock(&weights_mu);
 }

@@ -25,6 +25,7 @@ from .cpu import describe_cpu, validate_cpu
 from .gemm import tile_shapes
 from .model_info import is_c_identifier
 from .tuning import DEFAULT_TUNING, X86Tuning
+from .weights_file import KeyLike, key_id, read_key
 
 
 @target_options(X86_TARGET)
@@ -47,7 +48,10 @@ class X86Options(TargetOptions):
     libm (``"libm"``: glibc's results, one scalar call per element). ``fused_attention`` (O2 and O3, default
     on): attention as the exports spell it (MatMul / Softmax / MatMul) becomes one FusedAttention kernel with
     an online softmax (proved ``on x86`` rules, rules/attention.rule); it reassociates the softmax's sums, so
-    ``fused_attention=False`` keeps the unfused ops.
+    ``fused_attention=False`` keeps the unfused ops. ``external_weights``: the weights go to ``libNAME.weights``
+    beside the library instead of into it (mapped read-only and shared between processes when loaded;
+    docs/weights.md); ``encrypt_weights``: a key file (or the key's 32 bytes) that file is encrypted with
+    (AES-256-GCM; implies ``external_weights``; load with ``cuvil.load(path, weights_key=...)``).
     """
 
     opt_level: int = attrs.field(default=3, validator=check(is_opt_level, "0, 1, 2 or 3"))
@@ -65,6 +69,14 @@ class X86Options(TargetOptions):
         lambda v: isinstance(v, X86Tuning), "an X86Tuning"))
     math: str = attrs.field(default="vector", validator=check(lambda v: v in ("vector", "libm"),
                                                               '"vector" or "libm"'))
+    external_weights: bool = attrs.field(default=False, validator=check(is_bool, "True or False"))
+    # a path or the key itself: never shown (repr=False), checked readable and well formed at once
+    encrypt_weights: Optional[KeyLike] = attrs.field(
+        default=None, repr=False, validator=lambda inst, attr, v: v is None or read_key(v, "encrypt_weights"))
+
+    def weights_key(self) -> Optional[bytes]:
+        """The 32-byte key ``encrypt_weights`` names, or None."""
+        return None if self.encrypt_weights is None else read_key(self.encrypt_weights, "encrypt_weights")
 
 
 def x86_rules(winograd: bool = True, fused_attention: bool = True) -> list:
@@ -102,9 +114,15 @@ class X86Target:
         choose = (options.winograd or options.fused_attention) and options.opt_level >= 2
         rules = x86_rules(options.winograd, options.fused_attention) if choose else []
         # The arena limit is enforced while building, so a cached library must have been built under the same one.
-        key = [str(options.opt_level), cpu_identity(options.cpu), options.prefix, f"opt_kernels={options.opt_kernels}",
+        # The ISA features the code may use, by name: a cache shared between hosts never hands a library that
+        # needs AVX-512 to a host without it, whatever the CPU is called.
+        isa = "isa=" + ",".join(sorted(describe_cpu(options.cpu).features))
+        key = [str(options.opt_level), cpu_identity(options.cpu), isa, options.prefix, f"opt_kernels={options.opt_kernels}",
                f"winograd={choose and options.winograd}", f"max_arena_bytes={arena_limit(options.max_arena_bytes)}",
                f"tuning={options.tuning!r}", f"math={options.math}"] + [r.text for r in rules]
+        key_bytes = options.weights_key()
+        if options.external_weights or key_bytes is not None:   # default builds keep their cache keys
+            key.append(f"external_weights=True key={key_id(key_bytes) if key_bytes is not None else None}")
         return BuildPlan(graph, options, f"lib{options.prefix}.so", key, {"choose": choose, "profiles": profiles})
 
     def emit(self, plan: BuildPlan, path: str, manifest_extra: dict) -> dict:
@@ -121,7 +139,8 @@ class X86Target:
             opt_graph, _ = specialize_graph(g, {k: v[1] for k, v in plan.extra["profiles"].items()})
         return compile_x86(g, path, opt_level=o.opt_level, cpu=o.cpu, prefix=o.prefix, manifest_extra=extra,
                            opt_graph=opt_graph, max_arena_bytes=o.max_arena_bytes,
-                           tuning=o.tuning, math=o.math)
+                           tuning=o.tuning, math=o.math, external_weights=o.external_weights or
+                           o.encrypt_weights is not None, weights_key=o.weights_key())
 
     def load(self, path: str, manifest: Optional[dict] = None, cached: bool = False) -> Artifact:
         if manifest is None:
