@@ -37,13 +37,14 @@ from ..ir.dim import SymExpr, bounds, product
 from ..ir.dtype import DType
 from .contraction import (Contraction, DepthwiseWindow, MatContraction, PadWindow, WinogradInput, WinogradOutput,
                    fallback_weights)
+from .attention import AttentionTile
 from .schedule import ARENA, WEIGHTS, Schedule, Stage, root_of
 from .texpr import E, Buf, _rebuild, as_index, dim_index, nodes, substitute, var
 
 #: Z3's time limit for one obligation; one that is not decided in time counts as unproved.
 QUERY_TIMEOUT_MS = 2000
 I64 = DType.INT64
-_FAMILIES = ("contract", "window", "wino_in", "wino_out", "padwin")
+_FAMILIES = ("contract", "window", "wino_in", "wino_out", "padwin", "attention")
 
 
 @attrs.define
@@ -610,6 +611,29 @@ def _family_obligations(st: Stage, node: E, doms) -> List[Access]:
                 idx = list(st.vars)
                 idx[len(lead) + k] = _loop(d, "f", b0)
                 out.append(Access(kind, st.buf, idx, [], d, node=node))
+    elif node.op == "attention" and isinstance(spec, AttentionTile):
+        # x86/attention.py: a unit is a block of qb query rows of one (n, h); a row past Sq loads the last row
+        # (clamped) and stores nothing; whole key panels (vectors of kb keys, value rows of dvp), masked stores
+        # of the dv output columns
+        n, h = _loop(d, "n", spec.batch), _loop(d, "h", spec.heads)
+        blk, qi = _loop(d, "blk", (spec.rows + spec.qb - 1) // spec.qb), _loop(d, "qi", spec.qb)
+        row = blk * spec.qb + qi
+        clamped = E("clamp", (row,), I64, (0, spec.rows - 1))
+        t, k, j = _loop(d, "t", spec.key_blocks), _loop(d, "k", spec.d), _loop(d, "j", spec.kb)
+        out.append(Access(kind, spec.q, [n, h, clamped, k], [], d, node=node))
+        out.append(Access(kind, spec.kt, [n, h, t, k, j], [], d, node=node))
+        c = _loop(d, "c", spec.dvp)
+        if spec.v_axes is None:      # the padded copy, whole panels
+            out.append(Access(kind, spec.v, [n, h, t * spec.kb + j, c], [], d, node=node))
+        else:                        # read in place, keys below Sk only
+            at = (n, h, t * spec.kb + j, c)
+            out.append(Access(kind, spec.v, [at[a] if a is not None else as_index(0) for a in spec.v_axes],
+                              [E("cmp", (t * spec.kb + j, as_index(spec.keys)), DType.BOOL, "lt")], d, node=node))
+        lead = [x if size != 1 else as_index(0) for x, size in zip((n, h, clamped), spec.mask.shape)]
+        out.append(Access(kind, spec.mask, lead + [t * spec.kb + j], [], d, node=node))
+        st_idx = [n, h, row, _loop(d, "c", spec.dv)]
+        out.append(Access(kind, st.buf, st_idx, [E("cmp", (row, as_index(spec.rows)), DType.BOOL, "lt")], d,
+                          node=node))
     else:
         out.append(Access(kind, st.buf, [], [z3_false()], d, node=node))
     return out
