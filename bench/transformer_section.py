@@ -141,8 +141,7 @@ def run_transformers(args, log) -> dict:
                                   "tiny": not given and args.transformer_size == "tiny",
                                   "symbols": sorted(p.graph.symbols), "bytes": os.path.getsize(so),
                                   "kernels": manifest.get("kernels"),
-                                  "fused_attention": sum("FusedAttention" in st.get("op", "")
-                                                         and st.get("stage", "").endswith("_rows")
+                                  "fused_attention": any(st.get("op") == "FusedAttention"
                                                          for st in manifest.get("steps", []))}
                 log(f"{kind}: one library for " + ", ".join(f"{k} {v[0]}..{v[2]}" for k, v in prof.items())
                     + f", compiled at O{args.opt_level} in {secs:.1f} s (fresh cache)")
