@@ -36,3 +36,86 @@ def test_update_and_out_conflict(run_all, capsys):
 
 def test_cpu_label_names_the_cpu(run_all):
     assert run_all.cpu_label().strip() and "this machine" not in run_all.cpu_label()
+
+
+# -- the transformer section (issue 20) and the OpenVINO column -------------------------------------------------
+
+FAST_TF = ["--section", "transformer", "--seqs", "8", "--pasts", "16", "--tf-runs", "2", "--warmup", "1",
+           "--pause-ms", "0", "--threads", "1"]
+
+
+def _ratio_fits(ratio, a, b):
+    """``ratio`` (2 decimals) is a / b for some values that round to the 2-decimal ``a`` and ``b``."""
+    return (a - 0.005) / (b + 0.005) - 0.005 <= ratio <= (a + 0.005) / max(b - 0.005, 1e-9) + 0.005
+
+
+def _table_rows(text, first_cell, cells=None):
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in text.splitlines()
+            if line.startswith(f"| {first_cell} |")]
+    return [r for r in rows if cells is None or len(r) == cells]
+
+
+def test_transformer_section_reports_ratios(run_all, tmp_path):
+    """A tiny config (one small layer) through the whole section: one library per model for its profile, a row
+    per point with both engines' p50 and their ratio, and the goals with a verdict each."""
+    out = tmp_path / "tf.md"
+    rc = run_all.main(FAST_TF + ["--transformer-size", "tiny", "--no-openvino", "--out", str(out)])
+    text = out.read_text()
+    assert rc == 0, text
+    assert "## Transformers (issue 20)" in text and "## CNNs" not in text
+    assert "one library for batch 1..8 (opt 1), sequence 1..512" in text
+    assert "past_sequence 1..1023" in text
+    for model, point in (("bert", "S = 8"), ("gpt2_decode", "past = 16")):
+        (row,) = _table_rows(text, model, 12)
+        assert row[1] == point and row[2] == "1"
+        c50, o50, ratio = float(row[3]), float(row[4]), float(row[6].strip("*"))
+        assert c50 > 0 and o50 > 0 and _ratio_fits(ratio, c50, o50)
+        assert row[5] == "-" and row[7] == "-"                    # no OpenVINO column asked for
+        assert float(row[11].split(";")[0]) <= 1e-3              # Cuvil agrees with onnxruntime
+    goals = [g for g in _table_rows(text, "bert (TINY config, a test of the section: not the goal's model)")
+             + _table_rows(text, "gpt2_decode (TINY config, a test of the section: not the goal's model)")]
+    assert len(goals) == 2 and all(g[3] in ("MET", "NOT MET") for g in goals)
+
+
+def test_transformer_section_reads_an_export(run_all, tmp_path):
+    """--bert-model: a torch.onnx export (the small fixture) instead of the built model, same library profile."""
+    out = tmp_path / "tf.md"
+    export = os.path.join(ROOT, "tests", "fixtures", "exports", "bert.torchscript.onnx")
+    rc = run_all.main(FAST_TF + ["--transformers", "bert", "--bert-model", export, "--no-openvino",
+                                 "--out", str(out)])
+    text = out.read_text()
+    assert rc == 0, text
+    assert "exported: `bert.torchscript.onnx`" in text
+    assert len(_table_rows(text, "bert", 12)) == 1 and not _table_rows(text, "gpt2_decode", 12)
+
+
+def test_missing_model_file_is_refused(run_all, capsys):
+    with pytest.raises(SystemExit) as e:
+        run_all.main(["--section", "transformer", "--bert-model", "/nonexistent/bert.onnx"])
+    assert e.value.code == 2
+    assert "export one with bench/models/export_transformers.py" in capsys.readouterr().err
+
+
+def test_openvino_column(run_all, tmp_path):
+    """With openvino importable, its float32 p50 and Cuvil/OV sit beside onnxruntime's in the same loop."""
+    pytest.importorskip("openvino", reason="openvino is not installed (the bench extra brings it)")
+    out = tmp_path / "tf.md"
+    rc = run_all.main(FAST_TF + ["--transformer-size", "tiny", "--transformers", "gpt2_decode", "--out", str(out)])
+    text = out.read_text()
+    assert rc == 0, text
+    assert "OpenVINO" in text and "INFERENCE_PRECISION_HINT=f32" in text
+    (row,) = _table_rows(text, "gpt2_decode", 12)
+    c50, v50, ratio_ov = float(row[3]), float(row[5]), float(row[7])
+    assert v50 > 0 and _ratio_fits(ratio_ov, c50, v50)
+    assert float(row[11].split(";")[1]) <= 1e-3                  # OpenVINO agrees with onnxruntime too
+
+
+def test_openvino_peer_in_the_cnn_loop(run_all, tmp_path):
+    """The CNN rows come from cuvil.bench.run_benchmark; OpenVINO joins its alternating loop as a peer."""
+    pytest.importorskip("openvino", reason="openvino is not installed (the bench extra brings it)")
+    from cuvil.bench import BenchOptions, run_benchmark
+    demo = os.path.join(ROOT, "src", "cuvil", "data", "demo_cnn.onnx")
+    res = run_benchmark(BenchOptions(demo, vs="onnxruntime", threads=1, runs=4, warmup=1, cold_runs=0,
+                                     peers={"openvino": run_all.openvino_peer}))
+    assert res["openvino"]["runs"] == 4 and res["openvino"]["p50_ms"] > 0
+    assert res["peer_ratios"]["openvino"]["p50"] == pytest.approx(res["cuvil"]["p50_ms"] / res["openvino"]["p50_ms"])

@@ -445,3 +445,38 @@ def test_gpt2_gemm_layers(tmp_path):
     assert rel_err(m.run(x, adapter="g")["logits"], ref) <= 1e-4
     assert rel_err(base, ref) > 1e-3
     m.close()
+
+
+@pytest.mark.parametrize("export", ["bert.dynamo.onnx", "gpt2.dynamo.onnx"])
+def test_dynamo_exports_whose_weights_lost_their_names(export, tmp_path):
+    """The dynamo exporter names Linear weights val_49 and its nodes node_MatMul_48: the slots find the layers
+    by the module scope it records in each node's metadata (kept by the importer as Node.scope), and a PEFT
+    adapter hot-swapped in matches the numpy-merged model run by onnxruntime."""
+    pytest.importorskip("safetensors")
+    from cuvil.testing.lora import model_modules, numpy_merged_model, write_peft_adapter
+    path = os.path.join(os.path.dirname(__file__), "fixtures", "exports", export)
+    gpt2 = export.startswith("gpt2")
+    pattern = r"attn\.(c_attn|c_proj)$" if gpt2 else r"attention\.(self\.(query|key|value)|output\.dense)$"
+    mods = model_modules(path, pattern)
+    assert mods, "the adapter needs layers to modify"
+    d = write_peft_adapter(tmp_path / "a", mods, r=3, lora_alpha=6, seed=7, scale_b=0.3,
+                           config={"fan_in_fan_out": True} if gpt2 else None)
+    art = Pipeline.from_onnx(path).optimize().compile(lora_slots=RANK, shape_profiles=PROFILE, opt_kernels=False,
+                                                      cache=False)
+    assert len(art.manifest["lora_slots"]) == len(mods)
+    if not gpt2:    # BERT's dynamo export lost every projection weight's name: only the scopes name them
+        assert not any(s["weight"].endswith(".weight") for s in art.manifest["lora_slots"])
+    m = cuvil.load(art.path)
+    m.load_adapter("a", d)
+    rng = np.random.default_rng(8)
+    x = inputs(2, 9) if not gpt2 else {"input_ids": rng.integers(0, 500, (2, 9)),
+                                       "attention_mask": np.ones((2, 9), np.int64)}
+    x = {i.name: x[i.name] for i in onnx.load(path).graph.input if i.name in x}
+    sess = ort.InferenceSession(numpy_merged_model(onnx.load(path), [(d, 1.0)]).SerializeToString(),
+                                providers=["CPUExecutionProvider"])
+    ref = sess.run(None, x)[0]
+    out = m.run(x, adapter="a")
+    first = out[sess.get_outputs()[0].name]
+    assert rel_err(first, ref) <= 1e-4
+    assert rel_err(m.run(x)[sess.get_outputs()[0].name], ref) > 1e-3
+    m.close()

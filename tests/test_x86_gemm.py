@@ -484,3 +484,55 @@ def test_winograd_reads_nothing_past_the_input(cpu):
     y = art.model().run(xv)[0]
     assert np.isfinite(y).all()
     assert float(np.abs(y - want).max()) <= 1e-4 * max(float(np.abs(want).max()), 1.0)
+
+
+def _ffn_block(hidden: int, ffn: int, also_read_f: bool = False):
+    """A BERT layer's dense half over ``x[B, S, hidden]``: ``f = x @ w1 + b1``, GELU as torch writes it
+    (``(f * 0.5) * (Erf(f * 2**-0.5) + 1)``: two uses of f that join), ``@ w2 + b2``, the residual and a
+    LayerNormalization. ``also_read_f``: f is also added to the output's first columns through a Slice (a
+    use that never joins the GELU's)."""
+    rng = np.random.default_rng(hidden + ffn)
+    c = lambda name, v: numpy_helper.from_array(np.asarray(v, dtype=np.float32), name)
+    inits = [c("w1", rng.standard_normal((hidden, ffn)) / np.sqrt(hidden)), c("b1", 0.1 * rng.standard_normal(ffn)),
+             c("w2", rng.standard_normal((ffn, hidden)) / np.sqrt(ffn)), c("b2", 0.1 * rng.standard_normal(hidden)),
+             c("half", 0.5), c("is2", 2 ** -0.5), c("one", 1.0),
+             c("g", 1 + 0.1 * rng.standard_normal(hidden)), c("bt", 0.1 * rng.standard_normal(hidden))]
+    n = helper.make_node
+    nodes = [n("MatMul", ["x", "w1"], ["m1"]), n("Add", ["m1", "b1"], ["f"]),
+             n("Mul", ["f", "half"], ["fh"]), n("Mul", ["f", "is2"], ["fs"]), n("Erf", ["fs"], ["e"]),
+             n("Add", ["e", "one"], ["e1"]), n("Mul", ["fh", "e1"], ["gelu"]),
+             n("MatMul", ["gelu", "w2"], ["m2"]), n("Add", ["m2", "b2"], ["d"]), n("Add", ["x", "d"], ["r"]),
+             n("LayerNormalization", ["r", "g", "bt"], ["y0"], axis=-1, epsilon=1e-12)]
+    if also_read_f:
+        inits += [numpy_helper.from_array(np.array(v, np.int64), k) for k, v in
+                  (("st", [0]), ("en", [hidden]), ("ax", [2]))]
+        nodes += [n("Slice", ["f", "st", "en", "ax"], ["fcut"]), n("Add", ["y0", "fcut"], ["y"])]
+    else:
+        nodes.append(n("Identity", ["y0"], ["y"]))
+    g = helper.make_graph(nodes, "ffn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", "S", hidden])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["B", "S", hidden])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("also_read_f", [False, True])
+def test_dense_block_with_gelu_epilogue_over_symbolic_rows(also_read_f):
+    """One library for B = 1..4, S = 1..40 (rows B x S, not a multiple of the 6-row tile): the GELU's two
+    uses of the product join, so it is the product's epilogue (one gemm step computes f and the GELU);
+    the second product carries the bias and the residual, and the LayerNorm, stored in the arena, reads
+    it. When f is also read elsewhere it is stored once instead (two gemm steps, never three)."""
+    model = _ffn_block(40, 72, also_read_f)
+    art = Pipeline.from_onnx(model).optimize().compile(shape_profiles={"B": (1, 2, 4), "S": (1, 16, 40)}, cache=False)
+    generic = [s for s in art.manifest["steps"] if s.get("variant") == "generic"]
+    gemms = [s["stage"] for s in generic if s["kernel"] == "gemm"]
+    assert len(gemms) == 2, generic
+    if not also_read_f:
+        assert not any(s["kernel"] == "loop" and s["op"] in ("Mul", "Erf", "Add") for s in generic), generic
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    m = art.model()
+    rng = np.random.default_rng(5)
+    for b_, s_ in [(1, 1), (1, 7), (3, 5), (2, 37), (4, 40), (1, 16)]:
+        x = rng.standard_normal((b_, s_, 40)).astype(np.float32)
+        want = sess.run(None, {"x": x})[0]
+        y1, y2 = m.run(x, num_threads=1)[0], m.run(x, num_threads=2)[0]
+        np.testing.assert_array_equal(y1, y2)
+        assert float(np.abs(y1 - want).max()) <= 1e-5 * max(1.0, float(np.abs(want).max())), (b_, s_)

@@ -280,8 +280,11 @@ class BenchOptions:
                  concurrency: int = 1, opt_level: int = 3, shapes: dict[str, Any] | None = None, seed: int = 0,
                  cold_runs: int = DEFAULT_COLD_RUNS, rtol: float = AGREE_RTOL, progress: bool | str | None = None,
                  pause_ms: float = 0.0, log=None, shape_profiles: dict[str, Any] | None = None,
-                 spelled: dict[str, str] | None = None):
+                 spelled: dict[str, str] | None = None, peers: dict[str, Any] | None = None):
         self.model, self.onnx, self.vs = model, onnx, vs
+        # more engines in the same alternating loop: name -> make(onnx_path, threads, input_names, arrays),
+        # which returns a no-argument callable that runs one inference (bench/run_all.py adds OpenVINO)
+        self.peers = dict(peers or {})
         self.threads, self.runs, self.duration, self.warmup = threads, runs, duration, warmup
         self.concurrency, self.opt_level, self.shapes, self.seed = concurrency, opt_level, dict(shapes or {}), seed
         self.shape_profiles = dict(shape_profiles or {})
@@ -505,7 +508,7 @@ def _timed_phase(opts: BenchOptions, lib: str, onnx_path: str | None, threads: i
     """Warm-up and timed runs in ``opts.concurrency`` threads, each with its own Cuvil Model (own session)
     and, with ``vs``, its own onnxruntime session."""
     C = opts.concurrency
-    engines = ["cuvil"] + (["onnxruntime"] if opts.vs else [])
+    engines = ["cuvil"] + (["onnxruntime"] if opts.vs else []) + list(opts.peers)
     workers = []
     for _ in range(C):
         runners = {"cuvil": functools.partial(load(lib, num_threads=threads).run, *arrays)}
@@ -513,6 +516,8 @@ def _timed_phase(opts: BenchOptions, lib: str, onnx_path: str | None, threads: i
             sess = _ort_session(onnx_path, threads)
             feeds = dict(zip(_ort_names(sess, names), arrays))
             runners["onnxruntime"] = functools.partial(sess.run, None, feeds)
+        for name, make in opts.peers.items():
+            runners[name] = make(onnx_path, threads, names, arrays)
         workers.append(runners)
     lat = {e: [[] for _ in range(C)] for e in engines}
     errs = {e: [0] * C for e in engines}
@@ -830,6 +835,8 @@ def _run_benchmark(opts: BenchOptions) -> dict[str, Any]:
                             "throughput": _ratio(c["throughput_ips"], o["throughput_ips"]),
                             "cold_start": _ratio(c.get("cold_start_ms", math.nan), o.get("cold_start_ms", math.nan)),
                             "peak_rss": _ratio(c.get("peak_rss_mb", math.nan), o.get("peak_rss_mb", math.nan))}
+    for name in opts.peers:
+        result.setdefault("peer_ratios", {})[name] = {"p50": _ratio(result["cuvil"]["p50_ms"], result[name]["p50_ms"])}
     return result
 
 

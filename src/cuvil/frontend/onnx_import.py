@@ -27,6 +27,7 @@ from ..ir.registry import all_ops
 from ..ir.types import TensorType
 from . import functions, legacy, subgraphs
 from .survey import unsupported_error, unsupported_nodes
+from .torch_scopes import node_scope
 
 MIN_OPSET = 7
 DEFAULT_DOMAINS = ("", "ai.onnx")
@@ -222,6 +223,9 @@ class _Importer:
                                  f"input of", hint=f"name its inputs: {', '.join(repr(vi.name) for vi in mg.input)}")
         for node in _topological(mg):
             self._node(node)
+        scopes = {n.name: sc for n in mg.node if n.name and (sc := node_scope(n))}
+        for n in self.g.nodes:
+            n.scope = scopes.get(n.name, "")
         for vi in mg.output:
             v = self.env.get(vi.name)
             if v is None:

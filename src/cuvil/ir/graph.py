@@ -61,6 +61,9 @@ class Node:
     # nodes of a run-time If's branch), so a backend may skip it otherwise. A hint, never needed for
     # correctness: a pass that cannot keep it true drops it (running a node is always correct).
     guard: Optional[Tuple["Value", bool]] = None
+    # The torch module the node was exported from (cuvil.frontend.torch_scopes), "" when unknown: how passes
+    # that pick layers by module (LoRA slots) name a layer whose weight lost its name. A hint like ``name``.
+    scope: str = ""
 
     def input(self, i: int) -> Optional[Value]:
         return self.inputs[i] if i < len(self.inputs) else None
@@ -263,7 +266,7 @@ class Graph:
         g.inputs = [cp(v) for v in self.inputs]
         for n in self.nodes:
             m = Node(n.op, [cp(v) for v in n.inputs], [], dict(n.attrs), n.name, n.domain, list(n.constraints),
-                     None if n.guard is None else (cp(n.guard[0]), n.guard[1]))
+                     None if n.guard is None else (cp(n.guard[0]), n.guard[1]), n.scope)
             for i, v in enumerate(m.inputs):
                 if v is not None:
                     v.uses.append((m, i))

@@ -186,6 +186,8 @@ class _StageBuilder:
         self.bufs: Dict[int, Buf] = {}
         self.expensive: Dict[int, bool] = {}
         self.contracting: Dict[int, bool] = {}   # inlined values whose expression holds a contraction
+        # inlined values -> the values whose contraction their expression holds (one node each, shared)
+        self.contraction_of: Dict[int, frozenset] = {}
         self.stages: List[Stage] = []
         self.weights: Dict[int, Tuple[Buf, np.ndarray]] = {}
         self.fused: Dict[str, int] = {}
@@ -295,9 +297,11 @@ class _StageBuilder:
         # an expression that inlines a reduction is expensive however cheap its own op is
         inlined_cost = any(self.expensive.get(id(v), False) for v in inlined)
         carries = any(self.contracting.get(id(v)) for v in inlined)
+        sources = frozenset().union(*(self.contraction_of.get(id(v), frozenset()) for v in inlined))
         for o, t in zip(node.outputs, outs):
             self.expensive[id(o)] = t.kind == "complex" or inlined_cost
             self.contracting[id(o)] = t.contraction or carries
+            self.contraction_of[id(o)] = sources | {id(o)} if t.contraction else sources
             self._place(node, o, t)
 
     def _inputs(self, node) -> List[Optional[TensorFn]]:
@@ -305,6 +309,11 @@ class _StageBuilder:
         # (the residual Add of two convolutions), all but the last are stored first.
         pending = [v for v in node.inputs
                    if v is not None and self.contracting.get(id(v)) and id(v) not in self.bufs]
+        # ... unless they all carry the one same contraction (a GELU's two branches over one product: its
+        # node is shared, see _shared)
+        one = {self.contraction_of.get(id(v), frozenset()) for v in pending}
+        if len(one) == 1 and len(next(iter(one))) == 1:
+            pending = pending[-1:]
         for v in pending[:-1]:
             # stored for every reader of v: it runs under v's own guard, not the node's
             own = v.producer.guard if v.producer is not None else None
@@ -343,7 +352,7 @@ class _StageBuilder:
         # a guarded value read outside its guard is stored under it: inlined there, it would run unguarded
         leaves_guard = node.guard is not None and any(u.guard != node.guard for u in self.g.consumers(o))
         if id(o) not in self.guard_conds and not leaves_guard and _inline(self.g, o, t, self.expensive[id(o)]):
-            self.fns[id(o)] = t
+            self.fns[id(o)] = _shared(t) if self.expensive[id(o)] and len(o.uses) > 1 else t
             self.fused[node.op] = self.fused.get(node.op, 0) + 1
             return
         self.fns[id(o)] = self.materialize(o.name, o.shape, o.dtype, t.fn)
@@ -385,10 +394,51 @@ def _inline(g: Graph, o: Value, t: TensorFn, expensive: bool) -> bool:
     if len(o.uses) == 1 and readers_same:
         return True
     if expensive:
-        return False
+        return readers_same and _joins(g, o, users)
     if t.kind == "injective":
         return True
     return t.kind == "elementwise" and all(u.op in ELEMENTWISE_OPS for u in users)
+
+
+JOIN_DEPTH = 8    # elementwise ops followed from each use of an expensive value looking for where they join
+
+
+def _joins(g: Graph, o: Value, users) -> bool:
+    """Whether every use of the expensive value ``o`` (all elementwise, of its shape) flows through
+    single-use elementwise ops of that shape into one node, within JOIN_DEPTH ops: a GELU's
+    ``(f * 0.5) * (Erf(f / sqrt 2) + 1)``, a SiLU's ``f * Sigmoid(f)``. Every value on the way is then
+    inlined into that node's stage, and so is ``o``, once (its expression shared, :func:`_shared`): the
+    product's epilogue computes the activation instead of a separate pass over a stored ``o``."""
+    outputs = {id(v) for v in g.outputs}
+    shape = tuple(o.shape)
+
+    def chain(n) -> List[int]:
+        out = [id(n)]
+        for _ in range(JOIN_DEPTH):
+            v = n.outputs[0] if len(n.outputs) == 1 else None
+            if v is None or id(v) in outputs or len(v.uses) != 1:
+                break
+            n = v.uses[0][0]
+            if n.op not in ELEMENTWISE_OPS or len(n.outputs) != 1 or tuple(n.outputs[0].shape) != shape:
+                break
+            out.append(id(n))
+        return out
+    chains = [chain(u) for u in users]
+    return any(all(j in c for c in chains[1:]) for j in chains[0])
+
+
+def _shared(t: TensorFn) -> TensorFn:
+    """``t`` whose expression at one index is built once: the consumers that inline a value read more than
+    once (:func:`_joins`) share its node (one contraction in the stage; emitted once, memoised by uid)."""
+    memo: Dict[tuple, E] = {}
+
+    def fn(idx):
+        key = tuple(i if not isinstance(i, E) else (i.op, i.attr, i.dtype) if i.op in ("var", "const") else i.uid
+                    for i in idx)
+        if key not in memo:
+            memo[key] = t.fn(list(idx))
+        return memo[key]
+    return attrs.evolve(t, fn=fn)
 
 
 def _reads(e: E) -> List[Buf]:

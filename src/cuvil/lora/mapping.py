@@ -17,7 +17,6 @@ a tie between different sites is an ambiguity. ``lora_map`` (module -> initializ
 names for the modules it lists."""
 from __future__ import annotations
 
-import ast
 import difflib
 from dataclasses import dataclass, field
 from typing import Optional
@@ -26,6 +25,7 @@ import onnx
 from onnx import numpy_helper
 
 from ..errors import CuvilError
+from ..frontend.torch_scopes import node_scope
 from .adapter import Adapter
 
 #: The ONNX element types a merge can round to.
@@ -69,25 +69,6 @@ class _Site:
     dtype: str
     names: list
     chain: list = field(default_factory=list)  # the Identity/Transpose nodes between W and the node
-
-
-def node_scope(node: onnx.NodeProto) -> Optional[str]:
-    """The torch module path a node came from, as the exporters record it, or None."""
-    for prop in node.metadata_props:
-        if prop.key == "pkg.torch.onnx.name_scopes":
-            try:
-                scopes = ast.literal_eval(prop.value)
-            except (ValueError, SyntaxError):
-                continue
-            scope = ""
-            for s in scopes:
-                if isinstance(s, str) and s and (not scope or s.startswith(scope + ".")):
-                    scope = s
-            if scope:
-                return scope
-    if node.name.startswith("/") and node.name.count("/") >= 2:
-        return ".".join(node.name.strip("/").split("/")[:-1])
-    return None
 
 
 def linear_sites(model: onnx.ModelProto) -> list:

@@ -18,7 +18,8 @@ adapter computes the base model's values bit for bit. Zero padding adds exact ze
 Targets are chosen like PEFT's ``target_modules``: module-name suffixes (``query`` matches
 ``encoder.layer.0.attention.self.query``), or, for a pattern holding a regex character, a regular expression
 the whole module name must match. A layer's module name is its weight initializer's less ``.weight``
-(``encoder.layer.0.attention.self.query.weight``), else its node's path (``/model/encoder/layer.0/attention/
+(``encoder.layer.0.attention.self.query.weight``), else the module scope the exporter recorded on its node
+(the dynamo exporter's metadata, kept as ``Node.scope``: :mod:`cuvil.frontend.torch_scopes`), else its node's path (``/model/encoder/layer.0/attention/
 self/query/MatMul`` -> ``model.encoder.layer.0.attention.self.query``), as the torch exporters leave them.
 """
 from __future__ import annotations
@@ -67,6 +68,8 @@ def module_name(node: Node, weight: Value) -> Optional[str]:
     neither names one."""
     if weight.name.endswith(".weight"):
         return weight.name[:-len(".weight")]
+    if node.scope:                      # the exporter's module scope (dynamo's metadata; the importer keeps it)
+        return node.scope
     if "/" in node.name:
         parts = [p for p in node.name.split("/") if p]
         if len(parts) >= 2:

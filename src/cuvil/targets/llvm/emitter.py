@@ -120,6 +120,9 @@ class LLVMEmitter(ABC):
         p = self.b.gep(self.base(buf), [I64(buf.offset)], source_etype=I8, inbounds=True)
         return self.b.gep(p, [flat], source_etype=mem_type(buf.dtype), inbounds=True)
 
+    def loaded(self, instr, buf: Buf) -> None:
+        """Hook: ``instr`` loads an element of ``buf`` (a target may attach alias metadata)."""
+
     def store_element(self, st: Stage, idx: List[ir.Value]):
         """Store the stage's value at output index ``idx`` (its variables bound to it)."""
         for v, i in zip(st.vars, idx):
@@ -195,7 +198,9 @@ class LLVMEmitter(ABC):
         if op == "const":
             return const_value(e.attr, dt)
         if op == "load":
-            return self.from_memory(b.load(self.address(e.attr, [self.emit(a) for a in e.args]), typ=mem_type(dt)), dt)
+            ld = b.load(self.address(e.attr, [self.emit(a) for a in e.args]), typ=mem_type(dt))
+            self.loaded(ld, e.attr)
+            return self.from_memory(ld, dt)
         if op == "wino_out" and len(e.args) == 6:    # [vars, direct, sum]: the direct value where sum is not finite
             v = self.emit(e.args[-1])
             d = b.fsub(v, v)                          # NaN exactly for inf and NaN (see x86/winograd.py)

@@ -9,8 +9,8 @@ import llvmlite.ir as ir
 
 from ...errors import CuvilError
 from ...ir.dtype import DType
-from ...kernels.schedule import Stage
-from ...kernels.texpr import E, identity_value, nodes, top_level
+from ...kernels.schedule import ARENA, WEIGHTS, Stage
+from ...kernels.texpr import E, Buf, identity_value, nodes, top_level
 from ..llvm.emitter import LLVMEmitter
 from ..llvm.types import F16, F32, I8, I64, const_value, ll
 from ..llvm.vecmath import VECTOR_FUNCTIONS, VectorMath
@@ -23,6 +23,45 @@ class X86Emitter(LLVMEmitter):
     """The LLVM emitter for host kernels."""
 
     target = "x86"
+
+    # Alias scopes. Arena buffers live at offsets of one base pointer, so LLVM cannot tell a stage's store
+    # from its loads of other arena buffers: a loop-invariant load (a LayerNorm row's mean and variance) then
+    # stays inside the loop and the loop vectoriser gives up. The memory plan never overlaps buffers that are
+    # alive at once (cuvil.kernels.schedule._plan_arena), and a stage's reads are alive while it stores, so
+    # a store to an arena buffer does not alias the loads of any other root buffer the stage reads (arena
+    # or weights): each such load carries its buffer's scope, the store those scopes as ``!noalias``.
+    # BERT-base's LayerNorms writing the arena (1 x 128 x 768): 0.20 -> 0.01 ms each (2-core Zen 5).
+    def scope(self, buf: Buf):
+        """The alias scope of ``buf``'s root (arena and weight buffers only), made once per module."""
+        root = buf.storage
+        if root.base not in (ARENA, WEIGHTS):
+            return None
+        km = self.km
+        if not hasattr(km, "alias_scopes"):
+            km.alias_scopes = {}
+            km.alias_domain = km.module.add_metadata([ir.MetaDataString(km.module, "cuvil.arena")])
+        if id(root) not in km.alias_scopes:
+            name = f"cuvil.buf{len(km.alias_scopes)}.{root.name}"
+            km.alias_scopes[id(root)] = (root, km.module.add_metadata([ir.MetaDataString(km.module, name),
+                                                                       km.alias_domain]))
+        return km.alias_scopes[id(root)][1]
+
+    def loaded(self, instr, buf: Buf) -> None:
+        sc = self.scope(buf)
+        if sc is not None:
+            instr.set_metadata("alias.scope", self.km.module.add_metadata([sc]))
+
+    def store_element(self, st: Stage, idx: List[ir.Value]):
+        for v, i in zip(st.vars, idx):
+            self.env[v.attr] = i
+        value = self.to_memory(self.emit(st.expr), st.buf.dtype)
+        instr = self.b.store(value, self.address(st.buf, idx))
+        if st.buf.base == ARENA and not self.mutable:
+            out = st.buf.storage
+            others = {id(r.storage): r for r in st.reads if r.storage is not out}
+            scopes = [sc for sc in (self.scope(r) for r in others.values()) if sc is not None]
+            if scopes:
+                instr.set_metadata("noalias", self.km.module.add_metadata(scopes))
 
     def store_row(self, st: Stage, red: E, outers: List[List[ir.Value]], width):
         """Row schedule for a reduction over one or several rows (``outers``: each row's outer indices):

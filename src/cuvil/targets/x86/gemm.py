@@ -630,7 +630,9 @@ def fma_tile_loop(em, fma, k0, k1, init, nv: int, vectors, scalars, prefetch=Non
     if prefetch is not None:
         pf = em.km.declare("llvm.prefetch.p0", ir.VoidType(), [PTR, I32, I32, I32])
         for addr in prefetch(k):
-            b.call(pf, [addr, I32(0), I32(3), I32(1)])   # read, keep in all levels, data
+            # read, data; keep in all levels, or (an (address, locality) pair) in the outer ones only
+            addr, locality = addr if isinstance(addr, tuple) else (addr, 3)
+            b.call(pf, [addr, I32(0), I32(locality), I32(1)])
     bv = vectors(k)
     new = []
     for r, a in enumerate(scalars(k)):
