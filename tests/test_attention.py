@@ -126,10 +126,11 @@ def test_fused_kernel_matches_onnxruntime_from_one_library(guard, mask_rank, fil
         assert err <= RTOL, (batch, seq, err)
 
 
-@pytest.mark.parametrize("head", [64, 20])
+@pytest.mark.parametrize("head", [64, 20, 4])
 def test_fused_kernel_head_sizes(head):
-    """Head size 64 (BERT's, four whole AVX-512 vectors per value row) and 20 (a whole vector and a partial one:
-    the output's last columns stored under a mask, the values padded with zeros)."""
+    """Head size 64 (BERT's, four whole AVX-512 vectors per value row), 20 (a whole vector and a partial one:
+    the output's last columns stored under a mask, the values padded with zeros) and 4 (padded to one 8-lane
+    vector; 8, the other tests' size, is read in place as 8-lane vectors)."""
     model = attention_model(True, 4, float("-inf"), D=head)
     art = Pipeline.from_onnx(model).optimize().compile(shape_profiles={"B": (1, 1, 2), "S": (1, 16, 64)}, cache=False)
     assert tiled(art)
@@ -183,11 +184,12 @@ def test_symbolic_head_size_takes_the_sequential_form():
         assert max_rel_error(np.nan_to_num(got), np.nan_to_num(want)) <= RTOL, (batch, seq)
 
 
-def test_tile_accesses_are_proved_and_a_widened_tile_refuted():
+@pytest.mark.parametrize("head", [32, 8])
+def test_tile_accesses_are_proved_and_a_widened_tile_refuted(head):
     """The tile kernel's accesses (kernels/bounds.py, family "attention") are proved on a real schedule and
     refuted once its key panels or value rows are read one vector wider than stored: the stage is then
-    guarded back to its plain expression."""
-    p = Pipeline.from_onnx(attention_model(True, 2, float("-inf"), D=32)).optimize().specialize({"B": 2, "S": 40})
+    guarded back to its plain expression. Head size 8: the values read in place, rows of 8."""
+    p = Pipeline.from_onnx(attention_model(True, 2, float("-inf"), D=head)).optimize().specialize({"B": 2, "S": 40})
     p = p.choose_algorithms("x86_64-linux-gnu", None)
     sched = schedule(p.graph, gemm_cols=tile_cols(512), split_concat=True, gemm_tiles=tile_shapes(512),
                      row_kernels=True, channel_tile_cost=DEFAULT_TUNING.channel_tile_cost)
@@ -195,6 +197,7 @@ def test_tile_accesses_are_proved_and_a_widened_tile_refuted():
     st = next(st for st in sched.stages if st.expr.op == "attention")
     assert prove_stage(prover, sched, st)[1] == []
     spec = st.expr.attr
+    assert spec.dvp == head and spec.v_axes is not None        # the values read in place
     for field in ("kb", "dvp"):
         old = getattr(spec, field)
         setattr(spec, field, old + 16)

@@ -100,3 +100,82 @@ def test_a_view_is_checked_by_the_library_before_it_is_copied(lib, tmp_path):
     np.testing.assert_array_equal(m.run(np.broadcast_to(xs[:1], xs.shape), zs)[0],
                                   m.run(np.repeat(xs[:1], 2, axis=0), zs)[0])
     m.close()
+
+
+def test_a_static_model_takes_every_kind_of_array_on_the_fast_path():
+    """run(*arrays) on a static model skips the general checks for exact ndarrays of the declared dtype and
+    shape (and takes buffers' addresses without numpy's ctypes helper): read-only, strided and subclassed
+    arrays, and a wrong dtype after fast calls, give what the full path gives."""
+    art = Pipeline.from_onnx(c_abi.fixture_model()).compile(fixed={"N": 2})
+    m = loader.load(art.path)
+    assert m.signature._exact is not None              # every input static: the fast path is on
+    x, z = feeds(2)
+    want = c_abi.reference(x, z)
+    np.testing.assert_allclose(m.run(x, z)[0], want, rtol=1e-4, atol=1e-4)
+    ro = x.copy()
+    ro.flags.writeable = False
+    np.testing.assert_allclose(m.run(ro, z)[0], want, rtol=1e-4, atol=1e-4)
+    wide = np.zeros(x.shape[:-1] + (2 * x.shape[-1],), x.dtype)
+    wide[..., ::2] = x
+    np.testing.assert_allclose(m.run(wide[..., ::2], z)[0], want, rtol=1e-4, atol=1e-4)
+
+    class Sub(np.ndarray):
+        pass
+    np.testing.assert_allclose(m.run(x.view(Sub), z)[0], want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(m.run({"x": x, "z": z})["y"], want, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ShapeError, match=r"input 0 'x': dtype is 11 \(double\), expected 1 \(float\)"):
+        m.run(x.astype(np.float64), z)
+    with pytest.raises(ShapeError, match=r"input 0 'x': dim 0 is 3, expected 2"):
+        m.run(feeds(3)[0], z)
+    np.testing.assert_allclose(m.run(x, z)[0], want, rtol=1e-4, atol=1e-4)
+    m.close()
+
+
+def test_a_symbolic_model_called_again_with_the_same_shapes_checks_the_same(lib):
+    """The last accepted shapes of a model with symbols skip the full checks on the next call with the same
+    ones; other shapes, a dict call and a second call after another shape still get every check."""
+    m = loader.load(lib)
+    for n in (2, 3, 2, 2):
+        x, z = feeds(n)
+        np.testing.assert_allclose(m.run(x, z)[0], c_abi.reference(x, z), rtol=1e-4, atol=1e-4)
+        assert m.run(x, z)[0].shape == c_abi.reference(x, z).shape
+    x, z = feeds(2)
+    with pytest.raises(ShapeError, match=r"input 0 'x': dtype is 11 \(double\), expected 1 \(float\)"):
+        m.run(x.astype(np.float64), z)
+    with pytest.raises(ShapeError, match=r"dim 0 is N = 3, but input 0 .x. dim 0 bound N = 2"):
+        m.run(x, feeds(3)[1])
+    np.testing.assert_allclose(m.run({"x": x, "z": z})["y"], c_abi.reference(x, z), rtol=1e-4, atol=1e-4)
+    m.close()
+
+
+def test_large_outputs_reuse_only_blocks_no_array_refers_to(tmp_path):
+    """Outputs of 256 KiB and more come from the model's pool: a block is handed out again only once every
+    array (and view) of it is gone, so outputs the caller keeps are never overwritten."""
+    from onnx import TensorProto, helper
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1 << 16])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1 << 16])
+    model = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "relu", [x], [y]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    m = loader.load(Pipeline.from_onnx(model).compile().path)
+
+    def run(v):
+        return m.run(np.full((1, 1 << 16), v, np.float32))[0]
+
+    def addr(a):
+        return a.__array_interface__["data"][0]
+    y1 = run(1.0)
+    y2 = run(2.0)
+    assert addr(y1) != addr(y2) and (y1 == 1).all() and (y2 == 2).all()
+    a1 = addr(y1)
+    del y1
+    y3 = run(3.0)
+    assert addr(y3) == a1 and (y2 == 2).all() and (y3 == 3).all()
+    view = y2[:, ::2]
+    a2 = addr(y2)
+    del y2
+    y4 = run(4.0)
+    assert addr(y4) not in (a2, a1) and (view == 2).all() and (y3 == 3).all() and (y4 == 4).all()
+    del view
+    y5 = run(5.0)
+    assert addr(y5) == a2 and (y3 == 3).all() and (y4 == 4).all() and (y5 == 5).all()
+    m.close()

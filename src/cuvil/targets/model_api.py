@@ -145,6 +145,20 @@ class Signature:
     symbols: Mapping[str, SymbolProfile] = attrs.field(factory=dict)
     fixed: Mapping[str, int] = attrs.field(factory=dict)
     target: str = ""
+    #: per input (dtype, shape) when every input is fully static (no symbol): :meth:`prepare`'s fast path
+    _exact: Optional[tuple] = attrs.field(init=False, eq=False, repr=False)
+    #: [(per input (dtype, shape), bindings)] of the last positional call the full checks accepted (a model
+    #: with symbols called again with the same shapes skips them: the checks read only dtypes and shapes)
+    _last: list = attrs.field(init=False, eq=False, repr=False, factory=lambda: [None])
+
+    @_exact.default
+    def _exact_default(self):
+        exact = []
+        for d in self.inputs:
+            if d.dtype is None or not all(type(v) is int for v in d.dims):
+                return None
+            exact.append((d.dtype, tuple(d.shape)))
+        return tuple(exact)
 
     def input_names(self) -> str:
         return ", ".join(repr(d.name) for d in self.inputs)
@@ -194,6 +208,18 @@ class Signature:
     def prepare(self, args: Sequence = (), named: Optional[Mapping] = None) -> Prepared:
         """The inputs of ``run(*args, **named)`` as arrays in input order, every one checked (see the module
         docstring); raises :class:`ShapeError` with the next step."""
+        exact, bound = self._exact, {}
+        if exact is None and self._last[0] is not None:
+            exact, bound = self._last[0]
+        if exact is not None and not named and len(args) == len(exact):
+            # the common call, run(*arrays): exact ndarrays of the declared dtype and shape (a static model) or
+            # of the shapes the last call had accepted pass every check below unchanged (anything else takes
+            # the full path and its messages)
+            for a, (dtype, shape) in zip(args, exact):
+                if type(a) is not np.ndarray or a.dtype != dtype or a.shape != shape:
+                    break
+            else:
+                return Prepared(arrays=list(args), as_dict=False, bindings=dict(bound))
         given, as_dict = self.gather(args, named or {})
         arrays, bindings, bound_by = [], {}, {}
         for k, (d, x) in enumerate(zip(self.inputs, given)):
@@ -204,6 +230,8 @@ class Signature:
                              f"{d.dtype.name if d.dtype is not None else code_name(d.code)}")
             self._check(k, d, a, bindings, bound_by)
             arrays.append(a)
+        if self._exact is None and not as_dict and not named and all(type(x) is np.ndarray for x in given):
+            self._last[0] = (tuple((a.dtype, a.shape) for a in arrays), dict(bindings))
         return Prepared(arrays=arrays, as_dict=as_dict, bindings=bindings)
 
     def _check(self, k: int, d: TensorSpec, a: np.ndarray, bindings: dict, bound_by: dict) -> None:

@@ -44,6 +44,7 @@ PV_GROUP = 4        # keys whose P·V terms one vectorised pass over d adds (one
 # the output rows (head size 64) 6 x 4: each key vector loaded feeds 6 FMAs, each value vector 6.
 QUERY_BLOCK = 6
 TILE_VECTOR = 16    # the padding unit of the values' head size (AVX-512's lanes; a multiple of narrower ones)
+NARROW_VECTOR = 8   # ... for a head size up to 8 (AVX2's lanes): such values are read in place, not copied padded
 TILE_MAX_DV = 512   # a tile's output rows stay on the stack: wider heads take the sequential form
 
 
@@ -195,7 +196,8 @@ def _tiled(ctx, q, kt, v, scale_t, mask):
     KB = KEY_BLOCK
     nkb = (Sk + KB - 1) // KB
     padded = nkb * KB
-    dvp = -(-Dv // TILE_VECTOR) * TILE_VECTOR
+    unit = NARROW_VECTOR if Dv <= NARROW_VECTOR else TILE_VECTOR
+    dvp = -(-Dv // unit) * unit
     n_keys = _to_index(Sk)
     zero, neg_inf = const(0.0, dt), const(float("-inf"), dt)
     qf = broadcast_fn(q, (B, H, Sq, D))

@@ -55,7 +55,7 @@ def emit_attention_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]
     spec = find_attention(st)
     if spec is None:
         return None
-    vw = max(4, km.vector_bits // 32)
+    vw = min(max(4, km.vector_bits // 32), spec.dvp)   # values of 8 floats a row (dvp 8): 8 lanes
     if spec.kb % vw or spec.dvp % vw:
         return None
     vec = ir.VectorType(F32, vw)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import sys
 import threading
 
 import attrs
@@ -106,6 +107,19 @@ def _manifest_dims(manifest: dict, key: str, k: int, spec: TensorSpec, plain: bo
                  for v, want in zip(shape, spec.shape))
 
 
+_POOL_MIN_BYTES = 1 << 18   # outputs from 256 KiB up come from the model's pool (smaller: numpy's allocator)
+_POOL_BLOCKS = 64           # blocks a model's pool keeps
+
+
+def _address(a: np.ndarray):
+    """The data pointer of ``a`` for a CTensor (None for no data). ``a.ctypes.data`` builds numpy's ctypes
+    helper and array interface, 2-3 us a call: most of a small model's run; a writable C-contiguous array's
+    buffer gives the same address in a fraction of that."""
+    if a.nbytes and a.flags.writeable and a.flags.c_contiguous:
+        return ctypes.addressof(ctypes.c_char.from_buffer(a))
+    return a.ctypes.data or None
+
+
 class X86Model(model_api.Model):
     """A loaded ``libNAME.so`` (:class:`cuvil.targets.model_api.Model`: ``run``, ``inputs``, ``outputs``,
     ``symbols``). One lazily created session (``num_threads``, 0 = all cores; ``run(..., num_threads=N)`` for
@@ -167,6 +181,11 @@ class X86Model(model_api.Model):
         self._out_tensors = (CTensor * max(1, len(outputs)))()
         # Shape arrays handed to the library, reused across runs (filled under the lock).
         self._in_shapes = [(ctypes.c_int64 * max(1, d.ndim))() for d in inputs]
+        for t, shape in zip(self._in_tensors, self._in_shapes):
+            t.shape = shape
+        self._swapped_shapes = False
+        self._pool: list = []       # blocks large outputs are carved from (_output_array)
+        self._last_out = None       # (input dtypes and shapes, output sizes) of the last run of a symbolic model
         self._out_shapes = [(ctypes.c_int64 * max(1, d.ndim))() for d in outputs]
         for t, d, shape in zip(self._out_tensors, outputs, self._out_shapes):
             t.dtype, t.ndim, t.shape = d.code, d.ndim, shape
@@ -319,6 +338,7 @@ class X86Model(model_api.Model):
             if getattr(self, "_session", None):
                 self._f.session_destroy(self._session)
                 self._session = None
+            self._pool = []
             weights, self._weights = getattr(self, "_weights", None), None
             if weights is not None:
                 weights.release()
@@ -334,6 +354,33 @@ class X86Model(model_api.Model):
 
     # -- running ------------------------------------------------------------------------------------
 
+    def _output_array(self, shape, dtype) -> np.ndarray:
+        """An uninitialised output array. A large one (an LLM step's present keys and values: megabytes each)
+        is carved from a block of this model's pool that no array refers to any more (the caller dropped the
+        outputs it was handed; any view of them keeps the block referenced), as onnxruntime's arena does: a
+        fresh one would be page-faulted and zeroed by the kernel at every call (24 x 3 MB a GPT-2 step at 1,024
+        keys: more time than the step's kernels)."""
+        n = dtype.itemsize
+        for v in shape:
+            n *= int(v)
+        if n < _POOL_MIN_BYTES:
+            return np.empty(shape, dtype=dtype)
+        pool, found = self._pool, None
+        for k in range(len(pool)):
+            # references: the pool's list and getrefcount's argument: no array holds the block
+            if n <= pool[k].nbytes <= 2 * n and sys.getrefcount(pool[k]) == 2:
+                found = pool.pop(k)
+                break
+        if found is None:
+            found = np.empty(n, dtype=np.uint8)
+            if len(pool) >= _POOL_BLOCKS:      # the oldest block nothing refers to goes back to the system
+                for k in range(len(pool)):
+                    if sys.getrefcount(pool[k]) == 2:
+                        del pool[k]
+                        break
+        pool.append(found)                      # most recently used last
+        return found[:n].view(dtype).reshape(shape)
+
     def _run_arrays(self, xs: list, num_threads: int | None = None, adapter=_UNSET) -> list:
         """One run on checked inputs (``Model.run``); ``num_threads`` for this call (None: the model's);
         ``adapter``: the LoRA adapter of this call (a loaded name, or None for the base model; default: the one
@@ -348,18 +395,22 @@ class X86Model(model_api.Model):
             s = self._get_session(num_threads)
             self._activate(s, self._active if adapter is _UNSET else self._known(adapter))
             ins, keep = self._in_tensors, []
+            if self._swapped_shapes:   # a wrong-rank call before pointed a CTensor at its own shape array
+                for t, shape in zip(ins, self._in_shapes):
+                    t.shape = shape
+                self._swapped_shapes = False
             copies = [k for k, a in enumerate(xs) if not (a.flags.c_contiguous and a.flags.aligned)]
             for k, a in enumerate(xs):
-                shape = self._in_shapes[k]
+                shape, t = self._in_shapes[k], ins[k]
                 if a.ndim > len(shape):  # wrong rank: the library reports it
                     shape = (ctypes.c_int64 * a.ndim)()
                     keep.append(shape)
+                    t.shape = shape      # put back by the next call (setting a pointer field costs ~0.5 us)
+                    self._swapped_shapes = True
                 shape[:a.ndim] = a.shape
-                t = ins[k]
-                t.data = a.ctypes.data or None
+                t.data = _address(a)
                 t.dtype = dtype_code(a.dtype)
                 t.ndim = a.ndim
-                t.shape = shape
             if copies:
                 # A strided view or unaligned buffer is copied, but only after the library has checked every
                 # input's shape (output_shape reads no data): a dim the loader could not check (no manifest)
@@ -372,19 +423,28 @@ class X86Model(model_api.Model):
             if self._static_outputs:
                 shapes = [d.shape for d in outputs]       # checked at load
             else:
-                shapes = []
-                for j, d in enumerate(outputs):
-                    shape = self._out_shapes[j]
-                    self._check(self._f.output_shape(s, ins, j, shape))
-                    shapes.append(tuple(shape[k] for k in range(d.ndim)))
-                self._check_output_sizes(shapes)
+                # output_shape reads only the inputs' dtypes and shapes: the last call's sizes (and their
+                # check against max_output_bytes) hold for the same ones
+                key = (tuple((a.dtype, a.shape) for a in xs), self.max_output_bytes)
+                last = self._last_out
+                if last is not None and last[0] == key:
+                    shapes = last[1]
+                    for j, d in enumerate(outputs):    # a run of value-sized outputs wrote its dims there
+                        self._out_shapes[j][:d.ndim] = shapes[j]
+                else:
+                    shapes = []
+                    for j, d in enumerate(outputs):
+                        shape = self._out_shapes[j]
+                        self._check(self._f.output_shape(s, ins, j, shape))
+                        shapes.append(tuple(shape[k] for k in range(d.ndim)))
+                    self._check_output_sizes(shapes)
+                    self._last_out = (key, shapes)
             outs = []
             for j, d in enumerate(outputs):
-                y = np.empty(shapes[j], dtype=d.dtype)
+                y = self._output_array(shapes[j], d.dtype)
                 outs.append(y)
-                self._out_tensors[j].data = y.ctypes.data or None
+                self._out_tensors[j].data = _address(y)
             self._check(self._f.run(s, ins, self._out_tensors))
-            del keep
             if not self._static_outputs:   # sizes computed from the values (NonZero): the run wrote the dims
                 for j, d in enumerate(outputs):
                     dims = tuple(self._out_shapes[j][k] for k in range(d.ndim))
