@@ -27,7 +27,7 @@ from cuvil import audit
 from cuvil.errors import CuvilError, ShapeError
 from cuvil.ir.dim import is_symbol_name
 from cuvil.targets import model_api
-from cuvil.targets.digests import sha256_file
+from cuvil.supply_chain.digests import sha256_file
 from cuvil.targets.model_api import (Signature, SymbolProfile, TensorSpec, dtype_code, fixed_symbols, shape_text,
                                     tensor_spec)
 from cuvil.targets.x86.bound_weights import bind_external_weights
