@@ -34,6 +34,7 @@ import json
 import os
 import pickle
 import random
+import re
 import shutil
 import signal
 import stat
@@ -489,7 +490,8 @@ def main(argv=None) -> int:
         for r in res["rows"]:
             if r["family"] not in seen and len(seen) < a.examples:
                 seen.add(r["family"])
-                text += f"- {r['family']}: {r['verified_detail'][:300]}\n"
+                msg = re.sub(r"/\S*/cuvil-tamper-[^/]+/v/[^/]+/", "", r["verified_detail"])
+                text += f"- {r['family']}: {msg[:240]}\n"
     print(text)
     if a.out:
         with open(a.out, "w") as f:

@@ -211,3 +211,30 @@ def test_signature_keyid_edit_is_refused(signed, keys):
         with pytest.raises(SignatureError) as e:
             signing.verify_artifact(signed, keys / "pub.pem")
         assert e.value.reason == "bad-signature"
+
+
+def test_the_c_verifier_refuses_a_fifo_and_a_link(signed, keys, tmp_path):
+    """examples/c/verify_and_load.c opened with O_NOFOLLOW but would wait forever on a FIFO (a hung
+    loader): a FIFO signature, a FIFO sidecar and a linked library are refused (exit 1) within the time limit."""
+    import subprocess
+    if shutil.which("cc") is None or not os.path.isfile("/usr/include/openssl/evp.h"):
+        pytest.skip("needs a C compiler and the OpenSSL libcrypto headers (libssl-dev)")
+    exe = tmp_path / "verify_and_load"
+    subprocess.run(["cc", "-O2", "-Wall", "-Wextra", "-Werror", os.path.join(ROOT, "examples", "c", "verify_and_load.c"),
+                    "-lcrypto", "-ldl", "-o", str(exe)], check=True)
+    run = lambda: subprocess.run([str(exe), str(keys / "pub.pem"), str(signed)], capture_output=True, text=True,  # noqa: E731
+                                 timeout=60)
+    assert run().returncode == 0
+    for path in (sidecars(str(signed))["h"], signing.signature_path(signed)):
+        saved = open(path, "rb").read()
+        os.unlink(path)
+        os.mkfifo(path)
+        res = run()
+        assert res.returncode == 1 and "not a regular file" in res.stderr, res.stderr
+        os.unlink(path)
+        open(path, "wb").write(saved)
+    assert run().returncode == 0
+    os.rename(signed, str(signed) + ".real")
+    os.symlink(os.path.basename(str(signed)) + ".real", signed)
+    res = run()
+    assert res.returncode == 1 and "symbolic link" in res.stderr, res.stderr
