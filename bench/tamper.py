@@ -461,6 +461,11 @@ def table(result: dict, unverified: bool = True) -> str:
         lines.append(f"| {a} | {fam} | {len(rs)} | {sum(r['verified'] == 'refused' for r in rs)} | "
                      + (f"{c['ran, different']} / {c['crashed']} / {c['hung']} / {c['traceback']}" if unverified else "-")
                      + " |")
+    worst = [r for r in rows if r.get("unverified") in ("hung", "crashed", "traceback", "ran, different")]
+    if worst:
+        lines += ["", "Unverified loads that hung, crashed, raised a traceback or ran with different outputs:", ""]
+        lines += [f"- {r['artifact']} {r['family']} ({r['file']}: {r['detail']}): {r['unverified']} "
+                  f"{str(r['unverified_detail'])[:160]}" for r in worst]
     bad = [r for r in rows if r["verified"] != "refused"]
     if bad:
         lines += ["", "Verified loads NOT refused:", ""]
@@ -486,12 +491,13 @@ def main(argv=None) -> int:
             f"--artifacts {a.artifacts} --seed {a.seed}`)\n"
     if a.examples:
         seen = set()
-        text += "\nSome refusals, as the user sees them:\n\n"
+        text += "\nSome refusals of the verified load, as the user sees them (one per kind of message):\n\n"
         for r in res["rows"]:
-            if r["family"] not in seen and len(seen) < a.examples:
-                seen.add(r["family"])
-                msg = re.sub(r"/\S*/cuvil-tamper-[^/]+/v/[^/]+/", "", r["verified_detail"])
-                text += f"- {r['family']}: {msg[:240]}\n"
+            msg = re.sub(r"/\S*/cuvil-tamper-[^/]+/v/[^/]+/", "", r["verified_detail"])
+            kind = re.sub(r"\S+\.(so|h|json|weights|sig|ptx|bin|cubin)\b|\(.*", "", msg)[:60]
+            if kind not in seen and len(seen) < a.examples:
+                seen.add(kind)
+                text += f"- {r['artifact']}, {r['family']}: {msg[:220]}\n"
     print(text)
     if a.out:
         with open(a.out, "w") as f:

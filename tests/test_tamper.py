@@ -238,3 +238,18 @@ def test_the_c_verifier_refuses_a_fifo_and_a_link(signed, keys, tmp_path):
     os.symlink(os.path.basename(str(signed)) + ".real", signed)
     res = run()
     assert res.returncode == 1 and "symbolic link" in res.stderr, res.stderr
+
+
+def test_a_damaged_symbol_name_is_a_clear_error_unverified(tamper, tmp_path):
+    """The campaign's one traceback: a .dynstr byte flipped to a non-UTF-8 byte made dlopen's message (which
+    quotes the symbol) a UnicodeDecodeError out of ctypes. Now a CuvilError with its next step, also without
+    verify=."""
+    so = Pipeline.from_onnx(DEMO).compile().save(tmp_path / "libdemo.so")
+    data = bytearray(open(so, "rb").read())
+    off, size = tamper._elf_sections(bytes(data))[".dynstr"]
+    at = data.index(b"\0vsnprintf\0", off, off + size) + 2
+    data[at] = 0xE5                                         # v\xe5snprintf: undefined, and not UTF-8
+    open(so, "wb").write(bytes(data))
+    kind, detail = tamper.run_isolated(str(so), None, None, [], 60)
+    assert kind == "refused", (kind, detail)
+    assert "cannot load" in detail and "next:" in detail

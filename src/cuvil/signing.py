@@ -359,9 +359,10 @@ def _verify(path: str, kind: str, key) -> VerifiedArtifact:
             raise SignatureError(f"{path}: signed with another key than the one given", "wrong-key",
                                  hint="verify with the public key of whoever signed it (their PUB.pem); if it "
                                       "should be yours, sign it again with your KEY.pem") from None
-        raise SignatureError(f"{path}: the signature {os.path.basename(sig)} does not verify ({text})",
+        lines = text.splitlines()            # a parser's report can run to many lines: the first in the message
+        raise SignatureError(f"{path}: the signature {os.path.basename(sig)} does not verify ({lines[0]})",
                              "bad-signature", hint=f"the signature or what it signs was altered: get the "
-                             f"artifact again from its publisher, or {resign}") from None
+                             f"artifact again from its publisher, or {resign}", details=lines[1:]) from None
     ser = expected.serialization_type
     if ser.get("method") != "files" or ser.get("hash_type") != "sha256":
         raise SignatureError(f"{path}: signed with model-signing's {ser.get('method')}/{ser.get('hash_type')} "

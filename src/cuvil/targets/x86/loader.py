@@ -130,7 +130,7 @@ class X86Model(model_api.Model):
                              hint="give prefix= the --prefix the library was compiled with (default cuvil)")
         try:
             self._lib = ctypes.CDLL(dlopen_path or self.path, mode=os.RTLD_LOCAL | os.RTLD_NOW)
-        except OSError as e:
+        except (OSError, UnicodeDecodeError) as e:   # dlerror() quotes a damaged symbol name: maybe not UTF-8
             raise CuvilError(f"cannot load {path}: {e}", hint="compile the model again on this machine (cuvil "
                              "compile MODEL -o libNAME.so); `cuvil doctor` shows what this machine has") from e
         self._mapped, self._digest = dlopen_path or self.path, None
@@ -196,7 +196,7 @@ class X86Model(model_api.Model):
         for name, (res, args) in sigs.items():
             try:
                 fn = getattr(lib, f"{p}_{name}")
-            except AttributeError:
+            except (AttributeError, UnicodeDecodeError):
                 raise CuvilError(f"{self.path}: no symbol {p}_{name}; not a Cuvil artifact with prefix {p!r}",
                                  hint="a Cuvil library compiled with --prefix finds it in the libNAME.manifest.json "
                                       "beside it: keep that file there (Python: cuvil.load(path, prefix=...)); any "
