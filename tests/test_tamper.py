@@ -253,3 +253,19 @@ def test_a_damaged_symbol_name_is_a_clear_error_unverified(tamper, tmp_path):
     kind, detail = tamper.run_isolated(str(so), None, None, [], 60)
     assert kind == "refused", (kind, detail)
     assert "cannot load" in detail and "next:" in detail
+
+
+def test_the_audit_user_comes_from_the_uid_not_the_environment(tmp_path, monkeypatch):
+    """getpass.getuser() reads $USER first: any process could log its events as someone else."""
+    import pwd
+    from cuvil import audit
+    monkeypatch.setenv("USER", "someone-else")
+    monkeypatch.setenv("LOGNAME", "someone-else")
+    log = tmp_path / "audit.jsonl"
+    audit.configure(log)
+    try:
+        audit.record("verify", artifact=str(tmp_path / "libx.so"), digest="00" * 32)
+    finally:
+        audit.reset()
+    (e,) = audit.read(log)
+    assert e["user"] == pwd.getpwuid(os.getuid()).pw_name != "someone-else"
