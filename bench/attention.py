@@ -6,9 +6,12 @@ B = 1..8, S = 1..512, timed against onnxruntime, p50 of alternating runs with an
     PYTHONPATH=src python3 bench/attention.py [--layers 2] [--seqs 32,128,384] [--threads 1,2] [--runs 20]
     PYTHONPATH=src python3 bench/attention.py --save bert_base.onnx      # only write the model
     PYTHONPATH=src python3 bench/attention.py --attention-only           # the attention alone
+    PYTHONPATH=src python3 bench/attention.py --decode 128,1024          # one query against past + 1 keys
 
 ``--profile``: then the time in kernels at each S (1 thread, the step profiler's mean over 5 runs) and the
-fused kernel's share, with its FLOPs (4 B H S^2 D per layer: Q·Kt and P·V) as GFLOP/s.
+fused kernel's share, with its FLOPs (4 B H S^2 D per layer: Q·Kt and P·V) as GFLOP/s and as a share of one
+core's peak (``--peak-gflops``; by default 64 float32 FLOP per cycle, two AVX-512 FMA pipes, at the clock
+/proc/cpuinfo reports: an assumption, printed with the figures).
 """
 from __future__ import annotations
 
@@ -86,9 +89,10 @@ def bert_like(layers: int = 2, hidden: int = 768, heads: int = 12, ffn: int = 30
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def attention_only(heads: int = 12, dh: int = 64) -> onnx.ModelProto:
+def attention_only(heads: int = 12, dh: int = 64, decode: bool = False) -> onnx.ModelProto:
     """One attention as the torchscript exporter writes it, over inputs ``q, k, v[B, H, S, dh]`` and
-    ``attention_mask[B, S]``: the kernel alone, against the unfused ops and onnxruntime."""
+    ``attention_mask[B, S]``: the kernel alone, against the unfused ops and onnxruntime. ``decode``: one query,
+    ``q[B, H, 1, dh]`` (a decode step against a KV cache of S keys)."""
     root = np.float32(dh ** -0.25)
     nodes = [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
              helper.make_node("Mul", ["q", "root"], ["qs"]), helper.make_node("Mul", ["kt", "root"], ["kts"]),
@@ -102,20 +106,23 @@ def attention_only(heads: int = 12, dh: int = 64) -> onnx.ModelProto:
     inits = [numpy_helper.from_array(root, "root"), numpy_helper.from_array(np.float32(0), "zero"),
              numpy_helper.from_array(np.float32(-np.inf), "neg_inf"),
              numpy_helper.from_array(np.array([1, 2], np.int64), "axes")]
-    ins = [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["B", heads, "S", dh]) for n in "qkv"]
+    rows = 1 if decode else "S"
+    ins = [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["B", heads, rows if n == "q" else "S", dh])
+           for n in "qkv"]
     ins.append(helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["B", "S"]))
     g = helper.make_graph(nodes, "attention", ins,
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["B", heads, "S", dh])], inits)
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["B", heads, rows, dh])], inits)
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def feeds(batch: int, seq: int, hidden: int, only_attention: bool = False):
+def feeds(batch: int, seq: int, hidden: int, only_attention: bool = False, decode: bool = False):
     mask = np.ones((batch, seq), np.int64)
-    mask[:, max(1, seq - seq // 8):] = 0       # an eighth of the keys padded
+    if not decode:
+        mask[:, max(1, seq - seq // 8):] = 0       # an eighth of the keys padded
     rng = np.random.default_rng(1)
-    if only_attention:
-        return {**{n: rng.standard_normal((batch, 12, seq, 64)).astype(np.float32) for n in "qkv"},
-                "attention_mask": mask}
+    if only_attention or decode:
+        return {**{n: rng.standard_normal((batch, 12, 1 if decode and n == "q" else seq, 64)).astype(np.float32)
+                   for n in "qkv"}, "attention_mask": mask}
     return {"x": rng.standard_normal((batch, seq, hidden)).astype(np.float32), "attention_mask": mask}
 
 
@@ -141,23 +148,29 @@ def main(argv=None):
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--pause-ms", type=float, default=100)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--peak-gflops", type=float, default=None,
+                    help="one core's float32 peak for --profile's %% of peak (default: 64 FLOP/cycle x cpu MHz)")
     ap.add_argument("--save", metavar="PATH")
     ap.add_argument("--attention-only", action="store_true",
                     help="one attention (12 heads of 64) over inputs q, k, v instead of the encoder")
+    ap.add_argument("--decode", metavar="PASTS",
+                    help="one attention of one query against past + 1 keys, for each past (e.g. 128,1024)")
     a = ap.parse_args(argv)
-    model = attention_only() if a.attention_only else bert_like(a.layers)
+    decode = a.decode is not None
+    model = attention_only(decode=decode) if a.attention_only or decode else bert_like(a.layers)
     if a.save:
         onnx.save(model, a.save)
         return
     hidden = 768
     p = Pipeline.from_onnx(model).optimize()
     arts = {}
+    seqs = [int(s) + 1 for s in a.decode.split(",")] if decode else [int(s) for s in a.seqs.split(",")]
+    profile = {"B": (1, 1, 8), "S": (1, 129, max(seqs))} if decode else PROFILE
     for name, fused in (("fused", True), ("unfused", False)):
         t0 = time.perf_counter()
-        arts[name] = p.compile(shape_profiles=PROFILE, fused_attention=fused)
+        arts[name] = p.compile(shape_profiles=profile, fused_attention=fused)
         rules = sorted(arts[name].manifest["rules_applied"])
         print(f"{name}: compiled in {time.perf_counter() - t0:.0f} s, rules {rules}")
-    seqs = [int(s) for s in a.seqs.split(",")]
     print(f"\n| S | threads | Cuvil fused (ms) | Cuvil unfused (ms) | onnxruntime (ms) | fused/ort | unfused/ort |")
     print("|---|---|---|---|---|---|---|")
     for threads in [int(t) for t in a.threads.split(",")]:
@@ -170,14 +183,19 @@ def main(argv=None):
                    "unfused": lambda f: models["unfused"].run(f, num_threads=threads),
                    "ort": lambda f: sess.run(None, f)}
         for s in seqs:
-            t = p50s(runners, feeds(1, s, hidden, a.attention_only), a.runs, a.pause_ms)
+            t = p50s(runners, feeds(1, s, hidden, a.attention_only, decode), a.runs, a.pause_ms)
             print(f"| {s} | {threads} | {t['fused']:.2f} | {t['unfused']:.2f} | {t['ort']:.2f} | "
                   f"{t['fused'] / t['ort']:.2f} | {t['unfused'] / t['ort']:.2f} |", flush=True)
     if a.profile:
+        from cuvil.targets.x86.cpu import cpu_label
+        peak = a.peak_gflops or 64 * _cpu_mhz() / 1e3
+        print(f"\n{cpu_label()}; peak assumed {peak:.0f} GFLOP/s per core"
+              + ("" if a.peak_gflops else " (2 AVX-512 FMA pipes x 16 lanes x 2 FLOP at the clock /proc/cpuinfo"
+                                          " reports)"))
         for s in seqs:
             for name, art in arts.items():
                 sym = {"B": 1, "S": s}
-                prof = art.model().profile(**feeds(1, s, hidden, a.attention_only), runs=5, num_threads=1)
+                prof = art.model().profile(**feeds(1, s, hidden, a.attention_only, decode), runs=5, num_threads=1)
                 steps = art.manifest["steps"]
                 attn = [(st, t) for st, t in zip(steps, prof) if "FusedAttention" in st.get("op", "")]
                 total = sum(prof)
@@ -186,11 +204,20 @@ def main(argv=None):
                     ta = sum(t for _, t in attn)     # the kernel's steps: Kt / V copies, the rows, the output
                     # a library with a profile lists its kernels twice (generic, and specialised for the opt
                     # point): only those that ran count
-                    layers = sum(st["stage"].endswith("_rows") and t > 0 for st, t in attn)
-                    flops = 4 * 12 * s * s * 64 * layers
+                    # (the sequential form's row stage, or the tiled kernel's output stage)
+                    layers = sum(st["stage"].endswith(("_rows", "_out")) and t > 0 for st, t in attn)
+                    flops = 4 * 12 * (1 if decode else s) * s * 64 * layers
                     line += (f"; FusedAttention {1e3 * ta:.2f} ms ({100 * ta / total:.0f}%), "
-                             f"{flops / ta / 1e9:.1f} GFLOP/s")
+                             f"{flops / ta / 1e9:.1f} GFLOP/s ({100 * flops / ta / 1e9 / peak:.0f}% of peak)")
                 print(line, sym)
+
+
+def _cpu_mhz() -> float:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return max(float(line.split(":")[1]) for line in f if line.startswith("cpu MHz"))
+    except (OSError, ValueError):
+        return 3000.0
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 """Fused attention on x86 (rules/attention.rule, cuvil.ir.ops.attention, cuvil.kernels.lower.attention): the
 rules fire on the real exports, and the online-softmax kernel matches onnxruntime running the unfused ops at
-several (B, S) from one library: S = 1, S not a multiple of the key block, padded and fully masked rows
-(-inf: NaN without the guard, 0 with it; -FLT_MAX as the dynamo exporter writes it), a mask per head."""
+several (B, S) from one library: S = 1, S not a multiple of the key block nor of the query block, padded and fully
+masked rows (-inf: NaN without the guard, 0 with it; -FLT_MAX as the dynamo exporter writes it), a mask per head
+(causal on one), NaN and infinite inputs (NaN where onnxruntime gives NaN), head sizes that are not whole vectors,
+and the same bits at 1 and 2 threads (every row's sums run in a fixed order)."""
 import json
 import pathlib
 
@@ -12,8 +14,12 @@ from onnx import TensorProto, helper
 
 from cuvil import Pipeline
 from cuvil.ir.ops.attention import fused_attention_reference
-from cuvil.kernels.lower.attention import KEY_BLOCK
+from cuvil.kernels.bounds import BoundsProver, prove_stage
+from cuvil.kernels.lower.attention import KEY_BLOCK, QUERY_BLOCK
+from cuvil.kernels.schedule import schedule
+from cuvil.targets.x86.gemm import tile_cols, tile_shapes
 from cuvil.targets.x86.target import choose_algorithms
+from cuvil.targets.x86.tuning import DEFAULT_TUNING
 from cuvil.testing.oracles import max_rel_error, ort_session
 from test_real_exports import compare, symbols_of
 
@@ -36,7 +42,7 @@ def test_rules_fuse_every_attention_of_the_export(name):
     assert not any(r.startswith("fused_attention") for r, k in off.applied.items() if k)
 
 
-def attention_model(guard: bool, mask_rank: int, fill: float) -> onnx.ModelProto:
+def attention_model(guard: bool, mask_rank: int, fill: float, D: int = D) -> onnx.ModelProto:
     """Q, K, V [B, H, S, D] and an additive mask (rank 2: [B, S] made [B, 1, 1, S] as BERT does; rank 4:
     [B, H, S, S]) through the exporters' chain: (Q * a) · (Kt * b) + mask, Softmax, [Where(IsNaN)], · V."""
     a = np.float32(D ** -0.25)
@@ -64,7 +70,7 @@ def attention_model(guard: bool, mask_rank: int, fill: float) -> onnx.ModelProto
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def feeds(batch: int, seq: int, mask_rank: int, seed: int = 0):
+def feeds(batch: int, seq: int, mask_rank: int, seed: int = 0, D: int = D):
     """Row 0 half padded, row 1 every key masked, row 2 one key masked, row 3 none."""
     rng = np.random.default_rng(seed)
     f = {n: rng.standard_normal((batch, H, seq, D)).astype(np.float32) * 2 for n in "qkv"}
@@ -84,7 +90,18 @@ def feeds(batch: int, seq: int, mask_rank: int, seed: int = 0):
     return f
 
 
-SHAPES = [(1, 1), (2, 1), (1, KEY_BLOCK - 1), (4, KEY_BLOCK), (3, KEY_BLOCK + 1), (2, 3 * KEY_BLOCK + 5)]
+SHAPES = [(1, 1), (2, 1), (1, KEY_BLOCK - 1), (4, KEY_BLOCK), (3, KEY_BLOCK + 1), (2, 3 * KEY_BLOCK + 5),
+          (1, QUERY_BLOCK), (2, QUERY_BLOCK + 1)]
+
+
+def tiled(art, variant: str = "generic") -> bool:
+    """The library's kernels for any shape of the profile (``variant``; "opt": those for the opt point) run the
+    tiled attention kernel (cuvil.targets.x86.attention), not the sequential form."""
+    return any(st["kernel"] == "attention" for st in art.manifest["steps"] if st.get("variant", "generic") == variant)
+
+
+def same_bits(a, b) -> bool:
+    return a.shape == b.shape and np.array_equal(a.view(np.uint32), b.view(np.uint32))
 
 
 @pytest.mark.parametrize("guard,mask_rank,fill", [(True, 2, float("-inf")), (False, 2, float("-inf")),
@@ -95,16 +112,95 @@ def test_fused_kernel_matches_onnxruntime_from_one_library(guard, mask_rank, fil
                                                        cache=False)
     assert "FusedAttention" not in {n.op_type for n in model.graph.node}
     assert any(r.startswith("fused_attention") for r in art.manifest["rules_applied"])
+    assert tiled(art)
     for batch, seq in SHAPES:
         f = feeds(batch, seq, mask_rank)
         want = ort_session(model).run(None, f)[0]
-        got = art.run(f)["y"]
+        got = art.run(f, num_threads=1)["y"]
+        assert same_bits(got, art.run(f, num_threads=2)["y"]), (batch, seq)
         nan = np.isnan(want)
         # a fully masked row: NaN from the Softmax (no guard; -inf mask), as onnxruntime gives
         assert np.array_equal(np.isnan(got), nan), (batch, seq)
         assert nan.any() == (not guard and fill == float("-inf") and batch > 1)
         err = max_rel_error(np.where(nan, 0, got), np.where(nan, 0, want))
         assert err <= RTOL, (batch, seq, err)
+
+
+@pytest.mark.parametrize("head", [64, 20])
+def test_fused_kernel_head_sizes(head):
+    """Head size 64 (BERT's, four whole AVX-512 vectors per value row) and 20 (a whole vector and a partial one:
+    the output's last columns stored under a mask, the values padded with zeros)."""
+    model = attention_model(True, 4, float("-inf"), D=head)
+    art = Pipeline.from_onnx(model).optimize().compile(shape_profiles={"B": (1, 1, 2), "S": (1, 16, 64)}, cache=False)
+    assert tiled(art)
+    for batch, seq in [(1, 7), (2, KEY_BLOCK + 3)]:
+        f = feeds(batch, seq, 4, D=head)
+        want = ort_session(model).run(None, f)[0]
+        got = art.run(f)["y"]
+        assert np.array_equal(np.isnan(got), np.isnan(want))
+        assert max_rel_error(got, want) <= RTOL, (head, batch, seq)
+
+
+@pytest.mark.parametrize("guard", [True, False])
+def test_fused_kernel_nan_and_inf_inputs_as_onnxruntime(guard):
+    """A NaN query element (its row's scores NaN), a NaN value element under a masked key (0 * NaN is NaN in
+    every row's P·V), a +inf key element (an infinite score: exp(inf - inf) is NaN), -inf everywhere on one
+    batch row: the kernel's vector max propagates NaN and its NaN elements are exactly onnxruntime's."""
+    model = attention_model(guard, 2, float("-inf"))
+    art = Pipeline.from_onnx(model).optimize().compile(shape_profiles={"B": (1, 1, 4), "S": (1, 40, 80)}, cache=False)
+    assert tiled(art)
+    seq = KEY_BLOCK + 7
+    f = feeds(4, seq, 2)
+    f["q"][0, 0, 3, 1] = np.nan
+    f["v"][0, 1, seq - 1, 2] = np.nan        # row 0's keys past seq // 2 are masked
+    f["k"][2, 2, 5, 0] = np.inf
+    f["q"][2, 2, :, 0] = np.abs(f["q"][2, 2, :, 0])  # +inf * q > 0: +inf scores
+    f["q"][2, 2, 4, 0] = 0.0                 # 0 * inf: a NaN score
+    want = ort_session(model).run(None, f)[0]
+    got = art.run(f)["y"]
+    nan = np.isnan(want)
+    assert nan.any() and np.array_equal(np.isnan(got), nan)
+    assert max_rel_error(np.where(nan, 0, got), np.where(nan, 0, want)) <= RTOL
+
+
+def test_symbolic_head_size_takes_the_sequential_form():
+    """A head size that is a symbol has no tile layout: the sequential form (one program per query row) runs,
+    with the same NaN rows as onnxruntime (guarded: a fully masked row is sum_j 0 * V[j])."""
+    model = attention_model(True, 2, float("-inf"))
+    for vi in list(model.graph.input)[:3]:
+        vi.type.tensor_type.shape.dim[3].dim_param = "D"
+    model.graph.output[0].type.tensor_type.shape.dim[3].dim_param = "D"
+    art = Pipeline.from_onnx(model).optimize().compile(
+        shape_profiles={"B": (1, 1, 4), "S": (1, 16, 64), "D": (1, 8, 16)}, cache=False)
+    assert any(r.startswith("fused_attention") for r in art.manifest["rules_applied"])
+    assert not tiled(art) and tiled(art, "opt")     # D = 8 at the opt point: tiles there
+    for batch, seq in [(2, 7), (4, KEY_BLOCK + 1)]:
+        f = feeds(batch, seq, 2)
+        f["v"][1, 0, 0, 0] = np.inf           # batch row 1 is fully masked: its column 0 of head 0 is NaN
+        want = ort_session(model).run(None, f)[0]
+        got = art.run(f)["y"]
+        assert np.isnan(want).any() and np.array_equal(np.isnan(got), np.isnan(want)), (batch, seq)
+        assert max_rel_error(np.nan_to_num(got), np.nan_to_num(want)) <= RTOL, (batch, seq)
+
+
+def test_tile_accesses_are_proved_and_a_widened_tile_refuted():
+    """The tile kernel's accesses (kernels/bounds.py, family "attention") are proved on a real schedule and
+    refuted once its key panels or value rows are read one vector wider than stored: the stage is then
+    guarded back to its plain expression."""
+    p = Pipeline.from_onnx(attention_model(True, 2, float("-inf"), D=32)).optimize().specialize({"B": 2, "S": 40})
+    p = p.choose_algorithms("x86_64-linux-gnu", None)
+    sched = schedule(p.graph, gemm_cols=tile_cols(512), split_concat=True, gemm_tiles=tile_shapes(512),
+                     row_kernels=True, channel_tile_cost=DEFAULT_TUNING.channel_tile_cost)
+    prover = BoundsProver()
+    st = next(st for st in sched.stages if st.expr.op == "attention")
+    assert prove_stage(prover, sched, st)[1] == []
+    spec = st.expr.attr
+    for field in ("kb", "dvp"):
+        old = getattr(spec, field)
+        setattr(spec, field, old + 16)
+        failed = prove_stage(prover, sched, st)[1]
+        assert any(a.kind == "family:attention" for a, _ in failed), field
+        setattr(spec, field, old)
 
 
 def test_reference_is_the_unfused_composite():

@@ -3,6 +3,8 @@ library, which binds them at run time (``PREFIX_bind_weights``, checked against 
 library embeds); ``--encrypt-weights KEYFILE`` keeps that file AES-256-GCM encrypted, decrypted in memory by
 ``cuvil.load(path, weights_key=...)``."""
 import ctypes
+import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -16,8 +18,9 @@ from onnx import TensorProto, helper, numpy_helper
 import cuvil
 from cuvil import CuvilError, Pipeline
 from cuvil.cli import main as cli_main
+from cuvil.targets.x86.artifact import sidecars
 from cuvil.targets.x86.link import check_dependencies, unexpected_dependencies
-from cuvil.targets.x86.weights_file import HEADER_BYTES, new_key_file, read_key
+from cuvil.targets.x86.weights_file import HEADER_BYTES, WeightsKey, new_key_file, read_key
 
 pytest.importorskip("cryptography", reason="encrypted weights need the cryptography package (cuvil[encrypt])")
 
@@ -201,7 +204,7 @@ def test_weights_given_as_bytes(built, tmp_path):
         os.unlink(weights_of(so))            # the file beside it is not read
         m = cuvil.load(so, weights=data, weights_key=key)
         np.testing.assert_array_equal(m.run(image=x)[0], want)
-    with pytest.raises(CuvilError, match="weights=: not a Cuvil weights file"):
+    with pytest.raises(CuvilError, match="libnet.weights: not a Cuvil weights file"):
         cuvil.load(copy_artifact(paths["ext"], tmp_path / "bad"), weights=b"\0" * 64)
 
 
@@ -215,7 +218,7 @@ def test_the_c_abi_refuses_sessions_before_binding_and_checks_the_buffer(built, 
     nbytes, digest = ctypes.c_int64(), (ctypes.c_uint8 * 32)()
     assert lib.cuvil_weights_info(ctypes.byref(nbytes), digest) == 1
     data = open(weights_of(so), "rb").read()[HEADER_BYTES:]
-    assert nbytes.value == len(data) and bytes(digest) == __import__("hashlib").sha256(data).digest()
+    assert nbytes.value == len(data) and bytes(digest) == hashlib.sha256(data).digest()
     assert lib.cuvil_session_create(1) is None
     assert b"call bind_weights before creating a session" in lib.cuvil_last_error()
     buf = (ctypes.c_uint8 * (len(data) + 128))()
@@ -247,12 +250,17 @@ def test_the_library_still_needs_only_libc_libm_and_libpthread(built):
 
 
 def test_encrypted_builds_are_byte_identical(demo, tmp_path):
+    """Two builds with one key, read from key files in two places: every file of the artifact the same bytes
+    (the weights file's nonces derive from the key and the weights; the records name the key by its id)."""
     new_key_file(str(tmp_path / "k"))
-    files = []
-    for k in range(2):
-        art = demo.compile(fixed={"N": 1}, encrypt_weights=str(tmp_path / "k"), cache=False)
-        files.append(open(weights_of(art.path), "rb").read())
-    assert files[0] == files[1]
+    os.makedirs(tmp_path / "elsewhere")
+    shutil.copyfile(tmp_path / "k", tmp_path / "elsewhere" / "k2")
+    builds = []
+    for keyfile in (tmp_path / "k", tmp_path / "elsewhere" / "k2"):
+        art = demo.compile(fixed={"N": 1}, encrypt_weights=str(keyfile), cache=False)
+        builds.append({os.path.basename(p): open(p, "rb").read()
+                       for p in [art.path, *sidecars(art.path).values()]})
+    assert "libcuvil.weights" in builds[0] and builds[0] == builds[1]
 
 
 def test_save_copies_the_weights_and_drops_a_stale_one(built, demo, tmp_path):
@@ -341,23 +349,24 @@ int main(int argc, char **argv) {  /* the SHA-256 of bytes k*7 + (k>>8) (mod 256
 
 @pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
 def test_the_runtime_sha256_agrees_with_hashlib_on_both_paths(tmp_path):
-    import hashlib
     src = open(os.path.join(ROOT, "src", "cuvil", "targets", "x86", "runtime.c")).read()
     start = src.index("/* SHA-256 (FIPS 180-4)")
     section = src[start:src.index("/* ----", start)]
     (tmp_path / "sha.c").write_text(SHA_HARNESS % section)
-    exe = str(tmp_path / "sha")
-    subprocess.run(["cc", "-std=gnu11", "-O2", "-Wall", "-Werror", "-Wno-unused-function", str(tmp_path / "sha.c"),
-                    "-o", exe], check=True)
     sizes = list(range(0, 200)) + [1000, 4096, 65536 + 55, (1 << 20) + 63]
     want = []
     for n in sizes:
         k = np.arange(n, dtype=np.uint64)
         want.append(hashlib.sha256(((k * 7 + (k >> 8)) & 255).astype(np.uint8).tobytes()).hexdigest())
-    for env in ({}, {"CUVIL_SHA256": "portable"}):
-        out = subprocess.run([exe, *map(str, sizes)], capture_output=True, text=True, check=True,
-                             env={**os.environ, **env}).stdout.split()
-        assert out == want, env
+    # plain, then under AddressSanitizer and UBSan (every read inside the buffer, no undefined shift or overflow)
+    for flags in ((), ("-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-g")):
+        exe = str(tmp_path / f"sha{len(flags)}")
+        subprocess.run(["cc", "-std=gnu11", "-O2", "-Wall", "-Werror", "-Wno-unused-function", *flags,
+                        str(tmp_path / "sha.c"), "-o", exe], check=True)
+        for env in ({}, {"CUVIL_SHA256": "portable"}):
+            out = subprocess.run([exe, *map(str, sizes)], capture_output=True, text=True, check=True,
+                                 env={**os.environ, **env}).stdout.split()
+            assert out == want, (flags, env)
 
 
 def test_a_model_without_weights_writes_no_weights_file(tmp_path):
@@ -408,3 +417,44 @@ def test_two_processes_share_the_weights_pages(built):
     finally:
         for p in procs:
             p.communicate("\n", timeout=60)
+
+
+def test_cuvil_bench_binds_external_weights_in_its_cold_start(built, capsys):
+    assert cli_main(["bench", str(built[1]["ext"]), "--runs", "5", "--warmup", "1", "--cold-runs", "1",
+                     "--threads", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "cold start" in out and "error rate                 0 %" in out
+
+
+def test_the_build_records_name_the_key_by_its_id_only(demo, tmp_path):
+    new_key_file(str(tmp_path / "k"))
+    key = read_key(tmp_path / "k")
+    for given in (str(tmp_path / "k"), key):
+        art = demo.compile(fixed={"N": 1}, encrypt_weights=given)
+        base = art.path[:-3]
+        text = "".join(open(base + ext).read() for ext in (".intoto.json", ".cdx.json", ".manifest.json"))
+        assert key.hex() not in text and repr(key) not in text and str(tmp_path) not in text
+        assert f"WeightsKey(id={WeightsKey(key).id})" in text
+        subjects = {x["name"]: x["digest"]["sha256"] for x in json.load(open(base + ".intoto.json"))["subject"]}
+        assert subjects[os.path.basename(weights_of(art.path))] == hashlib.sha256(
+            open(weights_of(art.path), "rb").read()).hexdigest()       # the ciphertext, as every file: by digest
+    with pytest.raises(CuvilError, match="encrypt_weights: give a key file's path or the key's 32 bytes"):
+        demo.compile(fixed={"N": 1}, encrypt_weights=42)
+
+
+def test_the_audit_log_records_weights_loads_and_refusals(built, tmp_path):
+    from cuvil import audit
+    d, paths = built
+    log = tmp_path / "audit.jsonl"
+    audit.configure(log)
+    try:
+        cuvil.load(paths["enc"], weights_key=d / "key")
+        with pytest.raises(CuvilError, match="authentication failed"):
+            cuvil.load(paths["enc"], weights_key=d / "other.key")
+        with pytest.raises(CuvilError, match="give their key"):
+            cuvil.load(paths["enc"])
+    finally:
+        audit.reset()
+    loads = [(e["outcome"], e.get("weights")) for e in audit.read(log) if e["event"] == "load"]
+    assert loads == [("ok", "encrypted"), ("refused", None), ("error", None)]
+    assert str(d / "key") not in log.read_text() and "other.key" not in log.read_text()

@@ -136,12 +136,15 @@ def test_user_rule_files_are_named_with_their_digests(tmp_path):
 def test_save_copies_every_sidecar(demo, tmp_path):
     _, art = demo
     out = art.save(tmp_path / "libcuvil.so")
+    copied = 0
     for key, src in sidecars(art.path).items():
         if key == "weights":      # only with external weights: none here, and none saved
             assert not os.path.exists(src) and not os.path.exists(sidecars(out)[key])
             continue
         with open(src, "rb") as a, open(sidecars(out)[key], "rb") as b:
             assert a.read() == b.read(), key
+        copied += 1
+    assert copied == 4
 
 
 def test_saved_under_another_name_the_records_name_the_files_as_they_are(demo, tmp_path):
@@ -215,3 +218,28 @@ def test_cache_key_names_the_isa_features(monkeypatch):
         keys.append(x86_target.TARGET.plan(g, x86_target.X86Options(), {}).key_parts)
     assert keys[0] != keys[1]
     assert any("avx512f" in k for k in keys[1]) and not any("avx512f" in k for k in keys[0])
+
+
+def test_external_weights_are_a_subject_and_the_key_is_never_recorded(tmp_path):
+    """An encrypted weights file is one of the provenance's subjects; the key (given as its 32 bytes, or as a
+    key file) appears in neither record, nor does the key file's path."""
+    key = bytes(range(32))
+    key_file = tmp_path / "weights.key"
+    key_file.write_bytes(key)
+    for given in (key, str(key_file)):
+        art = Pipeline.from_onnx(DEMO).optimize().compile(fixed={"N": 1}, encrypt_weights=given, cache=False)
+        try:
+            s = sidecars(art.path)
+            subjects = {x["name"]: x["digest"]["sha256"] for x in load(s["intoto"])["subject"]}
+            assert subjects["libcuvil.weights"] == sha256(s["weights"])
+            for doc in (s["intoto"], s["cdx"]):
+                with open(doc, "rb") as f:
+                    data = f.read()
+                assert key.hex().encode() not in data and repr(key).encode() not in data
+                assert str(tmp_path).encode() not in data
+            recorded = load(s["intoto"])["predicate"]["buildDefinition"]["externalParameters"]["options"][
+                "encrypt_weights"]
+            assert isinstance(recorded, str) and recorded      # recorded as given (or by the key's id) ...
+            assert repr(key) not in recorded and key.hex() not in recorded and str(key_file) not in recorded
+        finally:
+            shutil.rmtree(os.path.dirname(art.path), ignore_errors=True)

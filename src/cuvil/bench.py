@@ -642,6 +642,17 @@ oinfo = f("output_info", ctypes.c_int, [ctypes.c_int, I32P, I32P, I64P])
 oshape = f("output_shape", ctypes.c_int, [ctypes.c_void_p, TP, ctypes.c_int, I64P])
 nout = f("num_outputs", ctypes.c_int, [])()
 last_error = f("last_error", ctypes.c_char_p, [])
+external = hasattr(lib, prefix + "_weights_info") and f("weights_info", ctypes.c_int,
+                                                        [ctypes.c_void_p, ctypes.c_void_p])(None, None) == 1
+if external:   # plain external weights: map libNAME.weights read-only and shared and bind them, as C programs do
+    import mmap
+    with open(lib_path[:-3] + ".weights", "rb") as wf:
+        wmap = mmap.mmap(wf.fileno(), 0, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+    hb, nb = int.from_bytes(wmap[16:24], "little"), int.from_bytes(wmap[24:32], "little")
+    bind = f("bind_weights", ctypes.c_int, [ctypes.c_void_p, ctypes.c_size_t])
+    rc = bind(np.frombuffer(wmap, np.uint8).ctypes.data + hb, nb)
+    if rc:
+        sys.exit("bind_weights failed (code %d): %s" % (rc, last_error()))
 s = create(threads)
 if not s:
     sys.exit("session_create failed: %s" % last_error())

@@ -64,6 +64,12 @@ def register(sub) -> None:
     sp.add_argument("--encrypt-weights", metavar="KEYFILE",
                     help="x86: encrypt libNAME.weights with this key file (AES-256-GCM; implies --external-weights; "
                          "make one with cuvil weights-key KEYFILE; load with weights_key=KEYFILE)")
+    sp.add_argument("--lora-slots", type=int, default=0, metavar="RANK",
+                    help="x86: give the --lora-targets layers a LoRA slot of rank RANK: the library then takes "
+                         "adapters of rank <= RANK at run time (load_adapter / set_adapter; docs/lora.md)")
+    sp.add_argument("--lora-targets", nargs="+", default=None, metavar="PATTERN",
+                    help="x86, with --lora-slots: the layers that get a slot, as PEFT's target_modules: module-name "
+                         "suffixes (query value) or a regex (default: the attention projections)")
     add_quiet_flag(sp)
     add_progress_flag(sp)
     sp.set_defaults(fn=cmd_compile)
@@ -82,6 +88,9 @@ _GPU_ONLY_FLAGS = (("--enable-fp16", "enable_fp16", "float16 compute; x86 comput
 def cmd_compile(args) -> int:
     _check_flags(args)   # every flag's value is checked before the model is read
     if args.target == PTX_TARGET:
+        if args.lora_slots or args.lora_targets:
+            raise CuvilError(f"--lora-slots and --lora-targets apply to the x86 target only, not {PTX_TARGET}",
+                             hint="drop them, or merge the adapter at compile time (--lora ADAPTER_DIR)")
         return _compile_gpu_bundle(args)
     for flag, given, what in _GPU_ONLY_FLAGS:
         if getattr(args, given):
@@ -97,7 +106,8 @@ def cmd_compile(args) -> int:
     # cuvil.targets.x86.cpu.validate_cpu refuses an unknown name with the nearest ones).
     options = make_options(args.target, opt_level=args.opt_level, cpu=args.cpu, prefix=args.prefix,
                            winograd=not args.no_winograd, external_weights=args.external_weights,
-                           encrypt_weights=args.encrypt_weights)
+                           encrypt_weights=args.encrypt_weights, lora_slots=args.lora_slots,
+                           lora_targets=args.lora_targets or ())
     with _progress(args):
         p = _import_and_optimize(args)
         fixed, profiles = shape_flags(p, args)
@@ -122,6 +132,9 @@ def cmd_compile(args) -> int:
         exact = sum(r["exact_decisions"] for r in m["lora"])
         print(f"  lora: {len(m['lora'])} weights merged (rules {', '.join(sorted(k for k in m['rules_applied'] if k.startswith('lora_merge')))}), "
               f"each correctly rounded ({exact} elements decided in exact arithmetic)")
+    if m.get("lora_slots"):
+        print(f"  LoRA slots of rank {args.lora_slots} on {len(m['lora_slots'])} layers: "
+              f"{', '.join(s['module'] for s in m['lora_slots'][:3])}{', ...' if len(m['lora_slots']) > 3 else ''}")
     for name, prof in (m.get("symbols") or {}).items():
         print(f"  symbol {name} in [{prof['min']}, {prof['max']}] (opt {prof['opt']}): one library serves the range")
     for dim, (lo, hi) in sorted((m.get("derived_dims") or {}).items()):

@@ -19,7 +19,7 @@ Accesses counted:
   (positions past the last one repeat it), masked window and Winograd tile loads, cropped tile stores.
   Another target passes its own (``families``: the PTX implicit-GEMM kernels', ptx/bounds_patterns.py).
 
-An obligation that Z3 refutes (a counterexample) or cannot decide within :data:`QUERY_TIMEOUT_MS` is
+An obligation that Z3 refutes (a counterexample) or cannot decide within :data:`QUERY_RLIMIT` is
 *unproved*; :func:`guard_stage` then clamps the unproved loads of that stage into their buffer and takes
 its micro-kernel node back to its plain expression, and the stage is listed as guarded in the manifest.
 Proofs are cached by a canonical key of the obligation (index expressions with variables renamed, their
@@ -37,13 +37,19 @@ from ..ir.dim import SymExpr, bounds, product
 from ..ir.dtype import DType
 from .contraction import (Contraction, DepthwiseWindow, MatContraction, PadWindow, WinogradInput, WinogradOutput,
                    fallback_weights)
+from .attention import AttentionTile
 from .schedule import ARENA, WEIGHTS, Schedule, Stage, root_of
 from .texpr import E, Buf, _rebuild, as_index, dim_index, nodes, substitute, var
 
-#: Z3's time limit for one obligation; one that is not decided in time counts as unproved.
-QUERY_TIMEOUT_MS = 2000
+#: Z3's resource limit for one obligation (its ``rlimit``, a count of solver steps): one that is not decided
+#: within it counts as unproved. A step count, not a time, so the verdict, and with it the library (a guarded
+#: kernel is other code), is the same on a fast idle machine and on a loaded one: builds stay reproducible.
+#: The obligations of the zoo and the torch exports take at most ~0.1 M steps (tens of ms); 10 M is ~1-4 s.
+QUERY_RLIMIT = 10_000_000
+#: A wall-clock backstop far above what QUERY_RLIMIT takes, so a pathological query cannot hang a build.
+QUERY_TIMEOUT_MS = 120_000
 I64 = DType.INT64
-_FAMILIES = ("contract", "window", "wino_in", "wino_out", "padwin")
+_FAMILIES = ("contract", "window", "wino_in", "wino_out", "padwin", "attention")
 
 
 @attrs.define
@@ -291,10 +297,11 @@ class BoundsProver:
     """Proves access obligations, with a cache shared by every schedule it sees (the generic and opt-point
     kernels of one model, and any model compiled in the same process)."""
 
-    def __init__(self, timeout_ms: int = QUERY_TIMEOUT_MS, limits=None):
+    def __init__(self, timeout_ms: int = QUERY_TIMEOUT_MS, limits=None, rlimit: int = QUERY_RLIMIT):
         """``limits``: symbol -> a dim expression it never exceeds (a run-time size, NonZero's count, is at
         most its input's element count: ``Schedule.size_limits``), assumed beside the symbols' ranges."""
         self.timeout_ms = timeout_ms
+        self.rlimit = rlimit
         self.limits = dict(limits or {})
         self.cache: Dict[str, Optional[str]] = {}
         self.hits = 0
@@ -317,6 +324,7 @@ class BoundsProver:
         self.queries += 1
         s = z3.Solver()
         s.set("timeout", self.timeout_ms)
+        s.set("rlimit", self.rlimit)
         # only the variables the obligation reads are bounded: a domain of another loop (a reduction or scan
         # elsewhere in the stage, an extent that may be 0) would make the query vacuous where that loop is
         # empty, though this access runs regardless; and the cache key (_key) names exactly these domains
@@ -359,7 +367,7 @@ class BoundsProver:
             r, model = (r2, model2) if r == "unknown" else (r, model)
         where = f"{acc.kind} {acc.buf.name}{list(acc.buf.shape)}[{', '.join(map(repr, acc.idx))}]"
         if model is None:
-            return f"{where}: {r} (Z3 undecided within {self.timeout_ms} ms)"
+            return f"{where}: {r} (Z3 undecided within {self.rlimit:,} steps)"
         vals = [f"{d.name()}={model[d]}" for d in model.decls() if not d.name().startswith("fresh!")]
         got = [str(model.eval(i, model_completion=True)) for i in idx]
         return f"{where}: index ({', '.join(got)}) out of bounds at {', '.join(sorted(vals)[:8])}"
@@ -383,6 +391,7 @@ class BoundsProver:
         tr = _Z3(ranges, self.limits)
         s = z3.Solver()
         s.set("timeout", self.timeout_ms)
+        s.set("rlimit", self.rlimit)
         s.add(z3.Not(tr.dim(view.nbytes) <= tr.dim(limit)))
         s.add(*tr.side)
         r = s.check()
@@ -610,6 +619,29 @@ def _family_obligations(st: Stage, node: E, doms) -> List[Access]:
                 idx = list(st.vars)
                 idx[len(lead) + k] = _loop(d, "f", b0)
                 out.append(Access(kind, st.buf, idx, [], d, node=node))
+    elif node.op == "attention" and isinstance(spec, AttentionTile):
+        # x86/attention.py: a unit is a block of qb query rows of one (n, h); a row past Sq loads the last row
+        # (clamped) and stores nothing; whole key panels (vectors of kb keys, value rows of dvp), masked stores
+        # of the dv output columns
+        n, h = _loop(d, "n", spec.batch), _loop(d, "h", spec.heads)
+        blk, qi = _loop(d, "blk", (spec.rows + spec.qb - 1) // spec.qb), _loop(d, "qi", spec.qb)
+        row = blk * spec.qb + qi
+        clamped = E("clamp", (row,), I64, (0, spec.rows - 1))
+        t, k, j = _loop(d, "t", spec.key_blocks), _loop(d, "k", spec.d), _loop(d, "j", spec.kb)
+        out.append(Access(kind, spec.q, [n, h, clamped, k], [], d, node=node))
+        out.append(Access(kind, spec.kt, [n, h, t, k, j], [], d, node=node))
+        c = _loop(d, "c", spec.dvp)
+        if spec.v_axes is None:      # the padded copy, whole panels
+            out.append(Access(kind, spec.v, [n, h, t * spec.kb + j, c], [], d, node=node))
+        else:                        # read in place, keys below Sk only
+            at = (n, h, t * spec.kb + j, c)
+            out.append(Access(kind, spec.v, [at[a] if a is not None else as_index(0) for a in spec.v_axes],
+                              [E("cmp", (t * spec.kb + j, as_index(spec.keys)), DType.BOOL, "lt")], d, node=node))
+        lead = [x if size != 1 else as_index(0) for x, size in zip((n, h, clamped), spec.mask.shape)]
+        out.append(Access(kind, spec.mask, lead + [t * spec.kb + j], [], d, node=node))
+        st_idx = [n, h, row, _loop(d, "c", spec.dv)]
+        out.append(Access(kind, st.buf, st_idx, [E("cmp", (row, as_index(spec.rows)), DType.BOOL, "lt")], d,
+                          node=node))
     else:
         out.append(Access(kind, st.buf, [], [z3_false()], d, node=node))
     return out

@@ -62,6 +62,9 @@ class Schedule:
     num_run_time_symbols: int = 0
     # run-time symbol -> a dim it never exceeds (NonZero's count: its input's element count), for the prover
     size_limits: Dict[str, object] = attrs.field(factory=dict)
+    # the graph's last inputs that the runtime supplies, not the caller (a LoRA slot's adapter tensors): buffer
+    # table slots 4 + inputs + outputs + k, after the scratch and the symbol table
+    hidden: List[Buf] = attrs.field(factory=list)
 
     @property
     def ranges(self) -> Dict[str, Tuple[int, int]]:
@@ -92,7 +95,8 @@ def _align(n: int) -> int:
 def schedule(g: Graph, gemm_cols: int = 0, split_concat: bool = False, gemm_tiles: tuple = (),
              unpadded_contractions: bool = False, matmul_panels: bool = True,
              half_contractions: bool = False, row_kernels: bool = False,
-             channel_tile_cost: Optional[float] = None, run_time_sizes: bool = False) -> Schedule:
+             channel_tile_cost: Optional[float] = None, run_time_sizes: bool = False,
+             hidden_inputs: int = 0) -> Schedule:
     """Stages and memory plan of ``g``. ``gemm_cols > 0`` lowers convolutions to packed contractions (the
     x86 micro-kernels), each with a register tile (rows, cols[, lanes]) among ``gemm_tiles`` (default
     ``((MR, gemm_cols),)``), and constant-weight MatMuls to column panels ``gemm_cols`` wide; 0 keeps plain
@@ -111,13 +115,14 @@ def schedule(g: Graph, gemm_cols: int = 0, split_concat: bool = False, gemm_tile
     (x86): a size that depends on tensor values (NonZero's count, TopK's k read from data, Compress's kept
     count, Unique's, NonMaxSuppression's) becomes a run-time symbol its producer's kernel writes
     (:mod:`cuvil.kernels.run_time_sizes`; the schedule's last ``num_run_time_symbols`` symbols); without it
-    such a size is refused naming its node."""
+    such a size is refused naming its node. ``hidden_inputs``: the last this many graph inputs are supplied by
+    the runtime (:attr:`Schedule.hidden`), not by the caller."""
     data_syms, writers, limits = run_time_symbols(g, run_time_sizes)
     syms = _run_time_symbols(g, data_syms)
     ranges = {s.name: (s.min, s.max) for s in syms}
     opt = {s.name: s.tuned for s in syms}
     builder = _StageBuilder(g, (gemm_cols, gemm_tiles, unpadded_contractions, matmul_panels, half_contractions,
-                                row_kernels, channel_tile_cost))
+                                row_kernels, channel_tile_cost), hidden_inputs)
     builder.size_writers = writers
     builder.symbol_slots = {s.name: k for k, s in enumerate(syms)}
     g.toposort()
@@ -139,7 +144,7 @@ def schedule(g: Graph, gemm_cols: int = 0, split_concat: bool = False, gemm_tile
     arena = _plan_arena(stages, ranges, builder.loops)
     wbytes = _plan_weights(weights)
     return Schedule(stages, builder.in_bufs, builder.out_bufs, [(b, a) for b, a in weights.values() if a is not None],
-                    arena, wbytes, builder.fused, syms, builder.loops, len(data_syms), limits)
+                    arena, wbytes, builder.fused, syms, builder.loops, len(data_syms), limits, builder.hidden_bufs)
 
 
 def _run_time_symbols(g: Graph, data_syms: Dict[str, Symbol]) -> List[Symbol]:
@@ -174,7 +179,7 @@ class _StageBuilder:
     (``bufs``); the stages, constants and fusion counts so far; which values are expensive to recompute or
     hold a contraction."""
 
-    def __init__(self, g: Graph, lower_options: tuple):
+    def __init__(self, g: Graph, lower_options: tuple, hidden_inputs: int = 0):
         self.g = g
         self.lower_options = lower_options   # LowerCtx's arguments after the node, inputs, temp and weight
         self.fns: Dict[int, TensorFn] = {}
@@ -193,11 +198,11 @@ class _StageBuilder:
         self.loops: List[LoopRegion] = []
         self.size_writers: Dict[int, str] = {}     # id(node) -> the run-time symbol its lowering writes
         self.symbol_slots: Dict[str, int] = {}
-        self.in_bufs, self.out_bufs = [], []
-        ni = len(g.inputs)
+        self.in_bufs, self.out_bufs, self.hidden_bufs = [], [], []
+        ni, no = len(g.inputs) - hidden_inputs, len(g.outputs)
         for i, v in enumerate(g.inputs):
-            b = Buf(v.name, v.dtype, tuple(v.shape), 2 + i, 0)
-            self.in_bufs.append(b)
+            b = Buf(v.name, v.dtype, tuple(v.shape), 2 + i if i < ni else 4 + no + i, 0)
+            (self.in_bufs if i < ni else self.hidden_bufs).append(b)
             self.bufs[id(v)] = b
             self.fns[id(v)] = _loader(b)
         self.out_index: Dict[int, List[int]] = {}
@@ -240,7 +245,7 @@ class _StageBuilder:
         """Each guarded stage's condition as a buffer written before it (a graph input, or a stage earlier in
         the order); a guard whose condition is not stored by then, or is a constant, is dropped (the stage
         always runs, which is always correct)."""
-        written = {id(b) for b in self.in_bufs}
+        written = {id(b) for b in self.in_bufs + self.hidden_bufs}
         for st in self.stages:
             g = self.guards.get(id(st))
             if g is not None:
@@ -264,7 +269,7 @@ class _StageBuilder:
     def write_symbol(self, name: str, value: E) -> None:
         """A scalar stage storing ``value`` (int64) into run-time symbol ``name``'s slot of the symbol table
         (buffer table index ``3 + inputs + outputs``): later kernels read the symbol from there."""
-        base = 3 + len(self.g.inputs) + len(self.g.outputs)
+        base = 3 + len(self.in_bufs) + len(self.g.outputs)
         b = Buf(f"{name}_size", DType.INT64, (), base, 8 * self.symbol_slots[name])
         self.add_stage(Stage(f"{name}_size", b, [], value, op=self.current_op), self.current_guard)
 
@@ -335,7 +340,9 @@ class _StageBuilder:
                 self.bufs[id(o)] = view
                 self.fns[id(o)] = _loader(view)
                 return
-        if id(o) not in self.guard_conds and _inline(self.g, o, t, self.expensive[id(o)]):
+        # a guarded value read outside its guard is stored under it: inlined there, it would run unguarded
+        leaves_guard = node.guard is not None and any(u.guard != node.guard for u in self.g.consumers(o))
+        if id(o) not in self.guard_conds and not leaves_guard and _inline(self.g, o, t, self.expensive[id(o)]):
             self.fns[id(o)] = t
             self.fused[node.op] = self.fused.get(node.op, 0) + 1
             return

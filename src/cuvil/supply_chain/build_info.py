@@ -79,9 +79,13 @@ def c_compiler_version(cc: str = "cc") -> Optional[str]:
     return out.splitlines()[0].strip() if out.strip() else None
 
 
+#: What the records say for an option whose value is a secret (an attrs field with ``repr=False``).
+SECRET = "(given; a secret, not recorded)"
+
+
 def jsonable(value: Any) -> Any:
-    """``value`` as plain JSON data, deterministically: attrs objects as dicts, rules by name, tuples and sets
-    as lists (sets sorted), anything else by its ``repr``."""
+    """``value`` as plain JSON data, deterministically: attrs objects as dicts (a field with ``repr=False`` as
+    :data:`SECRET`), rules by name, tuples and sets as lists (sets sorted), anything else by its ``repr``."""
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if isinstance(value, Mapping):
@@ -93,7 +97,10 @@ def jsonable(value: Any) -> Any:
     if hasattr(value, "loc") and hasattr(value, "name") and hasattr(value, "lhs"):   # a dsl Rule
         return value.name
     if attrs.has(type(value)):
-        return {f.name: jsonable(getattr(value, f.name)) for f in attrs.fields(type(value))}
+        # a field kept out of the object's repr is a secret (encrypt_weights: a key or its file): recorded
+        # only as given or not, never its value (nor a key file's path, a path of the build machine)
+        return {f.name: jsonable(getattr(value, f.name)) if f.repr or getattr(value, f.name) is None else SECRET
+                for f in attrs.fields(type(value))}
     return repr(value)
 
 

@@ -1,4 +1,11 @@
-"""Lowering of FusedAttention: one sequential kernel, a row per (batch, head, query), walking the keys in
+"""Lowering of FusedAttention. On x86 (and with static head sizes) as flash-style tiles
+(:class:`cuvil.kernels.attention.AttentionTile`, the kernel of :mod:`cuvil.targets.x86.attention`): a block of
+``QUERY_BLOCK`` query rows against a panel of ``KEY_BLOCK`` keys per step, so that each key and value vector
+loaded is used by every row of the block; the operands stored once per call in the layouts that kernel reads
+(see that module). Elsewhere (symbolic head sizes, another backend) as one sequential program per query row,
+below.
+
+The sequential form: one kernel, a row per (batch, head, query), walking the keys in
 blocks with an online softmax (flash attention's recurrence); the [B, H, Sq, Sk] scores are never stored.
 
 Per row, with ``m`` the running max of the scores seen, ``l`` the running sum of their exponentials and
@@ -16,22 +23,28 @@ Per row, with ``m`` the running max of the scores seen, ``l`` the running sum of
 5. ``m = m'``.
 
 The output is ``acc / l``: a row whose every key is masked with ``-inf`` ends with ``l = 0`` and gives NaN,
-as the unfused Softmax does, and 0 under ``zero_nan``. Rows run in parallel (x86: the thread pool splits
+as the unfused Softmax does; under ``zero_nan`` such a row (or one with a NaN score) is ``sum_j 0 * V[j]``, as
+the guarded composite computes it (:func:`_guarded`). Rows run in parallel (x86: the thread pool splits
 the stage's rows). Equal to the composite over the reals; in float32 the sums are reassociated (blocks,
 rescaling), within the tolerances the unfused graph is held to (tests/test_attention.py).
 
-Exp is the emitter's (``call("exp")``): on x86 today LLVM's vector exp becomes one libm call per lane, about
-half the kernel's time at S = 128; the shared vector polynomials replace it there without a change here.
+Exp is the emitter's (``call("exp")``): the shared vector polynomial of :mod:`cuvil.targets.llvm.vecmath`.
 """
 from __future__ import annotations
 
 from ...ir.dtype import DType
 from ..sequential import Assign, Sequential, sequential
-from ..texpr import I64, Buf, E, binop, call, cmp, const, dim_index, load, reduce, select, var
+from ..texpr import I64, Buf, E, binop, call, cmp, const, dim_index, load, logic, reduce, select, var
+from ..attention import AttentionTile
 from .core import ARENA, TensorFn, broadcast_fn, lowering, scalar_of
 
 KEY_BLOCK = 32      # keys per step: the scores of one block stay in L1 next to the accumulator
 PV_GROUP = 4        # keys whose P·V terms one vectorised pass over d adds (one load/store of acc per group)
+# Tiles: QUERY_BLOCK rows x KEY_BLOCK keys. With AVX-512 the scores of a tile are 6 x 2 vector accumulators and
+# the output rows (head size 64) 6 x 4: each key vector loaded feeds 6 FMAs, each value vector 6.
+QUERY_BLOCK = 6
+TILE_VECTOR = 16    # the padding unit of the values' head size (AVX-512's lanes; a multiple of narrower ones)
+TILE_MAX_DV = 512   # a tile's output rows stay on the stack: wider heads take the sequential form
 
 
 def _clamp(i: E, n) -> E:
@@ -47,6 +60,8 @@ def _fused_attention(ctx):
     out_shape = ctx.out_shape()
     B, H, Sq, Dv = out_shape
     D, Sk = kt.shape[2], kt.shape[3]
+    if ctx.row_kernels and all(isinstance(x, int) for x in (H, D, Dv)) and Dv <= TILE_MAX_DV:
+        return _tiled(ctx, q, kt, v, scale_t, mask)
     qf = broadcast_fn(q, (B, H, Sq, D))
     steps = (Sk + KEY_BLOCK - 1) // KEY_BLOCK
     padded = steps * KEY_BLOCK
@@ -124,13 +139,123 @@ def _fused_attention(ctx):
     ctx.temp((B, H, Sq), dt, lambda idx: sequential(idx, program, dt), "rows")
 
     def out(idx):
-        y = binop("div", load(acc_buf, list(idx)), load(l_buf, list(idx[:3])))
+        total = load(l_buf, list(idx[:3]))
+        y = binop("div", load(acc_buf, list(idx)), total)
         if ctx.attr("zero_nan", 0):
-            y = select(cmp("uno", y, y), zero, y)
+            bb, hh, _, c = idx
+            y = _guarded(y, total, lambda key: vf([bb, hh, key, c]), [padded])
         return y
     return [TensorFn(tuple(out_shape), dt, out, "injective")]
+
+
+def _stored_rows(read):
+    """For the values' index function ``read`` (at [b, h, key, column]): when it is a plain load of a stored
+    buffer whose last dim is the column (contiguous rows), that buffer and the logical axis each of its dims is
+    indexed by (None: a broadcast dim, index 0); else None."""
+    vs = [var("b"), var("h"), var("key"), var("c")]
+    e = read(vs)
+    if e.op != "load":
+        return None
+    names = {v.attr: k for k, v in enumerate(vs)}
+    axes = []
+    for a in e.args:
+        if a.op == "var" and a.attr in names:
+            axes.append(names[a.attr])
+        elif a.op == "const" and a.attr == 0:
+            axes.append(None)
+        else:
+            return None
+    used = [x for x in axes if x is not None]
+    if axes[-1] != 3 or 2 not in used or len(used) != len(set(used)):
+        return None
+    return e.attr, tuple(axes)
+
+
+def _guarded(y: E, total: E, value, keys) -> E:
+    """Where(IsNaN(P), 0, P) · V from the unguarded row ``y = acc / l``: a row's probabilities are NaN all
+    together, exactly when ``l`` is NaN (a NaN or infinite score) or 0 (every key -inf); such a row is then
+    ``sum_j 0 * V[j]`` (0, or NaN in a column holding a non-finite value), any other row ``y`` itself (a NaN
+    value times its probability stays NaN, as in the composite)."""
+    zero = const(0.0, y.dtype)
+    nan_row = logic("or", cmp("uno", total, total), cmp("eq", total, zero))
+    return select(nan_row, reduce("sum", keys, lambda *j: binop("mul", zero, value(*j))), y)
 
 
 def _to_index(n) -> E:
     """A dim (int or symbolic) as an int64 expression."""
     return const(n, I64) if isinstance(n, int) else dim_index(n)
+
+
+def _tiled(ctx, q, kt, v, scale_t, mask):
+    """The operands stored in the tile kernel's layouts (cuvil.kernels.attention) and the output as one stage
+    whose expression is the ``attention`` node (its plain value: the max-shifted softmax by reductions)."""
+    dt = q.dtype
+    B, H, Sq, Dv = ctx.out_shape()
+    D, Sk = kt.shape[2], kt.shape[3]
+    KB = KEY_BLOCK
+    nkb = (Sk + KB - 1) // KB
+    padded = nkb * KB
+    dvp = -(-Dv // TILE_VECTOR) * TILE_VECTOR
+    n_keys = _to_index(Sk)
+    zero, neg_inf = const(0.0, dt), const(float("-inf"), dt)
+    qf = broadcast_fn(q, (B, H, Sq, D))
+    ktf = broadcast_fn(kt, (B, H, D, Sk))
+    vf = broadcast_fn(v, (B, H, Sk, Dv))
+
+    def kt_panels(idx):
+        b, h, t, d, j = idx
+        key = t * KB + j
+        return select(cmp("lt", key, n_keys), ktf([b, h, d, _clamp(key, Sk)]), zero)
+
+    def v_rows(idx):
+        b, h, key, c = idx
+        inside = cmp("lt", key, n_keys)
+        if dvp != Dv:
+            inside = logic("and", inside, cmp("lt", c, const(Dv, I64)))
+        return select(inside, vf([b, h, _clamp(key, Sk), _clamp(c, Dv)]), zero)
+
+    m4 = (1,) * (4 - len(mask.shape)) + tuple(mask.shape) if mask is not None else (1, 1, 1, 1)
+    mshape = (m4[0], m4[1], m4[2], padded)
+    mf = broadcast_fn(mask, m4[:3] + (Sk,)) if mask is not None else None
+
+    def mask_rows(idx):
+        key = idx[3]
+        inside = mf(list(idx[:3]) + [_clamp(key, Sk)]) if mf is not None else zero
+        return select(cmp("lt", key, n_keys), inside, neg_inf)
+
+    qb = ctx.temp((B, H, Sq, D), dt, qf, "queries").buf
+    kb = ctx.temp((B, H, nkb, D, KB), dt, lambda idx: E("attention_keys", list(idx) + [kt_panels(idx)], dt),
+                  "key_panels").buf
+    stored = _stored_rows(vf) if dvp == Dv else None
+    if stored is not None:
+        vb, v_axes = stored
+    else:
+        vb, v_axes = ctx.temp((B, H, padded, dvp), dt, v_rows, "values").buf, None
+    mb = ctx.temp(mshape, dt, mask_rows, "mask").buf
+    spec = AttentionTile(q=qb, kt=kb, v=vb, mask=mb, scale=scalar_of(scale_t), heads=H, d=D, dv=Dv, dvp=dvp,
+                         kb=KB, qb=QUERY_BLOCK, zero_nan=bool(ctx.attr("zero_nan", 0)), keys=Sk, v_axes=v_axes)
+
+    def element(idx):
+        b, h, i, c = idx
+        mrow = [b if m4[0] != 1 else const(0, I64), h if m4[1] != 1 else const(0, I64),
+                i if m4[2] != 1 else const(0, I64)]
+
+        def score(t, j):
+            dot = reduce("sum", [D], lambda d: binop("mul", load(qb, [b, h, i, d]), load(kb, [b, h, t, d, j])))
+            return binop("add", binop("mul", dot, spec.scale), load(mb, mrow + [t * KB + j]))
+        top = reduce("max", [nkb, KB], score)
+        shift = select(cmp("eq", top, neg_inf), zero, top)
+
+        def weight(t, j):
+            return call("exp", binop("sub", score(t, j), shift))
+        def value(t, j):
+            if v_axes is None:
+                return load(vb, [b, h, t * KB + j, c])
+            return select(cmp("lt", t * KB + j, n_keys), vf([b, h, _clamp(t * KB + j, Sk), c]), zero)
+        num = reduce("sum", [nkb, KB], lambda t, j: binop("mul", weight(t, j), value(t, j)))
+        total = reduce("sum", [nkb, KB], weight)
+        y = binop("div", num, total)
+        if spec.zero_nan:
+            y = _guarded(y, total, value, [nkb, KB])
+        return E("attention", [b, h, i, c, y], dt, spec)
+    return [ctx.temp((B, H, Sq, Dv), dt, element, "out")]

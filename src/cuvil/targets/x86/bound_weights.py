@@ -22,7 +22,8 @@ from typing import Dict, Optional
 import numpy as np
 
 from ...errors import CuvilError
-from .weights_file import (check_matches, decrypt_into, parse_header, private_buffer, read_key, weights_path)
+from .weights_file import (WeightsRefused, check_matches, decrypt_into, parse_header, private_buffer, read_key,
+                           weights_path)
 
 _LOCK = threading.Lock()
 _BOUND: Dict[int, "BoundWeights"] = {}
@@ -31,10 +32,13 @@ _BOUND: Dict[int, "BoundWeights"] = {}
 class BoundWeights:
     """The buffer bound into one loaded library, and how many models use it."""
 
-    def __init__(self, lib: ctypes.CDLL, bind, buffer, offset: int, nbytes: int, shared_file: Optional[str]):
+    def __init__(self, lib: ctypes.CDLL, bind, buffer, offset: int, nbytes: int, shared_file: Optional[str],
+                 encrypted: bool = False):
         self.lib, self._bind, self.buffer, self.offset, self.nbytes = lib, bind, buffer, offset, nbytes
         #: the weights file mapped read-only and shared, or None (decrypted or given: private memory)
         self.shared_file = shared_file
+        #: whether the weights were decrypted (the file is encrypted at rest)
+        self.encrypted = encrypted
         self.users = 0
 
     @property
@@ -80,7 +84,7 @@ def bind_external_weights(lib: ctypes.CDLL, prefix: str, so_path: str, weights=N
         return None
     nbytes, digest = expected
     wp = weights_path(so_path)
-    name = os.path.basename(wp) if weights is None else "weights="
+    name = os.path.basename(wp)         # weights= holds that file's contents (e.g. as a verified load read them)
     data = _file_mapping(wp, lib_name) if weights is None else memoryview(weights).cast("B")
     try:
         h = parse_header(data, name)
@@ -114,7 +118,7 @@ def bind_external_weights(lib: ctypes.CDLL, prefix: str, so_path: str, weights=N
     finally:
         if isinstance(data, mmap.mmap):
             data.close()
-    return _bind(lib, prefix, buffer, offset, nbytes, shared, lib_name)
+    return _bind(lib, prefix, buffer, offset, nbytes, shared, lib_name, h.encrypted)
 
 
 def _file_mapping(wp: str, lib_name: str) -> mmap.mmap:
@@ -136,7 +140,7 @@ def _use(bound: BoundWeights) -> BoundWeights:
     return bound
 
 
-def _bind(lib, prefix, buffer, offset, nbytes, shared, lib_name) -> BoundWeights:
+def _bind(lib, prefix, buffer, offset, nbytes, shared, lib_name, encrypted) -> BoundWeights:
     bind = getattr(lib, f"{prefix}_bind_weights")
     bind.restype, bind.argtypes = ctypes.c_int, [ctypes.c_void_p, ctypes.c_size_t]
     with _LOCK:
@@ -145,13 +149,13 @@ def _bind(lib, prefix, buffer, offset, nbytes, shared, lib_name) -> BoundWeights
             buffer.close()
             bound.users += 1
             return bound
-        bound = BoundWeights(lib, bind, buffer, offset, nbytes, shared)
+        bound = BoundWeights(lib, bind, buffer, offset, nbytes, shared, encrypted)
         rc = bind(bound.address, nbytes)
         if rc != 0:
             buffer.close()
             err = getattr(lib, f"{prefix}_last_error")
             err.restype = ctypes.c_char_p
-            raise CuvilError(f"{lib_name}: bind_weights refused the weights (code {rc}): "
+            raise WeightsRefused(f"{lib_name}: bind_weights refused the weights (code {rc}): "
                              f"{(err() or b'').decode('utf-8', errors='replace')}",
                              hint="use the .weights file compiled together with the library, unchanged (copy it "
                                   "again from the build)")

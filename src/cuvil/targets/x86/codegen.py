@@ -20,6 +20,7 @@ from ...progress import stage
 from ..llvm.module import LLVMKernelModule, initialize_native
 from ..llvm.types import I64, PTR
 from .cpu import CpuDescription, describe_cpu, host_cpu, is_host_name
+from .attention import emit_attention_stage, emit_key_panels_stage
 from .depthwise import emit_depthwise_stage
 from .emitter import ROW_BLOCK, ROW_MAX, X86Emitter, row_reduction
 from .gemm import emit_gemm_stage
@@ -149,7 +150,8 @@ class KernelModule(LLVMKernelModule):
             self.window_kinds[sym] = done[2]
             return done[:2]
         for kind, emit in (("winograd_in", emit_winograd_input), ("winograd_out", emit_winograd_output),
-                           ("pad", emit_pad_stage)):
+                           ("pad", emit_pad_stage), ("attention", emit_attention_stage),
+                           ("attention_keys", emit_key_panels_stage)):
             done = emit(self, st, sym)
             if done is not None:
                 self.window_kinds[sym] = kind

@@ -135,7 +135,7 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
                 manifest_extra: Optional[dict] = None,
                 opt_graph: Optional[Graph] = None, max_arena_bytes: Optional[int] = None,
                 tuning: X86Tuning = DEFAULT_TUNING, math: str = "vector", external_weights: bool = False,
-                weights_key: Optional[bytes] = None) -> dict:
+                weights_key: Optional[bytes] = None, lora_slots=()) -> dict:
     """Compile ``g`` into ``out_so``; writes the header and manifest beside it and returns the manifest, with
     ``timings`` added (seconds: ``compile_seconds``, ``codegen_seconds``, ``proof_seconds``; not written).
     Symbols left in ``g`` stay symbolic: the library binds them from the input shapes at every run and
@@ -148,7 +148,9 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
     exp, erf, tanh and log as inline vector polynomials ("vector") or libm calls ("libm"). Each stage, the LLVM
     IR kernel by kernel, is reported through :mod:`cuvil.progress`. ``external_weights``: the weights go to
     ``libNAME.weights`` beside the library (:mod:`cuvil.targets.x86.weights_file`), which binds them at run
-    time, instead of into it; ``weights_key`` (32 bytes): that file is encrypted with it (AES-256-GCM)."""
+    time, instead of into it; ``weights_key`` (32 bytes): that file is encrypted with it (AES-256-GCM).
+    ``lora_slots``: the :class:`cuvil.lora.slots.LoraSlot` of ``g`` (:func:`cuvil.lora.slots.add_lora_slots`),
+    whose three inputs each, the last of ``g``, the runtime supplies from the active adapter."""
     t0 = time.perf_counter()
     out_so = os.path.abspath(out_so)
     base = os.path.splitext(out_so)[0]
@@ -157,7 +159,8 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
     bits = target_cpu.vector_bits
     with stage("schedule", detail=f"{len(g.nodes)} nodes") as s:
         sched = schedule(g, gemm_cols=tile_cols(bits), split_concat=True, gemm_tiles=tile_shapes(bits, tuning),
-                         row_kernels=True, channel_tile_cost=tuning.channel_tile_cost, run_time_sizes=True)
+                         row_kernels=True, channel_tile_cost=tuning.channel_tile_cost, run_time_sizes=True,
+                         hidden_inputs=3 * len(lora_slots))
         s.detail(f"{len(sched.stages)} kernels, arena {_bytes(sched.arena_bytes)}, "
                  f"weights {_bytes(sched.weights_bytes)}")
     _check_arena(sched, arena_limit(max_arena_bytes))
@@ -175,7 +178,7 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
         with stage("schedule (opt point)", detail=point) as s:
             osched = schedule(opt_graph, gemm_cols=tile_cols(bits), split_concat=True,
                               gemm_tiles=tile_shapes(bits, tuning), row_kernels=True,
-                              channel_tile_cost=tuning.channel_tile_cost)
+                              channel_tile_cost=tuning.channel_tile_cost, hidden_inputs=3 * len(lora_slots))
             s.detail(f"{point}: {len(osched.stages)} kernels")
         with stage("memory safety (opt point)", detail=f"{len(osched.stages)} kernels") as s:
             opt_cert = prove_schedule(osched, "opt", prover)
@@ -219,7 +222,8 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
         isa_checks=[f for f in C_CHECKED_FEATURES if f in target_cpu.features],
         **({} if weights_file is None else {"external_weights_bytes": weights_file["bytes"],
                                             "external_weights_sha256": bytes.fromhex(weights_file["sha256"]),
-                                            "external_opt_weights_offset": weights_file["opt_offset"]}))
+                                            "external_opt_weights_offset": weights_file["opt_offset"]}),
+        lora_slots=[(s.module, s.in_features, s.out_features, s.rank) for s in lora_slots])
     with tempfile.TemporaryDirectory(prefix="cuvil-build-") as tmp:
         objs = []
         for name, parts in (("kernels", obj), ("kernels_opt", oobj or [])):
@@ -268,6 +272,7 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
         + (_steps_json(osched, osteps, otarget, "opt", info.opt_steps) if osched else []),
         "opt_weights": opt_weights,
         "dependencies": deps,
+        **({"lora_slots": [s.to_json() for s in lora_slots]} if lora_slots else {}),
         **(manifest_extra or {}),
     }
     with open(base + ".manifest.json", "w") as f:

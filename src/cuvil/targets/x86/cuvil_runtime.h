@@ -5,7 +5,7 @@
  * runtime.c and by the generated model.c, both compiled with -fvisibility=hidden and
  * -DCUVIL_PREFIX=<prefix>.
  *
- * Contract (abi_version 5):
+ * Contract (abi_version 6):
  *   At run time the runtime builds, for each thread t of the session, void *bufs[4 + num_inputs + num_outputs]:
  *     bufs[0]                       the session's arena (arena_bytes, 64-byte aligned, NULL if 0 bytes)
  *     bufs[1]                       model.weights, or the weights bound by bind_weights when the model's are
@@ -18,6 +18,10 @@
  *                                   input shapes (input dims whose dim_syms entry is k >= 0 give symbol k)
  *                                   and checked against [min, max] before any step runs; the run-time
  *                                   symbols among them (see num_run_time_symbols) are written by steps
+ *     bufs[4 + num_inputs + num_outputs + 3k ..]  LoRA slot k (num_lora_slots): the active adapter's
+ *                                   A_pad float[in, rank], B_pad float[rank, out] (NULL when the slot is
+ *                                   off) and a pointer to one bool, true when the slot is on (its steps
+ *                                   are guarded by it)
  *   and executes the steps in order. For a step {fn, extent, grain}, with extent -1 replaced by the value
  *   evaluate(symbols, out) computed for it (out[k] for step k; then the outputs' dims, in order):
  *     extent <= 0   skipped;
@@ -45,7 +49,7 @@
 #define CUVIL_API(name) CUVIL_CAT(CUVIL_PREFIX, name)
 #define CUVIL_MODEL CUVIL_CAT(CUVIL_PREFIX, _model)
 
-#define CUVIL_ABI_VERSION 5
+#define CUVIL_ABI_VERSION 6
 #define CUVIL_HIDDEN __attribute__((visibility("hidden")))
 #define CUVIL_EXPORT __attribute__((visibility("default")))
 
@@ -71,6 +75,9 @@ typedef struct {
 
 /* A shape symbol and its profile: every run must have min <= value <= max and value % multiple == 0. */
 typedef struct { const char *name; int64_t min, opt, max, multiple; } cuvil_symbol;
+
+/* A LoRA slot: the module it adapts and the dims of y = x W (in, out); an adapter of rank r <= rank fits. */
+typedef struct { const char *module; int64_t in, out, rank; } cuvil_lora_slot;
 
 /* Fills out[0, num_evaluated) from the symbol values: step extents, then output dims. */
 typedef void (*cuvil_eval_fn)(const int64_t *symbols, int64_t *out);
@@ -100,6 +107,7 @@ typedef struct {
   int64_t external_weights_bytes;
   const uint8_t *external_weights_sha256;
   int64_t external_opt_weights_offset;
+  int32_t num_lora_slots; const cuvil_lora_slot *lora_slots;   /* 0, NULL without --lora-slots */
 } cuvil_model;
 
 /* The public tensor type, identical to the one in the generated lib<name>.h. */

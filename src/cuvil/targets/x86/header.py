@@ -34,6 +34,10 @@ ERROR_CODES = (
     ("CUVIL_ERR_BAD_SESSION", -20, "not a live session of this library (destroyed, or never created by it)"),
     ("CUVIL_ERR_WEIGHTS_UNBOUND", -21, "the library's external weights are not bound (call bind_weights first)"),
     ("CUVIL_ERR_WEIGHTS_MISMATCH", -22, "the weights buffer does not match the library (size or SHA-256)"),
+    ("CUVIL_ERR_ADAPTER_NAME", -23, "no adapter of that name is loaded"),
+    ("CUVIL_ERR_ADAPTER_EXISTS", -24, "an adapter of that name is already loaded"),
+    ("CUVIL_ERR_LORA_RANK", -25, "the adapter's rank is above the library's LoRA slot rank"),
+    ("CUVIL_ERR_NO_LORA_SLOTS", -26, "the library has no LoRA slots (compiled without --lora-slots)"),
 )
 
 
@@ -61,6 +65,28 @@ def _symbol_block(info: ModelInfo) -> list[str]:
         mult = f", multiples of {sd.multiple}" if sd.multiple > 1 else ""
         out.append(f" *   {c_comment_text(sd.name)} in [{sd.min}, {sd.max}]{mult}, opt {sd.opt}")
     return out
+
+
+def _lora_block(info: ModelInfo, p: str, session: str) -> list[str]:
+    """The LoRA adapter calls (docs/c-abi.md), with the slots this library has."""
+    slots = [f" *   {k}  {c_comment_text(m)}  in {i}, out {o}, rank <= {r}" for k, (m, i, o, r) in
+             enumerate(info.lora_slots)] or [" *   (none: compiled without --lora-slots; the calls return "
+                                             "CUVIL_ERR_NO_LORA_SLOTS)"]
+    return [
+        "/* Extension: LoRA adapters swapped at run time (docs/c-abi.md). Slots of this library:",
+        *slots,
+        " * adapter_load copies A[e] float [r, in] and B[e] float [out, r] (PEFT's layout) for slot slots[e], with",
+        " * y += scales[e] * (x A^T) B^T (scales NULL: 1); slots it does not name stay off. load/unload: any",
+        " * thread, any time. activate(s, NULL) = the base model, bit for bit; a session running elsewhere gets",
+        " * CUVIL_ERR_BUSY. An adapter unloaded while active in sessions is freed when the last switches away. */",
+        f"int            {p}_num_lora_slots(void);",
+        f"int            {p}_lora_slot_info(int k, const char **module, int64_t *in, int64_t *out, int64_t *rank);",
+        f"int            {p}_adapter_load(const char *name, int32_t n, const int32_t *slots, const cuvil_tensor *A,",
+        "                               const cuvil_tensor *B, const float *scales);",
+        f"int            {p}_adapter_activate({session} *s, const char *name);",
+        f"int            {p}_adapter_unload(const char *name);",
+        f"int64_t        {p}_adapter_bytes(const char *name);   /* bytes held, or a negative code */",
+    ]
 
 
 def generate_header(model_info: ModelInfo, prefix: str | None = None) -> str:
@@ -159,6 +185,7 @@ def generate_header(model_info: ModelInfo, prefix: str | None = None) -> str:
         " * returns NULL (CUVIL_ERR_WEIGHTS_UNBOUND in last_error). */",
         f"int            {p}_weights_info(int64_t *nbytes, uint8_t *sha256);",
         f"int            {p}_bind_weights(const void *data, size_t nbytes);",
+        *_lora_block(model_info, p, session),
         "",
         "#ifdef __cplusplus",
         "}",

@@ -26,11 +26,14 @@ import numpy as np
 from cuvil import audit
 from cuvil.errors import CuvilError, ShapeError
 from cuvil.ir.dim import is_symbol_name
+from cuvil.lora.adapter import read_adapter
+from cuvil.lora.mapping import suffix_score
 from cuvil.targets import model_api
 from cuvil.supply_chain.digests import sha256_file
 from cuvil.targets.model_api import (Signature, SymbolProfile, TensorSpec, dtype_code, fixed_symbols, shape_text,
                                     tensor_spec)
 from cuvil.targets.x86.bound_weights import bind_external_weights
+from cuvil.targets.x86.weights_file import WeightsRefused
 from cuvil.targets.x86.cpu import check_runs_here
 from cuvil.targets.x86.model_info import is_c_identifier
 
@@ -47,6 +50,9 @@ IOSpec = TensorSpec
 #: Runtime codes that mean the session handle itself is unusable (not the inputs): CUVIL_ERR_NULL_SESSION,
 #: CUVIL_ERR_BUSY, CUVIL_ERR_BAD_SESSION.
 _SESSION_CODES = (-1, -13, -20)
+
+#: ``run``'s ``adapter`` when the call gives none (None means the base model).
+_UNSET = object()
 
 
 def default_max_output_bytes() -> int:
@@ -108,7 +114,7 @@ class X86Model(model_api.Model):
     it. ``max_output_bytes`` bounds what one ``run`` allocates for its outputs (default: the machine's
     physical memory)."""
 
-    run_options = ("num_threads",)
+    run_options = ("num_threads", "adapter")
 
     def __init__(self, path: str, prefix: str | None = None, num_threads: int = 0,
                  max_output_bytes: int | None = None, weights=None, weights_key=None, manifest: dict | None = None,
@@ -141,6 +147,10 @@ class X86Model(model_api.Model):
         self._lock = threading.Lock()
         # before the first session; released by close() (and so by __del__, also when a check below fails)
         self._weights = bind_external_weights(self._lib, self.prefix, self.path, weights, weights_key)
+        self._adapters: dict = {}              # name -> bytes the library holds for it (LoRA slots)
+        self._active = None                    # the adapter set_adapter chose (None: the base model)
+        self._session_adapter = None           # the one active in the C session
+        self._adapter_ns = f"py{id(self):x}:"  # C names of this model's adapters: unique in the process
         inputs = [self._spec(True, i) for i in range(self._f.num_inputs())]
         outputs = [self._spec(False, j) for j in range(self._f.num_outputs())]
         inputs = [attrs.evolve(d, dims=_manifest_dims(manifest, "inputs", k, d, True)) for k, d in enumerate(inputs)]
@@ -188,6 +198,17 @@ class X86Model(model_api.Model):
             "num_symbols": (ctypes.c_int, []),
             "symbol_info": (ctypes.c_int, [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p), i64p, i64p, i64p]),
         }
+        lora = {
+            "num_lora_slots": (ctypes.c_int, []),
+            "lora_slot_info": (ctypes.c_int, [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p), i64p, i64p, i64p]),
+            "adapter_load": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_int32, i32p, tp, tp,
+                                            ctypes.POINTER(ctypes.c_float)]),
+            "adapter_activate": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_char_p]),
+            "adapter_unload": (ctypes.c_int, [ctypes.c_char_p]),
+            "adapter_bytes": (ctypes.c_int64, [ctypes.c_char_p]),
+        }
+        # libraries built before LoRA slots lack these: they have no slots
+        sigs.update({k: v for k, v in lora.items() if hasattr(lib, f"{p}_{k}")})
 
         class _F:
             pass
@@ -278,6 +299,7 @@ class X86Model(model_api.Model):
         if self._session is not None:
             self._f.session_destroy(self._session)
             self._session = None
+            self._session_adapter = None
         s = self._f.session_create(int(n))
         if not s:
             raise CuvilError(f"{os.path.basename(self.path)}: cannot create a session with num_threads={n}: "
@@ -300,6 +322,9 @@ class X86Model(model_api.Model):
             weights, self._weights = getattr(self, "_weights", None), None
             if weights is not None:
                 weights.release()
+            for name in list(getattr(self, "_adapters", ())):
+                self._f.adapter_unload(self._c_name(name))
+            self._adapters = {}
 
     def __del__(self):
         try:
@@ -309,8 +334,10 @@ class X86Model(model_api.Model):
 
     # -- running ------------------------------------------------------------------------------------
 
-    def _run_arrays(self, xs: list, num_threads: int | None = None) -> list:
-        """One run on checked inputs (``Model.run``); ``num_threads`` for this call (None: the model's)."""
+    def _run_arrays(self, xs: list, num_threads: int | None = None, adapter=_UNSET) -> list:
+        """One run on checked inputs (``Model.run``); ``num_threads`` for this call (None: the model's);
+        ``adapter``: the LoRA adapter of this call (a loaded name, or None for the base model; default: the one
+        :meth:`set_adapter` chose)."""
         xs, outputs = list(xs), self.signature.outputs
         for d in outputs:
             if d.dtype is None:
@@ -319,6 +346,7 @@ class X86Model(model_api.Model):
                                  "declares cuvil_run)")
         with self._lock:
             s = self._get_session(num_threads)
+            self._activate(s, self._active if adapter is _UNSET else self._known(adapter))
             ins, keep = self._in_tensors, []
             copies = [k for k, a in enumerate(xs) if not (a.flags.c_contiguous and a.flags.aligned)]
             for k, a in enumerate(xs):
@@ -381,6 +409,125 @@ class X86Model(model_api.Model):
                 self._f.profile(s, None, 0)
         return [acc[k] / 1e9 / runs for k in range(n)]
 
+    # -- LoRA adapters (a library compiled with lora_slots= / --lora-slots) ----------------------------
+
+    @property
+    def lora_slots(self) -> list[dict]:
+        """The layers that take an adapter: ``{"module", "in", "out", "rank"}`` each ([] without slots)."""
+        if not hasattr(self._f, "num_lora_slots"):
+            return []
+        out = []
+        for k in range(self._f.num_lora_slots()):
+            name, d_in, d_out, rank = ctypes.c_char_p(), ctypes.c_int64(), ctypes.c_int64(), ctypes.c_int64()
+            self._check(self._f.lora_slot_info(k, ctypes.byref(name), ctypes.byref(d_in), ctypes.byref(d_out),
+                                               ctypes.byref(rank)), CuvilError)
+            out.append({"module": (name.value or b"").decode("utf-8", errors="surrogateescape"), "in": d_in.value,
+                        "out": d_out.value, "rank": rank.value})
+        return out
+
+    @property
+    def adapters(self) -> list[str]:
+        """The names of the loaded adapters, in load order."""
+        return list(self._adapters)
+
+    @property
+    def active_adapter(self):
+        """The adapter :meth:`set_adapter` chose, or None (the base model)."""
+        return self._active
+
+    def adapter_bytes(self, name: str) -> int:
+        """The bytes the library holds for adapter ``name`` (its tensors, padded to the slot rank)."""
+        self._known(name)
+        n = self._f.adapter_bytes(self._c_name(name))
+        self._check(n if n < 0 else 0, CuvilError)
+        return int(n)
+
+    def load_adapter(self, name: str, adapter, weight: float = 1.0) -> None:
+        """Load LoRA ``adapter`` under ``name`` (not yet active: :meth:`set_adapter`). ``adapter``: a PEFT
+        adapter directory or ``.onnx_adapter`` file (:func:`cuvil.lora.adapter.read_adapter`), a read
+        :class:`cuvil.lora.adapter.Adapter`, or ``{module: (A [r, in], B [out, r], scale)}``. Each module must
+        have a slot (its name, or a dotted suffix of it, matches one slot's module); ``weight`` multiplies
+        every scale. The library copies the tensors (memory grows by the adapter's size); no recompile."""
+        self._ensure_open()
+        slots = self.lora_slots
+        if not slots:
+            raise CuvilError(f"{os.path.basename(self.path)} has no LoRA slots: it cannot take an adapter at run time",
+                             hint="compile the model with --lora-slots RANK (Python: .compile(lora_slots=RANK)), or "
+                                  "merge the adapter at compile time (--lora ADAPTER_DIR)")
+        if not isinstance(name, str) or not name:
+            raise CuvilError(f"adapter name {name!r} is not a non-empty string", hint='give a name, e.g. "sql"')
+        if name in self._adapters:
+            raise CuvilError(f"an adapter named {name!r} is already loaded",
+                             hint=f"unload_adapter({name!r}) first, or load it under another name")
+        weight = float(weight)
+        if not np.isfinite(weight):
+            raise CuvilError(f"weight={weight} is not finite", hint="give a finite weight, e.g. 1.0")
+        entries = []
+        for module, (a, b, scale) in _adapter_modules(adapter).items():
+            k = _slot_of(module, slots, os.path.basename(self.path))
+            a, b = np.ascontiguousarray(a, dtype=np.float32), np.ascontiguousarray(b, dtype=np.float32)
+            entries.append(_check_pair(module, slots[k], a, b, os.path.basename(self.path)) + (k, float(scale) * weight))
+        ks = [e[2] for e in entries]
+        dup = sorted({slots[k]["module"] for k in ks if ks.count(k) > 1})
+        if dup:
+            raise CuvilError(f"several modules of the adapter map to the slot of {dup[0]}",
+                             hint="give each module once (an adapter's module names must be distinct)")
+        n = len(entries)
+        idx = (ctypes.c_int32 * max(1, n))(*ks)
+        ta, tb = (CTensor * max(1, n))(), (CTensor * max(1, n))()
+        shapes = []
+        for j, (a, b, _, _) in enumerate(entries):
+            for t, x in ((ta[j], a), (tb[j], b)):
+                shape = (ctypes.c_int64 * 2)(*x.shape)
+                shapes.append(shape)
+                t.data, t.dtype, t.ndim, t.shape = x.ctypes.data, 1, 2, shape
+        scales = (ctypes.c_float * max(1, n))(*[e[3] for e in entries])
+        with self._lock:
+            self._ensure_open()
+            self._check(self._f.adapter_load(self._c_name(name), n, idx, ta, tb, scales), CuvilError)
+            self._adapters[name] = True
+        del shapes
+
+    def set_adapter(self, name) -> None:
+        """Run with adapter ``name`` from now on (None: the base model, exactly). A pointer swap: no copy."""
+        self._known(name)
+        with self._lock:
+            self._active = name
+            if self._session is not None:
+                self._activate(self._session, name)
+
+    def unload_adapter(self, name: str) -> None:
+        """Free adapter ``name``; if it was the active one, the model runs the base model again."""
+        self._known(name)
+        if name is None:
+            raise CuvilError("unload_adapter(None): the base model cannot be unloaded", hint="name a loaded adapter")
+        with self._lock:
+            if self._session is not None and self._session_adapter == name:
+                self._activate(self._session, None)
+            if self._active == name:
+                self._active = None
+            self._check(self._f.adapter_unload(self._c_name(name)), CuvilError)
+            del self._adapters[name]
+
+    def _c_name(self, name: str) -> bytes:
+        return (self._adapter_ns + name).encode("utf-8", errors="surrogateescape")
+
+    def _known(self, name):
+        """``name`` if it is None or a loaded adapter, else a CuvilError saying which are."""
+        self._ensure_open()
+        if name is not None and name not in self._adapters:
+            loaded = ", ".join(map(repr, self._adapters)) or "none"
+            raise CuvilError(f"no adapter named {name!r} is loaded (loaded: {loaded})",
+                             hint=f"load it first: m.load_adapter({name!r}, ADAPTER_DIR), or None for the base model")
+        return name
+
+    def _activate(self, s, name) -> None:
+        """Adapter ``name`` active in session ``s`` (held: the lock)."""
+        if name == self._session_adapter:
+            return
+        self._check(self._f.adapter_activate(s, None if name is None else self._c_name(name)), CuvilError)
+        self._session_adapter = name
+
     def _check_count(self, rc: int) -> int:
         if rc < 0:
             self._check(rc, CuvilError)
@@ -389,6 +536,60 @@ class X86Model(model_api.Model):
     def __repr__(self) -> str:
         fmt = lambda ds: ", ".join(map(str, ds))  # noqa: E731
         return f"<cuvil.X86Model {os.path.basename(self.path)} ({fmt(self.inputs)}) -> ({fmt(self.outputs)})>"
+
+
+def _adapter_modules(adapter) -> dict:
+    """``{module: (A, B, scale)}`` of an adapter given as a path, an :class:`cuvil.lora.adapter.Adapter` or a
+    dict of such triples."""
+    if isinstance(adapter, (str, os.PathLike)):
+        adapter = read_adapter(adapter)
+    modules = getattr(adapter, "modules", adapter)
+    if not isinstance(modules, dict) or not modules:
+        raise CuvilError(f"{type(adapter).__name__} is not an adapter with modules",
+                         hint="give a PEFT adapter directory, a cuvil.lora.adapter.Adapter, or "
+                              "{module: (A [r, in], B [out, r], scale)}")
+    out = {}
+    for module, m in modules.items():
+        out[str(module)] = (m.A, m.B, m.scale) if hasattr(m, "A") else tuple(m)
+    return out
+
+
+def _slot_of(module: str, slots: list, lib: str) -> int:
+    """The slot whose module shares the most trailing dotted components with ``module``, as the compile-time
+    mapping matches them (:func:`cuvil.lora.mapping.suffix_score`: the exporter's wrapper prefix ``model.``
+    and the adapter's ``bert.`` may differ)."""
+    scores = [suffix_score(module, s["module"]) for s in slots]
+    top = max(scores)
+    hits = [k for k, v in enumerate(scores) if v == top and v > 0]
+    if len(hits) == 1:
+        return hits[0]
+    if hits:
+        raise CuvilError(f"adapter module {module!r} matches several LoRA slots of {lib}: "
+                         f"{', '.join(slots[k]['module'] for k in hits[:4])}",
+                         hint="give the adapter's full module names (as PEFT saves them)")
+    shown = ", ".join(s["module"] for s in slots[:6]) + (f" (+{len(slots) - 6} more)" if len(slots) > 6 else "")
+    leaf = module.rsplit(".", 1)[-1]
+    raise CuvilError(f"adapter module {module!r} has no LoRA slot in {lib}", details=[f"slots: {shown}"],
+                     hint=f"compile the model with a slot on it: --lora-targets ... {leaf} (Python: lora_targets=[..., "
+                          f"{leaf!r}]), or merge this adapter at compile time (--lora ADAPTER_DIR)")
+
+
+def _check_pair(module: str, slot: dict, a: np.ndarray, b: np.ndarray, lib: str) -> tuple:
+    """``(A, B)`` if they fit ``slot`` (A [r, in], B [out, r], r up to the slot rank, finite), else a CuvilError."""
+    if a.ndim != 2 or b.ndim != 2 or a.shape[1] != slot["in"] or b.shape[0] != slot["out"] or b.shape[1] != a.shape[0] \
+            or a.shape[0] < 1:
+        raise CuvilError(f"adapter module {module!r}: A is {list(a.shape)} and B {list(b.shape)}, the slot of "
+                         f"{slot['module']} takes A [r, {slot['in']}] and B [{slot['out']}, r]",
+                         hint="check that the adapter was trained for this base model (its hidden sizes)")
+    if a.shape[0] > slot["rank"]:
+        raise CuvilError(f"adapter module {module!r} has rank {a.shape[0]}, above the library's slot rank "
+                         f"{slot['rank']} ({lib})",
+                         hint=f"recompile the model with --lora-slots {a.shape[0]} (Python: lora_slots={a.shape[0]}), "
+                              f"or merge this adapter at compile time (--lora ADAPTER_DIR)")
+    if not (np.isfinite(a).all() and np.isfinite(b).all()):
+        raise CuvilError(f"adapter module {module!r} holds non-finite values (inf or NaN)",
+                         hint="check the adapter file: training diverged or it is damaged")
+    return a, b
 
 
 #: The x86 model's name before both targets shared one interface (:class:`cuvil.targets.model_api.Model`).
@@ -410,8 +611,9 @@ def load(path: str, prefix: str | None = None, num_threads: int = 0, max_output_
         m = X86Model(path, prefix=prefix, num_threads=num_threads, max_output_bytes=max_output_bytes,
                      weights=weights, weights_key=weights_key, manifest=manifest, dlopen_path=dlopen_path)
     except CuvilError as e:
-        audit.record("load", artifact=path, digest=lambda: sha256_file(dlopen_path or path), outcome="error",
-                     reason=e.message)
+        audit.record("load", artifact=path, digest=lambda: sha256_file(dlopen_path or path),
+                     outcome="refused" if isinstance(e, WeightsRefused) else "error", reason=e.message)
         raise
-    audit.record("load", artifact=path, digest=m.digest, verified=dlopen_path is not None)
+    audit.record("load", artifact=path, digest=m.digest, verified=dlopen_path is not None,
+                 **({} if m._weights is None else {"weights": "encrypted" if m._weights.encrypted else "external"}))
     return m

@@ -209,6 +209,14 @@ def generate_model_c(info: ModelInfo) -> str:
         lines.append(f"  if (!__builtin_cpu_supports({name})) return {name};")
     lines += ["  return NULL;", "}", ""]
 
+    lora = "NULL"
+    if info.lora_slots:
+        lora = f"{_LOCAL}lora_slots"
+        lines.append(f"static const cuvil_lora_slot {lora}[{len(info.lora_slots)}] = {{")
+        for module, d_in, d_out, rank in info.lora_slots:
+            lines.append(f"  {{{c_string_literal(module)}, {_i64(d_in)}, {_i64(d_out)}, {_i64(rank)}}},")
+        lines += ["};", ""]
+
     weights = info.weights_symbol if info.weights_symbol is not None else "NULL"
     sha = "NULL"
     if info.external_weights_bytes:
@@ -232,6 +240,7 @@ def generate_model_c(info: ModelInfo) -> str:
         f"  /* num_run_time_symbols */ {info.num_run_time_symbols},",
         f"  /* external_weights_bytes, _sha256, external_opt_weights_offset */ {_i64(info.external_weights_bytes)}, "
         f"{sha}, {_i64(info.external_opt_weights_offset)},",
+        f"  /* num_lora_slots, lora_slots */ {len(info.lora_slots)}, {lora},",
         "};",
         "",
     ]

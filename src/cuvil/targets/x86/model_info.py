@@ -24,7 +24,8 @@ ABI_DTYPES = {1: "float", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "in
 #: Names the public ABI takes under a prefix (``<prefix>_<name>``); kernels may not use them.
 ABI_FUNCTIONS = ("num_inputs", "num_outputs", "input_name", "output_name", "input_info", "output_info",
                  "session_create", "output_shape", "run", "strerror", "last_error", "session_destroy", "profile",
-                 "num_symbols", "symbol_info", "weights_info", "bind_weights")
+                 "num_symbols", "symbol_info", "weights_info", "bind_weights", "num_lora_slots", "lora_slot_info",
+                 "adapter_load", "adapter_activate", "adapter_unload", "adapter_bytes")
 
 
 _C_KEYWORDS = frozenset(
@@ -175,6 +176,8 @@ class ModelInfo:
     external_weights_bytes: int = attrs.field(default=0, validator=_nonneg)
     external_weights_sha256: bytes = b""
     external_opt_weights_offset: int = -1
+    # LoRA slots, (module, in, out, rank) each: their buffers follow the symbol table (cuvil_runtime.h)
+    lora_slots: tuple = attrs.field(factory=tuple, converter=tuple)
 
     def __attrs_post_init__(self):
         names = [s.name for s in self.symbols]

@@ -57,6 +57,10 @@ enum {
   CUVIL_ERR_BAD_SESSION = -20,
   CUVIL_ERR_WEIGHTS_UNBOUND = -21,
   CUVIL_ERR_WEIGHTS_MISMATCH = -22,
+  CUVIL_ERR_ADAPTER_NAME = -23,
+  CUVIL_ERR_ADAPTER_EXISTS = -24,
+  CUVIL_ERR_LORA_RANK = -25,
+  CUVIL_ERR_NO_LORA_SLOTS = -26,
 };
 
 static const char *const cuvil_messages[] = {
@@ -83,6 +87,10 @@ static const char *const cuvil_messages[] = {
   "not a live session of this library (destroyed, or never created by it)",  /* -20 */
   "the library's external weights are not bound (call bind_weights first)",  /* -21 */
   "the weights buffer does not match the library (size or SHA-256)",        /* -22 */
+  "no adapter of that name is loaded",                              /* -23 */
+  "an adapter of that name is already loaded",                      /* -24 */
+  "the adapter's rank is above the library's LoRA slot rank",       /* -25 */
+  "the library has no LoRA slots (compiled without --lora-slots)",  /* -26 */
 };
 #define CUVIL_NUM_MESSAGES ((int)(sizeof cuvil_messages / sizeof cuvil_messages[0]))
 
@@ -182,6 +190,7 @@ struct cuvil_session {
   atomic_int prefault_done;                           /* parts pre-faulted */
   int64_t *profile;                                   /* per-step nanoseconds accumulated by runs, or NULL */
   const void *weights, *opt_weights;                  /* the model's (embedded or bound when created) */
+  struct lora_adapter *adapter;                       /* the active LoRA adapter (a reference), or NULL */
 
   _Alignas(CUVIL_CACHELINE) atomic_uint gen;          /* bumped (seq_cst) to wake workers for a step */
   chunk_range *ranges;                                /* [num_threads]: each thread's chunks of the open step */
@@ -398,8 +407,11 @@ static int online_cores(void) {
   return n > 0 ? (int)n : 1;
 }
 
+static void adapter_release(struct lora_adapter *a);
+
 static void free_session(struct cuvil_session *s) {
   stop_workers(s);
+  adapter_release(s->adapter);
   pthread_cond_destroy(&s->cv);
   pthread_mutex_destroy(&s->mu);
   free(s->threads);
@@ -412,6 +424,100 @@ static void free_session(struct cuvil_session *s) {
   free(s->symv);
   free(s->evals);
   free(s);
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* LoRA adapters (a library compiled with --lora-slots)                                             */
+
+/* A loaded adapter: per slot k, A_pad [in, rank] (= A^T, zero-padded) and B_pad [rank, out] (= scale * B^T,
+ * zero-padded) in one allocation, or NULL where the adapter leaves slot k alone. Adapters belong to the
+ * library (every session may activate one); refs counts the registry's reference (while the name is loaded)
+ * and each session's that has it active, so an adapter unloaded while sessions use it lives until the last
+ * one switches away or is destroyed: a run never reads freed memory. */
+struct lora_adapter {
+  char *name;
+  int64_t refs;
+  float **a, **b;
+  void *mem;
+  size_t bytes;
+  struct lora_adapter *next;
+};
+
+static struct lora_adapter *adapters;                 /* the loaded ones, by name */
+static pthread_mutex_t adapters_mu = PTHREAD_MUTEX_INITIALIZER;
+static const uint8_t lora_on = 1, lora_off = 0;       /* the slots' guard flags point at one of these */
+
+static void adapter_free(struct lora_adapter *a) {
+  free(a->name);
+  free(a->a);
+  free(a->b);
+  free(a->mem);
+  free(a);
+}
+
+/* Drops one reference (under adapters_mu or not: takes it). */
+static void adapter_release(struct lora_adapter *a) {
+  if (a == NULL) return;
+  pthread_mutex_lock(&adapters_mu);
+  int last = --a->refs == 0;
+  pthread_mutex_unlock(&adapters_mu);
+  if (last) adapter_free(a);
+}
+
+static struct lora_adapter *adapter_find(const char *name) {
+  for (struct lora_adapter *a = adapters; a != NULL; a = a->next)
+    if (strcmp(a->name, name) == 0) return a;
+  return NULL;
+}
+
+/* Points every thread's slot buffers at adapter a's tensors (NULL: every slot off, the base model). */
+static void lora_point(struct cuvil_session *s, const struct lora_adapter *a) {
+  const cuvil_model *m = &CUVIL_MODEL;
+  const size_t first = 4 + (size_t)m->num_inputs + (size_t)m->num_outputs;
+  for (int t = 0; t < s->num_threads; ++t) {
+    void **bufs = s->bufs + (size_t)t * s->nbufs + first;
+    for (int k = 0; k < m->num_lora_slots; ++k) {
+      int on = a != NULL && a->a[k] != NULL;
+      bufs[3 * k] = on ? (void *)a->a[k] : NULL;
+      bufs[3 * k + 1] = on ? (void *)a->b[k] : NULL;
+      bufs[3 * k + 2] = (void *)(on ? &lora_on : &lora_off);
+    }
+  }
+}
+
+/* Checks entry e of an adapter_load call against slot k: its rank, or a negative code. */
+static int64_t check_lora_pair(const cuvil_lora_slot *slot, int e, int k, const cuvil_tensor *A, const cuvil_tensor *B,
+                               float scale) {
+  const cuvil_tensor *ts[2] = {A, B};
+  const char *which[2] = {"A", "B"};
+  for (int q = 0; q < 2; ++q) {
+    const cuvil_tensor *t = ts[q];
+    if (t->dtype != 1)
+      return fail(CUVIL_ERR_DTYPE, "adapter_load: entry %d (slot %d '%s'): %s is %s, expected float", e, k,
+                  slot->module, which[q], dtype_name(t->dtype));
+    if (t->ndim != 2)
+      return fail(CUVIL_ERR_NDIM, "adapter_load: entry %d (slot %d '%s'): %s has %d dims, expected 2", e, k,
+                  slot->module, which[q], (int)t->ndim);
+    if (t->shape == NULL) return fail(CUVIL_ERR_NULL_SHAPE, "adapter_load: entry %d: %s's shape is NULL", e, which[q]);
+  }
+  int64_t r = A->shape[0];
+  if (A->shape[1] != slot->in || B->shape[0] != slot->out || B->shape[1] != r || r < 1)
+    return fail(CUVIL_ERR_DIM, "adapter_load: entry %d (slot %d '%s'): A is [%lld, %lld] and B [%lld, %lld], expected "
+                "A [r, %lld] and B [%lld, r] with 1 <= r <= %lld", e, k, slot->module, (long long)A->shape[0],
+                (long long)A->shape[1], (long long)B->shape[0], (long long)B->shape[1], (long long)slot->in,
+                (long long)slot->out, (long long)slot->rank);
+  if (r > slot->rank)
+    return fail(CUVIL_ERR_LORA_RANK, "adapter_load: entry %d (slot %d '%s'): rank %lld is above the library's slot "
+                "rank %lld: recompile the model with --lora-slots %lld (or more)", e, k, slot->module, (long long)r,
+                (long long)slot->rank, (long long)r);
+  if (A->data == NULL || B->data == NULL)
+    return fail(CUVIL_ERR_NULL_DATA, "adapter_load: entry %d (slot %d '%s'): %s's data is NULL", e, k, slot->module,
+                A->data == NULL ? "A" : "B");
+  if (((uintptr_t)A->data | (uintptr_t)B->data) % 4 != 0)
+    return fail(CUVIL_ERR_ALIGN, "adapter_load: entry %d: A or B is not aligned to 4 bytes", e);
+  if (!(scale - scale == 0.0f))
+    return fail(CUVIL_ERR_DIM, "adapter_load: entry %d (slot %d '%s'): the scale is not finite", e, k, slot->module);
+  return r;
 }
 
 #define CUVIL_MAX_THREADS 4096
@@ -460,7 +566,8 @@ static struct cuvil_session *session_create(int num_threads, const void *weights
   }
   for (int t = 0; t < num_threads; ++t) atomic_init(&s->ranges[t].w, 0);   /* empty */
 
-  size_t nbufs = 4 + (size_t)m->num_inputs + (size_t)m->num_outputs;
+  const size_t fixed = 4 + (size_t)m->num_inputs + (size_t)m->num_outputs;   /* then the LoRA slots' buffers */
+  size_t nbufs = fixed + 3 * (size_t)m->num_lora_slots;
   s->nbufs = nbufs;
   s->bufs = (void **)calloc(nbufs * (size_t)num_threads, sizeof(void *));
   if (m->num_symbols > 0) {
@@ -472,7 +579,8 @@ static struct cuvil_session *session_create(int num_threads, const void *weights
     free_session(s);
     return NULL;
   }
-  for (int t = 0; t < num_threads; ++t) s->bufs[(size_t)t * nbufs + nbufs - 1] = s->symv;
+  for (int t = 0; t < num_threads; ++t) s->bufs[(size_t)t * nbufs + fixed - 1] = s->symv;
+  lora_point(s, NULL);                                /* the base model: every slot off */
   /* One mapping holds a static model's arena and then each thread's scratch, page-aligned; the pages are
    * zero (deterministic contents) and pre-faulted by prefault() below, so a first run takes no page faults
    * on them. A symbolic model's arena is planned for the profile's maxima: it gets its own mapping, reserved
@@ -492,7 +600,7 @@ static struct cuvil_session *session_create(int num_threads, const void *weights
     s->mem = p;
     if (arena_bytes > 0) s->arena = p;
     for (int t = 0; stride > 0 && t < num_threads; ++t)
-      s->bufs[(size_t)t * nbufs + nbufs - 2] = (char *)p + arena_bytes + (size_t)t * stride;
+      s->bufs[(size_t)t * nbufs + fixed - 2] = (char *)p + arena_bytes + (size_t)t * stride;
   }
   if (m->arena_bytes > 0 && m->num_symbols > 0) {
     void *p = mmap(NULL, (size_t)m->arena_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
@@ -1228,6 +1336,163 @@ CUVIL_EXPORT const char *CUVIL_API(strerror)(int code) {
 
 /* Extension: the specifics of the last failing call on the calling thread ("" if none yet). */
 CUVIL_EXPORT const char *CUVIL_API(last_error)(void) { return cuvil_detail; }
+
+/* ------------------------------------------------------------------------------------------------ */
+/* LoRA adapters: public calls                                                                      */
+
+/* Extension: the LoRA slots (number; slot k's module, dims and rank). 0, or CUVIL_ERR_INDEX for a bad k. */
+CUVIL_EXPORT int CUVIL_API(num_lora_slots)(void) { return CUVIL_MODEL.num_lora_slots; }
+
+CUVIL_EXPORT int CUVIL_API(lora_slot_info)(int k, const char **module, int64_t *in, int64_t *out, int64_t *rank) {
+  const cuvil_model *m = &CUVIL_MODEL;
+  if (k < 0 || k >= m->num_lora_slots)
+    return fail(CUVIL_ERR_INDEX, "lora_slot_info: slot %d out of range [0, %d)", k, (int)m->num_lora_slots);
+  const cuvil_lora_slot *y = &m->lora_slots[k];
+  if (module) *module = y->module;
+  if (in) *in = y->in;
+  if (out) *out = y->out;
+  if (rank) *rank = y->rank;
+  return CUVIL_OK;
+}
+
+/* Loads adapter `name`: for each of its n entries, slots[e] (a slot index), A[e] float [r, in] and B[e] float
+ * [out, r] (PEFT's layout: y += scales[e] * (x A^T) B^T) and scales[e] (NULL: all 1). The tensors are copied
+ * (transposed, scale folded into B, zero-padded to the slot rank): the caller's buffers may go once it
+ * returns. Slots no entry names stay off while the adapter is active. Any thread, any time. */
+CUVIL_EXPORT int CUVIL_API(adapter_load)(const char *name, int32_t n, const int32_t *slots, const cuvil_tensor *A,
+                                         const cuvil_tensor *B, const float *scales) {
+  const cuvil_model *m = &CUVIL_MODEL;
+  if (m->num_lora_slots == 0)
+    return fail(CUVIL_ERR_NO_LORA_SLOTS, "adapter_load: this library has no LoRA slots: compile the model with "
+                "--lora-slots RANK (Python: lora_slots=RANK)");
+  if (name == NULL) return fail(CUVIL_ERR_NULL_ARGUMENT, "adapter_load: name is NULL");
+  if (n < 0 || n > m->num_lora_slots)
+    return fail(CUVIL_ERR_INDEX, "adapter_load: %d entries, expected 0 to %d (one per slot at most)", (int)n,
+                (int)m->num_lora_slots);
+  if (n > 0 && (slots == NULL || A == NULL || B == NULL))
+    return fail(CUVIL_ERR_NULL_ARGUMENT, "adapter_load: slots, A or B is NULL");
+  size_t floats = 0;
+  int64_t *ranks = (int64_t *)calloc((size_t)m->num_lora_slots, sizeof(int64_t));
+  if (ranks == NULL) return fail(CUVIL_ERR_NOMEM, "adapter_load: out of memory");
+  for (int e = 0; e < n; ++e) {
+    int k = slots[e];
+    if (k < 0 || k >= m->num_lora_slots || ranks[k] != 0) {
+      free(ranks);
+      return fail(CUVIL_ERR_INDEX, k < 0 || k >= m->num_lora_slots ? "adapter_load: entry %d names slot %d, out of "
+                  "range [0, %d)" : "adapter_load: entry %d names slot %d again (%d slots)", e, k,
+                  (int)m->num_lora_slots);
+    }
+    int64_t r = check_lora_pair(&m->lora_slots[k], e, k, &A[e], &B[e], scales ? scales[e] : 1.0f);
+    if (r < 0) {
+      free(ranks);
+      return (int)r;
+    }
+    ranks[k] = r;
+    const cuvil_lora_slot *y = &m->lora_slots[k];
+    floats += (size_t)((y->in + y->out) * y->rank + 16);   /* + 16: each slot's pair 64-byte aligned */
+  }
+  struct lora_adapter *a = (struct lora_adapter *)calloc(1, sizeof *a);
+  if (a != NULL) {
+    a->name = strdup(name);
+    a->a = (float **)calloc((size_t)m->num_lora_slots, sizeof(float *));
+    a->b = (float **)calloc((size_t)m->num_lora_slots, sizeof(float *));
+    a->bytes = floats * sizeof(float);
+    if (floats > 0 && posix_memalign(&a->mem, CUVIL_CACHELINE, a->bytes) != 0) a->mem = NULL;
+  }
+  if (a == NULL || !a->name || !a->a || !a->b || (floats > 0 && a->mem == NULL)) {
+    free(ranks);
+    if (a) adapter_free(a);
+    return fail(CUVIL_ERR_NOMEM, "adapter_load: could not allocate %zu bytes for adapter '%s'", floats * sizeof(float),
+                name);
+  }
+  if (a->mem != NULL) memset(a->mem, 0, a->bytes);
+  float *p = (float *)a->mem;
+  for (int e = 0; e < n; ++e) {
+    int k = slots[e];
+    const cuvil_lora_slot *y = &m->lora_slots[k];
+    const int64_t R = y->rank, r = ranks[k], in = y->in, out = y->out;
+    const float *src_a = (const float *)A[e].data, *src_b = (const float *)B[e].data;
+    const float s = scales ? scales[e] : 1.0f;
+    a->a[k] = p;
+    for (int64_t i = 0; i < in; ++i)                    /* A_pad[i][j] = A[j][i] */
+      for (int64_t j = 0; j < r; ++j) p[i * R + j] = src_a[j * in + i];
+    p += in * R;
+    a->b[k] = p;
+    for (int64_t j = 0; j < r; ++j)                     /* B_pad[j][o] = s * B[o][j] */
+      for (int64_t o = 0; o < out; ++o) p[j * out + o] = s * src_b[o * r + j];
+    p += R * out;
+    p = (float *)(((uintptr_t)p + CUVIL_CACHELINE - 1) & ~(uintptr_t)(CUVIL_CACHELINE - 1));
+  }
+  free(ranks);
+  a->refs = 1;
+  pthread_mutex_lock(&adapters_mu);
+  if (adapter_find(name) != NULL) {
+    pthread_mutex_unlock(&adapters_mu);
+    adapter_free(a);
+    return fail(CUVIL_ERR_ADAPTER_EXISTS, "adapter_load: an adapter named '%s' is already loaded: unload it first, "
+                "or give another name", name);
+  }
+  a->next = adapters;
+  adapters = a;
+  pthread_mutex_unlock(&adapters_mu);
+  return CUVIL_OK;
+}
+
+/* Makes adapter `name` the one session s runs with (NULL: none, the base model, bit for bit). Between runs:
+ * a session running on another thread gets CUVIL_ERR_BUSY, never a half-switched run. */
+CUVIL_EXPORT int CUVIL_API(adapter_activate)(cuvil_session *h, const char *name) {
+  int rc;
+  struct cuvil_session *s = session_claim(h, "adapter_activate", &rc);
+  if (s == NULL) return rc;
+  if (name != NULL && CUVIL_MODEL.num_lora_slots == 0) {
+    session_release(h);
+    return fail(CUVIL_ERR_NO_LORA_SLOTS, "adapter_activate: this library has no LoRA slots: compile the model with "
+                "--lora-slots RANK (Python: lora_slots=RANK)");
+  }
+  struct lora_adapter *a = NULL;
+  if (name != NULL) {
+    pthread_mutex_lock(&adapters_mu);
+    a = adapter_find(name);
+    if (a != NULL) ++a->refs;
+    pthread_mutex_unlock(&adapters_mu);
+    if (a == NULL) {
+      session_release(h);
+      return fail(CUVIL_ERR_ADAPTER_NAME, "adapter_activate: no adapter named '%s' is loaded (adapter_load it first)",
+                  name);
+    }
+  }
+  struct lora_adapter *old = s->adapter;
+  s->adapter = a;
+  lora_point(s, a);
+  session_release(h);
+  adapter_release(old);
+  return CUVIL_OK;
+}
+
+/* Unloads adapter `name`: the name is free at once; its memory goes when no session has it active any more
+ * (sessions that do keep running with it until they activate another or are destroyed). Any thread. */
+CUVIL_EXPORT int CUVIL_API(adapter_unload)(const char *name) {
+  if (name == NULL) return fail(CUVIL_ERR_NULL_ARGUMENT, "adapter_unload: name is NULL");
+  pthread_mutex_lock(&adapters_mu);
+  struct lora_adapter **link = &adapters;
+  while (*link != NULL && strcmp((*link)->name, name) != 0) link = &(*link)->next;
+  struct lora_adapter *a = *link;
+  if (a != NULL) *link = a->next;
+  pthread_mutex_unlock(&adapters_mu);
+  if (a == NULL) return fail(CUVIL_ERR_ADAPTER_NAME, "adapter_unload: no adapter named '%s' is loaded", name);
+  adapter_release(a);
+  return CUVIL_OK;
+}
+
+/* Extension: the bytes adapter `name` holds (its padded tensors), or a negative code. */
+CUVIL_EXPORT int64_t CUVIL_API(adapter_bytes)(const char *name) {
+  if (name == NULL) return fail(CUVIL_ERR_NULL_ARGUMENT, "adapter_bytes: name is NULL");
+  pthread_mutex_lock(&adapters_mu);
+  struct lora_adapter *a = adapter_find(name);
+  int64_t n = a ? (int64_t)a->bytes : 0;
+  pthread_mutex_unlock(&adapters_mu);
+  return a ? n : fail(CUVIL_ERR_ADAPTER_NAME, "adapter_bytes: no adapter named '%s' is loaded", name);
+}
 
 /* NULL, a destroyed session (double destroy) or a foreign pointer: nothing happens but the error detail. */
 CUVIL_EXPORT void CUVIL_API(session_destroy)(cuvil_session *h) {

@@ -10,6 +10,7 @@ import attrs
 
 from ...errors import CuvilError
 from ...ir.graph import Graph
+from ...lora.slots import add_lora_slots
 from ...progress import stage
 from ...rewrite_rules.engine import RewriteReport
 from ...rewrite_rules.proved_rewrite import applied_rules, proved_rewrite
@@ -25,7 +26,7 @@ from .cpu import describe_cpu, validate_cpu
 from .gemm import tile_shapes
 from .model_info import is_c_identifier
 from .tuning import DEFAULT_TUNING, X86Tuning
-from .weights_file import KeyLike, key_id, read_key
+from .weights_file import WeightsKey, key_id
 
 
 @target_options(X86_TARGET)
@@ -52,6 +53,10 @@ class X86Options(TargetOptions):
     beside the library instead of into it (mapped read-only and shared between processes when loaded;
     docs/weights.md); ``encrypt_weights``: a key file (or the key's 32 bytes) that file is encrypted with
     (AES-256-GCM; implies ``external_weights``; load with ``cuvil.load(path, weights_key=...)``).
+    ``lora_slots`` (a rank R > 0): the layers ``lora_targets``
+    names (PEFT ``target_modules`` style: module-name suffixes or a regex; default the attention projections,
+    :data:`cuvil.lora.slots.DEFAULT_TARGETS`) take a LoRA adapter of rank up to R at run time
+    (``load_adapter`` / ``set_adapter`` on the loaded model; docs/lora.md).
     """
 
     opt_level: int = attrs.field(default=3, validator=check(is_opt_level, "0, 1, 2 or 3"))
@@ -70,13 +75,21 @@ class X86Options(TargetOptions):
     math: str = attrs.field(default="vector", validator=check(lambda v: v in ("vector", "libm"),
                                                               '"vector" or "libm"'))
     external_weights: bool = attrs.field(default=False, validator=check(is_bool, "True or False"))
-    # a path or the key itself: never shown (repr=False), checked readable and well formed at once
-    encrypt_weights: Optional[KeyLike] = attrs.field(
-        default=None, repr=False, validator=lambda inst, attr, v: v is None or read_key(v, "encrypt_weights"))
+    # a key file or the key's bytes, read at once into a WeightsKey: the options (and the provenance that
+    # records them) then show the key's id only, never the key or its path
+    encrypt_weights: Optional[WeightsKey] = attrs.field(
+        default=None, converter=lambda v: None if v is None else WeightsKey.of(v, "encrypt_weights"))
+    lora_slots: int = attrs.field(default=0, validator=check(
+        lambda v: isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 4096,
+        "a rank from 1 to 4096 (0: no LoRA slots)"))
+    lora_targets: tuple = attrs.field(
+        default=(), converter=lambda v: (v,) if isinstance(v, str) else tuple(v) if isinstance(v, (list, tuple)) else v,
+        validator=check(lambda v: isinstance(v, tuple) and all(isinstance(p, str) and p for p in v),
+                        "a list of module-name suffixes or regexes (strings)"))
 
     def weights_key(self) -> Optional[bytes]:
-        """The 32-byte key ``encrypt_weights`` names, or None."""
-        return None if self.encrypt_weights is None else read_key(self.encrypt_weights, "encrypt_weights")
+        """The 32-byte key ``encrypt_weights`` holds, or None."""
+        return None if self.encrypt_weights is None else self.encrypt_weights.key
 
 
 def x86_rules(winograd: bool = True, fused_attention: bool = True) -> list:
@@ -123,6 +136,8 @@ class X86Target:
         key_bytes = options.weights_key()
         if options.external_weights or key_bytes is not None:   # default builds keep their cache keys
             key.append(f"external_weights=True key={key_id(key_bytes) if key_bytes is not None else None}")
+        if options.lora_slots:
+            key += [f"lora_slots={options.lora_slots}", f"lora_targets={list(options.lora_targets)}"]
         return BuildPlan(graph, options, f"lib{options.prefix}.so", key, {"choose": choose, "profiles": profiles})
 
     def emit(self, plan: BuildPlan, path: str, manifest_extra: dict) -> dict:
@@ -134,13 +149,22 @@ class X86Target:
                 g, report = choose_algorithms(g, o.cpu, o.tuning, o.winograd, o.fused_attention)
                 s.detail(f"{sum(report.applied.values())} rewrites")
             extra["rules_applied"] = {**extra.get("rules_applied", {}), **applied_rules(report)}
+        slots = []
+        if o.lora_slots:
+            with stage("lora slots", detail=f"rank {o.lora_slots}") as s:
+                g, slots = add_lora_slots(g, o.lora_slots, o.lora_targets)
+                s.detail(f"{len(slots)} layers: {', '.join(x.module for x in slots[:4])}"
+                         + (", ..." if len(slots) > 4 else ""))
+        elif o.lora_targets:
+            raise CuvilError("--lora-targets without --lora-slots: no layer gets a LoRA slot",
+                             hint="add --lora-slots RANK (Python: lora_slots=RANK), the largest adapter rank to load")
         opt_graph = None
         if o.opt_kernels and g.symbols:
             opt_graph, _ = specialize_graph(g, {k: v[1] for k, v in plan.extra["profiles"].items()})
         return compile_x86(g, path, opt_level=o.opt_level, cpu=o.cpu, prefix=o.prefix, manifest_extra=extra,
                            opt_graph=opt_graph, max_arena_bytes=o.max_arena_bytes,
                            tuning=o.tuning, math=o.math, external_weights=o.external_weights or
-                           o.encrypt_weights is not None, weights_key=o.weights_key())
+                           o.encrypt_weights is not None, weights_key=o.weights_key(), lora_slots=slots)
 
     def load(self, path: str, manifest: Optional[dict] = None, cached: bool = False) -> Artifact:
         if manifest is None:

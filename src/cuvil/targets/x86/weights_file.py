@@ -52,6 +52,11 @@ KEY_BYTES = 32
 FLAG_ENCRYPTED = 1
 _FIELDS = struct.Struct("<8sIIQQQQ32s")
 
+class WeightsRefused(CuvilError):
+    """Weights that are not the library's: another model's or build's, or altered, or under another key (the
+    audit log records such a load as ``refused``, not ``error``)."""
+
+
 KeyLike = Union[str, "os.PathLike[str]", bytes, bytearray, memoryview]
 
 _KEY_HINT = ("make one with `cuvil weights-key KEYFILE` (32 random bytes as 64 hex characters; keep it away from "
@@ -97,6 +102,8 @@ def _chunks(plain_bytes: int, chunk_bytes: int) -> int:
 def read_key(key: KeyLike, what: str = "weights_key") -> bytes:
     """The 32-byte AES-256 key ``key`` names: raw bytes (32), or a key file holding 32 raw bytes or 64 hex
     characters (whitespace around them ignored)."""
+    if isinstance(key, WeightsKey):
+        return key.key
     if isinstance(key, (bytes, bytearray, memoryview)):
         raw = bytes(key)
         if len(raw) == KEY_BYTES:
@@ -109,7 +116,11 @@ def read_key(key: KeyLike, what: str = "weights_key") -> bytes:
             pass
         raise CuvilError(f"{what}: a key is 32 bytes (or 64 hex characters), got {len(raw)} bytes",
                          hint=f"give the key file's path, or its 32 bytes; {_KEY_HINT}")
-    path = os.fspath(key)
+    try:
+        path = os.fspath(key)
+    except TypeError:
+        raise CuvilError(f"{what}: give a key file's path or the key's 32 bytes, got a {type(key).__name__}",
+                         hint=_KEY_HINT) from None
     try:
         with open(path, "rb") as f:
             data = f.read(4096)
@@ -140,6 +151,39 @@ def new_key_file(path: str) -> None:
         raise CuvilError(f"cannot create {path}: {e.strerror or e}", hint="give a path in a writable directory") from None
     with os.fdopen(fd, "w", encoding="ascii") as f:
         f.write(key.hex() + "\n")
+
+
+class WeightsKey:
+    """An AES-256 key for weights files, read once (:func:`read_key`). Its ``repr`` (what a build's provenance
+    and any log see) is its :func:`key_id`: never the key, nor the path it was read from."""
+
+    __slots__ = ("_key",)
+
+    def __init__(self, key: bytes):
+        if len(key) != KEY_BYTES:
+            raise CuvilError(f"a weights key is {KEY_BYTES} bytes, got {len(key)}", hint=_KEY_HINT)
+        self._key = bytes(key)
+
+    @classmethod
+    def of(cls, key: Union["WeightsKey", KeyLike], what: str = "weights_key") -> "WeightsKey":
+        return key if isinstance(key, WeightsKey) else cls(read_key(key, what))
+
+    @property
+    def key(self) -> bytes:
+        return self._key
+
+    @property
+    def id(self) -> str:
+        return key_id(self._key)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, WeightsKey) and hmac.compare_digest(self._key, other._key)
+
+    def __hash__(self) -> int:
+        return hash(self.id)
+
+    def __repr__(self) -> str:
+        return f"WeightsKey(id={self.id})"
 
 
 def _derive(key: bytes, purpose: bytes) -> bytes:
@@ -231,7 +275,7 @@ def parse_header(data, name: str) -> WeightsHeader:
 def check_matches(h: WeightsHeader, nbytes: int, digest: bytes, name: str, lib: str) -> None:
     """Refuse a weights file whose header names other weights than the library ``lib`` expects."""
     if h.plain_bytes != nbytes or h.sha256 != digest:
-        raise CuvilError(f"{name}: weights of another model or build ({h.plain_bytes} B, SHA-256 {h.sha256.hex()[:16]}..."
+        raise WeightsRefused(f"{name}: weights of another model or build ({h.plain_bytes} B, SHA-256 {h.sha256.hex()[:16]}..."
                          f"); {lib} expects {nbytes} B, SHA-256 {digest.hex()[:16]}...",
                          hint=f"use the .weights file compiled together with {lib} (cuvil compile writes both)")
 
@@ -273,7 +317,7 @@ def _decrypt_chunks(aes, view, head, h, key, expected, out, name) -> None:
             plain = aes.decrypt(_nonce(key, h.sha256, i), sealed, _aad(head, expected, i, i == chunks - 1))
         except InvalidTag:
             sealed.release()
-            raise CuvilError(f"{name}: authentication failed: the key is not the one the weights were encrypted "
+            raise WeightsRefused(f"{name}: authentication failed: the key is not the one the weights were encrypted "
                              f"with, or the file was altered (chunk {i} of {chunks})",
                              hint="give weights_key= the key file given to --encrypt-weights at compile time; if "
                                   "it is that key, the .weights file is damaged or tampered with: copy it again "

@@ -1,0 +1,66 @@
+"""Flash-style attention tiles: the node that the x86 attention kernel (:mod:`cuvil.targets.x86.attention`)
+implements for FusedAttention (:mod:`cuvil.kernels.lower.attention`).
+
+The lowering stores its operands once per call in the layouts the kernel reads at unit stride (O(S D)
+copies against the O(S^2 D) products):
+
+* ``q[B, H, Sq, D]``: the queries, one contiguous row each (their elements are broadcast);
+* ``kt[B, H, KBLOCKS, D, KB]``: the keys transposed and cut into panels of ``kb`` keys: for each ``d`` one
+  contiguous run of ``kb`` keys (``kb / lanes`` vectors), zeros past the last key;
+* ``v[B, H, KBLOCKS * KB, DVP]``: the values, ``dv`` padded with zeros to whole vectors (``dvp``), zero rows
+  past the last key; or, where the values are already stored with contiguous rows of whole vectors (``v_axes``
+  set: a decode step's KV cache, a graph input), that buffer read in place, keys past the last never read;
+* ``mask[MB, MH, MSQ, KBLOCKS * KB]``: the additive mask (0 when the op has none) with each of its batch,
+  head and query dims either the output's or 1 (broadcast), ``-inf`` past the last key (so a padded key's
+  probability is exp(-inf) = 0 and the kernel needs no key test).
+
+The node is ``E("attention", [b, h, i, c, plain], attr=AttentionTile)``: ``plain`` is the output element
+computed by reductions over these buffers (max-shifted softmax, as the reference computes it), the value
+every backend may evaluate; the x86 backend replaces the stage by its tiled kernel when the node is the
+stage's whole expression.
+"""
+from __future__ import annotations
+
+import attrs
+
+from typing import Optional, Tuple
+
+from .texpr import Buf, E
+
+
+@attrs.define(eq=False)
+class AttentionTile:
+    q: Buf
+    kt: Buf
+    v: Buf
+    mask: Buf
+    scale: E            # the scalar multiplying every score (an expression with no index variables)
+    heads: int          # H: the output's head dim (static)
+    d: int              # head size of Q and K
+    dv: int             # head size of V and the output
+    dvp: int            # dv padded to whole vectors
+    kb: int             # keys per panel
+    qb: int             # query rows per tile
+    zero_nan: bool      # a NaN output element counts as 0 (Where(IsNaN(P), 0, P) upstream)
+    keys: object = None     # Sk, the key count (a dim)
+    # None: ``v`` is the padded copy; else ``v`` is read in place, each of its dims indexed by the logical axis
+    # (0 batch, 1 head, 2 key, 3 column) given here, or 0 where None (a broadcast dim)
+    v_axes: Optional[Tuple[Optional[int], ...]] = None
+
+    @property
+    def batch(self):
+        return self.q.shape[0]
+
+    @property
+    def rows(self):
+        """Sq, the query count (a dim: int or symbolic)."""
+        return self.q.shape[2]
+
+    @property
+    def key_blocks(self):
+        return self.kt.shape[2]
+
+    @property
+    def flops(self):
+        """4 B H Sq Sk_padded D (Q·Kt and P·V as multiply-adds over every key panel)."""
+        return 2 * self.batch * self.heads * self.rows * self.key_blocks * self.kb * (self.d + self.dv)

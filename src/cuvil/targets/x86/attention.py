@@ -1,0 +1,336 @@
+"""The x86 attention kernel: flash-style tiles of :class:`cuvil.kernels.attention.AttentionTile`.
+
+One unit of the parallel range is a block of ``qb`` query rows of one (batch, head). For each panel of ``kb``
+keys (``nv = kb / lanes`` vectors) the kernel
+
+1. computes the ``qb x kb`` scores as a register-blocked micro-kernel: for each ``d`` it loads the panel's
+   ``nv`` key vectors once (contiguous: the keys are stored transposed and cut into panels) and multiplies
+   them by each row's ``q[d]`` broadcast, ``qb * nv`` FMAs into accumulators that stay in registers;
+2. per row, scales the scores and adds the mask row (``-inf`` past the last key), takes the block max with a
+   vector max that propagates NaN (an unordered compare selects ``a + b`` where either is NaN) and updates
+   the row's running max ``m`` and the shift ``c`` (0 while every score so far is ``-inf``, so a row masked
+   so far adds exp(-inf) = 0, not NaN); ``r = exp(m_old - c)``;
+3. spills the scores to a stack tile and replaces them by ``exp(s - c)`` in a loop of constant trip count
+   (the shared polynomial of :mod:`cuvil.targets.llvm.vecmath`, which LLVM's loop vectoriser widens), and
+   adds them to the row's running sum ``l`` (a vector of partial sums, scaled by ``r``);
+4. scales the output accumulators by ``r`` and adds ``P · V``: for each key, its value row's vectors
+   (``dvp / lanes``) loaded once and multiplied by each row's probability broadcast from the tile (values read
+   in place stop at the last key; the padded copy's zero rows past it add 0).
+
+The rows end as ``acc / l``: NaN for a row whose every key is ``-inf`` (0 / 0) or that has a NaN or infinite score
+(l is NaN), as the unfused Softmax gives; under ``zero_nan`` (the guard ``Where(IsNaN(P), 0, P)``: such a row's
+probabilities all become 0) such a row is ``sum_j 0 * V[j]`` as the guarded composite computes it (0, or NaN in
+a column with a non-finite value), and any other row keeps its NaN elements (a NaN value times its
+probability). A block of ``qb`` rows takes the full tile; the rows of a last partial block (``Sq`` not a multiple
+of ``qb``; a decode step's single query) take a one-row tile each, so no row is computed twice. The recurrence
+is the sequential form's (:mod:`cuvil.kernels.lower.attention`); the order of every sum is fixed per row (a row
+gives the same bits in either tile), so results do not depend on the thread count.
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import llvmlite.ir as ir
+
+from ...kernels.attention import AttentionTile
+from ...kernels.schedule import Stage
+from ..llvm.types import F32, I1, I32, I64, splat
+from ..llvm.vecmath import VectorMath
+
+
+def find_attention(st: Stage) -> Optional[AttentionTile]:
+    """The tile spec when the stage's whole expression is the ``attention`` node at the stage's own indices."""
+    e = st.expr
+    if e.op != "attention" or not isinstance(e.attr, AttentionTile) or st.region is not None:
+        return None
+    idx = e.args[:-1]
+    if len(idx) != len(st.vars) or any(a.op != "var" or a.attr != v.attr for a, v in zip(idx, st.vars)):
+        return None
+    return e.attr
+
+
+def emit_attention_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]]:
+    """Emit an attention stage; returns (parallel extent, grain) or None if ``st`` is not one (its plain value
+    then takes the loop nest)."""
+    spec = find_attention(st)
+    if spec is None:
+        return None
+    vw = max(4, km.vector_bits // 32)
+    if spec.kb % vw or spec.dvp % vw:
+        return None
+    vec = ir.VectorType(F32, vw)
+    QB, KB, D, NV, NW = spec.qb, spec.kb, spec.d, spec.kb // vw, spec.dvp // vw
+    em, begin, end = km.kernel(sym)
+    b = em.b
+    fma = km.declare(f"llvm.fma.v{vw}f32", vec, [vec, vec, vec])
+    math = VectorMath(b, km.declare)
+    zero_v = ir.Constant(vec, [0.0] * vw)
+    neg_inf = ir.Constant(F32, float("-inf"))
+
+    def fptr(base, off):
+        return b.gep(base, [off], source_etype=F32, inbounds=True)
+
+    vptr = ir.PointerType(vec)
+
+    def vload(p):
+        return b.load(b.bitcast(p, vptr), typ=vec, align=4)
+
+    def vstore(x, p):
+        b.store(x, b.bitcast(p, vptr), align=4)
+
+    def slot(arr, k):
+        return b.gep(arr, [I64(k)], source_etype=vec, inbounds=True)
+
+    def nanmax(x, y):
+        """max(x, y), NaN where either is NaN (a vector max alone would return one of them)."""
+        mx = b.select(b.fcmp_ordered(">", x, y), x, y)
+        return b.select(b.fcmp_unordered("uno", x, y), b.fadd(x, y), mx)
+
+    def horizontal(x, combine):
+        n = vw
+        while n > 1:
+            n //= 2
+            undef = ir.Constant(x.type, ir.Undefined)
+            lo = b.shuffle_vector(x, undef, ir.Constant(ir.VectorType(I32, n), list(range(n))))
+            hi = b.shuffle_vector(x, undef, ir.Constant(ir.VectorType(I32, n), list(range(n, 2 * n))))
+            x = combine(lo, hi)
+        return b.extract_element(x, I32(0))
+
+    H = spec.heads
+    Sq = em.index(spec.rows)
+    nqb = b.sdiv(b.add(Sq, I64(QB - 1)), I64(QB))
+    nkb = em.index(spec.key_blocks)
+    n_keys = em.index(spec.keys)
+    scale = splat(b, em.emit(spec.scale), vw)
+    mshape = spec.mask.shape
+    s_acc = em.alloca(vec, QB * NV)       # the tile's scores (registers after SROA)
+    o_acc = em.alloca(vec, QB * NW)       # the rows' output accumulators
+    l_vec = em.alloca(vec, QB)            # the rows' running sums, per lane
+    m_row = em.alloca(F32, QB)            # the rows' running maxima
+    ptile = em.alloca(F32, QB * KB)       # the tile's probabilities (broadcast by P · V)
+
+    def tile(n, h, i0, QB):
+        """Rows i0 .. i0 + QB - 1 of (n, h) (rows past Sq computed on the last row's copy, not stored)."""
+        last = b.sub(Sq, I64(1))
+        rows = []
+        for qi in range(QB):
+            i = b.add(i0, I64(qi))
+            rows.append(b.select(b.icmp_signed("<", i, Sq), i, last))
+        qrow = [em.address(spec.q, [n, h, r, I64(0)]) for r in rows]
+        mrow = [em.address(spec.mask, [n if mshape[0] != 1 else I64(0), h if mshape[1] != 1 else I64(0),
+                                        r if mshape[2] != 1 else I64(0), I64(0)]) for r in rows]
+        kbase = em.address(spec.kt, [n, h, I64(0), I64(0), I64(0)])
+
+        def vrow(key):
+            """The address of value row ``key`` (the padded copy's, or the stored buffer's in place)."""
+            if spec.v_axes is None:
+                return em.address(spec.v, [n, h, key, I64(0)])
+            at = (n, h, key, I64(0))
+            return em.address(spec.v, [at[a] if a is not None else I64(0) for a in spec.v_axes])
+        for qi in range(QB):
+            b.store(neg_inf, b.gep(m_row, [I64(qi)], source_etype=F32))
+            vstore(zero_v, slot(l_vec, qi))
+            for w in range(NW):
+                vstore(zero_v, slot(o_acc, qi * NW + w))
+
+        def panel(t):
+            kpanel = fptr(kbase, b.mul(t, I64(D * KB)))
+            for k in range(QB * NV):
+                vstore(zero_v, slot(s_acc, k))
+
+            def qk(d):      # 1. scores: nv key vectors x qb broadcast query elements
+                kp = fptr(kpanel, b.mul(d, I64(KB)))
+                keys = [vload(fptr(kp, I64(v * vw))) for v in range(NV)]
+                for qi in range(QB):
+                    qs = splat(b, b.load(fptr(qrow[qi], d), typ=F32), vw)
+                    for v in range(NV):
+                        a = slot(s_acc, qi * NV + v)
+                        vstore(b.call(fma, [qs, keys[v], vload(a)]), a)
+            em.loop_range(I64(0), I64(D), qk)
+            key0 = b.mul(t, I64(KB))
+            shifts, rescale = [], []
+            for qi in range(QB):     # 2. scale, mask, running max
+                mp = fptr(mrow[qi], key0)
+                s = [b.fadd(b.fmul(vload(slot(s_acc, qi * NV + v)), scale), vload(fptr(mp, I64(v * vw))))
+                     for v in range(NV)]
+                top = s[0]
+                for x in s[1:]:
+                    top = nanmax(top, x)
+                top = horizontal(top, nanmax)
+                mp_old = b.gep(m_row, [I64(qi)], source_etype=F32)
+                m_old = b.load(mp_old, typ=F32)
+                m_new = nanmax(m_old, top)
+                c = b.select(b.fcmp_ordered("==", m_new, neg_inf), ir.Constant(F32, 0.0), m_new)
+                rescale.append(math.exp(b.fsub(m_old, c)))
+                shifts.append(c)
+                b.store(m_new, mp_old)
+                for v in range(NV):
+                    vstore(s[v], fptr(ptile, I64(qi * KB + v * vw)))
+            for qi in range(QB):     # 3. probabilities (a loop the vectoriser widens) and running sums
+                row = fptr(ptile, I64(qi * KB))
+
+                def expo(j, row=row, c=shifts[qi]):
+                    at = fptr(row, j)
+                    b.store(math.exp(b.fsub(b.load(at, typ=F32), c)), at)
+                em.loop_range(I64(0), I64(KB), expo)
+                total = vload(fptr(row, I64(0)))
+                for v in range(1, NV):
+                    total = b.fadd(total, vload(fptr(row, I64(v * vw))))
+                lp = slot(l_vec, qi)
+                vstore(b.fadd(b.fmul(vload(lp), splat(b, rescale[qi], vw)), total), lp)
+                r = splat(b, rescale[qi], vw)
+                for w in range(NW):
+                    a = slot(o_acc, qi * NW + w)
+                    vstore(b.fmul(vload(a), r), a)
+
+            def pv(j):      # 4. P · V: nw value vectors x qb broadcast probabilities
+                vp = vrow(b.add(key0, j))
+                vals = [vload(fptr(vp, I64(w * vw))) for w in range(NW)]
+                for qi in range(QB):
+                    pj = splat(b, b.load(fptr(ptile, b.add(j, I64(qi * KB))), typ=F32), vw)
+                    for w in range(NW):
+                        a = slot(o_acc, qi * NW + w)
+                        vstore(b.call(fma, [pj, vals[w], vload(a)]), a)
+            # the padded copy has zero rows past the last key; values read in place stop at it (a padded
+            # key's probability is 0: the terms skipped are 0)
+            em.loop_range(I64(0), I64(KB) if spec.v_axes is None else b.select(
+                b.icmp_signed("<", b.sub(n_keys, key0), I64(KB)), b.sub(n_keys, key0), I64(KB)), pv)
+        em.loop_range(I64(0), nkb, panel)
+
+        lanes = ir.Constant(ir.VectorType(I64, vw), list(range(vw)))
+        mstore = km.declare(f"llvm.masked.store.v{vw}f32.p0", ir.VoidType(), [vec, ir.PointerType(), I32,
+                                                                              ir.VectorType(I1, vw)])
+        keys = b.mul(nkb, I64(KB)) if spec.v_axes is None else n_keys
+
+        def store_row(out, ys):
+            for w, y in enumerate(ys):
+                at = fptr(out, I64(w * vw))
+                if (w + 1) * vw <= spec.dv:
+                    vstore(y, at)
+                elif w * vw < spec.dv:
+                    keep = b.icmp_signed("<", b.add(lanes, splat(b, I64(w * vw), vw)), splat(b, I64(spec.dv), vw))
+                    b.call(mstore, [y, at, I32(4), keep])
+
+        def zero_times_values(out):
+            """sum_j 0 * V[j]: the guarded composite's P · V for a row whose probabilities were all NaN (each
+            then 0): 0, or NaN in a column holding an infinite or NaN value."""
+            z = em.alloca(vec, NW)
+            for w in range(NW):
+                vstore(zero_v, slot(z, w))
+
+            def add(j):
+                vp = vrow(j)
+                for w in range(NW):
+                    vstore(b.fadd(vload(slot(z, w)), b.fmul(zero_v, vload(fptr(vp, I64(w * vw))))), slot(z, w))
+            em.loop_range(I64(0), keys, add)
+            store_row(out, [vload(slot(z, w)) for w in range(NW)])
+
+        for qi in range(QB):         # the rows: acc / l, stored below Sq
+            i = b.add(i0, I64(qi))
+            with b.if_then(b.icmp_signed("<", i, Sq)):
+                l_sum = horizontal(vload(slot(l_vec, qi)), b.fadd)
+                lv = splat(b, l_sum, vw)
+                out = em.address(st.buf, [n, h, i, I64(0)])
+
+                def quotient(out=out, qi=qi, lv=lv):
+                    store_row(out, [b.fdiv(vload(slot(o_acc, qi * NW + w)), lv) for w in range(NW)])
+                if not spec.zero_nan:
+                    quotient()
+                    continue
+                # the row's probabilities are NaN exactly when l is (a NaN or infinite score) or 0 (every key -inf)
+                nan_row = b.or_(b.fcmp_unordered("uno", l_sum, l_sum),
+                                b.fcmp_ordered("==", l_sum, ir.Constant(F32, 0.0)))
+                with b.if_else(nan_row, likely=False) as (then, otherwise):
+                    with then:
+                        zero_times_values(out)
+                    with otherwise:
+                        quotient()
+
+    def unit(p):
+        qblk = b.srem(p, nqb)
+        bh = b.sdiv(p, nqb)
+        h = b.srem(bh, I64(H))
+        n = b.sdiv(bh, I64(H))
+        i0 = b.mul(qblk, I64(QB))
+        # a whole block takes the full tile; the last rows (Sq not a multiple of QB, a decode step's one
+        # query) one at a time, so no row is computed twice
+        with b.if_else(b.icmp_signed(">=", b.sub(Sq, i0), I64(QB))) as (then, otherwise):
+            with then:
+                tile(n, h, i0, QB)
+            with otherwise:
+                em.loop_range(i0, Sq, lambda i: tile(n, h, i, 1))
+
+    em.loop_range(begin, end, unit)
+    b.ret_void()
+    extent = spec.batch * H * ((spec.rows + QB - 1) // QB)
+    return extent, 1
+
+
+def transpose(b: ir.IRBuilder, rows: list) -> list:
+    """The columns of the square matrix whose rows are the ``n`` vectors ``rows`` (``n`` lanes each, a power of
+    two): log2(n) butterfly stages of two-input shuffles, stage ``s`` swapping bit ``s`` of the row index with
+    bit ``s`` of the lane index."""
+    n = len(rows)
+    rows = list(rows)
+    s = 1
+    while s < n:
+        lo = ir.Constant(ir.VectorType(I32, n), [c if not c & s else c - s + n for c in range(n)])
+        hi = ir.Constant(ir.VectorType(I32, n), [c + s if not c & s else c + n for c in range(n)])
+        for i in range(n):
+            if not i & s:
+                x, y = rows[i], rows[i + s]
+                rows[i], rows[i + s] = b.shuffle_vector(x, y, lo), b.shuffle_vector(x, y, hi)
+        s *= 2
+    return rows
+
+
+def emit_key_panels_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]]:
+    """The keys' panels ``kt[B, H, KBLOCKS, D, KB]`` (an ``attention_keys`` stage): a unit is one panel of one
+    (batch, head). Its elements are computed key by key, ``d`` innermost (where the keys come from, ``d`` is
+    the contiguous axis: the exports' K rows), into a stack tile ``[KB, D]``, which is then stored transposed,
+    ``lanes x lanes`` blocks at a time through registers. (The generic loop nest ran ``KB`` innermost, a gather
+    of one float per key: 93% of a decode step's fused attention at 1,025 keys.)"""
+    e = st.expr
+    if e.op != "attention_keys" or st.region is not None:
+        return None
+    idx = e.args[:-1]
+    if len(idx) != len(st.vars) or any(a.op != "var" or a.attr != v.attr for a, v in zip(idx, st.vars)):
+        return None
+    B, H, nkb, D, KB = st.buf.shape
+    vw = max(4, km.vector_bits // 32)
+    if not all(isinstance(x, int) for x in (H, D, KB)) or D % vw or KB % vw:
+        return None
+    vec = ir.VectorType(F32, vw)
+    vptr = ir.PointerType(vec)
+    em, begin, end = km.kernel(sym)
+    b = em.b
+    tile = em.alloca(F32, KB * D)
+    blocks = em.index(nkb)
+    plain = e.args[-1]
+
+    def fptr(base, off):
+        return b.gep(base, [off], source_etype=F32, inbounds=True)
+
+    def unit(p):
+        t = b.srem(p, blocks)
+        bh = b.sdiv(p, blocks)
+        h = b.srem(bh, I64(H))
+        n = b.sdiv(bh, I64(H))
+
+        def key(j):
+            def element(d):
+                for v, i in zip(st.vars, (n, h, t, d, j)):
+                    em.env[v.attr] = i
+                b.store(em.emit(plain), fptr(tile, b.add(b.mul(j, I64(D)), d)))
+            em.loop_range(I64(0), I64(D), element)
+        em.loop_range(I64(0), I64(KB), key)
+        out = em.address(st.buf, [n, h, t, I64(0), I64(0)])
+        for jb in range(KB // vw):
+            for db in range(D // vw):
+                rows = [b.load(b.bitcast(fptr(tile, I64((jb * vw + r) * D + db * vw)), vptr), typ=vec, align=4)
+                        for r in range(vw)]
+                for r, col in enumerate(transpose(b, rows)):
+                    b.store(col, b.bitcast(fptr(out, I64((db * vw + r) * KB + jb * vw)), vptr), align=4)
+    em.loop_range(begin, end, unit)
+    b.ret_void()
+    return B * H * nkb, 1
