@@ -95,7 +95,9 @@ def _ptxas_absent() -> Optional[str]:
 
 NEEDS = {
     "gpu": _gpu_absent,
-    "torch": lambda: None if importlib.util.find_spec("torch") else "needs torch (pip install -e '.[torch]')",
+    # the torch extra is torch and onnxscript (the dynamo exporter): torch alone fails in torch.onnx.export
+    "torch": lambda: None if all(importlib.util.find_spec(m) for m in ("torch", "onnxscript"))
+    else "needs torch and onnxscript (pip install -e '.[torch]')",
     "ptxas": _ptxas_absent,
     "cc": lambda: None if shutil.which("cc") else "needs a C compiler (cc)",
     "libcrypto": lambda: (None if any(os.path.isfile(os.path.join(d, "openssl", "evp.h")) for d in
