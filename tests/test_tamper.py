@@ -66,6 +66,17 @@ def test_campaign_every_tampered_artifact_refused(tamper, tmp_path):
     assert "| refused | 20 |" in tamper.table(res, unverified=False)
 
 
+def test_campaign_on_a_gpu_bundle(tamper, tmp_path):
+    """10 variants of a signed GPU bundle (PTX and a ptxas cubin): each refused at verification, before any
+    driver (this host needs no GPU for that)."""
+    if shutil.which("ptxas") is None:
+        pytest.skip("needs ptxas (the CUDA toolkit) to build the bundle with its cubin")
+    res = tamper.campaign(["gpu"], per_artifact=10, timeout=60, work=str(tmp_path), unverified=False)
+    assert len(res["rows"]) == 10 and len({r["family"] for r in res["rows"]}) >= 5
+    bad = [r for r in res["rows"] if r["verified"] != "refused"]
+    assert not bad, bad
+
+
 def test_campaign_sees_a_silent_change_unverified(tamper, tmp_path):
     """The contrast is measured, not assumed: a flipped embedded weight runs and changes the outputs when the
     load does not verify."""
