@@ -280,3 +280,23 @@ def test_the_audit_user_comes_from_the_uid_not_the_environment(tmp_path, monkeyp
         audit.reset()
     (e,) = audit.read(log)
     assert e["user"] == pwd.getpwuid(os.getuid()).pw_name != "someone-else"
+
+
+def test_a_verified_load_never_reads_unsigned_weights_from_disk(keys, tmp_path, monkeypatch):
+    """An external-weights library signed without its weights file: before, cuvil.load(verify=) verified the
+    files there were, then the loader mapped libNAME.weights from the disk (a file put there between the check
+    and the bind was used). Now such a load is refused: only verified bytes are bound."""
+    art = Pipeline.from_onnx(DEMO).compile(external_weights=True)
+    so = art.save(tmp_path / "libdemo.so")
+    wfile = sidecars(str(so))["weights"]
+    os.rename(wfile, tmp_path / "kept.weights")
+    cuvil.sign(so, keys / "key.pem")                           # signs what is there: no weights file
+    real_verify = signing.verify_artifact
+
+    def verify_then_race(path, key):
+        v = real_verify(path, key)
+        shutil.copyfile(tmp_path / "kept.weights", wfile)      # appears after the check, before the bind
+        return v
+    monkeypatch.setattr(artifact, "verify_artifact", verify_then_race)
+    with pytest.raises(CuvilError, match="signature does not cover libdemo.weights"):
+        cuvil.load(so, verify=keys / "pub.pem")

@@ -146,7 +146,8 @@ class X86Model(model_api.Model):
         self._session_threads = None
         self._lock = threading.Lock()
         # before the first session; released by close() (and so by __del__, also when a check below fails)
-        self._weights = bind_external_weights(self._lib, self.prefix, self.path, weights, weights_key)
+        self._weights = bind_external_weights(self._lib, self.prefix, self.path, weights, weights_key,
+                                              from_disk=dlopen_path is None)
         self._adapters: dict = {}              # name -> bytes the library holds for it (LoRA slots)
         self._active = None                    # the adapter set_adapter chose (None: the base model)
         self._session_adapter = None           # the one active in the C session
