@@ -22,7 +22,7 @@ from cuvil import Pipeline, signing  # noqa: E402
 from cuvil.cli import main as cli_main  # noqa: E402
 from cuvil.errors import CuvilError  # noqa: E402
 from cuvil.signing import SignatureError  # noqa: E402
-from cuvil.targets.digests import root_digest  # noqa: E402
+from cuvil.supply_chain.digests import root_digest  # noqa: E402
 from cuvil.targets.x86.artifact import sidecars  # noqa: E402
 
 DEMO = os.path.join(os.path.dirname(cuvil.__file__), "data", "demo_cnn.onnx")

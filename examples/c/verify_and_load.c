@@ -36,6 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <openssl/evp.h>
@@ -53,14 +54,20 @@
 
 typedef struct { unsigned char *data; size_t len; } buf;
 
-/* The whole file, or .data == NULL if it does not exist (any other failure exits). */
+/* The whole file, or .data == NULL if it does not exist (any other failure exits). A regular file only: a
+ * symbolic link is not followed, and a FIFO is refused, not waited on (O_NONBLOCK until fstat says what it is). */
 static buf read_file(const char *path) {
     buf b = {NULL, 0};
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     if (fd < 0) {
         if (errno == ENOENT) return b;
+        if (errno == ELOOP) REFUSE("%s is a symbolic link; a signed artifact holds plain files only", path);
+        if (errno == ENXIO) REFUSE("%s is not a regular file", path);
         FAIL("%s: %s", path, strerror(errno));
     }
+    struct stat st;
+    if (fstat(fd, &st) || !S_ISREG(st.st_mode)) REFUSE("%s is not a regular file", path);
+    if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK)) FAIL("%s: %s", path, strerror(errno));
     size_t cap = 1 << 16;
     b.data = malloc(cap);
     for (;;) {

@@ -11,8 +11,9 @@ fresh directory that :func:`cache_entry` moves into the cache atomically, with t
 altered since it was made is discarded with a warning and built again. Compiling the same model twice
 (tests, notebooks) reuses the library.
 
-:func:`artifact_files` is the list of an artifact's files (an x86 library's sidecars, or every file of a
-bundle) and :func:`supply_chain_paths` where its SBOM and provenance go.
+:func:`artifact_files` (from :mod:`cuvil.signing`, which defines it) is the list of an artifact's files (an
+x86 library's sidecars, or every file of a bundle) and :func:`supply_chain_paths` where its SBOM and
+provenance go.
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from . import audit
 from .errors import CuvilError
-from .signing import SignatureError, verify_artifact
+from .signing import SignatureError, artifact_files, verify_artifact
 from .targets import PTX_TARGET, X86_TARGET
 from .targets.model_api import Model
 from .supply_chain import sha256_file
@@ -101,26 +102,6 @@ def supply_chain_paths(path: str) -> Tuple[str, str]:
         s = sidecars(path)
         return s["cdx"], s["intoto"]
     return os.path.join(path, SBOM_FILE), os.path.join(path, PROVENANCE_FILE)
-
-
-def artifact_files(path: str, *, provenance: bool = True, signatures: bool = True) -> Dict[str, str]:
-    """The files of the artifact at ``path``, name -> path, sorted by name: ``libNAME.so`` and each of its
-    sidecars that exists (:func:`cuvil.targets.x86.artifact.sidecars`), named as in its directory; or every
-    file of a bundle, named relative to it. ``provenance=False`` leaves the provenance out and
-    ``signatures=False`` any ``.sig`` (what a provenance statement's subjects are)."""
-    prov = supply_chain_paths(path)[1]
-    if path.endswith(".so"):
-        found = [path] + [p for p in sidecars(path).values() if os.path.isfile(p)]
-        out = {os.path.basename(p): p for p in found}
-    else:
-        out = {}
-        for dirpath, dirnames, names in os.walk(path):
-            dirnames.sort()
-            for n in names:
-                full = os.path.join(dirpath, n)
-                out[os.path.relpath(full, path)] = full
-    return {k: out[k] for k in sorted(out)
-            if (provenance or out[k] != prov) and (signatures or not k.endswith(".sig"))}
 
 
 def _load_verified(path: str, key, num_threads: int, fallback, gpu: dict, weights_key=None) -> Model:
@@ -207,10 +188,14 @@ def _entry_digests(entry: str) -> str:
     lines = []
     for dirpath, dirnames, names in os.walk(entry):
         dirnames.sort()
-        for n in sorted(names):
+        for n in sorted(names + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]):
             full = os.path.join(dirpath, n)
             rel = os.path.relpath(full, entry)
-            if rel != DIGESTS_FILE:
+            if rel == DIGESTS_FILE:
+                continue
+            if os.path.islink(full) or not os.path.isfile(full):   # a build writes plain files only: a link
+                lines.append(f"not-a-file  {rel}\n")                # (or FIFO) never matches, never followed
+            else:
                 lines.append(f"{sha256_file(full)}  {rel}\n")
     return "".join(sorted(lines, key=lambda ln: ln.split("  ", 1)[1]))
 
@@ -219,7 +204,10 @@ def cached_path(key: str, name: str) -> Optional[str]:
     """Where cache entry ``key`` keeps ``name`` (``libNAME.so``, ``NAME.cuvil``), if the entry exists and its
     files still have the digests recorded when it was made. Entries appear whole (:func:`cache_entry`); one
     whose files differ from their digests (altered, truncated, or without digests) is discarded with a
-    warning, and the caller builds it again."""
+    warning, and the caller builds it again. A symbolic link or special file in an entry never matches (a build
+    writes plain files). The digests catch an entry altered or damaged after it was made; they are not a
+    signature: whoever can write the cache can write them too, so a cache shared with someone you do not trust
+    is no place to take a deployed library from (sign it and load with ``verify=``, docs/deployment.md)."""
     entry = os.path.join(artifact_cache_dir(), key)
     path = os.path.join(entry, name)
     if not os.path.exists(path):

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import datetime
 import fcntl
-import getpass
 import json
 import os
+import pwd
 import threading
 from typing import Callable, Optional, Union
 
@@ -144,7 +144,9 @@ def read(path: Union[str, os.PathLike]) -> list:
 
 
 def _user() -> str:
+    """The account the process runs as, from its uid: not ``getpass.getuser()``, which believes ``$USER`` /
+    ``$LOGNAME`` (``USER=alice cuvil ...`` would be logged as alice)."""
     try:
-        return getpass.getuser()
-    except Exception:  # noqa: BLE001 - no login name and no passwd entry (a container's arbitrary uid)
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:   # no passwd entry (a container's arbitrary uid)
         return str(os.getuid())

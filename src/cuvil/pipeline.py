@@ -516,7 +516,7 @@ class Pipeline:
         manifest = tgt.emit(plan, out, extra)
         timings = manifest.pop("timings", None)
         sbom, prov = supply_chain_paths(out)
-        record_build(artifact_files(out, provenance=False, signatures=False), sbom, prov, manifest,
+        record_build(artifact_files(out, provenance=False), sbom, prov, manifest,
                      artifact=plan.artifact_name, model_name=self.source[0], model_sha256=self.source[1],
                      parameters=jsonable(params), rule_sources=self.rule_sources,
                      extra_rules=_rule_list(getattr(plan.options, "kernel_rules", None)))

@@ -9,7 +9,7 @@ that hands back the very bytes it checked.
 The signature is in the OpenSSF model-signing format (the ``model-signing`` package, key-based signing; no
 network): a Sigstore bundle (JSON) whose DSSE envelope carries an in-toto statement; the statement's
 predicate lists each file of the artifact with its SHA-256 (``resources``) and its subject is the digest
-over them (:mod:`cuvil.targets.digests`). Which files an artifact has:
+over them (:mod:`cuvil.supply_chain.digests`). Which files an artifact has:
 
 - x86, ``DIR/libNAME.so``: the library and each of its sidecars that exists
   (:func:`cuvil.targets.x86.artifact.sidecars`: header, manifest, and the SBOM, provenance and external
@@ -39,9 +39,9 @@ import attrs
 
 from . import audit
 from .errors import CuvilError
-from .targets.digests import directory_files, file_digests, root_digest, sha256_file
-from .targets.ptx.bundle import BUNDLE_SUFFIX, SIGNATURE_FILE, is_bundle
-from .targets.x86.artifact import existing_sidecars, sidecars
+from .supply_chain.digests import PlainFileError, directory_files, file_digests, read_plain, root_digest, sha256_file
+from .targets.ptx.bundle import BUNDLE_SUFFIX, PROVENANCE_FILE, SIGNATURE_FILE, is_bundle
+from .targets.x86.artifact import sidecars
 
 #: What to install for signing and verification.
 INSTALL_HINT = "pip install 'cuvil[sign]' (model-signing and cryptography)"
@@ -54,7 +54,8 @@ PathLike = Union[str, os.PathLike]
 class SignatureError(CuvilError):
     """An artifact that a signature check refuses: unsigned, signed by another key, an altered signature, or
     a file altered, missing or not signed. ``reason`` is one of ``unsigned``, ``wrong-key``,
-    ``bad-signature``, ``altered``, ``missing``, ``extra``, ``link`` (a file replaced by a symbolic link)."""
+    ``bad-signature``, ``altered``, ``missing``, ``extra``, ``link`` (a file replaced by a symbolic link),
+    ``special`` (a FIFO, socket, device or directory where a file belongs)."""
 
     def __init__(self, message: str, reason: str, hint: Optional[str] = None, details=()):
         super().__init__(message, hint=hint, details=details)
@@ -127,20 +128,50 @@ def signature_path(path: PathLike) -> str:
 
 
 def _root_and_names(path: str, kind: str):
-    """(root directory, {name: absolute path}) of the files the artifact has now."""
+    """(root directory, {name: absolute path}) of the files the artifact has now. An x86 sidecar is listed
+    when anything is there under its name (a link or a FIFO too: reading it refuses it)."""
     if kind == "bundle":
         root = os.path.abspath(path)
         names = directory_files(root, exclude=(SIGNATURE_FILE,))
     else:
         root = os.path.dirname(os.path.abspath(path))
-        names = [os.path.basename(path)] + [os.path.basename(p) for p in existing_sidecars(path).values()]
-    return root, {n: os.path.join(root, n) for n in names}
+        names = [os.path.basename(path)] + [os.path.basename(p) for p in sidecars(path).values()
+                                            if os.path.lexists(p)]
+    return root, {n: os.path.join(root, n) for n in sorted(names)}
 
 
-def artifact_files(path: PathLike) -> Dict[str, str]:
-    """``{name: path}`` of every file a signature of artifact ``path`` covers, as it is now."""
+def artifact_files(path: PathLike, *, provenance: bool = True) -> Dict[str, str]:
+    """The files of the artifact at ``path``, ``{name: path}`` sorted by name: ``libNAME.so`` and each of
+    its sidecars that exists (:func:`cuvil.targets.x86.artifact.sidecars`), named as in its directory; or
+    every file of a bundle ``NAME.cuvil/``, named relative to it. The signature is never one of them: these
+    are the files a signature covers. ``provenance=False`` leaves the provenance statement out (what its
+    subjects are). A symbolic link or a special file among them is refused (:class:`SignatureError`,
+    reason ``link`` / ``special``), as signing and verifying refuse it."""
     path = os.fspath(path).rstrip(os.sep)
-    return _root_and_names(path, _kind(path))[1]
+    kind = _kind(path)
+    files = _root_and_names(path, kind)[1]
+    for name, p in files.items():
+        _check_plain(name, p, path)
+    if not provenance:
+        prov = os.path.basename(sidecars(path)["intoto"]) if kind == "x86" else PROVENANCE_FILE
+        files.pop(prov, None)
+    return files
+
+
+def _check_plain(name: str, p: str, what: str) -> None:
+    if os.path.islink(p):
+        raise _not_plain(name, "link", what)
+    if not os.path.isfile(p):
+        raise _not_plain(name, "special", what)
+
+
+def _not_plain(name: str, kind: str, what: str) -> SignatureError:
+    if kind == "link":
+        return SignatureError(f"{what}: {name} is a symbolic link; a signed artifact holds plain files only",
+                              "link", hint="replace the link by the file it points to (and sign again)")
+    return SignatureError(f"{what}: {name} is not a regular file (a FIFO, socket, device or directory); a signed "
+                          f"artifact holds plain files only", "special",
+                          hint="remove it, or put the file it stands for in its place (and sign again)")
 
 
 def artifact_digest(path: PathLike) -> str:
@@ -155,11 +186,13 @@ def artifact_digest(path: PathLike) -> str:
 def _read_all(files: Dict[str, str], what: str) -> Dict[str, bytes]:
     out = {}
     for name, p in files.items():
-        if os.path.islink(p):
-            raise SignatureError(f"{what}: {name} is a symbolic link; a signed artifact holds plain files only",
-                                 "link", hint="replace the link by the file it points to (and sign again)")
-        with open(p, "rb") as f:
-            out[name] = f.read()
+        try:
+            out[name] = read_plain(p)         # never through a link, never waiting on a FIFO: one open, no race
+        except PlainFileError as e:
+            raise _not_plain(name, e.kind, what) from None
+        except OSError as e:
+            raise SignatureError(f"{what}: cannot read {name}: {e.strerror}", "missing",
+                                 hint="do not use this artifact: get it again from its publisher") from None
     return out
 
 
@@ -307,12 +340,9 @@ def _verify(path: str, kind: str, key) -> VerifiedArtifact:
     pk = _public_key(key)
     sig = signature_path(path)
     resign = f"sign it: cuvil sign {path} --key KEY.pem (or get the signature its publisher made)"
-    try:
-        with open(sig, "rb") as f:
-            sig_bytes = f.read()
-    except FileNotFoundError:
-        raise SignatureError(f"{path}: unsigned (no signature {os.path.basename(sig)})", "unsigned",
-                             hint=resign) from None
+    if not os.path.lexists(sig):
+        raise SignatureError(f"{path}: unsigned (no signature {os.path.basename(sig)})", "unsigned", hint=resign)
+    sig_bytes = _read_all({os.path.basename(sig): sig}, path)[os.path.basename(sig)]
     root, names = _root_and_names(path, kind)
     data = _read_all(names, path)                     # each file read once: these bytes are checked and used
 
@@ -329,9 +359,10 @@ def _verify(path: str, kind: str, key) -> VerifiedArtifact:
             raise SignatureError(f"{path}: signed with another key than the one given", "wrong-key",
                                  hint="verify with the public key of whoever signed it (their PUB.pem); if it "
                                       "should be yours, sign it again with your KEY.pem") from None
-        raise SignatureError(f"{path}: the signature {os.path.basename(sig)} does not verify ({text})",
+        lines = text.splitlines()            # a parser's report can run to many lines: the first in the message
+        raise SignatureError(f"{path}: the signature {os.path.basename(sig)} does not verify ({lines[0]})",
                              "bad-signature", hint=f"the signature or what it signs was altered: get the "
-                             f"artifact again from its publisher, or {resign}") from None
+                             f"artifact again from its publisher, or {resign}", details=lines[1:]) from None
     ser = expected.serialization_type
     if ser.get("method") != "files" or ser.get("hash_type") != "sha256":
         raise SignatureError(f"{path}: signed with model-signing's {ser.get('method')}/{ser.get('hash_type')} "
@@ -361,6 +392,11 @@ def _parse_signature(raw: bytes, sign_sigstore_pb):
     """model-signing's ``Signature.read``, from bytes already read (the same normalisation)."""
     from sigstore_models.bundle import v1 as bundle_pb
     d = json.loads(raw.decode("utf-8"))
+    # DSSE leaves an envelope's keyid outside what is signed; model-signing's key signer writes one signature
+    # with keyid "". Anything else is a signature file edited after signing: refused, not ignored.
+    sigs = d["dsseEnvelope"]["signatures"]
+    if len(sigs) != 1 or sigs[0].get("keyid", "") != "":
+        raise ValueError("the envelope's unsigned keyid or signature list was edited")
     vm = d["verificationMaterial"]
     vm.setdefault("tlogEntries", [])
     if "publicKey" in vm:

@@ -2,7 +2,8 @@
 (:mod:`.sbom`, CycloneDX 1.6) and the build provenance (:mod:`.provenance`, an in-toto Statement v1 with a
 SLSA v1 provenance predicate), both written at every compile from one :class:`.build_info.BuildInfo`, and
 deterministic, so that a rebuild of the same model with the same options and compiler is byte-identical."""
-from .build_info import BuildInfo, RuleFile, sha256_file
+from .build_info import BuildInfo, RuleFile
+from .digests import sha256_file
 from .provenance import BUILD_TYPE, BUILDER_ID, provenance_statement, write_provenance
 from .record import record_build, rename_records
 from .sbom import sbom_json, write_sbom

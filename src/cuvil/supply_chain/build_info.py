@@ -5,7 +5,6 @@ two builds of the same inputs write the same bytes."""
 from __future__ import annotations
 
 import functools
-import hashlib
 import importlib.metadata
 import shutil
 import subprocess
@@ -14,19 +13,12 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 import attrs
 
 from ..version import __version__
+from .digests import sha256_file
 
 #: The Python packages a build runs (importing, proving, generating code, writing the SBOM): each is named
 #: with its installed version in the SBOM. The test and benchmark extras are not part of a build.
 BUILD_PACKAGES = ("onnx", "protobuf", "numpy", "ml_dtypes", "llvmlite", "z3-solver", "lark", "attrs", "PyYAML",
                   "cyclonedx-python-lib")
-
-
-def sha256_file(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 @attrs.frozen

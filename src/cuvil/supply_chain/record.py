@@ -9,7 +9,8 @@ from typing import Any, Dict, Mapping, Sequence
 import attrs
 
 from ..rewrite_rules.verdicts import builtin_rules, builtin_rules_dir
-from .build_info import BuildInfo, RuleFile, c_compiler_version, digest_files, jsonable, sha256_file
+from .build_info import BuildInfo, RuleFile, c_compiler_version, digest_files, jsonable
+from .digests import sha256_file
 from .provenance import rename_in_provenance, write_provenance
 from .sbom import rename_in_sbom, write_sbom
 

@@ -186,8 +186,26 @@ def compile_bundle(g: Graph, out_dir: str, *, arch: str = "sm_90", opt_level: in
                                     "proof_seconds": round(res.memory_safety.seconds, 3)}}
 
 
+def bundle_name(path: str, name) -> str:
+    """``name`` (a file the plan or manifest names) as a name inside the bundle: a relative POSIX path
+    without ``..`` components; CuvilError for anything that would reach outside ``path`` (an edited manifest
+    naming ``../../elsewhere.cubin`` or an absolute path)."""
+    parts = name.split("/") if isinstance(name, str) else None
+    if not parts or name.startswith("/") or "\\" in name or "\0" in name or any(p in ("", ".", "..") for p in parts):
+        raise CuvilError(f"{path}: names the file {name!r}, which is not a file inside the bundle",
+                         hint=BUNDLE_HINT)
+    return name
+
+
+def bundle_has(path: str, name: str, files: Optional[Mapping[str, bytes]] = None) -> bool:
+    """Whether the bundle has the file ``name`` (checked by :func:`bundle_name`)."""
+    name = bundle_name(path, name)
+    return name in files if files is not None else os.path.isfile(os.path.join(path, name))
+
+
 def bundle_file(path: str, name: str, files: Optional[Mapping[str, bytes]] = None) -> bytes:
     """The bytes of the bundle's file ``name``: from ``files`` when given (a verified load), else read."""
+    name = bundle_name(path, name)
     if files is not None:
         return files[name]
     with open(os.path.join(path, name), "rb") as f:

@@ -34,9 +34,9 @@ import numpy as np
 from ... import audit
 from ...errors import CuvilError, ShapeError
 from ...ir.dtype import DType
-from ..digests import directory_files, file_digests, root_digest, sha256_file
+from ...supply_chain.digests import directory_files, file_digests, root_digest, sha256_file
 from ..model_api import Model, Signature, SymbolProfile, fixed_symbols, tensor_spec
-from .bundle import SIGNATURE_FILE, bundle_file, read_bundle
+from .bundle import SIGNATURE_FILE, bundle_file, bundle_has, read_bundle
 
 MODES = ("graph", "eager")
 
@@ -305,7 +305,7 @@ class GpuModel(Model):
         self.module_source = None
         cubin = (self.manifest.get("ptxas") or {}).get("cubin")
         if prefer_cubin and cubin and self.plan.get("arch") == self.device["arch"]:
-            present = cubin in self._files if self._files is not None else os.path.isfile(os.path.join(self.path, cubin))
+            present = bundle_has(self.path, cubin, self._files)
             if present:
                 image = np.frombuffer(bundle_file(self.path, cubin, self._files), dtype=np.uint8)
                 res = drv.cuModuleLoadData(image.ctypes.data)

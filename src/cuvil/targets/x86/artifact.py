@@ -87,9 +87,3 @@ class Artifact:
     def __repr__(self):
         return f"<Artifact {self.path} ({self.manifest.get('kernels')} kernels)>"
 
-
-def existing_sidecars(so_path: str) -> Dict[str, str]:
-    """The sidecars of ``libNAME.so`` (:func:`sidecars`) that exist: optional ones (the external weights)
-    are written only by some compiles, and an artifact is whatever of them is there (a signature covers
-    those, :mod:`cuvil.signing`)."""
-    return {k: p for k, p in sidecars(so_path).items() if os.path.isfile(p)}

@@ -69,11 +69,12 @@ def _info(lib: ctypes.CDLL, prefix: str):
 
 
 def bind_external_weights(lib: ctypes.CDLL, prefix: str, so_path: str, weights=None,
-                          weights_key=None) -> Optional[BoundWeights]:
+                          weights_key=None, from_disk: bool = True) -> Optional[BoundWeights]:
     """Bind the weights of the library ``lib`` (``so_path``) when it was compiled with external weights: from
     ``weights`` (the contents of a weights file, bytes-like) or else the ``libNAME.weights`` beside it,
     decrypted with ``weights_key`` when encrypted. Returns the binding (release it when done), or None for a
-    library that embeds its weights."""
+    library that embeds its weights. ``from_disk=False`` (a verified load):
+    never read the file from the disk; a library that needs weights not given is refused."""
     lib_name = os.path.basename(so_path)
     expected = _info(lib, prefix)
     if expected is None:
@@ -84,6 +85,11 @@ def bind_external_weights(lib: ctypes.CDLL, prefix: str, so_path: str, weights=N
         return None
     nbytes, digest = expected
     wp = weights_path(so_path)
+    if weights is None and not from_disk:   # a verified load: only the bytes the signature covered
+        raise WeightsRefused(f"{lib_name} was compiled with external weights, and its signature does not cover "
+                             f"{os.path.basename(wp)}: a verified load binds only weights it verified",
+                             hint=f"sign the artifact with {os.path.basename(wp)} beside the library (cuvil sign "
+                                  f"{so_path} --key KEY.pem), or get the signed weights file from its publisher")
     name = os.path.basename(wp)         # weights= holds that file's contents (e.g. as a verified load read them)
     data = _file_mapping(wp, lib_name) if weights is None else memoryview(weights).cast("B")
     try:

@@ -30,7 +30,7 @@ from cuvil.ir.dim import is_symbol_name
 from cuvil.lora.adapter import read_adapter
 from cuvil.lora.mapping import suffix_score
 from cuvil.targets import model_api
-from cuvil.targets.digests import sha256_file
+from cuvil.supply_chain.digests import sha256_file
 from cuvil.targets.model_api import (Signature, SymbolProfile, TensorSpec, dtype_code, fixed_symbols, shape_text,
                                     tensor_spec)
 from cuvil.targets.x86.bound_weights import bind_external_weights
@@ -150,7 +150,7 @@ class X86Model(model_api.Model):
                              hint="give prefix= the --prefix the library was compiled with (default cuvil)")
         try:
             self._lib = ctypes.CDLL(dlopen_path or self.path, mode=os.RTLD_LOCAL | os.RTLD_NOW)
-        except OSError as e:
+        except (OSError, UnicodeDecodeError) as e:   # dlerror() quotes a damaged symbol name: maybe not UTF-8
             raise CuvilError(f"cannot load {path}: {e}", hint="compile the model again on this machine (cuvil "
                              "compile MODEL -o libNAME.so); `cuvil doctor` shows what this machine has") from e
         self._mapped, self._digest = dlopen_path or self.path, None
@@ -160,7 +160,8 @@ class X86Model(model_api.Model):
         self._session_threads = None
         self._lock = threading.Lock()
         # before the first session; released by close() (and so by __del__, also when a check below fails)
-        self._weights = bind_external_weights(self._lib, self.prefix, self.path, weights, weights_key)
+        self._weights = bind_external_weights(self._lib, self.prefix, self.path, weights, weights_key,
+                                              from_disk=dlopen_path is None)
         self._adapters: dict = {}              # name -> bytes the library holds for it (LoRA slots)
         self._active = None                    # the adapter set_adapter chose (None: the base model)
         self._session_adapter = None           # the one active in the C session
@@ -236,7 +237,7 @@ class X86Model(model_api.Model):
         for name, (res, args) in sigs.items():
             try:
                 fn = getattr(lib, f"{p}_{name}")
-            except AttributeError:
+            except (AttributeError, UnicodeDecodeError):
                 raise CuvilError(f"{self.path}: no symbol {p}_{name}; not a Cuvil artifact with prefix {p!r}",
                                  hint="a Cuvil library compiled with --prefix finds it in the libNAME.manifest.json "
                                       "beside it: keep that file there (Python: cuvil.load(path, prefix=...)); any "
