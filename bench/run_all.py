@@ -453,6 +453,8 @@ def main(argv=None) -> int:
         if path and not os.path.isfile(path):
             ap.error(f"{flag} {path}: no such file (export one with bench/models/export_transformers.py, or leave "
                      f"{flag} out to build the model)")
+    # "densenet121,inception_v1" as well as "densenet121 inception_v1"
+    args.models = [m for arg in args.models for m in arg.split(",") if m]
     unknown = [m for m in args.models if m not in LIGHT_MODELS]
     if unknown:
         ap.error(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(LIGHT_MODELS)}")
