@@ -114,8 +114,9 @@ _POOL_BLOCKS = 64           # blocks a model's pool keeps
 def _address(a: np.ndarray):
     """The data pointer of ``a`` for a CTensor (None for no data). ``a.ctypes.data`` builds numpy's ctypes
     helper and array interface, 2-3 us a call: most of a small model's run; a writable C-contiguous array's
-    buffer gives the same address in a fraction of that."""
-    if a.nbytes and a.flags.writeable and a.flags.c_contiguous:
+    buffer gives the same address in a fraction of that. Not for the dtypes numpy cannot export through the
+    buffer protocol (ml_dtypes' float8, float4, int4, bfloat16: their type chars are not buffer formats)."""
+    if a.nbytes and a.flags.writeable and a.flags.c_contiguous and a.dtype.isbuiltin == 1:
         return ctypes.addressof(ctypes.c_char.from_buffer(a))
     return a.ctypes.data or None
 
