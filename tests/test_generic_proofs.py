@@ -30,6 +30,7 @@ PROVED = [
     "reduce_mean_to_global_avgpool", "reduce_mean_squeezed_to_global_avgpool", "reduce_max_to_global_maxpool",
     "min_max_to_clip", "min_max_to_clip_exact", "min_relu_to_clip", "cast_float_noop",
     "concat_single", "slice_full_range", "slice_full_range_axis0",
+    "lora_merge_gemm", "lora_merge_gemm_transposed",
 ]
 
 _PAD = "t >= 0, l >= 0, d >= 0, r >= 0, t + l + d + r > 0"
@@ -131,6 +132,33 @@ WRONG = [
 ]
 
 
+# LoRA's merge x·W + ((x·a) ∘ s)·b = x·(W + (a ∘ s)·b) nests a sum in a sum; its wrong variants (issue 23)
+_LORA = "Add(Gemm(x, w), MatMul(Mul(MatMul(x, a), s), b)) when const(w, a, s, b), rank(w) == 2, rank(a) == 2, " \
+        "rank(b) == 2, rank(s) == 1"
+WRONG += [
+    ("lora_scale_twice", f"rule w {_LORA} => Gemm(x, w + MatMul(Mul(Mul(a, s), s), b)) prove real", "refuted"),
+    ("lora_b_transposed", f"rule w {_LORA} => Gemm(x, w + MatMul(Mul(a, s), Transpose(b, perm=[1, 0]))) "
+                          "prove real", "refuted"),
+    ("lora_update_dropped", f"rule w {_LORA} => Gemm(x, w) prove real", "refuted"),
+    ("lora_base_dropped", f"rule w {_LORA} => Gemm(x, MatMul(Mul(a, s), b)) prove real", "refuted"),
+    ("lora_scale_on_output_axis", f"rule w {_LORA} => Gemm(x, w + MatMul(a, Mul(b, s))) prove real", "refuted"),
+    ("matmul_reassociated_exact", "rule w MatMul(MatMul(x, a), b) when rank(x) == 2, rank(a) == 2, rank(b) == 2 "
+                                  "=> MatMul(x, MatMul(a, b)) prove exact", "none-ok"),
+    ("sum_squared_is_not_sum_of_squares", "rule w Mul(ReduceSum(x, axes=[0], keepdims=0), ReduceSum(x, axes=[0], "
+                                          "keepdims=0)) when rank(x) == 1 => ReduceSum(Mul(x, x), axes=[0], "
+                                          "keepdims=0) prove real", "refuted"),
+]
+
+# Sums nested in sums over the reals (sum_normal): proved for every shape, not only LoRA's form
+NESTED = [
+    ("matmul_reassociated", "rule w MatMul(MatMul(x, a), b) when rank(x) == 2, rank(a) == 2, rank(b) == 2 "
+                            "=> MatMul(x, MatMul(a, b)) prove real"),
+    ("sum_squared", "rule w Mul(ReduceSum(x, axes=[0], keepdims=0), ReduceSum(x, axes=[0], keepdims=0)) "
+                    "when rank(x) == 1 => ReduceSum(Mul(x, ReduceSum(x, axes=[0], keepdims=1)), axes=[0], "
+                    "keepdims=0) prove real"),
+]
+
+
 def _rule(text):
     return parse_rules(text)[0]
 
@@ -165,6 +193,31 @@ def test_wrong_variant_never_proved(name, text, expect):
         assert res is not None and res.status == "refuted", explain_generic(_rule(text), TIMEOUT_MS)
     if res is not None:
         assert_counterexample_real(_rule(text), res)
+
+
+@pytest.mark.parametrize("name,text", NESTED, ids=[n[0] for n in NESTED])
+def test_nested_real_sums_proved(name, text):
+    res = prove_generic(_rule(text), TIMEOUT_MS)
+    assert res is not None and res.status == "proved", explain_generic(_rule(text), TIMEOUT_MS)
+
+
+def test_nested_sums_with_dependent_bounds_are_refused():
+    """Σ_k Σ_{r<k} f is not Σ_r Σ_k f over the same box: a sum whose extent mentions another sum's index
+    is left outside the fragment, never flattened."""
+    import z3
+    from cuvil.rewrite_rules.index_semantics import Fold, Unsupported
+    from cuvil.rewrite_rules.sum_normal import Normaliser
+    k, r, n = z3.Int("k"), z3.Int("r"), z3.Int("n")
+    f = z3.Function("f", z3.IntSort(), z3.IntSort(), z3.RealSort())
+    inner = Fold("sum", [k], [r], f(k, r), None, z3.Real("fold.i"), 1)
+    outer = Fold("sum", [n], [k], inner.value, None, z3.Real("fold.o"))
+    with pytest.raises(Unsupported, match="bounds depend"):
+        Normaliser([outer, inner]).term(outer.value, "l")
+    # the same sums with independent bounds flatten to one sum over the box [0, n) x [0, n)
+    inner = Fold("sum", [n], [r], f(k, r), None, z3.Real("fold.i"), 1)
+    norm = Normaliser([outer, inner])
+    norm.term(outer.value, "l")
+    assert len(norm.folds) == 1 and len(norm.folds[0].ks) == 2
 
 
 def test_wrong_variants_cover_the_issue():

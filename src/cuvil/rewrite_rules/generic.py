@@ -53,9 +53,11 @@ from ..ir.registry import attr_defaults, lookup, op_schema
 from . import index_semantics as ix
 from .generic_refute import GenericResult, quick_refute, refute
 from .index_semantics import Unsupported
+from .sum_normal import Normaliser
 
 MAX_RANK = 8            # a rank or list length that can exceed this is "unbounded"
 MAX_COMBOS = 16         # rank assignments proved at most
+MAX_PERMUTED = 4        # a real sum's indices are matched in every order up to this many indices
 READ_MS = 3000          # per attempt to prove two reads of an input at the same index (unknown: kept apart)
 STRING_CHOICES = {("Pad", "mode"): ("constant", "reflect", "edge", "wrap")}
 
@@ -555,6 +557,8 @@ class _Proof:
         dom.frames = [[]]
         re = rhs.elem(idx)
         rhs_def = dom.frames[0]
+        if any(f.depth for f in inst.folds):
+            le, re = self.flatten_sums(inst, le, re, lhs_def + rhs_def)
         dims_ok = [d >= 1 for t in inst.leaf.values() for d in t.dims]
         base = (dims_ok + inst.lhs_side.valid + inst.guards + getattr(inst, "guards_extra", [])
                 + [z3.And(i >= 0, i < d) for i, d in zip(idx, lhs.dims)] + list(dom.axioms) + lhs_def)
@@ -592,6 +596,17 @@ class _Proof:
         if found is None:
             raise Unsupported(why)
         return found, True
+
+    def flatten_sums(self, inst: _Instance, le, re, defs):
+        """Sums nested in sums (real only): both elements as sums of flat sums (:mod:`sum_normal`), which
+        replace every fold of the instance, so no fold constant that varies with an outer index is left."""
+        norm = Normaliser(inst.folds)
+        for c in defs + inst.lhs_side.valid + inst.rhs_side.valid:
+            if norm.has_fold(c):
+                raise Unsupported("a condition on the value of a nested sum")
+        le, re = norm.term(le, "l"), norm.term(re, "r")
+        inst.folds[:] = norm.folds
+        return le, re
 
     def prove_abstracted(self, inst: _Instance, base, parts, pairs, elems) -> bool:
         """The obligation in two easier steps: the dims/validity part alone (integers only), then the
@@ -656,30 +671,44 @@ class _Proof:
         pairs = set()
         folds = inst.folds
         classes: List[int] = list(range(len(folds)))
+        real = inst.dom.name == "real"
         for a, b in itertools.combinations(range(len(folds)), 2):
             fa, fb = folds[a], folds[b]
             if classes[b] != b or fa.kind != fb.kind or len(fa.extents) != len(fb.extents):
                 continue
-            sub = list(zip(fb.ks, fa.ks))
-            body_b = z3.substitute(fb.body, *sub) if sub else fb.body
-            guard_b = z3.substitute(fb.guard, *sub) if (sub and fb.guard is not None) else fb.guard
-            same_ext = z3.And([x == y for x, y in zip(fa.extents, fb.extents)])
-            inside = z3.And([z3.And(k >= 0, k < e) for k, e in zip(fa.ks, fa.extents)])
-            if (fa.guard is None) != (fb.guard is None):
-                continue
-            equal = inst.dom.equal(fa.body, body_b) if fa.body.sort() == inst.dom.sort else fa.body == body_b
-            if fa.guard is not None:
-                claim = z3.And(same_ext, fa.guard == guard_b, z3.Implies(fa.guard, equal))
-            else:
-                claim = z3.And(same_ext, equal)
-            s = self.solver()
-            s.add(*base, inside)
-            s.add(z3.Not(claim))
-            if s.check() == z3.unsat:
-                classes[b] = classes[a]
-                eqs.append(fa.value == fb.value)
-                pairs.add((a, b))
+            # a real sum over a box is the same in any order of its indices (finite sums commute); a float
+            # sum, a max and a filtered fold are compared in their own order only
+            orders = (itertools.permutations(range(len(fb.ks)))
+                      if real and fa.kind == "sum" and fa.guard is None and fb.guard is None
+                      and len(fb.ks) <= MAX_PERMUTED else [tuple(range(len(fb.ks)))])
+            for order in orders:
+                if self.same_fold(inst, base, fa, fb, order):
+                    classes[b] = classes[a]
+                    eqs.append(fa.value == fb.value)
+                    pairs.add((a, b))
+                    break
         return eqs, pairs
+
+    def same_fold(self, inst: _Instance, base, fa: ix.Fold, fb: ix.Fold, order) -> bool:
+        """Whether fold ``fb``, its indices taken in ``order``, equals ``fa``: equal extents, and equal bodies
+        (and filters) at every index in range."""
+        fb = attrs.evolve(fb, ks=[fb.ks[j] for j in order], extents=[fb.extents[j] for j in order])
+        sub = list(zip(fb.ks, fa.ks))
+        body_b = z3.substitute(fb.body, *sub) if sub else fb.body
+        guard_b = z3.substitute(fb.guard, *sub) if (sub and fb.guard is not None) else fb.guard
+        same_ext = z3.And([x == y for x, y in zip(fa.extents, fb.extents)])
+        inside = z3.And([z3.And(k >= 0, k < e) for k, e in zip(fa.ks, fa.extents)])
+        if (fa.guard is None) != (fb.guard is None):
+            return False
+        equal = inst.dom.equal(fa.body, body_b) if fa.body.sort() == inst.dom.sort else fa.body == body_b
+        if fa.guard is not None:
+            claim = z3.And(same_ext, fa.guard == guard_b, z3.Implies(fa.guard, equal))
+        else:
+            claim = z3.And(same_ext, equal)
+        s = self.solver()
+        s.add(*base, inside)
+        s.add(z3.Not(claim))
+        return s.check() == z3.unsat
 
 
 def _hints(inst: _Instance, merged: set) -> List[Any]:
