@@ -668,12 +668,23 @@ def _fold_sum(side, extents, body, guard=None):
 
 @op("MatMul")
 def _matmul(side, ins, at):
+    """numpy's matmul for a of rank 1, 2 or 3 and b of rank 1 or 2: a vector operand is a row (a) or a
+    column (b) whose axis is dropped from the output; a's leading axis at rank 3 is a batch axis (b has none,
+    so nothing is broadcast)."""
     a, b = ins[0], ins[1]
-    if a.rank != 2 or b.rank != 2:
-        raise Unsupported("MatMul of rank other than 2")
-    side.require(a.dims[1] == b.dims[0])
-    return Tensor([a.dims[0], b.dims[1]], lambda idx: _fold_sum(
-        side, [a.dims[1]], lambda ks: side.dom.mul(a.elem([idx[0], ks[0]]), b.elem([ks[0], idx[1]]))))
+    if a.rank not in (1, 2, 3) or b.rank not in (1, 2) or (a.rank == 3 and b.rank != 2):
+        raise Unsupported("MatMul of ranks other than (1|2|3, 2) or (1|2, 1)")
+    k_a, k_b = a.dims[-1], b.dims[0]
+    side.require(k_a == k_b)
+    batch = list(a.dims[:-2]) if a.rank == 3 else []
+    rows = [a.dims[-2]] if a.rank >= 2 else []
+    cols = [b.dims[1]] if b.rank == 2 else []
+
+    def elem(idx):
+        nb, nr = len(batch), len(rows)
+        pre, i, j = list(idx[:nb]), list(idx[nb:nb + nr]), list(idx[nb + nr:])
+        return _fold_sum(side, [k_a], lambda ks: side.dom.mul(a.elem(pre + i + [ks[0]]), b.elem([ks[0]] + j)))
+    return Tensor(batch + rows + cols, elem)
 
 
 @op("Gemm")
