@@ -236,6 +236,10 @@ def test_batch_prefix_view_only_for_ops_that_keep_the_leading_dims():
     res, why = explain_generic(_rule("rule w Add(MatMul(x, w), y) when rank(w) == 2, rank(y) == 2 "
                                      "=> Add(y, MatMul(x, w)) prove real"), TIMEOUT_MS)
     assert res is not None and res.status == "proved" and "every rank >= 3" in res.coverage, why
+    # x in an Add only (no MatMul): its rank 0 is a match too, and is covered
+    res, why = explain_generic(_rule("rule w Add(x, MatMul(y, w)) when rank(y) == 2, rank(w) == 2 "
+                                     "=> Add(MatMul(y, w), x) prove real"), TIMEOUT_MS)
+    assert res is not None and res.status == "proved" and "x rank 0" in res.coverage, why
     res, why = explain_generic(_rule("rule w ReduceSum(MatMul(x, w), axes=[0]) when rank(w) == 2 "
                                      "=> MatMul(ReduceSum(x, axes=[0]), w) prove real"), TIMEOUT_MS)
     assert res is None and "not fixed" in why

@@ -529,13 +529,19 @@ class _Proof:
                 rule = self.rule = view
                 v = _Vars(rule)
                 combos = [{f"rank:{n}": 3 for n in v.leaves}]
+            elif _elementwise(rule):
+                # Elementwise ops read each leaf at one (broadcast) index per output element, whatever the
+                # ranks: the rule on scalars is the rule on every shape. Rank guards only restrict shapes.
+                rule = attrs.evolve(rule, guards=tuple(g for g in rule.guards if not _rank_guard(g)))
+                combos = [{f"rank:{n}": 0 for n in v.leaves}]
+                elementwise = True
             elif _prefix_leaf(rule, v) is not None:
                 # a leaf of any rank read only by prefix-uniform ops (MatMul by a rank-2 weight, elementwise
-                # ops with rank <= 2 operands): ranks 1 and 2 as they are, every rank >= 3 as rank 3 with its
-                # leading dims as one batch axis (see _Instance.check_prefix)
+                # ops with rank <= 2 operands): ranks 0, 1 and 2 as they are, every rank >= 3 as rank 3 with
+                # its leading dims as one batch axis (see _Instance.check_prefix)
                 prefix = _prefix_leaf(rule, v)
                 combos = []
-                for r in (1, 2, 3):
+                for r in (0, 1, 2, 3):
                     fixed = attrs.evolve(rule, guards=rule.guards + (_rank_is(prefix, r, rule.loc),))
                     try:
                         combos += [dict(c, prefix=prefix) if r == 3 else c
@@ -543,12 +549,6 @@ class _Proof:
                     except Unsupported as e:
                         if "no rank satisfies" not in str(e):
                             raise
-            elif _elementwise(rule):
-                # Elementwise ops read each leaf at one (broadcast) index per output element, whatever the
-                # ranks: the rule on scalars is the rule on every shape. Rank guards only restrict shapes.
-                rule = attrs.evolve(rule, guards=tuple(g for g in rule.guards if not _rank_guard(g)))
-                combos = [{f"rank:{n}": 0 for n in v.leaves}]
-                elementwise = True
             else:
                 raise
         strings = [n for n, (k, _, _) in v.attrs.items() if k == "string"]
