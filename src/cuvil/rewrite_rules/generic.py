@@ -53,9 +53,11 @@ from ..ir.registry import attr_defaults, lookup, op_schema
 from . import index_semantics as ix
 from .generic_refute import GenericResult, quick_refute, refute
 from .index_semantics import Unsupported
+from .sum_normal import Normaliser
 
 MAX_RANK = 8            # a rank or list length that can exceed this is "unbounded"
 MAX_COMBOS = 16         # rank assignments proved at most
+MAX_PERMUTED = 4        # a real sum's indices are matched in every order up to this many indices
 READ_MS = 3000          # per attempt to prove two reads of an input at the same index (unknown: kept apart)
 STRING_CHOICES = {("Pad", "mode"): ("constant", "reflect", "edge", "wrap")}
 
@@ -337,8 +339,14 @@ class _Instance:
                 self.leaf[name] = ix.constant(float(v.literal[name]), r, self.lhs_side, name, dims[name])
             else:
                 self.leaf[name] = ix.leaf(self.lhs_side, name, r, kind, dims[name])
+        self.prefix = combo.get("prefix")
+        self.prefixed: set = set()
+        if self.prefix is not None:
+            self.prefixed.add(id(self.leaf[self.prefix]))
         self.lhs = self.eval(rule.lhs, self.lhs_side, True)
         self.rhs = self.eval(rule.rhs, self.rhs_side, False)
+        if self.prefix is not None and not (id(self.lhs) in self.prefixed and id(self.rhs) in self.prefixed):
+            raise Unsupported(f"a root that does not keep {self.prefix!r}'s leading dims")
         self.guards = [c for g in rule.guards for c in self.guard(g)]
 
     def guarded_dims(self, rule: Rule, v: _Vars, combo: Dict[str, int]) -> Dict[str, List[Any]]:
@@ -407,8 +415,34 @@ class _Instance:
             explicit = {name: self.attr_value(p) for name, p in e.attrs}
             defaults = attr_defaults(e.op)
             rest = ix.Rest(e.rest) if e.rest else None
-            return ix.OPS[e.op](side, ins, ix.Attrs(e.op, explicit, rest, defaults))
+            out = ix.OPS[e.op](side, ins, ix.Attrs(e.op, explicit, rest, defaults))
+            if self.prefix is not None:
+                self.check_prefix(e.op, ins, out)
+            return out
         raise Unsupported(f"cannot evaluate {type(e).__name__}")
+
+    def check_prefix(self, op: str, ins: List[ix.Tensor], out: ix.Tensor) -> None:
+        """The rank-3 view of a leaf of any rank >= 3 (its leading dims as one axis P) is exact when every
+        op reading it acts on each index of P alike and keeps P as its output's first axis: then, by
+        induction, every tensor computed from the leaf has the leaf's leading dims, and the rule at rank n
+        is the rule at rank 3 on the leaf reshaped to [prod(leading dims), rows, cols]. Those ops: MatMul
+        of the leaf's descendant (rank 3) by a tensor of rank 2 not computed from it (no batch dims to
+        broadcast), and Add, Sub, Mul whose other operands have rank <= 2 (broadcast over the last two axes
+        only) or are descendants themselves (the same leading dims)."""
+        pre = [id(t) in self.prefixed for t in ins]
+        if not any(pre):
+            return
+        p0 = self.leaf[self.prefix].dims[0]
+        if op == "MatMul":
+            ok = pre[0] and not pre[1] and ins[0].rank == 3 and ins[1].rank == 2
+        elif op in ("Add", "Sub", "Mul"):
+            ok = all((t.rank == 3 and z3.eq(ix.simp(t.dims[0]), p0)) if is_pre else t.rank <= 2
+                     for t, is_pre in zip(ins, pre))
+        else:
+            ok = False
+        if not ok or out.rank != 3 or not z3.eq(ix.simp(out.dims[0]), p0):
+            raise Unsupported(f"{op} does not act on {self.prefix!r}'s leading dims alike")
+        self.prefixed.add(id(out))
 
     def attr_value(self, p):
         if isinstance(p, Num):
@@ -501,6 +535,20 @@ class _Proof:
                 rule = attrs.evolve(rule, guards=tuple(g for g in rule.guards if not _rank_guard(g)))
                 combos = [{f"rank:{n}": 0 for n in v.leaves}]
                 elementwise = True
+            elif _prefix_leaf(rule, v) is not None:
+                # a leaf of any rank read only by prefix-uniform ops (MatMul by a rank-2 weight, elementwise
+                # ops with rank <= 2 operands): ranks 0, 1 and 2 as they are, every rank >= 3 as rank 3 with
+                # its leading dims as one batch axis (see _Instance.check_prefix)
+                prefix = _prefix_leaf(rule, v)
+                combos = []
+                for r in (0, 1, 2, 3):
+                    fixed = attrs.evolve(rule, guards=rule.guards + (_rank_is(prefix, r, rule.loc),))
+                    try:
+                        combos += [dict(c, prefix=prefix) if r == 3 else c
+                                   for c in _Ranks(fixed, v).assignments()]
+                    except Unsupported as e:
+                        if "no rank satisfies" not in str(e):
+                            raise
             else:
                 raise
         strings = [n for n, (k, _, _) in v.attrs.items() if k == "string"]
@@ -522,7 +570,8 @@ class _Proof:
                     return status
                 reachable = reachable or live
             if reachable:
-                covered.append(_ranks_text(combo))
+                covered.append(_ranks_text(combo) + (" (every rank >= 3: its leading dims as one batch axis)"
+                                                     if "prefix" in combo else ""))
         if not covered:
             raise Unsupported("no shape satisfies the pattern, guards and types")
         symbolic = sorted(n for n in v.attrs if not n.startswith("any."))
@@ -555,6 +604,8 @@ class _Proof:
         dom.frames = [[]]
         re = rhs.elem(idx)
         rhs_def = dom.frames[0]
+        if any(f.depth for f in inst.folds):
+            le, re = self.flatten_sums(inst, le, re, lhs_def + rhs_def)
         dims_ok = [d >= 1 for t in inst.leaf.values() for d in t.dims]
         base = (dims_ok + inst.lhs_side.valid + inst.guards + getattr(inst, "guards_extra", [])
                 + [z3.And(i >= 0, i < d) for i, d in zip(idx, lhs.dims)] + list(dom.axioms) + lhs_def)
@@ -592,6 +643,17 @@ class _Proof:
         if found is None:
             raise Unsupported(why)
         return found, True
+
+    def flatten_sums(self, inst: _Instance, le, re, defs):
+        """Sums nested in sums (real only): both elements as sums of flat sums (:mod:`sum_normal`), which
+        replace every fold of the instance, so no fold constant that varies with an outer index is left."""
+        norm = Normaliser(inst.folds)
+        for c in defs + inst.lhs_side.valid + inst.rhs_side.valid:
+            if norm.has_fold(c):
+                raise Unsupported("a condition on the value of a nested sum")
+        le, re = norm.term(le, "l"), norm.term(re, "r")
+        inst.folds[:] = norm.folds
+        return le, re
 
     def prove_abstracted(self, inst: _Instance, base, parts, pairs, elems) -> bool:
         """The obligation in two easier steps: the dims/validity part alone (integers only), then the
@@ -656,30 +718,44 @@ class _Proof:
         pairs = set()
         folds = inst.folds
         classes: List[int] = list(range(len(folds)))
+        real = inst.dom.name == "real"
         for a, b in itertools.combinations(range(len(folds)), 2):
             fa, fb = folds[a], folds[b]
             if classes[b] != b or fa.kind != fb.kind or len(fa.extents) != len(fb.extents):
                 continue
-            sub = list(zip(fb.ks, fa.ks))
-            body_b = z3.substitute(fb.body, *sub) if sub else fb.body
-            guard_b = z3.substitute(fb.guard, *sub) if (sub and fb.guard is not None) else fb.guard
-            same_ext = z3.And([x == y for x, y in zip(fa.extents, fb.extents)])
-            inside = z3.And([z3.And(k >= 0, k < e) for k, e in zip(fa.ks, fa.extents)])
-            if (fa.guard is None) != (fb.guard is None):
-                continue
-            equal = inst.dom.equal(fa.body, body_b) if fa.body.sort() == inst.dom.sort else fa.body == body_b
-            if fa.guard is not None:
-                claim = z3.And(same_ext, fa.guard == guard_b, z3.Implies(fa.guard, equal))
-            else:
-                claim = z3.And(same_ext, equal)
-            s = self.solver()
-            s.add(*base, inside)
-            s.add(z3.Not(claim))
-            if s.check() == z3.unsat:
-                classes[b] = classes[a]
-                eqs.append(fa.value == fb.value)
-                pairs.add((a, b))
+            # a real sum over a box is the same in any order of its indices (finite sums commute); a float
+            # sum, a max and a filtered fold are compared in their own order only
+            orders = (itertools.permutations(range(len(fb.ks)))
+                      if real and fa.kind == "sum" and fa.guard is None and fb.guard is None
+                      and len(fb.ks) <= MAX_PERMUTED else [tuple(range(len(fb.ks)))])
+            for order in orders:
+                if self.same_fold(inst, base, fa, fb, order):
+                    classes[b] = classes[a]
+                    eqs.append(fa.value == fb.value)
+                    pairs.add((a, b))
+                    break
         return eqs, pairs
+
+    def same_fold(self, inst: _Instance, base, fa: ix.Fold, fb: ix.Fold, order) -> bool:
+        """Whether fold ``fb``, its indices taken in ``order``, equals ``fa``: equal extents, and equal bodies
+        (and filters) at every index in range."""
+        fb = attrs.evolve(fb, ks=[fb.ks[j] for j in order], extents=[fb.extents[j] for j in order])
+        sub = list(zip(fb.ks, fa.ks))
+        body_b = z3.substitute(fb.body, *sub) if sub else fb.body
+        guard_b = z3.substitute(fb.guard, *sub) if (sub and fb.guard is not None) else fb.guard
+        same_ext = z3.And([x == y for x, y in zip(fa.extents, fb.extents)])
+        inside = z3.And([z3.And(k >= 0, k < e) for k, e in zip(fa.ks, fa.extents)])
+        if (fa.guard is None) != (fb.guard is None):
+            return False
+        equal = inst.dom.equal(fa.body, body_b) if fa.body.sort() == inst.dom.sort else fa.body == body_b
+        if fa.guard is not None:
+            claim = z3.And(same_ext, fa.guard == guard_b, z3.Implies(fa.guard, equal))
+        else:
+            claim = z3.And(same_ext, equal)
+        s = self.solver()
+        s.add(*base, inside)
+        s.add(z3.Not(claim))
+        return s.check() == z3.unsat
 
 
 def _hints(inst: _Instance, merged: set) -> List[Any]:
@@ -798,6 +874,48 @@ def _axis_view(rule: Rule) -> Optional[Rule]:
     except Unsupported:
         return None
     return attrs.evolve(rule, lhs=lhs, rhs=rhs, guards=tuple(guards))
+
+
+def _prefix_leaf(rule: Rule, v: _Vars) -> Optional[str]:
+    """The one named leaf no guard mentions, when every other leaf's rank is fixed by a ``rank(y) == n``
+    guard (and the pattern has no anonymous inputs): the candidate for the batch-prefix view; else None."""
+    if v.anon:
+        return None
+    fixed, mentioned = set(), set()
+
+    def names(e):
+        if isinstance(e, Var):
+            yield e.name
+        for x in getattr(e, "args", ()):
+            yield from names(x)
+        if isinstance(e, Compare):
+            yield from names(e.left)
+            yield from names(e.right)
+    for g in rule.guards:
+        if isinstance(g, FuncCall) and g.name in ("const", "single_use"):
+            continue
+        mentioned |= set(names(g))
+        if isinstance(g, Compare) and g.op == "==":
+            for a, b in ((g.left, g.right), (g.right, g.left)):
+                if isinstance(a, FuncCall) and a.name == "rank" and isinstance(b, Num):
+                    fixed.add(a.args[0].name)
+    free = [n for n in v.leaves if n not in fixed]
+    if len(free) != 1 or free[0] in mentioned or free[0] in v.attrs:
+        return None
+
+    def reads(e) -> bool:  # whether e is computed from the leaf
+        return isinstance(e, Var) and e.name == free[0] or \
+            isinstance(e, OpCall) and any(reads(a) for a in e.args)
+    for c in list(_ops(rule.lhs)) + list(_ops(rule.rhs)):
+        hit = [reads(a) for a in c.args]
+        if any(hit) and not (c.op in ("Add", "Sub", "Mul") and not c.attrs and not c.rest
+                             or c.op == "MatMul" and hit == [True, False]):
+            return None
+    return free[0]
+
+
+def _rank_is(name: str, r: int, loc) -> Compare:
+    return Compare("==", FuncCall("rank", (Var(name, loc),), loc), Num(r, loc), loc)
 
 
 def _elementwise(rule: Rule) -> bool:

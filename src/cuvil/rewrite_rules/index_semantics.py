@@ -77,6 +77,7 @@ class Fold:
     body: Any                 # the term at ks
     guard: Any                # which terms take part (None: all); a filtered fold skips the others
     value: Any                # the fresh constant standing for the fold's value
+    depth: int = 0            # > 0: built inside another fold's body (real sums only, see :meth:`Side.fold`)
 
 
 @attrs.define(eq=False)
@@ -168,11 +169,15 @@ class Side:
 
     def fold(self, kind: str, extents: Sequence[Any], body: Callable, guard: Optional[Callable] = None):
         """The value of a reduction: a fresh constant standing for the fold of ``body`` over ``extents``."""
-        if self._depth:
+        if self._depth and not (self.dom.name == "real" and kind == "sum" and guard is None):
+            # a fold's constant stands for one value; inside another fold's body it would vary with the outer
+            # indices. Only real sums are nested: generic's nested-sum normal form (sum_normal) expands them.
             raise Unsupported("a reduction inside a reduction")
+        depth = self._depth
         n = next(self._n)
         ks = [z3.Int(f"k.{self.tag}{n}.{j}") for j in range(len(extents))]
         self._depth += 1
+        start = len(self.folds)
         self.dom.frames.append([])
         try:
             b = body(ks)
@@ -181,8 +186,10 @@ class Side:
             self._depth -= 1
             conds = self.dom.frames.pop()
         inside = z3.And([z3.And(k >= 0, k < e) for k, e in zip(ks, extents)])
+        # what varies with ks: ks, and the value of any fold nested in the body (it may read ks)
+        varying = ks + [f.value for f in self.folds[start:]]
         for c in conds:  # a definedness condition of the body holds for every term of the fold
-            if _mentions(c, ks):
+            if _mentions(c, varying):
                 c = z3.ForAll(ks, z3.Implies(inside, c)) if ks else c
             self.dom.frames[-1].append(c)
         real = self.dom.name == "real"
@@ -192,12 +199,12 @@ class Side:
         if real and kind == "sum":  # factors that do not depend on ks come out of the sum
             inner, outer = [], []
             for f in _factors(b):
-                (inner if _mentions(f, ks) else outer).append(f)
+                (inner if _mentions(f, varying) else outer).append(f)
             if outer:
                 b = _product(inner) if inner else z3.RealVal(1)
                 outside = _product(outer)
         value = z3.Const(f"fold.{self.tag}{n}", self.dom.sort)
-        self.folds.append(Fold(kind, list(extents), ks, b, g, value))
+        self.folds.append(Fold(kind, list(extents), ks, b, g, value, depth))
         return value if real is False or z3.eq(simp(outside), z3.RealVal(1)) else outside * value
 
 
@@ -661,12 +668,23 @@ def _fold_sum(side, extents, body, guard=None):
 
 @op("MatMul")
 def _matmul(side, ins, at):
+    """numpy's matmul for a of rank 1, 2 or 3 and b of rank 1 or 2: a vector operand is a row (a) or a
+    column (b) whose axis is dropped from the output; a's leading axis at rank 3 is a batch axis (b has none,
+    so nothing is broadcast)."""
     a, b = ins[0], ins[1]
-    if a.rank != 2 or b.rank != 2:
-        raise Unsupported("MatMul of rank other than 2")
-    side.require(a.dims[1] == b.dims[0])
-    return Tensor([a.dims[0], b.dims[1]], lambda idx: _fold_sum(
-        side, [a.dims[1]], lambda ks: side.dom.mul(a.elem([idx[0], ks[0]]), b.elem([ks[0], idx[1]]))))
+    if a.rank not in (1, 2, 3) or b.rank not in (1, 2) or (a.rank == 3 and b.rank != 2):
+        raise Unsupported("MatMul of ranks other than (1|2|3, 2) or (1|2, 1)")
+    k_a, k_b = a.dims[-1], b.dims[0]
+    side.require(k_a == k_b)
+    batch = list(a.dims[:-2]) if a.rank == 3 else []
+    rows = [a.dims[-2]] if a.rank >= 2 else []
+    cols = [b.dims[1]] if b.rank == 2 else []
+
+    def elem(idx):
+        nb, nr = len(batch), len(rows)
+        pre, i, j = list(idx[:nb]), list(idx[nb:nb + nr]), list(idx[nb + nr:])
+        return _fold_sum(side, [k_a], lambda ks: side.dom.mul(a.elem(pre + i + [ks[0]]), b.elem([ks[0]] + j)))
+    return Tensor(batch + rows + cols, elem)
 
 
 @op("Gemm")
