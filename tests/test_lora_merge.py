@@ -102,7 +102,8 @@ def test_merged_library_matches_numpy_merge(tmp_path, fixture):
     n_targets = len(map_adapter(model, read_adapter(ad)))
     assert sum(v["applied"] for v in lora.values()) == n_targets
     for v in lora.values():
-        assert v["obligation"] == "real" and v["verdict"] == "bounded" and "checked on" in v["coverage"]
+        # proved over the reals for every shape (the generic prover's nested sums), not a bounded check
+        assert v["obligation"] == "real" and v["verdict"] == "proved" and "every non-empty shape" in v["coverage"], v
     assert len(art.manifest["lora"]) == n_targets
     assert all(r["rounding"] == "correctly rounded to float32" for r in art.manifest["lora"])
 
