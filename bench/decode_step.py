@@ -13,7 +13,8 @@ full-size one of ``cuvil.testing.hf_models.gpt2_decode_model()`` saved with exte
 from __future__ import annotations
 
 import argparse
-import time
+import os
+import sys
 
 import numpy as np
 import onnx
@@ -21,6 +22,9 @@ import onnxruntime as ort
 
 from cuvil import Pipeline, load
 from cuvil.targets.x86.cpu import cpu_label
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from call_overhead import timed  # noqa: E402  (CPU and wall seconds per call, as bench/call_overhead.py times)
 
 
 def feeds_for(model: onnx.ModelProto, past: int) -> dict:
@@ -37,13 +41,6 @@ def feeds_for(model: onnx.ModelProto, past: int) -> dict:
         else:
             out[i.name] = rng.standard_normal(dims).astype(np.float32)
     return out
-
-
-def timed(f, calls: int) -> tuple:
-    c, t = time.process_time(), time.perf_counter()
-    for _ in range(calls):
-        f()
-    return (time.process_time() - c) / calls, (time.perf_counter() - t) / calls
 
 
 def main() -> None:
