@@ -64,6 +64,11 @@ class Node:
     # The torch module the node was exported from (cuvil.frontend.torch_scopes), "" when unknown: how passes
     # that pick layers by module (LoRA slots) name a layer whose weight lost its name. A hint like ``name``.
     scope: str = ""
+    # The number format the node computes in, set by the precision policy (cuvil.precision) after the graph
+    # rewrites and before kernel lowering: "" (float32, the default), "bf16", "fp16" or "int8". A narrowed
+    # node rounds its float inputs to that format and accumulates in float32; its outputs stay float32
+    # unless the policy narrowed the reader too. Only set where the target runs the op in that format.
+    precision: str = ""
 
     def input(self, i: int) -> Optional[Value]:
         return self.inputs[i] if i < len(self.inputs) else None
@@ -266,7 +271,7 @@ class Graph:
         g.inputs = [cp(v) for v in self.inputs]
         for n in self.nodes:
             m = Node(n.op, [cp(v) for v in n.inputs], [], dict(n.attrs), n.name, n.domain, list(n.constraints),
-                     None if n.guard is None else (cp(n.guard[0]), n.guard[1]), n.scope)
+                     None if n.guard is None else (cp(n.guard[0]), n.guard[1]), n.scope, n.precision)
             for i, v in enumerate(m.inputs):
                 if v is not None:
                     v.uses.append((m, i))
