@@ -242,7 +242,7 @@ def test_matmul_micro_kernel_with_symbolic_rows():
     assert [s["kernel"] for s in generic] == ["gemm"]
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     m = art.model()
-    for b_, s_ in [(1, 1), (2, 5), (3, 7), (4, 33), (1, 12)]:
+    for b_, s_ in [(1, 1), (2, 5), (3, 7), (4, 33), (1, 12), (1, 13)]:   # 1 and 13 rows: one-row tiles
         x = rng.standard_normal((b_, s_, 48)).astype(np.float32)
         want = sess.run(None, {"x": x})[0]
         got = m.run(x)[0]
