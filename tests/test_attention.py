@@ -284,3 +284,27 @@ def test_decode_step_in_place_nan_inf_and_masked_rows(tiny_decode):
         g = got[o.name]
         assert np.array_equal(np.isnan(g), np.isnan(w)), o.name
         assert max_rel_error(np.nan_to_num(g), np.nan_to_num(w)) <= RTOL, o.name
+
+
+def test_in_place_key_accesses_are_proved_and_a_widened_row_refuted():
+    """kernels/bounds.py's "attention" family for keys read in place: each key row (clamped to the last key)
+    proved inside the cache; reading rows one vector wider than the head size, or panels past the last key
+    without the clamp's bound (a key count one larger), is refuted."""
+    from cuvil.testing.hf_models import gpt2_decode_model
+    model = gpt2_decode_model(vocab=64, hidden=32, layers=1, heads=2, ffn=64, max_pos=64)
+    p = Pipeline.from_onnx(model).optimize().specialize({"batch": 1, "past_sequence": 40, "total_sequence": 41})
+    p = p.choose_algorithms("x86_64-linux-gnu", None)
+    sched = schedule(p.graph, gemm_cols=tile_cols(512), split_concat=True, gemm_tiles=tile_shapes(512),
+                     row_kernels=True, channel_tile_cost=DEFAULT_TUNING.channel_tile_cost)
+    assert not any(st.expr.op == "attention_keys" for st in sched.stages)
+    st = next(st for st in sched.stages if st.expr.op == "attention")
+    spec = st.expr.attr
+    assert spec.k_axes is not None and spec.v_axes is not None
+    prover = BoundsProver()
+    assert prove_stage(prover, sched, st)[1] == []
+    for field, delta in (("d", 16), ("keys", 1)):
+        old = getattr(spec, field)
+        setattr(spec, field, old + delta)
+        failed = prove_stage(prover, sched, st)[1]
+        assert any(a.kind == "family:attention" and a.buf is spec.kt for a, _ in failed), field
+        setattr(spec, field, old)
