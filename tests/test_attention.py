@@ -308,3 +308,39 @@ def test_in_place_key_accesses_are_proved_and_a_widened_row_refuted():
         failed = prove_stage(prover, sched, st)[1]
         assert any(a.kind == "family:attention" and a.buf is spec.kt for a, _ in failed), field
         setattr(spec, field, old)
+
+
+def cache_attention_model(sq: int, heads: int = 2, d: int = 32) -> onnx.ModelProto:
+    """``sq`` new tokens against a KV cache: present = Concat(past, new) (outputs), attention over it, unmasked."""
+    a = np.float32(d ** -0.25)
+    nodes = [helper.make_node("Concat", ["pk", "k"], ["K"], axis=2), helper.make_node("Concat", ["pv", "v"], ["V"], axis=2),
+             helper.make_node("Transpose", ["K"], ["kt"], perm=[0, 1, 3, 2]),
+             helper.make_node("Mul", ["q", "a"], ["qs"]), helper.make_node("Mul", ["kt", "a"], ["kts"]),
+             helper.make_node("MatMul", ["qs", "kts"], ["s"]), helper.make_node("Softmax", ["s"], ["p"], axis=-1),
+             helper.make_node("MatMul", ["p", "V"], ["y"])]
+    ins = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, heads, "P" if n.startswith("p") else sq, d])
+           for n in ("q", "pk", "pv", "k", "v")]
+    outs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, heads, sq, d])] + \
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in "KV"]
+    g = helper.make_graph(nodes, "cache_attention", ins, outs, [helper.make_tensor("a", TensorProto.FLOAT, [], [a])])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("sq", [1, 2, 3])
+def test_few_new_tokens_read_keys_in_place(sq):
+    """Up to IN_PLACE_ROWS static query rows read the cache's keys in place (no attention_keys stage), more take
+    the key panels; onnxruntime's output at past 1, 31-33 (around a key panel) and 70, same bits at 1 and 2
+    threads."""
+    from cuvil.kernels.lower.attention import IN_PLACE_ROWS
+    model = cache_attention_model(sq)
+    art = Pipeline.from_onnx(model).optimize().compile(shape_profiles={"P": (1, 16, 100)}, cache=False)
+    kernels = [st["kernel"] for st in art.manifest["steps"]]
+    assert "attention" in kernels and ("attention_keys" in kernels) == (sq > IN_PLACE_ROWS)
+    for past in (1, KEY_BLOCK - 1, KEY_BLOCK, KEY_BLOCK + 1, 70):
+        rng = np.random.default_rng(past)
+        f = {n: rng.standard_normal((1, 2, past if n.startswith("p") else sq, 32)).astype(np.float32)
+             for n in ("q", "pk", "pv", "k", "v")}
+        want = ort_session(model).run(None, f)[0]
+        got = art.run(f, num_threads=1)["y"]
+        assert same_bits(got, art.run(f, num_threads=2)["y"]), past
+        assert max_rel_error(got, want) <= RTOL, past
