@@ -4,7 +4,7 @@ CPU time (on a shared, loaded machine the wall time counts other processes' turn
 the blocks, the ratio, the CPU model, and the top kernels of the step profile (1 thread).
 
     PYTHONPATH=src python3 bench/decode_step.py [--model tests/fixtures/exports/gpt2_decode.torchscript.onnx]
-        [--past 128,1024] [--threads 1,2] [--calls 200] [--blocks 7] [--top 6] [--one-library] [--roofline]
+        [--past 128,1023] [--threads 1,2] [--calls 200] [--blocks 7] [--top 6] [--one-library] [--roofline]
 
 ``--one-library``: one library for batch 1..8, past 1..max (as bench/run_all.py --section transformer builds
 it) instead of one per past length. ``--roofline``: the memory bound of a step: the bytes a token must move
@@ -14,7 +14,8 @@ product, copied by memcpy), and each engine's step CPU time as a multiple of tha
 
 Any model with the Hugging Face decode I/O (``input_ids`` [batch, 1], ``attention_mask`` [batch,
 total_sequence], ``past_key_values.{i}.key/value`` [batch, heads, past_sequence, head_size]) fits, e.g. the
-full-size one of ``cuvil.testing.hf_models.gpt2_decode_model()`` saved with external data.
+full-size one of ``cuvil.testing.hf_models.gpt2_decode_model()`` (``--model gpt2-124m`` builds it). The issue's
+figure in one command: ``bench/decode_step.py --model gpt2-124m --past 128,1023 --one-library --roofline``.
 """
 from __future__ import annotations
 
@@ -86,8 +87,9 @@ def bandwidth(mib: int = 256, reps: int = 5) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="tests/fixtures/exports/gpt2_decode.torchscript.onnx")
-    ap.add_argument("--past", default="128,1024")
+    ap.add_argument("--model", default="tests/fixtures/exports/gpt2_decode.torchscript.onnx",
+                    help="an ONNX decode step, or gpt2-124m: GPT-2 124M built by cuvil.testing.hf_models")
+    ap.add_argument("--past", default="128,1023")
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--blocks", type=int, default=7)
@@ -97,6 +99,12 @@ def main() -> None:
     ap.add_argument("--roofline", action="store_true",
                     help="each step's memory bound (bytes per token over this core's streaming bandwidth)")
     a = ap.parse_args()
+    if a.model == "gpt2-124m":     # built here (cuvil.testing.hf_models), saved for onnxruntime beside it
+        import tempfile
+        from cuvil.testing.hf_models import gpt2_decode_model
+        path = os.path.join(tempfile.mkdtemp(prefix="decode_step-"), "gpt2_decode.onnx")
+        onnx.save_model(gpt2_decode_model(), path, save_as_external_data=True, location="gpt2_decode.onnx.data")
+        a.model = path
     model = onnx.load(a.model)
     pasts = [int(p) for p in a.past.split(",")]
     threads = [int(t) for t in a.threads.split(",")]
