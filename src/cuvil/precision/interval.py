@@ -87,7 +87,8 @@ class Interval:
         m = np.maximum(np.abs(self.lo), np.abs(self.hi))
         with np.errstate(invalid="ignore"):
             pad = np.where(np.isfinite(m), m * rel, 0.0) + np.finfo(np.float32).tiny
-        return Interval(self.lo - pad, self.hi + pad, self.origin, self.why)
+        with np.errstate(over="ignore", invalid="ignore"):
+            return Interval(self.lo - pad, self.hi + pad, self.origin, self.why)
 
 
 def join_origin(items: Iterable[Optional[Interval]]) -> str:

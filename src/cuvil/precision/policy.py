@@ -205,6 +205,9 @@ def _verdict(fmt: Format, items, witnesses: Mapping[str, Witness]) -> Verdict:
             continue
         what = f"{'internal ' + internal if internal else ('input ' if is_input else 'output ') + key}"
         w = witnesses.get(key)
+        if v is not None and getattr(v, "is_const", False) and iv.lo.size:   # its values are the proof
+            extreme = iv.min if abs(iv.min) >= abs(iv.max) else iv.max
+            w = Witness(extreme, prod.name, f"constant {key}", {})
         if w is not None and (not np.isfinite(w.value) or abs(w.value) > fmt.max_finite):
             return Verdict(REFUSED, f"{what}: counterexample: {w.describe()}"
                            + (f" (beyond {fmt.name}'s {fmt.max_finite:.6g})" if np.isfinite(w.value) else ""),

@@ -33,6 +33,8 @@ class Witness:
     inputs: Mapping[str, np.ndarray]
 
     def describe(self, limit: int = 4) -> str:
+        if not self.inputs:
+            return f"every input: {self.where} holds {self.value:.6g}, read by {self.node}"
         parts = []
         for k, a in self.inputs.items():
             a = np.asarray(a)
