@@ -140,6 +140,10 @@ def plan_precision(graph: Graph, mode: str = "auto", *, input_ranges=None, calib
     mode = check_mode(mode)
     target_ops = {f: frozenset(o) for f, o in (target_ops or {}).items()}
     inputs = input_intervals(graph, input_ranges, calibration)
+    int_ranges = dict(int_ranges or {})
+    for v in graph.inputs:   # integer inputs (token ids, masks) searched over their declared ranges
+        if not is_float(v) and v.name in inputs and v.name not in int_ranges and inputs[v.name].bounded:
+            int_ranges[v.name] = (int(np.ceil(inputs[v.name].min)), int(np.floor(inputs[v.name].max)))
     r = analyze(graph, inputs)
     names = {id(v): v.name for v in graph.values()}
     ranges = {names[k]: iv for k, iv in r.items() if k in names}

@@ -50,12 +50,14 @@ def analyze(graph: Graph, inputs: Mapping[str, Interval]) -> Ranges:
     one is unbounded, saying so)."""
     r: Ranges = {}
     for v in graph.inputs:
-        if is_float(v):
-            r[id(v)] = inputs.get(v.name) or Interval.unbounded(
+        if v.name in inputs:
+            r[id(v)] = inputs[v.name]     # an integer input's range too (a mask cast to float)
+        elif is_float(v):
+            r[id(v)] = Interval.unbounded(
                 f"input {v.name} has no declared range (give --input-range {v.name}=LO:HI or --calibrate DIR)")
     for v in graph.values():
-        if v.is_const and v.const.dtype.kind == "f":
-            r[id(v)] = Interval.exact(v.const)
+        if v.is_const and v.const.dtype.kind in "fiub" and v.const.size:
+            r[id(v)] = Interval.exact(v.const.astype(np.float64))
     for n in graph.nodes:
         outs = node_ranges(graph, n, r)
         for o, iv in zip(n.outputs, outs):
@@ -74,8 +76,10 @@ def node_ranges(graph: Graph, n: Node, r: Ranges) -> List[Optional[Interval]]:
     if rule is None:
         out = Interval.unbounded(f"no range rule for op {n.op} (node {n.name})", origin)
         return [out] * len(n.outputs)
-    if any(iv is None for v, iv in zip(n.inputs, ins) if is_float(v)):
-        return [Interval.unbounded(f"an input of {n.name} has no range", origin)] * len(n.outputs)
+    if any(iv is None for v, iv in zip(n.inputs, ins) if is_float(v)) or (
+            n.op in ("Cast", "CastLike") and ins and ins[0] is None):
+        src = n.inputs[0].name if n.inputs and n.inputs[0] is not None else "?"
+        return [Interval.unbounded(f"an input of {n.name} ({src}) has no range", origin)] * len(n.outputs)
     with np.errstate(all="ignore"):
         res = rule(graph, n, ins)
     res = res if isinstance(res, list) else [res] * len(n.outputs)
