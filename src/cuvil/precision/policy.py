@@ -188,6 +188,8 @@ def plan_precision(graph: Graph, mode: str = "auto", *, input_ranges=None, calib
         else:
             witnesses = searcher.run(goals, search_budget)
             search = f"{searcher.evaluations} model evaluations over the input box, {len(goals)} values searched"
+            if searcher.error:
+                search += f"; stopped: {searcher.error}: is every declared range valid for the model?"
 
     out = []
     for n in nodes:
@@ -214,8 +216,8 @@ def _verdict(fmt: Format, items, witnesses: Mapping[str, Witness]) -> Verdict:
             w = Witness(extreme, prod.name, f"constant {key}", {})
         if w is not None and (not np.isfinite(w.value) or abs(w.value) > fmt.max_finite):
             return Verdict(REFUSED, f"{what}: counterexample: {w.describe()}"
-                           + (f" (beyond {fmt.name}'s {fmt.max_finite:.6g})" if np.isfinite(w.value) else ""),
-                           origin, w)
+                           + (f" (beyond {fmt.name}'s {fmt.max_finite:.6g})" if np.isfinite(w.value) else
+                              " (not finite in float32 either: the model computes it so)"), origin, w)
         if w is not None and abs(w.value) > fmt.limit:
             return Verdict(REFUSED, f"{what}: {w.describe()}, within {fmt.name} but past its margin "
                            f"±{fmt.limit:.6g}", origin, w)

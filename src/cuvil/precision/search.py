@@ -66,6 +66,7 @@ class Searcher:
         self.evaluator = reference_evaluator(export_model(graph))
         self.out_names = {id(v): name for v, name in zip(graph.outputs, graph.output_names)}
         self.evaluations = 0
+        self.error = ""   # why the search stopped early
 
     @property
     def runnable(self) -> Optional[str]:
@@ -160,7 +161,14 @@ class Searcher:
             return float("inf") if not np.isfinite(x) else abs(x)
 
         def consider(feeds):
-            found = self.measure(goals, self.evaluate(feeds))
+            if self.error:
+                return
+            try:
+                values = self.evaluate(feeds)
+            except Exception as e:   # the model refuses a point of the declared box (an id past the vocabulary)
+                self.error = f"the model failed on a point of the declared box ({type(e).__name__}: {e})"
+                return
+            found = self.measure(goals, values)
             for key, val in found.items():
                 if key not in best or score(val) > score(best[key][0]):
                     best[key] = (val, feeds)
