@@ -10,8 +10,8 @@ from ..precision.policy import plan_precision
 from ..precision.report import format_report
 from ..targets import get_target, make_options
 from ..targets.base import precision_ops
-from .flags import (add_input_shape_flag, add_precision_flags, add_quiet_flag, add_target_flag, precision_flags,
-                    resolve_target)
+from .flags import (add_precision_flags, add_quiet_flag, add_shape_flags, add_target_flag,
+                    precision_flags, resolve_target)
 from .shape_flags import bind_shapes, check_shape_flags
 
 
@@ -28,8 +28,8 @@ def register(sub) -> None:
     rp.add_argument("model", metavar="MODEL", help="the model (.onnx)")
     add_precision_flags(rp, default="auto")
     add_target_flag(rp)
-    add_input_shape_flag(rp, "fix an input's symbolic dims (x=1x3x224x224) so that the counterexample search can "
-                             "run the model (default: each symbol at its opt/min)")
+    add_shape_flags(rp, "fix an input's symbolic dims (x=1x3x224x224) so that the counterexample search can run "
+                        "the model; symbols left free are taken at their opt (else min) value (repeatable)")
     rp.add_argument("--search", type=int, default=24, metavar="N",
                     help="model evaluations the counterexample search may spend (default 24; 0: none)")
     rp.add_argument("--all", action="store_true", help="list every node (default: the first 40 and every refusal)")
