@@ -51,7 +51,7 @@ from cuvil.targets.x86.cpu import cpu_label
 from cuvil.testing.zoo import zoo_model
 
 ROOT = Path(__file__).resolve().parent.parent
-CNNS = ("resnet50", "densenet121", "inception_v1", "squeezenet")
+CNNS = ("squeezenet", "inception_v1", "resnet50", "densenet121")
 CONTRACTIONS = frozenset({"Conv", "MatMul", "Gemm"})
 MEAN = np.array([0.485, 0.456, 0.406], np.float32).reshape(3, 1, 1)
 STD = np.array([0.229, 0.224, 0.225], np.float32).reshape(3, 1, 1)
@@ -287,17 +287,59 @@ def bench_bert(n: int, threads: int, search: int, seq: int = 32) -> dict:
     return res
 
 
+def render_md(res: dict) -> str:
+    """The accuracy tables of bench/PRECISION.md from a results JSON."""
+    lines = [f"Measured {res['date']} on {res['cpu']}, onnxruntime {res.get('ort', '')} {res['threads']} thread(s), "
+             f"`PYTHONPATH=src python3 bench/precision_accuracy.py --n {res.get('images', {}).get('n', 0)}`.", ""]
+    if res.get("cnns"):
+        im = res["images"]
+        lines += [f"Images: {im['n']} crops of {len(im['photos'])} photos of scikit-image's data "
+                  f"({', '.join(p.rsplit('.', 1)[0] for p in im['photos'])}).", "",
+                  "| model | config | nodes narrowed | non-finite | rel. err. median | p99 | max | top-1 agr. | top-5 agr. |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for c in res["cnns"]:
+            for label, r in c["rows"].items():
+                f = lambda v: "-" if v is None else f"{v:.2e}"
+                lines.append(f"| {c['model']} | {label} | {r['narrowed']} | {r['non_finite']} | {f(r['rel_err_median'])} "
+                             f"| {f(r['rel_err_p99'])} | {f(r['rel_err_max'])} | {100 * r['top1_agreement']:.1f} % "
+                             f"| {100 * r['top5_agreement']:.1f} % |")
+        lines += ["", "What the policy kept float32, per model (of the Conv/MatMul/Gemm nodes; reason: count):", ""]
+        for c in res["cnns"]:
+            for fmt, pol in c["policy"].items():
+                lines.append(f"- {c['model']} {fmt}: {pol['narrowed']} of {pol['contractions']} narrowed"
+                             + (f"; kept: {', '.join(f'{k}: {v}' for k, v in pol['kept'].items())}" if pol["kept"] else "")
+                             + f" (search: {pol['search']})")
+    b = res.get("bert")
+    if b:
+        lines += ["", f"BERT: {b['model']}, {b['inputs']} sentences of the standard library's docstrings, S = {b['seq']}, "
+                  f"output `{b['output']}`.", "",
+                  "| config | nodes narrowed | non-finite | cosine min | cosine mean | rel. err. median |", "|---|---|---|---|---|---|"]
+        for label, r in b["rows"].items():
+            lines.append(f"| {label} | {r['narrowed']} | {r['non_finite']} | {r['cosine_min']:.7f} | {r['cosine_mean']:.7f} "
+                         f"| {r['rel_err_median']:.2e} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default=",".join(CNNS))
     ap.add_argument("--n", type=int, default=1000, help="images (and sentences) (default 1000)")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--search", type=int, default=2, help="counterexample search budget per policy run")
+    ap.add_argument("--search", type=int, default=0,
+                    help="counterexample search budget per policy run (default 0: refused and unknown nodes both stay "
+                         "float32, so the search changes the verdicts' wording, not what is narrowed)")
     ap.add_argument("--no-bert", action="store_true")
     ap.add_argument("--out", default=None, help="write the results as JSON")
+    ap.add_argument("--md", default=None, help="also write the tables as Markdown (to paste into bench/PRECISION.md)")
+    ap.add_argument("--from-json", default=None, help="render --md from an earlier --out file instead of running")
     a = ap.parse_args(argv)
+    if a.from_json:
+        text = render_md(json.loads(Path(a.from_json).read_text()))
+        Path(a.md).write_text(text) if a.md else print(text)
+        return 0
+    import onnxruntime
     res = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes"), "cpu": cpu_label(),
-           "threads": a.threads, "cnns": [], "bert": None}
+           "threads": a.threads, "ort": onnxruntime.__version__, "cnns": [], "bert": None}
     models = [m for m in a.models.split(",") if m]
     if models:
         xs, src, pics = image_inputs(a.n)
@@ -305,11 +347,16 @@ def main(argv=None) -> int:
         print(f"{len(xs)} crops of {len(pics)} photos; cpu {res['cpu']}", flush=True)
         for m in models:
             res["cnns"].append(bench_cnn(m, xs, a.threads, a.search))
+            if a.out:   # after each model: a long run's partial results are kept
+                Path(a.out).write_text(json.dumps(res, indent=1))
     if not a.no_bert:
         res["bert"] = bench_bert(a.n, a.threads, a.search)
     if a.out:
         Path(a.out).write_text(json.dumps(res, indent=1))
         print(f"wrote {a.out}")
+    if a.md:
+        Path(a.md).write_text(render_md(res))
+        print(f"wrote {a.md}")
     return 0
 
 
