@@ -215,6 +215,7 @@ def _matmul_model(a_shape, w, *, gemm=None, bias=None, epilogue=True):
     ((2, 13, 64), 64, 16),       # several partial row tiles over a flattened batch
     ((5, 8), 8, 100),            # 2-D, many panels, a partial last panel
     ((3, 4, 6, 24), 24, 33),     # rank 4
+    ((1, 1, 40), 40, 70),        # one row (a decode step's GEMV, a classifier at batch 1): the one-row tile
 ])
 def test_matmul_with_constant_weights_uses_the_micro_kernel(a_shape, k, m):
     rng = np.random.default_rng(k + m)

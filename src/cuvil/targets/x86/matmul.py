@@ -112,6 +112,9 @@ def emit_matmul_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]]:
         if isinstance(spec.rows, int) and spec.rows >= MR:
             panel(mb)
             return
+        if spec.rows == 1:      # a classifier's last layer at batch 1
+            panel(mb, 1)
+            return
         # a single row (a decode step's M = 1 GEMV; the row count may be symbolic): one row of accumulators,
         # not MR copies of the clamped row (MR x the FMAs and broadcasts for the same weight bytes)
         with b.if_else(b.icmp_signed("==", nrows, I64(1))) as (then, otherwise):
