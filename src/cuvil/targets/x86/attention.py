@@ -174,7 +174,7 @@ def emit_attention_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]
         def in_place_scores(key0):
             """1'. (one row, keys in place) the panel's scores: per key the dot product of its row with the query
             as a vector of partial sums, vw keys' vectors reduced together into one vector of their vw scores;
-            a key past the last (its row clamped to the last one) scores -inf."""
+            a key past the last (its row clamped to the last one) scores 0 here, -inf once its mask is added."""
             for v in range(NV):
                 k0 = b.add(key0, I64(v * vw))
                 parts = []
