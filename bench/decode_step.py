@@ -100,9 +100,13 @@ def main() -> None:
                     help="each step's memory bound (bytes per token over this core's streaming bandwidth)")
     a = ap.parse_args()
     if a.model == "gpt2-124m":     # built here (cuvil.testing.hf_models), saved for onnxruntime beside it
+        import atexit
+        import shutil
         import tempfile
         from cuvil.testing.hf_models import gpt2_decode_model
-        path = os.path.join(tempfile.mkdtemp(prefix="decode_step-"), "gpt2_decode.onnx")
+        tmp = tempfile.mkdtemp(prefix="decode_step-")
+        atexit.register(shutil.rmtree, tmp, True)      # 650 MB of weights
+        path = os.path.join(tmp, "gpt2_decode.onnx")
         onnx.save_model(gpt2_decode_model(), path, save_as_external_data=True, location="gpt2_decode.onnx.data")
         a.model = path
     model = onnx.load(a.model)
