@@ -23,6 +23,7 @@ from ...version import __version__
 from .codegen import generate_object
 from .cpu import C_CHECKED_FEATURES, cpu_label, describe_cpu
 from .gemm import tile_cols, tile_shapes
+from .gemm_bf16 import narrow_formats
 from .header import generate_header
 from .link import check_dependencies, link_shared, unexpected_dependencies
 from .model_c import generate_model_c
@@ -157,10 +158,11 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
     _check_abi_types(g)
     target_cpu = describe_cpu(cpu)
     bits = target_cpu.vector_bits
+    narrow = narrow_formats(target_cpu)
     with stage("schedule", detail=f"{len(g.nodes)} nodes") as s:
         sched = schedule(g, gemm_cols=tile_cols(bits), split_concat=True, gemm_tiles=tile_shapes(bits, tuning),
                          row_kernels=True, channel_tile_cost=tuning.channel_tile_cost, run_time_sizes=True,
-                         hidden_inputs=3 * len(lora_slots))
+                         hidden_inputs=3 * len(lora_slots), narrow_formats=narrow)
         s.detail(f"{len(sched.stages)} kernels, arena {_bytes(sched.arena_bytes)}, "
                  f"weights {_bytes(sched.weights_bytes)}")
     _check_arena(sched, arena_limit(max_arena_bytes))
@@ -178,7 +180,8 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
         with stage("schedule (opt point)", detail=point) as s:
             osched = schedule(opt_graph, gemm_cols=tile_cols(bits), split_concat=True,
                               gemm_tiles=tile_shapes(bits, tuning), row_kernels=True,
-                              channel_tile_cost=tuning.channel_tile_cost, hidden_inputs=3 * len(lora_slots))
+                              channel_tile_cost=tuning.channel_tile_cost, hidden_inputs=3 * len(lora_slots),
+                              narrow_formats=narrow)
             s.detail(f"{point}: {len(osched.stages)} kernels")
         with stage("memory safety (opt point)", detail=f"{len(osched.stages)} kernels") as s:
             opt_cert = prove_schedule(osched, "opt", prover)
@@ -315,6 +318,8 @@ def _steps_json(sched, steps, target, variant, descs) -> list:
                     "flops": sum(sched.stages[i].flops for i in members), "kernel": kind,
                     **({"stages": [sched.stages[i].name for i in members]} if len(members) > 1 else {}),
                     **({"tile": target["gemm_tiles"][sym]} if sym in target["gemm_tiles"] else {}),
+                    **({"precision": "bf16", "path": target["narrow_paths"][sym]}
+                       if sym in target.get("narrow_paths", {}) else {}),
                     **({"guard": {"cond": st.guard[0].name, "runs_when": bool(st.guard[1])}}
                        if desc.guard is not None else {}),
                     **({"jump": {"to": desc.jump[0], "unless": st.name} if desc.jump[1] is not None

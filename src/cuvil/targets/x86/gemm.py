@@ -607,11 +607,13 @@ def transpose_lanes(b: ir.IRBuilder, accs: list, nr: int, nv: int) -> Tuple[list
     return rows, w
 
 
-def fma_tile_loop(em, fma, k0, k1, init, nv: int, vectors, scalars, prefetch=None) -> list:
+def fma_tile_loop(em, fma, k0, k1, init, nv: int, vectors, scalars, prefetch=None, mac=None) -> list:
     """The register tile's k-loop, for k in [k0, k1): ``len(scalars(k))`` rows x ``nv`` vectors of
     accumulators (phis starting at ``init``, row-major), each updated with fma(splat(scalars(k)[r]),
     vectors(k)[v], acc). ``prefetch(k)``: addresses to prefetch into cache at step k (a hint: they may
-    lie past the operand). Returns the accumulators' values after the loop (k1 > k0 assumed)."""
+    lie past the operand). ``mac(splat, vector, acc)``: the update instead of the fma (the bf16 kernels'
+    ``vdpbf16ps`` over pairs, :mod:`cuvil.targets.x86.gemm_bf16`; scalars and vectors are then i32 words).
+    Returns the accumulators' values after the loop (k1 > k0 assumed)."""
     b, fn = em.b, em.fn
     vec = init[0].type
     vw = vec.count
@@ -636,10 +638,11 @@ def fma_tile_loop(em, fma, k0, k1, init, nv: int, vectors, scalars, prefetch=Non
     bv = vectors(k)
     new = []
     for r, a in enumerate(scalars(k)):
-        v0 = b.insert_element(ir.Constant(vec, ir.Undefined), a, I32(0))
-        av = b.shuffle_vector(v0, ir.Constant(vec, ir.Undefined), ir.Constant(ir.VectorType(I32, vw), [0] * vw))
+        svec = ir.VectorType(a.type, vw)
+        v0 = b.insert_element(ir.Constant(svec, ir.Undefined), a, I32(0))
+        av = b.shuffle_vector(v0, ir.Constant(svec, ir.Undefined), ir.Constant(ir.VectorType(I32, vw), [0] * vw))
         for v in range(nv):
-            new.append(b.call(fma, [av, bv[v], accs[r * nv + v]]))
+            new.append(mac(av, bv[v], accs[r * nv + v]) if mac is not None else b.call(fma, [av, bv[v], accs[r * nv + v]]))
     kn = b.add(k, I64(1))
     k.add_incoming(kn, b.block)
     for ph, x in zip(accs, new):
