@@ -40,6 +40,7 @@ from ...kernels.schedule import Stage
 from ...kernels.texpr import E, contains, top_level
 from ..llvm.types import F32, I32, I64, PTR, const_value, splat
 from .emitter import X86Emitter
+from .gemm_bf16 import AVX512_BF16, PAIRS, dpbf16, interleaved_pairs, narrow_path
 from .tuning import DEFAULT_TUNING, X86Tuning
 
 # Cores with AVX-512 have 32 vector registers, AVX2 16: NV vectors per row keep MR*NV accumulators + NV
@@ -110,9 +111,18 @@ def packed_floats(spec: Contraction) -> int:
 
 def scratch_bytes(spec: Contraction) -> int:
     """Per-thread scratch of a contraction stage: packed B panels, then one accumulator slot (MR x cols
-    floats) per tile of a unit for the partial sums between k-blocks."""
+    floats) per tile of a unit for the partial sums between k-blocks; a bf16 contraction's panels again as
+    bfloat16 pairs (ceil(K/2) x cols words each) after them."""
     slots = spec.m_blocks if spec.m <= spec.p else spec.p_blocks
-    return (packed_floats(spec) + slots * spec.mr * spec.cols) * 4
+    return (packed_floats(spec) + slots * spec.mr * spec.cols + bf16_panel_words(spec)) * 4
+
+
+def bf16_panel_words(spec: Contraction) -> int:
+    """32-bit words of a bf16 contraction's pair panels in scratch (0 for a float32 one)."""
+    if spec.precision != "bf16":
+        return 0
+    panels = 1 if spec.m <= spec.p else spec.p_blocks
+    return panels * ((spec.k + 1) // 2) * spec.cols
 
 
 def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
@@ -129,6 +139,11 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
     cl = spec.channel_lanes          # vectors along the tile's MR channels, its nr positions broadcast
     if (MR if cl else nr) % vw:
         return None
+    path = narrow_path(km, spec)
+    if path is not None and path != AVX512_BF16:
+        km.narrow_paths[sym] = path
+        return None          # the generic loop nest evaluates the contraction's (bf16-rounding) expression
+    bf = path == AVX512_BF16      # vdpbf16ps over pairs of k (gemm_bf16.py): panels rounded once as packed
     nv = MR // vw if cl else nr // vw    # accumulator vectors per broadcast row
     npv = -(-nr // vw)               # vectors per packed panel row (the last one masked when nr % vw)
     vec = ir.VectorType(F32, vw)
@@ -136,6 +151,8 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
 
     em, begin, end = km.kernel(sym)
     km.gemm_tiles[sym] = f"{MR}x{nr}{CHANNEL_LANES if cl else ''}"
+    if bf:
+        km.narrow_paths[sym] = path
     b, bufs = em.b, em.bufs
     fma = km.declare(f"llvm.fma.v{vw}f32", vec, [vec, vec, vec])
     tile = em.alloca(vec, MR * nr // vw)   # stored as vectors, read back as floats
@@ -154,6 +171,11 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
     xs = spec.x.shape
     in_strides = spec.x.strides      # elements
     scratch = b.load(b.gep(bufs, [I64(km.scratch_index)], source_etype=PTR), typ=PTR)
+    mac = bf_base = istore = None
+    if bf:       # the pair panels after the float32 panels and the accumulator slots (scratch_bytes)
+        mac = dpbf16(km, b)
+        bf_base = b.gep(scratch, [I64(scratch_bytes(spec) // 4 - bf16_panel_words(spec))], source_etype=F32, inbounds=True)
+        istore = km.declare(f"llvm.masked.store.v{vw}i32.p0", ir.VoidType(), [PAIRS, PTR, I32, mvec])
 
     def fptr(base, off):
         return b.gep(base, [off], source_etype=F32, inbounds=True)
@@ -277,6 +299,38 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
                             with otherwise2:
                                 rows(True)
         em.loop_range(I64(0), count, one)
+        if bf:
+            em.loop_range(I64(0), count, lambda i: to_pairs(fptr(scratch, b.mul(i, I64(K * nr))),
+                                                            ipt(bf_base, b.mul(i, I64(K2 * nr)))))
+
+    K2 = (K + 1) // 2
+
+    def ipt(base, off):
+        return b.gep(base, [off], source_etype=I32, inbounds=True)
+
+    def to_pairs(src, dst):
+        """A packed float32 panel (K x nr) as bfloat16 pairs (K2 x nr words: rows 2i and 2i+1 interleaved;
+        past K zero), vector by vector (masked to nr)."""
+        def step(k2):
+            even = fptr(src, b.mul(k2, I64(2 * nr)))
+            has_odd = b.icmp_signed("<", b.add(b.mul(k2, I64(2)), I64(1)), I64(K))
+            odd = fptr(even, b.select(has_odd, I64(nr), I64(0)))
+            for v in range(npv):
+                if (v + 1) * vw <= nr:
+                    x0 = b.load(fptr(even, I64(v * vw)), typ=vec, align=4)
+                    x1 = b.load(fptr(odd, I64(v * vw)), typ=vec, align=4)
+                else:
+                    tail = lanes_lt(nr - v * vw)
+                    x0 = b.call(tload, [fptr(even, I64(v * vw)), I32(4), tail, zero])
+                    x1 = b.call(tload, [fptr(odd, I64(v * vw)), I32(4), tail, zero])
+                x1 = b.select(has_odd, x1, zero)
+                words = interleaved_pairs(b, x0, x1)
+                at = ipt(dst, b.add(b.mul(k2, I64(nr)), I64(v * vw)))
+                if (v + 1) * vw <= nr:
+                    b.store(words, b.bitcast(at, PAIRS.as_pointer()), align=4)
+                else:
+                    b.call(istore, [words, at, I32(4), lanes_lt(nr - v * vw)])
+        em.loop_range(I64(0), I64(K2), step)
 
     nacc = MR * nr // vw
 
@@ -289,7 +343,18 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
             b.load(b.gep(acc_in, [I64(i)], source_etype=vec, inbounds=True), typ=vec, align=4) for i in range(nacc)]
         a_row = lambda k: fptr(a_ptr, b.mul(k, I64(MR)))
         b_row = lambda k: fptr(b_ptr, b.mul(k, I64(nr) if b_stride is None else b_stride))
-        if cl:
+        if bf:                   # pairs of k: 32-bit words, MR per weight row, nr per panel row
+            a_row = lambda k: ipt(a_ptr, b.mul(k, I64(MR)))
+            b_row = lambda k: ipt(b_ptr, b.mul(k, I64(nr)))
+            wl = lambda row, i: b.load(ipt(row, I64(i)), typ=I32, align=4)
+            vl = lambda row, i: b.load(b.bitcast(ipt(row, I64(i)), PAIRS.as_pointer()), typ=PAIRS, align=4)
+            if cl:
+                vectors = lambda k: [vl(a_row(k), v * vw) for v in range(nv)]
+                scalars = lambda k: [wl(b_row(k), j) for j in range(nr)]
+            else:
+                vectors = lambda k: [vl(b_row(k), v * vw) for v in range(nv)]
+                scalars = lambda k: [wl(a_row(k), r) for r in range(MR)]
+        elif cl:
             vectors = lambda k: [b.load(fptr(a_row(k), I64(v * vw)), typ=vec, align=4) for v in range(nv)]
             scalars = lambda k: [b.load(fptr(b_row(k), I64(j)), typ=F32, align=4) for j in range(nr)]
         else:
@@ -299,7 +364,7 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
         lines = range(0, -(-MR * 4 // 64)) if cl else range(1)
         new = fma_tile_loop(em, fma, I64(k0), I64(k1), init, nv, vectors, scalars,
                             prefetch=lambda k: [fptr(fptr(a_ptr, b.mul(b.add(k, I64(PREFETCH_K)), I64(MR))), I64(16 * ln))
-                                                for ln in lines])
+                                                for ln in lines], mac=mac)
         if acc_out is not None:
             store_tile(new, acc_out)
         return new
@@ -317,11 +382,15 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
     # partial sums wait in per-thread accumulator slots (after the packed panels in scratch)
     kc = k_block(spec)
     blocks = [(k0, min(K, k0 + kc)) for k0 in range(0, K, kc)]
+    if bf:                       # as many blocks, over the K2 pairs
+        kc2 = -(-K2 // len(blocks))
+        blocks = [(k0, min(K2, k0 + kc2)) for k0 in range(0, K2, kc2)]
     acc_base = fptr(scratch, I64(packed_floats(spec)))
 
     def tile_at(n, g, mb, pb, panel, slot, blk, b_stride=None):
         k0, k1 = blocks[blk]
-        a_ptr = fptr(a_base, b.mul(b.add(b.mul(g, I64(Mb)), mb), I64(K * MR)))
+        a_ptr = (ipt(a_base, b.mul(b.add(b.mul(g, I64(Mb)), mb), I64(K2 * MR))) if bf else
+                 fptr(a_base, b.mul(b.add(b.mul(g, I64(Mb)), mb), I64(K * MR))))
         acc = b.bitcast(fptr(acc_base, b.mul(slot, I64(MR * nr))), ir.PointerType(vec))
         last = blk == len(blocks) - 1
         new = kloop(a_ptr, panel, k0, k1, None if blk == 0 else acc, None if last else acc, b_stride)
@@ -363,7 +432,7 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
     # reads a full panel's B rows where they are, k_stride floats apart, instead of packing them: the copy
     # cost more than the FMAs where few weight panels share it (SqueezeNet's 16-64-channel squeezes,
     # DenseNet-121's 32-channel Winograd GEMMs; position lanes only).
-    in_place = (panel_order and not cl and all(kd == 1 for kd in spec.kernel) and all(sd == 1 for sd in spec.strides)
+    in_place = (panel_order and not cl and not bf and all(kd == 1 for kd in spec.kernel) and all(sd == 1 for sd in spec.strides)
                 and tuple(xs[2:]) == tuple(spec.out_spatial) and in_strides[-1] == 1)
 
     def ensure_packed(key, n, g, pb_lo, count):
@@ -391,12 +460,13 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
             if panel_order:      # u = pb: pack it, then every weight panel
                 if blk == 0:
                     ensure_packed(t, n, g, u, I64(1))
-                em.loop_range(I64(0), I64(Mb), lambda mb: tile_at(n, g, mb, u, scratch, mb, blk))
+                em.loop_range(I64(0), I64(Mb), lambda mb: tile_at(n, g, mb, u, bf_base if bf else scratch, mb, blk))
             else:                # u = mb: all panels of (n, g) packed once per call
                 if blk == 0:
                     ensure_packed(ng, n, g, I64(0), I64(Pb))
                 em.loop_range(I64(0), I64(Pb), lambda pb: tile_at(
-                    n, g, u, pb, fptr(scratch, b.mul(pb, I64(K * nr))), pb, blk))
+                    n, g, u, pb, ipt(bf_base, b.mul(pb, I64(K2 * nr))) if bf else fptr(scratch, b.mul(pb, I64(K * nr))),
+                    pb, blk))
 
     out_sp = spec.out_spatial
 
