@@ -146,3 +146,12 @@ def narrow_formats(cpu) -> tuple:
 
 #: the ops whose contractions take the bf16 micro-kernels (a Conv's depthwise form stays float32)
 BF16_OPS = frozenset({"Conv", "MatMul", "Gemm"})
+
+
+def bf16_isa_checks(*targets) -> list:
+    """``["avx512bf16"]`` when one of the code generator's results (``generate_object``'s third value, None
+    skipped) has a kernel on the avx512_bf16 path: the library's C code then checks that feature at
+    session creation too (``__builtin_cpu_supports``), so that a C program gets CUVIL_ERR_UNSUPPORTED
+    instead of SIGILL."""
+    used = any(AVX512_BF16 in (t or {}).get("narrow_paths", {}).values() for t in targets)
+    return [BF16_FEATURE] if used else []
