@@ -105,7 +105,7 @@ def k_block(spec: Contraction) -> int:
 
 
 def packed_floats(spec: Contraction) -> int:
-    panels = 1 if spec.m <= spec.p else spec.p_blocks
+    panels = 1 if spec.m <= spec.p or spec.precision == "bf16" else spec.p_blocks
     return panels * spec.k * spec.cols
 
 
@@ -199,13 +199,18 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
         return fptr(xb, b.mul(b.add(b.mul(n, I64(xs[1])), g if spec.interleaved else b.mul(g, I64(spec.cin))),
                               I64(in_strides[1])))
 
+    # bf16, a 1x1 stride-1 contraction over its whole input (positions = input elements, in order): a full
+    # panel is rounded into pairs straight from the input's rows (no float32 copy first)
+    direct_rows = (bf and all(kd == 1 for kd in spec.kernel) and all(sd == 1 for sd in spec.strides)
+                   and tuple(xs[2:]) == tuple(spec.out_spatial) and in_strides[-1] == 1)
+
     def pack(n, g, pb_lo, count):
         """Panels pb_lo .. pb_lo+count-1 of image n, group g into scratch (K x nr floats each)."""
         xb = x_at(n, g)
 
         def one(i):
             pb = b.add(pb_lo, i)
-            panel = fptr(scratch, b.mul(i, I64(K * nr)))
+            panel = scratch if bf else fptr(scratch, b.mul(i, I64(K * nr)))   # bf16: one float32 panel, reused
 
             def position(j):
                 p = b.add(b.mul(pb, I64(nr)), j)
@@ -298,23 +303,39 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
                                 runs_along_last_axis(em, I64(nr), lambda j0: b.sub(I64(ow), b.srem(b.add(p0, j0), I64(ow))), run)
                             with otherwise2:
                                 rows(True)
-        em.loop_range(I64(0), count, one)
-        if bf:
-            em.loop_range(I64(0), count, lambda i: to_pairs(fptr(scratch, b.mul(i, I64(K * nr))),
-                                                            ipt(bf_base, b.mul(i, I64(K2 * nr)))))
+        if not bf:
+            em.loop_range(I64(0), count, one)
+            return
+
+        def one_bf16(i):         # packed, then rounded into its pair panel while it is in L1/L2
+            dst = ipt(bf_base, b.mul(i, I64(K2 * nr)))
+            if not direct_rows:
+                one(i)
+                to_pairs(scratch, dst)
+                return
+            pb = b.add(pb_lo, i)
+            with b.if_else(b.icmp_signed("<=", b.mul(b.add(pb, I64(1)), I64(nr)), I64(P))) as (full, partial):
+                with full:       # a full panel's rows are nr consecutive floats of each input channel
+                    to_pairs(fptr(x_at(n, g), b.mul(pb, I64(nr))), dst, k_stride)
+                with partial:
+                    one(i)
+                    to_pairs(scratch, dst)
+        em.loop_range(I64(0), count, one_bf16)
 
     K2 = (K + 1) // 2
 
     def ipt(base, off):
         return b.gep(base, [off], source_etype=I32, inbounds=True)
 
-    def to_pairs(src, dst):
-        """A packed float32 panel (K x nr) as bfloat16 pairs (K2 x nr words: rows 2i and 2i+1 interleaved;
-        past K zero), vector by vector (masked to nr)."""
+    def to_pairs(src, dst, row=None):
+        """A float32 panel (K rows of nr floats, ``row`` floats apart: default nr, packed) as bfloat16 pairs
+        (K2 x nr words: rows 2i and 2i+1 interleaved; past K zero), vector by vector (masked to nr)."""
+        row = nr if row is None else row
+
         def step(k2):
-            even = fptr(src, b.mul(k2, I64(2 * nr)))
+            even = fptr(src, b.mul(k2, I64(2 * row)))
             has_odd = b.icmp_signed("<", b.add(b.mul(k2, I64(2)), I64(1)), I64(K))
-            odd = fptr(even, b.select(has_odd, I64(nr), I64(0)))
+            odd = fptr(even, b.select(has_odd, I64(row), I64(0)))
             for v in range(npv):
                 if (v + 1) * vw <= nr:
                     x0 = b.load(fptr(even, I64(v * vw)), typ=vec, align=4)
