@@ -40,7 +40,8 @@ from ...kernels.schedule import Stage
 from ...kernels.texpr import E, contains, top_level
 from ..llvm.types import F32, I32, I64, PTR, const_value, splat
 from .emitter import X86Emitter
-from .gemm_bf16 import AVX512_BF16, PAIRS, dpbf16, interleaved_pairs, narrow_path
+from ..llvm.narrow import I16, bfloat16_to_memory
+from .gemm_bf16 import AVX512_BF16, BFLOAT, PAIRS, dpbf16, interleaved_pairs, narrow_path, to_bf16
 from .tuning import DEFAULT_TUNING, X86Tuning
 
 # Cores with AVX-512 have 32 vector registers, AVX2 16: NV vectors per row keep MR*NV accumulators + NV
@@ -105,7 +106,9 @@ def k_block(spec: Contraction) -> int:
 
 
 def packed_floats(spec: Contraction) -> int:
-    panels = 1 if spec.m <= spec.p or spec.precision == "bf16" else spec.p_blocks
+    if spec.precision == "bf16":
+        return 0         # panels are rounded into pair panels as they are gathered
+    panels = 1 if spec.m <= spec.p else spec.p_blocks
     return panels * spec.k * spec.cols
 
 
@@ -171,11 +174,13 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
     xs = spec.x.shape
     in_strides = spec.x.strides      # elements
     scratch = b.load(b.gep(bufs, [I64(km.scratch_index)], source_etype=PTR), typ=PTR)
-    mac = bf_base = istore = None
+    mac = bf_base = istore = hstore = None
     if bf:       # the pair panels after the float32 panels and the accumulator slots (scratch_bytes)
         mac = dpbf16(km, b)
         bf_base = b.gep(scratch, [I64(scratch_bytes(spec) // 4 - bf16_panel_words(spec))], source_etype=F32, inbounds=True)
         istore = km.declare(f"llvm.masked.store.v{vw}i32.p0", ir.VoidType(), [PAIRS, PTR, I32, mvec])
+        hstore = km.declare(f"llvm.masked.store.v{2 * vw}i16.p0", ir.VoidType(),
+                            [ir.VectorType(I16, 2 * vw), PTR, I32, ir.VectorType(ir.IntType(1), 2 * vw)])
 
     def fptr(base, off):
         return b.gep(base, [off], source_etype=F32, inbounds=True)
@@ -204,13 +209,36 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
     direct_rows = (bf and all(kd == 1 for kd in spec.kernel) and all(sd == 1 for sd in spec.strides)
                    and tuple(xs[2:]) == tuple(spec.out_spatial) and in_strides[-1] == 1)
 
-    def pack(n, g, pb_lo, count):
-        """Panels pb_lo .. pb_lo+count-1 of image n, group g into scratch (K x nr floats each)."""
+    def pair_put(panel, kflat, col, x, lanes=None):
+        """bf16: row ``kflat`` of a panel, columns col.. (``x``: vw floats; ``lanes``: the <vw x i1> columns
+        stored, default all), rounded into their halves of the pair panel ``panel``: words
+        (kflat / 2) * nr + col.., the low half for an even kflat (vmovdqu16 with a lane mask)."""
+        word = b.add(b.mul(b.sdiv(kflat, I64(2)), I64(nr)), col)
+        ptr = b.gep(panel, [b.mul(word, I64(2))], source_etype=I16, inbounds=True)
+        dup = b.shuffle_vector(to_bf16(b, x), ir.Constant(ir.VectorType(BFLOAT, vw), ir.Undefined),
+                               ir.Constant(ir.VectorType(I32, 2 * vw), [i // 2 for i in range(2 * vw)]))
+        odd = b.icmp_signed("!=", b.and_(kflat, I64(1)), I64(0))
+        m32 = ir.VectorType(ir.IntType(1), 2 * vw)
+        mask = b.select(odd, ir.Constant(m32, [i % 2 == 1 for i in range(2 * vw)]),
+                        ir.Constant(m32, [i % 2 == 0 for i in range(2 * vw)]))
+        if lanes is not None:
+            mask = b.and_(mask, b.shuffle_vector(lanes, ir.Constant(mvec, ir.Undefined),
+                                                 ir.Constant(ir.VectorType(I32, 2 * vw), [i // 2 for i in range(2 * vw)])))
+        b.call(hstore, [b.bitcast(dup, ir.VectorType(I16, 2 * vw)), ptr, I32(2), mask])
+
+    def pair_put_scalar(panel, kflat, col, value):
+        word = b.add(b.mul(b.sdiv(kflat, I64(2)), I64(nr)), col)
+        half = b.add(b.mul(word, I64(2)), b.and_(kflat, I64(1)))
+        b.store(bfloat16_to_memory(b, value), b.gep(panel, [half], source_etype=I16, inbounds=True))
+
+    def pack(n, g, pb_lo, count, pairs_at=None):
+        """Panels pb_lo .. pb_lo+count-1 of image n, group g into scratch (K x nr floats each); bf16: the one
+        panel pb_lo straight into the pair panel ``pairs_at`` (rounded as it is gathered, pair_put)."""
         xb = x_at(n, g)
 
         def one(i):
             pb = b.add(pb_lo, i)
-            panel = scratch if bf else fptr(scratch, b.mul(i, I64(K * nr)))   # bf16: one float32 panel, reused
+            panel = pairs_at if bf else fptr(scratch, b.mul(i, I64(K * nr)))
 
             def position(j):
                 p = b.add(b.mul(pb, I64(nr)), j)
@@ -260,35 +288,48 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
 
                     def per_k(kidx):
                         koff, kflat = k_offsets(kidx)
-                        dst = fptr(panel, b.add(b.mul(kflat, I64(nr)), j0))
+                        dst = None if bf else fptr(panel, b.add(b.mul(kflat, I64(nr)), j0))
                         src = fptr(xb, b.add(koff, src0))
                         for v, (live, wl, sl) in enumerate(chunks):
                             with b.if_then(live):
                                 x = b.call(mload, [fptr(src, I64(v * span)), I32(4), wl, ir.Constant(wide, ir.Undefined)])
                                 if s_last > 1:
                                     x = b.shuffle_vector(x, ir.Constant(wide, ir.Undefined), picks)
-                                b.call(mstore, [x, fptr(dst, I64(v * vw)), I32(4), sl])
+                                if bf:
+                                    pair_put(panel, kflat, b.add(j0, I64(v * vw)), x, sl)
+                                else:
+                                    b.call(mstore, [x, fptr(dst, I64(v * vw)), I32(4), sl])
                     em.loops([spec.cin] + list(spec.kernel), per_k)
 
             def rows(gather):
                 def per_k(kidx):
                     koff, kflat = k_offsets(kidx)
-                    dst = fptr(panel, b.mul(kflat, I64(nr)))
+                    dst = None if bf else fptr(panel, b.mul(kflat, I64(nr)))
                     if gather:
                         def col(j):
                             o = b.load(b.gep(offs, [j], source_etype=I64, inbounds=True), typ=I64)
-                            b.store(b.load(fptr(xb, b.add(koff, o)), typ=F32), fptr(dst, j))
+                            x = b.load(fptr(xb, b.add(koff, o)), typ=F32)
+                            if bf:
+                                pair_put_scalar(panel, kflat, j, x)
+                            else:
+                                b.store(x, fptr(dst, j))
                         em.loop_range(I64(0), I64(nr), col)
                     else:
                         src = fptr(xb, b.add(koff, first))
                         for v in range(npv):
                             if (v + 1) * vw <= nr:
                                 x = b.load(fptr(src, I64(v * vw)), typ=vec, align=4)
-                                b.store(x, b.gep(dst, [I64(v)], source_etype=vec, inbounds=True), align=4)
+                                if bf:
+                                    pair_put(panel, kflat, I64(v * vw), x)
+                                else:
+                                    b.store(x, b.gep(dst, [I64(v)], source_etype=vec, inbounds=True), align=4)
                             else:        # a panel row narrower than the vectors: masked to it
                                 tail = lanes_lt(nr - v * vw)
                                 x = b.call(tload, [fptr(src, I64(v * vw)), I32(4), tail, zero])
-                                b.call(tstore, [x, fptr(dst, I64(v * vw)), I32(4), tail])
+                                if bf:
+                                    pair_put(panel, kflat, I64(v * vw), x, tail)
+                                else:
+                                    b.call(tstore, [x, fptr(dst, I64(v * vw)), I32(4), tail])
                 em.loops([spec.cin] + list(spec.kernel), per_k)
             with b.if_else(contiguous) as (then, otherwise):
                 with then:
@@ -307,19 +348,24 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
             em.loop_range(I64(0), count, one)
             return
 
-        def one_bf16(i):         # packed, then rounded into its pair panel while it is in L1/L2
+        if pairs_at is not None:
+            one(I64(0))
+            if K % 2:            # the odd half of the last pair: zero
+                for v in range(npv):
+                    pair_put(pairs_at, I64(K), I64(v * vw), zero, lanes_lt(min(vw, nr - v * vw)))
+            return
+
+        def one_bf16(i):         # each panel rounded into its pair panel as it is gathered
             dst = ipt(bf_base, b.mul(i, I64(K2 * nr)))
             if not direct_rows:
-                one(i)
-                to_pairs(scratch, dst)
+                pack(n, g, b.add(pb_lo, i), I64(1), dst)
                 return
             pb = b.add(pb_lo, i)
             with b.if_else(b.icmp_signed("<=", b.mul(b.add(pb, I64(1)), I64(nr)), I64(P))) as (full, partial):
                 with full:       # a full panel's rows are nr consecutive floats of each input channel
                     to_pairs(fptr(x_at(n, g), b.mul(pb, I64(nr))), dst, k_stride)
                 with partial:
-                    one(i)
-                    to_pairs(scratch, dst)
+                    pack(n, g, pb, I64(1), dst)
         em.loop_range(I64(0), count, one_bf16)
 
     K2 = (K + 1) // 2
