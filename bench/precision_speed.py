@@ -59,6 +59,7 @@ def openvino_runners(model, threads: int):
                                           "NUM_STREAMS": 1, **cfg})
         req = c.create_infer_request()
         prec = c.get_property("INFERENCE_PRECISION_HINT")
+        prec = getattr(prec, "to_string", lambda: str(prec))()
         out[f"{label} ({prec})" if label == "openvino" else label] = \
             lambda f, req=req: [req.infer(f)[o] for o in req.model_outputs]
     return out

@@ -1,9 +1,9 @@
 """bf16 contractions on x86 (cuvil.targets.x86.gemm_bf16: vdpbf16ps micro-kernels for Conv, MatMul and Gemm
 nodes whose ``precision`` is "bf16") against numpy references.
 
-Until the precision policy sets ``Node.precision`` (issue 21), the tests narrow nodes themselves
-(:func:`narrowed`: what the policy does for a node it certifies). Skipped, with the reason, on CPUs without
-AVX512_BF16.
+The nodes are narrowed by the precision policy (``Pipeline.compile(precision="bf16", input_ranges=...)``,
+cuvil.precision), which narrows a Conv / MatMul / Gemm where x86's ``precision_ops`` lists it and its ranges are
+certified; the tests check that it did. Skipped, with the reason, on CPUs without AVX512_BF16.
 
 Error bounds. A narrowed node rounds its inputs to bfloat16 (8 significant bits, nearest even: relative
 error at most u = 2^-8 each) and sums their exact products in float32. Against the reference that rounds the inputs the
@@ -23,7 +23,7 @@ from cuvil import Pipeline
 from cuvil.errors import CuvilError
 from cuvil.targets.x86 import cpu as cpu_mod
 from cuvil.targets.x86.cpu import cpu_label, host_cpu
-from cuvil.targets.x86.gemm_bf16 import BF16_OPS, narrow_formats
+from cuvil.targets.x86.gemm_bf16 import narrow_formats
 from cuvil.testing.bert_block import bert_block
 from cuvil.testing.conv_models import conv_epilogue_model
 
@@ -34,13 +34,15 @@ pytestmark = pytest.mark.skipif(not HAS_BF16, reason=f"no AVX512_BF16 on this CP
                                                      "kernels cannot run here")
 
 
-def narrowed(model, ops=BF16_OPS, **compile_kw):
-    """``model`` compiled with its ``ops`` nodes narrowed to bf16 (the precision policy's effect)."""
-    p = Pipeline.from_onnx(model).optimize()
-    for n in p.graph.nodes:
-        if n.op in ops:
-            n.precision = "bf16"
-    return p.compile(**compile_kw)
+def narrowed(model, ranges=None, **compile_kw):
+    """``model`` compiled at ``precision="bf16"``, its float inputs declared within ``ranges`` (default every
+    input ±8: the tests' standard normal samples)."""
+    if ranges is None:
+        ranges = {vi.name: (-8.0, 8.0) for vi in model.graph.input}
+    art = Pipeline.from_onnx(model).optimize().compile(precision="bf16", input_ranges=ranges, **compile_kw)
+    nodes = art.manifest["precision"]["nodes"]
+    assert any(v["format"] == "bf16" for v in nodes.values()), nodes
+    return art
 
 
 def bf16(a):
@@ -252,7 +254,7 @@ def test_bert_like_end_to_end():
     model = bert_block()
     prof = {"B": (1, 1, 2), "S": (1, 16, 32)}
     want_art = Pipeline.from_onnx(model).optimize().compile(shape_profiles=prof)
-    art = narrowed(model, ops={"MatMul", "Gemm"}, shape_profiles=prof)
+    art = narrowed(model, {"x": (-8.0, 8.0), "attention_mask": (0, 1)}, shape_profiles=prof)
     assert len(bf16_steps(art)) >= 4
     rng = np.random.default_rng(6)
     mask = np.ones((2, 11), np.int64)
