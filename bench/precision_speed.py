@@ -12,7 +12,8 @@ Every engine runs the same inputs; runs alternate (order reversed every other ru
 machine noise hits them alike; p50 milliseconds, and each one's ratio to Cuvil float32. Errors are each
 output's max |difference| to Cuvil float32 relative to that output's max |value|. Narrowing: with
 ``Pipeline.compile(precision="bf16")`` where the precision policy exists, else every Conv / MatMul / Gemm
-node's ``precision`` set to "bf16" directly (what the policy does for nodes it certifies). Prints the CPU
+node's ``precision`` set to "bf16" directly (``--every``: what the policy does where it certifies them all).
+The policy certifies from the inputs' declared ranges, here the ranges of the inputs timed. Prints the CPU
 (``cpu_label()``) and one markdown row per model and thread count for bench/PRECISION.md.
 """
 from __future__ import annotations
@@ -32,14 +33,17 @@ from cuvil.targets.x86.gemm_bf16 import BF16_OPS, narrow_formats  # noqa: E402
 from cuvil.testing import light_model  # noqa: E402
 
 
-def compile_at(model, precision: str, **kw):
-    """Cuvil's library of ``model`` at ``precision`` ("fp32" or "bf16")."""
+def compile_at(model, precision: str, feeds=None, every=False, **kw):
+    """Cuvil's library of ``model`` at ``precision`` ("fp32" or "bf16"): through the precision policy, the
+    inputs declared within the ranges of ``feeds`` (what the policy certifies from), or with ``every`` every
+    Conv / MatMul / Gemm node narrowed directly (what the policy does where it certifies them all)."""
     p = Pipeline.from_onnx(model).optimize()
     if precision == "fp32":
         return p.compile(**kw)
-    if "precision" in inspect.signature(Pipeline.compile).parameters:
-        return p.compile(precision=precision, **kw)
-    for n in p.graph.nodes:            # until the precision policy lands: every contraction narrowed
+    if not every and "precision" in inspect.signature(Pipeline.compile).parameters:
+        ranges = {k: (float(v.min()), float(v.max())) for k, v in (feeds or {}).items()}
+        return p.compile(precision=precision, input_ranges=ranges, **kw)
+    for n in p.graph.nodes:
         if n.op in BF16_OPS:
             n.precision = precision
     return p.compile(**kw)
@@ -104,6 +108,7 @@ def main(argv=None):
     ap.add_argument("--seq", type=int, default=128, help="BERT's sequence length")
     ap.add_argument("--layers", type=int, default=12, help="BERT's encoder layers")
     ap.add_argument("--no-openvino", action="store_true")
+    ap.add_argument("--every", action="store_true", help="narrow every Conv/MatMul/Gemm directly, not via the policy")
     a = ap.parse_args(argv)
     if "bf16" not in narrow_formats(host_cpu()):
         raise SystemExit(f"this CPU has no AVX512_BF16: nothing to compare ({cpu_label()})")
@@ -115,11 +120,16 @@ def main(argv=None):
         t0 = time.perf_counter()
         f32 = compile_at(model, "fp32", **kw)
         t1 = time.perf_counter()
-        b16 = compile_at(model, "bf16", **kw)
+        b16 = compile_at(model, "bf16", feeds, a.every, **kw)
         t2 = time.perf_counter()
         paths = sorted({s.get("path") for s in b16.manifest["steps"] if s.get("precision")})
+        nodes = b16.manifest.get("precision", {}).get("nodes", {})
+        policy = (f"; the policy narrowed {sum(1 for v in nodes.values() if v.get('format') == 'bf16')} of "
+                  f"{sum(1 for v in nodes.values() if v.get('op') in BF16_OPS)} Conv/MatMul/Gemm nodes" if nodes
+                  else "; every Conv/MatMul/Gemm narrowed directly")
         print(f"{name}: compiled fp32 {t1 - t0:.0f} s, bf16 {t2 - t1:.0f} s; bf16 kernels "
-              f"{sum(1 for s in b16.manifest['steps'] if s.get('precision'))} ({', '.join(map(str, paths))})", flush=True)
+              f"{sum(1 for s in b16.manifest['steps'] if s.get('precision'))} ({', '.join(map(str, paths))}){policy}",
+              flush=True)
         args = list(feeds.values())
         for threads in a.threads:
             mf, mb = f32.model(), b16.model()
