@@ -282,3 +282,33 @@ def test_refused_without_avx512_bf16(monkeypatch):
         _check_isa(art.manifest, art.path)
     text = str(e.value) + " ".join(getattr(e.value, "details", []) or [])
     assert "avx512bf16" in text and "bf16 kernels run vdpbf16ps" in text
+
+
+def test_narrowed_forms_without_a_bf16_kernel():
+    """A narrowed node that no bf16 micro-kernel takes (a depthwise Conv, a MatMul of two activations, a Gemm
+    with 4 output columns) still computes what its precision says: inputs rounded to bfloat16, float32 sums."""
+    rng = np.random.default_rng(7)
+    model = conv_epilogue_model((1, 8, 10, 10), (8, 1, 3, 3), group=8, pads=[1, 1, 1, 1], epilogue=None)
+    art = narrowed(model)
+    assert art.manifest["precision"]["nodes"]["conv"]["format"] == "bf16" and not bf16_steps(art)
+    x = rng.standard_normal((1, 8, 10, 10)).astype(np.float32)
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    want, mag = conv_ref(bf16(x), bf16(inits["w"]), inits["b"].astype(np.float64), [1, 1], [1] * 4, [1, 1], 8)
+    y = art.model().run(x)[0].astype(np.float64)
+    assert np.all(np.abs(y - want) <= 2 * 9 * 2.0 ** -24 * mag + 1e-6), float(np.abs(y - want).max())
+
+    g = helper.make_graph([helper.make_node("MatMul", ["a", "b"], ["y"])], "g",
+                          [helper.make_tensor_value_info("a", TensorProto.FLOAT, [5, 40]),
+                           helper.make_tensor_value_info("b", TensorProto.FLOAT, [40, 24])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [5, 24])])
+    art = narrowed(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    a, b = rng.standard_normal((5, 40)).astype(np.float32), rng.standard_normal((40, 24)).astype(np.float32)
+    check_product(art.model().run(a, b)[0].astype(np.float64), a, b, 40)
+
+    wt = rng.standard_normal((4, 16)).astype(np.float32)
+    g = helper.make_graph([helper.make_node("Gemm", ["x", "w"], ["y"], transB=1)], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 16])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 4])], [numpy_helper.from_array(wt, "w")])
+    art = narrowed(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    x = rng.standard_normal((3, 16)).astype(np.float32)
+    check_product(art.model().run(x)[0].astype(np.float64), x, wt.T, 16)

@@ -171,6 +171,12 @@ def bf16_pairs(a: np.ndarray, axis: int) -> np.ndarray:
     return np.ascontiguousarray(np.moveaxis(a, axis + 1, -1).astype(np.float32).astype(ml_dtypes.bfloat16))
 
 
+def bf16_values(a: np.ndarray) -> np.ndarray:
+    """``a`` rounded to bfloat16 (nearest even), as float32."""
+    import ml_dtypes
+    return np.ascontiguousarray(np.asarray(a, np.float32).astype(ml_dtypes.bfloat16).astype(np.float32))
+
+
 def pack_weights_bf16(w: np.ndarray, groups: int, mr: int = MR) -> np.ndarray:
     """:func:`pack_weights` rounded to bfloat16 in pairs along K: ``[G, Mb, ceil(K/2), mr, 2]``."""
     return bf16_pairs(pack_weights(w, groups, mr), 2)

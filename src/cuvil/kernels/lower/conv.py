@@ -28,6 +28,8 @@ def _conv(ctx):
     gemm = conv_as_gemm(ctx, x, b, out, group, cin_g, m_g, kern, strides, dil, begin)
     if gemm is not None:
         return [gemm]
+    if ctx.narrowed == "bf16":   # no bf16 contraction for this form: its inputs rounded, computed in float32
+        x, w = ctx.bf16_input(0), ctx.bf16_input(1)
 
     # depthwise 2-D with row-vectorisable strides: a window node the x86 backend computes by rows, reading
     # the unpadded input (its loads are masked to the input: no padded copy is stored)

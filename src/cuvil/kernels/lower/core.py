@@ -15,7 +15,7 @@ from ...ir.graph import Node
 from ...ir.registry import attr_defaults
 from ..contraction import MR
 from ..sequential import Assign, Sequential, sequential
-from ..texpr import I64, Buf, E, cmp, const, load, select, var
+from ..texpr import I64, Buf, E, cast, cmp, const, load, select, var
 
 
 Index = List[E]
@@ -80,6 +80,23 @@ class LowerCtx:
         take it, else "" (float32)."""
         p = self.node.precision
         return p if p and p in self.narrow_formats else ""
+
+    def bf16_input(self, i: int, store: bool = False) -> Optional["TensorFn"]:
+        """Input ``i`` of a narrowed node where no bf16 contraction takes it (a small or depthwise Conv, a
+        MatMul of two activations): its values rounded to bfloat16 and kept as float32, so the node computes
+        what its precision says (products of two rounded values are exact in float32; the sums are float32).
+        A constant is rounded at compile time; ``store``: the rounded values are stored (for a kernel that
+        reads its input's buffer)."""
+        t = self.input(i)
+        if t is None or t.dtype != DType.FLOAT:
+            return t
+        c = self.const_input(i)
+        if c is not None and self._weight is not None:
+            from ..contraction import bf16_values
+            wb = self.weight(bf16_values(c), f"in{i}_bf16")
+            return TensorFn(t.shape, t.dtype, lambda idx: load(wb, idx), "elementwise", buf=wb)
+        fn = lambda idx: cast(cast(t(idx), DType.BFLOAT16), DType.FLOAT)
+        return self.temp(t.shape, t.dtype, fn, f"in{i}_bf16") if store else TensorFn(t.shape, t.dtype, fn, t.kind)
 
     def attr(self, name, default=None):
         if name in self.node.attrs:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import List, Optional
 
+import ml_dtypes
 import numpy as np
 
 from ...ir.dim import SymExpr, product
@@ -50,6 +51,8 @@ def _matmul(ctx):
     gemm = _matmul_as_gemm(ctx, a, ctx.const_input(1), out)
     if gemm is not None:
         return [gemm]
+    if ctx.narrowed == "bf16":   # no bf16 contraction (a product of two activations, small M): rounded inputs
+        a, b = ctx.bf16_input(0), ctx.bf16_input(1)
     if ctx.matmul_panels and b.buf is None and len(b.shape) >= 2:
         # the row schedule reads B's rows with the output column innermost: store B (e.g. a transposed
         # key matrix) so those reads are contiguous instead of strided through the expression
@@ -96,6 +99,9 @@ def _gemm(ctx):
         gemm = _matmul_as_gemm(ctx, a, wv.T if tb else wv, out, epilogue)
         if gemm is not None:
             return [gemm]
+    if ctx.narrowed == "bf16":   # no bf16 contraction for this form: its inputs rounded, computed in float32
+        a, b = ctx.bf16_input(0), ctx.bf16_input(1)
+        wv = None if wv is None else ctx.const_input(1).astype(np.float32).astype(ml_dtypes.bfloat16).astype(np.float32)
     if tb and wv is not None and ctx._weight is not None:
         # constant B^T: stored transposed at compile time so the row schedule reads it with unit stride
         bt = ctx.weight(np.ascontiguousarray(wv.T), "transposed")
