@@ -98,6 +98,14 @@ def build_model(what: str, layers: int = 12):
         model = light_model("resnet50", bn_scale=(0.25, 0.75))
         for vi in list(model.graph.input[:1]) + list(model.graph.output):
             vi.type.tensor_type.shape.dim[0].dim_param = "N"      # a batch symbol, fixed per compile
+        from onnx import numpy_helper
+        shapes = {n.input[1] for n in model.graph.node if n.op_type == "Reshape"}
+        for i, t in enumerate(model.graph.initializer):     # the flatten before the classifier: [1, 2048] -> [-1, 2048]
+            if t.name in shapes:
+                a = numpy_helper.to_array(t).copy()
+                if a.size == 2 and a[0] == 1:
+                    a[0] = -1
+                    model.graph.initializer[i].CopyFrom(numpy_helper.from_array(a, t.name))
         return model, None
     from cuvil.testing.matmul_models import FAMILIES
     return FAMILIES[what]()
@@ -314,6 +322,7 @@ def part_bert(args, arch, futures):
     model, feeds = bert_inputs(args)
     names = [vi.name for vi in model.graph.input]
     t0 = time.perf_counter()
+    model.ir_version = min(model.ir_version, 10)    # onnxruntimes older than onnx read IR <= 10
     ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
     log(f"  onnxruntime CPU reference in {time.perf_counter() - t0:.1f} s")
     for label in args.bert_variants:
@@ -340,6 +349,7 @@ def part_resnet(args, arch, futures):
         x = np.random.default_rng(1).standard_normal((batch, 3, 224, 224)).astype(np.float32)
         ref = None
         if batch == 1:
+            model.ir_version = min(model.ir_version, 10)
             ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {iname: x})[0]
         for label in args.resnet_modes:
             try:
