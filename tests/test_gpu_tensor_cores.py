@@ -70,7 +70,7 @@ def test_transposed_and_batched_operands_are_recognised():
     model, _ = gemm_transb_residual()
     (st,) = [st for st in _sched(model).stages if matmul_parts(st) is not None]
     plan = plan_matmul(st, matmul_parts(st), "bf16")
-    assert plan.batch == () and (plan.m, plan.n, plan.k) == (24, 56, 80)   # (the constant wᵀ is folded)
+    assert plan.batch == () and (plan.m, plan.n, plan.k) == (24, 56, 200)   # (the constant wᵀ is folded)
     model, _ = linear_gelu()
     (st,) = [st for st in _sched(model).stages if matmul_parts(st) is not None]
     plan = plan_matmul(st, matmul_parts(st), "tf32")
@@ -232,9 +232,9 @@ def test_gpu_matmuls_match_numpy(tmp_path, mode):
     rng = np.random.default_rng(0)
     kw = {"allow_tf32": True} if mode == "tf32" else {"enable_fp16": True}
     tol = 3e-3 if mode == "tf32" else 3e-2
-    cases = [(linear_gelu(), [rng.standard_normal((2, 40, 72)).astype(np.float32)]),
+    cases = [(linear_gelu(), [rng.standard_normal((2, 40, 272)).astype(np.float32)]),
              (attention_scores(), [rng.standard_normal((2, 3, 40, 32)).astype(np.float32) for _ in range(2)]),
-             (gemm_transb_residual(), [rng.standard_normal((24, 80)).astype(np.float32),
+             (gemm_transb_residual(), [rng.standard_normal((24, 200)).astype(np.float32),
                                        rng.standard_normal((24, 56)).astype(np.float32)])]
     for (model, ref), feeds in cases:
         (y,), man = _run(model, feeds, tmp_path, **kw)
@@ -242,3 +242,22 @@ def test_gpu_matmuls_match_numpy(tmp_path, mode):
         want = ref(*feeds)
         err = np.abs(y - want).max() / np.abs(want).max()
         assert err < tol, (mode, err)
+
+
+def test_k_groups_take_every_chunk_once_and_fit_shared_memory():
+    """BERT-sized products (few output tiles, long K) split K over groups of four warps inside a block: the
+    groups' chunks cover every chunk once, and tiles plus partial sums fit the static shared memory."""
+    from cuvil.targets.ptx.matmul_mma import SMEM_LIMIT, chunk_of, reduction_bytes, smem_bytes
+    model, _ = linear_gelu(b=1, m=128, k=3072, n=768)
+    (st,) = [st for st in _sched(model).stages if matmul_parts(st) is not None]
+    for fmt in ("fp16", "bf16", "tf32"):
+        plan = plan_matmul(st, matmul_parts(st), fmt)
+        assert plan.ks > 1 and plan.threads == 128 * plan.ks
+        assert smem_bytes(fmt, plan.bm, plan.bn, plan.ks) <= SMEM_LIMIT
+        assert reduction_bytes(plan.bm, plan.bn, plan.ks) <= smem_bytes(fmt, plan.bm, plan.bn, plan.ks)
+        got = sorted(chunk_of(r, g, plan.ks) for r in range(plan.rounds) for g in range(plan.ks)
+                     if chunk_of(r, g, plan.ks) < plan.chunks)
+        assert got == list(range(plan.chunks)) and plan.chunks >= 2 * plan.ks
+    small = attention_scores()[0]     # K = 32: one chunk, one group
+    (st,) = [st for st in _sched(small).stages if matmul_parts(st) is not None]
+    assert plan_matmul(st, matmul_parts(st), "fp16").ks == 1

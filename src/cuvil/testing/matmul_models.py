@@ -15,7 +15,7 @@ def _t(name, shape):
     return helper.make_tensor_value_info(name, TensorProto.FLOAT, list(shape))
 
 
-def linear_gelu(b=2, m=40, k=72, n=48, seed=0):
+def linear_gelu(b=2, m=40, k=272, n=48, seed=0):
     """x[b, m, k] @ w[k, n] + bias, then erf GELU (the FFN's first GEMM, epilogue fused)."""
     rng = np.random.default_rng(seed)
     w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
@@ -45,7 +45,7 @@ def attention_scores(b=2, h=3, s=40, d=32):
     return model, lambda q, k: (q.astype(np.float64) @ np.swapaxes(k, -1, -2)).astype(np.float32)
 
 
-def gemm_transb_residual(m=24, k=80, n=56, seed=1):
+def gemm_transb_residual(m=24, k=200, n=56, seed=1):
     """Gemm(transB=1) with bias, plus a residual input (GPT-2 / Linear layers exported as Gemm)."""
     rng = np.random.default_rng(seed)
     w = (rng.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32)

@@ -58,7 +58,7 @@ from .emitter import PtxEmitter, set_contraction
 from .kernel_shapes import (TILE_K, WARP_MIN_TERMS, coarsen_factor, single_sum, split_lanes, tile_factors,
                             tile_shape)
 from .libdevice import libdevice_module
-from .matmul_mma import THREADS as MMA_THREADS, emit_matmul, matmul_parts, mma_format, plan_matmul
+from .matmul_mma import emit_matmul, matmul_parts, mma_format, plan_matmul
 from .tuning import DEFAULT_TUNING, PtxTuning
 
 TRIPLE = "nvptx64-nvidia-cuda"
@@ -186,7 +186,7 @@ class PtxKernelModule(LLVMKernelModule):
         mm = self.matmul_plan(st) if self.tuning.mma else None
         if mm is not None:
             threads = emit_matmul(self, st, sym, *mm)
-            return KernelDesc(sym, threads, MMA_THREADS, st.name, 1, "matmul_" + mm[1].fmt)
+            return KernelDesc(sym, threads, mm[1].threads, st.name, 1, "matmul_" + mm[1].fmt)
         red = single_sum(st)
         if red is None:
             return self.add_element_stage(st, sym)

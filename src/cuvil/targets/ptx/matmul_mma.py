@@ -19,7 +19,7 @@ policy) is ``fp16`` or ``bf16``; or its factors are float16 already (``enable_fp
 (TF32: the factors rounded to a 10-bit mantissa with ``cvt.rna.tf32.f32``, products summed in float32).
 Strict float32 (the default) never takes this kernel.
 
-The kernel: a block of 128 threads (four warps, 2 x 2) computes a BM x BN output tile (64 or 32 each, the
+The kernel: a group of 128 threads (four warps, 2 x 2) computes a BM x BN output tile (64 or 32 each, the
 largest that still gives about two blocks per SM, :func:`plan_matmul`), walking ``K`` in chunks of
 :data:`TK` = 32 terms. Per chunk every thread loads its share of the BM x TK ``A`` tile and the TK x BN ``B``
 tile from global memory (the thread-to-element mapping follows whichever index is contiguous in memory, so a
@@ -28,7 +28,11 @@ them in shared memory ``k``-contiguous (``sa[m][k]``, ``sb[n][k]``; rows padded 
 the fragment loads of a warp hit 32 different banks); then each warp computes its WM x WN sub-tile with
 ``mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}`` (or ``m16n8k8 ... .tf32``). The next chunk's global
 loads are issued into registers before this chunk's ``mma`` (software pipelining) and stored to shared
-memory after the barrier. Fragment layouts (:data:`FRAGMENTS`) are the PTX ISA's ("Matrix Fragments for
+memory after the barrier. BERT's products have few output tiles (128 rows) and long sums, so one group's
+chunks would run one global-load latency after another: a block holds ``ks`` (2 or 4) such groups, group
+``g`` taking chunks g, g + ks, ... (:func:`chunk_of`) with its own tiles, so ``ks`` chunks are in flight at
+once; at the end groups 1..ks-1 leave their sums in shared memory and group 0 adds them in group order
+(deterministic) and runs the epilogue. Fragment layouts (:data:`FRAGMENTS`) are the PTX ISA's ("Matrix Fragments for
 mma.m16n8k16 / m16n8k8"); tests/test_gpu_tensor_cores.py replays the kernel's shared-memory indexing and
 fragment gathering in numpy against them.
 """
@@ -100,6 +104,19 @@ class MatmulPlan:
     a_kfast: bool     # A's thread mapping: k varies fastest (A contiguous along k), else m does
     b_kfast: bool     # B's: k fastest (B transposed, contiguous along k), else n
     swapped: bool = False   # the reduction's first factor is B (depends on n)
+    ks: int = 1             # K groups: groups of four warps that take every ks-th chunk (see chunk_of)
+
+    @property
+    def threads(self) -> int:
+        return THREADS * self.ks
+
+    @property
+    def chunks(self) -> int:
+        return -(-self.k // TK)
+
+    @property
+    def rounds(self) -> int:
+        return -(-self.chunks // self.ks)
 
     @property
     def wm(self) -> int:
@@ -151,6 +168,25 @@ def c_coords(fmt: str, row0, col0, g, t, reg: int):
     """(row, column) of accumulator ``reg`` of lane (g, t) in the 16 x 8 tile at (row0, col0)."""
     dr, dc = FRAGMENTS[fmt].c[reg]
     return row0 + g + dr, col0 + t * 2 + dc
+
+
+def chunk_of(rnd, grp, ks: int):
+    """The chunk K group ``grp`` of ``ks`` takes in round ``rnd`` (it skips the round when that is past the
+    last chunk): the groups interleave, so the ks chunks of a round are in flight together."""
+    return rnd * ks + grp
+
+
+def smem_bytes(fmt: str, bm: int, bn: int, ks: int) -> int:
+    """Static shared memory of the kernel: the ks groups' A and B tiles; the groups' partial sums reuse it."""
+    return ks * (bm + bn) * row_stride(fmt) * (4 if fmt == "tf32" else 2)
+
+
+def reduction_bytes(bm: int, bn: int, ks: int) -> int:
+    """Partial sums groups 1..ks-1 leave in shared memory for group 0 (float32)."""
+    return (ks - 1) * bm * bn * 4
+
+
+SMEM_LIMIT = 48 * 1024   # static shared memory per block
 
 
 def warp_tiles(plan: MatmulPlan):
@@ -285,7 +321,16 @@ def plan_matmul(st: Stage, parts, fmt: str, min_blocks: int = MIN_BLOCKS) -> Mat
         if nb * -(-m // tm) * -(-n // tn) >= min_blocks:
             bm, bn = tm, tn
             break
-    return MatmulPlan(fmt, bm, bn, batch, m, n, k, a_kfast, b_kfast, swapped)
+    chunks = -(-k // TK)
+    blocks = nb * -(-m // bm) * -(-n // bn)
+    ks = 1
+    for cand in (4, 2):
+        if (chunks >= 2 * cand and blocks * cand <= 4 * min_blocks
+                and smem_bytes(fmt, bm, bn, cand) <= SMEM_LIMIT
+                and reduction_bytes(bm, bn, cand) <= smem_bytes(fmt, bm, bn, cand)):
+            ks = cand
+            break
+    return MatmulPlan(fmt, bm, bn, batch, m, n, k, a_kfast, b_kfast, swapped, ks)
 
 
 def stage_precisions(graph, sched) -> Dict[str, str]:
@@ -353,6 +398,8 @@ def emit_matmul(km, st: Stage, sym: str, parts, plan: MatmulPlan) -> int:
     wide = fmt == "tf32"
     ST = I32 if wide else ir.IntType(16)        # shared element type (raw bits)
     fn = km.kernel_fn(sym)
+    # .maxntid: ptxas keeps the registers within what a block of plan.threads threads may have
+    km.module.add_named_metadata("nvvm.annotations", [fn, "maxntidx", I32(plan.threads)])
     bufs, _n = fn.args
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     em = PtxEmitter(km, fn, b, bufs, st.buf)
@@ -367,7 +414,9 @@ def emit_matmul(km, st: Stage, sym: str, parts, plan: MatmulPlan) -> int:
         g.initializer = ir.Constant(g.value_type, ir.Undefined)
         g.align = 16
         return g
-    sa, sb = smem("sa", BM * SK), smem("sb", BN * SK)
+    KS = plan.ks
+    tiles_smem = smem("t", KS * (BM + BN) * SK)     # group g's A tile at g*BM*SK, its B tile after all A tiles
+    sa = sb = tiles_smem
     bar = km.declare("llvm.nvvm.barrier0", ir.VoidType(), [])
     sbase = {}
 
@@ -396,7 +445,13 @@ def emit_matmul(km, st: Stage, sym: str, parts, plan: MatmulPlan) -> int:
         frag.ptx + " {$0,$1,$2,$3}, {$4,$5,$6,$7}, {$8,$9}, {$10,$11,$12,$13};",
         "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f")
 
-    tid = b.trunc(km.sreg(b, "tid.x"), I32)
+    tid_all = b.trunc(km.sreg(b, "tid.x"), I32)
+    if KS > 1:
+        grp, tid = divmod_c(tid_all, THREADS)       # K group, thread within the group
+    else:
+        grp, tid = I32(0), tid_all
+    a_base = _V(b, b.mul(grp, I32(BM * SK)))
+    b_base = _V(b, b.add(b.mul(grp, I32(BN * SK)), I32(KS * BM * SK)))
     lane = b.urem(tid, I32(32))
     warp = b.udiv(tid, I32(32))
     wm, wn = divmod_c(warp, 2)
@@ -460,47 +515,90 @@ def emit_matmul(km, st: Stage, sym: str, parts, plan: MatmulPlan) -> int:
                         v = b.select(b.icmp_unsigned("<", k, I32(K)), v, ir.Constant(ST, 0))
                     b.store(v, reg)
 
-        def chunk(k064):
-            k0 = b.trunc(k064, I32)
-            for regs, slots, g in ((aregs, a_slots, sa), (bregs, b_slots, sb)):
-                for reg, (r, kk) in zip(regs, slots):
-                    b.store(b.load(reg, typ=ST), sgep(g, b.add(b.mul(r, I32(SK)), kk)))
+        def rnd(r64):
+            c = b.add(b.mul(b.trunc(r64, I32), I32(KS)), grp)        # chunk_of(round, grp, KS)
+            active = b.icmp_unsigned("<", c, I32(plan.chunks)) if plan.chunks % KS else None
+
+            def stage():
+                for regs, slots, base in ((aregs, a_slots, a_base), (bregs, b_slots, b_base)):
+                    for reg, (r, kk) in zip(regs, slots):
+                        b.store(b.load(reg, typ=ST), sgep(sa, (base + _V(b, b.add(b.mul(r, I32(SK)), kk)))))
+            if active is None:
+                stage()
+            else:
+                with b.if_then(active):
+                    stage()
             b.call(bar, [])
-            nxt = b.add(k0, I32(TK))
-            with b.if_then(b.icmp_unsigned("<", nxt, I32(K))):   # the next chunk's loads fly during the mmas
-                fetch(nxt)
+            nxt = b.add(c, I32(KS))
+            with b.if_then(b.icmp_unsigned("<", nxt, I32(plan.chunks))):   # the next chunk's loads fly meanwhile
+                fetch(b.mul(nxt, I32(TK)))
             row_w = _V(b, b.mul(wm, I32(plan.wm)))
             col_w = _V(b, b.mul(wn, I32(plan.wn)))
-            for ks in range(0, TK, frag.k):
-                afr, bfr = {}, {}
-                for ti, (r0, c0) in enumerate(tiles):
-                    if r0 not in afr:
-                        afr[r0] = [b.load(sgep(sa, a_word(fmt, SK, row_w + r0, g_, t_, ks, q), I32), typ=I32,
-                                          align=4) for q in range(4)]
-                    if c0 not in bfr:
-                        bfr[c0] = [b.load(sgep(sb, b_word(fmt, SK, col_w + c0, g_, t_, ks, q), I32), typ=I32,
-                                          align=4) for q in range(2)]
-                    cs = accs[4 * ti:4 * ti + 4]
-                    out = b.call(mma_op, afr[r0] + bfr[c0] + [b.load(c_, typ=F32) for c_ in cs])
-                    for q, c_ in enumerate(cs):
-                        b.store(b.extract_value(out, q), c_)
+
+            def mmas():
+                for ks in range(0, TK, frag.k):
+                    afr, bfr = {}, {}
+                    for ti, (r0, c0) in enumerate(tiles):
+                        if r0 not in afr:
+                            afr[r0] = [b.load(sgep(sa, a_base + a_word(fmt, SK, row_w + r0, g_, t_, ks, q), I32),
+                                              typ=I32, align=4) for q in range(4)]
+                        if c0 not in bfr:
+                            bfr[c0] = [b.load(sgep(sb, b_base + b_word(fmt, SK, col_w + c0, g_, t_, ks, q), I32),
+                                              typ=I32, align=4) for q in range(2)]
+                        cs = accs[4 * ti:4 * ti + 4]
+                        out = b.call(mma_op, afr[r0] + bfr[c0] + [b.load(c_, typ=F32) for c_ in cs])
+                        for q, c_ in enumerate(cs):
+                            b.store(b.extract_value(out, q), c_)
+            if active is None:
+                mmas()
+            else:
+                with b.if_then(active):       # uniform per warp: a group is four whole warps
+                    mmas()
             b.call(bar, [])
-        fetch(I32(0))
-        em.loop_range(I64(0), I64(K), chunk, I64(TK))
-        row_w = _V(b, b.add(m0, b.mul(wm, I32(plan.wm))))
-        col_w = _V(b, b.add(n0, b.mul(wn, I32(plan.wn))))
-        for ti, (r0, c0) in enumerate(tiles):
-            for q in range(4):
-                m, n = c_coords(fmt, row_w + r0, col_w + c0, g_, t_, q)
-                ok = b.and_(b.icmp_unsigned("<", m.v, I32(M)), b.icmp_unsigned("<", n.v, I32(N)))
-                with b.if_then(ok):
-                    idx = [em.env[v] for v in bvars] + [b.zext(m.v, I64), b.zext(n.v, I64)]
-                    em.memo.append(dict(em.memo[-1]))
-                    em.memo[-1][red.uid] = b.load(accs[4 * ti + q], typ=F32)
-                    em.store_element(st, idx)
-                    em.memo.pop()
+        fetch(b.mul(grp, I32(TK)))         # plan_matmul keeps KS <= chunks / 2: every group has a first chunk
+        em.loop_range(I64(0), I64(plan.rounds), rnd)
+        if KS > 1:
+            # groups 1..KS-1 leave their sums in shared memory (over the tiles, no longer read); group 0
+            # adds them in group order (deterministic) and runs the epilogue
+            fp = b.bitcast(sbase[tiles_smem.name], ir.PointerType(F32, addrspace=3))
+            nacc = len(accs)
+
+            def red_slot(g, i):
+                return b.gep(fp, [b.add(b.mul(g, I32(nacc * THREADS)), b.add(I32(i * THREADS), tid))],
+                             source_etype=F32, inbounds=True)
+            with b.if_then(b.icmp_unsigned("!=", grp, I32(0))):
+                for i, a_ in enumerate(accs):
+                    b.store(b.load(a_, typ=F32), red_slot(b.sub(grp, I32(1)), i))
+            b.call(bar, [])
+            with b.if_then(b.icmp_unsigned("==", grp, I32(0))):
+                for g in range(1, KS):
+                    for i, a_ in enumerate(accs):
+                        b.store(b.fadd(b.load(a_, typ=F32), b.load(red_slot(I32(g - 1), i), typ=F32)), a_)
+            lead = b.icmp_unsigned("==", grp, I32(0))
+        else:
+            lead = None
+        def epilogue():
+            row_w = _V(b, b.add(m0, b.mul(wm, I32(plan.wm))))
+            col_w = _V(b, b.add(n0, b.mul(wn, I32(plan.wn))))
+            for ti, (r0, c0) in enumerate(tiles):
+                for q in range(4):
+                    m, n = c_coords(fmt, row_w + r0, col_w + c0, g_, t_, q)
+                    ok = b.and_(b.icmp_unsigned("<", m.v, I32(M)), b.icmp_unsigned("<", n.v, I32(N)))
+                    with b.if_then(ok):
+                        idx = [em.env[v] for v in bvars] + [b.zext(m.v, I64), b.zext(n.v, I64)]
+                        em.memo.append(dict(em.memo[-1]))
+                        em.memo[-1][red.uid] = b.load(accs[4 * ti + q], typ=F32)
+                        em.store_element(st, idx)
+                        em.memo.pop()
+        if lead is None:
+            epilogue()
+        else:
+            with b.if_then(lead):
+                epilogue()
+        if KS > 1:
+            b.call(bar, [])        # the next tile's stores may not overwrite sums group 0 still reads
     em.loop_range(km.sreg(b, "ctaid.x"), I64(plan.blocks), tile_body, km.sreg(b, "nctaid.x"))
     b.ret_void()
     set_contraction(fn, False)
     km.kernels.append(sym)
-    return plan.blocks * THREADS
+    return plan.blocks * plan.threads
