@@ -261,3 +261,18 @@ def test_k_groups_take_every_chunk_once_and_fit_shared_memory():
     small = attention_scores()[0]     # K = 32: one chunk, one group
     (st,) = [st for st in _sched(small).stages if matmul_parts(st) is not None]
     assert plan_matmul(st, matmul_parts(st), "fp16").ks == 1
+
+
+def test_precision_ops_hook_and_transposed_operand_precision():
+    """The policy's hook (Target.precision_ops): MatMul/Gemm in fp16 and bf16 on sm_80+, with fma; and a
+    product whose operand is a Transpose folded into its loads still finds its node's precision."""
+    from cuvil.targets.ptx.target import TARGET, PtxOptions
+    assert TARGET.precision_ops(PtxOptions()) == {"fp16": frozenset({"MatMul", "Gemm"}),
+                                                  "bf16": frozenset({"MatMul", "Gemm"})}
+    assert TARGET.precision_ops(PtxOptions(arch="sm_75")) == {} == TARGET.precision_ops(PtxOptions(fma=False))
+    model, _ = attention_scores()
+    p = Pipeline.from_onnx(model).optimize()
+    (mm,) = [n for n in p.graph.nodes if n.op == "MatMul"]
+    mm.precision = "fp16"
+    s = gpu_schedule(p.graph)
+    assert list(stage_precisions(p.graph, s).values()) == ["fp16"]

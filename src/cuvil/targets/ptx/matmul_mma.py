@@ -55,7 +55,9 @@ THREADS = 128      # four warps, 2 x 2 over the block tile
 MIN_BLOCKS = 264   # about two blocks per SM of an H200: the tile shrinks until the grid has this many
 FORMATS = ("fp16", "bf16", "tf32")
 # ops whose contraction the PTX target narrows to a node's fp16 / bf16 precision (the precision policy's hook)
-NARROWED_OPS = ("MatMul", "Gemm", "FusedMatMul")
+NARROWED_OPS = ("MatMul", "Gemm")
+# ops the GPU schedule folds into a product's operand loads (their input is what the product's stage reads)
+_LAYOUT_OPS = ("Transpose", "Reshape", "Squeeze", "Unsqueeze", "Identity", "Flatten")
 
 
 @attrs.frozen
@@ -335,30 +337,38 @@ def plan_matmul(st: Stage, parts, fmt: str, min_blocks: int = MIN_BLOCKS) -> Mat
 
 def stage_precisions(graph, sched) -> Dict[str, str]:
     """Stage name -> the ``precision`` ("fp16"/"bf16") of the MatMul/Gemm node whose product it computes,
-    found through the product's operand buffers (named after the values the node reads)."""
-    consumers: Dict[str, List] = {}
+    found through the product's operand buffers (named after the values they hold: the node's inputs, or
+    the inputs of the layout ops, a Transpose say, that the schedule folded into the operand's loads)."""
+    users: Dict[str, List] = {}
     for nd in graph.nodes:
-        if nd.op in NARROWED_OPS and getattr(nd, "precision", "") in ("fp16", "bf16"):
-            for v in nd.inputs:
-                if v is not None:
-                    consumers.setdefault(v.name, []).append(nd)
-    if not consumers:
+        for v in nd.inputs:
+            if v is not None:
+                users.setdefault(v.name, []).append(nd)
+
+    def narrowed(name: str, depth: int = 0) -> List:
+        out = []
+        for nd in users.get(name, []):
+            if nd.op in NARROWED_OPS and getattr(nd, "precision", "") in ("fp16", "bf16"):
+                out.append(nd)
+            elif nd.op in _LAYOUT_OPS and depth < 4:
+                for o in nd.outputs:
+                    out += narrowed(o.name, depth + 1)
+        return out
+    if not any(nd.op in NARROWED_OPS and getattr(nd, "precision", "") in ("fp16", "bf16") for nd in graph.nodes):
         return {}
     out = {}
     for st in sched.stages:
         parts = matmul_parts(st)
         if parts is None:
             continue
-        names = []
+        found = []
         for f in parts[1:3]:
-            for x in nodes(f):
-                if x.op == "load":
-                    buf = x.attr
-                    names.append(buf.root.name if buf.root is not None else buf.name)
-        found = [nd for nm in names for nd in consumers.get(nm, [])]
-        if found:
-            best = max(found, key=lambda nd: sum(1 for v in nd.inputs if v is not None and v.name in names))
-            out[st.name] = best.precision
+            names = {x.attr.root.name if x.attr.root is not None else x.attr.name
+                     for x in nodes(f) if x.op == "load"}
+            found.append({id(nd): nd for nm in names for nd in narrowed(nm)})
+        common = [nd for k, nd in found[0].items() if k in found[1]] or list(found[0].values()) + list(found[1].values())
+        if common:
+            out[st.name] = common[0].precision
     return out
 
 

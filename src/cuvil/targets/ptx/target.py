@@ -2,7 +2,8 @@
 (``plan``, ``emit``, ``load``) over :func:`compile_bundle`. The bundle is built without a GPU."""
 from __future__ import annotations
 
-from typing import Dict, Optional, Sequence, Union
+import re
+from typing import Dict, FrozenSet, Optional, Sequence, Union
 
 import attrs
 
@@ -14,6 +15,7 @@ from ..base import BuildPlan, TargetOptions, check, is_bool, is_name, is_opt_lev
 from .artifact import Bundle
 from .bundle import compile_bundle, read_bundle
 from .codegen import target_machine
+from .matmul_mma import NARROWED_OPS
 
 
 def _is_kernel_rules(v) -> bool:
@@ -76,6 +78,15 @@ class PtxTarget:
                               kernel_rules=plan.extra["kernel_rules"], enable_fp16=o.enable_fp16,
                               register_pass=o.register_pass, unpadded=o.unpadded, fused_splitk=o.fused_splitk,
                               allow_tf32=o.allow_tf32, manifest_extra=manifest_extra)
+
+    def precision_ops(self, options: PtxOptions) -> Dict[str, FrozenSet[str]]:
+        """The ops the precision policy may narrow for this target: MatMul and Gemm run on the tensor cores in
+        fp16 or bf16 (:mod:`cuvil.targets.ptx.matmul_mma`) on sm_80 and later with ``fma`` on (an mma rounds
+        its sum once); else none."""
+        if not options.fma or int(re.sub(r"\D", "", options.arch) or 0) < 80:
+            return {}
+        ops = frozenset(NARROWED_OPS)
+        return {"fp16": ops, "bf16": ops}
 
     def load(self, path: str, manifest: Optional[dict] = None, cached: bool = False) -> Bundle:
         return Bundle(path, read_bundle(path)[1] if manifest is None else manifest, cached=cached)
