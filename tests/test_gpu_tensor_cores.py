@@ -276,3 +276,32 @@ def test_precision_ops_hook_and_transposed_operand_precision():
     mm.precision = "fp16"
     s = gpu_schedule(p.graph)
     assert list(stage_precisions(p.graph, s).values()) == ["fp16"]
+
+
+def test_the_precision_policy_drives_the_format():
+    """Pipeline.compile(precision=...) narrows the MatMul the target lists (precision_ops) where the declared
+    input range is safe: its product takes the tensor cores in that format; a range that overflows float16
+    keeps it float32."""
+    model, _ = linear_gelu()
+    p = Pipeline.from_onnx(model).optimize()
+    for fmt in ("bf16", "fp16"):
+        b = p.compile(TARGET, precision=fmt, input_ranges={"x": (-3, 3)}, cache=False)
+        assert b.manifest["tensor_core_kernels"] == {f"matmul_{fmt}": 1}
+    wide = p.compile(TARGET, precision="fp16", input_ranges={"x": (-1e6, 1e6)}, cache=False)
+    assert wide.manifest["tensor_core_kernels"] == {}
+
+
+def test_cli_allow_tf32(tmp_path, capsys):
+    import onnx
+    from cuvil.cli import main as cli_main
+    model, _ = gemm_transb_residual()
+    path = str(tmp_path / "g.onnx")
+    onnx.save(model, path)
+    assert cli_main(["compile", path, "--allow-tf32", "-o", str(tmp_path / "libg.so"), "-q"]) in (1, 2)
+    assert "--allow-tf32 applies to --target nvptx64-nvidia-cuda only" in capsys.readouterr().err
+    out = str(tmp_path / "g.cuvil")
+    assert cli_main(["compile", path, "--target", TARGET, "--allow-tf32", "-o", out, "-q"]) == 0
+    import json
+    import os
+    man = json.load(open(os.path.join(out, "manifest.json")))
+    assert man["allow_tf32"] is True and man["tensor_core_kernels"] == {"matmul_tf32": 1}
