@@ -305,3 +305,20 @@ def test_cli_allow_tf32(tmp_path, capsys):
     import os
     man = json.load(open(os.path.join(out, "manifest.json")))
     assert man["allow_tf32"] is True and man["tensor_core_kernels"] == {"matmul_tf32": 1}
+
+
+def test_only_matrix_products_take_the_kernel():
+    """Convolutions (their own implicit-GEMM kernels), vector products (a row of 1: the float32 kernels waste
+    less) and plain reductions never take the matmul kernel."""
+    from cuvil.testing.conv_models import conv_relu_model
+    conv = gpu_schedule(Pipeline.from_onnx(conv_relu_model((1, 16, 14, 14), (32, 16, 3, 3))).optimize().graph)
+    assert all(matmul_parts(st) is None for st in conv.stages)
+    row, _ = gemm_transb_residual(m=1)
+    r = build_ptx(_sched(row), "sm_90", fma=True, allow_tf32=True)
+    assert "mma.sync" not in r.ptx and [k.kind for k in r.kernels] != ["matmul_tf32"]
+    from onnx import TensorProto, helper
+    red = helper.make_model(helper.make_graph(
+        [helper.make_node("ReduceSum", ["x"], ["y"], keepdims=0)], "r",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [])]), opset_imports=[helper.make_opsetid("", 17)])
+    assert all(matmul_parts(st) is None for st in _sched(red).stages)
