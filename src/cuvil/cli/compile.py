@@ -47,6 +47,9 @@ def register(sub) -> None:
     sp.add_argument("--register-pass", action="store_true",
                     help="GPU: cap the registers (.maxnreg) of register-limited kernels where that saves a wave "
                          "without spills")
+    sp.add_argument("--allow-tf32", action="store_true",
+                    help="GPU: run float32 MatMul/Gemm on TF32 tensor cores (inputs rounded to a 10-bit mantissa, "
+                         "about 1e-3 relative error; off: strict float32)")
     add_allow_bounded_flag(sp)
     # low precision with certificates (issue 21, docs/precision.md)
     add_precision_flags(sp)
@@ -84,6 +87,7 @@ _X86_ONLY_FLAGS = (("--external-weights", "external_weights"), ("--encrypt-weigh
 _GPU_ONLY_FLAGS = (("--enable-fp16", "enable_fp16", "float16 compute; x86 computes float32"),
                    ("--no-fma", "no_fma", "GPU kernel rules"),
                    ("--register-pass", "register_pass", "GPU registers"),
+                   ("--allow-tf32", "allow_tf32", "TF32 tensor cores; x86 computes float32"),
                    ("--arch", "arch", "GPU architectures"))
 
 
@@ -248,7 +252,7 @@ def _compile_gpu_bundle(args) -> int:
         kernel_rules = builtin_kernel_rules() + mine if mine else None
     options = make_options(args.target, opt_level=args.opt_level, prefix=args.prefix, arch=args.arch,
                            fma=not args.no_fma, enable_fp16=args.enable_fp16, kernel_rules=kernel_rules,
-                           register_pass=args.register_pass)
+                           register_pass=args.register_pass, allow_tf32=args.allow_tf32)
     with _progress(args):
         p = _import_and_optimize(args)
         fixed, profiles = shape_flags(p, args)

@@ -2,7 +2,8 @@
 (``plan``, ``emit``, ``load``) over :func:`compile_bundle`. The bundle is built without a GPU."""
 from __future__ import annotations
 
-from typing import Dict, Optional, Sequence, Union
+import re
+from typing import Dict, FrozenSet, Optional, Sequence, Union
 
 import attrs
 
@@ -14,6 +15,7 @@ from ..base import BuildPlan, TargetOptions, check, is_bool, is_name, is_opt_lev
 from .artifact import Bundle
 from .bundle import compile_bundle, read_bundle
 from .codegen import target_machine
+from .matmul_mma import NARROWED_OPS
 
 
 def _is_kernel_rules(v) -> bool:
@@ -35,6 +37,9 @@ class PtxOptions(TargetOptions):
     (default on): a padded convolution reads its input unpadded, testing bounds, instead of a padded copy
     (:func:`~cuvil.targets.ptx.codegen.gpu_schedule`); ``fused_splitk`` (default off, measured slower): the
     last slice of a split-K convolution tile adds the partials instead of a separate sum kernel.
+    ``allow_tf32`` (default off: strict float32): float32 matrix products (MatMul, Gemm) run on the tensor
+    cores in TF32: inputs rounded to a 10-bit mantissa, products summed in float32 (about 1e-3 relative
+    error; :mod:`cuvil.targets.ptx.matmul_mma`, docs/targets.md).
     """
 
     opt_level: int = attrs.field(default=3, validator=check(is_opt_level, "0, 1, 2 or 3"))
@@ -47,6 +52,7 @@ class PtxOptions(TargetOptions):
     register_pass: bool = attrs.field(default=False, validator=check(is_bool, "True or False"))
     unpadded: bool = attrs.field(default=True, validator=check(is_bool, "True or False"))
     fused_splitk: bool = attrs.field(default=False, validator=check(is_bool, "True or False"))
+    allow_tf32: bool = attrs.field(default=False, validator=check(is_bool, "True or False"))
 
 
 class PtxTarget:
@@ -62,7 +68,8 @@ class PtxTarget:
         krules = [] if options.kernel_rules is False else select_kernel_rules(options.kernel_rules, fma=options.fma)
         key = [str(options.opt_level), options.arch, options.prefix, f"fma={options.fma}",
                f"fp16={options.enable_fp16}", f"register_pass={options.register_pass}",
-               f"unpadded={options.unpadded}", f"fused_splitk={options.fused_splitk}"] + [r.text or r.name for r in krules]
+               f"unpadded={options.unpadded}", f"fused_splitk={options.fused_splitk}",
+               f"allow_tf32={options.allow_tf32}"] + [r.text or r.name for r in krules]
         return BuildPlan(graph, options, f"{options.prefix}.cuvil", key, {"kernel_rules": krules})
 
     def emit(self, plan: BuildPlan, path: str, manifest_extra: dict) -> dict:
@@ -70,7 +77,16 @@ class PtxTarget:
         return compile_bundle(plan.graph, path, arch=o.arch, opt_level=o.opt_level, prefix=o.prefix, fma=o.fma,
                               kernel_rules=plan.extra["kernel_rules"], enable_fp16=o.enable_fp16,
                               register_pass=o.register_pass, unpadded=o.unpadded, fused_splitk=o.fused_splitk,
-                              manifest_extra=manifest_extra)
+                              allow_tf32=o.allow_tf32, manifest_extra=manifest_extra)
+
+    def precision_ops(self, options: PtxOptions) -> Dict[str, FrozenSet[str]]:
+        """The ops the precision policy may narrow for this target: MatMul and Gemm run on the tensor cores in
+        fp16 or bf16 (:mod:`cuvil.targets.ptx.matmul_mma`) on sm_80 and later with ``fma`` on (an mma rounds
+        its sum once); else none."""
+        if not options.fma or int(re.sub(r"\D", "", options.arch) or 0) < 80:
+            return {}
+        ops = frozenset(NARROWED_OPS)
+        return {"fp16": ops, "bf16": ops}
 
     def load(self, path: str, manifest: Optional[dict] = None, cached: bool = False) -> Bundle:
         return Bundle(path, read_bundle(path)[1] if manifest is None else manifest, cached=cached)
