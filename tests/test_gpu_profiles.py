@@ -223,6 +223,37 @@ def test_graph_buckets_need_a_profile_and_the_cli_takes_them(tmp_path, capsys):
                      "--graph-buckets", "2,4", "-q"]) != 0
 
 
+# --- the runtime's plumbing for buckets, against test_gpu_bundle's fake driver (no GPU claim) ----------------
+
+@needs_libdevice
+def test_runtime_runs_the_bucket_of_a_call_padded(profile_bundle, monkeypatch):
+    from test_gpu_bundle import FakeDriver
+    drv = FakeDriver()
+    memsets = []
+    drv.cuMemsetD8Async = lambda p, v, n, s: (memsets.append(n), (drv.CUresult.CUDA_SUCCESS,))[1]
+    monkeypatch.setattr(rt, "driver", lambda: drv)
+    _, b = profile_bundle
+    m = rt.load_bundle(b.path, max_graphs=2)
+    assert m.module_loads == 4 and len(m._variants) == 4
+    grids = {v.point["N"]: [tuple(k["grid"]) for k in v.plan["kernels"] if int(k["n"]) > 0] for v in m._variants}
+    assert grids[4] != grids[8]
+    (y,) = m.run(np.zeros((3, 3, 8, 8), np.float32))
+    assert y.shape == (3, 5) and memsets == [1 * 3 * 8 * 8 * 4]        # one zero row of padding
+    drv.log.clear()
+    m.run(np.zeros((4, 3, 8, 8), np.float32))                          # N=4 exactly: no padding, a replay
+    assert [e[1] for e in drv.log] == grids[4] and memsets == [3 * 8 * 8 * 4]
+    for n in (8, 1, 4):
+        m.run(np.zeros((n, 3, 8, 8), np.float32))
+    st = m.stats()
+    assert st["graphs_alive"] == 2 and st["buckets"]["N=4"]["evictions"] == 1 and st["buckets"]["N=4"]["captures"] == 2
+    assert st["buckets"]["N=4"]["hits"] == 1 and st["buckets"]["N=2"]["captures"] == 0
+    with pytest.raises(ShapeError, match="needs the values of N"):
+        m.run_device([1], [2])
+    with pytest.raises(ShapeError, match="no bucket"):
+        m.run_device([1], [2], symbols={"N": 3})                          # caller memory is never padded
+    m.close()
+
+
 # --- the fail-safe -------------------------------------------------------------------------------------------
 
 @needs_libdevice
