@@ -291,6 +291,14 @@ class GpuModel(Model):
         # the primary context: the one the runtime API (PyTorch, CuPy) shares, so device pointers interoperate
         self._ctx = self._call("cuDevicePrimaryCtxRetain", drv.cuDevicePrimaryCtxRetain(dev))
         self._closed = False
+        try:
+            self._setup(device, max_graphs, prefer_cubin)
+        except BaseException:
+            self.close()           # what was allocated before the failure is freed, the context released
+            raise
+
+    def _setup(self, device: int, max_graphs: int, prefer_cubin: bool) -> None:
+        drv = self._d
         self._activate()
         self.device = device_info(device)
         self._stream = self._call("cuStreamCreate", drv.cuStreamCreate(drv.CUstream_flags.CU_STREAM_NON_BLOCKING.value))
@@ -340,7 +348,11 @@ class GpuModel(Model):
         self._call("cuCtxSetCurrent", self._d.cuCtxSetCurrent(self._ctx))
 
     def _alloc(self, nbytes: int, what: str) -> int:
-        p = int(self._call(f"cuMemAlloc({what}, {nbytes} B)", self._d.cuMemAlloc(nbytes)))
+        call = f"cuMemAlloc({what}, {nbytes} B)"
+        err = _injected(call) if _FAULTS else None
+        if err is not None:        # before the call: an injected failure leaks nothing
+            raise CudaError(call, err, "injected")
+        p = int(self._call(call, self._d.cuMemAlloc(nbytes)))
         self._allocs.append(p)
         return p
 
