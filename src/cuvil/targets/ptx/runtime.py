@@ -16,11 +16,14 @@ buffers for numpy inputs and outputs, and the device buffer-pointer table ``[are
 outputs...]`` that every kernel reads. Kernels read the table at run time, so pointing the model at other
 input/output buffers is one 8-byte-per-entry copy, never a re-capture.
 
-Graphs: the first run with given input shapes captures all launches of one inference, in order, on the
-stream into a CUDA graph, instantiates it and keeps it in a bounded LRU cache keyed by the input shapes (a
-"shape bucket"; shapes are static today, so there is one). Later runs replay it with one ``cuGraphLaunch``.
+Graphs: the first run of a shape bucket captures all launches of one inference, in order, on the stream
+into a CUDA graph, instantiates it and keeps it in a bounded LRU cache (:mod:`cuvil.targets.ptx.graph_cache`)
+keyed by the bucket. A static bundle has one bucket; a profile bundle (:mod:`cuvil.targets.ptx.profile_bundle`)
+one per bucket point, all loaded at load time, a call between buckets running the next one up, padded where
+the graph allows it (:mod:`cuvil.targets.ptx.buckets`). Later runs replay with one ``cuGraphLaunch``.
 ``mode="eager"`` launches the kernels one by one instead. Every failing driver call raises
-:class:`CudaError` with the call and the CUDA error name.
+:class:`CudaError` with the call and the CUDA error name; :func:`inject_fault` (or ``CUVIL_GPU_FAULT``)
+makes the next matching call fail, for the fail-safe's tests (:mod:`cuvil.targets.ptx.failsafe`).
 """
 from __future__ import annotations
 
@@ -605,7 +608,8 @@ class GpuModel(Model):
         """What the model did: per bucket (``"N=8"``; ``"static"`` for a bundle without a profile) its
         kernels, graph captures, capture time (ms, total and last), graph nodes and the device memory the
         instantiation took (free-memory delta), hits, misses, evictions and whether its graph is alive; the
-        graphs alive and the bound; the modules loaded (all at load time: nothing compiles at run time)."""
+        graphs alive and the bound; the device's graph-allocation memory in use (``graph_mem_used_bytes``) and
+        the model's own device bytes; the modules loaded (all at load time: nothing compiles at run time)."""
         with self._lock:
             per = self._graphs.per_bucket(lambda k: self._variants[k].label)
             st = self._graphs.stats()
@@ -615,9 +619,22 @@ class GpuModel(Model):
                                      "graph_bytes": 0, "hits": 0, "misses": 0, "evictions": 0, "alive": False}
             buckets[v.label] = {"point": dict(v.point), "kernels": len(v.launches), **b}
         return {"buckets": buckets, "graphs_alive": st["graphs"], "max_graphs": st["max_graphs"],
+                "graph_mem_used_bytes": self._graph_mem_used(), "device_bytes": self.device_bytes,
                 "captures": st["captures"], "hits": st["hits"], "misses": st["misses"], "evictions": st["evictions"],
                 "module_loads": self.module_loads, "profile": {n: list(b) for n, b in self._buckets.items()},
                 "paddable": dict(self._paddable)}
+
+    def _graph_mem_used(self) -> Optional[int]:
+        """The device's graph-allocation memory in use (``cuDeviceGetGraphMemAttribute``, USED_MEM_CURRENT):
+        what graphs' own allocation nodes hold; None where the driver does not say. Cuvil's graphs have none
+        (the arena, weights and staging are the model's, shared by every bucket: ``device_bytes``)."""
+        drv = self._d
+        try:
+            attr = drv.CUgraphMem_attribute.CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT
+            res = drv.cuDeviceGetGraphMemAttribute(self._dev, attr)
+        except Exception:  # noqa: BLE001 - older bindings or drivers: not reported
+            return None
+        return int(res[1]) if res[0] == drv.CUresult.CUDA_SUCCESS else None
 
     def profile_kernels(self, repeats: int = 10) -> List[dict]:
         """Each kernel timed with CUDA events around its launch in eager mode, on the staged inputs of the
