@@ -223,6 +223,16 @@ def test_graph_buckets_need_a_profile_and_the_cli_takes_them(tmp_path, capsys):
                      "--graph-buckets", "2,4", "-q"]) != 0
 
 
+@needs_libdevice
+def test_max_graphs_is_checked_before_the_driver_and_only_for_bundles(profile_bundle, tmp_path, capsys):
+    p, b = profile_bundle
+    with pytest.raises(CuvilError, match="max_graphs must be at least 1"):
+        cuvil.load(b.path, max_graphs=0)
+    so = p.compile(shape_profiles={"N": (1, 4, 8)}).save(str(tmp_path / "libnet.so"))
+    assert cli_main(["run", so, "--input-shape", "x=3x3x8x8", "--max-graphs", "2"]) != 0
+    assert "apply to GPU bundles" in capsys.readouterr().err
+
+
 # --- the runtime's plumbing for buckets, against test_gpu_bundle's fake driver (no GPU claim) ----------------
 
 @needs_libdevice
