@@ -264,6 +264,26 @@ def test_runtime_runs_the_bucket_of_a_call_padded(profile_bundle, monkeypatch):
     m.close()
 
 
+@needs_libdevice
+def test_a_signed_profile_bundle_covers_every_bucket_and_loads_the_verified_bytes(profile_bundle, tmp_path,
+                                                                                 monkeypatch):
+    from test_gpu_bundle import FakeDriver
+    from cuvil.signing import SignatureError
+    drv = FakeDriver()
+    monkeypatch.setattr(rt, "driver", lambda: drv)
+    _, b = profile_bundle
+    path = b.save(str(tmp_path / "net.cuvil"))
+    cuvil.keygen(tmp_path / "key.pem", tmp_path / "pub.pem")
+    cuvil.sign(path, tmp_path / "key.pem")
+    m = cuvil.load(path, verify=tmp_path / "pub.pem")
+    assert m.module_loads == 4
+    m.close()
+    with open(os.path.join(path, "b2", "kernels.ptx"), "a") as f:      # one bucket's kernels changed
+        f.write("// edited\n")
+    with pytest.raises(SignatureError):
+        cuvil.load(path, verify=tmp_path / "pub.pem")
+
+
 # --- the fail-safe -------------------------------------------------------------------------------------------
 
 @needs_libdevice
