@@ -123,6 +123,31 @@ def test_batch_is_not_paddable_where_rows_mix(tail, why):
     assert not ok and why in reason
 
 
+def _shape_model(data_use: bool):
+    """x[N, 4, 2] reshaped to [N, 8] by a shape computed from Shape(x) (paddable), or (``data_use``) divided
+    by its element count Size(x) = 8*N, a value that changes with the padding (not paddable)."""
+    i64 = lambda name, v: h.make_tensor(name, T.INT64, [len(v)], v)  # noqa: E731
+    if data_use:
+        nodes = [h.make_node("Size", ["x"], ["n"]), h.make_node("Cast", ["n"], ["nf"], to=T.FLOAT),
+                 h.make_node("Div", ["x", "nf"], ["y"])]
+        out = [h.make_tensor_value_info("y", T.FLOAT, ["N", 4, 2])]
+    else:
+        nodes = [h.make_node("Shape", ["x"], ["s"]), h.make_node("Gather", ["s", "zero"], ["n"], axis=0),
+                 h.make_node("Concat", ["n", "eight"], ["shape"], axis=0), h.make_node("Reshape", ["x", "shape"], ["y"])]
+        out = [h.make_tensor_value_info("y", T.FLOAT, ["N", 8])]
+    g = h.make_graph(nodes, "s", [h.make_tensor_value_info("x", T.FLOAT, ["N", 4, 2])], out,
+                     [i64("zero", [0]), i64("eight", [8])])
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+
+
+def test_a_shape_read_as_a_shape_keeps_padding_legal_and_as_data_does_not():
+    g = _graph(_shape_model(False))
+    assert any(n.op == "Reshape" for n in g.nodes)
+    assert batch_like(g, "N") == (True, "")
+    ok, why = batch_like(_graph(_shape_model(True)), "N")
+    assert not ok and "as data" in why
+
+
 def test_a_symbol_off_axis_0_is_not_paddable():
     g = h.make_graph([h.make_node("Relu", ["x"], ["y"])], "t", [h.make_tensor_value_info("x", T.FLOAT, [2, "S"])],
                      [h.make_tensor_value_info("y", T.FLOAT, [2, "S"])])

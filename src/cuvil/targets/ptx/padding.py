@@ -5,7 +5,9 @@ symbolic graph, node by node, before any specialisation:
 
 * every graph input and output that has the symbol has it exactly once, as its dim 0 (so the real rows are
   a prefix of the padded buffer), and no dim is an expression of it (``2*N``, ``N-1``);
-* no value's contents depend on it (``Shape``, ``Size``, ``ConstantOfShape``, a shape computed as data);
+* a value whose contents are computed from it (``Shape``, shape arithmetic) is read only as a shape: by more
+  shape arithmetic or as the target shape of a Reshape or Expand (whose data is checked as below), never as
+  data (``ConstantOfShape``, ``Range``, a graph output);
 * every node that reads or writes a value with the symbol keeps the rows apart along its axis: elementwise
   ops with the axis aligned under broadcasting, convolutions and pools and per-channel normalisations on
   axis 0, MatMul/Gemm with the symbol off the contracted axis, softmax/normalisations/reductions over other
@@ -37,11 +39,16 @@ class _No(Exception):
     pass
 
 
-def _axis(v: Value, sym: SymExpr, name: str) -> Optional[int]:
-    """The axis of ``v`` whose dim is the symbol, None if none is; :class:`_No` for a dim that is an
-    expression of it, two such dims, or contents computed from it."""
+#: The "axis" of a small integer tensor whose values are computed from the symbol (a shape as data): allowed
+#: only where it is read as a shape (Reshape's, Expand's) or by more shape arithmetic.
+SHAPE = "shape"
+
+
+def _axis(v: Value, sym: SymExpr, name: str):
+    """The axis of ``v`` whose dim is the symbol, None if none is, :data:`SHAPE` for a shape computed from
+    it as data; :class:`_No` for a dim that is an expression of it or two such dims."""
     if v.sym_value is not None and any(not isinstance(d, int) and name in d.free_symbols for d in v.sym_value):
-        raise _No(f"{v.name} holds values computed from {name} (a shape as data)")
+        return SHAPE
     shape = v.shape
     if shape is None:
         raise _No(f"{v.name} has an unknown rank")
@@ -72,6 +79,17 @@ def _check_node(n: Node, ax: Dict[int, Optional[int]], name: str) -> None:
         return
     op = n.op
     why = f"{op} node {n.name or n.outputs[0].name!r}"
+    shapes_in = [i for i, _, a in carried if a == SHAPE]
+    if any(a == SHAPE for a in out_axes) or shapes_in:
+        # shape arithmetic: a shape read (Shape) or computed from shapes, giving shapes (or nothing of the symbol)
+        if all(a in (None, SHAPE) for a in out_axes) and (op in ("Shape", "Size") or len(shapes_in) == len(carried)):
+            return
+        if op in ("Reshape", "Expand") and shapes_in == [1]:
+            carried = [c for c in carried if c[0] != 1]          # the target shape; the data is checked below
+        else:
+            raise _No(f"{why} uses values computed from {name} (a shape) as data")
+        if not carried and op == "Expand":
+            return
     if not carried:
         if op == "Expand":
             return            # the same row repeated: rows stay apart
@@ -186,14 +204,29 @@ def batch_like(g: Graph, name: str) -> Tuple[bool, str]:
         ax: Dict[int, Optional[int]] = {}
         for v in list(g.inputs) + list(g.outputs):
             a = _axis(v, sym, name)
+            if a == SHAPE:
+                raise _No(f"{'input' if v in g.inputs else 'output'} {v.name} holds values computed from {name}")
             if a not in (None, 0):
                 raise _No(f"{'input' if v in g.inputs else 'output'} {v.name} has {name} at axis {a}, not 0")
             ax[id(v)] = a
         for n in g.nodes:
-            for v in list(n.inputs) + list(n.outputs):
+            for v in n.inputs:
                 if v is not None and id(v) not in ax:
                     ax[id(v)] = _axis(v, sym, name)
+            for v in n.outputs:
+                ax[id(v)] = _axis(v, sym, name)
+            # taint: what a node computes from a shape of the symbol (Shape, Size) or from such values is
+            # itself a value computed from the symbol, whatever its own shape says (a Cast drops sym_value),
+            # unless its contents are known as dims free of the symbol (Gather of the sequence length of a shape)
+            got = [ax.get(id(v)) for v in n.inputs if v is not None]
+            if SHAPE in got or (n.op in ("Shape", "Size") and any(a is not None for a in got)):
+                for v in n.outputs:
+                    if ax[id(v)] is None and v.sym_value is None:
+                        ax[id(v)] = SHAPE
             _check_node(n, ax, name)
+        for v in g.outputs:
+            if ax.get(id(v)) == SHAPE:
+                raise _No(f"output {v.name} holds values computed from {name}")
         if not any(ax.get(id(v)) == 0 for v in g.inputs):
             raise _No(f"no input has {name}")
     except _No as e:
