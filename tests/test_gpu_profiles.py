@@ -292,6 +292,7 @@ def test_runtime_runs_the_bucket_of_a_call_padded(profile_bundle, monkeypatch):
 @needs_libdevice
 def test_a_signed_profile_bundle_covers_every_bucket_and_loads_the_verified_bytes(profile_bundle, tmp_path,
                                                                                  monkeypatch):
+    pytest.importorskip("model_signing", reason="the sign extra is not installed (pip install 'cuvil[sign]')")
     from test_gpu_bundle import FakeDriver
     from cuvil.signing import SignatureError
     drv = FakeDriver()
