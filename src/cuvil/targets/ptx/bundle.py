@@ -235,13 +235,19 @@ def read_bundle(path: str, files: Optional[Mapping[str, bytes]] = None):
     if files is None and not os.path.isdir(path):
         raise CuvilError(f"{path}: not a GPU bundle directory (NAME{BUNDLE_SUFFIX}/)", hint=BUNDLE_HINT)
     missing = [f for f in FILES if (f not in files if files is not None else not os.path.isfile(os.path.join(path, f)))]
-    if missing:
-        raise CuvilError(f"{path}: not a complete GPU bundle, missing {', '.join(missing)}", hint=BUNDLE_HINT)
+    plan = manifest = None
     try:
-        plan = json.loads(bundle_file(path, "plan.json", files))
-        manifest = json.loads(bundle_file(path, "manifest.json", files))
+        if "plan.json" not in missing and "manifest.json" not in missing:
+            plan = json.loads(bundle_file(path, "plan.json", files))
+            manifest = json.loads(bundle_file(path, "manifest.json", files))
     except (OSError, ValueError) as e:
         raise CuvilError(f"{path}: unreadable bundle: {e}") from None
+    if isinstance(plan, dict) and plan.get("buckets"):   # a profile bundle: the kernels are per bucket
+        missing = [f for f in missing if f != "kernels.ptx"] + [
+            f"{e.get('dir')}/kernels.ptx" for e in plan["buckets"]
+            if not isinstance(e, dict) or not bundle_has(path, f"{e.get('dir')}/kernels.ptx", files)]
+    if missing:
+        raise CuvilError(f"{path}: not a complete GPU bundle, missing {', '.join(missing)}", hint=BUNDLE_HINT)
     if plan.get("format") != PLAN_FORMAT:
         raise CuvilError(f"{path}: plan format {plan.get('format')!r}, this Cuvil reads {PLAN_FORMAT!r}")
     return plan, manifest
