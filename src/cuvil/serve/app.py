@@ -9,6 +9,7 @@ Ray is imported here only inside functions (:func:`import_ray`), so that this mo
 """
 from __future__ import annotations
 
+import logging
 import os
 from typing import List, Optional, Sequence, Tuple
 
@@ -25,9 +26,11 @@ INSTALL_HINT = "pip install 'cuvil[serve]' (Ray Serve), then run cuvil serve aga
 @attrs.frozen
 class ServeOptions:
     """How to serve: where (``host``, ``port``), how many replicas (``replicas``, or ``autoscale`` (min, max)),
-    ``threads`` per replica (0: all cores), ``cpus`` Ray reserves per replica (default: ``threads`` or 1),
+    ``threads`` per replica (0: all cores), ``cpus`` Ray reserves per replica (default: ``threads``; none
+    for 0, so that replicas of all cores never wait for CPUs Ray cannot give),
     dynamic batching (``max_batch_size`` rows, ``batch_wait_s``), the served ``names`` (default: from the file
-    names), the GPU bundles' x86 ``fallbacks`` (by artifact path), the largest request body ``max_body_bytes``."""
+    names), the GPU bundles' x86 ``fallbacks`` (by artifact path), the largest request body ``max_body_bytes``; ``quiet``:
+    Ray's and Serve's log lines at warnings only."""
 
     host: str = "127.0.0.1"
     port: int = 8000
@@ -40,6 +43,7 @@ class ServeOptions:
     names: Optional[Sequence[str]] = None
     fallbacks: dict = attrs.field(factory=dict)
     max_body_bytes: int = protocol.DEFAULT_MAX_BODY
+    quiet: bool = False
 
 
 def import_ray():
@@ -116,7 +120,7 @@ def build_app(paths: Sequence[str], opts: ServeOptions, gpus: float = 0):
     from .deployment import Ingress, ModelServer
     check_artifacts(paths)
     names = model_names(paths, opts.names)
-    cpus = opts.cpus if opts.cpus is not None else float(opts.threads or 1)
+    cpus = opts.cpus if opts.cpus is not None else float(opts.threads)
     handles = {}
     for path, name in zip(paths, names):
         actor = {"num_cpus": cpus}
@@ -145,14 +149,23 @@ def start(paths: Sequence[str], opts: ServeOptions = ServeOptions(), address: Op
     check_artifacts(paths)
     model_names(paths, opts.names)
     if not ray.is_initialized():
-        kwargs = dict(include_dashboard=False, log_to_driver=False, configure_logging=False)
+        kwargs = dict(include_dashboard=False, log_to_driver=not opts.quiet,
+                      logging_level=logging.WARNING if opts.quiet else logging.INFO)
         if address is None:
             kwargs["num_cpus"] = num_cpus
         ray.init(address=address, **kwargs)
         _started_ray[0] = True
-    serve.start(http_options={"host": opts.host, "port": opts.port})
     app, _ = build_app(paths, opts, gpus=ray.cluster_resources().get("GPU", 0))
-    serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)
+    try:
+        if opts.quiet:
+            logging.getLogger("ray.serve").setLevel(logging.WARNING)
+        serve.start(http_options={"host": opts.host, "port": opts.port},
+                    logging_config={"log_level": "WARNING" if opts.quiet else "INFO"})
+        serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)
+    except Exception as e:      # a port in use, a replica that failed to load: one line, not Ray's traceback
+        text = str(e).strip().splitlines()
+        raise CuvilError(f"the server did not start: {type(e).__name__}: {text[-1] if text else ''}",
+                         hint="check the artifact loads (cuvil run ARTIFACT) and the port is free (--port)") from None
     return f"http://{opts.host}:{opts.port}"
 
 
