@@ -94,7 +94,7 @@ def cmd_serve(args) -> int:
     check_artifacts(args.artifacts)
     names = model_names(args.artifacts, opts.names)
     import_ray()                          # missing Ray: the install hint before Ray is asked to start
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    previous = signal.signal(signal.SIGTERM, _interrupt)      # `kill` stops it as cleanly as Ctrl-C
     try:
         url = start(args.artifacts, opts, address=args.address)
         for name in names:
@@ -105,5 +105,10 @@ def cmd_serve(args) -> int:
     except KeyboardInterrupt:
         print("stopping", flush=True)
     finally:
+        signal.signal(signal.SIGTERM, previous)
         stop()
     return 0
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
