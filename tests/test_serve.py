@@ -54,8 +54,8 @@ def server(tmp_path_factory):
         .save(str(d / "libdemo.so"))
     fixed = static_model(str(d / "libfixed.so"))
     port = free_port()
-    url = serve_app.start([demo, fixed], ServeOptions(port=port, threads=1, max_batch_size=8, batch_wait_s=0.02,
-                                                      max_body_bytes=MAX_BODY, quiet=True), num_cpus=2)
+    opts = ServeOptions(port=port, threads=1, max_batch_size=8, batch_wait_s=0.02, max_body_bytes=MAX_BODY, quiet=True)
+    url = serve_app.start([demo, fixed], opts, num_cpus=2)
     libs = {"demo": cuvil.load(demo, num_threads=1), "fixed": cuvil.load(fixed, num_threads=1)}
     try:
         yield {"url": url, "port": port, "libs": libs, "paths": {"demo": demo, "fixed": fixed}}
@@ -134,6 +134,23 @@ def test_concurrent_requests_are_joined_and_split_back(server):
     assert 1 <= after["calls"] - before["calls"] <= len(sizes)
 
 
+def test_a_gpu_bundle_without_a_gpu_runs_its_x86_fallback_in_the_replica(server, tmp_path):
+    """The model deployment's own code, outside Ray (this machine has no GPU): a bundle with a fallback loads the
+    x86 library, says so in its metadata, and answers as that library does."""
+    from cuvil.serve.deployment import ModelServer
+    bundle = cuvil.Pipeline.from_onnx(demo_model_path()).optimize() \
+        .compile("nvptx64-nvidia-cuda", shape_profiles={"N": (1, 2, 8)}).save(str(tmp_path / "gpudemo.cuvil"))
+    replica = ModelServer(bundle, "gpudemo", threads=1, fallback=server["paths"]["demo"])
+    meta = replica.describe()
+    assert meta["name"] == "gpudemo" and meta["platform"] == "cuvil_x86" and "fallback" in meta["parameters"]
+    assert meta["inputs"] == [{"name": "image", "datatype": "FP32", "shape": [-1, 3, 16, 16]}]
+    xs = [{"image": image(2, seed=5)}, {"image": image(1, seed=6)}]
+    for x, got in zip(xs, replica.runner.run_batch(xs)):
+        np.testing.assert_allclose(got["probs"], server["libs"]["demo"].run(x)["probs"], rtol=1e-6, atol=1e-7)
+    with pytest.raises(cuvil.CuvilError, match="no CUDA driver|GPU"):
+        ModelServer(bundle, "gpudemo")          # no fallback: the replica fails to start, Ray reports it
+
+
 def test_a_library_without_a_batch_symbol_serves_each_request(server):
     x = np.arange(6, dtype=np.float32).reshape(2, 3) / 4
     k = np.array([[1, -2, 3], [4, 5, -6]], np.int64)
@@ -205,7 +222,7 @@ class FakeHandle:
 
 
 def _call(ingress, method, path, body=b""):
-    from starlette.requests import Request
+    from cuvil.serve.deployment import Request      # starlette's, as Ray Serve hands it to the ingress
     sent = []
 
     async def receive():
@@ -252,7 +269,7 @@ def test_the_command_serves_until_interrupted(server, capsys, monkeypatch):
             raise KeyboardInterrupt
     monkeypatch.setattr(cli_serve, "time", Waiting)
     rc = cli_main(["serve", server["paths"]["demo"], "--name", "served", "--port", str(server["port"]),
-                   "--threads-per-replica", "1", "-q"])
+                   "-q"])
     out = capsys.readouterr().out
     assert rc == 0
     assert f"serving served at http://127.0.0.1:{server['port']}/v2/models/served" in out and "stopping" in out

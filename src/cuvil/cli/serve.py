@@ -91,7 +91,7 @@ def cmd_serve(args) -> int:
     """Start the server, print its URLs, block until Ctrl-C or SIGTERM, then shut it down."""
     from ..serve.app import check_artifacts, import_ray, model_names, start, stop
     opts = options(args)
-    check_artifacts(args.artifacts)
+    check_artifacts(args.artifacts, list(opts.fallbacks.values()))
     names = model_names(args.artifacts, opts.names)
     import_ray()                          # missing Ray: the install hint before Ray is asked to start
     previous = signal.signal(signal.SIGTERM, _interrupt)      # `kill` stops it as cleanly as Ctrl-C
