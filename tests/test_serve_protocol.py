@@ -5,6 +5,7 @@ come before Ray starts."""
 from __future__ import annotations
 
 import json
+import socket
 import sys
 
 import numpy as np
@@ -308,3 +309,13 @@ def test_a_fallback_must_be_an_x86_library(rows_model, tmp_path, capsys):
     assert "not an x86 library" in capsys.readouterr().err
     assert cli_main(["serve", rows_model.path, "--fallback", rows_model.path]) == 2
     assert "1 --fallback for 0 GPU bundle(s)" in capsys.readouterr().err
+
+
+def test_an_address_nothing_answers_on_is_refused_at_once():
+    from cuvil.serve.app import check_reachable
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]           # bound, not listening: the connection is refused
+        with pytest.raises(cuvil.CuvilError, match=f"no Ray cluster answers at 127.0.0.1:{port}"):
+            check_reachable(f"127.0.0.1:{port}")
+    check_reachable("auto")                 # left to Ray

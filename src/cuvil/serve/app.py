@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 from typing import List, Optional, Sequence, Tuple
 
 import attrs
@@ -152,6 +153,20 @@ def build_app(paths: Sequence[str], opts: ServeOptions, gpus: float = 0):
     return ingress.bind(handles, opts.max_body_bytes), names
 
 
+def check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """A ``HOST:PORT`` Ray address that nothing answers on is refused at once (Ray itself retries for minutes);
+    ``auto`` and ``ray://`` addresses are left to Ray."""
+    host, sep, port = address.rpartition(":")
+    if not sep or "://" in address or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        raise CuvilError(f"no Ray cluster answers at {address} ({e.strerror or e})",
+                         hint="start one there (ray start --head --port PORT), or leave --address out to serve "
+                              "from a local Ray instance") from None
+
+
 _started_ray = [False]
 
 
@@ -164,12 +179,21 @@ def start(paths: Sequence[str], opts: ServeOptions = ServeOptions(), address: Op
     check_artifacts(paths, list(opts.fallbacks.values()))
     model_names(paths, opts.names)
     if not ray.is_initialized():
+        if address is not None:
+            check_reachable(address)
         kwargs = dict(include_dashboard=False, log_to_driver=not opts.quiet,
                       logging_level=logging.WARNING if opts.quiet else logging.INFO)
         if address is None:
             kwargs["num_cpus"] = num_cpus
         # "local": a new Ray instance even where `ray start` runs one on this machine (None would join that one)
-        ray.init(address=address or "local", **kwargs)
+        try:
+            ray.init(address=address or "local", **kwargs)
+        except Exception as e:     # a cluster not there, a node that timed out starting (an overloaded machine)
+            text = str(e).strip().splitlines()
+            where = f"the Ray cluster at {address}" if address else "a local Ray instance"
+            raise CuvilError(f"could not start or join {where}: {type(e).__name__}: {text[-1] if text else ''}",
+                             hint="check `ray status` on the cluster (--address), or try again on a less busy "
+                                  "machine (Ray gives its processes 30 s to start)") from None
         _started_ray[0] = True
     app, _ = build_app(paths, opts, gpus=ray.cluster_resources().get("GPU", 0))
     try:
