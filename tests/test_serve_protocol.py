@@ -158,9 +158,11 @@ def test_model_metadata_has_datatypes_and_minus_one_for_symbols():
                                          tensor_spec("ids", TensorProto.INT64, [1, None])],
                                    [tensor_spec("y", TensorProto.FLOAT16, ["N", 1000])], "cuvil_x86")
     assert meta == {"name": "m", "versions": ["1"], "platform": "cuvil_x86",
-                    "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 3, 224, 224]},
-                               {"name": "ids", "datatype": "INT64", "shape": [1, -1]}],
-                    "outputs": [{"name": "y", "datatype": "FP16", "shape": [-1, 1000]}]}
+                    "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 3, 224, 224],
+                                "parameters": {"dims": ["N", 3, 224, 224]}},
+                               {"name": "ids", "datatype": "INT64", "shape": [1, -1], "parameters": {"dims": [1, None]}}],
+                    "outputs": [{"name": "y", "datatype": "FP16", "shape": [-1, 1000],
+                                 "parameters": {"dims": ["N", 1000]}}]}
 
 
 def test_batch_symbol_is_the_leading_symbol_of_every_input_and_output():
@@ -290,6 +292,7 @@ def test_models_are_named_after_their_artifacts():
 
 
 def test_a_gpu_bundle_gets_one_gpu_per_replica_and_one_replica_per_gpu(tmp_path):
+    """(The options only: Ray is not needed to compute them.)"""
     from cuvil.serve.app import ServeOptions, model_deployment_options
     bundle, lib = str(tmp_path / "m.cuvil"), str(tmp_path / "libm.so")
     o = model_deployment_options(bundle, "m", ServeOptions(threads=2), gpus=4)
