@@ -175,7 +175,9 @@ def run_apps(apps: Sequence[tuple]) -> None:
     :func:`stop`."""
     _, serve = import_ray()
     for name, prefix, app in apps:
-        serve.run(app, name=name, route_prefix=prefix, blocking=False)
+        # no access log line per request: it costs the replica and the proxy CPU on every request
+        serve.run(app, name=name, route_prefix=prefix, blocking=False,
+                  logging_config={"enable_access_log": False, "log_level": "WARNING"})
         if name not in _deployed:
             _deployed.append(name)
 
