@@ -545,7 +545,11 @@ def run_workers(opts: BenchOptions, workers: list[dict[str, Any]], engines: list
     started = threading.Barrier(C + 1)
     state = {"t0": 0.0, "deadline": math.inf}
 
+    stop = getattr(opts, "stop", None)   # a threading.Event that ends the timed loop early (HttpBenchOptions.stop)
+
     def take() -> bool:
+        if stop is not None and stop.is_set():
+            return False
         if opts.duration is not None:
             return time.perf_counter() < state["deadline"]
         with lock:

@@ -307,12 +307,13 @@ class HttpBenchOptions(bench.BenchOptions):
     """What to load and how: ``url`` of the model (``http://HOST:PORT/v2/models/NAME``); ``concurrency`` closed-loop
     workers, ``runs`` requests in all or ``duration`` seconds, ``warmup`` untimed requests per worker; ``shapes``
     as in :class:`cuvil.bench.BenchOptions` (a symbol's size or an input's shape); ``binary``: the binary-data
-    extension (default) or JSON tensors; ``timeout_s`` per request."""
+    extension (default) or JSON tensors; ``timeout_s`` per request; ``stop``: a ``threading.Event`` that, once
+    set, ends the load after each worker's current request (campaigns that load until something happened)."""
 
-    def __init__(self, url: str, *, binary: bool = True, timeout_s: float = DEFAULT_TIMEOUT_S, **kw):
+    def __init__(self, url: str, *, binary: bool = True, timeout_s: float = DEFAULT_TIMEOUT_S, stop=None, **kw):
         kw.setdefault("cold_runs", 0)
         super().__init__(url, **kw)
-        self.url, self.binary, self.timeout_s = url, binary, timeout_s
+        self.url, self.binary, self.timeout_s, self.stop = url, binary, timeout_s, stop
 
 
 def run_http_benchmark(opts: HttpBenchOptions) -> dict[str, Any]:
