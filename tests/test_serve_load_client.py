@@ -101,7 +101,6 @@ def test_answers_decode_as_tritonclient_decodes_them():
 
 
 @pytest.mark.parametrize("argv,needle", [
-    (["bench"], "give a MODEL"),
     (["bench", "m.onnx", "--url", "http://127.0.0.1:9/v2/models/x"], "not both"),
     (["bench", "--url", "http://127.0.0.1:9/v2/models/x", "--vs", "onnxruntime"], "--vs does not apply with --url"),
     (["bench", "--url", "http://127.0.0.1:9/v2/models/x", "--cold-runs", "2"], "--cold-runs does not apply"),
@@ -114,3 +113,10 @@ def test_usage_errors_name_the_next_step(argv, needle, capsys):
     assert cli_main(argv) in (1, 2)
     err = capsys.readouterr().err
     assert needle in err and "next: " in err and "Traceback" not in err
+
+
+def test_no_model_and_no_url_is_argparse_s_missing_model(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli_main(["bench"])
+    assert e.value.code == 2
+    assert "the following arguments are required: MODEL (or --url URL)" in capsys.readouterr().err

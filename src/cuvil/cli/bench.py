@@ -56,7 +56,7 @@ def register(sub) -> None:
     sp.add_argument("--plot", metavar="OUT.png", help="latency histogram and CDF (needs matplotlib)")
     add_quiet_flag(sp)
     add_progress_flag(sp)
-    sp.set_defaults(fn=cmd_bench)
+    sp.set_defaults(fn=cmd_bench, parser=sp)
 
 
 def cmd_bench(args) -> int:
@@ -84,9 +84,8 @@ def cmd_bench(args) -> int:
     vs = pick(args.vs, "vs", None)
     if args.url is not None:
         _url_conflicts(args, vs, slas)
-    elif args.model is None:
-        raise CuvilError("give a MODEL (.onnx or .so) or --url", hint="cuvil bench model.onnx, or cuvil bench --url "
-                                                                       "http://127.0.0.1:8000/v2/models/NAME")
+    elif args.model is None:   # argparse's own wording, as when MODEL was a required positional
+        args.parser.error("the following arguments are required: MODEL (or --url URL)")
     cold_runs = args.cold_runs if args.cold_runs is not None else (0 if args.url else bench.DEFAULT_COLD_RUNS)
     bench.sla_requirements(slas, vs, cold_runs)
     if args.plot:
