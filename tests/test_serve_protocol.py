@@ -286,3 +286,25 @@ def test_models_are_named_after_their_artifacts():
     with pytest.raises(cuvil.CuvilError, match="both be served as 'm'"):
         model_names(["a/libm.so", "b/libm.so"])
     assert model_names(["a/libm.so", "b/libm.so"], ["m1", "m2"]) == ["m1", "m2"]
+
+
+def test_a_gpu_bundle_gets_one_gpu_per_replica_and_one_replica_per_gpu(tmp_path):
+    from cuvil.serve.app import ServeOptions, model_deployment_options
+    bundle, lib = str(tmp_path / "m.cuvil"), str(tmp_path / "libm.so")
+    o = model_deployment_options(bundle, "m", ServeOptions(threads=2), gpus=4)
+    assert o["ray_actor_options"] == {"num_cpus": 2.0, "num_gpus": 1} and o["num_replicas"] == 4
+    assert o["name"] == "model-m"
+    assert model_deployment_options(bundle, "m", ServeOptions(replicas=2), gpus=4)["num_replicas"] == 2
+    o = model_deployment_options(bundle, "m", ServeOptions(), gpus=0)      # no GPU: the fallback runs on CPUs
+    assert o["ray_actor_options"] == {"num_cpus": 0.0} and o["num_replicas"] == 1
+    o = model_deployment_options(lib, "m", ServeOptions(autoscale=(1, 3)), gpus=4)
+    assert "num_gpus" not in o["ray_actor_options"] and "num_replicas" not in o
+    assert o["autoscaling_config"]["min_replicas"] == 1 and o["autoscaling_config"]["max_replicas"] == 3
+
+
+def test_a_fallback_must_be_an_x86_library(rows_model, tmp_path, capsys):
+    (tmp_path / "m.cuvil").mkdir()
+    assert cli_main(["serve", str(tmp_path / "m.cuvil"), "--fallback", str(tmp_path / "m.cuvil")]) == 2
+    assert "not an x86 library" in capsys.readouterr().err
+    assert cli_main(["serve", rows_model.path, "--fallback", rows_model.path]) == 2
+    assert "1 --fallback for 0 GPU bundle(s)" in capsys.readouterr().err

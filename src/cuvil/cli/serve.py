@@ -91,10 +91,10 @@ def cmd_serve(args) -> int:
     """Start the server, print its URLs, block until Ctrl-C or SIGTERM, then shut it down."""
     from ..serve.app import check_artifacts, import_ray, model_names, start, stop
     opts = options(args)
-    check_artifacts(args.artifacts)
+    check_artifacts(args.artifacts, list(opts.fallbacks.values()))
     names = model_names(args.artifacts, opts.names)
     import_ray()                          # missing Ray: the install hint before Ray is asked to start
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    previous = signal.signal(signal.SIGTERM, _interrupt)      # `kill` stops it as cleanly as Ctrl-C
     try:
         url = start(args.artifacts, opts, address=args.address)
         for name in names:
@@ -105,5 +105,10 @@ def cmd_serve(args) -> int:
     except KeyboardInterrupt:
         print("stopping", flush=True)
     finally:
+        signal.signal(signal.SIGTERM, previous)
         stop()
     return 0
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt

@@ -92,7 +92,13 @@ def model_names(paths: Sequence[str], names: Optional[Sequence[str]] = None) -> 
     return out
 
 
-def check_artifacts(paths: Sequence[str]) -> None:
+def check_artifacts(paths: Sequence[str], fallbacks: Sequence[str] = ()) -> None:
+    """Refuses a path that is not a compiled artifact, or a fallback that is not an x86 library, before Ray
+    starts (a replica that cannot load its artifact would otherwise be retried by Ray)."""
+    for f in fallbacks:
+        if not (f.endswith(".so") and os.path.isfile(f)):
+            raise CuvilError(f"--fallback {f}: not an x86 library (libNAME.so) here",
+                             hint="give the libNAME.so compiled from the same model for the x86 target")
     for p in paths:
         if is_bundle(p):
             if not os.path.isdir(p):
@@ -114,24 +120,33 @@ def _scale(opts: ServeOptions, default_replicas: int = 1) -> dict:
     return {"num_replicas": opts.replicas if opts.replicas is not None else default_replicas}
 
 
+def model_deployment_options(path: str, name: str, opts: ServeOptions, gpus: float = 0) -> dict:
+    """The Ray Serve options of the deployment serving ``path`` as ``name``: the CPUs each replica reserves,
+    one GPU per replica for a GPU bundle when the cluster has GPUs (and one replica per GPU unless ``replicas``
+    or ``autoscale`` say otherwise), the replica count or the autoscaling range."""
+    cpus = opts.cpus if opts.cpus is not None else float(opts.threads)
+    actor = {"num_cpus": cpus}
+    replicas = 1
+    if is_bundle(path) and gpus >= 1:
+        actor["num_gpus"] = 1
+        replicas = int(gpus)
+    return dict(name=f"model-{name}", ray_actor_options=actor, max_ongoing_requests=max(16, 4 * opts.max_batch_size),
+                **_scale(opts, replicas))
+
+
 def build_app(paths: Sequence[str], opts: ServeOptions, gpus: float = 0):
-    """The Serve application serving ``paths`` (``gpus``: the GPUs of the cluster, for the bundles)."""
+    """The Serve application serving ``paths`` (``gpus``: the GPUs of the cluster, for the bundles), and the
+    models' names."""
     _, serve = import_ray()
     from .deployment import Ingress, ModelServer
     check_artifacts(paths)
     names = model_names(paths, opts.names)
-    cpus = opts.cpus if opts.cpus is not None else float(opts.threads)
     handles = {}
     for path, name in zip(paths, names):
-        actor = {"num_cpus": cpus}
-        replicas = 1
-        if is_bundle(path) and gpus >= 1:
-            actor["num_gpus"] = 1
-            replicas = int(gpus)       # one replica per GPU
-        d = serve.deployment(ModelServer, name=f"model-{name}", ray_actor_options=actor,
-                             max_ongoing_requests=max(16, 4 * opts.max_batch_size), **_scale(opts, replicas))
+        d = serve.deployment(ModelServer, **model_deployment_options(path, name, opts, gpus))
+        fallback = opts.fallbacks.get(path)
         handles[name] = d.bind(os.path.abspath(path), name, opts.threads, opts.max_batch_size, opts.batch_wait_s,
-                               opts.fallbacks.get(path))
+                               os.path.abspath(fallback) if fallback else None)
     ingress = serve.deployment(Ingress, name="oip-ingress", ray_actor_options={"num_cpus": 0},
                                max_ongoing_requests=1000, **_scale(opts))
     return ingress.bind(handles, opts.max_body_bytes), names
@@ -146,14 +161,15 @@ def start(paths: Sequence[str], opts: ServeOptions = ServeOptions(), address: Op
     start Serve's HTTP proxy on ``opts.host``:``opts.port``, deploy, wait until every replica is up. Returns
     the base URL (``http://HOST:PORT``)."""
     ray, serve = import_ray()
-    check_artifacts(paths)
+    check_artifacts(paths, list(opts.fallbacks.values()))
     model_names(paths, opts.names)
     if not ray.is_initialized():
         kwargs = dict(include_dashboard=False, log_to_driver=not opts.quiet,
                       logging_level=logging.WARNING if opts.quiet else logging.INFO)
         if address is None:
             kwargs["num_cpus"] = num_cpus
-        ray.init(address=address, **kwargs)
+        # "local": a new Ray instance even where `ray start` runs one on this machine (None would join that one)
+        ray.init(address=address or "local", **kwargs)
         _started_ray[0] = True
     app, _ = build_app(paths, opts, gpus=ray.cluster_resources().get("GPU", 0))
     try:
