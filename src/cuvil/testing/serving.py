@@ -12,9 +12,12 @@ from typing import Any, Iterator
 
 import numpy as np
 
-#: The kinds of malformed request :func:`malformed_requests` makes, each one the server must refuse with a 400.
-MALFORMED_KINDS = ("unknown model", "unknown input", "missing input", "wrong dtype", "wrong rank", "wrong dim",
-                   "out of profile", "malformed JSON", "not a JSON object", "bad binary size", "oversized body")
+#: The kinds of malformed request :func:`malformed_requests` makes, each one the server must refuse with a 400,
+#: and a word its message must carry (case-insensitive), so that a refusal for another reason does not count.
+MALFORMED_KINDS = {"unknown model": "model", "unknown input": "input", "missing input": "input",
+                   "wrong dtype": "dtype", "wrong rank": "rank", "wrong dim": "dim", "out of profile": "profile",
+                   "malformed JSON": "json", "not a JSON object": "json", "bad binary size": "binary_data_size",
+                   "oversized body": "limit"}
 
 _DTYPES = {"FP32": np.float32, "FP64": np.float64, "INT64": np.int64, "INT32": np.int32, "UINT8": np.uint8,
            "INT8": np.int8, "BOOL": np.bool_, "FP16": np.float16}
@@ -70,9 +73,9 @@ def malformed_requests(meta: dict[str, Any], shape: list[int], n: int, seed: int
             k = fixed[int(rng.integers(len(fixed)))] if fixed else len(sh) - 1
             sh[k] += int(rng.integers(1, 4))
             t, b = _tensor(inp["name"], dt, sh, rng, binary)
-        elif kind == "out of profile":
+        elif kind == "out of profile":   # binary: JSON numbers of a large batch could pass the body limit first
             sh[0] = int(symbol_max) + int(rng.integers(1, 4))
-            t, b = _tensor(inp["name"], dt, sh, rng, binary)
+            t, b = _tensor(inp["name"], dt, sh, rng, True)
         elif kind == "malformed JSON":
             good, _ = _request([_tensor(inp["name"], dt, sh, rng, False)[0]], [])
             cut = int(rng.integers(1, len(good)))
