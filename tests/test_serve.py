@@ -2,11 +2,13 @@
 dashboard, stopped at the end) serving the demo CNN (symbolic batch N, batched) and a static library (no batch
 symbol, one request per call); Triton's own client (tritonclient.http, unchanged) drives it with JSON and binary
 tensors, and the results are checked against the same libraries in this process; raw HTTP checks the 400s.
-The ingress's readiness and its answer when a replica dies are checked on fake handles (no timing involved)."""
+The model deployment's own code (metadata, errors, a failing model) and the health deployment's readiness on a
+handle that never answers are also checked in this process, outside Ray."""
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
 import time
 import urllib.error
@@ -89,9 +91,12 @@ def test_health_and_model_metadata_through_tritonclient(server):
     assert c.is_model_ready("demo") and c.is_model_ready("fixed")
     meta = c.get_model_metadata("demo")
     assert meta["platform"] == "cuvil_x86"
-    assert meta["inputs"] == [{"name": "image", "datatype": "FP32", "shape": [-1, 3, 16, 16]}]
-    assert meta["outputs"] == [{"name": "probs", "datatype": "FP32", "shape": [-1, 10]}]
+    assert meta["inputs"] == [{"name": "image", "datatype": "FP32", "shape": [-1, 3, 16, 16],
+                               "parameters": {"dims": ["N", 3, 16, 16]}}]
+    assert meta["outputs"] == [{"name": "probs", "datatype": "FP32", "shape": [-1, 10],
+                                "parameters": {"dims": ["N", 10]}}]
     assert meta["parameters"]["batch_symbol"] == "N" and meta["parameters"]["max_batch_rows"] == 8
+    assert meta["parameters"]["symbols"] == {"N": {"min": 1, "opt": 2, "max": 8, "multiple": 1}}
     fixed = c.get_model_metadata("fixed")
     assert [(t["name"], t["datatype"], t["shape"]) for t in fixed["inputs"]] == [("x", "FP32", [2, 3]),
                                                                                  ("k", "INT64", [2, 3])]
@@ -111,11 +116,15 @@ def test_infer_matches_the_library_in_process(server, binary):
     assert got.dtype == np.float32 and got.shape == (3, 10)
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
     assert r.get_response()["id"] == "abc"
+    status, answer, _ = request(server, "/v2/models/demo/infer", json.dumps(
+        {"inputs": [{"name": "image", "datatype": "FP32", "shape": [1, 3, 16, 16], "data": x[:1].ravel().tolist()}]}
+    ).encode())
+    assert status == 200 and answer["outputs"][0]["shape"] == [1, 10]
 
 
 def test_concurrent_requests_are_joined_and_split_back(server):
     from ray import serve
-    stats = serve.get_deployment_handle("model-demo", app_name=serve_app.APP_NAME).stats
+    stats = serve.get_deployment_handle("model-demo", app_name=serve_app.model_app_name("demo")).stats
     before = stats.remote().result()
     sizes = [1, 2, 1, 3, 1, 2, 1, 1, 2, 1, 3, 1]
 
@@ -143,7 +152,7 @@ def test_a_gpu_bundle_without_a_gpu_runs_its_x86_fallback_in_the_replica(server,
     replica = ModelServer(bundle, "gpudemo", threads=1, fallback=server["paths"]["demo"])
     meta = replica.describe()
     assert meta["name"] == "gpudemo" and meta["platform"] == "cuvil_x86" and "fallback" in meta["parameters"]
-    assert meta["inputs"] == [{"name": "image", "datatype": "FP32", "shape": [-1, 3, 16, 16]}]
+    assert meta["inputs"][0]["shape"] == [-1, 3, 16, 16]
     xs = [{"image": image(2, seed=5)}, {"image": image(1, seed=6)}]
     for x, got in zip(xs, replica.runner.run_batch(xs)):
         np.testing.assert_allclose(got["probs"], server["libs"]["demo"].run(x)["probs"], rtol=1e-6, atol=1e-7)
@@ -197,7 +206,7 @@ def test_unknown_routes_and_methods_answer_in_json_and_the_server_stays_ready(se
     assert request(server, "/v2/models/demo/ready")[:2] == (200, {"name": "demo", "ready": True})
 
 
-# -- the ingress on fake handles: readiness and a replica that died --------------------------------------------
+# -- the deployments' own code, in this process -----------------------------------------------------------------
 
 class _Method:
     def __init__(self, fn):
@@ -207,22 +216,14 @@ class _Method:
         return self.fn(*args)
 
 
-class FakeHandle:
-    """A deployment handle whose replica never answers ``ready`` (not up) or dies during ``infer``."""
-
-    def __init__(self):
-        self.ready = _Method(lambda: asyncio.Event().wait())          # never set: no replica answers
-
-        async def describe():
-            return {"name": "m", "outputs": [{"name": "y"}]}
-
-        async def infer(inputs):
-            raise ray.exceptions.ActorDiedError()
-        self.describe, self.infer = _Method(describe), _Method(infer)
+class SilentHandle:
+    """A deployment handle whose replica never answers (not up yet, or being restarted by Ray)."""
+    ready = _Method(lambda: asyncio.Event().wait())
 
 
-def _call(ingress, method, path, body=b""):
-    from cuvil.serve.deployment import Request      # starlette's, as Ray Serve hands it to the ingress
+def _call(deployment, method, path, body=b"", headers=()):
+    """(status, JSON body, headers) of ``deployment``'s answer to one request, as Serve would hand it over."""
+    from cuvil.serve.deployment import Request      # starlette's, as Ray Serve hands it to a deployment
     sent = []
 
     async def receive():
@@ -231,22 +232,41 @@ def _call(ingress, method, path, body=b""):
         sent.append(1)
         return {"type": "http.request", "body": body, "more_body": False}
     scope = {"type": "http", "method": method, "path": path, "query_string": b"", "root_path": "",
-             "headers": [(b"content-length", str(len(body)).encode())], "scheme": "http",
+             "headers": [(b"content-length", str(len(body)).encode()), *headers], "scheme": "http",
              "server": ("127.0.0.1", 80)}
-    resp = asyncio.run(ingress(Request(scope, receive)))
-    return resp.status_code, json.loads(resp.body)
+    resp = asyncio.run(deployment(Request(scope, receive)))
+    return resp.status_code, json.loads(resp.body), resp.headers
 
 
-def test_ready_is_false_while_a_replica_does_not_answer_and_a_dead_replica_is_a_500(monkeypatch):
+def test_ready_is_false_while_a_replica_does_not_answer(monkeypatch):
     from cuvil.serve import deployment
     monkeypatch.setattr(deployment, "READY_TIMEOUT_S", 0.05)
-    ingress = deployment.Ingress({"m": FakeHandle()})
-    assert _call(ingress, "GET", "/v2/health/ready") == (503, {"ready": False})
-    assert _call(ingress, "GET", "/v2/models/m/ready") == (503, {"name": "m", "ready": False})
-    assert _call(ingress, "GET", "/v2/health/live") == (200, {"live": True})
-    status, answer = _call(ingress, "POST", "/v2/models/m/infer",
-                           json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": [1]}]}).encode())
-    assert status == 500 and answer["error"].startswith("model 'm' did not answer: ActorDiedError")
+    health = deployment.Health({"m": SilentHandle()})
+    assert _call(health, "GET", "/v2/health/ready")[:2] == (503, {"ready": False})
+    assert _call(health, "GET", "/v2/health/live")[:2] == (200, {"live": True})
+    status, answer, _ = _call(health, "GET", "/v2/models/m/ready")     # its own app not routing: 503, says so
+    assert status == 503 and "model 'm' is starting" in answer["error"]
+    assert _call(health, "GET", "/v2/models/x")[:2] == (400, {"error": "unknown model 'x'; this server serves 'm'"})
+
+
+def test_the_model_deployment_answers_http_itself_and_a_failing_model_is_a_500(server, monkeypatch):
+    from cuvil.serve.deployment import ModelServer
+    replica = ModelServer(server["paths"]["fixed"], "fixed", threads=1, max_body=1000)
+    x = {"name": "x", "datatype": "FP32", "shape": [2, 3], "data": [1, 2, 3, 4, 5, 6]}
+    k = {"name": "k", "datatype": "INT64", "shape": [2, 3], "data": [1, 1, 1, 1, 1, 1]}
+    body = json.dumps({"inputs": [x, k]}).encode()
+    status, answer, headers = _call(replica, "POST", "/v2/models/fixed/infer", body)
+    assert status == 200 and answer["outputs"][0]["data"] == [2, 3, 4, 5, 6, 7]
+    assert headers["cuvil-replica"].endswith(f"/{os.getpid()}")
+    assert _call(replica, "GET", "/v2/models/fixed")[1]["name"] == "fixed"
+    assert _call(replica, "POST", "/v2/models/fixed/infer", b" " * 1001)[:2] == \
+        (400, {"error": "request body of 1001 bytes is over the limit of 1000 bytes (cuvil serve --max-body-mb)"})
+
+    def explode(*args, **kw):
+        raise RuntimeError("kernel exploded")
+    monkeypatch.setattr(replica.model, "run", explode)
+    status, answer, _ = _call(replica, "POST", "/v2/models/fixed/infer", body)
+    assert (status, answer) == (500, {"error": "the model failed: RuntimeError: kernel exploded"})
 
 
 # -- the command (last: it replaces the module's application, then stops Serve and Ray) ------------------------

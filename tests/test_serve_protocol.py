@@ -5,6 +5,7 @@ come before Ray starts."""
 from __future__ import annotations
 
 import json
+import socket
 import sys
 
 import numpy as np
@@ -157,9 +158,11 @@ def test_model_metadata_has_datatypes_and_minus_one_for_symbols():
                                          tensor_spec("ids", TensorProto.INT64, [1, None])],
                                    [tensor_spec("y", TensorProto.FLOAT16, ["N", 1000])], "cuvil_x86")
     assert meta == {"name": "m", "versions": ["1"], "platform": "cuvil_x86",
-                    "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 3, 224, 224]},
-                               {"name": "ids", "datatype": "INT64", "shape": [1, -1]}],
-                    "outputs": [{"name": "y", "datatype": "FP16", "shape": [-1, 1000]}]}
+                    "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 3, 224, 224],
+                                "parameters": {"dims": ["N", 3, 224, 224]}},
+                               {"name": "ids", "datatype": "INT64", "shape": [1, -1], "parameters": {"dims": [1, None]}}],
+                    "outputs": [{"name": "y", "datatype": "FP16", "shape": [-1, 1000],
+                                 "parameters": {"dims": ["N", 1000]}}]}
 
 
 def test_batch_symbol_is_the_leading_symbol_of_every_input_and_output():
@@ -289,6 +292,7 @@ def test_models_are_named_after_their_artifacts():
 
 
 def test_a_gpu_bundle_gets_one_gpu_per_replica_and_one_replica_per_gpu(tmp_path):
+    """(The options only: Ray is not needed to compute them.)"""
     from cuvil.serve.app import ServeOptions, model_deployment_options
     bundle, lib = str(tmp_path / "m.cuvil"), str(tmp_path / "libm.so")
     o = model_deployment_options(bundle, "m", ServeOptions(threads=2), gpus=4)
@@ -308,3 +312,13 @@ def test_a_fallback_must_be_an_x86_library(rows_model, tmp_path, capsys):
     assert "not an x86 library" in capsys.readouterr().err
     assert cli_main(["serve", rows_model.path, "--fallback", rows_model.path]) == 2
     assert "1 --fallback for 0 GPU bundle(s)" in capsys.readouterr().err
+
+
+def test_an_address_nothing_answers_on_is_refused_at_once():
+    from cuvil.serve.app import check_reachable
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]           # bound, not listening: the connection is refused
+        with pytest.raises(cuvil.CuvilError, match=f"no Ray cluster answers at 127.0.0.1:{port}"):
+            check_reachable(f"127.0.0.1:{port}")
+    check_reachable("auto")                 # left to Ray

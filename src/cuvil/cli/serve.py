@@ -94,9 +94,11 @@ def cmd_serve(args) -> int:
     check_artifacts(args.artifacts, list(opts.fallbacks.values()))
     names = model_names(args.artifacts, opts.names)
     import_ray()                          # missing Ray: the install hint before Ray is asked to start
-    previous = signal.signal(signal.SIGTERM, _interrupt)      # `kill` stops it as cleanly as Ctrl-C
+    previous = signal.getsignal(signal.SIGTERM)
     try:
         url = start(args.artifacts, opts, address=args.address)
+        # `kill` stops it as cleanly as Ctrl-C (set after Ray's start, which installs a SIGTERM handler that aborts)
+        signal.signal(signal.SIGTERM, _interrupt)
         for name in names:
             print(f"serving {name} at {url}/v2/models/{name}", flush=True)
         print(f"ready: {url}/v2/health/ready (Ctrl-C stops)", flush=True)
@@ -105,7 +107,7 @@ def cmd_serve(args) -> int:
     except KeyboardInterrupt:
         print("stopping", flush=True)
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
         stop()
     return 0
 

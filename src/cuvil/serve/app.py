@@ -1,8 +1,9 @@
-"""Build the Ray Serve application of ``cuvil serve`` and start it: :func:`start` (Ray, then Serve on a host and
-port, then the app; returns the base URL), :func:`stop`. One :class:`~cuvil.serve.deployment.ModelServer`
-deployment per artifact (``--replicas N`` or ``--autoscale MIN:MAX``; a GPU bundle asks for one GPU per replica
-when the cluster has GPUs, and one replica per GPU unless told otherwise) behind one
-:class:`~cuvil.serve.deployment.Ingress` that speaks HTTP.
+"""Build the Ray Serve applications of ``cuvil serve`` and start them: :func:`start` (Ray, then Serve on a host and
+port, then the apps; returns the base URL), :func:`stop`. Each artifact is its own application (``cuvil-NAME``,
+route ``/v2/models/NAME``): one :class:`~cuvil.serve.deployment.ModelServer` deployment whose replicas answer
+HTTP themselves (``--replicas N`` or ``--autoscale MIN:MAX``; a GPU bundle asks for one GPU per replica when the
+cluster has GPUs, and one replica per GPU unless told otherwise). One more application, ``cuvil`` at ``/``, is the
+:class:`~cuvil.serve.deployment.Health` deployment (``/v2``, ``/v2/health/*``, unknown models).
 
 Ray is imported here only inside functions (:func:`import_ray`), so that this module, like the rest of
 :mod:`cuvil.serve` but ``deployment``, imports without it.
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 from typing import List, Optional, Sequence, Tuple
 
 import attrs
@@ -18,7 +20,8 @@ import attrs
 from ..errors import CuvilError
 from . import protocol
 
-#: The Serve application's name (``serve status`` lists it).
+#: The name of the Serve application of the server-wide routes; each model's is ``cuvil-NAME``
+#: (:func:`model_app_name`); ``serve status`` lists them.
 APP_NAME = "cuvil"
 INSTALL_HINT = "pip install 'cuvil[serve]' (Ray Serve), then run cuvil serve again"
 
@@ -134,25 +137,66 @@ def model_deployment_options(path: str, name: str, opts: ServeOptions, gpus: flo
                 **_scale(opts, replicas))
 
 
-def build_app(paths: Sequence[str], opts: ServeOptions, gpus: float = 0):
-    """The Serve application serving ``paths`` (``gpus``: the GPUs of the cluster, for the bundles), and the
-    models' names."""
+def model_app_name(name: str) -> str:
+    """The Serve application serving model ``name`` (its deployment is ``model-NAME``)."""
+    return f"{APP_NAME}-{name}"
+
+
+def model_app(cls, path: str, name: str, opts: ServeOptions, gpus: float = 0, *extra):
+    """``(application name, route prefix, bound application)`` of one model served by ``cls`` (ModelServer, or a
+    subclass taking ``extra`` init arguments after the usual ones)."""
     _, serve = import_ray()
-    from .deployment import Ingress, ModelServer
+    d = serve.deployment(cls, **model_deployment_options(path, name, opts, gpus))
+    fallback = opts.fallbacks.get(path)
+    bound = d.bind(os.path.abspath(path), name, opts.threads, opts.max_batch_size, opts.batch_wait_s,
+                   os.path.abspath(fallback) if fallback else None, opts.max_body_bytes, *extra)
+    return model_app_name(name), f"/v2/models/{name}", bound
+
+
+def build_apps(paths: Sequence[str], opts: ServeOptions, gpus: float = 0) -> List[tuple]:
+    """The Serve applications serving ``paths`` (``gpus``: the GPUs of the cluster, for the bundles), each
+    ``(application name, route prefix, bound application)``; the server-wide one (:class:`Health`) last."""
+    from .deployment import ModelServer
     check_artifacts(paths)
     names = model_names(paths, opts.names)
-    handles = {}
-    for path, name in zip(paths, names):
-        d = serve.deployment(ModelServer, **model_deployment_options(path, name, opts, gpus))
-        fallback = opts.fallbacks.get(path)
-        handles[name] = d.bind(os.path.abspath(path), name, opts.threads, opts.max_batch_size, opts.batch_wait_s,
-                               os.path.abspath(fallback) if fallback else None)
-    ingress = serve.deployment(Ingress, name="oip-ingress", ray_actor_options={"num_cpus": 0},
-                               max_ongoing_requests=1000, **_scale(opts))
-    return ingress.bind(handles, opts.max_body_bytes), names
+    apps = [model_app(ModelServer, path, name, opts, gpus) for path, name in zip(paths, names)]
+    return apps + [health_app([a[0] for a in apps], names)]
+
+
+def health_app(app_names: Sequence[str], names: Sequence[str]) -> tuple:
+    _, serve = import_ray()
+    from .deployment import Health
+    d = serve.deployment(Health, name="oip-health", ray_actor_options={"num_cpus": 0}, max_ongoing_requests=1000)
+    return APP_NAME, "/", d.bind(dict(zip(names, app_names)))
+
+
+def run_apps(apps: Sequence[tuple]) -> None:
+    """Deploy ``(name, route prefix, application)`` each, waiting until its replicas are up; remembered for
+    :func:`stop`."""
+    _, serve = import_ray()
+    for name, prefix, app in apps:
+        serve.run(app, name=name, route_prefix=prefix, blocking=False)
+        if name not in _deployed:
+            _deployed.append(name)
+
+
+def check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """A ``HOST:PORT`` Ray address that nothing answers on is refused at once (Ray itself retries for minutes);
+    ``auto`` and ``ray://`` addresses are left to Ray."""
+    host, sep, port = address.rpartition(":")
+    if not sep or "://" in address or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        raise CuvilError(f"no Ray cluster answers at {address} ({e.strerror or e})",
+                         hint="start one there (ray start --head --port PORT), or leave --address out to serve "
+                              "from a local Ray instance") from None
 
 
 _started_ray = [False]
+#: The Serve applications :func:`run_apps` deployed (what :func:`stop` deletes on a cluster it joined).
+_deployed: List[str] = []
 
 
 def start(paths: Sequence[str], opts: ServeOptions = ServeOptions(), address: Optional[str] = None,
@@ -164,20 +208,36 @@ def start(paths: Sequence[str], opts: ServeOptions = ServeOptions(), address: Op
     check_artifacts(paths, list(opts.fallbacks.values()))
     model_names(paths, opts.names)
     if not ray.is_initialized():
+        if address is not None:
+            check_reachable(address)
         kwargs = dict(include_dashboard=False, log_to_driver=not opts.quiet,
                       logging_level=logging.WARNING if opts.quiet else logging.INFO)
         if address is None:
             kwargs["num_cpus"] = num_cpus
         # "local": a new Ray instance even where `ray start` runs one on this machine (None would join that one)
-        ray.init(address=address or "local", **kwargs)
+        try:
+            try:
+                ray.init(address=address or "local", **kwargs)
+            except Exception:
+                if address is not None:
+                    raise
+                # a local node that did not come up in Ray's fixed 30 s (a machine busy with other work): once more
+                ray.shutdown()
+                ray.init(address="local", **kwargs)
+        except Exception as e:     # a cluster not there, a node that timed out starting (an overloaded machine)
+            text = str(e).strip().splitlines()
+            where = f"the Ray cluster at {address}" if address else "a local Ray instance"
+            raise CuvilError(f"could not start or join {where}: {type(e).__name__}: {text[-1] if text else ''}",
+                             hint="check `ray status` on the cluster (--address), or try again on a less busy "
+                                  "machine (Ray gives its processes 30 s to start)") from None
         _started_ray[0] = True
-    app, _ = build_app(paths, opts, gpus=ray.cluster_resources().get("GPU", 0))
+    apps = build_apps(paths, opts, gpus=ray.cluster_resources().get("GPU", 0))
     try:
         if opts.quiet:
             logging.getLogger("ray.serve").setLevel(logging.WARNING)
         serve.start(http_options={"host": opts.host, "port": opts.port},
                     logging_config={"log_level": "WARNING" if opts.quiet else "INFO"})
-        serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)
+        run_apps(apps)
     except Exception as e:      # a port in use, a replica that failed to load: one line, not Ray's traceback
         text = str(e).strip().splitlines()
         raise CuvilError(f"the server did not start: {type(e).__name__}: {text[-1] if text else ''}",
@@ -186,10 +246,19 @@ def start(paths: Sequence[str], opts: ServeOptions = ServeOptions(), address: Op
 
 
 def stop() -> None:
-    """Shut Serve down, and Ray too when :func:`start` started it."""
+    """Shut down what :func:`start` started: Serve and Ray where it started its own Ray instance; on a cluster it
+    joined, only its applications (Serve and the cluster go on)."""
     ray, serve = import_ray()
-    if ray.is_initialized():
+    if not ray.is_initialized():
+        return
+    if _started_ray[0]:
         serve.shutdown()
-        if _started_ray[0]:
-            ray.shutdown()
-            _started_ray[0] = False
+        ray.shutdown()
+        _started_ray[0] = False
+    else:
+        for name in reversed(_deployed):
+            try:
+                serve.delete(name)
+            except Exception:
+                pass
+    _deployed.clear()

@@ -96,9 +96,13 @@ def datatype_of(spec: TensorSpec) -> str:
 
 
 def tensor_metadata(spec: TensorSpec) -> dict:
-    """``{"name", "datatype", "shape"}`` of one input or output; a symbolic dim is -1."""
-    return {"name": spec.name, "datatype": datatype_of(spec),
-            "shape": [d if isinstance(d, int) else -1 for d in spec.dims]}
+    """``{"name", "datatype", "shape"}`` of one input or output; a symbolic dim is -1 in ``shape``, and then
+    ``parameters.dims`` gives every dim by name (``["N", 3, 224, 224]``; null for an unnamed one)."""
+    out = {"name": spec.name, "datatype": datatype_of(spec),
+           "shape": [d if isinstance(d, int) else -1 for d in spec.dims]}
+    if not all(isinstance(d, int) for d in spec.dims):
+        out["parameters"] = {"dims": list(spec.dims)}
+    return out
 
 
 def model_metadata(name: str, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec], platform: str,
