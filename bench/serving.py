@@ -9,10 +9,12 @@ a soak, a replica killed under load, and malformed requests. One process runs ev
 
 The model: SqueezeNet 1.0 (onnx's light model, seeded random weights) with a symbolic batch N in [1, 8], batch
 1 per request, compiled at O3 for this CPU. The server: a private local Ray instance (4 logical CPUs on this
-2-core machine), one Serve app whose ingress (`cuvil.serve.deployment.Ingress`) serves `squeezenet` (the
-library, `ModelServer`) and `squeezenet_ort` (the same `ModelServer` code, its model object swapped for
-onnxruntime behind the library's own interface and checks: `OrtModel` below), each on two one-thread replicas,
-dynamic batching up to 8 rows within 2 ms. The clients: `cuvil bench --url`'s (`cuvil.bench_http`), closed loop.
+2-core machine), a Serve app per model as `cuvil serve` deploys them (`cuvil.serve.app.model_app`: Serve's HTTP
+proxy calls the model deployment, one hop): `squeezenet` (the library, `ModelServer`) and `squeezenet_ort` (the
+same `ModelServer` code, its model object swapped for onnxruntime behind the library's own interface and
+checks: `OrtModel` below), each on two one-thread replicas, dynamic batching up to 8 rows within 2 ms. The
+clients: `cuvil bench --url`'s (`cuvil.bench_http`), closed loop. (a) and (b) also give the CPU time each
+process (client, proxy, replicas, Ray's control processes) spent per request.
 
 (a) concurrency 8: the library in-process (`cuvil bench`'s timed loop: 8 threads, a one-thread session each)
     vs the library on Ray Serve; rounds alternate the engines so machine noise hits all alike. Goal:
@@ -21,8 +23,8 @@ dynamic batching up to 8 rows within 2 ms. The clients: `cuvil bench --url`'s (`
     session, its HTTP endpoint driven by the same client) when `--pytriton-python` names an interpreter that
     has `nvidia-pytriton` (it pins numpy < 2: install it in a venv of its own). Goal: Cuvil's p99 and
     throughput better.
-(c) soak: `--soak-s` (600) at concurrency 16 on the library: errors, and the resident memory (VmRSS) of every
-    replica (model and ingress) after the warm-up (the first tenth, at least 30 s) and at the end. Goal: 0
+(c) soak: `--soak-s` (600) at concurrency 16 on the library: errors, and the resident memory (VmRSS) of its
+    replicas, the health replica and the HTTP proxy after the warm-up (the first tenth, at least 30 s) and at the end. Goal: 0
     errors, growth <= 5 %.
 (d) a model replica SIGKILLed under load (concurrency 8): how long until Serve replaced it, the errors (goal:
     only the requests in flight on it, at most the concurrency), /v2/health/ready meanwhile.
@@ -53,7 +55,8 @@ from cuvil.bench import BenchOptions, run_benchmark, write_json
 from cuvil.bench_http import Client, HttpBenchOptions, fetch_metadata, run_http_benchmark
 from cuvil.targets.x86.cpu import cpu_label
 from cuvil.testing import light_model
-from cuvil.testing.serving import MALFORMED_KINDS, kill_replica, malformed_requests, replicas, rss_kb
+from cuvil.testing.serving import (MALFORMED_KINDS, cpu_seconds, kill_replica, malformed_requests, process_tree,
+                                   replicas, rss_kb, serve_processes)
 
 PROFILE = (1, 1, 8)
 SHAPE = (1, 3, 224, 224)
@@ -106,37 +109,40 @@ def _server_classes():
     class OrtModelServer(ModelServer):
         """`cuvil serve`'s model deployment, its model object onnxruntime (:class:`OrtModel`)."""
 
-        def __init__(self, path, name, threads=0, max_batch_size=8, batch_wait_s=0.002, fallback=None,
-                     onnx_path=None):
-            super().__init__(path, name, threads, max_batch_size, batch_wait_s, fallback)
-            self.model = OrtModel(self.model, onnx_path, threads)
-            self.runner = BatchRunner(self.model, max_rows=max_batch_size)
+        def __init__(self, *args):   # ModelServer's (path, name, threads, ...), then the ONNX model's path
+            *args, onnx_path = args
+            super().__init__(*args)
+            self.model = OrtModel(self.model, onnx_path, threads=args[2])
+            self.runner = BatchRunner(self.model, max_rows=self.runner.max_rows)
             self.platform = "onnxruntime"
+            self._meta = self.describe()
 
     return ModelServer, OrtModelServer
 
 
 def start_server(lib: str, onnx_path: str, port: int, replicas_: int = 2) -> str:
-    """One Serve app: ``squeezenet`` (the library) and ``squeezenet_ort`` (onnxruntime) behind one ingress, as
-    :func:`cuvil.serve.app.build_app` builds it (its deployment options and classes; only the second model's
-    object differs)."""
+    """Two Serve apps as `cuvil serve` deploys them (:func:`cuvil.serve.app.model_app`, one hop: Serve's proxy
+    calls the model deployment): ``squeezenet`` (the library) and ``squeezenet_ort`` (the same ``ModelServer``
+    code, its model onnxruntime), and the server-wide health app."""
     import ray
     from ray import serve
 
-    from cuvil.serve.app import APP_NAME, ServeOptions, model_deployment_options
-    from cuvil.serve.deployment import Ingress
+    from cuvil.serve.app import ServeOptions, health_app, model_app, run_apps
     ModelServer, OrtModelServer = _server_classes()
     opts = ServeOptions(port=port, replicas=replicas_, threads=1, max_batch_size=PROFILE[2], batch_wait_s=0.002,
                         max_body_bytes=MAX_BODY, quiet=True)
-    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
-    handles = {}
-    for name, cls, extra in (("squeezenet", ModelServer, ()), ("squeezenet_ort", OrtModelServer, (onnx_path,))):
-        d = serve.deployment(cls, **model_deployment_options(lib, name, opts))
-        handles[name] = d.bind(lib, name, opts.threads, opts.max_batch_size, opts.batch_wait_s, None, *extra)
-    ingress = serve.deployment(Ingress, name="oip-ingress", ray_actor_options={"num_cpus": 0},
-                               max_ongoing_requests=1000, num_replicas=1)
+    for attempt in (1, 2, 3):   # Ray gives a local node a fixed 30 s to start: a busy machine may need another go
+        try:
+            ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
+            break
+        except Exception:
+            ray.shutdown()
+            if attempt == 3:
+                raise
     serve.start(http_options={"host": "127.0.0.1", "port": port}, logging_config={"log_level": "WARNING"})
-    serve.run(ingress.bind(handles, opts.max_body_bytes), name=APP_NAME, route_prefix="/", blocking=False)
+    apps = [model_app(ModelServer, lib, "squeezenet", opts), model_app(OrtModelServer, lib, "squeezenet_ort", opts, 0,
+                                                                       onnx_path)]
+    run_apps(apps + [health_app([a[0] for a in apps], ["squeezenet", "squeezenet_ort"])])
     base = f"http://127.0.0.1:{port}"
     _wait_ready(base)
     return base
@@ -227,7 +233,40 @@ def _pooled(runs: list[dict]) -> dict:
             "first_error": next((r["cuvil"]["first_error"] for r in runs if r["cuvil"]["first_error"]), None)}
 
 
-def part_ab(lib: str, base: str, triton: str | None, rounds: int, round_s: float, log) -> dict:
+def _group(label: str) -> str:
+    """A process's hop: client, HTTP proxy, a model's replicas, or Ray's control processes."""
+    if label.startswith("replica "):
+        app = label.split()[1].split("/")[0]
+        return "health replica" if app == "cuvil" else f"{app.removeprefix('cuvil-')} replicas"
+    if label in ("HTTP proxy", "client (this process)", "Triton (PyTriton process tree)"):
+        return label
+    return "Ray control (controller, GCS, raylet)"
+
+
+def _cpu_snapshot(triton_pid: int | None) -> dict[str, float]:
+    """CPU seconds used so far by each serving process, by hop (:func:`_group`), and by this process (the
+    clients, or the in-process engine)."""
+    out: dict[str, float] = {"client (this process)": sum(os.times()[:2])}
+    for label, pid in serve_processes().items():
+        try:
+            g = _group(label)
+            out[g] = out.get(g, 0.0) + cpu_seconds(pid)
+        except (OSError, ValueError):
+            pass
+    if triton_pid is not None:
+        out["Triton (PyTriton process tree)"] = sum(_safe_cpu(p) for p in process_tree(triton_pid))
+    return out
+
+
+def _safe_cpu(pid: int) -> float:
+    try:
+        return cpu_seconds(pid)
+    except (OSError, ValueError):
+        return 0.0
+
+
+def part_ab(lib: str, base: str, triton: str | None, triton_pid: int | None, rounds: int, round_s: float,
+            log) -> dict:
     engines = {"in-process": lambda: run_benchmark(BenchOptions(lib, threads=1, concurrency=8, duration=round_s,
                                                                 warmup=5, cold_runs=0, shapes={"N": 1})),
                "serve cuvil": lambda: _http(f"{base}/v2/models/squeezenet", 8, round_s),
@@ -235,15 +274,24 @@ def part_ab(lib: str, base: str, triton: str | None, rounds: int, round_s: float
     if triton:
         engines["pytriton onnxruntime"] = lambda: _http(f"{triton}/v2/models/squeezenet_triton", 8, round_s)
     runs = {e: [] for e in engines}
+    cpu = {e: {} for e in engines}        # engine -> hop -> CPU seconds over its rounds (warm-up included)
     order = list(engines)
     for r in range(rounds):
         for e in order[r % len(order):] + order[:r % len(order)]:     # each round starts with another engine
+            before = _cpu_snapshot(triton_pid)
             res = engines[e]()
+            after = _cpu_snapshot(triton_pid)
+            for hop in after:
+                cpu[e][hop] = cpu[e].get(hop, 0.0) + after[hop] - before.get(hop, after[hop])
+            res["requests_incl_warmup"] = res["cuvil"]["runs"] + res["cuvil"]["errors"] + 8 * 5
             runs[e].append(res)
             c = res["cuvil"]
             log(f"(a/b) round {r + 1}/{rounds} {e}: p50 {c['p50_ms']:.2f} ms, p99 {c['p99_ms']:.2f} ms, "
                 f"{c['throughput_ips']:.1f}/s, {c['errors']} errors")
     out = {e: _pooled(rs) for e, rs in runs.items()}
+    for e, rs in runs.items():
+        n = sum(r["requests_incl_warmup"] for r in rs)
+        out[e]["cpu_ms_per_request"] = {hop: 1e3 * secs / n for hop, secs in sorted(cpu[e].items())}
     inproc, served = out["in-process"], out["serve cuvil"]
     out["ratios"] = {
         "serve_vs_inprocess_throughput": served["throughput_ips"] / inproc["throughput_ips"],
@@ -263,11 +311,12 @@ def _http(url: str, concurrency: int, seconds: float, **kw) -> dict:
 
 
 def _replica_rss() -> dict[str, int]:
+    """Resident memory of the library's replicas, the HTTP proxy and the health replica (KiB, by label)."""
     out = {}
-    for dep in ("model-squeezenet", "oip-ingress"):
-        for r in replicas(dep):
+    for label, pid in serve_processes().items():
+        if label.startswith("replica cuvil-squeezenet/") or label.startswith("replica cuvil/") or label == "HTTP proxy":
             try:
-                out[f"{dep} pid {r['pid']}"] = rss_kb(r["pid"])
+                out[f"{label} (pid {pid})"] = rss_kb(pid)
             except (OSError, ValueError):
                 pass
     return out
@@ -302,7 +351,9 @@ def part_c(base: str, seconds: float, log) -> dict:
 
 def part_d(base: str, log) -> dict:
     import urllib3
-    before = replicas("model-squeezenet")
+    from cuvil.serve.app import model_app_name
+    app = model_app_name("squeezenet")
+    before = replicas("model-squeezenet", app)
     stop = threading.Event()
     box = {}
     t = threading.Thread(target=lambda: box.update(res=_http(f"{base}/v2/models/squeezenet", 8, 3600, stop=stop,
@@ -319,7 +370,7 @@ def part_d(base: str, log) -> dict:
             ready_seen.append(urllib3.request("GET", base + "/v2/health/ready", timeout=5, retries=False).status)
         except urllib3.exceptions.HTTPError as e:
             ready_seen.append(type(e).__name__)
-        now = replicas("model-squeezenet")
+        now = replicas("model-squeezenet", app)
         if len(now) == len(before) and victim["actor_id"] not in {r["actor_id"] for r in now}:
             replaced_s = time.monotonic() - t_kill
             break
@@ -374,7 +425,8 @@ def part_e(base: str, n: int, log) -> dict:
 def report(res: dict) -> str:
     L = [f"## {res['date']} on {res['cpu']} ({res['cores']} cores, shared)", ""]
     L.append(f"`python3 bench/serving.py {' '.join(res['argv'])}`: SqueezeNet 1.0 (batch N in {list(PROFILE)}, one row "
-             f"per request), two one-thread replicas per model, batching up to {PROFILE[2]} rows within 2 ms.")
+             f"per request), two one-thread replicas per model (one hop: Serve's proxy calls them), batching up to {PROFILE[2]} rows "
+             f"within 2 ms.")
     ab = res.get("ab")
     if ab:
         L += ["", f"(a), (b): {res['rounds']} rounds of {res['round_s']:g} s per engine, alternating, concurrency 8",
@@ -384,6 +436,15 @@ def report(res: dict) -> str:
                 continue
             L.append(f"| {e} | {f['p50_ms']:.2f} | {f['p90_ms']:.2f} | {f['p99_ms']:.2f} | {f['throughput_ips']:.1f} "
                      f"({', '.join(f'{x:.0f}' for x in f['throughput_rounds'])}) | {f['errors']} |")
+        hops = sorted({h for e, f in ab.items() if e != "ratios" for h in f["cpu_ms_per_request"]})
+        L += ["", "CPU per request by process (ms of user + system CPU over the rounds, warm-up requests counted; "
+                  "other engines' servers idle meanwhile):", "",
+              "| engine | " + " | ".join(hops) + " | total |", "|---|" + "---|" * (len(hops) + 1)]
+        for e, f in ab.items():
+            if e == "ratios":
+                continue
+            c = f["cpu_ms_per_request"]
+            L.append(f"| {e} | " + " | ".join(f"{c.get(h, 0.0):.2f}" for h in hops) + f" | {sum(c.values()):.2f} |")
         r = ab["ratios"]
         L += ["", f"- (a) served / in-process throughput: **{r['serve_vs_inprocess_throughput']:.2f}x** (goal >= 0.8x); "
                   f"p99 served - in-process: **{r['serve_minus_inprocess_p99_ms']:+.2f} ms** (goal <= +5 ms)",
@@ -459,7 +520,8 @@ def main(argv=None):
                 else:
                     res["pytriton_note"] = ("not run: nvidia-pytriton 0.7 would downgrade this venv's numpy to "
                                             "1.26 and protobuf; give --pytriton-python with a venv of its own")
-                res["ab"] = part_ab(lib, base, triton, rounds, round_s, log)
+                res["ab"] = part_ab(lib, base, triton, tproc.pid if tproc is not None else None, rounds,
+                                    round_s, log)
             if tproc is not None:
                 tproc.terminate()
                 tproc.wait(30)

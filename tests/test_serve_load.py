@@ -23,7 +23,7 @@ from cuvil.bench_http import Client, HttpBenchOptions, run_http_benchmark  # noq
 from cuvil.cli import main as cli_main  # noqa: E402
 from cuvil.cli.demo import demo_model_path  # noqa: E402
 from cuvil.serve import app as serve_app  # noqa: E402
-from cuvil.serve.app import ServeOptions  # noqa: E402
+from cuvil.serve.app import ServeOptions, model_app_name  # noqa: E402
 from cuvil.testing.serving import MALFORMED_KINDS, kill_replica, malformed_requests, replicas  # noqa: E402
 
 MAX_BODY = 256 << 10
@@ -119,7 +119,7 @@ def test_malformed_requests_get_400s_with_a_message_and_the_server_stays_healthy
 
 
 def test_a_replica_killed_under_load_is_replaced_and_only_its_requests_fail(server):
-    before = replicas("model-demo")
+    before = replicas("model-demo", model_app_name("demo"))
     assert len(before) == 2 and all(r["pid"] for r in before)
     stop = threading.Event()
     opts = HttpBenchOptions(server["url"], duration=600, warmup=1, concurrency=4, shapes={"image": (1, 3, 16, 16)},
@@ -133,7 +133,7 @@ def test_a_replica_killed_under_load_is_replaced_and_only_its_requests_fail(serv
     kill_replica(victim)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        now = replicas("model-demo")
+        now = replicas("model-demo", model_app_name("demo"))
         if len(now) == 2 and victim["actor_id"] not in {r["actor_id"] for r in now}:
             break
         time.sleep(0.5)

@@ -265,7 +265,7 @@ def decode_response(body: bytes, headers) -> dict[str, np.ndarray]:
 class Client:
     """One keep-alive connection to an OIP server sending one prepared infer request over and over:
     ``client.infer()`` returns the outputs (decoded when ``decode``, else only their names checked) or raises
-    :class:`HttpError`. Not thread-safe: one per worker thread."""
+    :class:`HttpError`; ``last_headers``: the last answer's headers. Not thread-safe: one per worker thread."""
 
     def __init__(self, url: str, names: list[str], arrays: list[np.ndarray], outputs: list[str],
                  binary: bool = True, timeout_s: float = DEFAULT_TIMEOUT_S):
@@ -274,12 +274,14 @@ class Client:
         self.path, self.outputs = path + "/infer", list(outputs)
         self.body, self.headers = encode_request(names, arrays, self.outputs, binary)
         self._failed = _urllib3().exceptions.HTTPError
+        self.last_headers = None
 
     def infer(self, decode: bool = False) -> dict[str, Any]:
         try:
             r = self.pool.urlopen("POST", self.path, body=self.body, headers=self.headers)
         except self._failed as e:
             raise HttpError(None, f"{type(e).__name__}: {e}") from None
+        self.last_headers = r.headers
         if r.status != 200:
             raise HttpError(r.status, _message(r.data))
         try:

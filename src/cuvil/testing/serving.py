@@ -113,6 +113,58 @@ def replicas(deployment: str, app: str = "cuvil") -> list[dict[str, Any]]:
     return sorted(out, key=lambda r: r["actor_id"])
 
 
+def serve_processes() -> dict[str, int]:
+    """Every process of the connected local Ray instance that serves: ``{label: pid}`` for Serve's HTTP proxy,
+    its controller, each replica (``replica APP/DEPLOYMENT #k``), and Ray's own GCS server and raylet (those only
+    where this driver started the instance). For CPU accounting per hop (:func:`cpu_seconds`)."""
+    import ray
+    out: dict[str, int] = {}
+    count: dict[str, int] = {}
+    for a in sorted(ray._private.state.actors().values(), key=lambda a: a["ActorID"]):
+        cls, pid = a.get("ActorClassName") or "", a.get("Pid")
+        if a.get("State") != "ALIVE" or not pid:
+            continue
+        if cls.startswith("ServeReplica:"):
+            label = "replica " + "/".join(cls.split(":")[1:])
+        elif cls in ("ProxyActor", "ServeController"):
+            label = {"ProxyActor": "HTTP proxy", "ServeController": "Serve controller"}[cls]
+        else:
+            continue
+        count[label] = count.get(label, 0) + 1
+        out[f"{label} #{count[label]}" if label.startswith("replica") or count[label] > 1 else label] = pid
+    node = getattr(ray._private.worker, "_global_node", None)
+    for kind in ("gcs_server", "raylet"):
+        for k, info in enumerate(getattr(node, "all_processes", {}).get(kind, []) if node else []):
+            out[kind + (f" #{k + 1}" if k else "")] = info.process.pid
+    return out
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time a process on this machine has used (``/proc/PID/stat``), in seconds."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def process_tree(root: int) -> list[int]:
+    """``root`` and every process descended from it (by the parent pids in /proc)."""
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(name))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(children.get(pid, ()))
+    return out
+
+
 def rss_kb(pid: int) -> int:
     """The resident set of a process on this machine (``VmRSS``, KiB)."""
     with open(f"/proc/{pid}/status") as f:
