@@ -91,6 +91,11 @@ def test_json_tensors_and_the_answers_match_the_library(server):
     res = run_http_benchmark(HttpBenchOptions(server["url"], binary=False, runs=12, warmup=1, concurrency=2,
                                               shapes={"image": (1, 3, 16, 16)}))
     assert res["cuvil"]["runs"] == 12 and res["cuvil"]["errors"] == 0
+    # no shape given: the batch symbol N at the opt the server publishes (2), or --fix N=...
+    res = run_http_benchmark(HttpBenchOptions(server["url"], runs=4, warmup=0))
+    assert res["inputs"] == [{"name": "image", "dtype": "float32", "shape": [2, 3, 16, 16]}]
+    res = run_http_benchmark(HttpBenchOptions(server["url"], runs=4, warmup=0, shapes={"N": 5}))
+    assert res["inputs"][0]["shape"] == [5, 3, 16, 16] and res["cuvil"]["errors"] == 0
 
 
 def test_a_failing_server_counts_errors_with_the_first_message(server):
