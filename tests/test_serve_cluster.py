@@ -6,6 +6,7 @@ the two nodes starting: marked ``slow`` (``pytest -m "not slow"`` leaves it out)
 from __future__ import annotations
 
 import collections
+import os
 import socket
 from concurrent.futures import ThreadPoolExecutor
 
@@ -24,6 +25,9 @@ from cuvil.serve.app import ServeOptions, model_app_name  # noqa: E402
 from cuvil.testing.serving import replicas  # noqa: E402
 
 
+LOCAL_ROUTING = "RAY_SERVE_PROXY_PREFER_LOCAL_NODE_ROUTING"
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -34,6 +38,11 @@ def free_port() -> int:
 def cluster(tmp_path_factory):
     lib = cuvil.Pipeline.from_onnx(demo_model_path()).optimize() \
         .compile(shape_profiles={"N": (1, 1, 4)}).save(str(tmp_path_factory.mktemp("cluster") / "libdemo.so"))
+    # One HTTP proxy here (below), and Serve's proxy sends a request to a replica on its own node while that one
+    # has room: the worker node's replica would idle. A real cluster has a proxy per node behind a load
+    # balancer; here the proxy is told to spread (the variable reaches Ray's processes, started below).
+    saved = os.environ.get(LOCAL_ROUTING)
+    os.environ[LOCAL_ROUTING] = "0"
     c = cluster_utils.Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
     try:
         c.add_node(num_cpus=1)
@@ -50,6 +59,10 @@ def cluster(tmp_path_factory):
             serve.shutdown()
             ray.shutdown()
         c.shutdown()
+        if saved is None:
+            os.environ.pop(LOCAL_ROUTING, None)
+        else:
+            os.environ[LOCAL_ROUTING] = saved
 
 
 @pytest.mark.slow
