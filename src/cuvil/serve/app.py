@@ -24,6 +24,9 @@ from . import protocol
 #: (:func:`model_app_name`); ``serve status`` lists them.
 APP_NAME = "cuvil"
 INSTALL_HINT = "pip install 'cuvil[serve]' (Ray Serve), then run cuvil serve again"
+#: How many times a local Ray instance is started before giving up (Ray gives its node a fixed 30 s to come up,
+#: which a machine busy with other work can miss).
+LOCAL_START_ATTEMPTS = 3
 
 
 @attrs.frozen
@@ -175,7 +178,9 @@ def run_apps(apps: Sequence[tuple]) -> None:
     :func:`stop`."""
     _, serve = import_ray()
     for name, prefix, app in apps:
-        serve.run(app, name=name, route_prefix=prefix, blocking=False)
+        # no access log line per request: it costs the replica and the proxy CPU on every request
+        serve.run(app, name=name, route_prefix=prefix, blocking=False,
+                  logging_config={"enable_access_log": False, "log_level": "WARNING"})
         if name not in _deployed:
             _deployed.append(name)
 
@@ -216,14 +221,15 @@ def start(paths: Sequence[str], opts: ServeOptions = ServeOptions(), address: Op
             kwargs["num_cpus"] = num_cpus
         # "local": a new Ray instance even where `ray start` runs one on this machine (None would join that one)
         try:
-            try:
-                ray.init(address=address or "local", **kwargs)
-            except Exception:
-                if address is not None:
-                    raise
-                # a local node that did not come up in Ray's fixed 30 s (a machine busy with other work): once more
-                ray.shutdown()
-                ray.init(address="local", **kwargs)
+            for attempt in range(1 if address is not None else LOCAL_START_ATTEMPTS):
+                try:
+                    ray.init(address=address or "local", **kwargs)
+                    break
+                except Exception:
+                    # a local node that did not come up in Ray's fixed 30 s (a machine busy with other work)
+                    if attempt + 1 >= (1 if address is not None else LOCAL_START_ATTEMPTS):
+                        raise
+                    ray.shutdown()
         except Exception as e:     # a cluster not there, a node that timed out starting (an overloaded machine)
             text = str(e).strip().splitlines()
             where = f"the Ray cluster at {address}" if address else "a local Ray instance"

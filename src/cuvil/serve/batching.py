@@ -10,7 +10,7 @@ profile allows (``max``), nor than ``max_rows``.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Mapping, Optional, Sequence, Union
 
 import attrs
 import numpy as np
