@@ -224,6 +224,12 @@ def _verdict(fmt: Format, items, witnesses: Mapping[str, Witness]) -> Verdict:
         found = f"; the search's largest |value| was {abs(w.value):.4g}" if w is not None else ""
         return Verdict(UNKNOWN, f"{what}: {why}{found} (unknown: the interval may be too loose)", origin, w)
     bound = max((iv.max_abs for *_, iv, is_in in items), default=0.0)
+    if fmt.name == "int8":
+        scales = ", ".join(f"{key} scale {fmt.scale(iv):.4g}" for key, p, v, i, iv, is_in in items
+                           if is_in and not getattr(v, "is_const", False))
+        return Verdict(SAFE, f"every input bounded ({scales or 'constants only'}: nothing saturates)"
+                       + (" on calibration data (measured, not certified)" if origin == MEASURED else " (certified)"),
+                       origin)
     return Verdict(SAFE, f"every value it holds is within ±{bound:.6g}" + (" on calibration data (measured, not "
                    "certified)" if origin == MEASURED else " (certified)"), origin)
 

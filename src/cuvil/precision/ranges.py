@@ -724,7 +724,15 @@ def internal_ranges(graph: Graph, n: Node, r: Ranges) -> Dict[str, Interval]:
     if n.op == "RMSNormalization" and r.get(id(n.inputs[0])):
         x = r[id(n.inputs[0])].hull()
         return {"x^2": Interval.of(0.0, x.max_abs ** 2, x.origin, x.why)}
+    if n.op == "Gelu" and _attr_str(n, "approximate") == "tanh" and r.get(id(n.inputs[0])):
+        x = r[id(n.inputs[0])].hull()   # 0.5·x·(1 + tanh(sqrt(2/pi)·(x + 0.044715·x³)))
+        return {"x^3": Interval.of(x.min ** 3, x.max ** 3, x.origin, x.why)}
     return {}
+
+
+def _attr_str(n: Node, key: str) -> str:
+    v = n.attrs.get(key, "")
+    return v.decode() if isinstance(v, bytes) else str(v)
 
 
 def internal_values(n: Node, inputs: Sequence[np.ndarray]) -> Dict[str, np.ndarray]:
@@ -739,6 +747,8 @@ def internal_values(n: Node, inputs: Sequence[np.ndarray]) -> Dict[str, np.ndarr
         return {"x - mean": c, "(x - mean)^2": c * c}
     if n.op == "RMSNormalization":
         return {"x^2": x * x}
+    if n.op == "Gelu" and _attr_str(n, "approximate") == "tanh":
+        return {"x^3": x * x * x}
     return {}
 
 
