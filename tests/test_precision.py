@@ -160,30 +160,54 @@ def resnet_like(seed=0):
 
 
 def test_resnet_like_ranges_are_certified_and_sound_on_random_inputs():
-    ort = pytest.importorskip("onnxruntime")
     g = _graph(resnet_like())
     plan = plan_precision(g, "auto", input_ranges={"x": (0, 1)}, target_ops=EVERYWHERE)
     assert all(n.verdicts["fp16"].status == SAFE for n in plan.nodes), [n.reason for n in plan.nodes]
     assert all(n.range.bounded and n.range.origin == "certified" for n in plan.nodes)
-    # every intermediate value of the optimised graph, on 200 random inputs in the box, inside its interval
+    rng = np.random.default_rng(1)
+    x = rng.random((200, 1, 3, 16, 16)).astype(np.float32)
+    x[0], x[1] = 0, 1                                                   # the box's corners too
+    _assert_sound(g, plan, [{"x": xi} for xi in x])
+
+
+def _assert_sound(g, plan, feeds):
+    """Every intermediate value of the optimised graph (onnxruntime), for every feed, inside its interval."""
+    ort = pytest.importorskip("onnxruntime")
     m = export_model(g)
-    tracked = [n.outputs[0] for n in g.nodes if n.outputs[0].name in plan.ranges]
+    tracked = [o for n in g.nodes for o in n.outputs if o.name in plan.ranges]
     have = {o.name for o in m.graph.output}
     for v in tracked:
         if v.name not in have:
             m.graph.output.append(h.make_tensor_value_info(v.name, T.FLOAT, None))
     sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
     names = [o.name for o in sess.get_outputs()]
-    rng = np.random.default_rng(1)
-    x = rng.random((200, 1, 3, 16, 16)).astype(np.float32)
-    x[0], x[1] = 0, 1                                                   # the box's corners too
     checked = 0
-    for xi in x:
-        for name, val in zip(names, sess.run(None, {"x": xi})):
+    for f in feeds:
+        for name, val in zip(names, sess.run(None, f)):
             if name in plan.ranges:
                 assert plan.ranges[name].contains(val).all(), (name, val.min(), val.max(), plan.ranges[name].text())
                 checked += 1
-    assert checked >= 200 * len(tracked) // 2
+    assert checked >= len(feeds) * len(tracked) // 2
+
+
+def test_transformer_block_ranges_are_sound_on_random_inputs():
+    from cuvil.testing.zoo import zoo_model
+    p = Pipeline.from_onnx(zoo_model("bert-block")).optimize()
+    p = p.specialize(p.resolve_shapes(None, None, {"x": [2, 12, 64], "attention_mask": [2, 12]})[0])
+    g = p.graph
+    plan = plan_precision(g, "auto", input_ranges={"x": (-3, 3), "attention_mask": (0, 1)}, search_budget=0)
+    assert all(n.range is not None and n.range.bounded for n in plan.nodes), [n.name for n in plan.nodes
+                                                                             if not n.range.bounded]
+    rng = np.random.default_rng(2)
+    feeds = []
+    for i in range(200):
+        x = rng.uniform(-3, 3, (2, 12, 64)).astype(np.float32)
+        if i % 4 == 0:
+            x = np.where(rng.random(x.shape) < 0.5, -3, 3).astype(np.float32)   # corners
+        mask = (rng.random((2, 12)) < 0.7).astype(np.int64)
+        mask[:, 0] = 1
+        feeds.append({"x": x, "attention_mask": mask})
+    _assert_sound(g, plan, feeds)
 
 
 def test_calibration_ranges_are_measured_not_certified(tmp_path):
