@@ -179,7 +179,8 @@ def plan_precision(graph: Graph, mode: str = "auto", *, input_ranges=None, calib
     if not goals:
         search = "not needed: every range fits fp16"
     elif search_budget <= 0:
-        search = "not run (budget 0)"
+        search = ("not run (refused and unknown nodes both stay float32; `cuvil precision report` searches for "
+                  "counterexamples)")
     else:
         searcher = Searcher(graph, inputs, int_ranges, seed)
         why = searcher.runnable
