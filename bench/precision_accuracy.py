@@ -340,6 +340,8 @@ def main(argv=None) -> int:
     import onnxruntime
     res = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes"), "cpu": cpu_label(),
            "threads": a.threads, "ort": onnxruntime.__version__, "cnns": [], "bert": None}
+    if not a.no_bert:   # first: the quickest
+        res["bert"] = bench_bert(a.n, a.threads, a.search)
     models = [m for m in a.models.split(",") if m]
     if models:
         xs, src, pics = image_inputs(a.n)
@@ -349,8 +351,6 @@ def main(argv=None) -> int:
             res["cnns"].append(bench_cnn(m, xs, a.threads, a.search))
             if a.out:   # after each model: a long run's partial results are kept
                 Path(a.out).write_text(json.dumps(res, indent=1))
-    if not a.no_bert:
-        res["bert"] = bench_bert(a.n, a.threads, a.search)
     if a.out:
         Path(a.out).write_text(json.dumps(res, indent=1))
         print(f"wrote {a.out}")

@@ -280,3 +280,32 @@ def test_gelu_op_tanh_form_cube_is_an_internal_overflow():
     with np.errstate(over="ignore"):
         x = np.asarray(v.witness.inputs["x"]).astype(np.float16)
         assert np.isinf(x * x * x).any()
+
+
+def test_z3_certifies_what_intervals_over_approximate():
+    # x + x·(-0.9) = 0.1·x: intervals treat the two operands as independent (±57000 for x in ±30000, past fp16's
+    # margin); Z3 on the elementwise cone sees one x and proves |y| <= 3000
+    nodes = [h.make_node("Mul", ["x", "k"], ["xk"]), h.make_node("Add", ["x", "xk"], ["y"])]
+    model = _model(nodes, [("x", [4, 8])], [("y", [4, 8])], [nh.from_array(np.array(-0.9, np.float32), "k")])
+    g = _graph(model)
+    add = next(n for n in g.nodes if n.op == "Add")
+    plan = plan_precision(g, "fp16", input_ranges={"x": (-3e4, 3e4)}, target_ops={"fp16": frozenset({"Add"})})
+    assert plan.ranges[add.outputs[0].name].max_abs > 32752                # the interval alone cannot
+    v = _node(plan, "Add").verdicts["fp16"]
+    assert v.status == SAFE and v.method == "interval + Z3 (local)", v
+    assert _node(plan, "Add").format == "fp16"
+    plan = plan_precision(g, "fp16", input_ranges={"x": (-3e4, 3e4)}, target_ops={"fp16": frozenset({"Add"})},
+                          z3_rlimit=0)
+    assert _node(plan, "Add").verdicts["fp16"].status == UNKNOWN          # without Z3: unknown, kept float32
+    # a real overflow is not certified: x + 1.5·x = 2.5·x; Z3 finds an input, running the model confirms it
+    model.graph.initializer[0].CopyFrom(nh.from_array(np.array(1.5, np.float32), "k"))
+    g = _graph(model)
+    plan = plan_precision(g, "fp16", input_ranges={"x": (-3e4, 3e4)}, target_ops={"fp16": frozenset({"Add"})},
+                          search_budget=0)
+    v = _node(plan, "Add").verdicts["fp16"]
+    assert v.status == REFUSED and v.method == "Z3 + run", v
+    assert abs(v.witness.value) > 32752 and np.all(np.abs(v.witness.inputs["x"]) <= 3e4)
+    # a declared range the format cannot hold is refused at its edge
+    plan = plan_precision(g, "fp16", input_ranges={"x": (-1e6, 1e6)}, target_ops={"fp16": frozenset({"Add"})})
+    v = _node(plan, "Add").verdicts["fp16"]
+    assert v.status == REFUSED and v.method == "declared range"

@@ -607,6 +607,16 @@ def _batch_norm(g, n, ins):
     return [Interval.of(lo + bias, hi + bias)] + [None] * (len(n.outputs) - 1)
 
 
+def _lrn(g, n, ins):
+    """x / (bias + alpha/size·sum x²)^beta: the denominator is at least bias^beta (alpha, beta >= 0), so
+    |y| <= |x| / bias^beta, with y's sign x's."""
+    alpha, beta, bias = (float(n.attrs.get(k, d)) for k, d in (("alpha", 1e-4), ("beta", 0.75), ("bias", 1.0)))
+    if alpha < 0 or beta < 0 or bias <= 0:
+        return Interval.unbounded(f"LRN {n.name}: alpha, beta >= 0 and bias > 0 needed for a bound")
+    x, k = ins[0], bias ** -beta
+    return Interval.of(np.minimum(x.lo * k, 0), np.maximum(x.hi * k, 0))
+
+
 def _softmax(g, n, ins):
     return Interval.of(0.0, 1.0)
 
@@ -699,7 +709,7 @@ RULES: Dict[str, Callable] = {
     "Conv": _conv, "MatMul": _matmul, "Gemm": _gemm,
     "LayerNormalization": _layer_norm, "RMSNormalization": _layer_norm, "InstanceNormalization": _channel_norm,
     "GroupNormalization": _channel_norm, "BatchNormalization": _batch_norm,
-    "Softmax": _softmax, "Hardmax": _softmax, "LogSoftmax": _log_softmax, "FusedAttention": _attention,
+    "LRN": _lrn, "Softmax": _softmax, "Hardmax": _softmax, "LogSoftmax": _log_softmax, "FusedAttention": _attention,
     "DequantizeLinear": _dequantize, "Constant": _constant, "ConstantOfShape": _constant_of_shape,
 }
 
