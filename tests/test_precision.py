@@ -309,3 +309,11 @@ def test_z3_certifies_what_intervals_over_approximate():
     plan = plan_precision(g, "fp16", input_ranges={"x": (-1e6, 1e6)}, target_ops={"fp16": frozenset({"Add"})})
     v = _node(plan, "Add").verdicts["fp16"]
     assert v.status == REFUSED and v.method == "declared range"
+
+
+def test_z3_never_certifies_a_division_by_a_range_holding_zero():
+    nodes = [h.make_node("Div", ["one", "x"], ["y"])]
+    model = _model(nodes, [("x", [4])], [("y", [4])], [nh.from_array(np.array(1.0, np.float32), "one")])
+    plan = plan_precision(_graph(model), "fp16", input_ranges={"x": (-1, 1)}, target_ops={"fp16": frozenset({"Div"})},
+                          search_budget=0)
+    assert _node(plan, "Div").verdicts["fp16"].status != SAFE

@@ -28,6 +28,7 @@ import numpy as np
 
 from ..ir.graph import Graph, Node, Value
 from .interval import Interval
+from .ranges import is_float
 
 ELEMENTWISE = frozenset({"Add", "Sub", "Mul", "Div", "Neg", "Abs", "Relu", "Max", "Min", "Pow", "Sqrt", "Clip",
                          "Reciprocal", "Tanh", "Erf", "Sigmoid", "Exp", "Identity", "Cast", "LeakyRelu"})
@@ -102,7 +103,7 @@ def local_check(graph: Graph, value: Value, ranges: Mapping[int, Interval], box:
         b = args[1] if len(args) > 1 else None
         k = n.op
         if k in ("Identity", "Cast"):
-            return a
+            return a if is_float(n.outputs[0]) and is_float(n.inputs[0]) else None
         if k == "Add":
             return a + b
         if k == "Sub":
@@ -112,7 +113,7 @@ def local_check(graph: Graph, value: Value, ranges: Mapping[int, Interval], box:
         if k in ("Div", "Reciprocal"):
             num, den = (a, b) if k == "Div" else (z3.RealVal(1), a)
             q = z3.Real(f"q_{len(memo)}_{id(n) % 997}")
-            s.add(den != 0, q * den == num)
+            s.add(z3.Or(den == 0, q * den == num))   # a zero divisor (inf/nan in float) leaves q free: never certified
             return q
         if k == "Neg":
             return -a
@@ -138,7 +139,7 @@ def local_check(graph: Graph, value: Value, ranges: Mapping[int, Interval], box:
             return None
         if k == "Sqrt":
             r = z3.Real(f"sqrt_{len(memo)}_{id(n) % 997}")
-            s.add(r >= 0, r * r == a)
+            s.add(z3.Or(a < 0, z3.And(r >= 0, r * r == a)))   # sqrt of a negative (nan) leaves r free
             return r
         if k == "Clip":
             lo = args[1] if len(args) > 1 and args[1] is not None else None
