@@ -135,6 +135,8 @@ def test_x_minus_max_is_tightened_by_the_affine_rule():
     plan = plan_precision(g, "fp16", input_ranges={"x": (-20, 20)}, target_ops=EVERYWHERE, search_budget=0)
     e = plan.ranges[next(n.outputs[0].name for n in g.nodes if n.op == "Exp")]
     assert e.max <= 1.001                                               # not exp(40)
+    sub = next(n for n in plan.nodes if n.op == "Sub")
+    assert sub.verdicts["fp16"].method == "interval + affine"
 
 
 def resnet_like(seed=0):

@@ -283,7 +283,9 @@ def _verdict(fmt: Format, items, witnesses: Mapping[str, Witness], proved=None, 
         return Verdict(UNKNOWN, f"{what}: {why}{found}{'; ' + note if note else ''} (unknown: the interval may be "
                        "too loose)", origin, w, "interval" + (" + Z3 (local)" if note else "")
                        + (" + search" if w is not None else ""))
-    method = "calibration (measured)" if origin == MEASURED else "interval" + (" + Z3 (local)" if used_z3 else "")
+    affine = any(iv.method == "affine" for *_, iv, _ in items)
+    method = "calibration (measured)" if origin == MEASURED else "interval" + (" + affine" if affine else "") + (
+        " + Z3 (local)" if used_z3 else "")
     bound = max((iv.max_abs for *_, iv, is_in in items), default=0.0)
     if fmt.name == "int8":
         scales = ", ".join(f"{key} scale {fmt.scale(iv):.4g}" for key, p, v, i, iv, is_in in items

@@ -85,7 +85,8 @@ def node_ranges(graph: Graph, n: Node, r: Ranges) -> List[Optional[Interval]]:
     res = res if isinstance(res, list) else [res] * len(n.outputs)
     tight = tighten(graph, n, r)
     if tight is not None:
-        res = [_intersect(res[0], tight)] + res[1:]
+        t = _intersect(res[0], tight)
+        res = [Interval(t.lo, t.hi, t.origin, t.why, "affine" if t.max - t.min < res[0].max - res[0].min else "")] + res[1:]
     why = join_why(float_ins)
     out = []
     for iv in res:
@@ -93,7 +94,7 @@ def node_ranges(graph: Graph, n: Node, r: Ranges) -> List[Optional[Interval]]:
             out.append(None)
             continue
         iv = Interval(np.nan_to_num(iv.lo, nan=-np.inf), np.nan_to_num(iv.hi, nan=np.inf), origin,
-                      iv.why or ("" if iv.bounded else why))
+                      iv.why or ("" if iv.bounded else why), iv.method)
         out.append(iv.widened() if n.op not in _EXACT_OPS else iv)
     return out
 
