@@ -67,7 +67,8 @@ class NodePlan:
     verdicts: Dict[str, Verdict]
 
     def to_json(self) -> dict:
-        out = {"op": self.op, "format": self.format or "fp32", "reason": self.reason}
+        out = {"op": self.op, "format": self.format or "fp32", "reason": self.reason,
+               "verdicts": {f: f"{v.status} ({v.method})" for f, v in self.verdicts.items()}}
         if self.range is not None:
             out["range"] = [_jnum(self.range.min), _jnum(self.range.max)]
             out["origin"] = self.range.origin
