@@ -57,7 +57,10 @@ def analyze(graph: Graph, inputs: Mapping[str, Interval]) -> Ranges:
                 f"input {v.name} has no declared range (give --input-range {v.name}=LO:HI or --calibrate DIR)")
     for v in graph.values():
         if v.is_const and v.const.dtype.kind in "fiub" and v.const.size:
-            r[id(v)] = Interval.exact(v.const.astype(np.float64))
+            # small constants exactly (masks, biases); weights by their hull (the contraction rules read the
+            # weights' values themselves), so that a model's weights are not copied twice in float64
+            r[id(v)] = Interval.exact(v.const) if v.const.size <= 65536 else Interval.of(
+                float(np.min(v.const)), float(np.max(v.const)))
     for n in graph.nodes:
         outs = node_ranges(graph, n, r)
         for o, iv in zip(n.outputs, outs):
