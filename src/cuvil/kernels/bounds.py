@@ -638,7 +638,13 @@ def _family_obligations(st: Stage, node: E, doms) -> List[Access]:
         clamped = E("clamp", (row,), I64, (0, spec.rows - 1))
         t, k, j = _loop(d, "t", spec.key_blocks), _loop(d, "k", spec.d), _loop(d, "j", spec.kb)
         out.append(Access(kind, spec.q, [n, h, clamped, k], [], d, node=node))
-        out.append(Access(kind, spec.kt, [n, h, t, k, j], [], d, node=node))
+        if spec.k_axes is None:      # the key panels
+            out.append(Access(kind, spec.kt, [n, h, t, k, j], [], d, node=node))
+        else:                        # read in place: a row per key, clamped to the last key
+            key = E("clamp", (t * spec.kb + j,), I64, (0, spec.keys - 1))
+            at = (n, h, key, k)
+            out.append(Access(kind, spec.kt, [at[a] if a is not None else as_index(0) for a in spec.k_axes], [], d,
+                              node=node))
         c = _loop(d, "c", spec.dvp)
         if spec.v_axes is None:      # the padded copy, whole panels
             out.append(Access(kind, spec.v, [n, h, t * spec.kb + j, c], [], d, node=node))
