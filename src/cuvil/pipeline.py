@@ -508,7 +508,7 @@ class Pipeline:
         if mode != "fp32" or low_precision[1] or low_precision[2] is not None:
             with stage("precision", detail=mode):
                 pplan = plan_precision(graph, mode, input_ranges=low_precision[1], calibration=low_precision[2],
-                                       target_ops=precision_ops(tgt, options), target=triple)
+                                       target_ops=precision_ops(tgt, options), target=triple, search_budget=0)
             graph = apply_precision(graph, pplan)
             extra["precision"] = pplan.manifest()
         plan = tgt.plan(graph, options, profiles)
