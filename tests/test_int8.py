@@ -108,3 +108,40 @@ def test_integer_ops_are_exact(build, args):
     want = _ort(m, feeds)[0]
     got = list(_compile(m).run(feeds).values())[0]
     np.testing.assert_array_equal(got, want)
+
+
+def _kinds(art):
+    return {s["kernel"] for s in art.manifest["steps"]}
+
+
+def test_vnni_kernels_and_the_portable_build_agree():
+    """On a host with AVX512-VNNI the quantized convolutions run the vpdpbusd micro-kernels (the manifest's
+    step kinds say so); a portable AVX2 build (no VNNI) runs the same expression as loop nests: same bits."""
+    from cuvil.targets.x86.cpu import describe_cpu
+    from cuvil.targets.x86.gemm_int8 import has_vnni512
+    q = qdq_model(qdq_cnn_float(hw=(17, 19)), activations="int8")
+    p = Pipeline.from_onnx(q).optimize()
+    portable = p.compile(opt_level=3, cpu="x86-64-v3")
+    assert not {"int8_vnni512", "int8_pack"} & _kinds(portable)
+    feeds = random_feeds(q, seed=11, n=2)
+    if not has_vnni512(describe_cpu().features):
+        pytest.skip("this CPU has no AVX512-VNNI: only the portable path runs here")
+    native = p.compile(opt_level=3)
+    assert {"int8_vnni512", "int8_pack"} <= _kinds(native)
+    for f in feeds:
+        a, b = native.run(f, num_threads=2)["y"], portable.run(f)["y"]
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(native.run(f, num_threads=1)["y"], a)
+
+
+@pytest.mark.parametrize("m", [10, 17])
+def test_partial_channel_panels_with_two_threads(m):
+    """A single position (a classifier as a 1x1 convolution) and channels past the last whole panel of 8:
+    each thread's rows are stored exactly (a store wider than its row would clobber the next thread's)."""
+    model = qlinear_conv_model((1, 40, 1, 1), (m, 40, 1, 1), pads=(0, 0, 0, 0))
+    art = _compile(model)
+    for seed in range(5):
+        feeds = quantized_feeds(model, seed)
+        want = _ort(model, feeds)[0]
+        got = list(art.run(feeds, num_threads=2).values())[0]
+        assert np.abs(got.astype(int) - want.astype(int)).max() <= 1
