@@ -162,6 +162,7 @@ def emit_qpack_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]]:
     x0 = b.gep(em.base(spec.x), [I64(spec.x.offset)], source_etype=I8, inbounds=True)
     out0 = b.gep(em.base(st.buf), [I64(st.buf.offset)], source_etype=I8, inbounds=True)
     flip = I32(0x80808080 - (1 << 32)) if spec.shift else None
+    dense = (KH, KW, sh, sw) == (1, 1, 1, 1) and (Hp, Wp) == (OH, OW)
 
     def unit(u):
         n, pb = b.sdiv(u, I64(PB)), b.srem(u, I64(PB))
@@ -186,17 +187,30 @@ def emit_qpack_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]]:
                 rows.append(b.gep(xn, [off], source_etype=I8, inbounds=True))
             dst = b.gep(out0, [b.mul(b.add(b.mul(u, I64(KG)), kg), I64(NR * 4))], source_etype=I8, inbounds=True)
 
-            def copy(j):
-                off = b.load(b.gep(pos, [j], source_etype=I64, inbounds=True), typ=I64)
-                word = None
-                for i, row in enumerate(rows):
-                    v = b.zext(b.load(b.gep(row, [off], source_etype=I8, inbounds=True), typ=I8), I32)
-                    v = b.shl(v, I32(8 * i)) if i else v
-                    word = v if word is None else b.or_(word, v)
-                if flip is not None:
-                    word = b.xor(word, flip)
-                b.store(word, b.gep(dst, [b.mul(j, I64(4))], source_etype=I8, inbounds=True), align=1)
-            em.loop_range(I64(0), I64(NR), copy)
+            def copy(offset):
+                def body(j):
+                    off = offset(j)
+                    word = None
+                    for i, row in enumerate(rows):
+                        v = b.zext(b.load(b.gep(row, [off], source_etype=I8, inbounds=True), typ=I8), I32)
+                        v = b.shl(v, I32(8 * i)) if i else v
+                        word = v if word is None else b.or_(word, v)
+                    if flip is not None:
+                        word = b.xor(word, flip)
+                    b.store(word, b.gep(dst, [b.mul(j, I64(4))], source_etype=I8, inbounds=True), align=1)
+                em.loop_range(I64(0), I64(NR), body)
+
+            def table(j):
+                return b.load(b.gep(pos, [j], source_etype=I64, inbounds=True), typ=I64)
+            if dense:   # a whole panel of a 1x1 stride-1 map: consecutive bytes of each row (vectorised)
+                p0 = b.mul(pb, I64(NR))
+                with b.if_else(b.icmp_signed("<=", b.add(p0, I64(NR)), I64(P))) as (whole, part):
+                    with whole:
+                        copy(lambda j: b.add(p0, j))
+                    with part:
+                        copy(table)
+            else:
+                copy(table)
         em.loop_range(I64(0), I64(KG), group)
 
     em.loop_range(begin, end, unit)
