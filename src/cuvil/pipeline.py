@@ -30,6 +30,7 @@ from .ir.shape_binding import bind_input_shapes, lookup_symbol, profile_symbol, 
 from .ir.stats import GraphStats, graph_stats
 from .lora.apply import merged_graph
 from .lora.merge import lora_rules
+from .precision.policy import apply_precision, check_mode, plan_precision
 from .progress import enabled as progress_enabled
 from .progress import stage
 from .reference import run_reference
@@ -43,6 +44,7 @@ from .rewrite_rules.verdicts import builtin_rules
 from .supply_chain import record_build, sha256_file
 from .supply_chain.build_info import jsonable
 from .targets import X86_TARGET, TargetOptions, get_target, make_options
+from .targets.base import precision_ops
 from .targets.x86.target import choose_algorithms
 from .targets.x86.tuning import DEFAULT_TUNING, X86Tuning
 from .version import __version__
@@ -422,7 +424,8 @@ class Pipeline:
                 options: Optional[TargetOptions] = None, fixed: Optional[Mapping[str, Union[int, str]]] = None,
                 shape_profiles: Optional[Mapping[str, Tuple[int, ...]]] = None,
                 input_shapes: Optional[Mapping[str, object]] = None, cache: bool = True,
-                progress: Optional[bool] = None,
+                progress: Optional[bool] = None, precision: Optional[str] = None,
+                input_ranges: Optional[Mapping[str, Tuple[float, float]]] = None, calibration=None,
                 **target_options):
         """Compile for ``target`` (a triple of :data:`cuvil.targets.TARGETS`, default ``x86_64-linux-gnu``):
         :class:`cuvil.artifact.Artifact` (``libNAME.so``) for ``x86_64-linux-gnu``,
@@ -448,11 +451,17 @@ class Pipeline:
         serves every shape of the profile with one set of kernels that read the symbols at run time, and
         rejects shapes outside it. The GPU target specialises every symbol (to ``fixed``, else its opt or
         min). ``cache`` (default on): artifacts are cached by content (:mod:`cuvil.artifact`).
+
+        Low precision (docs/precision.md): ``precision`` ``"fp32"`` (default), ``"bf16"``, ``"fp16"``, ``"int8"`` or
+        ``"auto"`` narrows the nodes the target runs in that format and whose ranges are proved safe in it
+        (:mod:`cuvil.precision`); ``input_ranges`` (``{"x": (-3, 3)}``) declares the inputs' ranges the proof
+        starts from, ``calibration`` (a directory of NAME.npy, an .npz, or ``{name: array}``) measures them
+        instead. The manifest's ``precision`` entry gives each node's format and the reason.
         """
         with progress_enabled(progress) if progress is not None else contextlib.nullcontext():
             try:
                 art = self._compile(target, opt_level, options, fixed, shape_profiles, input_shapes, cache,
-                                    target_options)
+                                    target_options, (precision, input_ranges, calibration))
             except CuvilError as e:
                 audit.record("compile", artifact=None, outcome="error", model=self._graph.name, reason=e.message)
                 raise
@@ -460,7 +469,9 @@ class Pipeline:
                      model_sha256=self.source_sha256)
         return art
 
-    def _compile(self, target, opt_level, options, fixed, shape_profiles, input_shapes, cache, target_options):
+    def _compile(self, target, opt_level, options, fixed, shape_profiles, input_shapes, cache, target_options,
+                 low_precision=(None, None, None)):
+        mode = check_mode(low_precision[0])
         triple = target or (options.triple if options is not None else X86_TARGET)
         tgt = get_target(triple)
         if options is None:
@@ -494,7 +505,14 @@ class Pipeline:
                  "derived_dims": _derived_dims(p._graph), "rules_applied": rules}
         if self.lora_records:
             extra["lora"] = self.lora_records
-        plan = tgt.plan(p.graph, options, profiles)
+        graph = p.graph
+        if mode != "fp32" or low_precision[1] or low_precision[2] is not None:
+            with stage("precision", detail=mode):
+                pplan = plan_precision(graph, mode, input_ranges=low_precision[1], calibration=low_precision[2],
+                                       target_ops=precision_ops(tgt, options), target=triple)
+            graph = apply_precision(graph, pplan)
+            extra["precision"] = pplan.manifest()
+        plan = tgt.plan(graph, options, profiles)
         params = {"target": triple, "options": options, "fixed": fixed, "shape_profiles": profiles}
         if not cache:
             out = os.path.join(tempfile.mkdtemp(prefix="cuvil-"), plan.artifact_name)
@@ -503,7 +521,8 @@ class Pipeline:
                              if os.path.isfile(path)})
         key = cache_key([structural_hash(p.graph), repr(sorted(fixed.items())), repr(sorted(profiles.items())),
                          __version__, triple, json.dumps(rules, sort_keys=True), str(self.source_sha256),
-                         repr(self.source), repr(rule_files)] + plan.key_parts)
+                         repr(self.source), repr(rule_files)] + plan.key_parts
+                        + ([json.dumps(extra["precision"], sort_keys=True)] if "precision" in extra else []))
         hit = cached_path(key, plan.artifact_name)
         if hit is not None:
             return tgt.load(hit, cached=True)

@@ -10,8 +10,8 @@ from ..kernels.kernel_rules import builtin_kernel_rules
 from ..pipeline import Pipeline
 from ..targets import PTX_TARGET, make_options
 from ..targets.ptx.archs import DEFAULT_ARCH, check_arch
-from .flags import (add_allow_bounded_flag, add_opt_level_flag, add_progress_flag, add_quiet_flag, add_shape_flags,
-                    add_target_flag, opt_level, resolve_target)
+from .flags import (add_allow_bounded_flag, add_opt_level_flag, add_precision_flags, add_progress_flag, add_quiet_flag,
+                    add_shape_flags, add_target_flag, opt_level, precision_flags, resolve_target)
 from .shape_flags import check_shape_flags, parse_input_shapes, shape_flags
 
 
@@ -48,6 +48,8 @@ def register(sub) -> None:
                     help="GPU: cap the registers (.maxnreg) of register-limited kernels where that saves a wave "
                          "without spills")
     add_allow_bounded_flag(sp)
+    # low precision with certificates (issue 21, docs/precision.md)
+    add_precision_flags(sp)
     sp.add_argument("--no-winograd", action="store_true",
                     help="x86: keep direct 3x3 convolutions (Winograd rounds differently; see docs/rules.md)")
     # LoRA merged at compile time (issue 23, docs/lora.md)
@@ -111,7 +113,7 @@ def cmd_compile(args) -> int:
     with _progress(args):
         p = _import_and_optimize(args)
         fixed, profiles = shape_flags(p, args)
-        art = p.compile(options=options, fixed=fixed, shape_profiles=profiles)
+        art = p.compile(options=options, fixed=fixed, shape_profiles=profiles, **_precision(args))
     out = art.save(args.output)
     m = art.manifest
     base = os.path.splitext(out)[0]
@@ -139,7 +141,15 @@ def cmd_compile(args) -> int:
         print(f"  symbol {name} in [{prof['min']}, {prof['max']}] (opt {prof['opt']}): one library serves the range")
     for dim, (lo, hi) in sorted((m.get("derived_dims") or {}).items()):
         print(f"  derived dim {dim} in [{lo}, {hi}]")
+    _print_precision(m)
     return 0
+
+
+def _print_precision(m: dict) -> None:
+    pr = m.get("precision")
+    if pr:
+        print(f"  precision {pr['mode']}: " + ", ".join(f"{k} {v} nodes" for k, v in pr["counts"].items())
+              + " (reasons per node in the manifest's \"precision\"; cuvil precision report explains them)")
 
 
 def _check_flags(args) -> None:
@@ -161,6 +171,13 @@ def _check_flags(args) -> None:
     args.opt_level = opt_level(args.opt_level)
     check_shape_flags(args)
     check_lora_flags(args)
+    args.precision_flags = precision_flags(args)
+
+
+def _precision(args) -> dict:
+    """The Pipeline.compile keywords of --precision / --input-range / --calibrate."""
+    mode, ranges, calibration = args.precision_flags
+    return {"precision": mode, "input_ranges": ranges or None, "calibration": calibration}
 
 
 def check_lora_flags(args) -> None:
@@ -235,7 +252,7 @@ def _compile_gpu_bundle(args) -> int:
     with _progress(args):
         p = _import_and_optimize(args)
         fixed, profiles = shape_flags(p, args)
-        bundle = p.compile(options=options, fixed=fixed, shape_profiles=profiles)
+        bundle = p.compile(options=options, fixed=fixed, shape_profiles=profiles, **_precision(args))
     out = bundle.save(out_path)
     m = bundle.manifest
     regs = [k["registers"] for k in ((m.get("ptxas") or {}).get("kernels") or {}).values() if k.get("registers")]
@@ -253,4 +270,5 @@ def _compile_gpu_bundle(args) -> int:
     print("  kernel rules fired: " + (", ".join(f"{k} x{v}" for k, v in sorted(fired.items())) or "none")
           + ("" if m.get("fma", True) else " (--no-fma)")
           + (f"; float16: {len(m['float16_tensors'])} tensors" if m.get("enable_fp16") else ""))
+    _print_precision(m)
     return 0

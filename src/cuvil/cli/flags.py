@@ -98,3 +98,24 @@ def resolve_target(text: str) -> str:
                      details=[f"the targets are {X86_TARGET} (a native .so; alias x86_64) and {PTX_TARGET} (a GPU "
                               f"bundle for NVIDIA GPUs; alias cuda)"],
                      hint=f"--target {triples[0]}" if triples else f"--target {X86_TARGET} (the default)")
+
+
+def add_precision_flags(sp, default: str = "fp32") -> None:
+    """``--precision``, ``--input-range`` and ``--calibrate`` (docs/precision.md)."""
+    sp.add_argument("--precision", default=default, metavar="FORMAT",
+                    help=f"fp32, bf16, fp16, int8 or auto: narrow the nodes whose ranges are proved safe in that "
+                         f"format (auto: the narrowest safe one per node the target runs) (default {default})")
+    sp.add_argument("--input-range", action="append", metavar="INPUT=LO:HI",
+                    help="an input's declared range, the start of the proof (x=-3:3) (repeatable)")
+    sp.add_argument("--calibrate", metavar="DIR",
+                    help="measure the input ranges from calibration data: DIR of INPUT.npy files, or an .npz "
+                         "(measured, not certified)")
+
+
+def precision_flags(args):
+    """``(mode, input_ranges, calibration)`` from the precision flags, checked before the model is read."""
+    from ..precision.inputs import parse_input_range
+    from ..precision.policy import check_mode
+    mode = check_mode(getattr(args, "precision", None))
+    ranges = dict(parse_input_range(t) for t in getattr(args, "input_range", None) or ())
+    return mode, ranges, getattr(args, "calibrate", None)

@@ -19,7 +19,7 @@ attributes of :class:`Target`) and its option class, plus one row in :data:`cuvi
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, ClassVar, Dict, List, Mapping, Optional, Protocol, Tuple, Type
+from typing import Any, Callable, ClassVar, Dict, FrozenSet, List, Mapping, Optional, Protocol, Tuple, Type
 
 import attrs
 
@@ -108,3 +108,29 @@ class Target(Protocol):
         """Build the artifact at ``path``, reporting its stages through :mod:`cuvil.progress`."""
 
     def load(self, path: str, manifest: Optional[dict] = None, cached: bool = False): ...
+
+    def precision_ops(self, options: TargetOptions) -> Dict[str, FrozenSet[str]]:
+        """Optional. The ops this target runs narrowed with ``options`` on this machine, by number format:
+        ``{"bf16": frozenset({"Conv", "MatMul", "Gemm"}), "int8": ...}`` (formats as :attr:`Node.precision
+        <cuvil.ir.graph.Node.precision>` spells them, ops as the IR names them). The precision policy
+        (:mod:`cuvil.precision`) narrows a node only to a format its op is listed under here; a target
+        without the method narrows nothing. Read it through :func:`precision_ops`."""
+
+
+#: The number formats a node may be narrowed to (:attr:`cuvil.ir.graph.Node.precision`; "" is float32).
+PRECISION_FORMATS = ("bf16", "fp16", "int8")
+
+
+def precision_ops(target: Target, options: TargetOptions) -> Dict[str, FrozenSet[str]]:
+    """``target.precision_ops(options)`` checked (known formats, op names as strings), or ``{}`` for a target
+    that does not define it: the ops the target runs in each narrow format."""
+    fn = getattr(target, "precision_ops", None)
+    if fn is None:
+        return {}
+    out = {}
+    for fmt, ops in dict(fn(options) or {}).items():
+        if fmt not in PRECISION_FORMATS:
+            raise CuvilError(f"target {target.triple}: precision_ops gives unknown format {fmt!r} "
+                             f"(the formats are {', '.join(PRECISION_FORMATS)})")
+        out[fmt] = frozenset(str(o) for o in ops)
+    return out

@@ -1,0 +1,260 @@
+"""The precision policy: which node computes in which number format, and why every other stays float32.
+
+:func:`plan_precision` bounds every tensor (:mod:`.ranges`), then for each node and each format asks whether
+everything the node would hold in that format fits it (:mod:`.formats`): its float inputs (weights by their
+actual values), the values it computes inside (LayerNormalization's variance) and its outputs; for int8 its
+inputs, whose scale comes from their range. A value whose interval is too wide for fp16 is searched for in the
+declared input box (:mod:`.search`): a witness that really exceeds the format is a counterexample and the
+node is *refused*; none found leaves it *unknown* (the interval may be loose), and unknown stays float32 too.
+
+Modes (``--precision``): ``fp32`` narrows nothing; ``bf16``/``fp16``/``int8`` narrow every node the target runs
+in that format (``Target.precision_ops``) and whose ranges are safe in it; ``auto`` picks per node the
+narrowest safe format the target runs. Safe means *certified* (from declared input ranges) for fp16 and for
+``auto``; an explicit bf16 or int8 also takes ranges measured on calibration data (bf16 cannot overflow where
+float32 does not come within a factor of two of it; int8 saturates instead of producing inf), and the reason
+says "measured". So ``auto`` never makes a value non-finite that float32 computes finite.
+"""
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from typing import Dict, FrozenSet, List, Mapping, Optional, Tuple
+
+import attrs
+import numpy as np
+
+from ..errors import CuvilError
+from ..ir.graph import Graph, Node
+from .formats import FORMATS, PRECISIONS, Format
+from .inputs import calibration_ranges, declared_ranges
+from .interval import CERTIFIED, MEASURED, Interval
+from .ranges import analyze, internal_ranges, is_float
+from .search import Searcher, Witness
+
+SAFE, REFUSED, UNKNOWN = "safe", "refused", "unknown"
+
+#: Ops that compute nothing a format could change (they move or pick values): never narrowed, not reported.
+MOVES = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Identity", "Dropout", "Cast",
+                   "CastLike", "Expand", "Tile", "Slice", "Gather", "GatherElements", "GatherND", "Concat",
+                   "Split", "Shape", "Size", "Constant", "ConstantOfShape", "DepthToSpace", "SpaceToDepth"})
+
+
+@attrs.frozen
+class Verdict:
+    """Whether a node may compute in one format: ``status`` safe/refused/unknown, ``detail`` the proof or what
+    failed, ``witness`` the counterexample (refused) or the largest value found (unknown)."""
+    status: str
+    detail: str
+    origin: str = CERTIFIED
+    witness: Optional[Witness] = None
+
+    def to_json(self) -> dict:
+        out = {"status": self.status, "detail": self.detail, "origin": self.origin}
+        if self.witness is not None:
+            out["witness"] = self.witness.describe()
+        return out
+
+
+@attrs.define
+class NodePlan:
+    name: str
+    op: str
+    format: str            # "" float32, else the narrowed format
+    reason: str
+    range: Optional[Interval]
+    verdicts: Dict[str, Verdict]
+
+    def to_json(self) -> dict:
+        out = {"op": self.op, "format": self.format or "fp32", "reason": self.reason}
+        if self.range is not None:
+            out["range"] = [_jnum(self.range.min), _jnum(self.range.max)]
+            out["origin"] = self.range.origin
+        return out
+
+
+@attrs.define
+class PrecisionPlan:
+    mode: str
+    target: str
+    target_ops: Dict[str, FrozenSet[str]]
+    inputs: Dict[str, Interval]
+    nodes: List[NodePlan]
+    ranges: Dict[str, Interval]               # value name -> interval
+    search: str                               # what the counterexample search did
+    evaluations: int = 0
+
+    def formats(self) -> Dict[str, str]:
+        return {n.name: n.format for n in self.nodes if n.format}
+
+    def table(self) -> Dict[str, Dict[str, Counter]]:
+        """op type -> format -> Counter(safe/refused/unknown): the overflow paths per layer type."""
+        t: Dict[str, Dict[str, Counter]] = defaultdict(lambda: {f: Counter() for f in ("fp16", "bf16", "int8")})
+        for n in self.nodes:
+            for f, v in n.verdicts.items():
+                t[n.op][f][v.status] += 1
+        return dict(sorted(t.items()))
+
+    def manifest(self) -> dict:
+        """The manifest's ``precision`` entry: the mode, the input ranges and per node its format and reason."""
+        counts = Counter(n.format or "fp32" for n in self.nodes)
+        return {"mode": self.mode,
+                "target_ops": {f: sorted(ops) for f, ops in sorted(self.target_ops.items())},
+                "inputs": {k: {"range": [_jnum(v.min), _jnum(v.max)], "origin": v.origin}
+                           for k, v in self.inputs.items()},
+                "counts": dict(sorted(counts.items())),
+                "search": self.search,
+                "nodes": {n.name: n.to_json() for n in self.nodes}}
+
+
+def _jnum(x: float):
+    return x if np.isfinite(x) else ("inf" if x > 0 else "-inf" if x < 0 else "nan")
+
+
+def check_mode(mode: Optional[str]) -> str:
+    mode = mode or "fp32"
+    if mode not in PRECISIONS:
+        raise CuvilError(f"unknown precision {mode!r}; the precisions are {', '.join(PRECISIONS)}",
+                         hint="--precision auto picks the narrowest format proved safe per node")
+    return mode
+
+
+def input_intervals(graph: Graph, input_ranges=None, calibration=None) -> Dict[str, Interval]:
+    """Declared ranges (certified) over measured ones (calibration data: a path or ``{name: array}``)."""
+    from .inputs import load_calibration
+    names = [v.name for v in graph.inputs]
+    out: Dict[str, Interval] = {}
+    if calibration is not None:
+        data = load_calibration(str(calibration), names) if isinstance(calibration, (str, bytes)) or hasattr(
+            calibration, "__fspath__") else dict(calibration)
+        out.update(calibration_ranges(data))
+    out.update(declared_ranges(input_ranges, names))
+    return out
+
+
+def plan_precision(graph: Graph, mode: str = "auto", *, input_ranges=None, calibration=None,
+                   target_ops: Optional[Mapping[str, FrozenSet[str]]] = None, target: str = "",
+                   search_budget: int = 24, int_ranges: Optional[Mapping[str, Tuple[int, int]]] = None,
+                   seed: int = 0) -> PrecisionPlan:
+    """The precision of every node of ``graph`` (optimised, shapes bound) under ``mode``; see the module doc.
+    ``target_ops`` (format -> ops, from ``Target.precision_ops``) limits what is narrowed, not what is
+    reported. ``search_budget``: model evaluations the counterexample search may spend (0: none)."""
+    mode = check_mode(mode)
+    target_ops = {f: frozenset(o) for f, o in (target_ops or {}).items()}
+    inputs = input_intervals(graph, input_ranges, calibration)
+    int_ranges = dict(int_ranges or {})
+    for v in graph.inputs:   # integer inputs (token ids, masks) searched over their declared ranges
+        if not is_float(v) and v.name in inputs and v.name not in int_ranges and inputs[v.name].bounded:
+            int_ranges[v.name] = (int(np.ceil(inputs[v.name].min)), int(np.floor(inputs[v.name].max)))
+    r = analyze(graph, inputs)
+    names = {id(v): v.name for v in graph.values()}
+    ranges = {names[k]: iv for k, iv in r.items() if k in names}
+
+    nodes = [n for n in graph.nodes if n.op not in MOVES and any(is_float(o) for o in n.outputs)]
+    # the values each node would hold narrowed: (key, node, value or None, internal name, interval)
+    held: Dict[str, List[Tuple[str, Node, object, str, Interval, bool]]] = {}
+    for n in nodes:
+        items = []
+        for v in n.inputs:
+            if is_float(v) and id(v) in r:
+                items.append((v.name, v.producer or n, v, "", r[id(v)], True))
+        for k, iv in internal_ranges(graph, n, r).items():
+            items.append((f"{n.name}:{k}", n, None, k, iv, False))
+        for o in n.outputs:
+            if is_float(o) and id(o) in r:
+                items.append((o.name, n, o, "", r[id(o)], False))
+        held[n.name] = items
+
+    # the search, for every non-constant value too wide for fp16 (the tightest float format)
+    fp16 = FORMATS["fp16"]
+    goals, seen = [], set()
+    for items in held.values():
+        for key, prod, v, internal, iv, _ in items:
+            if key in seen or (v is not None and getattr(v, "is_const", False)) or fp16.check(iv) is None:
+                continue
+            if v is not None and v.producer is None:
+                continue   # a graph input: its range is the box itself
+            seen.add(key)
+            goals.append((key, prod, v, internal))
+    witnesses: Dict[str, Witness] = {}
+    searcher = None
+    if not goals:
+        search = "not needed: every range fits fp16"
+    elif search_budget <= 0:
+        search = "not run (budget 0)"
+    else:
+        searcher = Searcher(graph, inputs, int_ranges, seed)
+        why = searcher.runnable
+        if why:
+            search = f"not run: {why}"
+        else:
+            witnesses = searcher.run(goals, search_budget)
+            search = f"{searcher.evaluations} model evaluations over the input box, {len(goals)} values searched"
+            if searcher.error:
+                search += f"; stopped: {searcher.error}: is every declared range valid for the model?"
+
+    out = []
+    for n in nodes:
+        verdicts = {name: _verdict(fmt, held[n.name], witnesses) for name, fmt in FORMATS.items()}
+        fmt, reason = _choose(n, mode, verdicts, target_ops, target)
+        rng = next((iv for k, p, v, i, iv, is_in in held[n.name] if not is_in and not i), None)
+        out.append(NodePlan(n.name, n.op, fmt, reason, rng, verdicts))
+    return PrecisionPlan(mode, target, target_ops, inputs, out, ranges, search,
+                         searcher.evaluations if searcher else 0)
+
+
+def _verdict(fmt: Format, items, witnesses: Mapping[str, Witness]) -> Verdict:
+    origin = MEASURED if any(iv.origin == MEASURED for *_, iv, _ in items) else CERTIFIED
+    for key, prod, v, internal, iv, is_input in items:
+        if fmt.name == "int8" and not is_input:
+            continue   # int8 kernels accumulate in int32 and write float32: only what they read is int8
+        why = fmt.check(iv)
+        if why is None:
+            continue
+        what = f"{'internal ' + internal if internal else ('input ' if is_input else 'output ') + key}"
+        w = witnesses.get(key)
+        if v is not None and getattr(v, "is_const", False) and iv.lo.size:   # its values are the proof
+            extreme = iv.min if abs(iv.min) >= abs(iv.max) else iv.max
+            w = Witness(extreme, prod.name, f"constant {key}", {})
+        if w is not None and (not np.isfinite(w.value) or abs(w.value) > fmt.max_finite):
+            return Verdict(REFUSED, f"{what}: counterexample: {w.describe()}"
+                           + (f" (beyond {fmt.name}'s {fmt.max_finite:.6g})" if np.isfinite(w.value) else
+                              " (not finite in float32 either: the model computes it so)"), origin, w)
+        if w is not None and abs(w.value) > fmt.limit:
+            return Verdict(REFUSED, f"{what}: {w.describe()}, within {fmt.name} but past its margin "
+                           f"±{fmt.limit:.6g}", origin, w)
+        found = f"; the search's largest |value| was {abs(w.value):.4g}" if w is not None else ""
+        return Verdict(UNKNOWN, f"{what}: {why}{found} (unknown: the interval may be too loose)", origin, w)
+    bound = max((iv.max_abs for *_, iv, is_in in items), default=0.0)
+    return Verdict(SAFE, f"every value it holds is within ±{bound:.6g}" + (" on calibration data (measured, not "
+                   "certified)" if origin == MEASURED else " (certified)"), origin)
+
+
+def _choose(n: Node, mode: str, verdicts: Dict[str, Verdict], target_ops, target: str) -> Tuple[str, str]:
+    if mode == "fp32":
+        return "", "--precision fp32"
+    wanted = [f.name for f in sorted(FORMATS.values(), key=lambda f: f.order)] if mode == "auto" else [mode]
+    reasons, missing = [], []
+    for f in wanted:
+        if n.op not in target_ops.get(f, ()):
+            missing.append(f)
+            continue
+        v = verdicts[f]
+        if v.status != SAFE:
+            reasons.append(f"{f} {v.status}: {v.detail}")
+            continue
+        if v.origin == MEASURED and (mode == "auto" or f == "fp16"):
+            reasons.append(f"{f}: safe only on measured ranges ({'auto' if mode == 'auto' else 'fp16'} needs "
+                           "certified ones: declare --input-range)")
+            continue
+        return f, f"{f} {v.detail}"
+    if missing:
+        reasons.append(f"no {'/'.join(missing)} kernel for {n.op} on {target or 'this target'}")
+    return "", "; ".join(reasons) if reasons else "no narrower format"
+
+
+def apply_precision(graph: Graph, plan: PrecisionPlan) -> Graph:
+    """A copy of ``graph`` with each node's ``precision`` set as ``plan`` decided."""
+    g = graph.clone()
+    fmts = plan.formats()
+    for n in g.nodes:
+        n.precision = fmts.get(n.name, "")
+    return g

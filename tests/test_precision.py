@@ -1,0 +1,244 @@
+"""Low precision with certificates (issue 21, docs/precision.md): the range analysis is sound, fp16's classic
+overflows are refused with counterexamples that really overflow in float16, and ``auto`` keeps them float32."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto as T
+from onnx import helper as h
+from onnx import numpy_helper as nh
+
+from cuvil import Pipeline
+from cuvil.cli import main
+from cuvil.errors import CuvilError
+from cuvil.frontend import export_model
+from cuvil.precision import plan_precision
+from cuvil.precision.policy import REFUSED, SAFE, UNKNOWN
+
+EVERYWHERE = {"fp16": frozenset({"LayerNormalization", "Pow", "Mul", "Add", "Tanh", "Softmax", "Conv", "Gemm",
+                                 "MatMul", "Relu", "Sub", "Div", "ReduceMean", "Sqrt"}),
+              "bf16": frozenset({"Conv", "Gemm", "MatMul"})}
+
+
+def _model(nodes, inputs, outputs, inits=()):
+    g = h.make_graph(nodes, "m", [h.make_tensor_value_info(n, T.FLOAT, s) for n, s in inputs],
+                     [h.make_tensor_value_info(n, T.FLOAT, s) for n, s in outputs], list(inits))
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+
+
+def _graph(model):
+    return Pipeline.from_onnx(model).optimize().graph
+
+
+def _node(plan, op):
+    return next(n for n in plan.nodes if n.op == op)
+
+
+def layer_norm_model(n=64):
+    return _model([h.make_node("LayerNormalization", ["x", "g", "b"], ["y"], axis=-1)], [("x", [1, 4, n])],
+                  [("y", [1, 4, n])], [nh.from_array(np.ones(n, np.float32), "g"),
+                                       nh.from_array(np.zeros(n, np.float32), "b")])
+
+
+def test_layer_norm_of_large_inputs_is_refused_for_fp16_with_a_real_overflow():
+    g = _graph(layer_norm_model())
+    plan = plan_precision(g, "auto", input_ranges={"x": (-1e3, 1e3)}, target_ops={"fp16": EVERYWHERE["fp16"]})
+    ln = _node(plan, "LayerNormalization")
+    v = ln.verdicts["fp16"]
+    assert v.status == REFUSED and "counterexample" in v.detail and v.witness is not None
+    assert ln.format == "" and "fp16 refused" in ln.reason           # auto keeps it float32
+    # the output itself is certified whatever the input: beta ± sqrt(N-1)·|gamma|
+    assert ln.range.max == pytest.approx(np.sqrt(63), rel=1e-5)
+    # the counterexample, run through numpy in float16: the variance computation overflows
+    x = np.asarray(v.witness.inputs["x"]).astype(np.float16)
+    assert np.all(np.abs(x.astype(np.float64)) <= 1e3)
+    with np.errstate(all="ignore"):
+        c = x - x.mean(axis=-1, keepdims=True, dtype=np.float16)
+        var = (c * c).mean(axis=-1, dtype=np.float16)
+    assert np.isinf(var).any()
+    # small inputs: certified safe in fp16, and auto narrows it
+    plan = plan_precision(g, "auto", input_ranges={"x": (-3, 3)}, target_ops={"fp16": EVERYWHERE["fp16"]})
+    assert _node(plan, "LayerNormalization").format == "fp16"
+
+
+def gelu_tanh_model():
+    c = lambda name, v: nh.from_array(np.array(v, np.float32), name)
+    nodes = [h.make_node("Pow", ["x", "three"], ["x3"]), h.make_node("Mul", ["x3", "k"], ["kx3"]),
+             h.make_node("Add", ["x", "kx3"], ["inner"]), h.make_node("Mul", ["inner", "s"], ["si"]),
+             h.make_node("Tanh", ["si"], ["t"]), h.make_node("Add", ["t", "one"], ["t1"]),
+             h.make_node("Mul", ["x", "t1"], ["xt"]), h.make_node("Mul", ["xt", "half"], ["y"])]
+    return _model(nodes, [("x", [2, 16])], [("y", [2, 16])],
+                  [c("three", 3.0), c("k", 0.044715), c("s", np.sqrt(2 / np.pi)), c("one", 1.0), c("half", 0.5)])
+
+
+def test_gelu_tanh_form_overflows_fp16_beyond_40():
+    g = _graph(gelu_tanh_model())
+    plan = plan_precision(g, "auto", input_ranges={"x": (-50, 50)}, target_ops=EVERYWHERE)
+    refused = [n for n in plan.nodes if n.verdicts["fp16"].status == REFUSED]
+    assert refused and all(n.format != "fp16" for n in refused)
+    w = refused[0].verdicts["fp16"].witness
+    x = np.asarray(w.inputs["x"]).astype(np.float16)
+    with np.errstate(over="ignore"):
+        assert np.isinf(x * x * x).any()                                # x³ in float16
+    # inside |x| <= 10 every node is certified safe in fp16
+    plan = plan_precision(g, "auto", input_ranges={"x": (-10, 10)}, target_ops=EVERYWHERE)
+    assert all(n.verdicts["fp16"].status == SAFE for n in plan.nodes)
+    assert all(n.format == "fp16" for n in plan.nodes if n.op in EVERYWHERE["fp16"])
+
+
+@pytest.mark.parametrize("fill", [-1e9, -np.inf])
+def test_masked_softmax_is_refused_for_fp16(fill):
+    mask = np.zeros((1, 8), np.float32)
+    mask[0, 5:] = fill
+    nodes = [h.make_node("Add", ["x", "mask"], ["s"]), h.make_node("Softmax", ["s"], ["y"], axis=-1)]
+    g = _graph(_model(nodes, [("x", [4, 8])], [("y", [4, 8])], [nh.from_array(mask, "mask")]))
+    plan = plan_precision(g, "auto", input_ranges={"x": (-3, 3)}, target_ops=EVERYWHERE)
+    add, sm = _node(plan, "Add"), _node(plan, "Softmax")
+    assert add.verdicts["fp16"].status == REFUSED and sm.verdicts["fp16"].status == REFUSED
+    assert add.format == "" and sm.format == ""
+    w = add.verdicts["fp16"].witness
+    with np.errstate(over="ignore"):
+        assert np.isinf(np.float16(w.value)) or np.isnan(w.value)       # -1e9 is -inf in float16
+    # a fully masked row in float16 is NaN (exp(-inf - -inf)); float32 with -1e9 gives a finite softmax
+    with np.errstate(all="ignore"):
+        row = np.full(8, np.float16(fill))
+        e = np.exp(row - row.max())
+        assert np.isnan(e / e.sum()).all()
+    assert sm.range.min >= 0 and sm.range.max <= 1 + 1e-5
+
+
+def test_pow_in_a_decomposed_variance_is_refused_and_small_ranges_are_certified():
+    nodes = [h.make_node("ReduceMean", ["x"], ["m"], axes=[-1]), h.make_node("Sub", ["x", "m"], ["c"]),
+             h.make_node("Pow", ["c", "two"], ["c2"]), h.make_node("ReduceMean", ["c2"], ["y"], axes=[-1])]
+    model = _model(nodes, [("x", [2, 32])], [("y", [2, 1])], [nh.from_array(np.array(2, np.float32), "two")])
+    g = _graph(model)
+    plan = plan_precision(g, "fp16", input_ranges={"x": (-500, 500)}, target_ops=EVERYWHERE)
+    # the optimiser may have turned Pow(c, 2) into Mul(c, c): the squaring node, whichever it is
+    square = next(n.op for n in g.nodes if n.op in ("Pow", "Mul"))
+    pw = _node(plan, square)
+    assert pw.verdicts["fp16"].status == REFUSED and pw.format == ""
+    x = np.asarray(pw.verdicts["fp16"].witness.inputs["x"]).astype(np.float16)
+    with np.errstate(all="ignore"):
+        c = x - x.mean(axis=-1, keepdims=True, dtype=np.float16)
+        assert np.isinf(np.power(c, np.float16(2))).any()
+    plan = plan_precision(g, "fp16", input_ranges={"x": (-50, 50)}, target_ops=EVERYWHERE)
+    assert _node(plan, square).format == "fp16"
+
+
+def test_x_minus_max_is_tightened_by_the_affine_rule():
+    nodes = [h.make_node("ReduceMax", ["x"], ["m"], axes=[-1]), h.make_node("Sub", ["x", "m"], ["c"]),
+             h.make_node("Exp", ["c"], ["y"])]
+    g = _graph(_model(nodes, [("x", [2, 8])], [("y", [2, 8])]))
+    plan = plan_precision(g, "fp16", input_ranges={"x": (-20, 20)}, target_ops=EVERYWHERE, search_budget=0)
+    e = plan.ranges[next(n.outputs[0].name for n in g.nodes if n.op == "Exp")]
+    assert e.max <= 1.001                                               # not exp(40)
+
+
+def resnet_like(seed=0):
+    """Conv-BN-Relu stem, MaxPool, a residual block (two 3x3 convs + skip), GlobalAveragePool, Gemm."""
+    rng = np.random.default_rng(seed)
+    w = lambda name, *shape: nh.from_array((rng.standard_normal(shape) * 0.3).astype(np.float32), name)
+    bn = lambda p, c: [nh.from_array(rng.uniform(0.5, 1.5, c).astype(np.float32), p + "s"), w(p + "b", c),
+                       w(p + "m", c), nh.from_array(rng.uniform(0.5, 2, c).astype(np.float32), p + "v")]
+    nodes = [h.make_node("Conv", ["x", "w0"], ["c0"], pads=[1, 1, 1, 1], strides=[2, 2]),
+             h.make_node("BatchNormalization", ["c0", "n0s", "n0b", "n0m", "n0v"], ["b0"]),
+             h.make_node("Relu", ["b0"], ["r0"]),
+             h.make_node("MaxPool", ["r0"], ["p0"], kernel_shape=[2, 2], strides=[2, 2]),
+             h.make_node("Conv", ["p0", "w1", "bias1"], ["c1"], pads=[1, 1, 1, 1]),
+             h.make_node("Relu", ["c1"], ["r1"]),
+             h.make_node("Conv", ["r1", "w2"], ["c2"], pads=[1, 1, 1, 1]),
+             h.make_node("BatchNormalization", ["c2", "n2s", "n2b", "n2m", "n2v"], ["b2"]),
+             h.make_node("Add", ["b2", "p0"], ["a"]), h.make_node("Relu", ["a"], ["r2"]),
+             h.make_node("GlobalAveragePool", ["r2"], ["gp"]), h.make_node("Flatten", ["gp"], ["f"]),
+             h.make_node("Gemm", ["f", "fw", "fb"], ["y"], transB=1)]
+    inits = [w("w0", 8, 3, 3, 3), *bn("n0", 8), w("w1", 8, 8, 3, 3), w("bias1", 8), w("w2", 8, 8, 3, 3),
+             *bn("n2", 8), w("fw", 10, 8), w("fb", 10)]
+    return _model(nodes, [("x", [1, 3, 16, 16])], [("y", [1, 10])], inits)
+
+
+def test_resnet_like_ranges_are_certified_and_sound_on_random_inputs():
+    ort = pytest.importorskip("onnxruntime")
+    g = _graph(resnet_like())
+    plan = plan_precision(g, "auto", input_ranges={"x": (0, 1)}, target_ops=EVERYWHERE)
+    assert all(n.verdicts["fp16"].status == SAFE for n in plan.nodes), [n.reason for n in plan.nodes]
+    assert all(n.range.bounded and n.range.origin == "certified" for n in plan.nodes)
+    # every intermediate value of the optimised graph, on 200 random inputs in the box, inside its interval
+    m = export_model(g)
+    tracked = [n.outputs[0] for n in g.nodes if n.outputs[0].name in plan.ranges]
+    have = {o.name for o in m.graph.output}
+    for v in tracked:
+        if v.name not in have:
+            m.graph.output.append(h.make_tensor_value_info(v.name, T.FLOAT, None))
+    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    rng = np.random.default_rng(1)
+    x = rng.random((200, 1, 3, 16, 16)).astype(np.float32)
+    x[0], x[1] = 0, 1                                                   # the box's corners too
+    checked = 0
+    for xi in x:
+        for name, val in zip(names, sess.run(None, {"x": xi})):
+            if name in plan.ranges:
+                assert plan.ranges[name].contains(val).all(), (name, val.min(), val.max(), plan.ranges[name].text())
+                checked += 1
+    assert checked >= 200 * len(tracked) // 2
+
+
+def test_calibration_ranges_are_measured_not_certified(tmp_path):
+    g = _graph(layer_norm_model())
+    np.save(tmp_path / "x.npy", np.random.default_rng(0).uniform(-2, 2, (16, 1, 4, 64)).astype(np.float32))
+    plan = plan_precision(g, "auto", calibration=str(tmp_path), target_ops={"fp16": EVERYWHERE["fp16"]})
+    assert plan.inputs["x"].origin == "measured"
+    ln = _node(plan, "LayerNormalization")
+    assert ln.verdicts["fp16"].origin == "measured" and "measured" in ln.verdicts["fp16"].detail
+    assert ln.format == "" and "measured" in ln.reason                  # auto narrows on certified ranges only
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CuvilError, match="no .npy file"):
+        plan_precision(g, "auto", calibration=str(tmp_path / "empty"))
+    with pytest.raises(CuvilError, match="not a directory"):
+        plan_precision(g, "auto", calibration=str(tmp_path / "nothing"))
+
+
+def test_bad_ranges_and_modes_are_refused():
+    g = _graph(layer_norm_model())
+    with pytest.raises(CuvilError, match="not an input"):
+        plan_precision(g, "auto", input_ranges={"z": (0, 1)})
+    with pytest.raises(CuvilError, match="unknown precision"):
+        plan_precision(g, "fp8")
+    plan = plan_precision(g, "auto", target_ops={"fp16": EVERYWHERE["fp16"]})
+    ln = _node(plan, "LayerNormalization")                                # no range: output still bounded
+    assert ln.verdicts["fp16"].status == UNKNOWN and "no declared range" in ln.verdicts["fp16"].detail
+
+
+def test_compile_records_the_precision_per_node(tmp_path, monkeypatch):
+    from cuvil.targets.x86.target import X86Target
+    monkeypatch.setattr(X86Target, "precision_ops", lambda self, options: {"bf16": frozenset({"Gemm"})},
+                        raising=False)
+    model = _model([h.make_node("Gemm", ["x", "w"], ["g"], transB=1), h.make_node("LayerNormalization",
+                    ["g", "s", "b"], ["y"], axis=-1)], [("x", [2, 8])], [("y", [2, 4])],
+                   [nh.from_array(np.ones((4, 8), np.float32), "w"), nh.from_array(np.ones(4, np.float32), "s"),
+                    nh.from_array(np.zeros(4, np.float32), "b")])
+    art = Pipeline.from_onnx(model).optimize().compile(precision="auto", input_ranges={"x": (-1, 1)})
+    pr = art.manifest["precision"]
+    fmts = {v["op"]: v["format"] for v in pr["nodes"].values()}
+    assert fmts["Gemm"] == "bf16" and fmts["LayerNormalization"] == "fp32"
+    assert "no" in pr["nodes"][next(k for k, v in pr["nodes"].items() if v["op"] == "LayerNormalization")]["reason"]
+    out = art.run({"x": np.full((2, 8), 0.5, np.float32)})
+    assert np.isfinite(next(iter(out.values()))).all()
+    plain = Pipeline.from_onnx(model).optimize().compile()
+    assert "precision" not in plain.manifest
+
+
+def test_cli_report_and_errors(tmp_path, capsys):
+    path = tmp_path / "ln.onnx"
+    onnx.save(layer_norm_model(), path)
+    assert main(["precision", "report", str(path), "--input-range", "x=-1000:1000", "--json",
+                 str(tmp_path / "r.json")]) == 0
+    out = capsys.readouterr().out
+    assert "counterexample" in out and "overflow paths per layer type" in out and "LayerNormalization" in out
+    assert json.loads((tmp_path / "r.json").read_text())["inputs"]["x"]["origin"] == "certified"
+    assert main(["precision", "report", str(path), "--input-range", "x=3"]) == 2
+    assert "NAME=LO:HI" in capsys.readouterr().err
+    assert main(["precision", "report", str(path), "--precision", "fp8"]) == 2
