@@ -29,7 +29,7 @@ import onnxruntime as ort
 from cuvil import Pipeline, load
 from cuvil.targets.x86.cpu import cpu_label
 from cuvil.testing import light_model
-from cuvil.testing.quant_models import qdq_model, random_feeds
+from cuvil.testing.quant_models import output_step, qdq_model, random_feeds
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -42,15 +42,6 @@ def real_images(n: int, seed: int):
         return image_inputs(n, seed)[0], "photos of scikit-image (bench/precision_accuracy.py crops)"
     except ImportError as e:
         return None, f"no real images ({e}); seeded standard-normal inputs"
-
-
-def output_step(model) -> float:
-    """The scale of the DequantizeLinear that produces the model's output: one quantization step."""
-    from onnx import numpy_helper
-    out = model.graph.output[0].name
-    inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
-    node = next(n for n in model.graph.node if out in n.output)
-    return float(inits[node.input[1]]) if node.op_type == "DequantizeLinear" else float("nan")
 
 
 def timed(f, calls: int):

@@ -2,7 +2,6 @@
 (cuvil.rewrite_rules.qdq) and, like the integer ops built with onnx.helper, match onnxruntime's int8 results
 within one quantization step on every output."""
 import numpy as np
-import onnx
 import pytest
 from onnx import TensorProto
 
@@ -11,7 +10,7 @@ pytest.importorskip("onnxruntime.quantization")
 
 from cuvil import Pipeline  # noqa: E402
 from cuvil.testing.quant_models import (conv_integer_model, matmul_block_float, matmul_integer_model,  # noqa: E402
-                                        qdq_cnn_float, qdq_model, qlinear_conv_model, qlinear_matmul_model,
+                                        output_step, qdq_cnn_float, qdq_model, qlinear_conv_model, qlinear_matmul_model,
                                         quantized_feeds, random_feeds)
 
 U8, I8 = TensorProto.UINT8, TensorProto.INT8
@@ -19,15 +18,6 @@ U8, I8 = TensorProto.UINT8, TensorProto.INT8
 
 def _ort(model, feeds):
     return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
-
-
-def _output_step(model: onnx.ModelProto) -> float:
-    """The scale of the DequantizeLinear that produces the (single) graph output."""
-    out = model.graph.output[0].name
-    inits = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
-    n = next(n for n in model.graph.node if out in n.output)
-    assert n.op_type == "DequantizeLinear"
-    return float(inits[n.input[1]])
 
 
 def _compile(model):
@@ -41,7 +31,7 @@ def test_qdq_cnn_matches_onnxruntime(activations, per_channel):
     applied = art.manifest["rules_applied"]
     assert applied["qdq_int8_conv"]["applied"] == 5 and applied["qdq_int8_gemm"]["applied"] == 1
     assert applied["qdq_int8_conv"]["verdict"] == "argued"
-    step = _output_step(q)
+    step = output_step(q)
     for feeds in random_feeds(q, seed=7, n=3):
         want = _ort(q, feeds)[0]
         got = art.run(feeds)["y"]
@@ -53,7 +43,7 @@ def test_qdq_matmul_block_matches_onnxruntime():
     q = qdq_model(matmul_block_float())
     art = _compile(q)
     assert art.manifest["rules_applied"]["qdq_int8_matmul"]["applied"] == 2
-    step = _output_step(q)
+    step = output_step(q)
     for feeds in random_feeds(q, seed=3, n=2):
         want, got = _ort(q, feeds)[0], art.run(feeds)["y"]
         assert np.max(np.abs(got - want)) <= step * 1.0001

@@ -197,3 +197,13 @@ def quantized_feeds(model: onnx.ModelProto, seed: int = 0) -> Dict[str, np.ndarr
         out[vi.name] = _q(rng, shape, t.elem_type) if t.elem_type in _NP else \
             rng.standard_normal(shape).astype(np.float32)
     return out
+
+
+def output_step(model: onnx.ModelProto, index: int = 0) -> float:
+    """One quantization step of a QDQ model's output: the scale of the DequantizeLinear that produces it."""
+    out = model.graph.output[index].name
+    inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    node = next(n for n in model.graph.node if out in n.output)
+    if node.op_type != "DequantizeLinear":
+        raise ValueError(f"output {out} is made by {node.op_type}, not a DequantizeLinear")
+    return float(inits[node.input[1]])
