@@ -28,7 +28,8 @@ def int8_conv_gemm(ctx) -> Optional[TensorFn]:
     x, w = ctx.input(0), ctx.input(3)
     dt = ctx.out_dtype()
     out = ctx.out_shape()
-    if (not ctx.gemm_cols or ctx.unpadded_contractions or ctx._weight is None or dt not in (DType.UINT8, DType.INT8)
+    # x86 only (its schedule asks for matmul panels; the GPU's does not): the VNNI kernels read these forms
+    if (not ctx.gemm_cols or not ctx.matmul_panels or ctx.unpadded_contractions or ctx._weight is None or dt not in (DType.UINT8, DType.INT8)
             or x.dtype not in (DType.UINT8, DType.INT8) or w.dtype != DType.INT8 or ctx.attr("group", 1) != 1
             or not all(isinstance(d, int) for d in list(x.shape) + list(out))):
         return None
