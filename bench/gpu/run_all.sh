@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything GPU-side in one go, for one call on a lent GPU machine: environment, the GPU tests, launch
-# overhead, ResNet-50 (float32 and float16), the register pass (regpass), correctness. Logs and JSON go to $OUT (default ./gpu-results). Each step has its own
+# overhead, ResNet-50 (float32 and float16), the register pass (regpass), correctness, shape profiles (profiles). Logs and JSON go to $OUT (default ./gpu-results). Each step has its own
 # time limit so that one slow step leaves the others their time; all five together can outlast a 10-minute
 # call, so choose steps per call: run_all.sh env pytest launch correctness, then run_all.sh resnet50
 set -u
@@ -24,6 +24,10 @@ for step in $STEPS; do
       timeout 400 python3 bench/gpu/resnet50.py --fp16 --json "$OUT/resnet50.json" 2>&1 | tee "$OUT/resnet50.txt" ;;
     regpass)
       timeout 300 python3 bench/gpu/register_pass.py --json "$OUT/register_pass.json" 2>&1 | tee "$OUT/register_pass.txt" ;;
+    profiles)
+      # issue 22: one bundle for ResNet-50 batch 1..64 beside torch.compile, random-shape runs, GPU fault tests
+      timeout 100 python3 -m pytest -q -p no:warnings -p no:cacheprovider tests/test_gpu_profiles.py 2>&1 | tee "$OUT/profiles_pytest.txt"
+      timeout 330 python3 bench/gpu/profiles.py --budget 280 --json "$OUT/profiles.json" 2>&1 | tee "$OUT/profiles.txt" ;;
     correctness)
       timeout 260 python3 bench/gpu/check_correctness.py --json "$OUT/correctness.json" 2>&1 | tee "$OUT/correctness.txt" ;;
     *) echo "unknown step $step" ;;

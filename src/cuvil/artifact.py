@@ -35,7 +35,8 @@ from .targets.model_api import Model
 from .supply_chain import sha256_file
 from .targets.ptx.artifact import Bundle
 from .targets.ptx.bundle import PROVENANCE_FILE, SBOM_FILE
-from .targets.ptx.runtime import NoGpuError, load_bundle
+from .targets.ptx.failsafe import FailSafeModel
+from .targets.ptx.runtime import load_bundle
 from .targets.x86.artifact import Artifact, sidecars
 from .targets.x86.loader import load as _load_so
 from .targets.x86.sealed import sealed_library
@@ -51,7 +52,9 @@ def load(path: Union[str, os.PathLike], num_threads: int = 0, fallback: Union[st
     ``prefer_cubin``). Both answer the same calls: ``run(*arrays)`` / ``run(**named)`` return a list in
     output order, ``run({name: array})`` a dict by output name; ``inputs``, ``outputs``, ``symbols``;
     ``close()`` and ``with``. Where a bundle cannot run (no CUDA driver or GPU) and ``fallback`` names an
-    x86 ``libNAME.so``, that is loaded instead, with a warning. A library compiled with external weights
+    x86 ``libNAME.so``, a :class:`~cuvil.targets.ptx.failsafe.FailSafeModel` runs the bundle and falls back to
+    that library where the GPU is missing, out of memory or faults, with a warning and a counter in its
+    ``stats()``. A library compiled with external weights
     maps its ``libNAME.weights`` (read-only, shared between processes), or binds ``weights`` (the contents of
     that file, bytes-like); encrypted ones need ``weights_key`` (a key file, or the key's 32 bytes) and are
     decrypted in memory only (docs/weights.md).
@@ -77,14 +80,10 @@ def load(path: Union[str, os.PathLike], num_threads: int = 0, fallback: Union[st
             raise CuvilError(f"{path}: weights= and weights_key= apply to x86 libraries (libNAME.so) only; a "
                              f"GPU bundle keeps its weights in its own weights.bin",
                              hint="drop weights= and weights_key= for a bundle")
-        try:
+        if fallback is None:
             return load_bundle(path, **gpu)
-        except NoGpuError as e:
-            if fallback is None:
-                raise
-            warnings.warn(f"{path}: {e}; running the x86 artifact {os.fspath(fallback)} instead", RuntimeWarning,
-                          stacklevel=2)
-            return load(fallback, num_threads=num_threads)
+        return FailSafeModel(path, lambda: load_bundle(path, **gpu), lambda: load(fallback, num_threads=num_threads),
+                             os.fspath(fallback))
     if gpu:
         raise CuvilError(f"{path}: {', '.join(sorted(gpu))} apply to GPU bundles (NAME.cuvil/) only",
                          hint=f"leave {', '.join(sorted(gpu))} out for an x86 library")
@@ -112,14 +111,11 @@ def _load_verified(path: str, key, num_threads: int, fallback, gpu: dict, weight
                      reason=e.message)
         raise
     if v.kind == "bundle":
-        try:
+        if fallback is None:
             return load_bundle(path, files=v.files, **gpu)
-        except NoGpuError as e:
-            if fallback is None:
-                raise
-            warnings.warn(f"{path}: {e}; running the x86 artifact {os.fspath(fallback)} instead", RuntimeWarning,
-                          stacklevel=3)
-            return load(fallback, num_threads=num_threads, verify=key, weights_key=weights_key)
+        return FailSafeModel(path, lambda: load_bundle(path, files=v.files, **gpu),
+                             lambda: load(fallback, num_threads=num_threads, verify=key, weights_key=weights_key),
+                             os.fspath(fallback))
     if gpu:
         raise CuvilError(f"{path}: {', '.join(sorted(gpu))} apply to GPU bundles (NAME.cuvil/) only",
                          hint=f"leave {', '.join(sorted(gpu))} out for an x86 library")

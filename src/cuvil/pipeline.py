@@ -449,8 +449,9 @@ class Pipeline:
         ``{"x": ([1, 3, 32, 32], [1, 3, 640, 640], [1, 3, 1280, 1280])}`` (min, opt, max) sets their ranges; a
         symbol bound twice (by name and by input) must be bound alike (docs/shapes.md). The x86 library
         serves every shape of the profile with one set of kernels that read the symbols at run time, and
-        rejects shapes outside it. The GPU target specialises every symbol (to ``fixed``, else its opt or
-        min). ``cache`` (default on): artifacts are cached by content (:mod:`cuvil.artifact`).
+        rejects shapes outside it. The GPU target specialises every symbol without a profile (to ``fixed``,
+        else its opt or min) and compiles the profiled ones per bucket into one bundle (``graph_buckets``,
+        :mod:`cuvil.targets.ptx.buckets`). ``cache`` (default on): artifacts are cached by content (:mod:`cuvil.artifact`).
 
         Low precision (docs/precision.md): ``precision`` ``"fp32"`` (default), ``"bf16"``, ``"fp16"``, ``"int8"`` or
         ``"auto"`` narrows the nodes the target runs in that format and whose ranges are proved safe in it
@@ -490,9 +491,10 @@ class Pipeline:
         p = self.specialize(fixed) if fixed else self
         p = p.with_profiles(shape_profiles) if shape_profiles else p
         if not tgt.keeps_symbols and p._graph.symbols:
-            rest = {name: sym.tuned for name, sym in p._graph.symbols.items()}
+            kept = set(shape_profiles or ()) if getattr(tgt, "keeps_profiled_symbols", False) else set()
+            rest = {name: sym.tuned for name, sym in p._graph.symbols.items() if name not in kept}
             fixed.update(rest)
-            p = p.specialize(rest)
+            p = p.specialize(rest) if rest else p
         if p._graph.symbols and not shape_profiles:   # with_profiles checked those
             with stage("shape conditions", detail=f"symbols {', '.join(p._graph.symbols)}"):
                 bad = p.check_shapes()

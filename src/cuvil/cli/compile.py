@@ -10,6 +10,7 @@ from ..kernels.kernel_rules import builtin_kernel_rules
 from ..pipeline import Pipeline
 from ..targets import PTX_TARGET, make_options
 from ..targets.ptx.archs import DEFAULT_ARCH, check_arch
+from ..targets.ptx.buckets import parse_bucket_flag
 from .flags import (add_allow_bounded_flag, add_opt_level_flag, add_precision_flags, add_progress_flag, add_quiet_flag,
                     add_shape_flags, add_target_flag, opt_level, precision_flags, resolve_target)
 from .shape_flags import check_shape_flags, parse_input_shapes, shape_flags
@@ -47,6 +48,14 @@ def register(sub) -> None:
     sp.add_argument("--register-pass", action="store_true",
                     help="GPU: cap the registers (.maxnreg) of register-limited kernels where that saves a wave "
                          "without spills")
+    sp.add_argument("--allow-tf32", action="store_true",
+                    help="GPU: run float32 MatMul/Gemm on TF32 tensor cores (inputs rounded to a 10-bit mantissa, "
+                         "about 1e-3 relative error; off: strict float32)")
+    sp.add_argument("--graph-buckets", metavar="V1,V2,...", default=None,
+                    help="GPU, with a shape profile: the values of the profiled symbol compiled into the one bundle "
+                         "(1,2,4,8,16,32,64; by symbol N=1,8,64;S=128,512; default: powers of two of each range "
+                         "plus its min and max); a call between buckets runs the next one up, padded where the "
+                         "graph allows it")
     add_allow_bounded_flag(sp)
     # low precision with certificates (issue 21, docs/precision.md)
     add_precision_flags(sp)
@@ -84,6 +93,8 @@ _X86_ONLY_FLAGS = (("--external-weights", "external_weights"), ("--encrypt-weigh
 _GPU_ONLY_FLAGS = (("--enable-fp16", "enable_fp16", "float16 compute; x86 computes float32"),
                    ("--no-fma", "no_fma", "GPU kernel rules"),
                    ("--register-pass", "register_pass", "GPU registers"),
+                   ("--allow-tf32", "allow_tf32", "TF32 tensor cores; x86 computes float32"),
+                   ("--graph-buckets", "graph_buckets", "GPU shape buckets; x86 kernels read the symbols at run time"),
                    ("--arch", "arch", "GPU architectures"))
 
 
@@ -248,7 +259,8 @@ def _compile_gpu_bundle(args) -> int:
         kernel_rules = builtin_kernel_rules() + mine if mine else None
     options = make_options(args.target, opt_level=args.opt_level, prefix=args.prefix, arch=args.arch,
                            fma=not args.no_fma, enable_fp16=args.enable_fp16, kernel_rules=kernel_rules,
-                           register_pass=args.register_pass)
+                           register_pass=args.register_pass, allow_tf32=args.allow_tf32,
+                           graph_buckets=parse_bucket_flag(args.graph_buckets) if args.graph_buckets else None)
     with _progress(args):
         p = _import_and_optimize(args)
         fixed, profiles = shape_flags(p, args)
@@ -262,6 +274,11 @@ def _compile_gpu_bundle(args) -> int:
           + (f", registers/thread max {max(regs)}" if regs else ", ptxas not found: registers not checked")
           + (f", specialized {m['specialized']}" if m.get("specialized") else "")
           + (" (from cache)" if bundle.cached else f", compiled in {bundle.timings['compile_seconds']:.1f} s"))
+    for name, prof in (m.get("profile") or {}).items():
+        print(f"  profile {name} in [{prof['min']}, {prof['max']}]: one bundle, buckets "
+              f"{','.join(map(str, prof['buckets']))}; "
+              + ("a value between buckets runs the next one up, padded" if prof["paddable"]
+                 else f"only the bucket values run ({prof.get('not_paddable')})"))
     rp = m.get("register_pass") or {}
     if rp.get("kernels"):
         print(f"  register pass: {len(rp['kernels'])} multi-wave kernels limited by registers; "

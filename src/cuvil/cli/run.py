@@ -36,6 +36,8 @@ def register(sub) -> None:
     sp.add_argument("--output-dir", help="write each output as NAME.npy here (default: print)")
     sp.add_argument("--weights-key", metavar="KEYFILE",
                     help="the key of a library compiled with --encrypt-weights KEYFILE")
+    sp.add_argument("--max-graphs", type=int, default=None, metavar="N",
+                    help="GPU bundle: keep at most N shape buckets' CUDA graphs alive (LRU; default 4)")
     add_threads_flag(sp)
     add_quiet_flag(sp)
     sp.set_defaults(fn=cmd_run)
@@ -49,7 +51,8 @@ def cmd_run(args) -> int:
                               + (f" --target {PTX_TARGET}" if path.rstrip(os.sep).endswith(".cuvil") else ""))
     try:
         m = load(path, num_threads=threads(args.threads),
-                 **({"weights_key": args.weights_key} if args.weights_key else {}))
+                 **({"weights_key": args.weights_key} if args.weights_key else {}),
+                 **({"max_graphs": args.max_graphs} if args.max_graphs is not None else {}))
     except NoGpuError as e:
         if e.hint:
             raise

@@ -544,8 +544,12 @@ def _family_obligations(st: Stage, node: E, doms) -> List[Access]:
     d = dict(doms)
     if node.op == "contract" and isinstance(spec, Contraction):
         n, g = _loop(d, "n", spec.x.shape[0]), _loop(d, "g", spec.groups)
-        mb, k, r = _loop(d, "mb", spec.m_blocks), _loop(d, "k", spec.k), _loop(d, "r", spec.mr)
-        out.append(Access(kind, spec.a, [g, mb, k, r], [], d, node=node))      # packed weight panels
+        if spec.precision == "bf16":     # bfloat16 pairs along K (pack_weights_bf16)
+            mb, k, r = _loop(d, "mb", spec.m_blocks), _loop(d, "k", (spec.k + 1) // 2), _loop(d, "r", spec.mr)
+            out.append(Access(kind, spec.a, [g, mb, k, r, _loop(d, "pair", 2)], [], d, node=node))
+        else:
+            mb, k, r = _loop(d, "mb", spec.m_blocks), _loop(d, "k", spec.k), _loop(d, "r", spec.mr)
+            out.append(Access(kind, spec.a, [g, mb, k, r], [], d, node=node))      # packed weight panels
         c = _loop(d, "c", spec.cin)
         ch = c * spec.groups + g if spec.interleaved else g * spec.cin + c
         os_ = [_loop(d, "o", o) for o in spec.out_spatial]
@@ -560,8 +564,13 @@ def _family_obligations(st: Stage, node: E, doms) -> List[Access]:
         else:
             out.append(Access(kind, st.buf, [n], [z3_false()], d, node=node))
     elif node.op == "contract" and isinstance(spec, MatContraction):
-        mb, k, c = _loop(d, "mb", spec.m_blocks), _loop(d, "k", spec.k), _loop(d, "c", spec.cols)
-        out.append(Access(kind, spec.w, [mb, k, c], [], d, node=node))
+        mb, c = _loop(d, "mb", spec.m_blocks), _loop(d, "c", spec.cols)
+        if spec.precision == "bf16":     # bfloat16 pairs along K (pack_columns_bf16)
+            out.append(Access(kind, spec.w, [mb, _loop(d, "kp", (spec.k + 1) // 2), c, _loop(d, "pair", 2)], [], d,
+                              node=node))
+        k = _loop(d, "k", spec.k)
+        if spec.precision != "bf16":
+            out.append(Access(kind, spec.w, [mb, k, c], [], d, node=node))
         row = _loop(d, "row", spec.rows)
         out.append(Access(kind, spec.a, [row * spec.k + k], [], d, node=node, flat=True))
         m = _loop(d, "m", spec.m)
@@ -630,7 +639,13 @@ def _family_obligations(st: Stage, node: E, doms) -> List[Access]:
         clamped = E("clamp", (row,), I64, (0, spec.rows - 1))
         t, k, j = _loop(d, "t", spec.key_blocks), _loop(d, "k", spec.d), _loop(d, "j", spec.kb)
         out.append(Access(kind, spec.q, [n, h, clamped, k], [], d, node=node))
-        out.append(Access(kind, spec.kt, [n, h, t, k, j], [], d, node=node))
+        if spec.k_axes is None:      # the key panels
+            out.append(Access(kind, spec.kt, [n, h, t, k, j], [], d, node=node))
+        else:                        # read in place: a row per key, clamped to the last key
+            key = E("clamp", (t * spec.kb + j,), I64, (0, spec.keys - 1))
+            at = (n, h, key, k)
+            out.append(Access(kind, spec.kt, [at[a] if a is not None else as_index(0) for a in spec.k_axes], [], d,
+                              node=node))
         c = _loop(d, "c", spec.dvp)
         if spec.v_axes is None:      # the padded copy, whole panels
             out.append(Access(kind, spec.v, [n, h, t * spec.kb + j, c], [], d, node=node))

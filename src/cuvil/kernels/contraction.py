@@ -119,6 +119,10 @@ class Contraction:
     channel_lanes: bool = False   # the register tile's vectors run along its mr channels (see choose_tile)
     # input channel c of group g is x's channel c*groups + g (Winograd's V, see WinogradInput), not g*cin + c
     interleaved: bool = False
+    # "bf16": the node computes in bfloat16 (Node.precision): ``a`` holds the weights rounded to bfloat16 in
+    # pairs along K (:func:`pack_weights_bf16`, ``[G, Mb, ceil(K/2), mr, 2]``), the input is rounded to bfloat16
+    # as it is packed, the products accumulate in float32; "" float32
+    precision: str = ""
 
     @property
     def k(self) -> int:
@@ -150,6 +154,32 @@ def pack_weights(w: np.ndarray, groups: int, mr: int = MR, dtype=np.float32) -> 
     a = np.zeros((groups, mb * mr, k), dtype=dtype)
     a[:, :mg, :] = w.reshape(groups, mg, k)
     return np.ascontiguousarray(a.reshape(groups, mb, mr, k).transpose(0, 1, 3, 2))
+
+
+def bf16_pairs(a: np.ndarray, axis: int) -> np.ndarray:
+    """``a`` rounded to bfloat16 (nearest even), with its ``axis`` (K) padded with a zero to an even length and
+    split into pairs moved last: ``[..., K, ...]`` -> ``[..., ceil(K/2), ..., 2]``, the layout of the x86
+    ``vdpbf16ps`` operands (each 32-bit lane holds two consecutive k)."""
+    import ml_dtypes
+    k = a.shape[axis]
+    if k % 2:
+        pad = [(0, 0)] * a.ndim
+        pad[axis] = (0, 1)
+        a = np.pad(a, pad)
+    shape = a.shape[:axis] + ((k + 1) // 2, 2) + a.shape[axis + 1:]
+    a = a.reshape(shape)
+    return np.ascontiguousarray(np.moveaxis(a, axis + 1, -1).astype(np.float32).astype(ml_dtypes.bfloat16))
+
+
+def bf16_values(a: np.ndarray) -> np.ndarray:
+    """``a`` rounded to bfloat16 (nearest even), as float32."""
+    import ml_dtypes
+    return np.ascontiguousarray(np.asarray(a, np.float32).astype(ml_dtypes.bfloat16).astype(np.float32))
+
+
+def pack_weights_bf16(w: np.ndarray, groups: int, mr: int = MR) -> np.ndarray:
+    """:func:`pack_weights` rounded to bfloat16 in pairs along K: ``[G, Mb, ceil(K/2), mr, 2]``."""
+    return bf16_pairs(pack_weights(w, groups, mr), 2)
 
 
 @attrs.define(eq=False)
@@ -191,6 +221,9 @@ class MatContraction:
     m: int
     k: int
     cols: int
+    # "bf16": ``w`` holds the weights rounded to bfloat16 in pairs along K (:func:`pack_columns_bf16`,
+    # ``[Mb, ceil(K/2), cols, 2]``), A is rounded to bfloat16, the products accumulate in float32; "" float32
+    precision: str = ""
 
     @property
     def m_blocks(self) -> int:
@@ -208,6 +241,11 @@ def pack_columns(w: np.ndarray, cols: int) -> np.ndarray:
     out = np.zeros((k, mb * cols), dtype=np.float32)
     out[:, :m] = w
     return np.ascontiguousarray(out.reshape(k, mb, cols).transpose(1, 0, 2))
+
+
+def pack_columns_bf16(w: np.ndarray, cols: int) -> np.ndarray:
+    """:func:`pack_columns` rounded to bfloat16 in pairs along K: ``[Mb, ceil(K/2), cols, 2]``."""
+    return bf16_pairs(pack_columns(w, cols), 1)
 
 
 @attrs.define(eq=False)

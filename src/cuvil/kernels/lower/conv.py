@@ -8,7 +8,7 @@ import numpy as np
 
 from ...ir.dim import product
 from ...ir.dtype import DType
-from ..contraction import Contraction, DepthwiseWindow, channel_lanes, choose_tile, pack_weights
+from ..contraction import Contraction, DepthwiseWindow, channel_lanes, choose_tile, pack_weights, pack_weights_bf16
 from ..texpr import I64, E, all_of, binop, call, cast, cmp, const, in_range, load, logic, reduce, select
 from .core import LOWERINGS, TensorFn, clamp, lowering, sub_ctx, unflat_index
 from .quant import minus_zp
@@ -28,6 +28,8 @@ def _conv(ctx):
     gemm = conv_as_gemm(ctx, x, b, out, group, cin_g, m_g, kern, strides, dil, begin)
     if gemm is not None:
         return [gemm]
+    if ctx.narrowed == "bf16":   # no bf16 contraction for this form: its inputs rounded, computed in float32
+        x, w = ctx.bf16_input(0), ctx.bf16_input(1)
 
     # depthwise 2-D with row-vectorisable strides: a window node the x86 backend computes by rows, reading
     # the unpadded input (its loads are masked to the input: no padded copy is stored)
@@ -93,9 +95,17 @@ def conv_as_gemm(ctx, x, b, out, group, cin_g, m_g, kern, strides, dil, begin, w
     tile = choose_tile(m_g, product(out_sp), ctx.gemm_tiles, K, ctx.channel_tile_cost)
     mr, cols = tile[:2]
     wdt = np.float16 if half else np.float32
-    a_buf = ctx.weight(pack_weights(wv.astype(wdt), group, mr, wdt), "packed")
+    narrow = "" if half else ctx.narrowed
+    if narrow == "bf16":     # weights in bfloat16 pairs along K, the input rounded to bfloat16, float32 sums
+        a_buf = ctx.weight(pack_weights_bf16(wv.astype(np.float32), group, mr), "packed_bf16")
+        weight_at = lambda g, ml, k: cast(load(a_buf, [g, ml // mr, k // 2, ml % mr, k % 2]), DType.FLOAT)
+        x_term = lambda v: cast(cast(v, DType.BFLOAT16), DType.FLOAT)
+    else:
+        a_buf = ctx.weight(pack_weights(wv.astype(wdt), group, mr, wdt), "packed")
+        weight_at = lambda g, ml, k: load(a_buf, [g, ml // mr, k, ml % mr])
+        x_term = lambda v: v
     spec = Contraction(a_buf, x.buf, x.shape[0], group, m_g, cin_g, tuple(kern), tuple(strides), tuple(dil),
-                       out_sp, cols, mr, pads, channel_lanes(tile), interleaved)
+                       out_sp, cols, mr, pads, channel_lanes(tile), interleaved, narrow)
     kshape = [cin_g] + list(kern)
 
     def f(idx):
@@ -109,9 +119,9 @@ def conv_as_gemm(ctx, x, b, out, group, cin_g, m_g, kern, strides, dil, begin, w
             if pads:
                 pos = [oi * s - p + ki * d for oi, s, p, ki, d in zip(o, strides, pads, ks, dil)]
                 inside = all_of([in_range(q, 0, size) for q, size in zip(pos, x.shape[2:])])
-                return binop("mul", load(a_buf, [g, ml // mr, k, ml % mr]), x.at_or([n, ch] + pos, inside, 0.0))
+                return binop("mul", weight_at(g, ml, k), x_term(x.at_or([n, ch] + pos, inside, 0.0)))
             pos = [oi * s + ki * d for oi, s, ki, d in zip(o, strides, ks, dil)]
-            return binop("mul", load(a_buf, [g, ml // mr, k, ml % mr]), x([n, ch] + pos))
+            return binop("mul", weight_at(g, ml, k), x_term(x([n, ch] + pos)))
         acc = E("contract", [n, m] + list(o) + [reduce("sum", [K], body)], x.dtype, spec)
         return binop("add", acc, b([m])) if b is not None else acc
     return TensorFn(out, ctx.out_dtype(), f, "complex", contraction=True)

@@ -15,7 +15,7 @@ from ...ir.graph import Node
 from ...ir.registry import attr_defaults
 from ..contraction import MR
 from ..sequential import Assign, Sequential, sequential
-from ..texpr import I64, Buf, E, cmp, const, load, select, var
+from ..texpr import I64, Buf, E, cast, cmp, const, load, select, var
 
 
 Index = List[E]
@@ -51,8 +51,12 @@ class LowerCtx:
                  weight: Optional[Callable] = None, gemm_cols: int = 0, gemm_tiles: tuple = (),
                  unpadded_contractions: bool = False, matmul_panels: bool = True, half_contractions: bool = False,
                  row_kernels: bool = False, channel_tile_cost: Optional[float] = None,
-                 used_outputs: Optional[Sequence[bool]] = None, set_size: Optional[Callable] = None):
+                 used_outputs: Optional[Sequence[bool]] = None, set_size: Optional[Callable] = None,
+                 narrow_formats: Sequence[str] = ()):
         self.node, self.inputs, self._temp, self._weight = node, inputs, temp, weight
+        # the formats (Node.precision spellings) the target's contraction micro-kernels compute in: a node the
+        # precision policy narrowed to one of them lowers to a narrowed contraction (x86: ("bf16",) with AVX512_BF16)
+        self.narrow_formats = tuple(narrow_formats)
         # stores the node's data-dependent output size into its run-time symbol (None: the size is not one)
         self._set_size = set_size
         # which outputs some node or the graph reads (None: all); an op may skip work for the others
@@ -69,6 +73,30 @@ class LowerCtx:
         self.gemm_cols = gemm_cols
         self.gemm_tiles = tuple(gemm_tiles) or ((MR, gemm_cols),)
         self.channel_tile_cost = channel_tile_cost     # the weight of channel-lane tiles in the tile choice
+
+    @property
+    def narrowed(self) -> str:
+        """The format this node's contraction computes in: its ``precision`` where the target's micro-kernels
+        take it, else "" (float32)."""
+        p = self.node.precision
+        return p if p and p in self.narrow_formats else ""
+
+    def bf16_input(self, i: int, store: bool = False) -> Optional["TensorFn"]:
+        """Input ``i`` of a narrowed node where no bf16 contraction takes it (a small or depthwise Conv, a
+        MatMul of two activations): its values rounded to bfloat16 and kept as float32, so the node computes
+        what its precision says (products of two rounded values are exact in float32; the sums are float32).
+        A constant is rounded at compile time; ``store``: the rounded values are stored (for a kernel that
+        reads its input's buffer)."""
+        t = self.input(i)
+        if t is None or t.dtype != DType.FLOAT:
+            return t
+        c = self.const_input(i)
+        if c is not None and self._weight is not None:
+            from ..contraction import bf16_values
+            wb = self.weight(bf16_values(c), f"in{i}_bf16")
+            return TensorFn(t.shape, t.dtype, lambda idx: load(wb, idx), "elementwise", buf=wb)
+        fn = lambda idx: cast(cast(t(idx), DType.BFLOAT16), DType.FLOAT)
+        return self.temp(t.shape, t.dtype, fn, f"in{i}_bf16") if store else TensorFn(t.shape, t.dtype, fn, t.kind)
 
     def attr(self, name, default=None):
         if name in self.node.attrs:
@@ -267,4 +295,4 @@ def sub_ctx(ctx, inputs) -> LowerCtx:
     """``ctx`` with other inputs: an op lowered as another one (ConvInteger as Conv) after rewriting its inputs."""
     return LowerCtx(ctx.node, inputs, ctx._temp, ctx._weight, ctx.gemm_cols, ctx.gemm_tiles, ctx.unpadded_contractions,
                     ctx.matmul_panels, ctx.half_contractions, channel_tile_cost=ctx.channel_tile_cost,
-                    used_outputs=ctx.used_outputs)
+                    used_outputs=ctx.used_outputs, narrow_formats=ctx.narrow_formats)

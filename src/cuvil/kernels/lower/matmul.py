@@ -3,12 +3,13 @@ from __future__ import annotations
 
 from typing import List, Optional
 
+import ml_dtypes
 import numpy as np
 
 from ...ir.dim import SymExpr, product
 from ...ir.dtype import DType
-from ..contraction import MatContraction, pack_columns
-from ..texpr import I64, E, binop, const, load, reduce
+from ..contraction import MatContraction, pack_columns, pack_columns_bf16
+from ..texpr import I64, E, binop, cast, const, load, reduce
 from .core import LOWERINGS, TensorFn, broadcast_fn, broadcast_index, fconst, lowering, sub_ctx
 from .quant import minus_zp
 
@@ -26,13 +27,19 @@ def _matmul_as_gemm(ctx, a, wv: Optional[np.ndarray], out, epilogue=None) -> Opt
     cols = ctx.gemm_cols
     if a.buf is None:
         a = ctx.temp(a.shape, a.dtype, a.fn, "in")
-    wp = ctx.weight(pack_columns(wv.astype(np.float32), cols), "panels")
-    spec = MatContraction(wp, a.buf, product(a.shape[:-1]), M, K, cols)
+    narrow = ctx.narrowed
+    if narrow == "bf16":    # weights in bfloat16 pairs along K, A rounded to bfloat16, float32 sums
+        wp = ctx.weight(pack_columns_bf16(wv.astype(np.float32), cols), "panels_bf16")
+        term = lambda rows, m, k: binop("mul", cast(cast(a(rows + [k]), DType.BFLOAT16), DType.FLOAT),
+                                        cast(load(wp, [m // cols, k // 2, m % cols, k % 2]), DType.FLOAT))
+    else:
+        wp = ctx.weight(pack_columns(wv.astype(np.float32), cols), "panels")
+        term = lambda rows, m, k: binop("mul", a(rows + [k]), load(wp, [m // cols, k, m % cols]))
+    spec = MatContraction(wp, a.buf, product(a.shape[:-1]), M, K, cols, narrow)
 
     def f(idx):
         rows, m = list(idx[:-1]), idx[-1]
-        acc = E("contract", list(idx) + [reduce("sum", [K], lambda k: binop(
-            "mul", a(rows + [k]), load(wp, [m // cols, k, m % cols])))], DType.FLOAT, spec)
+        acc = E("contract", list(idx) + [reduce("sum", [K], lambda k: term(rows, m, k))], DType.FLOAT, spec)
         return epilogue(idx, acc) if epilogue is not None else acc
     return TensorFn(out, ctx.out_dtype(), f, "complex", contraction=True)
 
@@ -44,6 +51,8 @@ def _matmul(ctx):
     gemm = _matmul_as_gemm(ctx, a, ctx.const_input(1), out)
     if gemm is not None:
         return [gemm]
+    if ctx.narrowed == "bf16":   # no bf16 contraction (a product of two activations, small M): rounded inputs
+        a, b = ctx.bf16_input(0), ctx.bf16_input(1)
     if ctx.matmul_panels and b.buf is None and len(b.shape) >= 2:
         # the row schedule reads B's rows with the output column innermost: store B (e.g. a transposed
         # key matrix) so those reads are contiguous instead of strided through the expression
@@ -90,6 +99,9 @@ def _gemm(ctx):
         gemm = _matmul_as_gemm(ctx, a, wv.T if tb else wv, out, epilogue)
         if gemm is not None:
             return [gemm]
+    if ctx.narrowed == "bf16":   # no bf16 contraction for this form: its inputs rounded, computed in float32
+        a, b = ctx.bf16_input(0), ctx.bf16_input(1)
+        wv = None if wv is None else ctx.const_input(1).astype(np.float32).astype(ml_dtypes.bfloat16).astype(np.float32)
     if tb and wv is not None and ctx._weight is not None:
         # constant B^T: stored transposed at compile time so the row schedule reads it with unit stride
         bt = ctx.weight(np.ascontiguousarray(wv.T), "transposed")

@@ -32,6 +32,7 @@ from ...progress import stage
 from ...rewrite_rules.precision import to_half
 from ...version import __version__
 from .codegen import TRIPLE, build_ptx, gpu_schedule
+from .matmul_mma import stage_precisions
 from .ptxas import PtxasError, assemble, find_ptxas
 from .regpressure import relieve
 from .tuning import DEFAULT_TUNING, PtxTuning
@@ -65,7 +66,7 @@ def compile_bundle(g: Graph, out_dir: str, *, arch: str = "sm_90", opt_level: in
                    register_pass: bool = False, sms: Optional[int] = None, manifest_extra: Optional[dict] = None,
                    unpadded: bool = True,
                    fused_splitk: bool = False, tuning: PtxTuning = DEFAULT_TUNING,
-                   max_spill: Optional[int] = None) -> dict:
+                   max_spill: Optional[int] = None, allow_tf32: bool = False) -> dict:
     """Compile ``g`` (static shapes) into the bundle directory ``out_dir`` (created; files in it replaced);
     returns the manifest. ptxas, where installed, assembles the PTX for ``arch``: a rejected module is an
     error, its per-kernel resource report goes into the manifest and the cubin into the bundle.
@@ -78,7 +79,9 @@ def compile_bundle(g: Graph, out_dir: str, *, arch: str = "sm_90", opt_level: in
     ``arch``; ``max_spill``: spill bytes a capped kernel may have, default ``regpressure.MAX_SPILL``); the
     manifest's ``register_pass`` reports registers, occupancy and waves before and after. ``unpadded`` as for
     :func:`~cuvil.targets.ptx.codegen.gpu_schedule`, ``fused_splitk`` and ``tuning`` as for
-    :func:`~cuvil.targets.ptx.codegen.build_ptx`. Each stage, the LLVM IR kernel by kernel, is reported
+    :func:`~cuvil.targets.ptx.codegen.build_ptx`; ``allow_tf32`` (off: strict float32): float32 matrix
+    products run on TF32 tensor cores; products whose node has ``precision`` fp16/bf16 run on tensor cores in
+    that format (:mod:`cuvil.targets.ptx.matmul_mma`). Each stage, the LLVM IR kernel by kernel, is reported
     through :mod:`cuvil.progress`."""
     t0 = time.perf_counter()
     half_names: list = []
@@ -92,7 +95,8 @@ def compile_bundle(g: Graph, out_dir: str, *, arch: str = "sm_90", opt_level: in
     if any(s.buf.base == WEIGHTS for s in sched.stages):
         raise CuvilError("a stage writes into the weights buffer; the GPU bundle keeps weights read-only")
     res = build_ptx(sched, arch, opt_level, fma=fma, kernel_rules=kernel_rules, prefix=prefix,
-                    narrow_index=narrow_index, fused_splitk=fused_splitk, tuning=tuning)
+                    narrow_index=narrow_index, fused_splitk=fused_splitk, tuning=tuning, allow_tf32=allow_tf32,
+                    precisions=stage_precisions(g, sched))
     ptx, descs = res.ptx, res.kernels
     arena_bytes = res.scratch_offset + res.scratch_bytes if res.scratch_bytes else sched.arena_bytes
     zero = [[res.scratch_offset, res.counter_bytes]] if res.counter_bytes else []
@@ -161,6 +165,9 @@ def compile_bundle(g: Graph, out_dir: str, *, arch: str = "sm_90", opt_level: in
         "kernel_rules": {name: {"applied": res.kernel_rule_counts.get(name, 0), "obligation": ob, "verdict": "proved"}
                          for name, ob in res.kernel_rules.items()},
         "enable_fp16": enable_fp16,
+        "allow_tf32": allow_tf32,
+        "tensor_core_kernels": {k: sum(1 for d in descs if d.kind == k) for k in sorted({d.kind for d in descs})
+                                if "mma" in k or k.startswith("matmul_")},
         "narrow_index": narrow_index,
         "register_pass": rp_report if rp_report is not None else
         {"skipped": "off" if not register_pass else "ptxas not found" if exe is None else "narrow_index=True"},
@@ -228,13 +235,19 @@ def read_bundle(path: str, files: Optional[Mapping[str, bytes]] = None):
     if files is None and not os.path.isdir(path):
         raise CuvilError(f"{path}: not a GPU bundle directory (NAME{BUNDLE_SUFFIX}/)", hint=BUNDLE_HINT)
     missing = [f for f in FILES if (f not in files if files is not None else not os.path.isfile(os.path.join(path, f)))]
-    if missing:
-        raise CuvilError(f"{path}: not a complete GPU bundle, missing {', '.join(missing)}", hint=BUNDLE_HINT)
+    plan = manifest = None
     try:
-        plan = json.loads(bundle_file(path, "plan.json", files))
-        manifest = json.loads(bundle_file(path, "manifest.json", files))
+        if "plan.json" not in missing and "manifest.json" not in missing:
+            plan = json.loads(bundle_file(path, "plan.json", files))
+            manifest = json.loads(bundle_file(path, "manifest.json", files))
     except (OSError, ValueError) as e:
         raise CuvilError(f"{path}: unreadable bundle: {e}") from None
+    if isinstance(plan, dict) and plan.get("buckets"):   # a profile bundle: the kernels are per bucket
+        missing = [f for f in missing if f != "kernels.ptx"] + [
+            f"{e.get('dir')}/kernels.ptx" for e in plan["buckets"]
+            if not isinstance(e, dict) or not bundle_has(path, f"{e.get('dir')}/kernels.ptx", files)]
+    if missing:
+        raise CuvilError(f"{path}: not a complete GPU bundle, missing {', '.join(missing)}", hint=BUNDLE_HINT)
     if plan.get("format") != PLAN_FORMAT:
         raise CuvilError(f"{path}: plan format {plan.get('format')!r}, this Cuvil reads {PLAN_FORMAT!r}")
     return plan, manifest

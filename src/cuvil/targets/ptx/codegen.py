@@ -58,6 +58,7 @@ from .emitter import PtxEmitter, set_contraction
 from .kernel_shapes import (TILE_K, WARP_MIN_TERMS, coarsen_factor, single_sum, split_lanes, tile_factors,
                             tile_shape)
 from .libdevice import libdevice_module
+from .matmul_mma import emit_matmul, matmul_parts, mma_format, plan_matmul
 from .tuning import DEFAULT_TUNING, PtxTuning
 
 TRIPLE = "nvptx64-nvidia-cuda"
@@ -100,8 +101,11 @@ class PtxKernelModule(LLVMKernelModule):
 
     def __init__(self, name: str, tm, *, fma: bool = False, block: int = BLOCK, narrow_index: bool = False,
                  scratch_offset: int = 0, conv_target_blocks: int = 0, arch: str = "sm_90",
-                 fused_splitk: bool = False, tuning: PtxTuning = DEFAULT_TUNING):
+                 fused_splitk: bool = False, tuning: PtxTuning = DEFAULT_TUNING, allow_tf32: bool = False,
+                 precisions: Optional[Dict[str, str]] = None):
         super().__init__(name, tm, TRIPLE)
+        self.allow_tf32 = allow_tf32          # float32 matmuls may run on TF32 tensor cores (matmul_mma.py)
+        self.precisions = precisions or {}    # stage name -> its node's precision ("fp16"/"bf16")
         self.sm = int(re.sub(r"\D", "", arch) or 0)      # compute capability x 10 (sm_90a -> 90)
         self.scratch_offset = -(-scratch_offset // 256) * 256   # split-K counters and partials go after the arena
         self.scratch_bytes = 0
@@ -179,6 +183,10 @@ class PtxKernelModule(LLVMKernelModule):
 
     def add_stage_plain(self, st: Stage, sym: str) -> KernelDesc:
         """The kernel shapes for stages that are not implicit-GEMM convolutions (see :meth:`add_stage`)."""
+        mm = self.matmul_plan(st) if self.tuning.mma else None
+        if mm is not None:
+            threads = emit_matmul(self, st, sym, *mm)
+            return KernelDesc(sym, threads, mm[1].threads, st.name, 1, "matmul_" + mm[1].fmt)
         red = single_sum(st)
         if red is None:
             return self.add_element_stage(st, sym)
@@ -199,6 +207,20 @@ class PtxKernelModule(LLVMKernelModule):
         if co > 1:
             return self.add_coarse_stage(st, sym, red, co)
         return self.add_element_stage(st, sym)
+
+    def matmul_plan(self, st: Stage):
+        """(parts, plan) when the stage is a matrix product the tensor cores compute in a format its
+        precision allows (:mod:`cuvil.targets.ptx.matmul_mma`), else None."""
+        parts = matmul_parts(st)
+        if parts is None:
+            return None
+        fmt = mma_format(st, parts, self.sm, self.allow_tf32, self.precisions.get(st.name, ""))
+        if fmt is None:
+            return None
+        plan = plan_matmul(st, parts, fmt)
+        if plan.m < 16 or plan.n < 8 or plan.k < 16:
+            return None      # a vector product: the float32 kernels waste less
+        return parts, plan
 
     def add_conv_stage(self, st: Stage, sym: str, node: E):
         """A convolution lowered as a packed contraction: the implicit-GEMM tile kernel
@@ -682,7 +704,8 @@ def widen_half_reductions(e: E, stats: Optional[dict] = None) -> E:
 def build_ptx(sched: Schedule, arch: str = "sm_90", opt: int = 3, *, fma: bool = False, kernel_rules=None,
               prefix: str = "cuvil", block: int = BLOCK, libdevice: Optional[str] = None,
               narrow_index: bool = False, fused_splitk: bool = False,
-              tuning: PtxTuning = DEFAULT_TUNING) -> PtxResult:
+              tuning: PtxTuning = DEFAULT_TUNING, allow_tf32: bool = False,
+              precisions: Optional[Dict[str, str]] = None) -> PtxResult:
     """PTX for every stage of ``sched`` (one module, one kernel per stage, in schedule order).
 
     ``kernel_rules``: None for the built-in ``on kernel`` rules, a list of rules (graph rules in it are
@@ -698,7 +721,10 @@ def build_ptx(sched: Schedule, arch: str = "sm_90", opt: int = 3, *, fma: bool =
     kernels (``bench/gpu/results/conv_variants5_fused_2026-12-01.json``): the last block's S dependent L2
     reads per output serialise behind each other, where the sum kernel spreads them over a whole grid.
     ``tuning``: the kernel-shape settings benchmarks vary (:class:`~cuvil.targets.ptx.tuning.PtxTuning`);
-    give the same one to :func:`gpu_schedule`."""
+    give the same one to :func:`gpu_schedule`. ``allow_tf32`` (off: strict float32): float32 matrix products
+    may run on TF32 tensor cores; ``precisions`` (stage name -> "fp16"/"bf16", from the nodes' ``precision``,
+    :func:`~cuvil.targets.ptx.matmul_mma.stage_precisions`): those products run on tensor cores in that
+    format (:mod:`cuvil.targets.ptx.matmul_mma`)."""
     if block <= 0 or block > 1024:
         raise CuvilError(f"block size {block}: expected 1..1024 threads")
     tm = target_machine(arch, opt)
@@ -712,7 +738,8 @@ def build_ptx(sched: Schedule, arch: str = "sm_90", opt: int = 3, *, fma: bool =
     if rules:
         stages, counts = rewrite_stages(stages, rules)
     km = PtxKernelModule(prefix, tm, fma=fma, block=block, narrow_index=narrow_index,
-                         scratch_offset=sched.arena_bytes, arch=arch, fused_splitk=fused_splitk, tuning=tuning)
+                         scratch_offset=sched.arena_bytes, arch=arch, fused_splitk=fused_splitk, tuning=tuning,
+                         allow_tf32=allow_tf32, precisions=precisions)
     # the memory-safety proof of the stages as they are emitted (copies: guards rewrite them, not the schedule)
     stages = [attrs.evolve(st) for st in stages]
     with stage("memory safety", detail=f"{len(stages)} kernels") as s:

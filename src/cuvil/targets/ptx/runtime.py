@@ -16,18 +16,22 @@ buffers for numpy inputs and outputs, and the device buffer-pointer table ``[are
 outputs...]`` that every kernel reads. Kernels read the table at run time, so pointing the model at other
 input/output buffers is one 8-byte-per-entry copy, never a re-capture.
 
-Graphs: the first run with given input shapes captures all launches of one inference, in order, on the
-stream into a CUDA graph, instantiates it and keeps it in a bounded LRU cache keyed by the input shapes (a
-"shape bucket"; shapes are static today, so there is one). Later runs replay it with one ``cuGraphLaunch``.
+Graphs: the first run of a shape bucket captures all launches of one inference, in order, on the stream
+into a CUDA graph, instantiates it and keeps it in a bounded LRU cache (:mod:`cuvil.targets.ptx.graph_cache`)
+keyed by the bucket. A static bundle has one bucket; a profile bundle (:mod:`cuvil.targets.ptx.profile_bundle`)
+one per bucket point, all loaded at load time, a call between buckets running the next one up, padded where
+the graph allows it (:mod:`cuvil.targets.ptx.buckets`). Later runs replay with one ``cuGraphLaunch``.
 ``mode="eager"`` launches the kernels one by one instead. Every failing driver call raises
-:class:`CudaError` with the call and the CUDA error name.
+:class:`CudaError` with the call and the CUDA error name; :func:`inject_fault` (or ``CUVIL_GPU_FAULT``)
+makes the next matching call fail, for the fail-safe's tests (:mod:`cuvil.targets.ptx.failsafe`).
 """
 from __future__ import annotations
 
-import collections
+import json
 import os
 import threading
-from typing import Callable, Hashable, List, Mapping, Optional, Sequence
+import time
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -36,7 +40,9 @@ from ...errors import CuvilError, ShapeError
 from ...ir.dtype import DType
 from ...supply_chain.digests import directory_files, file_digests, root_digest, sha256_file
 from ..model_api import Model, Signature, SymbolProfile, fixed_symbols, tensor_spec
+from . import buckets as bk
 from .bundle import SIGNATURE_FILE, bundle_file, bundle_has, read_bundle
+from .graph_cache import GraphCache
 
 MODES = ("graph", "eager")
 
@@ -59,9 +65,60 @@ _DRIVER = None
 _DRIVER_LOCK = threading.Lock()
 
 
+# --- fault injection (tests) -----------------------------------------------------------------------------
+
+#: The env variable that makes driver calls fail, for the fail-safe's tests on a real GPU:
+#: ``CUVIL_GPU_FAULT=cuMemAlloc=CUDA_ERROR_OUT_OF_MEMORY`` (``;`` between several): the next call whose name
+#: starts with ``cuMemAlloc`` fails with that CUresult's name instead of running. ``cuInit=...`` makes the
+#: GPU missing (:class:`NoGpuError`). Read when a model is loaded; :func:`inject_fault` does it in-process.
+FAULT_ENV = "CUVIL_GPU_FAULT"
+_FAULTS: List[list] = []          # [call prefix, CUresult name, remaining count]
+_FAULTS_LOCK = threading.Lock()
+
+
+def inject_fault(call: str, error: str, times: int = 1) -> None:
+    """Make the next ``times`` driver calls whose name starts with ``call`` fail with CUresult ``error``
+    (``"CUDA_ERROR_OUT_OF_MEMORY"``, ``"CUDA_ERROR_ILLEGAL_ADDRESS"``; ``call="cuInit"``: no GPU). A testing
+    hook of the fail-safe (:class:`cuvil.targets.ptx.failsafe.FailSafeModel`)."""
+    if not call or not str(error).startswith("CUDA_ERROR_"):
+        raise CuvilError(f"inject_fault({call!r}, {error!r}): expected a driver call name and a CUresult name",
+                         hint="inject_fault('cuGraphLaunch', 'CUDA_ERROR_ILLEGAL_ADDRESS')")
+    with _FAULTS_LOCK:
+        _FAULTS.append([str(call), str(error), int(times)])
+
+
+def clear_faults() -> None:
+    with _FAULTS_LOCK:
+        _FAULTS.clear()
+
+
+def _faults_from_env() -> None:
+    spec = os.environ.pop(FAULT_ENV, "")
+    for part in filter(None, (p.strip() for p in spec.split(";"))):
+        call, _, err = part.partition("=")
+        inject_fault(call.strip(), err.strip())
+
+
+def _injected(what: str) -> Optional[str]:
+    if not _FAULTS:
+        return None
+    with _FAULTS_LOCK:
+        for f in _FAULTS:
+            if what.startswith(f[0]):
+                f[2] -= 1
+                if f[2] <= 0:
+                    _FAULTS.remove(f)
+                return f[1]
+    return None
+
+
 def driver():
     """``cuda.bindings.driver`` after a successful ``cuInit``; :class:`NoGpuError` otherwise."""
     global _DRIVER
+    _faults_from_env()
+    err = _injected("cuInit")
+    if err is not None:
+        raise NoGpuError(f"no CUDA driver/GPU: cuInit failed: {err} (injected)")
     with _DRIVER_LOCK:
         if _DRIVER is not None:
             return _DRIVER
@@ -100,6 +157,10 @@ def _error_name(drv, err) -> str:
 def _call(drv, what: str, res):
     """The values of a cuda-python result tuple ``(CUresult, values...)``, or :class:`CudaError`."""
     err = res[0]
+    if _FAULTS:
+        inj = _injected(what)
+        if inj is not None:
+            raise CudaError(what, inj, "injected")
     if err != drv.CUresult.CUDA_SUCCESS:
         raise CudaError(what, _error_name(drv, err))
     if len(res) == 1:
@@ -125,59 +186,6 @@ def device_info(ordinal: int = 0) -> dict:
             "driver_cuda_version": f"{ver // 1000}.{ver % 1000 // 10}"}
 
 
-# --- the graph cache -------------------------------------------------------------------------------------
-
-class GraphCache:
-    """At most ``max_graphs`` captured graphs, least recently used evicted first (``destroy`` is called on
-    each evicted entry). Counts captures, hits and evictions; ``bytes`` is what the entries reported."""
-
-    def __init__(self, max_graphs: int, destroy: Callable[[object], None]):
-        if int(max_graphs) < 1:
-            raise CuvilError(f"max_graphs must be at least 1, got {max_graphs}")
-        self.max_graphs = int(max_graphs)
-        self._destroy = destroy
-        self._entries: "collections.OrderedDict[Hashable, tuple]" = collections.OrderedDict()
-        self.captures = self.hits = self.evictions = 0
-
-    def get(self, key: Hashable):
-        got = self._entries.get(key)
-        if got is None:
-            return None
-        self._entries.move_to_end(key)
-        self.hits += 1
-        return got[0]
-
-    def put(self, key: Hashable, value, nbytes: int = 0) -> None:
-        if key in self._entries:
-            self._destroy(self._entries.pop(key)[0])
-        self._entries[key] = (value, int(nbytes))
-        self.captures += 1
-        while len(self._entries) > self.max_graphs:
-            _, (old, _) = self._entries.popitem(last=False)
-            self.evictions += 1
-            self._destroy(old)
-
-    def clear(self) -> None:
-        while self._entries:
-            _, (v, _) = self._entries.popitem(last=False)
-            self._destroy(v)
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def keys(self) -> list:
-        return list(self._entries)
-
-    def stats(self) -> dict:
-        return {"graphs": len(self._entries), "max_graphs": self.max_graphs,
-                "bytes": sum(n for _, n in self._entries.values()), "captures": self.captures,
-                "hits": self.hits, "evictions": self.evictions, "buckets": [_listify(k) for k in self._entries]}
-
-
-def _listify(x):
-    return [_listify(v) for v in x] if isinstance(x, (tuple, list)) else x
-
-
 # --- the model -------------------------------------------------------------------------------------------
 
 class _Buffer:
@@ -201,23 +209,55 @@ class _Buffer:
 
 def bundle_signature(path: str, plan: Optional[dict] = None, manifest: Optional[dict] = None) -> Signature:
     """The inputs, outputs and symbols of bundle ``path`` (plan.json, manifest.json; no driver needed). A
-    bundle's shapes are static: every symbol was fixed at compile time (the manifest's ``specialized``), so
-    each has min = opt = max, and a dim that does not fit names the compile that would."""
+    bundle's symbols without a profile were fixed at compile time (the manifest's ``specialized``: min = opt
+    = max, and a dim that does not fit names the compile that would); a profile bundle's profiled symbols
+    keep their range (its plan's ``profile``) and the inputs their symbolic dims."""
     if plan is None or manifest is None:
         plan, manifest = read_bundle(path)
     fixed = fixed_symbols(manifest)
     triple = (manifest.get("target") or {}).get("triple", "") if isinstance(manifest.get("target"), dict) else ""
+    symbols = {k: SymbolProfile(v, v, v) for k, v in fixed.items()}
+    for k, p in (plan.get("profile") or {}).items():
+        symbols[k] = SymbolProfile(int(p["min"]), int(p["opt"]), int(p["max"]), int(p.get("multiple", 1)))
     return Signature(artifact=os.path.basename(os.path.abspath(path)),
-                     inputs=tuple(tensor_spec(d["name"], d["dtype_code"], d["shape"]) for d in plan["inputs"]),
-                     outputs=tuple(tensor_spec(d["name"], d["dtype_code"], d["shape"]) for d in plan["outputs"]),
-                     symbols={k: SymbolProfile(v, v, v) for k, v in fixed.items()}, fixed=fixed, target=triple)
+                     inputs=tuple(tensor_spec(d["name"], d["dtype_code"], d.get("dims", d["shape"]))
+                                  for d in plan["inputs"]),
+                     outputs=tuple(tensor_spec(d["name"], d["dtype_code"], d.get("dims", d["shape"]))
+                                   for d in plan["outputs"]),
+                     symbols=symbols, fixed=fixed, target=triple)
+
+
+class _Variant:
+    """One bucket's kernels (a static bundle has one): its plan, module, functions, launches, its pointer
+    table and the shapes of its inputs and outputs."""
+
+    def __init__(self, index: int, point: dict, plan: dict, where: str, weights_file: str):
+        self.index, self.point, self.plan, self.where, self.weights_file = index, point, plan, where, weights_file
+        self.in_bufs = [_Buffer(d) for d in plan["inputs"]]
+        self.out_bufs = [_Buffer(d) for d in plan["outputs"]]
+        self.module = self.module_source = None
+        self.functions: list = []
+        self.launches: list = []
+        self.registers: Dict[str, int] = {}
+        self.table = self.weights = 0
+        self.table_host = np.zeros(int(plan["buffers"]["count"]), dtype=np.uint64)
+        self.table_set: Optional[tuple] = None
+
+    @property
+    def label(self) -> str:
+        return bk.point_text(self.point)
 
 
 class GpuModel(Model):
     """A loaded GPU bundle (:class:`cuvil.targets.model_api.Model`: ``run``, ``inputs``, ``outputs``,
     ``symbols``; ``run(..., mode="eager")`` for one call), ``run_device`` for device pointers,
-    ``graph_stats()``, ``profile_kernels()``. Calls are serialised by a lock; one inference is in flight at a
-    time."""
+    ``stats()`` / ``graph_stats()``, ``profile_kernels()``, ``capture()``. Calls are serialised by a lock; one
+    inference is in flight at a time.
+
+    A profile bundle (:mod:`cuvil.targets.ptx.profile_bundle`) loads every bucket's module up front and shares
+    one arena (the largest bucket's), the weights and the staging buffers between them: a call runs its
+    bucket (padded where the manifest's ``profile`` says the symbol may be, :mod:`~cuvil.targets.ptx.buckets`)
+    and nothing compiles at run time; the graph cache keeps at most ``max_graphs`` buckets' graphs alive."""
 
     run_options = ("mode",)
 
@@ -230,55 +270,70 @@ class GpuModel(Model):
         self.plan, self.manifest = read_bundle(self.path, files)   # a bad bundle fails before the driver is touched
         self.mode = mode
         self.signature = bundle_signature(self.path, self.plan, self.manifest)
-        self._in_bufs = [_Buffer(d) for d in self.plan["inputs"]]
-        self._out_bufs = [_Buffer(d) for d in self.plan["outputs"]]
+        self.profile = self.plan.get("profile") or {}
+        self._buckets = {n: [int(v) for v in p["buckets"]] for n, p in self.profile.items()}
+        self._paddable = {n: bool(p.get("paddable")) for n, p in self.profile.items()}
+        self._dims = [list(d.get("dims", d["shape"])) for d in self.plan["inputs"]]
+        self._out_dims = [list(d.get("dims", d["shape"])) for d in self.plan["outputs"]]
+        if self.plan.get("buckets"):
+            self._variants = [_Variant(i, dict(e["point"]), json.loads(bundle_file(self.path, f"{e['dir']}/plan.json",
+                                                                                   files)), e["dir"] + "/",
+                                       e.get("weights", "weights.bin"))
+                              for i, e in enumerate(self.plan["buckets"])]
+        else:
+            self._variants = [_Variant(0, {}, self.plan, "", "weights.bin")]
+        self._by_point = {bk.point_key(v.point): v for v in self._variants}
+        self.module_loads = 0
         self._lock = threading.RLock()
         self._closed = True
         self._allocs: List[int] = []
+        max_graphs = GraphCache(max_graphs, lambda e: None).max_graphs    # checked before the driver is touched
         self._d = drv = driver()
         dev = self._call("cuDeviceGet", drv.cuDeviceGet(device))
         self._dev = dev
         # the primary context: the one the runtime API (PyTorch, CuPy) shares, so device pointers interoperate
         self._ctx = self._call("cuDevicePrimaryCtxRetain", drv.cuDevicePrimaryCtxRetain(dev))
         self._closed = False
+        try:
+            self._setup(device, max_graphs, prefer_cubin)
+        except BaseException:
+            self.close()           # what was allocated before the failure is freed, the context released
+            raise
+
+    def _setup(self, device: int, max_graphs: int, prefer_cubin: bool) -> None:
+        drv = self._d
         self._activate()
         self.device = device_info(device)
         self._stream = self._call("cuStreamCreate", drv.cuStreamCreate(drv.CUstream_flags.CU_STREAM_NON_BLOCKING.value))
-        self._load_module(prefer_cubin)
-        kernels = self.plan["kernels"]
-        self._functions = [self._call(f"cuModuleGetFunction({k['name']})",
-                                      drv.cuModuleGetFunction(self._module, k["name"].encode())) for k in kernels]
-        regs = drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NUM_REGS
-        self.registers = {k["name"]: int(self._call(f"cuFuncGetAttribute({k['name']})", drv.cuFuncGetAttribute(regs, fn)))
-                          for k, fn in zip(kernels, self._functions)}
 
-        # device memory: arena, weights, staging for numpy inputs/outputs, the pointer table
-        self.arena = self._alloc(max(int(self.plan["arena_bytes"]), 1), "arena")
-        self.weights = self._alloc(max(int(self.plan["weights_bytes"]), 1), "weights")
-        if int(self.plan["weights_bytes"]):
-            blob = np.frombuffer(bundle_file(self.path, "weights.bin", self._files), dtype=np.uint8)
-            if blob.nbytes != int(self.plan["weights_bytes"]):
-                raise CuvilError(f"{self.path}: weights.bin has {blob.nbytes} bytes, the plan says "
-                                 f"{self.plan['weights_bytes']}")
-            self._call("cuMemcpyHtoD(weights)", drv.cuMemcpyHtoD(self.weights, blob.ctypes.data, blob.nbytes))
-        self._in_stage = [self._alloc(max(s.nbytes, 1), f"input {s.name}") for s in self._in_bufs]
-        self._out_stage = [self._alloc(max(s.nbytes, 1), f"output {s.name}") for s in self._out_bufs]
-        n_bufs = int(self.plan["buffers"]["count"])
-        self._table = self._alloc(8 * n_bufs, "buffer table")
-        self._table_host = np.zeros(n_bufs, dtype=np.uint64)
-        self._table_set: Optional[tuple] = None
+        # device memory: one arena (the largest bucket's), the weights once, staging for numpy inputs/outputs
+        self.arena_bytes = max(int(v.plan["arena_bytes"]) for v in self._variants)
+        self.arena = self._alloc(max(self.arena_bytes, 1), "arena")
+        uploaded: Dict[str, int] = {}
+        self.device_bytes = max(self.arena_bytes, 1)
+        for v in self._variants:
+            if v.weights_file not in uploaded:
+                uploaded[v.weights_file] = self._upload_weights(v.weights_file, int(v.plan["weights_bytes"]))
+                self.device_bytes += max(int(v.plan["weights_bytes"]), 1)
+            v.weights = uploaded[v.weights_file]
+        self.weights = self._variants[-1].weights
+        in_bytes = [max(v.in_bufs[i].nbytes for v in self._variants) for i in range(len(self.plan["inputs"]))]
+        out_bytes = [max(v.out_bufs[i].nbytes for v in self._variants) for i in range(len(self.plan["outputs"]))]
+        self._in_stage = [self._alloc(max(n, 1), f"input {d['name']}") for n, d in zip(in_bytes, self.plan["inputs"])]
+        self._out_stage = [self._alloc(max(n, 1), f"output {d['name']}")
+                           for n, d in zip(out_bytes, self.plan["outputs"])]
         self._staged = tuple(self._in_stage + self._out_stage)
-        self.device_bytes = (max(int(self.plan["arena_bytes"]), 1) + max(int(self.plan["weights_bytes"]), 1)
-                             + sum(max(s.nbytes, 1) for s in self._in_bufs + self._out_bufs) + 8 * n_bufs)
-
-        # kernel arguments (bufs, n): a pointer array per launch, built once; the driver copies them at launch
-        self._launches = []
-        for k, fn in zip(kernels, self._functions):
-            if int(k["n"]) <= 0:
-                continue
-            vals = np.array([self._table, int(k["n"])], dtype=np.uint64)
-            ptrs = np.array([vals.ctypes.data, vals.ctypes.data + 8], dtype=np.uint64)
-            self._launches.append((k, fn, vals, ptrs))
+        self.device_bytes += sum(max(n, 1) for n in in_bytes + out_bytes)
+        for v in self._variants:
+            self._load_variant(v, prefer_cubin)
+            self.device_bytes += 8 * len(v.table_host)
+        # a static bundle's one variant, under the names its callers use
+        v0 = self._variants[-1]
+        self._in_bufs, self._out_bufs = v0.in_bufs, v0.out_bufs
+        self.module_source = v0.module_source
+        self.registers = v0.registers if len(self._variants) == 1 else {
+            f"{v.where}{k}": r for v in self._variants for k, r in v.registers.items()}
+        self._launches, self._table = v0.launches, v0.table
         self._graphs = GraphCache(max_graphs, self._destroy_graph)
         self._call("cuStreamSynchronize", drv.cuStreamSynchronize(self._stream))
 
@@ -296,68 +351,103 @@ class GpuModel(Model):
         self._call("cuCtxSetCurrent", self._d.cuCtxSetCurrent(self._ctx))
 
     def _alloc(self, nbytes: int, what: str) -> int:
-        p = int(self._call(f"cuMemAlloc({what}, {nbytes} B)", self._d.cuMemAlloc(nbytes)))
+        call = f"cuMemAlloc({what}, {nbytes} B)"
+        err = _injected(call) if _FAULTS else None
+        if err is not None:        # before the call: an injected failure leaks nothing
+            raise CudaError(call, err, "injected")
+        p = int(self._call(call, self._d.cuMemAlloc(nbytes)))
         self._allocs.append(p)
         return p
 
-    def _load_module(self, prefer_cubin: bool):
+    def _upload_weights(self, name: str, nbytes: int) -> int:
+        p = self._alloc(max(nbytes, 1), "weights")
+        if nbytes:
+            blob = np.frombuffer(bundle_file(self.path, name, self._files), dtype=np.uint8)
+            if blob.nbytes != nbytes:
+                raise CuvilError(f"{self.path}: {name} has {blob.nbytes} bytes, the plan says {nbytes}")
+            self._call("cuMemcpyHtoD(weights)", self._d.cuMemcpyHtoD(p, blob.ctypes.data, blob.nbytes))
+        return p
+
+    def _load_variant(self, v: _Variant, prefer_cubin: bool) -> None:
         drv = self._d
-        self.module_source = None
-        cubin = (self.manifest.get("ptxas") or {}).get("cubin")
-        if prefer_cubin and cubin and self.plan.get("arch") == self.device["arch"]:
-            present = bundle_has(self.path, cubin, self._files)
+        man = (json.loads(bundle_file(self.path, f"{v.where}manifest.json", self._files))
+               if v.where else self.manifest)
+        self._load_module(v, man, prefer_cubin)
+        kernels = v.plan["kernels"]
+        v.functions = [self._call(f"cuModuleGetFunction({k['name']})",
+                                  drv.cuModuleGetFunction(v.module, k["name"].encode())) for k in kernels]
+        regs = drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NUM_REGS
+        v.registers = {k["name"]: int(self._call(f"cuFuncGetAttribute({k['name']})", drv.cuFuncGetAttribute(regs, fn)))
+                       for k, fn in zip(kernels, v.functions)}
+        v.table = self._alloc(8 * len(v.table_host), "buffer table")
+        # kernel arguments (bufs, n): a pointer array per launch, built once; the driver copies them at launch
+        for k, fn in zip(kernels, v.functions):
+            if int(k["n"]) <= 0:
+                continue
+            vals = np.array([v.table, int(k["n"])], dtype=np.uint64)
+            ptrs = np.array([vals.ctypes.data, vals.ctypes.data + 8], dtype=np.uint64)
+            v.launches.append((k, fn, vals, ptrs))
+
+    def _load_module(self, v: _Variant, manifest: dict, prefer_cubin: bool):
+        drv = self._d
+        self.module_loads += 1
+        cubin = (manifest.get("ptxas") or {}).get("cubin")
+        if prefer_cubin and cubin and v.plan.get("arch") == self.device["arch"]:
+            present = bundle_has(self.path, v.where + cubin, self._files)
             if present:
-                image = np.frombuffer(bundle_file(self.path, cubin, self._files), dtype=np.uint8)
+                image = np.frombuffer(bundle_file(self.path, v.where + cubin, self._files), dtype=np.uint8)
                 res = drv.cuModuleLoadData(image.ctypes.data)
                 if res[0] == drv.CUresult.CUDA_SUCCESS:
-                    self._module, self.module_source = res[1], cubin
+                    v.module, v.module_source = res[1], v.where + cubin
                     return
                 # an older driver can refuse a newer toolkit's cubin: the PTX still loads through the JIT
-        image = np.frombuffer(bundle_file(self.path, "kernels.ptx", self._files) + b"\0", dtype=np.uint8)
-        self._module = self._call("cuModuleLoadData(kernels.ptx)", drv.cuModuleLoadData(image.ctypes.data))
-        self.module_source = "kernels.ptx"
+        image = np.frombuffer(bundle_file(self.path, v.where + "kernels.ptx", self._files) + b"\0", dtype=np.uint8)
+        v.module = self._call(f"cuModuleLoadData({v.where}kernels.ptx)", drv.cuModuleLoadData(image.ctypes.data))
+        v.module_source = v.where + "kernels.ptx"
 
-    def _set_table(self, ptrs: tuple, stream):
-        if ptrs == self._table_set:
+    def _set_table(self, v: _Variant, ptrs: tuple, stream):
+        if ptrs == v.table_set:
             return
-        t = self._table_host
-        t[0], t[1] = self.arena, self.weights
+        t = v.table_host
+        t[0], t[1] = self.arena, v.weights
         t[2:] = ptrs
         # from pageable memory: the call returns once the 8-byte entries are staged, so t may change after
         self._call("cuMemcpyHtoDAsync(buffer table)",
-                   self._d.cuMemcpyHtoDAsync(self._table, t.ctypes.data, t.nbytes, stream))
-        self._table_set = ptrs
+                   self._d.cuMemcpyHtoDAsync(v.table, t.ctypes.data, t.nbytes, stream))
+        v.table_set = ptrs
 
-    def _zero(self, stream):
+    def _zero(self, v: _Variant, stream):
         """Zero the plan's ``zero`` ranges of the arena (split-K tile counters) at the start of a run, so a
         run stopped midway can never leave a count behind (the kernels also reset their own)."""
-        for off, nbytes in self.plan.get("zero") or ():
+        for off, nbytes in v.plan.get("zero") or ():
             self._call("cuMemsetD32Async(counters)",
                        self._d.cuMemsetD32Async(int(self.arena) + int(off), 0, int(nbytes) // 4, stream))
 
-    def _launch_all(self, stream, events=None):
+    def _launch_all(self, v: _Variant, stream, events=None):
         drv = self._d
-        self._zero(stream)
-        for j, (k, fn, _vals, ptrs) in enumerate(self._launches):
+        self._zero(v, stream)
+        for j, (k, fn, _vals, ptrs) in enumerate(v.launches):
             if events is not None:
                 self._call("cuEventRecord", drv.cuEventRecord(events[j][0], stream))
             g, b = k["grid"], k["block"]
             res = drv.cuLaunchKernel(fn, g[0], g[1], g[2], b[0], b[1], b[2], 0, stream, ptrs.ctypes.data, 0)
-            if res[0] != drv.CUresult.CUDA_SUCCESS:
-                raise CudaError(f"cuLaunchKernel({k['name']}, stage {k['stage']})", _error_name(drv, res[0]))
+            what = f"cuLaunchKernel({k['name']}, stage {k['stage']})"
+            if res[0] != drv.CUresult.CUDA_SUCCESS or _FAULTS:
+                self._call(what, res)
             if events is not None:
                 self._call("cuEventRecord", drv.cuEventRecord(events[j][1], stream))
 
-    def _capture(self, key, stream):
+    def _capture(self, v: _Variant, stream):
         drv = self._d
+        t0 = time.perf_counter()
         # one eager pass first: every kernel is loaded (lazy module loading) and checked before capture
-        self._launch_all(stream)
+        self._launch_all(v, stream)
         self._call("cuStreamSynchronize", drv.cuStreamSynchronize(stream))
         free0 = self._call("cuMemGetInfo", drv.cuMemGetInfo())[0]
         self._call("cuStreamBeginCapture",
                    drv.cuStreamBeginCapture(stream, drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL))
         try:
-            self._launch_all(stream)
+            self._launch_all(v, stream)
         except BaseException:
             res = drv.cuStreamEndCapture(stream)
             if res[0] == drv.CUresult.CUDA_SUCCESS and res[1] is not None:
@@ -367,7 +457,7 @@ class GpuModel(Model):
         try:
             got = self._call("cuGraphGetNodes", drv.cuGraphGetNodes(graph))   # (nodes, count) or nodes
             n_nodes = int(got[-1]) if isinstance(got, tuple) else len(got or ())
-            want = len(self._launches) + len(self.plan.get("zero") or ())
+            want = len(v.launches) + len(v.plan.get("zero") or ())
             if n_nodes != want:
                 raise CuvilError(f"captured graph has {n_nodes} nodes, expected {want} (kernel launches and memsets)")
             exe = self._call("cuGraphInstantiate", drv.cuGraphInstantiate(graph, 0))
@@ -376,7 +466,8 @@ class GpuModel(Model):
             raise
         free1 = self._call("cuMemGetInfo", drv.cuMemGetInfo())[0]
         entry = (graph, exe)
-        self._graphs.put(key, entry, max(int(free0) - int(free1), 0))
+        self._graphs.put(v.index, entry, max(int(free0) - int(free1), 0), seconds=time.perf_counter() - t0,
+                         nodes=n_nodes)
         return entry
 
     def _destroy_graph(self, entry):
@@ -384,37 +475,76 @@ class GpuModel(Model):
         self._d.cuGraphExecDestroy(exe)
         self._d.cuGraphDestroy(graph)
 
-    def _execute(self, key, stream, mode: Optional[str]):
+    def _execute(self, v: _Variant, stream, mode: Optional[str]):
         mode = mode or self.mode
         if mode not in MODES:
             raise CuvilError(f"mode {mode!r}: expected one of {', '.join(MODES)}")
         if mode == "eager":
-            self._launch_all(stream)
+            self._launch_all(v, stream)
             return
-        entry = self._graphs.get(key)
+        # Pointers never change a graph: the kernels read them from the variant's table at run time (one
+        # small copy, _set_table), so a graph is captured once per bucket and never updated.
+        entry = self._graphs.get(v.index)
         if entry is None:
-            entry = self._capture(key, stream)
+            entry = self._capture(v, stream)
         self._call("cuGraphLaunch", self._d.cuGraphLaunch(entry[1], stream))
+
+    # -- buckets -------------------------------------------------------------------------------------
+
+    def _variant_for(self, xs: Sequence[np.ndarray]) -> Tuple[_Variant, Dict[str, int]]:
+        """The bucket of a call with inputs ``xs`` (checked by the signature) and its symbol values."""
+        if not self._buckets:
+            return self._variants[0], {}
+        bindings: Dict[str, int] = {}
+        for a, dims in zip(xs, self._dims):
+            for got, d in zip(a.shape, dims):
+                if isinstance(d, str):
+                    bindings.setdefault(d, int(got))
+        point = bk.choose_point(self._buckets, self._paddable, bindings, self.signature.artifact)
+        return self._by_point[bk.point_key(point)], bindings
+
+    def capture(self, points: Optional[Sequence[Mapping[str, int]]] = None) -> List[str]:
+        """Capture the graphs of ``points`` (bucket points, ``[{"N": 8}]``; default: the first ``max_graphs``
+        buckets) ahead of time, so that no call pays a capture; returns the buckets captured."""
+        with self._lock:
+            self._activate()
+            vs = ([self._by_point[bk.point_key(bk.choose_point(self._buckets, self._paddable, p,
+                                                                self.signature.artifact))] for p in points]
+                  if points is not None else self._variants[:self._graphs.max_graphs])
+            done = []
+            for v in vs:
+                if v.index not in self._graphs.keys():
+                    self._set_table(v, self._staged, self._stream)
+                    self._capture(v, self._stream)
+                done.append(v.label)
+            self._call("cuStreamSynchronize", self._d.cuStreamSynchronize(self._stream))
+        return done
 
     # -- running ------------------------------------------------------------------------------------
 
     def _run_arrays(self, xs: List[np.ndarray], mode: Optional[str] = None) -> List[np.ndarray]:
         """One inference on checked inputs (``Model.run``): H2D, the captured graph's replay (or, with
-        ``mode="eager"``, the kernels one by one), D2H."""
+        ``mode="eager"``, the kernels one by one), D2H. A call between buckets runs the next bucket up on its
+        rows plus zero rows, and returns its own rows."""
         xs = [np.ascontiguousarray(a) for a in xs]
         drv = self._d
+        v, bindings = self._variant_for(xs)
         with self._lock:
             self._activate()
             s = self._stream
-            for a, p, buf in zip(xs, self._in_stage, self._in_bufs):
+            for a, p, buf in zip(xs, self._in_stage, v.in_bufs):
                 if a.nbytes:
                     self._call(f"cuMemcpyHtoDAsync(input {buf.name})",
                                drv.cuMemcpyHtoDAsync(p, a.ctypes.data, a.nbytes, s))
-            self._set_table(self._staged, s)
-            self._execute(tuple(a.shape for a in xs), s, mode)
+                if a.nbytes < buf.nbytes:      # padding rows: zeros, computed and dropped
+                    self._call(f"cuMemsetD8Async(input {buf.name} padding)",
+                               drv.cuMemsetD8Async(p + a.nbytes, 0, buf.nbytes - a.nbytes, s))
+            self._set_table(v, self._staged, s)
+            self._execute(v, s, mode)
             outs = []
-            for p, buf in zip(self._out_stage, self._out_bufs):
-                y = np.empty(buf.shape, dtype=buf.dtype)
+            for p, buf, dims in zip(self._out_stage, v.out_bufs, self._out_dims):
+                shape = tuple(bindings.get(d, n) if isinstance(d, str) else n for d, n in zip(dims, buf.shape))
+                y = np.empty(shape, dtype=buf.dtype)
                 if y.nbytes:
                     self._call(f"cuMemcpyDtoHAsync(output {buf.name})",
                                drv.cuMemcpyDtoHAsync(y.ctypes.data, p, y.nbytes, s))
@@ -423,22 +553,33 @@ class GpuModel(Model):
         return outs
 
     def run_device(self, in_ptrs: Sequence[int], out_ptrs: Sequence[int], *, stream=None, sync: bool = True,
-                   mode: Optional[str] = None) -> None:
+                   mode: Optional[str] = None, symbols: Optional[Mapping[str, int]] = None) -> None:
         """One inference on device memory the caller owns: ``in_ptrs``/``out_ptrs`` are device pointers (ints)
         to contiguous tensors of the plan's shapes and dtypes, in this model's context (the device's primary
         context). Runs on ``stream`` (a CUstream or its int handle; default: the model's stream) after the
-        work already queued there; ``sync=False`` returns without waiting."""
+        work already queued there; ``sync=False`` returns without waiting. A profile bundle takes the symbol
+        values in ``symbols`` (``{"N": 8}``); each must be a bucket (the caller's buffers have its shapes:
+        no padding into memory the model does not own)."""
         if len(in_ptrs) != len(self._in_bufs) or len(out_ptrs) != len(self._out_bufs):
             raise ShapeError(f"{os.path.basename(self.path)}: run_device takes {len(self._in_bufs)} input and "
                              f"{len(self._out_bufs)} output pointers, got {len(in_ptrs)} and {len(out_ptrs)}")
+        v = self._variants[-1]
+        if self._buckets:
+            missing = [n for n in self._buckets if n not in (symbols or {})]
+            if missing:
+                raise ShapeError(f"{os.path.basename(self.path)}: run_device on a profile bundle needs the values "
+                                 f"of {', '.join(missing)}", hint="run_device(ins, outs, symbols={"
+                                 + ", ".join(f"{n!r}: {b[-1]}" for n, b in self._buckets.items()) + "})")
+            point = bk.choose_point(self._buckets, {}, symbols, self.signature.artifact)
+            v = self._by_point[bk.point_key(point)]
         ptrs = tuple(int(p) for p in list(in_ptrs) + list(out_ptrs))
-        if any(p == 0 for p, buf in zip(ptrs, self._in_bufs + self._out_bufs) if buf.nbytes):
+        if any(p == 0 for p, buf in zip(ptrs, v.in_bufs + v.out_bufs) if buf.nbytes):
             raise ShapeError(f"{os.path.basename(self.path)}: run_device got a null device pointer")
         with self._lock:
             self._activate()
             s = self._stream if stream is None else (stream if not isinstance(stream, int) else self._d.CUstream(stream))
-            self._set_table(ptrs, s)
-            self._execute(tuple(buf.shape for buf in self._in_bufs), s, mode)
+            self._set_table(v, ptrs, s)
+            self._execute(v, s, mode)
             if sync:
                 self._call("cuStreamSynchronize", self._d.cuStreamSynchronize(s))
 
@@ -456,27 +597,61 @@ class GpuModel(Model):
 
     def graph_stats(self) -> dict:
         """Captured graphs: count, bound, device bytes they took (free-memory delta at instantiation, 0 when
-        the driver found room in memory it already held), captures, hits, evictions, bucket keys."""
+        the driver found room in memory it already held), captures, hits, misses, evictions, bucket keys."""
         with self._lock:
             st = self._graphs.stats()
+        st["buckets"] = [[list(b.shape) for b in self._variants[k].in_bufs] for k in self._graphs.keys()]
         st["kernels_per_graph"] = len(self._launches)
         return st
 
+    def stats(self) -> dict:
+        """What the model did: per bucket (``"N=8"``; ``"static"`` for a bundle without a profile) its
+        kernels, graph captures, capture time (ms, total and last), graph nodes and the device memory the
+        instantiation took (free-memory delta), hits, misses, evictions and whether its graph is alive; the
+        graphs alive and the bound; the device's graph-allocation memory in use (``graph_mem_used_bytes``) and
+        the model's own device bytes; the modules loaded (all at load time: nothing compiles at run time)."""
+        with self._lock:
+            per = self._graphs.per_bucket(lambda k: self._variants[k].label)
+            st = self._graphs.stats()
+        buckets = {}
+        for v in self._variants:
+            b = per.get(v.label) or {"captures": 0, "capture_ms": 0.0, "last_capture_ms": 0.0, "nodes": 0,
+                                     "graph_bytes": 0, "hits": 0, "misses": 0, "evictions": 0, "alive": False}
+            buckets[v.label] = {"point": dict(v.point), "kernels": len(v.launches), **b}
+        return {"buckets": buckets, "graphs_alive": st["graphs"], "max_graphs": st["max_graphs"],
+                "graph_mem_used_bytes": self._graph_mem_used(), "device_bytes": self.device_bytes,
+                "captures": st["captures"], "hits": st["hits"], "misses": st["misses"], "evictions": st["evictions"],
+                "module_loads": self.module_loads, "profile": {n: list(b) for n, b in self._buckets.items()},
+                "paddable": dict(self._paddable)}
+
+    def _graph_mem_used(self) -> Optional[int]:
+        """The device's graph-allocation memory in use (``cuDeviceGetGraphMemAttribute``, USED_MEM_CURRENT):
+        what graphs' own allocation nodes hold; None where the driver does not say. Cuvil's graphs have none
+        (the arena, weights and staging are the model's, shared by every bucket: ``device_bytes``)."""
+        drv = self._d
+        try:
+            attr = drv.CUgraphMem_attribute.CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT
+            res = drv.cuDeviceGetGraphMemAttribute(self._dev, attr)
+        except Exception:  # noqa: BLE001 - older bindings or drivers: not reported
+            return None
+        return int(res[1]) if res[0] == drv.CUresult.CUDA_SUCCESS else None
+
     def profile_kernels(self, repeats: int = 10) -> List[dict]:
         """Each kernel timed with CUDA events around its launch in eager mode, on the staged inputs of the
-        last ``run`` (or zeros); the median over ``repeats`` runs, in plan order."""
+        last ``run`` (or zeros); the median over ``repeats`` runs, in plan order (the largest bucket's)."""
         drv = self._d
+        v = self._variants[-1]
         with self._lock:
             self._activate()
             s = self._stream
-            self._set_table(self._staged, s)
+            self._set_table(v, self._staged, s)
             flags = drv.CUevent_flags.CU_EVENT_DEFAULT.value
             events = [(self._call("cuEventCreate", drv.cuEventCreate(flags)),
-                       self._call("cuEventCreate", drv.cuEventCreate(flags))) for _ in self._launches]
+                       self._call("cuEventCreate", drv.cuEventCreate(flags))) for _ in v.launches]
             try:
-                times = [[] for _ in self._launches]
+                times = [[] for _ in v.launches]
                 for _ in range(max(1, repeats)):
-                    self._launch_all(s, events)
+                    self._launch_all(v, s, events)
                     self._call("cuStreamSynchronize", drv.cuStreamSynchronize(s))
                     for j, (a, b) in enumerate(events):
                         times[j].append(float(self._call("cuEventElapsedTime", drv.cuEventElapsedTime(a, b))))
@@ -485,12 +660,12 @@ class GpuModel(Model):
                     drv.cuEventDestroy(a)
                     drv.cuEventDestroy(b)
         return [{"name": k["name"], "stage": k["stage"], "n": int(k["n"]), "grid": k["grid"][0],
-                 "block": k["block"][0], "ms": float(np.median(t))} for (k, _, _, _), t in zip(self._launches, times)]
+                 "block": k["block"][0], "ms": float(np.median(t))} for (k, _, _, _), t in zip(v.launches, times)]
 
     # -- lifetime ------------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Frees the graphs, device memory, stream and module; releases the primary context."""
+        """Frees the graphs, device memory, stream and modules; releases the primary context."""
         lock = getattr(self, "_lock", None)
         if lock is None or getattr(self, "_closed", True):
             return
@@ -506,8 +681,10 @@ class GpuModel(Model):
             for p in self._allocs:
                 drv.cuMemFree(p)
             self._allocs = []
-            if getattr(self, "_module", None) is not None:
-                drv.cuModuleUnload(self._module)
+            for v in getattr(self, "_variants", ()):
+                if v.module is not None:
+                    drv.cuModuleUnload(v.module)
+                    v.module = None
             if getattr(self, "_stream", None) is not None:
                 drv.cuStreamDestroy(self._stream)
             drv.cuDevicePrimaryCtxRelease(self._dev)
@@ -521,8 +698,9 @@ class GpuModel(Model):
 
     def __repr__(self) -> str:
         fmt = lambda ds: ", ".join(map(str, ds))  # noqa: E731
+        more = f", {len(self._variants)} buckets" if self._buckets else ""
         return (f"<cuvil.GpuModel {os.path.basename(self.path)} on {self.device['name']} ({fmt(self.inputs)}) -> "
-                f"({fmt(self.outputs)}), {len(self._launches)} kernels>")
+                f"({fmt(self.outputs)}), {len(self._launches)} kernels{more}>")
 
 
 def load_bundle(path, *, device: int = 0, max_graphs: int = 4, mode: str = "graph",

@@ -2,18 +2,28 @@
 (``plan``, ``emit``, ``load``) over :func:`compile_bundle`. The bundle is built without a GPU."""
 from __future__ import annotations
 
-from typing import Dict, Optional, Sequence, Union
+import re
+from typing import Dict, FrozenSet, Optional, Sequence, Union
 
 import attrs
 
 from ...dsl.ast import Rule
+from ...errors import CuvilError
 from ...ir.graph import Graph
 from ...kernels.kernel_rules import select_kernel_rules
 from .. import PTX_TARGET
 from ..base import BuildPlan, TargetOptions, check, is_bool, is_name, is_opt_level, target_options
 from .artifact import Bundle
 from .bundle import compile_bundle, read_bundle
+from .profile_bundle import compile_profile_bundle
 from .codegen import target_machine
+from .matmul_mma import NARROWED_OPS
+
+
+def _is_buckets(v) -> bool:
+    ints = lambda xs: isinstance(xs, (list, tuple)) and bool(xs) and all(  # noqa: E731
+        isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in xs)
+    return v is None or ints(v) or (isinstance(v, dict) and all(isinstance(k, str) and ints(x) for k, x in v.items()))
 
 
 def _is_kernel_rules(v) -> bool:
@@ -35,6 +45,12 @@ class PtxOptions(TargetOptions):
     (default on): a padded convolution reads its input unpadded, testing bounds, instead of a padded copy
     (:func:`~cuvil.targets.ptx.codegen.gpu_schedule`); ``fused_splitk`` (default off, measured slower): the
     last slice of a split-K convolution tile adds the partials instead of a separate sum kernel.
+    ``allow_tf32`` (default off: strict float32): float32 matrix products (MatMul, Gemm) run on the tensor
+    cores in TF32: inputs rounded to a 10-bit mantissa, products summed in float32 (about 1e-3 relative
+    error; :mod:`cuvil.targets.ptx.matmul_mma`, docs/targets.md).
+    ``graph_buckets`` (with a shape profile): the values of the profiled symbol that get their own
+    specialisation in the one bundle (``[1, 2, 4, 8]``, or by symbol ``{"N": [1, 8], "S": [128, 512]}``;
+    default: the powers of two of each range plus its min and max; :mod:`cuvil.targets.ptx.buckets`).
     """
 
     opt_level: int = attrs.field(default=3, validator=check(is_opt_level, "0, 1, 2 or 3"))
@@ -47,30 +63,58 @@ class PtxOptions(TargetOptions):
     register_pass: bool = attrs.field(default=False, validator=check(is_bool, "True or False"))
     unpadded: bool = attrs.field(default=True, validator=check(is_bool, "True or False"))
     fused_splitk: bool = attrs.field(default=False, validator=check(is_bool, "True or False"))
+    allow_tf32: bool = attrs.field(default=False, validator=check(is_bool, "True or False"))
+    graph_buckets: Union[None, Sequence[int], Dict[str, Sequence[int]]] = attrs.field(
+        default=None, validator=check(_is_buckets, "None, a list of non-negative ints, or {symbol: [ints]}"))
 
 
 class PtxTarget:
-    """``PREFIX.cuvil/``: PTX, cubin where ptxas is installed, weights, launch plan, manifest; every symbol
-    is specialised (to ``fixed``, else its opt, else its min)."""
+    """``PREFIX.cuvil/``: PTX, cubin where ptxas is installed, weights, launch plan, manifest. A symbol without
+    a shape profile is specialised (to ``fixed``, else its opt, else its min); the symbols given a profile stay
+    and the bundle holds one specialisation per bucket of them (:mod:`cuvil.targets.ptx.profile_bundle`)."""
 
     triple = PTX_TARGET
     options_type = PtxOptions
     keeps_symbols = False
+    #: the symbols given a shape profile stay symbolic (one bundle, a specialisation per bucket)
+    keeps_profiled_symbols = True
 
     def plan(self, graph: Graph, options: PtxOptions, profiles: Dict[str, list]) -> BuildPlan:
         target_machine(options.arch)   # a bad arch fails before any work
         krules = [] if options.kernel_rules is False else select_kernel_rules(options.kernel_rules, fma=options.fma)
         key = [str(options.opt_level), options.arch, options.prefix, f"fma={options.fma}",
                f"fp16={options.enable_fp16}", f"register_pass={options.register_pass}",
-               f"unpadded={options.unpadded}", f"fused_splitk={options.fused_splitk}"] + [r.text or r.name for r in krules]
+               f"unpadded={options.unpadded}", f"fused_splitk={options.fused_splitk}",
+               f"allow_tf32={options.allow_tf32}",
+               f"graph_buckets={options.graph_buckets!r}"] + [r.text or r.name for r in krules]
         return BuildPlan(graph, options, f"{options.prefix}.cuvil", key, {"kernel_rules": krules})
 
     def emit(self, plan: BuildPlan, path: str, manifest_extra: dict) -> dict:
         o: PtxOptions = plan.options
+        if plan.graph.symbols:
+            return compile_profile_bundle(plan.graph, path, graph_buckets=o.graph_buckets, arch=o.arch,
+                                          opt_level=o.opt_level, prefix=o.prefix, fma=o.fma,
+                                          kernel_rules=plan.extra["kernel_rules"], enable_fp16=o.enable_fp16,
+                                          register_pass=o.register_pass, unpadded=o.unpadded,
+                                          fused_splitk=o.fused_splitk, allow_tf32=o.allow_tf32,
+                                          manifest_extra=manifest_extra)
+        if o.graph_buckets is not None:
+            raise CuvilError("graph_buckets (--graph-buckets) needs a shape profile: the bundle has no symbol left",
+                             hint="give the range too: --input-shape x=1x3x224x224:8x3x224x224:64x3x224x224 or "
+                                  "--shape-profile N=1:8:64")
         return compile_bundle(plan.graph, path, arch=o.arch, opt_level=o.opt_level, prefix=o.prefix, fma=o.fma,
                               kernel_rules=plan.extra["kernel_rules"], enable_fp16=o.enable_fp16,
                               register_pass=o.register_pass, unpadded=o.unpadded, fused_splitk=o.fused_splitk,
-                              manifest_extra=manifest_extra)
+                              allow_tf32=o.allow_tf32, manifest_extra=manifest_extra)
+
+    def precision_ops(self, options: PtxOptions) -> Dict[str, FrozenSet[str]]:
+        """The ops the precision policy may narrow for this target: MatMul and Gemm run on the tensor cores in
+        fp16 or bf16 (:mod:`cuvil.targets.ptx.matmul_mma`) on sm_80 and later with ``fma`` on (an mma rounds
+        its sum once); else none."""
+        if not options.fma or int(re.sub(r"\D", "", options.arch) or 0) < 80:
+            return {}
+        ops = frozenset(NARROWED_OPS)
+        return {"fp16": ops, "bf16": ops}
 
     def load(self, path: str, manifest: Optional[dict] = None, cached: bool = False) -> Bundle:
         return Bundle(path, read_bundle(path)[1] if manifest is None else manifest, cached=cached)

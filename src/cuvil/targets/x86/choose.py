@@ -131,6 +131,8 @@ def accept(rule: Rule, b, shapes=AVX2_TILES, tuning: X86Tuning = DEFAULT_TUNING)
     x, w = b.values.get("x"), b.values.get("w")
     if x is None or w is None or x.shape is None or w.shape is None:
         return False
+    if any(u.op == "Conv" and u.precision and u.input(1) is w for u, _ in x.uses):
+        return False      # narrowed by the precision policy: the direct bf16 kernel (Winograd's transforms are fp32)
     k, c = w.shape[:2]
     pads = [b.attrs.get(n, 0) for n in ("t", "l", "d", "r")]
     dims = list(x.shape[2:]) + list(w.shape[:2])

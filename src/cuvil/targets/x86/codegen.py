@@ -75,11 +75,12 @@ class KernelModule(LLVMKernelModule):
     def __init__(self, name: str, tm, triple: str):
         super().__init__(name, tm, triple)
         self.vector_bits = 128   # widest vector registers of the target CPU (set by generate_object)
-        self.features = frozenset()   # its ISA features (set by generate_object)
         self.math = "vector"     # float32 exp/erf/tanh/log: "vector" (inline polynomials) or "libm" (calls)
         self.scratch_index: Optional[int] = None   # bufs slot of the thread's scratch (None: no scratch)
         self.gemm_symbols = set()   # stages emitted as GEMM micro-kernels
         self.gemm_tiles = {}        # symbol -> a convolution micro-kernel's register tile ("12x32", "32x7c")
+        self.cpu_features = frozenset()   # the target CPU's ISA features (set by generate_object)
+        self.narrow_paths = {}      # symbol -> the path of a narrowed contraction ("avx512_bf16", gemm_bf16.py)
         self.split = {}             # symbol -> chunks per thread, where not CHUNKS_PER_THREAD
         # stages emitted as row kernels: symbol -> "conv" (depthwise), "max" (pool), "winograd_in"/"_out"
         self.window_kinds = {}
@@ -258,7 +259,7 @@ def generate_object(sched: Schedule, prefix: str, cpu: Optional[str], opt: int,
     km = KernelModule(prefix, tm, triple)
     km.math = math
     km.vector_bits = desc.vector_bits
-    km.features = desc.features   # ISA features (LLVM spellings): the int8 kernels' dispatch
+    km.cpu_features = desc.features   # ISA features (LLVM spellings): the bf16 and int8 kernels' dispatch
     km.scratch_index = 2 + len(sched.inputs) + len(sched.outputs)
     km.dims_index = km.scratch_index + 1
     km.symbol_slots = {s.name: k for k, s in enumerate(sched.symbols)}
@@ -297,6 +298,7 @@ def generate_object(sched: Schedule, prefix: str, cpu: Optional[str], opt: int,
         objects = km.compile_parts(opt, functions, lambda name: progress.advance(item=name))
     return objects, steps, {"triple": triple, "cpu": desc, "scratch_bytes": km.scratch_bytes,
                         "gemm_symbols": km.gemm_symbols, "gemm_tiles": km.gemm_tiles, "window_kinds": km.window_kinds,
+                        "narrow_paths": km.narrow_paths,
                         "step_stages": step_stages}
 
 

@@ -23,6 +23,7 @@ from ...version import __version__
 from .codegen import generate_object
 from .cpu import C_CHECKED_FEATURES, cpu_label, describe_cpu
 from .gemm import tile_cols, tile_shapes
+from .gemm_bf16 import bf16_isa_checks, narrow_formats
 from .header import generate_header
 from .link import check_dependencies, link_shared, unexpected_dependencies
 from .model_c import generate_model_c
@@ -157,10 +158,11 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
     _check_abi_types(g)
     target_cpu = describe_cpu(cpu)
     bits = target_cpu.vector_bits
+    narrow = narrow_formats(target_cpu)
     with stage("schedule", detail=f"{len(g.nodes)} nodes") as s:
         sched = schedule(g, gemm_cols=tile_cols(bits), split_concat=True, gemm_tiles=tile_shapes(bits, tuning),
                          row_kernels=True, channel_tile_cost=tuning.channel_tile_cost, run_time_sizes=True,
-                         hidden_inputs=3 * len(lora_slots))
+                         hidden_inputs=3 * len(lora_slots), narrow_formats=narrow)
         s.detail(f"{len(sched.stages)} kernels, arena {_bytes(sched.arena_bytes)}, "
                  f"weights {_bytes(sched.weights_bytes)}")
     _check_arena(sched, arena_limit(max_arena_bytes))
@@ -178,7 +180,8 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
         with stage("schedule (opt point)", detail=point) as s:
             osched = schedule(opt_graph, gemm_cols=tile_cols(bits), split_concat=True,
                               gemm_tiles=tile_shapes(bits, tuning), row_kernels=True,
-                              channel_tile_cost=tuning.channel_tile_cost, hidden_inputs=3 * len(lora_slots))
+                              channel_tile_cost=tuning.channel_tile_cost, hidden_inputs=3 * len(lora_slots),
+                              narrow_formats=narrow)
             s.detail(f"{point}: {len(osched.stages)} kernels")
         with stage("memory safety (opt point)", detail=f"{len(osched.stages)} kernels") as s:
             opt_cert = prove_schedule(osched, "opt", prover)
@@ -219,7 +222,8 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
         symbols=[SymbolDesc(s.name, s.min, opt[s.name], s.max, s.multiple) for s in sched.symbols],
         opt_steps=_step_descs(osched, osteps, otarget["step_stages"]) if osteps else [],
         opt_weights_symbol=opt_weights_sym, num_run_time_symbols=sched.num_run_time_symbols,
-        isa_checks=[f for f in C_CHECKED_FEATURES if f in target_cpu.features],
+        # a library with bf16 kernels also checks AVX512_BF16 (GCC 10+ and Clang 12+ know the name)
+        isa_checks=[f for f in C_CHECKED_FEATURES if f in target_cpu.features] + bf16_isa_checks(target, otarget),
         **({} if weights_file is None else {"external_weights_bytes": weights_file["bytes"],
                                             "external_weights_sha256": bytes.fromhex(weights_file["sha256"]),
                                             "external_opt_weights_offset": weights_file["opt_offset"]}),
@@ -315,6 +319,8 @@ def _steps_json(sched, steps, target, variant, descs) -> list:
                     "flops": sum(sched.stages[i].flops for i in members), "kernel": kind,
                     **({"stages": [sched.stages[i].name for i in members]} if len(members) > 1 else {}),
                     **({"tile": target["gemm_tiles"][sym]} if sym in target["gemm_tiles"] else {}),
+                    **({"precision": "bf16", "path": target["narrow_paths"][sym]}
+                       if sym in target.get("narrow_paths", {}) else {}),
                     **({"guard": {"cond": st.guard[0].name, "runs_when": bool(st.guard[1])}}
                        if desc.guard is not None else {}),
                     **({"jump": {"to": desc.jump[0], "unless": st.name} if desc.jump[1] is not None

@@ -280,15 +280,16 @@ def portable_cpu() -> str:
     return "x86-64"
 
 
-def check_runs_here(required: Iterable[str], what: str, built_for: str = "") -> None:
+def check_runs_here(required: Iterable[str], what: str, built_for: str = "", uses: Optional[Dict[str, str]] = None) -> None:
     """Refuse (:class:`CuvilError`) a library built with ISA features this CPU lacks: running it would end in
-    SIGILL at the first such instruction. ``what`` names the library, ``built_for`` its CPU."""
+    SIGILL at the first such instruction. ``what`` names the library, ``built_for`` its CPU; ``uses``: for
+    features some of its kernels need by name, what uses them (said when the feature is missing)."""
     missing = missing_features(required)
     if missing:
         shown = ", ".join(missing[:12]) + (f" and {len(missing) - 12} more" if len(missing) > 12 else "")
         level = portable_cpu()
         raise CuvilError(
             f"{what} was built for {built_for or 'another CPU'} and may use instructions this CPU lacks: {shown}",
-            details=[f"this CPU: {cpu_label()}"],
+            details=[f"this CPU: {cpu_label()}"] + [f"{f}: {why}" for f, why in (uses or {}).items() if f in missing],
             hint=f"recompile the model on this machine (cuvil compile MODEL -o OUT --cpu native), or anywhere with "
                  f"--cpu {level} for a library that runs on every x86-64 CPU{_LEVEL_NEEDS[level]}")

@@ -40,6 +40,8 @@ from ...kernels.schedule import Stage
 from ...kernels.texpr import E, contains, top_level
 from ..llvm.types import F32, I32, I64, PTR, const_value, splat
 from .emitter import X86Emitter
+from ..llvm.narrow import I16, bfloat16_to_memory
+from .gemm_bf16 import AVX512_BF16, BFLOAT, PAIRS, dpbf16, interleaved_pairs, narrow_path, to_bf16
 from .tuning import DEFAULT_TUNING, X86Tuning
 
 # Cores with AVX-512 have 32 vector registers, AVX2 16: NV vectors per row keep MR*NV accumulators + NV
@@ -104,15 +106,26 @@ def k_block(spec: Contraction) -> int:
 
 
 def packed_floats(spec: Contraction) -> int:
+    if spec.precision == "bf16":
+        return 0         # panels are rounded into pair panels as they are gathered
     panels = 1 if spec.m <= spec.p else spec.p_blocks
     return panels * spec.k * spec.cols
 
 
 def scratch_bytes(spec: Contraction) -> int:
     """Per-thread scratch of a contraction stage: packed B panels, then one accumulator slot (MR x cols
-    floats) per tile of a unit for the partial sums between k-blocks."""
+    floats) per tile of a unit for the partial sums between k-blocks; a bf16 contraction's panels again as
+    bfloat16 pairs (ceil(K/2) x cols words each) after them."""
     slots = spec.m_blocks if spec.m <= spec.p else spec.p_blocks
-    return (packed_floats(spec) + slots * spec.mr * spec.cols) * 4
+    return (packed_floats(spec) + slots * spec.mr * spec.cols + bf16_panel_words(spec)) * 4
+
+
+def bf16_panel_words(spec: Contraction) -> int:
+    """32-bit words of a bf16 contraction's pair panels in scratch (0 for a float32 one)."""
+    if spec.precision != "bf16":
+        return 0
+    panels = 1 if spec.m <= spec.p else spec.p_blocks
+    return panels * ((spec.k + 1) // 2) * spec.cols
 
 
 def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
@@ -129,6 +142,11 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
     cl = spec.channel_lanes          # vectors along the tile's MR channels, its nr positions broadcast
     if (MR if cl else nr) % vw:
         return None
+    path = narrow_path(km, spec)
+    if path is not None and path != AVX512_BF16:
+        km.narrow_paths[sym] = path
+        return None          # the generic loop nest evaluates the contraction's (bf16-rounding) expression
+    bf = path == AVX512_BF16      # vdpbf16ps over pairs of k (gemm_bf16.py): panels rounded once as packed
     nv = MR // vw if cl else nr // vw    # accumulator vectors per broadcast row
     npv = -(-nr // vw)               # vectors per packed panel row (the last one masked when nr % vw)
     vec = ir.VectorType(F32, vw)
@@ -136,6 +154,8 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
 
     em, begin, end = km.kernel(sym)
     km.gemm_tiles[sym] = f"{MR}x{nr}{CHANNEL_LANES if cl else ''}"
+    if bf:
+        km.narrow_paths[sym] = path
     b, bufs = em.b, em.bufs
     fma = km.declare(f"llvm.fma.v{vw}f32", vec, [vec, vec, vec])
     tile = em.alloca(vec, MR * nr // vw)   # stored as vectors, read back as floats
@@ -154,6 +174,13 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
     xs = spec.x.shape
     in_strides = spec.x.strides      # elements
     scratch = b.load(b.gep(bufs, [I64(km.scratch_index)], source_etype=PTR), typ=PTR)
+    mac = bf_base = istore = hstore = None
+    if bf:       # the pair panels after the float32 panels and the accumulator slots (scratch_bytes)
+        mac = dpbf16(km, b)
+        bf_base = b.gep(scratch, [I64(scratch_bytes(spec) // 4 - bf16_panel_words(spec))], source_etype=F32, inbounds=True)
+        istore = km.declare(f"llvm.masked.store.v{vw}i32.p0", ir.VoidType(), [PAIRS, PTR, I32, mvec])
+        hstore = km.declare(f"llvm.masked.store.v{2 * vw}i16.p0", ir.VoidType(),
+                            [ir.VectorType(I16, 2 * vw), PTR, I32, ir.VectorType(ir.IntType(1), 2 * vw)])
 
     def fptr(base, off):
         return b.gep(base, [off], source_etype=F32, inbounds=True)
@@ -177,13 +204,41 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
         return fptr(xb, b.mul(b.add(b.mul(n, I64(xs[1])), g if spec.interleaved else b.mul(g, I64(spec.cin))),
                               I64(in_strides[1])))
 
-    def pack(n, g, pb_lo, count):
-        """Panels pb_lo .. pb_lo+count-1 of image n, group g into scratch (K x nr floats each)."""
+    # bf16, a 1x1 stride-1 contraction over its whole input (positions = input elements, in order): a full
+    # panel is rounded into pairs straight from the input's rows (no float32 copy first)
+    direct_rows = (bf and all(kd == 1 for kd in spec.kernel) and all(sd == 1 for sd in spec.strides)
+                   and tuple(xs[2:]) == tuple(spec.out_spatial) and in_strides[-1] == 1)
+
+    def pair_put(panel, kflat, col, x, lanes=None):
+        """bf16: row ``kflat`` of a panel, columns col.. (``x``: vw floats; ``lanes``: the <vw x i1> columns
+        stored, default all), rounded into their halves of the pair panel ``panel``: words
+        (kflat / 2) * nr + col.., the low half for an even kflat (vmovdqu16 with a lane mask)."""
+        word = b.add(b.mul(b.sdiv(kflat, I64(2)), I64(nr)), col)
+        ptr = b.gep(panel, [b.mul(word, I64(2))], source_etype=I16, inbounds=True)
+        dup = b.shuffle_vector(to_bf16(b, x), ir.Constant(ir.VectorType(BFLOAT, vw), ir.Undefined),
+                               ir.Constant(ir.VectorType(I32, 2 * vw), [i // 2 for i in range(2 * vw)]))
+        odd = b.icmp_signed("!=", b.and_(kflat, I64(1)), I64(0))
+        m32 = ir.VectorType(ir.IntType(1), 2 * vw)
+        mask = b.select(odd, ir.Constant(m32, [i % 2 == 1 for i in range(2 * vw)]),
+                        ir.Constant(m32, [i % 2 == 0 for i in range(2 * vw)]))
+        if lanes is not None:
+            mask = b.and_(mask, b.shuffle_vector(lanes, ir.Constant(mvec, ir.Undefined),
+                                                 ir.Constant(ir.VectorType(I32, 2 * vw), [i // 2 for i in range(2 * vw)])))
+        b.call(hstore, [b.bitcast(dup, ir.VectorType(I16, 2 * vw)), ptr, I32(2), mask])
+
+    def pair_put_scalar(panel, kflat, col, value):
+        word = b.add(b.mul(b.sdiv(kflat, I64(2)), I64(nr)), col)
+        half = b.add(b.mul(word, I64(2)), b.and_(kflat, I64(1)))
+        b.store(bfloat16_to_memory(b, value), b.gep(panel, [half], source_etype=I16, inbounds=True))
+
+    def pack(n, g, pb_lo, count, pairs_at=None):
+        """Panels pb_lo .. pb_lo+count-1 of image n, group g into scratch (K x nr floats each); bf16: the one
+        panel pb_lo straight into the pair panel ``pairs_at`` (rounded as it is gathered, pair_put)."""
         xb = x_at(n, g)
 
         def one(i):
             pb = b.add(pb_lo, i)
-            panel = fptr(scratch, b.mul(i, I64(K * nr)))
+            panel = pairs_at if bf else fptr(scratch, b.mul(i, I64(K * nr)))
 
             def position(j):
                 p = b.add(b.mul(pb, I64(nr)), j)
@@ -233,35 +288,48 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
 
                     def per_k(kidx):
                         koff, kflat = k_offsets(kidx)
-                        dst = fptr(panel, b.add(b.mul(kflat, I64(nr)), j0))
+                        dst = None if bf else fptr(panel, b.add(b.mul(kflat, I64(nr)), j0))
                         src = fptr(xb, b.add(koff, src0))
                         for v, (live, wl, sl) in enumerate(chunks):
                             with b.if_then(live):
                                 x = b.call(mload, [fptr(src, I64(v * span)), I32(4), wl, ir.Constant(wide, ir.Undefined)])
                                 if s_last > 1:
                                     x = b.shuffle_vector(x, ir.Constant(wide, ir.Undefined), picks)
-                                b.call(mstore, [x, fptr(dst, I64(v * vw)), I32(4), sl])
+                                if bf:
+                                    pair_put(panel, kflat, b.add(j0, I64(v * vw)), x, sl)
+                                else:
+                                    b.call(mstore, [x, fptr(dst, I64(v * vw)), I32(4), sl])
                     em.loops([spec.cin] + list(spec.kernel), per_k)
 
             def rows(gather):
                 def per_k(kidx):
                     koff, kflat = k_offsets(kidx)
-                    dst = fptr(panel, b.mul(kflat, I64(nr)))
+                    dst = None if bf else fptr(panel, b.mul(kflat, I64(nr)))
                     if gather:
                         def col(j):
                             o = b.load(b.gep(offs, [j], source_etype=I64, inbounds=True), typ=I64)
-                            b.store(b.load(fptr(xb, b.add(koff, o)), typ=F32), fptr(dst, j))
+                            x = b.load(fptr(xb, b.add(koff, o)), typ=F32)
+                            if bf:
+                                pair_put_scalar(panel, kflat, j, x)
+                            else:
+                                b.store(x, fptr(dst, j))
                         em.loop_range(I64(0), I64(nr), col)
                     else:
                         src = fptr(xb, b.add(koff, first))
                         for v in range(npv):
                             if (v + 1) * vw <= nr:
                                 x = b.load(fptr(src, I64(v * vw)), typ=vec, align=4)
-                                b.store(x, b.gep(dst, [I64(v)], source_etype=vec, inbounds=True), align=4)
+                                if bf:
+                                    pair_put(panel, kflat, I64(v * vw), x)
+                                else:
+                                    b.store(x, b.gep(dst, [I64(v)], source_etype=vec, inbounds=True), align=4)
                             else:        # a panel row narrower than the vectors: masked to it
                                 tail = lanes_lt(nr - v * vw)
                                 x = b.call(tload, [fptr(src, I64(v * vw)), I32(4), tail, zero])
-                                b.call(tstore, [x, fptr(dst, I64(v * vw)), I32(4), tail])
+                                if bf:
+                                    pair_put(panel, kflat, I64(v * vw), x, tail)
+                                else:
+                                    b.call(tstore, [x, fptr(dst, I64(v * vw)), I32(4), tail])
                 em.loops([spec.cin] + list(spec.kernel), per_k)
             with b.if_else(contiguous) as (then, otherwise):
                 with then:
@@ -276,7 +344,60 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
                                 runs_along_last_axis(em, I64(nr), lambda j0: b.sub(I64(ow), b.srem(b.add(p0, j0), I64(ow))), run)
                             with otherwise2:
                                 rows(True)
-        em.loop_range(I64(0), count, one)
+        if not bf:
+            em.loop_range(I64(0), count, one)
+            return
+
+        if pairs_at is not None:
+            one(I64(0))
+            if K % 2:            # the odd half of the last pair: zero
+                for v in range(npv):
+                    pair_put(pairs_at, I64(K), I64(v * vw), zero, lanes_lt(min(vw, nr - v * vw)))
+            return
+
+        def one_bf16(i):         # each panel rounded into its pair panel as it is gathered
+            dst = ipt(bf_base, b.mul(i, I64(K2 * nr)))
+            if not direct_rows:
+                pack(n, g, b.add(pb_lo, i), I64(1), dst)
+                return
+            pb = b.add(pb_lo, i)
+            with b.if_else(b.icmp_signed("<=", b.mul(b.add(pb, I64(1)), I64(nr)), I64(P))) as (full, partial):
+                with full:       # a full panel's rows are nr consecutive floats of each input channel
+                    to_pairs(fptr(x_at(n, g), b.mul(pb, I64(nr))), dst, k_stride)
+                with partial:
+                    pack(n, g, pb, I64(1), dst)
+        em.loop_range(I64(0), count, one_bf16)
+
+    K2 = (K + 1) // 2
+
+    def ipt(base, off):
+        return b.gep(base, [off], source_etype=I32, inbounds=True)
+
+    def to_pairs(src, dst, row=None):
+        """A float32 panel (K rows of nr floats, ``row`` floats apart: default nr, packed) as bfloat16 pairs
+        (K2 x nr words: rows 2i and 2i+1 interleaved; past K zero), vector by vector (masked to nr)."""
+        row = nr if row is None else row
+
+        def step(k2):
+            even = fptr(src, b.mul(k2, I64(2 * row)))
+            has_odd = b.icmp_signed("<", b.add(b.mul(k2, I64(2)), I64(1)), I64(K))
+            odd = fptr(even, b.select(has_odd, I64(row), I64(0)))
+            for v in range(npv):
+                if (v + 1) * vw <= nr:
+                    x0 = b.load(fptr(even, I64(v * vw)), typ=vec, align=4)
+                    x1 = b.load(fptr(odd, I64(v * vw)), typ=vec, align=4)
+                else:
+                    tail = lanes_lt(nr - v * vw)
+                    x0 = b.call(tload, [fptr(even, I64(v * vw)), I32(4), tail, zero])
+                    x1 = b.call(tload, [fptr(odd, I64(v * vw)), I32(4), tail, zero])
+                x1 = b.select(has_odd, x1, zero)
+                words = interleaved_pairs(b, x0, x1)
+                at = ipt(dst, b.add(b.mul(k2, I64(nr)), I64(v * vw)))
+                if (v + 1) * vw <= nr:
+                    b.store(words, b.bitcast(at, PAIRS.as_pointer()), align=4)
+                else:
+                    b.call(istore, [words, at, I32(4), lanes_lt(nr - v * vw)])
+        em.loop_range(I64(0), I64(K2), step)
 
     nacc = MR * nr // vw
 
@@ -289,7 +410,18 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
             b.load(b.gep(acc_in, [I64(i)], source_etype=vec, inbounds=True), typ=vec, align=4) for i in range(nacc)]
         a_row = lambda k: fptr(a_ptr, b.mul(k, I64(MR)))
         b_row = lambda k: fptr(b_ptr, b.mul(k, I64(nr) if b_stride is None else b_stride))
-        if cl:
+        if bf:                   # pairs of k: 32-bit words, MR per weight row, nr per panel row
+            a_row = lambda k: ipt(a_ptr, b.mul(k, I64(MR)))
+            b_row = lambda k: ipt(b_ptr, b.mul(k, I64(nr)))
+            wl = lambda row, i: b.load(ipt(row, I64(i)), typ=I32, align=4)
+            vl = lambda row, i: b.load(b.bitcast(ipt(row, I64(i)), PAIRS.as_pointer()), typ=PAIRS, align=4)
+            if cl:
+                vectors = lambda k: [vl(a_row(k), v * vw) for v in range(nv)]
+                scalars = lambda k: [wl(b_row(k), j) for j in range(nr)]
+            else:
+                vectors = lambda k: [vl(b_row(k), v * vw) for v in range(nv)]
+                scalars = lambda k: [wl(a_row(k), r) for r in range(MR)]
+        elif cl:
             vectors = lambda k: [b.load(fptr(a_row(k), I64(v * vw)), typ=vec, align=4) for v in range(nv)]
             scalars = lambda k: [b.load(fptr(b_row(k), I64(j)), typ=F32, align=4) for j in range(nr)]
         else:
@@ -299,7 +431,7 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
         lines = range(0, -(-MR * 4 // 64)) if cl else range(1)
         new = fma_tile_loop(em, fma, I64(k0), I64(k1), init, nv, vectors, scalars,
                             prefetch=lambda k: [fptr(fptr(a_ptr, b.mul(b.add(k, I64(PREFETCH_K)), I64(MR))), I64(16 * ln))
-                                                for ln in lines])
+                                                for ln in lines], mac=mac)
         if acc_out is not None:
             store_tile(new, acc_out)
         return new
@@ -317,11 +449,15 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
     # partial sums wait in per-thread accumulator slots (after the packed panels in scratch)
     kc = k_block(spec)
     blocks = [(k0, min(K, k0 + kc)) for k0 in range(0, K, kc)]
+    if bf:                       # as many blocks, over the K2 pairs
+        kc2 = -(-K2 // len(blocks))
+        blocks = [(k0, min(K2, k0 + kc2)) for k0 in range(0, K2, kc2)]
     acc_base = fptr(scratch, I64(packed_floats(spec)))
 
     def tile_at(n, g, mb, pb, panel, slot, blk, b_stride=None):
         k0, k1 = blocks[blk]
-        a_ptr = fptr(a_base, b.mul(b.add(b.mul(g, I64(Mb)), mb), I64(K * MR)))
+        a_ptr = (ipt(a_base, b.mul(b.add(b.mul(g, I64(Mb)), mb), I64(K2 * MR))) if bf else
+                 fptr(a_base, b.mul(b.add(b.mul(g, I64(Mb)), mb), I64(K * MR))))
         acc = b.bitcast(fptr(acc_base, b.mul(slot, I64(MR * nr))), ir.PointerType(vec))
         last = blk == len(blocks) - 1
         new = kloop(a_ptr, panel, k0, k1, None if blk == 0 else acc, None if last else acc, b_stride)
@@ -363,7 +499,7 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
     # reads a full panel's B rows where they are, k_stride floats apart, instead of packing them: the copy
     # cost more than the FMAs where few weight panels share it (SqueezeNet's 16-64-channel squeezes,
     # DenseNet-121's 32-channel Winograd GEMMs; position lanes only).
-    in_place = (panel_order and not cl and all(kd == 1 for kd in spec.kernel) and all(sd == 1 for sd in spec.strides)
+    in_place = (panel_order and not cl and not bf and all(kd == 1 for kd in spec.kernel) and all(sd == 1 for sd in spec.strides)
                 and tuple(xs[2:]) == tuple(spec.out_spatial) and in_strides[-1] == 1)
 
     def ensure_packed(key, n, g, pb_lo, count):
@@ -391,12 +527,13 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
             if panel_order:      # u = pb: pack it, then every weight panel
                 if blk == 0:
                     ensure_packed(t, n, g, u, I64(1))
-                em.loop_range(I64(0), I64(Mb), lambda mb: tile_at(n, g, mb, u, scratch, mb, blk))
+                em.loop_range(I64(0), I64(Mb), lambda mb: tile_at(n, g, mb, u, bf_base if bf else scratch, mb, blk))
             else:                # u = mb: all panels of (n, g) packed once per call
                 if blk == 0:
                     ensure_packed(ng, n, g, I64(0), I64(Pb))
                 em.loop_range(I64(0), I64(Pb), lambda pb: tile_at(
-                    n, g, u, pb, fptr(scratch, b.mul(pb, I64(K * nr))), pb, blk))
+                    n, g, u, pb, ipt(bf_base, b.mul(pb, I64(K2 * nr))) if bf else fptr(scratch, b.mul(pb, I64(K * nr))),
+                    pb, blk))
 
     out_sp = spec.out_spatial
 
@@ -607,11 +744,13 @@ def transpose_lanes(b: ir.IRBuilder, accs: list, nr: int, nv: int) -> Tuple[list
     return rows, w
 
 
-def fma_tile_loop(em, fma, k0, k1, init, nv: int, vectors, scalars, prefetch=None) -> list:
+def fma_tile_loop(em, fma, k0, k1, init, nv: int, vectors, scalars, prefetch=None, mac=None) -> list:
     """The register tile's k-loop, for k in [k0, k1): ``len(scalars(k))`` rows x ``nv`` vectors of
     accumulators (phis starting at ``init``, row-major), each updated with fma(splat(scalars(k)[r]),
     vectors(k)[v], acc). ``prefetch(k)``: addresses to prefetch into cache at step k (a hint: they may
-    lie past the operand). Returns the accumulators' values after the loop (k1 > k0 assumed)."""
+    lie past the operand). ``mac(splat, vector, acc)``: the update instead of the fma (the bf16 kernels'
+    ``vdpbf16ps`` over pairs, :mod:`cuvil.targets.x86.gemm_bf16`; scalars and vectors are then i32 words).
+    Returns the accumulators' values after the loop (k1 > k0 assumed)."""
     b, fn = em.b, em.fn
     vec = init[0].type
     vw = vec.count
@@ -636,10 +775,11 @@ def fma_tile_loop(em, fma, k0, k1, init, nv: int, vectors, scalars, prefetch=Non
     bv = vectors(k)
     new = []
     for r, a in enumerate(scalars(k)):
-        v0 = b.insert_element(ir.Constant(vec, ir.Undefined), a, I32(0))
-        av = b.shuffle_vector(v0, ir.Constant(vec, ir.Undefined), ir.Constant(ir.VectorType(I32, vw), [0] * vw))
+        svec = ir.VectorType(a.type, vw)
+        v0 = b.insert_element(ir.Constant(svec, ir.Undefined), a, I32(0))
+        av = b.shuffle_vector(v0, ir.Constant(svec, ir.Undefined), ir.Constant(ir.VectorType(I32, vw), [0] * vw))
         for v in range(nv):
-            new.append(b.call(fma, [av, bv[v], accs[r * nv + v]]))
+            new.append(mac(av, bv[v], accs[r * nv + v]) if mac is not None else b.call(fma, [av, bv[v], accs[r * nv + v]]))
     kn = b.add(k, I64(1))
     k.add_incoming(kn, b.block)
     for ph, x in zip(accs, new):

@@ -43,7 +43,7 @@ def emit_qgemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]]:
     """Emit a qgemm stage as VNNI micro-kernels; (parallel extent, grain), or None (the generic loop nest)."""
     if st.expr.op != "qgemm" or not isinstance(st.expr.attr, Int8Contraction) or st.region is not None:
         return None
-    if find_contraction(st, "qgemm") is not st.expr or not has_vnni512(getattr(km, "features", ())):
+    if find_contraction(st, "qgemm") is not st.expr or not has_vnni512(getattr(km, "cpu_features", ())):
         return None
     spec: Int8Contraction = st.expr.attr
     vw = LANES_I8
@@ -148,7 +148,7 @@ def emit_qpack_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]]:
     Only where the VNNI kernels run (the panels' one reader); else the generic loop nest."""
     if st.expr.op != "qpack" or not isinstance(st.expr.attr, Int8Pack) or st.region is not None:
         return None
-    if find_contraction(st, "qpack") is not st.expr or not has_vnni512(getattr(km, "features", ())):
+    if find_contraction(st, "qpack") is not st.expr or not has_vnni512(getattr(km, "cpu_features", ())):
         return None
     spec: Int8Pack = st.expr.attr
     N, C, Hp, Wp = spec.x.shape

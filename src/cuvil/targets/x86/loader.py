@@ -91,7 +91,10 @@ def _check_isa(manifest: dict, path: str) -> None:
     target = manifest.get("target")
     required = target.get("isa_features") if isinstance(target, dict) else None
     if isinstance(required, list):
-        check_runs_here([str(f) for f in required], os.path.basename(path), str(target.get("cpu", "")))
+        bf16 = sum(1 for st in manifest.get("steps", []) if isinstance(st, dict) and st.get("path") == "avx512_bf16")
+        uses = {"avx512bf16": f"{bf16} bf16 kernels run vdpbf16ps (AVX512_BF16); a build on this CPU keeps those "
+                              "nodes float32"} if bf16 else None
+        check_runs_here([str(f) for f in required], os.path.basename(path), str(target.get("cpu", "")), uses)
 
 
 def _manifest_dims(manifest: dict, key: str, k: int, spec: TensorSpec, plain: bool) -> tuple:

@@ -20,8 +20,9 @@ import llvmlite.ir as ir
 from ...ir.dim import SymExpr
 from ...kernels.contraction import MR, MatContraction
 from ...kernels.schedule import Stage
-from ..llvm.types import F32, I64
+from ..llvm.types import F32, I32, I64, PTR
 from .gemm import PREFETCH_K, find_contraction, fma_tile_loop, tile_epilogue
+from .gemm_bf16 import AVX512_BF16, PAIRS, convert_rows, dpbf16, narrow_path, row_stride_pairs
 
 
 def emit_matmul_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]]:
@@ -37,9 +38,22 @@ def emit_matmul_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]]:
     nv = nr // vw
     vec = ir.VectorType(F32, vw)
     K, M, Mb = spec.k, spec.m, spec.m_blocks
+    path = narrow_path(km, spec)
+    if path is not None and path != AVX512_BF16:
+        km.narrow_paths[sym] = path
+        return None          # the generic loop nest evaluates the contraction's (bf16-rounding) expression
+    bf = path == AVX512_BF16      # vdpbf16ps over pairs of k (gemm_bf16.py): K2 steps, A rounded per unit
+    K2, a_stride = (K + 1) // 2, row_stride_pairs(K)
 
     em, begin, end = km.kernel(sym)
     b = em.b
+    if bf:
+        km.narrow_paths[sym] = path
+        km.scratch_bytes = max(km.scratch_bytes, MR * a_stride * 4)
+        scratch = b.load(b.gep(em.bufs, [I64(km.scratch_index)], source_etype=PTR), typ=PTR)
+        converted = em.alloca(I64)          # the row tile whose rows of A the scratch holds (-1: none)
+        b.store(I64(-1), converted)
+        mac = dpbf16(km, b)
     fma = km.declare(f"llvm.fma.v{vw}f32", vec, [vec, vec, vec])
     tile = em.alloca(vec, MR * nv)
     tile_f = b.bitcast(tile, ir.PointerType(F32))
@@ -88,15 +102,35 @@ def emit_matmul_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]]:
             p = b.select(b.icmp_signed("<", p, rows_total), p, last_row)
             rows.append(fptr(a_base, b.mul(p, I64(K))))
 
-        def panel(mb):
+        def panel_bf16(mb):
+            with b.if_then(b.icmp_signed("!=", b.load(converted, typ=I64), t)):
+                convert_rows(em, rows, scratch, K)
+                b.store(t, converted)
+            w_ptr = b.gep(w_base, [b.mul(mb, I64(K2 * nr))], source_etype=I32, inbounds=True)
+
+            def ip(base, off):
+                return b.gep(base, [off], source_etype=I32, inbounds=True)
+            # a panel row (one k pair) is nr words: nr * 4 // 64 cache lines
+            return fma_tile_loop(em, None, I64(0), I64(K2), [zero] * (MR * nv), nv,
+                                 lambda k: [b.load(ip(ip(w_ptr, b.mul(k, I64(nr))), I64(v * vw)), typ=PAIRS, align=4)
+                                            for v in range(nv)],
+                                 lambda k: [b.load(ip(scratch, b.add(I64(r * a_stride), k)), typ=I32, align=4)
+                                            for r in range(MR)],
+                                 prefetch=lambda k: [ip(w_ptr, b.add(b.mul(b.add(k, I64(PREFETCH_K)), I64(nr)), I64(v * 16)))
+                                                     for v in range(nr * 4 // 64)],
+                                 mac=mac)
+
+        def panel(mb, R=MR):
+            """The tile's ``R`` register rows over weight panel ``mb`` (R = 1: a one-row tile, below; the bf16
+            path always runs MR rows)."""
             w_ptr = fptr(w_base, b.mul(mb, I64(K * nr)))
-            new = fma_tile_loop(em, fma, I64(0), I64(K), [zero] * (MR * nv), nv,
+            new = panel_bf16(mb) if bf else fma_tile_loop(em, fma, I64(0), I64(K), [zero] * (R * nv), nv,
                                 lambda k: [b.load(fptr(fptr(w_ptr, b.mul(k, I64(nr))), I64(v * vw)), typ=vec,
                                                   align=4) for v in range(nv)],
-                                lambda k: [b.load(fptr(rows[r], k), typ=F32, align=4) for r in range(MR)],
+                                lambda k: [b.load(fptr(rows[r], k), typ=F32, align=4) for r in range(R)],
                                 prefetch=lambda k: [fptr(w_ptr, b.add(b.mul(b.add(k, I64(PREFETCH_K)), I64(nr)), I64(v * 16)))
                                                     for v in range(nr * 4 // 64)] + next_panel(w_ptr, t, k))
-            for i in range(MR * nv):
+            for i in range(R * nv):
                 b.store(new[i], b.gep(tile, [I64(i)], source_etype=vec, inbounds=True), align=4)
             m0 = b.mul(mb, I64(nr))
             mleft = b.sub(I64(M), m0)
@@ -107,8 +141,20 @@ def emit_matmul_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]]:
 
             def slot(r, j):
                 return b.gep(tile_f, [b.add(b.mul(r, I64(nr)), j)], source_etype=F32, inbounds=True)
-            tile_epilogue(em, st, c, slot, index, nrows, ncols, full=(MR, nr))
-        panel(mb)
+            tile_epilogue(em, st, c, slot, index, nrows, ncols, full=(R, nr))
+        if bf or (isinstance(spec.rows, int) and spec.rows >= MR):
+            panel(mb)
+            return
+        if spec.rows == 1:      # a classifier's last layer at batch 1
+            panel(mb, 1)
+            return
+        # a single row (a decode step's M = 1 GEMV; the row count may be symbolic): one row of accumulators,
+        # not MR copies of the clamped row (MR x the FMAs and broadcasts for the same weight bytes)
+        with b.if_else(b.icmp_signed("==", nrows, I64(1))) as (then, otherwise):
+            with then:
+                panel(mb, 1)
+            with otherwise:
+                panel(mb)
 
     em.loop_range(begin, end, unit)
     b.ret_void()

@@ -24,6 +24,7 @@ from .codegen import cpu_identity
 from .compile import arena_limit, compile_x86
 from .cpu import describe_cpu, validate_cpu
 from .gemm import tile_shapes
+from .gemm_bf16 import BF16_OPS, narrow_formats
 from .model_info import is_c_identifier
 from .tuning import DEFAULT_TUNING, X86Tuning
 from .weights_file import WeightsKey, key_id
@@ -121,6 +122,12 @@ class X86Target:
     options_type = X86Options
     keeps_symbols = True
 
+    def precision_ops(self, options: X86Options) -> Dict[str, frozenset]:
+        """The ops whose kernels compute narrowed on the CPU ``options`` builds for (read by the precision
+        policy, :func:`cuvil.targets.base.precision_ops`): bf16 Conv / MatMul / Gemm contractions with AVX-512
+        and AVX512_BF16 (``vdpbf16ps``, :mod:`cuvil.targets.x86.gemm_bf16`); none elsewhere."""
+        return {f: BF16_OPS for f in narrow_formats(describe_cpu(options.cpu))}
+
     def plan(self, graph: Graph, options: X86Options, profiles: Dict[str, list]) -> BuildPlan:
         # The algorithm choices are a function of the graph, the `on x86` rules and the cost model (its
         # source is in the compiler digest): they run in `emit`, when the library is built, not on a cache hit.
@@ -133,6 +140,9 @@ class X86Target:
         key = [str(options.opt_level), cpu_identity(options.cpu), isa, options.prefix, f"opt_kernels={options.opt_kernels}",
                f"winograd={choose and options.winograd}", f"max_arena_bytes={arena_limit(options.max_arena_bytes)}",
                f"tuning={options.tuning!r}", f"math={options.math}"] + [r.text for r in rules]
+        narrowed = sorted(f"{n.name}:{n.precision}" for n in graph.nodes if n.precision)
+        if narrowed:             # the precision policy's choices (default builds keep their cache keys)
+            key.append("precision=" + ",".join(narrowed))
         key_bytes = options.weights_key()
         if options.external_weights or key_bytes is not None:   # default builds keep their cache keys
             key.append(f"external_weights=True key={key_id(key_bytes) if key_bytes is not None else None}")

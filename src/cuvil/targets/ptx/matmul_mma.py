@@ -1,0 +1,614 @@
+"""Tensor-core MatMul / Gemm kernels for the GPU (``mma.sync``), in float16, bfloat16 or TF32 with float32
+accumulation.
+
+Which stages: a stage whose one float reduction (:func:`~cuvil.targets.ptx.kernel_shapes.single_sum`) runs
+over one index ``k`` and multiplies two factors, ``A`` depending on the output's second-to-last index
+(``m``) and ``k`` but not its last (``n``), ``B`` on ``k`` and ``n`` but not ``m`` (both may depend on the
+leading, batch indices): ``out[..., m, n] = epilogue(sum_k A(..., m, k) * B(..., k, n))``. That is how the
+GPU schedule lowers MatMul (batched, with either operand transposed, as BERT's and GPT-2's exports have them:
+a ``Transpose`` folded into the load's indices) and Gemm; the bias, GELU and residual add the schedule fused
+into the stage are its epilogue. The factors are evaluated through the stage's own expression (the
+:class:`~cuvil.targets.ptx.emitter.PtxEmitter`) at in-range indices (rows and columns past the matrix are
+clamped to the last one and never stored; terms past ``K`` select zero), so the bounds proof of the plain
+kernels (:mod:`cuvil.targets.ptx.bounds_patterns`) covers this kernel as it is.
+
+Which format (:func:`mma_format`): tensor cores only where contraction is allowed (the reduction is an
+``fma`` one: an ``mma`` rounds its sum of products once, which no chain of separate roundings does), on sm_80
+and later, and only when the stage's numbers may be narrowed: its node's ``precision`` (set by the precision
+policy) is ``fp16`` or ``bf16``; or its factors are float16 already (``enable_fp16``); or ``allow_tf32``
+(TF32: the factors rounded to a 10-bit mantissa with ``cvt.rna.tf32.f32``, products summed in float32).
+Strict float32 (the default) never takes this kernel.
+
+The kernel: a group of 128 threads (four warps, 2 x 2) computes a BM x BN output tile (64 or 32 each, the
+largest that still gives about two blocks per SM, :func:`plan_matmul`), walking ``K`` in chunks of
+:data:`TK` = 32 terms. Per chunk every thread loads its share of the BM x TK ``A`` tile and the TK x BN ``B``
+tile from global memory (the thread-to-element mapping follows whichever index is contiguous in memory, so a
+warp's loads coalesce for row-major and transposed operands alike), converts them to the format and stores
+them in shared memory ``k``-contiguous (``sa[m][k]``, ``sb[n][k]``; rows padded by :data:`PAD` elements so
+the fragment loads of a warp hit 32 different banks); then each warp computes its WM x WN sub-tile with
+``mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}`` (or ``m16n8k8 ... .tf32``). The next chunk's global
+loads are issued into registers before this chunk's ``mma`` (software pipelining) and stored to shared
+memory after the barrier. BERT's products have few output tiles (128 rows) and long sums, so one group's
+chunks would run one global-load latency after another: a block holds ``ks`` (2 or 4) such groups, group
+``g`` taking chunks g, g + ks, ... (:func:`chunk_of`) with its own tiles, so ``ks`` chunks are in flight at
+once; at the end groups 1..ks-1 leave their sums in shared memory and group 0 adds them in group order
+(deterministic) and runs the epilogue. Fragment layouts (:data:`FRAGMENTS`) are the PTX ISA's ("Matrix Fragments for
+mma.m16n8k16 / m16n8k8"); tests/test_gpu_tensor_cores.py replays the kernel's shared-memory indexing and
+fragment gathering in numpy against them.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Tuple
+
+import attrs
+import llvmlite.ir as ir
+
+from ...ir.dtype import DType
+from ...kernels.schedule import Stage
+from ...kernels.texpr import E, nodes
+from ..llvm.types import F16, F32, I32, I64
+from .emitter import PtxEmitter, set_contraction
+from .kernel_shapes import single_sum
+
+TK = 32            # reduction terms per chunk
+THREADS = 128      # four warps, 2 x 2 over the block tile
+MIN_BLOCKS = 264   # about two blocks per SM of an H200: the tile shrinks until the grid has this many
+FORMATS = ("fp16", "bf16", "tf32")
+# ops whose contraction the PTX target narrows to a node's fp16 / bf16 precision (the precision policy's hook)
+NARROWED_OPS = ("MatMul", "Gemm")
+# ops the GPU schedule folds into a product's operand loads (their input is what the product's stage reads)
+_LAYOUT_OPS = ("Transpose", "Reshape", "Squeeze", "Unsqueeze", "Identity", "Flatten")
+
+
+@attrs.frozen
+class Fragments:
+    """One ``mma`` shape's fragment layout, per lane ``(g, t) = (lane // 4, lane % 4)``.
+
+    ``k``: terms per mma; ``per_reg``: elements per 32-bit register (2 halves, 1 tf32); ``a``: per A register
+    its (row, column) offset from ``(g, per_reg * t)``; ``b``: per B register its (k) offset from
+    ``per_reg * t`` at column ``g``; ``c``: per accumulator its (row, column) offset from ``(g, 2 * t)``.
+    A register of a 16-bit format holds the element at that column and the next (k, k + 1)."""
+    ptx: str
+    k: int
+    per_reg: int
+    a: Tuple[Tuple[int, int], ...]
+    b: Tuple[int, ...]
+    c: Tuple[Tuple[int, int], ...] = ((0, 0), (0, 1), (8, 0), (8, 1))
+
+
+FRAGMENTS: Dict[str, Fragments] = {
+    "fp16": Fragments("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32", 16, 2,
+                      ((0, 0), (8, 0), (0, 8), (8, 8)), (0, 8)),
+    "bf16": Fragments("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", 16, 2,
+                      ((0, 0), (8, 0), (0, 8), (8, 8)), (0, 8)),
+    "tf32": Fragments("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32", 8, 1,
+                      ((0, 0), (8, 0), (0, 4), (8, 4)), (0, 4)),
+}
+# shared rows padded so that the 8 rows x 4 words of a fragment load fall in 32 banks: 16-bit rows of 40
+# halves (20 words), tf32 rows of 36 words
+PAD = {"fp16": 8, "bf16": 8, "tf32": 4}
+
+
+def row_stride(fmt: str) -> int:
+    """Elements per shared row (``k`` contiguous)."""
+    return TK + PAD[fmt]
+
+
+@attrs.define
+class MatmulPlan:
+    fmt: str
+    bm: int           # block tile rows (m)
+    bn: int           # block tile columns (n)
+    batch: Tuple[int, ...]
+    m: int
+    n: int
+    k: int
+    a_kfast: bool     # A's thread mapping: k varies fastest (A contiguous along k), else m does
+    b_kfast: bool     # B's: k fastest (B transposed, contiguous along k), else n
+    swapped: bool = False   # the reduction's first factor is B (depends on n)
+    ks: int = 1             # K groups: groups of four warps that take every ks-th chunk (see chunk_of)
+
+    @property
+    def threads(self) -> int:
+        return THREADS * self.ks
+
+    @property
+    def chunks(self) -> int:
+        return -(-self.k // TK)
+
+    @property
+    def rounds(self) -> int:
+        return -(-self.chunks // self.ks)
+
+    @property
+    def wm(self) -> int:
+        return self.bm // 2
+
+    @property
+    def wn(self) -> int:
+        return self.bn // 2
+
+    @property
+    def tiles_m(self) -> int:
+        return -(-self.m // self.bm)
+
+    @property
+    def tiles_n(self) -> int:
+        return -(-self.n // self.bn)
+
+    @property
+    def batches(self) -> int:
+        r = 1
+        for d in self.batch:
+            r *= d
+        return r
+
+    @property
+    def blocks(self) -> int:
+        return self.batches * self.tiles_m * self.tiles_n
+
+
+# --- fragment indexing (shared by the emitter and the numpy replay in the tests) ---------------------------
+
+def a_word(fmt: str, sk: int, row0, g, t, ks: int, reg: int):
+    """Shared element index of A register ``reg`` of lane (g, t) for the 16-row tile starting at ``row0`` and
+    the mma's terms ``ks ..``: ``sa[row][col]`` with ``row = row0 + g + dr``, ``col = ks + per_reg * t + dc``.
+    Works on ints and on emitted values alike (``+``/``*`` only)."""
+    f = FRAGMENTS[fmt]
+    dr, dc = f.a[reg]
+    return (row0 + g + dr) * sk + t * f.per_reg + (ks + dc)
+
+
+def b_word(fmt: str, sk: int, col0, g, t, ks: int, reg: int):
+    """Shared element index of B register ``reg`` of lane (g, t) for the 8-column tile at ``col0``
+    (``sb[n][k]``, ``n = col0 + g``, ``k = ks + per_reg * t + dk``)."""
+    f = FRAGMENTS[fmt]
+    return (col0 + g) * sk + t * f.per_reg + (ks + f.b[reg])
+
+
+def c_coords(fmt: str, row0, col0, g, t, reg: int):
+    """(row, column) of accumulator ``reg`` of lane (g, t) in the 16 x 8 tile at (row0, col0)."""
+    dr, dc = FRAGMENTS[fmt].c[reg]
+    return row0 + g + dr, col0 + t * 2 + dc
+
+
+def chunk_of(rnd, grp, ks: int):
+    """The chunk K group ``grp`` of ``ks`` takes in round ``rnd`` (it skips the round when that is past the
+    last chunk): the groups interleave, so the ks chunks of a round are in flight together."""
+    return rnd * ks + grp
+
+
+def smem_bytes(fmt: str, bm: int, bn: int, ks: int) -> int:
+    """Static shared memory of the kernel: the ks groups' A and B tiles; the groups' partial sums reuse it."""
+    return ks * (bm + bn) * row_stride(fmt) * (4 if fmt == "tf32" else 2)
+
+
+def reduction_bytes(bm: int, bn: int, ks: int) -> int:
+    """Partial sums groups 1..ks-1 leave in shared memory for group 0 (float32)."""
+    return (ks - 1) * bm * bn * 4
+
+
+SMEM_LIMIT = 48 * 1024   # static shared memory per block
+
+
+def warp_tiles(plan: MatmulPlan):
+    """The (16-row, 8-column) mma tiles of one warp's WM x WN sub-tile, in accumulator order."""
+    return [(i * 16, j * 8) for i in range(plan.wm // 16) for j in range(plan.wn // 8)]
+
+
+def load_slots(plan: MatmulPlan, which: str):
+    """Per thread, the tile elements it loads each chunk: for slot ``j`` the element ``e = tid + j * THREADS``
+    is (row, k) = divmod(e, TK) when k varies fastest, else (e % rows, e // rows); rows = BM (A) or BN (B)."""
+    rows = plan.bm if which == "a" else plan.bn
+    kfast = plan.a_kfast if which == "a" else plan.b_kfast
+    return rows * TK // THREADS, rows, kfast
+
+
+# --- recognising the stage ----------------------------------------------------------------------------------
+
+def _vars_of(e: E) -> set:
+    return {x.attr for x in nodes(e) if x.op == "var"}
+
+
+def _coeff(e: E, name: str) -> Optional[int]:
+    """The coefficient of variable ``name`` in the affine index expression ``e`` (None: not affine)."""
+    if e.op == "var":
+        return 1 if e.attr == name else 0
+    if e.op == "const":
+        return 0
+    if e.op == "add":
+        a, b = (_coeff(x, name) for x in e.args)
+        return None if a is None or b is None else a + b
+    if e.op == "mul":
+        a, b = e.args
+        if a.op == "const":
+            cb = _coeff(b, name)
+            return None if cb is None else a.attr * cb
+        if b.op == "const":
+            ca = _coeff(a, name)
+            return None if ca is None else b.attr * ca
+    return None if name in _vars_of(e) else 0
+
+
+def _stride(factor: E, name: str) -> Optional[int]:
+    """The element stride of the factor's one load along variable ``name`` (None: not one affine load)."""
+    loads = [x for x in nodes(factor) if x.op == "load"]
+    if len(loads) != 1:
+        return None
+    ld = loads[0]
+    total = 0
+    for idx, s in zip(ld.args, ld.attr.strides):
+        c = _coeff(idx, name)
+        if c is None:
+            return None
+        total += c * int(s)
+    return total
+
+
+def factors(red: E) -> Optional[Tuple[E, E]]:
+    """The two factors of a reduction of products (``fma`` reductions carry them as arguments)."""
+    if red.attr[0] == "fma" and len(red.args) == 2:
+        return red.args[0], red.args[1]
+    body = red.args[0]
+    if red.attr[0] == "sum" and body.op == "mul":
+        return body.args[0], body.args[1]
+    return None
+
+
+def matmul_parts(st: Stage):
+    """(reduction, A, B, swapped) when ``st`` is a matrix product the tensor-core kernel computes (see the
+    module docstring), else None."""
+    if st.region is not None or st.guard is not None or len(st.buf.shape) < 2:
+        return None
+    if st.buf.dtype not in (DType.FLOAT, DType.FLOAT16):
+        return None
+    red = single_sum(st)
+    if red is None or len(red.attr[1]) != 1:
+        return None
+    fs = factors(red)
+    if fs is None:
+        return None
+    kv = red.attr[1][0].attr
+    mv, nv = st.vars[-2].attr, st.vars[-1].attr
+    batch = {v.attr for v in st.vars[:-2]}
+    allowed = batch | {kv, mv, nv}
+    a, b = fs
+    va, vb = _vars_of(a), _vars_of(b)
+    if not (va <= allowed and vb <= allowed):
+        return None
+    swapped = False
+    if nv in va or mv in vb:
+        a, b, va, vb, swapped = b, a, vb, va, True
+    if nv in va or mv in vb or kv not in va or kv not in vb:
+        return None
+    for f in (a, b):       # plain operand reads (a load, maybe widened): no arithmetic per term
+        if not all(x.op in ("load", "cast", "var", "const", "add", "mul") or x.dtype == DType.INT64
+                   for x in nodes(f)):
+            return None
+        if f.dtype != DType.FLOAT:
+            return None
+    return red, a, b, swapped
+
+
+def _is_half(f: E) -> bool:
+    return f.op == "cast" and f.args[0].dtype == DType.FLOAT16
+
+
+def mma_format(st: Stage, parts, sm: int, allow_tf32: bool, precision: str = "") -> Optional[str]:
+    """The tensor-core format of a matmul stage (None: the float32 kernels): see the module docstring."""
+    red, a, b, _ = parts
+    if sm < 80 or red.attr[0] != "fma":
+        return None
+    if precision in ("fp16", "bf16"):
+        return precision
+    if _is_half(a) and _is_half(b):
+        return "fp16"
+    return "tf32" if allow_tf32 else None
+
+
+def plan_matmul(st: Stage, parts, fmt: str, min_blocks: int = MIN_BLOCKS) -> MatmulPlan:
+    red, a, b, swapped = parts
+    shape = [int(d) for d in st.buf.shape]
+    m, n, k = shape[-2], shape[-1], int(red.attr[2][0])
+    kv = red.attr[1][0].attr
+    mv, nv = st.vars[-2].attr, st.vars[-1].attr
+    a_kfast = _stride(a, kv) == 1 or _stride(a, mv) != 1
+    b_kfast = _stride(b, kv) == 1 and _stride(b, nv) != 1
+    batch = tuple(shape[:-2])
+    nb = 1
+    for d in batch:
+        nb *= d
+    bm = bn = 32
+    for tm, tn in ((64, 64), (64, 32), (32, 64)):
+        if nb * -(-m // tm) * -(-n // tn) >= min_blocks:
+            bm, bn = tm, tn
+            break
+    chunks = -(-k // TK)
+    blocks = nb * -(-m // bm) * -(-n // bn)
+    ks = 1
+    for cand in (4, 2):
+        if (chunks >= 2 * cand and blocks * cand <= 4 * min_blocks
+                and smem_bytes(fmt, bm, bn, cand) <= SMEM_LIMIT
+                and reduction_bytes(bm, bn, cand) <= smem_bytes(fmt, bm, bn, cand)):
+            ks = cand
+            break
+    return MatmulPlan(fmt, bm, bn, batch, m, n, k, a_kfast, b_kfast, swapped, ks)
+
+
+def stage_precisions(graph, sched) -> Dict[str, str]:
+    """Stage name -> the ``precision`` ("fp16"/"bf16") of the MatMul/Gemm node whose product it computes,
+    found through the product's operand buffers (named after the values they hold: the node's inputs, or
+    the inputs of the layout ops, a Transpose say, that the schedule folded into the operand's loads)."""
+    users: Dict[str, List] = {}
+    for nd in graph.nodes:
+        for v in nd.inputs:
+            if v is not None:
+                users.setdefault(v.name, []).append(nd)
+
+    def narrowed(name: str, depth: int = 0) -> List:
+        out = []
+        for nd in users.get(name, []):
+            if nd.op in NARROWED_OPS and getattr(nd, "precision", "") in ("fp16", "bf16"):
+                out.append(nd)
+            elif nd.op in _LAYOUT_OPS and depth < 4:
+                for o in nd.outputs:
+                    out += narrowed(o.name, depth + 1)
+        return out
+    if not any(nd.op in NARROWED_OPS and getattr(nd, "precision", "") in ("fp16", "bf16") for nd in graph.nodes):
+        return {}
+    out = {}
+    for st in sched.stages:
+        parts = matmul_parts(st)
+        if parts is None:
+            continue
+        found = []
+        for f in parts[1:3]:
+            names = {x.attr.root.name if x.attr.root is not None else x.attr.name
+                     for x in nodes(f) if x.op == "load"}
+            found.append({id(nd): nd for nm in names for nd in narrowed(nm)})
+        common = [nd for k, nd in found[0].items() if k in found[1]] or list(found[0].values()) + list(found[1].values())
+        if common:
+            out[st.name] = common[0].precision
+    return out
+
+
+# --- emission ---------------------------------------------------------------------------------------------
+
+class _V:
+    """An emitted i32 value with ``+`` and ``*`` (ints become constants), so the index helpers above run
+    on IR values as they do on ints in the tests."""
+
+    def __init__(self, b: ir.IRBuilder, v):
+        self.b, self.v = b, v
+
+    def _o(self, x):
+        return x.v if isinstance(x, _V) else I32(int(x))
+
+    def __add__(self, x):
+        if not isinstance(x, _V) and int(x) == 0:
+            return self
+        return _V(self.b, self.b.add(self.v, self._o(x)))
+
+    __radd__ = __add__
+
+    def __mul__(self, x):
+        if not isinstance(x, _V) and int(x) == 1:
+            return self
+        return _V(self.b, self.b.mul(self.v, self._o(x)))
+
+    __rmul__ = __mul__
+
+
+def emit_matmul(km, st: Stage, sym: str, parts, plan: MatmulPlan) -> int:
+    """Emit the tensor-core kernel ``sym`` of a matmul stage; returns the launch size in threads."""
+    red, afac, bfac, _ = parts
+    fmt = plan.fmt
+    frag = FRAGMENTS[fmt]
+    SK = row_stride(fmt)
+    wide = fmt == "tf32"
+    ST = I32 if wide else ir.IntType(16)        # shared element type (raw bits)
+    fn = km.kernel_fn(sym)
+    # .maxntid: ptxas keeps the registers within what a block of plan.threads threads may have
+    km.module.add_named_metadata("nvvm.annotations", [fn, "maxntidx", I32(plan.threads)])
+    bufs, _n = fn.args
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    em = PtxEmitter(km, fn, b, bufs, st.buf)
+    BM, BN, M, N, K = plan.bm, plan.bn, plan.m, plan.n, plan.k
+    kv = red.attr[1][0].attr
+    mv, nv = st.vars[-2].attr, st.vars[-1].attr
+    bvars = [v.attr for v in st.vars[:-2]]
+
+    def smem(name, count):
+        g = ir.GlobalVariable(km.module, ir.ArrayType(ST, count), f"{sym}_{name}", addrspace=3)
+        g.linkage = "internal"
+        g.initializer = ir.Constant(g.value_type, ir.Undefined)
+        g.align = 16
+        return g
+    KS = plan.ks
+    tiles_smem = smem("t", KS * (BM + BN) * SK)     # group g's A tile at g*BM*SK, its B tile after all A tiles
+    sa = sb = tiles_smem
+    bar = km.declare("llvm.nvvm.barrier0", ir.VoidType(), [])
+    sbase = {}
+
+    def sgep(g, idx, typ=ST):
+        if g.name not in sbase:
+            with b.goto_block(em.entry):
+                b.position_at_start(em.entry)
+                sbase[g.name] = b.bitcast(g, ir.PointerType(ST, addrspace=3))
+        p = b.gep(sbase[g.name], [idx.v if isinstance(idx, _V) else idx], source_etype=ST, inbounds=True)
+        return p if typ is ST else b.bitcast(p, ir.PointerType(typ, addrspace=3))
+
+    def divmod_c(x, d: int):
+        return b.udiv(x, I32(d)), b.urem(x, I32(d))
+
+    if fmt == "fp16":
+        def convert(v):
+            return b.bitcast(b.fptrunc(v, F16), ST)
+    else:
+        cvt = ir.InlineAsm(ir.FunctionType(ST, [F32]), "cvt.rna.tf32.f32 $0, $1;" if wide
+                           else "cvt.rn.bf16.f32 $0, $1;", "=r,f" if wide else "=h,f")
+
+        def convert(v):
+            return b.call(cvt, [v])
+    mma_op = ir.InlineAsm(
+        ir.FunctionType(ir.LiteralStructType([F32] * 4), [I32] * (4 + 2) + [F32] * 4),
+        frag.ptx + " {$0,$1,$2,$3}, {$4,$5,$6,$7}, {$8,$9}, {$10,$11,$12,$13};",
+        "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f")
+
+    tid_all = b.trunc(km.sreg(b, "tid.x"), I32)
+    if KS > 1:
+        grp, tid = divmod_c(tid_all, THREADS)       # K group, thread within the group
+    else:
+        grp, tid = I32(0), tid_all
+    a_base = _V(b, b.mul(grp, I32(BM * SK)))
+    b_base = _V(b, b.add(b.mul(grp, I32(BN * SK)), I32(KS * BM * SK)))
+    lane = b.urem(tid, I32(32))
+    warp = b.udiv(tid, I32(32))
+    wm, wn = divmod_c(warp, 2)
+    g_, t_ = _V(b, b.lshr(lane, I32(2))), _V(b, b.and_(lane, I32(3)))
+    tiles = warp_tiles(plan)
+    accs = [em.alloca(F32) for _ in range(4 * len(tiles))]
+    a_n, a_rows, a_kfast = load_slots(plan, "a")
+    b_n, b_rows, b_kfast = load_slots(plan, "b")
+    aregs = [em.alloca(ST) for _ in range(a_n)]
+    bregs = [em.alloca(ST) for _ in range(b_n)]
+
+    def slot(j, rows, kfast):
+        e = b.add(tid, I32(j * THREADS))
+        if kfast:
+            r, kk = divmod_c(e, TK)
+        else:
+            kk, r = divmod_c(e, rows)
+        return r, kk
+    a_slots = [slot(j, a_rows, a_kfast) for j in range(a_n)]
+    b_slots = [slot(j, b_rows, b_kfast) for j in range(b_n)]
+
+    def operand(f: E):
+        """The factor's value in the format's raw bits (a float16 load kept as is for fp16)."""
+        if fmt == "fp16" and _is_half(f):
+            return b.bitcast(em.emit(f.args[0]), ST)
+        return convert(em.emit(f))
+
+    def tile_body(bid64):
+        bid = b.trunc(bid64, I32)
+        rest, nt = divmod_c(bid, plan.tiles_n)
+        bb, mt = divmod_c(rest, plan.tiles_m)
+        m0 = b.mul(mt, I32(BM))
+        n0 = b.mul(nt, I32(BN))
+        bidx = []
+        r_ = bb
+        for d in reversed(plan.batch[1:]):
+            r_, q = divmod_c(r_, d)
+            bidx.append(q)
+        if plan.batch:
+            bidx.append(r_)
+        bidx = bidx[::-1]
+        for v, x in zip(bvars, bidx):
+            em.env[v] = b.zext(x, I64)
+        for a_ in accs:
+            b.store(ir.Constant(F32, 0.0), a_)
+
+        def clamp(x, hi):
+            return b.select(b.icmp_unsigned("<", x, I32(hi)), x, I32(hi - 1))
+
+        def fetch(k0):
+            """This thread's elements of the chunk at k0 into registers (clamped rows, zero past K)."""
+            for regs, slots, f, base, hi, var in ((aregs, a_slots, afac, m0, M, mv), (bregs, b_slots, bfac, n0, N, nv)):
+                for reg, (r, kk) in zip(regs, slots):
+                    k = b.add(k0, kk)
+                    em.memo.append(dict(em.memo[-1]))
+                    em.env[var] = b.zext(clamp(b.add(base, r), hi), I64)
+                    em.env[kv] = b.zext(clamp(k, K) if K % TK else k, I64)
+                    v = operand(f)
+                    em.memo.pop()
+                    if K % TK:
+                        v = b.select(b.icmp_unsigned("<", k, I32(K)), v, ir.Constant(ST, 0))
+                    b.store(v, reg)
+
+        def rnd(r64):
+            c = b.add(b.mul(b.trunc(r64, I32), I32(KS)), grp)        # chunk_of(round, grp, KS)
+            active = b.icmp_unsigned("<", c, I32(plan.chunks)) if plan.chunks % KS else None
+
+            def stage():
+                for regs, slots, base in ((aregs, a_slots, a_base), (bregs, b_slots, b_base)):
+                    for reg, (r, kk) in zip(regs, slots):
+                        b.store(b.load(reg, typ=ST), sgep(sa, (base + _V(b, b.add(b.mul(r, I32(SK)), kk)))))
+            if active is None:
+                stage()
+            else:
+                with b.if_then(active):
+                    stage()
+            b.call(bar, [])
+            nxt = b.add(c, I32(KS))
+            with b.if_then(b.icmp_unsigned("<", nxt, I32(plan.chunks))):   # the next chunk's loads fly meanwhile
+                fetch(b.mul(nxt, I32(TK)))
+            row_w = _V(b, b.mul(wm, I32(plan.wm)))
+            col_w = _V(b, b.mul(wn, I32(plan.wn)))
+
+            def mmas():
+                for ks in range(0, TK, frag.k):
+                    afr, bfr = {}, {}
+                    for ti, (r0, c0) in enumerate(tiles):
+                        if r0 not in afr:
+                            afr[r0] = [b.load(sgep(sa, a_base + a_word(fmt, SK, row_w + r0, g_, t_, ks, q), I32),
+                                              typ=I32, align=4) for q in range(4)]
+                        if c0 not in bfr:
+                            bfr[c0] = [b.load(sgep(sb, b_base + b_word(fmt, SK, col_w + c0, g_, t_, ks, q), I32),
+                                              typ=I32, align=4) for q in range(2)]
+                        cs = accs[4 * ti:4 * ti + 4]
+                        out = b.call(mma_op, afr[r0] + bfr[c0] + [b.load(c_, typ=F32) for c_ in cs])
+                        for q, c_ in enumerate(cs):
+                            b.store(b.extract_value(out, q), c_)
+            if active is None:
+                mmas()
+            else:
+                with b.if_then(active):       # uniform per warp: a group is four whole warps
+                    mmas()
+            b.call(bar, [])
+        fetch(b.mul(grp, I32(TK)))         # plan_matmul keeps KS <= chunks / 2: every group has a first chunk
+        em.loop_range(I64(0), I64(plan.rounds), rnd)
+        if KS > 1:
+            # groups 1..KS-1 leave their sums in shared memory (over the tiles, no longer read); group 0
+            # adds them in group order (deterministic) and runs the epilogue
+            fp = b.bitcast(sbase[tiles_smem.name], ir.PointerType(F32, addrspace=3))
+            nacc = len(accs)
+
+            def red_slot(g, i):
+                return b.gep(fp, [b.add(b.mul(g, I32(nacc * THREADS)), b.add(I32(i * THREADS), tid))],
+                             source_etype=F32, inbounds=True)
+            with b.if_then(b.icmp_unsigned("!=", grp, I32(0))):
+                for i, a_ in enumerate(accs):
+                    b.store(b.load(a_, typ=F32), red_slot(b.sub(grp, I32(1)), i))
+            b.call(bar, [])
+            with b.if_then(b.icmp_unsigned("==", grp, I32(0))):
+                for g in range(1, KS):
+                    for i, a_ in enumerate(accs):
+                        b.store(b.fadd(b.load(a_, typ=F32), b.load(red_slot(I32(g - 1), i), typ=F32)), a_)
+            lead = b.icmp_unsigned("==", grp, I32(0))
+        else:
+            lead = None
+        def epilogue():
+            row_w = _V(b, b.add(m0, b.mul(wm, I32(plan.wm))))
+            col_w = _V(b, b.add(n0, b.mul(wn, I32(plan.wn))))
+            for ti, (r0, c0) in enumerate(tiles):
+                for q in range(4):
+                    m, n = c_coords(fmt, row_w + r0, col_w + c0, g_, t_, q)
+                    ok = b.and_(b.icmp_unsigned("<", m.v, I32(M)), b.icmp_unsigned("<", n.v, I32(N)))
+                    with b.if_then(ok):
+                        idx = [em.env[v] for v in bvars] + [b.zext(m.v, I64), b.zext(n.v, I64)]
+                        em.memo.append(dict(em.memo[-1]))
+                        em.memo[-1][red.uid] = b.load(accs[4 * ti + q], typ=F32)
+                        em.store_element(st, idx)
+                        em.memo.pop()
+        if lead is None:
+            epilogue()
+        else:
+            with b.if_then(lead):
+                epilogue()
+        if KS > 1:
+            b.call(bar, [])        # the next tile's stores may not overwrite sums group 0 still reads
+    em.loop_range(km.sreg(b, "ctaid.x"), I64(plan.blocks), tile_body, km.sreg(b, "nctaid.x"))
+    b.ret_void()
+    set_contraction(fn, False)
+    km.kernels.append(sym)
+    return plan.blocks * plan.threads

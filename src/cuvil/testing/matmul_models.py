@@ -1,0 +1,60 @@
+"""Small ONNX matrix-product models with numpy references, the kernel families of the GPU's tensor-core
+matmul (:mod:`cuvil.targets.ptx.matmul_mma`): a linear layer with bias and erf GELU (batched rows), Q·Kᵀ
+(batched heads, the transpose folded into the loads) and Gemm(transB) with a residual add. Used by
+tests/test_gpu_tensor_cores.py and bench/gpu/tensor_cores.py."""
+import numpy as np
+from onnx import TensorProto, helper, numpy_helper
+
+
+def _model(nodes, inputs, outputs, inits):
+    g = helper.make_graph(nodes, "mm", inputs, outputs, inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _t(name, shape):
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, list(shape))
+
+
+def linear_gelu(b=2, m=40, k=272, n=48, seed=0):
+    """x[b, m, k] @ w[k, n] + bias, then erf GELU (the FFN's first GEMM, epilogue fused)."""
+    rng = np.random.default_rng(seed)
+    w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    half = numpy_helper.from_array(np.array(0.5, np.float32), "half")
+    one = numpy_helper.from_array(np.array(1.0, np.float32), "one")
+    rs2 = numpy_helper.from_array(np.array(1 / np.sqrt(2), np.float32), "rs2")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["t"]), helper.make_node("Add", ["t", "bias"], ["u"]),
+             helper.make_node("Mul", ["u", "rs2"], ["v"]), helper.make_node("Erf", ["v"], ["e"]),
+             helper.make_node("Add", ["e", "one"], ["e1"]), helper.make_node("Mul", ["u", "e1"], ["u1"]),
+             helper.make_node("Mul", ["u1", "half"], ["y"])]
+    model = _model(nodes, [_t("x", (b, m, k))], [_t("y", (b, m, n))],
+                   [numpy_helper.from_array(w, "w"), numpy_helper.from_array(bias, "bias"), half, one, rs2])
+
+    def ref(x):
+        from math import erf
+        u = x.astype(np.float64) @ w + bias
+        return (0.5 * u * (1 + np.vectorize(erf)(u / np.sqrt(2)))).astype(np.float32)
+    return model, ref
+
+
+def attention_scores(b=2, h=3, s=40, d=32):
+    """q[b, h, s, d] @ transpose(k[b, h, s, d]) (Q·Kᵀ as torch exports it: the transpose folded into B's loads)."""
+    nodes = [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+             helper.make_node("MatMul", ["q", "kt"], ["y"])]
+    model = _model(nodes, [_t("q", (b, h, s, d)), _t("k", (b, h, s, d))], [_t("y", (b, h, s, s))], [])
+    return model, lambda q, k: (q.astype(np.float64) @ np.swapaxes(k, -1, -2)).astype(np.float32)
+
+
+def gemm_transb_residual(m=24, k=200, n=56, seed=1):
+    """Gemm(transB=1) with bias, plus a residual input (GPT-2 / Linear layers exported as Gemm)."""
+    rng = np.random.default_rng(seed)
+    w = (rng.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32)
+    c = rng.standard_normal(n).astype(np.float32)
+    nodes = [helper.make_node("Gemm", ["x", "w", "c"], ["t"], transB=1), helper.make_node("Add", ["t", "r"], ["y"])]
+    model = _model(nodes, [_t("x", (m, k)), _t("r", (m, n))], [_t("y", (m, n))],
+                   [numpy_helper.from_array(w, "w"), numpy_helper.from_array(c, "c")])
+    return model, lambda x, r: (x.astype(np.float64) @ w.T + c + r).astype(np.float32)
+
+
+FAMILIES = {"linear_gelu": linear_gelu, "attention_scores": attention_scores,
+            "gemm_transb_residual": gemm_transb_residual}

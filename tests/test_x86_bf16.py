@@ -1,0 +1,314 @@
+"""bf16 contractions on x86 (cuvil.targets.x86.gemm_bf16: vdpbf16ps micro-kernels for Conv, MatMul and Gemm
+nodes whose ``precision`` is "bf16") against numpy references.
+
+The nodes are narrowed by the precision policy (``Pipeline.compile(precision="bf16", input_ranges=...)``,
+cuvil.precision), which narrows a Conv / MatMul / Gemm where x86's ``precision_ops`` lists it and its ranges are
+certified; the tests check that it did. Skipped, with the reason, on CPUs without AVX512_BF16.
+
+Error bounds. A narrowed node rounds its inputs to bfloat16 (8 significant bits, nearest even: relative
+error at most u = 2^-8 each) and sums their exact products in float32. Against the reference that rounds the inputs the
+same way and sums in float64, only the float32 sums differ: elementwise at most ``K * 2^-24 * (|a| @ |b|)``
+(``K`` terms; checked with a factor 2 for the bias add and the epilogue). Against the exact float32 product
+the rounding of both inputs adds at most ``(2u + u^2) * (|a| @ |b|)``, about ``2^-7 * (|a| @ |b|)``: the
+tests check ``(2^-7 + 2^-16 + K * 2^-23) * (|a| @ |b|)`` elementwise. End to end (a ResNet-like and a BERT-like model),
+the relative error against the float32 library is stated per test.
+"""
+import attrs
+import ml_dtypes
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from cuvil import Pipeline
+from cuvil.errors import CuvilError
+from cuvil.targets.x86 import cpu as cpu_mod
+from cuvil.targets.x86.cpu import cpu_label, host_cpu
+from cuvil.targets.x86.gemm_bf16 import narrow_formats
+from cuvil.testing.bert_block import bert_block
+from cuvil.testing.conv_models import conv_epilogue_model
+
+HAS_BF16 = "bf16" in narrow_formats(host_cpu())
+if not HAS_BF16:
+    print(f"test_x86_bf16: skipped, this CPU has no AVX512_BF16 ({cpu_label()})")
+pytestmark = pytest.mark.skipif(not HAS_BF16, reason=f"no AVX512_BF16 on this CPU ({cpu_label()}): the bf16 "
+                                                     "kernels cannot run here")
+
+
+def narrowed(model, ranges=None, **compile_kw):
+    """``model`` compiled at ``precision="bf16"``, its float inputs declared within ``ranges`` (default every
+    input ±8: the tests' standard normal samples)."""
+    if ranges is None:
+        ranges = {vi.name: (-8.0, 8.0) for vi in model.graph.input}
+    art = Pipeline.from_onnx(model).optimize().compile(precision="bf16", input_ranges=ranges, **compile_kw)
+    nodes = art.manifest["precision"]["nodes"]
+    assert any(v["format"] == "bf16" for v in nodes.values()), nodes
+    return art
+
+
+def bf16(a):
+    return np.asarray(a, np.float32).astype(ml_dtypes.bfloat16).astype(np.float64)
+
+
+def bf16_steps(art):
+    return [s for s in art.manifest["steps"] if s.get("precision") == "bf16"]
+
+
+def check_product(y, a, w, k, extra=0.0):
+    """``y`` (the library's) against ``a @ w`` (+ ``extra``): with rounded inputs within the float32 sums'
+    bound, and against the float32 inputs within the bf16 rounding bound (module docstring)."""
+    mag = np.abs(a.astype(np.float64)) @ np.abs(w.astype(np.float64))
+    rounded = bf16(a) @ bf16(w) + extra
+    exact = a.astype(np.float64) @ w.astype(np.float64) + extra
+    tiny = 1e-6 * (np.abs(extra) if np.ndim(extra) else abs(extra))
+    assert np.all(np.abs(y - rounded) <= 2 * k * 2.0 ** -24 * mag + tiny + 1e-30), float(np.abs(y - rounded).max())
+    assert np.all(np.abs(y - exact) <= (2.0 ** -7 + 2.0 ** -16 + k * 2.0 ** -23) * mag + tiny + 1e-30)
+    # and bf16 rounding is really in effect: a float32 product would be far closer to ``exact``
+    assert float(np.abs(y - exact).max()) > 1e3 * float(np.abs(y - rounded).max()) or float(np.abs(y - exact).max()) == 0
+
+
+def matmul_model(k, m, rows, bias=True, seed=0, batch_dims=("N",)):
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((k, m)).astype(np.float32)
+    b = rng.standard_normal(m).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y0" if bias else "y"])]
+    inits = [numpy_helper.from_array(w, "w")]
+    if bias:
+        nodes.append(helper.make_node("Add", ["y0", "b"], ["y"]))
+        inits.append(numpy_helper.from_array(b, "b"))
+    dims = list(batch_dims) + [k]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, dims)],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(batch_dims) + [m])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), w, (b if bias else 0.0)
+
+
+@pytest.mark.parametrize("k,m", [(77, 100), (64, 64), (300, 33), (8, 130)], ids=["odd-K-col-tail", "exact", "long-K", "K8"])
+def test_matmul_symbolic_rows(k, m):
+    """Rows symbolic (N: 1..64, partial row tiles), K odd (a zero pair), M past whole 64-column panels."""
+    model, w, b = matmul_model(k, m, "N")
+    art = narrowed(model, shape_profiles={"N": (1, 8, 64)})
+    steps = bf16_steps(art)
+    assert steps and all(s["path"] == "avx512_bf16" and s["kernel"] == "gemm" for s in steps), art.manifest["steps"]
+    mod = art.model()
+    rng = np.random.default_rng(1)
+    for n in (1, 7, 13, 64):
+        x = rng.standard_normal((n, k)).astype(np.float32)
+        y1 = mod.run(x, num_threads=1)[0]
+        np.testing.assert_array_equal(y1, mod.run(x, num_threads=2)[0])
+        check_product(y1.astype(np.float64), x, w, k, b)
+
+
+def test_gemm_trans_b_3d_matmul():
+    """Gemm with transB and a bias C; a 3-D MatMul (batch x sequence rows, both symbolic)."""
+    rng = np.random.default_rng(2)
+    k, m = 96, 70
+    wt = rng.standard_normal((m, k)).astype(np.float32)
+    c = rng.standard_normal(m).astype(np.float32)
+    g = helper.make_graph([helper.make_node("Gemm", ["x", "w", "c"], ["y"], transB=1)], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", k])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", m])],
+                          [numpy_helper.from_array(wt, "w"), numpy_helper.from_array(c, "c")])
+    art = narrowed(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), shape_profiles={"N": (1, 4, 32)})
+    assert bf16_steps(art)
+    x = rng.standard_normal((5, k)).astype(np.float32)
+    check_product(art.model().run(x)[0].astype(np.float64), x, wt.T, k, c)
+
+    model, w, b = matmul_model(40, 48, None, batch_dims=("B", "S"))
+    art = narrowed(model, shape_profiles={"B": (1, 2, 4), "S": (1, 5, 16)})
+    assert bf16_steps(art)
+    x = rng.standard_normal((3, 7, 40)).astype(np.float32)
+    y = art.model().run(x)[0].astype(np.float64)
+    check_product(y.reshape(21, 48), x.reshape(21, 40), w, 40, b)
+
+
+def conv_ref(x, w, b, strides, pads, dilations, group):
+    """float64 convolution (numpy, im2col) of already-rounded ``x`` and ``w``; also |x| * |w| for the bound."""
+    n, c, h, wd = x.shape
+    m, cg, kh, kw = w.shape
+    sh, sw = strides
+    dh, dw = dilations
+    xp = np.pad(x, ((0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])))
+    oh = (xp.shape[2] - (kh - 1) * dh - 1) // sh + 1
+    ow = (xp.shape[3] - (kw - 1) * dw - 1) // sw + 1
+    out = np.zeros((n, m, oh, ow))
+    mag = np.zeros((n, m, oh, ow))
+    mg = m // group
+    for g in range(group):
+        cols = np.stack([xp[:, g * cg:(g + 1) * cg, i * dh:i * dh + sh * oh:sh, j * dw:j * dw + sw * ow:sw]
+                         for i in range(kh) for j in range(kw)], axis=2)     # n, cg, kh*kw, oh, ow
+        cols = cols.reshape(n, cg * kh * kw, oh * ow)
+        wg = w[g * mg:(g + 1) * mg].reshape(mg, -1)
+        out[:, g * mg:(g + 1) * mg] = np.einsum("mk,nkp->nmp", wg, cols).reshape(n, mg, oh, ow)
+        mag[:, g * mg:(g + 1) * mg] = np.einsum("mk,nkp->nmp", np.abs(wg), np.abs(cols)).reshape(n, mg, oh, ow)
+    return out + (b.reshape(1, -1, 1, 1) if b is not None else 0), mag
+
+
+CONV_CASES = [
+    # x shape, w shape, attrs, the register tile the kernel takes
+    ((1, 16, 10, 10), (24, 16, 3, 3), dict(pads=[1, 1, 1, 1]), "12x32"),                  # panel order, P=100
+    ((1, 64, 3, 3), (70, 64, 3, 3), dict(pads=[1, 1, 1, 1]), "48x7c"),                    # weights order, channel lanes
+    ((2, 7, 9, 11), (13, 7, 3, 3), dict(strides=[2, 2], pads=[1, 0, 2, 1]), "8x48"),       # N=2, K=63 odd, odd sizes
+    ((1, 12, 12, 12), (12, 4, 3, 3), dict(group=3, pads=[1, 1, 1, 1]), "8x48"),           # groups
+    ((1, 32, 16, 16), (40, 32, 1, 1), {}, "6x64"),                                        # 1x1 (not read in place)
+    ((1, 3, 31, 31), (16, 3, 7, 7), dict(strides=[2, 2], pads=[3, 3, 3, 3]), "8x48"),     # stem-like, K=147
+    ((1, 160, 6, 6), (8, 160, 3, 3), dict(pads=[1, 1, 1, 1]), "8x48"),                   # K=1440: k-blocks
+    ((1, 256, 14, 14), (32, 256, 1, 1), {}, "32x7c"),                                     # channel lanes, 1x1
+    ((1, 33, 17, 17), (64, 33, 3, 3), dict(pads=[1, 1, 1, 1], dilations=[1, 1]), "64x6c"),  # 17-wide rows
+    ((2, 5, 9, 9), (12, 5, 1, 1), {}, "12x32"),                                         # 1x1 K=5, partial panel
+]
+
+
+@pytest.mark.parametrize("xs,ws,attrs,tile", CONV_CASES, ids=[f"conv{i}" for i in range(len(CONV_CASES))])
+def test_conv(xs, ws, attrs, tile):
+    model = conv_epilogue_model(xs, ws, epilogue=None, **attrs)
+    art = narrowed(model, opt_level=3)
+    steps = bf16_steps(art)
+    assert [s["tile"] for s in steps] == [tile] and steps[0]["path"] == "avx512_bf16", art.manifest["steps"]
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal(xs).astype(np.float32)
+    mod = art.model()
+    y = mod.run(x, num_threads=2)[0].astype(np.float64)
+    np.testing.assert_array_equal(y, mod.run(x, num_threads=1)[0])
+    w = numpy_helper.to_array(next(i for i in model.graph.initializer if i.name == "w"))
+    b = numpy_helper.to_array(next(i for i in model.graph.initializer if i.name == "b"))
+    st, pd, dl = attrs.get("strides", [1, 1]), attrs.get("pads", [0] * 4), attrs.get("dilations", [1, 1])
+    want, mag = conv_ref(bf16(x), bf16(w), b.astype(np.float64), st, pd, dl, attrs.get("group", 1))
+    exact, _ = conv_ref(x.astype(np.float64), w.astype(np.float64), b.astype(np.float64), st, pd, dl, attrs.get("group", 1))
+    k = ws[1] * ws[2] * ws[3]
+    bias = np.abs(b).reshape(1, -1, 1, 1) * 2.0 ** -23
+    assert np.all(np.abs(y - want) <= 2 * k * 2.0 ** -24 * mag + bias), float(np.abs(y - want).max())
+    assert np.all(np.abs(y - exact) <= (2.0 ** -7 + 2.0 ** -16 + k * 2.0 ** -23) * mag + bias)
+
+
+def test_conv_fused_residual_relu():
+    """The fp32 epilogue (bias, a second narrowed Conv's output added, Relu) on the bf16 accumulators."""
+    model = conv_epilogue_model((1, 24, 12, 12), (32, 24, 3, 3), pads=[1, 1, 1, 1], epilogue="residual")
+    art = narrowed(model, opt_level=3, winograd=True)          # narrowed Convs stay direct (no Winograd)
+    assert len(bf16_steps(art)) == 2
+    assert not any("winograd" in str(s["kernel"]) for s in art.manifest["steps"])
+    x = np.random.default_rng(4).standard_normal((1, 24, 12, 12)).astype(np.float32)
+    y = art.model().run(x)[0].astype(np.float64)
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    a, _ = conv_ref(bf16(x), bf16(inits["w"]), inits["b"].astype(np.float64), [1, 1], [1] * 4, [1, 1], 1)
+    c, mag = conv_ref(bf16(x), bf16(inits["w2"]), inits["b"].astype(np.float64), [1, 1], [1] * 4, [1, 1], 1)
+    want = np.maximum(a + c, 0)
+    assert np.all(np.abs(y - want) <= 4 * 216 * 2.0 ** -24 * (2 * mag) + 1e-5), float(np.abs(y - want).max())
+
+
+def test_fp32_default_unchanged():
+    """Without narrowed nodes nothing is bf16: no step has a precision, and the library does not check
+    AVX512_BF16 at session creation beyond the host's ISA list."""
+    model, _, _ = matmul_model(64, 64, None)
+    art = Pipeline.from_onnx(model).optimize().compile(shape_profiles={"N": (1, 4, 16)})
+    assert not bf16_steps(art)
+
+
+def resnet_like(seed=0):
+    """A stem (7x7 stride 2), a bottleneck block with a projection (1x1, 3x3, 1x1, residual add, Relu), a
+    global average pool and a classifier Gemm."""
+    rng = np.random.default_rng(seed)
+    inits, nodes = [], []
+
+    def conv(name, x, cin, cout, k, stride=1, relu=True):
+        w = (rng.standard_normal((cout, cin, k, k)) * np.sqrt(2.0 / (cin * k * k))).astype(np.float32)
+        b = (0.1 * rng.standard_normal(cout)).astype(np.float32)
+        inits.extend([numpy_helper.from_array(w, name + "_w"), numpy_helper.from_array(b, name + "_b")])
+        nodes.append(helper.make_node("Conv", [x, name + "_w", name + "_b"], [name], kernel_shape=[k, k],
+                                      strides=[stride, stride], pads=[k // 2] * 4))
+        if relu:
+            nodes.append(helper.make_node("Relu", [name], [name + "_r"]))
+            return name + "_r"
+        return name
+    s = conv("stem", "x", 3, 32, 7, 2)
+    a = conv("a", s, 32, 16, 1)
+    bb = conv("b", a, 16, 16, 3)
+    c = conv("c", bb, 16, 64, 1, relu=False)
+    proj = conv("p", s, 32, 64, 1, relu=False)
+    nodes += [helper.make_node("Add", [c, proj], ["sum"]), helper.make_node("Relu", ["sum"], ["out"]),
+              helper.make_node("GlobalAveragePool", ["out"], ["gap"]), helper.make_node("Flatten", ["gap"], ["flat"])]
+    fc = (rng.standard_normal((10, 64)) / 8).astype(np.float32)
+    inits += [numpy_helper.from_array(fc, "fc_w"), numpy_helper.from_array(np.zeros(10, np.float32), "fc_b")]
+    nodes.append(helper.make_node("Gemm", ["flat", "fc_w", "fc_b"], ["y"], transB=1))
+    g = helper.make_graph(nodes, "resnet_like", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 40, 40])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_resnet_like_end_to_end():
+    """Every Conv and the classifier narrowed: relative error against the float32 library below 1e-2
+    (measured 2.1e-3: bf16's 2^-8 per product, averaged over K = 147..288 terms and 5 layers)."""
+    model = resnet_like()
+    x = np.random.default_rng(5).standard_normal((1, 3, 40, 40)).astype(np.float32)
+    want = Pipeline.from_onnx(model).optimize().compile().model().run(x)[0]
+    art = narrowed(model)
+    assert len(bf16_steps(art)) >= 5
+    got = art.model().run(x)[0]
+    rel = float(np.abs(got - want).max() / np.abs(want).max())
+    print(f"resnet-like bf16 vs fp32: relative error {rel:.2e}")
+    assert rel < 1e-2
+    assert rel > 1e-5       # the narrowed kernels really round
+
+
+def test_bert_like_end_to_end():
+    """A BERT-like encoder block (d_model 64, 4 heads, ffn 256) with its projections and FFN narrowed, B and S
+    symbolic: cosine similarity to the float32 library above 0.9999, max relative error below 2e-2."""
+    model = bert_block()
+    prof = {"B": (1, 1, 2), "S": (1, 16, 32)}
+    want_art = Pipeline.from_onnx(model).optimize().compile(shape_profiles=prof)
+    art = narrowed(model, {"x": (-8.0, 8.0), "attention_mask": (0, 1)}, shape_profiles=prof)
+    assert len(bf16_steps(art)) >= 4
+    rng = np.random.default_rng(6)
+    mask = np.ones((2, 11), np.int64)
+    mask[1, 8:] = 0                      # the second sequence padded after 8 tokens
+    feeds = [rng.standard_normal((2, 11, 64)).astype(np.float32), mask]
+    want = want_art.model().run(*feeds)[0].astype(np.float64)
+    got = art.model().run(*feeds)[0].astype(np.float64)
+    cos = float((want * got).sum() / np.linalg.norm(want) / np.linalg.norm(got))
+    rel = float(np.abs(got - want).max() / np.abs(want).max())
+    print(f"bert-like bf16 vs fp32: cosine {cos:.6f}, relative error {rel:.2e}")
+    assert cos > 0.9999 and rel < 2e-2
+    assert rel > 1e-5
+
+
+def test_refused_without_avx512_bf16(monkeypatch):
+    """A library with bf16 kernels, loaded on a CPU without AVX512_BF16: a CuvilError that says which kernels
+    need it, not SIGILL."""
+    model, _, _ = matmul_model(32, 64, None)
+    art = narrowed(model, shape_profiles={"N": (1, 2, 8)})
+    assert "avx512bf16" in art.manifest["target"]["isa_features"]
+    real = host_cpu()
+    monkeypatch.setattr(cpu_mod, "host_cpu", lambda: attrs.evolve(real, features=real.features - {"avx512bf16"}))
+    from cuvil.targets.x86.loader import _check_isa
+    with pytest.raises(CuvilError) as e:
+        _check_isa(art.manifest, art.path)
+    text = str(e.value) + " ".join(getattr(e.value, "details", []) or [])
+    assert "avx512bf16" in text and "bf16 kernels run vdpbf16ps" in text
+
+
+def test_narrowed_forms_without_a_bf16_kernel():
+    """A narrowed node that no bf16 micro-kernel takes (a depthwise Conv, a MatMul of two activations, a Gemm
+    with 4 output columns) still computes what its precision says: inputs rounded to bfloat16, float32 sums."""
+    rng = np.random.default_rng(7)
+    model = conv_epilogue_model((1, 8, 10, 10), (8, 1, 3, 3), group=8, pads=[1, 1, 1, 1], epilogue=None)
+    art = narrowed(model)
+    assert art.manifest["precision"]["nodes"]["conv"]["format"] == "bf16" and not bf16_steps(art)
+    x = rng.standard_normal((1, 8, 10, 10)).astype(np.float32)
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    want, mag = conv_ref(bf16(x), bf16(inits["w"]), inits["b"].astype(np.float64), [1, 1], [1] * 4, [1, 1], 8)
+    y = art.model().run(x)[0].astype(np.float64)
+    assert np.all(np.abs(y - want) <= 2 * 9 * 2.0 ** -24 * mag + 1e-6), float(np.abs(y - want).max())
+
+    g = helper.make_graph([helper.make_node("MatMul", ["a", "b"], ["y"])], "g",
+                          [helper.make_tensor_value_info("a", TensorProto.FLOAT, [5, 40]),
+                           helper.make_tensor_value_info("b", TensorProto.FLOAT, [40, 24])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [5, 24])])
+    art = narrowed(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    a, b = rng.standard_normal((5, 40)).astype(np.float32), rng.standard_normal((40, 24)).astype(np.float32)
+    check_product(art.model().run(a, b)[0].astype(np.float64), a, b, 40)
+
+    wt = rng.standard_normal((4, 16)).astype(np.float32)
+    g = helper.make_graph([helper.make_node("Gemm", ["x", "w"], ["y"], transB=1)], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 16])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 4])], [numpy_helper.from_array(wt, "w")])
+    art = narrowed(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    x = rng.standard_normal((3, 16)).astype(np.float32)
+    check_product(art.model().run(x)[0].astype(np.float64), x, wt.T, 16)
