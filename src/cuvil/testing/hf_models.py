@@ -86,7 +86,8 @@ class _G:
 
     def model(self, name: str, inputs, outputs) -> onnx.ModelProto:
         g = helper.make_graph(self.nodes, name, inputs, outputs, self.inits)
-        return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+        # IR version 8 (what opset 17 needs): onnx's newest default is refused by onnxruntimes older than it
+        return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
 def _heads(g: _G, x: str, name: str, heads: int, dh: int, perm) -> str:
