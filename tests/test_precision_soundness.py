@@ -154,3 +154,26 @@ def test_declared_bounds_hold_their_float32_values():
     # x=-0.1:0.1 is fed as np.float32(0.1) = 0.10000000149 > 0.1; Relu passes it through unchanged
     pairs = _unary("Relu", (-0.1, 0.1), [0.1, -0.1])
     _assert_sound(pairs)
+
+
+def test_auto_keeps_float32_a_contraction_whose_rounding_would_zero_a_divisor():
+    # y = a - c is certified in [0.1, 0.45] in float32, so 1 / y is finite; a bf16 Gemm rounds a = 100.2 to 100
+    # and y to 0 (1 / y = inf): auto must not narrow it (the policy re-bounds with each narrowed node's rounding)
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    from cuvil.precision import plan_precision
+    nodes = [h.make_node("Gemm", ["a", "w", "c"], ["y"]), h.make_node("Div", ["one", "y"], ["z"])]
+    m = _model(nodes, [("a", T.FLOAT, [1, 1]), ("c", T.FLOAT, [1, 1])], "z",
+               [nh.from_array(np.ones((1, 1), np.float32), "w"), nh.from_array(np.array(1, np.float32), "one")])
+    g = Pipeline.from_onnx(m).optimize().graph
+    box = {"a": (100.2, 100.45), "c": (-100.1, -100.0)}
+    a, c = np.float32(100.2), np.float32(-100.0)
+    with np.errstate(divide="ignore"):
+        assert np.isfinite(1 / (a + c)) and np.isinf(1 / (np.float32(a.astype(ml_dtypes.bfloat16)) + c))
+    plan = plan_precision(g, "auto", input_ranges=box, target_ops={"bf16": frozenset({"Gemm"})})
+    gemm = next(n for n in plan.nodes if n.op == "Gemm")
+    assert gemm.verdicts["bf16"].status == "safe"          # its own values fit bf16 ...
+    assert gemm.format == "" and "downstream" in gemm.reason   # ... but z would not stay finite
+    # with a divisor far from 0 the same Gemm is narrowed
+    plan = plan_precision(g, "auto", input_ranges={"a": (102.0, 103.0), "c": (-100.1, -100.0)},
+                          target_ops={"bf16": frozenset({"Gemm"})})
+    assert next(n for n in plan.nodes if n.op == "Gemm").format == "bf16"

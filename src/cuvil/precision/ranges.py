@@ -15,6 +15,7 @@ counterexample search, :mod:`cuvil.precision.search`).
 """
 from __future__ import annotations
 
+import contextvars
 import math
 from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
@@ -45,9 +46,10 @@ def dim_max(d, graph: Graph) -> int:
         return -1
 
 
-def analyze(graph: Graph, inputs: Mapping[str, Interval]) -> Ranges:
+def analyze(graph: Graph, inputs: Mapping[str, Interval], narrowed: Optional[Mapping[str, float]] = None) -> Ranges:
     """The interval of every float value of ``graph`` (graph inputs by name from ``inputs``; an input without
-    one is unbounded, saying so)."""
+    one is unbounded, saying so). ``narrowed``: node name -> the unit roundoff of the format its inputs are
+    rounded to (a contraction computing in bf16/fp16): its bounds widen by that rounding."""
     r: Ranges = {}
     for v in graph.inputs:
         if v.name in inputs:
@@ -59,7 +61,11 @@ def analyze(graph: Graph, inputs: Mapping[str, Interval]) -> Ranges:
         if v.is_const and v.const.dtype.kind in "fiub" and v.const.size:
             r[id(v)] = Interval.exact(v.const.astype(np.float64))
     for n in graph.nodes:
-        outs = node_ranges(graph, n, r)
+        token = _INPUT_ROUNDING.set((narrowed or {}).get(n.name, 0.0))
+        try:
+            outs = node_ranges(graph, n, r)
+        finally:
+            _INPUT_ROUNDING.reset(token)
         for o, iv in zip(n.outputs, outs):
             if iv is not None and is_float(o):
                 r[id(o)] = iv
@@ -532,10 +538,16 @@ def _bound_sum_abs(w: np.ndarray, lo: np.ndarray, hi: np.ndarray, axes):
             np.maximum(np.abs(a), np.abs(b)).sum(axis=axes))
 
 
+#: Relative rounding of a contraction's inputs when the node computes narrowed (the policy's second pass): set by
+#: :func:`analyze`'s ``narrowed`` for the node being bounded, read by :func:`_summed`.
+_INPUT_ROUNDING = contextvars.ContextVar("cuvil_precision_input_rounding", default=0.0)
+
+
 def _summed(lo, hi, mag, k: int) -> Interval:
     """A k-term float32 sum bounded by [lo, hi] in reals: widened by k·2^-23·``mag`` (``mag`` bounds the sum
-    of the terms' magnitudes; with cancellation the error is relative to it, not to the result)."""
-    pad = np.asarray(mag, np.float64) * (max(k, 1) * 2.0 ** -23)
+    of the terms' magnitudes; with cancellation the error is relative to it, not to the result); a narrowed
+    node's inputs rounded to its format add (2u + u²)·``mag``."""
+    pad = np.asarray(mag, np.float64) * (max(k, 1) * 2.0 ** -23 + 2.01 * _INPUT_ROUNDING.get())
     return Interval.of(np.asarray(lo) - pad, np.asarray(hi) + pad)
 
 
