@@ -177,3 +177,59 @@ def test_auto_keeps_float32_a_contraction_whose_rounding_would_zero_a_divisor():
     plan = plan_precision(g, "auto", input_ranges={"a": (102.0, 103.0), "c": (-100.1, -100.0)},
                           target_ops={"bf16": frozenset({"Gemm"})})
     assert next(n for n in plan.nodes if n.op == "Gemm").format == "bf16"
+
+
+def _has_bf16():
+    from cuvil.targets.x86.cpu import host_cpu
+    from cuvil.targets.x86.gemm_bf16 import narrow_formats
+    return "bf16" in narrow_formats(host_cpu())
+
+
+def _gelu_tanh(x, out, k):
+    c = lambda v, n: h.make_node("Constant", [], [f"{out}_{n}"], value=nh.from_array(np.array(v, np.float32)))
+    return [c(3.0, "three"), c(0.044715, "a"), c(0.7978845608, "s"), c(1.0, "one"), c(0.5, "half"),
+            h.make_node("Pow", [x, f"{out}_three"], [f"{out}_p"]), h.make_node("Mul", [f"{out}_p", f"{out}_a"], [f"{out}_q"]),
+            h.make_node("Add", [x, f"{out}_q"], [f"{out}_r"]), h.make_node("Mul", [f"{out}_r", f"{out}_s"], [f"{out}_t"]),
+            h.make_node("Tanh", [f"{out}_t"], [f"{out}_u"]), h.make_node("Add", [f"{out}_u", f"{out}_one"], [f"{out}_v"]),
+            h.make_node("Mul", [x, f"{out}_v"], [f"{out}_w"]), h.make_node("Mul", [f"{out}_w", f"{out}_half"], [out])]
+
+
+@pytest.mark.skipif(not _has_bf16(), reason="no AVX512_BF16 on this CPU: the x86 bf16 kernels cannot run here")
+@pytest.mark.parametrize("case", ["divisor", "layernorm", "gelu"])
+def test_auto_end_to_end_on_the_x86_bf16_kernels_is_finite_where_float32_is(case):
+    rng = np.random.default_rng(0)
+    if case == "divisor":   # the Gemm -> Div above, compiled
+        nodes = [h.make_node("Gemm", ["a", "w", "c"], ["y"]), h.make_node("Div", ["one", "y"], ["z"])]
+        m = _model(nodes, [("a", T.FLOAT, [1, 1]), ("c", T.FLOAT, [1, 1])], "z",
+                   [nh.from_array(np.ones((1, 1), np.float32), "w"), nh.from_array(np.array(1, np.float32), "one")])
+        box = {"a": (100.2, 100.45), "c": (-100.1, -100.0)}
+        feeds = [{"a": np.array([[100.2]], np.float32), "c": np.array([[-100.0]], np.float32)}]
+    else:                   # the overflow models behind a MatMul (which x86 narrows to bf16)
+        w1 = (rng.standard_normal((64, 64)) / 8).astype(np.float32)
+        w2 = (rng.standard_normal((64, 8)) / 8).astype(np.float32)
+        inits = [nh.from_array(w1, "w1"), nh.from_array(w2, "w2")]
+        if case == "layernorm":
+            mid = [h.make_node("LayerNormalization", ["h", "g"], ["n"], axis=-1)]
+            inits.append(nh.from_array(np.ones(64, np.float32), "g"))
+            lim = 1e3
+        else:
+            mid = _gelu_tanh("h", "n", 64)
+            lim = 60.0
+        nodes = [h.make_node("MatMul", ["x", "w1"], ["h"])] + mid + [h.make_node("MatMul", ["n", "w2"], ["z"])]
+        m = _model(nodes, [("x", T.FLOAT, [1, 4, 64])], "z", inits, opset=17)
+        box = {"x": (-lim, lim)}
+        feeds = [{"x": np.full((1, 4, 64), s * lim, np.float32)} for s in (-1, 1)]
+        feeds += [{"x": np.where(rng.random((1, 4, 64)) < 0.5, -lim, lim).astype(np.float32)} for _ in range(4)]
+    g = Pipeline.from_onnx(m).optimize()
+    ref = g.compile().model()
+    for mode in ("auto", "bf16"):
+        art = Pipeline.from_onnx(m).optimize().compile(precision=mode, input_ranges=box)
+        fmts = {k: v["format"] for k, v in art.manifest["precision"]["nodes"].items()}
+        if case != "divisor":
+            assert "bf16" in fmts.values(), fmts          # the MatMuls are narrowed ...
+        lib = art.model()
+        for feed in feeds:
+            want = ref.run(*feed.values())[0]
+            got = lib.run(*feed.values())[0]
+            assert np.isfinite(want).all()
+            assert np.isfinite(got).all(), (case, mode, fmts)   # ... and nothing becomes inf or NaN
