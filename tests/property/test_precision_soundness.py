@@ -100,7 +100,7 @@ class Builder:
                 self.node(op, [self.cur])
                 self.shape = self.shape[:2] + [1, 1]
             else:
-                k = min(2, self.shape[2])
+                k = min(2, self.shape[2], self.shape[3])
                 pad = d(st.integers(0, k - 1))
                 extra = {"count_include_pad": d(st.integers(0, 1))} if op == "AveragePool" else {}
                 self.node(op, [self.cur], kernel_shape=[k, k], pads=[pad] * 4, **extra)
