@@ -233,3 +233,19 @@ def test_auto_end_to_end_on_the_x86_bf16_kernels_is_finite_where_float32_is(case
             got = lib.run(*feed.values())[0]
             assert np.isfinite(want).all()
             assert np.isfinite(got).all(), (case, mode, fmts)   # ... and nothing becomes inf or NaN
+
+
+def test_sigmoid_far_below_zero_is_padded_for_the_runtimes_approximation():
+    # onnxruntime's Sigmoid(-13.2) is 1.848e-6, 1% above the real value: a relative pad of 2^-20 missed it
+    _assert_sound(_unary("Sigmoid", (-13.25, -13.15), [-13.2, -13.25, -13.15]))
+
+
+def test_pooling_a_per_element_range_gives_a_per_channel_one():
+    # a range along the last axis (after Transpose -> Mul -> Transpose) went through GlobalAveragePool unchanged:
+    # shaped for the input plane, not the pooled one
+    c = np.linspace(-1, 1, 5).astype(np.float32).reshape(1, 1, 1, 5)
+    nodes = [h.make_node("Mul", ["x", "c"], ["t"]), h.make_node("GlobalAveragePool", ["t"], ["y"])]
+    m = _model(nodes, [("x", T.FLOAT, [1, 3, 5, 5])], "y", [nh.from_array(c, "c")])
+    pairs = _ranges_and_values(m, {"x": (0.0, 1.0)}, {"x": np.ones((1, 3, 5, 5), np.float32)})
+    assert pairs["y"][0].lo.shape in ((), (1, 1, 1, 1), (1, 3, 1, 1))
+    _assert_sound(pairs)

@@ -88,7 +88,7 @@ class Builder:
             k = d(st.integers(1, 3))
             dil = d(st.integers(1, 2))
             pad = d(st.integers(0, k - 1))
-            if (k - 1) * dil + 1 > self.shape[2] + 2 * pad:
+            if (k - 1) * dil + 1 > min(self.shape[2], self.shape[3]) + 2 * pad:
                 k, dil = 1, 1
             w = self.weights([m, C // group, k, k])
             ins = [self.cur, self.const(w)] + ([self.const(self.weights([m]))] if d(st.booleans()) else [])
@@ -191,13 +191,18 @@ def check_sound(model, box, seed, shape):
                 continue
             iv = ranges[name]
             val = np.asarray(val, np.float64)
-            lo, hi = np.broadcast_to(iv.lo, val.shape), np.broadcast_to(iv.hi, val.shape)
+            graph = "; ".join(f"{n.op_type}({', '.join(n.input)}) -> {n.output[0]}" for n in model.graph.node)
+            try:
+                lo, hi = np.broadcast_to(iv.lo, val.shape), np.broadcast_to(iv.hi, val.shape)
+            except ValueError:
+                raise AssertionError(f"{name}: interval of shape {iv.lo.shape} for a tensor {val.shape}; graph: "
+                                     f"{graph}") from None
             unknown = np.isneginf(lo) & np.isposinf(hi)
             ok = ((val >= lo) & (val <= hi)) | unknown
             if not ok.all():
                 bad = np.argwhere(~ok)[0]
                 raise AssertionError(f"{name}: value {val[tuple(bad)]!r} at {tuple(bad)} outside "
-                                     f"[{lo[tuple(bad)]!r}, {hi[tuple(bad)]!r}] for x in {box}")
+                                     f"[{lo[tuple(bad)]!r}, {hi[tuple(bad)]!r}] for x in {box}; graph: {graph}")
 
 
 def build(b: Builder):
