@@ -249,3 +249,14 @@ def test_pooling_a_per_element_range_gives_a_per_channel_one():
     pairs = _ranges_and_values(m, {"x": (0.0, 1.0)}, {"x": np.ones((1, 3, 5, 5), np.float32)})
     assert pairs["y"][0].lo.shape in ((), (1, 1, 1, 1), (1, 3, 1, 1))
     _assert_sound(pairs)
+
+
+def test_instance_norm_of_one_element_is_padded_for_the_fused_formula():
+    # N = 1: the output is beta in reals, but x·s + (beta - mean·s) with s = gamma / sqrt(eps) rounds terms of
+    # |x|·|gamma| / sqrt(eps) (onnxruntime: 0.0125732 for beta 0.01257302)
+    nodes = [h.make_node("InstanceNormalization", ["x", "g", "b"], ["y"])]
+    m = _model(nodes, [("x", T.FLOAT, [1, 3, 1, 1])], "y",
+               [nh.from_array(np.array([1.3, -0.7, 2.1], np.float32), "g"),
+                nh.from_array(np.array([0.01257302, -0.3, 0.7], np.float32), "b")])
+    for v in (3.0, -3.0, 1.7):
+        _assert_sound(_ranges_and_values(m, {"x": (-3.0, 3.0)}, {"x": np.full((1, 3, 1, 1), v, np.float32)}))

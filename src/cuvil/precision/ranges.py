@@ -706,8 +706,10 @@ def _layer_norm(g, n, ins):
     if xr is not None and xr.bounded and count * xr.max_abs > float(np.finfo(np.float32).max) / 2:
         return [Interval.unbounded(f"{n.op} {n.name}: its float32 sum over {count} elements may overflow")] + [
             None] * (len(n.outputs) - 1)
-    # the float32 mean and variance are rounded over ``count`` terms: the bound widened by that much
+    # the float32 mean and variance are rounded over ``count`` terms: the bound widened by that much; a runtime
+    # that folds it into x·s + (beta - mean·s), s = gamma / sqrt(var + eps), rounds terms up to |x·gamma| / sqrt(eps)
     out = _summed(glo, ghi, np.maximum(np.abs(glo), np.abs(ghi)), count + 8)
+    out = _summed(out.lo, out.hi, _norm_terms(n, xr, gam), 4)
     return [out] + [None] * (len(n.outputs) - 1)
 
 
@@ -729,7 +731,16 @@ def _channel_norm(g, n, ins):
     gl, gh = ins[1].lo.reshape(shape) if ins[1].lo.ndim else ins[1].lo, ins[1].hi.reshape(shape) if ins[1].hi.ndim else ins[1].hi
     lo, hi = _mul(gl, gh, np.float64(-s), np.float64(s))
     bl, bh = (ins[2].lo.reshape(shape) if ins[2].lo.ndim else ins[2].lo), (ins[2].hi.reshape(shape) if ins[2].hi.ndim else ins[2].hi)
-    return Interval.of(lo + bl, hi + bh)
+    out = _summed(lo + bl, hi + bh, np.maximum(np.abs(lo + bl), np.abs(hi + bh)), count + 8)
+    return _summed(out.lo, out.hi, _norm_terms(n, ins[0], Interval.of(gl, gh)), 4)
+
+
+def _norm_terms(n: Node, x: Optional[Interval], gamma: Interval) -> float:
+    """A bound of the terms a normalisation's float32 computation may round: |x|·|gamma| / sqrt(eps)."""
+    if x is None or not x.bounded:
+        return np.inf
+    eps = float(n.attrs.get("epsilon", 1e-5))
+    return x.max_abs * gamma.max_abs / math.sqrt(eps) if eps > 0 else np.inf
 
 
 def _batch_norm(g, n, ins):
