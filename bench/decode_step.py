@@ -4,11 +4,18 @@ CPU time (on a shared, loaded machine the wall time counts other processes' turn
 the blocks, the ratio, the CPU model, and the top kernels of the step profile (1 thread).
 
     PYTHONPATH=src python3 bench/decode_step.py [--model tests/fixtures/exports/gpt2_decode.torchscript.onnx]
-        [--past 128,1024] [--threads 1,2] [--calls 200] [--blocks 7] [--top 6]
+        [--past 128,1023] [--threads 1,2] [--calls 200] [--blocks 7] [--top 6] [--one-library] [--roofline]
+
+``--one-library``: one library for batch 1..8, past 1..max (as bench/run_all.py --section transformer builds
+it) instead of one per past length. ``--roofline``: the memory bound of a step: the bytes a token must move
+(every weight read once, except the embedding tables of which one row is read; the past keys/values read and
+the presents written) over this machine's bandwidth per CPU-second (a 256 MiB array streamed: read by a dot
+product, copied by memcpy), and each engine's step CPU time as a multiple of that bound.
 
 Any model with the Hugging Face decode I/O (``input_ids`` [batch, 1], ``attention_mask`` [batch,
 total_sequence], ``past_key_values.{i}.key/value`` [batch, heads, past_sequence, head_size]) fits, e.g. the
-full-size one of ``cuvil.testing.hf_models.gpt2_decode_model()`` saved with external data.
+full-size one of ``cuvil.testing.hf_models.gpt2_decode_model()`` (``--model gpt2-124m`` builds it). The issue's
+figure in one command: ``bench/decode_step.py --model gpt2-124m --past 128,1023 --one-library --roofline``.
 """
 from __future__ import annotations
 
@@ -43,22 +50,89 @@ def feeds_for(model: onnx.ModelProto, past: int) -> dict:
     return out
 
 
+def step_bytes(model: onnx.ModelProto, feeds: dict, past: int) -> dict:
+    """The bytes one decode step must move at ``past``: ``weights`` (every initializer read once; one row of a
+    table read by Gather, e.g. the token and position embeddings), ``cache_read`` (the past keys/values),
+    ``cache_write`` (the presents, one row longer), for the inputs ``feeds``."""
+    gathered = {n.input[0] for n in model.graph.node if n.op_type == "Gather"}
+    weights = 0
+    for t in model.graph.initializer:
+        n = int(np.prod(t.dims)) if t.dims else 1
+        item = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
+        weights += (n // t.dims[0] if t.name in gathered and t.dims else n) * item
+    read = sum(x.nbytes for k, x in feeds.items() if k.startswith("past_key_values"))
+    cache = {"read": read, "write": read * (past + 1) // past}
+    return {"weights": weights, "cache_read": cache["read"], "cache_write": cache["write"]}
+
+
+def bandwidth(mib: int = 256, reps: int = 5) -> dict:
+    """GB per CPU-second of this machine streaming a ``mib`` MiB float32 array (larger than any cache):
+    ``read`` (a dot product: the bytes read), ``copy`` (memcpy into another array: bytes read + written).
+    Best of ``reps``; CPU time of the process (on a shared VM the wall time counts other processes' turns; a
+    BLAS that splits the dot over threads counts each thread's time), so a step's CPU time compares with it."""
+    import time
+    n = mib * 2 ** 20 // 4
+    a, c = np.ones(n, np.float32), np.empty(n, np.float32)
+    np.copyto(c, a)
+    out = {}
+    for name, f, nbytes in (("read", lambda: float(np.dot(a, a)), 4 * n), ("copy", lambda: np.copyto(c, a), 8 * n)):
+        best = float("inf")
+        for _ in range(reps):
+            t = time.process_time()
+            f()
+            best = min(best, time.process_time() - t)
+        out[name] = nbytes / best / 1e9
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="tests/fixtures/exports/gpt2_decode.torchscript.onnx")
-    ap.add_argument("--past", default="128,1024")
+    ap.add_argument("--model", default="tests/fixtures/exports/gpt2_decode.torchscript.onnx",
+                    help="an ONNX decode step, or gpt2-124m: GPT-2 124M built by cuvil.testing.hf_models")
+    ap.add_argument("--past", default="128,1023")
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--blocks", type=int, default=7)
     ap.add_argument("--top", type=int, default=6)
+    ap.add_argument("--one-library", action="store_true",
+                    help="one library for batch 1..8, past 1..max (bench/run_all.py's), not one per past")
+    ap.add_argument("--roofline", action="store_true",
+                    help="each step's memory bound (bytes per token over this core's streaming bandwidth)")
     a = ap.parse_args()
+    if a.model == "gpt2-124m":     # built here (cuvil.testing.hf_models), saved for onnxruntime beside it
+        import atexit
+        import shutil
+        import tempfile
+        from cuvil.testing.hf_models import gpt2_decode_model
+        tmp = tempfile.mkdtemp(prefix="decode_step-")
+        atexit.register(shutil.rmtree, tmp, True)      # 650 MB of weights
+        path = os.path.join(tmp, "gpt2_decode.onnx")
+        onnx.save_model(gpt2_decode_model(), path, save_as_external_data=True, location="gpt2_decode.onnx.data")
+        a.model = path
     model = onnx.load(a.model)
+    pasts = [int(p) for p in a.past.split(",")]
+    threads = [int(t) for t in a.threads.split(",")]
     print(f"CPU: {cpu_label()}; {a.model}; per token, p50 of {a.blocks} alternating blocks of {a.calls} calls")
-    for past in (int(p) for p in a.past.split(",")):
-        art = Pipeline.from_onnx(model).compile(fixed={"batch": 1, "past_sequence": past,
-                                                       "total_sequence": past + 1})
+    bw = bandwidth() if a.roofline else {}
+    if bw:
+        print(f"bandwidth: read {bw['read']:.1f} GB/s, copy {bw['copy']:.1f} GB/s (256 MiB streamed, per CPU-second)")
+    one = None
+    if a.one_library:
+        top = max(pasts)
+        one = Pipeline.from_onnx(model).compile(shape_profiles={
+            "batch": (1, 1, 8), "past_sequence": (1, min(128, top), top),
+            "total_sequence": (2, min(128, top) + 1, top + 1)})
+    for past in pasts:
+        art = one or Pipeline.from_onnx(model).compile(fixed={"batch": 1, "past_sequence": past,
+                                                              "total_sequence": past + 1})
         feeds = feeds_for(model, past)
-        for th in (int(t) for t in a.threads.split(",")):
+        if a.roofline:
+            sb = step_bytes(model, feeds, past)
+            total = sum(sb.values())
+            print(f"past {past:5d} bytes per token: weights {sb['weights'] / 1e6:.1f} MB, cache read "
+                  f"{sb['cache_read'] / 1e6:.1f} MB, cache write {sb['cache_write'] / 1e6:.1f} MB, total "
+                  f"{total / 1e6:.1f} MB")
+        for th in threads:
             m = load(art.path, num_threads=th)
             xs = [feeds[d.name] for d in m.inputs]
             opts = ort.SessionOptions()
@@ -75,6 +149,13 @@ def main() -> None:
             print(f"past {past:5d} {th} thr  cuvil cpu {cu[0]:9.1f} us wall {cu[1]:9.1f} us | onnxruntime cpu "
                   f"{ot[0]:9.1f} us wall {ot[1]:9.1f} us | ratio cpu {cu[0] / ot[0]:.2f} wall {cu[1] / ot[1]:.2f} | "
                   f"max abs diff {err:.1e}")
+            if a.roofline:
+                # the bound: the weights and the past read at the read bandwidth, the presents written
+                # (a write is a read for ownership plus a write back: copy-rate bytes)
+                bound = (sb["weights"] + sb["cache_read"]) / (bw["read"] * 1e9) + \
+                    2 * sb["cache_write"] / (bw["copy"] * 1e9)
+                print(f"    memory bound {bound * 1e6:9.1f} us: cuvil {cu[0] * 1e-6 / bound:.2f}x it, onnxruntime "
+                      f"{ot[0] * 1e-6 / bound:.2f}x it (cpu time)")
             if th == 1 and a.top:
                 p = m.profile(*xs, runs=max(5, a.calls // 4))
                 steps = m.manifest.get("steps", [])

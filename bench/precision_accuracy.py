@@ -234,7 +234,7 @@ def _kept(plan):
     return c
 
 
-def bench_cnn(name: str, xs, threads: int, search: int) -> dict:
+def bench_cnn(name: str, xs, threads: int, search: int, cuvil: bool = False, cuvil_only: bool = False) -> dict:
     p = Pipeline.from_onnx(zoo_model(name)).optimize()
     g = p.graph
     if g.symbols:
@@ -246,7 +246,19 @@ def bench_cnn(name: str, xs, threads: int, search: int) -> dict:
     t = time.perf_counter()
     ref = run_all(session(export_model(g), threads), feeds)
     res = {"model": name, "inputs": len(xs), "box": box[inp], "fp32_s": round(time.perf_counter() - t, 1), "rows": {}}
-    cfgs, res["policy"] = configs(g, box, search)
+    if cuvil_only:
+        cfgs, res["policy"] = [], {}
+    else:
+        cfgs, res["policy"] = configs(g, box, search)
+    if cuvil:   # the compiled libraries: float32, and bf16 where this CPU has the kernels (precision_ops)
+        for label, kw in (("fp32 (cuvil)", {}), ("bf16 (cuvil)", {"precision": "bf16", "input_ranges": box})):
+            t = time.perf_counter()
+            art = p.compile(**kw)
+            pr = art.manifest.get("precision") or {}
+            got = [next(iter(art.run(f).values())) for f in feeds]
+            res["rows"][label] = {"narrowed": (pr.get("counts") or {}).get("bf16", 0), **compare(ref, got),
+                                  "seconds": round(time.perf_counter() - t, 1)}
+            print(f"  {name} {label}: {res['rows'][label]}", flush=True)
     for label, formats in cfgs:
         got = run_all(session(narrowed_model(g, formats), threads), feeds)
         res["rows"][label] = {"narrowed": len(formats), **compare(ref, got)}
@@ -329,6 +341,10 @@ def main(argv=None) -> int:
                     help="counterexample search budget per policy run (default 0: refused and unknown nodes both stay "
                          "float32, so the search changes the verdicts' wording, not what is narrowed)")
     ap.add_argument("--no-bert", action="store_true")
+    ap.add_argument("--cuvil", action="store_true",
+                    help="also compile and run the x86 libraries: float32 and --precision bf16 (the real kernels "
+                         "where this CPU has AVX512_BF16)")
+    ap.add_argument("--cuvil-only", action="store_true", help="only the compiled libraries (no simulation)")
     ap.add_argument("--out", default=None, help="write the results as JSON")
     ap.add_argument("--md", default=None, help="also write the tables as Markdown (to paste into bench/PRECISION.md)")
     ap.add_argument("--from-json", default=None, help="render --md from an earlier --out file instead of running")
@@ -340,17 +356,17 @@ def main(argv=None) -> int:
     import onnxruntime
     res = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes"), "cpu": cpu_label(),
            "threads": a.threads, "ort": onnxruntime.__version__, "cnns": [], "bert": None}
+    if not a.no_bert:   # first: the quickest
+        res["bert"] = bench_bert(a.n, a.threads, a.search)
     models = [m for m in a.models.split(",") if m]
     if models:
         xs, src, pics = image_inputs(a.n)
         res["images"] = {"n": len(xs), "photos": pics, "source": "scikit-image data (skimage/data), random crops"}
         print(f"{len(xs)} crops of {len(pics)} photos; cpu {res['cpu']}", flush=True)
         for m in models:
-            res["cnns"].append(bench_cnn(m, xs, a.threads, a.search))
+            res["cnns"].append(bench_cnn(m, xs, a.threads, a.search, a.cuvil or a.cuvil_only, a.cuvil_only))
             if a.out:   # after each model: a long run's partial results are kept
                 Path(a.out).write_text(json.dumps(res, indent=1))
-    if not a.no_bert:
-        res["bert"] = bench_bert(a.n, a.threads, a.search)
     if a.out:
         Path(a.out).write_text(json.dumps(res, indent=1))
         print(f"wrote {a.out}")

@@ -9,7 +9,9 @@ default precision (bf16 where the CPU has it) and with f32.
     PYTHONPATH=src python3 bench/precision_speed.py bert --seq 128 --layers 12
 
 Every engine runs the same inputs; runs alternate (order reversed every other run) after an idle pause so
-machine noise hits them alike; p50 milliseconds, and each one's ratio to Cuvil float32. Errors are each
+machine noise hits them alike; p50 and min milliseconds, and each one's ratio to Cuvil float32; with one
+thread also the calling thread's CPU time (Cuvil and onnxruntime compute on it: the steadier ratio on a
+machine shared with other jobs). Errors are each
 output's max |difference| to Cuvil float32 relative to that output's max |value|. Narrowing: with
 ``Pipeline.compile(precision="bf16")`` where the precision policy exists, else every Conv / MatMul / Gemm
 node's ``precision`` set to "bf16" directly (``--every``: what the policy does where it certifies them all).
@@ -69,18 +71,23 @@ def openvino_runners(model, threads: int):
     return out
 
 
-def p50(runners, feeds, runs: int, pause_ms: float):
+def timings(runners, feeds, runs: int, pause_ms: float):
+    """Per runner: p50 and min wall ms, and p50 CPU ms of the calling thread (``time.thread_time``: with one
+    thread Cuvil and onnxruntime compute on it, so time the machine's other jobs took is left out)."""
     for r in runners.values():
         r(feeds)
-    times = {k: [] for k in runners}
+    wall = {k: [] for k in runners}
+    cpu = {k: [] for k in runners}
     for i in range(runs):
         items = list(runners.items())
         for k, r in (items if i % 2 == 0 else items[::-1]):
             time.sleep(pause_ms / 1e3)
-            t0 = time.perf_counter()
+            c0, t0 = time.thread_time(), time.perf_counter()
             r(feeds)
-            times[k].append((time.perf_counter() - t0) * 1e3)
-    return {k: float(np.median(v)) for k, v in times.items()}
+            wall[k].append((time.perf_counter() - t0) * 1e3)
+            cpu[k].append((time.thread_time() - c0) * 1e3)
+    return ({k: float(np.median(v)) for k, v in wall.items()}, {k: float(np.min(v)) for k, v in wall.items()},
+            {k: float(np.median(v)) for k, v in cpu.items()})
 
 
 def rel_err(got, want) -> float:
@@ -144,24 +151,34 @@ def main(argv=None):
                 runners.update(openvino_runners(model, threads))
             want = [np.asarray(o, np.float64) for o in runners["cuvil fp32"](feeds)]
             errs = {k: rel_err(r(feeds), want) for k, r in runners.items() if k != "cuvil fp32"}
-            ms = p50(runners, feeds, a.runs, a.pause_ms)
+            ms, best, cpu = timings(runners, feeds, a.runs, a.pause_ms)
             base = ms["cuvil fp32"]
             print(f"\n{name}, batch 1{f', S = {a.seq}, {a.layers} layers' if name == 'bert' else ''}, {threads} thread(s)")
-            print("| engine | p50 ms | / Cuvil fp32 | rel. error vs Cuvil fp32 |")
-            print("|---|---|---|---|")
+            print("| engine | p50 ms | / Cuvil fp32 | min ms | / Cuvil fp32 | thread CPU ms (1 thread) | / Cuvil fp32 | "
+                  "rel. error vs Cuvil fp32 |")
+            print("|---|---|---|---|---|---|---|---|")
             for k in runners:
-                print(f"| {k} | {ms[k]:.2f} | {ms[k] / base:.2f} | {errs.get(k, 0.0):.1e} |", flush=True)
-            rows.append((name, threads, ms, errs))
+                on_thread = threads == 1 and not k.startswith("openvino")   # OpenVINO computes on its own threads
+                cc = f"{cpu[k]:.2f} | {cpu[k] / cpu['cuvil fp32']:.2f}" if on_thread else "- | -"
+                print(f"| {k} | {ms[k]:.2f} | {ms[k] / base:.2f} | {best[k]:.2f} | {best[k] / best['cuvil fp32']:.2f} | "
+                      f"{cc} | {errs.get(k, 0.0):.1e} |", flush=True)
+            if threads == 1:     # the step profiler: each step's fastest of 5 runs, summed (noise mostly left out)
+                kern = {k: 1e3 * float(np.min([m.profile(*args, runs=1, num_threads=1) for _ in range(5)], axis=0).sum())
+                        for k, m in (("cuvil fp32", mf), ("cuvil bf16", mb))}
+                print(f"in kernels (1 thread, fastest of 5 per step): fp32 {kern['cuvil fp32']:.2f} ms, bf16 "
+                      f"{kern['cuvil bf16']:.2f} ms: {kern['cuvil fp32'] / kern['cuvil bf16']:.2f}x", flush=True)
+            rows.append((name, threads, ms, best, errs))
     print(f"\nrows for bench/PRECISION.md ({cpu_label()}):")
-    print("| model | threads | Cuvil fp32 ms | Cuvil bf16 ms | bf16 speed-up | bf16 rel. error | onnxruntime ms | "
-          "OpenVINO default ms | OpenVINO f32 ms |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for name, threads, ms, errs in rows:
+    print("| model | threads | Cuvil fp32 ms | Cuvil bf16 ms | bf16 speed-up (p50) | speed-up (min) | bf16 rel. error | "
+          "onnxruntime ms | OpenVINO default ms | OpenVINO f32 ms |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for name, threads, ms, best, errs in rows:
         ovd = next((v for k, v in ms.items() if k.startswith("openvino (")), None)
         ovf = ms.get("openvino f32")
         fmt = lambda v: "-" if v is None else f"{v:.2f}"
         print(f"| {name} | {threads} | {ms['cuvil fp32']:.2f} | {ms['cuvil bf16']:.2f} | "
-              f"{ms['cuvil fp32'] / ms['cuvil bf16']:.2f}x | {errs['cuvil bf16']:.1e} | {ms['onnxruntime']:.2f} | "
+              f"{ms['cuvil fp32'] / ms['cuvil bf16']:.2f}x | {best['cuvil fp32'] / best['cuvil bf16']:.2f}x | "
+              f"{errs['cuvil bf16']:.1e} | {ms['onnxruntime']:.2f} | "
               f"{fmt(ovd)} | {fmt(ovf)} |")
 
 

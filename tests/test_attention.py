@@ -225,3 +225,122 @@ def test_real_export_fused_from_one_library_at_s1_and_odd_s(name):
     assert art.manifest["rules_applied"]["fused_attention_guarded"]["applied"] == 2
     for batch, seq in [(1, 1), (4, 1), (2, KEY_BLOCK + 1), (4, 100)]:
         compare(model, art, batch, seq)
+
+
+@pytest.fixture(scope="module")
+def tiny_decode():
+    """A GPT-2 decode step (hidden 64, 4 heads of 16; one layer) compiled once for batch 1..2, past 1..200."""
+    from cuvil.testing.hf_models import gpt2_decode_model
+    model = gpt2_decode_model(vocab=512, hidden=64, layers=1, heads=4, ffn=128, max_pos=256)
+    art = Pipeline.from_onnx(model).compile(
+        shape_profiles={"batch": (1, 1, 2), "past_sequence": (1, 32, 200), "total_sequence": (2, 33, 201)}, cache=False)
+    return model, art
+
+
+def decode_feeds(batch: int, past: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    f = {"input_ids": rng.integers(0, 512, (batch, 1)).astype(np.int64),
+         "attention_mask": np.ones((batch, past + 1), np.int64)}
+    for kv in ("key", "value"):
+        f[f"past_key_values.0.{kv}"] = rng.standard_normal((batch, 4, past, 16)).astype(np.float32)
+    return f
+
+
+@pytest.mark.parametrize("past", [1, 2, KEY_BLOCK - 1, KEY_BLOCK, KEY_BLOCK + 1, 3 * KEY_BLOCK + 5])
+def test_decode_step_reads_the_key_cache_in_place(tiny_decode, past):
+    """One query row (a decode step): the kernel reads the keys in the cache's own layout (no attention_keys
+    stage copying the whole cache into panels each call), every key's score a dot product of its row; same
+    bits at 1 and 2 threads; onnxruntime's outputs at past lengths around the key panel (1, odd, 31/32/33)."""
+    model, art = tiny_decode
+    kernels = [st["kernel"] for st in art.manifest["steps"]]
+    assert "attention" in kernels and "attention_keys" not in kernels
+    assert art.manifest["memory_safety"]["guarded"] == []
+    for batch in (1, 2):
+        f = decode_feeds(batch, past, seed=past)
+        if batch == 2:      # padded keys on row 1 (its last past key and the first)
+            f["attention_mask"][1, [0, past - 1]] = 0
+        want = dict(zip([o.name for o in model.graph.output], ort_session(model).run(None, f)))
+        got = art.run(f, num_threads=1)
+        again = art.run(f, num_threads=2)
+        for name, w in want.items():
+            assert same_bits(got[name], again[name]), (past, batch, name)
+            assert max_rel_error(got[name], w) <= RTOL, (past, batch, name)
+
+
+def test_decode_step_in_place_nan_inf_and_masked_rows(tiny_decode):
+    """Keys read in place keep the tile kernel's NaN semantics: a NaN key element under a masked key (its score
+    NaN + -inf is NaN: the row's probabilities NaN, the guard makes them 0), an infinite value, a row whose
+    every key is masked (sum_j 0 * V[j]); the NaN elements are exactly onnxruntime's."""
+    model, art = tiny_decode
+    past = KEY_BLOCK + 3
+    f = decode_feeds(2, past, seed=1)
+    f["attention_mask"][0, 5] = 0
+    f["past_key_values.0.key"][0, 2, 5, 3] = np.nan      # batch 0 head 2: masked NaN key -> guarded row
+    f["past_key_values.0.value"][0, 1, 7, 0] = np.inf    # batch 0 head 1: inf in a value column
+    f["attention_mask"][1, :] = 0                        # batch 1: every key masked
+    want = ort_session(model).run(None, f)
+    got = art.run(f)
+    for o, w in zip(model.graph.output, want):
+        g = got[o.name]
+        assert np.array_equal(np.isnan(g), np.isnan(w)), o.name
+        assert max_rel_error(np.nan_to_num(g), np.nan_to_num(w)) <= RTOL, o.name
+
+
+def test_in_place_key_accesses_are_proved_and_a_widened_row_refuted():
+    """kernels/bounds.py's "attention" family for keys read in place: each key row (clamped to the last key)
+    proved inside the cache; reading rows one vector wider than the head size, or panels past the last key
+    without the clamp's bound (a key count one larger), is refuted."""
+    from cuvil.testing.hf_models import gpt2_decode_model
+    model = gpt2_decode_model(vocab=64, hidden=32, layers=1, heads=2, ffn=64, max_pos=64)
+    p = Pipeline.from_onnx(model).optimize().specialize({"batch": 1, "past_sequence": 40, "total_sequence": 41})
+    p = p.choose_algorithms("x86_64-linux-gnu", None)
+    sched = schedule(p.graph, gemm_cols=tile_cols(512), split_concat=True, gemm_tiles=tile_shapes(512),
+                     row_kernels=True, channel_tile_cost=DEFAULT_TUNING.channel_tile_cost)
+    assert not any(st.expr.op == "attention_keys" for st in sched.stages)
+    st = next(st for st in sched.stages if st.expr.op == "attention")
+    spec = st.expr.attr
+    assert spec.k_axes is not None and spec.v_axes is not None
+    prover = BoundsProver()
+    assert prove_stage(prover, sched, st)[1] == []
+    for field, delta in (("d", 16), ("keys", 1)):
+        old = getattr(spec, field)
+        setattr(spec, field, old + delta)
+        failed = prove_stage(prover, sched, st)[1]
+        assert any(a.kind == "family:attention" and a.buf is spec.kt for a, _ in failed), field
+        setattr(spec, field, old)
+
+
+def cache_attention_model(sq: int, heads: int = 2, d: int = 32) -> onnx.ModelProto:
+    """``sq`` new tokens against a KV cache: present = Concat(past, new) (outputs), attention over it, unmasked."""
+    a = np.float32(d ** -0.25)
+    nodes = [helper.make_node("Concat", ["pk", "k"], ["K"], axis=2), helper.make_node("Concat", ["pv", "v"], ["V"], axis=2),
+             helper.make_node("Transpose", ["K"], ["kt"], perm=[0, 1, 3, 2]),
+             helper.make_node("Mul", ["q", "a"], ["qs"]), helper.make_node("Mul", ["kt", "a"], ["kts"]),
+             helper.make_node("MatMul", ["qs", "kts"], ["s"]), helper.make_node("Softmax", ["s"], ["p"], axis=-1),
+             helper.make_node("MatMul", ["p", "V"], ["y"])]
+    ins = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, heads, "P" if n.startswith("p") else sq, d])
+           for n in ("q", "pk", "pv", "k", "v")]
+    outs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, heads, sq, d])] + \
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in "KV"]
+    g = helper.make_graph(nodes, "cache_attention", ins, outs, [helper.make_tensor("a", TensorProto.FLOAT, [], [a])])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("sq", [1, 2, 3])
+def test_few_new_tokens_read_keys_in_place(sq):
+    """Up to IN_PLACE_ROWS static query rows read the cache's keys in place (no attention_keys stage), more take
+    the key panels; onnxruntime's output at past 1, 31-33 (around a key panel) and 70, same bits at 1 and 2
+    threads."""
+    from cuvil.kernels.lower.attention import IN_PLACE_ROWS
+    model = cache_attention_model(sq)
+    art = Pipeline.from_onnx(model).optimize().compile(shape_profiles={"P": (1, 16, 100)}, cache=False)
+    kernels = [st["kernel"] for st in art.manifest["steps"]]
+    assert "attention" in kernels and ("attention_keys" in kernels) == (sq > IN_PLACE_ROWS)
+    for past in (1, KEY_BLOCK - 1, KEY_BLOCK, KEY_BLOCK + 1, 70):
+        rng = np.random.default_rng(past)
+        f = {n: rng.standard_normal((1, 2, past if n.startswith("p") else sq, 32)).astype(np.float32)
+             for n in ("q", "pk", "pv", "k", "v")}
+        want = ort_session(model).run(None, f)[0]
+        got = art.run(f, num_threads=1)["y"]
+        assert same_bits(got, art.run(f, num_threads=2)["y"]), past
+        assert max_rel_error(got, want) <= RTOL, past

@@ -269,6 +269,26 @@ def test_bert_like_end_to_end():
     assert rel > 1e-5
 
 
+
+def test_manifest_records_what_ran_after_attention_fusion():
+    """The policy narrows attention's Q·Kᵀ and P·V MatMuls, then x86 fuses them into a FusedAttention kernel that
+    computes float32: the manifest records those two as fp32 (with the format the policy had allowed), the
+    projections and FFN as bf16, each matching a bf16 step."""
+    from cuvil.testing.hf_models import bert_model
+    model = bert_model(vocab=100, hidden=64, layers=1, heads=4, ffn=128, max_pos=64)
+    art = Pipeline.from_onnx(model).optimize().compile(
+        precision="bf16", input_ranges={"input_ids": (0, 99), "attention_mask": (0, 1), "token_type_ids": (0, 1)},
+        shape_profiles={"batch": (1, 1, 2), "sequence": (1, 16, 32)})
+    assert any(k.startswith("fused_attention") for k in art.manifest["rules_applied"])
+    nodes = art.manifest["precision"]["nodes"]
+    fused = {k: v for k, v in nodes.items() if v.get("policy_format") == "bf16"}
+    assert sorted(k.rsplit(".", 1)[-1] for k in fused) == ["ctx", "qk"], fused
+    assert all(v["format"] == "fp32" and "FusedAttention" in v["reason"] for v in fused.values())
+    narrowed = [k for k, v in nodes.items() if v["format"] == "bf16"]
+    assert len(narrowed) == 7 and art.manifest["precision"]["counts"]["bf16"] == 7
+    assert len(bf16_steps(art)) >= len(narrowed)
+
+
 def test_refused_without_avx512_bf16(monkeypatch):
     """A library with bf16 kernels, loaded on a CPU without AVX512_BF16: a CuvilError that says which kernels
     need it, not SIGILL."""

@@ -215,6 +215,7 @@ def _matmul_model(a_shape, w, *, gemm=None, bias=None, epilogue=True):
     ((2, 13, 64), 64, 16),       # several partial row tiles over a flattened batch
     ((5, 8), 8, 100),            # 2-D, many panels, a partial last panel
     ((3, 4, 6, 24), 24, 33),     # rank 4
+    ((1, 1, 40), 40, 70),        # one row (a decode step's GEMV, a classifier at batch 1): the one-row tile
 ])
 def test_matmul_with_constant_weights_uses_the_micro_kernel(a_shape, k, m):
     rng = np.random.default_rng(k + m)
@@ -242,7 +243,7 @@ def test_matmul_micro_kernel_with_symbolic_rows():
     assert [s["kernel"] for s in generic] == ["gemm"]
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     m = art.model()
-    for b_, s_ in [(1, 1), (2, 5), (3, 7), (4, 33), (1, 12)]:
+    for b_, s_ in [(1, 1), (2, 5), (3, 7), (4, 33), (1, 12), (1, 13)]:   # 1 and 13 rows: one-row tiles
         x = rng.standard_normal((b_, s_, 48)).astype(np.float32)
         want = sess.run(None, {"x": x})[0]
         got = m.run(x)[0]

@@ -507,10 +507,9 @@ def _timed_phase(opts: BenchOptions, lib: str, onnx_path: str | None, threads: i
                  ort_agree: dict[str, Any] | None):
     """Warm-up and timed runs in ``opts.concurrency`` threads, each with its own Cuvil Model (own session)
     and, with ``vs``, its own onnxruntime session."""
-    C = opts.concurrency
     engines = ["cuvil"] + (["onnxruntime"] if opts.vs else []) + list(opts.peers)
     workers = []
-    for _ in range(C):
+    for _ in range(opts.concurrency):
         runners = {"cuvil": functools.partial(load(lib, num_threads=threads).run, *arrays)}
         if opts.vs:
             sess = _ort_session(onnx_path, threads)
@@ -519,6 +518,24 @@ def _timed_phase(opts: BenchOptions, lib: str, onnx_path: str | None, threads: i
         for name, make in opts.peers.items():
             runners[name] = make(onnx_path, threads, names, arrays)
         workers.append(runners)
+    out, wall = run_workers(opts, workers, engines)
+    if ort_agree is not None and not ort_agree["agree"]:
+        s, flat = out["cuvil"]
+        s["errors"] += len(flat)  # the same inputs every run: a wrong output is wrong every time
+        attempted = s["runs"] + s["errors"] - len(flat)
+        s["error_rate_pct"] = 100.0 * s["errors"] / attempted if attempted else 0.0
+        s["first_error"] = s["first_error"] or "outputs disagree with onnxruntime"
+    return out, wall
+
+
+def run_workers(opts: BenchOptions, workers: list[dict[str, Any]], engines: list[str]):
+    """The timed loop of ``cuvil bench``, for any engine: ``workers[k][engine]`` is a no-argument callable that
+    runs one inference (raising on failure) in worker thread ``k``. Each worker runs ``opts.warmup`` untimed
+    calls per engine, then all start together and call until ``opts.runs`` calls in all or ``opts.duration``
+    seconds, alternating the engines; ``opts.pause_ms`` sleeps after each. Returns ``({engine: (stats,
+    latencies_s)}, wall_s)``, the stats as :func:`_stats` (latency percentiles, throughput, error rate) plus
+    ``first_error``. ``cuvil bench --url`` (:mod:`cuvil.bench_http`) runs HTTP requests through it."""
+    C = len(workers)
     lat = {e: [[] for _ in range(C)] for e in engines}
     errs = {e: [0] * C for e in engines}
     busy = {e: [0.0] * C for e in engines}
@@ -528,7 +545,11 @@ def _timed_phase(opts: BenchOptions, lib: str, onnx_path: str | None, threads: i
     started = threading.Barrier(C + 1)
     state = {"t0": 0.0, "deadline": math.inf}
 
+    stop = getattr(opts, "stop", None)   # a threading.Event that ends the timed loop early (HttpBenchOptions.stop)
+
     def take() -> bool:
+        if stop is not None and stop.is_set():
+            return False
         if opts.duration is not None:
             return time.perf_counter() < state["deadline"]
         with lock:
@@ -597,9 +618,6 @@ def _timed_phase(opts: BenchOptions, lib: str, onnx_path: str | None, threads: i
         flat = [x for w in lat[e] for x in w]
         errors = attempted = sum(errs[e])
         attempted += len(flat)
-        if e == "cuvil" and ort_agree is not None and not ort_agree["agree"]:
-            errors += len(flat)  # the same inputs every run: a wrong output is wrong every time
-            first_error.setdefault(e, "outputs disagree with onnxruntime")
         s = _stats(flat, errors, attempted, [(len(lat[e][k]), busy[e][k]) for k in range(C)])
         s["first_error"] = first_error.get(e)
         out[e] = (s, flat)
@@ -900,12 +918,20 @@ def format_report(result: dict[str, Any], sla_results: list[dict[str, Any]] | No
     if comp:
         how = f" (compiled {s['opt_level']}" + (", cached)" if comp["cached"] else f" in {comp['seconds']:.1f} s)")
     lines.append(f"model      {src}{how}")
-    lines.append(f"library    {result['library']}  ({result['artifact_bytes']:,} bytes)")
+    if result.get("url"):   # cuvil bench --url (cuvil.bench_http): requests to a server, not calls of a library
+        lines.append(f"server     {result['url']}  (Open Inference Protocol, "
+                     + ("binary-data extension)" if s.get("binary_data") else "JSON tensors)"))
+    else:
+        lines.append(f"library    {result['library']}  ({result['artifact_bytes']:,} bytes)")
     lines.append("inputs     " + ", ".join(f"{i['name']}: {i['dtype']}{i['shape']}" for i in result["inputs"])
                  + f"  (random, seed {s['seed']})")
     amount = f"{s['runs']} timed runs" if s["runs"] is not None else f"{s['duration_s']:g} s"
-    lines.append(f"settings   {s['threads']} thread(s), concurrency {s['concurrency']}, {s['warmup']} warm-up runs, "
-                 f"{amount}" + (", alternating with onnxruntime run by run" if s["vs"] else ""))
+    if result.get("url"):
+        lines.append(f"settings   {s['concurrency']} closed-loop worker(s) (keep-alive), {s['warmup']} warm-up "
+                     f"requests each, {amount}; latency = request sent to answer read")
+    else:
+        lines.append(f"settings   {s['threads']} thread(s), concurrency {s['concurrency']}, {s['warmup']} warm-up "
+                     f"runs, {amount}" + (", alternating with onnxruntime run by run" if s["vs"] else ""))
     engines = ["cuvil"] + (["onnxruntime"] if s["vs"] else [])
     head = f"{'':16}" + "".join(f"{e:>14}" for e in engines) + (f"{'ratio':>10}" if s["vs"] else "")
     lines.append("")

@@ -36,6 +36,7 @@ from .progress import stage
 from .reference import run_reference
 from .signing import artifact_digest
 from .rewrite_rules.engine import RewriteReport
+from .rewrite_rules.qdq import fuse_qdq, record_qdq
 from .rewrite_rules.proved_rewrite import applied_rules, proved_rewrite
 from .rewrite_rules.shape_prop import propagate_shapes
 from .rewrite_rules.specialize import specialize_graph, unify_required_equal
@@ -236,7 +237,9 @@ class Pipeline:
         all_rules = (builtin_rules() if builtin else []) + (load_rules(extra) if extra else [])
         g = self._graph.clone()
         with stage("optimize", detail=f"{len(g.nodes)} nodes, {len(all_rules)} rules") as s:
+            g, fused = fuse_qdq(g)   # quantized (QDQ) models: int8 contractions, before folding eats the DQs
             report = proved_rewrite(g, all_rules, on_unproved=on_unproved, allow_bounded=allow_bounded)
+            record_qdq(report, fused)
             s.detail(f"{len(self._graph.nodes)} -> {len(g.nodes)} nodes, "
                      f"{sum(report.applied.values())} rewrites")
         return self._derive(g, report, rule_sources={r.name: r.loc.path for r in all_rules
@@ -508,7 +511,7 @@ class Pipeline:
         if mode != "fp32" or low_precision[1] or low_precision[2] is not None:
             with stage("precision", detail=mode):
                 pplan = plan_precision(graph, mode, input_ranges=low_precision[1], calibration=low_precision[2],
-                                       target_ops=precision_ops(tgt, options), target=triple)
+                                       target_ops=precision_ops(tgt, options), target=triple, search_budget=0)
             graph = apply_precision(graph, pplan)
             extra["precision"] = pplan.manifest()
         plan = tgt.plan(graph, options, profiles)

@@ -11,12 +11,12 @@ from typing import List, Optional
 
 from ..errors import CuvilError
 from ..version import __version__
-from . import (bench, compile, demo, doctor, inspect, keygen, lora, ops, precision, rules, run, sign, verify,
+from . import (bench, compile, demo, doctor, inspect, keygen, lora, ops, precision, rules, run, serve, sign, verify,
                verify_artifact, weights_key, zoo)
 
 #: The subcommands, in the order ``cuvil --help`` lists them.
-COMMANDS = (inspect, demo, zoo, rules, compile, precision, lora, run, verify, ops, bench, doctor, weights_key, keygen,
-            sign, verify_artifact)
+COMMANDS = (inspect, demo, zoo, rules, compile, precision, lora, run, serve, verify, ops, bench, doctor, weights_key,
+            keygen, sign, verify_artifact)
 
 
 class CuvilArgumentParser(argparse.ArgumentParser):

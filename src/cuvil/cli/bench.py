@@ -1,11 +1,12 @@
-"""``cuvil bench MODEL|LIB``: latency, throughput, cold start and memory of a model, against an SLA."""
+"""``cuvil bench MODEL|LIB`` or ``cuvil bench --url URL``: latency, throughput, cold start and memory of a model
+(or latency and throughput of a model behind an Open Inference Protocol server), against an SLA."""
 from __future__ import annotations
 
 import sys
 
-from .. import bench, progress
+from .. import bench, bench_http, progress
 from ..errors import CuvilError
-from .flags import (THREADS_HELP, add_model_arg, add_progress_flag, add_quiet_flag, add_shape_flags, opt_level,
+from .flags import (THREADS_HELP, add_progress_flag, add_quiet_flag, add_shape_flags, opt_level,
                     threads)
 from .shape_flags import parse_fixed, parse_input_shapes, parse_profiles
 
@@ -14,9 +15,21 @@ def register(sub) -> None:
     sp = sub.add_parser("bench", help="latency, throughput, cold start and memory of a model, against an SLA",
                         description="Benchmark a model (an .onnx, compiled first; or a compiled .so): p50/p90/p99/max "
                                     "latency, throughput, error rate, cold start, peak RSS, artifact size; optionally "
-                                    "beside onnxruntime. Exit 0 if the SLA held (or none was given), 1 if not, "
+                                    "beside onnxruntime; or, with --url, load a model served over the Open "
+                                    "Inference Protocol (cuvil serve, Triton, KServe) from concurrent closed-loop "
+                                    "clients. Exit 0 if the SLA held (or none was given), 1 if not, "
                                     "2 for usage errors. Flags override the config.")
-    add_model_arg(sp, "MODEL.onnx (compiled through the artifact cache) or LIB.so")
+    sp.add_argument("model", metavar="MODEL", nargs="?",
+                    help="MODEL.onnx (compiled through the artifact cache) or LIB.so; none with --url")
+    sp.add_argument("--url", metavar="URL",
+                    help="load a served model instead: http://HOST:PORT/v2/models/NAME (Open Inference Protocol, "
+                         "as `cuvil serve` prints it); --concurrency workers each send a request, then the next "
+                         "when the answer came; inputs random, symbols at the server's opt unless --fix/--input-shape")
+    sp.add_argument("--json-tensors", action="store_true",
+                    help="with --url: send and ask for JSON tensors instead of the binary-data extension")
+    sp.add_argument("--timeout", type=float, metavar="SECONDS", default=bench_http.DEFAULT_TIMEOUT_S,
+                    help=f"with --url: seconds to wait for one answer (default {bench_http.DEFAULT_TIMEOUT_S:g}); "
+                         "a later one counts as an error")
     sp.add_argument("--config", help="YAML file: concurrency, duration or runs, warmup, threads, opt_level, vs, slas")
     sp.add_argument("--vs", choices=["onnxruntime"], help="also run onnxruntime, alternating run by run; print ratios")
     sp.add_argument("--onnx", help="the ONNX model onnxruntime runs when MODEL is a .so")
@@ -32,8 +45,9 @@ def register(sub) -> None:
     sp.add_argument("--shape", action="append", metavar="NAME=DIM|INPUT=DIMS",
                     help="an older spelling: NAME=DIM is --fix NAME=DIM, INPUT=1x3x224x224 is --input-shape (repeatable)")
     sp.add_argument("--sla", action="append", metavar="NAME=LIMIT", help="an SLA, e.g. p99_latency_ms=50 (repeatable)")
-    sp.add_argument("--cold-runs", type=int, default=3,
-                    help="fresh processes per engine for cold start and peak RSS (default 3; 0 = skip)")
+    sp.add_argument("--cold-runs", type=int,
+                    help=f"fresh processes per engine for cold start and peak RSS (default {bench.DEFAULT_COLD_RUNS}; "
+                         f"0 = skip; none with --url)")
     sp.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     sp.add_argument("--pause-ms", type=float, default=0.0,
                     help="untimed sleep after each timed run, so spinning worker threads go idle first (default 0; with "
@@ -42,7 +56,7 @@ def register(sub) -> None:
     sp.add_argument("--plot", metavar="OUT.png", help="latency histogram and CDF (needs matplotlib)")
     add_quiet_flag(sp)
     add_progress_flag(sp)
-    sp.set_defaults(fn=cmd_bench)
+    sp.set_defaults(fn=cmd_bench, parser=sp)
 
 
 def cmd_bench(args) -> int:
@@ -68,7 +82,11 @@ def cmd_bench(args) -> int:
         runs, duration = cfg.get("runs"), cfg.get("duration")
     pick = lambda flag, key, default: flag if flag is not None else cfg.get(key, default)
     vs = pick(args.vs, "vs", None)
-    cold_runs = args.cold_runs
+    if args.url is not None:
+        _url_conflicts(args, vs, slas)
+    elif args.model is None:   # argparse's own wording, as when MODEL was a required positional
+        args.parser.error("the following arguments are required: MODEL (or --url URL)")
+    cold_runs = args.cold_runs if args.cold_runs is not None else (0 if args.url else bench.DEFAULT_COLD_RUNS)
     bench.sla_requirements(slas, vs, cold_runs)
     if args.plot:
         bench.require_matplotlib()
@@ -80,15 +98,30 @@ def cmd_bench(args) -> int:
         if val is not None and val < lo:
             raise CuvilError(f"{flag} must be >= {lo}, got {val}", hint=f"{flag} {lo}" + (" (all cores)" if flag == "--threads" else ""))
     fixed, input_shapes, spelled = _bench_shapes(args)
+    log = (lambda msg: None) if args.quiet else (lambda msg: print(f"cuvil bench: {msg}", file=sys.stderr, flush=True))
+    if args.url is not None:
+        if not args.timeout > 0:
+            raise CuvilError(f"--timeout must be > 0, got {args.timeout}", hint="--timeout 60 (the default)")
+        opts = bench_http.HttpBenchOptions(
+            args.url, binary=not args.json_tensors, timeout_s=args.timeout, runs=runs, duration=duration,
+            warmup=pick(args.warmup, "warmup", bench.DEFAULT_WARMUP), concurrency=pick(args.concurrency, "concurrency", 1),
+            shapes={**fixed, **input_shapes}, spelled=spelled, seed=args.seed, pause_ms=args.pause_ms,
+            progress=progress.wanted(args.quiet, args.progress), log=log)
+        with progress.enabled(bool(opts.progress)):
+            res = bench_http.run_http_benchmark(opts)
+        return _report(args, res, slas)
     opts = bench.BenchOptions(
         args.model, onnx=args.onnx, vs=vs, threads=threads(pick(args.threads, "threads", 0)), runs=runs,
         duration=duration, warmup=pick(args.warmup, "warmup", bench.DEFAULT_WARMUP),
         concurrency=pick(args.concurrency, "concurrency", 1), opt_level=opt_level(pick(args.opt_level, "opt_level", "O3")),
         shapes={**fixed, **input_shapes}, shape_profiles=parse_profiles(args.shape_profile), spelled=spelled,
         seed=args.seed, cold_runs=cold_runs, pause_ms=args.pause_ms,
-        progress=progress.wanted(args.quiet, args.progress),
-        log=(lambda msg: None) if args.quiet else (lambda msg: print(f"cuvil bench: {msg}", file=sys.stderr, flush=True)))
-    res = bench.run_benchmark(opts)
+        progress=progress.wanted(args.quiet, args.progress), log=log)
+    return _report(args, bench.run_benchmark(opts), slas)
+
+
+def _report(args, res, slas) -> int:
+    """Prints the report (and writes --json, --plot); 0 if the SLA held, else 1."""
     checks = bench.check_slas(res, slas)
     res["slas"], res["sla_held"] = checks, all(c["held"] for c in checks)
     print(bench.format_report(res, checks))
@@ -99,6 +132,26 @@ def cmd_bench(args) -> int:
         bench.plot(res, args.plot)
         print(f"wrote {args.plot}")
     return 0 if res["sla_held"] else 1
+
+
+def _url_conflicts(args, vs, slas) -> None:
+    """Usage errors for what --url cannot do: a local model, or settings of the server's side."""
+    if args.model is not None:
+        raise CuvilError(f"give MODEL ({args.model}) or --url, not both",
+                         hint=f"cuvil bench --url {args.url} (the server runs the model), or drop --url")
+    server_side = [("--vs", vs), ("--onnx", args.onnx), ("--threads", args.threads), ("--opt-level", args.opt_level),
+                   ("--shape-profile", args.shape_profile)]
+    if args.cold_runs:
+        server_side.append(("--cold-runs", args.cold_runs))
+    for flag, val in server_side:
+        if val:
+            raise CuvilError(f"{flag} does not apply with --url: the server compiled and runs the model",
+                             hint=f"drop {flag} (set it where the server starts: cuvil serve ...), or bench the "
+                                  f"library in-process without --url")
+    for name in slas:
+        if name in bench.SLA_KEYS and bench.SLA_KEYS[name][0][0] != "cuvil" or name in ("cold_start_ms", "peak_rss_mb"):
+            raise CuvilError(f"the SLA {name} cannot be measured with --url (no cold start, no comparison)",
+                             hint="keep the latency, throughput and error-rate SLAs; drop " + name)
 
 
 def _bench_shapes(args):

@@ -6,7 +6,10 @@ copies against the O(S^2 D) products):
 
 * ``q[B, H, Sq, D]``: the queries, one contiguous row each (their elements are broadcast);
 * ``kt[B, H, KBLOCKS, D, KB]``: the keys transposed and cut into panels of ``kb`` keys: for each ``d`` one
-  contiguous run of ``kb`` keys (``kb / lanes`` vectors), zeros past the last key;
+  contiguous run of ``kb`` keys (``kb / lanes`` vectors), zeros past the last key; or, for a few query rows
+  (``k_axes`` set: a decode step) whose keys are stored with contiguous rows of ``d`` (the KV cache), that
+  buffer read in place: each key's score is a dot product of its row with the query, ``lanes`` keys' partial
+  sums reduced together (no per-call copy of the whole cache);
 * ``v[B, H, KBLOCKS * KB, DVP]``: the values, ``dv`` padded with zeros to whole vectors (``dvp``), zero rows
   past the last key; or, where the values are already stored with contiguous rows of whole vectors (``v_axes``
   set: a decode step's KV cache, a graph input), that buffer read in place, keys past the last never read;
@@ -46,6 +49,11 @@ class AttentionTile:
     # None: ``v`` is the padded copy; else ``v`` is read in place, each of its dims indexed by the logical axis
     # (0 batch, 1 head, 2 key, 3 column) given here, or 0 where None (a broadcast dim)
     v_axes: Optional[Tuple[Optional[int], ...]] = None
+    # None: ``kt`` holds the key panels; else ``kt`` is the keys' buffer read in place (rows of ``d``), its dims
+    # indexed by the logical axes (0 batch, 1 head, 2 key, 3 column d) given here, or 0 where None; every
+    # row then takes the one-row tile
+    k_axes: Optional[Tuple[Optional[int], ...]] = None
+    blocks: object = None   # KBLOCKS (a dim) where ``kt`` is read in place
 
     @property
     def batch(self):
@@ -58,7 +66,7 @@ class AttentionTile:
 
     @property
     def key_blocks(self):
-        return self.kt.shape[2]
+        return self.kt.shape[2] if self.k_axes is None else self.blocks
 
     @property
     def flops(self):

@@ -38,6 +38,7 @@ from ..ir.dtype import DType
 from .contraction import (Contraction, DepthwiseWindow, MatContraction, PadWindow, WinogradInput, WinogradOutput,
                    fallback_weights)
 from .attention import AttentionTile
+from .contraction_int8 import Int8Contraction, Int8Pack
 from .schedule import ARENA, WEIGHTS, Schedule, Stage, root_of
 from .texpr import E, Buf, _rebuild, as_index, dim_index, nodes, substitute, var
 
@@ -49,7 +50,7 @@ QUERY_RLIMIT = 10_000_000
 #: A wall-clock backstop far above what QUERY_RLIMIT takes, so a pathological query cannot hang a build.
 QUERY_TIMEOUT_MS = 120_000
 I64 = DType.INT64
-_FAMILIES = ("contract", "window", "wino_in", "wino_out", "padwin", "attention")
+_FAMILIES = ("contract", "window", "wino_in", "wino_out", "padwin", "attention", "qgemm", "qpack")
 
 
 @attrs.define
@@ -638,7 +639,13 @@ def _family_obligations(st: Stage, node: E, doms) -> List[Access]:
         clamped = E("clamp", (row,), I64, (0, spec.rows - 1))
         t, k, j = _loop(d, "t", spec.key_blocks), _loop(d, "k", spec.d), _loop(d, "j", spec.kb)
         out.append(Access(kind, spec.q, [n, h, clamped, k], [], d, node=node))
-        out.append(Access(kind, spec.kt, [n, h, t, k, j], [], d, node=node))
+        if spec.k_axes is None:      # the key panels
+            out.append(Access(kind, spec.kt, [n, h, t, k, j], [], d, node=node))
+        else:                        # read in place: a row per key, clamped to the last key
+            key = E("clamp", (t * spec.kb + j,), I64, (0, spec.keys - 1))
+            at = (n, h, key, k)
+            out.append(Access(kind, spec.kt, [at[a] if a is not None else as_index(0) for a in spec.k_axes], [], d,
+                              node=node))
         c = _loop(d, "c", spec.dvp)
         if spec.v_axes is None:      # the padded copy, whole panels
             out.append(Access(kind, spec.v, [n, h, t * spec.kb + j, c], [], d, node=node))
@@ -651,6 +658,28 @@ def _family_obligations(st: Stage, node: E, doms) -> List[Access]:
         st_idx = [n, h, row, _loop(d, "c", spec.dv)]
         out.append(Access(kind, st.buf, st_idx, [E("cmp", (row, as_index(spec.rows)), DType.BOOL, "lt")], d,
                           node=node))
+    elif node.op == "qpack" and isinstance(spec, Int8Pack):
+        # x86/gemm_int8.py: a unit is one panel (n, pb); positions and k's clamped to their last, every byte of
+        # the panel stored
+        n, pb = _loop(d, "n", spec.x.shape[0]), _loop(d, "pb", spec.p_blocks)
+        kg, j, i = _loop(d, "kg", spec.kg), _loop(d, "j", spec.nr), _loop(d, "i", 4)
+        c, kh, kw = _loop(d, "c", spec.x.shape[1]), _loop(d, "kh", spec.kernel[0]), _loop(d, "kw", spec.kernel[1])
+        oh, ow = _loop(d, "oh", spec.out_spatial[0]), _loop(d, "ow", spec.out_spatial[1])
+        (sh, sw), (dh, dw) = spec.strides, spec.dilations
+        out.append(Access(kind, spec.x, [n, c, oh * sh + kh * dh, ow * sw + kw * dw], [], d, node=node))
+        out.append(_store(kind, st, [n, pb, kg, j, i], d, node))
+    elif node.op == "qgemm" and isinstance(spec, Int8Contraction):
+        # x86/gemm_int8.py: a unit is (image, B panel, weight panel); whole panels of both are read, the
+        # per-channel constants of the panel's (padded) rows, and the positions below P of rows below M stored
+        n, pb, mb = _loop(d, "n", spec.n), _loop(d, "pb", spec.p_blocks), _loop(d, "mb", spec.m_blocks)
+        kg, j, i, r = _loop(d, "kg", spec.kg), _loop(d, "j", spec.nr), _loop(d, "i", 4), _loop(d, "r", spec.mr)
+        out.append(Access(kind, spec.b, [n, pb, kg, j, i], [], d, node=node))
+        out.append(Access(kind, spec.w, [mb, kg, r, i], [], d, node=node))
+        out.append(Access(kind, spec.comp, [mb * spec.mr + r], [], d, node=node))
+        out.append(Access(kind, spec.mult, [mb * spec.mr + r], [], d, node=node))
+        m, p = _loop(d, "m", spec.m), pb * spec.nr + j
+        out.append(Access(kind, st.buf, [(n * spec.m + m) * spec.p + p],
+                          [E("cmp", (p, as_index(spec.p)), DType.BOOL, "lt")], d, node=node, flat=True))
     else:
         out.append(Access(kind, st.buf, [], [z3_false()], d, node=node))
     return out

@@ -515,7 +515,7 @@ def _flops(st: Stage, env: Dict[str, int]) -> int:
         if x.uid in seen:
             continue
         seen.add(x.uid)
-        if x.op in ("contract", "window", "wino_in", "wino_out"):
+        if x.op in ("contract", "window", "wino_in", "wino_out", "qgemm"):
             total += evaluate(x.attr.flops, env)
             continue
         if x.op == "reduce":

@@ -23,6 +23,8 @@ from .interval import Interval
 #: ``--precision`` values: one format for every node that can take it, or ``auto`` (the narrowest safe one).
 PRECISIONS = ("fp32", "bf16", "fp16", "int8", "auto")
 
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
 #: Margin kept below a format's largest finite value.
 MARGIN = 2.0
 
@@ -47,15 +49,15 @@ class Format:
             return "range may be NaN"
         if not iv.bounded:
             return "range unbounded" + (f" ({iv.why})" if iv.why else "")
-        if self.name == "int8":
-            return None
+        if self.name == "int8":   # the scale makes any bounded float32 range fit; past float32 it is not one
+            return None if iv.max_abs <= FLOAT32_MAX else f"range {iv.text()} exceeds float32"
         if iv.max_abs > self.limit:
             return f"range {iv.text()} exceeds ±{self.limit:.6g} ({self.name} max {self.max_finite:.6g} / {MARGIN:g})"
         return None
 
     def scale(self, iv: Interval) -> float:
         """int8: the symmetric scale that maps the range onto [-127, 127] without saturation."""
-        return max(iv.max_abs, np.finfo(np.float32).tiny) / 127.0
+        return max(iv.max_abs, float(np.finfo(np.float32).tiny)) / 127.0
 
 
 FORMATS: Dict[str, Format] = {

@@ -28,6 +28,8 @@ class Interval:
     hi: np.ndarray
     origin: str = CERTIFIED
     why: str = ""
+    #: "affine" when a relational rule (:mod:`cuvil.precision.affine`) tightened this interval
+    method: str = ""
 
     @staticmethod
     def of(lo, hi, origin: str = CERTIFIED, why: str = "") -> "Interval":
@@ -88,7 +90,7 @@ class Interval:
         with np.errstate(invalid="ignore"):
             pad = np.where(np.isfinite(m), m * rel, 0.0) + np.finfo(np.float32).tiny
         with np.errstate(over="ignore", invalid="ignore"):
-            return Interval(self.lo - pad, self.hi + pad, self.origin, self.why)
+            return Interval(self.lo - pad, self.hi + pad, self.origin, self.why, self.method)
 
 
 def join_origin(items: Iterable[Optional[Interval]]) -> str:

@@ -46,9 +46,12 @@ class Verdict:
     detail: str
     origin: str = CERTIFIED
     witness: Optional[Witness] = None
+    #: how the verdict was reached: "interval", "interval + Z3 (local)", "search", "Z3 + run", "constant",
+    #: "calibration (measured)"
+    method: str = "interval"
 
     def to_json(self) -> dict:
-        out = {"status": self.status, "detail": self.detail, "origin": self.origin}
+        out = {"status": self.status, "method": self.method, "detail": self.detail, "origin": self.origin}
         if self.witness is not None:
             out["witness"] = self.witness.describe()
         return out
@@ -64,7 +67,8 @@ class NodePlan:
     verdicts: Dict[str, Verdict]
 
     def to_json(self) -> dict:
-        out = {"op": self.op, "format": self.format or "fp32", "reason": self.reason}
+        out = {"op": self.op, "format": self.format or "fp32", "reason": self.reason,
+               "verdicts": {f: f"{v.status} ({v.method})" for f, v in self.verdicts.items()}}
         if self.range is not None:
             out["range"] = [_jnum(self.range.min), _jnum(self.range.max)]
             out["origin"] = self.range.origin
@@ -133,10 +137,11 @@ def input_intervals(graph: Graph, input_ranges=None, calibration=None) -> Dict[s
 def plan_precision(graph: Graph, mode: str = "auto", *, input_ranges=None, calibration=None,
                    target_ops: Optional[Mapping[str, FrozenSet[str]]] = None, target: str = "",
                    search_budget: int = 24, int_ranges: Optional[Mapping[str, Tuple[int, int]]] = None,
-                   seed: int = 0) -> PrecisionPlan:
+                   seed: int = 0, z3_rlimit: int = 2_000_000) -> PrecisionPlan:
     """The precision of every node of ``graph`` (optimised, shapes bound) under ``mode``; see the module doc.
     ``target_ops`` (format -> ops, from ``Target.precision_ops``) limits what is narrowed, not what is
-    reported. ``search_budget``: model evaluations the counterexample search may spend (0: none)."""
+    reported. ``search_budget``: model evaluations the counterexample search may spend (0: none);
+    ``z3_rlimit``: Z3's resource limit per local check of a value too wide for fp16 or bf16 (0: no Z3 step)."""
     mode = check_mode(mode)
     target_ops = {f: frozenset(o) for f, o in (target_ops or {}).items()}
     inputs = input_intervals(graph, input_ranges, calibration)
@@ -176,24 +181,29 @@ def plan_precision(graph: Graph, mode: str = "auto", *, input_ranges=None, calib
             goals.append((key, prod, v, internal))
     witnesses: Dict[str, Witness] = {}
     searcher = None
+    proved, z3_notes = _z3_step(graph, goals, r, inputs, int_ranges, seed, witnesses) if z3_rlimit else ({}, {})
+    goals = [g for g in goals if (g[0], "fp16") not in proved]
     if not goals:
         search = "not needed: every range fits fp16"
     elif search_budget <= 0:
-        search = "not run (budget 0)"
+        search = ("not run (refused and unknown nodes both stay float32; `cuvil precision report` searches for "
+                  "counterexamples)")
     else:
         searcher = Searcher(graph, inputs, int_ranges, seed)
         why = searcher.runnable
         if why:
             search = f"not run: {why}"
         else:
-            witnesses = searcher.run(goals, search_budget)
+            for key, w in searcher.run(goals, search_budget).items():
+                if key not in witnesses or _mag(w.value) > _mag(witnesses[key].value):
+                    witnesses[key] = w
             search = f"{searcher.evaluations} model evaluations over the input box, {len(goals)} values searched"
             if searcher.error:
                 search += f"; stopped: {searcher.error}: is every declared range valid for the model?"
 
     out = []
     for n in nodes:
-        verdicts = {name: _verdict(fmt, held[n.name], witnesses) for name, fmt in FORMATS.items()}
+        verdicts = {name: _verdict(fmt, held[n.name], witnesses, proved, z3_notes) for name, fmt in FORMATS.items()}
         fmt, reason = _choose(n, mode, verdicts, target_ops, target)
         rng = next((iv for k, p, v, i, iv, is_in in held[n.name] if not is_in and not i), None)
         out.append(NodePlan(n.name, n.op, fmt, reason, rng, verdicts))
@@ -202,31 +212,94 @@ def plan_precision(graph: Graph, mode: str = "auto", *, input_ranges=None, calib
                          searcher.evaluations if searcher else 0)
 
 
-def _verdict(fmt: Format, items, witnesses: Mapping[str, Witness]) -> Verdict:
+def _mag(x: float) -> float:
+    return float("inf") if not np.isfinite(x) else abs(x)
+
+
+def _z3_step(graph, goals, r, inputs, int_ranges, seed, witnesses):
+    """Z3 on the elementwise cone of every value too wide for fp16 or bf16 (:mod:`.z3local`): ``unsat`` proves
+    it within the format's limit; a ``sat`` over the graph inputs alone is confirmed by running the model on it
+    (then it is a witness like the search's). Returns ({(key, format) proved}, {(key, format): note})."""
+    from .z3local import ELEMENTWISE, local_check
+    proved, notes = {}, {}
+    searcher = None
+    for key, prod, v, internal in goals:
+        if internal:
+            if not internal.startswith("(x - mean)^2"):
+                continue
+        elif v is None or v.producer is None or v.producer.op not in ELEMENTWISE:
+            continue
+        for fname in ("fp16", "bf16"):
+            fmt = FORMATS[fname]
+            iv = r.get(id(v)) if v is not None else None
+            if iv is not None and fmt.check(iv) is None:
+                continue
+            res = local_check(graph, v, r, inputs, fmt.limit, internal=internal, node=prod)
+            notes[(key, fname)] = res.detail
+            if res.status == "unsat":
+                proved[(key, fname)] = res.detail
+            elif res.status == "sat" and res.inputs:
+                if searcher is None:
+                    searcher = Searcher(graph, inputs, int_ranges, seed)
+                if searcher.runnable:
+                    continue
+                feeds = searcher.point_from(res.inputs)
+                found = searcher.measure([(key, prod, v, internal)], searcher.evaluate(feeds)).get(key)
+                if found is not None and (key not in witnesses or _mag(found) > _mag(witnesses[key].value)):
+                    witnesses[key] = Witness(found, prod.name, internal or f"output {v.name}", feeds, "Z3 + run")
+    return proved, notes
+
+
+def _verdict(fmt: Format, items, witnesses: Mapping[str, Witness], proved=None, z3_notes=None) -> Verdict:
+    proved, z3_notes = proved or {}, z3_notes or {}
     origin = MEASURED if any(iv.origin == MEASURED for *_, iv, _ in items) else CERTIFIED
+    used_z3 = False
     for key, prod, v, internal, iv, is_input in items:
         if fmt.name == "int8" and not is_input:
             continue   # int8 kernels accumulate in int32 and write float32: only what they read is int8
         why = fmt.check(iv)
         if why is None:
             continue
+        if (key, fmt.name) in proved and origin == CERTIFIED:
+            used_z3 = True
+            continue
         what = f"{'internal ' + internal if internal else ('input ' if is_input else 'output ') + key}"
         w = witnesses.get(key)
+        method = w.method if w is not None else "interval"
         if v is not None and getattr(v, "is_const", False) and iv.lo.size:   # its values are the proof
             extreme = iv.min if abs(iv.min) >= abs(iv.max) else iv.max
-            w = Witness(extreme, prod.name, f"constant {key}", {})
+            w, method = Witness(extreme, prod.name, f"every input: constant {key}", {}), "constant"
+        elif v is not None and v.producer is None and iv.bounded:             # a graph input: the box's edge
+            extreme = iv.min if abs(iv.min) >= abs(iv.max) else iv.max
+            w, method = Witness(extreme, prod.name, f"the declared range of input {key} (its edge)", {}), \
+                "declared range"
         if w is not None and (not np.isfinite(w.value) or abs(w.value) > fmt.max_finite):
-            return Verdict(REFUSED, f"{what}: counterexample: {w.describe()}"
+            return Verdict(REFUSED, f"{what}: counterexample ({method}): {w.describe()}"
                            + (f" (beyond {fmt.name}'s {fmt.max_finite:.6g})" if np.isfinite(w.value) else
-                              " (not finite in float32 either: the model computes it so)"), origin, w)
+                              " (not finite in float32 either: the model computes it so)"), origin, w, method)
         if w is not None and abs(w.value) > fmt.limit:
-            return Verdict(REFUSED, f"{what}: {w.describe()}, within {fmt.name} but past its margin "
-                           f"±{fmt.limit:.6g}", origin, w)
+            return Verdict(REFUSED, f"{what}: {w.describe()} ({method}), within {fmt.name} but past its margin "
+                           f"±{fmt.limit:.6g}", origin, w, method)
         found = f"; the search's largest |value| was {abs(w.value):.4g}" if w is not None else ""
-        return Verdict(UNKNOWN, f"{what}: {why}{found} (unknown: the interval may be too loose)", origin, w)
+        note = z3_notes.get((key, fmt.name))
+        return Verdict(UNKNOWN, f"{what}: {why}{found}{'; ' + note if note else ''} (unknown: the interval may be "
+                       "too loose)", origin, w, "interval" + (" + Z3 (local)" if note else "")
+                       + (" + search" if w is not None else ""))
+    affine = any(iv.method == "affine" for *_, iv, _ in items)
+    method = "calibration (measured)" if origin == MEASURED else "interval" + (" + affine" if affine else "") + (
+        " + Z3 (local)" if used_z3 else "")
     bound = max((iv.max_abs for *_, iv, is_in in items), default=0.0)
+    if fmt.name == "int8":
+        scales = ", ".join(f"{key} scale {fmt.scale(iv):.4g}" for key, p, v, i, iv, is_in in items
+                           if is_in and not getattr(v, "is_const", False))
+        return Verdict(SAFE, f"every input bounded ({scales or 'constants only'}: nothing saturates)"
+                       + (" on calibration data (measured, not certified)" if origin == MEASURED else " (certified)"),
+                       origin, None, method)
+    if used_z3:
+        return Verdict(SAFE, f"every value it holds is within ±{fmt.limit:.6g} (certified: intervals, and Z3 on "
+                       "the elementwise cones the intervals over-approximate)", origin, None, method)
     return Verdict(SAFE, f"every value it holds is within ±{bound:.6g}" + (" on calibration data (measured, not "
-                   "certified)" if origin == MEASURED else " (certified)"), origin)
+                   "certified)" if origin == MEASURED else " (certified)"), origin, None, method)
 
 
 def _choose(n: Node, mode: str, verdicts: Dict[str, Verdict], target_ops, target: str) -> Tuple[str, str]:
@@ -261,6 +334,22 @@ def apply_precision(graph: Graph, plan: PrecisionPlan) -> Graph:
     return g
 
 
+def reconcile(entry: dict, graph: Graph, why: str) -> dict:
+    """The manifest ``precision`` ``entry`` made true of ``graph``, a target's own rewrite of the graph the
+    policy saw (x86 fuses attention's MatMuls into a FusedAttention kernel that computes float32): a node the
+    policy narrowed that no longer exists narrowed in ``graph`` is recorded as float32, with ``why`` and the
+    format the policy had allowed (``policy_format``). A copy; ``entry`` is not changed."""
+    narrowed = {n.name for n in graph.nodes if n.precision}
+    nodes = {}
+    for name, rec in entry.get("nodes", {}).items():
+        if rec.get("format", "fp32") != "fp32" and name not in narrowed:
+            rec = {**rec, "format": "fp32", "policy_format": rec["format"],
+                   "reason": f"computed in float32: {why} (the policy allowed {rec['format']}: {rec['reason']})"}
+        nodes[name] = rec
+    counts = Counter(r.get("format", "fp32") for r in nodes.values())
+    return {**entry, "nodes": nodes, "counts": dict(sorted(counts.items()))}
+
+
 #: Unit roundoff of the formats a narrowed contraction rounds its inputs to.
 _UNIT = {"bf16": 2.0 ** -8, "fp16": 2.0 ** -11}
 
@@ -278,8 +367,9 @@ def _recheck_narrowed(graph: Graph, inputs, r, plans: List[NodePlan]) -> None:
         r2 = analyze(graph, inputs, narrowed)
         bad = [n for n in graph.nodes for o in n.outputs
                if id(o) in r and id(o) in r2 and r[id(o)].bounded and not r2[id(o)].bounded]
-        bad += [n for n in graph.nodes if n.name in narrowed and any(
-            FORMATS[by_name[n.name].format].check(r2[id(o)]) for o in n.outputs if id(o) in r2)]
+        fits = lambda n, rr, o: FORMATS[by_name[n.name].format].check(rr[id(o)]) is None
+        bad += [n for n in graph.nodes if n.name in narrowed and any(   # (a Z3 proof stands for the interval)
+            fits(n, r, o) and not fits(n, r2, o) for o in n.outputs if id(o) in r2 and id(o) in r)]
         if not bad:
             return
         for n in _ancestors(bad):

@@ -59,7 +59,10 @@ def analyze(graph: Graph, inputs: Mapping[str, Interval], narrowed: Optional[Map
                 f"input {v.name} has no declared range (give --input-range {v.name}=LO:HI or --calibrate DIR)")
     for v in graph.values():
         if v.is_const and v.const.dtype.kind in "fiub" and v.const.size:
-            r[id(v)] = Interval.exact(v.const.astype(np.float64))
+            # small constants exactly (masks, biases); weights by their hull (the contraction rules read the
+            # weights' values themselves), so that a model's weights are not copied twice in float64
+            r[id(v)] = Interval.exact(v.const) if v.const.size <= 65536 else Interval.of(
+                float(np.min(v.const)), float(np.max(v.const)))
     for n in graph.nodes:
         token = _INPUT_ROUNDING.set((narrowed or {}).get(n.name, 0.0))
         try:
@@ -91,7 +94,8 @@ def node_ranges(graph: Graph, n: Node, r: Ranges) -> List[Optional[Interval]]:
     res = res if isinstance(res, list) else [res] * len(n.outputs)
     tight = tighten(graph, n, r)
     if tight is not None:
-        res = [_intersect(res[0], tight)] + res[1:]
+        t = _intersect(res[0], tight)
+        res = [Interval(t.lo, t.hi, t.origin, t.why, "affine" if t.max - t.min < res[0].max - res[0].min else "")] + res[1:]
     why = join_why(float_ins)
     wild = next((v.name for v, iv in zip(n.inputs, ins) if is_float(v) and _wild(n, iv)), None)
     out = []
@@ -103,12 +107,16 @@ def node_ranges(graph: Graph, n: Node, r: Ranges) -> List[Optional[Interval]]:
             iv = Interval.unbounded(f"{n.op} {n.name}: its input {wild} may be infinite or NaN"
                                     + (f" ({why})" if why else ""))
         iv = Interval(np.nan_to_num(iv.lo, nan=-np.inf), np.nan_to_num(iv.hi, nan=np.inf), origin,
-                      iv.why or ("" if iv.bounded else why))
+                      iv.why or ("" if iv.bounded else why), iv.method)
         dt = o.type.dtype if o is not None else DType.FLOAT
         if n.op not in _EXACT_OPS:
             iv = iv.widened(_ROUNDING.get(dt, SLACK))
         if n.op in _APPROXIMATED:   # vectorised approximations: an absolute error (onnxruntime's Sigmoid(-13): 1%)
-            iv = Interval(iv.lo - _APPROX_ABS, iv.hi + _APPROX_ABS, iv.origin, iv.why)
+            iv = Interval(iv.lo - _APPROX_ABS, iv.hi + _APPROX_ABS, iv.origin, iv.why, iv.method)
+        u = _INPUT_ROUNDING.get()
+        if u and n.op not in _CONTRACTIONS:   # a narrowed elementwise node: its inputs and result rounded
+            mag = iv.max_abs + sum(i.max_abs for v, i in zip(n.inputs, ins) if is_float(v) and i is not None)
+            iv = Interval(iv.lo - 3 * u * mag, iv.hi + 3 * u * mag, iv.origin, iv.why, iv.method)
         out.append(_overflowed(iv, dt, n))
     return out
 
@@ -150,6 +158,10 @@ _APPROXIMATED = frozenset({"Sigmoid", "Tanh", "Erf", "Gelu", "Mish", "Softplus",
 _APPROX_ABS = 2.0 ** -20
 
 
+#: Ops whose rules pad for a narrowed node's input rounding themselves (:func:`_summed`).
+_CONTRACTIONS = frozenset({"Conv", "MatMul", "Gemm"})
+
+
 #: Relative rounding of one op's result in the narrow float types (their unit roundoff, doubled).
 _ROUNDING = {DType.FLOAT16: 2.0 ** -10, DType.BFLOAT16: 2.0 ** -7}
 _MAX_FINITE = {DType.FLOAT: float(np.finfo(np.float32).max), DType.FLOAT16: 65504.0,
@@ -162,7 +174,7 @@ def _overflowed(iv: Interval, dt, n: Node) -> Interval:
     if big is None or not (np.any(iv.hi > big) or np.any(iv.lo < -big)):
         return iv
     return Interval(np.where(iv.lo < -big, -np.inf, iv.lo), np.where(iv.hi > big, np.inf, iv.hi), iv.origin,
-                    iv.why or f"{n.op} {n.name} may overflow {dt.name.lower()} (a bound past ±{big:.6g})")
+                    iv.why or f"{n.op} {n.name} may overflow {dt.name.lower()} (a bound past ±{big:.6g})", iv.method)
 
 
 def _intersect(a: Interval, b: Interval) -> Interval:
@@ -757,6 +769,16 @@ def _batch_norm(g, n, ins):
     return [_summed(lo + bias, hi + bias, mag, 4)] + [None] * (len(n.outputs) - 1)
 
 
+def _lrn(g, n, ins):
+    """x / (bias + alpha/size·sum x²)^beta: the denominator is at least bias^beta (alpha, beta >= 0), so
+    |y| <= |x| / bias^beta, with y's sign x's."""
+    alpha, beta, bias = (float(n.attrs.get(k, d)) for k, d in (("alpha", 1e-4), ("beta", 0.75), ("bias", 1.0)))
+    if alpha < 0 or beta < 0 or bias <= 0:
+        return Interval.unbounded(f"LRN {n.name}: alpha, beta >= 0 and bias > 0 needed for a bound")
+    x, k = ins[0], bias ** -beta
+    return Interval.of(np.minimum(x.lo * k, 0), np.maximum(x.hi * k, 0))
+
+
 def _softmax(g, n, ins):
     return Interval.of(0.0, 1.0)
 
@@ -863,7 +885,7 @@ RULES: Dict[str, Callable] = {
     "Conv": _conv, "MatMul": _matmul, "Gemm": _gemm,
     "LayerNormalization": _layer_norm, "RMSNormalization": _layer_norm, "InstanceNormalization": _channel_norm,
     "GroupNormalization": _channel_norm, "BatchNormalization": _batch_norm,
-    "Softmax": _softmax, "Hardmax": _softmax, "LogSoftmax": _log_softmax, "FusedAttention": _attention,
+    "LRN": _lrn, "Softmax": _softmax, "Hardmax": _softmax, "LogSoftmax": _log_softmax, "FusedAttention": _attention,
     "DequantizeLinear": _dequantize, "Constant": _constant, "ConstantOfShape": _constant_of_shape,
 }
 
@@ -888,7 +910,15 @@ def internal_ranges(graph: Graph, n: Node, r: Ranges) -> Dict[str, Interval]:
     if n.op == "RMSNormalization" and r.get(id(n.inputs[0])):
         x = r[id(n.inputs[0])].hull()
         return {"x^2": Interval.of(0.0, x.max_abs ** 2, x.origin, x.why)}
+    if n.op == "Gelu" and _attr_str(n, "approximate") == "tanh" and r.get(id(n.inputs[0])):
+        x = r[id(n.inputs[0])].hull()   # 0.5·x·(1 + tanh(sqrt(2/pi)·(x + 0.044715·x³)))
+        return {"x^3": Interval.of(x.min ** 3, x.max ** 3, x.origin, x.why)}
     return {}
+
+
+def _attr_str(n: Node, key: str) -> str:
+    v = n.attrs.get(key, "")
+    return v.decode() if isinstance(v, bytes) else str(v)
 
 
 def internal_values(n: Node, inputs: Sequence[np.ndarray]) -> Dict[str, np.ndarray]:
@@ -903,6 +933,8 @@ def internal_values(n: Node, inputs: Sequence[np.ndarray]) -> Dict[str, np.ndarr
         return {"x - mean": c, "(x - mean)^2": c * c}
     if n.op == "RMSNormalization":
         return {"x^2": x * x}
+    if n.op == "Gelu" and _attr_str(n, "approximate") == "tanh":
+        return {"x^3": x * x * x}
     return {}
 
 

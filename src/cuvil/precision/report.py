@@ -42,6 +42,7 @@ def format_report(plan: PrecisionPlan, model: str = "", every: bool = False, lim
             if n.range is not None else "-"
         lines.append(f"{n.name[:28]:<28} {n.op[:20]:<20} {n.format or 'fp32':<7} {rng:<28} {marks}")
         lines.append(f"    {n.reason}")
+        lines.append("    by: " + ", ".join(f"{f} {n.verdicts[f].status} [{n.verdicts[f].method}]" for f in FORMAT_COLUMNS))
     if shown < len(plan.nodes):
         lines.append(f"... {len(plan.nodes) - shown} more nodes (--all lists them)")
     cex = [(n, f, v) for n in plan.nodes for f, v in n.verdicts.items() if v.status == REFUSED]
@@ -52,6 +53,8 @@ def format_report(plan: PrecisionPlan, model: str = "", every: bool = False, lim
             lines.append(f"  {n.name} ({n.op}) in {f}: {v.detail}")
     lines.append("")
     lines.extend(format_table(plan))
-    lines.append("(certified: from declared input ranges by sound interval rules; measured (m): from calibration "
-                 "data only; unknown: the interval exceeds the format but no input found does)")
+    lines.append("(certified: from declared input ranges by sound interval rules, tightened by Z3 on elementwise "
+                 "cones; measured (m): from calibration data only; refused: an input found (search, or Z3 then a run "
+                 "of the model) or a constant/declared range the format cannot hold; unknown: the interval exceeds "
+                 "the format and neither Z3 nor the search decided)")
     return "\n".join(lines)

@@ -31,10 +31,11 @@ class Witness:
     node: str
     where: str
     inputs: Mapping[str, np.ndarray]
+    method: str = "search"
 
     def describe(self, limit: int = 4) -> str:
         if not self.inputs:
-            return f"every input: {self.where} holds {self.value:.6g}, read by {self.node}"
+            return f"{self.where} holds {self.value:.6g}, read by {self.node}"
         parts = []
         for k, a in self.inputs.items():
             a = np.asarray(a)
@@ -101,6 +102,15 @@ class Searcher:
             else:
                 x = lo + (hi - lo) * self.rng.random(shape)
             feeds[v.name] = np.ascontiguousarray(x, dtype=np.float32)
+        return feeds
+
+    def point_from(self, values: Mapping[str, float]) -> Dict[str, np.ndarray]:
+        """A full input from one value per input (a Z3 model): each input filled with it (clipped to the box)."""
+        feeds = self._point("lo")
+        for name, x in values.items():
+            if name in feeds and name in self.box:
+                iv = self.box[name]
+                feeds[name] = np.full(feeds[name].shape, np.clip(x, iv.min, iv.max), np.float32)
         return feeds
 
     def _flip(self, feeds: Dict[str, np.ndarray], frac: float) -> Dict[str, np.ndarray]:

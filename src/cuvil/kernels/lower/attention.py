@@ -46,6 +46,10 @@ QUERY_BLOCK = 6
 TILE_VECTOR = 16    # the padding unit of the values' head size (AVX-512's lanes; a multiple of narrower ones)
 NARROW_VECTOR = 8   # ... for a head size up to 8 (AVX2's lanes): such values are read in place, not copied padded
 TILE_MAX_DV = 512   # a tile's output rows stay on the stack: wider heads take the sequential form
+# Up to this many query rows (static: a decode step's one token) read stored keys in place, a row at a time,
+# instead of copying the whole key cache into panels every call (the copy was O(Sk D) per step for O(Sk D)
+# products: as costly as the attention itself). The head size must be whole vectors of any width.
+IN_PLACE_ROWS = 2
 
 
 def _clamp(i: E, n) -> E:
@@ -226,8 +230,16 @@ def _tiled(ctx, q, kt, v, scale_t, mask):
         return select(cmp("lt", key, n_keys), inside, neg_inf)
 
     qb = ctx.temp((B, H, Sq, D), dt, qf, "queries").buf
-    kb = ctx.temp((B, H, nkb, D, KB), dt, lambda idx: E("attention_keys", list(idx) + [kt_panels(idx)], dt),
-                  "key_panels").buf
+    k_stored = None
+    if isinstance(Sq, int) and Sq <= IN_PLACE_ROWS and D % TILE_VECTOR == 0:
+        # the keys' rows as stored (ktf at [b, h, d, key] a load of a buffer whose last dim is d)
+        k_stored = _stored_rows(lambda idx: ktf([idx[0], idx[1], idx[3], idx[2]]))
+    if k_stored is not None:
+        kb, k_axes = k_stored
+    else:
+        kb = ctx.temp((B, H, nkb, D, KB), dt, lambda idx: E("attention_keys", list(idx) + [kt_panels(idx)], dt),
+                      "key_panels").buf
+        k_axes = None
     stored = _stored_rows(vf) if dvp == Dv else None
     if stored is not None:
         vb, v_axes = stored
@@ -235,15 +247,21 @@ def _tiled(ctx, q, kt, v, scale_t, mask):
         vb, v_axes = ctx.temp((B, H, padded, dvp), dt, v_rows, "values").buf, None
     mb = ctx.temp(mshape, dt, mask_rows, "mask").buf
     spec = AttentionTile(q=qb, kt=kb, v=vb, mask=mb, scale=scalar_of(scale_t), heads=H, d=D, dv=Dv, dvp=dvp,
-                         kb=KB, qb=QUERY_BLOCK, zero_nan=bool(ctx.attr("zero_nan", 0)), keys=Sk, v_axes=v_axes)
+                         kb=KB, qb=QUERY_BLOCK, zero_nan=bool(ctx.attr("zero_nan", 0)), keys=Sk, v_axes=v_axes,
+                         k_axes=k_axes, blocks=nkb)
 
     def element(idx):
         b, h, i, c = idx
         mrow = [b if m4[0] != 1 else const(0, I64), h if m4[1] != 1 else const(0, I64),
                 i if m4[2] != 1 else const(0, I64)]
 
+        def key_at(t, j, d):
+            if k_axes is None:
+                return load(kb, [b, h, t, d, j])
+            return select(cmp("lt", t * KB + j, n_keys), ktf([b, h, d, _clamp(t * KB + j, Sk)]), zero)
+
         def score(t, j):
-            dot = reduce("sum", [D], lambda d: binop("mul", load(qb, [b, h, i, d]), load(kb, [b, h, t, d, j])))
+            dot = reduce("sum", [D], lambda d: binop("mul", load(qb, [b, h, i, d]), key_at(t, j, d)))
             return binop("add", binop("mul", dot, spec.scale), load(mb, mrow + [t * KB + j]))
         top = reduce("max", [nkb, KB], score)
         shift = select(cmp("eq", top, neg_inf), zero, top)

@@ -8,6 +8,7 @@ import numpy as np
 
 from ...ir.dtype import DType
 from ..texpr import E, binop, call, cast, cmp, const, reduce, select
+from .qgemm import int8_conv_gemm
 from .core import LOWERINGS, Index, TensorFn, broadcast_index, fconst, lowering, nan_max, nan_min, scalar_of, sub_ctx
 
 
@@ -170,6 +171,9 @@ def _qlinear_conv(ctx):
     bias = ctx.input(8)
     dt = ctx.out_dtype()
     _quant_dtype(ctx, dt)
+    gemm = int8_conv_gemm(ctx)   # the x86 int8 micro-kernels' form, where it applies (same bits)
+    if gemm is not None:
+        return [gemm]
     x2 = minus_zp(x, x_zp, 1)
     w2 = minus_zp(w, w_zp, 0)
     cctx = sub_ctx(ctx, [x2, w2, bias])

@@ -17,6 +17,13 @@ keys (``nv = kb / lanes`` vectors) the kernel
    (``dvp / lanes``) loaded once and multiplied by each row's probability broadcast from the tile (values read
    in place stop at the last key; the padded copy's zero rows past it add 0).
 
+A decode step (``k_axes`` set: a few static query rows, the keys stored with contiguous rows of ``d``, e.g. the
+KV cache) reads the keys in place instead of from panels: step 1 becomes, per key, its row's ``d / lanes``
+vectors times the query's (held in registers), and ``lanes`` keys' vectors of partial sums are reduced together
+by a tree of shuffles and adds into one vector of their scores (a key past the last is clamped to the last row
+and its score replaced by 0 before the mask's ``-inf``); each row takes the one-row tile. The whole cache is
+then read once per step, not copied into panels and read again.
+
 The rows end as ``acc / l``: NaN for a row whose every key is ``-inf`` (0 / 0) or that has a NaN or infinite score
 (l is NaN), as the unfused Softmax gives; under ``zero_nan`` (the guard ``Where(IsNaN(P), 0, P)``: such a row's
 probabilities all become 0) such a row is ``sum_j 0 * V[j]`` as the guarded composite computes it (0, or NaN in
@@ -96,6 +103,30 @@ def emit_attention_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]
             x = combine(lo, hi)
         return b.extract_element(x, I32(0))
 
+    lanes_i = ir.Constant(ir.VectorType(I64, vw), list(range(vw)))
+
+    def lane_sums(parts):
+        """The vector whose lane ``j`` is the sum of the lanes of ``parts[j]`` (vw vectors): halves of pairs
+        added level by level (2 shuffles and an add per pair and level), then one shuffle into key order."""
+        level = [(x, [j] * vw) for j, x in enumerate(parts)]     # (vector, the key each lane's partial is of)
+        g = vw
+        while g > 1:
+            h2 = g // 2
+            nxt = []
+            for (x, lx), (y, ly) in zip(level[0::2], level[1::2]):
+                lo_i, hi_i, lab = [], [], []
+                for src, off, labels in ((x, 0, lx), (y, vw, ly)):
+                    for grp in range(vw // g):
+                        lo_i += [off + grp * g + c for c in range(h2)]
+                        hi_i += [off + grp * g + h2 + c for c in range(h2)]
+                        lab += labels[grp * g:grp * g + h2]
+                mk = lambda ix: ir.Constant(ir.VectorType(I32, vw), ix)  # noqa: E731
+                nxt.append((b.fadd(b.shuffle_vector(x, y, mk(lo_i)), b.shuffle_vector(x, y, mk(hi_i))), lab))
+            level, g = nxt, h2
+        (x, lab), = level
+        order = [lab.index(j) for j in range(vw)]
+        return b.shuffle_vector(x, ir.Constant(x.type, ir.Undefined), ir.Constant(ir.VectorType(I32, vw), order))
+
     H = spec.heads
     Sq = em.index(spec.rows)
     nqb = b.sdiv(b.add(Sq, I64(QB - 1)), I64(QB))
@@ -119,7 +150,14 @@ def emit_attention_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]
         qrow = [em.address(spec.q, [n, h, r, I64(0)]) for r in rows]
         mrow = [em.address(spec.mask, [n if mshape[0] != 1 else I64(0), h if mshape[1] != 1 else I64(0),
                                         r if mshape[2] != 1 else I64(0), I64(0)]) for r in rows]
-        kbase = em.address(spec.kt, [n, h, I64(0), I64(0), I64(0)])
+        kbase = em.address(spec.kt, [n, h, I64(0), I64(0), I64(0)]) if spec.k_axes is None else None
+        # a row reading the keys in place: its query as D / vw vectors, held across the key panels
+        qvecs = [vload(fptr(qrow[0], I64(c * vw))) for c in range(D // vw)] if spec.k_axes is not None else None
+
+        def krow(key):
+            """The address of key row ``key`` of the stored keys (read in place)."""
+            at = (n, h, key, I64(0))
+            return em.address(spec.kt, [at[a] if a is not None else I64(0) for a in spec.k_axes])
 
         def vrow(key):
             """The address of value row ``key`` (the padded copy's, or the stored buffer's in place)."""
@@ -133,21 +171,45 @@ def emit_attention_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]
             for w in range(NW):
                 vstore(zero_v, slot(o_acc, qi * NW + w))
 
-        def panel(t):
-            kpanel = fptr(kbase, b.mul(t, I64(D * KB)))
-            for k in range(QB * NV):
-                vstore(zero_v, slot(s_acc, k))
+        def in_place_scores(key0):
+            """1'. (one row, keys in place) the panel's scores: per key the dot product of its row with the query
+            as a vector of partial sums, vw keys' vectors reduced together into one vector of their vw scores;
+            a key past the last (its row clamped to the last one) scores 0 here, -inf once its mask is added."""
+            for v in range(NV):
+                k0 = b.add(key0, I64(v * vw))
+                parts = []
+                for jj in range(vw):
+                    kp = krow(b.select(b.icmp_signed("<", b.add(k0, I64(jj)), n_keys), b.add(k0, I64(jj)),
+                                       b.sub(n_keys, I64(1))))
+                    acc = None
+                    for c in range(D // vw):
+                        x = vload(fptr(kp, I64(c * vw)))
+                        acc = b.fmul(qvecs[c], x) if acc is None else b.call(fma, [qvecs[c], x, acc])
+                    parts.append(acc)
+                s = lane_sums(parts)
+                inside = b.icmp_signed("<", b.add(lanes_i, splat(b, k0, vw)), splat(b, n_keys, vw))
+                # scaled and masked below: a key past the last gets -inf there (its mask), its garbage
+                # score is replaced by 0 first so that no NaN of a clamped row reaches the max
+                vstore(b.select(inside, s, zero_v), slot(s_acc, v))
 
-            def qk(d):      # 1. scores: nv key vectors x qb broadcast query elements
-                kp = fptr(kpanel, b.mul(d, I64(KB)))
-                keys = [vload(fptr(kp, I64(v * vw))) for v in range(NV)]
-                for qi in range(QB):
-                    qs = splat(b, b.load(fptr(qrow[qi], d), typ=F32), vw)
-                    for v in range(NV):
-                        a = slot(s_acc, qi * NV + v)
-                        vstore(b.call(fma, [qs, keys[v], vload(a)]), a)
-            em.loop_range(I64(0), I64(D), qk)
+        def panel(t):
             key0 = b.mul(t, I64(KB))
+            if spec.k_axes is not None:
+                in_place_scores(key0)
+            else:
+                kpanel = fptr(kbase, b.mul(t, I64(D * KB)))
+                for k in range(QB * NV):
+                    vstore(zero_v, slot(s_acc, k))
+
+                def qk(d):      # 1. scores: nv key vectors x qb broadcast query elements
+                    kp = fptr(kpanel, b.mul(d, I64(KB)))
+                    keys = [vload(fptr(kp, I64(v * vw))) for v in range(NV)]
+                    for qi in range(QB):
+                        qs = splat(b, b.load(fptr(qrow[qi], d), typ=F32), vw)
+                        for v in range(NV):
+                            a = slot(s_acc, qi * NV + v)
+                            vstore(b.call(fma, [qs, keys[v], vload(a)]), a)
+                em.loop_range(I64(0), I64(D), qk)
             shifts, rescale = [], []
             for qi in range(QB):     # 2. scale, mask, running max
                 mp = fptr(mrow[qi], key0)
@@ -254,6 +316,10 @@ def emit_attention_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]
         i0 = b.mul(qblk, I64(QB))
         # a whole block takes the full tile; the last rows (Sq not a multiple of QB, a decode step's one
         # query) one at a time, so no row is computed twice
+        if spec.k_axes is not None:     # keys read in place: every row alone
+            em.loop_range(i0, b.select(b.icmp_signed("<", b.add(i0, I64(QB)), Sq), b.add(i0, I64(QB)), Sq),
+                          lambda i: tile(n, h, i, 1))
+            return
         with b.if_else(b.icmp_signed(">=", b.sub(Sq, i0), I64(QB))) as (then, otherwise):
             with then:
                 tile(n, h, i0, QB)

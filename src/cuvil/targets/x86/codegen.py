@@ -24,6 +24,7 @@ from .attention import emit_attention_stage, emit_key_panels_stage
 from .depthwise import emit_depthwise_stage
 from .emitter import ROW_BLOCK, ROW_MAX, X86Emitter, row_reduction
 from .gemm import emit_gemm_stage
+from .gemm_int8 import emit_qgemm_stage, emit_qpack_stage
 from .matmul import emit_matmul_stage
 from .pad import emit_pad_stage
 from .winograd import emit_winograd_input, emit_winograd_output
@@ -139,6 +140,9 @@ class KernelModule(LLVMKernelModule):
     def add_stage(self, st: Stage, sym: str, lead: Optional[int] = None) -> Tuple[int, int]:
         """Emit ``st`` as function ``sym``; returns (parallel extent, grain). ``lead``: a generic loop nest
         flattens that many leading dims into its parallel range (default :meth:`parallel_dims`)."""
+        done = emit_qgemm_stage(self, st, sym) or emit_qpack_stage(self, st, sym)   # int8 (VNNI) kernels
+        if done is not None:
+            return done
         done = emit_matmul_stage(self, st, sym)
         if done is not None:
             self.gemm_symbols.add(sym)
@@ -255,7 +259,7 @@ def generate_object(sched: Schedule, prefix: str, cpu: Optional[str], opt: int,
     km = KernelModule(prefix, tm, triple)
     km.math = math
     km.vector_bits = desc.vector_bits
-    km.cpu_features = desc.features
+    km.cpu_features = desc.features   # ISA features (LLVM spellings): the bf16 and int8 kernels' dispatch
     km.scratch_index = 2 + len(sched.inputs) + len(sched.outputs)
     km.dims_index = km.scratch_index + 1
     km.symbol_slots = {s.name: k for k, s in enumerate(sched.symbols)}

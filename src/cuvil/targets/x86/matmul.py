@@ -120,15 +120,17 @@ def emit_matmul_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]]:
                                                      for v in range(nr * 4 // 64)],
                                  mac=mac)
 
-        def panel(mb):
+        def panel(mb, R=MR):
+            """The tile's ``R`` register rows over weight panel ``mb`` (R = 1: a one-row tile, below; the bf16
+            path always runs MR rows)."""
             w_ptr = fptr(w_base, b.mul(mb, I64(K * nr)))
-            new = panel_bf16(mb) if bf else fma_tile_loop(em, fma, I64(0), I64(K), [zero] * (MR * nv), nv,
+            new = panel_bf16(mb) if bf else fma_tile_loop(em, fma, I64(0), I64(K), [zero] * (R * nv), nv,
                                 lambda k: [b.load(fptr(fptr(w_ptr, b.mul(k, I64(nr))), I64(v * vw)), typ=vec,
                                                   align=4) for v in range(nv)],
-                                lambda k: [b.load(fptr(rows[r], k), typ=F32, align=4) for r in range(MR)],
+                                lambda k: [b.load(fptr(rows[r], k), typ=F32, align=4) for r in range(R)],
                                 prefetch=lambda k: [fptr(w_ptr, b.add(b.mul(b.add(k, I64(PREFETCH_K)), I64(nr)), I64(v * 16)))
                                                     for v in range(nr * 4 // 64)] + next_panel(w_ptr, t, k))
-            for i in range(MR * nv):
+            for i in range(R * nv):
                 b.store(new[i], b.gep(tile, [I64(i)], source_etype=vec, inbounds=True), align=4)
             m0 = b.mul(mb, I64(nr))
             mleft = b.sub(I64(M), m0)
@@ -139,8 +141,20 @@ def emit_matmul_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]]:
 
             def slot(r, j):
                 return b.gep(tile_f, [b.add(b.mul(r, I64(nr)), j)], source_etype=F32, inbounds=True)
-            tile_epilogue(em, st, c, slot, index, nrows, ncols, full=(MR, nr))
-        panel(mb)
+            tile_epilogue(em, st, c, slot, index, nrows, ncols, full=(R, nr))
+        if bf or (isinstance(spec.rows, int) and spec.rows >= MR):
+            panel(mb)
+            return
+        if spec.rows == 1:      # a classifier's last layer at batch 1
+            panel(mb, 1)
+            return
+        # a single row (a decode step's M = 1 GEMV; the row count may be symbolic): one row of accumulators,
+        # not MR copies of the clamped row (MR x the FMAs and broadcasts for the same weight bytes)
+        with b.if_else(b.icmp_signed("==", nrows, I64(1))) as (then, otherwise):
+            with then:
+                panel(mb, 1)
+            with otherwise:
+                panel(mb)
 
     em.loop_range(begin, end, unit)
     b.ret_void()

@@ -11,6 +11,7 @@ import attrs
 from ...errors import CuvilError
 from ...ir.graph import Graph
 from ...lora.slots import add_lora_slots
+from ...precision.policy import reconcile
 from ...progress import stage
 from ...rewrite_rules.engine import RewriteReport
 from ...rewrite_rules.proved_rewrite import applied_rules, proved_rewrite
@@ -159,6 +160,9 @@ class X86Target:
                 g, report = choose_algorithms(g, o.cpu, o.tuning, o.winograd, o.fused_attention)
                 s.detail(f"{sum(report.applied.values())} rewrites")
             extra["rules_applied"] = {**extra.get("rules_applied", {}), **applied_rules(report)}
+            if "precision" in extra:
+                extra["precision"] = reconcile(extra["precision"], g, "rewritten by the x86 algorithm choice "
+                                               "(FusedAttention, Winograd), whose kernels compute float32")
         slots = []
         if o.lora_slots:
             with stage("lora slots", detail=f"rank {o.lora_slots}") as s:

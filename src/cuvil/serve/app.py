@@ -1,0 +1,270 @@
+"""Build the Ray Serve applications of ``cuvil serve`` and start them: :func:`start` (Ray, then Serve on a host and
+port, then the apps; returns the base URL), :func:`stop`. Each artifact is its own application (``cuvil-NAME``,
+route ``/v2/models/NAME``): one :class:`~cuvil.serve.deployment.ModelServer` deployment whose replicas answer
+HTTP themselves (``--replicas N`` or ``--autoscale MIN:MAX``; a GPU bundle asks for one GPU per replica when the
+cluster has GPUs, and one replica per GPU unless told otherwise). One more application, ``cuvil`` at ``/``, is the
+:class:`~cuvil.serve.deployment.Health` deployment (``/v2``, ``/v2/health/*``, unknown models).
+
+Ray is imported here only inside functions (:func:`import_ray`), so that this module, like the rest of
+:mod:`cuvil.serve` but ``deployment``, imports without it.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from typing import List, Optional, Sequence, Tuple
+
+import attrs
+
+from ..errors import CuvilError
+from . import protocol
+
+#: The name of the Serve application of the server-wide routes; each model's is ``cuvil-NAME``
+#: (:func:`model_app_name`); ``serve status`` lists them.
+APP_NAME = "cuvil"
+INSTALL_HINT = "pip install 'cuvil[serve]' (Ray Serve), then run cuvil serve again"
+#: How many times a local Ray instance is started before giving up (Ray gives its node a fixed 30 s to come up,
+#: which a machine busy with other work can miss).
+LOCAL_START_ATTEMPTS = 3
+
+
+@attrs.frozen
+class ServeOptions:
+    """How to serve: where (``host``, ``port``), how many replicas (``replicas``, or ``autoscale`` (min, max)),
+    ``threads`` per replica (0: all cores), ``cpus`` Ray reserves per replica (default: ``threads``; none
+    for 0, so that replicas of all cores never wait for CPUs Ray cannot give),
+    dynamic batching (``max_batch_size`` rows, ``batch_wait_s``), the served ``names`` (default: from the file
+    names), the GPU bundles' x86 ``fallbacks`` (by artifact path), the largest request body ``max_body_bytes``; ``quiet``:
+    Ray's and Serve's log lines at warnings only."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    replicas: Optional[int] = None
+    autoscale: Optional[Tuple[int, int]] = None
+    threads: int = 0
+    cpus: Optional[float] = None
+    max_batch_size: int = 8
+    batch_wait_s: float = 0.002
+    names: Optional[Sequence[str]] = None
+    fallbacks: dict = attrs.field(factory=dict)
+    max_body_bytes: int = protocol.DEFAULT_MAX_BODY
+    quiet: bool = False
+
+
+def import_ray():
+    """``(ray, ray.serve)``, or a CuvilError that says what to install."""
+    try:
+        import ray
+        from ray import serve
+    except ImportError as e:
+        raise CuvilError(f"serving needs Ray Serve, which is not installed ({e})", hint=INSTALL_HINT) from None
+    return ray, serve
+
+
+def is_bundle(path: str) -> bool:
+    return os.path.isdir(path) or path.rstrip(os.sep).endswith(".cuvil")
+
+
+def artifact_name(path: str) -> str:
+    """``libNAME.so`` and ``NAME.cuvil`` -> ``NAME``."""
+    base = os.path.basename(os.path.normpath(path))
+    if base.endswith(".so"):
+        base = base[:-3]
+        if base.startswith("lib") and len(base) > 3:
+            base = base[3:]
+    elif base.endswith(".cuvil"):
+        base = base[:-6]
+    return base
+
+
+def model_names(paths: Sequence[str], names: Optional[Sequence[str]] = None) -> List[str]:
+    """The name each artifact is served as (``libNAME.so``/``NAME.cuvil`` -> ``NAME``, or ``names`` in order);
+    refuses a count that does not match, a duplicate, a name a URL path cannot carry."""
+    if names:
+        if len(names) != len(paths):
+            raise CuvilError(f"{len(names)} --name for {len(paths)} artifacts",
+                             hint="give one --name per artifact, in the same order, or none")
+        out = list(names)
+    else:
+        out = [artifact_name(p) for p in paths]
+    for n in out:
+        if not n or "/" in n or n in (".", ".."):
+            raise CuvilError(f"model name {n!r} cannot be a URL path segment", hint="give --name NAME")
+    dup = sorted({n for n in out if out.count(n) > 1})
+    if dup:
+        raise CuvilError(f"two artifacts would both be served as {', '.join(map(repr, dup))}",
+                         hint="give each one a --name")
+    return out
+
+
+def check_artifacts(paths: Sequence[str], fallbacks: Sequence[str] = ()) -> None:
+    """Refuses a path that is not a compiled artifact, or a fallback that is not an x86 library, before Ray
+    starts (a replica that cannot load its artifact would otherwise be retried by Ray)."""
+    for f in fallbacks:
+        if not (f.endswith(".so") and os.path.isfile(f)):
+            raise CuvilError(f"--fallback {f}: not an x86 library (libNAME.so) here",
+                             hint="give the libNAME.so compiled from the same model for the x86 target")
+    for p in paths:
+        if is_bundle(p):
+            if not os.path.isdir(p):
+                raise CuvilError(f"{p}: no such bundle", hint="give a NAME.cuvil directory (cuvil compile "
+                                 "--target cuda writes one) or a libNAME.so")
+        elif not os.path.isfile(p):
+            raise CuvilError(f"{p}: no such file", hint="give a compiled libNAME.so (cuvil compile MODEL -o "
+                             "libNAME.so writes one) or a NAME.cuvil bundle")
+        elif not p.endswith(".so"):
+            raise CuvilError(f"{p}: not a compiled artifact (libNAME.so or NAME.cuvil)",
+                             hint=f"compile it first: cuvil compile {p} -o build/libNAME.so")
+
+
+def _scale(opts: ServeOptions, default_replicas: int = 1) -> dict:
+    if opts.autoscale is not None:
+        lo, hi = opts.autoscale
+        return {"autoscaling_config": {"min_replicas": lo, "max_replicas": hi, "initial_replicas": max(lo, 1),
+                                       "target_ongoing_requests": max(2, opts.max_batch_size)}}
+    return {"num_replicas": opts.replicas if opts.replicas is not None else default_replicas}
+
+
+def model_deployment_options(path: str, name: str, opts: ServeOptions, gpus: float = 0) -> dict:
+    """The Ray Serve options of the deployment serving ``path`` as ``name``: the CPUs each replica reserves,
+    one GPU per replica for a GPU bundle when the cluster has GPUs (and one replica per GPU unless ``replicas``
+    or ``autoscale`` say otherwise), the replica count or the autoscaling range."""
+    cpus = opts.cpus if opts.cpus is not None else float(opts.threads)
+    actor = {"num_cpus": cpus}
+    replicas = 1
+    if is_bundle(path) and gpus >= 1:
+        actor["num_gpus"] = 1
+        replicas = int(gpus)
+    return dict(name=f"model-{name}", ray_actor_options=actor, max_ongoing_requests=max(16, 4 * opts.max_batch_size),
+                **_scale(opts, replicas))
+
+
+def model_app_name(name: str) -> str:
+    """The Serve application serving model ``name`` (its deployment is ``model-NAME``)."""
+    return f"{APP_NAME}-{name}"
+
+
+def model_app(cls, path: str, name: str, opts: ServeOptions, gpus: float = 0, *extra):
+    """``(application name, route prefix, bound application)`` of one model served by ``cls`` (ModelServer, or a
+    subclass taking ``extra`` init arguments after the usual ones)."""
+    _, serve = import_ray()
+    d = serve.deployment(cls, **model_deployment_options(path, name, opts, gpus))
+    fallback = opts.fallbacks.get(path)
+    bound = d.bind(os.path.abspath(path), name, opts.threads, opts.max_batch_size, opts.batch_wait_s,
+                   os.path.abspath(fallback) if fallback else None, opts.max_body_bytes, *extra)
+    return model_app_name(name), f"/v2/models/{name}", bound
+
+
+def build_apps(paths: Sequence[str], opts: ServeOptions, gpus: float = 0) -> List[tuple]:
+    """The Serve applications serving ``paths`` (``gpus``: the GPUs of the cluster, for the bundles), each
+    ``(application name, route prefix, bound application)``; the server-wide one (:class:`Health`) last."""
+    from .deployment import ModelServer
+    check_artifacts(paths)
+    names = model_names(paths, opts.names)
+    apps = [model_app(ModelServer, path, name, opts, gpus) for path, name in zip(paths, names)]
+    return apps + [health_app([a[0] for a in apps], names)]
+
+
+def health_app(app_names: Sequence[str], names: Sequence[str]) -> tuple:
+    _, serve = import_ray()
+    from .deployment import Health
+    d = serve.deployment(Health, name="oip-health", ray_actor_options={"num_cpus": 0}, max_ongoing_requests=1000)
+    return APP_NAME, "/", d.bind(dict(zip(names, app_names)))
+
+
+def run_apps(apps: Sequence[tuple]) -> None:
+    """Deploy ``(name, route prefix, application)`` each, waiting until its replicas are up; remembered for
+    :func:`stop`."""
+    _, serve = import_ray()
+    for name, prefix, app in apps:
+        # no access log line per request: it costs the replica and the proxy CPU on every request
+        serve.run(app, name=name, route_prefix=prefix, blocking=False,
+                  logging_config={"enable_access_log": False, "log_level": "WARNING"})
+        if name not in _deployed:
+            _deployed.append(name)
+
+
+def check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """A ``HOST:PORT`` Ray address that nothing answers on is refused at once (Ray itself retries for minutes);
+    ``auto`` and ``ray://`` addresses are left to Ray."""
+    host, sep, port = address.rpartition(":")
+    if not sep or "://" in address or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        raise CuvilError(f"no Ray cluster answers at {address} ({e.strerror or e})",
+                         hint="start one there (ray start --head --port PORT), or leave --address out to serve "
+                              "from a local Ray instance") from None
+
+
+_started_ray = [False]
+#: The Serve applications :func:`run_apps` deployed (what :func:`stop` deletes on a cluster it joined).
+_deployed: List[str] = []
+
+
+def start(paths: Sequence[str], opts: ServeOptions = ServeOptions(), address: Optional[str] = None,
+          num_cpus: Optional[int] = None) -> str:
+    """Serve ``paths``: join the Ray cluster at ``address`` (None: start a local Ray instance with ``num_cpus``),
+    start Serve's HTTP proxy on ``opts.host``:``opts.port``, deploy, wait until every replica is up. Returns
+    the base URL (``http://HOST:PORT``)."""
+    ray, serve = import_ray()
+    check_artifacts(paths, list(opts.fallbacks.values()))
+    model_names(paths, opts.names)
+    if not ray.is_initialized():
+        if address is not None:
+            check_reachable(address)
+        kwargs = dict(include_dashboard=False, log_to_driver=not opts.quiet,
+                      logging_level=logging.WARNING if opts.quiet else logging.INFO)
+        if address is None:
+            kwargs["num_cpus"] = num_cpus
+        # "local": a new Ray instance even where `ray start` runs one on this machine (None would join that one)
+        try:
+            for attempt in range(1 if address is not None else LOCAL_START_ATTEMPTS):
+                try:
+                    ray.init(address=address or "local", **kwargs)
+                    break
+                except Exception:
+                    # a local node that did not come up in Ray's fixed 30 s (a machine busy with other work)
+                    if attempt + 1 >= (1 if address is not None else LOCAL_START_ATTEMPTS):
+                        raise
+                    ray.shutdown()
+        except Exception as e:     # a cluster not there, a node that timed out starting (an overloaded machine)
+            text = str(e).strip().splitlines()
+            where = f"the Ray cluster at {address}" if address else "a local Ray instance"
+            raise CuvilError(f"could not start or join {where}: {type(e).__name__}: {text[-1] if text else ''}",
+                             hint="check `ray status` on the cluster (--address), or try again on a less busy "
+                                  "machine (Ray gives its processes 30 s to start)") from None
+        _started_ray[0] = True
+    apps = build_apps(paths, opts, gpus=ray.cluster_resources().get("GPU", 0))
+    try:
+        if opts.quiet:
+            logging.getLogger("ray.serve").setLevel(logging.WARNING)
+        serve.start(http_options={"host": opts.host, "port": opts.port},
+                    logging_config={"log_level": "WARNING" if opts.quiet else "INFO"})
+        run_apps(apps)
+    except Exception as e:      # a port in use, a replica that failed to load: one line, not Ray's traceback
+        text = str(e).strip().splitlines()
+        raise CuvilError(f"the server did not start: {type(e).__name__}: {text[-1] if text else ''}",
+                         hint="check the artifact loads (cuvil run ARTIFACT) and the port is free (--port)") from None
+    return f"http://{opts.host}:{opts.port}"
+
+
+def stop() -> None:
+    """Shut down what :func:`start` started: Serve and Ray where it started its own Ray instance; on a cluster it
+    joined, only its applications (Serve and the cluster go on)."""
+    ray, serve = import_ray()
+    if not ray.is_initialized():
+        return
+    if _started_ray[0]:
+        serve.shutdown()
+        ray.shutdown()
+        _started_ray[0] = False
+    else:
+        for name in reversed(_deployed):
+            try:
+                serve.delete(name)
+            except Exception:
+                pass
+    _deployed.clear()
