@@ -260,3 +260,19 @@ def test_instance_norm_of_one_element_is_padded_for_the_fused_formula():
                 nh.from_array(np.array([0.01257302, -0.3, 0.7], np.float32), "b")])
     for v in (3.0, -3.0, 1.7):
         _assert_sound(_ranges_and_values(m, {"x": (-3.0, 3.0)}, {"x": np.full((1, 3, 1, 1), v, np.float32)}))
+
+
+def test_a_nan_guard_after_a_masked_softmax_is_bounded_again():
+    # Where(IsNaN(p), 0, p) (BERT's SDPA export): the fully masked row's NaN is replaced, so the guard's output is
+    # certified in [0, 1] while p itself is unknown
+    nodes = [h.make_node("Cast", ["mask"], ["b"], to=T.BOOL), h.make_node("Where", ["b", "x", "ninf"], ["s"]),
+             h.make_node("Softmax", ["s"], ["p"], axis=-1), h.make_node("IsNaN", ["p"], ["isnan"]),
+             h.make_node("Where", ["isnan", "zero", "p"], ["y"])]
+    m = _model(nodes, [("x", T.FLOAT, [2, 4]), ("mask", T.FLOAT, [2, 4])], "y",
+               [nh.from_array(np.array(-np.inf, np.float32), "ninf"), nh.from_array(np.array(0, np.float32), "zero")])
+    mask = np.array([[1, 1, 0, 0], [0, 0, 0, 0]], np.float32)
+    pairs = _ranges_and_values(m, {"x": (-3.0, 3.0), "mask": (0.0, 1.0)},
+                               {"x": np.zeros((2, 4), np.float32), "mask": mask})
+    assert np.isnan(pairs["p"][1][1]).all() and not pairs["p"][0].bounded
+    assert pairs["y"][0].bounded and pairs["y"][0].max <= 1.0 + 1e-5
+    _assert_sound(pairs)

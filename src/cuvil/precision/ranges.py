@@ -97,7 +97,8 @@ def node_ranges(graph: Graph, n: Node, r: Ranges) -> List[Optional[Interval]]:
         t = _intersect(res[0], tight)
         res = [Interval(t.lo, t.hi, t.origin, t.why, "affine" if t.max - t.min < res[0].max - res[0].min else "")] + res[1:]
     why = join_why(float_ins)
-    wild = next((v.name for v, iv in zip(n.inputs, ins) if is_float(v) and _wild(n, iv)), None)
+    guarded = _nan_guarded(n)
+    wild = next((v.name for v, iv in zip(n.inputs, ins) if is_float(v) and v is not guarded and _wild(n, iv)), None)
     out = []
     for o, iv in zip(n.outputs, res):
         if iv is None:
@@ -109,6 +110,7 @@ def node_ranges(graph: Graph, n: Node, r: Ranges) -> List[Optional[Interval]]:
         iv = Interval(np.nan_to_num(iv.lo, nan=-np.inf), np.nan_to_num(iv.hi, nan=np.inf), origin,
                       iv.why or ("" if iv.bounded else why), iv.method)
         dt = o.type.dtype if o is not None else DType.FLOAT
+        pre = iv
         if n.op not in _EXACT_OPS:
             iv = iv.widened(_ROUNDING.get(dt, SLACK))
         if n.op in _APPROXIMATED:   # vectorised approximations: an absolute error (onnxruntime's Sigmoid(-13): 1%)
@@ -117,7 +119,7 @@ def node_ranges(graph: Graph, n: Node, r: Ranges) -> List[Optional[Interval]]:
         if u and n.op not in _CONTRACTIONS:   # a narrowed elementwise node: its inputs and result rounded
             mag = iv.max_abs + sum(i.max_abs for v, i in zip(n.inputs, ins) if is_float(v) and i is not None)
             iv = Interval(iv.lo - 3 * u * mag, iv.hi + 3 * u * mag, iv.origin, iv.why, iv.method)
-        out.append(_overflowed(iv, dt, n))
+        out.append(_overflowed(iv, dt, n, pre))
     return out
 
 
@@ -166,14 +168,22 @@ _CONTRACTIONS = frozenset({"Conv", "MatMul", "Gemm"})
 _ROUNDING = {DType.FLOAT16: 2.0 ** -10, DType.BFLOAT16: 2.0 ** -7}
 _MAX_FINITE = {DType.FLOAT: float(np.finfo(np.float32).max), DType.FLOAT16: 65504.0,
                DType.BFLOAT16: float(np.finfo(np.float32).max) * (1 - 2.0 ** -8)}
+#: Where rounding to nearest overflows: the largest finite value plus half its ulp.
+_OVERFLOW_AT = {DType.FLOAT: 2.0 ** 128 - 2.0 ** 103, DType.FLOAT16: 65520.0, DType.BFLOAT16: 2.0 ** 128 - 2.0 ** 119}
 
 
-def _overflowed(iv: Interval, dt, n: Node) -> Interval:
-    """Bounds past the largest finite value of the tensor's type: the computation may overflow to inf there."""
-    big = _MAX_FINITE.get(dt)
+def _overflowed(iv: Interval, dt, n: Node, pre: Interval) -> Interval:
+    """Real bounds (``pre``, before the rounding pad) at or past where the tensor's type rounds to inf: the
+    computation may overflow there; elsewhere a finite result of the type is within its largest value, so the
+    padded bounds are clipped to it (``finfo.min`` masks stay finite)."""
+    big, at = _MAX_FINITE.get(dt), _OVERFLOW_AT.get(dt)
     if big is None or not (np.any(iv.hi > big) or np.any(iv.lo < -big)):
         return iv
-    return Interval(np.where(iv.lo < -big, -np.inf, iv.lo), np.where(iv.hi > big, np.inf, iv.hi), iv.origin,
+    lo = np.where(np.broadcast_to(pre.lo, np.shape(iv.lo)) <= -at, -np.inf, np.maximum(iv.lo, -big))
+    hi = np.where(np.broadcast_to(pre.hi, np.shape(iv.hi)) >= at, np.inf, np.minimum(iv.hi, big))
+    if np.all(np.isfinite(lo)) and np.all(np.isfinite(hi)):
+        return Interval(lo, hi, iv.origin, iv.why, iv.method)
+    return Interval(lo, hi, iv.origin,
                     iv.why or f"{n.op} {n.name} may overflow {dt.name.lower()} (a bound past ±{big:.6g})", iv.method)
 
 
@@ -388,7 +398,26 @@ def _mean(g, n, ins):
 
 
 def _where(g, n, ins):
+    guarded = _nan_guarded(n)
+    if guarded is not None:   # Where(IsNaN(p), c, p): p's values where it is not NaN (a Softmax's: [0, 1])
+        i = 1 if n.inputs[1] is guarded else 2
+        ins = list(ins)
+        ins[i] = Interval.of(0.0, 1.0) if guarded.producer.op in ("Softmax", "Hardmax") else ins[i]
     return union([ins[1], ins[2]])
+
+
+def _nan_guarded(n: Node) -> Optional[Value]:
+    """``p`` of ``Where(IsNaN(p), c, p)``, the guard exporters put after a Softmax whose row may be fully masked:
+    its NaNs never reach the output."""
+    if n.op != "Where" or len(n.inputs) != 3 or any(v is None for v in n.inputs):
+        return None
+    c = n.inputs[0].producer
+    if c is None or c.op != "IsNaN" or not c.inputs or c.inputs[0] is None:
+        return None
+    p = c.inputs[0]
+    if n.inputs[2] is p and n.inputs[1] is not p and p.producer is not None:
+        return p
+    return None
 
 
 def _same(g, n, ins):
