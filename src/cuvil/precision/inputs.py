@@ -45,6 +45,9 @@ def declared_ranges(ranges: Optional[Mapping[str, RangeSpec]], input_names: Iter
                              hint=f'input_ranges={{"{name}": (-3.0, 3.0)}}') from None
         if not lo <= hi:
             raise CuvilError(f"input range of {name!r}: lo {lo} > hi {hi}", hint="give (lo, hi) with lo <= hi")
+        # rounded outward to float32: ``x=-0.1:0.1`` holds np.float32(0.1), which is a little above 0.1
+        with np.errstate(over="ignore"):
+            lo, hi = min(lo, float(np.float32(lo))), max(hi, float(np.float32(hi)))
         out[name] = Interval.of(lo, hi, CERTIFIED)
     return out
 

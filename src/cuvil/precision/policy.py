@@ -207,6 +207,7 @@ def plan_precision(graph: Graph, mode: str = "auto", *, input_ranges=None, calib
         fmt, reason = _choose(n, mode, verdicts, target_ops, target)
         rng = next((iv for k, p, v, i, iv, is_in in held[n.name] if not is_in and not i), None)
         out.append(NodePlan(n.name, n.op, fmt, reason, rng, verdicts))
+    _recheck_narrowed(graph, inputs, r, out)
     return PrecisionPlan(mode, target, target_ops, inputs, out, ranges, search,
                          searcher.evaluations if searcher else 0)
 
@@ -347,3 +348,44 @@ def reconcile(entry: dict, graph: Graph, why: str) -> dict:
         nodes[name] = rec
     counts = Counter(r.get("format", "fp32") for r in nodes.values())
     return {**entry, "nodes": nodes, "counts": dict(sorted(counts.items()))}
+
+
+#: Unit roundoff of the formats a narrowed contraction rounds its inputs to.
+_UNIT = {"bf16": 2.0 ** -8, "fp16": 2.0 ** -11}
+
+
+def _recheck_narrowed(graph: Graph, inputs, r, plans: List[NodePlan]) -> None:
+    """The ranges above are float32's; a narrowed node computes a little differently (its inputs rounded), and a
+    value downstream may then leave its range: a divisor certified in [0.1, 0.5] can round to 0. Re-bound the
+    graph with every narrowed node widened by its rounding; where a range that was bounded is no longer (or a
+    narrowed node's own values no longer fit), the narrowed nodes upstream of it go back to float32."""
+    by_name = {p.name: p for p in plans}
+    for _ in range(len(plans) + 1):
+        narrowed = {p.name: _UNIT[p.format] for p in plans if p.format in _UNIT}
+        if not narrowed:
+            return
+        r2 = analyze(graph, inputs, narrowed)
+        bad = [n for n in graph.nodes for o in n.outputs
+               if id(o) in r and id(o) in r2 and r[id(o)].bounded and not r2[id(o)].bounded]
+        fits = lambda n, rr, o: FORMATS[by_name[n.name].format].check(rr[id(o)]) is None
+        bad += [n for n in graph.nodes if n.name in narrowed and any(   # (a Z3 proof stands for the interval)
+            fits(n, r, o) and not fits(n, r2, o) for o in n.outputs if id(o) in r2 and id(o) in r)]
+        if not bad:
+            return
+        for n in _ancestors(bad):
+            p = by_name.get(n.name)
+            if p is not None and p.name in narrowed:
+                p.format, p.reason = "", (f"{p.format} safe for its own values, but its rounding makes a value "
+                                          f"downstream ({bad[0].name}) leave its float32 range: kept float32")
+
+
+def _ancestors(nodes) -> List[Node]:
+    seen, stack, out = set(), list(nodes), []
+    while stack:
+        n = stack.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        out.append(n)
+        stack.extend(v.producer for v in n.inputs if v is not None and v.producer is not None)
+    return out

@@ -15,6 +15,7 @@ counterexample search, :mod:`cuvil.precision.search`).
 """
 from __future__ import annotations
 
+import contextvars
 import math
 from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
@@ -23,7 +24,7 @@ import numpy as np
 from ..ir.dtype import DType
 from ..ir.graph import Graph, Node, Value
 from .affine import tighten
-from .interval import CERTIFIED, Interval, join_origin, join_why, union
+from .interval import CERTIFIED, SLACK, Interval, join_origin, join_why, union
 
 FLOAT_DTYPES = (DType.FLOAT, DType.FLOAT16, DType.DOUBLE, DType.BFLOAT16)
 
@@ -45,9 +46,10 @@ def dim_max(d, graph: Graph) -> int:
         return -1
 
 
-def analyze(graph: Graph, inputs: Mapping[str, Interval]) -> Ranges:
+def analyze(graph: Graph, inputs: Mapping[str, Interval], narrowed: Optional[Mapping[str, float]] = None) -> Ranges:
     """The interval of every float value of ``graph`` (graph inputs by name from ``inputs``; an input without
-    one is unbounded, saying so)."""
+    one is unbounded, saying so). ``narrowed``: node name -> the unit roundoff of the format its inputs are
+    rounded to (a contraction computing in bf16/fp16): its bounds widen by that rounding."""
     r: Ranges = {}
     for v in graph.inputs:
         if v.name in inputs:
@@ -62,7 +64,11 @@ def analyze(graph: Graph, inputs: Mapping[str, Interval]) -> Ranges:
             r[id(v)] = Interval.exact(v.const) if v.const.size <= 65536 else Interval.of(
                 float(np.min(v.const)), float(np.max(v.const)))
     for n in graph.nodes:
-        outs = node_ranges(graph, n, r)
+        token = _INPUT_ROUNDING.set((narrowed or {}).get(n.name, 0.0))
+        try:
+            outs = node_ranges(graph, n, r)
+        finally:
+            _INPUT_ROUNDING.reset(token)
         for o, iv in zip(n.outputs, outs):
             if iv is not None and is_float(o):
                 r[id(o)] = iv
@@ -91,15 +97,94 @@ def node_ranges(graph: Graph, n: Node, r: Ranges) -> List[Optional[Interval]]:
         t = _intersect(res[0], tight)
         res = [Interval(t.lo, t.hi, t.origin, t.why, "affine" if t.max - t.min < res[0].max - res[0].min else "")] + res[1:]
     why = join_why(float_ins)
+    guarded = _nan_guarded(n)
+    wild = next((v.name for v, iv in zip(n.inputs, ins) if is_float(v) and v is not guarded and _wild(n, iv)), None)
     out = []
-    for iv in res:
+    for o, iv in zip(n.outputs, res):
         if iv is None:
             out.append(None)
             continue
+        if wild is not None:
+            iv = Interval.unbounded(f"{n.op} {n.name}: its input {wild} may be infinite or NaN"
+                                    + (f" ({why})" if why else ""))
         iv = Interval(np.nan_to_num(iv.lo, nan=-np.inf), np.nan_to_num(iv.hi, nan=np.inf), origin,
                       iv.why or ("" if iv.bounded else why), iv.method)
-        out.append(iv.widened() if n.op not in _EXACT_OPS else iv)
+        dt = o.type.dtype if o is not None else DType.FLOAT
+        pre = iv
+        if n.op not in _EXACT_OPS:
+            iv = iv.widened(_ROUNDING.get(dt, SLACK))
+        if n.op in _APPROXIMATED:   # vectorised approximations: an absolute error (onnxruntime's Sigmoid(-13): 1%)
+            iv = Interval(iv.lo - _APPROX_ABS, iv.hi + _APPROX_ABS, iv.origin, iv.why, iv.method)
+        u = _INPUT_ROUNDING.get()
+        if u and n.op not in _CONTRACTIONS:   # a narrowed elementwise node: its inputs and result rounded
+            mag = iv.max_abs + sum(i.max_abs for v, i in zip(n.inputs, ins) if is_float(v) and i is not None)
+            iv = Interval(iv.lo - 3 * u * mag, iv.hi + 3 * u * mag, iv.origin, iv.why, iv.method)
+        out.append(_overflowed(iv, dt, n, pre))
     return out
+
+
+#: Ops whose rules follow IEEE arithmetic on infinite bounds (inf + x = inf; inf - inf gives a NaN bound, which
+#: becomes [-inf, inf]): an input element that may be ±inf is fine for them, one that may be NaN is not.
+_IEEE_OPS = frozenset({"Add", "Sub", "Where", "Max", "Min", "Relu", "Neg", "Abs", "Identity", "Dropout", "Cast",
+                       "CastLike", "Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Expand", "Tile",
+                       "Slice", "Gather", "GatherElements", "GatherND", "Concat", "Split", "Pad", "ReduceMax",
+                       "ReduceMin", "MaxPool", "GlobalMaxPool", "Softmax"})
+
+
+def _wild(n: Node, iv: Optional[Interval]) -> bool:
+    """Whether ``n``'s rule may not hold for an input in ``iv``. An element bounded by [-inf, inf] may be NaN
+    (inf - inf, 0 * inf upstream; an input without a range), and no rule holds for NaN (Sigmoid, Softmax,
+    LayerNormalization, Clip would certify a finite range); a one-sided infinite bound (-inf in a mask, an
+    overflow) is a real value, only the IEEE-faithful rules handle it. Softmax: NaN where a row may be all -inf
+    or hold +inf."""
+    if iv is None or iv.bounded:
+        return False
+    if n.op not in _IEEE_OPS:
+        return True
+    if np.any(np.isneginf(iv.lo) & np.isposinf(iv.hi)):
+        return True
+    if n.op == "Softmax":
+        rank = n.inputs[0].type.rank
+        x = _aligned(iv, rank)
+        if np.any(np.isposinf(x.hi)) or x.lo.ndim == 0:
+            return bool(np.any(np.isposinf(x.hi)) or np.isneginf(x.lo))
+        axis = int(n.attrs.get("axis", -1)) % x.lo.ndim
+        return not bool(np.all(np.any(np.isfinite(x.lo), axis=axis)))
+    return False
+
+
+#: Ops that runtimes compute by polynomial approximations, accurate to an absolute error rather than a
+#: relative one near 0 (onnxruntime's Sigmoid(-13.2) is 1.848e-6, the real value 1.83e-6): padded by it.
+_APPROXIMATED = frozenset({"Sigmoid", "Tanh", "Erf", "Gelu", "Mish", "Softplus", "Softsign", "Atan", "Sin", "Cos",
+                           "Elu", "Selu", "HardSwish", "Exp", "Log", "LogSoftmax"})
+_APPROX_ABS = 2.0 ** -20
+
+
+#: Ops whose rules pad for a narrowed node's input rounding themselves (:func:`_summed`).
+_CONTRACTIONS = frozenset({"Conv", "MatMul", "Gemm"})
+
+
+#: Relative rounding of one op's result in the narrow float types (their unit roundoff, doubled).
+_ROUNDING = {DType.FLOAT16: 2.0 ** -10, DType.BFLOAT16: 2.0 ** -7}
+_MAX_FINITE = {DType.FLOAT: float(np.finfo(np.float32).max), DType.FLOAT16: 65504.0,
+               DType.BFLOAT16: float(np.finfo(np.float32).max) * (1 - 2.0 ** -8)}
+#: Where rounding to nearest overflows: the largest finite value plus half its ulp.
+_OVERFLOW_AT = {DType.FLOAT: 2.0 ** 128 - 2.0 ** 103, DType.FLOAT16: 65520.0, DType.BFLOAT16: 2.0 ** 128 - 2.0 ** 119}
+
+
+def _overflowed(iv: Interval, dt, n: Node, pre: Interval) -> Interval:
+    """Real bounds (``pre``, before the rounding pad) at or past where the tensor's type rounds to inf: the
+    computation may overflow there; elsewhere a finite result of the type is within its largest value, so the
+    padded bounds are clipped to it (``finfo.min`` masks stay finite)."""
+    big, at = _MAX_FINITE.get(dt), _OVERFLOW_AT.get(dt)
+    if big is None or not (np.any(iv.hi > big) or np.any(iv.lo < -big)):
+        return iv
+    lo = np.where(np.broadcast_to(pre.lo, np.shape(iv.lo)) <= -at, -np.inf, np.maximum(iv.lo, -big))
+    hi = np.where(np.broadcast_to(pre.hi, np.shape(iv.hi)) >= at, np.inf, np.minimum(iv.hi, big))
+    if np.all(np.isfinite(lo)) and np.all(np.isfinite(hi)):
+        return Interval(lo, hi, iv.origin, iv.why, iv.method)
+    return Interval(lo, hi, iv.origin,
+                    iv.why or f"{n.op} {n.name} may overflow {dt.name.lower()} (a bound past ±{big:.6g})", iv.method)
 
 
 def _intersect(a: Interval, b: Interval) -> Interval:
@@ -231,16 +316,18 @@ def _pow(g, n, ins):
 
 def _clip(g, n, ins):
     x = ins[0]
-    lo = ins[1].min if len(ins) > 1 and ins[1] is not None else n.attrs.get("min", -np.inf)
-    hi = ins[2].max if len(ins) > 2 and ins[2] is not None else n.attrs.get("max", np.inf)
-    return Interval.of(np.clip(x.lo, lo, hi), np.clip(x.hi, lo, hi))
+    # min(max(x, a), b) is non-decreasing in x, a and b: the low bound from every low bound, the high from the highs
+    a = ins[1] if len(ins) > 1 and ins[1] is not None else Interval.exact(n.attrs.get("min", -np.inf))
+    b = ins[2] if len(ins) > 2 and ins[2] is not None else Interval.exact(n.attrs.get("max", np.inf))
+    return Interval.of(np.minimum(np.maximum(x.lo, a.min), b.min), np.minimum(np.maximum(x.hi, a.max), b.max))
 
 
 def _leaky(alpha_default):
     def rule(g, n, ins):
         x, a = ins[0], float(n.attrs.get("alpha", alpha_default))
-        return Interval.of(np.minimum(np.where(x.lo < 0, a * x.lo, x.lo), np.where(x.hi < 0, a * x.hi, x.hi)),
-                           np.maximum(np.where(x.lo < 0, a * x.lo, x.lo), np.where(x.hi < 0, a * x.hi, x.hi)))
+        fl, fh = np.where(x.lo < 0, a * x.lo, x.lo), np.where(x.hi < 0, a * x.hi, x.hi)
+        zero = np.where((x.lo < 0) & (x.hi > 0), 0.0, fl)   # f(0) = 0 inside (a negative alpha is not monotone)
+        return Interval.of(np.minimum(np.minimum(fl, fh), zero), np.maximum(np.maximum(fl, fh), zero))
     return rule
 
 
@@ -254,7 +341,9 @@ def _elu(g, n, ins):
     a = float(n.attrs.get("alpha", 1.0))
     f = lambda t: np.where(t >= 0, t, a * (np.exp(np.minimum(t, 0)) - 1))
     x = ins[0]
-    return Interval.of(np.minimum(f(x.lo), -a), f(x.hi)) if a >= 0 and x.min < 0 else Interval.of(f(x.lo), f(x.hi))
+    if a < 0:   # a·(e^t - 1) for t < 0 decreases: between 0 and -a below 0
+        return Interval.of(np.minimum(f(x.lo), 0.0), np.maximum(np.maximum(f(x.hi), 0.0), np.where(x.lo < 0, -a, 0.0)))
+    return Interval.of(np.minimum(f(x.lo), -a), f(x.hi)) if x.min < 0 else Interval.of(f(x.lo), f(x.hi))
 
 
 def _selu(g, n, ins):
@@ -269,12 +358,23 @@ def _elu_alpha(g, n, ins, a):
     return Interval.of(np.minimum(f(x.lo), -a) if x.min < 0 else f(x.lo), f(x.hi))
 
 
+def _gelu_fn(n: Node):
+    """(f, argmin): each of these decreases below its argmin and increases above it."""
+    if n.op == "Mish":
+        return (lambda t: t * np.tanh(np.logaddexp(t, 0.0))), -1.19237
+    if n.op == "HardSwish":
+        return (lambda t: t * np.clip(t + 3.0, 0.0, 6.0) / 6.0), -1.5
+    approx = n.attrs.get("approximate", "none")
+    if (approx.decode() if isinstance(approx, bytes) else approx) == "tanh":
+        return (lambda t: 0.5 * t * (1.0 + np.tanh(math.sqrt(2 / math.pi) * (t + 0.044715 * t ** 3)))), -0.75179
+    return (lambda t: 0.5 * t * (1.0 + _erf(t / math.sqrt(2.0)))), -0.75179
+
+
 def _gelu_like(g, n, ins):
-    # x·Φ(x) has its minimum -0.17 near x = -0.75 and is monotone above it; x·sigmoid(x) (SiLU) -0.28 near -1.28
+    # the minimum at the argmin clipped into [lo, hi], the maximum at an end (Mish's is -0.309, HardSwish's -0.375)
     x = ins[0]
-    floor = -0.2785
-    return Interval.of(np.where(x.hi < -1.28, x.hi * _sigmoid(x.hi), np.maximum(floor, np.minimum(x.lo, 0) * 1.0)),
-                       np.maximum(x.hi, 0.0))
+    f, a = _gelu_fn(n)
+    return Interval.of(f(np.clip(a, x.lo, x.hi)), np.maximum(f(x.lo), f(x.hi)))
 
 
 def _hard_sigmoid(g, n, ins):
@@ -298,7 +398,26 @@ def _mean(g, n, ins):
 
 
 def _where(g, n, ins):
+    guarded = _nan_guarded(n)
+    if guarded is not None:   # Where(IsNaN(p), c, p): p's values where it is not NaN (a Softmax's: [0, 1])
+        i = 1 if n.inputs[1] is guarded else 2
+        ins = list(ins)
+        ins[i] = Interval.of(0.0, 1.0) if guarded.producer.op in ("Softmax", "Hardmax") else ins[i]
     return union([ins[1], ins[2]])
+
+
+def _nan_guarded(n: Node) -> Optional[Value]:
+    """``p`` of ``Where(IsNaN(p), c, p)``, the guard exporters put after a Softmax whose row may be fully masked:
+    its NaNs never reach the output."""
+    if n.op != "Where" or len(n.inputs) != 3 or any(v is None for v in n.inputs):
+        return None
+    c = n.inputs[0].producer
+    if c is None or c.op != "IsNaN" or not c.inputs or c.inputs[0] is None:
+        return None
+    p = c.inputs[0]
+    if n.inputs[2] is p and n.inputs[1] is not p and p.producer is not None:
+        return p
+    return None
 
 
 def _same(g, n, ins):
@@ -358,6 +477,8 @@ def _reduce_axes(n: Node, rank: int) -> Optional[List[int]]:
     axes = n.attrs.get("axes")
     if axes is None and len(n.inputs) > 1 and n.inputs[1] is not None and n.inputs[1].is_const:
         axes = [int(a) for a in np.asarray(n.inputs[1].const).ravel()]
+    if axes is None and len(n.inputs) > 1 and n.inputs[1] is not None:
+        return list(range(rank))   # axes computed at run time: hulled over every axis (the count is not known)
     if not axes:
         return None if n.attrs.get("noop_with_empty_axes") else list(range(rank))
     return sorted(a % rank for a in axes)
@@ -377,6 +498,9 @@ def _reduced(g: Graph, n: Node, x: Interval):
     for a in axes:
         d = dim_max(v.type.shape[a], g)
         count = -1 if d < 0 or count < 0 else count * d
+    n_axes = len(n.inputs) > 1 and n.inputs[1] is not None and not n.inputs[1].is_const and n.attrs.get("axes") is None
+    if count > 0 and (n_axes or not all(isinstance(v.type.shape[a], (int, np.integer)) for a in axes)):
+        count = -count   # at most |count| elements, maybe fewer: the caller bounds sums for every count up to it
     if x.lo.ndim == 0:
         lo, hi = x.lo, x.hi
     else:
@@ -389,35 +513,58 @@ def _reduced(g: Graph, n: Node, x: Interval):
 def _reduce(kind):
     def rule(g, n, ins):
         x, count = _reduced(g, n, ins[0])
-        if kind in ("ReduceMean", "ReduceMax", "ReduceMin"):
+        if kind in ("ReduceMax", "ReduceMin"):
             return x
-        if count < 0:
+        mag = np.maximum(np.abs(x.lo), np.abs(x.hi))
+        if kind == "ReduceMean":   # the float32 sum's rounding, then the division's
+            return _summed(x.lo, x.hi, mag, abs(count) + 1) if count != -1 else Interval.unbounded(
+                f"{n.op} {n.name}: the number of reduced elements is not known")
+        if count == -1:
             return Interval.unbounded(f"{n.op} {n.name}: the number of reduced elements is not known")
+        c, fewer = abs(count), count < 0   # fewer: any count from 1 (0: an empty sum) up to c
+        def total(lo, hi):
+            lo, hi, m = c * lo, c * hi, c * np.maximum(np.abs(lo), np.abs(hi))
+            if fewer:
+                lo, hi = np.minimum(lo, 0.0), np.maximum(hi, 0.0)
+            return lo, hi, m
         if kind == "ReduceSum":
-            return Interval.of(count * x.lo, count * x.hi)
+            return _summed(*total(x.lo, x.hi), c)
         sq_lo, sq_hi = _square(x.lo, x.hi)
         if kind == "ReduceSumSquare":
-            return Interval.of(count * sq_lo, count * sq_hi)
+            return _summed(*total(sq_lo, sq_hi), c + 1)
         if kind == "ReduceL2":
-            return Interval.of(np.sqrt(count * sq_lo), np.sqrt(count * sq_hi))
+            s = _summed(*total(sq_lo, sq_hi), c + 1)
+            return Interval.of(np.sqrt(np.maximum(s.lo, 0)), np.sqrt(s.hi))
         if kind == "ReduceL1":
             a_lo, a_hi = _abs(x.lo, x.hi, n)
-            return Interval.of(count * a_lo, count * a_hi)
+            return _summed(*total(a_lo, a_hi), c)
         if kind == "ReduceLogSumExp":
-            return Interval.of(x.lo, x.hi + math.log(count))
+            return Interval.of(x.lo, x.hi + math.log(c))
         return Interval.unbounded(f"no range rule for {kind}")
     return rule
 
 
 def _pool(g, n, ins):
-    x = ins[0]
+    x = _aligned(ins[0], n.inputs[0].type.rank)
+    if x.lo.ndim > 2:   # the output plane is not the input's: per channel only (hulled over the spatial axes)
+        sp = tuple(range(2, x.lo.ndim))
+        x = Interval.of(x.lo.min(axis=sp, keepdims=True), x.hi.max(axis=sp, keepdims=True), x.origin, x.why)
     pads = n.attrs.get("pads") or []
     auto = n.attrs.get("auto_pad", "NOTSET")
     auto = auto.decode() if isinstance(auto, bytes) else auto
     padded = any(pads) or auto in ("SAME_UPPER", "SAME_LOWER")
+    if n.op in ("MaxPool", "GlobalMaxPool"):
+        return x
     if n.op == "AveragePool" and padded and n.attrs.get("count_include_pad", 0):
-        return Interval.of(np.minimum(x.lo, 0), np.maximum(x.hi, 0))
-    return x
+        x = Interval.of(np.minimum(x.lo, 0), np.maximum(x.hi, 0))
+    # an average: the float32 sum's rounding over the window (GlobalAveragePool: the whole plane)
+    if n.op == "GlobalAveragePool":
+        k = _norm_axis_count(g, n, 2) if n.inputs[0].type.shape is not None else -1
+    else:
+        k = int(np.prod(n.attrs.get("kernel_shape") or [1]))
+    if k < 0:
+        return Interval.unbounded(f"{n.op} {n.name}: the pooled size is not bounded")
+    return _summed(x.lo, x.hi, np.maximum(np.abs(x.lo), np.abs(x.hi)), k + 1)
 
 
 def _channels(x: Interval, rank: int, c: int):
@@ -432,9 +579,29 @@ def _channels(x: Interval, rank: int, c: int):
 
 def _bound_sum(w: np.ndarray, lo: np.ndarray, hi: np.ndarray, axes):
     """Bounds of sum over ``axes`` of ``w * x`` with ``x`` in [lo, hi] (broadcast against ``w``)."""
+    lo, hi = _bound_sum_abs(w, lo, hi, axes)[:2]
+    return lo, hi
+
+
+def _bound_sum_abs(w: np.ndarray, lo: np.ndarray, hi: np.ndarray, axes):
+    """:func:`_bound_sum` and a bound of ``sum |w·x|``, which the float32 sum's rounding error is relative to."""
     a, b = w * lo, w * hi
     a, b = np.where(np.isnan(a), 0.0, a), np.where(np.isnan(b), 0.0, b)
-    return np.minimum(a, b).sum(axis=axes), np.maximum(a, b).sum(axis=axes)
+    return (np.minimum(a, b).sum(axis=axes), np.maximum(a, b).sum(axis=axes),
+            np.maximum(np.abs(a), np.abs(b)).sum(axis=axes))
+
+
+#: Relative rounding of a contraction's inputs when the node computes narrowed (the policy's second pass): set by
+#: :func:`analyze`'s ``narrowed`` for the node being bounded, read by :func:`_summed`.
+_INPUT_ROUNDING = contextvars.ContextVar("cuvil_precision_input_rounding", default=0.0)
+
+
+def _summed(lo, hi, mag, k: int) -> Interval:
+    """A k-term float32 sum bounded by [lo, hi] in reals: widened by k·2^-23·``mag`` (``mag`` bounds the sum
+    of the terms' magnitudes; with cancellation the error is relative to it, not to the result); a narrowed
+    node's inputs rounded to its format add (2u + u²)·``mag``."""
+    pad = np.asarray(mag, np.float64) * (max(k, 1) * 2.0 ** -23 + 2.01 * _INPUT_ROUNDING.get())
+    return Interval.of(np.asarray(lo) - pad, np.asarray(hi) + pad)
 
 
 def _conv(g, n, ins):
@@ -455,14 +622,14 @@ def _conv(g, n, ins):
     gi = np.arange(O) // (O // group)                       # each output channel's group
     idx = gi[:, None] * cg + np.arange(cg)[None, :]        # [O, cg] its input channels
     ext = (slice(None), slice(None)) + (None,) * (W.ndim - 2)
-    olo, ohi = _bound_sum(W, lo[idx][ext], hi[idx][ext], tuple(range(1, W.ndim)))
+    olo, ohi, mag = _bound_sum_abs(W, lo[idx][ext], hi[idx][ext], tuple(range(1, W.ndim)))
     if len(n.inputs) > 2 and n.inputs[2] is not None:
         b = ins[2]
         blo, bhi = np.broadcast_to(b.lo, (O,)), np.broadcast_to(b.hi, (O,))
-        olo, ohi = olo + blo, ohi + bhi
+        olo, ohi, mag = olo + blo, ohi + bhi, mag + np.maximum(np.abs(blo), np.abs(bhi))
     shape = (1, O) + (1,) * (rank - 2)
-    k = W[0].size
-    return Interval.of(olo.reshape(shape), ohi.reshape(shape)).widened(k * 2.0 ** -23)
+    k = W[0].size + 1
+    return _summed(olo.reshape(shape), ohi.reshape(shape), mag.reshape(shape), k)
 
 
 def _last_axis(x: Interval, k: int):
@@ -478,9 +645,10 @@ def _contract_const(xr: Interval, W: np.ndarray, rank: int):
     K, N = W.shape[-2], W.shape[-1]
     lo, hi = _last_axis(xr, K)
     W2 = W.reshape(-1, K, N)
-    olo, ohi = _bound_sum(W2, lo[None, :, None], hi[None, :, None], 1)   # [B, N]
-    olo, ohi = olo.min(0), ohi.max(0)
-    return olo.reshape((1,) * (rank - 1) + (N,)), ohi.reshape((1,) * (rank - 1) + (N,)), K
+    olo, ohi, mag = _bound_sum_abs(W2, lo[None, :, None], hi[None, :, None], 1)   # [B, N]
+    olo, ohi, mag = olo.min(0), ohi.max(0), mag.max(0)
+    shape = (1,) * (rank - 1) + (N,)
+    return olo.reshape(shape), ohi.reshape(shape), K, mag.reshape(shape)
 
 
 def _product_bound(g, n, ins, what: str) -> Interval:
@@ -490,7 +658,7 @@ def _product_bound(g, n, ins, what: str) -> Interval:
     k = _contracted(g, n)
     if k < 0:
         return Interval.unbounded(f"{n.op} {n.name}: {what} and a contracted dim that is not bounded")
-    return Interval.of(k * np.minimum(lo, 0), k * np.maximum(hi, 0)).widened(k * 2.0 ** -23)
+    return _summed(k * np.minimum(lo, 0), k * np.maximum(hi, 0), k * np.maximum(np.abs(lo), np.abs(hi)), k)
 
 
 def _contracted(g, n) -> int:
@@ -514,14 +682,14 @@ def _matmul(g, n, ins):
     a, b = n.inputs[0], n.inputs[1]
     rank = n.outputs[0].type.rank
     if b.is_const and b.const.ndim >= 2 and rank is not None:
-        lo, hi, k = _contract_const(ins[0], np.asarray(b.const, np.float64), rank)
-        return Interval.of(lo, hi).widened(k * 2.0 ** -23)
+        lo, hi, k, mag = _contract_const(ins[0], np.asarray(b.const, np.float64), rank)
+        return _summed(lo, hi, mag, k)
     if a.is_const and a.const.ndim == 2 and rank is not None:   # W[M,K] @ x[..., K, N]: per-row bounds
         W = np.asarray(a.const, np.float64)
         xr = ins[1].hull()
-        olo, ohi = _bound_sum(W, xr.lo, xr.hi, 1)
+        olo, ohi, mag = _bound_sum_abs(W, xr.lo, xr.hi, 1)
         shape = (1,) * (rank - 2) + (W.shape[0], 1)
-        return Interval.of(olo.reshape(shape), ohi.reshape(shape)).widened(W.shape[1] * 2.0 ** -23)
+        return _summed(olo.reshape(shape), ohi.reshape(shape), mag.reshape(shape), W.shape[1])
     return _product_bound(g, n, ins, "two non-constant operands")
 
 
@@ -531,16 +699,18 @@ def _gemm(g, n, ins):
     if b.is_const and not n.attrs.get("transA", 0):
         W = np.asarray(b.const, np.float64)
         W = W.T if n.attrs.get("transB", 0) else W
-        lo, hi, k = _contract_const(ins[0], alpha * W, 2)
+        lo, hi, k, mag = _contract_const(ins[0], alpha * W, 2)
         out = Interval.of(lo, hi)
     else:
         out = _product_bound(g, n, ins, "a non-constant B")
         out = Interval.of(*_mul(out.lo, out.hi, np.float64(alpha), np.float64(alpha)))
+        mag = np.maximum(np.abs(out.lo), np.abs(out.hi))
     if len(n.inputs) > 2 and n.inputs[2] is not None:
         c = _aligned(ins[2], 2)
         clo, chi = _mul(c.lo, c.hi, np.float64(beta), np.float64(beta))
         out = Interval.of(*_add(out.lo, out.hi, clo, chi))
-    return out.widened(max(_contracted(g, n), 1) * 2.0 ** -23)
+        mag = mag + np.maximum(np.abs(clo), np.abs(chi))
+    return _summed(out.lo, out.hi, mag, max(_contracted(g, n), 1) + 2)
 
 
 def _norm_axis_count(g, n, axis: int):
@@ -573,8 +743,15 @@ def _layer_norm(g, n, ins):
     if len(ins) > 2 and ins[2] is not None:
         bet = _aligned(ins[2], rank)
         glo, ghi = _add(glo, ghi, bet.lo, bet.hi)
-    outs = [Interval.of(glo, ghi)]
-    return outs + [None] * (len(n.outputs) - 1)
+    xr = ins[0]
+    if xr is not None and xr.bounded and count * xr.max_abs > float(np.finfo(np.float32).max) / 2:
+        return [Interval.unbounded(f"{n.op} {n.name}: its float32 sum over {count} elements may overflow")] + [
+            None] * (len(n.outputs) - 1)
+    # the float32 mean and variance are rounded over ``count`` terms: the bound widened by that much; a runtime
+    # that folds it into x·s + (beta - mean·s), s = gamma / sqrt(var + eps), rounds terms up to |x·gamma| / sqrt(eps)
+    out = _summed(glo, ghi, np.maximum(np.abs(glo), np.abs(ghi)), count + 8)
+    out = _summed(out.lo, out.hi, _norm_terms(n, xr, gam), 4)
+    return [out] + [None] * (len(n.outputs) - 1)
 
 
 def _channel_norm(g, n, ins):
@@ -595,7 +772,16 @@ def _channel_norm(g, n, ins):
     gl, gh = ins[1].lo.reshape(shape) if ins[1].lo.ndim else ins[1].lo, ins[1].hi.reshape(shape) if ins[1].hi.ndim else ins[1].hi
     lo, hi = _mul(gl, gh, np.float64(-s), np.float64(s))
     bl, bh = (ins[2].lo.reshape(shape) if ins[2].lo.ndim else ins[2].lo), (ins[2].hi.reshape(shape) if ins[2].hi.ndim else ins[2].hi)
-    return Interval.of(lo + bl, hi + bh)
+    out = _summed(lo + bl, hi + bh, np.maximum(np.abs(lo + bl), np.abs(hi + bh)), count + 8)
+    return _summed(out.lo, out.hi, _norm_terms(n, ins[0], Interval.of(gl, gh)), 4)
+
+
+def _norm_terms(n: Node, x: Optional[Interval], gamma: Interval) -> float:
+    """A bound of the terms a normalisation's float32 computation may round: |x|·|gamma| / sqrt(eps)."""
+    if x is None or not x.bounded:
+        return np.inf
+    eps = float(n.attrs.get("epsilon", 1e-5))
+    return x.max_abs * gamma.max_abs / math.sqrt(eps) if eps > 0 else np.inf
 
 
 def _batch_norm(g, n, ins):
@@ -608,7 +794,8 @@ def _batch_norm(g, n, ins):
     k = scale / np.sqrt(var + float(n.attrs.get("epsilon", 1e-5)))
     x = _aligned(ins[0], rank)
     lo, hi = _mul(x.lo - mean, x.hi - mean, k, k)
-    return [Interval.of(lo + bias, hi + bias)] + [None] * (len(n.outputs) - 1)
+    mag = (np.maximum(np.abs(x.lo), np.abs(x.hi)) + np.abs(mean)) * np.abs(k) + np.abs(bias)
+    return [_summed(lo + bias, hi + bias, mag, 4)] + [None] * (len(n.outputs) - 1)
 
 
 def _lrn(g, n, ins):
@@ -644,9 +831,21 @@ def _dequantize(g, n, ins):
     scale = ins[1]
     zp = n.inputs[2].const if len(n.inputs) > 2 and n.inputs[2] is not None and n.inputs[2].is_const else None
     kind = n.inputs[0].type.dtype
-    qlo, qhi = (0, 255) if kind == DType.UINT8 else (-128, 127)
-    z = 0.0 if zp is None else np.asarray(zp, np.float64)
-    lo, hi = _mul(np.float64(qlo) - z, np.float64(qhi) - z, scale.lo, scale.hi)
+    if ins[0] is not None and ins[0].bounded:   # a constant (an int32 bias) or a declared input: its own values
+        qlo, qhi = ins[0].min, ins[0].max
+    elif kind.is_int:
+        qlo, qhi = (float(q) for q in kind.int_range)
+    else:
+        return Interval.unbounded(f"DequantizeLinear {n.name}: the quantized type {kind} has no known range")
+    if zp is not None:
+        zlo = zhi = np.asarray(zp, np.float64)
+    elif len(n.inputs) > 2 and n.inputs[2] is not None:   # a zero point computed at run time
+        if ins[2] is None or not ins[2].bounded:
+            return Interval.unbounded(f"DequantizeLinear {n.name}: a zero point that is not bounded")
+        zlo, zhi = np.float64(ins[2].min), np.float64(ins[2].max)
+    else:
+        zlo = zhi = np.float64(0.0)
+    lo, hi = _mul(np.float64(qlo) - zhi, np.float64(qhi) - zlo, scale.lo, scale.hi)
     return Interval.of(np.min(lo), np.max(hi))
 
 
@@ -670,12 +869,14 @@ def _trig(g, n, ins):
     return Interval.of(-1.0, 1.0)
 
 
-def _sqrt(lo, hi, n):
-    return np.sqrt(np.maximum(lo, 0)), np.sqrt(np.maximum(hi, 0))
+def _sqrt(lo, hi, n):   # below 0: NaN, which no interval holds
+    return np.where(lo < 0, np.nan, np.sqrt(np.maximum(lo, 0))), np.where(lo < 0, np.nan, np.sqrt(np.maximum(hi, 0)))
 
 
-def _log(lo, hi, n):
-    return np.where(lo <= 0, -np.inf, np.log(np.maximum(lo, 1e-300))), np.where(hi <= 0, -np.inf, np.log(np.maximum(hi, 1e-300)))
+def _log(lo, hi, n):   # log(0) = -inf; below 0: NaN
+    neg = lo < 0
+    return (np.where(neg, np.nan, np.where(lo <= 0, -np.inf, np.log(np.maximum(lo, 1e-300)))),
+            np.where(neg, np.nan, np.where(hi <= 0, -np.inf, np.log(np.maximum(hi, 1e-300)))))
 
 
 def _reciprocal(g, n, ins):
@@ -718,7 +919,7 @@ RULES: Dict[str, Callable] = {
 }
 
 #: Ops whose output values are among their inputs' (no rounding to widen for).
-_EXACT_OPS = frozenset({"Relu", "Clip", "Max", "Min", "Where", "Cast", "CastLike", "Identity", "Dropout",
+_EXACT_OPS = frozenset({"Relu", "Clip", "Max", "Min", "Where", "Identity", "Dropout",   # (Cast rounds)
                         "Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Expand", "Tile", "Slice",
                         "Gather", "GatherElements", "GatherND", "Concat", "Split", "Pad", "ReduceMax",
                         "ReduceMin", "MaxPool", "GlobalMaxPool", "Softmax", "Hardmax", "Constant",
