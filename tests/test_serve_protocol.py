@@ -335,7 +335,8 @@ def test_the_front_end_settings_for_a_local_ray_instance(monkeypatch):
     found = lambda name: f"/opt/bin/{name}"        # noqa: E731
     missing = lambda name: None                     # noqa: E731
     assert front_env("auto", which=found) == {"RAY_SERVE_ENABLE_HA_PROXY": "1",
-                                              "RAY_SERVE_HAPROXY_BINARY_PATH": "/opt/bin/haproxy"}
+                                              "RAY_SERVE_HAPROXY_BINARY_PATH": "/opt/bin/haproxy",
+                                              "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "2"}
     assert front_env("haproxy", which=found)["RAY_SERVE_ENABLE_HA_PROXY"] == "1"
     assert front_env("auto", which=missing) == {}
     assert front_env("proxy", which=found) == {}
