@@ -34,28 +34,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import serving as S  # noqa: E402  (bench/serving.py: the server, the client, the CPU accounting)
 
 
-def _haproxy_pids() -> list[int]:
-    """HAProxy's processes under this driver's Ray instance (Serve starts it when RAY_SERVE_ENABLE_HA_PROXY=1):
-    not Ray actors, so bench/serving.py's accounting does not see them."""
-    from cuvil.testing.serving import process_tree
-    out = []
-    for pid in process_tree(os.getpid()):
-        try:
-            with open(f"/proc/{pid}/comm") as f:
-                if f.read().strip() == "haproxy":
-                    out.append(pid)
-        except OSError:
-            pass
-    return out
-
-
-def _snapshot(haproxy: list[int]) -> dict[str, float]:
-    out = S._cpu_snapshot(None)
-    if haproxy:
-        out["HAProxy"] = sum(S._safe_cpu(p) for p in haproxy)
-    return out
-
-
 def _direct_ports() -> list[int]:
     """The ports the model's replicas listen on themselves (direct ingress), from the kernel's socket table."""
     from cuvil.testing.serving import serve_processes
@@ -117,15 +95,14 @@ def main() -> None:
     if cfg.get("direct"):
         ports = _direct_ports()
         eng["direct"] = lambda: _direct(ports, rs)
-    haproxy = _haproxy_pids()
     runs = {e: [] for e in eng}
     cpu = {e: {} for e in eng}
     order = list(eng)
     for r in range(rounds):
         for e in order[r % len(order):] + order[:r % len(order)]:
-            b = _snapshot(haproxy)
+            b = S._cpu_snapshot(None)
             res = eng[e]()
-            a = _snapshot(haproxy)
+            a = S._cpu_snapshot(None)
             for h in a:
                 cpu[e][h] = cpu[e].get(h, 0.0) + a[h] - b.get(h, a[h])
             res["n"] = res["cuvil"]["runs"] + res["cuvil"]["errors"] + 40
