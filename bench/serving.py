@@ -123,11 +123,15 @@ def _server_classes():
 def start_server(lib: str, onnx_path: str, port: int, replicas_: int = 2) -> str:
     """Two Serve apps as `cuvil serve` deploys them (:func:`cuvil.serve.app.model_app`, one hop: Serve's proxy
     calls the model deployment): ``squeezenet`` (the library) and ``squeezenet_ort`` (the same ``ModelServer``
-    code, its model onnxruntime), and the server-wide health app."""
+    code, its model onnxruntime), and the server-wide health app. The front end is `cuvil serve`'s default
+    (:func:`cuvil.serve.app.apply_front`: HAProxy when a ``haproxy`` binary is on PATH, else Serve's proxy; set
+    ``RAY_SERVE_ENABLE_HA_PROXY=0`` to measure Serve's proxy)."""
+    from cuvil.serve.app import ServeOptions, apply_front, health_app, model_app, run_apps
+    apply_front("auto")       # before Ray is imported: Serve reads its settings then
+    print(f"front end: {front_name()}", file=sys.stderr, flush=True)
     import ray
     from ray import serve
 
-    from cuvil.serve.app import ServeOptions, health_app, model_app, run_apps
     ModelServer, OrtModelServer = _server_classes()
     opts = ServeOptions(port=port, replicas=replicas_, threads=1, max_batch_size=PROFILE[2], batch_wait_s=0.002,
                         max_body_bytes=MAX_BODY, quiet=True)
@@ -146,6 +150,10 @@ def start_server(lib: str, onnx_path: str, port: int, replicas_: int = 2) -> str
     base = f"http://127.0.0.1:{port}"
     _wait_ready(base)
     return base
+
+
+def front_name() -> str:
+    return "HAProxy" if os.environ.get("RAY_SERVE_ENABLE_HA_PROXY") == "1" else "Serve's proxy"
 
 
 def _wait_ready(base: str, timeout: float = 300) -> None:
@@ -238,15 +246,32 @@ def _group(label: str) -> str:
     if label.startswith("replica "):
         app = label.split()[1].split("/")[0]
         return "health replica" if app == "cuvil" else f"{app.removeprefix('cuvil-')} replicas"
-    if label in ("HTTP proxy", "client (this process)", "Triton (PyTriton process tree)"):
+    if label in ("HTTP proxy", "client (this process)", "Triton (PyTriton process tree)", "HAProxy"):
         return label
     return "Ray control (controller, GCS, raylet)"
 
 
+def haproxy_pids() -> list[int]:
+    """HAProxy's processes under this driver's Ray instance (Serve starts it when RAY_SERVE_ENABLE_HA_PROXY=1):
+    not Ray actors, so :func:`cuvil.testing.serving.serve_processes` does not list them."""
+    out = []
+    for pid in process_tree(os.getpid()):
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                if f.read().strip() == "haproxy":
+                    out.append(pid)
+        except OSError:
+            pass
+    return out
+
+
 def _cpu_snapshot(triton_pid: int | None) -> dict[str, float]:
-    """CPU seconds used so far by each serving process, by hop (:func:`_group`), and by this process (the
-    clients, or the in-process engine)."""
+    """CPU seconds used so far by each serving process, by hop (:func:`_group`; HAProxy where it runs), and by
+    this process (the clients, or the in-process engine)."""
     out: dict[str, float] = {"client (this process)": sum(os.times()[:2])}
+    hap = haproxy_pids()
+    if hap:
+        out["HAProxy"] = sum(_safe_cpu(p) for p in hap)
     for label, pid in serve_processes().items():
         try:
             g = _group(label)
@@ -423,9 +448,10 @@ def part_e(base: str, n: int, log) -> dict:
 # -- report ---------------------------------------------------------------------------------------------------
 
 def report(res: dict) -> str:
+    front = res.get("front", "Serve's proxy")
     L = [f"## {res['date']} on {res['cpu']} ({res['cores']} cores, shared)", ""]
     L.append(f"`python3 bench/serving.py {' '.join(res['argv'])}`: SqueezeNet 1.0 (batch N in {list(PROFILE)}, one row "
-             f"per request), two one-thread replicas per model (one hop: Serve's proxy calls them), batching up to {PROFILE[2]} rows "
+             f"per request), two one-thread replicas per model (one hop: {front} calls them), batching up to {PROFILE[2]} rows "
              f"within 2 ms.")
     ab = res.get("ab")
     if ab:
@@ -507,6 +533,7 @@ def main(argv=None):
         log("compiling SqueezeNet (N in [1, 8]) at O3")
         lib, onnx_path = squeezenet(tmp)
         base = start_server(lib, onnx_path, free_port())
+        res["front"] = front_name()
         log(f"serving at {base}")
         triton = tproc = None
         try:

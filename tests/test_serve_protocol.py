@@ -5,6 +5,7 @@ come before Ray starts."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import sys
 
@@ -322,3 +323,33 @@ def test_an_address_nothing_answers_on_is_refused_at_once():
         with pytest.raises(cuvil.CuvilError, match=f"no Ray cluster answers at 127.0.0.1:{port}"):
             check_reachable(f"127.0.0.1:{port}")
     check_reachable("auto")                 # left to Ray
+
+
+def test_the_front_end_settings_for_a_local_ray_instance(monkeypatch):
+    """`cuvil serve --front`: HAProxy (Serve's HAProxy mode: RAY_SERVE_ENABLE_HA_PROXY and the binary's path) when
+    asked or, for auto, when a haproxy binary is found; Serve's proxy otherwise; a clear error for haproxy without
+    the binary and for an unknown front end. A cluster (--address) and a setting already in the environment are
+    left as they are."""
+    from cuvil.errors import CuvilError
+    from cuvil.serve.app import apply_front, front_env
+    found = lambda name: f"/opt/bin/{name}"        # noqa: E731
+    missing = lambda name: None                     # noqa: E731
+    assert front_env("auto", which=found) == {"RAY_SERVE_ENABLE_HA_PROXY": "1",
+                                              "RAY_SERVE_HAPROXY_BINARY_PATH": "/opt/bin/haproxy",
+                                              "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "2"}
+    assert front_env("haproxy", which=found)["RAY_SERVE_ENABLE_HA_PROXY"] == "1"
+    assert front_env("auto", which=missing) == {}
+    assert front_env("proxy", which=found) == {}
+    with pytest.raises(CuvilError, match="no haproxy binary") as e:
+        front_env("haproxy", which=missing)
+    assert "apt-get install haproxy" in e.value.hint
+    with pytest.raises(CuvilError, match="unknown front end"):
+        front_env("nginx", which=found)
+    monkeypatch.delenv("RAY_SERVE_ENABLE_HA_PROXY", raising=False)
+    assert apply_front("proxy") == {} and "RAY_SERVE_ENABLE_HA_PROXY" not in os.environ
+    assert apply_front("haproxy", address="10.0.0.1:6379") == {}
+    assert "RAY_SERVE_ENABLE_HA_PROXY" not in os.environ
+    monkeypatch.setenv("RAY_SERVE_ENABLE_HA_PROXY", "0")
+    monkeypatch.setattr("shutil.which", found)
+    apply_front("haproxy")
+    assert os.environ["RAY_SERVE_ENABLE_HA_PROXY"] == "0"      # the user's own setting wins
