@@ -1,6 +1,6 @@
 """Regressions of the soundness review of the range analysis (cuvil.precision.ranges): each model below made a
 certified interval miss a value onnxruntime computes for an input inside the declared box, or certify a finite
-range where float32 computes NaN or inf. tests/property/test_precision_soundness.py searches for more."""
+range where float32 computes NaN or inf. tests/property/test_precision_intervals_property.py searches for more."""
 from __future__ import annotations
 
 import numpy as np
