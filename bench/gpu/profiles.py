@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 import traceback
@@ -36,6 +35,8 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "src"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from resnet50 import timed as _timed  # noqa: E402
 
 RESULTS: dict = {"skipped": []}
 T0 = time.perf_counter()
@@ -43,14 +44,8 @@ BATCHES = (1, 8, 32, 64)
 
 
 def timed(fn, iters: int, warmup: int = 3) -> dict:
-    for _ in range(warmup):
-        fn()
-    ts = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(1e3 * (time.perf_counter() - t0))
-    return {"p50_ms": statistics.median(ts), "min_ms": min(ts), "iters": iters}
+    """resnet50.py's timer (p50/p90/p99/min ms of ``iters`` calls after ``warmup``)."""
+    return _timed(fn, iters, warmup)
 
 
 def resnet50_batched():

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 import traceback
@@ -33,21 +32,16 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "src"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from resnet50 import timed as _timed  # noqa: E402
 
 TARGET = "nvptx64-nvidia-cuda"
 R: dict = {}
 
 
 def timed(fn, iters: int, warmup: int = 10) -> dict:
-    for _ in range(warmup):
-        fn()
-    ts = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(1e3 * (time.perf_counter() - t0))
-    ts.sort()
-    return {"p50_ms": statistics.median(ts), "p90_ms": ts[int(0.9 * (len(ts) - 1))], "min_ms": ts[0], "iters": iters}
+    """resnet50.py's timer (p50/p90/p99/min ms of ``iters`` calls after ``warmup``)."""
+    return _timed(fn, iters, warmup)
 
 
 def normwise(y, ref) -> float:
