@@ -320,3 +320,54 @@ def test_z3_never_certifies_a_division_by_a_range_holding_zero():
     plan = plan_precision(_graph(model), "fp16", input_ranges={"x": (-1, 1)}, target_ops={"fp16": frozenset({"Div"})},
                           search_budget=0)
     assert _node(plan, "Div").verdicts["fp16"].status != SAFE
+
+
+def deep_matmul_chain(layers=6, scale=1e8, n=16):
+    """MatMuls whose weights' row sums of |W| are ``n * scale``: the intervals pass bf16's ±1.7e38 margin after a
+    few layers although real values stay far from it (each W is a scaled orthogonal-ish sign pattern)."""
+    rng = np.random.default_rng(3)
+    nodes, inits, x = [], [], "x"
+    for i in range(layers):
+        w = (np.sign(rng.standard_normal((n, n))) * scale / n).astype(np.float32)
+        inits.append(nh.from_array(w, f"w{i}"))
+        nodes.append(h.make_node("MatMul", [x, f"w{i}"], [f"y{i}"]))
+        x = f"y{i}"
+    nodes.append(h.make_node("Identity", [x], ["out"]))
+    return _model(nodes, [("x", [1, n])], [("out", [1, n])], inits)
+
+
+def test_bf16_rounding_lemma_is_proved_by_z3():
+    from cuvil.precision.relative import rounding_lemma
+    assert "Z3 (bit-exact)" in rounding_lemma()
+
+
+def test_explicit_bf16_narrows_uncertified_contractions_relative_to_float32_and_auto_does_not():
+    from cuvil.precision.relative import RELATIVE
+    g = _graph(deep_matmul_chain())
+    box = {"x": (-1, 1)}
+    auto = plan_precision(g, "auto", input_ranges=box, target_ops=EVERYWHERE, search_budget=0)
+    bf16 = plan_precision(g, "bf16", input_ranges=box, target_ops=EVERYWHERE, search_budget=0)
+    fp16 = plan_precision(g, "fp16", input_ranges=box, target_ops=EVERYWHERE, search_budget=0)
+    mm = lambda plan: [n for n in plan.nodes if n.op == "MatMul"]
+    deep = [n for n in mm(auto) if n.verdicts["bf16"].status == UNKNOWN]
+    assert deep, "the chain should outgrow bf16's certified margin"
+    assert all(n.format != "bf16" for n in deep)                   # auto: absolute certificates only
+    by_name = {n.name: n for n in bf16.nodes}
+    for n in deep:
+        p = by_name[n.name]
+        assert p.format == "bf16" and p.certificate == RELATIVE and "relative to float32" in p.reason
+    assert all(p.certificate == "range" for p in mm(bf16) if p.name not in {n.name for n in deep})
+    assert bf16.manifest()["relative_to_float32"] == len(deep)
+    assert "relative_to_float32" not in auto.manifest()
+    assert not any(n.certificate == RELATIVE for n in fp16.nodes)  # fp16's range is not float32's
+    from cuvil.precision.report import format_report
+    assert f"of which bf16 relative to float32 (explicit --precision bf16; range not certified): {len(deep)}" \
+        in format_report(bf16)
+
+
+def test_a_refused_contraction_is_not_narrowed_on_the_relative_certificate():
+    # inputs up to 1e30 through weights of row sum 1.6e9: float32 itself overflows; the search shows it
+    g = _graph(deep_matmul_chain(layers=1, scale=1.6e9))
+    plan = plan_precision(g, "bf16", input_ranges={"x": (-1e30, 1e30)}, target_ops=EVERYWHERE, search_budget=8)
+    n = _node(plan, "MatMul")
+    assert n.verdicts["bf16"].status == REFUSED and n.format == "" and n.certificate == ""

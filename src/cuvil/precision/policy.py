@@ -28,6 +28,7 @@ from .formats import FORMATS, PRECISIONS, Format
 from .inputs import calibration_ranges, declared_ranges
 from .interval import CERTIFIED, MEASURED, Interval
 from .ranges import analyze, internal_ranges, is_float
+from .relative import CONTRACTIONS, RELATIVE, relative_reason
 from .search import Searcher, Witness
 
 SAFE, REFUSED, UNKNOWN = "safe", "refused", "unknown"
@@ -65,10 +66,15 @@ class NodePlan:
     reason: str
     range: Optional[Interval]
     verdicts: Dict[str, Verdict]
+    #: what the narrowing rests on: "range" (certified or, where stated, measured), "relative to float32"
+    #: (bf16 only, :mod:`.relative`), "" when float32
+    certificate: str = ""
 
     def to_json(self) -> dict:
         out = {"op": self.op, "format": self.format or "fp32", "reason": self.reason,
                "verdicts": {f: f"{v.status} ({v.method})" for f, v in self.verdicts.items()}}
+        if self.certificate:
+            out["certificate"] = self.certificate
         if self.range is not None:
             out["range"] = [_jnum(self.range.min), _jnum(self.range.max)]
             out["origin"] = self.range.origin
@@ -100,7 +106,8 @@ class PrecisionPlan:
     def manifest(self) -> dict:
         """The manifest's ``precision`` entry: the mode, the input ranges and per node its format and reason."""
         counts = Counter(n.format or "fp32" for n in self.nodes)
-        return {"mode": self.mode,
+        relative = sum(1 for n in self.nodes if n.certificate == RELATIVE)
+        return {"mode": self.mode, **({"relative_to_float32": relative} if relative else {}),
                 "target_ops": {f: sorted(ops) for f, ops in sorted(self.target_ops.items())},
                 "inputs": {k: {"range": [_jnum(v.min), _jnum(v.max)], "origin": v.origin}
                            for k, v in self.inputs.items()},
@@ -204,9 +211,9 @@ def plan_precision(graph: Graph, mode: str = "auto", *, input_ranges=None, calib
     out = []
     for n in nodes:
         verdicts = {name: _verdict(fmt, held[n.name], witnesses, proved, z3_notes) for name, fmt in FORMATS.items()}
-        fmt, reason = _choose(n, mode, verdicts, target_ops, target)
+        fmt, reason, cert = _choose(n, mode, verdicts, target_ops, target)
         rng = next((iv for k, p, v, i, iv, is_in in held[n.name] if not is_in and not i), None)
-        out.append(NodePlan(n.name, n.op, fmt, reason, rng, verdicts))
+        out.append(NodePlan(n.name, n.op, fmt, reason, rng, verdicts, cert))
     _recheck_narrowed(graph, inputs, r, out)
     return PrecisionPlan(mode, target, target_ops, inputs, out, ranges, search,
                          searcher.evaluations if searcher else 0)
@@ -302,9 +309,10 @@ def _verdict(fmt: Format, items, witnesses: Mapping[str, Witness], proved=None, 
                    "certified)" if origin == MEASURED else " (certified)"), origin, None, method)
 
 
-def _choose(n: Node, mode: str, verdicts: Dict[str, Verdict], target_ops, target: str) -> Tuple[str, str]:
+def _choose(n: Node, mode: str, verdicts: Dict[str, Verdict], target_ops, target: str) -> Tuple[str, str, str]:
+    """(format or "", reason, certificate) for node ``n``."""
     if mode == "fp32":
-        return "", "--precision fp32"
+        return "", "--precision fp32", ""
     wanted = [f.name for f in sorted(FORMATS.values(), key=lambda f: f.order)] if mode == "auto" else [mode]
     reasons, missing = [], []
     for f in wanted:
@@ -312,6 +320,12 @@ def _choose(n: Node, mode: str, verdicts: Dict[str, Verdict], target_ops, target
             missing.append(f)
             continue
         v = verdicts[f]
+        if v.status == UNKNOWN and mode == "bf16" and n.op in CONTRACTIONS:
+            try:   # an explicit bf16 request: the relative certificate (.relative) covers a contraction
+                return f, relative_reason(n.op, v.detail), RELATIVE
+            except RuntimeError as e:
+                reasons.append(f"{f} {v.status}: {v.detail}; {e}")
+                continue
         if v.status != SAFE:
             reasons.append(f"{f} {v.status}: {v.detail}")
             continue
@@ -319,10 +333,10 @@ def _choose(n: Node, mode: str, verdicts: Dict[str, Verdict], target_ops, target
             reasons.append(f"{f}: safe only on measured ranges ({'auto' if mode == 'auto' else 'fp16'} needs "
                            "certified ones: declare --input-range)")
             continue
-        return f, f"{f} {v.detail}"
+        return f, f"{f} {v.detail}", "range"
     if missing:
         reasons.append(f"no {'/'.join(missing)} kernel for {n.op} on {target or 'this target'}")
-    return "", "; ".join(reasons) if reasons else "no narrower format"
+    return "", "; ".join(reasons) if reasons else "no narrower format", ""
 
 
 def apply_precision(graph: Graph, plan: PrecisionPlan) -> Graph:
@@ -375,7 +389,7 @@ def _recheck_narrowed(graph: Graph, inputs, r, plans: List[NodePlan]) -> None:
         for n in _ancestors(bad):
             p = by_name.get(n.name)
             if p is not None and p.name in narrowed:
-                p.format, p.reason = "", (f"{p.format} safe for its own values, but its rounding makes a value "
+                p.format, p.certificate, p.reason = "", "", (f"{p.format} safe for its own values, but its rounding makes a value "
                                           f"downstream ({bad[0].name}) leave its float32 range: kept float32")
 
 

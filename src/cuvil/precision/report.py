@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import List
 
 from .policy import REFUSED, SAFE, UNKNOWN, PrecisionPlan
+from .relative import RELATIVE
 
 FORMAT_COLUMNS = ("fp16", "bf16", "int8")
 
@@ -29,6 +30,9 @@ def format_report(plan: PrecisionPlan, model: str = "", every: bool = False, lim
     for n in plan.nodes:
         counts[n.format or "fp32"] = counts.get(n.format or "fp32", 0) + 1
     lines.append("  formats: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+    relative = sum(1 for n in plan.nodes if n.certificate == RELATIVE)
+    if relative:
+        lines.append(f"  of which bf16 relative to float32 (explicit --precision bf16; range not certified): {relative}")
     lines.append("")
     lines.append(f"{'node':<28} {'op':<20} {'format':<7} {'range':<28} fp16/bf16/int8")
     shown = 0
