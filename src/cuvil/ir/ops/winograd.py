@@ -118,10 +118,21 @@ def winograd_conv(ctx: InferCtx):
 
 
 def kernel_transform(w: np.ndarray, m: int) -> np.ndarray:
-    """``U = G W Gt`` per (M, C), laid out [(m+2)^2, M, C]; computed in float64, rounded once."""
+    """``U = G W Gt`` per (M, C), laid out [(m+2)^2, M, C]; computed in float64, rounded once.
+
+    The sums run term by term in a fixed order with elementwise float64 operations (each one IEEE-rounded),
+    never through ``einsum``/BLAS, whose summation order depends on the CPU's SIMD dispatch: the packed weights,
+    and so the library's bytes and its golden replay hash, are the same on every CPU."""
     _, g, _ = matrices_f64(m)
-    u = np.einsum("ia,kcab,jb->ijkc", g, np.asarray(w, dtype=np.float64), g)
+    w64 = np.asarray(w, dtype=np.float64)
     a = m + 2
+    u = np.zeros((a, a) + w.shape[:2], dtype=np.float64)
+    for i in range(a):
+        for j in range(a):
+            for p in range(3):
+                for q in range(3):
+                    if g[i, p] != 0.0 and g[j, q] != 0.0:
+                        u[i, j] += (g[i, p] * g[j, q]) * w64[:, :, p, q]
     return u.reshape(a * a, w.shape[0], w.shape[1]).astype(np.float32)
 
 
