@@ -23,6 +23,7 @@ from ...version import __version__
 from .codegen import generate_object
 from .cpu import C_CHECKED_FEATURES, cpu_label, describe_cpu
 from .gemm import tile_cols, tile_shapes
+from .amx import AMX_BF16, amx_isa_checks
 from .gemm_bf16 import bf16_isa_checks, narrow_formats
 from .header import generate_header
 from .link import check_dependencies, link_shared, unexpected_dependencies
@@ -223,7 +224,8 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
         opt_steps=_step_descs(osched, osteps, otarget["step_stages"]) if osteps else [],
         opt_weights_symbol=opt_weights_sym, num_run_time_symbols=sched.num_run_time_symbols,
         # a library with bf16 kernels also checks AVX512_BF16 (GCC 10+ and Clang 12+ know the name)
-        isa_checks=[f for f in C_CHECKED_FEATURES if f in target_cpu.features] + bf16_isa_checks(target, otarget),
+        isa_checks=list(dict.fromkeys([f for f in C_CHECKED_FEATURES if f in target_cpu.features]
+                                      + bf16_isa_checks(target, otarget) + amx_isa_checks(AMX_BF16, target, otarget))),
         **({} if weights_file is None else {"external_weights_bytes": weights_file["bytes"],
                                             "external_weights_sha256": bytes.fromhex(weights_file["sha256"]),
                                             "external_opt_weights_offset": weights_file["opt_offset"]}),
