@@ -544,7 +544,10 @@ def _family_obligations(st: Stage, node: E, doms) -> List[Access]:
     d = dict(doms)
     if node.op == "contract" and isinstance(spec, Contraction):
         n, g = _loop(d, "n", spec.x.shape[0]), _loop(d, "g", spec.groups)
-        if spec.precision == "bf16":     # bfloat16 pairs along K (pack_weights_bf16)
+        if spec.amx:                     # AMX A-tile layout (pack_weights_amx)
+            mb, r, k = _loop(d, "mb", spec.m_blocks), _loop(d, "r", spec.mr), _loop(d, "k", (spec.k + 1) // 2)
+            out.append(Access(kind, spec.a, [g, mb, r, k, _loop(d, "pair", 2)], [], d, node=node))
+        elif spec.precision == "bf16":     # bfloat16 pairs along K (pack_weights_bf16)
             mb, k, r = _loop(d, "mb", spec.m_blocks), _loop(d, "k", (spec.k + 1) // 2), _loop(d, "r", spec.mr)
             out.append(Access(kind, spec.a, [g, mb, k, r, _loop(d, "pair", 2)], [], d, node=node))
         else:

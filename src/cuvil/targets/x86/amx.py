@@ -32,6 +32,7 @@ from typing import Iterable
 
 import llvmlite.ir as ir
 
+from ...kernels.contraction import AMX_TILES
 from ..llvm.types import I64
 
 #: LLVM's names of the AMX features (cpuid: amx_tile, amx_bf16, amx_int8 in /proc/cpuinfo)
@@ -73,6 +74,12 @@ def has_amx(features: Iterable[str], kind: str = AMX_BF16) -> bool:
     needs AMX-TILE too, and AVX-512 for the kernels' conversions and epilogues around the tiles."""
     feats = set(features)
     return AMX_TILE in feats and kind in feats and "avx512f" in feats and "avx512bf16" in feats
+
+
+def amx_formats(cpu) -> tuple:
+    """What the lowering adds to a CpuDescription's narrow formats: ``(AMX_TILES,)`` when its bf16 contractions
+    take AMX tiles (the dispatch order: AMX > AVX512_BF16 > float32), else none."""
+    return (AMX_TILES,) if cpu.vector_bits >= 512 and has_amx(cpu.features) else ()
 
 
 def amx_isa_checks(kind: str, *targets) -> list:
@@ -135,3 +142,38 @@ class Tiles:
         """``c + a @ w``: ``c`` m x n float32 (n_bytes = 4n), ``a`` m rows of k_bytes (k_bytes / 2 bfloat16),
         ``w`` k_bytes / 4 rows of pairs, n_bytes each (``tdpbf16ps``)."""
         return self.b.call(self._dpbf16, [I16(m), I16(n_bytes), I16(k_bytes), c, a, w])
+
+
+def bf16_tile_loop(em, tiles: Tiles, steps, a_at, a_stride, b_at, b_stride, mi: int, nj: int) -> list:
+    """The k-loop of an ``mi`` x ``nj`` block of 16 x 16 float32 tiles (mi * nj + mi + nj <= 8 tiles): for
+    step s in [0, steps) (an i64, at least 1), A tiles ``a_at(s, i)`` (16 rows of 32 bfloat16, ``a_stride``
+    bytes apart) and B tiles ``b_at(s, j)`` (16 rows of 16 pairs, ``b_stride`` bytes apart) are loaded and
+    ``tdpbf16ps`` accumulates ``C[i][j] += A_i B_j``. The accumulators start at zero and stay in tile
+    registers (x86_amx phis). Returns the mi * nj tiles (row-major) after the loop."""
+    b, fn = em.b, em.fn
+    init = [tiles.zero() for _ in range(mi * nj)]
+    pre = b.block
+    head = fn.append_basic_block("amx_k")
+    done = fn.append_basic_block("amx_k_done")
+    b.branch(head)
+    b.position_at_end(head)
+    s = b.phi(I64)
+    s.add_incoming(I64(0), pre)
+    accs = []
+    for x in init:
+        ph = b.phi(X86_AMX)
+        ph.add_incoming(x, pre)
+        accs.append(ph)
+    a_t = [tiles.load(a_at(s, i), a_stride) for i in range(mi)]
+    new = list(accs)
+    for j in range(nj):              # one B tile live at a time: mi * nj + mi + 1 tiles
+        w = tiles.load(b_at(s, j), b_stride)
+        for i in range(mi):
+            new[i * nj + j] = tiles.dpbf16(accs[i * nj + j], a_t[i], w)
+    sn = b.add(s, I64(1))
+    s.add_incoming(sn, b.block)
+    for ph, x in zip(accs, new):
+        ph.add_incoming(x, b.block)
+    b.cbranch(b.icmp_signed("<", sn, steps), head, done)
+    b.position_at_end(done)
+    return new

@@ -23,7 +23,7 @@ from ...version import __version__
 from .codegen import generate_object
 from .cpu import C_CHECKED_FEATURES, cpu_label, describe_cpu
 from .gemm import tile_cols, tile_shapes
-from .amx import AMX_BF16, amx_isa_checks
+from .amx import AMX_BF16, amx_formats, amx_isa_checks
 from .gemm_bf16 import bf16_isa_checks, narrow_formats
 from .gemm_int8 import int8_isa_checks
 from .header import generate_header
@@ -161,6 +161,8 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
     target_cpu = describe_cpu(cpu)
     bits = target_cpu.vector_bits
     narrow = narrow_formats(target_cpu)
+    if narrow and tuning.amx:        # bf16 contractions on AMX tiles where the CPU has them (amx.py)
+        narrow += amx_formats(target_cpu)
     with stage("schedule", detail=f"{len(g.nodes)} nodes") as s:
         sched = schedule(g, gemm_cols=tile_cols(bits), split_concat=True, gemm_tiles=tile_shapes(bits, tuning),
                          row_kernels=True, channel_tile_cost=tuning.channel_tile_cost, run_time_sizes=True,
