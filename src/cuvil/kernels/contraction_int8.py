@@ -46,6 +46,9 @@ import numpy as np
 from ..ir.dtype import DType
 from .texpr import Buf
 
+#: In a target's ``narrow_formats``: its int8 convolutions run on AMX tiles (x86 ``tdpbsud``); never a
+#: Node.precision. Without it they run the VNNI kernels (the weights' layout is the same).
+AMX_INT8_TILES = "amx_int8"
 MR_I8 = 32         # output channels per weight block (two AMX A tiles; four VNNI register panels of 8)
 LANES_I8 = 16      # int32 lanes of a 512-bit vector, columns of an AMX C tile: positions per vector
 MAX_GB = 16        # groups of four k's per AMX tile (64 bytes of K)
@@ -108,6 +111,7 @@ class Int8Contraction:
     num_phases: int     # F
     y_zero_point: int
     out_dtype: DType    # UINT8 or INT8
+    amx: bool = False   # the target runs int8 tiles (AMX_INT8_TILES in its narrow formats)
     mr: int = MR_I8
 
     @property

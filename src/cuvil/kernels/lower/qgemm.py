@@ -12,7 +12,7 @@ from typing import Optional
 import numpy as np
 
 from ...ir.dtype import DType
-from ..contraction_int8 import (MR_I8, Int8Contraction, Int8Planes, group_block, pack_int8_weights, plane_positions,
+from ..contraction_int8 import (AMX_INT8_TILES, MR_I8, Int8Contraction, Int8Planes, group_block, pack_int8_weights, plane_positions,
                                 requant_constants)
 from ..texpr import I64, E, all_of, binop, call, cast, cmp, const, in_range, load, reduce
 from .core import TensorFn, fconst, nan_max, nan_min
@@ -101,7 +101,7 @@ def int8_conv_gemm(ctx) -> Optional[TensorFn]:
     mult_buf = ctx.weight(mult, "mult")
     yz = int(yzp.reshape(())) if yzp is not None else 0
     spec = Int8Contraction(b_fn.buf, w_buf, comp_buf, mult_buf, N, m, cin * kh_ * kw_, taps, G, gb, grid[1],
-                           (oh_, ow_), PL, rows * cols, yz, dt)
+                           (oh_, ow_), PL, rows * cols, yz, dt, AMX_INT8_TILES in ctx.narrow_formats)
 
     def f(idx):
         n, mo, o = idx[0], idx[1], idx[2:]

@@ -25,7 +25,8 @@ from .cpu import C_CHECKED_FEATURES, cpu_label, describe_cpu
 from .gemm import tile_cols, tile_shapes
 from .amx import AMX_BF16, amx_formats, amx_isa_checks
 from .gemm_bf16 import bf16_isa_checks, narrow_formats
-from .gemm_int8 import int8_isa_checks
+from ...kernels.contraction_int8 import AMX_INT8_TILES
+from .gemm_int8 import has_amx_int8, int8_isa_checks
 from .header import generate_header
 from .link import check_dependencies, link_shared, unexpected_dependencies
 from .model_c import generate_model_c
@@ -163,6 +164,8 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
     narrow = narrow_formats(target_cpu)
     if narrow and tuning.amx:        # bf16 contractions on AMX tiles where the CPU has them (amx.py)
         narrow += amx_formats(target_cpu)
+    if tuning.amx and has_amx_int8(target_cpu.features):   # int8 convolutions on AMX tiles (gemm_int8.py)
+        narrow += (AMX_INT8_TILES,)
     with stage("schedule", detail=f"{len(g.nodes)} nodes") as s:
         sched = schedule(g, gemm_cols=tile_cols(bits), split_concat=True, gemm_tiles=tile_shapes(bits, tuning),
                          row_kernels=True, channel_tile_cost=tuning.channel_tile_cost, run_time_sizes=True,

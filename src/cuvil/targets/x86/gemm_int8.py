@@ -195,7 +195,7 @@ def emit_qgemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]]:
         return None
     feats = getattr(km, "cpu_features", ())
     spec: Int8Contraction = st.expr.attr
-    if has_amx_int8(feats) and spec.gb >= MIN_AMX_GB:
+    if spec.amx and has_amx_int8(feats) and spec.gb >= MIN_AMX_GB:
         return _emit_amx(km, st, sym, spec)
     if has_vnni512(feats):
         return _emit_vnni(km, st, sym, spec)
