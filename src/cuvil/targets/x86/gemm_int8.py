@@ -175,8 +175,9 @@ class _Epilogue:
         b = self.b
         first, smask, valid = pos
         x = b.sitofp(b.add(acc, comp), self.vf32)
-        x = b.call(self.roundeven, [b.fmul(x, mult)])
-        x = b.call(self.roundeven, [b.fadd(x, self.f_zp)])
+        # the reference rounds twice (roundeven(roundeven(v * mult) + yzp)); the second is the identity here (an
+        # integer-valued float plus an integer zero point rounds to an integer-valued float), so it is left out
+        x = b.fadd(b.call(self.roundeven, [b.fmul(x, mult)]), self.f_zp)
         x = b.select(b.fcmp_ordered(">", x, self.f_lo), x, self.f_lo)
         x = b.select(b.fcmp_ordered("<", x, self.f_hi), x, self.f_hi)
         y = b.fptosi(x, self.vi32)
