@@ -223,3 +223,21 @@ def test_partial_channel_panels_with_two_threads(m):
         want = _ort(model, feeds)[0]
         got = list(art.run(feeds, num_threads=2).values())[0]
         assert np.abs(got.astype(int) - want.astype(int)).max() <= 1
+
+
+def test_planes_too_short_for_the_last_panel_are_caught_by_the_bounds_proof(monkeypatch):
+    """The kernels' reads of the phase planes are proved in bounds (cuvil.kernels.bounds): planes cut at the grid,
+    without room for the last panel's shifted reads, leave the contraction unproved, so it runs guarded (its
+    plain expression, clamped loads) and is listed, still matching onnxruntime."""
+    import cuvil.kernels.lower.qgemm as qgemm
+    monkeypatch.setattr(qgemm, "plane_positions", lambda grid, out_h, max_shift: grid[0] * grid[1])
+    model = qlinear_conv_model((1, 32, 14, 14), (16, 32, 3, 3))
+    art = Pipeline.from_onnx(model).optimize().compile(opt_level=3, cache=False)   # not a library built unpatched
+    ms = art.manifest["memory_safety"]
+    assert ms["kernels_proved"] == ms["kernels"] - 1
+    (bad,) = ms["guarded"]
+    assert "family:qgemm" in bad["unproved"][0] and "planes" in bad["unproved"][0]
+    assert not {"int8_amx", "int8_vnni512"} & _kinds(art)
+    feeds = quantized_feeds(model, 0)
+    got = list(art.run(feeds).values())[0].astype(np.int64)
+    assert np.abs(got - _ort(model, feeds)[0].astype(np.int64)).max() <= 1
