@@ -22,8 +22,9 @@ positions: four masked row loads, strided lanes picked for a strided convolution
 im2col.
 
 Dispatch from the target CPU's features (the host's, or ``--cpu``'s): AMX-INT8 (with AMX-TILE and AVX512-VNNI
-for the epilogue) for convolutions whose tile K is at least 16 bytes (four groups: a stem of three channels
-stays on VNNI), AVX512-VNNI (and AVX-512 BW for the byte stores) else; without them the stages compute the
+for the epilogue; the lowering is told through the target's narrow formats, ``AMX_INT8_TILES``, which
+``X86Tuning(amx=False)`` leaves out) for convolutions whose tile K is at least 16 bytes (four groups: a stem of
+three channels stays on VNNI), AVX512-VNNI (and AVX-512 BW for the byte stores) else; without them the stages compute the
 node's plain value, the reference form. Each step's ``kernel`` in the manifest says which (``int8_amx``,
 ``int8_vnni512``, ``int8_planes`` or ``loop``) and its ``path`` (``amx_int8``, ``avx512_vnni``). A library
 built with them is refused by the loader on a CPU that lacks them (cuvil.targets.x86.cpu.check_runs_here);
