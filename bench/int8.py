@@ -1,5 +1,7 @@
 """Quantized ResNet-50 (issue 21, part 4): Cuvil int8 vs onnxruntime int8 (the same QDQ model) vs Cuvil fp32,
-side by side in one process, 1 and 2 threads; and the int8 model's top-1 / top-5 agreement with fp32.
+side by side in one process, 1 and 2 threads; and the int8 model's top-1 / top-5 agreement with fp32. On a CPU
+with AMX-INT8 a fourth column: Cuvil int8 on the AVX512-VNNI kernels (``X86Tuning(amx=False)``), beside the
+default AMX tiles.
 
     PYTHONPATH=src python3 bench/int8.py                        # latency, 1 and 2 threads
     PYTHONPATH=src python3 bench/int8.py --accuracy 1000        # + agreement on 1000 real images
@@ -27,7 +29,9 @@ import numpy as np
 import onnxruntime as ort
 
 from cuvil import Pipeline, load
-from cuvil.targets.x86.cpu import cpu_label
+from cuvil.targets.x86.cpu import cpu_label, host_cpu
+from cuvil.targets.x86.gemm_int8 import has_amx_int8
+from cuvil.targets.x86.tuning import X86Tuning
 from cuvil.testing import light_model
 from cuvil.testing.quant_models import output_step, qdq_model, random_feeds
 
@@ -84,21 +88,30 @@ def main(argv=None) -> int:
     art8 = Pipeline.from_onnx(q8).optimize().compile(opt_level=3)
     t_c8 = time.perf_counter() - t0
     art32 = Pipeline.from_onnx(f32).optimize().compile(opt_level=3)
+    # on an AMX host, the VNNI kernels beside the tiles (same bits, tests/test_int8.py)
+    art8v = (Pipeline.from_onnx(q8).optimize().compile(opt_level=3, tuning=X86Tuning(amx=False))
+             if has_amx_int8(host_cpu().features) else None)
     kinds = sorted({s["kernel"] for s in art8.manifest["steps"]})
     print(f"CPU: {cpu_label()}")
     print(f"model: light ResNet-50, QDQ by onnxruntime {ort.__version__} quantize_static (per-channel, calibrated on "
           f"{len(calib)} inputs: {source}); quantized in {t_quant:.1f} s, Cuvil int8 compiled in {t_c8:.1f} s")
-    print(f"Cuvil int8 kernels: {', '.join(kinds)}; fusions: "
+    paths = sorted({s["path"] for s in art8.manifest["steps"] if s.get("precision") == "int8"})
+    print(f"Cuvil int8 kernels: {', '.join(kinds)} (int8 paths: {', '.join(paths) or 'none'}); fusions: "
           + ", ".join(f"{k} x{v['applied']}" for k, v in art8.manifest["rules_applied"].items() if k.startswith("qdq")))
     x = (cal[0][None] if cal is not None else random_feeds(f32, 2, 1)[0][name])
-    res = {"cpu": cpu_label(), "onnxruntime": ort.__version__, "kernels": kinds, "latency": [], "source": source}
-    print(f"\n{'threads':>7} | {'Cuvil int8':>11} | {'ORT int8':>9} | {'Cuvil fp32':>10} | int8 / ORT int8 | "
+    res = {"cpu": cpu_label(), "onnxruntime": ort.__version__, "kernels": kinds, "int8_paths": paths, "latency": [],
+           "source": source, "load_before": os.getloadavg()[0]}
+    vcol = f" | {'Cuvil int8 VNNI':>15}" if art8v is not None else ""
+    print(f"\n{'threads':>7} | {'Cuvil int8':>11} | {'ORT int8':>9} | {'Cuvil fp32':>10}{vcol} | int8 / ORT int8 | "
           f"int8 / Cuvil fp32   (ms per call, median wall; CPU time in brackets)")
     for th in a.threads:
         m8, m32 = load(art8.path, num_threads=th), load(art32.path, num_threads=th)
         s8 = ort_session(q8, th)
         engines = {"cuvil_int8": lambda: m8.run(x), "ort_int8": lambda: s8.run(None, {name: x}),
                    "cuvil_fp32": lambda: m32.run(x)}
+        m8v = load(art8v.path, num_threads=th) if art8v is not None else None
+        if m8v is not None:
+            engines["cuvil_int8_vnni"] = lambda: m8v.run(x)
         for f in engines.values():
             f()
         t = {k: [] for k in engines}
@@ -108,12 +121,17 @@ def main(argv=None) -> int:
         med = {k: np.median(np.array(v), axis=0) * 1e3 for k, v in t.items()}   # (cpu, wall) ms
         row = {"threads": th, **{k: {"wall_ms": float(v[1]), "cpu_ms": float(v[0])} for k, v in med.items()},
                "ratio_vs_ort_int8": float(med["cuvil_int8"][1] / med["ort_int8"][1]),
-               "ratio_vs_cuvil_fp32": float(med["cuvil_int8"][1] / med["cuvil_fp32"][1])}
+               "ratio_vs_cuvil_fp32": float(med["cuvil_int8"][1] / med["cuvil_fp32"][1]),
+               "cpu_ratio_vs_ort_int8": float(med["cuvil_int8"][0] / med["ort_int8"][0]), "load": os.getloadavg()[0]}
         res["latency"].append(row)
+        vnni = (f" | {med['cuvil_int8_vnni'][1]:6.2f} ({med['cuvil_int8_vnni'][0]:5.1f})"
+                if "cuvil_int8_vnni" in med else "")
         print(f"{th:>7} | {med['cuvil_int8'][1]:6.2f} ({med['cuvil_int8'][0]:5.1f}) | {med['ort_int8'][1]:5.2f} "
-              f"({med['ort_int8'][0]:5.1f}) | {med['cuvil_fp32'][1]:6.2f} ({med['cuvil_fp32'][0]:5.1f}) | "
-              f"{row['ratio_vs_ort_int8']:15.2f} | {row['ratio_vs_cuvil_fp32']:.2f}")
+              f"({med['ort_int8'][0]:5.1f}) | {med['cuvil_fp32'][1]:6.2f} ({med['cuvil_fp32'][0]:5.1f}){vnni} | "
+              f"{row['ratio_vs_ort_int8']:15.2f} | {row['ratio_vs_cuvil_fp32']:.2f}   (load {row['load']:.1f})")
         m8.close(), m32.close()
+        if m8v is not None:
+            m8v.close()
 
     if a.accuracy:
         xs, src = real_images(a.accuracy, seed=0)

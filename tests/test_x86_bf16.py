@@ -24,10 +24,12 @@ from cuvil.errors import CuvilError
 from cuvil.targets.x86 import cpu as cpu_mod
 from cuvil.targets.x86.cpu import cpu_label, host_cpu
 from cuvil.targets.x86.gemm_bf16 import narrow_formats
+from cuvil.targets.x86.tuning import X86Tuning
 from cuvil.testing.bert_block import bert_block
 from cuvil.testing.conv_models import conv_epilogue_model
 
 HAS_BF16 = "bf16" in narrow_formats(host_cpu())
+VDPBF16PS = X86Tuning(amx=False)
 if not HAS_BF16:
     print(f"test_x86_bf16: skipped, this CPU has no AVX512_BF16 ({cpu_label()})")
 pytestmark = pytest.mark.skipif(not HAS_BF16, reason=f"no AVX512_BF16 on this CPU ({cpu_label()}): the bf16 "
@@ -36,9 +38,11 @@ pytestmark = pytest.mark.skipif(not HAS_BF16, reason=f"no AVX512_BF16 on this CP
 
 def narrowed(model, ranges=None, **compile_kw):
     """``model`` compiled at ``precision="bf16"``, its float inputs declared within ``ranges`` (default every
-    input ±8: the tests' standard normal samples)."""
+    input ±8: the tests' standard normal samples), on the vdpbf16ps kernels even where the CPU has AMX (the AMX
+    tiles: tests/test_x86_amx.py)."""
     if ranges is None:
         ranges = {vi.name: (-8.0, 8.0) for vi in model.graph.input}
+    compile_kw.setdefault("tuning", VDPBF16PS)
     art = Pipeline.from_onnx(model).optimize().compile(precision="bf16", input_ranges=ranges, **compile_kw)
     nodes = art.manifest["precision"]["nodes"]
     assert any(v["format"] == "bf16" for v in nodes.values()), nodes

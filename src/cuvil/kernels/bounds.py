@@ -38,7 +38,7 @@ from ..ir.dtype import DType
 from .contraction import (Contraction, DepthwiseWindow, MatContraction, PadWindow, WinogradInput, WinogradOutput,
                    fallback_weights)
 from .attention import AttentionTile
-from .contraction_int8 import Int8Contraction, Int8Pack
+from .contraction_int8 import MAX_NR, Int8Contraction, Int8Planes
 from .schedule import ARENA, WEIGHTS, Schedule, Stage, root_of
 from .texpr import E, Buf, _rebuild, as_index, dim_index, nodes, substitute, var
 
@@ -50,7 +50,7 @@ QUERY_RLIMIT = 10_000_000
 #: A wall-clock backstop far above what QUERY_RLIMIT takes, so a pathological query cannot hang a build.
 QUERY_TIMEOUT_MS = 120_000
 I64 = DType.INT64
-_FAMILIES = ("contract", "window", "wino_in", "wino_out", "padwin", "attention", "qgemm", "qpack")
+_FAMILIES = ("contract", "window", "wino_in", "wino_out", "padwin", "attention", "qgemm", "qplanes")
 
 
 @attrs.define
@@ -544,7 +544,10 @@ def _family_obligations(st: Stage, node: E, doms) -> List[Access]:
     d = dict(doms)
     if node.op == "contract" and isinstance(spec, Contraction):
         n, g = _loop(d, "n", spec.x.shape[0]), _loop(d, "g", spec.groups)
-        if spec.precision == "bf16":     # bfloat16 pairs along K (pack_weights_bf16)
+        if spec.amx:                     # AMX A-tile layout (pack_weights_amx)
+            mb, r, k = _loop(d, "mb", spec.m_blocks), _loop(d, "r", spec.mr), _loop(d, "k", (spec.k + 1) // 2)
+            out.append(Access(kind, spec.a, [g, mb, r, k, _loop(d, "pair", 2)], [], d, node=node))
+        elif spec.precision == "bf16":     # bfloat16 pairs along K (pack_weights_bf16)
             mb, k, r = _loop(d, "mb", spec.m_blocks), _loop(d, "k", (spec.k + 1) // 2), _loop(d, "r", spec.mr)
             out.append(Access(kind, spec.a, [g, mb, k, r, _loop(d, "pair", 2)], [], d, node=node))
         else:
@@ -658,28 +661,39 @@ def _family_obligations(st: Stage, node: E, doms) -> List[Access]:
         st_idx = [n, h, row, _loop(d, "c", spec.dv)]
         out.append(Access(kind, st.buf, st_idx, [E("cmp", (row, as_index(spec.rows)), DType.BOOL, "lt")], d,
                           node=node))
-    elif node.op == "qpack" and isinstance(spec, Int8Pack):
-        # x86/gemm_int8.py: a unit is one panel (n, pb); positions and k's clamped to their last, every byte of
-        # the panel stored
-        n, pb = _loop(d, "n", spec.x.shape[0]), _loop(d, "pb", spec.p_blocks)
-        kg, j, i = _loop(d, "kg", spec.kg), _loop(d, "j", spec.nr), _loop(d, "i", 4)
-        c, kh, kw = _loop(d, "c", spec.x.shape[1]), _loop(d, "kh", spec.kernel[0]), _loop(d, "kw", spec.kernel[1])
-        oh, ow = _loop(d, "oh", spec.out_spatial[0]), _loop(d, "ow", spec.out_spatial[1])
-        (sh, sw), (dh, dw) = spec.strides, spec.dilations
-        out.append(Access(kind, spec.x, [n, c, oh * sh + kh * dh, ow * sw + kw * dw], [], d, node=node))
-        out.append(_store(kind, st, [n, pb, kg, j, i], d, node))
+    elif node.op == "qplanes" and isinstance(spec, Int8Planes):
+        # x86/gemm_int8.py: a unit is one plane (n, g, f); per grid row a and 16 positions from b0 = 16 k, each
+        # channel row (clamped to the last channel) is one masked load of 16 * sw bytes from column
+        # b0 sw + rw - pw0 (only lanes inside the row are read, and none of a row of padding), and one store of
+        # the 16 positions (the last one of a row runs on into the next); then the tail, whole stores ending
+        # at the plane's end at most
+        (sh, sw), (ph0, pw0), (H, W) = spec.strides, spec.begin, spec.in_hw
+        n, c = _loop(d, "n", spec.x.shape[0]), _loop(d, "c", spec.channels)
+        rh, rw = _loop(d, "rh", spec.phases[0]), _loop(d, "rw", spec.phases[1])
+        a, k, lane = _loop(d, "a", spec.grid[0]), _loop(d, "k", -(-spec.grid[1] // 16)), _loop(d, "l", 16 * sw)
+        ih, iw = a * sh + rh - ph0, k * (16 * sw) + rw - pw0 + lane
+        lead = [n, c, ih] if len(spec.x.shape) == 4 else [n, c]
+        out.append(Access(kind, spec.x, lead + [iw], (_inside(ih, H) if len(spec.x.shape) == 4 else []) + _inside(iw, W),
+                          d, node=node))
+        g, f, j, i = _loop(d, "g", spec.groups), _loop(d, "f", spec.num_phases), _loop(d, "j", 16), _loop(d, "i", 4)
+        out.append(_store(kind, st, [n, g, f, a * spec.grid[1] + k * 16 + j, i], d, node))
+        tail = _loop(d, "q", spec.plane)
+        out.append(_store(kind, st, [n, g, f, tail, i], d, node))
     elif node.op == "qgemm" and isinstance(spec, Int8Contraction):
-        # x86/gemm_int8.py: a unit is (image, B panel, weight panel); whole panels of both are read, the
-        # per-channel constants of the panel's (padded) rows, and the positions below P of rows below M stored
-        n, pb, mb = _loop(d, "n", spec.n), _loop(d, "pb", spec.p_blocks), _loop(d, "mb", spec.m_blocks)
-        kg, j, i, r = _loop(d, "kg", spec.kg), _loop(d, "j", spec.nr), _loop(d, "i", 4), _loop(d, "r", spec.mr)
-        out.append(Access(kind, spec.b, [n, pb, kg, j, i], [], d, node=node))
-        out.append(Access(kind, spec.w, [mb, kg, r, i], [], d, node=node))
+        # x86/gemm_int8.py: a unit is (image, position panel, weight block); a panel of NR wide positions (at
+        # most MAX_NR) reads, per tap, every group of its plane at the panel's positions shifted by the tap's
+        # offset: positions below wide + MAX_NR - 1 + the largest offset; the weight blocks and per-channel
+        # constants whole; each channel row below M stores its output positions (below P) only
+        n, g, f, i = _loop(d, "n", spec.n), _loop(d, "g", spec.groups), _loop(d, "f", spec.num_phases), _loop(d, "i", 4)
+        p, off = _loop(d, "p", spec.wide + MAX_NR - 1), _loop(d, "off", spec.max_shift + 1)
+        out.append(Access(kind, spec.b, [n, g, f, p + off, i], [], d, node=node))
+        mb, t, gbk = _loop(d, "mb", spec.m_blocks), _loop(d, "t", len(spec.taps)), _loop(d, "gbk", spec.g_blocks)
+        r, kb = _loop(d, "r", spec.mr), _loop(d, "kb", spec.gb * 4)
+        out.append(Access(kind, spec.w, [mb, t, gbk, r, kb], [], d, node=node))
         out.append(Access(kind, spec.comp, [mb * spec.mr + r], [], d, node=node))
         out.append(Access(kind, spec.mult, [mb * spec.mr + r], [], d, node=node))
-        m, p = _loop(d, "m", spec.m), pb * spec.nr + j
-        out.append(Access(kind, st.buf, [(n * spec.m + m) * spec.p + p],
-                          [E("cmp", (p, as_index(spec.p)), DType.BOOL, "lt")], d, node=node, flat=True))
+        m, q = _loop(d, "m", spec.m), _loop(d, "q", spec.p)
+        out.append(Access(kind, st.buf, [(n * spec.m + m) * spec.p + q], [], d, node=node, flat=True))
     else:
         out.append(Access(kind, st.buf, [], [z3_false()], d, node=node))
     return out

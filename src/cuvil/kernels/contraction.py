@@ -27,6 +27,13 @@ from .texpr import Buf, E, nodes
 
 MR = 6   # output channels per weight panel (rows of the micro-kernel's register tile) by default
 
+#: In a target's ``narrow_formats``: its bf16 contractions run on AMX tiles (x86 ``tdpbf16ps``), whose
+#: operands need the weights in the tile layouts below (:func:`pack_weights_amx`, :func:`pack_columns_bf16`
+#: with ``k_multiple``) and a ``AMX_TILE``-square register tile. Never a Node.precision.
+AMX_TILES = "amx_bf16"
+AMX_TILE = 16            # rows (channels, positions, pairs of k) of an AMX tile
+AMX_K = 32               # k per AMX tile step (16 pairs): the tile layouts pad K to a multiple of it
+
 
 def _pad(n: int, to: int) -> int:
     return -(-n // to) * to
@@ -123,6 +130,9 @@ class Contraction:
     # pairs along K (:func:`pack_weights_bf16`, ``[G, Mb, ceil(K/2), mr, 2]``), the input is rounded to bfloat16
     # as it is packed, the products accumulate in float32; "" float32
     precision: str = ""
+    # bf16 on AMX tiles (AMX_TILES): ``a`` is ``[G, Mb, mr, K2p, 2]`` (:func:`pack_weights_amx`: rows of
+    # channels, K in pairs padded with zeros to K2p = a multiple of AMX_K / 2), mr and cols multiples of 16
+    amx: bool = False
 
     @property
     def k(self) -> int:
@@ -182,6 +192,16 @@ def pack_weights_bf16(w: np.ndarray, groups: int, mr: int = MR) -> np.ndarray:
     return bf16_pairs(pack_weights(w, groups, mr), 2)
 
 
+def pack_weights_amx(w: np.ndarray, groups: int, mr: int) -> np.ndarray:
+    """The AMX A-tile layout: :func:`pack_weights`' panels as rows of channels (``[G, Mb, mr, K]``), K padded
+    with zeros to a multiple of AMX_K, rounded to bfloat16 in pairs: ``[G, Mb, mr, K2p, 2]``; 16 rows of a
+    panel at pair k2 (a multiple of 16) are one A tile (16 x 32 bfloat16, rows K2p pairs apart)."""
+    a = pack_weights(w, groups, mr).transpose(0, 1, 3, 2)
+    k = a.shape[-1]
+    a = np.pad(a, [(0, 0)] * 3 + [(0, -(-k // AMX_K) * AMX_K - k)])
+    return bf16_pairs(a, 3)
+
+
 @attrs.define(eq=False)
 class DepthwiseWindow:
     """A 2-D per-channel window over a stored input whose every window position is inside it (padded): a
@@ -224,6 +244,8 @@ class MatContraction:
     # "bf16": ``w`` holds the weights rounded to bfloat16 in pairs along K (:func:`pack_columns_bf16`,
     # ``[Mb, ceil(K/2), cols, 2]``), A is rounded to bfloat16, the products accumulate in float32; "" float32
     precision: str = ""
+    # bf16 on AMX tiles (AMX_TILES): ``w``'s K is padded to a multiple of AMX_K (pack_columns_bf16)
+    amx: bool = False
 
     @property
     def m_blocks(self) -> int:
@@ -243,9 +265,14 @@ def pack_columns(w: np.ndarray, cols: int) -> np.ndarray:
     return np.ascontiguousarray(out.reshape(k, mb, cols).transpose(1, 0, 2))
 
 
-def pack_columns_bf16(w: np.ndarray, cols: int) -> np.ndarray:
-    """:func:`pack_columns` rounded to bfloat16 in pairs along K: ``[Mb, ceil(K/2), cols, 2]``."""
-    return bf16_pairs(pack_columns(w, cols), 1)
+def pack_columns_bf16(w: np.ndarray, cols: int, k_multiple: int = 2) -> np.ndarray:
+    """:func:`pack_columns` rounded to bfloat16 in pairs along K: ``[Mb, ceil(K/2), cols, 2]``; with
+    ``k_multiple`` (AMX_K for AMX tiles) K is padded with zero rows to a multiple of it first (16 pairs of a
+    panel are then one B tile: rows of cols pairs, 16 columns per tile)."""
+    p = pack_columns(w, cols)
+    k = p.shape[1]
+    p = np.pad(p, [(0, 0), (0, -(-k // k_multiple) * k_multiple - k), (0, 0)])
+    return bf16_pairs(p, 1)
 
 
 @attrs.define(eq=False)

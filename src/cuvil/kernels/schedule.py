@@ -29,6 +29,10 @@ ALIGN = 64
 ARENA, WEIGHTS = 0, 1
 # Ops that read each input element at the output's index (up to broadcasting): fusion consumers.
 ELEMENTWISE_OPS = ops_with("elementwise")
+#: Elementwise in their data input (scale and zero point per tensor, per axis or blocked): a cheap value read only
+#: by these and ELEMENTWISE_OPS is inlined into them, so a quantized model's DequantizeLinear -> Mul -> Add ->
+#: QuantizeLinear after an int8 convolution is one pass over bytes, not a float tensor stored between two
+QUANT_READERS = frozenset({"QuantizeLinear", "DequantizeLinear"})
 
 
 @attrs.define(eq=False)
@@ -401,7 +405,9 @@ def _inline(g: Graph, o: Value, t: TensorFn, expensive: bool) -> bool:
         return readers_same and _joins(g, o, users)
     if t.kind == "injective":
         return True
-    return t.kind == "elementwise" and all(u.op in ELEMENTWISE_OPS for u in users)
+    return t.kind == "elementwise" and all(u.op in ELEMENTWISE_OPS or (u.op in QUANT_READERS and u.inputs[0] is o and
+                                                                      tuple(u.outputs[0].shape) == tuple(o.shape))
+                                           for u in users)
 
 
 JOIN_DEPTH = 8    # elementwise ops followed from each use of an expensive value looking for where they join

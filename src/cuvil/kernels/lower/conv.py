@@ -8,7 +8,8 @@ import numpy as np
 
 from ...ir.dim import product
 from ...ir.dtype import DType
-from ..contraction import Contraction, DepthwiseWindow, channel_lanes, choose_tile, pack_weights, pack_weights_bf16
+from ..contraction import (AMX_TILE, AMX_TILES, Contraction, DepthwiseWindow, channel_lanes, choose_tile, pack_weights,
+                           pack_weights_amx, pack_weights_bf16)
 from ..texpr import I64, E, all_of, binop, call, cast, cmp, const, in_range, load, logic, reduce, select
 from .core import LOWERINGS, TensorFn, clamp, lowering, sub_ctx, unflat_index
 from .quant import minus_zp
@@ -93,10 +94,17 @@ def conv_as_gemm(ctx, x, b, out, group, cin_g, m_g, kern, strides, dil, begin, w
     if x.buf is None:
         x = ctx.temp(x.shape, x.dtype, x.fn, "in")
     tile = choose_tile(m_g, product(out_sp), ctx.gemm_tiles, K, ctx.channel_tile_cost)
-    mr, cols = tile[:2]
     wdt = np.float16 if half else np.float32
     narrow = "" if half else ctx.narrowed
-    if narrow == "bf16":     # weights in bfloat16 pairs along K, the input rounded to bfloat16, float32 sums
+    amx = narrow == "bf16" and AMX_TILES in ctx.narrow_formats
+    if amx:                  # 2 x 2 AMX tiles: 32 channels x 32 positions, weights in the A-tile layout
+        tile = (2 * AMX_TILE, 2 * AMX_TILE)
+    mr, cols = tile[:2]
+    if amx:
+        a_buf = ctx.weight(pack_weights_amx(wv.astype(np.float32), group, mr), "packed_amx")
+        weight_at = lambda g, ml, k: cast(load(a_buf, [g, ml // mr, ml % mr, k // 2, k % 2]), DType.FLOAT)
+        x_term = lambda v: cast(cast(v, DType.BFLOAT16), DType.FLOAT)
+    elif narrow == "bf16":     # weights in bfloat16 pairs along K, the input rounded to bfloat16, float32 sums
         a_buf = ctx.weight(pack_weights_bf16(wv.astype(np.float32), group, mr), "packed_bf16")
         weight_at = lambda g, ml, k: cast(load(a_buf, [g, ml // mr, k // 2, ml % mr, k % 2]), DType.FLOAT)
         x_term = lambda v: cast(cast(v, DType.BFLOAT16), DType.FLOAT)
@@ -105,7 +113,7 @@ def conv_as_gemm(ctx, x, b, out, group, cin_g, m_g, kern, strides, dil, begin, w
         weight_at = lambda g, ml, k: load(a_buf, [g, ml // mr, k, ml % mr])
         x_term = lambda v: v
     spec = Contraction(a_buf, x.buf, x.shape[0], group, m_g, cin_g, tuple(kern), tuple(strides), tuple(dil),
-                       out_sp, cols, mr, pads, channel_lanes(tile), interleaved, narrow)
+                       out_sp, cols, mr, pads, channel_lanes(tile), interleaved, narrow, amx)
     kshape = [cin_g] + list(kern)
 
     def f(idx):

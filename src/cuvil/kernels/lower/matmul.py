@@ -8,7 +8,7 @@ import numpy as np
 
 from ...ir.dim import SymExpr, product
 from ...ir.dtype import DType
-from ..contraction import MatContraction, pack_columns, pack_columns_bf16
+from ..contraction import AMX_K, AMX_TILES, MatContraction, pack_columns, pack_columns_bf16
 from ..texpr import I64, E, binop, cast, const, load, reduce
 from .core import LOWERINGS, TensorFn, broadcast_fn, broadcast_index, fconst, lowering, sub_ctx
 from .quant import minus_zp
@@ -29,13 +29,16 @@ def _matmul_as_gemm(ctx, a, wv: Optional[np.ndarray], out, epilogue=None) -> Opt
         a = ctx.temp(a.shape, a.dtype, a.fn, "in")
     narrow = ctx.narrowed
     if narrow == "bf16":    # weights in bfloat16 pairs along K, A rounded to bfloat16, float32 sums
-        wp = ctx.weight(pack_columns_bf16(wv.astype(np.float32), cols), "panels_bf16")
+        amx = AMX_TILES in ctx.narrow_formats     # K padded to whole AMX tile steps
+        wp = ctx.weight(pack_columns_bf16(wv.astype(np.float32), cols, AMX_K if amx else 2),
+                        "panels_amx" if amx else "panels_bf16")
         term = lambda rows, m, k: binop("mul", cast(cast(a(rows + [k]), DType.BFLOAT16), DType.FLOAT),
                                         cast(load(wp, [m // cols, k // 2, m % cols, k % 2]), DType.FLOAT))
     else:
         wp = ctx.weight(pack_columns(wv.astype(np.float32), cols), "panels")
         term = lambda rows, m, k: binop("mul", a(rows + [k]), load(wp, [m // cols, k, m % cols]))
-    spec = MatContraction(wp, a.buf, product(a.shape[:-1]), M, K, cols, narrow)
+    spec = MatContraction(wp, a.buf, product(a.shape[:-1]), M, K, cols, narrow,
+                          narrow == "bf16" and AMX_TILES in ctx.narrow_formats)
 
     def f(idx):
         rows, m = list(idx[:-1]), idx[-1]

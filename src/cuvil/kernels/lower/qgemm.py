@@ -1,20 +1,22 @@
-"""QLinearConv as an int8 GEMM (:class:`cuvil.kernels.contraction_int8.Int8Contraction`) for the x86
-micro-kernels: the im2col panels of the input as unsigned bytes (a stored stage), the weights packed at compile
-time in groups of four k's, the requantisation constants per channel. Not a lowering of its own: the
-QLinearConv lowering (:mod:`.quant`) asks :func:`int8_conv_gemm` first and keeps its reference form when it
-declines (no micro-kernels, weights with a zero point, grouped convolutions, symbolic shapes)."""
+"""QLinearConv as an int8 GEMM read in place (:class:`cuvil.kernels.contraction_int8.Int8Contraction`) for the
+x86 micro-kernels: the input stored once as phase planes of unsigned bytes (a stage,
+:class:`~cuvil.kernels.contraction_int8.Int8Planes`), the weights packed at compile time in groups of four
+channels per tap, the requantisation constants per channel. Not a lowering of its own: the QLinearConv
+lowering (:mod:`.quant`) asks :func:`int8_conv_gemm` first and keeps its reference form when it declines (no
+micro-kernels, weights with a zero point, grouped or 3-D convolutions, dilations whose phases skip one,
+symbolic shapes)."""
 from __future__ import annotations
 
 from typing import Optional
 
 import numpy as np
 
-from ...ir.dim import product
 from ...ir.dtype import DType
-from ..contraction_int8 import MR_I8, Int8Contraction, Int8Pack, pack_int8_weights, panel_positions, requant_constants
-from ..texpr import I64, E, binop, call, cast, cmp, const, load, reduce, select
-from .core import TensorFn, fconst, nan_max, nan_min, unflat_index
-from .windows import padded_window_input, window_params
+from ..contraction_int8 import (AMX_INT8_TILES, MR_I8, Int8Contraction, Int8Planes, group_block, pack_int8_weights, plane_positions,
+                                requant_constants)
+from ..texpr import I64, E, all_of, binop, call, cast, cmp, const, in_range, load, reduce
+from .core import TensorFn, fconst, nan_max, nan_min
+from .windows import window_params
 
 I32, U8, F32 = DType.INT32, DType.UINT8, DType.FLOAT
 
@@ -23,15 +25,21 @@ def _const(ctx, i: int) -> Optional[np.ndarray]:
     return ctx.const_input(i) if ctx.input(i) is not None else None
 
 
+def _phases(kernel: int, dil: int, stride: int) -> Optional[int]:
+    """How many stride phases the window's taps read (they must be 0 .. n - 1), or None."""
+    used = {(k * dil) % stride for k in range(kernel)}
+    return len(used) if used == set(range(len(used))) else None
+
+
 def int8_conv_gemm(ctx) -> Optional[TensorFn]:
     """QLinearConv's output as an ``E("qgemm")`` stage, or None where the micro-kernels do not apply."""
     x, w = ctx.input(0), ctx.input(3)
     dt = ctx.out_dtype()
     out = ctx.out_shape()
-    # x86 only (its schedule asks for matmul panels; the GPU's does not): the VNNI kernels read these forms
+    # x86 only (its schedule asks for matmul panels; the GPU's does not): the int8 kernels read these forms
     if (not ctx.gemm_cols or not ctx.matmul_panels or ctx.unpadded_contractions or ctx._weight is None or dt not in (DType.UINT8, DType.INT8)
             or x.dtype not in (DType.UINT8, DType.INT8) or w.dtype != DType.INT8 or ctx.attr("group", 1) != 1
-            or not all(isinstance(d, int) for d in list(x.shape) + list(out))):
+            or len(out) not in (3, 4) or not all(isinstance(d, int) for d in list(x.shape) + list(out))):
         return None
     xs, xzp, wq, ws, wzp, ys, yzp = (_const(ctx, i) for i in (1, 2, 3, 4, 5, 6, 7))
     bias = _const(ctx, 8)
@@ -49,55 +57,65 @@ def int8_conv_gemm(ctx) -> Optional[TensorFn]:
     zx = int(xzp.reshape(())) if xzp is not None else 0
     shifted = x.dtype == DType.INT8
     zx_u = zx + 128 if shifted else zx
-    comp, mult = requant_constants(wq, bias, zx_u, xs, np.broadcast_to(ws.reshape(-1), (m,)), ys)
+    spatial = len(out) - 2
+    strides, dil, begin = window_params(ctx, spatial, list(wq.shape[2:]), x.shape[2:], out[2:])
+    if spatial == 1:    # a 1-D convolution as a 2-D one of height 1
+        strides, dil, begin = [1] + list(strides), [1] + list(dil), [0] + list(begin)
+    (kh_, kw_), (sh, sw), (dh, dw) = ([1] * (2 - spatial) + list(wq.shape[2:])), strides, dil
+    in_hw = ([1] * (2 - spatial)) + list(x.shape[2:])
+    oh_, ow_ = ([1] * (2 - spatial)) + list(out[2:])
+    rows, cols = _phases(kh_, dh, sh), _phases(kw_, dw, sw)
+    if rows is None or cols is None or min(begin) < 0:
+        return None
+    wq4 = wq.reshape(m, wq.shape[1], kh_, kw_)
+    comp, mult = requant_constants(wq4, bias, zx_u, xs, np.broadcast_to(ws.reshape(-1), (m,)), ys)
     if np.any(np.abs(comp) >= 2 ** 31):
         return None
-    kern = list(wq.shape[2:])
-    spatial = len(kern)
     cin = wq.shape[1]
-    K = cin * int(np.prod(kern))
-    P = int(product(out[2:]))
+    gb, G = group_block(-(-cin // 4))
     N = x.shape[0]
-    strides, dil, begin = window_params(ctx, spatial, kern, x.shape[2:], out[2:])
-    xp, _ = padded_window_input(ctx, x, out[2:], kern, strides, dil, begin, zx)   # padding reads x's zero point
-    if xp.buf is None:
-        xp = ctx.temp(xp.shape, xp.dtype, xp.fn, "in")
-    nr = panel_positions(P)
-    spec_kg = -(-K // 4)
-    pb_count = -(-P // nr)
-    pack = Int8Pack(xp.buf, K, tuple(kern), tuple(strides), tuple(dil), tuple(out[2:]), nr, shifted) \
-        if spatial == 2 else None
+    grid = (oh_ + ((kh_ - 1) * dh) // sh, ow_ + ((kw_ - 1) * dw) // sw)
+    taps = tuple((((kh * dh) % sh) * cols + (kw * dw) % sw, ((kh * dh) // sh) * grid[1] + (kw * dw) // sw)
+                 for kh in range(kh_) for kw in range(kw_))
+    PL = plane_positions(grid, oh_, max(off for _, off in taps))
+    if x.buf is None:
+        x = ctx.temp(x.shape, x.dtype, x.fn, "in")
+    planes = Int8Planes(x.buf, cin, G, tuple(in_hw), tuple(begin), (sh, sw), (rows, cols), grid, PL,
+                        zx_u, shifted)
+    H, W = in_hw
 
-    def im2col(idx):
-        n, pb, kg, j, i = idx
-        p = pb * nr + j
-        p = select(cmp("lt", p, const(P, I64)), p, const(P - 1, I64))   # panel positions past P repeat the last
-        k = kg * 4 + i
-        k = select(cmp("lt", k, const(K, I64)), k, const(K - 1, I64))   # k past K: its weights are zero
-        c, *ks = unflat_index(k, [cin] + kern)
-        o = unflat_index(p, list(out[2:]))
-        v = xp([n, c] + [oi * s + ki * d for oi, s, ki, d in zip(o, strides, ks, dil)])
-        if shifted:
-            v = cast(binop("add", cast(v, I32), const(128, I32)), U8)
-        else:
-            v = cast(v, U8)
-        return E("qpack", list(idx) + [v], U8, pack) if pack is not None else v
-    b_fn = ctx.temp((N, pb_count, spec_kg, nr, 4), U8, im2col, "im2col")
-    w_buf = ctx.weight(pack_int8_weights(wq), "packed_i8")
+    def plane_fn(idx):
+        n, g, f, q, i = idx
+        a, b = q // grid[1], q % grid[1]
+        ih = a * sh + f // cols - begin[0]
+        iw = b * sw + f % cols - begin[1]
+        c = g * 4 + i
+        cond = all_of([cmp("lt", c, const(cin, I64)), cmp("lt", q, const(grid[0] * grid[1], I64)),
+                       in_range(ih, 0, H), in_range(iw, 0, W)])
+        v = x.at_or([n, c, ih, iw] if spatial == 2 else [n, c, iw], cond, zx)
+        v = cast(binop("add", cast(v, I32), const(128, I32)), U8) if shifted else cast(v, U8)
+        return E("qplanes", list(idx) + [v], U8, planes)
+    b_fn = ctx.temp((N, G, rows * cols, PL, 4), U8, plane_fn, "planes")
+    w_buf = ctx.weight(pack_int8_weights(wq4, G, gb), "packed_i8")
     comp_buf = ctx.weight(comp.astype(np.int32), "comp")
     mult_buf = ctx.weight(mult, "mult")
     yz = int(yzp.reshape(())) if yzp is not None else 0
-    spec = Int8Contraction(b_fn.buf, w_buf, comp_buf, mult_buf, N, m, P, K, nr, MR_I8, yz, dt)
+    spec = Int8Contraction(b_fn.buf, w_buf, comp_buf, mult_buf, N, m, cin * kh_ * kw_, taps, G, gb, grid[1],
+                           (oh_, ow_), PL, rows * cols, yz, dt, AMX_INT8_TILES in ctx.narrow_formats)
 
     def f(idx):
         n, mo, o = idx[0], idx[1], idx[2:]
-        p = o[0]
-        for d, oi in zip(out[3:], o[1:]):
-            p = p * d + oi
-        pb, j = p // nr, p % nr
+        p = o[0] * grid[1] + o[1] if spatial == 2 else o[0]
         mb, r = mo // MR_I8, mo % MR_I8
-        acc = reduce("sum", [spec_kg * 4], lambda k: binop(
-            "mul", cast(b_fn([n, pb, k // 4, j, k % 4]), I32), cast(load(w_buf, [mb, k // 4, r, k % 4]), I32)))
+
+        def term(t, g, i):
+            kh, kw = t // kw_, t % kw_
+            ph = ((kh * dh) % sh) * cols + (kw * dw) % sw
+            off = ((kh * dh) // sh) * grid[1] + (kw * dw) // sw
+            bv = b_fn([n, g, ph, p + off, i])
+            wv = load(w_buf, [mb, t, g // gb, r, (g % gb) * 4 + i])
+            return binop("mul", cast(bv, I32), cast(wv, I32))
+        acc = reduce("sum", [kh_ * kw_, G, 4], term)
         acc = binop("add", acc, load(comp_buf, [mo]))
         v = call("roundeven", binop("mul", cast(acc, F32), load(mult_buf, [mo])))
         v = binop("add", v, const(float(yz), F32))

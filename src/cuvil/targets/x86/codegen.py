@@ -24,7 +24,7 @@ from .attention import emit_attention_stage, emit_key_panels_stage
 from .depthwise import emit_depthwise_stage
 from .emitter import ROW_BLOCK, ROW_MAX, X86Emitter, row_reduction
 from .gemm import emit_gemm_stage
-from .gemm_int8 import emit_qgemm_stage, emit_qpack_stage
+from .gemm_int8 import emit_planes_stage, emit_qgemm_stage
 from .matmul import emit_matmul_stage
 from .pad import emit_pad_stage
 from .winograd import emit_winograd_input, emit_winograd_output
@@ -140,7 +140,7 @@ class KernelModule(LLVMKernelModule):
     def add_stage(self, st: Stage, sym: str, lead: Optional[int] = None) -> Tuple[int, int]:
         """Emit ``st`` as function ``sym``; returns (parallel extent, grain). ``lead``: a generic loop nest
         flattens that many leading dims into its parallel range (default :meth:`parallel_dims`)."""
-        done = emit_qgemm_stage(self, st, sym) or emit_qpack_stage(self, st, sym)   # int8 (VNNI) kernels
+        done = emit_qgemm_stage(self, st, sym) or emit_planes_stage(self, st, sym)   # int8 (AMX, VNNI) kernels
         if done is not None:
             return done
         done = emit_matmul_stage(self, st, sym)

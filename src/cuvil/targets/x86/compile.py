@@ -23,7 +23,10 @@ from ...version import __version__
 from .codegen import generate_object
 from .cpu import C_CHECKED_FEATURES, cpu_label, describe_cpu
 from .gemm import tile_cols, tile_shapes
+from .amx import AMX_BF16, amx_formats, amx_isa_checks
 from .gemm_bf16 import bf16_isa_checks, narrow_formats
+from ...kernels.contraction_int8 import AMX_INT8_TILES
+from .gemm_int8 import has_amx_int8, int8_isa_checks
 from .header import generate_header
 from .link import check_dependencies, link_shared, unexpected_dependencies
 from .model_c import generate_model_c
@@ -159,6 +162,10 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
     target_cpu = describe_cpu(cpu)
     bits = target_cpu.vector_bits
     narrow = narrow_formats(target_cpu)
+    if narrow and tuning.amx:        # bf16 contractions on AMX tiles where the CPU has them (amx.py)
+        narrow += amx_formats(target_cpu)
+    if tuning.amx and has_amx_int8(target_cpu.features):   # int8 convolutions on AMX tiles (gemm_int8.py)
+        narrow += (AMX_INT8_TILES,)
     with stage("schedule", detail=f"{len(g.nodes)} nodes") as s:
         sched = schedule(g, gemm_cols=tile_cols(bits), split_concat=True, gemm_tiles=tile_shapes(bits, tuning),
                          row_kernels=True, channel_tile_cost=tuning.channel_tile_cost, run_time_sizes=True,
@@ -223,7 +230,9 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
         opt_steps=_step_descs(osched, osteps, otarget["step_stages"]) if osteps else [],
         opt_weights_symbol=opt_weights_sym, num_run_time_symbols=sched.num_run_time_symbols,
         # a library with bf16 kernels also checks AVX512_BF16 (GCC 10+ and Clang 12+ know the name)
-        isa_checks=[f for f in C_CHECKED_FEATURES if f in target_cpu.features] + bf16_isa_checks(target, otarget),
+        isa_checks=list(dict.fromkeys([f for f in C_CHECKED_FEATURES if f in target_cpu.features]
+                                      + bf16_isa_checks(target, otarget) + amx_isa_checks(AMX_BF16, target, otarget)
+                                      + int8_isa_checks(target, otarget))),
         **({} if weights_file is None else {"external_weights_bytes": weights_file["bytes"],
                                             "external_weights_sha256": bytes.fromhex(weights_file["sha256"]),
                                             "external_opt_weights_offset": weights_file["opt_offset"]}),
@@ -319,7 +328,8 @@ def _steps_json(sched, steps, target, variant, descs) -> list:
                     "flops": sum(sched.stages[i].flops for i in members), "kernel": kind,
                     **({"stages": [sched.stages[i].name for i in members]} if len(members) > 1 else {}),
                     **({"tile": target["gemm_tiles"][sym]} if sym in target["gemm_tiles"] else {}),
-                    **({"precision": "bf16", "path": target["narrow_paths"][sym]}
+                    **({"precision": "int8" if "int8" in target["narrow_paths"][sym] or "vnni" in target["narrow_paths"][sym]
+                        else "bf16", "path": target["narrow_paths"][sym]}
                        if sym in target.get("narrow_paths", {}) else {}),
                     **({"guard": {"cond": st.guard[0].name, "runs_when": bool(st.guard[1])}}
                        if desc.guard is not None else {}),

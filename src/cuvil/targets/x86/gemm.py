@@ -35,12 +35,13 @@ import llvmlite.ir as ir
 
 from ...ir.dim import SymExpr
 from ...ir.dtype import DType
-from ...kernels.contraction import CHANNEL_LANES, MR, Contraction
+from ...kernels.contraction import AMX_TILE, CHANNEL_LANES, MR, Contraction
 from ...kernels.schedule import Stage
 from ...kernels.texpr import E, contains, top_level
 from ..llvm.types import F32, I32, I64, PTR, const_value, splat
 from .emitter import X86Emitter
 from ..llvm.narrow import I16, bfloat16_to_memory
+from .amx import AMX_BF16_PATH, Tiles, bf16_tile_loop
 from .gemm_bf16 import AVX512_BF16, BFLOAT, PAIRS, dpbf16, interleaved_pairs, narrow_path, to_bf16
 from .tuning import DEFAULT_TUNING, X86Tuning
 
@@ -125,7 +126,14 @@ def bf16_panel_words(spec: Contraction) -> int:
     if spec.precision != "bf16":
         return 0
     panels = 1 if spec.m <= spec.p else spec.p_blocks
-    return panels * ((spec.k + 1) // 2) * spec.cols
+    return panels * panel_pairs(spec) * spec.cols
+
+
+def panel_pairs(spec: Contraction) -> int:
+    """Rows (pairs of k) of a bf16 pair panel: ceil(K/2), on AMX tiles rounded up to whole B tiles (16 rows;
+    the rows past ceil(K/2) zero, as the weights' padding)."""
+    k2 = (spec.k + 1) // 2
+    return -(-k2 // AMX_TILE) * AMX_TILE if spec.amx else k2
 
 
 def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
@@ -143,10 +151,15 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
     if (MR if cl else nr) % vw:
         return None
     path = narrow_path(km, spec)
-    if path is not None and path != AVX512_BF16:
+    if path == AMX_BF16_PATH and (cl or MR != 2 * AMX_TILE or nr != 2 * AMX_TILE):
+        path = "fp32 fallback"           # (the lowering gives AMX contractions 32 x 32 tiles)
+    if path is not None and path not in (AVX512_BF16, AMX_BF16_PATH):
         km.narrow_paths[sym] = path
         return None          # the generic loop nest evaluates the contraction's (bf16-rounding) expression
-    bf = path == AVX512_BF16      # vdpbf16ps over pairs of k (gemm_bf16.py): panels rounded once as packed
+    # bf16: panels rounded once into pair panels as they are packed; then vdpbf16ps over pairs of k
+    # (gemm_bf16.py) or, amx, 2 x 2 tdpbf16ps tiles of 16 channels x 16 positions (amx.py)
+    bf = path in (AVX512_BF16, AMX_BF16_PATH)
+    amx = path == AMX_BF16_PATH
     nv = MR // vw if cl else nr // vw    # accumulator vectors per broadcast row
     npv = -(-nr // vw)               # vectors per packed panel row (the last one masked when nr % vw)
     vec = ir.VectorType(F32, vw)
@@ -356,7 +369,7 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
             return
 
         def one_bf16(i):         # each panel rounded into its pair panel as it is gathered
-            dst = ipt(bf_base, b.mul(i, I64(K2 * nr)))
+            dst = ipt(bf_base, b.mul(i, I64(K2s * nr)))
             if not direct_rows:
                 pack(n, g, b.add(pb_lo, i), I64(1), dst)
                 return
@@ -369,6 +382,7 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
         em.loop_range(I64(0), count, one_bf16)
 
     K2 = (K + 1) // 2
+    K2s = panel_pairs(spec)              # rows of a stored pair panel (amx: whole B tiles)
 
     def ipt(base, off):
         return b.gep(base, [off], source_etype=I32, inbounds=True)
@@ -452,7 +466,32 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
     if bf:                       # as many blocks, over the K2 pairs
         kc2 = -(-K2 // len(blocks))
         blocks = [(k0, min(K2, k0 + kc2)) for k0 in range(0, K2, kc2)]
+    if amx:                      # one block: the accumulators stay in tile registers over all of K
+        blocks = [(0, K2s)]
+        tiles = Tiles(km, b)
+        # the pair panels' rows past K2 are zero: the tiles read them (stale scratch could hold NaN bit
+        # patterns, and 0 * NaN is NaN); zeroed at every call, since other stages share the scratch
+        pad_words = (K2s - K2) * nr
+        if pad_words:
+            pvec = ir.VectorType(I32, vw)
+            for pnl in range(1 if panel_order else Pb):
+                at = ipt(bf_base, I64(pnl * K2s * nr + K2 * nr))
+                em.loop_range(I64(0), I64(pad_words // vw), lambda i, at=at: b.store(
+                    ir.Constant(pvec, [0] * vw), b.bitcast(ipt(at, b.mul(i, I64(vw))), pvec.as_pointer()), align=4))
     acc_base = fptr(scratch, I64(packed_floats(spec)))
+
+    def amx_tile(a_ptr, panel):
+        """The 32 x 32 tile on 2 x 2 AMX tiles: A = 16 channels x 16 pairs of the weights (rows K2s words
+        apart), B = 16 pairs x 16 positions of the pair panel (rows nr words apart); stored to the stack tile
+        (rows of nr positions) and read back as the accumulator vectors."""
+        acc = bf16_tile_loop(em, tiles, I64(K2s // AMX_TILE),
+                             lambda s_, i: ipt(a_ptr, b.add(b.mul(s_, I64(AMX_TILE)), I64(i * AMX_TILE * K2s))), K2s * 4,
+                             lambda s_, j: ipt(panel, b.add(b.mul(s_, I64(AMX_TILE * nr)), I64(j * AMX_TILE))), nr * 4,
+                             2, 2)
+        for t_, tv in enumerate(acc):
+            i, j = divmod(t_, 2)
+            tiles.store(tv, fptr(tile_f, I64(i * AMX_TILE * nr + j * AMX_TILE)), nr * 4)
+        return [b.load(b.gep(tile, [I64(i)], source_etype=vec, inbounds=True), typ=vec, align=4) for i in range(nacc)]
 
     def tile_at(n, g, mb, pb, panel, slot, blk, b_stride=None):
         k0, k1 = blocks[blk]
@@ -460,7 +499,11 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
                  fptr(a_base, b.mul(b.add(b.mul(g, I64(Mb)), mb), I64(K * MR))))
         acc = b.bitcast(fptr(acc_base, b.mul(slot, I64(MR * nr))), ir.PointerType(vec))
         last = blk == len(blocks) - 1
-        new = kloop(a_ptr, panel, k0, k1, None if blk == 0 else acc, None if last else acc, b_stride)
+        if amx:
+            a_ptr = ipt(a_base, b.mul(b.add(b.mul(g, I64(Mb)), mb), I64(MR * K2s)))
+            new = amx_tile(a_ptr, panel)
+        else:
+            new = kloop(a_ptr, panel, k0, k1, None if blk == 0 else acc, None if last else acc, b_stride)
         if not last:
             return
         m0 = b.mul(mb, I64(MR))
@@ -532,7 +575,7 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
                 if blk == 0:
                     ensure_packed(ng, n, g, I64(0), I64(Pb))
                 em.loop_range(I64(0), I64(Pb), lambda pb: tile_at(
-                    n, g, u, pb, ipt(bf_base, b.mul(pb, I64(K2 * nr))) if bf else fptr(scratch, b.mul(pb, I64(K * nr))),
+                    n, g, u, pb, ipt(bf_base, b.mul(pb, I64(K2s * nr))) if bf else fptr(scratch, b.mul(pb, I64(K * nr))),
                     pb, blk))
 
     out_sp = spec.out_spatial

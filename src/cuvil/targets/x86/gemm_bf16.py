@@ -26,6 +26,7 @@ from typing import Optional
 import llvmlite.ir as ir
 
 from ..llvm.types import F32, I32, I64, PTR
+from .amx import AMX_BF16_PATH, has_amx
 
 #: the ISA feature (LLVM spelling) the bf16 kernels need; its cpuid name is ``avx512_bf16``
 BF16_FEATURE = "avx512bf16"
@@ -130,11 +131,14 @@ def convert_rows(em, src_rows, dst, k: int) -> None:
 
 
 def narrow_path(km, spec) -> Optional[str]:
-    """The path a contraction ``spec`` takes on this kernel module: ``"avx512_bf16"`` for a bf16 one on a CPU
+    """The path a contraction ``spec`` takes on this kernel module: ``"amx_bf16"`` for a bf16 one lowered for
+    AMX tiles (``spec.amx``, :mod:`cuvil.targets.x86.amx`), ``"avx512_bf16"`` for a bf16 one on a CPU
     with AVX512_BF16, None for a float32 one. A bf16 contraction on a CPU without it is evaluated by the
     generic loop nest (its expression rounds the same way), ``"fp32 fallback"``."""
     if getattr(spec, "precision", "") != "bf16":
         return None
+    if getattr(spec, "amx", False):      # weights in the AMX tile layouts (lowered for a CPU with AMX)
+        return AMX_BF16_PATH if bf16_supported(km) and has_amx(km.cpu_features) else "fp32 fallback"
     return AVX512_BF16 if bf16_supported(km) else "fp32 fallback"
 
 

@@ -92,8 +92,13 @@ def _check_isa(manifest: dict, path: str) -> None:
     required = target.get("isa_features") if isinstance(target, dict) else None
     if isinstance(required, list):
         bf16 = sum(1 for st in manifest.get("steps", []) if isinstance(st, dict) and st.get("path") == "avx512_bf16")
+        amx = sum(1 for st in manifest.get("steps", []) if isinstance(st, dict) and st.get("path") == "amx_bf16")
         uses = {"avx512bf16": f"{bf16} bf16 kernels run vdpbf16ps (AVX512_BF16); a build on this CPU keeps those "
-                              "nodes float32"} if bf16 else None
+                              "nodes float32"} if bf16 else {}
+        if amx:
+            uses["amx-bf16"] = uses["amx-tile"] = (f"{amx} bf16 kernels run tdpbf16ps on AMX tiles; a build on this "
+                                                   "CPU takes AVX512_BF16 or keeps those nodes float32")
+        uses = uses or None
         check_runs_here([str(f) for f in required], os.path.basename(path), str(target.get("cpu", "")), uses)
 
 

@@ -22,6 +22,7 @@ from ...kernels.contraction import MR, MatContraction
 from ...kernels.schedule import Stage
 from ..llvm.types import F32, I32, I64, PTR
 from .gemm import PREFETCH_K, find_contraction, fma_tile_loop, tile_epilogue
+from .amx import AMX_BF16_PATH, TILE_ROWS, Tiles, bf16_tile_loop
 from .gemm_bf16 import AVX512_BF16, PAIRS, convert_rows, dpbf16, narrow_path, row_stride_pairs
 
 
@@ -39,6 +40,10 @@ def emit_matmul_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]]:
     vec = ir.VectorType(F32, vw)
     K, M, Mb = spec.k, spec.m, spec.m_blocks
     path = narrow_path(km, spec)
+    if path == AMX_BF16_PATH and nr % 16 == 0:
+        return _emit_amx(km, st, sym, c, spec)
+    if path == AMX_BF16_PATH:           # (the lowering's panels are 64 columns wide on AVX-512)
+        path = "fp32 fallback"
     if path is not None and path != AVX512_BF16:
         km.narrow_paths[sym] = path
         return None          # the generic loop nest evaluates the contraction's (bf16-rounding) expression
@@ -159,6 +164,71 @@ def emit_matmul_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]]:
     em.loop_range(begin, end, unit)
     b.ret_void()
     return ((spec.rows + MR - 1) // MR) * Mb, 1
+
+
+def _emit_amx(km, st: Stage, sym: str, c, spec: MatContraction) -> Tuple[object, int]:
+    """The MatContraction on AMX tiles (:mod:`cuvil.targets.x86.amx`): a unit is 16 rows of A x one weight
+    panel (``cols`` = 16 * nj columns, stored ``[Mb, K2p, cols, 2]``: 16 pairs x 16 columns of it are a B
+    tile, rows ``cols`` words apart). The unit's rows of A are rounded to bfloat16 once into per-thread
+    scratch (rows of ``row_stride_pairs(K)`` = K2p words, zero past K: the A tiles), the k-loop keeps the 1 x nj
+    float32 tiles in tile registers, they are stored to a stack tile and the stage's epilogue runs over it as
+    in the vector kernels (rows past the last clamped and not stored)."""
+    nr, K, M, Mb = spec.cols, spec.k, spec.m, spec.m_blocks
+    R = TILE_ROWS
+    a_stride = row_stride_pairs(K)       # words per rounded row: K2p, a multiple of 16
+    nj = nr // 16
+    em, begin, end = km.kernel(sym)
+    b = em.b
+    km.narrow_paths[sym] = AMX_BF16_PATH
+    km.scratch_bytes = max(km.scratch_bytes, R * a_stride * 4)
+    scratch = b.load(b.gep(em.bufs, [I64(km.scratch_index)], source_etype=PTR), typ=PTR)
+    converted = em.alloca(I64)          # the row tile whose rows of A the scratch holds (-1: none)
+    b.store(I64(-1), converted)
+    tile_f = em.alloca(F32, R * nr)
+    tiles = Tiles(km, b)
+    rows_total = em.index(spec.rows)
+    lead = list(st.buf.shape[:-1])
+    a_base = b.gep(em.base(spec.a), [I64(spec.a.offset)], source_etype=ir.IntType(8), inbounds=True)
+    w_base = b.gep(em.base(spec.w), [I64(spec.w.offset)], source_etype=ir.IntType(8), inbounds=True)
+    last_row = b.sub(rows_total, I64(1))
+    row_tiles = b.sdiv(b.add(rows_total, I64(R - 1)), I64(R))
+
+    def ip(base, off):
+        return b.gep(base, [off], source_etype=I32, inbounds=True)
+
+    def unit(u):
+        mb, t = b.sdiv(u, row_tiles), b.srem(u, row_tiles)
+        p0 = b.mul(t, I64(R))
+        left = b.sub(rows_total, p0)
+        nrows = b.select(b.icmp_signed("<", left, I64(R)), left, I64(R))
+        rows = []
+        for r in range(R):
+            p = b.add(p0, I64(r))
+            p = b.select(b.icmp_signed("<", p, rows_total), p, last_row)
+            rows.append(b.gep(a_base, [b.mul(p, I64(K))], source_etype=F32, inbounds=True))
+        with b.if_then(b.icmp_signed("!=", b.load(converted, typ=I64), t)):
+            convert_rows(em, rows, scratch, K)
+            b.store(t, converted)
+        w_ptr = ip(w_base, b.mul(mb, I64(a_stride * nr)))
+        acc = bf16_tile_loop(em, tiles, I64(a_stride // 16),
+                             lambda s_, i: ip(scratch, b.mul(s_, I64(16))), a_stride * 4,
+                             lambda s_, j: ip(w_ptr, b.add(b.mul(s_, I64(16 * nr)), I64(16 * j))), nr * 4, 1, nj)
+        for j, tv in enumerate(acc):
+            tiles.store(tv, b.gep(tile_f, [I64(16 * j)], source_etype=F32, inbounds=True), nr * 4)
+        m0 = b.mul(mb, I64(nr))
+        mleft = b.sub(I64(M), m0)
+        ncols = b.select(b.icmp_signed("<", mleft, I64(nr)), mleft, I64(nr))
+
+        def index(r, j) -> List[ir.Value]:
+            return _unflatten(em, b.add(p0, r), lead) + [b.add(m0, j)]
+
+        def slot(r, j):
+            return b.gep(tile_f, [b.add(b.mul(r, I64(nr)), j)], source_etype=F32, inbounds=True)
+        tile_epilogue(em, st, c, slot, index, nrows, ncols, full=(R, nr))
+
+    em.loop_range(begin, end, unit)
+    b.ret_void()
+    return ((spec.rows + R - 1) // R) * Mb, 1
 
 
 NEXT_PANEL_PREFETCH = True

@@ -10,6 +10,7 @@ from __future__ import annotations
 from cuvil.errors import CuvilError
 from cuvil.ir.dim import SymExpr
 from cuvil.targets.x86.model_info import ModelInfo
+from cuvil.targets.x86.amx import AMX_TILE, amx_permission_c
 
 # Names of the generated static tables; kernel symbols may not start with this.
 _LOCAL = "cuvil__"
@@ -207,6 +208,8 @@ def generate_model_c(info: ModelInfo) -> str:
     for feature in info.isa_checks:
         name = c_string_literal(feature)
         lines.append(f"  if (!__builtin_cpu_supports({name})) return {name};")
+    if AMX_TILE in info.isa_checks:      # Linux grants the tile state on request only (amx.py)
+        lines += amx_permission_c()
     lines += ["  return NULL;", "}", ""]
 
     lora = "NULL"

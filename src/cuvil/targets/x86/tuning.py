@@ -46,6 +46,9 @@ class X86Tuning:
     # cost model says (the A/B measurements the model is fitted on: bench/winograd_layers.py,
     # bench/winograd_fallback.py); None: the cost model chooses
     winograd_tile: Optional[int] = attrs.field(default=None, validator=attrs.validators.in_((None, 2, 4)))
+    # bf16 contractions on AMX tiles (tdpbf16ps, cuvil.targets.x86.amx) where the CPU has AMX-BF16; False:
+    # AVX512_BF16's vdpbf16ps kernels even there (the side-by-side benchmark, the tests of that path)
+    amx: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
 
 
 DEFAULT_TUNING = X86Tuning()

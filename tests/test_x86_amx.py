@@ -1,0 +1,155 @@
+"""bf16 contractions on AMX tiles (cuvil.targets.x86.amx: ``tdpbf16ps`` micro-kernels for Conv, MatMul and
+Gemm nodes whose ``precision`` is "bf16", on a CPU with AMX-BF16) against numpy references, with the error
+bounds of tests/test_x86_bf16.py (its module docstring): the products of bfloat16-rounded inputs are exact in
+float32, only the float32 sums differ from a float64 reference over the rounded inputs.
+
+The AVX512_BF16 kernels are tested by tests/test_x86_bf16.py (which asks for them with
+``X86Tuning(amx=False)``); here the default build on an AMX host must take the tiles and record
+``path: "amx_bf16"``. Skipped, with the reason printed, on CPUs without AMX-BF16 (every AMD so far).
+"""
+import numpy as np
+import pytest
+from onnx import numpy_helper
+
+from cuvil import Pipeline
+from cuvil.kernels.contraction import AMX_TILES, pack_columns_bf16, pack_weights_amx
+from cuvil.targets.x86.amx import amx_formats, amx_isa_checks, has_amx, request_permission
+from cuvil.targets.x86.cpu import cpu_label, describe_cpu, host_cpu
+from cuvil.testing.conv_models import conv_epilogue_model
+from test_x86_bf16 import bf16, bf16_steps, check_product, conv_ref, matmul_model, resnet_like
+
+HAS_AMX = has_amx(host_cpu().features)
+if not HAS_AMX:
+    print(f"test_x86_amx: kernel tests skipped, this CPU has no AMX-BF16 ({cpu_label()})")
+needs_amx = pytest.mark.skipif(not HAS_AMX, reason=f"no AMX-BF16 on this CPU ({cpu_label()}): the AMX "
+                                                   "kernels cannot run here")
+
+
+def narrowed(model, ranges=None, **compile_kw):
+    if ranges is None:
+        ranges = {vi.name: (-8.0, 8.0) for vi in model.graph.input}
+    art = Pipeline.from_onnx(model).optimize().compile(precision="bf16", input_ranges=ranges, **compile_kw)
+    assert any(v["format"] == "bf16" for v in art.manifest["precision"]["nodes"].values())
+    return art
+
+
+def test_dispatch_order():
+    """AMX > AVX512_BF16 > float32, from the CPU's features: a Sapphire Rapids build takes the tiles, a Cooper
+    Lake build (AVX512_BF16, no AMX) vdpbf16ps, a Zen 3 build neither; a library using tiles checks AMX at
+    session creation."""
+    assert amx_formats(describe_cpu("sapphirerapids")) == (AMX_TILES,)
+    assert amx_formats(describe_cpu("cooperlake")) == ()
+    assert amx_formats(describe_cpu("znver3")) == ()
+    assert amx_isa_checks("amx-bf16", {"narrow_paths": {"k": "amx_bf16"}}, None) == ["amx-tile", "amx-bf16", "avx512bf16"]
+    assert amx_isa_checks("amx-bf16", {"narrow_paths": {"k": "avx512_bf16"}}) == []
+
+
+def test_tile_layouts():
+    """The weights' AMX layouts: A tiles (rows of channels, 16 pairs of k per tile step, zero past K) and B
+    panels (K padded to whole 32-k steps with zeros)."""
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((40, 5, 3, 3)).astype(np.float32)          # M 40 (2 panels of 32), K 45
+    a = pack_weights_amx(w, 1, 32).view(np.uint16)
+    assert a.shape == (1, 2, 32, 32, 2)                                # K2p: 64 k = 32 pairs
+    flat = a.reshape(1, 2, 32, 64)
+    want = bf16(w.reshape(40, 45)).astype(np.float32).view(np.uint32) >> 16
+    np.testing.assert_array_equal(flat[0, 0, :, :45], want[:32])
+    np.testing.assert_array_equal(flat[0, 1, :8, :45], want[32:])
+    assert not flat[0, :, :, 45:].any() and not flat[0, 1, 8:].any()
+    p = pack_columns_bf16(rng.standard_normal((77, 70)).astype(np.float32), 64, 32)
+    assert p.shape == (2, 48, 64, 2) and not p.view(np.uint16)[:, 39:].any()
+
+
+@needs_amx
+def test_permission_granted():
+    """Linux grants this process the tile data state (what a library asks at session creation)."""
+    assert request_permission()
+
+
+@needs_amx
+@pytest.mark.parametrize("k,m,rows", [(77, 100, 37), (64, 64, 16), (300, 33, 5), (8, 130, 1), (1000, 64, 70)],
+                         ids=["odd-K-col-tail", "exact", "long-K", "K8-one-row", "K1000"])
+def test_matmul(k, m, rows):
+    """MatMul + bias: K not a multiple of 32 (zero pairs), row tails (a partial 16-row tile), column tails."""
+    model, w, b = matmul_model(k, m, "N")
+    art = narrowed(model, shape_profiles={"N": (1, 8, 128)})
+    steps = bf16_steps(art)
+    assert steps and all(s["path"] == "amx_bf16" and s["kernel"] == "gemm" for s in steps), art.manifest["steps"]
+    assert "amx-tile" in art.manifest["target"]["isa_features"]
+    x = np.random.default_rng(1).standard_normal((rows, k)).astype(np.float32)
+    mod = art.model()
+    y = mod.run(x, num_threads=2)[0].astype(np.float64)
+    np.testing.assert_array_equal(y, mod.run(x, num_threads=1)[0])
+    check_product(y, x, w, k, b)
+
+
+@needs_amx
+def test_matmul_batch_dims():
+    """A MatMul over [B, S, K] rows (batch dims flattened into the rows)."""
+    model, w, b = matmul_model(40, 48, "B", batch_dims=("B", "S"))
+    art = narrowed(model, shape_profiles={"B": (1, 2, 4), "S": (1, 5, 16)})
+    assert bf16_steps(art) and all(s["path"] == "amx_bf16" and s["kernel"] == "gemm" for s in bf16_steps(art))
+    x = np.random.default_rng(2).standard_normal((3, 7, 40)).astype(np.float32)
+    y = art.model().run(x)[0].astype(np.float64)
+    check_product(y.reshape(21, 48), x.reshape(21, 40), w, 40, b)
+
+
+CONV_CASES = [
+    # x shape, w shape, attrs
+    ((1, 16, 10, 10), (24, 16, 3, 3), dict(pads=[1, 1, 1, 1])),                  # panel order, M < 32, P=100
+    ((1, 64, 3, 3), (70, 64, 3, 3), dict(pads=[1, 1, 1, 1])),                    # weights order, M tail
+    ((2, 7, 9, 11), (13, 7, 3, 3), dict(strides=[2, 2], pads=[1, 0, 2, 1])),      # N=2, K=63 odd, odd sizes
+    ((1, 12, 12, 12), (12, 4, 3, 3), dict(group=3, pads=[1, 1, 1, 1])),          # groups
+    ((1, 32, 16, 16), (40, 32, 1, 1), {}),                                       # 1x1 stride 1: direct rows
+    ((1, 3, 31, 31), (16, 3, 7, 7), dict(strides=[2, 2], pads=[3, 3, 3, 3])),    # stem-like, K=147
+    ((1, 160, 6, 6), (8, 160, 3, 3), dict(pads=[1, 1, 1, 1])),                   # K=1440
+    ((1, 256, 14, 14), (96, 256, 1, 1), {}),                                     # 1x1, 3 weight panels
+    ((1, 33, 17, 17), (64, 33, 3, 3), dict(pads=[1, 1, 1, 1], dilations=[2, 2])),  # dilated, 17-wide rows
+    ((2, 5, 9, 9), (12, 5, 1, 1), {}),                                           # 1x1 K=5, partial panel
+]
+
+
+@needs_amx
+@pytest.mark.parametrize("xs,ws,attrs", CONV_CASES, ids=[f"conv{i}" for i in range(len(CONV_CASES))])
+def test_conv(xs, ws, attrs):
+    model = conv_epilogue_model(xs, ws, epilogue=None, **attrs)
+    art = narrowed(model)
+    steps = bf16_steps(art)
+    assert [(s["tile"], s["path"], s["kernel"]) for s in steps] == [("32x32", "amx_bf16", "gemm")], art.manifest["steps"]
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal(xs).astype(np.float32)
+    mod = art.model()
+    y = mod.run(x, num_threads=2)[0].astype(np.float64)
+    np.testing.assert_array_equal(y, mod.run(x, num_threads=1)[0])
+    w = numpy_helper.to_array(next(i for i in model.graph.initializer if i.name == "w"))
+    b = numpy_helper.to_array(next(i for i in model.graph.initializer if i.name == "b"))
+    st, pd, dl = attrs.get("strides", [1, 1]), attrs.get("pads", [0] * 4), attrs.get("dilations", [1, 1])
+    want, mag = conv_ref(bf16(x), bf16(w), b.astype(np.float64), st, pd, dl, attrs.get("group", 1))
+    exact, _ = conv_ref(x.astype(np.float64), w.astype(np.float64), b.astype(np.float64), st, pd, dl,
+                        attrs.get("group", 1))
+    k = ws[1] * ws[2] * ws[3]
+    bias = np.abs(b).reshape(1, -1, 1, 1) * 2.0 ** -23
+    assert np.all(np.abs(y - want) <= 2 * k * 2.0 ** -24 * mag + bias), float(np.abs(y - want).max())
+    assert np.all(np.abs(y - exact) <= (2.0 ** -7 + 2.0 ** -16 + k * 2.0 ** -23) * mag + bias)
+    assert float(np.abs(y - exact).max()) > 1e3 * float(np.abs(y - want).max())   # bf16 rounding in effect
+
+
+@needs_amx
+def test_conv_fused_residual_relu_end_to_end():
+    """A ResNet-like model (stem, bottleneck with projection, residual add + Relu fused into the last 1x1,
+    classifier Gemm) on tiles: every narrowed Conv on amx_bf16; relative error against the float32 library
+    below 1e-2 and equal to the vdpbf16ps build's within float32 summation-order noise."""
+    from cuvil.targets.x86.tuning import X86Tuning
+    model = resnet_like()
+    x = np.random.default_rng(5).standard_normal((1, 3, 40, 40)).astype(np.float32)
+    want = Pipeline.from_onnx(model).optimize().compile().model().run(x)[0]
+    art = narrowed(model)
+    paths = [s["path"] for s in bf16_steps(art)]
+    assert len(paths) >= 5 and paths.count("amx_bf16") >= 5, art.manifest["steps"]
+    got = art.model().run(x)[0]
+    rel = float(np.abs(got - want).max() / np.abs(want).max())
+    other = narrowed(model, tuning=X86Tuning(amx=False)).model().run(x)[0]
+    rel_vdp = float(np.abs(other - want).max() / np.abs(want).max())
+    print(f"resnet-like amx_bf16 vs fp32: relative error {rel:.2e} (avx512_bf16: {rel_vdp:.2e})")
+    assert 1e-5 < rel < 1e-2
+    assert float(np.abs(got - other).max() / np.abs(want).max()) < 1e-4
