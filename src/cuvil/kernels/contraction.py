@@ -224,6 +224,7 @@ class MatContraction:
     # "bf16": ``w`` holds the weights rounded to bfloat16 in pairs along K (:func:`pack_columns_bf16`,
     # ``[Mb, ceil(K/2), cols, 2]``), A is rounded to bfloat16, the products accumulate in float32; "" float32
     precision: str = ""
+    mr: int = MR        # rows of A per register tile (x86: MR x cols accumulators)
 
     @property
     def m_blocks(self) -> int:
