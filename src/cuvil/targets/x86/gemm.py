@@ -77,7 +77,7 @@ def matmul_tile(cpu, tuning: X86Tuning = DEFAULT_TUNING) -> Tuple[int, int]:
     thread, CPU time) on a 2-core Intel Xeon VM (family 6, model 167 as reported, stepping 8; AVX-512 and AMX,
     a Sapphire Rapids-class core): 8 x 48
     ran 2-25% faster than 6 x 64 (at S = 32 and 128 also because 8 divides S; 9 x 48 within noise of it,
-    12 x 32, 5 x 80 and 4 x 96 slower; `python3 bench/matmul_tiles.py`). AMD's cores keep 6 x 64, which the
+    12 x 32, 5 x 80 and 4 x 96 slower than 8 x 48; `python3 bench/matmul_tiles.py`). AMD's cores keep 6 x 64, which the
     Zen 5 figures of matmul.py were measured with (8 x 48 not measured there)."""
     if tuning.matmul_tile is not None:
         return tuning.matmul_tile
