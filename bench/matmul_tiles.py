@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import tempfile
 import sys
@@ -105,6 +106,7 @@ def main(argv=None) -> int:
             print(f"S = {s:4}, {what}: " + "  ".join(
                 f"{name} {1e3 * p50[name]:.2f} ms {flops / p50[name] / 1e9:.0f} GFLOP/s ({p50[name] / p50['onnxruntime']:.2f})"
                 for name in runs), flush=True)
+    shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
 
