@@ -27,7 +27,7 @@ PROFILE = {"batch": (1, 2, 8), "sequence": (1, 16, 512), "past_sequence": (1, 16
 # One library serves the whole profile.
 ONE_LIBRARY = set(EXPORTS)  # every export, both exporters (run-time Slice bounds and Expand targets: item 3)
 # (B, S): the first row of each batch is padded from the middle on; with B > 1 the second keeps one token.
-SHAPES = [(1, 16), (3, 9), (8, 33), (2, 511)]
+SHAPES = [(1, 1), (1, 16), (3, 9), (8, 33), (2, 511)]   # S = 1: one token (a decode step: a past of one)
 FIXED_SHAPES = [(1, 16)]
 
 

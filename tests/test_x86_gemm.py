@@ -9,7 +9,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from cuvil import Pipeline
 from cuvil.targets.x86.cpu import host_cpu
-from cuvil.targets.x86.gemm import tile_cols
+from cuvil.targets.x86.cpu import CpuDescription
+from cuvil.targets.x86.gemm import matmul_tile, tile_cols
+from cuvil.targets.x86.tuning import X86Tuning
 from cuvil.testing.conv_models import conv_epilogue_model
 
 
@@ -183,8 +185,8 @@ def test_gemm_with_constant_transposed_b():
     x = rng.standard_normal((3, 40)).astype(np.float32)
     art = Pipeline.from_onnx(m).compile()
     np.testing.assert_allclose(art.model().run(x)[0], x @ w.T, rtol=1e-5, atol=1e-5)
-    # the packed copy (30 columns padded to the host's panel width) replaces the original
-    cols = tile_cols(host_cpu().vector_bits)
+    # the packed copy (30 columns padded to the host's MatMul panel width) replaces the original
+    cols = matmul_tile(host_cpu())[1]
     packed = -(-30 // cols) * cols * 40 * 4
     assert packed <= art.manifest["weights_bytes"] < packed + w.nbytes
 
@@ -249,6 +251,42 @@ def test_matmul_micro_kernel_with_symbolic_rows():
         got = m.run(x)[0]
         assert got.shape == want.shape
         assert float(np.abs(got - want).max()) <= 1e-5 * max(1.0, float(np.abs(want).max()))
+
+
+@pytest.mark.parametrize("tile", [(6, 64), (8, 48), (9, 48), (12, 32)])
+def test_matmul_register_tiles_over_symbolic_rows(tile):
+    """Each register tile X86Tuning.matmul_tile may name, in one library for S = 1..40: row counts that are
+    and are not multiples of its rows (partial and one-row tiles), a partial last panel (100 columns); the
+    epilogue (bias + Relu) fused. Runs on any x86 host (an AVX2 one spills the wide tiles, still exact)."""
+    rng = np.random.default_rng(tile[0] * tile[1])
+    w = (rng.standard_normal((72, 100)) / 8).astype(np.float32)
+    model = _matmul_model(("S", 72), w, gemm=dict(), bias=rng.standard_normal(100).astype(np.float32))
+    art = Pipeline.from_onnx(model).compile(shape_profiles={"S": (1, 16, 40)}, cache=False,
+                                            tuning=X86Tuning(matmul_tile=tile))
+    assert [s["kernel"] for s in art.manifest["steps"] if s.get("variant") == "generic"] == ["gemm"]
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    m = art.model()
+    for rows in (1, 7, 8, 9, 16, 17, 40):
+        x = rng.standard_normal((rows, 72)).astype(np.float32)
+        want = sess.run(None, {"x": x})[0]
+        for t in (1, 2):
+            got = m.run(x, num_threads=t)[0]
+            assert float(np.abs(got - want).max()) <= 1e-5 * max(1.0, float(np.abs(want).max())), (tile, rows, t)
+
+
+def test_matmul_tile_is_chosen_per_cpu():
+    """8 x 48 on Intel's AVX-512 cores (measured there, bench/matmul_tiles.py), MR x the panel width
+    elsewhere, the tuning's tile wherever it is set; the choice is in the cache key through the tuning or
+    the CPU identity."""
+    def cpu(vendor, features):
+        return CpuDescription("x", frozenset(features), True, vendor=vendor)
+    avx512 = {"avx512f", "avx2", "fma"}
+    assert matmul_tile(cpu("GenuineIntel", avx512)) == (8, 48)
+    assert matmul_tile(cpu("AuthenticAMD", avx512)) == (6, 64)
+    assert matmul_tile(cpu("GenuineIntel", {"avx2", "fma"})) == (6, tile_cols(256))
+    assert matmul_tile(cpu("AuthenticAMD", avx512), X86Tuning(matmul_tile=(9, 48))) == (9, 48)
+    with pytest.raises(ValueError):
+        X86Tuning(matmul_tile=(0, 48))
 
 
 def test_profile_times_every_step():

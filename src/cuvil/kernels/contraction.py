@@ -246,6 +246,7 @@ class MatContraction:
     precision: str = ""
     # bf16 on AMX tiles (AMX_TILES): ``w``'s K is padded to a multiple of AMX_K (pack_columns_bf16)
     amx: bool = False
+    mr: int = MR        # rows of A per register tile (x86: MR x cols accumulators)
 
     @property
     def m_blocks(self) -> int:

@@ -100,7 +100,7 @@ def schedule(g: Graph, gemm_cols: int = 0, split_concat: bool = False, gemm_tile
              unpadded_contractions: bool = False, matmul_panels: bool = True,
              half_contractions: bool = False, row_kernels: bool = False,
              channel_tile_cost: Optional[float] = None, run_time_sizes: bool = False,
-             hidden_inputs: int = 0, narrow_formats: tuple = ()) -> Schedule:
+             hidden_inputs: int = 0, narrow_formats: tuple = (), matmul_tile: tuple = ()) -> Schedule:
     """Stages and memory plan of ``g``. ``gemm_cols > 0`` lowers convolutions to packed contractions (the
     x86 micro-kernels), each with a register tile (rows, cols[, lanes]) among ``gemm_tiles`` (default
     ``((MR, gemm_cols),)``), and constant-weight MatMuls to column panels ``gemm_cols`` wide; 0 keeps plain
@@ -122,7 +122,9 @@ def schedule(g: Graph, gemm_cols: int = 0, split_concat: bool = False, gemm_tile
     such a size is refused naming its node. ``hidden_inputs``: the last this many graph inputs are supplied by
     the runtime (:attr:`Schedule.hidden`), not by the caller. ``narrow_formats`` (x86: ``("bf16",)`` on a CPU
     with AVX512_BF16): the Node.precision formats the target's contraction micro-kernels compute in; a node
-    narrowed to one of them lowers to a narrowed contraction (``Contraction.precision``)."""
+    narrowed to one of them lowers to a narrowed contraction (``Contraction.precision``). ``matmul_tile``
+    (x86): the (rows, cols) register tile of float32 constant-weight MatMuls (their weights are packed in
+    panels ``cols`` wide); default ``(MR, gemm_cols)``."""
     data_syms, writers, limits = run_time_symbols(g, run_time_sizes)
     syms = _run_time_symbols(g, data_syms)
     ranges = {s.name: (s.min, s.max) for s in syms}
@@ -130,6 +132,7 @@ def schedule(g: Graph, gemm_cols: int = 0, split_concat: bool = False, gemm_tile
     builder = _StageBuilder(g, (gemm_cols, gemm_tiles, unpadded_contractions, matmul_panels, half_contractions,
                                 row_kernels, channel_tile_cost), hidden_inputs)
     builder.narrow_formats = tuple(narrow_formats)
+    builder.matmul_tile = tuple(matmul_tile)
     builder.size_writers = writers
     builder.symbol_slots = {s.name: k for k, s in enumerate(syms)}
     g.toposort()
@@ -190,6 +193,7 @@ class _StageBuilder:
         self.g = g
         self.lower_options = lower_options   # LowerCtx's arguments after the node, inputs, temp and weight
         self.narrow_formats: tuple = ()      # LowerCtx.narrow_formats
+        self.matmul_tile: tuple = ()         # LowerCtx.matmul_tile
         self.fns: Dict[int, TensorFn] = {}
         self.bufs: Dict[int, Buf] = {}
         self.expensive: Dict[int, bool] = {}
@@ -300,7 +304,7 @@ class _StageBuilder:
         used = [bool(o.uses) or id(o) in self.out_index for o in node.outputs]
         writes = self.size_writers.get(id(node))
         outs = low(LowerCtx(node, ins, self.temp, self.packed_weight, *self.lower_options, used_outputs=used,
-                            narrow_formats=self.narrow_formats, set_size=(lambda value, name=writes: self.write_symbol(name, value)) if writes else None))
+                            narrow_formats=self.narrow_formats, matmul_tile=self.matmul_tile, set_size=(lambda value, name=writes: self.write_symbol(name, value)) if writes else None))
         inlined = [v for v in node.inputs if v is not None and id(v) not in self.bufs]
         # an expression that inlines a reduction is expensive however cheap its own op is
         inlined_cost = any(self.expensive.get(id(v), False) for v in inlined)

@@ -8,7 +8,7 @@ import numpy as np
 
 from ...ir.dim import SymExpr, product
 from ...ir.dtype import DType
-from ..contraction import AMX_K, AMX_TILES, MatContraction, pack_columns, pack_columns_bf16
+from ..contraction import AMX_K, AMX_TILES, MR, MatContraction, pack_columns, pack_columns_bf16
 from ..texpr import I64, E, binop, cast, const, load, reduce
 from .core import LOWERINGS, TensorFn, broadcast_fn, broadcast_index, fconst, lowering, sub_ctx
 from .quant import minus_zp
@@ -24,7 +24,8 @@ def _matmul_as_gemm(ctx, a, wv: Optional[np.ndarray], out, epilogue=None) -> Opt
     K, M = wv.shape
     if K < 8 or M < 8 or tuple(out[:-1]) != tuple(a.shape[:-1]) or out[-1] != M:
         return None
-    cols = ctx.gemm_cols
+    # float32: the target's register tile (rows x cols); bf16 panels keep MR x gemm_cols (gemm_bf16.py)
+    mr, cols = ctx.matmul_tile if ctx.matmul_tile and ctx.narrowed != "bf16" else (MR, ctx.gemm_cols)
     if a.buf is None:
         a = ctx.temp(a.shape, a.dtype, a.fn, "in")
     narrow = ctx.narrowed
@@ -38,7 +39,7 @@ def _matmul_as_gemm(ctx, a, wv: Optional[np.ndarray], out, epilogue=None) -> Opt
         wp = ctx.weight(pack_columns(wv.astype(np.float32), cols), "panels")
         term = lambda rows, m, k: binop("mul", a(rows + [k]), load(wp, [m // cols, k, m % cols]))
     spec = MatContraction(wp, a.buf, product(a.shape[:-1]), M, K, cols, narrow,
-                          narrow == "bf16" and AMX_TILES in ctx.narrow_formats)
+                          narrow == "bf16" and AMX_TILES in ctx.narrow_formats, mr)
 
     def f(idx):
         rows, m = list(idx[:-1]), idx[-1]

@@ -22,7 +22,7 @@ from ...progress import stage
 from ...version import __version__
 from .codegen import generate_object
 from .cpu import C_CHECKED_FEATURES, cpu_label, describe_cpu
-from .gemm import tile_cols, tile_shapes
+from .gemm import matmul_tile, tile_cols, tile_shapes
 from .amx import AMX_BF16, amx_formats, amx_isa_checks
 from .gemm_bf16 import bf16_isa_checks, narrow_formats
 from ...kernels.contraction_int8 import AMX_INT8_TILES
@@ -169,7 +169,8 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
     with stage("schedule", detail=f"{len(g.nodes)} nodes") as s:
         sched = schedule(g, gemm_cols=tile_cols(bits), split_concat=True, gemm_tiles=tile_shapes(bits, tuning),
                          row_kernels=True, channel_tile_cost=tuning.channel_tile_cost, run_time_sizes=True,
-                         hidden_inputs=3 * len(lora_slots), narrow_formats=narrow)
+                         hidden_inputs=3 * len(lora_slots), narrow_formats=narrow,
+                         matmul_tile=matmul_tile(target_cpu, tuning))
         s.detail(f"{len(sched.stages)} kernels, arena {_bytes(sched.arena_bytes)}, "
                  f"weights {_bytes(sched.weights_bytes)}")
     _check_arena(sched, arena_limit(max_arena_bytes))
@@ -188,7 +189,7 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
             osched = schedule(opt_graph, gemm_cols=tile_cols(bits), split_concat=True,
                               gemm_tiles=tile_shapes(bits, tuning), row_kernels=True,
                               channel_tile_cost=tuning.channel_tile_cost, hidden_inputs=3 * len(lora_slots),
-                              narrow_formats=narrow)
+                              narrow_formats=narrow, matmul_tile=matmul_tile(target_cpu, tuning))
             s.detail(f"{point}: {len(osched.stages)} kernels")
         with stage("memory safety (opt point)", detail=f"{len(osched.stages)} kernels") as s:
             opt_cert = prove_schedule(osched, "opt", prover)

@@ -32,6 +32,7 @@ def emit_matmul_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]]:
     if c is None or not isinstance(c.attr, MatContraction) or st.region is not None:
         return None
     spec: MatContraction = c.attr
+    MR = spec.mr
     vw = max(4, km.vector_bits // 32)
     nr = spec.cols
     if nr % vw or any(isinstance(d, SymExpr) for d in st.buf.shape[-1:]):

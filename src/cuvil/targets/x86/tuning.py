@@ -20,6 +20,15 @@ def _positive_pairs(inst, attribute, value) -> None:
         raise ValueError(f"{attribute.name}: (channel vectors, positions) pairs of positive ints, got {value!r}")
 
 
+def _matmul_tile(value) -> Optional[Tuple[int, int]]:
+    return None if value is None else (int(value[0]), int(value[1]))
+
+
+def _tile_pair(inst, attribute, value) -> None:
+    if value is not None and not (value[0] > 0 and value[1] > 0):
+        raise ValueError(f"{attribute.name}: None or (rows, cols), positive ints, got {value!r}")
+
+
 def _non_negative(inst, attribute, value) -> None:
     if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
         raise ValueError(f"{attribute.name}: a number >= 0, got {value!r}")
@@ -49,6 +58,12 @@ class X86Tuning:
     # bf16 contractions on AMX tiles (tdpbf16ps, cuvil.targets.x86.amx) where the CPU has AMX-BF16; False:
     # AVX512_BF16's vdpbf16ps kernels even there (the side-by-side benchmark, the tests of that path)
     amx: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
+    # The register tile (rows of A, weight-panel columns) of float32 MatMuls/Gemms with constant weights
+    # (cuvil.targets.x86.matmul); None: chosen for the CPU (cuvil.targets.x86.gemm.matmul_tile). cols must
+    # be a multiple of the vector width, and rows x cols / width accumulators + cols / width + 1 registers
+    # fit the register file, else the product takes the generic loop nest
+    matmul_tile: Optional[Tuple[int, int]] = attrs.field(default=None, converter=_matmul_tile,
+                                                         validator=_tile_pair)
 
 
 DEFAULT_TUNING = X86Tuning()
