@@ -37,7 +37,7 @@ from resnet50 import timed  # noqa: E402
 
 TARGET = "nvptx64-nvidia-cuda"
 R: dict = {}
-CHECKS = ((1, 16), (3, 128), (8, 128), (2, 512), (32, 32), (5, 64))
+CHECKS = ((1, 16), (3, 128), (8, 128), (2, 512), (32, 64), (5, 64))
 TIMED = ((1, 128), (8, 128), (32, 128))
 
 
