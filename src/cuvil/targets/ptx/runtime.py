@@ -1,22 +1,25 @@
 """Running a GPU bundle (``NAME.cuvil/``) through the CUDA driver API of ``cuda-python``
 (``cuda.bindings.driver``, imported only when a model is loaded).
 
-    m = load_bundle("build/resnet50.cuvil")      # module, one arena, weights uploaded once
+    m = load_bundle("build/resnet50.cuvil")      # module, weights uploaded once, one session (arena, stream)
     (y,) = m.run(x)                              # numpy in, numpy out (H2D, one graph replay, D2H)
     m.run({"data": x})["probs"]                  # a dict in, a dict out
     m.run_device([x_ptr], [y_ptr])               # device pointers (ints): no copies
+    m = load_bundle(path, sessions=4)            # run / run_device from 4 threads at once, on 4 streams
 
 :class:`GpuModel` is the GPU side of the one model interface (:mod:`cuvil.targets.model_api`): the call
 forms, the metadata and the input checks are the x86 model's. :func:`bundle_signature` reads them from the
 bundle alone, without a driver, so they are checked (and tested) on machines without a GPU.
 
-One model holds: the module (the bundle's cubin when it was built for this GPU's architecture, else its PTX,
-compiled by the driver), one stream, one device arena of ``plan["arena_bytes"]``, the weights, staging
-buffers for numpy inputs and outputs, and the device buffer-pointer table ``[arena, weights, inputs...,
-outputs...]`` that every kernel reads. Kernels read the table at run time, so pointing the model at other
-input/output buffers is one 8-byte-per-entry copy, never a re-capture.
+One model holds the modules (the bundle's cubin when it was built for this GPU's architecture, else its PTX,
+compiled by the driver) and the weights, uploaded once; and one or more sessions
+(:mod:`cuvil.targets.ptx.session`; ``sessions=N``, ``m.session()``), each with its own stream, device arena of
+``plan["arena_bytes"]``, staging for numpy inputs and outputs, graphs, and per bucket the device
+buffer-pointer table ``[arena, weights, inputs..., outputs...]`` that every kernel reads. Kernels read the
+table at run time, so pointing a session at other input/output buffers is one 8-byte-per-entry copy, never a
+re-capture. Calls on different sessions run at once (from several host threads, on several streams).
 
-Graphs: the first run of a shape bucket captures all launches of one inference, in order, on the stream
+Graphs: the first run of a shape bucket on a session captures all launches of one inference, in order, on its stream
 into a CUDA graph, instantiates it and keeps it in a bounded LRU cache (:mod:`cuvil.targets.ptx.graph_cache`)
 keyed by the bucket. A static bundle has one bucket; a profile bundle (:mod:`cuvil.targets.ptx.profile_bundle`)
 one per bucket point, all loaded at load time, a call between buckets running the next one up, padded where
@@ -250,7 +253,8 @@ class GpuModel(Model):
     ``stats()`` / ``graph_stats()``, ``profile_kernels()``, ``capture()``, ``session()``.
 
     Sessions (:mod:`cuvil.targets.ptx.session`): the modules and the weights are loaded once; each session has
-    its own stream, arena, staging (page-locked on the host unless ``pinned=False``), pointer tables and graph
+    its own stream, arena, staging (the inputs' also page-locked on the host unless ``pinned=False``), pointer
+    tables and graph
     cache. ``sessions=N`` keeps a pool of N: ``run`` and ``run_device`` are safe to call from any number of
     host threads, each call taking a free session (N calls in flight at once, on N streams; more wait for
     one). ``session()`` makes one more, for a thread that keeps its own. ``max_graphs`` bounds each session's
@@ -669,8 +673,8 @@ def load_bundle(path, *, device: int = 0, max_graphs: int = 4, mode: str = "grap
     """Load a bundle directory onto GPU ``device``. :class:`NoGpuError` where there is no CUDA driver or GPU.
     ``files``: the bundle's files as already read and verified (``{name: bytes}``, :mod:`cuvil.signing`),
     loaded instead of the directory's. ``sessions``: how many inferences may be in flight at once, from as
-    many host threads (:class:`GpuModel`); ``pinned``: numpy inputs and outputs go through page-locked host
-    staging (else they are copied from and to pageable memory)."""
+    many host threads (:class:`GpuModel`); ``pinned``: each session keeps page-locked input staging that
+    ``pinned_inputs()`` hands out to be filled in place (a DMA, no host copy)."""
     def digest():
         if files is not None:
             return root_digest(file_digests(files))

@@ -3,14 +3,16 @@ several run at once, each on its own stream, from several host threads.
 
     m = cuvil.load("build/resnet50.cuvil", sessions=4)   # run() from 4 threads: 4 inferences in flight
     s = m.session()                                       # or a session of one's own (one per thread)
-    (y,) = s.run(x)                                       # numpy in/out through page-locked staging
+    (y,) = s.run(x)                                       # numpy in/out
+    (xin,) = s.pinned_inputs(); xin[...] = x; s.run(xin)   # page-locked input: DMA, no host copy
     s.run_device([x_ptr], [y_ptr], stream=my_stream, sync=False)
 
 What a :class:`~cuvil.targets.ptx.runtime.GpuModel` shares between its sessions: the modules (every bucket's
 kernels, loaded once) and the weights (uploaded once, read-only). What each session has of its own: a
 non-blocking stream, an arena (every intermediate tensor, split-K partials and tile counters included: the
-kernels write nowhere else), device staging for numpy inputs and outputs, page-locked host staging
-(``cuMemHostAlloc``; ``pinned=False`` copies from pageable memory instead), per bucket a buffer-pointer table
+kernels write nowhere else), device staging for numpy inputs and outputs, page-locked host staging for the
+inputs (``cuMemHostAlloc``; :meth:`GpuSession.pinned_inputs` hands it out to be filled in place, so that the
+copy to the device is one DMA and no host copy; ``pinned=False``: none), per bucket a buffer-pointer table
 and the launch arguments that name it, a bounded graph cache (graphs name their session's table, so they are
 never shared), and a lock: calls on one session are serialised, calls on different sessions run concurrently.
 
@@ -100,17 +102,14 @@ class GpuSession(Model):
                            for n, d in zip(m._out_bytes, m.plan["outputs"])]
         self._staged = tuple(self._in_stage + self._out_stage)
         self._in_host: Optional[List[int]] = None
-        self._out_host: Optional[List[int]] = None
         if self.pinned:
             self._in_host = [self._host_alloc(max(n, 1), f"input {d['name']}")
                              for n, d in zip(m._in_bytes, m.plan["inputs"])]
-            self._out_host = [self._host_alloc(max(n, 1), f"output {d['name']}")
-                              for n, d in zip(m._out_bytes, m.plan["outputs"])]
         self._lanes = [_Lane(v, m._alloc_to(self._allocs, 8 * int(v.plan["buffers"]["count"]), "buffer table"))
                        for v in m._variants]
         self.device_bytes = (max(m.arena_bytes, 1) + sum(max(n, 1) for n in m._in_bytes + m._out_bytes)
                              + sum(8 * len(ln.table_host) for ln in self._lanes))
-        self.host_bytes = sum(max(n, 1) for n in m._in_bytes + m._out_bytes) if self.pinned else 0
+        self.host_bytes = sum(max(n, 1) for n in m._in_bytes) if self.pinned else 0
         self._graphs = GraphCache(m.max_graphs, self._destroy_graph)
 
     def _host_alloc(self, nbytes: int, what: str) -> int:
@@ -232,9 +231,11 @@ class GpuSession(Model):
     # -- running -------------------------------------------------------------------------------------
 
     def _run_arrays(self, xs: List[np.ndarray], mode: Optional[str] = None) -> List[np.ndarray]:
-        """One inference on checked inputs: H2D (through the page-locked staging, or directly where the input
-        is that staging: :meth:`pinned_inputs`), the bucket's graph replay (or its kernels one by one), D2H.
-        A call between buckets runs the next bucket up on its rows plus zero rows and returns its own rows."""
+        """One inference on checked inputs: H2D from the caller's arrays (page-locked where they are the
+        session's staging, :meth:`pinned_inputs`; else the driver stages pageable memory itself, which measured
+        faster than a host copy into the staging first), the bucket's graph replay (or its kernels one by one),
+        D2H into new arrays. A call between buckets runs the next bucket up on its rows plus zero rows and
+        returns its own rows."""
         xs = [np.ascontiguousarray(a) for a in xs]
         drv = self._d
         v, bindings = self.model._variant_for(xs)
@@ -243,31 +244,23 @@ class GpuSession(Model):
             self._activate()
             s = self._stream
             self._order(s)
-            for i, (a, p, buf) in enumerate(zip(xs, self._in_stage, v.in_bufs)):
-                if a.nbytes:
-                    src = a.ctypes.data
-                    if self._in_host is not None and src != self._in_host[i]:
-                        ctypes.memmove(self._in_host[i], src, a.nbytes)    # releases the GIL
-                        src = self._in_host[i]
-                    self._call(f"cuMemcpyHtoDAsync(input {buf.name})", drv.cuMemcpyHtoDAsync(p, src, a.nbytes, s))
+            for a, p, buf in zip(xs, self._in_stage, v.in_bufs):
+                if a.nbytes:        # DMA straight from page-locked memory when a is the staging (pinned_inputs)
+                    self._call(f"cuMemcpyHtoDAsync(input {buf.name})",
+                               drv.cuMemcpyHtoDAsync(p, a.ctypes.data, a.nbytes, s))
                 if a.nbytes < buf.nbytes:      # padding rows: zeros, computed and dropped
                     self._call(f"cuMemsetD8Async(input {buf.name} padding)",
                                drv.cuMemsetD8Async(p + a.nbytes, 0, buf.nbytes - a.nbytes, s))
             self._set_table(lane, self._staged, s)
             self._execute(lane, s, mode)
             outs = []
-            for i, (p, buf, dims) in enumerate(zip(self._out_stage, v.out_bufs, self.model._out_dims)):
+            for p, buf, dims in zip(self._out_stage, v.out_bufs, self.model._out_dims):
                 shape = tuple(bindings.get(d, n) if isinstance(d, str) else n for d, n in zip(dims, buf.shape))
                 y = np.empty(shape, dtype=buf.dtype)
                 if y.nbytes:
-                    dst = self._out_host[i] if self._out_host is not None else y.ctypes.data
-                    self._call(f"cuMemcpyDtoHAsync(output {buf.name})", drv.cuMemcpyDtoHAsync(dst, p, y.nbytes, s))
+                    self._call(f"cuMemcpyDtoHAsync(output {buf.name})", drv.cuMemcpyDtoHAsync(y.ctypes.data, p, y.nbytes, s))
                 outs.append(y)
             self._call("cuStreamSynchronize", drv.cuStreamSynchronize(s))
-            if self._out_host is not None:
-                for y, h in zip(outs, self._out_host):
-                    if y.nbytes:
-                        ctypes.memmove(y.ctypes.data, h, y.nbytes)
         return outs
 
     def run_device(self, in_ptrs: Sequence[int], out_ptrs: Sequence[int], *, stream=None, sync: bool = True,
