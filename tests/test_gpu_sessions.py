@@ -236,3 +236,11 @@ def test_gpu_run_device_without_sync_then_run_on_the_session(small_bundle):
             drv.cuMemFree(d_in)
             drv.cuMemFree(d_out)
             drv.cuStreamDestroy(stream)
+
+
+@needs_libdevice
+def test_cuvil_load_passes_sessions_and_pinned_to_a_bundle(small_bundle, fake):
+    _, b = small_bundle
+    with cuvil.load(b.path, sessions=2, pinned=False) as m:
+        assert len(m.sessions) == 2 and m.stats()["sessions"] == 2 and m.stats()["pinned"] is False
+        assert not fake.host

@@ -75,7 +75,9 @@ def unet_model(c1: int = 8, c2: int = 16, c3: int = 32, seed: int = 0):
     nodes.append(h.make_node("Identity", [y], ["y"]))
     g = h.make_graph(nodes, "unet", [h.make_tensor_value_info("x", T.FLOAT, [1, 3, "H", "W"])],
                      [h.make_tensor_value_info("y", T.FLOAT, [1, 2, "H", "W"])], inits)
-    return onnx.helper.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    m = onnx.helper.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    m.ir_version = 10          # the onnxruntime beside the GPU reads IR <= 10 (docs: DEVICE image)
+    return m
 
 
 def log(*a):
