@@ -482,3 +482,17 @@ def test_buckets_compiled_in_processes_make_the_same_bundle_and_weights_are_kept
             assert np.array_equal(drv.mem[v.weights][:blob.nbytes], blob)
     with pytest.raises(CuvilError, match="jobs"):
         p.compile(TARGET, jobs=-1, **kw)
+
+
+@needs_libdevice
+def test_cli_bucket_jobs_compiles_the_points_in_processes_and_is_refused_for_x86(tmp_path, capsys):
+    onnx.save(position_net(), str(tmp_path / "pos.onnx"))
+    out = tmp_path / "pos.cuvil"
+    assert cli_main(["compile", str(tmp_path / "pos.onnx"), "--target", TARGET, "-o", str(out), "--shape-profile",
+                     "S=2:4:8", "--graph-buckets", "2,4,8", "--bucket-jobs", "2"]) == 0
+    with open(out / "plan.json") as f:
+        assert [e["point"]["S"] for e in json.load(f)["buckets"]] == [2, 4, 8]
+    capsys.readouterr()
+    assert cli_main(["compile", str(tmp_path / "pos.onnx"), "-o", str(tmp_path / "libpos.so"), "--shape-profile",
+                     "S=2:4:8", "--bucket-jobs", "0"]) != 0
+    assert "--bucket-jobs applies to --target nvptx64-nvidia-cuda only" in capsys.readouterr().err
