@@ -178,7 +178,8 @@ class FakeDriver:
         CUDA_ERROR_LAUNCH_FAILED = 719
 
     CUstream_flags = types.SimpleNamespace(CU_STREAM_NON_BLOCKING=types.SimpleNamespace(value=1))
-    CUevent_flags = types.SimpleNamespace(CU_EVENT_DEFAULT=types.SimpleNamespace(value=0))
+    CUevent_flags = types.SimpleNamespace(CU_EVENT_DEFAULT=types.SimpleNamespace(value=0),
+                                          CU_EVENT_DISABLE_TIMING=types.SimpleNamespace(value=2))
     CUstreamCaptureMode = types.SimpleNamespace(CU_STREAM_CAPTURE_MODE_THREAD_LOCAL=1)
     CUfunction_attribute = types.SimpleNamespace(CU_FUNC_ATTRIBUTE_NUM_REGS=4)
     CUdevice_attribute = types.SimpleNamespace(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR=75,
@@ -192,6 +193,9 @@ class FakeDriver:
         self.capturing = None
         self.fail = {}         # function name -> CUresult to return
         self.module_image = None
+        self.streams = []      # streams created, in order
+        self.host = {}         # page-locked host allocations: address -> array
+        self.waits = []        # (stream, event) of each cuStreamWaitEvent
         S = self.CUresult.CUDA_SUCCESS
 
         def ok(*vals):
@@ -208,6 +212,15 @@ class FakeDriver:
         def alloc(n):
             buf = np.zeros(n, dtype=np.uint8)
             self.mem[buf.ctypes.data] = buf
+            return ok(buf.ctypes.data)
+
+        def stream_create(flags):
+            self.streams.append(f"stream{len(self.streams)}")
+            return ok(self.streams[-1])
+
+        def host_alloc(n, flags):
+            buf = np.zeros(n, dtype=np.uint8)
+            self.host[buf.ctypes.data] = buf
             return ok(buf.ctypes.data)
 
         def htod(dst, src, n, stream=None):
@@ -246,7 +259,10 @@ class FakeDriver:
             "cuDevicePrimaryCtxRetain": lambda d: ok("ctx"), "cuCtxSetCurrent": lambda c: ok(),
             "cuDeviceGetAttribute": lambda a, d: ok({75: 9, 76: 0, 16: 132}[a]),
             "cuDeviceGetName": lambda n, d: ok(b"Fake GPU\0\0"), "cuDriverGetVersion": lambda: ok(13000),
-            "cuDeviceTotalMem": lambda d: ok(1 << 34), "cuStreamCreate": lambda f: ok("stream"),
+            "cuDeviceTotalMem": lambda d: ok(1 << 34), "cuStreamCreate": stream_create,
+            "cuMemHostAlloc": host_alloc, "cuMemFreeHost": lambda p: (self.host.pop(p), ok())[1],
+            "cuStreamWaitEvent": lambda s, e, f: (self.waits.append((s, e)), ok())[1],
+            "cuEventSynchronize": lambda e: ok(),
             "cuModuleLoadData": load, "cuModuleGetFunction": lambda m, name: ok(name.decode()),
             "cuFuncGetAttribute": lambda a, f: ok(32), "cuMemAlloc": alloc, "cuMemcpyHtoD": htod,
             "cuMemcpyHtoDAsync": htod, "cuMemcpyDtoHAsync": dtoh, "cuLaunchKernel": launch,
@@ -348,7 +364,7 @@ def test_runtime_checks_inputs_and_names_driver_errors(small_bundle, fake):
     with pytest.raises(rt.CudaError, match=r"cuLaunchKernel\(cuvil_k0, stage .*\) failed: CUDA_ERROR_LAUNCH_FAILED"):
         m.run(x, mode="eager")
     fake.fail = {"cuMemAlloc": FakeDriver.CUresult.CUDA_ERROR_INVALID_VALUE}
-    with pytest.raises(rt.CudaError, match=r"cuMemAlloc\(arena, \d+ B\) failed: CUDA_ERROR_INVALID_VALUE"):
+    with pytest.raises(rt.CudaError, match=r"cuMemAlloc\(weights, \d+ B\) failed: CUDA_ERROR_INVALID_VALUE"):
         rt.load_bundle(b.path)
     fake.fail.clear()
     profile = m.profile_kernels(repeats=3)

@@ -435,3 +435,64 @@ def test_gpu_faults_fall_back_to_x86(profile_bundle, tmp_path, call, error, wher
         m.close()
     finally:
         rt.clear_faults()
+
+
+# --- bucket points in parallel processes; weights that depend on a symbol ------------------------------------
+
+def position_net() -> onnx.ModelProto:
+    """x[1,S,4] + table[:S] (a position table sliced to the sequence length, as BERT's embeddings are): the
+    folded constant differs per bucket of S."""
+    table = nh.from_array(np.arange(16 * 4, dtype=np.float32).reshape(16, 4), "table")
+    consts = [nh.from_array(np.array(v, np.int64), n) for n, v in (("one", 1), ("zero", [0]), ("ax0", [0]))]
+    nodes = [h.make_node("Shape", ["x"], ["shp"]), h.make_node("Gather", ["shp", "one"], ["s"], axis=0),
+             h.make_node("Unsqueeze", ["s", "ax0"], ["s1"]),
+             h.make_node("Slice", ["table", "zero", "s1", "ax0"], ["pos"]), h.make_node("Add", ["x", "pos"], ["y"])]
+    g = h.make_graph(nodes, "pos", [h.make_tensor_value_info("x", T.FLOAT, [1, "S", 4])],
+                     [h.make_tensor_value_info("y", T.FLOAT, [1, "S", 4])], [table] + consts)
+    return onnx.helper.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+
+
+@needs_libdevice
+def test_buckets_compiled_in_processes_make_the_same_bundle_and_weights_are_kept_once_per_content(tmp_path,
+                                                                                                   monkeypatch):
+    p = Pipeline.from_onnx(position_net()).optimize()
+    kw = dict(arch="sm_90", cache=False, shape_profiles={"S": (2, 4, 8)}, graph_buckets=[2, 4, 8])
+    one = p.compile(TARGET, **kw).save(str(tmp_path / "one.cuvil"))
+    par = p.compile(TARGET, jobs=2, **kw).save(str(tmp_path / "par.cuvil"))
+    names = sorted(os.path.relpath(os.path.join(d, f), one) for d, _, fs in os.walk(one) for f in fs)
+    assert names == sorted(os.path.relpath(os.path.join(d, f), par) for d, _, fs in os.walk(par) for f in fs)
+    for n in names:
+        if n.endswith((".ptx", ".bin", ".cubin")) or n.endswith("plan.json"):
+            with open(os.path.join(one, n), "rb") as a, open(os.path.join(par, n), "rb") as b:
+                assert a.read() == b.read(), n
+    with open(os.path.join(one, "plan.json")) as f:
+        plan = json.load(f)
+    # each S folds its own slice of the table: three weight files, at the top, none left in the buckets
+    assert [e["weights"] for e in plan["buckets"]] == ["weights.bin", "weights-1.bin", "weights-2.bin"]
+    assert not any(n.startswith("b") and n.endswith("weights.bin") for n in names)
+    assert json.load(open(os.path.join(one, "manifest.json")))["weights_shared"] is False
+    # the runtime uploads each file once and points each bucket's table at its own
+    from test_gpu_bundle import FakeDriver
+    drv = FakeDriver()
+    monkeypatch.setattr(rt, "driver", lambda: drv)
+    with rt.load_bundle(one) as m:
+        assert drv.calls.count("cuMemcpyHtoD") == 3 and len({v.weights for v in m._variants}) == 3
+        for v in m._variants:
+            blob = np.fromfile(os.path.join(one, v.weights_file), dtype=np.uint8)
+            assert np.array_equal(drv.mem[v.weights][:blob.nbytes], blob)
+    with pytest.raises(CuvilError, match="jobs"):
+        p.compile(TARGET, jobs=-1, **kw)
+
+
+@needs_libdevice
+def test_cli_bucket_jobs_compiles_the_points_in_processes_and_is_refused_for_x86(tmp_path, capsys):
+    onnx.save(position_net(), str(tmp_path / "pos.onnx"))
+    out = tmp_path / "pos.cuvil"
+    assert cli_main(["compile", str(tmp_path / "pos.onnx"), "--target", TARGET, "-o", str(out), "--shape-profile",
+                     "S=2:4:8", "--graph-buckets", "2,4,8", "--bucket-jobs", "2"]) == 0
+    with open(out / "plan.json") as f:
+        assert [e["point"]["S"] for e in json.load(f)["buckets"]] == [2, 4, 8]
+    capsys.readouterr()
+    assert cli_main(["compile", str(tmp_path / "pos.onnx"), "-o", str(tmp_path / "libpos.so"), "--shape-profile",
+                     "S=2:4:8", "--bucket-jobs", "0"]) != 0
+    assert "--bucket-jobs applies to --target nvptx64-nvidia-cuda only" in capsys.readouterr().err

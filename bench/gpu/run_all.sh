@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Everything GPU-side in one go, for one call on a lent GPU machine: environment, the GPU tests, launch
-# overhead, ResNet-50 (float32 and float16), the register pass (regpass), correctness, shape profiles (profiles). Logs and JSON go to $OUT (default ./gpu-results). Each step has its own
+# overhead, ResNet-50 (float32 and float16), the register pass (regpass), correctness, shape profiles (profiles),
+# sessions from several threads (concurrency), BERT-base from one bundle (bert_profile), the U-Net (unet). Logs and JSON go to $OUT (default ./gpu-results). Each step has its own
 # time limit so that one slow step leaves the others their time; all five together can outlast a 10-minute
 # call, so choose steps per call: run_all.sh env pytest launch correctness, then run_all.sh resnet50
 set -u
@@ -28,6 +29,14 @@ for step in $STEPS; do
       # issue 22: one bundle for ResNet-50 batch 1..64 beside torch.compile, random-shape runs, GPU fault tests
       timeout 100 python3 -m pytest -q -p no:warnings -p no:cacheprovider tests/test_gpu_profiles.py 2>&1 | tee "$OUT/profiles_pytest.txt"
       timeout 330 python3 bench/gpu/profiles.py --budget 280 --json "$OUT/profiles.json" 2>&1 | tee "$OUT/profiles.txt" ;;
+    concurrency)
+      # issue 22 part 4: sessions from several threads, page-locked inputs
+      timeout 60 python3 -m pytest -q -p no:warnings -p no:cacheprovider tests/test_gpu_sessions.py 2>&1 | tee "$OUT/sessions_pytest.txt"
+      timeout 200 python3 bench/gpu/concurrency.py --json "$OUT/concurrency.json" --calls 200 2>&1 | tee "$OUT/concurrency.txt" ;;
+    bert_profile)
+      timeout 400 python3 bench/gpu/bert_profile.py --json "$OUT/bert_profile.json" 2>&1 | tee "$OUT/bert_profile.txt" ;;
+    unet)
+      timeout 300 python3 bench/gpu/unet.py --json "$OUT/unet.json" 2>&1 | tee "$OUT/unet.txt" ;;
     correctness)
       timeout 260 python3 bench/gpu/check_correctness.py --json "$OUT/correctness.json" 2>&1 | tee "$OUT/correctness.txt" ;;
     *) echo "unknown step $step" ;;

@@ -51,6 +51,9 @@ def register(sub) -> None:
     sp.add_argument("--allow-tf32", action="store_true",
                     help="GPU: run float32 MatMul/Gemm on TF32 tensor cores (inputs rounded to a 10-bit mantissa, "
                          "about 1e-3 relative error; off: strict float32)")
+    sp.add_argument("--bucket-jobs", metavar="N", type=int, default=None,
+                    help="GPU, with a shape profile: compile N bucket points at once, each in its own process "
+                         "(0: one per CPU; default 1); the bundle is the same")
     sp.add_argument("--graph-buckets", metavar="V1,V2,...", default=None,
                     help="GPU, with a shape profile: the values of the profiled symbol compiled into the one bundle "
                          "(1,2,4,8,16,32,64; by symbol N=1,8,64;S=128,512; default: powers of two of each range "
@@ -95,6 +98,7 @@ _GPU_ONLY_FLAGS = (("--enable-fp16", "enable_fp16", "float16 compute; x86 comput
                    ("--register-pass", "register_pass", "GPU registers"),
                    ("--allow-tf32", "allow_tf32", "TF32 tensor cores; x86 computes float32"),
                    ("--graph-buckets", "graph_buckets", "GPU shape buckets; x86 kernels read the symbols at run time"),
+                   ("--bucket-jobs", "bucket_jobs", "GPU shape buckets compiled in parallel"),
                    ("--arch", "arch", "GPU architectures"))
 
 
@@ -106,7 +110,7 @@ def cmd_compile(args) -> int:
                              hint="drop them, or merge the adapter at compile time (--lora ADAPTER_DIR)")
         return _compile_gpu_bundle(args)
     for flag, given, what in _GPU_ONLY_FLAGS:
-        if getattr(args, given):
+        if getattr(args, given) is not None and getattr(args, given) is not False:   # 0 is a value given
             raise CuvilError(f"{flag} applies to --target {PTX_TARGET} only ({what})",
                              hint=f"drop {flag}{' (x86 takes --cpu NAME)' if flag == '--arch' else ''}, or compile "
                                   f"for the GPU: --target {PTX_TARGET}")
@@ -260,6 +264,7 @@ def _compile_gpu_bundle(args) -> int:
     options = make_options(args.target, opt_level=args.opt_level, prefix=args.prefix, arch=args.arch,
                            fma=not args.no_fma, enable_fp16=args.enable_fp16, kernel_rules=kernel_rules,
                            register_pass=args.register_pass, allow_tf32=args.allow_tf32,
+                           jobs=1 if args.bucket_jobs is None else args.bucket_jobs,
                            graph_buckets=parse_bucket_flag(args.graph_buckets) if args.graph_buckets else None)
     with _progress(args):
         p = _import_and_optimize(args)

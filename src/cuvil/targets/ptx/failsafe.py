@@ -79,7 +79,8 @@ class FailSafeModel(Model):
                             gpu.close()
                         except CuvilError:
                             pass
-        self.fallbacks["calls"] += 1
+        with self._lock:            # calls may come from several threads (a GPU model with sessions=N)
+            self.fallbacks["calls"] += 1
         fb = self.fallback
         return fb._run_arrays(arrays, **{k: v for k, v in options.items() if k in fb.run_options})
 

@@ -7,8 +7,8 @@ at run time.
       plan.json        format cuvil-gpu-plan/1 with "buckets": [{"point": {"N": 8}, "dir": "b3",
                        "weights": "weights.bin"}, ...], "profile" (per symbol: range, buckets, paddable),
                        the inputs/outputs with their dims (ints or symbol names), the largest arena
-      weights.bin      the weights, once: every bucket's weights are the same bytes (checked; a graph whose
-                       constants depend on a symbol keeps a weights.bin per bucket instead)
+      weights.bin      the weights, once: every bucket's weights are the same bytes (checked; where a graph's
+                       folded constants depend on a symbol, each distinct set is kept once, weights-K.bin)
       manifest.json    the opt bucket's manifest (its ptxas report, its memory-safety certificate) plus "profile", "graph_buckets" and per bucket its kernels,
                        arena and ptxas report
       b0/ b1/ ...      each bucket's kernels.ptx, kernels.<arch>.cubin, plan.json, manifest.json
@@ -51,10 +51,68 @@ def profile_of(g: Graph, given: BucketSpec = None) -> dict:
     return out
 
 
+def _compile_point(job) -> dict:
+    """One bucket point: ``g`` specialised to ``point`` and compiled into ``sub`` (a worker process's job)."""
+    g, point, sub, options = job
+    gi, _ = specialize_graph(g, point)
+    return compile_bundle(gi, sub, manifest_extra={"bucket": point}, **options)
+
+
+def _compile_points_in_processes(g: Graph, points, subs, options, jobs: int, out_dir: str) -> list:
+    """Each bucket point compiled by a fresh interpreter (``python -m cuvil.targets.ptx.profile_bundle JOB``):
+    nothing of the caller's process (its threads, its ``__main__``) is inherited; the graph is pickled once."""
+    import concurrent.futures as cf
+    import pickle
+    import subprocess
+    import sys
+    import tempfile
+    work = tempfile.mkdtemp(prefix=".buckets-", dir=out_dir)
+    try:
+        with open(os.path.join(work, "graph.pkl"), "wb") as f:
+            pickle.dump(g, f, protocol=pickle.HIGHEST_PROTOCOL)
+        env = dict(os.environ)
+        # where the cuvil package is (a script may have put it on sys.path itself)
+        src = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, os.pardir))
+        env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+
+        def one(i: int) -> dict:
+            job = os.path.join(work, f"job{i}.pkl")
+            with open(job, "wb") as f:
+                pickle.dump((points[i], subs[i], options), f, protocol=pickle.HIGHEST_PROTOCOL)
+            r = subprocess.run([sys.executable, "-m", "cuvil.targets.ptx.profile_bundle", work, job], env=env,
+                               capture_output=True, text=True)
+            if r.returncode != 0:
+                tail = (r.stderr or r.stdout).strip().splitlines()[-12:]
+                raise CuvilError(f"compiling bucket {point_text(points[i])} failed:\n" + "\n".join(tail),
+                                 hint="compile with jobs=1 to see the error in this process")
+            with open(job + ".json") as f:
+                return json.load(f)
+
+        with cf.ThreadPoolExecutor(max_workers=jobs) as pool:
+            return list(pool.map(one, range(len(points))))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _worker_main(work: str, job: str) -> None:
+    import pickle
+    with open(os.path.join(work, "graph.pkl"), "rb") as f:
+        g = pickle.load(f)
+    with open(job, "rb") as f:
+        point, sub, options = pickle.load(f)
+    m = _compile_point((g, point, sub, options))
+    with open(job + ".json", "w") as f:
+        json.dump(m, f)
+
+
 def compile_profile_bundle(g: Graph, out_dir: str, *, graph_buckets: BucketSpec = None,
-                           manifest_extra: Mapping = None, **options) -> dict:
+                           manifest_extra: Mapping = None, jobs: int = 1, **options) -> dict:
     """Compile ``g`` (its symbols profiled) into one bundle at ``out_dir`` holding a specialisation per bucket
-    point; ``options`` as for :func:`compile_bundle`. Returns the top manifest (with ``timings``)."""
+    point; ``options`` as for :func:`compile_bundle`; ``jobs``: bucket points compiled at once, each in its own
+    process (0: one per CPU). Buckets whose weights are the same bytes share one file (``weights.bin``; a
+    bucket whose folded constants differ, e.g. a position table sliced to the sequence length, gets
+    ``weights-K.bin``, uploaded once for all the buckets that have it). Returns the top manifest (with
+    ``timings``)."""
     if not g.symbols:
         raise CuvilError("compile_profile_bundle: the graph has no symbols; compile_bundle builds it")
     profile = profile_of(g, graph_buckets)
@@ -65,28 +123,33 @@ def compile_profile_bundle(g: Graph, out_dir: str, *, graph_buckets: BucketSpec 
                          "compile ahead of time", hint="give fewer buckets: --graph-buckets N=1,8,64;H=256,1024")
     os.makedirs(out_dir, exist_ok=True)
     opt_point = {n: p["opt"] for n, p in profile.items()}
-    entries, manifests, seconds = [], [], 0.0
-    weights_sha = set()
-    for i, point in enumerate(points):
-        sub = os.path.join(out_dir, f"b{i}")
-        with stage("bucket", detail=f"{i + 1}/{len(points)}: {point_text(point)}"):
-            gi, _ = specialize_graph(g, point)
-            m = compile_bundle(gi, sub, manifest_extra={"bucket": point}, **options)
+    jobs = min(max(1, int(jobs) if jobs else (os.cpu_count() or 1)), len(points))
+    subs = [os.path.join(out_dir, f"b{i}") for i in range(len(points))]
+    if jobs > 1:
+        with stage("buckets", detail=f"{len(points)} in {jobs} processes"):
+            manifests = _compile_points_in_processes(g, points, subs, options, jobs, out_dir)
+    else:
+        manifests = []
+        for i, (point, sub) in enumerate(zip(points, subs)):
+            with stage("bucket", detail=f"{i + 1}/{len(points)}: {point_text(point)}"):
+                manifests.append(_compile_point((g, point, sub, options)))
+    entries, seconds = [], 0.0
+    weights_of: Dict[str, str] = {}       # sha256 of a bucket's weights.bin -> the file it is kept as
+    for i, (point, sub, m) in enumerate(zip(points, subs, manifests)):
         seconds += m.pop("timings", {}).get("compile_seconds", 0.0)
         with open(os.path.join(sub, "weights.bin"), "rb") as f:
-            weights_sha.add(hashlib.sha256(f.read()).hexdigest())
-        manifests.append(m)
-        entries.append({"point": point, "dir": f"b{i}"})
-    shared = len(weights_sha) == 1
-    if shared:   # one copy of the weights for every bucket
-        os.replace(os.path.join(out_dir, "b0", "weights.bin"), os.path.join(out_dir, "weights.bin"))
-        for e in entries[1:]:
-            os.remove(os.path.join(out_dir, e["dir"], "weights.bin"))
-    else:
-        shutil.copyfile(os.path.join(out_dir, "b0", "weights.bin"), os.path.join(out_dir, "weights.bin"))
+            sha = hashlib.sha256(f.read()).hexdigest()
+        entry = {"point": point, "dir": f"b{i}"}
+        if sha not in weights_of:    # the first bucket with these bytes keeps them at the top, once
+            weights_of[sha] = "weights.bin" if not weights_of else f"weights-{len(weights_of)}.bin"
+            os.replace(os.path.join(sub, "weights.bin"), os.path.join(out_dir, weights_of[sha]))
+        else:
+            os.remove(os.path.join(sub, "weights.bin"))
+        entry["weights"] = weights_of[sha]
+        entries.append(entry)
+    shared = len(weights_of) == 1
     plans = []
     for e in entries:
-        e["weights"] = "weights.bin" if shared else f"{e['dir']}/weights.bin"
         with open(os.path.join(out_dir, e["dir"], "plan.json")) as f:
             plans.append(json.load(f))
     first = plans[-1]
@@ -133,3 +196,7 @@ def bucket_plans(path: str, plan: dict, read) -> Dict[str, dict]:
 
 
 __all__ = ["compile_profile_bundle", "profile_of", "bucket_plans"]
+
+if __name__ == "__main__":      # one bucket point of compile_profile_bundle(..., jobs=N): see above
+    import sys
+    _worker_main(sys.argv[1], sys.argv[2])

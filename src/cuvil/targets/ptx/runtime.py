@@ -1,22 +1,25 @@
 """Running a GPU bundle (``NAME.cuvil/``) through the CUDA driver API of ``cuda-python``
 (``cuda.bindings.driver``, imported only when a model is loaded).
 
-    m = load_bundle("build/resnet50.cuvil")      # module, one arena, weights uploaded once
+    m = load_bundle("build/resnet50.cuvil")      # module, weights uploaded once, one session (arena, stream)
     (y,) = m.run(x)                              # numpy in, numpy out (H2D, one graph replay, D2H)
     m.run({"data": x})["probs"]                  # a dict in, a dict out
     m.run_device([x_ptr], [y_ptr])               # device pointers (ints): no copies
+    m = load_bundle(path, sessions=4)            # run / run_device from 4 threads at once, on 4 streams
 
 :class:`GpuModel` is the GPU side of the one model interface (:mod:`cuvil.targets.model_api`): the call
 forms, the metadata and the input checks are the x86 model's. :func:`bundle_signature` reads them from the
 bundle alone, without a driver, so they are checked (and tested) on machines without a GPU.
 
-One model holds: the module (the bundle's cubin when it was built for this GPU's architecture, else its PTX,
-compiled by the driver), one stream, one device arena of ``plan["arena_bytes"]``, the weights, staging
-buffers for numpy inputs and outputs, and the device buffer-pointer table ``[arena, weights, inputs...,
-outputs...]`` that every kernel reads. Kernels read the table at run time, so pointing the model at other
-input/output buffers is one 8-byte-per-entry copy, never a re-capture.
+One model holds the modules (the bundle's cubin when it was built for this GPU's architecture, else its PTX,
+compiled by the driver) and the weights, uploaded once; and one or more sessions
+(:mod:`cuvil.targets.ptx.session`; ``sessions=N``, ``m.session()``), each with its own stream, device arena of
+``plan["arena_bytes"]``, staging for numpy inputs and outputs, graphs, and per bucket the device
+buffer-pointer table ``[arena, weights, inputs..., outputs...]`` that every kernel reads. Kernels read the
+table at run time, so pointing a session at other input/output buffers is one 8-byte-per-entry copy, never a
+re-capture. Calls on different sessions run at once (from several host threads, on several streams).
 
-Graphs: the first run of a shape bucket captures all launches of one inference, in order, on the stream
+Graphs: the first run of a shape bucket on a session captures all launches of one inference, in order, on its stream
 into a CUDA graph, instantiates it and keeps it in a bounded LRU cache (:mod:`cuvil.targets.ptx.graph_cache`)
 keyed by the bucket. A static bundle has one bucket; a profile bundle (:mod:`cuvil.targets.ptx.profile_bundle`)
 one per bucket point, all loaded at load time, a call between buckets running the next one up, padded where
@@ -29,8 +32,8 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import threading
-import time
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
@@ -43,9 +46,7 @@ from ..model_api import Model, Signature, SymbolProfile, fixed_symbols, tensor_s
 from . import buckets as bk
 from .bundle import SIGNATURE_FILE, bundle_file, bundle_has, read_bundle
 from .graph_cache import GraphCache
-
-MODES = ("graph", "eager")
-
+from .session import MODES, GpuSession
 
 class NoGpuError(CuvilError):
     """No usable CUDA driver or GPU on this machine (or cuda-python is not installed)."""
@@ -228,8 +229,8 @@ def bundle_signature(path: str, plan: Optional[dict] = None, manifest: Optional[
 
 
 class _Variant:
-    """One bucket's kernels (a static bundle has one): its plan, module, functions, launches, its pointer
-    table and the shapes of its inputs and outputs."""
+    """One bucket's kernels (a static bundle has one), shared by every session: its plan, module, functions,
+    the kernels to launch, its weights and the shapes of its inputs and outputs."""
 
     def __init__(self, index: int, point: dict, plan: dict, where: str, weights_file: str):
         self.index, self.point, self.plan, self.where, self.weights_file = index, point, plan, where, weights_file
@@ -237,11 +238,9 @@ class _Variant:
         self.out_bufs = [_Buffer(d) for d in plan["outputs"]]
         self.module = self.module_source = None
         self.functions: list = []
-        self.launches: list = []
+        self.kernels: list = []          # (kernel, function) of each launch (kernels with work), in order
         self.registers: Dict[str, int] = {}
-        self.table = self.weights = 0
-        self.table_host = np.zeros(int(plan["buffers"]["count"]), dtype=np.uint64)
-        self.table_set: Optional[tuple] = None
+        self.weights = 0
 
     @property
     def label(self) -> str:
@@ -251,24 +250,35 @@ class _Variant:
 class GpuModel(Model):
     """A loaded GPU bundle (:class:`cuvil.targets.model_api.Model`: ``run``, ``inputs``, ``outputs``,
     ``symbols``; ``run(..., mode="eager")`` for one call), ``run_device`` for device pointers,
-    ``stats()`` / ``graph_stats()``, ``profile_kernels()``, ``capture()``. Calls are serialised by a lock; one
-    inference is in flight at a time.
+    ``stats()`` / ``graph_stats()``, ``profile_kernels()``, ``capture()``, ``session()``.
 
-    A profile bundle (:mod:`cuvil.targets.ptx.profile_bundle`) loads every bucket's module up front and shares
-    one arena (the largest bucket's), the weights and the staging buffers between them: a call runs its
-    bucket (padded where the manifest's ``profile`` says the symbol may be, :mod:`~cuvil.targets.ptx.buckets`)
-    and nothing compiles at run time; the graph cache keeps at most ``max_graphs`` buckets' graphs alive."""
+    Sessions (:mod:`cuvil.targets.ptx.session`): the modules and the weights are loaded once; each session has
+    its own stream, arena, staging (the inputs' also page-locked on the host unless ``pinned=False``), pointer
+    tables and graph
+    cache. ``sessions=N`` keeps a pool of N: ``run`` and ``run_device`` are safe to call from any number of
+    host threads, each call taking a free session (N calls in flight at once, on N streams; more wait for
+    one). ``session()`` makes one more, for a thread that keeps its own. ``max_graphs`` bounds each session's
+    graph cache.
+
+    A profile bundle (:mod:`cuvil.targets.ptx.profile_bundle`) loads every bucket's module up front; a session's
+    arena is the largest bucket's: a call runs its bucket (padded where the manifest's ``profile`` says the
+    symbol may be, :mod:`~cuvil.targets.ptx.buckets`) and nothing compiles at run time."""
 
     run_options = ("mode",)
 
     def __init__(self, path: str, *, device: int = 0, max_graphs: int = 4, mode: str = "graph",
-                 prefer_cubin: bool = True, files: Optional[Mapping[str, bytes]] = None):
+                 prefer_cubin: bool = True, files: Optional[Mapping[str, bytes]] = None, sessions: int = 1,
+                 pinned: bool = True):
         if mode not in MODES:
             raise CuvilError(f"mode {mode!r}: expected one of {', '.join(MODES)}")
+        if isinstance(sessions, bool) or not isinstance(sessions, int) or sessions < 1:
+            raise CuvilError(f"sessions must be a positive integer, got {sessions!r}",
+                             hint="sessions=4 lets four host threads each run an inference at once")
         self.path = os.path.abspath(os.fspath(path))
         self._files = files                                       # a verified load's bytes: the disk is not read
         self.plan, self.manifest = read_bundle(self.path, files)   # a bad bundle fails before the driver is touched
         self.mode = mode
+        self.pinned = bool(pinned)
         self.signature = bundle_signature(self.path, self.plan, self.manifest)
         self.profile = self.plan.get("profile") or {}
         self._buckets = {n: [int(v) for v in p["buckets"]] for n, p in self.profile.items()}
@@ -287,7 +297,10 @@ class GpuModel(Model):
         self._lock = threading.RLock()
         self._closed = True
         self._allocs: List[int] = []
-        max_graphs = GraphCache(max_graphs, lambda e: None).max_graphs    # checked before the driver is touched
+        self._sessions: List[GpuSession] = []      # the pool's
+        self._own: List[GpuSession] = []           # made by session()
+        self._pool: "queue.LifoQueue[GpuSession]" = queue.LifoQueue()
+        self.max_graphs = GraphCache(max_graphs, lambda e: None).max_graphs    # checked before the driver is touched
         self._d = drv = driver()
         dev = self._call("cuDeviceGet", drv.cuDeviceGet(device))
         self._dev = dev
@@ -295,47 +308,101 @@ class GpuModel(Model):
         self._ctx = self._call("cuDevicePrimaryCtxRetain", drv.cuDevicePrimaryCtxRetain(dev))
         self._closed = False
         try:
-            self._setup(device, max_graphs, prefer_cubin)
+            self._setup(device, sessions, prefer_cubin)
         except BaseException:
             self.close()           # what was allocated before the failure is freed, the context released
             raise
 
-    def _setup(self, device: int, max_graphs: int, prefer_cubin: bool) -> None:
+    def _setup(self, device: int, sessions: int, prefer_cubin: bool) -> None:
         drv = self._d
         self._activate()
         self.device = device_info(device)
-        self._stream = self._call("cuStreamCreate", drv.cuStreamCreate(drv.CUstream_flags.CU_STREAM_NON_BLOCKING.value))
-
-        # device memory: one arena (the largest bucket's), the weights once, staging for numpy inputs/outputs
+        # shared by the sessions: the weights once (a bucket whose constants differ has its own file), modules
         self.arena_bytes = max(int(v.plan["arena_bytes"]) for v in self._variants)
-        self.arena = self._alloc(max(self.arena_bytes, 1), "arena")
         uploaded: Dict[str, int] = {}
-        self.device_bytes = max(self.arena_bytes, 1)
+        self.weights_bytes = 0
         for v in self._variants:
             if v.weights_file not in uploaded:
                 uploaded[v.weights_file] = self._upload_weights(v.weights_file, int(v.plan["weights_bytes"]))
-                self.device_bytes += max(int(v.plan["weights_bytes"]), 1)
+                self.weights_bytes += max(int(v.plan["weights_bytes"]), 1)
             v.weights = uploaded[v.weights_file]
         self.weights = self._variants[-1].weights
-        in_bytes = [max(v.in_bufs[i].nbytes for v in self._variants) for i in range(len(self.plan["inputs"]))]
-        out_bytes = [max(v.out_bufs[i].nbytes for v in self._variants) for i in range(len(self.plan["outputs"]))]
-        self._in_stage = [self._alloc(max(n, 1), f"input {d['name']}") for n, d in zip(in_bytes, self.plan["inputs"])]
-        self._out_stage = [self._alloc(max(n, 1), f"output {d['name']}")
-                           for n, d in zip(out_bytes, self.plan["outputs"])]
-        self._staged = tuple(self._in_stage + self._out_stage)
-        self.device_bytes += sum(max(n, 1) for n in in_bytes + out_bytes)
+        self._in_bytes = [max(v.in_bufs[i].nbytes for v in self._variants) for i in range(len(self.plan["inputs"]))]
+        self._out_bytes = [max(v.out_bufs[i].nbytes for v in self._variants)
+                           for i in range(len(self.plan["outputs"]))]
         for v in self._variants:
             self._load_variant(v, prefer_cubin)
-            self.device_bytes += 8 * len(v.table_host)
         # a static bundle's one variant, under the names its callers use
         v0 = self._variants[-1]
         self._in_bufs, self._out_bufs = v0.in_bufs, v0.out_bufs
         self.module_source = v0.module_source
         self.registers = v0.registers if len(self._variants) == 1 else {
             f"{v.where}{k}": r for v in self._variants for k, r in v.registers.items()}
-        self._launches, self._table = v0.launches, v0.table
-        self._graphs = GraphCache(max_graphs, self._destroy_graph)
-        self._call("cuStreamSynchronize", drv.cuStreamSynchronize(self._stream))
+        for i in range(sessions):
+            self._sessions.append(GpuSession(self, i, self.pinned))
+            self._pool.put(self._sessions[-1])
+        self._main = self._sessions[0]
+
+    # -- sessions ------------------------------------------------------------------------------------
+
+    def session(self, pinned: Optional[bool] = None) -> GpuSession:
+        """A new session of this model for the caller alone (its own stream, arena, staging and graphs; the
+        modules and weights shared): a :class:`~cuvil.targets.ptx.session.GpuSession`, closed with the model
+        (or by its own ``close()``). Runs concurrently with the model's other sessions."""
+        with self._lock:
+            self._activate()
+            s = GpuSession(self, len(self._sessions) + len(self._own), self.pinned if pinned is None else pinned)
+            self._own.append(s)
+            return s
+
+    @property
+    def sessions(self) -> List[GpuSession]:
+        """The pool's sessions (``sessions=N`` at load), then those ``session()`` made."""
+        return list(self._sessions) + list(self._own)
+
+    def _acquire(self) -> GpuSession:
+        self._ensure_open()
+        s = self._pool.get()
+        if self._closed:
+            self._pool.put(s)
+            raise self.closed_error()
+        return s
+
+    # shared state the sessions read
+    @staticmethod
+    def _faults_armed() -> bool:
+        return bool(_FAULTS)
+
+    # the first session's buffers, under the names a one-session model's callers use
+    @property
+    def arena(self) -> int:
+        return self._main.arena
+
+    @property
+    def _stream(self):
+        return self._main._stream
+
+    @property
+    def _in_stage(self) -> List[int]:
+        return self._main._in_stage
+
+    @property
+    def _out_stage(self) -> List[int]:
+        return self._main._out_stage
+
+    @property
+    def _table(self) -> int:
+        return self._main._lanes[-1].table
+
+    @property
+    def _launches(self) -> list:
+        return self._variants[-1].kernels
+
+    @property
+    def device_bytes(self) -> int:
+        """The model's device memory: the weights, the modules' buffer tables and each session's arena and
+        staging."""
+        return self.weights_bytes + sum(s.device_bytes for s in self.sessions)
 
     # -- driver plumbing ----------------------------------------------------------------------------
 
@@ -350,14 +417,17 @@ class GpuModel(Model):
         self._ensure_open()
         self._call("cuCtxSetCurrent", self._d.cuCtxSetCurrent(self._ctx))
 
-    def _alloc(self, nbytes: int, what: str) -> int:
+    def _alloc_to(self, owner: List[int], nbytes: int, what: str) -> int:
         call = f"cuMemAlloc({what}, {nbytes} B)"
         err = _injected(call) if _FAULTS else None
         if err is not None:        # before the call: an injected failure leaks nothing
             raise CudaError(call, err, "injected")
         p = int(self._call(call, self._d.cuMemAlloc(nbytes)))
-        self._allocs.append(p)
+        owner.append(p)
         return p
+
+    def _alloc(self, nbytes: int, what: str) -> int:
+        return self._alloc_to(self._allocs, nbytes, what)
 
     def _upload_weights(self, name: str, nbytes: int) -> int:
         p = self._alloc(max(nbytes, 1), "weights")
@@ -379,14 +449,7 @@ class GpuModel(Model):
         regs = drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NUM_REGS
         v.registers = {k["name"]: int(self._call(f"cuFuncGetAttribute({k['name']})", drv.cuFuncGetAttribute(regs, fn)))
                        for k, fn in zip(kernels, v.functions)}
-        v.table = self._alloc(8 * len(v.table_host), "buffer table")
-        # kernel arguments (bufs, n): a pointer array per launch, built once; the driver copies them at launch
-        for k, fn in zip(kernels, v.functions):
-            if int(k["n"]) <= 0:
-                continue
-            vals = np.array([v.table, int(k["n"])], dtype=np.uint64)
-            ptrs = np.array([vals.ctypes.data, vals.ctypes.data + 8], dtype=np.uint64)
-            v.launches.append((k, fn, vals, ptrs))
+        v.kernels = [(k, fn) for k, fn in zip(kernels, v.functions) if int(k["n"]) > 0]
 
     def _load_module(self, v: _Variant, manifest: dict, prefer_cubin: bool):
         drv = self._d
@@ -405,90 +468,6 @@ class GpuModel(Model):
         v.module = self._call(f"cuModuleLoadData({v.where}kernels.ptx)", drv.cuModuleLoadData(image.ctypes.data))
         v.module_source = v.where + "kernels.ptx"
 
-    def _set_table(self, v: _Variant, ptrs: tuple, stream):
-        if ptrs == v.table_set:
-            return
-        t = v.table_host
-        t[0], t[1] = self.arena, v.weights
-        t[2:] = ptrs
-        # from pageable memory: the call returns once the 8-byte entries are staged, so t may change after
-        self._call("cuMemcpyHtoDAsync(buffer table)",
-                   self._d.cuMemcpyHtoDAsync(v.table, t.ctypes.data, t.nbytes, stream))
-        v.table_set = ptrs
-
-    def _zero(self, v: _Variant, stream):
-        """Zero the plan's ``zero`` ranges of the arena (split-K tile counters) at the start of a run, so a
-        run stopped midway can never leave a count behind (the kernels also reset their own)."""
-        for off, nbytes in v.plan.get("zero") or ():
-            self._call("cuMemsetD32Async(counters)",
-                       self._d.cuMemsetD32Async(int(self.arena) + int(off), 0, int(nbytes) // 4, stream))
-
-    def _launch_all(self, v: _Variant, stream, events=None):
-        drv = self._d
-        self._zero(v, stream)
-        for j, (k, fn, _vals, ptrs) in enumerate(v.launches):
-            if events is not None:
-                self._call("cuEventRecord", drv.cuEventRecord(events[j][0], stream))
-            g, b = k["grid"], k["block"]
-            res = drv.cuLaunchKernel(fn, g[0], g[1], g[2], b[0], b[1], b[2], 0, stream, ptrs.ctypes.data, 0)
-            what = f"cuLaunchKernel({k['name']}, stage {k['stage']})"
-            if res[0] != drv.CUresult.CUDA_SUCCESS or _FAULTS:
-                self._call(what, res)
-            if events is not None:
-                self._call("cuEventRecord", drv.cuEventRecord(events[j][1], stream))
-
-    def _capture(self, v: _Variant, stream):
-        drv = self._d
-        t0 = time.perf_counter()
-        # one eager pass first: every kernel is loaded (lazy module loading) and checked before capture
-        self._launch_all(v, stream)
-        self._call("cuStreamSynchronize", drv.cuStreamSynchronize(stream))
-        free0 = self._call("cuMemGetInfo", drv.cuMemGetInfo())[0]
-        self._call("cuStreamBeginCapture",
-                   drv.cuStreamBeginCapture(stream, drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL))
-        try:
-            self._launch_all(v, stream)
-        except BaseException:
-            res = drv.cuStreamEndCapture(stream)
-            if res[0] == drv.CUresult.CUDA_SUCCESS and res[1] is not None:
-                drv.cuGraphDestroy(res[1])
-            raise
-        graph = self._call("cuStreamEndCapture", drv.cuStreamEndCapture(stream))
-        try:
-            got = self._call("cuGraphGetNodes", drv.cuGraphGetNodes(graph))   # (nodes, count) or nodes
-            n_nodes = int(got[-1]) if isinstance(got, tuple) else len(got or ())
-            want = len(v.launches) + len(v.plan.get("zero") or ())
-            if n_nodes != want:
-                raise CuvilError(f"captured graph has {n_nodes} nodes, expected {want} (kernel launches and memsets)")
-            exe = self._call("cuGraphInstantiate", drv.cuGraphInstantiate(graph, 0))
-        except BaseException:
-            drv.cuGraphDestroy(graph)
-            raise
-        free1 = self._call("cuMemGetInfo", drv.cuMemGetInfo())[0]
-        entry = (graph, exe)
-        self._graphs.put(v.index, entry, max(int(free0) - int(free1), 0), seconds=time.perf_counter() - t0,
-                         nodes=n_nodes)
-        return entry
-
-    def _destroy_graph(self, entry):
-        graph, exe = entry
-        self._d.cuGraphExecDestroy(exe)
-        self._d.cuGraphDestroy(graph)
-
-    def _execute(self, v: _Variant, stream, mode: Optional[str]):
-        mode = mode or self.mode
-        if mode not in MODES:
-            raise CuvilError(f"mode {mode!r}: expected one of {', '.join(MODES)}")
-        if mode == "eager":
-            self._launch_all(v, stream)
-            return
-        # Pointers never change a graph: the kernels read them from the variant's table at run time (one
-        # small copy, _set_table), so a graph is captured once per bucket and never updated.
-        entry = self._graphs.get(v.index)
-        if entry is None:
-            entry = self._capture(v, stream)
-        self._call("cuGraphLaunch", self._d.cuGraphLaunch(entry[1], stream))
-
     # -- buckets -------------------------------------------------------------------------------------
 
     def _variant_for(self, xs: Sequence[np.ndarray]) -> Tuple[_Variant, Dict[str, int]]:
@@ -503,63 +482,9 @@ class GpuModel(Model):
         point = bk.choose_point(self._buckets, self._paddable, bindings, self.signature.artifact)
         return self._by_point[bk.point_key(point)], bindings
 
-    def capture(self, points: Optional[Sequence[Mapping[str, int]]] = None) -> List[str]:
-        """Capture the graphs of ``points`` (bucket points, ``[{"N": 8}]``; default: the first ``max_graphs``
-        buckets) ahead of time, so that no call pays a capture; returns the buckets captured."""
-        with self._lock:
-            self._activate()
-            vs = ([self._by_point[bk.point_key(bk.choose_point(self._buckets, self._paddable, p,
-                                                                self.signature.artifact))] for p in points]
-                  if points is not None else self._variants[:self._graphs.max_graphs])
-            done = []
-            for v in vs:
-                if v.index not in self._graphs.keys():
-                    self._set_table(v, self._staged, self._stream)
-                    self._capture(v, self._stream)
-                done.append(v.label)
-            self._call("cuStreamSynchronize", self._d.cuStreamSynchronize(self._stream))
-        return done
-
-    # -- running ------------------------------------------------------------------------------------
-
-    def _run_arrays(self, xs: List[np.ndarray], mode: Optional[str] = None) -> List[np.ndarray]:
-        """One inference on checked inputs (``Model.run``): H2D, the captured graph's replay (or, with
-        ``mode="eager"``, the kernels one by one), D2H. A call between buckets runs the next bucket up on its
-        rows plus zero rows, and returns its own rows."""
-        xs = [np.ascontiguousarray(a) for a in xs]
-        drv = self._d
-        v, bindings = self._variant_for(xs)
-        with self._lock:
-            self._activate()
-            s = self._stream
-            for a, p, buf in zip(xs, self._in_stage, v.in_bufs):
-                if a.nbytes:
-                    self._call(f"cuMemcpyHtoDAsync(input {buf.name})",
-                               drv.cuMemcpyHtoDAsync(p, a.ctypes.data, a.nbytes, s))
-                if a.nbytes < buf.nbytes:      # padding rows: zeros, computed and dropped
-                    self._call(f"cuMemsetD8Async(input {buf.name} padding)",
-                               drv.cuMemsetD8Async(p + a.nbytes, 0, buf.nbytes - a.nbytes, s))
-            self._set_table(v, self._staged, s)
-            self._execute(v, s, mode)
-            outs = []
-            for p, buf, dims in zip(self._out_stage, v.out_bufs, self._out_dims):
-                shape = tuple(bindings.get(d, n) if isinstance(d, str) else n for d, n in zip(dims, buf.shape))
-                y = np.empty(shape, dtype=buf.dtype)
-                if y.nbytes:
-                    self._call(f"cuMemcpyDtoHAsync(output {buf.name})",
-                               drv.cuMemcpyDtoHAsync(y.ctypes.data, p, y.nbytes, s))
-                outs.append(y)
-            self._call("cuStreamSynchronize", drv.cuStreamSynchronize(s))
-        return outs
-
-    def run_device(self, in_ptrs: Sequence[int], out_ptrs: Sequence[int], *, stream=None, sync: bool = True,
-                   mode: Optional[str] = None, symbols: Optional[Mapping[str, int]] = None) -> None:
-        """One inference on device memory the caller owns: ``in_ptrs``/``out_ptrs`` are device pointers (ints)
-        to contiguous tensors of the plan's shapes and dtypes, in this model's context (the device's primary
-        context). Runs on ``stream`` (a CUstream or its int handle; default: the model's stream) after the
-        work already queued there; ``sync=False`` returns without waiting. A profile bundle takes the symbol
-        values in ``symbols`` (``{"N": 8}``); each must be a bucket (the caller's buffers have its shapes:
-        no padding into memory the model does not own)."""
+    def _device_variant(self, in_ptrs: Sequence[int], out_ptrs: Sequence[int],
+                        symbols: Optional[Mapping[str, int]]) -> _Variant:
+        """The bucket of a ``run_device`` call, its pointers checked."""
         if len(in_ptrs) != len(self._in_bufs) or len(out_ptrs) != len(self._out_bufs):
             raise ShapeError(f"{os.path.basename(self.path)}: run_device takes {len(self._in_bufs)} input and "
                              f"{len(self._out_bufs)} output pointers, got {len(in_ptrs)} and {len(out_ptrs)}")
@@ -572,62 +497,117 @@ class GpuModel(Model):
                                  + ", ".join(f"{n!r}: {b[-1]}" for n, b in self._buckets.items()) + "})")
             point = bk.choose_point(self._buckets, {}, symbols, self.signature.artifact)
             v = self._by_point[bk.point_key(point)]
-        ptrs = tuple(int(p) for p in list(in_ptrs) + list(out_ptrs))
+        ptrs = [int(p) for p in list(in_ptrs) + list(out_ptrs)]
         if any(p == 0 for p, buf in zip(ptrs, v.in_bufs + v.out_bufs) if buf.nbytes):
             raise ShapeError(f"{os.path.basename(self.path)}: run_device got a null device pointer")
-        with self._lock:
-            self._activate()
-            s = self._stream if stream is None else (stream if not isinstance(stream, int) else self._d.CUstream(stream))
-            self._set_table(v, ptrs, s)
-            self._execute(v, s, mode)
-            if sync:
-                self._call("cuStreamSynchronize", self._d.cuStreamSynchronize(s))
+        return v
+
+    def capture(self, points: Optional[Sequence[Mapping[str, int]]] = None) -> List[str]:
+        """Capture the graphs of ``points`` (bucket points, ``[{"N": 8}]``; default: the first ``max_graphs``
+        buckets) ahead of time in every pool session, so that no call pays a capture; returns the buckets
+        captured."""
+        self._ensure_open()
+        vs = ([self._by_point[bk.point_key(bk.choose_point(self._buckets, self._paddable, p,
+                                                            self.signature.artifact))] for p in points]
+              if points is not None else self._variants[:self.max_graphs])
+        done: List[str] = []
+        for s in self._sessions:
+            done = s.capture(vs)
+        return done
+
+    # -- running ------------------------------------------------------------------------------------
+
+    def _run_arrays(self, xs: List[np.ndarray], mode: Optional[str] = None) -> List[np.ndarray]:
+        """One inference on checked inputs (``Model.run``) on a free session of the pool: H2D, the captured
+        graph's replay (or, with ``mode="eager"``, the kernels one by one), D2H. A call between buckets runs
+        the next bucket up on its rows plus zero rows, and returns its own rows."""
+        s = self._acquire()
+        try:
+            return s._run_arrays(xs, mode)
+        finally:
+            self._pool.put(s)
+
+    def run_device(self, in_ptrs: Sequence[int], out_ptrs: Sequence[int], *, stream=None, sync: bool = True,
+                   mode: Optional[str] = None, symbols: Optional[Mapping[str, int]] = None) -> None:
+        """One inference on device memory the caller owns: ``in_ptrs``/``out_ptrs`` are device pointers (ints)
+        to contiguous tensors of the plan's shapes and dtypes, in this model's context (the device's primary
+        context). Runs on ``stream`` (a CUstream or its int handle; default: the session's stream) after the
+        work already queued there, on a free session of the pool; ``sync=False`` returns without waiting (the
+        session's next call waits for it). A profile bundle takes the symbol values in ``symbols``
+        (``{"N": 8}``); each must be a bucket (the caller's buffers have its shapes: no padding into memory
+        the model does not own)."""
+        self._device_variant(in_ptrs, out_ptrs, symbols)
+        s = self._acquire()
+        try:
+            s.run_device(in_ptrs, out_ptrs, stream=stream, sync=sync, mode=mode, symbols=symbols)
+        finally:
+            self._pool.put(s)
+
+    def pinned_inputs(self, symbols: Optional[Mapping[str, int]] = None) -> List[np.ndarray]:
+        """The first session's page-locked input staging (:meth:`GpuSession.pinned_inputs
+        <cuvil.targets.ptx.session.GpuSession.pinned_inputs>`); with one session, ``run`` given these arrays
+        copies nothing on the host."""
+        return self._main.pinned_inputs(symbols)
 
     def synchronize(self) -> None:
-        with self._lock:
-            self._activate()
-            self._call("cuStreamSynchronize", self._d.cuStreamSynchronize(self._stream))
+        for s in self.sessions:
+            s.synchronize()
 
     @property
     def stream(self):
-        """The model's CUstream."""
-        return self._stream
+        """The first session's CUstream."""
+        return self._main.stream
 
     # -- reports -------------------------------------------------------------------------------------
 
     def graph_stats(self) -> dict:
-        """Captured graphs: count, bound, device bytes they took (free-memory delta at instantiation, 0 when
-        the driver found room in memory it already held), captures, hits, misses, evictions, bucket keys."""
-        with self._lock:
-            st = self._graphs.stats()
-        st["buckets"] = [[list(b.shape) for b in self._variants[k].in_bufs] for k in self._graphs.keys()]
+        """Captured graphs, over the sessions: count, bound (per session), device bytes they took (free-memory
+        delta at instantiation, 0 when the driver found room in memory it already held), captures, hits,
+        misses, evictions, bucket keys."""
+        per = [s.graph_stats() for s in self.sessions]
+        st = {k: sum(p[k] for p in per) for k in ("graphs", "bytes", "captures", "hits", "misses", "evictions")}
+        st["max_graphs"] = self.max_graphs
+        st["sessions"] = len(per)
+        keys = sorted({k for s in self.sessions for k in s._graphs.keys()})
+        st["buckets"] = [[list(b.shape) for b in self._variants[k].in_bufs] for k in keys]
         st["kernels_per_graph"] = len(self._launches)
         return st
 
     def stats(self) -> dict:
         """What the model did: per bucket (``"N=8"``; ``"static"`` for a bundle without a profile) its
         kernels, graph captures, capture time (ms, total and last), graph nodes and the device memory the
-        instantiation took (free-memory delta), hits, misses, evictions and whether its graph is alive; the
-        graphs alive and the bound; the device's graph-allocation memory in use (``graph_mem_used_bytes``) and
-        the model's own device bytes; the modules loaded (all at load time: nothing compiles at run time)."""
-        with self._lock:
-            per = self._graphs.per_bucket(lambda k: self._variants[k].label)
-            st = self._graphs.stats()
+        instantiation took (free-memory delta), hits, misses, evictions and whether its graph is alive (in
+        any session), summed over the sessions; the graphs alive, the bound (per session) and the sessions;
+        the device's graph-allocation memory in use (``graph_mem_used_bytes``) and the model's own device
+        bytes; the modules loaded (all at load time: nothing compiles at run time)."""
+        sessions = self.sessions
+        pers = [s.per_bucket() for s in sessions]
+        gst = self.graph_stats()
         buckets = {}
         for v in self._variants:
-            b = per.get(v.label) or {"captures": 0, "capture_ms": 0.0, "last_capture_ms": 0.0, "nodes": 0,
-                                     "graph_bytes": 0, "hits": 0, "misses": 0, "evictions": 0, "alive": False}
-            buckets[v.label] = {"point": dict(v.point), "kernels": len(v.launches), **b}
-        return {"buckets": buckets, "graphs_alive": st["graphs"], "max_graphs": st["max_graphs"],
+            b = {"captures": 0, "capture_ms": 0.0, "last_capture_ms": 0.0, "nodes": 0, "graph_bytes": 0,
+                 "hits": 0, "misses": 0, "evictions": 0, "alive": False}
+            for per in pers:
+                got = per.get(v.label)
+                if got is None:
+                    continue
+                for key in ("captures", "capture_ms", "hits", "misses", "evictions", "graph_bytes"):
+                    b[key] += got[key]
+                if got["captures"]:
+                    b["last_capture_ms"], b["nodes"] = got["last_capture_ms"], got["nodes"]
+                b["alive"] = b["alive"] or got["alive"]
+            buckets[v.label] = {"point": dict(v.point), "kernels": len(v.kernels), **b}
+        return {"buckets": buckets, "graphs_alive": gst["graphs"], "max_graphs": self.max_graphs,
+                "sessions": len(sessions), "pinned": self.pinned,
                 "graph_mem_used_bytes": self._graph_mem_used(), "device_bytes": self.device_bytes,
-                "captures": st["captures"], "hits": st["hits"], "misses": st["misses"], "evictions": st["evictions"],
-                "module_loads": self.module_loads, "profile": {n: list(b) for n, b in self._buckets.items()},
-                "paddable": dict(self._paddable)}
+                "captures": gst["captures"], "hits": gst["hits"], "misses": gst["misses"],
+                "evictions": gst["evictions"], "module_loads": self.module_loads,
+                "profile": {n: list(b) for n, b in self._buckets.items()}, "paddable": dict(self._paddable)}
 
     def _graph_mem_used(self) -> Optional[int]:
         """The device's graph-allocation memory in use (``cuDeviceGetGraphMemAttribute``, USED_MEM_CURRENT):
         what graphs' own allocation nodes hold; None where the driver does not say. Cuvil's graphs have none
-        (the arena, weights and staging are the model's, shared by every bucket: ``device_bytes``)."""
+        (the arenas, weights and staging are the model's sessions', shared by every bucket: ``device_bytes``)."""
         drv = self._d
         try:
             attr = drv.CUgraphMem_attribute.CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT
@@ -638,34 +618,21 @@ class GpuModel(Model):
 
     def profile_kernels(self, repeats: int = 10) -> List[dict]:
         """Each kernel timed with CUDA events around its launch in eager mode, on the staged inputs of the
-        last ``run`` (or zeros); the median over ``repeats`` runs, in plan order (the largest bucket's)."""
-        drv = self._d
-        v = self._variants[-1]
-        with self._lock:
-            self._activate()
-            s = self._stream
-            self._set_table(v, self._staged, s)
-            flags = drv.CUevent_flags.CU_EVENT_DEFAULT.value
-            events = [(self._call("cuEventCreate", drv.cuEventCreate(flags)),
-                       self._call("cuEventCreate", drv.cuEventCreate(flags))) for _ in v.launches]
-            try:
-                times = [[] for _ in v.launches]
-                for _ in range(max(1, repeats)):
-                    self._launch_all(v, s, events)
-                    self._call("cuStreamSynchronize", drv.cuStreamSynchronize(s))
-                    for j, (a, b) in enumerate(events):
-                        times[j].append(float(self._call("cuEventElapsedTime", drv.cuEventElapsedTime(a, b))))
-            finally:
-                for a, b in events:
-                    drv.cuEventDestroy(a)
-                    drv.cuEventDestroy(b)
+        first session's last ``run`` (or zeros); the median over ``repeats`` runs, in plan order (the largest
+        bucket's)."""
+        s = self._acquire()
+        try:
+            launches, times = s.profile_lane(repeats)
+        finally:
+            self._pool.put(s)
         return [{"name": k["name"], "stage": k["stage"], "n": int(k["n"]), "grid": k["grid"][0],
-                 "block": k["block"][0], "ms": float(np.median(t))} for (k, _, _, _), t in zip(v.launches, times)]
+                 "block": k["block"][0], "ms": float(np.median(t))} for (k, _, _, _), t in zip(launches, times)]
 
     # -- lifetime ------------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Frees the graphs, device memory, stream and modules; releases the primary context."""
+        """Waits for and frees every session (graphs, arenas, staging, streams), then the weights and modules;
+        releases the primary context."""
         lock = getattr(self, "_lock", None)
         if lock is None or getattr(self, "_closed", True):
             return
@@ -674,10 +641,8 @@ class GpuModel(Model):
                 return
             drv = self._d
             drv.cuCtxSetCurrent(self._ctx)
-            if getattr(self, "_stream", None) is not None:
-                drv.cuStreamSynchronize(self._stream)
-            if getattr(self, "_graphs", None) is not None:
-                self._graphs.clear()
+            for s in list(getattr(self, "_sessions", ())) + list(getattr(self, "_own", ())):
+                s.close()
             for p in self._allocs:
                 drv.cuMemFree(p)
             self._allocs = []
@@ -685,8 +650,6 @@ class GpuModel(Model):
                 if v.module is not None:
                     drv.cuModuleUnload(v.module)
                     v.module = None
-            if getattr(self, "_stream", None) is not None:
-                drv.cuStreamDestroy(self._stream)
             drv.cuDevicePrimaryCtxRelease(self._dev)
             self._closed = True
 
@@ -699,15 +662,19 @@ class GpuModel(Model):
     def __repr__(self) -> str:
         fmt = lambda ds: ", ".join(map(str, ds))  # noqa: E731
         more = f", {len(self._variants)} buckets" if self._buckets else ""
+        more += f", {len(self.sessions)} sessions" if len(self.sessions) > 1 else ""
         return (f"<cuvil.GpuModel {os.path.basename(self.path)} on {self.device['name']} ({fmt(self.inputs)}) -> "
                 f"({fmt(self.outputs)}), {len(self._launches)} kernels{more}>")
 
 
 def load_bundle(path, *, device: int = 0, max_graphs: int = 4, mode: str = "graph",
-                prefer_cubin: bool = True, files: Optional[Mapping[str, bytes]] = None) -> GpuModel:
+                prefer_cubin: bool = True, files: Optional[Mapping[str, bytes]] = None, sessions: int = 1,
+                pinned: bool = True) -> GpuModel:
     """Load a bundle directory onto GPU ``device``. :class:`NoGpuError` where there is no CUDA driver or GPU.
     ``files``: the bundle's files as already read and verified (``{name: bytes}``, :mod:`cuvil.signing`),
-    loaded instead of the directory's."""
+    loaded instead of the directory's. ``sessions``: how many inferences may be in flight at once, from as
+    many host threads (:class:`GpuModel`); ``pinned``: each session keeps page-locked input staging that
+    ``pinned_inputs()`` hands out to be filled in place (a DMA, no host copy)."""
     def digest():
         if files is not None:
             return root_digest(file_digests(files))
@@ -715,7 +682,8 @@ def load_bundle(path, *, device: int = 0, max_graphs: int = 4, mode: str = "grap
         return root_digest({n: sha256_file(os.path.join(path, n)) for n in names})
 
     try:
-        m = GpuModel(path, device=device, max_graphs=max_graphs, mode=mode, prefer_cubin=prefer_cubin, files=files)
+        m = GpuModel(path, device=device, max_graphs=max_graphs, mode=mode, prefer_cubin=prefer_cubin, files=files,
+                     sessions=sessions, pinned=pinned)
     except CuvilError as e:
         audit.record("load", artifact=path, digest=digest, outcome="error", reason=e.message)
         raise

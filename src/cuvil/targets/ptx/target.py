@@ -51,6 +51,8 @@ class PtxOptions(TargetOptions):
     ``graph_buckets`` (with a shape profile): the values of the profiled symbol that get their own
     specialisation in the one bundle (``[1, 2, 4, 8]``, or by symbol ``{"N": [1, 8], "S": [128, 512]}``;
     default: the powers of two of each range plus its min and max; :mod:`cuvil.targets.ptx.buckets`).
+    ``jobs`` (with a shape profile): bucket points compiled at once, each in its own process (0: one per CPU;
+    default 1); the bundle is the same whatever it is.
     """
 
     opt_level: int = attrs.field(default=3, validator=check(is_opt_level, "0, 1, 2 or 3"))
@@ -66,6 +68,8 @@ class PtxOptions(TargetOptions):
     allow_tf32: bool = attrs.field(default=False, validator=check(is_bool, "True or False"))
     graph_buckets: Union[None, Sequence[int], Dict[str, Sequence[int]]] = attrs.field(
         default=None, validator=check(_is_buckets, "None, a list of non-negative ints, or {symbol: [ints]}"))
+    jobs: int = attrs.field(default=1, validator=check(
+        lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "a non-negative int (0: one per CPU)"))
 
 
 class PtxTarget:
@@ -97,7 +101,7 @@ class PtxTarget:
                                           kernel_rules=plan.extra["kernel_rules"], enable_fp16=o.enable_fp16,
                                           register_pass=o.register_pass, unpadded=o.unpadded,
                                           fused_splitk=o.fused_splitk, allow_tf32=o.allow_tf32,
-                                          manifest_extra=manifest_extra)
+                                          manifest_extra=manifest_extra, jobs=o.jobs)
         if o.graph_buckets is not None:
             raise CuvilError("graph_buckets (--graph-buckets) needs a shape profile: the bundle has no symbol left",
                              hint="give the range too: --input-shape x=1x3x224x224:8x3x224x224:64x3x224x224 or "
