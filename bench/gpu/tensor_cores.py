@@ -149,6 +149,8 @@ def jobs_for(args, arch):
     def add(key, model, variant, **extra):
         if variant in TUNED:
             variant, extra["tuning"] = TUNED[variant]
+        if extra.get("tuning") is not None and VARIANTS[variant][1]:
+            raise SystemExit(f"{variant}: node precisions go through Pipeline.compile, not compile_bundle")
         kw, prec = VARIANTS[variant]
         jobs.append(dict(key=key, model=model, arch=arch, kw=kw, precision=prec,
                          out=os.path.join(args.work, key + ".cuvil"), **extra))
@@ -161,8 +163,9 @@ def jobs_for(args, arch):
             add(f"bert_{v}", "bert", v, layers=args.layers, fixed={"batch": 1, "sequence": args.seq})
     if "resnet" in args.parts:
         for bsz in args.batches:
-            for v in args.resnet_modes:
-                add(f"resnet50_{v}_b{bsz}", "resnet50", v, fixed={"N": bsz})
+            for v in args.resnet_modes:      # through compile_bundle at a static batch (tuning: the shipped one
+                # or an A/B's), so the bundle is the code generator's output alone (no build records)
+                add(f"resnet50_{v}_b{bsz}", "resnet50", v, fixed={"N": bsz}, tuning={})
     # the longest first
     jobs.sort(key=lambda j: {"bert": 0, "resnet50": 1}.get(j["model"], 2))
     return jobs
