@@ -55,10 +55,12 @@ def _graph(model, half):
 
 @pytest.mark.parametrize("fmt", ["fp16", "tf32"])
 def test_plans_take_large_tiles_at_batch_and_split_small_grids(fmt):
-    b32 = plan_conv_mma(_spec(32, 1024, 1024, 1, 14), fmt, 264)     # 6,272 columns x 1,024 channels
-    assert (b32.bm, b32.bn, b32.threads, b32.splits) == (128, 128, 256, 1) and b32.blocks >= 132
-    b32 = plan_conv_mma(_spec(32, 256, 256, 3, 14), fmt, 264)       # 256 channels: 98 blocks of 128 x 128
-    assert (b32.bm, b32.bn, b32.threads, b32.splits) == (64, 128, 256, 1) and b32.blocks >= 132
+    b32 = plan_conv_mma(_spec(32, 2048, 2048, 1, 14), fmt, 264)     # 6,272 columns x 2,048 channels
+    assert (b32.bm, b32.bn, b32.threads, b32.splits) == (128, 128, 256, 1) and b32.blocks >= 264
+    b32 = plan_conv_mma(_spec(32, 512, 512, 3, 14), fmt, 264)       # 512 channels: 196 blocks of 128 x 128
+    assert (b32.bm, b32.bn, b32.threads, b32.splits) == (64, 128, 256, 1) and b32.blocks >= 264
+    b32 = plan_conv_mma(_spec(32, 256, 256, 3, 14), fmt, 264)       # 256 channels: 64 x 64
+    assert (b32.bm, b32.bn, b32.threads, b32.splits) == (64, 64, 128, 1) and b32.blocks >= 264
     late = plan_conv_mma(_spec(1, 512, 512, 3, 7), fmt, 264)         # batch 1, 7 x 7: 49 columns
     assert (late.bm, late.bn) == (64, 64) and late.splits > 1 and late.blocks >= 132
     assert (late.splits - 1) * late.kchunk < late.k <= late.splits * late.kchunk and late.kchunk % late.tk == 0

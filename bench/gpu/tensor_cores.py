@@ -139,7 +139,8 @@ VARIANTS = {"fp32": ({}, ""), "tf32": ({"allow_tf32": True}, ""), "fp16": ({"ena
 # "_old" the per-image 64 x 64 mma tiles of conv.py (fp16) / float32 SIMT tiles (tf32), "_noldm" conv_mma.py
 # with 32-bit shared fragment loads instead of ldmatrix
 TUNED = {"fp16_old": ("fp16", {"conv_mma_batch": False}), "fp16_noldm": ("fp16", {"ldmatrix": False}),
-         "tf32_old": ("tf32", {"conv_mma_batch": False}), "fp16_tb528": ("fp16", {"target_blocks": 528})}
+         "tf32_old": ("tf32", {"conv_mma_batch": False}),
+         "fp16_tb132": ("fp16", {"target_blocks": 132}), "fp16_mb2": ("fp16", {"conv_mma_min_blocks": 2})}
 
 
 def jobs_for(args, arch):
