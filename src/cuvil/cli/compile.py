@@ -49,8 +49,8 @@ def register(sub) -> None:
                     help="GPU: cap the registers (.maxnreg) of register-limited kernels where that saves a wave "
                          "without spills")
     sp.add_argument("--allow-tf32", action="store_true",
-                    help="GPU: run float32 MatMul/Gemm on TF32 tensor cores (inputs rounded to a 10-bit mantissa, "
-                         "about 1e-3 relative error; off: strict float32)")
+                    help="GPU: run float32 MatMul/Gemm and convolutions on TF32 tensor cores (inputs rounded to a "
+                         "10-bit mantissa, about 1e-3 relative error; off: strict float32)")
     sp.add_argument("--graph-buckets", metavar="V1,V2,...", default=None,
                     help="GPU, with a shape profile: the values of the profiled symbol compiled into the one bundle "
                          "(1,2,4,8,16,32,64; by symbol N=1,8,64;S=128,512; default: powers of two of each range "
