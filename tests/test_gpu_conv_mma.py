@@ -190,6 +190,12 @@ def test_formats_follow_the_precision():
     g = gpu_schedule(_graph(m, True))
     assert "mma.sync" not in build_ptx(g, "sm_90", fma=False).ptx
     assert "mma.sync" not in build_ptx(g, "sm_75", fma=True).ptx
+    # grouped, dilated and 1-D convolutions keep conv.py's kernels (not checked on a GPU with these)
+    for other in (conv_relu_model((2, 128, 14, 14), (128, 64, 3, 3), group=2),
+                  conv_relu_model((2, 64, 14, 14), (64, 64, 3, 3), pads=(2, 2, 2, 2), dilations=(2, 2)),
+                  conv_relu_model((2, 64, 30), (64, 64, 3), pads=(1, 1), strides=(1,))):
+        kinds, _ = _kernels(other, allow_tf32=True)
+        assert not any("_mma_" in k for k in kinds), kinds
     # the earlier per-image kernels stay available (conv_mma_batch=False), fp16 only
     kinds, _ = _kernels(m, half=True, tuning=PtxTuning(conv_mma_batch=False))
     assert "conv_mma" in kinds or "conv_splitk_mma" in kinds
@@ -265,7 +271,8 @@ def test_gpu_conv_mma_matches_onnxruntime(tmp_path, mode):
         model = conv_relu_model(xs, ws, pads=pads, strides=strides)
         x = rng.standard_normal(xs).astype(np.float32)
         model.ir_version = min(model.ir_version, 10)
-        want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+        sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        want = sess.run(None, {"x": x})[0]
         for tb in (1, 264):     # the largest tiles; split-K where the grid is small (default)
             path = str(tmp_path / f"c{i}_{tb}.cuvil")
             man = compile_bundle(Pipeline.from_onnx(model).optimize().graph, path, enable_fp16=mode == "fp16",

@@ -155,7 +155,10 @@ def plan_conv_mma(spec: Contraction, fmt: str, target_blocks: int, ldmatrix: boo
     slice a multiple of TK terms, at least :data:`MIN_SPLIT_TERMS` on average). ResNet-50 fp16 at batch 32
     on an H200: 5.05 ms with this rule, 5.56 ms when half as many blocks sufficed for the larger tiles
     (bench/gpu/RESULTS.md). None when no tile fits
-    the panels (BM must divide the packed channels of a group)."""
+    the panels (BM must divide the packed channels of a group), and for grouped, dilated or other than 2-D
+    convolutions, which the GPU tests do not cover yet."""
+    if spec.groups != 1 or len(spec.out_spatial) != 2 or any(int(x) != 1 for x in spec.dilations):
+        return None     # the geometries checked on a GPU (tests/test_gpu_conv_mma.py); the rest: conv.py
     p = 1
     for d in spec.out_spatial:
         p *= int(d)
