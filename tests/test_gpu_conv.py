@@ -154,15 +154,20 @@ def test_float16_convolutions_take_the_tile_kernels():
 
 
 def test_float16_convolutions_with_64_channel_panels_use_tensor_cores():
+    """conv.py's per-image mma tiles (kept behind ``conv_mma_batch=False``; by default float16 convolutions
+    take the whole-batch kernels of conv_mma.py, tests/test_gpu_conv_mma.py)."""
     from cuvil.rewrite_rules.precision import to_half
+    from cuvil.targets.ptx.tuning import PtxTuning
     g, _ = to_half(Pipeline.from_onnx(conv_relu_model((1, 32, 14, 14), (64, 32, 3, 3))).optimize().graph)
     s = gpu_schedule(g)
-    r = build_ptx(s, "sm_90", fma=True)
+    per_image = PtxTuning(conv_mma_batch=False)
+    assert any(k.kind.endswith("_mma_fp16") for k in build_ptx(s, "sm_90", fma=True).kernels)
+    r = build_ptx(s, "sm_90", fma=True, tuning=per_image)
     (k,) = [k for k in r.kernels if k.kind.startswith("conv") and k.kind != "conv_sum"]
     assert k.kind.endswith("_mma") and k.block == 64          # a 64 x 32 tile: two warps of 32 x 32
     assert r.ptx.count("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32") >= 8
     # no tensor cores without fma contraction (mma accumulates fused) or before sm_80
-    assert "mma.sync" not in build_ptx(s, "sm_90", fma=False).ptx
-    assert "mma.sync" not in build_ptx(s, "sm_75", fma=True).ptx
+    assert "mma.sync" not in build_ptx(s, "sm_90", fma=False, tuning=per_image).ptx
+    assert "mma.sync" not in build_ptx(s, "sm_75", fma=True, tuning=per_image).ptx
     if find_ptxas():
         assemble(r.ptx, "sm_90")

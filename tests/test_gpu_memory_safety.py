@@ -104,9 +104,12 @@ def test_fused_splitk_counters_and_readbacks_proved():
 
 
 def test_float16_tensor_core_conv_proved():
-    """A float16 convolution with 64-channel panels (the mma kernel on sm_90) is proved like the float32 one."""
+    """A float16 convolution with 64-channel panels (the mma kernels on sm_90: the whole-batch one of
+    conv_mma.py by default, conv.py's per-image one with conv_mma_batch=False) is proved like the float32 one."""
     from cuvil.rewrite_rules.precision import to_half
+    from cuvil.targets.ptx.tuning import PtxTuning
     g, _ = to_half(Pipeline.from_onnx(conv_relu_model((1, 64, 14, 14), (64, 64, 3, 3))).optimize().graph)
-    res = build_ptx(gpu_schedule(g), "sm_90", fma=True)
-    assert any(d.kind.endswith("_mma") for d in res.kernels)
-    assert res.memory_safety.proved == len(res.memory_safety.kernels) > 0
+    for tuning, kind in ((PtxTuning(), "_mma_fp16"), (PtxTuning(conv_mma_batch=False), "_mma")):
+        res = build_ptx(gpu_schedule(g), "sm_90", fma=True, tuning=tuning)
+        assert any(d.kind.endswith(kind) for d in res.kernels)
+        assert res.memory_safety.proved == len(res.memory_safety.kernels) > 0

@@ -112,6 +112,15 @@ def compile_job(job):
         from cuvil import Pipeline
         t0 = time.perf_counter()
         model, _ = build_model(job["model"], job.get("layers", 12))
+        if job.get("tuning") is not None:     # code-generator settings (an A/B): compile_bundle at a static batch
+            from cuvil.targets.ptx.bundle import compile_bundle
+            from cuvil.targets.ptx.tuning import PtxTuning
+            from cuvil.testing import with_batch
+            g = Pipeline.from_onnx(with_batch(model, job["fixed"]["N"])).optimize().graph
+            man = compile_bundle(g, job["out"], arch=job["arch"], tuning=PtxTuning(**job["tuning"]),
+                                 **job.get("kw", {}))
+            return {"path": job["out"], "compile_s": round(time.perf_counter() - t0, 1), "kernels": man["kernels"],
+                    "tensor_core_kernels": man.get("tensor_core_kernels")}
         p = Pipeline.from_onnx(model).optimize()
         if job.get("precision"):
             p = with_precision(p, job["precision"])[0]
@@ -126,6 +135,12 @@ def compile_job(job):
 
 VARIANTS = {"fp32": ({}, ""), "tf32": ({"allow_tf32": True}, ""), "fp16": ({"enable_fp16": True}, ""),
             "bf16": ({}, "bf16")}
+# ResNet-50 A/B of the convolution kernels (code-generator settings, cuvil.targets.ptx.tuning.PtxTuning):
+# "_old" the per-image 64 x 64 mma tiles of conv.py (fp16) / float32 SIMT tiles (tf32), "_noldm" conv_mma.py
+# with 32-bit shared fragment loads instead of ldmatrix
+TUNED = {"fp16_old": ("fp16", {"conv_mma_batch": False}), "fp16_noldm": ("fp16", {"ldmatrix": False}),
+         "tf32_old": ("tf32", {"conv_mma_batch": False}),
+         "fp16_tb132": ("fp16", {"target_blocks": 132}), "fp16_mb2": ("fp16", {"conv_mma_min_blocks": 2})}
 
 
 def jobs_for(args, arch):
@@ -133,6 +148,10 @@ def jobs_for(args, arch):
     jobs = []
 
     def add(key, model, variant, **extra):
+        if variant in TUNED:
+            variant, extra["tuning"] = TUNED[variant]
+        if extra.get("tuning") is not None and VARIANTS[variant][1]:
+            raise SystemExit(f"{variant}: node precisions go through Pipeline.compile, not compile_bundle")
         kw, prec = VARIANTS[variant]
         jobs.append(dict(key=key, model=model, arch=arch, kw=kw, precision=prec,
                          out=os.path.join(args.work, key + ".cuvil"), **extra))
@@ -145,8 +164,9 @@ def jobs_for(args, arch):
             add(f"bert_{v}", "bert", v, layers=args.layers, fixed={"batch": 1, "sequence": args.seq})
     if "resnet" in args.parts:
         for bsz in args.batches:
-            for v in args.resnet_modes:
-                add(f"resnet50_{v}_b{bsz}", "resnet50", v, fixed={"N": bsz})
+            for v in args.resnet_modes:      # through compile_bundle at a static batch (tuning: the shipped one
+                # or an A/B's), so the bundle is the code generator's output alone (no build records)
+                add(f"resnet50_{v}_b{bsz}", "resnet50", v, fixed={"N": bsz}, tuning={})
     # the longest first
     jobs.sort(key=lambda j: {"bert": 0, "resnet50": 1}.get(j["model"], 2))
     return jobs
@@ -302,7 +322,11 @@ def torch_part_resnet(args):
     net = torchvision.models.resnet50(weights=None).eval().cuda()
     for batch in args.batches:
         x = torch.randn(batch, 3, 224, 224, device="cuda")
-        if "tf32" in args.resnet_modes:
+        if "fp32" in args.resnet_modes:
+            torch.backends.cudnn.allow_tf32 = False
+            torch.backends.cuda.matmul.allow_tf32 = False
+            torch_compiled(net, (x,), args.iters, f"torch_compile_fp32_b{batch}", out)
+        if any(m.startswith("tf32") for m in args.resnet_modes):
             torch.backends.cudnn.allow_tf32 = True
             torch.backends.cuda.matmul.allow_tf32 = True
             torch_compiled(net, (x,), args.iters, f"torch_compile_tf32_b{batch}", out)
@@ -342,7 +366,7 @@ def part_resnet(args, arch, futures):
     for batch in args.batches:
         x = np.random.default_rng(1).standard_normal((batch, 3, 224, 224)).astype(np.float32)
         ref = None
-        if batch == 1:
+        if batch <= args.ref_max_batch:
             model.ir_version = min(model.ir_version, 10)
             ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {iname: x})[0]
         for label in args.resnet_modes:
@@ -352,6 +376,7 @@ def part_resnet(args, arch, futures):
                 r.update(info)
                 if ref is not None:
                     r["normwise_vs_ort"] = normwise(y, ref)
+                    r["top1_agree"] = float(np.mean(np.argmax(y, -1) == np.argmax(ref, -1)))
                 out[f"cuvil_{label}_b{batch}"] = r
                 log(f"  cuvil {label} b{batch}: graph p50 {r['p50_ms']:.3f} ms; err {r.get('normwise_vs_ort')}; "
                     f"by kind {r['ms_by_kind']}")
@@ -375,9 +400,11 @@ def main(argv=None) -> int:
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--batches", type=int, nargs="+", default=[1])
-    ap.add_argument("--resnet-modes", nargs="+", default=["fp16"], help="fp16 (and tf32: convolutions stay "
-                    "float32 with it, only the final Gemm takes TF32)")
+    ap.add_argument("--resnet-modes", nargs="+", default=["fp16"], help="fp16, tf32 (allow_tf32: convolutions "
+                    "and the final Gemm on TF32 tensor cores), fp32; A/B: " + ", ".join(TUNED))
     ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--ref-max-batch", type=int, default=32, help="ResNet-50 checked against onnxruntime (CPU) "
+                    "up to this batch")
     ap.add_argument("--jobs", type=int, default=8, help="processes compiling the Cuvil bundles")
     ap.add_argument("--work", default="/tmp/tensor_cores_bundles", help="where the bundles go")
     args = ap.parse_args(argv)

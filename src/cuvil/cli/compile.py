@@ -49,8 +49,8 @@ def register(sub) -> None:
                     help="GPU: cap the registers (.maxnreg) of register-limited kernels where that saves a wave "
                          "without spills")
     sp.add_argument("--allow-tf32", action="store_true",
-                    help="GPU: run float32 MatMul/Gemm on TF32 tensor cores (inputs rounded to a 10-bit mantissa, "
-                         "about 1e-3 relative error; off: strict float32)")
+                    help="GPU: run float32 MatMul/Gemm and convolutions on TF32 tensor cores (inputs rounded to a "
+                         "10-bit mantissa, about 1e-3 relative error; off: strict float32)")
     sp.add_argument("--bucket-jobs", metavar="N", type=int, default=None,
                     help="GPU, with a shape profile: compile N bucket points at once, each in its own process "
                          "(0: one per CPU; default 1); the bundle is the same")

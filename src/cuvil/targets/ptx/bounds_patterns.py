@@ -99,6 +99,8 @@ class GpuPatterns:
         return self.conv_accesses(st, node, plan, dict(doms))
 
     def conv_accesses(self, st: Stage, node: E, plan, d) -> List[Access]:
+        if hasattr(plan, "fmt"):
+            return self.conv_mma_accesses(st, node, plan, d)
         spec, w = node.attr, self.widen
         kind = "family:conv"
         TM, TP, K, M, P, N, G = plan.tm, plan.tp, plan.k, plan.m, plan.p, plan.n, plan.groups
@@ -169,6 +171,68 @@ class GpuPatterns:
             for dim, v in zip(spec.out_spatial[1:], vs[3:]):
                 p_e = p_e * int(dim) + v
             out.append(Access("family:conv_sum", scratch, [s2, vs[0], vs[1], p_e], [], e, node=node))
+        return out
+
+    def conv_mma_accesses(self, st: Stage, node: E, plan, d) -> List[Access]:
+        """The whole-batch tensor-core kernel (:mod:`cuvil.targets.ptx.conv_mma`): columns ``q = n * P + p``
+        over the batch, clamped to the last; weight terms past K clamped to K - 1 (zeroed when staged), window
+        offsets selected to 0 outside the input or past K (the loads are unconditional)."""
+        spec, w = node.attr, self.widen
+        kind = "family:conv"
+        BM, BN, TKc, K, M, P, N, G = plan.bm, plan.bn, plan.tk, plan.k, plan.m, plan.p, plan.n, plan.groups
+        S, COLS, TM = plan.splits, plan.cols, plan.tm
+        out: List[Access] = []
+        qt, mt = _loop(d, "qt", plan.tiles_q + w), _loop(d, "mt", plan.tiles_m + w)
+        s, g = _loop(d, "s", S + w), _loop(d, "g", G + w)
+        klo = s * plan.kchunk
+        k0 = klo + _loop(d, "chunk", -(-plan.kchunk // TKc) + w) * TKc
+        khi = select(_lt(klo + plan.kchunk, K), klo + plan.kchunk, as_index(K))
+        in_slice = _lt(k0, khi)
+        guard_k = K % TKc != 0
+        # weights: channel mc of the block's BM (4 per vector load), term k of the chunk (clamped)
+        mc = mt * BM + _loop(d, "mrow", BM + w)
+        k = k0 + _loop(d, "row", TKc + w)
+        if guard_k:
+            k = select(_lt(k, K), k, as_index(K - 1))
+        aidx = ((g * (plan.m_pad // TM) + idiv(mc, TM)) * K + k) * TM + imod(mc, TM)
+        out.append(Access(kind, spec.a, [aidx], [in_slice], d, node=node, flat=True))
+        # the window: this thread's column over the batch (clamped), its run of the chunk's terms
+        q = qt * BN + _loop(d, "col", BN + w)
+        q = select(_lt(q, COLS), q, as_index(COLS - 1))
+        nn, pp = idiv(q, P), imod(q, P)
+        o = _unflatten(pp, spec.out_spatial)
+        kx = k0 + _loop(d, "xrow", TKc + w)
+        c, *taps = _unflatten(kx, [spec.cin] + [int(t) for t in spec.kernel])
+        xs = spec.x.strides
+        off = nn * xs[0] + (g * spec.cin + c) * xs[1]
+        ok = [_lt(kx, K)] if guard_k else []
+        padded = bool(spec.pads)         # (the lowering records pads per spatial dimension, or none)
+        for dd, (od, kd) in enumerate(zip(o, taps)):
+            qd = od * int(spec.strides[dd]) - (int(spec.pads[dd]) if padded else 0) + kd * int(spec.dilations[dd])
+            if padded:
+                ok += [_ge0(qd), _lt(qd, int(spec.x.shape[2 + dd]))]
+            off = off + qd * xs[2 + dd]
+        both = _and(ok)
+        xidx = select(both, off, as_index(0)) if both is not None else off
+        out.append(Access(kind, spec.x, [xidx], [in_slice], d, node=node, flat=True))
+        # stores: (m, column) of the tile, tested m < M and column < N * P
+        m = mt * BM + _loop(d, "tm", BM + w)
+        col = qt * BN + _loop(d, "tq", BN + w)
+        inside = [_lt(m, M), _lt(col, COLS)]
+        cn, cp = idiv(col, P), imod(col, P)
+        if S == 1:
+            out.append(Access(kind, st.buf, [cn, g * M + m] + _unflatten(cp, spec.out_spatial), inside, d, node=node))
+            return out
+        scratch = self.km_scratch(plan)
+        out.append(Access(kind, scratch, [((s * N + cn) * (G * M) + g * M + m) * P + cp], inside, d, node=node,
+                          flat=True))
+        e = dict(d)
+        s2 = _loop(e, "s", S + w)
+        vs = list(st.vars)
+        p_e = vs[2] if len(vs) > 2 else as_index(0)
+        for dim, v in zip(spec.out_spatial[1:], vs[3:]):
+            p_e = p_e * int(dim) + v
+        out.append(Access("family:conv_sum", scratch, [s2, vs[0], vs[1], p_e], [], e, node=node))
         return out
 
     def km_scratch(self, plan) -> Buf:

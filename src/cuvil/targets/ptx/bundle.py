@@ -80,7 +80,7 @@ def compile_bundle(g: Graph, out_dir: str, *, arch: str = "sm_90", opt_level: in
     manifest's ``register_pass`` reports registers, occupancy and waves before and after. ``unpadded`` as for
     :func:`~cuvil.targets.ptx.codegen.gpu_schedule`, ``fused_splitk`` and ``tuning`` as for
     :func:`~cuvil.targets.ptx.codegen.build_ptx`; ``allow_tf32`` (off: strict float32): float32 matrix
-    products run on TF32 tensor cores; products whose node has ``precision`` fp16/bf16 run on tensor cores in
+    products and convolutions run on TF32 tensor cores (:mod:`cuvil.targets.ptx.conv_mma`); products whose node has ``precision`` fp16/bf16 run on tensor cores in
     that format (:mod:`cuvil.targets.ptx.matmul_mma`). Each stage, the LLVM IR kernel by kernel, is reported
     through :mod:`cuvil.progress`."""
     t0 = time.perf_counter()

@@ -54,6 +54,7 @@ from ..llvm.types import F32, I32, I64, PTR, const_value, ll
 from .archs import check_arch
 from .bounds_patterns import arena_limit, prove_gpu_stages
 from .conv import TILE_CHANNELS, accumulation, combine_stage, conv_node, emit_conv, plan_conv, scratch_buf
+from .conv_mma import conv_mma_format, emit_conv_mma, plan_conv_mma
 from .emitter import PtxEmitter, set_contraction
 from .kernel_shapes import (TILE_K, WARP_MIN_TERMS, coarsen_factor, single_sum, split_lanes, tile_factors,
                             tile_shape)
@@ -232,13 +233,17 @@ class PtxKernelModule(LLVMKernelModule):
         if plan.splits > 1 and (self.scratch_offset + self.counter_bytes) // 4 + plan.scratch_floats >= 2 ** 31:
             return self.add_stage_plain(st, sym)      # the partial sums would need 64-bit addresses
         scratch = None
-        fused = self.fused_splitk
+        fused = self.fused_splitk and not hasattr(plan, "fmt")
         if plan.splits > 1:
             scratch = scratch_buf(plan, self.scratch_offset + self.counter_bytes)
             self.scratch_bytes = max(self.scratch_bytes, self.counter_bytes + 4 * plan.scratch_floats)
-        threads = emit_conv(self, st, sym, node, plan, scratch,
-                            counters=self.scratch_offset if fused and scratch is not None else None)
-        kind = ("conv" if plan.splits == 1 else "conv_splitk") + ("_mma" if plan.mma else "")
+        if hasattr(plan, "fmt"):     # tensor cores over the whole batch (conv_mma.py)
+            threads = emit_conv_mma(self, st, sym, node, plan, scratch)
+            kind = ("conv" if plan.splits == 1 else "conv_splitk") + "_mma_" + plan.fmt
+        else:
+            threads = emit_conv(self, st, sym, node, plan, scratch,
+                                counters=self.scratch_offset if fused and scratch is not None else None)
+            kind = ("conv" if plan.splits == 1 else "conv_splitk") + ("_mma" if plan.mma else "")
         descs = [KernelDesc(sym, threads, plan.threads, st.name, 1, kind)]
         if scratch is not None and not fused:
             descs.append(self.add_element_stage(combine_stage(st, node, plan, scratch), sym + "s", kind="conv_sum"))
@@ -249,6 +254,11 @@ class PtxKernelModule(LLVMKernelModule):
         # tensor cores only where contraction is allowed (the fma default): an mma's internal sum of 16
         # products rounds like no chain of separate operations (nor of proved fma steps, see docs/rules.md)
         mma = self.tuning.mma and self.sm >= 80 and red.attr[0] == "fma"
+        fmt = conv_mma_format(node.attr, red, self.sm, self.allow_tf32) if mma and self.tuning.conv_mma_batch else None
+        if fmt is not None:
+            plan = plan_conv_mma(node.attr, fmt, self.conv_target_blocks, self.tuning.ldmatrix)
+            if plan is not None:
+                return plan
         return plan_conv(node.attr, self.conv_target_blocks, mma)
 
     def plan_scratch(self, stages) -> None:
@@ -259,7 +269,7 @@ class PtxKernelModule(LLVMKernelModule):
             node = conv_node(st) if self.tuning.conv_enabled else None
             if node is not None:
                 p = self.conv_plan(node)
-                if p.splits > 1:
+                if p.splits > 1 and not hasattr(p, "fmt"):     # (conv_mma.py's kernels use sum kernels)
                     tiles = max(tiles, p.n * p.groups * p.tiles_m * p.tiles_p)
         self.counter_bytes = -(-4 * tiles // 256) * 256 if tiles and self.fused_splitk else 0
 

@@ -45,9 +45,9 @@ class PtxOptions(TargetOptions):
     (default on): a padded convolution reads its input unpadded, testing bounds, instead of a padded copy
     (:func:`~cuvil.targets.ptx.codegen.gpu_schedule`); ``fused_splitk`` (default off, measured slower): the
     last slice of a split-K convolution tile adds the partials instead of a separate sum kernel.
-    ``allow_tf32`` (default off: strict float32): float32 matrix products (MatMul, Gemm) run on the tensor
-    cores in TF32: inputs rounded to a 10-bit mantissa, products summed in float32 (about 1e-3 relative
-    error; :mod:`cuvil.targets.ptx.matmul_mma`, docs/targets.md).
+    ``allow_tf32`` (default off: strict float32): float32 matrix products (MatMul, Gemm) and convolutions run
+    on the tensor cores in TF32: inputs rounded to a 10-bit mantissa, products summed in float32 (about 1e-3
+    relative error; :mod:`cuvil.targets.ptx.matmul_mma`, :mod:`cuvil.targets.ptx.conv_mma`, docs/targets.md).
     ``graph_buckets`` (with a shape profile): the values of the profiled symbol that get their own
     specialisation in the one bundle (``[1, 2, 4, 8]``, or by symbol ``{"N": [1, 8], "S": [128, 512]}``;
     default: the powers of two of each range plus its min and max; :mod:`cuvil.targets.ptx.buckets`).

@@ -19,6 +19,15 @@ class PtxTuning:
     pipeline: bool = True
     # float16 convolutions with 64-channel panels on sm_80+: tensor cores (mma.sync.m16n8k16)
     mma: bool = True
+    # ... and with these, float16 (and TF32 with allow_tf32) convolutions take the whole-batch tensor-core
+    # kernels of ptx/conv_mma.py (large tiles over N x positions, two shared stages); off: conv.py's per-image
+    # 64 x 64 mma tiles (float16 only)
+    conv_mma_batch: bool = True
+    # conv_mma.py's float16 fragments through ldmatrix.x4 (off: 32-bit shared loads; ResNet-50 fp16 b32 on an
+    # H200: 5.70 ms without, 5.56 with)
+    ldmatrix: bool = True
+    # conv_mma.py kernels: ask ptxas for registers that let this many blocks share an SM (1: no cap)
+    conv_mma_min_blocks: int = 1
     # shared-memory tiled kernels for large reduction stages (PtxKernelModule.add_tiled_stage)
     tile_enabled: bool = True
     # stages with at least this many outputs are tiled: on an H200 the tiled kernels beat channel coarsening

@@ -1,0 +1,543 @@
+"""Implicit-GEMM convolutions on the tensor cores at batch: large block tiles over the whole batch.
+
+The same packed contraction as :mod:`cuvil.targets.ptx.conv` (weights in panels ``Ap[g, m // TM, k, m % TM]``,
+the input read unpadded through its window), computed as one GEMM per group: ``out[m, q] = sum_k A[m, k] *
+B[k, q]`` where the column ``q = n * P + p`` runs over every image's positions together (the per-image
+tiling of ``conv.py`` wastes most of a 64-wide tile on a 7 x 7 map, and at batch 32 the columns number
+1,568 to 100,352). Which stages: a convolution whose numbers the tensor cores may take (see
+:func:`conv_mma_format`): float16 weights and input (``--enable-fp16``), or float32 with ``allow_tf32``;
+fma contraction allowed (an ``mma`` rounds its sum of products once); sm_80 and later; 2-D, ungrouped,
+undilated (the geometries the GPU test checks; the others keep ``conv.py``'s kernels).
+
+On an H200, ResNet-50 at batch 32: float16 5.08 ms (``conv.py``'s per-image tiles: 9.30), TF32 6.41 ms
+(strict float32 convolutions: 10.96); torch.compile 1.58 / 2.68 ms (bench/gpu/RESULTS.md).
+
+The kernel (:func:`emit_conv_mma`), per block tile of BM x BN (128 x 128, 64 x 128 or 64 x 64, the largest
+that still gives :attr:`~cuvil.targets.ptx.tuning.PtxTuning.target_blocks` blocks, else split-K as in
+``conv.py``; chosen per convolution, so per batch bucket of a profile bundle):
+
+* 8 (or 4) warps, each a WM x WN sub-tile of ``mma.sync.aligned.m16n8k16`` (float16, float32 accumulators)
+  or ``m16n8k8 .tf32`` tiles; fragment layouts are :mod:`cuvil.targets.ptx.matmul_mma`'s (the PTX ISA's);
+* the reduction in chunks of TK terms (32 halves, 16 tf32), through two shared-memory stages ``k``-contiguous
+  (``sa[m][k]``, ``sb[q][k]``, rows padded to 20 words so fragment loads hit 32 banks): chunk ``i`` is
+  stored into stage ``i % 2``, one barrier, the next chunk's global loads issued into registers, then this
+  chunk's ``mma``s: one barrier per chunk, the loads in flight during the products. The staged registers
+  hold the raw loaded values and an in-bounds flag; zeroing, float16 packing (two ``k`` per 32-bit word)
+  and the TF32 rounding (``cvt.rna.tf32.f32``) happen when they are stored, after the products, so no
+  instruction waits on a load before the ``mma``s are issued;
+* float16 fragments come from shared memory by ``ldmatrix.sync.aligned.m8n8.x4`` (one instruction per 16 x 16
+  A fragment or pair of 8-column B fragments; 32-bit ``ld.shared`` with ``ldmatrix=False``);
+* weights: each thread loads 4 consecutive channels (``float4`` / 4 halves, the panel's contiguous axis)
+  for ``BM * TK / threads / 4`` consecutive terms, and stores them k-contiguous as 32/64-bit words;
+* window: a thread keeps one column for the whole tile (its image, position, input corner computed once
+  per tile) and loads a run of consecutive terms per chunk: the channel and kernel tap of the first
+  unflattened by division, the rest stepped with carries (no division per element), padding by an unsigned
+  bounds test on the input coordinate (out of range: the address clamped, the value zeroed when stored).
+  Its run is stored as 128-bit words into ``sb[q][k..]``.
+
+Columns past N x P re-read the last column (computed, never stored); rows past M exist in the panels
+(zero weights) or are never stored; terms past K are zeroed. Split-K slices write partial sums that the
+``conv.py`` combining kernel adds in slice order.
+"""
+from __future__ import annotations
+
+from typing import List, Optional
+
+import attrs
+import llvmlite.ir as ir
+
+from ...ir.dtype import DType
+from ...kernels.contraction import Contraction
+from ...kernels.schedule import Stage
+from ...kernels.texpr import Buf, E
+from ..llvm.types import F16, F32, I32, I64
+from .emitter import PtxEmitter, set_contraction
+from .matmul_mma import FRAGMENTS, _V
+
+# (BM, BN, warps along m, warps along n), largest first
+TILES = ((128, 128, 2, 4), (64, 128, 2, 4), (64, 64, 2, 2))
+TK = {"fp16": 32, "tf32": 16}       # terms per chunk
+ROW_WORDS = 20                      # 32-bit words per shared row: TK halves / tf32 words + 4 words of padding
+MIN_SPLIT_TERMS = 128
+SMEM_LIMIT = 48 * 1024
+
+
+@attrs.define
+class ConvMmaPlan:
+    fmt: str
+    bm: int
+    bn: int
+    warps_m: int
+    warps_n: int
+    splits: int
+    kchunk: int
+    n: int
+    groups: int
+    m: int           # output channels per group
+    p: int           # output positions per image
+    k: int
+    m_pad: int       # channels per group in the packed panels
+    tm: int          # panel width
+    ldmatrix: bool = True
+
+    @property
+    def tk(self) -> int:
+        return TK[self.fmt]
+
+    @property
+    def per_reg(self) -> int:
+        return FRAGMENTS[self.fmt].per_reg
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps_m * self.warps_n
+
+    @property
+    def wm(self) -> int:
+        return self.bm // self.warps_m
+
+    @property
+    def wn(self) -> int:
+        return self.bn // self.warps_n
+
+    @property
+    def cols(self) -> int:
+        return self.n * self.p
+
+    @property
+    def tiles_m(self) -> int:
+        return -(-self.m // self.bm)
+
+    @property
+    def tiles_q(self) -> int:
+        return -(-self.cols // self.bn)
+
+    @property
+    def blocks(self) -> int:
+        return self.groups * self.tiles_m * self.tiles_q * self.splits
+
+    @property
+    def scratch_floats(self) -> int:
+        return self.splits * self.n * self.groups * self.m * self.p if self.splits > 1 else 0
+
+    # per-thread load shapes
+    @property
+    def a_terms(self) -> int:
+        """Consecutive terms per thread in the A tile (each a vector of 4 channels)."""
+        return self.bm * self.tk // self.threads // 4
+
+    @property
+    def b_terms(self) -> int:
+        """Consecutive terms per thread in the B tile (one column)."""
+        return self.bn * self.tk // self.threads
+
+    def a_slot(self, tid: int):
+        """(first channel, first term) of thread ``tid``'s A loads (ints; the emitter does the same)."""
+        mq, kq = divmod(tid, self.tk // self.a_terms)
+        return 4 * mq, kq * self.a_terms
+
+    def b_slot(self, tid: int):
+        """(column, first term) of thread ``tid``'s B loads."""
+        h, j = divmod(tid, self.bn)
+        return j, h * self.b_terms
+
+    def smem_bytes(self) -> int:
+        return 2 * (self.bm + self.bn) * ROW_WORDS * 4
+
+
+def conv_mma_format(spec: Contraction, red: E, sm: int, allow_tf32: bool) -> Optional[str]:
+    """The tensor-core format of a convolution (None: the SIMT kernels of ``conv.py``)."""
+    if sm < 80 or red.attr[0] != "fma":
+        return None
+    if spec.x.dtype == DType.FLOAT16:
+        return "fp16"
+    return "tf32" if allow_tf32 and spec.x.dtype == DType.FLOAT else None
+
+
+def plan_conv_mma(spec: Contraction, fmt: str, target_blocks: int, ldmatrix: bool = True) -> Optional[ConvMmaPlan]:
+    """The largest tile giving ``target_blocks`` blocks, else the smallest with the reduction split (each
+    slice a multiple of TK terms, at least :data:`MIN_SPLIT_TERMS` on average). ResNet-50 fp16 at batch 32
+    on an H200: 5.05 ms with this rule, 5.56 ms when half as many blocks sufficed for the larger tiles
+    (bench/gpu/RESULTS.md). None when no tile fits
+    the panels (BM must divide the packed channels of a group), and for grouped, dilated or other than 2-D
+    convolutions, which the GPU tests do not cover yet."""
+    if spec.groups != 1 or len(spec.out_spatial) != 2 or any(int(x) != 1 for x in spec.dilations):
+        return None     # the geometries checked on a GPU (tests/test_gpu_conv_mma.py); the rest: conv.py
+    p = 1
+    for d in spec.out_spatial:
+        p *= int(d)
+    tm = int(spec.mr)
+    m_pad = -(-spec.m // tm) * tm
+    k = spec.k
+    tk = TK[fmt]
+    cands = []
+    for bm, bn, wm_, wn_ in TILES:
+        if m_pad % bm or bm % 4:
+            continue
+        cands.append(ConvMmaPlan(fmt, bm, bn, wm_, wn_, 1, -(-k // tk) * tk, spec.n, spec.groups, spec.m, p, k,
+                                 m_pad, tm, ldmatrix and fmt == "fp16"))
+    if not cands:
+        return None
+    for c in cands:
+        if c.blocks >= target_blocks:
+            return c
+    plan = cands[-1]
+    s = 1
+    while plan.blocks * s < target_blocks and k // (2 * s) >= MIN_SPLIT_TERMS:
+        s *= 2
+    kchunk = -(-(-(-k // s)) // tk) * tk
+    return attrs.evolve(plan, splits=-(-k // kchunk), kchunk=kchunk)
+
+
+# --- fragment addressing (32-bit words of a stage; the numpy replay in the tests uses the same) ----------
+
+def a_word(plan: ConvMmaPlan, row, g, t, ks: int, reg: int):
+    """Word of A register ``reg`` for lane (g, t), 16-row tile at ``row`` (``sa[row][k]``)."""
+    dr, dc = FRAGMENTS[plan.fmt].a[reg]
+    return (row + g + dr) * ROW_WORDS + t + (ks + dc) // plan.per_reg
+
+
+def b_word(plan: ConvMmaPlan, col, g, t, ks: int, reg: int):
+    """Word of B register ``reg`` for lane (g, t), 8-column tile at ``col`` (``sb[col][k]``)."""
+    return (col + g) * ROW_WORDS + t + (ks + FRAGMENTS[plan.fmt].b[reg]) // plan.per_reg
+
+
+def lane_digits(lane: int):
+    """(lane % 8, lane // 8 % 2, lane // 16): which row of which of ldmatrix.x4's four 8 x 8 matrices lane
+    ``lane`` gives the address of."""
+    return lane % 8, lane // 8 % 2, lane // 16
+
+
+def ldmatrix_a_word(row, r, m2, d2, ks: int):
+    """The row address (word) a lane with digits (r, m2, d2) gives ``ldmatrix.x4`` for the 16 x 16 A
+    fragment at ``row``: matrices (rows 0-7, k 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15) = A registers
+    0..3 (float16: two terms per word)."""
+    return (row + r + 8 * m2) * ROW_WORDS + ks // 2 + 4 * d2
+
+
+def ldmatrix_b_word(col, r, m2, d2, ks: int):
+    """... for the two 8-column B fragments at ``col`` and ``col + 8``: matrices (cols 0-7, k 0-7),
+    (0-7, 8-15), (8-15, 0-7), (8-15, 8-15) = registers 0, 1 of the first tile, 0, 1 of the second."""
+    return (col + r + 8 * d2) * ROW_WORDS + ks // 2 + 4 * m2
+
+
+def warp_tiles(plan: ConvMmaPlan):
+    return [(i * 16, j * 8) for i in range(plan.wm // 16) for j in range(plan.wn // 8)]
+
+
+# --- emission -------------------------------------------------------------------------------------------
+
+def emit_conv_mma(km, st: Stage, sym: str, node: E, plan: ConvMmaPlan, scratch: Optional[Buf]) -> int:
+    """Emit the kernel ``sym`` (see the module docstring); returns the launch size in threads."""
+    from .conv import accumulation
+    spec: Contraction = node.attr
+    red = accumulation(node)
+    fmt = plan.fmt
+    frag = FRAGMENTS[fmt]
+    half = fmt == "fp16"
+    ET = F16 if half else F32
+    esize = 2 if half else 4
+    fn = km.kernel_fn(sym)
+    km.module.add_named_metadata("nvvm.annotations", [fn, "maxntidx", I32(plan.threads)])
+    if km.tuning.conv_mma_min_blocks > 1:     # ptxas keeps registers low enough for this many blocks per SM
+        km.module.add_named_metadata("nvvm.annotations", [fn, "minctasm", I32(km.tuning.conv_mma_min_blocks)])
+    bufs, _n = fn.args
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    em = PtxEmitter(km, fn, b, bufs, st.buf)
+    BM, BN, T, TKc = plan.bm, plan.bn, plan.threads, plan.tk
+    M, P, K, G, N = plan.m, plan.p, plan.k, plan.groups, plan.n
+    COLS, S = plan.cols, plan.splits
+    TM = plan.tm
+    mb_total = plan.m_pad // TM
+    xstr = spec.x.strides
+    out_sp = [int(d) for d in spec.out_spatial]
+    in_sp = [int(d) for d in spec.x.shape[2:]]
+    pads = bool(spec.pads)        # the lowering records pads per spatial dimension, or none
+    kshape = [spec.cin] + [int(x) for x in spec.kernel]
+    STAGE = (BM + BN) * ROW_WORDS          # words per shared stage: A rows then B rows
+
+    tiles_g = ir.GlobalVariable(km.module, ir.ArrayType(I32, 2 * STAGE), f"{sym}_t", addrspace=3)
+    tiles_g.linkage = "internal"
+    tiles_g.initializer = ir.Constant(tiles_g.value_type, ir.Undefined)
+    tiles_g.align = 16
+    bar = km.declare("llvm.nvvm.barrier0", ir.VoidType(), [])
+    with b.goto_block(em.entry):
+        b.position_at_start(em.entry)
+        sbase = b.bitcast(tiles_g, ir.PointerType(I32, addrspace=3))
+
+    def swp(idx, typ=I32):
+        p = b.gep(sbase, [idx], source_etype=I32, inbounds=True)
+        return p if typ is I32 else b.bitcast(p, ir.PointerType(typ, addrspace=3))
+
+    def V(x):
+        return x if isinstance(x, _V) else _V(b, c32(x))
+
+    def c32(v):
+        return v if isinstance(v, ir.Value) else I32(int(v))
+
+    def add(*xs):
+        out = None
+        for x in xs:
+            if not isinstance(x, ir.Value) and int(x) == 0:
+                continue
+            out = c32(x) if out is None else b.add(out, c32(x))
+        return out if out is not None else I32(0)
+
+    def mul(x, k: int):
+        return x if k == 1 else b.mul(x, I32(k))
+
+    def divmod_c(x, d: int):
+        return b.udiv(x, I32(d)), b.urem(x, I32(d))
+
+    def unflatten(x, dims):
+        out, rest = [], x
+        for d in reversed(dims[1:]):
+            rest, r = divmod_c(rest, d)
+            out.append(r)
+        out.append(rest)
+        return out[::-1]
+
+    mma_op = ir.InlineAsm(
+        ir.FunctionType(ir.LiteralStructType([F32] * 4), [I32] * 6 + [F32] * 4),
+        frag.ptx + " {$0,$1,$2,$3}, {$4,$5,$6,$7}, {$8,$9}, {$10,$11,$12,$13};",
+        "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f")
+    ldsm = ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([I32] * 4), [I64]),
+                        "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {$0,$1,$2,$3}, [$4];", "=r,=r,=r,=r,l")
+    tf32_cvt = ir.InlineAsm(ir.FunctionType(I32, [F32]), "cvt.rna.tf32.f32 $0, $1;", "=r,f")
+
+    tid = b.trunc(km.sreg(b, "tid.x"), I32)
+    lane = b.urem(tid, I32(32))
+    warp = b.udiv(tid, I32(32))
+    wmi, wni = divmod_c(warp, plan.warps_n)
+    g_, t_ = b.lshr(lane, I32(2)), b.and_(lane, I32(3))
+    lane8 = b.and_(lane, I32(7))                                 # ldmatrix: row within its matrix
+    lane_m2 = b.and_(b.lshr(lane, I32(3)), I32(1))               # matrix index % 2
+    lane_d2 = b.lshr(lane, I32(4))                               # matrix index // 2
+    tiles = warp_tiles(plan)
+    accs = [em.alloca(F32) for _ in range(4 * len(tiles))]
+
+    # A slots: 4 channels x a_terms consecutive terms
+    AT = plan.a_terms
+    a_m, a_k = divmod_c(tid, TKc // AT)
+    a_m = mul(a_m, 4)
+    a_k = mul(a_k, AT)
+    VT = ir.VectorType(ET, 4)
+    a_regs = [em.alloca(VT) for _ in range(AT)]
+    # B slots: one column, b_terms consecutive terms
+    BT = plan.b_terms
+    b_h, b_j = divmod_c(tid, BN)
+    b_k = mul(b_h, BT)
+    b_regs = [em.alloca(ET) for _ in range(BT)]
+    b_oks = [em.alloca(ir.IntType(1)) for _ in range(BT)]
+    a_kb = em.alloca(I32) if K % TKc else None      # the staged chunk's first term (terms >= K are zeroed)
+
+    abuf, xbuf = em.base(spec.a), em.base(spec.x)
+    a_off, x_off = spec.a.offset // esize, spec.x.offset // esize
+    per = plan.per_reg
+
+    def load(buf, idx, typ, align):
+        v = b.load(b.gep(buf, [b.zext(idx, I64)], source_etype=ET, inbounds=True), typ=typ, align=align)
+        v.set_metadata("invariant.load", km.empty_md)
+        return v
+
+    def to_word(v):
+        """A float32 / float16 value as its 32-bit (tf32) or 16-bit (half) raw bits."""
+        return b.call(tf32_cvt, [v]) if not half else b.bitcast(v, ir.IntType(16))
+
+    def pack(lo, hi):
+        return b.or_(b.zext(lo, I32), b.shl(b.zext(hi, I32), I32(16)))
+
+    def store_words(word_idx, words: List[ir.Value]):
+        """Consecutive words at ``word_idx`` (aligned to the run's size by construction), 128-bit at most."""
+        i = 0
+        while i < len(words):
+            n = 4 if len(words) - i >= 4 else 2 if len(words) - i >= 2 else 1
+            at = add(word_idx, i)
+            if n == 1:
+                b.store(words[i], swp(at), align=4)
+            else:
+                vt = ir.VectorType(I32, n)
+                v = ir.Constant(vt, None)
+                for q in range(n):
+                    v = b.insert_element(v, words[i + q], I32(q))
+                b.store(v, swp(at, vt), align=4 * n)
+            i += n
+
+    def tile_body(bid64):
+        bid = b.trunc(bid64, I32)
+        rest, qt = divmod_c(bid, plan.tiles_q)
+        rest, mt = divmod_c(rest, plan.tiles_m)
+        s, g = divmod_c(rest, G)
+        m0 = mul(mt, BM)
+        q0 = mul(qt, BN)
+        klo = mul(s, plan.kchunk)
+        kend = add(klo, plan.kchunk)
+        khi = b.select(b.icmp_unsigned("<", kend, I32(K)), kend, I32(K))
+        # A: the panel row of (group g, channel m0 + a_m, term 0)
+        am = add(m0, a_m)
+        apanel = add(mul(add(mul(g, mb_total), b.udiv(am, I32(TM))), K), 0)
+        a_col = b.urem(am, I32(TM))
+        # B: this thread's column
+        q = add(q0, b_j)
+        q = b.select(b.icmp_unsigned("<", q, I32(COLS)), q, I32(COLS - 1))
+        nn, pp = divmod_c(q, P)
+        o = unflatten(pp, out_sp)
+        xrow = add(mul(nn, int(xstr[0])), mul(mul(g, spec.cin), int(xstr[1])))
+        corner = []
+        if pads:
+            corner = [b.sub(mul(od, int(spec.strides[d])), I32(int(spec.pads[d]))) for d, od in enumerate(o)]
+        else:
+            for d, od in enumerate(o):
+                xrow = add(xrow, mul(od, int(spec.strides[d]) * int(xstr[2 + d])))
+        for a_ in accs:
+            b.store(ir.Constant(F32, 0.0), a_)
+
+        def fetch(k0):
+            # weights: AT terms of 4 channels
+            ka = add(k0, a_k)
+            if a_kb is not None:
+                b.store(ka, a_kb)
+            for j, reg in enumerate(a_regs):
+                k = add(ka, j)
+                if K % TKc:
+                    k = b.select(b.icmp_unsigned("<", k, I32(K)), k, I32(K - 1))
+                idx = add(b.mul(add(apanel, k), I32(TM)), a_col, a_off)
+                b.store(load(abuf, idx, VT, 4 * esize), reg)
+            # window: BT consecutive terms of one column; the first unflattened, the rest stepped
+            kb = add(k0, b_k)
+            digits = unflatten(kb, kshape)      # c, taps...
+            for j in range(BT):
+                if j:
+                    carry = None
+                    new = list(digits)
+                    for d in reversed(range(1, len(kshape))):
+                        if kshape[d] == 1:
+                            continue
+                        nxt = add(new[d], 1) if carry is None else b.add(new[d], b.zext(carry, I32))
+                        wrap = b.icmp_unsigned("==", nxt, I32(kshape[d]))
+                        new[d] = b.select(wrap, I32(0), nxt)
+                        carry = wrap
+                    new[0] = add(new[0], 1) if carry is None else b.add(new[0], b.zext(carry, I32))
+                    digits = new
+                c, *taps = digits
+                ok = b.icmp_unsigned("<", add(kb, j), I32(K)) if K % TKc else None
+                off = add(xrow, mul(c, int(xstr[1])))
+                for d, kd in enumerate(taps):
+                    dil = int(spec.dilations[d])
+                    if pads:
+                        qd = add(corner[d], mul(kd, dil))
+                        inside = b.icmp_unsigned("<", qd, I32(in_sp[d]))
+                        ok = inside if ok is None else b.and_(ok, inside)
+                        off = add(off, mul(qd, int(xstr[2 + d])))
+                    elif spec.kernel[d] != 1:
+                        off = add(off, mul(kd, dil * int(xstr[2 + d])))
+                if ok is not None:
+                    off = b.select(ok, off, I32(0))
+                b.store(load(xbuf, add(off, x_off), ET, esize), b_regs[j])
+                b.store(ok if ok is not None else ir.Constant(ir.IntType(1), 1), b_oks[j])
+
+        def stage_store(base):
+            """The staged registers into the stage at word ``base`` (zeroed, converted, packed)."""
+            vals = [b.load(r, typ=VT) for r in a_regs]
+            zero = ir.Constant(ET, 0.0)
+            aoks = None
+            if a_kb is not None:
+                ka = b.load(a_kb, typ=I32)
+                aoks = [b.icmp_unsigned("<", add(ka, j), I32(K)) for j in range(AT)]
+            for i in range(4):      # channel a_m + i: AT consecutive terms
+                col = [b.extract_element(v, I32(i)) for v in vals]
+                if aoks is not None:
+                    col = [b.select(ok, x, zero) for ok, x in zip(aoks, col)]
+                words = [pack(to_word(col[j]), to_word(col[j + 1])) for j in range(0, AT, 2)] if half \
+                    else [to_word(x) for x in col]
+                store_words(add(base, mul(add(a_m, i), ROW_WORDS), b.udiv(a_k, I32(per)) if per > 1 else a_k),
+                            words)
+            col = [b.select(b.load(okr, typ=ir.IntType(1)), b.load(r, typ=ET), zero) for r, okr in zip(b_regs, b_oks)]
+            words = [pack(to_word(col[j]), to_word(col[j + 1])) for j in range(0, BT, 2)] if half \
+                else [to_word(x) for x in col]
+            store_words(add(base, BM * ROW_WORDS, mul(b_j, ROW_WORDS), b.udiv(b_k, I32(per)) if per > 1 else b_k),
+                        words)
+
+        row_w = mul(wmi, plan.wm)
+        col_w = mul(wni, plan.wn)
+
+        def mmas(base):
+            abase = base
+            bbase = add(base, BM * ROW_WORDS)
+            for ks in range(0, TKc, frag.k):
+                afr, bfr = {}, {}
+                for r0 in sorted({r for r, _ in tiles}):
+                    if plan.ldmatrix:
+                        w = V(abase) + ldmatrix_a_word(V(row_w) + r0, V(lane8), V(lane_m2), V(lane_d2), ks)
+                        out = b.call(ldsm, [b.ptrtoint(swp(w.v), I64)])
+                        afr[r0] = [b.extract_value(out, q) for q in range(4)]
+                    else:
+                        afr[r0] = [b.load(swp((V(abase) + a_word(plan, V(row_w) + r0, V(g_), V(t_), ks, q)).v),
+                                          typ=I32, align=4) for q in range(4)]
+                cols_ = sorted({c for _, c in tiles})
+                for c0 in cols_:
+                    if c0 in bfr:
+                        continue
+                    if plan.ldmatrix and c0 + 8 in cols_:
+                        w = V(bbase) + ldmatrix_b_word(V(col_w) + c0, V(lane8), V(lane_m2), V(lane_d2), ks)
+                        out = b.call(ldsm, [b.ptrtoint(swp(w.v), I64)])
+                        bfr[c0] = [b.extract_value(out, 0), b.extract_value(out, 1)]
+                        bfr[c0 + 8] = [b.extract_value(out, 2), b.extract_value(out, 3)]
+                    else:
+                        bfr[c0] = [b.load(swp((V(bbase) + b_word(plan, V(col_w) + c0, V(g_), V(t_), ks, q)).v),
+                                          typ=I32, align=4) for q in range(2)]
+                for ti, (r0, c0) in enumerate(tiles):
+                    cs = accs[4 * ti:4 * ti + 4]
+                    out = b.call(mma_op, afr[r0] + bfr[c0] + [b.load(c_, typ=F32) for c_ in cs])
+                    for q_, c_ in enumerate(cs):
+                        b.store(b.extract_value(out, q_), c_)
+
+        def chunk(k0_64):
+            k0 = b.trunc(k0_64, I32)
+            par = b.and_(b.udiv(b.sub(k0, klo), I32(TKc)), I32(1))
+            base = mul(par, STAGE)
+            stage_store(base)
+            b.call(bar, [])
+            nxt = add(k0, TKc)
+            with b.if_then(b.icmp_unsigned("<", nxt, khi)):
+                fetch(nxt)
+            mmas(base)
+        fetch(klo)
+        em.loop_range(b.zext(klo, I64), b.zext(khi, I64), chunk, I64(TKc))
+
+        def finish(m, nn_, pp_, acc):
+            mm = add(mul(g, M), m)
+            idx = [b.zext(x, I64) for x in [nn_, mm] + unflatten(pp_, out_sp)]
+            for v, x in zip(st.vars, idx):
+                em.env[v.attr] = x
+            em.memo.append(dict(em.memo[-1]))
+            em.memo[-1][node.uid] = b.fptrunc(acc, F16) if node.dtype == DType.FLOAT16 else acc
+            b.store(em.emit(st.expr), em.address(st.buf, idx))
+            em.memo.pop()
+
+        def partial(m, nn_, pp_):
+            mm = add(mul(g, M), m)
+            flat = add(mul(add(mul(add(mul(s, N), nn_), G * M), mm), P), pp_)
+            dst = b.gep(em.base(scratch), [I64(scratch.offset)], source_etype=ir.IntType(8), inbounds=True)
+            return b.gep(dst, [b.zext(flat, I64)], source_etype=F32, inbounds=True)
+
+        for ti, (r0, c0) in enumerate(tiles):
+            for q_ in range(4):
+                dr, dc = frag.c[q_]
+                m = add(m0, row_w, r0 + dr, g_)
+                col = add(q0, col_w, c0 + dc, mul(t_, 2))
+                ok = b.and_(b.icmp_unsigned("<", m, I32(M)), b.icmp_unsigned("<", col, I32(COLS)))
+                with b.if_then(ok):
+                    nn_, pp_ = divmod_c(col, P)
+                    acc = b.load(accs[4 * ti + q_], typ=F32)
+                    if S > 1:
+                        b.store(acc, partial(m, nn_, pp_))
+                    else:
+                        finish(m, nn_, pp_, acc)
+        b.call(bar, [])      # the next tile's first stores may not overwrite a stage still being read
+    em.loop_range(km.sreg(b, "ctaid.x"), I64(plan.blocks), tile_body, km.sreg(b, "nctaid.x"))
+    b.ret_void()
+    set_contraction(fn, False)
+    km.kernels.append(sym)
+    return plan.blocks * T
+
