@@ -371,3 +371,20 @@ def test_a_refused_contraction_is_not_narrowed_on_the_relative_certificate():
     plan = plan_precision(g, "bf16", input_ranges={"x": (-1e30, 1e30)}, target_ops=EVERYWHERE, search_budget=8)
     n = _node(plan, "MatMul")
     assert n.verdicts["bf16"].status == REFUSED and n.format == "" and n.certificate == ""
+
+
+def test_recheck_reverts_a_narrowing_whose_rounding_overflows_a_sum_downstream_unless_bf16_is_explicit():
+    # y = x @ W is certified within bf16's margin (|y| <= 1.695e38); y + y is bounded in float32 (3.39e38) but
+    # not once y's bf16 rounding is added: auto reverts the MatMul, an explicit bf16 keeps it on the relative
+    # certificate (Add only passes magnitudes on)
+    from cuvil.precision.relative import RELATIVE
+    n = 16
+    w = np.full((n, n), 1.695e38 / n, np.float32)
+    model = _model([h.make_node("MatMul", ["x", "w"], ["y"]), h.make_node("Add", ["y", "y"], ["z"])],
+                   [("x", [1, n])], [("z", [1, n])], [nh.from_array(w, "w")])
+    g = _graph(model)
+    auto = plan_precision(g, "auto", input_ranges={"x": (-1, 1)}, target_ops=EVERYWHERE, search_budget=0)
+    bf16 = plan_precision(g, "bf16", input_ranges={"x": (-1, 1)}, target_ops=EVERYWHERE, search_budget=0)
+    assert _node(auto, "MatMul").format != "bf16"
+    mm = _node(bf16, "MatMul")
+    assert mm.format == "bf16" and mm.certificate == RELATIVE, mm.reason

@@ -28,7 +28,7 @@ from .formats import FORMATS, PRECISIONS, Format
 from .inputs import calibration_ranges, declared_ranges
 from .interval import CERTIFIED, MEASURED, Interval
 from .ranges import analyze, internal_ranges, is_float
-from .relative import CONTRACTIONS, RELATIVE, relative_reason
+from .relative import CONTRACTIONS, MAGNITUDE_OPS, RELATIVE, relative_reason
 from .search import Searcher, Witness
 
 SAFE, REFUSED, UNKNOWN = "safe", "refused", "unknown"
@@ -214,7 +214,7 @@ def plan_precision(graph: Graph, mode: str = "auto", *, input_ranges=None, calib
         fmt, reason, cert = _choose(n, mode, verdicts, target_ops, target)
         rng = next((iv for k, p, v, i, iv, is_in in held[n.name] if not is_in and not i), None)
         out.append(NodePlan(n.name, n.op, fmt, reason, rng, verdicts, cert))
-    _recheck_narrowed(graph, inputs, r, out)
+    _recheck_narrowed(graph, inputs, r, out, mode)
     return PrecisionPlan(mode, target, target_ops, inputs, out, ranges, search,
                          searcher.evaluations if searcher else 0)
 
@@ -368,7 +368,7 @@ def reconcile(entry: dict, graph: Graph, why: str) -> dict:
 _UNIT = {"bf16": 2.0 ** -8, "fp16": 2.0 ** -11}
 
 
-def _recheck_narrowed(graph: Graph, inputs, r, plans: List[NodePlan]) -> None:
+def _recheck_narrowed(graph: Graph, inputs, r, plans: List[NodePlan], mode: str = "auto") -> None:
     """The ranges above are float32's; a narrowed node computes a little differently (its inputs rounded), and a
     value downstream may then leave its range: a divisor certified in [0.1, 0.5] can round to 0. Re-bound the
     graph with every narrowed node widened by its rounding; where a range that was bounded is no longer (or a
@@ -382,8 +382,26 @@ def _recheck_narrowed(graph: Graph, inputs, r, plans: List[NodePlan]) -> None:
         bad = [n for n in graph.nodes for o in n.outputs
                if id(o) in r and id(o) in r2 and r[id(o)].bounded and not r2[id(o)].bounded]
         fits = lambda n, rr, o: FORMATS[by_name[n.name].format].check(rr[id(o)]) is None
-        bad += [n for n in graph.nodes if n.name in narrowed and any(   # (a Z3 proof stands for the interval)
+        outgrown = [n for n in graph.nodes if n.name in narrowed and any(   # (a Z3 proof stands for the interval)
             fits(n, r, o) and not fits(n, r2, o) for o in n.outputs if id(o) in r2 and id(o) in r)]
+        if mode == "bf16":
+            # an explicit bf16 request: where the widened bounds only outgrow float32's magnitude (ops that pass
+            # magnitudes on: no divisor, root, log or exponential), the relative certificate covers it
+            bad = [n for n in bad if n.op not in MAGNITUDE_OPS]
+            for n in outgrown:
+                p = by_name[n.name]
+                if n.op in CONTRACTIONS and p.format == "bf16" and p.certificate != RELATIVE:
+                    try:
+                        p.certificate = RELATIVE
+                        p.reason = relative_reason(n.op, "its rounding, added to its inputs' ranges, takes its "
+                                                   "bounds past ±1.7e38")
+                    except RuntimeError:
+                        p.certificate = "range"
+                        bad.append(n)
+                elif p.certificate != RELATIVE:
+                    bad.append(n)
+        else:
+            bad += outgrown
         if not bad:
             return
         for n in _ancestors(bad):

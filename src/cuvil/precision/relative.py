@@ -30,6 +30,16 @@ RELATIVE = "relative to float32"
 #: The ops the relative certificate covers: rounded inputs, exact products, float32 accumulation.
 CONTRACTIONS = frozenset({"Conv", "MatMul", "Gemm"})
 
+#: Ops whose output magnitude is bounded by a monotone function of their inputs' magnitudes (no divisor, root,
+#: logarithm or exponential): a bf16-rounded input larger by a factor makes their output larger by at most a
+#: bounded factor, so they can overflow only where float32's magnitudes nearly do. The policy's re-check of the
+#: ranges after narrowing (``_recheck_narrowed``) lets an explicit bf16 keep its narrowed contractions where only
+#: such ops' bounds outgrew float32 (``auto`` reverts them).
+MAGNITUDE_OPS = CONTRACTIONS | frozenset({
+    "Add", "Sub", "Sum", "Mul", "Neg", "Relu", "LeakyRelu", "PRelu", "Clip", "Max", "Min", "MaxPool",
+    "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "BatchNormalization", "Concat", "Identity",
+    "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Pad", "Slice", "Split", "Gather"})
+
 #: How much a bf16 contraction's magnitudes may exceed float32's (two rounded factors per product).
 GROWTH = (1 + 2.0 ** -8) ** 2
 
