@@ -84,6 +84,21 @@ def test_matmul(k, m, rows):
 
 
 @needs_amx
+@pytest.mark.parametrize("rows,k", [(37, 300), (300, 2500)], ids=["A-rounded-once", "A-past-the-budget"])
+def test_matmul_fixed_rows(rows, k):
+    """Fixed row counts: all of A rounded once per call into scratch (a flag per 16-row tile) where it fits
+    AMX_A_BYTES, else one row tile at a time; 2 threads and 1 give the same bits."""
+    model, w, b = matmul_model(k, 100, None, batch_dims=(rows,))
+    art = narrowed(model)
+    assert bf16_steps(art) and all(s["path"] == "amx_bf16" and s["kernel"] == "gemm" for s in bf16_steps(art))
+    x = np.random.default_rng(8).standard_normal((rows, k)).astype(np.float32)
+    mod = art.model()
+    y = mod.run(x, num_threads=2)[0].astype(np.float64)
+    np.testing.assert_array_equal(y, mod.run(x, num_threads=1)[0])
+    check_product(y, x, w, k, b)
+
+
+@needs_amx
 def test_matmul_batch_dims():
     """A MatMul over [B, S, K] rows (batch dims flattened into the rows)."""
     model, w, b = matmul_model(40, 48, "B", batch_dims=("B", "S"))
