@@ -1,7 +1,8 @@
 """bf16 against float32 on x86, side by side in one process: ResNet-50 (seeded random weights,
 cuvil.testing.light_model) and a BERT-base-like encoder (bench/attention.py's ``bert_like``: hidden 768, 12
-heads, ffn 3072) at batch 1, Cuvil float32, Cuvil bf16 (its Conv / MatMul / Gemm nodes narrowed: vdpbf16ps
-micro-kernels, cuvil.targets.x86.gemm_bf16), onnxruntime (float32) and, where installed, OpenVINO with its
+heads, ffn 3072) at batch 1, Cuvil float32, Cuvil bf16 (its Conv / MatMul / Gemm nodes narrowed: AMX tiles
+where the CPU has AMX-BF16, cuvil.targets.x86.amx, with the vdpbf16ps build beside them as "cuvil bf16
+avx512_bf16"; else vdpbf16ps micro-kernels, cuvil.targets.x86.gemm_bf16), onnxruntime (float32) and, where installed, OpenVINO with its
 default precision (bf16 where the CPU has it) and with f32.
 
     PYTHONPATH=src python3 bench/precision_speed.py                        # resnet50 and bert, 1 and 2 threads
@@ -31,7 +32,9 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cuvil import Pipeline  # noqa: E402
 from cuvil.targets.x86.cpu import cpu_label, host_cpu  # noqa: E402
+from cuvil.targets.x86.amx import has_amx  # noqa: E402
 from cuvil.targets.x86.gemm_bf16 import BF16_OPS, narrow_formats  # noqa: E402
+from cuvil.targets.x86.tuning import X86Tuning  # noqa: E402
 from cuvil.testing import light_model  # noqa: E402
 
 
@@ -119,6 +122,7 @@ def main(argv=None):
     a = ap.parse_args(argv)
     if "bf16" not in narrow_formats(host_cpu()):
         raise SystemExit(f"this CPU has no AVX512_BF16: nothing to compare ({cpu_label()})")
+    amx = has_amx(host_cpu().features)
     import onnxruntime as ort
     print(f"CPU: {cpu_label()}")
     rows = []
@@ -129,6 +133,8 @@ def main(argv=None):
         t1 = time.perf_counter()
         b16 = compile_at(model, "bf16", feeds, a.every, **kw)
         t2 = time.perf_counter()
+        # on a CPU with AMX the default bf16 build runs tdpbf16ps tiles; the vdpbf16ps build beside it
+        vdp = compile_at(model, "bf16", feeds, a.every, tuning=X86Tuning(amx=False), **kw) if amx else None
         paths = sorted({s.get("path") for s in b16.manifest["steps"] if s.get("precision")})
         nodes = b16.manifest.get("precision", {}).get("nodes", {})
         policy = (f"; the policy narrowed {sum(1 for v in nodes.values() if v.get('format') == 'bf16')} of "
@@ -147,6 +153,8 @@ def main(argv=None):
             runners = {"cuvil fp32": lambda f, m=mf, t=threads: m.run(*args, num_threads=t),
                        "cuvil bf16": lambda f, m=mb, t=threads: m.run(*args, num_threads=t),
                        "onnxruntime": lambda f: sess.run(None, f)}
+            if vdp is not None:
+                runners["cuvil bf16 avx512_bf16"] = lambda f, m=vdp.model(), t=threads: m.run(*args, num_threads=t)
             if not a.no_openvino:
                 runners.update(openvino_runners(model, threads))
             want = [np.asarray(o, np.float64) for o in runners["cuvil fp32"](feeds)]
@@ -164,9 +172,11 @@ def main(argv=None):
                       f"{cc} | {errs.get(k, 0.0):.1e} |", flush=True)
             if threads == 1:     # the step profiler: each step's fastest of 5 runs, summed (noise mostly left out)
                 kern = {k: 1e3 * float(np.min([m.profile(*args, runs=1, num_threads=1) for _ in range(5)], axis=0).sum())
-                        for k, m in (("cuvil fp32", mf), ("cuvil bf16", mb))}
+                        for k, m in (("cuvil fp32", mf), ("cuvil bf16", mb)) + ((("vdp", vdp.model()),) if vdp else ())}
                 print(f"in kernels (1 thread, fastest of 5 per step): fp32 {kern['cuvil fp32']:.2f} ms, bf16 "
-                      f"{kern['cuvil bf16']:.2f} ms: {kern['cuvil fp32'] / kern['cuvil bf16']:.2f}x", flush=True)
+                      f"{kern['cuvil bf16']:.2f} ms: {kern['cuvil fp32'] / kern['cuvil bf16']:.2f}x"
+                      + (f"; bf16 avx512_bf16 {kern['vdp']:.2f} ms: {kern['cuvil fp32'] / kern['vdp']:.2f}x" if vdp else ""),
+                      flush=True)
             rows.append((name, threads, ms, best, errs))
     print(f"\nrows for bench/PRECISION.md ({cpu_label()}):")
     print("| model | threads | Cuvil fp32 ms | Cuvil bf16 ms | bf16 speed-up (p50) | speed-up (min) | bf16 rel. error | "

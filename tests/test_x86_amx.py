@@ -84,6 +84,21 @@ def test_matmul(k, m, rows):
 
 
 @needs_amx
+@pytest.mark.parametrize("rows,k", [(37, 300), (300, 2500)], ids=["A-rounded-once", "A-past-the-budget"])
+def test_matmul_fixed_rows(rows, k):
+    """Fixed row counts: all of A rounded once per call into scratch (a flag per 16-row tile) where it fits
+    AMX_A_BYTES, else one row tile at a time; 2 threads and 1 give the same bits."""
+    model, w, b = matmul_model(k, 100, None, batch_dims=(rows,))
+    art = narrowed(model)
+    assert bf16_steps(art) and all(s["path"] == "amx_bf16" and s["kernel"] == "gemm" for s in bf16_steps(art))
+    x = np.random.default_rng(8).standard_normal((rows, k)).astype(np.float32)
+    mod = art.model()
+    y = mod.run(x, num_threads=2)[0].astype(np.float64)
+    np.testing.assert_array_equal(y, mod.run(x, num_threads=1)[0])
+    check_product(y, x, w, k, b)
+
+
+@needs_amx
 def test_matmul_batch_dims():
     """A MatMul over [B, S, K] rows (batch dims flattened into the rows)."""
     model, w, b = matmul_model(40, 48, "B", batch_dims=("B", "S"))
@@ -153,3 +168,45 @@ def test_conv_fused_residual_relu_end_to_end():
     print(f"resnet-like amx_bf16 vs fp32: relative error {rel:.2e} (avx512_bf16: {rel_vdp:.2e})")
     assert 1e-5 < rel < 1e-2
     assert float(np.abs(got - other).max() / np.abs(want).max()) < 1e-4
+
+
+@needs_amx
+def test_library_asks_for_the_tile_state_itself(tmp_path):
+    """A fresh process that never asked Linux for the tile state loads an AMX library and runs it: the session
+    creation's arch_prctl(ARCH_REQ_XCOMP_PERM) makes the first tile instruction legal (without it: SIGILL)."""
+    import subprocess
+    import sys
+    model, w, b = matmul_model(64, 64, "N")
+    art = narrowed(model, shape_profiles={"N": (1, 4, 16)})
+    assert [s["path"] for s in bf16_steps(art)][:1] == ["amx_bf16"]
+    x = np.random.default_rng(4).standard_normal((5, 64)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    code = ("import sys, numpy as np; from cuvil.targets.x86.loader import load; "
+            f"m = load({art.path!r}); y = m.run(np.load({str(tmp_path / 'x.npy')!r}))[0]; "
+            f"np.save({str(tmp_path / 'y.npy')!r}, y)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
+    check_product(np.load(tmp_path / "y.npy").astype(np.float64), x, w, 64, b)
+
+
+def test_refused_without_amx(monkeypatch):
+    """A library with AMX kernels, loaded on a CPU without AMX (or where the kernel refuses the tile state): a
+    CuvilError that names the tile kernels, never SIGILL; the C side's check is in the generated source."""
+    import attrs
+    from cuvil.errors import CuvilError
+    from cuvil.targets.x86 import cpu as cpu_mod
+    from cuvil.targets.x86.loader import _check_isa
+    from cuvil.targets.x86.model_c import generate_model_c
+    from cuvil.targets.x86.model_info import ModelInfo
+    manifest = {"target": {"isa_features": ["avx512f", "amx-tile", "amx-bf16", "avx512bf16"], "cpu": "native"},
+                "steps": [{"path": "amx_bf16"}, {"path": "amx_bf16"}]}
+    real = host_cpu()
+    monkeypatch.setattr(cpu_mod, "host_cpu", lambda: attrs.evolve(real, features=(real.features | {"avx512f", "avx512bf16"})
+                                                                  - {"amx-tile", "amx-bf16"}))
+    with pytest.raises(CuvilError) as e:
+        _check_isa(manifest, "libx.so")
+    text = str(e.value) + " ".join(getattr(e.value, "details", []) or [])
+    assert "amx-tile" in text and "2 bf16 kernels run tdpbf16ps on AMX tiles" in text
+    src = generate_model_c(ModelInfo(inputs=[], outputs=[], arena_bytes=0, steps=[], prefix="m",
+                                     isa_checks=["amx-tile", "amx-bf16"]))
+    assert '__builtin_cpu_supports("amx-tile")' in src and "syscall(158, 4131, 18)" in src

@@ -510,7 +510,7 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
         for t_, tv in enumerate(acc):
             i, j = divmod(t_, 2)
             tiles.store(tv, fptr(tile_f, I64(i * AMX_TILE * nr + j * AMX_TILE)), nr * 4)
-        return [b.load(b.gep(tile, [I64(i)], source_etype=vec, inbounds=True), typ=vec, align=4) for i in range(nacc)]
+        return _StoredTile(b, tile, vec, nacc)
 
     def tile_at(n, g, mb, pb, panel, slot, blk, b_stride=None):
         k0, k1 = blocks[blk]
@@ -532,7 +532,8 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
         mleft = b.sub(I64(M), m0)
         nrows = b.select(b.icmp_signed("<", mleft, I64(MR)), mleft, I64(MR))
         if vplan is None:
-            store_tile(new, tile)
+            if not amx:          # (the AMX tiles are in the stack tile already)
+                store_tile(new, tile)
             epilogue(n, g, m0, p0, nrows, ncols)
             return
         mbase = b.add(b.mul(g, I64(M)), m0)
@@ -553,7 +554,8 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
                 if km.cheap_masks:     # partial tiles: rows skipped, columns masked
                     vector_epilogue(em, st, c, vplan, n, mbase, p0, new, MR, nv, spec.out_spatial, nrows, ncols)
                 else:
-                    store_tile(new, tile)
+                    if not amx:
+                        store_tile(new, tile)
                     epilogue(n, g, m0, p0, nrows, ncols)
                 em.memo.pop()
 
@@ -640,6 +642,21 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
     if not panel_order:
         km.split[sym] = 1       # every chunk packs all the image's panels: one chunk per thread
     return spec.n * G * (Pb if panel_order else Mb), 1
+
+
+class _StoredTile:
+    """The accumulator vectors of a tile stored on the stack (``count`` vectors of type ``vec`` at ``tile``),
+    loaded where they are used: an AMX tile's 64 vectors read row by row by the epilogue, instead of all
+    loaded first (which spilled them to the stack again: 64 loads, stores and reloads per tile)."""
+
+    def __init__(self, b, tile, vec, count: int):
+        self.b, self.tile, self.vec, self.count = b, tile, vec, count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, i: int):
+        return self.b.load(self.b.gep(self.tile, [I64(i)], source_etype=self.vec, inbounds=True), typ=self.vec, align=4)
 
 
 _VEC_OPS = {"add", "sub", "mul", "div", "neg", "cmp", "select", "and", "or", "not", "const"}

@@ -181,10 +181,18 @@ def _emit_amx(km, st: Stage, sym: str, c, spec: MatContraction) -> Tuple[object,
     em, begin, end = km.kernel(sym)
     b = em.b
     km.narrow_paths[sym] = AMX_BF16_PATH
-    km.scratch_bytes = max(km.scratch_bytes, R * a_stride * 4)
+    # every row tile of A rounded at most once per call where all of A fits AMX_A_BYTES of scratch (a flag
+    # per row tile); else the scratch holds one row tile, rounded again when the unit's row tile changes
+    tiles_of_a = -(-spec.rows // R) if isinstance(spec.rows, int) else 0
+    whole = 0 < tiles_of_a * R * a_stride * 4 <= AMX_A_BYTES
+    km.scratch_bytes = max(km.scratch_bytes, (tiles_of_a if whole else 1) * R * a_stride * 4)
     scratch = b.load(b.gep(em.bufs, [I64(km.scratch_index)], source_etype=PTR), typ=PTR)
     converted = em.alloca(I64)          # the row tile whose rows of A the scratch holds (-1: none)
     b.store(I64(-1), converted)
+    if whole:
+        flags = em.alloca(ir.IntType(8), tiles_of_a)
+        em.loop_range(I64(0), I64(tiles_of_a), lambda i: b.store(
+            ir.Constant(ir.IntType(8), 0), b.gep(flags, [i], source_etype=ir.IntType(8), inbounds=True)))
     tile_f = em.alloca(F32, R * nr)
     tiles = Tiles(km, b)
     rows_total = em.index(spec.rows)
@@ -207,12 +215,20 @@ def _emit_amx(km, st: Stage, sym: str, c, spec: MatContraction) -> Tuple[object,
             p = b.add(p0, I64(r))
             p = b.select(b.icmp_signed("<", p, rows_total), p, last_row)
             rows.append(b.gep(a_base, [b.mul(p, I64(K))], source_etype=F32, inbounds=True))
-        with b.if_then(b.icmp_signed("!=", b.load(converted, typ=I64), t)):
-            convert_rows(em, rows, scratch, K)
-            b.store(t, converted)
+        if whole:
+            a_rows = ip(scratch, b.mul(t, I64(R * a_stride)))
+            flag = b.gep(flags, [t], source_etype=ir.IntType(8), inbounds=True)
+            with b.if_then(b.icmp_signed("==", b.load(flag, typ=ir.IntType(8)), ir.Constant(ir.IntType(8), 0))):
+                convert_rows(em, rows, a_rows, K)
+                b.store(ir.Constant(ir.IntType(8), 1), flag)
+        else:
+            a_rows = scratch
+            with b.if_then(b.icmp_signed("!=", b.load(converted, typ=I64), t)):
+                convert_rows(em, rows, scratch, K)
+                b.store(t, converted)
         w_ptr = ip(w_base, b.mul(mb, I64(a_stride * nr)))
         acc = bf16_tile_loop(em, tiles, I64(a_stride // 16),
-                             lambda s_, i: ip(scratch, b.mul(s_, I64(16))), a_stride * 4,
+                             lambda s_, i: ip(a_rows, b.mul(s_, I64(16))), a_stride * 4,
                              lambda s_, j: ip(w_ptr, b.add(b.mul(s_, I64(16 * nr)), I64(16 * j))), nr * 4, 1, nj)
         for j, tv in enumerate(acc):
             tiles.store(tv, b.gep(tile_f, [I64(16 * j)], source_etype=F32, inbounds=True), nr * 4)
@@ -231,6 +247,9 @@ def _emit_amx(km, st: Stage, sym: str, c, spec: MatContraction) -> Tuple[object,
     b.ret_void()
     return ((spec.rows + R - 1) // R) * Mb, 1
 
+
+#: scratch an AMX MatMul may use to keep all of A rounded (BERT-base at S = 128: 128 x 3072 -> 768 KiB)
+AMX_A_BYTES = 1024 * 1024
 
 NEXT_PANEL_PREFETCH = True
 # The next-panel prefetch runs while two panels and the rows of A fit this much of L2: BERT-base's
