@@ -1260,7 +1260,7 @@ CUVIL_EXPORT int CUVIL_API(run)(cuvil_session *h, const cuvil_tensor *inputs, cu
   int64_t slices = 1;    /* batch slices: the opt steps once per slice of the batch symbol (cuvil_model) */
   for (int k = 0; k < m->num_symbols && at_opt; ++k) {
     const int64_t v = s->symv[k], opt = m->symbols[k].opt;
-    if (k == m->batch_symbol && opt >= 1 && v > opt && v % opt == 0)
+    if (k == m->batch_symbol && m->batch_slice_bytes != NULL && opt >= 1 && v > opt && v % opt == 0)
       slices = v / opt;
     else
       at_opt = v == opt;
