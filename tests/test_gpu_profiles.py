@@ -23,7 +23,7 @@ from cuvil.targets.ptx import find_libdevice, find_ptxas
 from cuvil.targets.ptx import runtime as rt
 from cuvil.targets.ptx.failsafe import FailSafeModel
 from cuvil.targets.ptx.graph_cache import GraphCache
-from cuvil.targets.ptx.padding import batch_like
+from cuvil.kernels.batch_rows import batch_like
 
 TARGET = "nvptx64-nvidia-cuda"
 needs_libdevice = pytest.mark.skipif(find_libdevice() is None, reason="libdevice.10.bc not found (no CUDA toolkit)")

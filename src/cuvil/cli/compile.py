@@ -64,6 +64,9 @@ def register(sub) -> None:
     add_precision_flags(sp)
     sp.add_argument("--no-winograd", action="store_true",
                     help="x86: keep direct 3x3 convolutions (Winograd rounds differently; see docs/rules.md)")
+    sp.add_argument("--no-batch-slices", action="store_true",
+                    help="x86: run a batch layer by layer over all its rows, not slice by slice through the opt "
+                         "point's kernels (docs/shapes.md)")
     # LoRA merged at compile time (issue 23, docs/lora.md)
     sp.add_argument("--lora", action="append", metavar="ADAPTER",
                     help="merge a LoRA adapter (PEFT directory or .onnx_adapter) into the weights (repeatable)")
@@ -124,7 +127,8 @@ def cmd_compile(args) -> int:
     options = make_options(args.target, opt_level=args.opt_level, cpu=args.cpu, prefix=args.prefix,
                            winograd=not args.no_winograd, external_weights=args.external_weights,
                            encrypt_weights=args.encrypt_weights, lora_slots=args.lora_slots,
-                           lora_targets=args.lora_targets or ())
+                           lora_targets=args.lora_targets or (),
+                           **({"batch_slices": False} if args.no_batch_slices else {}))
     with _progress(args):
         p = _import_and_optimize(args)
         fixed, profiles = shape_flags(p, args)

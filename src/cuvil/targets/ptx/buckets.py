@@ -9,7 +9,7 @@ bucket list. By default a symbol's buckets are the powers of two inside its rang
 value of the profile has a bucket at or above it.
 
 A call whose symbol value is a bucket runs that bucket exactly. A value between buckets runs the next bucket
-up, padded, where the symbol is batch-like (:mod:`cuvil.targets.ptx.padding` proves that on the graph: the
+up, padded, where the symbol is batch-like (:mod:`cuvil.kernels.batch_rows` proves that on the graph: the
 padding rows are computed and dropped); elsewhere only the bucket values themselves run, and another value
 is refused with the compile that serves it (nothing compiles at run time).
 

@@ -30,7 +30,7 @@ from ...progress import stage
 from ...rewrite_rules.specialize import specialize_graph
 from .buckets import BucketSpec, bucket_points, point_text, resolve_buckets
 from .bundle import PLAN_FORMAT, compile_bundle
-from .padding import batch_like
+from ...kernels.batch_rows import batch_like
 
 
 def _dims(v) -> list:

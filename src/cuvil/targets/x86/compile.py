@@ -10,12 +10,15 @@ import json
 import os
 import tempfile
 import time
-from typing import Optional
+from typing import Optional, Tuple
 
 import attrs
+import numpy as np
 
 from ...errors import CuvilError, UnsupportedTypeError
+from ...ir.dim import SymExpr
 from ...ir.graph import Graph
+from ...kernels.batch_rows import batch_row_symbol
 from ...kernels.bounds import BoundsProver, Certificate, prove_schedule
 from ...kernels.schedule import Schedule, schedule
 from ...progress import stage
@@ -139,7 +142,7 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
                 manifest_extra: Optional[dict] = None,
                 opt_graph: Optional[Graph] = None, max_arena_bytes: Optional[int] = None,
                 tuning: X86Tuning = DEFAULT_TUNING, math: str = "vector", external_weights: bool = False,
-                weights_key: Optional[bytes] = None, lora_slots=()) -> dict:
+                weights_key: Optional[bytes] = None, lora_slots=(), batch_slices: bool = True) -> dict:
     """Compile ``g`` into ``out_so``; writes the header and manifest beside it and returns the manifest, with
     ``timings`` added (seconds: ``compile_seconds``, ``codegen_seconds``, ``proof_seconds``; not written).
     Symbols left in ``g`` stay symbolic: the library binds them from the input shapes at every run and
@@ -154,7 +157,10 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
     ``libNAME.weights`` beside the library (:mod:`cuvil.targets.x86.weights_file`), which binds them at run
     time, instead of into it; ``weights_key`` (32 bytes): that file is encrypted with it (AES-256-GCM).
     ``lora_slots``: the :class:`cuvil.lora.slots.LoraSlot` of ``g`` (:func:`cuvil.lora.slots.add_lora_slots`),
-    whose three inputs each, the last of ``g``, the runtime supplies from the active adapter."""
+    whose three inputs each, the last of ``g``, the runtime supplies from the active adapter. ``batch_slices``:
+    where every row along a symbol is computed on its own (:mod:`cuvil.kernels.batch_rows`), a run at a multiple
+    of its opt value runs the opt-point kernels once per slice (the activations of one slice stay in cache)
+    instead of the generic kernels over the whole batch."""
     t0 = time.perf_counter()
     out_so = os.path.abspath(out_so)
     base = os.path.splitext(out_so)[0]
@@ -220,6 +226,7 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
     elif os.path.exists(weights_path(out_so)):
         os.unlink(weights_path(out_so))           # a stale one of an earlier build: the library embeds its own
     opt = sched.opt_point
+    batch_symbol, slice_bytes = _batch_slices(g, sched, osched) if batch_slices else (-1, ())
     info = ModelInfo(
         inputs=[IODesc.of(b.name, int(b.dtype), b.shape) for b in sched.inputs],
         outputs=[IODesc.of(b.name, int(b.dtype), b.shape) for b in sched.outputs],
@@ -237,7 +244,8 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
         **({} if weights_file is None else {"external_weights_bytes": weights_file["bytes"],
                                             "external_weights_sha256": bytes.fromhex(weights_file["sha256"]),
                                             "external_opt_weights_offset": weights_file["opt_offset"]}),
-        lora_slots=[(s.module, s.in_features, s.out_features, s.rank) for s in lora_slots])
+        lora_slots=[(s.module, s.in_features, s.out_features, s.rank) for s in lora_slots],
+        batch_symbol=batch_symbol, batch_slice_bytes=slice_bytes)
     with tempfile.TemporaryDirectory(prefix="cuvil-build-") as tmp:
         objs = []
         for name, parts in (("kernels", obj), ("kernels_opt", oobj or [])):
@@ -285,6 +293,7 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
         "steps": _steps_json(sched, steps, target, "generic" if osched else None, info.steps)
         + (_steps_json(osched, osteps, otarget, "opt", info.opt_steps) if osched else []),
         "opt_weights": opt_weights,
+        "batch_slices": (info.symbols[batch_symbol].name if batch_symbol >= 0 else None),
         "dependencies": deps,
         **({"lora_slots": [s.to_json() for s in lora_slots]} if lora_slots else {}),
         **(manifest_extra or {}),
@@ -297,6 +306,24 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
     return {**manifest, "timings": {"compile_seconds": round(time.perf_counter() - t0, 3),
                                     "codegen_seconds": round(t_codegen - t0, 3),
                                     "proof_seconds": round(cert.seconds, 3)}}
+
+
+def _batch_slices(g: Graph, sched, osched) -> Tuple[int, tuple]:
+    """(index of the batch symbol, bytes of one opt-point slice of each input then output: 0 for one without
+    the symbol, which every slice reads or writes whole) when the opt kernels can run a batch slice by slice
+    (see ``compile_x86``), else (-1, ())."""
+    sym = batch_row_symbol(g) if osched is not None and not sched.num_run_time_symbols else None
+    names = [s.name for s in sched.symbols]
+    if sym is None or sym not in names or sched.opt_point.get(sym, 0) < 1:
+        return -1, ()
+    bufs = list(osched.inputs) + list(osched.outputs)
+    shapes = {v.name: v.shape for v in list(g.inputs) + list(g.outputs)}
+    if [b.name for b in bufs] != [b.name for b in list(sched.inputs) + list(sched.outputs)] or \
+            not all(b.name in shapes and all(isinstance(d, int) for d in b.shape) for b in bufs):
+        return -1, ()
+    rows = SymExpr.symbol(sym)
+    return names.index(sym), tuple(int(np.prod(b.shape, dtype=np.int64)) * b.dtype.itemsize
+                                   if shapes[b.name] and shapes[b.name][0] == rows else 0 for b in bufs)
 
 
 def _external_weights(blob, oblob, weights_sym, opt_weights_sym):

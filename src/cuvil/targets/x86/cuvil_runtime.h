@@ -5,7 +5,7 @@
  * runtime.c and by the generated model.c, both compiled with -fvisibility=hidden and
  * -DCUVIL_PREFIX=<prefix>.
  *
- * Contract (abi_version 6):
+ * Contract (abi_version 7):
  *   At run time the runtime builds, for each thread t of the session, void *bufs[4 + num_inputs + num_outputs]:
  *     bufs[0]                       the session's arena (arena_bytes, 64-byte aligned, NULL if 0 bytes)
  *     bufs[1]                       model.weights, or the weights bound by bind_weights when the model's are
@@ -49,7 +49,7 @@
 #define CUVIL_API(name) CUVIL_CAT(CUVIL_PREFIX, name)
 #define CUVIL_MODEL CUVIL_CAT(CUVIL_PREFIX, _model)
 
-#define CUVIL_ABI_VERSION 6
+#define CUVIL_ABI_VERSION 7
 #define CUVIL_HIDDEN __attribute__((visibility("hidden")))
 #define CUVIL_EXPORT __attribute__((visibility("default")))
 
@@ -108,6 +108,11 @@ typedef struct {
   const uint8_t *external_weights_sha256;
   int64_t external_opt_weights_offset;
   int32_t num_lora_slots; const cuvil_lora_slot *lora_slots;   /* 0, NULL without --lora-slots */
+  /* Batch slices: every row along symbol batch_symbol (-1: none) is computed on its own, so a run whose value
+   * of it is a multiple q of its opt, every other symbol at its opt, runs the opt steps q times, slice i with
+   * input j at inputs[j].data + i * batch_slice_bytes[j] and output j at outputs[j].data + i *
+   * batch_slice_bytes[num_inputs + j]. */
+  int32_t batch_symbol; const int64_t *batch_slice_bytes;
 } cuvil_model;
 
 /* The public tensor type, identical to the one in the generated lib<name>.h. */

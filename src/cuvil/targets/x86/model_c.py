@@ -220,6 +220,14 @@ def generate_model_c(info: ModelInfo) -> str:
             lines.append(f"  {{{c_string_literal(module)}, {_i64(d_in)}, {_i64(d_out)}, {_i64(rank)}}},")
         lines += ["};", ""]
 
+    slices = "NULL"
+    if info.batch_symbol >= 0:
+        slices = f"{_LOCAL}batch_slice_bytes"
+        lines += [f"/* one opt-point slice along {c_comment_text(info.symbols[info.batch_symbol].name)}: bytes of each "
+                  "input, then each output */",
+                  f"static const int64_t {slices}[{len(info.batch_slice_bytes)}] = "
+                  f"{{{', '.join(_i64(b) for b in info.batch_slice_bytes)}}};", ""]
+
     weights = info.weights_symbol if info.weights_symbol is not None else "NULL"
     sha = "NULL"
     if info.external_weights_bytes:
@@ -244,6 +252,7 @@ def generate_model_c(info: ModelInfo) -> str:
         f"  /* external_weights_bytes, _sha256, external_opt_weights_offset */ {_i64(info.external_weights_bytes)}, "
         f"{sha}, {_i64(info.external_opt_weights_offset)},",
         f"  /* num_lora_slots, lora_slots */ {len(info.lora_slots)}, {lora},",
+        f"  /* batch_symbol, batch_slice_bytes */ {int(info.batch_symbol)}, {slices},",
         "};",
         "",
     ]

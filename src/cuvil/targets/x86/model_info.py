@@ -178,6 +178,11 @@ class ModelInfo:
     external_opt_weights_offset: int = -1
     # LoRA slots, (module, in, out, rank) each: their buffers follow the symbol table (cuvil_runtime.h)
     lora_slots: tuple = attrs.field(factory=tuple, converter=tuple)
+    # batch slices (cuvil.kernels.batch_rows): the index of the symbol every row is computed alone along (-1:
+    # none), and the bytes of one opt-point slice of each input, then each output; a run whose value of that
+    # symbol is a multiple of its opt (the others at theirs) runs the opt steps once per slice
+    batch_symbol: int = -1
+    batch_slice_bytes: tuple = attrs.field(factory=tuple, converter=tuple)
 
     def __attrs_post_init__(self):
         names = [s.name for s in self.symbols]
@@ -204,6 +209,13 @@ class ModelInfo:
         if self.num_run_time_symbols > len(self.symbols) or (self.num_run_time_symbols and self.opt_steps):
             raise CuvilError(f"ModelInfo: {self.num_run_time_symbols} run-time symbol(s) of {len(self.symbols)}, "
                              f"{len(self.opt_steps)} opt steps (run-time sizes have no opt point)")
+        if self.batch_symbol != -1 and not (0 <= self.batch_symbol < len(self.symbols) and self.opt_steps
+                                            and self.symbols[self.batch_symbol].opt >= 1
+                                            and len(self.batch_slice_bytes) == len(self.inputs) + len(self.outputs)
+                                            and all(isinstance(b, int) and b >= 0 for b in self.batch_slice_bytes)):
+            raise CuvilError(f"ModelInfo: batch symbol {self.batch_symbol} needs opt steps, a symbol of opt >= 1 and "
+                             f"the slice bytes of every input and output, got {list(self.batch_slice_bytes)}",
+                             hint=_REPORT)
         if self.opt_steps and not self.symbols:
             raise CuvilError("ModelInfo.opt_steps without symbols: nothing to specialise")
         if self.external_weights_bytes and (len(self.external_weights_sha256) != 32 or self.weights_symbol

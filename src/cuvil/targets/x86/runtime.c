@@ -1253,16 +1253,19 @@ CUVIL_EXPORT int CUVIL_API(run)(cuvil_session *h, const cuvil_tensor *inputs, cu
   }
   place_workers(s);
   const int ni = m->num_inputs, no = m->num_outputs;
-  for (int t = 0; t < s->num_threads; ++t) {
-    void **bufs = s->bufs + (size_t)t * s->nbufs;
-    for (int i = 0; i < ni; ++i) bufs[2 + i] = inputs[i].data;
-    for (int j = 0; j < no; ++j) bufs[2 + ni + j] = outputs[j].data;
-  }
   const cuvil_step *steps = m->steps;
   int nsteps = m->num_steps, first = 0;               /* first: the steps' slot in the profile */
   const int64_t *ext = s->evals;                      /* symbolic extents, evaluated for this run */
   int at_opt = m->num_opt_steps > 0;
-  for (int k = 0; k < m->num_symbols && at_opt; ++k) at_opt = s->symv[k] == m->symbols[k].opt;
+  int64_t slices = 1;    /* batch slices: the opt steps once per slice of the batch symbol (cuvil_model) */
+  for (int k = 0; k < m->num_symbols && at_opt; ++k) {
+    const int64_t v = s->symv[k], opt = m->symbols[k].opt;
+    if (k == m->batch_symbol && m->batch_slice_bytes != NULL && opt >= 1 && v > opt && v % opt == 0)
+      slices = v / opt;
+    else
+      at_opt = v == opt;
+  }
+  if (!at_opt) slices = 1;
   const void *weights = at_opt ? s->opt_weights : s->weights;
   if (at_opt) {
     steps = m->opt_steps;
@@ -1287,23 +1290,33 @@ CUVIL_EXPORT int CUVIL_API(run)(cuvil_session *h, const cuvil_tensor *inputs, cu
       s->symv[m->num_symbols + k] = s->symv[k];
 #define CUVIL_SIZES() \
   if (sized && (rc = refresh_run_time_sizes(m, s)) != CUVIL_OK) { session_release(h); return rc; }
-  if (s->profile == NULL) {
-    for (int k = 0; k < nsteps; ++k) {
-      if (CUVIL_SKIP(k)) continue;
-      run_step(s, &steps[k], CUVIL_EXTENT(k));
-      CUVIL_SIZES();
-      if (CUVIL_JUMP(k)) k = steps[k].jump_to - 2;
+  for (int64_t slice = 0; slice < slices; ++slice) {
+    for (int t = 0; t < s->num_threads; ++t) {
+      void **bufs = s->bufs + (size_t)t * s->nbufs;
+      for (int i = 0; i < ni; ++i)
+        bufs[2 + i] = slices > 1 ? (char *)inputs[i].data + slice * m->batch_slice_bytes[i] : inputs[i].data;
+      for (int j = 0; j < no; ++j)
+        bufs[2 + ni + j] = slices > 1 ? (char *)outputs[j].data + slice * m->batch_slice_bytes[ni + j]
+                                      : outputs[j].data;
     }
-  } else {
-    struct timespec t0, t1;
-    for (int k = 0; k < nsteps; ++k) {
-      if (CUVIL_SKIP(k)) continue;
-      clock_gettime(CLOCK_MONOTONIC, &t0);
-      run_step(s, &steps[k], CUVIL_EXTENT(k));
-      clock_gettime(CLOCK_MONOTONIC, &t1);
-      s->profile[first + k] += (int64_t)(t1.tv_sec - t0.tv_sec) * 1000000000 + (t1.tv_nsec - t0.tv_nsec);
-      CUVIL_SIZES();
-      if (CUVIL_JUMP(k)) k = steps[k].jump_to - 2;
+    if (s->profile == NULL) {
+      for (int k = 0; k < nsteps; ++k) {
+        if (CUVIL_SKIP(k)) continue;
+        run_step(s, &steps[k], CUVIL_EXTENT(k));
+        CUVIL_SIZES();
+        if (CUVIL_JUMP(k)) k = steps[k].jump_to - 2;
+      }
+    } else {
+      struct timespec t0, t1;
+      for (int k = 0; k < nsteps; ++k) {
+        if (CUVIL_SKIP(k)) continue;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        run_step(s, &steps[k], CUVIL_EXTENT(k));
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        s->profile[first + k] += (int64_t)(t1.tv_sec - t0.tv_sec) * 1000000000 + (t1.tv_nsec - t0.tv_nsec);
+        CUVIL_SIZES();
+        if (CUVIL_JUMP(k)) k = steps[k].jump_to - 2;
+      }
     }
   }
   if (sized) write_output_dims(m, s->evals, outputs);
