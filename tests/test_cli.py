@@ -101,6 +101,15 @@ def test_every_subcommand_has_a_help_line_and_a_description(capsys):
         assert " ".join(sub.description.split()[:4]) in " ".join(out.split()), path
 
 
+def test_a_command_without_its_action_shows_its_actions(capsys):
+    # rules, precision and lora do their work in actions (flags.add_actions): alone, each prints its help, which
+    # names the actions, and exits 2, as `cuvil` alone does
+    for command, actions in (("rules", ["check", "list"]), ("precision", ["report"]), ("lora", ["check"])):
+        assert cli_main([command]) == 2
+        out = capsys.readouterr().out
+        assert f"usage: cuvil {command} [-h] ACTION" in out and all(a in out for a in actions), out
+
+
 def test_every_command_is_quiet_with_q_and_every_model_command_takes_the_shape_flags():
     for path, _, sub in subcommands(build_parser()):
         if any(isinstance(a, argparse._SubParsersAction) for a in sub._actions):

@@ -1,5 +1,7 @@
 """The generic prover (cuvil.rewrite_rules.generic): built-in structured rules proved for every shape and
 attribute value; crafted wrong variants never proved, and every refutation replayed through onnx.reference."""
+import functools
+
 import numpy as np
 import pytest
 
@@ -169,6 +171,12 @@ def _rule(text):
     return parse_rules(text)[0]
 
 
+@functools.lru_cache(maxsize=None)
+def _wrong_verdict(name):
+    """The generic prover's verdict on a wrong variant, once per run (two tests read it)."""
+    return prove_generic(_rule(dict((w[0], w[1]) for w in WRONG)[name]), TIMEOUT_MS)
+
+
 @pytest.fixture(scope="module")
 def builtins():
     return {r.name: r for r in builtin_rules()}
@@ -193,7 +201,7 @@ def test_rules_outside_the_fragment_get_no_verdict(builtins):
 
 @pytest.mark.parametrize("name,text,expect", WRONG, ids=[w[0] for w in WRONG])
 def test_wrong_variant_never_proved(name, text, expect):
-    res = prove_generic(_rule(text), TIMEOUT_MS)
+    res = _wrong_verdict(name)
     assert res is None or res.status == "refuted"
     if expect == "refuted":
         assert res is not None and res.status == "refuted", explain_generic(_rule(text), TIMEOUT_MS)
@@ -243,6 +251,25 @@ def test_batch_prefix_view_only_for_ops_that_keep_the_leading_dims():
     res, why = explain_generic(_rule("rule w ReduceSum(MatMul(x, w), axes=[0]) when rank(w) == 2 "
                                      "=> MatMul(ReduceSum(x, axes=[0]), w) prove real"), TIMEOUT_MS)
     assert res is None and "not fixed" in why
+
+
+def test_refuter_replays_its_witness_in_float32():
+    """A real rule's counterexample counts only when float32 replay through onnx.reference shows the gap: the
+    refuter's own check accepts its witness and rejects the same instance with the difference scaled away."""
+    from cuvil.rewrite_rules.generic import _name_wildcards, _Vars
+    from cuvil.rewrite_rules.generic_refute import _replay_shows
+    rule = _name_wildcards(_rule(dict((w[0], w[1]) for w in WRONG)["conv_bn_scale_on_input_channels"]))
+    res = _wrong_verdict("conv_bn_scale_on_input_channels")
+    assert res is not None and res.status == "refuted"
+    v = _Vars(rule)
+    assert _replay_shows(rule, v, res.witness)
+    # s = 0: both sides are beta, equal in float32 (the rule is wrong only where the scale is not 0)
+    zero = dict(res.witness, inputs=dict(res.witness["inputs"], s=np.zeros_like(res.witness["inputs"]["s"])))
+    assert not _replay_shows(rule, v, zero)
+    # s scaled by 1e-6: still a counterexample over the reals, but the gap is below what float32 replay shows
+    # (the weak witness a wall-clock budget once let through under CI load)
+    tiny = dict(res.witness, inputs=dict(res.witness["inputs"], s=res.witness["inputs"]["s"] * np.float32(1e-6)))
+    assert not _replay_shows(rule, v, tiny)
 
 
 def test_wrong_variants_cover_the_issue():
@@ -308,12 +335,9 @@ def assert_counterexample_real(rule, res: GenericResult):
     if rule.proof == "exact":
         same = (a.view(np.uint32) == b.view(np.uint32)) | (np.isnan(a) & np.isnan(b))
         assert not same.all(), f"onnx.reference agrees on the counterexample {res.counterexample}"
-    elif np.allclose(a, b, rtol=1e-3, atol=1e-3, equal_nan=True):
-        # A known bug, open: the refuter's search budget is wall-clock, so on a loaded machine (CI's workers)
-        # it can settle on an instance whose real-valued witness differs by less than float32 replay can
-        # show. The rule is still refuted (never proved: asserted above); only the witness is weak. Visible
-        # as an xfail in the report, never silently passing.
-        pytest.xfail(f"weak real-valued witness (onnx.reference agrees within 1e-3): {res.counterexample}")
+    else:
+        assert not np.allclose(a, b, rtol=1e-3, atol=1e-3, equal_nan=True), \
+            f"onnx.reference agrees on the counterexample {res.counterexample}"
 
 
 def _literals(e):
@@ -324,8 +348,9 @@ def _literals(e):
             yield from _literals(a)
 
 
-# Last in the file: proving these first changed which (still correct) counterexample Z3 found for
-# conv_bn_scale_on_input_channels later in the run, one too small to survive onnx.reference's float32 replay.
+# Proving these first once changed which (still correct) counterexample Z3 found for
+# conv_bn_scale_on_input_channels later in the run, one too small to survive onnx.reference's float32 replay;
+# the refuter now passes such witnesses over (test_refuter_replays_its_witness_in_float32).
 @pytest.mark.parametrize("name", ["lora_merge_matmul", "lora_merge_matmul_transposed"])
 def test_lora_merge_matmul_proved_for_every_rank_of_x(builtins, name):
     """x of any rank: ranks 1 and 2 as they are, rank >= 3 with its leading dims as one batch axis."""

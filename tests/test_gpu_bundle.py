@@ -15,28 +15,13 @@ import cuvil
 from cuvil import Pipeline
 from cuvil.cli import main as cli_main
 from cuvil.errors import CuvilError, ShapeError
-from cuvil.targets.ptx import find_libdevice, find_ptxas
 from cuvil.targets.ptx import runtime as rt
 from cuvil.targets.ptx.bundle import read_bundle
 from cuvil.targets.ptx.codegen import gpu_schedule
 from cuvil.testing import light_model, small_cnn
+from cuvil.testing.requires import NO_GPU, PTXAS, needs_gpu, needs_libdevice, needs_ptxas
 
-PTXAS = find_ptxas()
-needs_libdevice = pytest.mark.skipif(find_libdevice() is None, reason="libdevice.10.bc not found (no CUDA toolkit)")
-needs_ptxas = pytest.mark.skipif(PTXAS is None, reason="ptxas not found (no CUDA toolkit)")
 TARGET = "nvptx64-nvidia-cuda"
-
-
-def _gpu_reason():
-    try:
-        rt.driver()
-    except rt.NoGpuError as e:
-        return str(e)
-    return None
-
-
-NO_GPU = _gpu_reason()
-needs_gpu = pytest.mark.skipif(NO_GPU is not None, reason=f"needs a CUDA GPU ({NO_GPU})")
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,7 @@ import pytest
 from cuvil import Pipeline
 from cuvil.kernels.bounds import BoundsProver, stage_accesses
 from cuvil.kernels.contraction import Contraction
-from cuvil.targets.ptx import assemble, bounds_patterns, find_ptxas
-from cuvil.targets.ptx import runtime as rt
+from cuvil.targets.ptx import assemble, bounds_patterns
 from cuvil.targets.ptx.codegen import PtxKernelModule, build_ptx, gpu_schedule, target_machine
 from cuvil.targets.ptx.conv import conv_node
 from cuvil.targets.ptx.conv_mma import (ROW_WORDS, SMEM_LIMIT, TILES, a_word, b_word, lane_digits, ldmatrix_a_word,
@@ -20,20 +19,8 @@ from cuvil.targets.ptx.conv_mma import (ROW_WORDS, SMEM_LIMIT, TILES, a_word, b_
 from cuvil.targets.ptx.matmul_mma import FRAGMENTS
 from cuvil.targets.ptx.tuning import PtxTuning
 from cuvil.testing.conv_models import conv_relu_model
+from cuvil.testing.requires import needs_gpu, needs_ptxas
 
-needs_ptxas = pytest.mark.skipif(find_ptxas() is None, reason="ptxas not found (no CUDA toolkit)")
-
-
-def _gpu_reason():
-    try:
-        rt.driver()
-    except rt.NoGpuError as e:
-        return str(e)
-    return None
-
-
-NO_GPU = _gpu_reason()
-needs_gpu = pytest.mark.skipif(NO_GPU is not None, reason=f"needs a CUDA GPU ({NO_GPU})")
 
 
 def _spec(n, cin, cout, k, hw, dt="float16"):

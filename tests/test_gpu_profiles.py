@@ -19,27 +19,13 @@ from cuvil import Pipeline
 from cuvil.cli import main as cli_main
 from cuvil.errors import CuvilError, ShapeError
 from cuvil.targets.ptx import buckets as bk
-from cuvil.targets.ptx import find_libdevice, find_ptxas
 from cuvil.targets.ptx import runtime as rt
 from cuvil.targets.ptx.failsafe import FailSafeModel
 from cuvil.targets.ptx.graph_cache import GraphCache
 from cuvil.kernels.batch_rows import batch_like
+from cuvil.testing.requires import NO_GPU, needs_gpu, needs_libdevice, needs_ptxas
 
 TARGET = "nvptx64-nvidia-cuda"
-needs_libdevice = pytest.mark.skipif(find_libdevice() is None, reason="libdevice.10.bc not found (no CUDA toolkit)")
-needs_ptxas = pytest.mark.skipif(find_ptxas() is None, reason="ptxas not found (no CUDA toolkit)")
-
-
-def _gpu_reason():
-    try:
-        rt.driver()
-    except rt.NoGpuError as e:
-        return str(e)
-    return None
-
-
-NO_GPU = _gpu_reason()
-needs_gpu = pytest.mark.skipif(NO_GPU is not None, reason=f"needs a CUDA GPU ({NO_GPU})")
 
 
 def net(tail: str = "none", batch="N") -> onnx.ModelProto:

@@ -7,26 +7,13 @@ import numpy as np
 import pytest
 
 from cuvil import Pipeline
-from cuvil.targets.ptx import assemble, find_ptxas
-from cuvil.targets.ptx import runtime as rt
+from cuvil.targets.ptx import assemble
 from cuvil.targets.ptx.codegen import build_ptx, gpu_schedule
 from cuvil.targets.ptx.matmul_mma import (FRAGMENTS, TK, MatmulPlan, a_word, b_word, c_coords, load_slots,
                                           matmul_parts, plan_matmul, row_stride, stage_precisions, warp_tiles)
 from cuvil.testing.matmul_models import attention_scores, gemm_transb_residual, linear_gelu
+from cuvil.testing.requires import needs_gpu, needs_ptxas
 
-needs_ptxas = pytest.mark.skipif(find_ptxas() is None, reason="ptxas not found (no CUDA toolkit)")
-
-
-def _gpu_reason():
-    try:
-        rt.driver()
-    except rt.NoGpuError as e:
-        return str(e)
-    return None
-
-
-NO_GPU = _gpu_reason()
-needs_gpu = pytest.mark.skipif(NO_GPU is not None, reason=f"needs a CUDA GPU ({NO_GPU})")
 TARGET = "nvptx64-nvidia-cuda"
 
 

@@ -14,24 +14,11 @@ from onnx import TensorProto, helper
 import cuvil
 from cuvil import CuvilError, Pipeline, ShapeError
 from cuvil.targets.model_api import RUNTIME_ERRORS, Signature, SymbolProfile, TensorSpec
-from cuvil.targets.ptx import find_libdevice
 from cuvil.targets.ptx import runtime as rt
+from cuvil.testing.requires import LIBDEVICE, needs_gpu, needs_libdevice
 
 GPU = "nvptx64-nvidia-cuda"
 TARGETS = ("x86", "gpu")
-
-
-def _no_gpu():
-    try:
-        rt.driver()
-    except rt.NoGpuError as e:
-        return str(e)
-    return None
-
-
-NO_GPU = _no_gpu()
-needs_gpu = pytest.mark.skipif(NO_GPU is not None, reason=f"the launch needs a CUDA GPU ({NO_GPU})")
-needs_libdevice = pytest.mark.skipif(find_libdevice() is None, reason="libdevice.10.bc not found (no CUDA toolkit)")
 
 
 def masked_model():
@@ -57,7 +44,7 @@ def built(tmp_path_factory):
     art = p.compile(shape_profiles={"batch": (1, 2, 4), "sequence": (1, 8, 32)})
     so = art.save(str(d / "libmasked.so"))
     bundle = None
-    if find_libdevice() is not None:
+    if LIBDEVICE is not None:
         bundle = p.compile(GPU, fixed={"batch": 2, "sequence": 8}).save(str(d / "masked.cuvil"))
     return {"art": art, "so": so, "bundle": bundle}
 

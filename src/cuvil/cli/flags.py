@@ -18,6 +18,15 @@ TARGET_ALIASES = {"x86_64": X86_TARGET, "x86-64": X86_TARGET, "x86": X86_TARGET,
 THREADS_HELP = "threads per session (default 0 = all cores)"
 
 
+def add_actions(sub, name: str, help: str, description: str):
+    """A command whose work is done by its actions (``cuvil rules check``): its parser and the parsers of the
+    actions; without an action it prints its help (which lists them) and exits 2."""
+    sp = sub.add_parser(name, help=help, description=description)
+    actions = sp.add_subparsers(dest=f"{name}_command", metavar="ACTION")
+    sp.set_defaults(fn=lambda a: (sp.print_help(), 2)[1])
+    return sp, actions
+
+
 def add_model_arg(sp, text: str) -> None:
     sp.add_argument("model", metavar="MODEL", help=text)
 

@@ -7,7 +7,7 @@ import numpy as np
 
 from ..errors import CuvilError
 from ..pipeline import Pipeline
-from .flags import add_quiet_flag, add_shape_flags
+from .flags import add_actions, add_quiet_flag, add_shape_flags
 from .shape_flags import shape_flags
 
 #: The gate on the largest relative difference between merged and unmerged outputs, by weight type (PEFT's
@@ -18,11 +18,10 @@ SAMPLE_DIM = 4
 
 
 def register(sub) -> None:
-    sp = sub.add_parser("lora", help="LoRA adapters: check an adapter against a model",
-                        description="LoRA adapters (docs/lora.md). `cuvil lora check MODEL ADAPTER` maps the "
-                                    "adapter to the model's weights and compares the merged model with the "
-                                    "unmerged one.")
-    lsub = sp.add_subparsers(dest="lora_command", metavar="SUBCOMMAND")
+    _, lsub = add_actions(sub, "lora", help="LoRA adapters: check an adapter against a model",
+                          description="LoRA adapters (docs/lora.md). `cuvil lora check MODEL ADAPTER` maps the "
+                                      "adapter to the model's weights and compares the merged model with the "
+                                      "unmerged one.")
     ck = lsub.add_parser("check", help="per adapted weight: shapes, rank, scale, update norm, finiteness; "
                                        "merged vs unmerged outputs on sample inputs",
                          description="Map ADAPTER (a PEFT directory or .onnx_adapter file) to MODEL's weights and "
@@ -43,7 +42,6 @@ def register(sub) -> None:
     ck.add_argument("--seed", type=int, default=0, help="seed of the sample inputs (default 0)")
     add_quiet_flag(ck)
     ck.set_defaults(fn=cmd_lora_check)
-    sp.set_defaults(fn=lambda a: (sp.print_help(), 2)[1])
 
 
 def cmd_lora_check(args) -> int:

@@ -10,16 +10,15 @@ from ..precision.policy import plan_precision
 from ..precision.report import format_report
 from ..targets import get_target, make_options
 from ..targets.base import precision_ops
-from .flags import (add_precision_flags, add_quiet_flag, add_shape_flags, add_target_flag,
+from .flags import (add_actions, add_precision_flags, add_quiet_flag, add_shape_flags, add_target_flag,
                     precision_flags, resolve_target)
 from .shape_flags import bind_shapes, check_shape_flags
 
 
 def register(sub) -> None:
-    sp = sub.add_parser("precision", help="low precision with certificates: the range analysis and its report",
-                        description="Low precision with certificates (docs/precision.md). "
-                                    "Example: cuvil precision report model.onnx --input-range x=0:1")
-    psub = sp.add_subparsers(dest="precision_command", metavar="ACTION")
+    _, psub = add_actions(sub, "precision", help="low precision with certificates: the range analysis and its report",
+                          description="Low precision with certificates (docs/precision.md). "
+                                      "Example: cuvil precision report model.onnx --input-range x=0:1")
     rp = psub.add_parser("report", help="per node: format, certified range, proof or counterexample",
                          description="Bound every tensor of MODEL from its inputs' ranges, decide each node's number "
                                      "format under --precision, and print per node the format, the range and the "
@@ -36,11 +35,6 @@ def register(sub) -> None:
     rp.add_argument("--json", metavar="FILE", help="also write the report (the manifest's precision entry) as JSON")
     add_quiet_flag(rp)
     rp.set_defaults(fn=cmd_report)
-    sp.set_defaults(fn=cmd_precision)
-
-
-def cmd_precision(args) -> int:
-    raise CuvilError("cuvil precision needs an action", hint="cuvil precision report MODEL --input-range x=0:1")
 
 
 def cmd_report(args) -> int:

@@ -6,13 +6,13 @@ import time
 
 from ..dsl.parser import load_rules
 from ..rewrite_rules.verdicts import builtin_rules_dir, verdicts, write_shipped
+from .flags import add_actions
 
 
 def register(sub) -> None:
-    sp = sub.add_parser("rules", help="prove or list rewrite rules",
-                        description="The rewrite rules (.rule files): `check` proves them with Z3, `list` shows "
-                                    "them with their verdicts. Example: cuvil rules check my_rules/")
-    rsub = sp.add_subparsers(dest="rules_command", metavar="ACTION")
+    _, rsub = add_actions(sub, "rules", help="prove or list rewrite rules",
+                          description="The rewrite rules (.rule files): `check` proves them with Z3, `list` shows "
+                                      "them with their verdicts. Example: cuvil rules check my_rules/")
     rc = rsub.add_parser("check", help="prove every rule (default: the built-in rules/); exit 0 unless one is refuted or unknown",
                          description="Prove each rule of PATHS (default: the built-in rules) with Z3 and print its "
                                      "obligation, verdict, time and what the proof covers; a refuted rule shows a "
@@ -31,7 +31,6 @@ def register(sub) -> None:
     rl.add_argument("-q", "--quiet", action="store_true", help="no progress output: only the results and errors")
     rl.add_argument("--timeout-ms", type=int, default=20_000, help="Z3 time limit per proof (rules not yet proved)")
     rl.set_defaults(fn=cmd_rules_list)
-    sp.set_defaults(fn=lambda a: (sp.print_help(), 2)[1])
 
 
 def _rule_paths(args):

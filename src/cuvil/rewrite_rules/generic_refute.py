@@ -5,11 +5,18 @@ dims and attribute values from it, checks that the rule really matches there (th
 the replacement's type, through the op registry and the rule compiler, as the engine would), evaluates
 both sides with the concrete prover's semantics (:mod:`cuvil.rewrite_rules.semantics`, every input
 element a Z3 variable) and asks Z3 for inputs on which they differ. Only such a difference is a refutation;
-its witness (shapes, attributes, input values) can be replayed through any ONNX runtime.
+its witness (shapes, attributes, input values) can be replayed through any ONNX runtime, and is: a
+counterexample is reported only when ``onnx.reference``, running both sides in float32 on the witness, shows
+the difference (bits for ``exact``, a gap far above float32 rounding for ``real``); a weaker one is passed
+over and the search goes on.
+
+The search is bounded by Z3 steps (its ``rlimit``), not by time: each query may take a fixed number of steps
+and the whole search a fixed total, so a rule gets the same search, hence the same verdict and counterexample,
+on an idle machine and on a loaded one (CI's workers). Wall-clock limits stay only as a backstop far above
+what the steps take.
 """
 from __future__ import annotations
 
-import time
 from typing import Any, Dict, List, Optional
 
 import attrs
@@ -19,14 +26,25 @@ import z3
 from ..dsl.ast import Expr, FuncCall, ListLit, Num, OpCall, Rule, Var, Wildcard
 from ..dsl.compiler import BuildError, build, match
 from ..errors import CuvilError
+from ..frontend.onnx_export import export_model
 from ..ir.graph import Graph
 from ..ir.types import TensorType
+from ..reference import run_reference
 from . import semantics as sem
 
 MAX_TRIES = 2
-QUERY_MS = 2000          # per solver call
-BUDGET_MS = 12000        # for the whole search
 _BOUNDS = (3, 5)         # largest dim tried, first pass then second
+# Z3 steps (rlimit), measured on the wrong variants of tests/test_generic_proofs.py: the search's instance
+# queries take up to ~1 M steps when they decide (~2 s idle), the concrete check's up to ~0.2 M (~1 s).
+QUICK_QUERY_STEPS = 500_000     # per instance query of the quick search
+QUICK_BUDGET_STEPS = 1_500_000  # for the whole quick search
+QUERY_STEPS = 1_000_000         # per instance query, and per query of the concrete check
+BUDGET_STEPS = 10_000_000       # for the whole search
+BACKSTOP_MS = 120_000           # wall clock, per query: only so that a pathological query cannot hang
+WITNESS_TRIES = 3               # models of one concrete check whose float32 replay may fail to show a gap
+# A real rule's counterexample must show, replayed in float32, |lhs - rhs| > REPLAY_GAP * (1 + |lhs|): ten times
+# the tolerance the tests' own replay allows, far above float32 rounding of the few operations a rule spans.
+REPLAY_GAP = 1e-2
 
 
 # Defined here rather than in generic.py, which imports this module: the refuter builds "refuted" results.
@@ -45,8 +63,8 @@ def quick_refute(rule: Rule, inst, assumptions: List[Any], parts: Dict[str, Any]
     output dims differ. Obviously wrong rules are refuted here in well under a second."""
     same = parts["dims"] + parts["valid"] + parts["defined"]
     queries = [(same, 2, "elem"), (same, (2, 2), "elem"), (_dims_differ(parts), 1, "dims")]
-    return _search(rule, inst, assumptions, queries,
-                   bounds=(3,), tries=1, query_ms=1000, budget_ms=3000, timeout_ms=timeout_ms, solve=False)
+    return _search(rule, inst, assumptions, queries, bounds=(3,), tries=1,
+                   budget=_Steps(QUICK_BUDGET_STEPS, QUICK_QUERY_STEPS, timeout_ms), solve=False)
 
 
 def _dims_differ(parts):
@@ -66,31 +84,56 @@ def refute(rule: Rule, inst, assumptions: List[Any], parts: Dict[str, Any], hint
                (same + [z3.Not(z3.And(parts["defined"] + [parts["eq"]]))], 1, "elem"),
                (_dims_differ(parts), 1, "dims"),
                (same, 2, "elem")]
-    return _search(rule, inst, assumptions, queries, bounds=_BOUNDS, tries=MAX_TRIES, query_ms=QUERY_MS,
-                   budget_ms=max(BUDGET_MS, timeout_ms), timeout_ms=timeout_ms, solve=True)
+    return _search(rule, inst, assumptions, queries, bounds=_BOUNDS, tries=MAX_TRIES,
+                   budget=_Steps(BUDGET_STEPS, QUERY_STEPS, timeout_ms), solve=True)
 
 
-def _search(rule, inst, assumptions, queries, *, bounds, tries, query_ms, budget_ms, timeout_ms, solve):
-    deadline = time.perf_counter() + budget_ms / 1e3
+class _Steps:
+    """The Z3 steps a search may still take: each query gets at most ``per_query`` of them (fewer when fewer
+    are left) and is charged what it took. ``timeout_ms`` only raises the wall-clock backstop."""
+
+    def __init__(self, total: int, per_query: int, timeout_ms: int):
+        self.left, self.per_query = total, per_query
+        self.backstop_ms = max(BACKSTOP_MS, int(timeout_ms))
+
+    def solver(self) -> Optional[z3.Solver]:
+        if self.left <= 0:
+            return None
+        s = z3.Solver()
+        s.set("rlimit", int(min(self.per_query, self.left)))
+        s.set("timeout", self.backstop_ms)
+        return s
+
+    def check(self, s: z3.Solver):
+        before = _steps_so_far(s)
+        res = s.check()
+        self.left -= max(1, _steps_so_far(s) - before)
+        return res
+
+
+def _steps_so_far(s: z3.Solver) -> int:
+    """Z3's step counter (its "rlimit count", shared by every solver of the context)."""
+    return int(s.statistics().get_key_value("rlimit count"))
+
+
+def _search(rule, inst, assumptions, queries, *, bounds, tries, budget: _Steps, solve):
     small = _small(inst)
     for goal, lo, kind in queries:
         if goal is None:
             continue
         for bound in bounds:
-            left = deadline - time.perf_counter()
-            if left <= 0:
+            s = budget.solver()
+            if s is None:
                 return None
-            s = z3.Solver()
-            s.set("timeout", int(min(query_ms, timeout_ms, 1e3 * left)))
             s.add(*assumptions, *goal)
             s.add(*[c(lo, bound) for c in small])
             for _ in range(tries):
-                if time.perf_counter() > deadline or s.check() != z3.sat:
+                if budget.left <= 0 or budget.check(s) != z3.sat:
                     break
                 m = s.model()
                 concrete = _concretize(inst, m)
                 if kind == "elem":
-                    found = _check(rule, inst.v, concrete, min(timeout_ms, 2 * query_ms), solve)
+                    found = _check(rule, inst.v, concrete, budget, solve)
                 else:
                     found = _shapes_differ(rule, inst.v, concrete)
                 if found is not None:
@@ -265,7 +308,8 @@ def _sem_side(e: Expr, dom, vals, v, concrete, lhs: bool):
     return sem.evaluate(dom, e.op, ins, node_attrs(e, concrete, dom))[0]
 
 
-def _check(rule: Rule, v, concrete, timeout_ms: int, solve: bool = True):
+def _check(rule: Rule, v, concrete, budget: _Steps, solve: bool = True):
+    """A counterexample (text, witness) on this instance whose float32 replay shows the difference, or None."""
     if not _matches(rule, v, concrete):
         return None
     dom = sem.FP32Domain() if rule.proof == "exact" else sem.RealDomain()
@@ -290,17 +334,28 @@ def _check(rule: Rule, v, concrete, timeout_ms: int, solve: bool = True):
     inputs = {n: a for n, a in vals.items() if n not in v.literal}
     floats = [dom.var(n) for n, val in concrete["attrs"].items() if val is None]
     leaves = [x for a in inputs.values() for x in a.reshape(-1)] + floats
-    tried = _random_trials(dom, leaves, lhs_side, goal)
-    if tried is not None:
-        return _report(tried, dom, inputs, concrete, lhs, rhs, rhs_side)
+    for tried in _random_trials(dom, leaves, lhs_side, goal):
+        found = _report(tried, dom, inputs, concrete, lhs, rhs, rhs_side)
+        if _replay_shows(rule, v, found[1]):
+            return found
     for prefer in (True, False) if solve else ():
-        s = z3.Solver()
-        s.set("timeout", int(timeout_ms))
+        s = budget.solver()
+        if s is None:
+            return None
         s.add(*dom.axioms, *lhs_side, z3.Not(goal))
         if prefer:  # small integers make a readable counterexample; any value will do otherwise
             s.add(*[_small_value(dom, x) for x in leaves if not z3.is_bool(x)])
-        if s.check() == z3.sat:
-            return _report(s.model(), dom, inputs, concrete, lhs, rhs, rhs_side)
+        values = [x for x in leaves if not z3.is_bool(x)]
+        for _ in range(WITNESS_TRIES):
+            if budget.check(s) != z3.sat:
+                break
+            m = s.model()
+            found = _report(m, dom, inputs, concrete, lhs, rhs, rhs_side)
+            if _replay_shows(rule, v, found[1]):
+                return found
+            if not values:
+                break
+            s.add(z3.Or([x != m.eval(x, model_completion=True) for x in values]))  # another model, please
     return None
 
 
@@ -316,9 +371,9 @@ class _Values:
 
 def _random_trials(dom, leaves, lhs_side, goal, n: int = 12):
     """Cheap first: random small integers, then random floats of every magnitude, substituted into both
-    sides; a trial where the pattern is defined and the goal simplifies to false is a counterexample."""
+    sides; each trial where the pattern is defined and the goal simplifies to false is a counterexample."""
     if not leaves:
-        return None
+        return
     rng = np.random.default_rng(0)
     for trial in range(n):
         pairs = []
@@ -335,8 +390,7 @@ def _random_trials(dom, leaves, lhs_side, goal, n: int = 12):
         if not all(z3.is_true(m.eval(c)) for c in lhs_side):
             continue
         if z3.is_false(m.eval(goal)):
-            return m
-    return None
+            yield m
 
 
 def _small_value(dom, x):
@@ -360,3 +414,46 @@ def _report(m, dom, inputs, concrete, lhs, rhs, rhs_side):
     where = sem.first_difference(m, dom, lhs, rhs) or "the replacement is undefined there"
     witness = dict(concrete, inputs=arrays, floats=floats)
     return ", ".join(parts) + ": " + where, witness
+
+
+# --- the witness replayed in float32 ---------------------------------------------------------------------
+
+def _replay_shows(rule: Rule, v, witness) -> bool:
+    """Whether onnx.reference, running both sides in float32 on the witness, shows them differ: in some bit
+    (``exact``; NaN equal to NaN) or by more than REPLAY_GAP (``real``). A witness it cannot run shows nothing."""
+    concrete = dict(witness, attrs={k: (witness["floats"][k] if val is None else val)
+                                    for k, val in witness["attrs"].items()})
+    g = Graph()
+    vals, feeds = {}, {}
+    for name, shape in concrete["shapes"].items():
+        if name in v.literal:
+            vals[name] = g.const(np.full(shape, v.literal[name], np.float32), name)
+        else:
+            arr = witness["inputs"][name]
+            vals[name] = g.add_input(name, TensorType(9 if arr.dtype == np.bool_ else 1, shape))
+            feeds[name] = arr
+    try:
+        lhs = _replay_side(rule.lhs, g, vals, v, concrete, True)
+        rhs = _replay_side(rule.rhs, g, vals, v, concrete, False)
+        g.outputs, g.output_names = [lhs, rhs], ["lhs", "rhs"]
+        a, b = (np.asarray(x) for x in run_reference(export_model(g), feeds))
+    except Exception:  # noqa: BLE001 - an instance the exporter or onnx.reference cannot run proves nothing
+        return False
+    if a.shape != b.shape:
+        return True
+    if a.dtype.kind != "f" or b.dtype.kind != "f":
+        return bool(np.any(a != b))
+    if rule.proof == "exact":
+        same = (a.view(np.uint32) == b.view(np.uint32)) | (np.isnan(a) & np.isnan(b))
+        return not bool(same.all())
+    return not np.allclose(b, a, rtol=REPLAY_GAP, atol=REPLAY_GAP, equal_nan=True)
+
+
+def _replay_side(e: Expr, g: Graph, vals, v, concrete, lhs: bool):
+    """One side as graph nodes, a float attribute used as a value (``var + eps``) as a float32 constant."""
+    if isinstance(e, Var) and e.name not in vals:
+        return g.const(np.asarray(concrete["attrs"][e.name], np.float32), e.name)
+    if isinstance(e, OpCall):
+        ins = [_replay_side(a, g, vals, v, concrete, lhs) for a in e.args]
+        return g.add_node(e.op, ins, node_attrs(e, concrete)).outputs[0]
+    return _graph_side(e, g, vals, v, concrete, lhs)

@@ -146,27 +146,41 @@ def _output(g: Graph, v: Value) -> Optional[Tuple[bool, Node]]:
     return relu, n
 
 
+def _chain(g: Graph, n: Node, xs: np.ndarray, w: Value, axis: int, c: int):
+    """((wq, ws[c], wzp[c]), (relu, Q node), bq[c] or None) of the chain around contraction ``n``: its weight's
+    DQ along ``axis`` (``c`` output channels), its bias, the Q after it; None when they are not a fusable chain."""
+    wt = _weight(g, w, axis, c)
+    out = _output(g, n.outputs[0])
+    if wt is None or out is None:
+        return None
+    ok, bq = _bias(g, n.input(2), xs, wt[2], c)
+    if not ok:
+        return None
+    return wt[1:], out, bq
+
+
+def _qlinear_inputs(g: Graph, xdq: Node, xq: Value, w, q: Node, bq: Optional[np.ndarray]):
+    """QLinearConv's / QLinearMatMul's inputs: ``xq`` (the activation DQ's input, or a reshape of it) with that
+    DQ's scale and zero point, the weight's (wq, ws, wzp), the output Q's scale and zero point, the bias."""
+    wq, ws, wzp = w
+    ins = [xq, xdq.input(1), _zp_or_zero(xdq, xdq.input(0).dtype, g),
+           g.const(wq, "wq"), g.const(ws.astype(np.float32), "w_scale"), g.const(wzp, "w_zero_point"),
+           q.input(1), q.input(2)]
+    if bq is not None:
+        ins.append(g.const(bq, "bias_q"))
+    return ins
+
+
 def _fuse_conv(g: Graph, n: Node) -> bool:
     x = _input(g, n.input(0))
     w = n.input(1)
     if x is None or w is None or w.shape is None or not isinstance(w.shape[0], int):
         return False
-    c = w.shape[0]
-    wt = _weight(g, w, 0, c)
-    out = _output(g, n.outputs[0])
-    if wt is None or out is None:
+    chain = _chain(g, n, x[1], w, 0, w.shape[0])
+    if chain is None:
         return False
-    ok, bq = _bias(g, n.input(2), x[1], wt[2], c)
-    if not ok:
-        return False
-    xdq, (wdq, wq, ws, wzp), (relu, q) = x[0], wt, out
-    xdq_ = xdq
-    ins = [xdq_.input(0), xdq_.input(1), _zp_or_zero(xdq_, xdq_.input(0).dtype, g),
-           g.const(wq, "wq"), g.const(ws.astype(np.float32), "w_scale"), g.const(wzp, "w_zero_point"),
-           q.input(1), q.input(2)]
-    if bq is not None:
-        ins.append(g.const(bq, "bias_q"))
-    _replace(g, n, q, relu, "QLinearConv", ins, dict(n.attrs))
+    wt, (relu, q), bq = chain
+    _replace(g, n, q, relu, "QLinearConv", _qlinear_inputs(g, x[0], x[0].input(0), wt, q, bq), dict(n.attrs))
     return True
 
 
@@ -181,23 +195,15 @@ def _fuse_gemm(g: Graph, n: Node) -> bool:
         return False
     tb = bool(a.get("transB", 0))
     k, c = (w.shape[1], w.shape[0]) if tb else (w.shape[0], w.shape[1])
-    wt = _weight(g, w, 0 if tb else 1, c)
-    out = _output(g, n.outputs[0])
-    if wt is None or out is None:
+    chain = _chain(g, n, x[1], w, 0 if tb else 1, c)
+    if chain is None:
         return False
-    ok, bq = _bias(g, n.input(2), x[1], wt[2], c)
-    if not ok:
-        return False
-    xdq, (wdq, wq, ws, wzp), (relu, q) = x[0], wt, out
+    (wq, ws, wzp), (relu, q), bq = chain
     wq4 = (wq if tb else wq.T).reshape(c, k, 1, 1).copy()
     i = g.nodes.index(n)
-    xq = xdq.input(0)
-    r = g.add_node("Reshape", [xq, g.const(np.array([0, k, 1, 1], np.int64), "shape")], index=i)
-    ins = [r.outputs[0], xdq.input(1), _zp_or_zero(xdq, xq.dtype, g),
-           g.const(wq4, "wq"), g.const(ws.astype(np.float32), "w_scale"), g.const(wzp, "w_zero_point"),
-           q.input(1), q.input(2)]
-    if bq is not None:
-        ins.append(g.const(bq, "bias_q"))
+    xdq = x[0]
+    r = g.add_node("Reshape", [xdq.input(0), g.const(np.array([0, k, 1, 1], np.int64), "shape")], index=i)
+    ins = _qlinear_inputs(g, xdq, r.outputs[0], (wq4, ws, wzp), q, bq)
     conv = g.add_node("QLinearConv", ins, {"kernel_shape": [1, 1]}, index=i + 1)
     back = g.add_node("Reshape", [conv.outputs[0], g.const(np.array([0, c], np.int64), "shape")], index=i + 2)
     _finish(g, q, relu, back.outputs[0], i + 3)
@@ -209,18 +215,13 @@ def _fuse_matmul(g: Graph, n: Node) -> bool:
     w = n.input(1)
     if x is None or w is None or w.shape is None or len(w.shape) != 2 or not all(isinstance(d, int) for d in w.shape):
         return False
-    c = w.shape[1]
-    wt = _weight(g, w, 1, c)
-    out = _output(g, n.outputs[0])
-    if wt is None or out is None:
+    chain = _chain(g, n, x[1], w, 1, w.shape[1])   # a MatMul has no bias input: bq is None
+    if chain is None:
         return False
-    xdq, (wdq, wq, ws, wzp), (relu, q) = x[0], wt, out
-    if np.any(wzp != wzp[0]):   # QLinearMatMul's b zero point: per column is allowed, but keep it simple
+    wt, (relu, q), bq = chain
+    if np.any(wt[2] != wt[2][0]):   # QLinearMatMul's b zero point: per column is allowed, but keep it simple
         return False
-    ins = [xdq.input(0), xdq.input(1), _zp_or_zero(xdq, xdq.input(0).dtype, g),
-           g.const(wq, "wq"), g.const(ws.astype(np.float32), "w_scale"), g.const(wzp, "w_zero_point"),
-           q.input(1), q.input(2)]
-    _replace(g, n, q, relu, "QLinearMatMul", ins, {})
+    _replace(g, n, q, relu, "QLinearMatMul", _qlinear_inputs(g, x[0], x[0].input(0), wt, q, bq), {})
     return True
 
 

@@ -2,7 +2,8 @@
 single-convolution models (:mod:`.conv_models`), Hypothesis strategies (:mod:`.strategies`), rule checks
 (:mod:`.rules`), onnxruntime as oracle and error measures (:mod:`.oracles`, needs onnxruntime), fresh compiled
 libraries (:mod:`.artifacts`), per-op shape inference against onnx (:mod:`.shape_inference`), errors in ULPs of float32
-math over sweeps of float32 bit patterns (:mod:`.ulp`)."""
+math over sweeps of float32 bit patterns (:mod:`.ulp`), pytest markers for tests that need a GPU or the CUDA
+toolkit (:mod:`.requires`, needs pytest)."""
 from . import strategies
 from .models import (LIGHT_MODELS, light_model, light_model_path, small_cnn, strip_final_softmax,
                      with_batch, with_random_weights)

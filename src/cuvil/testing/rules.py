@@ -3,6 +3,7 @@ before and after the rule, and compare (bit for bit for ``prove exact``, within 
 ``prove real``). The shapes are those the prover found, or any shape for elementwise rules."""
 from __future__ import annotations
 
+import functools
 from typing import Dict, Tuple
 
 import attrs
@@ -44,10 +45,7 @@ def rule_cases(draw, rule: Rule) -> Tuple[onnx.ModelProto, Dict[str, np.ndarray]
             firsts = {c.args[0].name for c in _calls(rule.lhs) if c.args and isinstance(c.args[0], Var)}
             inst = attrs.evolve(inst, shapes={k: (shape if k in firsts else ()) for k in inst.shapes})
     else:
-        # the instances the prover checks a bounded rule on (random drawing, then the deterministic search):
-        # the search alone finds none for a chain of four MatMul-shaped constants (the LoRA merge rules)
-        found = search_instances(rule) or draw_instances(rule, np.random.default_rng(SEED + 1), BOUNDED_INSTANCES,
-                                                         BOUNDED_MAX_DIM, BOUNDED_MAX_ELEMS)
+        found = _instances(rule)
         if not found:
             raise ValueError(f"rule {rule.name}: no instance to test")
         inst = draw(st.sampled_from(found))
@@ -79,6 +77,16 @@ def rule_cases(draw, rule: Rule) -> Tuple[onnx.ModelProto, Dict[str, np.ndarray]
             feeds[v.name] = draw(float_arrays(tuple(v.shape), special=exact))
     g.add_output(root, g.fresh_name("out"))
     return export_model(g), feeds
+
+
+@functools.lru_cache(maxsize=None)
+def _instances(rule: Rule) -> Tuple:
+    """The instances the prover checks a bounded rule on (the deterministic search, then random drawing from a
+    fixed seed): the search alone finds none for a chain of four MatMul-shaped constants (the LoRA merge rules).
+    Both are functions of the rule alone, so they are found once per process, not once per drawn example
+    (drawing took ~0.8 s of CPU per example of a LoRA merge rule, most of its property test)."""
+    return tuple(search_instances(rule) or draw_instances(rule, np.random.default_rng(SEED + 1), BOUNDED_INSTANCES,
+                                                          BOUNDED_MAX_DIM, BOUNDED_MAX_ELEMS))
 
 
 def _calls(e):
