@@ -100,8 +100,9 @@ def test_a_guess_lacking_the_cpus_features_is_replaced(tmp_path, monkeypatch):
     # kept per LLVM, guess and features: the second answer comes from the file, a damaged file is recomputed
     (entry,) = (tmp_path / "cpu-names").iterdir()
     assert tuning_name("rocketlake", feats) == name
-    entry.write_text("{not json")
-    assert tuning_name("rocketlake", feats) == name
+    for damaged in ("{not json", '{"name": 5}', '{"name": "--help"}'):
+        entry.write_text(damaged)
+        assert tuning_name("rocketlake", feats) == name
 
 
 def test_a_guess_with_every_feature_is_kept(tmp_path, monkeypatch):

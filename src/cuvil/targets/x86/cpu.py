@@ -167,10 +167,15 @@ def tuning_name(guess: str, features: FrozenSet[str]) -> str:
                         "cpu-names", key[:32])
     try:
         with open(path, encoding="utf-8") as f:
-            return json.load(f)["name"]
+            cached = json.load(f)["name"]
+        if isinstance(cached, str) and re.fullmatch(r"[a-z0-9][a-z0-9_.-]*", cached):
+            return cached
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    name = _tuning_name(guess, features, readable)
+    try:
+        name = _tuning_name(guess, features, readable)
+    except CuvilError:        # LLVM's CPU listing could not be read: its guess still tunes (nothing to refuse)
+        return guess
     try:                # the probes take a second or two: one answer per LLVM, guess and feature set
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path + f".{os.getpid()}", "w", encoding="utf-8") as f:
