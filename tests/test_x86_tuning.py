@@ -64,6 +64,28 @@ def test_channel_tiles_are_offered_per_compile():
     assert _contraction_tiles(off) == {(12, False)}
 
 
+def test_position_lane_conv_tiles_can_be_forced_per_compile():
+    """``conv_tiles`` (bench/conv_tiles.py): one (rows, position vectors) pair is the only position-lane tile
+    offered, so each of 12 x 32, 8 x 48, 6 x 64 is taken in turn, and the numbers stay onnxruntime's."""
+    import numpy as np
+    from cuvil.targets.x86.gemm import tile_shapes
+    from cuvil.testing.oracles import max_rel_error, ort_session
+    assert tile_shapes(512) == tile_shapes(512, X86Tuning(conv_tiles=((12, 2), (8, 3), (6, 4))))
+    model = winograd_conv_model(16, 64, 14, 14, [1, 1, 1, 1])
+    p = Pipeline.from_onnx(model).optimize()
+    x = np.random.default_rng(0).standard_normal((1, 16, 14, 14)).astype(np.float32)
+    want = ort_session(model).run(None, {model.graph.input[0].name: x})[0]
+    for rows, nvec in ((12, 2), (8, 3), (6, 4)):
+        sched, art = _schedule_of(p, cpu="native", winograd=False,
+                                  tuning=X86Tuning(conv_tiles=((rows, nvec),), channel_tiles=()))
+        if art.manifest["target"]["vector_bits"] < 512:
+            pytest.skip(f"this CPU has no AVX-512 ({art.manifest['target']['built_on']}): conv_tiles is AVX-512's")
+        assert _contraction_tiles(sched) == {(rows, False)}
+        assert max_rel_error(art.model().run(x)[0], want) <= 1e-5
+    with pytest.raises(ValueError):
+        X86Tuning(conv_tiles=((8, 0),))
+
+
 def test_tuning_is_validated_and_keyed():
     with pytest.raises(CuvilError, match="X86Tuning"):
         X86Options(tuning={"weight_cost": 1.0})

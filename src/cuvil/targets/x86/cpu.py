@@ -4,8 +4,10 @@ as one immutable :class:`CpuDescription` whose ISA features decide the kernels' 
 * The host: vendor, brand string, family/model/stepping from ``/proc/cpuinfo`` (the kernel's copy of cpuid),
   the ISA features from LLVM's cpuid reader (``llvm.get_host_cpu_features``, which also checks that the OS
   saves the AVX/AVX-512 registers), cross-checked with the kernel's ``flags``. LLVM's host CPU *name* is only
-  its guess of a scheduling model (it named an Intel Xeon ``rocketlake``): it is kept for tuning, never used to
-  decide what the CPU can execute.
+  its guess from family/model numbers (it named a Sapphire Rapids-class Xeon VM reporting model 167
+  ``rocketlake``); where the CPU has features that guess lacks (AMX, AVX512-FP16), the name is the LLVM CPU
+  that covers the most of them (:func:`tuning_name`, ``sapphirerapids``-class there). The name picks LLVM's
+  scheduling model only: what the library may execute is the explicit cpuid feature list, never the name's.
 * A named CPU (``--cpu znver4``): its features are LLVM's own definition of that CPU, read back through the
   inliner's feature-compatibility check (:func:`llvm_cpu_features`); the names LLVM accepts come from LLVM's
   ``-mcpu=help`` listing (:func:`llvm_cpu_names`). No table of CPU names in Cuvil: a CPU LLVM learns about
@@ -15,6 +17,9 @@ from __future__ import annotations
 
 import difflib
 import functools
+import hashlib
+import json
+import os
 import re
 import subprocess
 import sys
@@ -117,10 +122,10 @@ def _int_or_none(text: Optional[str]) -> Optional[int]:
         return None
 
 
-def describe_host(cpuinfo: Optional[Dict[str, str]] = None,
-                  llvm_features: Optional[Dict[str, bool]] = None) -> CpuDescription:
-    """This machine's CPU (``cpuinfo``/``llvm_features`` stand in for /proc/cpuinfo and LLVM's cpuid reading in
-    tests). A width-deciding feature LLVM reports but the kernel's flags lack (disabled by the kernel, e.g.
+def describe_host(cpuinfo: Optional[Dict[str, str]] = None, llvm_features: Optional[Dict[str, bool]] = None,
+                  llvm_guess: Optional[str] = None) -> CpuDescription:
+    """This machine's CPU (``cpuinfo``/``llvm_features``/``llvm_guess`` stand in for /proc/cpuinfo, LLVM's cpuid
+    reading and LLVM's host CPU name in tests); the LLVM name tuned for is :func:`tuning_name`'s. A width-deciding feature LLVM reports but the kernel's flags lack (disabled by the kernel, e.g.
     ``clearcpuid``) is left out, and said in ``notes``."""
     initialize_native()
     info = _read_cpuinfo() if cpuinfo is None else cpuinfo
@@ -135,11 +140,96 @@ def describe_host(cpuinfo: Optional[Dict[str, str]] = None,
             elif f in flags and not fmap.get(f):
                 notes.append(f"the kernel's flags list {f} but LLVM's cpuid reading does not (OS support?): not used")
     features = frozenset(k for k, v in fmap.items() if v)
+    guess = llvm.get_host_cpu_name() if llvm_guess is None else llvm_guess
+    name = tuning_name(guess, features)
+    if name != guess:
+        notes.append(f"LLVM guessed {guess!r} from the family/model numbers, a CPU without some of this one's "
+                     f"features: tuned for {name!r} (the library's instructions still follow cpuid's features)")
     return CpuDescription(
-        llvm_name=llvm.get_host_cpu_name(), features=features, is_host=True, vendor=info.get("vendor_id", ""),
+        llvm_name=name, features=features, is_host=True, vendor=info.get("vendor_id", ""),
         model_name=info.get("model name", ""), family=_int_or_none(info.get("cpu family")),
         model=_int_or_none(info.get("model")), stepping=_int_or_none(info.get("stepping")), notes=tuple(notes),
         llvm_features=",".join(("+" if v else "-") + k for k, v in sorted(fmap.items())))
+
+
+def tuning_name(guess: str, features: FrozenSet[str]) -> str:
+    """The LLVM CPU name to tune a host with cpuid ``features`` for: LLVM's ``guess`` unless the host has features
+    the guess lacks (LLVM's guess goes by family/model numbers, which a VM may report for an older core), then
+    the LLVM CPU that has the most of the host's features, fewest it lacks next (a VM hides some: ``pconfig``,
+    ``waitpkg``), then by name (``emeraldrapids`` and ``sapphirerapids`` are one definition in LLVM); a name
+    must have every host feature the guess has. The name only chooses LLVM's scheduling model and tuning flags:
+    the target machine still gets the explicit feature list, and the library requires exactly ``features``.
+    The answer is kept under ``$CUVIL_CACHE_DIR/cpu-names`` (the probes take a second or two)."""
+    initialize_native()
+    readable = sorted(llvm.get_host_cpu_features())
+    key = hashlib.sha256(repr((llvm.llvm_version_info, guess, sorted(features), readable)).encode()).hexdigest()
+    path = os.path.join(os.environ.get("CUVIL_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "cuvil"),
+                        "cpu-names", key[:32])
+    try:
+        with open(path, encoding="utf-8") as f:
+            cached = json.load(f)["name"]
+        if isinstance(cached, str) and re.fullmatch(r"[a-z0-9][a-z0-9_.-]*", cached):
+            return cached
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    try:
+        name = _tuning_name(guess, features, readable)
+    except CuvilError:        # LLVM's CPU listing could not be read: its guess still tunes (nothing to refuse)
+        return guess
+    try:                # the probes take a second or two: one answer per LLVM, guess and feature set
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path + f".{os.getpid()}", "w", encoding="utf-8") as f:
+            json.dump({"name": name, "guess": guess}, f)
+        os.replace(path + f".{os.getpid()}", path)
+    except OSError:
+        pass
+    return name
+
+
+def _tuning_name(guess: str, features: FrozenSet[str], readable) -> str:
+    mine = features & _feature_table((guess,), readable)[guess]
+    extra = sorted(features - mine)
+    if not extra:
+        return guess
+    # One probe of every name for the features the guess lacks, then every feature for the names with most.
+    firsts = _feature_table(llvm_cpu_names(), extra)
+    best = max(len(f) for f in firsts.values())
+    table = _feature_table(tuple(n for n, f in firsts.items() if best and len(f) == best), readable)
+    ranked = sorted((-len(f & features), len(f - features), n) for n, f in table.items() if mine <= f)
+    if not ranked or -ranked[0][0] <= len(mine):
+        return guess
+    return ranked[0][2]
+
+
+def _feature_table(names: Iterable[str], wanted: Iterable[str]) -> Dict[str, FrozenSet[str]]:
+    """Which of the features ``wanted`` LLVM gives each CPU of ``names`` (ones it lists), all in one module run
+    through the inliner once: a caller per name, a callee per (name, feature) (the probe of
+    :func:`llvm_cpu_features`). ``+64bit`` on every function: LLVM aborts on a 32-bit CPU (``i686``) in an
+    x86-64 module without it; such a CPU has none of the features worth tuning for anyway."""
+    initialize_native()
+    wanted, names = list(wanted), list(names)
+    triple = llvm.get_process_triple()
+    lines, attrs = [f'target triple = "{triple}"'], []
+    for i, name in enumerate(names):
+        base = len(attrs)
+        attrs.append(f'"target-cpu"="{name}" "target-features"="+64bit"')
+        for k, f in enumerate(wanted):
+            attrs.append(f'"target-cpu"="{name}" "target-features"="+64bit,+{f}"')
+            lines.append(f'define internal void @f{i}_{k}() #{base + k + 1} {{\n'
+                         f'  call void asm sideeffect "", ""()\n  ret void\n}}')
+        lines.append(f"define void @probe{i}() #{base} {{")
+        lines += [f"  call void @f{i}_{k}()" for k in range(len(wanted))]
+        lines += ["  ret void", "}"]
+    lines += [f"attributes #{j} = {{ {a} }}" for j, a in enumerate(attrs)]
+    mod = llvm.parse_assembly("\n".join(lines))
+    tm = llvm.Target.from_triple(triple).create_target_machine(opt=1)
+    pb = llvm.create_pass_builder(tm, llvm.create_pipeline_tuning_options(speed_level=1))
+    pb.getModulePassManager().run(mod, pb)
+    out = {}
+    for i, name in enumerate(names):
+        left = {int(k) for k in re.findall(rf"@f{i}_(\d+)\(", str(mod.get_function(f"probe{i}")))}
+        out[name] = frozenset(f for k, f in enumerate(wanted) if k not in left)
+    return out
 
 
 @functools.cache

@@ -65,7 +65,8 @@ def tile_shapes(vector_bits: int, tuning: X86Tuning = DEFAULT_TUNING) -> tuple:
     vw = max(4, vector_bits // 32)
     if vector_bits >= 512:
         lanes = tuple((nvec * vw, cols, CHANNEL_LANES) for nvec, cols in tuning.channel_tiles)
-        return ((12, 2 * vw, vw), (8, 3 * vw, vw), (MR, 4 * vw, vw)) + lanes
+        rows_vecs = ((12, 2), (8, 3), (MR, 4)) if tuning.conv_tiles is None else tuning.conv_tiles
+        return tuple((rows, nvec * vw, vw) for rows, nvec in rows_vecs) + lanes
     return ((MR, tile_cols(vector_bits)),)
 
 

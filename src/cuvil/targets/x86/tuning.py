@@ -58,6 +58,12 @@ class X86Tuning:
     # bf16 contractions on AMX tiles (tdpbf16ps, cuvil.targets.x86.amx) where the CPU has AMX-BF16; False:
     # AVX512_BF16's vdpbf16ps kernels even there (the side-by-side benchmark, the tests of that path)
     amx: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
+    # AVX-512's position-lane convolution register tiles offered to choose_tile, as (rows, position vectors):
+    # None: 12x2, 8x3 and 6x4 (12 x 32, 8 x 48, 6 x 64 floats; cuvil.targets.x86.gemm.tile_shapes). One pair
+    # forces that tile wherever a position-lane tile is taken (bench/conv_tiles.py)
+    conv_tiles: Optional[Tuple[Tuple[int, int], ...]] = attrs.field(
+        default=None, converter=attrs.converters.optional(_channel_tiles),
+        validator=attrs.validators.optional(_positive_pairs))
     # The register tile (rows of A, weight-panel columns) of float32 MatMuls/Gemms with constant weights
     # (cuvil.targets.x86.matmul); None: chosen for the CPU (cuvil.targets.x86.gemm.matmul_tile). cols must
     # be a multiple of the vector width, and rows x cols / width accumulators + cols / width + 1 registers
