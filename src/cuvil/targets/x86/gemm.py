@@ -351,12 +351,12 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
                             se, so = fptr(xb, b.add(ke, src0)), fptr(xb, b.add(ko, src0))
                             for v, (live, wl, sl) in enumerate(chunks):
                                 with b.if_then(live):
-                                    xs_ = [b.call(mload, [fptr(src, I64(v * span)), I32(4), wl, ir.Constant(wide, ir.Undefined)])
-                                           for src in (se, so)]
+                                    undef = ir.Constant(wide, ir.Undefined)
+                                    xs_ = [b.call(mload, [fptr(src, I64(v * span)), I32(4), wl, undef]) for src in (se, so)]
                                     if s_last > 1:
                                         xs_ = [b.shuffle_vector(x, ir.Constant(wide, ir.Undefined), picks) for x in xs_]
-                                    b.call(istore, [interleaved_pairs(b, *xs_),
-                                                    ipt(panel, b.add(b.mul(k2, I64(nr)), b.add(j0, I64(v * vw)))), I32(4), sl])
+                                    word = b.add(b.mul(k2, I64(nr)), b.add(j0, I64(v * vw)))
+                                    b.call(istore, [interleaved_pairs(b, *xs_), ipt(panel, word), I32(4), sl])
                         k_pairs(per_pair)
                         return
 
