@@ -293,7 +293,8 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
 
     def pack(n, g, pb_lo, count, pairs_at=None):
         """Panels pb_lo .. pb_lo+count-1 of image n, group g into scratch (K x nr floats each); bf16: the one
-        panel pb_lo straight into the pair panel ``pairs_at`` (rounded as it is gathered, pair_put)."""
+        panel pb_lo straight into the pair panel ``pairs_at`` (rounded as it is gathered: k rows in pairs from
+        koff_table where it exists, else row by row with pair_put; partial panels gather, pair_put_scalar)."""
         xb = x_at(n, g)
 
         def one(i):
