@@ -121,6 +121,10 @@ CONV_CASES = [
     ((1, 256, 14, 14), (96, 256, 1, 1), {}),                                     # 1x1, 3 weight panels
     ((1, 33, 17, 17), (64, 33, 3, 3), dict(pads=[1, 1, 1, 1], dilations=[2, 2])),  # dilated, 17-wide rows
     ((2, 5, 9, 9), (12, 5, 1, 1), {}),                                           # 1x1 K=5, partial panel
+    # k rows packed in pairs (the koff table): contiguous panels (34-wide rows) with an odd K = 27, whose last
+    # pair's odd half must read as zero; stride 3 splits panels into runs read through a stride shuffle
+    ((1, 3, 34, 34), (32, 3, 3, 3), dict(pads=[1, 1, 1, 1])),
+    ((1, 9, 40, 40), (20, 9, 3, 3), dict(strides=[3, 3])),
 ]
 
 

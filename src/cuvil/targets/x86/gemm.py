@@ -29,6 +29,7 @@ one (their columns are never stored). The parallel range is chosen so the smalle
 """
 from __future__ import annotations
 
+import itertools
 from typing import Optional, Tuple
 
 import llvmlite.ir as ir
@@ -231,6 +232,33 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
             kflat = b.add(b.mul(kflat, I64(ext)), kd)
         return koff, kflat
 
+    # bf16: the input offset of every k row as a constant table, so that the packing walks k in pairs (rows
+    # 2i and 2i+1 rounded and interleaved into whole pair words: one full store per 16 pairs instead of a
+    # masked 16-bit store per row) without dividing k into (channel, kernel offsets) per pair
+    koff_table = None
+    if bf:
+        vals = []
+        for kidx in itertools.product(range(spec.cin), *[range(e) for e in spec.kernel]):
+            o = kidx[0] * k_stride
+            for kd, dd, stv in zip(kidx[1:], spec.dilations, in_strides[2:]):
+                o += kd * dd * stv
+            vals.append(o)
+        if K % 2:
+            vals.append(vals[-1])            # the odd half of the last pair: read again, zeroed after packing
+        if len(vals) <= 1 << 16 and max(vals) < 1 << 31:
+            arr = ir.ArrayType(I32, len(vals))
+            koff_table = ir.GlobalVariable(km.module, arr, name=f"{sym}.koff")
+            koff_table.global_constant = True
+            koff_table.linkage = "internal"
+            koff_table.initializer = ir.Constant(arr, vals)
+
+    def k_pairs(per_pair):
+        """``per_pair(k2, koff_even, koff_odd)`` for every pair of k rows (koff_table's offsets)."""
+        def step(k2):
+            at = lambda i: b.sext(b.load(b.gep(koff_table, [I32(0), i], inbounds=True), typ=I32), I64)
+            per_pair(k2, at(b.mul(k2, I64(2))), at(b.add(b.mul(k2, I64(2)), I64(1))))
+        em.loop_range(I64(0), I64((K + 1) // 2), step)
+
     def x_at(n, g):
         """The input's element 0 of image n, group g's first channel."""
         xb = b.gep(em.base(spec.x), [I64(spec.x.offset)], source_etype=ir.IntType(8), inbounds=True)
@@ -266,7 +294,8 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
 
     def pack(n, g, pb_lo, count, pairs_at=None):
         """Panels pb_lo .. pb_lo+count-1 of image n, group g into scratch (K x nr floats each); bf16: the one
-        panel pb_lo straight into the pair panel ``pairs_at`` (rounded as it is gathered, pair_put)."""
+        panel pb_lo straight into the pair panel ``pairs_at`` (rounded as it is gathered: k rows in pairs from
+        koff_table where it exists, else row by row with pair_put; partial panels gather, pair_put_scalar)."""
         xb = x_at(n, g)
 
         def one(i):
@@ -319,6 +348,20 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
                         wl = lanes_below(b.add(b.mul(b.sub(left, I32(1)), I32(s_last)), I32(1)), span)
                         chunks.append((b.icmp_signed(">", left, I32(0)), wl, lanes_below(left, vw)))
 
+                    if koff_table is not None:
+                        def per_pair(k2, ke, ko):
+                            se, so = fptr(xb, b.add(ke, src0)), fptr(xb, b.add(ko, src0))
+                            for v, (live, wl, sl) in enumerate(chunks):
+                                with b.if_then(live):
+                                    undef = ir.Constant(wide, ir.Undefined)
+                                    xs_ = [b.call(mload, [fptr(src, I64(v * span)), I32(4), wl, undef]) for src in (se, so)]
+                                    if s_last > 1:
+                                        xs_ = [b.shuffle_vector(x, ir.Constant(wide, ir.Undefined), picks) for x in xs_]
+                                    word = b.add(b.mul(k2, I64(nr)), b.add(j0, I64(v * vw)))
+                                    b.call(istore, [interleaved_pairs(b, *xs_), ipt(panel, word), I32(4), sl])
+                        k_pairs(per_pair)
+                        return
+
                     def per_k(kidx):
                         koff, kflat = k_offsets(kidx)
                         dst = None if bf else fptr(panel, b.add(b.mul(kflat, I64(nr)), j0))
@@ -335,6 +378,24 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
                     em.loops([spec.cin] + list(spec.kernel), per_k)
 
             def rows(gather):
+                if bf and not gather and koff_table is not None:
+                    def per_pair(k2, ke, ko):
+                        se, so = fptr(xb, b.add(ke, first)), fptr(xb, b.add(ko, first))
+                        row = ipt(panel, b.mul(k2, I64(nr)))
+                        for v in range(npv):
+                            if (v + 1) * vw <= nr:
+                                x0 = b.load(fptr(se, I64(v * vw)), typ=vec, align=4)
+                                x1 = b.load(fptr(so, I64(v * vw)), typ=vec, align=4)
+                                b.store(interleaved_pairs(b, x0, x1),
+                                        b.bitcast(ipt(row, I64(v * vw)), PAIRS.as_pointer()), align=4)
+                            else:
+                                tail = lanes_lt(nr - v * vw)
+                                x0 = b.call(tload, [fptr(se, I64(v * vw)), I32(4), tail, zero])
+                                x1 = b.call(tload, [fptr(so, I64(v * vw)), I32(4), tail, zero])
+                                b.call(istore, [interleaved_pairs(b, x0, x1), ipt(row, I64(v * vw)), I32(4), tail])
+                    k_pairs(per_pair)
+                    return
+
                 def per_k(kidx):
                     koff, kflat = k_offsets(kidx)
                     dst = None if bf else fptr(panel, b.mul(kflat, I64(nr)))

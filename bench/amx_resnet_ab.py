@@ -1,0 +1,107 @@
+"""A/B of two builds of the every-contraction-bf16 ResNet-50 (e.g. before / after a change to the AMX
+kernels) in one process, with OpenVINO's default (bf16 on a CPU with AMX) beside them, 1 thread.
+
+    # the library of the current tree (every Conv / MatMul / Gemm narrowed, as precision_speed.py --every):
+    PYTHONPATH=src python3 bench/amx_resnet_ab.py --build /tmp/new.so
+    # the same from an older tree (git archive OLD | tar -x -C /tmp/old; cd /tmp/old; ... --build /tmp/old.so)
+    PYTHONPATH=src python3 bench/amx_resnet_ab.py /tmp/old.so /tmp/new.so [--blocks 3 --runs 15]
+    PYTHONPATH=src python3 bench/amx_resnet_ab.py /tmp/old.so /tmp/new.so --steps 40   # GEMM steps by kind
+
+Default: wall p50 / min and calling-thread CPU p50 per block (runs alternated, a pause before each; OpenVINO
+computes on its own thread, so its CPU column is not comparable). ``--steps R``: R alternating rounds of the
+step profiler; the GEMM steps summed by kind (3x3 / stem / 1x1 by their K), median and best round, B/A.
+The CPU model is printed first; timings on a shared VM are noisy: read the ratios, repeat in both orders.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import sys
+from collections import defaultdict
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+from precision_speed import compile_at, model_and_feeds, openvino_runners, timings  # noqa: E402
+
+
+def cpu_model() -> str:
+    info = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                k, _, v = line.partition(":")
+                info.setdefault(k.strip(), v.strip())
+    except OSError:
+        return platform.processor()
+    return f"{info.get('model name')} (family {info.get('cpu family')}, model {info.get('model')}, stepping {info.get('stepping')})"
+
+
+def steps(a: str, b: str, rounds: int) -> None:
+    from cuvil.targets.x86.loader import load
+    libs = {"A": load(a, num_threads=1), "B": load(b, num_threads=1)}
+    xs = [np.random.default_rng(0).standard_normal(d.shape).astype(d.dtype) for d in libs["A"].inputs]
+    prof = {k: [] for k in libs}
+    for i in range(rounds):
+        for k, m in (list(libs.items()) if i % 2 == 0 else list(libs.items())[::-1]):
+            prof[k].append(m.profile(*xs, runs=5, num_threads=1))
+    with open(a[:-3] + ".manifest.json") as f:
+        manifest = json.load(f)["steps"]
+    med = {k: np.median(np.array(v), 0) for k, v in prof.items()}
+    best = {k: np.array(v).min(0) for k, v in prof.items()}
+    g = defaultdict(lambda: np.zeros(4))
+    for i, st in enumerate(manifest):
+        if st["kernel"] != "gemm":
+            continue
+        k = st.get("flops", 0) // max(1, 2 * int(np.prod(st["shape"][1:])))
+        kind = ("3x3" if k % 9 == 0 else "stem 7x7" if k == 147 else "1x1/fc") + f" K={k}"
+        g[kind] += 1e3 * np.array([med["A"][i], med["B"][i], best["A"][i], best["B"][i]])
+    print(f"{'GEMM steps (ms)':20} {'A med':>8} {'B med':>8} {'B/A':>6} {'A min':>8} {'B min':>8} {'B/A':>6}")
+    rows = sorted(g.items(), key=lambda kv: -kv[1][0]) + [("all GEMM", sum(g.values()))]
+    for kind, v in rows:
+        print(f"{kind:20} {v[0]:8.3f} {v[1]:8.3f} {v[1] / v[0]:6.3f} {v[2]:8.3f} {v[3]:8.3f} {v[3] / v[2]:6.3f}")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("libs", nargs="*", help="two libraries: A (before) and B (after)")
+    ap.add_argument("--build", metavar="PATH", help="compile the every-bf16 ResNet-50 of this tree to PATH")
+    ap.add_argument("--blocks", type=int, default=3)
+    ap.add_argument("--runs", type=int, default=15)
+    ap.add_argument("--pause-ms", type=float, default=30)
+    ap.add_argument("--steps", type=int, default=0, metavar="R")
+    a = ap.parse_args(argv)
+    model, feeds, _ = model_and_feeds("resnet50", 128, 12)
+    if a.build:
+        lib = compile_at(model, "bf16", every=True)
+        shutil.copy(lib.path, a.build)
+        shutil.copy(lib.path[:-3] + ".manifest.json", a.build[:-3] + ".manifest.json")
+        print(a.build)
+        return
+    if len(a.libs) != 2:
+        raise SystemExit("give two libraries (A B), or --build PATH to make one")
+    print(cpu_model(), "| load", os.getloadavg())
+    if a.steps:
+        steps(*a.libs, a.steps)
+        return
+    from cuvil.targets.x86.loader import load
+    x = next(iter(feeds.values()))
+    runners = {}
+    for label, path in zip(("A", "B"), a.libs):
+        lib = load(path, num_threads=1)
+        runners[label] = lambda f, lib=lib: lib.run(x, num_threads=1)
+    runners.update({k: v for k, v in openvino_runners(model, 1).items() if "f32" not in k})
+    for blk in range(a.blocks):
+        p50, mn, cpu = timings(runners, feeds, a.runs, a.pause_ms)
+        ov = next((k for k in runners if k.startswith("openvino")), None)
+        extra = f"; B/{ov} p50 {p50['B'] / p50[ov]:.3f}" if ov else ""
+        print(f"block {blk}: " + "; ".join(f"{k} p50 {p50[k]:.1f} min {mn[k]:.1f} cpu {cpu[k]:.1f}" for k in runners)
+              + f"; B/A p50 {p50['B'] / p50['A']:.3f} cpu {cpu['B'] / cpu['A']:.3f}{extra}", flush=True)
+    print("load", os.getloadavg())
+
+
+if __name__ == "__main__":
+    main()
