@@ -420,3 +420,22 @@ def test_explicit_bf16_narrows_every_contraction_of_a_deep_bert_like_encoder():
     assert all(n.format == "bf16" for n in mm(bf16)), [(n.name, n.reason) for n in mm(bf16) if n.format != "bf16"]
     assert {n.name for n in mm(bf16) if n.certificate == RELATIVE} == uncertified
     assert bf16.manifest()["relative_to_float32"] == len(uncertified)
+
+
+def test_reconcile_counts_only_the_nodes_still_narrowed_on_the_relative_certificate():
+    # x86 fuses attention's MatMuls into a float32 kernel after the policy ran: those records become fp32, keep
+    # the policy's format and certificate as policy_*, and relative_to_float32 counts what really runs in bf16
+    from cuvil.precision.policy import apply_precision, reconcile
+    from cuvil.precision.relative import RELATIVE
+    g = _graph(deep_matmul_chain())
+    plan = plan_precision(g, "bf16", input_ranges={"x": (-1, 1)}, target_ops=EVERYWHERE, search_budget=0)
+    relative = [n.name for n in plan.nodes if n.certificate == RELATIVE]
+    assert len(relative) >= 2
+    built = apply_precision(g, plan)
+    next(n for n in built.nodes if n.name == relative[0]).precision = ""    # as if rewritten into a float32 kernel
+    entry = reconcile(plan.manifest(), built, "rewritten")
+    gone = entry["nodes"][relative[0]]
+    assert gone["format"] == "fp32" and gone["policy_format"] == "bf16" and gone["policy_certificate"] == RELATIVE
+    assert "certificate" not in gone
+    assert entry["relative_to_float32"] == len(relative) - 1 == plan.manifest()["relative_to_float32"] - 1
+    assert entry["counts"]["bf16"] == plan.manifest()["counts"]["bf16"] - 1
