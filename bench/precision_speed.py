@@ -8,6 +8,7 @@ default precision (bf16 where the CPU has it) and with f32.
     PYTHONPATH=src python3 bench/precision_speed.py                        # resnet50 and bert, 1 and 2 threads
     PYTHONPATH=src python3 bench/precision_speed.py resnet50 --threads 1 --runs 20
     PYTHONPATH=src python3 bench/precision_speed.py bert --seq 128 --layers 12
+    PYTHONPATH=src python3 bench/precision_speed.py bert --threads 1 --steps  # and where each build's time goes
 
 Every engine runs the same inputs; runs alternate (order reversed every other run) after an idle pause so
 machine noise hits them alike; p50 and min milliseconds, and each one's ratio to Cuvil float32; with one
@@ -93,6 +94,29 @@ def timings(runners, feeds, runs: int, pause_ms: float):
             {k: float(np.median(v)) for k, v in cpu.items()})
 
 
+def step_kind(step: dict) -> str:
+    """A manifest step's kind: its kernel and the op it ends in (a contraction's ``gemm`` ends in its fused
+    bias Add or GELU's Mul), the format it computes in and the kernel path (amx_bf16, avx512_bf16)."""
+    kind = f"{step.get('kernel', '?')} ({step['op']})"
+    return f"{kind} {step.get('precision') or 'fp32'}" + (f" {step['path']}" if step.get("path") else "")
+
+
+def print_steps(steps) -> None:
+    """Where the time goes: per build, the in-kernel milliseconds (each step's fastest of 5) summed by
+    :func:`step_kind`, largest first, and each kind's share of the build's total."""
+    for name, (t, art) in steps.items():
+        total = float(t.sum())
+        kinds = {}
+        for s, ms in zip(art.manifest["steps"], t):
+            kinds[step_kind(s)] = kinds.get(step_kind(s), 0.0) + float(ms)
+        print(f"\n{name} in kernels by kind of step (1 thread, fastest of 5 per step), {total:.2f} ms:")
+        print("| kind of step | ms | share |")
+        print("|---|---|---|")
+        for k, ms in sorted(kinds.items(), key=lambda kv: -kv[1]):
+            if ms >= 0.0005 * total:
+                print(f"| {k} | {ms:.2f} | {100 * ms / total:.1f}% |")
+
+
 def rel_err(got, want) -> float:
     return max(float(np.abs(np.asarray(g, np.float64) - w).max()) / max(float(np.abs(w).max()), 1e-30)
                for g, w in zip(got, want))
@@ -119,6 +143,8 @@ def main(argv=None):
     ap.add_argument("--layers", type=int, default=12, help="BERT's encoder layers")
     ap.add_argument("--no-openvino", action="store_true")
     ap.add_argument("--every", action="store_true", help="narrow every Conv/MatMul/Gemm directly, not via the policy")
+    ap.add_argument("--steps", action="store_true",
+                    help="with 1 thread, also where the time goes: in-kernel ms per kind of step, fp32 and bf16")
     a = ap.parse_args(argv)
     if "bf16" not in narrow_formats(host_cpu()):
         raise SystemExit(f"this CPU has no AVX512_BF16: nothing to compare ({cpu_label()})")
@@ -171,8 +197,12 @@ def main(argv=None):
                 print(f"| {k} | {ms[k]:.2f} | {ms[k] / base:.2f} | {best[k]:.2f} | {best[k] / best['cuvil fp32']:.2f} | "
                       f"{cc} | {errs.get(k, 0.0):.1e} |", flush=True)
             if threads == 1:     # the step profiler: each step's fastest of 5 runs, summed (noise mostly left out)
-                kern = {k: 1e3 * float(np.min([m.profile(*args, runs=1, num_threads=1) for _ in range(5)], axis=0).sum())
-                        for k, m in (("cuvil fp32", mf), ("cuvil bf16", mb)) + ((("vdp", vdp.model()),) if vdp else ())}
+                built = (("cuvil fp32", mf, f32), ("cuvil bf16", mb, b16)) + ((("vdp", vdp.model(), vdp),) if vdp else ())
+                steps = {k: (1e3 * np.min([m.profile(*args, runs=1, num_threads=1) for _ in range(5)], axis=0), art)
+                         for k, m, art in built}
+                kern = {k: float(t.sum()) for k, (t, _) in steps.items()}
+                if a.steps:
+                    print_steps({k: v for k, v in steps.items() if k != "vdp"})
                 print(f"in kernels (1 thread, fastest of 5 per step): fp32 {kern['cuvil fp32']:.2f} ms, bf16 "
                       f"{kern['cuvil bf16']:.2f} ms: {kern['cuvil fp32'] / kern['cuvil bf16']:.2f}x"
                       + (f"; bf16 avx512_bf16 {kern['vdp']:.2f} ms: {kern['cuvil fp32'] / kern['vdp']:.2f}x" if vdp else ""),

@@ -388,3 +388,54 @@ def test_recheck_reverts_a_narrowing_whose_rounding_overflows_a_sum_downstream_u
     assert _node(auto, "MatMul").format != "bf16"
     mm = _node(bf16, "MatMul")
     assert mm.format == "bf16" and mm.certificate == RELATIVE, mm.reason
+
+
+def _bench_bert_like(layers, **kw):
+    """bench/attention.py's ``bert_like`` (the encoder bench/precision_speed.py times for issue 21's BERT row)."""
+    import importlib.util
+    import os
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "attention.py")
+    spec = importlib.util.spec_from_file_location("bench_attention", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.bert_like(layers, **kw)
+
+
+def test_explicit_bf16_narrows_every_contraction_of_a_deep_bert_like_encoder():
+    # Issue 21's BERT row rests on this: through 8 post-norm layers the intervals compound past bf16's margin in
+    # the last layers' attention (unknown), so auto keeps those float32 while an explicit bf16 narrows every
+    # MatMul, the uncertified ones on the relative certificate and only those (12 layers of BERT-base: all 72
+    # projections and FFN MatMuls, bench/PRECISION.md)
+    from cuvil.precision.relative import RELATIVE
+    g = Pipeline.from_onnx(_bench_bert_like(8, hidden=64, heads=4, ffn=256)).optimize().specialize(
+        {"B": 1, "S": 16}).graph
+    box = {"x": (-4, 4), "attention_mask": (0, 1)}
+    ops = {"bf16": EVERYWHERE["bf16"]}
+    auto = plan_precision(g, "auto", input_ranges=box, target_ops=ops, search_budget=0)
+    bf16 = plan_precision(g, "bf16", input_ranges=box, target_ops=ops, search_budget=0)
+    mm = lambda plan: [n for n in plan.nodes if n.op == "MatMul"]
+    assert len(mm(bf16)) == 8 * 8
+    uncertified = {n.name for n in mm(auto) if n.verdicts["bf16"].status == UNKNOWN}
+    assert uncertified and all(n.format != "bf16" for n in mm(auto) if n.name in uncertified)
+    assert all(n.format == "bf16" for n in mm(bf16)), [(n.name, n.reason) for n in mm(bf16) if n.format != "bf16"]
+    assert {n.name for n in mm(bf16) if n.certificate == RELATIVE} == uncertified
+    assert bf16.manifest()["relative_to_float32"] == len(uncertified)
+
+
+def test_reconcile_counts_only_the_nodes_still_narrowed_on_the_relative_certificate():
+    # x86 fuses attention's MatMuls into a float32 kernel after the policy ran: those records become fp32, keep
+    # the policy's format and certificate as policy_*, and relative_to_float32 counts what really runs in bf16
+    from cuvil.precision.policy import apply_precision, reconcile
+    from cuvil.precision.relative import RELATIVE
+    g = _graph(deep_matmul_chain())
+    plan = plan_precision(g, "bf16", input_ranges={"x": (-1, 1)}, target_ops=EVERYWHERE, search_budget=0)
+    relative = [n.name for n in plan.nodes if n.certificate == RELATIVE]
+    assert len(relative) >= 2
+    built = apply_precision(g, plan)
+    next(n for n in built.nodes if n.name == relative[0]).precision = ""    # as if rewritten into a float32 kernel
+    entry = reconcile(plan.manifest(), built, "rewritten")
+    gone = entry["nodes"][relative[0]]
+    assert gone["format"] == "fp32" and gone["policy_format"] == "bf16" and gone["policy_certificate"] == RELATIVE
+    assert "certificate" not in gone
+    assert entry["relative_to_float32"] == len(relative) - 1 == plan.manifest()["relative_to_float32"] - 1
+    assert entry["counts"]["bf16"] == plan.manifest()["counts"]["bf16"] - 1

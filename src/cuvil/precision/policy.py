@@ -352,16 +352,22 @@ def reconcile(entry: dict, graph: Graph, why: str) -> dict:
     """The manifest ``precision`` ``entry`` made true of ``graph``, a target's own rewrite of the graph the
     policy saw (x86 fuses attention's MatMuls into a FusedAttention kernel that computes float32): a node the
     policy narrowed that no longer exists narrowed in ``graph`` is recorded as float32, with ``why`` and the
-    format the policy had allowed (``policy_format``). A copy; ``entry`` is not changed."""
+    format the policy had allowed (``policy_format``) and the certificate it rested on (``policy_certificate``;
+    ``relative_to_float32`` then counts only the nodes still narrowed on it). A copy; ``entry`` is not changed."""
     narrowed = {n.name for n in graph.nodes if n.precision}
     nodes = {}
     for name, rec in entry.get("nodes", {}).items():
         if rec.get("format", "fp32") != "fp32" and name not in narrowed:
             rec = {**rec, "format": "fp32", "policy_format": rec["format"],
                    "reason": f"computed in float32: {why} (the policy allowed {rec['format']}: {rec['reason']})"}
+            if "certificate" in rec:
+                rec["policy_certificate"] = rec.pop("certificate")
         nodes[name] = rec
     counts = Counter(r.get("format", "fp32") for r in nodes.values())
-    return {**entry, "nodes": nodes, "counts": dict(sorted(counts.items()))}
+    out = {k: v for k, v in entry.items() if k != "relative_to_float32"}
+    relative = sum(1 for r in nodes.values() if r.get("certificate") == RELATIVE)
+    return {**out, **({"relative_to_float32": relative} if relative else {}), "nodes": nodes,
+            "counts": dict(sorted(counts.items()))}
 
 
 #: Unit roundoff of the formats a narrowed contraction rounds its inputs to.
