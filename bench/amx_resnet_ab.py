@@ -29,7 +29,7 @@ from collections import defaultdict
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from precision_speed import compile_at, model_and_feeds, openvino_runners, timings  # noqa: E402
+from precision_speed import compile_at, model_and_feeds, openvino_runners, rel_err, timings  # noqa: E402
 
 
 def cpu_model() -> str:
@@ -107,6 +107,13 @@ def main(argv=None):
         lib = load(path, num_threads=1)
         runners[label] = lambda f, lib=lib: lib.run(x, num_threads=1)
     runners.update({k: v for k, v in openvino_runners(model, 1).items() if "f32" not in k})
+    try:                 # each engine's relative error against onnxruntime's float32 (max |diff| / max |ref|)
+        import onnxruntime as ort
+        sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        ref = [np.asarray(o, np.float64) for o in sess.run(None, feeds)]
+        print("rel. error vs onnxruntime fp32: " + "; ".join(f"{k} {rel_err(r(feeds), ref):.2e}" for k, r in runners.items()))
+    except ImportError:
+        pass
     for blk in range(a.blocks):
         p50, mn, cpu = timings(runners, feeds, a.runs, a.pause_ms)
         ov = next((k for k in runners if k.startswith("openvino")), None)

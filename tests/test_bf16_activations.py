@@ -113,3 +113,58 @@ def test_policy_narrowed_chain_manifest():
         pytest.skip(f"the policy kept conv2 float32 here: {nodes['conv2']['reason']}")
     assert any(why == "read only by bf16 convolution(s) conv2" for why in art.manifest["bf16_activations"].values())
     assert any(s.get("stores") == "bf16" for s in art.manifest["steps"])
+
+
+def residual_model(c=48, hw=14, seed=0):
+    """x -> Conv 1x1 + Relu = r1 -> Conv 1x1 -> Add(r1) -> Relu -> Conv 1x1 -> y: r1 is read by a Conv and
+    by the residual Add (fused into the second Conv's epilogue)."""
+    rng = np.random.default_rng(seed)
+    inits, nodes = [], []
+    for i in range(3):
+        inits += [numpy_helper.from_array((rng.standard_normal((c, c, 1, 1)) / np.sqrt(c)).astype(np.float32), f"w{i}"),
+                  numpy_helper.from_array((0.1 * rng.standard_normal(c)).astype(np.float32), f"b{i}")]
+    nodes += [helper.make_node("Conv", ["x", "w0", "b0"], ["c0"], name="conv0", kernel_shape=[1, 1]),
+              helper.make_node("Relu", ["c0"], ["r1"]),
+              helper.make_node("Conv", ["r1", "w1", "b1"], ["c1"], name="conv1", kernel_shape=[1, 1]),
+              helper.make_node("Add", ["c1", "r1"], ["s"]), helper.make_node("Relu", ["s"], ["r2"]),
+              helper.make_node("Conv", ["r2", "w2", "b2"], ["y"], name="conv2", kernel_shape=[1, 1])]
+    g = helper.make_graph(nodes, "residual", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, hw, hw])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("amx", PATHS)
+def test_residual_kept_float32_unless_asked(amx):
+    """By default a value also read by a residual Add stays float32 (only r2, read by conv2 alone, is bf16);
+    with ``bf16_residual`` it is bfloat16 too, a new rounding of the skip path that the reason states, and
+    the result moves (but stays within the bf16 error of the float32 library)."""
+    model = residual_model()
+    x = np.random.default_rng(2).standard_normal((1, 48, 14, 14)).astype(np.float32)
+    base, res = every_bf16(model, amx=amx), every_bf16(model, amx=amx, bf16_residual=True)
+    assert list(base.manifest["bf16_activations"].values()) == ["read only by bf16 convolution(s) conv2"]
+    whys = sorted(res.manifest["bf16_activations"].values())
+    assert len(whys) == 2 and "rounded to bf16 for the residual" in whys[0] + whys[1], whys
+    want = Pipeline.from_onnx(model).optimize().compile().model().run(x)[0]
+    y_base, y_res = base.model().run(x)[0], res.model().run(x)[0]
+    assert not np.array_equal(y_base, y_res)          # the skip path really is rounded
+    for y in (y_base, y_res):
+        rel = float(np.abs(y - want).max() / np.abs(want).max())
+        assert 1e-5 < rel < 1e-2, rel
+    np.testing.assert_array_equal(y_res, res.model().run(x, num_threads=2)[0])
+
+
+def test_report_counts_bf16_activations():
+    """``cuvil precision report``'s plan counts the values kept in bfloat16 between bf16 convolutions."""
+    from cuvil.precision import plan_precision
+    from cuvil.precision.report import format_report
+    from cuvil.precision.storage import bf16_storage
+    model = chain_model(c0=16, cin=64, m=32, k=3, hw=14, pads=[1, 1, 1, 1])
+    p = Pipeline.from_onnx(model).optimize()
+    plan = plan_precision(p.graph, "bf16", input_ranges={"x": (-4.0, 4.0)}, target_ops={"bf16": frozenset({"Conv"})},
+                          target="x86_64-linux-gnu")
+    assert plan.bf16_stored == bf16_storage(p.graph, plan.formats())
+    text = format_report(plan)
+    if plan.formats().get("conv2") == "bf16":
+        assert len(plan.bf16_stored) == 1 and "bf16 activations: 1 values" in text
+    else:
+        assert not plan.bf16_stored and "bf16 activations" not in text

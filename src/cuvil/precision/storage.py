@@ -25,7 +25,7 @@ def bf16_storage_reason(g: Graph, v: Value, format_of: Callable[[Node], str] = l
     giving a node's format), or None (a graph output, no readers, another reader, not float32).
 
     ``residual`` (an explicit choice, ``X86Tuning(bf16_residual=True)``; never by default): readers may also
-    be ``Add`` nodes (a ResNet's skip path), as OpenVINO's bf16 does, when at least one bf16 Conv reads it.
+    be ``Add`` / ``Sum`` nodes (a ResNet's skip path), as OpenVINO's bf16 does, when at least one bf16 Conv reads it.
     That *is* a new narrowing: the Add then adds the bf16-rounded value, off by at most 2^-8 relative
     (:mod:`.relative`'s lemma: finite for every float32 |x| <= 0x1.fep127); the reason says so."""
     if v.dtype != DType.FLOAT or any(o is v for o in g.outputs):
@@ -37,7 +37,7 @@ def bf16_storage_reason(g: Graph, v: Value, format_of: Callable[[Node], str] = l
     for u in users:
         if u.op in READERS and format_of(u) == "bf16" and u.inputs[0] is v and not any(x is v for x in u.inputs[1:]):
             convs.append(u.name)
-        elif residual and u.op == "Add":
+        elif residual and u.op in ("Add", "Sum"):
             adds.append(u.name)
         else:
             return None
