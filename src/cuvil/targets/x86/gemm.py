@@ -237,7 +237,7 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
     def xload(ptr, mask=None):
         """vw elements of x at ``ptr`` (masked lanes: zero)."""
         if mask is None:
-            return b.load(b.bitcast(ptr, xvec_t.as_pointer()), typ=xvec_t, align=2 if x16 else 4)
+            return b.load(ptr, typ=xvec_t, align=2 if x16 else 4)
         return b.call(xload_m, [ptr, I32(2 if x16 else 4), mask, xzero])
 
     def widen(x):
@@ -882,7 +882,8 @@ def vector_epilogue(em, st: Stage, node: E, kinds: dict, n, mbase, p0, accs, mr:
                             out = getattr(b, op + "_")(out, a)
                 memo[e.uid] = out
                 return out
-            put(emit(st.expr), out_ptr(m)(v), None if masks is None else masks[v])
+            dst = out_ptr(m)(v)
+            put(emit(st.expr), dst, None if masks is None else masks[v])
 
     if st.buf.dtype == DType.BFLOAT16:       # rounded to bfloat16 (nearest even), 16 bits per position
         hvec = ir.VectorType(I16, vw)
