@@ -65,6 +65,8 @@ CHAINS = {
     "groups": dict(c0=8, cin=34, m=64, k=3, hw=12, group=2, pads=[1, 1, 1, 1]),   # 17 channels per group
     "stride5": dict(c0=8, cin=16, m=32, k=3, hw=40, strides=[5, 5]),     # the per-element gather
     "dilated": dict(c0=8, cin=33, m=64, k=3, hw=17, pads=[2, 2, 2, 2], dilations=[2, 2]),
+    # 14x14 maps: the vdpbf16ps kernels take channel-lane tiles, whose epilogue rows are 8 lanes wide
+    "channel-lanes": dict(c0=512, cin=256, m=64, k=1, hw=7),
 }
 
 

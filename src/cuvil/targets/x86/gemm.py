@@ -894,7 +894,7 @@ def vector_epilogue(em, st: Stage, node: E, kinds: dict, n, mbase, p0, accs, mr:
             return lambda v: b.gep(em.address(st.buf, [n, m] + lead), [I64(v * vw)], source_etype=I16, inbounds=True)
 
         def put(value, ptr, mask):
-            h = b.bitcast(to_bf16(b, value), hvec)
+            h = b.bitcast(b.fptrunc(value, ir.VectorType(BFLOAT, vw)), hvec)     # (vw: 8 on channel-lane rows)
             if mask is None:
                 b.store(h, b.bitcast(ptr, hvec.as_pointer()), align=2)
             else:
