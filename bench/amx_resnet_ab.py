@@ -3,6 +3,10 @@ kernels) in one process, with OpenVINO's default (bf16 on a CPU with AMX) beside
 
     # the library of the current tree (every Conv / MatMul / Gemm narrowed, as precision_speed.py --every):
     PYTHONPATH=src python3 bench/amx_resnet_ab.py --build /tmp/new.so
+    # the same with float32 activations between the bf16 convolutions (X86Tuning(bf16_storage=False))
+    PYTHONPATH=src python3 bench/amx_resnet_ab.py --build /tmp/f32act.so --fp32-activations
+    # ... and with the skip path in bfloat16 too (a new rounding: X86Tuning(bf16_residual=True))
+    PYTHONPATH=src python3 bench/amx_resnet_ab.py --build /tmp/resid.so --bf16-residual
     # the same from an older tree (git archive OLD | tar -x -C /tmp/old; cd /tmp/old; ... --build /tmp/old.so)
     PYTHONPATH=src python3 bench/amx_resnet_ab.py /tmp/old.so /tmp/new.so [--blocks 3 --runs 15]
     PYTHONPATH=src python3 bench/amx_resnet_ab.py /tmp/old.so /tmp/new.so --steps 40   # GEMM steps by kind
@@ -25,7 +29,7 @@ from collections import defaultdict
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from precision_speed import compile_at, model_and_feeds, openvino_runners, timings  # noqa: E402
+from precision_speed import compile_at, model_and_feeds, openvino_runners, rel_err, timings  # noqa: E402
 
 
 def cpu_model() -> str:
@@ -69,6 +73,11 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("libs", nargs="*", help="two libraries: A (before) and B (after)")
     ap.add_argument("--build", metavar="PATH", help="compile the every-bf16 ResNet-50 of this tree to PATH")
+    ap.add_argument("--fp32-activations", action="store_true",
+                    help="with --build: float32 activations between the bf16 convolutions "
+                         "(X86Tuning(bf16_storage=False), the A of the bf16-activations A/B)")
+    ap.add_argument("--bf16-residual", action="store_true",
+                    help="with --build: the residual (skip) path stored as bfloat16 too (X86Tuning(bf16_residual=True))")
     ap.add_argument("--blocks", type=int, default=3)
     ap.add_argument("--runs", type=int, default=15)
     ap.add_argument("--pause-ms", type=float, default=30)
@@ -76,7 +85,11 @@ def main(argv=None):
     a = ap.parse_args(argv)
     model, feeds, _ = model_and_feeds("resnet50", 128, 12)
     if a.build:
-        lib = compile_at(model, "bf16", every=True)
+        kw = {}
+        if a.fp32_activations or a.bf16_residual:
+            from cuvil.targets.x86.tuning import X86Tuning
+            kw["tuning"] = X86Tuning(bf16_storage=not a.fp32_activations, bf16_residual=a.bf16_residual)
+        lib = compile_at(model, "bf16", every=True, **kw)
         shutil.copy(lib.path, a.build)
         shutil.copy(lib.path[:-3] + ".manifest.json", a.build[:-3] + ".manifest.json")
         print(a.build)
@@ -94,6 +107,13 @@ def main(argv=None):
         lib = load(path, num_threads=1)
         runners[label] = lambda f, lib=lib: lib.run(x, num_threads=1)
     runners.update({k: v for k, v in openvino_runners(model, 1).items() if "f32" not in k})
+    try:                 # each engine's relative error against onnxruntime's float32 (max |diff| / max |ref|)
+        import onnxruntime as ort
+        sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        ref = [np.asarray(o, np.float64) for o in sess.run(None, feeds)]
+        print("rel. error vs onnxruntime fp32: " + "; ".join(f"{k} {rel_err(r(feeds), ref):.2e}" for k, r in runners.items()))
+    except ImportError:
+        pass
     for blk in range(a.blocks):
         p50, mn, cpu = timings(runners, feeds, a.runs, a.pause_ms)
         ov = next((k for k in runners if k.startswith("openvino")), None)

@@ -22,6 +22,8 @@ from ..ir.ops.control import hoist_out_of_loops
 from ..ir.registry import ops_with
 from .loops import LoopRegion, extend_lifetimes, lower_loop_back, lower_loop_state
 from .lower import LOWERINGS, LowerCtx, TensorFn
+from .lower.core import bf16_stored
+from ..precision.storage import bf16_storage_reason
 from .run_time_sizes import run_time_symbols
 from .texpr import E, Buf, const, load, replace_node, top_level, var
 
@@ -69,6 +71,8 @@ class Schedule:
     # the graph's last inputs that the runtime supplies, not the caller (a LoRA slot's adapter tensors): buffer
     # table slots 4 + inputs + outputs + k, after the scratch and the symbol table
     hidden: List[Buf] = attrs.field(factory=list)
+    # values stored as bfloat16 (``bf16_storage``): name -> why (the readers that round them anyway)
+    bf16_stored: Dict[str, str] = attrs.field(factory=dict)
 
     @property
     def ranges(self) -> Dict[str, Tuple[int, int]]:
@@ -100,7 +104,8 @@ def schedule(g: Graph, gemm_cols: int = 0, split_concat: bool = False, gemm_tile
              unpadded_contractions: bool = False, matmul_panels: bool = True,
              half_contractions: bool = False, row_kernels: bool = False,
              channel_tile_cost: Optional[float] = None, run_time_sizes: bool = False,
-             hidden_inputs: int = 0, narrow_formats: tuple = (), matmul_tile: tuple = ()) -> Schedule:
+             hidden_inputs: int = 0, narrow_formats: tuple = (), matmul_tile: tuple = (),
+             bf16_storage: str = "") -> Schedule:
     """Stages and memory plan of ``g``. ``gemm_cols > 0`` lowers convolutions to packed contractions (the
     x86 micro-kernels), each with a register tile (rows, cols[, lanes]) among ``gemm_tiles`` (default
     ``((MR, gemm_cols),)``), and constant-weight MatMuls to column panels ``gemm_cols`` wide; 0 keeps plain
@@ -124,7 +129,14 @@ def schedule(g: Graph, gemm_cols: int = 0, split_concat: bool = False, gemm_tile
     with AVX512_BF16): the Node.precision formats the target's contraction micro-kernels compute in; a node
     narrowed to one of them lowers to a narrowed contraction (``Contraction.precision``). ``matmul_tile``
     (x86): the (rows, cols) register tile of float32 constant-weight MatMuls (their weights are packed in
-    panels ``cols`` wide); default ``(MR, gemm_cols)``."""
+    panels ``cols`` wide); default ``(MR, gemm_cols)``. ``bf16_storage`` (x86, with "bf16" among
+    ``narrow_formats``): a float32 value stored in the arena whose every reader is a convolution narrowed to
+    bf16, taking it as its input, is stored as bfloat16 (half the bytes; :mod:`cuvil.precision.storage`), and
+    so is the zero-padded copy such a convolution packs from: the readers round it to bfloat16 anyway, so the
+    stored values are the ones they compute with and nothing is narrowed that was not (the readers' own
+    certificates cover it; listed in :attr:`Schedule.bf16_stored`): ``"convs"``. ``"residual"``: also values
+    read by ``Add`` nodes besides such convolutions (a new rounding of the skip path; see
+    :func:`cuvil.precision.storage.bf16_storage_reason`); "" none."""
     data_syms, writers, limits = run_time_symbols(g, run_time_sizes)
     syms = _run_time_symbols(g, data_syms)
     ranges = {s.name: (s.min, s.max) for s in syms}
@@ -133,6 +145,7 @@ def schedule(g: Graph, gemm_cols: int = 0, split_concat: bool = False, gemm_tile
                                 row_kernels, channel_tile_cost), hidden_inputs)
     builder.narrow_formats = tuple(narrow_formats)
     builder.matmul_tile = tuple(matmul_tile)
+    builder.bf16_storage = bf16_storage if "bf16" in builder.narrow_formats else ""
     builder.size_writers = writers
     builder.symbol_slots = {s.name: k for k, s in enumerate(syms)}
     g.toposort()
@@ -154,7 +167,8 @@ def schedule(g: Graph, gemm_cols: int = 0, split_concat: bool = False, gemm_tile
     arena = _plan_arena(stages, ranges, builder.loops)
     wbytes = _plan_weights(weights)
     return Schedule(stages, builder.in_bufs, builder.out_bufs, [(b, a) for b, a in weights.values() if a is not None],
-                    arena, wbytes, builder.fused, syms, builder.loops, len(data_syms), limits, builder.hidden_bufs)
+                    arena, wbytes, builder.fused, syms, builder.loops, len(data_syms), limits, builder.hidden_bufs,
+                    builder.bf16_stored)
 
 
 def _run_time_symbols(g: Graph, data_syms: Dict[str, Symbol]) -> List[Symbol]:
@@ -194,6 +208,8 @@ class _StageBuilder:
         self.lower_options = lower_options   # LowerCtx's arguments after the node, inputs, temp and weight
         self.narrow_formats: tuple = ()      # LowerCtx.narrow_formats
         self.matmul_tile: tuple = ()         # LowerCtx.matmul_tile
+        self.bf16_storage = ""               # schedule's bf16_storage
+        self.bf16_stored: Dict[str, str] = {}
         self.fns: Dict[int, TensorFn] = {}
         self.bufs: Dict[int, Buf] = {}
         self.expensive: Dict[int, bool] = {}
@@ -304,7 +320,8 @@ class _StageBuilder:
         used = [bool(o.uses) or id(o) in self.out_index for o in node.outputs]
         writes = self.size_writers.get(id(node))
         outs = low(LowerCtx(node, ins, self.temp, self.packed_weight, *self.lower_options, used_outputs=used,
-                            narrow_formats=self.narrow_formats, matmul_tile=self.matmul_tile, set_size=(lambda value, name=writes: self.write_symbol(name, value)) if writes else None))
+                            narrow_formats=self.narrow_formats, matmul_tile=self.matmul_tile,
+                            bf16_storage=bool(self.bf16_storage), set_size=(lambda value, name=writes: self.write_symbol(name, value)) if writes else None))
         inlined = [v for v in node.inputs if v is not None and id(v) not in self.bufs]
         # an expression that inlines a reduction is expensive however cheap its own op is
         inlined_cost = any(self.expensive.get(id(v), False) for v in inlined)
@@ -329,7 +346,7 @@ class _StageBuilder:
         for v in pending[:-1]:
             # stored for every reader of v: it runs under v's own guard, not the node's
             own = v.producer.guard if v.producer is not None else None
-            self.fns[id(v)] = self.materialize(v.name, v.shape, v.dtype, self.fns[id(v)].fn, guard=own or ())
+            self.fns[id(v)] = self.store_value(v, self.fns[id(v)].fn, guard=own or ())
             self.bufs[id(v)] = self.stages[-1].buf
         ins = []
         for v in node.inputs:
@@ -367,8 +384,17 @@ class _StageBuilder:
             self.fns[id(o)] = _shared(t) if self.expensive[id(o)] and len(o.uses) > 1 else t
             self.fused[node.op] = self.fused.get(node.op, 0) + 1
             return
-        self.fns[id(o)] = self.materialize(o.name, o.shape, o.dtype, t.fn)
+        self.fns[id(o)] = self.store_value(o, t.fn)
         self.bufs[id(o)] = self.stages[-1].buf
+
+    def store_value(self, v: Value, fn, guard=None) -> TensorFn:
+        """Value ``v`` (computed by ``fn``) stored in the arena: as bfloat16 where ``bf16_storage`` and every
+        reader rounds it to bfloat16 anyway (:mod:`cuvil.precision.storage`), else in its own dtype."""
+        why = bf16_storage_reason(self.g, v, residual=self.bf16_storage == "residual") if self.bf16_storage else None
+        if why is None:
+            return self.materialize(v.name, v.shape, v.dtype, fn, guard=guard)
+        self.bf16_stored[v.name] = why
+        return bf16_stored(self.materialize(v.name, v.shape, DType.BFLOAT16, fn, guard=guard))
 
     def copy_unproduced_outputs(self) -> None:
         """Outputs that no node produces (inputs, constants, duplicates) are copied."""

@@ -30,6 +30,7 @@ from .interval import CERTIFIED, MEASURED, Interval
 from .ranges import analyze, internal_ranges, is_float
 from .relative import CONTRACTIONS, MAGNITUDE_OPS, RELATIVE, relative_reason
 from .search import Searcher, Witness
+from .storage import bf16_storage
 
 SAFE, REFUSED, UNKNOWN = "safe", "refused", "unknown"
 
@@ -91,6 +92,8 @@ class PrecisionPlan:
     ranges: Dict[str, Interval]               # value name -> interval
     search: str                               # what the counterexample search did
     evaluations: int = 0
+    #: values a backend with bf16 convolution kernels keeps as bfloat16 between them (:mod:`.storage`)
+    bf16_stored: Dict[str, str] = attrs.field(factory=dict)
 
     def formats(self) -> Dict[str, str]:
         return {n.name: n.format for n in self.nodes if n.format}
@@ -215,8 +218,9 @@ def plan_precision(graph: Graph, mode: str = "auto", *, input_ranges=None, calib
         rng = next((iv for k, p, v, i, iv, is_in in held[n.name] if not is_in and not i), None)
         out.append(NodePlan(n.name, n.op, fmt, reason, rng, verdicts, cert))
     _recheck_narrowed(graph, inputs, r, out, mode)
+    stored = bf16_storage(graph, {n.name: n.format for n in out}) if "Conv" in target_ops.get("bf16", ()) else {}
     return PrecisionPlan(mode, target, target_ops, inputs, out, ranges, search,
-                         searcher.evaluations if searcher else 0)
+                         searcher.evaluations if searcher else 0, stored)
 
 
 def _mag(x: float) -> float:

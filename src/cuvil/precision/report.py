@@ -33,6 +33,9 @@ def format_report(plan: PrecisionPlan, model: str = "", every: bool = False, lim
     relative = sum(1 for n in plan.nodes if n.certificate == RELATIVE)
     if relative:
         lines.append(f"  of which bf16 relative to float32 (explicit --precision bf16; range not certified): {relative}")
+    if plan.bf16_stored:
+        lines.append(f"  bf16 activations: {len(plan.bf16_stored)} values read only by bf16 convolutions are stored as "
+                     "bfloat16 between them (no new rounding: each reader rounds its input to bf16)")
     lines.append("")
     lines.append(f"{'node':<28} {'op':<20} {'format':<7} {'range':<28} fp16/bf16/int8")
     shown = 0

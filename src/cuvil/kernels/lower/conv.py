@@ -11,7 +11,7 @@ from ...ir.dtype import DType
 from ..contraction import (AMX_TILE, AMX_TILES, Contraction, DepthwiseWindow, channel_lanes, choose_tile, pack_weights,
                            pack_weights_amx, pack_weights_bf16)
 from ..texpr import I64, E, all_of, binop, call, cast, cmp, const, in_range, load, logic, reduce, select
-from .core import LOWERINGS, TensorFn, clamp, lowering, sub_ctx, unflat_index
+from .core import LOWERINGS, TensorFn, bf16_stored, clamp, lowering, sub_ctx, unflat_index
 from .quant import minus_zp
 from .windows import may_exceed, padded_window_input, window_params
 
@@ -89,13 +89,18 @@ def conv_as_gemm(ctx, x, b, out, group, cin_g, m_g, kern, strides, dil, begin, w
         need = [(o - 1) * s + (k - 1) * d + 1 for o, s, k, d in zip(out_sp, strides, kern, dil)]
         if any(begin) or any(n_ - b0 > size for n_, b0, size in zip(need, begin, x.shape[2:])):
             pads = tuple(int(b0) for b0 in begin)
+    narrow = "" if half else ctx.narrowed
+    # a bf16 contraction's own copies of its input (zero-padded, or an inlined input stored) as bfloat16: the
+    # values it rounds to, half the bytes, packed into pair panels without rounding (gemm.py)
+    store = DType.BFLOAT16 if narrow == "bf16" and ctx.bf16_storage else x.dtype
     if not pads:
-        x, _ = padded_window_input(ctx, x, out_sp, kern, strides, dil, begin, 0.0)
+        x, _ = padded_window_input(ctx, x, out_sp, kern, strides, dil, begin, 0.0, store)
     if x.buf is None:
-        x = ctx.temp(x.shape, x.dtype, x.fn, "in")
+        x = ctx.temp(x.shape, store, x.fn, "in")
+    if x.dtype == DType.BFLOAT16:
+        x = bf16_stored(x)
     tile = choose_tile(m_g, product(out_sp), ctx.gemm_tiles, K, ctx.channel_tile_cost)
     wdt = np.float16 if half else np.float32
-    narrow = "" if half else ctx.narrowed
     amx = narrow == "bf16" and AMX_TILES in ctx.narrow_formats
     if amx:                  # 2 x 2 AMX tiles: 32 channels x 32 positions, weights in the A-tile layout
         tile = (2 * AMX_TILE, 2 * AMX_TILE)

@@ -46,19 +46,30 @@ class TensorFn:
         return select(cond, self([clamp(i, d) for i, d in zip(idx, self.shape)]), const(default, self.dtype))
 
 
+def bf16_stored(t: TensorFn) -> TensorFn:
+    """A float32 tensor stored as bfloat16 (``t``: the loader of its BFLOAT16 buffer) as its readers see it:
+    float32 values (each exactly a bfloat16), its buffer kept so a contraction reads the 16-bit words itself.
+    The scheduler stores a narrowed convolution's input this way (``bf16_storage``): half the bytes, and the
+    bf16 micro-kernels pack their pair panels from it without rounding."""
+    b = t.buf
+    return TensorFn(t.shape, DType.FLOAT, lambda idx: cast(load(b, idx), DType.FLOAT), "elementwise", buf=b)
+
+
 class LowerCtx:
     def __init__(self, node: Node, inputs: List[Optional[TensorFn]], temp: Callable,
                  weight: Optional[Callable] = None, gemm_cols: int = 0, gemm_tiles: tuple = (),
                  unpadded_contractions: bool = False, matmul_panels: bool = True, half_contractions: bool = False,
                  row_kernels: bool = False, channel_tile_cost: Optional[float] = None,
                  used_outputs: Optional[Sequence[bool]] = None, set_size: Optional[Callable] = None,
-                 narrow_formats: Sequence[str] = (), matmul_tile: tuple = ()):
+                 narrow_formats: Sequence[str] = (), matmul_tile: tuple = (), bf16_storage: bool = False):
         self.node, self.inputs, self._temp, self._weight = node, inputs, temp, weight
         # (rows, cols) of a float32 constant-weight MatMul's register tile; () = (MR, gemm_cols)
         self.matmul_tile = tuple(matmul_tile)
         # the formats (Node.precision spellings) the target's contraction micro-kernels compute in: a node the
         # precision policy narrowed to one of them lowers to a narrowed contraction (x86: ("bf16",) with AVX512_BF16)
         self.narrow_formats = tuple(narrow_formats)
+        # a bf16 convolution's own stored copies of its input (zero-padded) are bfloat16 (schedule's bf16_storage)
+        self.bf16_storage = bf16_storage
         # stores the node's data-dependent output size into its run-time symbol (None: the size is not one)
         self._set_size = set_size
         # which outputs some node or the graph reads (None: all); an op may skip work for the others
@@ -297,4 +308,5 @@ def sub_ctx(ctx, inputs) -> LowerCtx:
     """``ctx`` with other inputs: an op lowered as another one (ConvInteger as Conv) after rewriting its inputs."""
     return LowerCtx(ctx.node, inputs, ctx._temp, ctx._weight, ctx.gemm_cols, ctx.gemm_tiles, ctx.unpadded_contractions,
                     ctx.matmul_panels, ctx.half_contractions, channel_tile_cost=ctx.channel_tile_cost,
-                    used_outputs=ctx.used_outputs, narrow_formats=ctx.narrow_formats, matmul_tile=ctx.matmul_tile)
+                    used_outputs=ctx.used_outputs, narrow_formats=ctx.narrow_formats, matmul_tile=ctx.matmul_tile,
+                    bf16_storage=ctx.bf16_storage)

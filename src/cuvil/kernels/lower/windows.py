@@ -34,10 +34,11 @@ def may_exceed(a, b) -> bool:
     return d > 0 if isinstance(d, int) else True
 
 
-def padded_window_input(ctx, x: TensorFn, out_sp, kern, strides, dil, begin, fill):
+def padded_window_input(ctx, x: TensorFn, out_sp, kern, strides, dil, begin, fill, store_dtype=None):
     """For a sliding window that reads outside ``x`` (padding, or a ceil-mode window past the end): a
     materialised copy bordered with ``fill`` and zero begin pads, so the window's loops read memory with no
-    bounds tests. Otherwise ``x`` and ``begin`` unchanged."""
+    bounds tests (stored as ``store_dtype``, default x's: a bf16 convolution's copy as bfloat16, the values
+    it rounds to). Otherwise ``x`` and ``begin`` unchanged."""
     spatial = len(kern)
     need = [(o - 1) * s + (k - 1) * d + 1 for o, s, k, d in zip(out_sp, strides, kern, dil)]
     if not (any(b0 != 0 for b0 in begin) or any(may_exceed(n, size) for n, size in zip(need, x.shape[2:]))):
@@ -51,4 +52,4 @@ def padded_window_input(ctx, x: TensorFn, out_sp, kern, strides, dil, begin, fil
             return safe
         spec = PadWindow(tuple(begin), tuple(x.shape[2:]), fill, lambda: x(idx[:2] + src))
         return E("padwin", [safe], x.dtype, spec)
-    return ctx.temp(padded, x.dtype, pad_fn, "pad"), [0] * spatial
+    return ctx.temp(padded, store_dtype or x.dtype, pad_fn, "pad"), [0] * spatial

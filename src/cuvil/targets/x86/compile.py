@@ -17,6 +17,7 @@ import numpy as np
 
 from ...errors import CuvilError, UnsupportedTypeError
 from ...ir.dim import SymExpr
+from ...ir.dtype import DType
 from ...ir.graph import Graph
 from ...kernels.batch_rows import batch_row_symbol
 from ...kernels.bounds import BoundsProver, Certificate, prove_schedule
@@ -176,7 +177,7 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
         sched = schedule(g, gemm_cols=tile_cols(bits), split_concat=True, gemm_tiles=tile_shapes(bits, tuning),
                          row_kernels=True, channel_tile_cost=tuning.channel_tile_cost, run_time_sizes=True,
                          hidden_inputs=3 * len(lora_slots), narrow_formats=narrow,
-                         matmul_tile=matmul_tile(target_cpu, tuning))
+                         matmul_tile=matmul_tile(target_cpu, tuning), bf16_storage=tuning.bf16_storage_mode)
         s.detail(f"{len(sched.stages)} kernels, arena {_bytes(sched.arena_bytes)}, "
                  f"weights {_bytes(sched.weights_bytes)}")
     _check_arena(sched, arena_limit(max_arena_bytes))
@@ -195,7 +196,8 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
             osched = schedule(opt_graph, gemm_cols=tile_cols(bits), split_concat=True,
                               gemm_tiles=tile_shapes(bits, tuning), row_kernels=True,
                               channel_tile_cost=tuning.channel_tile_cost, hidden_inputs=3 * len(lora_slots),
-                              narrow_formats=narrow, matmul_tile=matmul_tile(target_cpu, tuning))
+                              narrow_formats=narrow, matmul_tile=matmul_tile(target_cpu, tuning),
+                              bf16_storage=tuning.bf16_storage_mode)
             s.detail(f"{point}: {len(osched.stages)} kernels")
         with stage("memory safety (opt point)", detail=f"{len(osched.stages)} kernels") as s:
             opt_cert = prove_schedule(osched, "opt", prover)
@@ -284,6 +286,8 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
         # sizes a kernel computes from tensor values during the run (NonZero's count), max = their bound
         "run_time_sizes": [s.name for s in info.symbols[len(info.symbols) - info.num_run_time_symbols:]],
         "arena_bytes": sched.arena_bytes,
+        # activations stored as bfloat16 between bf16 convolutions (X86Tuning.bf16_storage): value -> why
+        **({"bf16_activations": dict(sched.bf16_stored)} if sched.bf16_stored else {}),
         "scratch_bytes_per_thread": target["scratch_bytes"],
         "weights_bytes": sched.weights_bytes,
         **({"weights_file": weights_file} if weights_file else {}),
@@ -356,6 +360,7 @@ def _steps_json(sched, steps, target, variant, descs) -> list:
                     "flops": sum(sched.stages[i].flops for i in members), "kernel": kind,
                     **({"stages": [sched.stages[i].name for i in members]} if len(members) > 1 else {}),
                     **({"tile": target["gemm_tiles"][sym]} if sym in target["gemm_tiles"] else {}),
+                    **({"stores": "bf16"} if st.buf.dtype == DType.BFLOAT16 else {}),   # its output: bfloat16
                     **({"precision": "int8" if "int8" in target["narrow_paths"][sym] or "vnni" in target["narrow_paths"][sym]
                         else "bf16", "path": target["narrow_paths"][sym]}
                        if sym in target.get("narrow_paths", {}) else {}),

@@ -160,8 +160,8 @@ def panel_pairs(spec: Contraction) -> int:
 def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
     c = find_contraction(st)
     if (c is None or km.scratch_index is None or not isinstance(c.attr, Contraction) or c.attr.pads
-            or c.attr.x.dtype != DType.FLOAT):   # the GPU lowering's forms (unpadded, float16): the generic kernel
-        return None
+            or c.attr.x.dtype not in (DType.FLOAT, DType.BFLOAT16)):   # the GPU lowering's forms (unpadded,
+        return None                                                    # float16): the generic kernel
     spec: Contraction = c.attr
     if not batch_only(spec.x.shape, st.buf.shape):
         return None
@@ -181,6 +181,11 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
     # (gemm_bf16.py) or, amx, 2 x 2 tdpbf16ps tiles of 16 channels x 16 positions (amx.py)
     bf = path in (AVX512_BF16, AMX_BF16_PATH)
     amx = path == AMX_BF16_PATH
+    # an input stored as bfloat16 (the scheduler's bf16_storage): packed into pair panels as 16-bit words, no
+    # rounding (its values are bfloat16 already); only the bf16 kernels read it
+    x16 = spec.x.dtype == DType.BFLOAT16
+    if x16 and not bf:
+        return None
     nv = MR // vw if cl else nr // vw    # accumulator vectors per broadcast row
     npv = -(-nr // vw)               # vectors per packed panel row (the last one masked when nr % vw)
     vec = ir.VectorType(F32, vw)
@@ -204,7 +209,7 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
 
     G, M, K, P, Mb, Pb = spec.groups, spec.m, spec.k, spec.p, spec.m_blocks, spec.p_blocks
     panel_order = M <= P
-    zero = ir.Constant(vec, [0.0] * vw)
+    zero = zero_f = ir.Constant(vec, [0.0] * vw)
     xs = spec.x.shape
     in_strides = spec.x.strides      # elements
     scratch = b.load(b.gep(bufs, [I64(km.scratch_index)], source_etype=PTR), typ=PTR)
@@ -218,6 +223,36 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
 
     def fptr(base, off):
         return b.gep(base, [off], source_etype=F32, inbounds=True)
+
+    # the input's elements: float32, or (x16) bfloat16 bit patterns, loaded as <vw x i16> and interleaved
+    # into pairs as they are; widened (exactly) to float32 only where a path rounds row by row
+    xel = I16 if x16 else F32
+    xvec_t = ir.VectorType(xel, vw)
+    xzero = ir.Constant(xvec_t, [0] * vw) if x16 else zero_f
+    xload_m = km.declare(f"llvm.masked.load.v{vw}{'i16' if x16 else 'f32'}.p0", xvec_t, [PTR, I32, mvec, xvec_t])
+
+    def xptr(base, off):
+        return b.gep(base, [off], source_etype=xel, inbounds=True)
+
+    def xload(ptr, mask=None):
+        """vw elements of x at ``ptr`` (masked lanes: zero)."""
+        if mask is None:
+            return b.load(ptr, typ=xvec_t, align=2 if x16 else 4)
+        return b.call(xload_m, [ptr, I32(2 if x16 else 4), mask, xzero])
+
+    def widen(x):
+        """x's lanes as float32 (a bfloat16 pattern is the high half of its float32)."""
+        if not x16:
+            return x
+        wide = ir.VectorType(I32, x.type.count)
+        return b.bitcast(b.shl(b.zext(x, wide), ir.Constant(wide, [16] * x.type.count)), ir.VectorType(F32, x.type.count))
+
+    def xpairs(x0, x1):
+        """Two rows of x (k, k + 1) as the 16 pairs (x0[i], x1[i]): float32 rounded, bfloat16 interleaved."""
+        if not x16:
+            return interleaved_pairs(b, x0, x1)
+        idx = [i // 2 + (vw if i % 2 else 0) for i in range(2 * vw)]
+        return b.bitcast(b.shuffle_vector(x0, x1, ir.Constant(ir.VectorType(I32, 2 * vw), idx)), PAIRS)
 
     k_stride = in_strides[1] * (G if spec.interleaved else 1)    # floats from one input channel of a group to the next
 
@@ -262,7 +297,7 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
     def x_at(n, g):
         """The input's element 0 of image n, group g's first channel."""
         xb = b.gep(em.base(spec.x), [I64(spec.x.offset)], source_etype=ir.IntType(8), inbounds=True)
-        return fptr(xb, b.mul(b.add(b.mul(n, I64(xs[1])), g if spec.interleaved else b.mul(g, I64(spec.cin))),
+        return xptr(xb, b.mul(b.add(b.mul(n, I64(xs[1])), g if spec.interleaved else b.mul(g, I64(spec.cin))),
                               I64(in_strides[1])))
 
     # bf16, a 1x1 stride-1 contraction over its whole input (positions = input elements, in order): a full
@@ -288,9 +323,10 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
         b.call(hstore, [b.bitcast(dup, ir.VectorType(I16, 2 * vw)), ptr, I32(2), mask])
 
     def pair_put_scalar(panel, kflat, col, value):
+        """One element of a panel (``value``: float32, rounded; x16: its bfloat16 bits, as they are)."""
         word = b.add(b.mul(b.sdiv(kflat, I64(2)), I64(nr)), col)
         half = b.add(b.mul(word, I64(2)), b.and_(kflat, I64(1)))
-        b.store(bfloat16_to_memory(b, value), b.gep(panel, [half], source_etype=I16, inbounds=True))
+        b.store(value if x16 else bfloat16_to_memory(b, value), b.gep(panel, [half], source_etype=I16, inbounds=True))
 
     def pack(n, g, pb_lo, count, pairs_at=None):
         """Panels pb_lo .. pb_lo+count-1 of image n, group g into scratch (K x nr floats each); bf16: the one
@@ -328,9 +364,9 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
             by_runs = 1 <= s_last <= 4 and in_strides[-1] == 1
             if by_runs:
                 span = vw * s_last
-                wide = ir.VectorType(F32, span)
+                wide = ir.VectorType(xel, span)
                 i1s = lambda n: ir.VectorType(ir.IntType(1), n)
-                mload = km.declare(f"llvm.masked.load.v{span}f32.p0", wide, [PTR, I32, i1s(span), wide])
+                mload = km.declare(f"llvm.masked.load.v{span}{'i16' if x16 else 'f32'}.p0", wide, [PTR, I32, i1s(span), wide])
                 mstore = km.declare(f"llvm.masked.store.v{vw}f32.p0", ir.VoidType(), [vec, PTR, I32, i1s(vw)])
                 ivec = lambda n: ir.VectorType(I32, n)
                 picks = ir.Constant(ivec(vw), [l * s_last for l in range(vw)])
@@ -350,29 +386,29 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
 
                     if koff_table is not None:
                         def per_pair(k2, ke, ko):
-                            se, so = fptr(xb, b.add(ke, src0)), fptr(xb, b.add(ko, src0))
+                            se, so = xptr(xb, b.add(ke, src0)), xptr(xb, b.add(ko, src0))
                             for v, (live, wl, sl) in enumerate(chunks):
                                 with b.if_then(live):
                                     undef = ir.Constant(wide, ir.Undefined)
-                                    xs_ = [b.call(mload, [fptr(src, I64(v * span)), I32(4), wl, undef]) for src in (se, so)]
+                                    xs_ = [b.call(mload, [xptr(src, I64(v * span)), I32(2 if x16 else 4), wl, undef]) for src in (se, so)]
                                     if s_last > 1:
                                         xs_ = [b.shuffle_vector(x, ir.Constant(wide, ir.Undefined), picks) for x in xs_]
                                     word = b.add(b.mul(k2, I64(nr)), b.add(j0, I64(v * vw)))
-                                    b.call(istore, [interleaved_pairs(b, *xs_), ipt(panel, word), I32(4), sl])
+                                    b.call(istore, [xpairs(*xs_), ipt(panel, word), I32(4), sl])
                         k_pairs(per_pair)
                         return
 
                     def per_k(kidx):
                         koff, kflat = k_offsets(kidx)
                         dst = None if bf else fptr(panel, b.add(b.mul(kflat, I64(nr)), j0))
-                        src = fptr(xb, b.add(koff, src0))
+                        src = xptr(xb, b.add(koff, src0))
                         for v, (live, wl, sl) in enumerate(chunks):
                             with b.if_then(live):
-                                x = b.call(mload, [fptr(src, I64(v * span)), I32(4), wl, ir.Constant(wide, ir.Undefined)])
+                                x = b.call(mload, [xptr(src, I64(v * span)), I32(2 if x16 else 4), wl, ir.Constant(wide, ir.Undefined)])
                                 if s_last > 1:
                                     x = b.shuffle_vector(x, ir.Constant(wide, ir.Undefined), picks)
                                 if bf:
-                                    pair_put(panel, kflat, b.add(j0, I64(v * vw)), x, sl)
+                                    pair_put(panel, kflat, b.add(j0, I64(v * vw)), widen(x), sl)
                                 else:
                                     b.call(mstore, [x, fptr(dst, I64(v * vw)), I32(4), sl])
                     em.loops([spec.cin] + list(spec.kernel), per_k)
@@ -380,19 +416,19 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
             def rows(gather):
                 if bf and not gather and koff_table is not None:
                     def per_pair(k2, ke, ko):
-                        se, so = fptr(xb, b.add(ke, first)), fptr(xb, b.add(ko, first))
+                        se, so = xptr(xb, b.add(ke, first)), xptr(xb, b.add(ko, first))
                         row = ipt(panel, b.mul(k2, I64(nr)))
                         for v in range(npv):
                             if (v + 1) * vw <= nr:
-                                x0 = b.load(fptr(se, I64(v * vw)), typ=vec, align=4)
-                                x1 = b.load(fptr(so, I64(v * vw)), typ=vec, align=4)
-                                b.store(interleaved_pairs(b, x0, x1),
+                                x0 = xload(xptr(se, I64(v * vw)))
+                                x1 = xload(xptr(so, I64(v * vw)))
+                                b.store(xpairs(x0, x1),
                                         b.bitcast(ipt(row, I64(v * vw)), PAIRS.as_pointer()), align=4)
                             else:
                                 tail = lanes_lt(nr - v * vw)
-                                x0 = b.call(tload, [fptr(se, I64(v * vw)), I32(4), tail, zero])
-                                x1 = b.call(tload, [fptr(so, I64(v * vw)), I32(4), tail, zero])
-                                b.call(istore, [interleaved_pairs(b, x0, x1), ipt(row, I64(v * vw)), I32(4), tail])
+                                x0 = xload(xptr(se, I64(v * vw)), tail)
+                                x1 = xload(xptr(so, I64(v * vw)), tail)
+                                b.call(istore, [xpairs(x0, x1), ipt(row, I64(v * vw)), I32(4), tail])
                     k_pairs(per_pair)
                     return
 
@@ -402,26 +438,26 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
                     if gather:
                         def col(j):
                             o = b.load(b.gep(offs, [j], source_etype=I64, inbounds=True), typ=I64)
-                            x = b.load(fptr(xb, b.add(koff, o)), typ=F32)
+                            x = b.load(xptr(xb, b.add(koff, o)), typ=xel)
                             if bf:
                                 pair_put_scalar(panel, kflat, j, x)
                             else:
                                 b.store(x, fptr(dst, j))
                         em.loop_range(I64(0), I64(nr), col)
                     else:
-                        src = fptr(xb, b.add(koff, first))
+                        src = xptr(xb, b.add(koff, first))
                         for v in range(npv):
                             if (v + 1) * vw <= nr:
-                                x = b.load(fptr(src, I64(v * vw)), typ=vec, align=4)
+                                x = xload(xptr(src, I64(v * vw)))
                                 if bf:
-                                    pair_put(panel, kflat, I64(v * vw), x)
+                                    pair_put(panel, kflat, I64(v * vw), widen(x))
                                 else:
                                     b.store(x, b.gep(dst, [I64(v)], source_etype=vec, inbounds=True), align=4)
                             else:        # a panel row narrower than the vectors: masked to it
                                 tail = lanes_lt(nr - v * vw)
-                                x = b.call(tload, [fptr(src, I64(v * vw)), I32(4), tail, zero])
+                                x = xload(xptr(src, I64(v * vw)), tail)
                                 if bf:
-                                    pair_put(panel, kflat, I64(v * vw), x, tail)
+                                    pair_put(panel, kflat, I64(v * vw), widen(x), tail)
                                 else:
                                     b.call(tstore, [x, fptr(dst, I64(v * vw)), I32(4), tail])
                 em.loops([spec.cin] + list(spec.kernel), per_k)
@@ -457,7 +493,7 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
             pb = b.add(pb_lo, i)
             with b.if_else(b.icmp_signed("<=", b.mul(b.add(pb, I64(1)), I64(nr)), I64(P))) as (full, partial):
                 with full:       # a full panel's rows are nr consecutive floats of each input channel
-                    to_pairs(fptr(x_at(n, g), b.mul(pb, I64(nr))), dst, k_stride)
+                    to_pairs(xptr(x_at(n, g), b.mul(pb, I64(nr))), dst, k_stride)
                 with partial:
                     pack(n, g, pb, I64(1), dst)
         em.loop_range(I64(0), count, one_bf16)
@@ -469,24 +505,25 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
         return b.gep(base, [off], source_etype=I32, inbounds=True)
 
     def to_pairs(src, dst, row=None):
-        """A float32 panel (K rows of nr floats, ``row`` floats apart: default nr, packed) as bfloat16 pairs
-        (K2 x nr words: rows 2i and 2i+1 interleaved; past K zero), vector by vector (masked to nr)."""
+        """A panel of x's elements (K rows of nr, ``row`` apart: default nr, packed; float32, or x16
+        bfloat16) as bfloat16 pairs (K2 x nr words: rows 2i and 2i+1 interleaved; past K zero), vector by
+        vector (masked to nr)."""
         row = nr if row is None else row
 
         def step(k2):
-            even = fptr(src, b.mul(k2, I64(2 * row)))
+            even = xptr(src, b.mul(k2, I64(2 * row)))
             has_odd = b.icmp_signed("<", b.add(b.mul(k2, I64(2)), I64(1)), I64(K))
-            odd = fptr(even, b.select(has_odd, I64(row), I64(0)))
+            odd = xptr(even, b.select(has_odd, I64(row), I64(0)))
             for v in range(npv):
                 if (v + 1) * vw <= nr:
-                    x0 = b.load(fptr(even, I64(v * vw)), typ=vec, align=4)
-                    x1 = b.load(fptr(odd, I64(v * vw)), typ=vec, align=4)
+                    x0 = xload(xptr(even, I64(v * vw)))
+                    x1 = xload(xptr(odd, I64(v * vw)))
                 else:
                     tail = lanes_lt(nr - v * vw)
-                    x0 = b.call(tload, [fptr(even, I64(v * vw)), I32(4), tail, zero])
-                    x1 = b.call(tload, [fptr(odd, I64(v * vw)), I32(4), tail, zero])
-                x1 = b.select(has_odd, x1, zero)
-                words = interleaved_pairs(b, x0, x1)
+                    x0 = xload(xptr(even, I64(v * vw)), tail)
+                    x1 = xload(xptr(odd, I64(v * vw)), tail)
+                x1 = b.select(has_odd, x1, xzero)
+                words = xpairs(x0, x1)
                 at = ipt(dst, b.add(b.mul(k2, I64(nr)), I64(v * vw)))
                 if (v + 1) * vw <= nr:
                     b.store(words, b.bitcast(at, PAIRS.as_pointer()), align=4)
@@ -729,7 +766,8 @@ def vector_epilogue_plan(st: Stage, node: E) -> Optional[dict]:
     float arithmetic, comparisons and selects (bias, folded BatchNorm, Relu/Clip, residual adds) over
     operands that are per-channel (loads indexed by constants, the image and the channel only) or at the
     output position itself (loads indexed by exactly the stage's variables, from a buffer with the output's
-    spatial extents: the tile's positions are then consecutive in memory there as in the output). Returns
+    spatial extents: the tile's positions are then consecutive in memory there as in the output), into a
+    float32 or bfloat16 output (the scheduler's bf16_storage: rounded by ``vcvtneps2bf16``). Returns
     ``{load uid: "channel" | "position"}``, or None (the spilled-tile epilogue then runs)."""
     names = [v.attr for v in st.vars]
     if len(names) < 3:
@@ -743,6 +781,13 @@ def vector_epilogue_plan(st: Stage, node: E) -> Optional[dict]:
         seen.add(e.uid)
         if e is node:
             return True
+        if e.op == "cast" and e.dtype == DType.FLOAT and e.args[0].op == "load" and e.args[0].dtype == DType.BFLOAT16:
+            ld = e.args[0]       # a bfloat16 operand at the output position (a residual stored as bfloat16)
+            if [a.attr if a.op == "var" else None for a in ld.args] == names and \
+                    tuple(ld.attr.shape[2:]) == tuple(st.buf.shape[2:]):
+                kinds[e.uid] = "position16"
+                return True
+            return False
         if e.op == "load":
             if not e.dtype.is_float or any(a.op not in ("const", "var") for a in e.args):
                 return False
@@ -759,7 +804,7 @@ def vector_epilogue_plan(st: Stage, node: E) -> Optional[dict]:
         if e.op == "cmp" and not e.args[0].dtype.is_float:
             return False
         return all(ok(a) for a in e.args)
-    return kinds if ok(st.expr) and st.buf.dtype == DType.FLOAT else None
+    return kinds if ok(st.expr) and st.buf.dtype in (DType.FLOAT, DType.BFLOAT16) else None
 
 
 def vector_epilogue(em, st: Stage, node: E, kinds: dict, n, mbase, p0, accs, mr: int, nv: int, out_sp,
@@ -795,6 +840,17 @@ def vector_epilogue(em, st: Stage, node: E, kinds: dict, n, mbase, p0, accs, mr:
                     out = accs[r * nv + v]
                 elif e.op == "const":
                     out = splat(b, const_value(e.attr, e.dtype), vw)
+                elif kinds.get(e.uid) == "position16":       # 16 bfloat16 words widened to float32
+                    ld = e.args[0]
+                    ptr = b.gep(em.address(ld.attr, [n, m] + lead), [I64(v * vw)], source_etype=I16, inbounds=True)
+                    hvec = ir.VectorType(I16, vw)
+                    if masks is None:
+                        h = b.load(b.bitcast(ptr, hvec.as_pointer()), typ=hvec, align=2)
+                    else:
+                        hload = em.km.declare(f"llvm.masked.load.v{vw}i16.p0", hvec, [PTR, I32, masks[v].type, hvec])
+                        h = b.call(hload, [ptr, I32(2), masks[v], ir.Constant(hvec, [0] * vw)])
+                    wide = ir.VectorType(I32, vw)
+                    out = b.bitcast(b.shl(b.zext(h, wide), ir.Constant(wide, [16] * vw)), vec)
                 elif e.op == "load" and kinds[e.uid] == "channel":
                     if e.uid not in scalars:
                         em.memo.append({})      # the row's own channel: nothing emitted for another row
@@ -826,11 +882,32 @@ def vector_epilogue(em, st: Stage, node: E, kinds: dict, n, mbase, p0, accs, mr:
                             out = getattr(b, op + "_")(out, a)
                 memo[e.uid] = out
                 return out
-            dst = b.gep(em.address(st.buf, [n, m] + lead), [I64(v * vw)], source_etype=F32, inbounds=True)
-            if masks is None:
-                b.store(emit(st.expr), b.bitcast(dst, vec.as_pointer()), align=4)
+            dst = out_ptr(m)(v)
+            put(emit(st.expr), dst, None if masks is None else masks[v])
+
+    if st.buf.dtype == DType.BFLOAT16:       # rounded to bfloat16 (nearest even), 16 bits per position
+        hvec = ir.VectorType(I16, vw)
+        hstore = em.km.declare(f"llvm.masked.store.v{vw}i16.p0", ir.VoidType(),
+                               [hvec, PTR, I32, ir.VectorType(ir.IntType(1), vw)])
+
+        def out_ptr(m):
+            return lambda v: b.gep(em.address(st.buf, [n, m] + lead), [I64(v * vw)], source_etype=I16, inbounds=True)
+
+        def put(value, ptr, mask):
+            h = b.bitcast(b.fptrunc(value, ir.VectorType(BFLOAT, vw)), hvec)     # (vw: 8 on channel-lane rows)
+            if mask is None:
+                b.store(h, b.bitcast(ptr, hvec.as_pointer()), align=2)
             else:
-                b.call(mstore, [emit(st.expr), dst, I32(4), masks[v]])
+                b.call(hstore, [h, ptr, I32(2), mask])
+    else:
+        def out_ptr(m):
+            return lambda v: b.gep(em.address(st.buf, [n, m] + lead), [I64(v * vw)], source_etype=F32, inbounds=True)
+
+        def put(value, ptr, mask):
+            if mask is None:
+                b.store(value, b.bitcast(ptr, vec.as_pointer()), align=4)
+            else:
+                b.call(mstore, [value, ptr, I32(4), mask])
 
     for r in range(mr):
         if nrows is None or r == 0:
@@ -992,7 +1069,7 @@ def tile_epilogue(em: X86Emitter, st: Stage, node: E, slot, index, nrows, ncols,
         em.memo[-1][node.uid] = b.load(slot(r, j), typ=F32)
         b.store(em.emit(st.expr), slot(r, j))
 
-    def copy(r, j):
-        b.store(b.load(slot(r, j), typ=F32), em.address(st.buf, index(r, j)))
+    def copy(r, j):      # (a bfloat16 output: rounded as it is stored)
+        b.store(em.to_memory(b.load(slot(r, j), typ=F32), st.buf.dtype), em.address(st.buf, index(r, j)))
     for pass_ in (apply, copy):
         em.loop_range(I64(0), nrows, lambda r: em.loop_range(I64(0), ncols, lambda j: pass_(r, j)))

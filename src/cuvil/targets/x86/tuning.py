@@ -58,6 +58,19 @@ class X86Tuning:
     # bf16 contractions on AMX tiles (tdpbf16ps, cuvil.targets.x86.amx) where the CPU has AMX-BF16; False:
     # AVX512_BF16's vdpbf16ps kernels even there (the side-by-side benchmark, the tests of that path)
     amx: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
+    # a float32 activation read only by bf16 convolutions (which round it to bfloat16 anyway) is stored as
+    # bfloat16, and so are their zero-padded input copies (cuvil.kernels.schedule's bf16_storage): half the
+    # bytes written and read, pair panels packed without rounding. False: float32 activations (the A/B)
+    bf16_storage: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
+    # with bf16_storage: a value read by bf16 convolutions and by residual Adds (a ResNet block's output) is
+    # stored as bfloat16 too, as OpenVINO's bf16 does: a new rounding of the skip path (2^-8 relative), so
+    # only on request (cuvil.precision.storage)
+    bf16_residual: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+
+    @property
+    def bf16_storage_mode(self) -> str:
+        """The scheduler's ``bf16_storage``: "residual", "convs" or "" (off)."""
+        return ("residual" if self.bf16_residual else "convs") if self.bf16_storage else ""
     # AVX-512's position-lane convolution register tiles offered to choose_tile, as (rows, position vectors):
     # None: 12x2, 8x3 and 6x4 (12 x 32, 8 x 48, 6 x 64 floats; cuvil.targets.x86.gemm.tile_shapes). One pair
     # forces that tile wherever a position-lane tile is taken (bench/conv_tiles.py)

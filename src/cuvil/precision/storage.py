@@ -1,0 +1,63 @@
+"""Which float32 activations may be *stored* as bfloat16 without narrowing anything new: a value whose every
+reader is a convolution narrowed to bf16 that takes it as its input (never its weights or bias).
+
+Such a reader rounds its input to bfloat16 (nearest even) before its first product, so storing the rounded
+value instead changes no result: the certificate is the readers' own (each was narrowed on a range or on
+the relative certificate of :mod:`.relative`), and nothing new can overflow (the stored values are the ones
+the readers compute with). The x86 backend then keeps such values in bfloat16 between its bf16
+convolutions (``X86Tuning.bf16_storage``; half the bytes, pair panels packed without rounding) and lists
+them in the manifest's ``bf16_activations``; ``cuvil precision report`` counts them.
+"""
+from __future__ import annotations
+
+from typing import Callable, Dict, Optional
+
+from ..ir.dtype import DType
+from ..ir.graph import Graph, Node, Value
+
+#: the op whose bf16 kernels read a bfloat16 input (the x86 convolution micro-kernels)
+READERS = frozenset({"Conv"})
+
+
+def bf16_storage_reason(g: Graph, v: Value, format_of: Callable[[Node], str] = lambda n: n.precision,
+                        residual: bool = False) -> Optional[str]:
+    """Why ``v`` may be stored as bfloat16 (every reader a bf16 Conv taking it as its input, ``format_of``
+    giving a node's format), or None (a graph output, no readers, another reader, not float32).
+
+    ``residual`` (an explicit choice, ``X86Tuning(bf16_residual=True)``; never by default): readers may also
+    be ``Add`` / ``Sum`` nodes (a ResNet's skip path), as OpenVINO's bf16 does, when at least one bf16 Conv reads it.
+    That *is* a new narrowing: the Add then adds the bf16-rounded value, off by at most 2^-8 relative
+    (:mod:`.relative`'s lemma: finite for every float32 |x| <= 0x1.fep127); the reason says so."""
+    if v.dtype != DType.FLOAT or any(o is v for o in g.outputs):
+        return None
+    users = g.consumers(v)
+    if not users:
+        return None
+    convs, adds = [], []
+    for u in users:
+        if u.op in READERS and format_of(u) == "bf16" and u.inputs[0] is v and not any(x is v for x in u.inputs[1:]):
+            convs.append(u.name)
+        elif residual and u.op in ("Add", "Sum"):
+            adds.append(u.name)
+        else:
+            return None
+    if not convs:
+        return None
+    why = "read only by bf16 convolution(s) " + ", ".join(sorted(set(convs)))
+    if adds:
+        why += (" and rounded to bf16 for the residual Add(s) " + ", ".join(sorted(set(adds)))
+                + " (relative to float32: at most 2^-8)")
+    return why
+
+
+def bf16_storage(g: Graph, formats: Dict[str, str]) -> Dict[str, str]:
+    """Every value of ``g`` that may be stored as bfloat16 under the node formats ``formats`` (node name ->
+    format), with the reason."""
+    out = {}
+    for n in g.nodes:
+        for v in n.outputs:
+            if v is not None:
+                why = bf16_storage_reason(g, v, lambda u: formats.get(u.name, ""))
+                if why is not None:
+                    out[v.name] = why
+    return out
