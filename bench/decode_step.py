@@ -1,7 +1,8 @@
 """A GPT-2 decode step with a KV cache on x86, Cuvil beside onnxruntime in one process: per token at each
 past length (one library per length, batch 1, ``--fix``), 1 and 2 threads, alternating blocks; the process's
 CPU time (on a shared, loaded machine the wall time counts other processes' turns) and the wall time, p50 of
-the blocks, the ratio, the CPU model, and the top kernels of the step profile (1 thread).
+the blocks, the ratio, the CPU model, and the top kernels of the step profile (1 thread) with the profile's
+total summed by op and kernel kind.
 
     PYTHONPATH=src python3 bench/decode_step.py [--model tests/fixtures/exports/gpt2_decode.torchscript.onnx]
         [--past 128,1023] [--threads 1,2] [--calls 200] [--blocks 7] [--top 6] [--one-library] [--roofline]
@@ -164,6 +165,14 @@ def main() -> None:
                     st = steps[i] if i < len(steps) else {}
                     print(f"    {100 * p[i] / total:5.1f}%  {st.get('op', '?'):<15} {st.get('kernel', '?'):<10} "
                           f"{st.get('stage', i)}")
+                by_op = {}
+                for i, t in enumerate(p):
+                    st = steps[i] if i < len(steps) else {}
+                    key = f"{st.get('op', '?')}/{st.get('kernel', '?')}"
+                    by_op[key] = by_op.get(key, 0) + t
+                top = sorted(by_op.items(), key=lambda kv: -kv[1])[:a.top]
+                print(f"    kernels {total * 1e3:.1f} ms; by op/kernel: " +
+                      ", ".join(f"{k} {100 * v / total:.1f}%" for k, v in top))
             m.close()
 
 

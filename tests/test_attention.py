@@ -344,3 +344,29 @@ def test_few_new_tokens_read_keys_in_place(sq):
         got = art.run(f, num_threads=1)["y"]
         assert same_bits(got, art.run(f, num_threads=2)["y"]), past
         assert max_rel_error(got, want) <= RTOL, past
+
+
+@pytest.mark.parametrize("past", [1, 127, 1023])
+def test_decode_step_one_library_per_past(past):
+    """The decode step as bench/decode_step.py builds it by default (one library per past length, static
+    shapes): the `present` Concats take the block copies (x86/copy.py) wherever the past is a run of at least
+    1 KiB, attention reads the keys in place; onnxruntime's outputs with and without padded keys in the mask,
+    the same bits at 1 and 2 threads."""
+    from cuvil.testing.hf_models import gpt2_decode_model
+    model = gpt2_decode_model(vocab=512, hidden=64, layers=1, heads=4, ffn=128, max_pos=1100)
+    art = Pipeline.from_onnx(model).compile(fixed={"batch": 2, "past_sequence": past, "total_sequence": past + 1},
+                                            cache=False)
+    kernels = [st["kernel"] for st in art.manifest["steps"]]
+    assert "attention" in kernels and "attention_keys" not in kernels
+    for masked in (False, True):
+        f = decode_feeds(2, past, seed=past)
+        if masked:
+            f["attention_mask"][1, [0, past - 1]] = 0
+        want = dict(zip([o.name for o in model.graph.output], ort_session(model).run(None, f)))
+        got, again = art.run(f, num_threads=1), art.run(f, num_threads=2)
+        for name, w in want.items():
+            assert same_bits(got[name], again[name]), (past, masked, name)
+            if name.startswith("present"):      # the past part is a copy of the input: its bits
+                kv = "key" if name.endswith("key") else "value"
+                assert got[name][:, :, :past].tobytes() == f[f"past_key_values.0.{kv}"].tobytes(), (past, name)
+            assert max_rel_error(got[name], w) <= RTOL, (past, masked, name)

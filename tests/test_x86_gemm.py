@@ -575,3 +575,24 @@ def test_dense_block_with_gelu_epilogue_over_symbolic_rows(also_read_f):
         y1, y2 = m.run(x, num_threads=1)[0], m.run(x, num_threads=2)[0]
         np.testing.assert_array_equal(y1, y2)
         assert float(np.abs(y1 - want).max()) <= 1e-5 * max(1.0, float(np.abs(want).max())), (b_, s_)
+
+
+@pytest.mark.parametrize("rows", ["static", "symbolic"])
+def test_single_row_product_splits_over_threads_bit_identically(rows):
+    """A decode step's one-row product (1 x 256 @ 256 x 1000: 21 panels of 48 columns, or 16 of 64) is cut by
+    weight panels over the threads, each thread streaming its own panels with the one-row tile: every column's
+    sum runs in the same order whatever the thread count, so 1 and 2 threads give the same bits."""
+    rng = np.random.default_rng(20)
+    w = (rng.standard_normal((256, 1000)) / 16).astype(np.float32)
+    shape = (1, 1, 256) if rows == "static" else ("B", 1, 256)
+    model = _matmul_model(shape, w, epilogue=False)
+    art = Pipeline.from_onnx(model).compile(cache=False, **({} if rows == "static" else
+                                                            {"shape_profiles": {"B": (1, 1, 4)}}))
+    assert "gemm" in [s["kernel"] for s in art.manifest["steps"]]
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    m = art.model()
+    x = rng.standard_normal((1, 1, 256)).astype(np.float32)
+    one, two = m.run(x, num_threads=1)[0], m.run(x, num_threads=2)[0]
+    assert one.tobytes() == two.tobytes()
+    want = sess.run(None, {"x": x})[0]
+    assert float(np.abs(one - want).max()) <= 1e-5 * max(1.0, float(np.abs(want).max()))

@@ -19,6 +19,7 @@ from ...kernels.texpr import top_level
 from ...progress import stage
 from ..llvm.module import LLVMKernelModule, initialize_native
 from ..llvm.types import I64, PTR
+from .copy import emit_copy_stage
 from .cpu import CpuDescription, describe_cpu, host_cpu, is_host_name
 from .attention import emit_attention_stage, emit_key_panels_stage
 from .depthwise import emit_depthwise_stage
@@ -162,6 +163,9 @@ class KernelModule(LLVMKernelModule):
             if done is not None:
                 self.window_kinds[sym] = kind
                 return done
+        done = emit_copy_stage(self, st, sym)    # a plain block copy (a concatenation's piece): memmove runs
+        if done is not None:
+            return done
         em, begin, end = self.kernel(sym)
         shape = self.loop_shape(st)
         red = row_reduction(st, self.at_max)

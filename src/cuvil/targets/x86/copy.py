@@ -1,0 +1,119 @@
+"""Block copies: a stage that only moves a buffer's elements (``out[i] = x[i + c]``, e.g. a piece of a split
+concatenation such as a decode step's ``present = Concat(past, new)``) as one ``memmove`` per contiguous run.
+
+The generic loop nest copies such a stage one innermost row per parallel unit (64 floats for a head of 64),
+recomputing the row's address from its flattened index (divisions) and testing the two rows for overlap each
+time. Here the dims after the first partial one are whole in both buffers, so from that dim on source and
+destination are one contiguous run each (a head's whole past: 1,023 x 64 floats); the run is cut into blocks
+of ``BLOCK_BYTES`` and a unit of the parallel range is one block of one run, copied by the C library's
+``memmove`` (llvm.memmove). Bits are moved, not values: the result is the loop's exactly.
+"""
+from __future__ import annotations
+
+from typing import List, Optional, Tuple
+
+import llvmlite.ir as ir
+
+from ...kernels.schedule import Stage
+from ..llvm.types import I1, I8, I64, PTR
+
+#: a unit of the parallel range copies at most this much of a run (a head's 1,023 x 64 past keys: 4 blocks)
+BLOCK_BYTES = 64 * 1024
+#: runs shorter than this stay with the generic loop nest (its inline vector moves beat a call per row)
+MIN_RUN_BYTES = 1024
+
+
+def _shift(e, name: str) -> Optional[int]:
+    """c when the index expression ``e`` is the variable ``name`` plus a constant c, else None."""
+    if e.op == "var":
+        return 0 if e.attr == name else None
+    if e.op == "add" and len(e.args) == 2:
+        for v, c in (e.args, e.args[::-1]):
+            if v.op == "var" and v.attr == name and c.op == "const" and float(c.attr) == int(c.attr):
+                return int(c.attr)
+    return None
+
+
+def copy_plan(km, st: Stage) -> Optional[dict]:
+    """How ``st`` copies, or None when it is not a plain block copy: ``src`` (the Buf read), ``lo`` / ``src_lo``
+    (each dim's first index written / read), ``shape`` (the extents copied), ``j`` (the first dim of the
+    contiguous run), ``run`` (elements per run)."""
+    e = st.expr
+    if e.op != "load" or not hasattr(e.attr, "strides"):
+        return None
+    src, dst = e.attr, st.buf
+    shape = km.loop_shape(st)
+    n = len(shape)
+    if src.dtype != dst.dtype or len(src.shape) != n or len(e.args) != n or len(st.vars) != n:
+        return None
+    if not all(isinstance(d, int) for d in (*shape, *src.shape, *dst.shape)):
+        return None
+    if src.storage is dst.storage:       # a move within one buffer keeps the loop's element order
+        return None
+    lo = [0] * n
+    if st.region is not None:
+        axis, r0, _ = st.region
+        lo[axis] = r0
+    src_lo = []
+    for k, (a, v) in enumerate(zip(e.args, st.vars)):
+        c = _shift(a, v.attr)
+        if c is None:
+            return None
+        src_lo.append(lo[k] + c)
+        if src_lo[k] < 0 or src_lo[k] + shape[k] > src.shape[k]:
+            return None                  # (the schedule proves its reads; refuse rather than assume)
+    j = n - 1
+    while j > 0 and shape[j] == dst.shape[j] == src.shape[j]:
+        j -= 1                           # dims after j are whole in both buffers: one run from dim j on
+    run = 1
+    for d in shape[j:]:
+        run *= d
+    if run * dst.dtype.itemsize < MIN_RUN_BYTES or 0 in shape:
+        return None
+    return {"src": src, "lo": lo, "src_lo": src_lo, "shape": shape, "j": j, "run": run}
+
+
+def emit_copy_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
+    """Emit ``st`` as block copies when :func:`copy_plan` finds it one; returns (parallel extent, grain)."""
+    plan = copy_plan(km, st)
+    if plan is None:
+        return None
+    src, dst = plan["src"], st.buf
+    shape, j, run = plan["shape"], plan["j"], plan["run"]
+    item = dst.dtype.itemsize
+    block = max(1, BLOCK_BYTES // item)
+    blocks = -(-run // block)
+    outer = 1
+    for d in shape[:j]:
+        outer *= d
+    em, begin, end = km.kernel(sym)
+    b = em.b
+    memmove = km.declare("llvm.memmove.p0.p0.i64", ir.VoidType(), [PTR, PTR, I64, I1])
+
+    def flat(buf, starts: List, o) -> object:
+        """Byte address of the run of outer index ``o`` (flattened over dims < j) in ``buf``."""
+        strides = buf.strides
+        off = sum(starts[d] * strides[d] for d in range(len(shape)))    # the first element copied
+        at = I64(off)
+        rest = o
+        for d in reversed(range(j)):
+            i = b.srem(rest, I64(shape[d])) if d > 0 else rest
+            rest = b.sdiv(rest, I64(shape[d])) if d > 0 else rest
+            at = b.add(at, b.mul(i, I64(strides[d])))
+        p = b.gep(em.base(buf), [I64(buf.offset)], source_etype=I8, inbounds=True)
+        return b.gep(p, [b.mul(at, I64(item))], source_etype=I8, inbounds=True)
+
+    def unit(u):
+        o, k = b.sdiv(u, I64(blocks)), b.srem(u, I64(blocks))
+        first = b.mul(k, I64(block))
+        left = b.sub(I64(run), first)
+        count = b.select(b.icmp_signed("<", left, I64(block)), left, I64(block))
+        at = b.mul(first, I64(item))
+        d_ptr = b.gep(flat(dst, plan["lo"], o), [at], source_etype=I8, inbounds=True)
+        s_ptr = b.gep(flat(src, plan["src_lo"], o), [at], source_etype=I8, inbounds=True)
+        b.call(memmove, [d_ptr, s_ptr, b.mul(count, I64(item)), I1(0)])
+
+    em.loop_range(begin, end, unit)
+    b.ret_void()
+    return outer * blocks, 1
+
