@@ -86,9 +86,9 @@ def compile_job(job):
     try:
         model, _ = make_model(job["model"])
         g = Pipeline.from_onnx(model).optimize().graph
-        tuning = PtxTuning(simt_matmul=job["simt"], simt_force=tuple(job.get("force", ())))
+        tuning = PtxTuning(simt_matmul=job["simt"], simt_force=tuple(job.get("force", ())), simt_tk=job.get("tk", 16))
         compile_bundle(g, job["path"], tuning=tuning, fma=job.get("fma", True))
-        plans = [plan_simt(st, p, tuning.simt_force) for st in gpu_schedule(g).stages if (p := matmul_parts(st))]
+        plans = [plan_simt(st, p, tuning.simt_force, tuning.simt_tk) for st in gpu_schedule(g).stages if (p := matmul_parts(st))]
         return {"plans": [describe(q)[0] for q in plans], "ks": [q.ks for q in plans]}
     except Exception:  # noqa: BLE001 - reported by the caller
         return {"error": traceback.format_exc()[-1500:]}
@@ -160,6 +160,8 @@ def speed_jobs(args):
             key = f"{name}_{label}"
             jobs.append(dict(key=key, model=name, simt=simt, force=force, path=os.path.join(args.work, key),
                              label=label))
+        jobs.append(dict(key=f"{name}_tk32", model=name, simt=True, tk=32, path=os.path.join(args.work, name + "_tk32"),
+                         label="tk32"))
     return jobs
 
 
@@ -179,14 +181,14 @@ def speed(args, out, built, jobs):
                 r[j["label"]] = {"kernels": [(p["kind"], round(p["ms"] * 1000, 2)) for p in prof], "us": round(us, 2),
                                  "plans": info["plans"], "tflops": round(flops / (us * 1e-6) / 1e12, 2)}
             r["speedup"] = round(r["old"]["us"] / r["new"]["us"], 2)
-            alts = {k: v["us"] for k, v in r.items() if k.startswith("f") and isinstance(v, dict) and "us" in v}
+            alts = {k: v["us"] for k, v in r.items() if k[:1] in "ft" and isinstance(v, dict) and "us" in v}
             if alts:
                 r["best_alternative"] = min(alts, key=alts.get)
             out[name] = r
             n = r["new"]
             log(f"  {name:30} new {n['us']:8.2f} us ({n['tflops']:5.2f} TFLOP/s, {100 * n['tflops'] / PEAK:4.1f}% of "
                 f"fp32 peak) old {r['old']['us']:8.2f} us x{r['speedup']} {n['plans']} {n['kernels']}")
-            for k in sorted(alts, key=alts.get)[:4]:
+            for k in sorted(alts, key=alts.get)[:5]:
                 log(f"      {k:14} {alts[k]:8.2f} us {r[k]['plans']}")
         except Exception:  # noqa: BLE001
             out[name] = {"error": traceback.format_exc()[-1500:]}

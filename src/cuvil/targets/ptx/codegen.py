@@ -234,7 +234,7 @@ class PtxKernelModule(LLVMKernelModule):
         parts = matmul_parts(st)
         if parts is None or st.buf.dtype != DType.FLOAT:
             return None
-        plan = plan_simt(st, parts, self.tuning.simt_force)
+        plan = plan_simt(st, parts, self.tuning.simt_force, self.tuning.simt_tk)
         return (parts, plan) if simt_applies(plan) else None
 
     def add_conv_stage(self, st: Stage, sym: str, node: E):

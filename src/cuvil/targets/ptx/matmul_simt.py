@@ -23,7 +23,7 @@ element is evaluated through the stage's own expression at clamped in-range indi
 zero, so the bounds proof of :mod:`cuvil.targets.ptx.bounds_patterns` covers it as it does the tensor-core
 kernel); then every thread reads its TM values of ``A`` and TN of ``B`` per term with 16-byte shared loads
 (``ld.shared.v4.f32``) and does TM x TN fmas. The next chunk's global loads are issued into registers
-before this chunk's fmas (register double buffering). Split-K: a block holds ``ks`` groups, group g taking
+before this chunk's fmas (register double buffering, no branch around them). Split-K: a block holds ``ks`` groups, group g taking
 chunks g, g + ks, ... (:func:`~cuvil.targets.ptx.matmul_mma.chunk_of`); at the end groups 1..ks-1 leave
 their sums in shared memory and group 0 adds them in group order and runs the epilogue.
 
@@ -72,6 +72,7 @@ class SimtPlan:
     a_kfast: bool     # A's load mapping: k varies fastest (A contiguous along k), else m does
     b_kfast: bool     # B's: k fastest (B transposed, contiguous along k), else n
     ks: int = 1       # K groups per block
+    tk: int = TK      # reduction terms per chunk
 
     @property
     def group_threads(self) -> int:
@@ -83,7 +84,7 @@ class SimtPlan:
 
     @property
     def chunks(self) -> int:
-        return -(-self.k // TK)
+        return -(-self.k // self.tk)
 
     @property
     def rounds(self) -> int:
@@ -118,7 +119,7 @@ class SimtPlan:
 
     def tile_floats(self) -> int:
         """Shared floats of one group's A and B chunk tiles."""
-        return TK * (self.sa_stride + self.sb_stride)
+        return self.tk * (self.sa_stride + self.sb_stride)
 
     def smem_floats(self) -> int:
         """Static shared memory (floats): the groups' tiles, or the partial sums of groups 1..ks-1 (which
@@ -133,9 +134,9 @@ class SimtPlan:
 
     def load_slots(self, which: str):
         """(slots per thread, rows, kfast) of the A (``rows = BM``) or B (``BN``) chunk tile: for slot j the
-        element ``e = tid + j * T`` is (row, k) = divmod(e, TK) when k varies fastest, else (e % rows, e // rows)."""
+        element ``e = tid + j * T`` is (row, k) = divmod(e, tk) when k varies fastest, else (e % rows, e // rows)."""
         rows = self.bm if which == "a" else self.bn
-        return rows * TK // self.group_threads, rows, self.a_kfast if which == "a" else self.b_kfast
+        return rows * self.tk // self.group_threads, rows, self.a_kfast if which == "a" else self.b_kfast
 
 
 def fits(plan: SimtPlan) -> bool:
@@ -155,12 +156,12 @@ def cost(plan: SimtPlan) -> float:
     resident = min(per_sm, -(-plan.blocks // SMS))
     # shared-memory reads per fma: (TM + TN) / (TM * TN) words; 4 x 4 tiles issue more of them
     eff = 1.0 if plan.tm * plan.tn >= 32 else 0.8
-    chunk = max(resident * plan.threads * plan.tm * plan.tn * TK / (FMA_PER_CLK * eff), LATENCY_CLK)
+    chunk = max(resident * plan.threads * plan.tm * plan.tn * plan.tk / (FMA_PER_CLK * eff), LATENCY_CLK)
     reduce = (plan.ks - 1) * plan.bm * plan.bn / max(plan.group_threads, 1) * 8 if plan.ks > 1 else 0
     return waves * (plan.rounds * chunk + reduce)
 
 
-def plan_simt(st: Stage, parts, force: tuple = ()) -> SimtPlan:
+def plan_simt(st: Stage, parts, force: tuple = (), tk: int = TK) -> SimtPlan:
     """The cheapest launchable (tile, ks) by :func:`cost` (ties: fewer K groups, then the larger tile);
     ``force`` = (BM, BN, ks): that one where it is launchable (an A/B of the model)."""
     red, a, b, _swapped = parts
@@ -173,7 +174,7 @@ def plan_simt(st: Stage, parts, force: tuple = ()) -> SimtPlan:
     best = None
     for i, (bm, bn, tm, tn) in enumerate(TILES):
         for ks in KS_CHOICES:
-            p = SimtPlan(bm, bn, tm, tn, tuple(shape[:-2]), m, n, k, a_kfast, b_kfast, ks)
+            p = SimtPlan(bm, bn, tm, tn, tuple(shape[:-2]), m, n, k, a_kfast, b_kfast, ks, tk)
             if not fits(p):
                 continue
             key = (cost(p), ks, i)
@@ -187,7 +188,7 @@ def plan_simt(st: Stage, parts, force: tuple = ()) -> SimtPlan:
 def simt_applies(plan: SimtPlan) -> bool:
     """Products big enough for the tile kernel (a vector product, or a sum shorter than a chunk, is better
     served by the lane-split and element kernels)."""
-    return plan.m >= 16 and plan.n >= 16 and plan.k >= TK
+    return plan.m >= 16 and plan.n >= 16 and plan.k >= plan.tk
 
 
 # --- emission ---------------------------------------------------------------------------------------------
@@ -203,6 +204,7 @@ def emit_simt(km, st: Stage, sym: str, parts, plan: SimtPlan) -> int:
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     em = PtxEmitter(km, fn, b, bufs, st.buf)
     BM, BN, TM, TN, M, N, K, KS = plan.bm, plan.bn, plan.tm, plan.tn, plan.m, plan.n, plan.k, plan.ks
+    TK = plan.tk
     T = plan.group_threads
     SA, SB = plan.sa_stride, plan.sb_stride
     kv = red.attr[1][0].attr
@@ -308,9 +310,12 @@ def emit_simt(km, st: Stage, sym: str, parts, plan: SimtPlan) -> int:
                 with b.if_then(active):
                     stage()
             b.call(bar, [])
+            # the next chunk's loads fly meanwhile; unconditional (past the last chunk it loads the last one
+            # again, unused): under a branch the loaded registers were merged at its end, and that copy
+            # waited for the loads before this chunk's fmas
             nxt = b.add(c, I32(KS))
-            with b.if_then(b.icmp_unsigned("<", nxt, I32(plan.chunks))):   # the next chunk's loads fly meanwhile
-                fetch(b.mul(nxt, I32(TK)))
+            last = I32(plan.chunks - 1)
+            fetch(b.mul(b.select(b.icmp_unsigned("<", nxt, last), nxt, last), I32(TK)))
 
             def fmas():
                 acc = [b.load(a_, typ=F32) for a_ in accs]
