@@ -83,7 +83,7 @@ def test_bert_products_fill_the_gpu():
 @needs_ptxas
 @pytest.mark.parametrize("arch", ["sm_90", "sm_80"])
 def test_simt_kernels_assemble_without_spills(arch):
-    forced = [(), (128, 64, 1), (128, 64, 2), (64, 64, 4), (32, 32, 8)]
+    forced = [(), (128, 64, 1), (128, 64, 2), (64, 64, 4), (32, 32, 8), (16, 32, 8), (32, 16, 8), (16, 64, 4)]
     for make in CASES.values():
         model, _ = make()
         s = _sched(model)

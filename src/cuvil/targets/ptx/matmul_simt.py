@@ -55,7 +55,8 @@ SM_REGS = 65536
 FMA_PER_CLK = 128             # float32 fma lanes per SM
 LATENCY_CLK = 700             # a chunk's global-load latency and two barriers (the floor of one round)
 # (BM, BN, TM, TN): block tile and per-thread register tile
-TILES = ((128, 64, 8, 4), (64, 64, 4, 4), (64, 32, 4, 4), (32, 64, 4, 4), (32, 32, 4, 4))
+TILES = ((128, 64, 8, 4), (64, 64, 4, 4), (64, 32, 4, 4), (32, 64, 4, 4), (32, 32, 4, 4), (16, 64, 4, 4),
+         (32, 16, 4, 4), (16, 32, 4, 4))
 KS_CHOICES = (1, 2, 4, 8)
 
 
