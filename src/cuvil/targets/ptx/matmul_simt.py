@@ -312,8 +312,8 @@ def emit_simt(km, st: Stage, sym: str, parts, plan: SimtPlan) -> int:
                     stage()
             b.call(bar, [])
             # the next chunk's loads fly meanwhile; unconditional (past the last chunk it loads the last one
-            # again, unused): under a branch the loaded registers were merged at its end, and that copy
-            # waited for the loads before this chunk's fmas
+            # again, unused), so no copy at the end of a branch can wait for them before this chunk's fmas
+            # (on the H200 it timed within +-10% of the branched form: bench/gpu/RESULTS.md, 2026-12-03)
             nxt = b.add(c, I32(KS))
             last = I32(plan.chunks - 1)
             fetch(b.mul(b.select(b.icmp_unsigned("<", nxt, last), nxt, last), I32(TK)))
