@@ -1,7 +1,7 @@
 """Small ONNX matrix-product models with numpy references, the kernel families of the GPU's tensor-core
 matmul (:mod:`cuvil.targets.ptx.matmul_mma`): a linear layer with bias and erf GELU (batched rows), Q·Kᵀ
-(batched heads, the transpose folded into the loads) and Gemm(transB) with a residual add. Used by
-tests/test_gpu_tensor_cores.py and bench/gpu/tensor_cores.py."""
+(batched heads, the transpose folded into the loads), P·V (:func:`batched_matmul`) and Gemm(transB) with a
+residual add. Used by tests/test_gpu_tensor_cores.py, tests/test_gpu_matmul_simt.py and bench/gpu/."""
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
@@ -54,6 +54,13 @@ def gemm_transb_residual(m=24, k=200, n=56, seed=1):
     model = _model(nodes, [_t("x", (m, k)), _t("r", (m, n))], [_t("y", (m, n))],
                    [numpy_helper.from_array(w, "w"), numpy_helper.from_array(c, "c")])
     return model, lambda x, r: (x.astype(np.float64) @ w.T + c + r).astype(np.float32)
+
+
+def batched_matmul(b=2, h=3, m=40, k=40, n=32):
+    """p[b, h, m, k] @ v[b, h, k, n] (attention's P·V: both operands inputs, batched over heads)."""
+    nodes = [helper.make_node("MatMul", ["p", "v"], ["y"])]
+    model = _model(nodes, [_t("p", (b, h, m, k)), _t("v", (b, h, k, n))], [_t("y", (b, h, m, n))], [])
+    return model, lambda p, v: (p.astype(np.float64) @ v).astype(np.float32)
 
 
 FAMILIES = {"linear_gelu": linear_gelu, "attention_scores": attention_scores,

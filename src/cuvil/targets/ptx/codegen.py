@@ -60,6 +60,7 @@ from .kernel_shapes import (TILE_K, WARP_MIN_TERMS, coarsen_factor, single_sum, 
                             tile_shape)
 from .libdevice import libdevice_module
 from .matmul_mma import emit_matmul, matmul_parts, mma_format, plan_matmul
+from .matmul_simt import emit_simt, plan_simt, simt_applies
 from .tuning import DEFAULT_TUNING, PtxTuning
 
 TRIPLE = "nvptx64-nvidia-cuda"
@@ -188,6 +189,10 @@ class PtxKernelModule(LLVMKernelModule):
         if mm is not None:
             threads = emit_matmul(self, st, sym, *mm)
             return KernelDesc(sym, threads, mm[1].threads, st.name, 1, "matmul_" + mm[1].fmt)
+        simt = self.simt_plan(st) if self.tuning.simt_matmul else None
+        if simt is not None:
+            threads = emit_simt(self, st, sym, *simt)
+            return KernelDesc(sym, threads, simt[1].threads, st.name, 1, "gemm_fp32")
         red = single_sum(st)
         if red is None:
             return self.add_element_stage(st, sym)
@@ -222,6 +227,15 @@ class PtxKernelModule(LLVMKernelModule):
         if plan.m < 16 or plan.n < 8 or plan.k < 16:
             return None      # a vector product: the float32 kernels waste less
         return parts, plan
+
+    def simt_plan(self, st: Stage):
+        """(parts, plan) when the stage is a float32 matrix product for the register-tiled SIMT kernel
+        (:mod:`cuvil.targets.ptx.matmul_simt`: the products the tensor cores do not take), else None."""
+        parts = matmul_parts(st)
+        if parts is None or st.buf.dtype != DType.FLOAT:
+            return None
+        plan = plan_simt(st, parts, self.tuning.simt_force, self.tuning.simt_tk)
+        return (parts, plan) if simt_applies(plan) else None
 
     def add_conv_stage(self, st: Stage, sym: str, node: E):
         """A convolution lowered as a packed contraction: the implicit-GEMM tile kernel

@@ -28,6 +28,14 @@ class PtxTuning:
     ldmatrix: bool = True
     # conv_mma.py kernels: ask ptxas for registers that let this many blocks share an SM (1: no cap)
     conv_mma_min_blocks: int = 1
+    # float32 MatMul / Gemm products the tensor cores do not take (strict fp32) run on the register-tiled SIMT
+    # kernel of ptx/matmul_simt.py (off: the lane-split / tiled / element kernels below, as before)
+    simt_matmul: bool = True
+    # (BM, BN, ks): force that tile and K-group count on every SIMT product where it fits (an A/B of the cost
+    # model, bench/gpu/simt_matmul.py); empty: the cost model chooses
+    simt_force: tuple = ()
+    # reduction terms per shared-memory chunk of the SIMT products (16 or 32)
+    simt_tk: int = attrs.field(default=16, validator=attrs.validators.in_((16, 32)))
     # shared-memory tiled kernels for large reduction stages (PtxKernelModule.add_tiled_stage)
     tile_enabled: bool = True
     # stages with at least this many outputs are tiled: on an H200 the tiled kernels beat channel coarsening
