@@ -6,7 +6,6 @@ has no micro-kernel for from its reduction, exactly as the GPU's fallback would)
 import re
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 
 import cuvil.targets.x86.compile as x86_compile
@@ -18,6 +17,7 @@ from cuvil.targets.ptx.codegen import build_ptx, gpu_schedule
 from cuvil.targets.ptx.conv import TK, combine_stage, conv_node, plan_conv, scratch_buf
 from cuvil.kernels.schedule import schedule
 from cuvil.kernels.texpr import nodes
+from cuvil.testing.oracles import ort_session
 from cuvil.testing import light_model
 from cuvil.testing.conv_models import conv_relu_model
 
@@ -121,7 +121,7 @@ def test_unpadded_contraction_lowering_matches_onnxruntime(monkeypatch, xs, ws, 
     contraction with pads from that same expression (no micro-kernel), so the schedule is checked here."""
     model = conv_relu_model(xs, ws, pads, strides, group, dilations=dil)
     x = np.random.default_rng(1).standard_normal(xs).astype(np.float32)
-    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    want = ort_session(model).run(None, {"x": x})[0]
     real = x86_compile.schedule
     seen = []
 
