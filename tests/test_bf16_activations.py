@@ -159,7 +159,7 @@ def test_report_counts_bf16_activations():
     """``cuvil precision report``'s plan counts the values kept in bfloat16 between bf16 convolutions."""
     from cuvil.precision import plan_precision
     from cuvil.precision.report import format_report
-    from cuvil.precision.storage import bf16_storage
+    from cuvil.kernels.bf16_storage import bf16_storage
     model = chain_model(c0=16, cin=64, m=32, k=3, hw=14, pads=[1, 1, 1, 1])
     p = Pipeline.from_onnx(model).optimize()
     plan = plan_precision(p.graph, "bf16", input_ranges={"x": (-4.0, 4.0)}, target_ops={"bf16": frozenset({"Conv"})},

@@ -23,7 +23,7 @@ from ..ir.registry import ops_with
 from .loops import LoopRegion, extend_lifetimes, lower_loop_back, lower_loop_state
 from .lower import LOWERINGS, LowerCtx, TensorFn
 from .lower.core import bf16_stored
-from ..precision.storage import bf16_storage_reason
+from .bf16_storage import bf16_storage_reason
 from .run_time_sizes import run_time_symbols
 from .texpr import E, Buf, const, load, replace_node, top_level, var
 
@@ -131,12 +131,12 @@ def schedule(g: Graph, gemm_cols: int = 0, split_concat: bool = False, gemm_tile
     (x86): the (rows, cols) register tile of float32 constant-weight MatMuls (their weights are packed in
     panels ``cols`` wide); default ``(MR, gemm_cols)``. ``bf16_storage`` (x86, with "bf16" among
     ``narrow_formats``): a float32 value stored in the arena whose every reader is a convolution narrowed to
-    bf16, taking it as its input, is stored as bfloat16 (half the bytes; :mod:`cuvil.precision.storage`), and
+    bf16, taking it as its input, is stored as bfloat16 (half the bytes; :mod:`cuvil.kernels.bf16_storage`), and
     so is the zero-padded copy such a convolution packs from: the readers round it to bfloat16 anyway, so the
     stored values are the ones they compute with and nothing is narrowed that was not (the readers' own
     certificates cover it; listed in :attr:`Schedule.bf16_stored`): ``"convs"``. ``"residual"``: also values
     read by ``Add`` nodes besides such convolutions (a new rounding of the skip path; see
-    :func:`cuvil.precision.storage.bf16_storage_reason`); "" none."""
+    :func:`cuvil.kernels.bf16_storage.bf16_storage_reason`); "" none."""
     data_syms, writers, limits = run_time_symbols(g, run_time_sizes)
     syms = _run_time_symbols(g, data_syms)
     ranges = {s.name: (s.min, s.max) for s in syms}
@@ -389,7 +389,7 @@ class _StageBuilder:
 
     def store_value(self, v: Value, fn, guard=None) -> TensorFn:
         """Value ``v`` (computed by ``fn``) stored in the arena: as bfloat16 where ``bf16_storage`` and every
-        reader rounds it to bfloat16 anyway (:mod:`cuvil.precision.storage`), else in its own dtype."""
+        reader rounds it to bfloat16 anyway (:mod:`cuvil.kernels.bf16_storage`), else in its own dtype."""
         why = bf16_storage_reason(self.g, v, residual=self.bf16_storage == "residual") if self.bf16_storage else None
         if why is None:
             return self.materialize(v.name, v.shape, v.dtype, fn, guard=guard)

@@ -30,7 +30,7 @@ from .interval import CERTIFIED, MEASURED, Interval
 from .ranges import analyze, internal_ranges, is_float
 from .relative import CONTRACTIONS, MAGNITUDE_OPS, RELATIVE, relative_reason
 from .search import Searcher, Witness
-from .storage import bf16_storage
+from ..kernels.bf16_storage import bf16_storage
 
 SAFE, REFUSED, UNKNOWN = "safe", "refused", "unknown"
 
@@ -92,7 +92,7 @@ class PrecisionPlan:
     ranges: Dict[str, Interval]               # value name -> interval
     search: str                               # what the counterexample search did
     evaluations: int = 0
-    #: values a backend with bf16 convolution kernels keeps as bfloat16 between them (:mod:`.storage`)
+    #: values a backend with bf16 convolution kernels keeps as bfloat16 between them (:mod:`cuvil.kernels.bf16_storage`)
     bf16_stored: Dict[str, str] = attrs.field(factory=dict)
 
     def formats(self) -> Dict[str, str]:

@@ -64,7 +64,7 @@ class X86Tuning:
     bf16_storage: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
     # with bf16_storage: a value read by bf16 convolutions and by residual Adds (a ResNet block's output) is
     # stored as bfloat16 too, as OpenVINO's bf16 does: a new rounding of the skip path (2^-8 relative), so
-    # only on request (cuvil.precision.storage)
+    # only on request (cuvil.kernels.bf16_storage)
     bf16_residual: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
 
     @property

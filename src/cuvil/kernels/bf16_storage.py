@@ -3,7 +3,7 @@ reader is a convolution narrowed to bf16 that takes it as its input (never its w
 
 Such a reader rounds its input to bfloat16 (nearest even) before its first product, so storing the rounded
 value instead changes no result: the certificate is the readers' own (each was narrowed on a range or on
-the relative certificate of :mod:`.relative`), and nothing new can overflow (the stored values are the ones
+the relative certificate of :mod:`cuvil.precision.relative`), and nothing new can overflow (the stored values are the ones
 the readers compute with). The x86 backend then keeps such values in bfloat16 between its bf16
 convolutions (``X86Tuning.bf16_storage``; half the bytes, pair panels packed without rounding) and lists
 them in the manifest's ``bf16_activations``; ``cuvil precision report`` counts them.
@@ -27,7 +27,7 @@ def bf16_storage_reason(g: Graph, v: Value, format_of: Callable[[Node], str] = l
     ``residual`` (an explicit choice, ``X86Tuning(bf16_residual=True)``; never by default): readers may also
     be ``Add`` / ``Sum`` nodes (a ResNet's skip path), as OpenVINO's bf16 does, when at least one bf16 Conv reads it.
     That *is* a new narrowing: the Add then adds the bf16-rounded value, off by at most 2^-8 relative
-    (:mod:`.relative`'s lemma: finite for every float32 |x| <= 0x1.fep127); the reason says so."""
+    (:mod:`cuvil.precision.relative`'s lemma: finite for every float32 |x| <= 0x1.fep127); the reason says so."""
     if v.dtype != DType.FLOAT or any(o is v for o in g.outputs):
         return None
     users = g.consumers(v)
