@@ -3,6 +3,8 @@ import os
 import pytest
 from hypothesis import settings
 
+from cuvil.testing.slow import SLOW_ENV, slow_tests_run
+
 # Hypothesis profiles: the default is quick; CI (CUVIL_HYPOTHESIS_PROFILE=ci) runs a fixed seed and more.
 settings.register_profile("default", max_examples=15, deadline=None)
 settings.register_profile("ci", max_examples=60, deadline=None, derandomize=True, print_blob=True)
@@ -27,6 +29,19 @@ def pytest_configure(config):
     # starts at once and the other worker takes the rest meanwhile.
     if getattr(config.option, "dist", None) == "load":
         config.option.dist = "loadfile"
+
+
+def pytest_collection_modifyitems(config, items):
+    # The gate (`.ci/run`: the README's `pytest -q -n auto`) leaves out the tests marked slow: each costs tens of
+    # seconds of CPU and repeats, on a larger model or a longer run, what a cheaper test of the gate checks (its
+    # marker's reason names which). They are skipped, not deselected, so every run lists them with that reason.
+    if slow_tests_run(config):
+        return
+    for item in items:
+        mark = item.get_closest_marker("slow")
+        if mark is not None:
+            why = mark.kwargs.get("reason") or (mark.args[0] if mark.args else "over a minute on 2 cores")
+            item.add_marker(pytest.mark.skip(reason=f"slow ({why}): {SLOW_ENV}=1 runs it"))
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -35,6 +35,8 @@ from typing import Dict, List, NamedTuple, Optional
 
 import pytest
 
+from cuvil.testing.slow import slow_tests_run
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCUMENTS = ["README.md"] + sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "*.md")))
 RUN_LANGS = ("sh", "python")
@@ -104,7 +106,8 @@ NEEDS = {
                                       ("/usr/include", "/usr/local/include")) else "needs OpenSSL's libcrypto headers"),
     "sign": lambda: None if importlib.util.find_spec("model_signing") else "needs pip install 'cuvil[sign]'",
     "edits-checkout": lambda: "rewrites committed files of the checkout: run it by hand",
-    "slow": lambda: None if os.environ.get("CUVIL_DOCS_SLOW") == "1" else "slow on 2 cores: set CUVIL_DOCS_SLOW=1 to run it",
+    "slow": lambda: (None if os.environ.get("CUVIL_DOCS_SLOW") == "1" or slow_tests_run()
+                     else "slow on 2 cores: set CUVIL_DOCS_SLOW=1 (or CUVIL_SLOW_TESTS=1, the extended suite) to run it"),
     "install": lambda: (None if os.environ.get("CUVIL_DOCS_INSTALL") == "1"
                         else "changes the Python environment: set CUVIL_DOCS_INSTALL=1 (in a throwaway venv) to run it"),
 }

@@ -8,8 +8,10 @@ The cases: the nine light models, a model with symbolic dims served over a shape
 and the demo CNN as a GPU bundle (built without a GPU; ptxas, where installed, assembles its cubin).
 
 Each build of the light models costs 8-60 s of CPU (measured: :data:`BUILD_CPU_SECONDS`), two builds of all
-nine about 8 minutes of CPU: the suite, on 2 cores, builds the cheap ones (under 15 s each) and leaves the
-six others to ``CUVIL_SLOW_TESTS=1`` (``CUVIL_SLOW_TESTS=1 pytest tests/test_reproducible.py`` runs all)."""
+nine about 8 minutes of CPU: the gate builds four cases (a GPU bundle, a shape profile, ShuffleNet and SqueezeNet,
+whose Winograd transforms and concatenations are where an unordered walk would show) and leaves the seven others
+to the extended suite
+(``CUVIL_SLOW_TESTS=1 pytest tests/test_reproducible.py`` runs all: :mod:`cuvil.testing.slow`)."""
 import filecmp
 import os
 import subprocess
@@ -18,14 +20,23 @@ import sys
 import pytest
 
 from cuvil.testing.rebuild import CASES
+from cuvil.testing.slow import slow_tests_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: CPU seconds of one build (`python -m cuvil.testing.rebuild`, AMD EPYC family 26 model 2, 2026-12-02).
 BUILD_CPU_SECONDS = {"gpu_demo": 1.1, "bert_block": 1.5, "shufflenet": 7.6, "bvlc_alexnet": 10.6, "squeezenet": 10.6,
                      "zfnet512": 17.3, "inception_v1": 21.0, "resnet50": 23.1, "inception_v2": 31.6,
                      "densenet121": 59.7, "vgg19": 43.3}
-SLOW = os.environ.get("CUVIL_SLOW_TESTS") == "1"
-RUN = [c for c in CASES if SLOW or BUILD_CPU_SECONDS[c] < 15]
+#: The cases the gate builds; the others are marked slow.
+GATE = ("gpu_demo", "bert_block", "shufflenet", "squeezenet")
+
+
+def _param(case):
+    if case in GATE:
+        return case
+    return pytest.param(case, marks=pytest.mark.slow(
+        reason=f"{BUILD_CPU_SECONDS[case]:.0f} s of CPU per build, two builds; shufflenet's "
+               f"and squeezenet's in the gate take the same steps"))
 
 
 def _tree(root):
@@ -38,14 +49,15 @@ def _tree(root):
 
 
 @pytest.fixture(scope="module")
-def builds(tmp_path_factory):
-    """Both builds of every case, run side by side (two processes)."""
+def builds(request, tmp_path_factory):
+    """Both builds of every case this run includes, run side by side (two processes)."""
+    run = [c for c in CASES if slow_tests_run(request.config) or c in GATE]
     runs = []
     for seed in ("1", "271828"):
         work = tmp_path_factory.mktemp(f"build-seed{seed}")
         env = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": os.path.join(ROOT, "src"),
                "CUVIL_CACHE_DIR": str(work / "cache")}
-        proc = subprocess.Popen([sys.executable, "-m", "cuvil.testing.rebuild", str(work / "out"), *RUN],
+        proc = subprocess.Popen([sys.executable, "-m", "cuvil.testing.rebuild", str(work / "out"), *run],
                                 cwd=str(work), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         runs.append((work / "out", proc))
     outs = []
@@ -56,12 +68,10 @@ def builds(tmp_path_factory):
     return outs
 
 
-@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("case", [_param(c) for c in CASES])
 def test_two_builds_are_byte_identical(builds, case):
     """Every file's sha256 is the same (``SHA256SUMS``: the large libraries are only hashed), and so are the
     small files kept beside it (the manifest, SBOM, provenance, header; a bundle's PTX)."""
-    if case not in RUN:
-        pytest.skip(f"{BUILD_CPU_SECONDS[case]:.0f} s of CPU per build: CUVIL_SLOW_TESTS=1 runs it")
     a, b = (_tree(os.path.join(out, case)) for out in builds)
     assert a and sorted(a) == sorted(b)
     with open(a["SHA256SUMS"], encoding="utf-8") as f:

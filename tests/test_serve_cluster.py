@@ -65,7 +65,6 @@ def cluster(tmp_path_factory):
             os.environ[LOCAL_ROUTING] = saved
 
 
-@pytest.mark.slow
 def test_replicas_on_both_nodes_and_both_serve(cluster):
     nodes = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
     assert len(nodes) == 2
