@@ -7,6 +7,8 @@ kernels) in one process, with OpenVINO's default (bf16 on a CPU with AMX) beside
     PYTHONPATH=src python3 bench/amx_resnet_ab.py --build /tmp/f32act.so --fp32-activations
     # ... and with the skip path in bfloat16 too (a new rounding: X86Tuning(bf16_residual=True))
     PYTHONPATH=src python3 bench/amx_resnet_ab.py --build /tmp/resid.so --bf16-residual
+    # the same without the AMX epilogues' prefetch of the next panel (X86Tuning(next_panel_prefetch=False))
+    PYTHONPATH=src python3 bench/amx_resnet_ab.py --build /tmp/nopf.so --no-next-panel-prefetch
     # the same from an older tree (git archive OLD | tar -x -C /tmp/old; cd /tmp/old; ... --build /tmp/old.so)
     PYTHONPATH=src python3 bench/amx_resnet_ab.py /tmp/old.so /tmp/new.so [--blocks 3 --runs 15]
     PYTHONPATH=src python3 bench/amx_resnet_ab.py /tmp/old.so /tmp/new.so --steps 40   # GEMM steps by kind
@@ -78,6 +80,9 @@ def main(argv=None):
                          "(X86Tuning(bf16_storage=False), the A of the bf16-activations A/B)")
     ap.add_argument("--bf16-residual", action="store_true",
                     help="with --build: the residual (skip) path stored as bfloat16 too (X86Tuning(bf16_residual=True))")
+    ap.add_argument("--no-next-panel-prefetch", action="store_true",
+                    help="with --build: no prefetch of the next panel in the AMX epilogues "
+                         "(X86Tuning(next_panel_prefetch=False))")
     ap.add_argument("--blocks", type=int, default=3)
     ap.add_argument("--runs", type=int, default=15)
     ap.add_argument("--pause-ms", type=float, default=30)
@@ -86,9 +91,10 @@ def main(argv=None):
     model, feeds, _ = model_and_feeds("resnet50", 128, 12)
     if a.build:
         kw = {}
-        if a.fp32_activations or a.bf16_residual:
+        if a.fp32_activations or a.bf16_residual or a.no_next_panel_prefetch:
             from cuvil.targets.x86.tuning import X86Tuning
-            kw["tuning"] = X86Tuning(bf16_storage=not a.fp32_activations, bf16_residual=a.bf16_residual)
+            kw["tuning"] = X86Tuning(bf16_storage=not a.fp32_activations, bf16_residual=a.bf16_residual,
+                                     next_panel_prefetch=not a.no_next_panel_prefetch)
         lib = compile_at(model, "bf16", every=True, **kw)
         shutil.copy(lib.path, a.build)
         shutil.copy(lib.path[:-3] + ".manifest.json", a.build[:-3] + ".manifest.json")

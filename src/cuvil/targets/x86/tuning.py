@@ -66,6 +66,13 @@ class X86Tuning:
     # stored as bfloat16 too, as OpenVINO's bf16 does: a new rounding of the skip path (2^-8 relative), so
     # only on request (cuvil.kernels.bf16_storage)
     bf16_residual: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    # an AMX convolution prefetches the lines of its next position panel one panel ahead: the input rows a 1x1
+    # reader packs, and in its vector epilogue (panel order: every weight block of one panel, then the next)
+    # the residual it reads and the output it writes, for the tile that comes back to the same channels
+    # there. Without it a 1x1 convolution at 56x56 waits on those lines (channel rows 12.5 KB apart: too many
+    # streams for the hardware prefetcher). False: the A/B (bench/amx_resnet_ab.py --no-next-panel-prefetch);
+    # the outputs are the same bits either way
+    next_panel_prefetch: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
 
     @property
     def bf16_storage_mode(self) -> str:
