@@ -1,9 +1,11 @@
 """Per-layer profile of the every-bf16 ResNet-50 (a library from ``bench/amx_resnet_ab.py --build``) beside
 OpenVINO's default build (bf16 on a CPU with AMX), one thread, in one process: Cuvil's step profiler (in-kernel
-time per step) and OpenVINO's per-node counters (``PERF_COUNT``, ``get_profiling_info()``), rounds alternated.
+time per step) and OpenVINO's per-node counters (``PERF_COUNT``, ``get_profiling_info()``), rounds rotated
+among the engines (and between two Cuvil builds, A and B, when two are given).
 
     PYTHONPATH=src python3 bench/amx_resnet_ab.py --build /tmp/base.so
     PYTHONPATH=src python3 bench/amx_layer_profile.py /tmp/base.so [--rounds 15] [--layers]
+    PYTHONPATH=src python3 bench/amx_layer_profile.py /tmp/before.so /tmp/after.so   # both, OpenVINO beside
 
 Steps are matched to OpenVINO's nodes by the ONNX node that ends them (OpenVINO's ``originalLayersNames``
 holds the ONNX nodes it fused into a node; a Cuvil step is named by the value it writes). Per round each
@@ -59,23 +61,30 @@ def openvino_request(model):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("lib")
+    ap.add_argument("libs", nargs="+", help="one library, or two (A: before, B: after) built from one model")
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--layers", action="store_true", help="also every layer")
     a = ap.parse_args(argv)
     from cuvil.targets.x86.loader import load
     model, feeds, _ = model_and_feeds("resnet50", 128, 12)
-    lib = load(a.lib, num_threads=1)
-    with open(a.lib[:-3] + ".manifest.json") as f:
-        steps = json.load(f)["steps"]
+    labels = ["A", "B"][:len(a.libs)] if len(a.libs) > 1 else ["Cuvil"]
+    libs, steps = {}, None
+    for label, path in zip(labels, a.libs):
+        libs[label] = load(path, num_threads=1)
+        with open(path[:-3] + ".manifest.json") as f:
+            st_ = json.load(f)["steps"]
+        if steps is not None and [s_["stage"] for s_ in st_] != [s_["stage"] for s_ in steps]:
+            raise SystemExit(f"{path}: not the same steps as {a.libs[0]} (give builds of one model)")
+        steps = st_
     req, origin = openvino_request(model)
     x = next(iter(feeds.values()))
     print(cpu_model(), "| load", os.getloadavg(), flush=True)
-    cu, ovt = [], []
+    cu, ovt = {k: [] for k in labels}, []
+    order = labels + ["ov"]
     for i in range(a.rounds):
-        for who in (("cu", "ov") if i % 2 == 0 else ("ov", "cu")):
-            if who == "cu":
-                cu.append(np.array(lib.profile(x, runs=3, num_threads=1)) * 1e3)
+        for who in order[i % len(order):] + order[:i % len(order)]:     # rotated every round
+            if who != "ov":
+                cu[who].append(np.array(libs[who].profile(x, runs=3, num_threads=1)) * 1e3)
             else:
                 runs = []
                 for _ in range(3):
@@ -84,7 +93,7 @@ def main(argv=None):
                                  for p in req.get_profiling_info()})
                 ovt.append({k: np.mean([r[k][0] for r in runs]) for k in runs[0]})
                 ov_meta = {k: v[1:] for k, v in runs[0].items()}
-    cu_med = np.median(np.array(cu), 0)
+    cu_med = {k: np.median(np.array(v), 0) for k, v in cu.items()}
     ov_med = {k: float(np.median([r[k] for r in ovt])) for k in ovt[0]}
     prod = producers(model)
     kinds = conv_kinds(model)
@@ -93,6 +102,10 @@ def main(argv=None):
     ov_of_node = {o: name for name, orig in origin.items() for o in orig}
     nodes = {n.name: n for n in model.graph.node}
 
+    readers = defaultdict(list)
+    for n_ in model.graph.node:
+        for i_ in n_.input:
+            readers[i_].append(n_.name)
     written = {st["stage"] for st in steps if st.get("kernel") == "gemm"}
 
     def back(node, want):
@@ -105,50 +118,71 @@ def main(argv=None):
             own = [i for i in ins if i not in written] if nodes[node].op_type in ("Add", "Sum") else ins
             node = prod.get((own or ins or [None])[0])
         return None
-    rows = defaultdict(lambda: [0.0, 0.0, 0])
+
+    nl = len(labels)
+    rows = defaultdict(lambda: [0.0] * (nl + 2))       # per kind: each library's ms, OpenVINO's ms, layers
     layers = []
     used_ov = set()
-    for st, ms in zip(steps, cu_med):
+    for si, st in enumerate(steps):
+        ms = [float(cu_med[k][si]) for k in labels]
         if st.get("kernel") != "gemm":
-            rows[f"cuvil {st.get('kernel')} ({st['op']})"][0] += ms
+            r = rows[f"cuvil {st.get('kernel')} ({st['op']})"]
+            for j in range(nl):
+                r[j] += ms[j]
             continue
-        # the Conv this step computes: walk back from the written value to the nearest Conv node
         end = prod.get(st["stage"])
         node = back(end, lambda nd: nd in kinds)
         shape = st["shape"]
         k = st.get("flops", 0) // max(1, 2 * int(np.prod(shape[1:])))
         kind = kinds.get(node, "fc" if st["op"] in ("Gemm", "MatMul", "Add") else "?")
         key = f"{kind} K={k} -> {shape[1]}x{shape[2] if len(shape) > 2 else 1}"
-        ovn = ov_of_node.get(back(end, lambda nd: nd in ov_of_node and ov_meta.get(ov_of_node[nd], ("",))[0]
-                                  in ("Convolution", "FullyConnected")) or "")
+        # OpenVINO's node: the one holding the Conv itself, or (a Conv renamed there when the BatchNorm after
+        # it was folded into its weights) the one holding the node that reads the Conv's output
+        ovn = None
+        if node is not None:
+            for nd in [node] + readers.get(nodes[node].output[0], []):
+                if ov_meta.get(ov_of_node.get(nd, ""), ("",))[0] == "Convolution":
+                    ovn = ov_of_node[nd]
+                    break
+        else:
+            ovn = ov_of_node.get(back(end, lambda nd: nd in ov_of_node and ov_meta.get(ov_of_node[nd], ("",))[0]
+                                      == "FullyConnected") or "")
         if ovn is None and kind == "fc":
             ovn = next((nm for nm, (ty, _) in ov_meta.items() if ty == "FullyConnected"), None)
         ov_ms = ov_med.get(ovn, 0.0) if ovn else 0.0
         if ovn:
             used_ov.add(ovn)
-        rows[key][0] += ms
-        rows[key][1] += ov_ms
-        rows[key][2] += 1
+        r = rows[key]
+        for j in range(nl):
+            r[j] += ms[j]
+        r[nl] += ov_ms
+        r[nl + 1] += 1
         layers.append((st["stage"], key, ms, ov_ms, ovn, st.get("flops", 0)))
     for nm, v in ov_med.items():
         if nm not in used_ov and v > 0:
-            rows[f"openvino {ov_meta[nm][0]} ({ov_meta[nm][1]})"][1] += v
-    tot_c, tot_o = float(cu_med.sum()), sum(ov_med.values())
+            rows[f"openvino {ov_meta[nm][0]} ({ov_meta[nm][1]})"][nl] += v
+    tot = {k: float(v.sum()) for k, v in cu_med.items()}
+    tot_o = sum(ov_med.values())
     print(f"\nmedian of {a.rounds} rounds (Cuvil: in-kernel ms per step, mean of 3 runs; OpenVINO: per-node "
-          f"real time, mean of 3 runs), 1 thread: Cuvil {tot_c:.2f} ms, OpenVINO {tot_o:.2f} ms, "
-          f"ratio {tot_c / tot_o:.3f}")
-    print("| layer kind (convolutions: kernel, K, output channels x size) | layers | Cuvil ms | OpenVINO ms | "
-          "Cuvil / OpenVINO | Cuvil - OpenVINO ms |")
-    print("|---|---|---|---|---|---|")
-    for key, (c_, o_, n_) in sorted(rows.items(), key=lambda kv: -(kv[1][0] - kv[1][1])):
-        ratio = f"{c_ / o_:.2f}" if o_ > 0 else "-"
-        print(f"| {key} | {n_ or '-'} | {c_:.3f} | {o_:.3f} | {ratio} | {c_ - o_:+.3f} |")
+          f"real time, mean of 3 runs), 1 thread: " + ", ".join(f"{k} {v:.2f} ms ({v / tot_o:.3f} of OpenVINO)"
+                                                               for k, v in tot.items())
+          + f", OpenVINO {tot_o:.2f} ms" + (f"; B/A {tot['B'] / tot['A']:.3f}" if nl > 1 else ""))
+    fmt = lambda c_, o_: f"{c_ / o_:.2f}" if o_ > 0 else "-"
+    print("| layer kind (convolutions: kernel, K, output channels x size) | layers | "
+          + " | ".join(f"{k} ms" for k in labels) + " | OpenVINO ms | " + " | ".join(f"{k} / OpenVINO" for k in labels)
+          + (" | B / A" if nl > 1 else "") + f" | {labels[-1]} - OpenVINO ms |")
+    print("|---" * (4 + 2 * nl + (nl > 1)) + "|")
+    for key, r in sorted(rows.items(), key=lambda kv: -(kv[1][nl - 1] - kv[1][nl])):
+        print(f"| {key} | {int(r[nl + 1]) or '-'} | " + " | ".join(f"{r[j]:.3f}" for j in range(nl))
+              + f" | {r[nl]:.3f} | " + " | ".join(fmt(r[j], r[nl]) for j in range(nl))
+              + (f" | {fmt(r[1], r[0])}" if nl > 1 else "") + f" | {r[nl - 1] - r[nl]:+.3f} |")
     if a.layers:
-        print("\n| step | kind | Cuvil ms | OpenVINO ms | OpenVINO node | Cuvil GFLOP/s | OpenVINO GFLOP/s |")
-        print("|---|---|---|---|---|---|---|")
-        for stg, key, c_, o_, ovn, fl in layers:
-            print(f"| {stg} | {key} | {c_:.3f} | {o_:.3f} | {ovn} | {fl / c_ / 1e6:.0f} | "
-                  f"{(fl / o_ / 1e6) if o_ else 0:.0f} |")
+        print("\n| step | kind | " + " | ".join(f"{k} ms" for k in labels) + " | OpenVINO ms | OpenVINO node | "
+              + " | ".join(f"{k} GFLOP/s" for k in labels) + " | OpenVINO GFLOP/s |")
+        print("|---" * (5 + 2 * nl) + "|")
+        for stg, key, ms, o_, ovn, fl in layers:
+            print(f"| {stg} | {key} | " + " | ".join(f"{c_:.3f}" for c_ in ms) + f" | {o_:.3f} | {ovn} | "
+                  + " | ".join(f"{fl / c_ / 1e6:.0f}" for c_ in ms) + f" | {(fl / o_ / 1e6) if o_ else 0:.0f} |")
     print("load", os.getloadavg())
 
 

@@ -120,8 +120,9 @@ A_BLOCK_BYTES = 64 * 1024   # channel-lane tiles: the weight panel k-block every
 PREFETCH_K = 128
 # An AMX convolution prefetches its next position panel's lines (X86Tuning.next_panel_prefetch) where the
 # tensor it streams (a 1x1 reader's input, an epilogue's output and residual) is at least this large: smaller
-# ones stay in L2 (2 MB a core on this session's Xeon) from their producer, and there the prefetches only cost
-# issue slots (3x3 layers at 14x14 and 7x7 measured 1.02-1.03x slower with them; bench/results/xeon-session14)
+# ones stay in L2 (2 MB a core on this session's Xeon) from their producer, where the prefetches can only cost
+# issue slots (with them everywhere, the 3x3 layers at 14x14 and 7x7 ran 1.02-1.03x in the best of 16 rounds
+# of `bench/amx_resnet_ab.py --steps`, load 7-8: within that VM's noise, but no gain to pay for)
 STREAM_PREFETCH_BYTES = 1 << 20
 
 
