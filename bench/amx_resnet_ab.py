@@ -7,9 +7,16 @@ kernels) in one process, with OpenVINO's default (bf16 on a CPU with AMX) beside
     PYTHONPATH=src python3 bench/amx_resnet_ab.py --build /tmp/f32act.so --fp32-activations
     # ... and with the skip path in bfloat16 too (a new rounding: X86Tuning(bf16_residual=True))
     PYTHONPATH=src python3 bench/amx_resnet_ab.py --build /tmp/resid.so --bf16-residual
+    # through the precision policy (--precision bf16, the input declared over the feed's range): the plan
+    # decides the skip path's storage; --no-bf16-residual opts out (X86Tuning(bf16_residual=False))
+    PYTHONPATH=src python3 bench/amx_resnet_ab.py --build /tmp/policy.so --policy
+    PYTHONPATH=src python3 bench/amx_resnet_ab.py --build /tmp/policy-f32skip.so --policy --no-bf16-residual
+    # the same without the AMX epilogues' prefetch of the next panel (X86Tuning(next_panel_prefetch=False))
+    PYTHONPATH=src python3 bench/amx_resnet_ab.py --build /tmp/nopf.so --no-next-panel-prefetch
     # the same from an older tree (git archive OLD | tar -x -C /tmp/old; cd /tmp/old; ... --build /tmp/old.so)
     PYTHONPATH=src python3 bench/amx_resnet_ab.py /tmp/old.so /tmp/new.so [--blocks 3 --runs 15]
     PYTHONPATH=src python3 bench/amx_resnet_ab.py /tmp/old.so /tmp/new.so --steps 40   # GEMM steps by kind
+    PYTHONPATH=src python3 bench/amx_resnet_ab.py /tmp/old.so /tmp/new.so --error-inputs 16   # error only
 
 Default: wall p50 / min and calling-thread CPU p50 per block (runs alternated, a pause before each; OpenVINO
 computes on its own thread, so its CPU column is not comparable). ``--steps R``: R alternating rounds of the
@@ -69,6 +76,29 @@ def steps(a: str, b: str, rounds: int) -> None:
         print(f"{kind:20} {v[0]:8.3f} {v[1]:8.3f} {v[1] / v[0]:6.3f} {v[2]:8.3f} {v[3]:8.3f} {v[3] / v[2]:6.3f}")
 
 
+def errors(paths, model, feeds, n: int) -> None:
+    import onnxruntime as ort
+    from cuvil.targets.x86.loader import load
+    name, x0 = next(iter(feeds.items()))
+    runners = {lab: (lambda x, lib=load(p, num_threads=1): lib.run(x, num_threads=1)) for lab, p in zip("AB", paths)}
+    ov = {k: v for k, v in openvino_runners(model, 1).items() if "f32" not in k}
+    runners.update({k: (lambda x, r=r: r({name: x})) for k, r in ov.items()})
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(7)
+    errs = defaultdict(list)
+    for i in range(n):
+        x = x0 if i == 0 else np.clip(rng.standard_normal(x0.shape), x0.min(), x0.max()).astype(np.float32)
+        ref = [np.asarray(o, np.float64) for o in sess.run(None, {name: x})]
+        for k, r in runners.items():
+            errs[k].append(rel_err(r(x), ref))
+    print(f"rel. error vs onnxruntime fp32 over {n} inputs (the first the bench's feed): "
+          + "; ".join(f"{k} median {np.median(v):.2e} max {max(v):.2e}" for k, v in errs.items()))
+    for k in ("A", "B"):
+        o = next(iter(ov), None)
+        if o:
+            print(f"  {k} <= {o} on {sum(e <= f for e, f in zip(errs[k], errs[o]))} of {n} inputs")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("libs", nargs="*", help="two libraries: A (before) and B (after)")
@@ -78,18 +108,32 @@ def main(argv=None):
                          "(X86Tuning(bf16_storage=False), the A of the bf16-activations A/B)")
     ap.add_argument("--bf16-residual", action="store_true",
                     help="with --build: the residual (skip) path stored as bfloat16 too (X86Tuning(bf16_residual=True))")
+    ap.add_argument("--policy", action="store_true",
+                    help="with --build: through the precision policy (--precision bf16, the input declared over "
+                         "the feed's range), not every Conv/MatMul/Gemm narrowed by hand")
+    ap.add_argument("--no-bf16-residual", action="store_true",
+                    help="with --build: the skip path float32 whatever the plan says (X86Tuning(bf16_residual=False))")
+    ap.add_argument("--no-next-panel-prefetch", action="store_true",
+                    help="with --build: no prefetch of the next panel in the AMX epilogues "
+                         "(X86Tuning(next_panel_prefetch=False))")
     ap.add_argument("--blocks", type=int, default=3)
     ap.add_argument("--runs", type=int, default=15)
     ap.add_argument("--pause-ms", type=float, default=30)
     ap.add_argument("--steps", type=int, default=0, metavar="R")
+    ap.add_argument("--error-inputs", type=int, default=0, metavar="N",
+                    help="only the relative error vs onnxruntime fp32 over N more inputs (standard normal, clipped "
+                         "to the feed's range the policy build declared): per engine median and max, and on how "
+                         "many inputs B's is at or below OpenVINO's")
     a = ap.parse_args(argv)
     model, feeds, _ = model_and_feeds("resnet50", 128, 12)
     if a.build:
         kw = {}
-        if a.fp32_activations or a.bf16_residual:
+        if a.fp32_activations or a.bf16_residual or a.no_bf16_residual or a.no_next_panel_prefetch:
             from cuvil.targets.x86.tuning import X86Tuning
-            kw["tuning"] = X86Tuning(bf16_storage=not a.fp32_activations, bf16_residual=a.bf16_residual)
-        lib = compile_at(model, "bf16", every=True, **kw)
+            resid = True if a.bf16_residual else False if a.no_bf16_residual else None
+            kw["tuning"] = X86Tuning(bf16_storage=not a.fp32_activations, bf16_residual=resid,
+                                     next_panel_prefetch=not a.no_next_panel_prefetch)
+        lib = compile_at(model, "bf16", feeds=feeds, every=not a.policy, **kw)
         shutil.copy(lib.path, a.build)
         shutil.copy(lib.path[:-3] + ".manifest.json", a.build[:-3] + ".manifest.json")
         print(a.build)
@@ -99,6 +143,9 @@ def main(argv=None):
     print(cpu_model(), "| load", os.getloadavg())
     if a.steps:
         steps(*a.libs, a.steps)
+        return
+    if a.error_inputs:
+        errors(a.libs, model, feeds, a.error_inputs)
         return
     from cuvil.targets.x86.loader import load
     x = next(iter(feeds.values()))

@@ -170,3 +170,44 @@ def test_report_counts_bf16_activations():
         assert len(plan.bf16_stored) == 1 and "bf16 activations: 1 values" in text
     else:
         assert not plan.bf16_stored and "bf16 activations" not in text
+
+
+@pytest.mark.parametrize("amx", PATHS)
+def test_residual_bf16_is_the_plans_decision(amx):
+    """An explicit ``--precision bf16`` stores the skip path (r1: read by conv1 and the residual Add) as
+    bfloat16 where its range is certified finite in bf16: the plan (``bf16_residual``), the manifest's
+    ``bf16_activations`` and the report say so. ``auto`` does not; ``X86Tuning(bf16_residual=False)`` opts out
+    (the same bits as the plan without it); an undeclared input range leaves r1 float32, saying why."""
+    from cuvil.precision import plan_precision
+    from cuvil.precision.report import format_report
+    model = residual_model()
+    x = np.random.default_rng(2).standard_normal((1, 48, 14, 14)).astype(np.float32)
+    rng = {"x": (-6.0, 6.0)}
+    p = Pipeline.from_onnx(model).optimize()
+    res = p.compile(precision="bf16", input_ranges=rng, tuning=X86Tuning(amx=amx))
+    off = p.compile(precision="bf16", input_ranges=rng, tuning=X86Tuning(amx=amx, bf16_residual=False))
+    auto = p.compile(precision="auto", input_ranges=rng, tuning=X86Tuning(amx=amx))
+    plan = res.manifest["precision"]
+    assert list(plan["bf16_residual"]) == ["r1"] and "certified finite in bf16" in plan["bf16_residual"]["r1"]
+    whys = res.manifest["bf16_activations"]
+    assert sorted(whys) == ["r1", "r2"] and "the precision plan's" in whys["r1"], whys
+    assert "residual" in whys["r1"] and "2^-8" in whys["r1"]
+    assert sorted(off.manifest["bf16_activations"]) == ["r2"]
+    assert "bf16_residual" not in off.manifest["precision"]
+    assert "X86Tuning(bf16_residual=False)" in off.manifest["precision"]["residual_fp32"]["r1"]
+    assert "bf16_residual" not in auto.manifest["precision"]
+    assert "r1" not in auto.manifest.get("bf16_activations", {})
+    want = Pipeline.from_onnx(model).optimize().compile().model().run(x)[0]
+    y_res, y_off = res.model().run(x)[0], off.model().run(x)[0]
+    assert not np.array_equal(y_res, y_off)          # the skip path really is rounded
+    for y in (y_res, y_off):
+        rel = float(np.abs(y - want).max() / np.abs(want).max())
+        assert 1e-5 < rel < 1e-2, rel
+    # the hand-narrowed build with every residual value forced (bf16_residual=True) computes the same bits
+    np.testing.assert_array_equal(y_res, every_bf16(model, amx=amx, bf16_residual=True).model().run(x)[0])
+    ops = {"bf16": frozenset({"Conv"})}
+    pl = plan_precision(p.graph, "bf16", input_ranges=rng, target_ops=ops, target="x86_64-linux-gnu")
+    assert "bf16 residual path (--precision bf16): 1 values" in format_report(pl)
+    free = plan_precision(p.graph, "bf16", target_ops=ops, target="x86_64-linux-gnu")
+    assert not free.bf16_residual and "range unbounded" in free.residual_fp32["r1"]
+    assert "1 kept float32" in format_report(free)

@@ -214,3 +214,46 @@ def test_refused_without_amx(monkeypatch):
     src = generate_model_c(ModelInfo(inputs=[], outputs=[], arena_bytes=0, steps=[], prefix="m",
                                      isa_checks=["amx-tile", "amx-bf16"]))
     assert '__builtin_cpu_supports("amx-tile")' in src and "syscall(158, 4131, 18)" in src
+
+
+
+def residual_block(c, hw, k):
+    """t = Relu(Conv1x1(x)); Relu(Conv_kxk(t) + t): the second convolution's epilogue reads the residual t at
+    its output positions (float32, or bfloat16 with X86Tuning(bf16_residual=True))."""
+    from onnx import TensorProto, helper
+    rng = np.random.default_rng(c + hw + k)
+    w = lambda name, *shape: numpy_helper.from_array((rng.standard_normal(shape) / np.sqrt(np.prod(shape[1:])))
+                                                     .astype(np.float32), name)
+    nodes = [helper.make_node("Conv", ["x", "wa", "ba"], ["a"], kernel_shape=[1, 1]),
+             helper.make_node("Relu", ["a"], ["t"]),
+             helper.make_node("Conv", ["t", "wb", "bb"], ["y"], kernel_shape=[k, k], pads=[k // 2] * 4),
+             helper.make_node("Add", ["y", "t"], ["s"]),
+             helper.make_node("Relu", ["s"], ["r"])]
+    inits = [w("wa", c, c, 1, 1), w("ba", c), w("wb", c, c, k, k), w("bb", c)]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, hw, hw])],
+                          [helper.make_tensor_value_info("r", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@needs_amx
+@pytest.mark.parametrize("c,hw,k,residual", [(64, 66, 1, False),      # P = 4356: a partial panel
+                                             (32, 100, 3, False),
+                                             (64, 66, 1, True)],      # the skip path stored as bfloat16
+                         ids=["1x1", "3x3", "1x1-bf16-residual"])
+def test_next_panel_prefetch_same_bits(c, hw, k, residual):
+    """The epilogue's prefetch of the next panel's residual and output lines (X86Tuning.next_panel_prefetch) is a
+    hint only: a Conv + residual Add + Relu on tiles gives the same bits with it and without it, full and
+    partial panels, float32 and bfloat16 residuals; and the two libraries differ (the prefetches are there:
+    the tensors streamed are over gemm.STREAM_PREFETCH_BYTES)."""
+    from cuvil.targets.x86.tuning import X86Tuning
+    model = residual_block(c, hw, k)
+    x = np.random.default_rng(6).standard_normal((1, c, hw, hw)).astype(np.float32)
+    arts = [narrowed(model, tuning=X86Tuning(next_panel_prefetch=pf, bf16_residual=residual)) for pf in (True, False)]
+    for art in arts:
+        assert [s["path"] for s in bf16_steps(art)] == ["amx_bf16"] * 2, art.manifest["steps"]
+        assert ("t" in art.manifest.get("bf16_activations", {})) == residual, art.manifest.get("bf16_activations")
+    ys = [art.model().run(x, num_threads=1)[0] for art in arts]
+    assert float(np.abs(ys[0]).max()) > 0
+    np.testing.assert_array_equal(ys[0], ys[1])
+    with open(arts[0].path, "rb") as f0, open(arts[1].path, "rb") as f1:
+        assert f0.read() != f1.read()

@@ -30,6 +30,10 @@ class Value:
     # flattened elements as dimensions, e.g. Shape(x) of f32[N,3] gives (N, 3).
     sym_value: Optional[Tuple[Dim, ...]] = None
     uses: List[Tuple["Node", int]] = attrs.field(factory=list)
+    # How a backend stores the value when the precision policy (cuvil.precision) decided it, "" its own dtype:
+    # "bf16" for a value on a residual (skip) path that an explicit --precision bf16 rounds to bfloat16
+    # (cuvil.kernels.bf16_storage). Set after the graph rewrites, like Node.precision.
+    storage: str = ""
 
     @property
     def is_const(self) -> bool:
@@ -265,7 +269,7 @@ class Graph:
             if v is None:
                 return None
             if id(v) not in vmap:
-                vmap[id(v)] = Value(v.name, v.type, const=v.const, sym_value=v.sym_value)
+                vmap[id(v)] = Value(v.name, v.type, const=v.const, sym_value=v.sym_value, storage=v.storage)
             return vmap[id(v)]
 
         g.inputs = [cp(v) for v in self.inputs]

@@ -134,9 +134,11 @@ def schedule(g: Graph, gemm_cols: int = 0, split_concat: bool = False, gemm_tile
     bf16, taking it as its input, is stored as bfloat16 (half the bytes; :mod:`cuvil.kernels.bf16_storage`), and
     so is the zero-padded copy such a convolution packs from: the readers round it to bfloat16 anyway, so the
     stored values are the ones they compute with and nothing is narrowed that was not (the readers' own
-    certificates cover it; listed in :attr:`Schedule.bf16_stored`): ``"convs"``. ``"residual"``: also values
-    read by ``Add`` nodes besides such convolutions (a new rounding of the skip path; see
-    :func:`cuvil.kernels.bf16_storage.bf16_storage_reason`); "" none."""
+    certificates cover it; listed in :attr:`Schedule.bf16_stored`): ``"convs"``. ``"plan"``: also the values
+    read by ``Add`` nodes besides such convolutions that the precision policy marked (``Value.storage`` "bf16":
+    an explicit ``--precision bf16``, their ranges certified finite in bf16; a new rounding of the skip path,
+    :func:`cuvil.precision.policy.residual_storage`). ``"residual"``: every such value, marked or not
+    (:func:`cuvil.kernels.bf16_storage.bf16_storage_reason`); "" none."""
     data_syms, writers, limits = run_time_symbols(g, run_time_sizes)
     syms = _run_time_symbols(g, data_syms)
     ranges = {s.name: (s.min, s.max) for s in syms}
@@ -390,7 +392,11 @@ class _StageBuilder:
     def store_value(self, v: Value, fn, guard=None) -> TensorFn:
         """Value ``v`` (computed by ``fn``) stored in the arena: as bfloat16 where ``bf16_storage`` and every
         reader rounds it to bfloat16 anyway (:mod:`cuvil.kernels.bf16_storage`), else in its own dtype."""
-        why = bf16_storage_reason(self.g, v, residual=self.bf16_storage == "residual") if self.bf16_storage else None
+        plan = self.bf16_storage == "plan" and v.storage == "bf16"
+        why = bf16_storage_reason(self.g, v, residual=self.bf16_storage == "residual" or plan) \
+            if self.bf16_storage else None
+        if why is not None and plan and "residual" in why:
+            why += " (the precision plan's: --precision bf16, its range certified finite in bf16)"
         if why is None:
             return self.materialize(v.name, v.shape, v.dtype, fn, guard=guard)
         self.bf16_stored[v.name] = why

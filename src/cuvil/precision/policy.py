@@ -30,7 +30,7 @@ from .interval import CERTIFIED, MEASURED, Interval
 from .ranges import analyze, internal_ranges, is_float
 from .relative import CONTRACTIONS, MAGNITUDE_OPS, RELATIVE, relative_reason
 from .search import Searcher, Witness
-from ..kernels.bf16_storage import bf16_storage
+from ..kernels.bf16_storage import bf16_storage, bf16_storage_reason
 
 SAFE, REFUSED, UNKNOWN = "safe", "refused", "unknown"
 
@@ -94,6 +94,12 @@ class PrecisionPlan:
     evaluations: int = 0
     #: values a backend with bf16 convolution kernels keeps as bfloat16 between them (:mod:`cuvil.kernels.bf16_storage`)
     bf16_stored: Dict[str, str] = attrs.field(factory=dict)
+    #: of those, the values on a residual (skip) path (read by bf16 convolutions and by ``Add`` / ``Sum``):
+    #: name -> reason; an explicit ``--precision bf16`` rounds them to bfloat16 (a new rounding) where their
+    #: certified range is finite in bf16 (:func:`residual_storage`)
+    bf16_residual: Dict[str, str] = attrs.field(factory=dict)
+    #: residual-path values an explicit bf16 request leaves float32: name -> why (range not certified finite)
+    residual_fp32: Dict[str, str] = attrs.field(factory=dict)
 
     def formats(self) -> Dict[str, str]:
         return {n.name: n.format for n in self.nodes if n.format}
@@ -115,6 +121,8 @@ class PrecisionPlan:
                 "inputs": {k: {"range": [_jnum(v.min), _jnum(v.max)], "origin": v.origin}
                            for k, v in self.inputs.items()},
                 "counts": dict(sorted(counts.items())),
+                **({"bf16_residual": dict(self.bf16_residual)} if self.bf16_residual else {}),
+                **({"residual_fp32": dict(self.residual_fp32)} if self.residual_fp32 else {}),
                 "search": self.search,
                 "nodes": {n.name: n.to_json() for n in self.nodes}}
 
@@ -218,9 +226,39 @@ def plan_precision(graph: Graph, mode: str = "auto", *, input_ranges=None, calib
         rng = next((iv for k, p, v, i, iv, is_in in held[n.name] if not is_in and not i), None)
         out.append(NodePlan(n.name, n.op, fmt, reason, rng, verdicts, cert))
     _recheck_narrowed(graph, inputs, r, out, mode)
-    stored = bf16_storage(graph, {n.name: n.format for n in out}) if "Conv" in target_ops.get("bf16", ()) else {}
+    convs = "Conv" in target_ops.get("bf16", ())
+    stored = bf16_storage(graph, {n.name: n.format for n in out}) if convs else {}
+    residual, kept = residual_storage(graph, {n.name: n.format for n in out}, ranges) if convs and mode == "bf16" \
+        else ({}, {})
+    stored.update(residual)
     return PrecisionPlan(mode, target, target_ops, inputs, out, ranges, search,
-                         searcher.evaluations if searcher else 0, stored)
+                         searcher.evaluations if searcher else 0, stored, residual, kept)
+
+
+def residual_storage(graph: Graph, formats: Mapping[str, str], ranges: Mapping[str, Interval]
+                     ) -> Tuple[Dict[str, str], Dict[str, str]]:
+    """Under an explicit ``--precision bf16``: the values on a residual (skip) path, read by bf16 convolutions
+    and by ``Add`` / ``Sum`` (a ResNet block's output), that are stored as bfloat16, with the reason, and
+    those kept float32, with why. Unlike the values read only by bf16 convolutions this *is* a new rounding
+    (the Add adds the rounded value: at most 2^-8 relative, :mod:`.relative`), so it is taken only where the
+    value's range is certified (from declared input ranges, not measured) and finite in bf16 with the
+    policy's margin; ``auto`` and fp16 never do it."""
+    bf16 = FORMATS["bf16"]
+    stored, kept = {}, {}
+    for n in graph.nodes:
+        for v in n.outputs:
+            if v is None:
+                continue
+            why = bf16_storage_reason(graph, v, lambda u: formats.get(u.name, ""), residual=True)
+            if why is None or "residual" not in why:
+                continue
+            iv = ranges.get(v.name)
+            bad = bf16.check(iv) or (None if iv.origin == CERTIFIED else f"range {iv.text()} only measured")
+            if bad is None:
+                stored[v.name] = f"{why}; --precision bf16 and its range {iv.text()} certified finite in bf16"
+            else:
+                kept[v.name] = ("on a residual path but kept float32: " + bad)[:240]
+    return stored, kept
 
 
 def _mag(x: float) -> float:
@@ -344,11 +382,15 @@ def _choose(n: Node, mode: str, verdicts: Dict[str, Verdict], target_ops, target
 
 
 def apply_precision(graph: Graph, plan: PrecisionPlan) -> Graph:
-    """A copy of ``graph`` with each node's ``precision`` set as ``plan`` decided."""
+    """A copy of ``graph`` with each node's ``precision`` set as ``plan`` decided, and ``storage`` "bf16" on
+    the residual-path values the plan rounds to bfloat16 (:attr:`PrecisionPlan.bf16_residual`)."""
     g = graph.clone()
     fmts = plan.formats()
     for n in g.nodes:
         n.precision = fmts.get(n.name, "")
+        for v in n.outputs:
+            if v is not None:
+                v.storage = "bf16" if v.name in plan.bf16_residual else ""
     return g
 
 
@@ -372,6 +414,16 @@ def reconcile(entry: dict, graph: Graph, why: str) -> dict:
     relative = sum(1 for r in nodes.values() if r.get("certificate") == RELATIVE)
     return {**out, **({"relative_to_float32": relative} if relative else {}), "nodes": nodes,
             "counts": dict(sorted(counts.items()))}
+
+
+def residual_opted_out(entry: dict, why: str) -> dict:
+    """The manifest ``precision`` ``entry`` with its ``bf16_residual`` values moved to ``residual_fp32`` (a
+    target told to keep the skip path float32 whatever the plan says, ``why``). A copy."""
+    if not entry.get("bf16_residual"):
+        return entry
+    kept = {**entry.get("residual_fp32", {}), **{k: f"kept float32: {why} (the plan allowed bf16: {v})"
+                                                 for k, v in entry["bf16_residual"].items()}}
+    return {**{k: v for k, v in entry.items() if k != "bf16_residual"}, "residual_fp32": kept}
 
 
 #: Unit roundoff of the formats a narrowed contraction rounds its inputs to.

@@ -34,8 +34,15 @@ def format_report(plan: PrecisionPlan, model: str = "", every: bool = False, lim
     if relative:
         lines.append(f"  of which bf16 relative to float32 (explicit --precision bf16; range not certified): {relative}")
     if plan.bf16_stored:
-        lines.append(f"  bf16 activations: {len(plan.bf16_stored)} values read only by bf16 convolutions are stored as "
+        only = len(plan.bf16_stored) - len(plan.bf16_residual)
+        lines.append(f"  bf16 activations: {only} values read only by bf16 convolutions are stored as "
                      "bfloat16 between them (no new rounding: each reader rounds its input to bf16)")
+    if plan.bf16_residual or plan.residual_fp32:
+        lines.append(f"  bf16 residual path (--precision bf16): {len(plan.bf16_residual)} values read by bf16 "
+                     "convolutions and residual Adds stored as bfloat16, a new rounding of the skip path (at most "
+                     f"2^-8 relative; their certified ranges finite in bf16), {len(plan.residual_fp32)} kept float32")
+        for name, why in list(plan.residual_fp32.items())[:limit]:
+            lines.append(f"    {name}: {why}")
     lines.append("")
     lines.append(f"{'node':<28} {'op':<20} {'format':<7} {'range':<28} fp16/bf16/int8")
     shown = 0

@@ -186,7 +186,8 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
         cert = prove_schedule(sched, "generic", prover)
         s.detail(cert.summary())
     _refuse_unproved(cert)
-    obj, steps, target = generate_object(sched, prefix, cpu, opt_level, math=math)
+    obj, steps, target = generate_object(sched, prefix, cpu, opt_level, math=math,
+                                         next_panel_prefetch=tuning.next_panel_prefetch)
     blob = sched.weights_blob()
     osched = osteps = otarget = oobj = oblob = None
     # sizes written at run time (NonZero's count) have no opt point to specialise for: generic kernels only
@@ -205,7 +206,7 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
         cert.extend(opt_cert)
         _refuse_unproved(cert)
         oobj, osteps, otarget = generate_object(osched, f"{prefix}_opt", cpu, opt_level, variant="opt point",
-                                                math=math)
+                                                math=math, next_panel_prefetch=tuning.next_panel_prefetch)
         oblob = osched.weights_blob()
     t_codegen = time.perf_counter()
     weights_sym = f"{prefix}_weights" if sched.weights_bytes else None

@@ -30,6 +30,7 @@ one (their columns are never stored). The parallel range is chosen so the smalle
 from __future__ import annotations
 
 import itertools
+import math
 from typing import Optional, Tuple
 
 import llvmlite.ir as ir
@@ -117,6 +118,12 @@ A_BLOCK_BYTES = 64 * 1024   # channel-lane tiles: the weight panel k-block every
 # 64 / 128 / 256 steps (1.22 ms when the weights sit in L3; `python3 bench/x86_layers.py --only chain7`);
 # ResNet-50 1 thread 42.3 -> 37.7 ms in kernels (`python3 bench/x86_profile.py resnet50`).
 PREFETCH_K = 128
+# An AMX convolution prefetches its next position panel's lines (X86Tuning.next_panel_prefetch) where the
+# tensor it streams (a 1x1 reader's input, an epilogue's output and residual) is at least this large: smaller
+# ones stay in L2 (2 MB a core on this session's Xeon) from their producer, where the prefetches can only cost
+# issue slots (with them everywhere, the 3x3 layers at 14x14 and 7x7 ran 1.02-1.03x in the best of 16 rounds
+# of `bench/amx_resnet_ab.py --steps`, load 7-8: within that VM's noise, but no gain to pay for)
+STREAM_PREFETCH_BYTES = 1 << 20
 
 
 def k_block(spec: Contraction) -> int:
@@ -493,7 +500,8 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
             pb = b.add(pb_lo, i)
             with b.if_else(b.icmp_signed("<=", b.mul(b.add(pb, I64(1)), I64(nr)), I64(P))) as (full, partial):
                 with full:       # a full panel's rows are nr consecutive floats of each input channel
-                    to_pairs(xptr(x_at(n, g), b.mul(pb, I64(nr))), dst, k_stride)
+                    to_pairs(xptr(x_at(n, g), b.mul(pb, I64(nr))), dst, k_stride,
+                             ahead=nr if amx and km.next_panel_prefetch and x_bytes >= STREAM_PREFETCH_BYTES else 0)
                 with partial:
                     pack(n, g, pb, I64(1), dst)
         em.loop_range(I64(0), count, one_bf16)
@@ -504,16 +512,24 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
     def ipt(base, off):
         return b.gep(base, [off], source_etype=I32, inbounds=True)
 
-    def to_pairs(src, dst, row=None):
+    def to_pairs(src, dst, row=None, ahead=0):
         """A panel of x's elements (K rows of nr, ``row`` apart: default nr, packed; float32, or x16
         bfloat16) as bfloat16 pairs (K2 x nr words: rows 2i and 2i+1 interleaved; past K zero), vector by
-        vector (masked to nr)."""
+        vector (masked to nr). ``ahead`` (elements, 0: none): each line read is prefetched that far on (the
+        next panel's; a 1x1 reader's channel rows are too many streams for the hardware prefetcher)."""
         row = nr if row is None else row
+        pf = km.declare("llvm.prefetch.p0", ir.VoidType(), [PTR, I32, I32, I32]) if ahead else None
+        esize = 2 if x16 else 4
 
         def step(k2):
             even = xptr(src, b.mul(k2, I64(2 * row)))
             has_odd = b.icmp_signed("<", b.add(b.mul(k2, I64(2)), I64(1)), I64(K))
             odd = xptr(even, b.select(has_odd, I64(row), I64(0)))
+            if pf is not None:
+                for line in range(0, nr * esize, 64):
+                    for r_ in (even, odd):
+                        at = b.gep(r_, [I64(ahead + line // esize)], source_etype=xel, inbounds=False)
+                        b.call(pf, [b.bitcast(at, PTR), I32(0), I32(3), I32(1)])
             for v in range(npv):
                 if (v + 1) * vw <= nr:
                     x0 = xload(xptr(even, I64(v * vw)))
@@ -576,6 +592,12 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
     vplan = (vector_epilogue_plan(st, c) if (km.cheap_masks or not cl) and st.region is None
              and tuple(st.buf.shape[2:]) == tuple(spec.out_spatial) else None)
 
+    # bytes of one image's input, and of its output plus the residuals its epilogue reads at the output positions
+    per_image = lambda shape: math.prod(shape[1:])
+    x_bytes = per_image(xs) * (2 if x16 else 4) if all(isinstance(d, int) for d in xs[1:]) else 0
+    out_bytes = (per_image(st.buf.shape) * (2 if st.buf.dtype == DType.BFLOAT16 else 4)
+                 if all(isinstance(d, int) for d in st.buf.shape[1:]) else 0)
+    epilogue_bytes = out_bytes * (1 + sum(1 for k_ in (vplan or {}).values() if k_.startswith("position")))
     a_base = b.gep(em.base(spec.a), [I64(spec.a.offset)], source_etype=ir.IntType(8), inbounds=True)
     # k-blocks: a block of the B panel (kc x nr floats) stays in cache while every tile of the unit passes it;
     # partial sums wait in per-thread accumulator slots (after the packed panels in scratch)
@@ -646,7 +668,9 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
         with b.if_else(full) as (then, otherwise):
             with then:
                 em.memo.append(dict(em.memo[-1]))
-                vector_epilogue(em, st, c, vplan, n, mbase, p0, new, MR, nv, spec.out_spatial)
+                vector_epilogue(em, st, c, vplan, n, mbase, p0, new, MR, nv, spec.out_spatial,
+                                ahead=nr if amx and panel_order and km.next_panel_prefetch
+                                and epilogue_bytes >= STREAM_PREFETCH_BYTES else 0)
                 em.memo.pop()
             with otherwise:
                 em.memo.append(dict(em.memo[-1]))
@@ -808,15 +832,25 @@ def vector_epilogue_plan(st: Stage, node: E) -> Optional[dict]:
 
 
 def vector_epilogue(em, st: Stage, node: E, kinds: dict, n, mbase, p0, accs, mr: int, nv: int, out_sp,
-                    nrows=None, ncols=None):
+                    nrows=None, ncols=None, ahead: int = 0):
     """The epilogue of a tile on its accumulators (``accs``: mr x nv vectors, row-major), stored straight
     to the output (see :func:`vector_epilogue_plan`). ``nrows`` / ``ncols`` (run-time values): a partial
     tile, whose rows past nrows are skipped and whose columns past ncols are masked off (loads and stores);
-    None: a full tile."""
+    None: a full tile. ``ahead`` (positions, 0: none): each line the epilogue reads at the output position
+    (a residual) or writes is prefetched ``ahead`` positions further on, for the tile that comes back to these
+    channels ``ahead`` positions later (a hint: prefetches never fault, past the buffer's end included)."""
     b = em.b
     vec = accs[0].type
     vw = vec.count
     lead = unflatten(b, p0, out_sp)
+    pf = em.km.declare("llvm.prefetch.p0", ir.VoidType(), [PTR, I32, I32, I32]) if ahead else None
+
+    def prefetch(ptr, etype, v, write):
+        """Line of ``ptr`` (vector v of a row, elements of ``etype``) ``ahead`` elements on: once per 64 bytes."""
+        size = 2 if etype is I16 else 4
+        if pf is not None and masks is None and (v * vw * size) % 64 == 0:
+            at = b.gep(ptr, [I64(ahead)], source_etype=etype, inbounds=False)
+            b.call(pf, [b.bitcast(at, PTR), I32(1 if write else 0), I32(3), I32(1)])
     names = [v.attr for v in st.vars]
     masks = None
     if ncols is not None:
@@ -843,6 +877,7 @@ def vector_epilogue(em, st: Stage, node: E, kinds: dict, n, mbase, p0, accs, mr:
                 elif kinds.get(e.uid) == "position16":       # 16 bfloat16 words widened to float32
                     ld = e.args[0]
                     ptr = b.gep(em.address(ld.attr, [n, m] + lead), [I64(v * vw)], source_etype=I16, inbounds=True)
+                    prefetch(ptr, I16, v, False)
                     hvec = ir.VectorType(I16, vw)
                     if masks is None:
                         h = b.load(b.bitcast(ptr, hvec.as_pointer()), typ=hvec, align=2)
@@ -859,6 +894,7 @@ def vector_epilogue(em, st: Stage, node: E, kinds: dict, n, mbase, p0, accs, mr:
                     out = scalars[e.uid]
                 elif e.op == "load":
                     ptr = b.gep(em.address(e.attr, [n, m] + lead), [I64(v * vw)], source_etype=F32, inbounds=True)
+                    prefetch(ptr, F32, v, False)
                     if masks is None:
                         out = b.load(b.bitcast(ptr, vec.as_pointer()), typ=vec, align=4)
                     else:
@@ -883,6 +919,7 @@ def vector_epilogue(em, st: Stage, node: E, kinds: dict, n, mbase, p0, accs, mr:
                 memo[e.uid] = out
                 return out
             dst = out_ptr(m)(v)
+            prefetch(dst, I16 if st.buf.dtype == DType.BFLOAT16 else F32, v, True)
             put(emit(st.expr), dst, None if masks is None else masks[v])
 
     if st.buf.dtype == DType.BFLOAT16:       # rounded to bfloat16 (nearest even), 16 bits per position

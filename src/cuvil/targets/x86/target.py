@@ -11,7 +11,7 @@ import attrs
 from ...errors import CuvilError
 from ...ir.graph import Graph
 from ...lora.slots import add_lora_slots
-from ...precision.policy import reconcile
+from ...precision.policy import reconcile, residual_opted_out
 from ...progress import stage
 from ...rewrite_rules.engine import RewriteReport
 from ...rewrite_rules.proved_rewrite import applied_rules, proved_rewrite
@@ -170,6 +170,9 @@ class X86Target:
             if "precision" in extra:
                 extra["precision"] = reconcile(extra["precision"], g, "rewritten by the x86 algorithm choice "
                                                "(FusedAttention, Winograd), whose kernels compute float32")
+        if "precision" in extra and o.tuning.bf16_storage_mode in ("", "convs"):
+            extra["precision"] = residual_opted_out(extra["precision"], "X86Tuning(bf16_residual=False) or "
+                                                    "bf16_storage=False")
         slots = []
         if o.lora_slots:
             with stage("lora slots", detail=f"rank {o.lora_slots}") as s:

@@ -62,15 +62,28 @@ class X86Tuning:
     # bfloat16, and so are their zero-padded input copies (cuvil.kernels.schedule's bf16_storage): half the
     # bytes written and read, pair panels packed without rounding. False: float32 activations (the A/B)
     bf16_storage: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
-    # with bf16_storage: a value read by bf16 convolutions and by residual Adds (a ResNet block's output) is
-    # stored as bfloat16 too, as OpenVINO's bf16 does: a new rounding of the skip path (2^-8 relative), so
-    # only on request (cuvil.kernels.bf16_storage)
-    bf16_residual: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    # with bf16_storage: a value read by bf16 convolutions and by residual Adds (a ResNet block's output) stored
+    # as bfloat16 too, as OpenVINO's bf16 does: a new rounding of the skip path (2^-8 relative). None (the
+    # default): where the precision policy decided so (an explicit --precision bf16, the value's range
+    # certified finite in bf16: Value.storage, cuvil.precision.policy.residual_storage). False: never (the
+    # opt-out: the skip path float32 whatever the plan says). True: every such value, planned or not (nodes
+    # narrowed by hand, bench/amx_resnet_ab.py --bf16-residual)
+    bf16_residual: Optional[bool] = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.instance_of(bool)))
+    # an AMX convolution prefetches the lines of its next position panel one panel ahead: the input rows a 1x1
+    # reader packs, and in its vector epilogue (panel order: every weight block of one panel, then the next)
+    # the residual it reads and the output it writes, for the tile that comes back to the same channels
+    # there. Without it a 1x1 convolution at 56x56 waits on those lines (channel rows 12.5 KB apart: too many
+    # streams for the hardware prefetcher). False: the A/B (bench/amx_resnet_ab.py --no-next-panel-prefetch);
+    # the outputs are the same bits either way
+    next_panel_prefetch: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
 
     @property
     def bf16_storage_mode(self) -> str:
-        """The scheduler's ``bf16_storage``: "residual", "convs" or "" (off)."""
-        return ("residual" if self.bf16_residual else "convs") if self.bf16_storage else ""
+        """The scheduler's ``bf16_storage``: "residual", "plan", "convs" or "" (off)."""
+        if not self.bf16_storage:
+            return ""
+        return {True: "residual", None: "plan", False: "convs"}[self.bf16_residual]
     # AVX-512's position-lane convolution register tiles offered to choose_tile, as (rows, position vectors):
     # None: 12x2, 8x3 and 6x4 (12 x 32, 8 x 48, 6 x 64 floats; cuvil.targets.x86.gemm.tile_shapes). One pair
     # forces that tile wherever a position-lane tile is taken (bench/conv_tiles.py)
