@@ -29,6 +29,29 @@ def _tile_pair(inst, attribute, value) -> None:
         raise ValueError(f"{attribute.name}: None or (rows, cols), positive ints, got {value!r}")
 
 
+def _tile(value) -> tuple:
+    """A register tile (rows, cols[, lanes]): ints, or the channel-lane marker "c" as its lanes."""
+    return tuple(v if isinstance(v, str) else int(v) for v in value)
+
+
+def _layer_winograd(value) -> Tuple[Tuple[Tuple[int, ...], int], ...]:
+    return tuple(sorted((tuple(int(d) for d in key), int(tile)) for key, tile in value))
+
+
+def _layer_tiles(value) -> Tuple[Tuple[Tuple[int, ...], tuple], ...]:
+    return tuple(sorted(((tuple(int(d) for d in key), _tile(tile)) for key, tile in value), key=repr))
+
+
+def _winograd_entries(inst, attribute, value) -> None:
+    if not all(len(key) == 4 and tile in (0, 2, 4) for key, tile in value):
+        raise ValueError(f"{attribute.name}: ((c, k, oh, ow), 0, 2 or 4) pairs, got {value!r}")
+
+
+def _tile_entries(inst, attribute, value) -> None:
+    if not all(len(key) == 3 and len(tile) == 3 and tile[0] > 0 and tile[1] > 0 for key, tile in value):
+        raise ValueError(f"{attribute.name}: ((m, positions, k), (rows, cols, lanes)) pairs, got {value!r}")
+
+
 def _non_negative(inst, attribute, value) -> None:
     if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
         raise ValueError(f"{attribute.name}: a number >= 0, got {value!r}")
@@ -83,6 +106,21 @@ class X86Tuning:
     # fit the register file, else the product takes the generic loop nest
     matmul_tile: Optional[Tuple[int, int]] = attrs.field(default=None, converter=_matmul_tile,
                                                          validator=_tile_pair)
+    # Per-layer choices measured on the host by `--tune` (cuvil.targets.x86.tune), each overriding the cost
+    # model for one layer shape. ((c, k, oh, ow), tile): a stride-1 3x3 convolution of c -> k channels with an
+    # oh x ow output takes Winograd F(tile x tile), or stays direct (0), whatever the costs say
+    layer_winograd: Tuple[Tuple[Tuple[int, ...], int], ...] = attrs.field(
+        default=(), converter=_layer_winograd, validator=_winograd_entries)
+    # ((m, positions, k), tile): the register tile (rows, cols, lanes) of a direct convolution's contraction
+    # with m output channels per group, that many output positions and a reduction of k terms, instead of
+    # cuvil.kernels.contraction.choose_tile's least padded work
+    layer_tiles: Tuple[Tuple[Tuple[int, ...], tuple], ...] = attrs.field(
+        default=(), converter=_layer_tiles, validator=_tile_entries)
+
+    @property
+    def tile_choices(self) -> dict:
+        """``layer_tiles`` as the scheduler's ``tile_choices``: {(m, positions, k): tile}."""
+        return dict(self.layer_tiles)
 
 
 DEFAULT_TUNING = X86Tuning()
