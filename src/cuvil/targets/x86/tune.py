@@ -58,6 +58,7 @@ BLOCK_SECONDS = 0.02
 ROUNDS = 7
 #: The default of ``tune_budget``: seconds of measuring per compile.
 DEFAULT_BUDGET = 600.0
+_clock = time.monotonic       # the budget's clock (a test steps it)
 
 
 @attrs.frozen
@@ -141,23 +142,32 @@ def conv_layers(graph: Graph) -> List[ConvLayer]:
     """The distinct convolution layers of ``graph`` the tuner can measure (float32, 2-D, constant weights,
     static shapes, enough output channels per group for the micro-kernels), largest first."""
     seen: Dict[ConvLayer, None] = {}
+    opt = {name: sym.tuned for name, sym in graph.symbols.items()}
     for node in graph.nodes:
-        layer = _layer_of(node)
+        layer = _layer_of(node, opt)
         if layer is not None:
             seen.setdefault(layer, None)
     return sorted(seen, key=lambda lay: -lay.flops)
 
 
-def _layer_of(node: Node) -> Optional[ConvLayer]:
+def _layer_of(node: Node, opt: Dict[str, int]) -> Optional[ConvLayer]:
+    """``node`` as a ConvLayer, a symbolic batch at its opt value (the register tile and the Winograd choice
+    are per image: their keys hold no batch), or None when the tuner cannot measure it."""
     if node.op != "Conv" or node.domain or node.precision:
         return None
     x, w, b = node.input(0), node.input(1), node.input(2)
     y = node.outputs[0]
     if (x is None or w is None or not w.is_const or x.dtype != DType.FLOAT or w.dtype != DType.FLOAT
-            or not _static(x.shape) or not _static(w.shape) or not _static(y.shape) or len(x.shape) != 4
-            or (b is not None and not b.is_const)):
+            or x.shape is None or len(x.shape) != 4 or not _static(x.shape[1:]) or not _static(w.shape)
+            or y.shape is None or not _static(y.shape[1:]) or (b is not None and not b.is_const)):
         return None
-    layer = ConvLayer(tuple(x.shape), tuple(w.shape), b is not None,
+    batch = x.shape[0]
+    if not isinstance(batch, int):
+        try:
+            batch = int(batch.evaluate(opt))
+        except (AttributeError, KeyError, TypeError, ValueError):
+            return None
+    layer = ConvLayer((batch,) + tuple(x.shape[1:]), tuple(w.shape), b is not None,
                       tuple(sorted((k, _hashable(v)) for k, v in node.attrs.items())), tuple(y.shape[2:]))
     m, _, kk = layer.gemm_key
     return layer if m >= 4 and kk >= 4 else None
@@ -351,19 +361,19 @@ def tune_graph(graph: Graph, base: X86Tuning, *, cpu: Optional[str] = None, opt_
     folder = cache_dir or tune_cache_dir()
     host = host_cpu()
     bits = describe_cpu(cpu).vector_bits
-    start = time.monotonic()
+    start = _clock()
     winograd, tiles, rows = {}, {}, []
     for layer in conv_layers(graph):
         key = cache_key(layer, threads, opt_level, base, host)
         entry = _read_cached(folder, key)
         source = "cache"
         if entry is None:
-            remaining = budget - (time.monotonic() - start)
+            remaining = budget - (_clock() - start)
             entry = _measure(layer, bits, base, cpu, opt_level, threads, math, start, budget) if remaining > 0 else None
             if entry is None:
                 rows.append({"layer": layer.describe(), "choice": default_label(layer, bits, base),
                              "source": "cost model (budget spent)" if remaining <= 0 or
-                             time.monotonic() - start >= budget else "cost model (measurement failed)"})
+                             _clock() - start >= budget else "cost model (measurement failed)"})
                 continue
             source = "measured"
             _write_cached(folder, key, entry)
@@ -390,7 +400,7 @@ def _measure(layer: ConvLayer, bits: int, base: X86Tuning, cpu, opt_level: int, 
     try:
         built = {}
         for label, tuning in cands.items():
-            if time.monotonic() - start >= budget:
+            if _clock() - start >= budget:
                 return None
             path = os.path.join(tmp, f"lib{len(built)}.so")
             manifest = _build(layer, tuning, path, cpu, opt_level, math)
