@@ -13,7 +13,9 @@ keeps the choice on disk.
   ``layer_tiles``. The libraries of one layer are timed in one child process (a candidate that crashes
   takes the child down, not the compiler; the layer then keeps the cost model's choice), side by side:
   blocks of runs, candidates alternating in order and reverse, the best block per candidate (on a shared
-  machine a block that was descheduled says nothing about the code).
+  machine a block that was descheduled says nothing about the code); at one thread in the calling thread's
+  CPU time (``time.thread_time``: the library runs a one-thread session on it), which leaves out the time
+  the machine gave to other processes.
 * Choices are cached in ``$CUVIL_CACHE_DIR/tune/`` (default ``~/.cache/cuvil/tune``), one JSON file per key:
   the CPU as cpuid names it (vendor, brand, family / model / stepping), its ISA features, the layer's shape
   and attributes, the dtype, the thread count timed, the optimisation level and the cuvil version with a
@@ -334,14 +336,16 @@ def _child(spec: dict) -> List[float]:
         t0 = time.perf_counter()
         m.run(x)
         reps.append(max(1, int(BLOCK_SECONDS / max(time.perf_counter() - t0, 1e-6))))
+    # one thread runs on this one: its CPU time leaves out the time a shared machine deschedules it
+    clock = time.thread_time if spec["threads"] == 1 else time.perf_counter
     best = [float("inf")] * len(models)
     for r in range(spec["rounds"]):
         order = range(len(models)) if r % 2 == 0 else reversed(range(len(models)))
         for i in order:
-            t0 = time.perf_counter()
+            t0 = clock()
             for _ in range(reps[i]):
                 models[i].run(x)
-            best[i] = min(best[i], (time.perf_counter() - t0) / reps[i])
+            best[i] = min(best[i], (clock() - t0) / reps[i])
     return best
 
 
@@ -421,7 +425,7 @@ def _measure(layer: ConvLayer, bits: int, base: X86Tuning, cpu, opt_level: int, 
         seconds = dict(zip(built, times))
         choice = min(seconds, key=seconds.get)
         entry = {"choice": choice, "seconds": seconds, "default": default_label(layer, bits, base),
-                 "layer": layer.describe()}
+                 "layer": layer.describe(), "signature": layer.signature(), "threads": threads}
         if not choice.startswith("winograd"):
             entry["tile"] = list(dict(cands[choice].layer_tiles)[layer.gemm_key])
         return entry
