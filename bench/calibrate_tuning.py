@@ -1,4 +1,5 @@
-"""Fit the x86 cost model's weights (``X86Tuning.weight_cost``, ``channel_tile_cost``) to the per-layer
+"""Fit the x86 cost model's weights (``X86Tuning.weight_cost``, ``channel_tile_cost``) and the register tiles it
+offers (``conv_tiles``, ``channel_tiles``) to the per-layer
 measurements ``--tune`` left in its cache, for the CPU they were measured on: for each weight pair, the
 schedule the cost model would pick on every measured layer and the time that loses against the fastest
 measured candidate; prints the pairs by total time lost (issue 20: a cost model calibrated per
@@ -24,6 +25,9 @@ from cuvil.targets.x86.cpu import cpu_label, host_cpu
 from cuvil.targets.x86.tune import ConvLayer, default_label, tune_cache_dir
 from cuvil.targets.x86.tuning import DEFAULT_TUNING, X86Tuning
 
+# position-lane tiles offered, as (rows, position vectors) (None: 12x2, 8x3, 6x4), and channel-lane ones
+CONV_TILES = (None, ((8, 3), (6, 4)), ((12, 2), (6, 4)), ((12, 2), (8, 3)), ((6, 4),), ((8, 3),))
+CHANNEL_TILES = (DEFAULT_TUNING.channel_tiles, (), ((2, 7),), ((4, 6),), ((4, 6), (2, 7)))
 DESC = re.compile(r"conv (\d+)x(\d+)/(\d+)x(\d+) (\d+)->(\d+)(?: group (\d+))? (\d+)x(\d+)->(\d+)x(\d+)")
 
 
@@ -65,13 +69,17 @@ def main(argv=None) -> int:
     print(f"shipped (weight_cost {DEFAULT_TUNING.weight_cost}, channel_tile_cost {DEFAULT_TUNING.channel_tile_cost}): "
           f"{base[0]:.3f} ms lost, {base[1]}/{base[2]} layers picked right")
     grid = []
-    for wc, ctc in itertools.product((2.0, 4.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0),
-                                     (0.9, 1.0, 1.05, 1.1, 1.2, 1.3, 1.5, 2.0)):
-        t = X86Tuning(weight_cost=wc, channel_tile_cost=ctc)
-        grid.append((lost(entries, t, bits), wc, ctc))
-    grid.sort(key=lambda r: (round(r[0][0], 6), -r[0][1], abs(r[1] - 16) + abs(r[2] - 1.1)))
-    for (ms, right, n), wc, ctc in grid[:10]:
-        print(f"weight_cost {wc:5.1f} channel_tile_cost {ctc:4.2f}: {ms:.3f} ms lost, {right}/{n} right")
+    for wc, ctc, conv, chan in itertools.product((4.0, 8.0, 16.0, 24.0, 32.0, 64.0), (0.9, 1.0, 1.1, 1.2, 1.5),
+                                                 CONV_TILES, CHANNEL_TILES):
+        t = X86Tuning(weight_cost=wc, channel_tile_cost=ctc, conv_tiles=conv, channel_tiles=chan)
+        grid.append((lost(entries, t, bits), t))
+    shipped = DEFAULT_TUNING
+    grid.sort(key=lambda r: (round(r[0][0], 3), -r[0][1], r[1].conv_tiles is not None,
+                             r[1].channel_tiles != shipped.channel_tiles,
+                             abs(r[1].weight_cost - 16) + abs(r[1].channel_tile_cost - 1.1)))
+    for (ms, right, n), t in grid[:12]:
+        print(f"weight_cost {t.weight_cost:5.1f} channel_tile_cost {t.channel_tile_cost:4.2f} conv_tiles "
+              f"{t.conv_tiles} channel_tiles {t.channel_tiles}: {ms:.3f} ms lost, {right}/{n} right")
     for layer, seconds in entries:
         pick = default_label(layer, bits, DEFAULT_TUNING)
         best = min(seconds, key=seconds.get)

@@ -158,3 +158,20 @@ def test_tune_refuses_a_named_cpu_and_stray_flags(tmp_path, capsys):
     model.write_bytes(MODEL.SerializeToString())
     assert cli_main(["compile", str(model), "-o", str(tmp_path / "libm.so"), "--tune-budget", "5"]) != 0
     assert "--tune-budget without --tune" in capsys.readouterr().err
+
+
+def test_calibrated_settings_apply_to_untuned_host_builds_only(monkeypatch):
+    from cuvil.targets.x86 import tuning as tuning_mod
+    from cuvil.targets.x86.cpu import describe_cpu
+    from cuvil.targets.x86.target import TARGET, X86Options
+    host = host_cpu()
+    fitted = X86Tuning(weight_cost=8.0)
+    monkeypatch.setitem(tuning_mod.CALIBRATED, (host.vendor, host.family, host.model), fitted)
+    assert tuning_mod.calibrated_tuning(host) is fitted
+    assert tuning_mod.calibrated_tuning(attrs.evolve(host, model=(host.model or 0) + 1)) is DEFAULT_TUNING
+    assert tuning_mod.calibrated_tuning(describe_cpu("znver3")) is DEFAULT_TUNING      # named: no cpuid
+    g = Pipeline.from_onnx(MODEL).optimize().graph
+    assert TARGET.plan(g, X86Options(), {}).options.tuning is fitted
+    assert TARGET.plan(g, X86Options(cpu="znver3"), {}).options.tuning is DEFAULT_TUNING
+    given = X86Tuning(weight_cost=12.0)
+    assert TARGET.plan(g, X86Options(tuning=given), {}).options.tuning is given

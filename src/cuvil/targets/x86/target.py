@@ -28,7 +28,7 @@ from .gemm import tile_shapes
 from .gemm_bf16 import BF16_OPS, narrow_formats
 from .model_info import is_c_identifier
 from .tune import tune_graph
-from .tuning import DEFAULT_TUNING, X86Tuning
+from .tuning import DEFAULT_TUNING, X86Tuning, calibrated_tuning
 from .weights_file import WeightsKey, key_id
 
 
@@ -151,6 +151,10 @@ class X86Target:
     def plan(self, graph: Graph, options: X86Options, profiles: Dict[str, list]) -> BuildPlan:
         # The algorithm choices are a function of the graph, the `on x86` rules and the cost model (its
         # source is in the compiler digest): they run in `emit`, when the library is built, not on a cache hit.
+        if options.tuning is DEFAULT_TUNING:     # not given: this microarchitecture's fitted settings, if any
+            calibrated = calibrated_tuning(describe_cpu(options.cpu))
+            if calibrated is not DEFAULT_TUNING:
+                options = attrs.evolve(options, tuning=calibrated)
         tuned = None
         if options.tune:
             with stage("tune", detail=f"convolution schedules timed at {options.tune_threads} thread(s)") as s:

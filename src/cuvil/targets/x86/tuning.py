@@ -6,7 +6,7 @@ tiles offered (:func:`cuvil.targets.x86.gemm.tile_shapes`), never module state. 
 choices, each measured on a 2-core Zen 5 (the figures are in the comments below and in those modules)."""
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import attrs
 
@@ -124,3 +124,18 @@ class X86Tuning:
 
 
 DEFAULT_TUNING = X86Tuning()
+
+
+#: Cost-model settings fitted per microarchitecture, keyed by cpuid (vendor, family, model): an untuned build
+#: for the host takes its CPU's entry instead of DEFAULT_TUNING (fitted by bench/calibrate_tuning.py on the
+#: per-layer measurements `--tune` caches; the figures are in bench/RESULTS.md). A CPU without an entry, or
+#: one named with --cpu (no cpuid), keeps the shipped defaults; an explicit ``tuning=`` is taken as given.
+CALIBRATED: Dict[Tuple[str, int, int], X86Tuning] = {}
+
+
+def calibrated_tuning(cpu) -> X86Tuning:
+    """The settings of ``cpu``'s microarchitecture (a :class:`cuvil.targets.x86.cpu.CpuDescription`) in
+    :data:`CALIBRATED`, else :data:`DEFAULT_TUNING`."""
+    if not cpu.is_host or cpu.family is None or cpu.model is None:
+        return DEFAULT_TUNING
+    return CALIBRATED.get((cpu.vendor, cpu.family, cpu.model), DEFAULT_TUNING)
