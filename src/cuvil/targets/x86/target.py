@@ -46,8 +46,9 @@ class X86Options(TargetOptions):
     direct convolution, so ``winograd=False`` keeps direct convolutions. ``max_arena_bytes``: the largest
     arena a library may reserve (default :data:`cuvil.targets.x86.compile.MAX_ARENA_BYTES`, or the
     ``CUVIL_MAX_ARENA_BYTES`` environment variable). ``tuning``: the cost model's weights and the register
-    tiles offered (:class:`cuvil.targets.x86.tuning.X86Tuning`; default: the shipped, measured ones), the
-    settings benchmarks vary. ``math``: float32 exp, erf, tanh and log as inline polynomials the loop
+    tiles offered (:class:`cuvil.targets.x86.tuning.X86Tuning`), the settings benchmarks vary; None (default):
+    the ones fitted for the host's microarchitecture (:data:`cuvil.targets.x86.tuning.CALIBRATED`), else the
+    shipped, measured :data:`~cuvil.targets.x86.tuning.DEFAULT_TUNING`. ``math``: float32 exp, erf, tanh and log as inline polynomials the loop
     vectoriser widens (``"vector"``, the default; their errors in ULPs are in docs/math.md) or as calls to
     libm (``"libm"``: glibc's results, one scalar call per element). ``fused_attention`` (O2 and O3, default
     on): attention as the exports spell it (MatMul / Softmax / MatMul) becomes one FusedAttention kernel with
@@ -81,8 +82,8 @@ class X86Options(TargetOptions):
     max_arena_bytes: Optional[int] = attrs.field(default=None, validator=check(
         lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and v > 0),
         "a positive number of bytes, or None for the default"))
-    tuning: X86Tuning = attrs.field(default=DEFAULT_TUNING, validator=check(
-        lambda v: isinstance(v, X86Tuning), "an X86Tuning"))
+    tuning: Optional[X86Tuning] = attrs.field(default=None, validator=check(
+        lambda v: v is None or isinstance(v, X86Tuning), "an X86Tuning, or None for the CPU's"))
     math: str = attrs.field(default="vector", validator=check(lambda v: v in ("vector", "libm"),
                                                               '"vector" or "libm"'))
     external_weights: bool = attrs.field(default=False, validator=check(is_bool, "True or False"))
@@ -151,10 +152,8 @@ class X86Target:
     def plan(self, graph: Graph, options: X86Options, profiles: Dict[str, list]) -> BuildPlan:
         # The algorithm choices are a function of the graph, the `on x86` rules and the cost model (its
         # source is in the compiler digest): they run in `emit`, when the library is built, not on a cache hit.
-        if options.tuning is DEFAULT_TUNING:     # not given: this microarchitecture's fitted settings, if any
-            calibrated = calibrated_tuning(describe_cpu(options.cpu))
-            if calibrated is not DEFAULT_TUNING:
-                options = attrs.evolve(options, tuning=calibrated)
+        if options.tuning is None:     # not given: this microarchitecture's fitted settings, else the shipped ones
+            options = attrs.evolve(options, tuning=calibrated_tuning(describe_cpu(options.cpu)))
         tuned = None
         if options.tune:
             with stage("tune", detail=f"convolution schedules timed at {options.tune_threads} thread(s)") as s:

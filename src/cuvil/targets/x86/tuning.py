@@ -130,7 +130,14 @@ DEFAULT_TUNING = X86Tuning()
 #: for the host takes its CPU's entry instead of DEFAULT_TUNING (fitted by bench/calibrate_tuning.py on the
 #: per-layer measurements `--tune` caches; the figures are in bench/RESULTS.md). A CPU without an entry, or
 #: one named with --cpu (no cpuid), keeps the shipped defaults; an explicit ``tuning=`` is taken as given.
-CALIBRATED: Dict[Tuple[str, int, int], X86Tuning] = {}
+CALIBRATED: Dict[Tuple[str, int, int], X86Tuning] = {
+    # Intel Xeon with AMX (Sapphire Rapids class, cpuid model 167 as a VM reports it), 2026-12-03: on the 41
+    # ResNet-50 / SqueezeNet layers `--tune` measured (one thread, thread CPU time), channel-lane tiles cost
+    # 1.20x position-lane work, not Zen 5's 1.10: the shipped model lost 2.72 ms against the fastest
+    # candidates (21 of 41 picked right), this one 2.39 ms (22 of 41); no weight cost (4-64) or tile subset
+    # did better (`python3 bench/calibrate_tuning.py`)
+    ("GenuineIntel", 6, 167): X86Tuning(channel_tile_cost=1.20),
+}
 
 
 def calibrated_tuning(cpu) -> X86Tuning:
