@@ -26,6 +26,7 @@ import onnxruntime as ort
 
 from cuvil import Pipeline, load
 from cuvil.targets.x86.cpu import cpu_label
+from cuvil.targets.x86.tuning import X86Tuning
 from cuvil.testing import light_model
 from cuvil.testing.oracles import max_rel_error, ort_session
 
@@ -60,6 +61,9 @@ def main(argv=None) -> int:
     ap.add_argument("--block-ms", type=float, default=200.0)
     ap.add_argument("--budget", type=float, default=None, help="--tune-budget seconds (default: the compiler's)")
     ap.add_argument("--json", default="", help="write the raw figures here")
+    ap.add_argument("--shipped", action="store_true",
+                    help="add Cuvil with the shipped (Zen 5-fitted) X86Tuning() beside the CPU's calibrated default")
+    ap.add_argument("--no-tune", action="store_true", help="leave out the tuned build (an A/B of the defaults)")
     a = ap.parse_args(argv)
     threads = [int(t) for t in a.threads.split(",")]
     print(f"# --tune side by side, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n\n{cpu_label()}; "
@@ -73,13 +77,14 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         default = p.compile(cache=False)
         t_default = time.perf_counter() - t0
+        shipped = p.compile(cache=False, tuning=X86Tuning()) if a.shipped else None
         t0 = time.perf_counter()
-        tuned = p.compile(cache=False, tune=True, tune_budget=a.budget)
+        tuned = None if a.no_tune else p.compile(cache=False, tune=True, tune_budget=a.budget)
         t_tuned = time.perf_counter() - t0
         inp = model.graph.input[0]
         shape = [d.dim_value for d in inp.type.tensor_type.shape.dim]
         x = {inp.name: np.random.default_rng(0).standard_normal(shape).astype(np.float32)}
-        report = tuned.manifest["tune"]
+        report = tuned.manifest["tune"] if tuned else {"layers": []}
         changed = [r for r in report["layers"] if "ms" in r and r["choice"] != r["default"]]
         print(f"## {name}: compile {t_default:.1f} s default, {t_tuned:.1f} s tuned; "
               f"{len(changed)} of {len(report['layers'])} layers take another schedule than the cost model's",
@@ -93,29 +98,39 @@ def main(argv=None) -> int:
             opts = ort.SessionOptions()
             opts.intra_op_num_threads, opts.inter_op_num_threads = t, 1
             sess = ort_session(model, opts)
-            md, mt = load(default.path, num_threads=t), load(tuned.path, num_threads=t)
+            md = load(default.path, num_threads=t)
+            mt = load(tuned.path, num_threads=t) if tuned else md
             ref = sess.run(None, x)[0]
             arr = x[inp.name]
             err = max_rel_error(mt.run(arr)[0], ref)
-            engines = {"cuvil default": lambda v: md.run(v[inp.name]), "cuvil tuned": lambda v: mt.run(v[inp.name]),
-                       "onnxruntime": lambda v: sess.run(None, v)}
+            engines = {"cuvil default": lambda v: md.run(v[inp.name])}
+            if tuned:
+                engines["cuvil tuned"] = lambda v: mt.run(v[inp.name])
+            if shipped:
+                ms = load(shipped.path, num_threads=t)
+                engines["cuvil shipped"] = lambda v: ms.run(v[inp.name])
+            engines["onnxruntime"] = lambda v: sess.run(None, v)
             res = _blocks(engines, x, a.rounds, a.block_ms / 1e3)
             ort_ms = res["onnxruntime"][0]
             load_avg = os.getloadavg()[0]
             entry["threads"][t] = {"ms": res, "load": load_avg, "tuned_rel_err": err}
             rows.append((name, t, res, ort_ms, load_avg))
-            print(f"  {t} thread(s): default {res['cuvil default'][0]:.2f} ms ({res['cuvil default'][0] / ort_ms:.2f}x), "
-                  f"tuned {res['cuvil tuned'][0]:.2f} ms ({res['cuvil tuned'][0] / ort_ms:.2f}x), "
-                  f"onnxruntime {ort_ms:.2f} ms; tuned vs onnxruntime max rel err {err:.1e}; load {load_avg:.2f}",
-                  flush=True)
+            res.setdefault("cuvil tuned", res["cuvil default"])
+            print(f"  {t} thread(s): " + ", ".join(f"{k} {v[0]:.2f} ms ({v[0] / ort_ms:.2f}x, CPU {v[1]:.2f})"
+                                                   for k, v in res.items())
+                  + f"; tuned vs onnxruntime max rel err {err:.1e}; load {load_avg:.2f}", flush=True)
         raw["models"][name] = entry
     print("\n| model | threads | Cuvil default (ms) | Cuvil tuned (ms) | onnxruntime (ms) | default / ort | "
-          "tuned / ort | tuned / default | thread CPU default / tuned / ort (ms) | load |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "tuned / ort | tuned / default | thread CPU default / tuned / ort (ms) | CPU ratios default, tuned / ort "
+          "| shipped (ms, / ort, CPU / ort CPU) | load |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name, t, res, ort_ms, load_avg in rows:
         d, u, o = res["cuvil default"], res["cuvil tuned"], res["onnxruntime"]
+        sh = res.get("cuvil shipped")
+        shipped_cell = f"{sh[0]:.2f}, {sh[0] / ort_ms:.2f}, {sh[1] / o[1]:.2f}" if sh else "-"
         print(f"| {name} | {t} | {d[0]:.2f} | {u[0]:.2f} | {o[0]:.2f} | {d[0] / ort_ms:.2f} | {u[0] / ort_ms:.2f} | "
-              f"{u[0] / d[0]:.2f} | {d[1]:.2f} / {u[1]:.2f} / {o[1]:.2f} | {load_avg:.2f} |")
+              f"{u[0] / d[0]:.2f} | {d[1]:.2f} / {u[1]:.2f} / {o[1]:.2f} | {d[1] / o[1]:.2f}, {u[1] / o[1]:.2f} | "
+              f"{shipped_cell} | {load_avg:.2f} |")
     if a.json:
         with open(a.json, "w", encoding="utf-8") as f:
             json.dump(raw, f, indent=1, default=str)
