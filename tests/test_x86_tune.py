@@ -89,6 +89,10 @@ def test_a_choice_cached_on_another_cpu_model_is_not_reused(tmp_path, monkeypatc
         miss = tune.tune_graph(g, DEFAULT_TUNING, budget=0, cache_dir=str(tmp_path))
     assert miss.tuning == DEFAULT_TUNING
     assert miss.report["layers"][0]["source"] == "cost model (budget spent)"
+    # a damaged entry is a miss, not a crash
+    (tmp_path / (tune.cache_key(layer, 1, 3, DEFAULT_TUNING, host) + ".json")).write_text('{"choice": "direct 6x64"}')
+    monkeypatch.setattr(tune, "host_cpu", lambda: host)
+    assert tune.tune_graph(g, DEFAULT_TUNING, budget=0, cache_dir=str(tmp_path)).tuning == DEFAULT_TUNING
 
 
 def test_budget_bounds_the_measuring(tmp_path, monkeypatch):

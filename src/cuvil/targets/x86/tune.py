@@ -272,9 +272,15 @@ def _read_cached(folder: str, key: str) -> Optional[dict]:
     try:
         with open(os.path.join(folder, key + ".json"), encoding="utf-8") as f:
             entry = json.load(f)
-        return entry if isinstance(entry, dict) and isinstance(entry.get("choice"), str) else None
     except (OSError, ValueError):
         return None
+    if (not isinstance(entry, dict) or not isinstance(entry.get("choice"), str)
+            or not isinstance(entry.get("seconds"), dict)):
+        return None         # not ours, or damaged: measured again
+    if entry["choice"].startswith("winograd"):
+        return entry if entry["choice"] in ("winograd F(2x2)", "winograd F(4x4)") else None
+    tile = entry.get("tile")
+    return entry if isinstance(tile, list) and len(tile) == 3 else None
 
 
 def _write_cached(folder: str, key: str, entry: dict) -> bool:
