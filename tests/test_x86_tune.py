@@ -16,7 +16,7 @@ from cuvil.errors import CuvilError
 from cuvil.targets.x86 import compile as x86_compile
 from cuvil.targets.x86 import tune
 from cuvil.targets.x86.cpu import host_cpu
-from cuvil.targets.x86.tuning import DEFAULT_TUNING, X86Tuning
+from cuvil.targets.x86.tuning import DEFAULT_TUNING, X86Tuning, calibrated_tuning
 from cuvil.testing.conv_models import winograd_conv_model
 from cuvil.testing.oracles import max_rel_error, ort_session
 
@@ -42,7 +42,7 @@ def test_tuned_build_matches_onnxruntime_and_the_second_compile_measures_nothing
     report = art.manifest["tune"]
     (row,) = report["layers"]
     layer = _layer()
-    assert set(row["ms"]) == set(tune.candidates(layer, host_cpu().vector_bits, DEFAULT_TUNING))
+    assert set(row["ms"]) == set(tune.candidates(layer, host_cpu().vector_bits, calibrated_tuning(host_cpu())))
     assert row["choice"] == min(row["ms"], key=row["ms"].get)
     assert row["default"] in row["ms"]
     assert report["threads"] == 1 and report["cpu"] == host_cpu().label()
@@ -102,7 +102,7 @@ def test_budget_bounds_the_measuring(tmp_path, monkeypatch):
         art = p.compile(cache=False, tune=True, tune_budget=0)
     (row,) = art.manifest["tune"]["layers"]
     assert row["source"] == "cost model (budget spent)"
-    assert row["choice"] == tune.default_label(_layer(), host_cpu().vector_bits, DEFAULT_TUNING)
+    assert row["choice"] == tune.default_label(_layer(), host_cpu().vector_bits, calibrated_tuning(host_cpu()))
     # a budget spent between two candidates: the layer is left to the cost model, not half-measured
     clock = iter([0.0, 0.0, 0.0, 5.0, 5.0, 5.0, 5.0])
     monkeypatch.setattr(tune, "_clock", lambda: next(clock))
