@@ -108,7 +108,8 @@ def test_budget_bounds_the_measuring(tmp_path, monkeypatch):
     monkeypatch.setattr(tune, "_clock", lambda: next(clock))
     with mock.patch.object(tune, "_build", return_value={"winograd": []}) as build, \
             mock.patch.object(tune, "time_libraries", side_effect=AssertionError("timed")):
-        r = tune.tune_graph(p.graph, DEFAULT_TUNING, budget=1.0, cache_dir=str(tmp_path / "t"))
+        r = tune.tune_graph(p.graph, DEFAULT_TUNING, budget=1.0, cache_dir=str(tmp_path / "t"),
+                            choose=lambda g, cpu, tuning: g)
     assert build.call_count == 1
     assert r.tuning == DEFAULT_TUNING and r.report["layers"][0]["source"] == "cost model (budget spent)"
 

@@ -136,6 +136,11 @@ def choose_algorithms(graph: Graph, cpu: Optional[str] = None, tuning: X86Tuning
     return g, report
 
 
+def _winograd_choice(graph: Graph, cpu: Optional[str], tuning: X86Tuning) -> Graph:
+    """The algorithm choice ``--tune`` builds each candidate with (one convolution: Winograd rules only)."""
+    return choose_algorithms(graph, cpu, tuning, winograd=True, fused_attention=False)[0]
+
+
 class X86Target:
     """``libPREFIX.so``, its header and manifest; symbolic dims stay symbolic (one library per profile)."""
 
@@ -159,7 +164,7 @@ class X86Target:
             with stage("tune", detail=f"convolution schedules timed at {options.tune_threads} thread(s)") as s:
                 tuned = tune_graph(graph, options.tuning, cpu=options.cpu, opt_level=options.opt_level,
                                    threads=options.tune_threads, budget=options.tune_budget, math=options.math,
-                                   progress=s.detail)
+                                   progress=s.detail, choose=_winograd_choice)
                 n = sum(1 for r in tuned.report["layers"] if "ms" in r)
                 s.detail(f"{n} of {len(tuned.report['layers'])} layers measured or cached")
             options = attrs.evolve(options, tuning=tuned.tuning)

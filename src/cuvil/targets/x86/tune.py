@@ -38,7 +38,7 @@ import sys
 import tempfile
 import time
 import warnings
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import attrs
 import numpy as np
@@ -52,6 +52,7 @@ from ...kernels.contraction import channel_lanes, choose_tile, tile_cost
 from ...version import __version__
 from .cpu import describe_cpu, host_cpu, is_host_name
 from .choose import MIN_CHANNELS, best_tile
+from .compile import compile_x86
 from .gemm import tile_shapes
 from .tuning import X86Tuning
 
@@ -300,11 +301,12 @@ def _write_cached(folder: str, key: str, entry: dict) -> bool:
 
 # ------------------------------------------------------------------------------------------ measuring
 
-def _build(layer: ConvLayer, tuning: X86Tuning, path: str, cpu: Optional[str], opt_level: int, math: str) -> dict:
-    from .compile import compile_x86               # the tuner drives the target's own build steps
-    from .target import choose_algorithms
+def _build(layer: ConvLayer, tuning: X86Tuning, path: str, cpu: Optional[str], opt_level: int, math: str,
+           choose: Callable) -> dict:
+    """The target's own build steps for the layer alone: its algorithm choice (``choose(graph, cpu, tuning)``,
+    the target's Winograd rules) and :func:`cuvil.targets.x86.compile.compile_x86`."""
     with progress_enabled(False):        # the tune stage reports per layer, not each candidate's build
-        g, _ = choose_algorithms(layer.graph(), cpu, tuning, winograd=True, fused_attention=False)
+        g = choose(layer.graph(), cpu, tuning)
         manifest = compile_x86(g, path, opt_level=opt_level, cpu=cpu, tuning=tuning, math=math)
     manifest["winograd"] = [n.attrs.get("tile") for n in g.nodes if n.op == "WinogradConv"]
     return manifest
@@ -364,11 +366,12 @@ class TuneResult:
 
 def tune_graph(graph: Graph, base: X86Tuning, *, cpu: Optional[str] = None, opt_level: int = 3,
                threads: int = 1, budget: Optional[float] = None, math: str = "vector",
-               cache_dir: Optional[str] = None, progress=None) -> TuneResult:
+               cache_dir: Optional[str] = None, progress=None, choose: Optional[Callable] = None) -> TuneResult:
     """Measure the candidate schedules of ``graph``'s convolution layers on this CPU (``threads`` threads),
     within ``budget`` seconds (default :data:`DEFAULT_BUDGET`), reusing and filling the cache
     (``cache_dir``, default :func:`tune_cache_dir`); ``base`` with the measured choices as its
-    ``layer_winograd`` / ``layer_tiles``, and the report."""
+    ``layer_winograd`` / ``layer_tiles``, and the report. ``choose(graph, cpu, tuning)``: the target's
+    algorithm choice a candidate is built with (the x86 target passes its Winograd rewrite)."""
     if not is_host_name(cpu):
         raise CuvilError(f"--tune measures the candidate kernels on this machine, so it cannot build for "
                          f"--cpu {cpu}", hint="drop --cpu to tune for this CPU, or drop --tune to build for "
@@ -387,7 +390,8 @@ def tune_graph(graph: Graph, base: X86Tuning, *, cpu: Optional[str] = None, opt_
         source = "cache"
         if entry is None:
             remaining = budget - (_clock() - start)
-            entry = _measure(layer, bits, base, cpu, opt_level, threads, math, start, budget) if remaining > 0 else None
+            entry = (_measure(layer, bits, base, cpu, opt_level, threads, math, start, budget, choose)
+                     if remaining > 0 else None)
             if entry is None:
                 rows.append({"layer": layer.describe(), "choice": default_label(layer, bits, base),
                              "source": "cost model (budget spent)" if remaining <= 0 or
@@ -410,7 +414,7 @@ def tune_graph(graph: Graph, base: X86Tuning, *, cpu: Optional[str] = None, opt_
 
 
 def _measure(layer: ConvLayer, bits: int, base: X86Tuning, cpu, opt_level: int, threads: int, math: str,
-             start: float, budget: float) -> Optional[dict]:
+             start: float, budget: float, choose: Optional[Callable]) -> Optional[dict]:
     """Build and time every candidate of ``layer``; the cache entry of the fastest, or None (out of budget
     before every candidate was built, or the timing child failed)."""
     cands = candidates(layer, bits, base)
@@ -421,7 +425,9 @@ def _measure(layer: ConvLayer, bits: int, base: X86Tuning, cpu, opt_level: int, 
             if _clock() - start >= budget:
                 return None
             path = os.path.join(tmp, f"lib{len(built)}.so")
-            manifest = _build(layer, tuning, path, cpu, opt_level, math)
+            if choose is None:
+                raise ValueError("tune_graph(choose=...): the target's algorithm choice builds the candidates")
+            manifest = _build(layer, tuning, path, cpu, opt_level, math, choose)
             if label.startswith("winograd") and not manifest["winograd"]:
                 continue               # no Winograd rule takes this layer (its pads): the direct build again
             built[label] = path
