@@ -30,6 +30,7 @@ def main(argv=None):
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--no-winograd", action="store_true", help="keep 3x3 convolutions direct")
+    ap.add_argument("--tune", action="store_true", help="the --tune build (choices from $CUVIL_CACHE_DIR/tune)")
     ap.add_argument("--no-fused-attention", action="store_true",
                     help="keep attention as MatMul / Softmax / MatMul (no FusedAttention kernel)")
     ap.add_argument("--peak-gflops", type=float, default=None,
@@ -44,7 +45,8 @@ def main(argv=None):
     p = Pipeline.from_onnx(src).optimize()
     fixed = {k: int(v) for k, v in (f.split("=", 1) for f in a.fix)}
     fixed.update({name: sym.tuned for name, sym in p.graph.symbols.items() if name not in fixed})
-    art = p.compile(fixed=fixed, winograd=not a.no_winograd, fused_attention=not a.no_fused_attention)
+    art = p.compile(fixed=fixed, winograd=not a.no_winograd, fused_attention=not a.no_fused_attention,
+                    **({"tune": True} if a.tune else {}))
     model = art.model()
     rng = np.random.default_rng(1)
     xs = [rng.standard_normal(d.shape).astype(d.dtype) for d in model.inputs]

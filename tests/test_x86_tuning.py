@@ -40,7 +40,10 @@ def test_defaults_are_the_shipped_values():
     # x86/choose.WEIGHT_COST); changing one changes kernels and needs `pytest --update-golden`
     assert DEFAULT_TUNING == X86Tuning(channel_tiles=((3, 7), (4, 6), (2, 7)), channel_tile_cost=1.10,
                                        weight_cost=16.0, winograd_tile=None)
-    assert X86Options().tuning is DEFAULT_TUNING
+    # None: the host microarchitecture's fitted settings (tuning.CALIBRATED), else these; a named CPU has no cpuid
+    assert X86Options().tuning is None
+    g = Pipeline.from_onnx(winograd_conv_model(16, 16, 8, 8, [1, 1, 1, 1])).graph
+    assert TARGET.plan(g, X86Options(cpu="znver3"), {}).options.tuning is DEFAULT_TUNING
 
 
 def test_weight_cost_flips_the_winograd_choice_per_compile():

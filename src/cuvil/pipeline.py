@@ -46,7 +46,8 @@ from .supply_chain.build_info import jsonable
 from .targets import X86_TARGET, TargetOptions, get_target, make_options
 from .targets.base import precision_ops
 from .targets.x86.target import choose_algorithms
-from .targets.x86.tuning import DEFAULT_TUNING, X86Tuning
+from .targets.x86.cpu import describe_cpu
+from .targets.x86.tuning import X86Tuning, calibrated_tuning
 from .version import __version__
 
 ModelSource = Union[str, os.PathLike, bytes, onnx.ModelProto]
@@ -250,13 +251,13 @@ class Pipeline:
         """Apply the built-in rules of the target's phase (``on x86``: Winograd convolutions) where the
         target's cost model accepts the match (for ``cpu``, default the host: its vector width sets the
         micro-kernels' register tiles) with the cost model's weights ``tuning`` (default
-        :data:`cuvil.targets.x86.tuning.DEFAULT_TUNING`, as ``compile`` uses); the rules are proved like every
+        :func:`cuvil.targets.x86.tuning.calibrated_tuning` of the CPU, as ``compile`` uses); the rules are proved like every
         other rule. Only the x86 target has algorithm choices (:func:`cuvil.targets.x86.target.choose_algorithms`)."""
         if target != X86_TARGET:
             get_target(target)   # an unknown target is named as such
             raise CuvilError(f"{target} has no algorithm choices", hint=f"choose_algorithms({X86_TARGET!r}) has "
                              f"(Winograd convolutions); compile for {target} without this step")
-        g, report = choose_algorithms(self._graph, cpu, tuning or DEFAULT_TUNING)
+        g, report = choose_algorithms(self._graph, cpu, tuning or calibrated_tuning(describe_cpu(cpu)))
         return self._derive(g, report)
 
     def check_shapes(self, shape_profiles: Optional[Mapping[str, Tuple[int, ...]]] = None):

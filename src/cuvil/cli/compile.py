@@ -64,6 +64,14 @@ def register(sub) -> None:
     add_precision_flags(sp)
     sp.add_argument("--no-winograd", action="store_true",
                     help="x86: keep direct 3x3 convolutions (Winograd rounds differently; see docs/rules.md)")
+    sp.add_argument("--tune", action="store_true",
+                    help="x86: time each convolution layer's candidate schedules (register tile, Winograd) on this "
+                         "machine and take the fastest; cached by CPU model and layer shape (docs/tuning.md)")
+    sp.add_argument("--tune-budget", type=float, default=None, metavar="SECONDS",
+                    help="x86, with --tune: seconds of measuring at most (largest layers first; the rest keep the "
+                         "cost model's choices; default 600)")
+    sp.add_argument("--tune-threads", type=int, default=None, metavar="N",
+                    help="x86, with --tune: the thread count the candidates are timed at (default 1)")
     sp.add_argument("--no-batch-slices", action="store_true",
                     help="x86: run a batch layer by layer over all its rows, not slice by slice through the opt "
                          "point's kernels (docs/shapes.md)")
@@ -93,7 +101,8 @@ def register(sub) -> None:
 
 
 #: Flags only the x86 target reads: (flag, args attribute), refused for the GPU (a bundle keeps weights.bin).
-_X86_ONLY_FLAGS = (("--external-weights", "external_weights"), ("--encrypt-weights", "encrypt_weights"))
+_X86_ONLY_FLAGS = (("--external-weights", "external_weights"), ("--encrypt-weights", "encrypt_weights"),
+                   ("--tune", "tune"), ("--tune-budget", "tune_budget"), ("--tune-threads", "tune_threads"))
 
 #: Flags only the GPU target reads: (flag, args attribute, what it controls), refused for x86 by one check.
 _GPU_ONLY_FLAGS = (("--enable-fp16", "enable_fp16", "float16 compute; x86 computes float32"),
@@ -128,7 +137,7 @@ def cmd_compile(args) -> int:
                            winograd=not args.no_winograd, external_weights=args.external_weights,
                            encrypt_weights=args.encrypt_weights, lora_slots=args.lora_slots,
                            lora_targets=args.lora_targets or (),
-                           **({"batch_slices": False} if args.no_batch_slices else {}))
+                           **({"batch_slices": False} if args.no_batch_slices else {}), **_tune_options(args))
     with _progress(args):
         p = _import_and_optimize(args)
         fixed, profiles = shape_flags(p, args)
@@ -239,6 +248,17 @@ def _progress(args):
     """Each stage on stderr (the LLVM stage kernel by kernel) when it is a terminal or with --progress, never
     with -q."""
     return progress.enabled(progress.wanted(args.quiet, args.progress))
+
+
+def _tune_options(args) -> dict:
+    """``--tune``'s options; --tune-budget / --tune-threads without it are refused (they would do nothing)."""
+    for flag, given in (("--tune-budget", args.tune_budget), ("--tune-threads", args.tune_threads)):
+        if given is not None and not args.tune:
+            raise CuvilError(f"{flag} without --tune: nothing is measured", hint=f"add --tune, or drop {flag}")
+    if not args.tune:
+        return {}
+    return {"tune": True, "tune_budget": args.tune_budget,
+            **({} if args.tune_threads is None else {"tune_threads": args.tune_threads})}
 
 
 def _import_and_optimize(args):

@@ -105,7 +105,7 @@ def schedule(g: Graph, gemm_cols: int = 0, split_concat: bool = False, gemm_tile
              half_contractions: bool = False, row_kernels: bool = False,
              channel_tile_cost: Optional[float] = None, run_time_sizes: bool = False,
              hidden_inputs: int = 0, narrow_formats: tuple = (), matmul_tile: tuple = (),
-             bf16_storage: str = "") -> Schedule:
+             bf16_storage: str = "", tile_choices: Optional[dict] = None) -> Schedule:
     """Stages and memory plan of ``g``. ``gemm_cols > 0`` lowers convolutions to packed contractions (the
     x86 micro-kernels), each with a register tile (rows, cols[, lanes]) among ``gemm_tiles`` (default
     ``((MR, gemm_cols),)``), and constant-weight MatMuls to column panels ``gemm_cols`` wide; 0 keeps plain
@@ -138,7 +138,9 @@ def schedule(g: Graph, gemm_cols: int = 0, split_concat: bool = False, gemm_tile
     read by ``Add`` nodes besides such convolutions that the precision policy marked (``Value.storage`` "bf16":
     an explicit ``--precision bf16``, their ranges certified finite in bf16; a new rounding of the skip path,
     :func:`cuvil.precision.policy.residual_storage`). ``"residual"``: every such value, marked or not
-    (:func:`cuvil.kernels.bf16_storage.bf16_storage_reason`); "" none."""
+    (:func:`cuvil.kernels.bf16_storage.bf16_storage_reason`); "" none. ``tile_choices`` (x86 ``--tune``):
+    {(m, positions, k): tile}, the register tile of a float32 convolution contraction of that shape (m output
+    channels per group, k reduction terms), taken instead of :func:`cuvil.kernels.contraction.choose_tile`'s."""
     data_syms, writers, limits = run_time_symbols(g, run_time_sizes)
     syms = _run_time_symbols(g, data_syms)
     ranges = {s.name: (s.min, s.max) for s in syms}
@@ -147,6 +149,7 @@ def schedule(g: Graph, gemm_cols: int = 0, split_concat: bool = False, gemm_tile
                                 row_kernels, channel_tile_cost), hidden_inputs)
     builder.narrow_formats = tuple(narrow_formats)
     builder.matmul_tile = tuple(matmul_tile)
+    builder.tile_choices = dict(tile_choices or {})
     builder.bf16_storage = bf16_storage if "bf16" in builder.narrow_formats else ""
     builder.size_writers = writers
     builder.symbol_slots = {s.name: k for k, s in enumerate(syms)}
@@ -323,7 +326,7 @@ class _StageBuilder:
         writes = self.size_writers.get(id(node))
         outs = low(LowerCtx(node, ins, self.temp, self.packed_weight, *self.lower_options, used_outputs=used,
                             narrow_formats=self.narrow_formats, matmul_tile=self.matmul_tile,
-                            bf16_storage=bool(self.bf16_storage), set_size=(lambda value, name=writes: self.write_symbol(name, value)) if writes else None))
+                            tile_choices=self.tile_choices, bf16_storage=bool(self.bf16_storage), set_size=(lambda value, name=writes: self.write_symbol(name, value)) if writes else None))
         inlined = [v for v in node.inputs if v is not None and id(v) not in self.bufs]
         # an expression that inlines a reduction is expensive however cheap its own op is
         inlined_cost = any(self.expensive.get(id(v), False) for v in inlined)

@@ -100,6 +100,8 @@ def conv_as_gemm(ctx, x, b, out, group, cin_g, m_g, kern, strides, dil, begin, w
     if x.dtype == DType.BFLOAT16:
         x = bf16_stored(x)
     tile = choose_tile(m_g, product(out_sp), ctx.gemm_tiles, K, ctx.channel_tile_cost)
+    if not interleaved and not half and not narrow:     # measured on the host by --tune (direct float32 only)
+        tile = tuple(ctx.tile_choices.get((m_g, product(out_sp), K), tile))
     wdt = np.float16 if half else np.float32
     amx = narrow == "bf16" and AMX_TILES in ctx.narrow_formats
     if amx:                  # 2 x 2 AMX tiles: 32 channels x 32 positions, weights in the A-tile layout

@@ -61,10 +61,14 @@ class LowerCtx:
                  unpadded_contractions: bool = False, matmul_panels: bool = True, half_contractions: bool = False,
                  row_kernels: bool = False, channel_tile_cost: Optional[float] = None,
                  used_outputs: Optional[Sequence[bool]] = None, set_size: Optional[Callable] = None,
-                 narrow_formats: Sequence[str] = (), matmul_tile: tuple = (), bf16_storage: bool = False):
+                 narrow_formats: Sequence[str] = (), matmul_tile: tuple = (), bf16_storage: bool = False,
+                 tile_choices: Optional[dict] = None):
         self.node, self.inputs, self._temp, self._weight = node, inputs, temp, weight
         # (rows, cols) of a float32 constant-weight MatMul's register tile; () = (MR, gemm_cols)
         self.matmul_tile = tuple(matmul_tile)
+        # {(m, positions, k): register tile} measured by the x86 target's --tune: a float32 convolution
+        # contraction of that shape takes it instead of choose_tile's (schedule's tile_choices)
+        self.tile_choices = tile_choices or {}
         # the formats (Node.precision spellings) the target's contraction micro-kernels compute in: a node the
         # precision policy narrowed to one of them lowers to a narrowed contraction (x86: ("bf16",) with AVX512_BF16)
         self.narrow_formats = tuple(narrow_formats)
@@ -309,4 +313,4 @@ def sub_ctx(ctx, inputs) -> LowerCtx:
     return LowerCtx(ctx.node, inputs, ctx._temp, ctx._weight, ctx.gemm_cols, ctx.gemm_tiles, ctx.unpadded_contractions,
                     ctx.matmul_panels, ctx.half_contractions, channel_tile_cost=ctx.channel_tile_cost,
                     used_outputs=ctx.used_outputs, narrow_formats=ctx.narrow_formats, matmul_tile=ctx.matmul_tile,
-                    bf16_storage=ctx.bf16_storage)
+                    bf16_storage=ctx.bf16_storage, tile_choices=ctx.tile_choices)

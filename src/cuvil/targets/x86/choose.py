@@ -98,9 +98,13 @@ def winograd_cost(c: int, k: int, oh: int, ow: int, m: int, shapes=AVX2_TILES,
 def best_tile(c: int, k: int, oh: int, ow: int, shapes=AVX2_TILES, tuning: X86Tuning = DEFAULT_TUNING) -> Optional[int]:
     """The Winograd tile (2 or 4) expected to beat the direct convolution, or None, for a target whose
     micro-kernels' register tiles are ``shapes`` (see :func:`cuvil.kernels.contraction.choose_tile`), with
-    the cost model's weights ``tuning`` (its ``winograd_tile``, when set, is taken whatever the costs)."""
+    the cost model's weights ``tuning`` (its ``winograd_tile``, when set, is taken whatever the costs, and so
+    is this layer's entry in its ``layer_winograd``)."""
     if tuning.winograd_tile is not None:
         return tuning.winograd_tile
+    measured = dict(tuning.layer_winograd).get((c, k, oh, ow))
+    if measured is not None:       # chosen by `--tune` on this CPU (cuvil.targets.x86.tune)
+        return measured or None
     if min(c, k) < MIN_CHANNELS:
         return None
     costs = {None: direct_cost(c, k, oh, ow, shapes, tuning), 2: winograd_cost(c, k, oh, ow, 2, shapes, tuning),

@@ -177,7 +177,7 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
         sched = schedule(g, gemm_cols=tile_cols(bits), split_concat=True, gemm_tiles=tile_shapes(bits, tuning),
                          row_kernels=True, channel_tile_cost=tuning.channel_tile_cost, run_time_sizes=True,
                          hidden_inputs=3 * len(lora_slots), narrow_formats=narrow,
-                         matmul_tile=matmul_tile(target_cpu, tuning), bf16_storage=tuning.bf16_storage_mode)
+                         matmul_tile=matmul_tile(target_cpu, tuning), bf16_storage=tuning.bf16_storage_mode, tile_choices=tuning.tile_choices)
         s.detail(f"{len(sched.stages)} kernels, arena {_bytes(sched.arena_bytes)}, "
                  f"weights {_bytes(sched.weights_bytes)}")
     _check_arena(sched, arena_limit(max_arena_bytes))
@@ -198,7 +198,7 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
                               gemm_tiles=tile_shapes(bits, tuning), row_kernels=True,
                               channel_tile_cost=tuning.channel_tile_cost, hidden_inputs=3 * len(lora_slots),
                               narrow_formats=narrow, matmul_tile=matmul_tile(target_cpu, tuning),
-                              bf16_storage=tuning.bf16_storage_mode)
+                              bf16_storage=tuning.bf16_storage_mode, tile_choices=tuning.tile_choices)
             s.detail(f"{point}: {len(osched.stages)} kernels")
         with stage("memory safety (opt point)", detail=f"{len(osched.stages)} kernels") as s:
             opt_cert = prove_schedule(osched, "opt", prover)

@@ -27,7 +27,8 @@ from .cpu import describe_cpu, validate_cpu
 from .gemm import tile_shapes
 from .gemm_bf16 import BF16_OPS, narrow_formats
 from .model_info import is_c_identifier
-from .tuning import DEFAULT_TUNING, X86Tuning
+from .tune import tune_graph
+from .tuning import DEFAULT_TUNING, X86Tuning, calibrated_tuning
 from .weights_file import WeightsKey, key_id
 
 
@@ -45,8 +46,9 @@ class X86Options(TargetOptions):
     direct convolution, so ``winograd=False`` keeps direct convolutions. ``max_arena_bytes``: the largest
     arena a library may reserve (default :data:`cuvil.targets.x86.compile.MAX_ARENA_BYTES`, or the
     ``CUVIL_MAX_ARENA_BYTES`` environment variable). ``tuning``: the cost model's weights and the register
-    tiles offered (:class:`cuvil.targets.x86.tuning.X86Tuning`; default: the shipped, measured ones), the
-    settings benchmarks vary. ``math``: float32 exp, erf, tanh and log as inline polynomials the loop
+    tiles offered (:class:`cuvil.targets.x86.tuning.X86Tuning`), the settings benchmarks vary; None (default):
+    the ones fitted for the host's microarchitecture (:data:`cuvil.targets.x86.tuning.CALIBRATED`), else the
+    shipped, measured :data:`~cuvil.targets.x86.tuning.DEFAULT_TUNING`. ``math``: float32 exp, erf, tanh and log as inline polynomials the loop
     vectoriser widens (``"vector"``, the default; their errors in ULPs are in docs/math.md) or as calls to
     libm (``"libm"``: glibc's results, one scalar call per element). ``fused_attention`` (O2 and O3, default
     on): attention as the exports spell it (MatMul / Softmax / MatMul) becomes one FusedAttention kernel with
@@ -63,6 +65,10 @@ class X86Options(TargetOptions):
     :mod:`cuvil.kernels.batch_rows`), a call whose batch is a multiple of the symbol's opt runs the opt-point
     kernels once per slice of that many rows, so each slice's activations stay in cache (SqueezeNet at N = 8:
     per image as at N = 1, not 1.3x); ``batch_slices=False`` runs the generic kernels over the whole batch.
+    ``tune`` (default off): the convolution layers' schedules (register tile, Winograd F(2x2) / F(4x4) / none)
+    are measured on this machine and the fastest taken (:mod:`cuvil.targets.x86.tune`; docs/tuning.md);
+    ``tune_budget`` bounds the measuring in seconds, ``tune_threads`` (default 1) is the thread count timed.
+    The choices are cached by CPU model, ISA features and layer shape; the manifest's ``tune`` entry lists them.
     """
 
     opt_level: int = attrs.field(default=3, validator=check(is_opt_level, "0, 1, 2 or 3"))
@@ -76,8 +82,8 @@ class X86Options(TargetOptions):
     max_arena_bytes: Optional[int] = attrs.field(default=None, validator=check(
         lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and v > 0),
         "a positive number of bytes, or None for the default"))
-    tuning: X86Tuning = attrs.field(default=DEFAULT_TUNING, validator=check(
-        lambda v: isinstance(v, X86Tuning), "an X86Tuning"))
+    tuning: Optional[X86Tuning] = attrs.field(default=None, validator=check(
+        lambda v: v is None or isinstance(v, X86Tuning), "an X86Tuning, or None for the CPU's"))
     math: str = attrs.field(default="vector", validator=check(lambda v: v in ("vector", "libm"),
                                                               '"vector" or "libm"'))
     external_weights: bool = attrs.field(default=False, validator=check(is_bool, "True or False"))
@@ -93,6 +99,15 @@ class X86Options(TargetOptions):
         validator=check(lambda v: isinstance(v, tuple) and all(isinstance(p, str) and p for p in v),
                         "a list of module-name suffixes or regexes (strings)"))
     batch_slices: bool = attrs.field(default=True, validator=check(is_bool, "True or False"))
+    # compile-time tuning (cuvil.targets.x86.tune): each float32 convolution layer's candidate schedules are
+    # timed on this machine at tune_threads threads within tune_budget seconds (None: tune.DEFAULT_BUDGET),
+    # the fastest taken; the choices are cached by CPU model and layer shape
+    tune: bool = attrs.field(default=False, validator=check(is_bool, "True or False"))
+    tune_budget: Optional[float] = attrs.field(default=None, validator=check(
+        lambda v: v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0),
+        "seconds >= 0, or None for the default"))
+    tune_threads: int = attrs.field(default=1, validator=check(
+        lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1, "a thread count >= 1"))
 
     def weights_key(self) -> Optional[bytes]:
         """The 32-byte key ``encrypt_weights`` holds, or None."""
@@ -121,6 +136,11 @@ def choose_algorithms(graph: Graph, cpu: Optional[str] = None, tuning: X86Tuning
     return g, report
 
 
+def _winograd_choice(graph: Graph, cpu: Optional[str], tuning: X86Tuning) -> Graph:
+    """The algorithm choice ``--tune`` builds each candidate with (one convolution: Winograd rules only)."""
+    return choose_algorithms(graph, cpu, tuning, winograd=True, fused_attention=False)[0]
+
+
 class X86Target:
     """``libPREFIX.so``, its header and manifest; symbolic dims stay symbolic (one library per profile)."""
 
@@ -137,6 +157,17 @@ class X86Target:
     def plan(self, graph: Graph, options: X86Options, profiles: Dict[str, list]) -> BuildPlan:
         # The algorithm choices are a function of the graph, the `on x86` rules and the cost model (its
         # source is in the compiler digest): they run in `emit`, when the library is built, not on a cache hit.
+        if options.tuning is None:     # not given: this microarchitecture's fitted settings, else the shipped ones
+            options = attrs.evolve(options, tuning=calibrated_tuning(describe_cpu(options.cpu)))
+        tuned = None
+        if options.tune:
+            with stage("tune", detail=f"convolution schedules timed at {options.tune_threads} thread(s)") as s:
+                tuned = tune_graph(graph, options.tuning, cpu=options.cpu, opt_level=options.opt_level,
+                                   threads=options.tune_threads, budget=options.tune_budget, math=options.math,
+                                   progress=s.detail, choose=_winograd_choice)
+                n = sum(1 for r in tuned.report["layers"] if "ms" in r)
+                s.detail(f"{n} of {len(tuned.report['layers'])} layers measured or cached")
+            options = attrs.evolve(options, tuning=tuned.tuning)
         choose = (options.winograd or options.fused_attention) and options.opt_level >= 2
         rules = x86_rules(options.winograd, options.fused_attention) if choose else []
         # The arena limit is enforced while building, so a cached library must have been built under the same one.
@@ -156,12 +187,17 @@ class X86Target:
             key += [f"lora_slots={options.lora_slots}", f"lora_targets={list(options.lora_targets)}"]
         if not options.batch_slices:        # default builds keep their cache keys
             key.append("batch_slices=False")
-        return BuildPlan(graph, options, f"lib{options.prefix}.so", key, {"choose": choose, "profiles": profiles})
+        if tuned is not None:     # the choices are in the tuning's repr; untuned builds keep their keys
+            key.append("tune=" + json.dumps(tuned.report["layers"], sort_keys=True))
+        return BuildPlan(graph, options, f"lib{options.prefix}.so", key,
+                         {"choose": choose, "profiles": profiles, "tune": tuned.report if tuned else None})
 
     def emit(self, plan: BuildPlan, path: str, manifest_extra: dict) -> dict:
         o: X86Options = plan.options
         g = plan.graph
         extra = dict(manifest_extra)
+        if plan.extra.get("tune") is not None:
+            extra["tune"] = plan.extra["tune"]
         if plan.extra["choose"]:
             with stage("choose algorithms", detail="Winograd convolutions and fused attention where they apply") as s:
                 g, report = choose_algorithms(g, o.cpu, o.tuning, o.winograd, o.fused_attention)

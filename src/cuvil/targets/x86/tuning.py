@@ -6,7 +6,7 @@ tiles offered (:func:`cuvil.targets.x86.gemm.tile_shapes`), never module state. 
 choices, each measured on a 2-core Zen 5 (the figures are in the comments below and in those modules)."""
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import attrs
 
@@ -27,6 +27,29 @@ def _matmul_tile(value) -> Optional[Tuple[int, int]]:
 def _tile_pair(inst, attribute, value) -> None:
     if value is not None and not (value[0] > 0 and value[1] > 0):
         raise ValueError(f"{attribute.name}: None or (rows, cols), positive ints, got {value!r}")
+
+
+def _tile(value) -> tuple:
+    """A register tile (rows, cols[, lanes]): ints, or the channel-lane marker "c" as its lanes."""
+    return tuple(v if isinstance(v, str) else int(v) for v in value)
+
+
+def _layer_winograd(value) -> Tuple[Tuple[Tuple[int, ...], int], ...]:
+    return tuple(sorted((tuple(int(d) for d in key), int(tile)) for key, tile in value))
+
+
+def _layer_tiles(value) -> Tuple[Tuple[Tuple[int, ...], tuple], ...]:
+    return tuple(sorted(((tuple(int(d) for d in key), _tile(tile)) for key, tile in value), key=repr))
+
+
+def _winograd_entries(inst, attribute, value) -> None:
+    if not all(len(key) == 4 and tile in (0, 2, 4) for key, tile in value):
+        raise ValueError(f"{attribute.name}: ((c, k, oh, ow), 0, 2 or 4) pairs, got {value!r}")
+
+
+def _tile_entries(inst, attribute, value) -> None:
+    if not all(len(key) == 3 and len(tile) == 3 and tile[0] > 0 and tile[1] > 0 for key, tile in value):
+        raise ValueError(f"{attribute.name}: ((m, positions, k), (rows, cols, lanes)) pairs, got {value!r}")
 
 
 def _non_negative(inst, attribute, value) -> None:
@@ -96,6 +119,43 @@ class X86Tuning:
     # fit the register file, else the product takes the generic loop nest
     matmul_tile: Optional[Tuple[int, int]] = attrs.field(default=None, converter=_matmul_tile,
                                                          validator=_tile_pair)
+    # Per-layer choices measured on the host by `--tune` (cuvil.targets.x86.tune), each overriding the cost
+    # model for one layer shape. ((c, k, oh, ow), tile): a stride-1 3x3 convolution of c -> k channels with an
+    # oh x ow output takes Winograd F(tile x tile), or stays direct (0), whatever the costs say
+    layer_winograd: Tuple[Tuple[Tuple[int, ...], int], ...] = attrs.field(
+        default=(), converter=_layer_winograd, validator=_winograd_entries)
+    # ((m, positions, k), tile): the register tile (rows, cols, lanes) of a direct convolution's contraction
+    # with m output channels per group, that many output positions and a reduction of k terms, instead of
+    # cuvil.kernels.contraction.choose_tile's least padded work
+    layer_tiles: Tuple[Tuple[Tuple[int, ...], tuple], ...] = attrs.field(
+        default=(), converter=_layer_tiles, validator=_tile_entries)
+
+    @property
+    def tile_choices(self) -> dict:
+        """``layer_tiles`` as the scheduler's ``tile_choices``: {(m, positions, k): tile}."""
+        return dict(self.layer_tiles)
 
 
 DEFAULT_TUNING = X86Tuning()
+
+
+#: Cost-model settings fitted per microarchitecture, keyed by cpuid (vendor, family, model): an untuned build
+#: for the host takes its CPU's entry instead of DEFAULT_TUNING (fitted by bench/calibrate_tuning.py on the
+#: per-layer measurements `--tune` caches; the figures are in bench/RESULTS.md). A CPU without an entry, or
+#: one named with --cpu (no cpuid), keeps the shipped defaults; an explicit ``tuning=`` is taken as given.
+CALIBRATED: Dict[Tuple[str, int, int], X86Tuning] = {
+    # No entry yet. Intel Xeon with AMX (cpuid GenuineIntel 6/167, a VM), 2026-12-03: on the 41 ResNet-50 /
+    # SqueezeNet layers `--tune` measured (one thread, thread CPU time) the best fit was channel_tile_cost 1.20
+    # (Zen 5: 1.10; 2.39 ms lost against the fastest candidates instead of 2.72, 22 of 41 picked right instead
+    # of 21), but whole models measured level with the shipped weights (ResNet-50 1.14 vs 1.13x onnxruntime,
+    # SqueezeNet 1.17 vs 1.18, bench/RESULTS.md), so it is not taken: a calibrated entry has to beat the
+    # shipped one on whole models, not only on layers alone.
+}
+
+
+def calibrated_tuning(cpu) -> X86Tuning:
+    """The settings of ``cpu``'s microarchitecture (a :class:`cuvil.targets.x86.cpu.CpuDescription`) in
+    :data:`CALIBRATED`, else :data:`DEFAULT_TUNING`."""
+    if not cpu.is_host or cpu.family is None or cpu.model is None:
+        return DEFAULT_TUNING
+    return CALIBRATED.get((cpu.vendor, cpu.family, cpu.model), DEFAULT_TUNING)
