@@ -63,6 +63,9 @@ class PtxTuning:
     # cost more than they save on 3x3 convolutions (a third form, one contiguous run of terms per lane, was
     # slower still and is gone)
     split_mode: str = attrs.field(default="outer", validator=attrs.validators.in_(("outer", "strided")))
+    # row reductions and the element stage that reads them (LayerNorm's mean / variance / normalise, Softmax's
+    # max / sum / divide) as one kernel, a block per row (ptx/row_chain.py); off: a kernel per stage, as before
+    row_chains: bool = True
 
 
 DEFAULT_TUNING = PtxTuning()
