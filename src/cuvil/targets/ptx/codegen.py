@@ -829,7 +829,8 @@ def gpu_schedule(g, unpadded: bool = True, tuning: PtxTuning = DEFAULT_TUNING) -
     if not tuning.conv_enabled:
         return schedule(g)
     return schedule(g, gemm_cols=GPU_GEMM_COLS, gemm_tiles=tuple((m, GPU_GEMM_COLS) for m in TILE_CHANNELS),
-                    unpadded_contractions=unpadded, matmul_panels=False, half_contractions=True)
+                    unpadded_contractions=unpadded, matmul_panels=False, half_contractions=True,
+                    scaled_operands=tuning.scaled_operands)
 
 
 def _has_half(e: E) -> bool:

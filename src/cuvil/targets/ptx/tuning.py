@@ -66,6 +66,9 @@ class PtxTuning:
     # row reductions and the element stage that reads them (LayerNorm's mean / variance / normalise, Softmax's
     # max / sum / divide) as one kernel, a block per row (ptx/row_chain.py); off: a kernel per stage, as before
     row_chains: bool = True
+    # (gpu_schedule) a MatMul operand that is a value times a constant scalar (attention's Q * s, Kt * s) is
+    # multiplied in the product's loads instead of stored by a kernel of its own (schedule's scaled_operands)
+    scaled_operands: bool = True
 
 
 DEFAULT_TUNING = PtxTuning()
