@@ -7,9 +7,9 @@ OUT=${OUT:-bench/gpu/results}
 mkdir -p "$OUT"
 export CUVIL_CACHE_DIR=/tmp/cuvil-cache
 python3 bench/gpu/tensor_cores.py --out "$OUT" --parts bert --jobs 12 \
-    --bert-variants fp32 tf32 fp16 ${AB:-fp32_rows fp32_norow fp16_rows fp16_norow} > "$OUT/bert.log" 2>&1
+    --bert-variants fp32 tf32 fp16 ${AB:-fp32_new fp32_old fp16_new fp16_old} > "$OUT/bert.log" 2>&1
 echo "bench rc=$?" >> "$OUT/bert.log"
 NX=""; python3 -c "import xdist" 2>/dev/null && NX="-n 6"
-timeout ${TEST_S:-240} python3 -m pytest -q -p no:cacheprovider $NX tests/test_gpu_row_chain.py tests/test_gpu_matmul_simt.py \
+timeout ${TEST_S:-240} python3 -m pytest -q -p no:cacheprovider $NX tests/test_gpu_row_chain.py tests/test_gpu_scaled_operands.py tests/test_gpu_matmul_simt.py \
     tests/test_gpu_tensor_cores.py > "$OUT/pytest.txt" 2>&1
 echo "pytest rc=$?" >> "$OUT/pytest.txt"
