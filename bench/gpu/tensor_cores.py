@@ -11,7 +11,9 @@
   MatMul/Gemm node's precision set to bf16), ``enable_fp16``; each output against onnxruntime (CPU, float32).
   Beside it torch.compile(mode="reduce-overhead") of the same architecture written in torch (nn.Linear,
   LayerNorm, erf GELU, softmax attention with the additive mask; random weights, no transformers needed), in
-  strict fp32, TF32 and fp16.
+  strict fp32, TF32 and fp16. ``--bert-variants fp32_new fp32_old`` (also tf32_*, fp16_*): an A/B of the
+  row-chain kernels (LayerNorm / Softmax as one kernel per row block) and scaled MatMul operands in the loads
+  against the code generator without them, both arms through ``compile_bundle`` on the same graph.
 * ``resnet``: ResNet-50 (onnx's light model, BatchNormalization scales in (0.25, 0.75) so float16 stays in
   range) batch 1 and 32, Cuvil fp16 and ``allow_tf32`` beside torch.compile fp16 / TF32 of torchvision's
   resnet50.
@@ -116,7 +118,10 @@ def compile_job(job):
             from cuvil.targets.ptx.bundle import compile_bundle
             from cuvil.targets.ptx.tuning import PtxTuning
             from cuvil.testing import with_batch
-            g = Pipeline.from_onnx(with_batch(model, job["fixed"]["N"])).optimize().graph
+            if job["model"] == "bert":
+                g = Pipeline.from_onnx(model).optimize().specialize(job["fixed"]).optimize().graph
+            else:
+                g = Pipeline.from_onnx(with_batch(model, job["fixed"]["N"])).optimize().graph
             man = compile_bundle(g, job["out"], arch=job["arch"], tuning=PtxTuning(**job["tuning"]),
                                  **job.get("kw", {}))
             return {"path": job["out"], "compile_s": round(time.perf_counter() - t0, 1), "kernels": man["kernels"],
@@ -141,6 +146,11 @@ VARIANTS = {"fp32": ({}, ""), "tf32": ({"allow_tf32": True}, ""), "fp16": ({"ena
 TUNED = {"fp16_old": ("fp16", {"conv_mma_batch": False}), "fp16_noldm": ("fp16", {"ldmatrix": False}),
          "tf32_old": ("tf32", {"conv_mma_batch": False}),
          "fp16_tb132": ("fp16", {"target_blocks": 132}), "fp16_mb2": ("fp16", {"conv_mma_min_blocks": 2})}
+# BERT A/B, both arms through compile_bundle on the same specialised graph: "_new" the shipped settings, "_old"
+# without the row-chain kernels (ptx/row_chain.py: LayerNorm / Softmax as one kernel, a block per row) and without
+# scaled MatMul operands in the loads (gpu_schedule's scaled_operands), i.e. the code generator before them
+TUNED.update({f"{v}_{arm}": (v, {} if arm == "new" else {"row_chains": False, "scaled_operands": False})
+              for v in ("fp32", "tf32", "fp16") for arm in ("new", "old")})
 
 
 def jobs_for(args, arch):

@@ -105,7 +105,8 @@ def schedule(g: Graph, gemm_cols: int = 0, split_concat: bool = False, gemm_tile
              half_contractions: bool = False, row_kernels: bool = False,
              channel_tile_cost: Optional[float] = None, run_time_sizes: bool = False,
              hidden_inputs: int = 0, narrow_formats: tuple = (), matmul_tile: tuple = (),
-             bf16_storage: str = "", tile_choices: Optional[dict] = None) -> Schedule:
+             bf16_storage: str = "", tile_choices: Optional[dict] = None,
+             scaled_operands: bool = False) -> Schedule:
     """Stages and memory plan of ``g``. ``gemm_cols > 0`` lowers convolutions to packed contractions (the
     x86 micro-kernels), each with a register tile (rows, cols[, lanes]) among ``gemm_tiles`` (default
     ``((MR, gemm_cols),)``), and constant-weight MatMuls to column panels ``gemm_cols`` wide; 0 keeps plain
@@ -140,7 +141,10 @@ def schedule(g: Graph, gemm_cols: int = 0, split_concat: bool = False, gemm_tile
     :func:`cuvil.precision.policy.residual_storage`). ``"residual"``: every such value, marked or not
     (:func:`cuvil.kernels.bf16_storage.bf16_storage_reason`); "" none. ``tile_choices`` (x86 ``--tune``):
     {(m, positions, k): tile}, the register tile of a float32 convolution contraction of that shape (m output
-    channels per group, k reduction terms), taken instead of :func:`cuvil.kernels.contraction.choose_tile`'s."""
+    channels per group, k reduction terms), taken instead of :func:`cuvil.kernels.contraction.choose_tile`'s. ``scaled_operands`` (the GPU's): a value
+    that only MatMuls read and that is another value times (or divided by) a constant scalar is inlined into
+    their loads instead of stored (attention's ``Q * s`` and ``Kt * s``: the product's kernel multiplies each
+    element it loads, the same rounding, and a kernel and a pass over the operand less)."""
     data_syms, writers, limits = run_time_symbols(g, run_time_sizes)
     syms = _run_time_symbols(g, data_syms)
     ranges = {s.name: (s.min, s.max) for s in syms}
@@ -151,6 +155,7 @@ def schedule(g: Graph, gemm_cols: int = 0, split_concat: bool = False, gemm_tile
     builder.matmul_tile = tuple(matmul_tile)
     builder.tile_choices = dict(tile_choices or {})
     builder.bf16_storage = bf16_storage if "bf16" in builder.narrow_formats else ""
+    builder.scaled_operands = scaled_operands
     builder.size_writers = writers
     builder.symbol_slots = {s.name: k for k, s in enumerate(syms)}
     g.toposort()
@@ -214,6 +219,7 @@ class _StageBuilder:
         self.narrow_formats: tuple = ()      # LowerCtx.narrow_formats
         self.matmul_tile: tuple = ()         # LowerCtx.matmul_tile
         self.bf16_storage = ""               # schedule's bf16_storage
+        self.scaled_operands = False         # schedule's scaled_operands
         self.bf16_stored: Dict[str, str] = {}
         self.fns: Dict[int, TensorFn] = {}
         self.bufs: Dict[int, Buf] = {}
@@ -385,7 +391,9 @@ class _StageBuilder:
                 return
         # a guarded value read outside its guard is stored under it: inlined there, it would run unguarded
         leaves_guard = node.guard is not None and any(u.guard != node.guard for u in self.g.consumers(o))
-        if id(o) not in self.guard_conds and not leaves_guard and _inline(self.g, o, t, self.expensive[id(o)]):
+        if id(o) not in self.guard_conds and not leaves_guard and (
+                _inline(self.g, o, t, self.expensive[id(o)])
+                or self.scaled_operands and not self.expensive[id(o)] and _scaled_operand(self.g, node, o, t)):
             self.fns[id(o)] = _shared(t) if self.expensive[id(o)] and len(o.uses) > 1 else t
             self.fused[node.op] = self.fused.get(node.op, 0) + 1
             return
@@ -447,6 +455,17 @@ def _inline(g: Graph, o: Value, t: TensorFn, expensive: bool) -> bool:
     return t.kind == "elementwise" and all(u.op in ELEMENTWISE_OPS or (u.op in QUANT_READERS and u.inputs[0] is o and
                                                                       tuple(u.outputs[0].shape) == tuple(o.shape))
                                            for u in users)
+
+
+def _scaled_operand(g: Graph, node, o: Value, t: TensorFn) -> bool:
+    """``o = x * c`` or ``x / c`` (``c`` a constant scalar) read only by MatMuls (schedule's ``scaled_operands``)."""
+    if t.kind != "elementwise" or node.op not in ("Mul", "Div") or len(node.inputs) != 2:
+        return False
+    consts = [v for v in node.inputs if v is not None and v.is_const and all(d == 1 for d in v.shape)]
+    if len(consts) != 1 or (node.op == "Div" and node.inputs[1] is not consts[0]):
+        return False
+    users = g.consumers(o)
+    return bool(users) and all(u.op == "MatMul" for u in users)
 
 
 JOIN_DEPTH = 8    # elementwise ops followed from each use of an expensive value looking for where they join

@@ -61,6 +61,7 @@ from .kernel_shapes import (TILE_K, WARP_MIN_TERMS, coarsen_factor, single_sum, 
 from .libdevice import libdevice_module
 from .matmul_mma import emit_matmul, matmul_parts, mma_format, plan_matmul
 from .matmul_simt import emit_simt, plan_simt, simt_applies
+from .row_chain import chain_threads, emit_row_chain, row_chain_at
 from .tuning import DEFAULT_TUNING, PtxTuning
 
 TRIPLE = "nvptx64-nvidia-cuda"
@@ -79,7 +80,8 @@ class KernelDesc:
     block: int = BLOCK
     stage: str = ""        # the schedule stage it computes (for reports)
     lanes: int = 1         # threads per output element (split kernels)
-    # element, split, coarse (several channels per thread), tiled (shared memory), sequential (a block per row)
+    # element, split, coarse (several channels per thread), tiled (shared memory), sequential (a block per row),
+    # row (row reductions and their element stage, a block per row), matmul_*, gemm_fp32, conv*
     kind: str = "element"
 
     @property
@@ -182,6 +184,13 @@ class PtxKernelModule(LLVMKernelModule):
         set_contraction(fn, False)
         self.kernels.append(sym)
         return KernelDesc(sym, rows * threads, threads, st.name, 1, "sequential")
+
+    def add_row_chain(self, chain: List[Stage], sym: str) -> KernelDesc:
+        """Row reductions and the element stage reading them as one kernel, a block per row
+        (:mod:`cuvil.targets.ptx.row_chain`)."""
+        threads = chain_threads(chain, self.block)
+        rows = emit_row_chain(self, chain, sym, threads)
+        return KernelDesc(sym, rows * threads, threads, chain[-1].name, 1, "row")
 
     def add_stage_plain(self, st: Stage, sym: str) -> KernelDesc:
         """The kernel shapes for stages that are not implicit-GEMM convolutions (see :meth:`add_stage`)."""
@@ -776,10 +785,20 @@ def build_ptx(sched: Schedule, arch: str = "sm_90", opt: int = 3, *, fma: bool =
     limit = arena_limit(km, sched, stages)
     descs: List[KernelDesc] = []
     with stage("llvm IR", total=len(stages), unit="kernels") as progress:
-        for k, st in enumerate(stages):
+        k = 0
+        while k < len(stages):
+            chain = row_chain_at(stages, k) if tuning.row_chains else 0
+            if chain:      # row reductions and their element stage as one kernel (LayerNorm, Softmax)
+                descs.append(km.add_row_chain(stages[k:k + chain], f"{prefix}_k{k}"))
+                for st in stages[k:k + chain]:
+                    progress.advance(item=f"{prefix}_k{k}: {st.op} {st.name}")
+                k += chain
+                continue
+            st = stages[k]
             d = km.add_stage(st, f"{prefix}_k{k}")
             descs.extend(d if isinstance(d, list) else [d])
             progress.advance(item=f"{prefix}_k{k}: {st.op} {st.name}")
+            k += 1
     arena = km.scratch_offset + km.scratch_bytes if km.scratch_bytes else sched.arena_bytes
     if arena != limit:       # the proof checked every buffer against the arena the bundle allocates
         raise CuvilError(f"internal: the GPU arena is {arena} B, its memory-safety proof assumed {limit} B; "
@@ -810,7 +829,8 @@ def gpu_schedule(g, unpadded: bool = True, tuning: PtxTuning = DEFAULT_TUNING) -
     if not tuning.conv_enabled:
         return schedule(g)
     return schedule(g, gemm_cols=GPU_GEMM_COLS, gemm_tiles=tuple((m, GPU_GEMM_COLS) for m in TILE_CHANNELS),
-                    unpadded_contractions=unpadded, matmul_panels=False, half_contractions=True)
+                    unpadded_contractions=unpadded, matmul_panels=False, half_contractions=True,
+                    scaled_operands=tuning.scaled_operands)
 
 
 def _has_half(e: E) -> bool:

@@ -49,6 +49,8 @@ from ...kernels.texpr import E, nodes
 from ..llvm.types import F16, F32, I32, I64
 from .emitter import PtxEmitter, set_contraction
 from .kernel_shapes import single_sum
+from .tile_walk import bind_tile, fetch_chunk, load_slot_indices
+from .tile_walk import divmod_c as tile_divmod
 
 TK = 32            # reduction terms per chunk
 THREADS = 128      # four warps, 2 x 2 over the block tile
@@ -439,7 +441,7 @@ def emit_matmul(km, st: Stage, sym: str, parts, plan: MatmulPlan) -> int:
         return p if typ is ST else b.bitcast(p, ir.PointerType(typ, addrspace=3))
 
     def divmod_c(x, d: int):
-        return b.udiv(x, I32(d)), b.urem(x, I32(d))
+        return tile_divmod(b, x, d)
 
     if fmt == "fp16":
         def convert(v):
@@ -473,15 +475,8 @@ def emit_matmul(km, st: Stage, sym: str, parts, plan: MatmulPlan) -> int:
     aregs = [em.alloca(ST) for _ in range(a_n)]
     bregs = [em.alloca(ST) for _ in range(b_n)]
 
-    def slot(j, rows, kfast):
-        e = b.add(tid, I32(j * THREADS))
-        if kfast:
-            r, kk = divmod_c(e, TK)
-        else:
-            kk, r = divmod_c(e, rows)
-        return r, kk
-    a_slots = [slot(j, a_rows, a_kfast) for j in range(a_n)]
-    b_slots = [slot(j, b_rows, b_kfast) for j in range(b_n)]
+    a_slots = load_slot_indices(b, tid, THREADS, TK, a_n, a_rows, a_kfast)
+    b_slots = load_slot_indices(b, tid, THREADS, TK, b_n, b_rows, b_kfast)
 
     def operand(f: E):
         """The factor's value in the format's raw bits (a float16 load kept as is for fp16)."""
@@ -490,40 +485,14 @@ def emit_matmul(km, st: Stage, sym: str, parts, plan: MatmulPlan) -> int:
         return convert(em.emit(f))
 
     def tile_body(bid64):
-        bid = b.trunc(bid64, I32)
-        rest, nt = divmod_c(bid, plan.tiles_n)
-        bb, mt = divmod_c(rest, plan.tiles_m)
-        m0 = b.mul(mt, I32(BM))
-        n0 = b.mul(nt, I32(BN))
-        bidx = []
-        r_ = bb
-        for d in reversed(plan.batch[1:]):
-            r_, q = divmod_c(r_, d)
-            bidx.append(q)
-        if plan.batch:
-            bidx.append(r_)
-        bidx = bidx[::-1]
-        for v, x in zip(bvars, bidx):
-            em.env[v] = b.zext(x, I64)
+        m0, n0 = bind_tile(b, em, bid64, plan, bvars)
         for a_ in accs:
             b.store(ir.Constant(F32, 0.0), a_)
 
-        def clamp(x, hi):
-            return b.select(b.icmp_unsigned("<", x, I32(hi)), x, I32(hi - 1))
-
         def fetch(k0):
             """This thread's elements of the chunk at k0 into registers (clamped rows, zero past K)."""
-            for regs, slots, f, base, hi, var in ((aregs, a_slots, afac, m0, M, mv), (bregs, b_slots, bfac, n0, N, nv)):
-                for reg, (r, kk) in zip(regs, slots):
-                    k = b.add(k0, kk)
-                    em.memo.append(dict(em.memo[-1]))
-                    em.env[var] = b.zext(clamp(b.add(base, r), hi), I64)
-                    em.env[kv] = b.zext(clamp(k, K) if K % TK else k, I64)
-                    v = operand(f)
-                    em.memo.pop()
-                    if K % TK:
-                        v = b.select(b.icmp_unsigned("<", k, I32(K)), v, ir.Constant(ST, 0))
-                    b.store(v, reg)
+            fetch_chunk(b, em, k0, ((aregs, a_slots, afac, m0, M, mv), (bregs, b_slots, bfac, n0, N, nv)),
+                        kv, K, TK, operand, ir.Constant(ST, 0))
 
         def rnd(r64):
             c = b.add(b.mul(b.trunc(r64, I32), I32(KS)), grp)        # chunk_of(round, grp, KS)

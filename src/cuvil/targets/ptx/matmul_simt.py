@@ -44,6 +44,8 @@ from ...kernels.schedule import Stage
 from ..llvm.types import F32, I32, I64
 from .emitter import PtxEmitter, set_contraction
 from .matmul_mma import _stride, _V
+from .tile_walk import bind_tile, fetch_chunk, load_slot_indices
+from .tile_walk import divmod_c as tile_divmod
 
 TK = 16            # reduction terms per chunk
 PAD = 4            # floats of padding per shared row (keeps 16-byte alignment of sa[k][4i])
@@ -204,7 +206,7 @@ def emit_simt(km, st: Stage, sym: str, parts, plan: SimtPlan) -> int:
     bufs, _n = fn.args
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     em = PtxEmitter(km, fn, b, bufs, st.buf)
-    BM, BN, TM, TN, M, N, K, KS = plan.bm, plan.bn, plan.tm, plan.tn, plan.m, plan.n, plan.k, plan.ks
+    BN, TM, TN, M, N, K, KS = plan.bn, plan.tm, plan.tn, plan.m, plan.n, plan.k, plan.ks
     TK = plan.tk
     T = plan.group_threads
     SA, SB = plan.sa_stride, plan.sb_stride
@@ -233,7 +235,7 @@ def emit_simt(km, st: Stage, sym: str, parts, plan: SimtPlan) -> int:
         return [b.extract_element(v, I32(i)) for i in range(4)]
 
     def divmod_c(x, d: int):
-        return b.udiv(x, I32(d)), b.urem(x, I32(d))
+        return tile_divmod(b, x, d)
 
     tid_all = b.trunc(km.sreg(b, "tid.x"), I32)
     if KS > 1:
@@ -251,51 +253,18 @@ def emit_simt(km, st: Stage, sym: str, parts, plan: SimtPlan) -> int:
     aregs = [em.alloca(F32) for _ in range(a_n)]
     bregs = [em.alloca(F32) for _ in range(b_n)]
 
-    def slot(j, rows, kfast):
-        e = b.add(tid, I32(j * T))
-        if kfast:
-            r, kk = divmod_c(e, TK)
-        else:
-            kk, r = divmod_c(e, rows)
-        return r, kk
-    a_slots = [slot(j, a_rows, a_kfast) for j in range(a_n)]
-    b_slots = [slot(j, b_rows, b_kfast) for j in range(b_n)]
+    a_slots = load_slot_indices(b, tid, T, TK, a_n, a_rows, a_kfast)
+    b_slots = load_slot_indices(b, tid, T, TK, b_n, b_rows, b_kfast)
 
     def tile_body(bid64):
-        bid = b.trunc(bid64, I32)
-        rest, nt = divmod_c(bid, plan.tiles_n)
-        bb, mt = divmod_c(rest, plan.tiles_m)
-        m0 = b.mul(mt, I32(BM))
-        n0 = b.mul(nt, I32(BN))
-        bidx = []
-        r_ = bb
-        for d in reversed(plan.batch[1:]):
-            r_, q = divmod_c(r_, d)
-            bidx.append(q)
-        if plan.batch:
-            bidx.append(r_)
-        bidx = bidx[::-1]
-        for v, x in zip(bvars, bidx):
-            em.env[v] = b.zext(x, I64)
+        m0, n0 = bind_tile(b, em, bid64, plan, bvars)
         for a_ in accs:
             b.store(ir.Constant(F32, 0.0), a_)
 
-        def clamp(x, hi):
-            return b.select(b.icmp_unsigned("<", x, I32(hi)), x, I32(hi - 1))
-
         def fetch(k0):
             """This thread's elements of the chunk at k0 into registers (clamped rows, zero past K)."""
-            for regs, slots, f, base, hi, var in ((aregs, a_slots, afac, m0, M, mv), (bregs, b_slots, bfac, n0, N, nv)):
-                for reg, (r, kk) in zip(regs, slots):
-                    k = b.add(k0, kk)
-                    em.memo.append(dict(em.memo[-1]))
-                    em.env[var] = b.zext(clamp(b.add(base, r), hi), I64)
-                    em.env[kv] = b.zext(clamp(k, K) if K % TK else k, I64)
-                    v = em.emit(f)
-                    em.memo.pop()
-                    if K % TK:
-                        v = b.select(b.icmp_unsigned("<", k, I32(K)), v, ir.Constant(F32, 0.0))
-                    b.store(v, reg)
+            fetch_chunk(b, em, k0, ((aregs, a_slots, afac, m0, M, mv), (bregs, b_slots, bfac, n0, N, nv)),
+                        kv, K, TK, em.emit, ir.Constant(F32, 0.0))
 
         def rnd(r64):
             c = b.add(b.mul(b.trunc(r64, I32), I32(KS)), grp)        # chunk_of(round, grp, KS)

@@ -63,6 +63,12 @@ class PtxTuning:
     # cost more than they save on 3x3 convolutions (a third form, one contiguous run of terms per lane, was
     # slower still and is gone)
     split_mode: str = attrs.field(default="outer", validator=attrs.validators.in_(("outer", "strided")))
+    # row reductions and the element stage that reads them (LayerNorm's mean / variance / normalise, Softmax's
+    # max / sum / divide) as one kernel, a block per row (ptx/row_chain.py); off: a kernel per stage, as before
+    row_chains: bool = True
+    # (gpu_schedule) a MatMul operand that is a value times a constant scalar (attention's Q * s, Kt * s) is
+    # multiplied in the product's loads instead of stored by a kernel of its own (schedule's scaled_operands)
+    scaled_operands: bool = True
 
 
 DEFAULT_TUNING = PtxTuning()

@@ -1,0 +1,177 @@
+"""Row reductions and their element stage as one GPU kernel (``cuvil.targets.ptx.row_chain``): which stages
+form a chain (LayerNorm's mean / variance / normalise, Softmax's max / sum / divide; not a read of another
+row's value, not rows shorter than a warp), the PTX assembling without spills, and on a GPU the results
+against numpy (float64) and onnxruntime: masked rows (-inf and BERT's -10000), rows that are not a multiple
+of the block, S = 1, a BERT block with padding."""
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from cuvil import Pipeline
+from cuvil.targets.ptx import assemble
+from cuvil.targets.ptx.codegen import build_ptx, gpu_schedule
+from cuvil.targets.ptx.row_chain import row_chain_at
+from cuvil.targets.ptx.tuning import PtxTuning
+from cuvil.testing.bert_block import bert_block
+from cuvil.testing.requires import needs_gpu, needs_ptxas
+
+
+def _model(nodes, inputs, outputs, inits=()):
+    g = helper.make_graph(nodes, "rows", inputs, outputs, list(inits))
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _t(name, shape):
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, list(shape))
+
+
+def layer_norm(rows=(2, 37), n=768, seed=0):
+    rng = np.random.default_rng(seed)
+    g = (1 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+    beta = (0.1 * rng.standard_normal(n)).astype(np.float32)
+    shape = list(rows) + [n]
+    model = _model([helper.make_node("LayerNormalization", ["x", "g", "b"], ["y"], axis=-1, epsilon=1e-12)],
+                   [_t("x", shape)], [_t("y", shape)],
+                   [numpy_helper.from_array(g, "g"), numpy_helper.from_array(beta, "b")])
+
+    def ref(x):
+        x = x.astype(np.float64)
+        mu = x.mean(-1, keepdims=True)
+        var = ((x - mu) ** 2).mean(-1, keepdims=True)
+        return (x - mu) / np.sqrt(var + 1e-12) * g + beta
+    return model, ref
+
+
+def masked_softmax(b=1, h=3, s=45):
+    """Softmax(x + mask) over the keys, the mask [b, 1, 1, s] additive as BERT's."""
+    shape = [b, h, s, s]
+    model = _model([helper.make_node("Add", ["x", "m"], ["t"]), helper.make_node("Softmax", ["t"], ["y"], axis=-1)],
+                   [_t("x", shape), _t("m", [b, 1, 1, s])], [_t("y", shape)])
+
+    def ref(x, m):
+        t = x.astype(np.float64) + m
+        with np.errstate(invalid="ignore"):
+            e = np.exp(t - t.max(-1, keepdims=True))
+            return e / e.sum(-1, keepdims=True)
+    return model, ref
+
+
+def cross_row(n=64):
+    """y = x - Transpose(ReduceSum(x)): each row subtracts another row's sum (must not fuse)."""
+    model = _model([helper.make_node("ReduceSum", ["x", "ax"], ["r"], keepdims=1),
+                    helper.make_node("Transpose", ["r"], ["rt"], perm=[1, 0, 2]),
+                    helper.make_node("Sub", ["x", "rt"], ["y"])],
+                   [_t("x", [4, 4, n])], [_t("y", [4, 4, n])],
+                   [numpy_helper.from_array(np.array([-1], np.int64), "ax")])
+    return model, lambda x: x.astype(np.float64) - np.swapaxes(x.astype(np.float64).sum(-1, keepdims=True), 0, 1)
+
+
+def _sched(model):
+    return gpu_schedule(Pipeline.from_onnx(model).optimize().graph)
+
+
+def _kinds(model, **tuning):
+    return [k.kind for k in build_ptx(_sched(model), "sm_90", fma=True, tuning=PtxTuning(**tuning)).kernels]
+
+
+# --- which stages --------------------------------------------------------------------------------------------
+
+def test_layer_norm_and_softmax_are_one_kernel_each():
+    assert _kinds(layer_norm()[0]) == ["row"]
+    assert _kinds(layer_norm()[0], row_chains=False).count("row") == 0
+    assert _kinds(masked_softmax()[0]) == ["element", "row"]      # x + mask, then the softmax
+
+
+def test_short_rows_and_other_rows_values_are_not_fused():
+    assert "row" not in _kinds(layer_norm(n=20)[0])        # fewer terms than a warp: one thread per row
+    model, _ = cross_row()
+    s = _sched(model)
+    assert all(row_chain_at(s.stages, i) == 0 for i in range(len(s.stages)))
+    assert "row" not in _kinds(model)
+
+
+def test_bert_block_layer_norms_and_softmax_take_row_kernels():
+    kinds = _kinds(bert_block(batch=1, seq=40))
+    assert kinds.count("row") == 3 and "split" not in kinds
+
+
+@needs_ptxas
+@pytest.mark.parametrize("arch", ["sm_90", "sm_80"])
+def test_row_kernels_assemble_without_spills(arch):
+    for model in (layer_norm()[0], layer_norm(n=50)[0], masked_softmax()[0], bert_block(batch=1, seq=40)):
+        for fma in (True, False):
+            r = build_ptx(_sched(model), arch, fma=fma)
+            _, info = assemble(r.ptx, arch)
+            rows = [k for k in r.kernels if k.kind == "row"]
+            assert rows
+            for k in rows:
+                assert info[k.name].spill_stores == 0, (k.name, info[k.name])
+
+
+# --- on a GPU ------------------------------------------------------------------------------------------------
+
+def _run(model, feeds, tmp_path, name, fma=True, **tuning):
+    from cuvil.targets.ptx.bundle import compile_bundle
+    from cuvil.targets.ptx.runtime import load_bundle
+    path = str(tmp_path / name)
+    compile_bundle(Pipeline.from_onnx(model).optimize().graph, path, fma=fma, tuning=PtxTuning(**tuning))
+    m = load_bundle(path)
+    try:
+        return m.run(*feeds)[0]
+    finally:
+        m.close()
+
+
+def _err(y, want):
+    return float(np.abs(y - want).max() / np.abs(want).max())
+
+
+@needs_gpu
+@pytest.mark.parametrize("n", [768, 50, 33])
+@pytest.mark.parametrize("fma", [True, False])
+def test_gpu_layer_norm_matches_numpy(tmp_path, n, fma):
+    model, ref = layer_norm(n=n)
+    x = (np.random.default_rng(1).standard_normal((2, 37, n)) * 3 + 1).astype(np.float32)
+    y = _run(model, [x], tmp_path, "new", fma=fma)
+    y0 = _run(model, [x], tmp_path, "old", fma=fma, row_chains=False)
+    assert _err(y, ref(x)) < 2e-6 and _err(y, y0) < 2e-6
+
+
+@needs_gpu
+@pytest.mark.parametrize("masked", [-np.inf, -10000.0])
+def test_gpu_masked_softmax_matches_numpy(tmp_path, masked):
+    model, ref = masked_softmax()
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((1, 3, 45, 45)).astype(np.float32) * 4
+    m = np.zeros((1, 1, 1, 45), np.float32)
+    m[..., 30:] = masked                                   # padding keys
+    y = _run(model, [x, m], tmp_path, "a")
+    assert _err(y, ref(x, m)) < 2e-6 and np.all(y[..., 30:] == 0)
+    m[:] = masked                                          # every key masked: -inf gives NaN, as numpy does
+    y = _run(model, [x, m], tmp_path, "b")
+    want = ref(x, m)
+    assert np.array_equal(np.isnan(y), np.isnan(want))
+    if masked != -np.inf:
+        assert _err(y, want) < 2e-6
+
+
+@needs_gpu
+def test_gpu_cross_row_stays_correct(tmp_path):
+    model, ref = cross_row()
+    x = np.random.default_rng(3).standard_normal((4, 4, 64)).astype(np.float32)
+    assert _err(_run(model, [x], tmp_path, "x"), ref(x)) < 1e-6
+
+
+@needs_gpu
+@pytest.mark.parametrize("seq", [1, 37, 128])
+def test_gpu_bert_block_with_padding_matches_onnxruntime(tmp_path, seq):
+    from cuvil.testing.oracles import ort_session
+    model = bert_block(batch=2, seq=seq)
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((2, seq, 64)).astype(np.float32)
+    mask = np.ones((2, seq), np.int64)
+    mask[1, seq // 2 + 1:] = 0
+    want = ort_session(model).run(None, {"x": x, "attention_mask": mask})[0]
+    for fma in (True, False):
+        y = _run(model, [x, mask], tmp_path, f"b{fma}", fma=fma)
+        assert _err(y, want) < 1e-5, (seq, fma)
