@@ -60,6 +60,8 @@ TK = {"fp16": 32, "tf32": 16}       # terms per chunk
 ROW_WORDS = 20                      # 32-bit words per shared row: TK halves / tf32 words + 4 words of padding
 MIN_SPLIT_TERMS = 128
 SMEM_LIMIT = 48 * 1024
+ASYNC_PAD = 8                       # halves of padding per shared row of the cp.async kernel
+MAX_STAGES = 4
 
 
 @attrs.define
@@ -79,6 +81,8 @@ class ConvMmaPlan:
     m_pad: int       # channels per group in the packed panels
     tm: int          # panel width
     ldmatrix: bool = True
+    vec: int = 0     # pointwise kernels (:func:`async_vec`): halves per cp.async window copy (0: register staging)
+    stages: int = 2  # shared stages (cp.async pipeline depth with ``vec``)
 
     @property
     def tk(self) -> int:
@@ -142,7 +146,46 @@ class ConvMmaPlan:
         return j, h * self.b_terms
 
     def smem_bytes(self) -> int:
+        if self.vec:
+            return self.stages * async_stage_bytes(self.bm, self.bn, self.tk)
         return 2 * (self.bm + self.bn) * ROW_WORDS * 4
+
+    # the cp.async pointwise kernel: 16-byte pieces of the weight rows, ``vec``-half pieces of the window rows
+    @property
+    def a_pieces(self) -> int:
+        return self.tk * self.bm // 8 // self.threads
+
+    @property
+    def b_pieces(self) -> int:
+        return self.tk * self.bn // self.vec // self.threads
+
+
+def async_stage_bytes(bm: int, bn: int, tk: int) -> int:
+    """One shared stage of the cp.async kernel: ``sa[k][m]`` then ``sb[k][q]``, rows padded by 8 halves
+    (16 bytes: the 8 rows an ``ldmatrix`` phase reads start 4 banks apart, and every row stays 16-byte
+    aligned for the copies)."""
+    return tk * (bm + ASYNC_PAD + bn + ASYNC_PAD) * 2
+
+
+def async_vec(spec: Contraction, fmt: str, p: int) -> int:
+    """Halves per window copy for the cp.async kernel (8, 4 or 2: 16-, 8- or 4-byte ``cp.async``), 0 where
+    the window is not a plain matrix. A 1 x 1, stride-1, unpadded, ungrouped float16 convolution reads its
+    input ``x[n, c, p]`` as the GEMM operand ``B[c][n * P + p]``: each row of a chunk is ``vec`` consecutive
+    positions of one image when ``vec`` divides P (so no piece crosses an image) and the buffer offsets keep
+    every piece aligned to its size. The weight panels must keep their 16-byte rows aligned too."""
+    if fmt != "fp16" or spec.groups != 1 or any(int(k) != 1 for k in spec.kernel):
+        return 0
+    if any(int(s) != 1 for s in spec.strides) or any(int(x) != 0 for x in (spec.pads or ())):
+        return 0
+    if int(spec.mr) % 8 or not isinstance(spec.a.offset, int) or spec.a.offset % 16:
+        return 0
+    xs = spec.x.strides
+    if int(xs[1]) != p or int(xs[0]) != spec.cin * p or not isinstance(spec.x.offset, int):
+        return 0
+    for vec in (8, 4, 2):
+        if p % vec == 0 and spec.x.offset % (2 * vec) == 0:
+            return vec
+    return 0
 
 
 def conv_mma_format(spec: Contraction, red: E, sm: int, allow_tf32: bool) -> Optional[str]:
@@ -154,13 +197,16 @@ def conv_mma_format(spec: Contraction, red: E, sm: int, allow_tf32: bool) -> Opt
     return "tf32" if allow_tf32 and spec.x.dtype == DType.FLOAT else None
 
 
-def plan_conv_mma(spec: Contraction, fmt: str, target_blocks: int, ldmatrix: bool = True) -> Optional[ConvMmaPlan]:
+def plan_conv_mma(spec: Contraction, fmt: str, target_blocks: int, ldmatrix: bool = True,
+                  async_copy: bool = True) -> Optional[ConvMmaPlan]:
     """The largest tile giving ``target_blocks`` blocks, else the smallest with the reduction split (each
     slice a multiple of TK terms, at least :data:`MIN_SPLIT_TERMS` on average). ResNet-50 fp16 at batch 32
     on an H200: 5.05 ms with this rule, 5.56 ms when half as many blocks sufficed for the larger tiles
     (bench/gpu/RESULTS.md). None when no tile fits
     the panels (BM must divide the packed channels of a group), and for grouped, dilated or other than 2-D
-    convolutions, which the GPU tests do not cover yet."""
+    convolutions, which the GPU tests do not cover yet. With ``async_copy`` (and ``ldmatrix``), pointwise
+    convolutions whose window is a plain matrix (:func:`async_vec`) take the cp.async kernel, with as many
+    shared stages (2-4) as fit in 48 KiB."""
     if spec.groups != 1 or len(spec.out_spatial) != 2 or any(int(x) != 1 for x in spec.dilations):
         return None     # the geometries checked on a GPU (tests/test_gpu_conv_mma.py); the rest: conv.py
     p = 1
@@ -178,15 +224,20 @@ def plan_conv_mma(spec: Contraction, fmt: str, target_blocks: int, ldmatrix: boo
                                  m_pad, tm, ldmatrix and fmt == "fp16"))
     if not cands:
         return None
-    for c in cands:
-        if c.blocks >= target_blocks:
-            return c
-    plan = cands[-1]
-    s = 1
-    while plan.blocks * s < target_blocks and k // (2 * s) >= MIN_SPLIT_TERMS:
-        s *= 2
-    kchunk = -(-(-(-k // s)) // tk) * tk
-    return attrs.evolve(plan, splits=-(-k // kchunk), kchunk=kchunk)
+    plan = next((c for c in cands if c.blocks >= target_blocks), None)
+    if plan is None:
+        plan = cands[-1]
+        s = 1
+        while plan.blocks * s < target_blocks and k // (2 * s) >= MIN_SPLIT_TERMS:
+            s *= 2
+        kchunk = -(-(-(-k // s)) // tk) * tk
+        plan = attrs.evolve(plan, splits=-(-k // kchunk), kchunk=kchunk)
+    vec = async_vec(spec, fmt, p) if async_copy and plan.ldmatrix else 0
+    if vec:
+        stages = min(MAX_STAGES, SMEM_LIMIT // async_stage_bytes(plan.bm, plan.bn, tk))
+        if stages >= 2 and (tk * plan.bn // vec) % plan.threads == 0 and (tk * plan.bm // 8) % plan.threads == 0:
+            plan = attrs.evolve(plan, vec=vec, stages=stages)
+    return plan
 
 
 # --- fragment addressing (32-bit words of a stage; the numpy replay in the tests uses the same) ----------
@@ -219,6 +270,19 @@ def ldmatrix_b_word(col, r, m2, d2, ks: int):
     """... for the two 8-column B fragments at ``col`` and ``col + 8``: matrices (cols 0-7, k 0-7),
     (0-7, 8-15), (8-15, 0-7), (8-15, 8-15) = registers 0, 1 of the first tile, 0, 1 of the second."""
     return (col + r + 8 * d2) * ROW_WORDS + ks // 2 + 4 * m2
+
+
+def async_a_half(plan: ConvMmaPlan, row, r, m2, d2, ks: int):
+    """The cp.async kernel (``sa[k][m]``, m contiguous): the half a lane with digits (r, m2, d2) gives
+    ``ldmatrix.x4.trans`` for the 16 x 16 A fragment at ``row``: stored 8 x 8 blocks (k 0-7, m 0-7),
+    (k 0-7, m 8-15), (k 8-15, m 0-7), (k 8-15, m 8-15), transposed into A registers 0..3."""
+    return (ks + r + 8 * d2) * (plan.bm + ASYNC_PAD) + row + 8 * m2
+
+
+def async_b_half(plan: ConvMmaPlan, col, r, m2, d2, ks: int):
+    """... (``sb[k][q]``) for the two 8-column B fragments at ``col``, ``col + 8``: blocks (k 0-7, q 0-7),
+    (k 8-15, q 0-7), (k 0-7, q 8-15), (k 8-15, q 8-15) = registers 0, 1 of the first tile, 0, 1 of the second."""
+    return (ks + r + 8 * m2) * (plan.bn + ASYNC_PAD) + col + 8 * d2
 
 
 def warp_tiles(plan: ConvMmaPlan):
@@ -256,7 +320,8 @@ def emit_conv_mma(km, st: Stage, sym: str, node: E, plan: ConvMmaPlan, scratch: 
     kshape = [spec.cin] + [int(x) for x in spec.kernel]
     STAGE = (BM + BN) * ROW_WORDS          # words per shared stage: A rows then B rows
 
-    tiles_g = ir.GlobalVariable(km.module, ir.ArrayType(I32, 2 * STAGE), f"{sym}_t", addrspace=3)
+    smem_words = plan.smem_bytes() // 4
+    tiles_g = ir.GlobalVariable(km.module, ir.ArrayType(I32, smem_words), f"{sym}_t", addrspace=3)
     tiles_g.linkage = "internal"
     tiles_g.initializer = ir.Constant(tiles_g.value_type, ir.Undefined)
     tiles_g.align = 16
@@ -304,6 +369,18 @@ def emit_conv_mma(km, st: Stage, sym: str, node: E, plan: ConvMmaPlan, scratch: 
     ldsm = ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([I32] * 4), [I64]),
                         "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {$0,$1,$2,$3}, [$4];", "=r,=r,=r,=r,l")
     tf32_cvt = ir.InlineAsm(ir.FunctionType(I32, [F32]), "cvt.rna.tf32.f32 $0, $1;", "=r,f")
+    if plan.vec:
+        # (side effects: kept in order with the copies and barriers around them)
+        ldsm_t = ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([I32] * 4), [I64]),
+                              "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {$0,$1,$2,$3}, [$4];",
+                              "=r,=r,=r,=r,l,~{memory}", side_effect=True)
+        cp_ops = {n: ir.InlineAsm(ir.FunctionType(ir.VoidType(), [I64, I64, I32]),
+                                  f"cp.async.{'cg' if n == 16 else 'ca'}.shared.global [$0], [$1], {n}, $2;",
+                                  "l,l,r,~{memory}", side_effect=True) for n in (4, 8, 16)}
+        cp_commit = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), "cp.async.commit_group;", "~{memory}",
+                                 side_effect=True)
+        cp_wait = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), f"cp.async.wait_group {plan.stages - 2};",
+                               "~{memory}", side_effect=True)
 
     tid = b.trunc(km.sreg(b, "tid.x"), I32)
     lane = b.urem(tid, I32(32))
@@ -316,7 +393,7 @@ def emit_conv_mma(km, st: Stage, sym: str, node: E, plan: ConvMmaPlan, scratch: 
     tiles = warp_tiles(plan)
     accs = [em.alloca(F32) for _ in range(4 * len(tiles))]
 
-    # A slots: 4 channels x a_terms consecutive terms
+    # A slots: 4 channels x a_terms consecutive terms (register-staged kernel)
     AT = plan.a_terms
     a_m, a_k = divmod_c(tid, TKc // AT)
     a_m = mul(a_m, 4)
@@ -362,6 +439,95 @@ def emit_conv_mma(km, st: Stage, sym: str, node: E, plan: ConvMmaPlan, scratch: 
                     v = b.insert_element(v, words[i + q], I32(q))
                 b.store(v, swp(at, vt), align=4 * n)
             i += n
+
+    if plan.vec:
+        sbase64 = b.ptrtoint(sbase, I64)
+        PA, PB, VEC, NS = plan.a_pieces, plan.b_pieces, plan.vec, plan.stages
+        ROW_A, ROW_B = BM + ASYNC_PAD, BN + ASYNC_PAD          # halves per shared row
+        B_AT = TKc * ROW_A * 2                                 # bytes: B's rows after A's in a stage
+        STG = async_stage_bytes(BM, BN, TKc)
+        a_seg, a_row = divmod_c(tid, BM // 8)[::-1]            # fixed 16-byte column of the A rows
+        b_seg, b_row = divmod_c(tid, BN // VEC)[::-1]
+        a_rows_step, b_rows_step = T // (BM // 8), T // (BN // VEC)
+        abase64 = b.ptrtoint(abuf, I64)
+        xbase64 = b.ptrtoint(xbuf, I64)
+
+    def saddr(byte_off):
+        return b.add(sbase64, b.zext(byte_off, I64))
+
+    def async_chunks(g, m0, q0, klo, khi):
+        """The reduction of one tile through NS shared stages filled by cp.async: chunk i is copied into
+        stage i % NS, NS - 1 chunks ahead of the products; one wait and one barrier per chunk (the barrier
+        also frees the stage the next copies overwrite: every warp has finished the chunk before)."""
+        # weights: 8 channels (16 bytes) of panel row k; the channel block m0 + 8 * a_seg sits in one panel
+        am = add(m0, mul(a_seg, 8))
+        arow0 = add(mul(add(mul(g, mb_total), b.udiv(am, I32(TM))), K), 0)     # panel row of term 0
+        acol = add(b.urem(am, I32(TM)), a_off)
+        # window: VEC positions of one image starting at column q (all in or all out: VEC divides P and BN)
+        q = add(q0, mul(b_seg, VEC))
+        qok = b.icmp_unsigned("<", q, I32(COLS))
+        nn, pp = divmod_c(q, P)
+        xcol = add(mul(nn, int(xstr[0])), mul(mul(g, spec.cin), int(xstr[1])), pp, x_off)
+        nch = b.udiv(b.add(b.sub(khi, klo), I32(TKc - 1)), I32(TKc))
+
+        def copy(size, dst, base64, idx, ok):
+            src = b.add(base64, b.zext(b.mul(b.select(ok, idx, I32(0)), I32(esize)), I64))
+            b.call(cp_ops[size], [dst, src, b.select(ok, I32(size), I32(0))])
+
+        def issue(i):
+            """Copies of chunk ``i`` (i < nch) into stage i % NS."""
+            k0 = add(klo, mul(i, TKc))
+            st_ = mul(b.urem(i, I32(NS)), STG)
+            for j in range(PA):
+                r = add(a_row, j * a_rows_step)
+                k = add(k0, r)
+                ok = b.icmp_unsigned("<", k, I32(K))
+                dst = saddr(add(st_, mul(r, ROW_A * 2), mul(a_seg, 16)))
+                copy(16, dst, abase64, add(mul(add(arow0, k), TM), acol), ok)
+            for j in range(PB):
+                r = add(b_row, j * b_rows_step)
+                c = add(k0, r)
+                ok = b.and_(qok, b.icmp_unsigned("<", c, I32(K)))
+                dst = saddr(add(st_, B_AT, mul(r, ROW_B * 2), mul(b_seg, VEC * 2)))
+                copy(VEC * 2, dst, xbase64, add(xcol, mul(c, int(xstr[1]))), ok)
+
+        for i in range(NS - 1):            # the prologue: the first NS - 1 chunks in flight
+            with b.if_then(b.icmp_unsigned("<", I32(i), nch)):
+                issue(I32(i))
+            b.call(cp_commit, [])
+
+        def step(i64):
+            i = b.trunc(i64, I32)
+            b.call(cp_wait, [])
+            b.call(bar, [])
+            nxt = add(i, NS - 1)
+            with b.if_then(b.icmp_unsigned("<", nxt, nch)):
+                issue(nxt)
+            b.call(cp_commit, [])
+            async_mmas(mul(b.urem(i, I32(NS)), STG))
+        em.loop_range(I64(0), b.zext(nch, I64), step, I64(1))
+
+    def async_mmas(st_off):
+        row_w = mul(wmi, plan.wm)
+        col_w = mul(wni, plan.wn)
+        bst = add(st_off, TKc * (BM + ASYNC_PAD) * 2)
+        for ks in range(0, TKc, frag.k):
+            afr, bfr = {}, {}
+            for r0 in sorted({r for r, _ in tiles}):
+                h = async_a_half(plan, V(row_w) + r0, V(lane8), V(lane_m2), V(lane_d2), ks)
+                out = b.call(ldsm_t, [saddr(add(st_off, mul(h.v, 2)))])
+                afr[r0] = [b.extract_value(out, q) for q in range(4)]
+            cols_ = sorted({c for _, c in tiles})
+            for c0 in cols_[::2]:
+                h = async_b_half(plan, V(col_w) + c0, V(lane8), V(lane_m2), V(lane_d2), ks)
+                out = b.call(ldsm_t, [saddr(add(bst, mul(h.v, 2)))])
+                bfr[c0] = [b.extract_value(out, 0), b.extract_value(out, 1)]
+                bfr[c0 + 8] = [b.extract_value(out, 2), b.extract_value(out, 3)]
+            for ti, (r0, c0) in enumerate(tiles):
+                cs = accs[4 * ti:4 * ti + 4]
+                out = b.call(mma_op, afr[r0] + bfr[c0] + [b.load(c_, typ=F32) for c_ in cs])
+                for q_, c_ in enumerate(cs):
+                    b.store(b.extract_value(out, q_), c_)
 
     def tile_body(bid64):
         bid = b.trunc(bid64, I32)
@@ -502,8 +668,11 @@ def emit_conv_mma(km, st: Stage, sym: str, node: E, plan: ConvMmaPlan, scratch: 
             with b.if_then(b.icmp_unsigned("<", nxt, khi)):
                 fetch(nxt)
             mmas(base)
-        fetch(klo)
-        em.loop_range(b.zext(klo, I64), b.zext(khi, I64), chunk, I64(TKc))
+        if plan.vec:
+            async_chunks(g, m0, q0, klo, khi)
+        else:
+            fetch(klo)
+            em.loop_range(b.zext(klo, I64), b.zext(khi, I64), chunk, I64(TKc))
 
         def finish(m, nn_, pp_, acc):
             mm = add(mul(g, M), m)

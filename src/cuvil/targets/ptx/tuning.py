@@ -28,6 +28,9 @@ class PtxTuning:
     ldmatrix: bool = True
     # conv_mma.py kernels: ask ptxas for registers that let this many blocks share an SM (1: no cap)
     conv_mma_min_blocks: int = 1
+    # conv_mma.py: float16 pointwise (1 x 1, stride 1, unpadded) convolutions copy their tiles with cp.async
+    # into 2-4 shared stages and read fragments by ldmatrix.trans (off: the register-staged kernel)
+    conv_mma_async: bool = True
     # float32 MatMul / Gemm products the tensor cores do not take (strict fp32) run on the register-tiled SIMT
     # kernel of ptx/matmul_simt.py (off: the lane-split / tiled / element kernels below, as before)
     simt_matmul: bool = True
