@@ -529,6 +529,12 @@ def emit_conv_mma(km, st: Stage, sym: str, node: E, plan: ConvMmaPlan, scratch: 
                 for q_, c_ in enumerate(cs):
                     b.store(b.extract_value(out, q_), c_)
 
+    # float16 outputs of an unsplit reduction: the epilogue reads the tile back from shared memory
+    OUT_ROW, OUT_ROWS = BN + ASYNC_PAD, T // BN      # halves per staged output row; rows per pass
+    out_staged = (km.tuning.conv_mma_staged_out and S == 1 and node.dtype == DType.FLOAT16
+                  and BM * OUT_ROW * 2 <= plan.smem_bytes() and BM % OUT_ROWS == 0
+                  and list(frag.c) == [(0, 0), (0, 1), (8, 0), (8, 1)])
+
     def tile_body(bid64):
         bid = b.trunc(bid64, I32)
         rest, qt = divmod_c(bid, plan.tiles_q)
@@ -674,13 +680,14 @@ def emit_conv_mma(km, st: Stage, sym: str, node: E, plan: ConvMmaPlan, scratch: 
             fetch(klo)
             em.loop_range(b.zext(klo, I64), b.zext(khi, I64), chunk, I64(TKc))
 
-        def finish(m, nn_, pp_, acc):
+        def finish(m, nn_, sp, val):
+            """The stage's epilogue at output (nn_, g * M + m, sp...) of the convolution's value ``val``."""
             mm = add(mul(g, M), m)
-            idx = [b.zext(x, I64) for x in [nn_, mm] + unflatten(pp_, out_sp)]
+            idx = [b.zext(x, I64) for x in [nn_, mm] + sp]
             for v, x in zip(st.vars, idx):
                 em.env[v.attr] = x
             em.memo.append(dict(em.memo[-1]))
-            em.memo[-1][node.uid] = b.fptrunc(acc, F16) if node.dtype == DType.FLOAT16 else acc
+            em.memo[-1][node.uid] = val
             b.store(em.emit(st.expr), em.address(st.buf, idx))
             em.memo.pop()
 
@@ -690,19 +697,49 @@ def emit_conv_mma(km, st: Stage, sym: str, node: E, plan: ConvMmaPlan, scratch: 
             dst = b.gep(em.base(scratch), [I64(scratch.offset)], source_etype=ir.IntType(8), inbounds=True)
             return b.gep(dst, [b.zext(flat, I64)], source_etype=F32, inbounds=True)
 
-        for ti, (r0, c0) in enumerate(tiles):
-            for q_ in range(4):
-                dr, dc = frag.c[q_]
-                m = add(m0, row_w, r0 + dr, g_)
-                col = add(q0, col_w, c0 + dc, mul(t_, 2))
-                ok = b.and_(b.icmp_unsigned("<", m, I32(M)), b.icmp_unsigned("<", col, I32(COLS)))
-                with b.if_then(ok):
-                    nn_, pp_ = divmod_c(col, P)
-                    acc = b.load(accs[4 * ti + q_], typ=F32)
-                    if S > 1:
-                        b.store(acc, partial(m, nn_, pp_))
-                    else:
-                        finish(m, nn_, pp_, acc)
+        if out_staged:
+            # the tile rounded to half through shared memory (the value the epilogue starts from either
+            # way), then read back one column per thread: a warp's epilogue loads and stores run along 32
+            # consecutive positions instead of 8 channels x 4 pairs, and the column's image and position
+            # are unflattened once per tile, not once per element
+            b.call(bar, [])     # every warp's last products are done: the stages may be overwritten
+            shalf = b.bitcast(sbase, ir.PointerType(F16, addrspace=3))
+            for ti, (r0, c0) in enumerate(tiles):
+                for q_ in (0, 2):
+                    dr, _dc = frag.c[q_]
+                    r = add(row_w, r0 + dr, g_)
+                    c = add(col_w, c0, mul(t_, 2))
+                    lo, hi = (b.bitcast(b.fptrunc(b.load(accs[4 * ti + q_ + e], typ=F32), F16), ir.IntType(16))
+                              for e in (0, 1))
+                    b.store(pack(lo, hi), swp(b.lshr(add(mul(r, OUT_ROW), c), I32(1))), align=4)
+            b.call(bar, [])
+            j, r_first = b.urem(tid, I32(BN)), b.udiv(tid, I32(BN))
+            col = add(q0, j)
+            nn_, pp_ = divmod_c(col, P)
+            sp = unflatten(pp_, out_sp)
+            with b.if_then(b.icmp_unsigned("<", col, I32(COLS))):
+                for i in range(BM // OUT_ROWS):
+                    r = add(r_first, i * OUT_ROWS)
+                    m = add(m0, r)
+                    with b.if_then(b.icmp_unsigned("<", m, I32(M))):
+                        v = b.load(b.gep(shalf, [add(mul(r, OUT_ROW), j)], source_etype=F16, inbounds=True),
+                                   typ=F16, align=2)
+                        finish(m, nn_, sp, v)
+        else:
+            for ti, (r0, c0) in enumerate(tiles):
+                for q_ in range(4):
+                    dr, dc = frag.c[q_]
+                    m = add(m0, row_w, r0 + dr, g_)
+                    col = add(q0, col_w, c0 + dc, mul(t_, 2))
+                    ok = b.and_(b.icmp_unsigned("<", m, I32(M)), b.icmp_unsigned("<", col, I32(COLS)))
+                    with b.if_then(ok):
+                        nn_, pp_ = divmod_c(col, P)
+                        acc = b.load(accs[4 * ti + q_], typ=F32)
+                        if S > 1:
+                            b.store(acc, partial(m, nn_, pp_))
+                        else:
+                            finish(m, nn_, unflatten(pp_, out_sp),
+                                   b.fptrunc(acc, F16) if node.dtype == DType.FLOAT16 else acc)
         b.call(bar, [])      # the next tile's first stores may not overwrite a stage still being read
     em.loop_range(km.sreg(b, "ctaid.x"), I64(plan.blocks), tile_body, km.sreg(b, "nctaid.x"))
     b.ret_void()

@@ -31,6 +31,9 @@ class PtxTuning:
     # conv_mma.py: float16 pointwise (1 x 1, stride 1, unpadded) convolutions copy their tiles with cp.async
     # into 2-4 shared stages and read fragments by ldmatrix.trans (off: the register-staged kernel)
     conv_mma_async: bool = True
+    # conv_mma.py: float16 outputs of an unsplit reduction go through shared memory to an epilogue of one
+    # column per thread (coalesced; off: each thread runs the epilogue on its own mma fragments)
+    conv_mma_staged_out: bool = True
     # float32 MatMul / Gemm products the tensor cores do not take (strict fp32) run on the register-tiled SIMT
     # kernel of ptx/matmul_simt.py (off: the lane-split / tiled / element kernels below, as before)
     simt_matmul: bool = True
