@@ -35,6 +35,18 @@ that still gives :attr:`~cuvil.targets.ptx.tuning.PtxTuning.target_blocks` block
   bounds test on the input coordinate (out of range: the address clamped, the value zeroed when stored).
   Its run is stored as 128-bit words into ``sb[q][k..]``.
 
+Pointwise float16 convolutions (:func:`async_vec`: 1 x 1, stride 1, unpadded, P a multiple of 2, 4 or 8) take a
+second main loop: the window is then the plain matrix ``B[c][n * P + p]``, so both operands are copied with
+``cp.async`` (weights: 16 bytes = 8 channels of a panel row; window: ``vec`` consecutive positions of one
+image, zero-filled past K or the batch) into 2-4 shared stages laid out ``sa[k][m]``, ``sb[k][q]`` (rows
+padded by 16 bytes), ``NS - 1`` chunks ahead of the products, one ``cp.async.wait_group`` and one barrier per
+chunk; fragments by ``ldmatrix.x4.trans``. No register staging, no per-element index arithmetic.
+
+Float16 outputs of an unsplit reduction are rounded to half into a shared tile (``[BM][BN + 8]``, the stages'
+memory) and read back one column per thread, so the fused epilogue's loads (bias, residual) and stores run
+along consecutive positions (a warp: 64 contiguous bytes) and a column's image and position are unflattened
+once per tile. The value and its rounding are the same as the per-fragment epilogue's (float32 outputs keep it).
+
 Columns past N x P re-read the last column (computed, never stored); rows past M exist in the panels
 (zero weights) or are never stored; terms past K are zeroed. Split-K slices write partial sums that the
 ``conv.py`` combining kernel adds in slice order.
