@@ -183,6 +183,19 @@ def test_async_plans_take_pointwise_float16_convolutions():
     assert plan_conv_mma(_spec(32, 256, 512, 1, 56, pads=zeros), "fp16", 264, ldmatrix=False).vec == 0
 
 
+def test_tap_major_order_where_channels_fill_whole_chunks():
+    """Several taps and a multiple of TK input channels: the reduction runs tap by tap (one bounds test per
+    thread and chunk); otherwise, and for pointwise convolutions, the panels' order."""
+    for fmt in ("fp16", "tf32"):
+        dt = "float16" if fmt == "fp16" else "float"
+        assert plan_conv_mma(_spec(32, 64, 64, 3, 56, dt=dt, pads=(1, 1)), fmt, 264).tap_major
+        assert plan_conv_mma(_spec(32, 512, 512, 3, 14, dt=dt, pads=(1, 1), stride=2), fmt, 264).tap_major
+        assert not plan_conv_mma(_spec(32, 3, 64, 7, 224, dt=dt, pads=(3, 3), stride=2), fmt, 264).tap_major
+        assert not plan_conv_mma(_spec(32, 40, 64, 3, 56, dt=dt, pads=(1, 1)), fmt, 264).tap_major
+        assert not plan_conv_mma(_spec(32, 64, 64, 1, 56, dt=dt, pads=(0, 0)), fmt, 264).tap_major
+        assert not plan_conv_mma(_spec(32, 64, 64, 3, 56, dt=dt, pads=(1, 1)), fmt, 264, tap_major=False).tap_major
+
+
 @pytest.mark.parametrize("tile", TILES)
 @pytest.mark.parametrize("vec", [8, 4, 2])
 def test_async_copies_cover_each_tile_element_once(tile, vec):

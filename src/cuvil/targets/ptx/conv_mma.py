@@ -95,6 +95,7 @@ class ConvMmaPlan:
     ldmatrix: bool = True
     vec: int = 0     # pointwise kernels (:func:`async_vec`): halves per cp.async window copy (0: register staging)
     stages: int = 2  # shared stages (cp.async pipeline depth with ``vec``)
+    tap_major: bool = False   # the reduction runs tap by tap, channels inside (see :func:`plan_conv_mma`)
 
     @property
     def tk(self) -> int:
@@ -210,7 +211,7 @@ def conv_mma_format(spec: Contraction, red: E, sm: int, allow_tf32: bool) -> Opt
 
 
 def plan_conv_mma(spec: Contraction, fmt: str, target_blocks: int, ldmatrix: bool = True,
-                  async_copy: bool = True) -> Optional[ConvMmaPlan]:
+                  async_copy: bool = True, tap_major: bool = True) -> Optional[ConvMmaPlan]:
     """The largest tile giving ``target_blocks`` blocks, else the smallest with the reduction split (each
     slice a multiple of TK terms, at least :data:`MIN_SPLIT_TERMS` on average). ResNet-50 fp16 at batch 32
     on an H200: 5.05 ms with this rule, 5.56 ms when half as many blocks sufficed for the larger tiles
@@ -218,7 +219,10 @@ def plan_conv_mma(spec: Contraction, fmt: str, target_blocks: int, ldmatrix: boo
     the panels (BM must divide the packed channels of a group), and for grouped, dilated or other than 2-D
     convolutions, which the GPU tests do not cover yet. With ``async_copy`` (and ``ldmatrix``), pointwise
     convolutions whose window is a plain matrix (:func:`async_vec`) take the cp.async kernel, with as many
-    shared stages (2-4) as fit in 48 KiB."""
+    shared stages (2-4) as fit in 48 KiB. With ``tap_major``, a convolution with several taps and a multiple
+    of TK input channels takes its reduction terms in the order (tap, channel) instead of the panels'
+    (channel, tap): every chunk is then one kernel tap and TK consecutive channels, so a thread's window
+    terms share one bounds test and step by a plane (a constant offset), the weight rows by the tap count."""
     if spec.groups != 1 or len(spec.out_spatial) != 2 or any(int(x) != 1 for x in spec.dilations):
         return None     # the geometries checked on a GPU (tests/test_gpu_conv_mma.py); the rest: conv.py
     p = 1
@@ -244,7 +248,12 @@ def plan_conv_mma(spec: Contraction, fmt: str, target_blocks: int, ldmatrix: boo
             s *= 2
         kchunk = -(-(-(-k // s)) // tk) * tk
         plan = attrs.evolve(plan, splits=-(-k // kchunk), kchunk=kchunk)
+    taps = 1
+    for t in spec.kernel:
+        taps *= int(t)
     vec = async_vec(spec, fmt, p) if async_copy and plan.ldmatrix else 0
+    if tap_major and taps > 1 and spec.cin % tk == 0 and not vec:
+        plan = attrs.evolve(plan, tap_major=True)
     if vec:
         stages = min(MAX_STAGES, SMEM_LIMIT // async_stage_bytes(plan.bm, plan.bn, tk))
         if stages >= 2 and (tk * plan.bn // vec) % plan.threads == 0 and (tk * plan.bm // 8) % plan.threads == 0:
@@ -576,7 +585,35 @@ def emit_conv_mma(km, st: Stage, sym: str, node: E, plan: ConvMmaPlan, scratch: 
         for a_ in accs:
             b.store(ir.Constant(F32, 0.0), a_)
 
+        def fetch_tap_major(k0):
+            """Chunk k0 in (tap, channel) order: tap k0 // C, channels k0 % C + 0..TK-1 (C a multiple of TK)."""
+            tap, c0 = divmod_c(k0, spec.cin)
+            ntaps = K // spec.cin
+            for j, reg in enumerate(a_regs):       # the panel's row of (channel, tap) is channel * taps + tap
+                row = add(mul(add(c0, a_k, j), ntaps), tap)
+                idx = add(b.mul(add(apanel, row), I32(TM)), a_col, a_off)
+                b.store(load(abuf, idx, VT, 4 * esize), reg)
+            off = add(xrow, mul(add(c0, b_k), int(xstr[1])))
+            ok = None
+            for d, kd in enumerate(unflatten(tap, [int(t) for t in spec.kernel])):
+                dil = int(spec.dilations[d])
+                if pads:
+                    qd = add(corner[d], mul(kd, dil))
+                    inside = b.icmp_unsigned("<", qd, I32(in_sp[d]))
+                    ok = inside if ok is None else b.and_(ok, inside)
+                    off = add(off, mul(qd, int(xstr[2 + d])))
+                else:
+                    off = add(off, mul(kd, dil * int(xstr[2 + d])))
+            for j in range(BT):       # BT consecutive channels: one plane apart, one bounds test for all
+                idx = add(off, j * int(xstr[1]))
+                if ok is not None:
+                    idx = b.select(ok, idx, I32(0))
+                b.store(load(xbuf, add(idx, x_off), ET, esize), b_regs[j])
+                b.store(ok if ok is not None else ir.Constant(ir.IntType(1), 1), b_oks[j])
+
         def fetch(k0):
+            if plan.tap_major:
+                return fetch_tap_major(k0)
             # weights: AT terms of 4 channels
             ka = add(k0, a_k)
             if a_kb is not None:

@@ -34,6 +34,9 @@ class PtxTuning:
     # conv_mma.py: float16 outputs of an unsplit reduction go through shared memory to an epilogue of one
     # column per thread (coalesced; off: each thread runs the epilogue on its own mma fragments)
     conv_mma_staged_out: bool = True
+    # conv_mma.py: convolutions with several taps and a multiple of 32 (16 tf32) input channels reduce tap by
+    # tap (one bounds test per chunk, window terms a plane apart; off: the panels' channel-major order)
+    conv_mma_tap_major: bool = True
     # float32 MatMul / Gemm products the tensor cores do not take (strict fp32) run on the register-tiled SIMT
     # kernel of ptx/matmul_simt.py (off: the lane-split / tiled / element kernels below, as before)
     simt_matmul: bool = True
