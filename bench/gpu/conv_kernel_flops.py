@@ -50,7 +50,7 @@ def conv_stages(batch: int):
         label = f"{k} s{int(c.strides[0])} {c.cin}->{c.m} @{int(c.x.shape[2])}"
         plan = km.conv_plan(node)
         desc = (f"{plan.bm}x{plan.bn} vec{plan.vec} st{plan.stages} split{plan.splits}"
-                if hasattr(plan, "fmt") else "conv.py")
+                + (" tap" if plan.tap_major else "") if hasattr(plan, "fmt") else "conv.py")
         out[st.name] = (label, 2 * c.n * c.groups * c.m * p * c.k, desc)
     return out
 
@@ -91,7 +91,7 @@ def main(argv=None) -> int:
         print(f"| {kind} | {fl / 1e9:.1f} | " + " | ".join(f"{x:.3f}" for x in ms)
               + f" | {fl / (ms[0] * 1e-3) / 1e12:.0f} |")
     tot = [sum(t.values()) for t in times]
-    print(f"\nall kernels: " + ", ".join(f"{m} {x:.3f} ms" for m, x in zip(args.modes, tot)))
+    print("\nall kernels: " + ", ".join(f"{m} {x:.3f} ms" for m, x in zip(args.modes, tot)))
     return 0
 
 
