@@ -188,12 +188,13 @@ def test_tap_major_order_where_channels_fill_whole_chunks():
     thread and chunk); otherwise, and for pointwise convolutions, the panels' order."""
     for fmt in ("fp16", "tf32"):
         dt = "float16" if fmt == "fp16" else "float"
-        assert plan_conv_mma(_spec(32, 64, 64, 3, 56, dt=dt, pads=(1, 1)), fmt, 264).tap_major
-        assert plan_conv_mma(_spec(32, 512, 512, 3, 14, dt=dt, pads=(1, 1), stride=2), fmt, 264).tap_major
-        assert not plan_conv_mma(_spec(32, 3, 64, 7, 224, dt=dt, pads=(3, 3), stride=2), fmt, 264).tap_major
-        assert not plan_conv_mma(_spec(32, 40, 64, 3, 56, dt=dt, pads=(1, 1)), fmt, 264).tap_major
-        assert not plan_conv_mma(_spec(32, 64, 64, 1, 56, dt=dt, pads=(0, 0)), fmt, 264).tap_major
-        assert not plan_conv_mma(_spec(32, 64, 64, 3, 56, dt=dt, pads=(1, 1)), fmt, 264, tap_major=False).tap_major
+        tm = dict(tap_major=True)
+        assert plan_conv_mma(_spec(32, 64, 64, 3, 56, dt=dt, pads=(1, 1)), fmt, 264, **tm).tap_major
+        assert plan_conv_mma(_spec(32, 512, 512, 3, 14, dt=dt, pads=(1, 1), stride=2), fmt, 264, **tm).tap_major
+        assert not plan_conv_mma(_spec(32, 3, 64, 7, 224, dt=dt, pads=(3, 3), stride=2), fmt, 264, **tm).tap_major
+        assert not plan_conv_mma(_spec(32, 40, 64, 3, 56, dt=dt, pads=(1, 1)), fmt, 264, **tm).tap_major
+        assert not plan_conv_mma(_spec(32, 64, 64, 1, 56, dt=dt, pads=(0, 0)), fmt, 264, **tm).tap_major
+        assert not plan_conv_mma(_spec(32, 64, 64, 3, 56, dt=dt, pads=(1, 1)), fmt, 264).tap_major   # default
 
 
 @pytest.mark.parametrize("tile", TILES)
@@ -345,8 +346,9 @@ def test_formats_follow_the_precision():
 @pytest.mark.parametrize("half", [True, False])
 def test_ptx_assembles_and_stages_are_vectorised(half):
     m = conv_relu_model((8, 64, 28, 28), (128, 64, 3, 3))
-    for tb in (1, 100, 264):        # 128 x 128, 64 x 128 / 64 x 64, split-K
-        kinds, r = _kernels(m, half=half, allow_tf32=not half, tuning=PtxTuning(target_blocks=tb))
+    for tb, opts in ((1, False), (100, False), (264, False), (1, True), (100, True)):  # 128x128, 64x128/64x64, split-K
+        kinds, r = _kernels(m, half=half, allow_tf32=not half, tuning=PtxTuning(
+            target_blocks=tb, conv_mma_staged_out=opts, conv_mma_tap_major=opts))
         (k,) = [d for d in r.kernels if "_mma_" in d.kind]
         entry = re.search(rf"\.entry {k.name}\(.*?\n\}}\n", r.ptx, re.S).group(0)
         assert "st.shared.v4.b32" in entry and "bar.sync" in entry
@@ -366,12 +368,13 @@ def test_ptx_assembles_and_stages_are_vectorised(half):
     dict(x_shape=(1, 256, 7, 7), w_shape=(256, 256, 3, 3)),                      # split-K partials + sum kernel
     dict(x_shape=(2, 3, 30, 30), w_shape=(64, 3, 7, 7), pads=(3, 3, 3, 3), strides=(2, 2)),
 ])
-def test_conv_mma_pattern_proved_and_refuted_when_widened(shapes):
+@pytest.mark.parametrize("tap_major", [False, True])
+def test_conv_mma_pattern_proved_and_refuted_when_widened(shapes, tap_major):
     s = gpu_schedule(Pipeline.from_onnx(conv_relu_model(**shapes)).optimize().graph)
     km = PtxKernelModule("t", target_machine(), scratch_offset=s.arena_bytes, allow_tf32=True)
     km.plan_scratch(s.stages)
     st, = [st for st in s.stages if conv_node(st) is not None]
-    plan = plan_conv_mma(conv_node(st).attr, "tf32", km.conv_target_blocks)
+    plan = plan_conv_mma(conv_node(st).attr, "tf32", km.conv_target_blocks, tap_major=tap_major)
 
     class Pats(bounds_patterns.GpuPatterns):    # (the schedule's reduction is contracted to fma only in build_ptx)
         def conv_plan(self, st_, node):
@@ -461,12 +464,14 @@ def test_gpu_conv_mma_matches_onnxruntime(tmp_path, mode):
         model.ir_version = min(model.ir_version, 10)
         sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
         want = sess.run(None, {"x": x})[0]
-        for tb in (1, 264):     # the largest tiles; split-K where the grid is small (default)
-            path = str(tmp_path / f"c{i}_{tb}.cuvil")
+        # the largest tiles; split-K where the grid is small (default); the options not yet on by default
+        for tb, opts in ((1, False), (264, False), (1, True), (264, True)):
+            path = str(tmp_path / f"c{i}_{tb}_{opts}.cuvil")
+            tuning = PtxTuning(target_blocks=tb, conv_mma_staged_out=opts, conv_mma_tap_major=opts)
             man = compile_bundle(Pipeline.from_onnx(model).optimize().graph, path, enable_fp16=mode == "fp16",
-                                 allow_tf32=mode == "tf32", tuning=PtxTuning(target_blocks=tb))
+                                 allow_tf32=mode == "tf32", tuning=tuning)
             assert any(f"_mma_{mode}" in k for k in man["tensor_core_kernels"]), man["tensor_core_kernels"]
             m = cuvil.load(path)
             (y,) = m.run(x)
             err = np.abs(y - want).max() / np.abs(want).max()
-            assert err < tol, (mode, xs, ws, tb, err)
+            assert err < tol, (mode, xs, ws, tb, opts, err)

@@ -9,7 +9,7 @@ OUT=${OUT:-bench/gpu/results}
 mkdir -p "$OUT"
 export CUVIL_CACHE_DIR=/tmp/cuvil-cache
 BATCHES=${BATCHES:-"1 32"}
-MODES=${MODES:-"fp16 fp16_noasync"}
+MODES=${MODES:-"fp16 fp16_noasync fp16_staged fp16_tap fp16_staged_tap tf32 tf32_tap"}
 python3 bench/gpu/tensor_cores.py --out "$OUT" --parts resnet --batches $BATCHES --resnet-modes $MODES \
     --iters 50 --jobs 12 --ref-max-batch 32 > "$OUT/tensor_cores.log" 2>&1
 echo "tensor_cores rc=$?" >> "$OUT/tensor_cores.log"

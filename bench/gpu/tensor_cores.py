@@ -141,16 +141,16 @@ VARIANTS = {"fp32": ({}, ""), "tf32": ({"allow_tf32": True}, ""), "fp16": ({"ena
             "bf16": ({}, "bf16")}
 # ResNet-50 A/B of the convolution kernels (code-generator settings, cuvil.targets.ptx.tuning.PtxTuning):
 # "_old" the per-image 64 x 64 mma tiles of conv.py (fp16) / float32 SIMT tiles (tf32), "_noldm" conv_mma.py
-# with 32-bit shared fragment loads instead of ldmatrix, "_noasync" without the cp.async pointwise kernel,
-# "_nostaged" without the shared-memory output tile, "_notap" with the panels' (channel, tap) reduction order,
-# "_base" without any of the three (the kernels of 2026-12-02)
+# with 32-bit shared fragment loads instead of ldmatrix, "_noasync" without the cp.async pointwise kernel (the
+# kernels of 2026-12-02), "_staged" with the shared-memory output tile, "_tap" with the tap-major reduction
+# order (both off by default until measured)
 TUNED = {"fp16_old": ("fp16", {"conv_mma_batch": False}), "fp16_noldm": ("fp16", {"ldmatrix": False}),
          "tf32_old": ("tf32", {"conv_mma_batch": False}),
          "fp16_tb132": ("fp16", {"target_blocks": 132}), "fp16_mb2": ("fp16", {"conv_mma_min_blocks": 2}),
          "fp16_noasync": ("fp16", {"conv_mma_async": False}),
-         "fp16_nostaged": ("fp16", {"conv_mma_staged_out": False}),
-         "fp16_notap": ("fp16", {"conv_mma_tap_major": False}), "tf32_notap": ("tf32", {"conv_mma_tap_major": False}),
-         "fp16_base": ("fp16", {"conv_mma_async": False, "conv_mma_staged_out": False, "conv_mma_tap_major": False})}
+         "fp16_staged": ("fp16", {"conv_mma_staged_out": True}), "fp16_tap": ("fp16", {"conv_mma_tap_major": True}),
+         "fp16_staged_tap": ("fp16", {"conv_mma_staged_out": True, "conv_mma_tap_major": True}),
+         "tf32_tap": ("tf32", {"conv_mma_tap_major": True})}
 
 
 def jobs_for(args, arch):

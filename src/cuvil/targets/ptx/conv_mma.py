@@ -42,10 +42,13 @@ image, zero-filled past K or the batch) into 2-4 shared stages laid out ``sa[k][
 padded by 16 bytes), ``NS - 1`` chunks ahead of the products, one ``cp.async.wait_group`` and one barrier per
 chunk; fragments by ``ldmatrix.x4.trans``. No register staging, no per-element index arithmetic.
 
-Float16 outputs of an unsplit reduction are rounded to half into a shared tile (``[BM][BN + 8]``, the stages'
+Options (``PtxTuning.conv_mma_staged_out`` / ``conv_mma_tap_major``, off until they have run on a GPU): float16
+outputs of an unsplit reduction are rounded to half into a shared tile (``[BM][BN + 8]``, the stages'
 memory) and read back one column per thread, so the fused epilogue's loads (bias, residual) and stores run
 along consecutive positions (a warp: 64 contiguous bytes) and a column's image and position are unflattened
-once per tile. The value and its rounding are the same as the per-fragment epilogue's (float32 outputs keep it).
+once per tile; the value and its rounding are the same as the per-fragment epilogue's (float32 outputs keep
+it). And the reduction of a convolution with several taps and whole chunks of channels runs tap by tap
+(:func:`plan_conv_mma`).
 
 Columns past N x P re-read the last column (computed, never stored); rows past M exist in the panels
 (zero weights) or are never stored; terms past K are zeroed. Split-K slices write partial sums that the
@@ -211,7 +214,7 @@ def conv_mma_format(spec: Contraction, red: E, sm: int, allow_tf32: bool) -> Opt
 
 
 def plan_conv_mma(spec: Contraction, fmt: str, target_blocks: int, ldmatrix: bool = True,
-                  async_copy: bool = True, tap_major: bool = True) -> Optional[ConvMmaPlan]:
+                  async_copy: bool = True, tap_major: bool = False) -> Optional[ConvMmaPlan]:
     """The largest tile giving ``target_blocks`` blocks, else the smallest with the reduction split (each
     slice a multiple of TK terms, at least :data:`MIN_SPLIT_TERMS` on average). ResNet-50 fp16 at batch 32
     on an H200: 5.05 ms with this rule, 5.56 ms when half as many blocks sufficed for the larger tiles
