@@ -14,8 +14,9 @@ from cuvil.kernels.contraction import Contraction
 from cuvil.targets.ptx import assemble, bounds_patterns
 from cuvil.targets.ptx.codegen import PtxKernelModule, build_ptx, gpu_schedule, target_machine
 from cuvil.targets.ptx.conv import conv_node
-from cuvil.targets.ptx.conv_mma import (ROW_WORDS, SMEM_LIMIT, TILES, a_word, b_word, lane_digits, ldmatrix_a_word,
-                                        ldmatrix_b_word, plan_conv_mma, warp_tiles)
+from cuvil.targets.ptx.conv_mma import (ASYNC_PAD, ROW_WORDS, SMEM_LIMIT, TILES, a_word, async_a_half, async_b_half,
+                                        b_word, lane_digits, ldmatrix_a_word, ldmatrix_b_word, plan_conv_mma,
+                                        warp_tiles)
 from cuvil.targets.ptx.matmul_mma import FRAGMENTS
 from cuvil.targets.ptx.tuning import PtxTuning
 from cuvil.testing.conv_models import conv_relu_model
@@ -23,11 +24,14 @@ from cuvil.testing.requires import needs_gpu, needs_ptxas
 
 
 
-def _spec(n, cin, cout, k, hw, dt="float16"):
+def _spec(n, cin, cout, k, hw, dt="float16", w=None, pads=None, stride=1, x_offset=0):
     from cuvil.ir.dtype import DType
     from cuvil.kernels.texpr import Buf
-    x = Buf("x", DType.FLOAT16 if dt == "float16" else DType.FLOAT, (n, cin, hw, hw))
-    return Contraction(x, None, n, 1, cout, cin, (k, k), (1, 1), (1, 1), (hw, hw), 64, 64)
+    w = hw if w is None else w
+    x = Buf("x", DType.FLOAT16 if dt == "float16" else DType.FLOAT, (n, cin, hw, w), offset=x_offset)
+    a = Buf("a", x.dtype, (1,))
+    return Contraction(a, x, n, 1, cout, cin, (k, k), (stride, stride), (1, 1), (hw // stride, w // stride), 64,
+                       64, pads=pads)
 
 
 def _graph(model, half):
@@ -156,6 +160,154 @@ def test_fragment_loads_are_bank_conflict_free():
             assert len({(w + i) % 32 for w in rows for i in range(4)}) == 32
 
 
+# --- the cp.async pointwise kernel ----------------------------------------------------------------------------
+
+def test_async_plans_take_pointwise_float16_convolutions():
+    """1 x 1, stride 1, unpadded, float16: the widest copy that divides the positions and keeps the input's
+    offset aligned, and as many stages as fit; everything else keeps the register-staged kernel."""
+    zeros = (0, 0)
+    for hw, w, off, vec in ((56, 56, 0, 8), (14, 14, 0, 4), (7, 10, 0, 2), (7, 7, 0, 0), (28, 28, 8, 4),
+                            (28, 28, 2, 0)):
+        p = plan_conv_mma(_spec(32, 256, 512, 1, hw, w=w, pads=zeros, x_offset=off), "fp16", 264)
+        assert p.vec == vec, (hw, w, off, p.vec)
+        if vec:
+            assert 2 <= p.stages <= 4 and p.smem_bytes() <= SMEM_LIMIT
+            assert p.a_pieces * p.threads * 8 == p.bm * p.tk and p.b_pieces * p.threads * vec == p.bn * p.tk
+    for other in (_spec(32, 256, 512, 1, 56, pads=zeros, dt="float"),            # TF32: register staging
+                  _spec(32, 256, 512, 3, 56, pads=(1, 1)),                       # 3 x 3
+                  _spec(32, 256, 512, 1, 56, pads=zeros, stride=2),              # stride 2
+                  _spec(32, 256, 512, 1, 56, pads=(1, 1))):                      # padded
+        fmt = "tf32" if other.x.dtype.name == "FLOAT" else "fp16"
+        assert plan_conv_mma(other, fmt, 264).vec == 0
+    assert plan_conv_mma(_spec(32, 256, 512, 1, 56, pads=zeros), "fp16", 264, async_copy=False).vec == 0
+    assert plan_conv_mma(_spec(32, 256, 512, 1, 56, pads=zeros), "fp16", 264, ldmatrix=False).vec == 0
+
+
+def test_tap_major_order_where_channels_fill_whole_chunks():
+    """Several taps and a multiple of TK input channels: the reduction runs tap by tap (one bounds test per
+    thread and chunk); otherwise, and for pointwise convolutions, the panels' order."""
+    for fmt in ("fp16", "tf32"):
+        dt = "float16" if fmt == "fp16" else "float"
+        tm = dict(tap_major=True)
+        assert plan_conv_mma(_spec(32, 64, 64, 3, 56, dt=dt, pads=(1, 1)), fmt, 264, **tm).tap_major
+        assert plan_conv_mma(_spec(32, 512, 512, 3, 14, dt=dt, pads=(1, 1), stride=2), fmt, 264, **tm).tap_major
+        assert not plan_conv_mma(_spec(32, 3, 64, 7, 224, dt=dt, pads=(3, 3), stride=2), fmt, 264, **tm).tap_major
+        assert not plan_conv_mma(_spec(32, 40, 64, 3, 56, dt=dt, pads=(1, 1)), fmt, 264, **tm).tap_major
+        assert not plan_conv_mma(_spec(32, 64, 64, 1, 56, dt=dt, pads=(0, 0)), fmt, 264, **tm).tap_major
+        assert not plan_conv_mma(_spec(32, 64, 64, 3, 56, dt=dt, pads=(1, 1)), fmt, 264).tap_major   # default
+
+
+@pytest.mark.parametrize("tile", TILES)
+@pytest.mark.parametrize("vec", [8, 4, 2])
+def test_async_copies_cover_each_tile_element_once(tile, vec):
+    """Thread ``tid``'s copies (the emitter's mapping: a fixed 16-byte column of the A rows, a fixed
+    ``vec``-half column of the B rows, rows stepped by threads / columns) fill each stage element once."""
+    import attrs
+    bm, bn, wm_, wn_ = tile
+    p = attrs.evolve(plan_conv_mma(_spec(32, 256, 256, 1, 56, pads=(0, 0)), "fp16", 1),
+                     bm=bm, bn=bn, warps_m=wm_, warps_n=wn_, vec=vec)
+    a = np.zeros((p.tk, bm), int)
+    bt = np.zeros((p.tk, bn), int)
+    for tid in range(p.threads):
+        row, seg = divmod(tid, bm // 8)
+        for j in range(p.a_pieces):
+            a[row + j * (p.threads // (bm // 8)), 8 * seg:8 * seg + 8] += 1
+        row, seg = divmod(tid, bn // vec)
+        for j in range(p.b_pieces):
+            bt[row + j * (p.threads // (bn // vec)), vec * seg:vec * seg + vec] += 1
+    assert (a == 1).all() and (bt == 1).all()
+
+
+def test_async_ldmatrix_trans_delivers_the_fragments():
+    """ldmatrix.x4.trans (PTX ISA): lane 8 j + r gives the address of stored row r of matrix j; lane (g, t)
+    receives in register j the halves at column g of stored rows 2t and 2t + 1. With ``sa[k][m]`` and
+    ``sb[k][q]`` (padded rows) and the kernel's addresses that is the ISA's A fragment (rows g + dr, terms
+    2t + dc ..) and the B fragments (terms 2t + dk .., column g) of two 8-column tiles; and the products of
+    every warp tile summed over the chunk equal A @ B."""
+    p = plan_conv_mma(_spec(32, 256, 256, 1, 56, pads=(0, 0)), "fp16", 264)
+    assert p.vec == 8
+    f = FRAGMENTS["fp16"]
+    ra, rb = p.bm + ASYNC_PAD, p.bn + ASYNC_PAD
+    rng = np.random.default_rng(1)
+    A = rng.standard_normal((p.bm, p.tk))
+    B = rng.standard_normal((p.tk, p.bn))
+    sa = np.full(p.tk * ra, np.nan)
+    sb = np.full(p.tk * rb, np.nan)
+    for k in range(p.tk):
+        sa[k * ra:k * ra + p.bm] = A[:, k]
+        sb[k * rb:k * rb + p.bn] = B[k]
+
+    def trans(mem, addr, row_len):      # what lane (g, t) gets in register j
+        return {(g, t, j): [mem[addr[8 * j + 2 * t + e] + g] for e in range(2)]
+                for g in range(8) for t in range(4) for j in range(4)}
+    for wmi in range(p.warps_m):
+        for wni in range(p.warps_n):
+            C = np.zeros((p.wm, p.wn))
+            for ks in range(0, p.tk, f.k):
+                for r0, c0 in warp_tiles(p):
+                    row, col = wmi * p.wm + r0, wni * p.wn + c0
+                    fa = trans(sa, [async_a_half(p, row, *lane_digits(ln), ks) for ln in range(32)], ra)
+                    base = col - (c0 % 16)
+                    fb = trans(sb, [async_b_half(p, base, *lane_digits(ln), ks) for ln in range(32)], rb)
+                    tile = (c0 % 16) // 8
+                    for (g, t, j), v in fa.items():
+                        dr, dc = f.a[j]
+                        assert v == [A[row + g + dr, ks + 2 * t + dc + e] for e in range(2)]
+                    for (g, t, j), v in fb.items():
+                        if j // 2 == tile:
+                            dk = f.b[j % 2]
+                            assert v == [B[ks + 2 * t + dk + e, col + g] for e in range(2)]
+                    C[r0:r0 + 16, c0:c0 + 8] += A[row:row + 16, ks:ks + 16] @ B[ks:ks + 16, col:col + 8]
+            want = A[wmi * p.wm:(wmi + 1) * p.wm] @ B[:, wni * p.wn:(wni + 1) * p.wn]
+            np.testing.assert_allclose(C, want, rtol=1e-12, atol=1e-12)
+    for ln in range(32):        # every row address 16-byte aligned
+        assert async_a_half(p, 16, *lane_digits(ln), 16) % 8 == 0 and async_b_half(p, 32, *lane_digits(ln), 16) % 8 == 0
+
+
+def test_async_fragment_loads_are_bank_conflict_free():
+    """Each 8-lane phase of an ldmatrix reads 8 rows of 16 bytes: with rows padded by 16 bytes they fall in 32
+    distinct banks (unpadded 256-byte rows would all start in bank 0)."""
+    for tile in TILES:
+        import attrs
+        p = attrs.evolve(plan_conv_mma(_spec(32, 256, 256, 1, 56, pads=(0, 0)), "fp16", 1),
+                         bm=tile[0], bn=tile[1], warps_m=tile[2], warps_n=tile[3])
+        for ks in (0, 16):
+            for j in range(4):
+                for fn, at in ((async_a_half, 16), (async_b_half, 8)):
+                    halves = [fn(p, at, *lane_digits(8 * j + r), ks) for r in range(8)]
+                    assert len({(h // 2 + i) % 32 for h in halves for i in range(4)}) == 32
+
+
+@pytest.mark.parametrize("tile", TILES)
+def test_staged_output_tile_written_and_read_once_without_bank_conflicts(tile):
+    """The float16 epilogue's shared tile (rows of BN + 8 halves): lane (g, t) of each warp stores its
+    accumulator pairs (rows g, g + 8 of each 16 x 8 tile, columns 2t, 2t + 1) as one word; thread tid then
+    reads column tid % BN of rows tid // BN, + T / BN, ...: every element written once and read once, and
+    a warp's word stores fall in 32 distinct banks."""
+    import attrs
+    bm, bn, wm_, wn_ = tile
+    p = attrs.evolve(plan_conv_mma(_spec(32, 256, 256, 3, 56), "fp16", 1), bm=bm, bn=bn, warps_m=wm_, warps_n=wn_)
+    row = bn + ASYNC_PAD
+    written = np.zeros((bm, bn), int)
+    read = np.zeros((bm, bn), int)
+    for warp in range(p.threads // 32):
+        wmi, wni = divmod(warp, p.warps_n)
+        for r0, c0 in warp_tiles(p):
+            for dr in (0, 8):
+                banks = set()
+                for lane in range(32):
+                    g, t = divmod(lane, 4)
+                    r, c = wmi * p.wm + r0 + dr + g, wni * p.wn + c0 + 2 * t
+                    written[r, c:c + 2] += 1
+                    banks.add((r * row + c) // 2 % 32)
+                assert len(banks) == 32
+    for tid in range(p.threads):
+        for i in range(bm // (p.threads // bn)):
+            read[tid // bn + i * (p.threads // bn), tid % bn] += 1
+    assert (written == 1).all() and (read == 1).all()
+    assert bm * row * 2 <= p.smem_bytes()
+
+
 # --- selection, PTX, ptxas --------------------------------------------------------------------------------
 
 def _kernels(model, half=False, **kw):
@@ -194,12 +346,14 @@ def test_formats_follow_the_precision():
 @pytest.mark.parametrize("half", [True, False])
 def test_ptx_assembles_and_stages_are_vectorised(half):
     m = conv_relu_model((8, 64, 28, 28), (128, 64, 3, 3))
-    for tb in (1, 100, 264):        # 128 x 128, 64 x 128 / 64 x 64, split-K
-        kinds, r = _kernels(m, half=half, allow_tf32=not half, tuning=PtxTuning(target_blocks=tb))
+    for tb, opts in ((1, False), (100, False), (264, False), (1, True), (100, True)):  # 128x128, 64x128/64x64, split-K
+        kinds, r = _kernels(m, half=half, allow_tf32=not half, tuning=PtxTuning(
+            target_blocks=tb, conv_mma_staged_out=opts, conv_mma_tap_major=opts))
         (k,) = [d for d in r.kernels if "_mma_" in d.kind]
         entry = re.search(rf"\.entry {k.name}\(.*?\n\}}\n", r.ptx, re.S).group(0)
         assert "st.shared.v4.b32" in entry and "bar.sync" in entry
-        assert entry.count("bar.sync") <= 2         # one per chunk (two stages), one per tile
+        # one per chunk (two stages), one per tile; float16: two more around the output tile in shared memory
+        assert entry.count("bar.sync") <= (4 if half else 2)
         assemble(r.ptx, "sm_90")
     r80 = build_ptx(gpu_schedule(_graph(m, half)), "sm_80", fma=True, allow_tf32=not half)
     assert "mma.sync" in r80.ptx
@@ -214,12 +368,13 @@ def test_ptx_assembles_and_stages_are_vectorised(half):
     dict(x_shape=(1, 256, 7, 7), w_shape=(256, 256, 3, 3)),                      # split-K partials + sum kernel
     dict(x_shape=(2, 3, 30, 30), w_shape=(64, 3, 7, 7), pads=(3, 3, 3, 3), strides=(2, 2)),
 ])
-def test_conv_mma_pattern_proved_and_refuted_when_widened(shapes):
+@pytest.mark.parametrize("tap_major", [False, True])
+def test_conv_mma_pattern_proved_and_refuted_when_widened(shapes, tap_major):
     s = gpu_schedule(Pipeline.from_onnx(conv_relu_model(**shapes)).optimize().graph)
     km = PtxKernelModule("t", target_machine(), scratch_offset=s.arena_bytes, allow_tf32=True)
     km.plan_scratch(s.stages)
     st, = [st for st in s.stages if conv_node(st) is not None]
-    plan = plan_conv_mma(conv_node(st).attr, "tf32", km.conv_target_blocks)
+    plan = plan_conv_mma(conv_node(st).attr, "tf32", km.conv_target_blocks, tap_major=tap_major)
 
     class Pats(bounds_patterns.GpuPatterns):    # (the schedule's reduction is contracted to fma only in build_ptx)
         def conv_plan(self, st_, node):
@@ -234,6 +389,50 @@ def test_conv_mma_pattern_proved_and_refuted_when_widened(shapes):
     assert res.memory_safety.guarded == [] and any("_mma_tf32" in d.kind for d in res.kernels)
 
 
+@pytest.mark.parametrize("shapes", [
+    dict(x_shape=(4, 64, 28, 28), w_shape=(128, 64, 1, 1), pads=(0, 0, 0, 0)),    # 16-byte window copies
+    dict(x_shape=(3, 40, 14, 14), w_shape=(120, 40, 1, 1), pads=(0, 0, 0, 0)),    # 8-byte, ragged K and M
+    dict(x_shape=(1, 256, 7, 10), w_shape=(256, 256, 1, 1), pads=(0, 0, 0, 0)),   # 4-byte, split-K
+])
+def test_async_pattern_proved_and_refuted_when_widened(shapes):
+    import attrs
+    from cuvil.targets.ptx.codegen import widen_half_reductions
+    s = gpu_schedule(_graph(conv_relu_model(**shapes), True))
+    stages = [attrs.evolve(st, expr=widen_half_reductions(st.expr)) for st in s.stages]   # as build_ptx does
+    km = PtxKernelModule("t", target_machine(), scratch_offset=s.arena_bytes)
+    km.plan_scratch(stages)
+    st, = [st for st in stages if conv_node(st) is not None]
+    plan = plan_conv_mma(conv_node(st).attr, "fp16", km.conv_target_blocks)
+    assert plan.vec in (2, 4, 8)
+
+    class Pats(bounds_patterns.GpuPatterns):
+        def conv_plan(self, st_, node):
+            return plan if conv_node(st_) is node else None
+    for widen, expect in ((0, True), (1, False)):
+        accs = [a for a in stage_accesses(st, Pats(km, widen)) if a.kind.startswith("family")]
+        assert {"x_f16"} <= {a.buf.name for a in accs} and len(accs) >= 3
+        prover = BoundsProver()
+        verdicts = [prover.check(a, s.ranges) is None for a in accs]
+        assert verdicts == [expect] * len(accs), (widen, [a.buf.name for a in accs], verdicts)
+
+
+@needs_ptxas
+def test_async_ptx_copies_every_operand_and_assembles():
+    m = conv_relu_model((8, 64, 28, 28), (128, 64, 1, 1), pads=(0, 0, 0, 0))
+    for tb in (1, 264):
+        kinds, r = _kernels(m, half=True, tuning=PtxTuning(target_blocks=tb))
+        (k,) = [d for d in r.kernels if "_mma_" in d.kind]
+        entry = re.search(rf"\.entry {k.name}\(.*?\n\}}\n", r.ptx, re.S).group(0)
+        assert "cp.async.cg.shared.global" in entry and "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in entry
+        assert "ld.global" not in entry.replace("ld.global.nc", "")      # every operand arrives by cp.async
+        assert r.memory_safety.guarded == []
+        assemble(r.ptx, "sm_90")
+        assemble(build_ptx(gpu_schedule(_graph(m, True)), "sm_80", fma=True,
+                           tuning=PtxTuning(target_blocks=tb)).ptx, "sm_80")
+    kinds, r = _kernels(m, half=True, tuning=PtxTuning(conv_mma_async=False))
+    assert "cp.async" not in r.ptx and "_mma_fp16" in " ".join(kinds)
+
+
 # --- on a GPU -------------------------------------------------------------------------------------------------
 
 GEOMETRIES = [  # x shape, w shape, pads, strides
@@ -243,6 +442,11 @@ GEOMETRIES = [  # x shape, w shape, pads, strides
     ((2, 3, 30, 30), (64, 3, 7, 7), (3, 3, 3, 3), (2, 2)),            # the stem's shape
     ((8, 64, 28, 28), (128, 64, 3, 3), (1, 1, 1, 1), (1, 1)),
     ((5, 256, 7, 7), (256, 256, 3, 3), (1, 1, 1, 1), (1, 1)),         # long K
+    # pointwise: the cp.async kernel (fp16) with 16-, 8- and 4-byte window copies
+    ((4, 64, 28, 28), (256, 64, 1, 1), (0, 0, 0, 0), (1, 1)),
+    ((3, 40, 14, 14), (120, 40, 1, 1), (0, 0, 0, 0), (1, 1)),         # ragged K (40) and M (120), odd batch
+    ((2, 96, 7, 10), (64, 96, 1, 1), (0, 0, 0, 0), (1, 1)),           # 3 chunks, fewer than the stages + 1
+    ((5, 512, 14, 14), (128, 512, 1, 1), (0, 0, 0, 0), (1, 1)),       # 16 chunks; split-K at the default
 ]
 
 
@@ -260,12 +464,14 @@ def test_gpu_conv_mma_matches_onnxruntime(tmp_path, mode):
         model.ir_version = min(model.ir_version, 10)
         sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
         want = sess.run(None, {"x": x})[0]
-        for tb in (1, 264):     # the largest tiles; split-K where the grid is small (default)
-            path = str(tmp_path / f"c{i}_{tb}.cuvil")
+        # the largest tiles; split-K where the grid is small (default); the options not yet on by default
+        for tb, opts in ((1, False), (264, False), (1, True), (264, True)):
+            path = str(tmp_path / f"c{i}_{tb}_{opts}.cuvil")
+            tuning = PtxTuning(target_blocks=tb, conv_mma_staged_out=opts, conv_mma_tap_major=opts)
             man = compile_bundle(Pipeline.from_onnx(model).optimize().graph, path, enable_fp16=mode == "fp16",
-                                 allow_tf32=mode == "tf32", tuning=PtxTuning(target_blocks=tb))
+                                 allow_tf32=mode == "tf32", tuning=tuning)
             assert any(f"_mma_{mode}" in k for k in man["tensor_core_kernels"]), man["tensor_core_kernels"]
             m = cuvil.load(path)
             (y,) = m.run(x)
             err = np.abs(y - want).max() / np.abs(want).max()
-            assert err < tol, (mode, xs, ws, tb, err)
+            assert err < tol, (mode, xs, ws, tb, opts, err)

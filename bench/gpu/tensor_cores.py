@@ -78,6 +78,10 @@ def cuvil_time(bundle_path, feeds, iters):
     r["ms_by_kind"] = {k: round(v, 4) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])}
     r["top_kernels"] = [{"name": p["name"], "stage": p.get("stage"), "ms": round(p["ms"], 4)}
                         for p in sorted(prof, key=lambda p: -p["ms"])[:8]]
+    # every kernel (bench/gpu/conv_kernel_flops.py joins these with the convolutions' sizes and plans)
+    r["all_kernels"] = [{"name": p["name"], "stage": p.get("stage"), "ms": round(p["ms"], 5),
+                         "kind": next((q["kind"] for q in m.plan["kernels"] if q["name"] == p["name"]), "?")}
+                        for p in prof]
     for d in d_in + d_out:
         drv.cuMemFree(d)
     m.close()
@@ -142,10 +146,16 @@ VARIANTS = {"fp32": ({}, ""), "tf32": ({"allow_tf32": True}, ""), "fp16": ({"ena
             "bf16": ({}, "bf16")}
 # ResNet-50 A/B of the convolution kernels (code-generator settings, cuvil.targets.ptx.tuning.PtxTuning):
 # "_old" the per-image 64 x 64 mma tiles of conv.py (fp16) / float32 SIMT tiles (tf32), "_noldm" conv_mma.py
-# with 32-bit shared fragment loads instead of ldmatrix
+# with 32-bit shared fragment loads instead of ldmatrix, "_noasync" without the cp.async pointwise kernel (the
+# kernels of 2026-12-02), "_staged" with the shared-memory output tile, "_tap" with the tap-major reduction
+# order (both off by default until measured)
 TUNED = {"fp16_old": ("fp16", {"conv_mma_batch": False}), "fp16_noldm": ("fp16", {"ldmatrix": False}),
          "tf32_old": ("tf32", {"conv_mma_batch": False}),
-         "fp16_tb132": ("fp16", {"target_blocks": 132}), "fp16_mb2": ("fp16", {"conv_mma_min_blocks": 2})}
+         "fp16_tb132": ("fp16", {"target_blocks": 132}), "fp16_mb2": ("fp16", {"conv_mma_min_blocks": 2}),
+         "fp16_noasync": ("fp16", {"conv_mma_async": False}),
+         "fp16_staged": ("fp16", {"conv_mma_staged_out": True}), "fp16_tap": ("fp16", {"conv_mma_tap_major": True}),
+         "fp16_staged_tap": ("fp16", {"conv_mma_staged_out": True, "conv_mma_tap_major": True}),
+         "tf32_tap": ("tf32", {"conv_mma_tap_major": True})}
 # BERT A/B, both arms through compile_bundle on the same specialised graph: "_new" the shipped settings, "_old"
 # without the row-chain kernels (ptx/row_chain.py: LayerNorm / Softmax as one kernel, a block per row) and without
 # scaled MatMul operands in the loads (gpu_schedule's scaled_operands), i.e. the code generator before them

@@ -180,15 +180,47 @@ class GpuPatterns:
         spec, w = node.attr, self.widen
         kind = "family:conv"
         BM, BN, TKc, K, M, P, N, G = plan.bm, plan.bn, plan.tk, plan.k, plan.m, plan.p, plan.n, plan.groups
-        S, COLS, TM = plan.splits, plan.cols, plan.tm
+        S, COLS = plan.splits, plan.cols
         out: List[Access] = []
         qt, mt = _loop(d, "qt", plan.tiles_q + w), _loop(d, "mt", plan.tiles_m + w)
         s, g = _loop(d, "s", S + w), _loop(d, "g", G + w)
         klo = s * plan.kchunk
-        k0 = klo + _loop(d, "chunk", -(-plan.kchunk // TKc) + w) * TKc
+        chunk = _loop(d, "chunk", -(-plan.kchunk // TKc) + w)
+        k0 = klo + chunk * TKc
         khi = select(_lt(klo + plan.kchunk, K), klo + plan.kchunk, as_index(K))
         in_slice = _lt(k0, khi)
+        if plan.tap_major:      # k0 = TK * kidx (the slices are whole chunks)
+            out += self.conv_mma_tap_major_loads(node, plan, d, mt, qt, g, s * (plan.kchunk // TKc) + chunk,
+                                                 in_slice)
+        else:
+            loads = self.conv_mma_async_copies if plan.vec else self.conv_mma_staged_loads
+            out += loads(node, plan, d, mt, qt, g, k0, in_slice)
+        # stores: (m, column) of the tile, tested m < M and column < N * P
+        m = mt * BM + _loop(d, "tm", BM + w)
+        col = qt * BN + _loop(d, "tq", BN + w)
+        inside = [_lt(m, M), _lt(col, COLS)]
+        cn, cp = idiv(col, P), imod(col, P)
+        if S == 1:
+            out.append(Access(kind, st.buf, [cn, g * M + m] + _unflatten(cp, spec.out_spatial), inside, d, node=node))
+            return out
+        scratch = self.km_scratch(plan)
+        out.append(Access(kind, scratch, [((s * N + cn) * (G * M) + g * M + m) * P + cp], inside, d, node=node,
+                          flat=True))
+        e = dict(d)
+        s2 = _loop(e, "s", S + w)
+        vs = list(st.vars)
+        p_e = vs[2] if len(vs) > 2 else as_index(0)
+        for dim, v in zip(spec.out_spatial[1:], vs[3:]):
+            p_e = p_e * int(dim) + v
+        out.append(Access("family:conv_sum", scratch, [s2, vs[0], vs[1], p_e], [], e, node=node))
+        return out
+
+    def conv_mma_staged_loads(self, node, plan, d, mt, qt, g, k0, in_slice) -> List[Access]:
+        """The register-staged loads of :mod:`cuvil.targets.ptx.conv_mma`."""
+        spec, w, kind = node.attr, self.widen, "family:conv"
+        BM, BN, TKc, K, P, COLS, TM = plan.bm, plan.bn, plan.tk, plan.k, plan.p, plan.cols, plan.tm
         guard_k = K % TKc != 0
+        out: List[Access] = []
         # weights: channel mc of the block's BM (4 per vector load), term k of the chunk (clamped)
         mc = mt * BM + _loop(d, "mrow", BM + w)
         k = k0 + _loop(d, "row", TKc + w)
@@ -215,24 +247,64 @@ class GpuPatterns:
         both = _and(ok)
         xidx = select(both, off, as_index(0)) if both is not None else off
         out.append(Access(kind, spec.x, [xidx], [in_slice], d, node=node, flat=True))
-        # stores: (m, column) of the tile, tested m < M and column < N * P
-        m = mt * BM + _loop(d, "tm", BM + w)
-        col = qt * BN + _loop(d, "tq", BN + w)
-        inside = [_lt(m, M), _lt(col, COLS)]
-        cn, cp = idiv(col, P), imod(col, P)
-        if S == 1:
-            out.append(Access(kind, st.buf, [cn, g * M + m] + _unflatten(cp, spec.out_spatial), inside, d, node=node))
-            return out
-        scratch = self.km_scratch(plan)
-        out.append(Access(kind, scratch, [((s * N + cn) * (G * M) + g * M + m) * P + cp], inside, d, node=node,
+        return out
+
+    def conv_mma_tap_major_loads(self, node, plan, d, mt, qt, g, kidx, in_slice) -> List[Access]:
+        """The register-staged loads in (tap, channel) order (``plan.tap_major``: C a multiple of TK, so chunk
+        ``k0 = TK * kidx`` is tap k0 // C = kidx // (C / TK) and channels k0 % C = TK * (kidx % (C / TK)) ..,
+        the kernel's divmod of k0 by C written in kidx): weight row channel * taps + tap; the window at channel
+        c0 + h * BT + j of the tap's input position, selected to 0 outside the input."""
+        spec, w, kind = node.attr, self.widen, "family:conv"
+        BM, BN, TKc, K, P, COLS, TM = plan.bm, plan.bn, plan.tk, plan.k, plan.p, plan.cols, plan.tm
+        C, BT = spec.cin, plan.b_terms
+        ntaps, CC = K // C, C // TKc
+        tap, c0 = idiv(kidx, CC), imod(kidx, CC) * TKc
+        out: List[Access] = []
+        mc = mt * BM + _loop(d, "mrow", BM + w)
+        c = c0 + _loop(d, "row", TKc + w)
+        aidx = ((g * (plan.m_pad // TM) + idiv(mc, TM)) * K + c * ntaps + tap) * TM + imod(mc, TM)
+        out.append(Access(kind, spec.a, [aidx], [in_slice], d, node=node, flat=True))
+        q = qt * BN + _loop(d, "col", BN + w)
+        q = select(_lt(q, COLS), q, as_index(COLS - 1))
+        nn, pp = idiv(q, P), imod(q, P)
+        o = _unflatten(pp, spec.out_spatial)
+        cx = c0 + _loop(d, "xh", TKc // BT + w) * BT + _loop(d, "xj", BT + w)
+        taps = _unflatten(tap, [int(t) for t in spec.kernel])
+        xs = spec.x.strides
+        off = nn * xs[0] + (g * C + cx) * xs[1]
+        ok = []
+        padded = bool(spec.pads)
+        for dd, (od, kd) in enumerate(zip(o, taps)):
+            qd = od * int(spec.strides[dd]) - (int(spec.pads[dd]) if padded else 0) + kd * int(spec.dilations[dd])
+            if padded:
+                ok += [_ge0(qd), _lt(qd, int(spec.x.shape[2 + dd]))]
+            off = off + qd * xs[2 + dd]
+        both = _and(ok)
+        xidx = select(both, off, as_index(0)) if both is not None else off
+        out.append(Access(kind, spec.x, [xidx], [in_slice], d, node=node, flat=True))
+        return out
+
+    def conv_mma_async_copies(self, node, plan, d, mt, qt, g, k0, in_slice) -> List[Access]:
+        """The cp.async kernel's copies (:func:`cuvil.targets.ptx.conv_mma.async_vec`): 16 bytes of a weight
+        panel row (8 channels of the block, term k; past K the address is the panel's start and nothing is
+        read), ``vec`` halves of an input row (positions q .. q + vec - 1 of one image, channel k; outside the
+        batch or past K the buffer's start)."""
+        spec, w, kind = node.attr, self.widen, "family:conv"
+        BM, BN, TKc, K, P, COLS, TM, V = plan.bm, plan.bn, plan.tk, plan.k, plan.p, plan.cols, plan.tm, plan.vec
+        out: List[Access] = []
+        k = k0 + _loop(d, "row", TKc + w)
+        mc = mt * BM + _loop(d, "seg", BM // 8 + w) * 8
+        e = _loop(d, "e", 8 + w)
+        aidx = ((g * (plan.m_pad // TM) + idiv(mc, TM)) * K + k) * TM + imod(mc, TM)
+        out.append(Access(kind, spec.a, [select(_lt(k, K), aidx, as_index(0)) + e], [in_slice], d, node=node,
                           flat=True))
-        e = dict(d)
-        s2 = _loop(e, "s", S + w)
-        vs = list(st.vars)
-        p_e = vs[2] if len(vs) > 2 else as_index(0)
-        for dim, v in zip(spec.out_spatial[1:], vs[3:]):
-            p_e = p_e * int(dim) + v
-        out.append(Access("family:conv_sum", scratch, [s2, vs[0], vs[1], p_e], [], e, node=node))
+        q = qt * BN + _loop(d, "qseg", BN // V + w) * V
+        ev = _loop(d, "ev", V + w)
+        xs = spec.x.strides
+        xidx = idiv(q, P) * xs[0] + (g * spec.cin + k) * xs[1] + imod(q, P)
+        ok = _and([_lt(q, COLS), _lt(k, K)])
+        out.append(Access(kind, spec.x, [select(ok, xidx, as_index(0)) + ev], [in_slice], d, node=node,
+                          flat=True))
         return out
 
     def km_scratch(self, plan) -> Buf:

@@ -279,7 +279,8 @@ class PtxKernelModule(LLVMKernelModule):
         mma = self.tuning.mma and self.sm >= 80 and red.attr[0] == "fma"
         fmt = conv_mma_format(node.attr, red, self.sm, self.allow_tf32) if mma and self.tuning.conv_mma_batch else None
         if fmt is not None:
-            plan = plan_conv_mma(node.attr, fmt, self.conv_target_blocks, self.tuning.ldmatrix)
+            plan = plan_conv_mma(node.attr, fmt, self.conv_target_blocks, self.tuning.ldmatrix,
+                                 self.tuning.conv_mma_async, self.tuning.conv_mma_tap_major)
             if plan is not None:
                 return plan
         return plan_conv(node.attr, self.conv_target_blocks, mma)

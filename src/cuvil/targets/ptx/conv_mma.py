@@ -35,6 +35,21 @@ that still gives :attr:`~cuvil.targets.ptx.tuning.PtxTuning.target_blocks` block
   bounds test on the input coordinate (out of range: the address clamped, the value zeroed when stored).
   Its run is stored as 128-bit words into ``sb[q][k..]``.
 
+Pointwise float16 convolutions (:func:`async_vec`: 1 x 1, stride 1, unpadded, P a multiple of 2, 4 or 8) take a
+second main loop: the window is then the plain matrix ``B[c][n * P + p]``, so both operands are copied with
+``cp.async`` (weights: 16 bytes = 8 channels of a panel row; window: ``vec`` consecutive positions of one
+image, zero-filled past K or the batch) into 2-4 shared stages laid out ``sa[k][m]``, ``sb[k][q]`` (rows
+padded by 16 bytes), ``NS - 1`` chunks ahead of the products, one ``cp.async.wait_group`` and one barrier per
+chunk; fragments by ``ldmatrix.x4.trans``. No register staging, no per-element index arithmetic.
+
+Options (``PtxTuning.conv_mma_staged_out`` / ``conv_mma_tap_major``, off until they have run on a GPU): float16
+outputs of an unsplit reduction are rounded to half into a shared tile (``[BM][BN + 8]``, the stages'
+memory) and read back one column per thread, so the fused epilogue's loads (bias, residual) and stores run
+along consecutive positions (a warp: 64 contiguous bytes) and a column's image and position are unflattened
+once per tile; the value and its rounding are the same as the per-fragment epilogue's (float32 outputs keep
+it). And the reduction of a convolution with several taps and whole chunks of channels runs tap by tap
+(:func:`plan_conv_mma`).
+
 Columns past N x P re-read the last column (computed, never stored); rows past M exist in the panels
 (zero weights) or are never stored; terms past K are zeroed. Split-K slices write partial sums that the
 ``conv.py`` combining kernel adds in slice order.
@@ -60,6 +75,8 @@ TK = {"fp16": 32, "tf32": 16}       # terms per chunk
 ROW_WORDS = 20                      # 32-bit words per shared row: TK halves / tf32 words + 4 words of padding
 MIN_SPLIT_TERMS = 128
 SMEM_LIMIT = 48 * 1024
+ASYNC_PAD = 8                       # halves of padding per shared row of the cp.async kernel
+MAX_STAGES = 4
 
 
 @attrs.define
@@ -79,6 +96,9 @@ class ConvMmaPlan:
     m_pad: int       # channels per group in the packed panels
     tm: int          # panel width
     ldmatrix: bool = True
+    vec: int = 0     # pointwise kernels (:func:`async_vec`): halves per cp.async window copy (0: register staging)
+    stages: int = 2  # shared stages (cp.async pipeline depth with ``vec``)
+    tap_major: bool = False   # the reduction runs tap by tap, channels inside (see :func:`plan_conv_mma`)
 
     @property
     def tk(self) -> int:
@@ -142,7 +162,46 @@ class ConvMmaPlan:
         return j, h * self.b_terms
 
     def smem_bytes(self) -> int:
+        if self.vec:
+            return self.stages * async_stage_bytes(self.bm, self.bn, self.tk)
         return 2 * (self.bm + self.bn) * ROW_WORDS * 4
+
+    # the cp.async pointwise kernel: 16-byte pieces of the weight rows, ``vec``-half pieces of the window rows
+    @property
+    def a_pieces(self) -> int:
+        return self.tk * self.bm // 8 // self.threads
+
+    @property
+    def b_pieces(self) -> int:
+        return self.tk * self.bn // self.vec // self.threads
+
+
+def async_stage_bytes(bm: int, bn: int, tk: int) -> int:
+    """One shared stage of the cp.async kernel: ``sa[k][m]`` then ``sb[k][q]``, rows padded by 8 halves
+    (16 bytes: the 8 rows an ``ldmatrix`` phase reads start 4 banks apart, and every row stays 16-byte
+    aligned for the copies)."""
+    return tk * (bm + ASYNC_PAD + bn + ASYNC_PAD) * 2
+
+
+def async_vec(spec: Contraction, fmt: str, p: int) -> int:
+    """Halves per window copy for the cp.async kernel (8, 4 or 2: 16-, 8- or 4-byte ``cp.async``), 0 where
+    the window is not a plain matrix. A 1 x 1, stride-1, unpadded, ungrouped float16 convolution reads its
+    input ``x[n, c, p]`` as the GEMM operand ``B[c][n * P + p]``: each row of a chunk is ``vec`` consecutive
+    positions of one image when ``vec`` divides P (so no piece crosses an image) and the buffer offsets keep
+    every piece aligned to its size. The weight panels must keep their 16-byte rows aligned too."""
+    if fmt != "fp16" or spec.groups != 1 or any(int(k) != 1 for k in spec.kernel):
+        return 0
+    if any(int(s) != 1 for s in spec.strides) or any(int(x) != 0 for x in (spec.pads or ())):
+        return 0
+    if int(spec.mr) % 8 or not isinstance(spec.a.offset, int) or spec.a.offset % 16:
+        return 0
+    xs = spec.x.strides
+    if int(xs[1]) != p or int(xs[0]) != spec.cin * p or not isinstance(spec.x.offset, int):
+        return 0
+    for vec in (8, 4, 2):
+        if p % vec == 0 and spec.x.offset % (2 * vec) == 0:
+            return vec
+    return 0
 
 
 def conv_mma_format(spec: Contraction, red: E, sm: int, allow_tf32: bool) -> Optional[str]:
@@ -154,13 +213,19 @@ def conv_mma_format(spec: Contraction, red: E, sm: int, allow_tf32: bool) -> Opt
     return "tf32" if allow_tf32 and spec.x.dtype == DType.FLOAT else None
 
 
-def plan_conv_mma(spec: Contraction, fmt: str, target_blocks: int, ldmatrix: bool = True) -> Optional[ConvMmaPlan]:
+def plan_conv_mma(spec: Contraction, fmt: str, target_blocks: int, ldmatrix: bool = True,
+                  async_copy: bool = True, tap_major: bool = False) -> Optional[ConvMmaPlan]:
     """The largest tile giving ``target_blocks`` blocks, else the smallest with the reduction split (each
     slice a multiple of TK terms, at least :data:`MIN_SPLIT_TERMS` on average). ResNet-50 fp16 at batch 32
     on an H200: 5.05 ms with this rule, 5.56 ms when half as many blocks sufficed for the larger tiles
     (bench/gpu/RESULTS.md). None when no tile fits
     the panels (BM must divide the packed channels of a group), and for grouped, dilated or other than 2-D
-    convolutions, which the GPU tests do not cover yet."""
+    convolutions, which the GPU tests do not cover yet. With ``async_copy`` (and ``ldmatrix``), pointwise
+    convolutions whose window is a plain matrix (:func:`async_vec`) take the cp.async kernel, with as many
+    shared stages (2-4) as fit in 48 KiB. With ``tap_major``, a convolution with several taps and a multiple
+    of TK input channels takes its reduction terms in the order (tap, channel) instead of the panels'
+    (channel, tap): every chunk is then one kernel tap and TK consecutive channels, so a thread's window
+    terms share one bounds test and step by a plane (a constant offset), the weight rows by the tap count."""
     if spec.groups != 1 or len(spec.out_spatial) != 2 or any(int(x) != 1 for x in spec.dilations):
         return None     # the geometries checked on a GPU (tests/test_gpu_conv_mma.py); the rest: conv.py
     p = 1
@@ -178,15 +243,25 @@ def plan_conv_mma(spec: Contraction, fmt: str, target_blocks: int, ldmatrix: boo
                                  m_pad, tm, ldmatrix and fmt == "fp16"))
     if not cands:
         return None
-    for c in cands:
-        if c.blocks >= target_blocks:
-            return c
-    plan = cands[-1]
-    s = 1
-    while plan.blocks * s < target_blocks and k // (2 * s) >= MIN_SPLIT_TERMS:
-        s *= 2
-    kchunk = -(-(-(-k // s)) // tk) * tk
-    return attrs.evolve(plan, splits=-(-k // kchunk), kchunk=kchunk)
+    plan = next((c for c in cands if c.blocks >= target_blocks), None)
+    if plan is None:
+        plan = cands[-1]
+        s = 1
+        while plan.blocks * s < target_blocks and k // (2 * s) >= MIN_SPLIT_TERMS:
+            s *= 2
+        kchunk = -(-(-(-k // s)) // tk) * tk
+        plan = attrs.evolve(plan, splits=-(-k // kchunk), kchunk=kchunk)
+    taps = 1
+    for t in spec.kernel:
+        taps *= int(t)
+    vec = async_vec(spec, fmt, p) if async_copy and plan.ldmatrix else 0
+    if tap_major and taps > 1 and spec.cin % tk == 0 and not vec:
+        plan = attrs.evolve(plan, tap_major=True)
+    if vec:
+        stages = min(MAX_STAGES, SMEM_LIMIT // async_stage_bytes(plan.bm, plan.bn, tk))
+        if stages >= 2 and (tk * plan.bn // vec) % plan.threads == 0 and (tk * plan.bm // 8) % plan.threads == 0:
+            plan = attrs.evolve(plan, vec=vec, stages=stages)
+    return plan
 
 
 # --- fragment addressing (32-bit words of a stage; the numpy replay in the tests uses the same) ----------
@@ -219,6 +294,19 @@ def ldmatrix_b_word(col, r, m2, d2, ks: int):
     """... for the two 8-column B fragments at ``col`` and ``col + 8``: matrices (cols 0-7, k 0-7),
     (0-7, 8-15), (8-15, 0-7), (8-15, 8-15) = registers 0, 1 of the first tile, 0, 1 of the second."""
     return (col + r + 8 * d2) * ROW_WORDS + ks // 2 + 4 * m2
+
+
+def async_a_half(plan: ConvMmaPlan, row, r, m2, d2, ks: int):
+    """The cp.async kernel (``sa[k][m]``, m contiguous): the half a lane with digits (r, m2, d2) gives
+    ``ldmatrix.x4.trans`` for the 16 x 16 A fragment at ``row``: stored 8 x 8 blocks (k 0-7, m 0-7),
+    (k 0-7, m 8-15), (k 8-15, m 0-7), (k 8-15, m 8-15), transposed into A registers 0..3."""
+    return (ks + r + 8 * d2) * (plan.bm + ASYNC_PAD) + row + 8 * m2
+
+
+def async_b_half(plan: ConvMmaPlan, col, r, m2, d2, ks: int):
+    """... (``sb[k][q]``) for the two 8-column B fragments at ``col``, ``col + 8``: blocks (k 0-7, q 0-7),
+    (k 8-15, q 0-7), (k 0-7, q 8-15), (k 8-15, q 8-15) = registers 0, 1 of the first tile, 0, 1 of the second."""
+    return (ks + r + 8 * m2) * (plan.bn + ASYNC_PAD) + col + 8 * d2
 
 
 def warp_tiles(plan: ConvMmaPlan):
@@ -256,7 +344,8 @@ def emit_conv_mma(km, st: Stage, sym: str, node: E, plan: ConvMmaPlan, scratch: 
     kshape = [spec.cin] + [int(x) for x in spec.kernel]
     STAGE = (BM + BN) * ROW_WORDS          # words per shared stage: A rows then B rows
 
-    tiles_g = ir.GlobalVariable(km.module, ir.ArrayType(I32, 2 * STAGE), f"{sym}_t", addrspace=3)
+    smem_words = plan.smem_bytes() // 4
+    tiles_g = ir.GlobalVariable(km.module, ir.ArrayType(I32, smem_words), f"{sym}_t", addrspace=3)
     tiles_g.linkage = "internal"
     tiles_g.initializer = ir.Constant(tiles_g.value_type, ir.Undefined)
     tiles_g.align = 16
@@ -304,6 +393,18 @@ def emit_conv_mma(km, st: Stage, sym: str, node: E, plan: ConvMmaPlan, scratch: 
     ldsm = ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([I32] * 4), [I64]),
                         "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {$0,$1,$2,$3}, [$4];", "=r,=r,=r,=r,l")
     tf32_cvt = ir.InlineAsm(ir.FunctionType(I32, [F32]), "cvt.rna.tf32.f32 $0, $1;", "=r,f")
+    if plan.vec:
+        # (side effects: kept in order with the copies and barriers around them)
+        ldsm_t = ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([I32] * 4), [I64]),
+                              "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {$0,$1,$2,$3}, [$4];",
+                              "=r,=r,=r,=r,l,~{memory}", side_effect=True)
+        cp_ops = {n: ir.InlineAsm(ir.FunctionType(ir.VoidType(), [I64, I64, I32]),
+                                  f"cp.async.{'cg' if n == 16 else 'ca'}.shared.global [$0], [$1], {n}, $2;",
+                                  "l,l,r,~{memory}", side_effect=True) for n in (4, 8, 16)}
+        cp_commit = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), "cp.async.commit_group;", "~{memory}",
+                                 side_effect=True)
+        cp_wait = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), f"cp.async.wait_group {plan.stages - 2};",
+                               "~{memory}", side_effect=True)
 
     tid = b.trunc(km.sreg(b, "tid.x"), I32)
     lane = b.urem(tid, I32(32))
@@ -316,7 +417,7 @@ def emit_conv_mma(km, st: Stage, sym: str, node: E, plan: ConvMmaPlan, scratch: 
     tiles = warp_tiles(plan)
     accs = [em.alloca(F32) for _ in range(4 * len(tiles))]
 
-    # A slots: 4 channels x a_terms consecutive terms
+    # A slots: 4 channels x a_terms consecutive terms (register-staged kernel)
     AT = plan.a_terms
     a_m, a_k = divmod_c(tid, TKc // AT)
     a_m = mul(a_m, 4)
@@ -363,6 +464,101 @@ def emit_conv_mma(km, st: Stage, sym: str, node: E, plan: ConvMmaPlan, scratch: 
                 b.store(v, swp(at, vt), align=4 * n)
             i += n
 
+    if plan.vec:
+        sbase64 = b.ptrtoint(sbase, I64)
+        PA, PB, VEC, NS = plan.a_pieces, plan.b_pieces, plan.vec, plan.stages
+        ROW_A, ROW_B = BM + ASYNC_PAD, BN + ASYNC_PAD          # halves per shared row
+        B_AT = TKc * ROW_A * 2                                 # bytes: B's rows after A's in a stage
+        STG = async_stage_bytes(BM, BN, TKc)
+        a_seg, a_row = divmod_c(tid, BM // 8)[::-1]            # fixed 16-byte column of the A rows
+        b_seg, b_row = divmod_c(tid, BN // VEC)[::-1]
+        a_rows_step, b_rows_step = T // (BM // 8), T // (BN // VEC)
+        abase64 = b.ptrtoint(abuf, I64)
+        xbase64 = b.ptrtoint(xbuf, I64)
+
+    def saddr(byte_off):
+        return b.add(sbase64, b.zext(byte_off, I64))
+
+    def async_chunks(g, m0, q0, klo, khi):
+        """The reduction of one tile through NS shared stages filled by cp.async: chunk i is copied into
+        stage i % NS, NS - 1 chunks ahead of the products; one wait and one barrier per chunk (the barrier
+        also frees the stage the next copies overwrite: every warp has finished the chunk before)."""
+        # weights: 8 channels (16 bytes) of panel row k; the channel block m0 + 8 * a_seg sits in one panel
+        am = add(m0, mul(a_seg, 8))
+        arow0 = add(mul(add(mul(g, mb_total), b.udiv(am, I32(TM))), K), 0)     # panel row of term 0
+        acol = add(b.urem(am, I32(TM)), a_off)
+        # window: VEC positions of one image starting at column q (all in or all out: VEC divides P and BN)
+        q = add(q0, mul(b_seg, VEC))
+        qok = b.icmp_unsigned("<", q, I32(COLS))
+        nn, pp = divmod_c(q, P)
+        xcol = add(mul(nn, int(xstr[0])), mul(mul(g, spec.cin), int(xstr[1])), pp, x_off)
+        nch = b.udiv(b.add(b.sub(khi, klo), I32(TKc - 1)), I32(TKc))
+
+        def copy(size, dst, base64, idx, ok):
+            src = b.add(base64, b.zext(b.mul(b.select(ok, idx, I32(0)), I32(esize)), I64))
+            b.call(cp_ops[size], [dst, src, b.select(ok, I32(size), I32(0))])
+
+        def issue(i):
+            """Copies of chunk ``i`` (i < nch) into stage i % NS."""
+            k0 = add(klo, mul(i, TKc))
+            st_ = mul(b.urem(i, I32(NS)), STG)
+            for j in range(PA):
+                r = add(a_row, j * a_rows_step)
+                k = add(k0, r)
+                ok = b.icmp_unsigned("<", k, I32(K))
+                dst = saddr(add(st_, mul(r, ROW_A * 2), mul(a_seg, 16)))
+                copy(16, dst, abase64, add(mul(add(arow0, k), TM), acol), ok)
+            for j in range(PB):
+                r = add(b_row, j * b_rows_step)
+                c = add(k0, r)
+                ok = b.and_(qok, b.icmp_unsigned("<", c, I32(K)))
+                dst = saddr(add(st_, B_AT, mul(r, ROW_B * 2), mul(b_seg, VEC * 2)))
+                copy(VEC * 2, dst, xbase64, add(xcol, mul(c, int(xstr[1]))), ok)
+
+        for i in range(NS - 1):            # the prologue: the first NS - 1 chunks in flight
+            with b.if_then(b.icmp_unsigned("<", I32(i), nch)):
+                issue(I32(i))
+            b.call(cp_commit, [])
+
+        def step(i64):
+            i = b.trunc(i64, I32)
+            b.call(cp_wait, [])
+            b.call(bar, [])
+            nxt = add(i, NS - 1)
+            with b.if_then(b.icmp_unsigned("<", nxt, nch)):
+                issue(nxt)
+            b.call(cp_commit, [])
+            async_mmas(mul(b.urem(i, I32(NS)), STG))
+        em.loop_range(I64(0), b.zext(nch, I64), step, I64(1))
+
+    def async_mmas(st_off):
+        row_w = mul(wmi, plan.wm)
+        col_w = mul(wni, plan.wn)
+        bst = add(st_off, TKc * (BM + ASYNC_PAD) * 2)
+        for ks in range(0, TKc, frag.k):
+            afr, bfr = {}, {}
+            for r0 in sorted({r for r, _ in tiles}):
+                h = async_a_half(plan, V(row_w) + r0, V(lane8), V(lane_m2), V(lane_d2), ks)
+                out = b.call(ldsm_t, [saddr(add(st_off, mul(h.v, 2)))])
+                afr[r0] = [b.extract_value(out, q) for q in range(4)]
+            cols_ = sorted({c for _, c in tiles})
+            for c0 in cols_[::2]:
+                h = async_b_half(plan, V(col_w) + c0, V(lane8), V(lane_m2), V(lane_d2), ks)
+                out = b.call(ldsm_t, [saddr(add(bst, mul(h.v, 2)))])
+                bfr[c0] = [b.extract_value(out, 0), b.extract_value(out, 1)]
+                bfr[c0 + 8] = [b.extract_value(out, 2), b.extract_value(out, 3)]
+            for ti, (r0, c0) in enumerate(tiles):
+                cs = accs[4 * ti:4 * ti + 4]
+                out = b.call(mma_op, afr[r0] + bfr[c0] + [b.load(c_, typ=F32) for c_ in cs])
+                for q_, c_ in enumerate(cs):
+                    b.store(b.extract_value(out, q_), c_)
+
+    # float16 outputs of an unsplit reduction: the epilogue reads the tile back from shared memory
+    OUT_ROW, OUT_ROWS = BN + ASYNC_PAD, T // BN      # halves per staged output row; rows per pass
+    out_staged = (km.tuning.conv_mma_staged_out and S == 1 and node.dtype == DType.FLOAT16
+                  and BM * OUT_ROW * 2 <= plan.smem_bytes() and BM % OUT_ROWS == 0
+                  and list(frag.c) == [(0, 0), (0, 1), (8, 0), (8, 1)])
+
     def tile_body(bid64):
         bid = b.trunc(bid64, I32)
         rest, qt = divmod_c(bid, plan.tiles_q)
@@ -392,7 +588,35 @@ def emit_conv_mma(km, st: Stage, sym: str, node: E, plan: ConvMmaPlan, scratch: 
         for a_ in accs:
             b.store(ir.Constant(F32, 0.0), a_)
 
+        def fetch_tap_major(k0):
+            """Chunk k0 in (tap, channel) order: tap k0 // C, channels k0 % C + 0..TK-1 (C a multiple of TK)."""
+            tap, c0 = divmod_c(k0, spec.cin)
+            ntaps = K // spec.cin
+            for j, reg in enumerate(a_regs):       # the panel's row of (channel, tap) is channel * taps + tap
+                row = add(mul(add(c0, a_k, j), ntaps), tap)
+                idx = add(b.mul(add(apanel, row), I32(TM)), a_col, a_off)
+                b.store(load(abuf, idx, VT, 4 * esize), reg)
+            off = add(xrow, mul(add(c0, b_k), int(xstr[1])))
+            ok = None
+            for d, kd in enumerate(unflatten(tap, [int(t) for t in spec.kernel])):
+                dil = int(spec.dilations[d])
+                if pads:
+                    qd = add(corner[d], mul(kd, dil))
+                    inside = b.icmp_unsigned("<", qd, I32(in_sp[d]))
+                    ok = inside if ok is None else b.and_(ok, inside)
+                    off = add(off, mul(qd, int(xstr[2 + d])))
+                else:
+                    off = add(off, mul(kd, dil * int(xstr[2 + d])))
+            for j in range(BT):       # BT consecutive channels: one plane apart, one bounds test for all
+                idx = add(off, j * int(xstr[1]))
+                if ok is not None:
+                    idx = b.select(ok, idx, I32(0))
+                b.store(load(xbuf, add(idx, x_off), ET, esize), b_regs[j])
+                b.store(ok if ok is not None else ir.Constant(ir.IntType(1), 1), b_oks[j])
+
         def fetch(k0):
+            if plan.tap_major:
+                return fetch_tap_major(k0)
             # weights: AT terms of 4 channels
             ka = add(k0, a_k)
             if a_kb is not None:
@@ -502,16 +726,20 @@ def emit_conv_mma(km, st: Stage, sym: str, node: E, plan: ConvMmaPlan, scratch: 
             with b.if_then(b.icmp_unsigned("<", nxt, khi)):
                 fetch(nxt)
             mmas(base)
-        fetch(klo)
-        em.loop_range(b.zext(klo, I64), b.zext(khi, I64), chunk, I64(TKc))
+        if plan.vec:
+            async_chunks(g, m0, q0, klo, khi)
+        else:
+            fetch(klo)
+            em.loop_range(b.zext(klo, I64), b.zext(khi, I64), chunk, I64(TKc))
 
-        def finish(m, nn_, pp_, acc):
+        def finish(m, nn_, sp, val):
+            """The stage's epilogue at output (nn_, g * M + m, sp...) of the convolution's value ``val``."""
             mm = add(mul(g, M), m)
-            idx = [b.zext(x, I64) for x in [nn_, mm] + unflatten(pp_, out_sp)]
+            idx = [b.zext(x, I64) for x in [nn_, mm] + sp]
             for v, x in zip(st.vars, idx):
                 em.env[v.attr] = x
             em.memo.append(dict(em.memo[-1]))
-            em.memo[-1][node.uid] = b.fptrunc(acc, F16) if node.dtype == DType.FLOAT16 else acc
+            em.memo[-1][node.uid] = val
             b.store(em.emit(st.expr), em.address(st.buf, idx))
             em.memo.pop()
 
@@ -521,19 +749,49 @@ def emit_conv_mma(km, st: Stage, sym: str, node: E, plan: ConvMmaPlan, scratch: 
             dst = b.gep(em.base(scratch), [I64(scratch.offset)], source_etype=ir.IntType(8), inbounds=True)
             return b.gep(dst, [b.zext(flat, I64)], source_etype=F32, inbounds=True)
 
-        for ti, (r0, c0) in enumerate(tiles):
-            for q_ in range(4):
-                dr, dc = frag.c[q_]
-                m = add(m0, row_w, r0 + dr, g_)
-                col = add(q0, col_w, c0 + dc, mul(t_, 2))
-                ok = b.and_(b.icmp_unsigned("<", m, I32(M)), b.icmp_unsigned("<", col, I32(COLS)))
-                with b.if_then(ok):
-                    nn_, pp_ = divmod_c(col, P)
-                    acc = b.load(accs[4 * ti + q_], typ=F32)
-                    if S > 1:
-                        b.store(acc, partial(m, nn_, pp_))
-                    else:
-                        finish(m, nn_, pp_, acc)
+        if out_staged:
+            # the tile rounded to half through shared memory (the value the epilogue starts from either
+            # way), then read back one column per thread: a warp's epilogue loads and stores run along 32
+            # consecutive positions instead of 8 channels x 4 pairs, and the column's image and position
+            # are unflattened once per tile, not once per element
+            b.call(bar, [])     # every warp's last products are done: the stages may be overwritten
+            shalf = b.bitcast(sbase, ir.PointerType(F16, addrspace=3))
+            for ti, (r0, c0) in enumerate(tiles):
+                for q_ in (0, 2):
+                    dr, _dc = frag.c[q_]
+                    r = add(row_w, r0 + dr, g_)
+                    c = add(col_w, c0, mul(t_, 2))
+                    lo, hi = (b.bitcast(b.fptrunc(b.load(accs[4 * ti + q_ + e], typ=F32), F16), ir.IntType(16))
+                              for e in (0, 1))
+                    b.store(pack(lo, hi), swp(b.lshr(add(mul(r, OUT_ROW), c), I32(1))), align=4)
+            b.call(bar, [])
+            j, r_first = b.urem(tid, I32(BN)), b.udiv(tid, I32(BN))
+            col = add(q0, j)
+            nn_, pp_ = divmod_c(col, P)
+            sp = unflatten(pp_, out_sp)
+            with b.if_then(b.icmp_unsigned("<", col, I32(COLS))):
+                for i in range(BM // OUT_ROWS):
+                    r = add(r_first, i * OUT_ROWS)
+                    m = add(m0, r)
+                    with b.if_then(b.icmp_unsigned("<", m, I32(M))):
+                        v = b.load(b.gep(shalf, [add(mul(r, OUT_ROW), j)], source_etype=F16, inbounds=True),
+                                   typ=F16, align=2)
+                        finish(m, nn_, sp, v)
+        else:
+            for ti, (r0, c0) in enumerate(tiles):
+                for q_ in range(4):
+                    dr, dc = frag.c[q_]
+                    m = add(m0, row_w, r0 + dr, g_)
+                    col = add(q0, col_w, c0 + dc, mul(t_, 2))
+                    ok = b.and_(b.icmp_unsigned("<", m, I32(M)), b.icmp_unsigned("<", col, I32(COLS)))
+                    with b.if_then(ok):
+                        nn_, pp_ = divmod_c(col, P)
+                        acc = b.load(accs[4 * ti + q_], typ=F32)
+                        if S > 1:
+                            b.store(acc, partial(m, nn_, pp_))
+                        else:
+                            finish(m, nn_, unflatten(pp_, out_sp),
+                                   b.fptrunc(acc, F16) if node.dtype == DType.FLOAT16 else acc)
         b.call(bar, [])      # the next tile's first stores may not overwrite a stage still being read
     em.loop_range(km.sreg(b, "ctaid.x"), I64(plan.blocks), tile_body, km.sreg(b, "nctaid.x"))
     b.ret_void()

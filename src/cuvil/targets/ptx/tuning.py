@@ -28,6 +28,17 @@ class PtxTuning:
     ldmatrix: bool = True
     # conv_mma.py kernels: ask ptxas for registers that let this many blocks share an SM (1: no cap)
     conv_mma_min_blocks: int = 1
+    # conv_mma.py: float16 pointwise (1 x 1, stride 1, unpadded) convolutions copy their tiles with cp.async
+    # into 2-4 shared stages and read fragments by ldmatrix.trans (off: the register-staged kernel)
+    conv_mma_async: bool = True
+    # conv_mma.py: float16 outputs of an unsplit reduction go through shared memory to an epilogue of one
+    # column per thread (coalesced; off: each thread runs the epilogue on its own mma fragments). Off until it
+    # has run on a GPU (checked by ptxas, the memory-safety proof and numpy replays only; bench/gpu/RESULTS.md)
+    conv_mma_staged_out: bool = False
+    # conv_mma.py: convolutions with several taps and a multiple of 32 (16 tf32) input channels reduce tap by
+    # tap (one bounds test per chunk, window terms a plane apart; off: the panels' channel-major order). Off
+    # until it has run on a GPU, as above
+    conv_mma_tap_major: bool = False
     # float32 MatMul / Gemm products the tensor cores do not take (strict fp32) run on the register-tiled SIMT
     # kernel of ptx/matmul_simt.py (off: the lane-split / tiled / element kernels below, as before)
     simt_matmul: bool = True
