@@ -123,6 +123,8 @@ def _export_feeds(entry, model, b, s, rng):
 
 
 @pytest.mark.skipif(not TEXT, reason=f"no torch.onnx text exports under {FIXTURES}")
+@pytest.mark.slow(reason="120 s of CPU for the twelve exports; test_real_exports.py::test_one_library_serves_the_profile "
+                         "compiles each of them over the same profile (B 1-8, S 1-512) and checks five shapes")
 @pytest.mark.parametrize("entry", TEXT, ids=[e["file"] for e in TEXT])
 def test_text_export_one_library_for_batch_1_8_sequence_1_512(entry):
     model = onnx.load(os.path.join(FIXTURES, entry["file"]))
