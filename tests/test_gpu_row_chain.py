@@ -71,6 +71,7 @@ def _sched(model):
 
 
 def _kinds(model, **tuning):
+    tuning.setdefault("row_chains", True)     # off by default (below): the tests ask for the row kernels
     return [k.kind for k in build_ptx(_sched(model), "sm_90", fma=True, tuning=PtxTuning(**tuning)).kernels]
 
 
@@ -100,7 +101,7 @@ def test_bert_block_layer_norms_and_softmax_take_row_kernels():
 def test_row_kernels_assemble_without_spills(arch):
     for model in (layer_norm()[0], layer_norm(n=50)[0], masked_softmax()[0], bert_block(batch=1, seq=40)):
         for fma in (True, False):
-            r = build_ptx(_sched(model), arch, fma=fma)
+            r = build_ptx(_sched(model), arch, fma=fma, tuning=PtxTuning(row_chains=True))
             _, info = assemble(r.ptx, arch)
             rows = [k for k in r.kernels if k.kind == "row"]
             assert rows
@@ -110,7 +111,15 @@ def test_row_kernels_assemble_without_spills(arch):
 
 # --- on a GPU ------------------------------------------------------------------------------------------------
 
+#: The row kernels' first run on a GPU (an H200, 2026-12-03): LayerNorm with fma contraction is wrong (relative
+#: error 0.99-1.01, so BERT-base too), and the fully masked Softmax at -10000 misses its 2e-6 bound (1.8e-4).
+#: PtxTuning.row_chains is off by default until they pass; strict, so that a fix shows as an unexpected pass.
+ROW_KERNEL_BUG = pytest.mark.xfail(strict=True, reason="row kernel wrong on the H200 with fma contraction "
+                                                       "(2026-12-03): PtxTuning.row_chains is off by default")
+
+
 def _run(model, feeds, tmp_path, name, fma=True, **tuning):
+    tuning.setdefault("row_chains", True)
     from cuvil.targets.ptx.bundle import compile_bundle
     from cuvil.targets.ptx.runtime import load_bundle
     path = str(tmp_path / name)
@@ -128,7 +137,7 @@ def _err(y, want):
 
 @needs_gpu
 @pytest.mark.parametrize("n", [768, 50, 33])
-@pytest.mark.parametrize("fma", [True, False])
+@pytest.mark.parametrize("fma", [pytest.param(True, marks=ROW_KERNEL_BUG), False])
 def test_gpu_layer_norm_matches_numpy(tmp_path, n, fma):
     model, ref = layer_norm(n=n)
     x = (np.random.default_rng(1).standard_normal((2, 37, n)) * 3 + 1).astype(np.float32)
@@ -138,7 +147,7 @@ def test_gpu_layer_norm_matches_numpy(tmp_path, n, fma):
 
 
 @needs_gpu
-@pytest.mark.parametrize("masked", [-np.inf, -10000.0])
+@pytest.mark.parametrize("masked", [-np.inf, pytest.param(-10000.0, marks=ROW_KERNEL_BUG)])
 def test_gpu_masked_softmax_matches_numpy(tmp_path, masked):
     model, ref = masked_softmax()
     rng = np.random.default_rng(2)
@@ -163,6 +172,7 @@ def test_gpu_cross_row_stays_correct(tmp_path):
 
 
 @needs_gpu
+@ROW_KERNEL_BUG
 @pytest.mark.parametrize("seq", [1, 37, 128])
 def test_gpu_bert_block_with_padding_matches_onnxruntime(tmp_path, seq):
     from cuvil.testing.oracles import ort_session

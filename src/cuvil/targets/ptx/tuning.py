@@ -32,13 +32,14 @@ class PtxTuning:
     # into 2-4 shared stages and read fragments by ldmatrix.trans (off: the register-staged kernel)
     conv_mma_async: bool = True
     # conv_mma.py: float16 outputs of an unsplit reduction go through shared memory to an epilogue of one
-    # column per thread (coalesced; off: each thread runs the epilogue on its own mma fragments). Off until it
-    # has run on a GPU (checked by ptxas, the memory-safety proof and numpy replays only; bench/gpu/RESULTS.md)
-    conv_mma_staged_out: bool = False
+    # column per thread (coalesced; off: each thread runs the epilogue on its own mma fragments). On since its
+    # H200 run (tests/test_gpu_conv_mma.py passed with it; ResNet-50 fp16 b32 4.79 -> 4.17 ms alone, 3.55 ms with
+    # tap_major below; bench/gpu/RESULTS.md 2026-12-03)
+    conv_mma_staged_out: bool = True
     # conv_mma.py: convolutions with several taps and a multiple of 32 (16 tf32) input channels reduce tap by
-    # tap (one bounds test per chunk, window terms a plane apart; off: the panels' channel-major order). Off
-    # until it has run on a GPU, as above
-    conv_mma_tap_major: bool = False
+    # tap (one bounds test per chunk, window terms a plane apart; off: the panels' channel-major order). A
+    # different summation order (deterministic); on since the same H200 run (b1 0.577 -> 0.530 ms alone)
+    conv_mma_tap_major: bool = True
     # float32 MatMul / Gemm products the tensor cores do not take (strict fp32) run on the register-tiled SIMT
     # kernel of ptx/matmul_simt.py (off: the lane-split / tiled / element kernels below, as before)
     simt_matmul: bool = True
@@ -75,8 +76,10 @@ class PtxTuning:
     # slower still and is gone)
     split_mode: str = attrs.field(default="outer", validator=attrs.validators.in_(("outer", "strided")))
     # row reductions and the element stage that reads them (LayerNorm's mean / variance / normalise, Softmax's
-    # max / sum / divide) as one kernel, a block per row (ptx/row_chain.py); off: a kernel per stage, as before
-    row_chains: bool = True
+    # max / sum / divide) as one kernel, a block per row (ptx/row_chain.py); off: a kernel per stage, as before.
+    # Off: on the H200 its LayerNorm is wrong when fma contraction is on (relative error ~1.0; BERT-base too;
+    # tests/test_gpu_row_chain.py's strict xfails, bench/gpu/RESULTS.md 2026-12-03), found by its first GPU run
+    row_chains: bool = False
     # (gpu_schedule) a MatMul operand that is a value times a constant scalar (attention's Q * s, Kt * s) is
     # multiplied in the product's loads instead of stored by a kernel of its own (schedule's scaled_operands)
     scaled_operands: bool = True
