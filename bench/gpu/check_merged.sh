@@ -14,8 +14,8 @@ NX=""; python3 -c "import xdist" 2>/dev/null && NX="-n 8"
 timeout ${TEST_S:-200} python3 -m pytest -q -p no:cacheprovider $NX tests/test_gpu_*.py > "$OUT/pytest_gpu.txt" 2>&1
 echo "pytest rc=$?" >> "$OUT/pytest_gpu.txt"
 timeout ${BERT_S:-170} python3 bench/gpu/tensor_cores.py --out "$OUT/bert" --parts bert --jobs 12 \
-    --bert-variants fp32 tf32 fp16 fp32_new fp32_old fp16_new fp16_old > "$OUT/bert.log" 2>&1
+    --bert-variants ${BERT_VARIANTS:-fp32 tf32 fp16 fp32_new fp32_old fp16_new fp16_old} > "$OUT/bert.log" 2>&1
 echo "bert rc=$?" >> "$OUT/bert.log"
 timeout ${CONV_S:-150} python3 bench/gpu/tensor_cores.py --out "$OUT/resnet" --parts resnet --batches 1 32 \
-    --resnet-modes fp16 fp16_staged fp16_tap fp16_staged_tap --iters 50 --jobs 12 --ref-max-batch 32 > "$OUT/resnet.log" 2>&1
+    --resnet-modes ${RESNET_MODES:-fp16 fp16_staged fp16_tap fp16_staged_tap} --iters 50 --jobs 12 --ref-max-batch 32 > "$OUT/resnet.log" 2>&1
 echo "resnet rc=$?" >> "$OUT/resnet.log"
