@@ -13,6 +13,7 @@ from cuvil.targets.ptx.matmul_mma import matmul_parts
 from cuvil.targets.ptx.matmul_simt import TK, SimtPlan, fits, plan_simt
 from cuvil.targets.ptx.tuning import PtxTuning
 from cuvil.testing.matmul_models import attention_scores, batched_matmul, gemm_transb_residual, linear_gelu
+from cuvil.testing.ptx_bundles import run_ptx_bundle
 from cuvil.testing.requires import needs_gpu, needs_ptxas
 
 CASES = {   # ragged M/N/K, K % 16 != 0, batch dims, transposed B, P·V, Gemm(transB) + residual
@@ -107,18 +108,6 @@ def test_simt_kernels_assemble_without_spills(grid):
 
 # --- on a GPU ------------------------------------------------------------------------------------------------
 
-def _run(model, feeds, tmp_path, name, **tuning):
-    from cuvil.targets.ptx.bundle import compile_bundle
-    from cuvil.targets.ptx.runtime import load_bundle
-    path = str(tmp_path / name)
-    compile_bundle(Pipeline.from_onnx(model).optimize().graph, path, tuning=PtxTuning(**tuning))
-    m = load_bundle(path)
-    try:
-        return m.run(*feeds)[0]
-    finally:
-        m.close()
-
-
 @needs_gpu
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_gpu_simt_matches_numpy_and_the_old_kernels(tmp_path, case):
@@ -127,8 +116,8 @@ def test_gpu_simt_matches_numpy_and_the_old_kernels(tmp_path, case):
     feeds = [rng.standard_normal([d.dim_value for d in vi.type.tensor_type.shape.dim]).astype(np.float32)
              for vi in model.graph.input]
     want = ref(*feeds).astype(np.float64)
-    y = _run(model, feeds, tmp_path, "new")
-    y0 = _run(model, feeds, tmp_path, "old", simt_matmul=False)
+    y = run_ptx_bundle(model, feeds, tmp_path / "new")
+    y0 = run_ptx_bundle(model, feeds, tmp_path / "old", simt_matmul=False)
     err = np.abs(y - want).max() / np.abs(want).max()
     assert err < 1e-5, (case, err)
     # with one K group the kernel runs the same fma chain in the same order as the one-thread-per-element
@@ -140,5 +129,5 @@ def test_gpu_simt_matches_numpy_and_the_old_kernels(tmp_path, case):
     for force in ((64, 64, 1), (128, 64, 1)):
         (plan,) = _plans(model, force)
         if plan.ks == 1:
-            y1 = _run(model, feeds, tmp_path, "f%d_%d" % force[:2], simt_force=force)
+            y1 = run_ptx_bundle(model, feeds, tmp_path / ("f%d_%d" % force[:2]), simt_force=force)
             assert np.array_equal(y1.view(np.uint32), y0.view(np.uint32)), (case, force, old_kinds)

@@ -10,6 +10,7 @@ from cuvil import Pipeline
 from cuvil.kernels.schedule import schedule
 from cuvil.targets.ptx.codegen import build_ptx, gpu_schedule
 from cuvil.targets.ptx.tuning import PtxTuning
+from cuvil.testing.ptx_bundles import run_ptx_bundle
 from cuvil.testing.requires import needs_gpu
 
 
@@ -47,25 +48,13 @@ def test_the_product_still_takes_the_matrix_kernel(tf32):
     assert [k.kind for k in r.kernels] == ["matmul_tf32" if tf32 else "gemm_fp32"]
 
 
-def _run(model, feeds, tmp_path, name, **tuning):
-    from cuvil.targets.ptx.bundle import compile_bundle
-    from cuvil.targets.ptx.runtime import load_bundle
-    path = str(tmp_path / name)
-    compile_bundle(Pipeline.from_onnx(model).optimize().graph, path, tuning=PtxTuning(**tuning))
-    m = load_bundle(path)
-    try:
-        return m.run(*feeds)[0]
-    finally:
-        m.close()
-
-
 @needs_gpu
 def test_gpu_scaled_operands_give_the_same_bits(tmp_path):
     model = scaled_scores()
     rng = np.random.default_rng(0)
     q, k = (rng.standard_normal((1, 3, 40, 32)).astype(np.float32) for _ in range(2))
-    y = _run(model, [q, k], tmp_path, "new")
-    y0 = _run(model, [q, k], tmp_path, "old", scaled_operands=False)
+    y = run_ptx_bundle(model, [q, k], tmp_path / "new")
+    y0 = run_ptx_bundle(model, [q, k], tmp_path / "old", scaled_operands=False)
     r = np.float32(1 / np.sqrt(np.sqrt(32)))
     want = (q * r).astype(np.float64) @ np.swapaxes(k * r, -1, -2).astype(np.float64)
     assert np.abs(y - want).max() / np.abs(want).max() < 1e-6
