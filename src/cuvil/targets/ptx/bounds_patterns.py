@@ -45,6 +45,23 @@ def _loop(doms, name: str, extent) -> E:
     return v
 
 
+def _window_index(spec, n: E, channel: E, out_pos: List[E], taps: List[E], ok: List[E]) -> E:
+    """The flat index of a convolution's input element read by image ``n``, input ``channel``, output position
+    ``out_pos`` and kernel ``taps`` (one per spatial dimension), selected to 0 where a padded position falls
+    outside the input or a test of ``ok`` fails."""
+    xs = spec.x.strides
+    off = n * xs[0] + channel * xs[1]
+    ok = list(ok)
+    padded = bool(spec.pads)         # (the lowering records pads per spatial dimension, or none)
+    for dd, (od, kd) in enumerate(zip(out_pos, taps)):
+        qd = od * int(spec.strides[dd]) - (int(spec.pads[dd]) if padded else 0) + kd * int(spec.dilations[dd])
+        if padded:
+            ok += [_ge0(qd), _lt(qd, int(spec.x.shape[2 + dd]))]
+        off = off + qd * xs[2 + dd]
+    both = _and(ok)
+    return select(both, off, as_index(0)) if both is not None else off
+
+
 def _unflatten(x: E, dims) -> List[E]:
     """Row-major digits of ``x`` over ``dims`` (the kernel's 32-bit udiv/urem chain)."""
     if not list(dims):
@@ -235,17 +252,7 @@ class GpuPatterns:
         o = _unflatten(pp, spec.out_spatial)
         kx = k0 + _loop(d, "xrow", TKc + w)
         c, *taps = _unflatten(kx, [spec.cin] + [int(t) for t in spec.kernel])
-        xs = spec.x.strides
-        off = nn * xs[0] + (g * spec.cin + c) * xs[1]
-        ok = [_lt(kx, K)] if guard_k else []
-        padded = bool(spec.pads)         # (the lowering records pads per spatial dimension, or none)
-        for dd, (od, kd) in enumerate(zip(o, taps)):
-            qd = od * int(spec.strides[dd]) - (int(spec.pads[dd]) if padded else 0) + kd * int(spec.dilations[dd])
-            if padded:
-                ok += [_ge0(qd), _lt(qd, int(spec.x.shape[2 + dd]))]
-            off = off + qd * xs[2 + dd]
-        both = _and(ok)
-        xidx = select(both, off, as_index(0)) if both is not None else off
+        xidx = _window_index(spec, nn, g * spec.cin + c, o, taps, [_lt(kx, K)] if guard_k else [])
         out.append(Access(kind, spec.x, [xidx], [in_slice], d, node=node, flat=True))
         return out
 
@@ -270,17 +277,7 @@ class GpuPatterns:
         o = _unflatten(pp, spec.out_spatial)
         cx = c0 + _loop(d, "xh", TKc // BT + w) * BT + _loop(d, "xj", BT + w)
         taps = _unflatten(tap, [int(t) for t in spec.kernel])
-        xs = spec.x.strides
-        off = nn * xs[0] + (g * C + cx) * xs[1]
-        ok = []
-        padded = bool(spec.pads)
-        for dd, (od, kd) in enumerate(zip(o, taps)):
-            qd = od * int(spec.strides[dd]) - (int(spec.pads[dd]) if padded else 0) + kd * int(spec.dilations[dd])
-            if padded:
-                ok += [_ge0(qd), _lt(qd, int(spec.x.shape[2 + dd]))]
-            off = off + qd * xs[2 + dd]
-        both = _and(ok)
-        xidx = select(both, off, as_index(0)) if both is not None else off
+        xidx = _window_index(spec, nn, g * C + cx, o, taps, [])
         out.append(Access(kind, spec.x, [xidx], [in_slice], d, node=node, flat=True))
         return out
 

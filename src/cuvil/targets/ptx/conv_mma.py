@@ -588,6 +588,21 @@ def emit_conv_mma(km, st: Stage, sym: str, node: E, plan: ConvMmaPlan, scratch: 
         for a_ in accs:
             b.store(ir.Constant(F32, 0.0), a_)
 
+        def window(off, ok, taps):
+            """``off`` moved to the input position of kernel taps ``taps`` (one per spatial dimension; a
+            dimension of kernel extent 1 adds nothing), and ``ok`` and-ed with each padded dimension's bounds
+            test (None: no test yet)."""
+            for d, kd in enumerate(taps):
+                dil = int(spec.dilations[d])
+                if pads:
+                    qd = add(corner[d], mul(kd, dil))
+                    inside = b.icmp_unsigned("<", qd, I32(in_sp[d]))
+                    ok = inside if ok is None else b.and_(ok, inside)
+                    off = add(off, mul(qd, int(xstr[2 + d])))
+                elif spec.kernel[d] != 1:
+                    off = add(off, mul(kd, dil * int(xstr[2 + d])))
+            return off, ok
+
         def fetch_tap_major(k0):
             """Chunk k0 in (tap, channel) order: tap k0 // C, channels k0 % C + 0..TK-1 (C a multiple of TK)."""
             tap, c0 = divmod_c(k0, spec.cin)
@@ -596,17 +611,8 @@ def emit_conv_mma(km, st: Stage, sym: str, node: E, plan: ConvMmaPlan, scratch: 
                 row = add(mul(add(c0, a_k, j), ntaps), tap)
                 idx = add(b.mul(add(apanel, row), I32(TM)), a_col, a_off)
                 b.store(load(abuf, idx, VT, 4 * esize), reg)
-            off = add(xrow, mul(add(c0, b_k), int(xstr[1])))
-            ok = None
-            for d, kd in enumerate(unflatten(tap, [int(t) for t in spec.kernel])):
-                dil = int(spec.dilations[d])
-                if pads:
-                    qd = add(corner[d], mul(kd, dil))
-                    inside = b.icmp_unsigned("<", qd, I32(in_sp[d]))
-                    ok = inside if ok is None else b.and_(ok, inside)
-                    off = add(off, mul(qd, int(xstr[2 + d])))
-                else:
-                    off = add(off, mul(kd, dil * int(xstr[2 + d])))
+            off, ok = window(add(xrow, mul(add(c0, b_k), int(xstr[1]))), None,
+                             unflatten(tap, [int(t) for t in spec.kernel]))
             for j in range(BT):       # BT consecutive channels: one plane apart, one bounds test for all
                 idx = add(off, j * int(xstr[1]))
                 if ok is not None:
@@ -645,16 +651,7 @@ def emit_conv_mma(km, st: Stage, sym: str, node: E, plan: ConvMmaPlan, scratch: 
                     digits = new
                 c, *taps = digits
                 ok = b.icmp_unsigned("<", add(kb, j), I32(K)) if K % TKc else None
-                off = add(xrow, mul(c, int(xstr[1])))
-                for d, kd in enumerate(taps):
-                    dil = int(spec.dilations[d])
-                    if pads:
-                        qd = add(corner[d], mul(kd, dil))
-                        inside = b.icmp_unsigned("<", qd, I32(in_sp[d]))
-                        ok = inside if ok is None else b.and_(ok, inside)
-                        off = add(off, mul(qd, int(xstr[2 + d])))
-                    elif spec.kernel[d] != 1:
-                        off = add(off, mul(kd, dil * int(xstr[2 + d])))
+                off, ok = window(add(xrow, mul(c, int(xstr[1]))), ok, taps)
                 if ok is not None:
                     off = b.select(ok, off, I32(0))
                 b.store(load(xbuf, add(off, x_off), ET, esize), b_regs[j])
