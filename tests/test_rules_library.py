@@ -729,6 +729,20 @@ def test_literal_matches_0d_constant():
     assert report.applied["mul_one"] == 1
 
 
+
+@pytest.mark.parametrize("lit", [1e300, 10**39])
+def test_a_literal_beyond_the_dtype_matches_no_constant(lit):
+    """A finite literal too large for float32 rounds to inf there: it must not match an inf constant (found by
+    ``python -m cuvil.fuzz``'s rule_text family, which also showed numpy's overflow warning)."""
+    import warnings
+    from cuvil.dsl.compiler import literal_matches
+    g = import_model(Case([N("Mul", ["x", "c"], "y")], X, {"c": f32(np.inf)}).model())
+    c = g.constants()[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert not literal_matches(c, lit)
+        assert literal_matches(c, float("inf"))
+
 # --- non-termination ---------------------------------------------------------------------------------------
 
 def _mul_model():

@@ -6,6 +6,7 @@ are type-checked exactly like imported nodes.
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Dict, Iterator, List, Optional, Set
 
 import numpy as np
@@ -53,9 +54,12 @@ def literal_matches(v: Value, num) -> bool:
         return False
     arr = v.const
     try:
-        lit = np.asarray(num, dtype=arr.dtype)
+        with np.errstate(over="ignore"):
+            lit = np.asarray(num, dtype=arr.dtype)
     except (OverflowError, ValueError):
         return False
+    if arr.dtype.kind == "f" and math.isfinite(float(num)) and not np.all(np.isfinite(lit)):
+        return False                # a finite literal beyond the dtype's range is no constant of it (not inf)
     if arr.dtype.kind == "f":  # bit for bit: 0 does not match -0.0, nan matches only nan's bits
         bits = np.dtype(f"u{arr.dtype.itemsize}")
         return bool(np.all(arr.reshape(-1).view(bits) == lit.reshape(1).view(bits)))
