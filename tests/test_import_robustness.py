@@ -130,6 +130,23 @@ def test_attribute_access_is_type_checked_in_the_registry(op, attrs):
         g.add_node(op, [x], attrs)
 
 
+
+@pytest.mark.parametrize("op,name,value", [("ReduceMax", "keepdims", -1), ("ReduceSum", "keepdims", 3),
+                                           ("Gemm", "transB", 2), ("ArgMax", "select_last_index", -1),
+                                           ("CumSum", "reverse", 5)])
+def test_a_flag_attribute_is_0_or_1(op, name, value):
+    """A flag set to another value is refused, not read as true (found by the onnx_structure fuzz: Cuvil kept
+    the axis for keepdims = -1 where the oracle dropped it, a silent wrong shape)."""
+    inputs = {"Gemm": ["x", "x"], "CumSum": ["x", "ax"]}.get(op, ["x"])
+    n = helper.make_node(op, inputs, ["y"], **{name: value})
+    inits = [numpy_helper.from_array(np.array(1, np.int64), "ax")] if op == "CumSum" else []
+    y = helper.make_tensor_value_info("y", TensorProto.INT64 if op == "ArgMax" else TensorProto.FLOAT, None)
+    msg = one_line_error(InvalidAttributeError, model([n], outputs=[y], inits=inits),
+                         f"attribute '{name}' must be 0 or 1")
+    assert op in msg and str(value) in msg
+    n = helper.make_node(op, inputs, ["y"], **{name: 1})
+    Pipeline.from_onnx(model([n], outputs=[y], inits=inits))        # the same node with the flag set imports
+
 def test_einsum_without_equation():
     one_line_error(InvalidAttributeError, model([helper.make_node("Einsum", ["x"], ["y"])]),
                    "missing required attribute 'equation'")

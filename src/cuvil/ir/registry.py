@@ -392,6 +392,7 @@ def infer_node(node, num_outputs: Optional[int] = None) -> Tuple[List[TensorType
     opdef = lookup(node.op, node=node.name, domain=node.domain)
     ctx = InferCtx(node, opdef, num_outputs)
     try:
+        check_flags(opdef, node.attrs)
         res = opdef.infer(ctx)
         types = [res] if isinstance(res, TensorType) else list(res)
     except UnknownRank:
@@ -494,6 +495,30 @@ def check_attr(opdef: OpDef, name: str, value: Any) -> Any:
             return value
         want = _KIND_WORDS[kind]
     raise InvalidAttributeError(f"attribute {name!r} must be {want}, not {_describe(value)}")
+
+
+#: ONNX integer attributes that are flags: the spec gives them the values 0 and 1 only (ReduceMax's keepdims,
+#: Gemm's transA, TopK's largest, ...). Any other value is an error, never read as true or false: engines
+#: disagree on what keepdims = -1 means (found by ``python -m cuvil.fuzz``: Cuvil kept the axis, the oracle
+#: dropped it).
+FLAG_ATTRS = frozenset({
+    "keepdims", "noop_with_empty_axes", "select_last_index", "transA", "transB", "ceil_mode", "count_include_pad",
+    "storage_order", "exclusive", "reverse", "largest", "sorted", "upper", "fmod", "allowzero", "detect_negative",
+    "detect_positive", "center_point_box", "training_mode", "is_case_sensitive", "new_axis", "layout",
+    "linear_before_reset", "input_forget", "exclude_outside", "antialias", "align_corners", "saturate",
+    "inverse", "onesided"})
+
+
+def check_flags(opdef: OpDef, attrs) -> None:
+    """An InvalidAttributeError for a flag attribute (:data:`FLAG_ATTRS`) of an ONNX op set to neither 0 nor 1;
+    checked for every node at inference, whether or not its shape function reads the flag."""
+    if opdef.domain:
+        return
+    for name in FLAG_ATTRS.intersection(attrs):
+        v = attrs[name]
+        if _attr_kind(opdef.name, name) == ("int", False) and isinstance(v, (int, np.integer)) \
+                and not isinstance(v, bool) and int(v) not in (0, 1):
+            raise InvalidAttributeError(f"attribute {name!r} must be 0 or 1 (a flag), not {int(v)}")
 
 
 # --- helpers shared by shape functions -----------------------------------------------------------------
