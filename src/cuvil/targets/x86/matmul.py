@@ -258,8 +258,8 @@ AMX_A_BYTES = 1024 * 1024
 # flight beside the 8 rows of A. BERT-base's dense layers (768 -> 768, 768 -> 3072, 3072 -> 768 with the bias,
 # S = 32 / 128 / 384, one library for S 1..512, 1 thread, CPU time) in 3 interleaved A/B runs of 7-11 rounds
 # (load 3-6) on the 2-core Intel Xeon of session 15 (family 6, model 167): 32 steps ran faster than 128 at 22
-# of 27 points (4 slower, 1 tie), by 2-10%; 16 and 64 within noise of 32 (`bench/gemm_peak.py` for the
-# kernels' % of peak). AMD hosts: not measured.
+# of 27 points (4 slower, 1 tie), by 2-10%; 16 and 64 within noise of 32 (`python3 bench/matmul_prefetch.py`;
+# BERT-base width, 2 layers: 0.94x the time at S = 32, within noise at 128 and 384). AMD hosts: not measured.
 MATMUL_PREFETCH_K = 32
 
 NEXT_PANEL_PREFETCH = True
