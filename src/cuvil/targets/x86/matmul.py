@@ -87,7 +87,7 @@ def emit_matmul_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]]:
         if not NEXT_PANEL_PREFETCH:
             return []
         line = b.mul(b.srem(t, I64(lines)), I64(16))
-        ahead = b.select(fits, I64(K * nr), I64(PREFETCH_K * nr))   # else a row of this panel, a no-op
+        ahead = b.select(fits, I64(K * nr), I64(MATMUL_PREFETCH_K * nr))   # else a row of this panel, a no-op
         return [(fptr(w_ptr, b.add(ahead, b.add(b.mul(k, I64(nr)), line))), 2)]
 
     def unit(u):
@@ -134,7 +134,7 @@ def emit_matmul_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]]:
                                 lambda k: [b.load(fptr(fptr(w_ptr, b.mul(k, I64(nr))), I64(v * vw)), typ=vec,
                                                   align=4) for v in range(nv)],
                                 lambda k: [b.load(fptr(rows[r], k), typ=F32, align=4) for r in range(R)],
-                                prefetch=lambda k: [fptr(w_ptr, b.add(b.mul(b.add(k, I64(PREFETCH_K)), I64(nr)), I64(v * 16)))
+                                prefetch=lambda k: [fptr(w_ptr, b.add(b.mul(b.add(k, I64(MATMUL_PREFETCH_K)), I64(nr)), I64(v * 16)))
                                                     for v in range(nr * 4 // 64)] + next_panel(w_ptr, t, k))
             for i in range(R * nv):
                 b.store(new[i], b.gep(tile, [I64(i)], source_etype=vec, inbounds=True), align=4)
@@ -250,6 +250,17 @@ def _emit_amx(km, st: Stage, sym: str, c, spec: MatContraction) -> Tuple[object,
 
 #: scratch an AMX MatMul may use to keep all of A rounded (BERT-base at S = 128: 128 x 3072 -> 768 KiB)
 AMX_A_BYTES = 1024 * 1024
+
+# The float32 k-loop (not the bf16 one) prefetches its weight panel's rows this many steps ahead into L1.
+# Unlike a convolution's weights (gemm.PREFETCH_K = 128: they stream from memory once per inference), a MatMul
+# panel is read by every row tile of the thread's range and sits in L2 after the first: the prefetch only has
+# to cover L2's latency, and 128 rows of an 8 x 48 tile's panel ahead (24 KiB) kept half of L1 (48 KiB) in
+# flight beside the 8 rows of A. BERT-base's dense layers (768 -> 768, 768 -> 3072, 3072 -> 768 with the bias,
+# S = 32 / 128 / 384, one library for S 1..512, 1 thread, CPU time) in 3 interleaved A/B runs of 7-11 rounds
+# (load 3-6) on the 2-core Intel Xeon of session 15 (family 6, model 167): 32 steps ran faster than 128 at 22
+# of 27 points (4 slower, 1 tie), by 2-10%; 16 and 64 within noise of 32 (`python3 bench/matmul_prefetch.py`;
+# BERT-base width, 2 layers: 0.94x the time at S = 32, within noise at 128 and 384). AMD hosts: not measured.
+MATMUL_PREFETCH_K = 32
 
 NEXT_PANEL_PREFETCH = True
 # The next-panel prefetch runs while two panels and the rows of A fit this much of L2: BERT-base's
