@@ -161,6 +161,13 @@ TUNED = {"fp16_old": ("fp16", {"conv_mma_batch": False}), "fp16_noldm": ("fp16",
 # scaled MatMul operands in the loads (gpu_schedule's scaled_operands), i.e. the code generator before them
 TUNED.update({f"{v}_{arm}": (v, {} if arm == "new" else {"row_chains": False, "scaled_operands": False})
               for v in ("fp32", "tf32", "fp16") for arm in ("new", "old")})
+# the row-chain kernels alone, each arm explicit whatever the default ("_rows" / "_norows"); with them, the
+# tensor-core products' plan (plan_matmul): "_mb96" aims the tile choice at 96 blocks instead of 264 (64 x 64
+# tiles where BERT's 128-row products give 96), "_ks8" allows 8 K groups (1,024-thread blocks, fp16 / bf16)
+TUNED.update({f"{v}_rows": (v, {"row_chains": True}) for v in ("fp32", "tf32", "fp16")})
+TUNED.update({f"{v}_norows": (v, {"row_chains": False}) for v in ("fp32", "tf32", "fp16")})
+TUNED.update({f"{v}_rows_mb96": (v, {"row_chains": True, "mma_min_blocks": 96}) for v in ("tf32", "fp16")})
+TUNED.update({"fp16_rows_ks8": ("fp16", {"row_chains": True, "mma_max_ks": 8})})
 
 
 def jobs_for(args, arch):

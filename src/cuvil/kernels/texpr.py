@@ -246,9 +246,10 @@ def cast(a: E, dtype: DType, saturate: bool = True, round_mode: str = "up") -> E
 
 
 def identity_value(kind: str, dtype: DType):
-    """The neutral element of a reduction (``sum``/``add``, ``prod``/``mul``, ``max``, ``min``, ``fmax``) in
-    ``dtype``."""
-    if kind in ("sum", "add"):
+    """The neutral element of a reduction (``sum``/``add``/``fma``, ``prod``/``mul``, ``max``, ``min``,
+    ``fmax``) in ``dtype``. ``fma`` (``acc = fma(a, b, acc)``, the kernel rules' contracted sum of products)
+    starts where a sum does: without it here it fell through to the float ``min``'s +inf."""
+    if kind in ("sum", "add", "fma"):
         return 0
     if kind in ("prod", "mul"):
         return 1

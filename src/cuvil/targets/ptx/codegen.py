@@ -232,7 +232,7 @@ class PtxKernelModule(LLVMKernelModule):
         fmt = mma_format(st, parts, self.sm, self.allow_tf32, self.precisions.get(st.name, ""))
         if fmt is None:
             return None
-        plan = plan_matmul(st, parts, fmt)
+        plan = plan_matmul(st, parts, fmt, self.tuning.mma_min_blocks, self.tuning.mma_max_ks)
         if plan.m < 16 or plan.n < 8 or plan.k < 16:
             return None      # a vector product: the float32 kernels waste less
         return parts, plan

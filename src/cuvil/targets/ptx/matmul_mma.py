@@ -308,7 +308,10 @@ def mma_format(st: Stage, parts, sm: int, allow_tf32: bool, precision: str = "")
     return "tf32" if allow_tf32 else None
 
 
-def plan_matmul(st: Stage, parts, fmt: str, min_blocks: int = MIN_BLOCKS) -> MatmulPlan:
+def plan_matmul(st: Stage, parts, fmt: str, min_blocks: int = MIN_BLOCKS, max_ks: int = 4) -> MatmulPlan:
+    """The block tile (the largest of 64 x 64, 64 x 32, 32 x 64 giving ``min_blocks`` blocks, else 32 x 32)
+    and the K groups (the most of ``max_ks``, 4, 2 that leave each group two chunks, keep the launch within
+    ``4 * min_blocks`` groups and fit the static shared memory; else 1)."""
     red, a, b, swapped = parts
     shape = [int(d) for d in st.buf.shape]
     m, n, k = shape[-2], shape[-1], int(red.attr[2][0])
@@ -328,8 +331,8 @@ def plan_matmul(st: Stage, parts, fmt: str, min_blocks: int = MIN_BLOCKS) -> Mat
     chunks = -(-k // TK)
     blocks = nb * -(-m // bm) * -(-n // bn)
     ks = 1
-    for cand in (4, 2):
-        if (chunks >= 2 * cand and blocks * cand <= 4 * min_blocks
+    for cand in (8, 4, 2):
+        if (cand <= max_ks and chunks >= 2 * cand and blocks * cand <= 4 * min_blocks
                 and smem_bytes(fmt, bm, bn, cand) <= SMEM_LIMIT
                 and reduction_bytes(bm, bn, cand) <= smem_bytes(fmt, bm, bn, cand)):
             ks = cand

@@ -174,8 +174,10 @@ def emit_row_chain(km, chain: Sequence[Stage], sym: str, threads: int) -> int:
             for v, x in zip(st.vars, ridx + [I64(0)]):
                 em.env[v.attr] = x
             acc = em.alloca(F32)
-            b.store(const_value(identity_value(kind, DType.FLOAT), DType.FLOAT), acc)
             combine = "sum" if kind == "fma" else kind
+            # the start is the combining operation's neutral element: an fma reduction is a sum (0), never the
+            # +inf that identity_value("fma") once gave (every LayerNorm variance +inf, the output beta alone)
+            b.store(const_value(identity_value(combine, DType.FLOAT), DType.FLOAT), acc)
             fmaf = em.fma_fn(DType.FLOAT) if kind == "fma" else None
 
             def term(t, red=red, vs=vs, extents=extents, kind=kind, acc=acc, fmaf=fmaf, combine=combine):

@@ -77,9 +77,14 @@ class PtxTuning:
     split_mode: str = attrs.field(default="outer", validator=attrs.validators.in_(("outer", "strided")))
     # row reductions and the element stage that reads them (LayerNorm's mean / variance / normalise, Softmax's
     # max / sum / divide) as one kernel, a block per row (ptx/row_chain.py); off: a kernel per stage, as before.
-    # Off: on the H200 its LayerNorm is wrong when fma contraction is on (relative error ~1.0; BERT-base too;
-    # tests/test_gpu_row_chain.py's strict xfails, bench/gpu/RESULTS.md 2026-12-03), found by its first GPU run
-    row_chains: bool = False
+    # On since session 15's H200 run (bench/gpu/RESULTS.md): its first run had found LayerNorm wrong with fma
+    # contraction (the fma reduction's accumulator started at +inf), fixed and tested there
+    row_chains: bool = True
+    # tensor-core MatMul / Gemm (ptx/matmul_mma.py plan_matmul): the blocks the tile choice aims for (the tile
+    # shrinks from 64 x 64 until the grid has this many), and the most K groups of four warps per block (1, 2,
+    # 4 or 8: 8 is a 1,024-thread block, float16 / bfloat16 32 x 32 tiles only, by shared memory)
+    mma_min_blocks: int = 264
+    mma_max_ks: int = attrs.field(default=4, validator=attrs.validators.in_((1, 2, 4, 8)))
     # (gpu_schedule) a MatMul operand that is a value times a constant scalar (attention's Q * s, Kt * s) is
     # multiplied in the product's loads instead of stored by a kernel of its own (schedule's scaled_operands)
     scaled_operands: bool = True
