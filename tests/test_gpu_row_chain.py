@@ -15,6 +15,7 @@ from cuvil.targets.ptx.codegen import build_ptx, gpu_schedule
 from cuvil.targets.ptx.row_chain import row_chain_at
 from cuvil.targets.ptx.tuning import PtxTuning
 from cuvil.testing.bert_block import bert_block
+from cuvil.testing.ptx_bundles import run_ptx_bundle
 from cuvil.testing.requires import needs_gpu, needs_ptxas
 
 
@@ -133,19 +134,6 @@ def test_row_kernels_assemble_without_spills(arch):
 #: oracle summed x + mask in float64 where the model's float32 Add rounds). Both fixed (session 15).
 
 
-def _run(model, feeds, tmp_path, name, fma=True, **tuning):
-    tuning.setdefault("row_chains", True)
-    from cuvil.targets.ptx.bundle import compile_bundle
-    from cuvil.targets.ptx.runtime import load_bundle
-    path = str(tmp_path / name)
-    compile_bundle(Pipeline.from_onnx(model).optimize().graph, path, fma=fma, tuning=PtxTuning(**tuning))
-    m = load_bundle(path)
-    try:
-        return m.run(*feeds)[0]
-    finally:
-        m.close()
-
-
 def _err(y, want):
     return float(np.abs(y - want).max() / np.abs(want).max())
 
@@ -156,8 +144,8 @@ def _err(y, want):
 def test_gpu_layer_norm_matches_numpy(tmp_path, n, fma):
     model, ref = layer_norm(n=n)
     x = (np.random.default_rng(1).standard_normal((2, 37, n)) * 3 + 1).astype(np.float32)
-    y = _run(model, [x], tmp_path, "new", fma=fma)
-    y0 = _run(model, [x], tmp_path, "old", fma=fma, row_chains=False)
+    y = run_ptx_bundle(model, [x], tmp_path / "new", fma=fma)
+    y0 = run_ptx_bundle(model, [x], tmp_path / "old", fma=fma, row_chains=False)
     assert _err(y, ref(x)) < 2e-6 and _err(y, y0) < 2e-6
 
 
@@ -169,10 +157,10 @@ def test_gpu_masked_softmax_matches_numpy(tmp_path, masked):
     x = rng.standard_normal((1, 3, 45, 45)).astype(np.float32) * 4
     m = np.zeros((1, 1, 1, 45), np.float32)
     m[..., 30:] = masked                                   # padding keys
-    y = _run(model, [x, m], tmp_path, "a")
+    y = run_ptx_bundle(model, [x, m], tmp_path / "a")
     assert _err(y, ref(x, m)) < 2e-6 and np.all(y[..., 30:] == 0)
     m[:] = masked                                          # every key masked: -inf gives NaN, as numpy does
-    y = _run(model, [x, m], tmp_path, "b")
+    y = run_ptx_bundle(model, [x, m], tmp_path / "b")
     want = ref(x, m)
     assert np.array_equal(np.isnan(y), np.isnan(want))
     if masked != -np.inf:
@@ -183,7 +171,7 @@ def test_gpu_masked_softmax_matches_numpy(tmp_path, masked):
 def test_gpu_cross_row_stays_correct(tmp_path):
     model, ref = cross_row()
     x = np.random.default_rng(3).standard_normal((4, 4, 64)).astype(np.float32)
-    assert _err(_run(model, [x], tmp_path, "x"), ref(x)) < 1e-6
+    assert _err(run_ptx_bundle(model, [x], tmp_path / "x"), ref(x)) < 1e-6
 
 
 @needs_gpu
@@ -197,5 +185,5 @@ def test_gpu_bert_block_with_padding_matches_onnxruntime(tmp_path, seq):
     mask[1, seq // 2 + 1:] = 0
     want = ort_session(model).run(None, {"x": x, "attention_mask": mask})[0]
     for fma in (True, False):
-        y = _run(model, [x, mask], tmp_path, f"b{fma}", fma=fma)
+        y = run_ptx_bundle(model, [x, mask], tmp_path / f"b{fma}", fma=fma)
         assert _err(y, want) < 1e-5, (seq, fma)
