@@ -1,3 +1,4 @@
+import json
 import os
 
 import pytest
@@ -25,13 +26,32 @@ def pytest_configure(config):
     # `pytest -n auto` (pytest-xdist) distributes module by module ('loadfile'), not test by test (xdist's
     # default, 'load'): several modules do the work of all their tests in one module-scoped fixture (the ONNX
     # conformance cases and the replay snapshots, each in its own pool of processes; compiled libraries), which
-    # every worker running a test of the module would repeat. Largest modules first, so the conformance module
-    # starts at once and the other worker takes the rest meanwhile.
+    # every worker running a test of the module would repeat.
     if getattr(config.option, "dist", None) == "load":
         config.option.dist = "loadfile"
+    if getattr(config.option, "dist", None) == "loadfile":
+        # Costliest modules first (pytest_collection_modifyitems), in that order: xdist's own reordering would
+        # put the modules with the most tests first, and left modules of few but long tests (the verdicts'
+        # re-proofs, the x86 models) to the end, where one worker ran them alone while the other idled.
+        config.option.loadscopereorder = False
+
+
+#: Each module's CPU seconds in the gate (scripts/pytest_cpu_profile.py --costs); a module not listed counts 0.
+MODULE_COSTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "module_cpu_seconds.json")
+
+
+def _costliest_modules_first(items) -> None:
+    try:
+        with open(MODULE_COSTS, encoding="utf-8") as f:
+            costs = json.load(f)
+    except (OSError, ValueError):
+        return
+    items.sort(key=lambda it: -costs.get(it.nodeid.split("::")[0], 0.0))   # stable: a module's tests stay in order
 
 
 def pytest_collection_modifyitems(config, items):
+    if getattr(config.option, "dist", None) == "loadfile" or hasattr(config, "workerinput"):
+        _costliest_modules_first(items)
     # The gate (`.ci/run`: the README's `pytest -q -n auto`) leaves out the tests marked slow: each costs tens of
     # seconds of CPU and repeats, on a larger model or a longer run, what a cheaper test of the gate checks (its
     # marker's reason names which). They are skipped, not deselected, so every run lists them with that reason.

@@ -9,7 +9,6 @@ import numpy as np
 from .. import progress
 from ..errors import CuvilError
 from ..pipeline import Pipeline
-from ..verify import NATIVE_RTOL, verify, verify_artifact
 from .flags import add_model_arg, add_progress_flag, add_quiet_flag, add_shape_flags, add_threads_flag, threads
 from .shape_flags import bind_shapes, check_shape_flags
 
@@ -35,6 +34,8 @@ def register(sub) -> None:
 
 
 def cmd_verify(args) -> int:
+    # imported here: cuvil.verify brings Hypothesis, which no other command needs, into every `cuvil` process
+    from ..verify import NATIVE_RTOL, verify, verify_artifact
     if args.examples < 1:
         raise CuvilError(f"--examples {args.examples}: at least one example is needed", hint="--examples 50 (the default)")
     n_threads = threads(args.threads)

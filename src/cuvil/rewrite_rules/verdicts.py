@@ -72,6 +72,37 @@ def _write(path: str, data: Dict[str, dict]) -> None:
     os.replace(tmp, path)
 
 
+class _PerRule:
+    """A memo of values computed from a rule object and a verdict, by identity (both are kept, so their ids are
+    not reused): every compile runs the same built-in rule objects through :func:`proved_rules`, and their keys,
+    verdicts and restricted forms cost ~10 ms per compile when recomputed. Cleared when it grows large (rules
+    loaded afresh for each compile of a long-running process)."""
+
+    LIMIT = 4096
+
+    def __init__(self):
+        self._memo: Dict[Tuple[int, int], tuple] = {}
+
+    def get(self, rule: Rule, verdict: Optional[Verdict], make):
+        key = (id(rule), id(verdict))
+        hit = self._memo.get(key)
+        if hit is not None and hit[0] is rule and hit[1] is verdict:
+            return hit[2]
+        value = make()
+        if len(self._memo) >= self.LIMIT:
+            self._memo.clear()
+        self._memo[key] = (rule, verdict, value)
+        return value
+
+
+_RULE_KEYS = _PerRule()
+
+
+def _key(rule: Rule) -> str:
+    """:func:`rule_key`, memoised per rule object."""
+    return _RULE_KEYS.get(rule, None, lambda: rule_key(rule))
+
+
 class VerdictStore:
     """Shipped verdicts (read-only) in front of the user's cache (read-write)."""
 
@@ -80,10 +111,18 @@ class VerdictStore:
         self.cache_path = cache_path or user_cache_path()
         self.shipped = _read(self.shipped_path)
         self.cache = _read(self.cache_path)
+        self._parsed: Dict[str, Verdict] = {}      # rule key -> its record as a Verdict (records never change)
+        self.restricted = _PerRule()               # restrict_to_proof's results (they depend on the store's facts)
 
     def get(self, rule: Rule) -> Optional[Verdict]:
-        d = self.shipped.get(rule_key(rule)) or self.cache.get(rule_key(rule))
-        return Verdict.from_json(d) if d else None
+        key = _key(rule)
+        v = self._parsed.get(key)
+        if v is None:
+            d = self.shipped.get(key) or self.cache.get(key)
+            if not d:
+                return None
+            v = self._parsed[key] = Verdict.from_json(d)
+        return v
 
     def put(self, v: Verdict) -> None:
         if v.status == "unknown":
@@ -100,6 +139,7 @@ class VerdictStore:
 
     def _put(self, key: str, record: dict) -> None:
         self.cache[key] = record
+        self._parsed.pop(key, None)
         try:
             _write(self.cache_path, self.cache)
         except OSError:
@@ -133,7 +173,7 @@ def verdicts(rules: Sequence[Rule], *, store: Optional[VerdictStore] = None, use
     for r in rules:
         v = store.get(r) if store is not None else None
         if v is None and use_cache:
-            v = _SESSION.get(rule_key(r))
+            v = _SESSION.get(_key(r))
         if v is not None and v.rule == r.name:
             out.append((v, True))
             continue
@@ -176,7 +216,8 @@ def proved_rules(rules: Sequence[Rule], *, on_unproved: str = "error", allow_bou
         raise RuleRejectedError("rules that are not proved may not run:\n" + "\n".join(lines))
     if proofs is not None:
         proofs.update({r.name: v for r, v in ok})
-    return [restrict_to_proof(r, v, kw.get("store")) for r, v in ok]
+    store = kw.get("store") or _default_store()
+    return [store.restricted.get(r, v, lambda r=r, v=v: restrict_to_proof(r, v, store)) for r, v in ok]
 
 
 def restrict_to_proof(rule: Rule, v: Verdict, store: Optional[VerdictStore] = None) -> Rule:
