@@ -100,6 +100,10 @@ class X86Tuning:
     # streams for the hardware prefetcher). False: the A/B (bench/amx_resnet_ab.py --no-next-panel-prefetch);
     # the outputs are the same bits either way
     next_panel_prefetch: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
+    # a bf16 convolution whose output only a padded copy reads (a 1x1 before a 3x3) stores its rows into the
+    # copy's interior, and the copy writes only the zero border (cuvil.kernels.pad_in_place): ResNet-50's
+    # pad passes gone. False: the A/B (bench/amx_resnet_ab.py --no-pad-in-place); the same bits either way
+    pad_in_place: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
 
     @property
     def bf16_storage_mode(self) -> str:
