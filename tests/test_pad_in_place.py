@@ -1,6 +1,6 @@
 """Producers writing into their reader's padded buffer (cuvil.kernels.pad_in_place): a bf16 convolution whose
 output only a padded copy reads stores its rows into the copy's interior, and the copy writes only the zero
-border. The outputs must be the same bits as with the copy (X86Tuning(pad_in_place=False)): 1x1 -> 3x3 and
+border (opt-in: X86Tuning(pad_in_place=True)). The outputs must be the same bits as with the copy: 1x1 -> 3x3 and
 3x3 -> 5x5 chains, odd map sizes (rows crossing vector and tile ends), channel counts off the 32-channel
 tiles, batch 2 and a symbolic batch; the arena reuse between runs (a stale border would show in the second).
 Skipped, with the reason printed, on CPUs without AVX512_BF16 (no bf16 kernels, nothing to write in place).

@@ -18,6 +18,10 @@ plan (ResNet-50: ~4 MB an image for 16 padded inputs) to save a pass that costs 
 
 Values are bit for bit those of the copy: the producer stores what the copy would have read (same dtype, the
 same rounding), and the border holds the same fill.
+
+Opt-in (``schedule(pad_in_place=True)``; x86: ``X86Tuning(pad_in_place=True)``): measured on ResNet-50 bf16 on
+a 2-core Xeon with AMX, the copies' time went and the 3x3 readers slowed by about as much, the copy pass having
+left their input fresh in L2 (bench/PRECISION.md, 2026-12-03 session 15).
 """
 from __future__ import annotations
 
