@@ -865,12 +865,13 @@ def vector_epilogue(em, st: Stage, node: E, kinds: dict, n, mbase, p0, accs, mr:
         lanes = ir.Constant(ir.VectorType(I64, vw), list(range(vw)))
         masks = [b.icmp_signed("<", lanes, splat(b, b.sub(ncols, I64(v * vw)), vw)) for v in range(nv)]
 
-    segments = None      # pitched output: per vector, its first position's indices and (shift, lanes) per row
-    if st.buf.pitch is not None:
+    segments = None      # pitched output, a tile crossing a row end: per vector, its first position's indices
+    pitched = st.buf.pitch is not None        # and (shift, lanes) per output row it touches
+
+    def make_segments():
         width, gap = out_sp[-1], st.buf.pitch[-2] - out_sp[-1]
-        i1v = ir.VectorType(ir.IntType(1), vw)
         lanes = ir.Constant(ir.VectorType(I64, vw), list(range(vw)))
-        segments = []
+        out = []
         for v in range(nv):
             at = unflatten(b, b.add(p0, I64(v * vw)), out_sp)
             col = b.add(splat(b, at[-1], vw), lanes)        # each lane's column counted from its first row
@@ -879,7 +880,8 @@ def vector_epilogue(em, st: Stage, node: E, kinds: dict, n, mbase, p0, accs, mr:
                 mj = b.and_(b.icmp_signed(">=", col, splat(b, I64(j * width), vw)),
                             b.icmp_signed("<", col, splat(b, I64((j + 1) * width), vw)))
                 parts.append((j * gap, mj if masks is None else b.and_(mj, masks[v])))
-            segments.append((at, parts))
+            out.append((at, parts))
+        return out
 
     def row(r):
         m = b.add(mbase, I64(r))
@@ -943,6 +945,7 @@ def vector_epilogue(em, st: Stage, node: E, kinds: dict, n, mbase, p0, accs, mr:
                 value = emit(st.expr)
                 at, parts = segments[v]
                 dst = em.address(st.buf, [n, m] + at)
+                prefetch(dst, I16 if st.buf.dtype == DType.BFLOAT16 else F32, v, True)
                 for gap_, mj in parts:
                     put(value, b.gep(dst, [I64(gap_)], source_etype=I16 if st.buf.dtype == DType.BFLOAT16 else F32,
                                      inbounds=False), mj)
@@ -966,7 +969,7 @@ def vector_epilogue(em, st: Stage, node: E, kinds: dict, n, mbase, p0, accs, mr:
             else:
                 b.call(hstore, [h, ptr, I32(2), mask])
     else:
-        if segments is not None and masks is None:
+        if pitched and masks is None:
             i1v = ir.VectorType(ir.IntType(1), vw)
             mstore = em.km.declare(f"llvm.masked.store.v{vw}f32.p0", ir.VoidType(), [vec, PTR, I32, i1v])
 
@@ -979,13 +982,29 @@ def vector_epilogue(em, st: Stage, node: E, kinds: dict, n, mbase, p0, accs, mr:
             else:
                 b.call(mstore, [value, ptr, I32(4), mask])
 
-    for r in range(mr):
-        if nrows is None or r == 0:
-            row(r)
-            continue
-        with b.if_then(b.icmp_signed(">", nrows, I64(r))):
+    def rows():
+        for r in range(mr):
+            if nrows is None or r == 0:
+                row(r)
+                continue
+            with b.if_then(b.icmp_signed(">", nrows, I64(r))):
+                em.memo.append(dict(em.memo[-1]))
+                row(r)
+                em.memo.pop()
+    if not pitched:
+        rows()
+        return
+    # a tile within one output row stores as into a row-major buffer (its positions consecutive there too);
+    # one that crosses a row end (3 of 7 32-position tiles of a 56-wide map) in segments
+    with b.if_else(b.icmp_signed("<=", b.add(lead[-1], I64(nv * vw)), I64(out_sp[-1]))) as (then, otherwise):
+        with then:
             em.memo.append(dict(em.memo[-1]))
-            row(r)
+            rows()
+            em.memo.pop()
+        with otherwise:
+            em.memo.append(dict(em.memo[-1]))
+            segments = make_segments()
+            rows()
             em.memo.pop()
 
 
