@@ -13,6 +13,8 @@ kernels) in one process, with OpenVINO's default (bf16 on a CPU with AMX) beside
     PYTHONPATH=src python3 bench/amx_resnet_ab.py --build /tmp/policy-f32skip.so --policy --no-bf16-residual
     # the same without the AMX epilogues' prefetch of the next panel (X86Tuning(next_panel_prefetch=False))
     PYTHONPATH=src python3 bench/amx_resnet_ab.py --build /tmp/nopf.so --no-next-panel-prefetch
+    # the same with producers writing into their 3x3 reader's padded buffer, no copies (X86Tuning(pad_in_place=True))
+    PYTHONPATH=src python3 bench/amx_resnet_ab.py --build /tmp/inplace.so --policy --pad-in-place
     # the same from an older tree (git archive OLD | tar -x -C /tmp/old; cd /tmp/old; ... --build /tmp/old.so)
     PYTHONPATH=src python3 bench/amx_resnet_ab.py /tmp/old.so /tmp/new.so [--blocks 3 --runs 15]
     PYTHONPATH=src python3 bench/amx_resnet_ab.py /tmp/old.so /tmp/new.so --steps 40   # GEMM steps by kind
@@ -116,6 +118,9 @@ def main(argv=None):
     ap.add_argument("--no-next-panel-prefetch", action="store_true",
                     help="with --build: no prefetch of the next panel in the AMX epilogues "
                          "(X86Tuning(next_panel_prefetch=False))")
+    ap.add_argument("--pad-in-place", action="store_true",
+                    help="with --build: producers write into their 3x3 reader's padded buffer, no padded copies "
+                         "(X86Tuning(pad_in_place=True))")
     ap.add_argument("--blocks", type=int, default=3)
     ap.add_argument("--runs", type=int, default=15)
     ap.add_argument("--pause-ms", type=float, default=30)
@@ -128,11 +133,12 @@ def main(argv=None):
     model, feeds, _ = model_and_feeds("resnet50", 128, 12)
     if a.build:
         kw = {}
-        if a.fp32_activations or a.bf16_residual or a.no_bf16_residual or a.no_next_panel_prefetch:
+        if a.fp32_activations or a.bf16_residual or a.no_bf16_residual or a.no_next_panel_prefetch or a.pad_in_place:
             from cuvil.targets.x86.tuning import X86Tuning
             resid = True if a.bf16_residual else False if a.no_bf16_residual else None
             kw["tuning"] = X86Tuning(bf16_storage=not a.fp32_activations, bf16_residual=resid,
-                                     next_panel_prefetch=not a.no_next_panel_prefetch)
+                                     next_panel_prefetch=not a.no_next_panel_prefetch,
+                                     pad_in_place=a.pad_in_place)
         lib = compile_at(model, "bf16", feeds=feeds, every=not a.policy, **kw)
         shutil.copy(lib.path, a.build)
         shutil.copy(lib.path[:-3] + ".manifest.json", a.build[:-3] + ".manifest.json")

@@ -355,9 +355,10 @@ class BoundsProver:
         r, model = self._solve(tr, acc, goal)
         if r == "unsat":
             return None
-        if not acc.flat and len(idx) > 1:
+        if not acc.flat and len(idx) > 1 and acc.buf.pitch is None:
             # an index past one dim may still be inside the buffer's row-major storage (what the kernels
-            # address): the flat offset, with the strides as symbol expressions
+            # address): the flat offset, with the strides as symbol expressions (not so in a pitched view,
+            # whose rows are apart by more than their length)
             flat = z3.IntVal(0)
             for i, d in zip(idx, shape):
                 flat = flat * d + i
@@ -375,14 +376,15 @@ class BoundsProver:
 
     def extent(self, view: Buf, limit, ranges) -> Optional[str]:
         """None when ``view``'s bytes fit in ``limit`` bytes (an int or dim expression) at every point of the
-        profile."""
-        key = f"extent|{view.nbytes}|{limit}|{sorted(ranges.items())}"
+        profile (a pitched view: its span, from its root's start to past its last element)."""
+        size = view.span
+        key = f"extent|{size}|{limit}|{sorted(ranges.items())}"
         if key in self.cache:
             self.hits += 1
             return self.cache[key]
         try:    # enclosing intervals settle most (the arena plan sized buffers by the same bound): no Z3 query,
             # whose nonlinear products of symbols could otherwise time out on a loaded machine
-            if bounds(view.nbytes, ranges)[1] <= bounds(limit, ranges)[0]:
+            if bounds(size, ranges)[1] <= bounds(limit, ranges)[0]:
                 self.hits += 1
                 self.cache[key] = None
                 return None
@@ -393,10 +395,10 @@ class BoundsProver:
         s = z3.Solver()
         s.set("timeout", self.timeout_ms)
         s.set("rlimit", self.rlimit)
-        s.add(z3.Not(tr.dim(view.nbytes) <= tr.dim(limit)))
+        s.add(z3.Not(tr.dim(size) <= tr.dim(limit)))
         s.add(*tr.side)
         r = s.check()
-        out = None if r == z3.unsat else f"{view.name}: {view.nbytes} bytes may exceed {limit} ({r})"
+        out = None if r == z3.unsat else f"{view.name}: {size} bytes may exceed {limit} ({r})"
         self.cache[key] = out
         return out
 

@@ -286,6 +286,10 @@ class PadWindow:
     sizes: tuple        # the input's spatial extents
     fill: float
     interior: object    # () -> E over the stage's variables
+    # the interior is written in place by the input's producer (cuvil.kernels.pad_in_place): the x86 kernel
+    # writes only the border (the plain expression copies each interior element onto itself); out of the repr,
+    # which the process-replay snapshots print (the pitched producer's stage shows it: cuvil.testing.replay)
+    in_place: bool = attrs.field(default=False, repr=False)
 
 
 @attrs.define(eq=False)

@@ -24,6 +24,7 @@ from .loops import LoopRegion, extend_lifetimes, lower_loop_back, lower_loop_sta
 from .lower import LOWERINGS, LowerCtx, TensorFn
 from .lower.core import bf16_stored
 from .bf16_storage import bf16_storage_reason
+from .pad_in_place import write_pads_in_place
 from .run_time_sizes import run_time_symbols
 from .texpr import E, Buf, const, load, replace_node, top_level, var
 
@@ -73,6 +74,8 @@ class Schedule:
     hidden: List[Buf] = attrs.field(factory=list)
     # values stored as bfloat16 (``bf16_storage``): name -> why (the readers that round them anyway)
     bf16_stored: Dict[str, str] = attrs.field(factory=dict)
+    # values a bf16 convolution stores into its reader's padded buffer (``pad_in_place``)
+    pads_in_place: List[str] = attrs.field(factory=list)
 
     @property
     def ranges(self) -> Dict[str, Tuple[int, int]]:
@@ -106,7 +109,7 @@ def schedule(g: Graph, gemm_cols: int = 0, split_concat: bool = False, gemm_tile
              channel_tile_cost: Optional[float] = None, run_time_sizes: bool = False,
              hidden_inputs: int = 0, narrow_formats: tuple = (), matmul_tile: tuple = (),
              bf16_storage: str = "", tile_choices: Optional[dict] = None,
-             scaled_operands: bool = False) -> Schedule:
+             scaled_operands: bool = False, pad_in_place: bool = False) -> Schedule:
     """Stages and memory plan of ``g``. ``gemm_cols > 0`` lowers convolutions to packed contractions (the
     x86 micro-kernels), each with a register tile (rows, cols[, lanes]) among ``gemm_tiles`` (default
     ``((MR, gemm_cols),)``), and constant-weight MatMuls to column panels ``gemm_cols`` wide; 0 keeps plain
@@ -144,7 +147,9 @@ def schedule(g: Graph, gemm_cols: int = 0, split_concat: bool = False, gemm_tile
     channels per group, k reduction terms), taken instead of :func:`cuvil.kernels.contraction.choose_tile`'s. ``scaled_operands`` (the GPU's): a value
     that only MatMuls read and that is another value times (or divided by) a constant scalar is inlined into
     their loads instead of stored (attention's ``Q * s`` and ``Kt * s``: the product's kernel multiplies each
-    element it loads, the same rounding, and a kernel and a pass over the operand less)."""
+    element it loads, the same rounding, and a kernel and a pass over the operand less). ``pad_in_place`` (x86):
+    a bf16 convolution whose output only a padded copy reads writes into the copy's interior, and the copy
+    stage writes only the border (:mod:`cuvil.kernels.pad_in_place`)."""
     data_syms, writers, limits = run_time_symbols(g, run_time_sizes)
     syms = _run_time_symbols(g, data_syms)
     ranges = {s.name: (s.min, s.max) for s in syms}
@@ -171,6 +176,7 @@ def schedule(g: Graph, gemm_cols: int = 0, split_concat: bool = False, gemm_tile
     for s in stages:
         s.reads = _reads(s.expr) + ([s.guard[0]] if s.guard is not None else [])
         s.flops = _flops(s, opt)
+    in_place = write_pads_in_place(stages, ARENA) if pad_in_place else []
     # constants that no kernel reads (weights a kernel reads repacked) stay out of the artifact
     read = {id(root_of(b)) for s in stages for b in s.reads}
     weights = {k: (b, a) for k, (b, a) in weights.items() if id(root_of(b)) in read}
@@ -178,7 +184,7 @@ def schedule(g: Graph, gemm_cols: int = 0, split_concat: bool = False, gemm_tile
     wbytes = _plan_weights(weights)
     return Schedule(stages, builder.in_bufs, builder.out_bufs, [(b, a) for b, a in weights.values() if a is not None],
                     arena, wbytes, builder.fused, syms, builder.loops, len(data_syms), limits, builder.hidden_bufs,
-                    builder.bf16_stored)
+                    builder.bf16_stored, in_place)
 
 
 def _run_time_symbols(g: Graph, data_syms: Dict[str, Symbol]) -> List[Symbol]:
@@ -639,7 +645,7 @@ def _plan_arena(stages: List[Stage], ranges: Dict[str, Tuple[int, int]], loops: 
         for b in [s.buf] + s.reads:
             r = root_of(b)
             if r.base == ARENA:
-                b.offset = offsets[id(r)]
+                b.offset = offsets[id(r)] + b.shift
     return top
 
 

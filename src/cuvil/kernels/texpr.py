@@ -23,14 +23,18 @@ _ids = itertools.count()
 
 @attrs.define(eq=False)
 class Buf:
-    """A contiguous buffer: ``bufs[base] + offset`` bytes, row-major ``shape``. Aliases (reshapes) are
-    other Buf objects over the same bytes."""
+    """A buffer: ``bufs[base] + offset`` bytes, row-major ``shape``. Aliases (reshapes) are other Buf
+    objects over the same bytes. A *pitched* view (``pitch``: element strides, not the shape's row-major ones;
+    ``shift``: bytes from its root's start) is the interior of a larger buffer, written by a producer in place
+    (:mod:`cuvil.kernels.pad_in_place`): kernels address it through :attr:`strides`, never as flat offsets."""
     name: str
     dtype: DType
     shape: Tuple[int, ...]
     base: int = -1        # index into the kernel's bufs array (0 arena, 1 weights, then inputs, outputs)
     offset: int = 0       # bytes
     root: Optional["Buf"] = None   # the buffer this one is a view of (reshapes)
+    pitch: Optional[Tuple[int, ...]] = None   # element strides of a pitched view (None: row-major)
+    shift: int = 0        # bytes from the root's first byte to this view's first element
 
     @property
     def storage(self) -> "Buf":
@@ -42,7 +46,18 @@ class Buf:
         return product(self.shape) * self.dtype.itemsize
 
     @property
+    def span(self):
+        """Bytes of its root from the root's start to past this view's last element (``nbytes`` for a
+        row-major view at the root's start): what must fit in the root."""
+        if self.pitch is None:
+            return self.shift + self.nbytes
+        last = sum((d - 1) * s for d, s in zip(self.shape, self.pitch))
+        return self.shift + (last + 1) * self.dtype.itemsize
+
+    @property
     def strides(self) -> Tuple[int, ...]:
+        if self.pitch is not None:
+            return tuple(self.pitch)
         out, acc = [], 1
         for d in reversed(self.shape):
             out.append(acc)

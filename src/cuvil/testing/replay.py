@@ -81,6 +81,8 @@ _ADDRESS = re.compile(r" at 0x[0-9a-f]+")
 
 def _buf(b: Buf) -> str:
     view = f" view of {b.root.name}" if b.root is not None else ""
+    if b.pitch is not None:        # a producer writing into its reader's padded buffer (kernels/pad_in_place.py)
+        view += f" pitch {list(b.pitch)}"
     return f"{b.name}:{b.dtype.name}{list(b.shape)}@{b.base}+{b.offset}{view}"
 
 
@@ -112,7 +114,8 @@ class _StagePrinter:
         if callable(a) and not isinstance(a, type):   # a lowering's closure: its name is not the kernel
             return "<function>"
         if attrs.has(type(a)):
-            fields = ", ".join(f"{f.name}={self.attr(getattr(a, f.name))}" for f in attrs.fields(type(a)))
+            fields = ", ".join(f"{f.name}={self.attr(getattr(a, f.name))}" for f in attrs.fields(type(a))
+                                   if f.repr is not False)
             return f"{type(a).__name__}({fields})"
         return _ADDRESS.sub("", repr(a))
 

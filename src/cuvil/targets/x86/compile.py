@@ -177,7 +177,8 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
         sched = schedule(g, gemm_cols=tile_cols(bits), split_concat=True, gemm_tiles=tile_shapes(bits, tuning),
                          row_kernels=True, channel_tile_cost=tuning.channel_tile_cost, run_time_sizes=True,
                          hidden_inputs=3 * len(lora_slots), narrow_formats=narrow,
-                         matmul_tile=matmul_tile(target_cpu, tuning), bf16_storage=tuning.bf16_storage_mode, tile_choices=tuning.tile_choices)
+                         matmul_tile=matmul_tile(target_cpu, tuning), bf16_storage=tuning.bf16_storage_mode, tile_choices=tuning.tile_choices,
+                         pad_in_place=tuning.pad_in_place)
         s.detail(f"{len(sched.stages)} kernels, arena {_bytes(sched.arena_bytes)}, "
                  f"weights {_bytes(sched.weights_bytes)}")
     _check_arena(sched, arena_limit(max_arena_bytes))
@@ -198,7 +199,8 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
                               gemm_tiles=tile_shapes(bits, tuning), row_kernels=True,
                               channel_tile_cost=tuning.channel_tile_cost, hidden_inputs=3 * len(lora_slots),
                               narrow_formats=narrow, matmul_tile=matmul_tile(target_cpu, tuning),
-                              bf16_storage=tuning.bf16_storage_mode, tile_choices=tuning.tile_choices)
+                              bf16_storage=tuning.bf16_storage_mode, tile_choices=tuning.tile_choices,
+                         pad_in_place=tuning.pad_in_place)
             s.detail(f"{point}: {len(osched.stages)} kernels")
         with stage("memory safety (opt point)", detail=f"{len(osched.stages)} kernels") as s:
             opt_cert = prove_schedule(osched, "opt", prover)
@@ -289,6 +291,8 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
         "arena_bytes": sched.arena_bytes,
         # activations stored as bfloat16 between bf16 convolutions (X86Tuning.bf16_storage): value -> why
         **({"bf16_activations": dict(sched.bf16_stored)} if sched.bf16_stored else {}),
+        # values a bf16 convolution stores into its 3x3 reader's padded buffer (X86Tuning.pad_in_place)
+        **({"pads_in_place": list(sched.pads_in_place)} if sched.pads_in_place else {}),
         "scratch_bytes_per_thread": target["scratch_bytes"],
         "weights_bytes": sched.weights_bytes,
         **({"weights_file": weights_file} if weights_file else {}),

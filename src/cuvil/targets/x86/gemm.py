@@ -838,7 +838,12 @@ def vector_epilogue(em, st: Stage, node: E, kinds: dict, n, mbase, p0, accs, mr:
     tile, whose rows past nrows are skipped and whose columns past ncols are masked off (loads and stores);
     None: a full tile. ``ahead`` (positions, 0: none): each line the epilogue reads at the output position
     (a residual) or writes is prefetched ``ahead`` positions further on, for the tile that comes back to these
-    channels ``ahead`` positions later (a hint: prefetches never fault, past the buffer's end included)."""
+    channels ``ahead`` positions later (a hint: prefetches never fault, past the buffer's end included).
+
+    A pitched output (``st.buf.pitch``: the interior of its reader's padded buffer,
+    :mod:`cuvil.kernels.pad_in_place`) has rows ``pitch[-2]`` elements apart, more than their width: a vector of
+    consecutive positions that crosses a row end is stored in segments, one masked store per output row it
+    touches (lanes of row h + j at ``j * (pitch[-2] - W)`` elements further on)."""
     b = em.b
     vec = accs[0].type
     vw = vec.count
@@ -859,6 +864,24 @@ def vector_epilogue(em, st: Stage, node: E, kinds: dict, n, mbase, p0, accs, mr:
         mstore = em.km.declare(f"llvm.masked.store.v{vw}f32.p0", ir.VoidType(), [vec, PTR, I32, i1v])
         lanes = ir.Constant(ir.VectorType(I64, vw), list(range(vw)))
         masks = [b.icmp_signed("<", lanes, splat(b, b.sub(ncols, I64(v * vw)), vw)) for v in range(nv)]
+
+    segments = None      # pitched output, a tile crossing a row end: per vector, its first position's indices
+    pitched = st.buf.pitch is not None        # and (shift, lanes) per output row it touches
+
+    def make_segments():
+        width, gap = out_sp[-1], st.buf.pitch[-2] - out_sp[-1]
+        lanes = ir.Constant(ir.VectorType(I64, vw), list(range(vw)))
+        out = []
+        for v in range(nv):
+            at = unflatten(b, b.add(p0, I64(v * vw)), out_sp)
+            col = b.add(splat(b, at[-1], vw), lanes)        # each lane's column counted from its first row
+            parts = []
+            for j in range(1 + -(-(vw - 1) // width)):
+                mj = b.and_(b.icmp_signed(">=", col, splat(b, I64(j * width), vw)),
+                            b.icmp_signed("<", col, splat(b, I64((j + 1) * width), vw)))
+                parts.append((j * gap, mj if masks is None else b.and_(mj, masks[v])))
+            out.append((at, parts))
+        return out
 
     def row(r):
         m = b.add(mbase, I64(r))
@@ -918,6 +941,15 @@ def vector_epilogue(em, st: Stage, node: E, kinds: dict, n, mbase, p0, accs, mr:
                             out = getattr(b, op + "_")(out, a)
                 memo[e.uid] = out
                 return out
+            if segments is not None:
+                value = emit(st.expr)
+                at, parts = segments[v]
+                dst = em.address(st.buf, [n, m] + at)
+                prefetch(dst, I16 if st.buf.dtype == DType.BFLOAT16 else F32, v, True)
+                for gap_, mj in parts:
+                    put(value, b.gep(dst, [I64(gap_)], source_etype=I16 if st.buf.dtype == DType.BFLOAT16 else F32,
+                                     inbounds=False), mj)
+                continue
             dst = out_ptr(m)(v)
             prefetch(dst, I16 if st.buf.dtype == DType.BFLOAT16 else F32, v, True)
             put(emit(st.expr), dst, None if masks is None else masks[v])
@@ -937,6 +969,10 @@ def vector_epilogue(em, st: Stage, node: E, kinds: dict, n, mbase, p0, accs, mr:
             else:
                 b.call(hstore, [h, ptr, I32(2), mask])
     else:
+        if pitched and masks is None:
+            i1v = ir.VectorType(ir.IntType(1), vw)
+            mstore = em.km.declare(f"llvm.masked.store.v{vw}f32.p0", ir.VoidType(), [vec, PTR, I32, i1v])
+
         def out_ptr(m):
             return lambda v: b.gep(em.address(st.buf, [n, m] + lead), [I64(v * vw)], source_etype=F32, inbounds=True)
 
@@ -946,13 +982,29 @@ def vector_epilogue(em, st: Stage, node: E, kinds: dict, n, mbase, p0, accs, mr:
             else:
                 b.call(mstore, [value, ptr, I32(4), mask])
 
-    for r in range(mr):
-        if nrows is None or r == 0:
-            row(r)
-            continue
-        with b.if_then(b.icmp_signed(">", nrows, I64(r))):
+    def rows():
+        for r in range(mr):
+            if nrows is None or r == 0:
+                row(r)
+                continue
+            with b.if_then(b.icmp_signed(">", nrows, I64(r))):
+                em.memo.append(dict(em.memo[-1]))
+                row(r)
+                em.memo.pop()
+    if not pitched:
+        rows()
+        return
+    # a tile within one output row stores as into a row-major buffer (its positions consecutive there too);
+    # one that crosses a row end (3 of 7 32-position tiles of a 56-wide map) in segments
+    with b.if_else(b.icmp_signed("<=", b.add(lead[-1], I64(nv * vw)), I64(out_sp[-1]))) as (then, otherwise):
+        with then:
             em.memo.append(dict(em.memo[-1]))
-            row(r)
+            rows()
+            em.memo.pop()
+        with otherwise:
+            em.memo.append(dict(em.memo[-1]))
+            segments = make_segments()
+            rows()
             em.memo.pop()
 
 

@@ -6,7 +6,8 @@ indices are not affine in the loop variable, so nothing vectorises and every ele
 tests. Here every spatial axis is split at the pad boundaries instead, with no test per element: rows
 outside the input are filled, rows inside are ``fill`` for ``[0, begin)``, the unclamped input expression
 for ``[begin, begin + size)`` (contiguous reads of the producer, which LLVM vectorises) and ``fill`` after.
-The parallel range is the (image, channel) planes.
+The parallel range is the (image, channel) planes. A copy whose interior its producer wrote in place
+(``PadWindow.in_place``, :mod:`cuvil.kernels.pad_in_place`) writes the border only.
 """
 from __future__ import annotations
 
@@ -62,8 +63,9 @@ def emit_pad_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]]:
         extent, b0, size = shape[lead + d], spec.begin[d], spec.sizes[d]
         fill(prefix, d, 0, b0)
         if d == last:
-            em.loop_range(I64(b0), I64(b0 + size), lambda w: store(prefix + [w], lambda: em.emit(interior)),
-                          tail_fold=fold)
+            if not spec.in_place:     # (in place: the producer wrote the interior, only the border is ours)
+                em.loop_range(I64(b0), I64(b0 + size), lambda w: store(prefix + [w], lambda: em.emit(interior)),
+                              tail_fold=fold)
         else:
             em.loop_range(I64(b0), I64(b0 + size), lambda i: spatial(prefix + [i], d + 1))
         fill(prefix, d, b0 + size, extent)

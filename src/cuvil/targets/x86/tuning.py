@@ -100,6 +100,14 @@ class X86Tuning:
     # streams for the hardware prefetcher). False: the A/B (bench/amx_resnet_ab.py --no-next-panel-prefetch);
     # the outputs are the same bits either way
     next_panel_prefetch: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
+    # True: a bf16 convolution whose output only a padded copy reads (a 1x1 before a 3x3) stores its rows into
+    # the copy's interior, and the copy writes only the zero border (cuvil.kernels.pad_in_place); the same bits
+    # either way. Off by default: on this session's 2-core Xeon (family 6, model 167, AMX) ResNet-50's 3x3 pad
+    # passes went (0.43 ms of in-kernel time, best of 30 rounds) but the 3x3 readers ran slower by as much (a
+    # 1x1 -> 3x3 -> 1x1 block at 56x56: 3x3 +76..131 us, the copy had left its input fresh in L2; the producer
+    # also streams its 1.6 MB input there) and whole-model thread CPU came out 0.8-1.7x (median ~1.05) of the
+    # copies' on the loaded VM: no gain to pay for yet (bench/amx_resnet_ab.py --pad-in-place, bench/PRECISION.md)
+    pad_in_place: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
 
     @property
     def bf16_storage_mode(self) -> str:
