@@ -11,13 +11,15 @@ from ..pipeline import Pipeline
 from ..targets.ptx.tuning import PtxTuning
 
 
-def run_ptx_bundle(model, feeds, out_dir, *, fma: bool = True, **tuning):
+def run_ptx_bundle(model, feeds, out_dir, *, fma: bool = True, enable_fp16: bool = False, **tuning):
     """The first output of ``model`` on ``feeds``, compiled into the bundle directory ``out_dir`` with
-    ``fma`` contraction and ``PtxTuning(**tuning)``; the loaded bundle is closed before returning."""
+    ``fma`` contraction, float16 compute where ``enable_fp16`` and ``PtxTuning(**tuning)``; the loaded bundle
+    is closed before returning."""
     from ..targets.ptx.bundle import compile_bundle
     from ..targets.ptx.runtime import load_bundle
     path = os.fspath(out_dir)
-    compile_bundle(Pipeline.from_onnx(model).optimize().graph, path, fma=fma, tuning=PtxTuning(**tuning))
+    compile_bundle(Pipeline.from_onnx(model).optimize().graph, path, fma=fma, enable_fp16=enable_fp16,
+                   tuning=PtxTuning(**tuning))
     m = load_bundle(path)
     try:
         return m.run(*feeds)[0]

@@ -3,8 +3,9 @@
 
 Which stages (:func:`row_chain_at`): consecutive stages ``s_1 .. s_k`` (k >= 2) where ``s_k`` is an element
 stage of shape ``R + [N]`` (no reduction) and each earlier one computes one value per row, shape ``R + [1]``,
-from one top-level float32 reduction (sum, fma, max, min) of at least :data:`MIN_TERMS` terms, with an element
-epilogue (the mean's division). A stage of the chain may read an earlier one's output only at its own row
+from one top-level float32 reduction (sum, fma, max, min; or a float16 max or min, as the float16 path's
+softmax computes its row maximum) of at least :data:`MIN_TERMS` terms, with an element epilogue (the mean's
+division). A stage of the chain may read an earlier one's output only at its own row
 (each index of a row dimension the stage's own variable, or a dimension of size 1), and no buffer the chain
 writes may share bytes with any other buffer the chain reads (the arena may reuse a buffer once its last
 reader has run; within one kernel that reader would still be running). Static shapes, no region, no guard.
@@ -21,7 +22,10 @@ Numerics: float32 throughout, every operation the stage's own (``add.rn`` / ``fm
 ``sqrt.rn``, no contraction beyond the kernel rules' explicit fmas, no flush-to-zero): the strict float32
 path's contract. Only the order of a sum differs from the one-thread-per-row kernel: a fixed reassociation
 (per-thread strided partial sums, then lanes pairwise, then warps in order), the same on every run, as the
-lane-split kernels do. A max or min is order-independent.
+lane-split kernels do. A max or min is order-independent but for the sign of a zero among equal zeros (a
+later +0 does not replace a -0, nor the reverse), which a softmax's ``x - max`` and ``exp`` do not see; a
+float16 max or min is combined in float32 (widening is exact, the result one of the row's float16 values,
+narrowed back exactly).
 """
 from __future__ import annotations
 
@@ -32,7 +36,7 @@ import llvmlite.ir as ir
 from ...ir.dtype import DType
 from ...kernels.schedule import Stage
 from ...kernels.texpr import E, identity_value, nodes, top_level
-from ..llvm.types import F32, I32, I64, const_value
+from ..llvm.types import F16, F32, I32, I64, const_value
 from .emitter import PtxEmitter, overlaps, set_contraction
 
 KINDS = ("sum", "fma", "max", "min")
@@ -46,13 +50,15 @@ def _static(st: Stage) -> bool:
 
 
 def _reduction(st: Stage) -> Optional[E]:
-    """The stage's one top-level float32 reduction of a kind in :data:`KINDS` with static extents (nothing
-    reduced inside it), else None."""
+    """The stage's one top-level float32 reduction of a kind in :data:`KINDS` (or float16 max / min) with static
+    extents (nothing reduced inside it), else None."""
     _, reductions = top_level(st.expr, "__none__")
     if len(reductions) != 1:
         return None
     red = reductions[0]
-    if red.op != "reduce" or red.attr[0] not in KINDS or red.dtype != DType.FLOAT:
+    if red.op != "reduce" or red.attr[0] not in KINDS:
+        return None
+    if red.dtype != DType.FLOAT and not (red.dtype == DType.FLOAT16 and red.attr[0] in ("max", "min")):
         return None
     if not all(isinstance(x, int) for x in red.attr[2]):
         return None
@@ -179,8 +185,9 @@ def emit_row_chain(km, chain: Sequence[Stage], sym: str, threads: int) -> int:
             # +inf that identity_value("fma") once gave (every LayerNorm variance +inf, the output beta alone)
             b.store(const_value(identity_value(combine, DType.FLOAT), DType.FLOAT), acc)
             fmaf = em.fma_fn(DType.FLOAT) if kind == "fma" else None
+            half = red.dtype == DType.FLOAT16      # a max or min: combined in float32, exactly
 
-            def term(t, red=red, vs=vs, extents=extents, kind=kind, acc=acc, fmaf=fmaf, combine=combine):
+            def term(t, red=red, vs=vs, extents=extents, kind=kind, acc=acc, fmaf=fmaf, combine=combine, half=half):
                 for v, ext in zip(reversed(vs), reversed(extents)):
                     em.env[v.attr] = b.urem(t, I64(ext)) if ext > 1 else I64(0)
                     t = b.udiv(t, I64(ext)) if ext > 1 else t
@@ -188,7 +195,8 @@ def emit_row_chain(km, chain: Sequence[Stage], sym: str, threads: int) -> int:
                 if kind == "fma":
                     b.store(b.call(fmaf, [em.emit(red.args[0]), em.emit(red.args[1]), a]), acc)
                 else:
-                    b.store(em.combine(combine, a, em.emit(red.args[0]), DType.FLOAT), acc)
+                    x = em.emit(red.args[0])
+                    b.store(em.combine(combine, a, b.fpext(x, F32) if half else x, DType.FLOAT), acc)
             em.loop_range(tid, I64(_terms(red)), term, I64(threads))
             v = b.load(acc, typ=F32)
             for off in (16, 8, 4, 2, 1):
@@ -199,7 +207,7 @@ def emit_row_chain(km, chain: Sequence[Stage], sym: str, threads: int) -> int:
             total = b.load(wslot(I32(0)), typ=F32)
             for w in range(1, warps):
                 total = em.combine(combine, total, b.load(wslot(I32(w)), typ=F32), DType.FLOAT)
-            em.memo[-1][red.uid] = total
+            em.memo[-1][red.uid] = b.fptrunc(total, F16) if half else total
             val = em.to_memory(em.emit(st.expr), st.buf.dtype)
             with b.if_then(b.icmp_unsigned("==", tid, I64(0))):
                 b.store(val, em.address(st.buf, ridx + [I64(0)]))
