@@ -48,10 +48,7 @@ def main(argv=None) -> int:
             continue
         kw = {} if args.timeout is None else {"timeout_s": args.timeout}
         progress = None if args.quiet else (lambda r: print(f"  ... {_row(r)}", file=sys.stderr, flush=True))
-        try:
-            rep = mod.run(per_family, args.seed, progress=progress, **kw)
-        except TypeError:  # a family with only the plain run(budget, seed) interface
-            rep = mod.run(per_family, args.seed)
+        rep = mod.run(per_family, args.seed, progress=progress, **kw)     # every family: run(budget, seed, *, ...)
         reports.append(rep)
         print(_row(rep), flush=True)
         for outcome, seeds in rep.examples.items():

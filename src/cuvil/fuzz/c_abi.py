@@ -525,8 +525,9 @@ class _Child:
         return err.splitlines()[-1] if err else f"exit {self.proc.returncode}"
 
 
-def run(budget: int, seed: int) -> FamilyReport:
-    """``budget`` random cases from ``seed`` against a freshly compiled fixture library."""
+def run(budget: int, seed: int, *, timeout_s: float = CASE_SECONDS, progress=None) -> FamilyReport:
+    """``budget`` random cases from ``seed`` against a freshly compiled fixture library; a case is a hang after
+    ``timeout_s``; ``progress(report)`` every 500 cases (the interface of the other families' ``run``)."""
     report = FamilyReport(FAMILY)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="cuvil-fuzz-cabi-") as tmp:
@@ -539,7 +540,7 @@ def run(budget: int, seed: int) -> FamilyReport:
                 try:
                     child.proc.stdin.write(json.dumps(case) + "\n")
                     child.proc.stdin.flush()
-                    res = child.read(CASE_SECONDS)
+                    res = child.read(timeout_s)
                 except (BrokenPipeError, OSError):
                     res = {"eof": True}
                 if res is None or "eof" in res:
@@ -550,6 +551,9 @@ def run(budget: int, seed: int) -> FamilyReport:
                     continue
                 outcome, msg = judge(case, res, child.facts)
                 report.add(outcome, case_seed, msg)
+                if progress is not None and (k + 1) % 500 == 0:
+                    report.seconds = time.perf_counter() - t0
+                    progress(report)
         finally:
             child.kill()
     report.seconds = time.perf_counter() - t0
