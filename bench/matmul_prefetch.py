@@ -16,20 +16,15 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import statistics
 import sys
 import tempfile
-import time
-
-import numpy as np
 
 from cuvil import Pipeline, load
 from cuvil.targets.x86 import matmul
 from cuvil.targets.x86.cpu import cpu_label
-from cuvil.testing.hf_models import BERT_PROFILE, bert_model, text_feeds
-from cuvil.testing.oracles import max_rel_error, ort_session
+from cuvil.testing.hf_models import BERT_PROFILE, bert_model
 
-from matmul_tiles import dense        # bench/ is the script's own directory
+from matmul_tiles import compare, dense        # bench/ is the script's own directory
 
 
 def main(argv=None) -> int:
@@ -39,7 +34,6 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--bert-layers", type=int, default=0, help="time BERT-base width with this many layers instead")
     a = ap.parse_args(argv)
-    import onnxruntime as ort
     distances = [int(d) for d in a.distances.split(",")]
     seqs = [int(s) for s in a.seqs.split(",")]
     print(f"{cpu_label()}; 1 thread, CPU time p50 of {a.rounds} rounds; load average {os.getloadavg()[0]:.2f}", flush=True)
@@ -58,41 +52,8 @@ def main(argv=None) -> int:
                 libs[f"ahead {d}"] = load(so, num_threads=1)
         finally:
             matmul.MATMUL_PREFETCH_K = shipped
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = opts.inter_op_num_threads = 1
-        sess = ort_session(model, opts)
-        for s in seqs:
-            if k == "bert":
-                feeds = text_feeds(model, 1, s)
-                runs = {name: (lambda m=m: m.run(**feeds)) for name, m in libs.items()}
-                runs["onnxruntime"] = lambda: sess.run(None, feeds)
-            else:
-                x = np.random.default_rng(1).standard_normal((s, k)).astype(np.float32)
-                runs = {name: (lambda m=m: m.run(x)) for name, m in libs.items()}
-                runs["onnxruntime"] = lambda: sess.run(None, {"x": x})
-            want = runs["onnxruntime"]()[0]
-            for name in libs:
-                err = max_rel_error(runs[name]()[0], want)
-                if not err <= 1e-5:
-                    print(f"{name}: relative error {err:.2g} against onnxruntime", file=sys.stderr)
-                    return 1
-            times = {name: [] for name in runs}
-            reps = max(1, (256 if k == "bert" else 2048) // s)
-            for i in range(a.rounds):
-                for name, r in (list(runs.items()) if i % 2 == 0 else list(runs.items())[::-1]):
-                    c0 = time.thread_time()
-                    for _ in range(reps):
-                        r()
-                    times[name].append((time.thread_time() - c0) / reps)
-            p50 = {name: statistics.median(v) for name, v in times.items()}
-            if k == "bert":
-                print(f"S = {s:4}, BERT-base width, {n} layers: " + "  ".join(
-                    f"{name} {1e3 * p50[name]:.2f} ms ({p50[name] / p50['onnxruntime']:.2f})" for name in runs), flush=True)
-            else:
-                flops = 2 * s * k * n
-                print(f"S = {s:4}, {k} -> {n}: " + "  ".join(
-                    f"{name} {flops / p50[name] / 1e9:.0f} GFLOP/s ({p50[name] / p50['onnxruntime']:.2f})"
-                    for name in runs), flush=True)
+        if compare(model, libs, k, n, seqs, a.rounds, label="prefetch"):
+            return 1
     print(f"load average at the end {os.getloadavg()[0]:.2f}")
     shutil.rmtree(tmp, ignore_errors=True)
     return 0

@@ -48,6 +48,50 @@ def dense(k: int, n: int) -> onnx.ModelProto:
     return m
 
 
+def compare(model, libs: dict, k, n, seqs, rounds: int, label: str = "tile") -> int:
+    """Time each library of ``libs`` (name -> loaded model) beside onnxruntime (1 thread) on ``model`` (BERT at
+    BERT-base width with ``n`` layers when ``k == "bert"``, else the dense layer ``k -> n``) at each sequence length:
+    per engine the calling thread's CPU time of a batch of runs, engines alternating in order and reverse, p50 of
+    ``rounds``. Checks each against onnxruntime first (relative error <= 1e-5); prints ms, GFLOP/s and the ratio.
+    Returns 0, or 1 on a wrong answer."""
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = opts.inter_op_num_threads = 1
+    sess = ort_session(model, opts)
+    for s in seqs:
+        if k == "bert":
+            feeds = text_feeds(model, 1, s)
+            runs = {name: (lambda m=m: m.run(**feeds)) for name, m in libs.items()}
+            runs["onnxruntime"] = lambda: sess.run(None, feeds)
+        else:
+            x = np.random.default_rng(1).standard_normal((s, k)).astype(np.float32)
+            runs = {name: (lambda m=m: m.run(x)) for name, m in libs.items()}
+            runs["onnxruntime"] = lambda: sess.run(None, {"x": x})
+        want = runs["onnxruntime"]()[0]
+        for name in libs:
+            err = max_rel_error(runs[name]()[0], want)
+            if not err <= 1e-5:
+                print(f"{label} {name}: relative error {err:.2g} against onnxruntime", file=sys.stderr)
+                return 1
+        times = {name: [] for name in runs}
+        reps = max(1, (256 if k == "bert" else 2048) // s)
+        for i in range(rounds):
+            for name, r in (list(runs.items()) if i % 2 == 0 else list(runs.items())[::-1]):
+                c0 = time.thread_time()
+                for _ in range(reps):
+                    r()
+                times[name].append((time.thread_time() - c0) / reps)
+        p50 = {name: statistics.median(v) for name, v in times.items()}
+        if k == "bert":   # the dense layers' and attention's multiply-adds (embeddings, pooler left out)
+            flops = 2 * n * (s * (4 * 768 * 768 + 2 * 768 * 3072) + 2 * s * s * 768)
+            what = f"BERT-base width, {n} layers"
+        else:
+            flops, what = 2 * s * k * n, f"{k} -> {n}"
+        print(f"S = {s:4}, {what}: " + "  ".join(
+            f"{name} {1e3 * p50[name]:.2f} ms {flops / p50[name] / 1e9:.0f} GFLOP/s ({p50[name] / p50['onnxruntime']:.2f})"
+            for name in runs), flush=True)
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tiles", default="6x64,8x48,9x48,12x32", help="rows x cols, comma-separated")
@@ -71,41 +115,8 @@ def main(argv=None) -> int:
             so = os.path.join(tmp, f"libdense_{k}_{n}_{t[0]}x{t[1]}.so")
             art.save(so)
             libs["x".join(map(str, t))] = load(so, num_threads=1)
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = opts.inter_op_num_threads = 1
-        sess = ort_session(model, opts)
-        for s in seqs:
-            if k == "bert":
-                feeds = text_feeds(model, 1, s)
-                runs = {name: (lambda m=m: m.run(**feeds)) for name, m in libs.items()}
-                runs["onnxruntime"] = lambda: sess.run(None, feeds)
-            else:
-                x = np.random.default_rng(1).standard_normal((s, k)).astype(np.float32)
-                runs = {name: (lambda m=m: m.run(x)) for name, m in libs.items()}
-                runs["onnxruntime"] = lambda: sess.run(None, {"x": x})
-            want = runs["onnxruntime"]()[0]
-            for name in libs:
-                err = max_rel_error(runs[name]()[0], want)
-                if not err <= 1e-5:
-                    print(f"tile {name}: relative error {err:.2g} against onnxruntime", file=sys.stderr)
-                    return 1
-            times = {name: [] for name in runs}
-            reps = max(1, (256 if k == "bert" else 2048) // s)
-            for i in range(a.rounds):
-                for name, r in (list(runs.items()) if i % 2 == 0 else list(runs.items())[::-1]):
-                    c0 = time.thread_time()
-                    for _ in range(reps):
-                        r()
-                    times[name].append((time.thread_time() - c0) / reps)
-            p50 = {name: statistics.median(v) for name, v in times.items()}
-            if k == "bert":   # the dense layers' and attention's multiply-adds (embeddings, pooler left out)
-                flops = 2 * n * (s * (4 * 768 * 768 + 2 * 768 * 3072) + 2 * s * s * 768)
-                what = f"BERT-base width, {n} layers"
-            else:
-                flops, what = 2 * s * k * n, f"{k} -> {n}"
-            print(f"S = {s:4}, {what}: " + "  ".join(
-                f"{name} {1e3 * p50[name]:.2f} ms {flops / p50[name] / 1e9:.0f} GFLOP/s ({p50[name] / p50['onnxruntime']:.2f})"
-                for name in runs), flush=True)
+        if compare(model, libs, k, n, seqs, a.rounds):
+            return 1
     shutil.rmtree(tmp, ignore_errors=True)
     return 0
 

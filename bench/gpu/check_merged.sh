@@ -5,14 +5,7 @@
 # under its own time limit so that the call returns within the device's 10 minutes. Run from the repository root
 # with PYTHONPATH set; writes under ${OUT:-bench/gpu/results}.
 set -u
-OUT=${OUT:-bench/gpu/results}
-mkdir -p "$OUT"
-export CUVIL_CACHE_DIR=/tmp/cuvil-cache
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/device.txt" 2>&1
-python3 -c "from cuvil.targets.x86.cpu import cpu_label; print(cpu_label())" >> "$OUT/device.txt" 2>&1
-NX=""; python3 -c "import xdist" 2>/dev/null && NX="-n 8"
-timeout ${TEST_S:-200} python3 -m pytest -q -p no:cacheprovider $NX tests/test_gpu_*.py > "$OUT/pytest_gpu.txt" 2>&1
-echo "pytest rc=$?" >> "$OUT/pytest_gpu.txt"
+. "$(dirname "$0")/device_setup.sh"
 timeout ${BERT_S:-170} python3 bench/gpu/tensor_cores.py --out "$OUT/bert" --parts bert --jobs 12 \
     --bert-variants ${BERT_VARIANTS:-fp32 tf32 fp16 fp32_new fp32_old fp16_new fp16_old} > "$OUT/bert.log" 2>&1
 echo "bert rc=$?" >> "$OUT/bert.log"
