@@ -482,3 +482,22 @@ def test_cli_bucket_jobs_compiles_the_points_in_processes_and_is_refused_for_x86
     assert cli_main(["compile", str(tmp_path / "pos.onnx"), "-o", str(tmp_path / "libpos.so"), "--shape-profile",
                      "S=2:4:8", "--bucket-jobs", "0"]) != 0
     assert "--bucket-jobs applies to --target nvptx64-nvidia-cuda only" in capsys.readouterr().err
+
+
+# --- symbols that vary together (a decode step's past and total lengths) ----------------------------------------
+
+def test_buckets_of_symbols_that_vary_together_fail_with_the_point_and_the_next_step():
+    """GPT-2's decode step has past_sequence and total_sequence (= past + 1, the mask's length): their buckets
+    combine as a product, so the default buckets are too many and a given pair holds points no call can have
+    (past 1023 with a 129-long mask). Both are refused before any kernel is built, naming the symbols."""
+    from cuvil.testing.hf_models import gpt2_decode_model
+    m = gpt2_decode_model(vocab=50, hidden=16, layers=1, heads=2, ffn=32)
+    p = Pipeline.from_onnx(m).optimize()
+    prof = {"past_sequence": (1, 128, 1023), "total_sequence": (2, 129, 1024)}
+    with pytest.raises(CuvilError, match="110 bucket points") as e:
+        p.compile(TARGET, cache=False, fixed={"batch": 1}, shape_profiles=prof)
+    assert "past_sequence=128,1023" in str(e.value) and "total_sequence=129,1024" in str(e.value)
+    with pytest.raises(ShapeError, match="bucket point total_sequence=129,past_sequence=1023: node 'mask.kv'") as e:
+        p.compile(TARGET, cache=False, fixed={"batch": 1}, shape_profiles=prof,
+                  graph_buckets={"past_sequence": [1023], "total_sequence": [129, 1024]})
+    assert "every combination of the buckets of total_sequence, past_sequence is compiled" in str(e.value)

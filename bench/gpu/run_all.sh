@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything GPU-side in one go, for one call on a lent GPU machine: environment, the GPU tests, launch
 # overhead, ResNet-50 (float32 and float16), the register pass (regpass), correctness, shape profiles (profiles),
-# sessions from several threads (concurrency), BERT-base from one bundle (bert_profile), the U-Net (unet). Logs and JSON go to $OUT (default ./gpu-results). Each step has its own
+# sessions from several threads (concurrency), BERT-base from one bundle (bert_profile), the U-Net (unet), the GPT-2 decode step (gpt2_decode). Logs and JSON go to $OUT (default ./gpu-results). Each step has its own
 # time limit so that one slow step leaves the others their time; all five together can outlast a 10-minute
 # call, so choose steps per call: run_all.sh env pytest launch correctness, then run_all.sh resnet50
 set -u
@@ -37,6 +37,9 @@ for step in $STEPS; do
       timeout 400 python3 bench/gpu/bert_profile.py --json "$OUT/bert_profile.json" 2>&1 | tee "$OUT/bert_profile.txt" ;;
     unet)
       timeout 300 python3 bench/gpu/unet.py --json "$OUT/unet.json" 2>&1 | tee "$OUT/unet.txt" ;;
+    gpt2_decode)
+      # issue 20: GPT-2 124M decode step per token at past 128 / 1023 beside torch.compile reduce-overhead
+      timeout 280 python3 bench/gpu/gpt2_decode.py --out "$OUT" --budget 230 --variants fp32 fp16 2>&1 | tee "$OUT/gpt2_decode.txt" ;;
     correctness)
       timeout 260 python3 bench/gpu/check_correctness.py --json "$OUT/correctness.json" 2>&1 | tee "$OUT/correctness.txt" ;;
     *) echo "unknown step $step" ;;

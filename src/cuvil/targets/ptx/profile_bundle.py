@@ -24,7 +24,7 @@ import os
 import shutil
 from typing import Dict, Mapping
 
-from ...errors import CuvilError
+from ...errors import CuvilError, ShapeError
 from ...ir.graph import Graph
 from ...progress import stage
 from ...rewrite_rules.specialize import specialize_graph
@@ -54,7 +54,16 @@ def profile_of(g: Graph, given: BucketSpec = None) -> dict:
 def _compile_point(job) -> dict:
     """One bucket point: ``g`` specialised to ``point`` and compiled into ``sub`` (a worker process's job)."""
     g, point, sub, options = job
-    gi, _ = specialize_graph(g, point)
+    try:
+        gi, _ = specialize_graph(g, point)
+    except ShapeError as e:
+        # the buckets of several symbols combine as a product: a decode step's past and total lengths (total =
+        # past + 1) make points such as past 1023 with a 129-long mask, which no call can have
+        hint = (f"every combination of the buckets of {', '.join(point)} is compiled; give buckets whose every "
+                "combination the model admits, or fix the symbols and compile a bundle per combination you need "
+                "(--fix NAME=VALUE; Pipeline: fixed=)" if len(point) > 1 else
+                "give --graph-buckets values the model admits")
+        raise ShapeError(f"bucket point {point_text(point)}: {e.message}", hint=hint, details=e.details) from None
     return compile_bundle(gi, sub, manifest_extra={"bucket": point}, **options)
 
 
@@ -120,7 +129,11 @@ def compile_profile_bundle(g: Graph, out_dir: str, *, graph_buckets: BucketSpec 
     if len(points) > 64:
         raise CuvilError(f"{len(points)} bucket points (the product of "
                          + " x ".join(f"{len(p['buckets'])} {n}" for n, p in profile.items()) + "): too many to "
-                         "compile ahead of time", hint="give fewer buckets: --graph-buckets N=1,8,64;H=256,1024")
+                         "compile ahead of time",
+                         hint="fix the symbols that need not vary (--fix NAME=VALUE; Pipeline: fixed=), or give "
+                         "fewer buckets: --graph-buckets " + ";".join(
+                             f"{n}={p['opt']},{p['max']}" if p["opt"] < p["max"] else f"{n}={p['max']}"
+                             for n, p in profile.items()))
     os.makedirs(out_dir, exist_ok=True)
     opt_point = {n: p["opt"] for n, p in profile.items()}
     jobs = min(max(1, int(jobs) if jobs else (os.cpu_count() or 1)), len(points))
