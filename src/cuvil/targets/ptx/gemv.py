@@ -1,0 +1,247 @@
+"""One-row products ``y[n] = sum_k x[k] * W[k, n]`` (+ the stage's fused epilogue) at memory speed: the GPT-2
+decode step's weight GEMVs (``x[1, 768] @ W[768, 2304 / 768 / 3072]``, ``[1, 3072] @ [3072, 768]``, the LM
+head) with the weight row-major, ``n`` contiguous (opt-in: ``PtxTuning.gemv``).
+
+The lane-split kernels (:meth:`~cuvil.targets.ptx.codegen.PtxKernelModule.add_split_stage`) give each output
+16-32 consecutive threads splitting its ``k`` sum, so one warp load reads 16-32 different weight rows 4-8 bytes
+each. Here threads run along ``n`` instead:
+
+* a block of :data:`THREADS` threads owns ``TN = 4 * CT`` consecutive columns; thread ``t`` takes columns
+  ``4 * (t % CT) .. + 3`` (one 16-byte ``ld.global.nc.v4.f32`` of ``W`` per row where the row stride and the
+  buffer's offset keep 16 bytes aligned, else four scalar loads at clamped columns) and rows
+  ``k = t / CT, t / CT + KS, ...`` (``KS = THREADS / CT`` row slices); so a warp load reads ``32 / CT`` rows
+  of ``16 * CT`` contiguous bytes each (whole 32-byte sectors for every ``CT`` >= 2). ``CT`` is the largest
+  of 8, 4, 2 that still launches ``PtxTuning.gemv_min_blocks`` blocks (else 2).
+* ``x`` (the factor without ``n``, whatever its expression) is evaluated once per block into shared memory
+  (``K`` floats, at most :data:`MAX_K`), then read by broadcast.
+* the row loop is unrolled :data:`UNROLL` times, all the unrolled rows' weight loads issued before their
+  multiply-adds (several 16-byte loads in flight per thread: what streams the weight at HBM speed);
+* the ``KS`` partial sums of a column meet in shared memory and one thread adds them in slice order 0, 1, ...
+  (a fixed order: deterministic, run to run), then evaluates the stage's expression (bias, residual, GELU)
+  and stores.
+
+The summation order differs from the lane-split kernels' (each thread's rows in order, then the slices in
+order), as any other schedule's would; the multiply-adds are the reduction's own (``fma`` only where a kernel
+rule made the reduction an ``fma`` one). Only products with one output row (every output dimension but the
+last of extent 1) take it."""
+from __future__ import annotations
+
+from typing import Optional
+
+import attrs
+import llvmlite.ir as ir
+
+from ...ir.dtype import DType
+from ...kernels.schedule import Stage
+from ...kernels.texpr import nodes
+from ..llvm.types import F32, I32, I64, const_value, mem_type
+from .emitter import PtxEmitter, overlaps, set_contraction
+from .matmul_mma import _stride
+
+THREADS = 256            # threads per block
+MAX_K = 8192             # reduction length at most (x cached in shared memory: 32 KB)
+UNROLL = 4               # rows per iteration of a thread's loop (their loads issued together)
+MAX_BLOCKS = 65535       # one block per column tile (no grid-stride loop)
+
+
+@attrs.frozen
+class GemvPlan:
+    n: int                   # columns (outputs)
+    k: int                   # reduction length
+    ct: int                  # column threads (4 columns each)
+    vector: bool             # 4-wide loads of W (aligned), else scalar loads at clamped columns
+
+    @property
+    def tn(self) -> int:
+        return 4 * self.ct
+
+    @property
+    def ks(self) -> int:
+        return THREADS // self.ct
+
+    @property
+    def blocks(self) -> int:
+        return -(-self.n // self.tn)
+
+
+def plan_gemv(st: Stage, parts, min_blocks: int = 264) -> Optional[GemvPlan]:
+    """The plan for a matmul stage (``parts`` from :func:`~cuvil.targets.ptx.matmul_mma.matmul_parts`) with one
+    output row whose weight factor reads ``n`` contiguously; None for any other."""
+    if parts is None:
+        return None
+    red, _a, w, _ = parts
+    shape = [int(d) for d in st.buf.shape]
+    rows = 1
+    for d in shape[:-1]:
+        rows *= d
+    n, k = shape[-1], int(red.attr[2][0])
+    if rows != 1 or n < 1 or not 1 <= k <= MAX_K or red.dtype != DType.FLOAT:
+        return None
+    kv, nv = red.attr[1][0].attr, st.vars[-1].attr
+    if _stride(w, nv) != 1:
+        return None
+    ct = 2
+    for c in (8, 4, 2):
+        if -(-n // (4 * c)) >= min_blocks:
+            ct = c
+            break
+    if -(-n // (4 * ct)) > MAX_BLOCKS:
+        return None
+    return GemvPlan(n, k, ct, _vector_ok(w, kv, nv, n))
+
+
+def _vector_ok(w, kv: str, nv: str, n: int) -> bool:
+    """W's row ``k`` from column ``4j`` is 4 aligned elements: one load, indexed by the plain variables, row
+    stride and offset multiples of 4 elements, no pitched view; float32 or float16 storage."""
+    ld = [x for x in nodes(w) if x.op == "load"][0]
+    buf = ld.attr
+    if buf.dtype not in (DType.FLOAT, DType.FLOAT16) or buf.pitch is not None or n % 4:
+        return False
+    if not all(a.op == "var" or (a.op == "const" and a.attr == 0) for a in ld.args):
+        return False
+    ks = _stride(w, kv)
+    return ks is not None and ks % 4 == 0 and buf.offset % (4 * buf.dtype.itemsize) == 0
+
+
+def emit_gemv(km, st: Stage, sym: str, parts, plan: GemvPlan) -> int:
+    """Emit the kernel ``sym``; returns its launch size in threads (``blocks * THREADS``)."""
+    red, afac, wfac, _ = parts
+    fn = km.kernel_fn(sym)
+    km.module.add_named_metadata("nvvm.annotations", [fn, "maxntidx", I32(THREADS)])
+    bufs, _n = fn.args
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    em = PtxEmitter(km, fn, b, bufs, st.buf)
+    N, K, CT, TN, KS = plan.n, plan.k, plan.ct, plan.tn, plan.ks
+    kv, nv = red.attr[1][0].attr, st.vars[-1].attr
+    lead = [v.attr for v in st.vars[:-1]]
+    fma_kind = red.attr[0] == "fma"
+    fmaf = em.fma_fn(DType.FLOAT) if fma_kind else None
+    ld = [x for x in nodes(wfac) if x.op == "load"][0]
+    wbuf = ld.attr
+    invariant = not overlaps(wbuf, st.buf)
+
+    def shared(name: str, floats: int):
+        g = ir.GlobalVariable(km.module, ir.ArrayType(F32, floats), f"{sym}_{name}", addrspace=3)
+        g.linkage = "internal"
+        g.initializer = ir.Constant(g.value_type, ir.Undefined)
+        g.align = 16
+        with b.goto_block(em.entry):
+            b.position_at_start(em.entry)
+            return b.bitcast(g, ir.PointerType(F32, addrspace=3))
+    xs, ps = shared("x", K), shared("p", KS * TN)
+    bar = km.declare("llvm.nvvm.barrier0", ir.VoidType(), [])
+
+    def sptr(base, idx):
+        return b.gep(base, [idx], source_etype=F32, inbounds=True)
+
+    for v in lead:
+        em.env[v] = I64(0)
+    tid, blk = km.sreg(b, "tid.x"), km.sreg(b, "ctaid.x")
+
+    # x into shared memory, once per block
+    def fill(k):
+        em.env[kv] = k
+        b.store(em.emit(afac), sptr(xs, k))
+    em.loop_range(tid, I64(K), fill, I64(THREADS))
+    b.call(bar, [])
+
+    ct = b.urem(tid, I64(CT))
+    ks = b.udiv(tid, I64(CT))
+    n0 = b.add(b.mul(blk, I64(TN)), b.mul(ct, I64(4)))
+    accs = [em.alloca(F32) for _ in range(4)]
+    for a in accs:
+        b.store(const_value(0.0, DType.FLOAT), a)
+    if plan.vector:      # columns n0..n0+3 all inside or all past N (N % 4 == 0): read the last four instead
+        n0v = b.select(b.icmp_unsigned("<", n0, I64(N)), n0, I64(N - 4))
+        cols = [n0v]
+    else:
+        last = I64(N - 1)
+        cols = []
+        for j in range(4):
+            c = b.add(n0, I64(j))
+            cols.append(b.select(b.icmp_unsigned("<", c, last), c, last))
+    wt = mem_type(wbuf.dtype)
+    vt = ir.VectorType(wt, 4)
+
+    half = wbuf.dtype == DType.FLOAT16
+    rt = ir.IntType(16) if half else F32
+    ldg = ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([rt] * 4), [I64]),
+                       "ld.global.nc.v4.%s {$0, $1, $2, $3}, [$4];" % ("b16" if half else "f32"),
+                       ",".join(["=h" if half else "=f"] * 4 + ["l"]), side_effect=False)
+
+    def ldg4(p):
+        """Four elements at global address p through the read-only data cache: NVPTX emits a plain ld.global.v4
+        for an ``!invariant.load`` vector load, so the ``ld.global.nc.v4`` is written out."""
+        r = b.call(ldg, [b.ptrtoint(p, I64)])
+        vals = [b.extract_value(r, j) for j in range(4)]
+        return [b.bitcast(x, wt) for x in vals] if half else vals
+
+    def weights(k):
+        """The weight factor at row k, columns n0..n0+3 (four values)."""
+        em.env[kv] = k
+        out = []
+        if plan.vector:
+            em.env[nv] = cols[0]
+            em.memo.append(dict(em.memo[-1]))
+            p = em.address(wbuf, [em.emit(a) for a in ld.args])
+            em.memo.pop()
+            if invariant:
+                raw = ldg4(p)
+            else:
+                v = b.load(p, typ=vt, align=4 * wbuf.dtype.itemsize)
+                raw = [b.extract_element(v, I32(j)) for j in range(4)]
+            for j in range(4):
+                em.memo.append(dict(em.memo[-1]))
+                em.memo[-1][ld.uid] = em.from_memory(raw[j], wbuf.dtype)
+                out.append(em.emit(wfac))
+                em.memo.pop()
+        else:
+            for j in range(4):
+                em.env[nv] = cols[j]
+                em.memo.append(dict(em.memo[-1]))
+                out.append(em.emit(wfac))
+                em.memo.pop()
+        return out
+
+    def accumulate(x, ws):
+        for a, wv in zip(accs, ws):
+            s = b.load(a, typ=F32)
+            b.store(b.call(fmaf, [x, wv, s]) if fma_kind else b.fadd(s, b.fmul(x, wv)), a)
+
+    def rows(ks_list):
+        loaded = [(b.load(sptr(xs, k), typ=F32), weights(k)) for k in ks_list]   # every load first
+        for x, ws in loaded:
+            accumulate(x, ws)
+
+    # main loop: UNROLL rows k, k + KS, ... per iteration; then the remaining rows one by one (in order)
+    step = UNROLL * KS
+    main_stop = K - (UNROLL - 1) * KS
+    if main_stop > 0:
+        em.loop_range(ks, I64(main_stop), lambda k: rows([b.add(k, I64(u * KS)) for u in range(UNROLL)]),
+                      I64(step))
+        left = b.sub(I64(main_stop), ks)
+        iters = b.select(b.icmp_signed(">", left, I64(0)), b.udiv(b.add(left, I64(step - 1)), I64(step)), I64(0))
+        tail = b.add(ks, b.mul(iters, I64(step)))
+    else:
+        tail = ks
+    em.loop_range(tail, I64(K), lambda k: rows([k]), I64(KS))
+
+    # the slices' partial sums meet in shared memory, added in slice order by one thread per column
+    for j, a in enumerate(accs):
+        b.store(b.load(a, typ=F32), sptr(ps, b.add(b.mul(ks, I64(TN)), b.add(b.mul(ct, I64(4)), I64(j)))))
+    b.call(bar, [])
+    col = b.add(b.mul(blk, I64(TN)), tid)
+    with b.if_then(b.and_(b.icmp_unsigned("<", tid, I64(TN)), b.icmp_unsigned("<", col, I64(N)))):
+        total = b.load(sptr(ps, tid), typ=F32)
+        for s in range(1, KS):
+            total = b.fadd(total, b.load(sptr(ps, b.add(tid, I64(s * TN))), typ=F32))
+        em.env[nv] = col
+        em.memo.append(dict(em.memo[-1]))
+        em.memo[-1][red.uid] = total
+        val = em.to_memory(em.emit(st.expr), st.buf.dtype)
+        b.store(val, em.address(st.buf, [I64(0)] * len(lead) + [col]))
+        em.memo.pop()
+    b.ret_void()
+    set_contraction(fn, False)
+    km.kernels.append(sym)
+    return plan.blocks * THREADS
