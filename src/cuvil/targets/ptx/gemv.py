@@ -8,7 +8,8 @@ each. Here threads run along ``n`` instead:
 
 * a block of :data:`THREADS` threads owns ``TN = 4 * CT`` consecutive columns; thread ``t`` takes columns
   ``4 * (t % CT) .. + 3`` (one 16-byte ``ld.global.nc.v4.f32`` of ``W`` per row where the row stride and the
-  buffer's offset keep 16 bytes aligned, else four scalar loads at clamped columns) and rows
+  buffer's offset keep 16 bytes aligned; else columns ``t % CT + j * CT``, j < 4, four scalar loads at clamped
+  columns, each instruction reading ``CT`` consecutive elements of a row) and rows
   ``k = t / CT, t / CT + KS, ...`` (``KS = THREADS / CT`` row slices); so a warp load reads ``32 / CT`` rows
   of ``16 * CT`` contiguous bytes each (whole 32-byte sectors for every ``CT`` >= 2). ``CT`` is the largest
   of 8, 4, 2 that still launches ``PtxTuning.gemv_min_blocks`` blocks (else 2).
@@ -32,7 +33,7 @@ import attrs
 import llvmlite.ir as ir
 
 from ...ir.dtype import DType
-from ...kernels.schedule import Stage
+from ...kernels.schedule import ARENA, WEIGHTS, Stage
 from ...kernels.texpr import nodes
 from ..llvm.types import F32, I32, I64, const_value, mem_type
 from .emitter import PtxEmitter, overlaps, set_contraction
@@ -92,10 +93,13 @@ def plan_gemv(st: Stage, parts, min_blocks: int = 264) -> Optional[GemvPlan]:
 
 def _vector_ok(w, kv: str, nv: str, n: int) -> bool:
     """W's row ``k`` from column ``4j`` is 4 aligned elements: one load, indexed by the plain variables, row
-    stride and offset multiples of 4 elements, no pitched view; float32 or float16 storage."""
+    stride and offset multiples of 4 elements, no pitched view; float32 or float16 storage in the weights or the
+    arena (allocated by the runtime, 256-byte aligned; a graph input's device pointer is the caller's)."""
     ld = [x for x in nodes(w) if x.op == "load"][0]
     buf = ld.attr
     if buf.dtype not in (DType.FLOAT, DType.FLOAT16) or buf.pitch is not None or n % 4:
+        return False
+    if buf.storage.base not in (ARENA, WEIGHTS):
         return False
     if not all(a.op == "var" or (a.op == "const" and a.attr == 0) for a in ld.args):
         return False
@@ -147,7 +151,10 @@ def emit_gemv(km, st: Stage, sym: str, parts, plan: GemvPlan) -> int:
 
     ct = b.urem(tid, I64(CT))
     ks = b.udiv(tid, I64(CT))
-    n0 = b.add(b.mul(blk, I64(TN)), b.mul(ct, I64(4)))
+    # the thread's four columns in the tile: 4 ct .. 4 ct + 3 (one vector load), else ct, ct + CT, ct + 2 CT,
+    # ct + 3 CT (each scalar load instruction then reads CT consecutive floats of a row per warp)
+    local = [b.add(b.mul(ct, I64(4)), I64(j)) if plan.vector else b.add(ct, I64(j * CT)) for j in range(4)]
+    n0 = b.add(b.mul(blk, I64(TN)), local[0])
     accs = [em.alloca(F32) for _ in range(4)]
     for a in accs:
         b.store(const_value(0.0, DType.FLOAT), a)
@@ -158,7 +165,7 @@ def emit_gemv(km, st: Stage, sym: str, parts, plan: GemvPlan) -> int:
         last = I64(N - 1)
         cols = []
         for j in range(4):
-            c = b.add(n0, I64(j))
+            c = b.add(b.mul(blk, I64(TN)), local[j])
             cols.append(b.select(b.icmp_unsigned("<", c, last), c, last))
     wt = mem_type(wbuf.dtype)
     vt = ir.VectorType(wt, 4)
@@ -177,7 +184,7 @@ def emit_gemv(km, st: Stage, sym: str, parts, plan: GemvPlan) -> int:
         return [b.bitcast(x, wt) for x in vals] if half else vals
 
     def weights(k):
-        """The weight factor at row k, columns n0..n0+3 (four values)."""
+        """The weight factor at row k, the thread's four columns."""
         em.env[kv] = k
         out = []
         if plan.vector:
@@ -228,7 +235,7 @@ def emit_gemv(km, st: Stage, sym: str, parts, plan: GemvPlan) -> int:
 
     # the slices' partial sums meet in shared memory, added in slice order by one thread per column
     for j, a in enumerate(accs):
-        b.store(b.load(a, typ=F32), sptr(ps, b.add(b.mul(ks, I64(TN)), b.add(b.mul(ct, I64(4)), I64(j)))))
+        b.store(b.load(a, typ=F32), sptr(ps, b.add(b.mul(ks, I64(TN)), local[j])))
     b.call(bar, [])
     col = b.add(b.mul(blk, I64(TN)), tid)
     with b.if_then(b.and_(b.icmp_unsigned("<", tid, I64(TN)), b.icmp_unsigned("<", col, I64(N)))):
