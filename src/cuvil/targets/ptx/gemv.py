@@ -15,7 +15,7 @@ each. Here threads run along ``n`` instead:
   of 8, 4, 2 that still launches ``PtxTuning.gemv_min_blocks`` blocks (else 2).
 * ``x`` (the factor without ``n``, whatever its expression) is evaluated once per block into shared memory
   (``K`` floats, at most :data:`MAX_K`), then read by broadcast.
-* the row loop is unrolled :data:`UNROLL` times, all the unrolled rows' weight loads issued before their
+* the row loop is unrolled up to :data:`MAX_UNROLL` times, all the unrolled rows' weight loads issued before their
   multiply-adds (several 16-byte loads in flight per thread: what streams the weight at HBM speed);
 * the ``KS`` partial sums of a column meet in shared memory and one thread adds them in slice order 0, 1, ...
   (a fixed order: deterministic, run to run), then evaluates the stage's expression (bias, residual, GELU)
@@ -41,7 +41,7 @@ from .matmul_mma import _stride
 
 THREADS = 256            # threads per block
 MAX_K = 8192             # reduction length at most (x cached in shared memory: 32 KB)
-UNROLL = 4               # rows per iteration of a thread's loop (their loads issued together)
+MAX_UNROLL = 8           # rows per iteration of a thread's loop at most (their loads issued together)
 MAX_BLOCKS = 65535       # one block per column tile (no grid-stride loop)
 
 
@@ -59,6 +59,11 @@ class GemvPlan:
     @property
     def ks(self) -> int:
         return THREADS // self.ct
+
+    @property
+    def unroll(self) -> int:
+        """Rows per iteration: every row the thread has (K / KS of them) up to MAX_UNROLL."""
+        return min(MAX_UNROLL, max(1, self.k // self.ks))
 
     @property
     def blocks(self) -> int:
@@ -220,11 +225,13 @@ def emit_gemv(km, st: Stage, sym: str, parts, plan: GemvPlan) -> int:
         for x, ws in loaded:
             accumulate(x, ws)
 
-    # main loop: UNROLL rows k, k + KS, ... per iteration; then the remaining rows one by one (in order)
-    step = UNROLL * KS
-    main_stop = K - (UNROLL - 1) * KS
+    # main loop: U rows k, k + KS, ... per iteration (all of a thread's rows where it has at most MAX_UNROLL); then
+    # the remaining rows one by one (in order)
+    U = plan.unroll
+    step = U * KS
+    main_stop = K - (U - 1) * KS
     if main_stop > 0:
-        em.loop_range(ks, I64(main_stop), lambda k: rows([b.add(k, I64(u * KS)) for u in range(UNROLL)]),
+        em.loop_range(ks, I64(main_stop), lambda k: rows([b.add(k, I64(u * KS)) for u in range(U)]),
                       I64(step))
         left = b.sub(I64(main_stop), ks)
         iters = b.select(b.icmp_signed(">", left, I64(0)), b.udiv(b.add(left, I64(step - 1)), I64(step)), I64(0))
