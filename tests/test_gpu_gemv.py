@@ -38,7 +38,7 @@ def test_decode_step_matches_onnxruntime(fp16):
     """A small GPT-2 decode step (odd ffn 387, vocabulary 1,001) with and without gemv, against onnxruntime."""
     import onnxruntime as ort
     from cuvil.targets.ptx.runtime import load_bundle
-    m = gpt2_decode_model(vocab=1001, hidden=100, layers=2, heads=4, ffn=387, max_pos=64)
+    m = gpt2_decode_model(vocab=1001, hidden=96, layers=2, heads=4, ffn=387, max_pos=64)
     feeds = text_feeds(m, 1, 7)
     names = [vi.name for vi in m.graph.input]
     ref = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)

@@ -91,12 +91,12 @@ def test_slices_add_in_a_fixed_order():
 @pytest.mark.skipif(PTXAS is None, reason="ptxas not found (no CUDA toolkit)")
 @pytest.mark.parametrize("fp16", [False, True])
 def test_decode_step_products_take_it_and_assemble(fp16):
-    """A small GPT-2 decode step (odd ffn 387 and vocabulary 1,001: scalar tails) compiled through
+    """A small GPT-2 decode step (odd ffn 387 and vocabulary 1,001: scalar loads) compiled through
     Pipeline.compile with ``gemv``: its four weight products and the LM head are gemv kernels, and ptxas
     assembles the module (the bundle has its cubin)."""
     import json
     import os
-    m = gpt2_decode_model(vocab=1001, hidden=100, layers=1, heads=4, ffn=387, max_pos=64)
+    m = gpt2_decode_model(vocab=1001, hidden=96, layers=1, heads=4, ffn=387, max_pos=64)
     p = Pipeline.from_onnx(m).optimize()
     b = p.compile("nvptx64-nvidia-cuda", cache=False, fixed={"batch": 1, "past_sequence": 7, "total_sequence": 8},
                   gemv=True, enable_fp16=fp16)
@@ -106,4 +106,5 @@ def test_decode_step_products_take_it_and_assemble(fp16):
     assert any(s.startswith("logits") for s in gemv)
     assert os.path.exists(os.path.join(b.path, "kernels.sm_90.cubin"))
     ptx = open(os.path.join(b.path, "kernels.ptx")).read()
-    assert ("ld.global.nc.v4.b16" if fp16 else "ld.global.nc.v4.f32") in ptx    # hidden 100: aligned rows
+    # hidden 96: aligned rows (16-byte loads; float16: 8 columns as four 32-bit registers)
+    assert ("ld.global.nc.v4.b32" if fp16 else "ld.global.nc.v4.f32") in ptx

@@ -6,17 +6,18 @@ The lane-split kernels (:meth:`~cuvil.targets.ptx.codegen.PtxKernelModule.add_sp
 16-32 consecutive threads splitting its ``k`` sum, so one warp load reads 16-32 different weight rows 4-8 bytes
 each. Here threads run along ``n`` instead:
 
-* a block of :data:`THREADS` threads owns ``TN = 4 * CT`` consecutive columns; thread ``t`` takes columns
-  ``4 * (t % CT) .. + 3`` (one 16-byte ``ld.global.nc.v4.f32`` of ``W`` per row where the row stride and the
-  buffer's offset keep 16 bytes aligned; else columns ``t % CT + j * CT``, j < 4, four scalar loads at clamped
-  columns, each instruction reading ``CT`` consecutive elements of a row) and rows
-  ``k = t / CT, t / CT + KS, ...`` (``KS = THREADS / CT`` row slices); so a warp load reads ``32 / CT`` rows
-  of ``16 * CT`` contiguous bytes each (whole 32-byte sectors for every ``CT`` >= 2). ``CT`` is the largest
-  of 8, 4, 2 that still launches ``PtxTuning.gemv_min_blocks`` blocks (else 2).
+* a block of :data:`THREADS` threads owns ``TN = VEC * CT`` consecutive columns; thread ``t`` takes the
+  ``VEC`` columns from ``VEC * (t % CT)`` (one 16-byte ``ld.global.nc.v4`` of ``W`` per row, 4 float32 or 8
+  float16 columns, where the row stride and the buffer's offset keep 16 bytes aligned; else ``VEC = 4``
+  columns ``t % CT + j * CT``, four scalar loads at clamped columns, each instruction reading ``CT``
+  consecutive elements of a row) and rows ``k = t / CT, t / CT + KS, ...`` (``KS = THREADS / CT`` row
+  slices); so a warp's vector load reads ``32 / CT`` rows of ``16 * CT`` contiguous bytes each (whole 32-byte
+  sectors for every ``CT`` >= 2). ``CT`` is the largest of 8, 4, 2 that still launches
+  ``PtxTuning.gemv_min_blocks`` blocks (else 2).
 * ``x`` (the factor without ``n``, whatever its expression) is evaluated once per block into shared memory
   (``K`` floats, at most :data:`MAX_K`), then read by broadcast.
-* the row loop is unrolled up to :data:`MAX_UNROLL` times, all the unrolled rows' weight loads issued before their
-  multiply-adds (several 16-byte loads in flight per thread: what streams the weight at HBM speed);
+* the row loop is unrolled up to :data:`MAX_UNROLL` times, all the unrolled rows' weight loads issued before
+  their multiply-adds (several 16-byte loads in flight per thread: what streams the weight at HBM speed);
 * the ``KS`` partial sums of a column meet in shared memory and one thread adds them in slice order 0, 1, ...
   (a fixed order: deterministic, run to run), then evaluates the stage's expression (bias, residual, GELU)
   and stores.
@@ -49,12 +50,13 @@ MAX_BLOCKS = 65535       # one block per column tile (no grid-stride loop)
 class GemvPlan:
     n: int                   # columns (outputs)
     k: int                   # reduction length
-    ct: int                  # column threads (4 columns each)
-    vector: bool             # 4-wide loads of W (aligned), else scalar loads at clamped columns
+    ct: int                  # column threads
+    vector: bool             # 16-byte loads of W (aligned rows), else scalar loads at clamped columns
+    vec: int = 4             # columns per thread: 16 bytes of W with vector loads (4 float32, 8 float16), else 4
 
     @property
     def tn(self) -> int:
-        return 4 * self.ct
+        return self.vec * self.ct
 
     @property
     def ks(self) -> int:
@@ -86,30 +88,34 @@ def plan_gemv(st: Stage, parts, min_blocks: int = 264) -> Optional[GemvPlan]:
     kv, nv = red.attr[1][0].attr, st.vars[-1].attr
     if _stride(w, nv) != 1:
         return None
+    vec = _vector_width(w, kv, n)
+    per = vec or 4
     ct = 2
     for c in (8, 4, 2):
-        if -(-n // (4 * c)) >= min_blocks:
+        if -(-n // (per * c)) >= min_blocks:
             ct = c
             break
-    if -(-n // (4 * ct)) > MAX_BLOCKS:
+    if -(-n // (per * ct)) > MAX_BLOCKS:
         return None
-    return GemvPlan(n, k, ct, _vector_ok(w, kv, nv, n))
+    return GemvPlan(n, k, ct, vec > 0, per)
 
 
-def _vector_ok(w, kv: str, nv: str, n: int) -> bool:
-    """W's row ``k`` from column ``4j`` is 4 aligned elements: one load, indexed by the plain variables, row
-    stride and offset multiples of 4 elements, no pitched view; float32 or float16 storage in the weights or the
-    arena (allocated by the runtime, 256-byte aligned; a graph input's device pointer is the caller's)."""
+def _vector_width(w, kv: str, n: int) -> int:
+    """Elements of W in 16 bytes (4 float32, 8 float16) when every row's run of them from a multiple of that
+    column is 16-byte aligned: one load, indexed by the plain variables, row stride, columns and offset
+    multiples of 16 bytes, no pitched view, storage in the weights or the arena (allocated by the runtime,
+    256-byte aligned; a graph input's device pointer is the caller's); else 0."""
     ld = [x for x in nodes(w) if x.op == "load"][0]
     buf = ld.attr
-    if buf.dtype not in (DType.FLOAT, DType.FLOAT16) or buf.pitch is not None or n % 4:
-        return False
-    if buf.storage.base not in (ARENA, WEIGHTS):
-        return False
+    if buf.dtype not in (DType.FLOAT, DType.FLOAT16) or buf.pitch is not None:
+        return 0
+    el = 16 // buf.dtype.itemsize
+    if n % el or buf.storage.base not in (ARENA, WEIGHTS):
+        return 0
     if not all(a.op == "var" or (a.op == "const" and a.attr == 0) for a in ld.args):
-        return False
+        return 0
     ks = _stride(w, kv)
-    return ks is not None and ks % 4 == 0 and buf.offset % (4 * buf.dtype.itemsize) == 0
+    return el if ks is not None and ks % el == 0 and buf.offset % 16 == 0 else 0
 
 
 def emit_gemv(km, st: Stage, sym: str, parts, plan: GemvPlan) -> int:
@@ -120,7 +126,7 @@ def emit_gemv(km, st: Stage, sym: str, parts, plan: GemvPlan) -> int:
     bufs, _n = fn.args
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     em = PtxEmitter(km, fn, b, bufs, st.buf)
-    N, K, CT, TN, KS = plan.n, plan.k, plan.ct, plan.tn, plan.ks
+    N, K, CT, TN, KS, VEC = plan.n, plan.k, plan.ct, plan.tn, plan.ks, plan.vec
     kv, nv = red.attr[1][0].attr, st.vars[-1].attr
     lead = [v.attr for v in st.vars[:-1]]
     fma_kind = red.attr[0] == "fma"
@@ -156,40 +162,44 @@ def emit_gemv(km, st: Stage, sym: str, parts, plan: GemvPlan) -> int:
 
     ct = b.urem(tid, I64(CT))
     ks = b.udiv(tid, I64(CT))
-    # the thread's four columns in the tile: 4 ct .. 4 ct + 3 (one vector load), else ct, ct + CT, ct + 2 CT,
-    # ct + 3 CT (each scalar load instruction then reads CT consecutive floats of a row per warp)
-    local = [b.add(b.mul(ct, I64(4)), I64(j)) if plan.vector else b.add(ct, I64(j * CT)) for j in range(4)]
+    # the thread's VEC columns in the tile: VEC ct .. VEC ct + VEC - 1 (one 16-byte load), else ct, ct + CT,
+    # ct + 2 CT, ct + 3 CT (each scalar load instruction then reads CT consecutive elements of a row per warp)
+    local = [b.add(b.mul(ct, I64(VEC)), I64(j)) if plan.vector else b.add(ct, I64(j * CT)) for j in range(VEC)]
     n0 = b.add(b.mul(blk, I64(TN)), local[0])
-    accs = [em.alloca(F32) for _ in range(4)]
+    accs = [em.alloca(F32) for _ in range(VEC)]
     for a in accs:
         b.store(const_value(0.0, DType.FLOAT), a)
-    if plan.vector:      # columns n0..n0+3 all inside or all past N (N % 4 == 0): read the last four instead
-        n0v = b.select(b.icmp_unsigned("<", n0, I64(N)), n0, I64(N - 4))
+    if plan.vector:      # columns n0.. all inside or all past N (N % VEC == 0): read the last VEC instead
+        n0v = b.select(b.icmp_unsigned("<", n0, I64(N)), n0, I64(N - VEC))
         cols = [n0v]
     else:
         last = I64(N - 1)
         cols = []
-        for j in range(4):
+        for j in range(VEC):
             c = b.add(b.mul(blk, I64(TN)), local[j])
             cols.append(b.select(b.icmp_unsigned("<", c, last), c, last))
     wt = mem_type(wbuf.dtype)
-    vt = ir.VectorType(wt, 4)
+    vt = ir.VectorType(wt, VEC)
 
     half = wbuf.dtype == DType.FLOAT16
-    rt = ir.IntType(16) if half else F32
+    rt = ir.IntType(32) if half else F32
     ldg = ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([rt] * 4), [I64]),
-                       "ld.global.nc.v4.%s {$0, $1, $2, $3}, [$4];" % ("b16" if half else "f32"),
-                       ",".join(["=h" if half else "=f"] * 4 + ["l"]), side_effect=False)
+                       "ld.global.nc.v4.%s {$0, $1, $2, $3}, [$4];" % ("b32" if half else "f32"),
+                       ",".join(["=r" if half else "=f"] * 4 + ["l"]), side_effect=False)
 
-    def ldg4(p):
-        """Four elements at global address p through the read-only data cache: NVPTX emits a plain ld.global.v4
-        for an ``!invariant.load`` vector load, so the ``ld.global.nc.v4`` is written out."""
+    def ldg16(p):
+        """The VEC elements of 16 bytes at global address p through the read-only data cache: NVPTX emits a
+        plain ld.global.v4 for an ``!invariant.load`` vector load, so the ``ld.global.nc.v4`` is written out
+        (float16: four 32-bit registers of two halves each)."""
         r = b.call(ldg, [b.ptrtoint(p, I64)])
         vals = [b.extract_value(r, j) for j in range(4)]
-        return [b.bitcast(x, wt) for x in vals] if half else vals
+        if not half:
+            return vals
+        pairs = [b.bitcast(x, ir.VectorType(wt, 2)) for x in vals]
+        return [b.extract_element(pr, I32(h)) for pr in pairs for h in range(2)]
 
     def weights(k):
-        """The weight factor at row k, the thread's four columns."""
+        """The weight factor at row k, the thread's VEC columns."""
         em.env[kv] = k
         out = []
         if plan.vector:
@@ -198,17 +208,17 @@ def emit_gemv(km, st: Stage, sym: str, parts, plan: GemvPlan) -> int:
             p = em.address(wbuf, [em.emit(a) for a in ld.args])
             em.memo.pop()
             if invariant:
-                raw = ldg4(p)
+                raw = ldg16(p)
             else:
-                v = b.load(p, typ=vt, align=4 * wbuf.dtype.itemsize)
-                raw = [b.extract_element(v, I32(j)) for j in range(4)]
-            for j in range(4):
+                v = b.load(p, typ=vt, align=16)
+                raw = [b.extract_element(v, I32(j)) for j in range(VEC)]
+            for j in range(VEC):
                 em.memo.append(dict(em.memo[-1]))
                 em.memo[-1][ld.uid] = em.from_memory(raw[j], wbuf.dtype)
                 out.append(em.emit(wfac))
                 em.memo.pop()
         else:
-            for j in range(4):
+            for j in range(VEC):
                 em.env[nv] = cols[j]
                 em.memo.append(dict(em.memo[-1]))
                 out.append(em.emit(wfac))
