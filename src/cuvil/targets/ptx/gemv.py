@@ -18,9 +18,10 @@ each. Here threads run along ``n`` instead:
   (``K`` floats, at most :data:`MAX_K`), then read by broadcast.
 * the row loop is unrolled up to :data:`MAX_UNROLL` times, all the unrolled rows' weight loads issued before
   their multiply-adds (several 16-byte loads in flight per thread: what streams the weight at HBM speed);
-* the ``KS`` partial sums of a column meet in shared memory and one thread adds them in slice order 0, 1, ...
-  (a fixed order: deterministic, run to run), then evaluates the stage's expression (bias, residual, GELU)
-  and stores.
+* the ``KS`` partial sums of a column meet in shared memory and are added in a fixed order (deterministic, run
+  to run): groups of ``KS / G`` consecutive slices, each by a thread in slice order, then the ``G = THREADS /
+  TN`` groups in order by one thread per column, which evaluates the stage's expression (bias, residual,
+  GELU) and stores.
 
 The summation order differs from the lane-split kernels' (each thread's rows in order, then the slices in
 order), as any other schedule's would; the multiply-adds are the reduction's own (``fma`` only where a kernel
@@ -143,7 +144,7 @@ def emit_gemv(km, st: Stage, sym: str, parts, plan: GemvPlan) -> int:
         with b.goto_block(em.entry):
             b.position_at_start(em.entry)
             return b.bitcast(g, ir.PointerType(F32, addrspace=3))
-    xs, ps = shared("x", K), shared("p", KS * TN)
+    xs, ps, qs = shared("x", K), shared("p", KS * TN), shared("q", THREADS)
     bar = km.declare("llvm.nvvm.barrier0", ir.VoidType(), [])
 
     def sptr(base, idx):
@@ -250,15 +251,26 @@ def emit_gemv(km, st: Stage, sym: str, parts, plan: GemvPlan) -> int:
         tail = ks
     em.loop_range(tail, I64(K), lambda k: rows([k]), I64(KS))
 
-    # the slices' partial sums meet in shared memory, added in slice order by one thread per column
+    # the slices' partial sums meet in shared memory and are added in a fixed order in two rounds (a chain of KS
+    # dependent adds in one thread per column took longer than the loads): the G = THREADS / TN groups of
+    # PER = KS / G consecutive slices, each by one thread in slice order, then the groups in order
     for j, a in enumerate(accs):
         b.store(b.load(a, typ=F32), sptr(ps, b.add(b.mul(ks, I64(TN)), local[j])))
     b.call(bar, [])
+    G = THREADS // TN
+    PER = KS // G
+    c, g = b.urem(tid, I64(TN)), b.udiv(tid, I64(TN))
+    first = b.add(b.mul(g, I64(PER * TN)), c)
+    part = b.load(sptr(ps, first), typ=F32)
+    for s in range(1, PER):
+        part = b.fadd(part, b.load(sptr(ps, b.add(first, I64(s * TN))), typ=F32))
+    b.store(part, sptr(qs, tid))             # qs[g * TN + c]
+    b.call(bar, [])
     col = b.add(b.mul(blk, I64(TN)), tid)
     with b.if_then(b.and_(b.icmp_unsigned("<", tid, I64(TN)), b.icmp_unsigned("<", col, I64(N)))):
-        total = b.load(sptr(ps, tid), typ=F32)
-        for s in range(1, KS):
-            total = b.fadd(total, b.load(sptr(ps, b.add(tid, I64(s * TN))), typ=F32))
+        total = b.load(sptr(qs, tid), typ=F32)
+        for s in range(1, G):
+            total = b.fadd(total, b.load(sptr(qs, b.add(tid, I64(s * TN))), typ=F32))
         em.env[nv] = col
         em.memo.append(dict(em.memo[-1]))
         em.memo[-1][red.uid] = total
