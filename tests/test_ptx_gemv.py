@@ -71,6 +71,18 @@ def test_wide_rows_keep_32_columns_per_block():
     assert d.kind == "gemv" and d.grid == -(-50257 // 32)
 
 
+def test_small_grids_with_long_rows_take_bigger_blocks():
+    """GPT-2's mlp.c_proj ([1, 3072] @ [3072, 768]): 96 blocks of 8 columns; 1,024 threads each (512 row slices,
+    6 rows a thread, all loaded in one round) instead of 256 (24 rows, three rounds)."""
+    r = _build(row_product(3072, 768))
+    (d,) = r.kernels
+    assert d.kind == "gemv" and d.grid == 96 and d.block == 1024
+    assert _build(row_product(768, 768)).kernels[0].block == THREADS       # 6 rows a thread already
+    if PTXAS:
+        _, info = assemble(r.ptx, "sm_90")
+        assert info[d.name].spill_stores == 0
+
+
 def test_off_by_default_and_only_for_one_row():
     assert _build(row_product(768, 768), PtxTuning()).kernels[0].kind == "split"
     assert PtxTuning().gemv is False and PtxOptions().tuning.gemv is False and PtxOptions(gemv=True).tuning.gemv

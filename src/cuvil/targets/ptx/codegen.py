@@ -58,7 +58,6 @@ from .conv_mma import conv_mma_format, emit_conv_mma, plan_conv_mma
 from .emitter import PtxEmitter, set_contraction
 from .kernel_shapes import (TILE_K, WARP_MIN_TERMS, coarsen_factor, single_sum, split_lanes, tile_factors,
                             tile_shape)
-from .gemv import THREADS as GEMV_THREADS
 from .gemv import emit_gemv, plan_gemv
 from .libdevice import libdevice_module
 from .matmul_mma import emit_matmul, matmul_parts, mma_format, plan_matmul
@@ -206,7 +205,7 @@ class PtxKernelModule(LLVMKernelModule):
             return KernelDesc(sym, threads, simt[1].threads, st.name, 1, "gemm_fp32")
         gemv = self.gemv_plan(st) if self.tuning.gemv else None
         if gemv is not None:
-            return KernelDesc(sym, emit_gemv(self, st, sym, *gemv), GEMV_THREADS, st.name, 1, "gemv")
+            return KernelDesc(sym, emit_gemv(self, st, sym, *gemv), gemv[1].threads, st.name, 1, "gemv")
         red = single_sum(st)
         if red is None:
             return self.add_element_stage(st, sym)

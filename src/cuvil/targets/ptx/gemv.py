@@ -6,7 +6,8 @@ The lane-split kernels (:meth:`~cuvil.targets.ptx.codegen.PtxKernelModule.add_sp
 16-32 consecutive threads splitting its ``k`` sum, so one warp load reads 16-32 different weight rows 4-8 bytes
 each. Here threads run along ``n`` instead:
 
-* a block of :data:`THREADS` threads owns ``TN = VEC * CT`` consecutive columns; thread ``t`` takes the
+* a block of :data:`THREADS` threads (more, up to :data:`MAX_THREADS`, where the grid leaves the GPU mostly
+  empty and a thread would have more rows than one unrolled round) owns ``TN = VEC * CT`` consecutive columns; thread ``t`` takes the
   ``VEC`` columns from ``VEC * (t % CT)`` (one 16-byte ``ld.global.nc.v4`` of ``W`` per row, 4 float32 or 8
   float16 columns, where the row stride and the buffer's offset keep 16 bytes aligned; else ``VEC = 4``
   columns ``t % CT + j * CT``, four scalar loads at clamped columns, each instruction reading ``CT``
@@ -41,7 +42,10 @@ from ..llvm.types import F32, I32, I64, const_value, mem_type
 from .emitter import PtxEmitter, overlaps, set_contraction
 from .matmul_mma import _stride
 
-THREADS = 256            # threads per block
+THREADS = 256            # threads per block, doubled up to MAX_THREADS for small grids with long rows (GemvPlan)
+MAX_THREADS = 1024
+RESIDENT = 132 * 2048    # threads an H200 holds at once (132 SMs x 2,048)
+SMEM_LIMIT = 46 * 1024   # static shared memory a block may take (48 KB, with room)
 MAX_K = 8192             # reduction length at most (x cached in shared memory: 32 KB)
 MAX_UNROLL = 8           # rows per iteration of a thread's loop at most (their loads issued together)
 MAX_BLOCKS = 65535       # one block per column tile (no grid-stride loop)
@@ -54,6 +58,7 @@ class GemvPlan:
     ct: int                  # column threads
     vector: bool             # 16-byte loads of W (aligned rows), else scalar loads at clamped columns
     vec: int = 4             # columns per thread: 16 bytes of W with vector loads (4 float32, 8 float16), else 4
+    threads: int = THREADS   # per block
 
     @property
     def tn(self) -> int:
@@ -61,7 +66,7 @@ class GemvPlan:
 
     @property
     def ks(self) -> int:
-        return THREADS // self.ct
+        return self.threads // self.ct
 
     @property
     def unroll(self) -> int:
@@ -71,6 +76,11 @@ class GemvPlan:
     @property
     def blocks(self) -> int:
         return -(-self.n // self.tn)
+
+    @property
+    def smem_bytes(self) -> int:
+        """x, the slices' partial sums, the groups' sums (floats)."""
+        return 4 * (self.k + self.ks * self.tn + self.threads)
 
 
 def plan_gemv(st: Stage, parts, min_blocks: int = 264) -> Optional[GemvPlan]:
@@ -98,7 +108,13 @@ def plan_gemv(st: Stage, parts, min_blocks: int = 264) -> Optional[GemvPlan]:
             break
     if -(-n // (per * ct)) > MAX_BLOCKS:
         return None
-    return GemvPlan(n, k, ct, vec > 0, per)
+    plan = GemvPlan(n, k, ct, vec > 0, per)
+    # a grid that leaves the GPU mostly empty, with more rows per thread than one unrolled round: more threads
+    # per block (the rows' loads all in flight at once, as split-K over blocks would have them)
+    while (plan.threads < MAX_THREADS and plan.blocks * plan.threads < RESIDENT and k > MAX_UNROLL * plan.ks
+           and attrs.evolve(plan, threads=2 * plan.threads).smem_bytes <= SMEM_LIMIT):
+        plan = attrs.evolve(plan, threads=2 * plan.threads)
+    return plan if plan.smem_bytes <= SMEM_LIMIT else None
 
 
 def _vector_width(w, kv: str, n: int) -> int:
@@ -120,14 +136,14 @@ def _vector_width(w, kv: str, n: int) -> int:
 
 
 def emit_gemv(km, st: Stage, sym: str, parts, plan: GemvPlan) -> int:
-    """Emit the kernel ``sym``; returns its launch size in threads (``blocks * THREADS``)."""
+    """Emit the kernel ``sym``; returns its launch size in threads (``blocks * plan.threads``)."""
     red, afac, wfac, _ = parts
     fn = km.kernel_fn(sym)
-    km.module.add_named_metadata("nvvm.annotations", [fn, "maxntidx", I32(THREADS)])
+    km.module.add_named_metadata("nvvm.annotations", [fn, "maxntidx", I32(plan.threads)])
     bufs, _n = fn.args
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     em = PtxEmitter(km, fn, b, bufs, st.buf)
-    N, K, CT, TN, KS, VEC = plan.n, plan.k, plan.ct, plan.tn, plan.ks, plan.vec
+    N, K, CT, TN, KS, VEC, THREADS = plan.n, plan.k, plan.ct, plan.tn, plan.ks, plan.vec, plan.threads
     kv, nv = red.attr[1][0].attr, st.vars[-1].attr
     lead = [v.attr for v in st.vars[:-1]]
     fma_kind = red.attr[0] == "fma"
@@ -280,4 +296,4 @@ def emit_gemv(km, st: Stage, sym: str, parts, plan: GemvPlan) -> int:
     b.ret_void()
     set_contraction(fn, False)
     km.kernels.append(sym)
-    return plan.blocks * THREADS
+    return plan.blocks * plan.threads
