@@ -1,7 +1,8 @@
 """The one-row product kernel (:mod:`cuvil.targets.ptx.gemv`, ``PtxTuning.gemv``; no GPU needed): which stages
-take it (one output row, the weight's columns contiguous), the column tile it picks, 16-byte read-only weight
-loads where the rows stay aligned and scalar loads at clamped columns where not (odd N), the fixed-order
-slice sum, and ptxas accepting a GPT-2 decode step's kernels with it. Numbers on a GPU: test_gpu_gemv.py."""
+take it (one output row, or a few each with a matrix of its own; the weight's columns contiguous), the column
+tile it picks, 16-byte read-only weight loads where the rows stay aligned and scalar loads at clamped columns
+where not (odd N), the fixed-order slice sum, and ptxas accepting a GPT-2 decode step's kernels with it.
+Numbers on a GPU: test_gpu_gemv.py."""
 import re
 
 import numpy as np
@@ -29,6 +30,16 @@ def row_product(k, n, rows=1, seed=0):
                            helper.make_node("Tanh", ["a"], ["y"])], "gemv",
                           [helper.make_tensor_value_info("x", TensorProto.FLOAT, [rows, k])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [rows, n])], [w, b])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def batched_product(h, k, n, seed=0):
+    """x[h, 1, k] @ W[h, k, n]: a product per row, each with a matrix of its own (attention's P @ V per head)."""
+    rng = np.random.default_rng(seed)
+    w = numpy_helper.from_array(rng.standard_normal((h, k, n)).astype(np.float32), "W")
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["y"])], "bgemv",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [h, 1, k])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [h, 1, n])], [w])
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 
 
@@ -83,10 +94,23 @@ def test_small_grids_with_long_rows_take_bigger_blocks():
         assert info[d.name].spill_stores == 0
 
 
+def test_a_product_per_row_gets_a_block_per_row_and_tile():
+    r = _build(batched_product(12, 1024, 64))
+    (d,) = r.kernels
+    # 64 columns: 8 per block (ct 2), 8 tiles x 12 rows = 96 blocks; 1,024 rows of k: 8 a thread, one round
+    assert d.kind == "gemv" and d.grid == 96 and d.block == 256
+    assert "ld.global.nc.v4.f32" in _entry(r.ptx, d.name)
+    r = _build(batched_product(5, 129, 67))
+    assert r.kernels[0].kind == "gemv" and r.kernels[0].grid == 5 * -(-67 // 8)
+    if PTXAS:
+        assemble(r.ptx, "sm_90")
+
+
 def test_off_by_default_and_only_for_one_row():
     assert _build(row_product(768, 768), PtxTuning()).kernels[0].kind == "split"
     assert PtxTuning().gemv is False and PtxOptions().tuning.gemv is False and PtxOptions(gemv=True).tuning.gemv
-    # two output rows: not a one-row product
+    # two output rows sharing W: each would stream W again (a product of its own per row is taken: the decode
+    # step's attention below)
     assert _build(row_product(768, 768, rows=2)).kernels[0].kind != "gemv"
 
 
@@ -105,8 +129,8 @@ def test_slices_add_in_a_fixed_order():
 @pytest.mark.parametrize("fp16", [False, True])
 def test_decode_step_products_take_it_and_assemble(fp16):
     """A small GPT-2 decode step (odd ffn 387 and vocabulary 1,001: scalar loads) compiled through
-    Pipeline.compile with ``gemv``: its four weight products and the LM head are gemv kernels, and ptxas
-    assembles the module (the bundle has its cubin)."""
+    Pipeline.compile with ``gemv``: its four weight products, the LM head and attention's P @ V (a row per head,
+    each with its own V) are gemv kernels, and ptxas assembles the module (the bundle has its cubin)."""
     import json
     import os
     m = gpt2_decode_model(vocab=1001, hidden=96, layers=1, heads=4, ffn=387, max_pos=64)
@@ -115,8 +139,14 @@ def test_decode_step_products_take_it_and_assemble(fp16):
                   gemv=True, enable_fp16=fp16)
     plan = json.load(open(os.path.join(b.path, "plan.json")))
     gemv = [k["stage"] for k in plan["kernels"] if k["kind"] == "gemv"]
-    assert len(gemv) == 5, [(k["stage"], k["kind"]) for k in plan["kernels"]]
-    assert any(s.startswith("logits") for s in gemv)
+    # float16: attention's P @ V reads V through the concatenation of the past and this token's row (a select
+    # between two loads, not one affine load), which the kernel does not take
+    products = ("c_attn", "res1", "gelu", "res2", "logits") + (() if fp16 else ("sdpa.ctx",))
+    assert len(gemv) == len(products) and all(any(p in s for s in gemv) for p in products), [
+        (k["stage"], k["kind"]) for k in plan["kernels"]]
+    if not fp16:
+        ctx = [k for k in plan["kernels"] if "sdpa.ctx" in k["stage"]][0]
+        assert ctx["grid"][0] % 4 == 0     # P[h] @ V[h]: 4 heads, a block per head and column tile
     assert os.path.exists(os.path.join(b.path, "kernels.sm_90.cubin"))
     ptx = open(os.path.join(b.path, "kernels.ptx")).read()
     # hidden 96: aligned rows (16-byte loads; float16: 8 columns as four 32-bit registers)

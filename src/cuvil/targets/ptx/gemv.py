@@ -7,14 +7,15 @@ The lane-split kernels (:meth:`~cuvil.targets.ptx.codegen.PtxKernelModule.add_sp
 each. Here threads run along ``n`` instead:
 
 * a block of :data:`THREADS` threads (more, up to :data:`MAX_THREADS`, where the grid leaves the GPU mostly
-  empty and a thread would have more rows than one unrolled round) owns ``TN = VEC * CT`` consecutive columns; thread ``t`` takes the
-  ``VEC`` columns from ``VEC * (t % CT)`` (one 16-byte ``ld.global.nc.v4`` of ``W`` per row, 4 float32 or 8
-  float16 columns, where the row stride and the buffer's offset keep 16 bytes aligned; else ``VEC = 4``
-  columns ``t % CT + j * CT``, four scalar loads at clamped columns, each instruction reading ``CT``
-  consecutive elements of a row) and rows ``k = t / CT, t / CT + KS, ...`` (``KS = THREADS / CT`` row
-  slices); so a warp's vector load reads ``32 / CT`` rows of ``16 * CT`` contiguous bytes each (whole 32-byte
-  sectors for every ``CT`` >= 2). ``CT`` is the largest of 8, 4, 2 that still launches
-  ``PtxTuning.gemv_min_blocks`` blocks (else 2).
+  empty and a thread would have more rows than one unrolled round) owns ``TN = VEC * CT`` consecutive
+  columns of one output row (several rows: a batch of products, each with a matrix of its own, such as a
+  decode step's attention ``P[h, 1, p] @ V[h, p, d]``); thread ``t`` takes the ``VEC`` columns from
+  ``VEC * (t % CT)`` (one 16-byte ``ld.global.nc.v4`` of ``W`` per row, 4 float32 or 8 float16 columns, where
+  the row stride and the buffer's offset keep 16 bytes aligned; else ``VEC = 4`` columns ``t % CT + j * CT``,
+  four scalar loads at clamped columns, each instruction reading ``CT`` consecutive elements of a row) and
+  rows ``k = t / CT, t / CT + KS, ...`` (``KS = THREADS / CT`` row slices); so a warp's vector load reads
+  ``32 / CT`` rows of ``16 * CT`` contiguous bytes each (whole 32-byte sectors for every ``CT`` >= 2).
+  ``CT`` is the largest of 8, 4, 2 that still launches ``PtxTuning.gemv_min_blocks`` blocks (else 2).
 * ``x`` (the factor without ``n``, whatever its expression) is evaluated once per block into shared memory
   (``K`` floats, at most :data:`MAX_K`), then read by broadcast.
 * the row loop is unrolled up to :data:`MAX_UNROLL` times, all the unrolled rows' weight loads issued before
@@ -27,10 +28,10 @@ each. Here threads run along ``n`` instead:
 The summation order differs from the lane-split kernels' (each thread's rows in order, then the slices in
 order), as any other schedule's would; the multiply-adds are the reduction's own (``fma`` only where a kernel
 rule made the reduction an ``fma`` one). Only products with one output row (every output dimension but the
-last of extent 1) take it."""
+last of extent 1), or a few rows each with its own weight matrix, take it."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import List, Optional
 
 import attrs
 import llvmlite.ir as ir
@@ -47,6 +48,7 @@ MAX_THREADS = 1024
 RESIDENT = 132 * 2048    # threads an H200 holds at once (132 SMs x 2,048)
 SMEM_LIMIT = 46 * 1024   # static shared memory a block may take (48 KB, with room)
 MAX_K = 8192             # reduction length at most (x cached in shared memory: 32 KB)
+MAX_ROWS = 64            # output rows at most (a decode step's attention: one per head)
 MAX_UNROLL = 8           # rows per iteration of a thread's loop at most (their loads issued together)
 MAX_BLOCKS = 65535       # one block per column tile (no grid-stride loop)
 
@@ -59,6 +61,12 @@ class GemvPlan:
     vector: bool             # 16-byte loads of W (aligned rows), else scalar loads at clamped columns
     vec: int = 4             # columns per thread: 16 bytes of W with vector loads (4 float32, 8 float16), else 4
     threads: int = THREADS   # per block
+    rows: int = 1            # output rows (the product of every output dimension but the last): a block each tile
+
+    @property
+    def tiles(self) -> int:
+        """Column tiles per row."""
+        return -(-self.n // self.tn)
 
     @property
     def tn(self) -> int:
@@ -75,7 +83,7 @@ class GemvPlan:
 
     @property
     def blocks(self) -> int:
-        return -(-self.n // self.tn)
+        return self.rows * self.tiles
 
     @property
     def smem_bytes(self) -> int:
@@ -94,21 +102,25 @@ def plan_gemv(st: Stage, parts, min_blocks: int = 264) -> Optional[GemvPlan]:
     for d in shape[:-1]:
         rows *= d
     n, k = shape[-1], int(red.attr[2][0])
-    if rows != 1 or n < 1 or not 1 <= k <= MAX_K or red.dtype != DType.FLOAT:
+    if rows > MAX_ROWS or n < 1 or not 1 <= k <= MAX_K or red.dtype != DType.FLOAT:
         return None
     kv, nv = red.attr[1][0].attr, st.vars[-1].attr
     if _stride(w, nv) != 1:
         return None
-    vec = _vector_width(w, kv, n)
+    # several rows only where each reads a matrix of its own (attention's V per head): rows sharing W (x[M, K] @
+    # W, M > 1) would each stream it again
+    if any(d > 1 and _stride(w, v.attr) in (0, None) for v, d in zip(st.vars[:-1], shape[:-1])):
+        return None
+    vec = _vector_width(w, [kv] + [v.attr for v in st.vars[:-1]], n)
     per = vec or 4
     ct = 2
     for c in (8, 4, 2):
-        if -(-n // (per * c)) >= min_blocks:
+        if rows * -(-n // (per * c)) >= min_blocks:
             ct = c
             break
-    if -(-n // (per * ct)) > MAX_BLOCKS:
+    if rows * -(-n // (per * ct)) > MAX_BLOCKS:
         return None
-    plan = GemvPlan(n, k, ct, vec > 0, per)
+    plan = GemvPlan(n, k, ct, vec > 0, per, rows=rows)
     # a grid that leaves the GPU mostly empty, with more rows per thread than one unrolled round: more threads
     # per block (the rows' loads all in flight at once, as split-K over blocks would have them)
     while (plan.threads < MAX_THREADS and plan.blocks * plan.threads < RESIDENT and k > MAX_UNROLL * plan.ks
@@ -117,11 +129,12 @@ def plan_gemv(st: Stage, parts, min_blocks: int = 264) -> Optional[GemvPlan]:
     return plan if plan.smem_bytes <= SMEM_LIMIT else None
 
 
-def _vector_width(w, kv: str, n: int) -> int:
+def _vector_width(w, others, n: int) -> int:
     """Elements of W in 16 bytes (4 float32, 8 float16) when every row's run of them from a multiple of that
-    column is 16-byte aligned: one load, indexed by the plain variables, row stride, columns and offset
-    multiples of 16 bytes, no pitched view, storage in the weights or the arena (allocated by the runtime,
-    256-byte aligned; a graph input's device pointer is the caller's); else 0."""
+    column is 16-byte aligned: one load, indexed by the plain variables, its strides along ``others`` (the
+    reduction and the output's leading indices), columns and offset multiples of 16 bytes, no pitched view,
+    storage in the weights or the arena (allocated by the runtime, 256-byte aligned; a graph input's device
+    pointer is the caller's); else 0."""
     ld = [x for x in nodes(w) if x.op == "load"][0]
     buf = ld.attr
     if buf.dtype not in (DType.FLOAT, DType.FLOAT16) or buf.pitch is not None:
@@ -131,8 +144,8 @@ def _vector_width(w, kv: str, n: int) -> int:
         return 0
     if not all(a.op == "var" or (a.op == "const" and a.attr == 0) for a in ld.args):
         return 0
-    ks = _stride(w, kv)
-    return el if ks is not None and ks % el == 0 and buf.offset % 16 == 0 else 0
+    strides = [_stride(w, v) for v in others]
+    return el if all(x is not None and x % el == 0 for x in strides) and buf.offset % 16 == 0 else 0
 
 
 def emit_gemv(km, st: Stage, sym: str, parts, plan: GemvPlan) -> int:
@@ -166,9 +179,15 @@ def emit_gemv(km, st: Stage, sym: str, parts, plan: GemvPlan) -> int:
     def sptr(base, idx):
         return b.gep(base, [idx], source_etype=F32, inbounds=True)
 
-    for v in lead:
-        em.env[v] = I64(0)
     tid, blk = km.sreg(b, "tid.x"), km.sreg(b, "ctaid.x")
+    # the block's output row (its leading indices, bound for x, W and the epilogue) and column tile
+    row, tile = b.udiv(blk, I64(plan.tiles)), b.urem(blk, I64(plan.tiles))
+    lead_idx: List[ir.Value] = []
+    for d in reversed([int(x) for x in st.buf.shape[:-1]]):
+        lead_idx.insert(0, b.urem(row, I64(d)))
+        row = b.udiv(row, I64(d))
+    for v, i in zip(lead, lead_idx):
+        em.env[v] = i
 
     # x into shared memory, once per block
     def fill(k):
@@ -182,7 +201,7 @@ def emit_gemv(km, st: Stage, sym: str, parts, plan: GemvPlan) -> int:
     # the thread's VEC columns in the tile: VEC ct .. VEC ct + VEC - 1 (one 16-byte load), else ct, ct + CT,
     # ct + 2 CT, ct + 3 CT (each scalar load instruction then reads CT consecutive elements of a row per warp)
     local = [b.add(b.mul(ct, I64(VEC)), I64(j)) if plan.vector else b.add(ct, I64(j * CT)) for j in range(VEC)]
-    n0 = b.add(b.mul(blk, I64(TN)), local[0])
+    n0 = b.add(b.mul(tile, I64(TN)), local[0])
     accs = [em.alloca(F32) for _ in range(VEC)]
     for a in accs:
         b.store(const_value(0.0, DType.FLOAT), a)
@@ -193,7 +212,7 @@ def emit_gemv(km, st: Stage, sym: str, parts, plan: GemvPlan) -> int:
         last = I64(N - 1)
         cols = []
         for j in range(VEC):
-            c = b.add(b.mul(blk, I64(TN)), local[j])
+            c = b.add(b.mul(tile, I64(TN)), local[j])
             cols.append(b.select(b.icmp_unsigned("<", c, last), c, last))
     wt = mem_type(wbuf.dtype)
     vt = ir.VectorType(wt, VEC)
@@ -282,7 +301,7 @@ def emit_gemv(km, st: Stage, sym: str, parts, plan: GemvPlan) -> int:
         part = b.fadd(part, b.load(sptr(ps, b.add(first, I64(s * TN))), typ=F32))
     b.store(part, sptr(qs, tid))             # qs[g * TN + c]
     b.call(bar, [])
-    col = b.add(b.mul(blk, I64(TN)), tid)
+    col = b.add(b.mul(tile, I64(TN)), tid)
     with b.if_then(b.and_(b.icmp_unsigned("<", tid, I64(TN)), b.icmp_unsigned("<", col, I64(N)))):
         total = b.load(sptr(qs, tid), typ=F32)
         for s in range(1, G):
@@ -291,7 +310,7 @@ def emit_gemv(km, st: Stage, sym: str, parts, plan: GemvPlan) -> int:
         em.memo.append(dict(em.memo[-1]))
         em.memo[-1][red.uid] = total
         val = em.to_memory(em.emit(st.expr), st.buf.dtype)
-        b.store(val, em.address(st.buf, [I64(0)] * len(lead) + [col]))
+        b.store(val, em.address(st.buf, lead_idx + [col]))
         em.memo.pop()
     b.ret_void()
     set_contraction(fn, False)
