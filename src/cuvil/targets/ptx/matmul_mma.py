@@ -44,8 +44,8 @@ import attrs
 import llvmlite.ir as ir
 
 from ...ir.dtype import DType
-from ...kernels.schedule import Stage
-from ...kernels.texpr import E, nodes
+from ...kernels.schedule import ARENA, Stage
+from ...kernels.texpr import Buf, E, load, nodes, reduce, replace_node
 from ..llvm.types import F16, F32, I32, I64
 from .emitter import PtxEmitter, set_contraction
 from .kernel_shapes import single_sum
@@ -109,6 +109,8 @@ class MatmulPlan:
     b_kfast: bool     # B's: k fastest (B transposed, contiguous along k), else n
     swapped: bool = False   # the reduction's first factor is B (depends on n)
     ks: int = 1             # K groups: groups of four warps that take every ks-th chunk (see chunk_of)
+    splits: int = 1         # K slices across blocks (split-K): slice s writes its partial sums, a sum kernel adds them
+    min_ctas: int = 1       # blocks per SM ptxas must leave registers for (1: no cap)
 
     @property
     def threads(self) -> int:
@@ -119,8 +121,13 @@ class MatmulPlan:
         return -(-self.k // TK)
 
     @property
+    def slice_chunks(self) -> int:
+        """Chunks per K slice (the slices divide the chunks evenly, :func:`plan_slices`)."""
+        return self.chunks // self.splits
+
+    @property
     def rounds(self) -> int:
-        return -(-self.chunks // self.ks)
+        return -(-self.slice_chunks // self.ks)
 
     @property
     def wm(self) -> int:
@@ -146,8 +153,17 @@ class MatmulPlan:
         return r
 
     @property
-    def blocks(self) -> int:
+    def tiles(self) -> int:
         return self.batches * self.tiles_m * self.tiles_n
+
+    @property
+    def blocks(self) -> int:
+        return self.tiles * self.splits
+
+    @property
+    def scratch_floats(self) -> int:
+        """The split-K partial sums, ``[splits, *batch, m, n]`` floats (0 without split-K)."""
+        return self.splits * self.batches * self.m * self.n if self.splits > 1 else 0
 
 
 # --- fragment indexing (shared by the emitter and the numpy replay in the tests) ---------------------------
@@ -308,10 +324,14 @@ def mma_format(st: Stage, parts, sm: int, allow_tf32: bool, precision: str = "")
     return "tf32" if allow_tf32 else None
 
 
-def plan_matmul(st: Stage, parts, fmt: str, min_blocks: int = MIN_BLOCKS, max_ks: int = 4) -> MatmulPlan:
+def plan_matmul(st: Stage, parts, fmt: str, min_blocks: int = MIN_BLOCKS, max_ks: int = 4,
+                sm_groups: int = 0, sms: int = 132) -> MatmulPlan:
     """The block tile (the largest of 64 x 64, 64 x 32, 32 x 64 giving ``min_blocks`` blocks, else 32 x 32)
     and the K groups (the most of ``max_ks``, 4, 2 that leave each group two chunks, keep the launch within
-    ``4 * min_blocks`` groups and fit the static shared memory; else 1)."""
+    ``4 * min_blocks`` groups and fit the static shared memory; else 1).
+
+    ``sm_groups`` > 0 (``PtxTuning.mma_sm_groups``): the K groups and K slices (split-K across blocks) come
+    from :func:`plan_slices` instead, for ``sm_groups`` four-warp groups resident per SM on ``sms`` SMs."""
     red, a, b, swapped = parts
     shape = [int(d) for d in st.buf.shape]
     m, n, k = shape[-2], shape[-1], int(red.attr[2][0])
@@ -330,6 +350,9 @@ def plan_matmul(st: Stage, parts, fmt: str, min_blocks: int = MIN_BLOCKS, max_ks
             break
     chunks = -(-k // TK)
     blocks = nb * -(-m // bm) * -(-n // bn)
+    if sm_groups > 0:
+        ks, splits, ctas = plan_slices(fmt, bm, bn, blocks, chunks, max_ks, sm_groups, sms)
+        return MatmulPlan(fmt, bm, bn, batch, m, n, k, a_kfast, b_kfast, swapped, ks, splits, ctas)
     ks = 1
     for cand in (8, 4, 2):
         if (cand <= max_ks and chunks >= 2 * cand and blocks * cand <= 4 * min_blocks
@@ -338,6 +361,32 @@ def plan_matmul(st: Stage, parts, fmt: str, min_blocks: int = MIN_BLOCKS, max_ks
             ks = cand
             break
     return MatmulPlan(fmt, bm, bn, batch, m, n, k, a_kfast, b_kfast, swapped, ks)
+
+
+def plan_slices(fmt: str, bm: int, bn: int, tiles: int, chunks: int, max_ks: int, sm_groups: int,
+                sms: int) -> Tuple[int, int, int]:
+    """(K groups per block, K slices, blocks per SM) for ``tiles`` output tiles of ``chunks`` chunks when
+    ``sm_groups`` four-warp groups fit an SM at once (ptxas is asked for registers that allow it:
+    ``sm_groups / ks`` blocks per SM). A round (every group's chunk loaded, then multiplied) costs about one
+    global-load latency however many groups run, so the estimate is waves x (rounds + 1) per block (the
+    first chunk's load before the rounds): blocks = ``tiles * slices``, a wave is ``sms * sm_groups / ks``
+    blocks, a block runs ``chunks / (slices * ks)`` rounds. The smallest estimate wins (ties: fewer slices, then more groups per block); slices divide the
+    chunks evenly, each group keeps two chunks, and a slice count above 1 costs one round (the sum kernel)."""
+    best = None
+    for ks in (8, 4, 2, 1):
+        if (ks > max_ks or sm_groups % ks or smem_bytes(fmt, bm, bn, ks) > SMEM_LIMIT
+                or reduction_bytes(bm, bn, ks) > smem_bytes(fmt, bm, bn, ks)):
+            continue
+        for splits in range(1, chunks + 1):
+            if chunks % splits or chunks // splits < 2 * ks and not (ks == 1 and splits == 1):
+                continue
+            wave = sms * (sm_groups // ks)
+            cost = -(-(tiles * splits) // wave) * (-(-(chunks // splits) // ks) + 1) + (splits > 1)
+            key = (cost, splits, -ks)
+            if best is None or key < best[0]:
+                best = (key, ks, splits)
+    _, ks, splits = best
+    return ks, splits, max(1, sm_groups // ks)
 
 
 def stage_precisions(graph, sched) -> Dict[str, str]:
@@ -377,6 +426,20 @@ def stage_precisions(graph, sched) -> Dict[str, str]:
     return out
 
 
+def scratch_buf(plan: MatmulPlan, offset: int) -> Buf:
+    """The split-K partial sums, ``[splits, *batch, m, n]`` floats in the arena at byte ``offset``."""
+    return Buf("splitk", DType.FLOAT, (plan.splits,) + tuple(plan.batch) + (plan.m, plan.n), base=ARENA,
+               offset=offset)
+
+
+def combine_stage(st: Stage, red: E, plan: MatmulPlan, scratch: Buf) -> Stage:
+    """The stage with its product replaced by the sum of the ``splits`` partials in slice order (the second
+    kernel of a split-K product: deterministic, and it runs the stage's epilogue)."""
+    idx = list(st.vars)
+    total = reduce("sum", [plan.splits], lambda s: load(scratch, [s] + idx), DType.FLOAT)
+    return attrs.evolve(st, expr=replace_node(st.expr, red, total))
+
+
 # --- emission ---------------------------------------------------------------------------------------------
 
 class _V:
@@ -404,8 +467,11 @@ class _V:
     __rmul__ = __mul__
 
 
-def emit_matmul(km, st: Stage, sym: str, parts, plan: MatmulPlan) -> int:
-    """Emit the tensor-core kernel ``sym`` of a matmul stage; returns the launch size in threads."""
+def emit_matmul(km, st: Stage, sym: str, parts, plan: MatmulPlan, scratch: Optional[Buf] = None) -> int:
+    """Emit the tensor-core kernel ``sym`` of a matmul stage; returns the launch size in threads. With
+    split-K (``plan.splits`` > 1) block ``s * tiles + tile`` sums slice ``s`` of the chunks and stores the
+    raw sums in ``scratch`` (:func:`scratch_buf`) instead of running the epilogue (:func:`combine_stage` is
+    the second kernel)."""
     red, afac, bfac, _ = parts
     fmt = plan.fmt
     frag = FRAGMENTS[fmt]
@@ -415,6 +481,8 @@ def emit_matmul(km, st: Stage, sym: str, parts, plan: MatmulPlan) -> int:
     fn = km.kernel_fn(sym)
     # .maxntid: ptxas keeps the registers within what a block of plan.threads threads may have
     km.module.add_named_metadata("nvvm.annotations", [fn, "maxntidx", I32(plan.threads)])
+    if plan.min_ctas > 1:     # ptxas keeps the registers low enough for this many blocks per SM
+        km.module.add_named_metadata("nvvm.annotations", [fn, "minctasm", I32(plan.min_ctas)])
     bufs, _n = fn.args
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     em = PtxEmitter(km, fn, b, bufs, st.buf)
@@ -487,7 +555,15 @@ def emit_matmul(km, st: Stage, sym: str, parts, plan: MatmulPlan) -> int:
             return b.bitcast(em.emit(f.args[0]), ST)
         return convert(em.emit(f))
 
+    S, CPS = plan.splits, plan.slice_chunks
+
     def tile_body(bid64):
+        if S > 1:
+            sl, tile = divmod_c(b.trunc(bid64, I32), plan.tiles)     # K slice, output tile
+            bid64 = b.zext(tile, I64)
+            first = b.mul(sl, I32(CPS))                              # the slice's first chunk
+        else:
+            first = I32(0)
         m0, n0 = bind_tile(b, em, bid64, plan, bvars)
         for a_ in accs:
             b.store(ir.Constant(F32, 0.0), a_)
@@ -498,8 +574,9 @@ def emit_matmul(km, st: Stage, sym: str, parts, plan: MatmulPlan) -> int:
                         kv, K, TK, operand, ir.Constant(ST, 0))
 
         def rnd(r64):
-            c = b.add(b.mul(b.trunc(r64, I32), I32(KS)), grp)        # chunk_of(round, grp, KS)
-            active = b.icmp_unsigned("<", c, I32(plan.chunks)) if plan.chunks % KS else None
+            c = b.add(first, b.add(b.mul(b.trunc(r64, I32), I32(KS)), grp))   # chunk_of(round, grp, KS)
+            end = b.add(first, I32(CPS))                                     # the slice's end
+            active = b.icmp_unsigned("<", c, end) if CPS % KS else None
 
             def stage():
                 for regs, slots, base in ((aregs, a_slots, a_base), (bregs, b_slots, b_base)):
@@ -512,7 +589,7 @@ def emit_matmul(km, st: Stage, sym: str, parts, plan: MatmulPlan) -> int:
                     stage()
             b.call(bar, [])
             nxt = b.add(c, I32(KS))
-            with b.if_then(b.icmp_unsigned("<", nxt, I32(plan.chunks))):   # the next chunk's loads fly meanwhile
+            with b.if_then(b.icmp_unsigned("<", nxt, end)):   # the next chunk's loads fly meanwhile
                 fetch(b.mul(nxt, I32(TK)))
             row_w = _V(b, b.mul(wm, I32(plan.wm)))
             col_w = _V(b, b.mul(wn, I32(plan.wn)))
@@ -537,7 +614,7 @@ def emit_matmul(km, st: Stage, sym: str, parts, plan: MatmulPlan) -> int:
                 with b.if_then(active):       # uniform per warp: a group is four whole warps
                     mmas()
             b.call(bar, [])
-        fetch(b.mul(grp, I32(TK)))         # plan_matmul keeps KS <= chunks / 2: every group has a first chunk
+        fetch(b.mul(b.add(first, grp), I32(TK)))   # plan_matmul keeps KS <= slice chunks / 2: each group has one
         em.loop_range(I64(0), I64(plan.rounds), rnd)
         if KS > 1:
             # groups 1..KS-1 leave their sums in shared memory (over the tiles, no longer read); group 0
@@ -559,6 +636,11 @@ def emit_matmul(km, st: Stage, sym: str, parts, plan: MatmulPlan) -> int:
             lead = b.icmp_unsigned("==", grp, I32(0))
         else:
             lead = None
+        if S > 1:     # the partial sums' rows of this (slice, batch): flat (s * batches + batch) * M
+            pbase = b.mul(b.add(b.mul(sl, I32(plan.batches)), b.udiv(tile, I32(plan.tiles_m * plan.tiles_n))),
+                          I32(M))
+            pdst = b.gep(em.base(scratch), [I64(scratch.offset)], source_etype=ir.IntType(8), inbounds=True)
+
         def epilogue():
             row_w = _V(b, b.add(m0, b.mul(wm, I32(plan.wm))))
             col_w = _V(b, b.add(n0, b.mul(wn, I32(plan.wn))))
@@ -566,6 +648,12 @@ def emit_matmul(km, st: Stage, sym: str, parts, plan: MatmulPlan) -> int:
                 for q in range(4):
                     m, n = c_coords(fmt, row_w + r0, col_w + c0, g_, t_, q)
                     ok = b.and_(b.icmp_unsigned("<", m.v, I32(M)), b.icmp_unsigned("<", n.v, I32(N)))
+                    if S > 1:
+                        with b.if_then(ok):
+                            flat = b.add(b.mul(b.add(pbase, m.v), I32(N)), n.v)
+                            b.store(b.load(accs[4 * ti + q], typ=F32),
+                                    b.gep(pdst, [b.zext(flat, I64)], source_etype=F32, inbounds=True))
+                        continue
                     with b.if_then(ok):
                         idx = [em.env[v] for v in bvars] + [b.zext(m.v, I64), b.zext(n.v, I64)]
                         em.memo.append(dict(em.memo[-1]))
