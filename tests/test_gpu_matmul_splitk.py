@@ -1,7 +1,9 @@
-"""Split-K tensor-core products (``PtxTuning.mma_sm_groups``, :func:`cuvil.targets.ptx.matmul_mma.plan_slices`):
-BERT-sized products (128 rows, long K) split K across blocks, every chunk summed once by one (slice, round,
-group), the partial sums added in slice order by a second kernel; the PTX assembles with ptxas; the default
-(off) emits what it did before; on a GPU the results match numpy and repeat bit for bit."""
+"""Split-K tensor-core products (``PtxTuning.mma_sm_groups``, :func:`cuvil.targets.ptx.matmul_mma.plan_slices`)
+and vector operand loads (``PtxTuning.mma_vec``, :func:`~cuvil.targets.ptx.matmul_mma.vec_width`): BERT-sized
+products (128 rows, long K) split K across blocks, every chunk summed once by one (slice, round, group), the
+partial sums added in slice order by a second kernel; float16 operands loaded 8 halves at a time where aligned;
+the PTX assembles with ptxas; the defaults (off) emit what they did before; on a GPU the results match numpy
+and repeat bit for bit."""
 import numpy as np
 import pytest
 
@@ -80,6 +82,44 @@ def test_split_products_assemble(groups):
                     assert info[k.name].spill_stores == 0, (k.name, info[k.name])
 
 
+def _fp16_bundle(model, tmp_path, tuning):
+    from cuvil.targets.ptx.bundle import compile_bundle
+    path = str(tmp_path / "b.cuvil")
+    man = compile_bundle(Pipeline.from_onnx(model).optimize().graph, path, enable_fp16=True, tuning=tuning)
+    with open(f"{path}/kernels.ptx") as f:
+        return man, f.read()
+
+
+@needs_ptxas
+def test_vector_loads_where_aligned(tmp_path):
+    model, _ = linear_gelu(b=1, m=128, k=3072, n=768)
+    man, ptx = _fp16_bundle(model, tmp_path, PtxTuning(mma_vec=True, mma_sm_groups=8))
+    assert "ld.global.nc.v4.b32" in ptx           # 8 halves per load, both operands
+    assert all(k.get("spill_stores", 0) == 0 for k in man["ptxas"]["kernels"].values())
+    _, plain = _fp16_bundle(model, tmp_path, PtxTuning())
+    assert "ld.global.nc.v4.b32" not in plain
+    # K = 272 is no multiple of the chunk (A's vectors would cross K) and N = 48 of the 32-column tile (B's rows
+    # would be clamped): scalar loads
+    model, _ = linear_gelu(b=2, m=40, k=272, n=48)
+    _, ptx = _fp16_bundle(model, tmp_path, PtxTuning(mma_vec=True))
+    assert "ld.global.nc.v4.b32" not in ptx and "ld.global.nc.v2.b32" not in ptx
+
+
+def test_vector_width_rules():
+    from cuvil.kernels.texpr import Buf, cast, load, var
+    from cuvil.ir.dtype import DType
+    from cuvil.targets.ptx.matmul_mma import vec_width
+    m, k = var("m"), var("k")
+    for offset, stride, const, want in ((0, 768, 0, 8), (8, 768, 0, 4), (0, 772, 0, 4), (0, 768, 2, 2),
+                                        (2, 768, 0, 1), (0, 768, 1, 1)):
+        buf = Buf("x", DType.FLOAT16, (128, 768), offset=offset, pitch=(stride, 1))
+        f = cast(load(buf, [m, k + const] if const else [m, k]), DType.FLOAT)
+        assert vec_width(f, "fp16", True, k.attr, m.attr, [], 768, 128, 32) == want, (offset, stride, const)
+    f = cast(load(Buf("x", DType.FLOAT16, (128, 768)), [m, k]), DType.FLOAT)
+    assert vec_width(f, "tf32", True, k.attr, m.attr, [], 768, 128, 32) == 1      # float16 operands only
+    assert vec_width(f, "fp16", True, k.attr, m.attr, [], 784, 128, 32) == 1      # K not a multiple of TK
+
+
 # --- on a GPU ------------------------------------------------------------------------------------------------
 
 def _run_bundle(model, feeds, tmp_path, name, tuning, **kw):
@@ -93,9 +133,9 @@ def _run_bundle(model, feeds, tmp_path, name, tuning, **kw):
 
 
 @needs_gpu
-@pytest.mark.parametrize("mode", ["tf32", "fp16"])
-@pytest.mark.parametrize("groups", [4, 8])
-def test_gpu_split_products_match_numpy_and_repeat(tmp_path, mode, groups):
+@pytest.mark.parametrize("mode,vec", [("tf32", False), ("fp16", False), ("fp16", True)])
+@pytest.mark.parametrize("groups", [0, 4, 8])
+def test_gpu_split_products_match_numpy_and_repeat(tmp_path, mode, vec, groups):
     rng = np.random.default_rng(0)
     kw = {"allow_tf32": True} if mode == "tf32" else {"enable_fp16": True}
     tol = 3e-3 if mode == "tf32" else 3e-2       # test_gpu_tensor_cores.py's bounds
@@ -110,10 +150,11 @@ def test_gpu_split_products_match_numpy_and_repeat(tmp_path, mode, groups):
               [rng.standard_normal((1, 12, 128, 64)).astype(np.float32) for _ in range(2)])]
     split_seen = False
     for i, ((model, ref), feeds) in enumerate(cases):
-        (y1, y2), man = _run_bundle(model, feeds, tmp_path, f"c{i}", PtxTuning(mma_sm_groups=groups), **kw)
+        (y1, y2), man = _run_bundle(model, feeds, tmp_path, f"c{i}", PtxTuning(mma_sm_groups=groups, mma_vec=vec),
+                                    **kw)
         split_seen |= man.get("splitk_scratch_bytes", 0) > 0
         assert np.array_equal(y1, y2), "split-K sums must repeat bit for bit"
         want = ref(*feeds)
         err = np.abs(y1 - want).max() / np.abs(want).max()
         assert err < tol, (mode, groups, i, err)
-    assert split_seen
+    assert split_seen == (groups > 0)

@@ -47,7 +47,7 @@ from ...ir.dtype import DType
 from ...kernels.schedule import ARENA, Stage
 from ...kernels.texpr import Buf, E, load, nodes, reduce, replace_node
 from ..llvm.types import F16, F32, I32, I64
-from .emitter import PtxEmitter, set_contraction
+from .emitter import PtxEmitter, overlaps, set_contraction
 from .kernel_shapes import single_sum
 from .tile_walk import bind_tile, fetch_chunk, load_slot_indices
 from .tile_walk import divmod_c as tile_divmod
@@ -111,6 +111,8 @@ class MatmulPlan:
     ks: int = 1             # K groups: groups of four warps that take every ks-th chunk (see chunk_of)
     splits: int = 1         # K slices across blocks (split-K): slice s writes its partial sums, a sum kernel adds them
     min_ctas: int = 1       # blocks per SM ptxas must leave registers for (1: no cap)
+    a_vec: int = 1          # halves per global load of A (8, 4, 2: one vector load, :func:`vec_width`; 1: scalar)
+    b_vec: int = 1
 
     @property
     def threads(self) -> int:
@@ -216,10 +218,20 @@ def warp_tiles(plan: MatmulPlan):
 
 def load_slots(plan: MatmulPlan, which: str):
     """Per thread, the tile elements it loads each chunk: for slot ``j`` the element ``e = tid + j * THREADS``
-    is (row, k) = divmod(e, TK) when k varies fastest, else (e % rows, e // rows); rows = BM (A) or BN (B)."""
+    is (row, k) = divmod(e, TK) when k varies fastest, else (e % rows, e // rows); rows = BM (A) or BN (B).
+    With vector loads (``plan.a_vec`` / ``b_vec`` = V > 1) slot ``e`` is a vector of V elements along the
+    contiguous index: (row, V * kv) = divmod(e, TK / V), else (V * rv, k) with (k, rv) = divmod(e, rows / V)."""
     rows = plan.bm if which == "a" else plan.bn
     kfast = plan.a_kfast if which == "a" else plan.b_kfast
     return rows * TK // THREADS, rows, kfast
+
+
+def vec_slots(plan: MatmulPlan, which: str):
+    """(vectors per thread per chunk, V, rows, kfast) of an operand's vector loads (see :func:`load_slots`)."""
+    rows = plan.bm if which == "a" else plan.bn
+    kfast = plan.a_kfast if which == "a" else plan.b_kfast
+    v = plan.a_vec if which == "a" else plan.b_vec
+    return rows * TK // (v * THREADS), v, rows, kfast
 
 
 # --- recognising the stage ----------------------------------------------------------------------------------
@@ -312,6 +324,47 @@ def _is_half(f: E) -> bool:
     return f.op == "cast" and f.args[0].dtype == DType.FLOAT16
 
 
+def _const_term(e: E) -> Optional[int]:
+    """The value of the affine index expression ``e`` with every variable 0 (None: not affine)."""
+    if e.op == "var":
+        return 0
+    if e.op == "const":
+        return int(e.attr)
+    if e.op in ("add", "mul"):
+        a, b = (_const_term(x) for x in e.args)
+        if a is None or b is None:
+            return None
+        return a + b if e.op == "add" else a * b
+    return None
+
+
+def vec_width(f: E, fmt: str, kfast: bool, kv: str, rv: str, bvars, k: int, rows: int, tile_rows: int) -> int:
+    """Halves per global load of a factor (8, 4 or 2), or 1: a float16 factor that is one plain load, whose
+    index along the direction the thread mapping follows (``k`` when ``kfast``, else its row variable
+    ``rv``) has element stride 1, every other stride and the constant offset a multiple of the width, the
+    buffer's byte offset aligned to the load, and no element of a vector clamped or past ``K``: ``k`` a
+    multiple of :data:`TK` (kfast), else ``rows`` a multiple of the tile's rows."""
+    if fmt != "fp16" or not _is_half(f) or f.args[0].op != "load":
+        return 1
+    ld = f.args[0]
+    if kfast and k % TK or not kfast and rows % tile_rows:
+        return 1
+    along = kv if kfast else rv
+    if _stride(f, along) != 1:
+        return 1
+    others = [_stride(f, v) for v in [kv, rv] + list(bvars) if v != along]
+    if any(x is None for x in others):
+        return 1
+    consts = [_const_term(i) for i in ld.args]
+    if any(c is None for c in consts):
+        return 1
+    flat0 = sum(c * int(st_) for c, st_ in zip(consts, ld.attr.strides))
+    for v in (8, 4, 2):
+        if int(ld.attr.offset) % (2 * v) == 0 and flat0 % v == 0 and all(x % v == 0 for x in others):
+            return v
+    return 1
+
+
 def mma_format(st: Stage, parts, sm: int, allow_tf32: bool, precision: str = "") -> Optional[str]:
     """The tensor-core format of a matmul stage (None: the float32 kernels): see the module docstring."""
     red, a, b, _ = parts
@@ -325,13 +378,14 @@ def mma_format(st: Stage, parts, sm: int, allow_tf32: bool, precision: str = "")
 
 
 def plan_matmul(st: Stage, parts, fmt: str, min_blocks: int = MIN_BLOCKS, max_ks: int = 4,
-                sm_groups: int = 0, sms: int = 132) -> MatmulPlan:
+                sm_groups: int = 0, sms: int = 132, vec: bool = False) -> MatmulPlan:
     """The block tile (the largest of 64 x 64, 64 x 32, 32 x 64 giving ``min_blocks`` blocks, else 32 x 32)
     and the K groups (the most of ``max_ks``, 4, 2 that leave each group two chunks, keep the launch within
     ``4 * min_blocks`` groups and fit the static shared memory; else 1).
 
     ``sm_groups`` > 0 (``PtxTuning.mma_sm_groups``): the K groups and K slices (split-K across blocks) come
-    from :func:`plan_slices` instead, for ``sm_groups`` four-warp groups resident per SM on ``sms`` SMs."""
+    from :func:`plan_slices` instead, for ``sm_groups`` four-warp groups resident per SM on ``sms`` SMs.
+    ``vec`` (``PtxTuning.mma_vec``): each operand's loads as wide as :func:`vec_width` allows."""
     red, a, b, swapped = parts
     shape = [int(d) for d in st.buf.shape]
     m, n, k = shape[-2], shape[-1], int(red.attr[2][0])
@@ -350,9 +404,12 @@ def plan_matmul(st: Stage, parts, fmt: str, min_blocks: int = MIN_BLOCKS, max_ks
             break
     chunks = -(-k // TK)
     blocks = nb * -(-m // bm) * -(-n // bn)
+    bvars = [v.attr for v in st.vars[:-2]]
+    vecs = ((vec_width(a, fmt, a_kfast, kv, mv, bvars, k, m, bm), vec_width(b, fmt, b_kfast, kv, nv, bvars, k, n, bn))
+            if vec else (1, 1))
     if sm_groups > 0:
         ks, splits, ctas = plan_slices(fmt, bm, bn, blocks, chunks, max_ks, sm_groups, sms)
-        return MatmulPlan(fmt, bm, bn, batch, m, n, k, a_kfast, b_kfast, swapped, ks, splits, ctas)
+        return MatmulPlan(fmt, bm, bn, batch, m, n, k, a_kfast, b_kfast, swapped, ks, splits, ctas, *vecs)
     ks = 1
     for cand in (8, 4, 2):
         if (cand <= max_ks and chunks >= 2 * cand and blocks * cand <= 4 * min_blocks
@@ -360,7 +417,7 @@ def plan_matmul(st: Stage, parts, fmt: str, min_blocks: int = MIN_BLOCKS, max_ks
                 and reduction_bytes(bm, bn, cand) <= smem_bytes(fmt, bm, bn, cand)):
             ks = cand
             break
-    return MatmulPlan(fmt, bm, bn, batch, m, n, k, a_kfast, b_kfast, swapped, ks)
+    return MatmulPlan(fmt, bm, bn, batch, m, n, k, a_kfast, b_kfast, swapped, ks, 1, 1, *vecs)
 
 
 def plan_slices(fmt: str, bm: int, bn: int, tiles: int, chunks: int, max_ks: int, sm_groups: int,
@@ -541,13 +598,20 @@ def emit_matmul(km, st: Stage, sym: str, parts, plan: MatmulPlan, scratch: Optio
     g_, t_ = _V(b, b.lshr(lane, I32(2))), _V(b, b.and_(lane, I32(3)))
     tiles = warp_tiles(plan)
     accs = [em.alloca(F32) for _ in range(4 * len(tiles))]
-    a_n, a_rows, a_kfast = load_slots(plan, "a")
-    b_n, b_rows, b_kfast = load_slots(plan, "b")
-    aregs = [em.alloca(ST) for _ in range(a_n)]
-    bregs = [em.alloca(ST) for _ in range(b_n)]
-
-    a_slots = load_slot_indices(b, tid, THREADS, TK, a_n, a_rows, a_kfast)
-    b_slots = load_slot_indices(b, tid, THREADS, TK, b_n, b_rows, b_kfast)
+    ops = []     # per operand: (vector width, registers, slots (row, k) in the tile, factor, row var, extent)
+    for which, fac, var_, ext in (("a", afac, mv, M), ("b", bfac, nv, N)):
+        vn, v, rows, kfast = vec_slots(plan, which)
+        if v > 1:
+            sl = load_slot_indices(b, tid, THREADS, TK // v if kfast else TK, vn, rows if kfast else rows // v,
+                                   kfast)
+            sl = [(r, b.mul(kk, I32(v))) if kfast else (b.mul(r, I32(v)), kk) for r, kk in sl]
+            regs = [em.alloca(ir.VectorType(ST, v)) for _ in range(vn)]
+        else:
+            n_, rows, kfast = load_slots(plan, which)
+            sl = load_slot_indices(b, tid, THREADS, TK, n_, rows, kfast)
+            regs = [em.alloca(ST) for _ in range(n_)]
+        ops.append((v, kfast, regs, sl, fac, var_, ext))
+    (_, _, aregs, a_slots, _, _, _), (_, _, bregs, b_slots, _, _, _) = ops
 
     def operand(f: E):
         """The factor's value in the format's raw bits (a float16 load kept as is for fp16)."""
@@ -570,8 +634,24 @@ def emit_matmul(km, st: Stage, sym: str, parts, plan: MatmulPlan, scratch: Optio
 
         def fetch(k0):
             """This thread's elements of the chunk at k0 into registers (clamped rows, zero past K)."""
-            fetch_chunk(b, em, k0, ((aregs, a_slots, afac, m0, M, mv), (bregs, b_slots, bfac, n0, N, nv)),
-                        kv, K, TK, operand, ir.Constant(ST, 0))
+            scalar = [(regs, sl, fac, base, ext, var_) for (v, _, regs, sl, fac, var_, ext), base
+                      in zip(ops, (m0, n0)) if v == 1]
+            if scalar:
+                fetch_chunk(b, em, k0, scalar, kv, K, TK, operand, ir.Constant(ST, 0))
+            for (v, _, regs, sl, fac, var_, ext), base in zip(ops, (m0, n0)):
+                if v == 1:
+                    continue
+                ld = fac.args[0]      # vec_width: one plain float16 load, no vector clamped or past K
+                for reg, (r, kk) in zip(regs, sl):
+                    em.memo.append(dict(em.memo[-1]))
+                    em.env[var_] = b.zext(b.add(base, r), I64)
+                    em.env[kv] = b.zext(b.add(k0, kk), I64)
+                    ptr = em.address(ld.attr, [em.emit(i) for i in ld.args])
+                    em.memo.pop()
+                    x = b.load(ptr, typ=ir.VectorType(F16, v), align=2 * v)
+                    if not overlaps(ld.attr, st.buf):
+                        x.set_metadata("invariant.load", km.empty_md)
+                    b.store(b.bitcast(x, ir.VectorType(ST, v)), reg)
 
         def rnd(r64):
             c = b.add(first, b.add(b.mul(b.trunc(r64, I32), I32(KS)), grp))   # chunk_of(round, grp, KS)
@@ -579,9 +659,18 @@ def emit_matmul(km, st: Stage, sym: str, parts, plan: MatmulPlan, scratch: Optio
             active = b.icmp_unsigned("<", c, end) if CPS % KS else None
 
             def stage():
-                for regs, slots, base in ((aregs, a_slots, a_base), (bregs, b_slots, b_base)):
+                for (v, kfast, regs, slots, _, _, _), base in zip(ops, (a_base, b_base)):
                     for reg, (r, kk) in zip(regs, slots):
-                        b.store(b.load(reg, typ=ST), sgep(sa, (base + _V(b, b.add(b.mul(r, I32(SK)), kk)))))
+                        at = base + _V(b, b.add(b.mul(r, I32(SK)), kk))
+                        if v == 1:
+                            b.store(b.load(reg, typ=ST), sgep(sa, at))
+                        elif kfast:       # v consecutive k of one row: one shared store (rows 16-byte aligned)
+                            vt = ir.VectorType(ST, v)
+                            b.store(b.load(reg, typ=vt), sgep(sa, at, vt), align=2 * v)
+                        else:             # v consecutive rows at one k
+                            x = b.load(reg, typ=ir.VectorType(ST, v))
+                            for i in range(v):
+                                b.store(b.extract_element(x, I32(i)), sgep(sa, at + i * SK))
             if active is None:
                 stage()
             else:

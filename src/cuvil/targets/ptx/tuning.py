@@ -90,6 +90,9 @@ class PtxTuning:
     # registers that let sm_groups / ks blocks share an SM, and a product whose tiles are too few splits K
     # across blocks (fp32 partial sums after the arena, added in slice order by a second kernel: deterministic)
     mma_sm_groups: int = attrs.field(default=0, validator=attrs.validators.in_(tuple(range(17))))
+    # tensor-core products: float16 operands that are one plain, aligned load take it as 16-, 8- or 4-byte vectors
+    # along their contiguous index (matmul_mma.vec_width; off: one 2-byte load per element, as before)
+    mma_vec: bool = False
     # (gpu_schedule) a MatMul operand that is a value times a constant scalar (attention's Q * s, Kt * s) is
     # multiplied in the product's loads instead of stored by a kernel of its own (schedule's scaled_operands)
     scaled_operands: bool = True
