@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call (session 16, issue 20): split-K tensor-core products (PtxTuning.mma_sm_groups). The new GPU
 # test file and the tensor-core / SIMT / row-chain GPU tests first, then BERT-base B=1 S=128 through
-# compile_bundle: the shipped products (fp16 / tf32 "_rows") against "_gN" (N groups per SM, split-K) and "_vec"
+# compile_bundle: the former products ("_g0"; session 16 ran them as "_rows", then the default) against "_gN" (N
+# groups per SM, split-K) and "_vec"
 # (16-byte float16 operand loads) variants,
 # torch.compile (reduce-overhead) beside them, then every kernel's time by stage. Run from the repository
 # root with PYTHONPATH set; writes under ${OUT:-bench/gpu/results}.
@@ -18,7 +19,7 @@ timeout ${TEST_S:-110} python3 -m pytest -q -p no:cacheprovider $NX -rxXs tests/
 echo "pytest rc=$?" >> "$OUT/pytest_gpu.txt"
 tail -3 "$OUT/pytest_gpu.txt"
 timeout ${BERT_S:-170} python3 bench/gpu/tensor_cores.py --out "$OUT/bert" --parts bert --jobs 14 \
-    --bert-variants ${BERT_VARIANTS:-fp16_rows fp16_vec fp16_g4 fp16_g8 fp16_g4_vec fp16_g8_vec fp16_g16_vec tf32_rows tf32_g4 tf32_g8} \
+    --bert-variants ${BERT_VARIANTS:-fp16_g0 fp16_vec fp16_g4 fp16_g8 fp16_g4_vec fp16_g8_vec fp16_g16_vec tf32_g0 tf32_g4 tf32_g8} \
     > "$OUT/bert.log" 2>&1
 echo "bert rc=$?" >> "$OUT/bert.log"
 grep -E "p50|rc=|rror" "$OUT/bert.log" | cut -c1-220
