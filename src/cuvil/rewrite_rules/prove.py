@@ -97,7 +97,7 @@ class Verdict:
     dtypes: Tuple[str, ...] = attrs.field(default=(), converter=tuple)  # element types the proof covers
     order_dependent: bool = False  # an op of the rule sums (Conv, MatMul, ReduceSum ...): order matters
     # A rule with optional inputs (``b?``): one obligation per case, each {"case", "status", "shapes",
-    # "dtypes"}; the verdict above is the weakest of them (see prove_rule).
+    # "dtypes", "method"}; the verdict above is the weakest of them (see prove_rule).
     cases: Tuple[dict, ...] = attrs.field(default=(), converter=tuple)
     # What decided it: "z3", the "polynomial normal form (exact, over the reals)" (cuvil.rewrite_rules.polynomial),
     # both (bounded instances decided one way or the other), "z3 (shape-generic)", "random testing".
