@@ -200,8 +200,7 @@ def test_refused_without_amx(monkeypatch):
     from cuvil.errors import CuvilError
     from cuvil.targets.x86 import cpu as cpu_mod
     from cuvil.targets.x86.loader import _check_isa
-    from cuvil.targets.x86.model_c import generate_model_c
-    from cuvil.targets.x86.model_info import ModelInfo
+    from cuvil.targets.x86.model_c import generate_isa_c
     manifest = {"target": {"isa_features": ["avx512f", "amx-tile", "amx-bf16", "avx512bf16"], "cpu": "native"},
                 "steps": [{"path": "amx_bf16"}, {"path": "amx_bf16"}]}
     real = host_cpu()
@@ -211,8 +210,7 @@ def test_refused_without_amx(monkeypatch):
         _check_isa(manifest, "libx.so")
     text = str(e.value) + " ".join(getattr(e.value, "details", []) or [])
     assert "amx-tile" in text and "2 bf16 kernels run tdpbf16ps on AMX tiles" in text
-    src = generate_model_c(ModelInfo(inputs=[], outputs=[], arena_bytes=0, steps=[], prefix="m",
-                                     isa_checks=["amx-tile", "amx-bf16"]))
+    src = generate_isa_c("m", ["amx-tile", "amx-bf16"])
     assert '__builtin_cpu_supports("amx-tile")' in src and "syscall(158, 4131, 18)" in src
 
 

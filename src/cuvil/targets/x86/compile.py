@@ -267,7 +267,7 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
                 weights_S += _weights_asm(sym, wbin, len(data))
         weights_S = weights_S + '\t.section .note.GNU-stack,"",@progbits\n' if weights_S else None
         with stage("link", detail=os.path.basename(out_so)):
-            link_shared(out_so, objs, generate_model_c(info), weights_S, prefix)
+            link_shared(out_so, objs, generate_model_c(info), weights_S, prefix, isa_checks=info.isa_checks)
     deps = check_dependencies(out_so)
     bad = unexpected_dependencies(deps)
     if bad:
