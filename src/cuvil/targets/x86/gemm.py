@@ -980,7 +980,27 @@ def vector_epilogue(em, st: Stage, node: E, kinds: dict, n, mbase, p0, accs, mr:
                 continue
             dst = out_ptr(m)(v)
             prefetch(dst, I16 if st.buf.dtype == DType.BFLOAT16 else F32, v, True)
+            if paired:           # (v even: kept for its odd neighbour; v odd: both rounded by one instruction)
+                held.append(emit(st.expr))
+                if v % 2:
+                    put_pair(held.pop(0), held.pop(0), out_ptr(m)(v - 1))
+                continue
             put(emit(st.expr), dst, None if masks is None else masks[v])
+
+    # a full tile into a bfloat16 output, an even number of vectors a row: two vectors rounded by one
+    # vcvtne2ps2bf16 and stored as one 64-byte vector (a whole line of a 32-position row) instead of two
+    # vcvtneps2bf16 and two 32-byte stores; the same rounding (nearest even), the same bits
+    paired = st.buf.dtype == DType.BFLOAT16 and masks is None and not pitched and nv % 2 == 0 and vw == 16
+    held = []
+
+    cvt2 = (em.km.declare("llvm.x86.avx512bf16.cvtne2ps2bf16.512", ir.VectorType(BFLOAT, 2 * vw), [vec, vec])
+            if paired else None)
+
+    def put_pair(lo, hi, ptr):
+        # (LLVM splits an fptrunc of 32 floats into two vcvtneps2bf16: the instruction's own intrinsic, whose
+        # first operand is rounded into the upper half)
+        h = b.bitcast(b.call(cvt2, [hi, lo]), ir.VectorType(I16, 2 * vw))
+        b.store(h, b.bitcast(ptr, ir.VectorType(I16, 2 * vw).as_pointer()), align=2)
 
     if st.buf.dtype == DType.BFLOAT16:       # rounded to bfloat16 (nearest even), 16 bits per position
         hvec = ir.VectorType(I16, vw)
