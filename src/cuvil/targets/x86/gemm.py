@@ -44,7 +44,7 @@ from ..llvm.types import F32, I32, I64, PTR, const_value, splat
 from .emitter import X86Emitter
 from ..llvm.narrow import I16, bfloat16_to_memory
 from .amx import AMX_BF16_PATH, Tiles, bf16_tile_loop
-from .gemm_bf16 import AVX512_BF16, BFLOAT, PAIRS, dpbf16, interleaved_pairs, narrow_path, to_bf16
+from .gemm_bf16 import AVX512_BF16, BF16_FEATURE, BFLOAT, PAIRS, dpbf16, interleaved_pairs, narrow_path, to_bf16
 from .tuning import DEFAULT_TUNING, X86Tuning
 
 # Cores with AVX-512 have 32 vector registers, AVX2 16: NV vectors per row keep MR*NV accumulators + NV
@@ -990,7 +990,9 @@ def vector_epilogue(em, st: Stage, node: E, kinds: dict, n, mbase, p0, accs, mr:
     # a full tile into a bfloat16 output, an even number of vectors a row: two vectors rounded by one
     # vcvtne2ps2bf16 and stored as one 64-byte vector (a whole line of a 32-position row) instead of two
     # vcvtneps2bf16 and two 32-byte stores; the same rounding (nearest even), the same bits
-    paired = st.buf.dtype == DType.BFLOAT16 and masks is None and not pitched and nv % 2 == 0 and vw == 16
+    # (only where the target has AVX512_BF16, as every bf16-storing build does: the intrinsic has no fallback)
+    paired = (st.buf.dtype == DType.BFLOAT16 and masks is None and not pitched and nv % 2 == 0 and vw == 16
+              and BF16_FEATURE in em.km.cpu_features)
     held = []
 
     cvt2 = (em.km.declare("llvm.x86.avx512bf16.cvtne2ps2bf16.512", ir.VectorType(BFLOAT, 2 * vw), [vec, vec])
