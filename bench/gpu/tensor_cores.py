@@ -168,6 +168,17 @@ TUNED.update({f"{v}_rows": (v, {"row_chains": True}) for v in ("fp32", "tf32", "
 TUNED.update({f"{v}_norows": (v, {"row_chains": False}) for v in ("fp32", "tf32", "fp16")})
 TUNED.update({f"{v}_rows_mb96": (v, {"row_chains": True, "mma_min_blocks": 96}) for v in ("tf32", "fp16")})
 TUNED.update({"fp16_rows_ks8": ("fp16", {"row_chains": True, "mma_max_ks": 8})})
+# split-K tensor-core products (PtxTuning.mma_sm_groups, ptx/matmul_mma.py plan_slices): "_gN" keeps N four-warp
+# groups resident per SM (ptxas register cap) and splits K across blocks where the tiles are too few; "_gN_mb96"
+# with the 96-block tile aim
+TUNED.update({f"{v}_g{n}": (v, {"mma_sm_groups": n}) for v in ("tf32", "fp16") for n in (4, 6, 8)})
+TUNED.update({f"{v}_g{n}_mb96": (v, {"mma_sm_groups": n, "mma_min_blocks": 96}) for v in ("tf32", "fp16")
+              for n in (4, 8)})
+# ... and "_vec": float16 operands loaded as 16-byte vectors (PtxTuning.mma_vec). Both on by default since
+# session 16: "_g0" is the former products (no vectors, the plan of mma_min_blocks / mma_max_ks), explicitly
+TUNED.update({"fp16_vec": ("fp16", {"mma_vec": True, "mma_sm_groups": 0})})
+TUNED.update({f"fp16_g{n}_vec": ("fp16", {"mma_sm_groups": n, "mma_vec": True}) for n in (4, 8, 16)})
+TUNED.update({f"{v}_g{n}": (v, {"mma_sm_groups": n, "mma_vec": False}) for v in ("tf32", "fp16") for n in (0, 4, 6, 8)})
 
 
 def jobs_for(args, arch):

@@ -310,7 +310,8 @@ class GpuPatterns:
 
 def arena_limit(km, sched: Schedule, stages) -> int:
     """The arena the bundle allocates for these stages: the schedule's, then the split-K counters and the
-    largest convolution's partial sums (as ``PtxKernelModule.add_conv_stage`` reserves them)."""
+    largest convolution's or tensor-core product's partial sums (as ``PtxKernelModule.add_conv_stage`` and
+    ``add_matmul_stage`` reserve them)."""
     pats = GpuPatterns(km)
     need = 0
     for st in stages:
@@ -318,6 +319,13 @@ def arena_limit(km, sched: Schedule, stages) -> int:
         plan = pats.conv_plan(st, node) if node is not None else None
         if plan is not None and plan.splits > 1:
             need = max(need, km.counter_bytes + 4 * plan.scratch_floats)
+        # a split-K tensor-core product (PtxTuning.mma_sm_groups): its partial sums, [splits, *batch, M, N]
+        # floats, stored at in-range (m, n) of the kernel's tiles and read back by the sum kernel at the
+        # stage's own output index, so in bounds of this reservation by construction (not stated to the
+        # prover: its family hook sees only family nodes, and a product is a plain reduction)
+        mm = km.matmul_plan(st) if node is None and km.tuning.mma and st.expr.op != "sequential" else None
+        if mm is not None and mm[1].splits > 1:
+            need = max(need, km.counter_bytes + 4 * mm[1].scratch_floats)
     return km.scratch_offset + need if need else sched.arena_bytes
 
 

@@ -60,7 +60,10 @@ from .kernel_shapes import (TILE_K, WARP_MIN_TERMS, coarsen_factor, single_sum, 
                             tile_shape)
 from .gemv import emit_gemv, plan_gemv
 from .libdevice import libdevice_module
+from .regpressure import sms_for
+from .matmul_mma import combine_stage as mm_combine_stage
 from .matmul_mma import emit_matmul, matmul_parts, mma_format, plan_matmul
+from .matmul_mma import scratch_buf as mm_scratch_buf
 from .matmul_simt import emit_simt, plan_simt, simt_applies
 from .row_chain import chain_threads, emit_row_chain, row_chain_at
 from .tuning import DEFAULT_TUNING, PtxTuning
@@ -112,6 +115,7 @@ class PtxKernelModule(LLVMKernelModule):
         self.allow_tf32 = allow_tf32          # float32 matmuls may run on TF32 tensor cores (matmul_mma.py)
         self.precisions = precisions or {}    # stage name -> its node's precision ("fp16"/"bf16")
         self.sm = int(re.sub(r"\D", "", arch) or 0)      # compute capability x 10 (sm_90a -> 90)
+        self.sms = sms_for(arch)                 # SMs of the GPU the bundle is for (tensor-core split-K plans)
         self.scratch_offset = -(-scratch_offset // 256) * 256   # split-K counters and partials go after the arena
         self.scratch_bytes = 0
         self.counter_bytes = 0      # set by plan_scratch: one int32 per tile of the largest split convolution
@@ -197,8 +201,7 @@ class PtxKernelModule(LLVMKernelModule):
         """The kernel shapes for stages that are not implicit-GEMM convolutions (see :meth:`add_stage`)."""
         mm = self.matmul_plan(st) if self.tuning.mma else None
         if mm is not None:
-            threads = emit_matmul(self, st, sym, *mm)
-            return KernelDesc(sym, threads, mm[1].threads, st.name, 1, "matmul_" + mm[1].fmt)
+            return self.add_matmul_stage(st, sym, *mm)
         simt = self.simt_plan(st) if self.tuning.simt_matmul else None
         if simt is not None:
             threads = emit_simt(self, st, sym, *simt)
@@ -236,10 +239,29 @@ class PtxKernelModule(LLVMKernelModule):
         fmt = mma_format(st, parts, self.sm, self.allow_tf32, self.precisions.get(st.name, ""))
         if fmt is None:
             return None
-        plan = plan_matmul(st, parts, fmt, self.tuning.mma_min_blocks, self.tuning.mma_max_ks)
+        plan = plan_matmul(st, parts, fmt, self.tuning.mma_min_blocks, self.tuning.mma_max_ks,
+                           self.tuning.mma_sm_groups, self.sms, self.tuning.mma_vec)
         if plan.m < 16 or plan.n < 8 or plan.k < 16:
             return None      # a vector product: the float32 kernels waste less
+        if plan.splits > 1 and (self.scratch_offset + self.counter_bytes) // 4 + plan.scratch_floats >= 2 ** 31:
+            plan = attrs.evolve(plan, splits=1)      # the partial sums would need 64-bit addresses
         return parts, plan
+
+    def add_matmul_stage(self, st: Stage, sym: str, parts, plan):
+        """A product on the tensor cores (:mod:`cuvil.targets.ptx.matmul_mma`); with split-K the slices'
+        partial sums go to the scratch area after the arena (where the convolutions' go: one product or
+        convolution runs at a time) and a second kernel ``<sym>s`` adds them in slice order and runs the
+        epilogue. Returns the launch descriptions."""
+        kind = "matmul_" + plan.fmt
+        if plan.splits == 1:
+            threads = emit_matmul(self, st, sym, parts, plan)
+            return KernelDesc(sym, threads, plan.threads, st.name, 1, kind)
+        scratch = mm_scratch_buf(plan, self.scratch_offset + self.counter_bytes)
+        self.scratch_bytes = max(self.scratch_bytes, self.counter_bytes + 4 * plan.scratch_floats)
+        threads = emit_matmul(self, st, sym, parts, plan, scratch)
+        return [KernelDesc(sym, threads, plan.threads, st.name, 1, "matmul_splitk_" + plan.fmt),
+                self.add_element_stage(mm_combine_stage(st, parts[0], plan, scratch), sym + "s",
+                                       kind="matmul_sum")]
 
     def gemv_plan(self, st: Stage):
         """(parts, plan) when the stage is a one-row product whose weight reads the output column

@@ -44,10 +44,10 @@ import attrs
 import llvmlite.ir as ir
 
 from ...ir.dtype import DType
-from ...kernels.schedule import Stage
-from ...kernels.texpr import E, nodes
+from ...kernels.schedule import ARENA, Stage
+from ...kernels.texpr import Buf, E, load, nodes, reduce, replace_node
 from ..llvm.types import F16, F32, I32, I64
-from .emitter import PtxEmitter, set_contraction
+from .emitter import PtxEmitter, overlaps, set_contraction
 from .kernel_shapes import single_sum
 from .tile_walk import bind_tile, fetch_chunk, load_slot_indices
 from .tile_walk import divmod_c as tile_divmod
@@ -109,6 +109,10 @@ class MatmulPlan:
     b_kfast: bool     # B's: k fastest (B transposed, contiguous along k), else n
     swapped: bool = False   # the reduction's first factor is B (depends on n)
     ks: int = 1             # K groups: groups of four warps that take every ks-th chunk (see chunk_of)
+    splits: int = 1         # K slices across blocks (split-K): slice s writes its partial sums, a sum kernel adds them
+    min_ctas: int = 1       # blocks per SM ptxas must leave registers for (1: no cap)
+    a_vec: int = 1          # halves per global load of A (8, 4, 2: one vector load, :func:`vec_width`; 1: scalar)
+    b_vec: int = 1
 
     @property
     def threads(self) -> int:
@@ -119,8 +123,13 @@ class MatmulPlan:
         return -(-self.k // TK)
 
     @property
+    def slice_chunks(self) -> int:
+        """Chunks per K slice (the slices divide the chunks evenly, :func:`plan_slices`)."""
+        return self.chunks // self.splits
+
+    @property
     def rounds(self) -> int:
-        return -(-self.chunks // self.ks)
+        return -(-self.slice_chunks // self.ks)
 
     @property
     def wm(self) -> int:
@@ -146,8 +155,17 @@ class MatmulPlan:
         return r
 
     @property
-    def blocks(self) -> int:
+    def tiles(self) -> int:
         return self.batches * self.tiles_m * self.tiles_n
+
+    @property
+    def blocks(self) -> int:
+        return self.tiles * self.splits
+
+    @property
+    def scratch_floats(self) -> int:
+        """The split-K partial sums, ``[splits, *batch, m, n]`` floats (0 without split-K)."""
+        return self.splits * self.batches * self.m * self.n if self.splits > 1 else 0
 
 
 # --- fragment indexing (shared by the emitter and the numpy replay in the tests) ---------------------------
@@ -200,10 +218,20 @@ def warp_tiles(plan: MatmulPlan):
 
 def load_slots(plan: MatmulPlan, which: str):
     """Per thread, the tile elements it loads each chunk: for slot ``j`` the element ``e = tid + j * THREADS``
-    is (row, k) = divmod(e, TK) when k varies fastest, else (e % rows, e // rows); rows = BM (A) or BN (B)."""
+    is (row, k) = divmod(e, TK) when k varies fastest, else (e % rows, e // rows); rows = BM (A) or BN (B).
+    With vector loads (``plan.a_vec`` / ``b_vec`` = V > 1) slot ``e`` is a vector of V elements along the
+    contiguous index: (row, V * kv) = divmod(e, TK / V), else (V * rv, k) with (k, rv) = divmod(e, rows / V)."""
     rows = plan.bm if which == "a" else plan.bn
     kfast = plan.a_kfast if which == "a" else plan.b_kfast
     return rows * TK // THREADS, rows, kfast
+
+
+def vec_slots(plan: MatmulPlan, which: str):
+    """(vectors per thread per chunk, V, rows, kfast) of an operand's vector loads (see :func:`load_slots`)."""
+    rows = plan.bm if which == "a" else plan.bn
+    kfast = plan.a_kfast if which == "a" else plan.b_kfast
+    v = plan.a_vec if which == "a" else plan.b_vec
+    return rows * TK // (v * THREADS), v, rows, kfast
 
 
 # --- recognising the stage ----------------------------------------------------------------------------------
@@ -296,6 +324,47 @@ def _is_half(f: E) -> bool:
     return f.op == "cast" and f.args[0].dtype == DType.FLOAT16
 
 
+def _const_term(e: E) -> Optional[int]:
+    """The value of the affine index expression ``e`` with every variable 0 (None: not affine)."""
+    if e.op == "var":
+        return 0
+    if e.op == "const":
+        return int(e.attr)
+    if e.op in ("add", "mul"):
+        a, b = (_const_term(x) for x in e.args)
+        if a is None or b is None:
+            return None
+        return a + b if e.op == "add" else a * b
+    return None
+
+
+def vec_width(f: E, fmt: str, kfast: bool, kv: str, rv: str, bvars, k: int, rows: int, tile_rows: int) -> int:
+    """Halves per global load of a factor (8, 4 or 2), or 1: a float16 factor that is one plain load, whose
+    index along the direction the thread mapping follows (``k`` when ``kfast``, else its row variable
+    ``rv``) has element stride 1, every other stride and the constant offset a multiple of the width, the
+    buffer's byte offset aligned to the load, and no element of a vector clamped or past ``K``: ``k`` a
+    multiple of :data:`TK` (kfast), else ``rows`` a multiple of the tile's rows."""
+    if fmt != "fp16" or not _is_half(f) or f.args[0].op != "load":
+        return 1
+    ld = f.args[0]
+    if kfast and k % TK or not kfast and rows % tile_rows:
+        return 1
+    along = kv if kfast else rv
+    if _stride(f, along) != 1:
+        return 1
+    others = [_stride(f, v) for v in [kv, rv] + list(bvars) if v != along]
+    if any(x is None for x in others):
+        return 1
+    consts = [_const_term(i) for i in ld.args]
+    if any(c is None for c in consts):
+        return 1
+    flat0 = sum(c * int(st_) for c, st_ in zip(consts, ld.attr.strides))
+    for v in (8, 4, 2):
+        if int(ld.attr.offset) % (2 * v) == 0 and flat0 % v == 0 and all(x % v == 0 for x in others):
+            return v
+    return 1
+
+
 def mma_format(st: Stage, parts, sm: int, allow_tf32: bool, precision: str = "") -> Optional[str]:
     """The tensor-core format of a matmul stage (None: the float32 kernels): see the module docstring."""
     red, a, b, _ = parts
@@ -308,10 +377,15 @@ def mma_format(st: Stage, parts, sm: int, allow_tf32: bool, precision: str = "")
     return "tf32" if allow_tf32 else None
 
 
-def plan_matmul(st: Stage, parts, fmt: str, min_blocks: int = MIN_BLOCKS, max_ks: int = 4) -> MatmulPlan:
+def plan_matmul(st: Stage, parts, fmt: str, min_blocks: int = MIN_BLOCKS, max_ks: int = 4,
+                sm_groups: int = 0, sms: int = 132, vec: bool = False) -> MatmulPlan:
     """The block tile (the largest of 64 x 64, 64 x 32, 32 x 64 giving ``min_blocks`` blocks, else 32 x 32)
     and the K groups (the most of ``max_ks``, 4, 2 that leave each group two chunks, keep the launch within
-    ``4 * min_blocks`` groups and fit the static shared memory; else 1)."""
+    ``4 * min_blocks`` groups and fit the static shared memory; else 1).
+
+    ``sm_groups`` > 0 (``PtxTuning.mma_sm_groups``): the K groups and K slices (split-K across blocks) come
+    from :func:`plan_slices` instead, for ``sm_groups`` four-warp groups resident per SM on ``sms`` SMs.
+    ``vec`` (``PtxTuning.mma_vec``): each operand's loads as wide as :func:`vec_width` allows."""
     red, a, b, swapped = parts
     shape = [int(d) for d in st.buf.shape]
     m, n, k = shape[-2], shape[-1], int(red.attr[2][0])
@@ -330,6 +404,12 @@ def plan_matmul(st: Stage, parts, fmt: str, min_blocks: int = MIN_BLOCKS, max_ks
             break
     chunks = -(-k // TK)
     blocks = nb * -(-m // bm) * -(-n // bn)
+    bvars = [v.attr for v in st.vars[:-2]]
+    vecs = ((vec_width(a, fmt, a_kfast, kv, mv, bvars, k, m, bm), vec_width(b, fmt, b_kfast, kv, nv, bvars, k, n, bn))
+            if vec else (1, 1))
+    if sm_groups > 0:
+        ks, splits, ctas = plan_slices(fmt, bm, bn, blocks, chunks, max_ks, sm_groups, sms)
+        return MatmulPlan(fmt, bm, bn, batch, m, n, k, a_kfast, b_kfast, swapped, ks, splits, ctas, *vecs)
     ks = 1
     for cand in (8, 4, 2):
         if (cand <= max_ks and chunks >= 2 * cand and blocks * cand <= 4 * min_blocks
@@ -337,7 +417,33 @@ def plan_matmul(st: Stage, parts, fmt: str, min_blocks: int = MIN_BLOCKS, max_ks
                 and reduction_bytes(bm, bn, cand) <= smem_bytes(fmt, bm, bn, cand)):
             ks = cand
             break
-    return MatmulPlan(fmt, bm, bn, batch, m, n, k, a_kfast, b_kfast, swapped, ks)
+    return MatmulPlan(fmt, bm, bn, batch, m, n, k, a_kfast, b_kfast, swapped, ks, 1, 1, *vecs)
+
+
+def plan_slices(fmt: str, bm: int, bn: int, tiles: int, chunks: int, max_ks: int, sm_groups: int,
+                sms: int) -> Tuple[int, int, int]:
+    """(K groups per block, K slices, blocks per SM) for ``tiles`` output tiles of ``chunks`` chunks when
+    ``sm_groups`` four-warp groups fit an SM at once (ptxas is asked for registers that allow it:
+    ``sm_groups / ks`` blocks per SM). A round (every group's chunk loaded, then multiplied) costs about one
+    global-load latency however many groups run, so the estimate is waves x (rounds + 1) per block (the
+    first chunk's load before the rounds): blocks = ``tiles * slices``, a wave is ``sms * sm_groups / ks``
+    blocks, a block runs ``chunks / (slices * ks)`` rounds. The smallest estimate wins (ties: fewer slices, then more groups per block); slices divide the
+    chunks evenly, each group keeps two chunks, and a slice count above 1 costs one round (the sum kernel)."""
+    best = None
+    for ks in (8, 4, 2, 1):
+        if (ks > max_ks or sm_groups % ks or smem_bytes(fmt, bm, bn, ks) > SMEM_LIMIT
+                or reduction_bytes(bm, bn, ks) > smem_bytes(fmt, bm, bn, ks)):
+            continue
+        for splits in range(1, chunks + 1):
+            if chunks % splits or chunks // splits < 2 * ks and not (ks == 1 and splits == 1):
+                continue
+            wave = sms * (sm_groups // ks)
+            cost = -(-(tiles * splits) // wave) * (-(-(chunks // splits) // ks) + 1) + (splits > 1)
+            key = (cost, splits, -ks)
+            if best is None or key < best[0]:
+                best = (key, ks, splits)
+    _, ks, splits = best
+    return ks, splits, max(1, sm_groups // ks)
 
 
 def stage_precisions(graph, sched) -> Dict[str, str]:
@@ -377,6 +483,20 @@ def stage_precisions(graph, sched) -> Dict[str, str]:
     return out
 
 
+def scratch_buf(plan: MatmulPlan, offset: int) -> Buf:
+    """The split-K partial sums, ``[splits, *batch, m, n]`` floats in the arena at byte ``offset``."""
+    return Buf("splitk", DType.FLOAT, (plan.splits,) + tuple(plan.batch) + (plan.m, plan.n), base=ARENA,
+               offset=offset)
+
+
+def combine_stage(st: Stage, red: E, plan: MatmulPlan, scratch: Buf) -> Stage:
+    """The stage with its product replaced by the sum of the ``splits`` partials in slice order (the second
+    kernel of a split-K product: deterministic, and it runs the stage's epilogue)."""
+    idx = list(st.vars)
+    total = reduce("sum", [plan.splits], lambda s: load(scratch, [s] + idx), DType.FLOAT)
+    return attrs.evolve(st, expr=replace_node(st.expr, red, total))
+
+
 # --- emission ---------------------------------------------------------------------------------------------
 
 class _V:
@@ -404,8 +524,11 @@ class _V:
     __rmul__ = __mul__
 
 
-def emit_matmul(km, st: Stage, sym: str, parts, plan: MatmulPlan) -> int:
-    """Emit the tensor-core kernel ``sym`` of a matmul stage; returns the launch size in threads."""
+def emit_matmul(km, st: Stage, sym: str, parts, plan: MatmulPlan, scratch: Optional[Buf] = None) -> int:
+    """Emit the tensor-core kernel ``sym`` of a matmul stage; returns the launch size in threads. With
+    split-K (``plan.splits`` > 1) block ``s * tiles + tile`` sums slice ``s`` of the chunks and stores the
+    raw sums in ``scratch`` (:func:`scratch_buf`) instead of running the epilogue (:func:`combine_stage` is
+    the second kernel)."""
     red, afac, bfac, _ = parts
     fmt = plan.fmt
     frag = FRAGMENTS[fmt]
@@ -415,6 +538,8 @@ def emit_matmul(km, st: Stage, sym: str, parts, plan: MatmulPlan) -> int:
     fn = km.kernel_fn(sym)
     # .maxntid: ptxas keeps the registers within what a block of plan.threads threads may have
     km.module.add_named_metadata("nvvm.annotations", [fn, "maxntidx", I32(plan.threads)])
+    if plan.min_ctas > 1:     # ptxas keeps the registers low enough for this many blocks per SM
+        km.module.add_named_metadata("nvvm.annotations", [fn, "minctasm", I32(plan.min_ctas)])
     bufs, _n = fn.args
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     em = PtxEmitter(km, fn, b, bufs, st.buf)
@@ -473,13 +598,20 @@ def emit_matmul(km, st: Stage, sym: str, parts, plan: MatmulPlan) -> int:
     g_, t_ = _V(b, b.lshr(lane, I32(2))), _V(b, b.and_(lane, I32(3)))
     tiles = warp_tiles(plan)
     accs = [em.alloca(F32) for _ in range(4 * len(tiles))]
-    a_n, a_rows, a_kfast = load_slots(plan, "a")
-    b_n, b_rows, b_kfast = load_slots(plan, "b")
-    aregs = [em.alloca(ST) for _ in range(a_n)]
-    bregs = [em.alloca(ST) for _ in range(b_n)]
-
-    a_slots = load_slot_indices(b, tid, THREADS, TK, a_n, a_rows, a_kfast)
-    b_slots = load_slot_indices(b, tid, THREADS, TK, b_n, b_rows, b_kfast)
+    ops = []     # per operand: (vector width, registers, slots (row, k) in the tile, factor, row var, extent)
+    for which, fac, var_, ext in (("a", afac, mv, M), ("b", bfac, nv, N)):
+        vn, v, rows, kfast = vec_slots(plan, which)
+        if v > 1:
+            sl = load_slot_indices(b, tid, THREADS, TK // v if kfast else TK, vn, rows if kfast else rows // v,
+                                   kfast)
+            sl = [(r, b.mul(kk, I32(v))) if kfast else (b.mul(r, I32(v)), kk) for r, kk in sl]
+            regs = [em.alloca(ir.VectorType(ST, v)) for _ in range(vn)]
+        else:
+            n_, rows, kfast = load_slots(plan, which)
+            sl = load_slot_indices(b, tid, THREADS, TK, n_, rows, kfast)
+            regs = [em.alloca(ST) for _ in range(n_)]
+        ops.append((v, kfast, regs, sl, fac, var_, ext))
+    (_, _, aregs, a_slots, _, _, _), (_, _, bregs, b_slots, _, _, _) = ops
 
     def operand(f: E):
         """The factor's value in the format's raw bits (a float16 load kept as is for fp16)."""
@@ -487,24 +619,58 @@ def emit_matmul(km, st: Stage, sym: str, parts, plan: MatmulPlan) -> int:
             return b.bitcast(em.emit(f.args[0]), ST)
         return convert(em.emit(f))
 
+    S, CPS = plan.splits, plan.slice_chunks
+
     def tile_body(bid64):
+        if S > 1:
+            sl, tile = divmod_c(b.trunc(bid64, I32), plan.tiles)     # K slice, output tile
+            bid64 = b.zext(tile, I64)
+            first = b.mul(sl, I32(CPS))                              # the slice's first chunk
+        else:
+            first = I32(0)
         m0, n0 = bind_tile(b, em, bid64, plan, bvars)
         for a_ in accs:
             b.store(ir.Constant(F32, 0.0), a_)
 
         def fetch(k0):
             """This thread's elements of the chunk at k0 into registers (clamped rows, zero past K)."""
-            fetch_chunk(b, em, k0, ((aregs, a_slots, afac, m0, M, mv), (bregs, b_slots, bfac, n0, N, nv)),
-                        kv, K, TK, operand, ir.Constant(ST, 0))
+            scalar = [(regs, sl, fac, base, ext, var_) for (v, _, regs, sl, fac, var_, ext), base
+                      in zip(ops, (m0, n0)) if v == 1]
+            if scalar:
+                fetch_chunk(b, em, k0, scalar, kv, K, TK, operand, ir.Constant(ST, 0))
+            for (v, _, regs, sl, fac, var_, ext), base in zip(ops, (m0, n0)):
+                if v == 1:
+                    continue
+                ld = fac.args[0]      # vec_width: one plain float16 load, no vector clamped or past K
+                for reg, (r, kk) in zip(regs, sl):
+                    em.memo.append(dict(em.memo[-1]))
+                    em.env[var_] = b.zext(b.add(base, r), I64)
+                    em.env[kv] = b.zext(b.add(k0, kk), I64)
+                    ptr = em.address(ld.attr, [em.emit(i) for i in ld.args])
+                    em.memo.pop()
+                    x = b.load(ptr, typ=ir.VectorType(F16, v), align=2 * v)
+                    if not overlaps(ld.attr, st.buf):
+                        x.set_metadata("invariant.load", km.empty_md)
+                    b.store(b.bitcast(x, ir.VectorType(ST, v)), reg)
 
         def rnd(r64):
-            c = b.add(b.mul(b.trunc(r64, I32), I32(KS)), grp)        # chunk_of(round, grp, KS)
-            active = b.icmp_unsigned("<", c, I32(plan.chunks)) if plan.chunks % KS else None
+            c = b.add(first, b.add(b.mul(b.trunc(r64, I32), I32(KS)), grp))   # chunk_of(round, grp, KS)
+            end = b.add(first, I32(CPS))                                     # the slice's end
+            active = b.icmp_unsigned("<", c, end) if CPS % KS else None
 
             def stage():
-                for regs, slots, base in ((aregs, a_slots, a_base), (bregs, b_slots, b_base)):
+                for (v, kfast, regs, slots, _, _, _), base in zip(ops, (a_base, b_base)):
                     for reg, (r, kk) in zip(regs, slots):
-                        b.store(b.load(reg, typ=ST), sgep(sa, (base + _V(b, b.add(b.mul(r, I32(SK)), kk)))))
+                        at = base + _V(b, b.add(b.mul(r, I32(SK)), kk))
+                        if v == 1:
+                            b.store(b.load(reg, typ=ST), sgep(sa, at))
+                        elif kfast:       # v consecutive k of one row: one shared store (rows 16-byte aligned)
+                            vt = ir.VectorType(ST, v)
+                            b.store(b.load(reg, typ=vt), sgep(sa, at, vt), align=2 * v)
+                        else:             # v consecutive rows at one k
+                            x = b.load(reg, typ=ir.VectorType(ST, v))
+                            for i in range(v):
+                                b.store(b.extract_element(x, I32(i)), sgep(sa, at + i * SK))
             if active is None:
                 stage()
             else:
@@ -512,7 +678,7 @@ def emit_matmul(km, st: Stage, sym: str, parts, plan: MatmulPlan) -> int:
                     stage()
             b.call(bar, [])
             nxt = b.add(c, I32(KS))
-            with b.if_then(b.icmp_unsigned("<", nxt, I32(plan.chunks))):   # the next chunk's loads fly meanwhile
+            with b.if_then(b.icmp_unsigned("<", nxt, end)):   # the next chunk's loads fly meanwhile
                 fetch(b.mul(nxt, I32(TK)))
             row_w = _V(b, b.mul(wm, I32(plan.wm)))
             col_w = _V(b, b.mul(wn, I32(plan.wn)))
@@ -537,7 +703,7 @@ def emit_matmul(km, st: Stage, sym: str, parts, plan: MatmulPlan) -> int:
                 with b.if_then(active):       # uniform per warp: a group is four whole warps
                     mmas()
             b.call(bar, [])
-        fetch(b.mul(grp, I32(TK)))         # plan_matmul keeps KS <= chunks / 2: every group has a first chunk
+        fetch(b.mul(b.add(first, grp), I32(TK)))   # plan_matmul keeps KS <= slice chunks / 2: each group has one
         em.loop_range(I64(0), I64(plan.rounds), rnd)
         if KS > 1:
             # groups 1..KS-1 leave their sums in shared memory (over the tiles, no longer read); group 0
@@ -559,6 +725,11 @@ def emit_matmul(km, st: Stage, sym: str, parts, plan: MatmulPlan) -> int:
             lead = b.icmp_unsigned("==", grp, I32(0))
         else:
             lead = None
+        if S > 1:     # the partial sums' rows of this (slice, batch): flat (s * batches + batch) * M
+            pbase = b.mul(b.add(b.mul(sl, I32(plan.batches)), b.udiv(tile, I32(plan.tiles_m * plan.tiles_n))),
+                          I32(M))
+            pdst = b.gep(em.base(scratch), [I64(scratch.offset)], source_etype=ir.IntType(8), inbounds=True)
+
         def epilogue():
             row_w = _V(b, b.add(m0, b.mul(wm, I32(plan.wm))))
             col_w = _V(b, b.add(n0, b.mul(wn, I32(plan.wn))))
@@ -566,6 +737,12 @@ def emit_matmul(km, st: Stage, sym: str, parts, plan: MatmulPlan) -> int:
                 for q in range(4):
                     m, n = c_coords(fmt, row_w + r0, col_w + c0, g_, t_, q)
                     ok = b.and_(b.icmp_unsigned("<", m.v, I32(M)), b.icmp_unsigned("<", n.v, I32(N)))
+                    if S > 1:
+                        with b.if_then(ok):
+                            flat = b.add(b.mul(b.add(pbase, m.v), I32(N)), n.v)
+                            b.store(b.load(accs[4 * ti + q], typ=F32),
+                                    b.gep(pdst, [b.zext(flat, I64)], source_etype=F32, inbounds=True))
+                        continue
                     with b.if_then(ok):
                         idx = [em.env[v] for v in bvars] + [b.zext(m.v, I64), b.zext(n.v, I64)]
                         em.memo.append(dict(em.memo[-1]))

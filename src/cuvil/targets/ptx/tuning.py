@@ -85,6 +85,17 @@ class PtxTuning:
     # 4 or 8: 8 is a 1,024-thread block, float16 / bfloat16 32 x 32 tiles only, by shared memory)
     mma_min_blocks: int = 264
     mma_max_ks: int = attrs.field(default=4, validator=attrs.validators.in_((1, 2, 4, 8)))
+    # tensor-core products: four-warp groups to keep resident per SM (0: the plan above, mma_min_blocks /
+    # mma_max_ks). Else the K groups per block and the K slices come from a latency model (plan_slices: waves x
+    # rounds), ptxas is asked for registers that let sm_groups / ks blocks share an SM, and a product whose
+    # tiles are too few splits K across blocks (fp32 partial sums after the arena, added in slice order by a
+    # second kernel: deterministic). 4 since session 16's H200 run (bench/gpu/RESULTS.md): BERT-base B=1 S=128
+    # fp16 1.227 -> 1.089 ms with mma_vec, TF32 1.616 -> 1.559; 8 and 16 were slower (1.165, 1.376 ms)
+    mma_sm_groups: int = attrs.field(default=4, validator=attrs.validators.in_(tuple(range(17))))
+    # tensor-core products: float16 operands that are one plain, aligned load take it as 16-, 8- or 4-byte vectors
+    # along their contiguous index (matmul_mma.vec_width; off: one 2-byte load per element). On since the same
+    # run: BERT-base fp16 1.455 -> 1.227 ms (ptxas: the products' registers 128 -> 55-61)
+    mma_vec: bool = True
     # (gpu_schedule) a MatMul operand that is a value times a constant scalar (attention's Q * s, Kt * s) is
     # multiplied in the product's loads instead of stored by a kernel of its own (schedule's scaled_operands)
     scaled_operands: bool = True
@@ -93,8 +104,8 @@ class PtxTuning:
     # added in a fixed order (off: the lane-split kernels, whose warp loads read 16-32 rows a few bytes each).
     # Off until an H200 run shows it correct and faster (tests/test_gpu_gemv.py, bench/gpu/gpt2_decode.py)
     gemv: bool = False
-    # ... the blocks its column tiles aim for (4-byte columns per block shrink from 32 to 8 until the grid has
-    # this many)
+    # ... the blocks its column tiles aim for (a block's column threads shrink from 8 to 2 until the grid has this
+    # many)
     gemv_min_blocks: int = 264
 
 

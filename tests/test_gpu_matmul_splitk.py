@@ -1,0 +1,161 @@
+"""Split-K tensor-core products (``PtxTuning.mma_sm_groups``, :func:`cuvil.targets.ptx.matmul_mma.plan_slices`)
+and vector operand loads (``PtxTuning.mma_vec``, :func:`~cuvil.targets.ptx.matmul_mma.vec_width`): BERT-sized
+products (128 rows, long K) split K across blocks, every chunk summed once by one (slice, round, group), the
+partial sums added in slice order by a second kernel; float16 operands loaded 8 halves at a time where aligned;
+the PTX assembles with ptxas; the defaults (off) emit what they did before; on a GPU the results match numpy
+and repeat bit for bit. Both are on by default since session 16's H200 run (bench/gpu/RESULTS.md).
+"""
+import numpy as np
+import pytest
+
+from cuvil import Pipeline
+from cuvil.targets.ptx import assemble
+from cuvil.targets.ptx.codegen import build_ptx, gpu_schedule
+from cuvil.targets.ptx.matmul_mma import SMEM_LIMIT, matmul_parts, plan_matmul, plan_slices, smem_bytes
+from cuvil.targets.ptx.tuning import PtxTuning
+from cuvil.testing.matmul_models import attention_scores, batched_matmul, gemm_transb_residual, linear_gelu
+from cuvil.testing.requires import needs_gpu, needs_ptxas
+
+
+def _sched(model):
+    return gpu_schedule(Pipeline.from_onnx(model).optimize().graph)
+
+
+def _product(model):
+    (st,) = [st for st in _sched(model).stages if matmul_parts(st) is not None]
+    return st
+
+
+@pytest.mark.parametrize("groups", [4, 6, 8])
+def test_slices_take_every_chunk_once(groups):
+    model, _ = linear_gelu(b=1, m=128, k=3072, n=768)
+    st = _product(model)
+    for fmt in ("fp16", "tf32"):
+        plan = plan_matmul(st, matmul_parts(st), fmt, sm_groups=groups, sms=132)
+        assert plan.splits > 1, (groups, plan)
+        assert plan.chunks % plan.splits == 0 and plan.slice_chunks >= 2 * plan.ks
+        assert groups % plan.ks == 0 and plan.min_ctas == groups // plan.ks
+        assert smem_bytes(fmt, plan.bm, plan.bn, plan.ks) <= SMEM_LIMIT
+        assert plan.blocks == plan.tiles * plan.splits
+        assert plan.scratch_floats == plan.splits * 128 * 768
+        # the kernel's chunk: first chunk of slice s, plus round * ks + group, while below the slice's end
+        got = sorted(s * plan.slice_chunks + r * plan.ks + g
+                     for s in range(plan.splits) for r in range(plan.rounds) for g in range(plan.ks)
+                     if r * plan.ks + g < plan.slice_chunks)
+        assert got == list(range(plan.chunks))
+
+
+def test_slice_model_prefers_one_wave_and_no_split_when_tiles_fill_the_gpu():
+    # 96 tiles of 96 chunks, 8 groups per SM on 132 SMs: splitting beats one 24-round wave
+    ks, splits, ctas = plan_slices("fp16", 32, 32, 96, 96, 4, 8, 132)
+    assert splits > 1 and ctas == 8 // ks
+    # enough tiles for every group slot: no split (the sum kernel would only cost)
+    ks, splits, _ = plan_slices("fp16", 32, 32, 4096, 24, 4, 4, 132)
+    assert splits == 1
+    # K of one chunk: nothing to split
+    assert plan_slices("fp16", 32, 32, 10, 1, 4, 8, 132)[:2] == (1, 1)
+
+
+def test_off_emits_no_split_products():
+    model, _ = linear_gelu(b=1, m=128, k=3072, n=768)
+    r = build_ptx(_sched(model), "sm_90", fma=True, allow_tf32=True, tuning=PtxTuning(mma_sm_groups=0))
+    kinds = [k.kind for k in r.kernels]
+    assert "matmul_tf32" in kinds and not any("splitk" in k or k == "matmul_sum" for k in kinds)
+    assert r.scratch_bytes == 0
+
+
+@needs_ptxas
+@pytest.mark.parametrize("groups", [4, 8])
+def test_split_products_assemble(groups):
+    tuning = PtxTuning(mma_sm_groups=groups)
+    for model, _ in (linear_gelu(b=1, m=128, k=3072, n=768), gemm_transb_residual(m=128, k=768, n=256),
+                     batched_matmul(b=1, h=4, m=64, k=512, n=64)):
+        s = _sched(model)
+        for fmt in ("fp16", "tf32"):
+            prec = {st.name: fmt for st in s.stages} if fmt != "tf32" else None
+            r = build_ptx(s, "sm_90", fma=True, allow_tf32=True, precisions=prec, tuning=tuning)
+            kinds = [k.kind for k in r.kernels]
+            assert f"matmul_splitk_{fmt}" in kinds and "matmul_sum" in kinds, kinds
+            assert r.scratch_bytes > 0
+            _, info = assemble(r.ptx, "sm_90")
+            if groups == 4:      # at 8 groups ptxas caps the products at 64 registers and spills (measured)
+                for k in r.kernels:
+                    assert info[k.name].spill_stores == 0, (k.name, info[k.name])
+
+
+def _fp16_bundle(model, tmp_path, tuning):
+    from cuvil.targets.ptx.bundle import compile_bundle
+    path = str(tmp_path / "b.cuvil")
+    man = compile_bundle(Pipeline.from_onnx(model).optimize().graph, path, enable_fp16=True, tuning=tuning)
+    with open(f"{path}/kernels.ptx") as f:
+        return man, f.read()
+
+
+@needs_ptxas
+def test_vector_loads_where_aligned(tmp_path):
+    model, _ = linear_gelu(b=1, m=128, k=3072, n=768)
+    man, ptx = _fp16_bundle(model, tmp_path, PtxTuning(mma_vec=True, mma_sm_groups=8))
+    assert "ld.global.nc.v4.b32" in ptx           # 8 halves per load, both operands
+    assert all(k.get("spill_stores", 0) == 0 for k in man["ptxas"]["kernels"].values())
+    _, plain = _fp16_bundle(model, tmp_path, PtxTuning(mma_vec=False))
+    assert "ld.global.nc.v4.b32" not in plain
+    # K = 272 is no multiple of the chunk (A's vectors would cross K) and N = 48 of the 32-column tile (B's rows
+    # would be clamped): scalar loads
+    model, _ = linear_gelu(b=2, m=40, k=272, n=48)
+    _, ptx = _fp16_bundle(model, tmp_path, PtxTuning(mma_vec=True, mma_sm_groups=0))
+    assert "ld.global.nc.v4.b32" not in ptx and "ld.global.nc.v2.b32" not in ptx
+
+
+def test_vector_width_rules():
+    from cuvil.kernels.texpr import Buf, cast, load, var
+    from cuvil.ir.dtype import DType
+    from cuvil.targets.ptx.matmul_mma import vec_width
+    m, k = var("m"), var("k")
+    for offset, stride, const, want in ((0, 768, 0, 8), (8, 768, 0, 4), (0, 772, 0, 4), (0, 768, 2, 2),
+                                        (2, 768, 0, 1), (0, 768, 1, 1)):
+        buf = Buf("x", DType.FLOAT16, (128, 768), offset=offset, pitch=(stride, 1))
+        f = cast(load(buf, [m, k + const] if const else [m, k]), DType.FLOAT)
+        assert vec_width(f, "fp16", True, k.attr, m.attr, [], 768, 128, 32) == want, (offset, stride, const)
+    f = cast(load(Buf("x", DType.FLOAT16, (128, 768)), [m, k]), DType.FLOAT)
+    assert vec_width(f, "tf32", True, k.attr, m.attr, [], 768, 128, 32) == 1      # float16 operands only
+    assert vec_width(f, "fp16", True, k.attr, m.attr, [], 784, 128, 32) == 1      # K not a multiple of TK
+
+
+# --- on a GPU ------------------------------------------------------------------------------------------------
+
+def _run_bundle(model, feeds, tmp_path, name, tuning, **kw):
+    import cuvil
+    from cuvil.targets.ptx.bundle import compile_bundle
+    g = Pipeline.from_onnx(model).optimize().graph
+    path = str(tmp_path / f"{name}.cuvil")
+    man = compile_bundle(g, path, tuning=tuning, **kw)
+    m = cuvil.load(path)
+    return [m.run(*feeds)[0] for _ in range(2)], man
+
+
+@needs_gpu
+@pytest.mark.parametrize("mode,vec", [("tf32", False), ("fp16", False), ("fp16", True)])
+@pytest.mark.parametrize("groups", [0, 4, 8])
+def test_gpu_split_products_match_numpy_and_repeat(tmp_path, mode, vec, groups):
+    rng = np.random.default_rng(0)
+    kw = {"allow_tf32": True} if mode == "tf32" else {"enable_fp16": True}
+    tol = 3e-3 if mode == "tf32" else 3e-2       # test_gpu_tensor_cores.py's bounds
+    cases = [(linear_gelu(b=1, m=128, k=3072, n=768), [rng.standard_normal((1, 128, 3072)).astype(np.float32)]),
+             (linear_gelu(b=2, m=40, k=1024, n=48), [rng.standard_normal((2, 40, 1024)).astype(np.float32)]),
+             (gemm_transb_residual(m=128, k=768, n=256), [rng.standard_normal((128, 768)).astype(np.float32),
+                                                         rng.standard_normal((128, 256)).astype(np.float32)]),
+             (batched_matmul(b=1, h=4, m=64, k=512, n=64),
+              [rng.standard_normal((1, 4, 64, 512)).astype(np.float32),
+               rng.standard_normal((1, 4, 512, 64)).astype(np.float32)]),
+             (attention_scores(b=1, h=12, s=128, d=64),
+              [rng.standard_normal((1, 12, 128, 64)).astype(np.float32) for _ in range(2)])]
+    split_seen = False
+    for i, ((model, ref), feeds) in enumerate(cases):
+        (y1, y2), man = _run_bundle(model, feeds, tmp_path, f"c{i}", PtxTuning(mma_sm_groups=groups, mma_vec=vec),
+                                    **kw)
+        split_seen |= man.get("splitk_scratch_bytes", 0) > 0
+        assert np.array_equal(y1, y2), "split-K sums must repeat bit for bit"
+        want = ref(*feeds)
+        err = np.abs(y1 - want).max() / np.abs(want).max()
+        assert err < tol, (mode, groups, i, err)
+    assert split_seen == (groups > 0)
