@@ -106,9 +106,10 @@ def test_a_product_per_row_gets_a_block_per_row_and_tile():
         assemble(r.ptx, "sm_90")
 
 
-def test_off_by_default_and_only_for_one_row():
-    assert _build(row_product(768, 768), PtxTuning()).kernels[0].kind == "split"
-    assert PtxTuning().gemv is False and PtxOptions().tuning.gemv is False and PtxOptions(gemv=True).tuning.gemv
+def test_on_by_default_and_only_for_one_row():
+    assert _build(row_product(768, 768), PtxTuning()).kernels[0].kind == "gemv"
+    assert _build(row_product(768, 768), PtxTuning(gemv=False)).kernels[0].kind == "split"
+    assert PtxTuning().gemv is True and PtxOptions().tuning.gemv is True and PtxOptions(gemv=False).tuning.gemv is False
     # two output rows sharing W: each would stream W again (a product of its own per row is taken: the decode
     # step's attention below)
     assert _build(row_product(768, 768, rows=2)).kernels[0].kind != "gemv"

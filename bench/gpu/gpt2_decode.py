@@ -16,7 +16,8 @@ process (issue 20).
   static KV cache does), ``torch.compile(mode="reduce-overhead", dynamic=False)``, one compile per past.
   Variants: fp32 (TF32 off), tf32 (``allow_tf32`` on both sides), fp16 (torch: the module and cache in half;
   Cuvil: ``enable_fp16``, float32 inputs/outputs converted in the graph); ``fp32_gemv`` / ``tf32_gemv`` /
-  ``fp16_gemv``: the same with ``PtxOptions.gemv`` (the weight GEMVs on ptx/gemv.py's kernel), Cuvil only,
+  ``fp16_gemv``: the same with ``PtxOptions.gemv`` (the weight GEMVs on ptx/gemv.py's kernel; the default since
+  session 16), ``fp32_split`` / ...: with ``gemv=False`` (the lane-split kernels before it), Cuvil only,
   compared with the base variant's torch and Cuvil (``ratio_over_<base>``: p50 and kernel sum); list the base
   variant first (``--variants fp32 fp32_gemv fp16 fp16_gemv``).
 * Checked: every output of both engines against onnxruntime (CPU, float32) on the same inputs, normwise
@@ -48,10 +49,13 @@ from resnet50 import timed as _timed  # noqa: E402
 TARGET = "nvptx64-nvidia-cuda"
 HBM_TBS = 4.8            # the H200's HBM3e bandwidth (NVIDIA's figure), TB/s
 VARIANTS = {"fp32": {}, "tf32": {"allow_tf32": True}, "fp16": {"enable_fp16": True},
-            # the one-row product kernel (PtxOptions.gemv, ptx/gemv.py) in place of the lane-split GEMVs: torch is
-            # not run again for these; their ratios are against the base variant's torch and Cuvil runs
+            # the one-row product kernel (PtxOptions.gemv, ptx/gemv.py; the default since session 16) named, and
+            # the lane-split GEMVs it replaced: torch is not run again for these; their ratios are against the
+            # base variant's torch and Cuvil runs
             "fp32_gemv": {"gemv": True}, "tf32_gemv": {"allow_tf32": True, "gemv": True},
-            "fp16_gemv": {"enable_fp16": True, "gemv": True}}
+            "fp16_gemv": {"enable_fp16": True, "gemv": True},
+            "fp32_split": {"gemv": False}, "tf32_split": {"allow_tf32": True, "gemv": False},
+            "fp16_split": {"enable_fp16": True, "gemv": False}}
 R: dict = {"skipped": []}
 T0 = time.perf_counter()
 

@@ -53,7 +53,7 @@ class PtxOptions(TargetOptions):
     specialisation in the one bundle (``[1, 2, 4, 8]``, or by symbol ``{"N": [1, 8], "S": [128, 512]}``;
     default: the powers of two of each range plus its min and max; :mod:`cuvil.targets.ptx.buckets`).
     ``jobs`` (with a shape profile): bucket points compiled at once, each in its own process (0: one per CPU;
-    default 1); the bundle is the same whatever it is. ``gemv`` (opt-in, not yet measured on a GPU): one-row
+    default 1); the bundle is the same whatever it is. ``gemv`` (default on; False: the lane-split kernels): one-row
     products (a decode step's weight GEMVs, the LM head) take the kernel of :mod:`cuvil.targets.ptx.gemv`
     (threads along the output columns, 16-byte weight loads) instead of the lane-split one.
     """
@@ -73,12 +73,12 @@ class PtxOptions(TargetOptions):
         default=None, validator=check(_is_buckets, "None, a list of non-negative ints, or {symbol: [ints]}"))
     jobs: int = attrs.field(default=1, validator=check(
         lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "a non-negative int (0: one per CPU)"))
-    gemv: bool = attrs.field(default=False, validator=check(is_bool, "True or False"))
+    gemv: bool = attrs.field(default=True, validator=check(is_bool, "True or False"))
 
     @property
     def tuning(self) -> PtxTuning:
         """The kernel-shape settings these options select (``gemv``: PtxTuning.gemv)."""
-        return PtxTuning(gemv=True) if self.gemv else DEFAULT_TUNING
+        return DEFAULT_TUNING if self.gemv == DEFAULT_TUNING.gemv else attrs.evolve(DEFAULT_TUNING, gemv=self.gemv)
 
 
 class PtxTarget:
@@ -99,7 +99,7 @@ class PtxTarget:
                f"fp16={options.enable_fp16}", f"register_pass={options.register_pass}",
                f"unpadded={options.unpadded}", f"fused_splitk={options.fused_splitk}",
                f"allow_tf32={options.allow_tf32}",
-               f"graph_buckets={options.graph_buckets!r}"] + (["gemv=True"] if options.gemv else []) + [
+               f"graph_buckets={options.graph_buckets!r}"] + [f"gemv={options.gemv}"] + [
             r.text or r.name for r in krules]
         return BuildPlan(graph, options, f"{options.prefix}.cuvil", key, {"kernel_rules": krules})
 

@@ -102,8 +102,9 @@ class PtxTuning:
     # one-row products y[n] = sum_k x[k] W[k, n] with W's n contiguous (the decode step's weight GEMVs, the LM
     # head) take ptx/gemv.py's kernel: threads along n, 16-byte weight loads, k split over a block's threads and
     # added in a fixed order (off: the lane-split kernels, whose warp loads read 16-32 rows a few bytes each).
-    # Off until an H200 run shows it correct and faster (tests/test_gpu_gemv.py, bench/gpu/gpt2_decode.py)
-    gemv: bool = False
+    # On since the session-16 H200 run (GPU tests 209 passed; GPT-2 124M decode step per token, past 128 / 1023:
+    # fp32 1.174 -> 0.706 / 1.316 -> 0.809 ms, fp16 1.490 -> 0.963 / 1.883 -> 1.399; bench/gpu/gpt2_decode.py)
+    gemv: bool = True
     # ... the blocks its column tiles aim for (a block's column threads shrink from 8 to 2 until the grid has this
     # many)
     gemv_min_blocks: int = 264
