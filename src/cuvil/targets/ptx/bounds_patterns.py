@@ -33,9 +33,11 @@ import attrs
 
 from ...errors import CuvilError
 from ...ir.dtype import DType
-from ...kernels.bounds import Access, BoundsProver, Certificate, prove_schedule
+from ...kernels.bounds import _FAMILIES, Access, BoundsProver, Certificate, prove_schedule, prove_stage, z3_false
 from ...kernels.schedule import ARENA, Schedule, Stage
-from ...kernels.texpr import Buf, E, as_index, cmp, idiv, imod, logic, select, var
+from ...kernels.texpr import Buf, E, as_index, cmp, idiv, imod, logic, nodes, select, substitute, var
+from . import matmul_mma
+from .kernel_shapes import single_sum
 from .conv import TK, conv_node, scratch_buf
 
 
@@ -94,6 +96,8 @@ class GpuPatterns:
     scratch layout); ``widen`` adds ``widen`` to every loop extent of the stated patterns (tests: a pattern
     widened by one must be refuted)."""
 
+    ops = _FAMILIES + ("reduce",)      # a tensor-core product is a plain reduction: the hook sees those too
+
     def __init__(self, km, widen: int = 0):
         self.km = km
         self.widen = widen
@@ -108,6 +112,9 @@ class GpuPatterns:
         return plan
 
     def __call__(self, st: Stage, node: E, doms) -> List[Access]:
+        if node.op == "reduce":
+            mm = self.matmul_plan(st, node)
+            return [] if mm is None else self.matmul_accesses(st, *mm, dict(doms))
         if node.op != "contract":
             return []
         plan = self.conv_plan(st, node)
@@ -304,6 +311,82 @@ class GpuPatterns:
                           flat=True))
         return out
 
+    def matmul_plan(self, st: Stage, node: E):
+        """(parts, plan) where the kernel module emits ``st`` as a tensor-core product whose reduction is
+        ``node`` (:meth:`~cuvil.targets.ptx.codegen.PtxKernelModule.matmul_plan`), else None."""
+        km = self.km
+        if not km.tuning.mma or st.expr.op == "sequential" or (km.tuning.conv_enabled and conv_node(st) is not None):
+            return None
+        mm = km.matmul_plan(st)
+        return mm if mm is not None and mm[0][0] is node else None
+
+    def matmul_accesses(self, st: Stage, parts, plan, d) -> List[Access]:
+        """The tensor-core product kernel (:func:`~cuvil.targets.ptx.matmul_mma.emit_matmul`) over its own
+        loops: slice ``s``, round ``rnd`` and K group ``grp`` take chunk ``c = s * CPS + rnd * ks + grp`` while
+        ``c < s * CPS + CPS``; tile ``(batch, mt, nt)``; per operand the tile's rows and the chunk's terms.
+
+        * scalar operand loads: the factor's loads at the row clamped into the matrix and, when TK does not
+          divide K, the term clamped into ``[0, K)`` (``tile_walk.fetch_chunk``);
+        * vector loads (``plan.a_vec`` / ``b_vec`` = V): V halves from the factor's load at (row, term), its
+          last index + 0 .. V - 1 (``vec_width`` admits only vectors none of whose elements is clamped): rows
+          ``mt * BM + r`` clamped to the last and terms ``k0 + V * kv`` when k is contiguous, else rows
+          ``mt * BM + V * rv`` (M a multiple of BM) and terms ``k0 + kk``;
+        * split-K: the partial sums at flat ``((s * batches + batch) * M + m) * N + n`` of the scratch for
+          ``m = mt * BM + i``, ``n = nt * BN + j`` where ``m < M`` and ``n < N``, and the sum kernel's reads
+          ``splitk[s, *batch, m, n]`` at the stage's own indices.
+        (Without split-K the epilogue stores through the stage's own store at ``m < M``, ``n < N``.)"""
+        red, afac, bfac, _ = parts
+        w, kind = self.widen, "family:matmul"
+        vs = list(st.vars)
+        kv, mv, nv = red.attr[1][0].attr, vs[-2].attr, vs[-1].attr
+        M, N, K, TKm = plan.m, plan.n, plan.k, matmul_mma.TK
+        S, CPS, KS = plan.splits, plan.slice_chunks, plan.ks
+        out: List[Access] = []
+        s = _loop(d, "s", S + w)
+        c = s * CPS + _loop(d, "rnd", plan.rounds + w) * KS + _loop(d, "grp", KS + w)
+        in_slice = _lt(c, s * CPS + CPS)
+        k0 = c * TKm
+        for which, fac, rv, ext, tile_rows, tiles, v in (("a", afac, mv, M, plan.bm, plan.tiles_m, plan.a_vec),
+                                                         ("b", bfac, nv, N, plan.bn, plan.tiles_n, plan.b_vec)):
+            base = _loop(d, "t" + which, tiles + w) * tile_rows
+            kfast = plan.a_kfast if which == "a" else plan.b_kfast
+            if v == 1:
+                row = base + _loop(d, "r" + which, tile_rows + w)
+                k = k0 + _loop(d, "kk" + which, TKm + w)
+                env = {rv: select(_lt(row, ext), row, as_index(ext - 1)),
+                       kv: select(_lt(k, K), k, as_index(K - 1)) if K % TKm else k}
+                for ld in [x for x in nodes(fac) if x.op == "load"]:
+                    out.append(Access(kind, ld.attr, [substitute(i, env) for i in ld.args], [in_slice], d))
+                continue
+            ld = fac.args[0]        # vec_width: the factor is one float16 load
+            if kfast:       # rows of a ragged tile clamped to the last (never stored)
+                row = base + _loop(d, "r" + which, tile_rows + w)
+                if ext % tile_rows:
+                    row = select(_lt(row, ext), row, as_index(ext - 1))
+                k = k0 + _loop(d, "kv" + which, TKm // v + w) * v
+            else:
+                row = base + _loop(d, "rv" + which, tile_rows // v + w) * v
+                k = k0 + _loop(d, "kk" + which, TKm + w)
+            # the V elements follow the last index (stride 1; a pitched view's rows lie further apart, so the
+            # vector is stated as indices, not as a flat offset)
+            idx = [substitute(i, {rv: row, kv: k}) for i in ld.args]
+            idx[-1] = idx[-1] + _loop(d, "e" + which, v + w)
+            conds = [in_slice] + ([] if int(ld.attr.strides[-1]) == 1 else [z3_false()])
+            out.append(Access(kind, ld.attr, idx, conds, d))
+        if S == 1:
+            return out
+        batches = plan.batches
+        m = _loop(d, "tm", plan.tiles_m + w) * plan.bm + _loop(d, "im", plan.bm + w)
+        n = _loop(d, "tn", plan.tiles_n + w) * plan.bn + _loop(d, "jn", plan.bn + w)
+        bb = _loop(d, "batch", batches + w)
+        scratch = matmul_mma.scratch_buf(plan, self.km.scratch_offset + self.km.counter_bytes)
+        out.append(Access(kind, scratch, [((s * batches + bb) * M + m) * N + n], [_lt(m, M), _lt(n, N)], d,
+                          flat=True))
+        e = dict(d)
+        s2 = _loop(e, "s", S + w)
+        out.append(Access("family:matmul_sum", scratch, [s2] + vs, [], e))
+        return out
+
     def km_scratch(self, plan) -> Buf:
         return scratch_buf(plan, self.km.scratch_offset + self.km.counter_bytes)
 
@@ -320,9 +403,7 @@ def arena_limit(km, sched: Schedule, stages) -> int:
         if plan is not None and plan.splits > 1:
             need = max(need, km.counter_bytes + 4 * plan.scratch_floats)
         # a split-K tensor-core product (PtxTuning.mma_sm_groups): its partial sums, [splits, *batch, M, N]
-        # floats, stored at in-range (m, n) of the kernel's tiles and read back by the sum kernel at the
-        # stage's own output index, so in bounds of this reservation by construction (not stated to the
-        # prover: its family hook sees only family nodes, and a product is a plain reduction)
+        # floats (their stores and the sum kernel's reads: GpuPatterns.matmul_accesses)
         mm = km.matmul_plan(st) if node is None and km.tuning.mma and st.expr.op != "sequential" else None
         if mm is not None and mm[1].splits > 1:
             need = max(need, km.counter_bytes + 4 * mm[1].scratch_floats)
@@ -345,6 +426,9 @@ def prove_gpu_stages(sched: Schedule, stages: List[Stage], km, prover: Optional[
     while True:
         km.plan_scratch(stages)
         limit = arena_limit(km, sched, stages)
+        if refute_products(sched, stages, km, prover):
+            km.plan_scratch(stages)
+            limit = arena_limit(km, sched, stages)
         cert = prove_schedule(attrs.evolve(sched, stages=stages, arena_bytes=limit), variant, prover,
                               families=GpuPatterns(km))
         if first is not None:        # a stage guarded by an earlier pass stays listed as guarded
@@ -354,7 +438,33 @@ def prove_gpu_stages(sched: Schedule, stages: List[Stage], km, prover: Optional[
             cert.seconds += first.seconds
             cert.queries += first.queries
             cert.cache_hits += first.cache_hits
+        for k in cert.kernels:       # a product refuted on the tensor cores runs on the plain kernels: guarded
+            if k.stage in km.plain_products and k.status == "proved":
+                k.status, k.failures = "guarded", list(km.plain_products[k.stage])
         first = cert
         km.plan_scratch(stages)
         if arena_limit(km, sched, stages) == limit:
             return cert
+
+
+def refute_products(sched: Schedule, stages: List[Stage], km, prover: BoundsProver) -> bool:
+    """Send every product whose tensor-core kernel's stated accesses (:meth:`GpuPatterns.matmul_accesses`)
+    are not proved against the arena the bundle allocates to the plain kernels (``km.plain_products``, with
+    the reasons), as a refuted convolution is; repeated until none is refuted (the scratch shrinks as
+    products leave). Returns whether any was."""
+    any_refuted = False
+    while True:
+        km.plan_scratch(stages)
+        proof = attrs.evolve(sched, stages=stages, arena_bytes=arena_limit(km, sched, stages))
+        pats, refuted = GpuPatterns(km), False
+        for st in stages:
+            red = single_sum(st) if st.name not in km.plain_products else None
+            if red is None or pats.matmul_plan(st, red) is None:
+                continue
+            _, failed = prove_stage(prover, proof, st, pats)
+            why = [w for a, w in failed if a.kind.startswith("family:matmul")]
+            if why:
+                km.plain_products[st.name] = why
+                refuted = any_refuted = True
+        if not refuted:
+            return any_refuted

@@ -113,6 +113,8 @@ class PtxKernelModule(LLVMKernelModule):
         super().__init__(name, tm, TRIPLE)
         self.allow_tf32 = allow_tf32          # float32 matmuls may run on TF32 tensor cores (matmul_mma.py)
         self.precisions = precisions or {}    # stage name -> its node's precision ("fp16"/"bf16")
+        # stage name -> why: products whose tensor-core access pattern was refuted (bounds_patterns), emitted plain
+        self.plain_products: Dict[str, List[str]] = {}
         self.sm = int(re.sub(r"\D", "", arch) or 0)      # compute capability x 10 (sm_90a -> 90)
         self.sms = sms_for(arch)                 # SMs of the GPU the bundle is for (tensor-core split-K plans)
         self.scratch_offset = -(-scratch_offset // 256) * 256   # split-K counters and partials go after the arena
@@ -229,7 +231,7 @@ class PtxKernelModule(LLVMKernelModule):
     def matmul_plan(self, st: Stage):
         """(parts, plan) when the stage is a matrix product the tensor cores compute in a format its
         precision allows (:mod:`cuvil.targets.ptx.matmul_mma`), else None."""
-        parts = matmul_parts(st)
+        parts = matmul_parts(st) if st.name not in self.plain_products else None
         if parts is None:
             return None
         fmt = mma_format(st, parts, self.sm, self.allow_tf32, self.precisions.get(st.name, ""))
