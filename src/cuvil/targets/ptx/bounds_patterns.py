@@ -1,9 +1,9 @@
 """The global-memory access patterns of the PTX kernels, stated for the bounds prover (:mod:`cuvil.kernels.bounds`).
 
-Every GPU kernel shape of :mod:`cuvil.targets.ptx.codegen` but one evaluates the stage's texpr expression at
+Every GPU kernel shape of :mod:`cuvil.targets.ptx.codegen` but two (below) evaluates the stage's texpr expression at
 output and reduction indices inside the stage's loops (element, coarse, split, tiled kernels: the tiled
 kernel's shared-memory staging tests ``term < R`` and ``position < P`` before it evaluates a factor), so
-the shared machinery proves them from the stage's loads and store as they are. The exception is a
+the shared machinery proves them from the stage's loads and store as they are. The first exception is a
 convolution computed by the implicit-GEMM kernel of :mod:`cuvil.targets.ptx.conv`: it does not read
 through the contraction node's loads but forms its own addresses. :class:`GpuPatterns` states them here as
 index expressions over that kernel's own loop variables (tile, slice, chunk, row, column, lane), as
@@ -20,6 +20,12 @@ index expressions over that kernel's own loop variables (tile, slice, chunk, row
   split-K the partial sum at flat ``((s * N + n) * G * M + g * M + m) * P + p`` of the scratch area after
   the arena; the sum kernel (or the fused last slice) reads the S partials back, and the fused variant's
   per-tile counters are indexed by the tile.
+
+A tensor-core product (:mod:`cuvil.targets.ptx.matmul_mma`) forms its own addresses too: its chunk walk,
+16-byte float16 vector loads and split-K partial sums ([splits, *batch, M, N] floats after the arena, read
+back by the sum kernel) are stated by :meth:`GpuPatterns.matmul_accesses` as the obligations of the product's
+stage (the hook's :attr:`~GpuPatterns.ops` adds ``reduce`` nodes); a product refuted there runs on the plain
+kernels (:func:`refute_products`) and its stage is listed as guarded.
 
 The kernel computes these offsets in 32-bit arithmetic; :func:`~cuvil.targets.ptx.conv.conv_node` admits
 only convolutions whose input and weight offsets are below 2^31 and ``add_conv_stage`` falls back to the

@@ -9,8 +9,10 @@ GPU schedule lowers MatMul (batched, with either operand transposed, as BERT's a
 a ``Transpose`` folded into the load's indices) and Gemm; the bias, GELU and residual add the schedule fused
 into the stage are its epilogue. The factors are evaluated through the stage's own expression (the
 :class:`~cuvil.targets.ptx.emitter.PtxEmitter`) at in-range indices (rows and columns past the matrix are
-clamped to the last one and never stored; terms past ``K`` select zero), so the bounds proof of the plain
-kernels (:mod:`cuvil.targets.ptx.bounds_patterns`) covers this kernel as it is.
+clamped to the last one and never stored; terms past ``K`` select zero); the kernel's own chunk walk, its
+vector loads and its split-K partial sums are stated to the bounds prover in
+:mod:`cuvil.targets.ptx.bounds_patterns` (:meth:`~cuvil.targets.ptx.bounds_patterns.GpuPatterns.matmul_accesses`);
+a product whose statement is refuted takes the plain kernels.
 
 Which format (:func:`mma_format`): tensor cores only where contraction is allowed (the reduction is an
 ``fma`` one: an ``mma`` rounds its sum of products once, which no chain of separate roundings does), on sm_80
