@@ -117,10 +117,12 @@ def test_float16_tensor_core_conv_proved():
 
 # --- tensor-core products (matmul_mma.py): operand loads, vector loads, split-K partials and sum reads --------
 
-def _product_build(model, fp16):
+def _product_build(model, mode):
+    """The PTX of ``model`` with its products on fp16 or TF32 tensor cores, or (``fp32``) the SIMT kernel."""
     from cuvil.rewrite_rules.precision import to_half
     g = Pipeline.from_onnx(model).optimize().graph
-    r = build_ptx(gpu_schedule(to_half(g)[0] if fp16 else g), "sm_90", fma=True, allow_tf32=not fp16)
+    r = build_ptx(gpu_schedule(to_half(g)[0] if mode == "fp16" else g), "sm_90", fma=True,
+                  allow_tf32=mode == "tf32")
     return r, r.memory_safety
 
 
@@ -130,19 +132,20 @@ _PRODUCTS = [  # BERT's FFN products (the down projection splits K), a ragged on
     dict(b=2, m=40, k=272, n=48)]
 
 
-@pytest.mark.parametrize("fp16", [True, False], ids=["fp16", "tf32"])
+@pytest.mark.parametrize("mode", ["fp16", "tf32", "fp32"])
 @pytest.mark.parametrize("shape", _PRODUCTS, ids=lambda s: "x".join(str(v) for v in s.values()))
-def test_tensor_core_products_proved(shape, fp16):
+def test_products_proved(shape, mode):
     from cuvil.testing.matmul_models import linear_gelu
     from cuvil.targets.ptx.tuning import DEFAULT_TUNING
     assert DEFAULT_TUNING.mma_sm_groups == 4 and DEFAULT_TUNING.mma_vec      # the defaults this covers
-    r, cert = _product_build(linear_gelu(**shape)[0], fp16)
+    r, cert = _product_build(linear_gelu(**shape)[0], mode)
     kinds = [k.kind for k in r.kernels]
-    assert any(k.startswith(("matmul_fp16", "matmul_tf32", "matmul_splitk_")) for k in kinds), kinds
+    want = ("gemm_fp32",) if mode == "fp32" else ("matmul_" + mode, "matmul_splitk_" + mode)
+    assert any(k.startswith(want) for k in kinds), kinds
     assert cert.proved == len(cert.kernels) and not cert.guarded, cert.to_json()["guarded"]
-    if shape["k"] == 3072:
+    if shape["k"] == 3072 and mode != "fp32":
         assert "matmul_sum" in kinds         # split-K: the partials and the sum kernel's reads are stated
-    if fp16 and shape["k"] % 32 == 0:
+    if mode == "fp16" and shape["k"] % 32 == 0:
         assert "ld.global.nc.v4" in r.ptx    # vector operand loads are stated
 
 
@@ -150,24 +153,24 @@ def test_batched_product_pattern_counts_its_accesses():
     """The product's stage states its kernel's accesses besides its own loads and store: the scalar operand
     loads (TF32), the split-K stores and the sum kernel's reads are obligations of the certificate."""
     from cuvil.testing.matmul_models import batched_matmul, linear_gelu
-    r, cert = _product_build(batched_matmul(b=2, h=12, m=128, k=64, n=128)[0], True)
+    r, cert = _product_build(batched_matmul(b=2, h=12, m=128, k=64, n=128)[0], "fp16")
     assert "matmul_fp16" in [k.kind for k in r.kernels] and cert.proved == len(cert.kernels)
-    _, split = _product_build(linear_gelu(b=1, m=128, k=3072, n=768)[0], False)
+    _, split = _product_build(linear_gelu(b=1, m=128, k=3072, n=768)[0], "tf32")
     (k,) = split.kernels
     assert k.accesses >= 8        # store + 2 loads + bias + 2 operand patterns + partial stores + sum reads
 
 
-@pytest.mark.parametrize("fp16", [True, False], ids=["fp16", "tf32"])
-def test_widened_product_pattern_is_refuted_and_emitted_plain(monkeypatch, fp16):
+@pytest.mark.parametrize("mode", ["fp16", "tf32", "fp32"])
+def test_widened_product_pattern_is_refuted_and_emitted_plain(monkeypatch, mode):
     """A product whose stated pattern does not prove (widened by one: an off-by-one in every stated index's
     loop) is listed as guarded and falls back to the plain kernels: the bundle never ships an unproved
     tensor-core product."""
     from cuvil.testing.matmul_models import linear_gelu
     init = bounds_patterns.GpuPatterns.__init__
     monkeypatch.setattr(bounds_patterns.GpuPatterns, "__init__", lambda self, km, widen=0: init(self, km, 1))
-    r, cert = _product_build(linear_gelu(b=1, m=128, k=3072, n=768)[0], fp16)
+    r, cert = _product_build(linear_gelu(b=1, m=128, k=3072, n=768)[0], mode)
     kinds = [k.kind for k in r.kernels]
-    assert not any(k.startswith("matmul_") for k in kinds) and "mma.sync" not in r.ptx, kinds
+    assert not any(k.startswith(("matmul_", "gemm_fp32")) for k in kinds) and "mma.sync" not in r.ptx, kinds
     (g,) = cert.guarded
     assert g.status == "guarded" and any("family:matmul" in f for f in g.failures), g.failures
 
@@ -181,7 +184,7 @@ def test_unclamped_vector_rows_are_refuted(monkeypatch):
     def no_clamp(c, a, b):    # drops every row clamp the product statement makes (cmp(row, ext) ? row : ext - 1)
         return a if getattr(b, "op", "") == "const" and b.attr == 99 else real(c, a, b)
     monkeypatch.setattr(bounds_patterns, "select", no_clamp)
-    r, cert = _product_build(linear_gelu(b=1, m=100, k=768, n=3072)[0], True)
+    r, cert = _product_build(linear_gelu(b=1, m=100, k=768, n=3072)[0], "fp16")
     assert "mma.sync" not in r.ptx
     (g,) = cert.guarded
     assert any("family:matmul x_f16" in f and "out of bounds" in f for f in g.failures), g.failures

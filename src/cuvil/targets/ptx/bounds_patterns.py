@@ -120,7 +120,10 @@ class GpuPatterns:
     def __call__(self, st: Stage, node: E, doms) -> List[Access]:
         if node.op == "reduce":
             mm = self.matmul_plan(st, node)
-            return [] if mm is None else self.matmul_accesses(st, *mm, dict(doms))
+            if mm is not None:
+                return self.matmul_accesses(st, *mm, dict(doms))
+            simt = self.simt_plan(st, node)
+            return [] if simt is None else self.simt_accesses(st, *simt, dict(doms))
         if node.op != "contract":
             return []
         plan = self.conv_plan(st, node)
@@ -326,6 +329,17 @@ class GpuPatterns:
         mm = km.matmul_plan(st)
         return mm if mm is not None and mm[0][0] is node else None
 
+    def simt_plan(self, st: Stage, node: E):
+        """(parts, plan) where the kernel module emits ``st`` with the float32 SIMT product kernel, else None
+        (as ``PtxKernelModule.add_stage_plain`` chooses: not a tensor-core product, ``tuning.simt_matmul``)."""
+        km = self.km
+        if not km.tuning.simt_matmul or st.expr.op == "sequential" or \
+                (km.tuning.conv_enabled and conv_node(st) is not None) or \
+                (km.tuning.mma and km.matmul_plan(st) is not None):
+            return None
+        simt = km.simt_plan(st)
+        return simt if simt is not None and simt[0][0] is node else None
+
     def matmul_accesses(self, st: Stage, parts, plan, d) -> List[Access]:
         """The tensor-core product kernel (:func:`~cuvil.targets.ptx.matmul_mma.emit_matmul`) over its own
         loops: slice ``s``, round ``rnd`` and K group ``grp`` take chunk ``c = s * CPS + rnd * ks + grp`` while
@@ -357,12 +371,7 @@ class GpuPatterns:
             base = _loop(d, "t" + which, tiles + w) * tile_rows
             kfast = plan.a_kfast if which == "a" else plan.b_kfast
             if v == 1:
-                row = base + _loop(d, "r" + which, tile_rows + w)
-                k = k0 + _loop(d, "kk" + which, TKm + w)
-                env = {rv: select(_lt(row, ext), row, as_index(ext - 1)),
-                       kv: select(_lt(k, K), k, as_index(K - 1)) if K % TKm else k}
-                for ld in [x for x in nodes(fac) if x.op == "load"]:
-                    out.append(Access(kind, ld.attr, [substitute(i, env) for i in ld.args], [in_slice], d))
+                out += self.fetched_loads(fac, rv, ext, base, tile_rows, kv, K, k0, TKm, [in_slice], d)
                 continue
             ld = fac.args[0]        # vec_width: the factor is one float16 load
             if kfast:       # rows of a ragged tile clamped to the last (never stored)
@@ -391,6 +400,43 @@ class GpuPatterns:
         e = dict(d)
         s2 = _loop(e, "s", S + w)
         out.append(Access("family:matmul_sum", scratch, [s2] + vs, [], e))
+        return out
+
+    def fetched_loads(self, fac: E, rv: str, ext: int, base: E, tile_rows: int, kv: str, K: int, k0: E, tk: int,
+                      conds: List[E], d, kind: str = "family:matmul") -> List[Access]:
+        """A product operand's elements as ``tile_walk.fetch_chunk`` reads them: the factor's loads at tile row
+        ``base + r`` clamped to ``ext - 1`` and term ``k0 + kk`` (clamped to ``K - 1`` when ``tk`` does not
+        divide ``K``)."""
+        row = base + _loop(d, "r" + rv, tile_rows + self.widen)
+        k = k0 + _loop(d, "kk" + rv, tk + self.widen)
+        env = {rv: select(_lt(row, ext), row, as_index(ext - 1)),
+               kv: select(_lt(k, K), k, as_index(K - 1)) if K % tk else k}
+        return [Access(kind, ld.attr, [substitute(i, env) for i in ld.args], list(conds), d)
+                for ld in [x for x in nodes(fac) if x.op == "load"]]
+
+    def simt_accesses(self, st: Stage, parts, plan, d) -> List[Access]:
+        """The float32 SIMT product kernel (:func:`~cuvil.targets.ptx.matmul_simt.emit_simt`): group ``grp``
+        fetches chunk ``grp`` first, then in round ``rnd`` chunk ``min(rnd * ks + grp + ks, chunks - 1)``
+        (unconditionally); per operand the tile's rows and the chunk's terms (:meth:`fetched_loads`)."""
+        red, afac, bfac, _ = parts
+        w = self.widen
+        vs = list(st.vars)
+        kv, mv, nv = red.attr[1][0].attr, vs[-2].attr, vs[-1].attr
+        KS, C = plan.ks, plan.chunks
+        out: List[Access] = []
+        for first in (True, False):
+            e = dict(d)
+            grp = _loop(e, "grp", KS + w)
+            if first:
+                c = grp
+            else:
+                nxt = _loop(e, "rnd", plan.rounds + w) * KS + grp + KS
+                c = select(_lt(nxt, C - 1), nxt, as_index(C - 1))
+            for fac, rv, ext, rows, tiles in ((afac, mv, plan.m, plan.bm, plan.tiles_m),
+                                              (bfac, nv, plan.n, plan.bn, plan.tiles_n)):
+                base = _loop(e, "t" + rv, tiles + w) * rows
+                out += self.fetched_loads(fac, rv, ext, base, rows, kv, plan.k, c * plan.tk, plan.tk, [], e,
+                                          kind="family:matmul_simt")
         return out
 
     def km_scratch(self, plan) -> Buf:
@@ -465,7 +511,7 @@ def refute_products(sched: Schedule, stages: List[Stage], km, prover: BoundsProv
         pats, refuted = GpuPatterns(km), False
         for st in stages:
             red = single_sum(st) if st.name not in km.plain_products else None
-            if red is None or pats.matmul_plan(st, red) is None:
+            if red is None or pats.matmul_plan(st, red) is None and pats.simt_plan(st, red) is None:
                 continue
             _, failed = prove_stage(prover, proof, st, pats)
             why = [w for a, w in failed if a.kind.startswith("family:matmul")]
