@@ -1,7 +1,7 @@
 """The global-memory access patterns of the PTX kernels, stated for the bounds prover (:mod:`cuvil.kernels.bounds`).
 
-Every GPU kernel shape of :mod:`cuvil.targets.ptx.codegen` but two (below) evaluates the stage's texpr expression at
-output and reduction indices inside the stage's loops (element, coarse, split, tiled kernels: the tiled
+Every GPU kernel shape of :mod:`cuvil.targets.ptx.codegen` but three (below) evaluates the stage's texpr
+expression at output and reduction indices inside the stage's loops (element, coarse, split, tiled kernels: the tiled
 kernel's shared-memory staging tests ``term < R`` and ``position < P`` before it evaluates a factor), so
 the shared machinery proves them from the stage's loads and store as they are. The first exception is a
 convolution computed by the implicit-GEMM kernel of :mod:`cuvil.targets.ptx.conv`: it does not read
@@ -24,8 +24,9 @@ index expressions over that kernel's own loop variables (tile, slice, chunk, row
 A tensor-core product (:mod:`cuvil.targets.ptx.matmul_mma`) forms its own addresses too: its chunk walk,
 16-byte float16 vector loads and split-K partial sums ([splits, *batch, M, N] floats after the arena, read
 back by the sum kernel) are stated by :meth:`GpuPatterns.matmul_accesses` as the obligations of the product's
-stage (the hook's :attr:`~GpuPatterns.ops` adds ``reduce`` nodes); a product refuted there runs on the plain
-kernels (:func:`refute_products`) and its stage is listed as guarded.
+stage (the hook's :attr:`~GpuPatterns.ops` adds ``reduce`` nodes), and the float32 SIMT product kernel's chunk
+walk by :meth:`GpuPatterns.simt_accesses`; a product refuted there runs on the plain kernels
+(:func:`refute_products`) and its stage is listed as guarded.
 
 The kernel computes these offsets in 32-bit arithmetic; :func:`~cuvil.targets.ptx.conv.conv_node` admits
 only convolutions whose input and weight offsets are below 2^31 and ``add_conv_stage`` falls back to the

@@ -113,7 +113,8 @@ class PtxKernelModule(LLVMKernelModule):
         super().__init__(name, tm, TRIPLE)
         self.allow_tf32 = allow_tf32          # float32 matmuls may run on TF32 tensor cores (matmul_mma.py)
         self.precisions = precisions or {}    # stage name -> its node's precision ("fp16"/"bf16")
-        # stage name -> why: products whose tensor-core / SIMT access pattern was refuted (bounds_patterns): plain kernels
+        # stage name -> why: products whose tensor-core / SIMT access pattern was refuted (bounds_patterns),
+        # computed by the plain kernels instead
         self.plain_products: Dict[str, List[str]] = {}
         self.sm = int(re.sub(r"\D", "", arch) or 0)      # compute capability x 10 (sm_90a -> 90)
         self.sms = sms_for(arch)                 # SMs of the GPU the bundle is for (tensor-core split-K plans)
