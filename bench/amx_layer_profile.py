@@ -4,7 +4,7 @@ time per step) and OpenVINO's per-node counters (``PERF_COUNT``, ``get_profiling
 among the engines (and between two Cuvil builds, A and B, when two are given).
 
     PYTHONPATH=src python3 bench/amx_resnet_ab.py --build /tmp/base.so
-    PYTHONPATH=src python3 bench/amx_layer_profile.py /tmp/base.so [--rounds 15] [--layers]
+    PYTHONPATH=src python3 bench/amx_layer_profile.py /tmp/base.so [--rounds 15] [--layers] [--min]
     PYTHONPATH=src python3 bench/amx_layer_profile.py /tmp/before.so /tmp/after.so   # both, OpenVINO beside
 
 Steps are matched to OpenVINO's nodes by the ONNX node that ends them (OpenVINO's ``originalLayersNames``
@@ -63,6 +63,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("libs", nargs="+", help="one library, or two (A: before, B: after) built from one model")
     ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--min", action="store_true",
+                    help="each step's and node's best round, not the median (a loaded VM's noise only adds time)")
     ap.add_argument("--layers", action="store_true", help="also every layer")
     a = ap.parse_args(argv)
     from cuvil.targets.x86.loader import load
@@ -93,8 +95,9 @@ def main(argv=None):
                                  for p in req.get_profiling_info()})
                 ovt.append({k: np.mean([r[k][0] for r in runs]) for k in runs[0]})
                 ov_meta = {k: v[1:] for k, v in runs[0].items()}
-    cu_med = {k: np.median(np.array(v), 0) for k, v in cu.items()}
-    ov_med = {k: float(np.median([r[k] for r in ovt])) for k in ovt[0]}
+    stat = np.min if a.min else np.median
+    cu_med = {k: stat(np.array(v), 0) for k, v in cu.items()}
+    ov_med = {k: float(stat([r[k] for r in ovt])) for k in ovt[0]}
     prod = producers(model)
     kinds = conv_kinds(model)
     # ONNX node -> the OpenVINO node it was fused into (a Conv itself is renamed there when the BatchNorm after
@@ -163,7 +166,7 @@ def main(argv=None):
             rows[f"openvino {ov_meta[nm][0]} ({ov_meta[nm][1]})"][nl] += v
     tot = {k: float(v.sum()) for k, v in cu_med.items()}
     tot_o = sum(ov_med.values())
-    print(f"\nmedian of {a.rounds} rounds (Cuvil: in-kernel ms per step, mean of 3 runs; OpenVINO: per-node "
+    print(f"\n{'best' if a.min else 'median'} of {a.rounds} rounds (Cuvil: in-kernel ms per step, mean of 3 runs; OpenVINO: per-node "
           f"real time, mean of 3 runs), 1 thread: " + ", ".join(f"{k} {v:.2f} ms ({v / tot_o:.3f} of OpenVINO)"
                                                                for k, v in tot.items())
           + f", OpenVINO {tot_o:.2f} ms" + (f"; B/A {tot['B'] / tot['A']:.3f}" if nl > 1 else ""))

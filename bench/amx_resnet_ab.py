@@ -13,6 +13,8 @@ kernels) in one process, with OpenVINO's default (bf16 on a CPU with AMX) beside
     PYTHONPATH=src python3 bench/amx_resnet_ab.py --build /tmp/policy-f32skip.so --policy --no-bf16-residual
     # the same without the AMX epilogues' prefetch of the next panel (X86Tuning(next_panel_prefetch=False))
     PYTHONPATH=src python3 bench/amx_resnet_ab.py --build /tmp/nopf.so --no-next-panel-prefetch
+    # the same with the large 1x1 convolutions in panel order, not swept per channel block (X86Tuning(channel_sweep=False))
+    PYTHONPATH=src python3 bench/amx_resnet_ab.py --build /tmp/nosweep.so --policy --no-channel-sweep
     # the same with producers writing into their 3x3 reader's padded buffer, no copies (X86Tuning(pad_in_place=True))
     PYTHONPATH=src python3 bench/amx_resnet_ab.py --build /tmp/inplace.so --policy --pad-in-place
     # the same from an older tree (git archive OLD | tar -x -C /tmp/old; cd /tmp/old; ... --build /tmp/old.so)
@@ -118,6 +120,8 @@ def main(argv=None):
     ap.add_argument("--no-next-panel-prefetch", action="store_true",
                     help="with --build: no prefetch of the next panel in the AMX epilogues "
                          "(X86Tuning(next_panel_prefetch=False))")
+    ap.add_argument("--no-channel-sweep", action="store_true",
+                    help="with --build: the large AMX 1x1 convolutions in panel order (X86Tuning(channel_sweep=False))")
     ap.add_argument("--pad-in-place", action="store_true",
                     help="with --build: producers write into their 3x3 reader's padded buffer, no padded copies "
                          "(X86Tuning(pad_in_place=True))")
@@ -133,12 +137,13 @@ def main(argv=None):
     model, feeds, _ = model_and_feeds("resnet50", 128, 12)
     if a.build:
         kw = {}
-        if a.fp32_activations or a.bf16_residual or a.no_bf16_residual or a.no_next_panel_prefetch or a.pad_in_place:
+        if a.fp32_activations or a.bf16_residual or a.no_bf16_residual or a.no_next_panel_prefetch or a.pad_in_place \
+                or a.no_channel_sweep:
             from cuvil.targets.x86.tuning import X86Tuning
             resid = True if a.bf16_residual else False if a.no_bf16_residual else None
             kw["tuning"] = X86Tuning(bf16_storage=not a.fp32_activations, bf16_residual=resid,
                                      next_panel_prefetch=not a.no_next_panel_prefetch,
-                                     pad_in_place=a.pad_in_place)
+                                     pad_in_place=a.pad_in_place, channel_sweep=not a.no_channel_sweep)
         lib = compile_at(model, "bf16", feeds=feeds, every=not a.policy, **kw)
         shutil.copy(lib.path, a.build)
         shutil.copy(lib.path[:-3] + ".manifest.json", a.build[:-3] + ".manifest.json")

@@ -72,19 +72,38 @@ def _hang(seed):
     time.sleep(60)
 
 
+def _spin(seed):
+    while True:
+        pass
+
+
+def _slow_but_idle(seed):
+    time.sleep(2.5)   # wall time past the limit, almost no CPU: a loaded machine's turn, not a hang
+    return ACCEPTED, ""
+
+
 def _raise(seed):
     raise KeyError("harness")
 
 
 @pytest.mark.parametrize("fn,outcome,match", [(_crash, CRASH, "exited with code 3"), (_abort, CRASH, "SIGABRT"),
-                                              (_hang, HANG, "no result"), (_raise, FOREIGN, "KeyError")])
+                                              (_spin, HANG, "1 s of CPU"), (_hang, HANG, "2 s of wall time"),
+                                              (_raise, FOREIGN, "KeyError")])
 def test_sandbox_reports_crash_hang_and_recovers(fn, outcome, match):
-    box = Sandbox(fn, timeout_s=1.0)
+    box = Sandbox(fn, timeout_s=1.0, wall_s=2.0)
     try:
         got, message = box.run(0)
         assert got == outcome and match in message
         got, _ = box.run(1)  # a fresh worker takes over
         assert got == outcome
+    finally:
+        box.close()
+
+
+def test_the_case_limit_is_cpu_time_not_wall_time():
+    box = Sandbox(_slow_but_idle, timeout_s=1.0, wall_s=10.0)
+    try:
+        assert box.run(0) == (ACCEPTED, "")
     finally:
         box.close()
 

@@ -15,6 +15,7 @@ from cuvil.fuzz import c_abi
 from cuvil.pipeline import Pipeline
 from cuvil.targets.x86 import compile as x86_compile
 from cuvil.targets.x86.link import COMPILE_FLAGS, RUNTIME_C, RUNTIME_DIR
+from cuvil.targets.x86.model_c import generate_isa_c
 
 SANITIZE = ("-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-g")
 ENV = {"ASAN_OPTIONS": "halt_on_error=1:abort_on_error=1:detect_leaks=1:detect_stack_use_after_return=1",
@@ -272,7 +273,10 @@ def _build_pieces(tmp, monkeypatch) -> dict:
                 f.write(text)
         with open(os.path.join(tmp, "model.c"), "w") as f:
             f.write(model_c_src)
-        pieces.update(objects=objs, weights=ws, model_c=os.path.join(tmp, "model.c"), prefix=prefix)
+        with open(os.path.join(tmp, "isa.c"), "w") as f:        # linked from a cached object (link.isa_object)
+            f.write(generate_isa_c(prefix, kw.get("isa_checks", ())))
+        pieces.update(objects=objs, weights=ws, model_c=os.path.join(tmp, "model.c"), isa_c=os.path.join(tmp, "isa.c"),
+                      prefix=prefix)
         return real(out_so, objects, model_c_src, weights_S, prefix, *args, **kw)
 
     monkeypatch.setattr(x86_compile, "link_shared", capture)
@@ -296,7 +300,7 @@ def test_runtime_under_asan_and_ubsan(tmp_path, monkeypatch):
     exe = os.path.join(tmp, "driver")
     flags = [f for f in COMPILE_FLAGS if f != "-O2"] + ["-O1"]
     cmd = ["cc", *flags, *SANITIZE, "-DCUVIL_PREFIX=cuvil", f"-I{RUNTIME_DIR}", f"-I{tmp}", driver, RUNTIME_C,
-           p["model_c"], *([p["weights"]] if p["weights"] else []), *p["objects"], "-o", exe, "-lm", "-lpthread"]
+           p["model_c"], p["isa_c"], *([p["weights"]] if p["weights"] else []), *p["objects"], "-o", exe, "-lm", "-lpthread"]
     b = subprocess.run(cmd, capture_output=True, text=True)
     assert b.returncode == 0, b.stderr
     r = subprocess.run([exe], capture_output=True, text=True, env={**os.environ, **ENV}, timeout=120)
@@ -331,7 +335,7 @@ def test_session_registry_under_tsan(tmp_path, monkeypatch):
     exe = os.path.join(tmp, "tsan_driver")
     flags = [f for f in COMPILE_FLAGS if f != "-O2"] + ["-O1"]
     cmd = ["cc", *flags, *TSAN, "-DCUVIL_PREFIX=cuvil", f"-I{RUNTIME_DIR}", f"-I{tmp}", driver, RUNTIME_C,
-           p["model_c"], *([p["weights"]] if p["weights"] else []), *p["objects"], "-o", exe, "-lm", "-lpthread"]
+           p["model_c"], p["isa_c"], *([p["weights"]] if p["weights"] else []), *p["objects"], "-o", exe, "-lm", "-lpthread"]
     b = subprocess.run(cmd, capture_output=True, text=True)
     assert b.returncode == 0, b.stderr
     for _ in range(3):

@@ -35,8 +35,9 @@ def compile_with_tile(m, tile):
 def test_a_wrong_transform_matrix_is_refuted(tile, monkeypatch):
     rules = {r.name: r for r in load_rules(f"{builtin_rules_dir()}/winograd.rule")}
     rule = rules[f"winograd_f{tile}x{tile}_3x3"]
-    # the rule as shipped proves (bounded: Z3 on drawn instances): test_verdicts re-proves every built-in rule
-    # (56 s of CPU for F(4x4) here, which a second proof would only repeat); the wrong matrix is refuted at once
+    # the rule as shipped proves (bounded: drawn instances, decided by the polynomial normal form): test_verdicts
+    # re-proves every built-in rule (8 s of CPU for F(4x4), which a second proof would only repeat; see also
+    # tests/test_polynomial_proof.py); the wrong matrix is refuted at once
     bt, g, at = W.MATRICES[tile]
     bad = [list(r) for r in g]
     bad[1][1] += Fraction(1, 100)

@@ -200,8 +200,7 @@ def test_refused_without_amx(monkeypatch):
     from cuvil.errors import CuvilError
     from cuvil.targets.x86 import cpu as cpu_mod
     from cuvil.targets.x86.loader import _check_isa
-    from cuvil.targets.x86.model_c import generate_model_c
-    from cuvil.targets.x86.model_info import ModelInfo
+    from cuvil.targets.x86.model_c import generate_isa_c
     manifest = {"target": {"isa_features": ["avx512f", "amx-tile", "amx-bf16", "avx512bf16"], "cpu": "native"},
                 "steps": [{"path": "amx_bf16"}, {"path": "amx_bf16"}]}
     real = host_cpu()
@@ -211,8 +210,7 @@ def test_refused_without_amx(monkeypatch):
         _check_isa(manifest, "libx.so")
     text = str(e.value) + " ".join(getattr(e.value, "details", []) or [])
     assert "amx-tile" in text and "2 bf16 kernels run tdpbf16ps on AMX tiles" in text
-    src = generate_model_c(ModelInfo(inputs=[], outputs=[], arena_bytes=0, steps=[], prefix="m",
-                                     isa_checks=["amx-tile", "amx-bf16"]))
+    src = generate_isa_c("m", ["amx-tile", "amx-bf16"])
     assert '__builtin_cpu_supports("amx-tile")' in src and "syscall(158, 4131, 18)" in src
 
 
@@ -255,5 +253,49 @@ def test_next_panel_prefetch_same_bits(c, hw, k, residual):
     ys = [art.model().run(x, num_threads=1)[0] for art in arts]
     assert float(np.abs(ys[0]).max()) > 0
     np.testing.assert_array_equal(ys[0], ys[1])
+    with open(arts[0].path, "rb") as f0, open(arts[1].path, "rb") as f1:
+        assert f0.read() != f1.read()
+
+
+def expansion_block(cin, cout, hw):
+    """t = Relu(Conv1x1(x)) (cin -> cin, stored as bfloat16); Relu(Conv1x1(t) + skip) (cin -> cout): a ResNet-50
+    expansion, whose epilogue reads a float32 residual ``skip`` at every output position."""
+    from onnx import TensorProto, helper
+    rng = np.random.default_rng(cin + cout + hw)
+    w = lambda name, *shape: numpy_helper.from_array((rng.standard_normal(shape) / np.sqrt(np.prod(shape[1:])))
+                                                     .astype(np.float32), name)
+    nodes = [helper.make_node("Conv", ["x", "wa", "ba"], ["a"], kernel_shape=[1, 1]),
+             helper.make_node("Relu", ["a"], ["t"]),
+             helper.make_node("Conv", ["t", "wb", "bb"], ["y"], kernel_shape=[1, 1]),
+             helper.make_node("Add", ["y", "skip"], ["s"]),
+             helper.make_node("Relu", ["s"], ["r"])]
+    inits = [w("wa", cin, cin, 1, 1), w("ba", cin), w("wb", cout, cin, 1, 1), w("bb", cout)]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, cin, hw, hw]),
+                                       helper.make_tensor_value_info("skip", TensorProto.FLOAT, [1, cout, hw, hw])],
+                          [helper.make_tensor_value_info("r", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@needs_amx
+@pytest.mark.parametrize("cin,cout,hw", [(64, 256, 56),      # ResNet-50's expansion: P = 3136, whole panels
+                                         (48, 256, 58)],     # K = 48 (pair rows past K zero), P = 3364: a partial panel
+                         ids=["resnet-56x56", "k48-partial"])
+def test_channel_sweep_same_bits(cin, cout, hw):
+    """A large 1x1 convolution on tiles swept per block of 32 output channels (X86Tuning.channel_sweep, every
+    position panel packed first, the epilogue streaming its rows and prefetching two panels on) gives the same
+    bits as in panel order, with 1 and 2 threads; and the two libraries differ (the sweep is taken: its output
+    is over gemm.STREAM_PREFETCH_BYTES and its panels within gemm.SWEEP_PANEL_BYTES)."""
+    from cuvil.targets.x86.tuning import X86Tuning
+    model = expansion_block(cin, cout, hw)
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((1, cin, hw, hw)).astype(np.float32)
+    skip = rng.standard_normal((1, cout, hw, hw)).astype(np.float32)
+    arts = [narrowed(model, tuning=X86Tuning(channel_sweep=sw)) for sw in (True, False)]
+    for art in arts:
+        assert [s["path"] for s in bf16_steps(art)] == ["amx_bf16"] * 2, art.manifest["steps"]
+    ys = [art.model().run(x, skip, num_threads=t)[0] for art in arts for t in (1, 2)]
+    assert float(np.abs(ys[0]).max()) > 0
+    for y in ys[1:]:
+        np.testing.assert_array_equal(ys[0], y)
     with open(arts[0].path, "rb") as f0, open(arts[1].path, "rb") as f1:
         assert f0.read() != f1.read()

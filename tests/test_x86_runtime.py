@@ -20,7 +20,7 @@ import pytest
 from cuvil.errors import CuvilError, ShapeError
 from cuvil.targets.x86 import loader
 from cuvil.targets.x86.header import ERROR_CODES, generate_header
-from cuvil.targets.x86.link import (WRITE_BLOCK, check_dependencies, exported_symbols, link_shared,
+from cuvil.targets.x86.link import (WRITE_BLOCK, check_dependencies, exported_symbols, isa_object, link_shared,
                                     unexpected_dependencies, write_library)
 from cuvil.targets.x86.loader import CTensor
 from cuvil.targets.x86.model_c import c_string_literal, generate_model_c
@@ -692,3 +692,20 @@ def test_a_session_of_another_library_is_foreign(built):
         assert fa["run"](s, c.ins, c.out) == 0
     finally:
         fa["destroy"](s)
+
+
+@pytest.mark.skipif(shutil.which("cc") is None or shutil.which("nm") is None, reason="needs a C compiler and nm")
+def test_isa_check_is_compiled_once_per_feature_list(tmp_path, monkeypatch):
+    """The ISA check (model_c.generate_isa_c) is an object cached by its source: a second library with the same
+    features links the same file, without compiling it again; other features, or another prefix, get their own."""
+    monkeypatch.setenv("CUVIL_CACHE_DIR", str(tmp_path))
+    a = isa_object("p", ("avx2", "fma"))
+    stamp = os.stat(a).st_mtime_ns
+    assert isa_object("p", ("avx2", "fma")) == a and os.stat(a).st_mtime_ns == stamp
+    others = {isa_object("p", ("avx2",)), isa_object("q", ("avx2", "fma")), isa_object("p", ())}
+    assert a not in others and len(others) == 3
+    for obj, prefix in ((a, "p"), (isa_object("q", ("avx2", "fma")), "q")):
+        syms = subprocess.run(["nm", obj], capture_output=True, text=True, check=True).stdout
+        assert re.search(rf"\bT {prefix}__missing_isa$", syms, re.M), syms
+    with pytest.raises(CuvilError, match="prefix must be a C identifier"):
+        isa_object("not an identifier", ())

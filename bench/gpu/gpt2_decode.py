@@ -2,7 +2,7 @@
 device-resident inputs and outputs) beside torch.compile(mode="reduce-overhead") of the same graph, in one
 process (issue 20).
 
-    python3 bench/gpu/gpt2_decode.py --out DIR [--pasts 128 1023] [--variants fp32 fp16 tf32] [--iters 300]
+    python3 bench/gpu/gpt2_decode.py --out DIR [--pasts 128 1023] [--variants fp32 fp32_gemv fp16 ...] [--iters 300]
                                      [--layers 12] [--budget 280] [--no-torch]
 
 * The model: :func:`cuvil.testing.hf_models.gpt2_decode_model` (Hugging Face's ``GPT2LMHeadModel`` decode
@@ -15,7 +15,10 @@ process (issue 20).
   module buffers (static addresses: reduce-overhead's CUDA graph reads them in place, no copy per call, as a
   static KV cache does), ``torch.compile(mode="reduce-overhead", dynamic=False)``, one compile per past.
   Variants: fp32 (TF32 off), tf32 (``allow_tf32`` on both sides), fp16 (torch: the module and cache in half;
-  Cuvil: ``enable_fp16``, float32 inputs/outputs converted in the graph).
+  Cuvil: ``enable_fp16``, float32 inputs/outputs converted in the graph); ``fp32_gemv`` / ``tf32_gemv`` /
+  ``fp16_gemv``: the same with ``PtxOptions.gemv`` (the weight GEMVs on ptx/gemv.py's kernel), Cuvil only,
+  compared with the base variant's torch and Cuvil (``ratio_over_<base>``: p50 and kernel sum); list the base
+  variant first (``--variants fp32 fp32_gemv fp16 fp16_gemv``).
 * Checked: every output of both engines against onnxruntime (CPU, float32) on the same inputs, normwise
   relative error (max |y - ref| / max |ref|), logits and presents separately.
 * Times: host wall clock per token (replay/launch + synchronize), p50 of ``--iters`` after warm-up. Cuvil's
@@ -44,7 +47,11 @@ from resnet50 import timed as _timed  # noqa: E402
 
 TARGET = "nvptx64-nvidia-cuda"
 HBM_TBS = 4.8            # the H200's HBM3e bandwidth (NVIDIA's figure), TB/s
-VARIANTS = {"fp32": {}, "tf32": {"allow_tf32": True}, "fp16": {"enable_fp16": True}}
+VARIANTS = {"fp32": {}, "tf32": {"allow_tf32": True}, "fp16": {"enable_fp16": True},
+            # the one-row product kernel (PtxOptions.gemv, ptx/gemv.py) in place of the lane-split GEMVs: torch is
+            # not run again for these; their ratios are against the base variant's torch and Cuvil runs
+            "fp32_gemv": {"gemv": True}, "tf32_gemv": {"allow_tf32": True, "gemv": True},
+            "fp16_gemv": {"enable_fp16": True, "gemv": True}}
 R: dict = {"skipped": []}
 T0 = time.perf_counter()
 
@@ -120,12 +127,12 @@ def kernel_bytes(stage: str, kind: str, weights: dict, past: int, itemsize: int)
     row = 768          # one cache row of a layer: 12 heads x 64
     names = {".attn.c_attn": ".attn.c_attn.weight", ".res1": ".attn.c_proj.weight", ".gelu": ".mlp.c_fc.weight",
              ".res2": ".mlp.c_proj.weight"}
-    if kind == "split" and stage in ("logits", "logits_to_float"):
+    if kind in ("split", "gemv") and stage in ("logits", "logits_to_float"):
         return weights["lm_head.weight_t"].size * itemsize, "lm_head GEMV"
     if stage.startswith("transformer.h."):
         layer = ".".join(stage.split(".")[:3])
         for suffix, w in names.items():
-            if kind == "split" and (stage.endswith(suffix) or stage.endswith(suffix + "_f32")):
+            if kind in ("split", "gemv") and (stage.endswith(suffix) or stage.endswith(suffix + "_f32")):
                 return weights[layer + w].size * itemsize, w.strip(".").replace(".weight", "") + " GEMV"
         if stage.endswith(".sdpa.scores") or stage.endswith(".sdpa.ctx"):
             return (past + 1) * row * itemsize, "attention: K or V read"
@@ -326,7 +333,8 @@ def main(argv=None) -> int:
         for past in args.pasts:
             feeds, ref = cases[past]
             out = R.setdefault(f"{variant}_p{past}", {})
-            for eng in (("torch",) if not args.no_torch else ()) + ("cuvil",):
+            base = variant.split("_")[0]
+            for eng in (("torch",) if not args.no_torch and base == variant else ()) + ("cuvil",):
                 if over_budget(args, f"{eng} {variant} p{past}"):
                     continue
                 log(f"=== {eng} {variant} past {past} ({time.perf_counter() - T0:.0f} s)")
@@ -338,9 +346,15 @@ def main(argv=None) -> int:
                     log(out[eng]["error"])
                     rc = 1
                 save(args)
-            if "p50_ms" in out.get("cuvil", {}) and "p50_ms" in out.get("torch", {}):
-                out["ratio_cuvil_over_torch"] = round(out["cuvil"]["p50_ms"] / out["torch"]["p50_ms"], 3)
+            ref_out = R.get(f"{base}_p{past}", {})
+            if "p50_ms" in out.get("cuvil", {}) and "p50_ms" in ref_out.get("torch", {}):
+                out["ratio_cuvil_over_torch"] = round(out["cuvil"]["p50_ms"] / ref_out["torch"]["p50_ms"], 3)
                 log(f"  {variant} past {past}: cuvil / torch.compile = {out['ratio_cuvil_over_torch']:.3f}")
+            if base != variant and "p50_ms" in out.get("cuvil", {}) and "p50_ms" in ref_out.get("cuvil", {}):
+                c, c0 = out["cuvil"], ref_out["cuvil"]
+                out["ratio_over_" + base] = {"p50": round(c["p50_ms"] / c0["p50_ms"], 3),
+                                             "kernel_sum": round(c["kernel_sum_ms"] / c0["kernel_sum_ms"], 3)}
+                log(f"  {variant} past {past}: cuvil / cuvil {base} = {out['ratio_over_' + base]}")
             save(args)
     pool.shutdown(cancel_futures=True)
     log("summary (p50 ms per token): " + json.dumps({k: {e: v.get(e, {}).get("p50_ms") for e in ("cuvil", "torch")}

@@ -70,7 +70,7 @@ def _verdict_label(v) -> str:
 
 def _coverage(v) -> str:
     types = "every dtype" if tuple(v.dtypes) == ("*",) else ", ".join(v.dtypes)
-    return v.shapes + (f"; dtypes: {types}" if v.dtypes else "")
+    return v.shapes + (f"; dtypes: {types}" if v.dtypes else "") + (f"; by {v.method}" if v.method else "")
 
 
 def cmd_rules_list(args) -> int:

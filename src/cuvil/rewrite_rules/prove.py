@@ -19,6 +19,9 @@ The verdict (:class:`Verdict`) is one of
 * ``refuted``, with a counterexample; ``unknown``, with a reason (a timeout, no instance, an op without
   semantics, or a failure of the prover itself: never a traceback).
 
+A ``prove real`` obligation whose every element is a polynomial on both sides is decided without Z3, by
+exact normal forms (:mod:`cuvil.rewrite_rules.polynomial`); the verdict's ``method`` says what decided it.
+
 Before Z3, a random refuter runs both sides numerically (:mod:`cuvil.rewrite_rules.refute`: onnx.reference
 on many drawn instances, then, for exact rules, Cuvil's own float32 semantics on concrete values), so a
 wrong rule is refuted in milliseconds. Each verdict records the element types its proof covers; the
@@ -46,6 +49,7 @@ from ..ir.graph import Graph
 from ..ir.registry import BROADCAST, attr_defaults, lookup, op_schema, ops_with
 from ..ir.dtype import DType
 from ..ir.types import TensorType
+from . import polynomial
 from . import semantics as sem
 from .generic import prove_generic
 from .refute import Sample, draw_values, refute
@@ -62,6 +66,8 @@ DRAW_ATTEMPTS = 1500
 # Z3 on bounded instances stops drawing on more once MIN_BOUNDED are proved and BOUNDED_BUDGET_S have passed.
 MIN_BOUNDED, BOUNDED_BUDGET_S = 3, 6.0
 SEED = 25
+RANDOM_METHOD = "random testing"
+GENERIC_METHOD = "z3 (shape-generic)"
 MAX_GENERIC = 300  # generic input-shape combinations tried per op of a pattern
 
 # Ops the elementwise prover takes: every output element a function of the input elements at its (numpy
@@ -91,8 +97,11 @@ class Verdict:
     dtypes: Tuple[str, ...] = attrs.field(default=(), converter=tuple)  # element types the proof covers
     order_dependent: bool = False  # an op of the rule sums (Conv, MatMul, ReduceSum ...): order matters
     # A rule with optional inputs (``b?``): one obligation per case, each {"case", "status", "shapes",
-    # "dtypes"}; the verdict above is the weakest of them (see prove_rule).
+    # "dtypes", "method"}; the verdict above is the weakest of them (see prove_rule).
     cases: Tuple[dict, ...] = attrs.field(default=(), converter=tuple)
+    # What decided it: "z3", the "polynomial normal form (exact, over the reals)" (cuvil.rewrite_rules.polynomial),
+    # both (bounded instances decided one way or the other), "z3 (shape-generic)", "random testing".
+    method: str = ""
 
     @property
     def proved(self) -> bool:
@@ -1167,11 +1176,14 @@ def combine_cases(rule: Rule, cases: Sequence[Tuple[str, Verdict]], ms: float) -
         f"{label}: {weakest.detail}" if weakest.detail else None, rule_key(rule),
         instances=sum(v.instances for v in bounded), max_dim=max((v.max_dim for v in bounded), default=0),
         dtypes=dtypes if weakest.status in ("proved", "bounded") else (),
-        order_dependent=any(v.order_dependent for _, v in cases), cases=_case_records(cases))
+        order_dependent=any(v.order_dependent for _, v in cases), cases=_case_records(cases),
+        method=weakest.method if weakest.status in ("refuted", "unknown") else
+        "; ".join(dict.fromkeys(v.method for _, v in cases if v.method)))
 
 
 def _case_records(cases) -> Tuple[dict, ...]:
-    return tuple({"case": lbl, "status": v.status, "shapes": v.shapes, "dtypes": list(v.dtypes)} for lbl, v in cases)
+    return tuple({"case": lbl, "status": v.status, "shapes": v.shapes, "dtypes": list(v.dtypes), "method": v.method}
+                 for lbl, v in cases)
 
 
 def _guard_dtypes(rule: Rule) -> Optional[set]:
@@ -1206,10 +1218,12 @@ def _prove(rule: Rule, timeout_ms: int, verdict) -> Verdict:
         if cex is None and not _uses_kernel_ops(rule):
             (cex, _), oracle = random_refutation(named, [_vector_instance(inst)], rng, True), _onnx_oracle(rule)
         if cex is not None:
-            return verdict("refuted", "random testing (elementwise)", cex, detail=f"found by the random refuter ({oracle})")
+            return verdict("refuted", "random testing (elementwise)", cex, detail=f"found by the random refuter ({oracle})",
+                           method=RANDOM_METHOD)
         status, cex, detail, info = _prove_instance(named, inst, float_vars, timeout_ms)
+        method = info.get("method", "")
         if status != "proved":
-            return verdict(status, inst.describe() or "scalars", cex, detail)
+            return verdict(status, inst.describe() or "scalars", cex, detail, method=method)
         if info["moves"]:
             dtypes = ALL_DTYPES
         elif exact:  # bit-exactness depends on the format: prove the rule in each one
@@ -1224,31 +1238,33 @@ def _prove(rule: Rule, timeout_ms: int, verdict) -> Verdict:
         dtypes = _restrict(dtypes, guard)
         if not dtypes:
             return verdict("unknown", "", detail="the proof covers none of the element types the dtype guard allows")
-        return verdict("proved", "shape-generic (elementwise, proved on scalars)", dtypes=dtypes)
+        return verdict("proved", "shape-generic (elementwise, proved on scalars)", dtypes=dtypes, method=method)
 
     rng = np.random.default_rng(SEED)
     drawn = draw_instances(named, rng, REFUTE_INSTANCES, REFUTE_MAX_DIM, REFUTE_MAX_ELEMS)
     cex, ran = random_refutation(named, drawn, rng)
     if cex is not None:
         return verdict("refuted", f"random testing: {ran} runs on {len(drawn)} instances, dims up to "
-                       f"{max_dim_of(drawn)}", cex, detail=f"found by the random refuter ({_onnx_oracle(rule)})")
+                       f"{max_dim_of(drawn)}", cex, detail=f"found by the random refuter ({_onnx_oracle(rule)})",
+                       method=RANDOM_METHOD)
 
     bounded = draw_instances(named, np.random.default_rng(SEED + 1), BOUNDED_INSTANCES, BOUNDED_MAX_DIM,
                              BOUNDED_MAX_ELEMS) or search_instances(named)
     cex = semantic_refutation(named, bounded, rng, float_vars, SEMANTIC_DRAWS)
     if cex is not None:
         return verdict("refuted", f"random testing on {len(bounded)} instances, dims up to {max_dim_of(bounded)}",
-                       cex, detail=f"found by the random refuter ({SEMANTIC_ORACLE})")
+                       cex, detail=f"found by the random refuter ({SEMANTIC_ORACLE})", method=RANDOM_METHOD)
     generic = prove_generic(rule, timeout_ms)
     if generic is not None and generic.status == "refuted":
-        return verdict("refuted", generic.coverage, generic.counterexample, detail="generic proof")
+        return verdict("refuted", generic.coverage, generic.counterexample, detail="generic proof", method=GENERIC_METHOD)
     if not bounded:
         if generic is not None and generic.status == "proved":
-            return verdict("proved", generic.coverage, dtypes=_restrict(["float"] if exact else FLOAT_DTYPES, guard))
+            return verdict("proved", generic.coverage, dtypes=_restrict(["float"] if exact else FLOAT_DTYPES, guard),
+                           method=GENERIC_METHOD)
         return verdict("unknown", "none", detail="no small shapes satisfy the pattern, guards and types")
     proved_generically = generic is not None and generic.status == "proved"
     moves, order_dependent = True, False
-    started, checked, timed_out = time.perf_counter(), [], []
+    started, checked, timed_out, methods = time.perf_counter(), [], [], []
     needed = min(MIN_BOUNDED, len(bounded))
     for inst in bounded:  # with a generic proof: only what the sides do (no solving), for the dtypes
         if len(checked) >= MIN_BOUNDED and time.perf_counter() - started > BOUNDED_BUDGET_S:
@@ -1260,7 +1276,8 @@ def _prove(rule: Rule, timeout_ms: int, verdict) -> Verdict:
             timed_out.append((inst, detail))
             continue
         if status not in ("proved", "evaluated"):
-            return verdict(status, inst.describe(), cex, detail)
+            return verdict(status, inst.describe(), cex, detail, method=info.get("method", ""))
+        methods.append(info.get("method", ""))
         moves &= info["moves"]
         order_dependent |= info["sums"]
         checked.append(inst)
@@ -1273,11 +1290,21 @@ def _prove(rule: Rule, timeout_ms: int, verdict) -> Verdict:
     if not dtypes:
         return verdict("unknown", "", detail="the proof covers none of the element types the dtype guard allows")
     if proved_generically:
-        return verdict("proved", generic.coverage, dtypes=dtypes, order_dependent=order_dependent)
+        return verdict("proved", generic.coverage, dtypes=dtypes, order_dependent=order_dependent, method=GENERIC_METHOD)
     k = max_dim_of(bounded)
     return verdict("bounded", f"checked on {len(bounded)} instances, dims up to {k}",
                    detail="; ".join(i.describe() for i in bounded), instances=len(bounded), max_dim=k,
-                   dtypes=dtypes, order_dependent=order_dependent)
+                   dtypes=dtypes, order_dependent=order_dependent, method=_methods(methods))
+
+
+def _methods(methods: Sequence[str]) -> str:
+    """One method, or each with the number of instances it decided ("z3 (2 instances), ...")."""
+    counts: Dict[str, int] = {}
+    for m in methods:
+        counts[m] = counts.get(m, 0) + 1
+    if len(counts) == 1:
+        return next(iter(counts))
+    return ", ".join(f"{m} ({n} instance{'s' if n > 1 else ''})" for m, n in counts.items())
 
 
 def _prove_instance(rule: Rule, inst: Instance, float_vars, timeout_ms: int, dom: Optional[sem.Domain] = None,
@@ -1305,6 +1332,12 @@ def _prove_instance(rule: Rule, inst: Instance, float_vars, timeout_ms: int, dom
     assumptions = [a for gd in rule.guards if _value_guard(gd, rule, float_vars)
                    for a in _guard_assumptions(gd, env)]
     lhs_side = assumptions + lhs_side
+    facts["method"] = "z3"
+    if dom.name == "real":
+        decided = _by_normal_form(dom, env, lhs, rhs, lhs_side, rhs_side, timeout_ms)
+        if decided is not None:
+            facts["method"] = polynomial.METHOD
+            return decided + (facts,)
     if dom.name == "real" and _polynomial_identity(lhs, rhs) and _implied(dom, lhs_side, rhs_side, timeout_ms):
         return "proved", None, None, facts
     s = z3.Solver()
@@ -1339,6 +1372,30 @@ def _prove_instance(rule: Rule, inst: Instance, float_vars, timeout_ms: int, dom
             return "unknown", None, f"z3: {s.reason_unknown()}", facts
         s.pop()
     return "proved", None, None, facts
+
+
+def _by_normal_form(dom, env: _Env, lhs, rhs, lhs_side, rhs_side, timeout_ms: int):
+    """(status, counterexample, detail) when every element of both sides is a polynomial
+    (:mod:`cuvil.rewrite_rules.polynomial`); None leaves the obligation to Z3. Equal normal forms prove it
+    (the replacement's definedness must still follow from the pattern's). Unequal ones refute it only with a
+    point, found by exact evaluation, at which Z3 confirms the pattern's assumptions hold and the sides
+    differ (every variable fixed: a ground check); else Z3 decides as before."""
+    forms = polynomial.normal_forms(lhs, rhs)
+    if forms is None:
+        return None
+    reader, left, right = forms
+    if left == right:
+        return ("proved", None, None) if _implied(dom, lhs_side, rhs_side, timeout_ms) else None
+    goal = z3.And(*[sem.tensors_equal(dom, a, b) for a, b in zip(np.asarray(lhs).reshape(-1), np.asarray(rhs).reshape(-1))],
+                  *rhs_side)
+    for point in itertools.islice(polynomial.difference_points(left, right, len(reader.names)), 8):
+        s = z3.Solver()
+        s.set("timeout", int(timeout_ms))
+        s.add(*dom.axioms, *lhs_side, z3.Not(goal))
+        s.add(*[v == z3.RealVal(x) for v, x in zip(reader.names, point)])
+        if s.check() == z3.sat:
+            return "refuted", _counterexample(s.model(), dom, env, lhs, rhs, rhs_side), f"found by the {polynomial.METHOD}"
+    return None
 
 
 _QUOTED = re.compile(r"\|[^|]*\||\b[A-Za-z_][A-Za-z0-9_!]*\b")

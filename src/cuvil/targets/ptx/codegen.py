@@ -58,6 +58,7 @@ from .conv_mma import conv_mma_format, emit_conv_mma, plan_conv_mma
 from .emitter import PtxEmitter, set_contraction
 from .kernel_shapes import (TILE_K, WARP_MIN_TERMS, coarsen_factor, single_sum, split_lanes, tile_factors,
                             tile_shape)
+from .gemv import emit_gemv, plan_gemv
 from .libdevice import libdevice_module
 from .regpressure import sms_for
 from .matmul_mma import combine_stage as mm_combine_stage
@@ -84,7 +85,7 @@ class KernelDesc:
     stage: str = ""        # the schedule stage it computes (for reports)
     lanes: int = 1         # threads per output element (split kernels)
     # element, split, coarse (several channels per thread), tiled (shared memory), sequential (a block per row),
-    # row (row reductions and their element stage, a block per row), matmul_*, gemm_fp32, conv*
+    # row (row reductions and their element stage, a block per row), matmul_*, gemm_fp32, gemv (one-row products), conv*
     kind: str = "element"
 
     @property
@@ -208,6 +209,9 @@ class PtxKernelModule(LLVMKernelModule):
         if simt is not None:
             threads = emit_simt(self, st, sym, *simt)
             return KernelDesc(sym, threads, simt[1].threads, st.name, 1, "gemm_fp32")
+        gemv = self.gemv_plan(st) if self.tuning.gemv else None
+        if gemv is not None:
+            return KernelDesc(sym, emit_gemv(self, st, sym, *gemv), gemv[1].threads, st.name, 1, "gemv")
         red = single_sum(st)
         if red is None:
             return self.add_element_stage(st, sym)
@@ -261,6 +265,13 @@ class PtxKernelModule(LLVMKernelModule):
         return [KernelDesc(sym, threads, plan.threads, st.name, 1, "matmul_splitk_" + plan.fmt),
                 self.add_element_stage(mm_combine_stage(st, parts[0], plan, scratch), sym + "s",
                                        kind="matmul_sum")]
+
+    def gemv_plan(self, st: Stage):
+        """(parts, plan) when the stage is a one-row product whose weight reads the output column
+        contiguously (:mod:`cuvil.targets.ptx.gemv`), else None."""
+        parts = matmul_parts(st)
+        plan = plan_gemv(st, parts, self.tuning.gemv_min_blocks)
+        return (parts, plan) if plan is not None else None
 
     def simt_plan(self, st: Stage):
         """(parts, plan) when the stage is a float32 matrix product for the register-tiled SIMT kernel

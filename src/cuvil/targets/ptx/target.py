@@ -18,6 +18,7 @@ from .bundle import compile_bundle, read_bundle
 from .profile_bundle import compile_profile_bundle
 from .codegen import target_machine
 from .matmul_mma import NARROWED_OPS
+from .tuning import DEFAULT_TUNING, PtxTuning
 
 
 def _is_buckets(v) -> bool:
@@ -52,7 +53,9 @@ class PtxOptions(TargetOptions):
     specialisation in the one bundle (``[1, 2, 4, 8]``, or by symbol ``{"N": [1, 8], "S": [128, 512]}``;
     default: the powers of two of each range plus its min and max; :mod:`cuvil.targets.ptx.buckets`).
     ``jobs`` (with a shape profile): bucket points compiled at once, each in its own process (0: one per CPU;
-    default 1); the bundle is the same whatever it is.
+    default 1); the bundle is the same whatever it is. ``gemv`` (opt-in, not yet measured on a GPU): one-row
+    products (a decode step's weight GEMVs, the LM head) take the kernel of :mod:`cuvil.targets.ptx.gemv`
+    (threads along the output columns, 16-byte weight loads) instead of the lane-split one.
     """
 
     opt_level: int = attrs.field(default=3, validator=check(is_opt_level, "0, 1, 2 or 3"))
@@ -70,6 +73,12 @@ class PtxOptions(TargetOptions):
         default=None, validator=check(_is_buckets, "None, a list of non-negative ints, or {symbol: [ints]}"))
     jobs: int = attrs.field(default=1, validator=check(
         lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "a non-negative int (0: one per CPU)"))
+    gemv: bool = attrs.field(default=False, validator=check(is_bool, "True or False"))
+
+    @property
+    def tuning(self) -> PtxTuning:
+        """The kernel-shape settings these options select (``gemv``: PtxTuning.gemv)."""
+        return PtxTuning(gemv=True) if self.gemv else DEFAULT_TUNING
 
 
 class PtxTarget:
@@ -90,7 +99,8 @@ class PtxTarget:
                f"fp16={options.enable_fp16}", f"register_pass={options.register_pass}",
                f"unpadded={options.unpadded}", f"fused_splitk={options.fused_splitk}",
                f"allow_tf32={options.allow_tf32}",
-               f"graph_buckets={options.graph_buckets!r}"] + [r.text or r.name for r in krules]
+               f"graph_buckets={options.graph_buckets!r}"] + (["gemv=True"] if options.gemv else []) + [
+            r.text or r.name for r in krules]
         return BuildPlan(graph, options, f"{options.prefix}.cuvil", key, {"kernel_rules": krules})
 
     def emit(self, plan: BuildPlan, path: str, manifest_extra: dict) -> dict:
@@ -101,7 +111,7 @@ class PtxTarget:
                                           kernel_rules=plan.extra["kernel_rules"], enable_fp16=o.enable_fp16,
                                           register_pass=o.register_pass, unpadded=o.unpadded,
                                           fused_splitk=o.fused_splitk, allow_tf32=o.allow_tf32,
-                                          manifest_extra=manifest_extra, jobs=o.jobs)
+                                          manifest_extra=manifest_extra, jobs=o.jobs, tuning=o.tuning)
         if o.graph_buckets is not None:
             raise CuvilError("graph_buckets (--graph-buckets) needs a shape profile: the bundle has no symbol left",
                              hint="give the range too: --input-shape x=1x3x224x224:8x3x224x224:64x3x224x224 or "
@@ -109,7 +119,7 @@ class PtxTarget:
         return compile_bundle(plan.graph, path, arch=o.arch, opt_level=o.opt_level, prefix=o.prefix, fma=o.fma,
                               kernel_rules=plan.extra["kernel_rules"], enable_fp16=o.enable_fp16,
                               register_pass=o.register_pass, unpadded=o.unpadded, fused_splitk=o.fused_splitk,
-                              allow_tf32=o.allow_tf32, manifest_extra=manifest_extra)
+                              allow_tf32=o.allow_tf32, manifest_extra=manifest_extra, tuning=o.tuning)
 
     def precision_ops(self, options: PtxOptions) -> Dict[str, FrozenSet[str]]:
         """The ops the precision policy may narrow for this target: MatMul and Gemm run on the tensor cores in

@@ -99,6 +99,14 @@ class PtxTuning:
     # (gpu_schedule) a MatMul operand that is a value times a constant scalar (attention's Q * s, Kt * s) is
     # multiplied in the product's loads instead of stored by a kernel of its own (schedule's scaled_operands)
     scaled_operands: bool = True
+    # one-row products y[n] = sum_k x[k] W[k, n] with W's n contiguous (the decode step's weight GEMVs, the LM
+    # head) take ptx/gemv.py's kernel: threads along n, 16-byte weight loads, k split over a block's threads and
+    # added in a fixed order (off: the lane-split kernels, whose warp loads read 16-32 rows a few bytes each).
+    # Off until an H200 run shows it correct and faster (tests/test_gpu_gemv.py, bench/gpu/gpt2_decode.py)
+    gemv: bool = False
+    # ... the blocks its column tiles aim for (a block's column threads shrink from 8 to 2 until the grid has this
+    # many)
+    gemv_min_blocks: int = 264
 
 
 DEFAULT_TUNING = PtxTuning()

@@ -78,6 +78,7 @@ class KernelModule(LLVMKernelModule):
         self.vector_bits = 128   # widest vector registers of the target CPU (set by generate_object)
         self.math = "vector"     # float32 exp/erf/tanh/log: "vector" (inline polynomials) or "libm" (calls)
         self.next_panel_prefetch = True   # AMX tiles' epilogues prefetch the next panel's lines (X86Tuning)
+        self.channel_sweep = True   # large AMX 1x1 convolutions sweep positions per channel block (X86Tuning)
         self.scratch_index: Optional[int] = None   # bufs slot of the thread's scratch (None: no scratch)
         self.gemm_symbols = set()   # stages emitted as GEMM micro-kernels
         self.gemm_tiles = {}        # symbol -> a convolution micro-kernel's register tile ("12x32", "32x7c")
@@ -255,17 +256,19 @@ class KernelModule(LLVMKernelModule):
 
 def generate_object(sched: Schedule, prefix: str, cpu: Optional[str], opt: int,
                     variant: str = "", math: str = "vector",
-                    next_panel_prefetch: bool = True) -> Tuple[List[bytes], List[Tuple[str, int, int]], dict]:
+                    next_panel_prefetch: bool = True,
+                    channel_sweep: bool = True) -> Tuple[List[bytes], List[Tuple[str, int, int]], dict]:
     """The kernels of ``sched`` as object files (one per step), and the (symbol, extent, grain) of each
     stage. Progress (:mod:`cuvil.progress`), kernel by kernel: the LLVM IR, then LLVM's optimisation and
     code generation (``variant`` names the kernels' variant in those lines). ``math``: float32 exp, erf, tanh
-    and log as inline polynomials ("vector") or libm calls ("libm"). ``next_panel_prefetch``:
-    :attr:`cuvil.targets.x86.tuning.X86Tuning.next_panel_prefetch`."""
+    and log as inline polynomials ("vector") or libm calls ("libm"). ``next_panel_prefetch``, ``channel_sweep``:
+    :attr:`cuvil.targets.x86.tuning.X86Tuning.next_panel_prefetch`, ``.channel_sweep``."""
     suffix = f" ({variant})" if variant else ""
     tm, triple, desc = host_target(cpu, opt)
     km = KernelModule(prefix, tm, triple)
     km.math = math
     km.next_panel_prefetch = next_panel_prefetch
+    km.channel_sweep = channel_sweep
     km.vector_bits = desc.vector_bits
     km.cpu_features = desc.features   # ISA features (LLVM spellings): the bf16 and int8 kernels' dispatch
     km.scratch_index = 2 + len(sched.inputs) + len(sched.outputs)

@@ -188,7 +188,8 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
         s.detail(cert.summary())
     _refuse_unproved(cert)
     obj, steps, target = generate_object(sched, prefix, cpu, opt_level, math=math,
-                                         next_panel_prefetch=tuning.next_panel_prefetch)
+                                         next_panel_prefetch=tuning.next_panel_prefetch,
+                                         channel_sweep=tuning.channel_sweep)
     blob = sched.weights_blob()
     osched = osteps = otarget = oobj = oblob = None
     # sizes written at run time (NonZero's count) have no opt point to specialise for: generic kernels only
@@ -208,7 +209,8 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
         cert.extend(opt_cert)
         _refuse_unproved(cert)
         oobj, osteps, otarget = generate_object(osched, f"{prefix}_opt", cpu, opt_level, variant="opt point",
-                                                math=math, next_panel_prefetch=tuning.next_panel_prefetch)
+                                                math=math, next_panel_prefetch=tuning.next_panel_prefetch,
+                                                channel_sweep=tuning.channel_sweep)
         oblob = osched.weights_blob()
     t_codegen = time.perf_counter()
     weights_sym = f"{prefix}_weights" if sched.weights_bytes else None
@@ -267,7 +269,7 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
                 weights_S += _weights_asm(sym, wbin, len(data))
         weights_S = weights_S + '\t.section .note.GNU-stack,"",@progbits\n' if weights_S else None
         with stage("link", detail=os.path.basename(out_so)):
-            link_shared(out_so, objs, generate_model_c(info), weights_S, prefix)
+            link_shared(out_so, objs, generate_model_c(info), weights_S, prefix, isa_checks=info.isa_checks)
     deps = check_dependencies(out_so)
     bad = unexpected_dependencies(deps)
     if bad:

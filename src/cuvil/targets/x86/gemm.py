@@ -44,7 +44,7 @@ from ..llvm.types import F32, I32, I64, PTR, const_value, splat
 from .emitter import X86Emitter
 from ..llvm.narrow import I16, bfloat16_to_memory
 from .amx import AMX_BF16_PATH, Tiles, bf16_tile_loop
-from .gemm_bf16 import AVX512_BF16, BFLOAT, PAIRS, dpbf16, interleaved_pairs, narrow_path, to_bf16
+from .gemm_bf16 import AVX512_BF16, BF16_FEATURE, BFLOAT, PAIRS, dpbf16, interleaved_pairs, narrow_path, to_bf16
 from .tuning import DEFAULT_TUNING, X86Tuning
 
 # Cores with AVX-512 have 32 vector registers, AVX2 16: NV vectors per row keep MR*NV accumulators + NV
@@ -134,26 +134,52 @@ def k_block(spec: Contraction) -> int:
     return -(-spec.k // nblocks)
 
 
-def packed_floats(spec: Contraction) -> int:
+# A large AMX 1x1 convolution (ResNet-50's 64 -> 256 expansions and projection at 56x56) sweeps every position
+# panel with one block of 32 output channels before the next block (X86Tuning.channel_sweep), instead of every
+# channel block per panel: its epilogue then streams 32 output rows (and residual rows) front to back, where
+# panel order touched all 256 rows 6-12 KB apart at every panel, too many streams for the hardware prefetcher.
+# All the image's pair panels are packed first, so only where they stay in L2 (SWEEP_PANEL_BYTES; at K = 256
+# the 1.6 MB of panels made the 56x56 reduces slower: 0.32 -> 0.53 ms best round) and the output is large
+# (m x p x 2 bytes at least STREAM_PREFETCH_BYTES). The epilogue prefetches SWEEP_AHEAD panels ahead along the
+# rows (0 / 2 / 6 panels measured, bench/PRECISION.md: 2 the best). Same bits either way.
+SWEEP_PANEL_BYTES = 512 * 1024
+SWEEP_AHEAD = 2
+
+
+def channel_sweep(spec: Contraction) -> bool:
+    """Whether an AMX contraction in panel order (m <= p) would sweep instead (see SWEEP_PANEL_BYTES): a 1x1
+    kernel, a bf16 output of at least STREAM_PREFETCH_BYTES, all its pair panels within SWEEP_PANEL_BYTES."""
+    return (spec.amx and spec.m <= spec.p and all(kd == 1 for kd in spec.kernel)
+            and 2 * spec.m * spec.p >= STREAM_PREFETCH_BYTES
+            and spec.p_blocks * panel_pairs(spec) * spec.cols * 4 <= SWEEP_PANEL_BYTES)
+
+
+def panel_major(spec: Contraction, sweep: bool = False) -> bool:
+    """The loop order: every weight block per position panel (True), or (False: m > p, or a channel sweep where
+    ``sweep`` allows it) every panel per weight block, the image's panels packed once."""
+    return spec.m <= spec.p and not (sweep and channel_sweep(spec))
+
+
+def packed_floats(spec: Contraction, sweep: bool = False) -> int:
     if spec.precision == "bf16":
         return 0         # panels are rounded into pair panels as they are gathered
-    panels = 1 if spec.m <= spec.p else spec.p_blocks
+    panels = 1 if panel_major(spec, sweep) else spec.p_blocks
     return panels * spec.k * spec.cols
 
 
-def scratch_bytes(spec: Contraction) -> int:
+def scratch_bytes(spec: Contraction, sweep: bool = False) -> int:
     """Per-thread scratch of a contraction stage: packed B panels, then one accumulator slot (MR x cols
     floats) per tile of a unit for the partial sums between k-blocks; a bf16 contraction's panels again as
     bfloat16 pairs (ceil(K/2) x cols words each) after them."""
-    slots = spec.m_blocks if spec.m <= spec.p else spec.p_blocks
-    return (packed_floats(spec) + slots * spec.mr * spec.cols + bf16_panel_words(spec)) * 4
+    slots = spec.m_blocks if panel_major(spec, sweep) else spec.p_blocks
+    return (packed_floats(spec, sweep) + slots * spec.mr * spec.cols + bf16_panel_words(spec, sweep)) * 4
 
 
-def bf16_panel_words(spec: Contraction) -> int:
+def bf16_panel_words(spec: Contraction, sweep: bool = False) -> int:
     """32-bit words of a bf16 contraction's pair panels in scratch (0 for a float32 one)."""
     if spec.precision != "bf16":
         return 0
-    panels = 1 if spec.m <= spec.p else spec.p_blocks
+    panels = 1 if panel_major(spec, sweep) else spec.p_blocks
     return panels * panel_pairs(spec) * spec.cols
 
 
@@ -196,7 +222,8 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
     nv = MR // vw if cl else nr // vw    # accumulator vectors per broadcast row
     npv = -(-nr // vw)               # vectors per packed panel row (the last one masked when nr % vw)
     vec = ir.VectorType(F32, vw)
-    km.scratch_bytes = max(km.scratch_bytes, scratch_bytes(spec))
+    sweep = amx and km.channel_sweep
+    km.scratch_bytes = max(km.scratch_bytes, scratch_bytes(spec, sweep))
 
     em, begin, end = km.kernel(sym)
     km.gemm_tiles[sym] = f"{MR}x{nr}{CHANNEL_LANES if cl else ''}"
@@ -215,7 +242,7 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
     lanes_lt = lambda n_: ir.Constant(mvec, [l < n_ for l in range(vw)])
 
     G, M, K, P, Mb, Pb = spec.groups, spec.m, spec.k, spec.p, spec.m_blocks, spec.p_blocks
-    panel_order = M <= P
+    panel_order = panel_major(spec, sweep)
     zero = zero_f = ir.Constant(vec, [0.0] * vw)
     xs = spec.x.shape
     in_strides = spec.x.strides      # elements
@@ -223,7 +250,8 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
     mac = bf_base = istore = hstore = None
     if bf:       # the pair panels after the float32 panels and the accumulator slots (scratch_bytes)
         mac = dpbf16(km, b)
-        bf_base = b.gep(scratch, [I64(scratch_bytes(spec) // 4 - bf16_panel_words(spec))], source_etype=F32, inbounds=True)
+        bf_base = b.gep(scratch, [I64(scratch_bytes(spec, sweep) // 4 - bf16_panel_words(spec, sweep))],
+                        source_etype=F32, inbounds=True)
         istore = km.declare(f"llvm.masked.store.v{vw}i32.p0", ir.VoidType(), [PAIRS, PTR, I32, mvec])
         hstore = km.declare(f"llvm.masked.store.v{2 * vw}i16.p0", ir.VoidType(),
                             [ir.VectorType(I16, 2 * vw), PTR, I32, ir.VectorType(ir.IntType(1), 2 * vw)])
@@ -618,7 +646,7 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
                 at = ipt(bf_base, I64(pnl * K2s * nr + K2 * nr))
                 em.loop_range(I64(0), I64(pad_words // vw), lambda i, at=at: b.store(
                     ir.Constant(pvec, [0] * vw), b.bitcast(ipt(at, b.mul(i, I64(vw))), pvec.as_pointer()), align=4))
-    acc_base = fptr(scratch, I64(packed_floats(spec)))
+    acc_base = fptr(scratch, I64(packed_floats(spec, sweep)))
 
     def amx_tile(a_ptr, panel):
         """The 32 x 32 tile on 2 x 2 AMX tiles: A = 16 channels x 16 pairs of the weights (rows K2s words
@@ -669,8 +697,8 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
             with then:
                 em.memo.append(dict(em.memo[-1]))
                 vector_epilogue(em, st, c, vplan, n, mbase, p0, new, MR, nv, spec.out_spatial,
-                                ahead=nr if amx and panel_order and km.next_panel_prefetch
-                                and epilogue_bytes >= STREAM_PREFETCH_BYTES else 0)
+                                ahead=nr * (1 if panel_order else SWEEP_AHEAD) if amx and km.next_panel_prefetch
+                                and (panel_order or M <= P) and epilogue_bytes >= STREAM_PREFETCH_BYTES else 0)
                 em.memo.pop()
             with otherwise:
                 em.memo.append(dict(em.memo[-1]))
@@ -952,7 +980,29 @@ def vector_epilogue(em, st: Stage, node: E, kinds: dict, n, mbase, p0, accs, mr:
                 continue
             dst = out_ptr(m)(v)
             prefetch(dst, I16 if st.buf.dtype == DType.BFLOAT16 else F32, v, True)
+            if paired:           # (v even: kept for its odd neighbour; v odd: both rounded by one instruction)
+                held.append(emit(st.expr))
+                if v % 2:
+                    put_pair(held.pop(0), held.pop(0), out_ptr(m)(v - 1))
+                continue
             put(emit(st.expr), dst, None if masks is None else masks[v])
+
+    # a full tile into a bfloat16 output, an even number of vectors a row: two vectors rounded by one
+    # vcvtne2ps2bf16 and stored as one 64-byte vector (a whole line of a 32-position row) instead of two
+    # vcvtneps2bf16 and two 32-byte stores; the same rounding (nearest even), the same bits
+    # (only where the target has AVX512_BF16, as every bf16-storing build does: the intrinsic has no fallback)
+    paired = (st.buf.dtype == DType.BFLOAT16 and masks is None and not pitched and nv % 2 == 0 and vw == 16
+              and BF16_FEATURE in em.km.cpu_features)
+    held = []
+
+    cvt2 = (em.km.declare("llvm.x86.avx512bf16.cvtne2ps2bf16.512", ir.VectorType(BFLOAT, 2 * vw), [vec, vec])
+            if paired else None)
+
+    def put_pair(lo, hi, ptr):
+        # (LLVM splits an fptrunc of 32 floats into two vcvtneps2bf16: the instruction's own intrinsic, whose
+        # first operand is rounded into the upper half)
+        h = b.bitcast(b.call(cvt2, [hi, lo]), ir.VectorType(I16, 2 * vw))
+        b.store(h, b.bitcast(ptr, ir.VectorType(I16, 2 * vw).as_pointer()), align=2)
 
     if st.buf.dtype == DType.BFLOAT16:       # rounded to bfloat16 (nearest even), 16 bits per position
         hvec = ir.VectorType(I16, vw)

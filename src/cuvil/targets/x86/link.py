@@ -1,6 +1,6 @@
 """Building ``lib<name>.so`` from the pieces of an x86 artifact with the system C compiler.
 
-    kernels.o (llvmlite)  +  weights.S (.incbin)  +  model.c (generated)  +  runtime.c (static, this package)
+    kernels.o (llvmlite)  +  weights.S (.incbin)  +  model.c (generated)  +  runtime.o, isa.o (cached objects)
         └──────────── cc -shared -O2 -fPIC -fvisibility=hidden -DCUVIL_PREFIX=<prefix> ... ───────────▶ lib<name>.so
 
 Only the ``<prefix>_*`` ABI functions are exported: every object is compiled or declared hidden, and a linker
@@ -16,6 +16,7 @@ import subprocess
 import tempfile
 
 from cuvil.errors import CuvilError
+from cuvil.targets.x86.model_c import generate_isa_c
 from cuvil.targets.x86.model_info import ABI_FUNCTIONS, is_c_identifier
 
 RUNTIME_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -80,23 +81,21 @@ def _run(cmd: list[str], what: str) -> None:
         raise CuvilError(f"{what} failed (exit {proc.returncode}): {' '.join(cmd)}\n{msg}")
 
 
-def runtime_object(prefix: str, cc: str = "cc", extra_flags: tuple = ()) -> str:
-    """runtime.c compiled once per (prefix, compiler, flags, runtime source) and cached: it is the same
-    object for every model, and compiling it dominated the time to build a small library."""
-    h = hashlib.sha256()
-    for path in (RUNTIME_C, os.path.join(RUNTIME_DIR, "cuvil_runtime.h")):
-        with open(path, "rb") as f:
-            h.update(f.read())
-    h.update(repr((prefix, cc, COMPILE_FLAGS, extra_flags)).encode())
+def _cache_path(kind: str, h) -> str:
     base = os.environ.get("CUVIL_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "cuvil")
-    out = os.path.join(base, "runtime", f"runtime-{h.hexdigest()[:24]}.o")
+    return os.path.join(base, "runtime", f"{kind}-{h.hexdigest()[:24]}.o")
+
+
+def _compile_cached(out: str, source: str, prefix: str, cc: str, extra_flags: tuple, what: str) -> str:
+    """``source`` (a C file) compiled to ``out`` unless it is there already; written through a temporary file
+    renamed into place, so a concurrent build never reads a partial object."""
     if not os.path.isfile(out):
         os.makedirs(os.path.dirname(out), exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=os.path.dirname(out), suffix=".o.tmp")
         os.close(fd)
         try:
-            _run([cc, *COMPILE_FLAGS, f"-DCUVIL_PREFIX={prefix}", f"-I{RUNTIME_DIR}", *extra_flags, "-c", RUNTIME_C,
-                  "-o", tmp], "compiling the runtime")
+            _run([cc, *COMPILE_FLAGS, f"-DCUVIL_PREFIX={prefix}", f"-I{RUNTIME_DIR}", *extra_flags, "-c", source,
+                  "-o", tmp], what)
             os.replace(tmp, out)
         finally:
             if os.path.exists(tmp):
@@ -104,9 +103,40 @@ def runtime_object(prefix: str, cc: str = "cc", extra_flags: tuple = ()) -> str:
     return out
 
 
+def runtime_object(prefix: str, cc: str = "cc", extra_flags: tuple = ()) -> str:
+    """runtime.c compiled once per (prefix, compiler, flags, runtime source) and cached: it is the same
+    object for every model, and compiling it dominated the time to build a small library."""
+    h = hashlib.sha256()
+    for path in (RUNTIME_C, RUNTIME_H):
+        with open(path, "rb") as f:
+            h.update(f.read())
+    h.update(repr((prefix, cc, COMPILE_FLAGS, extra_flags)).encode())
+    return _compile_cached(_cache_path("runtime", h), RUNTIME_C, prefix, cc, extra_flags, "compiling the runtime")
+
+
+def isa_object(prefix: str, isa_checks=(), cc: str = "cc", extra_flags: tuple = ()) -> str:
+    """The ISA check (:func:`cuvil.targets.x86.model_c.generate_isa_c`) compiled once per (source, runtime
+    header, compiler, flags) and cached like the runtime: most models of one target check the same features, and
+    its ``__builtin_cpu_supports`` tests cost ~20 ms of the C compiler at every link (half of model.c's compile)."""
+    src = generate_isa_c(prefix, list(isa_checks))
+    h = hashlib.sha256(src.encode())
+    with open(RUNTIME_H, "rb") as f:
+        h.update(f.read())
+    h.update(repr((prefix, cc, COMPILE_FLAGS, extra_flags)).encode())
+    out = _cache_path("isa", h)
+    if os.path.isfile(out):
+        return out
+    with tempfile.TemporaryDirectory(prefix="cuvil-isa-") as tmp:
+        path = os.path.join(tmp, "isa.c")      # the object's FILE symbol: the same name whichever directory
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(src)
+        return _compile_cached(out, path, prefix, cc, extra_flags, "compiling the ISA check")
+
+
 def link_shared(out_so: str, objects: list[str], model_c_src: str, weights_S: str | None, prefix: str,
-                cc: str = "cc", extra_flags=()) -> None:
-    """Compile runtime.c + ``model_c_src`` (+ ``weights_S``) and link them with ``objects`` into ``out_so``.
+                cc: str = "cc", extra_flags=(), isa_checks=()) -> None:
+    """Compile runtime.c + ``model_c_src`` (+ ``weights_S``) and link them with ``objects`` and the ISA check of
+    ``isa_checks`` (:func:`isa_object`; the library refuses a CPU without one of these features) into ``out_so``.
 
     ``objects``: paths of object files (kernels.o). ``model_c_src``: the text of model.c
     (:func:`cuvil.targets.x86.model_c.generate_model_c`). ``weights_S``: the path of an assembler file, or
@@ -131,7 +161,8 @@ def link_shared(out_so: str, objects: list[str], model_c_src: str, weights_S: st
         model_c = os.path.join(tmp, "model.c")
         with open(model_c, "w", encoding="utf-8") as f:
             f.write(model_c_src)
-        sources = [runtime_object(prefix, cc, tuple(extra_flags)), model_c]
+        sources = [runtime_object(prefix, cc, tuple(extra_flags)),
+                   isa_object(prefix, tuple(isa_checks), cc, tuple(extra_flags)), model_c]
         if weights_S is not None:
             if "\n" in weights_S or not os.path.isfile(weights_S):
                 if "\n" not in weights_S:

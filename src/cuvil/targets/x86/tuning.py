@@ -100,6 +100,13 @@ class X86Tuning:
     # streams for the hardware prefetcher). False: the A/B (bench/amx_resnet_ab.py --no-next-panel-prefetch);
     # the outputs are the same bits either way
     next_panel_prefetch: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
+    # a large AMX 1x1 convolution (bf16 output of 1 MB or more, its pair panels within 512 KB: ResNet-50's
+    # 64 -> 256 convolutions at 56x56) sweeps all positions with one block of 32 output channels before the
+    # next, so its epilogue streams 32 output and residual rows front to back instead of touching every channel
+    # row at each 32-position panel (gemm.channel_sweep). On this session's 2-core Xeon (family 6, model 167,
+    # AMX) those four layers went from 2.75 to 1.28 ms of in-kernel time (best of 31 rounds). False: the
+    # A/B (bench/amx_resnet_ab.py --no-channel-sweep); the outputs are the same bits either way
+    channel_sweep: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
     # True: a bf16 convolution whose output only a padded copy reads (a 1x1 before a 3x3) stores its rows into
     # the copy's interior, and the copy writes only the zero border (cuvil.kernels.pad_in_place); the same bits
     # either way. Off by default: on this session's 2-core Xeon (family 6, model 167, AMX) ResNet-50's 3x3 pad
