@@ -188,3 +188,28 @@ def test_unclamped_vector_rows_are_refuted(monkeypatch):
     assert "mma.sync" not in r.ptx
     (g,) = cert.guarded
     assert any("family:matmul x_f16" in f and "out of bounds" in f for f in g.failures), g.failures
+
+
+# --- one-row products (gemv.py, PtxTuning.gemv): 16-byte weight loads or clamped scalar columns --------------
+
+def _gemv_build(model, widen=0, monkeypatch=None):
+    from cuvil.targets.ptx.tuning import PtxTuning
+    if widen:
+        init = bounds_patterns.GpuPatterns.__init__
+        monkeypatch.setattr(bounds_patterns.GpuPatterns, "__init__", lambda self, km, w=0: init(self, km, widen))
+    r = build_ptx(gpu_schedule(Pipeline.from_onnx(model).optimize().graph), "sm_90", fma=True,
+                  tuning=PtxTuning(gemv=True))
+    return [k.kind for k in r.kernels], r.memory_safety
+
+
+@pytest.mark.parametrize("k, n", [(768, 2304), (300, 1001)], ids=["vector", "scalar"])
+def test_gemv_pattern_proved_and_refuted_when_widened(monkeypatch, k, n):
+    from test_ptx_gemv import batched_product, row_product
+    for model in (row_product(k, n), batched_product(3, k, n)):
+        kinds, cert = _gemv_build(model)
+        assert "gemv" in kinds and cert.proved == len(cert.kernels), (kinds, cert.to_json()["guarded"])
+        kinds, cert = _gemv_build(model, widen=1, monkeypatch=monkeypatch)
+        assert "gemv" not in kinds, kinds
+        (g,) = cert.guarded
+        assert any("family:gemv" in f for f in g.failures), g.failures
+        monkeypatch.undo()

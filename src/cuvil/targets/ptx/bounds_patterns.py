@@ -124,7 +124,10 @@ class GpuPatterns:
             if mm is not None:
                 return self.matmul_accesses(st, *mm, dict(doms))
             simt = self.simt_plan(st, node)
-            return [] if simt is None else self.simt_accesses(st, *simt, dict(doms))
+            if simt is not None:
+                return self.simt_accesses(st, *simt, dict(doms))
+            gemv = self.gemv_plan(st, node)
+            return [] if gemv is None else self.gemv_accesses(st, *gemv, dict(doms))
         if node.op != "contract":
             return []
         plan = self.conv_plan(st, node)
@@ -341,6 +344,47 @@ class GpuPatterns:
         simt = km.simt_plan(st)
         return simt if simt is not None and simt[0][0] is node else None
 
+    def gemv_plan(self, st: Stage, node: E):
+        """(parts, plan) where the kernel module emits ``st`` with the one-row product kernel
+        (:mod:`cuvil.targets.ptx.gemv`, ``tuning.gemv``), else None."""
+        km = self.km
+        if not km.tuning.gemv or st.expr.op == "sequential" or \
+                (km.tuning.conv_enabled and conv_node(st) is not None) or \
+                (km.tuning.mma and km.matmul_plan(st) is not None) or \
+                (km.tuning.simt_matmul and km.simt_plan(st) is not None):
+            return None
+        gemv = km.gemv_plan(st)
+        return gemv if gemv is not None and gemv[0][0] is node else None
+
+    def gemv_accesses(self, st: Stage, parts, plan, d) -> List[Access]:
+        """The one-row product kernel (:func:`~cuvil.targets.ptx.gemv.emit_gemv`): per row ``k < K`` of the
+        weight factor, the thread's columns of tile ``tile``: with 16-byte loads the weight load at column
+        ``n0 = tile * TN + VEC * ct`` (or ``N - VEC`` where ``n0`` is past ``N``) and its last index + 0 ..
+        VEC - 1, the factor's other loads at ``n0``; else the factor at columns ``tile * TN + ct + j * CT``
+        clamped to ``N - 1``. (``x`` is read at ``k < K`` through the stage's own loads; the epilogue stores at
+        column ``< N`` through the stage's store.)"""
+        red, _afac, wfac, _ = parts
+        w, kind = self.widen, "family:gemv"
+        kv, nv = red.attr[1][0].attr, st.vars[-1].attr
+        N, K, CT, TN, VEC = plan.n, plan.k, plan.ct, plan.tn, plan.vec
+        k = _loop(d, "k", K + w)
+        tile = _loop(d, "tile", plan.tiles + w)
+        ct = _loop(d, "ct", CT + w)
+        loads = [x for x in nodes(wfac) if x.op == "load"]
+        out: List[Access] = []
+        if plan.vector:
+            n0 = tile * TN + ct * VEC
+            env = {kv: k, nv: select(_lt(n0, N), n0, as_index(N - VEC))}
+            for i, ld in enumerate(loads):
+                idx = [substitute(a, env) for a in ld.args]
+                if i == 0:       # the vector: VEC elements along the contiguous last index
+                    idx[-1] = idx[-1] + _loop(d, "e", VEC + w)
+                out.append(Access(kind, ld.attr, idx, [], d))
+            return out
+        c = tile * TN + ct + _loop(d, "j", VEC + w) * CT
+        env = {kv: k, nv: select(_lt(c, N - 1), c, as_index(N - 1))}
+        return [Access(kind, ld.attr, [substitute(a, env) for a in ld.args], [], d) for ld in loads]
+
     def matmul_accesses(self, st: Stage, parts, plan, d) -> List[Access]:
         """The tensor-core product kernel (:func:`~cuvil.targets.ptx.matmul_mma.emit_matmul`) over its own
         loops: slice ``s``, round ``rnd`` and K group ``grp`` take chunk ``c = s * CPS + rnd * ks + grp`` while
@@ -512,10 +556,11 @@ def refute_products(sched: Schedule, stages: List[Stage], km, prover: BoundsProv
         pats, refuted = GpuPatterns(km), False
         for st in stages:
             red = single_sum(st) if st.name not in km.plain_products else None
-            if red is None or pats.matmul_plan(st, red) is None and pats.simt_plan(st, red) is None:
+            if red is None or (pats.matmul_plan(st, red) is None and pats.simt_plan(st, red) is None
+                               and pats.gemv_plan(st, red) is None):
                 continue
             _, failed = prove_stage(prover, proof, st, pats)
-            why = [w for a, w in failed if a.kind.startswith("family:matmul")]
+            why = [w for a, w in failed if a.kind.startswith(("family:matmul", "family:gemv"))]
             if why:
                 km.plain_products[st.name] = why
                 refuted = any_refuted = True

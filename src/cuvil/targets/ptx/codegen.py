@@ -269,7 +269,7 @@ class PtxKernelModule(LLVMKernelModule):
     def gemv_plan(self, st: Stage):
         """(parts, plan) when the stage is a one-row product whose weight reads the output column
         contiguously (:mod:`cuvil.targets.ptx.gemv`), else None."""
-        parts = matmul_parts(st)
+        parts = matmul_parts(st) if st.name not in self.plain_products else None
         plan = plan_gemv(st, parts, self.tuning.gemv_min_blocks)
         return (parts, plan) if plan is not None else None
 
