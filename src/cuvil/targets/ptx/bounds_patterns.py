@@ -1,6 +1,6 @@
 """The global-memory access patterns of the PTX kernels, stated for the bounds prover (:mod:`cuvil.kernels.bounds`).
 
-Every GPU kernel shape of :mod:`cuvil.targets.ptx.codegen` but three (below) evaluates the stage's texpr
+Every GPU kernel shape of :mod:`cuvil.targets.ptx.codegen` but four (below) evaluates the stage's texpr
 expression at output and reduction indices inside the stage's loops (element, coarse, split, tiled kernels: the tiled
 kernel's shared-memory staging tests ``term < R`` and ``position < P`` before it evaluates a factor), so
 the shared machinery proves them from the stage's loads and store as they are. The first exception is a
@@ -25,7 +25,8 @@ A tensor-core product (:mod:`cuvil.targets.ptx.matmul_mma`) forms its own addres
 16-byte float16 vector loads and split-K partial sums ([splits, *batch, M, N] floats after the arena, read
 back by the sum kernel) are stated by :meth:`GpuPatterns.matmul_accesses` as the obligations of the product's
 stage (the hook's :attr:`~GpuPatterns.ops` adds ``reduce`` nodes), and the float32 SIMT product kernel's chunk
-walk by :meth:`GpuPatterns.simt_accesses`; a product refuted there runs on the plain kernels
+walk by :meth:`GpuPatterns.simt_accesses`, the one-row kernel's weight reads by :meth:`GpuPatterns.gemv_accesses`;
+a product refuted there runs on the plain kernels
 (:func:`refute_products`) and its stage is listed as guarded.
 
 The kernel computes these offsets in 32-bit arithmetic; :func:`~cuvil.targets.ptx.conv.conv_node` admits
