@@ -113,3 +113,103 @@ def test_float16_tensor_core_conv_proved():
         res = build_ptx(gpu_schedule(g), "sm_90", fma=True, tuning=tuning)
         assert any(d.kind.endswith(kind) for d in res.kernels)
         assert res.memory_safety.proved == len(res.memory_safety.kernels) > 0
+
+
+# --- tensor-core products (matmul_mma.py): operand loads, vector loads, split-K partials and sum reads --------
+
+def _product_build(model, mode):
+    """The PTX of ``model`` with its products on fp16 or TF32 tensor cores, or (``fp32``) the SIMT kernel."""
+    from cuvil.rewrite_rules.precision import to_half
+    g = Pipeline.from_onnx(model).optimize().graph
+    r = build_ptx(gpu_schedule(to_half(g)[0] if mode == "fp16" else g), "sm_90", fma=True,
+                  allow_tf32=mode == "tf32")
+    return r, r.memory_safety
+
+
+_PRODUCTS = [  # BERT's FFN products (the down projection splits K), a ragged one (M = 100: vectors of clamped
+    # rows), a small ragged batched one (K = 272: scalar loads, terms past K clamped)
+    dict(b=1, m=128, k=768, n=3072), dict(b=1, m=128, k=3072, n=768), dict(b=1, m=100, k=768, n=3072),
+    dict(b=2, m=40, k=272, n=48)]
+
+
+@pytest.mark.parametrize("mode", ["fp16", "tf32", "fp32"])
+@pytest.mark.parametrize("shape", _PRODUCTS, ids=lambda s: "x".join(str(v) for v in s.values()))
+def test_products_proved(shape, mode):
+    from cuvil.testing.matmul_models import linear_gelu
+    from cuvil.targets.ptx.tuning import DEFAULT_TUNING
+    assert DEFAULT_TUNING.mma_sm_groups == 4 and DEFAULT_TUNING.mma_vec      # the defaults this covers
+    r, cert = _product_build(linear_gelu(**shape)[0], mode)
+    kinds = [k.kind for k in r.kernels]
+    want = ("gemm_fp32",) if mode == "fp32" else ("matmul_" + mode, "matmul_splitk_" + mode)
+    assert any(k.startswith(want) for k in kinds), kinds
+    assert cert.proved == len(cert.kernels) and not cert.guarded, cert.to_json()["guarded"]
+    if shape["k"] == 3072 and mode != "fp32":
+        assert "matmul_sum" in kinds         # split-K: the partials and the sum kernel's reads are stated
+    if mode == "fp16" and shape["k"] % 32 == 0:
+        assert "ld.global.nc.v4" in r.ptx    # vector operand loads are stated
+
+
+def test_batched_product_pattern_counts_its_accesses():
+    """The product's stage states its kernel's accesses besides its own loads and store: the scalar operand
+    loads (TF32), the split-K stores and the sum kernel's reads are obligations of the certificate."""
+    from cuvil.testing.matmul_models import batched_matmul, linear_gelu
+    r, cert = _product_build(batched_matmul(b=2, h=12, m=128, k=64, n=128)[0], "fp16")
+    assert "matmul_fp16" in [k.kind for k in r.kernels] and cert.proved == len(cert.kernels)
+    _, split = _product_build(linear_gelu(b=1, m=128, k=3072, n=768)[0], "tf32")
+    (k,) = split.kernels
+    assert k.accesses >= 8        # store + 2 loads + bias + 2 operand patterns + partial stores + sum reads
+
+
+@pytest.mark.parametrize("mode", ["fp16", "tf32", "fp32"])
+def test_widened_product_pattern_is_refuted_and_emitted_plain(monkeypatch, mode):
+    """A product whose stated pattern does not prove (widened by one: an off-by-one in every stated index's
+    loop) is listed as guarded and falls back to the plain kernels: the bundle never ships an unproved
+    tensor-core product."""
+    from cuvil.testing.matmul_models import linear_gelu
+    init = bounds_patterns.GpuPatterns.__init__
+    monkeypatch.setattr(bounds_patterns.GpuPatterns, "__init__", lambda self, km, widen=0: init(self, km, 1))
+    r, cert = _product_build(linear_gelu(b=1, m=128, k=3072, n=768)[0], mode)
+    kinds = [k.kind for k in r.kernels]
+    assert not any(k.startswith(("matmul_", "gemm_fp32")) for k in kinds) and "mma.sync" not in r.ptx, kinds
+    (g,) = cert.guarded
+    assert g.status == "guarded" and any("family:matmul" in f for f in g.failures), g.failures
+
+
+def test_unclamped_vector_rows_are_refuted(monkeypatch):
+    """The prover sees the vector loads' rows: stated without the clamp of a ragged tile (M = 100, rows up to
+    127), the kernel's reads past A are refuted and the product runs on the plain kernels."""
+    from cuvil.testing.matmul_models import linear_gelu
+    real = bounds_patterns.select
+
+    def no_clamp(c, a, b):    # drops every row clamp the product statement makes (cmp(row, ext) ? row : ext - 1)
+        return a if getattr(b, "op", "") == "const" and b.attr == 99 else real(c, a, b)
+    monkeypatch.setattr(bounds_patterns, "select", no_clamp)
+    r, cert = _product_build(linear_gelu(b=1, m=100, k=768, n=3072)[0], "fp16")
+    assert "mma.sync" not in r.ptx
+    (g,) = cert.guarded
+    assert any("family:matmul x_f16" in f and "out of bounds" in f for f in g.failures), g.failures
+
+
+# --- one-row products (gemv.py, PtxTuning.gemv): 16-byte weight loads or clamped scalar columns --------------
+
+def _gemv_build(model, widen=0, monkeypatch=None):
+    from cuvil.targets.ptx.tuning import PtxTuning
+    if widen:
+        init = bounds_patterns.GpuPatterns.__init__
+        monkeypatch.setattr(bounds_patterns.GpuPatterns, "__init__", lambda self, km, w=0: init(self, km, widen))
+    r = build_ptx(gpu_schedule(Pipeline.from_onnx(model).optimize().graph), "sm_90", fma=True,
+                  tuning=PtxTuning(gemv=True))
+    return [k.kind for k in r.kernels], r.memory_safety
+
+
+@pytest.mark.parametrize("k, n", [(768, 2304), (300, 1001)], ids=["vector", "scalar"])
+def test_gemv_pattern_proved_and_refuted_when_widened(monkeypatch, k, n):
+    from test_ptx_gemv import batched_product, row_product
+    for model in (row_product(k, n), batched_product(3, k, n)):
+        kinds, cert = _gemv_build(model)
+        assert "gemv" in kinds and cert.proved == len(cert.kernels), (kinds, cert.to_json()["guarded"])
+        kinds, cert = _gemv_build(model, widen=1, monkeypatch=monkeypatch)
+        assert "gemv" not in kinds, kinds
+        (g,) = cert.guarded
+        assert any("family:gemv" in f for f in g.failures), g.failures
+        monkeypatch.undo()

@@ -477,8 +477,11 @@ def stage_accesses(st: Stage, families=None) -> List[Access]:
     """Every obligation of ``st``: its store, its loads, its micro-kernel family's accesses. ``families``
     (``(stage, node, domains) -> [Access]``, default the x86 micro-kernels' :func:`_family_obligations`)
     states the accesses of the target's kernels for a family node; a target that emits the node's plain
-    expression returns no accesses for it (its loads are walked like any other)."""
+    expression returns no accesses for it (its loads are walked like any other). A hook with an ``ops``
+    attribute is called for nodes of those ops instead (the PTX hook adds ``reduce``: its tensor-core
+    products form their own addresses)."""
     families = families or _family_obligations
+    hooked = getattr(families, "ops", _FAMILIES)     # a target's hook may state the kernels of more node kinds
     doms = stage_domains(st)
     out = [Access("store", st.buf, list(st.vars), [], doms)]
     seen = set()
@@ -525,7 +528,7 @@ def stage_accesses(st: Stage, families=None) -> List[Access]:
                 out.append(Access("store", a.buf, idx, list(conds), doms))
                 stack.append((substitute(a.value, rows), conds))
                 stack.extend((i, conds) for i in idx)
-        if x.op in _FAMILIES:
+        if x.op in hooked:
             out.extend(families(st, x, doms))
         stack.extend((a, conds) for a in x.args)
     return out

@@ -1,9 +1,9 @@
 """The global-memory access patterns of the PTX kernels, stated for the bounds prover (:mod:`cuvil.kernels.bounds`).
 
-Every GPU kernel shape of :mod:`cuvil.targets.ptx.codegen` but one evaluates the stage's texpr expression at
-output and reduction indices inside the stage's loops (element, coarse, split, tiled kernels: the tiled
+Every GPU kernel shape of :mod:`cuvil.targets.ptx.codegen` but four (below) evaluates the stage's texpr
+expression at output and reduction indices inside the stage's loops (element, coarse, split, tiled kernels: the tiled
 kernel's shared-memory staging tests ``term < R`` and ``position < P`` before it evaluates a factor), so
-the shared machinery proves them from the stage's loads and store as they are. The exception is a
+the shared machinery proves them from the stage's loads and store as they are. The first exception is a
 convolution computed by the implicit-GEMM kernel of :mod:`cuvil.targets.ptx.conv`: it does not read
 through the contraction node's loads but forms its own addresses. :class:`GpuPatterns` states them here as
 index expressions over that kernel's own loop variables (tile, slice, chunk, row, column, lane), as
@@ -21,6 +21,14 @@ index expressions over that kernel's own loop variables (tile, slice, chunk, row
   the arena; the sum kernel (or the fused last slice) reads the S partials back, and the fused variant's
   per-tile counters are indexed by the tile.
 
+A tensor-core product (:mod:`cuvil.targets.ptx.matmul_mma`) forms its own addresses too: its chunk walk,
+16-byte float16 vector loads and split-K partial sums ([splits, *batch, M, N] floats after the arena, read
+back by the sum kernel) are stated by :meth:`GpuPatterns.matmul_accesses` as the obligations of the product's
+stage (the hook's :attr:`~GpuPatterns.ops` adds ``reduce`` nodes), and the float32 SIMT product kernel's chunk
+walk by :meth:`GpuPatterns.simt_accesses`, the one-row kernel's weight reads by :meth:`GpuPatterns.gemv_accesses`;
+a product refuted there runs on the plain kernels
+(:func:`refute_products`) and its stage is listed as guarded.
+
 The kernel computes these offsets in 32-bit arithmetic; :func:`~cuvil.targets.ptx.conv.conv_node` admits
 only convolutions whose input and weight offsets are below 2^31 and ``add_conv_stage`` falls back to the
 plain kernels where the partial sums would not be, so the int64 index expressions here are exact.
@@ -33,9 +41,11 @@ import attrs
 
 from ...errors import CuvilError
 from ...ir.dtype import DType
-from ...kernels.bounds import Access, BoundsProver, Certificate, prove_schedule
+from ...kernels.bounds import _FAMILIES, Access, BoundsProver, Certificate, prove_schedule, prove_stage, z3_false
 from ...kernels.schedule import ARENA, Schedule, Stage
-from ...kernels.texpr import Buf, E, as_index, cmp, idiv, imod, logic, select, var
+from ...kernels.texpr import Buf, E, as_index, cmp, idiv, imod, logic, nodes, select, substitute, var
+from . import matmul_mma
+from .kernel_shapes import single_sum
 from .conv import TK, conv_node, scratch_buf
 
 
@@ -94,6 +104,8 @@ class GpuPatterns:
     scratch layout); ``widen`` adds ``widen`` to every loop extent of the stated patterns (tests: a pattern
     widened by one must be refuted)."""
 
+    ops = _FAMILIES + ("reduce",)      # a tensor-core product is a plain reduction: the hook sees those too
+
     def __init__(self, km, widen: int = 0):
         self.km = km
         self.widen = widen
@@ -108,6 +120,15 @@ class GpuPatterns:
         return plan
 
     def __call__(self, st: Stage, node: E, doms) -> List[Access]:
+        if node.op == "reduce":
+            mm = self.matmul_plan(st, node)
+            if mm is not None:
+                return self.matmul_accesses(st, *mm, dict(doms))
+            simt = self.simt_plan(st, node)
+            if simt is not None:
+                return self.simt_accesses(st, *simt, dict(doms))
+            gemv = self.gemv_plan(st, node)
+            return [] if gemv is None else self.gemv_accesses(st, *gemv, dict(doms))
         if node.op != "contract":
             return []
         plan = self.conv_plan(st, node)
@@ -304,6 +325,166 @@ class GpuPatterns:
                           flat=True))
         return out
 
+    def matmul_plan(self, st: Stage, node: E):
+        """(parts, plan) where the kernel module emits ``st`` as a tensor-core product whose reduction is
+        ``node`` (:meth:`~cuvil.targets.ptx.codegen.PtxKernelModule.matmul_plan`), else None."""
+        km = self.km
+        if not km.tuning.mma or st.expr.op == "sequential" or (km.tuning.conv_enabled and conv_node(st) is not None):
+            return None
+        mm = km.matmul_plan(st)
+        return mm if mm is not None and mm[0][0] is node else None
+
+    def simt_plan(self, st: Stage, node: E):
+        """(parts, plan) where the kernel module emits ``st`` with the float32 SIMT product kernel, else None
+        (as ``PtxKernelModule.add_stage_plain`` chooses: not a tensor-core product, ``tuning.simt_matmul``)."""
+        km = self.km
+        if not km.tuning.simt_matmul or st.expr.op == "sequential" or \
+                (km.tuning.conv_enabled and conv_node(st) is not None) or \
+                (km.tuning.mma and km.matmul_plan(st) is not None):
+            return None
+        simt = km.simt_plan(st)
+        return simt if simt is not None and simt[0][0] is node else None
+
+    def gemv_plan(self, st: Stage, node: E):
+        """(parts, plan) where the kernel module emits ``st`` with the one-row product kernel
+        (:mod:`cuvil.targets.ptx.gemv`, ``tuning.gemv``), else None."""
+        km = self.km
+        if not km.tuning.gemv or st.expr.op == "sequential" or \
+                (km.tuning.conv_enabled and conv_node(st) is not None) or \
+                (km.tuning.mma and km.matmul_plan(st) is not None) or \
+                (km.tuning.simt_matmul and km.simt_plan(st) is not None):
+            return None
+        gemv = km.gemv_plan(st)
+        return gemv if gemv is not None and gemv[0][0] is node else None
+
+    def gemv_accesses(self, st: Stage, parts, plan, d) -> List[Access]:
+        """The one-row product kernel (:func:`~cuvil.targets.ptx.gemv.emit_gemv`): per row ``k < K`` of the
+        weight factor, the thread's columns of tile ``tile``: with 16-byte loads the weight load at column
+        ``n0 = tile * TN + VEC * ct`` (or ``N - VEC`` where ``n0`` is past ``N``) and its last index + 0 ..
+        VEC - 1, the factor's other loads at ``n0``; else the factor at columns ``tile * TN + ct + j * CT``
+        clamped to ``N - 1``. (``x`` is read at ``k < K`` through the stage's own loads; the epilogue stores at
+        column ``< N`` through the stage's store.)"""
+        red, _afac, wfac, _ = parts
+        w, kind = self.widen, "family:gemv"
+        kv, nv = red.attr[1][0].attr, st.vars[-1].attr
+        N, K, CT, TN, VEC = plan.n, plan.k, plan.ct, plan.tn, plan.vec
+        k = _loop(d, "k", K + w)
+        tile = _loop(d, "tile", plan.tiles + w)
+        ct = _loop(d, "ct", CT + w)
+        loads = [x for x in nodes(wfac) if x.op == "load"]
+        out: List[Access] = []
+        if plan.vector:
+            n0 = tile * TN + ct * VEC
+            env = {kv: k, nv: select(_lt(n0, N), n0, as_index(N - VEC))}
+            for i, ld in enumerate(loads):
+                idx = [substitute(a, env) for a in ld.args]
+                if i == 0:       # the vector: VEC elements along the contiguous last index
+                    idx[-1] = idx[-1] + _loop(d, "e", VEC + w)
+                out.append(Access(kind, ld.attr, idx, [], d))
+            return out
+        c = tile * TN + ct + _loop(d, "j", VEC + w) * CT
+        env = {kv: k, nv: select(_lt(c, N - 1), c, as_index(N - 1))}
+        return [Access(kind, ld.attr, [substitute(a, env) for a in ld.args], [], d) for ld in loads]
+
+    def matmul_accesses(self, st: Stage, parts, plan, d) -> List[Access]:
+        """The tensor-core product kernel (:func:`~cuvil.targets.ptx.matmul_mma.emit_matmul`) over its own
+        loops: slice ``s``, round ``rnd`` and K group ``grp`` take chunk ``c = s * CPS + rnd * ks + grp`` while
+        ``c < s * CPS + CPS``; tile ``(batch, mt, nt)``; per operand the tile's rows and the chunk's terms.
+
+        * scalar operand loads: the factor's loads at the row clamped into the matrix and, when TK does not
+          divide K, the term clamped into ``[0, K)`` (``tile_walk.fetch_chunk``);
+        * vector loads (``plan.a_vec`` / ``b_vec`` = V): V halves from the factor's load at (row, term), its
+          last index + 0 .. V - 1 (``vec_width`` admits only vectors none of whose elements is clamped): rows
+          ``mt * BM + r`` clamped to the last and terms ``k0 + V * kv`` when k is contiguous, else rows
+          ``mt * BM + V * rv`` (M a multiple of BM) and terms ``k0 + kk``;
+        * split-K: the partial sums at flat ``((s * batches + batch) * M + m) * N + n`` of the scratch for
+          ``m = mt * BM + i``, ``n = nt * BN + j`` where ``m < M`` and ``n < N``, and the sum kernel's reads
+          ``splitk[s, *batch, m, n]`` at the stage's own indices.
+        (Without split-K the epilogue stores through the stage's own store at ``m < M``, ``n < N``.)"""
+        red, afac, bfac, _ = parts
+        w, kind = self.widen, "family:matmul"
+        vs = list(st.vars)
+        kv, mv, nv = red.attr[1][0].attr, vs[-2].attr, vs[-1].attr
+        M, N, K, TKm = plan.m, plan.n, plan.k, matmul_mma.TK
+        S, CPS, KS = plan.splits, plan.slice_chunks, plan.ks
+        out: List[Access] = []
+        s = _loop(d, "s", S + w)
+        c = s * CPS + _loop(d, "rnd", plan.rounds + w) * KS + _loop(d, "grp", KS + w)
+        in_slice = _lt(c, s * CPS + CPS)
+        k0 = c * TKm
+        for which, fac, rv, ext, tile_rows, tiles, v in (("a", afac, mv, M, plan.bm, plan.tiles_m, plan.a_vec),
+                                                         ("b", bfac, nv, N, plan.bn, plan.tiles_n, plan.b_vec)):
+            base = _loop(d, "t" + which, tiles + w) * tile_rows
+            kfast = plan.a_kfast if which == "a" else plan.b_kfast
+            if v == 1:
+                out += self.fetched_loads(fac, rv, ext, base, tile_rows, kv, K, k0, TKm, [in_slice], d)
+                continue
+            ld = fac.args[0]        # vec_width: the factor is one float16 load
+            if kfast:       # rows of a ragged tile clamped to the last (never stored)
+                row = base + _loop(d, "r" + which, tile_rows + w)
+                if ext % tile_rows:
+                    row = select(_lt(row, ext), row, as_index(ext - 1))
+                k = k0 + _loop(d, "kv" + which, TKm // v + w) * v
+            else:
+                row = base + _loop(d, "rv" + which, tile_rows // v + w) * v
+                k = k0 + _loop(d, "kk" + which, TKm + w)
+            # the V elements follow the last index (stride 1; a pitched view's rows lie further apart, so the
+            # vector is stated as indices, not as a flat offset)
+            idx = [substitute(i, {rv: row, kv: k}) for i in ld.args]
+            idx[-1] = idx[-1] + _loop(d, "e" + which, v + w)
+            conds = [in_slice] + ([] if int(ld.attr.strides[-1]) == 1 else [z3_false()])
+            out.append(Access(kind, ld.attr, idx, conds, d))
+        if S == 1:
+            return out
+        batches = plan.batches
+        m = _loop(d, "tm", plan.tiles_m + w) * plan.bm + _loop(d, "im", plan.bm + w)
+        n = _loop(d, "tn", plan.tiles_n + w) * plan.bn + _loop(d, "jn", plan.bn + w)
+        bb = _loop(d, "batch", batches + w)
+        scratch = matmul_mma.scratch_buf(plan, self.km.scratch_offset + self.km.counter_bytes)
+        out.append(Access(kind, scratch, [((s * batches + bb) * M + m) * N + n], [_lt(m, M), _lt(n, N)], d,
+                          flat=True))
+        e = dict(d)
+        s2 = _loop(e, "s", S + w)
+        out.append(Access("family:matmul_sum", scratch, [s2] + vs, [], e))
+        return out
+
+    def fetched_loads(self, fac: E, rv: str, ext: int, base: E, tile_rows: int, kv: str, K: int, k0: E, tk: int,
+                      conds: List[E], d, kind: str = "family:matmul") -> List[Access]:
+        """A product operand's elements as ``tile_walk.fetch_chunk`` reads them: the factor's loads at tile row
+        ``base + r`` clamped to ``ext - 1`` and term ``k0 + kk`` (clamped to ``K - 1`` when ``tk`` does not
+        divide ``K``)."""
+        row = base + _loop(d, "r" + rv, tile_rows + self.widen)
+        k = k0 + _loop(d, "kk" + rv, tk + self.widen)
+        env = {rv: select(_lt(row, ext), row, as_index(ext - 1)),
+               kv: select(_lt(k, K), k, as_index(K - 1)) if K % tk else k}
+        return [Access(kind, ld.attr, [substitute(i, env) for i in ld.args], list(conds), d)
+                for ld in [x for x in nodes(fac) if x.op == "load"]]
+
+    def simt_accesses(self, st: Stage, parts, plan, d) -> List[Access]:
+        """The float32 SIMT product kernel (:func:`~cuvil.targets.ptx.matmul_simt.emit_simt`): group ``grp``
+        fetches chunk ``grp`` first, then in round ``rnd`` chunk ``min(rnd * ks + grp + ks, chunks - 1)``
+        (unconditionally); per operand the tile's rows and the chunk's terms (:meth:`fetched_loads`)."""
+        red, afac, bfac, _ = parts
+        w = self.widen
+        vs = list(st.vars)
+        kv, mv, nv = red.attr[1][0].attr, vs[-2].attr, vs[-1].attr
+        KS, C = plan.ks, plan.chunks
+        out: List[Access] = []
+        for first in (True, False):
+            e = dict(d)
+            grp = _loop(e, "grp", KS + w)
+            if first:
+                c = grp
+            else:
+                nxt = _loop(e, "rnd", plan.rounds + w) * KS + grp + KS
+                c = select(_lt(nxt, C - 1), nxt, as_index(C - 1))
+            for fac, rv, ext, rows, tiles in ((afac, mv, plan.m, plan.bm, plan.tiles_m),
+                                              (bfac, nv, plan.n, plan.bn, plan.tiles_n)):
+                base = _loop(e, "t" + rv, tiles + w) * rows
+                out += self.fetched_loads(fac, rv, ext, base, rows, kv, plan.k, c * plan.tk, plan.tk, [], e,
+                                          kind="family:matmul_simt")
+        return out
+
     def km_scratch(self, plan) -> Buf:
         return scratch_buf(plan, self.km.scratch_offset + self.km.counter_bytes)
 
@@ -320,9 +501,7 @@ def arena_limit(km, sched: Schedule, stages) -> int:
         if plan is not None and plan.splits > 1:
             need = max(need, km.counter_bytes + 4 * plan.scratch_floats)
         # a split-K tensor-core product (PtxTuning.mma_sm_groups): its partial sums, [splits, *batch, M, N]
-        # floats, stored at in-range (m, n) of the kernel's tiles and read back by the sum kernel at the
-        # stage's own output index, so in bounds of this reservation by construction (not stated to the
-        # prover: its family hook sees only family nodes, and a product is a plain reduction)
+        # floats (their stores and the sum kernel's reads: GpuPatterns.matmul_accesses)
         mm = km.matmul_plan(st) if node is None and km.tuning.mma and st.expr.op != "sequential" else None
         if mm is not None and mm[1].splits > 1:
             need = max(need, km.counter_bytes + 4 * mm[1].scratch_floats)
@@ -345,6 +524,9 @@ def prove_gpu_stages(sched: Schedule, stages: List[Stage], km, prover: Optional[
     while True:
         km.plan_scratch(stages)
         limit = arena_limit(km, sched, stages)
+        if refute_products(sched, stages, km, prover):
+            km.plan_scratch(stages)
+            limit = arena_limit(km, sched, stages)
         cert = prove_schedule(attrs.evolve(sched, stages=stages, arena_bytes=limit), variant, prover,
                               families=GpuPatterns(km))
         if first is not None:        # a stage guarded by an earlier pass stays listed as guarded
@@ -354,7 +536,34 @@ def prove_gpu_stages(sched: Schedule, stages: List[Stage], km, prover: Optional[
             cert.seconds += first.seconds
             cert.queries += first.queries
             cert.cache_hits += first.cache_hits
+        for k in cert.kernels:       # a product refuted on the tensor cores runs on the plain kernels: guarded
+            if k.stage in km.plain_products and k.status == "proved":
+                k.status, k.failures = "guarded", list(km.plain_products[k.stage])
         first = cert
         km.plan_scratch(stages)
         if arena_limit(km, sched, stages) == limit:
             return cert
+
+
+def refute_products(sched: Schedule, stages: List[Stage], km, prover: BoundsProver) -> bool:
+    """Send every product whose tensor-core kernel's stated accesses (:meth:`GpuPatterns.matmul_accesses`)
+    are not proved against the arena the bundle allocates to the plain kernels (``km.plain_products``, with
+    the reasons), as a refuted convolution is; repeated until none is refuted (the scratch shrinks as
+    products leave). Returns whether any was."""
+    any_refuted = False
+    while True:
+        km.plan_scratch(stages)
+        proof = attrs.evolve(sched, stages=stages, arena_bytes=arena_limit(km, sched, stages))
+        pats, refuted = GpuPatterns(km), False
+        for st in stages:
+            red = single_sum(st) if st.name not in km.plain_products else None
+            if red is None or (pats.matmul_plan(st, red) is None and pats.simt_plan(st, red) is None
+                               and pats.gemv_plan(st, red) is None):
+                continue
+            _, failed = prove_stage(prover, proof, st, pats)
+            why = [w for a, w in failed if a.kind.startswith(("family:matmul", "family:gemv"))]
+            if why:
+                km.plain_products[st.name] = why
+                refuted = any_refuted = True
+        if not refuted:
+            return any_refuted

@@ -114,6 +114,9 @@ class PtxKernelModule(LLVMKernelModule):
         super().__init__(name, tm, TRIPLE)
         self.allow_tf32 = allow_tf32          # float32 matmuls may run on TF32 tensor cores (matmul_mma.py)
         self.precisions = precisions or {}    # stage name -> its node's precision ("fp16"/"bf16")
+        # stage name -> why: products whose tensor-core / SIMT access pattern was refuted (bounds_patterns),
+        # computed by the plain kernels instead
+        self.plain_products: Dict[str, List[str]] = {}
         self.sm = int(re.sub(r"\D", "", arch) or 0)      # compute capability x 10 (sm_90a -> 90)
         self.sms = sms_for(arch)                 # SMs of the GPU the bundle is for (tensor-core split-K plans)
         self.scratch_offset = -(-scratch_offset // 256) * 256   # split-K counters and partials go after the arena
@@ -233,7 +236,7 @@ class PtxKernelModule(LLVMKernelModule):
     def matmul_plan(self, st: Stage):
         """(parts, plan) when the stage is a matrix product the tensor cores compute in a format its
         precision allows (:mod:`cuvil.targets.ptx.matmul_mma`), else None."""
-        parts = matmul_parts(st)
+        parts = matmul_parts(st) if st.name not in self.plain_products else None
         if parts is None:
             return None
         fmt = mma_format(st, parts, self.sm, self.allow_tf32, self.precisions.get(st.name, ""))
@@ -266,14 +269,14 @@ class PtxKernelModule(LLVMKernelModule):
     def gemv_plan(self, st: Stage):
         """(parts, plan) when the stage is a one-row product whose weight reads the output column
         contiguously (:mod:`cuvil.targets.ptx.gemv`), else None."""
-        parts = matmul_parts(st)
+        parts = matmul_parts(st) if st.name not in self.plain_products else None
         plan = plan_gemv(st, parts, self.tuning.gemv_min_blocks)
         return (parts, plan) if plan is not None else None
 
     def simt_plan(self, st: Stage):
         """(parts, plan) when the stage is a float32 matrix product for the register-tiled SIMT kernel
         (:mod:`cuvil.targets.ptx.matmul_simt`: the products the tensor cores do not take), else None."""
-        parts = matmul_parts(st)
+        parts = matmul_parts(st) if st.name not in self.plain_products else None
         if parts is None or st.buf.dtype != DType.FLOAT:
             return None
         plan = plan_simt(st, parts, self.tuning.simt_force, self.tuning.simt_tk)

@@ -9,8 +9,10 @@ GPU schedule lowers MatMul (batched, with either operand transposed, as BERT's a
 a ``Transpose`` folded into the load's indices) and Gemm; the bias, GELU and residual add the schedule fused
 into the stage are its epilogue. The factors are evaluated through the stage's own expression (the
 :class:`~cuvil.targets.ptx.emitter.PtxEmitter`) at in-range indices (rows and columns past the matrix are
-clamped to the last one and never stored; terms past ``K`` select zero), so the bounds proof of the plain
-kernels (:mod:`cuvil.targets.ptx.bounds_patterns`) covers this kernel as it is.
+clamped to the last one and never stored; terms past ``K`` select zero); the kernel's own chunk walk, its
+vector loads and its split-K partial sums are stated to the bounds prover in
+:mod:`cuvil.targets.ptx.bounds_patterns` (:meth:`~cuvil.targets.ptx.bounds_patterns.GpuPatterns.matmul_accesses`);
+a product whose statement is refuted takes the plain kernels.
 
 Which format (:func:`mma_format`): tensor cores only where contraction is allowed (the reduction is an
 ``fma`` one: an ``mma`` rounds its sum of products once, which no chain of separate roundings does), on sm_80
@@ -49,7 +51,7 @@ from ...kernels.texpr import Buf, E, load, nodes, reduce, replace_node
 from ..llvm.types import F16, F32, I32, I64
 from .emitter import PtxEmitter, overlaps, set_contraction
 from .kernel_shapes import single_sum
-from .tile_walk import bind_tile, fetch_chunk, load_slot_indices
+from .tile_walk import bind_tile, clamp, fetch_chunk, load_slot_indices
 from .tile_walk import divmod_c as tile_divmod
 
 TK = 32            # reduction terms per chunk
@@ -642,9 +644,13 @@ def emit_matmul(km, st: Stage, sym: str, parts, plan: MatmulPlan, scratch: Optio
                 if v == 1:
                     continue
                 ld = fac.args[0]      # vec_width: one plain float16 load, no vector clamped or past K
+                rows_ = plan.bm if var_ == mv else plan.bn
                 for reg, (r, kk) in zip(regs, sl):
                     em.memo.append(dict(em.memo[-1]))
-                    em.env[var_] = b.zext(b.add(base, r), I64)
+                    row = b.add(base, r)
+                    if ext % rows_:   # k-contiguous vectors of a ragged tile: rows past the matrix read its last
+                        row = clamp(b, row, ext)
+                    em.env[var_] = b.zext(row, I64)
                     em.env[kv] = b.zext(b.add(k0, kk), I64)
                     ptr = em.address(ld.attr, [em.emit(i) for i in ld.args])
                     em.memo.pop()

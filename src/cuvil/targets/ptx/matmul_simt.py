@@ -20,12 +20,13 @@ stored ``k``-major (``sa[k][m]``, ``sb[k][n]``; rows padded by :data:`PAD` float
 holds and transposed stores conflict at most 2-way) through the thread-to-element mapping that follows the
 operand's contiguous index (coalesced global loads for row-major and transposed operands alike; each
 element is evaluated through the stage's own expression at clamped in-range indices, terms past K select
-zero, so the bounds proof of :mod:`cuvil.targets.ptx.bounds_patterns` covers it as it does the tensor-core
-kernel); then every thread reads its TM values of ``A`` and TN of ``B`` per term with 16-byte shared loads
-(``ld.shared.v4.f32``) and does TM x TN fmas. The next chunk's global loads are issued into registers
-before this chunk's fmas (register double buffering, no branch around them). Split-K: a block holds ``ks`` groups, group g taking
-chunks g, g + ks, ... (:func:`~cuvil.targets.ptx.matmul_mma.chunk_of`); at the end groups 1..ks-1 leave
-their sums in shared memory and group 0 adds them in group order and runs the epilogue.
+zero; :meth:`~cuvil.targets.ptx.bounds_patterns.GpuPatterns.simt_accesses` states this chunk walk to the
+bounds prover, as it does the tensor-core kernel's); then every thread reads its TM values of ``A`` and TN
+of ``B`` per term with 16-byte shared loads (``ld.shared.v4.f32``) and does TM x TN fmas. The next chunk's
+global loads are issued into registers before this chunk's fmas (register double buffering, no branch around
+them). Split-K: a block holds ``ks`` groups, group g taking chunks g, g + ks, ...
+(:func:`~cuvil.targets.ptx.matmul_mma.chunk_of`); at the end groups 1..ks-1 leave their sums in shared memory
+and group 0 adds them in group order and runs the epilogue.
 
 Which tile and ``ks`` (:func:`plan_simt`): a small cost model over the candidates, :func:`cost`: waves of
 blocks over the H200's 132 SMs (resident blocks per SM from threads, shared memory and an estimated
