@@ -152,3 +152,27 @@ def test_decode_step_products_take_it_and_assemble(fp16):
     ptx = open(os.path.join(b.path, "kernels.ptx")).read()
     # hidden 96: aligned rows (16-byte loads; float16: 8 columns as four 32-bit registers)
     assert ("ld.global.nc.v4.b32" if fp16 else "ld.global.nc.v4.f32") in ptx
+
+
+def test_vector_loads_only_where_the_load_is_all_that_depends_on_n():
+    """The vector path loads a thread's columns once and evaluates the rest of the weight factor at its first
+    column: a factor with more that varies along n (W[k, n] * s[n]) must take the scalar path."""
+    from cuvil.targets.ptx.gemv import _vector_width
+    k, n = 256, 512
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((k, n)).astype(np.float32), "W")
+    g = helper.make_graph([helper.make_node("Mul", ["W", "s"], ["ws"]), helper.make_node("Relu", ["ws"], ["y"])],
+                          "scaled", [helper.make_tensor_value_info("s", TensorProto.FLOAT, [n])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [k, n])], [w])
+    st = gpu_schedule(Pipeline.from_onnx(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+                      .optimize().graph, tuning=PtxTuning()).stages[0]
+    kv, nv = (v.attr for v in st.vars)
+    mul = next(x for x in _nodes(st.expr) if x.op == "mul")
+    w_load = next(a for a in mul.args if a.op == "load" and a.attr.shape == (k, n))
+    assert _vector_width(w_load, [kv], n, nv) == 4          # W[k, n] alone: 16-byte loads
+    assert _vector_width(mul, [kv], n, nv) == 0             # W[k, n] * s[n]: s varies along n too
+
+
+def _nodes(e):
+    from cuvil.kernels.texpr import nodes
+    return list(nodes(e))

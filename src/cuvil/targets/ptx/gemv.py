@@ -111,7 +111,7 @@ def plan_gemv(st: Stage, parts, min_blocks: int = 264) -> Optional[GemvPlan]:
     # W, M > 1) would each stream it again
     if any(d > 1 and _stride(w, v.attr) in (0, None) for v, d in zip(st.vars[:-1], shape[:-1])):
         return None
-    vec = _vector_width(w, [kv] + [v.attr for v in st.vars[:-1]], n)
+    vec = _vector_width(w, [kv] + [v.attr for v in st.vars[:-1]], n, nv)
     per = vec or 4
     ct = 2
     for c in (8, 4, 2):
@@ -129,13 +129,32 @@ def plan_gemv(st: Stage, parts, min_blocks: int = 264) -> Optional[GemvPlan]:
     return plan if plan.smem_bytes <= SMEM_LIMIT else None
 
 
-def _vector_width(w, others, n: int) -> int:
+def _uses_var_outside(e, var, skip) -> bool:
+    """Whether ``e`` reads the loop variable ``var`` anywhere but inside the subtree ``skip``."""
+    stack, seen = [e], set()
+    while stack:
+        x = stack.pop()
+        if x.uid in seen or x.uid == skip.uid:
+            continue
+        seen.add(x.uid)
+        if x.op == "var" and x.attr == var:
+            return True
+        stack.extend(x.args)
+    return False
+
+
+def _vector_width(w, others, n: int, n_var=None) -> int:
     """Elements of W in 16 bytes (4 float32, 8 float16) when every row's run of them from a multiple of that
     column is 16-byte aligned: one load, indexed by the plain variables, its strides along ``others`` (the
     reduction and the output's leading indices), columns and offset multiples of 16 bytes, no pitched view,
     storage in the weights or the arena (allocated by the runtime, 256-byte aligned; a graph input's device
     pointer is the caller's); else 0."""
-    ld = [x for x in nodes(w) if x.op == "load"][0]
+    loads = [x for x in nodes(w) if x.op == "load"]
+    # the vector path loads the thread's columns once and evaluates the rest of the factor at its first column:
+    # only a factor whose one load is all that depends on n (W[k, n], a cast of it, W times a scalar) takes it
+    if len(loads) != 1 or _uses_var_outside(w, n_var, loads[0]):
+        return 0
+    ld = loads[0]
     buf = ld.attr
     if buf.dtype not in (DType.FLOAT, DType.FLOAT16) or buf.pitch is not None:
         return 0
