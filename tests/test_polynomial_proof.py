@@ -140,3 +140,12 @@ def test_the_normal_form_is_used_in_real_obligations_only():
     (rule,) = parse_rules("rule neg_neg_exact\n  Neg(Neg(x)) => x\n  prove exact\n")
     v = prove_rule(rule)
     assert v.status == "proved" and v.method == "z3"
+
+
+def test_a_term_nested_past_the_recursion_limit_is_left_to_z3():
+    from cuvil.rewrite_rules.polynomial import normal_forms
+    xs = [z3.Real(f"deep{i}") for i in range(3000)]
+    s = xs[0]
+    for x in xs[1:]:
+        s = s + x          # z3 keeps the nesting: 3,000 levels
+    assert normal_forms([s], [s]) is None

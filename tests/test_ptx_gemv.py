@@ -157,7 +157,7 @@ def test_decode_step_products_take_it_and_assemble(fp16):
 def test_vector_loads_only_where_the_load_is_all_that_depends_on_n():
     """The vector path loads a thread's columns once and evaluates the rest of the weight factor at its first
     column: a factor with more that varies along n (W[k, n] * s[n]) must take the scalar path."""
-    from cuvil.targets.ptx.gemv import _vector_width
+    from cuvil.targets.ptx.gemv import _uses_var_outside, _vector_width
     k, n = 256, 512
     rng = np.random.default_rng(0)
     w = numpy_helper.from_array(rng.standard_normal((k, n)).astype(np.float32), "W")
@@ -171,6 +171,9 @@ def test_vector_loads_only_where_the_load_is_all_that_depends_on_n():
     w_load = next(a for a in mul.args if a.op == "load" and a.attr.shape == (k, n))
     assert _vector_width(w_load, [kv], n, nv) == 4          # W[k, n] alone: 16-byte loads
     assert _vector_width(mul, [kv], n, nv) == 0             # W[k, n] * s[n]: s varies along n too
+    s_load = next(a for a in mul.args if a is not w_load)
+    assert not _uses_var_outside(w_load, nv, w_load) and not _uses_var_outside(s_load, nv, s_load)
+    assert _uses_var_outside(mul, nv, w_load) and _uses_var_outside(mul, nv, s_load)   # the other load reads n
 
 
 def _nodes(e):

@@ -6,7 +6,8 @@ CRASH, one that does not answer within the case's time limit is a HANG, and eith
 over for the next case.
 
 The limit is on the worker's CPU time (``RLIMIT_CPU``, whole seconds, raised before each case to what the
-worker has used plus the limit): on a loaded machine a case's wall time counts other processes' turns, and a
+worker has used plus the limit, lifted when the case returns; child processes a case starts, such as the
+linker, are bounded by the backstop only): on a loaded machine a case's wall time counts other processes' turns, and a
 50,000-case run beside a CI job reported correct cases as hangs. A worker that sleeps or blocks without
 spending CPU is caught by a wall-clock backstop (``wall_s``, default three times the limit, at least the limit
 plus 30 s).
@@ -68,6 +69,10 @@ def _serve(conn, case: CaseFn, cpu_s: float) -> None:
             result = case(seed)
         except BaseException as e:  # noqa: BLE001 - a family's own harness failed: report, keep serving
             result = (FOREIGN, f"{type(e).__name__} in the fuzz harness: {e} | {_where(e)}")
+        try:   # the limit ends with the case: a case just under it must not be killed while idle, charged to the next seed
+            resource.setrlimit(resource.RLIMIT_CPU, (resource.getrlimit(resource.RLIMIT_CPU)[1],) * 2)
+        except (ValueError, OSError):
+            pass
         conn.send(result)
 
 

@@ -16,6 +16,7 @@ one against the obligation's assumptions before it reports a counterexample.
 """
 from __future__ import annotations
 
+import ctypes
 import itertools
 from fractions import Fraction
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
@@ -177,8 +178,8 @@ def normal_forms(lhs, rhs, reader: Optional[Reader] = None) -> Optional[Tuple[Re
     try:
         left = [reader.read(x) for x in lhs.reshape(-1)]
         right = [reader.read(x) for x in rhs.reshape(-1)]
-    except (NotPolynomial, z3.Z3Exception, ValueError):
-        return None
+    except (NotPolynomial, z3.Z3Exception, ValueError, RecursionError, ctypes.ArgumentError):
+        return None     # (a term nested deeper than Python's recursion limit: Z3's to decide, as before)
     return reader, left, right
 
 
