@@ -45,6 +45,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "src"))
 sys.path.insert(0, HERE)
 from resnet50 import timed as _timed  # noqa: E402
+from tensor_cores import compile_report  # noqa: E402
 
 TARGET = "nvptx64-nvidia-cuda"
 HBM_TBS = 4.8            # the H200's HBM3e bandwidth (NVIDIA's figure), TB/s
@@ -106,9 +107,7 @@ def compile_job(job):
                                                                      "total_sequence": past + 1},
                       **VARIANTS[job["variant"]])
         b.save(job["out"])
-        man = b.manifest
-        return {"path": job["out"], "compile_s": round(time.perf_counter() - t0, 1), "kernels": man["kernels"],
-                "tensor_core_kernels": man.get("tensor_core_kernels")}
+        return compile_report(job["out"], b.manifest, t0)
     except Exception:  # noqa: BLE001 - reported by the caller
         return {"error": traceback.format_exc()[-1500:]}
 

@@ -111,6 +111,12 @@ def build_model(what: str, layers: int = 12):
     return FAMILIES[what]()
 
 
+def compile_report(path: str, manifest: dict, t0: float) -> dict:
+    """A worker's report of one bundle it compiled since ``t0`` (perf_counter) and saved at ``path``."""
+    return {"path": path, "compile_s": round(time.perf_counter() - t0, 1), "kernels": manifest["kernels"],
+            "tensor_core_kernels": manifest.get("tensor_core_kernels")}
+
+
 def compile_job(job):
     """Worker: compile one (model, variant) into ``job["out"]``; returns the compile report (or the error)."""
     os.environ.setdefault("CUVIL_CACHE_DIR", "/tmp/cuvil-tc-cache")
@@ -128,16 +134,13 @@ def compile_job(job):
                 g = Pipeline.from_onnx(with_batch(model, job["fixed"]["N"])).optimize().graph
             man = compile_bundle(g, job["out"], arch=job["arch"], tuning=PtxTuning(**job["tuning"]),
                                  **job.get("kw", {}))
-            return {"path": job["out"], "compile_s": round(time.perf_counter() - t0, 1), "kernels": man["kernels"],
-                    "tensor_core_kernels": man.get("tensor_core_kernels")}
+            return compile_report(job["out"], man, t0)
         p = Pipeline.from_onnx(model).optimize()
         if job.get("precision"):
             p = with_precision(p, job["precision"])[0]
         b = p.compile(TARGET, arch=job["arch"], cache=False, fixed=job.get("fixed"), **job.get("kw", {}))
         b.save(job["out"])
-        man = b.manifest
-        return {"path": job["out"], "compile_s": round(time.perf_counter() - t0, 1), "kernels": man["kernels"],
-                "tensor_core_kernels": man.get("tensor_core_kernels")}
+        return compile_report(job["out"], b.manifest, t0)
     except Exception:  # noqa: BLE001 - reported by the caller
         return {"error": traceback.format_exc()[-1500:]}
 
