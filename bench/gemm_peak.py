@@ -18,11 +18,9 @@ import argparse
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 import numpy as np
 import onnxruntime as ort
@@ -32,7 +30,7 @@ from cuvil import Pipeline, load
 from cuvil.targets.x86.cpu import cpu_label
 from cuvil.testing.oracles import max_rel_error, ort_session
 
-from matmul_tiles import dense                   # bench/ is the script's own directory
+from matmul_tiles import dense, time_pair       # bench/ is the script's own directory
 from run_all import _PEAK_C
 from x86_layers import _conv, _model
 
@@ -66,17 +64,6 @@ def kernel_kind(so: str) -> str:
     with open(so[:-3] + ".manifest.json") as f:
         steps = json.load(f)["steps"]
     return ", ".join(dict.fromkeys(f"{st['op']}/{st['kernel']}" for st in steps))
-
-
-def time_pair(runs: dict, rounds: int, reps: int) -> dict:
-    times = {name: [] for name in runs}
-    for i in range(rounds):
-        for name, r in (list(runs.items()) if i % 2 == 0 else list(runs.items())[::-1]):
-            c0 = time.thread_time()
-            for _ in range(reps):
-                r()
-            times[name].append((time.thread_time() - c0) / reps)
-    return {name: statistics.median(v) for name, v in times.items()}
 
 
 def main(argv=None) -> int:

@@ -48,6 +48,19 @@ def dense(k: int, n: int) -> onnx.ModelProto:
     return m
 
 
+def time_pair(runs: dict, rounds: int, reps: int) -> dict:
+    """p50 per engine of the calling thread's CPU time per call over ``rounds`` batches of ``reps`` calls, the
+    engines alternating in order and reverse (time spent descheduled counts for none)."""
+    times = {name: [] for name in runs}
+    for i in range(rounds):
+        for name, r in (list(runs.items()) if i % 2 == 0 else list(runs.items())[::-1]):
+            c0 = time.thread_time()
+            for _ in range(reps):
+                r()
+            times[name].append((time.thread_time() - c0) / reps)
+    return {name: statistics.median(v) for name, v in times.items()}
+
+
 def compare(model, libs: dict, k, n, seqs, rounds: int, label: str = "tile") -> int:
     """Time each library of ``libs`` (name -> loaded model) beside onnxruntime (1 thread) on ``model`` (BERT at
     BERT-base width with ``n`` layers when ``k == "bert"``, else the dense layer ``k -> n``) at each sequence length:
@@ -72,15 +85,7 @@ def compare(model, libs: dict, k, n, seqs, rounds: int, label: str = "tile") -> 
             if not err <= 1e-5:
                 print(f"{label} {name}: relative error {err:.2g} against onnxruntime", file=sys.stderr)
                 return 1
-        times = {name: [] for name in runs}
-        reps = max(1, (256 if k == "bert" else 2048) // s)
-        for i in range(rounds):
-            for name, r in (list(runs.items()) if i % 2 == 0 else list(runs.items())[::-1]):
-                c0 = time.thread_time()
-                for _ in range(reps):
-                    r()
-                times[name].append((time.thread_time() - c0) / reps)
-        p50 = {name: statistics.median(v) for name, v in times.items()}
+        p50 = time_pair(runs, rounds, max(1, (256 if k == "bert" else 2048) // s))
         if k == "bert":   # the dense layers' and attention's multiply-adds (embeddings, pooler left out)
             flops = 2 * n * (s * (4 * 768 * 768 + 2 * 768 * 3072) + 2 * s * s * 768)
             what = f"BERT-base width, {n} layers"
