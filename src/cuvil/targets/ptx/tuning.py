@@ -108,6 +108,11 @@ class PtxTuning:
     # ... the blocks its column tiles aim for (a block's column threads shrink from 8 to 2 until the grid has this
     # many)
     gemv_min_blocks: int = 264
+    # attention as the exports spell it (MatMul / Softmax / MatMul) becomes one FusedAttention (the proved rules of
+    # rules/attention.rule, as on x86) computed by ptx/attention.py's kernel: a block per query row, keys in chunks
+    # of the block's threads with an online softmax, Q, K, V and the mask read in place (off: element kernels,
+    # products and softmax row kernels)
+    fused_attention: bool = False
 
 
 DEFAULT_TUNING = PtxTuning()
