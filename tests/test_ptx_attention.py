@@ -12,7 +12,7 @@ from cuvil import Pipeline
 from cuvil.rewrite_rules.precision import to_half
 from cuvil.rewrite_rules.specialize import specialize_graph
 from cuvil.targets.ptx import assemble, find_ptxas
-from cuvil.targets.ptx.attention import attention_in_half, block_threads, fuse_attention
+from cuvil.targets.ptx.attention import MAX_ROWS, attention_in_half, block_threads, fuse_attention
 from cuvil.targets.ptx.codegen import build_ptx, gpu_schedule
 from cuvil.targets.ptx.target import PtxOptions
 from cuvil.targets.ptx.tuning import DEFAULT_TUNING, PtxTuning
@@ -111,12 +111,15 @@ def test_decode_step_and_bert_layer_take_the_kernel(fp16):
     g, _ = specialize_graph(gpt.graph, {"batch": 1, "past_sequence": 7, "total_sequence": 8})
     _, r = _build(g, fp16=fp16)
     assert _kinds(r)["attention"] == 1 and all(k.status == "proved" for k in r.memory_safety.kernels)
-    bert = Pipeline.from_onnx(bert_model(vocab=101, hidden=96, layers=1, heads=4, ffn=192, max_pos=64)).optimize()
-    g, _ = specialize_graph(bert.graph, {"batch": 1, "sequence": 16})
+    bert = Pipeline.from_onnx(bert_model(vocab=101, hidden=96, layers=1, heads=4, ffn=192, max_pos=256)).optimize()
+    g, _ = specialize_graph(bert.graph, {"batch": 1, "sequence": MAX_ROWS})
     _, r = _build(g, fp16=fp16)
     assert _kinds(r)["attention"] == 1 and all(k.status == "proved" for k in r.memory_safety.kernels)
     if PTXAS:
         assemble(r.ptx, "sm_90")
+    # more query rows than MAX_ROWS (BERT's 128): the tensor-core products and row kernels stay
+    fused, report = fuse_attention(specialize_graph(bert.graph, {"batch": 1, "sequence": 128})[0])
+    assert not any(n.op == "FusedAttention" for n in fused.nodes) and not sum(report.applied.values())
 
 
 def test_bundle_records_the_rule(tmp_path):

@@ -4,6 +4,9 @@ as on x86), lowered to :class:`~cuvil.kernels.attention.AttentionRows` (Q, K, V 
 expressions over the buffers the graph stores them in: the KV cache and presents read in place, the head
 split and the transposes folded into the indexing) and computed here.
 
+Only attention with few query rows (at most :data:`MAX_ROWS`: a decode step) is fused; with many (BERT's 128)
+the tensor-core products and the row kernels are faster.
+
 The kernel (:func:`emit_attention`): a block of ``T`` threads per query row ``(b, h, i)`` (grid-stride over
 rows). The row's query goes to shared memory (float32). The keys are walked in chunks of ``T``:
 
@@ -13,8 +16,8 @@ rows). The row's query goes to shared memory (float32). The keys are walked in c
    thread the same value); ``m' = max(m, chunk max)``, the shift ``c = m'`` (0 while every score is ``-inf``),
    ``r = exp(m - c)``, ``p = exp(s - c)`` stored to shared memory; their sum the same way; ``l = l r + sum p``;
 3. thread ``t < G Dv`` (``G = T // Dv`` key groups) owns column ``c = t % Dv`` of group ``g = t // Dv``:
-   ``acc = acc r + sum_j p[j] V[base + j, c]`` over the chunk's keys ``j = g, g + G, ...`` (the threads of a
-   warp read consecutive columns of a value row);
+   ``acc = acc r + sum_j p[j] V[base + j, c]`` over the chunk's keys ``j = g, g + G, ...`` in increasing order
+   (the threads of a warp read consecutive columns of a value row; :data:`PV_UNROLL` loads issued together);
 
 then the groups' accumulators are added in group order and divided by ``l``. Every sum has a fixed order
 (no atomics): the result is the same bits run to run. Float32 accumulation whatever the operands' type
@@ -43,6 +46,11 @@ from ..llvm.types import F16, F32, I32, I64
 from .emitter import set_contraction
 
 MAX_THREADS = 512        # threads per block (a chunk of keys); fewer for short rows
+PV_UNROLL = 16           # values a thread loads before their fmas (latency: one round trip per 16 keys, not each)
+# query rows a FusedAttention may have to be fused on the GPU (a decode step's few): with many rows the tensor-core
+# products and the row kernels are faster (H200, BERT-base B=1 S=128, 128 rows: fp16 1.678 ms fused against 1.113,
+# fp32 2.139 against 1.587; bench/gpu/results/session17/gpuattn/call1)
+MAX_ROWS = 16
 
 
 def attention_rules() -> list:
@@ -52,12 +60,21 @@ def attention_rules() -> list:
     return [r for r in builtin_rules() if getattr(r.rhs, "op", None) == "FusedAttention"]
 
 
-def fuse_attention(g):
-    """(a copy of ``g`` with attention fused by the proved rules, the rewrite's report)."""
+def few_rows(rule, binding, max_rows: int = MAX_ROWS) -> bool:
+    """Whether a match's queries have at most ``max_rows`` rows (a static count): the rewrite's ``accept``."""
+    q = binding.values.get("q")
+    shape = getattr(q, "shape", None)
+    return shape is not None and len(shape) == 4 and isinstance(shape[2], int) and shape[2] <= max_rows
+
+
+def fuse_attention(g, max_rows: int = MAX_ROWS):
+    """(a copy of ``g`` with attention of at most ``max_rows`` query rows fused by the proved rules, the
+    rewrite's report)."""
     from ...rewrite_rules.proved_rewrite import proved_rewrite
     g = g.clone()
     rules = attention_rules()
-    report = proved_rewrite(g, rules, phase=rules[0].on if rules else "x86")
+    report = proved_rewrite(g, rules, phase=rules[0].on if rules else "x86",
+                            accept=lambda r, b: few_rows(r, b, max_rows))
     return g, report
 
 
@@ -221,13 +238,27 @@ def emit_attention(km, st: Stage, sym: str) -> Tuple[int, int]:
                 b.store(b.fmul(b.load(acc, typ=F32), rescale), acc)
                 n = b.sub(I64(Sk), base)
                 n = b.select(b.icmp_signed("<", n, I64(T)), n, I64(T))
+                # this thread's keys j = g, g + G, ... below n: PV_UNROLL values loaded before their fmas (the
+                # loads in flight together), then the rest one by one; the fmas in increasing j either way
+                cnt = b.select(b.icmp_signed("<", g, n), b.sdiv(b.add(b.sub(n, g), I64(G - 1)), I64(G)), I64(0))
+                whole = b.sdiv(cnt, I64(PV_UNROLL))
 
-                def term(j):
-                    v = value(spec.v, **here, **{vkey: b.add(base, j), vc: c})
-                    b.store(madd(b.load(at(ps, j), typ=F32), v, b.load(acc, typ=F32)), acc)
+                def terms(t, count):
+                    j0 = b.add(g, b.mul(t, I64(G)))
+                    js = [b.add(j0, I64(u * G)) for u in range(count)]
+                    vals = [value(spec.v, **here, **{vkey: b.add(base, j), vc: c}) for j in js]
+                    ws = [b.load(at(ps, j), typ=F32) for j in js]
+                    a = b.load(acc, typ=F32)
+                    zz = b.load(z, typ=F32) if spec.zero_nan else None
+                    for w, v in zip(ws, vals):
+                        a = madd(w, v, a)
+                        if spec.zero_nan:
+                            zz = b.fadd(zz, b.fmul(zero, v))
+                    b.store(a, acc)
                     if spec.zero_nan:
-                        b.store(b.fadd(b.load(z, typ=F32), b.fmul(zero, v)), z)
-                em.loop_range(g, n, term, I64(G))
+                        b.store(zz, z)
+                em.loop_range(I64(0), whole, lambda t: terms(b.mul(t, I64(PV_UNROLL)), PV_UNROLL))
+                em.loop_range(b.mul(whole, I64(PV_UNROLL)), cnt, lambda t: terms(t, 1))
             b.store(m_new, m_slot)
             b.call(bar, [])     # p read by every thread before the next chunk writes it
         em.loop_range(I64(0), I64(Sk), chunk, I64(T))
