@@ -64,10 +64,10 @@ def _kinds(r):
     return collections.Counter(d.kind for d in r.kernels)
 
 
-def test_option_is_off_by_default_and_reaches_the_tuning():
-    assert DEFAULT_TUNING.fused_attention is False and PtxOptions().tuning is DEFAULT_TUNING
-    assert PtxOptions(fused_attention=True).tuning.fused_attention is True
-    assert PtxOptions(fused_attention=True, gemv=False).tuning.gemv is False
+def test_option_is_on_by_default_and_reaches_the_tuning():
+    assert DEFAULT_TUNING.fused_attention is True and PtxOptions().tuning is DEFAULT_TUNING
+    assert PtxOptions(fused_attention=False).tuning.fused_attention is False
+    assert PtxOptions(fused_attention=False, gemv=False).tuning.gemv is False
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
@@ -93,7 +93,7 @@ def test_one_kernel_proved_and_assembled(arch, fp16):
 
 def test_off_keeps_the_unfused_kernels():
     g = Pipeline.from_onnx(attention_model(1, 2, 3, 40, 16)).optimize().graph
-    _, r = _build(g, tuning=DEFAULT_TUNING)
+    _, r = _build(g, tuning=PtxTuning(fused_attention=False))
     assert "attention" not in _kinds(r)
 
 

@@ -111,8 +111,8 @@ class PtxTuning:
     # attention as the exports spell it (MatMul / Softmax / MatMul) becomes one FusedAttention (the proved rules of
     # rules/attention.rule, as on x86) computed by ptx/attention.py's kernel: a block per query row, keys in chunks
     # of the block's threads with an online softmax, Q, K, V and the mask read in place (off: element kernels,
-    # products and softmax row kernels)
-    fused_attention: bool = False
+    # products and softmax row kernels). On since session 17's H200 runs (bench/gpu/RESULTS.md, GPT-2 124M decode step)
+    fused_attention: bool = True
 
 
 DEFAULT_TUNING = PtxTuning()
