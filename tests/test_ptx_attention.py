@@ -64,10 +64,10 @@ def _kinds(r):
     return collections.Counter(d.kind for d in r.kernels)
 
 
-def test_option_is_on_by_default_and_reaches_the_tuning():
-    assert DEFAULT_TUNING.fused_attention is True and PtxOptions().tuning is DEFAULT_TUNING
-    assert PtxOptions(fused_attention=False).tuning.fused_attention is False
-    assert PtxOptions(fused_attention=False, gemv=False).tuning.gemv is False
+def test_option_is_off_by_default_and_reaches_the_tuning():
+    assert DEFAULT_TUNING.fused_attention is False and PtxOptions().tuning is DEFAULT_TUNING
+    assert PtxOptions(fused_attention=True).tuning.fused_attention is True
+    assert PtxOptions(fused_attention=True, gemv=False).tuning.gemv is False
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])

@@ -56,7 +56,7 @@ class PtxOptions(TargetOptions):
     default 1); the bundle is the same whatever it is. ``gemv`` (default on; False: the lane-split kernels): one-row
     products (a decode step's weight GEMVs, the LM head) take the kernel of :mod:`cuvil.targets.ptx.gemv`
     (threads along the output columns, 16-byte weight loads) instead of the lane-split one. ``fused_attention``
-    (default on): attention as the exports spell it becomes one FusedAttention kernel (the proved rules of
+    (default off): attention as the exports spell it becomes one FusedAttention kernel (the proved rules of
     rules/attention.rule; :mod:`cuvil.targets.ptx.attention`), reassociating the softmax's sums.
     """
 
