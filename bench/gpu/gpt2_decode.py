@@ -17,7 +17,8 @@ process (issue 20).
   Variants: fp32 (TF32 off), tf32 (``allow_tf32`` on both sides), fp16 (torch: the module and cache in half;
   Cuvil: ``enable_fp16``, float32 inputs/outputs converted in the graph); ``fp32_gemv`` / ``tf32_gemv`` /
   ``fp16_gemv``: the same with ``PtxOptions.gemv`` (the weight GEMVs on ptx/gemv.py's kernel; the default since
-  session 16), ``fp32_split`` / ...: with ``gemv=False`` (the lane-split kernels before it), Cuvil only,
+  session 16), ``fp32_attn`` / ``tf32_attn`` / ``fp16_attn``: with ``PtxOptions.fused_attention`` (attention as
+  one kernel, ptx/attention.py; off by default), ``fp32_noattn`` / ...: without it, explicitly, ``fp32_split`` / ...: with ``gemv=False`` (the lane-split kernels before it), Cuvil only,
   compared with the base variant's torch and Cuvil (``ratio_over_<base>``: p50 and kernel sum); list the base
   variant first (``--variants fp32 fp32_gemv fp16 fp16_gemv``).
 * Checked: every output of both engines against onnxruntime (CPU, float32) on the same inputs, normwise
@@ -56,7 +57,12 @@ VARIANTS = {"fp32": {}, "tf32": {"allow_tf32": True}, "fp16": {"enable_fp16": Tr
             "fp32_gemv": {"gemv": True}, "tf32_gemv": {"allow_tf32": True, "gemv": True},
             "fp16_gemv": {"enable_fp16": True, "gemv": True},
             "fp32_split": {"gemv": False}, "tf32_split": {"allow_tf32": True, "gemv": False},
-            "fp16_split": {"enable_fp16": True, "gemv": False}}
+            "fp16_split": {"enable_fp16": True, "gemv": False},
+            # attention as one kernel (PtxOptions.fused_attention, ptx/attention.py), Cuvil only, against the base
+            "fp32_attn": {"fused_attention": True}, "tf32_attn": {"allow_tf32": True, "fused_attention": True},
+            "fp16_attn": {"enable_fp16": True, "fused_attention": True},
+            "fp32_noattn": {"fused_attention": False}, "tf32_noattn": {"allow_tf32": True, "fused_attention": False},
+            "fp16_noattn": {"enable_fp16": True, "fused_attention": False}}
 R: dict = {"skipped": []}
 T0 = time.perf_counter()
 
@@ -132,6 +138,8 @@ def kernel_bytes(stage: str, kind: str, weights: dict, past: int, itemsize: int)
              ".res2": ".mlp.c_proj.weight"}
     if kind in ("split", "gemv") and stage in ("logits", "logits_to_float"):
         return weights["lm_head.weight_t"].size * itemsize, "lm_head GEMV"
+    if kind == "attention":        # the fused kernel (ptx/attention.py): the layer's K and V rows, once
+        return 2 * (past + 1) * row * itemsize, "attention: fused kernel, K and V read"
     if stage.startswith("transformer.h."):
         layer = ".".join(stage.split(".")[:3])
         for suffix, w in names.items():
@@ -168,7 +176,7 @@ def cuvil_part(args, info, feeds, names, ref, weights, variant, past):
     r.update(timed(lambda: m.run_device(d_in, d_out, mode="graph"), args.iters))
     prof = m.profile_kernels(repeats=5)
     kind_of = {q["name"]: q["kind"] for q in m.plan["kernels"]}
-    itemsize = 2 if variant == "fp16" else 4
+    itemsize = 2 if variant.split("_")[0] == "fp16" else 4
     rows, by_kind, by_what = [], {}, {}
     for p in prof:
         kind = kind_of.get(p["name"], "?")

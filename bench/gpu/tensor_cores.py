@@ -183,6 +183,10 @@ TUNED.update({"fp16_vec": ("fp16", {"mma_vec": True, "mma_sm_groups": 0})})
 TUNED.update({f"fp16_g{n}_vec": ("fp16", {"mma_sm_groups": n, "mma_vec": True}) for n in (4, 8, 16)})
 TUNED.update({f"{v}_g{n}": (v, {"mma_sm_groups": n, "mma_vec": False}) for v in ("tf32", "fp16") for n in (0, 4, 6, 8)})
 
+# attention as one kernel (PtxTuning.fused_attention, ptx/attention.py): "_attn" on, "_noattn" off, each explicit
+TUNED.update({f"{v}_attn": (v, {"fused_attention": True}) for v in ("fp32", "tf32", "fp16")})
+TUNED.update({f"{v}_noattn": (v, {"fused_attention": False}) for v in ("fp32", "tf32", "fp16")})
+
 
 def jobs_for(args, arch):
     from cuvil.testing.matmul_models import FAMILIES

@@ -72,3 +72,33 @@ class AttentionTile:
     def flops(self):
         """4 B H Sq Sk_padded D (Q·Kt and P·V as multiply-adds over every key panel)."""
         return 2 * self.batch * self.heads * self.rows * self.key_blocks * self.kb * (self.d + self.dv)
+
+
+@attrs.define(eq=False)
+class AttentionRows:
+    """The GPU's form of the node (``E("attention", [b, h, i, c, plain], attr=AttentionRows)``, the kernel of
+    :mod:`cuvil.targets.ptx.attention`): no operand is copied; each is an index expression over the variables
+    :attr:`vars` (``b, h, i, d, key, c``) read where the graph stores it (the KV cache, the presents, the
+    projections' outputs through their head split), so a head split or a transpose is indexing.
+
+    ``q`` is Q[b, h, i, d], ``k`` K[b, h, key, d] (the graph's Kt read transposed), ``v`` V[b, h, key, c],
+    ``mask`` the additive mask at [b, h, i, key] (None: none), ``scale`` the score's factor (no variables).
+    ``plain`` evaluates these very expressions at ``d < D``, ``key < keys``, ``c < dv``: the ranges the kernel
+    reads them at, so the bounds prover's proof of ``plain``'s loads covers the kernel's (ptx/bounds_patterns.py)."""
+    q: E
+    k: E
+    v: E
+    mask: Optional[E]
+    scale: E
+    vars: Tuple[E, ...]     # the variables of the index expressions: b, h, i, d, key, c
+    batch: int
+    heads: int
+    rows: int               # Sq
+    keys: int               # Sk
+    d: int
+    dv: int
+    zero_nan: bool
+
+    @property
+    def flops(self):
+        return 2 * self.batch * self.heads * self.rows * self.keys * (self.d + self.dv)

@@ -109,7 +109,8 @@ def schedule(g: Graph, gemm_cols: int = 0, split_concat: bool = False, gemm_tile
              channel_tile_cost: Optional[float] = None, run_time_sizes: bool = False,
              hidden_inputs: int = 0, narrow_formats: tuple = (), matmul_tile: tuple = (),
              bf16_storage: str = "", tile_choices: Optional[dict] = None,
-             scaled_operands: bool = False, pad_in_place: bool = False) -> Schedule:
+             scaled_operands: bool = False, pad_in_place: bool = False,
+             gpu_attention: bool = False) -> Schedule:
     """Stages and memory plan of ``g``. ``gemm_cols > 0`` lowers convolutions to packed contractions (the
     x86 micro-kernels), each with a register tile (rows, cols[, lanes]) among ``gemm_tiles`` (default
     ``((MR, gemm_cols),)``), and constant-weight MatMuls to column panels ``gemm_cols`` wide; 0 keeps plain
@@ -149,7 +150,9 @@ def schedule(g: Graph, gemm_cols: int = 0, split_concat: bool = False, gemm_tile
     their loads instead of stored (attention's ``Q * s`` and ``Kt * s``: the product's kernel multiplies each
     element it loads, the same rounding, and a kernel and a pass over the operand less). ``pad_in_place`` (x86):
     a bf16 convolution whose output only a padded copy reads writes into the copy's interior, and the copy
-    stage writes only the border (:mod:`cuvil.kernels.pad_in_place`)."""
+    stage writes only the border (:mod:`cuvil.kernels.pad_in_place`). ``gpu_attention`` (the GPU's,
+    ``PtxTuning.fused_attention``): a FusedAttention with static shapes lowers to the GPU kernel's node
+    (:class:`cuvil.kernels.attention.AttentionRows`: its operands read in place through index expressions)."""
     data_syms, writers, limits = run_time_symbols(g, run_time_sizes)
     syms = _run_time_symbols(g, data_syms)
     ranges = {s.name: (s.min, s.max) for s in syms}
@@ -161,6 +164,7 @@ def schedule(g: Graph, gemm_cols: int = 0, split_concat: bool = False, gemm_tile
     builder.tile_choices = dict(tile_choices or {})
     builder.bf16_storage = bf16_storage if "bf16" in builder.narrow_formats else ""
     builder.scaled_operands = scaled_operands
+    builder.gpu_attention = gpu_attention
     builder.size_writers = writers
     builder.symbol_slots = {s.name: k for k, s in enumerate(syms)}
     g.toposort()
@@ -226,6 +230,7 @@ class _StageBuilder:
         self.matmul_tile: tuple = ()         # LowerCtx.matmul_tile
         self.bf16_storage = ""               # schedule's bf16_storage
         self.scaled_operands = False         # schedule's scaled_operands
+        self.gpu_attention = False           # schedule's gpu_attention (LowerCtx.gpu_attention)
         self.bf16_stored: Dict[str, str] = {}
         self.fns: Dict[int, TensorFn] = {}
         self.bufs: Dict[int, Buf] = {}
@@ -338,7 +343,8 @@ class _StageBuilder:
         writes = self.size_writers.get(id(node))
         outs = low(LowerCtx(node, ins, self.temp, self.packed_weight, *self.lower_options, used_outputs=used,
                             narrow_formats=self.narrow_formats, matmul_tile=self.matmul_tile,
-                            tile_choices=self.tile_choices, bf16_storage=bool(self.bf16_storage), set_size=(lambda value, name=writes: self.write_symbol(name, value)) if writes else None))
+                            tile_choices=self.tile_choices, bf16_storage=bool(self.bf16_storage),
+                            gpu_attention=self.gpu_attention, set_size=(lambda value, name=writes: self.write_symbol(name, value)) if writes else None))
         inlined = [v for v in node.inputs if v is not None and id(v) not in self.bufs]
         # an expression that inlines a reduction is expensive however cheap its own op is
         inlined_cost = any(self.expensive.get(id(v), False) for v in inlined)

@@ -34,8 +34,8 @@ from __future__ import annotations
 
 from ...ir.dtype import DType
 from ..sequential import Assign, Sequential, sequential
-from ..texpr import I64, Buf, E, binop, call, cmp, const, dim_index, load, logic, reduce, select, var
-from ..attention import AttentionTile
+from ..texpr import I64, Buf, E, binop, call, cast, cmp, const, dim_index, load, logic, reduce, select, substitute, var
+from ..attention import AttentionRows, AttentionTile
 from .core import ARENA, TensorFn, broadcast_fn, lowering, scalar_of
 
 KEY_BLOCK = 32      # keys per step: the scores of one block stay in L1 next to the accumulator
@@ -60,6 +60,8 @@ def _clamp(i: E, n) -> E:
 def _fused_attention(ctx):
     q, kt, v, scale_t, mask = (ctx.input(i) for i in range(5))
     dt = q.dtype
+    if ctx.gpu_attention and _gpu_form(ctx, q, kt, v):
+        return _rows(ctx, q, kt, v, scale_t, mask)
     if dt != DType.FLOAT:
         ctx.unsupported(f"FusedAttention of {dt.name}: the kernel computes in float32")
     out_shape = ctx.out_shape()
@@ -278,4 +280,62 @@ def _tiled(ctx, q, kt, v, scale_t, mask):
         if spec.zero_nan:
             y = _guarded(y, total, value, [nkb, KB])
         return E("attention", [b, h, i, c, y], dt, spec)
+    return [ctx.temp((B, H, Sq, Dv), dt, element, "out")]
+
+
+GPU_MAX_HEAD = 256      # the GPU kernel's head sizes (D, Dv) at most: a block's threads cover a value row
+
+
+def _gpu_form(ctx, q, kt, v) -> bool:
+    """Whether the GPU kernel (:class:`AttentionRows`) takes this node: static shapes, head sizes up to
+    :data:`GPU_MAX_HEAD`, float32 or float16 operands."""
+    B, H, Sq, Dv = ctx.out_shape()
+    D, Sk = kt.shape[2], kt.shape[3]
+    dims = (B, H, Sq, Dv, D, Sk)
+    return (all(isinstance(x, int) and x >= 1 for x in dims) and D <= GPU_MAX_HEAD and Dv <= GPU_MAX_HEAD
+            and all(t.dtype in (DType.FLOAT, DType.FLOAT16) for t in (q, kt, v)))
+
+
+def _rows(ctx, q, kt, v, scale_t, mask):
+    """The GPU form: the operands' index expressions over fixed variables (no copies), and ``plain`` built
+    from those same expressions, reduced over every key (float32 arithmetic, the output rounded to its
+    type): max-shifted softmax times V, as the sequential form computes it."""
+    dt = ctx.out_dtype()
+    F = DType.FLOAT
+    B, H, Sq, Dv = ctx.out_shape()
+    D, Sk = kt.shape[2], kt.shape[3]
+    vb, vh, vi, vd, vkey, vc = (var(n) for n in ("ab", "ah", "ai", "ad", "akey", "ac"))
+    qe = broadcast_fn(q, (B, H, Sq, D))([vb, vh, vi, vd])
+    ke = broadcast_fn(kt, (B, H, D, Sk))([vb, vh, vd, vkey])
+    ve = broadcast_fn(v, (B, H, Sk, Dv))([vb, vh, vkey, vc])
+    me = broadcast_fn(mask, (B, H, Sq, Sk))([vb, vh, vi, vkey]) if mask is not None else None
+    spec = AttentionRows(q=qe, k=ke, v=ve, mask=me, scale=scalar_of(scale_t), vars=(vb, vh, vi, vd, vkey, vc),
+                         batch=B, heads=H, rows=Sq, keys=Sk, d=D, dv=Dv, zero_nan=bool(ctx.attr("zero_nan", 0)))
+    zero, neg_inf = const(0.0, F), const(float("-inf"), F)
+
+    def element(idx):
+        b, h, i, c = idx
+        at = {vb.attr: b, vh.attr: h, vi.attr: i, vc.attr: c}
+
+        def score(key):
+            dot = reduce("sum", [D], lambda d: binop("mul", cast(substitute(qe, {**at, vd.attr: d}), F),
+                                                   cast(substitute(ke, {**at, vd.attr: d, vkey.attr: key}), F)))
+            s = binop("mul", dot, cast(spec.scale, F))
+            if me is not None:
+                s = binop("add", s, cast(substitute(me, {**at, vkey.attr: key}), F))
+            return s
+        top = reduce("max", [Sk], score)
+        shift = select(cmp("eq", top, neg_inf), zero, top)
+
+        def weight(key):
+            return call("exp", binop("sub", score(key), shift))
+
+        def value(key):
+            return cast(substitute(ve, {**at, vkey.attr: key}), F)
+        num = reduce("sum", [Sk], lambda key: binop("mul", weight(key), value(key)))
+        total = reduce("sum", [Sk], weight)
+        y = binop("div", num, total)
+        if spec.zero_nan:
+            y = _guarded(y, total, value, [Sk])
+        return E("attention", [b, h, i, c, cast(y, dt)], dt, spec)
     return [ctx.temp((B, H, Sq, Dv), dt, element, "out")]

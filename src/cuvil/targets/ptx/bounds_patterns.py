@@ -29,6 +29,12 @@ walk by :meth:`GpuPatterns.simt_accesses`, the one-row kernel's weight reads by 
 a product refuted there runs on the plain kernels
 (:func:`refute_products`) and its stage is listed as guarded.
 
+The fused attention kernel (:mod:`cuvil.targets.ptx.attention`) needs no pattern here: its node
+(:class:`~cuvil.kernels.attention.AttentionRows`) carries Q, K, V and the mask as index expressions and its
+plain value reduces those very expressions over ``d < D``, ``key < Sk`` and ``c < Dv``, the ranges the kernel
+evaluates them at (a thread past the last key loads nothing); the hook returns no accesses for the node, so the
+prover walks the plain value's loads, which are the kernel's, and the store at the stage's own indices.
+
 The kernel computes these offsets in 32-bit arithmetic; :func:`~cuvil.targets.ptx.conv.conv_node` admits
 only convolutions whose input and weight offsets are below 2^31 and ``add_conv_stage`` falls back to the
 plain kernels where the partial sums would not be, so the int64 index expressions here are exact.

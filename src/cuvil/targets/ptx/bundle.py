@@ -30,7 +30,9 @@ from ...ir.graph import Graph
 from ...kernels.schedule import ARENA, WEIGHTS
 from ...progress import stage
 from ...rewrite_rules.precision import to_half
+from ...rewrite_rules.proved_rewrite import applied_rules
 from ...version import __version__
+from .attention import attention_in_half, fuse_attention
 from .codegen import TRIPLE, build_ptx, gpu_schedule
 from .matmul_mma import stage_precisions
 from .ptxas import PtxasError, assemble, find_ptxas
@@ -84,10 +86,20 @@ def compile_bundle(g: Graph, out_dir: str, *, arch: str = "sm_90", opt_level: in
     that format (:mod:`cuvil.targets.ptx.matmul_mma`). Each stage, the LLVM IR kernel by kernel, is reported
     through :mod:`cuvil.progress`."""
     t0 = time.perf_counter()
+    if tuning.fused_attention:     # before float16: the rules match the float32 graph (its FusedAttention stays float32)
+        with stage("fused attention") as s:
+            g, report = fuse_attention(g)
+            applied = applied_rules(report)
+            s.detail(f"{sum(v['applied'] for v in applied.values())} rewrites")
+        if applied:
+            manifest_extra = dict(manifest_extra or {})
+            manifest_extra["rules_applied"] = {**manifest_extra.get("rules_applied", {}), **applied}
     half_names: list = []
     if enable_fp16:
         with stage("float16") as s:
             g, half_names = to_half(g)
+            if tuning.fused_attention:
+                attention_in_half(g)
             s.detail(f"{len(half_names)} tensors lowered to half")
     with stage("schedule", detail=f"{len(g.nodes)} nodes") as s:
         sched = gpu_schedule(g, unpadded=unpadded, tuning=tuning)

@@ -52,6 +52,7 @@ from ...progress import stage
 from ..llvm.module import LLVMKernelModule, initialize_all
 from ..llvm.types import F32, I32, I64, PTR, const_value, ll
 from .archs import check_arch
+from .attention import attention_node, emit_attention
 from .bounds_patterns import arena_limit, prove_gpu_stages
 from .conv import TILE_CHANNELS, accumulation, combine_stage, conv_node, emit_conv, plan_conv, scratch_buf
 from .conv_mma import conv_mma_format, emit_conv_mma, plan_conv_mma
@@ -85,7 +86,8 @@ class KernelDesc:
     stage: str = ""        # the schedule stage it computes (for reports)
     lanes: int = 1         # threads per output element (split kernels)
     # element, split, coarse (several channels per thread), tiled (shared memory), sequential (a block per row),
-    # row (row reductions and their element stage, a block per row), matmul_*, gemm_fp32, gemv (one-row products), conv*
+    # row (row reductions and their element stage, a block per row), matmul_*, gemm_fp32, gemv (one-row products), conv*,
+    # attention (a block per query row)
     kind: str = "element"
 
     @property
@@ -149,6 +151,8 @@ class PtxKernelModule(LLVMKernelModule):
         a long sum: lanes split it (``warp_max_outputs``, ``split_*``); the largest stages: shared-memory tiles
         (TILE_*, ``tile_*``); large ones: several channels per thread (COARSEN*, ``coarsen``); else one thread
         per output."""
+        if attention_node(st) is not None:
+            return self.add_attention_stage(st, sym)
         node = conv_node(st) if self.tuning.conv_enabled else None
         if node is not None:
             return self.add_conv_stage(st, sym, node)
@@ -192,6 +196,12 @@ class PtxKernelModule(LLVMKernelModule):
         set_contraction(fn, False)
         self.kernels.append(sym)
         return KernelDesc(sym, rows * threads, threads, st.name, 1, "sequential")
+
+    def add_attention_stage(self, st: Stage, sym: str) -> KernelDesc:
+        """A FusedAttention's node (:class:`~cuvil.kernels.attention.AttentionRows`): a block per query row
+        (:mod:`cuvil.targets.ptx.attention`)."""
+        rows, threads = emit_attention(self, st, sym)
+        return KernelDesc(sym, rows * threads, threads, st.name, 1, "attention")
 
     def add_row_chain(self, chain: List[Stage], sym: str) -> KernelDesc:
         """Row reductions and the element stage reading them as one kernel, a block per row
@@ -867,7 +877,7 @@ def gpu_schedule(g, unpadded: bool = True, tuning: PtxTuning = DEFAULT_TUNING) -
         return schedule(g)
     return schedule(g, gemm_cols=GPU_GEMM_COLS, gemm_tiles=tuple((m, GPU_GEMM_COLS) for m in TILE_CHANNELS),
                     unpadded_contractions=unpadded, matmul_panels=False, half_contractions=True,
-                    scaled_operands=tuning.scaled_operands)
+                    scaled_operands=tuning.scaled_operands, gpu_attention=tuning.fused_attention)
 
 
 def _has_half(e: E) -> bool:

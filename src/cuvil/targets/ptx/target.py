@@ -55,7 +55,9 @@ class PtxOptions(TargetOptions):
     ``jobs`` (with a shape profile): bucket points compiled at once, each in its own process (0: one per CPU;
     default 1); the bundle is the same whatever it is. ``gemv`` (default on; False: the lane-split kernels): one-row
     products (a decode step's weight GEMVs, the LM head) take the kernel of :mod:`cuvil.targets.ptx.gemv`
-    (threads along the output columns, 16-byte weight loads) instead of the lane-split one.
+    (threads along the output columns, 16-byte weight loads) instead of the lane-split one. ``fused_attention``
+    (default off): attention as the exports spell it becomes one FusedAttention kernel (the proved rules of
+    rules/attention.rule; :mod:`cuvil.targets.ptx.attention`), reassociating the softmax's sums.
     """
 
     opt_level: int = attrs.field(default=3, validator=check(is_opt_level, "0, 1, 2 or 3"))
@@ -74,11 +76,15 @@ class PtxOptions(TargetOptions):
     jobs: int = attrs.field(default=1, validator=check(
         lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "a non-negative int (0: one per CPU)"))
     gemv: bool = attrs.field(default=True, validator=check(is_bool, "True or False"))
+    fused_attention: bool = attrs.field(default=DEFAULT_TUNING.fused_attention, validator=check(is_bool, "True or False"))
 
     @property
     def tuning(self) -> PtxTuning:
-        """The kernel-shape settings these options select (``gemv``: PtxTuning.gemv)."""
-        return DEFAULT_TUNING if self.gemv == DEFAULT_TUNING.gemv else attrs.evolve(DEFAULT_TUNING, gemv=self.gemv)
+        """The kernel-shape settings these options select (``gemv``: PtxTuning.gemv, ``fused_attention``:
+        PtxTuning.fused_attention)."""
+        if self.gemv == DEFAULT_TUNING.gemv and self.fused_attention == DEFAULT_TUNING.fused_attention:
+            return DEFAULT_TUNING
+        return attrs.evolve(DEFAULT_TUNING, gemv=self.gemv, fused_attention=self.fused_attention)
 
 
 class PtxTarget:
@@ -101,6 +107,8 @@ class PtxTarget:
                f"allow_tf32={options.allow_tf32}",
                f"graph_buckets={options.graph_buckets!r}"] + [f"gemv={options.gemv}"] + [
             r.text or r.name for r in krules]
+        if options.fused_attention != DEFAULT_TUNING.fused_attention:    # default builds keep their cache keys
+            key.append(f"fused_attention={options.fused_attention}")
         return BuildPlan(graph, options, f"{options.prefix}.cuvil", key, {"kernel_rules": krules})
 
     def emit(self, plan: BuildPlan, path: str, manifest_extra: dict) -> dict:

@@ -108,6 +108,14 @@ class PtxTuning:
     # ... the blocks its column tiles aim for (a block's column threads shrink from 8 to 2 until the grid has this
     # many)
     gemv_min_blocks: int = 264
+    # attention as the exports spell it (MatMul / Softmax / MatMul) becomes one FusedAttention (the proved rules of
+    # rules/attention.rule, as on x86) computed by ptx/attention.py's kernel: a block per query row, keys in chunks
+    # of the block's threads with an online softmax, Q, K, V and the mask read in place (off: element kernels,
+    # products and softmax row kernels). Off: session 17's H200 run (bench/gpu/RESULTS.md; GPT-2 124M decode step per
+    # token, fused / unfused in one process) found it faster in float16 (past 128: 0.735 / 0.959 ms, past 1023:
+    # 1.290 / 1.397) but not in float32 (0.711 / 0.689, and 1.205 / 0.796 at past 1023: 12 blocks, one per head,
+    # each thread reading a whole key row, leave the H200 mostly idle)
+    fused_attention: bool = False
 
 
 DEFAULT_TUNING = PtxTuning()

@@ -1,0 +1,112 @@
+"""Attention as one GPU kernel on a GPU (``PtxTuning.fused_attention``, :mod:`cuvil.targets.ptx.attention`):
+against numpy in float64 with ragged key counts (past 1, 127, 1023: 2, 128 and 1,024 keys, a chunk of threads
+partly past the last key), a padded mask (``-inf`` and ``-10000`` entries, one batch masked whole: the NaN guard
+gives 0), float32 and float16, the same bits run to run; against the unfused kernels; and a small GPT-2 decode
+step against onnxruntime. The structure without a GPU: test_ptx_attention.py."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+from cuvil import Pipeline
+from cuvil.testing.hf_models import gpt2_decode_model, text_feeds
+from cuvil.testing.ptx_bundles import run_ptx_bundle
+from cuvil.testing.requires import needs_gpu
+
+from test_ptx_attention import attention_model
+
+pytestmark = needs_gpu
+
+
+def _inputs(b, h, sq, sk, d, dv, seed):
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((b, h, sq, d)).astype(np.float32)
+    k = rng.standard_normal((b, h, sk, d)).astype(np.float32)
+    v = rng.standard_normal((b, h, sk, dv)).astype(np.float32)
+    mask = np.zeros((b, 1, 1, sk), np.float32)
+    mask[0, ..., sk - sk // 4:] = -np.inf            # padded keys
+    mask[0, ..., 1:sk // 3:2] = -10000.0             # the exports' large negative
+    mask[-1] = -np.inf                               # a batch masked whole: NaN softmax, guarded to 0
+    return q, k, v, mask
+
+
+def _reference(model, q, k, v, mask, fp16):
+    """float64 attention of the model (biases, scale, mask, guard); with ``fp16`` the operands rounded to half
+    as the float16 graph stores them (inputs, biases, the biased projections), the result rounded on the way out."""
+    from onnx import numpy_helper
+    w = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    r = (lambda x: np.asarray(x, np.float16).astype(np.float64)) if fp16 else (lambda x: np.asarray(x, np.float64))
+    qb, kb, vb = r(r(q) + r(w["bq"])), r(r(k) + r(w["bk"])), r(r(v) + r(w["bv"]))
+    s = float(w["s"]) ** 2
+    scores = np.einsum("bhqd,bhkd->bhqk", qb, kb) * s + mask.astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        top = scores.max(-1, keepdims=True)
+        e = np.exp(scores - top)
+        p = e / e.sum(-1, keepdims=True)
+    p = np.where(np.isnan(p), 0.0, p)
+    att = np.einsum("bhqk,bhkc->bhqc", p, vb)
+    bound = (np.einsum("bhqd,bhkd->bhqk", np.abs(qb), np.abs(kb)) * s).max()
+    return r(r(att) + r(w["bo"])), att, vb, bound
+
+
+@pytest.mark.parametrize("past", [1, 127, 1023])
+@pytest.mark.parametrize("fp16", [False, True])
+def test_decode_rows_match_numpy(tmp_path, past, fp16):
+    sk, d = past + 1, 64
+    model = attention_model(2, 3, 1, sk, d, seed=past)
+    xs = _inputs(2, 3, 1, sk, d, d, past)
+    y = run_ptx_bundle(model, xs, tmp_path / "a", fused_attention=True, enable_fp16=fp16)
+    again = run_ptx_bundle(model, xs, tmp_path / "b", fused_attention=True, enable_fp16=fp16)
+    off = run_ptx_bundle(model, xs, tmp_path / "c", fused_attention=False, enable_fp16=fp16)
+    ref, att, vb, bound = _reference(model, *xs, fp16)
+    vmax = np.abs(vb).max()
+    # float32: the scores' sums (d terms, error <= d eps sum|q k| s) move each weight by that much relatively, the
+    # softmax and P.V sums (sk terms) add sk eps; float16: plus the roundings of the output and of + bo
+    tol = 4 * 2.0 ** -24 * (d * bound + sk + 8) * vmax
+    if fp16:
+        tol += 2.0 ** -10 * (np.abs(att).max() + np.abs(ref).max())
+    assert y.shape == ref.shape and np.isfinite(y).all()
+    assert np.abs(y - ref).max() <= tol
+    assert np.array_equal(y, again)                 # fixed summation order: the same bits every run
+    assert np.abs(y - off).max() <= 2 * tol
+    assert np.array_equal(y[-1], ref[-1].astype(np.float32))    # masked whole: 0 + bo, not NaN
+
+
+@pytest.mark.parametrize("fp16", [False, True])
+def test_query_rows_with_odd_heads_match_numpy(tmp_path, fp16):
+    """Several query rows (a prefill), 77 keys, head sizes 32 (Q, K) and 48 (V: a block's 96 threads, 2 groups)."""
+    model = attention_model(2, 2, 5, 77, 32, 48, seed=5)
+    xs = _inputs(2, 2, 5, 77, 32, 48, 5)
+    y = run_ptx_bundle(model, xs, tmp_path / "a", fused_attention=True, enable_fp16=fp16)
+    ref, att, vb, bound = _reference(model, *xs, fp16)
+    tol = 4 * 2.0 ** -24 * (32 * bound + 77 + 8) * np.abs(vb).max()
+    if fp16:
+        tol += 2.0 ** -10 * (np.abs(att).max() + np.abs(ref).max())
+    assert np.abs(y - ref).max() <= tol
+
+
+@pytest.mark.parametrize("fp16", [False, True])
+def test_decode_step_matches_onnxruntime(fp16):
+    """A small GPT-2 decode step with the fused kernel, against onnxruntime and the unfused bundle."""
+    import onnxruntime as ort
+    from cuvil.targets.ptx.runtime import load_bundle
+    m = gpt2_decode_model(vocab=1001, hidden=96, layers=2, heads=4, ffn=387, max_pos=64)
+    feeds = text_feeds(m, 1, 7)
+    names = [vi.name for vi in m.graph.input]
+    ref = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    p = Pipeline.from_onnx(m).optimize()
+    outs = {}
+    for fused in (False, True):
+        b = p.compile("nvptx64-nvidia-cuda", cache=False, fixed={"batch": 1, "past_sequence": 7,
+                                                                 "total_sequence": 8},
+                      fused_attention=fused, enable_fp16=fp16)
+        with open(os.path.join(b.path, "plan.json")) as f:
+            assert ("attention" in [k["kind"] for k in json.load(f)["kernels"]]) == fused
+        with load_bundle(b.path) as mod:
+            outs[fused] = mod.run(*[feeds[n] for n in names])
+    tol = 3e-3 if fp16 else 2e-5       # test_gpu_gemv.py's decode-step tolerances
+    for y_new, y_old, r in zip(outs[True], outs[False], ref):
+        scale = max(np.abs(r).max(), 1e-30)
+        assert np.abs(y_new - r).max() / scale <= tol
+        assert np.abs(y_new - y_old).max() / scale <= tol

@@ -1,0 +1,130 @@
+"""Attention as one GPU kernel (``PtxTuning.fused_attention``, :mod:`cuvil.targets.ptx.attention`; no GPU needed):
+the proved rules fuse an export's MatMul / Softmax / MatMul on the PTX target too, the kernel kind appears for a
+GPT-2 decode step and a BERT layer, float16 reads the half operands without a float32 copy, every kernel is proved
+in bounds, and ptxas assembles the kernel for sm_80 and sm_90. Numbers on a GPU: test_gpu_attention.py."""
+import collections
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from cuvil import Pipeline
+from cuvil.rewrite_rules.precision import to_half
+from cuvil.rewrite_rules.specialize import specialize_graph
+from cuvil.targets.ptx import assemble, find_ptxas
+from cuvil.targets.ptx.attention import MAX_ROWS, attention_in_half, block_threads, fuse_attention
+from cuvil.targets.ptx.codegen import build_ptx, gpu_schedule
+from cuvil.targets.ptx.target import PtxOptions
+from cuvil.targets.ptx.tuning import DEFAULT_TUNING, PtxTuning
+from cuvil.testing.hf_models import bert_model, gpt2_decode_model
+
+PTXAS = find_ptxas()
+ON = PtxTuning(fused_attention=True)
+
+
+def attention_model(b, h, sq, sk, d, dv=None, seed=0):
+    """Projections' biases around torch's scaled_dot_product_attention as the exports spell it: ``q + bq``,
+    ``k + bk``, ``v + bv`` (q [b, h, sq, d], k [b, h, sk, d], v [b, h, sk, dv]), scores ``(Q * s) @ (Kt * s) + mask``
+    (mask [b, 1, 1, sk] an input), Softmax, the NaN guard ``Where(IsNaN(P), 0, P)``, ``P @ V``, then ``+ bo``."""
+    dv = dv or d
+    rng = np.random.default_rng(seed)
+    s = np.float32(d ** -0.25)
+    inits = [numpy_helper.from_array(rng.standard_normal(n).astype(np.float32), name)
+             for name, n in (("bq", d), ("bk", d), ("bv", dv), ("bo", dv))]
+    inits += [numpy_helper.from_array(np.array(s, np.float32), "s"), numpy_helper.from_array(np.array(0, np.float32), "zero")]
+    nodes = [helper.make_node("Add", ["q", "bq"], ["qb"]), helper.make_node("Add", ["k", "bk"], ["kb"]),
+             helper.make_node("Add", ["v", "bv"], ["vb"]),
+             helper.make_node("Transpose", ["kb"], ["kt"], perm=[0, 1, 3, 2]),
+             helper.make_node("Mul", ["qb", "s"], ["qs"]), helper.make_node("Mul", ["kt", "s"], ["kts"]),
+             helper.make_node("MatMul", ["qs", "kts"], ["scores"]), helper.make_node("Add", ["scores", "mask"], ["masked"]),
+             helper.make_node("Softmax", ["masked"], ["p"], axis=-1), helper.make_node("IsNaN", ["p"], ["nan"]),
+             helper.make_node("Where", ["nan", "zero", "p"], ["pz"]), helper.make_node("MatMul", ["pz", "vb"], ["ctx"]),
+             helper.make_node("Add", ["ctx", "bo"], ["y"])]
+    f = TensorProto.FLOAT
+    g = helper.make_graph(nodes, "attention",
+                          [helper.make_tensor_value_info("q", f, [b, h, sq, d]), helper.make_tensor_value_info("k", f, [b, h, sk, d]),
+                           helper.make_tensor_value_info("v", f, [b, h, sk, dv]),
+                           helper.make_tensor_value_info("mask", f, [b, 1, 1, sk])],
+                          [helper.make_tensor_value_info("y", f, [b, h, sq, dv])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _build(graph, tuning=ON, fp16=False, arch="sm_90"):
+    if tuning.fused_attention:
+        graph, _ = fuse_attention(graph)
+    if fp16:
+        graph, _ = to_half(graph)
+        if tuning.fused_attention:
+            attention_in_half(graph)
+    sched = gpu_schedule(graph, tuning=tuning)
+    return sched, build_ptx(sched, arch, fma=True, tuning=tuning)
+
+
+def _kinds(r):
+    return collections.Counter(d.kind for d in r.kernels)
+
+
+def test_option_is_off_by_default_and_reaches_the_tuning():
+    assert DEFAULT_TUNING.fused_attention is False and PtxOptions().tuning is DEFAULT_TUNING
+    assert PtxOptions(fused_attention=True).tuning.fused_attention is True
+    assert PtxOptions(fused_attention=True, gemv=False).tuning.gemv is False
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("fp16", [False, True])
+def test_one_kernel_proved_and_assembled(arch, fp16):
+    g = Pipeline.from_onnx(attention_model(2, 3, 5, 129, 64)).optimize().graph
+    sched, r = _build(g, fp16=fp16, arch=arch)
+    att = [d for d in r.kernels if d.kind == "attention"]
+    assert len(att) == 1 and not any(d.kind in ("split", "matmul_fp16", "gemm_fp32", "row") for d in r.kernels)
+    # a block per query row (2 x 3 x 5), a chunk of 160 keys (129 rounded up to warps)
+    assert att[0].grid == 30 and att[0].block == 160
+    assert all(k.status == "proved" for k in r.memory_safety.kernels)
+    (st,) = [s for s in sched.stages if s.expr.op == "attention"]
+    assert st.buf.dtype.name == ("FLOAT16" if fp16 else "FLOAT")
+    if fp16:    # the half operands read as they are: no stored float32 copy of Q, K or V
+        assert not any(s.buf.dtype.name == "FLOAT" and s.buf.shape in ((2, 3, 129, 64), (2, 3, 64, 129))
+                       for s in sched.stages)
+    if PTXAS:
+        _, info = assemble(r.ptx, arch)
+        k = info[att[0].name]
+        assert k.stack_frame == 0 and k.spill_stores == 0
+
+
+def test_off_keeps_the_unfused_kernels():
+    g = Pipeline.from_onnx(attention_model(1, 2, 3, 40, 16)).optimize().graph
+    _, r = _build(g, tuning=PtxTuning(fused_attention=False))
+    assert "attention" not in _kinds(r)
+
+
+def test_threads_cover_keys_and_values():
+    from types import SimpleNamespace as NS
+    assert block_threads(NS(keys=2, dv=64)) == 64
+    assert block_threads(NS(keys=1024, dv=64)) == 512
+    assert block_threads(NS(keys=129, dv=64)) == 160
+    assert block_threads(NS(keys=3, dv=8)) == 32
+
+
+@pytest.mark.parametrize("fp16", [False, True])
+def test_decode_step_and_bert_layer_take_the_kernel(fp16):
+    gpt = Pipeline.from_onnx(gpt2_decode_model(vocab=1001, hidden=96, layers=1, heads=4, ffn=387, max_pos=64)).optimize()
+    g, _ = specialize_graph(gpt.graph, {"batch": 1, "past_sequence": 7, "total_sequence": 8})
+    _, r = _build(g, fp16=fp16)
+    assert _kinds(r)["attention"] == 1 and all(k.status == "proved" for k in r.memory_safety.kernels)
+    bert = Pipeline.from_onnx(bert_model(vocab=101, hidden=96, layers=1, heads=4, ffn=192, max_pos=256)).optimize()
+    g, _ = specialize_graph(bert.graph, {"batch": 1, "sequence": MAX_ROWS})
+    _, r = _build(g, fp16=fp16)
+    assert _kinds(r)["attention"] == 1 and all(k.status == "proved" for k in r.memory_safety.kernels)
+    if PTXAS:
+        assemble(r.ptx, "sm_90")
+    # more query rows than MAX_ROWS (BERT's 128): the tensor-core products and row kernels stay
+    fused, report = fuse_attention(specialize_graph(bert.graph, {"batch": 1, "sequence": 128})[0])
+    assert not any(n.op == "FusedAttention" for n in fused.nodes) and not sum(report.applied.values())
+
+
+def test_bundle_records_the_rule(tmp_path):
+    from cuvil.targets.ptx.bundle import compile_bundle
+    g = Pipeline.from_onnx(attention_model(1, 2, 1, 33, 16)).optimize().graph
+    man = compile_bundle(g, str(tmp_path / "b"), tuning=ON)
+    assert man["rules_applied"]["fused_attention_guarded"]["applied"] == 1
+    assert "attention" in [k["kind"] for k in __import__("json").load(open(tmp_path / "b" / "plan.json"))["kernels"]]
