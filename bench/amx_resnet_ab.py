@@ -23,8 +23,10 @@ kernels) in one process, with OpenVINO's default (bf16 on a CPU with AMX) beside
     PYTHONPATH=src python3 bench/amx_resnet_ab.py /tmp/old.so /tmp/new.so --error-inputs 16   # error only
 
 Default: wall p50 / min and calling-thread CPU p50 per block (runs alternated, a pause before each; OpenVINO
-computes on its own thread, so its CPU column is not comparable). ``--steps R``: R alternating rounds of the
-step profiler; the GEMM steps summed by kind (3x3 / stem / 1x1 by their K), median and best round, B/A.
+computes on its own thread, so its CPU column is not comparable); ``--threads N`` times every engine with N
+threads (default 1). ``--steps R``: R alternating rounds of the
+step profiler; the GEMM steps summed by kind (3x3 / stem / 1x1 by their K), the others by kernel (pad
+copies, pools: each library's own steps), median and best round, B/A.
 The CPU model is printed first; timings on a shared VM are noisy: read the ratios, repeat in both orders.
 """
 from __future__ import annotations
@@ -63,21 +65,29 @@ def steps(a: str, b: str, rounds: int) -> None:
     for i in range(rounds):
         for k, m in (list(libs.items()) if i % 2 == 0 else list(libs.items())[::-1]):
             prof[k].append(m.profile(*xs, runs=5, num_threads=1))
-    with open(a[:-3] + ".manifest.json") as f:
-        manifest = json.load(f)["steps"]
     med = {k: np.median(np.array(v), 0) for k, v in prof.items()}
     best = {k: np.array(v).min(0) for k, v in prof.items()}
+    # each library's own manifest: a change may add or remove steps (B's stem pool reads no padded copy)
     g = defaultdict(lambda: np.zeros(4))
-    for i, st in enumerate(manifest):
-        if st["kernel"] != "gemm":
-            continue
-        k = st.get("flops", 0) // max(1, 2 * int(np.prod(st["shape"][1:])))
-        kind = ("3x3" if k % 9 == 0 else "stem 7x7" if k == 147 else "1x1/fc") + f" K={k}"
-        g[kind] += 1e3 * np.array([med["A"][i], med["B"][i], best["A"][i], best["B"][i]])
-    print(f"{'GEMM steps (ms)':20} {'A med':>8} {'B med':>8} {'B/A':>6} {'A min':>8} {'B min':>8} {'B/A':>6}")
-    rows = sorted(g.items(), key=lambda kv: -kv[1][0]) + [("all GEMM", sum(g.values()))]
+    for col, (lab, path) in enumerate((("A", a), ("B", b))):
+        with open(path[:-3] + ".manifest.json") as f:
+            manifest = json.load(f)["steps"]
+        for i, st in enumerate(manifest):
+            if st["kernel"] == "gemm":
+                k = st.get("flops", 0) // max(1, 2 * int(np.prod(st["shape"][1:])))
+                kind = ("3x3" if k % 9 == 0 else "stem 7x7" if k == 147 else "1x1/fc") + f" K={k}"
+            else:
+                kind = f"({st['kernel']})"     # the other steps by kernel: pad copies, pools, ...
+            g[kind][col] += 1e3 * med[lab][i]
+            g[kind][2 + col] += 1e3 * best[lab][i]
+    print(f"{'steps (ms)':20} {'A med':>8} {'B med':>8} {'B/A':>6} {'A min':>8} {'B min':>8} {'B/A':>6}")
+    gemm = [kv for kv in g.items() if not kv[0].startswith("(")]
+    rows = (sorted(gemm, key=lambda kv: -kv[1][0]) + [("all GEMM", sum(v for _, v in gemm))]
+            + sorted((kv for kv in g.items() if kv[0].startswith("(")), key=lambda kv: -kv[1][0])
+            + [("all steps", sum(g.values()))])
     for kind, v in rows:
-        print(f"{kind:20} {v[0]:8.3f} {v[1]:8.3f} {v[1] / v[0]:6.3f} {v[2]:8.3f} {v[3]:8.3f} {v[3] / v[2]:6.3f}")
+        r = lambda x, y: f"{y / x:6.3f}" if x else f"{'-':>6}"
+        print(f"{kind:20} {v[0]:8.3f} {v[1]:8.3f} {r(v[0], v[1])} {v[2]:8.3f} {v[3]:8.3f} {r(v[2], v[3])}")
 
 
 def errors(paths, model, feeds, n: int) -> None:
@@ -129,6 +139,7 @@ def main(argv=None):
     ap.add_argument("--runs", type=int, default=15)
     ap.add_argument("--pause-ms", type=float, default=30)
     ap.add_argument("--steps", type=int, default=0, metavar="R")
+    ap.add_argument("--threads", type=int, default=1, help="threads of every engine in the timed blocks (default 1)")
     ap.add_argument("--error-inputs", type=int, default=0, metavar="N",
                     help="only the relative error vs onnxruntime fp32 over N more inputs (standard normal, clipped "
                          "to the feed's range the policy build declared): per engine median and max, and on how "
@@ -162,9 +173,10 @@ def main(argv=None):
     x = next(iter(feeds.values()))
     runners = {}
     for label, path in zip(("A", "B"), a.libs):
-        lib = load(path, num_threads=1)
-        runners[label] = lambda f, lib=lib: lib.run(x, num_threads=1)
-    runners.update({k: v for k, v in openvino_runners(model, 1).items() if "f32" not in k})
+        lib = load(path, num_threads=a.threads)
+        runners[label] = lambda f, lib=lib: lib.run(x, num_threads=a.threads)
+    runners.update({k: v for k, v in openvino_runners(model, a.threads).items() if "f32" not in k})
+    print(f"{a.threads} thread(s)")
     try:                 # each engine's relative error against onnxruntime's float32 (max |diff| / max |ref|)
         import onnxruntime as ort
         sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])

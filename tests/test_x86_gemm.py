@@ -405,15 +405,19 @@ def test_concat_chain_split_recursively_and_under_reshape():
     ((1, 8, 13, 13), [3, 3], [1, 1], [1, 1, 1, 1]),
     ((2, 4, 55, 55), [3, 3], [2, 2], [0, 0, 0, 0]),
     ((1, 3, 9, 40), [2, 3], [1, 2], [0, 1, 1, 1]),
+    ((1, 8, 13, 13), [3, 3], [2, 2], [1, 1, 1, 1]),
+    ((1, 4, 112, 112), [3, 3], [2, 2], [1, 1, 1, 1]),    # ResNet's stem pool
 ])
 def test_max_pool_row_kernel(xs, kern, strides, pads):
+    """A 2-D max pool reads its input unpadded: the row kernel's masked loads read the padding as -inf (no
+    padded copy); exact against onnxruntime."""
     g = helper.make_graph([helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=kern, strides=strides, pads=pads)],
                           "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(xs))],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     x = np.random.default_rng(10).standard_normal(xs).astype(np.float32)
     art = Pipeline.from_onnx(m).compile(cache=False)
-    assert "maxpool" in [s["kernel"] for s in art.manifest["steps"]]
+    assert [s["kernel"] for s in art.manifest["steps"]] == ["maxpool"]
     model = art.model()
     want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     np.testing.assert_array_equal(model.run(x, num_threads=2)[0], want)
@@ -431,8 +435,25 @@ def test_max_pool_row_kernel(xs, kern, strides, pads):
     np.testing.assert_array_equal(got, expect)
 
 
+@pytest.mark.parametrize("attrs", [dict(kernel_shape=[3, 3], strides=[2, 2], pads=[0, 0, 0, 0], ceil_mode=1),
+                                   dict(kernel_shape=[3, 2], strides=[1, 2], pads=[2, 0, 1, 1], dilations=[2, 1],
+                                        ceil_mode=1)])
+def test_max_pool_row_kernel_ceil_mode_and_dilation(attrs):
+    """Ceil-mode windows overhanging the input's end and dilated windows: the masks read outside as -inf."""
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("MaxPool", ["r"], ["y"], **attrs)],
+                          "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 5, 20, 24])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    x = np.random.default_rng(12).standard_normal((1, 5, 20, 24)).astype(np.float32)
+    art = Pipeline.from_onnx(m).compile(cache=False)
+    assert "maxpool" in [s["kernel"] for s in art.manifest["steps"]]
+    assert "pad" not in [s["kernel"] for s in art.manifest["steps"]]
+    want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    for threads in (1, 2):
+        np.testing.assert_array_equal(art.model().run(x, num_threads=threads)[0], want)
+
+
 @pytest.mark.parametrize("op,xs,attrs", [
-    ("MaxPool", (1, 8, 13, 13), dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])),   # fill -inf
     ("AveragePool", (1, 2, 5, 6, 7), dict(kernel_shape=[3, 3, 3], pads=[1, 0, 1, 1, 2, 1])),   # 3-D: padded copy
     ("MaxPool", (1, 5, 20), dict(kernel_shape=[3], pads=[2, 1])),                    # 1-D
     ("MaxPool", (1, 2, 5, 6, 7), dict(kernel_shape=[3, 3, 3], pads=[1, 0, 1, 1, 2, 1])),   # 3-D

@@ -7,6 +7,16 @@ the relative certificate of :mod:`cuvil.precision.relative`), and nothing new ca
 the readers compute with). The x86 backend then keeps such values in bfloat16 between its bf16
 convolutions (``X86Tuning.bf16_storage``; half the bytes, pair panels packed without rounding) and lists
 them in the manifest's ``bf16_activations``; ``cuvil precision report`` counts them.
+
+A reader may also be a ``MaxPool`` (its ``Indices`` output unused) whose own output may be stored so (a ResNet's
+stem: Conv -> MaxPool -> bf16 Convs). Round-to-nearest-even is monotone (``a <= b`` implies
+``rne(a) <= rne(b)``), keeps ``-inf`` (the pool's padding) exact, and maps NaN to NaN and nothing else to NaN;
+so over any window ``max(rne(x_i)) == rne(max(x_i))``, the pool's NaN-skipping max included (the same
+positions are NaN; a NaN result stays a NaN): pooling the stored bfloat16 values gives the value the pool's
+readers would round its float32 output to. The one difference in bits is a zero's sign (a negative value
+too small for bfloat16 rounds to -0, which ties with +0 in the window); a bf16 convolution cannot see it (its
+products of a zero are zeros, its sums start at +0, and +0 + -0 is +0). Indices could differ (rounding can
+tie two maxima), hence unused. tests/test_bf16_max_pool.py checks the identity on every bfloat16 boundary.
 """
 from __future__ import annotations
 
@@ -17,6 +27,9 @@ from ..ir.graph import Graph, Node, Value
 
 #: the op whose bf16 kernels read a bfloat16 input (the x86 convolution micro-kernels)
 READERS = frozenset({"Conv"})
+#: ops that commute with rounding to bfloat16 (monotone, NaN-preserving): a value read only by them may be
+#: stored as bfloat16 when their outputs may (the module's docstring proves it for MaxPool)
+ROUNDING_COMMUTES = frozenset({"MaxPool"})
 
 
 def bf16_storage_reason(g: Graph, v: Value, format_of: Callable[[Node], str] = lambda n: n.precision,
@@ -33,21 +46,36 @@ def bf16_storage_reason(g: Graph, v: Value, format_of: Callable[[Node], str] = l
     users = g.consumers(v)
     if not users:
         return None
-    convs, adds = [], []
+    convs, adds, pools, pool_residual = [], [], [], False
     for u in users:
         if u.op in READERS and format_of(u) == "bf16" and u.inputs[0] is v and not any(x is v for x in u.inputs[1:]):
             convs.append(u.name)
         elif residual and u.op in ("Add", "Sum"):
             adds.append(u.name)
+        elif u.op in ROUNDING_COMMUTES and u.inputs[0] is v and _single_output(g, u) and \
+                (after := bf16_storage_reason(g, u.outputs[0], format_of, residual)) is not None:
+            pools.append(u.name)
+            pool_residual = pool_residual or "residual" in after
         else:
             return None
-    if not convs:
+    parts = []
+    if convs:
+        parts.append("bf16 convolution(s) " + ", ".join(sorted(set(convs))))
+    if pools:
+        parts.append("max pool(s) " + ", ".join(sorted(set(pools))) + ", whose output is stored as bfloat16 (max commutes with "
+                     "rounding to nearest even: the same bits" + ("; on a residual path" if pool_residual else "") + ")")
+    if not parts:
         return None
-    why = "read only by bf16 convolution(s) " + ", ".join(sorted(set(convs)))
+    why = "read only by " + " and ".join(parts)
     if adds:
         why += (" and rounded to bf16 for the residual Add(s) " + ", ".join(sorted(set(adds)))
                 + " (relative to float32: at most 2^-8)")
     return why
+
+
+def _single_output(g: Graph, n: Node) -> bool:
+    """``n``'s outputs past the first are absent or unread (a MaxPool's Indices)."""
+    return all(o is None or not g.consumers(o) and not any(o is y for y in g.outputs) for o in n.outputs[1:])
 
 
 def bf16_storage(g: Graph, formats: Dict[str, str]) -> Dict[str, str]:

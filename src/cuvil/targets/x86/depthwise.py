@@ -18,6 +18,7 @@ from typing import Optional, Tuple
 
 import llvmlite.ir as ir
 
+from ...ir.dtype import DType
 from ...kernels.contraction import DepthwiseWindow
 from ...kernels.schedule import Stage
 from ..llvm.types import F32, I1, I32, I64, PTR, splat
@@ -34,6 +35,11 @@ def emit_depthwise_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int, st
         return None
     spec: DepthwiseWindow = node.attr
     if not batch_only(spec.x.shape, st.buf.shape):
+        return None
+    # a max pool may read the bfloat16 words of a value stored so (kernels/bf16_storage.py): 16-bit loads,
+    # widened to float32 exactly (the word in the high half)
+    x16 = spec.x.dtype == DType.BFLOAT16
+    if spec.x.dtype not in (DType.FLOAT, DType.BFLOAT16) or x16 and spec.kind != "max":
         return None
     vw = max(4, km.vector_bits // 32)
     vec = ir.VectorType(F32, vw)
@@ -52,20 +58,32 @@ def emit_depthwise_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int, st
     em, begin, end = km.kernel(sym)
     b = em.b
     fma = km.declare(f"llvm.fma.v{vw}f32", vec, [vec, vec, vec])
-    mload = km.declare(f"llvm.masked.load.v{vw}f32.p0", vec, [PTR, I32, mvec, vec])
+    I16 = ir.IntType(16)
+    xet = I16 if x16 else F32
+    xvec = ir.VectorType(xet, vw)
+    mload = km.declare(f"llvm.masked.load.v{vw}{'i16' if x16 else 'f32'}.p0", xvec, [PTR, I32, mvec, xvec])
     row = em.alloca(vec, nvec)
     row_f = b.bitcast(row, ir.PointerType(F32))
     zero = ir.Constant(vec, [0.0] * vw)
     is_max = spec.kind == "max"
     nan = ir.Constant(vec, [float("nan")] * vw)
+    # what a masked-off lane reads: the padding's value, zero for a convolution, -inf for a max pool
+    if x16:
+        fill = ir.Constant(xvec, [0xFF80] * vw)       # bfloat16 -inf
+    else:
+        fill = ir.Constant(vec, [float("-inf") if is_max else 0.0] * vw)
+    shl16 = ir.Constant(ir.VectorType(I32, vw), [16] * vw)
     lanes = ir.Constant(ir.VectorType(I64, vw), list(range(vw)))
 
     def fptr(base, off):
         return b.gep(base, [off], source_etype=F32, inbounds=True)
 
+    def xptr(base, off):
+        return b.gep(base, [off], source_etype=xet, inbounds=True)
+
     def masked(rp, col, inside):
         """vw floats of row rp from input column col, lanes whose column col + lane is inside the row;
-        none when the row is outside the input (``inside`` false: padding rows read as zeros)."""
+        none when the row is outside the input (``inside`` false: padding rows read as ``fill``)."""
         at = b.add(splat(b, col, vw), lanes)
         # the column mask apart from the row test: col is a constant for every vector of a row block, so the
         # mask folds to a constant, and the row test is one scalar per kernel row. With the row test folded
@@ -73,7 +91,8 @@ def emit_depthwise_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int, st
         # ShuffleNet's depthwise convolutions took 0.567 ms, now 0.450 (1 thread, bench/ab_libs.py --kinds).
         m = b.and_(b.icmp_signed("<", at, splat(b, I64(Wp), vw)), b.icmp_signed(">=", at, splat(b, I64(0), vw)))
         m = b.and_(m, splat(b, inside, vw))
-        return b.call(mload, [b.gep(rp, [col], source_etype=F32), I32(4), m, zero])
+        v = b.call(mload, [b.gep(rp, [col], source_etype=xet), I32(2 if x16 else 4), m, fill])
+        return b.bitcast(b.shl(b.zext(v, ir.VectorType(I32, vw)), shl16), vec) if x16 else v
 
     x_base = b.gep(em.base(spec.x), [I64(spec.x.offset)], source_etype=ir.IntType(8), inbounds=True)
     w_base = None if spec.w is None else b.gep(em.base(spec.w), [I64(spec.w.offset)], source_etype=ir.IntType(8),
@@ -83,7 +102,7 @@ def emit_depthwise_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int, st
     def plane(t):
         n = b.sdiv(t, I64(C))
         c = b.srem(t, I64(C))
-        xp = fptr(x_base, b.mul(t, I64(Hp * Wp)))
+        xp = xptr(x_base, b.mul(t, I64(Hp * Wp)))
         wv = [] if is_max else [splat(b, b.load(fptr(w_base, b.add(b.mul(c, I64(KH * KW)), I64(k))), typ=F32), vw)
                                 for k in range(KH * KW)]
 
@@ -94,7 +113,7 @@ def emit_depthwise_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int, st
                 for kh in range(KH):
                     ih = b.add(b.mul(oh, I64(sh)), I64(kh * dh - pt))
                     inside = b.and_(b.icmp_signed(">=", ih, I64(0)), b.icmp_signed("<", ih, I64(Hp)))
-                    rp = b.gep(xp, [b.mul(b.select(inside, ih, I64(0)), I64(Wp))], source_etype=F32)
+                    rp = b.gep(xp, [b.mul(b.select(inside, ih, I64(0)), I64(Wp))], source_etype=xet)
                     for kw in range(KW):
                         for v in range(chunk):
                             col = b.add(b.mul(b.add(v0, I64(v)), I64(vw * sw)), I64(kw * dw - pl))
