@@ -86,6 +86,7 @@ def compile_bundle(g: Graph, out_dir: str, *, arch: str = "sm_90", opt_level: in
     that format (:mod:`cuvil.targets.ptx.matmul_mma`). Each stage, the LLVM IR kernel by kernel, is reported
     through :mod:`cuvil.progress`."""
     t0 = time.perf_counter()
+    tuning = tuning.resolved(enable_fp16)
     if tuning.fused_attention:     # before float16: the rules match the float32 graph (its FusedAttention stays float32)
         with stage("fused attention") as s:
             g, report = fuse_attention(g)

@@ -5,6 +5,7 @@ choices, each measured on an H200 (``bench/gpu/RESULTS.md``)."""
 from __future__ import annotations
 
 import attrs
+from typing import Optional
 
 
 @attrs.frozen
@@ -111,11 +112,18 @@ class PtxTuning:
     # attention as the exports spell it (MatMul / Softmax / MatMul) becomes one FusedAttention (the proved rules of
     # rules/attention.rule, as on x86) computed by ptx/attention.py's kernel: a block per query row, keys in chunks
     # of the block's threads with an online softmax, Q, K, V and the mask read in place (off: element kernels,
-    # products and softmax row kernels). Off: session 17's H200 run (bench/gpu/RESULTS.md; GPT-2 124M decode step per
-    # token, fused / unfused in one process) found it faster in float16 (past 128: 0.735 / 0.959 ms, past 1023:
-    # 1.290 / 1.397) but not in float32 (0.711 / 0.689, and 1.205 / 0.796 at past 1023: 12 blocks, one per head,
-    # each thread reading a whole key row, leave the H200 mostly idle)
-    fused_attention: bool = False
+    # products and softmax row kernels). None (the default): on for float16 builds (``enable_fp16``), off for
+    # float32 ones, as session 17's H200 run measured it (bench/gpu/RESULTS.md; GPT-2 124M decode step per token,
+    # fused / unfused in one process): faster in float16 (past 128: 0.735 / 0.959 ms, past 1023: 1.290 / 1.397),
+    # not in float32 (0.711 / 0.689, and 1.205 / 0.796 at past 1023: 12 blocks, one per head, each thread reading a
+    # whole key row, leave the H200 mostly idle). True / False force it either way.
+    fused_attention: Optional[bool] = None
+
+    def resolved(self, enable_fp16: bool) -> "PtxTuning":
+        """These settings with the automatic choices made for a build (``fused_attention`` None: on for float16)."""
+        if self.fused_attention is None:
+            return attrs.evolve(self, fused_attention=bool(enable_fp16))
+        return self
 
 
 DEFAULT_TUNING = PtxTuning()
