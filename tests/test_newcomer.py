@@ -5,7 +5,10 @@ The convention (README.md's "Documentation that runs" section says it once for w
   entries are symlinked (``src/cuvil/data/demo_cnn.onnx``, ``examples/c/run_model.c`` resolve as in a clone);
   what a block writes stays in that folder.
 - ``sh``: one ``bash -e -o pipefail`` script per block, where ``cuvil`` is ``python -m cuvil`` on this
-  checkout (PYTHONPATH=src) and ``python3``/``python``/``pytest`` are this interpreter. ``python``: exec'd
+  checkout (PYTHONPATH=src) and ``python3``/``python``/``pytest`` are this interpreter. ``cuvil`` runs as a fork
+  of one process that has imported the command line (:mod:`cuvil.testing.warm_cli`: the same ``main`` with the
+  command's arguments, directory, environment and streams; a fresh process where the start-up environment
+  differs, e.g. ``PYTHONHASHSEED``); ``CUVIL_DOCS_FRESH=1`` starts every command afresh. ``python``: exec'd
   in one namespace per document, so later blocks see earlier names.
 - A ``text`` block after a run block (the next block of the page; prose may come between) lists lines that
   block prints (stdout and stderr): each must appear, ``...`` inside a line matching anything. Other
@@ -36,6 +39,7 @@ from typing import Dict, List, NamedTuple, Optional
 import pytest
 
 from cuvil.testing.slow import slow_tests_run
+from cuvil.testing.warm_cli import WarmCli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCUMENTS = ["README.md"] + sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "*.md")))
@@ -126,7 +130,7 @@ def absent_need(block: Block) -> Optional[str]:
 class Walk:
     """One document's scratch folder and Python namespace, and which of its blocks have run."""
 
-    def __init__(self, document: str, folder: str):
+    def __init__(self, document: str, folder: str, warm: Optional[WarmCli] = None):
         self.document, self.folder = document, folder
         self.namespace: Dict[str, object] = {"__name__": "__main__"}
         self.done: Dict[int, Optional[str]] = {}       # line -> None (ran) or the reason it was skipped
@@ -135,9 +139,13 @@ class Walk:
         for name in sorted(os.listdir(ROOT)):
             if not name.startswith(".") and name not in ("build", "dist"):
                 os.symlink(os.path.join(ROOT, name), os.path.join(folder, name))
+        if warm is not None:        # `cuvil` as a fork of a process that imported it (cuvil.testing.warm_cli)
+            warm.write_client(self.shims, sys.executable)
         for name, cmd in (("cuvil", f'"{sys.executable}" -m cuvil'), ("python3", f'"{sys.executable}"'),
                           ("python", f'"{sys.executable}"'), ("pytest", f'"{sys.executable}" -m pytest')):
             path = os.path.join(self.shims, name)
+            if os.path.exists(path):
+                continue
             with open(path, "w") as f:
                 f.write(f'#!/bin/sh\nexec {cmd} "$@"\n')
             os.chmod(path, 0o755)
@@ -163,8 +171,7 @@ class Walk:
             assert not missing, f"{where}: the excerpt's lines are not in {b.excerpt}: {missing}"
             return
         if b.lang == "sh":
-            env = dict(os.environ, PATH=self.shims + os.pathsep + os.environ.get("PATH", ""),
-                       PYTHONPATH=os.pathsep.join([os.path.join(ROOT, "src")] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+            env = dict(block_env(), PATH=self.shims + os.pathsep + os.environ.get("PATH", ""))
             res = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", b.body], cwd=self.folder, env=env,
                                  capture_output=True, text=True, timeout=BLOCK_TIMEOUT_S)
             printed, status = res.stdout + res.stderr, res.returncode
@@ -187,15 +194,30 @@ class Walk:
                     f"{where}: the document shows {want.strip()!r}, the block printed:\n{printed[-4000:]}"
 
 
+def block_env() -> Dict[str, str]:
+    """The environment of an ``sh`` block (before its PATH puts the shims first)."""
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(ROOT, "src")] +
+                                                       [p for p in [os.environ.get("PYTHONPATH")] if p]))
+
+
 @pytest.fixture(scope="module")
 def walks(tmp_path_factory):
+    """One Walk per document. Their ``cuvil`` commands are forks of one process that imported the command line
+    (:mod:`cuvil.testing.warm_cli`; ~60 commands in the gate, each saving the 1.6-2.5 s of CPU a fresh import
+    costs); ``CUVIL_DOCS_FRESH=1`` runs each as a fresh ``python -m cuvil`` instead."""
     made: Dict[str, Walk] = {}
+    warm: List[WarmCli] = []
 
     def walk(document: str) -> Walk:
         if document not in made:
-            made[document] = Walk(document, str(tmp_path_factory.mktemp(re.sub(r"\W", "_", document))))
+            if not warm and os.environ.get("CUVIL_DOCS_FRESH") != "1":
+                warm.append(WarmCli(block_env()))
+            made[document] = Walk(document, str(tmp_path_factory.mktemp(re.sub(r"\W", "_", document))),
+                                  warm[0] if warm else None)
         return made[document]
-    return walk
+    yield walk
+    for w in warm:
+        w.close()
 
 
 @pytest.mark.parametrize("block", BLOCKS, ids=[f"{b.document}:L{b.line}-{b.lang}" for b in BLOCKS])
