@@ -18,7 +18,7 @@ process (issue 20).
   Cuvil: ``enable_fp16``, float32 inputs/outputs converted in the graph); ``fp32_gemv`` / ``tf32_gemv`` /
   ``fp16_gemv``: the same with ``PtxOptions.gemv`` (the weight GEMVs on ptx/gemv.py's kernel; the default since
   session 16), ``fp32_attn`` / ``tf32_attn`` / ``fp16_attn``: with ``PtxOptions.fused_attention`` (attention as
-  one kernel, ptx/attention.py; off by default), ``fp32_noattn`` / ...: without it, explicitly, ``fp32_split`` / ...: with ``gemv=False`` (the lane-split kernels before it), Cuvil only,
+  one kernel, ptx/attention.py; by default on in float16 only), ``fp32_noattn`` / ...: without it, explicitly, ``fp32_split`` / ...: with ``gemv=False`` (the lane-split kernels before it), Cuvil only,
   compared with the base variant's torch and Cuvil (``ratio_over_<base>``: p50 and kernel sum); list the base
   variant first (``--variants fp32 fp32_gemv fp16 fp16_gemv``).
 * Checked: every output of both engines against onnxruntime (CPU, float32) on the same inputs, normwise
