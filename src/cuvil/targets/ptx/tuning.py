@@ -108,6 +108,12 @@ class PtxTuning:
     # ... the blocks its column tiles aim for (a block's column threads shrink from 8 to 2 until the grid has this
     # many)
     gemv_min_blocks: int = 264
+    # tensor-core products whose two operands are float16 matrices with 16-byte aligned rows along their
+    # contiguous index (matmul_mma.async_ok): the A / B tiles are copied by cp.async.cg (16 bytes, zero-filled
+    # past the matrix or K) into this many shared stages per K group, one chunk per stage in flight ahead of
+    # the products, and the fragments read by ldmatrix.x4 (.trans where the operand is not k-contiguous).
+    # 0: the register-staged kernel above; else 2, 3 or 4 stages
+    mma_async: int = attrs.field(default=0, validator=attrs.validators.in_((0, 2, 3, 4)))
 
 
 DEFAULT_TUNING = PtxTuning()
