@@ -17,7 +17,7 @@ timeout ${TEST_S:-100} python3 -m pytest -q -p no:cacheprovider $NX -rxXs tests/
 echo "pytest rc=$?" >> "$OUT/pytest_gpu.txt"
 grep -E "passed|failed|Error|assert" "$OUT/pytest_gpu.txt" | tail -12
 timeout ${BENCH_S:-200} python3 bench/gpu/tensor_cores.py --out "$OUT/bench" --parts bert resnet --jobs 15 \
-    --bert-variants ${BERT_VARIANTS:-fp32 tf32 fp16 fp16_async2 fp16_async3 fp16_async4} \
+    --bert-variants ${BERT_VARIANTS:-fp32 tf32 fp16 fp16_async2 fp16_async3 fp16_async4 fp16_g0_async3} \
     --batches 1 32 --resnet-modes ${RESNET_MODES:-fp16 fp16_async3} > "$OUT/bench.log" 2>&1
 echo "bench rc=$?" >> "$OUT/bench.log"
 grep -E "p50|rc=|rror" "$OUT/bench.log" | cut -c1-200
