@@ -12,7 +12,8 @@ from cuvil import Pipeline
 from cuvil.targets.ptx import assemble, bounds_patterns
 from cuvil.targets.ptx.codegen import build_ptx, gpu_schedule
 from cuvil.targets.ptx.matmul_mma import (ASYNC_PAD, FRAGMENTS, TK, async_ok, async_pieces, async_region,
-                                          ldsm_a_half, ldsm_b_half, matmul_parts, plan_matmul, row_stride)
+                                          ldsm_a_half, ldsm_b_half, row_stride,
+                                          SMEM_LIMIT, smem_bytes)
 from cuvil.targets.ptx.tuning import PtxTuning
 from cuvil.testing.matmul_models import attention_scores, batched_matmul, gemm_transb_residual, linear_gelu
 from cuvil.testing.requires import needs_gpu, needs_ptxas
@@ -20,6 +21,7 @@ from cuvil.testing.requires import needs_gpu, needs_ptxas
 # ragged in every way the kernel allows: M not a multiple of the tile, K not a multiple of the chunk (pieces past
 # K zero-filled), N not a multiple of the tile; k-contiguous and row-contiguous operands (Gemm transB, MatMul)
 RAGGED = [dict(b=2, m=40, k=272, n=48), dict(b=1, m=100, k=200, n=88)]
+WIDE = dict(b=1, m=1000, k=200, n=1064)     # enough tiles for 64 x 64 ones (16 x 17), ragged M and K
 
 
 def _ldmatrix(mem, halves, trans):
@@ -75,11 +77,20 @@ def test_stage_rows_stay_16_byte_aligned():
     assert (32 + ASYNC_PAD) % 8 == 0
 
 
-def _sched(model):
-    return gpu_schedule(Pipeline.from_onnx(model).optimize().graph)
+def _plans(model, tuning, monkeypatch):
+    """The product plans the code generator makes for ``model`` in float16 (``enable_fp16``'s rewrite)."""
+    from cuvil.targets.ptx import codegen
+    seen, real = [], codegen.plan_matmul
+
+    def spy(*a, **kw):
+        seen.append(real(*a, **kw))
+        return seen[-1]
+    monkeypatch.setattr(codegen, "plan_matmul", spy)
+    _fp16_ptx(model, tuning)
+    return seen
 
 
-def test_async_rules():
+def test_async_rules(monkeypatch):
     from cuvil.kernels.texpr import Buf, cast, load, var
     from cuvil.ir.dtype import DType
     m, k = var("m"), var("k")
@@ -96,8 +107,12 @@ def test_async_rules():
     assert not async_ok(fac(shape=(128, 100), stride=100), "fp16", False, m.attr, k.attr, [], 128, 100)
     # off: no stages; on: both operands of a BERT product, and the plan's shared memory fits
     model, _ = linear_gelu(b=1, m=128, k=3072, n=768)
-    (st,) = [st for st in _sched(model).stages if matmul_parts(st) is not None]
-    assert plan_matmul(st, matmul_parts(st), "tf32", sm_groups=4, vec=True, async_stages=3).stages == 1
+    assert {p.stages for p in _plans(model, PtxTuning(mma_async=0), monkeypatch)} == {1}
+    plans = _plans(model, PtxTuning(mma_async=3), monkeypatch)     # (asked again by the bounds statement)
+    assert plans and all(p == plans[0] for p in plans)
+    assert plans[0].stages == 3 and smem_bytes("fp16", plans[0].bm, plans[0].bn, plans[0].ks, 3) <= SMEM_LIMIT
+    plan = _plans(linear_gelu(**WIDE)[0], PtxTuning(mma_async=4), monkeypatch)[0]   # GPU cases: 64 x 64 tiles too
+    assert (plan.bm, plan.bn, plan.stages) == (64, 64, 4), plan
 
 
 def _fp16_ptx(model, tuning, arch="sm_90"):
@@ -109,7 +124,7 @@ def _fp16_ptx(model, tuning, arch="sm_90"):
 def _cases():
     return [linear_gelu(**RAGGED[0])[0], gemm_transb_residual(m=100, k=200, n=88)[0],
             linear_gelu(b=1, m=128, k=3072, n=768)[0], batched_matmul(b=2, h=3, m=40, k=40, n=32)[0],
-            attention_scores(b=1, h=12, s=128, d=64)[0]]
+            attention_scores(b=1, h=12, s=128, d=64)[0], linear_gelu(**WIDE)[0]]
 
 
 @needs_ptxas
@@ -168,6 +183,7 @@ def _gpu_cases(rng):
     out.append((gemm_transb_residual(m=100, k=200, n=88), [rng.standard_normal((100, 200)).astype(np.float32),
                                                            rng.standard_normal((100, 88)).astype(np.float32)]))
     out.append((linear_gelu(b=1, m=128, k=3072, n=768), [rng.standard_normal((1, 128, 3072)).astype(np.float32)]))
+    out.append((linear_gelu(**WIDE), [rng.standard_normal((1, WIDE["m"], WIDE["k"])).astype(np.float32)]))
     out.append((batched_matmul(b=2, h=3, m=40, k=40, n=32), [rng.standard_normal((2, 3, 40, 40)).astype(np.float32),
                                                              rng.standard_normal((2, 3, 40, 32)).astype(np.float32)]))
     out.append((attention_scores(b=1, h=12, s=128, d=64),
@@ -190,12 +206,14 @@ def test_gpu_async_products_match_numpy_and_repeat(tmp_path, stages, groups):
 
 
 @needs_gpu
-@pytest.mark.parametrize("groups", [0, 4])
-def test_gpu_async_sums_equal_the_register_staged_kernel(tmp_path, groups):
-    """The same chunks, mma order and zeroed terms as the register-staged kernel: the same bits."""
+@pytest.mark.parametrize("stages", [2, 4])
+def test_gpu_async_sums_equal_the_register_staged_kernel(tmp_path, stages):
+    """One K group, no split (the same plan either way): the same chunks, mma order and zeroed terms as the
+    register-staged kernel, so the same bits."""
     rng = np.random.default_rng(1)
     for i, ((model, _), feeds) in enumerate(_gpu_cases(rng)):
-        (a, _), _ = _run(model, feeds, tmp_path, f"a{i}", PtxTuning(mma_async=3, mma_sm_groups=groups))
-        (b, _), ptx = _run(model, feeds, tmp_path, f"b{i}", PtxTuning(mma_async=0, mma_sm_groups=groups))
+        same = dict(mma_sm_groups=0, mma_max_ks=1)
+        (a, _), _ = _run(model, feeds, tmp_path, f"a{i}", PtxTuning(mma_async=stages, **same))
+        (b, _), ptx = _run(model, feeds, tmp_path, f"b{i}", PtxTuning(mma_async=0, **same))
         assert "cp.async" not in ptx
-        assert np.array_equal(a, b), (groups, i, np.abs(a - b).max())
+        assert np.array_equal(a, b), (stages, i, np.abs(a - b).max())
