@@ -192,8 +192,7 @@ def _gpu_cases(rng):
 
 
 @needs_gpu
-@pytest.mark.parametrize("stages", [2, 3, 4])
-@pytest.mark.parametrize("groups", [0, 4])
+@pytest.mark.parametrize("stages,groups", [(2, 4), (3, 4), (4, 4), (3, 0)])
 def test_gpu_async_products_match_numpy_and_repeat(tmp_path, stages, groups):
     rng = np.random.default_rng(0)
     for i, ((model, ref), feeds) in enumerate(_gpu_cases(rng)):
@@ -206,7 +205,7 @@ def test_gpu_async_products_match_numpy_and_repeat(tmp_path, stages, groups):
 
 
 @needs_gpu
-@pytest.mark.parametrize("stages", [2, 4])
+@pytest.mark.parametrize("stages", [2, 3])
 def test_gpu_async_sums_equal_the_register_staged_kernel(tmp_path, stages):
     """One K group, no split (the same plan either way): the same chunks, mma order and zeroed terms as the
     register-staged kernel, so the same bits."""
