@@ -86,7 +86,7 @@ def _plans(model, tuning, monkeypatch):
         seen.append(real(*a, **kw))
         return seen[-1]
     monkeypatch.setattr(codegen, "plan_matmul", spy)
-    _fp16_ptx(model, tuning)
+    _plans.ptx = _fp16_ptx(model, tuning).ptx
     return seen
 
 
@@ -110,7 +110,10 @@ def test_async_rules(monkeypatch):
     assert {p.stages for p in _plans(model, PtxTuning(mma_async=0), monkeypatch)} == {1}
     plans = _plans(model, PtxTuning(mma_async=3), monkeypatch)     # (asked again by the bounds statement)
     assert plans and all(p == plans[0] for p in plans)
-    assert plans[0].stages == 3 and smem_bytes("fp16", plans[0].bm, plans[0].bn, plans[0].ks, 3) <= SMEM_LIMIT
+    p = plans[0]
+    assert p.stages == 3 and smem_bytes("fp16", p.bm, p.bn, p.ks, 3) <= SMEM_LIMIT
+    # the shared tiles the kernel declares hold every group's stages
+    assert f"_t[{smem_bytes('fp16', p.bm, p.bn, p.ks, 3)}]" in _plans.ptx and p.ks > 1
     plan = _plans(linear_gelu(**WIDE)[0], PtxTuning(mma_async=4), monkeypatch)[0]   # GPU cases: 64 x 64 tiles too
     assert (plan.bm, plan.bn, plan.stages) == (64, 64, 4), plan
 

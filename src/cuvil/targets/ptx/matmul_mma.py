@@ -620,7 +620,9 @@ def emit_matmul(km, st: Stage, sym: str, parts, plan: MatmulPlan, scratch: Optio
         g.align = 16
         return g
     KS = plan.ks
-    tiles_smem = smem("t", KS * (BM + BN) * SK)     # group g's A tile at g*BM*SK, its B tile after all A tiles
+    # group g's A tile at g*BM*SK, its B tile after all A tiles; with cp.async (plan.stages > 1) group g's stages
+    # from g * stages * (BM + BN) * SK (_async_main_loop)
+    tiles_smem = smem("t", plan.stages * KS * (BM + BN) * SK)
     sa = sb = tiles_smem
     bar = km.declare("llvm.nvvm.barrier0", ir.VoidType(), [])
     sbase = {}
