@@ -214,8 +214,13 @@ def test_gpu_async_sums_equal_the_register_staged_kernel(tmp_path, stages):
     register-staged kernel, so the same bits."""
     rng = np.random.default_rng(1)
     for i, ((model, _), feeds) in enumerate(_gpu_cases(rng)):
+        if i == 5:
+            # batched 40 x 40 x 32 (K = 40): the register-staged kernel's 16-byte V loads would read terms past K
+            # (vec_width checks K only for k-contiguous vectors); its statement is refuted and the product runs on
+            # the plain float32 kernel, whose sums differ by rounding (the H200 run: 1 ulp)
+            continue
         same = dict(mma_sm_groups=0, mma_max_ks=1)
         (a, _), _ = _run(model, feeds, tmp_path, f"a{i}", PtxTuning(mma_async=stages, **same))
         (b, _), ptx = _run(model, feeds, tmp_path, f"b{i}", PtxTuning(mma_async=0, **same))
-        assert "cp.async" not in ptx
+        assert "cp.async" not in ptx and "mma.sync" in ptx, i
         assert np.array_equal(a, b), (stages, i, np.abs(a - b).max())
