@@ -1,9 +1,10 @@
-"""The cp.async / ldmatrix tensor-core products (``PtxTuning.mma_async``, :func:`cuvil.targets.ptx.matmul_mma.async_ok`):
-float16 operands copied by 16-byte ``cp.async.cg`` into 2-4 shared stages per K group, fragments by
-``ldmatrix.x4`` (``.trans`` for an operand that is not k-contiguous). Here: the fragment addressing replayed in
-numpy against the PTX ISA's layouts, the eligibility rules, ptxas (sm_80 / sm_90) accepting the kernels without
-spills, the bounds statement proved for ragged products and refuted when widened; on a GPU, ragged M / N / K
-products against numpy, repeating bit for bit and equal to the register-staged kernel's sums.
+"""The cp.async / ldmatrix tensor-core products (``PtxTuning.mma_async``,
+:func:`cuvil.targets.ptx.matmul_mma.async_ok`): float16 operands copied by 16-byte ``cp.async.cg`` into 2-4
+shared stages per K group, fragments by ``ldmatrix.x4`` (``.trans`` for an operand that is not k-contiguous).
+Here: the fragment addressing replayed in numpy against the PTX ISA's layouts, the eligibility rules, ptxas
+(sm_80 / sm_90) accepting the kernels without spills, the bounds statement proved for ragged products and
+refuted when widened; on a GPU, ragged M / N / K products against numpy, repeating bit for bit and equal to the
+register-staged kernel's sums.
 """
 import numpy as np
 import pytest
@@ -46,7 +47,7 @@ def test_ldmatrix_addresses_give_the_isa_fragments(kfast, rows):
     f = FRAGMENTS["fp16"]
     tile = np.arange(rows * TK, dtype=np.int64).reshape(rows, TK) + 1        # tile[row][k], all distinct
     mem = np.zeros(async_region(rows, kfast), np.int64)
-    for r, kk, off in async_pieces(rows, kfast):                                 # each piece: 8 along the contiguous index
+    for r, kk, off in async_pieces(rows, kfast):          # each piece: 8 halves along the contiguous index
         mem[off:off + 8] = tile[r, kk:kk + 8] if kfast else tile[r:r + 8, kk]
     for row0 in range(0, rows, 16):
         for ks in (0, 16):

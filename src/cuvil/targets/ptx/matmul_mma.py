@@ -34,7 +34,13 @@ memory after the barrier. BERT's products have few output tiles (128 rows) and l
 chunks would run one global-load latency after another: a block holds ``ks`` (2 or 4) such groups, group
 ``g`` taking chunks g, g + ks, ... (:func:`chunk_of`) with its own tiles, so ``ks`` chunks are in flight at
 once; at the end groups 1..ks-1 leave their sums in shared memory and group 0 adds them in group order
-(deterministic) and runs the epilogue. Fragment layouts (:data:`FRAGMENTS`) are the PTX ISA's ("Matrix Fragments for
+(deterministic) and runs the epilogue. With ``PtxTuning.mma_async`` (on: 3 stages) a float16 product whose
+operands are both one 16-byte aligned float16 matrix (:func:`async_ok`) takes another main loop instead
+(:func:`_async_main_loop`): each K group's chunks are copied by ``cp.async.cg`` (16 bytes, zero-filled past
+the matrix or past K) into ``plan.stages`` shared stages, ``stages - 1`` chunks ahead of the ``mma``s, and the
+fragments are read by ``ldmatrix.x4`` (``.trans`` for an operand stored ``[k][row]``, the one whose rows are
+contiguous); no registers hold the next chunk.
+Fragment layouts (:data:`FRAGMENTS`) are the PTX ISA's ("Matrix Fragments for
 mma.m16n8k16 / m16n8k8"); tests/test_gpu_tensor_cores.py replays the kernel's shared-memory indexing and
 fragment gathering in numpy against them.
 """
@@ -871,8 +877,9 @@ def _async_main_loop(km, b: ir.IRBuilder, em, plan: MatmulPlan, facs, kv: str, m
         return ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), f"cp.async.wait_group {n};", "~{memory}",
                             side_effect=True)
     ldsm = {t: ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([I32] * 4), [I64]),
-                            f"ldmatrix.sync.aligned.m8n8.x4{'.trans' if t else ''}.shared.b16 {{$0,$1,$2,$3}}, [$4];",
-                            "=r,=r,=r,=r,l,~{memory}", side_effect=True) for t in (False, True)}
+                            f"ldmatrix.sync.aligned.m8n8.x4{'.trans' if t else ''}.shared.b16 "
+                            "{$0,$1,$2,$3}, [$4];", "=r,=r,=r,=r,l,~{memory}", side_effect=True)
+            for t in (False, True)}
     lane8 = _V(b, b.and_(lane, I32(7)))
     m2 = _V(b, b.and_(b.lshr(lane, I32(3)), I32(1)))
     d2 = _V(b, b.lshr(lane, I32(4)))
