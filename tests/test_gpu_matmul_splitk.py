@@ -119,6 +119,10 @@ def test_vector_width_rules():
     f = cast(load(Buf("x", DType.FLOAT16, (128, 768)), [m, k]), DType.FLOAT)
     assert vec_width(f, "tf32", True, k.attr, m.attr, [], 768, 128, 32) == 1      # float16 operands only
     assert vec_width(f, "fp16", True, k.attr, m.attr, [], 784, 128, 32) == 1      # K not a multiple of TK
+    # row-contiguous vectors (m fastest) past K would be neither clamped nor zeroed: scalar loads too
+    ft = cast(load(Buf("x", DType.FLOAT16, (784, 128)), [k, m]), DType.FLOAT)
+    assert vec_width(ft, "fp16", False, k.attr, m.attr, [], 768, 128, 32) == 8
+    assert vec_width(ft, "fp16", False, k.attr, m.attr, [], 784, 128, 32) == 1
 
 
 # --- on a GPU ------------------------------------------------------------------------------------------------

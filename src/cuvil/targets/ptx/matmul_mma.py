@@ -353,11 +353,13 @@ def vec_width(f: E, fmt: str, kfast: bool, kv: str, rv: str, bvars, k: int, rows
     index along the direction the thread mapping follows (``k`` when ``kfast``, else its row variable
     ``rv``) has element stride 1, every other stride and the constant offset a multiple of the width, the
     buffer's byte offset aligned to the load, and no element of a vector clamped or past ``K``: ``k`` a
-    multiple of :data:`TK` (kfast), else ``rows`` a multiple of the tile's rows."""
+    multiple of :data:`TK` (either direction: vectors are never zeroed past K), and ``rows`` a multiple of the
+    tile's rows when the rows are contiguous (before session 17 the row-contiguous case took vectors past K,
+    which the bounds prover refuted: such products ran on the plain kernels)."""
     if fmt != "fp16" or not _is_half(f) or f.args[0].op != "load":
         return 1
     ld = f.args[0]
-    if kfast and k % TK or not kfast and rows % tile_rows:
+    if k % TK or not kfast and rows % tile_rows:
         return 1
     along = kv if kfast else rv
     if _stride(f, along) != 1:
