@@ -94,15 +94,15 @@ def _fp16_bundle(model, tmp_path, tuning):
 @needs_ptxas
 def test_vector_loads_where_aligned(tmp_path):
     model, _ = linear_gelu(b=1, m=128, k=3072, n=768)
-    man, ptx = _fp16_bundle(model, tmp_path, PtxTuning(mma_vec=True, mma_sm_groups=8))
+    man, ptx = _fp16_bundle(model, tmp_path, PtxTuning(mma_vec=True, mma_sm_groups=8, mma_async=0))
     assert "ld.global.nc.v4.b32" in ptx           # 8 halves per load, both operands
     assert all(k.get("spill_stores", 0) == 0 for k in man["ptxas"]["kernels"].values())
-    _, plain = _fp16_bundle(model, tmp_path, PtxTuning(mma_vec=False))
+    _, plain = _fp16_bundle(model, tmp_path, PtxTuning(mma_vec=False, mma_async=0))
     assert "ld.global.nc.v4.b32" not in plain
     # K = 272 is no multiple of the chunk (A's vectors would cross K) and N = 48 of the 32-column tile (B's rows
     # would be clamped): scalar loads
     model, _ = linear_gelu(b=2, m=40, k=272, n=48)
-    _, ptx = _fp16_bundle(model, tmp_path, PtxTuning(mma_vec=True, mma_sm_groups=0))
+    _, ptx = _fp16_bundle(model, tmp_path, PtxTuning(mma_vec=True, mma_sm_groups=0, mma_async=0))
     assert "ld.global.nc.v4.b32" not in ptx and "ld.global.nc.v2.b32" not in ptx
 
 
@@ -119,6 +119,10 @@ def test_vector_width_rules():
     f = cast(load(Buf("x", DType.FLOAT16, (128, 768)), [m, k]), DType.FLOAT)
     assert vec_width(f, "tf32", True, k.attr, m.attr, [], 768, 128, 32) == 1      # float16 operands only
     assert vec_width(f, "fp16", True, k.attr, m.attr, [], 784, 128, 32) == 1      # K not a multiple of TK
+    # row-contiguous vectors (m fastest) past K would be neither clamped nor zeroed: scalar loads too
+    ft = cast(load(Buf("x", DType.FLOAT16, (784, 128)), [k, m]), DType.FLOAT)
+    assert vec_width(ft, "fp16", False, k.attr, m.attr, [], 768, 128, 32) == 8
+    assert vec_width(ft, "fp16", False, k.attr, m.attr, [], 784, 128, 32) == 1
 
 
 # --- on a GPU ------------------------------------------------------------------------------------------------
@@ -151,8 +155,8 @@ def test_gpu_split_products_match_numpy_and_repeat(tmp_path, mode, vec, groups):
               [rng.standard_normal((1, 12, 128, 64)).astype(np.float32) for _ in range(2)])]
     split_seen = False
     for i, ((model, ref), feeds) in enumerate(cases):
-        (y1, y2), man = _run_bundle(model, feeds, tmp_path, f"c{i}", PtxTuning(mma_sm_groups=groups, mma_vec=vec),
-                                    **kw)
+        tuning = PtxTuning(mma_sm_groups=groups, mma_vec=vec, mma_async=0)
+        (y1, y2), man = _run_bundle(model, feeds, tmp_path, f"c{i}", tuning, **kw)
         split_seen |= man.get("splitk_scratch_bytes", 0) > 0
         assert np.array_equal(y1, y2), "split-K sums must repeat bit for bit"
         want = ref(*feeds)

@@ -13,6 +13,7 @@ from cuvil.targets.ptx import bounds_patterns, find_libdevice
 from cuvil.targets.ptx.bundle import read_bundle
 from cuvil.targets.ptx.codegen import PtxKernelModule, build_ptx, gpu_schedule, target_machine
 from cuvil.targets.ptx.conv import conv_node
+from cuvil.targets.ptx.tuning import PtxTuning
 from cuvil.testing import small_cnn
 from cuvil.testing.conv_models import conv_relu_model
 from cuvil.testing.models import transformer_block
@@ -117,12 +118,13 @@ def test_float16_tensor_core_conv_proved():
 
 # --- tensor-core products (matmul_mma.py): operand loads, vector loads, split-K partials and sum reads --------
 
-def _product_build(model, mode):
+def _product_build(model, mode, tuning=None):
     """The PTX of ``model`` with its products on fp16 or TF32 tensor cores, or (``fp32``) the SIMT kernel."""
     from cuvil.rewrite_rules.precision import to_half
+    from cuvil.targets.ptx.tuning import DEFAULT_TUNING
     g = Pipeline.from_onnx(model).optimize().graph
     r = build_ptx(gpu_schedule(to_half(g)[0] if mode == "fp16" else g), "sm_90", fma=True,
-                  allow_tf32=mode == "tf32")
+                  allow_tf32=mode == "tf32", tuning=tuning or DEFAULT_TUNING)
     return r, r.memory_safety
 
 
@@ -145,8 +147,12 @@ def test_products_proved(shape, mode):
     assert cert.proved == len(cert.kernels) and not cert.guarded, cert.to_json()["guarded"]
     if shape["k"] == 3072 and mode != "fp32":
         assert "matmul_sum" in kinds         # split-K: the partials and the sum kernel's reads are stated
+    if mode == "fp16":
+        assert "cp.async.cg" in r.ptx        # the cp.async copies (mma_async, on by default) are stated
     if mode == "fp16" and shape["k"] % 32 == 0:
+        r, cert = _product_build(linear_gelu(**shape)[0], mode, PtxTuning(mma_async=0))
         assert "ld.global.nc.v4" in r.ptx    # vector operand loads are stated
+        assert cert.proved == len(cert.kernels) and not cert.guarded, cert.to_json()["guarded"]
 
 
 def test_batched_product_pattern_counts_its_accesses():
@@ -184,7 +190,8 @@ def test_unclamped_vector_rows_are_refuted(monkeypatch):
     def no_clamp(c, a, b):    # drops every row clamp the product statement makes (cmp(row, ext) ? row : ext - 1)
         return a if getattr(b, "op", "") == "const" and b.attr == 99 else real(c, a, b)
     monkeypatch.setattr(bounds_patterns, "select", no_clamp)
-    r, cert = _product_build(linear_gelu(b=1, m=100, k=768, n=3072)[0], "fp16")
+    # (the register-staged kernel's vectors: cp.async pieces zero-fill instead, test_gpu_matmul_async.py)
+    r, cert = _product_build(linear_gelu(b=1, m=100, k=768, n=3072)[0], "fp16", PtxTuning(mma_async=0))
     assert "mma.sync" not in r.ptx
     (g,) = cert.guarded
     assert any("family:matmul x_f16" in f and "out of bounds" in f for f in g.failures), g.failures

@@ -182,6 +182,12 @@ TUNED.update({f"{v}_g{n}_mb96": (v, {"mma_sm_groups": n, "mma_min_blocks": 96}) 
 TUNED.update({"fp16_vec": ("fp16", {"mma_vec": True, "mma_sm_groups": 0})})
 TUNED.update({f"fp16_g{n}_vec": ("fp16", {"mma_sm_groups": n, "mma_vec": True}) for n in (4, 8, 16)})
 TUNED.update({f"{v}_g{n}": (v, {"mma_sm_groups": n, "mma_vec": False}) for v in ("tf32", "fp16") for n in (0, 4, 6, 8)})
+# session 17: float16 products through cp.async stages and ldmatrix (PtxTuning.mma_async): "_asyncN" N shared
+# stages per K group (the shipped split-K plan otherwise), "_g0_asyncN" without split-K; ResNet-50 takes them
+# as --resnet-modes (its final Gemm is its one product)
+TUNED.update({f"fp16_async{n}": ("fp16", {"mma_async": n}) for n in (2, 3, 4)})
+TUNED.update({f"fp16_g0_async{n}": ("fp16", {"mma_async": n, "mma_sm_groups": 0}) for n in (2, 3)})
+TUNED.update({"fp16_sync": ("fp16", {"mma_async": 0})})
 
 # attention as one kernel (PtxTuning.fused_attention, ptx/attention.py): "_attn" on, "_noattn" off, each explicit
 TUNED.update({f"{v}_attn": (v, {"fused_attention": True}) for v in ("fp32", "tf32", "fp16")})

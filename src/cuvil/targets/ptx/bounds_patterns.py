@@ -403,6 +403,10 @@ class GpuPatterns:
           last index + 0 .. V - 1 (``vec_width`` admits only vectors none of whose elements is clamped): rows
           ``mt * BM + r`` clamped to the last and terms ``k0 + V * kv`` when k is contiguous, else rows
           ``mt * BM + V * rv`` (M a multiple of BM) and terms ``k0 + kk``;
+        * cp.async copies (``plan.stages`` > 1, :func:`~cuvil.targets.ptx.matmul_mma.async_pieces`): 8 halves
+          from the factor's load at (row, term) = (``mt * BM + r``, ``k0 + 8 * kv``) when k is contiguous, else
+          (``mt * BM + 8 * rv``, ``k0 + kk``); a piece with its row past the matrix or its term past K reads
+          nothing (source size 0) and its address is the one at (0, 0): both selected to 0 there;
         * split-K: the partial sums at flat ``((s * batches + batch) * M + m) * N + n`` of the scratch for
           ``m = mt * BM + i``, ``n = nt * BN + j`` where ``m < M`` and ``n < N``, and the sum kernel's reads
           ``splitk[s, *batch, m, n]`` at the stage's own indices.
@@ -422,6 +426,9 @@ class GpuPatterns:
                                                          ("b", bfac, nv, N, plan.bn, plan.tiles_n, plan.b_vec)):
             base = _loop(d, "t" + which, tiles + w) * tile_rows
             kfast = plan.a_kfast if which == "a" else plan.b_kfast
+            if plan.stages > 1:
+                out.append(self.async_piece(fac.args[0], kfast, rv, ext, base, tile_rows, kv, K, k0, in_slice, d))
+                continue
             if v == 1:
                 out += self.fetched_loads(fac, rv, ext, base, tile_rows, kv, K, k0, TKm, [in_slice], d)
                 continue
@@ -453,6 +460,24 @@ class GpuPatterns:
         s2 = _loop(e, "s", S + w)
         out.append(Access("family:matmul_sum", scratch, [s2] + vs, [], e))
         return out
+
+    def async_piece(self, ld: E, kfast: bool, rv: str, ext: int, base: E, tile_rows: int, kv: str, K: int, k0: E,
+                    in_slice: E, d) -> Access:
+        """One cp.async piece of a product operand (see :meth:`matmul_accesses`)."""
+        w, V = self.widen, matmul_mma.ASYNC_VEC
+        if kfast:
+            row = base + _loop(d, "r" + rv, tile_rows + w)
+            k = k0 + _loop(d, "kv" + rv, matmul_mma.TK // V + w) * V
+        else:
+            row = base + _loop(d, "rv" + rv, tile_rows // V + w) * V
+            k = k0 + _loop(d, "kk" + rv, matmul_mma.TK + w)
+        ok = _and(([_lt(row, ext)] if ext % tile_rows else []) + ([_lt(k, K)] if K % matmul_mma.TK else []))
+        if ok is not None:
+            row, k = select(ok, row, as_index(0)), select(ok, k, as_index(0))
+        idx = [substitute(i, {rv: row, kv: k}) for i in ld.args]
+        idx[-1] = idx[-1] + _loop(d, "e" + rv, V + w)
+        conds = [in_slice] + ([] if int(ld.attr.strides[-1]) == 1 else [z3_false()])
+        return Access("family:matmul", ld.attr, idx, conds, d)
 
     def fetched_loads(self, fac: E, rv: str, ext: int, base: E, tile_rows: int, kv: str, K: int, k0: E, tk: int,
                       conds: List[E], d, kind: str = "family:matmul") -> List[Access]:

@@ -34,7 +34,13 @@ memory after the barrier. BERT's products have few output tiles (128 rows) and l
 chunks would run one global-load latency after another: a block holds ``ks`` (2 or 4) such groups, group
 ``g`` taking chunks g, g + ks, ... (:func:`chunk_of`) with its own tiles, so ``ks`` chunks are in flight at
 once; at the end groups 1..ks-1 leave their sums in shared memory and group 0 adds them in group order
-(deterministic) and runs the epilogue. Fragment layouts (:data:`FRAGMENTS`) are the PTX ISA's ("Matrix Fragments for
+(deterministic) and runs the epilogue. With ``PtxTuning.mma_async`` (on: 3 stages) a float16 product whose
+operands are both one 16-byte aligned float16 matrix (:func:`async_ok`) takes another main loop instead
+(:func:`_async_main_loop`): each K group's chunks are copied by ``cp.async.cg`` (16 bytes, zero-filled past
+the matrix or past K) into ``plan.stages`` shared stages, ``stages - 1`` chunks ahead of the ``mma``s, and the
+fragments are read by ``ldmatrix.x4`` (``.trans`` for an operand stored ``[k][row]``, the one whose rows are
+contiguous); no registers hold the next chunk.
+Fragment layouts (:data:`FRAGMENTS`) are the PTX ISA's ("Matrix Fragments for
 mma.m16n8k16 / m16n8k8"); tests/test_gpu_tensor_cores.py replays the kernel's shared-memory indexing and
 fragment gathering in numpy against them.
 """
@@ -115,6 +121,7 @@ class MatmulPlan:
     min_ctas: int = 1       # blocks per SM ptxas must leave registers for (1: no cap)
     a_vec: int = 1          # halves per global load of A (8, 4, 2: one vector load, :func:`vec_width`; 1: scalar)
     b_vec: int = 1
+    stages: int = 1         # > 1: both operands copied by cp.async into this many shared stages per K group
 
     @property
     def threads(self) -> int:
@@ -200,9 +207,10 @@ def chunk_of(rnd, grp, ks: int):
     return rnd * ks + grp
 
 
-def smem_bytes(fmt: str, bm: int, bn: int, ks: int) -> int:
-    """Static shared memory of the kernel: the ks groups' A and B tiles; the groups' partial sums reuse it."""
-    return ks * (bm + bn) * row_stride(fmt) * (4 if fmt == "tf32" else 2)
+def smem_bytes(fmt: str, bm: int, bn: int, ks: int, stages: int = 1) -> int:
+    """Static shared memory of the kernel: the ks groups' A and B tiles (``stages`` of them per group with
+    cp.async); the groups' partial sums reuse it."""
+    return stages * ks * (bm + bn) * row_stride(fmt) * (4 if fmt == "tf32" else 2)
 
 
 def reduction_bytes(bm: int, bn: int, ks: int) -> int:
@@ -345,11 +353,13 @@ def vec_width(f: E, fmt: str, kfast: bool, kv: str, rv: str, bvars, k: int, rows
     index along the direction the thread mapping follows (``k`` when ``kfast``, else its row variable
     ``rv``) has element stride 1, every other stride and the constant offset a multiple of the width, the
     buffer's byte offset aligned to the load, and no element of a vector clamped or past ``K``: ``k`` a
-    multiple of :data:`TK` (kfast), else ``rows`` a multiple of the tile's rows."""
+    multiple of :data:`TK` (either direction: vectors are never zeroed past K), and ``rows`` a multiple of the
+    tile's rows when the rows are contiguous (before session 17 the row-contiguous case took vectors past K,
+    which the bounds prover refuted: such products ran on the plain kernels)."""
     if fmt != "fp16" or not _is_half(f) or f.args[0].op != "load":
         return 1
     ld = f.args[0]
-    if kfast and k % TK or not kfast and rows % tile_rows:
+    if k % TK or not kfast and rows % tile_rows:
         return 1
     along = kv if kfast else rv
     if _stride(f, along) != 1:
@@ -367,6 +377,60 @@ def vec_width(f: E, fmt: str, kfast: bool, kv: str, rv: str, bvars, k: int, rows
     return 1
 
 
+ASYNC_VEC = 8      # halves per cp.async piece (16 bytes: cp.async.cg)
+ASYNC_PAD = 8      # halves of padding per shared row of a stage stored k-major (``[k][row]``)
+
+
+def async_ok(f: E, fmt: str, kfast: bool, kv: str, rv: str, bvars, k: int, rows: int) -> bool:
+    """Whether a factor's tile can be copied by 16-byte ``cp.async`` pieces of :data:`ASYNC_VEC` halves along
+    its contiguous index (``k`` when ``kfast``, else its row variable ``rv``): the alignment rules of
+    :func:`vec_width` for 8 halves, and pieces that lie wholly inside or wholly past the matrix (``k`` a
+    multiple of 8 when kfast, else ``rows``), so that a ragged tile is zero-filled piece by piece
+    (``cp.async``'s source size 0) instead of clamped: K and the rows need not be multiples of the tile."""
+    if kfast and k % ASYNC_VEC or not kfast and rows % ASYNC_VEC:
+        return False
+    # (vec_width's ragged-tile rules do not apply: 0 chunks of 0 rows pass them)
+    return vec_width(f, fmt, kfast, kv, rv, bvars, 0, 0, 1) == ASYNC_VEC
+
+
+def async_pieces(rows: int, kfast: bool):
+    """Per 16-byte piece ``e`` of one operand's chunk (``rows * TK / 8`` of them, thread ``e % THREADS`` copies
+    it): (row, term) of its first element and its shared half offset within the stage's operand region:
+    ``[row][k]`` rows of :func:`row_stride` halves when kfast, else ``[k][row]`` rows of ``rows + ASYNC_PAD``."""
+    out = []
+    for e in range(rows * TK // ASYNC_VEC):
+        if kfast:
+            r, kk = e // (TK // ASYNC_VEC), e % (TK // ASYNC_VEC) * ASYNC_VEC
+            out.append((r, kk, r * (TK + PAD["fp16"]) + kk))
+        else:
+            kk, r = e // (rows // ASYNC_VEC), e % (rows // ASYNC_VEC) * ASYNC_VEC
+            out.append((r, kk, kk * (rows + ASYNC_PAD) + r))
+    return out
+
+
+def async_region(rows: int, kfast: bool) -> int:
+    """Halves of one operand's region in a cp.async stage."""
+    return rows * (TK + PAD["fp16"]) if kfast else TK * (rows + ASYNC_PAD)
+
+
+def ldsm_a_half(kfast: bool, bm: int, row, r, m2, d2, ks: int):
+    """The half (within the A region) whose address a lane with ``ldmatrix`` digits (r, m2, d2) =
+    (lane % 8, lane // 8 % 2, lane // 16) gives ``ldmatrix.x4`` (``.trans`` unless kfast) for the 16 x 16 A
+    fragment at tile row ``row`` and terms ``ks ..``: matrix ``2 * d2 + m2`` is rows ``8 * m2 ..``, terms
+    ``8 * d2 ..``, which is A register ``2 * d2 + m2`` (:data:`FRAGMENTS`). Ints or emitted values."""
+    if kfast:
+        return (row + r + 8 * m2) * (TK + PAD["fp16"]) + ks + 8 * d2
+    return (r + 8 * d2 + ks) * (bm + ASYNC_PAD) + row + 8 * m2
+
+
+def ldsm_b_half(kfast: bool, bn: int, col, r, m2, d2, ks: int):
+    """... for the two 8-column B fragments at ``col`` and ``col + 8``: matrix ``2 * d2 + m2`` is columns
+    ``col + 8 * d2 ..``, terms ``8 * m2 ..``: registers 0, 1 of the first tile, then 0, 1 of the second."""
+    if kfast:
+        return (col + r + 8 * d2) * (TK + PAD["fp16"]) + ks + 8 * m2
+    return (r + 8 * m2 + ks) * (bn + ASYNC_PAD) + col + 8 * d2
+
+
 def mma_format(st: Stage, parts, sm: int, allow_tf32: bool, precision: str = "") -> Optional[str]:
     """The tensor-core format of a matmul stage (None: the float32 kernels): see the module docstring."""
     red, a, b, _ = parts
@@ -380,14 +444,16 @@ def mma_format(st: Stage, parts, sm: int, allow_tf32: bool, precision: str = "")
 
 
 def plan_matmul(st: Stage, parts, fmt: str, min_blocks: int = MIN_BLOCKS, max_ks: int = 4,
-                sm_groups: int = 0, sms: int = 132, vec: bool = False) -> MatmulPlan:
+                sm_groups: int = 0, sms: int = 132, vec: bool = False, async_stages: int = 0) -> MatmulPlan:
     """The block tile (the largest of 64 x 64, 64 x 32, 32 x 64 giving ``min_blocks`` blocks, else 32 x 32)
     and the K groups (the most of ``max_ks``, 4, 2 that leave each group two chunks, keep the launch within
     ``4 * min_blocks`` groups and fit the static shared memory; else 1).
 
     ``sm_groups`` > 0 (``PtxTuning.mma_sm_groups``): the K groups and K slices (split-K across blocks) come
     from :func:`plan_slices` instead, for ``sm_groups`` four-warp groups resident per SM on ``sms`` SMs.
-    ``vec`` (``PtxTuning.mma_vec``): each operand's loads as wide as :func:`vec_width` allows."""
+    ``vec`` (``PtxTuning.mma_vec``): each operand's loads as wide as :func:`vec_width` allows.
+    ``async_stages`` (``PtxTuning.mma_async``): where both operands pass :func:`async_ok`, the cp.async
+    kernel with that many shared stages per K group (the K groups then limited by shared memory)."""
     red, a, b, swapped = parts
     shape = [int(d) for d in st.buf.shape]
     m, n, k = shape[-2], shape[-1], int(red.attr[2][0])
@@ -409,32 +475,37 @@ def plan_matmul(st: Stage, parts, fmt: str, min_blocks: int = MIN_BLOCKS, max_ks
     bvars = [v.attr for v in st.vars[:-2]]
     vecs = ((vec_width(a, fmt, a_kfast, kv, mv, bvars, k, m, bm), vec_width(b, fmt, b_kfast, kv, nv, bvars, k, n, bn))
             if vec else (1, 1))
+    ns = 1
+    if async_stages > 1 and (async_ok(a, fmt, a_kfast, kv, mv, bvars, k, m)
+                             and async_ok(b, fmt, b_kfast, kv, nv, bvars, k, n)):
+        ns, vecs = async_stages, (ASYNC_VEC, ASYNC_VEC)
     if sm_groups > 0:
-        ks, splits, ctas = plan_slices(fmt, bm, bn, blocks, chunks, max_ks, sm_groups, sms)
-        return MatmulPlan(fmt, bm, bn, batch, m, n, k, a_kfast, b_kfast, swapped, ks, splits, ctas, *vecs)
+        ks, splits, ctas = plan_slices(fmt, bm, bn, blocks, chunks, max_ks, sm_groups, sms, ns)
+        return MatmulPlan(fmt, bm, bn, batch, m, n, k, a_kfast, b_kfast, swapped, ks, splits, ctas, *vecs, ns)
     ks = 1
     for cand in (8, 4, 2):
         if (cand <= max_ks and chunks >= 2 * cand and blocks * cand <= 4 * min_blocks
-                and smem_bytes(fmt, bm, bn, cand) <= SMEM_LIMIT
-                and reduction_bytes(bm, bn, cand) <= smem_bytes(fmt, bm, bn, cand)):
+                and smem_bytes(fmt, bm, bn, cand, ns) <= SMEM_LIMIT
+                and reduction_bytes(bm, bn, cand) <= smem_bytes(fmt, bm, bn, cand, ns)):
             ks = cand
             break
-    return MatmulPlan(fmt, bm, bn, batch, m, n, k, a_kfast, b_kfast, swapped, ks, 1, 1, *vecs)
+    return MatmulPlan(fmt, bm, bn, batch, m, n, k, a_kfast, b_kfast, swapped, ks, 1, 1, *vecs, ns)
 
 
 def plan_slices(fmt: str, bm: int, bn: int, tiles: int, chunks: int, max_ks: int, sm_groups: int,
-                sms: int) -> Tuple[int, int, int]:
+                sms: int, stages: int = 1) -> Tuple[int, int, int]:
     """(K groups per block, K slices, blocks per SM) for ``tiles`` output tiles of ``chunks`` chunks when
     ``sm_groups`` four-warp groups fit an SM at once (ptxas is asked for registers that allow it:
     ``sm_groups / ks`` blocks per SM). A round (every group's chunk loaded, then multiplied) costs about one
     global-load latency however many groups run, so the estimate is waves x (rounds + 1) per block (the
     first chunk's load before the rounds): blocks = ``tiles * slices``, a wave is ``sms * sm_groups / ks``
     blocks, a block runs ``chunks / (slices * ks)`` rounds. The smallest estimate wins (ties: fewer slices, then more groups per block); slices divide the
-    chunks evenly, each group keeps two chunks, and a slice count above 1 costs one round (the sum kernel)."""
+    chunks evenly, each group keeps two chunks, and a slice count above 1 costs one round (the sum kernel).
+    ``stages``: shared stages per group (the cp.async kernel), for the shared-memory limit."""
     best = None
     for ks in (8, 4, 2, 1):
-        if (ks > max_ks or sm_groups % ks or smem_bytes(fmt, bm, bn, ks) > SMEM_LIMIT
-                or reduction_bytes(bm, bn, ks) > smem_bytes(fmt, bm, bn, ks)):
+        if (ks > max_ks or sm_groups % ks or smem_bytes(fmt, bm, bn, ks, stages) > SMEM_LIMIT
+                or reduction_bytes(bm, bn, ks) > smem_bytes(fmt, bm, bn, ks, stages)):
             continue
         for splits in range(1, chunks + 1):
             if chunks % splits or chunks // splits < 2 * ks and not (ks == 1 and splits == 1):
@@ -557,7 +628,9 @@ def emit_matmul(km, st: Stage, sym: str, parts, plan: MatmulPlan, scratch: Optio
         g.align = 16
         return g
     KS = plan.ks
-    tiles_smem = smem("t", KS * (BM + BN) * SK)     # group g's A tile at g*BM*SK, its B tile after all A tiles
+    # group g's A tile at g*BM*SK, its B tile after all A tiles; with cp.async (plan.stages > 1) group g's stages
+    # from g * stages * (BM + BN) * SK (_async_main_loop)
+    tiles_smem = smem("t", plan.stages * KS * (BM + BN) * SK)
     sa = sb = tiles_smem
     bar = km.declare("llvm.nvvm.barrier0", ir.VoidType(), [])
     sbase = {}
@@ -622,6 +695,10 @@ def emit_matmul(km, st: Stage, sym: str, parts, plan: MatmulPlan, scratch: Optio
         return convert(em.emit(f))
 
     S, CPS = plan.splits, plan.slice_chunks
+    NS = plan.stages
+    if NS > 1:
+        async_rounds = _async_main_loop(km, b, em, plan, (afac, bfac), kv, mv, nv, tiles_smem, sgep, bar,
+                                        mma_op, accs, tiles, grp, tid, lane, wm, wn)
 
     def tile_body(bid64):
         if S > 1:
@@ -709,8 +786,11 @@ def emit_matmul(km, st: Stage, sym: str, parts, plan: MatmulPlan, scratch: Optio
                 with b.if_then(active):       # uniform per warp: a group is four whole warps
                     mmas()
             b.call(bar, [])
-        fetch(b.mul(b.add(first, grp), I32(TK)))   # plan_matmul keeps KS <= slice chunks / 2: each group has one
-        em.loop_range(I64(0), I64(plan.rounds), rnd)
+        if NS > 1:
+            async_rounds(first, m0, n0)
+        else:
+            fetch(b.mul(b.add(first, grp), I32(TK)))   # plan_matmul keeps KS <= slice chunks / 2: each group has one
+            em.loop_range(I64(0), I64(plan.rounds), rnd)
         if KS > 1:
             # groups 1..KS-1 leave their sums in shared memory (over the tiles, no longer read); group 0
             # adds them in group order (deterministic) and runs the epilogue
@@ -767,3 +847,136 @@ def emit_matmul(km, st: Stage, sym: str, parts, plan: MatmulPlan, scratch: Optio
     set_contraction(fn, False)
     km.kernels.append(sym)
     return plan.blocks * plan.threads
+
+
+def _async_main_loop(km, b: ir.IRBuilder, em, plan: MatmulPlan, facs, kv: str, mv: str, nv: str, tiles_smem,
+                     sgep, bar, mma_op, accs, tiles, grp, tid, lane, wm, wn):
+    """The main loop of the cp.async kernel (``plan.stages`` = NS > 1; float16 operands that pass
+    :func:`async_ok`): returns ``rounds(first, m0, n0)``, which sums the tile's chunks of its K slice into
+    ``accs`` and leaves every copy complete and the shared memory free (a barrier) for the K-group reduction.
+
+    Group ``grp`` owns NS stages of (A region, B region) (:func:`async_region`); its chunk of round ``r``
+    (:func:`chunk_of`) is copied into stage ``r % NS``, NS - 1 rounds ahead of its products: per round one
+    ``cp.async.wait_group NS - 2`` (this thread's copies of the round's chunk are complete), one barrier
+    (everyone's are, and every warp has finished the products of the stage the next copies overwrite), the
+    copies of round ``r + NS - 1``, a commit, then the ``mma``s with fragments from ``ldmatrix.x4``. Each
+    thread copies 16-byte pieces (:func:`async_pieces`) at fixed tile offsets; a piece past the matrix's rows
+    or past K reads nothing (source size 0: zero-filled) from the factor's element (0, 0) of the tile's batch."""
+    BM, BN, M, N, K, NS, KS = plan.bm, plan.bn, plan.m, plan.n, plan.k, plan.stages, plan.ks
+    CPS = plan.slice_chunks
+    SK = row_stride("fp16")
+    A_H = async_region(BM, plan.a_kfast)
+    STG = (BM + BN) * SK                    # halves per stage (smem_bytes; both regions fit in it)
+    frag = FRAGMENTS["fp16"]
+    sgep(tiles_smem, I32(0))                # (the shared base, used by the K-group reduction too)
+    s64 = b.ptrtoint(tiles_smem, I64)
+    cp16 = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [I64, I64, I32]),
+                        "cp.async.cg.shared.global [$0], [$1], 16, $2;", "l,l,r,~{memory}", side_effect=True)
+    commit = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), "cp.async.commit_group;", "~{memory}",
+                          side_effect=True)
+
+    def wait(n):
+        return ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), f"cp.async.wait_group {n};", "~{memory}",
+                            side_effect=True)
+    ldsm = {t: ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([I32] * 4), [I64]),
+                            f"ldmatrix.sync.aligned.m8n8.x4{'.trans' if t else ''}.shared.b16 "
+                            "{$0,$1,$2,$3}, [$4];", "=r,=r,=r,=r,l,~{memory}", side_effect=True)
+            for t in (False, True)}
+    lane8 = _V(b, b.and_(lane, I32(7)))
+    m2 = _V(b, b.and_(b.lshr(lane, I32(3)), I32(1)))
+    d2 = _V(b, b.lshr(lane, I32(4)))
+    gbase = _V(b, b.mul(grp, I32(NS * STG)))        # the group's first stage (halves)
+    # per operand: (factor's load, row var, extent, tile rows, kfast, region offset, this thread's pieces)
+    ops = []
+    for fac, var_, ext, rows, kfast, reg_off in ((facs[0], mv, M, BM, plan.a_kfast, 0),
+                                                 (facs[1], nv, N, BN, plan.b_kfast, A_H)):
+        pieces = async_pieces(rows, kfast)
+        mine = []
+        for j in range(len(pieces) // THREADS):
+            e = b.add(tid, I32(j * THREADS))
+            if kfast:
+                r, kk = tile_divmod(b, e, TK // ASYNC_VEC)
+                kk = b.mul(kk, I32(ASYNC_VEC))
+                soff = b.add(b.mul(r, I32(SK)), kk)
+            else:
+                kk, r = tile_divmod(b, e, rows // ASYNC_VEC)
+                r = b.mul(r, I32(ASYNC_VEC))
+                soff = b.add(b.mul(kk, I32(rows + ASYNC_PAD)), r)
+            mine.append((r, kk, b.add(soff, I32(reg_off))))
+        ops.append((fac.args[0], var_, ext, rows, kfast, mine))
+    assert all(len(async_pieces(rows, kf)) % THREADS == 0 for _, _, _, rows, kf, _ in ops)
+
+    def issue(c, slot, m0, n0):
+        """This thread's copies of chunk ``c`` into stage ``slot`` of its group."""
+        k0 = b.mul(c, I32(TK))
+        st0 = gbase + _V(b, b.mul(slot, I32(STG)))
+        for (ld, var_, ext, rows, kfast, mine), base in zip(ops, (m0, n0)):
+            for r, kk, soff in mine:
+                row, k = b.add(base, r), b.add(k0, kk)
+                conds = ([b.icmp_unsigned("<", row, I32(ext))] if ext % rows else []) + \
+                        ([b.icmp_unsigned("<", k, I32(K))] if K % TK else [])
+                ok = None
+                for x in conds:
+                    ok = x if ok is None else b.and_(ok, x)
+                if ok is not None:
+                    row, k = b.select(ok, row, I32(0)), b.select(ok, k, I32(0))
+                em.memo.append(dict(em.memo[-1]))
+                em.env[var_] = b.zext(row, I64)
+                em.env[kv] = b.zext(k, I64)
+                ptr = em.address(ld.attr, [em.emit(i) for i in ld.args])
+                em.memo.pop()
+                dst = b.add(s64, b.zext(b.mul((st0 + _V(b, soff)).v, I32(2)), I64))
+                size = I32(16) if ok is None else b.select(ok, I32(16), I32(0))
+                b.call(cp16, [dst, b.ptrtoint(ptr, I64), size])
+
+    row_w = _V(b, b.mul(wm, I32(plan.wm)))
+    col_w = _V(b, b.mul(wn, I32(plan.wn)))
+
+    def mmas(slot):
+        a0 = gbase + _V(b, b.mul(slot, I32(STG)))
+        b0 = a0 + A_H
+
+        def frag_load(half, trans):
+            out = b.call(ldsm[trans], [b.add(s64, b.zext(b.mul(half.v, I32(2)), I64))])
+            return [b.extract_value(out, q) for q in range(4)]
+        for ks in range(0, TK, frag.k):
+            afr, bfr = {}, {}
+            for r0 in sorted({r for r, _ in tiles}):
+                afr[r0] = frag_load(a0 + ldsm_a_half(plan.a_kfast, BM, row_w + r0, lane8, m2, d2, ks),
+                                    not plan.a_kfast)
+            for c0 in sorted({c for _, c in tiles})[::2]:
+                x = frag_load(b0 + ldsm_b_half(plan.b_kfast, BN, col_w + c0, lane8, m2, d2, ks),
+                              not plan.b_kfast)
+                bfr[c0], bfr[c0 + 8] = x[:2], x[2:]
+            for ti, (r0, c0) in enumerate(tiles):
+                cs = accs[4 * ti:4 * ti + 4]
+                out = b.call(mma_op, afr[r0] + bfr[c0] + [b.load(c_, typ=F32) for c_ in cs])
+                for q, c_ in enumerate(cs):
+                    b.store(b.extract_value(out, q), c_)
+
+    def rounds(first, m0, n0):
+        end = b.add(first, I32(CPS))
+
+        def chunk(r):                    # chunk_of(r, grp, KS) within the slice
+            return b.add(first, b.add(b.mul(r, I32(KS)), grp))
+        for i in range(NS - 1):          # the prologue: rounds 0 .. NS - 2 in flight
+            c = chunk(I32(i))
+            with b.if_then(b.icmp_unsigned("<", c, end)):
+                issue(c, I32(i), m0, n0)
+            b.call(commit, [])
+
+        def rnd(r64):
+            r = b.trunc(r64, I32)
+            b.call(wait(NS - 2), [])
+            b.call(bar, [])
+            nr = b.add(r, I32(NS - 1))
+            c = chunk(nr)
+            with b.if_then(b.icmp_unsigned("<", c, end)):
+                issue(c, b.urem(nr, I32(NS)), m0, n0)
+            b.call(commit, [])
+            with b.if_then(b.icmp_unsigned("<", chunk(r), end)):     # uniform per warp
+                mmas(b.urem(r, I32(NS)))
+        em.loop_range(I64(0), I64(plan.rounds), rnd)
+        b.call(wait(0), [])
+        b.call(bar, [])
+    return rounds

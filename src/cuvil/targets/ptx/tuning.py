@@ -118,6 +118,14 @@ class PtxTuning:
     # not in float32 (0.711 / 0.689, and 1.205 / 0.796 at past 1023: 12 blocks, one per head, each thread reading a
     # whole key row, leave the H200 mostly idle). True / False force it either way.
     fused_attention: Optional[bool] = None
+    # tensor-core products whose two operands are float16 matrices with 16-byte aligned rows along their
+    # contiguous index (matmul_mma.async_ok): the A / B tiles are copied by cp.async.cg (16 bytes, zero-filled
+    # past the matrix or K) into this many shared stages per K group, one chunk per stage in flight ahead of
+    # the products, and the fragments read by ldmatrix.x4 (.trans where the operand is not k-contiguous).
+    # 0: the register-staged kernel above; else 2, 3 or 4 stages. 3 since session 17's H200 run (bench/gpu/RESULTS.md;
+    # tests/test_gpu_matmul_async.py passed there): BERT-base B=1 S=128 fp16 1.117 -> 1.049 / 0.981 / 0.967 ms with
+    # 2 / 3 / 4 stages, in one process (4: within 1.5% of 3, for a third more shared memory)
+    mma_async: int = attrs.field(default=3, validator=attrs.validators.in_((0, 2, 3, 4)))
 
     def resolved(self, enable_fp16: bool) -> "PtxTuning":
         """These settings with the automatic choices made for a build (``fused_attention`` None: on for float16)."""
