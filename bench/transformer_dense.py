@@ -4,6 +4,7 @@ where the time goes kernel by kernel, and Cuvil / onnxruntime side by side.
 
     PYTHONPATH=src python3 bench/transformer_dense.py [--seqs 32,128,384] [--threads 1,2] [--runs 15]
     PYTHONPATH=src python3 bench/transformer_dense.py --kernels 128 --peak-gflops 232   # the per-kernel table
+    PYTHONPATH=src python3 bench/transformer_dense.py --ort-kernels 128     # onnxruntime's, by its profiler
 
 Times are p50 of alternating runs (an idle pause before each). With one thread both engines run on the
 calling thread, so the table also gives each one's CPU time on that thread (``time.thread_time``): on a
@@ -11,13 +12,17 @@ machine shared with other jobs, time spent descheduled then counts for neither, 
 steadier one. ``--kernels S``: per step (the step profiler, 1 thread, its fastest of ``--runs`` runs) its time,
 share, FLOPs (2 x multiply-adds of the products), the bytes a product must move at least (its weights, its
 rows in and its rows out; 0 for the other kernels) and, with ``--peak-gflops`` (one core's float32 peak),
-its share of peak.
+its share of peak. ``--ort-kernels S``: the same split for onnxruntime (1 thread), from its own profiler
+(each node's fastest of ``--runs`` runs, summed by op type; a MatMul + Add pair is one MLAS call fused into
+``FusedMatMul`` / ``Gemm`` or two nodes, as onnxruntime's graph optimiser leaves it).
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -88,6 +93,36 @@ def kernel_table(art, seq: int, runs: int, peak: float | None):
         print(f"| {kind} | {1e3 * t:.2f} | {100 * t / total:.1f}% | {f / t / 1e9 if f else 0:.0f} |")
 
 
+def ort_kernel_table(model, seq: int, runs: int):
+    """onnxruntime's time per op type at B = 1, this S, 1 thread: each node's fastest of ``runs`` profiled
+    runs (its profiler's ``kernel_time`` events, microseconds), summed by op type."""
+    import onnxruntime as ort
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = so.inter_op_num_threads = 1
+    so.enable_profiling = True
+    so.profile_file_prefix = os.path.join(tempfile.mkdtemp(prefix="cuvil-ort-prof-"), "ort")
+    sess = ort_session(model, so)
+    f = feeds(1, seq, HIDDEN)
+    for _ in range(runs):
+        sess.run(None, f)
+    with open(sess.end_profiling()) as fh:
+        events = [e for e in json.load(fh) if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")]
+    best = {}
+    for e in events:
+        key = (e["name"], e["args"]["op_name"])
+        best[key] = min(best.get(key, float("inf")), e["dur"])
+    total = sum(best.values())
+    print(f"\nonnxruntime {ort.__version__}, S = {seq}, 1 thread: {total / 1e3:.2f} ms in kernels "
+          f"({len(best)} nodes; {cpu_label()})")
+    by_op = {}
+    for (name, op), t in best.items():
+        by_op[op] = by_op.get(op, 0) + t
+    print("| op | ms | share |")
+    print("|---|---|---|")
+    for op, t in sorted(by_op.items(), key=lambda x: -x[1]):
+        print(f"| {op} | {t / 1e3:.2f} | {100 * t / total:.1f}% |")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--layers", type=int, default=2)
@@ -97,8 +132,12 @@ def main(argv=None):
     ap.add_argument("--pause-ms", type=float, default=50)
     ap.add_argument("--kernels", type=int, metavar="S", help="only the per-kernel table at B = 1, this S")
     ap.add_argument("--peak-gflops", type=float, help="one core's float32 peak, for the %% of peak column")
+    ap.add_argument("--ort-kernels", type=int, metavar="S", help="only onnxruntime's per-op table at B = 1, this S")
     a = ap.parse_args(argv)
     model = bert_like(a.layers)
+    if a.ort_kernels:
+        ort_kernel_table(model, a.ort_kernels, a.runs)
+        return
     t0 = time.perf_counter()
     art = Pipeline.from_onnx(model).optimize().compile(shape_profiles=PROFILE)
     print(f"compiled in {time.perf_counter() - t0:.0f} s; {cpu_label()}")

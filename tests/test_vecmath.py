@@ -1,19 +1,26 @@
 """The x86 target's float32 vector math (exp, erf, tanh, log inline as polynomials; Sigmoid through exp):
 errors in ULPs over a sweep of float32 bit patterns, libm's answers at the special values and thresholds,
-no libm call left in the library, and ``math="libm"`` still selecting glibc.
+no libm call left in the library, ``math="libm"`` still selecting glibc, and the functions on whole vectors
+(``VectorMath(lanes=n)``, the attention kernel's exp) giving the scalar form's bits.
 
 The bounds are the largest errors measured over every 64th float32 (bench/vecmath.py; docs/math.md) rounded
 up in the last digit; this test sweeps every 4099th (about 1M values per function).
 """
+import ctypes
 import os
 import re
 import subprocess
 import warnings
 
+import llvmlite.binding as llvm
+import llvmlite.ir as ir
 import numpy as np
 import pytest
 
 from cuvil import CuvilError, Pipeline
+from cuvil.targets.llvm.module import initialize_native
+from cuvil.targets.llvm.types import F32 as LF32, I64
+from cuvil.targets.llvm.vecmath import VectorMath
 from cuvil.testing.ulp import REFERENCES, float32_sweep, mismatched_non_finite, ulp_errors, unary_model
 
 # largest error in ULPs (against the float64 result) measured over every 64th float32, every float32 with
@@ -130,3 +137,54 @@ def test_docs_math_snippet_runs():
     with open(os.path.join(root, "docs", "math.md"), encoding="utf-8") as f:
         (code,) = re.findall(r"```python\n(.*?)```", f.read(), re.S)
     exec(compile(code, "docs/math.md", "exec"), {})
+
+
+def _vector_form(fn: str, lanes: int):
+    """``void f(float *x, float *y, i64 n)``: y = fn(x), ``lanes`` at a time, through ``VectorMath(lanes=lanes)``
+    (as the attention kernel calls exp on its registers), JIT-compiled for the host CPU."""
+    initialize_native()
+    mod = ir.Module(name="vector_form")
+    vec, fptr = ir.VectorType(LF32, lanes), ir.PointerType(LF32)
+    f = ir.Function(mod, ir.FunctionType(ir.VoidType(), [fptr, fptr, I64]), name="f")
+    entry, body, done = f.append_basic_block("entry"), f.append_basic_block("body"), f.append_basic_block("done")
+    b = ir.IRBuilder(entry)
+    b.branch(body)
+    b.position_at_end(body)
+    i = b.phi(I64)
+    i.add_incoming(ir.Constant(I64, 0), entry)
+    vm = VectorMath(b, lambda name, ret, args: mod.declare_intrinsic(name, fnty=ir.FunctionType(ret, args)), lanes)
+    at = [b.bitcast(b.gep(p, [i]), ir.PointerType(vec)) for p in f.args[:2]]
+    b.store(getattr(vm, fn)(b.load(at[0], align=4)), at[1], align=4)
+    nxt = b.add(i, ir.Constant(I64, lanes))
+    i.add_incoming(nxt, body)
+    b.cbranch(b.icmp_signed("<", nxt, f.args[2]), body, done)
+    b.position_at_end(done)
+    b.ret_void()
+    tm = llvm.Target.from_default_triple().create_target_machine(
+        cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(), opt=2)
+    engine = llvm.create_mcjit_compiler(llvm.parse_assembly(str(mod)), tm)
+    engine.finalize_object()
+    run = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)(engine.get_function_address("f"))
+
+    def apply(x: np.ndarray) -> np.ndarray:
+        n = -(-x.size // lanes) * lanes
+        xp = np.zeros(n, F32)
+        xp[:x.size] = x
+        y = np.empty(n, F32)
+        run(xp.ctypes.data, y.ctypes.data, n)
+        return y[:x.size]
+    apply.engine = engine       # keeps the JIT alive as long as the function
+    return apply
+
+
+@pytest.mark.parametrize("op", list(LIBM_NAMES))
+@pytest.mark.parametrize("lanes", [8, 16])
+def test_vector_form_gives_the_scalar_form_bits(compiled, op, lanes):
+    """``VectorMath(lanes=n)`` on whole vectors computes each lane by the scalar form's instructions: the same
+    bits as the compiled library (the scalar form in a loop the vectoriser widens) at every point."""
+    art, x = compiled(op)
+    want = art.run({"x": x})["y"]
+    got = _vector_form(op.lower(), lanes)(x)
+    same = (got.view(np.int32) == want.view(np.int32)) | (np.isnan(got) & np.isnan(want))
+    wrong = np.nonzero(~same)[0]
+    assert not wrong.size, f"{op}: x = {x[wrong][:6]} gives {got[wrong][:6]}, scalar form {want[wrong][:6]}"

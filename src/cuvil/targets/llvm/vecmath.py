@@ -57,27 +57,43 @@ def i32(v: int) -> ir.Constant:
 
 
 class VectorMath:
-    """Emits the functions through builder ``b``; ``declare(name, ret, args)`` declares an intrinsic."""
+    """Emits the functions through builder ``b``; ``declare(name, ret, args)`` declares an intrinsic.
+    ``lanes`` > 1: the functions take and return ``<lanes x float>`` vectors, each lane computed by the same
+    instructions as the scalar form (the same bits), for a kernel that holds its values in vector registers
+    instead of leaving a scalar loop to the vectoriser."""
 
-    def __init__(self, b: ir.IRBuilder, declare: Callable[[str, ir.Type, Sequence[ir.Type]], ir.Function]):
+    def __init__(self, b: ir.IRBuilder, declare: Callable[[str, ir.Type, Sequence[ir.Type]], ir.Function],
+                 lanes: int = 1):
         self.b = b
-        self._fmuladd = declare("llvm.fmuladd.f32", F32, [F32, F32, F32])
-        self._fabs = declare("llvm.fabs.f32", F32, [F32])
-        self._copysign = declare("llvm.copysign.f32", F32, [F32, F32])
+        self.lanes = lanes
+        self.ft = F32 if lanes == 1 else ir.VectorType(F32, lanes)
+        self.it = I32 if lanes == 1 else ir.VectorType(I32, lanes)
+        suffix = "f32" if lanes == 1 else f"v{lanes}f32"
+        self._fmuladd = declare(f"llvm.fmuladd.{suffix}", self.ft, [self.ft, self.ft, self.ft])
+        self._fabs = declare(f"llvm.fabs.{suffix}", self.ft, [self.ft])
+        self._copysign = declare(f"llvm.copysign.{suffix}", self.ft, [self.ft, self.ft])
 
     # --- pieces ----------------------------------------------------------------------------------
+    def f(self, v: float) -> ir.Constant:
+        """The float32 constant ``v`` (in every lane)."""
+        return f32(v) if self.lanes == 1 else ir.Constant(self.ft, [v] * self.lanes)
+
+    def i(self, v: int) -> ir.Constant:
+        """The int32 constant ``v`` (in every lane)."""
+        return i32(v) if self.lanes == 1 else ir.Constant(self.it, [v] * self.lanes)
+
     def fma(self, a, c, d):
         return self.b.call(self._fmuladd, [a, c, d])
 
     def horner(self, x, coeffs: Sequence[float]):
-        acc = f32(coeffs[-1])
+        acc = self.f(coeffs[-1])
         for c in reversed(coeffs[:-1]):
-            acc = self.fma(acc, x, f32(c))
+            acc = self.fma(acc, x, self.f(c))
         return acc
 
     def below(self, x, limit: float, other):
         """``x`` where ``x < limit``, else ``other`` (NaN takes ``other``)."""
-        return self.b.select(self.b.fcmp_ordered("<", x, f32(limit)), x, other)
+        return self.b.select(self.b.fcmp_ordered("<", x, self.f(limit)), x, other)
 
     def nan_passes(self, x, y):
         """``y``, or ``x`` where ``x`` is NaN."""
@@ -86,7 +102,7 @@ class VectorMath:
     def pow2(self, n):
         """2^n for an i32 n in [-126, 127], built in the exponent bits."""
         b = self.b
-        return b.bitcast(b.shl(b.add(n, i32(127)), i32(23)), F32)
+        return b.bitcast(b.shl(b.add(n, self.i(127)), self.i(23)), self.ft)
 
     # --- functions --------------------------------------------------------------------------------
     def exp(self, x):
@@ -94,16 +110,16 @@ class VectorMath:
         polynomial; 2^n applied as two factors so that results down to the denormals come out of one
         rounding and overflow gives inf."""
         b = self.b
-        xc = self.below(x, EXP_MAX, f32(EXP_MAX))                     # NaN -> EXP_MAX; answered at the end
-        xc = b.select(b.fcmp_ordered(">", xc, f32(EXP_MIN)), xc, f32(EXP_MIN))
-        n = b.fsub(self.fma(xc, f32(LOG2E), f32(ROUND_SHIFTER)), f32(ROUND_SHIFTER))
-        hi = self.fma(n, f32(-LN2_HI), xc)                            # exact
-        lo = b.fmul(n, f32(-LN2_LO))
+        xc = self.below(x, EXP_MAX, self.f(EXP_MAX))                     # NaN -> EXP_MAX; answered at the end
+        xc = b.select(b.fcmp_ordered(">", xc, self.f(EXP_MIN)), xc, self.f(EXP_MIN))
+        n = b.fsub(self.fma(xc, self.f(LOG2E), self.f(ROUND_SHIFTER)), self.f(ROUND_SHIFTER))
+        hi = self.fma(n, self.f(-LN2_HI), xc)                            # exact
+        lo = b.fmul(n, self.f(-LN2_LO))
         r = b.fadd(hi, lo)
         # 1 + hi + (lo + r^2 q(r)): lo joins the small terms, so r's rounding does not reach the result
-        p = b.fadd(b.fadd(hi, self.fma(b.fmul(r, r), self.horner(r, EXP_Q), lo)), f32(1.0))
-        ni = b.fptosi(n, I32)                                          # in [-150, 128]
-        n1 = b.ashr(ni, i32(1))
+        p = b.fadd(b.fadd(hi, self.fma(b.fmul(r, r), self.horner(r, EXP_Q), lo)), self.f(1.0))
+        ni = b.fptosi(n, self.it)                                          # in [-150, 128]
+        n1 = b.ashr(ni, self.i(1))
         y = b.fmul(b.fmul(p, self.pow2(n1)), self.pow2(b.sub(ni, n1)))
         return self.nan_passes(x, y)
 
@@ -113,11 +129,11 @@ class VectorMath:
         b = self.b
         a = b.call(self._fabs, [x])
         small = self.fma(x, self.horner(b.fmul(x, x), ERF_SMALL), x)
-        ac = b.select(b.fcmp_ordered(">", a, f32(ERF_SPLIT)), a, f32(ERF_SPLIT))
-        ac = self.below(ac, 4.0, f32(4.0))
-        erfc = b.fmul(self.exp(b.fneg(b.fmul(ac, ac))), self.horner(b.fdiv(f32(1.0), ac), ERFC_SCALED))
-        large = b.call(self._copysign, [b.fsub(f32(1.0), erfc), x])
-        return self.nan_passes(x, b.select(b.fcmp_ordered("<", a, f32(ERF_SPLIT)), small, large))
+        ac = b.select(b.fcmp_ordered(">", a, self.f(ERF_SPLIT)), a, self.f(ERF_SPLIT))
+        ac = self.below(ac, 4.0, self.f(4.0))
+        erfc = b.fmul(self.exp(b.fneg(b.fmul(ac, ac))), self.horner(b.fdiv(self.f(1.0), ac), ERFC_SCALED))
+        large = b.call(self._copysign, [b.fsub(self.f(1.0), erfc), x])
+        return self.nan_passes(x, b.select(b.fcmp_ordered("<", a, self.f(ERF_SPLIT)), small, large))
 
     def tanh(self, x):
         """x + x^3 p(x^2) below |x| = 0.875; 1 - 2 / (e^(2|x|) + 1) from there (e^(2|x|) = inf gives 1); x's
@@ -126,28 +142,28 @@ class VectorMath:
         a = b.call(self._fabs, [x])
         z = b.fmul(a, a)
         small = self.fma(b.fmul(a, z), self.horner(z, TANH_SMALL), a)
-        large = b.fsub(f32(1.0), b.fdiv(f32(2.0), b.fadd(self.exp(b.fadd(a, a)), f32(1.0))))
-        y = b.select(b.fcmp_ordered("<", a, f32(TANH_SPLIT)), small, large)
+        large = b.fsub(self.f(1.0), b.fdiv(self.f(2.0), b.fadd(self.exp(b.fadd(a, a)), self.f(1.0))))
+        y = b.select(b.fcmp_ordered("<", a, self.f(TANH_SPLIT)), small, large)
         return self.nan_passes(x, b.call(self._copysign, [y, x]))
 
     def log(self, x):
         """k ln2 + log(1 + f) with x = 2^k (1 + f), 1 + f in [sqrt(1/2), sqrt(2)) (denormals scaled by 2^23
         first); 0 gives -inf, a negative x NaN, inf inf."""
         b = self.b
-        tiny = b.fcmp_ordered("<", x, f32(1.1754943508222875e-38))
-        xs = b.select(tiny, b.fmul(x, f32(8388608.0)), x)
-        ix = b.sub(b.bitcast(xs, I32), i32(0x3F3504F3))                # exponent relative to sqrt(1/2)
-        k = b.add(b.ashr(ix, i32(23)), b.select(tiny, i32(-23), i32(0)))
-        m = b.bitcast(b.add(b.and_(ix, i32(0x7FFFFF)), i32(0x3F3504F3)), F32)
-        f = b.fsub(m, f32(1.0))
+        tiny = b.fcmp_ordered("<", x, self.f(1.1754943508222875e-38))
+        xs = b.select(tiny, b.fmul(x, self.f(8388608.0)), x)
+        ix = b.sub(b.bitcast(xs, self.it), self.i(0x3F3504F3))      # exponent relative to sqrt(1/2)
+        k = b.add(b.ashr(ix, self.i(23)), b.select(tiny, self.i(-23), self.i(0)))
+        m = b.bitcast(b.add(b.and_(ix, self.i(0x7FFFFF)), self.i(0x3F3504F3)), self.ft)
+        f = b.fsub(m, self.f(1.0))
         f2 = b.fmul(f, f)
-        kf = b.sitofp(k, F32)
-        tail = b.fsub(b.fmul(b.fmul(f2, f), self.horner(f, LOG1P_P)), b.fmul(f32(0.5), f2))
-        y = b.fadd(self.fma(kf, f32(LN2_LO), tail), f)
-        y = self.fma(kf, f32(LN2_HI), y)
-        y = b.select(b.fcmp_ordered("==", x, f32(math.inf)), x, y)
-        y = b.select(b.fcmp_ordered("==", x, f32(0.0)), f32(-math.inf), y)
-        return b.select(b.fcmp_unordered("<", x, f32(0.0)), f32(math.nan), y)   # negative or NaN
+        kf = b.sitofp(k, self.ft)
+        tail = b.fsub(b.fmul(b.fmul(f2, f), self.horner(f, LOG1P_P)), b.fmul(self.f(0.5), f2))
+        y = b.fadd(self.fma(kf, self.f(LN2_LO), tail), f)
+        y = self.fma(kf, self.f(LN2_HI), y)
+        y = b.select(b.fcmp_ordered("==", x, self.f(math.inf)), x, y)
+        y = b.select(b.fcmp_ordered("==", x, self.f(0.0)), self.f(-math.inf), y)
+        return b.select(b.fcmp_unordered("<", x, self.f(0.0)), self.f(math.nan), y)   # negative or NaN
 
 
 # the math functions (as the kernels' ``call`` names them) that VectorMath emits for float32

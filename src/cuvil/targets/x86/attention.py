@@ -10,9 +10,9 @@ keys (``nv = kb / lanes`` vectors) the kernel
    vector max that propagates NaN (an unordered compare selects ``a + b`` where either is NaN) and updates
    the row's running max ``m`` and the shift ``c`` (0 while every score so far is ``-inf``, so a row masked
    so far adds exp(-inf) = 0, not NaN); ``r = exp(m_old - c)``;
-3. spills the scores to a stack tile and replaces them by ``exp(s - c)`` in a loop of constant trip count
-   (the shared polynomial of :mod:`cuvil.targets.llvm.vecmath`, which LLVM's loop vectoriser widens), and
-   adds them to the row's running sum ``l`` (a vector of partial sums, scaled by ``r``);
+3. replaces the scores by ``exp(s - c)`` in their vector registers (the shared polynomial of
+   :mod:`cuvil.targets.llvm.vecmath` on whole vectors), stores them to a stack tile and adds them to the row's
+   running sum ``l`` (a vector of partial sums, scaled by ``r``);
 4. scales the output accumulators by ``r`` and adds ``P · V``: for each key, its value row's vectors
    (``dvp / lanes``) loaded once and multiplied by each row's probability broadcast from the tile (values read
    in place stop at the last key; the padded copy's zero rows past it add 0).
@@ -71,6 +71,9 @@ def emit_attention_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]
     b = em.b
     fma = km.declare(f"llvm.fma.v{vw}f32", vec, [vec, vec, vec])
     math = VectorMath(b, km.declare)
+    # exp of the scores' vectors as they are (the scalar loop over a spilled tile that LLVM widened ran half
+    # the kernel's time: 8-lane vectors, a store-to-load round trip per vector)
+    vmath = VectorMath(b, km.declare, vw)
     zero_v = ir.Constant(vec, [0.0] * vw)
     neg_inf = ir.Constant(F32, float("-inf"))
 
@@ -210,7 +213,7 @@ def emit_attention_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]
                             a = slot(s_acc, qi * NV + v)
                             vstore(b.call(fma, [qs, keys[v], vload(a)]), a)
                 em.loop_range(I64(0), I64(D), qk)
-            shifts, rescale = [], []
+            shifts, rescale, scores = [], [], []
             for qi in range(QB):     # 2. scale, mask, running max
                 mp = fptr(mrow[qi], key0)
                 s = [b.fadd(b.fmul(vload(slot(s_acc, qi * NV + v)), scale), vload(fptr(mp, I64(v * vw))))
@@ -226,18 +229,16 @@ def emit_attention_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]
                 rescale.append(math.exp(b.fsub(m_old, c)))
                 shifts.append(c)
                 b.store(m_new, mp_old)
-                for v in range(NV):
-                    vstore(s[v], fptr(ptile, I64(qi * KB + v * vw)))
-            for qi in range(QB):     # 3. probabilities (a loop the vectoriser widens) and running sums
+                scores.append(s)
+            for qi in range(QB):     # 3. probabilities (in the scores' registers) and running sums
                 row = fptr(ptile, I64(qi * KB))
-
-                def expo(j, row=row, c=shifts[qi]):
-                    at = fptr(row, j)
-                    b.store(math.exp(b.fsub(b.load(at, typ=F32), c)), at)
-                em.loop_range(I64(0), I64(KB), expo)
-                total = vload(fptr(row, I64(0)))
-                for v in range(1, NV):
-                    total = b.fadd(total, vload(fptr(row, I64(v * vw))))
+                c = splat(b, shifts[qi], vw)
+                probs = [vmath.exp(b.fsub(x, c)) for x in scores[qi]]
+                for v, x in enumerate(probs):
+                    vstore(x, fptr(row, I64(v * vw)))
+                total = probs[0]
+                for x in probs[1:]:
+                    total = b.fadd(total, x)
                 lp = slot(l_vec, qi)
                 vstore(b.fadd(b.fmul(vload(lp), splat(b, rescale[qi], vw)), total), lp)
                 r = splat(b, rescale[qi], vw)

@@ -6,8 +6,10 @@ output columns, packed at compile time as ``Wp[mb, k, :]``), panels fastest, so 
 spreads over the threads (ResNet-50's classifier: 16 panels of 2048 x 64). The k-loop keeps ``MR x NV`` accumulators in
 vector registers: per k it loads ``NV`` vectors of the panel, broadcasts ``A[p, k]`` of each of the
 ``MR`` rows (read in place: rows of A are contiguous, no packing) and issues ``MR * NV`` fused
-multiply-adds. The tile is spilled to a stack array, the stage's fused epilogue (bias, residual, activation,
-Gemm's alpha/beta) runs over it in place, and rows are copied out (``out[p, m0:m0 + cols]`` is contiguous).
+multiply-adds. A full tile runs the stage's fused epilogue (bias, residual, activation such as GELU's erf, Gemm's
+alpha/beta) on the accumulator vectors themselves and stores each vector to the output (``out[p, m0:m0 +
+cols]`` is contiguous; :func:`lane_epilogue_plan` says which epilogues can); otherwise the tile is spilled to a
+stack array, the epilogue runs over it in place, and rows are copied out.
 The number of rows may be symbolic (batch x sequence): it is read at run time; a partial tile clamps its
 row pointers to the last row and stores only the rows that exist.
 """
@@ -18,9 +20,12 @@ from typing import List, Optional, Tuple
 import llvmlite.ir as ir
 
 from ...ir.dim import SymExpr
+from ...ir.dtype import DType
 from ...kernels.contraction import MR, MatContraction
 from ...kernels.schedule import Stage
-from ..llvm.types import F32, I32, I64, PTR
+from ...kernels.texpr import E
+from ..llvm.types import F32, I32, I64, PTR, splat
+from ..llvm.vecmath import VECTOR_FUNCTIONS, VectorMath
 from .gemm import PREFETCH_K, find_contraction, fma_tile_loop, tile_epilogue
 from .amx import AMX_BF16_PATH, TILE_ROWS, Tiles, bf16_tile_loop
 from .gemm_bf16 import AVX512_BF16, PAIRS, convert_rows, dpbf16, narrow_path, row_stride_pairs
@@ -73,6 +78,7 @@ def emit_matmul_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]]:
     a_base = b.gep(em.base(spec.a), [I64(spec.a.offset)], source_etype=ir.IntType(8), inbounds=True)
     w_base = b.gep(em.base(spec.w), [I64(spec.w.offset)], source_etype=ir.IntType(8), inbounds=True)
     last_row = b.sub(rows_total, I64(1))
+    lanes = None if bf else lane_epilogue_plan(km, st, c)
 
     row_tiles = b.sdiv(b.add(rows_total, I64(MR - 1)), I64(MR))
 
@@ -136,8 +142,6 @@ def emit_matmul_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]]:
                                 lambda k: [b.load(fptr(rows[r], k), typ=F32, align=4) for r in range(R)],
                                 prefetch=lambda k: [fptr(w_ptr, b.add(b.mul(b.add(k, I64(MATMUL_PREFETCH_K)), I64(nr)), I64(v * 16)))
                                                     for v in range(nr * 4 // 64)] + next_panel(w_ptr, t, k))
-            for i in range(R * nv):
-                b.store(new[i], b.gep(tile, [I64(i)], source_etype=vec, inbounds=True), align=4)
             m0 = b.mul(mb, I64(nr))
             mleft = b.sub(I64(M), m0)
             ncols = b.select(b.icmp_signed("<", mleft, I64(nr)), mleft, I64(nr))
@@ -147,7 +151,20 @@ def emit_matmul_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]]:
 
             def slot(r, j):
                 return b.gep(tile_f, [b.add(b.mul(r, I64(nr)), j)], source_etype=F32, inbounds=True)
-            tile_epilogue(em, st, c, slot, index, nrows, ncols, full=(R, nr))
+
+            def spilled(full):
+                for i in range(R * nv):
+                    b.store(new[i], b.gep(tile, [I64(i)], source_etype=vec, inbounds=True), align=4)
+                tile_epilogue(em, st, c, slot, index, nrows, ncols, full=full)
+            if lanes is None:
+                spilled((R, nr))
+                return
+            is_full = b.and_(b.icmp_signed("==", nrows, I64(R)), b.icmp_signed("==", ncols, I64(nr)))
+            with b.if_else(is_full) as (then, otherwise):
+                with then:
+                    lane_epilogue(em, st, c, lanes, new, R, nv, index)
+                with otherwise:
+                    spilled(None)
         if bf or (isinstance(spec.rows, int) and spec.rows >= MR):
             panel(mb)
             return
@@ -165,6 +182,107 @@ def emit_matmul_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]]:
     em.loop_range(begin, end, unit)
     b.ret_void()
     return ((spec.rows + MR - 1) // MR) * Mb, 1
+
+
+_LANE_OPS = {"add", "sub", "mul", "div", "neg", "cmp", "select", "and", "or", "not"}
+
+
+def lane_epilogue_plan(km, st: Stage, node: E) -> Optional[dict]:
+    """Whether the stage's epilogue over the product ``node`` can run on the tile's accumulator vectors (a
+    vector: one row, ``vw`` consecutive output columns): float arithmetic, comparisons, selects and the vector
+    math functions (exp, erf, tanh, log: GELU) over constants, operands along the columns (loads whose last
+    index is the column and no other index is: the bias, a residual row) and operands that do not depend on
+    the column (broadcast), into a row-major float32 output. Returns ``{load uid: "columns" | "broadcast"}``,
+    or None (the spilled-tile epilogue then runs)."""
+    if st.buf.dtype != DType.FLOAT or st.buf.pitch is not None or not st.vars or st.buf.strides[-1] != 1:
+        return None
+    col = st.vars[-1].attr
+    kinds, seen = {}, set()
+
+    def ok(e: E) -> bool:
+        if e.uid in seen or e is node:
+            return True
+        seen.add(e.uid)
+        if e.op == "const":
+            return e.dtype == DType.FLOAT
+        if e.op == "load":
+            if e.dtype != DType.FLOAT or any(a.op not in ("const", "var") for a in e.args):
+                return False
+            along = [a.op == "var" and a.attr == col for a in e.args]
+            if not any(along):
+                kinds[e.uid] = "broadcast"
+                return True
+            if along[-1] and not any(along[:-1]) and e.attr.pitch is None and e.attr.strides[-1] == 1:
+                kinds[e.uid] = "columns"
+                return True
+            return False
+        if e.op == "call":
+            if e.attr not in VECTOR_FUNCTIONS or e.dtype != DType.FLOAT or km.math != "vector":
+                return False
+        elif e.op not in _LANE_OPS:
+            return False
+        elif e.op not in ("cmp", "select", "and", "or", "not") and e.dtype != DType.FLOAT:
+            return False
+        elif e.op == "cmp" and e.args[0].dtype != DType.FLOAT:
+            return False
+        return all(ok(a) for a in e.args)
+    return kinds if ok(st.expr) else None
+
+
+def lane_epilogue(em, st: Stage, node: E, kinds: dict, accs: list, rows: int, nv: int, index):
+    """The epilogue of a full ``rows`` x ``nv`` vector tile on its accumulators (``accs``, row-major), each
+    result vector stored to the output (see :func:`lane_epilogue_plan`); ``index(r, j)``: the output index of
+    row r, column j of the tile. Each lane runs the scalar epilogue's instructions (the vector math's lanes
+    too): the same bits as the spilled tile's epilogue, which LLVM vectorised at 8 lanes over a stack copy."""
+    b = em.b
+    vec = accs[0].type
+    vw = vec.count
+    vmath = VectorMath(b, em.km.declare, vw)
+    names = [v.attr for v in st.vars]
+    for r in range(rows):
+        for v in range(nv):
+            at = index(I64(r), I64(v * vw))
+            for name, i in zip(names, at):
+                em.env[name] = i
+            em.memo.append({})          # scalar values of this row and column only
+            memo = {}
+
+            def emit(e: E):
+                if e.uid in memo:
+                    return memo[e.uid]
+                if e is node:
+                    out = accs[r * nv + v]
+                elif e.op == "const":
+                    out = splat(b, em.emit(e), vw)
+                elif e.op == "load" and kinds[e.uid] == "broadcast":
+                    out = splat(b, em.emit(e), vw)
+                elif e.op == "load":
+                    ptr = em.address(e.attr, [em.emit(a) for a in e.args])
+                    out = b.load(b.bitcast(ptr, vec.as_pointer()), typ=vec, align=4)
+                else:
+                    args = [emit(a) for a in e.args]
+                    op = e.op
+                    if op == "call":
+                        out = getattr(vmath, e.attr)(*args)
+                    elif op in ("add", "sub", "mul", "div"):
+                        out = getattr(b, "f" + op)(*args)
+                    elif op == "neg":
+                        out = b.fneg(args[0])
+                    elif op == "cmp":
+                        out = em.compare(e.attr, args[0], args[1], e.args[0].dtype)
+                    elif op == "select":
+                        out = b.select(*args)
+                    elif op == "not":
+                        out = b.not_(args[0])
+                    else:
+                        out = args[0]
+                        for a in args[1:]:
+                            out = getattr(b, op + "_")(out, a)
+                memo[e.uid] = out
+                return out
+            value = emit(st.expr)
+            em.memo.pop()
+            b.store(value, b.bitcast(em.address(st.buf, at), vec.as_pointer()), align=4)
 
 
 def _emit_amx(km, st: Stage, sym: str, c, spec: MatContraction) -> Tuple[object, int]:
