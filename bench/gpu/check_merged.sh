@@ -4,15 +4,19 @@
 # ResNet-50 fp16 convolution A/B of the options that ship off (shared output tile, tap-major order), each step
 # under its own time limit so that the call returns within the device's 10 minutes. Run from the repository root
 # with PYTHONPATH set; writes under ${OUT:-bench/gpu/results}. GPT2_S / REAL_S (seconds, default 0: skipped) add
-# the GPT-2 decode step and the real exports.
+# the GPT-2 decode step and the real exports; BERT_S / CONV_S = 0 skip those steps.
 set -u
 . "$(dirname "$0")/device_setup.sh"
-timeout ${BERT_S:-170} python3 bench/gpu/tensor_cores.py --out "$OUT/bert" --parts bert --jobs 12 \
-    --bert-variants ${BERT_VARIANTS:-fp32 tf32 fp16 fp32_new fp32_old fp16_new fp16_old} > "$OUT/bert.log" 2>&1
-echo "bert rc=$?" >> "$OUT/bert.log"
-timeout ${CONV_S:-150} python3 bench/gpu/tensor_cores.py --out "$OUT/resnet" --parts resnet --batches 1 32 \
-    --resnet-modes ${RESNET_MODES:-fp16 fp16_staged fp16_tap fp16_staged_tap} --iters 50 --jobs 12 --ref-max-batch 32 > "$OUT/resnet.log" 2>&1
-echo "resnet rc=$?" >> "$OUT/resnet.log"
+if [ "${BERT_S:-170}" -gt 0 ]; then
+    timeout ${BERT_S:-170} python3 bench/gpu/tensor_cores.py --out "$OUT/bert" --parts bert --jobs 12 \
+        --bert-variants ${BERT_VARIANTS:-fp32 tf32 fp16 fp32_new fp32_old fp16_new fp16_old} > "$OUT/bert.log" 2>&1
+    echo "bert rc=$?" >> "$OUT/bert.log"
+fi
+if [ "${CONV_S:-150}" -gt 0 ]; then
+    timeout ${CONV_S:-150} python3 bench/gpu/tensor_cores.py --out "$OUT/resnet" --parts resnet --batches 1 32 \
+        --resnet-modes ${RESNET_MODES:-fp16 fp16_staged fp16_tap fp16_staged_tap} --iters 50 --jobs 12 --ref-max-batch 32 > "$OUT/resnet.log" 2>&1
+    echo "resnet rc=$?" >> "$OUT/resnet.log"
+fi
 # the GPT-2 124M decode step (torch.compile beside the base variants) and the torch.onnx exports of
 # tests/fixtures/exports against onnxruntime, each skipped at 0 s
 if [ "${GPT2_S:-0}" -gt 0 ]; then
