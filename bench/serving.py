@@ -134,7 +134,7 @@ def start_server(lib: str, onnx_path: str, port: int, replicas_: int = 2) -> str
     ModelServer, OrtModelServer = _server_classes()
     opts = ServeOptions(port=port, replicas=replicas_, threads=1, max_batch_size=PROFILE[2], batch_wait_s=0.002,
                         max_body_bytes=MAX_BODY, quiet=True)
-    init_local_ray(num_cpus=4, include_dashboard=False, log_to_driver=False)   # retried, leftovers ended
+    init_local_ray(5, num_cpus=4, include_dashboard=False, log_to_driver=False)   # retried, leftovers ended
     serve.start(http_options={"host": "127.0.0.1", "port": port}, logging_config={"log_level": "WARNING"})
     apps = [model_app(ModelServer, lib, "squeezenet", opts), model_app(OrtModelServer, lib, "squeezenet_ort", opts, 0,
                                                                        onnx_path)]

@@ -80,7 +80,7 @@ def main() -> None:
     opts = ServeOptions(port=port, replicas=cfg.get("replicas", 2), threads=cfg.get("threads", 1),
                         cpus=cfg.get("cpus"), max_batch_size=cfg.get("mbs", 8), batch_wait_s=cfg.get("wait", 0.002),
                         max_body_bytes=S.MAX_BODY, quiet=True)
-    init_local_ray(num_cpus=4, include_dashboard=False, log_to_driver=False)   # retried, leftovers ended
+    init_local_ray(5, num_cpus=4, include_dashboard=False, log_to_driver=False)   # retried, leftovers ended
     serve.start(http_options={"host": "127.0.0.1", "port": port, **cfg.get("http", {})},
                 logging_config={"log_level": "WARNING"})
     app = model_app(ModelServer, lib, "squeezenet", opts)
