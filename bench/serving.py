@@ -126,23 +126,15 @@ def start_server(lib: str, onnx_path: str, port: int, replicas_: int = 2) -> str
     code, its model onnxruntime), and the server-wide health app. The front end is `cuvil serve`'s default
     (:func:`cuvil.serve.app.apply_front`: HAProxy when a ``haproxy`` binary is on PATH, else Serve's proxy; set
     ``RAY_SERVE_ENABLE_HA_PROXY=0`` to measure Serve's proxy)."""
-    from cuvil.serve.app import ServeOptions, apply_front, health_app, model_app, run_apps
+    from cuvil.serve.app import ServeOptions, apply_front, health_app, init_local_ray, model_app, run_apps
     apply_front("auto")       # before Ray is imported: Serve reads its settings then
     print(f"front end: {front_name()}", file=sys.stderr, flush=True)
-    import ray
     from ray import serve
 
     ModelServer, OrtModelServer = _server_classes()
     opts = ServeOptions(port=port, replicas=replicas_, threads=1, max_batch_size=PROFILE[2], batch_wait_s=0.002,
                         max_body_bytes=MAX_BODY, quiet=True)
-    for attempt in (1, 2, 3):   # Ray gives a local node a fixed 30 s to start: a busy machine may need another go
-        try:
-            ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
-            break
-        except Exception:
-            ray.shutdown()
-            if attempt == 3:
-                raise
+    init_local_ray(5, num_cpus=4, include_dashboard=False, log_to_driver=False)   # retried, leftovers ended
     serve.start(http_options={"host": "127.0.0.1", "port": port}, logging_config={"log_level": "WARNING"})
     apps = [model_app(ModelServer, lib, "squeezenet", opts), model_app(OrtModelServer, lib, "squeezenet_ort", opts, 0,
                                                                        onnx_path)]

@@ -73,14 +73,14 @@ def main() -> None:
     from ray import serve
 
     from cuvil.bench import BenchOptions, run_benchmark
-    from cuvil.serve.app import ServeOptions, health_app, model_app, run_apps
+    from cuvil.serve.app import ServeOptions, health_app, init_local_ray, model_app, run_apps
     from cuvil.serve.deployment import ModelServer
     lib, out_path = sys.argv[1], sys.argv[3]
     port = S.free_port()
     opts = ServeOptions(port=port, replicas=cfg.get("replicas", 2), threads=cfg.get("threads", 1),
                         cpus=cfg.get("cpus"), max_batch_size=cfg.get("mbs", 8), batch_wait_s=cfg.get("wait", 0.002),
                         max_body_bytes=S.MAX_BODY, quiet=True)
-    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
+    init_local_ray(5, num_cpus=4, include_dashboard=False, log_to_driver=False)   # retried, leftovers ended
     serve.start(http_options={"host": "127.0.0.1", "port": port, **cfg.get("http", {})},
                 logging_config={"log_level": "WARNING"})
     app = model_app(ModelServer, lib, "squeezenet", opts)

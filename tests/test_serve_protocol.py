@@ -353,3 +353,33 @@ def test_the_front_end_settings_for_a_local_ray_instance(monkeypatch):
     monkeypatch.setattr("shutil.which", found)
     apply_front("haproxy")
     assert os.environ["RAY_SERVE_ENABLE_HA_PROXY"] == "0"      # the user's own setting wins
+
+
+def test_a_failed_local_ray_start_leaves_no_processes_behind():
+    """`cuvil serve` retries a local Ray that did not come up in Ray's fixed 30 s; a failed attempt's half-started
+    node (GCS, raylet, monitors: its children and theirs) is ended before the next, and only what the attempt
+    started: a child started before it runs on."""
+    import subprocess
+    import time
+    from cuvil.serve.app import child_pids, end_new_children
+    old = subprocess.Popen(["sleep", "60"])
+    try:
+        before = child_pids()
+        assert old.pid in before
+        new = subprocess.Popen(["sh", "-c", "sleep 60 & echo $!; wait"], stdout=subprocess.PIPE, text=True)
+        grandchild = int(new.stdout.readline())
+        ended = end_new_children(before)
+        assert new.pid in ended and grandchild in ended and old.pid not in ended
+        assert not os.path.exists(f"/proc/{new.pid}")       # killed and reaped (no zombie left either)
+        deadline = time.monotonic() + 5
+        while os.path.exists(f"/proc/{grandchild}") and time.monotonic() < deadline:
+            with open(f"/proc/{grandchild}/stat") as f:     # a zombie until init reaps it
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    break
+            time.sleep(0.05)
+        else:
+            assert not os.path.exists(f"/proc/{grandchild}")
+        assert old.poll() is None
+    finally:
+        old.kill()
+        old.wait()

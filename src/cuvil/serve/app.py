@@ -243,6 +243,90 @@ def check_reachable(address: str, timeout_s: float = 5.0) -> None:
                               "from a local Ray instance") from None
 
 
+def child_pids() -> set:
+    """The pids of this process's children (from the parent pids in /proc; empty where there is no /proc)."""
+    me, out = os.getpid(), set()
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return out
+    for name in names:
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == me:
+                        out.add(int(name))
+            except (OSError, ValueError, IndexError):
+                continue
+    return out
+
+
+def _descendants(pids: set) -> list:
+    parent = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    parent[int(name)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    out, todo = [], list(pids)
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(c for c, pp in parent.items() if pp == p)
+    return out
+
+
+def end_new_children(before: set) -> list:
+    """Kill the processes this process started since ``before`` (:func:`child_pids`), with their descendants,
+    and reap them; returns their pids. A local ``ray.init`` that timed out leaves its half-started node running
+    (GCS, raylet, dashboard, monitors: ``ray.shutdown`` knows nothing of a node that never registered), and on a
+    busy machine each retry then started beside the last one's leftovers, which made it slower still (seen: five
+    GCS servers of failed attempts under one process)."""
+    import signal
+    try:
+        pids = _descendants(child_pids() - set(before))
+    except OSError:
+        return []
+    for p in pids:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except OSError:
+            pass
+    import time
+    waiting, deadline = set(pids), time.monotonic() + 2.0
+    while waiting and time.monotonic() < deadline:
+        for p in list(waiting):
+            try:
+                if os.waitpid(p, os.WNOHANG)[0] == 0:
+                    continue
+            except OSError:    # not our child (a grandchild: init reaps it), or reaped already
+                pass
+            waiting.discard(p)
+        if waiting:
+            time.sleep(0.02)
+    return pids
+
+
+def init_local_ray(attempts: int = LOCAL_START_ATTEMPTS, **kwargs) -> None:
+    """``ray.init(address="local", **kwargs)``: a new local Ray instance (even where `ray start` runs one on this
+    machine), tried up to ``attempts`` times (Ray gives its node a fixed 30 s to come up, which a busy machine can
+    miss), each failed attempt's processes ended before the next (:func:`end_new_children`). Raises the last
+    attempt's error."""
+    ray, _ = import_ray()
+    for attempt in range(attempts):
+        before = child_pids()
+        try:
+            ray.init(address="local", **kwargs)
+            return
+        except Exception:
+            ray.shutdown()
+            end_new_children(before)
+            if attempt + 1 >= attempts:
+                raise
+
+
 _started_ray = [False]
 #: The Serve applications :func:`run_apps` deployed (what :func:`stop` deletes on a cluster it joined).
 _deployed: List[str] = []
@@ -267,15 +351,10 @@ def start(paths: Sequence[str], opts: ServeOptions = ServeOptions(), address: Op
             kwargs["num_cpus"] = num_cpus
         # "local": a new Ray instance even where `ray start` runs one on this machine (None would join that one)
         try:
-            for attempt in range(1 if address is not None else LOCAL_START_ATTEMPTS):
-                try:
-                    ray.init(address=address or "local", **kwargs)
-                    break
-                except Exception:
-                    # a local node that did not come up in Ray's fixed 30 s (a machine busy with other work)
-                    if attempt + 1 >= (1 if address is not None else LOCAL_START_ATTEMPTS):
-                        raise
-                    ray.shutdown()
+            if address is None:
+                init_local_ray(**kwargs)
+            else:
+                ray.init(address=address, **kwargs)
         except Exception as e:     # a cluster not there, a node that timed out starting (an overloaded machine)
             text = str(e).strip().splitlines()
             where = f"the Ray cluster at {address}" if address else "a local Ray instance"
