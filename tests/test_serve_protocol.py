@@ -383,3 +383,18 @@ def test_a_failed_local_ray_start_leaves_no_processes_behind():
     finally:
         old.kill()
         old.wait()
+
+
+def test_a_library_without_its_manifest_is_served_with_a_warning(tmp_path):
+    """Only the manifest names a library's symbolic dims: without it the library loads, finds no batch symbol and
+    is served one request per call; `cuvil serve` says so before starting, and is silent when the manifest is there."""
+    import warnings
+    from cuvil.serve.app import check_artifacts
+    lib = tmp_path / "libnet.so"
+    lib.write_bytes(b"\x7fELF")      # check_artifacts only looks at the path; nothing is loaded
+    with pytest.warns(UserWarning, match=r"libnet.manifest.json.*one request per call.*copy the manifest"):
+        check_artifacts([str(lib)])
+    (tmp_path / "libnet.manifest.json").write_text("{}")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_artifacts([str(lib)])

@@ -14,6 +14,7 @@ import logging
 import os
 import shutil
 import socket
+import warnings
 from typing import List, Optional, Sequence, Tuple
 
 import attrs
@@ -144,7 +145,9 @@ def model_names(paths: Sequence[str], names: Optional[Sequence[str]] = None) -> 
 
 def check_artifacts(paths: Sequence[str], fallbacks: Sequence[str] = ()) -> None:
     """Refuses a path that is not a compiled artifact, or a fallback that is not an x86 library, before Ray
-    starts (a replica that cannot load its artifact would otherwise be retried by Ray)."""
+    starts (a replica that cannot load its artifact would otherwise be retried by Ray); warns of a library
+    without its manifest (served, but one request per call)."""
+    from ..targets.x86.loader import manifest_path
     for f in fallbacks:
         if not (f.endswith(".so") and os.path.isfile(f)):
             raise CuvilError(f"--fallback {f}: not an x86 library (libNAME.so) here",
@@ -160,6 +163,12 @@ def check_artifacts(paths: Sequence[str], fallbacks: Sequence[str] = ()) -> None
         elif not p.endswith(".so"):
             raise CuvilError(f"{p}: not a compiled artifact (libNAME.so or NAME.cuvil)",
                              hint=f"compile it first: cuvil compile {p} -o build/libNAME.so")
+        elif not os.path.isfile(manifest_path(p)):
+            # the library still runs, but only its manifest names the symbolic dims: without it no batch symbol
+            # is found (serve.batching) and every request is a call of its own
+            warnings.warn(f"{p}: no {os.path.basename(manifest_path(p))} beside it, so its symbolic dims have no "
+                          "names and it is served one request per call (no dynamic batching); next: copy the "
+                          "manifest `cuvil compile` wrote beside the library", UserWarning, stacklevel=2)
 
 
 def _scale(opts: ServeOptions, default_replicas: int = 1) -> dict:
