@@ -132,17 +132,9 @@ def block_threads(spec: AttentionRows) -> int:
     return max(32, t, -(-spec.dv // 32) * 32)
 
 
-def _shared(km, sym: str, name: str, n: int) -> ir.Value:
-    g = ir.GlobalVariable(km.module, ir.ArrayType(F32, n), f"{sym}_{name}", addrspace=3)
-    g.linkage = "internal"
-    g.initializer = ir.Constant(g.value_type, ir.Undefined)
-    g.align = 16
-    return g
-
-
 def emit_attention(km, st: Stage, sym: str) -> Tuple[int, int]:
     """Emit the kernel ``sym`` for the attention stage ``st``; returns (rows, threads per block)."""
-    from .emitter import PtxEmitter
+    from .emitter import PtxEmitter, shared_global
     spec: AttentionRows = st.expr.attr
     T = block_threads(spec)
     W = T // 32
@@ -157,7 +149,7 @@ def emit_attention(km, st: Stage, sym: str) -> Tuple[int, int]:
     sp = ir.PointerType(F32, addrspace=3)
     with b.goto_block(em.entry):
         b.position_at_start(em.entry)
-        qs, ps, red, acc_s, zs = (b.bitcast(_shared(km, sym, n, size), sp) for n, size in
+        qs, ps, red, acc_s, zs = (b.bitcast(shared_global(km, f"{sym}_{n}", F32, size), sp) for n, size in
                                   (("q", D), ("p", T), ("w", W), ("acc", G * Dv), ("z", G * Dv)))
     bar = km.declare("llvm.nvvm.barrier0", ir.VoidType(), [])
     shfl = km.declare("llvm.nvvm.shfl.sync.bfly.f32", F32, [I32, F32, I32, I32])

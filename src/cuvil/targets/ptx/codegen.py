@@ -56,7 +56,7 @@ from .attention import attention_node, emit_attention
 from .bounds_patterns import arena_limit, prove_gpu_stages
 from .conv import TILE_CHANNELS, accumulation, combine_stage, conv_node, emit_conv, plan_conv, scratch_buf
 from .conv_mma import conv_mma_format, emit_conv_mma, plan_conv_mma
-from .emitter import PtxEmitter, set_contraction
+from .emitter import PtxEmitter, set_contraction, shared_global
 from .kernel_shapes import (TILE_K, WARP_MIN_TERMS, coarsen_factor, single_sum, split_lanes, tile_factors,
                             tile_shape)
 from .gemv import emit_gemv, plan_gemv
@@ -371,13 +371,7 @@ class PtxKernelModule(LLVMKernelModule):
         TK = TILE_K
         tiles_m, tiles_p = -(-M // TM), -(-P // TP)
         ntiles = tiles_m * tiles_p
-        smem_t = ir.ArrayType(F32, TK * TM)
-        sa = ir.GlobalVariable(self.module, smem_t, f"{sym}_sa", addrspace=3)
-        sb = ir.GlobalVariable(self.module, ir.ArrayType(F32, TK * TP), f"{sym}_sb", addrspace=3)
-        for g in (sa, sb):
-            g.linkage = "internal"
-            g.initializer = ir.Constant(g.value_type, ir.Undefined)
-            g.align = 16
+        sa, sb = shared_global(self, f"{sym}_sa", F32, TK * TM), shared_global(self, f"{sym}_sb", F32, TK * TP)
         bar = self.declare("llvm.nvvm.barrier0", ir.VoidType(), [])
         fmaf = self.declare("llvm.fma.f32", F32, [F32, F32, F32])
         tid = self.sreg(b, "tid.x")
@@ -391,9 +385,7 @@ class PtxKernelModule(LLVMKernelModule):
 
         def sptr(g, idx):
             if g.name not in sbase:
-                with b.goto_block(em.entry):
-                    b.position_at_start(em.entry)
-                    sbase[g.name] = b.bitcast(g, ir.PointerType(F32, addrspace=3))
+                sbase[g.name] = em.shared_pointer(g, F32)
             return b.gep(sbase[g.name], [idx], source_etype=F32, inbounds=True)
 
         def divmod32(x, d: int):

@@ -43,7 +43,7 @@ from ...kernels.contraction import Contraction
 from ...kernels.schedule import ARENA, Stage
 from ...kernels.texpr import Buf, E, cast, iadd, imul, load, nodes, reduce, replace_node
 from ..llvm.types import F16, F32, I32, I64
-from .emitter import PtxEmitter, set_contraction
+from .emitter import PtxEmitter, set_contraction, shared_global
 from .tuning import DEFAULT_TUNING
 
 TK = 32                # reduction terms per chunk (rows of the shared tiles; 16 was 6% slower on ResNet-50)
@@ -200,11 +200,7 @@ def emit_conv(km, st: Stage, sym: str, node: E, plan: ConvPlan, scratch: Optiona
     SK = TK + 8                  # mma: halves per shared row (k contiguous; +8 staggers the banks)
 
     def smem(name, count):
-        g = ir.GlobalVariable(km.module, ir.ArrayType(F16 if mma else F32, count), f"{sym}_{name}", addrspace=3)
-        g.linkage = "internal"
-        g.initializer = ir.Constant(g.value_type, ir.Undefined)
-        g.align = 16
-        return g
+        return shared_global(km, f"{sym}_{name}", F16 if mma else F32, count)
     sa, sb = (smem("sa", TM * SK), smem("sb", TP * SK)) if mma else (smem("sa", TK * TM), smem("sb", TK * TP))
     bar = km.declare("llvm.nvvm.barrier0", ir.VoidType(), [])
     fence = km.declare("llvm.nvvm.membar.gl", ir.VoidType(), [])
@@ -212,10 +208,7 @@ def emit_conv(km, st: Stage, sym: str, node: E, plan: ConvPlan, scratch: Optiona
     ld_cg = ir.InlineAsm(ir.FunctionType(F32, [I64]), "ld.global.cg.f32 $0, [$1];", "=f,l", side_effect=True)
     flag = None
     if counters is not None:
-        fg = ir.GlobalVariable(km.module, I32, f"{sym}_last", addrspace=3)
-        fg.linkage = "internal"
-        fg.initializer = ir.Constant(I32, ir.Undefined)
-        flag = fg
+        flag = shared_global(km, f"{sym}_last", I32, align=None)      # one word, the type's own alignment
     fmaf = km.declare("llvm.fma.f32", F32, [F32, F32, F32])
 
     def i32(v):
@@ -238,9 +231,7 @@ def emit_conv(km, st: Stage, sym: str, node: E, plan: ConvPlan, scratch: Optiona
 
     def sgep(g, idx32):
         if g.name not in sbase:
-            with b.goto_block(em.entry):
-                b.position_at_start(em.entry)
-                sbase[g.name] = b.bitcast(g, ir.PointerType(F16 if mma else F32, addrspace=3))
+            sbase[g.name] = em.shared_pointer(g, F16 if mma else F32)
         return b.gep(sbase[g.name], [idx32], source_etype=F16 if mma else F32, inbounds=True)
 
     tid = i32(km.sreg(b, "tid.x"))

@@ -66,7 +66,7 @@ from ...kernels.contraction import Contraction
 from ...kernels.schedule import Stage
 from ...kernels.texpr import Buf, E
 from ..llvm.types import F16, F32, I32, I64
-from .emitter import PtxEmitter, set_contraction
+from .emitter import PtxEmitter, set_contraction, shared_global
 from .matmul_mma import FRAGMENTS, _V
 
 # (BM, BN, warps along m, warps along n), largest first
@@ -345,14 +345,9 @@ def emit_conv_mma(km, st: Stage, sym: str, node: E, plan: ConvMmaPlan, scratch: 
     STAGE = (BM + BN) * ROW_WORDS          # words per shared stage: A rows then B rows
 
     smem_words = plan.smem_bytes() // 4
-    tiles_g = ir.GlobalVariable(km.module, ir.ArrayType(I32, smem_words), f"{sym}_t", addrspace=3)
-    tiles_g.linkage = "internal"
-    tiles_g.initializer = ir.Constant(tiles_g.value_type, ir.Undefined)
-    tiles_g.align = 16
+    tiles_g = shared_global(km, f"{sym}_t", I32, smem_words)
     bar = km.declare("llvm.nvvm.barrier0", ir.VoidType(), [])
-    with b.goto_block(em.entry):
-        b.position_at_start(em.entry)
-        sbase = b.bitcast(tiles_g, ir.PointerType(I32, addrspace=3))
+    sbase = em.shared_pointer(tiles_g, I32)
 
     def swp(idx, typ=I32):
         p = b.gep(sbase, [idx], source_etype=I32, inbounds=True)

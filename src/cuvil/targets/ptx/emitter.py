@@ -3,6 +3,8 @@ read-only loads (``!invariant.load``: ``ld.global.nc``), ``llvm.fma`` for the ke
 multiply-adds, and GPU math (NVPTX intrinsics, libdevice)."""
 from __future__ import annotations
 
+from typing import Optional
+
 import llvmlite.ir as ir
 
 from ...errors import CuvilError, UnsupportedOpError
@@ -13,6 +15,7 @@ from ..llvm.types import F16, F32, I1, I64, PTR, const_value, ll, mem_type
 
 GLOBAL = 1                # NVPTX address space of global memory
 GPTR = ir.PointerType(addrspace=GLOBAL)
+SHARED = 3                # NVPTX address space of a block's shared memory
 
 # calls lowered to PTX instructions by the NVPTX backend
 _NATIVE = {"sqrt": "sqrt", "fabs": "fabs", "floor": "floor", "ceil": "ceil", "roundeven": "roundeven",
@@ -33,6 +36,19 @@ def overlaps(a: Buf, b: Buf) -> bool:
     return ra.offset < rb.offset + max(rb.nbytes, 1) and rb.offset < ra.offset + max(ra.nbytes, 1)
 
 
+def shared_global(km, name: str, elem: ir.Type, count: Optional[int] = None,
+                  align: Optional[int] = 16) -> ir.GlobalVariable:
+    """Declare the block's shared-memory array ``name`` of ``count`` ``elem`` (``count`` None: one ``elem``, not
+    an array) in ``km``'s module: internal, uninitialized (undef), aligned to ``align`` bytes (None: the type's
+    own alignment). Every PTX kernel declares its shared memory here."""
+    g = ir.GlobalVariable(km.module, elem if count is None else ir.ArrayType(elem, count), name, addrspace=SHARED)
+    g.linkage = "internal"
+    g.initializer = ir.Constant(g.value_type, ir.Undefined)
+    if align is not None:
+        g.align = align
+    return g
+
+
 class PtxEmitter(LLVMEmitter):
     """The LLVM emitter with global-memory addressing, read-only loads and GPU math; ``out`` is the buffer
     the kernel writes (every other buffer is read-only while it runs)."""
@@ -45,6 +61,18 @@ class PtxEmitter(LLVMEmitter):
         # (thread index, threads) of the block that shares a sequential node's assignments; None: the thread
         # runs them alone
         self.lanes = None
+
+    def shared_array(self, name: str, elem: ir.Type, count: int, align: int = 16) -> ir.Value:
+        """Declare the shared array ``name`` (:func:`shared_global`) and return a pointer to its first ``elem``,
+        formed at the start of the entry block (:meth:`shared_pointer`)."""
+        return self.shared_pointer(shared_global(self.km, name, elem, count, align), elem)
+
+    def shared_pointer(self, g: ir.GlobalVariable, elem: ir.Type) -> ir.Value:
+        """A pointer to ``elem`` at the start of the shared array ``g``, formed at the start of the entry block
+        (so it dominates every use, wherever the kernel asks for it first)."""
+        with self.b.goto_block(self.entry):
+            self.b.position_at_start(self.entry)
+            return self.b.bitcast(g, ir.PointerType(elem, addrspace=SHARED))
 
     def base(self, buf: Buf) -> ir.Value:
         if buf.base not in self.bases:

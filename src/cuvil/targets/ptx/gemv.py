@@ -184,15 +184,8 @@ def emit_gemv(km, st: Stage, sym: str, parts, plan: GemvPlan) -> int:
     wbuf = ld.attr
     invariant = not overlaps(wbuf, st.buf)
 
-    def shared(name: str, floats: int):
-        g = ir.GlobalVariable(km.module, ir.ArrayType(F32, floats), f"{sym}_{name}", addrspace=3)
-        g.linkage = "internal"
-        g.initializer = ir.Constant(g.value_type, ir.Undefined)
-        g.align = 16
-        with b.goto_block(em.entry):
-            b.position_at_start(em.entry)
-            return b.bitcast(g, ir.PointerType(F32, addrspace=3))
-    xs, ps, qs = shared("x", K), shared("p", KS * TN), shared("q", THREADS)
+    xs, ps, qs = (em.shared_array(f"{sym}_{n}", F32, floats)
+                  for n, floats in (("x", K), ("p", KS * TN), ("q", THREADS)))
     bar = km.declare("llvm.nvvm.barrier0", ir.VoidType(), [])
 
     def sptr(base, idx):

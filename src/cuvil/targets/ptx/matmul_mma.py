@@ -55,7 +55,7 @@ from ...ir.dtype import DType
 from ...kernels.schedule import ARENA, Stage
 from ...kernels.texpr import Buf, E, load, nodes, reduce, replace_node
 from ..llvm.types import F16, F32, I32, I64
-from .emitter import PtxEmitter, overlaps, set_contraction
+from .emitter import PtxEmitter, overlaps, set_contraction, shared_global
 from .kernel_shapes import single_sum
 from .tile_walk import bind_tile, clamp, fetch_chunk, load_slot_indices
 from .tile_walk import divmod_c as tile_divmod
@@ -621,25 +621,17 @@ def emit_matmul(km, st: Stage, sym: str, parts, plan: MatmulPlan, scratch: Optio
     mv, nv = st.vars[-2].attr, st.vars[-1].attr
     bvars = [v.attr for v in st.vars[:-2]]
 
-    def smem(name, count):
-        g = ir.GlobalVariable(km.module, ir.ArrayType(ST, count), f"{sym}_{name}", addrspace=3)
-        g.linkage = "internal"
-        g.initializer = ir.Constant(g.value_type, ir.Undefined)
-        g.align = 16
-        return g
     KS = plan.ks
     # group g's A tile at g*BM*SK, its B tile after all A tiles; with cp.async (plan.stages > 1) group g's stages
     # from g * stages * (BM + BN) * SK (_async_main_loop)
-    tiles_smem = smem("t", plan.stages * KS * (BM + BN) * SK)
+    tiles_smem = shared_global(km, f"{sym}_t", ST, plan.stages * KS * (BM + BN) * SK)
     sa = sb = tiles_smem
     bar = km.declare("llvm.nvvm.barrier0", ir.VoidType(), [])
     sbase = {}
 
     def sgep(g, idx, typ=ST):
         if g.name not in sbase:
-            with b.goto_block(em.entry):
-                b.position_at_start(em.entry)
-                sbase[g.name] = b.bitcast(g, ir.PointerType(ST, addrspace=3))
+            sbase[g.name] = em.shared_pointer(g, ST)
         p = b.gep(sbase[g.name], [idx.v if isinstance(idx, _V) else idx], source_etype=ST, inbounds=True)
         return p if typ is ST else b.bitcast(p, ir.PointerType(typ, addrspace=3))
 

@@ -217,13 +217,7 @@ def emit_simt(km, st: Stage, sym: str, parts, plan: SimtPlan) -> int:
     fma_kind = red.attr[0] == "fma"
     fmaf = em.fma_fn(red.dtype) if fma_kind else None
 
-    g = ir.GlobalVariable(km.module, ir.ArrayType(F32, plan.smem_floats()), f"{sym}_t", addrspace=3)
-    g.linkage = "internal"
-    g.initializer = ir.Constant(g.value_type, ir.Undefined)
-    g.align = 16
-    with b.goto_block(em.entry):
-        b.position_at_start(em.entry)
-        sbase = b.bitcast(g, ir.PointerType(F32, addrspace=3))
+    sbase = em.shared_array(f"{sym}_t", F32, plan.smem_floats())
     V4 = ir.VectorType(F32, 4)
     bar = km.declare("llvm.nvvm.barrier0", ir.VoidType(), [])
 

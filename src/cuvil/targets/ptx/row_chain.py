@@ -147,13 +147,7 @@ def emit_row_chain(km, chain: Sequence[Stage], sym: str, threads: int) -> int:
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     em = PtxEmitter(km, fn, b, bufs, last.buf)
     em.mutable = [st.buf for st in chain]      # written here: never read through the non-coherent cache
-    g = ir.GlobalVariable(km.module, ir.ArrayType(F32, warps), f"{sym}_w", addrspace=3)
-    g.linkage = "internal"
-    g.initializer = ir.Constant(g.value_type, ir.Undefined)
-    g.align = 4
-    with b.goto_block(em.entry):
-        b.position_at_start(em.entry)
-        wbase = b.bitcast(g, ir.PointerType(F32, addrspace=3))
+    wbase = em.shared_array(f"{sym}_w", F32, warps, align=4)
     bar = km.declare("llvm.nvvm.barrier0", ir.VoidType(), [])
     shfl = km.declare("llvm.nvvm.shfl.sync.bfly.f32", F32, [I32, F32, I32, I32])
     tid = km.sreg(b, "tid.x")
