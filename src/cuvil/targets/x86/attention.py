@@ -30,9 +30,10 @@ probabilities all become 0) such a row is ``sum_j 0 * V[j]`` as the guarded comp
 a column with a non-finite value), and any other row keeps its NaN elements (a NaN value times its
 probability). A block of ``qb`` rows takes the full tile; a last partial block of ``r`` rows (``Sq`` not a multiple
 of ``qb``; a decode step's single query) an ``r``-row tile, so no row is computed twice (one-row tiles each, as
-before, run their products as latency-bound FMA chains: S = 32's last 2 rows were most of a tile's time). Panel
-0 is peeled: its running max is -inf and its sums 0, so it skips the rescale (a scalar exp per row and the
-accumulators' multiply by 0); at ``Sk <= kb`` it is the only panel. The recurrence
+before, run their products as latency-bound FMA chains: S = 32's last 2 rows were most of a tile's time). In the
+full tile panel 0 is peeled: its running max is -inf and its sums 0, so it skips the rescale (a scalar exp per row
+and the accumulators' multiply by 0); at ``Sk <= kb`` it is the only panel (the smaller tiles keep one copy of the
+panel's code: the peel in every tile added a third to a BERT library's compile time). The recurrence
 is the sequential form's (:mod:`cuvil.kernels.lower.attention`); the order of every sum is fixed per row (a row
 gives the same bits in either tile), so results do not depend on the thread count.
 """
@@ -266,10 +267,12 @@ def emit_attention_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]
             # key's probability is 0: the terms skipped are 0)
             em.loop_range(I64(0), I64(KB) if spec.v_axes is None else b.select(
                 b.icmp_signed("<", b.sub(n_keys, key0), I64(KB)), b.sub(n_keys, key0), I64(KB)), pv)
-        # panel 0 peeled (no rescale: at S <= KB it is the only one), then the rest
-        em.loop_range(I64(0), b.select(b.icmp_signed(">", nkb, I64(0)), I64(1), I64(0)),
-                      lambda t: panel(t, first=True))
-        em.loop_range(I64(1), nkb, panel)
+        if QB == spec.qb:   # the full tile: panel 0 peeled (no rescale: at S <= KB the only one), then the rest
+            em.loop_range(I64(0), b.select(b.icmp_signed(">", nkb, I64(0)), I64(1), I64(0)),
+                          lambda t: panel(t, first=True))
+            em.loop_range(I64(1), nkb, panel)
+        else:               # a last block's few rows: one copy of the panel's code (compile time)
+            em.loop_range(I64(0), nkb, panel)
 
         lanes = ir.Constant(ir.VectorType(I64, vw), list(range(vw)))
         mstore = km.declare(f"llvm.masked.store.v{vw}f32.p0", ir.VoidType(), [vec, ir.PointerType(), I32,
