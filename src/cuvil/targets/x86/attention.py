@@ -28,8 +28,12 @@ The rows end as ``acc / l``: NaN for a row whose every key is ``-inf`` (0 / 0) o
 (l is NaN), as the unfused Softmax gives; under ``zero_nan`` (the guard ``Where(IsNaN(P), 0, P)``: such a row's
 probabilities all become 0) such a row is ``sum_j 0 * V[j]`` as the guarded composite computes it (0, or NaN in
 a column with a non-finite value), and any other row keeps its NaN elements (a NaN value times its
-probability). A block of ``qb`` rows takes the full tile; the rows of a last partial block (``Sq`` not a multiple
-of ``qb``; a decode step's single query) take a one-row tile each, so no row is computed twice. The recurrence
+probability). A block of ``qb`` rows takes the full tile; a last partial block of ``r`` rows (``Sq`` not a multiple
+of ``qb``; a decode step's single query) an ``r``-row tile, so no row is computed twice (one-row tiles each, as
+before, run their products as latency-bound FMA chains: S = 32's last 2 rows were most of a tile's time). In the
+full tile panel 0 is peeled: its running max is -inf and its sums 0, so it skips the rescale (a scalar exp per row
+and the accumulators' multiply by 0); at ``Sk <= kb`` it is the only panel (the smaller tiles keep one copy of the
+panel's code: the peel in every tile added a third to a BERT library's compile time). The recurrence
 is the sequential form's (:mod:`cuvil.kernels.lower.attention`); the order of every sum is fixed per row (a row
 gives the same bits in either tile), so results do not depend on the thread count.
 """
@@ -195,7 +199,9 @@ def emit_attention_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]
                 # score is replaced by 0 first so that no NaN of a clamped row reaches the max
                 vstore(b.select(inside, s, zero_v), slot(s_acc, v))
 
-        def panel(t):
+        def panel(t, first=False):
+            """Panel ``t``; ``first``: panel 0, where the running max is -inf and the sums and accumulators are 0,
+            so its rescale (exp(-inf - c) = 0, times 0) is left out: l = the panel's sum, the same bits."""
             key0 = b.mul(t, I64(KB))
             if spec.k_axes is not None:
                 in_place_scores(key0)
@@ -223,10 +229,10 @@ def emit_attention_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]
                     top = nanmax(top, x)
                 top = horizontal(top, nanmax)
                 mp_old = b.gep(m_row, [I64(qi)], source_etype=F32)
-                m_old = b.load(mp_old, typ=F32)
-                m_new = nanmax(m_old, top)
+                m_old = neg_inf if first else b.load(mp_old, typ=F32)
+                m_new = top if first else nanmax(m_old, top)     # nanmax(-inf, top) is top
                 c = b.select(b.fcmp_ordered("==", m_new, neg_inf), ir.Constant(F32, 0.0), m_new)
-                rescale.append(math.exp(b.fsub(m_old, c)))
+                rescale.append(None if first else math.exp(b.fsub(m_old, c)))
                 shifts.append(c)
                 b.store(m_new, mp_old)
                 scores.append(s)
@@ -240,6 +246,9 @@ def emit_attention_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]
                 for x in probs[1:]:
                     total = b.fadd(total, x)
                 lp = slot(l_vec, qi)
+                if first:       # 0 * r + total is total (r is 0, or NaN where total is NaN too)
+                    vstore(total, lp)
+                    continue
                 vstore(b.fadd(b.fmul(vload(lp), splat(b, rescale[qi], vw)), total), lp)
                 r = splat(b, rescale[qi], vw)
                 for w in range(NW):
@@ -258,7 +267,12 @@ def emit_attention_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]
             # key's probability is 0: the terms skipped are 0)
             em.loop_range(I64(0), I64(KB) if spec.v_axes is None else b.select(
                 b.icmp_signed("<", b.sub(n_keys, key0), I64(KB)), b.sub(n_keys, key0), I64(KB)), pv)
-        em.loop_range(I64(0), nkb, panel)
+        if QB == spec.qb:   # the full tile: panel 0 peeled (no rescale: at S <= KB the only one), then the rest
+            em.loop_range(I64(0), b.select(b.icmp_signed(">", nkb, I64(0)), I64(1), I64(0)),
+                          lambda t: panel(t, first=True))
+            em.loop_range(I64(1), nkb, panel)
+        else:               # a last block's few rows: one copy of the panel's code (compile time)
+            em.loop_range(I64(0), nkb, panel)
 
         lanes = ir.Constant(ir.VectorType(I64, vw), list(range(vw)))
         mstore = km.declare(f"llvm.masked.store.v{vw}f32.p0", ir.VoidType(), [vec, ir.PointerType(), I32,
@@ -321,11 +335,19 @@ def emit_attention_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]
             em.loop_range(i0, b.select(b.icmp_signed("<", b.add(i0, I64(QB)), Sq), b.add(i0, I64(QB)), Sq),
                           lambda i: tile(n, h, i, 1))
             return
-        with b.if_else(b.icmp_signed(">=", b.sub(Sq, i0), I64(QB))) as (then, otherwise):
-            with then:
-                tile(n, h, i0, QB)
-            with otherwise:
-                em.loop_range(i0, Sq, lambda i: tile(n, h, i, 1))
+        left = b.sub(Sq, i0)
+
+        def rows_tile(r):
+            """A block of ``r`` rows (QB: a whole one; fewer: the last) takes an ``r``-row tile."""
+            if r == 1:
+                tile(n, h, i0, 1)
+                return
+            with b.if_else(b.icmp_signed(">=", left, I64(r))) as (then, otherwise):
+                with then:
+                    tile(n, h, i0, r)
+                with otherwise:
+                    rows_tile(r - 1)
+        rows_tile(QB)
 
     em.loop_range(begin, end, unit)
     b.ret_void()
