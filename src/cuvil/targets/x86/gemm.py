@@ -52,6 +52,29 @@ from .tuning import DEFAULT_TUNING, X86Tuning
 _NV = {512: 4, 256: 2, 128: 2}
 
 
+def vector_op(b, em, e: E, args: list, vmath=None):
+    """An epilogue node's arithmetic on vectors of its operands ``args`` (float ops, compare, select, logic;
+    ``call`` through ``vmath``, a :class:`~cuvil.targets.llvm.vecmath.VectorMath`), the one lowering both
+    vector epilogues (this module's and :func:`cuvil.targets.x86.matmul.lane_epilogue`) share."""
+    op = e.op
+    if op == "call":
+        return getattr(vmath, e.attr)(*args)
+    if op in ("add", "sub", "mul", "div"):
+        return getattr(b, "f" + op)(*args)
+    if op == "neg":
+        return b.fneg(args[0])
+    if op == "cmp":
+        return em.compare(e.attr, args[0], args[1], e.args[0].dtype)
+    if op == "select":
+        return b.select(*args)
+    if op == "not":
+        return b.not_(args[0])
+    out = args[0]
+    for a in args[1:]:
+        out = getattr(b, op + "_")(out, a)
+    return out
+
+
 def tile_cols(vector_bits: int) -> int:
     """Columns per MatMul micro-kernel tile (weight panel width) for a target with ``vector_bits``
     registers; also the widest convolution tile of :func:`tile_shapes`."""
@@ -951,22 +974,7 @@ def vector_epilogue(em, st: Stage, node: E, kinds: dict, n, mbase, p0, accs, mr:
                     else:
                         out = b.call(mload, [ptr, I32(4), masks[v], ir.Constant(vec, [0.0] * vw)])
                 else:
-                    args = [emit(a) for a in e.args]
-                    op = e.op
-                    if op in ("add", "sub", "mul", "div"):
-                        out = getattr(b, "f" + op)(*args)
-                    elif op == "neg":
-                        out = b.fneg(args[0])
-                    elif op == "cmp":
-                        out = em.compare(e.attr, args[0], args[1], e.args[0].dtype)
-                    elif op == "select":
-                        out = b.select(*args)
-                    elif op == "not":
-                        out = b.not_(args[0])
-                    else:
-                        out = args[0]
-                        for a in args[1:]:
-                            out = getattr(b, op + "_")(out, a)
+                    out = vector_op(b, em, e, [emit(a) for a in e.args])
                 memo[e.uid] = out
                 return out
             if segments is not None:

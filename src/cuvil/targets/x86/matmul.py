@@ -26,7 +26,7 @@ from ...kernels.schedule import Stage
 from ...kernels.texpr import E
 from ..llvm.types import F32, I32, I64, PTR, splat
 from ..llvm.vecmath import VECTOR_FUNCTIONS, VectorMath
-from .gemm import PREFETCH_K, find_contraction, fma_tile_loop, tile_epilogue
+from .gemm import PREFETCH_K, find_contraction, fma_tile_loop, tile_epilogue, vector_op
 from .amx import AMX_BF16_PATH, TILE_ROWS, Tiles, bf16_tile_loop
 from .gemm_bf16 import AVX512_BF16, PAIRS, convert_rows, dpbf16, narrow_path, row_stride_pairs
 
@@ -260,24 +260,7 @@ def lane_epilogue(em, st: Stage, node: E, kinds: dict, accs: list, rows: int, nv
                     ptr = em.address(e.attr, [em.emit(a) for a in e.args])
                     out = b.load(b.bitcast(ptr, vec.as_pointer()), typ=vec, align=4)
                 else:
-                    args = [emit(a) for a in e.args]
-                    op = e.op
-                    if op == "call":
-                        out = getattr(vmath, e.attr)(*args)
-                    elif op in ("add", "sub", "mul", "div"):
-                        out = getattr(b, "f" + op)(*args)
-                    elif op == "neg":
-                        out = b.fneg(args[0])
-                    elif op == "cmp":
-                        out = em.compare(e.attr, args[0], args[1], e.args[0].dtype)
-                    elif op == "select":
-                        out = b.select(*args)
-                    elif op == "not":
-                        out = b.not_(args[0])
-                    else:
-                        out = args[0]
-                        for a in args[1:]:
-                            out = getattr(b, op + "_")(out, a)
+                    out = vector_op(b, em, e, [emit(a) for a in e.args], vmath)
                 memo[e.uid] = out
                 return out
             value = emit(st.expr)
