@@ -126,22 +126,31 @@ def start_server(lib: str, onnx_path: str, port: int, replicas_: int = 2) -> str
     code, its model onnxruntime), and the server-wide health app. The front end is `cuvil serve`'s default
     (:func:`cuvil.serve.app.apply_front`: HAProxy when a ``haproxy`` binary is on PATH, else Serve's proxy; set
     ``RAY_SERVE_ENABLE_HA_PROXY=0`` to measure Serve's proxy)."""
-    from cuvil.serve.app import ServeOptions, apply_front, health_app, init_local_ray, model_app, run_apps
+    from cuvil.serve.app import apply_front, health_app, model_app, run_apps
     apply_front("auto")       # before Ray is imported: Serve reads its settings then
     print(f"front end: {front_name()}", file=sys.stderr, flush=True)
-    from ray import serve
 
     ModelServer, OrtModelServer = _server_classes()
-    opts = ServeOptions(port=port, replicas=replicas_, threads=1, max_batch_size=PROFILE[2], batch_wait_s=0.002,
-                        max_body_bytes=MAX_BODY, quiet=True)
-    init_local_ray(5, num_cpus=4, include_dashboard=False, log_to_driver=False)   # retried, leftovers ended
-    serve.start(http_options={"host": "127.0.0.1", "port": port}, logging_config={"log_level": "WARNING"})
+    opts = start_serve(port, replicas_)
     apps = [model_app(ModelServer, lib, "squeezenet", opts), model_app(OrtModelServer, lib, "squeezenet_ort", opts, 0,
                                                                        onnx_path)]
     run_apps(apps + [health_app([a[0] for a in apps], ["squeezenet", "squeezenet_ort"])])
     base = f"http://127.0.0.1:{port}"
     _wait_ready(base)
     return base
+
+
+def start_serve(port: int, replicas: int = 2, num_cpus: int = 4):
+    """A local Ray (retried, a failed attempt's processes ended) and Serve on 127.0.0.1:``port``; returns the
+    ServeOptions of this bench's deployments (one-thread replicas, batching up to the profile's max within 2 ms).
+    Call :func:`cuvil.serve.app.apply_front` first. Shared by serving_knobs/serving_env_ab/serving_profile."""
+    from ray import serve
+    from cuvil.serve.app import ServeOptions, init_local_ray
+    opts = ServeOptions(port=port, replicas=replicas, threads=1, max_batch_size=PROFILE[2], batch_wait_s=0.002,
+                        max_body_bytes=MAX_BODY, quiet=True)
+    init_local_ray(5, num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+    serve.start(http_options={"host": "127.0.0.1", "port": port}, logging_config={"log_level": "WARNING"})
+    return opts
 
 
 def front_name() -> str:

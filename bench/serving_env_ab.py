@@ -15,7 +15,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import serving as S  # noqa: E402  (bench/serving.py: the client, the CPU accounting)
-from cuvil.serve.app import (ServeOptions, apply_front, health_app, init_local_ray, model_app,  # noqa: E402
+from cuvil.serve.app import (apply_front, health_app, model_app,  # noqa: E402
                              model_deployment_options, run_apps)
 
 
@@ -29,10 +29,7 @@ def main():
     from cuvil.bench import BenchOptions, run_benchmark
     from cuvil.serve.deployment import ModelServer
     port = S.free_port()
-    opts = ServeOptions(port=port, replicas=2, threads=1, max_batch_size=8, batch_wait_s=0.002,
-                        max_body_bytes=S.MAX_BODY, quiet=True)
-    init_local_ray(5, num_cpus=6, include_dashboard=False, log_to_driver=False)
-    serve.start(http_options={"host": "127.0.0.1", "port": port}, logging_config={"log_level": "WARNING"})
+    opts = S.start_serve(port, 2, num_cpus=6)
     a = model_app(ModelServer, lib, "squeezenet", opts)
     d = serve.deployment(ModelServer, **model_deployment_options(lib, "squeezenet_b", opts))
     d = d.options(ray_actor_options={"num_cpus": 1.0, "runtime_env": {"env_vars": env_b}})

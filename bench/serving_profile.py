@@ -127,17 +127,14 @@ def main() -> None:
     out_dir = sys.argv[3] if len(sys.argv) > 3 else "/tmp/serving-profile"
     os.makedirs(out_dir, exist_ok=True)
     pyspy = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
-    from cuvil.serve.app import ServeOptions, apply_front, health_app, init_local_ray, model_app, run_apps
+    from cuvil.serve.app import apply_front, health_app, model_app, run_apps
     apply_front("auto")
     from ray import serve
 
     from cuvil.serve.deployment import ModelServer
     from cuvil.testing.serving import serve_processes
     port = S.free_port()
-    opts = ServeOptions(port=port, replicas=2, threads=1, max_batch_size=8, batch_wait_s=0.002,
-                        max_body_bytes=S.MAX_BODY, quiet=True)
-    init_local_ray(5, num_cpus=4, include_dashboard=False, log_to_driver=False)
-    serve.start(http_options={"host": "127.0.0.1", "port": port}, logging_config={"log_level": "WARNING"})
+    opts = S.start_serve(port, 2)
     app = model_app(ModelServer, lib, "squeezenet", opts)
     run_apps([app, health_app([app[0]], ["squeezenet"])])
     base = f"http://127.0.0.1:{port}"
