@@ -24,6 +24,7 @@ from .loops import LoopRegion, extend_lifetimes, lower_loop_back, lower_loop_sta
 from .lower import LOWERINGS, LowerCtx, TensorFn
 from .lower.core import bf16_stored
 from .bf16_storage import bf16_storage_reason
+from .concat_in_place import write_concats_in_place
 from .pad_in_place import write_pads_in_place
 from .run_time_sizes import run_time_symbols
 from .texpr import E, Buf, const, load, replace_node, top_level, var
@@ -76,6 +77,8 @@ class Schedule:
     bf16_stored: Dict[str, str] = attrs.field(factory=dict)
     # values a bf16 convolution stores into its reader's padded buffer (``pad_in_place``)
     pads_in_place: List[str] = attrs.field(factory=list)
+    # values whose producer writes its slice of a stored concatenation (``concat_in_place``)
+    concats_in_place: List[str] = attrs.field(factory=list)
 
     @property
     def ranges(self) -> Dict[str, Tuple[int, int]]:
@@ -110,7 +113,7 @@ def schedule(g: Graph, gemm_cols: int = 0, split_concat: bool = False, gemm_tile
              hidden_inputs: int = 0, narrow_formats: tuple = (), matmul_tile: tuple = (),
              bf16_storage: str = "", tile_choices: Optional[dict] = None,
              scaled_operands: bool = False, pad_in_place: bool = False,
-             gpu_attention: bool = False) -> Schedule:
+             gpu_attention: bool = False, concat_in_place: bool = False) -> Schedule:
     """Stages and memory plan of ``g``. ``gemm_cols > 0`` lowers convolutions to packed contractions (the
     x86 micro-kernels), each with a register tile (rows, cols[, lanes]) among ``gemm_tiles`` (default
     ``((MR, gemm_cols),)``), and constant-weight MatMuls to column panels ``gemm_cols`` wide; 0 keeps plain
@@ -152,7 +155,9 @@ def schedule(g: Graph, gemm_cols: int = 0, split_concat: bool = False, gemm_tile
     a bf16 convolution whose output only a padded copy reads writes into the copy's interior, and the copy
     stage writes only the border (:mod:`cuvil.kernels.pad_in_place`). ``gpu_attention`` (the GPU's,
     ``PtxTuning.fused_attention``): a FusedAttention with static shapes lowers to the GPU kernel's node
-    (:class:`cuvil.kernels.attention.AttentionRows`: its operands read in place through index expressions)."""
+    (:class:`cuvil.kernels.attention.AttentionRows`: its operands read in place through index expressions).
+    ``concat_in_place`` (x86, with ``split_concat``): a stored value that only a concatenation piece copies, into
+    a contiguous slice, is written there by its producer and the copy goes (:mod:`cuvil.kernels.concat_in_place`)."""
     data_syms, writers, limits = run_time_symbols(g, run_time_sizes)
     syms = _run_time_symbols(g, data_syms)
     ranges = {s.name: (s.min, s.max) for s in syms}
@@ -180,6 +185,7 @@ def schedule(g: Graph, gemm_cols: int = 0, split_concat: bool = False, gemm_tile
     for s in stages:
         s.reads = _reads(s.expr) + ([s.guard[0]] if s.guard is not None else [])
         s.flops = _flops(s, opt)
+    in_concat = write_concats_in_place(stages, ARENA, ALIGN) if concat_in_place and split_concat else []
     in_place = write_pads_in_place(stages, ARENA) if pad_in_place else []
     # constants that no kernel reads (weights a kernel reads repacked) stay out of the artifact
     read = {id(root_of(b)) for s in stages for b in s.reads}
@@ -188,7 +194,7 @@ def schedule(g: Graph, gemm_cols: int = 0, split_concat: bool = False, gemm_tile
     wbytes = _plan_weights(weights)
     return Schedule(stages, builder.in_bufs, builder.out_bufs, [(b, a) for b, a in weights.values() if a is not None],
                     arena, wbytes, builder.fused, syms, builder.loops, len(data_syms), limits, builder.hidden_bufs,
-                    builder.bf16_stored, in_place)
+                    builder.bf16_stored, in_place, in_concat)
 
 
 def _run_time_symbols(g: Graph, data_syms: Dict[str, Symbol]) -> List[Symbol]:
@@ -341,7 +347,7 @@ class _StageBuilder:
             raise UnsupportedOpError(node.op, node.name, detail="no x86 lowering")
         used = [bool(o.uses) or id(o) in self.out_index for o in node.outputs]
         writes = self.size_writers.get(id(node))
-        outs = low(LowerCtx(node, ins, self.temp, self.packed_weight, *self.lower_options, used_outputs=used,
+        outs = low(LowerCtx(node, ins, self._input_store(node, ins), self.packed_weight, *self.lower_options, used_outputs=used,
                             narrow_formats=self.narrow_formats, matmul_tile=self.matmul_tile,
                             tile_choices=self.tile_choices, bf16_storage=bool(self.bf16_storage),
                             gpu_attention=self.gpu_attention, set_size=(lambda value, name=writes: self.write_symbol(name, value)) if writes else None))
@@ -355,6 +361,27 @@ class _StageBuilder:
             self.contracting[id(o)] = t.contraction or carries
             self.contraction_of[id(o)] = sources | {id(o)} if t.contraction else sources
             self._place(node, o, t)
+
+    def _input_store(self, node, ins):
+        """The ``temp`` of ``node``'s lowering. A reader that needs an inlined input as a buffer (a convolution's
+        or a pool's ``in``) stores it whole; that store then becomes the value's own buffer, which later readers
+        read instead of each storing it again (Inception's concatenations, read by three convolutions and a
+        pool: one copy, not four; then written in place by :mod:`cuvil.kernels.concat_in_place`). Only the
+        input's own expression over its own shape and dtype counts, outside guards and run-time loops (a store
+        there may not run before a later reader)."""
+        inlined = {id(t.fn): v for v, t in zip(node.inputs, ins)
+                   if v is not None and t is not None and not v.is_const and id(v) not in self.bufs}
+        if not inlined or node.guard is not None or self.open_loops:
+            return self.temp
+
+        def temp(shape, dtype, fn, name):
+            t = self.temp(shape, dtype, fn, name)
+            v = inlined.get(id(fn))
+            if v is not None and dtype == v.dtype and tuple(shape) == tuple(v.shape) and id(v) not in self.bufs:
+                self.bufs[id(v)] = self.stages[-1].buf
+                self.fns[id(v)] = t
+            return t
+        return temp
 
     def _inputs(self, node) -> List[Optional[TensorFn]]:
         # A stage computes at most one contraction with a micro-kernel: when a node would inline several

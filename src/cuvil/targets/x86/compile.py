@@ -178,7 +178,7 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
                          row_kernels=True, channel_tile_cost=tuning.channel_tile_cost, run_time_sizes=True,
                          hidden_inputs=3 * len(lora_slots), narrow_formats=narrow,
                          matmul_tile=matmul_tile(target_cpu, tuning), bf16_storage=tuning.bf16_storage_mode, tile_choices=tuning.tile_choices,
-                         pad_in_place=tuning.pad_in_place)
+                         pad_in_place=tuning.pad_in_place, concat_in_place=tuning.concat_in_place)
         s.detail(f"{len(sched.stages)} kernels, arena {_bytes(sched.arena_bytes)}, "
                  f"weights {_bytes(sched.weights_bytes)}")
     _check_arena(sched, arena_limit(max_arena_bytes))
@@ -201,7 +201,7 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
                               channel_tile_cost=tuning.channel_tile_cost, hidden_inputs=3 * len(lora_slots),
                               narrow_formats=narrow, matmul_tile=matmul_tile(target_cpu, tuning),
                               bf16_storage=tuning.bf16_storage_mode, tile_choices=tuning.tile_choices,
-                         pad_in_place=tuning.pad_in_place)
+                         pad_in_place=tuning.pad_in_place, concat_in_place=tuning.concat_in_place)
             s.detail(f"{point}: {len(osched.stages)} kernels")
         with stage("memory safety (opt point)", detail=f"{len(osched.stages)} kernels") as s:
             opt_cert = prove_schedule(osched, "opt", prover)
@@ -278,6 +278,7 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
                               "or report it with `ldd` of the library")
     with open(base + ".h", "w") as f:
         f.write(generate_header(info, prefix))
+    in_concat = list(dict.fromkeys(sched.concats_in_place + (osched.concats_in_place if osched else [])))
     manifest = {
         "cuvil_version": __version__,
         "prefix": prefix,
@@ -295,6 +296,9 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
         **({"bf16_activations": dict(sched.bf16_stored)} if sched.bf16_stored else {}),
         # values a bf16 convolution stores into its 3x3 reader's padded buffer (X86Tuning.pad_in_place)
         **({"pads_in_place": list(sched.pads_in_place)} if sched.pads_in_place else {}),
+        # values whose producer writes its slice of a stored concatenation (X86Tuning.concat_in_place), in the
+        # generic kernels or the opt point's (a slice is contiguous only where the dims before the axis are 1)
+        **({"concats_in_place": in_concat} if in_concat else {}),
         "scratch_bytes_per_thread": target["scratch_bytes"],
         "weights_bytes": sched.weights_bytes,
         **({"weights_file": weights_file} if weights_file else {}),

@@ -115,6 +115,11 @@ class X86Tuning:
     # also streams its 1.6 MB input there) and whole-model thread CPU came out 0.8-1.7x (median ~1.05) of the
     # copies' on the loaded VM: no gain to pay for yet (bench/amx_resnet_ab.py --pad-in-place, bench/PRECISION.md)
     pad_in_place: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    # True: a stored value that only a concatenation piece copies (SqueezeNet's expand pairs, Inception's
+    # branches: a Concat read by a convolution or a pool) is written into its slice of the concatenation by its
+    # producer, and the copy pass goes (cuvil.kernels.concat_in_place); the same bits either way. False: the A/B
+    # (bench/concat_ab.py)
+    concat_in_place: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
 
     @property
     def bf16_storage_mode(self) -> str:
