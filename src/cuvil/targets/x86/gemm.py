@@ -260,7 +260,6 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
     packed_key = em.alloca(I64)
     b.store(I64(-1), packed_key)
     mvec = ir.VectorType(ir.IntType(1), vw)
-    tload = km.declare(f"llvm.masked.load.v{vw}f32.p0", vec, [PTR, I32, mvec, vec])
     tstore = km.declare(f"llvm.masked.store.v{vw}f32.p0", ir.VoidType(), [vec, PTR, I32, mvec])
     lanes_lt = lambda n_: ir.Constant(mvec, [l < n_ for l in range(vw)])
 

@@ -21,7 +21,7 @@ import llvmlite.ir as ir
 
 from ...ir.dim import SymExpr
 from ...ir.dtype import DType
-from ...kernels.contraction import MR, MatContraction
+from ...kernels.contraction import MatContraction
 from ...kernels.schedule import Stage
 from ...kernels.texpr import E
 from ..llvm.types import F32, I32, I64, PTR, splat
