@@ -6,6 +6,10 @@ outputs compared bit for bit. numpy's concatenate beside the lone Concat.
     PYTHONPATH=src python3 bench/copy_ab.py concat [--past 1023] [--blocks 9]      # present = Concat(past, new)
     PYTHONPATH=src python3 bench/copy_ab.py decode [--past 1023] [--blocks 11]     # GPT-2 124M decode step
     PYTHONPATH=src python3 bench/copy_ab.py squeezenet|inception_v1|densenet121 [--blocks 15]
+    PYTHONPATH=src python3 bench/copy_ab.py decode --streams     # streamed vs cached stores of large copies
+
+``--streams``: the two libraries are instead the block copies with cached stores (``STREAM_BYTES`` None) and
+with the default, streaming stores for a stage of ``STREAM_BYTES`` or more.
 """
 from __future__ import annotations
 
@@ -39,6 +43,7 @@ def main() -> None:
     ap.add_argument("--past", type=int, default=1023)
     ap.add_argument("--blocks", type=int, default=9)
     ap.add_argument("--calls", type=int, default=5, help="calls per block")
+    ap.add_argument("--streams", action="store_true", help="cached vs streaming stores instead of loop vs copies")
     a = ap.parse_args()
     rng = np.random.default_rng(0)
     options = {}
@@ -57,12 +62,15 @@ def main() -> None:
         model = light_model(a.case)
         feeds = [rng.standard_normal((1, 3, 224, 224)).astype(np.float32)]
     new = Pipeline.from_onnx(model).compile(cache=False, **options)
-    keep, copy_mod.MIN_RUN_BYTES = copy_mod.MIN_RUN_BYTES, 1 << 62
+    knob, off = ("STREAM_BYTES", None) if a.streams else ("MIN_RUN_BYTES", 1 << 62)
+    keep = getattr(copy_mod, knob)
+    setattr(copy_mod, knob, off)
     try:
         old = Pipeline.from_onnx(model).compile(cache=False, **options)
     finally:
-        copy_mod.MIN_RUN_BYTES = keep
-    libs = {"loop nest": load(old.path, num_threads=1), "block copies": load(new.path, num_threads=1)}
+        setattr(copy_mod, knob, keep)
+    names = ("cached stores", "streaming stores") if a.streams else ("loop nest", "block copies")
+    libs = {names[0]: load(old.path, num_threads=1), names[1]: load(new.path, num_threads=1)}
     runs = {k: (lambda m=m: m.run(*feeds)) for k, m in libs.items()}
     if a.case == "concat":
         out = np.empty((1, 12, a.past + 1, 64), np.float32)
@@ -81,7 +89,7 @@ def main() -> None:
     print(f"CPU: {cpu_label()}; {a.case}" + (f" past {a.past}" if a.case in ("concat", "decode") else "") +
           f"; 1 thread, thread CPU ms, p50 of {a.blocks} alternating blocks of {a.calls}; load {load_avg:.1f}")
     print("  " + ", ".join(f"{k} {v:.3f} ms" for k, v in med.items()) +
-          f"; block copies / loop nest {med['block copies'] / med['loop nest']:.3f}; outputs bit-identical: {same}")
+          f"; {names[1]} / {names[0]} {med[names[1]] / med[names[0]]:.3f}; outputs bit-identical: {same}")
 
 
 if __name__ == "__main__":

@@ -1,9 +1,12 @@
-"""Block copies (cuvil.targets.x86.copy): a concatenation's pieces as memmove runs, bit-exact at 1 and 2 threads."""
+"""Block copies (cuvil.targets.x86.copy): a concatenation's pieces as memmove runs, bit-exact at 1 and 2 threads,
+with cached stores and with streaming ones (a destination run starting off a 64-byte line, a run cut into
+blocks mid-line, NaN payloads and -0.0 moved as bits)."""
 import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
 import cuvil.targets.x86.codegen as codegen
+import cuvil.targets.x86.copy as copy_mod
 from cuvil import Pipeline
 from cuvil.targets.x86.copy import BLOCK_BYTES, MIN_RUN_BYTES
 
@@ -39,8 +42,11 @@ def copies(monkeypatch):
     ([(2, 5, 33, 17), (2, 7, 33, 17)], 1, 2),         # whole (33 x 17) planes behind a channel slice
     ([(300, 40), (5, 40)], 0, 1),                     # one run of the whole first input; 5 rows: generic loop
     ([(3, 4, 9), (3, 4, 2)], 2, 0),                   # rows of 36 bytes: every piece keeps the loop nest
+    ([(1, 4, 1023, 17), (1, 4, 2, 17)], 2, 1),        # runs of 69,564 bytes, each starting 4 bytes past a line
 ])
-def test_concatenation_pieces_copy_bit_exactly(copies, shapes, axis, n_copies):
+@pytest.mark.parametrize("stream_bytes", [None, 1], ids=["cached", "streamed"])
+def test_concatenation_pieces_copy_bit_exactly(copies, monkeypatch, shapes, axis, n_copies, stream_bytes):
+    monkeypatch.setattr(copy_mod, "STREAM_BYTES", stream_bytes)
     rng = np.random.default_rng(axis)
     xs = [rng.standard_normal(s).astype(np.float32) for s in shapes]
     bits = xs[0].view(np.uint32)

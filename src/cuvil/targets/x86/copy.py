@@ -7,6 +7,15 @@ time. Here the dims after the first partial one are whole in both buffers, so fr
 destination are one contiguous run each (a head's whole past: 1,023 x 64 floats); the run is cut into blocks
 of ``BLOCK_BYTES`` and a unit of the parallel range is one block of one run, copied by the C library's
 ``memmove`` (llvm.memmove). Bits are moved, not values: the result is the loop's exactly.
+
+A stage that copies at least ``STREAM_BYTES`` stores with non-temporal (streaming) stores instead: 64-byte
+vectors written around the caches after a ``memmove`` of the bytes up to the destination's first 64-byte
+boundary, the last partial vector by ``memmove`` too, an ``sfence`` at the end of every unit (the thread pool's
+barrier then publishes the bytes like any store). Such a copy is larger than a core's L2, so its destination
+would be evicted before any reader came anyway, and a cached store first reads every destination line
+(read-for-ownership): 3 bytes of traffic per byte copied instead of 2. GPT-2's 24 present copies at past 1,023
+(3 MB each) on this session's Xeon: 11.0 ms as ``memcpy`` does them, 7.1-8.9 ms streamed (a C probe of the same
+copies; the decode step's figure in bench/RESULTS.md, session 18).
 """
 from __future__ import annotations
 
@@ -21,6 +30,10 @@ from ..llvm.types import I1, I8, I64, PTR
 BLOCK_BYTES = 64 * 1024
 #: runs shorter than this stay with the generic loop nest (its inline vector moves beat a call per row)
 MIN_RUN_BYTES = 1024
+#: a stage copying at least this many bytes in all streams its stores past the caches (None: never)
+STREAM_BYTES: Optional[int] = 2 * 1024 * 1024
+#: bytes of one streaming store (a cache line; an AVX-512 vector, two AVX2 ones)
+LINE = 64
 
 
 def _shift(e, name: str) -> Optional[int]:
@@ -89,6 +102,11 @@ def emit_copy_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
     em, begin, end = km.kernel(sym)
     b = em.b
     memmove = km.declare("llvm.memmove.p0.p0.i64", ir.VoidType(), [PTR, PTR, I64, I1])
+    stream = STREAM_BYTES is not None and outer * run * item >= STREAM_BYTES
+    line = ir.VectorType(ir.IntType(32), LINE // 4)
+    if stream:
+        sfence = km.declare("llvm.x86.sse.sfence", ir.VoidType(), [])
+        nontemporal = b.module.add_metadata([ir.IntType(32)(1)])
 
     def flat(buf, starts: List, o) -> object:
         """Byte address of the run of outer index ``o`` (flattened over dims < j) in ``buf``."""
@@ -111,7 +129,34 @@ def emit_copy_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
         at = b.mul(first, I64(item))
         d_ptr = b.gep(flat(dst, plan["lo"], o), [at], source_etype=I8, inbounds=True)
         s_ptr = b.gep(flat(src, plan["src_lo"], o), [at], source_etype=I8, inbounds=True)
-        b.call(memmove, [d_ptr, s_ptr, b.mul(count, I64(item)), I1(0)])
+        nbytes = b.mul(count, I64(item))
+        if stream:
+            streamed(d_ptr, s_ptr, nbytes)
+        else:
+            b.call(memmove, [d_ptr, s_ptr, nbytes, I1(0)])
+
+    def streamed(d_ptr, s_ptr, nbytes):
+        """``nbytes`` from ``s_ptr`` to ``d_ptr`` (never overlapping: copy_plan refuses one buffer): the head up
+        to ``d_ptr``'s first line boundary and the tail after its last by memmove, the lines between by
+        non-temporal vector stores (unaligned loads), then an sfence."""
+        mis = b.and_(b.ptrtoint(d_ptr, I64), I64(LINE - 1))
+        head = b.select(b.icmp_signed("==", mis, I64(0)), I64(0), b.sub(I64(LINE), mis))
+        head = b.select(b.icmp_signed("<", nbytes, head), nbytes, head)
+        b.call(memmove, [d_ptr, s_ptr, head, I1(0)])
+        lines = b.sdiv(b.sub(nbytes, head), I64(LINE))
+        d0 = b.gep(d_ptr, [head], source_etype=I8, inbounds=True)
+        s0 = b.gep(s_ptr, [head], source_etype=I8, inbounds=True)
+
+        def one(k):
+            off = b.mul(k, I64(LINE))
+            v = b.load(b.gep(s0, [off], source_etype=I8, inbounds=True), typ=line, align=1)
+            store = b.store(v, b.gep(d0, [off], source_etype=I8, inbounds=True), align=LINE)
+            store.set_metadata("nontemporal", nontemporal)
+        em.loop_range(I64(0), lines, one)
+        done = b.add(head, b.mul(lines, I64(LINE)))
+        b.call(memmove, [b.gep(d_ptr, [done], source_etype=I8, inbounds=True),
+                         b.gep(s_ptr, [done], source_etype=I8, inbounds=True), b.sub(nbytes, done), I1(0)])
+        b.call(sfence, [])
 
     em.loop_range(begin, end, unit)
     b.ret_void()
