@@ -8,12 +8,14 @@ destination are one contiguous run each (a head's whole past: 1,023 x 64 floats)
 of ``BLOCK_BYTES`` and a unit of the parallel range is one block of one run, copied by the C library's
 ``memmove`` (llvm.memmove). Bits are moved, not values: the result is the loop's exactly.
 
-A stage that copies at least ``STREAM_BYTES`` stores with non-temporal (streaming) stores instead: 64-byte
+A stage that copies at least ``STREAM_BYTES`` into a graph output stores with non-temporal (streaming) stores instead: 64-byte
 vectors written around the caches after a ``memmove`` of the bytes up to the destination's first 64-byte
 boundary, the last partial vector by ``memmove`` too, an ``sfence`` at the end of every unit (the thread pool's
 barrier then publishes the bytes like any store). Such a copy is larger than a core's L2, so its destination
 would be evicted before any reader came anyway, and a cached store first reads every destination line
-(read-for-ownership): 3 bytes of traffic per byte copied instead of 2. GPT-2's 24 present copies at past 1,023
+(read-for-ownership): 3 bytes of traffic per byte copied instead of 2. Only into an output: the caller reads
+it after the run, while a concatenation in the arena is read by the next kernels, which the last-level cache
+(larger than 2 MiB on a server) may still serve if the stores went through it. GPT-2's 24 present copies at past 1,023
 (3 MB each) on this session's Xeon: 11.0 ms as ``memcpy`` does them, 7.1-8.9 ms streamed (a C probe of the same
 copies; the decode step's figure in bench/RESULTS.md, session 18).
 """
@@ -23,14 +25,15 @@ from typing import List, Optional, Tuple
 
 import llvmlite.ir as ir
 
-from ...kernels.schedule import Stage
+from ...kernels.schedule import ARENA, WEIGHTS, Stage
 from ..llvm.types import I1, I8, I64, PTR
 
 #: a unit of the parallel range copies at most this much of a run (a head's 1,023 x 64 past keys: 4 blocks)
 BLOCK_BYTES = 64 * 1024
 #: runs shorter than this stay with the generic loop nest (its inline vector moves beat a call per row)
 MIN_RUN_BYTES = 1024
-#: a stage copying at least this many bytes in all streams its stores past the caches (None: never)
+#: a stage copying at least this many bytes in all into a graph output streams its stores past the caches
+#: (None: never)
 STREAM_BYTES: Optional[int] = 2 * 1024 * 1024
 #: bytes of one streaming store (a cache line; an AVX-512 vector, two AVX2 ones)
 LINE = 64
@@ -102,7 +105,7 @@ def emit_copy_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
     em, begin, end = km.kernel(sym)
     b = em.b
     memmove = km.declare("llvm.memmove.p0.p0.i64", ir.VoidType(), [PTR, PTR, I64, I1])
-    stream = STREAM_BYTES is not None and outer * run * item >= STREAM_BYTES
+    stream = STREAM_BYTES is not None and outer * run * item >= STREAM_BYTES and dst.base not in (ARENA, WEIGHTS)
     line = ir.VectorType(ir.IntType(32), LINE // 4)
     if stream:
         sfence = km.declare("llvm.x86.sse.sfence", ir.VoidType(), [])
