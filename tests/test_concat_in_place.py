@@ -9,6 +9,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from cuvil import Pipeline
+from cuvil.targets.x86.cpu import cpu_label, host_cpu
 from cuvil.targets.x86.tuning import X86Tuning
 
 
@@ -80,3 +81,60 @@ def test_a_profile_writes_in_place_at_its_opt_point_only():
         got = art.run({"x": x})
         for name, ref in zip(("y1", "y2", "y3", "y4"), sess.run(None, {"x": x})):
             np.testing.assert_allclose(got[name], ref, rtol=1e-5, atol=1e-5)
+
+
+def _branches():
+    """x [1, 32, 28, 28]: y = Conv1x1(Concat(Relu(Conv3x3(x)), Relu(Conv1x1(x)))): the 3x3 at 28 x 28 runs as
+    Winograd (its output transform is the kernel that writes the slice), the 1x1 as a direct GEMM."""
+    rng = np.random.default_rng(2)
+    inits, nodes = [], []
+
+    def conv(name, x, cin, cout, k):
+        w = (rng.standard_normal((cout, cin, k, k)) * np.sqrt(2.0 / (cin * k * k))).astype(np.float32)
+        inits.extend([numpy_helper.from_array(w, name + "_w"),
+                      numpy_helper.from_array((0.1 * rng.standard_normal(cout)).astype(np.float32), name + "_b")])
+        nodes.append(helper.make_node("Conv", [x, name + "_w", name + "_b"], [name + "_c"], pads=[k // 2] * 4))
+        nodes.append(helper.make_node("Relu", [name + "_c"], [name]))
+
+    conv("a", "x", 32, 32, 3)
+    conv("d", "x", 32, 32, 1)
+    nodes.append(helper.make_node("Concat", ["a", "d"], ["c"], axis=1))
+    conv("y", "c", 64, 8, 1)
+    graph = helper.make_graph(nodes, "branches", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 32, 28, 28])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_winograd_output_transform_writes_its_slice():
+    m = _branches()
+    x = np.random.default_rng(3).standard_normal((1, 32, 28, 28)).astype(np.float32)
+    (want,) = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    pipe = Pipeline.from_onnx(m).optimize()
+    art = pipe.compile(opt_level=2, cache=False)          # Winograd from O2 (x86 target options)
+    copied = pipe.compile(opt_level=2, cache=False, tuning=X86Tuning(concat_in_place=False))
+    assert art.manifest["concats_in_place"] == ["a", "d"]
+    writers = {s.get("stage"): s.get("kernel") for s in art.manifest["steps"]}
+    assert writers.get("a") == "winograd_out", writers
+    for threads in (1, 2):
+        got = art.run({"x": x}, num_threads=threads)["y"]
+        np.testing.assert_array_equal(got, copied.run({"x": x})["y"])
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif("avx512bf16" not in host_cpu().features,
+                    reason=f"no AVX512_BF16 on this CPU ({cpu_label()}): no bf16 convolution kernels")
+@pytest.mark.parametrize("amx", [True, False], ids=["amx-or-vdpbf16ps", "vdpbf16ps"])
+def test_bf16_convolutions_give_the_same_bits_in_place(amx):
+    """Every convolution narrowed to bf16 (AMX tiles where the CPU has them, else vdpbf16ps): whatever goes in
+    place (the concatenation, read by a bf16 convolution, may be stored as bfloat16, whose pieces then round
+    and stay copies), the outputs are the copies' bits."""
+    m = _branches()
+    x = np.random.default_rng(4).uniform(-1, 1, (1, 32, 28, 28)).astype(np.float32)
+    pipe = Pipeline.from_onnx(m).optimize()
+    kw = dict(opt_level=2, cache=False, precision="bf16", input_ranges={"x": (-1.0, 1.0)})
+    art = pipe.compile(tuning=X86Tuning(amx=amx), **kw)
+    copied = pipe.compile(tuning=X86Tuning(amx=amx, concat_in_place=False), **kw)
+    (want,) = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    got = art.run({"x": x})["y"]
+    np.testing.assert_array_equal(got, copied.run({"x": x})["y"])
+    assert float(np.abs(got - want).max()) <= 3e-2 * float(np.abs(want).max())
