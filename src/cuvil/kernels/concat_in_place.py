@@ -4,7 +4,7 @@ A Concat that is stored (its reader is a convolution or a pool, which read a buf
 piece (:func:`cuvil.kernels.schedule.split_piecewise`), each copying one input into its slice. Where a piece's
 input ``A`` is itself stored (the output of a convolution: SqueezeNet's expand 1x1 and 3x3 pairs, Inception's
 four branches), that copy reads ``A`` once more and writes it again: SqueezeNet 1.0 spent 0.29 of its 5.4 ms in
-such copies (one thread, a 2-core Xeon, bench/RESULTS.md session 18).
+such copies (one thread, a 2-core Xeon of family 6, model 167; bench/RESULTS.md session 18).
 
 When ``A`` has one writer, that writer writes the whole of it, and the piece's copy is its only reader, ``A``
 becomes a view of the concatenation's bytes (:class:`cuvil.kernels.texpr.Buf` ``root`` / ``shift``, row-major
@@ -19,11 +19,10 @@ view's root is the concatenation: :func:`cuvil.kernels.schedule._plan_arena` pla
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional
+import math
+from typing import List, Optional
 
-from ..ir.dim import SymExpr
-from .pad_in_place import _var_minus
-from .texpr import Buf
+from .texpr import Buf, is_var_minus, users_by_storage
 
 
 def write_concats_in_place(stages: List, arena_base: int, align: int) -> List[str]:
@@ -31,12 +30,7 @@ def write_concats_in_place(stages: List, arena_base: int, align: int) -> List[st
     the producer's buffer becomes a view of the piece's slice and the piece is removed from ``stages``.
     ``align``: the arena plan's alignment of a buffer (bytes); a slice starting elsewhere is left copied.
     Returns the names of the values written in place (the manifest's ``concats_in_place``)."""
-    writers: Dict[int, List] = {}
-    readers: Dict[int, List] = {}
-    for st in stages:
-        writers.setdefault(id(st.buf.storage), []).append(st)
-        for b in st.reads:
-            readers.setdefault(id(b.storage), []).append(st)
+    writers, readers = users_by_storage(stages)
     done, dropped = [], set()
     for piece in stages:
         src, shift = _copied_slice(piece, align)
@@ -69,9 +63,8 @@ def _copied_slice(piece, align: int) -> "tuple[Optional[Buf], int]":
     src: Buf = e.attr
     axis, lo, hi = piece.region
     shape = tuple(dst.shape)
-    if any(isinstance(d, SymExpr) or not isinstance(d, int) for d in shape + tuple(src.shape)) \
-            or isinstance(lo, SymExpr) or isinstance(hi, SymExpr):
-        return None, 0
+    if not all(isinstance(d, int) for d in shape + tuple(src.shape) + (lo, hi)):
+        return None, 0      # symbolic extents
     if src.dtype != dst.dtype or src.pitch is not None or len(src.shape) != len(shape) or len(e.args) != len(shape):
         return None, 0
     if tuple(src.shape) != shape[:axis] + (hi - lo,) + shape[axis + 1:]:
@@ -80,12 +73,9 @@ def _copied_slice(piece, align: int) -> "tuple[Optional[Buf], int]":
         return None, 0      # the slice is not contiguous
     names = [v.attr for v in piece.vars]
     for k, (a, n) in enumerate(zip(e.args, names)):
-        if not (_var_minus(a, n, lo) if k == axis else a.op == "var" and a.attr == n):
+        if not (is_var_minus(a, n, lo) if k == axis else a.op == "var" and a.attr == n):
             return None, 0
-    inner = 1
-    for d in shape[axis + 1:]:
-        inner *= d
-    shift = lo * inner * dst.dtype.itemsize
+    shift = lo * math.prod(shape[axis + 1:]) * dst.dtype.itemsize
     if shift % align:
         return None, 0
     return src, shift

@@ -25,23 +25,18 @@ left their input fresh in L2 (bench/PRECISION.md, 2026-12-03 session 15).
 """
 from __future__ import annotations
 
-from typing import Dict, List
+from typing import List
 
 from ..ir.dim import SymExpr
 from .contraction import Contraction, PadWindow
-from .texpr import Buf, E, top_level
+from .texpr import Buf, is_var_minus, top_level, users_by_storage
 
 
 def write_pads_in_place(stages: List, arena_base: int) -> List[str]:
     """Turns every eligible (producer, padded copy) pair of ``stages`` (reads already set) in place: the
     producer's buffer becomes a pitched view of the copy's, the copy writes only the border. Returns the names
     of the values written in place (the manifest's ``pads_in_place``)."""
-    writers: Dict[int, List] = {}
-    readers: Dict[int, List] = {}
-    for st in stages:
-        writers.setdefault(id(st.buf.storage), []).append(st)
-        for b in st.reads:
-            readers.setdefault(id(b.storage), []).append(st)
+    writers, readers = users_by_storage(stages)
     done = []
     for pad in stages:
         src = _copied_buffer(pad)
@@ -81,26 +76,13 @@ def _copied_buffer(pad) -> "Buf | None":
     if len(inner.args) != 4 or any(a.op != "var" or a.attr != n for a, n in zip(inner.args[:2], names)):
         return None
     for a, n, b0 in zip(inner.args[2:], names[2:], spec.begin):
-        if not _var_minus(a, n, b0):
+        if not is_var_minus(a, n, b0):
             return None
     if tuple(src.shape[2:]) != tuple(spec.sizes) or any(isinstance(d, SymExpr) for d in src.shape[1:]) \
             or tuple(src.shape[:2]) != tuple(pad.buf.shape[:2]) or src.pitch is not None:
         return None
     return src
 
-
-def _var_minus(e: E, name: str, c: int) -> bool:
-    """``e`` is the variable ``name`` minus the constant ``c`` (or the variable itself when c is 0)."""
-    if e.op == "var":
-        return c == 0 and e.attr == name
-    if e.op == "sub" and len(e.args) == 2:
-        v, k = e.args
-        return v.op == "var" and v.attr == name and k.op == "const" and int(k.attr) == c
-    if e.op == "add" and len(e.args) == 2:
-        for v, k in (e.args, e.args[::-1]):
-            if v.op == "var" and v.attr == name and k.op == "const" and int(k.attr) == -c:
-                return True
-    return False
 
 
 def _bf16_convolution(st, buf: Buf) -> bool:

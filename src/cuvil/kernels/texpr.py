@@ -9,7 +9,7 @@ substituting one op's expression where another loads its output.
 from __future__ import annotations
 
 import itertools
-from typing import Any, Callable, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import attrs
 
@@ -104,6 +104,32 @@ class E:
 
     def __mod__(self, o):
         return imod(self, o)
+
+
+def is_var_minus(e: E, name: str, c: int) -> bool:
+    """``e`` is the variable ``name`` minus the constant ``c`` (or the variable itself when c is 0)."""
+    if e.op == "var":
+        return c == 0 and e.attr == name
+    if e.op == "sub" and len(e.args) == 2:
+        v, k = e.args
+        return v.op == "var" and v.attr == name and k.op == "const" and int(k.attr) == c
+    if e.op == "add" and len(e.args) == 2:
+        for v, k in (e.args, e.args[::-1]):
+            if v.op == "var" and v.attr == name and k.op == "const" and int(k.attr) == -c:
+                return True
+    return False
+
+
+def users_by_storage(stages) -> "Tuple[Dict[int, list], Dict[int, list]]":
+    """({id(storage): the stages writing it}, {id(storage): the stages reading it}) over ``stages`` (their
+    ``reads`` set): views count as their storage, so a value's every user shows, whatever view it goes through."""
+    writers: Dict[int, list] = {}
+    readers: Dict[int, list] = {}
+    for st in stages:
+        writers.setdefault(id(st.buf.storage), []).append(st)
+        for b in st.reads:
+            readers.setdefault(id(b.storage), []).append(st)
+    return writers, readers
 
 
 def var(name: str) -> E:
