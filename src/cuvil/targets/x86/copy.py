@@ -8,16 +8,16 @@ destination are one contiguous run each (a head's whole past: 1,023 x 64 floats)
 of ``BLOCK_BYTES`` and a unit of the parallel range is one block of one run, copied by the C library's
 ``memmove`` (llvm.memmove). Bits are moved, not values: the result is the loop's exactly.
 
-A stage that copies at least ``STREAM_BYTES`` into a graph output stores with non-temporal (streaming) stores instead: 64-byte
-vectors written around the caches after a ``memmove`` of the bytes up to the destination's first 64-byte
-boundary, the last partial vector by ``memmove`` too, an ``sfence`` at the end of every unit (the thread pool's
-barrier then publishes the bytes like any store). Such a copy is larger than a core's L2, so its destination
-would be evicted before any reader came anyway, and a cached store first reads every destination line
-(read-for-ownership): 3 bytes of traffic per byte copied instead of 2. Only into an output: the caller reads
+A stage that copies at least ``STREAM_BYTES`` into a graph output stores with non-temporal (streaming) stores
+instead: 64-byte vectors written around the caches after a ``memmove`` of the bytes up to the destination's first
+64-byte boundary, the last partial vector by ``memmove`` too, an ``sfence`` at the end of every unit (the thread
+pool's barrier then publishes the bytes like any store). Such a copy is larger than a core's L2, so its
+destination would be evicted before any reader came anyway, and a cached store first reads every destination
+line (read-for-ownership): 3 bytes of traffic per byte copied instead of 2. Only into an output: the caller reads
 it after the run, while a concatenation in the arena is read by the next kernels, which the last-level cache
-(larger than 2 MiB on a server) may still serve if the stores went through it. GPT-2's 24 present copies at past 1,023
-(3 MB each) on this session's Xeon: 11.0 ms as ``memcpy`` does them, 7.1-8.9 ms streamed (a C probe of the same
-copies; the decode step's figure in bench/RESULTS.md, session 18).
+(larger than 2 MiB on a server) may still serve if the stores went through it. GPT-2's 24 present copies at past
+1,023 (3 MB each) on a Xeon (family 6, model 167): 11.0 ms as ``memcpy`` does them, 7.1-8.9 ms streamed
+(``bench/stream_copy.c copy 3072 24``; the decode step's figure in bench/RESULTS.md, session 18).
 """
 from __future__ import annotations
 
