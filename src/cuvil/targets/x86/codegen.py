@@ -36,6 +36,24 @@ PARALLEL_MIN = 64   # leading dims are flattened into the parallel range until i
 INNER_MIN = 16
 OUTER_MIN = 8
 SMALL_STAGE = 32768
+# expression nodes whose one output element is a loop of its own (a reduction, a scan, a program, a product or
+# window): their stages keep the parallel range of their elements (KernelModule.parallel_dims)
+_PER_ELEMENT_LOOPS = frozenset(("reduce", "argscan", "sequential", "contract", "window", "attention", "qgemm",
+                                "qplanes", "wino_in", "wino_out", "padwin"))
+
+
+def _elementwise(e) -> bool:
+    """Whether no node of ``e`` runs a loop per output element (see _PER_ELEMENT_LOOPS)."""
+    seen, stack = set(), [e]
+    while stack:
+        x = stack.pop()
+        if x.uid in seen:
+            continue
+        seen.add(x.uid)
+        if x.op in _PER_ELEMENT_LOOPS:
+            return False
+        stack.extend(a for a in x.args if a is not None)
+    return True
 # A step is cut into at most this many chunks per thread (fewer where a chunk repeats set-up work: see
 # KernelModule.split), claimed by whichever thread is free: a worker woken late, or on a core still slow
 # after idling, takes fewer.
@@ -119,15 +137,19 @@ class KernelModule(LLVMKernelModule):
 
     def parallel_dims(self, st: Stage) -> int:
         """How many leading dims a generic loop nest flattens into its parallel range: until it has
-        PARALLEL_MIN points (a row reduction keeps its last dim for the row loop). A last dim of at least
-        INNER_MIN elements also stays an inner loop, which LLVM vectorises, where the dims before it still give
-        the threads OUTER_MIN units or the whole stage is at most SMALL_STAGE elements: flattened, every element
-        would unflatten its index by division (LayerNormalization's normalising pass over BERT's [1, 32, 768],
-        fixed shapes, ran scalar: 58 us, against 5.5 us with its 768 columns an inner loop)."""
+        PARALLEL_MIN points (a row reduction keeps its last dim for the row loop). In a plain elementwise stage
+        (no reduction, no sequential program per element) a static last dim of at least INNER_MIN elements
+        also stays an inner loop, which LLVM vectorises, where the dims before it still give the threads
+        OUTER_MIN units at the opt point or the whole stage is at most SMALL_STAGE elements at the profile's
+        maximum: flattened, every element would unflatten its index by division (LayerNormalization's
+        normalising pass over BERT's [1, 32, 768], fixed shapes, ran scalar: 58 us, against 5.5 us with its 768
+        columns an inner loop). A stage whose elements each run a reduction or a program (an RNN's batch rows,
+        NonMaxSuppression's classes) keeps its elements spread over the threads."""
         shape = self.loop_shape(st)
         limit = len(shape) - 1 if row_reduction(st, self.at_max) is not None else len(shape)
-        if limit == len(shape) and len(shape) >= 2 and self.at_opt(shape[-1]) >= INNER_MIN and (
-                self.at_opt(product(shape[:-1])) >= OUTER_MIN or self.at_opt(product(shape)) <= SMALL_STAGE):
+        if (limit == len(shape) and len(shape) >= 2 and isinstance(shape[-1], int) and shape[-1] >= INNER_MIN
+                and _elementwise(st.expr)
+                and (self.at_opt(product(shape[:-1])) >= OUTER_MIN or self.at_max(product(shape)) <= SMALL_STAGE)):
             limit -= 1
         k, extent = 0, 1
         while k < limit and self.at_opt(extent) < PARALLEL_MIN:
