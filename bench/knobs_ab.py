@@ -16,6 +16,7 @@ eviction.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import statistics
 import time
@@ -51,8 +52,11 @@ def main(argv=None) -> int:
     p = Pipeline.from_onnx(model).optimize()
     shipped = {k: getattr(mod, k) for k, mod in KNOBS.items()}
     libs = {}
+    names = a.variants.split(",")
+    if len(set(names)) != len(names):
+        raise SystemExit(f"variants repeat: {a.variants}")
     try:
-        for v in a.variants.split(","):
+        for v in names:
             for k, val in shipped.items():
                 setattr(KNOBS[k], k, val)
             for term in v.split("+"):
@@ -73,8 +77,11 @@ def main(argv=None) -> int:
         out = [np.asarray(o) for o in m.run(num_threads=1, **feeds)]
         if first is None:
             first = out
-        same = all(np.array_equal(x, y) for x, y in zip(out, first))
-        print(f"{v}: outputs {'bit-identical to' if same else 'DIFFER from'} the first variant's")
+        same = len(out) == len(first) and all(np.array_equal(x, y) for x, y in zip(out, first))
+        with open(m.path, "rb") as f:     # whether the variants built different code at all
+            digest = hashlib.sha256(f.read()).hexdigest()[:16]
+        print(f"{v}: library sha256 {digest}; outputs {'bit-identical to' if same else 'DIFFER from'} the first "
+              "variant's")
     big = np.ones(700 << 18, dtype=np.float32)
     times = {v: [] for v in libs}
     for r in range(a.rounds):

@@ -369,10 +369,12 @@ NEXT_PANEL_PREFETCH = True
 # 3072 -> 768, 1 thread, 2-core Zen 5 (1 MiB budget then). Session 19 (2-core Intel Xeon, family 6, model 167,
 # 2 MiB L2, weights streaming from memory: 340 MB a run), whole BERT-base, B = 1, fixed S, 1 thread, CPU time, a
 # 700 MB buffer read between runs so that no weights stay cached (`python3 bench/knobs_ab.py bert
-# "NEXT_PANEL_L2_BYTES=1<<20,base" --seq 32`): 1 -> 4 MiB, which adds the 3072 -> 768 products (768 KiB panels) at S <= 128, ran S = 32
-# 54.8 -> 52.2 ms (-4.6%; 8 MiB: 54.1 -> 51.2), S = 128 159.8 -> 155.8 (-2.5%); at S = 384 the same code either
-# way (A alone is 4.7 MiB there), and a prefetch at every size (no budget) was 1.3% slower. Over L2's size on
-# purpose: A is read once per panel, and its rows past the tile's are not all needed in L2 at once.
+# "NEXT_PANEL_L2_BYTES=1<<20,base" --seq S`): 1 -> 4 MiB, which adds the 3072 -> 768 products (768 KiB panels)
+# at S <= 128 and the 768-input ones at S = 246..1269, ran S = 32 54.4 -> 51.8 ms (x0.952), S = 128 150.4 -> 147.4
+# (x0.980), S = 384 451.1 -> 441.7 (x0.979); a prefetch at every size (no budget) was 1.3% slower at S = 384.
+# Over this L2's size on purpose: A is read once per panel, and its rows past the tile's are not all needed in L2
+# at once. Measured on this one CPU only: on cores with 1-1.25 MiB of L2 (Zen 4, Skylake-SP) two 3072 -> 768
+# panels alone exceed it (Zen 5 at the 1 MiB budget: no gain there, see above).
 NEXT_PANEL_L2_BYTES = 4 * 1024 * 1024
 
 
