@@ -15,7 +15,7 @@ import llvmlite.ir as ir
 from ...errors import CuvilError
 from ...ir.dim import bounds, evaluate, product
 from ...kernels.schedule import Schedule, Stage
-from ...kernels.texpr import top_level
+from ...kernels.texpr import nodes, top_level
 from ...progress import stage
 from ..llvm.module import LLVMKernelModule, initialize_native
 from ..llvm.types import I64, PTR
@@ -44,16 +44,9 @@ _PER_ELEMENT_LOOPS = frozenset(("reduce", "argscan", "sequential", "contract", "
 
 def _elementwise(e) -> bool:
     """Whether no node of ``e`` runs a loop per output element (see _PER_ELEMENT_LOOPS)."""
-    seen, stack = set(), [e]
-    while stack:
-        x = stack.pop()
-        if x.uid in seen:
-            continue
-        seen.add(x.uid)
-        if x.op in _PER_ELEMENT_LOOPS:
-            return False
-        stack.extend(a for a in x.args if a is not None)
-    return True
+    return not any(x.op in _PER_ELEMENT_LOOPS for x in nodes(e))
+
+
 # A step is cut into at most this many chunks per thread (fewer where a chunk repeats set-up work: see
 # KernelModule.split), claimed by whichever thread is free: a worker woken late, or on a core still slow
 # after idling, takes fewer.
