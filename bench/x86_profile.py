@@ -3,6 +3,7 @@
     python3 bench/x86_profile.py resnet50 [--threads 1] [--runs 10] [--top 25]
     python3 bench/x86_profile.py path/to/model.onnx
     python3 bench/x86_profile.py transformer_block --fix B=1 --fix S=128   # cuvil.testing's encoder block
+    python3 bench/x86_profile.py bert --fix sequence=32 --op LayerNormalization   # BERT-base, fixed shapes
 
 Uses the runtime's step profiler (``<prefix>_profile``, see docs/c-abi.md) and the manifest's per-step
 FLOPs (2 x multiply-adds of convolutions/matrix products; other work is not counted). ``gemm`` kernels
@@ -17,13 +18,14 @@ import numpy as np
 
 from cuvil import Pipeline
 from cuvil.testing import LIGHT_MODELS, light_model
+from cuvil.testing.hf_models import bert_model, text_feeds
 from cuvil.testing.models import transformer_block
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model", help=f"one of {', '.join(LIGHT_MODELS)}, transformer_block (d_model 256, 8 heads, "
-                    "d_ff 1024) or an .onnx path")
+                    "d_ff 1024), bert (BERT-base, cuvil.testing.hf_models, token inputs) or an .onnx path")
     ap.add_argument("--fix", action="append", default=[], metavar="NAME=INT",
                     help="a symbolic dim's value (default: each symbol's opt, else min)")
     ap.add_argument("--threads", type=int, default=1)
@@ -33,6 +35,7 @@ def main(argv=None):
     ap.add_argument("--tune", action="store_true", help="the --tune build (choices from $CUVIL_CACHE_DIR/tune)")
     ap.add_argument("--no-fused-attention", action="store_true",
                     help="keep attention as MatMul / Softmax / MatMul (no FusedAttention kernel)")
+    ap.add_argument("--op", default=None, help="also list every step of this ONNX op (e.g. LayerNormalization)")
     ap.add_argument("--peak-gflops", type=float, default=None,
                     help="per-core fp32 peak for the %%-of-peak column (default: not shown)")
     a = ap.parse_args(argv)
@@ -40,6 +43,8 @@ def main(argv=None):
         src = a.model
     elif a.model == "transformer_block":
         src = transformer_block(d_model=256, heads=8, d_ff=1024)
+    elif a.model == "bert":
+        src = bert_model()
     else:
         src = light_model(a.model, seed=0)
     p = Pipeline.from_onnx(src).optimize()
@@ -48,9 +53,13 @@ def main(argv=None):
     art = p.compile(fixed=fixed, winograd=not a.no_winograd, fused_attention=not a.no_fused_attention,
                     **({"tune": True} if a.tune else {}))
     model = art.model()
-    rng = np.random.default_rng(1)
-    xs = [rng.standard_normal(d.shape).astype(d.dtype) for d in model.inputs]
-    times = model.profile(*xs, runs=a.runs, num_threads=a.threads)
+    if a.model == "bert":        # token ids, masks and types in range
+        feeds = text_feeds(src, fixed["batch"], fixed["sequence"])
+        times = model.profile(runs=a.runs, num_threads=a.threads, **feeds)
+    else:
+        rng = np.random.default_rng(1)
+        xs = [rng.standard_normal(d.shape).astype(d.dtype) for d in model.inputs]
+        times = model.profile(*xs, runs=a.runs, num_threads=a.threads)
     steps = art.manifest["steps"]
     total = sum(times)
     flops = sum(s["flops"] for s in steps)
@@ -71,6 +80,11 @@ def main(argv=None):
         gf = s["flops"] / t / 1e9 if s["flops"] and t > 0 else 0.0
         pk = f"{100 * gf / peak:5.0f}%" if peak and gf else ""
         print(f"{t * 1e3:8.3f} {100 * t / total:5.1f} {gf:8.1f} {pk:>6} {s['kernel']:5}  {s.get('op', '')}:{s['stage']}  {s['shape']}")
+    if a.op:
+        mine = [(s, t) for s, t in zip(steps, times) if s.get("op") == a.op]
+        print(f"\n{a.op}: {len(mine)} steps, {sum(t for _, t in mine) * 1e3:.3f} ms in all")
+        for s, t in mine:
+            print(f"{t * 1e6:9.1f} us  {s['kernel']:5}  {s['stage']}  {s['shape']}")
 
 
 if __name__ == "__main__":
