@@ -71,6 +71,34 @@ def test_reference_drift_is_small(small):
     assert 0 < err < 1e-2, err
 
 
+def test_kv_cache_passes_through_in_float32():
+    """A decode step's ``present = Concat(past, new)`` (and the keys' transpose read from it) stays float32: the
+    cache is not rounded to half on every call nor converted twice; only the new row is computed in half. Run
+    through onnx.reference: the presents' old rows are the past bit for bit, the new row within half's drift."""
+    from cuvil.rewrite_rules.specialize import specialize_graph
+    from cuvil.testing.hf_models import gpt2_decode_model
+    p = Pipeline.from_onnx(gpt2_decode_model(vocab=211, hidden=64, layers=2, heads=4, ffn=128, max_pos=32)).optimize()
+    g, _ = specialize_graph(p.graph, {"batch": 1, "past_sequence": 5, "total_sequence": 6})
+    h, _ = to_half(g)
+    concats = [n for n in h.nodes if n.op == "Concat"]
+    assert len(concats) == 4 and all(n.outputs[0].dtype == DType.FLOAT for n in concats)
+    assert all(n.inputs[0] in h.inputs for n in concats)          # the past read as it is, no Cast
+    assert all(n.inputs[1].producer.op == "Cast" for n in concats)  # the new row widened (exact)
+    assert not any(n.op == "Cast" and n.inputs[0] in h.inputs and n.inputs[0].name.startswith("past") for n in h.nodes)
+    assert any(n.op == "MatMul" and n.outputs[0].dtype == DType.FLOAT16 for n in h.nodes)   # the rest is half
+    rng = np.random.default_rng(3)
+    feeds = {v.name: rng.standard_normal(v.shape).astype(np.float32) for v in g.inputs if v.name.startswith("past")}
+    feeds.update(input_ids=np.array([[7]], np.int64), attention_mask=np.ones((1, 6), np.int64))
+    names = [v.name for v in g.outputs]
+    ref = dict(zip(names, run_reference(export_model(g), feeds)))
+    half = dict(zip(names, run_reference(export_model(to_half(g, reference=True)[0]), feeds)))
+    for n in names:
+        if n.startswith("present."):
+            past = feeds[n.replace("present", "past_key_values")]
+            assert half[n].dtype == np.float32 and np.array_equal(half[n][:, :, :5], past)
+            assert np.abs(half[n][:, :, 5:] - ref[n][:, :, 5:]).max() <= 1e-2 * np.abs(ref[n]).max()
+
+
 @needs_libdevice
 def test_bundle_lists_float16_tensors(small):
     b = small.compile(TARGET, cache=False, enable_fp16=True)

@@ -110,3 +110,39 @@ def test_decode_step_matches_onnxruntime(fp16):
         scale = max(np.abs(r).max(), 1e-30)
         assert np.abs(y_new - r).max() / scale <= tol
         assert np.abs(y_new - y_old).max() / scale <= tol
+
+
+@pytest.mark.parametrize("fp16", [False, True])
+def test_split_decode_step_matches_onnxruntime(tmp_path, fp16):
+    """Past 300 with padded keys: each head's 301 keys split over 4 blocks (PtxTuning.attention_split_keys) and
+    merged by the second kernel, against onnxruntime and against the same kernel unsplit; the presents' old rows
+    are the past bit for bit in float16 too (the cache passes through in float32: precision.state_nodes)."""
+    import onnxruntime as ort
+    from cuvil.rewrite_rules.specialize import specialize_graph
+    from cuvil.targets.ptx.bundle import compile_bundle
+    from cuvil.targets.ptx.runtime import load_bundle
+    from cuvil.targets.ptx.tuning import PtxTuning
+    m = gpt2_decode_model(vocab=1001, hidden=96, layers=2, heads=4, ffn=387, max_pos=512)
+    feeds = text_feeds(m, 1, 300, seed=4)
+    feeds["attention_mask"][0, 17:90] = 0              # padded keys in the first splits, none in the last
+    names = [vi.name for vi in m.graph.input]
+    ref = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    p = Pipeline.from_onnx(m).optimize()
+    outs = {}
+    g, _ = specialize_graph(p.graph, {"batch": 1, "past_sequence": 300, "total_sequence": 301})
+    for keys in (64, 0):
+        path = str(tmp_path / f"keys{keys}")
+        compile_bundle(g, path, enable_fp16=fp16, tuning=PtxTuning(fused_attention=True, attention_split_keys=keys))
+        with open(os.path.join(path, "plan.json")) as f:
+            kinds = [k["kind"] for k in json.load(f)["kernels"]]
+        assert kinds.count("attention") == 2 and kinds.count("attention_merge") == (2 if keys else 0)
+        with load_bundle(path) as mod:
+            outs[keys] = mod.run(*[feeds[n] for n in names])
+    tol = 3e-3 if fp16 else 2e-5       # test_gpu_gemv.py's decode-step tolerances
+    out_names = [vo.name for vo in m.graph.output]
+    for name, y, y1, r in zip(out_names, outs[64], outs[0], ref):
+        scale = max(np.abs(r).max(), 1e-30)
+        assert np.abs(y - r).max() / scale <= tol, name
+        assert np.abs(y - y1).max() / scale <= tol, name
+        if name.startswith("present."):
+            assert np.array_equal(y[:, :, :300], feeds[name.replace("present", "past_key_values")]), name

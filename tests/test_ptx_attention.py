@@ -12,7 +12,8 @@ from cuvil import Pipeline
 from cuvil.rewrite_rules.precision import to_half
 from cuvil.rewrite_rules.specialize import specialize_graph
 from cuvil.targets.ptx import assemble, find_ptxas
-from cuvil.targets.ptx.attention import MAX_ROWS, attention_in_half, block_threads, fuse_attention
+from cuvil.targets.ptx.attention import (MAX_ROWS, attention_in_half, block_threads, fuse_attention, partial_index,
+                                         plan_attention)
 from cuvil.targets.ptx.codegen import build_ptx, gpu_schedule
 from cuvil.targets.ptx.target import PtxOptions
 from cuvil.targets.ptx.tuning import DEFAULT_TUNING, PtxTuning
@@ -80,8 +81,12 @@ def test_one_kernel_proved_and_assembled(arch, fp16):
     sched, r = _build(g, fp16=fp16, arch=arch)
     att = [d for d in r.kernels if d.kind == "attention"]
     assert len(att) == 1 and not any(d.kind in ("split", "matmul_fp16", "gemm_fp32", "row") for d in r.kernels)
-    # a block per query row (2 x 3 x 5), a chunk of 160 keys (129 rounded up to warps)
-    assert att[0].grid == 30 and att[0].block == 160
+    # 30 query rows (2 x 3 x 5) fill fewer than target_blocks: each row's 129 keys split in two (at least
+    # attention_split_keys = 64 a split), 65 and 64 keys, a block of 96 threads (65 rounded up to warps), and the
+    # merge kernel a thread per output (30 x 64)
+    assert att[0].grid == 60 and att[0].block == 96
+    (merge,) = [d for d in r.kernels if d.kind == "attention_merge"]
+    assert merge.n_elements == 30 * 64 and merge.stage == att[0].stage
     assert all(k.status == "proved" for k in r.memory_safety.kernels)
     (st,) = [s for s in sched.stages if s.expr.op == "attention"]
     assert st.buf.dtype.name == ("FLOAT16" if fp16 else "FLOAT")
@@ -92,6 +97,60 @@ def test_one_kernel_proved_and_assembled(arch, fp16):
         _, info = assemble(r.ptx, arch)
         k = info[att[0].name]
         assert k.stack_frame == 0 and k.spill_stores == 0
+
+
+def test_split_plan_fills_the_gpu_and_shares_keys_evenly():
+    from types import SimpleNamespace as NS
+    spec = lambda rows, keys, dv=64, zn=True: NS(batch=1, heads=rows, rows=1, keys=keys, dv=dv, zero_nan=zn)
+    # a GPT-2 decode step at past 1023: 12 rows, 1,024 keys: 16 splits of 64 (the minimum) -> 192 blocks
+    p = plan_attention(spec(12, 1024), 264, 64)
+    assert (p.splits, p.span, p.threads, p.units) == (16, 64, 64, 192)
+    # more minimum keys: fewer, longer splits; capped where the grid reaches target_blocks
+    assert (plan_attention(spec(12, 1024), 264, 128).splits, plan_attention(spec(12, 4096), 264, 64).splits) == (8, 22)
+    p = plan_attention(spec(12, 4096), 264, 64)
+    assert p.span == 187 and p.threads == 192 and (p.splits - 1) * p.span < 4096 <= p.splits * p.span
+    # enough rows, too few keys, or splitting off: one block per row walks all its keys
+    assert plan_attention(spec(300, 1024), 264, 64).splits == 1
+    assert plan_attention(spec(12, 100), 264, 64).splits == 1          # 100 keys: not two splits of 64
+    p = plan_attention(spec(12, 1024), 264, 0)
+    assert (p.splits, p.span, p.threads) == (1, 1024, 512)
+    # scratch: (m, l) per unit, then acc and z columns (z only with the NaN guard)
+    p = plan_attention(spec(2, 256, dv=8), 264, 64)
+    assert p.units == 8 and p.scratch_floats == 8 * (2 + 16)
+    assert plan_attention(spec(2, 256, dv=8, zn=False), 264, 64).scratch_floats == 8 * (2 + 8)
+    idx = {(part, u, c): partial_index(p, part, u, c) for part in ("m", "l", "acc", "z") for u in range(8)
+           for c in (range(8) if part in ("acc", "z") else (0,))}
+    assert sorted(idx.values()) == list(range(p.scratch_floats))     # every float once, none outside
+
+
+@pytest.mark.parametrize("keys", [0, 64])
+def test_split_keys_off_keeps_one_block_per_row(keys):
+    g = Pipeline.from_onnx(attention_model(1, 2, 1, 300, 32)).optimize().graph
+    _, r = _build(g, tuning=PtxTuning(fused_attention=True, attention_split_keys=keys))
+    (att,) = [d for d in r.kernels if d.kind == "attention"]
+    merges = [d for d in r.kernels if d.kind == "attention_merge"]
+    if keys:       # 2 rows, 300 keys: 4 splits of 75 -> 8 blocks of 96 threads, merged
+        assert (att.grid, att.block, len(merges)) == (8, 96, 1)
+    else:
+        assert (att.grid, att.block, merges) == (2, 300 // 32 * 32 + 32, [])
+    assert all(k.status == "proved" for k in r.memory_safety.kernels)
+    if PTXAS:
+        assemble(r.ptx, "sm_90")
+
+
+def test_split_partials_proved_and_refuted_when_widened(monkeypatch):
+    """The partials' stores and the merge kernel's reads are stated to the bounds prover; widened by one
+    they are refuted, and the stage falls back to the plain kernels (guarded), never a split kernel."""
+    from cuvil.targets.ptx import bounds_patterns
+    g = Pipeline.from_onnx(attention_model(1, 2, 1, 300, 32)).optimize().graph
+    _, r = _build(g)
+    assert "attention_merge" in _kinds(r) and r.memory_safety.guarded == []
+    init = bounds_patterns.GpuPatterns.__init__
+    monkeypatch.setattr(bounds_patterns.GpuPatterns, "__init__", lambda self, km, widen=0: init(self, km, 1))
+    _, r = _build(g)
+    kinds = _kinds(r)
+    assert "attention" not in kinds and "attention_merge" not in kinds
+    assert any("family:attention" in f for k in r.memory_safety.guarded for f in k.failures)
 
 
 def test_off_keeps_the_unfused_kernels():

@@ -20,7 +20,8 @@ process (issue 20).
   session 16), ``fp32_attn`` / ``tf32_attn`` / ``fp16_attn``: with ``PtxOptions.fused_attention`` (attention as
   one kernel, ptx/attention.py; by default on in float16 only), ``fp32_noattn`` / ...: without it, explicitly, ``fp32_split`` / ...: with ``gemv=False`` (the lane-split kernels before it), Cuvil only,
   compared with the base variant's torch and Cuvil (``ratio_over_<base>``: p50 and kernel sum); list the base
-  variant first (``--variants fp32 fp32_gemv fp16 fp16_gemv``).
+  variant first (``--variants fp32 fp32_gemv fp16 fp16_gemv``). ``fp32_keysN`` / ``fp16_keysN`` (N = 0, 32, 64,
+  128): the fused kernel with ``PtxTuning.attention_split_keys = N`` (flash-decoding's split; 0: none).
 * Checked: every output of both engines against onnxruntime (CPU, float32) on the same inputs, normwise
   relative error (max |y - ref| / max |ref|), logits and presents separately.
 * Times: host wall clock per token (replay/launch + synchronize), p50 of ``--iters`` after warm-up. Cuvil's
@@ -62,7 +63,11 @@ VARIANTS = {"fp32": {}, "tf32": {"allow_tf32": True}, "fp16": {"enable_fp16": Tr
             "fp32_attn": {"fused_attention": True}, "tf32_attn": {"allow_tf32": True, "fused_attention": True},
             "fp16_attn": {"enable_fp16": True, "fused_attention": True},
             "fp32_noattn": {"fused_attention": False}, "tf32_noattn": {"allow_tf32": True, "fused_attention": False},
-            "fp16_noattn": {"enable_fp16": True, "fused_attention": False}}
+            "fp16_noattn": {"enable_fp16": True, "fused_attention": False},
+            # the fused kernel with its keys split over blocks at least N a split (PtxTuning.attention_split_keys;
+            # 0: one block per query row, as before session 20), Cuvil only, against the base
+            **{f"{base}_keys{n}": dict(opts, fused_attention=True, tuning={"attention_split_keys": n})
+               for base, opts in (("fp32", {}), ("fp16", {"enable_fp16": True})) for n in (0, 32, 64, 128)}}
 R: dict = {"skipped": []}
 T0 = time.perf_counter()
 
@@ -109,13 +114,34 @@ def compile_job(job):
         t0 = time.perf_counter()
         p = Pipeline.from_onnx(gpt2_decode_model(layers=job["layers"])).optimize()
         past = job["past"]
-        b = p.compile(TARGET, arch=job["arch"], cache=False, fixed={"batch": 1, "past_sequence": past,
-                                                                     "total_sequence": past + 1},
-                      **VARIANTS[job["variant"]])
+        opts = dict(VARIANTS[job["variant"]])
+        with tuning_override(opts.pop("tuning", None)):
+            b = p.compile(TARGET, arch=job["arch"], cache=False, fixed={"batch": 1, "past_sequence": past,
+                                                                         "total_sequence": past + 1}, **opts)
         b.save(job["out"])
         return compile_report(job["out"], b.manifest, t0)
     except Exception:  # noqa: BLE001 - reported by the caller
         return {"error": traceback.format_exc()[-1500:]}
+
+
+class tuning_override:
+    """``PtxOptions.tuning`` with these PtxTuning fields changed, for one build in this worker process (a kernel
+    setting that PtxOptions does not expose; restored on exit: the pool reuses its workers)."""
+
+    def __init__(self, fields):
+        self.fields = fields
+
+    def __enter__(self):
+        if self.fields:
+            import attrs
+            from cuvil.targets.ptx.target import PtxOptions
+            self.saved = PtxOptions.tuning
+            PtxOptions.tuning = property(lambda o, f=self.fields, t=self.saved: attrs.evolve(t.fget(o), **f))
+
+    def __exit__(self, *exc):
+        if self.fields:
+            from cuvil.targets.ptx.target import PtxOptions
+            PtxOptions.tuning = self.saved
 
 
 def step_bytes(weights: dict, layers: int, past: int, itemsize: int) -> dict:
@@ -138,8 +164,9 @@ def kernel_bytes(stage: str, kind: str, weights: dict, past: int, itemsize: int)
              ".res2": ".mlp.c_proj.weight"}
     if kind in ("split", "gemv") and stage in ("logits", "logits_to_float"):
         return weights["lm_head.weight_t"].size * itemsize, "lm_head GEMV"
-    if kind == "attention":        # the fused kernel (ptx/attention.py): the layer's K and V rows, once
-        return 2 * (past + 1) * row * itemsize, "attention: fused kernel, K and V read"
+    if kind == "attention":        # the fused kernel (ptx/attention.py): the layer's K and V rows, once, in
+        # float32 (the float16 pass keeps the cache float32 since session 20: precision.state_nodes)
+        return 2 * (past + 1) * row * 4, "attention: fused kernel, K and V read"
     if stage.startswith("transformer.h."):
         layer = ".".join(stage.split(".")[:3])
         for suffix, w in names.items():
@@ -147,6 +174,8 @@ def kernel_bytes(stage: str, kind: str, weights: dict, past: int, itemsize: int)
                 return weights[layer + w].size * itemsize, w.strip(".").replace(".weight", "") + " GEMV"
         if stage.endswith(".sdpa.scores") or stage.endswith(".sdpa.ctx"):
             return (past + 1) * row * itemsize, "attention: K or V read"
+    if stage.startswith("present.") and stage.endswith("_f16"):     # unfused float16: the products' half copy
+        return (past + 1) * row * (4 + 2), "presents fp32 -> fp16"
     if stage.startswith("present.") and stage.endswith("_to_float"):
         return (past + 1) * row * (2 + 4), "presents fp16 -> fp32"
     if stage.startswith("present."):

@@ -10,7 +10,10 @@ for the GPU): a graph rewrite that computes float32 tensors in float16.
 - other nodes (:data:`FLOAT32_OPS` such as LRN, whose sum of squares overflows half, and every op without a
   ``half`` trait) stay float32 and read half values through a ``Cast`` back to float32;
 - graph inputs and outputs keep float32: inputs are cast to half where half nodes read them, half outputs are
-  cast back before they leave.
+  cast back before they leave;
+- an exact op that passes a float32 graph input through to a graph output (a KV cache's ``present =
+  Concat(past, new)``), and the exact ops reading it, stay float32 (:func:`state_nodes`): the state is not
+  rounded on each call, and only its new rows are converted.
 
 Reductions accumulate in float32: the PTX code generator widens every float16 ``sum`` (convolutions, Gemm,
 pooling averages, Softmax's denominator) to a float32 accumulator and rounds the result to half once
@@ -42,11 +45,35 @@ ACCUMULATING = ops_with("half", HALF_ACCUMULATE)
 FLOAT32_OPS = ops_with("half", HALF_FLOAT32)
 
 
-def _half_node(n: Node) -> bool:
-    if n.op not in HALF_OPS or n.domain not in ("", "ai.onnx"):
+# The exact ops (data movement, max/min): the same numbers in either format.
+EXACT_OPS = ops_with("half", HALF_EXACT)
+
+
+def _half_node(n: Node, kept) -> bool:
+    if n.op not in HALF_OPS or n.domain not in ("", "ai.onnx") or id(n) in kept:
         return False
     floats = [v for v in list(n.inputs) + list(n.outputs) if v is not None and v.dtype.is_float]
     return bool(floats) and all(v.dtype == F32 for v in floats) and any(o.dtype == F32 for o in n.outputs)
+
+
+def state_nodes(g: Graph) -> set:
+    """The ids of the exact ops that stay float32 because they move a state: one reading a float32 graph input
+    and writing a graph output (a KV cache: ``present = Concat(past, new)``), and the exact ops reading what
+    those wrote (the cache's transpose for the scores). In float16 the pass would round the whole state on every
+    call and convert it twice (the input to half, the output back); in float32 it passes through unrounded, only
+    its new rows (computed in half) are widened, exactly, on their way in, and a reader that computes in half
+    converts what it reads, as it would have converted the input. Expects ``g`` in topological order."""
+    ins, outs = {id(v) for v in g.inputs}, {id(v) for v in g.outputs}
+    kept, state = set(), set()
+    for n in g.nodes:
+        if n.op not in EXACT_OPS:
+            continue
+        moves = (any(v is not None and id(v) in ins and v.dtype == F32 for v in n.inputs)
+                 and any(id(o) in outs for o in n.outputs))
+        if moves or any(v is not None and id(v) in state for v in n.inputs):
+            kept.add(id(n))
+            state.update(id(o) for o in n.outputs)
+    return kept
 
 
 def to_half(graph: Graph, *, reference: bool = False) -> Tuple[Graph, List[str]]:
@@ -57,7 +84,8 @@ def to_half(graph: Graph, *, reference: bool = False) -> Tuple[Graph, List[str]]
             raise CuvilError(f"--enable-fp16 needs static shapes: {v.name!r} has shape {v.type}")
     g = graph.clone()
     g.toposort()
-    half_nodes = [n for n in g.nodes if _half_node(n)]
+    kept = state_nodes(g)
+    half_nodes = [n for n in g.nodes if _half_node(n, kept)]
     half_ids = {id(n) for n in half_nodes}
     half_vals: Dict[int, Value] = {}
     lowered: List[str] = []

@@ -36,12 +36,13 @@ from __future__ import annotations
 
 from typing import Optional, Tuple
 
+import attrs
 import llvmlite.ir as ir
 
 from ...ir.dtype import DType
 from ...kernels.attention import AttentionRows
-from ...kernels.schedule import Stage
-from ...kernels.texpr import E
+from ...kernels.schedule import ARENA, Stage
+from ...kernels.texpr import Buf, E
 from ..llvm.types import F16, F32, I32, I64
 from .emitter import set_contraction
 
@@ -79,11 +80,12 @@ def fuse_attention(g, max_rows: int = MAX_ROWS):
 
 
 def attention_in_half(g) -> int:
-    """After the float16 pass (which keeps Cuvil's FusedAttention in float32 between Casts): a FusedAttention
-    whose operands are float16 values widened by a Cast reads those values instead (the kernel widens each
-    element as it loads it: the same float32 numbers, without a stored float32 copy of the keys), and where every
-    reader of its output is a Cast to float16 it writes float16 itself (one rounding of the same float32 result,
-    as the Cast made). Edits ``g`` in place; returns the nodes changed."""
+    """After the float16 pass (which keeps Cuvil's FusedAttention in float32 between Casts): each operand of a
+    FusedAttention that is a float16 value widened by a Cast is read as that value instead (the kernel widens
+    each element as it loads it: the same float32 numbers, without a stored float32 copy of the keys; operands
+    that are float32 themselves, such as a KV cache the pass keeps in float32, are read as they are), and where
+    every reader of its output is a Cast to float16 it writes float16 itself (one rounding of the same float32
+    result, as the Cast made). Edits ``g`` in place; returns the nodes changed."""
     from ...ir.types import TensorType
     F16_, F32_ = DType.FLOAT16, DType.FLOAT
 
@@ -96,22 +98,21 @@ def attention_in_half(g) -> int:
     for node in list(g.nodes):
         if node.op != "FusedAttention":
             continue
-        out = node.outputs[0]
-        narrow = [u for u, _ in out.uses]
-        if out in g.outputs or not narrow or any(u.op != "Cast" or u.outputs[0].dtype != F16_ for u in narrow):
-            continue
-        srcs = [widened(node.inputs[k]) for k in range(3)]
-        if any(x is None for x in srcs):
-            continue
-        for k in range(len(node.inputs)):
+        did = False
+        for k in range(len(node.inputs)):      # operands in float32 (a KV cache kept so: to_half) stay as they are
             src = widened(node.inputs[k]) if node.inputs[k] is not None else None
             if src is not None:
                 g.set_input(node, k, src)
-        out.type = TensorType(F16_, out.type.shape)
-        for u in narrow:
-            g.replace_all_uses(u.outputs[0], out)
-            g.remove_node(u)
-        changed += 1
+                did = True
+        out = node.outputs[0]
+        narrow = [u for u, _ in out.uses]
+        if out not in g.outputs and narrow and all(u.op == "Cast" and u.outputs[0].dtype == F16_ for u in narrow):
+            out.type = TensorType(F16_, out.type.shape)
+            for u in narrow:
+                g.replace_all_uses(u.outputs[0], out)
+                g.remove_node(u)
+            did = True
+        changed += did
     if changed:
         g.remove_nodes([n for n in g.nodes if n.op == "Cast" and not n.outputs[0].uses
                         and n.outputs[0] not in g.outputs])
@@ -126,21 +127,87 @@ def attention_node(st: Stage) -> Optional[E]:
     return None
 
 
-def block_threads(spec: AttentionRows) -> int:
-    """Threads per block: a warp multiple covering the keys (at most :data:`MAX_THREADS`) and a value row."""
-    t = min(MAX_THREADS, -(-spec.keys // 32) * 32)
+def block_threads(spec: AttentionRows, keys: Optional[int] = None) -> int:
+    """Threads per block: a warp multiple covering the keys (``keys``, default all the row's; at most
+    :data:`MAX_THREADS`) and a value row."""
+    t = min(MAX_THREADS, -(-(spec.keys if keys is None else keys) // 32) * 32)
     return max(32, t, -(-spec.dv // 32) * 32)
 
 
-def emit_attention(km, st: Stage, sym: str) -> Tuple[int, int]:
-    """Emit the kernel ``sym`` for the attention stage ``st``; returns (rows, threads per block)."""
+@attrs.frozen
+class AttentionPlan:
+    """How a FusedAttention is laid over the GPU: ``splits`` blocks per query row (flash-decoding), block
+    ``s`` over the keys ``[s * span, min((s + 1) * span, Sk))``, ``threads`` per block. With one split the
+    block writes the row's output; with more each writes its partial softmax (``m``, ``l``, the unnormalised
+    ``acc[Dv]`` and, with ``zero_nan``, ``z[Dv]``) to the scratch area after the arena (:func:`scratch_buf`)
+    and a second kernel (:func:`emit_attention_merge`) combines a row's splits in split order."""
+    rows: int          # query rows b x h x Sq
+    splits: int
+    span: int          # keys per split (the last may have fewer)
+    threads: int
+    dv: int
+    zero_nan: bool
+
+    @property
+    def units(self) -> int:
+        return self.rows * self.splits
+
+    @property
+    def scratch_floats(self) -> int:
+        """The partials: ``[units, 2]`` (m, l), ``[units, Dv]`` acc, and with ``zero_nan`` ``[units, Dv]`` z."""
+        return self.units * (2 + self.dv * (2 if self.zero_nan else 1))
+
+
+def plan_attention(spec: AttentionRows, target_blocks: int, min_keys: int) -> AttentionPlan:
+    """Split each query row's keys over blocks until the grid has ``target_blocks`` (a decode step has one
+    row per head: 12 blocks on an H200's 132 SMs without a split), no split holding fewer than ``min_keys``
+    keys (0: never split). The keys are shared evenly (``span`` = ceil(Sk / splits))."""
+    rows = spec.batch * spec.heads * spec.rows
+    splits = 1
+    if min_keys > 0 and rows < target_blocks:
+        splits = max(1, min(-(-target_blocks // rows), spec.keys // min_keys))
+    span = -(-spec.keys // splits)
+    splits = -(-spec.keys // span)          # (every split holds at least one key)
+    return AttentionPlan(rows, splits, span, block_threads(spec, span), spec.dv, spec.zero_nan)
+
+
+def scratch_buf(plan: AttentionPlan, offset: int) -> Buf:
+    """The split partials, ``plan.scratch_floats`` floats in the arena at byte ``offset``: (m, l) at
+    ``2 u``, ``2 u + 1``, acc at ``2 U + u Dv + c``, z at ``(2 + Dv) U + u Dv + c`` for unit ``u = r * splits + s``
+    of ``U`` (:func:`partial_index`)."""
+    return Buf("attention_partials", DType.FLOAT, (plan.scratch_floats,), base=ARENA, offset=offset)
+
+
+def partial_index(plan: AttentionPlan, part: str, u, c=0, b: Optional[ir.IRBuilder] = None):
+    """The flat index of unit ``u``'s ``part`` (``m``, ``l``, ``acc`` or ``z``; column ``c``) in
+    :func:`scratch_buf`: ``u`` and ``c`` ints or texpr index expressions (the bounds patterns), or i64 IR
+    values emitted with ``b`` (the kernels)."""
+    U, Dv = plan.units, plan.dv
+    if b is None:
+        add, mul = (lambda x, y: x + y), (lambda x, y: x * y)
+    else:
+        add, mul = (lambda x, y: b.add(x, I64(y) if isinstance(y, int) else y)), (lambda x, y: b.mul(x, I64(y)))
+    if part in ("m", "l"):
+        return add(mul(u, 2), 1) if part == "l" else mul(u, 2)
+    return add(add(mul(u, Dv), c), 2 * U if part == "acc" else (2 + Dv) * U)
+
+
+def emit_attention(km, st: Stage, sym: str, plan: Optional[AttentionPlan] = None,
+                   scratch: Optional[Buf] = None) -> Tuple[int, int]:
+    """Emit the kernel ``sym`` for the attention stage ``st`` laid out by ``plan`` (default: one block per
+    row); with ``plan.splits > 1`` it writes the partials to ``scratch`` (:func:`emit_attention_merge` then
+    combines them). Returns (blocks' units: rows x splits, threads per block)."""
     from .emitter import PtxEmitter, shared_global
     spec: AttentionRows = st.expr.attr
-    T = block_threads(spec)
+    if plan is None:
+        plan = plan_attention(spec, 1, 0)
+    T = plan.threads
     W = T // 32
     D, Dv, Sk = spec.d, spec.dv, spec.keys
     G = max(1, T // Dv)
     rows = spec.batch * spec.heads * spec.rows
+    S, span = plan.splits, plan.span
+    assert (S > 1) == (scratch is not None)
     fn = km.kernel_fn(sym)
     km.module.add_named_metadata("nvvm.annotations", [fn, "maxntidx", I32(T)])
     bufs, _n = fn.args
@@ -192,7 +259,14 @@ def emit_attention(km, st: Stage, sym: str) -> Tuple[int, int]:
 
     m_slot, l_slot, acc, z, s_slot = (em.alloca(F32) for _ in range(5))
 
-    def row(r):
+    def unit(u):
+        if S > 1:       # block u: split u % S of row u // S
+            r = b.udiv(u, I64(S))
+            start = b.mul(b.urem(u, I64(S)), I64(span))
+            end = b.add(start, I64(span))
+            end = b.select(b.icmp_signed("<", end, I64(Sk)), end, I64(Sk))
+        else:
+            r, start, end = u, I64(0), I64(Sk)
         i = b.urem(r, I64(spec.rows))
         r2 = b.udiv(r, I64(spec.rows))
         h = b.urem(r2, I64(spec.heads))
@@ -207,7 +281,7 @@ def emit_attention(km, st: Stage, sym: str) -> Tuple[int, int]:
         def chunk(base):
             key = b.add(base, tid)
             b.store(neg_inf, s_slot)
-            with b.if_then(b.icmp_signed("<", key, I64(Sk))):
+            with b.if_then(b.icmp_signed("<", key, end)):
                 dot = zero
                 for d in range(D):
                     dot = madd(b.load(at(qs, I64(d)), typ=F32), value(spec.k, **here, **{vd: I64(d), vkey: key}), dot)
@@ -228,7 +302,7 @@ def emit_attention(km, st: Stage, sym: str) -> Tuple[int, int]:
                 c = b.urem(tid, I64(Dv))
                 g = b.udiv(tid, I64(Dv))
                 b.store(b.fmul(b.load(acc, typ=F32), rescale), acc)
-                n = b.sub(I64(Sk), base)
+                n = b.sub(end, base)
                 n = b.select(b.icmp_signed("<", n, I64(T)), n, I64(T))
                 # this thread's keys j = g, g + G, ... below n: PV_UNROLL values loaded before their fmas (the
                 # loads in flight together), then the rest one by one; the fmas in increasing j either way
@@ -253,7 +327,7 @@ def emit_attention(km, st: Stage, sym: str) -> Tuple[int, int]:
                 em.loop_range(b.mul(whole, I64(PV_UNROLL)), cnt, lambda t: terms(t, 1))
             b.store(m_new, m_slot)
             b.call(bar, [])     # p read by every thread before the next chunk writes it
-        em.loop_range(I64(0), I64(Sk), chunk, I64(T))
+        em.loop_range(start, end, chunk, I64(T))
         with b.if_then(b.icmp_unsigned("<", tid, I64(G * Dv))):
             b.store(b.load(acc, typ=F32), at(acc_s, tid))
             b.store(b.load(z, typ=F32), at(zs, tid))
@@ -265,16 +339,80 @@ def emit_attention(km, st: Stage, sym: str) -> Tuple[int, int]:
                 y = b.fadd(y, b.load(at(acc_s, b.add(tid, I64(g * Dv))), typ=F32))
                 zz = b.fadd(zz, b.load(at(zs, b.add(tid, I64(g * Dv))), typ=F32))
             total = b.load(l_slot, typ=F32)
-            y = b.fdiv(y, total)
-            if spec.zero_nan:
-                nan_row = b.or_(b.fcmp_unordered("uno", total, total), b.fcmp_ordered("==", total, zero))
-                y = b.select(nan_row, zz, y)
-            if st.buf.dtype == DType.FLOAT16:
-                y = b.fptrunc(y, F16)
-            b.store(em.to_memory(y, st.buf.dtype), em.address(st.buf, [bb, h, i, tid]))
+            if S > 1:       # the split's partials, unnormalised (the merge kernel scales and divides)
+                b.store(y, em.address(scratch, [partial_index(plan, "acc", u, tid, b)]))
+                if spec.zero_nan:
+                    b.store(zz, em.address(scratch, [partial_index(plan, "z", u, tid, b)]))
+                with b.if_then(b.icmp_unsigned("==", tid, I64(0))):
+                    b.store(b.load(m_slot, typ=F32), em.address(scratch, [partial_index(plan, "m", u, 0, b)]))
+                    b.store(total, em.address(scratch, [partial_index(plan, "l", u, 0, b)]))
+            else:
+                y = b.fdiv(y, total)
+                if spec.zero_nan:
+                    nan_row = b.or_(b.fcmp_unordered("uno", total, total), b.fcmp_ordered("==", total, zero))
+                    y = b.select(nan_row, zz, y)
+                if st.buf.dtype == DType.FLOAT16:
+                    y = b.fptrunc(y, F16)
+                b.store(em.to_memory(y, st.buf.dtype), em.address(st.buf, [bb, h, i, tid]))
         b.call(bar, [])         # the shared query and partial sums free for the next row
-    em.loop_range(km.sreg(b, "ctaid.x"), I64(rows), row, km.sreg(b, "nctaid.x"))
+    em.loop_range(km.sreg(b, "ctaid.x"), I64(plan.units), unit, km.sreg(b, "nctaid.x"))
     b.ret_void()
     set_contraction(fn, False)   # contraction only where written (fma with ``fma`` on)
     km.kernels.append(sym)
-    return rows, T
+    return plan.units, T
+
+
+def emit_attention_merge(km, st: Stage, sym: str, plan: AttentionPlan, scratch: Buf) -> int:
+    """Emit ``sym``, the second kernel of a split attention: a thread per output ``(b, h, i, c)`` combines
+    the row's ``S`` partials in split order, ``M = max_s m_s``, the shift ``c = M`` (0 when ``M = -inf``),
+    ``f_s = exp(m_s - c)``, ``y = (sum_s f_s acc_s) / (sum_s f_s l_s)`` (with ``zero_nan``: ``sum_s z_s`` where
+    that sum of ``l`` is NaN or 0), rounded to the output type once. Returns the threads it needs."""
+    from .emitter import PtxEmitter
+    spec: AttentionRows = st.expr.attr
+    S, Dv, F = plan.splits, plan.dv, DType.FLOAT
+    fn = km.kernel_fn(sym)
+    bufs, _n = fn.args
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    em = PtxEmitter(km, fn, b, bufs, st.buf)
+    neg_inf, zero = ir.Constant(F32, float("-inf")), ir.Constant(F32, 0.0)
+    fmaf = em.fma_fn(F) if km.fma else None
+
+    def part(idx):
+        return b.load(em.address(scratch, [idx]), typ=F32)
+
+    def out(x):
+        c = b.urem(x, I64(Dv))
+        r = b.udiv(x, I64(Dv))
+        i = b.urem(r, I64(spec.rows))
+        r2 = b.udiv(r, I64(spec.rows))
+        h = b.urem(r2, I64(spec.heads))
+        bb = b.udiv(r2, I64(spec.heads))
+        u0 = b.mul(r, I64(S))
+        us = [b.add(u0, I64(s)) for s in range(S)]
+        ms = [part(partial_index(plan, "m", u, 0, b)) for u in us]
+        top = ms[0]
+        for m in ms[1:]:
+            top = em.combine("max", top, m, F)
+        shift = b.select(b.fcmp_ordered("==", top, neg_inf), zero, top)
+        total, y, zz = zero, zero, zero
+        for u, m in zip(us, ms):
+            f = em.call("exp", [b.fsub(m, shift)], F)
+            lu = part(partial_index(plan, "l", u, 0, b))
+            au = part(partial_index(plan, "acc", u, c, b))
+            total = b.call(fmaf, [lu, f, total]) if fmaf is not None else b.fadd(b.fmul(lu, f), total)
+            y = b.call(fmaf, [au, f, y]) if fmaf is not None else b.fadd(b.fmul(au, f), y)
+            if spec.zero_nan:
+                zz = b.fadd(zz, part(partial_index(plan, "z", u, c, b)))
+        y = b.fdiv(y, total)
+        if spec.zero_nan:
+            nan_row = b.or_(b.fcmp_unordered("uno", total, total), b.fcmp_ordered("==", total, zero))
+            y = b.select(nan_row, zz, y)
+        if st.buf.dtype == DType.FLOAT16:
+            y = b.fptrunc(y, F16)
+        b.store(em.to_memory(y, st.buf.dtype), em.address(st.buf, [bb, h, i, c]))
+    start, step = km.grid_stride(b)
+    em.loop_range(start, I64(plan.rows * Dv), out, step)
+    b.ret_void()
+    set_contraction(fn, False)
+    km.kernels.append(sym)
+    return plan.rows * Dv

@@ -29,11 +29,12 @@ walk by :meth:`GpuPatterns.simt_accesses`, the one-row kernel's weight reads by 
 a product refuted there runs on the plain kernels
 (:func:`refute_products`) and its stage is listed as guarded.
 
-The fused attention kernel (:mod:`cuvil.targets.ptx.attention`) needs no pattern here: its node
+The fused attention kernel (:mod:`cuvil.targets.ptx.attention`) needs no pattern for its reads: its node
 (:class:`~cuvil.kernels.attention.AttentionRows`) carries Q, K, V and the mask as index expressions and its
 plain value reduces those very expressions over ``d < D``, ``key < Sk`` and ``c < Dv``, the ranges the kernel
-evaluates them at (a thread past the last key loads nothing); the hook returns no accesses for the node, so the
-prover walks the plain value's loads, which are the kernel's, and the store at the stage's own indices.
+evaluates them at (a thread past its split's last key loads nothing), so the prover walks the plain value's
+loads, which are the kernel's, and the store at the stage's own indices; with its keys split over blocks the
+hook states the partials' stores and the merge kernel's reads of them (:meth:`GpuPatterns.attention_accesses`).
 
 The kernel computes these offsets in 32-bit arithmetic; :func:`~cuvil.targets.ptx.conv.conv_node` admits
 only convolutions whose input and weight offsets are below 2^31 and ``add_conv_stage`` falls back to the
@@ -51,6 +52,8 @@ from ...kernels.bounds import _FAMILIES, Access, BoundsProver, Certificate, prov
 from ...kernels.schedule import ARENA, Schedule, Stage
 from ...kernels.texpr import Buf, E, as_index, cmp, idiv, imod, logic, nodes, select, substitute, var
 from . import matmul_mma
+from .attention import attention_node, partial_index
+from .attention import scratch_buf as attention_scratch
 from .kernel_shapes import single_sum
 from .conv import TK, conv_node, scratch_buf
 
@@ -135,6 +138,8 @@ class GpuPatterns:
                 return self.simt_accesses(st, *simt, dict(doms))
             gemv = self.gemv_plan(st, node)
             return [] if gemv is None else self.gemv_accesses(st, *gemv, dict(doms))
+        if node.op == "attention":
+            return self.attention_accesses(st, node, dict(doms))
         if node.op != "contract":
             return []
         plan = self.conv_plan(st, node)
@@ -516,6 +521,25 @@ class GpuPatterns:
                                           kind="family:matmul_simt")
         return out
 
+    def attention_accesses(self, st: Stage, node: E, d) -> List[Access]:
+        """A FusedAttention split over blocks (:func:`~cuvil.targets.ptx.attention.plan_attention`): each
+        unit ``u < rows x splits`` stores its partials, ``m`` and ``l`` (thread 0) and ``acc`` / ``z`` at column
+        ``c < Dv``, at :func:`~cuvil.targets.ptx.attention.partial_index` of the scratch after the arena, and the
+        merge kernel reads the same elements back (the same indices, so one obligation each). Without a split
+        the kernel's reads are its plain value's (walked by the prover) and it stores at the stage's indices."""
+        if attention_node(st) is not node:
+            return []
+        plan = self.km.attention_plan(st)
+        if plan.splits == 1:
+            return []
+        w = self.widen
+        scratch = attention_scratch(plan, self.km.scratch_offset + self.km.counter_bytes)
+        u = _loop(d, "unit", plan.units + w)
+        c = _loop(d, "col", plan.dv + w)
+        parts = ("m", "l", "acc") + (("z",) if plan.zero_nan else ())
+        return [Access("family:attention", scratch, [as_index(partial_index(plan, p, u, c if p in ("acc", "z") else 0))],
+                       [], d, node=node, flat=True) for p in parts]
+
     def km_scratch(self, plan) -> Buf:
         return scratch_buf(plan, self.km.scratch_offset + self.km.counter_bytes)
 
@@ -536,6 +560,10 @@ def arena_limit(km, sched: Schedule, stages) -> int:
         mm = km.matmul_plan(st) if node is None and km.tuning.mma and st.expr.op != "sequential" else None
         if mm is not None and mm[1].splits > 1:
             need = max(need, km.counter_bytes + 4 * mm[1].scratch_floats)
+        # a FusedAttention split over blocks: its partials (GpuPatterns.attention_accesses)
+        att = km.attention_plan(st) if attention_node(st) is not None else None
+        if att is not None and att.splits > 1:
+            need = max(need, km.counter_bytes + 4 * att.scratch_floats)
     return km.scratch_offset + need if need else sched.arena_bytes
 
 

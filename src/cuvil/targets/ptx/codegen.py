@@ -52,7 +52,8 @@ from ...progress import stage
 from ..llvm.module import LLVMKernelModule, initialize_all
 from ..llvm.types import F32, I32, I64, PTR, const_value, ll
 from .archs import check_arch
-from .attention import attention_node, emit_attention
+from .attention import attention_node, emit_attention, emit_attention_merge, plan_attention
+from .attention import scratch_buf as attention_scratch
 from .bounds_patterns import arena_limit, prove_gpu_stages
 from .conv import TILE_CHANNELS, accumulation, combine_stage, conv_node, emit_conv, plan_conv, scratch_buf
 from .conv_mma import conv_mma_format, emit_conv_mma, plan_conv_mma
@@ -197,11 +198,24 @@ class PtxKernelModule(LLVMKernelModule):
         self.kernels.append(sym)
         return KernelDesc(sym, rows * threads, threads, st.name, 1, "sequential")
 
-    def add_attention_stage(self, st: Stage, sym: str) -> KernelDesc:
-        """A FusedAttention's node (:class:`~cuvil.kernels.attention.AttentionRows`): a block per query row
-        (:mod:`cuvil.targets.ptx.attention`)."""
-        rows, threads = emit_attention(self, st, sym)
-        return KernelDesc(sym, rows * threads, threads, st.name, 1, "attention")
+    def attention_plan(self, st: Stage):
+        """How the stage's FusedAttention is split over blocks (:func:`~cuvil.targets.ptx.attention.plan_attention`)."""
+        return plan_attention(st.expr.attr, self.tuning.target_blocks, self.tuning.attention_split_keys)
+
+    def add_attention_stage(self, st: Stage, sym: str):
+        """A FusedAttention's node (:class:`~cuvil.kernels.attention.AttentionRows`): a block per query row, or
+        per split of its keys with a merge kernel ``<sym>m`` (flash-decoding; the partials in the scratch area
+        after the arena, where the split-K products' go: one stage runs at a time) (:mod:`cuvil.targets.ptx.attention`)."""
+        plan = self.attention_plan(st)
+        if plan.splits == 1:
+            units, threads = emit_attention(self, st, sym, plan)
+            return KernelDesc(sym, units * threads, threads, st.name, 1, "attention")
+        scratch = attention_scratch(plan, self.scratch_offset + self.counter_bytes)
+        self.scratch_bytes = max(self.scratch_bytes, self.counter_bytes + 4 * plan.scratch_floats)
+        units, threads = emit_attention(self, st, sym, plan, scratch)
+        return [KernelDesc(sym, units * threads, threads, st.name, 1, "attention"),
+                KernelDesc(sym + "m", emit_attention_merge(self, st, sym + "m", plan, scratch), 64, st.name, 1,
+                           "attention_merge")]
 
     def add_row_chain(self, chain: List[Stage], sym: str) -> KernelDesc:
         """Row reductions and the element stage reading them as one kernel, a block per row

@@ -118,6 +118,10 @@ class PtxTuning:
     # not in float32 (0.711 / 0.689, and 1.205 / 0.796 at past 1023: 12 blocks, one per head, each thread reading a
     # whole key row, leave the H200 mostly idle). True / False force it either way.
     fused_attention: Optional[bool] = None
+    # ... its keys split over blocks (flash-decoding) until the grid has ``target_blocks`` blocks, each split
+    # holding at least this many keys; a second kernel merges a row's partial softmaxes in split order (0: a
+    # block per query row, keys walked by that one block)
+    attention_split_keys: int = attrs.field(default=64, validator=attrs.validators.ge(0))
     # tensor-core products whose two operands are float16 matrices with 16-byte aligned rows along their
     # contiguous index (matmul_mma.async_ok): the A / B tiles are copied by cp.async.cg (16 bytes, zero-filled
     # past the matrix or K) into this many shared stages per K group, one chunk per stage in flight ahead of
