@@ -201,3 +201,33 @@ def test_default_bundle_fuses_in_float16_only(tmp_path, fp16):
     kinds = [k["kind"] for k in json.load(open(tmp_path / "b" / "plan.json"))["kernels"]]
     assert ("attention" in kinds) is fp16
     assert ("fused_attention_guarded" in man.get("rules_applied", {})) is fp16
+
+
+@pytest.mark.parametrize("fp16", [False, True])
+def test_decode_step_small_views_take_no_kernels(fp16):
+    """PtxTuning.inline_views: a decode step's head splits (reshapes of the QKV product's Split), the merge of
+    attention's output, the fused node's output (its own buffer, no copy) and the float16 pass's casts of the new
+    KV row and of the residual read by LayerNorm take no kernel of their own: a layer is LayerNorm, the QKV GEMV,
+    the two cache concatenations, attention and its merge, then the projection, LayerNorm, MLP GEMVs (10). Off:
+    each view is stored by a small element kernel. BERT's merged heads at S = 128 (98,304 elements, over
+    VIEW_INLINE_MAX) stay stored, so that its products read contiguous rows."""
+    gpt = Pipeline.from_onnx(gpt2_decode_model(vocab=1001, hidden=96, layers=2, heads=4, ffn=387, max_pos=512)).optimize()
+    g, _ = specialize_graph(gpt.graph, {"batch": 1, "past_sequence": 300, "total_sequence": 301})
+    kernels = {}
+    for views in (True, False):
+        _, r = _build(g, tuning=PtxTuning(fused_attention=True, inline_views=views), fp16=fp16)
+        assert all(k.status == "proved" for k in r.memory_safety.kernels)
+        kernels[views] = [d.stage for d in r.kernels]
+        if PTXAS and views:
+            assemble(r.ptx, "sm_90")
+    # 2 layers of 10, the mask, the final LayerNorm and the LM head (float32: the embedding sum too; float16 reads
+    # it through the first LayerNorm's widening)
+    assert len(kernels[True]) == 2 * 10 + (3 if fp16 else 4), kernels[True]
+    assert not any(s.endswith((".q.heads", ".k.heads", ".v.heads", ".merged", ".sdpa.ctx")) for s in kernels[True])
+    assert sum(s.endswith((".q.heads", ".k.heads", ".v.heads", ".merged")) for s in kernels[False]) == 8
+    from cuvil.kernels.schedule import VIEW_INLINE_MAX
+    bert = Pipeline.from_onnx(bert_model(vocab=101, hidden=768, layers=1, heads=12, ffn=3072, max_pos=256)).optimize()
+    g, _ = specialize_graph(bert.graph, {"batch": 1, "sequence": 128})
+    sched = gpu_schedule(g, tuning=PtxTuning(fused_attention=False))
+    merged = [s for s in sched.stages if s.op == "Reshape" and s.buf.shape == (1, 128, 768)]
+    assert merged and 128 * 768 > VIEW_INLINE_MAX

@@ -21,7 +21,8 @@ process (issue 20).
   one kernel, ptx/attention.py; by default on in float16 only), ``fp32_noattn`` / ...: without it, explicitly, ``fp32_split`` / ...: with ``gemv=False`` (the lane-split kernels before it), Cuvil only,
   compared with the base variant's torch and Cuvil (``ratio_over_<base>``: p50 and kernel sum); list the base
   variant first (``--variants fp32 fp32_gemv fp16 fp16_gemv``). ``fp32_keysN`` / ``fp16_keysN`` (N = 0, 32, 64,
-  128): the fused kernel with ``PtxTuning.attention_split_keys = N`` (flash-decoding's split; 0: none).
+  128): the fused kernel with ``PtxTuning.attention_split_keys = N`` (flash-decoding's split; 0: none);
+  ``fp32_views0`` / ``fp16_views0``: ``PtxTuning.inline_views`` off (small views stored by kernels of their own).
 * Checked: every output of both engines against onnxruntime (CPU, float32) on the same inputs, normwise
   relative error (max |y - ref| / max |ref|), logits and presents separately.
 * Times: host wall clock per token (replay/launch + synchronize), p50 of ``--iters`` after warm-up. Cuvil's
@@ -67,7 +68,10 @@ VARIANTS = {"fp32": {}, "tf32": {"allow_tf32": True}, "fp16": {"enable_fp16": Tr
             # the fused kernel with its keys split over blocks at least N a split (PtxTuning.attention_split_keys;
             # 0: one block per query row, as before session 20), Cuvil only, against the base
             **{f"{base}_keys{n}": dict(opts, fused_attention=True, tuning={"attention_split_keys": n})
-               for base, opts in (("fp32", {}), ("fp16", {"enable_fp16": True})) for n in (0, 32, 64, 128)}}
+               for base, opts in (("fp32", {}), ("fp16", {"enable_fp16": True})) for n in (0, 32, 64, 128)},
+            # small views stored by kernels of their own again (PtxTuning.inline_views off, as before session 20)
+            "fp32_views0": {"tuning": {"inline_views": False}},
+            "fp16_views0": {"enable_fp16": True, "tuning": {"inline_views": False}}}
 R: dict = {"skipped": []}
 T0 = time.perf_counter()
 

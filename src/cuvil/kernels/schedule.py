@@ -113,7 +113,7 @@ def schedule(g: Graph, gemm_cols: int = 0, split_concat: bool = False, gemm_tile
              hidden_inputs: int = 0, narrow_formats: tuple = (), matmul_tile: tuple = (),
              bf16_storage: str = "", tile_choices: Optional[dict] = None,
              scaled_operands: bool = False, pad_in_place: bool = False,
-             gpu_attention: bool = False, concat_in_place: bool = False) -> Schedule:
+             gpu_attention: bool = False, concat_in_place: bool = False, inline_views: bool = False) -> Schedule:
     """Stages and memory plan of ``g``. ``gemm_cols > 0`` lowers convolutions to packed contractions (the
     x86 micro-kernels), each with a register tile (rows, cols[, lanes]) among ``gemm_tiles`` (default
     ``((MR, gemm_cols),)``), and constant-weight MatMuls to column panels ``gemm_cols`` wide; 0 keeps plain
@@ -157,7 +157,12 @@ def schedule(g: Graph, gemm_cols: int = 0, split_concat: bool = False, gemm_tile
     ``PtxTuning.fused_attention``): a FusedAttention with static shapes lowers to the GPU kernel's node
     (:class:`cuvil.kernels.attention.AttentionRows`: its operands read in place through index expressions).
     ``concat_in_place`` (x86, with ``split_concat``): a stored value that only a concatenation piece copies, into
-    a contiguous slice, is written there by its producer and the copy goes (:mod:`cuvil.kernels.concat_in_place`)."""
+    a contiguous slice, is written there by its producer and the copy goes (:mod:`cuvil.kernels.concat_in_place`).
+    ``inline_views`` (the GPU's): a reshape of a value that is not stored (a head split of a Split's output, the
+    merge of a transposed attention output), and an elementwise value whose one reader only moves data (the Cast
+    of a new KV row into its cache's Concat), are inlined into their readers as index arithmetic, where otherwise
+    each would be stored by a kernel of its own (on the GPU a launch costs more than the index arithmetic; x86 keeps
+    the copy, whose readers then vectorise over contiguous rows)."""
     data_syms, writers, limits = run_time_symbols(g, run_time_sizes)
     syms = _run_time_symbols(g, data_syms)
     ranges = {s.name: (s.min, s.max) for s in syms}
@@ -170,6 +175,7 @@ def schedule(g: Graph, gemm_cols: int = 0, split_concat: bool = False, gemm_tile
     builder.bf16_storage = bf16_storage if "bf16" in builder.narrow_formats else ""
     builder.scaled_operands = scaled_operands
     builder.gpu_attention = gpu_attention
+    builder.inline_views = inline_views
     builder.size_writers = writers
     builder.symbol_slots = {s.name: k for k, s in enumerate(syms)}
     g.toposort()
@@ -237,6 +243,7 @@ class _StageBuilder:
         self.bf16_storage = ""               # schedule's bf16_storage
         self.scaled_operands = False         # schedule's scaled_operands
         self.gpu_attention = False           # schedule's gpu_attention (LowerCtx.gpu_attention)
+        self.inline_views = False            # schedule's inline_views
         self.bf16_stored: Dict[str, str] = {}
         self.fns: Dict[int, TensorFn] = {}
         self.bufs: Dict[int, Buf] = {}
@@ -430,8 +437,16 @@ class _StageBuilder:
                 return
         # a guarded value read outside its guard is stored under it: inlined there, it would run unguarded
         leaves_guard = node.guard is not None and any(u.guard != node.guard for u in self.g.consumers(o))
+        if (t.buf is not None and self.stages and t.buf is self.stages[-1].buf and _reads_whole(t)
+                and t.buf.base == ARENA and t.buf.dtype == o.dtype and tuple(t.buf.shape) == tuple(o.shape)
+                and not leaves_guard and id(o) not in self.guard_conds):
+            # the lowering's last temp read whole is the value: its buffer, not a copy of it
+            self.bufs[id(o)] = t.buf
+            self.fns[id(o)] = t
+            return
         if id(o) not in self.guard_conds and not leaves_guard and (
                 _inline(self.g, o, t, self.expensive[id(o)])
+                or self.inline_views and not self.expensive[id(o)] and _view_inline(self.g, o, t)
                 or self.scaled_operands and not self.expensive[id(o)] and _scaled_operand(self.g, node, o, t)):
             self.fns[id(o)] = _shared(t) if self.expensive[id(o)] and len(o.uses) > 1 else t
             self.fused[node.op] = self.fused.get(node.op, 0) + 1
@@ -473,6 +488,14 @@ def _loader(b: Buf) -> TensorFn:
     return TensorFn(b.shape, b.dtype, lambda idx: load(b, idx), "elementwise", buf=b)
 
 
+def _reads_whole(t: TensorFn) -> bool:
+    """Whether ``t`` reads its buffer at its own index (a loader, not a permuted or converted view of it)."""
+    vs = [var(f"w{k}") for k in range(len(t.shape))]
+    e = t.fn(list(vs))
+    return (e.op == "load" and e.attr is t.buf and len(e.args) == len(vs)
+            and all(a.op == "var" and a.attr == v.attr for a, v in zip(e.args, vs)))
+
+
 def _vars_expr(t: TensorFn, shape):
     vs = [var(f"i{k}") for k in range(len(shape))]
     return vs, t.fn(list(vs))
@@ -494,6 +517,39 @@ def _inline(g: Graph, o: Value, t: TensorFn, expensive: bool) -> bool:
     return t.kind == "elementwise" and all(u.op in ELEMENTWISE_OPS or (u.op in QUANT_READERS and u.inputs[0] is o and
                                                                       tuple(u.outputs[0].shape) == tuple(o.shape))
                                            for u in users)
+
+
+# data movement that reads each element of its input at most once (schedule's inline_views)
+MOVES = ("Concat", "Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Slice")
+# ... only for values up to this many elements (a decode step's head splits: 768 a token): a small view's own
+# kernel costs its launch (a few us in a CUDA graph) against its readers' index arithmetic; a large one stays
+# stored so that products read contiguous rows (16-byte vector loads, cp.async: BERT's merged heads at S = 128)
+VIEW_INLINE_MAX = 16384
+# readers whose kernels read an operand many times over (a widening Cast stays stored for them)
+CONTRACTING_READERS = ("MatMul", "Gemm", "Conv", "ConvTranspose", "FusedAttention")
+
+
+def _view_inline(g: Graph, o: Value, t: TensorFn) -> bool:
+    """(schedule's ``inline_views``) ``o`` is a reshape of a value that is not stored, an elementwise value (a
+    Cast of a new KV row) whose one reader moves data, or a widening Cast whose one reader is not a product (the
+    float16 pass's widening of a residual for a float32 LayerNorm): inlined into its reader as index arithmetic
+    or a conversion."""
+    if o.shape is None:
+        return False
+    n = 1
+    for d in o.shape:
+        n = n * d if isinstance(d, int) else VIEW_INLINE_MAX + 1
+    if n > VIEW_INLINE_MAX:
+        return False
+    if t.kind == "alias":
+        return True
+    users = g.consumers(o)
+    if t.kind != "elementwise" or len(o.uses) != 1 or len(users) != 1:
+        return False
+    widening = (o.producer is not None and o.producer.op == "Cast" and o.producer.inputs[0] is not None
+                and o.producer.inputs[0].dtype.is_float and o.dtype.is_float
+                and o.dtype.itemsize > o.producer.inputs[0].dtype.itemsize)
+    return users[0].op in MOVES or (widening and users[0].op not in CONTRACTING_READERS)
 
 
 def _scaled_operand(g: Graph, node, o: Value, t: TensorFn) -> bool:

@@ -122,6 +122,10 @@ class PtxTuning:
     # holding at least this many keys; a second kernel merges a row's partial softmaxes in split order (0: a
     # block per query row, keys walked by that one block)
     attention_split_keys: int = attrs.field(default=64, validator=attrs.validators.ge(0))
+    # (gpu_schedule) a reshape of a value that is not stored (a decode step's head splits of the QKV product's
+    # Split, the merge of attention's transposed output) is read through index arithmetic by its readers instead
+    # of stored by an element kernel of its own (schedule's inline_views; off: one small kernel per view)
+    inline_views: bool = True
     # tensor-core products whose two operands are float16 matrices with 16-byte aligned rows along their
     # contiguous index (matmul_mma.async_ok): the A / B tiles are copied by cp.async.cg (16 bytes, zero-filled
     # past the matrix or K) into this many shared stages per K group, one chunk per stage in flight ahead of
