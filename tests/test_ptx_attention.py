@@ -67,8 +67,8 @@ def _kinds(r):
 
 def test_option_is_automatic_by_default_and_reaches_the_tuning():
     assert DEFAULT_TUNING.fused_attention is None and PtxOptions().tuning is DEFAULT_TUNING
-    assert DEFAULT_TUNING.resolved(True).fused_attention is True       # float16 builds fuse (measured faster)
-    assert DEFAULT_TUNING.resolved(False).fused_attention is False     # float32 builds do not (measured slower)
+    # every build fuses since the keys are split over blocks (session 20: faster in float32 and float16)
+    assert DEFAULT_TUNING.resolved(True).fused_attention is True and DEFAULT_TUNING.resolved(False).fused_attention is True
     assert ON.resolved(False).fused_attention is True and PtxTuning(fused_attention=False).resolved(True).fused_attention is False
     assert PtxOptions(fused_attention=True).tuning.fused_attention is True
     assert PtxOptions(fused_attention=True, gemv=False).tuning.gemv is False
@@ -193,14 +193,15 @@ def test_bundle_records_the_rule(tmp_path):
 
 
 @pytest.mark.parametrize("fp16", [False, True])
-def test_default_bundle_fuses_in_float16_only(tmp_path, fp16):
+def test_default_bundle_fuses(tmp_path, fp16):
     import json
     from cuvil.targets.ptx.bundle import compile_bundle
     g = Pipeline.from_onnx(attention_model(1, 2, 1, 33, 16)).optimize().graph
     man = compile_bundle(g, str(tmp_path / "b"), enable_fp16=fp16)
     kinds = [k["kind"] for k in json.load(open(tmp_path / "b" / "plan.json"))["kernels"]]
-    assert ("attention" in kinds) is fp16
-    assert ("fused_attention_guarded" in man.get("rules_applied", {})) is fp16
+    assert "attention" in kinds and "fused_attention_guarded" in man.get("rules_applied", {})
+    man = compile_bundle(g, str(tmp_path / "c"), enable_fp16=fp16, tuning=PtxTuning(fused_attention=False))
+    assert "attention" not in [k["kind"] for k in json.load(open(tmp_path / "c" / "plan.json"))["kernels"]]
 
 
 @pytest.mark.parametrize("fp16", [False, True])

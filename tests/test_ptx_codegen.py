@@ -168,6 +168,46 @@ def elementwise_sched(fn_name=None):
     return _sched([Stage("relu", y, [i, j], v)], [x], [y])
 
 
+def _copy_sched(shape, reduce_window=False):
+    """y = x + 1 over ``shape`` (or a 2-wide max over the last dim: a reduction)."""
+    x = Buf("x", F32, shape, base=2)
+    y = Buf("y", F32, shape, base=3)
+    vs = [var(f"i{k}") for k in range(len(shape))]
+    if reduce_window:
+        v = reduce("max", [2], lambda t: load(x, vs[:-1] + [E("clamp", (binop("add", vs[-1], t),), vs[-1].dtype,
+                                                                    (0, shape[-1] - 1))]))
+    else:
+        v = binop("add", load(x, list(vs)), const(1.0, F32))
+    return _sched([Stage("y", y, vs, v)], [x], [y])
+
+
+@pytest.mark.parametrize("shape, reduce_window, vec", [
+    ((12, 1024, 64), False, 4),       # a KV cache's size: 4 consecutive elements a thread
+    ((12, 1024, 66), False, 1),       # the last dim not a multiple of 4
+    ((4, 50), False, 1),              # under element_vec_min
+    ((12, 1024, 64), True, 1),        # a window reduction keeps a thread per output
+])
+def test_large_element_stages_take_several_elements_a_thread(shape, reduce_window, vec):
+    """PtxTuning.element_vec: a large copy-like stage computes ``vec`` consecutive elements per thread (one
+    unflattening, the loads issued before the stores); the launch counts threads."""
+    from cuvil.targets.ptx.tuning import PtxTuning
+    total = 1
+    for d in shape:
+        total *= d
+    ptx, (d,) = generate_ptx(_copy_sched(shape, reduce_window), "sm_90")
+    assert d.n_elements == total // vec
+    k = entries(ptx)[d.name]
+    if not reduce_window:
+        loads, stores = len(re.findall(r"ld\.global\.nc\.(?:b|f)32", k)), len(re.findall(r"st\.global\.(?:b|f)32", k))
+        assert (loads, stores) == (vec, vec)
+        if vec > 1:     # every load before the first store
+            assert k.rindex("ld.global.nc.b32") < k.index("st.global")
+    _, (one,) = generate_ptx(_copy_sched(shape, reduce_window), "sm_90", tuning=PtxTuning(element_vec=1))
+    assert one.n_elements == total
+    if PTXAS:
+        assemble(ptx, "sm_90")
+
+
 def test_elementwise_kernel_structure():
     ptx, descs = generate_ptx(elementwise_sched(), "sm_90", prefix="golden")
     assert descs == [KernelDesc("golden_k0", 200, 256, "relu")]

@@ -96,6 +96,21 @@ class KernelDesc:
         return min(-(-self.n_elements // self.block), GRID_CAP)
 
 
+def element_vec(st: Stage, tuning: PtxTuning) -> int:
+    """Elements a thread of the plain element stage ``st`` computes: ``tuning.element_vec`` where the stage has
+    at least ``tuning.element_vec_min`` elements, its last dim is a multiple of it and it reduces nothing, else 1."""
+    shape = [int(d) for d in st.buf.shape]
+    total = 1
+    for d in shape:
+        total *= d
+    v = tuning.element_vec
+    if v <= 1 or not shape or total < tuning.element_vec_min or shape[-1] % v:
+        return 1
+    # windows and other reductions (a max pool) keep a thread per output: the copies and elementwise stages are
+    # what is bound by the bytes a thread has in flight
+    return 1 if any(x.op == "reduce" for x in nodes(st.expr)) else v
+
+
 def target_machine(arch: str = "sm_90", opt: int = 3):
     """An NVPTX target machine for GPU architecture ``arch`` (``sm_<number>``)."""
     check_arch(arch, flag="arch")
@@ -238,7 +253,7 @@ class PtxKernelModule(LLVMKernelModule):
             return KernelDesc(sym, emit_gemv(self, st, sym, *gemv), gemv[1].threads, st.name, 1, "gemv")
         red = single_sum(st)
         if red is None:
-            return self.add_element_stage(st, sym)
+            return self.add_element_stage(st, sym, vec=element_vec(st, self.tuning))
         terms = 1
         for x in red.attr[2]:
             terms *= int(x)
@@ -665,7 +680,10 @@ class PtxKernelModule(LLVMKernelModule):
         self.kernels.append(sym)
         return KernelDesc(sym, total * lanes, self.block, st.name, lanes, "split")
 
-    def add_element_stage(self, st: Stage, sym: str, kind: str = "element") -> KernelDesc:
+    def add_element_stage(self, st: Stage, sym: str, kind: str = "element", vec: int = 1) -> KernelDesc:
+        """One thread per output element, or per ``vec`` consecutive elements along the last dim (which ``vec``
+        divides: :func:`element_vec`): the thread unflattens its first index once and computes the ``vec``
+        elements after it, their loads issued together (more bytes in flight per thread for a large copy)."""
         fn = self.kernel_fn(sym)
         bufs, n = fn.args
         entry = fn.append_basic_block("entry")
@@ -675,6 +693,9 @@ class PtxKernelModule(LLVMKernelModule):
         total = 1
         for d in shape:
             total *= d
+        assert vec == 1 or (shape and shape[-1] % vec == 0)
+        if vec > 1:
+            shape[-1] //= vec
 
         gid, stride = self.grid_stride(b)
 
@@ -693,12 +714,16 @@ class PtxKernelModule(LLVMKernelModule):
                     rest = b.udiv(rest, it(shape[d]))
             if narrow:
                 idx = [b.zext(x, I64) for x in idx]
-            em.store_element(st, idx)
+            if vec == 1:
+                em.store_element(st, idx)
+                return
+            last = b.mul(idx[-1], I64(vec))
+            em.store_elements(st, [idx[:-1] + [b.add(last, I64(u))] for u in range(vec)])
         em.loop_range(gid, n, element, stride)
         b.ret_void()
         set_contraction(fn, False)   # contraction only through kernel rules (explicit llvm.fma)
         self.kernels.append(sym)
-        return KernelDesc(sym, total, self.block, st.name, 1, kind)
+        return KernelDesc(sym, total // vec, self.block, st.name, 1, kind)
 
     def compile_ptx(self, opt: int, libdevice: Optional[str] = None) -> str:
         try:

@@ -3,7 +3,7 @@ read-only loads (``!invariant.load``: ``ld.global.nc``), ``llvm.fma`` for the ke
 multiply-adds, and GPU math (NVPTX intrinsics, libdevice)."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, List, Optional
 
 import llvmlite.ir as ir
 
@@ -12,6 +12,9 @@ from ...ir.dtype import DType
 from ...kernels.texpr import E, Buf
 from ..llvm.emitter import LLVMEmitter
 from ..llvm.types import F16, F32, I1, I64, PTR, const_value, ll, mem_type
+
+if TYPE_CHECKING:
+    from ...kernels.schedule import Stage
 
 GLOBAL = 1                # NVPTX address space of global memory
 GPTR = ir.PointerType(addrspace=GLOBAL)
@@ -61,6 +64,19 @@ class PtxEmitter(LLVMEmitter):
         # (thread index, threads) of the block that shares a sequential node's assignments; None: the thread
         # runs them alone
         self.lanes = None
+
+    def store_elements(self, st: "Stage", idxs: List[List[ir.Value]]) -> None:
+        """The stage's value at each output index of ``idxs``: every value computed (its loads issued) before
+        the first store, each in its own memo scope (its variables are bound anew)."""
+        vals = []
+        for idx in idxs:
+            self.memo.append({})
+            for v, i in zip(st.vars, idx):
+                self.env[v.attr] = i
+            vals.append(self.to_memory(self.emit(st.expr), st.buf.dtype))
+            self.memo.pop()
+        for idx, val in zip(idxs, vals):
+            self.b.store(val, self.address(st.buf, idx))
 
     def shared_array(self, name: str, elem: ir.Type, count: int, align: int = 16) -> ir.Value:
         """Declare the shared array ``name`` (:func:`shared_global`) and return a pointer to its first ``elem``,

@@ -56,7 +56,7 @@ class PtxOptions(TargetOptions):
     default 1); the bundle is the same whatever it is. ``gemv`` (default on; False: the lane-split kernels): one-row
     products (a decode step's weight GEMVs, the LM head) take the kernel of :mod:`cuvil.targets.ptx.gemv`
     (threads along the output columns, 16-byte weight loads) instead of the lane-split one. ``fused_attention``
-    (default None: on with ``enable_fp16``, off in float32, as measured on the H200): attention as the exports
+    (default None: on, as measured on the H200 since the keys are split over blocks): attention as the exports
     spell it becomes one FusedAttention kernel (the proved rules of
     rules/attention.rule; :mod:`cuvil.targets.ptx.attention`), reassociating the softmax's sums.
     """
@@ -78,7 +78,7 @@ class PtxOptions(TargetOptions):
         lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "a non-negative int (0: one per CPU)"))
     gemv: bool = attrs.field(default=True, validator=check(is_bool, "True or False"))
     fused_attention: Optional[bool] = attrs.field(default=DEFAULT_TUNING.fused_attention, validator=check(
-        lambda v: v is None or is_bool(v), "None (on for float16 builds), True or False"))
+        lambda v: v is None or is_bool(v), "None (on), True or False"))
 
     @property
     def tuning(self) -> PtxTuning:

@@ -110,18 +110,24 @@ class PtxTuning:
     # many)
     gemv_min_blocks: int = 264
     # attention as the exports spell it (MatMul / Softmax / MatMul) becomes one FusedAttention (the proved rules of
-    # rules/attention.rule, as on x86) computed by ptx/attention.py's kernel: a block per query row, keys in chunks
-    # of the block's threads with an online softmax, Q, K, V and the mask read in place (off: element kernels,
-    # products and softmax row kernels). None (the default): on for float16 builds (``enable_fp16``), off for
-    # float32 ones, as session 17's H200 run measured it (bench/gpu/RESULTS.md; GPT-2 124M decode step per token,
-    # fused / unfused in one process): faster in float16 (past 128: 0.735 / 0.959 ms, past 1023: 1.290 / 1.397),
-    # not in float32 (0.711 / 0.689, and 1.205 / 0.796 at past 1023: 12 blocks, one per head, each thread reading a
-    # whole key row, leave the H200 mostly idle). True / False force it either way.
+    # rules/attention.rule, as on x86) computed by ptx/attention.py's kernel: a block per query row (or per split
+    # of its keys, below), keys in chunks of the block's threads with an online softmax, Q, K, V and the mask read
+    # in place (off: element kernels, products and softmax row kernels). None (the default): on for every build
+    # since session 20's H200 run (bench/gpu/RESULTS.md; GPT-2 124M decode step per token in one process, fused
+    # with split keys / unfused: float32 0.573 / 0.704 ms at past 128 and 0.667 / 0.802 at past 1023). Until
+    # then (one block per query row: 12 blocks for a decode step) it was on for float16 builds only. True / False
+    # force it either way.
     fused_attention: Optional[bool] = None
     # ... its keys split over blocks (flash-decoding) until the grid has ``target_blocks`` blocks, each split
     # holding at least this many keys; a second kernel merges a row's partial softmaxes in split order (0: a
     # block per query row, keys walked by that one block)
     attention_split_keys: int = attrs.field(default=64, validator=attrs.validators.ge(0))
+    # plain element stages (copies such as a KV cache's concatenation, elementwise ops) with at least
+    # ``element_vec_min`` elements and a last dim that ``element_vec`` divides: a thread computes that many
+    # consecutive elements, its loads issued together (one element per thread leaves too few bytes in flight to
+    # stream a 3 MB copy; 1: one element per thread)
+    element_vec: int = attrs.field(default=4, validator=attrs.validators.in_((1, 2, 4, 8)))
+    element_vec_min: int = 65536
     # (gpu_schedule) a reshape of a value that is not stored (a decode step's head splits of the QKV product's
     # Split, the merge of attention's transposed output) is read through index arithmetic by its readers instead
     # of stored by an element kernel of its own (schedule's inline_views; off: one small kernel per view)
@@ -136,9 +142,10 @@ class PtxTuning:
     mma_async: int = attrs.field(default=3, validator=attrs.validators.in_((0, 2, 3, 4)))
 
     def resolved(self, enable_fp16: bool) -> "PtxTuning":
-        """These settings with the automatic choices made for a build (``fused_attention`` None: on for float16)."""
+        """These settings with the automatic choices made for a build (``fused_attention`` None: on, float32 and
+        float16 builds alike; ``enable_fp16`` is kept for the callers that pass it)."""
         if self.fused_attention is None:
-            return attrs.evolve(self, fused_attention=bool(enable_fp16))
+            return attrs.evolve(self, fused_attention=True)
         return self
 
 
