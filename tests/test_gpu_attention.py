@@ -146,3 +146,23 @@ def test_split_decode_step_matches_onnxruntime(tmp_path, fp16):
         assert np.abs(y - y1).max() / scale <= tol, name
         if name.startswith("present."):
             assert np.array_equal(y[:, :, :300], feeds[name.replace("present", "past_key_values")]), name
+
+
+@pytest.mark.parametrize("fp16", [False, True])
+@pytest.mark.parametrize("stage, fused_merge", [(False, True), (True, False)])
+def test_kernel_variants_match_numpy(tmp_path, fp16, stage, fused_merge):
+    """The options the defaults leave out: each thread reading its own key row (attention_stage_keys off) and
+    the merge as a kernel of its own (attention_fused_merge off), at past 1023 (16 splits of 64 keys)."""
+    sk, d = 1024, 64
+    model = attention_model(2, 3, 1, sk, d, seed=11)
+    xs = _inputs(2, 3, 1, sk, d, d, 11)
+    y = run_ptx_bundle(model, xs, tmp_path / "a", fused_attention=True, enable_fp16=fp16,
+                       attention_stage_keys=stage, attention_fused_merge=fused_merge)
+    base = run_ptx_bundle(model, xs, tmp_path / "b", fused_attention=True, enable_fp16=fp16)
+    ref, att, vb, bound = _reference(model, *xs, fp16)
+    tol = 4 * 2.0 ** -24 * (d * bound + sk + 8) * np.abs(vb).max()
+    if fp16:
+        tol += 2.0 ** -10 * (np.abs(att).max() + np.abs(ref).max())
+    assert np.abs(y - ref).max() <= tol
+    assert np.array_equal(y, base)      # the same sums in the same order: the same bits as the defaults
+    assert np.array_equal(y[-1], ref[-1].astype(np.float32))

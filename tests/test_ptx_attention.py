@@ -61,6 +61,12 @@ def _build(graph, tuning=ON, fp16=False, arch="sm_90"):
     return sched, build_ptx(sched, arch, fma=True, tuning=tuning)
 
 
+def entries_of(ptx, name):
+    """The PTX text of kernel ``name``."""
+    k = ptx[ptx.index(f".entry {name}("):]
+    return k[:k.index("\n}")]
+
+
 def _kinds(r):
     return collections.Counter(d.kind for d in r.kernels)
 
@@ -82,11 +88,13 @@ def test_one_kernel_proved_and_assembled(arch, fp16):
     att = [d for d in r.kernels if d.kind == "attention"]
     assert len(att) == 1 and not any(d.kind in ("split", "matmul_fp16", "gemm_fp32", "row") for d in r.kernels)
     # 30 query rows (2 x 3 x 5) fill fewer than target_blocks: each row's 129 keys split in two (at least
-    # attention_split_keys = 64 a split), 65 and 64 keys, a block of 96 threads (65 rounded up to warps), and the
-    # merge kernel a thread per output (30 x 64)
+    # attention_split_keys = 64 a split), 65 and 64 keys, a block of 96 threads (65 rounded up to warps); the last
+    # block of a row merges (a counter per row: 30 int32 in the zeroed 256 bytes before the partials)
     assert att[0].grid == 60 and att[0].block == 96
-    (merge,) = [d for d in r.kernels if d.kind == "attention_merge"]
-    assert merge.n_elements == 30 * 64 and merge.stage == att[0].stage
+    assert not any(d.kind == "attention_merge" for d in r.kernels) and r.counter_bytes == 256
+    _, r2 = _build(g, fp16=fp16, arch=arch, tuning=PtxTuning(fused_attention=True, attention_fused_merge=False))
+    (merge,) = [d for d in r2.kernels if d.kind == "attention_merge"]      # the merge kernel: a thread an output
+    assert merge.n_elements == 30 * 64 and merge.stage == att[0].stage and r2.counter_bytes == 0
     assert all(k.status == "proved" for k in r.memory_safety.kernels)
     (st,) = [s for s in sched.stages if s.expr.op == "attention"]
     assert st.buf.dtype.name == ("FLOAT16" if fp16 else "FLOAT")
@@ -123,19 +131,43 @@ def test_split_plan_fills_the_gpu_and_shares_keys_evenly():
     assert sorted(idx.values()) == list(range(p.scratch_floats))     # every float once, none outside
 
 
-@pytest.mark.parametrize("keys", [0, 64])
-def test_split_keys_off_keeps_one_block_per_row(keys):
+@pytest.mark.parametrize("keys, fused_merge", [(0, True), (64, True), (64, False)])
+def test_split_keys_off_keeps_one_block_per_row(keys, fused_merge):
     g = Pipeline.from_onnx(attention_model(1, 2, 1, 300, 32)).optimize().graph
-    _, r = _build(g, tuning=PtxTuning(fused_attention=True, attention_split_keys=keys))
+    _, r = _build(g, tuning=PtxTuning(fused_attention=True, attention_split_keys=keys,
+                                      attention_fused_merge=fused_merge))
     (att,) = [d for d in r.kernels if d.kind == "attention"]
     merges = [d for d in r.kernels if d.kind == "attention_merge"]
-    if keys:       # 2 rows, 300 keys: 4 splits of 75 -> 8 blocks of 96 threads, merged
-        assert (att.grid, att.block, len(merges)) == (8, 96, 1)
+    if keys:       # 2 rows, 300 keys: 4 splits of 75 -> 8 blocks of 96 threads, merged by the last or a kernel
+        assert (att.grid, att.block, len(merges)) == (8, 96, 0 if fused_merge else 1)
+        k = entries_of(r.ptx, att.name)
+        assert ("atom.global.add" in k or "red.global.add" in k) is fused_merge and ("ld.global.cg" in k) is fused_merge
     else:
         assert (att.grid, att.block, merges) == (2, 300 // 32 * 32 + 32, [])
     assert all(k.status == "proved" for k in r.memory_safety.kernels)
     if PTXAS:
         assemble(r.ptx, "sm_90")
+
+
+def test_keys_staged_through_shared_memory_where_they_fit():
+    """attention_stage_keys: a chunk of keys is copied to shared memory (rows of D + 1 floats) by the block
+    before it is scored, where threads x (D + 1) floats fit STAGE_BYTES: a decode step's 64-key splits; a
+    512-thread chunk of head size 64 (no split) does not fit and reads its rows directly."""
+    from types import SimpleNamespace as NS
+    from cuvil.targets.ptx.attention import STAGE_BYTES
+    spec = NS(batch=1, heads=12, rows=1, keys=1024, d=64, dv=64, zero_nan=True)
+    assert plan_attention(spec, 264, 64, stage=True).staged
+    assert not plan_attention(spec, 264, 0, stage=True).staged and 4 * 512 * 65 > STAGE_BYTES
+    assert not plan_attention(spec, 264, 64, stage=False).staged
+    g = Pipeline.from_onnx(attention_model(1, 12, 1, 1024, 64)).optimize().graph
+    for stage in (True, False):
+        _, r = _build(g, tuning=PtxTuning(fused_attention=True, attention_stage_keys=stage))
+        (att,) = [d for d in r.kernels if d.kind == "attention"]
+        assert (f"{att.name}_k[" in r.ptx) is stage       # the shared array of staged keys
+        assert all(x.status == "proved" for x in r.memory_safety.kernels)
+        if PTXAS:
+            _, info = assemble(r.ptx, "sm_90")
+            assert info[att.name].spill_stores == 0 and info[att.name].shared >= (4 * 64 * 65 if stage else 0)
 
 
 def test_split_partials_proved_and_refuted_when_widened(monkeypatch):
@@ -144,7 +176,7 @@ def test_split_partials_proved_and_refuted_when_widened(monkeypatch):
     from cuvil.targets.ptx import bounds_patterns
     g = Pipeline.from_onnx(attention_model(1, 2, 1, 300, 32)).optimize().graph
     _, r = _build(g)
-    assert "attention_merge" in _kinds(r) and r.memory_safety.guarded == []
+    assert r.counter_bytes and r.memory_safety.guarded == []
     init = bounds_patterns.GpuPatterns.__init__
     monkeypatch.setattr(bounds_patterns.GpuPatterns, "__init__", lambda self, km, widen=0: init(self, km, 1))
     _, r = _build(g)
@@ -209,7 +241,7 @@ def test_decode_step_small_views_take_no_kernels(fp16):
     """PtxTuning.inline_views: a decode step's head splits (reshapes of the QKV product's Split), the merge of
     attention's output, the fused node's output (its own buffer, no copy) and the float16 pass's casts of the new
     KV row and of the residual read by LayerNorm take no kernel of their own: a layer is LayerNorm, the QKV GEMV,
-    the two cache concatenations, attention and its merge, then the projection, LayerNorm, MLP GEMVs (10). Off:
+    the two cache concatenations, attention, then the projection, LayerNorm, MLP GEMVs (9). Off:
     each view is stored by a small element kernel. BERT's merged heads at S = 128 (98,304 elements, over
     VIEW_INLINE_MAX) stay stored, so that its products read contiguous rows."""
     gpt = Pipeline.from_onnx(gpt2_decode_model(vocab=1001, hidden=96, layers=2, heads=4, ffn=387, max_pos=512)).optimize()
@@ -221,9 +253,9 @@ def test_decode_step_small_views_take_no_kernels(fp16):
         kernels[views] = [d.stage for d in r.kernels]
         if PTXAS and views:
             assemble(r.ptx, "sm_90")
-    # 2 layers of 10, the mask, the final LayerNorm and the LM head (float32: the embedding sum too; float16 reads
-    # it through the first LayerNorm's widening)
-    assert len(kernels[True]) == 2 * 10 + (3 if fp16 else 4), kernels[True]
+    # 2 layers of 9 (the merge in attention's last blocks), the mask, the final LayerNorm and the LM head (float32:
+    # the embedding sum too; float16 reads it through the first LayerNorm's widening)
+    assert len(kernels[True]) == 2 * 9 + (3 if fp16 else 4), kernels[True]
     assert not any(s.endswith((".q.heads", ".k.heads", ".v.heads", ".merged", ".sdpa.ctx")) for s in kernels[True])
     assert sum(s.endswith((".q.heads", ".k.heads", ".v.heads", ".merged")) for s in kernels[False]) == 8
     from cuvil.kernels.schedule import VIEW_INLINE_MAX

@@ -21,7 +21,7 @@ fi
 # tests/fixtures/exports against onnxruntime, each skipped at 0 s
 if [ "${GPT2_S:-0}" -gt 0 ]; then
     timeout ${GPT2_S} python3 bench/gpu/gpt2_decode.py --out "$OUT/gpt2" --budget $(( GPT2_S - 25 )) \
-        --variants ${GPT2_VARIANTS:-fp32 fp16} --iters ${ITERS:-200} --jobs 12 > "$OUT/gpt2.log" 2>&1
+        --variants ${GPT2_VARIANTS:-fp32 fp16} --iters ${ITERS:-200} --rounds ${GPT2_ROUNDS:-0} --jobs 12 > "$OUT/gpt2.log" 2>&1
     echo "gpt2_decode rc=$?" >> "$OUT/gpt2.log"
 fi
 if [ "${REAL_S:-0}" -gt 0 ]; then

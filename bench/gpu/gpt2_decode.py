@@ -22,7 +22,9 @@ process (issue 20).
   compared with the base variant's torch and Cuvil (``ratio_over_<base>``: p50 and kernel sum); list the base
   variant first (``--variants fp32 fp32_gemv fp16 fp16_gemv``). ``fp32_keysN`` / ``fp16_keysN`` (N = 0, 32, 64,
   128): the fused kernel with ``PtxTuning.attention_split_keys = N`` (flash-decoding's split; 0: none);
-  ``fp32_views0`` / ``fp16_views0``: ``PtxTuning.inline_views`` off (small views stored by kernels of their own).
+  ``fp32_views0`` / ``fp16_views0``: ``PtxTuning.inline_views`` off (small views stored by kernels of their own);
+  ``*_stage0`` / ``*_merge0``: ``attention_stage_keys`` / ``attention_fused_merge`` off. ``--rounds R``: every
+  step timed again in R interleaved rounds at the end (the figures to compare variants by).
 * Checked: every output of both engines against onnxruntime (CPU, float32) on the same inputs, normwise
   relative error (max |y - ref| / max |ref|), logits and presents separately.
 * Times: host wall clock per token (replay/launch + synchronize), p50 of ``--iters`` after warm-up. Cuvil's
@@ -38,6 +40,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 import traceback
@@ -69,10 +72,16 @@ VARIANTS = {"fp32": {}, "tf32": {"allow_tf32": True}, "fp16": {"enable_fp16": Tr
             # 0: one block per query row, as before session 20), Cuvil only, against the base
             **{f"{base}_keys{n}": dict(opts, fused_attention=True, tuning={"attention_split_keys": n})
                for base, opts in (("fp32", {}), ("fp16", {"enable_fp16": True})) for n in (0, 32, 64, 128)},
+            # the split attention's keys read by each thread from its own row, its merge as a kernel of its own
+            # (PtxTuning.attention_stage_keys / attention_fused_merge off)
+            **{f"{base}_{name}0": dict(opts, tuning={field: False})
+               for base, opts in (("fp32", {}), ("fp16", {"enable_fp16": True}))
+               for name, field in (("stage", "attention_stage_keys"), ("merge", "attention_fused_merge"))},
             # small views stored by kernels of their own again (PtxTuning.inline_views off, as before session 20)
             "fp32_views0": {"tuning": {"inline_views": False}},
             "fp16_views0": {"enable_fp16": True, "tuning": {"inline_views": False}}}
 R: dict = {"skipped": []}
+RUNNERS: dict = {}       # (engine, variant, past) -> one timed step, for --rounds
 T0 = time.perf_counter()
 
 
@@ -207,6 +216,7 @@ def cuvil_part(args, info, feeds, names, ref, weights, variant, past):
         x = np.ascontiguousarray(x)
         _call(drv, "cuMemcpyHtoD", drv.cuMemcpyHtoD(d, x.ctypes.data, x.nbytes))
     r.update(timed(lambda: m.run_device(d_in, d_out, mode="graph"), args.iters))
+    RUNNERS[("cuvil", variant, past)] = lambda: m.run_device(d_in, d_out, mode="graph")     # --rounds
     prof = m.profile_kernels(repeats=5)
     kind_of = {q["name"]: q["kind"] for q in m.plan["kernels"]}
     itemsize = 2 if variant.split("_")[0] == "fp16" else 4
@@ -294,7 +304,8 @@ def torch_gpt2(weights: dict, layers: int, past_kv: list):
 def torch_part(args, feeds, names, ref, weights, variant, past):
     import torch
     import torch._dynamo
-    torch._dynamo.reset()
+    if not args.rounds:     # (with --rounds every compiled step stays alive for the interleaved timing)
+        torch._dynamo.reset()
     torch.backends.cuda.matmul.allow_tf32 = variant == "tf32"
     torch.backends.cudnn.allow_tf32 = variant == "tf32"
     dt = torch.float16 if variant == "fp16" else torch.float32
@@ -317,10 +328,46 @@ def torch_part(args, feeds, names, ref, weights, variant, past):
             c(ids, mask)
             torch.cuda.synchronize()
         r.update(timed(run, args.iters))
+    if args.rounds:
+        def inference_run(run=run):
+            with torch.inference_mode():
+                run()
+        RUNNERS[("torch", variant, past)] = inference_run
     r["torch"] = torch.__version__
     log(f"  torch.compile {variant}_p{past}: p50 {r['p50_ms']:.4f} ms (compile {r['compile_s']} s); error vs "
         f"onnxruntime {r['error_vs_ort']}")
     return r
+
+
+def interleaved(args) -> None:
+    """Every kept step (Cuvil's graphs, torch.compile's) timed again in ``args.rounds`` rounds, the order rotated
+    each round; per step the median of its rounds' p50s (``R[key][engine]["p50_interleaved_ms"]``) and, per past,
+    each Cuvil variant over the torch.compile of its base."""
+    keys = sorted(RUNNERS, key=str)
+    per = max(20, args.iters // args.rounds)
+    got = {k: [] for k in keys}
+    log(f"=== interleaved: {len(keys)} steps, {args.rounds} rounds of {per} ({time.perf_counter() - T0:.0f} s)")
+    for rnd in range(args.rounds):
+        for k in keys[rnd % len(keys):] + keys[:rnd % len(keys)]:
+            try:
+                got[k].append(timed(RUNNERS[k], per, warmup=3)["p50_ms"])
+            except Exception:  # noqa: BLE001 - reported, the others still run
+                log(f"  {k}: {traceback.format_exc()[-300:]}")
+    for (eng, variant, past), ts in got.items():
+        if ts:
+            R.setdefault(f"{variant}_p{past}", {}).setdefault(eng, {})["p50_interleaved_ms"] = round(
+                statistics.median(ts), 4)
+    for (eng, variant, past), ts in sorted(got.items(), key=lambda kv: (kv[0][2], kv[0][1], kv[0][0])):
+        if not ts or eng != "cuvil":
+            continue
+        t = statistics.median(ts)
+        peer = got.get(("torch", variant.split("_")[0], past)) or []
+        ratio = f", / torch.compile {t / statistics.median(peer):.3f}" if peer else ""
+        log(f"  interleaved {variant} past {past}: cuvil {t:.4f} ms{ratio}  (rounds {min(ts):.4f}-{max(ts):.4f})")
+    for (eng, variant, past), ts in got.items():
+        if ts and eng == "torch":
+            log(f"  interleaved torch.compile {variant} past {past}: {statistics.median(ts):.4f} ms")
+    save(args)
 
 
 # --- main ----------------------------------------------------------------------------------------------------
@@ -334,6 +381,10 @@ def main(argv=None) -> int:
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--budget", type=float, default=280)
     ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--rounds", type=int, default=0,
+                    help="after the per-variant runs, time every engine and variant again in this many interleaved "
+                         "rounds (order rotated each round) of --iters / rounds steps: the median of the rounds' "
+                         "p50s, robust to the drift between blocks run minutes apart")
     ap.add_argument("--jobs", type=int, default=6, help="processes compiling the Cuvil bundles")
     ap.add_argument("--work", default="/tmp/gpt2_decode_bundles")
     args = ap.parse_args(argv)
@@ -401,6 +452,8 @@ def main(argv=None) -> int:
                 log(f"  {variant} past {past}: cuvil / cuvil {base} = {out['ratio_over_' + base]}")
             save(args)
     pool.shutdown(cancel_futures=True)
+    if args.rounds and RUNNERS:
+        interleaved(args)
     log("summary (p50 ms per token): " + json.dumps({k: {e: v.get(e, {}).get("p50_ms") for e in ("cuvil", "torch")}
                                                      for k, v in R.items() if k.startswith(tuple(VARIANTS))}))
     return rc

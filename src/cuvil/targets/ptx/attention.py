@@ -47,6 +47,7 @@ from ..llvm.types import F16, F32, I32, I64
 from .emitter import set_contraction
 
 MAX_THREADS = 512        # threads per block (a chunk of keys); fewer for short rows
+STAGE_BYTES = 40960      # shared memory a chunk's staged keys may take (PtxTuning.attention_stage_keys)
 PV_UNROLL = 16           # values a thread loads before their fmas (latency: one round trip per 16 keys, not each)
 # query rows a FusedAttention may have to be fused on the GPU (a decode step's few): with many rows the tensor-core
 # products and the row kernels are faster (H200, BERT-base B=1 S=128, 128 rows: fp16 1.678 ms fused against 1.113,
@@ -147,6 +148,7 @@ class AttentionPlan:
     threads: int
     dv: int
     zero_nan: bool
+    staged: bool = False     # a chunk's keys copied to shared memory, coalesced, before they are scored
 
     @property
     def units(self) -> int:
@@ -158,17 +160,20 @@ class AttentionPlan:
         return self.units * (2 + self.dv * (2 if self.zero_nan else 1))
 
 
-def plan_attention(spec: AttentionRows, target_blocks: int, min_keys: int) -> AttentionPlan:
+def plan_attention(spec: AttentionRows, target_blocks: int, min_keys: int, stage: bool = False) -> AttentionPlan:
     """Split each query row's keys over blocks until the grid has ``target_blocks`` (a decode step has one
     row per head: 12 blocks on an H200's 132 SMs without a split), no split holding fewer than ``min_keys``
-    keys (0: never split). The keys are shared evenly (``span`` = ceil(Sk / splits))."""
+    keys (0: never split). The keys are shared evenly (``span`` = ceil(Sk / splits)). ``stage``: a chunk's keys
+    go through shared memory where ``threads x (D + 1)`` floats fit :data:`STAGE_BYTES`."""
     rows = spec.batch * spec.heads * spec.rows
     splits = 1
     if min_keys > 0 and rows < target_blocks:
         splits = max(1, min(-(-target_blocks // rows), spec.keys // min_keys))
     span = -(-spec.keys // splits)
     splits = -(-spec.keys // span)          # (every split holds at least one key)
-    return AttentionPlan(rows, splits, span, block_threads(spec, span), spec.dv, spec.zero_nan)
+    threads = block_threads(spec, span)
+    staged = stage and 4 * threads * (spec.d + 1) <= STAGE_BYTES
+    return AttentionPlan(rows, splits, span, threads, spec.dv, spec.zero_nan, staged)
 
 
 def scratch_buf(plan: AttentionPlan, offset: int) -> Buf:
@@ -193,10 +198,13 @@ def partial_index(plan: AttentionPlan, part: str, u, c=0, b: Optional[ir.IRBuild
 
 
 def emit_attention(km, st: Stage, sym: str, plan: Optional[AttentionPlan] = None,
-                   scratch: Optional[Buf] = None) -> Tuple[int, int]:
+                   scratch: Optional[Buf] = None, counters: Optional[int] = None) -> Tuple[int, int]:
     """Emit the kernel ``sym`` for the attention stage ``st`` laid out by ``plan`` (default: one block per
-    row); with ``plan.splits > 1`` it writes the partials to ``scratch`` (:func:`emit_attention_merge` then
-    combines them). Returns (blocks' units: rows x splits, threads per block)."""
+    row); with ``plan.splits > 1`` it writes the partials to ``scratch``, and then either
+    :func:`emit_attention_merge`'s kernel combines them or (``counters``: the byte offset in the arena of one
+    int32 per query row, zero before the kernel runs) the last of a row's blocks to finish does (an atomic count
+    per row, reset to 0 by that block), reading the partials through L2. Returns (blocks' units: rows x splits,
+    threads per block)."""
     from .emitter import PtxEmitter, shared_global
     spec: AttentionRows = st.expr.attr
     if plan is None:
@@ -218,7 +226,13 @@ def emit_attention(km, st: Stage, sym: str, plan: Optional[AttentionPlan] = None
         b.position_at_start(em.entry)
         qs, ps, red, acc_s, zs = (b.bitcast(shared_global(km, f"{sym}_{n}", F32, size), sp) for n, size in
                                   (("q", D), ("p", T), ("w", W), ("acc", G * Dv), ("z", G * Dv)))
+        # a chunk's keys staged whole (rows padded to D + 1 floats: a thread's row walk hits 32 banks)
+        ks = b.bitcast(shared_global(km, f"{sym}_k", F32, T * (D + 1)), sp) if plan.staged else None
     bar = km.declare("llvm.nvvm.barrier0", ir.VoidType(), [])
+    fence = km.declare("llvm.nvvm.membar.gl", ir.VoidType(), [])
+    # partials written by other blocks of this kernel: read through L2 (ld.global.cg), never a stale L1
+    ld_cg = ir.InlineAsm(ir.FunctionType(F32, [I64]), "ld.global.cg.f32 $0, [$1];", "=f,l", side_effect=True)
+    flag = shared_global(km, f"{sym}_last", I32, align=None) if counters is not None else None
     shfl = km.declare("llvm.nvvm.shfl.sync.bfly.f32", F32, [I32, F32, I32, I32])
     fmaf = em.fma_fn(DType.FLOAT) if km.fma else None
     vb, vh, vi, vd, vkey, vc = (v.attr for v in spec.vars)
@@ -280,11 +294,33 @@ def emit_attention(km, st: Stage, sym: str, plan: Optional[AttentionPlan] = None
 
         def chunk(base):
             key = b.add(base, tid)
+            if ks is not None:
+                # the chunk's T x D keys copied to shared memory by the block, consecutive threads reading
+                # consecutive d of a row (coalesced; a thread's own row would be T rows apart across a warp):
+                # element f = tid + T j is key f // D, column f % D; keys past the split read its last key (in
+                # the range the proof covers), never scored
+                last = b.sub(end, I64(1))
+
+                def stage(kk, dd):
+                    kabs = b.add(base, kk)
+                    kabs = b.select(b.icmp_signed("<", kabs, end), kabs, last)
+                    return value(spec.k, **here, **{vd: dd, vkey: kabs}), at(ks, b.add(b.mul(kk, I64(D + 1)), dd))
+                if D % 32 == 0:      # warp w copies rows 32 w .. 32 w + 31 (T = 32 W), its lanes along d
+                    pairs = [stage(b.add(b.mul(warp, I64(32)), I64(jr)), b.add(lane, I64(32 * jd)))
+                             for jr in range(32) for jd in range(D // 32)]
+                else:                # element f = tid + T j of the chunk: key f // D, column f % D
+                    pairs = [stage(b.udiv(b.add(tid, I64(T * j)), I64(D)), b.urem(b.add(tid, I64(T * j)), I64(D)))
+                             for j in range(D)]
+                for v, ptr in pairs:      # every load issued before the first store
+                    b.store(v, ptr)
+                b.call(bar, [])
             b.store(neg_inf, s_slot)
             with b.if_then(b.icmp_signed("<", key, end)):
                 dot = zero
                 for d in range(D):
-                    dot = madd(b.load(at(qs, I64(d)), typ=F32), value(spec.k, **here, **{vd: I64(d), vkey: key}), dot)
+                    kd = (b.load(at(ks, b.add(b.mul(tid, I64(D + 1)), I64(d))), typ=F32) if ks is not None else
+                          value(spec.k, **here, **{vd: I64(d), vkey: key}))
+                    dot = madd(b.load(at(qs, I64(d)), typ=F32), kd, dot)
                 s = b.fmul(dot, value(spec.scale))
                 if spec.mask is not None:
                     s = b.fadd(s, value(spec.mask, **here, **{vkey: key}))
@@ -354,6 +390,25 @@ def emit_attention(km, st: Stage, sym: str, plan: Optional[AttentionPlan] = None
                 if st.buf.dtype == DType.FLOAT16:
                     y = b.fptrunc(y, F16)
                 b.store(em.to_memory(y, st.buf.dtype), em.address(st.buf, [bb, h, i, tid]))
+        if S > 1 and counters is not None:
+            # the last of the row's S blocks to finish merges its partials (theirs are in L2 by the fence)
+            b.call(fence, [])
+            b.call(bar, [])
+            cptr = b.gep(b.gep(em.base(scratch), [I64(counters)], source_etype=ir.IntType(8), inbounds=True),
+                         [r], source_etype=I32, inbounds=True)
+            with b.if_then(b.icmp_unsigned("==", tid, I64(0))):
+                old = b.atomic_rmw("add", cptr, I32(1), "monotonic")
+                b.store(b.zext(b.icmp_unsigned("==", old, I32(S - 1)), I32), flag)
+            b.call(bar, [])
+            last = b.load(flag, typ=I32)
+            b.call(bar, [])          # every thread has read the flag before thread 0 may write the next one
+            with b.if_then(b.icmp_unsigned("!=", last, I32(0))):
+                b.call(fence, [])
+                with b.if_then(b.icmp_unsigned("<", tid, I64(Dv))):
+                    merge_column(em, plan, spec, st, scratch, r, tid,
+                                 lambda idx: b.call(ld_cg, [b.ptrtoint(em.address(scratch, [idx]), I64)]))
+                with b.if_then(b.icmp_unsigned("==", tid, I64(0))):
+                    b.store(I32(0), cptr)     # ready for the next layer and run (the runtime also zeroes them first)
         b.call(bar, [])         # the shared query and partial sums free for the next row
     em.loop_range(km.sreg(b, "ctaid.x"), I64(plan.units), unit, km.sreg(b, "nctaid.x"))
     b.ret_void()
@@ -362,54 +417,58 @@ def emit_attention(km, st: Stage, sym: str, plan: Optional[AttentionPlan] = None
     return plan.units, T
 
 
-def emit_attention_merge(km, st: Stage, sym: str, plan: AttentionPlan, scratch: Buf) -> int:
-    """Emit ``sym``, the second kernel of a split attention: a thread per output ``(b, h, i, c)`` combines
-    the row's ``S`` partials in split order, ``M = max_s m_s``, the shift ``c = M`` (0 when ``M = -inf``),
+def merge_column(em, plan: AttentionPlan, spec: AttentionRows, st: Stage, scratch: Buf, r, c, load) -> None:
+    """Store output column ``c`` of query row ``r`` from the row's ``S`` partials (``load(flat index)`` reads
+    one from ``scratch``), combined in split order: ``M = max_s m_s``, the shift ``c = M`` (0 when ``M = -inf``),
     ``f_s = exp(m_s - c)``, ``y = (sum_s f_s acc_s) / (sum_s f_s l_s)`` (with ``zero_nan``: ``sum_s z_s`` where
-    that sum of ``l`` is NaN or 0), rounded to the output type once. Returns the threads it needs."""
+    that sum of ``l`` is NaN or 0), rounded to the output type once."""
+    b = em.b
+    S, Dv, F = plan.splits, plan.dv, DType.FLOAT
+    neg_inf, zero = ir.Constant(F32, float("-inf")), ir.Constant(F32, 0.0)
+    fmaf = em.fma_fn(F) if em.km.fma else None
+    i = b.urem(r, I64(spec.rows))
+    r2 = b.udiv(r, I64(spec.rows))
+    h = b.urem(r2, I64(spec.heads))
+    bb = b.udiv(r2, I64(spec.heads))
+    u0 = b.mul(r, I64(S))
+    us = [b.add(u0, I64(s)) for s in range(S)]
+    ms = [load(partial_index(plan, "m", u, 0, b)) for u in us]
+    top = ms[0]
+    for m in ms[1:]:
+        top = em.combine("max", top, m, F)
+    shift = b.select(b.fcmp_ordered("==", top, neg_inf), zero, top)
+    total, y, zz = zero, zero, zero
+    for u, m in zip(us, ms):
+        f = em.call("exp", [b.fsub(m, shift)], F)
+        lu = load(partial_index(plan, "l", u, 0, b))
+        au = load(partial_index(plan, "acc", u, c, b))
+        total = b.call(fmaf, [lu, f, total]) if fmaf is not None else b.fadd(b.fmul(lu, f), total)
+        y = b.call(fmaf, [au, f, y]) if fmaf is not None else b.fadd(b.fmul(au, f), y)
+        if spec.zero_nan:
+            zz = b.fadd(zz, load(partial_index(plan, "z", u, c, b)))
+    y = b.fdiv(y, total)
+    if spec.zero_nan:
+        nan_row = b.or_(b.fcmp_unordered("uno", total, total), b.fcmp_ordered("==", total, zero))
+        y = b.select(nan_row, zz, y)
+    if st.buf.dtype == DType.FLOAT16:
+        y = b.fptrunc(y, F16)
+    b.store(em.to_memory(y, st.buf.dtype), em.address(st.buf, [bb, h, i, c]))
+
+
+def emit_attention_merge(km, st: Stage, sym: str, plan: AttentionPlan, scratch: Buf) -> int:
+    """Emit ``sym``, the second kernel of a split attention (without ``fused_merge``): a thread per output
+    ``(b, h, i, c)`` combines the row's partials (:func:`merge_column`). Returns the threads it needs."""
     from .emitter import PtxEmitter
     spec: AttentionRows = st.expr.attr
-    S, Dv, F = plan.splits, plan.dv, DType.FLOAT
+    Dv = plan.dv
     fn = km.kernel_fn(sym)
     bufs, _n = fn.args
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     em = PtxEmitter(km, fn, b, bufs, st.buf)
-    neg_inf, zero = ir.Constant(F32, float("-inf")), ir.Constant(F32, 0.0)
-    fmaf = em.fma_fn(F) if km.fma else None
-
-    def part(idx):
-        return b.load(em.address(scratch, [idx]), typ=F32)
 
     def out(x):
-        c = b.urem(x, I64(Dv))
-        r = b.udiv(x, I64(Dv))
-        i = b.urem(r, I64(spec.rows))
-        r2 = b.udiv(r, I64(spec.rows))
-        h = b.urem(r2, I64(spec.heads))
-        bb = b.udiv(r2, I64(spec.heads))
-        u0 = b.mul(r, I64(S))
-        us = [b.add(u0, I64(s)) for s in range(S)]
-        ms = [part(partial_index(plan, "m", u, 0, b)) for u in us]
-        top = ms[0]
-        for m in ms[1:]:
-            top = em.combine("max", top, m, F)
-        shift = b.select(b.fcmp_ordered("==", top, neg_inf), zero, top)
-        total, y, zz = zero, zero, zero
-        for u, m in zip(us, ms):
-            f = em.call("exp", [b.fsub(m, shift)], F)
-            lu = part(partial_index(plan, "l", u, 0, b))
-            au = part(partial_index(plan, "acc", u, c, b))
-            total = b.call(fmaf, [lu, f, total]) if fmaf is not None else b.fadd(b.fmul(lu, f), total)
-            y = b.call(fmaf, [au, f, y]) if fmaf is not None else b.fadd(b.fmul(au, f), y)
-            if spec.zero_nan:
-                zz = b.fadd(zz, part(partial_index(plan, "z", u, c, b)))
-        y = b.fdiv(y, total)
-        if spec.zero_nan:
-            nan_row = b.or_(b.fcmp_unordered("uno", total, total), b.fcmp_ordered("==", total, zero))
-            y = b.select(nan_row, zz, y)
-        if st.buf.dtype == DType.FLOAT16:
-            y = b.fptrunc(y, F16)
-        b.store(em.to_memory(y, st.buf.dtype), em.address(st.buf, [bb, h, i, c]))
+        merge_column(em, plan, spec, st, scratch, b.udiv(x, I64(Dv)), b.urem(x, I64(Dv)),
+                     lambda idx: b.load(em.address(scratch, [idx]), typ=F32))
     start, step = km.grid_stride(b)
     em.loop_range(start, I64(plan.rows * Dv), out, step)
     b.ret_void()

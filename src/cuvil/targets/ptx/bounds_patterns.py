@@ -537,8 +537,13 @@ class GpuPatterns:
         u = _loop(d, "unit", plan.units + w)
         c = _loop(d, "col", plan.dv + w)
         parts = ("m", "l", "acc") + (("z",) if plan.zero_nan else ())
-        return [Access("family:attention", scratch, [as_index(partial_index(plan, p, u, c if p in ("acc", "z") else 0))],
-                       [], d, node=node, flat=True) for p in parts]
+        out = [Access("family:attention", scratch, [as_index(partial_index(plan, p, u, c if p in ("acc", "z") else 0))],
+                      [], d, node=node, flat=True) for p in parts]
+        if self.km.tuning.attention_fused_merge:     # the last block's count: one int32 per query row
+            counters = Buf("attention counters", DType.INT32, (self.km.counter_bytes // 4,), base=ARENA,
+                           offset=self.km.scratch_offset)
+            out.append(Access("family:attention", counters, [_loop(d, "row", plan.rows + w)], [], d, node=node))
+        return out
 
     def km_scratch(self, plan) -> Buf:
         return scratch_buf(plan, self.km.scratch_offset + self.km.counter_bytes)

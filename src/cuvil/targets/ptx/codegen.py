@@ -215,7 +215,8 @@ class PtxKernelModule(LLVMKernelModule):
 
     def attention_plan(self, st: Stage):
         """How the stage's FusedAttention is split over blocks (:func:`~cuvil.targets.ptx.attention.plan_attention`)."""
-        return plan_attention(st.expr.attr, self.tuning.target_blocks, self.tuning.attention_split_keys)
+        return plan_attention(st.expr.attr, self.tuning.target_blocks, self.tuning.attention_split_keys,
+                              self.tuning.attention_stage_keys)
 
     def add_attention_stage(self, st: Stage, sym: str):
         """A FusedAttention's node (:class:`~cuvil.kernels.attention.AttentionRows`): a block per query row, or
@@ -227,6 +228,9 @@ class PtxKernelModule(LLVMKernelModule):
             return KernelDesc(sym, units * threads, threads, st.name, 1, "attention")
         scratch = attention_scratch(plan, self.scratch_offset + self.counter_bytes)
         self.scratch_bytes = max(self.scratch_bytes, self.counter_bytes + 4 * plan.scratch_floats)
+        if self.tuning.attention_fused_merge:      # plan_scratch reserved a counter per row
+            units, threads = emit_attention(self, st, sym, plan, scratch, counters=self.scratch_offset)
+            return KernelDesc(sym, units * threads, threads, st.name, 1, "attention")
         units, threads = emit_attention(self, st, sym, plan, scratch)
         return [KernelDesc(sym, units * threads, threads, st.name, 1, "attention"),
                 KernelDesc(sym + "m", emit_attention_merge(self, st, sym + "m", plan, scratch), 64, st.name, 1,
@@ -361,16 +365,22 @@ class PtxKernelModule(LLVMKernelModule):
         return plan_conv(node.attr, self.conv_target_blocks, mma)
 
     def plan_scratch(self, stages) -> None:
-        """Reserve the split-K tile counters (one int32 per output tile of the largest split convolution,
-        256-aligned) before any kernel is emitted: they sit first in the scratch area, partials after."""
+        """Reserve the counters (256-aligned) before any kernel is emitted: one int32 per output tile of the
+        largest split convolution (with ``fused_splitk``) or per query row of the largest split attention (with
+        ``attention_fused_merge``); they sit first in the scratch area, partials after, and are zeroed before
+        each run."""
         tiles = 0
         for st in stages:
-            node = conv_node(st) if self.tuning.conv_enabled else None
+            node = conv_node(st) if self.tuning.conv_enabled and self.fused_splitk else None
             if node is not None:
                 p = self.conv_plan(node)
                 if p.splits > 1 and not hasattr(p, "fmt"):     # (conv_mma.py's kernels use sum kernels)
                     tiles = max(tiles, p.n * p.groups * p.tiles_m * p.tiles_p)
-        self.counter_bytes = -(-4 * tiles // 256) * 256 if tiles and self.fused_splitk else 0
+            if self.tuning.attention_fused_merge and attention_node(st) is not None:
+                a = self.attention_plan(st)
+                if a.splits > 1:
+                    tiles = max(tiles, a.rows)
+        self.counter_bytes = -(-4 * tiles // 256) * 256 if tiles else 0
 
     def add_tiled_stage(self, st: Stage, sym: str, red: E, wfac: E, xfac: E) -> KernelDesc:
         """Shared-memory tiled reduction: the output is a (channel = dim 1) x (position = every other dim,

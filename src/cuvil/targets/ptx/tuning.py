@@ -122,6 +122,14 @@ class PtxTuning:
     # holding at least this many keys; a second kernel merges a row's partial softmaxes in split order (0: a
     # block per query row, keys walked by that one block)
     attention_split_keys: int = attrs.field(default=64, validator=attrs.validators.ge(0))
+    # ... the last of a row's blocks to finish merges its partials (an atomic count per row in the arena, zeroed
+    # before each run and reset by that block) instead of a second kernel launched after them (off: the merge
+    # kernel, one launch more per attention)
+    attention_fused_merge: bool = True
+    # ... a block copies each chunk of keys to shared memory, consecutive threads reading consecutive columns of
+    # a key row, before each thread scores its key from there (off, or where the chunk would take more than
+    # attention.STAGE_BYTES: each thread reads its own key's row, a warp's loads 32 rows apart)
+    attention_stage_keys: bool = True
     # plain element stages (copies such as a KV cache's concatenation, elementwise ops) with at least
     # ``element_vec_min`` elements and a last dim that ``element_vec`` divides: a thread computes that many
     # consecutive elements, its loads issued together (one element per thread leaves too few bytes in flight to
