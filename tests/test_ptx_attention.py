@@ -88,13 +88,16 @@ def test_one_kernel_proved_and_assembled(arch, fp16):
     att = [d for d in r.kernels if d.kind == "attention"]
     assert len(att) == 1 and not any(d.kind in ("split", "matmul_fp16", "gemm_fp32", "row") for d in r.kernels)
     # 30 query rows (2 x 3 x 5) fill fewer than target_blocks: each row's 129 keys split in two (at least
-    # attention_split_keys = 64 a split), 65 and 64 keys, a block of 96 threads (65 rounded up to warps); the last
-    # block of a row merges (a counter per row: 30 int32 in the zeroed 256 bytes before the partials)
+    # attention_split_keys = 64 a split), 65 and 64 keys, a block of 96 threads (65 rounded up to warps); the merge
+    # kernel a thread per output (30 x 64)
     assert att[0].grid == 60 and att[0].block == 96
-    assert not any(d.kind == "attention_merge" for d in r.kernels) and r.counter_bytes == 256
-    _, r2 = _build(g, fp16=fp16, arch=arch, tuning=PtxTuning(fused_attention=True, attention_fused_merge=False))
-    (merge,) = [d for d in r2.kernels if d.kind == "attention_merge"]      # the merge kernel: a thread an output
-    assert merge.n_elements == 30 * 64 and merge.stage == att[0].stage and r2.counter_bytes == 0
+    (merge,) = [d for d in r.kernels if d.kind == "attention_merge"]
+    assert merge.n_elements == 30 * 64 and merge.stage == att[0].stage and r.counter_bytes == 0
+    # attention_fused_merge: the last block of a row merges (a counter per row: 30 int32 in the zeroed 256 bytes
+    # before the partials), no merge kernel
+    _, r2 = _build(g, fp16=fp16, arch=arch, tuning=PtxTuning(fused_attention=True, attention_fused_merge=True))
+    assert not any(d.kind == "attention_merge" for d in r2.kernels) and r2.counter_bytes == 256
+    assert all(k.status == "proved" for k in r2.memory_safety.kernels)
     assert all(k.status == "proved" for k in r.memory_safety.kernels)
     (st,) = [s for s in sched.stages if s.expr.op == "attention"]
     assert st.buf.dtype.name == ("FLOAT16" if fp16 else "FLOAT")
@@ -161,7 +164,7 @@ def test_keys_staged_through_shared_memory_where_they_fit():
     assert not plan_attention(spec, 264, 64, stage=False).staged
     g = Pipeline.from_onnx(attention_model(1, 12, 1, 1024, 64)).optimize().graph
     for stage in (True, False):
-        _, r = _build(g, tuning=PtxTuning(fused_attention=True, attention_stage_keys=stage))
+        _, r = _build(g, tuning=PtxTuning(fused_attention=True, attention_stage_keys=stage, attention_fused_merge=stage))
         (att,) = [d for d in r.kernels if d.kind == "attention"]
         assert (f"{att.name}_k[" in r.ptx) is stage       # the shared array of staged keys
         assert all(x.status == "proved" for x in r.memory_safety.kernels)
@@ -175,11 +178,12 @@ def test_split_partials_proved_and_refuted_when_widened(monkeypatch):
     they are refuted, and the stage falls back to the plain kernels (guarded), never a split kernel."""
     from cuvil.targets.ptx import bounds_patterns
     g = Pipeline.from_onnx(attention_model(1, 2, 1, 300, 32)).optimize().graph
-    _, r = _build(g)
+    tun = PtxTuning(fused_attention=True, attention_fused_merge=True)      # the counters stated too
+    _, r = _build(g, tuning=tun)
     assert r.counter_bytes and r.memory_safety.guarded == []
     init = bounds_patterns.GpuPatterns.__init__
     monkeypatch.setattr(bounds_patterns.GpuPatterns, "__init__", lambda self, km, widen=0: init(self, km, 1))
-    _, r = _build(g)
+    _, r = _build(g, tuning=tun)
     kinds = _kinds(r)
     assert "attention" not in kinds and "attention_merge" not in kinds
     assert any("family:attention" in f for k in r.memory_safety.guarded for f in k.failures)
@@ -248,12 +252,14 @@ def test_decode_step_small_views_take_no_kernels(fp16):
     g, _ = specialize_graph(gpt.graph, {"batch": 1, "past_sequence": 300, "total_sequence": 301})
     kernels = {}
     for views in (True, False):
-        _, r = _build(g, tuning=PtxTuning(fused_attention=True, inline_views=views), fp16=fp16)
+        _, r = _build(g, tuning=PtxTuning(fused_attention=True, inline_views=views, attention_fused_merge=True),
+                      fp16=fp16)
         assert all(k.status == "proved" for k in r.memory_safety.kernels)
         kernels[views] = [d.stage for d in r.kernels]
         if PTXAS and views:
             assemble(r.ptx, "sm_90")
-    # 2 layers of 9 (the merge in attention's last blocks), the mask, the final LayerNorm and the LM head (float32:
+    # 2 layers of 9 (attention_fused_merge: the merge in attention's last blocks), the mask, the final LayerNorm and
+    # the LM head (float32:
     # the embedding sum too; float16 reads it through the first LayerNorm's widening)
     assert len(kernels[True]) == 2 * 9 + (3 if fp16 else 4), kernels[True]
     assert not any(s.endswith((".q.heads", ".k.heads", ".v.heads", ".merged", ".sdpa.ctx")) for s in kernels[True])

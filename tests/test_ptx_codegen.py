@@ -194,7 +194,7 @@ def test_large_element_stages_take_several_elements_a_thread(shape, reduce_windo
     total = 1
     for d in shape:
         total *= d
-    ptx, (d,) = generate_ptx(_copy_sched(shape, reduce_window), "sm_90")
+    ptx, (d,) = generate_ptx(_copy_sched(shape, reduce_window), "sm_90", tuning=PtxTuning(element_vec=4))
     assert d.n_elements == total // vec
     k = entries(ptx)[d.name]
     if not reduce_window:
@@ -202,7 +202,7 @@ def test_large_element_stages_take_several_elements_a_thread(shape, reduce_windo
         assert (loads, stores) == (vec, vec)
         if vec > 1:     # every load before the first store
             assert k.rindex("ld.global.nc.b32") < k.index("st.global")
-    _, (one,) = generate_ptx(_copy_sched(shape, reduce_window), "sm_90", tuning=PtxTuning(element_vec=1))
+    _, (one,) = generate_ptx(_copy_sched(shape, reduce_window), "sm_90")       # the default: 1 (not yet run on a GPU)
     assert one.n_elements == total
     if PTXAS:
         assemble(ptx, "sm_90")

@@ -23,7 +23,8 @@ process (issue 20).
   variant first (``--variants fp32 fp32_gemv fp16 fp16_gemv``). ``fp32_keysN`` / ``fp16_keysN`` (N = 0, 32, 64,
   128): the fused kernel with ``PtxTuning.attention_split_keys = N`` (flash-decoding's split; 0: none);
   ``fp32_views0`` / ``fp16_views0``: ``PtxTuning.inline_views`` off (small views stored by kernels of their own);
-  ``*_stage0`` / ``*_merge0``: ``attention_stage_keys`` / ``attention_fused_merge`` off. ``--rounds R``: every
+  ``*_stage0|1`` / ``*_merge0|1`` / ``*_vec1|4``: ``attention_stage_keys`` / ``attention_fused_merge`` /
+  ``element_vec`` set, ``*_all``: the three on together. ``--rounds R``: every
   step timed again in R interleaved rounds at the end (the figures to compare variants by).
 * Checked: every output of both engines against onnxruntime (CPU, float32) on the same inputs, normwise
   relative error (max |y - ref| / max |ref|), logits and presents separately.
@@ -72,11 +73,17 @@ VARIANTS = {"fp32": {}, "tf32": {"allow_tf32": True}, "fp16": {"enable_fp16": Tr
             # 0: one block per query row, as before session 20), Cuvil only, against the base
             **{f"{base}_keys{n}": dict(opts, fused_attention=True, tuning={"attention_split_keys": n})
                for base, opts in (("fp32", {}), ("fp16", {"enable_fp16": True})) for n in (0, 32, 64, 128)},
-            # the split attention's keys read by each thread from its own row, its merge as a kernel of its own
-            # (PtxTuning.attention_stage_keys / attention_fused_merge off)
-            **{f"{base}_{name}0": dict(opts, tuning={field: False})
+            # the split attention's keys staged through shared memory (PtxTuning.attention_stage_keys), its merge
+            # by the row's last block (attention_fused_merge), 4 elements a thread in large element stages
+            # (element_vec): *_stage1 / *_merge1 / *_vec4 on, *_stage0 / *_merge0 / *_vec1 off, *_all on together
+            **{f"{base}_{name}{int(val)}": dict(opts, tuning={field: val})
                for base, opts in (("fp32", {}), ("fp16", {"enable_fp16": True}))
-               for name, field in (("stage", "attention_stage_keys"), ("merge", "attention_fused_merge"))},
+               for name, field, vals in (("stage", "attention_stage_keys", (False, True)),
+                                         ("merge", "attention_fused_merge", (False, True)), ("vec", "element_vec", (1, 4)))
+               for val in vals},
+            **{f"{base}_all": dict(opts, tuning={"attention_stage_keys": True, "attention_fused_merge": True,
+                                                 "element_vec": 4})
+               for base, opts in (("fp32", {}), ("fp16", {"enable_fp16": True}))},
             # small views stored by kernels of their own again (PtxTuning.inline_views off, as before session 20)
             "fp32_views0": {"tuning": {"inline_views": False}},
             "fp16_views0": {"enable_fp16": True, "tuning": {"inline_views": False}}}
