@@ -130,20 +130,28 @@ def test_split_decode_step_matches_onnxruntime(tmp_path, fp16):
     p = Pipeline.from_onnx(m).optimize()
     outs = {}
     g, _ = specialize_graph(p.graph, {"batch": 1, "past_sequence": 300, "total_sequence": 301})
-    for keys in (64, 0):
-        path = str(tmp_path / f"keys{keys}")
-        compile_bundle(g, path, enable_fp16=fp16, tuning=PtxTuning(fused_attention=True, attention_split_keys=keys))
+    # the default split (merge kernel), no split, and the options not yet on by default: the row's last block
+    # merging (its counter reset for the second layer and for the next run) with staged keys
+    variants = {"split": dict(), "one block": dict(attention_split_keys=0),
+                "fused merge": dict(attention_fused_merge=True, attention_stage_keys=True)}
+    for name, opts in variants.items():
+        path = str(tmp_path / name.replace(" ", "_"))
+        compile_bundle(g, path, enable_fp16=fp16, tuning=PtxTuning(fused_attention=True, **opts))
         with open(os.path.join(path, "plan.json")) as f:
             kinds = [k["kind"] for k in json.load(f)["kernels"]]
-        assert kinds.count("attention") == 2 and kinds.count("attention_merge") == (2 if keys else 0)
+        assert kinds.count("attention") == 2 and kinds.count("attention_merge") == (2 if name == "split" else 0)
         with load_bundle(path) as mod:
-            outs[keys] = mod.run(*[feeds[n] for n in names])
+            outs[name] = mod.run(*[feeds[n] for n in names])
+            again = mod.run(*[feeds[n] for n in names])      # a second run: the counters start from zero again
+        assert all(np.array_equal(a, b_) for a, b_ in zip(outs[name], again)), name
     tol = 3e-3 if fp16 else 2e-5       # test_gpu_gemv.py's decode-step tolerances
     out_names = [vo.name for vo in m.graph.output]
-    for name, y, y1, r in zip(out_names, outs[64], outs[0], ref):
+    for j, (name, r) in enumerate(zip(out_names, ref)):
+        y, y1, yf = (outs[v][j] for v in ("split", "one block", "fused merge"))
         scale = max(np.abs(r).max(), 1e-30)
         assert np.abs(y - r).max() / scale <= tol, name
         assert np.abs(y - y1).max() / scale <= tol, name
+        assert np.array_equal(y, yf), name      # the same sums in the same order as the merge kernel's
         if name.startswith("present."):
             assert np.array_equal(y[:, :, :300], feeds[name.replace("present", "past_key_values")]), name
 

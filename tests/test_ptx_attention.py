@@ -160,6 +160,9 @@ def test_keys_staged_through_shared_memory_where_they_fit():
     from cuvil.targets.ptx.attention import STAGE_BYTES
     spec = NS(batch=1, heads=12, rows=1, keys=1024, d=64, dv=64, zero_nan=True)
     assert plan_attention(spec, 264, 64, stage=True).staged
+    # head sizes that are not whole warps, or over 64, read their rows directly (the copy would spill)
+    for d in (48, 80, 128):
+        assert not plan_attention(NS(**{**vars(spec), "d": d}), 264, 64, stage=True).staged
     assert not plan_attention(spec, 264, 0, stage=True).staged and 4 * 512 * 65 > STAGE_BYTES
     assert not plan_attention(spec, 264, 64, stage=False).staged
     g = Pipeline.from_onnx(attention_model(1, 12, 1, 1024, 64)).optimize().graph
@@ -186,7 +189,10 @@ def test_split_partials_proved_and_refuted_when_widened(monkeypatch):
     _, r = _build(g, tuning=tun)
     kinds = _kinds(r)
     assert "attention" not in kinds and "attention_merge" not in kinds
-    assert any("family:attention" in f for k in r.memory_safety.guarded for f in k.failures)
+    failures = [f for k in r.memory_safety.guarded for f in k.failures]
+    assert any(f.startswith("family:attention attention_partials") for f in failures)
+    # the counters are declared one per query row (2), not as the 256 bytes reserved: a row past them fails
+    assert any(f.startswith("family:attention attention counters[2]") for f in failures), failures
 
 
 def test_off_keeps_the_unfused_kernels():

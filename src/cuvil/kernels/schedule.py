@@ -439,8 +439,9 @@ class _StageBuilder:
         leaves_guard = node.guard is not None and any(u.guard != node.guard for u in self.g.consumers(o))
         if (t.buf is not None and self.stages and t.buf is self.stages[-1].buf and _reads_whole(t)
                 and t.buf.base == ARENA and t.buf.dtype == o.dtype and tuple(t.buf.shape) == tuple(o.shape)
-                and not leaves_guard and id(o) not in self.guard_conds):
-            # the lowering's last temp read whole is the value: its buffer, not a copy of it
+                and node.guard is None and not self.open_loops and id(o) not in self.guard_conds):
+            # the lowering's last temp read whole is the value: its buffer, not a copy of it (outside guards and
+            # run-time loops, as _input_store's stores: there a store may not run before a later reader)
             self.bufs[id(o)] = t.buf
             self.fns[id(o)] = t
             return
@@ -549,7 +550,13 @@ def _view_inline(g: Graph, o: Value, t: TensorFn) -> bool:
     widening = (o.producer is not None and o.producer.op == "Cast" and o.producer.inputs[0] is not None
                 and o.producer.inputs[0].dtype.is_float and o.dtype.is_float
                 and o.dtype.itemsize > o.producer.inputs[0].dtype.itemsize)
-    return users[0].op in MOVES or (widening and users[0].op not in CONTRACTING_READERS)
+    if users[0].op in MOVES:
+        # not where the move is itself read by a product without being stored (a graph output is): the
+        # elementwise work would be redone on every read, and the product's operand no plain load
+        moved = users[0].outputs[0]
+        return id(moved) in {id(v) for v in g.outputs} or not any(
+            u.op in CONTRACTING_READERS for u in g.consumers(moved))
+    return widening and users[0].op not in CONTRACTING_READERS
 
 
 def _scaled_operand(g: Graph, node, o: Value, t: TensorFn) -> bool:

@@ -95,9 +95,19 @@ def attention_in_half(g) -> int:
         if n is None or n.op != "Cast" or v.dtype != F32_ or n.inputs[0] is None or n.inputs[0].dtype != F16_:
             return None
         return n.inputs[0]
+    from ...kernels.lower.attention import GPU_MAX_HEAD
+
+    def gpu_form(node) -> bool:
+        """The shapes :func:`cuvil.kernels.lower.attention._gpu_form` takes (else the node keeps float32
+        operands: the other lowerings compute in one type)."""
+        q, kt, v = (node.inputs[k] for k in range(3))
+        shapes = [getattr(x, "shape", None) for x in (q, kt, v)]
+        if any(sh is None or len(sh) != 4 or not all(isinstance(d, int) and d >= 1 for d in sh) for sh in shapes):
+            return False
+        return kt.shape[2] <= GPU_MAX_HEAD and v.shape[3] <= GPU_MAX_HEAD
     changed = 0
     for node in list(g.nodes):
-        if node.op != "FusedAttention":
+        if node.op != "FusedAttention" or not gpu_form(node):
             continue
         did = False
         for k in range(len(node.inputs)):      # operands in float32 (a KV cache kept so: to_half) stay as they are
@@ -164,7 +174,7 @@ def plan_attention(spec: AttentionRows, target_blocks: int, min_keys: int, stage
     """Split each query row's keys over blocks until the grid has ``target_blocks`` (a decode step has one
     row per head: 12 blocks on an H200's 132 SMs without a split), no split holding fewer than ``min_keys``
     keys (0: never split). The keys are shared evenly (``span`` = ceil(Sk / splits)). ``stage``: a chunk's keys
-    go through shared memory where ``threads x (D + 1)`` floats fit :data:`STAGE_BYTES`."""
+    go through shared memory where ``threads x (D + 1)`` floats fit :data:`STAGE_BYTES` and D is 32 or 64."""
     rows = spec.batch * spec.heads * spec.rows
     splits = 1
     if min_keys > 0 and rows < target_blocks:
@@ -172,7 +182,9 @@ def plan_attention(spec: AttentionRows, target_blocks: int, min_keys: int, stage
     span = -(-spec.keys // splits)
     splits = -(-spec.keys // span)          # (every split holds at least one key)
     threads = block_threads(spec, span)
-    staged = stage and 4 * threads * (spec.d + 1) <= STAGE_BYTES
+    # (the copy issues all D of a thread's loads before its stores: past 64, or without whole warps along a row,
+    # ptxas spills; those head sizes read their rows directly)
+    staged = stage and spec.d % 32 == 0 and spec.d <= 64 and 4 * threads * (spec.d + 1) <= STAGE_BYTES
     return AttentionPlan(rows, splits, span, threads, spec.dv, spec.zero_nan, staged)
 
 
@@ -305,12 +317,10 @@ def emit_attention(km, st: Stage, sym: str, plan: Optional[AttentionPlan] = None
                     kabs = b.add(base, kk)
                     kabs = b.select(b.icmp_signed("<", kabs, end), kabs, last)
                     return value(spec.k, **here, **{vd: dd, vkey: kabs}), at(ks, b.add(b.mul(kk, I64(D + 1)), dd))
-                if D % 32 == 0:      # warp w copies rows 32 w .. 32 w + 31 (T = 32 W), its lanes along d
-                    pairs = [stage(b.add(b.mul(warp, I64(32)), I64(jr)), b.add(lane, I64(32 * jd)))
-                             for jr in range(32) for jd in range(D // 32)]
-                else:                # element f = tid + T j of the chunk: key f // D, column f % D
-                    pairs = [stage(b.udiv(b.add(tid, I64(T * j)), I64(D)), b.urem(b.add(tid, I64(T * j)), I64(D)))
-                             for j in range(D)]
+                # warp w copies rows 32 w .. 32 w + 31 (T = 32 W), its lanes along d (plan_attention stages only
+                # head sizes that are whole warps, up to 64)
+                pairs = [stage(b.add(b.mul(warp, I64(32)), I64(jr)), b.add(lane, I64(32 * jd)))
+                         for jr in range(32) for jd in range(D // 32)]
                 for v, ptr in pairs:      # every load issued before the first store
                     b.store(v, ptr)
                 b.call(bar, [])

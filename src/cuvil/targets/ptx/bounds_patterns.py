@@ -540,8 +540,10 @@ class GpuPatterns:
         out = [Access("family:attention", scratch, [as_index(partial_index(plan, p, u, c if p in ("acc", "z") else 0))],
                       [], d, node=node, flat=True) for p in parts]
         if self.km.tuning.attention_fused_merge:     # the last block's count: one int32 per query row
-            counters = Buf("attention counters", DType.INT32, (self.km.counter_bytes // 4,), base=ARENA,
-                           offset=self.km.scratch_offset)
+            # declared with one int per query row (the reserved area is rounded up to 256 bytes: a widened
+            # pattern must fail against the rows, not against the rounding)
+            counters = Buf("attention counters", DType.INT32, (min(plan.rows, self.km.counter_bytes // 4),),
+                           base=ARENA, offset=self.km.scratch_offset)
             out.append(Access("family:attention", counters, [_loop(d, "row", plan.rows + w)], [], d, node=node))
         return out
 
