@@ -617,3 +617,23 @@ def test_single_row_product_splits_over_threads_bit_identically(rows):
     assert one.tobytes() == two.tobytes()
     want = sess.run(None, {"x": x})[0]
     assert float(np.abs(one - want).max()) <= 1e-5 * max(1.0, float(np.abs(want).max()))
+
+
+@pytest.mark.parametrize("k, unroll", [(40, 4), (42, 4), (64, 8)])
+def test_matmul_k_loop_unrolled_gives_the_same_bits(monkeypatch, k, unroll):
+    """matmul.MATMUL_UNROLL_K (a knob of bench/knobs_ab.py, 1 by default): k steps a trip of the float32 loop,
+    the same fma chain in the same order, so the same bits; where it does not divide K (42) the loop stays as it
+    is."""
+    from cuvil.targets.x86 import matmul
+    rng = np.random.default_rng(k)
+    w = (rng.standard_normal((k, 70)) / np.sqrt(k)).astype(np.float32)
+    x = rng.standard_normal((1, 19, k)).astype(np.float32)
+    p = Pipeline.from_onnx(_matmul_model((1, 19, k), w)).optimize()
+    art0 = p.compile("x86_64-linux-gnu", cache=False)
+    base = art0.run(x)[0]
+    monkeypatch.setattr(matmul, "MATMUL_UNROLL_K", unroll)
+    art = p.compile("x86_64-linux-gnu", cache=False)
+    assert np.array_equal(art.run(x)[0], base)
+    assert np.abs(base - np.maximum(x @ w, 0)).max() <= 1e-5 * k
+    same_code = open(art0.path, "rb").read() == open(art.path, "rb").read()    # reproducible builds
+    assert same_code is (k % unroll != 0)

@@ -1108,13 +1108,14 @@ def transpose_lanes(b: ir.IRBuilder, accs: list, nr: int, nv: int) -> Tuple[list
     return rows, w
 
 
-def fma_tile_loop(em, fma, k0, k1, init, nv: int, vectors, scalars, prefetch=None, mac=None) -> list:
+def fma_tile_loop(em, fma, k0, k1, init, nv: int, vectors, scalars, prefetch=None, mac=None, unroll: int = 1) -> list:
     """The register tile's k-loop, for k in [k0, k1): ``len(scalars(k))`` rows x ``nv`` vectors of
     accumulators (phis starting at ``init``, row-major), each updated with fma(splat(scalars(k)[r]),
     vectors(k)[v], acc). ``prefetch(k)``: addresses to prefetch into cache at step k (a hint: they may
     lie past the operand). ``mac(splat, vector, acc)``: the update instead of the fma (the bf16 kernels'
     ``vdpbf16ps`` over pairs, :mod:`cuvil.targets.x86.gemm_bf16`; scalars and vectors are then i32 words).
-    Returns the accumulators' values after the loop (k1 > k0 assumed)."""
+    ``unroll``: steps per trip of the loop (the caller guarantees that it divides k1 - k0; each step keeps its
+    own prefetches). Returns the accumulators' values after the loop (k1 > k0 assumed)."""
     b, fn = em.b, em.fn
     vec = init[0].type
     vw = vec.count
@@ -1130,21 +1131,25 @@ def fma_tile_loop(em, fma, k0, k1, init, nv: int, vectors, scalars, prefetch=Non
         ph = b.phi(vec)
         ph.add_incoming(x, pre)
         accs.append(ph)
-    if prefetch is not None:
-        pf = em.km.declare("llvm.prefetch.p0", ir.VoidType(), [PTR, I32, I32, I32])
-        for addr in prefetch(k):
-            # read, data; keep in all levels, or (an (address, locality) pair) in the outer ones only
-            addr, locality = addr if isinstance(addr, tuple) else (addr, 3)
-            b.call(pf, [addr, I32(0), I32(locality), I32(1)])
-    bv = vectors(k)
-    new = []
-    for r, a in enumerate(scalars(k)):
-        svec = ir.VectorType(a.type, vw)
-        v0 = b.insert_element(ir.Constant(svec, ir.Undefined), a, I32(0))
-        av = b.shuffle_vector(v0, ir.Constant(svec, ir.Undefined), ir.Constant(ir.VectorType(I32, vw), [0] * vw))
-        for v in range(nv):
-            new.append(mac(av, bv[v], accs[r * nv + v]) if mac is not None else b.call(fma, [av, bv[v], accs[r * nv + v]]))
-    kn = b.add(k, I64(1))
+    pf = em.km.declare("llvm.prefetch.p0", ir.VoidType(), [PTR, I32, I32, I32]) if prefetch is not None else None
+    cur = list(accs)
+    for u in range(unroll):
+        ku = k if u == 0 else b.add(k, I64(u))
+        if pf is not None:
+            for addr in prefetch(ku):
+                # read, data; keep in all levels, or (an (address, locality) pair) in the outer ones only
+                addr, locality = addr if isinstance(addr, tuple) else (addr, 3)
+                b.call(pf, [addr, I32(0), I32(locality), I32(1)])
+        bv = vectors(ku)
+        new = []
+        for r, a in enumerate(scalars(ku)):
+            svec = ir.VectorType(a.type, vw)
+            v0 = b.insert_element(ir.Constant(svec, ir.Undefined), a, I32(0))
+            av = b.shuffle_vector(v0, ir.Constant(svec, ir.Undefined), ir.Constant(ir.VectorType(I32, vw), [0] * vw))
+            for v in range(nv):
+                new.append(mac(av, bv[v], cur[r * nv + v]) if mac is not None else b.call(fma, [av, bv[v], cur[r * nv + v]]))
+        cur = new
+    kn = b.add(k, I64(unroll))
     k.add_incoming(kn, b.block)
     for ph, x in zip(accs, new):
         ph.add_incoming(x, b.block)

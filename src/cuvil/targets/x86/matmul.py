@@ -141,7 +141,8 @@ def emit_matmul_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]]:
                                                   align=4) for v in range(nv)],
                                 lambda k: [b.load(fptr(rows[r], k), typ=F32, align=4) for r in range(R)],
                                 prefetch=lambda k: [fptr(w_ptr, b.add(b.mul(b.add(k, I64(MATMUL_PREFETCH_K)), I64(nr)), I64(v * 16)))
-                                                    for v in range(nr * 4 // 64)] + next_panel(w_ptr, t, k))
+                                                    for v in range(nr * 4 // 64)] + next_panel(w_ptr, t, k),
+                                unroll=MATMUL_UNROLL_K if K % MATMUL_UNROLL_K == 0 else 1)
             m0 = b.mul(mb, I64(nr))
             mleft = b.sub(I64(M), m0)
             ncols = b.select(b.icmp_signed("<", mleft, I64(nr)), mleft, I64(nr))
@@ -362,6 +363,13 @@ AMX_A_BYTES = 1024 * 1024
 # of 27 points (4 slower, 1 tie), by 2-10%; 16 and 64 within noise of 32 (`python3 bench/matmul_prefetch.py`;
 # BERT-base width, 2 layers: 0.94x the time at S = 32, within noise at 128 and 384). AMD hosts: not measured.
 MATMUL_PREFETCH_K = 32
+
+# k steps per trip of the float32 k-loop (1: no unrolling; taken where it divides K). Session 20 (the Xeon above,
+# whole BERT-base, 1 thread, weights evicted, `python3 bench/knobs_ab.py bert "base,MATMUL_UNROLL_K=4" --seq S`,
+# bit-identical outputs): 4 steps a trip x0.977-0.988 at S = 128, x1.014 at S = 32, x1.003 at S = 384; 2 and 8
+# within noise (bench/results/xeon-session20/matmul-unroll-ab.txt). The loop's 3 control and 1 next-panel
+# instructions per 24 FMAs are not what holds the GEMMs at ~73% of peak, so it stays 1.
+MATMUL_UNROLL_K = 1
 
 NEXT_PANEL_PREFETCH = True
 # The next-panel prefetch runs while two panels and the rows of A fit this many bytes: BERT-base's
