@@ -12,6 +12,7 @@
  */
 #include <immintrin.h>
 #include <stdio.h>
+#include "ukernel_8x48.h"
 #include <stdlib.h>
 #include <time.h>
 
@@ -27,13 +28,7 @@ __attribute__((noinline)) static void tile(const float *w, const float *a, long 
   for (long k = 0; k < k_len; k++) {
     if (pf)
       for (int line = 0; line < 3; line++) _mm_prefetch((const char *)(w + (k + pf) * 48 + 16 * line), _MM_HINT_T0);
-    __m512 b0 = _mm512_loadu_ps(w + k * 48), b1 = _mm512_loadu_ps(w + k * 48 + 16), b2 = _mm512_loadu_ps(w + k * 48 + 32);
-    for (int r = 0; r < 8; r++) {
-      __m512 s = _mm512_set1_ps(a[r * lda + k]);
-      c[3 * r] = _mm512_fmadd_ps(s, b0, c[3 * r]);
-      c[3 * r + 1] = _mm512_fmadd_ps(s, b1, c[3 * r + 1]);
-      c[3 * r + 2] = _mm512_fmadd_ps(s, b2, c[3 * r + 2]);
-    }
+    ukernel_8x48_step(w, a, lda, k, c);
   }
   for (int i = 0; i < 24; i++) _mm512_storeu_ps(out + 16 * i, c[i]);
 }

@@ -18,6 +18,7 @@
  */
 #include <immintrin.h>
 #include <stdio.h>
+#include "ukernel_8x48.h"
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -41,13 +42,7 @@ __attribute__((noinline)) static void tile(const float *w, const float *a, long 
     if (MODE == 5) { long q = (t * K + k) * 2; if (q < 3 * K) { _mm_prefetch((const char *)(w + nextoff + q * 16), _MM_HINT_T1); _mm_prefetch((const char *)(w + nextoff + q * 16 + 16), _MM_HINT_T1);} }
     if (MODE == 6) { if ((k & 3) == 0) { long q = (t * K + k); if (q < 3 * K) _mm_prefetch((const char *)(w + nextoff + q * 16), _MM_HINT_T1);} }
     if (MODE == 7) { long g = t * K + k; if (g % SPREAD == 0) { long q = g / SPREAD; if (q < 3 * K) _mm_prefetch((const char *)(w + nextoff + q * 16), _MM_HINT_T1);} }
-    __m512 b0 = _mm512_loadu_ps(w + k * 48), b1 = _mm512_loadu_ps(w + k * 48 + 16), b2 = _mm512_loadu_ps(w + k * 48 + 32);
-    for (int r = 0; r < 8; r++) {
-      __m512 s = _mm512_set1_ps(a[r * lda + k]);
-      c[3 * r] = _mm512_fmadd_ps(s, b0, c[3 * r]);
-      c[3 * r + 1] = _mm512_fmadd_ps(s, b1, c[3 * r + 1]);
-      c[3 * r + 2] = _mm512_fmadd_ps(s, b2, c[3 * r + 2]);
-    }
+    ukernel_8x48_step(w, a, lda, k, c);
   }
   for (int i = 0; i < 24; i++) _mm512_storeu_ps(out + 16 * i, c[i]);
 }

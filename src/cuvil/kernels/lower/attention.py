@@ -286,13 +286,22 @@ def _tiled(ctx, q, kt, v, scale_t, mask):
 GPU_MAX_HEAD = 256      # the GPU kernel's head sizes (D, Dv) at most: a block's threads cover a value row
 
 
-def _gpu_form(ctx, q, kt, v) -> bool:
-    """Whether the GPU kernel (:class:`AttentionRows`) takes this node: static shapes, head sizes up to
-    :data:`GPU_MAX_HEAD`, float32 or float16 operands."""
-    B, H, Sq, Dv = ctx.out_shape()
-    D, Sk = kt.shape[2], kt.shape[3]
+def gpu_form_shapes(out_shape, kt_shape) -> bool:
+    """Whether the GPU kernel's shapes allow a FusedAttention of output ``[B, H, Sq, Dv]`` and keys ``Kt [B, H,
+    D, Sk]``: every dim static and at least 1, head sizes up to :data:`GPU_MAX_HEAD` (the float16 pass's
+    ``attention_in_half`` asks it too)."""
+    if out_shape is None or kt_shape is None or len(out_shape) != 4 or len(kt_shape) != 4:
+        return False
+    B, H, Sq, Dv = out_shape
+    D, Sk = kt_shape[2], kt_shape[3]
     dims = (B, H, Sq, Dv, D, Sk)
-    return (all(isinstance(x, int) and x >= 1 for x in dims) and D <= GPU_MAX_HEAD and Dv <= GPU_MAX_HEAD
+    return all(isinstance(x, int) and x >= 1 for x in dims) and D <= GPU_MAX_HEAD and Dv <= GPU_MAX_HEAD
+
+
+def _gpu_form(ctx, q, kt, v) -> bool:
+    """Whether the GPU kernel (:class:`AttentionRows`) takes this node: :func:`gpu_form_shapes`, float32 or
+    float16 operands."""
+    return (gpu_form_shapes(tuple(ctx.out_shape()), tuple(kt.shape))
             and all(t.dtype in (DType.FLOAT, DType.FLOAT16) for t in (q, kt, v)))
 
 

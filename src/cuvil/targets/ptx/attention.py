@@ -95,19 +95,11 @@ def attention_in_half(g) -> int:
         if n is None or n.op != "Cast" or v.dtype != F32_ or n.inputs[0] is None or n.inputs[0].dtype != F16_:
             return None
         return n.inputs[0]
-    from ...kernels.lower.attention import GPU_MAX_HEAD
-
-    def gpu_form(node) -> bool:
-        """The shapes :func:`cuvil.kernels.lower.attention._gpu_form` takes (else the node keeps float32
-        operands: the other lowerings compute in one type)."""
-        q, kt, v = (node.inputs[k] for k in range(3))
-        shapes = [getattr(x, "shape", None) for x in (q, kt, v)]
-        if any(sh is None or len(sh) != 4 or not all(isinstance(d, int) and d >= 1 for d in sh) for sh in shapes):
-            return False
-        return kt.shape[2] <= GPU_MAX_HEAD and v.shape[3] <= GPU_MAX_HEAD
+    from ...kernels.lower.attention import gpu_form_shapes
     changed = 0
     for node in list(g.nodes):
-        if node.op != "FusedAttention" or not gpu_form(node):
+        # only nodes the GPU kernel takes (the other lowerings compute in one type: they keep float32 operands)
+        if node.op != "FusedAttention" or not gpu_form_shapes(node.outputs[0].shape, node.inputs[1].shape):
             continue
         did = False
         for k in range(len(node.inputs)):      # operands in float32 (a KV cache kept so: to_half) stay as they are
@@ -393,26 +385,11 @@ def emit_attention(km, st: Stage, sym: str, plan: Optional[AttentionPlan] = None
                     b.store(b.load(m_slot, typ=F32), em.address(scratch, [partial_index(plan, "m", u, 0, b)]))
                     b.store(total, em.address(scratch, [partial_index(plan, "l", u, 0, b)]))
             else:
-                y = b.fdiv(y, total)
-                if spec.zero_nan:
-                    nan_row = b.or_(b.fcmp_unordered("uno", total, total), b.fcmp_ordered("==", total, zero))
-                    y = b.select(nan_row, zz, y)
-                if st.buf.dtype == DType.FLOAT16:
-                    y = b.fptrunc(y, F16)
-                b.store(em.to_memory(y, st.buf.dtype), em.address(st.buf, [bb, h, i, tid]))
+                store_output(em, spec, st, y, total, zz, [bb, h, i, tid])
         if S > 1 and counters is not None:
             # the last of the row's S blocks to finish merges its partials (theirs are in L2 by the fence)
-            b.call(fence, [])
-            b.call(bar, [])
-            cptr = b.gep(b.gep(em.base(scratch), [I64(counters)], source_etype=ir.IntType(8), inbounds=True),
-                         [r], source_etype=I32, inbounds=True)
-            with b.if_then(b.icmp_unsigned("==", tid, I64(0))):
-                old = b.atomic_rmw("add", cptr, I32(1), "monotonic")
-                b.store(b.zext(b.icmp_unsigned("==", old, I32(S - 1)), I32), flag)
-            b.call(bar, [])
-            last = b.load(flag, typ=I32)
-            b.call(bar, [])          # every thread has read the flag before thread 0 may write the next one
-            with b.if_then(b.icmp_unsigned("!=", last, I32(0))):
+            last, cptr = em.last_arrival(scratch, counters, r, S, flag, b.icmp_unsigned("==", tid, I64(0)))
+            with b.if_then(last):
                 b.call(fence, [])
                 with b.if_then(b.icmp_unsigned("<", tid, I64(Dv))):
                     merge_column(em, plan, spec, st, scratch, r, tid,
@@ -456,13 +433,21 @@ def merge_column(em, plan: AttentionPlan, spec: AttentionRows, st: Stage, scratc
         y = b.call(fmaf, [au, f, y]) if fmaf is not None else b.fadd(b.fmul(au, f), y)
         if spec.zero_nan:
             zz = b.fadd(zz, load(partial_index(plan, "z", u, c, b)))
-    y = b.fdiv(y, total)
+    store_output(em, spec, st, y, total, zz, [bb, h, i, c])
+
+
+def store_output(em, spec: AttentionRows, st: Stage, acc, total, zz, idx) -> None:
+    """Store ``acc / total`` at ``idx`` of the output, rounded to its type once; with ``zero_nan`` a row whose
+    ``total`` is NaN or 0 stores ``zz`` (the sum of ``0 * V``) instead."""
+    b = em.b
+    y = b.fdiv(acc, total)
     if spec.zero_nan:
+        zero = ir.Constant(F32, 0.0)
         nan_row = b.or_(b.fcmp_unordered("uno", total, total), b.fcmp_ordered("==", total, zero))
         y = b.select(nan_row, zz, y)
     if st.buf.dtype == DType.FLOAT16:
         y = b.fptrunc(y, F16)
-    b.store(em.to_memory(y, st.buf.dtype), em.address(st.buf, [bb, h, i, c]))
+    b.store(em.to_memory(y, st.buf.dtype), em.address(st.buf, idx))
 
 
 def emit_attention_merge(km, st: Stage, sym: str, plan: AttentionPlan, scratch: Buf) -> int:

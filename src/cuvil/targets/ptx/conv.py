@@ -456,18 +456,10 @@ def emit_conv(km, st: Stage, sym: str, node: E, plan: ConvPlan, scratch: Optiona
         if S > 1 and counters is not None:
             # the last slice of this tile to finish (an atomic count per tile) adds all S partials in slice
             # order (deterministic) and runs the epilogue; its partials and everyone else's are in L2
-            b.call(fence, [])
-            b.call(bar, [])
             tile = b.add(b.mul(b.add(b.mul(ng, I32(plan.tiles_m)), mt), I32(plan.tiles_p)), pt)
-            cptr = b.gep(b.gep(em.base(scratch), [I64(counters)], source_etype=ir.IntType(8), inbounds=True),
-                         [b.zext(tile, I64)], source_etype=I32, inbounds=True)
-            with b.if_then(b.icmp_unsigned("==", tid, I32(0))):
-                old = b.atomic_rmw("add", cptr, I32(1), "monotonic")
-                b.store(b.zext(b.icmp_unsigned("==", old, I32(S - 1)), I32), flag)
-            b.call(bar, [])
-            last = b.load(flag, typ=I32)
-            b.call(bar, [])          # every thread has read the flag before thread 0 may write the next one
-            with b.if_then(b.icmp_unsigned("!=", last, I32(0))):
+            last, cptr = em.last_arrival(scratch, counters, b.zext(tile, I64), S, flag,
+                                         b.icmp_unsigned("==", tid, I32(0)))
+            with b.if_then(last):
                 b.call(fence, [])
                 for slot in range(len(accs)):
                     m, p, ok = coords(slot)

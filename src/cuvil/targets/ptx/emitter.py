@@ -65,6 +65,28 @@ class PtxEmitter(LLVMEmitter):
         # runs them alone
         self.lanes = None
 
+    def last_arrival(self, base_buf: Buf, counters: int, slot: ir.Value, arrivals: int, flag, first_thread):
+        """The split-K pattern of "the last block to finish combines": after the block's partial stores, fence
+        them to L2, count this block at int32 ``slot`` of the counters at byte ``counters`` of ``base_buf``'s
+        buffer (thread ``first_thread``, an atomic add), and share whether it was the ``arrivals``-th through the
+        shared word ``flag``. Returns (i1: this block is the last, the counter's pointer). The last block must
+        fence again before it reads the others' partials (through L2: ``ld.global.cg``) and reset the counter."""
+        b, km = self.b, self.km
+        bar = km.declare("llvm.nvvm.barrier0", ir.VoidType(), [])
+        fence = km.declare("llvm.nvvm.membar.gl", ir.VoidType(), [])
+        b.call(fence, [])
+        b.call(bar, [])
+        cptr = b.gep(b.gep(self.base(base_buf), [I64(counters)], source_etype=ir.IntType(8), inbounds=True),
+                     [slot], source_etype=ir.IntType(32), inbounds=True)
+        with b.if_then(first_thread):
+            old = b.atomic_rmw("add", cptr, ir.Constant(ir.IntType(32), 1), "monotonic")
+            b.store(b.zext(b.icmp_unsigned("==", old, ir.Constant(ir.IntType(32), arrivals - 1)), ir.IntType(32)),
+                    flag)
+        b.call(bar, [])
+        last = b.load(flag, typ=ir.IntType(32))
+        b.call(bar, [])          # every thread has read the flag before thread 0 may write the next one
+        return b.icmp_unsigned("!=", last, ir.Constant(ir.IntType(32), 0)), cptr
+
     def store_elements(self, st: "Stage", idxs: List[List[ir.Value]]) -> None:
         """The stage's value at each output index of ``idxs``: every value computed (its loads issued) before
         the first store, each in its own memo scope (its variables are bound anew)."""
