@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections import Counter
 
 import numpy as np
 import onnx
@@ -97,6 +98,13 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=6)
     ap.add_argument("--one-library", action="store_true",
                     help="one library for batch 1..8, past 1..max (bench/run_all.py's), not one per past")
+    ap.add_argument("--precision", default="fp32", choices=("fp32", "fp16", "bf16", "auto"),
+                    help="Cuvil's build: --precision (the policy, on --input-range's box) or, with --every, every "
+                         "MatMul / Gemm with constant weights narrowed directly")
+    ap.add_argument("--input-range", default="-8:8",
+                    help="the declared range of the past keys / values (the policy's box; ids and mask as they are)")
+    ap.add_argument("--every", action="store_true",
+                    help="narrow every MatMul / Gemm with a constant weight to --precision, not only the certified ones")
     ap.add_argument("--roofline", action="store_true",
                     help="each step's memory bound (bytes per token over this core's streaming bandwidth)")
     a = ap.parse_args()
@@ -117,15 +125,35 @@ def main() -> None:
     bw = bandwidth() if a.roofline else {}
     if bw:
         print(f"bandwidth: read {bw['read']:.1f} GB/s, copy {bw['copy']:.1f} GB/s (256 MiB streamed, per CPU-second)")
+    lo, hi = (float(v) for v in a.input_range.split(":"))
+    narrow = {}
+    if a.precision != "fp32" and not a.every:
+        narrow = {"precision": a.precision,
+                  "input_ranges": {i.name: (lo, hi) for i in model.graph.input if i.name.startswith("past_key_values")}}
+
+    def pipeline():
+        p = Pipeline.from_onnx(model)
+        if a.every and a.precision != "fp32":
+            p = p.optimize()
+            for n in p.graph.nodes:
+                if n.op in ("MatMul", "Gemm") and len(n.inputs) > 1 and n.inputs[1] is not None and n.inputs[1].is_const:
+                    n.precision = a.precision
+        return p
+
     one = None
     if a.one_library:
         top = max(pasts)
-        one = Pipeline.from_onnx(model).compile(shape_profiles={
+        one = pipeline().compile(shape_profiles={
             "batch": (1, 1, 8), "past_sequence": (1, min(128, top), top),
-            "total_sequence": (2, min(128, top) + 1, top + 1)})
+            "total_sequence": (2, min(128, top) + 1, top + 1)}, **narrow)
     for past in pasts:
-        art = one or Pipeline.from_onnx(model).compile(fixed={"batch": 1, "past_sequence": past,
-                                                              "total_sequence": past + 1})
+        art = one or pipeline().compile(fixed={"batch": 1, "past_sequence": past,
+                                               "total_sequence": past + 1}, **narrow)
+        if a.precision != "fp32":
+            counts = Counter(s.get("precision", "fp32") for s in art.manifest.get("steps", []) if s.get("kernel") == "gemm")
+            print(f"past {past:5d} Cuvil {a.precision}{' (every constant-weight product)' if a.every else ''}: "
+                  f"product steps by format {dict(counts)}; policy counts "
+                  f"{art.manifest.get('precision', {}).get('counts', {})}")
         feeds = feeds_for(model, past)
         if a.roofline:
             sb = step_bytes(model, feeds, past)

@@ -35,6 +35,7 @@ from cuvil import Pipeline  # noqa: E402
 from cuvil.targets.x86.cpu import cpu_label, host_cpu  # noqa: E402
 from cuvil.targets.x86.amx import has_amx  # noqa: E402
 from cuvil.targets.x86.gemm_bf16 import BF16_OPS, narrow_formats  # noqa: E402
+from cuvil.targets.x86.gemm_fp16 import FP16_OPS  # noqa: E402
 from cuvil.targets.x86.tuning import X86Tuning  # noqa: E402
 from cuvil.testing import light_model  # noqa: E402
 
@@ -50,7 +51,7 @@ def compile_at(model, precision: str, feeds=None, every=False, **kw):
         ranges = {k: (float(v.min()), float(v.max())) for k, v in (feeds or {}).items()}
         return p.compile(precision=precision, input_ranges=ranges, **kw)
     for n in p.graph.nodes:
-        if n.op in BF16_OPS:
+        if n.op in (FP16_OPS if precision == "fp16" else BF16_OPS):
             n.precision = precision
     return p.compile(**kw)
 
@@ -143,6 +144,8 @@ def main(argv=None):
     ap.add_argument("--layers", type=int, default=12, help="BERT's encoder layers")
     ap.add_argument("--no-openvino", action="store_true")
     ap.add_argument("--every", action="store_true", help="narrow every Conv/MatMul/Gemm directly, not via the policy")
+    ap.add_argument("--fp16", action="store_true",
+                    help="also Cuvil fp16: MatMul / Gemm on float16 weight panels, float32 sums (gemm_fp16.py)")
     ap.add_argument("--steps", action="store_true",
                     help="with 1 thread, also where the time goes: in-kernel ms per kind of step, fp32 and bf16")
     a = ap.parse_args(argv)
@@ -161,6 +164,13 @@ def main(argv=None):
         t2 = time.perf_counter()
         # on a CPU with AMX the default bf16 build runs tdpbf16ps tiles; the vdpbf16ps build beside it
         vdp = compile_at(model, "bf16", feeds, a.every, tuning=X86Tuning(amx=False), **kw) if amx else None
+        h16 = compile_at(model, "fp16", feeds, a.every, **kw) if a.fp16 else None
+        if h16 is not None:
+            h_nodes = h16.manifest.get("precision", {}).get("nodes", {})
+            print(f"{name}: fp16 kernels {sum(1 for s in h16.manifest['steps'] if s.get('precision') == 'fp16')}"
+                  + (f"; the policy narrowed {sum(1 for v in h_nodes.values() if v.get('format') == 'fp16')} of "
+                     f"{sum(1 for v in h_nodes.values() if v.get('op') in FP16_OPS)} MatMul/Gemm nodes" if h_nodes
+                     else "; every MatMul/Gemm narrowed directly"), flush=True)
         paths = sorted({s.get("path") for s in b16.manifest["steps"] if s.get("precision")})
         nodes = b16.manifest.get("precision", {}).get("nodes", {})
         policy = (f"; the policy narrowed {sum(1 for v in nodes.values() if v.get('format') == 'bf16')} of "
@@ -181,6 +191,8 @@ def main(argv=None):
                        "onnxruntime": lambda f: sess.run(None, f)}
             if vdp is not None:
                 runners["cuvil bf16 avx512_bf16"] = lambda f, m=vdp.model(), t=threads: m.run(*args, num_threads=t)
+            if h16 is not None:
+                runners["cuvil fp16"] = lambda f, m=h16.model(), t=threads: m.run(*args, num_threads=t)
             if not a.no_openvino:
                 runners.update(openvino_runners(model, threads))
             want = [np.asarray(o, np.float64) for o in runners["cuvil fp32"](feeds)]

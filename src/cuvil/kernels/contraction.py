@@ -183,8 +183,18 @@ def bf16_pairs(a: np.ndarray, axis: int) -> np.ndarray:
 
 def bf16_values(a: np.ndarray) -> np.ndarray:
     """``a`` rounded to bfloat16 (nearest even), as float32."""
+    return narrow_values(a, "bf16")
+
+
+#: the numpy types of the formats a contraction's operands are rounded to (Node.precision spellings)
+NARROW_NUMPY = {"bf16": "bfloat16", "fp16": "float16"}
+
+
+def narrow_values(a: np.ndarray, fmt: str) -> np.ndarray:
+    """``a`` rounded to ``fmt`` ("bf16" or "fp16", nearest even), as float32."""
     import ml_dtypes
-    return np.ascontiguousarray(np.asarray(a, np.float32).astype(ml_dtypes.bfloat16).astype(np.float32))
+    t = ml_dtypes.bfloat16 if fmt == "bf16" else np.float16
+    return np.ascontiguousarray(np.asarray(a, np.float32).astype(t).astype(np.float32))
 
 
 def pack_weights_bf16(w: np.ndarray, groups: int, mr: int = MR) -> np.ndarray:
@@ -264,6 +274,12 @@ def pack_columns(w: np.ndarray, cols: int) -> np.ndarray:
     out = np.zeros((k, mb * cols), dtype=np.float32)
     out[:, :m] = w
     return np.ascontiguousarray(out.reshape(k, mb, cols).transpose(1, 0, 2))
+
+
+def pack_columns_fp16(w: np.ndarray, cols: int) -> np.ndarray:
+    """:func:`pack_columns` rounded to float16 (nearest even): ``[Mb, K, cols]`` halves
+    (:mod:`cuvil.targets.x86.gemm_fp16`)."""
+    return pack_columns(np.asarray(w, np.float32), cols).astype(np.float16)
 
 
 def pack_columns_bf16(w: np.ndarray, cols: int, k_multiple: int = 2) -> np.ndarray:

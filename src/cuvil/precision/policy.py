@@ -351,11 +351,19 @@ def _verdict(fmt: Format, items, witnesses: Mapping[str, Witness], proved=None, 
                    "certified)" if origin == MEASURED else " (certified)"), origin, None, method)
 
 
+def auto_order(target_ops) -> List[str]:
+    """The formats ``auto`` tries, narrowest first; formats of one width in the target's order of preference
+    (the order of its ``precision_ops``: the GPU's fp16 before bf16, x86's bf16 kernels, which compute faster
+    there, before its float16 weight panels), then the format table's order."""
+    pref = {f: i for i, f in enumerate(target_ops)}
+    return [f.name for f in sorted(FORMATS.values(), key=lambda f: (f.bits, pref.get(f.name, len(pref)), f.order))]
+
+
 def _choose(n: Node, mode: str, verdicts: Dict[str, Verdict], target_ops, target: str) -> Tuple[str, str, str]:
     """(format or "", reason, certificate) for node ``n``."""
     if mode == "fp32":
         return "", "--precision fp32", ""
-    wanted = [f.name for f in sorted(FORMATS.values(), key=lambda f: f.order)] if mode == "auto" else [mode]
+    wanted = auto_order(target_ops) if mode == "auto" else [mode]
     reasons, missing = [], []
     for f in wanted:
         if n.op not in target_ops.get(f, ()):

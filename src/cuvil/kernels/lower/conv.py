@@ -29,8 +29,8 @@ def _conv(ctx):
     gemm = conv_as_gemm(ctx, x, b, out, group, cin_g, m_g, kern, strides, dil, begin)
     if gemm is not None:
         return [gemm]
-    if ctx.narrowed == "bf16":   # no bf16 contraction for this form: its inputs rounded, computed in float32
-        x, w = ctx.bf16_input(0), ctx.bf16_input(1)
+    if ctx.narrowed:   # no narrowed contraction for this form: its inputs rounded, computed in float32
+        x, w = ctx.narrow_input(0), ctx.narrow_input(1)
 
     # depthwise 2-D with row-vectorisable strides: a window node the x86 backend computes by rows, reading
     # the unpadded input (its loads are masked to the input: no padded copy is stored)
@@ -80,8 +80,8 @@ def conv_as_gemm(ctx, x, b, out, group, cin_g, m_g, kern, strides, dil, begin, w
     # group) ran 0.130 ms as a loop nest and is one of the micro-kernel's cheaper steps (2.25 -> 2.14 ms in all)
     min_k = 4 if ctx.row_kernels else 8
     if (not ctx.gemm_cols or wv is None or ctx.out_dtype() not in dts or x.dtype != ctx.out_dtype() or m_g < 4
-            or K < min_k or ctx._weight is None):
-        return None
+            or K < min_k or ctx._weight is None or ctx.narrowed not in ("", "bf16")):
+        return None      # (float16 weight panels are MatMul / Gemm only: gemm_fp16.py)
     half = x.dtype == DType.FLOAT16
     out_sp = tuple(out[2:])
     pads = ()

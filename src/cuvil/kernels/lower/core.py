@@ -100,22 +100,25 @@ class LowerCtx:
         p = self.node.precision
         return p if p and p in self.narrow_formats else ""
 
-    def bf16_input(self, i: int, store: bool = False) -> Optional["TensorFn"]:
-        """Input ``i`` of a narrowed node where no bf16 contraction takes it (a small or depthwise Conv, a
-        MatMul of two activations): its values rounded to bfloat16 and kept as float32, so the node computes
-        what its precision says (products of two rounded values are exact in float32; the sums are float32).
-        A constant is rounded at compile time; ``store``: the rounded values are stored (for a kernel that
-        reads its input's buffer)."""
+    def narrow_input(self, i: int, store: bool = False) -> Optional["TensorFn"]:
+        """Input ``i`` of a narrowed node where no narrowed contraction takes it (a small or depthwise Conv, a
+        MatMul of two activations, a product in a format whose kernel takes only constant weights): its values
+        rounded to the node's format (:attr:`narrowed`: bfloat16 or float16) and kept as float32, so the node
+        computes what its precision says (products of two rounded values are exact in float32; the sums are
+        float32). A constant is rounded at compile time; ``store``: the rounded values are stored (for a kernel
+        that reads its input's buffer)."""
         t = self.input(i)
-        if t is None or t.dtype != DType.FLOAT:
+        fmt = self.narrowed
+        if t is None or t.dtype != DType.FLOAT or not fmt:
             return t
         c = self.const_input(i)
         if c is not None and self._weight is not None:
-            from ..contraction import bf16_values
-            wb = self.weight(bf16_values(c), f"in{i}_bf16")
+            from ..contraction import narrow_values
+            wb = self.weight(narrow_values(c, fmt), f"in{i}_{fmt}")
             return TensorFn(t.shape, t.dtype, lambda idx: load(wb, idx), "elementwise", buf=wb)
-        fn = lambda idx: cast(cast(t(idx), DType.BFLOAT16), DType.FLOAT)
-        return self.temp(t.shape, t.dtype, fn, f"in{i}_bf16") if store else TensorFn(t.shape, t.dtype, fn, t.kind)
+        dt = DType.BFLOAT16 if fmt == "bf16" else DType.FLOAT16
+        fn = lambda idx: cast(cast(t(idx), dt), DType.FLOAT)
+        return self.temp(t.shape, t.dtype, fn, f"in{i}_{fmt}") if store else TensorFn(t.shape, t.dtype, fn, t.kind)
 
     def attr(self, name, default=None):
         if name in self.node.attrs:

@@ -3,12 +3,12 @@ from __future__ import annotations
 
 from typing import List, Optional
 
-import ml_dtypes
 import numpy as np
 
 from ...ir.dim import SymExpr, product
 from ...ir.dtype import DType
-from ..contraction import AMX_K, AMX_TILES, MR, MatContraction, pack_columns, pack_columns_bf16
+from ..contraction import (AMX_K, AMX_TILES, MR, MatContraction, narrow_values, pack_columns, pack_columns_bf16,
+                           pack_columns_fp16)
 from ..texpr import I64, E, binop, cast, const, load, reduce
 from .core import LOWERINGS, TensorFn, broadcast_fn, broadcast_index, fconst, lowering, sub_ctx
 from .quant import minus_zp
@@ -26,10 +26,15 @@ def _matmul_as_gemm(ctx, a, wv: Optional[np.ndarray], out, epilogue=None) -> Opt
         return None
     # float32: the target's register tile (rows x cols); bf16 panels keep MR x gemm_cols (gemm_bf16.py)
     mr, cols = ctx.matmul_tile if ctx.matmul_tile and ctx.narrowed != "bf16" else (MR, ctx.gemm_cols)
-    if a.buf is None:
+    if a.buf is None and ctx.narrowed != "fp16":
         a = ctx.temp(a.shape, a.dtype, a.fn, "in")
     narrow = ctx.narrowed
-    if narrow == "bf16":    # weights in bfloat16 pairs along K, A rounded to bfloat16, float32 sums
+    if narrow == "fp16":    # weights in float16 panels, A rounded to float16 by a stage of its own, float32 sums
+        a16 = a
+        a = ctx.temp(a.shape, a.dtype, lambda idx: cast(cast(a16(idx), DType.FLOAT16), DType.FLOAT), "in_fp16")
+        wp = ctx.weight(pack_columns_fp16(wv, cols), "panels_fp16")
+        term = lambda rows, m, k: binop("mul", a(rows + [k]), cast(load(wp, [m // cols, k, m % cols]), DType.FLOAT))
+    elif narrow == "bf16":    # weights in bfloat16 pairs along K, A rounded to bfloat16, float32 sums
         amx = AMX_TILES in ctx.narrow_formats     # K padded to whole AMX tile steps
         wp = ctx.weight(pack_columns_bf16(wv.astype(np.float32), cols, AMX_K if amx else 2),
                         "panels_amx" if amx else "panels_bf16")
@@ -55,8 +60,8 @@ def _matmul(ctx):
     gemm = _matmul_as_gemm(ctx, a, ctx.const_input(1), out)
     if gemm is not None:
         return [gemm]
-    if ctx.narrowed == "bf16":   # no bf16 contraction (a product of two activations, small M): rounded inputs
-        a, b = ctx.bf16_input(0), ctx.bf16_input(1)
+    if ctx.narrowed:   # no narrowed contraction (a product of two activations, small M): rounded inputs
+        a, b = ctx.narrow_input(0), ctx.narrow_input(1)
     if ctx.matmul_panels and b.buf is None and len(b.shape) >= 2:
         # the row schedule reads B's rows with the output column innermost: store B (e.g. a transposed
         # key matrix) so those reads are contiguous instead of strided through the expression
@@ -103,9 +108,9 @@ def _gemm(ctx):
         gemm = _matmul_as_gemm(ctx, a, wv.T if tb else wv, out, epilogue)
         if gemm is not None:
             return [gemm]
-    if ctx.narrowed == "bf16":   # no bf16 contraction for this form: its inputs rounded, computed in float32
-        a, b = ctx.bf16_input(0), ctx.bf16_input(1)
-        wv = None if wv is None else ctx.const_input(1).astype(np.float32).astype(ml_dtypes.bfloat16).astype(np.float32)
+    if ctx.narrowed:   # no narrowed contraction for this form: its inputs rounded, computed in float32
+        a, b = ctx.narrow_input(0), ctx.narrow_input(1)
+        wv = None if wv is None else narrow_values(ctx.const_input(1), ctx.narrowed)
     if tb and wv is not None and ctx._weight is not None:
         # constant B^T: stored transposed at compile time so the row schedule reads it with unit stride
         bt = ctx.weight(np.ascontiguousarray(wv.T), "transposed")

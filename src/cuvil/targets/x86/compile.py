@@ -29,6 +29,7 @@ from .cpu import C_CHECKED_FEATURES, cpu_label, describe_cpu
 from .gemm import matmul_tile, tile_cols, tile_shapes
 from .amx import AMX_BF16, amx_formats, amx_isa_checks
 from .gemm_bf16 import bf16_isa_checks, narrow_formats
+from .gemm_fp16 import F16C_PATH, fp16_formats, fp16_isa_checks
 from ...kernels.contraction_int8 import AMX_INT8_TILES
 from .gemm_int8 import has_amx_int8, int8_isa_checks
 from .header import generate_header
@@ -112,6 +113,13 @@ def _bytes(n: int) -> str:
     return f"{n} B"
 
 
+def _path_precision(path: str) -> str:
+    """The format a kernel on narrow ``path`` computes in (the manifest step's ``precision``)."""
+    if "int8" in path or "vnni" in path:
+        return "int8"
+    return "fp16" if path == F16C_PATH else "bf16"
+
+
 def _step_descs(sched, steps, step_stages) -> list:
     """The steps with their guards: a step is guarded when all its stages share one guard (a branch of a
     run-time If; the runtime then skips it when the condition says the branch is not taken)."""
@@ -171,6 +179,7 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
     narrow = narrow_formats(target_cpu)
     if narrow and tuning.amx:        # bf16 contractions on AMX tiles where the CPU has them (amx.py)
         narrow += amx_formats(target_cpu)
+    narrow += fp16_formats(target_cpu)   # float16 weight panels (gemm_fp16.py)
     if tuning.amx and has_amx_int8(target_cpu.features):   # int8 convolutions on AMX tiles (gemm_int8.py)
         narrow += (AMX_INT8_TILES,)
     with stage("schedule", detail=f"{len(g.nodes)} nodes") as s:
@@ -246,7 +255,8 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
         opt_weights_symbol=opt_weights_sym, num_run_time_symbols=sched.num_run_time_symbols,
         # a library with bf16 kernels also checks AVX512_BF16 (GCC 10+ and Clang 12+ know the name)
         isa_checks=list(dict.fromkeys([f for f in C_CHECKED_FEATURES if f in target_cpu.features]
-                                      + bf16_isa_checks(target, otarget) + amx_isa_checks(AMX_BF16, target, otarget)
+                                      + bf16_isa_checks(target, otarget) + fp16_isa_checks(target_cpu, target, otarget)
+                                      + amx_isa_checks(AMX_BF16, target, otarget)
                                       + int8_isa_checks(target, otarget))),
         **({} if weights_file is None else {"external_weights_bytes": weights_file["bytes"],
                                             "external_weights_sha256": bytes.fromhex(weights_file["sha256"]),
@@ -372,8 +382,7 @@ def _steps_json(sched, steps, target, variant, descs) -> list:
                     **({"stages": [sched.stages[i].name for i in members]} if len(members) > 1 else {}),
                     **({"tile": target["gemm_tiles"][sym]} if sym in target["gemm_tiles"] else {}),
                     **({"stores": "bf16"} if st.buf.dtype == DType.BFLOAT16 else {}),   # its output: bfloat16
-                    **({"precision": "int8" if "int8" in target["narrow_paths"][sym] or "vnni" in target["narrow_paths"][sym]
-                        else "bf16", "path": target["narrow_paths"][sym]}
+                    **({"precision": _path_precision(target["narrow_paths"][sym]), "path": target["narrow_paths"][sym]}
                        if sym in target.get("narrow_paths", {}) else {}),
                     **({"guard": {"cond": st.guard[0].name, "runs_when": bool(st.guard[1])}}
                        if desc.guard is not None else {}),

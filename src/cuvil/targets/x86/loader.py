@@ -98,6 +98,10 @@ def _check_isa(manifest: dict, path: str) -> None:
         if amx:
             uses["amx-bf16"] = uses["amx-tile"] = (f"{amx} bf16 kernels run tdpbf16ps on AMX tiles; a build on this "
                                                    "CPU takes AVX512_BF16 or keeps those nodes float32")
+        fp16 = sum(1 for st in manifest.get("steps", []) if isinstance(st, dict) and st.get("path") == "f16c")
+        if fp16:
+            uses["f16c"] = uses["avx512fp16"] = (f"{fp16} fp16 kernels widen float16 weights (vcvtph2ps); a build on "
+                                                 "this CPU uses the instructions it has")
         uses = uses or None
         check_runs_here([str(f) for f in required], os.path.basename(path), str(target.get("cpu", "")), uses)
 

@@ -29,6 +29,7 @@ from ..llvm.vecmath import VECTOR_FUNCTIONS, VectorMath
 from .gemm import PREFETCH_K, find_contraction, fma_tile_loop, tile_epilogue, vector_op
 from .amx import AMX_BF16_PATH, TILE_ROWS, Tiles, bf16_tile_loop
 from .gemm_bf16 import AVX512_BF16, PAIRS, convert_rows, dpbf16, narrow_path, row_stride_pairs
+from .gemm_fp16 import F16C_PATH, HALF, fp16_supported
 
 
 def emit_matmul_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]]:
@@ -46,20 +47,26 @@ def emit_matmul_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]]:
     vec = ir.VectorType(F32, vw)
     K, M, Mb = spec.k, spec.m, spec.m_blocks
     path = narrow_path(km, spec)
+    half = spec.precision == "fp16"     # float16 weight panels, widened as loaded (gemm_fp16.py)
+    if half:
+        path = F16C_PATH if fp16_supported(km) else "fp32 fallback"
     if path == AMX_BF16_PATH and nr % 16 == 0:
         return _emit_amx(km, st, sym, c, spec)
     if path == AMX_BF16_PATH:           # (the lowering's panels are 64 columns wide on AVX-512)
         path = "fp32 fallback"
-    if path is not None and path != AVX512_BF16:
+    if path is not None and path not in (AVX512_BF16, F16C_PATH):
         km.narrow_paths[sym] = path
-        return None          # the generic loop nest evaluates the contraction's (bf16-rounding) expression
+        return None          # the generic loop nest evaluates the contraction's (rounding) expression
     bf = path == AVX512_BF16      # vdpbf16ps over pairs of k (gemm_bf16.py): K2 steps, A rounded per unit
     K2, a_stride = (K + 1) // 2, row_stride_pairs(K)
 
     em, begin, end = km.kernel(sym)
     b = em.b
-    if bf:
+    if bf or half:
         km.narrow_paths[sym] = path
+    wel, wsize = (HALF, 2) if half else (F32, 4)     # a weight panel's elements
+    hvec = ir.VectorType(HALF, vw)
+    if bf:
         km.scratch_bytes = max(km.scratch_bytes, MR * a_stride * 4)
         scratch = b.load(b.gep(em.bufs, [I64(km.scratch_index)], source_etype=PTR), typ=PTR)
         converted = em.alloca(I64)          # the row tile whose rows of A the scratch holds (-1: none)
@@ -82,9 +89,19 @@ def emit_matmul_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]]:
 
     row_tiles = b.sdiv(b.add(rows_total, I64(MR - 1)), I64(MR))
 
-    lines = nr * 4 // 64       # cache lines per panel row
+    def wptr(base, off):
+        return b.gep(base, [off], source_etype=wel, inbounds=True)
+
+    def wload(ptr):
+        """A vector of a weight panel row as float32 (float16 panels: widened, exact)."""
+        if half:
+            return b.fpext(b.load(ptr, typ=hvec, align=2), vec)
+        return b.load(ptr, typ=vec, align=4)
+
+    # cache lines per panel row (float32 panels: whole lines; a float16 row of 48 columns, 96 bytes, touches 2)
+    lines = -(-nr * wsize // 64) if half else nr * wsize // 64
     # two panels and the rows of A fit the L2 budget (known at run time: the rows may be symbolic)
-    fits = b.icmp_signed("<=", b.add(I64(2 * K * nr * 4), b.mul(rows_total, I64(K * 4))), I64(NEXT_PANEL_L2_BYTES))
+    fits = b.icmp_signed("<=", b.add(I64(2 * K * nr * wsize), b.mul(rows_total, I64(K * 4))), I64(NEXT_PANEL_L2_BYTES))
 
     def next_panel(w_ptr, t, k):
         """Row tile t's share of the next weight panel, prefetched into L2 while this one runs: line
@@ -92,9 +109,9 @@ def emit_matmul_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]]:
         NEXT_PANEL_PREFETCH False. Addresses past the last panel are only hints."""
         if not NEXT_PANEL_PREFETCH:
             return []
-        line = b.mul(b.srem(t, I64(lines)), I64(16))
+        line = b.mul(b.srem(t, I64(max(1, lines))), I64(64 // wsize))
         ahead = b.select(fits, I64(K * nr), I64(MATMUL_PREFETCH_K * nr))   # else a row of this panel, a no-op
-        return [(fptr(w_ptr, b.add(ahead, b.add(b.mul(k, I64(nr)), line))), 2)]
+        return [(wptr(w_ptr, b.add(ahead, b.add(b.mul(k, I64(nr)), line))), 2)]
 
     def unit(u):
         """Unit u = (weight panel u // T, row tile u % T), T row tiles: consecutive units share a weight
@@ -135,13 +152,12 @@ def emit_matmul_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]]:
         def panel(mb, R=MR):
             """The tile's ``R`` register rows over weight panel ``mb`` (R = 1: a one-row tile, below; the bf16
             path always runs MR rows)."""
-            w_ptr = fptr(w_base, b.mul(mb, I64(K * nr)))
+            w_ptr = wptr(w_base, b.mul(mb, I64(K * nr)))
             new = panel_bf16(mb) if bf else fma_tile_loop(em, fma, I64(0), I64(K), [zero] * (R * nv), nv,
-                                lambda k: [b.load(fptr(fptr(w_ptr, b.mul(k, I64(nr))), I64(v * vw)), typ=vec,
-                                                  align=4) for v in range(nv)],
+                                lambda k: [wload(wptr(wptr(w_ptr, b.mul(k, I64(nr))), I64(v * vw))) for v in range(nv)],
                                 lambda k: [b.load(fptr(rows[r], k), typ=F32, align=4) for r in range(R)],
-                                prefetch=lambda k: [fptr(w_ptr, b.add(b.mul(b.add(k, I64(MATMUL_PREFETCH_K)), I64(nr)), I64(v * 16)))
-                                                    for v in range(nr * 4 // 64)] + next_panel(w_ptr, t, k),
+                                prefetch=lambda k: [wptr(w_ptr, b.add(b.mul(b.add(k, I64(MATMUL_PREFETCH_K)), I64(nr)), I64(v * 64 // wsize)))
+                                                    for v in range(lines)] + next_panel(w_ptr, t, k),
                                 unroll=MATMUL_UNROLL_K if K % MATMUL_UNROLL_K == 0 else 1)
             m0 = b.mul(mb, I64(nr))
             mleft = b.sub(I64(M), m0)

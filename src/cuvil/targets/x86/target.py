@@ -26,6 +26,7 @@ from .compile import arena_limit, compile_x86
 from .cpu import describe_cpu, validate_cpu
 from .gemm import tile_shapes
 from .gemm_bf16 import BF16_OPS, narrow_formats
+from .gemm_fp16 import FP16_OPS, fp16_formats
 from .model_info import is_c_identifier
 from .tune import tune_graph
 from .tuning import DEFAULT_TUNING, X86Tuning, calibrated_tuning
@@ -151,8 +152,10 @@ class X86Target:
     def precision_ops(self, options: X86Options) -> Dict[str, frozenset]:
         """The ops whose kernels compute narrowed on the CPU ``options`` builds for (read by the precision
         policy, :func:`cuvil.targets.base.precision_ops`): bf16 Conv / MatMul / Gemm contractions with AVX-512
-        and AVX512_BF16 (``vdpbf16ps``, :mod:`cuvil.targets.x86.gemm_bf16`); none elsewhere."""
-        return {f: BF16_OPS for f in narrow_formats(describe_cpu(options.cpu))}
+        and AVX512_BF16 (``vdpbf16ps``, :mod:`cuvil.targets.x86.gemm_bf16`); fp16 MatMul / Gemm with constant
+        weights where the CPU has F16C (float16 weight panels, float32 sums: :mod:`cuvil.targets.x86.gemm_fp16`)."""
+        cpu = describe_cpu(options.cpu)
+        return {**{f: BF16_OPS for f in narrow_formats(cpu)}, **{f: FP16_OPS for f in fp16_formats(cpu)}}
 
     def plan(self, graph: Graph, options: X86Options, profiles: Dict[str, list]) -> BuildPlan:
         # The algorithm choices are a function of the graph, the `on x86` rules and the cost model (its

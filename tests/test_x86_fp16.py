@@ -1,0 +1,232 @@
+"""float16 products on x86 (cuvil.targets.x86.gemm_fp16: MatMul / Gemm nodes whose ``precision`` is "fp16" on
+float16 weight panels, widened as loaded, float32 sums) against numpy references.
+
+The nodes are narrowed by the precision policy (``Pipeline.compile(precision="fp16", input_ranges=...)``),
+which narrows a MatMul / Gemm where x86's ``precision_ops`` lists it (CPUs with F16C) and its ranges are
+certified for float16; the tests check that it did. Skipped, with the reason, on CPUs without F16C.
+
+Error bounds. A narrowed node rounds its inputs to float16 (11 significant bits, nearest even: relative error
+at most u = 2^-11 each) and sums their exact products in float32. Against the reference that rounds the inputs
+the same way and sums in float64, only the float32 sums differ: elementwise at most ``K * 2^-24 * (|a| @ |b|)``
+(checked with a factor 2 for the bias add and the epilogue). Against the exact float32 product the rounding
+of both inputs adds at most ``(2u + u^2) * (|a| @ |b|)``: the tests check ``(2^-10 + 2^-21 + K * 2^-23) *
+(|a| @ |b|)`` elementwise, and that the rounding is really there (the float32 product is far closer).
+"""
+import attrs
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from cuvil import Pipeline
+from cuvil.errors import CuvilError
+from cuvil.precision.policy import auto_order
+from cuvil.targets.x86 import cpu as cpu_mod
+from cuvil.targets.x86.cpu import cpu_label, host_cpu
+from cuvil.targets.x86.gemm_fp16 import FP16_OPS, fp16_formats, fp16_isa_checks
+from cuvil.targets.x86.target import TARGET as X86
+from cuvil.testing.conv_models import conv_epilogue_model
+
+HAS_FP16 = "fp16" in fp16_formats(host_cpu())
+if not HAS_FP16:
+    print(f"test_x86_fp16: kernel tests skipped, this CPU has no F16C ({cpu_label()})")
+needs_fp16 = pytest.mark.skipif(not HAS_FP16, reason=f"no F16C on this CPU ({cpu_label()}): the fp16 kernels "
+                                                     "cannot run here")
+
+
+def narrowed(model, ranges=None, **compile_kw):
+    """``model`` compiled at ``precision="fp16"``, its float inputs declared within ``ranges`` (default ±8)."""
+    if ranges is None:
+        ranges = {vi.name: (-8.0, 8.0) for vi in model.graph.input}
+    art = Pipeline.from_onnx(model).optimize().compile(precision="fp16", input_ranges=ranges, **compile_kw)
+    nodes = art.manifest["precision"]["nodes"]
+    assert any(v["format"] == "fp16" for v in nodes.values()), nodes
+    return art
+
+
+def fp16(a):
+    return np.asarray(a, np.float32).astype(np.float16).astype(np.float64)
+
+
+def fp16_steps(art):
+    return [s for s in art.manifest["steps"] if s.get("precision") == "fp16"]
+
+
+def check_product(y, a, w, k, extra=0.0):
+    """``y`` (the library's) against ``a @ w`` (+ ``extra``): with rounded inputs within the float32 sums'
+    bound, and against the float32 inputs within the float16 rounding bound (module docstring)."""
+    mag = np.abs(a.astype(np.float64)) @ np.abs(w.astype(np.float64))
+    rounded = fp16(a) @ fp16(w) + extra
+    exact = a.astype(np.float64) @ w.astype(np.float64) + extra
+    tiny = 1e-6 * (np.abs(extra) if np.ndim(extra) else abs(extra))
+    assert np.all(np.abs(y - rounded) <= 2 * k * 2.0 ** -24 * mag + tiny + 1e-30), float(np.abs(y - rounded).max())
+    assert np.all(np.abs(y - exact) <= (2.0 ** -10 + 2.0 ** -21 + k * 2.0 ** -23) * mag + tiny + 1e-30)
+    # and float16 rounding is really in effect: a float32 product would be far closer to ``exact``
+    assert float(np.abs(y - exact).max()) > 30 * float(np.abs(y - rounded).max())
+
+
+def matmul_model(k, m, bias=True, seed=0, batch_dims=("N",)):
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((k, m)).astype(np.float32)
+    b = rng.standard_normal(m).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y0" if bias else "y"])]
+    inits = [numpy_helper.from_array(w, "w")]
+    if bias:
+        nodes.append(helper.make_node("Add", ["y0", "b"], ["y"]))
+        inits.append(numpy_helper.from_array(b, "b"))
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(batch_dims) + [k])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(batch_dims) + [m])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), w, (b if bias else 0.0)
+
+
+def test_formats_offered():
+    """fp16 is offered for MatMul / Gemm exactly where the CPU has F16C and AVX2 or AVX-512; never for Conv."""
+    real = host_cpu()
+    with_f16c = attrs.evolve(real, features=frozenset(real.features | {"f16c", "avx2"}))
+    assert fp16_formats(with_f16c) == ("fp16",) if with_f16c.vector_bits >= 256 else ()
+    assert fp16_formats(attrs.evolve(real, features=frozenset(real.features - {"f16c"}))) == ()
+    ops = X86.precision_ops(X86.options_type())
+    if HAS_FP16:
+        assert ops["fp16"] == FP16_OPS and "Conv" not in ops["fp16"]
+    else:
+        assert "fp16" not in ops
+
+
+def test_auto_order_follows_the_target():
+    """``auto`` tries formats narrowest first and, among formats of one width, in the target's order: x86
+    lists its bf16 kernels (faster there) before its float16 weight panels, the GPU fp16 first."""
+    x86_like = {"bf16": frozenset({"MatMul"}), "fp16": frozenset({"MatMul"})}
+    gpu_like = {"fp16": frozenset({"MatMul"}), "bf16": frozenset({"MatMul"})}
+    assert auto_order(x86_like) == ["int8", "bf16", "fp16"]
+    assert auto_order(gpu_like) == ["int8", "fp16", "bf16"]
+    assert auto_order({}) == ["int8", "fp16", "bf16"]
+    assert auto_order({"fp16": frozenset()}) == ["int8", "fp16", "bf16"]
+
+
+def test_isa_checks():
+    """The library's C check names F16C (and AVX512-FP16 where LLVM widens with its vcvtph2psx) only when a
+    kernel is on the f16c path."""
+    real = host_cpu()
+    plain = attrs.evolve(real, features=frozenset((real.features | {"f16c"}) - {"avx512fp16"}))
+    fp16cpu = attrs.evolve(real, features=frozenset(real.features | {"f16c", "avx512fp16"}))
+    used = {"narrow_paths": {"k0": "f16c"}}
+    assert fp16_isa_checks(plain, None, {"narrow_paths": {"k0": "avx512_bf16"}}) == []
+    assert fp16_isa_checks(plain, used, None) == ["f16c"]
+    assert fp16_isa_checks(fp16cpu, None, used) == ["f16c", "avx512fp16"]
+
+
+@needs_fp16
+@pytest.mark.parametrize("k,m", [(77, 100), (64, 64), (768, 200), (8, 130)],
+                         ids=["odd-K-col-tail", "exact", "long-K", "K8"])
+def test_matmul_symbolic_rows(k, m):
+    """Rows symbolic (N: 1..64: the one-row GEMV tile, partial row tiles), M past whole panels; 1 and 2
+    threads give the same bits."""
+    model, w, b = matmul_model(k, m)
+    art = narrowed(model, shape_profiles={"N": (1, 8, 64)})
+    steps = fp16_steps(art)
+    assert steps and all(s["path"] == "f16c" and s["kernel"] == "gemm" for s in steps), art.manifest["steps"]
+    mod = art.model()
+    rng = np.random.default_rng(1)
+    for n in (1, 7, 13, 64):
+        x = rng.standard_normal((n, k)).astype(np.float32)
+        y1 = mod.run(x, num_threads=1)[0]
+        np.testing.assert_array_equal(y1, mod.run(x, num_threads=2)[0])
+        check_product(y1.astype(np.float64), x, w, k, b)
+
+
+@needs_fp16
+def test_weights_half_the_bytes():
+    """The product's weights are stored as float16: the library's weights shrink by about half."""
+    model, _, _ = matmul_model(512, 1024, bias=False)
+    f32 = Pipeline.from_onnx(model).optimize().compile(shape_profiles={"N": (1, 1, 8)})
+    f16 = narrowed(model, shape_profiles={"N": (1, 1, 8)})
+    assert f16.manifest["weights_bytes"] <= 0.55 * f32.manifest["weights_bytes"], \
+        (f16.manifest["weights_bytes"], f32.manifest["weights_bytes"])
+
+
+@needs_fp16
+def test_gemm_trans_b_and_3d_matmul():
+    """Gemm with transB, alpha and a bias C; a 3-D MatMul (batch x sequence rows, both symbolic) with GELU
+    after it (the epilogue on the accumulators)."""
+    rng = np.random.default_rng(2)
+    k, m = 96, 70
+    wt = rng.standard_normal((m, k)).astype(np.float32)
+    c = rng.standard_normal(m).astype(np.float32)
+    g = helper.make_graph([helper.make_node("Gemm", ["x", "w", "c"], ["y"], transB=1, alpha=0.5)], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", k])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", m])],
+                          [numpy_helper.from_array(wt, "w"), numpy_helper.from_array(c, "c")])
+    art = narrowed(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), shape_profiles={"N": (1, 4, 32)})
+    assert fp16_steps(art)
+    x = rng.standard_normal((5, k)).astype(np.float32)
+    check_product(art.model().run(x)[0].astype(np.float64), 0.5 * x, wt.T, k, c)
+
+    model, w, b = matmul_model(40, 48, batch_dims=("B", "S"))
+    art = narrowed(model, shape_profiles={"B": (1, 2, 4), "S": (1, 5, 16)})
+    assert fp16_steps(art)
+    x = rng.standard_normal((3, 7, 40)).astype(np.float32)
+    y = art.model().run(x)[0].astype(np.float64)
+    check_product(y.reshape(21, 48), x.reshape(21, 40), w, 40, b)
+
+
+@needs_fp16
+def test_forms_without_an_fp16_kernel():
+    """A narrowed node no float16 kernel takes (a Conv set to fp16 directly, a MatMul of two activations)
+    still computes what its precision says: inputs rounded to float16, float32 sums. The policy never
+    narrows a Conv to fp16 on x86 (no kernel): it says so."""
+    rng = np.random.default_rng(7)
+    model = conv_epilogue_model((1, 8, 10, 10), (16, 8, 3, 3), pads=[1, 1, 1, 1], epilogue=None)
+    art = Pipeline.from_onnx(model).optimize().compile(precision="fp16", input_ranges={"x": (-8.0, 8.0)})
+    rec = art.manifest["precision"]["nodes"]["conv"]
+    assert rec["format"] == "fp32" and "no fp16 kernel for Conv" in rec["reason"], rec
+    p = Pipeline.from_onnx(model).optimize()
+    for n in p.graph.nodes:
+        if n.op == "Conv":
+            n.precision = "fp16"
+    art = p.compile()
+    assert not fp16_steps(art)
+    x = rng.standard_normal((1, 8, 10, 10)).astype(np.float32)
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    xp = np.pad(fp16(x), [(0, 0), (0, 0), (1, 1), (1, 1)])
+    cols = np.stack([xp[0, :, i:i + 10, j:j + 10] for i in range(3) for j in range(3)], 1).reshape(72, 100)
+    wr = fp16(inits["w"]).reshape(16, 8, 9).reshape(16, 72)
+    want = (wr @ cols + inits["b"].astype(np.float64)[:, None]).reshape(1, 16, 10, 10)
+    mag = (np.abs(wr) @ np.abs(cols)).reshape(1, 16, 10, 10)
+    y = art.model().run(x)[0].astype(np.float64)
+    assert np.all(np.abs(y - want) <= 2 * 72 * 2.0 ** -24 * mag + 1e-6), float(np.abs(y - want).max())
+    assert float(np.abs(y - want).max()) < 1e-4
+
+    g = helper.make_graph([helper.make_node("MatMul", ["a", "b"], ["y"])], "g",
+                          [helper.make_tensor_value_info("a", TensorProto.FLOAT, [5, 40]),
+                           helper.make_tensor_value_info("b", TensorProto.FLOAT, [40, 24])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [5, 24])])
+    art = narrowed(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    a, b = rng.standard_normal((5, 40)).astype(np.float32), rng.standard_normal((40, 24)).astype(np.float32)
+    check_product(art.model().run(a, b)[0].astype(np.float64), a, b, 40)
+
+
+@needs_fp16
+def test_auto_on_this_cpu():
+    """``auto`` on x86 takes bf16 where this CPU has bf16 kernels (they compute faster), else fp16; the
+    manifest says which."""
+    model, w, b = matmul_model(64, 96)
+    art = Pipeline.from_onnx(model).optimize().compile(precision="auto", input_ranges={"x": (-8.0, 8.0)},
+                                                       shape_profiles={"N": (1, 2, 8)})
+    fmts = {v["format"] for v in art.manifest["precision"]["nodes"].values()}
+    want = "bf16" if "bf16" in X86.precision_ops(X86.options_type()) else "fp16"
+    assert want in fmts, art.manifest["precision"]["nodes"]
+
+
+@needs_fp16
+def test_refused_without_f16c(monkeypatch):
+    """A library with fp16 kernels, loaded on a CPU without F16C: a CuvilError that says which kernels need
+    it, not SIGILL."""
+    model, _, _ = matmul_model(32, 64, bias=False)
+    art = narrowed(model, shape_profiles={"N": (1, 2, 8)})
+    assert "f16c" in art.manifest["target"]["isa_features"]
+    real = host_cpu()
+    monkeypatch.setattr(cpu_mod, "host_cpu", lambda: attrs.evolve(real, features=real.features - {"f16c"}))
+    from cuvil.targets.x86.loader import _check_isa
+    with pytest.raises(CuvilError) as e:
+        _check_isa(art.manifest, art.path)
+    text = str(e.value) + " ".join(getattr(e.value, "details", []) or [])
+    assert "f16c" in text and "fp16 kernels widen float16 weights" in text
