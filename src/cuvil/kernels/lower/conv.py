@@ -75,13 +75,24 @@ def conv_as_gemm(ctx, x, b, out, group, cin_g, m_g, kern, strides, dil, begin, w
     (see :attr:`Contraction.interleaved`)."""
     wv = ctx.const_input(1) if wv is None else wv
     K = cin_g * int(np.prod(kern))
-    dts = (DType.FLOAT, DType.FLOAT16) if ctx.half_contractions else (DType.FLOAT,)
+    # a float16 model's convolution on x86 (where the target offers float16 paths): the float32 kernels on its
+    # input widened (exactly) as it is stored, weights widened at compile time, float32 sums and epilogue, the
+    # output rounded to float16 once (the float16 semantics of tests/test_float16_sums.py, not a loop nest)
+    half_model = (not ctx.half_contractions and "fp16" in ctx.narrow_formats and x.dtype == DType.FLOAT16
+                  and ctx.out_dtype() == DType.FLOAT16 and not ctx.narrowed)
+    dts = (DType.FLOAT, DType.FLOAT16) if ctx.half_contractions or half_model else (DType.FLOAT,)
     # x86 takes reductions from 4 terms: ShuffleNet's first grouped 1x1 convolution (6 input channels per
     # group) ran 0.130 ms as a loop nest and is one of the micro-kernel's cheaper steps (2.25 -> 2.14 ms in all)
     min_k = 4 if ctx.row_kernels else 8
     if (not ctx.gemm_cols or wv is None or ctx.out_dtype() not in dts or x.dtype != ctx.out_dtype() or m_g < 4
             or K < min_k or ctx._weight is None or ctx.narrowed not in ("", "bf16")):
         return None      # (float16 weight panels are MatMul / Gemm only: gemm_fp16.py)
+    if half_model:
+        x16 = x
+        x = TensorFn(x.shape, DType.FLOAT, lambda idx: cast(x16(idx), DType.FLOAT), x.kind)
+        if b is not None:
+            b16 = b
+            b = TensorFn(b.shape, DType.FLOAT, lambda idx: cast(b16(idx), DType.FLOAT), b.kind)
     half = x.dtype == DType.FLOAT16
     out_sp = tuple(out[2:])
     pads = ()
@@ -138,7 +149,8 @@ def conv_as_gemm(ctx, x, b, out, group, cin_g, m_g, kern, strides, dil, begin, w
             pos = [oi * s + ki * d for oi, s, ki, d in zip(o, strides, ks, dil)]
             return binop("mul", weight_at(g, ml, k), x_term(x([n, ch] + pos)))
         acc = E("contract", [n, m] + list(o) + [reduce("sum", [K], body)], x.dtype, spec)
-        return binop("add", acc, b([m])) if b is not None else acc
+        acc = binop("add", acc, b([m])) if b is not None else acc
+        return cast(acc, DType.FLOAT16) if half_model else acc
     return TensorFn(out, ctx.out_dtype(), f, "complex", contraction=True)
 
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 from typing import Optional
 
 from ...dsl.ast import Num, OpCall, Rule
+from ...ir.dtype import DType
 from ...ir.ops.winograd import MATRICES
 from ...kernels.contraction import channel_lanes, choose_tile, tile_cost
 from .gemm import tile_shapes
@@ -135,6 +136,8 @@ def accept(rule: Rule, b, shapes=AVX2_TILES, tuning: X86Tuning = DEFAULT_TUNING)
     x, w = b.values.get("x"), b.values.get("w")
     if x is None or w is None or x.shape is None or w.shape is None:
         return False
+    if x.dtype != DType.FLOAT:
+        return False      # a float16 model's convolution: the direct kernels widen it; Winograd's are float32 only
     if any(u.op == "Conv" and u.precision and u.input(1) is w for u, _ in x.uses):
         return False      # narrowed by the precision policy: the direct bf16 kernel (Winograd's transforms are fp32)
     k, c = w.shape[:2]

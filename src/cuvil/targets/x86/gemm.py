@@ -40,7 +40,7 @@ from ...ir.dtype import DType
 from ...kernels.contraction import AMX_TILE, CHANNEL_LANES, MR, Contraction
 from ...kernels.schedule import Stage
 from ...kernels.texpr import E, contains, top_level
-from ..llvm.types import F32, I32, I64, PTR, const_value, splat
+from ..llvm.types import F16, F32, I32, I64, PTR, const_value, splat
 from .emitter import X86Emitter
 from ..llvm.narrow import I16, bfloat16_to_memory
 from .amx import AMX_BF16_PATH, Tiles, bf16_tile_loop
@@ -1218,9 +1218,14 @@ def tile_epilogue(em: X86Emitter, st: Stage, node: E, slot, index, nrows, ncols,
         for v, i in zip(st.vars, index(r, j)):
             em.env[v.attr] = i
         em.memo[-1][node.uid] = b.load(slot(r, j), typ=F32)
-        b.store(em.emit(st.expr), slot(r, j))
+        value = em.emit(st.expr)
+        if value.type == F16:    # a float16 output (a float16 model's product): kept exactly, stored below
+            value = b.fpext(value, F32)
+        b.store(value, slot(r, j))
 
-    def copy(r, j):      # (a bfloat16 output: rounded as it is stored)
-        b.store(em.to_memory(b.load(slot(r, j), typ=F32), st.buf.dtype), em.address(st.buf, index(r, j)))
+    def copy(r, j):      # (a bfloat16 or float16 output: rounded as it is stored)
+        value = b.load(slot(r, j), typ=F32)
+        value = b.fptrunc(value, F16) if st.buf.dtype == DType.FLOAT16 else em.to_memory(value, st.buf.dtype)
+        b.store(value, em.address(st.buf, index(r, j)))
     for pass_ in (apply, copy):
         em.loop_range(I64(0), nrows, lambda r: em.loop_range(I64(0), ncols, lambda j: pass_(r, j)))
