@@ -324,3 +324,52 @@ def test_float16_model_conv(ws, attrs):
         want[0, gi * mg:(gi + 1) * mg] = (wg @ cols).reshape(mg, oh, oh)
     want = np.maximum(want + b.astype(np.float64)[None, :, None, None], 0)
     within_one_half_ulp(y, want)
+
+
+EXPORTS = ["bert.torchscript", "bert.dynamo", "distilbert.torchscript", "roberta.dynamo", "vit.torchscript",
+           "whisper_encoder.torchscript"]
+
+
+@needs_fp16
+@pytest.mark.parametrize("name", EXPORTS)
+def test_float16_exports(name):
+    """The torch.onnx exports converted to float16 as users convert them (onnxconverter_common, every tensor
+    float16) compile on x86 (before: their attention was fused into the float32-only FusedAttention kernel and
+    the build failed) with their products on the GEMM kernels, and agree with onnxruntime's float32 run of the
+    original export and its float16 run of the converted one within float16's error."""
+    import os
+    import warnings
+    import onnx
+    import onnxruntime as ort
+    float16 = pytest.importorskip("onnxconverter_common.float16", reason="pip install onnxconverter-common")
+    root = os.path.join(os.path.dirname(__file__), "fixtures", "exports")
+    m = onnx.load(os.path.join(root, name + ".onnx"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")        # its notes on truncated tiny constants
+        h = float16.convert_float_to_float16(m, keep_io_types=False)
+    rng = np.random.default_rng(0)
+    feeds = {}
+    for i in h.graph.input:
+        dims = [d.dim_value or (1 if k == 0 else 16) for k, d in enumerate(i.type.tensor_type.shape.dim)]
+        et = i.type.tensor_type.elem_type
+        if et == TensorProto.INT64:
+            v = np.ones(dims) if "mask" in i.name else np.zeros(dims) if "type" in i.name else rng.integers(0, 100, dims)
+            feeds[i.name] = v.astype(np.int64)
+        else:
+            feeds[i.name] = rng.standard_normal(dims).astype(np.float16)
+    if "attention_mask" in feeds:
+        feeds["attention_mask"][0, -5:] = 0          # padded keys
+    art = Pipeline.from_onnx(h).optimize().compile(input_shapes={k: list(v.shape) for k, v in feeds.items()})
+    assert any(s.get("kernel") == "gemm" for s in art.manifest["steps"]), art.manifest["steps"]
+    got = art.model().run(*[feeds[i.name] for i in h.graph.input])
+    assert all(g.dtype == np.float16 for g in got)
+    f32 = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {k: v.astype(np.float32) if v.dtype == np.float16 else v for k, v in feeds.items()})
+    f16 = ort.InferenceSession(h.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    for g, a, b in zip(got, f32, f16):
+        g = np.asarray(g, np.float64)
+        scale = float(np.abs(a).max())
+        assert np.isfinite(g).all()
+        assert float(np.abs(g - a).max()) <= 5e-3 * scale, (name, float(np.abs(g - a).max()) / scale)
+        ort16 = float(np.abs(np.asarray(b, np.float64) - a).max())
+        assert float(np.abs(g - a).max()) <= 3 * ort16 + 1e-3 * scale, (name, float(np.abs(g - a).max()), ort16)
