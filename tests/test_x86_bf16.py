@@ -336,3 +336,53 @@ def test_narrowed_forms_without_a_bf16_kernel():
     art = narrowed(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
     x = rng.standard_normal((3, 16)).astype(np.float32)
     check_product(art.model().run(x)[0].astype(np.float64), x, wt.T, 16)
+
+
+# bfloat16 models (every tensor bfloat16, as `model.to(torch.bfloat16)` exports them): a MatMul / Gemm with
+# constant bfloat16 weights runs on the bf16 kernels (AMX tiles or vdpbf16ps), W as it is, A widened exactly,
+# float32 sums, the output rounded to bfloat16 once. Before, a loop nest: a 768 x 3072 MatMul at 128 rows took
+# 23 ms, 0.9 ms now on AMX.
+
+def bf16_tensor(name, a):
+    return helper.make_tensor(name, TensorProto.BFLOAT16, a.shape, np.asarray(a, ml_dtypes.bfloat16).view(np.uint16).tobytes(),
+                              raw=True)
+
+
+@pytest.mark.parametrize("tuning", [None, VDPBF16PS], ids=["default", "vdpbf16ps"])
+def test_bfloat16_model_matmul_bias_and_gemm(tuning):
+    rng = np.random.default_rng(21)
+    k, m = 160, 80
+    w = (rng.standard_normal((k, m)) / 8).astype(ml_dtypes.bfloat16)
+    bias = rng.standard_normal(m).astype(ml_dtypes.bfloat16)
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["p"]), helper.make_node("Add", ["p", "b"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.BFLOAT16, ["N", k])],
+                          [helper.make_tensor_value_info("y", TensorProto.BFLOAT16, ["N", m])],
+                          [bf16_tensor("w", w), bf16_tensor("b", bias)])
+    kw = {} if tuning is None else {"tuning": tuning}
+    art = Pipeline.from_onnx(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])).optimize().compile(
+        shape_profiles={"N": (1, 8, 64)}, **kw)
+    paths = {s.get("path") for s in art.manifest["steps"] if s.get("kernel") == "gemm"}
+    assert paths and paths <= {"amx_bf16", "avx512_bf16"}, art.manifest["steps"]
+    if tuning is not None:
+        assert paths == {"avx512_bf16"}
+    mod = art.model()
+    for n in (1, 5, 33):
+        x = rng.standard_normal((n, k)).astype(ml_dtypes.bfloat16)
+        y = np.asarray(mod.run(x)[0], np.float64)
+        prod = (x.astype(np.float64) @ w.astype(np.float64)).astype(ml_dtypes.bfloat16)
+        want = (prod.astype(np.float64) + bias.astype(np.float64)).astype(ml_dtypes.bfloat16).astype(np.float64)
+        step = 2.0 ** -7 * (np.abs(want) + np.abs(prod.astype(np.float64)))    # a step of each rounding
+        assert np.all(np.abs(y - want) <= step + 1e-30), float(np.max(np.abs(y - want) / (step + 1e-30)))
+        assert np.mean(y != want) < 0.02
+
+    wt = (rng.standard_normal((m, k)) / 8).astype(ml_dtypes.bfloat16)
+    g = helper.make_graph([helper.make_node("Gemm", ["x", "w", "c"], ["y"], transB=1)], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.BFLOAT16, [4, k])],
+                          [helper.make_tensor_value_info("y", TensorProto.BFLOAT16, [4, m])],
+                          [bf16_tensor("w", wt), bf16_tensor("c", bias)])
+    art = Pipeline.from_onnx(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])).optimize().compile(**kw)
+    assert any(s.get("path") in ("amx_bf16", "avx512_bf16") for s in art.manifest["steps"])
+    x = rng.standard_normal((4, k)).astype(ml_dtypes.bfloat16)
+    want = (x.astype(np.float64) @ wt.T.astype(np.float64) + bias.astype(np.float64))
+    y = np.asarray(art.model().run(x)[0], np.float64)
+    assert np.all(np.abs(y - want) <= 2.0 ** -8 * np.abs(want) + 1e-6), float(np.max(np.abs(y - want)))

@@ -82,7 +82,7 @@ def test_formats_offered():
     """fp16 is offered for MatMul / Gemm exactly where the CPU has F16C and AVX2 or AVX-512; never for Conv."""
     real = host_cpu()
     with_f16c = attrs.evolve(real, features=frozenset(real.features | {"f16c", "avx2"}))
-    assert fp16_formats(with_f16c) == ("fp16",) if with_f16c.vector_bits >= 256 else ()
+    assert fp16_formats(with_f16c) == (("fp16",) if with_f16c.vector_bits >= 256 else ())
     assert fp16_formats(attrs.evolve(real, features=frozenset(real.features - {"f16c"}))) == ()
     ops = X86.precision_ops(X86.options_type())
     if HAS_FP16:
@@ -103,8 +103,8 @@ def test_auto_order_follows_the_target():
 
 
 def test_isa_checks():
-    """The library's C check names F16C (and AVX512-FP16 where LLVM widens with its vcvtph2psx) only when a
-    kernel is on the f16c path."""
+    """The library's C check names F16C (and AVX512-FP16 where LLVM converts with its vcvtph2psx) when a
+    kernel is on the f16c path or the model holds float16 values, never otherwise."""
     real = host_cpu()
     plain = attrs.evolve(real, features=frozenset((real.features | {"f16c"}) - {"avx512fp16"}))
     fp16cpu = attrs.evolve(real, features=frozenset(real.features | {"f16c", "avx512fp16"}))
@@ -112,6 +112,7 @@ def test_isa_checks():
     assert fp16_isa_checks(plain, None, {"narrow_paths": {"k0": "avx512_bf16"}}) == []
     assert fp16_isa_checks(plain, used, None) == ["f16c"]
     assert fp16_isa_checks(fp16cpu, None, used) == ["f16c", "avx512fp16"]
+    assert fp16_isa_checks(fp16cpu, None, None, half_values=True) == ["f16c", "avx512fp16"]   # a float16 model
 
 
 @needs_fp16
@@ -373,3 +374,25 @@ def test_float16_exports(name):
         assert float(np.abs(g - a).max()) <= 5e-3 * scale, (name, float(np.abs(g - a).max()) / scale)
         ort16 = float(np.abs(np.asarray(b, np.float64) - a).max())
         assert float(np.abs(g - a).max()) <= 3 * ort16 + 1e-3 * scale, (name, float(np.abs(g - a).max()), ort16)
+
+
+@needs_fp16
+@pytest.mark.parametrize("op", ["GRU", "LSTM", "RNN"])
+def test_float16_recurrent_with_bias(op):
+    """A float16 GRU / LSTM / RNN with a bias: its input projection takes the float16 panels and the bias is
+    added to the float32 sums (it failed to compile: 'Operands must be the same type, got (float, half)');
+    against onnxruntime's float16 run."""
+    import onnxruntime as ort
+    rng = np.random.default_rng(14)
+    gates = {"GRU": 3, "LSTM": 4, "RNN": 1}[op]
+    h = 8
+    w = (rng.standard_normal((1, gates * h, 16)) / 4).astype(np.float16)
+    r = (rng.standard_normal((1, gates * h, h)) / 4).astype(np.float16)
+    bias = (rng.standard_normal((1, 2 * gates * h)) / 4).astype(np.float16)
+    model = half_model([helper.make_node(op, ["x", "w", "r", "b"], ["y"], hidden_size=h)],
+                       [("x", [5, 2, 16])], [("y", None)], {"w": w, "r": r, "b": bias})
+    art = Pipeline.from_onnx(model).optimize().compile()
+    x = rng.standard_normal((5, 2, 16)).astype(np.float16)
+    y = art.model().run(x)[0].astype(np.float64)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    assert float(np.abs(y - want).max()) <= 4e-3, float(np.abs(y - want).max())

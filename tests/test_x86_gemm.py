@@ -637,3 +637,37 @@ def test_matmul_k_loop_unrolled_gives_the_same_bits(monkeypatch, k, unroll):
     assert np.abs(base - np.maximum(x @ w, 0)).max() <= 1e-5 * k
     same_code = open(art0.path, "rb").read() == open(art.path, "rb").read()    # reproducible builds
     assert same_code is (k % unroll != 0)
+
+
+@pytest.mark.parametrize("dt", ["float32", "float16"])
+@pytest.mark.parametrize("tail", ["Greater", "Cast"])
+def test_product_with_a_non_float_consumer_fused(dt, tail):
+    """A MatMul whose only reader is a comparison or an integer Cast: the consumer is fused into the GEMM
+    stage's spilled-tile epilogue, which stored its i1 / i32 values into the float32 tile and did not compile
+    ("cannot store i1 to float*"; float16 models hit it once their products took the GEMM kernels)."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+    from cuvil import Pipeline
+    npdt = np.dtype(dt)
+    et = TensorProto.FLOAT if dt == "float32" else TensorProto.FLOAT16
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((32, 40)).astype(npdt)
+    inits = [numpy_helper.from_array(w, "w")]
+    if tail == "Greater":
+        nodes = [helper.make_node("Greater", ["p", "z"], ["y"])]
+        inits.append(numpy_helper.from_array(np.zeros((), npdt), "z"))
+        out_t, ref = TensorProto.BOOL, lambda p: p > 0
+    else:
+        nodes = [helper.make_node("Cast", ["p"], ["y"], to=TensorProto.INT32)]
+        out_t, ref = TensorProto.INT32, lambda p: p.astype(np.int32)
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["p"])] + nodes, "g",
+                          [helper.make_tensor_value_info("x", et, ["N", 32])], [helper.make_tensor_value_info("y", out_t, ["N", 40])],
+                          inits)
+    art = Pipeline.from_onnx(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])).optimize().compile(
+        shape_profiles={"N": (1, 4, 16)})
+    assert any(s.get("kernel") == "gemm" for s in art.manifest["steps"]), art.manifest["steps"]
+    x = rng.standard_normal((7, 32)).astype(npdt)
+    p = (x.astype(np.float64) @ w.astype(np.float64)).astype(npdt)
+    y = art.model().run(x)[0]
+    near = np.abs(p.astype(np.float64)) < 1e-3 * np.abs(p).max()     # a float32 sum may round across 0 there
+    assert np.array_equal(y[~near], ref(p)[~near])

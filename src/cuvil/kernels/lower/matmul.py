@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import List, Optional
 
+import ml_dtypes
 import numpy as np
 
 from ...ir.dim import SymExpr, product
@@ -14,16 +15,23 @@ from .core import LOWERINGS, TensorFn, broadcast_fn, broadcast_index, fconst, lo
 from .quant import minus_zp
 
 
+#: the narrowed format whose kernels take a product of a model of this element type (its tensors all of it)
+_MODEL_FORMATS = {DType.FLOAT16: "fp16", DType.BFLOAT16: "bf16"}
+_NUMPY = {DType.FLOAT16: np.dtype(np.float16), DType.BFLOAT16: np.dtype(ml_dtypes.bfloat16)}
+
+
 def _matmul_as_gemm(ctx, a, wv: Optional[np.ndarray], out, epilogue=None) -> Optional[TensorFn]:
     """``A @ W`` with ``W[K, M]`` constant as a packed contraction (:class:`MatContraction`), when the target
     asks for micro-kernels and everything is float32. ``epilogue(idx, acc)`` adds what the op adds to the
     product (Gemm's alpha, beta * C). A is stored first when it is an expression.
 
-    A float16 model's product (A, W and the output float16) takes the float16 weight panels where the target
-    has them (x86 ``narrow_formats`` "fp16", :mod:`cuvil.targets.x86.gemm_fp16`): W as it is, A widened
-    (exactly) by a stage of its own, float32 sums and epilogue, the output rounded to float16 once."""
-    half_model = (a.dtype == DType.FLOAT16 and ctx.out_dtype() == DType.FLOAT16 and wv is not None
-                  and wv.dtype == np.float16 and "fp16" in ctx.narrow_formats)
+    A float16 or bfloat16 model's product (A, W and the output of that type) takes the narrowed kernels of its
+    format where the target has them (x86 ``narrow_formats``: "fp16", the float16 weight panels of
+    :mod:`cuvil.targets.x86.gemm_fp16`; "bf16", :mod:`cuvil.targets.x86.gemm_bf16` and AMX): W as it is, A
+    widened (exactly) by a stage of its own, float32 sums and epilogue, the output rounded once."""
+    model_fmt = _MODEL_FORMATS.get(a.dtype, "")
+    half_model = bool(model_fmt and ctx.out_dtype() == a.dtype and wv is not None and wv.dtype == _NUMPY[a.dtype]
+                      and model_fmt in ctx.narrow_formats)
     if (not ctx.matmul_panels or wv is None or wv.ndim != 2 or len(a.shape) < 2
             or not (half_model or (a.dtype == DType.FLOAT and ctx.out_dtype() == DType.FLOAT))
             or ctx._weight is None or isinstance(a.shape[-1], SymExpr)):
@@ -32,15 +40,19 @@ def _matmul_as_gemm(ctx, a, wv: Optional[np.ndarray], out, epilogue=None) -> Opt
     if K < 8 or M < 8 or tuple(out[:-1]) != tuple(a.shape[:-1]) or out[-1] != M:
         return None
     # float32: the target's register tile (rows x cols); bf16 panels keep MR x gemm_cols (gemm_bf16.py)
-    mr, cols = ctx.matmul_tile if ctx.matmul_tile and ctx.narrowed != "bf16" else (MR, ctx.gemm_cols)
-    narrow = "fp16" if half_model else ctx.narrowed
-    if a.buf is None and narrow != "fp16":
+    narrow = model_fmt if half_model else ctx.narrowed
+    mr, cols = ctx.matmul_tile if ctx.matmul_tile and narrow != "bf16" else (MR, ctx.gemm_cols)
+    out_dtype = a.dtype if half_model else DType.FLOAT
+    if half_model:          # the model's A widened, exactly, where the kernels read float32 rows
+        a_narrow = a
+        a = ctx.temp(a.shape, DType.FLOAT, lambda idx: cast(a_narrow(idx), DType.FLOAT), "in_f32")
+        wv = wv.astype(np.float32)
+    elif a.buf is None and narrow != "fp16":
         a = ctx.temp(a.shape, a.dtype, a.fn, "in")
     if narrow == "fp16":    # weights in float16 panels, A rounded to float16 by a stage of its own, float32 sums
-        a16 = a         # (a float16 model's A: widened, exactly)
-        widen = (lambda idx: cast(a16(idx), DType.FLOAT)) if half_model else \
-            (lambda idx: cast(cast(a16(idx), DType.FLOAT16), DType.FLOAT))
-        a = ctx.temp(a.shape, DType.FLOAT, widen, "in_f32" if half_model else "in_fp16")
+        if not half_model:
+            a16 = a
+            a = ctx.temp(a.shape, DType.FLOAT, lambda idx: cast(cast(a16(idx), DType.FLOAT16), DType.FLOAT), "in_fp16")
         wp = ctx.weight(pack_columns_fp16(wv, cols), "panels_fp16")
         term = lambda rows, m, k: binop("mul", a(rows + [k]), cast(load(wp, [m // cols, k, m % cols]), DType.FLOAT))
     elif narrow == "bf16":    # weights in bfloat16 pairs along K, A rounded to bfloat16, float32 sums
@@ -59,7 +71,7 @@ def _matmul_as_gemm(ctx, a, wv: Optional[np.ndarray], out, epilogue=None) -> Opt
         rows, m = list(idx[:-1]), idx[-1]
         acc = E("contract", list(idx) + [reduce("sum", [K], lambda k: term(rows, m, k))], DType.FLOAT, spec)
         acc = epilogue(idx, acc) if epilogue is not None else acc
-        return cast(acc, DType.FLOAT16) if half_model else acc
+        return cast(acc, out_dtype) if half_model else acc
     return TensorFn(out, ctx.out_dtype(), f, "complex", contraction=True)
 
 

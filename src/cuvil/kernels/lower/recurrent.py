@@ -116,6 +116,8 @@ def _recurrent(ctx):
     def with_bias(idx, acc):
         j = idx[-1]
         b = gate_bias(j // GH, j % GH)
+        if b is not None and b.dtype != acc.dtype:    # a float16 model's bias beside the product's float32 sums
+            b = cast(b, acc.dtype)
         return acc if b is None else binop("add", acc, b)
 
     proj_shape = (N, T, dirs * GH) if layout else (T, N, dirs * GH)

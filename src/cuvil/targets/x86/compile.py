@@ -113,6 +113,11 @@ def _bytes(n: int) -> str:
     return f"{n} B"
 
 
+def _holds_float16(g) -> bool:
+    """Whether graph ``g`` has a float16 value (its conversions may use F16C / AVX512-FP16 instructions)."""
+    return any(v is not None and v.dtype == DType.FLOAT16 for n in g.nodes for v in list(n.inputs) + list(n.outputs))
+
+
 def _path_precision(path: str) -> str:
     """The format a kernel on narrow ``path`` computes in (the manifest step's ``precision``)."""
     if "int8" in path or "vnni" in path:
@@ -255,7 +260,7 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
         opt_weights_symbol=opt_weights_sym, num_run_time_symbols=sched.num_run_time_symbols,
         # a library with bf16 kernels also checks AVX512_BF16 (GCC 10+ and Clang 12+ know the name)
         isa_checks=list(dict.fromkeys([f for f in C_CHECKED_FEATURES if f in target_cpu.features]
-                                      + bf16_isa_checks(target, otarget) + fp16_isa_checks(target_cpu, target, otarget)
+                                      + bf16_isa_checks(target, otarget) + fp16_isa_checks(target_cpu, target, otarget, half_values=_holds_float16(g))
                                       + amx_isa_checks(AMX_BF16, target, otarget)
                                       + int8_isa_checks(target, otarget))),
         **({} if weights_file is None else {"external_weights_bytes": weights_file["bytes"],

@@ -1227,5 +1227,13 @@ def tile_epilogue(em: X86Emitter, st: Stage, node: E, slot, index, nrows, ncols,
         value = b.load(slot(r, j), typ=F32)
         value = b.fptrunc(value, F16) if st.buf.dtype == DType.FLOAT16 else em.to_memory(value, st.buf.dtype)
         b.store(value, em.address(st.buf, index(r, j)))
-    for pass_ in (apply, copy):
+
+    def apply_store(r, j):   # a non-float output (a comparison, an integer Cast fused after the product)
+        at = index(r, j)
+        for v, i in zip(st.vars, at):
+            em.env[v.attr] = i
+        em.memo[-1][node.uid] = b.load(slot(r, j), typ=F32)
+        b.store(em.to_memory(em.emit(st.expr), st.buf.dtype), em.address(st.buf, at))
+    passes = (apply, copy) if st.buf.dtype in (DType.FLOAT, DType.FLOAT16, DType.BFLOAT16) else (apply_store,)
+    for pass_ in passes:
         em.loop_range(I64(0), nrows, lambda r: em.loop_range(I64(0), ncols, lambda j: pass_(r, j)))

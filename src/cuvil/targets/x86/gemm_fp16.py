@@ -45,12 +45,13 @@ def fp16_supported(km) -> bool:
     return km.vector_bits >= 256 and FP16_FEATURE in getattr(km, "cpu_features", ())
 
 
-def fp16_isa_checks(cpu, *targets) -> list:
-    """``["f16c"]`` when one of the code generator's results (None skipped) has a kernel on the f16c path, and
-    ``"avx512fp16"`` too when ``cpu`` (the CpuDescription built for) has it: LLVM then widens with that ISA's
-    ``vcvtph2psx``. The library's C code checks them at session creation, so a C program on a CPU without
-    them gets CUVIL_ERR_UNSUPPORTED instead of SIGILL."""
-    used = any(F16C_PATH in (t or {}).get("narrow_paths", {}).values() for t in targets)
+def fp16_isa_checks(cpu, *targets, half_values: bool = False) -> list:
+    """``["f16c"]`` when one of the code generator's results (None skipped) has a kernel on the f16c path or the
+    model holds float16 values (``half_values``: its conversions), and ``"avx512fp16"`` too when ``cpu`` (the
+    CpuDescription built for) has it: LLVM then converts with that ISA's ``vcvtph2psx`` / ``vcvtps2phx``. The
+    library's C code checks them at session creation, so a C program on a CPU without them gets
+    CUVIL_ERR_UNSUPPORTED instead of SIGILL."""
+    used = half_values or any(F16C_PATH in (t or {}).get("narrow_paths", {}).values() for t in targets)
     if not used:
         return []
-    return [FP16_FEATURE] + (["avx512fp16"] if "avx512fp16" in cpu.features else [])
+    return [f for f in (FP16_FEATURE, "avx512fp16") if f in cpu.features]
