@@ -335,9 +335,10 @@ EXPORTS = ["bert.torchscript", "bert.dynamo", "distilbert.torchscript", "roberta
 @pytest.mark.parametrize("name", EXPORTS)
 def test_float16_exports(name):
     """The torch.onnx exports converted to float16 as users convert them (onnxconverter_common, every tensor
-    float16) compile on x86 (before: their attention was fused into the float32-only FusedAttention kernel and
-    the build failed) with their products on the GEMM kernels, and agree with onnxruntime's float32 run of the
-    original export and its float16 run of the converted one within float16's error."""
+    float16) compile on x86 (before: their attention was fused into FusedAttention, which took float32 only, and
+    the build failed) with their products on the GEMM kernels and their attention in the fused kernel (operands
+    widened), and agree with onnxruntime's float32 run of the original export and its float16 run of the
+    converted one within float16's error."""
     import os
     import warnings
     import onnx
@@ -362,6 +363,8 @@ def test_float16_exports(name):
         feeds["attention_mask"][0, -5:] = 0          # padded keys
     art = Pipeline.from_onnx(h).optimize().compile(input_shapes={k: list(v.shape) for k, v in feeds.items()})
     assert any(s.get("kernel") == "gemm" for s in art.manifest["steps"]), art.manifest["steps"]
+    # attention fused into the float32 kernel, the float16 operands widened into it
+    assert any(s.get("op") == "FusedAttention" for s in art.manifest["steps"]), art.manifest["steps"]
     got = art.model().run(*[feeds[i.name] for i in h.graph.input])
     assert all(g.dtype == np.float16 for g in got)
     f32 = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(

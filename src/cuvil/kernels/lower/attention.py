@@ -62,8 +62,23 @@ def _fused_attention(ctx):
     dt = q.dtype
     if ctx.gpu_attention and _gpu_form(ctx, q, kt, v):
         return _rows(ctx, q, kt, v, scale_t, mask)
+    if dt in (DType.FLOAT16, DType.BFLOAT16):
+        # a float16 / bfloat16 model's attention: its operands widened (exactly) into the float32 kernel's own
+        # copies, the output rounded once to the model's type
+        wide = [TensorFn(t.shape, DType.FLOAT, (lambda t_: lambda idx: cast(t_(idx), DType.FLOAT))(t), t.kind)
+                if t is not None and t.dtype in (DType.FLOAT16, DType.BFLOAT16) else t
+                for t in (q, kt, v, scale_t, mask)]
+        (res,) = _fused_attention_float32(ctx, *wide)
+        return [TensorFn(res.shape, dt, lambda idx: cast(res(idx), dt), "injective")]
     if dt != DType.FLOAT:
-        ctx.unsupported(f"FusedAttention of {dt.name}: the kernel computes in float32")
+        ctx.unsupported(f"FusedAttention of {dt.name}: the kernel computes in float32 (and widens float16 / bfloat16)")
+    return _fused_attention_float32(ctx, q, kt, v, scale_t, mask)
+
+
+def _fused_attention_float32(ctx, q, kt, v, scale_t, mask):
+    """FusedAttention of float32 operands on x86: the tiled kernel where the head sizes are static, else the
+    sequential loop form."""
+    dt = q.dtype
     out_shape = ctx.out_shape()
     B, H, Sq, Dv = out_shape
     D, Sk = kt.shape[2], kt.shape[3]

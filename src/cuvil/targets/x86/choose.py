@@ -131,9 +131,9 @@ def accept(rule: Rule, b, shapes=AVX2_TILES, tuning: X86Tuning = DEFAULT_TUNING)
     """Whether the x86 target (register tiles ``shapes``, cost model ``tuning``) wants this match of an
     ``on x86`` rule."""
     if isinstance(rule.rhs, OpCall) and rule.rhs.op == "FusedAttention":
-        # the x86 kernel computes in float32: a float16 (or bf16, double) model's attention stays unfused
-        return all(getattr(v, "dtype", DType.FLOAT) not in (DType.FLOAT16, DType.BFLOAT16, DType.DOUBLE)
-                   for v in b.values.values() if v is not None)
+        # the x86 kernel computes in float32 (a float16 / bfloat16 model's operands widened into it); a double
+        # model's attention stays unfused
+        return all(getattr(v, "dtype", DType.FLOAT) != DType.DOUBLE for v in b.values.values() if v is not None)
     tile = _rhs_tile(rule)
     if tile is None:
         return True
