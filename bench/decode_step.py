@@ -48,7 +48,8 @@ def feeds_for(model: onnx.ModelProto, past: int) -> dict:
         elif i.name == "attention_mask":
             out[i.name] = np.ones(dims, np.int64)
         else:
-            out[i.name] = rng.standard_normal(dims).astype(np.float32)
+            et = onnx.helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type)
+            out[i.name] = rng.standard_normal(dims).astype(et)
     return out
 
 
@@ -105,6 +106,8 @@ def main() -> None:
                     help="the declared range of the past keys / values (the policy's box; ids and mask as they are)")
     ap.add_argument("--every", action="store_true",
                     help="narrow every MatMul / Gemm with a constant weight to --precision, not only the certified ones")
+    ap.add_argument("--half-model", action="store_true",
+                    help="convert the model to float16 first (every tensor; onnxconverter_common) and run that")
     ap.add_argument("--roofline", action="store_true",
                     help="each step's memory bound (bytes per token over this core's streaming bandwidth)")
     a = ap.parse_args()
@@ -119,6 +122,14 @@ def main() -> None:
         onnx.save_model(gpt2_decode_model(), path, save_as_external_data=True, location="gpt2_decode.onnx.data")
         a.model = path
     model = onnx.load(a.model)
+    if a.half_model:       # the model itself in float16, as users convert it (both engines run that model)
+        import warnings
+        from onnxconverter_common import float16
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = float16.convert_float_to_float16(model, keep_io_types=False)
+        a.model_bytes = model.SerializeToString()
+        print("the model converted to float16 (onnxconverter_common): both engines run it")
     pasts = [int(p) for p in a.past.split(",")]
     threads = [int(t) for t in a.threads.split(",")]
     print(f"CPU: {cpu_label()}; {a.model}; per token, p50 of {a.blocks} alternating blocks of {a.calls} calls")
@@ -166,7 +177,7 @@ def main() -> None:
             xs = [feeds[d.name] for d in m.inputs]
             opts = ort.SessionOptions()
             opts.intra_op_num_threads, opts.inter_op_num_threads = th, 1
-            s = ort.InferenceSession(a.model, opts, providers=["CPUExecutionProvider"])
+            s = ort.InferenceSession(getattr(a, "model_bytes", a.model), opts, providers=["CPUExecutionProvider"])
             ref, got = s.run(None, feeds), m.run(*xs)
             err = max(float(np.max(np.abs(r - g))) for r, g in zip(ref, got))
             res = {"cuvil": [], "ort": []}

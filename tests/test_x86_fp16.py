@@ -399,3 +399,25 @@ def test_float16_recurrent_with_bias(op):
     y = art.model().run(x)[0].astype(np.float64)
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     assert float(np.abs(y - want).max()) <= 4e-3, float(np.abs(y - want).max())
+
+
+def test_isa_check_by_cpuid_bit(tmp_path):
+    """F16C and AVX512-FP16 are checked by their cpuid bits, not by __builtin_cpu_supports names that GCC before
+    12 does not know: the generated check compiles, and on this CPU names exactly the ones it lacks."""
+    import shutil
+    import subprocess
+    from cuvil.targets.x86.model_c import CPUID_BITS, generate_isa_c
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    src = generate_isa_c("t", ["f16c", "avx512fp16"])
+    assert "__builtin_cpu_supports(\"avx512fp16\")" not in src and "cuvil_cpuid_bit(7u, 0u, 3, 23)" in src
+    (tmp_path / "isa.c").write_text(src.replace('#include "cuvil_runtime.h"', "#define CUVIL_HIDDEN"))
+    (tmp_path / "main.c").write_text('#include <stdio.h>\nconst char *t__missing_isa(void);\n'
+                                     'int main(void) { const char *m = t__missing_isa(); puts(m ? m : "-"); return 0; }\n')
+    exe = tmp_path / "isa"
+    subprocess.run([cc, "-O1", str(tmp_path / "isa.c"), str(tmp_path / "main.c"), "-o", str(exe)], check=True)
+    got = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.strip()
+    feats = host_cpu().features
+    want = next((f for f in ("f16c", "avx512fp16") if f not in feats), "-")
+    assert got == want, (got, want, sorted(CPUID_BITS))

@@ -62,9 +62,9 @@ def _fused_attention(ctx):
     dt = q.dtype
     if ctx.gpu_attention and _gpu_form(ctx, q, kt, v):
         return _rows(ctx, q, kt, v, scale_t, mask)
-    if dt in (DType.FLOAT16, DType.BFLOAT16):
-        # a float16 / bfloat16 model's attention: its operands widened (exactly) into the float32 kernel's own
-        # copies, the output rounded once to the model's type
+    if dt in (DType.FLOAT16, DType.BFLOAT16) and not ctx.gpu_attention:
+        # x86, a float16 / bfloat16 model's attention: its operands widened (exactly) into the float32 kernel's
+        # own copies, the output rounded once to the model's type (the GPU's kernel takes float16 as it is)
         wide = [TensorFn(t.shape, DType.FLOAT, (lambda t_: lambda idx: cast(t_(idx), DType.FLOAT))(t), t.kind)
                 if t is not None and t.dtype in (DType.FLOAT16, DType.BFLOAT16) else t
                 for t in (q, kt, v, scale_t, mask)]
