@@ -421,3 +421,45 @@ def test_isa_check_by_cpuid_bit(tmp_path):
     feats = host_cpu().features
     want = next((f for f in ("f16c", "avx512fp16") if f not in feats), "-")
     assert got == want, (got, want, sorted(CPUID_BITS))
+
+
+@needs_fp16
+def test_float16_decode_step_reads_the_cache_in_place():
+    """A GPT-2 decode step (cuvil.testing.hf_models' graph, head size 32, 2 layers) as a float16 model:
+    attention reads the float16 KV cache's rows in place, widening them as it loads them, instead of copying
+    every key into float32 panels each step; within float16's error of onnxruntime's float32 run of the float32
+    model, past 1 and 40."""
+    import warnings
+    import onnxruntime as ort
+    from cuvil.testing.hf_models import gpt2_decode_model
+    float16 = pytest.importorskip("onnxconverter_common.float16", reason="pip install onnxconverter-common")
+    m = gpt2_decode_model(vocab=97, hidden=64, layers=2, heads=2, ffn=128, max_pos=128)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        h = float16.convert_float_to_float16(m, keep_io_types=False)
+    art = Pipeline.from_onnx(h).optimize().compile(shape_profiles={
+        "batch": (1, 1, 2), "past_sequence": (1, 16, 64), "total_sequence": (2, 17, 65)})
+    steps = [s for s in art.manifest["steps"] if s.get("variant", "generic") == "generic"]
+    assert any(s.get("op") == "FusedAttention" and s.get("kernel") == "attention" for s in steps), steps
+    copies = [s["stage"] for s in steps if s.get("op") == "FusedAttention" and s.get("kernel") != "attention"
+              and ("key" in s["stage"] or "value" in s["stage"])]
+    assert not copies, copies
+    f32 = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    mod = art.model()
+    rng = np.random.default_rng(9)
+    for past in (1, 40):
+        feeds = {}
+        for i in h.graph.input:
+            dims = [d.dim_value or {"batch": 1, "past_sequence": past, "total_sequence": past + 1}[d.dim_param]
+                    for d in i.type.tensor_type.shape.dim]
+            if i.name == "input_ids":
+                feeds[i.name] = np.full(dims, 7, np.int64)
+            elif i.name == "attention_mask":
+                feeds[i.name] = np.ones(dims, np.int64)
+            else:
+                feeds[i.name] = rng.standard_normal(dims).astype(np.float16)
+        got = mod.run(*[feeds[i.name] for i in h.graph.input])
+        want = f32.run(None, {k: v.astype(np.float32) if v.dtype == np.float16 else v for k, v in feeds.items()})
+        for g, w in zip(got, want):
+            g = np.asarray(g, np.float64)
+            assert float(np.abs(g - w).max()) <= 5e-3 * float(np.abs(w).max()) + 1e-3, float(np.abs(g - w).max())

@@ -172,10 +172,12 @@ def _fused_attention_float32(ctx, q, kt, v, scale_t, mask):
 
 def _stored_rows(read):
     """For the values' index function ``read`` (at [b, h, key, column]): when it is a plain load of a stored
-    buffer whose last dim is the column (contiguous rows), that buffer and the logical axis each of its dims is
-    indexed by (None: a broadcast dim, index 0); else None."""
+    buffer whose last dim is the column (contiguous rows), or such a load of float16 widened to float32, that
+    buffer and the logical axis each of its dims is indexed by (None: a broadcast dim, index 0); else None."""
     vs = [var("b"), var("h"), var("key"), var("c")]
     e = read(vs)
+    if e.op == "cast" and e.dtype == DType.FLOAT and e.args[0].op == "load" and e.args[0].dtype == DType.FLOAT16:
+        e = e.args[0]    # a float16 model's keys / values, widened as the kernel loads them (x86 attention.py)
     if e.op != "load":
         return None
     names = {v.attr: k for k, v in enumerate(vs)}

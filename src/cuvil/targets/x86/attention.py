@@ -43,6 +43,7 @@ from typing import Optional, Tuple
 
 import llvmlite.ir as ir
 
+from ...ir.dtype import DType
 from ...kernels.attention import AttentionTile
 from ...kernels.schedule import Stage
 from ..llvm.types import F32, I1, I32, I64, splat
@@ -88,6 +89,18 @@ def emit_attention_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]
 
     def vload(p):
         return b.load(b.bitcast(p, vptr), typ=vec, align=4)
+
+    # keys / values read in place from a float16 model's stored rows: widened as they are loaded (exact)
+    half = ir.HalfType()
+    kel = half if spec.k_axes is not None and spec.kt.dtype == DType.FLOAT16 else F32
+    vel = half if spec.v_axes is not None and spec.v.dtype == DType.FLOAT16 else F32
+
+    def eload(base, off, el):
+        """vw elements of ``el`` (float32, or float16 widened) at ``base + off`` as a float32 vector."""
+        p = b.gep(base, [off], source_etype=el, inbounds=True)
+        if el is F32:
+            return vload(p)
+        return b.fpext(b.load(p, typ=ir.VectorType(half, vw), align=2), vec)
 
     def vstore(x, p):
         b.store(x, b.bitcast(p, vptr), align=4)
@@ -190,7 +203,7 @@ def emit_attention_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]
                                        b.sub(n_keys, I64(1))))
                     acc = None
                     for c in range(D // vw):
-                        x = vload(fptr(kp, I64(c * vw)))
+                        x = eload(kp, I64(c * vw), kel)
                         acc = b.fmul(qvecs[c], x) if acc is None else b.call(fma, [qvecs[c], x, acc])
                     parts.append(acc)
                 s = lane_sums(parts)
@@ -257,7 +270,7 @@ def emit_attention_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]
 
             def pv(j):      # 4. P · V: nw value vectors x qb broadcast probabilities
                 vp = vrow(b.add(key0, j))
-                vals = [vload(fptr(vp, I64(w * vw))) for w in range(NW)]
+                vals = [eload(vp, I64(w * vw), vel) for w in range(NW)]
                 for qi in range(QB):
                     pj = splat(b, b.load(fptr(ptile, b.add(j, I64(qi * KB))), typ=F32), vw)
                     for w in range(NW):
@@ -298,7 +311,7 @@ def emit_attention_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]
             def add(j):
                 vp = vrow(j)
                 for w in range(NW):
-                    vstore(b.fadd(vload(slot(z, w)), b.fmul(zero_v, vload(fptr(vp, I64(w * vw))))), slot(z, w))
+                    vstore(b.fadd(vload(slot(z, w)), b.fmul(zero_v, eload(vp, I64(w * vw), vel))), slot(z, w))
             em.loop_range(I64(0), keys, add)
             store_row(out, [vload(slot(z, w)) for w in range(NW)])
 
