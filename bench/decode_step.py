@@ -6,6 +6,12 @@ total summed by op and kernel kind.
 
     PYTHONPATH=src python3 bench/decode_step.py [--model tests/fixtures/exports/gpt2_decode.torchscript.onnx]
         [--past 128,1023] [--threads 1,2] [--calls 200] [--blocks 7] [--top 6] [--one-library] [--roofline]
+        [--precision fp16 [--every | --input-range -8:8]] [--half-model]
+
+``--precision``: Cuvil's build narrowed by the precision policy over ``--input-range`` (the past keys/values'
+declared range), or with ``--every`` every constant-weight MatMul / Gemm narrowed by hand (x86 fp16: float16
+weight panels, float32 sums). ``--half-model``: the model converted to float16 first (onnxconverter_common,
+every tensor), both engines running that model.
 
 ``--one-library``: one library for batch 1..8, past 1..max (as bench/run_all.py --section transformer builds
 it) instead of one per past length. ``--roofline``: the memory bound of a step: the bytes a token must move
