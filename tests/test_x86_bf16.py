@@ -27,6 +27,7 @@ from cuvil.targets.x86.gemm_bf16 import narrow_formats
 from cuvil.targets.x86.tuning import X86Tuning
 from cuvil.testing.bert_block import bert_block
 from cuvil.testing.conv_models import conv_epilogue_model
+from cuvil.testing.matmul_models import check_narrowed_product, constant_weight_matmul, rounded
 
 HAS_BF16 = "bf16" in narrow_formats(host_cpu())
 VDPBF16PS = X86Tuning(amx=False)
@@ -50,7 +51,7 @@ def narrowed(model, ranges=None, **compile_kw):
 
 
 def bf16(a):
-    return np.asarray(a, np.float32).astype(ml_dtypes.bfloat16).astype(np.float64)
+    return rounded(a, "bf16")
 
 
 def bf16_steps(art):
@@ -58,37 +59,14 @@ def bf16_steps(art):
 
 
 def check_product(y, a, w, k, extra=0.0):
-    """``y`` (the library's) against ``a @ w`` (+ ``extra``): with rounded inputs within the float32 sums'
-    bound, and against the float32 inputs within the bf16 rounding bound (module docstring)."""
-    mag = np.abs(a.astype(np.float64)) @ np.abs(w.astype(np.float64))
-    rounded = bf16(a) @ bf16(w) + extra
-    exact = a.astype(np.float64) @ w.astype(np.float64) + extra
-    tiny = 1e-6 * (np.abs(extra) if np.ndim(extra) else abs(extra))
-    assert np.all(np.abs(y - rounded) <= 2 * k * 2.0 ** -24 * mag + tiny + 1e-30), float(np.abs(y - rounded).max())
-    assert np.all(np.abs(y - exact) <= (2.0 ** -7 + 2.0 ** -16 + k * 2.0 ** -23) * mag + tiny + 1e-30)
-    # and bf16 rounding is really in effect: a float32 product would be far closer to ``exact``
-    assert float(np.abs(y - exact).max()) > 1e3 * float(np.abs(y - rounded).max()) or float(np.abs(y - exact).max()) == 0
-
-
-def matmul_model(k, m, rows, bias=True, seed=0, batch_dims=("N",)):
-    rng = np.random.default_rng(seed)
-    w = rng.standard_normal((k, m)).astype(np.float32)
-    b = rng.standard_normal(m).astype(np.float32)
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["y0" if bias else "y"])]
-    inits = [numpy_helper.from_array(w, "w")]
-    if bias:
-        nodes.append(helper.make_node("Add", ["y0", "b"], ["y"]))
-        inits.append(numpy_helper.from_array(b, "b"))
-    dims = list(batch_dims) + [k]
-    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, dims)],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(batch_dims) + [m])], inits)
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), w, (b if bias else 0.0)
+    """The bfloat16 bounds of :func:`cuvil.testing.matmul_models.check_narrowed_product` (module docstring)."""
+    check_narrowed_product(y, a, w, k, "bf16", extra, effect=1e3)
 
 
 @pytest.mark.parametrize("k,m", [(77, 100), (64, 64), (300, 33), (8, 130)], ids=["odd-K-col-tail", "exact", "long-K", "K8"])
 def test_matmul_symbolic_rows(k, m):
     """Rows symbolic (N: 1..64, partial row tiles), K odd (a zero pair), M past whole 64-column panels."""
-    model, w, b = matmul_model(k, m, "N")
+    model, w, b = constant_weight_matmul(k, m)
     art = narrowed(model, shape_profiles={"N": (1, 8, 64)})
     steps = bf16_steps(art)
     assert steps and all(s["path"] == "avx512_bf16" and s["kernel"] == "gemm" for s in steps), art.manifest["steps"]
@@ -116,7 +94,7 @@ def test_gemm_trans_b_3d_matmul():
     x = rng.standard_normal((5, k)).astype(np.float32)
     check_product(art.model().run(x)[0].astype(np.float64), x, wt.T, k, c)
 
-    model, w, b = matmul_model(40, 48, None, batch_dims=("B", "S"))
+    model, w, b = constant_weight_matmul(40, 48, batch_dims=("B", "S"))
     art = narrowed(model, shape_profiles={"B": (1, 2, 4), "S": (1, 5, 16)})
     assert bf16_steps(art)
     x = rng.standard_normal((3, 7, 40)).astype(np.float32)
@@ -201,7 +179,7 @@ def test_conv_fused_residual_relu():
 def test_fp32_default_unchanged():
     """Without narrowed nodes nothing is bf16: no step has a precision, and the library does not check
     AVX512_BF16 at session creation beyond the host's ISA list."""
-    model, _, _ = matmul_model(64, 64, None)
+    model, _, _ = constant_weight_matmul(64, 64)
     art = Pipeline.from_onnx(model).optimize().compile(shape_profiles={"N": (1, 4, 16)})
     assert not bf16_steps(art)
 
@@ -296,7 +274,7 @@ def test_manifest_records_what_ran_after_attention_fusion():
 def test_refused_without_avx512_bf16(monkeypatch):
     """A library with bf16 kernels, loaded on a CPU without AVX512_BF16: a CuvilError that says which kernels
     need it, not SIGILL."""
-    model, _, _ = matmul_model(32, 64, None)
+    model, _, _ = constant_weight_matmul(32, 64)
     art = narrowed(model, shape_profiles={"N": (1, 2, 8)})
     assert "avx512bf16" in art.manifest["target"]["isa_features"]
     real = host_cpu()

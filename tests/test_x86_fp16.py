@@ -9,7 +9,7 @@ Error bounds. A narrowed node rounds its inputs to float16 (11 significant bits,
 at most u = 2^-11 each) and sums their exact products in float32. Against the reference that rounds the inputs
 the same way and sums in float64, only the float32 sums differ: elementwise at most ``K * 2^-24 * (|a| @ |b|)``
 (checked with a factor 2 for the bias add and the epilogue). Against the exact float32 product the rounding
-of both inputs adds at most ``(2u + u^2) * (|a| @ |b|)``: the tests check ``(2^-10 + 2^-21 + K * 2^-23) *
+of both inputs adds at most ``(2u + u^2) * (|a| @ |b|)``: the tests check ``(2^-10 + 2^-22 + K * 2^-23) *
 (|a| @ |b|)`` elementwise, and that the rounding is really there (the float32 product is far closer).
 """
 import attrs
@@ -25,6 +25,7 @@ from cuvil.targets.x86.cpu import cpu_label, host_cpu
 from cuvil.targets.x86.gemm_fp16 import FP16_OPS, fp16_formats, fp16_isa_checks
 from cuvil.targets.x86.target import TARGET as X86
 from cuvil.testing.conv_models import conv_epilogue_model
+from cuvil.testing.matmul_models import check_narrowed_product, constant_weight_matmul, rounded
 
 HAS_FP16 = "fp16" in fp16_formats(host_cpu())
 if not HAS_FP16:
@@ -44,7 +45,7 @@ def narrowed(model, ranges=None, **compile_kw):
 
 
 def fp16(a):
-    return np.asarray(a, np.float32).astype(np.float16).astype(np.float64)
+    return rounded(a, "fp16")
 
 
 def fp16_steps(art):
@@ -52,30 +53,8 @@ def fp16_steps(art):
 
 
 def check_product(y, a, w, k, extra=0.0):
-    """``y`` (the library's) against ``a @ w`` (+ ``extra``): with rounded inputs within the float32 sums'
-    bound, and against the float32 inputs within the float16 rounding bound (module docstring)."""
-    mag = np.abs(a.astype(np.float64)) @ np.abs(w.astype(np.float64))
-    rounded = fp16(a) @ fp16(w) + extra
-    exact = a.astype(np.float64) @ w.astype(np.float64) + extra
-    tiny = 1e-6 * (np.abs(extra) if np.ndim(extra) else abs(extra))
-    assert np.all(np.abs(y - rounded) <= 2 * k * 2.0 ** -24 * mag + tiny + 1e-30), float(np.abs(y - rounded).max())
-    assert np.all(np.abs(y - exact) <= (2.0 ** -10 + 2.0 ** -21 + k * 2.0 ** -23) * mag + tiny + 1e-30)
-    # and float16 rounding is really in effect: a float32 product would be far closer to ``exact``
-    assert float(np.abs(y - exact).max()) > 30 * float(np.abs(y - rounded).max())
-
-
-def matmul_model(k, m, bias=True, seed=0, batch_dims=("N",)):
-    rng = np.random.default_rng(seed)
-    w = rng.standard_normal((k, m)).astype(np.float32)
-    b = rng.standard_normal(m).astype(np.float32)
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["y0" if bias else "y"])]
-    inits = [numpy_helper.from_array(w, "w")]
-    if bias:
-        nodes.append(helper.make_node("Add", ["y0", "b"], ["y"]))
-        inits.append(numpy_helper.from_array(b, "b"))
-    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(batch_dims) + [k])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(batch_dims) + [m])], inits)
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), w, (b if bias else 0.0)
+    """The float16 bounds of :func:`cuvil.testing.matmul_models.check_narrowed_product` (module docstring)."""
+    check_narrowed_product(y, a, w, k, "fp16", extra)
 
 
 def test_formats_offered():
@@ -121,7 +100,7 @@ def test_isa_checks():
 def test_matmul_symbolic_rows(k, m):
     """Rows symbolic (N: 1..64: the one-row GEMV tile, partial row tiles), M past whole panels; 1 and 2
     threads give the same bits."""
-    model, w, b = matmul_model(k, m)
+    model, w, b = constant_weight_matmul(k, m)
     art = narrowed(model, shape_profiles={"N": (1, 8, 64)})
     steps = fp16_steps(art)
     assert steps and all(s["path"] == "f16c" and s["kernel"] == "gemm" for s in steps), art.manifest["steps"]
@@ -137,7 +116,7 @@ def test_matmul_symbolic_rows(k, m):
 @needs_fp16
 def test_weights_half_the_bytes():
     """The product's weights are stored as float16: the library's weights shrink by about half."""
-    model, _, _ = matmul_model(512, 1024, bias=False)
+    model, _, _ = constant_weight_matmul(512, 1024, bias=False)
     f32 = Pipeline.from_onnx(model).optimize().compile(shape_profiles={"N": (1, 1, 8)})
     f16 = narrowed(model, shape_profiles={"N": (1, 1, 8)})
     assert f16.manifest["weights_bytes"] <= 0.55 * f32.manifest["weights_bytes"], \
@@ -161,7 +140,7 @@ def test_gemm_trans_b_and_3d_matmul():
     x = rng.standard_normal((5, k)).astype(np.float32)
     check_product(art.model().run(x)[0].astype(np.float64), 0.5 * x, wt.T, k, c)
 
-    model, w, b = matmul_model(40, 48, batch_dims=("B", "S"))
+    model, w, b = constant_weight_matmul(40, 48, batch_dims=("B", "S"))
     art = narrowed(model, shape_profiles={"B": (1, 2, 4), "S": (1, 5, 16)})
     assert fp16_steps(art)
     x = rng.standard_normal((3, 7, 40)).astype(np.float32)
@@ -209,7 +188,7 @@ def test_forms_without_an_fp16_kernel():
 def test_auto_on_this_cpu():
     """``auto`` on x86 takes bf16 where this CPU has bf16 kernels (they compute faster), else fp16; the
     manifest says which."""
-    model, w, b = matmul_model(64, 96)
+    model, w, b = constant_weight_matmul(64, 96)
     art = Pipeline.from_onnx(model).optimize().compile(precision="auto", input_ranges={"x": (-8.0, 8.0)},
                                                        shape_profiles={"N": (1, 2, 8)})
     fmts = {v["format"] for v in art.manifest["precision"]["nodes"].values()}
@@ -221,7 +200,7 @@ def test_auto_on_this_cpu():
 def test_refused_without_f16c(monkeypatch):
     """A library with fp16 kernels, loaded on a CPU without F16C: a CuvilError that says which kernels need
     it, not SIGILL."""
-    model, _, _ = matmul_model(32, 64, bias=False)
+    model, _, _ = constant_weight_matmul(32, 64, bias=False)
     art = narrowed(model, shape_profiles={"N": (1, 2, 8)})
     assert "f16c" in art.manifest["target"]["isa_features"]
     real = host_cpu()

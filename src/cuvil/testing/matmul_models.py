@@ -65,3 +65,48 @@ def batched_matmul(b=2, h=3, m=40, k=40, n=32):
 
 FAMILIES = {"linear_gelu": linear_gelu, "attention_scores": attention_scores,
             "gemm_transb_residual": gemm_transb_residual}
+
+
+# --- x86 narrowed products (tests/test_x86_bf16.py, tests/test_x86_fp16.py) -------------------------------
+
+#: unit roundoff of the formats a narrowed product rounds its operands to
+UNIT_ROUNDOFF = {"bf16": 2.0 ** -8, "fp16": 2.0 ** -11}
+
+
+def rounded(a, fmt: str) -> np.ndarray:
+    """``a`` rounded to ``fmt`` ("bf16" or "fp16", nearest even), as float64."""
+    import ml_dtypes
+    t = ml_dtypes.bfloat16 if fmt == "bf16" else np.float16
+    return np.asarray(a, np.float32).astype(t).astype(np.float64)
+
+
+def constant_weight_matmul(k, m, bias=True, seed=0, batch_dims=("N",)):
+    """``x[*batch_dims, k] @ w[k, m]`` (+ ``b[m]``) with ``w`` and ``b`` constant (standard normal): the model, w,
+    and b (0.0 without the bias)."""
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((k, m)).astype(np.float32)
+    b = rng.standard_normal(m).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y0" if bias else "y"])]
+    inits = [numpy_helper.from_array(w, "w")]
+    if bias:
+        nodes.append(helper.make_node("Add", ["y0", "b"], ["y"]))
+        inits.append(numpy_helper.from_array(b, "b"))
+    model = _model(nodes, [_t("x", list(batch_dims) + [k])], [_t("y", list(batch_dims) + [m])], inits)
+    return model, w, (b if bias else 0.0)
+
+
+def check_narrowed_product(y, a, w, k, fmt: str, extra=0.0, effect: float = 30.0) -> None:
+    """``y`` (a library's ``a @ w`` + ``extra`` with both operands narrowed to ``fmt`` and float32 sums) against
+    float64 references: with the operands rounded the same way, within the float32 sums' bound ``2 K 2^-24 (|a|
+    @ |w|)`` elementwise (a factor 2 for the bias add and the epilogue); against the unrounded operands within
+    the rounding of both, ``(2u + u^2 + K 2^-23) (|a| @ |w|)``; and the rounding really in effect: the error
+    against the unrounded product at least ``effect`` times the one against the rounded (or both 0)."""
+    u = UNIT_ROUNDOFF[fmt]
+    mag = np.abs(a.astype(np.float64)) @ np.abs(w.astype(np.float64))
+    near = rounded(a, fmt) @ rounded(w, fmt) + extra
+    exact = a.astype(np.float64) @ w.astype(np.float64) + extra
+    tiny = 1e-6 * (np.abs(extra) if np.ndim(extra) else abs(extra))
+    assert np.all(np.abs(y - near) <= 2 * k * 2.0 ** -24 * mag + tiny + 1e-30), float(np.abs(y - near).max())
+    assert np.all(np.abs(y - exact) <= (2 * u + u * u + k * 2.0 ** -23) * mag + tiny + 1e-30)
+    far, close = float(np.abs(y - exact).max()), float(np.abs(y - near).max())
+    assert far > effect * close or far == 0, (far, close)
