@@ -16,7 +16,8 @@ from cuvil.kernels.contraction import AMX_TILES, pack_columns_bf16, pack_weights
 from cuvil.targets.x86.amx import amx_formats, amx_isa_checks, has_amx, request_permission
 from cuvil.targets.x86.cpu import cpu_label, describe_cpu, host_cpu
 from cuvil.testing.conv_models import conv_epilogue_model
-from test_x86_bf16 import bf16, bf16_steps, check_product, conv_ref, matmul_model, resnet_like
+from cuvil.testing.matmul_models import constant_weight_matmul
+from test_x86_bf16 import bf16, bf16_steps, check_product, conv_ref, resnet_like
 
 HAS_AMX = has_amx(host_cpu().features)
 if not HAS_AMX:
@@ -71,7 +72,7 @@ def test_permission_granted():
                          ids=["odd-K-col-tail", "exact", "long-K", "K8-one-row", "K1000"])
 def test_matmul(k, m, rows):
     """MatMul + bias: K not a multiple of 32 (zero pairs), row tails (a partial 16-row tile), column tails."""
-    model, w, b = matmul_model(k, m, "N")
+    model, w, b = constant_weight_matmul(k, m)
     art = narrowed(model, shape_profiles={"N": (1, 8, 128)})
     steps = bf16_steps(art)
     assert steps and all(s["path"] == "amx_bf16" and s["kernel"] == "gemm" for s in steps), art.manifest["steps"]
@@ -88,7 +89,7 @@ def test_matmul(k, m, rows):
 def test_matmul_fixed_rows(rows, k):
     """Fixed row counts: all of A rounded once per call into scratch (a flag per 16-row tile) where it fits
     AMX_A_BYTES, else one row tile at a time; 2 threads and 1 give the same bits."""
-    model, w, b = matmul_model(k, 100, None, batch_dims=(rows,))
+    model, w, b = constant_weight_matmul(k, 100, batch_dims=(rows,))
     art = narrowed(model)
     assert bf16_steps(art) and all(s["path"] == "amx_bf16" and s["kernel"] == "gemm" for s in bf16_steps(art))
     x = np.random.default_rng(8).standard_normal((rows, k)).astype(np.float32)
@@ -101,7 +102,7 @@ def test_matmul_fixed_rows(rows, k):
 @needs_amx
 def test_matmul_batch_dims():
     """A MatMul over [B, S, K] rows (batch dims flattened into the rows)."""
-    model, w, b = matmul_model(40, 48, "B", batch_dims=("B", "S"))
+    model, w, b = constant_weight_matmul(40, 48, batch_dims=("B", "S"))
     art = narrowed(model, shape_profiles={"B": (1, 2, 4), "S": (1, 5, 16)})
     assert bf16_steps(art) and all(s["path"] == "amx_bf16" and s["kernel"] == "gemm" for s in bf16_steps(art))
     x = np.random.default_rng(2).standard_normal((3, 7, 40)).astype(np.float32)
@@ -180,7 +181,7 @@ def test_library_asks_for_the_tile_state_itself(tmp_path):
     creation's arch_prctl(ARCH_REQ_XCOMP_PERM) makes the first tile instruction legal (without it: SIGILL)."""
     import subprocess
     import sys
-    model, w, b = matmul_model(64, 64, "N")
+    model, w, b = constant_weight_matmul(64, 64)
     art = narrowed(model, shape_profiles={"N": (1, 4, 16)})
     assert [s["path"] for s in bf16_steps(art)][:1] == ["amx_bf16"]
     x = np.random.default_rng(4).standard_normal((5, 64)).astype(np.float32)
