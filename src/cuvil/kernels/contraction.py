@@ -23,6 +23,7 @@ import attrs
 import numpy as np
 
 from ..ir.dim import product
+from ..ir.dtype import DType
 from .texpr import Buf, E, nodes
 
 MR = 6   # output channels per weight panel (rows of the micro-kernel's register tile) by default
@@ -186,15 +187,13 @@ def bf16_values(a: np.ndarray) -> np.ndarray:
     return narrow_values(a, "bf16")
 
 
-#: the numpy types of the formats a contraction's operands are rounded to (Node.precision spellings)
-NARROW_NUMPY = {"bf16": "bfloat16", "fp16": "float16"}
+#: the element types of the formats a contraction's operands are rounded to (Node.precision spellings)
+NARROW_DTYPES = {"bf16": DType.BFLOAT16, "fp16": DType.FLOAT16}
 
 
 def narrow_values(a: np.ndarray, fmt: str) -> np.ndarray:
     """``a`` rounded to ``fmt`` ("bf16" or "fp16", nearest even), as float32."""
-    import ml_dtypes
-    t = ml_dtypes.bfloat16 if fmt == "bf16" else np.float16
-    return np.ascontiguousarray(np.asarray(a, np.float32).astype(t).astype(np.float32))
+    return np.ascontiguousarray(np.asarray(a, np.float32).astype(NARROW_DTYPES[fmt].numpy).astype(np.float32))
 
 
 def pack_weights_bf16(w: np.ndarray, groups: int, mr: int = MR) -> np.ndarray:

@@ -75,9 +75,8 @@ UNIT_ROUNDOFF = {"bf16": 2.0 ** -8, "fp16": 2.0 ** -11}
 
 def rounded(a, fmt: str) -> np.ndarray:
     """``a`` rounded to ``fmt`` ("bf16" or "fp16", nearest even), as float64."""
-    import ml_dtypes
-    t = ml_dtypes.bfloat16 if fmt == "bf16" else np.float16
-    return np.asarray(a, np.float32).astype(t).astype(np.float64)
+    from cuvil.kernels.contraction import narrow_values
+    return narrow_values(a, fmt).astype(np.float64)
 
 
 def constant_weight_matmul(k, m, bias=True, seed=0, batch_dims=("N",)):

@@ -36,7 +36,7 @@ from ...ir.dtype import DType
 from ..sequential import Assign, Sequential, sequential
 from ..texpr import I64, Buf, E, binop, call, cast, cmp, const, dim_index, load, logic, reduce, select, substitute, var
 from ..attention import AttentionRows, AttentionTile
-from .core import ARENA, TensorFn, broadcast_fn, lowering, scalar_of
+from .core import ARENA, TensorFn, broadcast_fn, lowering, scalar_of, widened
 
 KEY_BLOCK = 32      # keys per step: the scores of one block stay in L1 next to the accumulator
 PV_GROUP = 4        # keys whose P·V terms one vectorised pass over d adds (one load/store of acc per group)
@@ -65,10 +65,7 @@ def _fused_attention(ctx):
     if dt in (DType.FLOAT16, DType.BFLOAT16) and not ctx.gpu_attention:
         # x86, a float16 / bfloat16 model's attention: its operands widened (exactly) into the float32 kernel's
         # own copies, the output rounded once to the model's type (the GPU's kernel takes float16 as it is)
-        wide = [TensorFn(t.shape, DType.FLOAT, (lambda t_: lambda idx: cast(t_(idx), DType.FLOAT))(t), t.kind)
-                if t is not None and t.dtype in (DType.FLOAT16, DType.BFLOAT16) else t
-                for t in (q, kt, v, scale_t, mask)]
-        (res,) = _fused_attention_float32(ctx, *wide)
+        (res,) = _fused_attention_float32(ctx, *(widened(t) for t in (q, kt, v, scale_t, mask)))
         return [TensorFn(res.shape, dt, lambda idx: cast(res(idx), dt), "injective")]
     if dt != DType.FLOAT:
         ctx.unsupported(f"FusedAttention of {dt.name}: the kernel computes in float32 (and widens float16 / bfloat16)")

@@ -11,7 +11,7 @@ from ...ir.dtype import DType
 from ..contraction import (AMX_TILE, AMX_TILES, Contraction, DepthwiseWindow, channel_lanes, choose_tile, pack_weights,
                            pack_weights_amx, pack_weights_bf16)
 from ..texpr import I64, E, all_of, binop, call, cast, cmp, const, in_range, load, logic, reduce, select
-from .core import LOWERINGS, TensorFn, bf16_stored, clamp, lowering, sub_ctx, unflat_index
+from .core import LOWERINGS, TensorFn, bf16_stored, clamp, lowering, sub_ctx, unflat_index, widened
 from .quant import minus_zp
 from .windows import may_exceed, padded_window_input, window_params
 
@@ -88,11 +88,7 @@ def conv_as_gemm(ctx, x, b, out, group, cin_g, m_g, kern, strides, dil, begin, w
             or K < min_k or ctx._weight is None or ctx.narrowed not in ("", "bf16")):
         return None      # (float16 weight panels are MatMul / Gemm only: gemm_fp16.py)
     if half_model:
-        x16 = x
-        x = TensorFn(x.shape, DType.FLOAT, lambda idx: cast(x16(idx), DType.FLOAT), x.kind)
-        if b is not None:
-            b16 = b
-            b = TensorFn(b.shape, DType.FLOAT, lambda idx: cast(b16(idx), DType.FLOAT), b.kind)
+        x, b = widened(x), widened(b)
     half = x.dtype == DType.FLOAT16
     out_sp = tuple(out[2:])
     pads = ()

@@ -116,7 +116,8 @@ class LowerCtx:
             from ..contraction import narrow_values
             wb = self.weight(narrow_values(c, fmt), f"in{i}_{fmt}")
             return TensorFn(t.shape, t.dtype, lambda idx: load(wb, idx), "elementwise", buf=wb)
-        dt = DType.BFLOAT16 if fmt == "bf16" else DType.FLOAT16
+        from ..contraction import NARROW_DTYPES
+        dt = NARROW_DTYPES[fmt]
         fn = lambda idx: cast(cast(t(idx), dt), DType.FLOAT)
         return self.temp(t.shape, t.dtype, fn, f"in{i}_{fmt}") if store else TensorFn(t.shape, t.dtype, fn, t.kind)
 
@@ -306,6 +307,14 @@ def selected_positions(ctx: LowerCtx, keep: Callable[[E], E], n, name: str) -> C
     ctx.set_size(load(count, [zero]))
     # j < count <= n, but the count is a symbol of its own (its bound over the profile, not n): clamped
     return lambda j: clamp(load(where, [clamp(j, n + 1)]), n)
+
+
+def widened(t: Optional[TensorFn]) -> Optional[TensorFn]:
+    """``t`` as float32 (exact) where it holds float16 or bfloat16 values (a narrow model's operand given to a
+    float32 kernel); any other ``t`` (or None) as it is."""
+    if t is None or t.dtype not in (DType.FLOAT16, DType.BFLOAT16):
+        return t
+    return TensorFn(t.shape, DType.FLOAT, lambda idx: cast(t(idx), DType.FLOAT), t.kind)
 
 
 def scalar_of(t: TensorFn) -> E:

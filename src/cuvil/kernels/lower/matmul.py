@@ -3,21 +3,19 @@ from __future__ import annotations
 
 from typing import List, Optional
 
-import ml_dtypes
 import numpy as np
 
 from ...ir.dim import SymExpr, product
 from ...ir.dtype import DType
-from ..contraction import (AMX_K, AMX_TILES, MR, MatContraction, narrow_values, pack_columns, pack_columns_bf16,
-                           pack_columns_fp16)
+from ..contraction import (AMX_K, AMX_TILES, MR, NARROW_DTYPES, MatContraction, narrow_values, pack_columns,
+                           pack_columns_bf16, pack_columns_fp16)
 from ..texpr import I64, E, binop, cast, const, load, reduce
-from .core import LOWERINGS, TensorFn, broadcast_fn, broadcast_index, fconst, lowering, sub_ctx
+from .core import LOWERINGS, TensorFn, broadcast_fn, broadcast_index, fconst, lowering, sub_ctx, widened
 from .quant import minus_zp
 
 
 #: the narrowed format whose kernels take a product of a model of this element type (its tensors all of it)
-_MODEL_FORMATS = {DType.FLOAT16: "fp16", DType.BFLOAT16: "bf16"}
-_NUMPY = {DType.FLOAT16: np.dtype(np.float16), DType.BFLOAT16: np.dtype(ml_dtypes.bfloat16)}
+_MODEL_FORMATS = {dt: fmt for fmt, dt in NARROW_DTYPES.items()}
 
 
 def _matmul_as_gemm(ctx, a, wv: Optional[np.ndarray], out, epilogue=None) -> Optional[TensorFn]:
@@ -30,7 +28,7 @@ def _matmul_as_gemm(ctx, a, wv: Optional[np.ndarray], out, epilogue=None) -> Opt
     :mod:`cuvil.targets.x86.gemm_fp16`; "bf16", :mod:`cuvil.targets.x86.gemm_bf16` and AMX): W as it is, A
     widened (exactly) by a stage of its own, float32 sums and epilogue, the output rounded once."""
     model_fmt = _MODEL_FORMATS.get(a.dtype, "")
-    half_model = bool(model_fmt and ctx.out_dtype() == a.dtype and wv is not None and wv.dtype == _NUMPY[a.dtype]
+    half_model = bool(model_fmt and ctx.out_dtype() == a.dtype and wv is not None and wv.dtype == a.dtype.numpy
                       and model_fmt in ctx.narrow_formats)
     if (not ctx.matmul_panels or wv is None or wv.ndim != 2 or len(a.shape) < 2
             or not (half_model or (a.dtype == DType.FLOAT and ctx.out_dtype() == DType.FLOAT))
@@ -44,8 +42,8 @@ def _matmul_as_gemm(ctx, a, wv: Optional[np.ndarray], out, epilogue=None) -> Opt
     mr, cols = ctx.matmul_tile if ctx.matmul_tile and narrow != "bf16" else (MR, ctx.gemm_cols)
     out_dtype = a.dtype if half_model else DType.FLOAT
     if half_model:          # the model's A widened, exactly, where the kernels read float32 rows
-        a_narrow = a
-        a = ctx.temp(a.shape, DType.FLOAT, lambda idx: cast(a_narrow(idx), DType.FLOAT), "in_f32")
+        wide = widened(a)
+        a = ctx.temp(a.shape, DType.FLOAT, wide.fn, "in_f32")
         wv = wv.astype(np.float32)
     elif a.buf is None and narrow != "fp16":
         a = ctx.temp(a.shape, a.dtype, a.fn, "in")
