@@ -79,7 +79,8 @@ def test_chain_equals_float32_activations(name, amx):
     x = x.reshape(1, -1, CHAINS[name]["hw"], CHAINS[name]["hw"])
     on, off = every_bf16(model, amx=amx), every_bf16(model, amx=amx, bf16_storage=False)
     path = "amx_bf16" if amx else "avx512_bf16"
-    assert [s["path"] for s in bf16_steps(on)] == [path, path], on.manifest["steps"]
+    # (a padded or strided convolution on AMX reads pair planes: a planes pass of its own before it)
+    assert [s["path"] for s in bf16_steps(on) if s["kernel"] != "bf16_planes"] == [path, path], on.manifest["steps"]
     # the first Conv's output (its Relu fused) is stored as bfloat16; the second's is the graph output (float32)
     assert list(on.manifest["bf16_activations"].values()) == ["read only by bf16 convolution(s) conv2"]
     assert "bf16_activations" not in off.manifest

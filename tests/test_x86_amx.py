@@ -247,7 +247,8 @@ def test_next_panel_prefetch_same_bits(c, hw, k, residual):
     from cuvil.targets.x86.tuning import X86Tuning
     model = residual_block(c, hw, k)
     x = np.random.default_rng(6).standard_normal((1, c, hw, hw)).astype(np.float32)
-    arts = [narrowed(model, tuning=X86Tuning(next_panel_prefetch=pf, bf16_residual=residual)) for pf in (True, False)]
+    arts = [narrowed(model, tuning=X86Tuning(next_panel_prefetch=pf, bf16_residual=residual, bf16_planes=False))
+            for pf in (True, False)]      # (the packed panels' prefetch: a 3x3 reads pair planes by default)
     for art in arts:
         assert [s["path"] for s in bf16_steps(art)] == ["amx_bf16"] * 2, art.manifest["steps"]
         assert ("t" in art.manifest.get("bf16_activations", {})) == residual, art.manifest.get("bf16_activations")

@@ -39,6 +39,7 @@ from .contraction import (Contraction, DepthwiseWindow, MatContraction, PadWindo
                    fallback_weights)
 from .attention import AttentionTile
 from .contraction_int8 import MAX_NR, Int8Contraction, Int8Planes
+from .contraction_planes import CHANNEL_BLOCK, PLANE_NR, PairPlanes, PlaneContraction
 from .schedule import ARENA, WEIGHTS, Schedule, Stage, root_of
 from .texpr import E, Buf, _rebuild, as_index, dim_index, nodes, substitute, var
 
@@ -50,7 +51,7 @@ QUERY_RLIMIT = 10_000_000
 #: A wall-clock backstop far above what QUERY_RLIMIT takes, so a pathological query cannot hang a build.
 QUERY_TIMEOUT_MS = 120_000
 I64 = DType.INT64
-_FAMILIES = ("contract", "window", "wino_in", "wino_out", "padwin", "attention", "qgemm", "qplanes")
+_FAMILIES = ("contract", "window", "wino_in", "wino_out", "padwin", "attention", "qgemm", "qplanes", "pplanes")
 
 
 @attrs.define
@@ -666,12 +667,12 @@ def _family_obligations(st: Stage, node: E, doms) -> List[Access]:
         st_idx = [n, h, row, _loop(d, "c", spec.dv)]
         out.append(Access(kind, st.buf, st_idx, [E("cmp", (row, as_index(spec.rows)), DType.BOOL, "lt")], d,
                           node=node))
-    elif node.op == "qplanes" and isinstance(spec, Int8Planes):
-        # x86/gemm_int8.py: a unit is one plane (n, g, f); per grid row a and 16 positions from b0 = 16 k, each
-        # channel row (clamped to the last channel) is one masked load of 16 * sw bytes from column
-        # b0 sw + rw - pw0 (only lanes inside the row are read, and none of a row of padding), and one store of
-        # the 16 positions (the last one of a row runs on into the next); then the tail, whole stores ending
-        # at the plane's end at most
+    elif (node.op, type(spec)) in (("qplanes", Int8Planes), ("pplanes", PairPlanes)):
+        # x86/phase_planes.py (int8: groups of four channels; bf16: pairs): a unit is one plane (n, g, f); per grid
+        # row a and 16 positions from b0 = 16 k, each channel row of the group (clamped to the last channel) is
+        # one masked load of 16 * sw elements from column b0 sw + rw - pw0 (only lanes inside the row are read,
+        # and none of a row of padding), and one store of the 16 positions (the last one of a row runs on into
+        # the next); then the tail, whole stores ending at the plane's end at most
         (sh, sw), (ph0, pw0), (H, W) = spec.strides, spec.begin, spec.in_hw
         n, c = _loop(d, "n", spec.x.shape[0]), _loop(d, "c", spec.channels)
         rh, rw = _loop(d, "rh", spec.phases[0]), _loop(d, "rw", spec.phases[1])
@@ -680,10 +681,23 @@ def _family_obligations(st: Stage, node: E, doms) -> List[Access]:
         lead = [n, c, ih] if len(spec.x.shape) == 4 else [n, c]
         out.append(Access(kind, spec.x, lead + [iw], (_inside(ih, H) if len(spec.x.shape) == 4 else []) + _inside(iw, W),
                           d, node=node))
-        g, f, j, i = _loop(d, "g", spec.groups), _loop(d, "f", spec.num_phases), _loop(d, "j", 16), _loop(d, "i", 4)
+        per = 4 if node.op == "qplanes" else 2
+        g, f, j, i = _loop(d, "g", spec.groups), _loop(d, "f", spec.num_phases), _loop(d, "j", 16), _loop(d, "i", per)
         out.append(_store(kind, st, [n, g, f, a * spec.grid[1] + k * 16 + j, i], d, node))
         tail = _loop(d, "q", spec.plane)
         out.append(_store(kind, st, [n, g, f, tail, i], d, node))
+    elif node.op == "contract" and isinstance(spec, PlaneContraction):
+        # x86/gemm_planes.py: a unit is (image, panel of PLANE_NR wide positions, weight block); per tap it reads
+        # every channel pair's plane at the panel's positions shifted by the tap's offset, the weight block's A
+        # tiles whole; the tile's outputs are stored at (oh, ow) of its wide positions with ow < OW only
+        n, g, f, i = _loop(d, "n", spec.n), _loop(d, "g", spec.groups), _loop(d, "f", spec.num_phases), _loop(d, "i", 2)
+        p, off = _loop(d, "p", spec.p_blocks * PLANE_NR), _loop(d, "off", spec.max_shift + 1)
+        out.append(Access(kind, spec.b, [n, g, f, p + off, i], [], d, node=node))
+        mb, t, kb = _loop(d, "mb", spec.m_blocks), _loop(d, "t", len(spec.taps)), _loop(d, "kb", spec.k_blocks)
+        r, j = _loop(d, "r", spec.mr), _loop(d, "j", CHANNEL_BLOCK // 2)
+        out.append(Access(kind, spec.w, [mb, t, kb, r, j, i], [], d, node=node))
+        m, oh, ow = _loop(d, "m", spec.m), _loop(d, "oh", spec.out_hw[0]), _loop(d, "ow", spec.out_hw[1])
+        out.append(_store(kind, st, [n, m, oh, ow], d, node))
     elif node.op == "qgemm" and isinstance(spec, Int8Contraction):
         # x86/gemm_int8.py: a unit is (image, position panel, weight block); a panel of NR wide positions (at
         # most MAX_NR) reads, per tap, every group of its plane at the panel's positions shifted by the tap's

@@ -44,6 +44,7 @@ import attrs
 import numpy as np
 
 from ..ir.dtype import DType
+from .phase_planes import plane_length
 from .texpr import Buf
 
 #: In a target's ``narrow_formats``: its int8 convolutions run on AMX tiles (x86 ``tdpbsud``); never a
@@ -159,8 +160,7 @@ def panel_positions(p: int) -> int:
 def plane_positions(grid: Tuple[int, int], out_h: int, max_shift: int) -> int:
     """PL: the grid, and every position a panel of the last wide positions reads (``MAX_NR`` past them), a
     multiple of 16."""
-    need = max(grid[0] * grid[1], out_h * grid[1] + MAX_NR + max_shift)
-    return -(-need // 16) * 16
+    return plane_length(grid, out_h, max_shift, MAX_NR)
 
 
 def pack_int8_weights(w: np.ndarray, groups: int, gb: int, mr: int = MR_I8) -> np.ndarray:

@@ -11,6 +11,9 @@ from ...ir.dtype import DType
 from ..contraction import (AMX_TILE, AMX_TILES, Contraction, DepthwiseWindow, channel_lanes, choose_tile, pack_weights,
                            pack_weights_amx, pack_weights_bf16)
 from ..texpr import I64, E, all_of, binop, call, cast, cmp, const, in_range, load, logic, reduce, select
+from ..contraction_planes import (AMX_PLANES, CHANNEL_BLOCK, PLANE_MR, PLANE_NR, PairPlanes, PlaneContraction,
+                                  pack_plane_weights, pair_groups)
+from ..phase_planes import plane_geometry, plane_length, plane_source
 from .core import LOWERINGS, TensorFn, bf16_stored, clamp, lowering, sub_ctx, unflat_index, widened
 from .quant import minus_zp
 from .windows import may_exceed, padded_window_input, window_params
@@ -100,6 +103,10 @@ def conv_as_gemm(ctx, x, b, out, group, cin_g, m_g, kern, strides, dil, begin, w
     # a bf16 contraction's own copies of its input (zero-padded, or an inlined input stored) as bfloat16: the
     # values it rounds to, half the bytes, packed into pair panels without rounding (gemm.py)
     store = DType.BFLOAT16 if narrow == "bf16" and ctx.bf16_storage else x.dtype
+    if narrow == "bf16" and AMX_PLANES in ctx.narrow_formats and not interleaved and group == 1 and not pads:
+        planes = plane_conv(ctx, x, b, wv, out, kern, strides, dil, begin, store)
+        if planes is not None:
+            return planes
     if not pads:
         x, _ = padded_window_input(ctx, x, out_sp, kern, strides, dil, begin, 0.0, store)
     if x.buf is None:
@@ -147,6 +154,67 @@ def conv_as_gemm(ctx, x, b, out, group, cin_g, m_g, kern, strides, dil, begin, w
         acc = E("contract", [n, m] + list(o) + [reduce("sum", [K], body)], x.dtype, spec)
         acc = binop("add", acc, b([m])) if b is not None else acc
         return cast(acc, DType.FLOAT16) if half_model else acc
+    return TensorFn(out, ctx.out_dtype(), f, "complex", contraction=True)
+
+
+#: Where the pair planes do not pay (bench/results/xeon-session22/, ResNet-50 on AMX, kernel time with each
+#: layer's input preparation): a stride-1 1x1 convolution reads its input rows as they are (the packed form's
+#: direct rows, swept per channel block at 56x56: 0.97 -> 1.01 ms on planes, whose extra pass is a copy of the
+#: input), and a map of fewer than PLANE_MIN_POSITIONS outputs packs little (ResNet-50's 7x7 3x3 layers stream
+#: 4.7 MB of weights each: 1.53 -> 1.62 ms on planes); everywhere else the planes won (the 3x3 layers at 56, 28
+#: and 14: 1.14 / 1.34 / 2.06 -> 0.67 / 0.97 / 1.49 ms; the strided 1x1 projections 0.34 / 0.31 -> 0.26 / 0.25).
+PLANE_MIN_POSITIONS = 64
+
+
+def plane_conv(ctx, x, b, wv, out, kern, strides, dil, begin, store) -> Optional[TensorFn]:
+    """A bf16 2-D convolution on AMX tiles read in place from pair planes (:mod:`cuvil.kernels.contraction_planes`):
+    the input stored once as phase planes of channel pairs (a stage), the weights packed per tap as A tiles. None
+    where that form does not apply (symbolic or 1-D/3-D shapes, negative pads, taps that skip a stride phase),
+    where it does not pay (a stride-1 1x1 kernel, a map of fewer than PLANE_MIN_POSITIONS outputs) or where it
+    would waste more than a quarter of its products on the zero channels that fill the last block of 32 (a
+    3-channel stem): the packed-panel form then."""
+    cin = x.shape[1]
+    if (all(k == 1 for k in kern) and all(s == 1 for s in strides)) or product(out[2:]) < PLANE_MIN_POSITIONS:
+        return None
+    if (len(kern) != 2 or not all(isinstance(d, int) for d in list(x.shape) + list(out) + list(begin))
+            or min(begin) < 0 or 4 * pair_groups(cin) * 2 > 5 * cin):
+        return None
+    geo = plane_geometry(tuple(kern), tuple(strides), tuple(dil), tuple(out[2:]))
+    if geo is None:
+        return None
+    (rows, cols), grid, taps = geo.phases, geo.grid, geo.taps
+    (kh_, kw_), (sh, sw), (dh, dw) = kern, strides, dil
+    N, M, (H, W), (oh_, ow_) = x.shape[0], out[1], x.shape[2:], out[2:]
+    G = pair_groups(cin)
+    PL = plane_length(grid, oh_, geo.max_shift, PLANE_NR)
+    if x.buf is None:
+        x = ctx.temp(x.shape, store, x.fn, "in")
+        if x.dtype == DType.BFLOAT16:
+            x = bf16_stored(x)
+    spec_in = PairPlanes(x.buf, cin, G, (H, W), tuple(begin), (sh, sw), (rows, cols), grid, PL)
+
+    def plane_fn(idx):
+        c, ih, iw, cond = plane_source(idx, 2, cin, (H, W), begin, (sh, sw), cols, grid)
+        return E("pplanes", list(idx) + [x.at_or([idx[0], c, ih, iw], cond, 0.0)], DType.FLOAT, spec_in)
+    b_fn = ctx.temp((N, G, rows * cols, PL, 2), DType.BFLOAT16, plane_fn, "planes")
+    w_buf = ctx.weight(pack_plane_weights(wv.astype(np.float32)), "packed_planes")
+    spec = PlaneContraction(b_fn.buf, w_buf, N, M, cin, taps, G, grid[1], (oh_, ow_), PL, rows * cols)
+    half_block = CHANNEL_BLOCK // 2
+
+    def f(idx):
+        n, mo, oh, ow = idx
+        p = oh * grid[1] + ow
+        mb, r = mo // PLANE_MR, mo % PLANE_MR
+
+        def term(t, g, i):
+            kh, kw = t // kw_, t % kw_
+            ph = ((kh * dh) % sh) * cols + (kw * dw) % sw
+            off = ((kh * dh) // sh) * grid[1] + (kw * dw) // sw
+            bv = cast(b_fn([n, g, ph, p + off, i]), DType.FLOAT)
+            wv_ = cast(load(w_buf, [mb, t, g // half_block, r, g % half_block, i]), DType.FLOAT)
+            return binop("mul", wv_, bv)
+        acc = E("contract", [n, mo, oh, ow, reduce("sum", [kh_ * kw_, G, 2], term)], DType.FLOAT, spec)
+        return binop("add", acc, b([mo])) if b is not None else acc
     return TensorFn(out, ctx.out_dtype(), f, "complex", contraction=True)
 
 

@@ -14,7 +14,8 @@ import numpy as np
 from ...ir.dtype import DType
 from ..contraction_int8 import (AMX_INT8_TILES, MR_I8, Int8Contraction, Int8Planes, group_block, pack_int8_weights, plane_positions,
                                 requant_constants)
-from ..texpr import I64, E, all_of, binop, call, cast, cmp, const, in_range, load, reduce
+from ..phase_planes import plane_geometry, plane_source
+from ..texpr import E, binop, call, cast, const, load, reduce
 from .core import TensorFn, fconst, nan_max, nan_min
 from .windows import window_params
 
@@ -23,12 +24,6 @@ I32, U8, F32 = DType.INT32, DType.UINT8, DType.FLOAT
 
 def _const(ctx, i: int) -> Optional[np.ndarray]:
     return ctx.const_input(i) if ctx.input(i) is not None else None
-
-
-def _phases(kernel: int, dil: int, stride: int) -> Optional[int]:
-    """How many stride phases the window's taps read (they must be 0 .. n - 1), or None."""
-    used = {(k * dil) % stride for k in range(kernel)}
-    return len(used) if used == set(range(len(used))) else None
 
 
 def int8_conv_gemm(ctx) -> Optional[TensorFn]:
@@ -64,9 +59,10 @@ def int8_conv_gemm(ctx) -> Optional[TensorFn]:
     (kh_, kw_), (sh, sw), (dh, dw) = ([1] * (2 - spatial) + list(wq.shape[2:])), strides, dil
     in_hw = ([1] * (2 - spatial)) + list(x.shape[2:])
     oh_, ow_ = ([1] * (2 - spatial)) + list(out[2:])
-    rows, cols = _phases(kh_, dh, sh), _phases(kw_, dw, sw)
-    if rows is None or cols is None or min(begin) < 0:
+    geo = plane_geometry((kh_, kw_), (sh, sw), (dh, dw), (oh_, ow_))
+    if geo is None or min(begin) < 0:
         return None
+    (rows, cols), grid, taps = geo.phases, geo.grid, geo.taps
     wq4 = wq.reshape(m, wq.shape[1], kh_, kw_)
     comp, mult = requant_constants(wq4, bias, zx_u, xs, np.broadcast_to(ws.reshape(-1), (m,)), ys)
     if np.any(np.abs(comp) >= 2 ** 31):
@@ -74,10 +70,7 @@ def int8_conv_gemm(ctx) -> Optional[TensorFn]:
     cin = wq.shape[1]
     gb, G = group_block(-(-cin // 4))
     N = x.shape[0]
-    grid = (oh_ + ((kh_ - 1) * dh) // sh, ow_ + ((kw_ - 1) * dw) // sw)
-    taps = tuple((((kh * dh) % sh) * cols + (kw * dw) % sw, ((kh * dh) // sh) * grid[1] + (kw * dw) // sw)
-                 for kh in range(kh_) for kw in range(kw_))
-    PL = plane_positions(grid, oh_, max(off for _, off in taps))
+    PL = plane_positions(grid, oh_, geo.max_shift)
     if x.buf is None:
         x = ctx.temp(x.shape, x.dtype, x.fn, "in")
     planes = Int8Planes(x.buf, cin, G, tuple(in_hw), tuple(begin), (sh, sw), (rows, cols), grid, PL,
@@ -85,13 +78,8 @@ def int8_conv_gemm(ctx) -> Optional[TensorFn]:
     H, W = in_hw
 
     def plane_fn(idx):
-        n, g, f, q, i = idx
-        a, b = q // grid[1], q % grid[1]
-        ih = a * sh + f // cols - begin[0]
-        iw = b * sw + f % cols - begin[1]
-        c = g * 4 + i
-        cond = all_of([cmp("lt", c, const(cin, I64)), cmp("lt", q, const(grid[0] * grid[1], I64)),
-                       in_range(ih, 0, H), in_range(iw, 0, W)])
+        n = idx[0]
+        c, ih, iw, cond = plane_source(idx, 4, cin, (H, W), begin, (sh, sw), cols, grid)
         v = x.at_or([n, c, ih, iw] if spatial == 2 else [n, c, iw], cond, zx)
         v = cast(binop("add", cast(v, I32), const(128, I32)), U8) if shifted else cast(v, U8)
         return E("qplanes", list(idx) + [v], U8, planes)

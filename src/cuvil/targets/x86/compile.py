@@ -30,7 +30,9 @@ from .gemm import matmul_tile, tile_cols, tile_shapes
 from .amx import AMX_BF16, amx_formats, amx_isa_checks
 from .gemm_bf16 import bf16_isa_checks, narrow_formats
 from .gemm_fp16 import F16C_PATH, fp16_formats, fp16_isa_checks
+from ...kernels.contraction import AMX_TILES
 from ...kernels.contraction_int8 import AMX_INT8_TILES
+from ...kernels.contraction_planes import AMX_PLANES
 from .gemm_int8 import has_amx_int8, int8_isa_checks
 from .header import generate_header
 from .link import check_dependencies, link_shared, unexpected_dependencies
@@ -184,6 +186,8 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
     narrow = narrow_formats(target_cpu)
     if narrow and tuning.amx:        # bf16 contractions on AMX tiles where the CPU has them (amx.py)
         narrow += amx_formats(target_cpu)
+        if tuning.bf16_planes and narrow[-1:] == (AMX_TILES,):     # ... read from pair planes (gemm_planes.py)
+            narrow += (AMX_PLANES,)
     narrow += fp16_formats(target_cpu)   # float16 weight panels (gemm_fp16.py)
     if tuning.amx and has_amx_int8(target_cpu.features):   # int8 convolutions on AMX tiles (gemm_int8.py)
         narrow += (AMX_INT8_TILES,)

@@ -42,6 +42,7 @@ from ...kernels.schedule import Stage
 from ..llvm.types import F32, I32, I64, PTR
 from .amx import AMX_INT8, AMX_TILE, X86_AMX, Tiles, I16
 from .gemm import find_contraction
+from .phase_planes import emit_phase_planes
 
 #: The CPU features the VNNI micro-kernels need (LLVM spellings).
 VNNI512_FEATURES = ("avx512vnni", "avx512bw", "avx512f")
@@ -92,7 +93,7 @@ def _splat(b, x, vt):
     return b.shuffle_vector(v0, ir.Constant(vt, ir.Undefined), ir.Constant(ir.VectorType(I32, n), [0] * n))
 
 
-def _carry_loop(em, count: int, vals: List, body) -> List:
+def carry_loop(em, count: int, vals: List, body) -> List:
     """``vals = body(i, vals)`` for i in [0, count), the values carried in phis; returns the last ones."""
     if count == 1:
         return body(I64(0), vals)
@@ -245,8 +246,8 @@ def _emit_vnni(km, st: Stage, sym: str, spec: Int8Contraction):
                         for v in range(nv):
                             new.append(b.call(dpbusd, [accs[r * nv + v], bv[v], wv]))
                     return new
-                return _carry_loop(em, gb, accs, group)
-            accs = _carry_loop(em, GB, accs, block)
+                return carry_loop(em, gb, accs, group)
+            accs = carry_loop(em, GB, accs, block)
 
         m0 = b.add(b.mul(mb, I64(spec.mr)), r0)
         pos = [ep.positions(b.add(p0, I64(v * vw))) for v in range(nv)]
@@ -310,7 +311,7 @@ def _emit_amx(km, st: Stage, sym: str, spec: Int8Contraction):
                 bt = [tiles.load(b.gep(b_g, [I64(y * vw * 4)], source_etype=I8, inbounds=True), g_stride, gb, 64)
                       for y in range(2)]
                 return [tiles.dpbsud(accs[2 * x + y], a[x], bt[y], gb * 4) for x in range(2) for y in range(2)]
-            accs = _carry_loop(em, GB, accs, block)
+            accs = carry_loop(em, GB, accs, block)
         for x in range(2):
             for y in range(2):
                 tiles.store(accs[2 * x + y], b.gep(cbuf, [I64(0), I64(x * 16 * NR + y * vw)], source_etype=cbuf.allocated_type),
@@ -347,77 +348,18 @@ def emit_planes_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]]:
     if find_contraction(st, "qplanes") is not st.expr or not has_vnni512(getattr(km, "cpu_features", ())):
         return None
     spec: Int8Planes = st.expr.attr
-    sh, sw = spec.strides
-    if sw > 4:
+    if spec.strides[1] > 4 or spec.x.strides[-1] != 1:
         return None
-    N, C, (H, W), (ph0, pw0) = spec.x.shape[0], spec.channels, spec.in_hw, spec.begin
-    G, F, PL, (Hq, Wq), cols = spec.groups, spec.num_phases, spec.plane, spec.grid, spec.phases[1]
     vw = LANES_I8
-    width = vw * sw
-    vt = ir.VectorType(I8, width)
-    v64 = ir.VectorType(I8, 4 * vw)
-    mt = ir.VectorType(ir.IntType(1), width)
-    mload = km.declare(f"llvm.masked.load.v{width}i8.p0", vt, [PTR, I32, mt, vt])
     fill_raw = (spec.fill ^ 0x80) if spec.shift else spec.fill     # the input's own zero point byte
-    fill_v = ir.Constant(vt, [fill_raw] * width)
-    fill_64 = ir.Constant(v64, [spec.fill] * (4 * vw))
-    flip = ir.Constant(v64, [0x80] * (4 * vw))
-    lanes = ir.Constant(ir.VectorType(I32, width), list(range(width)))
-    pick = ir.Constant(ir.VectorType(I32, vw), [j * sw for j in range(vw)])
     inter = ir.Constant(ir.VectorType(I32, 4 * vw), [i * vw + j for j in range(vw) for i in range(4)])
-    em, begin, end = km.kernel(sym)
-    b = em.b
-    x0 = b.gep(em.base(spec.x), [I64(spec.x.offset)], source_etype=I8, inbounds=True)
-    out0 = b.gep(em.base(st.buf), [I64(st.buf.offset)], source_etype=I8, inbounds=True)
+    flip = ir.Constant(ir.VectorType(I8, 4 * vw), [0x80] * (4 * vw))
 
-    def unit(u):
-        n = b.sdiv(u, I64(G * F))
-        g, f = b.sdiv(b.srem(u, I64(G * F)), I64(F)), b.srem(u, I64(F))
-        rh, rw = b.sdiv(f, I64(cols)), b.srem(f, I64(cols))
-        plane = b.gep(out0, [b.mul(u, I64(PL * 4))], source_etype=I8, inbounds=True)
-        chans = []
-        for i in range(4):
-            c = b.add(b.mul(g, I64(4)), I64(i))
-            ok = b.icmp_signed("<", c, I64(C))
-            c = b.select(ok, c, I64(C - 1))
-            chans.append((ok, b.gep(x0, [b.mul(b.add(b.mul(n, I64(C)), c), I64(H * W))], source_etype=I8, inbounds=True)))
-
-        def grid_row(a):
-            ih = b.sub(b.add(b.mul(a, I64(sh)), rh), I64(ph0))
-            row_ok = b.and_(b.icmp_signed(">=", ih, I64(0)), b.icmp_signed("<", ih, I64(H)))
-            ih = b.select(row_ok, ih, I64(0))
-
-            def chunk(k):
-                b0 = b.mul(k, I64(vw))
-                iw0 = b.sub(b.add(b.mul(b0, I64(sw)), rw), I64(pw0))     # the first lane's input column
-                cols_v = b.add(_splat(b, b.trunc(iw0, I32), lanes.type), lanes)
-                in_row = b.and_(b.icmp_signed(">=", cols_v, ir.Constant(lanes.type, [0] * width)),
-                                b.icmp_signed("<", cols_v, ir.Constant(lanes.type, [W] * width)))
-                parts = []
-                for ok, base in chans:
-                    on = b.and_(ok, row_ok)
-                    mask = b.select(on, in_row, ir.Constant(mt, [0] * width))
-                    # the address of column iw0 (possibly before the row: only unmasked lanes are read)
-                    ptr = b.gep(base, [b.add(b.mul(ih, I64(W)), iw0)], source_etype=I8)
-                    v = b.call(mload, [ptr, I32(1), mask, fill_v])
-                    parts.append(b.shuffle_vector(v, ir.Constant(vt, ir.Undefined), pick) if sw > 1 else v)
-                lo = b.shuffle_vector(parts[0], parts[1], ir.Constant(ir.VectorType(I32, 2 * vw), list(range(2 * vw))))
-                hi = b.shuffle_vector(parts[2], parts[3], ir.Constant(ir.VectorType(I32, 2 * vw), list(range(2 * vw))))
-                word = b.shuffle_vector(lo, hi, inter)
-                if spec.shift:
-                    word = b.xor(word, flip)
-                dst = b.gep(plane, [b.mul(b.add(b.mul(a, I64(Wq)), b0), I64(4))], source_etype=I8, inbounds=True)
-                b.store(word, dst, align=1)
-            em.loop_range(I64(0), I64(-(-Wq // vw)), chunk)
-        em.loop_range(I64(0), I64(Hq), grid_row)
-
-        def tail(k):     # positions past the grid: the last store ends at the plane's end
-            q = b.add(I64(Hq * Wq), b.mul(k, I64(vw)))
-            q = b.select(b.icmp_signed("<", q, I64(PL - vw)), q, I64(PL - vw))
-            b.store(fill_64, b.gep(plane, [b.mul(q, I64(4))], source_etype=I8, inbounds=True), align=1)
-        em.loop_range(I64(0), I64(-(-(PL - Hq * Wq) // vw)), tail)
-
-    em.loop_range(begin, end, unit)
-    b.ret_void()
+    def word(b, rows):   # four channel rows of 16 bytes interleaved: each position's four channels adjacent
+        cat = lambda p, q: b.shuffle_vector(p, q, ir.Constant(ir.VectorType(I32, 2 * vw), list(range(2 * vw))))
+        w = b.shuffle_vector(cat(rows[0], rows[1]), cat(rows[2], rows[3]), inter)
+        return b.xor(w, flip) if spec.shift else w
+    done = emit_phase_planes(km, st, sym, spec, 4, I8, fill_raw, word,
+                             ir.Constant(ir.VectorType(I8, 4 * vw), [spec.fill] * (4 * vw)))
     km.window_kinds[sym] = PLANES_KIND
-    return N * G * F, 1
+    return done

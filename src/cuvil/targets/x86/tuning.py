@@ -81,6 +81,10 @@ class X86Tuning:
     # bf16 contractions on AMX tiles (tdpbf16ps, cuvil.targets.x86.amx) where the CPU has AMX-BF16; False:
     # AVX512_BF16's vdpbf16ps kernels even there (the side-by-side benchmark, the tests of that path)
     amx: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
+    # a bf16 2-D convolution on AMX tiles reads its B tiles straight from its input stored once as phase planes
+    # of channel pairs (cuvil.kernels.contraction_planes, gemm_planes.py) instead of packing im2col pair panels
+    # per 32 positions. False: the packed panels (the A/B: bench/amx_resnet_ab.py --no-planes)
+    bf16_planes: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
     # a float32 activation read only by bf16 convolutions (which round it to bfloat16 anyway) is stored as
     # bfloat16, and so are their zero-padded input copies (cuvil.kernels.schedule's bf16_storage): half the
     # bytes written and read, pair panels packed without rounding. False: float32 activations (the A/B)
