@@ -22,6 +22,7 @@ kernels) in one process, with OpenVINO's default (bf16 on a CPU with AMX) beside
     # the same from an older tree (git archive OLD | tar -x -C /tmp/old; cd /tmp/old; ... --build /tmp/old.so)
     PYTHONPATH=src python3 bench/amx_resnet_ab.py /tmp/old.so /tmp/new.so [--blocks 3 --runs 15]
     PYTHONPATH=src python3 bench/amx_resnet_ab.py /tmp/old.so /tmp/new.so --steps 40   # GEMM steps by kind
+    PYTHONPATH=src python3 bench/amx_resnet_ab.py /tmp/old.so /tmp/new.so --steps 9 --prep-in   # with input prep
     PYTHONPATH=src python3 bench/amx_resnet_ab.py /tmp/old.so /tmp/new.so --error-inputs 16   # error only
 
 Default: wall p50 / min and calling-thread CPU p50 per block (runs alternated, a pause before each; OpenVINO
@@ -59,7 +60,7 @@ def cpu_model() -> str:
     return f"{info.get('model name')} (family {info.get('cpu family')}, model {info.get('model')}, stepping {info.get('stepping')})"
 
 
-def steps(a: str, b: str, rounds: int) -> None:
+def steps(a: str, b: str, rounds: int, prep_in: bool = False) -> None:
     from cuvil.targets.x86.loader import load
     libs = {"A": load(a, num_threads=1), "B": load(b, num_threads=1)}
     xs = [np.random.default_rng(0).standard_normal(d.shape).astype(d.dtype) for d in libs["A"].inputs]
@@ -74,14 +75,21 @@ def steps(a: str, b: str, rounds: int) -> None:
     for col, (lab, path) in enumerate((("A", a), ("B", b))):
         with open(path[:-3] + ".manifest.json") as f:
             manifest = json.load(f)["steps"]
+        held = np.zeros(2)       # --prep-in: a pad copy's or planes pass's time, added to the next step's
         for i, st in enumerate(manifest):
+            if prep_in and st["kernel"] in ("pad", "bf16_planes"):
+                held += 1e3 * np.array([med[lab][i], best[lab][i]])
+                continue
             if st["kernel"] in ("gemm", "bf16_planes_amx"):
                 k = st.get("flops", 0) // max(1, 2 * int(np.prod(st["shape"][1:])))
                 kind = ("3x3" if k % 9 == 0 else "stem 7x7" if k == 147 else "1x1/fc") + f" K={k}"
+                if prep_in:
+                    kind += f" {st['shape'][-1]}"
             else:
                 kind = f"({st['kernel']})"     # the other steps by kernel: pad copies, pools, ...
-            g[kind][col] += 1e3 * med[lab][i]
-            g[kind][2 + col] += 1e3 * best[lab][i]
+            g[kind][col] += 1e3 * med[lab][i] + held[0]
+            g[kind][2 + col] += 1e3 * best[lab][i] + held[1]
+            held = np.zeros(2)
     print(f"{'steps (ms)':20} {'A med':>8} {'B med':>8} {'B/A':>6} {'A min':>8} {'B min':>8} {'B/A':>6}")
     gemm = [kv for kv in g.items() if not kv[0].startswith("(")]
     rows = (sorted(gemm, key=lambda kv: -kv[1][0]) + [("all GEMM", sum(v for _, v in gemm))]
@@ -144,6 +152,9 @@ def main(argv=None):
     ap.add_argument("--runs", type=int, default=15)
     ap.add_argument("--pause-ms", type=float, default=30)
     ap.add_argument("--steps", type=int, default=0, metavar="R")
+    ap.add_argument("--prep-in", action="store_true",
+                    help="with --steps: each pad copy or planes pass counted in the next convolution's time, and the "
+                         "kinds split by output width (what a layer costs with its input's preparation)")
     ap.add_argument("--threads", type=int, default=1, help="threads of every engine in the timed blocks (default 1)")
     ap.add_argument("--error-inputs", type=int, default=0, metavar="N",
                     help="only the relative error vs onnxruntime fp32 over N more inputs (standard normal, clipped "
@@ -170,7 +181,7 @@ def main(argv=None):
         raise SystemExit("give two libraries (A B), or --build PATH to make one")
     print(cpu_model(), "| load", os.getloadavg())
     if a.steps:
-        steps(*a.libs, a.steps)
+        steps(*a.libs, a.steps, a.prep_in)
         return
     if a.error_inputs:
         errors(a.libs, model, feeds, a.error_inputs)

@@ -157,12 +157,13 @@ def conv_as_gemm(ctx, x, b, out, group, cin_g, m_g, kern, strides, dil, begin, w
     return TensorFn(out, ctx.out_dtype(), f, "complex", contraction=True)
 
 
-#: Where the pair planes do not pay (bench/results/xeon-session22/, ResNet-50 on AMX, kernel time with each
-#: layer's input preparation): a stride-1 1x1 convolution reads its input rows as they are (the packed form's
-#: direct rows, swept per channel block at 56x56: 0.97 -> 1.01 ms on planes, whose extra pass is a copy of the
-#: input), and a map of fewer than PLANE_MIN_POSITIONS outputs packs little (ResNet-50's 7x7 3x3 layers stream
-#: 4.7 MB of weights each: 1.53 -> 1.62 ms on planes); everywhere else the planes won (the 3x3 layers at 56, 28
-#: and 14: 1.14 / 1.34 / 2.06 -> 0.67 / 0.97 / 1.49 ms; the strided 1x1 projections 0.34 / 0.31 -> 0.26 / 0.25).
+#: Where the pair planes do not pay (bench/results/xeon-session22/amx-planes-selection.txt: ResNet-50 on AMX,
+#: in-kernel ms of each kind of layer with its input's preparation): a stride-1 1x1 convolution reads its input
+#: rows as they are in the packed form (direct rows; at 56x56 swept per channel block), where planes add a pass
+#: that copies the input (64 -> 256 at 56x56: 1.01 -> 1.58 ms), and a map of fewer than PLANE_MIN_POSITIONS
+#: outputs packs little (the 7x7 3x3 layers, which stream 4.7 MB of weights each: 1.53 -> 1.62 ms). Elsewhere
+#: the planes won (amx-planes-per-kind-with-prep.txt: the 3x3 layers at 56, 28 and 14 from 1.18 / 1.38 / 2.08 to
+#: 0.72 / 1.00 / 1.54 ms, the strided 1x1 projections from 0.35 / 0.33 to 0.27 / 0.25 ms).
 PLANE_MIN_POSITIONS = 64
 
 
