@@ -130,9 +130,10 @@ def test_split_decode_step_matches_onnxruntime(tmp_path, fp16):
     p = Pipeline.from_onnx(m).optimize()
     outs = {}
     g, _ = specialize_graph(p.graph, {"batch": 1, "past_sequence": 300, "total_sequence": 301})
-    # the default split (merge kernel), no split, and the options not yet on by default: the row's last block
-    # merging (its counter reset for the second layer and for the next run) with staged keys
-    variants = {"split": dict(), "one block": dict(attention_split_keys=0),
+    # the split with its merge kernel, no split, and the default since session 22: the row's last block merging
+    # (its counter reset for the second layer and for the next run) with staged keys
+    variants = {"split": dict(attention_fused_merge=False, attention_stage_keys=False),
+                "one block": dict(attention_split_keys=0),
                 "fused merge": dict(attention_fused_merge=True, attention_stage_keys=True)}
     for name, opts in variants.items():
         path = str(tmp_path / name.replace(" ", "_"))

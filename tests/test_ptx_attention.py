@@ -84,7 +84,7 @@ def test_option_is_automatic_by_default_and_reaches_the_tuning():
 @pytest.mark.parametrize("fp16", [False, True])
 def test_one_kernel_proved_and_assembled(arch, fp16):
     g = Pipeline.from_onnx(attention_model(2, 3, 5, 129, 64)).optimize().graph
-    sched, r = _build(g, fp16=fp16, arch=arch)
+    sched, r = _build(g, fp16=fp16, arch=arch, tuning=PtxTuning(fused_attention=True, attention_fused_merge=False))
     att = [d for d in r.kernels if d.kind == "attention"]
     assert len(att) == 1 and not any(d.kind in ("split", "matmul_fp16", "gemm_fp32", "row") for d in r.kernels)
     # 30 query rows (2 x 3 x 5) fill fewer than target_blocks: each row's 129 keys split in two (at least
@@ -93,9 +93,9 @@ def test_one_kernel_proved_and_assembled(arch, fp16):
     assert att[0].grid == 60 and att[0].block == 96
     (merge,) = [d for d in r.kernels if d.kind == "attention_merge"]
     assert merge.n_elements == 30 * 64 and merge.stage == att[0].stage and r.counter_bytes == 0
-    # attention_fused_merge: the last block of a row merges (a counter per row: 30 int32 in the zeroed 256 bytes
-    # before the partials), no merge kernel
-    _, r2 = _build(g, fp16=fp16, arch=arch, tuning=PtxTuning(fused_attention=True, attention_fused_merge=True))
+    # attention_fused_merge (the default since session 22): the last block of a row merges (a counter per row: 30
+    # int32 in the zeroed 256 bytes before the partials), no merge kernel
+    _, r2 = _build(g, fp16=fp16, arch=arch)
     assert not any(d.kind == "attention_merge" for d in r2.kernels) and r2.counter_bytes == 256
     assert all(k.status == "proved" for k in r2.memory_safety.kernels)
     assert all(k.status == "proved" for k in r.memory_safety.kernels)

@@ -202,8 +202,10 @@ def test_large_element_stages_take_several_elements_a_thread(shape, reduce_windo
         assert (loads, stores) == (vec, vec)
         if vec > 1:     # every load before the first store
             assert k.rindex("ld.global.nc.b32") < k.index("st.global")
-    _, (one,) = generate_ptx(_copy_sched(shape, reduce_window), "sm_90")       # the default: 1 (not yet run on a GPU)
-    assert one.n_elements == total
+    _, (one,) = generate_ptx(_copy_sched(shape, reduce_window), "sm_90", tuning=PtxTuning(element_vec=1))
+    assert one.n_elements == total     # one element a thread
+    _, (default,) = generate_ptx(_copy_sched(shape, reduce_window), "sm_90")    # the default since session 22: 4
+    assert default.n_elements == d.n_elements
     if PTXAS:
         assemble(ptx, "sm_90")
 

@@ -75,7 +75,8 @@ VARIANTS = {"fp32": {}, "tf32": {"allow_tf32": True}, "fp16": {"enable_fp16": Tr
                for base, opts in (("fp32", {}), ("fp16", {"enable_fp16": True})) for n in (0, 32, 64, 128)},
             # the split attention's keys staged through shared memory (PtxTuning.attention_stage_keys), its merge
             # by the row's last block (attention_fused_merge), 4 elements a thread in large element stages
-            # (element_vec): *_stage1 / *_merge1 / *_vec4 on, *_stage0 / *_merge0 / *_vec1 off, *_all on together
+            # (element_vec): *_stage1 / *_merge1 / *_vec4 on, *_stage0 / *_merge0 / *_vec1 off, *_all on together (the
+            # defaults since session 22), *_none off together
             **{f"{base}_{name}{int(val)}": dict(opts, tuning={field: val})
                for base, opts in (("fp32", {}), ("fp16", {"enable_fp16": True}))
                for name, field, vals in (("stage", "attention_stage_keys", (False, True)),
@@ -83,6 +84,10 @@ VARIANTS = {"fp32": {}, "tf32": {"allow_tf32": True}, "fp16": {"enable_fp16": Tr
                for val in vals},
             **{f"{base}_all": dict(opts, tuning={"attention_stage_keys": True, "attention_fused_merge": True,
                                                  "element_vec": 4})
+               for base, opts in (("fp32", {}), ("fp16", {"enable_fp16": True}))},
+            # ... and the three off together (the defaults before session 22)
+            **{f"{base}_none": dict(opts, tuning={"attention_stage_keys": False, "attention_fused_merge": False,
+                                                  "element_vec": 1})
                for base, opts in (("fp32", {}), ("fp16", {"enable_fp16": True}))},
             # small views stored by kernels of their own again (PtxTuning.inline_views off, as before session 20)
             "fp32_views0": {"tuning": {"inline_views": False}},
@@ -248,9 +253,12 @@ def cuvil_part(args, info, feeds, names, ref, weights, variant, past):
     r["ms_by_kind"] = {k: round(v, 4) for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])}
     r["by_what"] = dict(sorted(by_what.items(), key=lambda kv: -kv[1]["ms"]))
     r["all_kernels"] = rows
-    for d in d_in + d_out:
-        drv.cuMemFree(d)
-    m.close()
+    if getattr(args, "rounds", 0):      # kept open for the interleaved rounds (closed after them)
+        OPEN.append((m, d_in + d_out))
+    else:
+        for d in d_in + d_out:
+            drv.cuMemFree(d)
+        m.close()
     log(f"  cuvil {key}: graph p50 {r['p50_ms']:.4f} ms (kernel sum {r['kernel_sum_ms']:.4f} ms, "
         f"{len(prof)} kernels); error vs onnxruntime {r['error_vs_ort']}")
     for k, g in list(r["by_what"].items())[:8]:
@@ -346,6 +354,20 @@ def torch_part(args, feeds, names, ref, weights, variant, past):
     return r
 
 
+#: the Cuvil models (and their device buffers) the interleaved rounds still run: closed after them
+OPEN = []
+
+
+def close_open() -> None:
+    from cuvil.targets.ptx.runtime import driver
+    drv = driver()
+    while OPEN:
+        m, bufs = OPEN.pop()
+        for d in bufs:
+            drv.cuMemFree(d)
+        m.close()
+
+
 def interleaved(args) -> None:
     """Every kept step (Cuvil's graphs, torch.compile's) timed again in ``args.rounds`` rounds, the order rotated
     each round; per step the median of its rounds' p50s (``R[key][engine]["p50_interleaved_ms"]``) and, per past,
@@ -357,7 +379,7 @@ def interleaved(args) -> None:
     for rnd in range(args.rounds):
         for k in keys[rnd % len(keys):] + keys[:rnd % len(keys)]:
             try:
-                got[k].append(timed(RUNNERS[k], per, warmup=3)["p50_ms"])
+                got[k].append(_timed(RUNNERS[k], per, 3)["p50_ms"])
             except Exception:  # noqa: BLE001 - reported, the others still run
                 log(f"  {k}: {traceback.format_exc()[-300:]}")
     for (eng, variant, past), ts in got.items():
@@ -461,6 +483,7 @@ def main(argv=None) -> int:
     pool.shutdown(cancel_futures=True)
     if args.rounds and RUNNERS:
         interleaved(args)
+    close_open()
     log("summary (p50 ms per token): " + json.dumps({k: {e: v.get(e, {}).get("p50_ms") for e in ("cuvil", "torch")}
                                                      for k, v in R.items() if k.startswith(tuple(VARIANTS))}))
     return rc

@@ -124,21 +124,22 @@ class PtxTuning:
     attention_split_keys: int = attrs.field(default=64, validator=attrs.validators.ge(0))
     # ... the last of a row's blocks to finish merges its partials (an atomic count per row in the arena, zeroed
     # before each run and reset by that block) instead of a second kernel launched after them (off: the merge
-    # kernel, one launch more per attention). OFF until a GPU run checks it: written, assembled by ptxas and proved
-    # in bounds in session 20, whose device was withdrawn before it ran (tests/test_gpu_attention.py
-    # test_kernel_variants_match_numpy and bench/gpu/gpt2_decode.py's *_merge1 variants are ready)
-    attention_fused_merge: bool = False
+    # kernel, one launch more per attention). Written in session 20 (assembled by ptxas, proved in bounds), first
+    # run on an H200 in session 22: the GPU tests pass with it (tests/test_gpu_attention.py
+    # test_kernel_variants_match_numpy) and the float16 GPT-2 decode step went 0.610 -> 0.580 ms at past 128,
+    # 0.723 -> 0.681 at past 1,023 (bench/gpu/RESULTS.md, "Session 22"); False: the merge kernel
+    attention_fused_merge: bool = True
     # ... a block copies each chunk of keys to shared memory, consecutive threads reading consecutive columns of
     # a key row, before each thread scores its key from there (off, or where the chunk would take more than
-    # attention.STAGE_BYTES: each thread reads its own key's row, a warp's loads 32 rows apart). OFF until a GPU
-    # run checks it, as ``attention_fused_merge`` (variants *_stage1)
-    attention_stage_keys: bool = False
+    # attention.STAGE_BYTES: each thread reads its own key's row, a warp's loads 32 rows apart). On since session
+    # 22's GPU run, as ``attention_fused_merge`` (variants *_stage1: 0.723 -> 0.636 ms at past 1,023 in float16)
+    attention_stage_keys: bool = True
     # plain element stages (copies such as a KV cache's concatenation, elementwise ops) with at least
     # ``element_vec_min`` elements and a last dim that ``element_vec`` divides: a thread computes that many
     # consecutive elements, its loads issued together (one element per thread leaves too few bytes in flight to
-    # stream a 3 MB copy; 1: one element per thread). 1 until a GPU run checks 4, as ``attention_fused_merge``
-    # (variants *_vec4)
-    element_vec: int = attrs.field(default=1, validator=attrs.validators.in_((1, 2, 4, 8)))
+    # stream a 3 MB copy; 1: one element per thread). 4 since session 22's GPU run, as ``attention_fused_merge``
+    # (variants *_vec4: 0.723 -> 0.667 ms at past 1,023 in float16; the three together 0.604)
+    element_vec: int = attrs.field(default=4, validator=attrs.validators.in_((1, 2, 4, 8)))
     element_vec_min: int = 65536
     # (gpu_schedule) a reshape of a value that is not stored (a decode step's head splits of the QKV product's
     # Split, the merge of attention's transposed output) is read through index arithmetic by its readers instead
