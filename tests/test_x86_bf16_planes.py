@@ -1,12 +1,13 @@
-"""bf16 convolutions on AMX tiles read in place from pair planes (cuvil.kernels.contraction_planes,
-cuvil.targets.x86.gemm_planes): every window form the planes take (pads, asymmetric pads, strides, dilations,
-non-square and 5x5 kernels, strided 1x1, channels that do not fill the last block of 32, output channels past
-whole blocks, dropped wide columns, batch 2) against a float64 numpy convolution of the bfloat16-rounded
-operands, within the bound of float32 sums; the vector and the spilled-tile epilogues against the packed-panel
-build of the same model; the forms that keep the packed panels. Skipped (with the reason) on a CPU without
-AMX-BF16."""
+"""bf16 convolutions read in place from pair planes (cuvil.kernels.contraction_planes,
+cuvil.targets.x86.gemm_planes), on AMX tiles and with vdpbf16ps: every window form the planes take (pads,
+asymmetric pads, strides, dilations, non-square and 5x5 kernels, strided 1x1, channels that do not fill the last
+block of 32, output channels past whole blocks, dropped wide columns, batch 2) against a float64 numpy
+convolution of the bfloat16-rounded operands, within the bound of float32 sums; the vector and the spilled-tile
+epilogues against the packed-panel build of the same model; the forms that keep the packed panels. Each path is
+skipped (with the reason) on a CPU that cannot run it: AMX-BF16 for the tiles, AVX512_BF16 for vdpbf16ps."""
 from __future__ import annotations
 
+import attrs
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
@@ -18,14 +19,25 @@ from cuvil.targets.x86.tuning import X86Tuning
 from cuvil.testing.conv_models import conv_epilogue_model
 from test_x86_bf16 import bf16, conv_ref
 
-pytestmark = pytest.mark.skipif(not has_amx(host_cpu().features),
-                                reason=f"no AMX-BF16 on this CPU ({cpu_label()}): the pair-plane kernels cannot run here")
-
+_FEATURES = host_cpu().features
+HAS_AMX = has_amx(_FEATURES)
+HAS_BF16 = host_cpu().vector_bits >= 512 and "avx512bf16" in _FEATURES
+needs_amx = pytest.mark.skipif(not HAS_AMX, reason=f"no AMX-BF16 on this CPU ({cpu_label()}): the tile kernels "
+                                                   "cannot run here")
+needs_bf16 = pytest.mark.skipif(not HAS_BF16, reason=f"no AVX512_BF16 on this CPU ({cpu_label()}): the bf16 "
+                                                     "kernels cannot run here")
+pytestmark = needs_bf16
+#: the two paths: AMX tiles (the default where the CPU has them) and vdpbf16ps (X86Tuning(amx=False))
+PATHS = [pytest.param(True, id="amx", marks=needs_amx), pytest.param(False, id="vdpbf16ps")]
+KERNEL = {True: "bf16_planes_amx", False: "bf16_planes_dp"}
 PANELS = X86Tuning(bf16_planes=False)
 
 
-def narrowed(model, **compile_kw):
+def narrowed(model, amx=True, **compile_kw):
     ranges = {vi.name: (-8.0, 8.0) for vi in model.graph.input}
+    if not amx:          # (the vdpbf16ps kernel over planes is opt-in: X86Tuning.bf16_planes)
+        tuning = compile_kw.get("tuning", X86Tuning())
+        compile_kw["tuning"] = attrs.evolve(tuning, amx=False, bf16_planes=tuning.bf16_planes is not False)
     return Pipeline.from_onnx(model).optimize().compile(precision="bf16", input_ranges=ranges, **compile_kw)
 
 
@@ -48,12 +60,13 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("amx", PATHS)
 @pytest.mark.parametrize("xs,ws,attrs", CASES, ids=[f"planes{i}" for i in range(len(CASES))])
-def test_conv_on_planes(xs, ws, attrs):
+def test_conv_on_planes(xs, ws, attrs, amx):
     model = conv_epilogue_model(xs, ws, epilogue=None, **attrs)
-    art = narrowed(model)
-    assert kernels(art) == ["bf16_planes", "bf16_planes_amx"], art.manifest["steps"]
-    assert all(s["path"] == "amx_bf16" for s in art.manifest["steps"])
+    art = narrowed(model, amx)
+    assert kernels(art) == ["bf16_planes", KERNEL[amx]], art.manifest["steps"]
+    assert all(s["path"] == ("amx_bf16" if amx else "avx512_bf16") for s in art.manifest["steps"])
     x = np.random.default_rng(3).standard_normal(xs).astype(np.float32)
     mod = art.model()
     y = mod.run(x, num_threads=2)[0].astype(np.float64)
@@ -84,25 +97,27 @@ def _residual_block(c, hw, act):
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 
 
+@pytest.mark.parametrize("amx", PATHS)
 @pytest.mark.parametrize("act", ["Relu", "Sigmoid"])
 @pytest.mark.parametrize("hw", [9, 16, 30])
-def test_epilogues_match_packed_panels(act, hw):
+def test_epilogues_match_packed_panels(act, hw, amx):
     """The fused residual Add and activation on the planes' tiles: the same values as the packed-panel build
     up to the order of the float32 sums (tap-major there, channel-major here)."""
     model = _residual_block(64, hw, act)
     rng = np.random.default_rng(2)
     x, r = (rng.standard_normal((1, 64, hw, hw)).astype(np.float32) for _ in range(2))
-    art = narrowed(model)
-    assert "bf16_planes_amx" in kernels(art)
+    art = narrowed(model, amx)
+    assert KERNEL[amx] in kernels(art)
     got = art.model().run(x, r)[0]
-    panels = narrowed(model, tuning=PANELS)
-    assert "bf16_planes_amx" not in kernels(panels)
+    panels = narrowed(model, amx, tuning=PANELS)
+    assert not any(k.startswith("bf16_planes") for k in kernels(panels))
     want = panels.model().run(x, r)[0]
     assert float(np.abs(got - want).max()) <= 1e-5 * float(np.abs(want).max())
     assert not np.array_equal(got, np.zeros_like(got))
 
 
-def test_chain_of_plane_convolutions():
+@pytest.mark.parametrize("amx", PATHS)
+def test_chain_of_plane_convolutions(amx):
     """Two plane convolutions in a row (the second reads the first's bfloat16-stored output: planes from a
     bfloat16 input), against the packed panels."""
     rng = np.random.default_rng(4)
@@ -115,12 +130,12 @@ def test_chain_of_plane_convolutions():
                           [helper.make_tensor_value_info("out", TensorProto.FLOAT, [2, 96, 10, 10])],
                           [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")])
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    art = narrowed(model)
-    assert kernels(art).count("bf16_planes_amx") == 2, art.manifest["steps"]
+    art = narrowed(model, amx)
+    assert kernels(art).count(KERNEL[amx]) == 2, art.manifest["steps"]
     assert "ar" in art.manifest.get("bf16_activations", {}) or any(s.get("stores") == "bf16" for s in art.manifest["steps"])
     x = rng.standard_normal((2, 64, 20, 20)).astype(np.float32)
     got = art.model().run(x)[0].astype(np.float64)
-    want = narrowed(model, tuning=PANELS).model().run(x)[0]
+    want = narrowed(model, amx, tuning=PANELS).model().run(x)[0]
     # both round the intermediate to bfloat16 after float32 sums in different orders: where the sums differ in
     # their last bit a rounding may differ by one bfloat16 step (2^-7 relative), so the outputs differ by at most
     # that step of each input of the second convolution, weighted by |w2|
@@ -138,10 +153,12 @@ def test_chain_of_plane_convolutions():
 ], ids=["1x1", "7x7-map", "stem"])
 def test_forms_that_keep_packed_panels(xs, ws, attrs, profiles):
     model = conv_epilogue_model(xs, ws, epilogue=None, **attrs)
-    art = narrowed(model)
-    assert "bf16_planes_amx" not in kernels(art) and "gemm" in kernels(art), art.manifest["steps"]
+    for amx in (True, False) if HAS_AMX else (False,):
+        art = narrowed(model, amx)
+        assert not any(k.startswith("bf16_planes") for k in kernels(art)) and "gemm" in kernels(art), art.manifest["steps"]
 
 
+@needs_amx
 def test_symbolic_batch():
     """A batch profile N 1..4 (opt 2): the generic kernels (any N) pack panels, the opt point's (N = 2, run
     once per slice of 2) read planes; every N as the packed-panel build, up to the order of the sums."""

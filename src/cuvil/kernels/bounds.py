@@ -39,7 +39,7 @@ from .contraction import (Contraction, DepthwiseWindow, MatContraction, PadWindo
                    fallback_weights)
 from .attention import AttentionTile
 from .contraction_int8 import MAX_NR, Int8Contraction, Int8Planes
-from .contraction_planes import CHANNEL_BLOCK, PLANE_NR, PairPlanes, PlaneContraction
+from .contraction_planes import CHANNEL_BLOCK, PairPlanes, PlaneContraction
 from .schedule import ARENA, WEIGHTS, Schedule, Stage, root_of
 from .texpr import E, Buf, _rebuild, as_index, dim_index, nodes, substitute, var
 
@@ -687,11 +687,11 @@ def _family_obligations(st: Stage, node: E, doms) -> List[Access]:
         tail = _loop(d, "q", spec.plane)
         out.append(_store(kind, st, [n, g, f, tail, i], d, node))
     elif node.op == "contract" and isinstance(spec, PlaneContraction):
-        # x86/gemm_planes.py: a unit is (image, panel of PLANE_NR wide positions, weight block); per tap it reads
+        # x86/gemm_planes.py: a unit is (image, panel of nr wide positions, weight block); per tap it reads
         # every channel pair's plane at the panel's positions shifted by the tap's offset, the weight block's A
         # tiles whole; the tile's outputs are stored at (oh, ow) of its wide positions with ow < OW only
         n, g, f, i = _loop(d, "n", spec.n), _loop(d, "g", spec.groups), _loop(d, "f", spec.num_phases), _loop(d, "i", 2)
-        p, off = _loop(d, "p", spec.p_blocks * PLANE_NR), _loop(d, "off", spec.max_shift + 1)
+        p, off = _loop(d, "p", spec.p_blocks * spec.nr), _loop(d, "off", spec.max_shift + 1)
         out.append(Access(kind, spec.b, [n, g, f, p + off, i], [], d, node=node))
         mb, t, kb = _loop(d, "mb", spec.m_blocks), _loop(d, "t", len(spec.taps)), _loop(d, "kb", spec.k_blocks)
         r, j = _loop(d, "r", spec.mr), _loop(d, "j", CHANNEL_BLOCK // 2)

@@ -33,11 +33,13 @@ import numpy as np
 from .contraction import AMX_K, AMX_TILE, bf16_pairs
 from .texpr import Buf
 
-#: In a target's ``narrow_formats``: its bf16 AMX convolutions read pair planes (this module) instead of
-#: packing im2col panels; never a Node.precision (``X86Tuning.bf16_planes``).
-AMX_PLANES = "amx_bf16_planes"
+#: In a target's ``narrow_formats``: its bf16 convolutions read pair planes (this module) instead of packing
+#: im2col panels, on AMX tiles where AMX_TILES is there too, else with ``vdpbf16ps``; never a Node.precision
+#: (``X86Tuning.bf16_planes``).
+BF16_PLANES = "bf16_planes"
 PLANE_MR = 2 * AMX_TILE      # output channels per weight block: two A tiles
-PLANE_NR = 2 * AMX_TILE      # wide positions per unit: two B tiles
+PLANE_NR = 2 * AMX_TILE      # wide positions per AMX unit: two B tiles
+MAX_PLANE_NR = 48            # the widest panel a kernel takes (vdpbf16ps: 3 vectors); the planes hold that many
 CHANNEL_BLOCK = AMX_K        # input channels per tile step (16 pairs)
 
 
@@ -55,6 +57,7 @@ class PairPlanes:
     phases: tuple       # (rows, cols)
     grid: tuple         # (Hq, Wq)
     plane: int          # PL: positions per plane
+    amx: bool = True    # read by AMX tiles (else by vdpbf16ps): the manifest's path
 
     @property
     def num_phases(self) -> int:
@@ -74,6 +77,8 @@ class PlaneContraction:
     out_hw: tuple       # (OH, OW)
     plane: int          # PL
     num_phases: int     # F
+    amx: bool = True    # AMX tiles (else vdpbf16ps: x86/gemm_planes.py)
+    nr: int = PLANE_NR  # wide positions per panel (AMX: PLANE_NR; vdpbf16ps: 16, 32 or 48)
     mr: int = PLANE_MR
 
     @property
@@ -103,7 +108,7 @@ class PlaneContraction:
 
     @property
     def p_blocks(self) -> int:
-        return -(-self.wide // PLANE_NR)
+        return -(-self.wide // self.nr)
 
     @property
     def flops(self) -> int:

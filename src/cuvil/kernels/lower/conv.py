@@ -11,8 +11,9 @@ from ...ir.dtype import DType
 from ..contraction import (AMX_TILE, AMX_TILES, Contraction, DepthwiseWindow, channel_lanes, choose_tile, pack_weights,
                            pack_weights_amx, pack_weights_bf16)
 from ..texpr import I64, E, all_of, binop, call, cast, cmp, const, in_range, load, logic, reduce, select
-from ..contraction_planes import (AMX_PLANES, CHANNEL_BLOCK, PLANE_MR, PLANE_NR, PairPlanes, PlaneContraction,
+from ..contraction_planes import (BF16_PLANES, CHANNEL_BLOCK, MAX_PLANE_NR, PLANE_MR, PLANE_NR, PairPlanes, PlaneContraction,
                                   pack_plane_weights, pair_groups)
+from ..contraction_int8 import panel_positions
 from ..phase_planes import plane_geometry, plane_length, plane_source
 from .core import LOWERINGS, TensorFn, bf16_stored, clamp, lowering, sub_ctx, unflat_index, widened
 from .quant import minus_zp
@@ -103,7 +104,7 @@ def conv_as_gemm(ctx, x, b, out, group, cin_g, m_g, kern, strides, dil, begin, w
     # a bf16 contraction's own copies of its input (zero-padded, or an inlined input stored) as bfloat16: the
     # values it rounds to, half the bytes, packed into pair panels without rounding (gemm.py)
     store = DType.BFLOAT16 if narrow == "bf16" and ctx.bf16_storage else x.dtype
-    if narrow == "bf16" and AMX_PLANES in ctx.narrow_formats and not interleaved and group == 1 and not pads:
+    if narrow == "bf16" and BF16_PLANES in ctx.narrow_formats and not interleaved and group == 1 and not pads:
         planes = plane_conv(ctx, x, b, wv, out, kern, strides, dil, begin, store)
         if planes is not None:
             return planes
@@ -168,7 +169,7 @@ PLANE_MIN_POSITIONS = 64
 
 
 def plane_conv(ctx, x, b, wv, out, kern, strides, dil, begin, store) -> Optional[TensorFn]:
-    """A bf16 2-D convolution on AMX tiles read in place from pair planes (:mod:`cuvil.kernels.contraction_planes`):
+    """A bf16 2-D convolution (AMX tiles, else vdpbf16ps) read in place from pair planes (:mod:`cuvil.kernels.contraction_planes`):
     the input stored once as phase planes of channel pairs (a stage), the weights packed per tap as A tiles. None
     where that form does not apply (symbolic or 1-D/3-D shapes, negative pads, taps that skip a stride phase),
     where it does not pay (a stride-1 1x1 kernel, a map of fewer than PLANE_MIN_POSITIONS outputs) or where it
@@ -187,19 +188,21 @@ def plane_conv(ctx, x, b, wv, out, kern, strides, dil, begin, store) -> Optional
     (kh_, kw_), (sh, sw), (dh, dw) = kern, strides, dil
     N, M, (H, W), (oh_, ow_) = x.shape[0], out[1], x.shape[2:], out[2:]
     G = pair_groups(cin)
-    PL = plane_length(grid, oh_, geo.max_shift, PLANE_NR)
+    PL = plane_length(grid, oh_, geo.max_shift, MAX_PLANE_NR)
     if x.buf is None:
         x = ctx.temp(x.shape, store, x.fn, "in")
         if x.dtype == DType.BFLOAT16:
             x = bf16_stored(x)
-    spec_in = PairPlanes(x.buf, cin, G, (H, W), tuple(begin), (sh, sw), (rows, cols), grid, PL)
+    amx = AMX_TILES in ctx.narrow_formats      # else vdpbf16ps, its panel as wide as pays (as the int8 VNNI one)
+    nr = PLANE_NR if amx else panel_positions((oh_ - 1) * grid[1] + ow_)
+    spec_in = PairPlanes(x.buf, cin, G, (H, W), tuple(begin), (sh, sw), (rows, cols), grid, PL, amx)
 
     def plane_fn(idx):
         c, ih, iw, cond = plane_source(idx, 2, cin, (H, W), begin, (sh, sw), cols, grid)
         return E("pplanes", list(idx) + [x.at_or([idx[0], c, ih, iw], cond, 0.0)], DType.FLOAT, spec_in)
     b_fn = ctx.temp((N, G, rows * cols, PL, 2), DType.BFLOAT16, plane_fn, "planes")
     w_buf = ctx.weight(pack_plane_weights(wv.astype(np.float32)), "packed_planes")
-    spec = PlaneContraction(b_fn.buf, w_buf, N, M, cin, taps, G, grid[1], (oh_, ow_), PL, rows * cols)
+    spec = PlaneContraction(b_fn.buf, w_buf, N, M, cin, taps, G, grid[1], (oh_, ow_), PL, rows * cols, amx, nr)
     half_block = CHANNEL_BLOCK // 2
 
     def f(idx):

@@ -1,23 +1,31 @@
-"""bf16 convolutions on AMX tiles read in place from pair planes (``E("contract")`` with a
+"""bf16 convolutions read in place from pair planes (``E("contract")`` with a
 :class:`~cuvil.kernels.contraction_planes.PlaneContraction`, over the stage ``E("pplanes")``): no im2col.
 
-* **The kernel** (``tdpbf16ps``): a unit is one block of 32 output channels over 32 wide positions of one
-  image, four 16 x 16 float32 accumulator tiles. Per tap and block of 32 input channels it loads two weight
-  tiles (16 channels x 32 bfloat16, packed at compile time) and two position tiles straight from the planes
-  (16 rows, one per channel pair, ``F * PL * 4`` bytes apart; 16 wide positions x one pair each) and issues
-  four ``tdpbf16ps``. The tiles are stored to the stack, and the stage's fused epilogue (bias, folded
-  BatchNorm, activation, residual add) runs over them; the columns of dropped wide positions (``ow >= OW``)
-  are skipped. Units take the operand that is re-read fastest: where the weights outweigh one image's
-  planes (deep 7x7 and 14x14 layers) a thread's consecutive units share a weight block (each weight read once
-  per image), else a block of positions.
-* **The planes** (:func:`emit_pair_planes_stage`): per grid row and 16 positions, the two channel rows of a
-  pair are each one masked load (padding and a missing last channel read zero; a strided row takes every
-  ``sw``-th element), rounded to bfloat16 (``vcvtneps2bf16``; a bfloat16 input as it is) and interleaved into
-  one 64-byte store. The bytes written are the input's (as bfloat16), where the packed form wrote its im2col.
+* **On AMX tiles** (``tdpbf16ps``, ``bf16_planes_amx``): a unit is one block of 32 output channels over 32 wide
+  positions of one image, four 16 x 16 float32 accumulator tiles. Per tap and block of 32 input channels it
+  loads two weight tiles (16 channels x 32 bfloat16, packed at compile time) and two position tiles straight
+  from the planes (16 rows, one per channel pair, ``F * PL * 4`` bytes apart; 16 wide positions x one pair
+  each) and issues four ``tdpbf16ps``; the tiles are stored to the stack.
+* **With vdpbf16ps** (``X86Tuning(bf16_planes=True)`` on a CPU with AVX512_BF16 and no AMX, or with
+  ``amx=False``: opt-in until measured on such a CPU; ``bf16_planes_dp``): a unit is 8
+  output channels over 16, 32 or 48 wide positions (``nr``, the least padded work, as the int8 VNNI kernel),
+  8 x nr / 16 accumulators in registers. Per tap and channel pair it loads nr / 16 vectors of pairs straight
+  from the planes, broadcasts each channel's weight pair and issues ``vdpbf16ps``; then stores them.
+* Either way the stage's fused epilogue (bias, folded BatchNorm, activation, residual add) then runs over the
+  stored accumulators, on vectors of 16 wide positions (:class:`_WideEpilogue`) or element by element; the
+  columns of dropped wide positions (``ow >= OW``) are skipped. Units take the operand that is re-read
+  fastest: where the weights outweigh one image's planes (deep 7x7 and 14x14 layers) a thread's consecutive
+  units share a weight block (each weight read once per image), else a block of positions.
+* **The planes** (:func:`emit_pair_planes_stage`, :mod:`cuvil.targets.x86.phase_planes`): per grid row and 16
+  positions, the two channel rows of a pair are each one masked load (padding and a missing last channel read
+  zero; a strided row takes every ``sw``-th element), rounded to bfloat16 (``vcvtneps2bf16``; a bfloat16 input
+  as it is) and interleaved into one 64-byte store. The bytes written are the input's (as bfloat16), where the
+  packed form wrote its im2col.
 
-Only where the CPU has AMX-BF16 (and AVX512_BF16 for the rounding); else the stages compute their plain values.
-The manifest's step ``kernel`` says ``bf16_planes_amx`` / ``bf16_planes``, its ``path`` ``amx_bf16``: the library
-checks AMX at session creation and asks Linux for the tile state (amx.py), as for the packed form.
+Only where the CPU runs the path the lowering chose (AMX-BF16, or AVX512_BF16); else the stages compute their
+plain values. The manifest's step ``kernel`` says ``bf16_planes_amx`` / ``bf16_planes_dp`` / ``bf16_planes``, its
+``path`` ``amx_bf16`` or ``avx512_bf16``: the library checks those features at session creation (and asks Linux
+for the AMX tile state, amx.py), as for the packed form.
 """
 from __future__ import annotations
 
@@ -26,18 +34,21 @@ from typing import Optional, Tuple
 import llvmlite.ir as ir
 
 from ...ir.dtype import DType
-from ...kernels.contraction_planes import CHANNEL_BLOCK, PLANE_NR, PairPlanes, PlaneContraction
+from ...kernels.contraction_planes import CHANNEL_BLOCK, PairPlanes, PlaneContraction
 from ...kernels.schedule import Stage
 from ...kernels.texpr import E, nodes
 from ..llvm.narrow import I16
 from ..llvm.types import F32, I32, I64, PTR, const_value, splat
 from .amx import AMX_BF16_PATH, Tiles, bf16_tile_loop, has_amx
 from .gemm import find_contraction, runs_along_last_axis, tile_epilogue, vector_epilogue_plan, vector_op
-from .gemm_bf16 import to_bf16
+from .gemm_bf16 import AVX512_BF16, PAIRS, bf16_supported, dpbf16, to_bf16
+from .gemm_int8 import carry_loop
 from .phase_planes import emit_phase_planes
 
 KIND = "bf16_planes_amx"
+DP_KIND = "bf16_planes_dp"
 PLANES_KIND = "bf16_planes"
+DP_MR = 8            # output channels of a vdpbf16ps unit (8 x nr / 16 accumulator registers)
 I8 = ir.IntType(8)
 VW = 16
 
@@ -52,12 +63,13 @@ def emit_pair_planes_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, in
     """Emit the pair planes of a bf16 convolution's input (``E("pplanes")``, :mod:`cuvil.targets.x86.phase_planes`):
     per grid row and 16 positions, two masked channel-row loads, rounded to bfloat16 (a bfloat16 input as it is)
     and interleaved into one 64-byte store. Only where the AMX kernels run (the planes' one reader); else the
-    generic loop nest."""
+    generic loop nest. (Only where the bf16 kernels that read them run: AMX tiles, or AVX512_BF16.)"""
     if st.expr.op != "pplanes" or not isinstance(st.expr.attr, PairPlanes) or st.region is not None:
         return None
-    if find_contraction(st, "pplanes") is not st.expr or not has_amx(getattr(km, "cpu_features", ())):
-        return None
     spec: PairPlanes = st.expr.attr
+    if find_contraction(st, "pplanes") is not st.expr or not (has_amx(getattr(km, "cpu_features", ())) if spec.amx
+                                                             else bf16_supported(km)):
+        return None
     if (spec.strides[1] > 4 or len(spec.x.shape) != 4 or spec.x.strides[-1] != 1
             or spec.x.dtype not in (DType.FLOAT, DType.BFLOAT16)):
         return None
@@ -71,7 +83,7 @@ def emit_pair_planes_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, in
     done = emit_phase_planes(km, st, sym, spec, 2, I16 if x16 else F32, 0 if x16 else 0.0, word,
                              ir.Constant(ir.VectorType(I16, 2 * VW), [0] * (2 * VW)))
     km.window_kinds[sym] = PLANES_KIND
-    km.narrow_paths[sym] = AMX_BF16_PATH
+    km.narrow_paths[sym] = AMX_BF16_PATH if spec.amx else AVX512_BF16
     return done
 
 
@@ -83,66 +95,43 @@ def weight_major(spec: PlaneContraction) -> bool:
 
 
 def emit_plane_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]]:
-    """Emit a convolution stage over pair planes on AMX tiles; (parallel extent, grain), or None (the generic
-    loop nest computes the node's plain value)."""
+    """Emit a convolution stage over pair planes (AMX tiles, or vdpbf16ps); (parallel extent, grain), or None
+    (the generic loop nest computes the node's plain value)."""
     c = find_contraction(st)
-    if c is None or not isinstance(c.attr, PlaneContraction) or st.region is not None:
-        return None
-    if not has_amx(getattr(km, "cpu_features", ())) or len(st.buf.shape) != 4:
+    if c is None or not isinstance(c.attr, PlaneContraction) or st.region is not None or len(st.buf.shape) != 4:
         return None
     spec: PlaneContraction = c.attr
-    NR, MR = PLANE_NR, spec.mr
-    T, G, KB, F, PL = len(spec.taps), spec.groups, spec.k_blocks, spec.num_phases, spec.plane
-    PB, MB = spec.p_blocks, spec.m_blocks
+    if not (has_amx(getattr(km, "cpu_features", ())) if spec.amx else bf16_supported(km)):
+        return None
+    NR = spec.nr
+    MR = spec.mr if spec.amx else DP_MR          # output channels a unit
+    PB, MU = spec.p_blocks, -(-spec.m // MR)
     OW, Wq = spec.out_hw[1], spec.wq
     by_weights = weight_major(spec)
     em, begin, end = km.kernel(sym)
     b = em.b
-    tiles = Tiles(km, b)
-    cbuf = em.alloca(ir.ArrayType(F32, MR * NR))      # the four accumulator tiles, stored: [32 rows][32 positions]
+    cbuf = em.alloca(ir.ArrayType(F32, MR * NR))      # the unit's accumulators, stored: [MR rows][NR positions]
     cbuf.align = 64
     tile_f = b.bitcast(cbuf, ir.PointerType(F32))
-    g_stride = F * PL * 4            # bytes from one channel pair's planes to the next
     # an epilogue of per-channel and same-position operands into an unpitched float32 / bfloat16 output runs on
     # vectors of 16 wide positions (WideEpilogue); any other the spilled-tile way, position by position
     vplan = vector_epilogue_plan(st, c)
     if vplan is not None and (st.buf.pitch is not None or any(
             _loaded(st.expr, uid).attr.pitch is not None for uid, kind in vplan.items() if kind != "channel")):
         vplan = None
-    vector = _WideEpilogue(km, em, st, c, vplan, spec, tile_f) if vplan is not None else None
-    a_bytes = MR * CHANNEL_BLOCK * 2     # one (tap, channel block) of a weight block: two A tiles
-    # per tap, the words from a pair plane's start to its shifted panel: f * PL + off
-    arr = ir.ArrayType(I64, T)
-    shifts = ir.GlobalVariable(km.module, arr, name=f"{sym}.shifts")
-    shifts.global_constant, shifts.linkage = True, "internal"
-    shifts.initializer = ir.Constant(arr, [f_t * PL + off_t for f_t, off_t in spec.taps])
+    vector = _WideEpilogue(km, em, st, c, vplan, spec, tile_f, NR) if vplan is not None else None
+    compute = (_amx_kernel if spec.amx else _dp_kernel)(km, em, spec, sym, tile_f)
 
     def unit(u):
-        n = b.sdiv(u, I64(PB * MB))
-        rest = b.srem(u, I64(PB * MB))
+        n = b.sdiv(u, I64(PB * MU))
+        rest = b.srem(u, I64(PB * MU))
         if by_weights:
-            mb, pb = b.sdiv(rest, I64(PB)), b.srem(rest, I64(PB))
+            mu, pb = b.sdiv(rest, I64(PB)), b.srem(rest, I64(PB))
         else:
-            pb, mb = b.sdiv(rest, I64(MB)), b.srem(rest, I64(MB))
+            pb, mu = b.sdiv(rest, I64(MU)), b.srem(rest, I64(MU))
         p0 = b.mul(pb, I64(NR))
-        # one loop over the steps s = (tap, channel block): the weight block's A tiles are consecutive in s; a
-        # step's position tiles are at its tap's shift (a constant table) in its block's first pair plane
-        w_mb = _bytes_at(em, spec.w, b.mul(mb, I64(T * KB * a_bytes)))
-        b_n = _bytes_at(em, spec.b, b.mul(b.add(b.mul(n, I64(G * F * PL)), p0), I64(4)))
-
-        def b_at(s, y):
-            t, kb = b.udiv(s, I64(KB)), b.urem(s, I64(KB))
-            shift = b.load(b.gep(shifts, [I32(0), t], inbounds=True), typ=I64)
-            words = b.add(b.add(b.mul(kb, I64(CHANNEL_BLOCK // 2 * F * PL)), shift), I64(y * VW))
-            return b.gep(b_n, [b.mul(words, I64(4))], source_etype=I8, inbounds=True)
-        accs = bf16_tile_loop(em, tiles, I64(T * KB),
-                              lambda s, x: b.gep(w_mb, [b.add(b.mul(s, I64(a_bytes)), I64(x * a_bytes // 2))],
-                                                 source_etype=I8, inbounds=True), 64,
-                              b_at, g_stride, 2, 2)
-        for x in range(2):
-            for y in range(2):
-                tiles.store(accs[2 * x + y], b.gep(tile_f, [I64(x * 16 * NR + y * VW)], source_etype=F32), NR * 4)
-        m0 = b.mul(mb, I64(MR))
+        compute(n, p0, mu)
+        m0 = b.mul(mu, I64(MR))
         mleft = b.sub(I64(spec.m), m0)
         nrows = b.select(b.icmp_signed("<", mleft, I64(MR)), mleft, I64(MR))
         if vplan is not None:
@@ -168,9 +157,87 @@ def emit_plane_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int
 
     em.loop_range(begin, end, unit)
     b.ret_void()
-    km.window_kinds[sym] = KIND
-    km.narrow_paths[sym] = AMX_BF16_PATH
-    return spec.n * PB * MB, 1
+    km.window_kinds[sym] = KIND if spec.amx else DP_KIND
+    km.narrow_paths[sym] = AMX_BF16_PATH if spec.amx else AVX512_BF16
+    return spec.n * PB * MU, 1
+
+
+def _amx_kernel(km, em, spec: PlaneContraction, sym: str, tile_f):
+    """``compute(n, p0, mb)``: the 32 x 32 tile of weight block ``mb`` at wide positions p0.. into ``tile_f`` (four
+    16 x 16 AMX accumulators; one loop over the steps s = (tap, channel block): the weight block's A tiles are
+    consecutive in s; a step's position tiles are at its tap's shift, a constant table, in its block's first
+    pair plane)."""
+    b = em.b
+    tiles = Tiles(km, b)
+    T, G, KB, F, PL, MR, NR = len(spec.taps), spec.groups, spec.k_blocks, spec.num_phases, spec.plane, spec.mr, spec.nr
+    g_stride = F * PL * 4            # bytes from one channel pair's planes to the next
+    a_bytes = MR * CHANNEL_BLOCK * 2     # one (tap, channel block) of a weight block: two A tiles
+    arr = ir.ArrayType(I64, T)           # per tap, the words from a pair plane's start to its shifted panel
+    shifts = ir.GlobalVariable(km.module, arr, name=f"{sym}.shifts")
+    shifts.global_constant, shifts.linkage = True, "internal"
+    shifts.initializer = ir.Constant(arr, [f_t * PL + off_t for f_t, off_t in spec.taps])
+
+    def compute(n, p0, mb):
+        w_mb = _bytes_at(em, spec.w, b.mul(mb, I64(T * KB * a_bytes)))
+        b_n = _bytes_at(em, spec.b, b.mul(b.add(b.mul(n, I64(G * F * PL)), p0), I64(4)))
+
+        def b_at(s, y):
+            t, kb = b.udiv(s, I64(KB)), b.urem(s, I64(KB))
+            shift = b.load(b.gep(shifts, [I32(0), t], inbounds=True), typ=I64)
+            words = b.add(b.add(b.mul(kb, I64(CHANNEL_BLOCK // 2 * F * PL)), shift), I64(y * VW))
+            return b.gep(b_n, [b.mul(words, I64(4))], source_etype=I8, inbounds=True)
+        accs = bf16_tile_loop(em, tiles, I64(T * KB),
+                              lambda s, x: b.gep(w_mb, [b.add(b.mul(s, I64(a_bytes)), I64(x * a_bytes // 2))],
+                                                 source_etype=I8, inbounds=True), 64,
+                              b_at, g_stride, 2, 2)
+        for x in range(2):
+            for y in range(2):
+                tiles.store(accs[2 * x + y], b.gep(tile_f, [I64(x * 16 * NR + y * VW)], source_etype=F32), NR * 4)
+    return compute
+
+
+def _dp_kernel(km, em, spec: PlaneContraction, sym: str, tile_f):
+    """``compute(n, p0, mu)``: DP_MR output channels (block ``mu // 4`` of the packed weights, rows from
+    ``(mu % 4) * DP_MR``) x nr wide positions into ``tile_f``, in registers: per tap and channel pair, nr / 16
+    vectors of pairs loaded straight from the planes, each channel's weight pair broadcast, ``vdpbf16ps``."""
+    b = em.b
+    mac = dpbf16(km, b)
+    T, G, KB, F, PL, NR = len(spec.taps), spec.groups, spec.k_blocks, spec.num_phases, spec.plane, spec.nr
+    nv = NR // VW
+    half = CHANNEL_BLOCK // 2
+    zero = ir.Constant(ir.VectorType(F32, VW), [0.0] * VW)
+
+    def compute(n, p0, mu):
+        mb, r0 = b.sdiv(mu, I64(spec.mr // DP_MR)), b.mul(b.srem(mu, I64(spec.mr // DP_MR)), I64(DP_MR))
+        accs = [zero] * (DP_MR * nv)
+        for t, (f_t, off_t) in enumerate(spec.taps):
+            b_t = _bytes_at(em, spec.b, b.mul(b.add(b.mul(b.add(b.mul(n, I64(G * F)), I64(f_t)), I64(PL)),
+                                                    b.add(p0, I64(off_t))), I64(4)))
+            w_t = _bytes_at(em, spec.w, b.mul(b.add(b.mul(b.add(b.mul(mb, I64(T)), I64(t)), I64(KB * spec.mr)), r0),
+                                              I64(half * 4)))
+
+            def block(kb, accs, b_t=b_t, w_t=w_t):
+                b_k = b.gep(b_t, [b.mul(kb, I64(half * F * PL * 4))], source_etype=I8, inbounds=True)
+                w_k = b.gep(w_t, [b.mul(kb, I64(spec.mr * half * 4))], source_etype=I8, inbounds=True)
+
+                def pair(j, accs):
+                    row = b.gep(b_k, [b.mul(j, I64(F * PL * 4))], source_etype=I8, inbounds=True)
+                    bv = [b.load(b.bitcast(b.gep(row, [I64(v * VW * 4)], source_etype=I8, inbounds=True),
+                                           PAIRS.as_pointer()), typ=PAIRS, align=4) for v in range(nv)]
+                    new = []
+                    for r in range(DP_MR):
+                        at = b.gep(w_k, [b.add(b.mul(I64(r), I64(half * 4)), b.mul(j, I64(4)))], source_etype=I8,
+                                   inbounds=True)
+                        w = splat(b, b.load(b.bitcast(at, I32.as_pointer()), typ=I32, align=4), VW)
+                        new += [mac(w, bv[v], accs[r * nv + v]) for v in range(nv)]
+                    return new
+                return carry_loop(em, half, accs, pair)
+            accs = carry_loop(em, KB, accs, block)
+        for r in range(DP_MR):
+            for v in range(nv):
+                at = b.gep(tile_f, [I64(r * NR + v * VW)], source_etype=F32)
+                b.store(accs[r * nv + v], b.bitcast(at, accs[0].type.as_pointer()), align=4)
+    return compute
 
 
 def _loaded(expr: E, uid: int) -> E:
@@ -187,8 +254,9 @@ class _WideEpilogue:
     (``vcompressps``) and their ``count`` leading lanes stored, rounded to bfloat16 for a bfloat16 output. Both
     in registers: the memory forms of compress and expand are microcoded on some cores."""
 
-    def __init__(self, km, em, st: Stage, node: E, kinds: dict, spec: PlaneContraction, tile_f):
+    def __init__(self, km, em, st: Stage, node: E, kinds: dict, spec: PlaneContraction, tile_f, nr: int):
         self.em, self.b, self.st, self.node, self.kinds, self.spec, self.tile_f = em, em.b, st, node, kinds, spec, tile_f
+        self.nr = nr
         self.vec = vec = ir.VectorType(F32, VW)
         self.i1v = i1v = ir.VectorType(ir.IntType(1), VW)
         self.h16 = h16 = ir.VectorType(I16, VW)
@@ -220,7 +288,7 @@ class _WideEpilogue:
 
     def run(self, n, m0, nrows, p0):
         b, em, st = self.b, self.em, self.st
-        pos = [self.positions(b.add(p0, I64(v * VW))) for v in range(PLANE_NR // VW)]
+        pos = [self.positions(b.add(p0, I64(v * VW))) for v in range(self.nr // VW)]
         names = [v.attr for v in st.vars]
         zero_h = ir.Constant(self.h16, [0] * VW)
 
@@ -236,7 +304,7 @@ class _WideEpilogue:
                         return memo[e.uid]
                     kind = self.kinds.get(e.uid)
                     if e is self.node:
-                        at = b.gep(self.tile_f, [b.add(b.mul(r, I64(PLANE_NR)), I64(v * VW))], source_etype=F32)
+                        at = b.gep(self.tile_f, [b.add(b.mul(r, I64(self.nr)), I64(v * VW))], source_etype=F32)
                         out = b.load(b.bitcast(at, self.vec.as_pointer()), typ=self.vec, align=4)
                     elif e.op == "const":
                         out = splat(b, const_value(e.attr, e.dtype), VW)

@@ -81,10 +81,14 @@ class X86Tuning:
     # bf16 contractions on AMX tiles (tdpbf16ps, cuvil.targets.x86.amx) where the CPU has AMX-BF16; False:
     # AVX512_BF16's vdpbf16ps kernels even there (the side-by-side benchmark, the tests of that path)
     amx: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
-    # a bf16 2-D convolution on AMX tiles reads its B tiles straight from its input stored once as phase planes
-    # of channel pairs (cuvil.kernels.contraction_planes, gemm_planes.py) instead of packing im2col pair panels
-    # per 32 positions. False: the packed panels (the A/B: bench/amx_resnet_ab.py --no-planes)
-    bf16_planes: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
+    # a bf16 2-D convolution reads its operand tiles straight from its input stored once as phase planes of
+    # channel pairs (cuvil.kernels.contraction_planes, gemm_planes.py) instead of packing im2col pair panels.
+    # None (the default): on AMX tiles only, where it was measured (ResNet-50 0.91-0.93x of the packed build on a
+    # Xeon with AMX); the vdpbf16ps kernel over planes is written and tested but was measured only on that Xeon,
+    # whose vdpbf16ps is slow (its planes layers 1.05x the packed ones there), not on the AVX512_BF16 CPUs without
+    # AMX it is for (AMD Zen 4/5). True: both paths; False: the packed panels (bench/amx_resnet_ab.py --no-planes)
+    bf16_planes: Optional[bool] = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.instance_of(bool)))
     # a float32 activation read only by bf16 convolutions (which round it to bfloat16 anyway) is stored as
     # bfloat16, and so are their zero-padded input copies (cuvil.kernels.schedule's bf16_storage): half the
     # bytes written and read, pair panels packed without rounding. False: float32 activations (the A/B)
