@@ -146,11 +146,31 @@ def test_chain_of_plane_convolutions(amx):
     assert float(np.abs(got - exact).max()) < 1e-2 * float(np.abs(exact).max())
 
 
+def test_symbolic_spatial_sizes_keep_packed_panels():
+    """H and W symbolic (a profile over both): the planes' geometry is fixed at compile time, so the generic
+    kernels are not on planes (a loop nest here, as before the planes), the opt point's (H = W = 16) are (their
+    weights a copy of their own);
+    the build compiles (it raised a TypeError comparing the symbolic position count) and runs at the opt point
+    and off it as the float32 build does within bfloat16's error."""
+    model = conv_epilogue_model((1, 64, "H", "W"), (64, 64, 3, 3), epilogue="relu", pads=[1, 1, 1, 1])
+    prof = {"H": (8, 16, 32), "W": (8, 16, 32)}
+    art = narrowed(model, shape_profiles=prof)
+    generic = [s["kernel"] for s in art.manifest["steps"] if any(isinstance(d, str) for d in s["shape"])]
+    assert generic and not any(k.startswith("bf16_planes") for k in generic), art.manifest["steps"]
+    assert "bf16_planes_amx" in kernels(art) or not HAS_AMX
+    mod, ref = art.model(), Pipeline.from_onnx(model).optimize().compile(shape_profiles=prof).model()
+    for hw in (8, 16, 20):
+        x = np.random.default_rng(hw).standard_normal((1, 64, hw, hw)).astype(np.float32)
+        got, want = mod.run(x)[0], ref.run(x)[0]
+        assert float(np.abs(got - want).max()) < 2e-2 * float(np.abs(want).max())
+
+
 @pytest.mark.parametrize("xs,ws,attrs,profiles", [
     ((1, 64, 16, 16), (64, 64, 1, 1), {}, None),                         # stride-1 1x1: direct rows
     ((1, 64, 7, 7), (64, 64, 3, 3), dict(pads=[1, 1, 1, 1]), None),      # 49 outputs: few to pack
     ((1, 3, 32, 32), (32, 3, 3, 3), dict(pads=[1, 1, 1, 1]), None),      # 3 channels of a block of 32
-], ids=["1x1", "7x7-map", "stem"])
+    ((1, 64, 40, 40), (64, 64, 3, 3), dict(strides=[1, 5]), None),      # a column stride over 4
+], ids=["1x1", "7x7-map", "stem", "stride5"])
 def test_forms_that_keep_packed_panels(xs, ws, attrs, profiles):
     model = conv_epilogue_model(xs, ws, epilogue=None, **attrs)
     for amx in (True, False) if HAS_AMX else (False,):
@@ -160,13 +180,15 @@ def test_forms_that_keep_packed_panels(xs, ws, attrs, profiles):
 
 @needs_amx
 def test_symbolic_batch():
-    """A batch profile N 1..4 (opt 2): the generic kernels (any N) pack panels, the opt point's (N = 2, run
-    once per slice of 2) read planes; every N as the packed-panel build, up to the order of the sums."""
+    """A batch profile N 1..4 (opt 2): the generic kernels (any N, the units counted at run time) and the opt
+    point's (N = 2, run once per slice of 2) both read planes, so they share one packed copy of the weights;
+    every N as the packed-panel build, up to the order of the sums."""
     model = conv_epilogue_model(("N", 64, 16, 16), (64, 64, 3, 3), epilogue="relu", pads=[1, 1, 1, 1])
     art = narrowed(model, shape_profiles={"N": (1, 2, 4)})
     steps = art.manifest["steps"]
-    assert any(s["kernel"] == "gemm" and s["shape"][0] == "N" for s in steps), steps
+    assert any(s["kernel"] == "bf16_planes_amx" and s["shape"][0] == "N" for s in steps), steps
     assert any(s["kernel"] == "bf16_planes_amx" and s["shape"][0] == 2 for s in steps), steps
+    assert art.manifest["opt_weights"] == "shared", art.manifest["opt_weights"]
     mod = art.model()
     panels = narrowed(model, shape_profiles={"N": (1, 2, 4)}, tuning=PANELS).model()
     rng = np.random.default_rng(6)

@@ -171,15 +171,18 @@ PLANE_MIN_POSITIONS = 64
 def plane_conv(ctx, x, b, wv, out, kern, strides, dil, begin, store) -> Optional[TensorFn]:
     """A bf16 2-D convolution (AMX tiles, else vdpbf16ps) read in place from pair planes (:mod:`cuvil.kernels.contraction_planes`):
     the input stored once as phase planes of channel pairs (a stage), the weights packed per tap as A tiles. None
-    where that form does not apply (symbolic or 1-D/3-D shapes, negative pads, taps that skip a stride phase),
-    where it does not pay (a stride-1 1x1 kernel, a map of fewer than PLANE_MIN_POSITIONS outputs) or where it
-    would waste more than a quarter of its products on the zero channels that fill the last block of 32 (a
-    3-channel stem): the packed-panel form then."""
-    cin = x.shape[1]
-    if (all(k == 1 for k in kern) and all(s == 1 for s in strides)) or product(out[2:]) < PLANE_MIN_POSITIONS:
+    where that form does not apply (symbolic sizes other than the batch, 1-D/3-D windows, negative pads, taps that
+    skip a stride phase, a column stride over 4, which the planes pass does not vectorise), where it does not pay
+    (a stride-1 1x1 kernel, a map of fewer than PLANE_MIN_POSITIONS outputs) or where it would waste more than a
+    quarter of its products on the zero channels that fill the last block of 32 (a 3-channel stem): the
+    packed-panel form then. A symbolic batch takes the planes as a fixed one does (the units count it at run time),
+    so a batch profile's generic kernels and its opt point's share one packed copy of the weights."""
+    if (len(kern) != 2 or not all(isinstance(d, int) for d in list(x.shape[1:]) + list(out[1:]) + list(begin))
+            or min(begin) < 0 or strides[1] > 4):
         return None
-    if (len(kern) != 2 or not all(isinstance(d, int) for d in list(x.shape) + list(out) + list(begin))
-            or min(begin) < 0 or 4 * pair_groups(cin) * 2 > 5 * cin):
+    cin = x.shape[1]
+    if ((all(k == 1 for k in kern) and all(s == 1 for s in strides)) or product(out[2:]) < PLANE_MIN_POSITIONS
+            or 4 * pair_groups(cin) * 2 > 5 * cin):
         return None
     geo = plane_geometry(tuple(kern), tuple(strides), tuple(dil), tuple(out[2:]))
     if geo is None:

@@ -102,6 +102,7 @@ def emit_plane_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int
         return None
     spec: PlaneContraction = c.attr
     if not (has_amx(getattr(km, "cpu_features", ())) if spec.amx else bf16_supported(km)):
+        km.narrow_paths[sym] = "fp32 fallback"      # (the loop nest computes the plain bf16 expression)
         return None
     NR = spec.nr
     MR = spec.mr if spec.amx else DP_MR          # output channels a unit
