@@ -81,7 +81,8 @@ def int8_isa_checks(*targets) -> list:
     return out
 
 
-def _byte_ptr(em, buf, off):
+def byte_ptr(em, buf, off):
+    """An i8 pointer ``off`` bytes into ``buf`` (its base and offset)."""
     b = em.b
     base = b.gep(em.base(buf), [I64(buf.offset)], source_etype=I8, inbounds=True)
     return b.gep(base, [off], source_etype=I8, inbounds=True)
@@ -143,9 +144,9 @@ class _Epilogue:
         lo, hi = spec.out_dtype.int_range
         self.f_lo, self.f_hi = ir.Constant(vf32, [float(lo)] * vw), ir.Constant(vf32, [float(hi)] * vw)
         self.f_zp = ir.Constant(vf32, [float(spec.y_zero_point)] * vw)
-        self.out_base = _byte_ptr(em, st.buf, I64(0))
-        self.comp_base = _byte_ptr(em, spec.comp, I64(0))
-        self.mult_base = _byte_ptr(em, spec.mult, I64(0))
+        self.out_base = byte_ptr(em, st.buf, I64(0))
+        self.comp_base = byte_ptr(em, spec.comp, I64(0))
+        self.mult_base = byte_ptr(em, spec.mult, I64(0))
 
     def positions(self, p0):
         """(first output position, store mask i16, squeeze mask or None) of the 16 wide positions from p0."""
@@ -225,9 +226,9 @@ def _emit_vnni(km, st: Stage, sym: str, spec: Int8Contraction):
         p0 = b.mul(pb, I64(NR))
         accs = [ep.zero] * (MR * nv)
         for t, (f_t, off_t) in enumerate(spec.taps):
-            b_t = _byte_ptr(em, spec.b, b.mul(b.add(b.mul(b.add(b.mul(n, I64(G * F)), I64(f_t)), I64(PL)),
+            b_t = byte_ptr(em, spec.b, b.mul(b.add(b.mul(b.add(b.mul(n, I64(G * F)), I64(f_t)), I64(PL)),
                                                     b.add(p0, I64(off_t))), I64(4)))
-            w_t = _byte_ptr(em, spec.w, b.mul(b.add(b.mul(b.add(b.mul(mb, I64(T)), I64(t)), I64(GB * spec.mr)), r0),
+            w_t = byte_ptr(em, spec.w, b.mul(b.add(b.mul(b.add(b.mul(mb, I64(T)), I64(t)), I64(GB * spec.mr)), r0),
                                               I64(gb * 4)))
 
             def block(gblk, accs, b_t=b_t, w_t=w_t):
@@ -299,9 +300,9 @@ def _emit_amx(km, st: Stage, sym: str, spec: Int8Contraction):
         p0 = b.mul(pb, I64(NR))
         accs = [tiles.zero() for _ in range(4)]
         for t, (f_t, off_t) in enumerate(spec.taps):
-            b_t = _byte_ptr(em, spec.b, b.mul(b.add(b.mul(b.add(b.mul(n, I64(G * F)), I64(f_t)), I64(PL)),
+            b_t = byte_ptr(em, spec.b, b.mul(b.add(b.mul(b.add(b.mul(n, I64(G * F)), I64(f_t)), I64(PL)),
                                                     b.add(p0, I64(off_t))), I64(4)))
-            w_t = _byte_ptr(em, spec.w, b.mul(b.add(b.mul(mb, I64(T)), I64(t)), I64(GB * MR * gb * 4)))
+            w_t = byte_ptr(em, spec.w, b.mul(b.add(b.mul(mb, I64(T)), I64(t)), I64(GB * MR * gb * 4)))
 
             def block(gblk, accs, b_t=b_t, w_t=w_t):
                 w_g = b.gep(w_t, [b.mul(gblk, I64(MR * gb * 4))], source_etype=I8, inbounds=True)

@@ -42,7 +42,7 @@ from ..llvm.types import F32, I32, I64, PTR, const_value, splat
 from .amx import AMX_BF16_PATH, Tiles, bf16_tile_loop, has_amx
 from .gemm import find_contraction, runs_along_last_axis, tile_epilogue, vector_epilogue_plan, vector_op
 from .gemm_bf16 import AVX512_BF16, PAIRS, bf16_supported, dpbf16, to_bf16
-from .gemm_int8 import carry_loop
+from .gemm_int8 import byte_ptr, carry_loop
 from .phase_planes import emit_phase_planes
 
 KIND = "bf16_planes_amx"
@@ -51,12 +51,6 @@ PLANES_KIND = "bf16_planes"
 DP_MR = 8            # output channels of a vdpbf16ps unit (8 x nr / 16 accumulator registers)
 I8 = ir.IntType(8)
 VW = 16
-
-
-def _bytes_at(em, buf, off):
-    b = em.b
-    base = b.gep(em.base(buf), [I64(buf.offset)], source_etype=I8, inbounds=True)
-    return b.gep(base, [off], source_etype=I8, inbounds=True)
 
 
 def emit_pair_planes_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]]:
@@ -179,8 +173,8 @@ def _amx_kernel(km, em, spec: PlaneContraction, sym: str, tile_f):
     shifts.initializer = ir.Constant(arr, [f_t * PL + off_t for f_t, off_t in spec.taps])
 
     def compute(n, p0, mb):
-        w_mb = _bytes_at(em, spec.w, b.mul(mb, I64(T * KB * a_bytes)))
-        b_n = _bytes_at(em, spec.b, b.mul(b.add(b.mul(n, I64(G * F * PL)), p0), I64(4)))
+        w_mb = byte_ptr(em, spec.w, b.mul(mb, I64(T * KB * a_bytes)))
+        b_n = byte_ptr(em, spec.b, b.mul(b.add(b.mul(n, I64(G * F * PL)), p0), I64(4)))
 
         def b_at(s, y):
             t, kb = b.udiv(s, I64(KB)), b.urem(s, I64(KB))
@@ -212,9 +206,9 @@ def _dp_kernel(km, em, spec: PlaneContraction, sym: str, tile_f):
         mb, r0 = b.sdiv(mu, I64(spec.mr // DP_MR)), b.mul(b.srem(mu, I64(spec.mr // DP_MR)), I64(DP_MR))
         accs = [zero] * (DP_MR * nv)
         for t, (f_t, off_t) in enumerate(spec.taps):
-            b_t = _bytes_at(em, spec.b, b.mul(b.add(b.mul(b.add(b.mul(n, I64(G * F)), I64(f_t)), I64(PL)),
+            b_t = byte_ptr(em, spec.b, b.mul(b.add(b.mul(b.add(b.mul(n, I64(G * F)), I64(f_t)), I64(PL)),
                                                     b.add(p0, I64(off_t))), I64(4)))
-            w_t = _bytes_at(em, spec.w, b.mul(b.add(b.mul(b.add(b.mul(mb, I64(T)), I64(t)), I64(KB * spec.mr)), r0),
+            w_t = byte_ptr(em, spec.w, b.mul(b.add(b.mul(b.add(b.mul(mb, I64(T)), I64(t)), I64(KB * spec.mr)), r0),
                                               I64(half * 4)))
 
             def block(kb, accs, b_t=b_t, w_t=w_t):
