@@ -9,7 +9,7 @@ import pytest
 from cuvil import Pipeline
 from cuvil.targets.ptx import assemble
 from cuvil.targets.ptx.codegen import build_ptx, gpu_schedule
-from cuvil.targets.ptx.matmul_mma import (FRAGMENTS, TK, MatmulPlan, a_word, b_word, c_coords, load_slots,
+from cuvil.targets.ptx.matmul_mma import (ELEM_BYTES, FRAGMENTS, TK, MatmulPlan, a_word, b_word, c_coords, load_slots,
                                           matmul_parts, plan_matmul, row_stride, stage_precisions, warp_tiles)
 from cuvil.testing.matmul_models import attention_scores, gemm_transb_residual, linear_gelu
 from cuvil.testing.requires import needs_gpu, needs_ptxas
@@ -96,6 +96,8 @@ def _isa_a(fmt, g, t, i):
     """(row, col) of element i of lane (g, t)'s A fragment, as the PTX ISA tabulates it."""
     if fmt == "tf32":          # m16n8k8 .tf32: a0 (g, t), a1 (g+8, t), a2 (g, t+4), a3 (g+8, t+4)
         return g + 8 * (i & 1), t + 4 * (i >> 1)
+    if fmt == "fp8":           # m16n8k32 .e4m3: a0..a15: rows g (a0-a3, a8-a11) / g+8; cols 4t + (i & 3) (+16 for a8..)
+        return g + 8 * ((i >> 2) & 1), 4 * t + (i & 3) + 16 * (i >> 3)
     # m16n8k16 .f16/.bf16: a0..a7: rows g (a0,a1,a4,a5) / g+8; cols 2t + (i & 1) (+8 for a4..a7)
     return g + 8 * ((i >> 1) & 1), 2 * t + (i & 1) + 8 * (i >> 2)
 
@@ -104,6 +106,8 @@ def _isa_b(fmt, g, t, i):
     """(k, col) of element i of lane (g, t)'s B fragment."""
     if fmt == "tf32":          # b0 (t, g), b1 (t+4, g)
         return t + 4 * i, g
+    if fmt == "fp8":           # b0..b7: k = 4t + (i & 3) (+16 for b4..b7), column g
+        return 4 * t + (i & 3) + 16 * (i >> 2), g
     return 2 * t + (i & 1) + 8 * (i >> 1), g
 
 
@@ -111,7 +115,7 @@ def _isa_c(g, t, i):
     return g + 8 * (i >> 1), 2 * t + (i & 1)
 
 
-@pytest.mark.parametrize("fmt", ["fp16", "bf16", "tf32"])
+@pytest.mark.parametrize("fmt", ["fp16", "bf16", "tf32", "fp8"])
 @pytest.mark.parametrize("bm,bn", [(64, 64), (32, 32), (64, 32), (32, 64)])
 def test_fragment_replay_matches_numpy(fmt, bm, bn):
     """The block tile's product as the kernel computes it: A and B stored k-contiguous in shared memory at the
@@ -168,7 +172,7 @@ def test_fragment_loads_are_bank_conflict_free():
     """The 32 lanes of one fragment load hit 32 different 4-byte banks (shared rows padded)."""
     for fmt in FRAGMENTS:
         sk = row_stride(fmt)
-        esize = 4 if fmt == "tf32" else 2
+        esize = ELEM_BYTES[fmt]
         for q in range(4):
             banks = {(a_word(fmt, sk, 0, g, t, 0, q) * esize // 4) % 32 for g in range(8) for t in range(4)}
             assert len(banks) == 32, (fmt, q)
@@ -257,7 +261,8 @@ def test_precision_ops_hook_and_transposed_operand_precision():
     product whose operand is a Transpose folded into its loads still finds its node's precision."""
     from cuvil.targets.ptx.target import TARGET, PtxOptions
     assert TARGET.precision_ops(PtxOptions()) == {"fp16": frozenset({"MatMul", "Gemm"}),
-                                                  "bf16": frozenset({"MatMul", "Gemm"})}
+                                                  "bf16": frozenset({"MatMul", "Gemm"}),
+                                                  "fp8": frozenset({"MatMul", "Gemm"})}    # sm_89+
     assert TARGET.precision_ops(PtxOptions(arch="sm_75")) == {} == TARGET.precision_ops(PtxOptions(fma=False))
     model, _ = attention_scores()
     p = Pipeline.from_onnx(model).optimize()

@@ -276,3 +276,57 @@ def test_a_nan_guard_after_a_masked_softmax_is_bounded_again():
     assert np.isnan(pairs["p"][1][1]).all() and not pairs["p"][0].bounded
     assert pairs["y"][0].bounded and pairs["y"][0].max <= 1.0 + 1e-5
     _assert_sound(pairs)
+
+
+def test_layer_norm_bound_holds_for_the_kernels_on_cancelling_inputs():
+    """LayerNormalization's certified bound (beta ± sqrt(N)·|gamma|, padded for rounding) is a bound of
+    Cuvil's two-pass computation whatever the input: a large mean with a tiny spread (where a one-pass
+    E[x^2] - mean^2 cancels to 0 and reaches |x - mean| / sqrt(eps)) and one outlier among equal values (the
+    extreme sqrt(N-1) case), through the compiled x86 library and the GPU's row kernels' order alike."""
+    n = 64
+    m = _model([h.make_node("LayerNormalization", ["x", "g", "b"], ["y"], axis=-1, epsilon=1e-12)],
+               [("x", T.FLOAT, [4, n])], "y",
+               [nh.from_array(np.full(n, 1.5, np.float32), "g"), nh.from_array(np.full(n, 0.25, np.float32), "b")])
+    box = {"x": (-1e4, 1e4)}
+    g = Pipeline.from_onnx(m).optimize()
+    iv = analyze(g.graph, declared_ranges(box, ["x"]))
+    (y,) = [v for v in g.graph.values() if v.name == "y"]
+    bound = iv[id(y)]
+    assert bound.max <= 0.25 + 1.5 * np.sqrt(n) * (1 + 1e-5)
+    lib = g.compile().model()
+    rng = np.random.default_rng(0)
+    outlier = np.zeros((4, n), np.float32)
+    outlier[:, 0] = [1e4, -1e4, 1e-30, 3.0]
+    feeds = [(9e3 + rng.uniform(-1e-3, 1e-3, (4, n))).astype(np.float32),        # mean 9e3, spread 1e-3
+             (-7777.7 + rng.choice([0.0, 2.0 ** -10], (4, n))).astype(np.float32),  # spread at the last bits
+             outlier, rng.uniform(-1e4, 1e4, (4, n)).astype(np.float32)]
+    for x in feeds:
+        out = lib.run(x)[0]
+        assert np.isfinite(out).all()
+        assert (out >= bound.lo).all() and (out <= bound.hi).all(), (float(out.min()), float(out.max()), bound.text())
+    # the outlier row reaches sqrt(N-1)·gamma + beta: the bound is tight up to sqrt(N / (N-1))
+    assert lib.run(outlier)[0][0, 0] > 0.25 + 1.5 * np.sqrt(n - 1) * (1 - 1e-5)
+
+
+@pytest.mark.parametrize("guarded", [False, True])
+def test_attention_weights_times_values_stay_within_the_values(guarded):
+    """P @ V with P a Softmax over the contracted axis (or its Where(IsNaN(p), 0, p) guard, as exporters
+    write after a maskable softmax): every output is a convex combination of V's column, so its range is
+    V's (times the row sum's rounding), not K times it; sound on random and extreme inputs."""
+    k = 128
+    nodes = [h.make_node("Softmax", ["s"], ["p"], axis=-1)]
+    if guarded:
+        nodes += [h.make_node("IsNaN", ["p"], ["nan"]), h.make_node("Where", ["nan", "zero", "p"], ["pg"])]
+    nodes.append(h.make_node("MatMul", ["pg" if guarded else "p", "v"], ["y"]))
+    m = _model(nodes, [("s", T.FLOAT, [2, 8, k]), ("v", T.FLOAT, [2, k, 16])], "y",
+               [nh.from_array(np.zeros((), np.float32), "zero")], opset=17)
+    box = {"s": (-30.0, 30.0), "v": (-5.0, 7.0)}
+    rng = np.random.default_rng(1)
+    g = Pipeline.from_onnx(m).optimize().graph
+    iv = analyze(g, declared_ranges(box, ["s", "v"]))
+    (y,) = [x for x in g.values() if x.name == "y"]
+    assert -5.001 <= iv[id(y)].min <= -5.0 and 7.0 <= iv[id(y)].max <= 7.001     # not 128 x 7
+    for s_, v_ in ((rng.uniform(-30, 30, (2, 8, k)), rng.uniform(-5, 7, (2, k, 16))),
+                   (np.where(rng.random((2, 8, k)) < 0.01, 30.0, -30.0), np.full((2, k, 16), 7.0)),
+                   (np.full((2, 8, k), 30.0), np.full((2, k, 16), -5.0))):
+        _assert_sound(_ranges_and_values(m, box, {"s": s_.astype(np.float32), "v": v_.astype(np.float32)}))

@@ -147,6 +147,12 @@ def compile_job(job):
 
 VARIANTS = {"fp32": ({}, ""), "tf32": ({"allow_tf32": True}, ""), "fp16": ({"enable_fp16": True}, ""),
             "bf16": ({}, "bf16")}
+# through the precision policy (Pipeline.compile(precision=..., input_ranges=...)): BERT's integer inputs declared
+# over their whole ranges (token ids over the vocabulary, the mask and token types 0..1), every MatMul/Gemm whose
+# inputs the policy bounds narrowed, fp8 with its power-of-two scales (issue 21, part 5); "_policy" the same for
+# fp16 / bf16, the like-for-like comparison (only the products narrowed, everything else float32)
+BERT_RANGES = {"input_ids": (0, 30521), "attention_mask": (0, 1), "token_type_ids": (0, 1)}
+VARIANTS.update({f"{f}_policy": ({"precision": f, "input_ranges": BERT_RANGES}, "") for f in ("fp8", "fp16", "bf16")})
 # ResNet-50 A/B of the convolution kernels (code-generator settings, cuvil.targets.ptx.tuning.PtxTuning):
 # "_old" the per-image 64 x 64 mma tiles of conv.py (fp16) / float32 SIMT tiles (tf32), "_noldm" conv_mma.py
 # with 32-bit shared fragment loads instead of ldmatrix, "_noasync" without the cp.async pointwise kernel (the
@@ -400,9 +406,12 @@ def part_bert(args, arch, futures):
             ys, r = cuvil_time(info["path"], [feeds[n] for n in names], args.iters)
             r.update(info)
             r["normwise_vs_ort"] = [normwise(y, x) for y, x in zip(ys, ref)]
+            # cosine similarity of the pooled output (issue 21's BERT accuracy figure)
+            pa, pb = ys[-1].astype(np.float64).ravel(), ref[-1].astype(np.float64).ravel()
+            r["pooled_cosine_vs_ort"] = float(pa @ pb / (np.linalg.norm(pa) * np.linalg.norm(pb)))
             out[f"cuvil_{label}"] = r
             log(f"  cuvil {label}: graph p50 {r['p50_ms']:.3f} ms (kernel sum {r['kernel_sum_ms']:.3f}); error vs "
-                f"onnxruntime {['%.1e' % e for e in r['normwise_vs_ort']]}; by kind {r['ms_by_kind']}")
+                f"onnxruntime {['%.1e' % e for e in r['normwise_vs_ort']]}, pooled cosine {r['pooled_cosine_vs_ort']:.6f}; by kind {r['ms_by_kind']}")
         except Exception:  # noqa: BLE001 - the others still run
             out[f"cuvil_{label}"] = {"error": traceback.format_exc()[-1500:]}
             log(traceback.format_exc()[-1500:])

@@ -454,8 +454,8 @@ class Pipeline:
         else its opt or min) and compiles the profiled ones per bucket into one bundle (``graph_buckets``,
         :mod:`cuvil.targets.ptx.buckets`). ``cache`` (default on): artifacts are cached by content (:mod:`cuvil.artifact`).
 
-        Low precision (docs/precision.md): ``precision`` ``"fp32"`` (default), ``"bf16"``, ``"fp16"``, ``"int8"`` or
-        ``"auto"`` narrows the nodes the target runs in that format and whose ranges are proved safe in it
+        Low precision (docs/precision.md): ``precision`` ``"fp32"`` (default), ``"bf16"``, ``"fp16"``, ``"fp8"`` (GPU,
+        sm_89 and later: E4M3 tensor cores, never chosen by ``auto``), ``"int8"`` or ``"auto"`` narrows the nodes the target runs in that format and whose ranges are proved safe in it
         (:mod:`cuvil.precision`); ``input_ranges`` (``{"x": (-3, 3)}``) declares the inputs' ranges the proof
         starts from, ``calibration`` (a directory of NAME.npy, an .npz, or ``{name: array}``) measures them
         instead. The manifest's ``precision`` entry gives each node's format and the reason.

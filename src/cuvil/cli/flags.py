@@ -112,8 +112,9 @@ def resolve_target(text: str) -> str:
 def add_precision_flags(sp, default: str = "fp32") -> None:
     """``--precision``, ``--input-range`` and ``--calibrate`` (docs/precision.md)."""
     sp.add_argument("--precision", default=default, metavar="FORMAT",
-                    help=f"fp32, bf16, fp16, int8 or auto: narrow the nodes whose ranges are proved safe in that "
-                         f"format (auto: the narrowest safe one per node the target runs) (default {default})")
+                    help=f"fp32, bf16, fp16, fp8, int8 or auto: narrow the nodes whose ranges are proved safe in that "
+                         f"format (auto: the narrowest safe one per node the target runs, never fp8; fp8: the "
+                         f"GPU's E4M3 tensor cores on sm_89+, scaled by powers of two) (default {default})")
     sp.add_argument("--input-range", action="append", metavar="INPUT=LO:HI",
                     help="an input's declared range, the start of the proof (x=-3:3) (repeatable)")
     sp.add_argument("--calibrate", metavar="DIR",

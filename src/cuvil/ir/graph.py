@@ -73,6 +73,10 @@ class Node:
     # node rounds its float inputs to that format and accumulates in float32; its outputs stay float32
     # unless the policy narrowed the reader too. Only set where the target runs the op in that format.
     precision: str = ""
+    # With ``precision`` "fp8": per input, the exponent ``e`` of the power-of-two scale the policy certified
+    # (the input is rounded to E4M3 as ``x * 2^-e``; cuvil.precision.formats.Format.exponent), None for an
+    # input not narrowed. Empty otherwise.
+    precision_scales: Tuple[Optional[int], ...] = ()
 
     def input(self, i: int) -> Optional[Value]:
         return self.inputs[i] if i < len(self.inputs) else None
@@ -275,7 +279,8 @@ class Graph:
         g.inputs = [cp(v) for v in self.inputs]
         for n in self.nodes:
             m = Node(n.op, [cp(v) for v in n.inputs], [], dict(n.attrs), n.name, n.domain, list(n.constraints),
-                     None if n.guard is None else (cp(n.guard[0]), n.guard[1]), n.scope, n.precision)
+                     None if n.guard is None else (cp(n.guard[0]), n.guard[1]), n.scope, n.precision,
+                     tuple(n.precision_scales))
             for i, v in enumerate(m.inputs):
                 if v is not None:
                     v.uses.append((m, i))

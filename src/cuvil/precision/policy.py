@@ -70,12 +70,17 @@ class NodePlan:
     #: what the narrowing rests on: "range" (certified or, where stated, measured), "relative to float32"
     #: (bf16 only, :mod:`.relative`), "" when float32
     certificate: str = ""
+    #: fp8: per input (the node's order), the exponent ``e`` of its power-of-two scale (:meth:`Format.exponent`);
+    #: None for an input that is not narrowed (not float, or absent)
+    scales: Tuple[Optional[int], ...] = ()
 
     def to_json(self) -> dict:
         out = {"op": self.op, "format": self.format or "fp32", "reason": self.reason,
                "verdicts": {f: f"{v.status} ({v.method})" for f, v in self.verdicts.items()}}
         if self.certificate:
             out["certificate"] = self.certificate
+        if self.scales:
+            out["scale_exponents"] = list(self.scales)
         if self.range is not None:
             out["range"] = [_jnum(self.range.min), _jnum(self.range.max)]
             out["origin"] = self.range.origin
@@ -106,7 +111,7 @@ class PrecisionPlan:
 
     def table(self) -> Dict[str, Dict[str, Counter]]:
         """op type -> format -> Counter(safe/refused/unknown): the overflow paths per layer type."""
-        t: Dict[str, Dict[str, Counter]] = defaultdict(lambda: {f: Counter() for f in ("fp16", "bf16", "int8")})
+        t: Dict[str, Dict[str, Counter]] = defaultdict(lambda: {f: Counter() for f in ("fp16", "bf16", "fp8", "int8")})
         for n in self.nodes:
             for f, v in n.verdicts.items():
                 t[n.op][f][v.status] += 1
@@ -226,6 +231,10 @@ def plan_precision(graph: Graph, mode: str = "auto", *, input_ranges=None, calib
         rng = next((iv for k, p, v, i, iv, is_in in held[n.name] if not is_in and not i), None)
         out.append(NodePlan(n.name, n.op, fmt, reason, rng, verdicts, cert))
     _recheck_narrowed(graph, inputs, r, out, mode)
+    for p, n in zip(out, nodes):
+        if p.format == "fp8":
+            p.scales = tuple(FORMATS["fp8"].exponent(r[id(v)]) if is_float(v) and id(v) in r else None
+                             for v in n.inputs)
     convs = "Conv" in target_ops.get("bf16", ())
     stored = bf16_storage(graph, {n.name: n.format for n in out}) if convs else {}
     residual, kept = residual_storage(graph, {n.name: n.format for n in out}, ranges) if convs and mode == "bf16" \
@@ -304,8 +313,8 @@ def _verdict(fmt: Format, items, witnesses: Mapping[str, Witness], proved=None, 
     origin = MEASURED if any(iv.origin == MEASURED for *_, iv, _ in items) else CERTIFIED
     used_z3 = False
     for key, prod, v, internal, iv, is_input in items:
-        if fmt.name == "int8" and not is_input:
-            continue   # int8 kernels accumulate in int32 and write float32: only what they read is int8
+        if fmt.scaled and not is_input:
+            continue   # int8 / fp8 kernels accumulate in int32 / float32 and write float32: only what they read is narrow
         why = fmt.check(iv)
         if why is None:
             continue
@@ -338,8 +347,9 @@ def _verdict(fmt: Format, items, witnesses: Mapping[str, Witness], proved=None, 
     method = "calibration (measured)" if origin == MEASURED else "interval" + (" + affine" if affine else "") + (
         " + Z3 (local)" if used_z3 else "")
     bound = max((iv.max_abs for *_, iv, is_in in items), default=0.0)
-    if fmt.name == "int8":
-        scales = ", ".join(f"{key} scale {fmt.scale(iv):.4g}" for key, p, v, i, iv, is_in in items
+    if fmt.scaled:
+        scales = ", ".join((f"{key} scale {fmt.scale(iv):.4g}" if fmt.name == "int8" else
+                            f"{key} scale 2^{fmt.exponent(iv)}") for key, p, v, i, iv, is_in in items
                            if is_in and not getattr(v, "is_const", False))
         return Verdict(SAFE, f"every input bounded ({scales or 'constants only'}: nothing saturates)"
                        + (" on calibration data (measured, not certified)" if origin == MEASURED else " (certified)"),
@@ -356,7 +366,8 @@ def auto_order(target_ops) -> List[str]:
     (the order of its ``precision_ops``: the GPU's fp16 before bf16, x86's bf16 kernels, which compute faster
     there, before its float16 weight panels), then the format table's order."""
     pref = {f: i for i, f in enumerate(target_ops)}
-    return [f.name for f in sorted(FORMATS.values(), key=lambda f: (f.bits, pref.get(f.name, len(pref)), f.order))]
+    return [f.name for f in sorted(FORMATS.values(), key=lambda f: (f.bits, pref.get(f.name, len(pref)), f.order))
+            if f.auto]
 
 
 def _choose(n: Node, mode: str, verdicts: Dict[str, Verdict], target_ops, target: str) -> Tuple[str, str, str]:
@@ -394,8 +405,10 @@ def apply_precision(graph: Graph, plan: PrecisionPlan) -> Graph:
     the residual-path values the plan rounds to bfloat16 (:attr:`PrecisionPlan.bf16_residual`)."""
     g = graph.clone()
     fmts = plan.formats()
+    scales = {p.name: p.scales for p in plan.nodes if p.format and p.scales}
     for n in g.nodes:
         n.precision = fmts.get(n.name, "")
+        n.precision_scales = scales.get(n.name, ())
         for v in n.outputs:
             if v is not None:
                 v.storage = "bf16" if v.name in plan.bf16_residual else ""
@@ -435,7 +448,7 @@ def residual_opted_out(entry: dict, why: str) -> dict:
 
 
 #: Unit roundoff of the formats a narrowed contraction rounds its inputs to.
-_UNIT = {"bf16": 2.0 ** -8, "fp16": 2.0 ** -11}
+_UNIT = {"bf16": 2.0 ** -8, "fp16": 2.0 ** -11, "fp8": 2.0 ** -4}
 
 
 def _recheck_narrowed(graph: Graph, inputs, r, plans: List[NodePlan], mode: str = "auto") -> None:

@@ -3,7 +3,7 @@
 :func:`analyze` walks the nodes in order and applies each op's rule (:data:`RULES`): elementwise ops on
 intervals (broadcast as the op broadcasts), contractions with constant weights bounded by the weights' actual
 values (``sum |W|·|x|`` per output channel, signs kept: ``sum_k min(W·lo, W·hi)``), normalisations by their
-algebra (LayerNormalization's output lies within ``beta ± sqrt(N-1)·|gamma|`` whatever its input), Softmax in
+algebra (LayerNormalization's output lies within ``beta ± sqrt(N)·|gamma|`` whatever its input), Softmax in
 [0, 1], and shape ops passing ranges through. :mod:`cuvil.precision.affine` tightens the subtractions that
 intervals over-approximate (``x - mean(x)``, ``x - max(x)``). An op without a rule gives an unbounded range
 whose ``why`` names it; everything downstream says so too.
@@ -678,9 +678,55 @@ def _contracted(g, n) -> int:
     return dim_max(d, g)
 
 
+#: a float32 Softmax row's sum, at most ``(1 + ROW_SUM_SLACK) / (1 - gamma_K)``: the sum S of its K exponentials
+#: is rounded (``1 - gamma_K``), and each output ``fl(e_k / S)`` once more; the slack also covers an exponential
+#: computed by another implementation in the sum than in the output (a vector polynomial beside libm: a few ulps)
+ROW_SUM_SLACK = 2.0 ** -16
+
+
+def _row_stochastic(g: Graph, a: Value, iv: Optional[Interval]) -> bool:
+    """Whether ``a``'s rows along its last axis are non-negative with a sum of at most about 1 (see
+    :data:`ROW_SUM_SLACK`): a Softmax over its last axis whose range is bounded (no NaN row), or the
+    ``Where(IsNaN(p), 0, p)`` guard of one (a fully masked row is all zeros)."""
+    p = a.producer
+    if p is not None and p.op == "Where" and _nan_guarded(p) is not None:
+        c = p.inputs[1]
+        if not (c.is_const and np.all(np.asarray(c.const) == 0)):
+            return False
+        a, iv = _nan_guarded(p), Interval.of(0.0, 1.0)
+        p = a.producer
+    if p is None or p.op != "Softmax" or a.type.rank is None or iv is None or not iv.bounded:
+        return False
+    rank = a.type.rank
+    default = -1 if g.opset >= 13 else 1      # Softmax's default axis before opset 13: 1 (rows flattened from it)
+    return int(p.attrs.get("axis", default)) % rank == rank - 1
+
+
+def _convex_product(g, n, ins) -> Optional[Interval]:
+    """``P @ V`` with ``P``'s rows convex weights (:func:`_row_stochastic`, attention's probabilities):
+    each output lies between ``sigma·min(0, min V)`` and ``sigma·max(0, max V)``, sigma the row sum's bound,
+    plus the K-term float32 sum's rounding; None when ``P`` is not such a tensor."""
+    if n.op != "MatMul" or not _row_stochastic(g, n.inputs[0], ins[0]) or not ins[1].bounded:
+        return None
+    k = _contracted(g, n)
+    if k < 0:
+        return None
+    gam = k * 2.0 ** -24 / (1 - k * 2.0 ** -24)
+    sigma = (1 + ROW_SUM_SLACK) / (1 - gam)
+    v = ins[1].hull()
+    lo, hi = sigma * min(0.0, v.min), sigma * max(0.0, v.max)
+    return _summed(lo, hi, sigma * v.max_abs, k)
+
+
 def _matmul(g, n, ins):
     a, b = n.inputs[0], n.inputs[1]
     rank = n.outputs[0].type.rank
+    convex = _convex_product(g, n, ins)
+    if convex is not None:
+        plain = _product_bound(g, n, ins, "two non-constant operands")
+        if plain.bounded:     # both bounds hold: their intersection does
+            return Interval.of(np.maximum(convex.lo, plain.min), np.minimum(convex.hi, plain.max))
+        return convex
     if b.is_const and b.const.ndim >= 2 and rank is not None:
         lo, hi, k, mag = _contract_const(ins[0], np.asarray(b.const, np.float64), rank)
         return _summed(lo, hi, mag, k)
@@ -725,19 +771,28 @@ def _norm_axis_count(g, n, axis: int):
 
 
 def _layer_norm(g, n, ins):
-    """|(x - mean) / sqrt(var + eps)| <= sqrt(N - 1) for N normalised elements (Samuelson's inequality),
-    whatever x is: the output lies within beta ± sqrt(N-1)·|gamma| elementwise."""
+    """|(x - mean) / sqrt(var + eps)| <= sqrt(N) for N normalised elements, whatever x is: the output lies within
+    beta ± sqrt(N)·|gamma| elementwise, padded for float32's rounding. Proof, for the float32 computation of
+    Cuvil's kernels (:mod:`cuvil.kernels.lower.norm`, two passes): ``d_i = fl(x_i - mean)`` is the one value
+    both the variance (``var = fl(sum_j fl(d_j^2)) / N``) and the output read, so ``d_i^2 <= sum_j d_j^2``
+    exactly (no assumption on how well ``mean`` was rounded: Samuelson's sqrt(N-1) needs the exact mean);
+    a sum of N non-negative float32 terms in any order, its squares and its division are at least
+    ``(1 - gamma_{N+2})`` of the exact (gamma_k = k u / (1 - k u), u = 2^-24), so ``|d_i| / sqrt(var + eps) <=
+    sqrt(N / (1 - gamma_{N+2}))``, times ``(1 + u)^4`` for the add, the root, the division and the product
+    with gamma; the add of beta rounds once more. A one-pass variance (``E[x^2] - mean^2``, onnxruntime's) can
+    cancel to 0 and reach ``|x - mean| / sqrt(eps)``: not what these kernels compute. RMSNormalization
+    (``x / sqrt(mean(x^2) + eps)``, ``d_i = x_i``) has the same bound."""
     x = n.inputs[0]
     rank = x.type.rank
     if rank is None:
-        return Interval.unbounded(f"LayerNormalization {n.name}: unknown rank")
+        return Interval.unbounded(f"{n.op} {n.name}: unknown rank")
     axis = int(n.attrs.get("axis", -1)) % rank
     count = _norm_axis_count(g, n, axis)
     if count < 0:
-        return Interval.unbounded(f"LayerNormalization {n.name}: the normalised size is not bounded")
-    s = math.sqrt(max(count - 1, 0))
-    if n.op == "RMSNormalization":
-        s = math.sqrt(count)
+        return Interval.unbounded(f"{n.op} {n.name}: the normalised size is not bounded")
+    u = 2.0 ** -24
+    gam_k = (count + 2) * u / (1 - (count + 2) * u)
+    s = math.sqrt(max(count, 1) / (1 - gam_k)) * (1 + u) ** 4
     gam = _aligned(ins[1], rank) if len(ins) > 1 and ins[1] is not None else Interval.of(1.0, 1.0)
     glo, ghi = _mul(gam.lo, gam.hi, np.float64(-s), np.float64(s))
     if len(ins) > 2 and ins[2] is not None:
@@ -747,10 +802,9 @@ def _layer_norm(g, n, ins):
     if xr is not None and xr.bounded and count * xr.max_abs > float(np.finfo(np.float32).max) / 2:
         return [Interval.unbounded(f"{n.op} {n.name}: its float32 sum over {count} elements may overflow")] + [
             None] * (len(n.outputs) - 1)
-    # the float32 mean and variance are rounded over ``count`` terms: the bound widened by that much; a runtime
-    # that folds it into x·s + (beta - mean·s), s = gamma / sqrt(var + eps), rounds terms up to |x·gamma| / sqrt(eps)
-    out = _summed(glo, ghi, np.maximum(np.abs(glo), np.abs(ghi)), count + 8)
-    out = _summed(out.lo, out.hi, _norm_terms(n, xr, gam), 4)
+    if xr is None or not xr.bounded:     # the bound holds for any finite input; an inf or NaN one is NaN out
+        return [Interval.unbounded(f"{n.op} {n.name}: its input is not bounded")] + [None] * (len(n.outputs) - 1)
+    out = _summed(glo, ghi, np.maximum(np.abs(glo), np.abs(ghi)), 2)
     return [out] + [None] * (len(n.outputs) - 1)
 
 

@@ -7,7 +7,7 @@ from typing import List
 from .policy import REFUSED, SAFE, UNKNOWN, PrecisionPlan
 from .relative import RELATIVE
 
-FORMAT_COLUMNS = ("fp16", "bf16", "int8")
+FORMAT_COLUMNS = ("fp16", "bf16", "fp8", "int8")
 
 
 def format_table(plan: PrecisionPlan) -> List[str]:

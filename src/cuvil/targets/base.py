@@ -118,7 +118,7 @@ class Target(Protocol):
 
 
 #: The number formats a node may be narrowed to (:attr:`cuvil.ir.graph.Node.precision`; "" is float32).
-PRECISION_FORMATS = ("bf16", "fp16", "int8")
+PRECISION_FORMATS = ("bf16", "fp16", "fp8", "int8")
 
 
 def precision_ops(target: Target, options: TargetOptions) -> Dict[str, FrozenSet[str]]:

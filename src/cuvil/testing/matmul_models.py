@@ -79,6 +79,14 @@ def rounded(a, fmt: str) -> np.ndarray:
     return narrow_values(a, fmt).astype(np.float64)
 
 
+def fp8_rounded(a, e: int) -> np.ndarray:
+    """``a`` as a fp8 product reads it (:mod:`cuvil.targets.ptx.matmul_mma`): ``a * 2^-e`` rounded to E4M3
+    (nearest even, ml_dtypes' float8_e4m3fn), scaled back by ``2^e``, as float64."""
+    import ml_dtypes
+    x = (np.asarray(a, np.float64) * 2.0 ** -e).astype(np.float32)
+    return x.astype(ml_dtypes.float8_e4m3fn).astype(np.float64) * 2.0 ** e
+
+
 def constant_weight_matmul(k, m, bias=True, seed=0, batch_dims=("N",)):
     """``x[*batch_dims, k] @ w[k, m]`` (+ ``b[m]``) with ``w`` and ``b`` constant (standard normal): the model, w,
     and b (0.0 without the bias)."""

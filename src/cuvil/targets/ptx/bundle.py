@@ -34,7 +34,7 @@ from ...rewrite_rules.proved_rewrite import applied_rules
 from ...version import __version__
 from .attention import attention_in_half, fuse_attention
 from .codegen import TRIPLE, build_ptx, gpu_schedule
-from .matmul_mma import stage_precisions
+from .matmul_mma import stage_precisions, stage_scales
 from .ptxas import PtxasError, assemble, find_ptxas
 from .regpressure import relieve
 from .tuning import DEFAULT_TUNING, PtxTuning
@@ -109,7 +109,7 @@ def compile_bundle(g: Graph, out_dir: str, *, arch: str = "sm_90", opt_level: in
         raise CuvilError("a stage writes into the weights buffer; the GPU bundle keeps weights read-only")
     res = build_ptx(sched, arch, opt_level, fma=fma, kernel_rules=kernel_rules, prefix=prefix,
                     narrow_index=narrow_index, fused_splitk=fused_splitk, tuning=tuning, allow_tf32=allow_tf32,
-                    precisions=stage_precisions(g, sched))
+                    precisions=stage_precisions(g, sched), precision_scales=stage_scales(g, sched))
     ptx, descs = res.ptx, res.kernels
     arena_bytes = res.scratch_offset + res.scratch_bytes if res.scratch_bytes else sched.arena_bytes
     zero = [[res.scratch_offset, res.counter_bytes]] if res.counter_bytes else []

@@ -111,12 +111,19 @@ def element_vec(st: Stage, tuning: PtxTuning) -> int:
     return 1 if any(x.op == "reduce" for x in nodes(st.expr)) else v
 
 
-def target_machine(arch: str = "sm_90", opt: int = 3):
-    """An NVPTX target machine for GPU architecture ``arch`` (``sm_<number>``)."""
+def target_machine(arch: str = "sm_90", opt: int = 3, ptx_isa: int = 0):
+    """An NVPTX target machine for GPU architecture ``arch`` (``sm_<number>``). ``ptx_isa`` (e.g. 84 for PTX ISA
+    8.4, which E4M3 ``mma`` needs): at least that ISA version in the PTX's ``.version`` (0: LLVM's own minimum
+    for the arch, which older drivers accept)."""
     check_arch(arch, flag="arch")
     initialize_all()
     target = llvm.Target.from_triple(TRIPLE)
-    return target.create_target_machine(cpu=arch, features="", opt=min(max(opt, 0), 3))
+    return target.create_target_machine(cpu=arch, features=f"+ptx{ptx_isa}" if ptx_isa else "",
+                                        opt=min(max(opt, 0), 3))
+
+
+#: the PTX ISA version the fp8 (E4M3) ``mma`` needs
+FP8_PTX_ISA = 84
 
 
 # --- code generation ------------------------------------------------------------------------------------
@@ -128,10 +135,13 @@ class PtxKernelModule(LLVMKernelModule):
     def __init__(self, name: str, tm, *, fma: bool = False, block: int = BLOCK, narrow_index: bool = False,
                  scratch_offset: int = 0, conv_target_blocks: int = 0, arch: str = "sm_90",
                  fused_splitk: bool = False, tuning: PtxTuning = DEFAULT_TUNING, allow_tf32: bool = False,
-                 precisions: Optional[Dict[str, str]] = None):
+                 precisions: Optional[Dict[str, str]] = None,
+                 precision_scales: Optional[Dict[str, Tuple[int, int]]] = None):
         super().__init__(name, tm, TRIPLE)
         self.allow_tf32 = allow_tf32          # float32 matmuls may run on TF32 tensor cores (matmul_mma.py)
-        self.precisions = precisions or {}    # stage name -> its node's precision ("fp16"/"bf16")
+        self.precisions = precisions or {}    # stage name -> its node's precision ("fp16"/"bf16"/"fp8")
+        # stage name -> (e_a, e_b): a fp8 product's power-of-two operand scales (matmul_mma.stage_scales)
+        self.precision_scales = precision_scales or {}
         # stage name -> why: products whose tensor-core / SIMT access pattern was refuted (bounds_patterns),
         # computed by the plain kernels instead
         self.plain_products: Dict[str, List[str]] = {}
@@ -826,7 +836,8 @@ def build_ptx(sched: Schedule, arch: str = "sm_90", opt: int = 3, *, fma: bool =
               prefix: str = "cuvil", block: int = BLOCK, libdevice: Optional[str] = None,
               narrow_index: bool = False, fused_splitk: bool = False,
               tuning: PtxTuning = DEFAULT_TUNING, allow_tf32: bool = False,
-              precisions: Optional[Dict[str, str]] = None) -> PtxResult:
+              precisions: Optional[Dict[str, str]] = None,
+              precision_scales: Optional[Dict[str, Tuple[int, int]]] = None) -> PtxResult:
     """PTX for every stage of ``sched`` (one module, one kernel per stage, in schedule order).
 
     ``kernel_rules``: None for the built-in ``on kernel`` rules, a list of rules (graph rules in it are
@@ -845,10 +856,13 @@ def build_ptx(sched: Schedule, arch: str = "sm_90", opt: int = 3, *, fma: bool =
     give the same one to :func:`gpu_schedule`. ``allow_tf32`` (off: strict float32): float32 matrix products
     may run on TF32 tensor cores; ``precisions`` (stage name -> "fp16"/"bf16", from the nodes' ``precision``,
     :func:`~cuvil.targets.ptx.matmul_mma.stage_precisions`): those products run on tensor cores in that
-    format (:mod:`cuvil.targets.ptx.matmul_mma`)."""
+    format (:mod:`cuvil.targets.ptx.matmul_mma`); a fp8 one with its operands' power-of-two scales from
+    ``precision_scales`` (:func:`~cuvil.targets.ptx.matmul_mma.stage_scales`), and the module's PTX at ISA
+    8.4 (:data:`FP8_PTX_ISA`)."""
     if block <= 0 or block > 1024:
         raise CuvilError(f"block size {block}: expected 1..1024 threads")
-    tm = target_machine(arch, opt)
+    fp8 = any(f == "fp8" for f in (precisions or {}).values())
+    tm = target_machine(arch, opt, FP8_PTX_ISA if fp8 else 0)
     prefix = _sanitize(prefix)
     stages = list(sched.stages)
     stats: dict = {}
@@ -860,7 +874,7 @@ def build_ptx(sched: Schedule, arch: str = "sm_90", opt: int = 3, *, fma: bool =
         stages, counts = rewrite_stages(stages, rules)
     km = PtxKernelModule(prefix, tm, fma=fma, block=block, narrow_index=narrow_index,
                          scratch_offset=sched.arena_bytes, arch=arch, fused_splitk=fused_splitk, tuning=tuning,
-                         allow_tf32=allow_tf32, precisions=precisions)
+                         allow_tf32=allow_tf32, precisions=precisions, precision_scales=precision_scales)
     # the memory-safety proof of the stages as they are emitted (copies: guards rewrite them, not the schedule)
     stages = [attrs.evolve(st) for st in stages]
     with stage("memory safety", detail=f"{len(stages)} kernels") as s:

@@ -63,7 +63,8 @@ from .tile_walk import divmod_c as tile_divmod
 TK = 32            # reduction terms per chunk
 THREADS = 128      # four warps, 2 x 2 over the block tile
 MIN_BLOCKS = 264   # about two blocks per SM of an H200: the tile shrinks until the grid has this many
-FORMATS = ("fp16", "bf16", "tf32")
+FORMATS = ("fp16", "bf16", "tf32", "fp8")
+NARROW = ("fp16", "bf16", "fp8")     # the node precisions (the policy's) this kernel runs
 # ops whose contraction the PTX target narrows to a node's fp16 / bf16 precision (the precision policy's hook)
 NARROWED_OPS = ("MatMul", "Gemm")
 # ops the GPU schedule folds into a product's operand loads (their input is what the product's stage reads)
@@ -93,10 +94,15 @@ FRAGMENTS: Dict[str, Fragments] = {
                       ((0, 0), (8, 0), (0, 8), (8, 8)), (0, 8)),
     "tf32": Fragments("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32", 8, 1,
                       ((0, 0), (8, 0), (0, 4), (8, 4)), (0, 4)),
+    # E4M3 (sm_89+, PTX ISA 8.4): four bytes per register, the same byte positions as a 16-bit format's k16
+    "fp8": Fragments("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32", 32, 4,
+                     ((0, 0), (8, 0), (0, 16), (8, 16)), (0, 16)),
 }
 # shared rows padded so that the 8 rows x 4 words of a fragment load fall in 32 banks: 16-bit rows of 40
-# halves (20 words), tf32 rows of 36 words
-PAD = {"fp16": 8, "bf16": 8, "tf32": 4}
+# halves (20 words), tf32 rows of 36 words, fp8 rows of 48 bytes (12 words: 0, 12, 24, 4, ... mod 32)
+PAD = {"fp16": 8, "bf16": 8, "tf32": 4, "fp8": 16}
+ELEM_BYTES = {"fp16": 2, "bf16": 2, "tf32": 4, "fp8": 1}
+MIN_SM = {"fp16": 80, "bf16": 80, "tf32": 80, "fp8": 89}
 
 
 def row_stride(fmt: str) -> int:
@@ -210,7 +216,7 @@ def chunk_of(rnd, grp, ks: int):
 def smem_bytes(fmt: str, bm: int, bn: int, ks: int, stages: int = 1) -> int:
     """Static shared memory of the kernel: the ks groups' A and B tiles (``stages`` of them per group with
     cp.async); the groups' partial sums reuse it."""
-    return stages * ks * (bm + bn) * row_stride(fmt) * (4 if fmt == "tf32" else 2)
+    return stages * ks * (bm + bn) * row_stride(fmt) * ELEM_BYTES[fmt]
 
 
 def reduction_bytes(bm: int, bn: int, ks: int) -> int:
@@ -436,8 +442,8 @@ def mma_format(st: Stage, parts, sm: int, allow_tf32: bool, precision: str = "")
     red, a, b, _ = parts
     if sm < 80 or red.attr[0] != "fma":
         return None
-    if precision in ("fp16", "bf16"):
-        return precision
+    if precision in NARROW:
+        return precision if sm >= MIN_SM[precision] else None
     if _is_half(a) and _is_half(b):
         return "fp16"
     return "tf32" if allow_tf32 else None
@@ -519,26 +525,27 @@ def plan_slices(fmt: str, bm: int, bn: int, tiles: int, chunks: int, max_ks: int
     return ks, splits, max(1, sm_groups // ks)
 
 
-def stage_precisions(graph, sched) -> Dict[str, str]:
-    """Stage name -> the ``precision`` ("fp16"/"bf16") of the MatMul/Gemm node whose product it computes,
-    found through the product's operand buffers (named after the values they hold: the node's inputs, or
-    the inputs of the layout ops, a Transpose say, that the schedule folded into the operand's loads)."""
+def _narrowed_products(graph, sched) -> Dict[str, Tuple[object, Tuple[Optional[int], Optional[int]]]]:
+    """Stage name -> (the narrowed MatMul/Gemm node whose product it computes, the node input index each of
+    the stage's factors A, B reads, None where not found): the node is found through the product's operand
+    buffers (named after the values they hold: the node's inputs, or the inputs of the layout ops, a
+    Transpose say, that the schedule folded into the operand's loads)."""
     users: Dict[str, List] = {}
     for nd in graph.nodes:
-        for v in nd.inputs:
+        for i, v in enumerate(nd.inputs):
             if v is not None:
-                users.setdefault(v.name, []).append(nd)
+                users.setdefault(v.name, []).append((nd, i))
 
-    def narrowed(name: str, depth: int = 0) -> List:
+    def narrowed(name: str, depth: int = 0, via: Optional[int] = None) -> List:
         out = []
-        for nd in users.get(name, []):
-            if nd.op in NARROWED_OPS and getattr(nd, "precision", "") in ("fp16", "bf16"):
-                out.append(nd)
+        for nd, i in users.get(name, []):
+            if nd.op in NARROWED_OPS and getattr(nd, "precision", "") in NARROW:
+                out.append((nd, i if via is None else via))
             elif nd.op in _LAYOUT_OPS and depth < 4:
                 for o in nd.outputs:
-                    out += narrowed(o.name, depth + 1)
+                    out += narrowed(o.name, depth + 1, via)
         return out
-    if not any(nd.op in NARROWED_OPS and getattr(nd, "precision", "") in ("fp16", "bf16") for nd in graph.nodes):
+    if not any(nd.op in NARROWED_OPS and getattr(nd, "precision", "") in NARROW for nd in graph.nodes):
         return {}
     out = {}
     for st in sched.stages:
@@ -549,10 +556,45 @@ def stage_precisions(graph, sched) -> Dict[str, str]:
         for f in parts[1:3]:
             names = {x.attr.root.name if x.attr.root is not None else x.attr.name
                      for x in nodes(f) if x.op == "load"}
-            found.append({id(nd): nd for nm in names for nd in narrowed(nm)})
-        common = [nd for k, nd in found[0].items() if k in found[1]] or list(found[0].values()) + list(found[1].values())
+            hits: Dict[int, Tuple[object, set]] = {}
+            for nm in names:
+                for nd, i in narrowed(nm):
+                    hits.setdefault(id(nd), (nd, set()))[1].add(i)
+            found.append(hits)
+        common = [k for k in found[0] if k in found[1]] or list(found[0]) + list(found[1])
         if common:
-            out[st.name] = common[0].precision
+            nd = (found[0].get(common[0]) or found[1][common[0]])[0]
+            idx = tuple(next(iter(h[common[0]][1])) if common[0] in h and len(h[common[0]][1]) == 1 else None
+                        for h in found)
+            if idx.count(None) == 1 and (idx[0] if idx[1] is None else idx[1]) in (0, 1):
+                # the other factor reads a constant the schedule folded (Gemm's transB weight, stored
+                # transposed under a new name): a product's factors are the node's inputs 0 and 1
+                idx = tuple(1 - (idx[0] if idx[1] is None else idx[1]) if i is None else i for i in idx)
+            out[st.name] = (nd, idx)
+    return out
+
+
+def stage_precisions(graph, sched) -> Dict[str, str]:
+    """Stage name -> the ``precision`` ("fp16"/"bf16"/"fp8") of the MatMul/Gemm node whose product it
+    computes (:func:`_narrowed_products`). A fp8 product whose factors' scales are not both known
+    (:func:`stage_scales`) is left out: it computes in float32."""
+    scales = stage_scales(graph, sched)
+    return {name: nd.precision for name, (nd, _) in _narrowed_products(graph, sched).items()
+            if nd.precision != "fp8" or name in scales}
+
+
+def stage_scales(graph, sched) -> Dict[str, Tuple[int, int]]:
+    """Stage name -> (e_a, e_b) for a fp8 product: the exponents of the power-of-two scales the precision
+    policy certified for the node inputs its factors A and B read (``Node.precision_scales``): A is rounded
+    to E4M3 as ``A * 2^-e_a``, B as ``B * 2^-e_b``, and the float32 sum multiplied by ``2^(e_a + e_b)``."""
+    out = {}
+    for name, (nd, idx) in _narrowed_products(graph, sched).items():
+        if nd.precision != "fp8" or None in idx:
+            continue
+        sc = tuple(nd.precision_scales)
+        es = [sc[i] if i < len(sc) else None for i in idx]
+        if None not in es:
+            out[name] = (int(es[0]), int(es[1]))
     return out
 
 
@@ -607,7 +649,10 @@ def emit_matmul(km, st: Stage, sym: str, parts, plan: MatmulPlan, scratch: Optio
     frag = FRAGMENTS[fmt]
     SK = row_stride(fmt)
     wide = fmt == "tf32"
-    ST = I32 if wide else ir.IntType(16)        # shared element type (raw bits)
+    ST = ir.IntType(8 * ELEM_BYTES[fmt])        # shared element type (raw bits)
+    # fp8: the operands' power-of-two scales (stage_scales): A * 2^-ea and B * 2^-eb are rounded to E4M3,
+    # the float32 sums multiplied by 2^(ea + eb) (exact: |ea + eb| <= 126, formats.FP8_EXPONENT)
+    ea, eb = km.precision_scales[st.name] if fmt == "fp8" else (0, 0)
     fn = km.kernel_fn(sym)
     # .maxntid: ptxas keeps the registers within what a block of plan.threads threads may have
     km.module.add_named_metadata("nvvm.annotations", [fn, "maxntidx", I32(plan.threads)])
@@ -641,6 +686,14 @@ def emit_matmul(km, st: Stage, sym: str, parts, plan: MatmulPlan, scratch: Optio
     if fmt == "fp16":
         def convert(v):
             return b.bitcast(b.fptrunc(v, F16), ST)
+    elif fmt == "fp8":      # E4M3 pairs from two floats: the value in the low byte (satfinite: never inf)
+        cvt8 = ir.InlineAsm(ir.FunctionType(ir.IntType(16), [F32, F32]),
+                            "cvt.rn.satfinite.e4m3x2.f32 $0, $1, $2;", "=h,f,f")
+
+        def convert(v, e):
+            if e:
+                v = b.fmul(v, ir.Constant(F32, 2.0 ** -e))
+            return b.trunc(b.call(cvt8, [ir.Constant(F32, 0.0), v]), ST)
     else:
         cvt = ir.InlineAsm(ir.FunctionType(ST, [F32]), "cvt.rna.tf32.f32 $0, $1;" if wide
                            else "cvt.rn.bf16.f32 $0, $1;", "=r,f" if wide else "=h,f")
@@ -684,6 +737,8 @@ def emit_matmul(km, st: Stage, sym: str, parts, plan: MatmulPlan, scratch: Optio
         """The factor's value in the format's raw bits (a float16 load kept as is for fp16)."""
         if fmt == "fp16" and _is_half(f):
             return b.bitcast(em.emit(f.args[0]), ST)
+        if fmt == "fp8":
+            return convert(em.emit(f), ea if f is afac else eb)
         return convert(em.emit(f))
 
     S, CPS = plan.splits, plan.slice_chunks
@@ -808,6 +863,10 @@ def emit_matmul(km, st: Stage, sym: str, parts, plan: MatmulPlan, scratch: Optio
                           I32(M))
             pdst = b.gep(em.base(scratch), [I64(scratch.offset)], source_etype=ir.IntType(8), inbounds=True)
 
+        def acc_value(i):
+            v = b.load(accs[i], typ=F32)
+            return b.fmul(v, ir.Constant(F32, 2.0 ** (ea + eb))) if ea + eb else v
+
         def epilogue():
             row_w = _V(b, b.add(m0, b.mul(wm, I32(plan.wm))))
             col_w = _V(b, b.add(n0, b.mul(wn, I32(plan.wn))))
@@ -818,13 +877,13 @@ def emit_matmul(km, st: Stage, sym: str, parts, plan: MatmulPlan, scratch: Optio
                     if S > 1:
                         with b.if_then(ok):
                             flat = b.add(b.mul(b.add(pbase, m.v), I32(N)), n.v)
-                            b.store(b.load(accs[4 * ti + q], typ=F32),
+                            b.store(acc_value(4 * ti + q),
                                     b.gep(pdst, [b.zext(flat, I64)], source_etype=F32, inbounds=True))
                         continue
                     with b.if_then(ok):
                         idx = [em.env[v] for v in bvars] + [b.zext(m.v, I64), b.zext(n.v, I64)]
                         em.memo.append(dict(em.memo[-1]))
-                        em.memo[-1][red.uid] = b.load(accs[4 * ti + q], typ=F32)
+                        em.memo[-1][red.uid] = acc_value(4 * ti + q)
                         em.store_element(st, idx)
                         em.memo.pop()
         if lead is None:

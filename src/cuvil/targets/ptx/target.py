@@ -134,11 +134,12 @@ class PtxTarget:
     def precision_ops(self, options: PtxOptions) -> Dict[str, FrozenSet[str]]:
         """The ops the precision policy may narrow for this target: MatMul and Gemm run on the tensor cores in
         fp16 or bf16 (:mod:`cuvil.targets.ptx.matmul_mma`) on sm_80 and later with ``fma`` on (an mma rounds
-        its sum once); else none."""
-        if not options.fma or int(re.sub(r"\D", "", options.arch) or 0) < 80:
+        its sum once), and in fp8 (E4M3, power-of-two scales) on sm_89 and later; else none."""
+        sm = int(re.sub(r"\D", "", options.arch) or 0)
+        if not options.fma or sm < 80:
             return {}
         ops = frozenset(NARROWED_OPS)
-        return {"fp16": ops, "bf16": ops}
+        return {"fp16": ops, "bf16": ops, **({"fp8": ops} if sm >= 89 else {})}
 
     def load(self, path: str, manifest: Optional[dict] = None, cached: bool = False) -> Bundle:
         return Bundle(path, read_bundle(path)[1] if manifest is None else manifest, cached=cached)
