@@ -44,7 +44,7 @@ def format_report(plan: PrecisionPlan, model: str = "", every: bool = False, lim
         for name, why in list(plan.residual_fp32.items())[:limit]:
             lines.append(f"    {name}: {why}")
     lines.append("")
-    lines.append(f"{'node':<28} {'op':<20} {'format':<7} {'range':<28} fp16/bf16/int8")
+    lines.append(f"{'node':<28} {'op':<20} {'format':<7} {'range':<28} {'/'.join(FORMAT_COLUMNS)}")
     shown = 0
     for n in plan.nodes:
         refused = any(v.status == REFUSED for v in n.verdicts.values())

@@ -34,7 +34,8 @@ from ...rewrite_rules.proved_rewrite import applied_rules
 from ...version import __version__
 from .attention import attention_in_half, fuse_attention
 from .codegen import TRIPLE, build_ptx, gpu_schedule
-from .matmul_mma import stage_precisions, stage_scales
+from ...precision.policy import reconcile
+from .matmul_mma import narrowed_nodes_run, stage_precisions, stage_scales
 from .ptxas import PtxasError, assemble, find_ptxas
 from .regpressure import relieve
 from .tuning import DEFAULT_TUNING, PtxTuning
@@ -111,6 +112,16 @@ def compile_bundle(g: Graph, out_dir: str, *, arch: str = "sm_90", opt_level: in
                     narrow_index=narrow_index, fused_splitk=fused_splitk, tuning=tuning, allow_tf32=allow_tf32,
                     precisions=stage_precisions(g, sched), precision_scales=stage_scales(g, sched))
     ptx, descs = res.ptx, res.kernels
+    if manifest_extra and "precision" in manifest_extra:   # what the policy narrowed and the kernels did not
+        slow = set(narrowed_nodes_run(g, sched, descs))
+        if slow:
+            g2 = g.clone()
+            for nd in g2.nodes:
+                if nd.name in slow:
+                    nd.precision = ""
+            manifest_extra = {**manifest_extra, "precision": reconcile(
+                manifest_extra["precision"], g2, "the GPU computes this product with its float32 kernels (fewer "
+                "than 16 rows or 8 columns, or operands the tensor-core kernel could not map)")}
     arena_bytes = res.scratch_offset + res.scratch_bytes if res.scratch_bytes else sched.arena_bytes
     zero = [[res.scratch_offset, res.counter_bytes]] if res.counter_bytes else []
     t_codegen = time.perf_counter()

@@ -583,6 +583,17 @@ def stage_precisions(graph, sched) -> Dict[str, str]:
             if nd.precision != "fp8" or name in scales}
 
 
+def narrowed_nodes_run(graph, sched, kernels) -> List[str]:
+    """The MatMul/Gemm nodes narrowed by the policy (``precision`` fp16/bf16/fp8) whose product did *not* run
+    on a tensor-core kernel of that format (``kernels``: the build's KernelDesc list): a product of fewer than
+    16 rows or 8 columns (a vector product: the float32 kernels), a refuted access pattern, a fp8 product
+    whose factors' scales could not be named. The manifest records those as float32 (:func:`reconcile`)."""
+    ran = {d.stage for d in kernels if d.kind.startswith("matmul_") and d.kind.rsplit("_", 1)[-1] in NARROW}
+    done = {nd.name for name, (nd, _) in _narrowed_products(graph, sched).items() if name in ran}
+    return [nd.name for nd in graph.nodes if nd.op in NARROWED_OPS and getattr(nd, "precision", "") in NARROW
+            and nd.name not in done]
+
+
 def stage_scales(graph, sched) -> Dict[str, Tuple[int, int]]:
     """Stage name -> (e_a, e_b) for a fp8 product: the exponents of the power-of-two scales the precision
     policy certified for the node inputs its factors A and B read (``Node.precision_scales``): A is rounded
