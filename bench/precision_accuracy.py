@@ -59,7 +59,8 @@ PHOTOS = ("astronaut.png", "chelsea.png", "coffee.png", "rocket.jpg", "motorcycl
           "hubble_deep_field.jpg", "retina.jpg", "ihc.png", "color.png", "brick.png", "grass.png", "gravel.png",
           "camera.png", "moon.png", "coins.png", "page.png", "cell.png", "clock_motion.png", "microaneurysms.png",
           "text.png", "logo.png")
-CAST_TO = {"bf16": TensorProto.BFLOAT16, "fp16": TensorProto.FLOAT16}
+CAST_TO = {"bf16": TensorProto.BFLOAT16, "fp16": TensorProto.FLOAT16, "fp8": TensorProto.FLOAT8E4M3FN}
+NUMPY_OF = {"bf16": ml_dtypes.bfloat16, "fp16": np.float16, "fp8": ml_dtypes.float8_e4m3fn}
 
 
 # ------------------------------------------------------------------------------------------------ inputs
@@ -134,13 +135,17 @@ def token_ids(sentence: str, vocab: int, seq: int):
 
 
 # ------------------------------------------------------------------------------------------ the simulation
-def narrowed_model(graph, formats: dict) -> onnx.ModelProto:
-    """``graph`` exported, with each node of ``formats`` (name -> bf16/fp16) reading its activation rounded to
-    the format and its weight rounded once; float32 everywhere else."""
+def narrowed_model(graph, formats: dict, scales: dict = None) -> onnx.ModelProto:
+    """``graph`` exported, with each node of ``formats`` (name -> bf16/fp16/fp8) reading its activation rounded to
+    the format and its weight rounded once; float32 everywhere else. fp8 (E4M3) takes ``scales`` (name -> the
+    policy's exponents per input, ``Node.precision_scales``): the input is multiplied by ``2^-e``, rounded
+    (``Cast`` to float8e4m3fn, saturating; ml_dtypes for the weights) and multiplied back by ``2^e``: what the
+    GPU's fp8 products read."""
     m = export_model(graph)
     g = m.graph
     inits = {t.name: t for t in g.initializer}
     new_nodes = []
+    scales = scales or {}
     for node in g.node:
         fmt = formats.get(node.name)
         if fmt:
@@ -148,19 +153,32 @@ def narrowed_model(graph, formats: dict) -> onnx.ModelProto:
                 if i >= len(node.input) or not node.input[i]:
                     continue
                 name = node.input[i]
+                e = scales.get(node.name, (0, 0))[i] if fmt == "fp8" else 0
                 if name in inits:
                     w = numpy_helper.to_array(inits[name]).astype(np.float32)
                     with np.errstate(over="ignore"):
-                        r = (w.astype(ml_dtypes.bfloat16) if fmt == "bf16" else w.astype(np.float16)).astype(np.float32)
-                    rn = f"{name}__{fmt}"
+                        r = ((w * np.float32(2.0 ** -e)).astype(NUMPY_OF[fmt]).astype(np.float32)
+                             * np.float32(2.0 ** e))
+                    rn = f"{name}__{node.name}__{fmt}"
                     if rn not in inits:
                         inits[rn] = numpy_helper.from_array(r, rn)
                         g.initializer.append(inits[rn])
                     node.input[i] = rn
                 else:
-                    mid, back = f"{name}__{node.name}__{fmt}", f"{name}__{node.name}__{fmt}_f32"
-                    new_nodes.append(helper.make_node("Cast", [name], [mid], to=CAST_TO[fmt]))
-                    new_nodes.append(helper.make_node("Cast", [mid], [back], to=TensorProto.FLOAT))
+                    src = name
+                    pre = f"{name}__{node.name}__{fmt}"
+                    if e:
+                        for c, v in ((f"{pre}_down", 2.0 ** -e), (f"{pre}_up", 2.0 ** e)):
+                            g.initializer.append(numpy_helper.from_array(np.array(v, np.float32), c))
+                        new_nodes.append(helper.make_node("Mul", [name, f"{pre}_down"], [f"{pre}_s"]))
+                        src = f"{pre}_s"
+                    extra = {"saturate": 1} if fmt == "fp8" else {}
+                    new_nodes.append(helper.make_node("Cast", [src], [pre], to=CAST_TO[fmt], **extra))
+                    new_nodes.append(helper.make_node("Cast", [pre], [f"{pre}_f32"], to=TensorProto.FLOAT))
+                    back = f"{pre}_f32"
+                    if e:
+                        new_nodes.append(helper.make_node("Mul", [back, f"{pre}_up"], [f"{pre}_u"]))
+                        back = f"{pre}_u"
                     node.input[i] = back
         new_nodes.append(node)
     del g.node[:]
@@ -266,9 +284,23 @@ def bench_cnn(name: str, xs, threads: int, search: int, cuvil: bool = False, cuv
     return res
 
 
-def bench_bert(n: int, threads: int, search: int, seq: int = 32) -> dict:
+def fp8_config(graph, box, search: int):
+    """(label, formats, scales) of the policy's explicit fp8 over the MatMul/Gemm (the GPU's fp8 products)."""
+    plan = plan_precision(graph, "fp8", input_ranges=box, target_ops={"fp8": frozenset({"MatMul", "Gemm"})},
+                          search_budget=search)
+    formats = plan.formats()
+    return "fp8 (policy, GPU products)", formats, {p.name: p.scales for p in plan.nodes if p.format == "fp8"}
+
+
+def bench_bert(n: int, threads: int, search: int, seq: int = 32, layers: int = 0) -> dict:
+    """The fixture BERT (a 2-layer torch export), or with ``layers`` this repository's Hugging Face BertModel
+    graph at BERT-base width (cuvil.testing.hf_models, seeded weights) with that many layers."""
     path = ROOT / "tests" / "fixtures" / "exports" / "bert.torchscript.onnx"
-    model = onnx.load(path)
+    if layers:
+        from cuvil.testing.hf_models import bert_model
+        model = bert_model(layers=layers)
+    else:
+        model = onnx.load(path)
     emb = next(numpy_helper.to_array(t) for t in model.graph.initializer if "word_embeddings" in t.name)
     vocab = emb.shape[0]
     sentences = text_sentences(n)
@@ -288,11 +320,15 @@ def bench_bert(n: int, threads: int, search: int, seq: int = 32) -> dict:
     ref = [ref_sess.run([out_name], f)[0] for f in feeds]
     box = {"input_ids": (0, vocab - 1), "attention_mask": (0, 1), "token_type_ids": (0, 0)}
     box = {k: v for k, v in box.items() if k in names}
-    res = {"model": "bert (tests/fixtures/exports/bert.torchscript.onnx, random init)", "inputs": len(feeds),
-           "vocab": int(vocab), "seq": seq, "output": out_name, "rows": {}}
+    what = (f"BERT-base width, {layers} layers (cuvil.testing.hf_models, seeded)" if layers else
+            "bert (tests/fixtures/exports/bert.torchscript.onnx, random init)")
+    res = {"model": what, "inputs": len(feeds), "vocab": int(vocab), "seq": seq, "output": out_name, "rows": {}}
     cfgs, res["policy"] = configs(g, box, search)
-    for label, formats in cfgs:
-        s = session(narrowed_model(g, formats), threads)
+    cfgs = [(label, formats, None) for label, formats in cfgs] + [fp8_config(g, box, search)]
+    res["policy"]["fp8"] = {"narrowed": len(cfgs[-1][1]), "exponents": sorted({tuple(v[:2]) for v in cfgs[-1][2].values()})}
+    cfgs.append(("fp8-all (unscaled)", {nd.name: "fp8" for nd in g.nodes if nd.op in ("MatMul", "Gemm")}, {}))
+    for label, formats, scales in cfgs:
+        s = session(narrowed_model(g, formats, scales), threads)
         got = [s.run([out_name], f)[0] for f in feeds]
         res["rows"][label] = {"narrowed": len(formats), **cosine(ref, got)}
         print(f"  bert {label}: {res['rows'][label]}", flush=True)
@@ -341,6 +377,9 @@ def main(argv=None) -> int:
                     help="counterexample search budget per policy run (default 0: refused and unknown nodes both stay "
                          "float32, so the search changes the verdicts' wording, not what is narrowed)")
     ap.add_argument("--no-bert", action="store_true")
+    ap.add_argument("--bert-layers", type=int, default=0, help="BERT-base width with this many layers (this "
+                    "repository's Hugging Face graph, seeded) instead of the 2-layer fixture export")
+    ap.add_argument("--bert-seq", type=int, default=32)
     ap.add_argument("--cuvil", action="store_true",
                     help="also compile and run the x86 libraries: float32 and --precision bf16 (the real kernels "
                          "where this CPU has AVX512_BF16)")
@@ -357,7 +396,7 @@ def main(argv=None) -> int:
     res = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes"), "cpu": cpu_label(),
            "threads": a.threads, "ort": onnxruntime.__version__, "cnns": [], "bert": None}
     if not a.no_bert:   # first: the quickest
-        res["bert"] = bench_bert(a.n, a.threads, a.search)
+        res["bert"] = bench_bert(a.n, a.threads, a.search, a.bert_seq, a.bert_layers)
     models = [m for m in a.models.split(",") if m]
     if models:
         xs, src, pics = image_inputs(a.n)
