@@ -157,8 +157,10 @@ def narrowed_model(graph, formats: dict, scales: dict = None) -> onnx.ModelProto
                 if name in inits:
                     w = numpy_helper.to_array(inits[name]).astype(np.float32)
                     with np.errstate(over="ignore"):
-                        r = ((w * np.float32(2.0 ** -e)).astype(NUMPY_OF[fmt]).astype(np.float32)
-                             * np.float32(2.0 ** e))
+                        ws = w * np.float32(2.0 ** -e)
+                        if fmt == "fp8":     # the GPU's conversion saturates (satfinite); ml_dtypes' gives NaN
+                            ws = np.clip(ws, -448.0, 448.0)
+                        r = ws.astype(NUMPY_OF[fmt]).astype(np.float32) * np.float32(2.0 ** e)
                     rn = f"{name}__{node.name}__{fmt}"
                     if rn not in inits:
                         inits[rn] = numpy_helper.from_array(r, rn)

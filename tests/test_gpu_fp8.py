@@ -215,3 +215,69 @@ def _plain_matmul(m, k, n, seed=0):
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, m, n])],
                           [numpy_helper.from_array(w, "w")])
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+# --- the review's cases (session 23): a factor must get its own input's scale, or the product stays float32 ---
+
+def _fp8_graph(nodes, inputs, outputs, inits, ranges):
+    from onnx import TensorProto as T, helper as h
+    from cuvil.precision.policy import apply_precision, plan_precision
+    from cuvil.targets.ptx.target import TARGET as PTX, PtxOptions
+    g = h.make_graph(nodes, "m", [h.make_tensor_value_info(n, T.FLOAT, s) for n, s in inputs],
+                     [h.make_tensor_value_info(n, T.FLOAT, None) for n in outputs], inits)
+    p = Pipeline.from_onnx(h.make_model(g, opset_imports=[h.make_opsetid("", 17)])).optimize()
+    plan = plan_precision(p.graph, "fp8", input_ranges=ranges, target_ops=PTX.precision_ops(PtxOptions()))
+    gg = apply_precision(p.graph, plan)
+    s = gpu_schedule(gg)
+    return gg, s, {n.name: n.precision_scales for n in gg.nodes if n.precision == "fp8"}
+
+
+def test_gemms_sharing_an_input_take_their_own_weights_scales():
+    """Two Gemm(x, W, transB=1) reading one x (Q/K/V or a gated MLP's projections): each weight is folded
+    transposed under a new name, so only x names the nodes; each stage must still take its own node's scales
+    (the first version gave the second Gemm the first one's weight scale: 66% of its weights saturated)."""
+    from onnx import helper as h, numpy_helper as nh
+    rng = np.random.default_rng(0)
+    wg = (rng.standard_normal((256, 128)) * 0.05).astype(np.float32)
+    wu = (rng.standard_normal((256, 128)) * 2.0).astype(np.float32)
+    g, s, node_scales = _fp8_graph([h.make_node("Gemm", ["x", "wg"], ["g"], transB=1),
+                                    h.make_node("Gemm", ["x", "wu"], ["u"], transB=1)],
+                                   [("x", [64, 128])], ["g", "u"], [nh.from_array(wg, "wg"), nh.from_array(wu, "wu")],
+                                   {"x": (-1, 1)})
+    assert node_scales["g"][1] != node_scales["u"][1]
+    assert stage_scales(g, s) == {"g": tuple(node_scales["g"][:2]), "u": tuple(node_scales["u"][:2])}
+
+
+def test_a_factor_computed_from_the_other_operand_stays_float32():
+    """MatMul(Mul(x, 100), Transpose(x)): A's loads name only x, which reaches the node as input 1; the scale
+    of x (input 1) would saturate A = 100 x. Not a plain read of its input: no fp8, float32, and said so."""
+    from onnx import helper as h, numpy_helper as nh
+    g, s, node_scales = _fp8_graph([h.make_node("Mul", ["x", "c"], ["q"]),
+                                    h.make_node("Transpose", ["x"], ["xt"], perm=[1, 0]),
+                                    h.make_node("MatMul", ["q", "xt"], ["y"])],
+                                   [("x", [32, 64])], ["y"], [nh.from_array(np.array(100.0, np.float32), "c")],
+                                   {"x": (-1, 1)})
+    assert "y" in node_scales and stage_scales(g, s) == {} and stage_precisions(g, s) == {}
+    from onnx import TensorProto as T
+    m = h.make_model(h.make_graph([h.make_node("Mul", ["x", "c"], ["q"]), h.make_node("Transpose", ["x"], ["xt"], perm=[1, 0]),
+                                   h.make_node("MatMul", ["q", "xt"], ["y"])], "m",
+                                  [h.make_tensor_value_info("x", T.FLOAT, [32, 64])],
+                                  [h.make_tensor_value_info("y", T.FLOAT, None)],
+                                  [nh.from_array(np.array(100.0, np.float32), "c")]),
+                     opset_imports=[h.make_opsetid("", 17)])
+    b = Pipeline.from_onnx(m).optimize().compile(TARGET, precision="fp8", input_ranges={"x": (-1, 1)}, cache=False)
+    rec = b.manifest["precision"]["nodes"]["y"]
+    assert rec["format"] == "fp32" and rec["policy_format"] == "fp8" and b.manifest["tensor_core_kernels"] == {}
+
+
+def test_subnormal_rounding_is_in_the_narrowed_recheck():
+    """E4M3 below 2^-6 (scaled) rounds absolutely, to 0 at worst: a product feeding a divisor must not be
+    narrowed where that rounding can make the divisor 0 (weights 1.0 beside 0.49·2^-16 in one tensor: the
+    small columns are all below E4M3's grid at the weights' scale)."""
+    from onnx import helper as h, numpy_helper as nh
+    w = np.full((64, 8), 0.49 * 2.0 ** -16, np.float32)
+    w[:, 0] = 1.0
+    g, s, node_scales = _fp8_graph([h.make_node("MatMul", ["x", "w"], ["y"]), h.make_node("Reciprocal", ["y"], ["z"])],
+                                   [("x", [16, 64])], ["z"], [nh.from_array(w, "w")], {"x": (1, 2)})
+    assert node_scales == {}       # kept float32: "its rounding makes a value downstream (z) leave its range"
+    assert fp8_rounded(w, FP8.exponent(_iv(1.0)))[0, 1] == 0.0       # (what would have happened)

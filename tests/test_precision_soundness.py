@@ -330,3 +330,31 @@ def test_attention_weights_times_values_stay_within_the_values(guarded):
                    (np.where(rng.random((2, 8, k)) < 0.01, 30.0, -30.0), np.full((2, k, 16), 7.0)),
                    (np.full((2, 8, k), 30.0), np.full((2, k, 16), -5.0))):
         _assert_sound(_ranges_and_values(m, box, {"s": s_.astype(np.float32), "v": v_.astype(np.float32)}))
+
+
+@pytest.mark.parametrize("eps,dtype", [(0.0, T.FLOAT), (-1e-3, T.FLOAT), (1e-12, T.FLOAT16)])
+def test_layer_norm_without_a_positive_float32_epsilon_is_not_bounded(eps, dtype):
+    """The sqrt(N) bound needs var + eps > 0 in the kernels' arithmetic: eps 0 (a constant row is 0/0), a
+    negative eps, or a float16 LayerNorm whose eps (BERT's 1e-12) rounds to 0 in half: unbounded, with why."""
+    npt = np.float16 if dtype == T.FLOAT16 else np.float32
+    m = _model([h.make_node("LayerNormalization", ["x", "g", "b"], ["y"], axis=-1, epsilon=eps)],
+               [("x", dtype, [2, 16])], "y",
+               [nh.from_array(np.ones(16, npt), "g"), nh.from_array(np.zeros(16, npt), "b")], out_type=dtype)
+    g = Pipeline.from_onnx(m).optimize().graph
+    iv = analyze(g, declared_ranges({"x": (-3.0, 3.0)}, ["x"]))
+    (y,) = [v for v in g.values() if v.name == "y"]
+    assert not iv[id(y)].bounded and ("epsilon" in iv[id(y)].why or "float32" in iv[id(y)].why)
+
+
+def test_a_guard_that_broadcasts_the_probabilities_is_not_convex():
+    """Where(IsNaN(p), zeros[K], p) with p a Softmax over a size-1 axis: the guard repeats p's ones over K
+    columns, so the rows sum to K, not 1: no convex-combination bound (onnxruntime gives K·max V)."""
+    k = 16
+    nodes = [h.make_node("Softmax", ["s"], ["p"], axis=-1), h.make_node("IsNaN", ["p"], ["nan"]),
+             h.make_node("Where", ["nan", "zero", "p"], ["pg"]), h.make_node("MatMul", ["pg", "v"], ["y"])]
+    m = _model(nodes, [("s", T.FLOAT, [2, 4, 1]), ("v", T.FLOAT, [2, k, 8])], "y",
+               [nh.from_array(np.zeros(k, np.float32), "zero")], opset=17)
+    box = {"s": (-3.0, 3.0), "v": (-5.0, 7.0)}
+    pairs = _ranges_and_values(m, box, {"s": np.zeros((2, 4, 1), np.float32), "v": np.full((2, k, 8), 7.0, np.float32)})
+    _assert_sound(pairs)
+    assert pairs["y"][1].max() == pytest.approx(7.0 * k)

@@ -457,8 +457,10 @@ def _recheck_narrowed(graph: Graph, inputs, r, plans: List[NodePlan], mode: str 
     graph with every narrowed node widened by its rounding; where a range that was bounded is no longer (or a
     narrowed node's own values no longer fit), the narrowed nodes upstream of it go back to float32."""
     by_name = {p.name: p for p in plans}
+    nodes = {n.name: n for n in graph.nodes}
     for _ in range(len(plans) + 1):
-        narrowed = {p.name: _UNIT[p.format] for p in plans if p.format in _UNIT}
+        narrowed = {p.name: (_UNIT[p.format] if p.format != "fp8" else (_UNIT["fp8"], _fp8_pad(graph, nodes[p.name], r)))
+                    for p in plans if p.format in _UNIT}
         if not narrowed:
             return
         r2 = analyze(graph, inputs, narrowed)
@@ -492,6 +494,24 @@ def _recheck_narrowed(graph: Graph, inputs, r, plans: List[NodePlan], mode: str 
             if p is not None and p.name in narrowed:
                 p.format, p.certificate, p.reason = "", "", (f"{p.format} safe for its own values, but its rounding makes a value "
                                           f"downstream ({bad[0].name}) leave its float32 range: kept float32")
+
+
+def _fp8_pad(graph: Graph, n: Node, r) -> float:
+    """The absolute part of a fp8 product's rounding, beside the relative ``2^-4`` the recheck adds anyway: below
+    ``2^-6`` (scaled) E4M3 is subnormal, each rounding off by up to ``eta = 2^-10·2^e`` absolutely (a value can
+    round to 0). Over K terms ``|a'b' - ab| <= K ((1 + u)(eta_a·max|b| + eta_b·max|a|) + eta_a·eta_b)``, times
+    Gemm's |alpha|; inf where the operands or K are not bounded."""
+    from .ranges import _contracted
+    e = FORMATS["fp8"].exponent
+    ins = [r.get(id(v)) if v is not None else None for v in n.inputs[:2]]
+    k = _contracted(graph, n)
+    if k < 0 or any(iv is None or not iv.bounded for iv in ins):
+        return float("inf")
+    ea, eb = (e(iv) for iv in ins)
+    eta_a, eta_b = 2.0 ** (ea - 10), 2.0 ** (eb - 10)
+    amax, bmax = ins[0].max_abs, ins[1].max_abs
+    alpha = abs(float(n.attrs.get("alpha", 1.0))) if n.op == "Gemm" else 1.0
+    return alpha * k * ((1 + _UNIT["fp8"]) * (eta_a * bmax + eta_b * amax) + eta_a * eta_b)
 
 
 def _ancestors(nodes) -> List[Node]:

@@ -46,10 +46,12 @@ def dim_max(d, graph: Graph) -> int:
         return -1
 
 
-def analyze(graph: Graph, inputs: Mapping[str, Interval], narrowed: Optional[Mapping[str, float]] = None) -> Ranges:
+def analyze(graph: Graph, inputs: Mapping[str, Interval], narrowed: Optional[Mapping[str, object]] = None) -> Ranges:
     """The interval of every float value of ``graph`` (graph inputs by name from ``inputs``; an input without
     one is unbounded, saying so). ``narrowed``: node name -> the unit roundoff of the format its inputs are
-    rounded to (a contraction computing in bf16/fp16): its bounds widen by that rounding."""
+    rounded to (a contraction computing in bf16/fp16): its bounds widen by that rounding; or (unit roundoff,
+    absolute pad) for a format whose small values round absolutely (fp8's subnormals): the outputs widen by
+    the pad as well."""
     r: Ranges = {}
     for v in graph.inputs:
         if v.name in inputs:
@@ -64,14 +66,16 @@ def analyze(graph: Graph, inputs: Mapping[str, Interval], narrowed: Optional[Map
             r[id(v)] = Interval.exact(v.const) if v.const.size <= 65536 else Interval.of(
                 float(np.min(v.const)), float(np.max(v.const)))
     for n in graph.nodes:
-        token = _INPUT_ROUNDING.set((narrowed or {}).get(n.name, 0.0))
+        rounding = (narrowed or {}).get(n.name, 0.0)
+        rel, pad = rounding if isinstance(rounding, tuple) else (rounding, 0.0)
+        token = _INPUT_ROUNDING.set(rel)
         try:
             outs = node_ranges(graph, n, r)
         finally:
             _INPUT_ROUNDING.reset(token)
         for o, iv in zip(n.outputs, outs):
             if iv is not None and is_float(o):
-                r[id(o)] = iv
+                r[id(o)] = iv if not pad else Interval(iv.lo - pad, iv.hi + pad, iv.origin, iv.why, iv.method)
     return r
 
 
@@ -693,13 +697,17 @@ def _row_stochastic(g: Graph, a: Value, iv: Optional[Interval]) -> bool:
         c = p.inputs[1]
         if not (c.is_const and np.all(np.asarray(c.const) == 0)):
             return False
+        g_ = _nan_guarded(p)
+        if g_.type.shape is None or a.type.shape is None or tuple(g_.type.shape) != tuple(a.type.shape):
+            return False          # the guard broadcasts p (a size-1 softmax axis repeated): rows no longer sum to 1
         a, iv = _nan_guarded(p), Interval.of(0.0, 1.0)
         p = a.producer
     if p is None or p.op != "Softmax" or a.type.rank is None or iv is None or not iv.bounded:
         return False
     rank = a.type.rank
-    default = -1 if g.opset >= 13 else 1      # Softmax's default axis before opset 13: 1 (rows flattened from it)
-    return int(p.attrs.get("axis", default)) % rank == rank - 1
+    # the IR's Softmax: default axis -1 whatever the model's opset (the importer rewrites an opset < 13
+    # Softmax's flattened rows into this form; the lowering reads the attribute so)
+    return int(p.attrs.get("axis", -1)) % rank == rank - 1
 
 
 def _convex_product(g, n, ins) -> Optional[Interval]:
@@ -781,7 +789,10 @@ def _layer_norm(g, n, ins):
     sqrt(N / (1 - gamma_{N+2}))``, times ``(1 + u)^4`` for the add, the root, the division and the product
     with gamma; the add of beta rounds once more. A one-pass variance (``E[x^2] - mean^2``, onnxruntime's) can
     cancel to 0 and reach ``|x - mean| / sqrt(eps)``: not what these kernels compute. RMSNormalization
-    (``x / sqrt(mean(x^2) + eps)``, ``d_i = x_i``) has the same bound."""
+    (``x / sqrt(mean(x^2) + eps)``, ``d_i = x_i``) has the same bound. Needs a float32 input and
+    ``eps >= 2^-100`` as float32 (the kernels add eps in x's type): a zero or negative eps makes a constant
+    row 0/0, an eps rounded to 0 in float16 (BERT's 1e-12) the same, and squares that underflow (below
+    2^-149 each, N of them) are then negligible beside eps; otherwise unbounded, with the reason."""
     x = n.inputs[0]
     rank = x.type.rank
     if rank is None:
@@ -790,6 +801,12 @@ def _layer_norm(g, n, ins):
     count = _norm_axis_count(g, n, axis)
     if count < 0:
         return Interval.unbounded(f"{n.op} {n.name}: the normalised size is not bounded")
+    if x.dtype != DType.FLOAT:
+        return Interval.unbounded(f"{n.op} {n.name}: the bound is proved for float32 statistics, not {x.dtype.name}")
+    eps = float(np.float32(n.attrs.get("epsilon", 1e-5)))
+    if not eps >= 2.0 ** -100:
+        return Interval.unbounded(f"{n.op} {n.name}: epsilon {eps:g} (as float32) is below 2^-100: a constant row "
+                                  "can divide 0 by 0")
     u = 2.0 ** -24
     gam_k = (count + 2) * u / (1 - (count + 2) * u)
     s = math.sqrt(max(count, 1) / (1 - gam_k)) * (1 + u) ** 4

@@ -525,26 +525,55 @@ def plan_slices(fmt: str, bm: int, bn: int, tiles: int, chunks: int, max_ks: int
     return ks, splits, max(1, sm_groups // ks)
 
 
+def _plain_read(f: E) -> bool:
+    """Whether factor ``f`` only reads a value (loads, a widening cast, integer index arithmetic): then it is
+    the node input its buffer names. A factor with float arithmetic (a scale the schedule folded into the load,
+    ``Q * c``) computes another value, whose range is not that input's."""
+    return all(x.op in ("load", "cast", "var", "const") or x.dtype not in (DType.FLOAT, DType.FLOAT16)
+               for x in nodes(f))
+
+
 def _narrowed_products(graph, sched) -> Dict[str, Tuple[object, Tuple[Optional[int], Optional[int]]]]:
     """Stage name -> (the narrowed MatMul/Gemm node whose product it computes, the node input index each of
-    the stage's factors A, B reads, None where not found): the node is found through the product's operand
+    the stage's factors A, B reads, None where not known): the node is found through the product's operand
     buffers (named after the values they hold: the node's inputs, or the inputs of the layout ops, a
-    Transpose say, that the schedule folded into the operand's loads)."""
+    Transpose say, that the schedule folded into the operand's loads).
+
+    Conservative where names are ambiguous (session 23's review found wrong scales there): when the factors do
+    not name one node together, a single candidate is taken only if it is the one node whose output reaches
+    the stage's own value (several Gemms reading the same ``x``, one with its transB weight folded under a new
+    name); otherwise the stage is left out (it computes in float32). An index is None when the factor is not a
+    plain read of that input (:func:`_plain_read`), when it is ambiguous, or when both factors would read the
+    same input: a fp8 product needs both indices (its scales), fp16 / bf16 only the node."""
     users: Dict[str, List] = {}
     for nd in graph.nodes:
         for i, v in enumerate(nd.inputs):
             if v is not None:
                 users.setdefault(v.name, []).append((nd, i))
 
-    def narrowed(name: str, depth: int = 0, via: Optional[int] = None) -> List:
+    def narrowed(name: str, depth: int = 0) -> List:
         out = []
         for nd, i in users.get(name, []):
             if nd.op in NARROWED_OPS and getattr(nd, "precision", "") in NARROW:
-                out.append((nd, i if via is None else via))
+                out.append((nd, i))
             elif nd.op in _LAYOUT_OPS and depth < 4:
                 for o in nd.outputs:
-                    out += narrowed(o.name, depth + 1, via)
+                    out += narrowed(o.name, depth + 1)
         return out
+
+    def reaches(nd, target: str, depth: int = 12) -> bool:
+        frontier, seen = [o.name for o in nd.outputs if o is not None], set()
+        for _ in range(depth):
+            if target in frontier:
+                return True
+            nxt = []
+            for name in frontier:
+                for u, _ in users.get(name, []):
+                    if id(u) not in seen:
+                        seen.add(id(u))
+                        nxt += [o.name for o in u.outputs if o is not None]
+            frontier = nxt
+        return target in frontier
     if not any(nd.op in NARROWED_OPS and getattr(nd, "precision", "") in NARROW for nd in graph.nodes):
         return {}
     out = {}
@@ -561,16 +590,30 @@ def _narrowed_products(graph, sched) -> Dict[str, Tuple[object, Tuple[Optional[i
                 for nd, i in narrowed(nm):
                     hits.setdefault(id(nd), (nd, set()))[1].add(i)
             found.append(hits)
-        common = [k for k in found[0] if k in found[1]] or list(found[0]) + list(found[1])
-        if common:
-            nd = (found[0].get(common[0]) or found[1][common[0]])[0]
-            idx = tuple(next(iter(h[common[0]][1])) if common[0] in h and len(h[common[0]][1]) == 1 else None
-                        for h in found)
-            if idx.count(None) == 1 and (idx[0] if idx[1] is None else idx[1]) in (0, 1):
-                # the other factor reads a constant the schedule folded (Gemm's transB weight, stored
-                # transposed under a new name): a product's factors are the node's inputs 0 and 1
-                idx = tuple(1 - (idx[0] if idx[1] is None else idx[1]) if i is None else i for i in idx)
-            out[st.name] = (nd, idx)
+        both = [k for k in found[0] if k in found[1]]
+        if len(both) == 1:
+            key = both[0]
+        else:
+            cands = {k: (found[0].get(k) or found[1].get(k))[0] for k in list(found[0]) + list(found[1])}
+            if both:
+                cands = {k: cands[k] for k in both}
+            if len(cands) > 1:
+                cands = {k: nd for k, nd in cands.items() if reaches(nd, st.buf.name)}
+            if len(cands) != 1:
+                continue              # ambiguous: the float32 kernels
+            key = next(iter(cands))
+        nd = (found[0].get(key) or found[1][key])[0]
+        idx = [next(iter(h[key][1])) if key in h and len(h[key][1]) == 1 else None for h in found]
+        if idx.count(None) == 1 and (idx[0] if idx[1] is None else idx[1]) in (0, 1) and not found[
+                idx.index(None)]:
+            # the other factor reads nothing the graph names (a constant the schedule folded: Gemm's transB
+            # weight, stored transposed under a new name): a product's factors are the node's inputs 0 and 1
+            known = idx[0] if idx[1] is None else idx[1]
+            idx = [1 - known if i is None else i for i in idx]
+        if idx[0] is not None and idx[0] == idx[1]:
+            idx = [None, None]        # both factors from one input (x @ f(x)ᵀ): which is which is unknown
+        idx = [i if i is not None and _plain_read(f) else None for i, f in zip(idx, parts[1:3])]
+        out[st.name] = (nd, tuple(idx))
     return out
 
 
