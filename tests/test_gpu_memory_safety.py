@@ -73,7 +73,7 @@ def test_conv_pattern_proved_and_refuted_when_widened(shapes):
         prover = BoundsProver()
         verdicts = [prover.check(a, s.ranges) is None for a in accs]
         assert verdicts == [expect] * len(accs), (widen, [a.buf.name for a in accs], verdicts)
-    if km.conv_plan(conv_node(st)).splits > 1:
+    if km.conv_plan(st, conv_node(st)).splits > 1:
         assert "splitk" in kinds
 
 

@@ -257,12 +257,15 @@ def test_k_groups_take_every_chunk_once_and_fit_shared_memory():
 
 
 def test_precision_ops_hook_and_transposed_operand_precision():
-    """The policy's hook (Target.precision_ops): MatMul/Gemm in fp16 and bf16 on sm_80+, with fma; and a
-    product whose operand is a Transpose folded into its loads still finds its node's precision."""
+    """The policy's hook (Target.precision_ops): MatMul/Gemm/Conv in fp16 and bf16 on sm_80+, with fma,
+    MatMul/Gemm in fp8 on sm_89+; and a product whose
+    operand is a Transpose folded into its loads still finds its node's precision."""
     from cuvil.targets.ptx.target import TARGET, PtxOptions
-    assert TARGET.precision_ops(PtxOptions()) == {"fp16": frozenset({"MatMul", "Gemm"}),
-                                                  "bf16": frozenset({"MatMul", "Gemm"}),
+    assert TARGET.precision_ops(PtxOptions()) == {"fp16": frozenset({"MatMul", "Gemm", "Conv"}),
+                                                  "bf16": frozenset({"MatMul", "Gemm", "Conv"}),
                                                   "fp8": frozenset({"MatMul", "Gemm"})}    # sm_89+
+    assert TARGET.precision_ops(PtxOptions(arch="sm_80"))["fp16"] == frozenset({"MatMul", "Gemm", "Conv"})
+
     assert TARGET.precision_ops(PtxOptions(arch="sm_75")) == {} == TARGET.precision_ops(PtxOptions(fma=False))
     model, _ = attention_scores()
     p = Pipeline.from_onnx(model).optimize()

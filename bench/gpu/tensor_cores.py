@@ -114,7 +114,8 @@ def build_model(what: str, layers: int = 12):
 def compile_report(path: str, manifest: dict, t0: float) -> dict:
     """A worker's report of one bundle it compiled since ``t0`` (perf_counter) and saved at ``path``."""
     return {"path": path, "compile_s": round(time.perf_counter() - t0, 1), "kernels": manifest["kernels"],
-            "tensor_core_kernels": manifest.get("tensor_core_kernels")}
+            "tensor_core_kernels": manifest.get("tensor_core_kernels"),
+            "precision_counts": manifest.get("precision", {}).get("counts")}
 
 
 def compile_job(job):
@@ -137,8 +138,11 @@ def compile_job(job):
             return compile_report(job["out"], man, t0)
         p = Pipeline.from_onnx(model).optimize()
         if job.get("precision"):
-            p = with_precision(p, job["precision"])[0]
-        b = p.compile(TARGET, arch=job["arch"], cache=False, fixed=job.get("fixed"), **job.get("kw", {}))
+            p = with_precision(p, job["precision"], job.get("ops", ("MatMul", "Gemm")))[0]
+        kw = dict(job.get("kw", {}))
+        if job.get("image_range"):     # the policy's input box: the image input, whatever its name
+            kw["input_ranges"] = {model.graph.input[0].name: tuple(job["image_range"])}
+        b = p.compile(TARGET, arch=job["arch"], cache=False, fixed=job.get("fixed"), **kw)
         b.save(job["out"])
         return compile_report(job["out"], b.manifest, t0)
     except Exception:  # noqa: BLE001 - reported by the caller
@@ -153,6 +157,11 @@ VARIANTS = {"fp32": ({}, ""), "tf32": ({"allow_tf32": True}, ""), "fp16": ({"ena
 # fp16 / bf16, the like-for-like comparison (only the products narrowed, everything else float32)
 BERT_RANGES = {"input_ids": (0, 30521), "attention_mask": (0, 1), "token_type_ids": (0, 1)}
 VARIANTS.update({f"{f}_policy": ({"precision": f, "input_ranges": BERT_RANGES}, "") for f in ("fp8", "fp16", "bf16")})
+# ResNet-50 with float32 activations and narrowed contractions (issue 21, part 5): "_policy" what the precision
+# policy certifies for images declared in RESNET_RANGE (the bench's standard-normal inputs lie inside), "_every"
+# every Conv / Gemm narrowed by hand (the kernels' speed whatever the certificate allows)
+RESNET_RANGE = (-8.0, 8.0)
+RESNET_NARROWED = tuple(f"{f}_{how}" for f in ("fp16", "bf16") for how in ("policy", "every"))
 # ResNet-50 A/B of the convolution kernels (code-generator settings, cuvil.targets.ptx.tuning.PtxTuning):
 # "_old" the per-image 64 x 64 mma tiles of conv.py (fp16) / float32 SIMT tiles (tf32), "_noldm" conv_mma.py
 # with 32-bit shared fragment loads instead of ldmatrix, "_noasync" without the cp.async pointwise kernel (the
@@ -221,8 +230,16 @@ def jobs_for(args, arch):
             add(f"bert_{v}", "bert", v, layers=args.layers, fixed={"batch": 1, "sequence": args.seq})
     if "resnet" in args.parts:
         for bsz in args.batches:
-            for v in args.resnet_modes:      # through compile_bundle at a static batch (tuning: the shipped one
-                # or an A/B's), so the bundle is the code generator's output alone (no build records)
+            for v in args.resnet_modes:
+                if v in RESNET_NARROWED:     # through Pipeline.compile: the precision policy, or every node by hand
+                    fmt, how = v.split("_")
+                    jobs.append(dict(key=f"resnet50_{v}_b{bsz}", model="resnet50", arch=arch, fixed={"N": bsz},
+                                     out=os.path.join(args.work, f"resnet50_{v}_b{bsz}.cuvil"),
+                                     **({"kw": {"precision": fmt}, "image_range": RESNET_RANGE} if how == "policy"
+                                        else {"precision": fmt, "ops": ("Conv", "MatMul", "Gemm")})))
+                    continue
+                # through compile_bundle at a static batch (tuning: the shipped one or an A/B's), so the bundle
+                # is the code generator's output alone (no build records)
                 add(f"resnet50_{v}_b{bsz}", "resnet50", v, fixed={"N": bsz}, tuning={})
     # the longest first
     jobs.sort(key=lambda j: {"bert": 0, "resnet50": 1}.get(j["model"], 2))
@@ -234,7 +251,7 @@ def result_of(futures, key, timeout=600):
     if "error" in r:
         raise RuntimeError(f"compile of {key} failed:\n{r['error']}")
     log(f"  cuvil {key}: compiled {r['kernels']} kernels in {r['compile_s']} s; tensor-core kernels "
-        f"{r['tensor_core_kernels']}")
+        f"{r['tensor_core_kernels']}" + (f"; precision {r['precision_counts']}" if r.get('precision_counts') else ""))
     return r
 
 
@@ -461,7 +478,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--batches", type=int, nargs="+", default=[1])
     ap.add_argument("--resnet-modes", nargs="+", default=["fp16"], help="fp16, tf32 (allow_tf32: convolutions "
-                    "and the final Gemm on TF32 tensor cores), fp32; A/B: " + ", ".join(TUNED))
+                    "and the final Gemm on TF32 tensor cores), fp32; narrowed contractions, float32 activations: "
+                    + ", ".join(RESNET_NARROWED) + "; A/B: " + ", ".join(TUNED))
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--ref-max-batch", type=int, default=32, help="ResNet-50 checked against onnxruntime (CPU) "
                     "up to this batch")

@@ -9,7 +9,7 @@ from ..pipeline import Pipeline
 from ..precision.policy import plan_precision
 from ..precision.report import format_report
 from ..targets import get_target, make_options
-from ..targets.base import precision_ops
+from ..targets.base import precision_ops, stores_bf16
 from .flags import (add_actions, add_precision_flags, add_quiet_flag, add_shape_flags, add_target_flag,
                     precision_flags, resolve_target)
 from .shape_flags import bind_shapes, check_shape_flags
@@ -50,7 +50,7 @@ def cmd_report(args) -> int:
         p = p.specialize({name: s.tuned for name, s in p.graph.symbols.items()})
     plan = plan_precision(p.graph, mode, input_ranges=ranges, calibration=calibration,
                           target_ops=precision_ops(tgt, make_options(triple)), target=triple,
-                          search_budget=args.search)
+                          search_budget=args.search, stores_bf16=stores_bf16(tgt))
     print(format_report(plan, args.model, every=args.all))
     if args.json:
         with open(args.json, "w") as f:

@@ -160,11 +160,13 @@ def input_intervals(graph: Graph, input_ranges=None, calibration=None) -> Dict[s
 def plan_precision(graph: Graph, mode: str = "auto", *, input_ranges=None, calibration=None,
                    target_ops: Optional[Mapping[str, FrozenSet[str]]] = None, target: str = "",
                    search_budget: int = 24, int_ranges: Optional[Mapping[str, Tuple[int, int]]] = None,
-                   seed: int = 0, z3_rlimit: int = 2_000_000) -> PrecisionPlan:
+                   seed: int = 0, z3_rlimit: int = 2_000_000, stores_bf16: bool = True) -> PrecisionPlan:
     """The precision of every node of ``graph`` (optimised, shapes bound) under ``mode``; see the module doc.
     ``target_ops`` (format -> ops, from ``Target.precision_ops``) limits what is narrowed, not what is
     reported. ``search_budget``: model evaluations the counterexample search may spend (0: none);
-    ``z3_rlimit``: Z3's resource limit per local check of a value too wide for fp16 or bf16 (0: no Z3 step)."""
+    ``z3_rlimit``: Z3's resource limit per local check of a value too wide for fp16 or bf16 (0: no Z3 step).
+    ``stores_bf16`` (the target's :func:`~cuvil.targets.base.stores_bf16`; the GPU's is False): values between
+    bf16 convolutions are planned as stored in bfloat16 (:attr:`PrecisionPlan.bf16_stored`)."""
     mode = check_mode(mode)
     target_ops = {f: frozenset(o) for f, o in (target_ops or {}).items()}
     inputs = input_intervals(graph, input_ranges, calibration)
@@ -235,7 +237,7 @@ def plan_precision(graph: Graph, mode: str = "auto", *, input_ranges=None, calib
         if p.format == "fp8":
             p.scales = tuple(FORMATS["fp8"].exponent(r[id(v)]) if is_float(v) and id(v) in r else None
                              for v in n.inputs)
-    convs = "Conv" in target_ops.get("bf16", ())
+    convs = stores_bf16 and "Conv" in target_ops.get("bf16", ())
     stored = bf16_storage(graph, {n.name: n.format for n in out}) if convs else {}
     residual, kept = residual_storage(graph, {n.name: n.format for n in out}, ranges) if convs and mode == "bf16" \
         else ({}, {})

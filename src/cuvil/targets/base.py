@@ -116,9 +116,20 @@ class Target(Protocol):
         (:mod:`cuvil.precision`) narrows a node only to a format its op is listed under here; a target
         without the method narrows nothing. Read it through :func:`precision_ops`."""
 
+    #: Optional (default False). True: between convolutions narrowed to bf16 this target stores values as
+    #: bfloat16 (:mod:`cuvil.kernels.bf16_storage`), so the precision plan lists those values and, under an
+    #: explicit ``--precision bf16``, the skip path it certifies for that storage. Read it through
+    #: :func:`stores_bf16`.
+    stores_bf16: bool
+
 
 #: The number formats a node may be narrowed to (:attr:`cuvil.ir.graph.Node.precision`; "" is float32).
 PRECISION_FORMATS = ("bf16", "fp16", "fp8", "int8")
+
+
+def stores_bf16(target: Target) -> bool:
+    """Whether ``target`` keeps values between its bf16 convolutions as bfloat16 (:attr:`Target.stores_bf16`)."""
+    return bool(getattr(target, "stores_bf16", False))
 
 
 def precision_ops(target: Target, options: TargetOptions) -> Dict[str, FrozenSet[str]]:

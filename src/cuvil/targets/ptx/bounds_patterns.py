@@ -123,7 +123,7 @@ class GpuPatterns:
         """The plan the kernel module emits ``st`` with, or None where it takes the plain kernels."""
         if conv_node(st) is not node:
             return None
-        plan = self.km.conv_plan(node)
+        plan = self.km.conv_plan(st, node)
         if plan.splits > 1 and (self.km.scratch_offset + self.km.counter_bytes) // 4 + plan.scratch_floats >= 2 ** 31:
             return None
         return plan

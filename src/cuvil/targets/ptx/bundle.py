@@ -22,7 +22,6 @@ import json
 import os
 import subprocess
 import time
-import warnings
 from typing import Mapping, Optional
 
 from ...errors import CuvilError
@@ -36,6 +35,7 @@ from ...version import __version__
 from .attention import attention_in_half, fuse_attention
 from .codegen import TRIPLE, build_ptx, gpu_schedule
 from ...precision.policy import reconcile
+from .conv_mma import conv_stage_precisions, narrowed_convs_run
 from .matmul_mma import narrowed_nodes_run, stage_precisions, stage_scales
 from .ptxas import PtxasError, assemble, find_ptxas
 from .regpressure import relieve
@@ -65,12 +65,6 @@ def _ptxas_version(exe: str) -> Optional[str]:
     return lines[-1].strip() if lines else None
 
 
-#: fp8 products are new (session 23): built, assembled by ptxas and their fragment indexing replayed in numpy, but
-#: the device was not lent that session, so tests/test_gpu_fp8.py (the results against an emulation of the same
-#: roundings) has not run on a GPU yet. Said at every fp8 build until it has.
-FP8_UNVERIFIED = ("fp8 (E4M3) products: their PTX assembles and their indexing is checked in numpy, but Cuvil's "
-                  "GPU test of their results (tests/test_gpu_fp8.py) has not run on a GPU yet; compare this bundle's "
-                  "outputs with a float32 build before relying on it")
 
 
 def compile_bundle(g: Graph, out_dir: str, *, arch: str = "sm_90", opt_level: int = 3, prefix: str = "cuvil",
@@ -92,8 +86,8 @@ def compile_bundle(g: Graph, out_dir: str, *, arch: str = "sm_90", opt_level: in
     manifest's ``register_pass`` reports registers, occupancy and waves before and after. ``unpadded`` as for
     :func:`~cuvil.targets.ptx.codegen.gpu_schedule`, ``fused_splitk`` and ``tuning`` as for
     :func:`~cuvil.targets.ptx.codegen.build_ptx`; ``allow_tf32`` (off: strict float32): float32 matrix
-    products and convolutions run on TF32 tensor cores (:mod:`cuvil.targets.ptx.conv_mma`); products whose node has ``precision`` fp16/bf16 run on tensor cores in
-    that format (:mod:`cuvil.targets.ptx.matmul_mma`). Each stage, the LLVM IR kernel by kernel, is reported
+    products and convolutions run on TF32 tensor cores (:mod:`cuvil.targets.ptx.conv_mma`); products and convolutions whose node has ``precision`` fp16/bf16 run on
+    tensor cores in that format (:mod:`cuvil.targets.ptx.matmul_mma`, :mod:`cuvil.targets.ptx.conv_mma`). Each stage, the LLVM IR kernel by kernel, is reported
     through :mod:`cuvil.progress`."""
     t0 = time.perf_counter()
     tuning = tuning.resolved(enable_fp16)
@@ -119,20 +113,20 @@ def compile_bundle(g: Graph, out_dir: str, *, arch: str = "sm_90", opt_level: in
         raise CuvilError("a stage writes into the weights buffer; the GPU bundle keeps weights read-only")
     res = build_ptx(sched, arch, opt_level, fma=fma, kernel_rules=kernel_rules, prefix=prefix,
                     narrow_index=narrow_index, fused_splitk=fused_splitk, tuning=tuning, allow_tf32=allow_tf32,
-                    precisions=stage_precisions(g, sched), precision_scales=stage_scales(g, sched))
+                    precisions={**stage_precisions(g, sched), **conv_stage_precisions(g, sched)},
+                    precision_scales=stage_scales(g, sched))
     ptx, descs = res.ptx, res.kernels
-    if any(d.kind.endswith("_fp8") for d in descs):
-        warnings.warn(FP8_UNVERIFIED, RuntimeWarning, stacklevel=2)
     if manifest_extra and "precision" in manifest_extra:   # what the policy narrowed and the kernels did not
-        slow = set(narrowed_nodes_run(g, sched, descs))
+        slow = set(narrowed_nodes_run(g, sched, descs)) | set(narrowed_convs_run(g, sched, descs))
         if slow:
             g2 = g.clone()
             for nd in g2.nodes:
                 if nd.name in slow:
                     nd.precision = ""
             manifest_extra = {**manifest_extra, "precision": reconcile(
-                manifest_extra["precision"], g2, "the GPU computes this product with its float32 kernels (fewer "
-                "than 16 rows or 8 columns, or operands the tensor-core kernel could not map)")}
+                manifest_extra["precision"], g2, "the GPU computes this product with its float32 kernels (a "
+                "product of fewer than 16 rows or 8 columns, or operands the tensor-core kernel could not map; a "
+                "grouped, dilated, not 2-D or too small convolution)")}
     arena_bytes = res.scratch_offset + res.scratch_bytes if res.scratch_bytes else sched.arena_bytes
     zero = [[res.scratch_offset, res.counter_bytes]] if res.counter_bytes else []
     t_codegen = time.perf_counter()

@@ -139,7 +139,8 @@ class PtxKernelModule(LLVMKernelModule):
                  precision_scales: Optional[Dict[str, Tuple[int, int]]] = None):
         super().__init__(name, tm, TRIPLE)
         self.allow_tf32 = allow_tf32          # float32 matmuls may run on TF32 tensor cores (matmul_mma.py)
-        self.precisions = precisions or {}    # stage name -> its node's precision ("fp16"/"bf16"/"fp8")
+        # stage name -> its node's precision: "fp16"/"bf16"/"fp8" (MatMul, Gemm), "fp16"/"bf16" (Conv)
+        self.precisions = precisions or {}
         # stage name -> (e_a, e_b): a fp8 product's power-of-two operand scales (matmul_mma.stage_scales)
         self.precision_scales = precision_scales or {}
         # stage name -> why: products whose tensor-core / SIMT access pattern was refuted (bounds_patterns),
@@ -341,7 +342,7 @@ class PtxKernelModule(LLVMKernelModule):
         (:attr:`scratch_bytes`) and a second kernel ``<sym>s`` adds them in slice order and runs the epilogue
         (with ``fused_splitk``, measured slower: the last slice of each tile to finish does, a
         counter per tile, :attr:`counter_bytes`, zeroed before each run). Returns the launch descriptions."""
-        plan = self.conv_plan(node)
+        plan = self.conv_plan(st, node)
         if plan.splits > 1 and (self.scratch_offset + self.counter_bytes) // 4 + plan.scratch_floats >= 2 ** 31:
             return self.add_stage_plain(st, sym)      # the partial sums would need 64-bit addresses
         scratch = None
@@ -361,12 +362,16 @@ class PtxKernelModule(LLVMKernelModule):
             descs.append(self.add_element_stage(combine_stage(st, node, plan, scratch), sym + "s", kind="conv_sum"))
         return descs
 
-    def conv_plan(self, node: E):
+    def conv_plan(self, st: Stage, node: E):
+        """The kernel plan of the convolution ``node`` that stage ``st`` computes: conv_mma.py's tensor-core tiles
+        in the format of :func:`conv_mma_format` (``precisions``: the policy's fp16 / bf16 of its Conv node), else
+        conv.py's."""
         red = accumulation(node)
         # tensor cores only where contraction is allowed (the fma default): an mma's internal sum of 16
         # products rounds like no chain of separate operations (nor of proved fma steps, see docs/rules.md)
         mma = self.tuning.mma and self.sm >= 80 and red.attr[0] == "fma"
-        fmt = conv_mma_format(node.attr, red, self.sm, self.allow_tf32) if mma and self.tuning.conv_mma_batch else None
+        fmt = conv_mma_format(node.attr, red, self.sm, self.allow_tf32, self.precisions.get(st.name, "")) \
+            if mma and self.tuning.conv_mma_batch else None
         if fmt is not None:
             plan = plan_conv_mma(node.attr, fmt, self.conv_target_blocks, self.tuning.ldmatrix,
                                  self.tuning.conv_mma_async, self.tuning.conv_mma_tap_major)
@@ -383,7 +388,7 @@ class PtxKernelModule(LLVMKernelModule):
         for st in stages:
             node = conv_node(st) if self.tuning.conv_enabled and self.fused_splitk else None
             if node is not None:
-                p = self.conv_plan(node)
+                p = self.conv_plan(st, node)
                 if p.splits > 1 and not hasattr(p, "fmt"):     # (conv_mma.py's kernels use sum kernels)
                     tiles = max(tiles, p.n * p.groups * p.tiles_m * p.tiles_p)
             if self.tuning.attention_fused_merge and attention_node(st) is not None:
@@ -855,8 +860,9 @@ def build_ptx(sched: Schedule, arch: str = "sm_90", opt: int = 3, *, fma: bool =
     ``tuning``: the kernel-shape settings benchmarks vary (:class:`~cuvil.targets.ptx.tuning.PtxTuning`);
     give the same one to :func:`gpu_schedule`. ``allow_tf32`` (off: strict float32): float32 matrix products
     may run on TF32 tensor cores; ``precisions`` (stage name -> "fp16"/"bf16", from the nodes' ``precision``,
-    :func:`~cuvil.targets.ptx.matmul_mma.stage_precisions`): those products run on tensor cores in that
-    format (:mod:`cuvil.targets.ptx.matmul_mma`); a fp8 one with its operands' power-of-two scales from
+    :func:`~cuvil.targets.ptx.matmul_mma.stage_precisions`, and for convolutions
+    :func:`~cuvil.targets.ptx.conv_mma.conv_stage_precisions`): those products run on tensor cores in that
+    format (:mod:`cuvil.targets.ptx.matmul_mma`, :mod:`cuvil.targets.ptx.conv_mma`); a fp8 one with its operands' power-of-two scales from
     ``precision_scales`` (:func:`~cuvil.targets.ptx.matmul_mma.stage_scales`), and the module's PTX at ISA
     8.4 (:data:`FP8_PTX_ISA`)."""
     if block <= 0 or block > 1024:

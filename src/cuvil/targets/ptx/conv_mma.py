@@ -56,7 +56,7 @@ Columns past N x P re-read the last column (computed, never stored); rows past M
 """
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 import attrs
 import llvmlite.ir as ir
@@ -71,9 +71,13 @@ from .matmul_mma import FRAGMENTS, _V
 
 # (BM, BN, warps along m, warps along n), largest first
 TILES = ((128, 128, 2, 4), (64, 128, 2, 4), (64, 64, 2, 2))
-TK = {"fp16": 32, "tf32": 16}       # terms per chunk
+TK = {"fp16": 32, "bf16": 32, "tf32": 16}       # terms per chunk
 ROW_WORDS = 20                      # 32-bit words per shared row: TK halves / tf32 words + 4 words of padding
 MIN_SPLIT_TERMS = 128
+#: the node precisions (the policy's, ``Node.precision``) a float32 convolution runs on the tensor cores in
+NARROW = ("fp16", "bf16")
+NARROWED_OPS = ("Conv",)      # the ops whose contraction this module narrows (the precision policy's hook)
+PTX_TYPE = {"fp16": "f16", "bf16": "bf16"}     # their PTX type names
 SMEM_LIMIT = 48 * 1024
 ASYNC_PAD = 8                       # halves of padding per shared row of the cp.async kernel
 MAX_STAGES = 4
@@ -189,7 +193,7 @@ def async_vec(spec: Contraction, fmt: str, p: int) -> int:
     input ``x[n, c, p]`` as the GEMM operand ``B[c][n * P + p]``: each row of a chunk is ``vec`` consecutive
     positions of one image when ``vec`` divides P (so no piece crosses an image) and the buffer offsets keep
     every piece aligned to its size. The weight panels must keep their 16-byte rows aligned too."""
-    if fmt != "fp16" or spec.groups != 1 or any(int(k) != 1 for k in spec.kernel):
+    if fmt != "fp16" or spec.x.dtype != DType.FLOAT16 or spec.groups != 1 or any(int(k) != 1 for k in spec.kernel):
         return 0
     if any(int(s) != 1 for s in spec.strides) or any(int(x) != 0 for x in (spec.pads or ())):
         return 0
@@ -204,13 +208,55 @@ def async_vec(spec: Contraction, fmt: str, p: int) -> int:
     return 0
 
 
-def conv_mma_format(spec: Contraction, red: E, sm: int, allow_tf32: bool) -> Optional[str]:
-    """The tensor-core format of a convolution (None: the SIMT kernels of ``conv.py``)."""
-    if sm < 80 or red.attr[0] != "fma":
+def conv_mma_format(spec: Contraction, red: E, sm: int, allow_tf32: bool, precision: str = "") -> Optional[str]:
+    """The tensor-core format of a convolution (None: the SIMT kernels of ``conv.py``): fp16 for a float16
+    convolution (``--enable-fp16``); for a float32 one, its node's ``precision`` where the precision policy
+    narrowed it to fp16 or bf16 (:data:`NARROW`: both operands rounded to that format as they are staged, float32
+    sums, float32 output), else tf32 with ``allow_tf32``."""
+    if sm < 80 or red.attr[0] != "fma" or spec.precision:
         return None
     if spec.x.dtype == DType.FLOAT16:
         return "fp16"
-    return "tf32" if allow_tf32 and spec.x.dtype == DType.FLOAT else None
+    if spec.x.dtype != DType.FLOAT or spec.a.dtype != DType.FLOAT:
+        return None
+    if precision in NARROW:
+        return precision
+    return "tf32" if allow_tf32 else None
+
+
+def narrowed_convs(graph, sched) -> Dict[str, object]:
+    """Stage name -> the Conv node (``precision`` fp16 / bf16, the policy's) whose packed contraction the stage
+    computes: found by its weight panels, which the lowering names ``<node>_packed``
+    (:func:`cuvil.kernels.lower.conv.conv_as_gemm`; node names are unique). A stage whose convolution is not a
+    float32 packed contraction of such a node is left out (it computes in float32)."""
+    from .conv import conv_node
+    convs = {f"{nd.name}_packed": nd for nd in graph.nodes
+             if nd.op in NARROWED_OPS and getattr(nd, "precision", "") in NARROW}
+    if not convs:
+        return {}
+    out = {}
+    for st in sched.stages:
+        node = conv_node(st)
+        nd = convs.get(node.attr.a.name) if node is not None else None
+        if nd is not None and not node.attr.precision and node.attr.x.dtype == DType.FLOAT:
+            out[st.name] = nd
+    return out
+
+
+def conv_stage_precisions(graph, sched) -> Dict[str, str]:
+    """Stage name -> the ``precision`` (fp16 / bf16) of the narrowed Conv it computes (:func:`narrowed_convs`)."""
+    return {name: nd.precision for name, nd in narrowed_convs(graph, sched).items()}
+
+
+def narrowed_convs_run(graph, sched, kernels) -> List[str]:
+    """The Conv nodes narrowed by the policy (``precision`` fp16 / bf16) that did *not* run on a tensor-core
+    kernel of that format (``kernels``: the build's KernelDesc list): grouped, dilated or not 2-D convolutions,
+    those too small for a packed contraction (``conv.py``'s float32 kernels or a loop nest), those the bounds
+    prover refuted. The manifest records them as float32."""
+    ran = {d.stage: d.kind.rsplit("_", 1)[-1] for d in kernels if "_mma_" in d.kind}
+    done = {nd.name for name, nd in narrowed_convs(graph, sched).items() if ran.get(name) == nd.precision}
+    return [nd.name for nd in graph.nodes if nd.op in NARROWED_OPS and getattr(nd, "precision", "") in NARROW
+            and nd.name not in done]
 
 
 def plan_conv_mma(spec: Contraction, fmt: str, target_blocks: int, ldmatrix: bool = True,
@@ -240,7 +286,7 @@ def plan_conv_mma(spec: Contraction, fmt: str, target_blocks: int, ldmatrix: boo
         if m_pad % bm or bm % 4:
             continue
         cands.append(ConvMmaPlan(fmt, bm, bn, wm_, wn_, 1, -(-k // tk) * tk, spec.n, spec.groups, spec.m, p, k,
-                                 m_pad, tm, ldmatrix and fmt == "fp16"))
+                                 m_pad, tm, ldmatrix and fmt in ("fp16", "bf16")))
     if not cands:
         return None
     plan = next((c for c in cands if c.blocks >= target_blocks), None)
@@ -322,9 +368,10 @@ def emit_conv_mma(km, st: Stage, sym: str, node: E, plan: ConvMmaPlan, scratch: 
     red = accumulation(node)
     fmt = plan.fmt
     frag = FRAGMENTS[fmt]
-    half = fmt == "fp16"
-    ET = F16 if half else F32
-    esize = 2 if half else 4
+    half = fmt in ("fp16", "bf16")          # 16-bit fragment elements, two k per 32-bit word
+    stored_half = spec.x.dtype == DType.FLOAT16     # the operands in memory (else float32, rounded when staged)
+    ET = F16 if stored_half else F32
+    esize = 2 if stored_half else 4
     fn = km.kernel_fn(sym)
     km.module.add_named_metadata("nvvm.annotations", [fn, "maxntidx", I32(plan.threads)])
     if km.tuning.conv_mma_min_blocks > 1:     # ptxas keeps registers low enough for this many blocks per SM
@@ -388,6 +435,9 @@ def emit_conv_mma(km, st: Stage, sym: str, node: E, plan: ConvMmaPlan, scratch: 
     ldsm = ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([I32] * 4), [I64]),
                         "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {$0,$1,$2,$3}, [$4];", "=r,=r,=r,=r,l")
     tf32_cvt = ir.InlineAsm(ir.FunctionType(I32, [F32]), "cvt.rna.tf32.f32 $0, $1;", "=r,f")
+    # a float32 pair rounded to nearest even in the fragment format and packed: {hi, lo} in one word (sm_80+)
+    pair_cvt = ir.InlineAsm(ir.FunctionType(I32, [F32, F32]), f"cvt.rn.{PTX_TYPE[fmt]}x2.f32 $0, $1, $2;", "=r,f,f") \
+        if half and not stored_half else None
     if plan.vec:
         # (side effects: kept in order with the copies and barriers around them)
         ldsm_t = ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([I32] * 4), [I64]),
@@ -442,6 +492,15 @@ def emit_conv_mma(km, st: Stage, sym: str, node: E, plan: ConvMmaPlan, scratch: 
 
     def pack(lo, hi):
         return b.or_(b.zext(lo, I32), b.shl(b.zext(hi, I32), I32(16)))
+
+    def words_of(vals):
+        """Staged values (consecutive k) as the stage's 32-bit words: tf32 one per word; half formats two per
+        word, low k in the low half (float16 in memory: their bits; float32: rounded by ``cvt.rn``)."""
+        if not half:
+            return [to_word(x) for x in vals]
+        if pair_cvt is not None:
+            return [b.call(pair_cvt, [vals[j + 1], vals[j]]) for j in range(0, len(vals), 2)]
+        return [pack(to_word(vals[j]), to_word(vals[j + 1])) for j in range(0, len(vals), 2)]
 
     def store_words(word_idx, words: List[ir.Value]):
         """Consecutive words at ``word_idx`` (aligned to the run's size by construction), 128-bit at most."""
@@ -664,13 +723,11 @@ def emit_conv_mma(km, st: Stage, sym: str, node: E, plan: ConvMmaPlan, scratch: 
                 col = [b.extract_element(v, I32(i)) for v in vals]
                 if aoks is not None:
                     col = [b.select(ok, x, zero) for ok, x in zip(aoks, col)]
-                words = [pack(to_word(col[j]), to_word(col[j + 1])) for j in range(0, AT, 2)] if half \
-                    else [to_word(x) for x in col]
+                words = words_of(col)
                 store_words(add(base, mul(add(a_m, i), ROW_WORDS), b.udiv(a_k, I32(per)) if per > 1 else a_k),
                             words)
             col = [b.select(b.load(okr, typ=ir.IntType(1)), b.load(r, typ=ET), zero) for r, okr in zip(b_regs, b_oks)]
-            words = [pack(to_word(col[j]), to_word(col[j + 1])) for j in range(0, BT, 2)] if half \
-                else [to_word(x) for x in col]
+            words = words_of(col)
             store_words(add(base, BM * ROW_WORDS, mul(b_j, ROW_WORDS), b.udiv(b_k, I32(per)) if per > 1 else b_k),
                         words)
 

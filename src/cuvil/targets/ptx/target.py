@@ -17,6 +17,7 @@ from .artifact import Bundle
 from .bundle import compile_bundle, read_bundle
 from .profile_bundle import compile_profile_bundle
 from .codegen import target_machine
+from .conv_mma import NARROWED_OPS as CONV_NARROW_OPS
 from .matmul_mma import NARROWED_OPS
 from .tuning import DEFAULT_TUNING, PtxTuning
 
@@ -132,14 +133,17 @@ class PtxTarget:
                               allow_tf32=o.allow_tf32, manifest_extra=manifest_extra, tuning=o.tuning)
 
     def precision_ops(self, options: PtxOptions) -> Dict[str, FrozenSet[str]]:
-        """The ops the precision policy may narrow for this target: MatMul and Gemm run on the tensor cores in
-        fp16 or bf16 (:mod:`cuvil.targets.ptx.matmul_mma`) on sm_80 and later with ``fma`` on (an mma rounds
-        its sum once), and in fp8 (E4M3, power-of-two scales) on sm_89 and later; else none."""
+        """The ops the precision policy may narrow for this target: MatMul, Gemm and Conv run on the tensor cores
+        in fp16 or bf16 (:mod:`cuvil.targets.ptx.matmul_mma`, :mod:`cuvil.targets.ptx.conv_mma`) on sm_80 and
+        later with ``fma`` on (an mma rounds its sum once), MatMul and Gemm also in fp8 (E4M3, power-of-two
+        scales) on sm_89 and later; else none. A narrowed node whose kernel is not a tensor-core one (a grouped
+        convolution, a one-row product) computes in float32 and the manifest records it so."""
         sm = int(re.sub(r"\D", "", options.arch) or 0)
         if not options.fma or sm < 80:
             return {}
         ops = frozenset(NARROWED_OPS)
-        return {"fp16": ops, "bf16": ops, **({"fp8": ops} if sm >= 89 else {})}
+        half = ops | frozenset(CONV_NARROW_OPS)
+        return {"fp16": half, "bf16": half, **({"fp8": ops} if sm >= 89 else {})}
 
     def load(self, path: str, manifest: Optional[dict] = None, cached: bool = False) -> Bundle:
         return Bundle(path, read_bundle(path)[1] if manifest is None else manifest, cached=cached)

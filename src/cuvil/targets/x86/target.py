@@ -148,6 +148,7 @@ class X86Target:
     triple = X86_TARGET
     options_type = X86Options
     keeps_symbols = True
+    stores_bf16 = True      # values between bf16 convolutions stored as bfloat16 (cuvil.kernels.bf16_storage)
 
     def precision_ops(self, options: X86Options) -> Dict[str, frozenset]:
         """The ops whose kernels compute narrowed on the CPU ``options`` builds for (read by the precision
