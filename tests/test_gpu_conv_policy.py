@@ -151,3 +151,27 @@ def test_gpu_policy_convs_match_the_emulation(tmp_path, fmt):
         assert np.all(np.abs(y - near) <= bound + 1e-30), (xs, ws, float((np.abs(y - near) - bound).max()))
         far, close = float(np.abs(y - exact).max()), float(np.abs(y - near).max())
         assert far > 30 * close, (xs, ws, far, close)       # the rounding is really the format's
+
+
+@needs_ptxas
+def test_a_profile_bundle_records_float32_where_a_bucket_computed_it():
+    """Each bucket of a shape-profile bundle reconciles the plan with its own kernels, and the bundle's manifest
+    keeps a node narrowed only where every bucket narrowed it (the session-24 review's case: a grouped Conv)."""
+    model = _chain()
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "N"
+    model.graph.output[0].type.tensor_type.shape.dim[0].dim_param = "N"
+    p = Pipeline.from_onnx(model).optimize()
+    b = p.compile(TARGET, precision="bf16", input_ranges={"x": (-3, 3)}, shape_profiles={"N": (1, 2, 4)},
+                  graph_buckets={"N": [2, 4]}, cache=False)
+    nodes = {k: v for k, v in b.manifest["precision"]["nodes"].items() if v["op"] == "Conv"}
+    assert {k: v["format"] for k, v in nodes.items()} == {"y1": "bf16", "y2": "bf16", "y": "fp32"}
+    assert nodes["y"]["policy_format"] == "bf16" and "bucket N=" in nodes["y"]["reason"]
+    assert b.manifest["precision"]["counts"]["bf16"] == 2
+
+
+def test_enable_fp16_with_a_precision_plan_is_refused():
+    from cuvil.errors import CuvilError
+    p = Pipeline.from_onnx(_chain()).optimize()
+    with pytest.raises(CuvilError, match="enable_fp16 with --precision bf16") as e:
+        p.compile(TARGET, precision="bf16", input_ranges={"x": (-3, 3)}, enable_fp16=True, cache=False)
+    assert "--enable-fp16 alone" in e.value.hint

@@ -5,6 +5,8 @@ partial sums added in slice order by a second kernel; float16 operands loaded 8 
 the PTX assembles with ptxas; the defaults (off) emit what they did before; on a GPU the results match numpy
 and repeat bit for bit. Both are on by default since session 16's H200 run (bench/gpu/RESULTS.md).
 """
+import re
+
 import numpy as np
 import pytest
 
@@ -81,6 +83,33 @@ def test_split_products_assemble(groups):
             if groups == 4:      # at 8 groups ptxas caps the products at 64 registers and spills (measured)
                 for k in r.kernels:
                     assert info[k.name].spill_stores == 0, (k.name, info[k.name])
+
+
+@needs_ptxas
+@pytest.mark.parametrize("fmt", ["fp16", "bf16", "tf32", "fp8"])
+def test_fused_split_products_need_no_sum_kernel_and_assemble(fmt):
+    """``mma_fused_splitk``: one kernel per split product (the last slice of a tile adds the partials), a
+    counter per output tile reserved first in the scratch area, the partials read back through L2."""
+    from cuvil.targets.ptx.matmul_mma import stage_scales
+    tuning = PtxTuning(mma_sm_groups=4, mma_fused_splitk=True)
+    for model, _ in (linear_gelu(b=1, m=128, k=3072, n=768), gemm_transb_residual(m=128, k=768, n=256),
+                     batched_matmul(b=2, h=4, m=64, k=512, n=64)):
+        s = _sched(model)
+        prec = {st.name: fmt for st in s.stages} if fmt != "tf32" else None
+        scales = {st.name: (-2, -3) for st in s.stages} if fmt == "fp8" else None
+        r = build_ptx(s, "sm_90", fma=True, allow_tf32=True, precisions=prec, precision_scales=scales, tuning=tuning)
+        kinds = [k.kind for k in r.kernels]
+        assert f"matmul_splitk_{fmt}" in kinds and "matmul_sum" not in kinds, kinds
+        plain = build_ptx(s, "sm_90", fma=True, allow_tf32=True, precisions=prec, precision_scales=scales,
+                          tuning=PtxTuning(mma_sm_groups=4))
+        (split,) = [k for k in r.kernels if k.kind.startswith("matmul_splitk")]
+        (split0,) = [k for k in plain.kernels if k.kind.startswith("matmul_splitk")]
+        assert split.n_elements == split0.n_elements and r.counter_bytes > 0 == plain.counter_bytes
+        assert r.scratch_bytes >= r.counter_bytes + plain.scratch_bytes
+        entry = re.search(rf"\.entry {split.name}\(.*?\n\}}\n", r.ptx, re.S).group(0)
+        assert "atom.global.add.u32" in entry and "ld.global.cg.f32" in entry and "membar.gl" in entry
+        _, info = assemble(r.ptx, "sm_90")
+        assert info[split.name].spill_stores == 0, info[split.name]
 
 
 def _fp16_bundle(model, tmp_path, tuning):
@@ -163,3 +192,36 @@ def test_gpu_split_products_match_numpy_and_repeat(tmp_path, mode, vec, groups):
         err = np.abs(y1 - want).max() / np.abs(want).max()
         assert err < tol, (mode, groups, i, err)
     assert split_seen == (groups > 0)
+
+
+@needs_gpu
+@pytest.mark.parametrize("mode", ["tf32", "fp16", "bf16"])
+def test_gpu_fused_split_products_equal_the_sum_kernel(tmp_path, mode):
+    """The last-arrival combine adds the same partials in the same order as the sum kernel: the same bits, run
+    after run (the counters reset themselves and are zeroed before each run)."""
+    import cuvil
+    from cuvil.targets.ptx.bundle import compile_bundle
+    rng = np.random.default_rng(1)
+    kw = {"allow_tf32": True} if mode == "tf32" else {"enable_fp16": True} if mode == "fp16" else {}
+    cases = [(linear_gelu(b=1, m=128, k=3072, n=768), [rng.standard_normal((1, 128, 3072)).astype(np.float32)]),
+             (gemm_transb_residual(m=128, k=768, n=256), [rng.standard_normal((128, 768)).astype(np.float32),
+                                                         rng.standard_normal((128, 256)).astype(np.float32)]),
+             (batched_matmul(b=2, h=4, m=64, k=512, n=64),
+              [rng.standard_normal((2, 4, 64, 512)).astype(np.float32),
+               rng.standard_normal((2, 4, 512, 64)).astype(np.float32)])]
+    for i, ((model, _), feeds) in enumerate(cases):
+        g = Pipeline.from_onnx(model).optimize().graph
+        if mode == "bf16":
+            for nd in g.nodes:
+                if nd.op in ("MatMul", "Gemm"):
+                    nd.precision = "bf16"
+        outs = {}
+        for fused in (False, True):
+            path = str(tmp_path / f"c{i}_{fused}.cuvil")
+            man = compile_bundle(g, path, tuning=PtxTuning(mma_sm_groups=4, mma_fused_splitk=fused), **kw)
+            kinds = man["tensor_core_kernels"]
+            assert any(k.startswith("matmul_splitk_") for k in kinds) and ("matmul_sum" in kinds) != fused, kinds
+            m = cuvil.load(path)
+            outs[fused] = [m.run(*feeds)[0] for _ in range(3)]
+        for y in outs[True]:
+            assert np.array_equal(y, outs[False][0]), (mode, i, float(np.abs(y - outs[False][0]).max()))

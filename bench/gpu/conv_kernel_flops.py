@@ -48,7 +48,7 @@ def conv_stages(batch: int):
             p *= int(d)
         k = "x".join(str(int(x)) for x in c.kernel)
         label = f"{k} s{int(c.strides[0])} {c.cin}->{c.m} @{int(c.x.shape[2])}"
-        plan = km.conv_plan(node)
+        plan = km.conv_plan(st, node)
         desc = (f"{plan.bm}x{plan.bn} vec{plan.vec} st{plan.stages} split{plan.splits}"
                 + (" tap" if plan.tap_major else "") if hasattr(plan, "fmt") else "conv.py")
         out[st.name] = (label, 2 * c.n * c.groups * c.m * p * c.k, desc)

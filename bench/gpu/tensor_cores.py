@@ -203,6 +203,9 @@ TUNED.update({f"{v}_g{n}": (v, {"mma_sm_groups": n, "mma_vec": False}) for v in 
 TUNED.update({f"fp16_async{n}": ("fp16", {"mma_async": n}) for n in (2, 3, 4)})
 TUNED.update({f"fp16_g0_async{n}": ("fp16", {"mma_async": n, "mma_sm_groups": 0}) for n in (2, 3)})
 TUNED.update({"fp16_sync": ("fp16", {"mma_async": 0})})
+# session 24: split-K products combined by their last slice (PtxTuning.mma_fused_splitk) instead of a sum kernel
+TUNED.update({f"{v}_fsk": (v, {"mma_fused_splitk": True}) for v in ("tf32", "fp16")})
+TUNED.update({f"{v}_nofsk": (v, {"mma_fused_splitk": False}) for v in ("tf32", "fp16")})
 
 # attention as one kernel (PtxTuning.fused_attention, ptx/attention.py): "_attn" on, "_noattn" off, each explicit
 TUNED.update({f"{v}_attn": (v, {"fused_attention": True}) for v in ("fp32", "tf32", "fp16")})

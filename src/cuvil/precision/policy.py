@@ -17,7 +17,7 @@ says "measured". So ``auto`` never makes a value non-finite that float32 compute
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from typing import Dict, FrozenSet, List, Mapping, Optional, Tuple
+from typing import Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
 
 import attrs
 import numpy as np
@@ -432,6 +432,23 @@ def reconcile(entry: dict, graph: Graph, why: str) -> dict:
             if "certificate" in rec:
                 rec["policy_certificate"] = rec.pop("certificate")
         nodes[name] = rec
+    return _with_nodes(entry, nodes)
+
+
+def merge_reconciled(entry: dict, parts: Sequence[Tuple[str, dict]]) -> dict:
+    """The manifest ``precision`` ``entry`` with every node that one of ``parts`` ((label, entry) pairs: the same
+    plan :func:`reconcile`-d by separate builds, a GPU profile bundle's buckets) records as float32 recorded so,
+    the label added to its reason: a node is narrowed in the whole artifact only where every build narrowed it."""
+    nodes = dict(entry.get("nodes", {}))
+    for label, part in parts:
+        for name, rec in part.get("nodes", {}).items():
+            if rec.get("format", "fp32") == "fp32" and nodes.get(name, {}).get("format", "fp32") != "fp32":
+                nodes[name] = {**rec, "reason": f"{rec.get('reason', '')} ({label})"}
+    return _with_nodes(entry, nodes)
+
+
+def _with_nodes(entry: dict, nodes: dict) -> dict:
+    """``entry`` with these node records, its counts and ``relative_to_float32`` recomputed."""
     counts = Counter(r.get("format", "fp32") for r in nodes.values())
     out = {k: v for k, v in entry.items() if k != "relative_to_float32"}
     relative = sum(1 for r in nodes.values() if r.get("certificate") == RELATIVE)

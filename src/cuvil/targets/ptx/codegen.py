@@ -308,13 +308,17 @@ class PtxKernelModule(LLVMKernelModule):
         """A product on the tensor cores (:mod:`cuvil.targets.ptx.matmul_mma`); with split-K the slices'
         partial sums go to the scratch area after the arena (where the convolutions' go: one product or
         convolution runs at a time) and a second kernel ``<sym>s`` adds them in slice order and runs the
-        epilogue. Returns the launch descriptions."""
+        epilogue (with ``tuning.mma_fused_splitk``: the last slice of each output tile to finish does, a counter
+        per tile, :attr:`counter_bytes`). Returns the launch descriptions."""
         kind = "matmul_" + plan.fmt
         if plan.splits == 1:
             threads = emit_matmul(self, st, sym, parts, plan)
             return KernelDesc(sym, threads, plan.threads, st.name, 1, kind)
         scratch = mm_scratch_buf(plan, self.scratch_offset + self.counter_bytes)
         self.scratch_bytes = max(self.scratch_bytes, self.counter_bytes + 4 * plan.scratch_floats)
+        if self.tuning.mma_fused_splitk:     # the last slice of each tile adds the partials (counters first)
+            threads = emit_matmul(self, st, sym, parts, plan, scratch, counters=self.scratch_offset)
+            return KernelDesc(sym, threads, plan.threads, st.name, 1, "matmul_splitk_" + plan.fmt)
         threads = emit_matmul(self, st, sym, parts, plan, scratch)
         return [KernelDesc(sym, threads, plan.threads, st.name, 1, "matmul_splitk_" + plan.fmt),
                 self.add_element_stage(mm_combine_stage(st, parts[0], plan, scratch), sym + "s",
@@ -381,8 +385,8 @@ class PtxKernelModule(LLVMKernelModule):
 
     def plan_scratch(self, stages) -> None:
         """Reserve the counters (256-aligned) before any kernel is emitted: one int32 per output tile of the
-        largest split convolution (with ``fused_splitk``) or per query row of the largest split attention (with
-        ``attention_fused_merge``); they sit first in the scratch area, partials after, and are zeroed before
+        largest split convolution (with ``fused_splitk``) or tensor-core product (with ``tuning.mma_fused_splitk``)
+        or per query row of the largest split attention (with ``attention_fused_merge``); they sit first in the scratch area, partials after, and are zeroed before
         each run."""
         tiles = 0
         for st in stages:
@@ -391,6 +395,10 @@ class PtxKernelModule(LLVMKernelModule):
                 p = self.conv_plan(st, node)
                 if p.splits > 1 and not hasattr(p, "fmt"):     # (conv_mma.py's kernels use sum kernels)
                     tiles = max(tiles, p.n * p.groups * p.tiles_m * p.tiles_p)
+            if self.tuning.mma_fused_splitk:
+                mm = self.matmul_plan(st)
+                if mm is not None and mm[1].splits > 1:
+                    tiles = max(tiles, mm[1].tiles)
             if self.tuning.attention_fused_merge and attention_node(st) is not None:
                 a = self.attention_plan(st)
                 if a.splits > 1:

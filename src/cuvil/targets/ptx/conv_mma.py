@@ -5,12 +5,14 @@ the input read unpadded through its window), computed as one GEMM per group: ``o
 B[k, q]`` where the column ``q = n * P + p`` runs over every image's positions together (the per-image
 tiling of ``conv.py`` wastes most of a 64-wide tile on a 7 x 7 map, and at batch 32 the columns number
 1,568 to 100,352). Which stages: a convolution whose numbers the tensor cores may take (see
-:func:`conv_mma_format`): float16 weights and input (``--enable-fp16``), or float32 with ``allow_tf32``;
-fma contraction allowed (an ``mma`` rounds its sum of products once); sm_80 and later; 2-D, ungrouped,
+:func:`conv_mma_format`): float16 weights and input (``--enable-fp16``), float32 ones whose Conv node the
+precision policy narrowed to fp16 or bf16 (both operands rounded to it as they are staged, ``cvt.rn.{f16,bf16}x2.f32``),
+or float32 with ``allow_tf32``; fma contraction allowed (an ``mma`` rounds its sum of products once); sm_80 and later; 2-D, ungrouped,
 undilated (the geometries the GPU test checks; the others keep ``conv.py``'s kernels).
 
-On an H200, ResNet-50 at batch 32: float16 5.08 ms (``conv.py``'s per-image tiles: 9.30), TF32 6.41 ms
-(strict float32 convolutions: 10.96); torch.compile 1.58 / 2.68 ms (bench/gpu/RESULTS.md).
+ResNet-50 at batch 32 on an H100 (session 24): float16 3.54 ms, bf16 under the precision policy (float32
+activations) 5.18, TF32 6.22; torch.compile fp16 / TF32 1.69 / 3.07 ms (bench/gpu/RESULTS.md; on an H200 before
+the shared output tile and tap-major order, float16 5.08 ms against ``conv.py``'s per-image tiles' 9.30).
 
 The kernel (:func:`emit_conv_mma`), per block tile of BM x BN (128 x 128, 64 x 128 or 64 x 64, the largest
 that still gives :attr:`~cuvil.targets.ptx.tuning.PtxTuning.target_blocks` blocks, else split-K as in
@@ -42,7 +44,8 @@ image, zero-filled past K or the batch) into 2-4 shared stages laid out ``sa[k][
 padded by 16 bytes), ``NS - 1`` chunks ahead of the products, one ``cp.async.wait_group`` and one barrier per
 chunk; fragments by ``ldmatrix.x4.trans``. No register staging, no per-element index arithmetic.
 
-Options (``PtxTuning.conv_mma_staged_out`` / ``conv_mma_tap_major``, off until they have run on a GPU): float16
+Options (``PtxTuning.conv_mma_staged_out`` / ``conv_mma_tap_major``, on by default since their first H200 run,
+session 14: ResNet-50 fp16 b32 4.79 -> 3.55 ms): float16
 outputs of an unsplit reduction are rounded to half into a shared tile (``[BM][BN + 8]``, the stages'
 memory) and read back one column per thread, so the fused epilogue's loads (bias, residual) and stores run
 along consecutive positions (a warp: 64 contiguous bytes) and a column's image and position are unflattened

@@ -693,11 +693,16 @@ class _V:
     __rmul__ = __mul__
 
 
-def emit_matmul(km, st: Stage, sym: str, parts, plan: MatmulPlan, scratch: Optional[Buf] = None) -> int:
+def emit_matmul(km, st: Stage, sym: str, parts, plan: MatmulPlan, scratch: Optional[Buf] = None,
+                counters: Optional[int] = None) -> int:
     """Emit the tensor-core kernel ``sym`` of a matmul stage; returns the launch size in threads. With
     split-K (``plan.splits`` > 1) block ``s * tiles + tile`` sums slice ``s`` of the chunks and stores the
     raw sums in ``scratch`` (:func:`scratch_buf`) instead of running the epilogue (:func:`combine_stage` is
-    the second kernel)."""
+    the second kernel). With ``counters`` (the byte offset of one int32 per output tile in ``scratch``'s
+    buffer, zeroed before each run) there is no second kernel: the last slice of each tile to finish
+    (:meth:`~cuvil.targets.ptx.emitter.PtxEmitter.last_arrival`) reads every slice's partials through L2, adds
+    them in slice order from 0 (the sum kernel's order: the same bits), runs the epilogue and resets the
+    counter."""
     red, afac, bfac, _ = parts
     fmt = plan.fmt
     frag = FRAGMENTS[fmt]
@@ -797,6 +802,11 @@ def emit_matmul(km, st: Stage, sym: str, parts, plan: MatmulPlan, scratch: Optio
 
     S, CPS = plan.splits, plan.slice_chunks
     NS = plan.stages
+    if S > 1 and counters is not None:     # the last-arrival combine (see the docstring)
+        flag = shared_global(km, f"{sym}_last", I32, align=None)
+        fence = km.declare("llvm.nvvm.membar.gl", ir.VoidType(), [])
+        ld_cg = ir.InlineAsm(ir.FunctionType(F32, [I64]), "ld.global.cg.f32 $0, [$1];", "=f,l,~{memory}",
+                             side_effect=True)
     if NS > 1:
         async_rounds = _async_main_loop(km, b, em, plan, (afac, bfac), kv, mv, nv, tiles_smem, sgep, bar,
                                         mma_op, accs, tiles, grp, tid, lane, wm, wn)
@@ -913,8 +923,8 @@ def emit_matmul(km, st: Stage, sym: str, parts, plan: MatmulPlan, scratch: Optio
         else:
             lead = None
         if S > 1:     # the partial sums' rows of this (slice, batch): flat (s * batches + batch) * M
-            pbase = b.mul(b.add(b.mul(sl, I32(plan.batches)), b.udiv(tile, I32(plan.tiles_m * plan.tiles_n))),
-                          I32(M))
+            batch = b.udiv(tile, I32(plan.tiles_m * plan.tiles_n))
+            pbase = b.mul(b.add(b.mul(sl, I32(plan.batches)), batch), I32(M))
             pdst = b.gep(em.base(scratch), [I64(scratch.offset)], source_etype=ir.IntType(8), inbounds=True)
 
         def acc_value(i):
@@ -945,6 +955,38 @@ def emit_matmul(km, st: Stage, sym: str, parts, plan: MatmulPlan, scratch: Optio
         else:
             with b.if_then(lead):
                 epilogue()
+        if S > 1 and counters is not None:
+            last, cptr = em.last_arrival(scratch, counters, b.zext(tile, I64), S, flag,
+                                         b.icmp_unsigned("==", tid_all, I32(0)))
+
+            def combine():
+                b.call(fence, [])
+                row_w = _V(b, b.add(m0, b.mul(wm, I32(plan.wm))))
+                col_w = _V(b, b.add(n0, b.mul(wn, I32(plan.wn))))
+                for ti, (r0, c0) in enumerate(tiles):
+                    for q in range(4):
+                        m, n = c_coords(fmt, row_w + r0, col_w + c0, g_, t_, q)
+                        ok = b.and_(b.icmp_unsigned("<", m.v, I32(M)), b.icmp_unsigned("<", n.v, I32(N)))
+                        with b.if_then(ok):
+                            tot = ir.Constant(F32, 0.0)
+                            for s_ in range(S):     # slice s_'s row m: flat ((s_ * batches + batch) * M + m) * N + n
+                                row = b.add(b.mul(b.add(I32(s_ * plan.batches), batch), I32(M)), m.v)
+                                ptr = b.gep(pdst, [b.zext(b.add(b.mul(row, I32(N)), n.v), I64)], source_etype=F32,
+                                            inbounds=True)
+                                tot = b.fadd(tot, b.call(ld_cg, [b.ptrtoint(ptr, I64)]))
+                            idx = [em.env[v] for v in bvars] + [b.zext(m.v, I64), b.zext(n.v, I64)]
+                            em.memo.append(dict(em.memo[-1]))
+                            em.memo[-1][red.uid] = tot
+                            em.store_element(st, idx)
+                            em.memo.pop()
+            with b.if_then(last):
+                if lead is None:
+                    combine()
+                else:
+                    with b.if_then(lead):
+                        combine()
+                with b.if_then(b.icmp_unsigned("==", tid_all, I32(0))):
+                    b.store(I32(0), cptr)     # ready for the next run (the runtime also zeroes them first)
         if KS > 1:
             b.call(bar, [])        # the next tile's stores may not overwrite sums group 0 still reads
     em.loop_range(km.sreg(b, "ctaid.x"), I64(plan.blocks), tile_body, km.sreg(b, "nctaid.x"))

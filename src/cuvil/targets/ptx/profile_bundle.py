@@ -28,6 +28,7 @@ from ...errors import CuvilError, ShapeError
 from ...ir.graph import Graph
 from ...progress import stage
 from ...rewrite_rules.specialize import specialize_graph
+from ...precision.policy import merge_reconciled
 from .buckets import BucketSpec, bucket_points, point_text, resolve_buckets
 from .bundle import PLAN_FORMAT, compile_bundle
 from ...kernels.batch_rows import batch_like
@@ -53,7 +54,7 @@ def profile_of(g: Graph, given: BucketSpec = None) -> dict:
 
 def _compile_point(job) -> dict:
     """One bucket point: ``g`` specialised to ``point`` and compiled into ``sub`` (a worker process's job)."""
-    g, point, sub, options = job
+    g, point, sub, options, precision = job
     try:
         gi, _ = specialize_graph(g, point)
     except ShapeError as e:
@@ -64,10 +65,12 @@ def _compile_point(job) -> dict:
                 "(--fix NAME=VALUE; Pipeline: fixed=)" if len(point) > 1 else
                 "give --graph-buckets values the model admits")
         raise ShapeError(f"bucket point {point_text(point)}: {e.message}", hint=hint, details=e.details) from None
-    return compile_bundle(gi, sub, manifest_extra={"bucket": point}, **options)
+    # the precision plan goes with each point, whose build records what its kernels did not narrow (reconcile)
+    extra = {"bucket": point, **({"precision": precision} if precision is not None else {})}
+    return compile_bundle(gi, sub, manifest_extra=extra, **options)
 
 
-def _compile_points_in_processes(g: Graph, points, subs, options, jobs: int, out_dir: str) -> list:
+def _compile_points_in_processes(g: Graph, points, subs, options, jobs: int, out_dir: str, precision) -> list:
     """Each bucket point compiled by a fresh interpreter (``python -m cuvil.targets.ptx.profile_bundle JOB``):
     nothing of the caller's process (its threads, its ``__main__``) is inherited; the graph is pickled once."""
     import concurrent.futures as cf
@@ -87,7 +90,7 @@ def _compile_points_in_processes(g: Graph, points, subs, options, jobs: int, out
         def one(i: int) -> dict:
             job = os.path.join(work, f"job{i}.pkl")
             with open(job, "wb") as f:
-                pickle.dump((points[i], subs[i], options), f, protocol=pickle.HIGHEST_PROTOCOL)
+                pickle.dump((points[i], subs[i], options, precision), f, protocol=pickle.HIGHEST_PROTOCOL)
             r = subprocess.run([sys.executable, "-m", "cuvil.targets.ptx.profile_bundle", work, job], env=env,
                                capture_output=True, text=True)
             if r.returncode != 0:
@@ -108,8 +111,8 @@ def _worker_main(work: str, job: str) -> None:
     with open(os.path.join(work, "graph.pkl"), "rb") as f:
         g = pickle.load(f)
     with open(job, "rb") as f:
-        point, sub, options = pickle.load(f)
-    m = _compile_point((g, point, sub, options))
+        point, sub, options, precision = pickle.load(f)
+    m = _compile_point((g, point, sub, options, precision))
     with open(job + ".json", "w") as f:
         json.dump(m, f)
 
@@ -136,16 +139,17 @@ def compile_profile_bundle(g: Graph, out_dir: str, *, graph_buckets: BucketSpec 
                              for n, p in profile.items()))
     os.makedirs(out_dir, exist_ok=True)
     opt_point = {n: p["opt"] for n, p in profile.items()}
+    precision = (manifest_extra or {}).get("precision")
     jobs = min(max(1, int(jobs) if jobs else (os.cpu_count() or 1)), len(points))
     subs = [os.path.join(out_dir, f"b{i}") for i in range(len(points))]
     if jobs > 1:
         with stage("buckets", detail=f"{len(points)} in {jobs} processes"):
-            manifests = _compile_points_in_processes(g, points, subs, options, jobs, out_dir)
+            manifests = _compile_points_in_processes(g, points, subs, options, jobs, out_dir, precision)
     else:
         manifests = []
         for i, (point, sub) in enumerate(zip(points, subs)):
             with stage("bucket", detail=f"{i + 1}/{len(points)}: {point_text(point)}"):
-                manifests.append(_compile_point((g, point, sub, options)))
+                manifests.append(_compile_point((g, point, sub, options, precision)))
     entries, seconds = [], 0.0
     weights_of: Dict[str, str] = {}       # sha256 of a bucket's weights.bin -> the file it is kept as
     for i, (point, sub, m) in enumerate(zip(points, subs, manifests)):
@@ -197,6 +201,9 @@ def compile_profile_bundle(g: Graph, out_dir: str, *, graph_buckets: BucketSpec 
                     for e, m in zip(entries, manifests)],
         **(manifest_extra or {}),
     }
+    if precision is not None:     # narrowed only where every bucket's kernels narrowed it
+        manifest["precision"] = merge_reconciled(precision, [(f"bucket {point_text(m['bucket'])}", m["precision"])
+                                                             for m in manifests if "precision" in m])
     with open(os.path.join(out_dir, "manifest.json"), "w") as f:
         json.dump(manifest, f, indent=1)
         f.write("\n")

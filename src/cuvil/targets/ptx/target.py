@@ -103,6 +103,13 @@ class PtxTarget:
 
     def plan(self, graph: Graph, options: PtxOptions, profiles: Dict[str, list]) -> BuildPlan:
         target_machine(options.arch)   # a bad arch fails before any work
+        narrowed = sorted({n.precision for n in graph.nodes if n.precision})
+        if options.enable_fp16 and narrowed:
+            raise CuvilError(f"enable_fp16 with --precision {'/'.join(narrowed)}: enable_fp16 computes every float32 "
+                             "tensor in float16 without a certificate, so the precision plan's formats would not be "
+                             "what runs",
+                             hint="use one of them: --precision fp16 (or bf16, auto) narrows the products and "
+                                  "convolutions it certifies; --enable-fp16 alone computes everything in float16")
         krules = [] if options.kernel_rules is False else select_kernel_rules(options.kernel_rules, fma=options.fma)
         key = [str(options.opt_level), options.arch, options.prefix, f"fma={options.fma}",
                f"fp16={options.enable_fp16}", f"register_pass={options.register_pass}",

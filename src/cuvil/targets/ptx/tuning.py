@@ -153,6 +153,12 @@ class PtxTuning:
     # tests/test_gpu_matmul_async.py passed there): BERT-base B=1 S=128 fp16 1.117 -> 1.049 / 0.981 / 0.967 ms with
     # 2 / 3 / 4 stages, in one process (4: within 1.5% of 3, for a third more shared memory)
     mma_async: int = attrs.field(default=3, validator=attrs.validators.in_((0, 2, 3, 4)))
+    # tensor-core products split across blocks (split-K): the last slice of each output tile to finish (an atomic
+    # count per tile, zeroed before each run) adds the S partial sums in slice order and runs the epilogue, instead
+    # of a second kernel (matmul_sum) doing it: the same sums in the same order, bit for bit, one kernel less per
+    # product. Off until measured on a GPU (session 24: BERT-base's 72 sum kernels cost 0.38 ms of kernel time
+    # on an H100; the convolutions' equivalent, fused_splitk, was slower there)
+    mma_fused_splitk: bool = False
 
     def resolved(self, enable_fp16: bool) -> "PtxTuning":
         """These settings with the automatic choices made for a build (``fused_attention`` None: on, float32 and
