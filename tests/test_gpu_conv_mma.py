@@ -475,3 +475,52 @@ def test_gpu_conv_mma_matches_onnxruntime(tmp_path, mode):
             (y,) = m.run(x)
             err = np.abs(y - want).max() / np.abs(want).max()
             assert err < tol, (mode, xs, ws, tb, opts, err)
+
+
+# --- split-K combined by the last slice (PtxTuning.conv_mma_fused_splitk) --------------------------------------
+
+SPLIT_GEOMETRIES = [  # split-K at the default target: long K on small grids
+    ((1, 256, 7, 7), (256, 256, 3, 3), (1, 1, 1, 1), (1, 1)),
+    ((1, 512, 14, 14), (256, 512, 1, 1), (0, 0, 0, 0), (2, 2)),
+    ((1, 100, 7, 7), (128, 100, 3, 3), (1, 1, 1, 1), (1, 1)),        # ragged K (900)
+]
+
+
+@needs_ptxas
+@pytest.mark.parametrize("half", [True, False])
+def test_fused_split_convolutions_need_no_sum_kernel_and_assemble(half):
+    for xs, ws, pads, strides in SPLIT_GEOMETRIES:
+        g = gpu_schedule(_graph(conv_relu_model(xs, ws, pads=pads, strides=strides), half))
+        r = build_ptx(g, "sm_90", fma=True, allow_tf32=not half, tuning=PtxTuning(conv_mma_fused_splitk=True))
+        plain = build_ptx(g, "sm_90", fma=True, allow_tf32=not half)
+        kinds, kinds0 = [k.kind for k in r.kernels], [k.kind for k in plain.kernels]
+        assert "conv_sum" in kinds0 and "conv_sum" not in kinds, (xs, kinds, kinds0)
+        (k,) = [d for d in r.kernels if d.kind.startswith("conv_splitk_mma")]
+        assert r.counter_bytes > 0 == plain.counter_bytes
+        entry = re.search(rf"\.entry {k.name}\(.*?\n\}}\n", r.ptx, re.S).group(0)
+        assert "atom.global.add.u32" in entry and "ld.global.cg.f32" in entry
+        _, info = assemble(r.ptx, "sm_90")
+        assert info[k.name].spill_stores == 0, info[k.name]
+
+
+@needs_gpu
+@pytest.mark.parametrize("mode", ["fp16", "tf32"])
+def test_gpu_fused_split_convolutions_equal_the_sum_kernel(tmp_path, mode):
+    import cuvil
+    from cuvil.targets.ptx.bundle import compile_bundle
+    rng = np.random.default_rng(2)
+    for i, (xs, ws, pads, strides) in enumerate(SPLIT_GEOMETRIES):
+        model = conv_relu_model(xs, ws, pads=pads, strides=strides)
+        x = rng.standard_normal(xs).astype(np.float32)
+        outs, count = {}, {}
+        for fused in (False, True):
+            path = str(tmp_path / f"c{i}_{fused}.cuvil")
+            man = compile_bundle(Pipeline.from_onnx(model).optimize().graph, path, enable_fp16=mode == "fp16",
+                                 allow_tf32=mode == "tf32", tuning=PtxTuning(conv_mma_fused_splitk=fused))
+            assert f"conv_splitk_mma_{mode}" in man["tensor_core_kernels"], man["tensor_core_kernels"]
+            count[fused] = man["kernels"]
+            m = cuvil.load(path)
+            outs[fused] = [m.run(x)[0] for _ in range(3)]
+        assert count[True] == count[False] - 1        # no conv_sum kernel
+        for y in outs[True]:
+            assert np.array_equal(y, outs[False][0]), (mode, xs, float(np.abs(y - outs[False][0]).max()))

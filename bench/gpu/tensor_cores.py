@@ -205,6 +205,7 @@ TUNED.update({f"fp16_g0_async{n}": ("fp16", {"mma_async": n, "mma_sm_groups": 0}
 TUNED.update({"fp16_sync": ("fp16", {"mma_async": 0})})
 # session 24: split-K products combined by their last slice (PtxTuning.mma_fused_splitk) instead of a sum kernel
 TUNED.update({f"{v}_fsk": (v, {"mma_fused_splitk": True}) for v in ("tf32", "fp16")})
+TUNED.update({f"{v}_cfsk": (v, {"conv_mma_fused_splitk": True}) for v in ("tf32", "fp16")})
 TUNED.update({f"{v}_nofsk": (v, {"mma_fused_splitk": False}) for v in ("tf32", "fp16")})
 
 # attention as one kernel (PtxTuning.fused_attention, ptx/attention.py): "_attn" on, "_noattn" off, each explicit

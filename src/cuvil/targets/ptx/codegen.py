@@ -355,7 +355,9 @@ class PtxKernelModule(LLVMKernelModule):
             scratch = scratch_buf(plan, self.scratch_offset + self.counter_bytes)
             self.scratch_bytes = max(self.scratch_bytes, self.counter_bytes + 4 * plan.scratch_floats)
         if hasattr(plan, "fmt"):     # tensor cores over the whole batch (conv_mma.py)
-            threads = emit_conv_mma(self, st, sym, node, plan, scratch)
+            fused = self.tuning.conv_mma_fused_splitk
+            threads = emit_conv_mma(self, st, sym, node, plan, scratch,
+                                    counters=self.scratch_offset if fused and scratch is not None else None)
             kind = ("conv" if plan.splits == 1 else "conv_splitk") + "_mma_" + plan.fmt
         else:
             threads = emit_conv(self, st, sym, node, plan, scratch,
@@ -393,8 +395,13 @@ class PtxKernelModule(LLVMKernelModule):
             node = conv_node(st) if self.tuning.conv_enabled and self.fused_splitk else None
             if node is not None:
                 p = self.conv_plan(st, node)
-                if p.splits > 1 and not hasattr(p, "fmt"):     # (conv_mma.py's kernels use sum kernels)
+                if p.splits > 1 and not hasattr(p, "fmt"):     # (conv_mma.py's: conv_mma_fused_splitk)
                     tiles = max(tiles, p.n * p.groups * p.tiles_m * p.tiles_p)
+            node = conv_node(st) if self.tuning.conv_enabled and self.tuning.conv_mma_fused_splitk else None
+            if node is not None:
+                p = self.conv_plan(st, node)
+                if p.splits > 1 and hasattr(p, "fmt"):
+                    tiles = max(tiles, p.groups * p.tiles_m * p.tiles_q)
             if self.tuning.mma_fused_splitk:
                 mm = self.matmul_plan(st)
                 if mm is not None and mm[1].splits > 1:

@@ -364,8 +364,13 @@ def warp_tiles(plan: ConvMmaPlan):
 
 # --- emission -------------------------------------------------------------------------------------------
 
-def emit_conv_mma(km, st: Stage, sym: str, node: E, plan: ConvMmaPlan, scratch: Optional[Buf]) -> int:
-    """Emit the kernel ``sym`` (see the module docstring); returns the launch size in threads."""
+def emit_conv_mma(km, st: Stage, sym: str, node: E, plan: ConvMmaPlan, scratch: Optional[Buf],
+                  counters: Optional[int] = None) -> int:
+    """Emit the kernel ``sym`` (see the module docstring); returns the launch size in threads. With split-K the
+    slices store their partial sums in ``scratch``; with ``counters`` (the byte offset of one int32 per output
+    tile in its buffer, zeroed before each run) the last slice of each tile to finish
+    (:meth:`~cuvil.targets.ptx.emitter.PtxEmitter.last_arrival`) adds them in slice order from 0, as
+    ``conv.py``'s sum kernel does (the same bits), and runs the epilogue; without, that kernel does."""
     from .conv import accumulation
     spec: Contraction = node.attr
     red = accumulation(node)
@@ -454,6 +459,11 @@ def emit_conv_mma(km, st: Stage, sym: str, node: E, plan: ConvMmaPlan, scratch: 
         cp_wait = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), f"cp.async.wait_group {plan.stages - 2};",
                                "~{memory}", side_effect=True)
 
+    if S > 1 and counters is not None:
+        flag = shared_global(km, f"{sym}_last", I32, align=None)
+        fence = km.declare("llvm.nvvm.membar.gl", ir.VoidType(), [])
+        ld_cg = ir.InlineAsm(ir.FunctionType(F32, [I64]), "ld.global.cg.f32 $0, [$1];", "=f,l,~{memory}",
+                             side_effect=True)
     tid = b.trunc(km.sreg(b, "tid.x"), I32)
     lane = b.urem(tid, I32(32))
     warp = b.udiv(tid, I32(32))
@@ -795,9 +805,9 @@ def emit_conv_mma(km, st: Stage, sym: str, node: E, plan: ConvMmaPlan, scratch: 
             b.store(em.emit(st.expr), em.address(st.buf, idx))
             em.memo.pop()
 
-        def partial(m, nn_, pp_):
+        def partial(m, nn_, pp_, s_=None):
             mm = add(mul(g, M), m)
-            flat = add(mul(add(mul(add(mul(s, N), nn_), G * M), mm), P), pp_)
+            flat = add(mul(add(mul(add(mul(s if s_ is None else s_, N), nn_), G * M), mm), P), pp_)
             dst = b.gep(em.base(scratch), [I64(scratch.offset)], source_etype=ir.IntType(8), inbounds=True)
             return b.gep(dst, [b.zext(flat, I64)], source_etype=F32, inbounds=True)
 
@@ -844,6 +854,28 @@ def emit_conv_mma(km, st: Stage, sym: str, node: E, plan: ConvMmaPlan, scratch: 
                         else:
                             finish(m, nn_, unflatten(pp_, out_sp),
                                    b.fptrunc(acc, F16) if node.dtype == DType.FLOAT16 else acc)
+            if S > 1 and counters is not None:
+                tile = add(mul(add(mul(g, plan.tiles_m), mt), plan.tiles_q), qt)
+                last, cptr = em.last_arrival(scratch, counters, b.zext(tile, I64), S, flag,
+                                             b.icmp_unsigned("==", tid, I32(0)))
+                with b.if_then(last):
+                    b.call(fence, [])
+                    for ti, (r0, c0) in enumerate(tiles):
+                        for q_ in range(4):
+                            dr, dc = frag.c[q_]
+                            m = add(m0, row_w, r0 + dr, g_)
+                            col = add(q0, col_w, c0 + dc, mul(t_, 2))
+                            ok = b.and_(b.icmp_unsigned("<", m, I32(M)), b.icmp_unsigned("<", col, I32(COLS)))
+                            with b.if_then(ok):
+                                nn_, pp_ = divmod_c(col, P)
+                                tot = ir.Constant(F32, 0.0)
+                                for s_ in range(S):
+                                    ptr = b.ptrtoint(partial(m, nn_, pp_, I32(s_)), I64)
+                                    tot = b.fadd(tot, b.call(ld_cg, [ptr]))
+                                finish(m, nn_, unflatten(pp_, out_sp),
+                                       b.fptrunc(tot, F16) if node.dtype == DType.FLOAT16 else tot)
+                    with b.if_then(b.icmp_unsigned("==", tid, I32(0))):
+                        b.store(I32(0), cptr)     # ready for the next run (the runtime also zeroes them first)
         b.call(bar, [])      # the next tile's first stores may not overwrite a stage still being read
     em.loop_range(km.sreg(b, "ctaid.x"), I64(plan.blocks), tile_body, km.sreg(b, "nctaid.x"))
     b.ret_void()

@@ -41,6 +41,11 @@ class PtxTuning:
     # tap (one bounds test per chunk, window terms a plane apart; off: the panels' channel-major order). A
     # different summation order (deterministic); on since the same H200 run (b1 0.577 -> 0.530 ms alone)
     conv_mma_tap_major: bool = True
+    # split-K tensor-core convolutions: the last slice of each output tile to finish (an atomic count per tile)
+    # adds the S partials in slice order and runs the epilogue, instead of a conv_sum kernel per convolution (the
+    # same bits). Off until timed on a GPU (session 24: ResNet-50 fp16 b1 spends 0.23 ms of kernel time in its 43
+    # conv_sum kernels on an H100)
+    conv_mma_fused_splitk: bool = False
     # float32 MatMul / Gemm products the tensor cores do not take (strict fp32) run on the register-tiled SIMT
     # kernel of ptx/matmul_simt.py (off: the lane-split / tiled / element kernels below, as before)
     simt_matmul: bool = True
