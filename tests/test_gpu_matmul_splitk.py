@@ -225,3 +225,37 @@ def test_gpu_fused_split_products_equal_the_sum_kernel(tmp_path, mode):
             outs[fused] = [m.run(*feeds)[0] for _ in range(3)]
         for y in outs[True]:
             assert np.array_equal(y, outs[False][0]), (mode, i, float(np.abs(y - outs[False][0]).max()))
+
+
+@pytest.mark.parametrize("which", ["matmul", "conv"])
+def test_fused_split_counters_are_proved_and_refuted_when_too_few(monkeypatch, which):
+    """The fused split kernels' counter accesses are stated to the bounds prover: proved with the counters
+    plan_scratch reserves, refuted (the kernel guarded) with fewer (the session-24 review's case)."""
+    from cuvil.targets.ptx.codegen import PtxKernelModule
+    from cuvil.testing.conv_models import conv_relu_model
+    if which == "matmul":
+        model, tuning = linear_gelu(b=1, m=128, k=3072, n=768)[0], PtxTuning(mma_fused_splitk=True)
+    else:
+        model, tuning = conv_relu_model((1, 256, 7, 7), (256, 256, 3, 3)), PtxTuning(conv_mma_fused_splitk=True)
+    s = _sched(model)
+    res = build_ptx(s, "sm_90", fma=True, allow_tf32=True, tuning=tuning)
+    assert res.memory_safety.guarded == [] and res.counter_bytes > 0
+    assert any(k.kind.startswith(("matmul_splitk", "conv_splitk_mma")) for k in res.kernels)
+    orig = PtxKernelModule.plan_scratch
+
+    def one_counter(self, stages):
+        orig(self, stages)
+        if self.counter_bytes:
+            self.counter_bytes = 4
+    monkeypatch.setattr(PtxKernelModule, "plan_scratch", one_counter)
+    res = build_ptx(s, "sm_90", fma=True, allow_tf32=True, tuning=tuning)
+    (k,) = res.memory_safety.guarded
+    assert "splitk counters" in k.failures[0]
+
+
+def test_counters_reserved_only_for_split_products():
+    """No tensor cores (mma off): no split product, no counters, nothing zeroed past the arena."""
+    model, _ = linear_gelu(b=1, m=128, k=3072, n=768)
+    res = build_ptx(_sched(model), "sm_90", fma=True, allow_tf32=True,
+                    tuning=PtxTuning(mma=False, mma_fused_splitk=True))
+    assert res.counter_bytes == 0 and res.scratch_bytes == 0

@@ -208,10 +208,8 @@ class GpuPatterns:
             s2 = _loop(d, "s", S + w)
             out.append(Access(kind, scratch, [((s2 * N + n) * (G * M) + g * M + m) * P + p], inside, d, node=node,
                               flat=True))
-            counters = Buf("splitk counters", DType.INT32, (self.km.counter_bytes // 4,), base=ARENA,
-                           offset=self.km.scratch_offset)
             tile = ((n * G + g) * plan.tiles_m + mt) * plan.tiles_p + pt
-            out.append(Access(kind, counters, [tile], [], d, node=node))
+            out.append(Access(kind, self.counters(), [tile], [], d, node=node))
         else:                        # the sum kernel: partial s of the stage's own output element
             e = dict(d)
             s2 = _loop(e, "s", S + w)
@@ -255,6 +253,12 @@ class GpuPatterns:
         scratch = self.km_scratch(plan)
         out.append(Access(kind, scratch, [((s * N + cn) * (G * M) + g * M + m) * P + cp], inside, d, node=node,
                           flat=True))
+        if self.km.tuning.conv_mma_fused_splitk:    # the last slice reads every slice's partial back, counts per tile
+            s2 = _loop(d, "s2", S + w)
+            out.append(Access(kind, scratch, [((s2 * N + cn) * (G * M) + g * M + m) * P + cp], inside, d, node=node,
+                              flat=True))
+            out.append(Access(kind, self.counters(), [(g * plan.tiles_m + mt) * plan.tiles_q + qt], [], d, node=node))
+            return out
         e = dict(d)
         s2 = _loop(e, "s", S + w)
         vs = list(st.vars)
@@ -461,10 +465,24 @@ class GpuPatterns:
         scratch = matmul_mma.scratch_buf(plan, self.km.scratch_offset + self.km.counter_bytes)
         out.append(Access(kind, scratch, [((s * batches + bb) * M + m) * N + n], [_lt(m, M), _lt(n, N)], d,
                           flat=True))
+        if self.km.tuning.mma_fused_splitk:     # the last slice reads every slice's partial back, counts per tile
+            s2 = _loop(d, "s2", S + w)
+            out.append(Access(kind, scratch, [((s2 * batches + bb) * M + m) * N + n], [_lt(m, M), _lt(n, N)], d,
+                              flat=True))
+            tm, tn = _loop(d, "tm", plan.tiles_m + w), _loop(d, "tn", plan.tiles_n + w)
+            tile = (bb * plan.tiles_m + tm) * plan.tiles_n + tn
+            out.append(Access(kind, self.counters(), [tile], [], d))
+            return out
         e = dict(d)
         s2 = _loop(e, "s", S + w)
         out.append(Access("family:matmul_sum", scratch, [s2] + vs, [], e))
         return out
+
+    def counters(self) -> Buf:
+        """The split-K counters (one int32 per output tile of the largest fused split kernel), first in the
+        scratch area after the arena (``PtxKernelModule.plan_scratch``)."""
+        return Buf("splitk counters", DType.INT32, (self.km.counter_bytes // 4,), base=ARENA,
+                   offset=self.km.scratch_offset)
 
     def async_piece(self, ld: E, kfast: bool, rv: str, ext: int, base: E, tile_rows: int, kv: str, K: int, k0: E,
                     in_slice: E, d) -> Access:

@@ -127,7 +127,9 @@ def compile_bundle(g: Graph, out_dir: str, *, arch: str = "sm_90", opt_level: in
                 manifest_extra["precision"], g2, "the GPU computes this product with its float32 kernels (a "
                 "product of fewer than 16 rows or 8 columns, or operands the tensor-core kernel could not map; a "
                 "grouped, dilated, not 2-D or too small convolution)")}
-    arena_bytes = res.scratch_offset + res.scratch_bytes if res.scratch_bytes else sched.arena_bytes
+    # the scratch area after the arena: counters first, then partial sums (never zeroed past the allocation)
+    extra = max(res.scratch_bytes, res.counter_bytes)
+    arena_bytes = res.scratch_offset + extra if extra else sched.arena_bytes
     zero = [[res.scratch_offset, res.counter_bytes]] if res.counter_bytes else []
     t_codegen = time.perf_counter()
     os.makedirs(out_dir, exist_ok=True)

@@ -402,8 +402,9 @@ class PtxKernelModule(LLVMKernelModule):
                 p = self.conv_plan(st, node)
                 if p.splits > 1 and hasattr(p, "fmt"):
                     tiles = max(tiles, p.groups * p.tiles_m * p.tiles_q)
-            if self.tuning.mma_fused_splitk:
-                mm = self.matmul_plan(st)
+            conv = conv_node(st) if self.tuning.conv_enabled else None
+            if self.tuning.mma_fused_splitk and self.tuning.mma and conv is None and st.expr.op != "sequential":
+                mm = self.matmul_plan(st)     # (arena_limit's and GpuPatterns' conditions for a product)
                 if mm is not None and mm[1].splits > 1:
                     tiles = max(tiles, mm[1].tiles)
             if self.tuning.attention_fused_merge and attention_node(st) is not None:
