@@ -175,3 +175,4 @@ def test_enable_fp16_with_a_precision_plan_is_refused():
     with pytest.raises(CuvilError, match="enable_fp16 with --precision bf16") as e:
         p.compile(TARGET, precision="bf16", input_ranges={"x": (-3, 3)}, enable_fp16=True, cache=False)
     assert "--enable-fp16 alone" in e.value.hint
+

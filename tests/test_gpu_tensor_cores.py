@@ -319,3 +319,18 @@ def test_only_matrix_products_take_the_kernel():
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 64])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [])]), opset_imports=[helper.make_opsetid("", 17)])
     assert all(matmul_parts(st) is None for st in _sched(red).stages)
+
+
+@needs_ptxas
+def test_products_fused_into_attention_are_recorded_float32_with_that_reason():
+    """The GPU's attention rules run after the policy: a narrowed product they fuse into the FusedAttention
+    kernel computes in float32, and the manifest says so and why."""
+    from cuvil.testing.hf_models import bert_model
+    p = Pipeline.from_onnx(bert_model(layers=1)).optimize().specialize({"batch": 1, "sequence": 16}).optimize()
+    ranges = {"input_ids": (0, 30521), "attention_mask": (0, 1), "token_type_ids": (0, 1)}
+    b = p.compile("nvptx64-nvidia-cuda", precision="fp16", input_ranges=ranges, cache=False)
+    assert "fused_attention_guarded" in b.manifest["rules_applied"]
+    ctx = b.manifest["precision"]["nodes"]["encoder.layer.0.sdpa.ctx"]
+    assert ctx["format"] == "fp32" and ctx["policy_format"] == "fp16" and "FusedAttention" in ctx["reason"]
+    pooler = b.manifest["precision"]["nodes"]["pooler.dense"]      # one row: the float32 kernels
+    assert pooler["format"] == "fp32" and "FusedAttention" not in pooler["reason"]

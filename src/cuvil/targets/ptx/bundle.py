@@ -117,6 +117,11 @@ def compile_bundle(g: Graph, out_dir: str, *, arch: str = "sm_90", opt_level: in
                     precision_scales=stage_scales(g, sched))
     ptx, descs = res.ptx, res.kernels
     if manifest_extra and "precision" in manifest_extra:   # what the policy narrowed and the kernels did not
+        # first the nodes the attention rules fused away (their products run in the FusedAttention kernel,
+        # which computes in float32), then those whose kernel is not a tensor-core one
+        entry = reconcile(manifest_extra["precision"], g, "fused into the GPU's FusedAttention kernel "
+                          "(rules/attention.rule), which computes in float32")
+        manifest_extra = {**manifest_extra, "precision": entry}
         slow = set(narrowed_nodes_run(g, sched, descs)) | set(narrowed_convs_run(g, sched, descs))
         if slow:
             g2 = g.clone()
