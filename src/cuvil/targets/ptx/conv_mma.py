@@ -840,40 +840,41 @@ def emit_conv_mma(km, st: Stage, sym: str, node: E, plan: ConvMmaPlan, scratch: 
                                    typ=F16, align=2)
                         finish(m, nn_, sp, v)
         else:
-            for ti, (r0, c0) in enumerate(tiles):
-                for q_ in range(4):
-                    dr, dc = frag.c[q_]
-                    m = add(m0, row_w, r0 + dr, g_)
-                    col = add(q0, col_w, c0 + dc, mul(t_, 2))
-                    ok = b.and_(b.icmp_unsigned("<", m, I32(M)), b.icmp_unsigned("<", col, I32(COLS)))
-                    with b.if_then(ok):
-                        nn_, pp_ = divmod_c(col, P)
-                        acc = b.load(accs[4 * ti + q_], typ=F32)
-                        if S > 1:
-                            b.store(acc, partial(m, nn_, pp_))
-                        else:
-                            finish(m, nn_, unflatten(pp_, out_sp),
-                                   b.fptrunc(acc, F16) if node.dtype == DType.FLOAT16 else acc)
+            def outputs(body):
+                """``body(accumulator, m, image, position)`` for each of this thread's fragment outputs in the
+                output (channel m < M, column < N * P)."""
+                for ti, (r0, c0) in enumerate(tiles):
+                    for q_ in range(4):
+                        dr, dc = frag.c[q_]
+                        m = add(m0, row_w, r0 + dr, g_)
+                        col = add(q0, col_w, c0 + dc, mul(t_, 2))
+                        ok = b.and_(b.icmp_unsigned("<", m, I32(M)), b.icmp_unsigned("<", col, I32(COLS)))
+                        with b.if_then(ok):
+                            body(accs[4 * ti + q_], m, *divmod_c(col, P))
+
+            def rounded(v):
+                return b.fptrunc(v, F16) if node.dtype == DType.FLOAT16 else v
+
+            def own(acc, m, nn_, pp_):
+                v = b.load(acc, typ=F32)
+                if S > 1:
+                    b.store(v, partial(m, nn_, pp_))
+                else:
+                    finish(m, nn_, unflatten(pp_, out_sp), rounded(v))
+
+            def combined(_acc, m, nn_, pp_):
+                tot = ir.Constant(F32, 0.0)
+                for s_ in range(S):
+                    tot = b.fadd(tot, b.call(ld_cg, [b.ptrtoint(partial(m, nn_, pp_, I32(s_)), I64)]))
+                finish(m, nn_, unflatten(pp_, out_sp), rounded(tot))
+            outputs(own)
             if S > 1 and counters is not None:
                 tile = add(mul(add(mul(g, plan.tiles_m), mt), plan.tiles_q), qt)
                 last, cptr = em.last_arrival(scratch, counters, b.zext(tile, I64), S, flag,
                                              b.icmp_unsigned("==", tid, I32(0)))
                 with b.if_then(last):
                     b.call(fence, [])
-                    for ti, (r0, c0) in enumerate(tiles):
-                        for q_ in range(4):
-                            dr, dc = frag.c[q_]
-                            m = add(m0, row_w, r0 + dr, g_)
-                            col = add(q0, col_w, c0 + dc, mul(t_, 2))
-                            ok = b.and_(b.icmp_unsigned("<", m, I32(M)), b.icmp_unsigned("<", col, I32(COLS)))
-                            with b.if_then(ok):
-                                nn_, pp_ = divmod_c(col, P)
-                                tot = ir.Constant(F32, 0.0)
-                                for s_ in range(S):
-                                    ptr = b.ptrtoint(partial(m, nn_, pp_, I32(s_)), I64)
-                                    tot = b.fadd(tot, b.call(ld_cg, [ptr]))
-                                finish(m, nn_, unflatten(pp_, out_sp),
-                                       b.fptrunc(tot, F16) if node.dtype == DType.FLOAT16 else tot)
+                    outputs(combined)
                     with b.if_then(b.icmp_unsigned("==", tid, I32(0))):
                         b.store(I32(0), cptr)     # ready for the next run (the runtime also zeroes them first)
         b.call(bar, [])      # the next tile's first stores may not overwrite a stage still being read

@@ -931,25 +931,46 @@ def emit_matmul(km, st: Stage, sym: str, parts, plan: MatmulPlan, scratch: Optio
             v = b.load(accs[i], typ=F32)
             return b.fmul(v, ir.Constant(F32, 2.0 ** (ea + eb))) if ea + eb else v
 
-        def epilogue():
+        def outputs(body):
+            """``body(accumulator index, m, n)`` for each of this thread's fragment outputs in the product."""
             row_w = _V(b, b.add(m0, b.mul(wm, I32(plan.wm))))
             col_w = _V(b, b.add(n0, b.mul(wn, I32(plan.wn))))
             for ti, (r0, c0) in enumerate(tiles):
                 for q in range(4):
                     m, n = c_coords(fmt, row_w + r0, col_w + c0, g_, t_, q)
                     ok = b.and_(b.icmp_unsigned("<", m.v, I32(M)), b.icmp_unsigned("<", n.v, I32(N)))
-                    if S > 1:
-                        with b.if_then(ok):
-                            flat = b.add(b.mul(b.add(pbase, m.v), I32(N)), n.v)
-                            b.store(acc_value(4 * ti + q),
-                                    b.gep(pdst, [b.zext(flat, I64)], source_etype=F32, inbounds=True))
-                        continue
                     with b.if_then(ok):
-                        idx = [em.env[v] for v in bvars] + [b.zext(m.v, I64), b.zext(n.v, I64)]
-                        em.memo.append(dict(em.memo[-1]))
-                        em.memo[-1][red.uid] = acc_value(4 * ti + q)
-                        em.store_element(st, idx)
-                        em.memo.pop()
+                        body(4 * ti + q, m.v, n.v)
+
+        def store(m, n, value):
+            """The stage's epilogue at (batch, m, n) with the product's value ``value()``."""
+            idx = [em.env[v] for v in bvars] + [b.zext(m, I64), b.zext(n, I64)]
+            em.memo.append(dict(em.memo[-1]))
+            em.memo[-1][red.uid] = value()
+            em.store_element(st, idx)
+            em.memo.pop()
+
+        def partial_at(base, m, n):
+            """The partial sum of (m, n) in the rows from ``base`` (a slice's and batch's): flat (base + m) * N + n."""
+            flat = b.add(b.mul(b.add(base, m), I32(N)), n)
+            return lambda: b.gep(pdst, [b.zext(flat, I64)], source_etype=F32, inbounds=True)
+
+        def own(i, m, n):
+            if S > 1:
+                at = partial_at(pbase, m, n)
+                b.store(acc_value(i), at())
+            else:
+                store(m, n, lambda: acc_value(i))
+
+        def combined(_i, m, n):
+            tot = ir.Constant(F32, 0.0)
+            for s_ in range(S):
+                at = partial_at(b.mul(b.add(I32(s_ * plan.batches), batch), I32(M)), m, n)
+                tot = b.fadd(tot, b.call(ld_cg, [b.ptrtoint(at(), I64)]))
+            store(m, n, lambda: tot)
+
+        def epilogue():
+            outputs(own)
         if lead is None:
             epilogue()
         else:
@@ -961,24 +982,7 @@ def emit_matmul(km, st: Stage, sym: str, parts, plan: MatmulPlan, scratch: Optio
 
             def combine():
                 b.call(fence, [])
-                row_w = _V(b, b.add(m0, b.mul(wm, I32(plan.wm))))
-                col_w = _V(b, b.add(n0, b.mul(wn, I32(plan.wn))))
-                for ti, (r0, c0) in enumerate(tiles):
-                    for q in range(4):
-                        m, n = c_coords(fmt, row_w + r0, col_w + c0, g_, t_, q)
-                        ok = b.and_(b.icmp_unsigned("<", m.v, I32(M)), b.icmp_unsigned("<", n.v, I32(N)))
-                        with b.if_then(ok):
-                            tot = ir.Constant(F32, 0.0)
-                            for s_ in range(S):     # slice s_'s row m: flat ((s_ * batches + batch) * M + m) * N + n
-                                row = b.add(b.mul(b.add(I32(s_ * plan.batches), batch), I32(M)), m.v)
-                                ptr = b.gep(pdst, [b.zext(b.add(b.mul(row, I32(N)), n.v), I64)], source_etype=F32,
-                                            inbounds=True)
-                                tot = b.fadd(tot, b.call(ld_cg, [b.ptrtoint(ptr, I64)]))
-                            idx = [em.env[v] for v in bvars] + [b.zext(m.v, I64), b.zext(n.v, I64)]
-                            em.memo.append(dict(em.memo[-1]))
-                            em.memo[-1][red.uid] = tot
-                            em.store_element(st, idx)
-                            em.memo.pop()
+                outputs(combined)
             with b.if_then(last):
                 if lead is None:
                     combine()
