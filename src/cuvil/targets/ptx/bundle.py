@@ -86,9 +86,11 @@ def compile_bundle(g: Graph, out_dir: str, *, arch: str = "sm_90", opt_level: in
     manifest's ``register_pass`` reports registers, occupancy and waves before and after. ``unpadded`` as for
     :func:`~cuvil.targets.ptx.codegen.gpu_schedule`, ``fused_splitk`` and ``tuning`` as for
     :func:`~cuvil.targets.ptx.codegen.build_ptx`; ``allow_tf32`` (off: strict float32): float32 matrix
-    products and convolutions run on TF32 tensor cores (:mod:`cuvil.targets.ptx.conv_mma`); products and convolutions whose node has ``precision`` fp16/bf16 run on
-    tensor cores in that format (:mod:`cuvil.targets.ptx.matmul_mma`, :mod:`cuvil.targets.ptx.conv_mma`). Each stage, the LLVM IR kernel by kernel, is reported
-    through :mod:`cuvil.progress`."""
+    products and convolutions run on TF32 tensor cores (:mod:`cuvil.targets.ptx.conv_mma`); products and
+    convolutions whose node has ``precision`` fp16/bf16 run on tensor cores in that format
+    (:mod:`cuvil.targets.ptx.matmul_mma`, :mod:`cuvil.targets.ptx.conv_mma`), the manifest's ``precision``
+    entry made true of what ran (:func:`~cuvil.precision.policy.reconcile`). Each stage, the LLVM IR kernel by
+    kernel, is reported through :mod:`cuvil.progress`."""
     t0 = time.perf_counter()
     tuning = tuning.resolved(enable_fp16)
     if tuning.fused_attention:     # before float16: the rules match the float32 graph (its FusedAttention stays float32)

@@ -5,10 +5,11 @@ the input read unpadded through its window), computed as one GEMM per group: ``o
 B[k, q]`` where the column ``q = n * P + p`` runs over every image's positions together (the per-image
 tiling of ``conv.py`` wastes most of a 64-wide tile on a 7 x 7 map, and at batch 32 the columns number
 1,568 to 100,352). Which stages: a convolution whose numbers the tensor cores may take (see
-:func:`conv_mma_format`): float16 weights and input (``--enable-fp16``), float32 ones whose Conv node the
-precision policy narrowed to fp16 or bf16 (both operands rounded to it as they are staged, ``cvt.rn.{f16,bf16}x2.f32``),
-or float32 with ``allow_tf32``; fma contraction allowed (an ``mma`` rounds its sum of products once); sm_80 and later; 2-D, ungrouped,
-undilated (the geometries the GPU test checks; the others keep ``conv.py``'s kernels).
+:func:`conv_mma_format`): float16 weights and input (``--enable-fp16``), float32 ones whose Conv node
+the precision policy narrowed to fp16 or bf16 (both operands rounded to it as they are staged,
+``cvt.rn.{f16,bf16}x2.f32``), or float32 with ``allow_tf32``; fma contraction allowed (an ``mma`` rounds its
+sum of products once); sm_80 and later; 2-D, ungrouped, undilated (the geometries the GPU test checks; the
+others keep ``conv.py``'s kernels).
 
 ResNet-50 at batch 32 on an H100 (session 24): float16 3.54 ms, bf16 under the precision policy (float32
 activations) 5.18, TF32 6.22; torch.compile fp16 / TF32 1.69 / 3.07 ms (bench/gpu/RESULTS.md; on an H200 before
@@ -45,13 +46,12 @@ padded by 16 bytes), ``NS - 1`` chunks ahead of the products, one ``cp.async.wai
 chunk; fragments by ``ldmatrix.x4.trans``. No register staging, no per-element index arithmetic.
 
 Options (``PtxTuning.conv_mma_staged_out`` / ``conv_mma_tap_major``, on by default since their first H200 run,
-session 14: ResNet-50 fp16 b32 4.79 -> 3.55 ms): float16
-outputs of an unsplit reduction are rounded to half into a shared tile (``[BM][BN + 8]``, the stages'
-memory) and read back one column per thread, so the fused epilogue's loads (bias, residual) and stores run
-along consecutive positions (a warp: 64 contiguous bytes) and a column's image and position are unflattened
-once per tile; the value and its rounding are the same as the per-fragment epilogue's (float32 outputs keep
-it). And the reduction of a convolution with several taps and whole chunks of channels runs tap by tap
-(:func:`plan_conv_mma`).
+session 14: ResNet-50 fp16 b32 4.79 -> 3.55 ms): float16 outputs of an unsplit reduction are rounded to half into
+a shared tile (``[BM][BN + 8]``, the stages' memory) and read back one column per thread, so the fused epilogue's
+loads (bias, residual) and stores run along consecutive positions (a warp: 64 contiguous bytes) and a column's
+image and position are unflattened once per tile; the value and its rounding are the same as the per-fragment
+epilogue's (float32 outputs keep it). And the reduction of a convolution with several taps and whole chunks of
+channels runs tap by tap (:func:`plan_conv_mma`).
 
 Columns past N x P re-read the last column (computed, never stored); rows past M exist in the panels
 (zero weights) or are never stored; terms past K are zeroed. Split-K slices write partial sums that the
