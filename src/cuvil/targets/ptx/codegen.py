@@ -387,22 +387,19 @@ class PtxKernelModule(LLVMKernelModule):
 
     def plan_scratch(self, stages) -> None:
         """Reserve the counters (256-aligned) before any kernel is emitted: one int32 per output tile of the
-        largest split convolution (with ``fused_splitk``) or tensor-core product (with ``tuning.mma_fused_splitk``)
-        or per query row of the largest split attention (with ``attention_fused_merge``); they sit first in the scratch area, partials after, and are zeroed before
-        each run."""
+        largest split convolution (conv.py's with ``fused_splitk``, conv_mma.py's with
+        ``tuning.conv_mma_fused_splitk``) or tensor-core product (with ``tuning.mma_fused_splitk``), or per query
+        row of the largest split attention (with ``attention_fused_merge``); they sit first in the scratch area,
+        partials after, and are zeroed before each run."""
         tiles = 0
         for st in stages:
-            node = conv_node(st) if self.tuning.conv_enabled and self.fused_splitk else None
-            if node is not None:
-                p = self.conv_plan(st, node)
-                if p.splits > 1 and not hasattr(p, "fmt"):     # (conv_mma.py's: conv_mma_fused_splitk)
-                    tiles = max(tiles, p.n * p.groups * p.tiles_m * p.tiles_p)
-            node = conv_node(st) if self.tuning.conv_enabled and self.tuning.conv_mma_fused_splitk else None
-            if node is not None:
-                p = self.conv_plan(st, node)
-                if p.splits > 1 and hasattr(p, "fmt"):
-                    tiles = max(tiles, p.groups * p.tiles_m * p.tiles_q)
             conv = conv_node(st) if self.tuning.conv_enabled else None
+            if conv is not None and (self.fused_splitk or self.tuning.conv_mma_fused_splitk):
+                p = self.conv_plan(st, conv)
+                if p.splits > 1 and hasattr(p, "fmt") and self.tuning.conv_mma_fused_splitk:
+                    tiles = max(tiles, p.tiles)
+                elif p.splits > 1 and not hasattr(p, "fmt") and self.fused_splitk:
+                    tiles = max(tiles, p.n * p.groups * p.tiles_m * p.tiles_p)
             if self.tuning.mma_fused_splitk and self.tuning.mma and conv is None and st.expr.op != "sequential":
                 mm = self.matmul_plan(st)     # (arena_limit's and GpuPatterns' conditions for a product)
                 if mm is not None and mm[1].splits > 1:

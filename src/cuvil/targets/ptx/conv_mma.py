@@ -140,8 +140,13 @@ class ConvMmaPlan:
         return -(-self.cols // self.bn)
 
     @property
+    def tiles(self) -> int:
+        """Output tiles (each summed by ``splits`` blocks; one split-K counter each)."""
+        return self.groups * self.tiles_m * self.tiles_q
+
+    @property
     def blocks(self) -> int:
-        return self.groups * self.tiles_m * self.tiles_q * self.splits
+        return self.tiles * self.splits
 
     @property
     def scratch_floats(self) -> int:
