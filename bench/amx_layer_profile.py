@@ -3,6 +3,12 @@ OpenVINO's default build (bf16 on a CPU with AMX), one thread, in one process: C
 time per step) and OpenVINO's per-node counters (``PERF_COUNT``, ``get_profiling_info()``), rounds rotated
 among the engines (and between two Cuvil builds, A and B, when two are given).
 
+Each round also times every engine's plain runs (wall clock; OpenVINO from a second compiled model without
+``PERF_COUNT``), so that each engine's per-step sum can be checked against what its plain run costs: the
+engines' totals compare by that wall-clock line. (On the model-207 Xeon of session 25, whose speed moved in
+phases of minutes, one slow-phase run put Cuvil's steps at 0.95 of OpenVINO's nodes while plain runs minutes
+later gave 1.28x; with the line the two are taken in the same rounds.)
+
     PYTHONPATH=src python3 bench/amx_resnet_ab.py --build /tmp/base.so
     PYTHONPATH=src python3 bench/amx_layer_profile.py /tmp/base.so [--rounds 15] [--layers] [--min]
     PYTHONPATH=src python3 bench/amx_layer_profile.py /tmp/before.so /tmp/after.so   # both, OpenVINO beside
@@ -20,6 +26,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from collections import defaultdict
 
 import numpy as np
@@ -46,12 +53,14 @@ def conv_kinds(model) -> dict:
     return out
 
 
-def openvino_request(model):
+def openvino_request(model, perf_count: bool = True):
     import openvino as ov
     core = ov.Core()
     c = core.compile_model(core.read_model(model.SerializeToString(), b""), "CPU",
                            {"INFERENCE_NUM_THREADS": 1, "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1,
-                            "PERF_COUNT": True})
+                            "PERF_COUNT": perf_count})
+    if not perf_count:
+        return c.create_infer_request(), {}
     origin = {}
     for op in c.get_runtime_model().get_ordered_ops():
         names = op.get_rt_info()["originalLayersNames"].astype(str)
@@ -79,12 +88,18 @@ def main(argv=None):
             raise SystemExit(f"{path}: not the same steps as {a.libs[0]} (give builds of one model)")
         steps = st_
     req, origin = openvino_request(model)
+    plain, _ = openvino_request(model, perf_count=False)
     x = next(iter(feeds.values()))
     print(cpu_model(), "| load", os.getloadavg(), flush=True)
     cu, ovt = {k: [] for k in labels}, []
+    wall = {k: [] for k in labels + ["ov"]}
     order = labels + ["ov"]
     for i in range(a.rounds):
         for who in order[i % len(order):] + order[:i % len(order)]:     # rotated every round
+            for _ in range(3):      # plain runs, wall clock: what the per-step figures are read against
+                t0 = time.perf_counter()
+                libs[who].run(x) if who != "ov" else plain.infer(feeds)
+                wall[who].append((time.perf_counter() - t0) * 1e3)
             if who != "ov":
                 cu[who].append(np.array(libs[who].profile(x, runs=3, num_threads=1)) * 1e3)
             else:
@@ -170,6 +185,11 @@ def main(argv=None):
           f"real time, mean of 3 runs), 1 thread: " + ", ".join(f"{k} {v:.2f} ms ({v / tot_o:.3f} of OpenVINO)"
                                                                for k, v in tot.items())
           + f", OpenVINO {tot_o:.2f} ms" + (f"; B/A {tot['B'] / tot['A']:.3f}" if nl > 1 else ""))
+    w_med = {k: float(stat(v)) for k, v in wall.items()}
+    print(f"plain runs, wall clock ({'best' if a.min else 'median'} of {3 * a.rounds}): "
+          + ", ".join(f"{k} {w_med[k]:.2f} ms ({w_med[k] / w_med['ov']:.3f} of OpenVINO)" for k in labels)
+          + f", OpenVINO {w_med['ov']:.2f} ms. OpenVINO's node times sum to {tot_o / w_med['ov']:.2f}x its plain run"
+          + ", Cuvil's steps to " + ", ".join(f"{tot[k] / w_med[k]:.2f}x" for k in labels) + " of its own")
     fmt = lambda c_, o_: f"{c_ / o_:.2f}" if o_ > 0 else "-"
     print("| layer kind (convolutions: kernel, K, output channels x size) | layers | "
           + " | ".join(f"{k} ms" for k in labels) + " | OpenVINO ms | " + " | ".join(f"{k} / OpenVINO" for k in labels)
