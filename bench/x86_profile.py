@@ -49,6 +49,7 @@ def main(argv=None):
         src = light_model(a.model, seed=0)
     p = Pipeline.from_onnx(src).optimize()
     fixed = {k: int(v) for k, v in (f.split("=", 1) for f in a.fix)}
+    fixed = p.resolve_shapes(fixed)[0]      # input.axis names (x.2=640) to the symbols they stand for
     fixed.update({name: sym.tuned for name, sym in p.graph.symbols.items() if name not in fixed})
     art = p.compile(fixed=fixed, winograd=not a.no_winograd, fused_attention=not a.no_fused_attention,
                     **({"tune": True} if a.tune else {}))

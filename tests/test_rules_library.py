@@ -338,6 +338,16 @@ def _pad_zero():
     return Case([N("Pad", ["x", "p"], "y")], {"x": (1, 2, 3, 3)}, {"p": i64(*[0] * 8)}, {"Pad": 0})
 
 
+@case("convtranspose_stride_kernel_as_conv", "convtranspose_stride_kernel_bias_as_conv")
+def _convtranspose_stride_kernel(name):
+    bias = "bias" in name
+    inits = {"w": rand(3, 5, 2, 2, seed=5)}
+    if bias:
+        inits["b"] = rand(5, seed=6)
+    return Case([N("ConvTranspose", ["x", "w", "b"] if bias else ["x", "w"], "y", strides=[2, 2])],
+                {"x": (2, 3, 3, 4)}, inits, {"ConvTranspose": 0, "Conv": 1, "DepthToSpace": 1})
+
+
 # --- activation.rule ---
 
 @case("min_max_to_clip", "min_max_to_clip_exact")

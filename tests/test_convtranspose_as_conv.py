@@ -1,0 +1,115 @@
+"""ConvTranspose whose kernel equals its stride (rules/layout.rule, ``convtranspose_stride_kernel_as_conv`` and its
+``_bias_`` twin) runs as a 1x1 Conv giving s*s channels per output channel, then DepthToSpace: against
+onnxruntime on both forms of the rule, several strides, batch, odd and symbolic sizes, the PP-OCR detector
+head's pattern (bias as an Add, BatchNorm as Mul/Add, Relu, a second ConvTranspose, Sigmoid), and the forms the
+rule must leave alone (padding, an overlapping kernel, groups)."""
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from cuvil import Pipeline
+from cuvil.targets.ptx import find_ptxas
+from cuvil.targets.ptx.codegen import build_ptx, gpu_schedule
+from cuvil.testing.oracles import max_rel_error, ort_session
+
+RULES = {"convtranspose_stride_kernel_as_conv", "convtranspose_stride_kernel_bias_as_conv"}
+
+
+def _model(cin, cout, s, *, bias, x_shape, attrs=None, kernel=None, group=1):
+    rng = np.random.default_rng(cin * 100 + cout * 10 + s)
+    k = kernel or s
+    inits = [numpy_helper.from_array(rng.standard_normal((cin, cout // group, k, k)).astype(np.float32), "w")]
+    ins = ["x", "w"]
+    if bias:
+        inits.append(numpy_helper.from_array(rng.standard_normal(cout).astype(np.float32), "b"))
+        ins.append("b")
+    node = helper.make_node("ConvTranspose", ins, ["y"], strides=[s, s], group=group, **(attrs or {}))
+    g = helper.make_graph([node], "ct", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x_shape))],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _applied(art) -> set:
+    return {name for name, rec in art.manifest.get("rules_applied", {}).items() if rec.get("applied")}
+
+
+def _check(model, feeds, art, rtol=1e-5):
+    want = ort_session(model).run(None, feeds)[0]
+    got = art.run(feeds)
+    got = got[next(iter(got))] if isinstance(got, dict) else got[0]
+    assert got.shape == want.shape
+    assert max_rel_error(got, want) < rtol, max_rel_error(got, want)
+
+
+# torch.onnx writes every attribute out, at its default where it is one: the rule matches that form too
+TORCH_FORM = {"kernel_shape": [2, 2], "pads": [0, 0, 0, 0], "dilations": [1, 1], "output_padding": [0, 0]}
+
+
+@pytest.mark.parametrize("s,bias,x_shape,attrs", [(2, False, (1, 3, 5, 7), None), (2, True, (2, 3, 4, 6), None),
+                                                  (3, True, (1, 4, 3, 5), None), (4, False, (2, 2, 2, 3), None),
+                                                  (2, True, (1, 3, 6, 5), TORCH_FORM)])
+def test_rewritten_and_equal_to_onnxruntime(s, bias, x_shape, attrs):
+    model = _model(x_shape[1], 5, s, bias=bias, x_shape=x_shape, attrs=attrs)
+    p = Pipeline.from_onnx(model).optimize()
+    ops = [n.op for n in p.graph.nodes]
+    assert "ConvTranspose" not in ops and "Conv" in ops and "DepthToSpace" in ops, ops
+    art = p.compile()
+    assert _applied(art) & RULES, art.manifest.get("rules_applied")
+    x = np.random.default_rng(1).standard_normal(x_shape).astype(np.float32)
+    _check(model, {"x": x}, art)
+
+
+def test_one_library_for_symbolic_sizes():
+    model = _model(4, 6, 2, bias=True, x_shape=("N", 4, "H", "W"))
+    art = Pipeline.from_onnx(model).optimize().compile(
+        input_shapes={"x": ([1, 4, 1, 1], [1, 4, 8, 8], [3, 4, 20, 24])})
+    for shape in ((1, 4, 1, 1), (2, 4, 7, 13), (3, 4, 20, 24)):
+        x = np.random.default_rng(sum(shape)).standard_normal(shape).astype(np.float32)
+        _check(model, {"x": x}, art)
+
+
+@pytest.mark.parametrize("case", ["pads", "overlap", "group", "output_padding"])
+def test_other_forms_are_left_alone_and_still_right(case):
+    kw = dict(pads=dict(attrs={"pads": [1, 1, 1, 1]}, kernel=4), overlap=dict(kernel=3), group=dict(group=2),
+              output_padding=dict(attrs={"output_padding": [1, 1]}))[case]
+    model = _model(4, 4, 2, bias=True, x_shape=(1, 4, 5, 6), **kw)
+    p = Pipeline.from_onnx(model).optimize()
+    assert "ConvTranspose" in [n.op for n in p.graph.nodes]
+    art = p.compile()
+    assert not _applied(art) & RULES
+    _check(model, {"x": np.random.default_rng(2).standard_normal((1, 4, 5, 6)).astype(np.float32)}, art)
+
+
+def _db_head(h, w):
+    """The PP-OCR DB detector's head as paddle2onnx exports it: ConvTranspose without bias, its bias as an Add,
+    BatchNorm folded to Mul/Add, Relu, a second ConvTranspose to one channel, its bias, Sigmoid."""
+    rng = np.random.default_rng(7)
+    c = 6
+    arr = lambda *shape: rng.standard_normal(shape).astype(np.float32)       # noqa: E731
+    inits = {"w0": arr(c, c, 2, 2), "b0": arr(1, c, 1, 1), "s0": arr(c, 1, 1), "t0": arr(c, 1, 1),
+             "w1": arr(c, 1, 2, 2), "b1": arr(1, 1, 1, 1)}
+    N = helper.make_node
+    nodes = [N("ConvTranspose", ["x", "w0"], ["u0"], strides=[2, 2]), N("Add", ["u0", "b0"], ["a0"]),
+             N("Mul", ["a0", "s0"], ["m0"]), N("Add", ["m0", "t0"], ["n0"]), N("Relu", ["n0"], ["r0"]),
+             N("ConvTranspose", ["r0", "w1"], ["u1"], strides=[2, 2]), N("Add", ["u1", "b1"], ["a1"]),
+             N("Sigmoid", ["a1"], ["y"])]
+    g = helper.make_graph(nodes, "head", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, h, w])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_detector_head_pattern():
+    model = _db_head(9, 14)
+    art = Pipeline.from_onnx(model).optimize().compile()
+    assert "convtranspose_stride_kernel_as_conv" in _applied(art)
+    x = np.random.default_rng(3).standard_normal((1, 6, 9, 14)).astype(np.float32)
+    _check(model, {"x": x}, art)
+
+
+@pytest.mark.skipif(find_ptxas() is None, reason="ptxas not found (no CUDA toolkit)")
+def test_gpu_builds_the_rewritten_head():
+    g = Pipeline.from_onnx(_db_head(8, 8)).optimize().graph
+    assert "ConvTranspose" not in [n.op for n in g.nodes]
+    r = build_ptx(gpu_schedule(g), "sm_90", fma=True)
+    assert r.kernels and ".entry" in r.ptx
