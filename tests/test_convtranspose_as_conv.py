@@ -113,3 +113,16 @@ def test_gpu_builds_the_rewritten_head():
     assert "ConvTranspose" not in [n.op for n in g.nodes]
     r = build_ptx(gpu_schedule(g), "sm_90", fma=True)
     assert r.kernels and ".entry" in r.ptx
+
+
+@pytest.mark.parametrize("k,s,attrs", [(4, 2, {"pads": [1, 1, 1, 1]}), (5, 3, {"pads": [2, 1, 0, 2]}),
+                                       (3, 2, {"pads": [1, 1, 1, 1], "output_padding": [1, 1]}),
+                                       (3, 1, {}), (2, 3, {"pads": [0, 1, 1, 0]}),
+                                       (3, 2, {"auto_pad": "SAME_UPPER"})])
+def test_general_form_by_phase_equals_onnxruntime(k, s, attrs):
+    """The forms the rule leaves alone run kernels/lower/conv.py's phase form (each output reads only the taps
+    of its phase, ceil(K/s) a dim): kernels that are not a multiple of the stride, asymmetric padding,
+    output padding, stride 1, a kernel smaller than the stride, auto_pad."""
+    model = _model(3, 4, s, bias=True, x_shape=(2, 3, 5, 7), attrs=attrs, kernel=k)
+    art = Pipeline.from_onnx(model).optimize().compile()
+    _check(model, {"x": np.random.default_rng(k * 10 + s).standard_normal((2, 3, 5, 7)).astype(np.float32)}, art)

@@ -244,6 +244,8 @@ def _conv_transpose(ctx):
             auto = ctx.attr("auto_pad", "NOTSET")
             pads = [t // 2 if auto != "SAME_LOWER" else t - t // 2 for t in total]
     begin = list(pads[:spatial]) if pads else [0] * spatial
+    if all(d == 1 for d in dil) and all(isinstance(k, int) for k in kern) and all(p >= 0 for p in begin):
+        return [_conv_transpose_by_phase(ctx, x, w, b, out, group, cin_g, m_g, kern, strides, begin)]
 
     def f(idx):
         n, m, o = idx[0], idx[1], idx[2:]
@@ -262,6 +264,37 @@ def _conv_transpose(ctx):
         acc = reduce("sum", [cin_g] + list(kern), body)
         return binop("add", acc, b([m])) if b is not None else acc
     return [TensorFn(out, ctx.out_dtype(), f, "complex")]
+
+
+def _conv_transpose_by_phase(ctx, x, w, b, out, group, cin_g, m_g, kern, strides, begin):
+    """ConvTranspose without dilation, by the output's phase: output o (padding p, stride s) takes exactly the
+    taps k = r + s*t with r = (o + p) mod s, reading input (o + p - r) / s - t, for t < ceil(K / s) (and
+    k < K): per input channel ceil(K/s) taps a dim instead of K, and no divisibility test per term (each
+    output's phase is computed once). The same terms as the gather form over all taps, the others being
+    zero; a sum's order is not specified by ONNX."""
+    taps = [-(-k // s) for k, s in zip(kern, strides)]
+
+    def f(idx):
+        n, m, o = idx[0], idx[1], idx[2:]
+        grp = m // m_g if group > 1 else const(0, I64)
+        mm = m % m_g if group > 1 else m
+        num = [oi + p for oi, p in zip(o, begin)]          # >= 0: o >= 0, p >= 0
+        phase = [nn % s if s > 1 else const(0, I64) for nn, s in zip(num, strides)]
+        base = [nn // s if s > 1 else nn for nn, s in zip(num, strides)]
+
+        def body(c, *ts):
+            ks = [r + t * s if s > 1 else t for r, t, s in zip(phase, ts, strides)]
+            pos = [bb - t for bb, t in zip(base, ts)]
+            conds = [in_range(pp, 0, size) for pp, size in zip(pos, x.shape[2:])]
+            conds += [cmp("lt", kk, const(kd, I64)) for kk, kd, s in zip(ks, kern, strides) if kd % s]
+            ok = all_of(conds)
+            ch = grp * cin_g + c if group > 1 else c
+            xv = x([n, ch] + [clamp(pp, size) for pp, size in zip(pos, x.shape[2:])])
+            wv = w([ch, mm] + [clamp(kk, kd) for kk, kd in zip(ks, kern)])
+            return select(ok, binop("mul", xv, wv), const(0.0, xv.dtype))
+        acc = reduce("sum", [cin_g] + taps, body)
+        return binop("add", acc, b([m])) if b is not None else acc
+    return TensorFn(out, ctx.out_dtype(), f, "complex")
 
 
 @lowering("ConvInteger")
