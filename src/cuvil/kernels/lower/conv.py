@@ -225,6 +225,11 @@ def plane_conv(ctx, x, b, wv, out, kern, strides, dil, begin, store) -> Optional
     return TensorFn(out, ctx.out_dtype(), f, "complex", contraction=True)
 
 
+#: ConvTranspose without dilation by the output's phase (:func:`_conv_transpose_by_phase`); False: the gather
+#: over every tap (kept for bench/convtranspose.py's A/B)
+CONV_TRANSPOSE_BY_PHASE = True
+
+
 @lowering("ConvTranspose")
 def _conv_transpose(ctx):
     x, w, b = ctx.input(0), ctx.input(1), ctx.input(2)
@@ -244,7 +249,8 @@ def _conv_transpose(ctx):
             auto = ctx.attr("auto_pad", "NOTSET")
             pads = [t // 2 if auto != "SAME_LOWER" else t - t // 2 for t in total]
     begin = list(pads[:spatial]) if pads else [0] * spatial
-    if all(d == 1 for d in dil) and all(isinstance(k, int) for k in kern) and all(p >= 0 for p in begin):
+    if (CONV_TRANSPOSE_BY_PHASE and all(d == 1 for d in dil) and all(isinstance(k, int) for k in kern)
+            and all(p >= 0 for p in begin)):
         return [_conv_transpose_by_phase(ctx, x, w, b, out, group, cin_g, m_g, kern, strides, begin)]
 
     def f(idx):
