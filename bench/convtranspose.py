@@ -1,6 +1,7 @@
 """ConvTranspose layers alone, Cuvil beside onnxruntime (1 thread, thread CPU time, 5 blocks of 5 runs, medians):
-the kernel = stride form that rules/layout.rule turns into a 1x1 Conv and DepthToSpace, and the general forms
-(k = 4, s = 2, p = 1 upsampling; k = 3, s = 2 with output padding) that run kernels/lower/conv.py's phase form.
+the forms rules/layout.rule rewrites (kernel = stride: a 1x1 Conv and DepthToSpace; k = 4, s = 2, p = 1: a 3x3
+Conv with 4 phase channels and DepthToSpace), and a general one (k = 3, s = 2 with output padding) that runs
+kernels/lower/conv.py's phase form.
 
     PYTHONPATH=src python3 bench/convtranspose.py
 

@@ -1,5 +1,7 @@
 """ConvTranspose whose kernel equals its stride (rules/layout.rule, ``convtranspose_stride_kernel_as_conv`` and its
-``_bias_`` twin) runs as a 1x1 Conv giving s*s channels per output channel, then DepthToSpace: against
+``_bias_`` twin) runs as a 1x1 Conv giving s*s channels per output channel, then DepthToSpace, and the 4x4,
+stride-2, padding-1 upsampling (``convtranspose_k4_s2_p1_as_conv``, ``..._bias_...``) as a 3x3 Conv giving 4 phase
+channels, then DepthToSpace: against
 onnxruntime on both forms of the rule, several strides, batch, odd and symbolic sizes, the PP-OCR detector
 head's pattern (bias as an Add, BatchNorm as Mul/Add, Relu, a second ConvTranspose, Sigmoid), and the forms the
 rule must leave alone (padding, an overlapping kernel, groups)."""
@@ -12,7 +14,8 @@ from cuvil.targets.ptx import find_ptxas
 from cuvil.targets.ptx.codegen import build_ptx, gpu_schedule
 from cuvil.testing.oracles import max_rel_error, ort_session
 
-RULES = {"convtranspose_stride_kernel_as_conv", "convtranspose_stride_kernel_bias_as_conv"}
+RULES = {"convtranspose_stride_kernel_as_conv", "convtranspose_stride_kernel_bias_as_conv",
+         "convtranspose_k4_s2_p1_as_conv", "convtranspose_k4_s2_p1_bias_as_conv"}
 
 
 def _model(cin, cout, s, *, bias, x_shape, attrs=None, kernel=None, group=1):
@@ -47,9 +50,15 @@ TORCH_FORM = {"kernel_shape": [2, 2], "pads": [0, 0, 0, 0], "dilations": [1, 1],
 
 @pytest.mark.parametrize("s,bias,x_shape,attrs", [(2, False, (1, 3, 5, 7), None), (2, True, (2, 3, 4, 6), None),
                                                   (3, True, (1, 4, 3, 5), None), (4, False, (2, 2, 2, 3), None),
-                                                  (2, True, (1, 3, 6, 5), TORCH_FORM)])
+                                                  (2, True, (1, 3, 6, 5), TORCH_FORM),
+                                                  (2, False, (1, 3, 5, 7), {"pads": [1, 1, 1, 1], "k": 4}),
+                                                  (2, True, (2, 4, 6, 3), {"pads": [1, 1, 1, 1], "k": 4}),
+                                                  (2, True, (1, 3, 4, 4), {**TORCH_FORM, "kernel_shape": [4, 4],
+                                                                           "pads": [1, 1, 1, 1], "k": 4})])
 def test_rewritten_and_equal_to_onnxruntime(s, bias, x_shape, attrs):
-    model = _model(x_shape[1], 5, s, bias=bias, x_shape=x_shape, attrs=attrs)
+    attrs = dict(attrs or {})
+    k = attrs.pop("k", None)
+    model = _model(x_shape[1], 5, s, bias=bias, x_shape=x_shape, attrs=attrs, kernel=k)
     p = Pipeline.from_onnx(model).optimize()
     ops = [n.op for n in p.graph.nodes]
     assert "ConvTranspose" not in ops and "Conv" in ops and "DepthToSpace" in ops, ops
@@ -70,7 +79,7 @@ def test_one_library_for_symbolic_sizes():
 
 @pytest.mark.parametrize("case", ["pads", "overlap", "group", "output_padding"])
 def test_other_forms_are_left_alone_and_still_right(case):
-    kw = dict(pads=dict(attrs={"pads": [1, 1, 1, 1]}, kernel=4), overlap=dict(kernel=3), group=dict(group=2),
+    kw = dict(pads=dict(attrs={"pads": [1, 1, 1, 1]}, kernel=5), overlap=dict(kernel=3), group=dict(group=2),
               output_padding=dict(attrs={"output_padding": [1, 1]}))[case]
     model = _model(4, 4, 2, bias=True, x_shape=(1, 4, 5, 6), **kw)
     p = Pipeline.from_onnx(model).optimize()
@@ -115,7 +124,7 @@ def test_gpu_builds_the_rewritten_head():
     assert r.kernels and ".entry" in r.ptx
 
 
-@pytest.mark.parametrize("k,s,attrs", [(4, 2, {"pads": [1, 1, 1, 1]}), (5, 3, {"pads": [2, 1, 0, 2]}),
+@pytest.mark.parametrize("k,s,attrs", [(4, 2, {"pads": [2, 1, 2, 1]}), (5, 3, {"pads": [2, 1, 0, 2]}),
                                        (3, 2, {"pads": [1, 1, 1, 1], "output_padding": [1, 1]}),
                                        (3, 1, {}), (2, 3, {"pads": [0, 1, 1, 0]}),
                                        (3, 2, {"auto_pad": "SAME_UPPER"})])

@@ -348,6 +348,16 @@ def _convtranspose_stride_kernel(name):
                 {"x": (2, 3, 3, 4)}, inits, {"ConvTranspose": 0, "Conv": 1, "DepthToSpace": 1})
 
 
+@case("convtranspose_k4_s2_p1_as_conv", "convtranspose_k4_s2_p1_bias_as_conv")
+def _convtranspose_k4_s2_p1(name):
+    bias = "bias" in name
+    inits = {"w": rand(3, 2, 4, 4, seed=7)}
+    if bias:
+        inits["b"] = rand(2, seed=8)
+    return Case([N("ConvTranspose", ["x", "w", "b"] if bias else ["x", "w"], "y", strides=[2, 2], pads=[1, 1, 1, 1])],
+                {"x": (2, 3, 3, 5)}, inits, {"ConvTranspose": 0, "Conv": 1, "DepthToSpace": 1})
+
+
 # --- activation.rule ---
 
 @case("min_max_to_clip", "min_max_to_clip_exact")
@@ -696,7 +706,8 @@ def test_rule_files_one_theme_each():
 
 def test_refuted_rules_parse():
     names = {r.name for r in load_rules(REFUTED)}
-    assert names == {"add_zero_wrong", "dropout_training_remove_wrong", "relu_distributes_wrong"}
+    assert names == {"add_zero_wrong", "dropout_training_remove_wrong", "relu_distributes_wrong",
+                     "convtranspose_k4_s2_p1_phases_swapped_wrong"}
 
 
 @pytest.mark.parametrize("name", [r.name for r in ALL_RULES])

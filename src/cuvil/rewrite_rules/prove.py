@@ -285,6 +285,8 @@ def _window_inputs(op, known):
         ws.append((c, 1) + (1,) * k)
         if op == "Conv" and k == 2 and min(x[2:]) >= 5:
             ws.append((2, c, 3, 3))
+        if op == "ConvTranspose" and k == 2:
+            ws.append((c, 1, 4, 4))     # the usual learned 2x upsampling: a 4x4 kernel at stride 2
         for w in ([known[1]] if len(known) > 1 and known[1] is not None else ws):
             m = w[0] if op != "ConvTranspose" else w[1]
             yield [x, w, (m,)]
