@@ -117,11 +117,16 @@ def test_detector_head_pattern():
 
 
 @pytest.mark.skipif(find_ptxas() is None, reason="ptxas not found (no CUDA toolkit)")
-def test_gpu_builds_the_rewritten_head():
-    g = Pipeline.from_onnx(_db_head(8, 8)).optimize().graph
-    assert "ConvTranspose" not in [n.op for n in g.nodes]
-    r = build_ptx(gpu_schedule(g), "sm_90", fma=True)
-    assert r.kernels and ".entry" in r.ptx
+def test_gpu_builds_the_rewritten_forms():
+    upsample = _model(8, 4, 2, bias=True, x_shape=(1, 8, 16, 16), attrs={"pads": [1, 1, 1, 1]}, kernel=4)
+    for model, conv in ((_db_head(8, 8), False), (upsample, True)):
+        g = Pipeline.from_onnx(model).optimize().graph
+        assert "ConvTranspose" not in [n.op for n in g.nodes]
+        r = build_ptx(gpu_schedule(g), "sm_90", fma=True)
+        kinds = [k.kind for k in r.kernels]
+        assert kinds and ".entry" in r.ptx
+        if conv:        # the 3x3 phase Conv takes the GPU's convolution kernel (the head's 1x1s are small enough
+            assert any(k.startswith("conv") for k in kinds), kinds      # for element kernels)
 
 
 @pytest.mark.parametrize("k,s,attrs", [(4, 2, {"pads": [2, 1, 2, 1]}), (5, 3, {"pads": [2, 1, 0, 2]}),
