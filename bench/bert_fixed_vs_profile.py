@@ -23,7 +23,7 @@ from cuvil.targets.x86.loader import load
 from cuvil.testing.hf_models import BERT_BASE, BERT_PROFILE, bert_model, text_feeds
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from engines import ort_runner, ort_session  # noqa: E402 - bench/ is no package
+from engines import ort_runner, ort_session, time_blocks  # noqa: E402 - bench/ is no package
 
 
 def main(argv=None) -> int:
@@ -56,16 +56,8 @@ def main(argv=None) -> int:
     for e in eng.values():
         e()
         e()
-    res = {k: [] for k in eng}
-    for blk in range(a.blocks):
-        for k in (list(eng) if blk % 2 == 0 else list(eng)[::-1]):
-            ts = []
-            for _ in range(a.per):
-                c0 = time.thread_time()
-                eng[k]()
-                ts.append(time.thread_time() - c0)
-            res[k].append(statistics.median(ts) * 1e3)
-        print(f"block {blk}: " + ", ".join(f"{k} {res[k][-1]:.1f}" for k in eng) + " ms", flush=True)
+    res = time_blocks(eng, a.blocks, a.per, clock=time.thread_time, log=lambda blk, r: print(
+        f"block {blk}: " + ", ".join(f"{k} {r[k][-1]:.1f}" for k in eng) + " ms", flush=True))
     med = {k: statistics.median(v) for k, v in res.items()}
     print("medians (thread CPU ms): " + ", ".join(f"{k} {v:.1f}" for k, v in med.items()))
     print(f"profile / fixed {med['profile'] / med['fixed']:.3f}; profile / onnxruntime {med['profile'] / med['ort']:.3f}; "

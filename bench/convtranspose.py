@@ -16,14 +16,14 @@ import sys
 import time
 
 import numpy as np
-import cuvil.kernels.lower.conv as lower_conv
 from onnx import TensorProto, helper, numpy_helper
 
+import cuvil.kernels.lower.conv as lower_conv
 from cuvil import Pipeline
 from cuvil.targets.x86.cpu import cpu_label
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from engines import ort_runner, ort_session  # noqa: E402
+from engines import ort_runner, ort_session, time_blocks  # noqa: E402
 
 LAYERS = [  # (in channels, out channels, kernel, stride, attributes, input size)
     (24, 24, 2, 2, {}, 160),
@@ -59,15 +59,7 @@ def main() -> int:
             finally:
                 lower_conv.CONV_TRANSPOSE_BY_PHASE = True
             eng["gather"] = lambda: old.run(x, num_threads=1)
-        res = {k_: [] for k_ in eng}
-        for blk in range(5):
-            for name in (list(eng) if blk % 2 == 0 else list(eng)[::-1]):
-                ts = []
-                for _ in range(5):
-                    c0 = time.thread_time()
-                    eng[name]()
-                    ts.append(time.thread_time() - c0)
-                res[name].append(statistics.median(ts) * 1e3)
+        res = time_blocks(eng, 5, 5, clock=time.thread_time)
         mc, mo = statistics.median(res["cuvil"]), statistics.median(res["ort"])
         g = (f", gather form {statistics.median(res['gather']):.2f} ms (phase / gather "
              f"{mc / statistics.median(res['gather']):.2f})") if "gather" in res else ""

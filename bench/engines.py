@@ -73,3 +73,26 @@ def openvino_peer(onnx_path: str, threads: int, names: List[str], arrays: List[n
     if set(inputs) != set(names) and len(inputs) == len(arrays):
         feeds = dict(zip(inputs, arrays))
     return openvino_runner(compiled, feeds)
+
+
+def time_blocks(engines: Dict[str, Callable[[], object]], blocks: int, per: int,
+                clock: Callable[[], float] = None, log: Callable[[int, Dict[str, List[float]]], None] = None
+                ) -> Dict[str, List[float]]:
+    """Blocks of ``per`` runs of each engine, the engines' order reversed every other block; per engine the
+    median of each block in ms (``clock``: time.perf_counter by default, time.thread_time for the calling
+    thread's CPU time). ``log(block, results)`` after each block."""
+    import statistics
+    import time
+    clock = clock or time.perf_counter
+    res: Dict[str, List[float]] = {k: [] for k in engines}
+    for blk in range(blocks):
+        for name in (list(engines) if blk % 2 == 0 else list(engines)[::-1]):
+            ts = []
+            for _ in range(per):
+                t0 = clock()
+                engines[name]()
+                ts.append(clock() - t0)
+            res[name].append(statistics.median(ts) * 1e3)
+        if log is not None:
+            log(blk, res)
+    return res

@@ -26,7 +26,8 @@ from cuvil.targets.x86.cpu import cpu_label
 from cuvil.testing.packaged import fetched_path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from engines import openvino_compiled, openvino_runner, openvino_version, ort_runner, ort_session  # noqa: E402
+from engines import (openvino_compiled, openvino_runner, openvino_version, ort_runner, ort_session,  # noqa: E402
+                     time_blocks)
 
 PROFILE = ([1, 3, 32, 32], [1, 3, 640, 640], [1, 3, 1280, 1280], {"multiple": [1, 1, 32, 32]})
 
@@ -60,15 +61,7 @@ def main(argv=None) -> int:
         diff = float(np.max(np.abs(eng["cuvil"]()[0] - sess.run(None, feeds)[0])))
         for e in eng.values():
             e()
-        res = {k: [] for k in eng}
-        for blk in range(a.blocks):
-            for k in (list(eng) if blk % 2 == 0 else list(eng)[::-1]):
-                ts = []
-                for _ in range(a.per):
-                    t1 = time.perf_counter()
-                    eng[k]()
-                    ts.append(time.perf_counter() - t1)
-                res[k].append(statistics.median(ts) * 1e3)
+        res = time_blocks(eng, a.blocks, a.per)
         med = {k: statistics.median(v) for k, v in res.items()}
         ov = med.get("ov")
         print(f"| {t} | {med['cuvil']:.2f} | {med['ort']:.2f} | {ov if ov is None else round(ov, 2)} | "
