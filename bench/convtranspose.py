@@ -1,7 +1,7 @@
 """ConvTranspose layers alone, Cuvil beside onnxruntime (1 thread, thread CPU time, 5 blocks of 5 runs, medians):
 the forms rules/layout.rule rewrites (kernel = stride: a 1x1 Conv and DepthToSpace; k = 4, s = 2, p = 1: a 3x3
-Conv with 4 phase channels and DepthToSpace), and a general one (k = 3, s = 2 with output padding) that runs
-kernels/lower/conv.py's phase form.
+Conv with 4 phase channels; k = 3, s = 2, p = 1 with output padding 1: a 2x2 Conv with 4), and a general one
+(k = 3, s = 2, p = 1 without output padding) that runs kernels/lower/conv.py's phase form.
 
     PYTHONPATH=src python3 bench/convtranspose.py
 
@@ -29,6 +29,7 @@ LAYERS = [  # (in channels, out channels, kernel, stride, attributes, input size
     (24, 24, 2, 2, {}, 160),
     (64, 32, 4, 2, {"pads": [1, 1, 1, 1]}, 64),
     (32, 16, 3, 2, {"pads": [1, 1, 1, 1], "output_padding": [1, 1]}, 96),
+    (32, 16, 3, 2, {"pads": [1, 1, 1, 1]}, 96),
 ]
 
 

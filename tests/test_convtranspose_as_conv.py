@@ -1,7 +1,8 @@
 """ConvTranspose whose kernel equals its stride (rules/layout.rule, ``convtranspose_stride_kernel_as_conv`` and its
 ``_bias_`` twin) runs as a 1x1 Conv giving s*s channels per output channel, then DepthToSpace, and the 4x4,
 stride-2, padding-1 upsampling (``convtranspose_k4_s2_p1_as_conv``, ``..._bias_...``) as a 3x3 Conv giving 4 phase
-channels, then DepthToSpace: against
+channels and the 3x3, stride-2, padding-1, output-padding-1 one (``convtranspose_k3_s2_p1_op1_...``) as a 2x2 Conv
+giving 4, each then DepthToSpace: against
 onnxruntime on both forms of the rule, several strides, batch, odd and symbolic sizes, the PP-OCR detector
 head's pattern (bias as an Add, BatchNorm as Mul/Add, Relu, a second ConvTranspose, Sigmoid), and the forms the
 rule must leave alone (padding, an overlapping kernel, groups)."""
@@ -15,7 +16,8 @@ from cuvil.targets.ptx.codegen import build_ptx, gpu_schedule
 from cuvil.testing.oracles import max_rel_error, ort_session
 
 RULES = {"convtranspose_stride_kernel_as_conv", "convtranspose_stride_kernel_bias_as_conv",
-         "convtranspose_k4_s2_p1_as_conv", "convtranspose_k4_s2_p1_bias_as_conv"}
+         "convtranspose_k4_s2_p1_as_conv", "convtranspose_k4_s2_p1_bias_as_conv",
+         "convtranspose_k3_s2_p1_op1_as_conv", "convtranspose_k3_s2_p1_op1_bias_as_conv"}
 
 
 def _model(cin, cout, s, *, bias, x_shape, attrs=None, kernel=None, group=1):
@@ -54,7 +56,12 @@ TORCH_FORM = {"kernel_shape": [2, 2], "pads": [0, 0, 0, 0], "dilations": [1, 1],
                                                   (2, False, (1, 3, 5, 7), {"pads": [1, 1, 1, 1], "k": 4}),
                                                   (2, True, (2, 4, 6, 3), {"pads": [1, 1, 1, 1], "k": 4}),
                                                   (2, True, (1, 3, 4, 4), {**TORCH_FORM, "kernel_shape": [4, 4],
-                                                                           "pads": [1, 1, 1, 1], "k": 4})])
+                                                                           "pads": [1, 1, 1, 1], "k": 4}),
+                                                  (2, False, (1, 3, 5, 7), {"pads": [1, 1, 1, 1], "output_padding": [1, 1],
+                                                                            "k": 3}),
+                                                  (2, True, (2, 2, 4, 6), {**TORCH_FORM, "kernel_shape": [3, 3],
+                                                                           "pads": [1, 1, 1, 1], "output_padding": [1, 1],
+                                                                           "k": 3})])
 def test_rewritten_and_equal_to_onnxruntime(s, bias, x_shape, attrs):
     attrs = dict(attrs or {})
     k = attrs.pop("k", None)
@@ -130,7 +137,7 @@ def test_gpu_builds_the_rewritten_forms():
 
 
 @pytest.mark.parametrize("k,s,attrs", [(4, 2, {"pads": [2, 1, 2, 1]}), (5, 3, {"pads": [2, 1, 0, 2]}),
-                                       (3, 2, {"pads": [1, 1, 1, 1], "output_padding": [1, 1]}),
+                                       (3, 2, {"pads": [1, 1, 1, 1]}), (3, 2, {"pads": [1, 0, 1, 0], "output_padding": [1, 1]}),
                                        (3, 1, {}), (2, 3, {"pads": [0, 1, 1, 0]}),
                                        (3, 2, {"auto_pad": "SAME_UPPER"})])
 def test_general_form_by_phase_equals_onnxruntime(k, s, attrs):

@@ -358,6 +358,17 @@ def _convtranspose_k4_s2_p1(name):
                 {"x": (2, 3, 3, 5)}, inits, {"ConvTranspose": 0, "Conv": 1, "DepthToSpace": 1})
 
 
+@case("convtranspose_k3_s2_p1_op1_as_conv", "convtranspose_k3_s2_p1_op1_bias_as_conv")
+def _convtranspose_k3_s2_p1_op1(name):
+    bias = "bias" in name
+    inits = {"w": rand(2, 3, 3, 3, seed=9)}
+    if bias:
+        inits["b"] = rand(3, seed=10)
+    return Case([N("ConvTranspose", ["x", "w", "b"] if bias else ["x", "w"], "y", strides=[2, 2], pads=[1, 1, 1, 1],
+                   output_padding=[1, 1])],
+                {"x": (1, 2, 4, 3)}, inits, {"ConvTranspose": 0, "Conv": 1, "DepthToSpace": 1})
+
+
 # --- activation.rule ---
 
 @case("min_max_to_clip", "min_max_to_clip_exact")
