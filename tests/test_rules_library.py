@@ -338,35 +338,24 @@ def _pad_zero():
     return Case([N("Pad", ["x", "p"], "y")], {"x": (1, 2, 3, 3)}, {"p": i64(*[0] * 8)}, {"Pad": 0})
 
 
-@case("convtranspose_stride_kernel_as_conv", "convtranspose_stride_kernel_bias_as_conv")
-def _convtranspose_stride_kernel(name):
-    bias = "bias" in name
-    inits = {"w": rand(3, 5, 2, 2, seed=5)}
-    if bias:
-        inits["b"] = rand(5, seed=6)
-    return Case([N("ConvTranspose", ["x", "w", "b"] if bias else ["x", "w"], "y", strides=[2, 2])],
-                {"x": (2, 3, 3, 4)}, inits, {"ConvTranspose": 0, "Conv": 1, "DepthToSpace": 1})
+# ConvTranspose -> Conv + DepthToSpace, each form with and without a bias: (weight shape, input shape, attributes)
+_CONVTRANSPOSE_FORMS = {
+    "convtranspose_stride_kernel": ((3, 5, 2, 2), (2, 3, 3, 4), {}),
+    "convtranspose_k4_s2_p1": ((3, 2, 4, 4), (2, 3, 3, 5), {"pads": [1, 1, 1, 1]}),
+    "convtranspose_k3_s2_p1_op1": ((2, 3, 3, 3), (1, 2, 4, 3), {"pads": [1, 1, 1, 1], "output_padding": [1, 1]}),
+}
 
 
-@case("convtranspose_k4_s2_p1_as_conv", "convtranspose_k4_s2_p1_bias_as_conv")
-def _convtranspose_k4_s2_p1(name):
-    bias = "bias" in name
-    inits = {"w": rand(3, 2, 4, 4, seed=7)}
-    if bias:
-        inits["b"] = rand(2, seed=8)
-    return Case([N("ConvTranspose", ["x", "w", "b"] if bias else ["x", "w"], "y", strides=[2, 2], pads=[1, 1, 1, 1])],
-                {"x": (2, 3, 3, 5)}, inits, {"ConvTranspose": 0, "Conv": 1, "DepthToSpace": 1})
-
-
-@case("convtranspose_k3_s2_p1_op1_as_conv", "convtranspose_k3_s2_p1_op1_bias_as_conv")
-def _convtranspose_k3_s2_p1_op1(name):
-    bias = "bias" in name
-    inits = {"w": rand(2, 3, 3, 3, seed=9)}
-    if bias:
-        inits["b"] = rand(3, seed=10)
-    return Case([N("ConvTranspose", ["x", "w", "b"] if bias else ["x", "w"], "y", strides=[2, 2], pads=[1, 1, 1, 1],
-                   output_padding=[1, 1])],
-                {"x": (1, 2, 4, 3)}, inits, {"ConvTranspose": 0, "Conv": 1, "DepthToSpace": 1})
+@case(*[f"{form}{b}_as_conv" for form in _CONVTRANSPOSE_FORMS for b in ("", "_bias")])
+def _convtranspose_as_conv(name):
+    form = name[:-len("_as_conv")].removesuffix("_bias")
+    w_shape, x_shape, attrs_ = _CONVTRANSPOSE_FORMS[form]
+    seed = 5 + 2 * list(_CONVTRANSPOSE_FORMS).index(form)
+    inits = {"w": rand(*w_shape, seed=seed)}
+    if "_bias_" in name:
+        inits["b"] = rand(w_shape[1], seed=seed + 1)
+    return Case([N("ConvTranspose", ["x", "w", "b"] if "b" in inits else ["x", "w"], "y", strides=[2, 2], **attrs_)],
+                {"x": x_shape}, inits, {"ConvTranspose": 0, "Conv": 1, "DepthToSpace": 1})
 
 
 # --- activation.rule ---
