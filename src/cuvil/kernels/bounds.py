@@ -695,7 +695,7 @@ def _family_obligations(st: Stage, node: E, doms) -> List[Access]:
         out.append(Access(kind, spec.b, [n, g, f, p + off, i], [], d, node=node))
         mb, t, kb = _loop(d, "mb", spec.m_blocks), _loop(d, "t", len(spec.taps)), _loop(d, "kb", spec.k_blocks)
         r, j = _loop(d, "r", spec.mr), _loop(d, "j", CHANNEL_BLOCK // 2)
-        out.append(Access(kind, spec.w, [mb, t, kb, r, j, i], [], d, node=node))
+        out.append(Access(kind, spec.w, [mb, kb, t, r, j, i], [], d, node=node))
         m, oh, ow = _loop(d, "m", spec.m), _loop(d, "oh", spec.out_hw[0]), _loop(d, "ow", spec.out_hw[1])
         out.append(_store(kind, st, [n, m, oh, ow], d, node))
     elif node.op == "qgemm" and isinstance(spec, Int8Contraction):

@@ -13,13 +13,17 @@ apart) by 16 consecutive wide positions, 64 contiguous bytes of a plane at ``p' 
 per tap and block of 32 channels the kernel loads its B tiles straight from the planes, whatever the
 kernel size, stride, dilation or padding.
 
-The weights are packed at compile time as A tiles, ``[MB, T, KB, 32, 16, 2]``: per block of 32 output
-channels, tap and block of 32 input channels, 32 rows of 16 channel pairs (two 16 x 32 A tiles); channels
-past C are zero (the planes' too, so they add nothing).
+The weights are packed at compile time as A tiles, ``[MB, KB, T, 32, 16, 2]``: per block of 32 output
+channels, block of 32 input channels and tap, 32 rows of 16 channel pairs (two 16 x 32 A tiles); channels
+past C are zero (the planes' too, so they add nothing). Channel block outer, taps inner: the AMX kernel's steps
+take that order, so a block's position tiles (16 channel pairs, a few lines per pair whatever the tap's shift)
+stay in L1 over its taps while the weights stream in order (ResNet-50's 3x3 layers at 14x14 and 28x28 0.87-0.88x
+of tap-major's in-kernel time, bench/PRECISION.md, session 26).
 
 What is computed is what the packed form computes: each product of two bfloat16 values is exact in float32
 and the sums are float32 (``tdpbf16ps``), the same certificate (:mod:`cuvil.precision`); only the order of
-the sum differs (tap-major here, channel-major there), which the format's certificates do not fix.
+the sum differs (per channel block over the taps here, over channels per tap there), which the format's
+certificates do not fix.
 
 The lowering (:func:`cuvil.kernels.lower.conv.conv_as_gemm`) emits ``E("pplanes", [n, g, f, q, i, value])``
 for the planes' stage and ``E("contract", [n, m, oh, ow, reduce], attr=PlaneContraction)`` for the
@@ -67,7 +71,7 @@ class PairPlanes:
 @attrs.define(eq=False)
 class PlaneContraction:
     b: Buf              # pair planes [N, G, F, PL, 2] bfloat16 (PairPlanes)
-    w: Buf              # packed weights [MB, T, KB, PLANE_MR, 16, 2] bfloat16
+    w: Buf              # packed weights [MB, KB, T, PLANE_MR, 16, 2] bfloat16
     n: int
     m: int              # output channels
     cin: int            # input channels
@@ -121,13 +125,13 @@ def pair_groups(channels: int) -> int:
 
 
 def pack_plane_weights(w: np.ndarray, mr: int = PLANE_MR) -> np.ndarray:
-    """``w[M, C, KH, KW]`` (float32) -> ``[MB, T, KB, mr, CHANNEL_BLOCK / 2, 2]`` bfloat16 (nearest even):
+    """``w[M, C, KH, KW]`` (float32) -> ``[MB, KB, T, mr, CHANNEL_BLOCK / 2, 2]`` bfloat16 (nearest even):
     channels padded to whole blocks, zero rows past M; tap ``t = kh * KW + kw``."""
     m, c = w.shape[:2]
     taps = int(np.prod(w.shape[2:]))
     mb, kb = -(-m // mr), pair_groups(c) * 2 // CHANNEL_BLOCK
     a = np.zeros((mb * mr, kb * CHANNEL_BLOCK, taps), np.float32)
     a[:m, :c] = w.reshape(m, c, taps)
-    # [MB, mr, KB, CB, T] -> [MB, T, KB, mr, CB]; then the CB channels in pairs
-    a = a.reshape(mb, mr, kb, CHANNEL_BLOCK, taps).transpose(0, 4, 2, 1, 3)
+    # [MB, mr, KB, CB, T] -> [MB, KB, T, mr, CB]; then the CB channels in pairs
+    a = a.reshape(mb, mr, kb, CHANNEL_BLOCK, taps).transpose(0, 2, 4, 1, 3)
     return bf16_pairs(np.ascontiguousarray(a), 4)

@@ -218,7 +218,7 @@ def plane_conv(ctx, x, b, wv, out, kern, strides, dil, begin, store) -> Optional
             ph = ((kh * dh) % sh) * cols + (kw * dw) % sw
             off = ((kh * dh) // sh) * grid[1] + (kw * dw) // sw
             bv = cast(b_fn([n, g, ph, p + off, i]), DType.FLOAT)
-            wv_ = cast(load(w_buf, [mb, t, g // half_block, r, g % half_block, i]), DType.FLOAT)
+            wv_ = cast(load(w_buf, [mb, g // half_block, t, r, g % half_block, i]), DType.FLOAT)
             return binop("mul", wv_, bv)
         acc = E("contract", [n, mo, oh, ow, reduce("sum", [kh_ * kw_, G, 2], term)], DType.FLOAT, spec)
         return binop("add", acc, b([mo])) if b is not None else acc

@@ -159,9 +159,9 @@ def emit_plane_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int
 
 def _amx_kernel(km, em, spec: PlaneContraction, sym: str, tile_f):
     """``compute(n, p0, mb)``: the 32 x 32 tile of weight block ``mb`` at wide positions p0.. into ``tile_f`` (four
-    16 x 16 AMX accumulators; one loop over the steps s = (tap, channel block): the weight block's A tiles are
+    16 x 16 AMX accumulators; one loop over the steps s = (channel block, tap): the weight block's A tiles are
     consecutive in s; a step's position tiles are at its tap's shift, a constant table, in its block's first
-    pair plane)."""
+    pair plane, so the taps of one channel block re-read the same few lines of each pair's plane)."""
     b = em.b
     tiles = Tiles(km, b)
     T, G, KB, F, PL, MR, NR = len(spec.taps), spec.groups, spec.k_blocks, spec.num_phases, spec.plane, spec.mr, spec.nr
@@ -177,7 +177,7 @@ def _amx_kernel(km, em, spec: PlaneContraction, sym: str, tile_f):
         b_n = byte_ptr(em, spec.b, b.mul(b.add(b.mul(n, I64(G * F * PL)), p0), I64(4)))
 
         def b_at(s, y):
-            t, kb = b.udiv(s, I64(KB)), b.urem(s, I64(KB))
+            t, kb = b.urem(s, I64(T)), b.udiv(s, I64(T))
             shift = b.load(b.gep(shifts, [I32(0), t], inbounds=True), typ=I64)
             words = b.add(b.add(b.mul(kb, I64(CHANNEL_BLOCK // 2 * F * PL)), shift), I64(y * VW))
             return b.gep(b_n, [b.mul(words, I64(4))], source_etype=I8, inbounds=True)
@@ -208,12 +208,12 @@ def _dp_kernel(km, em, spec: PlaneContraction, sym: str, tile_f):
         for t, (f_t, off_t) in enumerate(spec.taps):
             b_t = byte_ptr(em, spec.b, b.mul(b.add(b.mul(b.add(b.mul(n, I64(G * F)), I64(f_t)), I64(PL)),
                                                     b.add(p0, I64(off_t))), I64(4)))
-            w_t = byte_ptr(em, spec.w, b.mul(b.add(b.mul(b.add(b.mul(mb, I64(T)), I64(t)), I64(KB * spec.mr)), r0),
+            w_t = byte_ptr(em, spec.w, b.mul(b.add(b.mul(b.add(b.mul(mb, I64(KB * T)), I64(t)), I64(spec.mr)), r0),
                                               I64(half * 4)))
 
             def block(kb, accs, b_t=b_t, w_t=w_t):
                 b_k = b.gep(b_t, [b.mul(kb, I64(half * F * PL * 4))], source_etype=I8, inbounds=True)
-                w_k = b.gep(w_t, [b.mul(kb, I64(spec.mr * half * 4))], source_etype=I8, inbounds=True)
+                w_k = b.gep(w_t, [b.mul(kb, I64(T * spec.mr * half * 4))], source_etype=I8, inbounds=True)
 
                 def pair(j, accs):
                     row = b.gep(b_k, [b.mul(j, I64(F * PL * 4))], source_etype=I8, inbounds=True)
