@@ -43,8 +43,9 @@ class PtxTuning:
     conv_mma_tap_major: bool = True
     # split-K tensor-core convolutions: the last slice of each output tile to finish (an atomic count per tile)
     # adds the S partials in slice order and runs the epilogue, instead of a conv_sum kernel per convolution (the
-    # same bits). Off until timed on a GPU (session 24: ResNet-50 fp16 b1 spends 0.23 ms of kernel time in its 43
-    # conv_sum kernels on an H100)
+    # same bits). Off: timed in session 26 on an H100 (bench/gpu/RESULTS.md), ResNet-50 fp16 b1 0.511 -> 0.948 ms
+    # (CUDA graph p50; the split kernels' time 0.42 -> 1.00 ms against the 0.23 ms of the 43 conv_sum kernels it
+    # saves), b32 3.510 -> 3.518 ms
     conv_mma_fused_splitk: bool = False
     # float32 MatMul / Gemm products the tensor cores do not take (strict fp32) run on the register-tiled SIMT
     # kernel of ptx/matmul_simt.py (off: the lane-split / tiled / element kernels below, as before)
@@ -161,8 +162,9 @@ class PtxTuning:
     # tensor-core products split across blocks (split-K): the last slice of each output tile to finish (an atomic
     # count per tile, zeroed before each run) adds the S partial sums in slice order and runs the epilogue, instead
     # of a second kernel (matmul_sum) doing it: the same sums in the same order, bit for bit, one kernel less per
-    # product. Off until measured on a GPU (session 24: BERT-base's 72 sum kernels cost 0.38 ms of kernel time
-    # on an H100; the convolutions' equivalent, fused_splitk, was slower there)
+    # product. Off: timed in session 26 on an H100 (bench/gpu/RESULTS.md), BERT-base B=1 S=128 fp16 1.078 ->
+    # 1.204 ms (CUDA graph p50; the split products' kernels 0.81 -> 1.11 ms against the 0.39 ms of the 72 sum
+    # kernels they replace: the last slice of a tile waits on the others' partials), TF32 1.514 -> 1.558 ms
     mma_fused_splitk: bool = False
 
     def resolved(self, enable_fp16: bool) -> "PtxTuning":
