@@ -14,6 +14,7 @@ from cuvil import Pipeline
 from cuvil.targets.ptx import find_ptxas
 from cuvil.targets.ptx.codegen import build_ptx, gpu_schedule
 from cuvil.testing.oracles import max_rel_error, ort_session
+from cuvil.testing.requires import needs_gpu
 
 RULES = {"convtranspose_stride_kernel_as_conv", "convtranspose_stride_kernel_bias_as_conv",
          "convtranspose_k4_s2_p1_as_conv", "convtranspose_k4_s2_p1_bias_as_conv",
@@ -134,6 +135,28 @@ def test_gpu_builds_the_rewritten_forms():
         assert kinds and ".entry" in r.ptx
         if conv:        # the 3x3 phase Conv takes the GPU's convolution kernel (the head's 1x1s are small enough
             assert any(k.startswith("conv") for k in kinds), kinds      # for element kernels)
+
+
+@needs_gpu
+@pytest.mark.parametrize("form", ["db_head", "k4_s2_p1", "k3_s2_p1_op1", "phase_k5_s3"])
+def test_gpu_runs_the_rewritten_and_phase_forms(form, tmp_path):
+    """On a GPU: the rewritten forms (the detector head's kernel = stride pair, the 4x4 and 3x3 upsamplings, each a
+    Conv and a DepthToSpace) and a form left to the phase lowering, run from a PTX bundle, against onnxruntime."""
+    from cuvil.testing.ptx_bundles import run_ptx_bundle
+    model = {"db_head": lambda: _db_head(12, 10),
+             "k4_s2_p1": lambda: _model(8, 4, 2, bias=True, x_shape=(2, 8, 9, 12), attrs={"pads": [1, 1, 1, 1]}, kernel=4),
+             "k3_s2_p1_op1": lambda: _model(6, 5, 2, bias=False, x_shape=(1, 6, 7, 10),
+                                            attrs={"pads": [1, 1, 1, 1], "output_padding": [1, 1]}, kernel=3),
+             "phase_k5_s3": lambda: _model(4, 3, 3, bias=True, x_shape=(1, 4, 6, 5),
+                                           attrs={"pads": [2, 1, 0, 2]}, kernel=5)}[form]()
+    ops = [n.op for n in Pipeline.from_onnx(model).optimize().graph.nodes]
+    assert ("ConvTranspose" in ops) == (form == "phase_k5_s3"), ops
+    x = np.random.default_rng(5).standard_normal(
+        [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]).astype(np.float32)
+    want = ort_session(model).run(None, {"x": x})[0]
+    got = run_ptx_bundle(model, [x], tmp_path / form)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(want).max())))
 
 
 @pytest.mark.parametrize("k,s,attrs", [(4, 2, {"pads": [2, 1, 2, 1]}), (5, 3, {"pads": [2, 1, 0, 2]}),
