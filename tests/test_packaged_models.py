@@ -19,6 +19,7 @@ from cuvil.errors import UnsupportedOpError
 from cuvil.ir.registry import lookup
 from cuvil.testing import packaged
 from cuvil.testing.oracles import max_rel_error, ort_session
+from cuvil.testing.requires import needs_gpu
 
 PACKAGED = pathlib.Path(__file__).parent / "fixtures" / "packaged"
 RTOL = 1e-4
@@ -122,6 +123,23 @@ def test_ocr_detector_one_library_for_every_multiple_of_32():
     for height, width in ((64, 96), (160, 128), (32, 320), (288, 64)):
         got, want = check(model, art, {"x": page(1, height, width, seed=height)}, outputs={logits})
         np.testing.assert_allclose(got[model.graph.output[0].name], want[0], rtol=0, atol=1e-4)
+
+
+@needs_gpu
+def test_ocr_detector_on_the_gpu(tmp_path):
+    # the same detector on the GPU target (its page fixed at 320 x 320): the Resize upsamplings, the hard-sigmoid
+    # attention blocks and the DB head's ConvTransposes (a Conv and a DepthToSpace each, rules/layout.rule) from a
+    # PTX bundle, the probability map against onnxruntime to 1e-4 of its range
+    from cuvil.testing.ptx_bundles import run_ptx_bundle
+    model = fetched("ocr_det")
+    for d, v in zip(model.graph.input[0].type.tensor_type.shape.dim, (1, 3, 320, 320)):
+        d.Clear()
+        d.dim_value = v
+    x = page(1, 320, 320, seed=11)
+    want = ort_session(model).run(None, {"x": x})[0]
+    got = run_ptx_bundle(model, [x], tmp_path / "det")
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-4)
 
 
 def test_captcha_detector():
