@@ -17,8 +17,8 @@ The weights are packed at compile time as A tiles, ``[MB, KB, T, 32, 16, 2]``: p
 channels, block of 32 input channels and tap, 32 rows of 16 channel pairs (two 16 x 32 A tiles); channels
 past C are zero (the planes' too, so they add nothing). Channel block outer, taps inner: the AMX kernel's steps
 take that order, so a block's position tiles (16 channel pairs, a few lines per pair whatever the tap's shift)
-stay in L1 over its taps while the weights stream in order (ResNet-50's 3x3 layers at 14x14 and 28x28 0.87-0.88x
-of tap-major's in-kernel time, bench/PRECISION.md, session 26).
+stay in L1 over its taps while the weights stream in order (ResNet-50's 3x3 layers at 14x14 and 28x28 0.88-0.89x
+of tap-major's in-kernel time on a Xeon with AMX, family 6 model 207: bench/PRECISION.md, session 26).
 
 What is computed is what the packed form computes: each product of two bfloat16 values is exact in float32
 and the sums are float32 (``tdpbf16ps``), the same certificate (:mod:`cuvil.precision`); only the order of
