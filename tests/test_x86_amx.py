@@ -46,13 +46,13 @@ def test_dispatch_order():
 
 
 def test_tile_layouts():
-    """The weights' AMX layouts: A tiles (rows of channels, 16 pairs of k per tile step, zero past K) and B
+    """The weights' AMX layouts: A tiles (step-major: per step of 16 pairs of k, rows of channels; zero past K) and B
     panels (K padded to whole 32-k steps with zeros)."""
     rng = np.random.default_rng(0)
     w = rng.standard_normal((40, 5, 3, 3)).astype(np.float32)          # M 40 (2 panels of 32), K 45
     a = pack_weights_amx(w, 1, 32).view(np.uint16)
-    assert a.shape == (1, 2, 32, 32, 2)                                # K2p: 64 k = 32 pairs
-    flat = a.reshape(1, 2, 32, 64)
+    assert a.shape == (1, 2, 2, 32, 16, 2)                             # K2p: 64 k = 32 pairs = 2 steps
+    flat = a.transpose(0, 1, 3, 2, 4, 5).reshape(1, 2, 32, 64)         # each step's rows contiguous
     want = bf16(w.reshape(40, 45)).astype(np.float32).view(np.uint32) >> 16
     np.testing.assert_array_equal(flat[0, 0, :, :45], want[:32])
     np.testing.assert_array_equal(flat[0, 1, :8, :45], want[32:])

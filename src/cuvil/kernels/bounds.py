@@ -35,7 +35,7 @@ import z3
 
 from ..ir.dim import SymExpr, bounds, product
 from ..ir.dtype import DType
-from .contraction import (Contraction, DepthwiseWindow, MatContraction, PadWindow, WinogradInput, WinogradOutput,
+from .contraction import (AMX_TILE, Contraction, DepthwiseWindow, MatContraction, PadWindow, WinogradInput, WinogradOutput,
                    fallback_weights)
 from .attention import AttentionTile
 from .contraction_int8 import MAX_NR, Int8Contraction, Int8Planes
@@ -550,9 +550,11 @@ def _family_obligations(st: Stage, node: E, doms) -> List[Access]:
     d = dict(doms)
     if node.op == "contract" and isinstance(spec, Contraction):
         n, g = _loop(d, "n", spec.x.shape[0]), _loop(d, "g", spec.groups)
-        if spec.amx:                     # AMX A-tile layout (pack_weights_amx)
-            mb, r, k = _loop(d, "mb", spec.m_blocks), _loop(d, "r", spec.mr), _loop(d, "k", (spec.k + 1) // 2)
-            out.append(Access(kind, spec.a, [g, mb, r, k, _loop(d, "pair", 2)], [], d, node=node))
+        if spec.amx:                     # AMX A tiles, step-major (pack_weights_amx): every step's 16 pairs
+            mb, r = _loop(d, "mb", spec.m_blocks), _loop(d, "r", spec.mr)
+            s_ = _loop(d, "s", -(-((spec.k + 1) // 2) // AMX_TILE))
+            out.append(Access(kind, spec.a, [g, mb, s_, r, _loop(d, "kp", AMX_TILE), _loop(d, "pair", 2)], [], d,
+                              node=node))
         elif spec.precision == "bf16":     # bfloat16 pairs along K (pack_weights_bf16)
             mb, k, r = _loop(d, "mb", spec.m_blocks), _loop(d, "k", (spec.k + 1) // 2), _loop(d, "r", spec.mr)
             out.append(Access(kind, spec.a, [g, mb, k, r, _loop(d, "pair", 2)], [], d, node=node))

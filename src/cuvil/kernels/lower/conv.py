@@ -8,7 +8,7 @@ import numpy as np
 
 from ...ir.dim import product
 from ...ir.dtype import DType
-from ..contraction import (AMX_TILE, AMX_TILES, Contraction, DepthwiseWindow, channel_lanes, choose_tile, pack_weights,
+from ..contraction import (AMX_K, AMX_TILE, AMX_TILES, Contraction, DepthwiseWindow, channel_lanes, choose_tile, pack_weights,
                            pack_weights_amx, pack_weights_bf16)
 from ..texpr import I64, E, all_of, binop, call, cast, cmp, const, in_range, load, logic, reduce, select
 from ..contraction_planes import (BF16_PLANES, CHANNEL_BLOCK, MAX_PLANE_NR, PLANE_MR, PLANE_NR, PairPlanes, PlaneContraction,
@@ -124,7 +124,8 @@ def conv_as_gemm(ctx, x, b, out, group, cin_g, m_g, kern, strides, dil, begin, w
     mr, cols = tile[:2]
     if amx:
         a_buf = ctx.weight(pack_weights_amx(wv.astype(np.float32), group, mr), "packed_amx")
-        weight_at = lambda g, ml, k: cast(load(a_buf, [g, ml // mr, ml % mr, k // 2, k % 2]), DType.FLOAT)
+        weight_at = lambda g, ml, k: cast(load(a_buf, [g, ml // mr, k // AMX_K, ml % mr, (k // 2) % AMX_TILE, k % 2]),
+                                          DType.FLOAT)
         x_term = lambda v: cast(cast(v, DType.BFLOAT16), DType.FLOAT)
     elif narrow == "bf16":     # weights in bfloat16 pairs along K, the input rounded to bfloat16, float32 sums
         a_buf = ctx.weight(pack_weights_bf16(wv.astype(np.float32), group, mr), "packed_bf16")

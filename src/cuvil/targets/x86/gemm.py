@@ -671,11 +671,13 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
     acc_base = fptr(scratch, I64(packed_floats(spec, sweep)))
 
     def amx_tile(a_ptr, panel):
-        """The 32 x 32 tile on 2 x 2 AMX tiles: A = 16 channels x 16 pairs of the weights (rows K2s words
-        apart), B = 16 pairs x 16 positions of the pair panel (rows nr words apart); stored to the stack tile
-        (rows of nr positions) and read back as the accumulator vectors."""
+        """The 32 x 32 tile on 2 x 2 AMX tiles: A = 16 channels x 16 pairs of the weights (a step's MR rows
+        of 16 pairs contiguous, step after step: pack_weights_amx), B = 16 pairs x 16 positions of the pair panel
+        (rows nr words apart); stored to the stack tile (rows of nr positions) and read back as the accumulator
+        vectors."""
         acc = bf16_tile_loop(em, tiles, I64(K2s // AMX_TILE),
-                             lambda s_, i: ipt(a_ptr, b.add(b.mul(s_, I64(AMX_TILE)), I64(i * AMX_TILE * K2s))), K2s * 4,
+                             lambda s_, i: ipt(a_ptr, b.add(b.mul(s_, I64(MR * AMX_TILE)), I64(i * AMX_TILE * AMX_TILE))),
+                             AMX_TILE * 4,
                              lambda s_, j: ipt(panel, b.add(b.mul(s_, I64(AMX_TILE * nr)), I64(j * AMX_TILE))), nr * 4,
                              2, 2)
         for t_, tv in enumerate(acc):
