@@ -14,7 +14,9 @@
    place (``pinned_inputs``: one DMA, no host copy), and with ``pinned=False``. (Run 1 of 2026-12-02 measured
    the earlier design, which copied every input into the staging first: ``results/concurrency_2026-12-02.*``.)
 
-Models: ``resnet50`` (onnx's light ResNet-50, float32, batch 1) and ``bert`` (BERT-base, B = 1, S = 128,
+Models: ``resnet50`` (onnx's light ResNet-50, float32, batch 1), ``resnet50-fp16`` (the same with
+``enable_fp16``: float16 activations and weights on the tensor cores; BatchNormalization scales drawn from
+[0.25, 0.75], as ``tensor_cores.py``'s, so that its activations stay within float16's range) and ``bert`` (BERT-base, B = 1, S = 128,
 ``enable_fp16`` on the tensor cores: the fastest BERT the bundle has). Bundles are compiled in parallel
 processes first. Host CPU and load are printed beside the figures.
 """
@@ -67,12 +69,12 @@ def build(what: str):
         m = bert_model()
         return m, (lambda n, seed: text_feeds(m, n, 128, seed)), {"batch": 1, "sequence": 128}, {"enable_fp16": True}
     from profiles import resnet50_batched
-    m = resnet50_batched()
+    m = resnet50_batched(bn_scale=(0.25, 0.75)) if what == "resnet50-fp16" else resnet50_batched()
     name = m.graph.input[0].name
 
     def feeds(n, seed):
         return {name: np.random.default_rng(seed).standard_normal((n, 3, 224, 224)).astype(np.float32)}
-    return m, feeds, None, {}
+    return m, feeds, None, ({"enable_fp16": True} if what == "resnet50-fp16" else {})
 
 
 def compile_job(job):
@@ -81,8 +83,16 @@ def compile_job(job):
         from cuvil import Pipeline
         t0 = time.perf_counter()
         model, _, fixed, kw = build(job["model"])
-        if job["model"] == "resnet50":
+        if job["model"].startswith("resnet50"):
             fixed = {"N": job["batch"]}
+        if "concurrency" in job.get("tuning", {}):      # a compile option (PtxOptions.concurrency)
+            kw = {**kw, "concurrency": job["tuning"]["concurrency"]}
+        elif job.get("tuning"):       # code-generator settings (--variants): compile_bundle at the fixed shapes
+            from cuvil.targets.ptx.bundle import compile_bundle
+            from cuvil.targets.ptx.tuning import PtxTuning
+            g = Pipeline.from_onnx(model).optimize().specialize(fixed).optimize().graph
+            man = compile_bundle(g, job["out"], arch=job["arch"], tuning=PtxTuning(**job["tuning"]), **kw)
+            return {"path": job["out"], "compile_s": round(time.perf_counter() - t0, 1), "kernels": man["kernels"]}
         b = Pipeline.from_onnx(model).optimize().compile(TARGET, arch=job["arch"], cache=False, fixed=fixed, **kw)
         b.save(job["out"])
         return {"path": job["out"], "compile_s": round(time.perf_counter() - t0, 1), "kernels": b.manifest["kernels"]}
@@ -150,11 +160,11 @@ def throughput(m, feeds_of, threads: int, calls: int, repeats: int, form: str, e
 def part_threads(args, paths):
     from cuvil.targets.ptx.runtime import load_bundle
     out = RESULTS.setdefault("threads", {})
-    for what in args.models:
+    for what in labels(args):
         path = paths.get((what, 1))
         if path is None:
             continue
-        _, feeds, _, _ = build(what)
+        _, feeds, _, _ = build(what.split("[")[0])
         T = max(args.threads)
         feeds_of = [feeds(1, 100 + t) for t in range(T)]
         with load_bundle(path, sessions=T) as m:
@@ -174,6 +184,20 @@ def part_threads(args, paths):
                         f"({res['ms_per_call']:.3f} ms per call), x{res['speedup']:.2f} of one thread"
                         + (f"  ERRORS {res['errors']}" if res["errors"] else ""))
             r["stats"] = {k: v for k, v in m.stats().items() if k != "buckets"}
+
+
+def parse_variant(text: str) -> dict:
+    """``name=value,...`` -> PtxTuning keywords (ints, booleans, else strings)."""
+    out = {}
+    for part in text.split(","):
+        k, _, v = part.partition("=")
+        out[k] = int(v) if v.lstrip("-").isdigit() else {"true": True, "false": False}.get(v.lower(), v)
+    return out
+
+
+def labels(args) -> list:
+    """Each model, then each model under each ``--variants`` setting (``model[setting]``)."""
+    return list(args.models) + [f"{m}[{v}]" for v in args.variants for m in args.models]
 
 
 def part_pinned(args, paths):
@@ -210,13 +234,16 @@ def part_pinned(args, paths):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json")
-    ap.add_argument("--models", nargs="+", default=["resnet50", "bert"], choices=["resnet50", "bert"])
+    ap.add_argument("--models", nargs="+", default=["resnet50", "bert"], choices=["resnet50", "resnet50-fp16", "bert"])
     ap.add_argument("--threads", nargs="+", type=int, default=[1, 2, 4, 8])
     ap.add_argument("--calls", type=int, default=300)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--pinned-batches", nargs="+", type=int, default=[1, 32])
     ap.add_argument("--parts", nargs="+", default=["threads", "pinned"], choices=["threads", "pinned"])
     ap.add_argument("--work", default="/tmp/cuvil-concurrency")
+    ap.add_argument("--variants", nargs="*", default=[], metavar="NAME=VALUE[,...]",
+                    help="also each model compiled with these PtxTuning settings, e.g. target_blocks=66, or with "
+                         "the compile option concurrency=C (part threads)")
     args = ap.parse_args(argv)
     if 1 not in args.threads:
         args.threads = [1] + args.threads
@@ -225,20 +252,24 @@ def main(argv=None) -> int:
     RESULTS.update(device=info, host_cpu=cpu_label(), load=os.getloadavg(), argv=sys.argv[1:])
     log(f"device: {info['name']} ({info['arch']}); host: {RESULTS['host_cpu']}; load {os.getloadavg()}")
     jobs = [{"model": w, "batch": 1} for w in args.models] if "threads" in args.parts else []
+    if "threads" in args.parts:
+        jobs += [{"model": w, "batch": 1, "tuning": parse_variant(v), "label": f"{w}[{v}]"}
+                 for v in args.variants for w in args.models]
     if "pinned" in args.parts:
         jobs += [{"model": "resnet50", "batch": n} for n in args.pinned_batches
                  if n != 1 or "resnet50" not in args.models or "threads" not in args.parts]
-    for j in jobs:
-        j.update(arch=info["arch"], out=os.path.join(args.work, f"{j['model']}_b{j['batch']}.cuvil"))
+    for i, j in enumerate(jobs):
+        j.setdefault("label", j["model"])
+        j.update(arch=info["arch"], out=os.path.join(args.work, f"{j['model']}_b{j['batch']}_{i}.cuvil"))
     paths = {}
     with cf.ProcessPoolExecutor(max_workers=len(jobs), mp_context=mp.get_context("spawn")) as pool:
         for j, r in zip(jobs, pool.map(compile_job, jobs)):
-            RESULTS.setdefault("compile", {})[f"{j['model']}_b{j['batch']}"] = r
+            RESULTS.setdefault("compile", {})[f"{j['label']}_b{j['batch']}"] = r
             if "error" in r:
-                log(f"compile {j['model']} b{j['batch']} FAILED:\n{r['error']}")
+                log(f"compile {j['label']} b{j['batch']} FAILED:\n{r['error']}")
             else:
-                paths[(j["model"], j["batch"])] = r["path"]
-                log(f"compiled {j['model']} b{j['batch']} in {r['compile_s']} s ({r['kernels']} kernels)")
+                paths[(j["label"], j["batch"])] = r["path"]
+                log(f"compiled {j['label']} b{j['batch']} in {r['compile_s']} s ({r['kernels']} kernels)")
     for name, fn in (("threads", part_threads), ("pinned", part_pinned)):
         if name not in args.parts:
             continue

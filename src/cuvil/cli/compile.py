@@ -51,6 +51,9 @@ def register(sub) -> None:
     sp.add_argument("--allow-tf32", action="store_true",
                     help="GPU: run float32 MatMul/Gemm and convolutions on TF32 tensor cores (inputs rounded to a "
                          "10-bit mantissa, about 1e-3 relative error; off: strict float32)")
+    sp.add_argument("--concurrency", metavar="C", type=int, default=None,
+                    help="GPU: size the kernels' grids for C inferences in flight at once (sessions on their own "
+                         "streams; default 1: each call's grids fill the GPU alone)")
     sp.add_argument("--bucket-jobs", metavar="N", type=int, default=None,
                     help="GPU, with a shape profile: compile N bucket points at once, each in its own process "
                          "(0: one per CPU; default 1); the bundle is the same")
@@ -111,6 +114,7 @@ _GPU_ONLY_FLAGS = (("--enable-fp16", "enable_fp16", "float16 compute; x86 comput
                    ("--allow-tf32", "allow_tf32", "TF32 tensor cores; x86 computes float32"),
                    ("--graph-buckets", "graph_buckets", "GPU shape buckets; x86 kernels read the symbols at run time"),
                    ("--bucket-jobs", "bucket_jobs", "GPU shape buckets compiled in parallel"),
+                   ("--concurrency", "concurrency", "GPU kernels' grid sizes; x86 sessions take num_threads"),
                    ("--arch", "arch", "GPU architectures"))
 
 
@@ -289,6 +293,7 @@ def _compile_gpu_bundle(args) -> int:
                            fma=not args.no_fma, enable_fp16=args.enable_fp16, kernel_rules=kernel_rules,
                            register_pass=args.register_pass, allow_tf32=args.allow_tf32,
                            jobs=1 if args.bucket_jobs is None else args.bucket_jobs,
+                           concurrency=1 if args.concurrency is None else args.concurrency,
                            graph_buckets=parse_bucket_flag(args.graph_buckets) if args.graph_buckets else None)
     with _progress(args):
         p = _import_and_optimize(args)

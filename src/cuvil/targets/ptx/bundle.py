@@ -204,6 +204,9 @@ def compile_bundle(g: Graph, out_dir: str, *, arch: str = "sm_90", opt_level: in
                          for name, ob in res.kernel_rules.items()},
         "enable_fp16": enable_fp16,
         "allow_tf32": allow_tf32,
+        # the blocks the kernels' grids aim for (PtxTuning; PtxOptions.concurrency divides them)
+        "grid_targets": {"target_blocks": tuning.target_blocks, "mma_min_blocks": tuning.mma_min_blocks,
+                         "gemv_min_blocks": tuning.gemv_min_blocks},
         "tensor_core_kernels": {k: sum(1 for d in descs if d.kind == k) for k in sorted({d.kind for d in descs})
                                 if "mma" in k or k.startswith("matmul_")},
         "narrow_index": narrow_index,

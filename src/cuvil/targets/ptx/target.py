@@ -19,7 +19,7 @@ from .profile_bundle import compile_profile_bundle
 from .codegen import target_machine
 from .conv_mma import NARROWED_OPS as CONV_NARROW_OPS
 from .matmul_mma import NARROWED_OPS
-from .tuning import DEFAULT_TUNING, PtxTuning
+from .tuning import DEFAULT_TUNING, MAX_CONCURRENCY, PtxTuning, concurrent_tuning
 
 
 def _is_buckets(v) -> bool:
@@ -60,6 +60,13 @@ class PtxOptions(TargetOptions):
     (default None: on, as measured on the H200 since the keys are split over blocks): attention as the exports
     spell it becomes one FusedAttention kernel (the proved rules of
     rules/attention.rule; :mod:`cuvil.targets.ptx.attention`), reassociating the softmax's sums.
+    ``concurrency`` (default 1): how many inferences the bundle is meant to run at once (sessions in flight on
+    their own streams, :class:`~cuvil.targets.ptx.runtime.GpuModel`). With 1 every kernel's grid is sized to
+    fill the GPU alone (split-K and key splits up to ``PtxTuning.target_blocks`` blocks, 2 per SM); with C the
+    block targets are divided by C, so C calls in flight share the SMs instead of each splitting its reductions
+    for the whole GPU (one call alone may then be slower). Outputs can differ from a concurrency-1 bundle's in the
+    last bits where a reduction is split into fewer slices (another summation order); each bundle gives the same
+    bits call after call. Measured on an H100 (bench/gpu/RESULTS.md, session 27; docs/targets.md).
     """
 
     opt_level: int = attrs.field(default=3, validator=check(is_opt_level, "0, 1, 2 or 3"))
@@ -80,14 +87,18 @@ class PtxOptions(TargetOptions):
     gemv: bool = attrs.field(default=True, validator=check(is_bool, "True or False"))
     fused_attention: Optional[bool] = attrs.field(default=DEFAULT_TUNING.fused_attention, validator=check(
         lambda v: v is None or is_bool(v), "None (on), True or False"))
+    concurrency: int = attrs.field(default=1, validator=check(
+        lambda v: isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= MAX_CONCURRENCY,
+        f"an int from 1 to {MAX_CONCURRENCY} (inferences in flight at once)"))
 
     @property
     def tuning(self) -> PtxTuning:
         """The kernel-shape settings these options select (``gemv``: PtxTuning.gemv, ``fused_attention``:
-        PtxTuning.fused_attention)."""
+        PtxTuning.fused_attention, ``concurrency``: the grid targets divided, :func:`concurrent_tuning`)."""
         if self.gemv == DEFAULT_TUNING.gemv and self.fused_attention == DEFAULT_TUNING.fused_attention:
-            return DEFAULT_TUNING
-        return attrs.evolve(DEFAULT_TUNING, gemv=self.gemv, fused_attention=self.fused_attention)
+            return concurrent_tuning(DEFAULT_TUNING, self.concurrency)
+        return concurrent_tuning(attrs.evolve(DEFAULT_TUNING, gemv=self.gemv, fused_attention=self.fused_attention),
+                                 self.concurrency)
 
 
 class PtxTarget:
@@ -115,7 +126,8 @@ class PtxTarget:
                f"fp16={options.enable_fp16}", f"register_pass={options.register_pass}",
                f"unpadded={options.unpadded}", f"fused_splitk={options.fused_splitk}",
                f"allow_tf32={options.allow_tf32}",
-               f"graph_buckets={options.graph_buckets!r}"] + [f"gemv={options.gemv}"] + [
+               f"graph_buckets={options.graph_buckets!r}"] + [f"gemv={options.gemv}"] + (
+            [f"concurrency={options.concurrency}"] if options.concurrency != 1 else []) + [
             r.text or r.name for r in krules]
         if options.fused_attention != DEFAULT_TUNING.fused_attention:    # default builds keep their cache keys
             key.append(f"fused_attention={options.fused_attention}")
@@ -123,6 +135,7 @@ class PtxTarget:
 
     def emit(self, plan: BuildPlan, path: str, manifest_extra: dict) -> dict:
         o: PtxOptions = plan.options
+        manifest_extra = {**manifest_extra, "concurrency": o.concurrency}
         if plan.graph.symbols:
             return compile_profile_bundle(plan.graph, path, graph_buckets=o.graph_buckets, arch=o.arch,
                                           opt_level=o.opt_level, prefix=o.prefix, fma=o.fma,
