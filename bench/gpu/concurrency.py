@@ -252,6 +252,9 @@ def main(argv=None) -> int:
     RESULTS.update(device=info, host_cpu=cpu_label(), load=os.getloadavg(), argv=sys.argv[1:])
     log(f"device: {info['name']} ({info['arch']}); host: {RESULTS['host_cpu']}; load {os.getloadavg()}")
     jobs = [{"model": w, "batch": 1} for w in args.models] if "threads" in args.parts else []
+    for v in args.variants:
+        if "concurrency" in parse_variant(v) and len(parse_variant(v)) > 1:
+            ap.error(f"--variants {v}: concurrency=C is a compile option, give it alone (not with PtxTuning settings)")
     if "threads" in args.parts:
         jobs += [{"model": w, "batch": 1, "tuning": parse_variant(v), "label": f"{w}[{v}]"}
                  for v in args.variants for w in args.models]

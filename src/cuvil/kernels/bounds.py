@@ -550,11 +550,15 @@ def _family_obligations(st: Stage, node: E, doms) -> List[Access]:
     d = dict(doms)
     if node.op == "contract" and isinstance(spec, Contraction):
         n, g = _loop(d, "n", spec.x.shape[0]), _loop(d, "g", spec.groups)
-        if spec.amx:                     # AMX A tiles, step-major (pack_weights_amx): every step's 16 pairs
-            mb, r = _loop(d, "mb", spec.m_blocks), _loop(d, "r", spec.mr)
-            s_ = _loop(d, "s", -(-((spec.k + 1) // 2) // AMX_TILE))
-            out.append(Access(kind, spec.a, [g, mb, s_, r, _loop(d, "kp", AMX_TILE), _loop(d, "pair", 2)], [], d,
-                              node=node))
+        if spec.amx:                     # AMX A tiles, step-major (pack_weights_amx), as x86/gemm.py's amx_tile
+            # addresses them: a weight block at (g Mb + mb) mr K2s words, step s at s mr 16 words, tile i at i 256,
+            # 16 rows of 16 words (one pair of bfloat16 each) 16 words apart: the flat word, times 2, plus the half
+            k2s = -(-((spec.k + 1) // 2) // AMX_TILE) * AMX_TILE
+            mb, s_ = _loop(d, "mb", spec.m_blocks), _loop(d, "s", k2s // AMX_TILE)
+            i, row, kp = _loop(d, "i", spec.mr // AMX_TILE), _loop(d, "row", AMX_TILE), _loop(d, "kp", AMX_TILE)
+            word = ((g * spec.m_blocks + mb) * (spec.mr * k2s) + s_ * (spec.mr * AMX_TILE) + i * (AMX_TILE * AMX_TILE)
+                    + row * AMX_TILE + kp)
+            out.append(Access(kind, spec.a, [word * 2 + _loop(d, "pair", 2)], [], d, node=node, flat=True))
         elif spec.precision == "bf16":     # bfloat16 pairs along K (pack_weights_bf16)
             mb, k, r = _loop(d, "mb", spec.m_blocks), _loop(d, "k", (spec.k + 1) // 2), _loop(d, "r", spec.mr)
             out.append(Access(kind, spec.a, [g, mb, k, r, _loop(d, "pair", 2)], [], d, node=node))

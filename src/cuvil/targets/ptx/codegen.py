@@ -147,7 +147,8 @@ class PtxKernelModule(LLVMKernelModule):
         # computed by the plain kernels instead
         self.plain_products: Dict[str, List[str]] = {}
         self.sm = int(re.sub(r"\D", "", arch) or 0)      # compute capability x 10 (sm_90a -> 90)
-        self.sms = sms_for(arch)                 # SMs of the GPU the bundle is for (tensor-core split-K plans)
+        # SMs the tensor-core products' split-K plans fill: the GPU's, shared by tuning.concurrency calls in flight
+        self.sms = max(1, sms_for(arch) // tuning.concurrency)
         self.scratch_offset = -(-scratch_offset // 256) * 256   # split-K counters and partials go after the arena
         self.scratch_bytes = 0
         self.counter_bytes = 0      # set by plan_scratch: one int32 per tile of the largest split convolution

@@ -16,6 +16,9 @@ class PtxTuning:
     conv_enabled: bool = True
     # blocks a convolution should launch (2 per SM of an H200): split-K below that
     target_blocks: int = 264
+    # inferences in flight the grids are sized for (PtxOptions.concurrency, concurrent_tuning): tensor-core
+    # products plan their K slices for (SMs // concurrency) SMs
+    concurrency: int = attrs.field(default=1, validator=attrs.validators.ge(1))
     # the next chunk's global loads are issued before this chunk's FMAs (off: after the barrier)
     pipeline: bool = True
     # float16 convolutions with 64-channel panels on sm_80+: tensor cores (mma.sync.m16n8k16)
@@ -182,14 +185,17 @@ MAX_CONCURRENCY = 64
 
 
 def concurrent_tuning(tuning: PtxTuning, concurrency: int) -> PtxTuning:
-    """``tuning`` for a bundle meant to run ``concurrency`` inferences at once: the block counts its kernels aim
-    for (a convolution's or attention's splits, a product's K groups, a GEMV's column blocks) divided by it, so
-    that that many calls in flight share the GPU instead of each splitting its reductions to fill it alone.
-    Measured on an H100, ResNet-50 float16 at batch 1 (bench/gpu/RESULTS.md, session 27): 4 threads on 4
-    sessions ran 1.91x one thread's calls per second with the default grids, 2.08x with the targets / 4 (one
-    call's latency unchanged) and 2.27x the default's one thread with / 8 (one call 1.2x slower)."""
+    """``tuning`` for a bundle meant to run ``concurrency`` inferences at once: what its kernels' grids aim for
+    divided by it (a convolution's or attention's split blocks, a GEMV's column blocks, a lane-split reduction's
+    threads, and, through ``concurrency``, the SMs a tensor-core product plans its K slices for; its tile choice,
+    ``mma_min_blocks``, is kept: a smaller target there picked larger tiles and then more slices), so that that
+    many calls in flight share the GPU instead of each splitting its reductions to fill it alone.
+    Measured on an H100 at batch 1 (bench/gpu/RESULTS.md, session 27), calls per second of 4 threads on 4
+    sessions against the default grids': ResNet-50 float16 1.09x built for 4, 1.19x for 8 (one call alone 1.06x /
+    1.23x slower); BERT-base float16 1.08x / 1.16x (one call alone 5% / 3% faster: fewer split-K sum kernels)."""
     if concurrency == 1:
         return tuning
-    return attrs.evolve(tuning, target_blocks=max(1, tuning.target_blocks // concurrency),
-                        mma_min_blocks=max(1, tuning.mma_min_blocks // concurrency),
-                        gemv_min_blocks=max(1, tuning.gemv_min_blocks // concurrency))
+    return attrs.evolve(tuning, concurrency=concurrency,
+                        target_blocks=max(1, tuning.target_blocks // concurrency),
+                        gemv_min_blocks=max(1, tuning.gemv_min_blocks // concurrency),
+                        split_target_threads=max(32, tuning.split_target_threads // concurrency))
