@@ -207,6 +207,9 @@ TUNED.update({"fp16_sync": ("fp16", {"mma_async": 0})})
 TUNED.update({f"{v}_fsk": (v, {"mma_fused_splitk": True}) for v in ("tf32", "fp16")})
 TUNED.update({f"{v}_cfsk": (v, {"conv_mma_fused_splitk": True}) for v in ("tf32", "fp16")})
 TUNED.update({f"{v}_nofsk": (v, {"mma_fused_splitk": False}) for v in ("tf32", "fp16")})
+# session 27: the products' K slices planned for 132 / C SMs only (PtxTuning.concurrency alone; convolutions and
+# GEMVs keep their grids): does one BERT call gain from fewer split-K slices, as the concurrency=4 / 8 builds did?
+TUNED.update({f"{v}_psm{c}": (v, {"concurrency": c}) for v in ("tf32", "fp16") for c in (2, 4)})
 
 # attention as one kernel (PtxTuning.fused_attention, ptx/attention.py): "_attn" on, "_noattn" off, each explicit
 TUNED.update({f"{v}_attn": (v, {"fused_attention": True}) for v in ("fp32", "tf32", "fp16")})
