@@ -1,7 +1,7 @@
 """bf16 on AMX: a 7x7-stage 1x1 convolution (512 -> 2048 and 2048 -> 512 at 7x7) against the same product as a
 MatMul over the 49 positions (x[1, 49, C] @ W[C, M]), each narrowed to bf16 by hand, 1 thread, in-kernel and wall."""
 import sys, time, numpy as np
-sys.path.insert(0, "src")
+sys.path.insert(0, "src")   # run from the repository root: python3 bench/results/xeon-session27/mm_vs_conv.py
 from onnx import helper, TensorProto, numpy_helper
 from cuvil import Pipeline
 from cuvil.targets.x86.loader import load
