@@ -119,6 +119,8 @@ class Tiles:
     def __init__(self, km, b: ir.IRBuilder):
         self.b = b
         self._load = km.declare("llvm.x86.tileloadd64.internal", X86_AMX, [I16, I16, ir.PointerType(ir.IntType(8)), I64])
+        self._load_t1 = km.declare("llvm.x86.tileloaddt164.internal", X86_AMX,
+                                   [I16, I16, ir.PointerType(ir.IntType(8)), I64])
         self._store = km.declare("llvm.x86.tilestored64.internal", ir.VoidType(),
                                  [I16, I16, ir.PointerType(ir.IntType(8)), I64, X86_AMX])
         self._zero = km.declare("llvm.x86.tilezero.internal", X86_AMX, [I16, I16])
@@ -127,11 +129,12 @@ class Tiles:
     def zero(self, rows: int = TILE_ROWS, colsb: int = TILE_BYTES):
         return self.b.call(self._zero, [I16(rows), I16(colsb)])
 
-    def load(self, ptr, stride_bytes, rows: int = TILE_ROWS, colsb: int = TILE_BYTES):
-        """A tile from ``rows`` rows of ``colsb`` bytes at ``ptr``, ``stride_bytes`` (i64 or int) apart."""
+    def load(self, ptr, stride_bytes, rows: int = TILE_ROWS, colsb: int = TILE_BYTES, streamed: bool = False):
+        """A tile from ``rows`` rows of ``colsb`` bytes at ``ptr``, ``stride_bytes`` (i64 or int) apart;
+        ``streamed``: ``tileloaddt1``, a hint that the data will not be reused soon (kept out of L1)."""
         stride = I64(stride_bytes) if isinstance(stride_bytes, int) else stride_bytes
-        return self.b.call(self._load, [I16(rows), I16(colsb), self.b.bitcast(ptr, ir.PointerType(ir.IntType(8))),
-                                        stride])
+        return self.b.call(self._load_t1 if streamed else self._load,
+                           [I16(rows), I16(colsb), self.b.bitcast(ptr, ir.PointerType(ir.IntType(8))), stride])
 
     def store(self, tile, ptr, stride_bytes, rows: int = TILE_ROWS, colsb: int = TILE_BYTES) -> None:
         stride = I64(stride_bytes) if isinstance(stride_bytes, int) else stride_bytes
@@ -144,7 +147,8 @@ class Tiles:
         return self.b.call(self._dpbf16, [I16(m), I16(n_bytes), I16(k_bytes), c, a, w])
 
 
-def bf16_tile_loop(em, tiles: Tiles, steps, a_at, a_stride, b_at, b_stride, mi: int, nj: int) -> list:
+def bf16_tile_loop(em, tiles: Tiles, steps, a_at, a_stride, b_at, b_stride, mi: int, nj: int,
+                   a_streamed: bool = False) -> list:
     """The k-loop of an ``mi`` x ``nj`` block of 16 x 16 float32 tiles (mi * nj + mi + nj <= 8 tiles): for
     step s in [0, steps) (an i64, at least 1), A tiles ``a_at(s, i)`` (16 rows of 32 bfloat16, ``a_stride``
     bytes apart) and B tiles ``b_at(s, j)`` (16 rows of 16 pairs, ``b_stride`` bytes apart) are loaded and
@@ -164,7 +168,7 @@ def bf16_tile_loop(em, tiles: Tiles, steps, a_at, a_stride, b_at, b_stride, mi: 
         ph = b.phi(X86_AMX)
         ph.add_incoming(x, pre)
         accs.append(ph)
-    a_t = [tiles.load(a_at(s, i), a_stride) for i in range(mi)]
+    a_t = [tiles.load(a_at(s, i), a_stride, streamed=a_streamed) for i in range(mi)]
     new = list(accs)
     for j in range(nj):              # one B tile live at a time: mi * nj + mi + 1 tiles
         w = tiles.load(b_at(s, j), b_stride)

@@ -161,7 +161,11 @@ def _amx_kernel(km, em, spec: PlaneContraction, sym: str, tile_f):
     """``compute(n, p0, mb)``: the 32 x 32 tile of weight block ``mb`` at wide positions p0.. into ``tile_f`` (four
     16 x 16 AMX accumulators; one loop over the steps s = (channel block, tap): the weight block's A tiles are
     consecutive in s; a step's position tiles are at its tap's shift, a constant table, in its block's first
-    pair plane, so the taps of one channel block re-read the same few lines of each pair's plane)."""
+    pair plane, so the taps of one channel block re-read the same few lines of each pair's plane). The weight
+    tiles, read once per unit, are loaded with ``tileloaddt1`` (a hint to keep them out of L1, where the planes'
+    lines are re-read over the taps; oneDNN's AMX convolutions load their weight tiles so): ResNet-50's 3x3 layers
+    at 56x56 and 28x28 0.83x and 0.92x, at 14x14 level (a Xeon with AMX, family 6 model 207; bench/PRECISION.md,
+    session 27). The same bits: a hint."""
     b = em.b
     tiles = Tiles(km, b)
     T, G, KB, F, PL, MR, NR = len(spec.taps), spec.groups, spec.k_blocks, spec.num_phases, spec.plane, spec.mr, spec.nr
@@ -184,7 +188,7 @@ def _amx_kernel(km, em, spec: PlaneContraction, sym: str, tile_f):
         accs = bf16_tile_loop(em, tiles, I64(T * KB),
                               lambda s, x: b.gep(w_mb, [b.add(b.mul(s, I64(a_bytes)), I64(x * a_bytes // 2))],
                                                  source_etype=I8, inbounds=True), 64,
-                              b_at, g_stride, 2, 2)
+                              b_at, g_stride, 2, 2, a_streamed=True)
         for x in range(2):
             for y in range(2):
                 tiles.store(accs[2 * x + y], b.gep(tile_f, [I64(x * 16 * NR + y * VW)], source_etype=F32), NR * 4)
