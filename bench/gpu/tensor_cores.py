@@ -209,6 +209,7 @@ TUNED.update({f"{v}_cfsk": (v, {"conv_mma_fused_splitk": True}) for v in ("tf32"
 TUNED.update({f"{v}_nofsk": (v, {"mma_fused_splitk": False}) for v in ("tf32", "fp16")})
 # session 27: the products' K slices planned for 132 / C SMs only (PtxTuning.concurrency alone; convolutions and
 # GEMVs keep their grids): does one BERT call gain from fewer split-K slices, as the concurrency=4 / 8 builds did?
+# (H100: fp16 1.086 -> 1.037 / 1.034 ms, TF32 1.515 -> 1.717 / 1.498: both ways; bench/gpu/RESULTS.md, session 27)
 TUNED.update({f"{v}_psm{c}": (v, {"concurrency": c}) for v in ("tf32", "fp16") for c in (2, 4)})
 
 # attention as one kernel (PtxTuning.fused_attention, ptx/attention.py): "_attn" on, "_noattn" off, each explicit
