@@ -26,7 +26,7 @@ def parse_value(key: str, text: str):
         raise SystemExit(f"no setting {key!r}; settings: {', '.join(setting_names())}")
     default = _TUNING_FIELDS[key].default
     if isinstance(default, bool):
-        return bool(int(text))
+        return text.lower() in ("1", "true") if text.lower() in ("0", "1", "true", "false") else bool(int(text))
     return type(default)(text)
 
 
@@ -35,6 +35,17 @@ def parse_settings(body: str) -> Dict[str, object]:
     out = {}
     for kv in filter(None, body.split(";")):
         k, _, v = kv.partition(":")
+        out[k] = parse_value(k, v)
+    return out
+
+
+def parse_assignments(text: str) -> Dict[str, object]:
+    """``KEY=VALUE,KEY=VALUE`` (the benches' ``--variants``; ``default``: none) -> {KEY: typed value}."""
+    if text == "default":
+        return {}
+    out = {}
+    for kv in filter(None, text.split(",")):
+        k, _, v = kv.partition("=")
         out[k] = parse_value(k, v)
     return out
 

@@ -186,15 +186,6 @@ def part_threads(args, paths):
             r["stats"] = {k: v for k, v in m.stats().items() if k != "buckets"}
 
 
-def parse_variant(text: str) -> dict:
-    """``name=value,...`` -> PtxTuning keywords (ints, booleans, else strings)."""
-    out = {}
-    for part in text.split(","):
-        k, _, v = part.partition("=")
-        out[k] = int(v) if v.lstrip("-").isdigit() else {"true": True, "false": False}.get(v.lower(), v)
-    return out
-
-
 def labels(args) -> list:
     """Each model, then each model under each ``--variants`` setting (``model[setting]``)."""
     return list(args.models) + [f"{m}[{v}]" for v in args.variants for m in args.models]
@@ -242,9 +233,10 @@ def main(argv=None) -> int:
     ap.add_argument("--parts", nargs="+", default=["threads", "pinned"], choices=["threads", "pinned"])
     ap.add_argument("--work", default="/tmp/cuvil-concurrency")
     ap.add_argument("--variants", nargs="*", default=[], metavar="NAME=VALUE[,...]",
-                    help="also each model compiled with these PtxTuning settings, e.g. target_blocks=66, or with "
-                         "the compile option concurrency=C (part threads)")
+                    help="also each model compiled with these PtxTuning settings (codegen_settings.py's, typed by "
+                         "their defaults), e.g. target_blocks=66, or with the compile option concurrency=C (part threads)")
     args = ap.parse_args(argv)
+    from codegen_settings import parse_assignments
     if 1 not in args.threads:
         args.threads = [1] + args.threads
     from cuvil.targets.ptx.runtime import device_info
@@ -253,10 +245,10 @@ def main(argv=None) -> int:
     log(f"device: {info['name']} ({info['arch']}); host: {RESULTS['host_cpu']}; load {os.getloadavg()}")
     jobs = [{"model": w, "batch": 1} for w in args.models] if "threads" in args.parts else []
     for v in args.variants:
-        if "concurrency" in parse_variant(v) and len(parse_variant(v)) > 1:
+        if "concurrency" in parse_assignments(v) and len(parse_assignments(v)) > 1:
             ap.error(f"--variants {v}: concurrency=C is a compile option, give it alone (not with PtxTuning settings)")
     if "threads" in args.parts:
-        jobs += [{"model": w, "batch": 1, "tuning": parse_variant(v), "label": f"{w}[{v}]"}
+        jobs += [{"model": w, "batch": 1, "tuning": parse_assignments(v), "label": f"{w}[{v}]"}
                  for v in args.variants for w in args.models]
     if "pinned" in args.parts:
         jobs += [{"model": "resnet50", "batch": n} for n in args.pinned_batches

@@ -24,16 +24,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "..", "src"))
 sys.path.insert(0, HERE)
 
 
-def parse_variant(text: str) -> dict:
-    if text == "default":
-        return {}
-    out = {}
-    for part in text.split(","):
-        k, _, v = part.partition("=")
-        out[k] = int(v) if v.lstrip("-").isdigit() else {"true": True, "false": False}.get(v.lower(), v)
-    return out
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--calls", type=int, default=8)
@@ -47,6 +37,7 @@ def main(argv=None) -> int:
     from cuvil.targets.ptx.runtime import device_info, load_bundle
     from cuvil.targets.ptx.tuning import PtxTuning
     from cuvil.testing import with_batch
+    from codegen_settings import parse_assignments
     from profiles import resnet50_batched
     info = device_info(0)
     print(f"device: {info['name']} ({info['arch']})", flush=True)
@@ -56,7 +47,7 @@ def main(argv=None) -> int:
     ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {name: x})[0]
     results = {}
     for text in a.variants:
-        kw = parse_variant(text)
+        kw = parse_assignments(text)
         with tempfile.TemporaryDirectory() as tmp:
             out = os.path.join(tmp, "b")
             g = Pipeline.from_onnx(with_batch(model, 1)).optimize().graph

@@ -553,7 +553,7 @@ def _family_obligations(st: Stage, node: E, doms) -> List[Access]:
         if spec.amx:                     # AMX A tiles, step-major (pack_weights_amx), as x86/gemm.py's amx_tile
             # addresses them: a weight block at (g Mb + mb) mr K2s words, step s at s mr 16 words, tile i at i 256,
             # 16 rows of 16 words (one pair of bfloat16 each) 16 words apart: the flat word, times 2, plus the half
-            k2s = -(-((spec.k + 1) // 2) // AMX_TILE) * AMX_TILE
+            k2s = spec.pair_rows
             mb, s_ = _loop(d, "mb", spec.m_blocks), _loop(d, "s", k2s // AMX_TILE)
             i, row, kp = _loop(d, "i", spec.mr // AMX_TILE), _loop(d, "row", AMX_TILE), _loop(d, "kp", AMX_TILE)
             word = ((g * spec.m_blocks + mb) * (spec.mr * k2s) + s_ * (spec.mr * AMX_TILE) + i * (AMX_TILE * AMX_TILE)

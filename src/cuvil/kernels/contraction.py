@@ -153,6 +153,13 @@ class Contraction:
         return (self.p + self.cols - 1) // self.cols
 
     @property
+    def pair_rows(self) -> int:
+        """Rows (pairs of k) of a bf16 operand along K: ceil(K/2), on AMX tiles rounded up to whole tile steps
+        (AMX_TILE pairs; the rows past ceil(K/2) zero in the weights and the pair panels alike)."""
+        k2 = (self.k + 1) // 2
+        return -(-k2 // AMX_TILE) * AMX_TILE if self.amx else k2
+
+    @property
     def flops(self) -> int:
         return 2 * self.n * self.groups * self.m * self.k * self.p
 

@@ -39,7 +39,7 @@ from .conv_mma import conv_stage_precisions, narrowed_convs_run
 from .matmul_mma import narrowed_nodes_run, stage_precisions, stage_scales
 from .ptxas import PtxasError, assemble, find_ptxas
 from .regpressure import relieve, sms_for
-from .tuning import DEFAULT_TUNING, PtxTuning
+from .tuning import DEFAULT_TUNING, PtxTuning, product_sms
 
 BUNDLE_SUFFIX = ".cuvil"
 PLAN_FORMAT = "cuvil-gpu-plan/1"
@@ -207,7 +207,7 @@ def compile_bundle(g: Graph, out_dir: str, *, arch: str = "sm_90", opt_level: in
         # the blocks the kernels' grids aim for (PtxTuning; PtxOptions.concurrency divides them)
         "grid_targets": {"concurrency": tuning.concurrency, "target_blocks": tuning.target_blocks,
                          "gemv_min_blocks": tuning.gemv_min_blocks, "split_target_threads": tuning.split_target_threads,
-                         "product_sms": max(1, sms_for(arch) // tuning.concurrency)},
+                         "product_sms": product_sms(sms_for(arch), tuning)},
         "tensor_core_kernels": {k: sum(1 for d in descs if d.kind == k) for k in sorted({d.kind for d in descs})
                                 if "mma" in k or k.startswith("matmul_")},
         "narrow_index": narrow_index,

@@ -68,7 +68,7 @@ from .matmul_mma import emit_matmul, matmul_parts, mma_format, plan_matmul
 from .matmul_mma import scratch_buf as mm_scratch_buf
 from .matmul_simt import emit_simt, plan_simt, simt_applies
 from .row_chain import chain_threads, emit_row_chain, row_chain_at
-from .tuning import DEFAULT_TUNING, PtxTuning
+from .tuning import DEFAULT_TUNING, PtxTuning, product_sms
 
 TRIPLE = "nvptx64-nvidia-cuda"
 BLOCK = 256
@@ -148,7 +148,7 @@ class PtxKernelModule(LLVMKernelModule):
         self.plain_products: Dict[str, List[str]] = {}
         self.sm = int(re.sub(r"\D", "", arch) or 0)      # compute capability x 10 (sm_90a -> 90)
         # SMs the tensor-core products' split-K plans fill: the GPU's, shared by tuning.concurrency calls in flight
-        self.sms = max(1, sms_for(arch) // tuning.concurrency)
+        self.sms = product_sms(sms_for(arch), tuning)
         self.scratch_offset = -(-scratch_offset // 256) * 256   # split-K counters and partials go after the arena
         self.scratch_bytes = 0
         self.counter_bytes = 0      # set by plan_scratch: one int32 per tile of the largest split convolution

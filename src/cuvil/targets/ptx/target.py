@@ -95,10 +95,9 @@ class PtxOptions(TargetOptions):
     def tuning(self) -> PtxTuning:
         """The kernel-shape settings these options select (``gemv``: PtxTuning.gemv, ``fused_attention``:
         PtxTuning.fused_attention, ``concurrency``: the grid targets divided, :func:`concurrent_tuning`)."""
-        if self.gemv == DEFAULT_TUNING.gemv and self.fused_attention == DEFAULT_TUNING.fused_attention:
-            return concurrent_tuning(DEFAULT_TUNING, self.concurrency)
-        return concurrent_tuning(attrs.evolve(DEFAULT_TUNING, gemv=self.gemv, fused_attention=self.fused_attention),
-                                 self.concurrency)
+        base = (DEFAULT_TUNING if (self.gemv, self.fused_attention) == (DEFAULT_TUNING.gemv, DEFAULT_TUNING.fused_attention)
+                else attrs.evolve(DEFAULT_TUNING, gemv=self.gemv, fused_attention=self.fused_attention))
+        return concurrent_tuning(base, self.concurrency)
 
 
 class PtxTarget:

@@ -184,6 +184,11 @@ DEFAULT_TUNING = PtxTuning()
 MAX_CONCURRENCY = 64
 
 
+def product_sms(sms: int, tuning: PtxTuning) -> int:
+    """SMs a tensor-core product's split-K plan fills: the GPU's ``sms``, shared by ``tuning.concurrency`` calls."""
+    return max(1, sms // tuning.concurrency)
+
+
 def concurrent_tuning(tuning: PtxTuning, concurrency: int) -> PtxTuning:
     """``tuning`` for a bundle meant to run ``concurrency`` inferences at once: what its kernels' grids aim for
     divided by it (a convolution's or attention's split blocks, a GEMV's column blocks, a lane-split reduction's

@@ -174,7 +174,7 @@ def channel_sweep(spec: Contraction) -> bool:
     kernel, a bf16 output of at least STREAM_PREFETCH_BYTES, all its pair panels within SWEEP_PANEL_BYTES."""
     return (spec.amx and spec.m <= spec.p and all(kd == 1 for kd in spec.kernel)
             and 2 * spec.m * spec.p >= STREAM_PREFETCH_BYTES
-            and spec.p_blocks * panel_pairs(spec) * spec.cols * 4 <= SWEEP_PANEL_BYTES)
+            and spec.p_blocks * spec.pair_rows * spec.cols * 4 <= SWEEP_PANEL_BYTES)
 
 
 def panel_major(spec: Contraction, sweep: bool = False) -> bool:
@@ -203,14 +203,7 @@ def bf16_panel_words(spec: Contraction, sweep: bool = False) -> int:
     if spec.precision != "bf16":
         return 0
     panels = 1 if panel_major(spec, sweep) else spec.p_blocks
-    return panels * panel_pairs(spec) * spec.cols
-
-
-def panel_pairs(spec: Contraction) -> int:
-    """Rows (pairs of k) of a bf16 pair panel: ceil(K/2), on AMX tiles rounded up to whole B tiles (16 rows;
-    the rows past ceil(K/2) zero, as the weights' padding)."""
-    k2 = (spec.k + 1) // 2
-    return -(-k2 // AMX_TILE) * AMX_TILE if spec.amx else k2
+    return panels * spec.pair_rows * spec.cols
 
 
 def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
@@ -557,7 +550,7 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
         em.loop_range(I64(0), count, one_bf16)
 
     K2 = (K + 1) // 2
-    K2s = panel_pairs(spec)              # rows of a stored pair panel (amx: whole B tiles)
+    K2s = spec.pair_rows              # rows of a stored pair panel (amx: whole B tiles)
 
     def ipt(base, off):
         return b.gep(base, [off], source_etype=I32, inbounds=True)
