@@ -663,19 +663,35 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
                     ir.Constant(pvec, [0] * vw), b.bitcast(ipt(at, b.mul(i, I64(vw))), pvec.as_pointer()), align=4))
     acc_base = fptr(scratch, I64(packed_floats(spec, sweep)))
 
-    def amx_tile(a_ptr, panel):
+    def amx_tile(a_ptr, panel, nj: int = 2):
         """The 32 x 32 tile on 2 x 2 AMX tiles: A = 16 channels x 16 pairs of the weights (a step's MR rows
         of 16 pairs contiguous, step after step: pack_weights_amx), B = 16 pairs x 16 positions of the pair panel
         (rows nr words apart); stored to the stack tile (rows of nr positions) and read back as the accumulator
-        vectors."""
+        vectors. ``nj`` = 1: only the first 16 positions (2 x 1 tiles: a last panel of at most 16 positions;
+        the stack tile's other columns are left as they are, and the epilogue masks them off)."""
         acc = bf16_tile_loop(em, tiles, I64(K2s // AMX_TILE),
                              lambda s_, i: ipt(a_ptr, b.add(b.mul(s_, I64(MR * AMX_TILE)), I64(i * AMX_TILE * AMX_TILE))),
                              AMX_TILE * 4,
                              lambda s_, j: ipt(panel, b.add(b.mul(s_, I64(AMX_TILE * nr)), I64(j * AMX_TILE))), nr * 4,
-                             2, 2)
+                             2, nj)
         for t_, tv in enumerate(acc):
-            i, j = divmod(t_, 2)
+            i, j = divmod(t_, nj)
             tiles.store(tv, fptr(tile_f, I64(i * AMX_TILE * nr + j * AMX_TILE)), nr * 4)
+        return _StoredTile(b, tile, vec, nacc)
+
+    # the last position panel holds P - (Pb - 1) nr positions: where that is 16 or fewer (ResNet-50's 14 x 14
+    # maps: 196 = 6 x 32 + 4), it takes half the tile's products (2 x 1 AMX tiles), the same values in its
+    # valid columns
+    half_last = amx and 0 < P - (Pb - 1) * nr <= AMX_TILE
+
+    def amx_unit(a_ptr, panel, pb):
+        if not half_last:
+            return amx_tile(a_ptr, panel)
+        with b.if_else(b.icmp_signed("==", pb, I64(Pb - 1))) as (last, whole):
+            with last:
+                amx_tile(a_ptr, panel, nj=1)
+            with whole:
+                amx_tile(a_ptr, panel)
         return _StoredTile(b, tile, vec, nacc)
 
     def tile_at(n, g, mb, pb, panel, slot, blk, b_stride=None):
@@ -686,7 +702,7 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
         last = blk == len(blocks) - 1
         if amx:
             a_ptr = ipt(a_base, b.mul(b.add(b.mul(g, I64(Mb)), mb), I64(MR * K2s)))
-            new = amx_tile(a_ptr, panel)
+            new = amx_unit(a_ptr, panel, pb)
         else:
             new = kloop(a_ptr, panel, k0, k1, None if blk == 0 else acc, None if last else acc, b_stride)
         if not last:
