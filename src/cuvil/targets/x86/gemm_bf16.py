@@ -69,9 +69,21 @@ def dpbf16(km, b: ir.IRBuilder):
     return mac
 
 
+#: AVX512_BF16's rounding of 16 floats, as its intrinsic (what LLVM lowers an fptrunc to bfloat to on such a CPU)
+CVTNEPS2BF16 = "llvm.x86.avx512bf16.cvtneps2bf16.512"
+
+
 def to_bf16(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
-    """``<16 x float>`` rounded to ``<16 x bfloat>`` (nearest even: ``vcvtneps2bf16``)."""
-    return b.fptrunc(x, ir.VectorType(BFLOAT, VW))
+    """``<16 x float>`` rounded to ``<16 x bfloat>`` (nearest even: ``vcvtneps2bf16``), through the instruction's
+    intrinsic rather than an ``fptrunc``: LLVM's combiner moves shuffles of fptrunc results above the fptrunc,
+    and an fptrunc of 32 floats picked from two strided masked loads (a stride-2 pair-planes pass) stopped its
+    instruction selection on an assertion (an abort, LLVM 20 in llvmlite 0.50). The same instruction either way,
+    so the same bits."""
+    mod = b.module
+    fn = mod.globals.get(CVTNEPS2BF16)
+    if fn is None:
+        fn = ir.Function(mod, ir.FunctionType(ir.VectorType(BFLOAT, VW), [ir.VectorType(F32, VW)]), CVTNEPS2BF16)
+    return b.call(fn, [x])
 
 
 def consecutive_pairs(b: ir.IRBuilder, lo: ir.Value, hi: ir.Value) -> ir.Value:
