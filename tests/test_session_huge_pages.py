@@ -34,7 +34,7 @@ def advised():
     return out
 
 path, batch = sys.argv[1], int(sys.argv[2])
-np.core.multiarray._set_madvise_hugepage(False)    # (numpy advises its own arrays of 4 MB and more)
+getattr(np, "_core", np.core).multiarray._set_madvise_hugepage(False)   # (numpy advises its own arrays of 4 MB+)
 before = advised()
 m = load(path, num_threads=2)
 x = np.random.default_rng(0).standard_normal((batch, 64, 128, 128)).astype(np.float32)
@@ -75,6 +75,8 @@ def test_session_memory_in_huge_pages(batch):
     off = run_child(art.path, runs, {"CUVIL_HUGE_PAGES": "0"})
     assert off["mappings"] == [], off["mappings"]
     assert on["bytes"] == off["bytes"] and on["sum"] == off["sum"] and on["sum"] > 0
+    if not os.path.exists(THP):
+        pytest.skip(f"no transparent huge pages on this kernel ({THP} missing): the advice is given and ignored")
     with open(THP) as f:
         enabled = f.read()
     if "[never]" in enabled:

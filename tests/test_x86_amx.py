@@ -122,6 +122,8 @@ CONV_CASES = [
     ((1, 256, 14, 14), (96, 256, 1, 1), {}),                                     # 1x1, 3 weight panels; the last
     #                                                                              panel 4 positions: 2 x 1 tiles
     ((2, 48, 28, 28), (40, 48, 1, 1), {}),                                       # last panel exactly 16 positions
+    ((1, 64, 28, 28), (768, 64, 1, 1), {}),                                      # M > P: weight-block order, the
+    #                                                                              short last panel of each block
     ((1, 33, 17, 17), (64, 33, 3, 3), dict(pads=[1, 1, 1, 1], dilations=[2, 2])),  # dilated, 17-wide rows
     ((2, 5, 9, 9), (12, 5, 1, 1), {}),                                           # 1x1 K=5, partial panel
     # k rows packed in pairs (the koff table): contiguous panels (34-wide rows) with an odd K = 27, whose last

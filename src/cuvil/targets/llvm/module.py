@@ -62,8 +62,10 @@ class LLVMKernelModule:
 
     def declare(self, name: str, ret: ir.Type, args: Sequence[ir.Type]) -> ir.Function:
         """The function ``name`` (an intrinsic or library call), declared once per module."""
-        if name not in self._decls:
-            self._decls[name] = ir.Function(self.module, ir.FunctionType(ret, list(args)), name=name)
+        if name not in self._decls:     # (one a helper declared straight into the module is reused)
+            known = self.module.globals.get(name)
+            self._decls[name] = known if known is not None else ir.Function(
+                self.module, ir.FunctionType(ret, list(args)), name=name)
         return self._decls[name]
 
     def function(self, sym: str, args: Sequence[ir.Type]) -> ir.Function:

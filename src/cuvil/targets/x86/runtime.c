@@ -319,7 +319,7 @@ static void *map_session_memory(size_t *bytes, int more_flags) {
   const int prot = PROT_READ | PROT_WRITE, flags = MAP_PRIVATE | MAP_ANONYMOUS | more_flags;
 #ifdef MADV_HUGEPAGE
   const char *env = getenv("CUVIL_HUGE_PAGES");
-  if (*bytes >= CUVIL_HUGE_MIN_BYTES && !(env && *env == '0')) {
+  if (*bytes >= CUVIL_HUGE_MIN_BYTES && *bytes <= SIZE_MAX - 2 * CUVIL_HUGE_PAGE && !(env && *env == '0')) {
     size_t len = (*bytes + CUVIL_HUGE_PAGE - 1) & ~(CUVIL_HUGE_PAGE - 1);
     char *r = (char *)mmap(NULL, len + CUVIL_HUGE_PAGE, prot, flags, -1, 0);
     if (r != (char *)MAP_FAILED) {
@@ -618,6 +618,12 @@ static struct cuvil_session *session_create(int num_threads, const void *weights
   const size_t page = CUVIL_PAGE;
   size_t arena_bytes = (m->arena_bytes > 0 && m->num_symbols == 0) ? ((size_t)m->arena_bytes + page - 1) & ~(page - 1) : 0;
   size_t stride = m->scratch_bytes > 0 ? ((size_t)m->scratch_bytes + page - 1) & ~(page - 1) : 0;
+  if (stride > 0 && (size_t)num_threads > (SIZE_MAX - arena_bytes) / stride) {
+    fail(CUVIL_ERR_NOMEM, "session memory for %d threads overflows the address space (arena %zu, %zu scratch each); "
+         "create the session with fewer threads", num_threads, arena_bytes, stride);
+    free_session(s);
+    return NULL;
+  }
   if (arena_bytes + stride > 0) {
     s->mem_bytes = arena_bytes + stride * (size_t)num_threads;
     void *p = map_session_memory(&s->mem_bytes, 0);
