@@ -77,7 +77,7 @@ def to_bf16(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
     """``<16 x float>`` rounded to ``<16 x bfloat>`` (nearest even: ``vcvtneps2bf16``), through the instruction's
     intrinsic rather than an ``fptrunc``: LLVM's combiner moves shuffles of fptrunc results above the fptrunc,
     and an fptrunc of 32 floats picked from two strided masked loads (a stride-2 pair-planes pass) stopped its
-    instruction selection on an assertion (an abort, LLVM 20 in llvmlite 0.50). The same instruction either way,
+    instruction selection on an assertion (an abort, LLVM 22.1 in llvmlite 0.50). The same instruction either way,
     so the same bits. (Other widths than 16 lanes: the fptrunc.)"""
     if x.type.count != VW:
         return b.fptrunc(x, ir.VectorType(BFLOAT, x.type.count))

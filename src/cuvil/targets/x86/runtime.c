@@ -324,8 +324,8 @@ static void *map_session_memory(size_t *bytes, int more_flags) {
     char *r = (char *)mmap(NULL, len + CUVIL_HUGE_PAGE, prot, flags, -1, 0);
     if (r != (char *)MAP_FAILED) {
       char *a = (char *)(((uintptr_t)r + CUVIL_HUGE_PAGE - 1) & ~(uintptr_t)(CUVIL_HUGE_PAGE - 1));
-      if (a > r) munmap(r, (size_t)(a - r));
-      if (a + len < r + len + CUVIL_HUGE_PAGE) munmap(a + len, (size_t)(r + len + CUVIL_HUGE_PAGE - (a + len)));
+      if (a > r) munmap(r, (size_t)(a - r));                        /* the head before the aligned start */
+      munmap(a + len, CUVIL_HUGE_PAGE - (size_t)(a - r));           /* the tail: never empty, a - r < 2 MB */
       madvise(a, len, MADV_HUGEPAGE);      /* a hint: refused, the pages stay 4 KB */
       *bytes = len;
       return a;
