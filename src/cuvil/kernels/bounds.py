@@ -39,6 +39,7 @@ from .contraction import (AMX_TILE, Contraction, DepthwiseWindow, MatContraction
                    fallback_weights)
 from .attention import AttentionTile
 from .contraction_int8 import MAX_NR, Int8Contraction, Int8Planes
+from .contraction_nhwc import ChannelsLastContraction, ChannelsLastRows, is_channels_last
 from .contraction_planes import CHANNEL_BLOCK, PairPlanes, PlaneContraction
 from .schedule import ARENA, WEIGHTS, Schedule, Stage, root_of
 from .texpr import E, Buf, _rebuild, as_index, dim_index, nodes, substitute, var
@@ -51,7 +52,8 @@ QUERY_RLIMIT = 10_000_000
 #: A wall-clock backstop far above what QUERY_RLIMIT takes, so a pathological query cannot hang a build.
 QUERY_TIMEOUT_MS = 120_000
 I64 = DType.INT64
-_FAMILIES = ("contract", "window", "wino_in", "wino_out", "padwin", "attention", "qgemm", "qplanes", "pplanes")
+_FAMILIES = ("contract", "window", "wino_in", "wino_out", "padwin", "attention", "qgemm", "qplanes", "pplanes",
+             "nhwc_rows")
 
 
 @attrs.define
@@ -702,6 +704,34 @@ def _family_obligations(st: Stage, node: E, doms) -> List[Access]:
         mb, t, kb = _loop(d, "mb", spec.m_blocks), _loop(d, "t", len(spec.taps)), _loop(d, "kb", spec.k_blocks)
         r, j = _loop(d, "r", spec.mr), _loop(d, "j", CHANNEL_BLOCK // 2)
         out.append(Access(kind, spec.w, [mb, kb, t, r, j, i], [], d, node=node))
+        m, oh, ow = _loop(d, "m", spec.m), _loop(d, "oh", spec.out_hw[0]), _loop(d, "ow", spec.out_hw[1])
+        out.append(_store(kind, st, [n, m, oh, ow], d, node))
+    elif node.op == "nhwc_rows" and isinstance(spec, ChannelsLastRows):
+        # x86/gemm_nhwc.py: a unit is one grid row (image, phase, row a); each of its positions inside the input
+        # copies the C channels of input position (ih, iw) (a channels-last input: whole runs of them), every other
+        # element of the row is zero
+        (sh, sw), (ph0, pw0), (H, W) = spec.strides, spec.begin, spec.in_hw
+        n, c = _loop(d, "n", spec.x.shape[0]), _loop(d, "c", spec.channels)
+        rh, rw = _loop(d, "rh", spec.phases[0]), _loop(d, "rw", spec.phases[1])
+        a, j = _loop(d, "a", spec.grid[0]), _loop(d, "j", spec.grid[1])
+        ih, iw = a * sh + rh - ph0, j * sw + rw - pw0
+        out.append(Access(kind, spec.x, [n, c, ih, iw], _inside(ih, H) + _inside(iw, W), d, node=node))
+        f, cp = _loop(d, "f", spec.phases[0] * spec.phases[1]), _loop(d, "cp", st.buf.shape[-1])
+        out.append(_store(kind, st, [n, f, a * spec.grid[1] + j, cp], d, node))
+    elif node.op == "contract" and isinstance(spec, ChannelsLastContraction):
+        # x86/gemm_nhwc.py: a unit is (image, 32 wide positions from min(32 pb, wide - 32), block of 32 output
+        # channels); per tap and step of 32 channels it reads its rows shifted by the tap's offset, whole rows of
+        # channels (of a [N, Q, Cp] copy, or of a value stored channels-last, addressed flat), and the weight
+        # block's B tiles whole; it stores the outputs (oh, ow) with ow < OW, the channels below M
+        n, p, c = _loop(d, "n", spec.n), _loop(d, "p", spec.wide), _loop(d, "c", spec.row)
+        off = _loop(d, "off", max(o for _, o in spec.taps) + 1)
+        if len(spec.a.shape) == 4 and not is_channels_last(spec.a):      # the phase planes' rows
+            f = _loop(d, "f", spec.a.shape[1])
+            out.append(Access(kind, spec.a, [n, f, p + off, c], [], d, node=node))
+        else:
+            out.append(Access(kind, spec.a, [n * spec.image + (p + off) * spec.row + c], [], d, node=node, flat=True))
+        w_idx = [_loop(d, f"w{k}", size) for k, size in enumerate(spec.w.shape)]
+        out.append(Access(kind, spec.w, w_idx, [], d, node=node))
         m, oh, ow = _loop(d, "m", spec.m), _loop(d, "oh", spec.out_hw[0]), _loop(d, "ow", spec.out_hw[1])
         out.append(_store(kind, st, [n, m, oh, ow], d, node))
     elif node.op == "qgemm" and isinstance(spec, Int8Contraction):

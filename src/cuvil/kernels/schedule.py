@@ -24,6 +24,7 @@ from .loops import LoopRegion, extend_lifetimes, lower_loop_back, lower_loop_sta
 from .lower import LOWERINGS, LowerCtx, TensorFn
 from .lower.core import bf16_stored
 from .bf16_storage import bf16_storage_reason
+from .contraction_nhwc import BF16_CHANNELS_LAST, ChannelsLastContraction, channels_last_pitch, channels_last_reader
 from .concat_in_place import write_concats_in_place
 from .pad_in_place import write_pads_in_place
 from .run_time_sizes import run_time_symbols
@@ -464,9 +465,30 @@ class _StageBuilder:
         if why is not None and plan and "residual" in why:
             why += " (the precision plan's: --precision bf16, its range certified finite in bf16)"
         if why is None:
-            return self.materialize(v.name, v.shape, v.dtype, fn, guard=guard)
-        self.bf16_stored[v.name] = why
-        return bf16_stored(self.materialize(v.name, v.shape, DType.BFLOAT16, fn, guard=guard))
+            out = self.materialize(v.name, v.shape, v.dtype, fn, guard=guard)
+        else:
+            self.bf16_stored[v.name] = why
+            out = bf16_stored(self.materialize(v.name, v.shape, DType.BFLOAT16, fn, guard=guard))
+        self._choose_layout(v, self.stages[-1])
+        return out
+
+    def _choose_layout(self, v: Value, st: Stage) -> None:
+        """Store ``v`` channels-last (its buffer pitched ``[N, H, W, C]``, :mod:`cuvil.kernels.contraction_nhwc`)
+        where its stage is a channels-last convolution (whose tiles hold rows of channels: contiguous stores) and
+        every reader takes it so: a channels-last convolution reading it as its input (in place, no copy), or a
+        residual Add / Sum (fused into a channels-last convolution's epilogue, where it loads vectors of
+        channels). Any other kernel that meets such a buffer addresses it through its strides (the generic loop
+        nest): the choice changes speed, never values."""
+        if BF16_CHANNELS_LAST not in self.narrow_formats or len(v.shape) != 4 or \
+                not all(isinstance(d, int) for d in v.shape) or st.buf.root is not None or st.buf.pitch is not None:
+            return
+        if not any(e.op == "contract" and isinstance(e.attr, ChannelsLastContraction) for e in top_level(st.expr, "contract")[0]):
+            return
+        users = self.g.consumers(v)
+        if not users:
+            return
+        if all(u.op in ("Add", "Sum") or channels_last_reader(u, v) for u in users):
+            st.buf.pitch = channels_last_pitch(v.shape)
 
     def copy_unproduced_outputs(self) -> None:
         """Outputs that no node produces (inputs, constants, duplicates) are copied."""

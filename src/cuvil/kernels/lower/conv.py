@@ -14,6 +14,8 @@ from ..texpr import I64, E, all_of, binop, call, cast, cmp, const, in_range, loa
 from ..contraction_planes import (BF16_PLANES, CHANNEL_BLOCK, MAX_PLANE_NR, PLANE_MR, PLANE_NR, PairPlanes, PlaneContraction,
                                   pack_plane_weights, pair_groups)
 from ..contraction_int8 import panel_positions
+from ..contraction_nhwc import (BF16_CHANNELS_LAST, NHWC_MR, CHANNEL_STEP, ChannelsLastContraction, ChannelsLastRows,
+                                channels_last_window, is_channels_last, pack_nhwc_weights, padded_channels)
 from ..phase_planes import plane_geometry, plane_length, plane_source
 from .core import LOWERINGS, TensorFn, bf16_stored, clamp, lowering, sub_ctx, unflat_index, widened
 from .quant import minus_zp
@@ -104,6 +106,11 @@ def conv_as_gemm(ctx, x, b, out, group, cin_g, m_g, kern, strides, dil, begin, w
     # a bf16 contraction's own copies of its input (zero-padded, or an inlined input stored) as bfloat16: the
     # values it rounds to, half the bytes, packed into pair panels without rounding (gemm.py)
     store = DType.BFLOAT16 if narrow == "bf16" and ctx.bf16_storage else x.dtype
+    if (narrow == "bf16" and BF16_CHANNELS_LAST in ctx.narrow_formats and AMX_TILES in ctx.narrow_formats
+            and not interleaved and not pads):
+        rows = channels_last_conv(ctx, x, b, wv, out, group, kern, strides, dil, begin)
+        if rows is not None:
+            return rows
     if narrow == "bf16" and BF16_PLANES in ctx.narrow_formats and not interleaved and group == 1 and not pads:
         planes = plane_conv(ctx, x, b, wv, out, kern, strides, dil, begin, store)
         if planes is not None:
@@ -222,6 +229,62 @@ def plane_conv(ctx, x, b, wv, out, kern, strides, dil, begin, store) -> Optional
             wv_ = cast(load(w_buf, [mb, g // half_block, t, r, g % half_block, i]), DType.FLOAT)
             return binop("mul", wv_, bv)
         acc = E("contract", [n, mo, oh, ow, reduce("sum", [kh_ * kw_, G, 2], term)], DType.FLOAT, spec)
+        return binop("add", acc, b([mo])) if b is not None else acc
+    return TensorFn(out, ctx.out_dtype(), f, "complex", contraction=True)
+
+
+def channels_last_conv(ctx, x, b, wv, out, group, kern, strides, dil, begin) -> Optional[TensorFn]:
+    """A bf16 2-D convolution on AMX tiles over channels-last rows (:mod:`cuvil.kernels.contraction_nhwc`): the
+    input read in place where its producer stored it channels-last with whole blocks of 32 channels and the window
+    reads it as it is (a stride-1 1x1 layer), else first copied once into channels-last phase planes (rounded to
+    bfloat16, zeros for padding and past the channels); the weights packed per tap as B tiles. None where the
+    form does not apply (:func:`cuvil.kernels.contraction_nhwc.channels_last_window`)."""
+    if channels_last_window(x.shape, wv.shape, out, strides, dil, begin, group) is not None:
+        return None
+    geo = plane_geometry(tuple(kern), tuple(strides), tuple(dil), tuple(out[2:]))
+    (rows, cols), (Hq, Wq), F = geo.phases, geo.grid, geo.num_phases
+    N, C, H, W = x.shape
+    M, (OH, OW) = out[1], tuple(out[2:])
+    Cp, PL = padded_channels(C), Hq * Wq
+    if (x.buf is not None and is_channels_last(x.buf) and x.buf.dtype == DType.BFLOAT16 and C == Cp and F == 1
+            and (Hq, Wq) == (H, W) and not any(begin) and geo.taps == ((0, 0),)):
+        a_buf, image = x.buf, H * W * C
+
+        def read(n, f, q, c):
+            return x([n, c, q // W, q % W])
+    else:
+        if x.buf is None:
+            x = ctx.temp(x.shape, DType.BFLOAT16 if ctx.bf16_storage else x.dtype, x.fn, "in")
+            if x.dtype == DType.BFLOAT16:
+                x = bf16_stored(x)
+        spec_in = ChannelsLastRows(x.buf, C, (H, W), tuple(begin[:2]), tuple(strides), (rows, cols), (Hq, Wq))
+
+        def rows_fn(idx):
+            n, f, q, c = idx
+            ch, ih, iw, inside = plane_source((n, c, f, q, const(0, I64)), 1, C, (H, W), begin, strides, cols, (Hq, Wq))
+            return E("nhwc_rows", [n, f, q, c, x.at_or([n, ch, ih, iw], inside, 0.0)], DType.FLOAT, spec_in)
+        a_fn = ctx.temp((N, F, PL, Cp), DType.BFLOAT16, rows_fn, "rows")
+        a_buf, image = a_fn.buf, F * PL * Cp
+
+        def read(n, f, q, c):
+            return cast(a_fn([n, f, q, c]), DType.FLOAT)
+    w_buf = ctx.weight(pack_nhwc_weights(wv.astype(np.float32)), "packed_nhwc")
+    spec = ChannelsLastContraction(a_buf, w_buf, N, M, C, geo.taps, Wq, (OH, OW), PL, image, Cp)
+    half = CHANNEL_STEP // 2
+    (KH, KW), (sh, sw), (dh, dw) = tuple(kern), tuple(strides), tuple(dil)
+
+    def f(idx):
+        n, mo, oh, ow = idx
+        p = oh * Wq + ow
+        mb, r = mo // NHWC_MR, mo % NHWC_MR
+
+        def term(t, g, i):
+            kh, kw = t // KW, t % KW
+            ph = ((kh * dh) % sh) * cols + (kw * dw) % sw
+            off = ((kh * dh) // sh) * Wq + (kw * dw) // sw
+            wt = cast(load(w_buf, [mb, t, g // half, g % half, r, i]), DType.FLOAT)
+            return binop("mul", wt, read(n, ph, p + off, g * 2 + i))
+        acc = E("contract", [n, mo, oh, ow, reduce("sum", [KH * KW, Cp // 2, 2], term)], DType.FLOAT, spec)
         return binop("add", acc, b([mo])) if b is not None else acc
     return TensorFn(out, ctx.out_dtype(), f, "complex", contraction=True)
 

@@ -215,7 +215,7 @@ class LLVMEmitter(ABC):
             out.add_incoming(alt, alt_block)
             return out
         if op in ("contract", "window", "piecewise", "wino_in", "wino_out", "padwin", "attention",
-                  "attention_keys", "qgemm", "qplanes", "pplanes"):   # nodes other schedules exploit: their plain value
+                  "attention_keys", "qgemm", "qplanes", "pplanes", "nhwc_rows"):   # nodes other schedules exploit: their plain value
             return self.emit(e.args[-1])
         args = [self.emit(a) for a in e.args] if op not in ("reduce", "argscan", "sequential") else []
         if op in ("add", "sub", "mul"):

@@ -26,6 +26,7 @@ from .depthwise import emit_depthwise_stage
 from .emitter import ROW_BLOCK, ROW_MAX, X86Emitter, row_reduction
 from .gemm import emit_gemm_stage
 from .gemm_int8 import emit_planes_stage, emit_qgemm_stage
+from .gemm_nhwc import emit_channels_last_stage, emit_rows_stage
 from .gemm_planes import emit_pair_planes_stage, emit_plane_gemm_stage
 from .matmul import emit_matmul_stage
 from .pad import emit_pad_stage
@@ -40,7 +41,7 @@ SMALL_STAGE = 32768
 # expression nodes whose one output element is a loop of its own (a reduction, a scan, a program, a product or
 # window): their stages keep the parallel range of their elements (KernelModule.parallel_dims)
 _PER_ELEMENT_LOOPS = frozenset(("reduce", "argscan", "sequential", "contract", "window", "attention", "qgemm",
-                                "qplanes", "pplanes", "wino_in", "wino_out", "padwin"))
+                                "qplanes", "pplanes", "nhwc_rows", "wino_in", "wino_out", "padwin"))
 
 
 def _elementwise(e) -> bool:
@@ -172,7 +173,8 @@ class KernelModule(LLVMKernelModule):
         """Emit ``st`` as function ``sym``; returns (parallel extent, grain). ``lead``: a generic loop nest
         flattens that many leading dims into its parallel range (default :meth:`parallel_dims`)."""
         done = (emit_qgemm_stage(self, st, sym) or emit_planes_stage(self, st, sym)      # int8 (AMX, VNNI) kernels
-                or emit_plane_gemm_stage(self, st, sym) or emit_pair_planes_stage(self, st, sym))   # bf16 planes
+                or emit_plane_gemm_stage(self, st, sym) or emit_pair_planes_stage(self, st, sym)   # bf16 planes
+                or emit_channels_last_stage(self, st, sym) or emit_rows_stage(self, st, sym))    # bf16 channels-last
         if done is not None:
             return done
         done = emit_matmul_stage(self, st, sym)

@@ -32,6 +32,7 @@ from .gemm_bf16 import bf16_isa_checks, narrow_formats
 from .gemm_fp16 import F16C_PATH, fp16_formats, fp16_isa_checks
 from ...kernels.contraction import AMX_TILES
 from ...kernels.contraction_int8 import AMX_INT8_TILES
+from ...kernels.contraction_nhwc import BF16_CHANNELS_LAST
 from ...kernels.contraction_planes import BF16_PLANES
 from .gemm_int8 import has_amx_int8, int8_isa_checks
 from .header import generate_header
@@ -189,6 +190,8 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
     # bf16 convolutions read pair planes (gemm_planes.py): on AMX tiles by default, with vdpbf16ps when asked
     if narrow and (tuning.bf16_planes or (tuning.bf16_planes is None and AMX_TILES in narrow)):
         narrow += (BF16_PLANES,)
+    if narrow and tuning.channels_last and AMX_TILES in narrow:    # channels-last AMX convolutions (gemm_nhwc.py)
+        narrow += (BF16_CHANNELS_LAST,)
     narrow += fp16_formats(target_cpu)   # float16 weight panels (gemm_fp16.py)
     if tuning.amx and has_amx_int8(target_cpu.features):   # int8 convolutions on AMX tiles (gemm_int8.py)
         narrow += (AMX_INT8_TILES,)

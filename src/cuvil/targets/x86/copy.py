@@ -66,6 +66,8 @@ def copy_plan(km, st: Stage) -> Optional[dict]:
         return None
     if src.storage is dst.storage:       # a move within one buffer keeps the loop's element order
         return None
+    if src.pitch is not None or dst.pitch is not None:      # (runs below assume row-major storage)
+        return None
     lo = [0] * n
     if st.region is not None:
         axis, r0, _ = st.region

@@ -38,6 +38,7 @@ import llvmlite.ir as ir
 from ...ir.dim import SymExpr
 from ...ir.dtype import DType
 from ...kernels.contraction import AMX_TILE, CHANNEL_LANES, MR, Contraction
+from ...kernels.contraction_nhwc import is_channels_last
 from ...kernels.schedule import Stage
 from ...kernels.texpr import E, contains, top_level
 from ..llvm.types import F16, F32, I32, I64, PTR, const_value, splat
@@ -209,8 +210,9 @@ def bf16_panel_words(spec: Contraction, sweep: bool = False) -> int:
 def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
     c = find_contraction(st)
     if (c is None or km.scratch_index is None or not isinstance(c.attr, Contraction) or c.attr.pads
-            or c.attr.x.dtype not in (DType.FLOAT, DType.BFLOAT16)):   # the GPU lowering's forms (unpadded,
-        return None                                                    # float16): the generic kernel
+            or c.attr.x.dtype not in (DType.FLOAT, DType.BFLOAT16)   # the GPU lowering's forms (unpadded,
+            or c.attr.x.pitch is not None):                          # float16), a channels-last input: the
+        return None                                                  # generic kernel
     spec: Contraction = c.attr
     if not batch_only(spec.x.shape, st.buf.shape):
         return None
@@ -855,7 +857,7 @@ def vector_epilogue_plan(st: Stage, node: E) -> Optional[dict]:
     float32 or bfloat16 output (the scheduler's bf16_storage: rounded by ``vcvtneps2bf16``). Returns
     ``{load uid: "channel" | "position"}``, or None (the spilled-tile epilogue then runs)."""
     names = [v.attr for v in st.vars]
-    if len(names) < 3:
+    if len(names) < 3 or is_channels_last(st.buf):
         return None
     per_channel = set(names[:2])
     kinds, seen = {}, set()
@@ -869,7 +871,7 @@ def vector_epilogue_plan(st: Stage, node: E) -> Optional[dict]:
         if e.op == "cast" and e.dtype == DType.FLOAT and e.args[0].op == "load" and e.args[0].dtype == DType.BFLOAT16:
             ld = e.args[0]       # a bfloat16 operand at the output position (a residual stored as bfloat16)
             if [a.attr if a.op == "var" else None for a in ld.args] == names and \
-                    tuple(ld.attr.shape[2:]) == tuple(st.buf.shape[2:]):
+                    tuple(ld.attr.shape[2:]) == tuple(st.buf.shape[2:]) and not is_channels_last(ld.attr):
                 kinds[e.uid] = "position16"
                 return True
             return False
@@ -880,7 +882,7 @@ def vector_epilogue_plan(st: Stage, node: E) -> Optional[dict]:
                 kinds[e.uid] = "channel"
                 return True
             if [a.attr if a.op == "var" else None for a in e.args] == names and \
-                    tuple(e.attr.shape[2:]) == tuple(st.buf.shape[2:]):
+                    tuple(e.attr.shape[2:]) == tuple(st.buf.shape[2:]) and not is_channels_last(e.attr):
                 kinds[e.uid] = "position"
                 return True
             return False

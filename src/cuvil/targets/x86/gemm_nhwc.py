@@ -1,0 +1,352 @@
+"""The x86 kernel of :class:`cuvil.kernels.contraction_nhwc.ChannelsLastContraction`: bf16 convolutions on AMX
+tiles whose A tiles are the activations' channels-last rows, loaded in place.
+
+A unit of the parallel range is 32 wide positions by one block of 32 output channels (units of one image,
+channel blocks fastest: a unit's rows of the input stay in L1 over the blocks). Its four 16 x 16 float32
+accumulators stay in tile registers over one loop of steps ``s = (tap, step of 32 input channels)``: the A tiles
+are 16 grid rows of 64 bytes at the tap's shift (a constant table), ``Cp * 2`` bytes apart; the B tiles are the
+weight block's next 2 KiB (one sequential stream). The last unit of an image starts at ``wide - 32`` (it
+overlaps the one before; no row past the grid is read). The tile is stored to the stack and the stage's
+epilogue runs per wide position that is an output (``ow < OW``, not computed by the unit before): on vectors of
+16 channels where every operand is per-channel or a channels-last value at the output position and the output
+is channels-last (bias, folded BatchNorm, Relu, a residual Add: stores of whole 32- or 64-byte runs), else
+element by element through the output's strides (any layout, any epilogue).
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import llvmlite.ir as ir
+
+from ...ir.dtype import DType
+from ...kernels.contraction_nhwc import NHWC_MR, NHWC_NR, ChannelsLastContraction, ChannelsLastRows, is_channels_last
+from ...kernels.schedule import Stage
+from ...kernels.texpr import E, nodes
+from ..llvm.narrow import I16
+from ..llvm.types import F32, I32, I64, const_value, splat
+from .amx import AMX_BF16_PATH, Tiles, bf16_tile_loop, has_amx
+from .gemm import _VEC_OPS, find_contraction, vector_op
+from .gemm_bf16 import to_bf16
+from .gemm_int8 import byte_ptr
+
+KIND = "bf16_nhwc_amx"
+VW = 16
+I8 = ir.IntType(8)
+
+
+def channel_vector_plan(st: Stage, node: E) -> Optional[dict]:
+    """Whether the stage's epilogue over ``node`` runs on vectors of 16 consecutive output channels: float
+    arithmetic, comparisons and selects over per-channel operands (loads indexed by constants, the image and the
+    channel, the channel at a unit stride or absent) and operands at the output position stored channels-last (a
+    residual, float32 or bfloat16), into a channels-last float32 or bfloat16 output. ``{load uid: kind}`` (kinds
+    "channel", "scalar", "position", "position16"), or None."""
+    names = [v.attr for v in st.vars]
+    if len(names) != 4 or st.buf.dtype not in (DType.FLOAT, DType.BFLOAT16) or not is_channels_last(st.buf):
+        return None
+    kinds, seen = {}, set()
+
+    def at_output(ld: E) -> bool:
+        return ([a.attr if a.op == "var" else None for a in ld.args] == names and is_channels_last(ld.attr)
+                and tuple(ld.attr.shape) == tuple(st.buf.shape))
+
+    def ok(e: E) -> bool:
+        if e.uid in seen:
+            return True
+        seen.add(e.uid)
+        if e is node:
+            return True
+        if e.op == "cast" and e.dtype == DType.FLOAT and e.args[0].op == "load" and e.args[0].dtype == DType.BFLOAT16:
+            if at_output(e.args[0]):
+                kinds[e.uid] = "position16"
+                return True
+        if e.op == "load":
+            if e.dtype != DType.FLOAT or any(a.op not in ("const", "var") for a in e.args):
+                return False
+            if at_output(e):
+                kinds[e.uid] = "position"
+                return True
+            used = [a.attr for a in e.args if a.op == "var"]
+            if any(u not in names[:2] for u in used) or used.count(names[1]) > 1:
+                return False
+            if names[1] not in used:
+                kinds[e.uid] = "scalar"
+                return True
+            k = next(i for i, a in enumerate(e.args) if a.op == "var" and a.attr == names[1])
+            if e.attr.strides[k] != 1:
+                return False
+            kinds[e.uid] = "channel"
+            return True
+        if e.op not in _VEC_OPS or (e.op not in ("cmp", "and", "or", "not", "select") and not e.dtype.is_float):
+            return False
+        if e.op == "cmp" and not e.args[0].dtype.is_float:
+            return False
+        return all(ok(a) for a in e.args)
+    return kinds if ok(st.expr) else None
+
+
+def emit_channels_last_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]]:
+    """Emit a channels-last convolution stage on AMX tiles; (parallel extent, grain), or None (the generic loop
+    nest computes the node's plain value)."""
+    c = find_contraction(st)
+    if c is None or not isinstance(c.attr, ChannelsLastContraction) or st.region is not None or len(st.buf.shape) != 4:
+        return None
+    spec: ChannelsLastContraction = c.attr
+    if not has_amx(getattr(km, "cpu_features", ())):
+        km.narrow_paths[sym] = "fp32 fallback"      # (the loop nest computes the plain bf16 expression)
+        return None
+    MR, NR = NHWC_MR, NHWC_NR
+    PB, MB, T, S = spec.p_blocks, spec.m_blocks, len(spec.taps), spec.steps
+    OW, Wq, wide = spec.out_hw[1], spec.wq, spec.wide
+    step_bytes = 16 * MR * 2 * 2          # one (tap, step) of a weight block: 16 rows of 32 output channels' pairs
+    em, begin, end = km.kernel(sym)
+    b = em.b
+    cbuf = em.alloca(ir.ArrayType(F32, NR * MR))      # the unit's accumulators: [NR positions][MR channels]
+    cbuf.align = 64
+    tile_f = b.bitcast(cbuf, ir.PointerType(F32))
+    tiles = Tiles(km, b)
+    arr = ir.ArrayType(I64, T)            # per tap, bytes from a row to the row at its shift
+    shifts = ir.GlobalVariable(km.module, arr, name=f"{sym}.shifts")
+    shifts.global_constant, shifts.linkage = True, "internal"
+    shifts.initializer = ir.Constant(arr, [spec.shift(t) * spec.row * 2 for t in range(T)])
+    plan = channel_vector_plan(st, c) if spec.m % VW == 0 else None
+    vector = _ChannelVectors(em, st, c, plan, tile_f, spec.m) if plan is not None else None
+
+    def unit(u):
+        mb, rest = b.srem(u, I64(MB)), b.sdiv(u, I64(MB))
+        pb, n = b.srem(rest, I64(PB)), b.sdiv(rest, I64(PB))
+        first = b.mul(pb, I64(NR))
+        p0 = b.select(b.icmp_signed(">", first, I64(wide - NR)), I64(wide - NR), first)
+        a_n = byte_ptr(em, spec.a, b.mul(b.add(b.mul(n, I64(spec.image)), b.mul(p0, I64(spec.row))), I64(2)))
+        w_mb = byte_ptr(em, spec.w, b.mul(mb, I64(T * S * step_bytes)))
+
+        def a_at(s, i):
+            t, cs = b.udiv(s, I64(S)), b.urem(s, I64(S))
+            shift = b.load(b.gep(shifts, [I32(0), t], inbounds=True), typ=I64)
+            off = b.add(shift, b.add(I64(i * 16 * spec.row * 2), b.mul(cs, I64(64))))
+            return b.gep(a_n, [off], source_etype=I8, inbounds=True)
+
+        def b_at(s, j):
+            return b.gep(w_mb, [b.add(b.mul(s, I64(step_bytes)), I64(j * 64))], source_etype=I8, inbounds=True)
+        accs = bf16_tile_loop(em, tiles, I64(T * S), a_at, spec.row * 2, b_at, MR * 4, 2, 2)
+        for i in range(2):
+            for j in range(2):
+                tiles.store(accs[2 * i + j], b.gep(tile_f, [I64(i * 16 * MR + j * 16)], source_etype=F32), MR * 4)
+        m0 = b.mul(mb, I64(MR))
+        if vector is not None:
+            vector.unit(n, m0)
+
+        def row(r):
+            p = b.add(p0, r)
+            keep = b.icmp_signed(">=", p, first)
+            if Wq != OW:
+                oh, ow = b.sdiv(p, I64(Wq)), b.srem(p, I64(Wq))
+                keep = b.and_(keep, b.icmp_signed("<", ow, I64(OW)))
+                pos = b.add(b.mul(oh, I64(OW)), ow)
+            else:
+                pos = p
+            with b.if_then(keep):
+                em.memo.append({})
+                if vector is not None:
+                    vector.row(r, pos)
+                else:
+                    _element_epilogue(em, st, c, tile_f, r, n, m0, b.sdiv(pos, I64(OW)), b.srem(pos, I64(OW)), spec.m)
+                em.memo.pop()
+        em.loop_range(I64(0), I64(NR), row)
+
+    em.loop_range(begin, end, unit)
+    b.ret_void()
+    km.window_kinds[sym] = KIND
+    km.narrow_paths[sym] = AMX_BF16_PATH
+    return spec.n * PB * MB, 1
+
+
+class _ChannelVectors:
+    """The stage's epilogue on vectors of 16 channels (a plan of :func:`channel_vector_plan`): per unit, its
+    per-channel operands loaded once (:meth:`unit`); per output position ``pos`` (``oh * OW + ow``) of the tile's
+    row ``r``, the operands at the position and the output addressed as channels-last rows (:meth:`row`)."""
+
+    def __init__(self, em, st: Stage, node: E, kinds: dict, tile_f, m_total: int):
+        self.em, self.b, self.st, self.node, self.kinds, self.tile_f = em, em.b, st, node, kinds, tile_f
+        self.m_total = m_total
+        self.vec, self.h16 = ir.VectorType(F32, VW), ir.VectorType(I16, VW)
+        self.names = [v.attr for v in st.vars]
+        _, self.channels, h, w = st.buf.shape
+        self.hw = h * w
+        self.loaded = {}
+
+    def unit(self, n, m0) -> None:
+        em, b = self.em, self.b
+        self.n, self.m0 = n, m0
+        self.loaded = {}
+        for uid, kind in self.kinds.items():
+            if kind not in ("scalar", "channel"):
+                continue
+            e = _node(self.st.expr, uid)
+            vecs = []
+            for v in range(NHWC_MR // VW):
+                m = b.add(m0, I64(v * VW))
+                em.env[self.names[0]], em.env[self.names[1]] = n, m
+                em.memo.append({})
+                if kind == "scalar":
+                    vecs.append(splat(b, em.emit(e), VW))
+                else:        # (a block of 32 channels past M: only whole vectors below M are loaded)
+                    ok = self.m_total % NHWC_MR == 0 or v == 0
+                    ptr = b.bitcast(em.address(e.attr, [em.emit(a) for a in e.args]), self.vec.as_pointer())
+                    if ok:
+                        vecs.append(b.load(ptr, typ=self.vec, align=4))
+                    else:
+                        slot = em.alloca(self.vec)
+                        b.store(ir.Constant(self.vec, [0.0] * VW), slot)
+                        with b.if_then(b.icmp_signed("<", m, I64(self.m_total))):
+                            b.store(b.load(ptr, typ=self.vec, align=4), slot)
+                        vecs.append(b.load(slot, typ=self.vec))
+                em.memo.pop()
+            self.loaded[uid] = vecs
+
+    def _at(self, buf, pos, m):
+        """Address of element ``m`` of output position ``pos`` of image ``self.n`` in a channels-last ``buf``."""
+        b = self.b
+        flat = b.add(b.mul(b.add(b.mul(self.n, I64(self.hw)), pos), I64(self.channels)), m)
+        base = b.gep(self.em.base(buf), [I64(buf.offset)], source_etype=I8, inbounds=True)
+        return b.gep(base, [flat], source_etype=I16 if buf.dtype == DType.BFLOAT16 else F32, inbounds=True)
+
+    def row(self, r, pos) -> None:
+        b, st, vec, h16 = self.b, self.st, self.vec, self.h16
+        for v in range(NHWC_MR // VW):
+            m = b.add(self.m0, I64(v * VW))
+            memo = {}
+
+            def emit(e: E):
+                if e.uid in memo:
+                    return memo[e.uid]
+                kind = self.kinds.get(e.uid)
+                if e is self.node:
+                    ptr = b.gep(self.tile_f, [b.add(b.mul(r, I64(NHWC_MR)), I64(v * VW))], source_etype=F32)
+                    out = b.load(b.bitcast(ptr, vec.as_pointer()), typ=vec, align=4)
+                elif e.op == "const":
+                    out = splat(b, const_value(e.attr, e.dtype), VW)
+                elif kind in ("scalar", "channel"):
+                    out = self.loaded[e.uid][v]
+                elif kind == "position":
+                    out = b.load(b.bitcast(self._at(e.attr, pos, m), vec.as_pointer()), typ=vec, align=4)
+                elif kind == "position16":           # a bfloat16 residual, widened exactly
+                    h = b.load(b.bitcast(self._at(e.args[0].attr, pos, m), h16.as_pointer()), typ=h16, align=2)
+                    wide = ir.VectorType(I32, VW)
+                    out = b.bitcast(b.shl(b.zext(h, wide), ir.Constant(wide, [16] * VW)), vec)
+                else:
+                    out = vector_op(b, self.em, e, [emit(a) for a in e.args])
+                memo[e.uid] = out
+                return out
+
+            def body():
+                value = emit(st.expr)
+                dst = self._at(st.buf, pos, m)
+                if st.buf.dtype == DType.BFLOAT16:
+                    b.store(b.bitcast(to_bf16(b, value), h16), b.bitcast(dst, h16.as_pointer()), align=2)
+                else:
+                    b.store(value, b.bitcast(dst, vec.as_pointer()), align=4)
+            if self.m_total % NHWC_MR == 0 or v == 0:
+                body()
+            else:
+                with b.if_then(b.icmp_signed("<", m, I64(self.m_total))):
+                    body()
+
+
+def _node(expr: E, uid: int) -> E:
+    return next(x for x in nodes(expr) if x.uid == uid)
+
+
+def _element_epilogue(em, st: Stage, node: E, tile_f, r, n, m0, oh, ow, m_total: int) -> None:
+    """Position ``r`` of the tile, channel by channel through the output's strides (any epilogue, any layout)."""
+    b = em.b
+    names = [v.attr for v in st.vars]
+    left = b.sub(I64(m_total), m0)
+    count = b.select(b.icmp_signed("<", left, I64(NHWC_MR)), left, I64(NHWC_MR))
+
+    def channel(j):
+        at = [n, b.add(m0, j), oh, ow]
+        for name, i in zip(names, at):
+            em.env[name] = i
+        em.memo.append({node.uid: b.load(b.gep(tile_f, [b.add(b.mul(r, I64(NHWC_MR)), j)], source_etype=F32), typ=F32)})
+        b.store(em.to_memory(em.emit(st.expr), st.buf.dtype), em.address(st.buf, at))
+        em.memo.pop()
+    em.loop_range(I64(0), count, channel)
+
+
+def emit_rows_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]]:
+    """Emit the channels-last phase planes of a convolution's input (``E("nhwc_rows")``) where the input is stored
+    channels-last: a unit is one grid row (image, phase, row), its positions inside the input copied as whole rows
+    of channels (bfloat16: one run for the row's inside columns at column stride 1 with no channels to pad;
+    float32, whole vectors of 16 channels: rounded to bfloat16 as they are copied), every other byte of the row
+    zeroed. Else None (the generic loop nest: a channel-planar input)."""
+    if st.expr.op != "nhwc_rows" or not isinstance(st.expr.attr, ChannelsLastRows) or st.region is not None:
+        return None
+    spec: ChannelsLastRows = st.expr.attr
+    if find_contraction(st, "nhwc_rows") is not st.expr or not is_channels_last(spec.x) or st.buf.dtype != DType.BFLOAT16 \
+            or len(st.buf.shape) != 4 or not (spec.x.dtype == DType.BFLOAT16 or spec.x.dtype == DType.FLOAT and spec.channels % VW == 0):
+        return None
+    wide = spec.x.dtype == DType.FLOAT       # float32 rows rounded to bfloat16 (nearest even) as they are copied
+    vec, h16 = ir.VectorType(F32, VW), ir.VectorType(I16, VW)
+    N, F, PL, Cp = st.buf.shape
+    C, (H, W), (ph0, pw0), (sh, sw), (_, cols), (Hq, Wq) = (spec.channels, spec.in_hw, spec.begin, spec.strides,
+                                                             spec.phases, spec.grid)
+    em, begin, end = km.kernel(sym)
+    b = em.b
+    memcpy = km.declare("llvm.memcpy.p0.p0.i64", ir.VoidType(), [ir.PointerType(I8), ir.PointerType(I8), I64, ir.IntType(1)])
+    memset = km.declare("llvm.memset.p0.i64", ir.VoidType(), [ir.PointerType(I8), I8, I64, ir.IntType(1)])
+    false = ir.Constant(ir.IntType(1), 0)
+
+    def zero(ptr, nbytes):
+        b.call(memset, [ptr, ir.Constant(I8, 0), nbytes, false])
+
+    def unit(u):
+        a, rest = b.srem(u, I64(Hq)), b.sdiv(u, I64(Hq))
+        f, n = b.srem(rest, I64(F)), b.sdiv(rest, I64(F))
+        rh, rw = b.sdiv(f, I64(cols)), b.srem(f, I64(cols))
+        dst = byte_ptr(em, st.buf, b.mul(b.add(b.mul(b.add(b.mul(n, I64(F)), f), I64(PL)), b.mul(a, I64(Wq))), I64(Cp * 2)))
+        ih = b.sub(b.add(b.mul(a, I64(sh)), rh), I64(ph0))
+        inside = b.and_(b.icmp_signed(">=", ih, I64(0)), b.icmp_signed("<", ih, I64(H)))
+        with b.if_else(inside) as (then, otherwise):
+            with then:
+                # inside columns: j with 0 <= j sw + rw - pw0 < W, i.e. lo <= j < hi
+                lo = b.sdiv(b.add(b.sub(I64(pw0), rw), I64(sw - 1)), I64(sw))
+                lo = b.select(b.icmp_signed("<", lo, I64(0)), I64(0), lo)
+                hi = b.add(b.sdiv(b.add(b.sub(I64(W - 1 + pw0), rw), I64(sw)), I64(sw)), I64(0))
+                hi = b.select(b.icmp_signed(">", hi, I64(Wq)), I64(Wq), hi)
+                hi = b.select(b.icmp_signed("<", hi, lo), lo, hi)
+                zero(dst, b.mul(lo, I64(Cp * 2)))
+                zero(b.gep(dst, [b.mul(hi, I64(Cp * 2))], source_etype=I8, inbounds=True), b.mul(b.sub(I64(Wq), hi), I64(Cp * 2)))
+                item = spec.x.dtype.itemsize
+                src_row = byte_ptr(em, spec.x, b.mul(b.mul(b.add(b.mul(n, I64(H)), ih), I64(W)), I64(C * item)))
+
+                def src_at(j):
+                    iw = b.sub(b.add(b.mul(j, I64(sw)), rw), I64(pw0))
+                    return b.gep(src_row, [b.mul(iw, I64(C * item))], source_etype=I8, inbounds=True)
+
+                def rounded(j):
+                    d, s = b.gep(dst, [b.mul(j, I64(Cp * 2))], source_etype=I8, inbounds=True), src_at(j)
+                    for v in range(C // VW):
+                        x = b.load(b.bitcast(b.gep(s, [I64(v * VW * 4)], source_etype=I8), vec.as_pointer()), typ=vec, align=4)
+                        b.store(b.bitcast(to_bf16(b, x), h16),
+                                b.bitcast(b.gep(d, [I64(v * VW * 2)], source_etype=I8), h16.as_pointer()), align=2)
+                    if Cp > C:
+                        zero(b.gep(d, [I64(C * 2)], source_etype=I8, inbounds=True), I64((Cp - C) * 2))
+                if wide:
+                    em.loop_range(lo, hi, rounded)
+                elif sw == 1 and Cp == C:          # one run of whole rows
+                    b.call(memcpy, [b.gep(dst, [b.mul(lo, I64(Cp * 2))], source_etype=I8, inbounds=True), src_at(lo),
+                                    b.mul(b.sub(hi, lo), I64(C * 2)), false])
+                else:
+                    def column(j):
+                        d = b.gep(dst, [b.mul(j, I64(Cp * 2))], source_etype=I8, inbounds=True)
+                        b.call(memcpy, [d, src_at(j), I64(C * 2), false])
+                        if Cp > C:
+                            zero(b.gep(d, [I64(C * 2)], source_etype=I8, inbounds=True), I64((Cp - C) * 2))
+                    em.loop_range(lo, hi, column)
+            with otherwise:
+                zero(dst, I64(Wq * Cp * 2))
+
+    em.loop_range(begin, end, unit)
+    b.ret_void()
+    km.window_kinds[sym] = "nhwc_rows"
+    return N * F * Hq, 1
