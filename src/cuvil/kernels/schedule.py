@@ -246,6 +246,7 @@ class _StageBuilder:
         self.gpu_attention = False           # schedule's gpu_attention (LowerCtx.gpu_attention)
         self.inline_views = False            # schedule's inline_views
         self.bf16_stored: Dict[str, str] = {}
+        self.shared_temps: dict = {}          # LowerCtx.shared
         self.fns: Dict[int, TensorFn] = {}
         self.bufs: Dict[int, Buf] = {}
         self.expensive: Dict[int, bool] = {}
@@ -358,7 +359,8 @@ class _StageBuilder:
         outs = low(LowerCtx(node, ins, self._input_store(node, ins), self.packed_weight, *self.lower_options, used_outputs=used,
                             narrow_formats=self.narrow_formats, matmul_tile=self.matmul_tile,
                             tile_choices=self.tile_choices, bf16_storage=bool(self.bf16_storage),
-                            gpu_attention=self.gpu_attention, set_size=(lambda value, name=writes: self.write_symbol(name, value)) if writes else None))
+                            gpu_attention=self.gpu_attention,
+                            shared=self.shared_temps if node.guard is None and not self.open_loops else None, set_size=(lambda value, name=writes: self.write_symbol(name, value)) if writes else None))
         inlined = [v for v in node.inputs if v is not None and id(v) not in self.bufs]
         # an expression that inlines a reduction is expensive however cheap its own op is
         inlined_cost = any(self.expensive.get(id(v), False) for v in inlined)

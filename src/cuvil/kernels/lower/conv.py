@@ -263,7 +263,8 @@ def channels_last_conv(ctx, x, b, wv, out, group, kern, strides, dil, begin) -> 
             n, f, q, c = idx
             ch, ih, iw, inside = plane_source((n, c, f, q, const(0, I64)), 1, C, (H, W), begin, strides, cols, (Hq, Wq))
             return E("nhwc_rows", [n, f, q, c, x.at_or([n, ch, ih, iw], inside, 0.0)], DType.FLOAT, spec_in)
-        a_fn = ctx.temp((N, F, PL, Cp), DType.BFLOAT16, rows_fn, "rows")
+        key = ("nhwc_rows", id(x.buf), x.buf.dtype, spec_in.begin, spec_in.strides, spec_in.phases, spec_in.grid, Cp)
+        a_fn = ctx.shared_temp(key, (N, F, PL, Cp), DType.BFLOAT16, rows_fn, "rows")
         a_buf, image = a_fn.buf, F * PL * Cp
 
         def read(n, f, q, c):

@@ -62,8 +62,11 @@ class LowerCtx:
                  row_kernels: bool = False, channel_tile_cost: Optional[float] = None,
                  used_outputs: Optional[Sequence[bool]] = None, set_size: Optional[Callable] = None,
                  narrow_formats: Sequence[str] = (), matmul_tile: tuple = (), bf16_storage: bool = False,
-                 tile_choices: Optional[dict] = None, gpu_attention: bool = False):
+                 tile_choices: Optional[dict] = None, gpu_attention: bool = False, shared: Optional[dict] = None):
         self.node, self.inputs, self._temp, self._weight = node, inputs, temp, weight
+        # copies one reader stored that a later reader may take as they are (key -> TensorFn; None: none may be
+        # shared here, in a guard or a run-time loop, where a store may not run before the later reader)
+        self.shared = shared
         # (GPU) FusedAttention lowers to the GPU kernel's node, operands read in place (schedule's gpu_attention)
         self.gpu_attention = gpu_attention
         # (rows, cols) of a float32 constant-weight MatMul's register tile; () = (MR, gemm_cols)
@@ -138,6 +141,15 @@ class LowerCtx:
     def temp(self, shape, dtype, fn, name="tmp") -> TensorFn:
         """Materialise ``fn`` over ``shape`` into a scratch buffer; returns a loader of it."""
         return self._temp(tuple(shape), dtype, fn, f"{self.node.name}_{name}")
+
+    def shared_temp(self, key, shape, dtype, fn, name="tmp") -> TensorFn:
+        """:meth:`temp`, or the one an earlier reader stored under ``key`` (which must name everything ``fn``
+        computes: the buffer it reads and how)."""
+        if self.shared is None:
+            return self.temp(shape, dtype, fn, name)
+        if key not in self.shared:
+            self.shared[key] = self.temp(shape, dtype, fn, name)
+        return self.shared[key]
 
     def weight(self, array: np.ndarray, name: str) -> Optional[Buf]:
         """A compile-time constant (e.g. weights repacked for a kernel) stored with the weights; None when the

@@ -25,7 +25,7 @@ from ...kernels.texpr import E, nodes
 from ..llvm.narrow import I16
 from ..llvm.types import F32, I32, I64, const_value, splat
 from .amx import AMX_BF16_PATH, Tiles, bf16_tile_loop, has_amx
-from .gemm import _VEC_OPS, find_contraction, vector_op
+from .gemm import _VEC_OPS, find_contraction, transpose_lanes, vector_op
 from .gemm_bf16 import to_bf16
 from .gemm_int8 import byte_ptr
 
@@ -274,30 +274,103 @@ def _element_epilogue(em, st: Stage, node: E, tile_f, r, n, m0, oh, ow, m_total:
 
 
 def emit_rows_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]]:
-    """Emit the channels-last phase planes of a convolution's input (``E("nhwc_rows")``) where the input is stored
-    channels-last: a unit is one grid row (image, phase, row), its positions inside the input copied as whole rows
-    of channels (bfloat16: one run for the row's inside columns at column stride 1 with no channels to pad;
-    float32, whole vectors of 16 channels: rounded to bfloat16 as they are copied), every other byte of the row
-    zeroed. Else None (the generic loop nest: a channel-planar input)."""
+    """Emit the channels-last phase planes of a convolution's input (``E("nhwc_rows")``): a unit is one grid row
+    (image, phase, row); its positions inside the input are copied, every other byte of the row zeroed. An input
+    stored channels-last is copied as whole rows of channels (bfloat16: one run for the row's inside columns at
+    column stride 1 with no channels to pad; float32, whole vectors of 16 channels: rounded to bfloat16 as they are
+    copied). A channel-planar input at column stride 1 is transposed in registers, 16 channels by 16 positions at a
+    time (masked row loads, :func:`cuvil.targets.x86.gemm.transpose_lanes`, 32-byte stores of 16 channels). Else
+    None (the generic loop nest)."""
     if st.expr.op != "nhwc_rows" or not isinstance(st.expr.attr, ChannelsLastRows) or st.region is not None:
         return None
     spec: ChannelsLastRows = st.expr.attr
-    if find_contraction(st, "nhwc_rows") is not st.expr or not is_channels_last(spec.x) or st.buf.dtype != DType.BFLOAT16 \
-            or len(st.buf.shape) != 4 or not (spec.x.dtype == DType.BFLOAT16 or spec.x.dtype == DType.FLOAT and spec.channels % VW == 0):
+    if find_contraction(st, "nhwc_rows") is not st.expr or st.buf.dtype != DType.BFLOAT16 or len(st.buf.shape) != 4 \
+            or spec.x.dtype not in (DType.BFLOAT16, DType.FLOAT) or len(spec.x.shape) != 4:
         return None
-    wide = spec.x.dtype == DType.FLOAT       # float32 rows rounded to bfloat16 (nearest even) as they are copied
+    planar = spec.x.pitch is None
+    if planar and spec.strides[1] != 1 or not planar and not is_channels_last(spec.x) \
+            or not planar and spec.x.dtype == DType.FLOAT and spec.channels % VW:
+        return None
+    wide = spec.x.dtype == DType.FLOAT       # float32 values rounded to bfloat16 (nearest even) as they are copied
     vec, h16 = ir.VectorType(F32, VW), ir.VectorType(I16, VW)
     N, F, PL, Cp = st.buf.shape
     C, (H, W), (ph0, pw0), (sh, sw), (_, cols), (Hq, Wq) = (spec.channels, spec.in_hw, spec.begin, spec.strides,
                                                              spec.phases, spec.grid)
+    item = spec.x.dtype.itemsize
     em, begin, end = km.kernel(sym)
     b = em.b
     memcpy = km.declare("llvm.memcpy.p0.p0.i64", ir.VoidType(), [ir.PointerType(I8), ir.PointerType(I8), I64, ir.IntType(1)])
     memset = km.declare("llvm.memset.p0.i64", ir.VoidType(), [ir.PointerType(I8), I8, I64, ir.IntType(1)])
     false = ir.Constant(ir.IntType(1), 0)
+    i1v = ir.VectorType(ir.IntType(1), VW)
+    fload = km.declare("llvm.masked.load.v16f32.p0", vec, [ir.PointerType(I8), I32, i1v, vec])
+    hload = km.declare("llvm.masked.load.v16i16.p0", h16, [ir.PointerType(I8), I32, i1v, h16])
+    lanes = ir.Constant(ir.VectorType(I64, VW), list(range(VW)))
 
     def zero(ptr, nbytes):
         b.call(memset, [ptr, ir.Constant(I8, 0), nbytes, false])
+
+    def at(ptr, off):
+        return b.gep(ptr, [off], source_etype=I8, inbounds=True)
+
+    def channels_last(dst, lo, hi, n, ih, rw):
+        src_row = byte_ptr(em, spec.x, b.mul(b.mul(b.add(b.mul(n, I64(H)), ih), I64(W)), I64(C * item)))
+
+        def src_at(j):
+            iw = b.sub(b.add(b.mul(j, I64(sw)), rw), I64(pw0))
+            return at(src_row, b.mul(iw, I64(C * item)))
+
+        def rounded(j):
+            d, s_ = at(dst, b.mul(j, I64(Cp * 2))), src_at(j)
+            for v in range(C // VW):
+                x = b.load(b.bitcast(at(s_, I64(v * VW * 4)), vec.as_pointer()), typ=vec, align=4)
+                b.store(b.bitcast(to_bf16(b, x), h16), b.bitcast(at(d, I64(v * VW * 2)), h16.as_pointer()), align=2)
+            if Cp > C:
+                zero(at(d, I64(C * 2)), I64((Cp - C) * 2))
+
+        def copied(j):
+            d = at(dst, b.mul(j, I64(Cp * 2)))
+            b.call(memcpy, [d, src_at(j), I64(C * 2), false])
+            if Cp > C:
+                zero(at(d, I64(C * 2)), I64((Cp - C) * 2))
+        if wide:
+            em.loop_range(lo, hi, rounded)
+        elif sw == 1 and Cp == C:          # one run of whole rows
+            b.call(memcpy, [at(dst, b.mul(lo, I64(Cp * 2))), src_at(lo), b.mul(b.sub(hi, lo), I64(C * 2)), false])
+        else:
+            em.loop_range(lo, hi, copied)
+
+    def transposed(dst, lo, hi, n, ih, rw):
+        plane = byte_ptr(em, spec.x, b.mul(b.add(b.mul(b.mul(n, I64(C)), I64(H * W)), b.mul(ih, I64(W))), I64(item)))
+        blocks = b.sdiv(b.add(b.sub(hi, lo), I64(VW - 1)), I64(VW))
+
+        def block(k):
+            j0 = b.add(lo, b.mul(k, I64(VW)))
+            count = b.sub(hi, j0)
+            count = b.select(b.icmp_signed(">", count, I64(VW)), I64(VW), count)
+            mask = b.icmp_signed("<", lanes, splat(b, count, VW))
+            iw0 = b.sub(b.add(j0, rw), I64(pw0))
+
+            def group(g):
+                c0 = b.mul(g, I64(VW))
+                rows = []
+                for ci in range(VW):
+                    c = b.add(c0, I64(ci))
+                    src = at(plane, b.mul(b.add(b.mul(c, I64(H * W)), iw0), I64(item)))
+                    live = b.and_(mask, splat(b, b.icmp_signed("<", c, I64(C)), VW))
+                    if wide:
+                        rows.append(b.call(fload, [src, I32(4), live, ir.Constant(vec, [0.0] * VW)]))
+                    else:
+                        h = b.call(hload, [src, I32(2), live, ir.Constant(h16, [0] * VW)])
+                        w32 = ir.VectorType(I32, VW)
+                        rows.append(b.bitcast(b.shl(b.zext(h, w32), ir.Constant(w32, [16] * VW)), vec))
+                cols_, _ = transpose_lanes(b, rows, VW, 1)
+                for l, x in enumerate(cols_):
+                    d = at(dst, b.mul(b.add(b.mul(b.add(j0, I64(l)), I64(Cp)), c0), I64(2)))
+                    with b.if_then(b.icmp_signed("<", I64(l), count)):
+                        b.store(b.bitcast(to_bf16(b, x), h16), b.bitcast(d, h16.as_pointer()), align=2)
+            em.loop_range(I64(0), I64(Cp // VW), group)
+        em.loop_range(I64(0), blocks, block)
 
     def unit(u):
         a, rest = b.srem(u, I64(Hq)), b.sdiv(u, I64(Hq))
@@ -311,38 +384,12 @@ def emit_rows_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]]:
                 # inside columns: j with 0 <= j sw + rw - pw0 < W, i.e. lo <= j < hi
                 lo = b.sdiv(b.add(b.sub(I64(pw0), rw), I64(sw - 1)), I64(sw))
                 lo = b.select(b.icmp_signed("<", lo, I64(0)), I64(0), lo)
-                hi = b.add(b.sdiv(b.add(b.sub(I64(W - 1 + pw0), rw), I64(sw)), I64(sw)), I64(0))
+                hi = b.sdiv(b.add(b.sub(I64(W - 1 + pw0), rw), I64(sw)), I64(sw))
                 hi = b.select(b.icmp_signed(">", hi, I64(Wq)), I64(Wq), hi)
                 hi = b.select(b.icmp_signed("<", hi, lo), lo, hi)
                 zero(dst, b.mul(lo, I64(Cp * 2)))
-                zero(b.gep(dst, [b.mul(hi, I64(Cp * 2))], source_etype=I8, inbounds=True), b.mul(b.sub(I64(Wq), hi), I64(Cp * 2)))
-                item = spec.x.dtype.itemsize
-                src_row = byte_ptr(em, spec.x, b.mul(b.mul(b.add(b.mul(n, I64(H)), ih), I64(W)), I64(C * item)))
-
-                def src_at(j):
-                    iw = b.sub(b.add(b.mul(j, I64(sw)), rw), I64(pw0))
-                    return b.gep(src_row, [b.mul(iw, I64(C * item))], source_etype=I8, inbounds=True)
-
-                def rounded(j):
-                    d, s = b.gep(dst, [b.mul(j, I64(Cp * 2))], source_etype=I8, inbounds=True), src_at(j)
-                    for v in range(C // VW):
-                        x = b.load(b.bitcast(b.gep(s, [I64(v * VW * 4)], source_etype=I8), vec.as_pointer()), typ=vec, align=4)
-                        b.store(b.bitcast(to_bf16(b, x), h16),
-                                b.bitcast(b.gep(d, [I64(v * VW * 2)], source_etype=I8), h16.as_pointer()), align=2)
-                    if Cp > C:
-                        zero(b.gep(d, [I64(C * 2)], source_etype=I8, inbounds=True), I64((Cp - C) * 2))
-                if wide:
-                    em.loop_range(lo, hi, rounded)
-                elif sw == 1 and Cp == C:          # one run of whole rows
-                    b.call(memcpy, [b.gep(dst, [b.mul(lo, I64(Cp * 2))], source_etype=I8, inbounds=True), src_at(lo),
-                                    b.mul(b.sub(hi, lo), I64(C * 2)), false])
-                else:
-                    def column(j):
-                        d = b.gep(dst, [b.mul(j, I64(Cp * 2))], source_etype=I8, inbounds=True)
-                        b.call(memcpy, [d, src_at(j), I64(C * 2), false])
-                        if Cp > C:
-                            zero(b.gep(d, [I64(C * 2)], source_etype=I8, inbounds=True), I64((Cp - C) * 2))
-                    em.loop_range(lo, hi, column)
+                zero(at(dst, b.mul(hi, I64(Cp * 2))), b.mul(b.sub(I64(Wq), hi), I64(Cp * 2)))
+                (transposed if planar else channels_last)(dst, lo, hi, n, ih, rw)
             with otherwise:
                 zero(dst, I64(Wq * Cp * 2))
 
