@@ -36,6 +36,10 @@ from amx_resnet_ab import cpu_model  # noqa: E402
 from precision_speed import model_and_feeds  # noqa: E402
 
 
+#: the steps matched to OpenVINO's convolution nodes layer by layer (the packed-panel and channels-last kernels)
+CONV_KERNELS = ("gemm", "bf16_nhwc_amx")
+
+
 def producers(model) -> dict:
     """ONNX value name -> the node (name) writing it."""
     return {o: n.name for n in model.graph.node for o in n.output}
@@ -124,7 +128,7 @@ def main(argv=None):
     for n_ in model.graph.node:
         for i_ in n_.input:
             readers[i_].append(n_.name)
-    written = {st["stage"] for st in steps if st.get("kernel") == "gemm"}
+    written = {st["stage"] for st in steps if st.get("kernel") in CONV_KERNELS}
 
     def back(node, want):
         """From ONNX node ``node`` back to the nearest node for which ``want`` holds: along first inputs, at a
@@ -143,7 +147,7 @@ def main(argv=None):
     used_ov = set()
     for si, st in enumerate(steps):
         ms = [float(cu_med[k][si]) for k in labels]
-        if st.get("kernel") != "gemm":
+        if st.get("kernel") not in CONV_KERNELS:
             r = rows[f"cuvil {st.get('kernel')} ({st['op']})"]
             for j in range(nl):
                 r[j] += ms[j]
