@@ -5,7 +5,8 @@ float32, only the float32 sums differ from a float64 reference over the rounded 
 
 The AVX512_BF16 kernels are tested by tests/test_x86_bf16.py (which asks for them with
 ``X86Tuning(amx=False)``); here the default build on an AMX host must take the tiles and record
-``path: "amx_bf16"``. Skipped, with the reason printed, on CPUs without AMX-BF16 (every AMD so far).
+``path: "amx_bf16"``. The convolutions here are the channel-planar ones (``X86Tuning(channels_last=False)``);
+the channels-last kernels, the default on AMX, are tested by tests/test_x86_amx_nhwc.py. Skipped, with the reason printed, on CPUs without AMX-BF16 (every AMD so far).
 """
 import numpy as np
 import pytest
@@ -26,7 +27,13 @@ needs_amx = pytest.mark.skipif(not HAS_AMX, reason=f"no AMX-BF16 on this CPU ({c
                                                    "kernels cannot run here")
 
 
-def narrowed(model, ranges=None, **compile_kw):
+def narrowed(model, ranges=None, channels_last: bool = False, **compile_kw):
+    """``model`` narrowed to bf16 over ``ranges`` (default +-8 per input). ``channels_last`` False (the default
+    here): the channel-planar kernels these tests are about (X86Tuning(channels_last=False); the channels-last
+    ones: tests/test_x86_amx_nhwc.py)."""
+    import attrs
+    from cuvil.targets.x86.tuning import X86Tuning
+    compile_kw["tuning"] = attrs.evolve(compile_kw.get("tuning") or X86Tuning(), channels_last=channels_last)
     if ranges is None:
         ranges = {vi.name: (-8.0, 8.0) for vi in model.graph.input}
     art = Pipeline.from_onnx(model).optimize().compile(precision="bf16", input_ranges=ranges, **compile_kw)

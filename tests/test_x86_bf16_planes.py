@@ -35,8 +35,10 @@ PANELS = X86Tuning(bf16_planes=False)
 
 def narrowed(model, amx=True, **compile_kw):
     ranges = {vi.name: (-8.0, 8.0) for vi in model.graph.input}
+    # (the planes, not the channels-last kernels that take these windows first on AMX: tests/test_x86_amx_nhwc.py)
+    compile_kw["tuning"] = attrs.evolve(compile_kw.get("tuning", X86Tuning()), channels_last=False)
     if not amx:          # (the vdpbf16ps kernel over planes is opt-in: X86Tuning.bf16_planes)
-        tuning = compile_kw.get("tuning", X86Tuning())
+        tuning = compile_kw["tuning"]
         compile_kw["tuning"] = attrs.evolve(tuning, amx=False, bf16_planes=tuning.bf16_planes is not False)
     return Pipeline.from_onnx(model).optimize().compile(precision="bf16", input_ranges=ranges, **compile_kw)
 

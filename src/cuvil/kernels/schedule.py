@@ -80,6 +80,8 @@ class Schedule:
     pads_in_place: List[str] = attrs.field(factory=list)
     # values whose producer writes its slice of a stored concatenation (``concat_in_place``)
     concats_in_place: List[str] = attrs.field(factory=list)
+    # values stored channels-last (``[N, H, W, C]``) between channels-last convolutions (kernels.contraction_nhwc)
+    channels_last: List[str] = attrs.field(factory=list)
 
     @property
     def ranges(self) -> Dict[str, Tuple[int, int]]:
@@ -201,7 +203,7 @@ def schedule(g: Graph, gemm_cols: int = 0, split_concat: bool = False, gemm_tile
     wbytes = _plan_weights(weights)
     return Schedule(stages, builder.in_bufs, builder.out_bufs, [(b, a) for b, a in weights.values() if a is not None],
                     arena, wbytes, builder.fused, syms, builder.loops, len(data_syms), limits, builder.hidden_bufs,
-                    builder.bf16_stored, in_place, in_concat)
+                    builder.bf16_stored, in_place, in_concat, builder.channels_last)
 
 
 def _run_time_symbols(g: Graph, data_syms: Dict[str, Symbol]) -> List[Symbol]:
@@ -247,6 +249,7 @@ class _StageBuilder:
         self.inline_views = False            # schedule's inline_views
         self.bf16_stored: Dict[str, str] = {}
         self.shared_temps: dict = {}          # LowerCtx.shared
+        self.channels_last: List[str] = []    # Schedule.channels_last
         self.fns: Dict[int, TensorFn] = {}
         self.bufs: Dict[int, Buf] = {}
         self.expensive: Dict[int, bool] = {}
@@ -491,6 +494,7 @@ class _StageBuilder:
             return
         if all(u.op in ("Add", "Sum") or channels_last_reader(u, v) for u in users):
             st.buf.pitch = channels_last_pitch(v.shape)
+            self.channels_last.append(v.name)
 
     def copy_unproduced_outputs(self) -> None:
         """Outputs that no node produces (inputs, constants, duplicates) are copied."""

@@ -310,9 +310,9 @@ def emit_rows_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]]:
     (image, phase, row); its positions inside the input are copied, every other byte of the row zeroed. An input
     stored channels-last is copied as whole rows of channels (bfloat16: one run for the row's inside columns at
     column stride 1 with no channels to pad; float32, whole vectors of 16 channels: rounded to bfloat16 as they are
-    copied). A channel-planar input at column stride 1 is transposed in registers, 16 channels by 16 positions at a
-    time (masked row loads, :func:`cuvil.targets.x86.gemm.transpose_lanes`, 32-byte stores of 16 channels). Else
-    None (the generic loop nest)."""
+    copied). A channel-planar input is transposed in registers, 16 channels by 16 positions at a time (masked row
+    loads, gathers at a column stride, :func:`cuvil.targets.x86.gemm.transpose_lanes`, 32-byte stores of 16
+    channels). Else None (the generic loop nest)."""
     if st.expr.op != "nhwc_rows" or not isinstance(st.expr.attr, ChannelsLastRows) or st.region is not None:
         return None
     spec: ChannelsLastRows = st.expr.attr
@@ -320,8 +320,7 @@ def emit_rows_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]]:
             or spec.x.dtype not in (DType.BFLOAT16, DType.FLOAT) or len(spec.x.shape) != 4:
         return None
     planar = spec.x.pitch is None
-    if planar and spec.strides[1] != 1 or not planar and not is_channels_last(spec.x) \
-            or not planar and spec.x.dtype == DType.FLOAT and spec.channels % VW:
+    if not planar and not is_channels_last(spec.x) or not planar and spec.x.dtype == DType.FLOAT and spec.channels % VW:
         return None
     wide = spec.x.dtype == DType.FLOAT       # float32 values rounded to bfloat16 (nearest even) as they are copied
     vec, h16 = ir.VectorType(F32, VW), ir.VectorType(I16, VW)
@@ -337,7 +336,11 @@ def emit_rows_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]]:
     i1v = ir.VectorType(ir.IntType(1), VW)
     fload = km.declare("llvm.masked.load.v16f32.p0", vec, [ir.PointerType(I8), I32, i1v, vec])
     hload = km.declare("llvm.masked.load.v16i16.p0", h16, [ir.PointerType(I8), I32, i1v, h16])
+    ptrs = ir.VectorType(ir.PointerType(I8), VW)
+    fgather = km.declare("llvm.masked.gather.v16f32.v16p0", vec, [ptrs, I32, i1v, vec])
+    hgather = km.declare("llvm.masked.gather.v16i16.v16p0", h16, [ptrs, I32, i1v, h16])
     lanes = ir.Constant(ir.VectorType(I64, VW), list(range(VW)))
+    strided = ir.Constant(ir.VectorType(I64, VW), [l * sw * item for l in range(VW)])
 
     def zero(ptr, nbytes):
         b.call(memset, [ptr, ir.Constant(I8, 0), nbytes, false])
@@ -381,7 +384,7 @@ def emit_rows_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]]:
             count = b.sub(hi, j0)
             count = b.select(b.icmp_signed(">", count, I64(VW)), I64(VW), count)
             mask = b.icmp_signed("<", lanes, splat(b, count, VW))
-            iw0 = b.sub(b.add(j0, rw), I64(pw0))
+            iw0 = b.sub(b.add(b.mul(j0, I64(sw)), rw), I64(pw0))
 
             def group(g):
                 c0 = b.mul(g, I64(VW))
@@ -390,10 +393,14 @@ def emit_rows_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]]:
                     c = b.add(c0, I64(ci))
                     src = at(plane, b.mul(b.add(b.mul(c, I64(H * W)), iw0), I64(item)))
                     live = b.and_(mask, splat(b, b.icmp_signed("<", c, I64(C)), VW))
+                    if sw > 1:       # (a column stride: the lanes' elements sw apart)
+                        at_ = b.gep(splat(b, src, VW), [strided], source_etype=I8)
                     if wide:
-                        rows.append(b.call(fload, [src, I32(4), live, ir.Constant(vec, [0.0] * VW)]))
+                        rows.append(b.call(fload, [src, I32(4), live, ir.Constant(vec, [0.0] * VW)]) if sw == 1 else
+                                    b.call(fgather, [at_, I32(4), live, ir.Constant(vec, [0.0] * VW)]))
                     else:
-                        h = b.call(hload, [src, I32(2), live, ir.Constant(h16, [0] * VW)])
+                        h = (b.call(hload, [src, I32(2), live, ir.Constant(h16, [0] * VW)]) if sw == 1 else
+                             b.call(hgather, [at_, I32(2), live, ir.Constant(h16, [0] * VW)]))
                         w32 = ir.VectorType(I32, VW)
                         rows.append(b.bitcast(b.shl(b.zext(h, w32), ir.Constant(w32, [16] * VW)), vec))
                 cols_, _ = transpose_lanes(b, rows, VW, 1)

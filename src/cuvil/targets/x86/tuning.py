@@ -93,7 +93,7 @@ class X86Tuning:
     # (cuvil.kernels.contraction_nhwc, gemm_nhwc.py), and a value whose producer is such a convolution and whose
     # every reader takes it so is stored channels-last (no copy between them). False: the channel-planar forms
     # (bench/amx_resnet_ab.py --no-channels-last)
-    channels_last: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    channels_last: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
     # a float32 activation read only by bf16 convolutions (which round it to bfloat16 anyway) is stored as
     # bfloat16, and so are their zero-padded input copies (cuvil.kernels.schedule's bf16_storage): half the
     # bytes written and read, pair panels packed without rounding. False: float32 activations (the A/B)

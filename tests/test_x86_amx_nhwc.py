@@ -1,0 +1,235 @@
+"""bf16 convolutions on AMX tiles over channels-last rows (cuvil.kernels.contraction_nhwc,
+cuvil.targets.x86.gemm_nhwc), the default on a CPU with AMX-BF16: every window form they take (pads, asymmetric
+pads, strides through phase planes, dilations, 5x5 and non-square kernels, channels that do not fill the last block
+of 32, output channels past whole blocks, dropped wide columns, batch 2) against a float64 numpy convolution of
+the bfloat16-rounded operands within the bound of float32 sums; the rows copy from every kind of input (a
+channel-planar float32 graph input, a channel-planar bfloat16 pool output, a channels-last bfloat16 or float32
+value); the layout choice (values stored channels-last between such convolutions, read in place by a 1x1 reader,
+one rows copy shared by two readers); the vector and the element epilogues against the channel-planar build; the
+forms that keep the other kernels. Skipped, with the reason printed, on a CPU without AMX-BF16."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from cuvil import Pipeline
+from cuvil.kernels.contraction_nhwc import channels_last_pitch, is_channels_last, pack_nhwc_weights
+from cuvil.kernels.texpr import Buf
+from cuvil.ir.dtype import DType
+from cuvil.targets.x86.amx import has_amx
+from cuvil.targets.x86.cpu import cpu_label, host_cpu
+from cuvil.targets.x86.tuning import X86Tuning
+from cuvil.testing.conv_models import conv_epilogue_model
+from test_x86_bf16 import bf16, conv_ref, resnet_like
+
+HAS_AMX = has_amx(host_cpu().features)
+needs_amx = pytest.mark.skipif(not HAS_AMX, reason=f"no AMX-BF16 on this CPU ({cpu_label()}): the tile kernels "
+                                                   "cannot run here")
+PLANAR = X86Tuning(channels_last=False)
+
+
+def narrowed(model, **compile_kw):
+    ranges = {vi.name: (-8.0, 8.0) for vi in model.graph.input}
+    return Pipeline.from_onnx(model).optimize().compile(precision="bf16", input_ranges=ranges, **compile_kw)
+
+
+def kernels(art):
+    return [s["kernel"] for s in art.manifest["steps"]]
+
+
+def initializer(model, name):
+    return numpy_helper.to_array(next(i for i in model.graph.initializer if i.name == name))
+
+
+def test_weight_layout():
+    """B tiles per (output block of 32, tap, step of 32 input channels): 16 rows of channel pairs by 32 output
+    channels, zero past M and past C; a channels-last value's strides."""
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((40, 45, 3, 2)).astype(np.float32)
+    p = pack_nhwc_weights(w).view(np.uint16)
+    assert p.shape == (2, 6, 2, 16, 32, 2)                    # MB 2, T 6, S 2 (45 -> 64 channels)
+    want = bf16(w).astype(np.float32).view(np.uint32) >> 16   # [M, C, KH, KW]
+    for mb, t, s, r, col, i in [(0, 0, 0, 0, 0, 0), (1, 5, 1, 6, 7, 0), (0, 3, 0, 15, 31, 1), (1, 2, 1, 6, 3, 1)]:
+        m, c = mb * 32 + col, s * 32 + 2 * r + i
+        assert p[mb, t, s, r, col, i] == (want[m, c, t // 2, t % 2] if m < 40 and c < 45 else 0)
+    assert not p[1, :, :, :, 8:].any() and not p[:, :, 1, 7:].any() and not p[:, :, 1, 6, :, 1].any()
+    b = Buf("v", DType.BFLOAT16, (2, 64, 5, 7), 0, 0, pitch=channels_last_pitch((2, 64, 5, 7)))
+    assert b.strides == (5 * 7 * 64, 1, 7 * 64, 64) and is_channels_last(b)
+    assert not is_channels_last(Buf("u", DType.BFLOAT16, (2, 64, 5, 7), 0, 0))
+
+
+CASES = [
+    ((1, 64, 16, 16), (64, 64, 3, 3), dict(pads=[1, 1, 1, 1])),                     # 2 dropped columns a row
+    ((2, 96, 12, 20), (80, 96, 3, 3), dict(pads=[1, 2, 1, 0])),                     # asymmetric pads, M % 32 = 16
+    ((1, 120, 15, 15), (40, 120, 3, 3), dict(strides=[2, 2], pads=[1, 1, 1, 1])),  # 4 phases, 8 zero channels
+    ((1, 64, 19, 19), (48, 64, 3, 3), dict(pads=[2, 2, 2, 2], dilations=[2, 2])),   # dilated
+    ((1, 256, 24, 24), (128, 256, 1, 1), dict(strides=[2, 2])),                     # strided 1x1: one phase
+    ((1, 32, 20, 20), (48, 32, 5, 5), dict(pads=[2, 2, 2, 2])),                     # 25 taps
+    ((1, 64, 11, 13), (64, 64, 3, 1), dict(pads=[1, 0, 1, 0])),                     # 3x1, odd sizes
+    ((1, 64, 16, 16), (64, 64, 1, 1), {}),                                          # 1x1: the rows are the input
+    ((2, 24, 9, 10), (40, 24, 3, 3), dict(pads=[1, 1, 1, 1])),                      # 24 of a block's 32 channels
+    ((2, 64, 19, 8), (32, 64, 1, 2), dict(strides=[1, 2], pads=[0, 1, 0, 1], dilations=[1, 2])),
+    ((1, 64, 7, 7), (512, 64, 3, 3), dict(pads=[1, 1, 1, 1])),                      # 16 blocks, 2 units an image
+]
+
+
+@needs_amx
+@pytest.mark.parametrize("xs,ws,attrs", CASES, ids=[f"nhwc{i}" for i in range(len(CASES))])
+def test_conv_on_channels_last_rows(xs, ws, attrs):
+    model = conv_epilogue_model(xs, ws, epilogue=None, **attrs)
+    art = narrowed(model)
+    assert kernels(art) == ["nhwc_rows", "bf16_nhwc_amx"], art.manifest["steps"]
+    assert art.manifest["steps"][1]["path"] == "amx_bf16"
+    x = np.random.default_rng(3).standard_normal(xs).astype(np.float32)
+    mod = art.model()
+    y = mod.run(x, num_threads=2)[0].astype(np.float64)
+    np.testing.assert_array_equal(y, mod.run(x, num_threads=1)[0])
+    w, b = initializer(model, "w"), initializer(model, "b").astype(np.float64)
+    st, pd, dl = attrs.get("strides", [1, 1]), attrs.get("pads", [0] * 4), attrs.get("dilations", [1, 1])
+    want, mag = conv_ref(bf16(x), bf16(w), b, st, pd, dl, 1)
+    exact, _ = conv_ref(x.astype(np.float64), w.astype(np.float64), b, st, pd, dl, 1)
+    assert y.shape == want.shape
+    k = int(np.prod(ws[1:]))
+    bias = np.abs(b).reshape(1, -1, 1, 1) * 2.0 ** -23
+    assert np.all(np.abs(y - want) <= 2 * k * 2.0 ** -24 * mag + bias), float(np.abs(y - want).max())
+    assert float(np.abs(y - exact).max()) > 1e3 * float(np.abs(y - want).max())   # bf16 rounding in effect
+
+
+def _conv(nodes, inits, rng, name, x, cin, cout, k, stride=1, relu=True):
+    w = (rng.standard_normal((cout, cin, k, k)) / np.sqrt(cin * k * k)).astype(np.float32)
+    b = (0.1 * rng.standard_normal(cout)).astype(np.float32)
+    inits += [numpy_helper.from_array(w, name + "_w"), numpy_helper.from_array(b, name + "_b")]
+    nodes.append(helper.make_node("Conv", [x, name + "_w", name + "_b"], [name], kernel_shape=[k, k],
+                                  strides=[stride, stride], pads=[k // 2] * 4))
+    if relu:
+        nodes.append(helper.make_node("Relu", [name], [name + "_r"]))
+        return name + "_r"
+    return name
+
+
+def _bottlenecks(act="Relu", hw=14, pool=True):
+    """A pool, then two bottlenecks (1x1, 3x3, 1x1 plus the skip path, ``act``), the first with a projection,
+    then a strided 3x3; the output float32 [1, 64, hw/2, hw/2]."""
+    rng = np.random.default_rng(7)
+    nodes, inits = [], []
+    x = "x"
+    if pool:
+        nodes.append(helper.make_node("MaxPool", ["x"], ["p"], kernel_shape=[3, 3], strides=[1, 1], pads=[1] * 4))
+        x = "p"
+    proj = _conv(nodes, inits, rng, "proj", x, 32, 64, 1, relu=False)
+    a = _conv(nodes, inits, rng, "a1", x, 32, 32, 1)
+    bb = _conv(nodes, inits, rng, "b1", a, 32, 32, 3)
+    c = _conv(nodes, inits, rng, "c1", bb, 32, 64, 1, relu=False)
+    nodes += [helper.make_node("Add", [c, proj], ["s1"]), helper.make_node(act, ["s1"], ["o1"])]
+    a = _conv(nodes, inits, rng, "a2", "o1", 64, 32, 1)
+    bb = _conv(nodes, inits, rng, "b2", a, 32, 32, 3)
+    c = _conv(nodes, inits, rng, "c2", bb, 32, 64, 1, relu=False)
+    nodes += [helper.make_node("Add", [c, "o1"], ["s2"]), helper.make_node(act, ["s2"], ["o2"])]
+    out = _conv(nodes, inits, rng, "d", "o2", 64, 64, 3, stride=2)
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 32, hw, hw])],
+                          [helper.make_tensor_value_info(out, TensorProto.FLOAT, None)], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@needs_amx
+@pytest.mark.parametrize("act", ["Relu", "Sigmoid"])
+def test_bottlenecks_match_the_planar_build(act):
+    """Two bottleneck blocks: the values between the channels-last convolutions are stored channels-last (the
+    3x3 readers' inputs, the block outputs read by a 1x1 reader and by the next skip Add, the float32 output of
+    one of the two convolutions the first Add sums), the 1x1 readers of a channels-last bfloat16 value read it in place (no rows copy), the
+    pool's output is copied once for its two readers; Relu's epilogue runs on channel vectors, Sigmoid's element
+    by element. Against the channel-planar build: the same values up to the order of the float32 sums and the
+    one bfloat16 step a rounded intermediate may take where those sums differ in their last bit."""
+    model = _bottlenecks(act)
+    art = narrowed(model)
+    planar = narrowed(model, tuning=PLANAR)
+    cl = art.manifest.get("channels_last_activations", [])
+    assert {"a1_r", "b1_r", "o1", "a2_r", "b2_r"} <= set(cl) and ({"proj", "c1"} & set(cl)), cl
+    assert "channels_last_activations" not in planar.manifest
+    steps = art.manifest["steps"]
+    assert "bf16_nhwc_amx" in kernels(art) and not any(k.startswith("bf16_planes") for k in kernels(art))
+    rows = [s["stage"] for s in steps if s["kernel"] == "nhwc_rows"]
+    # one copy of the pool's output (for proj and a1), the two 3x3 inputs, o1 for the strided... none for a2 (o1
+    # in place) and the c convolutions (b in place): 1 + 2 + 1 (d reads o2, a float32 value at stride 2)
+    assert len(rows) == 4, rows
+    x = np.random.default_rng(8).standard_normal((1, 32, 14, 14)).astype(np.float32)
+    got = art.model().run(x)[0].astype(np.float64)
+    want = planar.model().run(x)[0].astype(np.float64)
+    exact = Pipeline.from_onnx(model).optimize().compile().model().run(x)[0]
+    scale = float(np.abs(exact).max())
+    assert float(np.abs(got - want).max()) <= 2e-2 * scale
+    assert float(np.abs(got - exact).max()) <= 2e-2 * scale
+    assert float(np.abs(got - exact).max()) > 0           # bf16 in effect
+
+
+@needs_amx
+def test_graph_output_and_other_readers():
+    """A channels-last convolution whose output is a graph output (channel-planar: the element epilogue through
+    its strides) and one whose value is also read by an average pool (kept channel-planar: a reader that is not
+    a channels-last convolution or a skip Add)."""
+    rng = np.random.default_rng(9)
+    nodes, inits = [], []
+    a = _conv(nodes, inits, rng, "a", "x", 64, 64, 3)
+    bb = _conv(nodes, inits, rng, "b", a, 64, 64, 1)
+    nodes.append(helper.make_node("GlobalAveragePool", [a], ["gap"]))
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64, 12, 12])],
+                          [helper.make_tensor_value_info(bb, TensorProto.FLOAT, None),
+                           helper.make_tensor_value_info("gap", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    art = narrowed(model)
+    assert kernels(art).count("bf16_nhwc_amx") == 2 and "a_r" not in art.manifest.get("channels_last_activations", [])
+    x = rng.standard_normal((1, 64, 12, 12)).astype(np.float32)
+    got = art.model().run(x)
+    want = narrowed(model, tuning=PLANAR).model().run(x)
+    for g_, w_ in zip(got, want):
+        assert float(np.abs(g_ - w_).max()) <= 1e-2 * float(np.abs(w_).max())
+
+
+@needs_amx
+def test_resnet_like_end_to_end():
+    """tests/test_x86_bf16.py's small ResNet (stem, a bottleneck with a projection, pool, classifier) within
+    1e-2 of float32, and within bf16's error of the channel-planar build."""
+    model = resnet_like()
+    x = np.random.default_rng(5).standard_normal((1, 3, 40, 40)).astype(np.float32)
+    want = Pipeline.from_onnx(model).optimize().compile().model().run(x)[0]
+    art = narrowed(model)
+    assert "bf16_nhwc_amx" in kernels(art)
+    got = art.model().run(x)[0]
+    assert float(np.abs(got - want).max() / np.abs(want).max()) < 1e-2
+
+
+@needs_amx
+@pytest.mark.parametrize("xs,ws,attrs,taken", [
+    ((1, 64, 5, 5), (64, 64, 3, 3), dict(pads=[1, 1, 1, 1]), True),       # 33 wide positions: a last unit overlapping
+    ((1, 40, 16, 16), (64, 40, 3, 3), dict(pads=[1, 1, 1, 1]), False),    # 40 of 64 channels: too many zeros
+    ((1, 64, 16, 16), (64, 32, 3, 3), dict(pads=[1, 1, 1, 1], group=2), False),   # groups
+    ((1, 64, 4, 4), (64, 64, 3, 3), dict(pads=[1, 1, 1, 1]), False),      # 22 wide positions: not one unit
+    ((1, 64, 16, 16), (8, 64, 3, 3), dict(pads=[1, 1, 1, 1]), False),     # 8 output channels
+], ids=["5x5-map", "40-channels", "groups", "4x4-map", "8-outputs"])
+def test_which_forms_take_channels_last_rows(xs, ws, attrs, taken):
+    model = conv_epilogue_model(xs, ws, epilogue=None, **attrs)
+    art = narrowed(model)
+    assert ("bf16_nhwc_amx" in kernels(art)) == taken, art.manifest["steps"]
+    x = np.random.default_rng(4).standard_normal(xs).astype(np.float32)
+    want = Pipeline.from_onnx(model).optimize().compile().model().run(x)[0]
+    got = art.model().run(x)[0]
+    assert float(np.abs(got - want).max()) < 2e-2 * float(np.abs(want).max())
+
+
+@needs_amx
+def test_symbolic_batch_keeps_the_planes():
+    """A batch profile: the channels-last form needs every size fixed, so the generic kernels read pair planes
+    (as before) and the opt point's take the channels-last rows; every N as the float32 build within bf16's
+    error."""
+    model = conv_epilogue_model(("N", 64, 16, 16), (64, 64, 3, 3), epilogue="relu", pads=[1, 1, 1, 1])
+    prof = {"N": (1, 2, 4)}
+    art = narrowed(model, shape_profiles=prof)
+    steps = art.manifest["steps"]
+    assert any(s["kernel"] == "bf16_planes_amx" and s["shape"][0] == "N" for s in steps), steps
+    ref = Pipeline.from_onnx(model).optimize().compile(shape_profiles=prof).model()
+    mod = art.model()
+    for n in (1, 2, 3, 4):
+        x = np.random.default_rng(n).standard_normal((n, 64, 16, 16)).astype(np.float32)
+        got, want = mod.run(x)[0], ref.run(x)[0]
+        assert float(np.abs(got - want).max()) < 2e-2 * float(np.abs(want).max())
