@@ -18,9 +18,10 @@ kernels) in one process, with OpenVINO's default (bf16 on a CPU with AMX) beside
     # the same with producers writing into their 3x3 reader's padded buffer, no copies (X86Tuning(pad_in_place=True))
     PYTHONPATH=src python3 bench/amx_resnet_ab.py --build /tmp/inplace.so --policy --pad-in-place
     # the same with im2col pair panels packed per 32 positions, not pair planes (X86Tuning(bf16_planes=False))
-    PYTHONPATH=src python3 bench/amx_resnet_ab.py --build /tmp/panels.so --policy --no-planes
-    # the same with the stride-1 convolutions over channels-last rows (X86Tuning(channels_last=True))
-    PYTHONPATH=src python3 bench/amx_resnet_ab.py --build /tmp/nhwc.so --policy --channels-last
+    PYTHONPATH=src python3 bench/amx_resnet_ab.py --build /tmp/panels.so --policy --no-planes --no-channels-last
+    # the same with the channel-planar convolutions (pair planes, packed panels), not the channels-last ones
+    # that are the default on AMX (X86Tuning(channels_last=False))
+    PYTHONPATH=src python3 bench/amx_resnet_ab.py --build /tmp/planar.so --policy --no-channels-last
     # the vdpbf16ps kernels (a CPU with AVX512_BF16 and no AMX), with and without the planes
     PYTHONPATH=src python3 bench/amx_resnet_ab.py --build /tmp/dp.so --policy --no-amx [--planes]
     # the same from an older tree (git archive OLD | tar -x -C /tmp/old; cd /tmp/old; ... --build /tmp/old.so)
@@ -157,9 +158,9 @@ def main(argv=None):
     ap.add_argument("--no-amx", action="store_true",
                     help="with --build: the vdpbf16ps kernels even on a CPU with AMX (X86Tuning(amx=False)), what a "
                          "CPU with AVX512_BF16 and no AMX runs")
-    ap.add_argument("--channels-last", action="store_true",
-                    help="with --build: stride-1 AMX convolutions over channels-last rows, their values stored so "
-                         "(X86Tuning(channels_last=True))")
+    ap.add_argument("--no-channels-last", action="store_true",
+                    help="with --build: the channel-planar AMX convolutions (pair planes, packed panels), not the "
+                         "channels-last ones (X86Tuning(channels_last=False))")
     ap.add_argument("--blocks", type=int, default=3)
     ap.add_argument("--runs", type=int, default=15)
     ap.add_argument("--pause-ms", type=float, default=30)
@@ -177,14 +178,14 @@ def main(argv=None):
     if a.build:
         kw = {}
         if a.fp32_activations or a.bf16_residual or a.no_bf16_residual or a.no_next_panel_prefetch or a.pad_in_place \
-                or a.no_channel_sweep or a.no_planes or a.no_amx or a.planes or a.channels_last:
+                or a.no_channel_sweep or a.no_planes or a.no_amx or a.planes or a.no_channels_last:
             from cuvil.targets.x86.tuning import X86Tuning
             resid = True if a.bf16_residual else False if a.no_bf16_residual else None
             planes = False if a.no_planes else True if a.planes else None
             kw["tuning"] = X86Tuning(bf16_storage=not a.fp32_activations, bf16_residual=resid, bf16_planes=planes,
                                      next_panel_prefetch=not a.no_next_panel_prefetch,
                                      pad_in_place=a.pad_in_place, channel_sweep=not a.no_channel_sweep,
-                                     amx=not a.no_amx, channels_last=a.channels_last)
+                                     amx=not a.no_amx, channels_last=not a.no_channels_last)
         lib = compile_at(model, "bf16", feeds=feeds, every=not a.policy, **kw)
         shutil.copy(lib.path, a.build)
         shutil.copy(lib.path[:-3] + ".manifest.json", a.build[:-3] + ".manifest.json")

@@ -62,14 +62,15 @@ def padded_channels(c: int) -> int:
 
 
 def channels_last_window(x_shape, w_shape, out_shape, strides, dil, begin, group: int) -> Optional[str]:
-    """Why a 2-D convolution cannot take the channels-last form, or None when it can: fixed sizes, one group,
+    """Why a 2-D convolution cannot take the channels-last form, or None when it can: fixed sizes but the batch
+    (a symbolic batch counts its units at run time), one group,
     non-negative pads, taps that read every stride phase they span (:func:`cuvil.kernels.phase_planes.plane_geometry`),
     enough wide positions for one unit and channel counts that fill the tiles
     (at least half of the last block of 32 input channels used: a 3-channel stem stays in the packed form)."""
     if len(x_shape) != 4 or len(w_shape) != 4 or group != 1:
         return "not a one-group 2-D convolution"
-    if not all(isinstance(d, int) for d in list(x_shape) + list(out_shape)):
-        return "symbolic sizes"
+    if not all(isinstance(d, int) for d in list(x_shape[1:]) + list(out_shape[1:])):
+        return "symbolic sizes other than the batch"
     if any(b < 0 for b in begin):
         return "a negative pad"
     geo = plane_geometry(tuple(w_shape[2:]), tuple(strides), tuple(dil), tuple(out_shape[2:]))

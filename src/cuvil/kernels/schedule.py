@@ -24,11 +24,12 @@ from .loops import LoopRegion, extend_lifetimes, lower_loop_back, lower_loop_sta
 from .lower import LOWERINGS, LowerCtx, TensorFn
 from .lower.core import bf16_stored
 from .bf16_storage import bf16_storage_reason
-from .contraction_nhwc import BF16_CHANNELS_LAST, ChannelsLastContraction, channels_last_pitch, channels_last_reader
+from .contraction_nhwc import (BF16_CHANNELS_LAST, ChannelsLastContraction, channels_last_pitch, channels_last_reader,
+                               is_channels_last)
 from .concat_in_place import write_concats_in_place
 from .pad_in_place import write_pads_in_place
 from .run_time_sizes import run_time_symbols
-from .texpr import E, Buf, const, load, replace_node, top_level, var
+from .texpr import E, Buf, const, load, nodes, replace_node, top_level, var
 
 ALIGN = 64
 ARENA, WEIGHTS = 0, 1
@@ -82,6 +83,8 @@ class Schedule:
     concats_in_place: List[str] = attrs.field(factory=list)
     # values stored channels-last (``[N, H, W, C]``) between channels-last convolutions (kernels.contraction_nhwc)
     channels_last: List[str] = attrs.field(factory=list)
+    # outputs written over the residual their stage reads last (output -> residual; _residual_in_place)
+    over_residuals: Dict[str, str] = attrs.field(factory=dict)
 
     @property
     def ranges(self) -> Dict[str, Tuple[int, int]]:
@@ -199,11 +202,12 @@ def schedule(g: Graph, gemm_cols: int = 0, split_concat: bool = False, gemm_tile
     # constants that no kernel reads (weights a kernel reads repacked) stay out of the artifact
     read = {id(root_of(b)) for s in stages for b in s.reads}
     weights = {k: (b, a) for k, (b, a) in weights.items() if id(root_of(b)) in read}
-    arena = _plan_arena(stages, ranges, builder.loops)
+    over: Dict[str, str] = {}
+    arena = _plan_arena(stages, ranges, builder.loops, over)
     wbytes = _plan_weights(weights)
     return Schedule(stages, builder.in_bufs, builder.out_bufs, [(b, a) for b, a in weights.values() if a is not None],
                     arena, wbytes, builder.fused, syms, builder.loops, len(data_syms), limits, builder.hidden_bufs,
-                    builder.bf16_stored, in_place, in_concat, builder.channels_last)
+                    builder.bf16_stored, in_place, in_concat, builder.channels_last, over)
 
 
 def _run_time_symbols(g: Graph, data_syms: Dict[str, Symbol]) -> List[Symbol]:
@@ -485,7 +489,7 @@ class _StageBuilder:
         channels). Any other kernel that meets such a buffer addresses it through its strides (the generic loop
         nest): the choice changes speed, never values."""
         if BF16_CHANNELS_LAST not in self.narrow_formats or len(v.shape) != 4 or \
-                not all(isinstance(d, int) for d in v.shape) or st.buf.root is not None or st.buf.pitch is not None:
+                not all(isinstance(d, int) for d in v.shape[1:]) or st.buf.root is not None or st.buf.pitch is not None:
             return
         if not any(e.op == "contract" and isinstance(e.attr, ChannelsLastContraction) for e in top_level(st.expr, "contract")[0]):
             return
@@ -730,11 +734,14 @@ def _argscan_reads(x: E):
     return [src(idx)]
 
 
-def _plan_arena(stages: List[Stage], ranges: Dict[str, Tuple[int, int]], loops: List[LoopRegion] = ()) -> int:
+def _plan_arena(stages: List[Stage], ranges: Dict[str, Tuple[int, int]], loops: List[LoopRegion] = (),
+                over_residuals: Optional[Dict[str, str]] = None) -> int:
     """Offsets for arena buffers from liveness: first-fit into space freed by dead buffers. A buffer of
     symbolic shape gets its size at the symbols' maxima (sizes only grow with the symbols), so one plan
     serves every shape of the profile. A run-time loop keeps what it reads from before it alive through
-    its back edge (:func:`cuvil.kernels.loops.extend_lifetimes`)."""
+    its back edge (:func:`cuvil.kernels.loops.extend_lifetimes`). An output written over the residual its stage
+    reads last (:func:`_residual_in_place`) takes that residual's bytes; ``over_residuals`` receives their names
+    (output -> residual)."""
     first: Dict[int, int] = {}
     last: Dict[int, int] = {}
     roots: Dict[int, Buf] = {}
@@ -747,6 +754,7 @@ def _plan_arena(stages: List[Stage], ranges: Dict[str, Tuple[int, int]], loops: 
             first.setdefault(id(r), k)
             last[id(r)] = k
     extend_lifetimes(loops, stages, first, last)
+    over = _residual_in_place(stages, roots, first, last)
     active: List[Tuple[int, int, int]] = []  # (offset, size, last use)
     top = 0
     offsets: Dict[int, int] = {}
@@ -754,6 +762,13 @@ def _plan_arena(stages: List[Stage], ranges: Dict[str, Tuple[int, int]], loops: 
         k = first[rid]
         active = [a for a in active if a[2] >= k]
         size = _align(max(bounds(roots[rid].nbytes, ranges)[1], 1))
+        if rid in over:          # the bytes of the residual this stage reads last, element by element
+            off = offsets[over[rid]]
+            if over_residuals is not None:
+                over_residuals[roots[rid].name] = roots[over[rid]].name
+            active = [a for a in active if a[0] != off] + [(off, size, last[rid])]
+            offsets[rid] = off
+            continue
         off, cursor = None, 0
         for a in sorted(active):
             if a[0] - cursor >= size:
@@ -771,6 +786,34 @@ def _plan_arena(stages: List[Stage], ranges: Dict[str, Tuple[int, int]], loops: 
             if r.base == ARENA:
                 b.offset = offsets[id(r)] + b.shift
     return top
+
+
+def _residual_in_place(stages: List[Stage], roots: Dict[int, Buf], first: Dict[int, int],
+                       last: Dict[int, int]) -> Dict[int, int]:
+    """Outputs written over a residual (output root id -> residual root id): a channels-last convolution's stage
+    (:class:`cuvil.kernels.contraction_nhwc.ChannelsLastContraction`, whose epilogue reads each operand element at
+    the output position just before it stores that position) whose output is a channels-last arena buffer first
+    used there, reading a channels-last arena buffer of the same shape and dtype last there and only at the
+    output's own index. The output then takes the residual's bytes: its epilogue reads and writes the same lines
+    (a skip Add's residual and output were two streams, the output's lines fetched before they were written)."""
+    out: Dict[int, int] = {}
+    for k, s in enumerate(stages):
+        o = s.buf
+        if o.root is not None or o.base != ARENA or not is_channels_last(o) or first.get(id(o)) != k or \
+                s.region is not None or not any(isinstance(e.attr, ChannelsLastContraction)
+                                                for e in top_level(s.expr, "contract")[0]):
+            continue
+        names = [v.attr for v in s.vars]
+        loads = [e for e in nodes(s.expr) if e.op == "load"]
+        for r in {id(root_of(e.attr)): root_of(e.attr) for e in loads}.values():
+            if r.base != ARENA or last.get(id(r)) != k or not is_channels_last(r) or r.dtype != o.dtype or \
+                    tuple(r.shape) != tuple(o.shape) or id(r) in out.values():
+                continue
+            if all(e.attr is r and [a.attr if a.op == "var" else None for a in e.args] == names
+                   for e in loads if root_of(e.attr) is r):
+                out[id(o)] = id(r)
+                break
+    return out
 
 
 def _plan_weights(weights) -> int:

@@ -319,6 +319,8 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
         **({"bf16_activations": dict(sched.bf16_stored)} if sched.bf16_stored else {}),
         # activations stored channels-last between channels-last AMX convolutions (X86Tuning.channels_last)
         **({"channels_last_activations": list(sched.channels_last)} if sched.channels_last else {}),
+        # a skip Add's output written over its residual's bytes by a channels-last convolution: output -> residual
+        **({"outputs_over_residuals": dict(sched.over_residuals)} if sched.over_residuals else {}),
         # values a bf16 convolution stores into its 3x3 reader's padded buffer (X86Tuning.pad_in_place)
         **({"pads_in_place": list(sched.pads_in_place)} if sched.pads_in_place else {}),
         # values whose producer writes its slice of a stored concatenation (X86Tuning.concat_in_place), in the

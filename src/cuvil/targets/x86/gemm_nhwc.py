@@ -2,7 +2,8 @@
 tiles whose A tiles are the activations' channels-last rows, loaded in place.
 
 A unit of the parallel range is 32 wide positions by one block of 32 output channels (units of one image,
-channel blocks fastest: a unit's rows of the input stay in L1 over the blocks). Its four 16 x 16 float32
+channel blocks fastest, so a unit's rows of the input stay in L1 over the blocks; or position blocks fastest where
+the weights outweigh an image's rows, so each weight block is read once per image: WEIGHT_MAJOR). Its four 16 x 16 float32
 accumulators stay in tile registers over one loop of steps ``s = (tap, step of 32 input channels)``: the A tiles
 are 16 grid rows of 64 bytes at the tap's shift (a constant table), ``Cp * 2`` bytes apart; the B tiles are the
 weight block's next 2 KiB (one sequential stream). The last unit of an image starts at ``wide - 32`` (it
@@ -10,7 +11,11 @@ overlaps the one before; no row past the grid is read). The tile is stored to th
 epilogue runs per wide position that is an output (``ow < OW``, not computed by the unit before): on vectors of
 16 channels where every operand is per-channel or a channels-last value at the output position and the output
 is channels-last (bias, folded BatchNorm, Relu, a residual Add: stores of whole 32- or 64-byte runs), else
-element by element through the output's strides (any layout, any epilogue).
+element by element through the output's strides (any layout, any epilogue). Where the schedule wrote the output
+over the residual it reads (``Schedule.over_residuals``), each position's residual is read just before the same
+bytes are stored.
+
+The rows copy (:func:`emit_rows_stage`) writes the phase planes' rows the kernel reads.
 """
 from __future__ import annotations
 

@@ -89,10 +89,13 @@ class X86Tuning:
     # AMX it is for (AMD Zen 4/5). True: both paths; False: the packed panels (bench/amx_resnet_ab.py --no-planes)
     bf16_planes: Optional[bool] = attrs.field(
         default=None, validator=attrs.validators.optional(attrs.validators.instance_of(bool)))
-    # bf16 stride-1 convolutions on AMX tiles take the activations' channels-last rows as their A tiles
-    # (cuvil.kernels.contraction_nhwc, gemm_nhwc.py), and a value whose producer is such a convolution and whose
-    # every reader takes it so is stored channels-last (no copy between them). False: the channel-planar forms
-    # (bench/amx_resnet_ab.py --no-channels-last)
+    # bf16 2-D convolutions on AMX tiles take the activations' channels-last rows as their A tiles (their input
+    # stored once as channels-last phase planes; cuvil.kernels.contraction_nhwc, gemm_nhwc.py), and a value whose
+    # producer is such a convolution and whose every reader takes it so (or is a skip Add) is stored
+    # channels-last, read in place by a 1x1 reader. Only where the CPU has AMX. On a 2-core Xeon with AMX
+    # (family 6, model 207) ResNet-50 bf16 ran 0.89x the channel-planar build's p50 (bench/PRECISION.md, session
+    # 29). False: the channel-planar forms (pair planes, packed panels; bench/amx_resnet_ab.py without
+    # --channels-last)
     channels_last: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
     # a float32 activation read only by bf16 convolutions (which round it to bfloat16 anyway) is stored as
     # bfloat16, and so are their zero-padded input copies (cuvil.kernels.schedule's bf16_storage): half the
@@ -126,7 +129,9 @@ class X86Tuning:
     # passes went (0.43 ms of in-kernel time, best of 30 rounds) but the 3x3 readers ran slower by as much (a
     # 1x1 -> 3x3 -> 1x1 block at 56x56: 3x3 +76..131 us, the copy had left its input fresh in L2; the producer
     # also streams its 1.6 MB input there) and whole-model thread CPU came out 0.8-1.7x (median ~1.05) of the
-    # copies' on the loaded VM: no gain to pay for yet (bench/amx_resnet_ab.py --pad-in-place, bench/PRECISION.md)
+    # copies' on the loaded VM: no gain to pay for yet (bench/amx_resnet_ab.py --pad-in-place, bench/PRECISION.md).
+    # (The channel-planar kernels' copies: the channels-last convolutions, the default on AMX, take their
+    # windows first and have no such copy; with channels_last=False it applies there too.)
     pad_in_place: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     # True: a stored value that only a concatenation piece copies (SqueezeNet's expand pairs, Inception's
     # branches: a Concat read by a convolution or a pool) is written into its slice of the concatenation by its
