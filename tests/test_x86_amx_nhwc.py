@@ -71,6 +71,8 @@ CASES = [
     ((2, 24, 9, 10), (40, 24, 3, 3), dict(pads=[1, 1, 1, 1])),                      # 24 of a block's 32 channels
     ((2, 64, 19, 8), (32, 64, 1, 2), dict(strides=[1, 2], pads=[0, 1, 0, 1], dilations=[1, 2])),
     ((1, 64, 7, 7), (512, 64, 3, 3), dict(pads=[1, 1, 1, 1])),                      # 16 blocks, 2 units an image
+    ((1, 64, 14, 14), (40, 64, 1, 1), {}),         # a channel-planar output from transposed tiles, 8 of a block's 32
+    ((2, 96, 9, 9), (48, 96, 1, 1), dict(strides=[2, 2])),                          # the same at stride 2, batch 2
 ]
 
 

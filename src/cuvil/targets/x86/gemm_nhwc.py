@@ -30,7 +30,7 @@ from ...kernels.texpr import E, nodes
 from ..llvm.narrow import I16
 from ..llvm.types import F32, I32, I64, const_value, splat
 from .amx import AMX_BF16_PATH, Tiles, bf16_tile_loop, has_amx
-from .gemm import _VEC_OPS, find_contraction, transpose_lanes, vector_op
+from .gemm import _VEC_OPS, find_contraction, transpose_lanes, vector_epilogue, vector_epilogue_plan, vector_op
 from .gemm_bf16 import to_bf16
 from .gemm_int8 import byte_ptr
 
@@ -129,6 +129,11 @@ def emit_channels_last_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, 
     plan = channel_vector_plan(st, c) if spec.m % VW == 0 else None
     vector = _ChannelVectors(em, st, c, plan, tile_f, spec.m, PREFETCH_POSITIONS if T * S <= PREFETCH_MAX_STEPS else 0) \
         if plan is not None else None
+    # a channel-planar output (a graph output, a value read by a pool) of a window whose wide positions are its
+    # output positions (Wq == OW: a unit's 32 positions are consecutive there): the tile transposed in
+    # registers, then the channel-planar kernels' vector epilogue (gemm.vector_epilogue: per channel, vectors of
+    # 16 positions); else position by position
+    planar = vector_epilogue_plan(st, c) if plan is None and Wq == OW and not is_channels_last(st.buf) else None
 
     by_weights = WEIGHT_MAJOR and MB * T * S * step_bytes > spec.image * 2
 
@@ -157,6 +162,9 @@ def emit_channels_last_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, 
             for j in range(2):
                 tiles.store(accs[2 * i + j], b.gep(tile_f, [I64(i * 16 * MR + j * 16)], source_etype=F32), MR * 4)
         m0 = b.mul(mb, I64(MR))
+        if planar is not None:
+            _planar_epilogue(em, st, c, planar, tile_f, n, m0, p0, spec.m, spec.out_hw)
+            return
         if vector is not None:
             vector.unit(n, m0)
 
@@ -291,6 +299,22 @@ class _ChannelVectors:
 
 def _node(expr: E, uid: int) -> E:
     return next(x for x in nodes(expr) if x.uid == uid)
+
+
+def _planar_epilogue(em, st: Stage, node: E, kinds: dict, tile_f, n, m0, p0, m_total: int, out_hw) -> None:
+    """The unit's tile (32 consecutive output positions from ``p0`` by 32 channels from ``m0``) into a
+    channel-planar output: two 16 x 16 transposes per pair of 16 channels, then per channel two vectors of 16
+    positions through :func:`cuvil.targets.x86.gemm.vector_epilogue` (the rows past M skipped). Positions a unit
+    before already stored (the last unit's overlap) are stored again with the same values."""
+    b = em.b
+    vec = ir.VectorType(F32, VW)
+    rows = [b.load(b.bitcast(b.gep(tile_f, [I64(r * NHWC_MR + v * VW)], source_etype=F32), vec.as_pointer()), typ=vec,
+                   align=4) for r in range(NHWC_NR) for v in range(NHWC_MR // VW)]
+    halves = [transpose_lanes(b, rows[h * VW * 2:(h + 1) * VW * 2], VW, NHWC_MR // VW)[0] for h in range(NHWC_NR // VW)]
+    accs = [halves[h][ch] for ch in range(NHWC_MR) for h in range(NHWC_NR // VW)]
+    left = b.sub(I64(m_total), m0)
+    nrows = None if m_total % NHWC_MR == 0 else b.select(b.icmp_signed("<", left, I64(NHWC_MR)), left, I64(NHWC_MR))
+    vector_epilogue(em, st, node, kinds, n, m0, p0, accs, NHWC_MR, NHWC_NR // VW, tuple(out_hw), nrows=nrows)
 
 
 def _element_epilogue(em, st: Stage, node: E, tile_f, r, n, m0, oh, ow, m_total: int) -> None:
