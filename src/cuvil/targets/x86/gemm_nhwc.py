@@ -450,8 +450,11 @@ def emit_rows_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]]:
         with b.if_else(inside) as (then, otherwise):
             with then:
                 # inside columns: j with 0 <= j sw + rw - pw0 < W, i.e. lo <= j < hi
+                # (0 <= lo <= hi <= Wq: a phase's columns may all lie in the padding, its begin pad past the
+                # grid, or an end pad crop the input away)
                 lo = b.sdiv(b.add(b.sub(I64(pw0), rw), I64(sw - 1)), I64(sw))
                 lo = b.select(b.icmp_signed("<", lo, I64(0)), I64(0), lo)
+                lo = b.select(b.icmp_signed(">", lo, I64(Wq)), I64(Wq), lo)
                 hi = b.sdiv(b.add(b.sub(I64(W - 1 + pw0), rw), I64(sw)), I64(sw))
                 hi = b.select(b.icmp_signed(">", hi, I64(Wq)), I64(Wq), hi)
                 hi = b.select(b.icmp_signed("<", hi, lo), lo, hi)
