@@ -28,6 +28,7 @@ kernels) in one process, with OpenVINO's default (bf16 on a CPU with AMX) beside
     PYTHONPATH=src python3 bench/amx_resnet_ab.py /tmp/old.so /tmp/new.so [--blocks 3 --runs 15]
     PYTHONPATH=src python3 bench/amx_resnet_ab.py /tmp/old.so /tmp/new.so --steps 40   # GEMM steps by kind
     PYTHONPATH=src python3 bench/amx_resnet_ab.py /tmp/old.so /tmp/new.so --steps 9 --prep-in   # with input prep
+    PYTHONPATH=src python3 bench/amx_resnet_ab.py /tmp/old.so /tmp/new.so --steps 15 --cold   # one run after a pause
     PYTHONPATH=src python3 bench/amx_resnet_ab.py /tmp/old.so /tmp/new.so --error-inputs 16   # error only
 
 Default: wall p50 / min and calling-thread CPU p50 per block (runs alternated, a pause before each; OpenVINO
@@ -45,6 +46,7 @@ import os
 import platform
 import shutil
 import sys
+import time
 from collections import defaultdict
 
 import numpy as np
@@ -65,14 +67,20 @@ def cpu_model() -> str:
     return f"{info.get('model name')} (family {info.get('cpu family')}, model {info.get('model')}, stepping {info.get('stepping')})"
 
 
-def steps(a: str, b: str, rounds: int, prep_in: bool = False) -> None:
+def steps(a: str, b: str, rounds: int, prep_in: bool = False, cold_pause: float = 0.0) -> None:
     from cuvil.targets.x86.loader import load
     libs = {"A": load(a, num_threads=1), "B": load(b, num_threads=1)}
     xs = [np.random.default_rng(0).standard_normal(d.shape).astype(d.dtype) for d in libs["A"].inputs]
     prof = {k: [] for k in libs}
+    for m in libs.values():
+        m.run(*xs, num_threads=1)
     for i in range(rounds):
         for k, m in (list(libs.items()) if i % 2 == 0 else list(libs.items())[::-1]):
-            prof[k].append(m.profile(*xs, runs=5, num_threads=1))
+            if cold_pause:       # one run after a pause, no warm-up: what --blocks' runs see
+                time.sleep(cold_pause)
+                prof[k].append(m.profile(*xs, runs=1, num_threads=1, warm_up=False))
+            else:
+                prof[k].append(m.profile(*xs, runs=5, num_threads=1))
     med = {k: np.median(np.array(v), 0) for k, v in prof.items()}
     best = {k: np.array(v).min(0) for k, v in prof.items()}
     # each library's own manifest: a change may add or remove steps (B's stem pool reads no padded copy)
@@ -165,6 +173,9 @@ def main(argv=None):
     ap.add_argument("--runs", type=int, default=15)
     ap.add_argument("--pause-ms", type=float, default=30)
     ap.add_argument("--steps", type=int, default=0, metavar="R")
+    ap.add_argument("--cold", action="store_true",
+                    help="with --steps: each round profiles one run after a pause of --pause-ms, no warm-up (the "
+                         "caches as a request after idle time sees them; default: 5 runs after a warm-up)")
     ap.add_argument("--prep-in", action="store_true",
                     help="with --steps: each pad copy or planes pass counted in the next convolution's time, and the "
                          "kinds split by output width (what a layer costs with its input's preparation)")
@@ -195,7 +206,7 @@ def main(argv=None):
         raise SystemExit("give two libraries (A B), or --build PATH to make one")
     print(cpu_model(), "| load", os.getloadavg())
     if a.steps:
-        steps(*a.libs, a.steps, a.prep_in)
+        steps(*a.libs, a.steps, a.prep_in, a.pause_ms / 1e3 if a.cold else 0.0)
         return
     if a.error_inputs:
         errors(a.libs, model, feeds, a.error_inputs)

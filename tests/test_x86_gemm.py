@@ -300,6 +300,9 @@ def test_profile_times_every_step():
     assert gemm and gemm[0]["flops"] == 2 * 18 * 16 * 9 * 12 * 12 and gemm[0]["op"] == "Relu"  # the stored op: Conv + Relu fused
     # profiling stops afterwards; runs still give the same answer
     np.testing.assert_array_equal(m.run(x)[0], m.run(x)[0])
+    # one run, no warm-up (on a fresh model: the session is made first, outside the timed run)
+    cold = art.model().profile(x, runs=1, num_threads=1, warm_up=False)
+    assert len(cold) == len(steps) and all(v >= 0 for v in cold) and sum(cold) > 0
 
 
 def _concat_model(shapes, axis, chain=False):

@@ -466,10 +466,13 @@ class X86Model(model_api.Model):
                         outs[j] = outs[j].reshape(-1)[:int(np.prod(dims, dtype=np.int64))].reshape(dims).copy()
         return outs
 
-    def profile(self, *arrays, runs: int = 10, num_threads: int | None = None, **named) -> list[float]:
+    def profile(self, *arrays, runs: int = 10, num_threads: int | None = None, warm_up: bool = True,
+                **named) -> list[float]:
         """Seconds per run spent in each step (kernel) of the model, averaged over ``runs`` runs after one
-        warm-up; the manifest's ``steps`` names them."""
-        self.run(*arrays, num_threads=num_threads, **named)
+        warm-up (``warm_up=False``: none, so a profile of one run after a pause sees the caches as a request
+        after idle time does; the session is created first either way); the manifest's ``steps`` names them."""
+        if warm_up:
+            self.run(*arrays, num_threads=num_threads, **named)
         with self._lock:
             s = self._get_session(num_threads)
             n = self._check_count(self._f.profile(s, None, 0))
