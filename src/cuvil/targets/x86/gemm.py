@@ -848,18 +848,11 @@ class _StoredTile:
 _VEC_OPS = {"add", "sub", "mul", "div", "neg", "cmp", "select", "and", "or", "not", "const"}
 
 
-def vector_epilogue_plan(st: Stage, node: E) -> Optional[dict]:
-    """Whether the stage's epilogue over the micro-kernel ``node`` can run on whole accumulator vectors:
-    float arithmetic, comparisons and selects (bias, folded BatchNorm, Relu/Clip, residual adds) over
-    operands that are per-channel (loads indexed by constants, the image and the channel only) or at the
-    output position itself (loads indexed by exactly the stage's variables, from a buffer with the output's
-    spatial extents: the tile's positions are then consecutive in memory there as in the output), into a
-    float32 or bfloat16 output (the scheduler's bf16_storage: rounded by ``vcvtneps2bf16``). Returns
-    ``{load uid: "channel" | "position"}``, or None (the spilled-tile epilogue then runs)."""
-    names = [v.attr for v in st.vars]
-    if len(names) < 3 or is_channels_last(st.buf):
-        return None
-    per_channel = set(names[:2])
+def epilogue_loads(st: Stage, node: E, classify) -> Optional[dict]:
+    """Whether the stage's epilogue over the micro-kernel ``node`` is float arithmetic, comparisons and selects
+    over loads that ``classify`` names: ``classify(load, widened)`` (``widened``: a bfloat16 load widened to
+    float32, the cast around it) returns the load's kind, or None where a vector epilogue cannot read it.
+    ``{uid of the load (or of its widening cast): kind}``, or None."""
     kinds, seen = {}, set()
 
     def ok(e: E) -> bool:
@@ -869,29 +862,46 @@ def vector_epilogue_plan(st: Stage, node: E) -> Optional[dict]:
         if e is node:
             return True
         if e.op == "cast" and e.dtype == DType.FLOAT and e.args[0].op == "load" and e.args[0].dtype == DType.BFLOAT16:
-            ld = e.args[0]       # a bfloat16 operand at the output position (a residual stored as bfloat16)
-            if [a.attr if a.op == "var" else None for a in ld.args] == names and \
-                    tuple(ld.attr.shape[2:]) == tuple(st.buf.shape[2:]) and not is_channels_last(ld.attr):
-                kinds[e.uid] = "position16"
-                return True
-            return False
+            kind = classify(e.args[0], True)
+            if kind is not None:
+                kinds[e.uid] = kind
+            return kind is not None
         if e.op == "load":
-            if not e.dtype.is_float or any(a.op not in ("const", "var") for a in e.args):
-                return False
-            if all(a.op == "const" or a.attr in per_channel for a in e.args):
-                kinds[e.uid] = "channel"
-                return True
-            if [a.attr if a.op == "var" else None for a in e.args] == names and \
-                    tuple(e.attr.shape[2:]) == tuple(st.buf.shape[2:]) and not is_channels_last(e.attr):
-                kinds[e.uid] = "position"
-                return True
-            return False
+            kind = classify(e, False) if e.dtype.is_float and all(a.op in ("const", "var") for a in e.args) else None
+            if kind is not None:
+                kinds[e.uid] = kind
+            return kind is not None
         if e.op not in _VEC_OPS or (e.op not in ("cmp", "and", "or", "not", "select") and not e.dtype.is_float):
             return False
         if e.op == "cmp" and not e.args[0].dtype.is_float:
             return False
         return all(ok(a) for a in e.args)
-    return kinds if ok(st.expr) and st.buf.dtype in (DType.FLOAT, DType.BFLOAT16) else None
+    return kinds if ok(st.expr) else None
+
+
+def vector_epilogue_plan(st: Stage, node: E) -> Optional[dict]:
+    """Whether the stage's epilogue over the micro-kernel ``node`` can run on whole accumulator vectors:
+    float arithmetic, comparisons and selects (bias, folded BatchNorm, Relu/Clip, residual adds) over
+    operands that are per-channel (loads indexed by constants, the image and the channel only) or at the
+    output position itself (loads indexed by exactly the stage's variables, from a buffer with the output's
+    spatial extents: the tile's positions are then consecutive in memory there as in the output), into a
+    float32 or bfloat16 output (the scheduler's bf16_storage: rounded by ``vcvtneps2bf16``). Returns
+    ``{load uid: "channel" | "position"}``, or None (the spilled-tile epilogue then runs). (Channel-planar
+    buffers only: a channels-last one, kernels.contraction_nhwc, has no consecutive positions.)"""
+    names = [v.attr for v in st.vars]
+    if len(names) < 3 or is_channels_last(st.buf) or st.buf.dtype not in (DType.FLOAT, DType.BFLOAT16):
+        return None
+    per_channel = set(names[:2])
+
+    def classify(ld: E, widened: bool) -> Optional[str]:
+        at_output = ([a.attr if a.op == "var" else None for a in ld.args] == names and
+                     tuple(ld.attr.shape[2:]) == tuple(st.buf.shape[2:]) and not is_channels_last(ld.attr))
+        if widened:          # a bfloat16 operand at the output position (a residual stored as bfloat16)
+            return "position16" if at_output else None
+        if all(a.op == "const" or a.attr in per_channel for a in ld.args):
+            return "channel"
+        return "position" if at_output else None
+    return epilogue_loads(st, node, classify)
 
 
 def vector_epilogue(em, st: Stage, node: E, kinds: dict, n, mbase, p0, accs, mr: int, nv: int, out_sp,

@@ -30,7 +30,8 @@ from ...kernels.texpr import E, nodes
 from ..llvm.narrow import I16
 from ..llvm.types import F32, I32, I64, const_value, splat
 from .amx import AMX_BF16_PATH, Tiles, bf16_tile_loop, has_amx
-from .gemm import _VEC_OPS, find_contraction, transpose_lanes, vector_epilogue, vector_epilogue_plan, vector_op
+from .gemm import (epilogue_loads, find_contraction, transpose_lanes, vector_epilogue, vector_epilogue_plan,
+                   vector_op)
 from .gemm_bf16 import to_bf16
 from .gemm_int8 import byte_ptr
 
@@ -61,45 +62,21 @@ def channel_vector_plan(st: Stage, node: E) -> Optional[dict]:
     names = [v.attr for v in st.vars]
     if len(names) != 4 or st.buf.dtype not in (DType.FLOAT, DType.BFLOAT16) or not is_channels_last(st.buf):
         return None
-    kinds, seen = {}, set()
 
-    def at_output(ld: E) -> bool:
-        return ([a.attr if a.op == "var" else None for a in ld.args] == names and is_channels_last(ld.attr)
-                and tuple(ld.attr.shape) == tuple(st.buf.shape))
-
-    def ok(e: E) -> bool:
-        if e.uid in seen:
-            return True
-        seen.add(e.uid)
-        if e is node:
-            return True
-        if e.op == "cast" and e.dtype == DType.FLOAT and e.args[0].op == "load" and e.args[0].dtype == DType.BFLOAT16:
-            if at_output(e.args[0]):
-                kinds[e.uid] = "position16"
-                return True
-        if e.op == "load":
-            if e.dtype != DType.FLOAT or any(a.op not in ("const", "var") for a in e.args):
-                return False
-            if at_output(e):
-                kinds[e.uid] = "position"
-                return True
-            used = [a.attr for a in e.args if a.op == "var"]
-            if any(u not in names[:2] for u in used) or used.count(names[1]) > 1:
-                return False
-            if names[1] not in used:
-                kinds[e.uid] = "scalar"
-                return True
-            k = next(i for i, a in enumerate(e.args) if a.op == "var" and a.attr == names[1])
-            if e.attr.strides[k] != 1:
-                return False
-            kinds[e.uid] = "channel"
-            return True
-        if e.op not in _VEC_OPS or (e.op not in ("cmp", "and", "or", "not", "select") and not e.dtype.is_float):
-            return False
-        if e.op == "cmp" and not e.args[0].dtype.is_float:
-            return False
-        return all(ok(a) for a in e.args)
-    return kinds if ok(st.expr) else None
+    def classify(ld: E, widened: bool) -> Optional[str]:
+        if not widened and ld.dtype != DType.FLOAT:      # (float32 vectors, or bfloat16 widened exactly)
+            return None
+        if ([a.attr if a.op == "var" else None for a in ld.args] == names and is_channels_last(ld.attr)
+                and tuple(ld.attr.shape) == tuple(st.buf.shape)):
+            return "position16" if widened else "position"
+        used = [a.attr for a in ld.args if a.op == "var"]
+        if widened or any(u not in names[:2] for u in used) or used.count(names[1]) > 1:
+            return None
+        if names[1] not in used:
+            return "scalar"
+        k = next(i for i, a in enumerate(ld.args) if a.op == "var" and a.attr == names[1])
+        return "channel" if ld.attr.strides[k] == 1 else None
+    return epilogue_loads(st, node, classify)
 
 
 def emit_channels_last_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]]:
