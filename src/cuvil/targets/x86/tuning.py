@@ -93,8 +93,8 @@ class X86Tuning:
     # stored once as channels-last phase planes; cuvil.kernels.contraction_nhwc, gemm_nhwc.py), and a value whose
     # producer is such a convolution and whose every reader takes it so (or is a skip Add) is stored
     # channels-last, read in place by a 1x1 reader. Only where the CPU has AMX. On a 2-core Xeon with AMX
-    # (family 6, model 207) ResNet-50 bf16 ran 0.89x the channel-planar build's p50 (bench/PRECISION.md, session
-    # 29). False: the channel-planar forms (pair planes, packed panels; bench/amx_resnet_ab.py without
+    # (family 6, model 207) ResNet-50 bf16 ran 0.84-0.87x the channel-planar build's p50 (bench/PRECISION.md,
+    # session 29). False: the channel-planar forms (pair planes, packed panels; bench/amx_resnet_ab.py without
     # --channels-last)
     channels_last: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
     # a float32 activation read only by bf16 convolutions (which round it to bfloat16 anyway) is stored as
