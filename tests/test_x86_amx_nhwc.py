@@ -168,22 +168,26 @@ def test_bottlenecks_match_the_planar_build(act):
     assert float(np.abs(got - exact).max()) > 0           # bf16 in effect
 
 
+@pytest.mark.parametrize("pool", ["GlobalAveragePool", "MaxPool"])
 @needs_amx
-def test_graph_output_and_other_readers():
-    """A channels-last convolution whose output is a graph output (channel-planar: the element epilogue through
-    its strides) and one whose value is also read by an average pool (kept channel-planar: a reader that is not
-    a channels-last convolution or a skip Add)."""
+def test_graph_output_and_other_readers(pool):
+    """A channels-last convolution whose output is a graph output (channel-planar: transposed tiles, or element
+    by element through its strides) and one whose value is also read by a pool: stored channels-last for a
+    global average pool (its loop nest reads it through its strides), kept channel-planar for a 3x3 max pool (a
+    reader that is not a channels-last convolution, a skip Add or a pool over the whole map)."""
     rng = np.random.default_rng(9)
     nodes, inits = [], []
     a = _conv(nodes, inits, rng, "a", "x", 64, 64, 3)
     bb = _conv(nodes, inits, rng, "b", a, 64, 64, 1)
-    nodes.append(helper.make_node("GlobalAveragePool", [a], ["gap"]))
+    kw = {"kernel_shape": [3, 3], "pads": [1] * 4} if pool == "MaxPool" else {}
+    nodes.append(helper.make_node(pool, [a], ["gap"], **kw))
     g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64, 12, 12])],
                           [helper.make_tensor_value_info(bb, TensorProto.FLOAT, None),
                            helper.make_tensor_value_info("gap", TensorProto.FLOAT, None)], inits)
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     art = narrowed(model)
-    assert kernels(art).count("bf16_nhwc_amx") == 2 and "a_r" not in art.manifest.get("channels_last_activations", [])
+    assert kernels(art).count("bf16_nhwc_amx") == 2
+    assert ("a_r" in art.manifest.get("channels_last_activations", [])) == (pool == "GlobalAveragePool")
     x = rng.standard_normal((1, 64, 12, 12)).astype(np.float32)
     got = art.model().run(x)
     want = narrowed(model, tuning=PLANAR).model().run(x)

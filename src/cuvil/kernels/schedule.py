@@ -486,8 +486,10 @@ class _StageBuilder:
         where its stage is a channels-last convolution (whose tiles hold rows of channels: contiguous stores) and
         every reader takes it so: a channels-last convolution reading it as its input (in place, no copy), or a
         residual Add / Sum (fused into a channels-last convolution's epilogue, where it loads vectors of
-        channels). Any other kernel that meets such a buffer addresses it through its strides (the generic loop
-        nest): the choice changes speed, never values."""
+        channels), or an average pool over the whole map (a classifier's last one: its loop nest reads the
+        value through its strides, and the convolution before it keeps its vector epilogue). Any other kernel
+        that meets such a buffer addresses it through its strides (the generic loop nest): the choice changes
+        speed, never values."""
         if BF16_CHANNELS_LAST not in self.narrow_formats or len(v.shape) != 4 or \
                 not all(isinstance(d, int) for d in v.shape[1:]) or st.buf.root is not None or st.buf.pitch is not None:
             return
@@ -496,7 +498,7 @@ class _StageBuilder:
         users = self.g.consumers(v)
         if not users:
             return
-        if all(u.op in ("Add", "Sum") or channels_last_reader(u, v) for u in users):
+        if all(u.op in ("Add", "Sum") or channels_last_reader(u, v) or _global_pool(u) for u in users):
             st.buf.pitch = channels_last_pitch(v.shape)
             self.channels_last.append(v.name)
 
@@ -786,6 +788,14 @@ def _plan_arena(stages: List[Stage], ranges: Dict[str, Tuple[int, int]], loops: 
             if r.base == ARENA:
                 b.offset = offsets[id(r)] + b.shift
     return top
+
+
+def _global_pool(node) -> bool:
+    """An average pool whose output is one position per channel (GlobalAveragePool, or AveragePool over the
+    whole map)."""
+    out = node.outputs[0].shape if node.outputs and node.outputs[0] is not None else None
+    return node.op == "GlobalAveragePool" or (node.op == "AveragePool" and out is not None and len(out) == 4
+                                                and tuple(out[2:]) == (1, 1))
 
 
 def _residual_in_place(stages: List[Stage], roots: Dict[int, Buf], first: Dict[int, int],
