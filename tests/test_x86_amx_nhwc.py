@@ -21,7 +21,8 @@ from cuvil.targets.x86.amx import has_amx
 from cuvil.targets.x86.cpu import cpu_label, host_cpu
 from cuvil.targets.x86.tuning import X86Tuning
 from cuvil.testing.conv_models import conv_epilogue_model
-from test_x86_bf16 import bf16, conv_ref, resnet_like
+from test_x86_bf16 import bf16, resnet_like
+from test_x86_bf16_planes import check_rounded_conv
 
 HAS_AMX = has_amx(host_cpu().features)
 needs_amx = pytest.mark.skipif(not HAS_AMX, reason=f"no AMX-BF16 on this CPU ({cpu_label()}): the tile kernels "
@@ -36,10 +37,6 @@ def narrowed(model, **compile_kw):
 
 def kernels(art):
     return [s["kernel"] for s in art.manifest["steps"]]
-
-
-def initializer(model, name):
-    return numpy_helper.to_array(next(i for i in model.graph.initializer if i.name == name))
 
 
 def test_weight_layout():
@@ -83,19 +80,7 @@ def test_conv_on_channels_last_rows(xs, ws, attrs):
     art = narrowed(model)
     assert kernels(art) == ["nhwc_rows", "bf16_nhwc_amx"], art.manifest["steps"]
     assert art.manifest["steps"][1]["path"] == "amx_bf16"
-    x = np.random.default_rng(3).standard_normal(xs).astype(np.float32)
-    mod = art.model()
-    y = mod.run(x, num_threads=2)[0].astype(np.float64)
-    np.testing.assert_array_equal(y, mod.run(x, num_threads=1)[0])
-    w, b = initializer(model, "w"), initializer(model, "b").astype(np.float64)
-    st, pd, dl = attrs.get("strides", [1, 1]), attrs.get("pads", [0] * 4), attrs.get("dilations", [1, 1])
-    want, mag = conv_ref(bf16(x), bf16(w), b, st, pd, dl, 1)
-    exact, _ = conv_ref(x.astype(np.float64), w.astype(np.float64), b, st, pd, dl, 1)
-    assert y.shape == want.shape
-    k = int(np.prod(ws[1:]))
-    bias = np.abs(b).reshape(1, -1, 1, 1) * 2.0 ** -23
-    assert np.all(np.abs(y - want) <= 2 * k * 2.0 ** -24 * mag + bias), float(np.abs(y - want).max())
-    assert float(np.abs(y - exact).max()) > 1e3 * float(np.abs(y - want).max())   # bf16 rounding in effect
+    check_rounded_conv(model, art, xs, ws, attrs)
 
 
 def _conv(nodes, inits, rng, name, x, cin, cout, k, stride=1, relu=True):

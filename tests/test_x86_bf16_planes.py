@@ -73,6 +73,13 @@ def test_conv_on_planes(xs, ws, attrs, amx):
     art = narrowed(model, amx)
     assert kernels(art) == ["bf16_planes", KERNEL[amx]], art.manifest["steps"]
     assert all(s["path"] == ("amx_bf16" if amx else "avx512_bf16") for s in art.manifest["steps"])
+    check_rounded_conv(model, art, xs, ws, attrs)
+
+
+def check_rounded_conv(model, art, xs, ws, attrs):
+    """``art`` (``model``: conv_epilogue_model's Conv alone) runs the same bits on 1 and 2 threads and equals a
+    float64 convolution of the bfloat16-rounded operands within the bound of float32 sums, far closer than to the
+    unrounded one (bf16 rounding in effect). Shared with tests/test_x86_amx_nhwc.py."""
     x = np.random.default_rng(3).standard_normal(xs).astype(np.float32)
     mod = art.model()
     y = mod.run(x, num_threads=2)[0].astype(np.float64)
