@@ -22,6 +22,9 @@ kernels) in one process, with OpenVINO's default (bf16 on a CPU with AMX) beside
     # the same with the channel-planar convolutions (pair planes, packed panels), not the channels-last ones
     # that are the default on AMX (X86Tuning(channels_last=False))
     PYTHONPATH=src python3 bench/amx_resnet_ab.py --build /tmp/planar.so --policy --no-channels-last
+    # the same with each bottleneck's last convolution and its projection shortcut as two convolutions, not one
+    # over both inputs' channels (X86Tuning(conv_sum=False); rules/conv_sum.rule)
+    PYTHONPATH=src python3 bench/amx_resnet_ab.py --build /tmp/unfused.so --policy --no-conv-sum
     # the vdpbf16ps kernels (a CPU with AVX512_BF16 and no AMX), with and without the planes
     PYTHONPATH=src python3 bench/amx_resnet_ab.py --build /tmp/dp.so --policy --no-amx [--planes]
     # the same from an older tree (git archive OLD | tar -x -C /tmp/old; cd /tmp/old; ... --build /tmp/old.so)
@@ -169,6 +172,9 @@ def main(argv=None):
     ap.add_argument("--no-channels-last", action="store_true",
                     help="with --build: the channel-planar AMX convolutions (pair planes, packed panels), not the "
                          "channels-last ones (X86Tuning(channels_last=False))")
+    ap.add_argument("--no-conv-sum", action="store_true",
+                    help="with --build: a bottleneck's last convolution and its projection shortcut as two "
+                         "convolutions, not one over both inputs' channels (X86Tuning(conv_sum=False))")
     ap.add_argument("--blocks", type=int, default=3)
     ap.add_argument("--runs", type=int, default=15)
     ap.add_argument("--pause-ms", type=float, default=30)
@@ -189,14 +195,15 @@ def main(argv=None):
     if a.build:
         kw = {}
         if a.fp32_activations or a.bf16_residual or a.no_bf16_residual or a.no_next_panel_prefetch or a.pad_in_place \
-                or a.no_channel_sweep or a.no_planes or a.no_amx or a.planes or a.no_channels_last:
+                or a.no_channel_sweep or a.no_planes or a.no_amx or a.planes or a.no_channels_last or a.no_conv_sum:
             from cuvil.targets.x86.tuning import X86Tuning
             resid = True if a.bf16_residual else False if a.no_bf16_residual else None
             planes = False if a.no_planes else True if a.planes else None
             kw["tuning"] = X86Tuning(bf16_storage=not a.fp32_activations, bf16_residual=resid, bf16_planes=planes,
                                      next_panel_prefetch=not a.no_next_panel_prefetch,
                                      pad_in_place=a.pad_in_place, channel_sweep=not a.no_channel_sweep,
-                                     amx=not a.no_amx, channels_last=not a.no_channels_last)
+                                     amx=not a.no_amx, channels_last=not a.no_channels_last,
+                                     conv_sum=not a.no_conv_sum)
         lib = compile_at(model, "bf16", feeds=feeds, every=not a.policy, **kw)
         shutil.copy(lib.path, a.build)
         shutil.copy(lib.path[:-3] + ".manifest.json", a.build[:-3] + ".manifest.json")

@@ -77,6 +77,10 @@ class Node:
     # (the input is rounded to E4M3 as ``x * 2^-e``; cuvil.precision.formats.Format.exponent), None for an
     # input not narrowed. Empty otherwise.
     precision_scales: Tuple[Optional[int], ...] = ()
+    # The names of the nodes a rewrite after the precision policy fused into this one (an ``on x86`` rule's sum
+    # of two narrowed convolutions as one: rules/conv_sum.rule), which carried their common ``precision`` over;
+    # empty otherwise. The manifest's precision record reads them (cuvil.precision.policy.reconcile).
+    fused_from: Tuple[str, ...] = ()
 
     def input(self, i: int) -> Optional[Value]:
         return self.inputs[i] if i < len(self.inputs) else None
@@ -280,7 +284,7 @@ class Graph:
         for n in self.nodes:
             m = Node(n.op, [cp(v) for v in n.inputs], [], dict(n.attrs), n.name, n.domain, list(n.constraints),
                      None if n.guard is None else (cp(n.guard[0]), n.guard[1]), n.scope, n.precision,
-                     tuple(n.precision_scales))
+                     tuple(n.precision_scales), tuple(n.fused_from))
             for i, v in enumerate(m.inputs):
                 if v is not None:
                     v.uses.append((m, i))

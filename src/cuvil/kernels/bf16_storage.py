@@ -8,7 +8,8 @@ the readers compute with). The x86 backend then keeps such values in bfloat16 be
 convolutions (``X86Tuning.bf16_storage``; half the bytes, pair panels packed without rounding) and lists
 them in the manifest's ``bf16_activations``; ``cuvil precision report`` counts them.
 
-A reader may also be a ``MaxPool`` (its ``Indices`` output unused) whose own output may be stored so (a ResNet's
+A reader may also be a move (a ``Concat`` or ``Slice``, :data:`MOVES`) of its elements into a value that may be
+stored so, or a ``MaxPool`` (its ``Indices`` output unused) whose own output may be stored so (a ResNet's
 stem: Conv -> MaxPool -> bf16 Convs). Round-to-nearest-even is monotone (``a <= b`` implies
 ``rne(a) <= rne(b)``), keeps ``-inf`` (the pool's padding) exact, and maps NaN to NaN and nothing else to NaN;
 so over any window ``max(rne(x_i)) == rne(max(x_i))``, the pool's NaN-skipping max included (the same
@@ -30,6 +31,10 @@ READERS = frozenset({"Conv"})
 #: ops that commute with rounding to bfloat16 (monotone, NaN-preserving): a value read only by them may be
 #: stored as bfloat16 when their outputs may (the module's docstring proves it for MaxPool)
 ROUNDING_COMMUTES = frozenset({"MaxPool"})
+#: data movement: each output element is an element of the data input(s), so rounding before or after moving
+#: gives the same bits; a value moved only into values that may be stored as bfloat16 may be too (a sum of two 1x1
+#: convolutions as one over the concatenation of their inputs: rules/conv_sum.rule)
+MOVES = {"Concat": None, "Slice": 0}      # op -> its one data input (None: every input)
 
 
 def bf16_storage_reason(g: Graph, v: Value, format_of: Callable[[Node], str] = lambda n: n.precision,
@@ -46,7 +51,7 @@ def bf16_storage_reason(g: Graph, v: Value, format_of: Callable[[Node], str] = l
     users = g.consumers(v)
     if not users:
         return None
-    convs, adds, pools, pool_residual = [], [], [], False
+    convs, adds, pools, moves, pool_residual = [], [], [], [], False
     for u in users:
         if u.op in READERS and format_of(u) == "bf16" and u.inputs[0] is v and not any(x is v for x in u.inputs[1:]):
             convs.append(u.name)
@@ -56,6 +61,11 @@ def bf16_storage_reason(g: Graph, v: Value, format_of: Callable[[Node], str] = l
                 (after := bf16_storage_reason(g, u.outputs[0], format_of, residual)) is not None:
             pools.append(u.name)
             pool_residual = pool_residual or "residual" in after
+        elif u.op in MOVES and (MOVES[u.op] is None or u.inputs[MOVES[u.op]] is v
+                                and not any(x is v for j, x in enumerate(u.inputs) if j != MOVES[u.op])) and \
+                (after := bf16_storage_reason(g, u.outputs[0], format_of, residual)) is not None:
+            moves.append(u.name)
+            pool_residual = pool_residual or "residual" in after
         else:
             return None
     parts = []
@@ -64,6 +74,9 @@ def bf16_storage_reason(g: Graph, v: Value, format_of: Callable[[Node], str] = l
     if pools:
         parts.append("max pool(s) " + ", ".join(sorted(set(pools))) + ", whose output is stored as bfloat16 (max commutes with "
                      "rounding to nearest even: the same bits" + ("; on a residual path" if pool_residual else "") + ")")
+    if moves:
+        parts.append("moves " + ", ".join(sorted(set(moves))) + " of its elements into values stored as bfloat16 (the "
+                     "same bits, rounded before or after the move" + ("; on a residual path" if pool_residual else "") + ")")
     if not parts:
         return None
     why = "read only by " + " and ".join(parts)

@@ -721,8 +721,9 @@ def _family_obligations(st: Stage, node: E, doms) -> List[Access]:
     elif node.op == "contract" and isinstance(spec, ChannelsLastContraction):
         # x86/gemm_nhwc.py: a unit is (image, 32 wide positions from min(32 pb, wide - 32), block of 32 output
         # channels); per tap and step of 32 channels it reads its rows shifted by the tap's offset, whole rows of
-        # channels (of a [N, Q, Cp] copy, or of a value stored channels-last, addressed flat), and the weight
-        # block's B tiles whole; it stores the outputs (oh, ow) with ow < OW, the channels below M
+        # channels (of a [N, Q, Cp] copy, or of a value stored channels-last, addressed flat), then each further
+        # part's rows at the same positions, and the weight block's B tiles whole; it stores the outputs (oh, ow)
+        # with ow < OW, the channels below M
         n, p, c = _loop(d, "n", spec.n), _loop(d, "p", spec.wide), _loop(d, "c", spec.row)
         off = _loop(d, "off", max(o for _, o in spec.taps) + 1)
         if len(spec.a.shape) == 4 and not is_channels_last(spec.a):      # the phase planes' rows
@@ -730,6 +731,12 @@ def _family_obligations(st: Stage, node: E, doms) -> List[Access]:
             out.append(Access(kind, spec.a, [n, f, p + off, c], [], d, node=node))
         else:
             out.append(Access(kind, spec.a, [n * spec.image + (p + off) * spec.row + c], [], d, node=node, flat=True))
+        for k, part in enumerate(spec.parts):     # a further operand's rows at the same positions, unshifted
+            pc = _loop(d, f"pc{k}", part.cin)
+            if len(part.a.shape) == 4 and not is_channels_last(part.a):
+                out.append(Access(kind, part.a, [n, _loop(d, f"pf{k}", part.a.shape[1]), p, pc], [], d, node=node))
+            else:
+                out.append(Access(kind, part.a, [n * part.image + p * part.row + pc], [], d, node=node, flat=True))
         w_idx = [_loop(d, f"w{k}", size) for k, size in enumerate(spec.w.shape)]
         out.append(Access(kind, spec.w, w_idx, [], d, node=node))
         m, oh, ow = _loop(d, "m", spec.m), _loop(d, "oh", spec.out_hw[0]), _loop(d, "ow", spec.out_hw[1])

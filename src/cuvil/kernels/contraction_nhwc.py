@@ -101,6 +101,32 @@ def channels_last_reader(node, v) -> bool:
                                 at.get("dilations") or (1, 1), pads[:2], at.get("group", 1)) is None
 
 
+def channels_last_piece(node, v) -> bool:
+    """Whether graph node ``node`` reading ``v`` is a piece of a channels-last convolution's input that the
+    convolution reads where ``v`` lies (:func:`cuvil.kernels.lower.conv.channels_last_conv`): a Concat of
+    channels (``rules/conv_sum.rule``) whose one reader is a bf16 1x1 convolution without stride or pads taking
+    the channels-last form, ``v`` whole steps of 32 channels; or a Slice of ``v`` from its first element with
+    steps on its spatial dims only, read by such a Concat (a projection's stride: ``v`` copied once into rows)."""
+    if node.op == "Slice":
+        st = node.attrs
+        if (node.inputs[0] is not v or any(x is v for x in node.inputs[1:]) or list(st.get("axes") or []) != [2, 3]
+                or any(s != 0 for s in st.get("starts") or [1])):
+            return False
+        out = node.outputs[0]
+        return len(out.uses) == 1 and channels_last_piece(out.uses[0][0], out)
+    if node.op != "Concat" or node.attrs.get("axis") not in (1, -3) or v.shape is None or len(v.shape) != 4 \
+            or not isinstance(v.shape[1], int) or v.shape[1] % CHANNEL_STEP:
+        return False
+    out = node.outputs[0]
+    if len(out.uses) != 1:
+        return False
+    conv = out.uses[0][0]
+    at = conv.attrs
+    return (conv.op == "Conv" and conv.inputs[1] is not None and conv.inputs[1].shape is not None
+            and tuple(conv.inputs[1].shape[2:]) == (1, 1) and not any(at.get("pads") or [0])
+            and tuple(at.get("strides") or (1, 1)) == (1, 1) and channels_last_reader(conv, out))
+
+
 @attrs.define(eq=False)
 class ChannelsLastRows:
     """The channels-last phase planes ``A[n, f, q, c]`` of a convolution's input ``x`` (element ``c`` of grid
@@ -117,6 +143,18 @@ class ChannelsLastRows:
 
 
 @attrs.define(eq=False)
+class ChannelsLastPart:
+    """A further operand of a 1x1 :class:`ChannelsLastContraction` over the concatenation of its inputs' channels
+    (a bottleneck's last convolution and its projection shortcut summed, ``rules/conv_sum.rule``): its own rows
+    over the same wide grid (a ``[N, 1, PL, C]`` copy, or a value stored channels-last), ``C`` whole steps of 32
+    channels; the packed weights' steps go on through it."""
+    a: Buf
+    cin: int
+    image: int          # elements from one image's rows to the next
+    row: int            # elements from one position's row to the next (its C, or the value's channel count)
+
+
+@attrs.define(eq=False)
 class ChannelsLastContraction:
     a: Buf              # channels-last rows: [N, F, PL, Cp] bfloat16, or a [N, C, H, W] value stored channels-last
     w: Buf              # packed weights [MB, T, S, 16, NHWC_MR, 2] bfloat16 (pack_nhwc_weights)
@@ -129,6 +167,7 @@ class ChannelsLastContraction:
     plane: int          # PL: rows per phase plane (the grid, Hq * Wq)
     image: int          # elements from one image's rows to the next (F * PL * Cp)
     row: int            # elements from one row (position) to the next: Cp
+    parts: tuple = ()   # further operands (ChannelsLastPart) of a 1x1 window whose C fills whole steps
 
     def shift(self, t: int) -> int:
         """Rows from an image's first row to tap ``t``'s row for wide position 0."""
@@ -139,6 +178,11 @@ class ChannelsLastContraction:
     def steps(self) -> int:
         """Tile steps of 32 input channels per tap."""
         return padded_channels(self.cin) // CHANNEL_STEP
+
+    @property
+    def all_steps(self) -> int:
+        """Tile steps of one weight block: every tap's, then every further part's."""
+        return len(self.taps) * self.steps + sum(p.cin // CHANNEL_STEP for p in self.parts)
 
     @property
     def wide(self) -> int:
@@ -155,7 +199,8 @@ class ChannelsLastContraction:
 
     @property
     def flops(self) -> int:
-        return 2 * self.n * self.m * self.cin * len(self.taps) * self.out_hw[0] * self.out_hw[1]
+        cin = self.cin * len(self.taps) + sum(p.cin for p in self.parts)
+        return 2 * self.n * self.m * cin * self.out_hw[0] * self.out_hw[1]
 
 
 def pack_nhwc_weights(w: np.ndarray) -> np.ndarray:

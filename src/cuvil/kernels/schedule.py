@@ -24,8 +24,8 @@ from .loops import LoopRegion, extend_lifetimes, lower_loop_back, lower_loop_sta
 from .lower import LOWERINGS, LowerCtx, TensorFn
 from .lower.core import bf16_stored
 from .bf16_storage import bf16_storage_reason
-from .contraction_nhwc import (BF16_CHANNELS_LAST, ChannelsLastContraction, channels_last_pitch, channels_last_reader,
-                               is_channels_last)
+from .contraction_nhwc import (BF16_CHANNELS_LAST, ChannelsLastContraction, channels_last_piece, channels_last_pitch,
+                               channels_last_reader, is_channels_last)
 from .concat_in_place import write_concats_in_place
 from .pad_in_place import write_pads_in_place
 from .run_time_sizes import run_time_symbols
@@ -484,8 +484,9 @@ class _StageBuilder:
     def _choose_layout(self, v: Value, st: Stage) -> None:
         """Store ``v`` channels-last (its buffer pitched ``[N, H, W, C]``, :mod:`cuvil.kernels.contraction_nhwc`)
         where its stage is a channels-last convolution (whose tiles hold rows of channels: contiguous stores) and
-        every reader takes it so: a channels-last convolution reading it as its input (in place, no copy), or a
-        residual Add / Sum (fused into a channels-last convolution's epilogue, where it loads vectors of
+        every reader takes it so: a channels-last convolution reading it as its input (in place, no copy) or as
+        a piece of a concatenation of channels it reads where each piece lies (a Concat or a strided Slice,
+        :func:`cuvil.kernels.contraction_nhwc.channels_last_piece`), or a residual Add / Sum (fused into a channels-last convolution's epilogue, where it loads vectors of
         channels), or an average pool over the whole map (a classifier's last one: its loop nest reads the
         value through its strides, and the convolution before it keeps its vector epilogue). Any other kernel
         that meets such a buffer addresses it through its strides (the generic loop nest): the choice changes
@@ -498,7 +499,8 @@ class _StageBuilder:
         users = self.g.consumers(v)
         if not users:
             return
-        if all(u.op in ("Add", "Sum") or channels_last_reader(u, v) or _global_pool(u) for u in users):
+        if all(u.op in ("Add", "Sum") or channels_last_reader(u, v) or channels_last_piece(u, v) or _global_pool(u)
+               for u in users):
             st.buf.pitch = channels_last_pitch(v.shape)
             self.channels_last.append(v.name)
 

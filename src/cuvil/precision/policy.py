@@ -423,7 +423,7 @@ def reconcile(entry: dict, graph: Graph, why: str) -> dict:
     policy narrowed that no longer exists narrowed in ``graph`` is recorded as float32, with ``why`` and the
     format the policy had allowed (``policy_format``) and the certificate it rested on (``policy_certificate``;
     ``relative_to_float32`` then counts only the nodes still narrowed on it). A copy; ``entry`` is not changed."""
-    narrowed = {n.name for n in graph.nodes if n.precision}
+    narrowed = {x for n in graph.nodes if n.precision for x in (n.name,) + tuple(n.fused_from)}
     nodes = {}
     for name, rec in entry.get("nodes", {}).items():
         if rec.get("format", "fp32") != "fp32" and name not in narrowed:

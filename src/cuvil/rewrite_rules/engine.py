@@ -46,6 +46,40 @@ def _cap(g: Graph) -> int:
     return max(10_000, 50 * len(g.nodes))
 
 
+#: the ops whose ``precision`` the policy sets (its narrowed contractions); a narrowed one rounds its first two
+#: operands to the format
+NARROWED_OPS = frozenset({"Conv", "MatMul", "Gemm"})
+#: ops that only move elements: rounding before or after them gives the same values
+_MOVES = frozenset({"Concat", "Slice"})
+
+
+def carry_precision(b: Bindings, created: List[Node]) -> None:
+    """After a rule that runs once the precision policy has narrowed nodes (an ``on x86`` rule): where every
+    contraction the pattern matched computes in the same narrowed format, a contraction of the replacement whose
+    rounded operands are those contractions' operands, or moves of them (Concat, Slice: rules/conv_sum.rule's
+    one convolution over two inputs' channels), computes in it too and records the matched ones' names
+    (``Node.fused_from``). It rounds the same values the same way and sums in float32, so the certificates the
+    policy gave the matched nodes cover it. Anywhere else (formats that differ, none narrowed, an operand the
+    replacement computes, such as a sum of weights) the replacement stays float32."""
+    narrowed = [n for n in b.nodes if n.op in NARROWED_OPS]
+    formats = {n.precision for n in narrowed}
+    if len(formats) != 1 or "" in formats:
+        return
+    operands = {id(v) for n in narrowed for v in n.inputs[:2] if v is not None}
+    made = {id(o): c for c in created for o in c.outputs}
+
+    def moved(v) -> bool:
+        if id(v) in operands:
+            return True
+        c = made.get(id(v))
+        return c is not None and c.op in _MOVES and moved(c.inputs[0]) and (
+            c.op == "Slice" or all(x is not None and moved(x) for x in c.inputs))
+    for c in created:
+        if c.op in NARROWED_OPS and all(v is not None and moved(v) for v in c.inputs[:2]):
+            c.precision = next(iter(formats))
+            c.fused_from = tuple(sorted(x for n in narrowed for x in (n.fused_from or (n.name,))))
+
+
 def apply_rules(g: Graph, rules: Sequence[Rule], report: RewriteReport, accept: Optional[Accept] = None) -> int:
     """One worklist pass of ``rules`` over ``g``; returns the number of rewrites. ``accept(rule, bindings)``
     (a target's cost model) may decline a match: legality is the rule's, profitability the target's."""
@@ -80,6 +114,7 @@ def apply_rules(g: Graph, rules: Sequence[Rule], report: RewriteReport, accept: 
             for c in created:
                 drop_default_attrs(c)  # replacements stay in canonical form
                 c.guard = n.guard      # they compute what the matched root did, for the same readers
+            carry_precision(b, created)
             users = g.consumers(root)
             g.replace_all_uses(root, new)
             if new.producer is not None and new.producer in created:

@@ -14,8 +14,9 @@ from ..texpr import I64, E, all_of, binop, call, cast, cmp, const, in_range, loa
 from ..contraction_planes import (BF16_PLANES, CHANNEL_BLOCK, MAX_PLANE_NR, PLANE_MR, PLANE_NR, PairPlanes, PlaneContraction,
                                   pack_plane_weights, pair_groups)
 from ..contraction_int8 import panel_positions
-from ..contraction_nhwc import (BF16_CHANNELS_LAST, NHWC_MR, CHANNEL_STEP, ChannelsLastContraction, ChannelsLastRows,
-                                channels_last_window, is_channels_last, pack_nhwc_weights, padded_channels)
+from ..contraction_nhwc import (BF16_CHANNELS_LAST, NHWC_MR, CHANNEL_STEP, ChannelsLastContraction, ChannelsLastPart,
+                                ChannelsLastRows, channels_last_window, is_channels_last, pack_nhwc_weights,
+                                padded_channels)
 from ..phase_planes import plane_geometry, plane_length, plane_source
 from .core import LOWERINGS, TensorFn, bf16_stored, clamp, lowering, sub_ctx, unflat_index, widened
 from .quant import minus_zp
@@ -237,42 +238,32 @@ def channels_last_conv(ctx, x, b, wv, out, group, kern, strides, dil, begin) -> 
     """A bf16 2-D convolution on AMX tiles over channels-last rows (:mod:`cuvil.kernels.contraction_nhwc`): the
     input read in place where its producer stored it channels-last with whole blocks of 32 channels and the window
     reads it as it is (a stride-1 1x1 layer), else first copied once into channels-last phase planes (rounded to
-    bfloat16, zeros for padding and past the channels); the weights packed per tap as B tiles. None where the
-    form does not apply (:func:`cuvil.kernels.contraction_nhwc.channels_last_window`)."""
+    bfloat16, zeros for padding and past the channels); the weights packed per tap as B tiles. A 1x1 convolution
+    over a concatenation of channels (``rules/conv_sum.rule``: a sum of two 1x1 convolutions) reads each piece
+    where it lies (:func:`_concat_parts`), a strided slice through its own rows copy. None where the form does
+    not apply (:func:`cuvil.kernels.contraction_nhwc.channels_last_window`)."""
     if channels_last_window(x.shape, wv.shape, out, strides, dil, begin, group) is not None:
         return None
     geo = plane_geometry(tuple(kern), tuple(strides), tuple(dil), tuple(out[2:]))
     (rows, cols), (Hq, Wq), F = geo.phases, geo.grid, geo.num_phases
-    N, C, H, W = x.shape
+    N, C = x.shape[:2]
     M, (OH, OW) = out[1], tuple(out[2:])
-    Cp, PL = padded_channels(C), Hq * Wq
-    if (x.buf is not None and is_channels_last(x.buf) and x.buf.dtype == DType.BFLOAT16 and C == Cp and F == 1
-            and (Hq, Wq) == (H, W) and not any(begin) and geo.taps == ((0, 0),)):
-        a_buf, image = x.buf, H * W * C
-
-        def read(n, f, q, c):
-            return x([n, c, q // W, q % W])
+    pieces = _concat_parts(x, tuple(kern), strides, begin, (Hq, Wq))
+    if pieces is None:
+        a_buf, image, row, read = _rows_source(ctx, x, tuple(begin[:2]), tuple(strides), geo)
+        parts, bounds = (), [(0, C, read)]
     else:
-        if x.buf is None:
-            x = ctx.temp(x.shape, DType.BFLOAT16 if ctx.bf16_storage else x.dtype, x.fn, "in")
-            if x.dtype == DType.BFLOAT16:
-                x = bf16_stored(x)
-        spec_in = ChannelsLastRows(x.buf, C, (H, W), tuple(begin[:2]), tuple(strides), (rows, cols), (Hq, Wq))
-
-        def rows_fn(idx):
-            n, f, q, c = idx
-            ch, ih, iw, inside = plane_source((n, c, f, q, const(0, I64)), 1, C, (H, W), begin, strides, cols, (Hq, Wq))
-            return E("nhwc_rows", [n, f, q, c, x.at_or([n, ch, ih, iw], inside, 0.0)], DType.FLOAT, spec_in)
-        key = ("nhwc_rows", id(x.buf), x.buf.dtype, spec_in.begin, spec_in.strides, spec_in.phases, spec_in.grid, Cp)
-        a_fn = ctx.shared_temp(key, (N, F, PL, Cp), DType.BFLOAT16, rows_fn, "rows")
-        a_buf, image = a_fn.buf, F * PL * Cp
-
-        def read(n, f, q, c):
-            return cast(a_fn([n, f, q, c]), DType.FLOAT)
+        srcs = [_rows_source(ctx, t, (0, 0), s, plane_geometry((1, 1), s, (1, 1), (OH, OW))) for t, s in pieces]
+        (a_buf, image, row, _), rest = srcs[0], srcs[1:]
+        parts = tuple(ChannelsLastPart(a, t.shape[1], im, rw) for (a, im, rw, _), (t, _) in zip(rest, pieces[1:]))
+        edges = np.cumsum([0] + [t.shape[1] for t, _ in pieces])
+        bounds = [(int(lo), int(hi), src[3]) for lo, hi, src in zip(edges[:-1], edges[1:], srcs)]
     w_buf = ctx.weight(pack_nhwc_weights(wv.astype(np.float32)), "packed_nhwc")
-    spec = ChannelsLastContraction(a_buf, w_buf, N, M, C, geo.taps, Wq, (OH, OW), PL, image, Cp)
+    spec = ChannelsLastContraction(a_buf, w_buf, N, M, bounds[0][1], geo.taps, Wq, (OH, OW), Hq * Wq, image, row,
+                                   parts)
     half = CHANNEL_STEP // 2
     (KH, KW), (sh, sw), (dh, dw) = tuple(kern), tuple(strides), tuple(dil)
+    Cp = padded_channels(C) if pieces is None else C
 
     def f(idx):
         n, mo, oh, ow = idx
@@ -284,10 +275,66 @@ def channels_last_conv(ctx, x, b, wv, out, group, kern, strides, dil, begin) -> 
             ph = ((kh * dh) % sh) * cols + (kw * dw) % sw
             off = ((kh * dh) // sh) * Wq + (kw * dw) // sw
             wt = cast(load(w_buf, [mb, t, g // half, g % half, r, i]), DType.FLOAT)
-            return binop("mul", wt, read(n, ph, p + off, g * 2 + i))
+            c = g * 2 + i
+            val = None
+            for lo, hi, read in reversed(bounds):       # (the piece that holds channel c; reads clamped inside each)
+                at = read(n, ph, p + off, clamp(c - lo, hi - lo) if len(bounds) > 1 else c)
+                val = at if val is None else select(cmp("lt", c, const(hi, I64)), at, val)
+            return binop("mul", wt, val)
         acc = E("contract", [n, mo, oh, ow, reduce("sum", [KH * KW, Cp // 2, 2], term)], DType.FLOAT, spec)
         return binop("add", acc, b([mo])) if b is not None else acc
     return TensorFn(out, ctx.out_dtype(), f, "complex", contraction=True)
+
+
+def _rows_source(ctx, x, begin, strides, geo):
+    """Where a channels-last convolution reads input ``x`` (a window of phase planes ``geo``, pads ``begin``):
+    ``(rows buffer, elements per image, elements per position, read(n, f, q, c))``. ``x`` itself where it is stored
+    channels-last in bfloat16 with whole steps of channels and the window reads it as it is (a stride-1 1x1
+    window); else its phase planes copied once (shared by every reader of the same geometry)."""
+    (rows, cols), (Hq, Wq), F = geo.phases, geo.grid, geo.num_phases
+    N, C, H, W = x.shape
+    Cp = padded_channels(C)
+    if (x.buf is not None and is_channels_last(x.buf) and x.buf.dtype == DType.BFLOAT16 and C == Cp and F == 1
+            and (Hq, Wq) == (H, W) and not any(begin) and geo.taps == ((0, 0),)):
+        return x.buf, H * W * C, C, lambda n, f, q, c: x([n, c, q // W, q % W])
+    if x.buf is None:
+        x = ctx.temp(x.shape, DType.BFLOAT16 if ctx.bf16_storage else x.dtype, x.fn, "in")
+        if x.dtype == DType.BFLOAT16:
+            x = bf16_stored(x)
+    spec_in = ChannelsLastRows(x.buf, C, (H, W), tuple(begin), tuple(strides), (rows, cols), (Hq, Wq))
+
+    def rows_fn(idx):
+        n, f, q, c = idx
+        ch, ih, iw, inside = plane_source((n, c, f, q, const(0, I64)), 1, C, (H, W), begin, strides, cols, (Hq, Wq))
+        return E("nhwc_rows", [n, f, q, c, x.at_or([n, ch, ih, iw], inside, 0.0)], DType.FLOAT, spec_in)
+    key = ("nhwc_rows", id(x.buf), x.buf.dtype, spec_in.begin, spec_in.strides, spec_in.phases, spec_in.grid, Cp)
+    a_fn = ctx.shared_temp(key, (N, F, Hq * Wq, Cp), DType.BFLOAT16, rows_fn, "rows")
+    return a_fn.buf, F * Hq * Wq * Cp, Cp, lambda n, f, q, c: cast(a_fn([n, f, q, c]), DType.FLOAT)
+
+
+def _concat_parts(x, kern, strides, begin, grid) -> Optional[list]:
+    """``[(piece, strides)]`` where ``x`` is a concatenation of channels (``rules/conv_sum.rule``) read by a
+    stride-1 1x1 window without pads, each piece a whole number of 32-channel steps: a tensor of the output's
+    size, or one sliced from the first element with steps (a projection's stride). None otherwise (the
+    concatenation is then stored and read like any input)."""
+    if x.view is None or x.view[0] != "concat" or x.view[1] != 1 or kern != (1, 1) or tuple(strides) != (1, 1) \
+            or any(begin) or len(x.view[2]) < 2:
+        return None
+    out = []
+    for t in x.view[2]:
+        step = (1, 1)
+        if t.view is not None and t.view[0] == "slice":
+            _, src, first, steps = t.view
+            if any(not isinstance(v, int) or v != 0 for v in first) or tuple(steps[:2]) != (1, 1) \
+                    or not all(isinstance(v, int) and v >= 1 for v in steps[2:]):
+                return None
+            t, step = src, (int(steps[2]), int(steps[3]))
+        if len(t.shape) != 4 or not all(isinstance(d, int) for d in t.shape[1:]) or t.shape[1] % CHANNEL_STEP:
+            return None
+        if tuple(-(-d // s_) for d, s_ in zip(t.shape[2:], step)) != tuple(grid):
+            return None
+        out.append((t, step))
+    return out
 
 
 #: ConvTranspose without dilation by the output's phase (:func:`_conv_transpose_by_phase`); False: the gather

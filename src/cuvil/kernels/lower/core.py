@@ -34,6 +34,9 @@ class TensorFn:
     same_index_inputs: Tuple[int, ...] = ()
     buf: Optional[Buf] = None   # set when the tensor is stored (its loads read this buffer)
     contraction: bool = False   # holds a micro-kernel node (contract/window: at most one per stage)
+    # what a lazy view reads, for a lowering that reads the sources itself instead of the view's elements:
+    # ("concat", axis, pieces) or ("slice", source, first, steps) (per axis); None for every other tensor
+    view: Optional[tuple] = None
 
     def __call__(self, idx: Index) -> E:
         return self.fn(list(idx))

@@ -72,7 +72,7 @@ def _concat(ctx):
         # the expression at every level of inlined concatenations)
         pieces = lambda: [piece(t, idx, start, False) for t, start in zip(ins, bounds[:-1])]  # noqa: E731
         return E("piecewise", [idx[axis], out], out.dtype, (axis, tuple(int(x) for x in bounds), pieces))
-    return [TensorFn(shape, ins[0].dtype, f, "injective")]
+    return [TensorFn(shape, ins[0].dtype, f, "injective", view=("concat", axis, tuple(ins)))]
 
 
 @lowering("Split")
@@ -117,7 +117,8 @@ def _slice(ctx):
         else:
             s = dmin(dmax(s + d if s < 0 else s, -1), d - 1)
         first[a], step[a] = s, st
-    return [TensorFn(ctx.out_shape(), x.dtype, lambda idx: x([i * st + f0 for i, st, f0 in zip(idx, step, first)]), "injective")]
+    return [TensorFn(ctx.out_shape(), x.dtype, lambda idx: x([i * st + f0 for i, st, f0 in zip(idx, step, first)]), "injective",
+                     view=("slice", x, tuple(first), tuple(step)))]
 
 
 @lowering("Pad")

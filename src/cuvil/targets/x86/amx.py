@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-from typing import Iterable
+from typing import Iterable, Optional
 
 import llvmlite.ir as ir
 
@@ -148,14 +148,15 @@ class Tiles:
 
 
 def bf16_tile_loop(em, tiles: Tiles, steps, a_at, a_stride, b_at, b_stride, mi: int, nj: int,
-                   a_streamed: bool = False) -> list:
+                   a_streamed: bool = False, init: Optional[list] = None) -> list:
     """The k-loop of an ``mi`` x ``nj`` block of 16 x 16 float32 tiles (mi * nj + mi + nj <= 8 tiles): for
     step s in [0, steps) (an i64, at least 1), A tiles ``a_at(s, i)`` (16 rows of 32 bfloat16, ``a_stride``
     bytes apart) and B tiles ``b_at(s, j)`` (16 rows of 16 pairs, ``b_stride`` bytes apart) are loaded and
     ``tdpbf16ps`` accumulates ``C[i][j] += A_i B_j``. The accumulators start at zero and stay in tile
-    registers (x86_amx phis). Returns the mi * nj tiles (row-major) after the loop."""
+    registers (x86_amx phis); ``init``: they start at these tiles instead (another loop's, over other operands).
+    Returns the mi * nj tiles (row-major) after the loop."""
     b, fn = em.b, em.fn
-    init = [tiles.zero() for _ in range(mi * nj)]
+    init = [tiles.zero() for _ in range(mi * nj)] if init is None else list(init)
     pre = b.block
     head = fn.append_basic_block("amx_k")
     done = fn.append_basic_block("amx_k_done")

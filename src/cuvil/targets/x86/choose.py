@@ -122,14 +122,24 @@ def _rhs_tile(rule: Rule) -> Optional[int]:
     return None
 
 
-def accepter(shapes=AVX2_TILES, tuning: X86Tuning = DEFAULT_TUNING):
-    """The ``accept`` of a target whose micro-kernels' register tiles are ``shapes``, cost model ``tuning``."""
-    return lambda rule, b: accept(rule, b, shapes, tuning)
+def conv_sum_rule(rule: Rule) -> bool:
+    """Whether ``rule`` is one of rules/conv_sum.rule's: its replacement a Conv over a Concat."""
+    rhs = rule.rhs
+    return (isinstance(rhs, OpCall) and rhs.op == "Conv" and bool(rhs.args) and isinstance(rhs.args[0], OpCall)
+            and rhs.args[0].op == "Concat")
 
 
-def accept(rule: Rule, b, shapes=AVX2_TILES, tuning: X86Tuning = DEFAULT_TUNING) -> bool:
+def accepter(shapes=AVX2_TILES, tuning: X86Tuning = DEFAULT_TUNING, channels_last: bool = False):
+    """The ``accept`` of a target whose micro-kernels' register tiles are ``shapes``, cost model ``tuning``;
+    ``channels_last``: its bf16 convolutions take the channels-last AMX form."""
+    return lambda rule, b: accept(rule, b, shapes, tuning, channels_last)
+
+
+def accept(rule: Rule, b, shapes=AVX2_TILES, tuning: X86Tuning = DEFAULT_TUNING, channels_last: bool = False) -> bool:
     """Whether the x86 target (register tiles ``shapes``, cost model ``tuning``) wants this match of an
     ``on x86`` rule."""
+    if conv_sum_rule(rule):
+        return channels_last and conv_sum_pays(b)
     if isinstance(rule.rhs, OpCall) and rule.rhs.op == "FusedAttention":
         # the x86 kernel computes in float32 (a float16 / bfloat16 model's operands widened into it); a double
         # model's attention stays unfused
@@ -151,3 +161,24 @@ def accept(rule: Rule, b, shapes=AVX2_TILES, tuning: X86Tuning = DEFAULT_TUNING)
         return False      # symbolic maps: the transform kernels need static geometry
     oh, ow = x.shape[2] + pads[0] + pads[2] - 2, x.shape[3] + pads[1] + pads[3] - 2
     return best_tile(c, k, oh, ow, shapes, tuning) == tile
+
+
+def conv_sum_pays(b) -> bool:
+    """A sum of two 1x1 convolutions (rules/conv_sum.rule) runs as one where both are narrowed to bf16 and the
+    channels-last AMX kernel takes the sum: it then reads each input where it lies and accumulates both products
+    in one tile, and the first product's float32 output is never stored and read back (ResNet-50 bf16, a Xeon
+    with AMX: bench/PRECISION.md, "Projection shortcuts in one accumulation"). Each input must fill whole steps
+    of 32 channels; anywhere else the concatenation would be stored first, which is not measured to pay."""
+    from ...kernels.contraction_nhwc import CHANNEL_STEP, channels_last_window
+    x, y, w1, w2 = (b.values.get(k) for k in ("x", "y", "w1", "w2"))
+    if any(v is None or v.shape is None or len(v.shape) != 4 for v in (x, y, w1, w2)):
+        return False
+    convs = [n for n in b.nodes if n.op == "Conv"]
+    if len(convs) != 2 or any(n.precision != "bf16" for n in convs):
+        return False
+    dims = list(x.shape[1:]) + list(y.shape[1:])
+    if not all(isinstance(d, int) for d in dims) or x.shape[1] % CHANNEL_STEP or y.shape[1] % CHANNEL_STEP:
+        return False
+    m, c = w1.shape[0], x.shape[1] + y.shape[1]
+    out = (x.shape[0], m) + tuple(x.shape[2:])
+    return channels_last_window((x.shape[0], c) + tuple(x.shape[2:]), (m, c, 1, 1), out, (1, 1), (1, 1), (0, 0), 1) is None

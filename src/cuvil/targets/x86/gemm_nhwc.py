@@ -24,7 +24,8 @@ from typing import Optional, Tuple
 import llvmlite.ir as ir
 
 from ...ir.dtype import DType
-from ...kernels.contraction_nhwc import NHWC_MR, NHWC_NR, ChannelsLastContraction, ChannelsLastRows, is_channels_last
+from ...kernels.contraction_nhwc import (CHANNEL_STEP, NHWC_MR, NHWC_NR, ChannelsLastContraction, ChannelsLastPart,
+                                         ChannelsLastRows, is_channels_last)
 from ...kernels.schedule import Stage
 from ...kernels.texpr import E, nodes
 from ..llvm.narrow import I16
@@ -104,7 +105,7 @@ def emit_channels_last_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, 
     shifts.global_constant, shifts.linkage = True, "internal"
     shifts.initializer = ir.Constant(arr, [spec.shift(t) * spec.row * 2 for t in range(T)])
     plan = channel_vector_plan(st, c) if spec.m % VW == 0 else None
-    vector = _ChannelVectors(em, st, c, plan, tile_f, spec.m, PREFETCH_POSITIONS if T * S <= PREFETCH_MAX_STEPS else 0) \
+    vector = _ChannelVectors(em, st, c, plan, tile_f, spec.m, PREFETCH_POSITIONS if spec.all_steps <= PREFETCH_MAX_STEPS else 0) \
         if plan is not None else None
     # a channel-planar output (a graph output, a value read by a pool) of a window whose wide positions are its
     # output positions (Wq == OW: a unit's 32 positions are consecutive there): the tile transposed in
@@ -112,7 +113,7 @@ def emit_channels_last_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, 
     # 16 positions); else position by position
     planar = vector_epilogue_plan(st, c) if plan is None and Wq == OW and not is_channels_last(st.buf) else None
 
-    by_weights = WEIGHT_MAJOR and MB * T * S * step_bytes > spec.image * 2
+    by_weights = WEIGHT_MAJOR and MB * spec.all_steps * step_bytes > (spec.image + sum(p.image for p in spec.parts)) * 2
 
     def unit(u):
         if by_weights:
@@ -124,7 +125,7 @@ def emit_channels_last_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, 
         first = b.mul(pb, I64(NR))
         p0 = b.select(b.icmp_signed(">", first, I64(wide - NR)), I64(wide - NR), first)
         a_n = byte_ptr(em, spec.a, b.mul(b.add(b.mul(n, I64(spec.image)), b.mul(p0, I64(spec.row))), I64(2)))
-        w_mb = byte_ptr(em, spec.w, b.mul(mb, I64(T * S * step_bytes)))
+        w_mb = byte_ptr(em, spec.w, b.mul(mb, I64(spec.all_steps * step_bytes)))
 
         def a_at(s, i):
             t, cs = b.udiv(s, I64(S)), b.urem(s, I64(S))
@@ -135,6 +136,10 @@ def emit_channels_last_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, 
         def b_at(s, j):
             return b.gep(w_mb, [b.add(b.mul(s, I64(step_bytes)), I64(j * 64))], source_etype=I8, inbounds=True)
         accs = bf16_tile_loop(em, tiles, I64(T * S), a_at, spec.row * 2, b_at, MR * 4, 2, 2)
+        done = T * S
+        for part in spec.parts:          # further operands (a sum of 1x1 convolutions): the same tiles go on
+            accs = _part_loop(em, tiles, part, n, p0, w_mb, done, accs)
+            done += part.cin // CHANNEL_STEP
         for i in range(2):
             for j in range(2):
                 tiles.store(accs[2 * i + j], b.gep(tile_f, [I64(i * 16 * MR + j * 16)], source_etype=F32), MR * 4)
@@ -168,6 +173,23 @@ def emit_channels_last_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, 
     km.window_kinds[sym] = KIND
     km.narrow_paths[sym] = AMX_BF16_PATH
     return spec.n * PB * MB, 1
+
+
+def _part_loop(em, tiles: Tiles, part: ChannelsLastPart, n, p0, w_mb, first: int, accs: list) -> list:
+    """The k-loop over a further operand of the unit (image ``n``, wide positions from ``p0``): its rows' steps
+    of 32 channels against the weight block's steps from ``first`` on, accumulating into ``accs``."""
+    b = em.b
+    step_bytes = 16 * NHWC_MR * 2 * 2
+    a_n = byte_ptr(em, part.a, b.mul(b.add(b.mul(n, I64(part.image)), b.mul(p0, I64(part.row))), I64(2)))
+
+    def a_at(s, i):
+        return b.gep(a_n, [b.add(I64(i * 16 * part.row * 2), b.mul(s, I64(64)))], source_etype=I8, inbounds=True)
+
+    def b_at(s, j):
+        return b.gep(w_mb, [b.add(b.mul(b.add(s, I64(first)), I64(step_bytes)), I64(j * 64))], source_etype=I8,
+                     inbounds=True)
+    return bf16_tile_loop(em, tiles, I64(part.cin // CHANNEL_STEP), a_at, part.row * 2, b_at, NHWC_MR * 4, 2, 2,
+                          init=accs)
 
 
 class _ChannelVectors:

@@ -19,8 +19,9 @@ from ...rewrite_rules.specialize import specialize_graph
 from ...rewrite_rules.verdicts import builtin_rules
 from .. import X86_TARGET
 from ..base import BuildPlan, TargetOptions, check, is_bool, is_opt_level, target_options
+from .amx import has_amx
 from .artifact import Artifact, sidecars
-from .choose import accepter
+from .choose import accepter, conv_sum_rule
 from .codegen import cpu_identity
 from .compile import arena_limit, compile_x86
 from .cpu import describe_cpu, validate_cpu
@@ -117,8 +118,11 @@ class X86Options(TargetOptions):
 
 def x86_rules(winograd: bool = True, fused_attention: bool = True) -> list:
     """The built-in ``on x86`` rules the options turn on: Winograd convolutions (rules/winograd.rule) and
-    fused attention (rules/attention.rule, the rules whose replacement is a FusedAttention)."""
+    fused attention (rules/attention.rule, the rules whose replacement is a FusedAttention); the sums of two
+    1x1 convolutions as one (rules/conv_sum.rule) always, where the cost model accepts them."""
     def wanted(rule) -> bool:
+        if conv_sum_rule(rule):
+            return True
         attention = getattr(rule.rhs, "op", None) == "FusedAttention"
         return fused_attention if attention else winograd
     return [r for r in builtin_rules() if r.on == "x86" and wanted(r)]
@@ -130,10 +134,12 @@ def choose_algorithms(graph: Graph, cpu: Optional[str] = None, tuning: X86Tuning
     flags turn each off) applied where the x86 cost model (weights ``tuning``) accepts the match for ``cpu``
     (default the host: its vector width sets the micro-kernels' register tiles), and the rewrite's report;
     the rules are proved like every other rule."""
-    bits = describe_cpu(cpu).vector_bits
+    cpu_info = describe_cpu(cpu)
     g = graph.clone()
+    # (the bf16 convolutions take the channels-last AMX form: the sums of two of them may run as one)
+    channels_last = bool(tuning.channels_last and tuning.conv_sum and tuning.amx and has_amx(cpu_info.features))
     report = proved_rewrite(g, x86_rules(winograd, fused_attention), phase="x86",
-                            accept=accepter(tile_shapes(bits, tuning), tuning))
+                            accept=accepter(tile_shapes(cpu_info.vector_bits, tuning), tuning, channels_last))
     return g, report
 
 
