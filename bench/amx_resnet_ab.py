@@ -32,6 +32,7 @@ kernels) in one process, with OpenVINO's default (bf16 on a CPU with AMX) beside
     PYTHONPATH=src python3 bench/amx_resnet_ab.py /tmp/old.so /tmp/new.so --steps 40   # GEMM steps by kind
     PYTHONPATH=src python3 bench/amx_resnet_ab.py /tmp/old.so /tmp/new.so --steps 9 --prep-in   # with input prep
     PYTHONPATH=src python3 bench/amx_resnet_ab.py /tmp/old.so /tmp/new.so --steps 15 --cold   # one run after a pause
+    PYTHONPATH=src python3 bench/amx_resnet_ab.py /tmp/old.so /tmp/new.so --steps 21 --cold --by-stage   # and per stage
     PYTHONPATH=src python3 bench/amx_resnet_ab.py /tmp/old.so /tmp/new.so --error-inputs 16   # error only
 
 Default: wall p50 / min and calling-thread CPU p50 per block (runs alternated, a pause before each; OpenVINO
@@ -70,7 +71,7 @@ def cpu_model() -> str:
     return f"{info.get('model name')} (family {info.get('cpu family')}, model {info.get('model')}, stepping {info.get('stepping')})"
 
 
-def steps(a: str, b: str, rounds: int, prep_in: bool = False, cold_pause: float = 0.0) -> None:
+def steps(a: str, b: str, rounds: int, prep_in: bool = False, cold_pause: float = 0.0, by_stage: bool = False) -> None:
     from cuvil.targets.x86.loader import load
     libs = {"A": load(a, num_threads=1), "B": load(b, num_threads=1)}
     xs = [np.random.default_rng(0).standard_normal(d.shape).astype(d.dtype) for d in libs["A"].inputs]
@@ -114,6 +115,17 @@ def steps(a: str, b: str, rounds: int, prep_in: bool = False, cold_pause: float 
     for kind, v in rows:
         r = lambda x, y: f"{y / x:6.3f}" if x else f"{'-':>6}"
         print(f"{kind:20} {v[0]:8.3f} {v[1]:8.3f} {r(v[0], v[1])} {v[2]:8.3f} {v[3]:8.3f} {r(v[2], v[3])}")
+    if by_stage:         # each stage by its name (a value's), in B's order, then A's stages that B does not have
+        names = {}
+        for lab, path in (("A", a), ("B", b)):
+            with open(path[:-3] + ".manifest.json") as f:
+                names[lab] = {st["stage"]: (i, st) for i, st in enumerate(json.load(f)["steps"])}
+        print(f"\n{'stage (ms, median)':28} {'A':>8} {'B':>8}  kernel (B's, else A's), op, shape")
+        for name in list(names["B"]) + [n for n in names["A"] if n not in names["B"]]:
+            t = {lab: 1e3 * med[lab][names[lab][name][0]] if name in names[lab] else None for lab in "AB"}
+            st = (names["B"].get(name) or names["A"][name])[1]
+            cell = lambda v: f"{v:8.3f}" if v is not None else f"{'-':>8}"
+            print(f"{name:28} {cell(t['A'])} {cell(t['B'])}  {st['kernel']}, {st['op']}, {st['shape']}")
 
 
 def errors(paths, model, feeds, n: int) -> None:
@@ -182,6 +194,8 @@ def main(argv=None):
     ap.add_argument("--cold", action="store_true",
                     help="with --steps: each round profiles one run after a pause of --pause-ms, no warm-up (the "
                          "caches as a request after idle time sees them; default: 5 runs after a warm-up)")
+    ap.add_argument("--by-stage", action="store_true",
+                    help="with --steps: also each stage by name, A beside B (a stage one build lacks shows '-')")
     ap.add_argument("--prep-in", action="store_true",
                     help="with --steps: each pad copy or planes pass counted in the next convolution's time, and the "
                          "kinds split by output width (what a layer costs with its input's preparation)")
@@ -213,7 +227,7 @@ def main(argv=None):
         raise SystemExit("give two libraries (A B), or --build PATH to make one")
     print(cpu_model(), "| load", os.getloadavg())
     if a.steps:
-        steps(*a.libs, a.steps, a.prep_in, a.pause_ms / 1e3 if a.cold else 0.0)
+        steps(*a.libs, a.steps, a.prep_in, a.pause_ms / 1e3 if a.cold else 0.0, a.by_stage)
         return
     if a.error_inputs:
         errors(a.libs, model, feeds, a.error_inputs)

@@ -100,7 +100,7 @@ class X86Tuning:
     # with channels_last: a sum of two bf16 1x1 convolutions (a bottleneck's last one and its projection
     # shortcut) runs as one over the concatenation of their inputs' channels (rules/conv_sum.rule), each piece
     # read where it lies, the first product's float32 output never stored. ResNet-50 bf16 on a Xeon with AMX
-    # (family 6, model 207): 0.92-0.95x the unfused build's p50 (bench/PRECISION.md, session 30). False: two
+    # (family 6, model 207): 0.92-0.99x the unfused build's p50 (bench/PRECISION.md, session 30). False: two
     # convolutions (bench/amx_resnet_ab.py --no-conv-sum)
     conv_sum: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
     # a float32 activation read only by bf16 convolutions (which round it to bfloat16 anyway) is stored as
