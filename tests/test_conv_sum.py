@@ -82,6 +82,7 @@ def test_sum_of_two_convolutions_as_one(cx, cy, m, hw, s, op, strided_first, pro
     assert kernels.count("bf16_nhwc_amx") == 1 + produced, kernels        # the two 1x1 convolutions are one
     nodes = art.manifest["precision"]["nodes"]
     assert nodes["conv_main"]["format"] == nodes["conv_proj"]["format"] == "bf16"     # the record stays true
+    assert not art.manifest["memory_safety"]["guarded"], art.manifest["memory_safety"]["summary"]
     rng = np.random.default_rng(2)
     if produced:
         x = rng.choice([-1.0, 0.0, 1.0], size=(1, cx, hw, hw)).astype(np.float32)
@@ -197,3 +198,32 @@ def test_precision_carried_only_to_moved_operands():
     assert apply_rules(g, merge, RewriteReport()) == 1
     (m,) = [n for n in g.nodes if n.op == "MatMul" and n.inputs[1].producer is not None]
     assert m.precision == "" and m.fused_from == ()
+
+
+@needs_amx
+@pytest.mark.parametrize("keep,m", [(32, 32), (32, 64), (16, 48), (64, 64)], ids=["ch32m32", "ch32m64", "ch16", "whole"])
+def test_concatenation_with_a_channel_slice(keep, m):
+    """A 1x1 convolution over Concat(x, Slice(y) of its first ``keep`` channels) (a model's own graph, no rule): a
+    slice of the channels is not a whole piece of ``y`` and the concatenation is stored first (a hostile review
+    found it read as the whole of ``y``: NaN from the weights of the next block); the whole of ``y`` is read
+    where it lies. Against a float64 sum of the rounded operands."""
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((m, 32 + keep, 1, 1)) / 8).astype(np.float32)
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.array([0], np.int64), "st"),
+             numpy_helper.from_array(np.array([keep], np.int64), "en"),
+             numpy_helper.from_array(np.array([1], np.int64), "ax")]
+    nodes = [helper.make_node("Slice", ["y", "st", "en", "ax"], ["ys"]),
+             helper.make_node("Concat", ["x", "ys"], ["c"], axis=1), helper.make_node("Conv", ["c", "w"], ["out"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 32, 8, 8]),
+                                       helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64, 8, 8])],
+                          [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, m, 8, 8])], inits)
+    art = narrowed(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    ms = art.manifest["memory_safety"]
+    assert not ms["guarded"] and ms["kernels_proved"] == ms["kernels"], ms["summary"]      # the AMX kernel runs
+    assert [st["kernel"] for st in art.manifest["steps"]][-1] == "bf16_nhwc_amx"
+    x, y = rng.uniform(-4, 4, (1, 32, 8, 8)).astype(np.float32), rng.uniform(-4, 4, (1, 64, 8, 8)).astype(np.float32)
+    out = art.model().run({"x": x, "y": y}, num_threads=1)["out"]
+    cc = np.concatenate([bf16(x), bf16(y)[:, :keep]], 1).astype(np.float64)
+    want = np.einsum("mc,nchw->nmhw", bf16(w[:, :, 0, 0]).astype(np.float64), cc)
+    mag = np.einsum("mc,nchw->nmhw", np.abs(bf16(w[:, :, 0, 0]).astype(np.float64)), np.abs(cc))
+    assert np.all(np.abs(out - want) <= 2 * (32 + keep) * 2.0 ** -24 * mag), float(np.nanmax(np.abs(out - want)))

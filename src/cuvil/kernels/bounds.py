@@ -39,7 +39,7 @@ from .contraction import (AMX_TILE, Contraction, DepthwiseWindow, MatContraction
                    fallback_weights)
 from .attention import AttentionTile
 from .contraction_int8 import MAX_NR, Int8Contraction, Int8Planes
-from .contraction_nhwc import ChannelsLastContraction, ChannelsLastRows, is_channels_last
+from .contraction_nhwc import NHWC_MR, ChannelsLastContraction, ChannelsLastRows, is_channels_last
 from .contraction_planes import CHANNEL_BLOCK, PairPlanes, PlaneContraction
 from .schedule import ARENA, WEIGHTS, Schedule, Stage, root_of
 from .texpr import E, Buf, _rebuild, as_index, dim_index, nodes, substitute, var
@@ -737,8 +737,11 @@ def _family_obligations(st: Stage, node: E, doms) -> List[Access]:
                 out.append(Access(kind, part.a, [n, _loop(d, f"pf{k}", part.a.shape[1]), p, pc], [], d, node=node))
             else:
                 out.append(Access(kind, part.a, [n * part.image + p * part.row + pc], [], d, node=node, flat=True))
-        w_idx = [_loop(d, f"w{k}", size) for k, size in enumerate(spec.w.shape)]
-        out.append(Access(kind, spec.w, w_idx, [], d, node=node))
+        # the weight block mb's steps, all_steps of them (every tap's, then every part's), each 16 x 32 pairs
+        mb, s_ = _loop(d, "mb", spec.m_blocks), _loop(d, "s", spec.all_steps)
+        e = _loop(d, "e", 16 * NHWC_MR * 2)
+        out.append(Access(kind, spec.w, [(mb * spec.all_steps + s_) * (16 * NHWC_MR * 2) + e], [], d, node=node,
+                          flat=True))
         m, oh, ow = _loop(d, "m", spec.m), _loop(d, "oh", spec.out_hw[0]), _loop(d, "ow", spec.out_hw[1])
         out.append(_store(kind, st, [n, m, oh, ow], d, node))
     elif node.op == "qgemm" and isinstance(spec, Int8Contraction):

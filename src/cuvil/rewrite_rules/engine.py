@@ -55,16 +55,17 @@ _MOVES = frozenset({"Concat", "Slice"})
 
 def carry_precision(b: Bindings, created: List[Node]) -> None:
     """After a rule that runs once the precision policy has narrowed nodes (an ``on x86`` rule): where every
-    contraction the pattern matched computes in the same narrowed format, a contraction of the replacement whose
-    rounded operands are those contractions' operands, or moves of them (Concat, Slice: rules/conv_sum.rule's
-    one convolution over two inputs' channels), computes in it too and records the matched ones' names
-    (``Node.fused_from``). It rounds the same values the same way and sums in float32, so the certificates the
-    policy gave the matched nodes cover it. Anywhere else (formats that differ, none narrowed, an operand the
-    replacement computes, such as a sum of weights) the replacement stays float32."""
+    contraction the pattern matched computes in bf16 (float32's exponent: a longer float32 sum of the same exact
+    products needs no new range), a contraction of the replacement whose rounded operands are those
+    contractions' operands, or moves of them (Concat, Slice: rules/conv_sum.rule's one convolution over two
+    inputs' channels), computes in bf16 too and records the matched ones' names (``Node.fused_from``). It rounds
+    the same values the same way and sums in float32, so the certificates the policy gave the matched nodes cover
+    it. Anywhere else (another format or none, an operand the replacement computes, such as a sum of weights) the
+    replacement stays float32."""
     narrowed = [n for n in b.nodes if n.op in NARROWED_OPS]
     formats = {n.precision for n in narrowed}
-    if len(formats) != 1 or "" in formats:
-        return
+    if formats != {"bf16"}:
+        return       # (fp8's per-input scales, fp16's ranges of longer sums: not carried)
     operands = {id(v) for n in narrowed for v in n.inputs[:2] if v is not None}
     made = {id(o): c for c in created for o in c.outputs}
 
@@ -76,7 +77,7 @@ def carry_precision(b: Bindings, created: List[Node]) -> None:
             c.op == "Slice" or all(x is not None and moved(x) for x in c.inputs))
     for c in created:
         if c.op in NARROWED_OPS and all(v is not None and moved(v) for v in c.inputs[:2]):
-            c.precision = next(iter(formats))
+            c.precision = "bf16"
             c.fused_from = tuple(sorted(x for n in narrowed for x in (n.fused_from or (n.name,))))
 
 

@@ -257,6 +257,7 @@ def channels_last_conv(ctx, x, b, wv, out, group, kern, strides, dil, begin) -> 
         (a_buf, image, row, _), rest = srcs[0], srcs[1:]
         parts = tuple(ChannelsLastPart(a, t.shape[1], im, rw) for (a, im, rw, _), (t, _) in zip(rest, pieces[1:]))
         edges = np.cumsum([0] + [t.shape[1] for t, _ in pieces])
+        assert edges[-1] == C == wv.shape[1], (edges, C, wv.shape)     # the pieces are the concatenation
         bounds = [(int(lo), int(hi), src[3]) for lo, hi, src in zip(edges[:-1], edges[1:], srcs)]
     w_buf = ctx.weight(pack_nhwc_weights(wv.astype(np.float32)), "packed_nhwc")
     spec = ChannelsLastContraction(a_buf, w_buf, N, M, bounds[0][1], geo.taps, Wq, (OH, OW), Hq * Wq, image, row,
@@ -328,6 +329,8 @@ def _concat_parts(x, kern, strides, begin, grid) -> Optional[list]:
             if any(not isinstance(v, int) or v != 0 for v in first) or tuple(steps[:2]) != (1, 1) \
                     or not all(isinstance(v, int) and v >= 1 for v in steps[2:]):
                 return None
+            if tuple(src.shape[:2]) != tuple(t.shape[:2]):
+                return None       # (a slice of the batch or of the channels: not a whole piece of the source)
             t, step = src, (int(steps[2]), int(steps[3]))
         if len(t.shape) != 4 or not all(isinstance(d, int) for d in t.shape[1:]) or t.shape[1] % CHANNEL_STEP:
             return None
