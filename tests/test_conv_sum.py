@@ -24,7 +24,7 @@ needs_amx = pytest.mark.skipif(not HAS_AMX, reason=f"no AMX-BF16 on this CPU ({c
 RULES = {"conv_add_strided_conv", "conv_add_conv", "conv_sum_strided_conv", "strided_conv_sum_conv", "conv_sum_conv"}
 
 
-def block(cx, cy, m, hw, s, op="Add", strided_first=False, produced=False):
+def block(cx, cy, m, hw, s, op="Add", strided_first=False, produced=False, batch=1):
     """``Relu(op(Conv(x, w1, b1), Conv(y, w2, b2, strides s)))`` with ``x`` [1, cx, hw, hw] and ``y`` [1, cy, hw*s,
     hw*s]; ``produced``: ``x`` is first a 3x3 convolution (``x0``, integer weights, sparse) of the graph input,
     whose output every test input leaves exact in bfloat16 (stored channels-last and read in place)."""
@@ -43,9 +43,9 @@ def block(cx, cy, m, hw, s, op="Add", strided_first=False, produced=False):
     c2 = helper.make_node("Conv", ["y", "w2", "b2"], ["c2"], name="conv_proj", **({"strides": [s, s]} if s > 1 else {}))
     nodes += [c1, c2, helper.make_node(op, ["c2", "c1"] if strided_first else ["c1", "c2"], ["a"]),
               helper.make_node("Relu", ["a"], ["out"])]
-    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, cx, hw, hw]),
-                                       helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, cy, hw * s, hw * s])],
-                          [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, m, hw, hw])], inits)
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, cx, hw, hw]),
+                                       helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, cy, hw * s, hw * s])],
+                          [helper.make_tensor_value_info("out", TensorProto.FLOAT, [batch, m, hw, hw])], inits)
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), dict(w0=w0, w1=w1, w2=w2, b1=b1, b2=b2)
 
 
@@ -83,13 +83,18 @@ def test_sum_of_two_convolutions_as_one(cx, cy, m, hw, s, op, strided_first, pro
     nodes = art.manifest["precision"]["nodes"]
     assert nodes["conv_main"]["format"] == nodes["conv_proj"]["format"] == "bf16"     # the record stays true
     assert not art.manifest["memory_safety"]["guarded"], art.manifest["memory_safety"]["summary"]
-    rng = np.random.default_rng(2)
+    check_sum(art.model(), w, cx, cy, hw, s, produced)
+
+
+def check_sum(mod, w, cx, cy, hw, s, produced=False, n=1, seed=2):
+    """``mod`` (a block's library) on ``n`` images: the same bits on 1 and 2 threads, within the bound of float32
+    sums of a float64 sum of the bfloat16-rounded operands, far closer to it than to the unrounded one."""
+    rng = np.random.default_rng(seed)
     if produced:
-        x = rng.choice([-1.0, 0.0, 1.0], size=(1, cx, hw, hw)).astype(np.float32)
+        x = rng.choice([-1.0, 0.0, 1.0], size=(n, cx, hw, hw)).astype(np.float32)
     else:
-        x = rng.uniform(-4, 4, (1, cx, hw, hw)).astype(np.float32)
-    y = rng.uniform(-4, 4, (1, cy, hw * s, hw * s)).astype(np.float32)
-    mod = art.model()
+        x = rng.uniform(-4, 4, (n, cx, hw, hw)).astype(np.float32)
+    y = rng.uniform(-4, 4, (n, cy, hw * s, hw * s)).astype(np.float32)
     out = mod.run({"x": x, "y": y}, num_threads=2)["out"]
     np.testing.assert_array_equal(out, mod.run({"x": x, "y": y}, num_threads=1)["out"])
     f64 = lambda a: bf16(a).astype(np.float64)  # noqa: E731
@@ -109,6 +114,20 @@ def test_sum_of_two_convolutions_as_one(cx, cy, m, hw, s, op, strided_first, pro
                            + np.einsum("mc,nchw->nmhw", w["w2"][:, :, 0, 0].astype(np.float64),
                                        y.astype(np.float64)[:, :, ::s, ::s]), 0)
     assert float(np.abs(out - unrounded).max()) > 100 * float(np.abs(out - want).max())   # bf16 rounding in effect
+
+
+@needs_amx
+def test_symbolic_batch():
+    """A batch profile N 1..4 (opt 2): the sum fuses in the generic kernels (units counted at run time, each
+    piece's images apart by its own stride) and at the opt point; every N against the float64 reference."""
+    model, w = block(64, 96, 64, 10, 2, batch="N")
+    art = narrowed(model, shape_profiles={"N": (1, 2, 4)})
+    assert len(applied(art)) == 1
+    steps = [st for st in art.manifest["steps"] if st["kernel"] == "bf16_nhwc_amx"]
+    assert {st["shape"][0] for st in steps} == {"N", 2}, steps
+    mod = art.model()
+    for n in (1, 3, 4):
+        check_sum(mod, w, 64, 96, 10, 2, n=n, seed=n)
 
 
 @needs_amx
