@@ -173,11 +173,40 @@ def test_graph_output_and_other_readers(pool):
     art = narrowed(model)
     assert kernels(art).count("bf16_nhwc_amx") == 2
     assert ("a_r" in art.manifest.get("channels_last_activations", [])) == (pool == "GlobalAveragePool")
+    assert ("nhwc_mean" in kernels(art)) == (pool == "GlobalAveragePool")     # on vectors of channels
     x = rng.standard_normal((1, 64, 12, 12)).astype(np.float32)
     got = art.model().run(x)
     want = narrowed(model, tuning=PLANAR).model().run(x)
     for g_, w_ in zip(got, want):
         assert float(np.abs(g_ - w_).max()) <= 1e-2 * float(np.abs(w_).max())
+
+
+@needs_amx
+@pytest.mark.parametrize("channels", [48, 128, 40])
+def test_mean_over_a_channels_last_map(channels):
+    """A classifier's pool over a channels-last value, as an AveragePool whose window is the map and as a
+    GlobalAveragePool: vectors of 16 channels summed position by position (48: a unit's last vector past C
+    skipped; 40 channels: not whole vectors, the loop nest through the strides), against the channel-planar
+    build (the same convolution up to the order of its float32 sums), proved in bounds."""
+    rng = np.random.default_rng(11)
+    nodes, inits = [], []
+    a = _conv(nodes, inits, rng, "a", "x", 64, channels, 3)
+    nodes += [helper.make_node("AveragePool", [a], ["avg"], kernel_shape=[12, 12]),
+              helper.make_node("GlobalAveragePool", [a], ["gap"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 64, 12, 12])],
+                          [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("avg", "gap")], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    art = narrowed(model)
+    assert "a_r" in art.manifest.get("channels_last_activations", [])
+    assert kernels(art).count("nhwc_mean") == (2 if channels % 16 == 0 else 0), kernels(art)
+    assert not art.manifest["memory_safety"]["guarded"]
+    x = rng.standard_normal((2, 64, 12, 12)).astype(np.float32)
+    got = art.model().run(x)
+    want = narrowed(model, tuning=PLANAR).model().run(x)
+    np.testing.assert_array_equal(got[0], got[1])         # the same sums in the same order
+    for g_, w_ in zip(got, want):
+        assert g_.shape == w_.shape == (2, channels, 1, 1)
+        assert float(np.abs(g_ - w_).max()) <= 1e-4 * float(np.abs(w_).max())
 
 
 @needs_amx

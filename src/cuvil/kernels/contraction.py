@@ -239,7 +239,8 @@ class DepthwiseWindow:
     strides: tuple
     dilations: tuple
     out_spatial: tuple
-    kind: str = "conv"  # "conv": sum of w * x; "max": fmax of x (MaxPool: NaN skipped, as in the reference)
+    kind: str = "conv"  # "conv": sum of w * x; "max": fmax of x (MaxPool: NaN skipped, as in the reference);
+    # "sum": a plain sum of x (w None; a mean over the whole map of a channels-last value, lower.pool)
     # "conv": zero padding (top, left) the kernel reads as zeros (masked loads, rows outside skipped)
     # instead of a stored padded copy; a "max" window's input is padded (pads (0, 0))
     pads: tuple = (0, 0)

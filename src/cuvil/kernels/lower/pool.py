@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import numpy as np
 
 from ...ir.dim import product
 from ...ir.dtype import DType
 from ..contraction import DepthwiseWindow
+from ..contraction_nhwc import is_channels_last
 from ..texpr import I64, E, all_of, binop, call, cast, cmp, const, dim_index, in_range, load, logic, reduce, select
 from .core import TensorFn, clamp, fconst, flat_index, lowering, nan_max, unflat_index
 from .windows import may_exceed, padded_window_input, window_params
@@ -175,6 +177,10 @@ def _average_pool_window(ctx, x, out, kern, strides, begin) -> TensorFn:
     if x.buf is None:
         x = ctx.temp(x.shape, x.dtype, x.fn, "in")
     sizes = x.shape[2:]
+    if tuple(kern) == tuple(sizes) and tuple(out[2:]) == (1, 1) and not any(begin):
+        mean = channels_last_mean(ctx, x, out)
+        if mean is not None:
+            return mean
     ones = ctx.weight(np.ones((x.shape[1], 1) + tuple(kern), np.float32), "ones")
     window = DepthwiseWindow(ones, x.buf, tuple(kern), tuple(strides), (1, 1), tuple(out[2:]),
                              pads=(int(begin[0]), int(begin[1])))
@@ -194,6 +200,28 @@ def _average_pool_window(ctx, x, out, kern, strides, begin) -> TensorFn:
             return binop("mul", x.at_or([n, c] + pos, inside, 0.0), load(ones, [c, const(0, I64)] + list(ks)))
         acc = E("window", [n, c] + list(o) + [reduce("sum", kern, body)], DType.FLOAT, window)
         return binop("div", acc, count(o))
+    return TensorFn(out, ctx.out_dtype(), f, "complex", contraction=True)
+
+
+def channels_last_mean(ctx, x, out) -> Optional[TensorFn]:
+    """The mean over the whole map (GlobalAveragePool, or an AveragePool whose window is the map) of a value
+    stored channels-last (a classifier's pool after channels-last convolutions,
+    :mod:`cuvil.kernels.contraction_nhwc`): a plain sum in window order divided by the count, a ``"sum"``
+    window that the x86 backend takes on vectors of 16 channels (``gemm_nhwc.emit_channels_last_mean``; the
+    depthwise row kernels read channel-planar rows only, and the loop nest would read one channel at a stride of
+    C). None for any other input."""
+    if (x.buf is None or not is_channels_last(x.buf) or x.buf.dtype != DType.FLOAT or ctx.out_dtype() != DType.FLOAT
+            or not ctx.row_kernels or len(x.shape) != 4 or not all(isinstance(d, int) for d in x.shape[1:])
+            or x.shape[1] % 16):
+        return None
+    kern = tuple(x.shape[2:])
+    window = DepthwiseWindow(None, x.buf, kern, (1, 1), (1, 1), (1,) * len(kern), "sum")
+
+    def f(idx):
+        n, c = idx[0], idx[1]
+        acc = E("window", [n, c] + list(idx[2:]) + [reduce("sum", kern, lambda *ks: x([n, c] + list(ks)))],
+                DType.FLOAT, window)
+        return binop("div", acc, const(float(np.prod(kern)), DType.FLOAT))
     return TensorFn(out, ctx.out_dtype(), f, "complex", contraction=True)
 
 
@@ -237,6 +265,10 @@ def _global_pool(ctx):
             return call("pow", s, fconst(1.0 / p, s))
         s = reduce("sum", sp, lambda *ks: x([n, c] + list(ks)))
         return binop("div", s, fconst(n_el, s))
+    if op == "GlobalAveragePool" and len(sp) == 2:
+        mean = channels_last_mean(ctx, x, ctx.out_shape())
+        if mean is not None:
+            return [mean]
     return [TensorFn(ctx.out_shape(), ctx.out_dtype(), f, "complex")]
 
 

@@ -26,7 +26,7 @@ from .depthwise import emit_depthwise_stage
 from .emitter import ROW_BLOCK, ROW_MAX, X86Emitter, row_reduction
 from .gemm import emit_gemm_stage
 from .gemm_int8 import emit_planes_stage, emit_qgemm_stage
-from .gemm_nhwc import emit_channels_last_stage, emit_rows_stage
+from .gemm_nhwc import emit_channels_last_mean, emit_channels_last_stage, emit_rows_stage
 from .gemm_planes import emit_pair_planes_stage, emit_plane_gemm_stage
 from .matmul import emit_matmul_stage
 from .pad import emit_pad_stage
@@ -189,6 +189,10 @@ class KernelModule(LLVMKernelModule):
         if done is not None:
             self.window_kinds[sym] = done[2]
             return done[:2]
+        done = emit_channels_last_mean(self, st, sym)
+        if done is not None:
+            self.window_kinds[sym] = "nhwc_mean"
+            return done
         for kind, emit in (("winograd_in", emit_winograd_input), ("winograd_out", emit_winograd_output),
                            ("pad", emit_pad_stage), ("attention", emit_attention_stage),
                            ("attention_keys", emit_key_panels_stage)):

@@ -34,6 +34,8 @@ def emit_depthwise_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int, st
     if node is None:
         return None
     spec: DepthwiseWindow = node.attr
+    if spec.kind == "sum":
+        return None          # (a channels-last mean over the whole map: gemm_nhwc.emit_channels_last_mean)
     if not batch_only(spec.x.shape, st.buf.shape) or spec.x.pitch is not None or st.buf.pitch is not None:
         return None          # (rows along W are contiguous here: a pitched view takes the loop nest)
     # a max pool may read the bfloat16 words of a value stored so (kernels/bf16_storage.py): 16-bit loads,

@@ -467,3 +467,70 @@ def emit_rows_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]]:
     b.ret_void()
     km.window_kinds[sym] = "nhwc_rows"
     return N * F * Hq, 1
+
+
+#: channel vectors a unit of the channels-last mean sums at once (4 x 16 channels: independent add chains)
+MEAN_VECTORS = 4
+
+
+def emit_channels_last_mean(km, st: Stage, sym: str) -> Optional[Tuple[object, int]]:
+    """The mean over the whole map of a float32 value stored channels-last (``DepthwiseWindow`` kind ``"sum"``,
+    :func:`cuvil.kernels.lower.pool.channels_last_mean`): a unit is an image's block of up to 64 channels, whose
+    positions' rows are added in window order into vectors of 16 channels (the loop nest's order, the same
+    bits), then divided by the count; the output ``[N, C, 1, 1]`` stored as whole vectors. Else None."""
+    from ...kernels.contraction import DepthwiseWindow
+    node = find_contraction(st, "window")
+    if node is None or not isinstance(node.attr, DepthwiseWindow) or node.attr.kind != "sum" or st.region is not None:
+        return None
+    spec: DepthwiseWindow = node.attr
+    x = spec.x
+    e = st.expr
+    if (not is_channels_last(x) or x.dtype != DType.FLOAT or st.buf.dtype != DType.FLOAT or len(st.buf.shape) != 4
+            or tuple(st.buf.shape[2:]) != (1, 1) or st.buf.pitch is not None or e.op != "div" or e.args[0] is not node
+            or e.args[1].op != "const"):
+        return None
+    N, C, H, W = x.shape
+    if not isinstance(C, int) or C % VW:
+        return None
+    vec = ir.VectorType(F32, VW)
+    em, begin, end = km.kernel(sym)
+    b = em.b
+    per = MEAN_VECTORS * VW
+    blocks = -(-C // per)
+    count = splat(b, const_value(e.args[1].attr, DType.FLOAT), VW)
+
+    def unit(u):
+        blk, n = b.srem(u, I64(blocks)), b.sdiv(u, I64(blocks))
+        c0 = b.mul(blk, I64(per))
+        live = range(MEAN_VECTORS)
+        base = byte_ptr(em, x, b.mul(b.add(b.mul(n, I64(H * W * C)), c0), I64(4)))
+        slots = [em.alloca(vec) for _ in live]
+        for sl in slots:
+            b.store(ir.Constant(vec, [0.0] * VW), sl)
+
+        def position(p):
+            row = b.gep(base, [b.mul(p, I64(C * 4))], source_etype=I8, inbounds=True)
+            for v, sl in zip(live, slots):
+                def add(v=v, sl=sl):
+                    ptr = b.bitcast(b.gep(row, [I64(v * VW * 4)], source_etype=I8, inbounds=True), vec.as_pointer())
+                    b.store(b.fadd(b.load(sl, typ=vec), b.load(ptr, typ=vec, align=4)), sl)
+                if C % per == 0 or v == 0:
+                    add()
+                else:
+                    with b.if_then(b.icmp_signed("<", b.add(c0, I64(v * VW)), I64(C))):
+                        add()
+        em.loop_range(I64(0), I64(H * W), position)
+        out = byte_ptr(em, st.buf, b.mul(b.add(b.mul(n, I64(C)), c0), I64(4)))
+        for v, sl in zip(live, slots):
+            def put(v=v, sl=sl):
+                ptr = b.bitcast(b.gep(out, [I64(v * VW * 4)], source_etype=I8, inbounds=True), vec.as_pointer())
+                b.store(b.fdiv(b.load(sl, typ=vec), count), ptr, align=4)
+            if C % per == 0 or v == 0:
+                put()
+            else:
+                with b.if_then(b.icmp_signed("<", b.add(c0, I64(v * VW)), I64(C))):
+                    put()
+
+    em.loop_range(begin, end, unit)
+    b.ret_void()
+    return N * blocks, 1
