@@ -69,6 +69,7 @@ def emit_depthwise_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int, st
     zero = ir.Constant(vec, [0.0] * vw)
     is_max = spec.kind == "max"
     nan = ir.Constant(vec, [float("nan")] * vw)
+    neg_inf = ir.Constant(vec, [float("-inf")] * vw)
     # what a masked-off lane reads: the padding's value, zero for a convolution, -inf for a max pool
     if x16:
         fill = ir.Constant(xvec, [0xFF80] * vw)       # bfloat16 -inf
@@ -111,7 +112,10 @@ def emit_depthwise_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int, st
         def out_row(oh):
             def block(v0):
                 """output vectors v0 .. v0+chunk-1 of the row"""
-                accs = [nan if is_max else zero] * chunk
+                # a max starts at -inf and takes x where x > acc (one vmaxps: a NaN x is skipped), and counts
+                # the lanes that saw a number (padding's -inf included): a window of NaN only gives NaN
+                accs = [neg_inf if is_max else zero] * chunk
+                seen = [ir.Constant(mvec, [0] * vw)] * chunk
                 for kh in range(KH):
                     ih = b.add(b.mul(oh, I64(sh)), I64(kh * dh - pt))
                     inside = b.and_(b.icmp_signed(">=", ih, I64(0)), b.icmp_signed("<", ih, I64(Hp)))
@@ -125,13 +129,14 @@ def emit_depthwise_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int, st
                                 lo = masked(rp, col, inside)
                                 hi = masked(rp, b.add(col, I64(vw)), inside)
                                 xv = b.shuffle_vector(lo, hi, even)
-                            if is_max:   # fmax: x wins when greater or while the accumulator is NaN
-                                take = b.or_(b.fcmp_ordered(">", xv, accs[v]), b.fcmp_unordered("uno", accs[v], accs[v]))
-                                accs[v] = b.select(take, xv, accs[v])
+                            if is_max:   # fmax: x wins when greater; NaN skipped (the reference's)
+                                accs[v] = b.select(b.fcmp_ordered(">", xv, accs[v]), xv, accs[v])
+                                seen[v] = b.or_(seen[v], b.fcmp_ordered("ord", xv, xv))
                             else:
                                 accs[v] = b.call(fma, [wv[kh * KW + kw], xv, accs[v]])
                 for v in range(chunk):
-                    b.store(accs[v], b.gep(row, [b.add(v0, I64(v))], source_etype=vec, inbounds=True), align=4)
+                    acc = b.select(seen[v], accs[v], nan) if is_max else accs[v]
+                    b.store(acc, b.gep(row, [b.add(v0, I64(v))], source_etype=vec, inbounds=True), align=4)
             # whole chunks, then the vectors left (fewer than chunk) one block of their own
             full = nvec // chunk
             em.loop_range(I64(0), I64(full), lambda k: block(b.mul(k, I64(chunk))))
