@@ -165,25 +165,14 @@ def test_bottlenecks_fused_match_the_planar_build(act):
     projection run as one (the pool's output read through the rows copy the block's first convolution shares, the
     3x3's output in place), the first block's float32 term gone; against the channel-planar build (no fusion):
     the same values up to the order of the float32 sums and a bfloat16 step where they differ in the last bit."""
-    from test_x86_amx_nhwc import _bottlenecks
+    from test_x86_amx_nhwc import _bottlenecks, check_bottlenecks, narrowed as narrowed_wide
     model = _bottlenecks(act)
-    art, planar = narrowed_x(model), narrowed_x(model, tuning=X86Tuning(channels_last=False))
+    art, planar = narrowed_wide(model), narrowed_wide(model, tuning=X86Tuning(channels_last=False))
     assert len(applied(art)) == 1 and not applied(planar)
     cl = art.manifest.get("channels_last_activations", [])
     assert {"a1_r", "b1_r", "o1", "a2_r", "b2_r"} <= set(cl), cl
     assert [s["kernel"] for s in art.manifest["steps"]].count("nhwc_rows") == 4      # pool (shared), 2 pads, d
-    x = np.random.default_rng(8).standard_normal((1, 32, 14, 14)).astype(np.float32)
-    got = art.model().run(x)[0].astype(np.float64)
-    want = planar.model().run(x)[0].astype(np.float64)
-    exact = Pipeline.from_onnx(model).optimize().compile().model().run(x)[0]
-    scale = float(np.abs(exact).max())
-    assert float(np.abs(got - want).max()) <= 2e-2 * scale
-    assert 0 < float(np.abs(got - exact).max()) <= 2e-2 * scale
-
-
-def narrowed_x(model, **kw):
-    ranges = {vi.name: (-8.0, 8.0) for vi in model.graph.input}
-    return Pipeline.from_onnx(model).optimize().compile(precision="bf16", input_ranges=ranges, **kw)
+    check_bottlenecks(model, art, planar)
 
 
 def test_precision_carried_only_to_moved_operands():

@@ -143,6 +143,12 @@ def test_bottlenecks_match_the_planar_build(act):
     # one copy of the pool's output (for proj and a1), the two 3x3 inputs, o1 for the strided... none for a2 (o1
     # in place) and the c convolutions (b in place): 1 + 2 + 1 (d reads o2, a float32 value at stride 2)
     assert len(rows) == 4, rows
+    check_bottlenecks(model, art, planar)
+
+
+def check_bottlenecks(model, art, planar):
+    """``_bottlenecks``' library ``art`` within bf16's error of the ``planar`` build and of float32, bf16 in effect
+    (shared with tests/test_conv_sum.py)."""
     x = np.random.default_rng(8).standard_normal((1, 32, 14, 14)).astype(np.float32)
     got = art.model().run(x)[0].astype(np.float64)
     want = planar.model().run(x)[0].astype(np.float64)

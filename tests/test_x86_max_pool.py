@@ -2,7 +2,8 @@
 skipped, a window of NaN only gives NaN, the padding counts as -inf. Its accumulator starts at -inf and takes a
 value only where it is greater (one vmaxps a tap), and a mask of the lanes that saw a number restores NaN at the
 end; checked against the rule written the other way (start at NaN, take x where x > acc or acc is NaN) on inputs
-with NaN runs, infinities and all-NaN windows, float32 and bfloat16 words, strides 1 and 2, with padding."""
+with NaN runs, infinities and all-NaN windows (the NaN's bits kept: sign and payload), strides 1 and 2, with
+padding."""
 import numpy as np
 import pytest
 from onnx import TensorProto, helper
@@ -31,6 +32,8 @@ def test_max_pool_nan_rule(s, p):
     x[0, 1, ::3, ::2] = np.nan
     x[0, 2, 0:3, :] = np.nan                     # NaN beside the padding: the padding's -inf wins
     x[0, 2, 10, 10], x[0, 2, 12, 30] = np.inf, -np.inf
+    x.view(np.uint32)[0, 1, 12:17, 20:27] = 0xFFC00000        # x86's own NaN (negative), and a NaN with a payload:
+    x.view(np.uint32)[0, 2, 14:19, 4:11] = 0x7FC00123          # an all-NaN window keeps its NaN's bits
     g = helper.make_graph([helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[3, 3], strides=[s, s],
                                             pads=[p] * 4)], "g",
                           [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
@@ -40,6 +43,6 @@ def test_max_pool_nan_rule(s, p):
     got = art.model().run(x)[0]
     want = reference(x, 3, s, p)
     assert got.shape == want.shape
-    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_array_equal(got.view(np.uint32)[np.isnan(want)], want.view(np.uint32)[np.isnan(want)])
     assert np.isnan(want).any() and np.isinf(want).any()
     np.testing.assert_array_equal(got[~np.isnan(want)], want[~np.isnan(want)])

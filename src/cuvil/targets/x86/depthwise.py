@@ -113,9 +113,11 @@ def emit_depthwise_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int, st
             def block(v0):
                 """output vectors v0 .. v0+chunk-1 of the row"""
                 # a max starts at -inf and takes x where x > acc (one vmaxps: a NaN x is skipped), and counts
-                # the lanes that saw a number (padding's -inf included): a window of NaN only gives NaN
+                # the lanes that saw a number (padding's -inf included): a window of NaN only gives its last
+                # NaN, bits and all (what the rule written the other way, and the loop nest, give)
                 accs = [neg_inf if is_max else zero] * chunk
                 seen = [ir.Constant(mvec, [0] * vw)] * chunk
+                last = [nan] * chunk
                 for kh in range(KH):
                     ih = b.add(b.mul(oh, I64(sh)), I64(kh * dh - pt))
                     inside = b.and_(b.icmp_signed(">=", ih, I64(0)), b.icmp_signed("<", ih, I64(Hp)))
@@ -132,10 +134,11 @@ def emit_depthwise_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int, st
                             if is_max:   # fmax: x wins when greater; NaN skipped (the reference's)
                                 accs[v] = b.select(b.fcmp_ordered(">", xv, accs[v]), xv, accs[v])
                                 seen[v] = b.or_(seen[v], b.fcmp_ordered("ord", xv, xv))
+                                last[v] = xv
                             else:
                                 accs[v] = b.call(fma, [wv[kh * KW + kw], xv, accs[v]])
                 for v in range(chunk):
-                    acc = b.select(seen[v], accs[v], nan) if is_max else accs[v]
+                    acc = b.select(seen[v], accs[v], last[v]) if is_max else accs[v]
                     b.store(acc, b.gep(row, [b.add(v0, I64(v))], source_etype=vec, inbounds=True), align=4)
             # whole chunks, then the vectors left (fewer than chunk) one block of their own
             full = nvec // chunk
