@@ -25,6 +25,8 @@ kernels) in one process, with OpenVINO's default (bf16 on a CPU with AMX) beside
     # the same with each bottleneck's last convolution and its projection shortcut as two convolutions, not one
     # over both inputs' channels (X86Tuning(conv_sum=False); rules/conv_sum.rule)
     PYTHONPATH=src python3 bench/amx_resnet_ab.py --build /tmp/unfused.so --policy --no-conv-sum
+    # the same with the 3x3 readers' rows written in place by their producers (X86Tuning(rows_in_place=True))
+    PYTHONPATH=src python3 bench/amx_resnet_ab.py --build /tmp/inplace-rows.so --policy --rows-in-place
     # the vdpbf16ps kernels (a CPU with AVX512_BF16 and no AMX), with and without the planes
     PYTHONPATH=src python3 bench/amx_resnet_ab.py --build /tmp/dp.so --policy --no-amx [--planes]
     # the same from an older tree (git archive OLD | tar -x -C /tmp/old; cd /tmp/old; ... --build /tmp/old.so)
@@ -187,6 +189,9 @@ def main(argv=None):
     ap.add_argument("--no-conv-sum", action="store_true",
                     help="with --build: a bottleneck's last convolution and its projection shortcut as two "
                          "convolutions, not one over both inputs' channels (X86Tuning(conv_sum=False))")
+    ap.add_argument("--rows-in-place", action="store_true",
+                    help="with --build: a 3x3 reader's rows written in place by its producer, the copy writing only "
+                         "the zeros around them (X86Tuning(rows_in_place=True))")
     ap.add_argument("--blocks", type=int, default=3)
     ap.add_argument("--runs", type=int, default=15)
     ap.add_argument("--pause-ms", type=float, default=30)
@@ -209,7 +214,8 @@ def main(argv=None):
     if a.build:
         kw = {}
         if a.fp32_activations or a.bf16_residual or a.no_bf16_residual or a.no_next_panel_prefetch or a.pad_in_place \
-                or a.no_channel_sweep or a.no_planes or a.no_amx or a.planes or a.no_channels_last or a.no_conv_sum:
+                or a.no_channel_sweep or a.no_planes or a.no_amx or a.planes or a.no_channels_last or a.no_conv_sum \
+                or a.rows_in_place:
             from cuvil.targets.x86.tuning import X86Tuning
             resid = True if a.bf16_residual else False if a.no_bf16_residual else None
             planes = False if a.no_planes else True if a.planes else None
@@ -217,7 +223,7 @@ def main(argv=None):
                                      next_panel_prefetch=not a.no_next_panel_prefetch,
                                      pad_in_place=a.pad_in_place, channel_sweep=not a.no_channel_sweep,
                                      amx=not a.no_amx, channels_last=not a.no_channels_last,
-                                     conv_sum=not a.no_conv_sum)
+                                     conv_sum=not a.no_conv_sum, rows_in_place=a.rows_in_place)
         lib = compile_at(model, "bf16", feeds=feeds, every=not a.policy, **kw)
         shutil.copy(lib.path, a.build)
         shutil.copy(lib.path[:-3] + ".manifest.json", a.build[:-3] + ".manifest.json")

@@ -188,6 +188,23 @@ def test_graph_output_and_other_readers(pool):
 
 
 @needs_amx
+def test_rows_written_in_place():
+    """X86Tuning(rows_in_place=True) (opt-in): the bottlenecks' 1x1 outputs read only by a 3x3's rows copy are
+    written by their convolution straight into the rows' interior (a view, positions Wq * C apart), the copy left
+    writing the zeros around it: the same bits as the copies, on 1 and 2 threads, proved in bounds."""
+    model = _bottlenecks("Relu")
+    art = narrowed(model, tuning=X86Tuning(rows_in_place=True))
+    copied = narrowed(model, tuning=X86Tuning(rows_in_place=False))
+    assert set(art.manifest.get("pads_in_place", [])) == {"a1_r", "a2_r"}, art.manifest.get("pads_in_place")
+    assert "pads_in_place" not in copied.manifest
+    assert not art.manifest["memory_safety"]["guarded"]
+    x = np.random.default_rng(12).standard_normal((1, 32, 14, 14)).astype(np.float32)
+    want = copied.model().run(x)[0]
+    np.testing.assert_array_equal(art.model().run(x, num_threads=1)[0], want)
+    np.testing.assert_array_equal(art.model().run(x, num_threads=2)[0], want)
+
+
+@needs_amx
 @pytest.mark.parametrize("channels", [48, 128, 40])
 def test_mean_over_a_channels_last_map(channels):
     """A classifier's pool over a channels-last value, as an AveragePool whose window is the map and as a

@@ -57,6 +57,17 @@ def is_channels_last(buf: Buf) -> bool:
             and tuple(buf.pitch) == channels_last_pitch(buf.shape))
 
 
+def channels_last_view(buf: Buf) -> bool:
+    """Whether ``buf`` is a 4-D tensor whose elements lie channels-last: ``C`` consecutive channels a position,
+    positions of a row ``C`` apart, rows and images further apart (:func:`is_channels_last`, or such a view of
+    a larger buffer's interior: a padded rows buffer its producer writes in place)."""
+    if buf.pitch is None or len(buf.shape) != 4 or not all(isinstance(d, int) for d in buf.shape[1:]):
+        return False
+    sn, sc, sh, sw = buf.pitch
+    _, c, h, w = buf.shape
+    return sc == 1 and sw == c and sh >= w * c and sh % c == 0 and (not isinstance(sn, int) or sn >= h * sh)
+
+
 def padded_channels(c: int) -> int:
     return -(-c // CHANNEL_STEP) * CHANNEL_STEP
 
@@ -140,6 +151,9 @@ class ChannelsLastRows:
     strides: tuple      # (sh, sw)
     phases: tuple       # (rows, cols)
     grid: tuple         # (Hq, Wq)
+    # the input is a view of the rows' own interior, written there by its producer
+    # (:func:`cuvil.kernels.pad_in_place.write_rows_in_place`): the copy writes only the zeros around it
+    in_place: bool = False
 
 
 @attrs.define(eq=False)

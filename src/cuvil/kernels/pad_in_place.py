@@ -28,7 +28,9 @@ from __future__ import annotations
 from typing import List
 
 from ..ir.dim import SymExpr
+from ..ir.dtype import DType
 from .contraction import Contraction, PadWindow
+from .contraction_nhwc import ChannelsLastContraction, ChannelsLastRows, is_channels_last
 from .texpr import Buf, is_var_minus, top_level, users_by_storage
 
 
@@ -93,3 +95,46 @@ def _bf16_convolution(st, buf: Buf) -> bool:
     found, reductions = top_level(st.expr, "contract")
     return (len(found) == 1 and not reductions and isinstance(found[0].attr, Contraction)
             and found[0].attr.precision == "bf16" and not found[0].attr.pads)
+
+
+def write_rows_in_place(stages: List, arena_base: int) -> List[str]:
+    """The same for the channels-last rows of a stride-1 window (:class:`cuvil.kernels.contraction_nhwc.ChannelsLastRows`
+    of one phase: a 3x3 convolution's zero-bordered input): where the copied value is channels-last bfloat16 with
+    whole blocks of 32 channels, written whole by one channels-last convolution and read by the copy alone, it
+    becomes a view of the rows' interior (its positions ``Wq * C`` apart a row, ``Hq * Wq * C`` an image), its
+    producer's epilogue stores there, and the copy writes only the zeros around it (``ChannelsLastRows.in_place``).
+    Returns the names of the values written in place."""
+    writers, readers = users_by_storage(stages)
+    done = []
+    for rows in stages:
+        e = rows.expr
+        if rows.region is not None or rows.guard is not None or e.op != "nhwc_rows" \
+                or not isinstance(e.attr, ChannelsLastRows):
+            continue
+        spec: ChannelsLastRows = e.attr
+        src, dst = spec.x, rows.buf
+        if (spec.in_place or tuple(spec.phases) != (1, 1) or tuple(spec.strides) != (1, 1) or not is_channels_last(src)
+                or src.dtype != DType.BFLOAT16 or src.root is not None or src.base != arena_base
+                or dst.dtype != DType.BFLOAT16 or dst.root is not None or dst.pitch is not None or dst.base != arena_base
+                or len(dst.shape) != 4 or dst.shape[1] != 1 or dst.shape[3] != spec.channels):
+            continue
+        (hq, wq), (t, l), (h, w) = spec.grid, spec.begin, spec.in_hw
+        if t < 0 or l < 0 or t + h > hq or l + w > wq or not all(isinstance(d, int) for d in src.shape[1:]):
+            continue
+        ws, rs = writers.get(id(src), []), readers.get(id(src), [])
+        if len(ws) != 1 or any(r is not rows for r in rs) or not _channels_last_convolution(ws[0], src):
+            continue
+        c = spec.channels
+        src.root, src.pitch = dst, (hq * wq * c, 1, wq * c, c)
+        src.shift = (t * wq + l) * c * dst.dtype.itemsize
+        spec.in_place = True
+        done.append(src.name)
+    return done
+
+
+def _channels_last_convolution(st, buf: Buf) -> bool:
+    """``st`` writes the whole of ``buf`` (no region, no guard) with one channels-last convolution."""
+    if st.buf is not buf or st.region is not None or st.guard is not None:
+        return False
+    found, reductions = top_level(st.expr, "contract")
+    return len(found) == 1 and not reductions and isinstance(found[0].attr, ChannelsLastContraction)

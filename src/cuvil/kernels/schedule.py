@@ -27,7 +27,7 @@ from .bf16_storage import bf16_storage_reason
 from .contraction_nhwc import (BF16_CHANNELS_LAST, ChannelsLastContraction, channels_last_piece, channels_last_pitch,
                                channels_last_reader, is_channels_last)
 from .concat_in_place import write_concats_in_place
-from .pad_in_place import write_pads_in_place
+from .pad_in_place import write_pads_in_place, write_rows_in_place
 from .run_time_sizes import run_time_symbols
 from .texpr import E, Buf, const, load, nodes, replace_node, top_level, var
 
@@ -118,7 +118,7 @@ def schedule(g: Graph, gemm_cols: int = 0, split_concat: bool = False, gemm_tile
              channel_tile_cost: Optional[float] = None, run_time_sizes: bool = False,
              hidden_inputs: int = 0, narrow_formats: tuple = (), matmul_tile: tuple = (),
              bf16_storage: str = "", tile_choices: Optional[dict] = None,
-             scaled_operands: bool = False, pad_in_place: bool = False,
+             scaled_operands: bool = False, pad_in_place: bool = False, rows_in_place: bool = False,
              gpu_attention: bool = False, concat_in_place: bool = False, inline_views: bool = False) -> Schedule:
     """Stages and memory plan of ``g``. ``gemm_cols > 0`` lowers convolutions to packed contractions (the
     x86 micro-kernels), each with a register tile (rows, cols[, lanes]) among ``gemm_tiles`` (default
@@ -159,7 +159,8 @@ def schedule(g: Graph, gemm_cols: int = 0, split_concat: bool = False, gemm_tile
     their loads instead of stored (attention's ``Q * s`` and ``Kt * s``: the product's kernel multiplies each
     element it loads, the same rounding, and a kernel and a pass over the operand less). ``pad_in_place`` (x86):
     a bf16 convolution whose output only a padded copy reads writes into the copy's interior, and the copy
-    stage writes only the border (:mod:`cuvil.kernels.pad_in_place`). ``gpu_attention`` (the GPU's,
+    stage writes only the border (:mod:`cuvil.kernels.pad_in_place`); ``rows_in_place`` (x86) the same for a
+    channels-last convolution's output and its stride-1 reader's rows copy. ``gpu_attention`` (the GPU's,
     ``PtxTuning.fused_attention``): a FusedAttention with static shapes lowers to the GPU kernel's node
     (:class:`cuvil.kernels.attention.AttentionRows`: its operands read in place through index expressions).
     ``concat_in_place`` (x86, with ``split_concat``): a stored value that only a concatenation piece copies, into
@@ -199,6 +200,7 @@ def schedule(g: Graph, gemm_cols: int = 0, split_concat: bool = False, gemm_tile
         s.flops = _flops(s, opt)
     in_concat = write_concats_in_place(stages, ARENA, ALIGN) if concat_in_place and split_concat else []
     in_place = write_pads_in_place(stages, ARENA) if pad_in_place else []
+    in_place += write_rows_in_place(stages, ARENA) if rows_in_place else []
     # constants that no kernel reads (weights a kernel reads repacked) stay out of the artifact
     read = {id(root_of(b)) for s in stages for b in s.reads}
     weights = {k: (b, a) for k, (b, a) in weights.items() if id(root_of(b)) in read}

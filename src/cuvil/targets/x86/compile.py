@@ -200,7 +200,8 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
                          row_kernels=True, channel_tile_cost=tuning.channel_tile_cost, run_time_sizes=True,
                          hidden_inputs=3 * len(lora_slots), narrow_formats=narrow,
                          matmul_tile=matmul_tile(target_cpu, tuning), bf16_storage=tuning.bf16_storage_mode, tile_choices=tuning.tile_choices,
-                         pad_in_place=tuning.pad_in_place, concat_in_place=tuning.concat_in_place)
+                         pad_in_place=tuning.pad_in_place, concat_in_place=tuning.concat_in_place,
+                         rows_in_place=tuning.rows_in_place)
         s.detail(f"{len(sched.stages)} kernels, arena {_bytes(sched.arena_bytes)}, "
                  f"weights {_bytes(sched.weights_bytes)}")
     _check_arena(sched, arena_limit(max_arena_bytes))
@@ -223,7 +224,8 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
                               channel_tile_cost=tuning.channel_tile_cost, hidden_inputs=3 * len(lora_slots),
                               narrow_formats=narrow, matmul_tile=matmul_tile(target_cpu, tuning),
                               bf16_storage=tuning.bf16_storage_mode, tile_choices=tuning.tile_choices,
-                         pad_in_place=tuning.pad_in_place, concat_in_place=tuning.concat_in_place)
+                         pad_in_place=tuning.pad_in_place, concat_in_place=tuning.concat_in_place,
+                         rows_in_place=tuning.rows_in_place)
             s.detail(f"{point}: {len(osched.stages)} kernels")
         with stage("memory safety (opt point)", detail=f"{len(osched.stages)} kernels") as s:
             opt_cert = prove_schedule(osched, "opt", prover)

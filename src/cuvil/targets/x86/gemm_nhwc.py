@@ -25,7 +25,7 @@ import llvmlite.ir as ir
 
 from ...ir.dtype import DType
 from ...kernels.contraction_nhwc import (CHANNEL_STEP, NHWC_MR, NHWC_NR, ChannelsLastContraction, ChannelsLastPart,
-                                         ChannelsLastRows, is_channels_last)
+                                         ChannelsLastRows, channels_last_view, is_channels_last)
 from ...kernels.schedule import Stage
 from ...kernels.texpr import E, nodes
 from ..llvm.narrow import I16
@@ -61,7 +61,7 @@ def channel_vector_plan(st: Stage, node: E) -> Optional[dict]:
     residual, float32 or bfloat16), into a channels-last float32 or bfloat16 output. ``{load uid: kind}`` (kinds
     "channel", "scalar", "position", "position16"), or None."""
     names = [v.attr for v in st.vars]
-    if len(names) != 4 or st.buf.dtype not in (DType.FLOAT, DType.BFLOAT16) or not is_channels_last(st.buf):
+    if len(names) != 4 or st.buf.dtype not in (DType.FLOAT, DType.BFLOAT16) or not channels_last_view(st.buf):
         return None
 
     def classify(ld: E, widened: bool) -> Optional[str]:
@@ -239,10 +239,16 @@ class _ChannelVectors:
 
     def _at(self, buf, pos, m, inbounds: bool = True):
         """Address of element ``m`` of output position ``pos`` of image ``self.n`` in a channels-last ``buf``
-        (``inbounds`` False: a prefetch's, which may lie past the buffer)."""
+        (``inbounds`` False: a prefetch's, which may lie past the buffer); a view of a padded buffer's interior
+        (:func:`cuvil.kernels.contraction_nhwc.channels_last_view`) through its strides."""
         b = self.b
-        flat = b.add(b.mul(b.add(b.mul(self.n, I64(self.hw)), pos), I64(self.channels)), m)
-        base = b.gep(self.em.base(buf), [I64(buf.offset)], source_etype=I8, inbounds=True)
+        if is_channels_last(buf):
+            flat = b.add(b.mul(b.add(b.mul(self.n, I64(self.hw)), pos), I64(self.channels)), m)
+        else:
+            sn, _, sh, sw = buf.pitch
+            oh, ow = b.sdiv(pos, I64(buf.shape[3])), b.srem(pos, I64(buf.shape[3]))
+            flat = b.add(b.add(b.mul(self.n, I64(sn)), b.add(b.mul(oh, I64(sh)), b.mul(ow, I64(sw)))), m)
+        base = b.gep(self.em.base(buf), [I64(buf.offset)], source_etype=I8, inbounds=True)   # (a view's own first byte)
         return b.gep(base, [flat], source_etype=I16 if buf.dtype == DType.BFLOAT16 else F32, inbounds=inbounds)
 
     def row(self, r, pos) -> None:
@@ -348,7 +354,8 @@ def emit_rows_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]]:
             or spec.x.dtype not in (DType.BFLOAT16, DType.FLOAT) or len(spec.x.shape) != 4:
         return None
     planar = spec.x.pitch is None
-    if not planar and not is_channels_last(spec.x) or not planar and spec.x.dtype == DType.FLOAT and spec.channels % VW:
+    if not spec.in_place and (not planar and not is_channels_last(spec.x)
+                              or not planar and spec.x.dtype == DType.FLOAT and spec.channels % VW):
         return None
     wide = spec.x.dtype == DType.FLOAT       # float32 values rounded to bfloat16 (nearest even) as they are copied
     vec, h16 = ir.VectorType(F32, VW), ir.VectorType(I16, VW)
@@ -459,7 +466,8 @@ def emit_rows_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]]:
                 hi = b.select(b.icmp_signed("<", hi, lo), lo, hi)
                 zero(dst, b.mul(lo, I64(Cp * 2)))
                 zero(at(dst, b.mul(hi, I64(Cp * 2))), b.mul(b.sub(I64(Wq), hi), I64(Cp * 2)))
-                (transposed if planar else channels_last)(dst, lo, hi, n, ih, rw)
+                if not spec.in_place:     # (in place: the producer wrote the interior, only the zeros are ours)
+                    (transposed if planar else channels_last)(dst, lo, hi, n, ih, rw)
             with otherwise:
                 zero(dst, I64(Wq * Cp * 2))
 

@@ -103,6 +103,13 @@ class X86Tuning:
     # (family 6, model 207): 0.92-0.99x the unfused build's p50 (bench/PRECISION.md, session 30). False: two
     # convolutions (bench/amx_resnet_ab.py --no-conv-sum)
     conv_sum: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
+    # with channels_last: a channels-last convolution whose output only a stride-1 window's rows copy reads (a 3x3
+    # layer's zero-bordered input) writes into the rows' interior, and the copy writes only the zeros around it
+    # (cuvil.kernels.pad_in_place.write_rows_in_place; the same bits). Opt-in: on a Xeon with AMX (family 6,
+    # model 207) ResNet-50 bf16's 13 such copies went (rows 0.73-0.74x) and its convolutions slowed by as much
+    # (all steps 0.990x by median, 1.018x by min, bench/PRECISION.md session 30), as the channel-planar form's
+    # pad_in_place did in session 15 (bench/amx_resnet_ab.py --rows-in-place)
+    rows_in_place: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     # a float32 activation read only by bf16 convolutions (which round it to bfloat16 anyway) is stored as
     # bfloat16, and so are their zero-padded input copies (cuvil.kernels.schedule's bf16_storage): half the
     # bytes written and read, pair panels packed without rounding. False: float32 activations (the A/B)
