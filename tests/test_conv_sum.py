@@ -235,3 +235,43 @@ def test_concatenation_with_a_channel_slice(keep, m):
     want = np.einsum("mc,nchw->nmhw", bf16(w[:, :, 0, 0]).astype(np.float64), cc)
     mag = np.einsum("mc,nchw->nmhw", np.abs(bf16(w[:, :, 0, 0]).astype(np.float64)), np.abs(cc))
     assert np.all(np.abs(out - want) <= 2 * (32 + keep) * 2.0 ** -24 * mag), float(np.nanmax(np.abs(out - want)))
+
+
+@needs_amx
+def test_fire_module_concatenations():
+    """SqueezeNet's fire modules under bf16: a Concat of two expansions read by the next squeeze convolution is
+    read piece by piece where each lies (no stored concatenation), and one read by a max pool is stored as
+    bfloat16 (its pieces are bfloat16 values already) with the expansions writing into it in place; the same bits
+    as with concatenations copied (X86Tuning(concat_in_place=False)), and no loop nest left."""
+    rng = np.random.default_rng(3)
+    nodes, inits = [], []
+
+    def conv(name, x, cin, cout, k):
+        w = (rng.standard_normal((cout, cin, k, k)) / np.sqrt(cin * k * k)).astype(np.float32)
+        inits.append(numpy_helper.from_array(w, name + "_w"))
+        nodes.extend([helper.make_node("Conv", [x, name + "_w"], [name], pads=[k // 2] * 4),
+                      helper.make_node("Relu", [name], [name + "_r"])])
+        return name + "_r"
+
+    def fire(tag, x, cin, squeeze, expand):
+        s = conv(tag + "s", x, cin, squeeze, 1)
+        nodes.append(helper.make_node("Concat", [conv(tag + "e1", s, squeeze, expand, 1),
+                                                 conv(tag + "e3", s, squeeze, expand, 3)], [tag], axis=1))
+        return tag
+    f1 = fire("f1", "x", 64, 32, 64)
+    f2 = fire("f2", f1, 128, 32, 64)                 # f1's Concat read by f2's squeeze convolution: by pieces
+    nodes.append(helper.make_node("MaxPool", [f2], ["p"], kernel_shape=[3, 3], strides=[2, 2]))
+    out = conv("head", "p", 128, 32, 1)              # f2's Concat read by the pool: stored bf16, in place
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64, 27, 27])],
+                          [helper.make_tensor_value_info(out, TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    ranges = {"x": (-4.0, 4.0)}
+    art = Pipeline.from_onnx(model).optimize().compile(precision="bf16", input_ranges=ranges)
+    copied = Pipeline.from_onnx(model).optimize().compile(precision="bf16", input_ranges=ranges,
+                                                          tuning=X86Tuning(concat_in_place=False))
+    man = art.manifest
+    assert set(man.get("concats_in_place", [])) == {"f2e1_r", "f2e3_r"}, man.get("concats_in_place")
+    assert "loop" not in [st["kernel"] for st in man["steps"]], [st["kernel"] for st in man["steps"]]
+    assert {"f1e1_r", "f1e3_r"} <= set(man.get("channels_last_activations", []))
+    x = rng.standard_normal((1, 64, 27, 27)).astype(np.float32)
+    np.testing.assert_array_equal(art.model().run(x)[0], copied.model().run(x)[0])

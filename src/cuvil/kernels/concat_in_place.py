@@ -58,6 +58,9 @@ def _copied_slice(piece, align: int) -> "tuple[Optional[Buf], int]":
     slice's first byte), or (None, 0). The piece is exactly ``dst[..., i, ...] = src[..., i - lo, ...]`` over
     ``lo <= i < hi`` of one axis (its region), ``src`` the shape of that slice."""
     e, dst = piece.expr, piece.buf
+    if e.op == "cast" and e.args and e.args[0].op == "load" and isinstance(e.args[0].attr, Buf) \
+            and e.args[0].attr.dtype == dst.dtype:
+        e = e.args[0]        # (a bfloat16 value as its float32 readers see it, stored back as bfloat16: a copy)
     if piece.region is None or piece.guard is not None or e.op != "load" or not isinstance(e.attr, Buf):
         return None, 0
     src: Buf = e.attr

@@ -11,7 +11,7 @@ from ...ir.dtype import DType
 from ..contraction import DepthwiseWindow
 from ..contraction_nhwc import is_channels_last
 from ..texpr import I64, E, all_of, binop, call, cast, cmp, const, dim_index, in_range, load, logic, reduce, select
-from .core import TensorFn, clamp, fconst, flat_index, lowering, nan_max, unflat_index
+from .core import TensorFn, bf16_stored, clamp, fconst, flat_index, lowering, nan_max, unflat_index
 from .windows import may_exceed, padded_window_input, window_params
 
 
@@ -211,8 +211,7 @@ def channels_last_mean(ctx, x, out) -> Optional[TensorFn]:
     depthwise row kernels read channel-planar rows only, and the loop nest would read one channel at a stride of
     C). None for any other input."""
     if (x.buf is None or not is_channels_last(x.buf) or x.buf.dtype != DType.FLOAT or ctx.out_dtype() != DType.FLOAT
-            or not ctx.row_kernels or len(x.shape) != 4 or not all(isinstance(d, int) for d in x.shape[1:])
-            or x.shape[1] % 16):
+            or not ctx.row_kernels or len(x.shape) != 4 or not all(isinstance(d, int) for d in x.shape[1:])):
         return None
     kern = tuple(x.shape[2:])
     window = DepthwiseWindow(None, x.buf, kern, (1, 1), (1, 1), (1,) * len(kern), "sum")
@@ -229,9 +228,17 @@ def _max_pool_window(ctx, x, out, kern, strides, dil, begin) -> TensorFn:
     """A 2-D float32 max pool as a "max" window over the unpadded stored input (float32, or the bfloat16 words
     of a value stored so, :mod:`cuvil.kernels.bf16_storage`), which the x86 backend computes by rows: its
     masked loads read the padding, and a ceil-mode window's overhang, as -inf. ResNet-50's stem pool read a
-    -inf-padded float32 copy of the stem's 3.2 MB output (0.45 ms of a 20 ms bf16 run)."""
+    -inf-padded float32 copy of the stem's 3.2 MB output (0.45 ms of a 20 ms bf16 run). An input that is a
+    concatenation of values all stored as bfloat16 is stored so too (its values are bfloat16 already: no rounding),
+    so its pieces' producers can write into it in place (:mod:`cuvil.kernels.concat_in_place`; SqueezeNet's fire
+    modules before a pool)."""
     if x.buf is None:
-        x = ctx.temp(x.shape, x.dtype, x.fn, "in")
+        pieces = x.view[2] if x.view is not None and x.view[0] == "concat" else ()
+        if pieces and all(t.buf is not None and t.buf.dtype == DType.BFLOAT16 and t.dtype == DType.FLOAT
+                          for t in pieces) and x.dtype == DType.FLOAT:
+            x = bf16_stored(ctx.temp(x.shape, DType.BFLOAT16, x.fn, "in"))
+        else:
+            x = ctx.temp(x.shape, x.dtype, x.fn, "in")
     sizes = x.shape[2:]
     window = DepthwiseWindow(None, x.buf, tuple(kern), tuple(strides), tuple(dil), tuple(out[2:]), "max",
                              pads=(int(begin[0]), int(begin[1])))

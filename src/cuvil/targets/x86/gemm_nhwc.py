@@ -485,7 +485,8 @@ def emit_channels_last_mean(km, st: Stage, sym: str) -> Optional[Tuple[object, i
     """The mean over the whole map of a float32 value stored channels-last (``DepthwiseWindow`` kind ``"sum"``,
     :func:`cuvil.kernels.lower.pool.channels_last_mean`): a unit is an image's block of up to 64 channels, whose
     positions' rows are added in window order into vectors of 16 channels (the loop nest's order, the same
-    bits), then divided by the count; the output ``[N, C, 1, 1]`` stored as whole vectors. Else None."""
+    bits), then divided by the count; the output ``[N, C, 1, 1]`` stored as whole vectors (a last block past C
+    through masked loads and stores: SqueezeNet's 1000 channels). Else None."""
     from ...kernels.contraction import DepthwiseWindow
     node = find_contraction(st, "window")
     if node is None or not isinstance(node.attr, DepthwiseWindow) or node.attr.kind != "sum" or st.region is not None:
@@ -498,7 +499,7 @@ def emit_channels_last_mean(km, st: Stage, sym: str) -> Optional[Tuple[object, i
             or e.args[1].op != "const"):
         return None
     N, C, H, W = x.shape
-    if not isinstance(C, int) or C % VW:
+    if not isinstance(C, int):
         return None
     vec = ir.VectorType(F32, VW)
     em, begin, end = km.kernel(sym)
@@ -506,38 +507,39 @@ def emit_channels_last_mean(km, st: Stage, sym: str) -> Optional[Tuple[object, i
     per = MEAN_VECTORS * VW
     blocks = -(-C // per)
     count = splat(b, const_value(e.args[1].attr, DType.FLOAT), VW)
+    ragged = C % per != 0         # the last block's vectors past C: masked loads and stores
+    i1v = ir.VectorType(ir.IntType(1), VW)
+    mload = km.declare("llvm.masked.load.v16f32.p0", vec, [ir.PointerType(I8), I32, i1v, vec])
+    mstore = km.declare("llvm.masked.store.v16f32.p0", ir.VoidType(), [vec, ir.PointerType(I8), I32, i1v])
+    lanes = ir.Constant(ir.VectorType(I64, VW), list(range(VW)))
+    zero = ir.Constant(vec, [0.0] * VW)
 
     def unit(u):
         blk, n = b.srem(u, I64(blocks)), b.sdiv(u, I64(blocks))
         c0 = b.mul(blk, I64(per))
-        live = range(MEAN_VECTORS)
         base = byte_ptr(em, x, b.mul(b.add(b.mul(n, I64(H * W * C)), c0), I64(4)))
-        slots = [em.alloca(vec) for _ in live]
+        masks = [b.icmp_signed("<", lanes, splat(b, b.sub(I64(C), b.add(c0, I64(v * VW))), VW))
+                 for v in range(MEAN_VECTORS)] if ragged else None
+        slots = [em.alloca(vec) for _ in range(MEAN_VECTORS)]
         for sl in slots:
-            b.store(ir.Constant(vec, [0.0] * VW), sl)
+            b.store(zero, sl)
 
         def position(p):
             row = b.gep(base, [b.mul(p, I64(C * 4))], source_etype=I8, inbounds=True)
-            for v, sl in zip(live, slots):
-                def add(v=v, sl=sl):
-                    ptr = b.bitcast(b.gep(row, [I64(v * VW * 4)], source_etype=I8, inbounds=True), vec.as_pointer())
-                    b.store(b.fadd(b.load(sl, typ=vec), b.load(ptr, typ=vec, align=4)), sl)
-                if C % per == 0 or v == 0:
-                    add()
-                else:
-                    with b.if_then(b.icmp_signed("<", b.add(c0, I64(v * VW)), I64(C))):
-                        add()
+            for v, sl in enumerate(slots):
+                at = b.gep(row, [I64(v * VW * 4)], source_etype=I8)
+                got = (b.call(mload, [at, I32(4), masks[v], zero]) if ragged else
+                       b.load(b.bitcast(at, vec.as_pointer()), typ=vec, align=4))
+                b.store(b.fadd(b.load(sl, typ=vec), got), sl)
         em.loop_range(I64(0), I64(H * W), position)
         out = byte_ptr(em, st.buf, b.mul(b.add(b.mul(n, I64(C)), c0), I64(4)))
-        for v, sl in zip(live, slots):
-            def put(v=v, sl=sl):
-                ptr = b.bitcast(b.gep(out, [I64(v * VW * 4)], source_etype=I8, inbounds=True), vec.as_pointer())
-                b.store(b.fdiv(b.load(sl, typ=vec), count), ptr, align=4)
-            if C % per == 0 or v == 0:
-                put()
+        for v, sl in enumerate(slots):
+            at = b.gep(out, [I64(v * VW * 4)], source_etype=I8)
+            value = b.fdiv(b.load(sl, typ=vec), count)
+            if ragged:
+                b.call(mstore, [value, at, I32(4), masks[v]])
             else:
-                with b.if_then(b.icmp_signed("<", b.add(c0, I64(v * VW)), I64(C))):
-                    put()
+                b.store(value, b.bitcast(at, vec.as_pointer()), align=4)
 
     em.loop_range(begin, end, unit)
     b.ret_void()
