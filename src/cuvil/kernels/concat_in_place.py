@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from typing import List, Optional
 
+from ..ir.dtype import DType
 from .texpr import Buf, is_var_minus, users_by_storage
 
 
@@ -58,9 +59,10 @@ def _copied_slice(piece, align: int) -> "tuple[Optional[Buf], int]":
     slice's first byte), or (None, 0). The piece is exactly ``dst[..., i, ...] = src[..., i - lo, ...]`` over
     ``lo <= i < hi`` of one axis (its region), ``src`` the shape of that slice."""
     e, dst = piece.expr, piece.buf
-    if e.op == "cast" and e.args and e.args[0].op == "load" and isinstance(e.args[0].attr, Buf) \
-            and e.args[0].attr.dtype == dst.dtype:
-        e = e.args[0]        # (a bfloat16 value as its float32 readers see it, stored back as bfloat16: a copy)
+    if (e.op == "cast" and e.dtype == DType.FLOAT and e.args and e.args[0].op == "load"
+            and isinstance(e.args[0].attr, Buf) and e.args[0].attr.dtype == dst.dtype
+            and dst.dtype in (DType.BFLOAT16, DType.FLOAT16)):
+        e = e.args[0]        # (a 16-bit float widened exactly, stored back in its own format: a copy)
     if piece.region is None or piece.guard is not None or e.op != "load" or not isinstance(e.attr, Buf):
         return None, 0
     src: Buf = e.attr
