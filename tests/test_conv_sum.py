@@ -241,7 +241,8 @@ def test_concatenation_with_a_channel_slice(keep, m):
 def test_fire_module_concatenations():
     """SqueezeNet's fire modules under bf16: a Concat of two expansions read by the next squeeze convolution is
     read piece by piece where each lies (no stored concatenation), and one read by a max pool is stored as
-    bfloat16 (its pieces are bfloat16 values already) with the expansions writing into it in place; the same bits
+    bfloat16 (its pieces are bfloat16 values already) with the expansions writing into it in place, the one copy a
+    3x3 convolution reads too; the same bits
     as with concatenations copied (X86Tuning(concat_in_place=False)), and no loop nest left."""
     rng = np.random.default_rng(3)
     nodes, inits = [], []
@@ -261,9 +262,10 @@ def test_fire_module_concatenations():
     f1 = fire("f1", "x", 64, 32, 64)
     f2 = fire("f2", f1, 128, 32, 64)                 # f1's Concat read by f2's squeeze convolution: by pieces
     nodes.append(helper.make_node("MaxPool", [f2], ["p"], kernel_shape=[3, 3], strides=[2, 2]))
-    out = conv("head", "p", 128, 32, 1)              # f2's Concat read by the pool: stored bf16, in place
+    out = conv("head", "p", 128, 32, 1)              # f2's Concat read by the pool: stored bf16, in place,
+    side = conv("side", f2, 128, 32, 3)              # and that one copy read by a 3x3 convolution too
     g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64, 27, 27])],
-                          [helper.make_tensor_value_info(out, TensorProto.FLOAT, None)], inits)
+                          [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in (out, side)], inits)
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     ranges = {"x": (-4.0, 4.0)}
     art = Pipeline.from_onnx(model).optimize().compile(precision="bf16", input_ranges=ranges)
@@ -274,4 +276,5 @@ def test_fire_module_concatenations():
     assert "loop" not in [st["kernel"] for st in man["steps"]], [st["kernel"] for st in man["steps"]]
     assert {"f1e1_r", "f1e3_r"} <= set(man.get("channels_last_activations", []))
     x = rng.standard_normal((1, 64, 27, 27)).astype(np.float32)
-    np.testing.assert_array_equal(art.model().run(x)[0], copied.model().run(x)[0])
+    for got, want in zip(art.model().run(x), copied.model().run(x)):
+        np.testing.assert_array_equal(got, want)

@@ -396,11 +396,24 @@ class _StageBuilder:
         def temp(shape, dtype, fn, name):
             t = self.temp(shape, dtype, fn, name)
             v = inlined.get(id(fn))
-            if v is not None and dtype == v.dtype and tuple(shape) == tuple(v.shape) and id(v) not in self.bufs:
+            if v is None or tuple(shape) != tuple(v.shape) or id(v) in self.bufs:
+                return t
+            if dtype == v.dtype:
                 self.bufs[id(v)] = self.stages[-1].buf
                 self.fns[id(v)] = t
+            elif dtype == DType.BFLOAT16 and v.dtype == DType.FLOAT and self._bf16_pieces(v):
+                # (a concatenation of bfloat16 values stored as bfloat16, a max pool's input: no rounding)
+                self.bufs[id(v)] = self.stages[-1].buf
+                self.fns[id(v)] = bf16_stored(t)
             return t
         return temp
+
+    def _bf16_pieces(self, v: Value) -> bool:
+        """``v`` is a Concat of values all stored as bfloat16 (its elements exactly bfloat16 values)."""
+        p = v.producer
+        return p is not None and p.op == "Concat" and all(
+            x is not None and self.bufs.get(id(x)) is not None and self.bufs[id(x)].dtype == DType.BFLOAT16
+            for x in p.inputs)
 
     def _inputs(self, node) -> List[Optional[TensorFn]]:
         # A stage computes at most one contraction with a micro-kernel: when a node would inline several
