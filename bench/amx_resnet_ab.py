@@ -73,6 +73,31 @@ def cpu_model() -> str:
     return f"{info.get('model name')} (family {info.get('cpu family')}, model {info.get('model')}, stepping {info.get('stepping')})"
 
 
+#: the --build flags that change one X86Tuning field from its default: (flag, field, value, what it builds)
+TUNING_FLAGS = [
+    ("--fp32-activations", "bf16_storage", False,
+     "float32 activations between the bf16 convolutions (the A of the bf16-activations A/B)"),
+    ("--bf16-residual", "bf16_residual", True, "the residual (skip) path stored as bfloat16 too"),
+    ("--no-bf16-residual", "bf16_residual", False, "the skip path float32 whatever the plan says"),
+    ("--no-next-panel-prefetch", "next_panel_prefetch", False, "no prefetch of the next panel in the AMX epilogues"),
+    ("--no-channel-sweep", "channel_sweep", False, "the large AMX 1x1 convolutions in panel order"),
+    ("--pad-in-place", "pad_in_place", True,
+     "producers write into their 3x3 reader's padded buffer, no padded copies"),
+    ("--no-planes", "bf16_planes", False,
+     "the AMX convolutions pack im2col pair panels instead of reading pair planes"),
+    ("--planes", "bf16_planes", True, "pair planes on every bf16 path, vdpbf16ps included"),
+    ("--no-amx", "amx", False,
+     "the vdpbf16ps kernels even on a CPU with AMX, what a CPU with AVX512_BF16 and no AMX runs"),
+    ("--no-channels-last", "channels_last", False,
+     "the channel-planar AMX convolutions (pair planes, packed panels), not the channels-last ones"),
+    ("--no-conv-sum", "conv_sum", False,
+     "a bottleneck's last convolution and its projection shortcut as two convolutions, not one over both inputs' "
+     "channels"),
+    ("--rows-in-place", "rows_in_place", True,
+     "a 3x3 reader's rows written in place by its producer, the copy writing only the zeros around them"),
+]
+
+
 def steps(a: str, b: str, rounds: int, prep_in: bool = False, cold_pause: float = 0.0, by_stage: bool = False) -> None:
     from cuvil.targets.x86.loader import load
     libs = {"A": load(a, num_threads=1), "B": load(b, num_threads=1)}
@@ -157,41 +182,11 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("libs", nargs="*", help="two libraries: A (before) and B (after)")
     ap.add_argument("--build", metavar="PATH", help="compile the every-bf16 ResNet-50 of this tree to PATH")
-    ap.add_argument("--fp32-activations", action="store_true",
-                    help="with --build: float32 activations between the bf16 convolutions "
-                         "(X86Tuning(bf16_storage=False), the A of the bf16-activations A/B)")
-    ap.add_argument("--bf16-residual", action="store_true",
-                    help="with --build: the residual (skip) path stored as bfloat16 too (X86Tuning(bf16_residual=True))")
     ap.add_argument("--policy", action="store_true",
                     help="with --build: through the precision policy (--precision bf16, the input declared over "
                          "the feed's range), not every Conv/MatMul/Gemm narrowed by hand")
-    ap.add_argument("--no-bf16-residual", action="store_true",
-                    help="with --build: the skip path float32 whatever the plan says (X86Tuning(bf16_residual=False))")
-    ap.add_argument("--no-next-panel-prefetch", action="store_true",
-                    help="with --build: no prefetch of the next panel in the AMX epilogues "
-                         "(X86Tuning(next_panel_prefetch=False))")
-    ap.add_argument("--no-channel-sweep", action="store_true",
-                    help="with --build: the large AMX 1x1 convolutions in panel order (X86Tuning(channel_sweep=False))")
-    ap.add_argument("--pad-in-place", action="store_true",
-                    help="with --build: producers write into their 3x3 reader's padded buffer, no padded copies "
-                         "(X86Tuning(pad_in_place=True))")
-    ap.add_argument("--no-planes", action="store_true",
-                    help="with --build: the AMX convolutions pack im2col pair panels instead of reading pair planes "
-                         "(X86Tuning(bf16_planes=False))")
-    ap.add_argument("--planes", action="store_true",
-                    help="with --build: pair planes on every bf16 path, vdpbf16ps included (X86Tuning(bf16_planes=True))")
-    ap.add_argument("--no-amx", action="store_true",
-                    help="with --build: the vdpbf16ps kernels even on a CPU with AMX (X86Tuning(amx=False)), what a "
-                         "CPU with AVX512_BF16 and no AMX runs")
-    ap.add_argument("--no-channels-last", action="store_true",
-                    help="with --build: the channel-planar AMX convolutions (pair planes, packed panels), not the "
-                         "channels-last ones (X86Tuning(channels_last=False))")
-    ap.add_argument("--no-conv-sum", action="store_true",
-                    help="with --build: a bottleneck's last convolution and its projection shortcut as two "
-                         "convolutions, not one over both inputs' channels (X86Tuning(conv_sum=False))")
-    ap.add_argument("--rows-in-place", action="store_true",
-                    help="with --build: a 3x3 reader's rows written in place by its producer, the copy writing only "
-                         "the zeros around them (X86Tuning(rows_in_place=True))")
+    for flag, field, value, what in TUNING_FLAGS:
+        ap.add_argument(flag, action="store_true", help=f"with --build: {what} (X86Tuning({field}={value}))")
     ap.add_argument("--blocks", type=int, default=3)
     ap.add_argument("--runs", type=int, default=15)
     ap.add_argument("--pause-ms", type=float, default=30)
@@ -212,18 +207,16 @@ def main(argv=None):
     a = ap.parse_args(argv)
     model, feeds, _ = model_and_feeds("resnet50", 128, 12)
     if a.build:
+        fields = {}
+        for flag, field, value, _ in TUNING_FLAGS:
+            if getattr(a, flag[2:].replace("-", "_")):
+                if fields.get(field, value) != value:
+                    ap.error(f"{flag} contradicts another flag setting X86Tuning.{field}")
+                fields[field] = value
         kw = {}
-        if a.fp32_activations or a.bf16_residual or a.no_bf16_residual or a.no_next_panel_prefetch or a.pad_in_place \
-                or a.no_channel_sweep or a.no_planes or a.no_amx or a.planes or a.no_channels_last or a.no_conv_sum \
-                or a.rows_in_place:
+        if fields:
             from cuvil.targets.x86.tuning import X86Tuning
-            resid = True if a.bf16_residual else False if a.no_bf16_residual else None
-            planes = False if a.no_planes else True if a.planes else None
-            kw["tuning"] = X86Tuning(bf16_storage=not a.fp32_activations, bf16_residual=resid, bf16_planes=planes,
-                                     next_panel_prefetch=not a.no_next_panel_prefetch,
-                                     pad_in_place=a.pad_in_place, channel_sweep=not a.no_channel_sweep,
-                                     amx=not a.no_amx, channels_last=not a.no_channels_last,
-                                     conv_sum=not a.no_conv_sum, rows_in_place=a.rows_in_place)
+            kw["tuning"] = X86Tuning(**fields)
         lib = compile_at(model, "bf16", feeds=feeds, every=not a.policy, **kw)
         shutil.copy(lib.path, a.build)
         shutil.copy(lib.path[:-3] + ".manifest.json", a.build[:-3] + ".manifest.json")

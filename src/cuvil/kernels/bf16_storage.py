@@ -51,7 +51,7 @@ def bf16_storage_reason(g: Graph, v: Value, format_of: Callable[[Node], str] = l
     users = g.consumers(v)
     if not users:
         return None
-    convs, adds, pools, moves, pool_residual = [], [], [], [], False
+    convs, adds, pools, moves, after_residual = [], [], [], [], False
     for u in users:
         if u.op in READERS and format_of(u) == "bf16" and u.inputs[0] is v and not any(x is v for x in u.inputs[1:]):
             convs.append(u.name)
@@ -60,12 +60,12 @@ def bf16_storage_reason(g: Graph, v: Value, format_of: Callable[[Node], str] = l
         elif u.op in ROUNDING_COMMUTES and u.inputs[0] is v and _single_output(g, u) and \
                 (after := bf16_storage_reason(g, u.outputs[0], format_of, residual)) is not None:
             pools.append(u.name)
-            pool_residual = pool_residual or "residual" in after
+            after_residual = after_residual or "residual" in after
         elif u.op in MOVES and (MOVES[u.op] is None or u.inputs[MOVES[u.op]] is v
                                 and not any(x is v for j, x in enumerate(u.inputs) if j != MOVES[u.op])) and \
                 (after := bf16_storage_reason(g, u.outputs[0], format_of, residual)) is not None:
             moves.append(u.name)
-            pool_residual = pool_residual or "residual" in after
+            after_residual = after_residual or "residual" in after
         else:
             return None
     parts = []
@@ -73,10 +73,10 @@ def bf16_storage_reason(g: Graph, v: Value, format_of: Callable[[Node], str] = l
         parts.append("bf16 convolution(s) " + ", ".join(sorted(set(convs))))
     if pools:
         parts.append("max pool(s) " + ", ".join(sorted(set(pools))) + ", whose output is stored as bfloat16 (max commutes with "
-                     "rounding to nearest even: the same bits" + ("; on a residual path" if pool_residual else "") + ")")
+                     "rounding to nearest even: the same bits" + ("; on a residual path" if after_residual else "") + ")")
     if moves:
         parts.append("moves " + ", ".join(sorted(set(moves))) + " of its elements into values stored as bfloat16 (the "
-                     "same bits, rounded before or after the move" + ("; on a residual path" if pool_residual else "") + ")")
+                     "same bits, rounded before or after the move" + ("; on a residual path" if after_residual else "") + ")")
     if not parts:
         return None
     why = "read only by " + " and ".join(parts)

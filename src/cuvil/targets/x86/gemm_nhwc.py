@@ -24,6 +24,7 @@ from typing import Optional, Tuple
 import llvmlite.ir as ir
 
 from ...ir.dtype import DType
+from ...kernels.contraction import DepthwiseWindow
 from ...kernels.contraction_nhwc import (CHANNEL_STEP, NHWC_MR, NHWC_NR, ChannelsLastContraction, ChannelsLastPart,
                                          ChannelsLastRows, channels_last_view, is_channels_last)
 from ...kernels.schedule import Stage
@@ -487,7 +488,6 @@ def emit_channels_last_mean(km, st: Stage, sym: str) -> Optional[Tuple[object, i
     positions' rows are added in window order into vectors of 16 channels (the loop nest's order, the same
     bits), then divided by the count; the output ``[N, C, 1, 1]`` stored as whole vectors (a last block past C
     through masked loads and stores: SqueezeNet's 1000 channels). Else None."""
-    from ...kernels.contraction import DepthwiseWindow
     node = find_contraction(st, "window")
     if node is None or not isinstance(node.attr, DepthwiseWindow) or node.attr.kind != "sum" or st.region is not None:
         return None
