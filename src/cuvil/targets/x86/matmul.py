@@ -100,18 +100,36 @@ def emit_matmul_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]]:
 
     # cache lines per panel row (float32 panels: whole lines; a float16 row of 48 columns, 96 bytes, touches 2)
     lines = -(-nr * wsize // 64) if half else nr * wsize // 64
-    # two panels and the rows of A fit the L2 budget (known at run time: the rows may be symbolic)
-    fits = b.icmp_signed("<=", b.add(I64(2 * K * nr * wsize), b.mul(rows_total, I64(K * 4))), I64(NEXT_PANEL_L2_BYTES))
+    # two panels and the rows of A fit the L2 budget (known at run time: the rows may be symbolic); the spread
+    # prefetch (NEXT_PANEL_SPREAD) counts the two panels only: it brings the next one in no faster than the
+    # row tiles consume the current one, and A's rows stream from L3 anyway where they exceed L2
+    a_bytes = I64(0) if NEXT_PANEL_SPREAD else b.mul(rows_total, I64(K * 4))
+    fits = b.icmp_signed("<=", b.add(I64(2 * K * nr * wsize), a_bytes), I64(NEXT_PANEL_L2_BYTES))
+
+    # The next panel's lines, spread evenly over the k steps of all row tiles of this panel: row tile t's
+    # step k prefetches line ((t * K + k) * L) / (T * K) of the next panel's L lines (a 32.32 fixed-point
+    # step, one division per unit), so the panel streams in at the pace the tiles consume theirs.
+    panel_lines = -(-K * nr * wsize // 64)
+    spread = None
+    if NEXT_PANEL_PREFETCH and NEXT_PANEL_SPREAD:
+        tiles = b.select(b.icmp_signed(">", row_tiles, I64(0)), row_tiles, I64(1))   # (no rows: no units run)
+        spread = b.udiv(I64(panel_lines << 32), b.mul(tiles, I64(K)))
 
     def next_panel(w_ptr, t, k):
-        """Row tile t's share of the next weight panel, prefetched into L2 while this one runs: line
-        t % lines of each row (so ``lines`` consecutive row tiles fetch it all); off with
-        NEXT_PANEL_PREFETCH False. Addresses past the last panel are only hints."""
+        """Row tile t's share of the next weight panel, prefetched into L2 while this one runs. With at least
+        ``lines`` row tiles a panel (NEXT_PANEL_SPREAD): every tile takes an even share of the panel's lines
+        (above); with fewer (a decode step's one row), or NEXT_PANEL_SPREAD False: line t % lines of each row
+        (so ``lines`` consecutive row tiles fetch it all). Off with NEXT_PANEL_PREFETCH False. Addresses past
+        the last panel are only hints."""
         if not NEXT_PANEL_PREFETCH:
             return []
         line = b.mul(b.srem(t, I64(max(1, lines))), I64(64 // wsize))
+        here = b.add(b.mul(k, I64(nr)), line)
+        if spread is not None:
+            even = b.mul(b.lshr(b.mul(b.add(b.mul(t, I64(K)), k), spread), I64(32)), I64(64 // wsize))
+            here = b.select(b.icmp_signed(">=", row_tiles, I64(max(1, lines))), even, here)
         ahead = b.select(fits, I64(K * nr), I64(MATMUL_PREFETCH_K * nr))   # else a row of this panel, a no-op
-        return [(wptr(w_ptr, b.add(ahead, b.add(b.mul(k, I64(nr)), line))), 2)]
+        return [(wptr(w_ptr, b.add(ahead, here)), 2)]
 
     def unit(u):
         """Unit u = (weight panel u // T, row tile u % T), T row tiles: consecutive units share a weight
@@ -388,7 +406,23 @@ MATMUL_PREFETCH_K = 32
 MATMUL_UNROLL_K = 1
 
 NEXT_PANEL_PREFETCH = True
-# The next-panel prefetch runs while two panels and the rows of A fit this many bytes: BERT-base's
+# The next panel's prefetch spread evenly over all row tiles of the current panel (at least ``lines`` of them),
+# not fetched whole by its first ``lines`` row tiles (line t % lines of each row). Session 31 (2-core Intel Xeon,
+# family 6, model 207: Emerald Rapids, 2 MiB L2, fp32 peak 227 GFLOP/s a core), bench/gemm_schedules.c's 8 x 48
+# tile over BERT-base's products with the weights evicted and A and C warm (as in the model), variant 5 against
+# Cuvil's order 0, two runs (bench/results/xeon-session31/gemm-schedules-spread.txt): 768 -> 3072 at 128 rows
+# 3.10 / 3.16 -> 2.74 / 2.84 ms (all warm: 2.67 / 2.93), 3072 -> 768 3.01 / 3.42 -> 2.98 / 2.97 (warm 2.75 / 2.94),
+# 768 -> 768 0.84 / 0.76 -> 0.77 / 0.76 (warm 0.70 / 0.67), 768 -> 3072 at 32 rows 0.95 / 0.94 -> 0.91 / 0.86 (warm
+# 0.73 / 0.74): the first ``lines`` tiles had to stream the next panel at T / lines times the pace its tiles
+# consume it, faster than one core's share of memory bandwidth.
+# Whole BERT-base (`python3 bench/knobs_ab.py bert "base,NEXT_PANEL_SPREAD=False" --seq S --rounds 9`, 1 thread,
+# CPU time, weights evicted before each run, bit-identical outputs): S = 32 32.47 / 34.85 ms (x0.932), S = 128
+# 104.50 / 112.59 (x0.928), S = 384 349.25 / 357.90 (x0.976); with the budget below counting the two panels only
+# (the 3072 -> 768 products at S = 384 then prefetch too): S = 384 x0.983 more
+# (bench/results/xeon-session31/next-panel-spread.txt).
+NEXT_PANEL_SPREAD = True
+# The next-panel prefetch runs while two panels and the rows of A (with NEXT_PANEL_SPREAD: the two panels) fit
+# this many bytes: BERT-base's
 # 768 -> 3072 product at 32 / 128 rows 5-8% / 3% less CPU time with it, within noise at 384 rows and for
 # 3072 -> 768, 1 thread, 2-core Zen 5 (1 MiB budget then). Session 19 (2-core Intel Xeon, family 6, model 167,
 # 2 MiB L2, weights streaming from memory: 340 MB a run), whole BERT-base, B = 1, fixed S, 1 thread, CPU time, a
