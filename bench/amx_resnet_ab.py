@@ -10,6 +10,8 @@ kernels) in one process, with OpenVINO's default (bf16 on a CPU with AMX) beside
     # through the precision policy (--precision bf16, the input declared over the feed's range): the plan
     # decides the skip path's storage; --no-bf16-residual opts out (X86Tuning(bf16_residual=False))
     PYTHONPATH=src python3 bench/amx_resnet_ab.py --build /tmp/policy.so --policy
+    # ... with the classifier's Gemm narrowed too (the policy keeps the output layer float32 by default)
+    PYTHONPATH=src python3 bench/amx_resnet_ab.py --build /tmp/narrow-head.so --policy --narrow-head
     PYTHONPATH=src python3 bench/amx_resnet_ab.py --build /tmp/policy-f32skip.so --policy --no-bf16-residual
     # the same without the AMX epilogues' prefetch of the next panel (X86Tuning(next_panel_prefetch=False))
     PYTHONPATH=src python3 bench/amx_resnet_ab.py --build /tmp/nopf.so --no-next-panel-prefetch
@@ -185,6 +187,9 @@ def main(argv=None):
     ap.add_argument("--policy", action="store_true",
                     help="with --build: through the precision policy (--precision bf16, the input declared over "
                          "the feed's range), not every Conv/MatMul/Gemm narrowed by hand")
+    ap.add_argument("--narrow-head", action="store_true",
+                    help="with --build --policy: the classifier's Gemm narrowed too (keep_fp32=[]); by default the "
+                         "policy keeps the model's output layer float32 (cuvil.precision.heads)")
     for flag, field, value, what in TUNING_FLAGS:
         ap.add_argument(flag, action="store_true", help=f"with --build: {what} (X86Tuning({field}={value}))")
     ap.add_argument("--blocks", type=int, default=3)
@@ -217,6 +222,10 @@ def main(argv=None):
         if fields:
             from cuvil.targets.x86.tuning import X86Tuning
             kw["tuning"] = X86Tuning(**fields)
+        if a.narrow_head:
+            if not a.policy:
+                ap.error("--narrow-head is a choice of the precision policy: give --policy too")
+            kw["keep_fp32"] = []
         lib = compile_at(model, "bf16", feeds=feeds, every=not a.policy, **kw)
         shutil.copy(lib.path, a.build)
         shutil.copy(lib.path[:-3] + ".manifest.json", a.build[:-3] + ".manifest.json")

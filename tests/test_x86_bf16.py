@@ -255,7 +255,7 @@ def test_bert_like_end_to_end():
 def test_manifest_records_what_ran_after_attention_fusion():
     """The policy narrows attention's Q·Kᵀ and P·V MatMuls, then x86 fuses them into a FusedAttention kernel that
     computes float32: the manifest records those two as fp32 (with the format the policy had allowed), the
-    projections and FFN as bf16, each matching a bf16 step."""
+    projections and FFN as bf16, each matching a bf16 step, the pooler (the output layer) as fp32."""
     from cuvil.testing.hf_models import bert_model
     model = bert_model(vocab=100, hidden=64, layers=1, heads=4, ffn=128, max_pos=64)
     art = Pipeline.from_onnx(model).optimize().compile(
@@ -267,7 +267,9 @@ def test_manifest_records_what_ran_after_attention_fusion():
     assert sorted(k.rsplit(".", 1)[-1] for k in fused) == ["ctx", "qk"], fused
     assert all(v["format"] == "fp32" and "FusedAttention" in v["reason"] for v in fused.values())
     narrowed = [k for k, v in nodes.items() if v["format"] == "bf16"]
-    assert len(narrowed) == 7 and art.manifest["precision"]["counts"]["bf16"] == 7
+    # the pooler's dense layer is the model's output layer: kept float32 (cuvil.precision.heads)
+    assert nodes["pooler.dense"]["format"] == "fp32" and "output layer" in nodes["pooler.dense"]["reason"]
+    assert len(narrowed) == 6 and art.manifest["precision"]["counts"]["bf16"] == 6
     assert len(bf16_steps(art)) >= len(narrowed)
 
 

@@ -427,7 +427,7 @@ class Pipeline:
                 input_shapes: Optional[Mapping[str, object]] = None, cache: bool = True,
                 progress: Optional[bool] = None, precision: Optional[str] = None,
                 input_ranges: Optional[Mapping[str, Tuple[float, float]]] = None, calibration=None,
-                **target_options):
+                keep_fp32: Optional[Sequence[str]] = None, **target_options):
         """Compile for ``target`` (a triple of :data:`cuvil.targets.TARGETS`, default ``x86_64-linux-gnu``):
         :class:`cuvil.artifact.Artifact` (``libNAME.so``) for ``x86_64-linux-gnu``,
         :class:`cuvil.artifact.Bundle` (``NAME.cuvil/``) for ``nvptx64-nvidia-cuda``; the GPU bundle is built
@@ -458,12 +458,14 @@ class Pipeline:
         sm_89 and later: E4M3 tensor cores, never chosen by ``auto``), ``"int8"`` or ``"auto"`` narrows the nodes the target runs in that format and whose ranges are proved safe in it
         (:mod:`cuvil.precision`); ``input_ranges`` (``{"x": (-3, 3)}``) declares the inputs' ranges the proof
         starts from, ``calibration`` (a directory of NAME.npy, an .npz, or ``{name: array}``) measures them
-        instead. The manifest's ``precision`` entry gives each node's format and the reason.
+        instead. ``keep_fp32``: node names or op types kept float32 whatever their ranges (default None: the
+        model's output layers, a classifier's last Gemm, :mod:`cuvil.precision.heads`; ``[]``: none). The
+        manifest's ``precision`` entry gives each node's format and the reason.
         """
         with progress_enabled(progress) if progress is not None else contextlib.nullcontext():
             try:
                 art = self._compile(target, opt_level, options, fixed, shape_profiles, input_shapes, cache,
-                                    target_options, (precision, input_ranges, calibration))
+                                    target_options, (precision, input_ranges, calibration, keep_fp32))
             except CuvilError as e:
                 audit.record("compile", artifact=None, outcome="error", model=self._graph.name, reason=e.message)
                 raise
@@ -472,7 +474,7 @@ class Pipeline:
         return art
 
     def _compile(self, target, opt_level, options, fixed, shape_profiles, input_shapes, cache, target_options,
-                 low_precision=(None, None, None)):
+                 low_precision=(None, None, None, None)):
         mode = check_mode(low_precision[0])
         triple = target or (options.triple if options is not None else X86_TARGET)
         tgt = get_target(triple)
@@ -513,7 +515,7 @@ class Pipeline:
             with stage("precision", detail=mode):
                 pplan = plan_precision(graph, mode, input_ranges=low_precision[1], calibration=low_precision[2],
                                        target_ops=precision_ops(tgt, options), target=triple, search_budget=0,
-                                       stores_bf16=stores_bf16(tgt))
+                                       stores_bf16=stores_bf16(tgt), keep_fp32=low_precision[3])
             graph = apply_precision(graph, pplan)
             extra["precision"] = pplan.manifest()
         plan = tgt.plan(graph, options, profiles)

@@ -207,9 +207,9 @@ def _check_flags(args) -> None:
 
 
 def _precision(args) -> dict:
-    """The Pipeline.compile keywords of --precision / --input-range / --calibrate."""
-    mode, ranges, calibration = args.precision_flags
-    return {"precision": mode, "input_ranges": ranges or None, "calibration": calibration}
+    """The Pipeline.compile keywords of --precision / --input-range / --calibrate / --keep-fp32."""
+    mode, ranges, calibration, keep = args.precision_flags
+    return {"precision": mode, "input_ranges": ranges or None, "calibration": calibration, "keep_fp32": keep}
 
 
 def check_lora_flags(args) -> None:

@@ -120,12 +120,19 @@ def add_precision_flags(sp, default: str = "fp32") -> None:
     sp.add_argument("--calibrate", metavar="DIR",
                     help="measure the input ranges from calibration data: DIR of INPUT.npy files, or an .npz "
                          "(measured, not certified)")
+    sp.add_argument("--keep-fp32", metavar="NAMES",
+                    help="node names or op types kept float32 whatever their ranges, comma-separated (Gemm,n12); "
+                         "`none` keeps none (default: the model's output layers, such as a classifier's last Gemm)")
 
 
 def precision_flags(args):
-    """``(mode, input_ranges, calibration)`` from the precision flags, checked before the model is read."""
+    """``(mode, input_ranges, calibration, keep_fp32)`` from the precision flags, checked before the model is
+    read (``keep_fp32`` None: the policy's default)."""
     from ..precision.inputs import parse_input_range
     from ..precision.policy import check_mode
     mode = check_mode(getattr(args, "precision", None))
     ranges = dict(parse_input_range(t) for t in getattr(args, "input_range", None) or ())
-    return mode, ranges, getattr(args, "calibrate", None)
+    keep = getattr(args, "keep_fp32", None)
+    if keep is not None:
+        keep = [] if keep.strip().lower() == "none" else [k.strip() for k in keep.split(",") if k.strip()]
+    return mode, ranges, getattr(args, "calibrate", None), keep

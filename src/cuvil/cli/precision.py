@@ -38,7 +38,7 @@ def register(sub) -> None:
 
 
 def cmd_report(args) -> int:
-    mode, ranges, calibration = precision_flags(args)
+    mode, ranges, calibration, keep = precision_flags(args)
     triple = resolve_target(args.target)
     check_shape_flags(args)
     if args.search < 0:
@@ -50,7 +50,7 @@ def cmd_report(args) -> int:
         p = p.specialize({name: s.tuned for name, s in p.graph.symbols.items()})
     plan = plan_precision(p.graph, mode, input_ranges=ranges, calibration=calibration,
                           target_ops=precision_ops(tgt, make_options(triple)), target=triple,
-                          search_budget=args.search, stores_bf16=stores_bf16(tgt))
+                          search_budget=args.search, stores_bf16=stores_bf16(tgt), keep_fp32=keep)
     print(format_report(plan, args.model, every=args.all))
     if args.json:
         with open(args.json, "w") as f:

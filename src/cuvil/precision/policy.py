@@ -25,6 +25,7 @@ import numpy as np
 from ..errors import CuvilError
 from ..ir.graph import Graph, Node
 from .formats import FORMATS, PRECISIONS, Format
+from .heads import kept_fp32
 from .inputs import calibration_ranges, declared_ranges
 from .interval import CERTIFIED, MEASURED, Interval
 from .ranges import analyze, internal_ranges, is_float
@@ -160,14 +161,18 @@ def input_intervals(graph: Graph, input_ranges=None, calibration=None) -> Dict[s
 def plan_precision(graph: Graph, mode: str = "auto", *, input_ranges=None, calibration=None,
                    target_ops: Optional[Mapping[str, FrozenSet[str]]] = None, target: str = "",
                    search_budget: int = 24, int_ranges: Optional[Mapping[str, Tuple[int, int]]] = None,
-                   seed: int = 0, z3_rlimit: int = 2_000_000, stores_bf16: bool = True) -> PrecisionPlan:
+                   seed: int = 0, z3_rlimit: int = 2_000_000, stores_bf16: bool = True,
+                   keep_fp32: Optional[Sequence[str]] = None) -> PrecisionPlan:
     """The precision of every node of ``graph`` (optimised, shapes bound) under ``mode``; see the module doc.
     ``target_ops`` (format -> ops, from ``Target.precision_ops``) limits what is narrowed, not what is
     reported. ``search_budget``: model evaluations the counterexample search may spend (0: none);
     ``z3_rlimit``: Z3's resource limit per local check of a value too wide for fp16 or bf16 (0: no Z3 step).
     ``stores_bf16`` (the target's :func:`~cuvil.targets.base.stores_bf16`; the GPU's is False): values between
-    bf16 convolutions are planned as stored in bfloat16 (:attr:`PrecisionPlan.bf16_stored`)."""
+    bf16 convolutions are planned as stored in bfloat16 (:attr:`PrecisionPlan.bf16_stored`). ``keep_fp32``: node
+    names or op types kept float32 whatever their ranges; None (default): the model's output layers
+    (:mod:`.heads`)."""
     mode = check_mode(mode)
+    kept = kept_fp32(graph, mode, keep_fp32) if mode != "fp32" else {}
     target_ops = {f: frozenset(o) for f, o in (target_ops or {}).items()}
     inputs = input_intervals(graph, input_ranges, calibration)
     int_ranges = dict(int_ranges or {})
@@ -229,7 +234,8 @@ def plan_precision(graph: Graph, mode: str = "auto", *, input_ranges=None, calib
     out = []
     for n in nodes:
         verdicts = {name: _verdict(fmt, held[n.name], witnesses, proved, z3_notes) for name, fmt in FORMATS.items()}
-        fmt, reason, cert = _choose(n, mode, verdicts, target_ops, target)
+        fmt, reason, cert = ("", kept[n.name], "") if n.name in kept else _choose(n, mode, verdicts, target_ops,
+                                                                                   target)
         rng = next((iv for k, p, v, i, iv, is_in in held[n.name] if not is_in and not i), None)
         out.append(NodePlan(n.name, n.op, fmt, reason, rng, verdicts, cert))
     _recheck_narrowed(graph, inputs, r, out, mode)
