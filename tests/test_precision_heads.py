@@ -78,6 +78,11 @@ def test_unknown_names_and_a_bare_string_are_refused_with_the_next_step():
     with pytest.raises(CuvilError) as e:
         _plan(classifier(), keep_fp32="Gemm")
     assert "keep_fp32=['Gemm']" in (e.value.hint or "")
+    with pytest.raises(CuvilError) as e:            # op types are case-sensitive: the error says which was meant
+        _plan(classifier(), keep_fp32=["gemm"])
+    assert "'gemm' -> 'Gemm'" in str(e.value)
+    with pytest.raises(CuvilError):                 # checked under fp32 too, where nothing is narrowed
+        _plan(classifier(), mode="fp32", keep_fp32=["no_such_node"])
 
 
 def test_what_is_not_an_output_layer():
@@ -114,8 +119,13 @@ def test_compiled_library_records_and_runs_the_float32_head(tmp_path):
         nodes = art.manifest["precision"]["nodes"]
         assert {v["op"]: v["format"] for v in nodes.values() if v["op"] in ("Conv", "Gemm")} == \
             {"Conv": "bf16", "Gemm": gemm}
+        steps = [st for st in art.manifest["steps"] if st["op"] == "Gemm"]
+        assert steps and all(st.get("precision", "") == ("" if gemm == "fp32" else "bf16") for st in steps), steps
         got = art.run({"x": x})["y"]
         assert np.abs(got - ref).max() <= 2e-2 * np.abs(ref).max()
+    with pytest.raises(CuvilError) as e:
+        Pipeline.from_onnx(model).optimize().compile(keep_fp32=["Gemm"])
+    assert "precision fp32" in str(e.value) and "bf16" in (e.value.hint or "")
 
 
 def test_cli_keep_fp32(tmp_path, capsys):
@@ -130,3 +140,8 @@ def test_cli_keep_fp32(tmp_path, capsys):
     assert "output layer" not in capsys.readouterr().out
     assert main(args + ["--keep-fp32", "Relu,nothing_here"]) == 2
     assert "nothing_here" in capsys.readouterr().err
+    for empty in ("", " ", ","):                    # an unset shell variable is not `none`
+        assert main(args + ["--keep-fp32", empty]) == 2
+        assert "--keep-fp32 none" in capsys.readouterr().err
+    assert main(["compile", str(path), "-o", str(tmp_path / "libcls.so"), "--keep-fp32", "Gemm"]) == 2
+    assert "precision fp32" in capsys.readouterr().err

@@ -476,6 +476,10 @@ class Pipeline:
     def _compile(self, target, opt_level, options, fixed, shape_profiles, input_shapes, cache, target_options,
                  low_precision=(None, None, None, None)):
         mode = check_mode(low_precision[0])
+        if mode == "fp32" and low_precision[3] is not None:
+            raise CuvilError(f"keep_fp32={list(low_precision[3])!r} with precision fp32: nothing is narrowed, so "
+                             f"nothing needs keeping", hint="give precision='bf16' (or fp16, auto) with it "
+                             "(--precision bf16 --keep-fp32 ...), or leave keep_fp32 out")
         triple = target or (options.triple if options is not None else X86_TARGET)
         tgt = get_target(triple)
         if options is None:

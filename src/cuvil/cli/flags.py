@@ -134,5 +134,12 @@ def precision_flags(args):
     ranges = dict(parse_input_range(t) for t in getattr(args, "input_range", None) or ())
     keep = getattr(args, "keep_fp32", None)
     if keep is not None:
-        keep = [] if keep.strip().lower() == "none" else [k.strip() for k in keep.split(",") if k.strip()]
+        if keep.strip().lower() == "none":
+            keep = []
+        else:
+            keep = [k.strip() for k in keep.split(",") if k.strip()]
+            if not keep:
+                raise CuvilError(f"--keep-fp32 {args.keep_fp32!r} names no node or op type",
+                                 hint="--keep-fp32 Gemm,n12, or --keep-fp32 none to narrow the output layers too; "
+                                      "leave the flag out for the default (the output layers stay float32)")
     return mode, ranges, getattr(args, "calibrate", None), keep

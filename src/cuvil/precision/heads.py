@@ -5,15 +5,19 @@ An output layer's rounding reaches the model's outputs unattenuated: every earli
 averaged over the many products of the layers after it, the last layer's is not. ResNet-50 bf16 (seeded
 weights, 32 standard-normal inputs, relative error of the logits against onnxruntime float32): every Conv and
 the Gemm narrowed, median 4.49e-3, max 5.20e-3; the Gemm (0.05% of the MACs) kept float32, median 3.81e-3, max
-4.43e-3, at 1.01-1.03x the latency (bench/results/xeon-session31/resnet50-bf16-head.txt). So a narrowing
+4.43e-3, at 1.02-1.03x the latency (bench/results/xeon-session31/resnet50-bf16-head.txt). So a narrowing
 policy keeps a contraction float32 where
 
-* its output reaches a graph output through moves, one-input elementwise ops and elementwise ops with a
-  constant other operand only (a bias ``Add``, ``Tanh``, ``Softmax``, ``Reshape``, ...), and
+* its output reaches a graph output through the ops of ``_PASS`` (reshapes and transposes, one-input elementwise
+  ops such as ``Tanh`` and ``Softmax``) and of ``_PASS_WITH_CONSTANTS`` with constant other operands (a bias
+  ``Add``, a scale ``Mul``) only, and
 * its multiply-accumulates are at most :data:`HEAD_MAC_SHARE` of the model's (at the symbols' opt point): a
   GPT-2 decode step's LM head, 30% of its work, is narrowed; ResNet-50's classifier is kept.
 
-``keep_fp32`` replaces the default: a list of node names or op types kept float32 (``[]`` keeps none).
+``keep_fp32`` replaces the default: a list of node names or op types kept float32 (``[]`` keeps none), matched
+against the optimised graph (the names ``cuvil precision report`` lists: a BatchNormalization folded into its
+Conv is no node of it any more). A model whose MACs cannot be counted at the symbols' opt point keeps no layer
+float32 by this default.
 """
 from __future__ import annotations
 
@@ -71,7 +75,7 @@ def _reaches_output(graph: Graph, node: Node) -> bool:
 def _macs(n: Node, env) -> Optional[int]:
     try:
         return int(evaluate(node_macs(n), env))
-    except Exception:  # noqa: BLE001 - a dim the symbols do not bind: its share is unknown
+    except (KeyError, ValueError, TypeError):   # a dim the symbols do not bind: its share is unknown
         return None
 
 
@@ -106,10 +110,13 @@ def kept_fp32(graph: Graph, mode: str, keep: Optional[Sequence[str]] = None) -> 
     ops = {n.op for n in graph.nodes}
     unknown = [k for k in keep if k not in names and k not in ops]
     if unknown:
-        raise CuvilError(f"keep_fp32: no node or op type {', '.join(map(repr, unknown))} in the model",
-                         details=[f"op types here: {', '.join(sorted(ops))}"],
-                         hint="name nodes as `cuvil precision report MODEL` lists them, or give op types "
-                              "(--keep-fp32 Gemm)")
+        folded = {o.lower(): o for o in ops}
+        near = [f"{k!r} -> {folded[k.lower()]!r}" for k in unknown if k.lower() in folded]
+        raise CuvilError(f"keep_fp32: no node or op type {', '.join(map(repr, unknown))} in the optimised model",
+                         details=[f"op types here: {', '.join(sorted(ops))}"]
+                         + ([f"op types are case-sensitive: {', '.join(near)}"] if near else []),
+                         hint="name nodes as `cuvil precision report MODEL` lists them (after optimisation: a "
+                              "folded BatchNormalization is part of its Conv), or give op types (--keep-fp32 Gemm)")
     wanted = set(keep)
     return {n.name: f"kept float32 as asked (keep_fp32: {n.name if n.name in wanted else n.op})"
             for n in graph.nodes if n.name in wanted or n.op in wanted}

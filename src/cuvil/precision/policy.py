@@ -172,7 +172,7 @@ def plan_precision(graph: Graph, mode: str = "auto", *, input_ranges=None, calib
     names or op types kept float32 whatever their ranges; None (default): the model's output layers
     (:mod:`.heads`)."""
     mode = check_mode(mode)
-    kept = kept_fp32(graph, mode, keep_fp32) if mode != "fp32" else {}
+    asked = kept_fp32(graph, mode, keep_fp32)
     target_ops = {f: frozenset(o) for f, o in (target_ops or {}).items()}
     inputs = input_intervals(graph, input_ranges, calibration)
     int_ranges = dict(int_ranges or {})
@@ -234,8 +234,8 @@ def plan_precision(graph: Graph, mode: str = "auto", *, input_ranges=None, calib
     out = []
     for n in nodes:
         verdicts = {name: _verdict(fmt, held[n.name], witnesses, proved, z3_notes) for name, fmt in FORMATS.items()}
-        fmt, reason, cert = ("", kept[n.name], "") if n.name in kept else _choose(n, mode, verdicts, target_ops,
-                                                                                   target)
+        fmt, reason, cert = ("", asked[n.name], "") if n.name in asked and mode != "fp32" else \
+            _choose(n, mode, verdicts, target_ops, target)
         rng = next((iv for k, p, v, i, iv, is_in in held[n.name] if not is_in and not i), None)
         out.append(NodePlan(n.name, n.op, fmt, reason, rng, verdicts, cert))
     _recheck_narrowed(graph, inputs, r, out, mode)

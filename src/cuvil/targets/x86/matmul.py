@@ -119,15 +119,18 @@ def emit_matmul_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]]:
         """Row tile t's share of the next weight panel, prefetched into L2 while this one runs. With at least
         ``lines`` row tiles a panel (NEXT_PANEL_SPREAD): every tile takes an even share of the panel's lines
         (above); with fewer (a decode step's one row), or NEXT_PANEL_SPREAD False: line t % lines of each row
-        (so ``lines`` consecutive row tiles fetch it all). Off with NEXT_PANEL_PREFETCH False. Addresses past
-        the last panel are only hints."""
+        (``lines`` consecutive row tiles fetch it all; fewer than ``lines`` tiles, only their share of the
+        lines, the hardware prefetcher the rest). Off with NEXT_PANEL_PREFETCH False. Addresses past the last
+        panel are only hints."""
         if not NEXT_PANEL_PREFETCH:
             return []
         line = b.mul(b.srem(t, I64(max(1, lines))), I64(64 // wsize))
         here = b.add(b.mul(k, I64(nr)), line)
         if spread is not None:
             even = b.mul(b.lshr(b.mul(b.add(b.mul(t, I64(K)), k), spread), I64(32)), I64(64 // wsize))
-            here = b.select(b.icmp_signed(">=", row_tiles, I64(max(1, lines))), even, here)
+            # (where the two panels do not fit the budget, ``here`` stays the row of this panel the k-loop
+            # prefetches anyway: a no-op, as below)
+            here = b.select(b.and_(fits, b.icmp_signed(">=", row_tiles, I64(max(1, lines)))), even, here)
         ahead = b.select(fits, I64(K * nr), I64(MATMUL_PREFETCH_K * nr))   # else a row of this panel, a no-op
         return [(wptr(w_ptr, b.add(ahead, here)), 2)]
 
@@ -418,8 +421,10 @@ NEXT_PANEL_PREFETCH = True
 # Whole BERT-base (`python3 bench/knobs_ab.py bert "base,NEXT_PANEL_SPREAD=False" --seq S --rounds 9`, 1 thread,
 # CPU time, weights evicted before each run, bit-identical outputs): S = 32 32.47 / 34.85 ms (x0.932), S = 128
 # 104.50 / 112.59 (x0.928), S = 384 349.25 / 357.90 (x0.976); with the budget below counting the two panels only
-# (the 3072 -> 768 products at S = 384 then prefetch too): S = 384 x0.983 more
-# (bench/results/xeon-session31/next-panel-spread.txt).
+# (the 3072 -> 768 products at S = 384 then prefetch too; measured as no budget at all, the same for BERT-base):
+# S = 384 x0.983 more (bench/results/xeon-session31/next-panel-spread.txt). Not measured: products whose two
+# panels alone exceed the budget (K > 10922 at 48 columns: no next-panel prefetch, as before) and row counts
+# past BERT's 512 at K = 768 (the budget no longer counts A there).
 NEXT_PANEL_SPREAD = True
 # The next-panel prefetch runs while two panels and the rows of A (with NEXT_PANEL_SPREAD: the two panels) fit
 # this many bytes: BERT-base's
