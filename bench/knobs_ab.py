@@ -1,5 +1,5 @@
 """A/B of the x86 GEMM kernels' module constants (``cuvil.targets.x86.matmul``: NEXT_PANEL_L2_BYTES,
-NEXT_PANEL_PREFETCH, NEXT_PANEL_SPREAD, MATMUL_PREFETCH_K, MATMUL_UNROLL_K; ``cuvil.targets.x86.gemm``: PREFETCH_K) on a whole
+NEXT_PANEL_PREFETCH, NEXT_PANEL_SPREAD, MATMUL_PREFETCH_K, MATMUL_UNROLL_K; ``cuvil.targets.x86.gemm``: PREFETCH_K, NEXT_CHUNK_PREFETCH) on a whole
 model with its weights streaming from memory as in bench/run_all.py and bench/cnn_blocks.py (where onnxruntime
 and OpenVINO run in between and evict them): a 700 MB buffer is read before every timed run. Models: BERT-base
 (``cuvil.testing.hf_models.bert_model``, seeded weights, 340 MB of float32; B = 1 at the fixed sequence length
@@ -31,7 +31,7 @@ from cuvil.testing.hf_models import bert_model, text_feeds
 
 KNOBS = {"NEXT_PANEL_L2_BYTES": matmul, "NEXT_PANEL_PREFETCH": matmul, "NEXT_PANEL_SPREAD": matmul,
          "MATMUL_PREFETCH_K": matmul,
-         "MATMUL_UNROLL_K": matmul, "PREFETCH_K": gemm}
+         "MATMUL_UNROLL_K": matmul, "PREFETCH_K": gemm, "NEXT_CHUNK_PREFETCH": gemm}
 
 
 def main(argv=None) -> int:

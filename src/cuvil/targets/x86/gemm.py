@@ -142,6 +142,15 @@ A_BLOCK_BYTES = 64 * 1024   # channel-lane tiles: the weight panel k-block every
 # 64 / 128 / 256 steps (1.22 ms when the weights sit in L3; `python3 bench/x86_layers.py --only chain7`);
 # ResNet-50 1 thread 42.3 -> 37.7 ms in kernels (`python3 bench/x86_profile.py resnet50`).
 PREFETCH_K = 128
+# A convolution in weight-block order (more output channels than positions: ResNet-50's 7x7 and 14x14 layers)
+# runs every position panel over one k-block of a weight block (A_BLOCK_BYTES) before the next; the first panel
+# pulls that block from memory at the pace of its FMAs (a 32 x 7 channel-lane tile: 128 bytes of weights per 14
+# FMAs, ~64 GB/s), several times what one core's memory delivers. The k-loops of all the block's panels
+# prefetch the next k-block among them into L2 instead (float32 kernels). Session 31 (Intel Xeon family 6 model
+# 207), ResNet-50 float32, 1 thread, weights evicted, bit-identical outputs: 39.77 against 42.20 ms without
+# (x0.942; `python3 bench/knobs_ab.py resnet50 "base,NEXT_CHUNK_PREFETCH=False" --rounds 11`,
+# bench/results/xeon-session31/next-chunk-prefetch.txt).
+NEXT_CHUNK_PREFETCH = True
 # An AMX convolution prefetches its next position panel's lines (X86Tuning.next_panel_prefetch) where the
 # tensor it streams (a 1x1 reader's input, an epilogue's output and residual) is at least this large: smaller
 # ones stay in L2 (2 MB a core on this session's Xeon) from their producer, where the prefetches can only cost
@@ -594,11 +603,14 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
 
     nacc = MR * nr // vw
 
-    def kloop(a_ptr, b_ptr, k0: int, k1: int, acc_in, acc_out, b_stride=None):
+    def kloop(a_ptr, b_ptr, k0: int, k1: int, acc_in, acc_out, b_stride=None, chunk_share=None):
         """MR x nr accumulators over k in [k0, k1) (nacc vectors: MR rows x nv, or with channel lanes nr
         rows x nv): start from zero (acc_in None) or the vectors at acc_in, end stored at acc_out (the tile,
         or an accumulator slot between k-blocks; None: not stored). Returns the accumulator values.
-        ``b_stride``: floats from one B row to the next (default nr: a packed panel)."""
+        ``b_stride``: floats from one B row to the next (default nr: a packed panel). ``chunk_share`` (pb,
+        panels): this is position panel pb of the ``panels`` that read this k-block of weights (weight-block
+        order); its k-loop then prefetches its even share of the next k-block's weights into L2
+        (NEXT_CHUNK_PREFETCH), so that the next block's first panel does not wait on memory."""
         init = [zero] * nacc if acc_in is None else [
             b.load(b.gep(acc_in, [I64(i)], source_etype=vec, inbounds=True), typ=vec, align=4) for i in range(nacc)]
         a_row = lambda k: fptr(a_ptr, b.mul(k, I64(MR)))
@@ -622,9 +634,23 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
             scalars = lambda k: [b.load(fptr(a_row(k), I64(r)), typ=F32, align=4) for r in range(MR)]
         # every cache line of the weight row PREFETCH_K steps ahead (a channel-lane row is 2-4 lines)
         lines = range(0, -(-MR * 4 // 64)) if cl else range(1)
+        chunk = []
+        if chunk_share is not None and not bf:
+            # the next k-block's weights (they follow this one's: blocks of a weight block are consecutive k
+            # rows, weight blocks consecutive): panel pb's step k fetches line ((pb * kc + k - k0) * L) /
+            # (panels * kc) of its L lines, a 32.32 fixed-point step (every line once over the panels)
+            pb, panels = chunk_share
+            kc_ = k1 - k0
+            L = -(-kc_ * MR * 4 // 64)
+            step = (L << 32) // (panels * kc_)
+            nxt = fptr(a_ptr, I64(k1 * MR))
+
+            def chunk(k):
+                at = b.lshr(b.mul(b.add(b.mul(pb, I64(kc_)), b.sub(k, I64(k0))), I64(step)), I64(32))
+                return [(fptr(nxt, b.mul(at, I64(16))), 2)]
         new = fma_tile_loop(em, fma, I64(k0), I64(k1), init, nv, vectors, scalars,
                             prefetch=lambda k: [fptr(fptr(a_ptr, b.mul(b.add(k, I64(PREFETCH_K)), I64(MR))), I64(16 * ln))
-                                                for ln in lines], mac=mac)
+                                                for ln in lines] + (chunk(k) if chunk else []), mac=mac)
         if acc_out is not None:
             store_tile(new, acc_out)
         return new
@@ -706,7 +732,12 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
             a_ptr = ipt(a_base, b.mul(b.add(b.mul(g, I64(Mb)), mb), I64(MR * K2s)))
             new = amx_unit(a_ptr, panel, pb)
         else:
-            new = kloop(a_ptr, panel, k0, k1, None if blk == 0 else acc, None if last else acc, b_stride)
+            share = None
+            # weight-block order: Pb position panels read each k-block of weights, the first from memory;
+            # with at least as many panels as lines in a weight row, they prefetch the next k-block among them
+            if not panel_order and NEXT_CHUNK_PREFETCH and Pb >= max(1, MR * 4 // 64) and Pb > 1:
+                share = (pb, Pb)
+            new = kloop(a_ptr, panel, k0, k1, None if blk == 0 else acc, None if last else acc, b_stride, share)
         if not last:
             return
         m0 = b.mul(mb, I64(MR))
