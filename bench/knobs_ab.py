@@ -1,11 +1,12 @@
 """A/B of the x86 GEMM kernels' module constants (``cuvil.targets.x86.matmul``: NEXT_PANEL_L2_BYTES,
-NEXT_PANEL_PREFETCH, NEXT_PANEL_SPREAD, MATMUL_PREFETCH_K, MATMUL_UNROLL_K; ``cuvil.targets.x86.gemm``: PREFETCH_K, NEXT_CHUNK_PREFETCH) on a whole
-model with its weights streaming from memory as in bench/run_all.py and bench/cnn_blocks.py (where onnxruntime
-and OpenVINO run in between and evict them): a 700 MB buffer is read before every timed run. Models: BERT-base
-(``cuvil.testing.hf_models.bert_model``, seeded weights, 340 MB of float32; B = 1 at the fixed sequence length
-``--seq``) or a CNN of ``cuvil.testing.light_model`` (batch 1). One library per variant (built uncached: the
-constants are not in the cache key), one thread, the calling thread's CPU time of single runs, variants
-alternating in order and reverse; the outputs are compared bit for bit with the first variant's.
+NEXT_PANEL_PREFETCH, NEXT_PANEL_SPREAD, MATMUL_PREFETCH_K, MATMUL_UNROLL_K; ``cuvil.targets.x86.gemm``: PREFETCH_K,
+NEXT_CHUNK_PREFETCH, A_BLOCK_BYTES, B_BLOCK_BYTES) on a whole model with its weights streaming from memory as in
+bench/run_all.py and bench/cnn_blocks.py (where onnxruntime and OpenVINO run in between and evict them): a 700 MB
+buffer is read before every timed run. Models: BERT-base (``cuvil.testing.hf_models.bert_model``, seeded weights,
+340 MB of float32; B = 1 at the fixed sequence length ``--seq``) or a CNN of ``cuvil.testing.light_model`` (batch
+1). One library per variant (built uncached: the constants are not in the cache key), one thread, the calling
+thread's CPU time of single runs, variants alternating in order and reverse; the outputs are compared bit for bit
+with the first variant's.
 
     PYTHONPATH=src python3 bench/knobs_ab.py bert "base,NEXT_PANEL_L2_BYTES=1<<20" --seq 32 [--rounds 7] [--warm]
     PYTHONPATH=src python3 bench/knobs_ab.py resnet50 "base,PREFETCH_K=64"
@@ -31,7 +32,8 @@ from cuvil.testing.hf_models import bert_model, text_feeds
 
 KNOBS = {"NEXT_PANEL_L2_BYTES": matmul, "NEXT_PANEL_PREFETCH": matmul, "NEXT_PANEL_SPREAD": matmul,
          "MATMUL_PREFETCH_K": matmul,
-         "MATMUL_UNROLL_K": matmul, "PREFETCH_K": gemm, "NEXT_CHUNK_PREFETCH": gemm}
+         "MATMUL_UNROLL_K": matmul, "PREFETCH_K": gemm, "NEXT_CHUNK_PREFETCH": gemm,
+         "A_BLOCK_BYTES": gemm, "B_BLOCK_BYTES": gemm}
 
 
 def main(argv=None) -> int:

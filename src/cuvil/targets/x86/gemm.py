@@ -142,14 +142,16 @@ A_BLOCK_BYTES = 64 * 1024   # channel-lane tiles: the weight panel k-block every
 # 64 / 128 / 256 steps (1.22 ms when the weights sit in L3; `python3 bench/x86_layers.py --only chain7`);
 # ResNet-50 1 thread 42.3 -> 37.7 ms in kernels (`python3 bench/x86_profile.py resnet50`).
 PREFETCH_K = 128
-# A convolution in weight-block order (more output channels than positions: ResNet-50's 7x7 and 14x14 layers)
-# runs every position panel over one k-block of a weight block (A_BLOCK_BYTES) before the next; the first panel
-# pulls that block from memory at the pace of its FMAs (a 32 x 7 channel-lane tile: 128 bytes of weights per 14
-# FMAs, ~64 GB/s), several times what one core's memory delivers. The k-loops of all the block's panels
-# prefetch the next k-block among them into L2 instead (float32 kernels). Session 31 (Intel Xeon family 6 model
-# 207), ResNet-50 float32, 1 thread, weights evicted, bit-identical outputs: 39.77 against 42.20 ms without
-# (x0.942; `python3 bench/knobs_ab.py resnet50 "base,NEXT_CHUNK_PREFETCH=False" --rounds 11`,
-# bench/results/xeon-session31/next-chunk-prefetch.txt).
+# A convolution in weight-block order (more output channels than positions: ResNet-50's 14x14 and 7x7 layers,
+# SqueezeNet's 13x13 expands, Winograd GEMMs of small maps) runs every position panel over one k-block of a
+# weight block (k_block: A_BLOCK_BYTES of weights for channel-lane tiles, B_BLOCK_BYTES of positions for
+# position-lane ones) before the next; the first panel pulls that block from memory at the pace of its FMAs (a
+# 32 x 7 channel-lane tile: 128 bytes of weights per 14 FMAs, 7 cycles at two FMAs a cycle), several times what
+# one core's memory delivers (17-19 GB/s here). The k-loops of all the block's panels prefetch the next k-block
+# among them into L2 instead (float32 kernels). Session 31 (Intel Xeon family 6 model 207), 1 thread, weights
+# evicted, bit-identical outputs, `python3 bench/knobs_ab.py MODEL "base,NEXT_CHUNK_PREFETCH=False"`: ResNet-50
+# 39.77 against 42.20 ms without (x0.942; bench/results/xeon-session31/next-chunk-prefetch.txt, which has the
+# other models and 2 threads too).
 NEXT_CHUNK_PREFETCH = True
 # An AMX convolution prefetches its next position panel's lines (X86Tuning.next_panel_prefetch) where the
 # tensor it streams (a 1x1 reader's input, an epilogue's output and residual) is at least this large: smaller
@@ -635,19 +637,21 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
         # every cache line of the weight row PREFETCH_K steps ahead (a channel-lane row is 2-4 lines)
         lines = range(0, -(-MR * 4 // 64)) if cl else range(1)
         chunk = []
-        if chunk_share is not None and not bf:
-            # the next k-block's weights (they follow this one's: blocks of a weight block are consecutive k
-            # rows, weight blocks consecutive): panel pb's step k fetches line ((pb * kc + k - k0) * L) /
-            # (panels * kc) of its L lines, a 32.32 fixed-point step (every line once over the panels)
+        kc_ = k1 - k0
+        L = -(-kc_ * MR * 4 // 64)                       # cache lines of a k-block of weights
+        if chunk_share is not None and not bf and L <= chunk_share[1] * kc_:
+            # the next k-block's weights (they follow this one's: pack_weights lays a group's weight blocks
+            # out as [Mb, K, MR], so after this block's rows come the next block's, after a weight block's
+            # last rows the next block's first): panel pb's step k fetches line ((pb * kc + k - k0) * L) /
+            # (panels * kc) of its L lines, a 32.32 fixed-point step (each line at least once over the
+            # panels: L <= panels * kc steps). Addresses past the last block are only hints (not inbounds).
             pb, panels = chunk_share
-            kc_ = k1 - k0
-            L = -(-kc_ * MR * 4 // 64)
             step = (L << 32) // (panels * kc_)
-            nxt = fptr(a_ptr, I64(k1 * MR))
+            nxt = b.gep(a_ptr, [I64(k1 * MR)], source_etype=F32)
 
             def chunk(k):
                 at = b.lshr(b.mul(b.add(b.mul(pb, I64(kc_)), b.sub(k, I64(k0))), I64(step)), I64(32))
-                return [(fptr(nxt, b.mul(at, I64(16))), 2)]
+                return [(b.gep(nxt, [b.mul(at, I64(16))], source_etype=F32), 2)]
         new = fma_tile_loop(em, fma, I64(k0), I64(k1), init, nv, vectors, scalars,
                             prefetch=lambda k: [fptr(fptr(a_ptr, b.mul(b.add(k, I64(PREFETCH_K)), I64(MR))), I64(16 * ln))
                                                 for ln in lines] + (chunk(k) if chunk else []), mac=mac)
@@ -732,11 +736,9 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
             a_ptr = ipt(a_base, b.mul(b.add(b.mul(g, I64(Mb)), mb), I64(MR * K2s)))
             new = amx_unit(a_ptr, panel, pb)
         else:
-            share = None
             # weight-block order: Pb position panels read each k-block of weights, the first from memory;
-            # with at least as many panels as lines in a weight row, they prefetch the next k-block among them
-            if not panel_order and NEXT_CHUNK_PREFETCH and Pb >= max(1, MR * 4 // 64) and Pb > 1:
-                share = (pb, Pb)
+            # they prefetch the next k-block among them (kloop: where their steps cover its lines)
+            share = (pb, Pb) if not panel_order and NEXT_CHUNK_PREFETCH and Pb > 1 else None
             new = kloop(a_ptr, panel, k0, k1, None if blk == 0 else acc, None if last else acc, b_stride, share)
         if not last:
             return
