@@ -5,7 +5,8 @@ An output layer's rounding reaches the model's outputs unattenuated: every earli
 averaged over the many products of the layers after it, the last layer's is not. ResNet-50 bf16 (seeded
 weights, 32 standard-normal inputs, relative error of the logits against onnxruntime float32): every Conv and
 the Gemm narrowed, median 4.49e-3, max 5.20e-3; the Gemm (0.05% of the MACs) kept float32, median 3.81e-3, max
-4.43e-3, at 1.02-1.03x the latency (bench/results/xeon-session31/resnet50-bf16-head.txt). So a narrowing
+4.43e-3, at 1.02-1.03x the latency on an Intel Xeon (family 6, model 207) with AMX
+(bench/results/xeon-session31/resnet50-bf16-head.txt). So a narrowing
 policy keeps a contraction float32 where
 
 * its output reaches a graph output through the ops of ``_PASS`` (reshapes and transposes, one-input elementwise
@@ -58,11 +59,7 @@ def _reaches_output(graph: Graph, node: Node) -> bool:
                 found = True
             for c in graph.consumers(v):
                 data = [x for x in c.inputs if x is not None and not x.is_const]
-                if c.op in _PASS and len(data) == 1:
-                    pass
-                elif c.op in _PASS_WITH_CONSTANTS and len(data) == 1:
-                    pass
-                else:
+                if (c.op not in _PASS and c.op not in _PASS_WITH_CONSTANTS) or len(data) != 1:
                     return False
                 below = walk(c, depth + 1)
                 if below is False:

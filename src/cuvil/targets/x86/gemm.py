@@ -650,7 +650,7 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
             nxt = b.gep(a_ptr, [I64(k1 * MR)], source_etype=F32)
 
             def chunk(k):
-                at = b.lshr(b.mul(b.add(b.mul(pb, I64(kc_)), b.sub(k, I64(k0))), I64(step)), I64(32))
+                at = even_share_line(b, pb, I64(kc_), b.sub(k, I64(k0)), I64(step))
                 return [(b.gep(nxt, [b.mul(at, I64(16))], source_etype=F32), 2)]
         new = fma_tile_loop(em, fma, I64(k0), I64(k1), init, nv, vectors, scalars,
                             prefetch=lambda k: [fptr(fptr(a_ptr, b.mul(b.add(k, I64(PREFETCH_K)), I64(MR))), I64(16 * ln))
@@ -1162,6 +1162,14 @@ def transpose_lanes(b: ir.IRBuilder, accs: list, nr: int, nv: int) -> Tuple[list
                 by_channel[c0 + q] = b.shuffle_vector(x, x, ir.Constant(narrow, list(range(q * w, q * w + w))))
         rows += [by_channel[q] for q in range(vw)]
     return rows, w
+
+
+def even_share_line(b, part, steps, k, step):
+    """The line that step ``k`` of ``part`` prefetches when ``parts`` parts of ``steps`` steps each share the
+    ``L`` lines of a block evenly: ``((part * steps + k) * L) / (parts * steps)``, with ``step`` the 32.32
+    fixed-point ``(L << 32) // (parts * steps)`` (every line at least once where L <= parts * steps). The next
+    weight panel of a MatMul (matmul.py) and the next k-block of a convolution's weights (kloop) use it."""
+    return b.lshr(b.mul(b.add(b.mul(part, steps), k), step), I64(32))
 
 
 def fma_tile_loop(em, fma, k0, k1, init, nv: int, vectors, scalars, prefetch=None, mac=None, unroll: int = 1) -> list:

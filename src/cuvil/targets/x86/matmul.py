@@ -26,7 +26,7 @@ from ...kernels.schedule import Stage
 from ...kernels.texpr import E
 from ..llvm.types import F32, I32, I64, PTR, splat
 from ..llvm.vecmath import VECTOR_FUNCTIONS, VectorMath
-from .gemm import PREFETCH_K, find_contraction, fma_tile_loop, tile_epilogue, vector_op
+from .gemm import PREFETCH_K, even_share_line, find_contraction, fma_tile_loop, tile_epilogue, vector_op
 from .amx import AMX_BF16_PATH, TILE_ROWS, Tiles, bf16_tile_loop
 from .gemm_bf16 import AVX512_BF16, PAIRS, convert_rows, dpbf16, narrow_path, row_stride_pairs
 from .gemm_fp16 import F16C_PATH, HALF, fp16_supported
@@ -127,7 +127,7 @@ def emit_matmul_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]]:
         line = b.mul(b.srem(t, I64(max(1, lines))), I64(64 // wsize))
         here = b.add(b.mul(k, I64(nr)), line)
         if spread is not None:
-            even = b.mul(b.lshr(b.mul(b.add(b.mul(t, I64(K)), k), spread), I64(32)), I64(64 // wsize))
+            even = b.mul(even_share_line(b, t, I64(K), k, spread), I64(64 // wsize))
             # (where the two panels do not fit the budget, ``here`` stays the row of this panel the k-loop
             # prefetches anyway: a no-op, as below)
             here = b.select(b.and_(fits, b.icmp_signed(">=", row_tiles, I64(max(1, lines)))), even, here)
