@@ -146,7 +146,9 @@ def test_fused_kernel_head_sizes(head):
 def test_fused_kernel_nan_and_inf_inputs_as_onnxruntime(guard):
     """A NaN query element (its row's scores NaN), a NaN value element under a masked key (0 * NaN is NaN in
     every row's P·V), a +inf key element (an infinite score: exp(inf - inf) is NaN), -inf everywhere on one
-    batch row: the kernel's vector max propagates NaN and its NaN elements are exactly onnxruntime's."""
+    batch row, a NaN key element in the second key panel (one NaN score in rows whose other scores are finite:
+    the kernel's ``vmaxps`` max may drop it, its probability still makes the row NaN): the NaN elements are
+    exactly onnxruntime's."""
     model = attention_model(guard, 2, float("-inf"))
     art = Pipeline.from_onnx(model).optimize().compile(shape_profiles={"B": (1, 1, 4), "S": (1, 40, 80)}, cache=False)
     assert tiled(art)
@@ -157,6 +159,7 @@ def test_fused_kernel_nan_and_inf_inputs_as_onnxruntime(guard):
     f["k"][2, 2, 5, 0] = np.inf
     f["q"][2, 2, :, 0] = np.abs(f["q"][2, 2, :, 0])  # +inf * q > 0: +inf scores
     f["q"][2, 2, 4, 0] = 0.0                 # 0 * inf: a NaN score
+    f["k"][3, 1, KEY_BLOCK + 3, 2] = np.nan  # batch row 3 masks no key: head 1's rows each one NaN score
     want = ort_session(model).run(None, f)[0]
     got = art.run(f)["y"]
     nan = np.isnan(want)

@@ -21,6 +21,7 @@ from cuvil import CuvilError, Pipeline
 from cuvil.targets.llvm.module import initialize_native
 from cuvil.targets.llvm.types import F32 as LF32, I64
 from cuvil.targets.llvm.vecmath import VectorMath
+from cuvil.targets.x86.cpu import host_cpu
 from cuvil.testing.ulp import REFERENCES, float32_sweep, mismatched_non_finite, ulp_errors, unary_model
 
 # largest error in ULPs (against the float64 result) measured over every 64th float32, every float32 with
@@ -139,9 +140,9 @@ def test_docs_math_snippet_runs():
     exec(compile(code, "docs/math.md", "exec"), {})
 
 
-def _vector_form(fn: str, lanes: int):
-    """``void f(float *x, float *y, i64 n)``: y = fn(x), ``lanes`` at a time, through ``VectorMath(lanes=lanes)``
-    (as the attention kernel calls exp on its registers), JIT-compiled for the host CPU."""
+def _vector_form(fn: str, lanes: int, scalef: bool = False):
+    """``void f(float *x, float *y, i64 n)``: y = fn(x), ``lanes`` at a time, through ``VectorMath(lanes=lanes,
+    scalef=scalef)`` (as the attention kernel calls exp on its registers), JIT-compiled for the host CPU."""
     initialize_native()
     mod = ir.Module(name="vector_form")
     vec, fptr = ir.VectorType(LF32, lanes), ir.PointerType(LF32)
@@ -152,7 +153,8 @@ def _vector_form(fn: str, lanes: int):
     b.position_at_end(body)
     i = b.phi(I64)
     i.add_incoming(ir.Constant(I64, 0), entry)
-    vm = VectorMath(b, lambda name, ret, args: mod.declare_intrinsic(name, fnty=ir.FunctionType(ret, args)), lanes)
+    vm = VectorMath(b, lambda name, ret, args: mod.declare_intrinsic(name, fnty=ir.FunctionType(ret, args)), lanes,
+                    scalef=scalef)
     at = [b.bitcast(b.gep(p, [i]), ir.PointerType(vec)) for p in f.args[:2]]
     b.store(getattr(vm, fn)(b.load(at[0], align=4)), at[1], align=4)
     nxt = b.add(i, ir.Constant(I64, lanes))
@@ -179,12 +181,17 @@ def _vector_form(fn: str, lanes: int):
 
 @pytest.mark.parametrize("op", list(LIBM_NAMES))
 @pytest.mark.parametrize("lanes", [8, 16])
-def test_vector_form_gives_the_scalar_form_bits(compiled, op, lanes):
+@pytest.mark.parametrize("scalef", [False, True], ids=["portable", "scalef"])
+def test_vector_form_gives_the_scalar_form_bits(compiled, op, lanes, scalef):
     """``VectorMath(lanes=n)`` on whole vectors computes each lane by the scalar form's instructions: the same
-    bits as the compiled library (the scalar form in a loop the vectoriser widens) at every point."""
+    bits as the compiled library (the scalar form in a loop the vectoriser widens) at every point. Both forms
+    of exp's last step (``scalef``: one ``llvm.ldexp``, AVX-512F's ``vscalefps``; else two exact multiplies)
+    against the library, which takes ``scalef`` on an AVX-512 host: the two give the same bits."""
+    if scalef and "avx512f" not in host_cpu().features:
+        pytest.skip("scalef form: this CPU has no AVX-512F (LLVM would expand llvm.ldexp into ldexpf calls)")
     art, x = compiled(op)
     want = art.run({"x": x})["y"]
-    got = _vector_form(op.lower(), lanes)(x)
+    got = _vector_form(op.lower(), lanes, scalef)(x)
     same = (got.view(np.int32) == want.view(np.int32)) | (np.isnan(got) & np.isnan(want))
     wrong = np.nonzero(~same)[0]
     assert not wrong.size, f"{op}: x = {x[wrong][:6]} gives {got[wrong][:6]}, scalar form {want[wrong][:6]}"

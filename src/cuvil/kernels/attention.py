@@ -4,7 +4,9 @@ implements for FusedAttention (:mod:`cuvil.kernels.lower.attention`).
 The lowering stores its operands once per call in the layouts the kernel reads at unit stride (O(S D)
 copies against the O(S^2 D) products):
 
-* ``q[B, H, Sq, D]``: the queries, one contiguous row each (their elements are broadcast);
+* ``q[B, H, Sq, D]``: the queries, one contiguous row each (their elements are broadcast); or, where they are
+  already stored with contiguous rows of ``d`` (``q_axes`` set: BERT's Q projection through the head split), that
+  buffer read in place;
 * ``kt[B, H, KBLOCKS, D, KB]``: the keys transposed and cut into panels of ``kb`` keys: for each ``d`` one
   contiguous run of ``kb`` keys (``kb / lanes`` vectors), zeros past the last key; or, for a few query rows
   (``k_axes`` set: a decode step) whose keys are stored with contiguous rows of ``d`` (the KV cache), that
@@ -54,15 +56,27 @@ class AttentionTile:
     # row then takes the one-row tile
     k_axes: Optional[Tuple[Optional[int], ...]] = None
     blocks: object = None   # KBLOCKS (a dim) where ``kt`` is read in place
+    # None: ``q`` is the queries' copy [B, H, Sq, D]; else ``q`` is their buffer read in place (rows of ``d``, e.g.
+    # the Q projection's output seen through the exports' head split), its dims indexed by the logical axes (0
+    # batch, 1 head, 2 row, 3 column d) given here, or 0 where None
+    q_axes: Optional[Tuple[Optional[int], ...]] = None
+    q_dims: Optional[tuple] = None      # (B, Sq): the output's batch and row counts
+    # the stage's buffer is [B, Sq, H, Dv] (the heads merged next: the exports' Transpose [0, 2, 1, 3] then reads
+    # it at its own index); else [B, H, Sq, Dv]
+    out_heads_inner: bool = False
+
+    def out_index(self, n, h, i, c) -> list:
+        """The stage buffer's index of output element (n, h, i, c)."""
+        return [n, i, h, c] if self.out_heads_inner else [n, h, i, c]
 
     @property
     def batch(self):
-        return self.q.shape[0]
+        return self.q.shape[0] if self.q_axes is None else self.q_dims[0]
 
     @property
     def rows(self):
         """Sq, the query count (a dim: int or symbolic)."""
-        return self.q.shape[2]
+        return self.q.shape[2] if self.q_axes is None else self.q_dims[1]
 
     @property
     def key_blocks(self):

@@ -655,7 +655,9 @@ def _family_obligations(st: Stage, node: E, doms) -> List[Access]:
         row = blk * spec.qb + qi
         clamped = E("clamp", (row,), I64, (0, spec.rows - 1))
         t, k, j = _loop(d, "t", spec.key_blocks), _loop(d, "k", spec.d), _loop(d, "j", spec.kb)
-        out.append(Access(kind, spec.q, [n, h, clamped, k], [], d, node=node))
+        q_at = (n, h, clamped, k)
+        out.append(Access(kind, spec.q, [n, h, clamped, k] if spec.q_axes is None else
+                          [q_at[a] if a is not None else as_index(0) for a in spec.q_axes], [], d, node=node))
         if spec.k_axes is None:      # the key panels
             out.append(Access(kind, spec.kt, [n, h, t, k, j], [], d, node=node))
         else:                        # read in place: a row per key, clamped to the last key
@@ -672,7 +674,7 @@ def _family_obligations(st: Stage, node: E, doms) -> List[Access]:
                               [E("cmp", (t * spec.kb + j, as_index(spec.keys)), DType.BOOL, "lt")], d, node=node))
         lead = [x if size != 1 else as_index(0) for x, size in zip((n, h, clamped), spec.mask.shape)]
         out.append(Access(kind, spec.mask, lead + [t * spec.kb + j], [], d, node=node))
-        st_idx = [n, h, row, _loop(d, "c", spec.dv)]
+        st_idx = spec.out_index(n, h, row, _loop(d, "c", spec.dv))
         out.append(Access(kind, st.buf, st_idx, [E("cmp", (row, as_index(spec.rows)), DType.BOOL, "lt")], d,
                           node=node))
     elif (node.op, type(spec)) in (("qplanes", Int8Planes), ("pplanes", PairPlanes)):

@@ -460,6 +460,13 @@ class _StageBuilder:
                 self.bufs[id(o)] = view
                 self.fns[id(o)] = _loader(view)
                 return
+        sb = _read_in_order(t, o) if node.guard is None and not self.open_loops else None
+        if sb is not None:
+            # a data move that reads a stored buffer at its own index (two transposes undoing each other: the
+            # attention kernel's rows stored [B, S, H, D] for the exports' head merge) is that buffer: a view
+            self.bufs[id(o)] = view = Buf(o.name, o.dtype, tuple(o.shape), sb.base, sb.offset, root=sb.storage)
+            self.fns[id(o)] = _loader(view)
+            return
         # a guarded value read outside its guard is stored under it: inlined there, it would run unguarded
         leaves_guard = node.guard is not None and any(u.guard != node.guard for u in self.g.consumers(o))
         if (t.buf is not None and self.stages and t.buf is self.stages[-1].buf and _reads_whole(t)
@@ -538,6 +545,22 @@ def root_of(b: Buf) -> Buf:
 
 def _loader(b: Buf) -> TensorFn:
     return TensorFn(b.shape, b.dtype, lambda idx: load(b, idx), "elementwise", buf=b)
+
+
+def _read_in_order(t: TensorFn, o) -> Optional[Buf]:
+    """The arena buffer that data move ``t`` (the value ``o``) reads whole at its own index, of ``o``'s shape and
+    type, row-major and unshifted; else None."""
+    if t.kind not in ("injective", "alias"):
+        return None
+    vs = [var(f"w{k}") for k in range(len(t.shape))]
+    e = t.fn(list(vs))
+    if e.op != "load" or not isinstance(e.attr, Buf) or len(e.args) != len(vs):
+        return None
+    sb = e.attr
+    if (sb.base != ARENA or sb.dtype != o.dtype or tuple(sb.shape) != tuple(o.shape) or sb.pitch is not None
+            or sb.shift or not all(a.op == "var" and a.attr == v.attr for a, v in zip(e.args, vs))):
+        return None
+    return sb
 
 
 def _reads_whole(t: TensorFn) -> bool:

@@ -168,7 +168,7 @@ def _fused_attention_float32(ctx, q, kt, v, scale_t, mask):
 
 
 def _stored_rows(read):
-    """For the values' index function ``read`` (at [b, h, key, column]): when it is a plain load of a stored
+    """For the values' (or the keys', the queries') index function ``read`` (at [b, h, key, column]): when it is a plain load of a stored
     buffer whose last dim is the column (contiguous rows), or such a load of float16 widened to float32, that
     buffer and the logical axis each of its dims is indexed by (None: a broadcast dim, index 0); else None."""
     vs = [var("b"), var("h"), var("key"), var("c")]
@@ -245,7 +245,11 @@ def _tiled(ctx, q, kt, v, scale_t, mask):
         inside = mf(list(idx[:3]) + [_clamp(key, Sk)]) if mf is not None else zero
         return select(cmp("lt", key, n_keys), inside, neg_inf)
 
-    qb = ctx.temp((B, H, Sq, D), dt, qf, "queries").buf
+    q_stored = _stored_rows(qf)
+    if q_stored is not None and q_stored[0].dtype == dt:
+        qb, q_axes = q_stored       # the queries read in place (rows of d: the projection's output, a view)
+    else:
+        qb, q_axes = ctx.temp((B, H, Sq, D), dt, qf, "queries").buf, None
     k_stored = None
     if isinstance(Sq, int) and Sq <= IN_PLACE_ROWS and D % TILE_VECTOR == 0:
         # the keys' rows as stored (ktf at [b, h, d, key] a load of a buffer whose last dim is d)
@@ -264,7 +268,7 @@ def _tiled(ctx, q, kt, v, scale_t, mask):
     mb = ctx.temp(mshape, dt, mask_rows, "mask").buf
     spec = AttentionTile(q=qb, kt=kb, v=vb, mask=mb, scale=scalar_of(scale_t), heads=H, d=D, dv=Dv, dvp=dvp,
                          kb=KB, qb=QUERY_BLOCK, zero_nan=bool(ctx.attr("zero_nan", 0)), keys=Sk, v_axes=v_axes,
-                         k_axes=k_axes, blocks=nkb)
+                         k_axes=k_axes, blocks=nkb, q_axes=q_axes, q_dims=(B, Sq))
 
     def element(idx):
         b, h, i, c = idx
@@ -277,7 +281,8 @@ def _tiled(ctx, q, kt, v, scale_t, mask):
             return select(cmp("lt", t * KB + j, n_keys), ktf([b, h, d, _clamp(t * KB + j, Sk)]), zero)
 
         def score(t, j):
-            dot = reduce("sum", [D], lambda d: binop("mul", load(qb, [b, h, i, d]), key_at(t, j, d)))
+            dot = reduce("sum", [D], lambda d: binop("mul", load(qb, [b, h, i, d]) if q_axes is None
+                                                     else qf([b, h, i, d]), key_at(t, j, d)))
             return binop("add", binop("mul", dot, spec.scale), load(mb, mrow + [t * KB + j]))
         top = reduce("max", [nkb, KB], score)
         shift = select(cmp("eq", top, neg_inf), zero, top)
@@ -294,7 +299,24 @@ def _tiled(ctx, q, kt, v, scale_t, mask):
         if spec.zero_nan:
             y = _guarded(y, total, value, [nkb, KB])
         return E("attention", [b, h, i, c, y], dt, spec)
-    return [ctx.temp((B, H, Sq, Dv), dt, element, "out")]
+    if not _heads_merged_next(ctx):
+        return [ctx.temp((B, H, Sq, Dv), dt, element, "out")]
+    # the exports merge the heads next (Transpose [0, 2, 1, 3], then a Reshape to [B, Sq, H * Dv]): the kernel
+    # stores its rows there, [B, Sq, H, Dv], and the transpose reads them at their own index (a view, no copy:
+    # schedule._place); this tensor is that buffer seen as [B, H, Sq, Dv]
+    spec.out_heads_inner = True
+    out = ctx.temp((B, Sq, H, Dv), dt, lambda idx: element([idx[0], idx[2], idx[1], idx[3]]), "out")
+    return [TensorFn((B, H, Sq, Dv), dt, lambda idx: out([idx[0], idx[2], idx[1], idx[3]]), "injective")]
+
+
+def _heads_merged_next(ctx) -> bool:
+    """The op's output is read by one Transpose that swaps the head and row axes, and by no other node (as a
+    graph output too, it is copied into its output buffer from the transposed view: correct, one copy)."""
+    uses = ctx.node.outputs[0].uses
+    if len(uses) != 1:
+        return False
+    user = uses[0][0]
+    return user.op == "Transpose" and list(user.attrs.get("perm", ())) == [0, 2, 1, 3]
 
 
 GPU_MAX_HEAD = 256      # the GPU kernel's head sizes (D, Dv) at most: a block's threads cover a value row

@@ -6,10 +6,10 @@ keys (``nv = kb / lanes`` vectors) the kernel
 1. computes the ``qb x kb`` scores as a register-blocked micro-kernel: for each ``d`` it loads the panel's
    ``nv`` key vectors once (contiguous: the keys are stored transposed and cut into panels) and multiplies
    them by each row's ``q[d]`` broadcast, ``qb * nv`` FMAs into accumulators that stay in registers;
-2. per row, scales the scores and adds the mask row (``-inf`` past the last key), takes the block max with a
-   vector max that propagates NaN (an unordered compare selects ``a + b`` where either is NaN) and updates
+2. per row, scales the scores and adds the mask row (``-inf`` past the last key), takes the block max with
+   ``vmaxps`` (a NaN score need not reach the max: its own probability makes the row's sum NaN) and updates
    the row's running max ``m`` and the shift ``c`` (0 while every score so far is ``-inf``, so a row masked
-   so far adds exp(-inf) = 0, not NaN); ``r = exp(m_old - c)``;
+   so far adds exp(-inf) = 0, not NaN); ``r = exp(m_old - c)``, the tile's rows' in one vector exp;
 3. replaces the scores by ``exp(s - c)`` in their vector registers (the shared polynomial of
    :mod:`cuvil.targets.llvm.vecmath` on whole vectors), stores them to a stack tile and adds them to the row's
    running sum ``l`` (a vector of partial sums, scaled by ``r``);
@@ -55,8 +55,10 @@ def find_attention(st: Stage) -> Optional[AttentionTile]:
     e = st.expr
     if e.op != "attention" or not isinstance(e.attr, AttentionTile) or st.region is not None:
         return None
-    idx = e.args[:-1]
-    if len(idx) != len(st.vars) or any(a.op != "var" or a.attr != v.attr for a, v in zip(idx, st.vars)):
+    idx = e.args[:-1]       # (b, h, i, c): the node's order; the buffer's is spec.out_index's
+    if len(idx) != len(st.vars) or any(a.op != "var" for a in idx):
+        return None
+    if [a.attr for a in e.attr.out_index(*idx)] != [v.attr for v in st.vars]:
         return None
     return e.attr
 
@@ -75,10 +77,9 @@ def emit_attention_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]
     em, begin, end = km.kernel(sym)
     b = em.b
     fma = km.declare(f"llvm.fma.v{vw}f32", vec, [vec, vec, vec])
-    math = VectorMath(b, km.declare)
     # exp of the scores' vectors as they are (the scalar loop over a spilled tile that LLVM widened ran half
     # the kernel's time: 8-lane vectors, a store-to-load round trip per vector)
-    vmath = VectorMath(b, km.declare, vw)
+    vmath = VectorMath(b, km.declare, vw, scalef=km.scalef)
     zero_v = ir.Constant(vec, [0.0] * vw)
     neg_inf = ir.Constant(F32, float("-inf"))
 
@@ -108,10 +109,12 @@ def emit_attention_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]
     def slot(arr, k):
         return b.gep(arr, [I64(k)], source_etype=vec, inbounds=True)
 
-    def nanmax(x, y):
-        """max(x, y), NaN where either is NaN (a vector max alone would return one of them)."""
-        mx = b.select(b.fcmp_ordered(">", x, y), x, y)
-        return b.select(b.fcmp_unordered("uno", x, y), b.fadd(x, y), mx)
+    def vmax(x, y):
+        """``x > y ? x : y`` (one ``vmaxps``): a NaN score may or may not reach the running max, and needs not:
+        its probability exp(NaN - c) is NaN whatever ``c`` is, so the row's sum ``l`` is NaN, and so are its
+        outputs (``acc / l``; under ``zero_nan`` the guarded row), as the unfused Softmax gives; a NaN max
+        makes every probability and ``l`` NaN the same way. Rows without NaN: the max, the same bits."""
+        return b.select(b.fcmp_ordered(">", x, y), x, y)
 
     def horizontal(x, combine):
         n = vw
@@ -167,7 +170,11 @@ def emit_attention_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]
         for qi in range(QB):
             i = b.add(i0, I64(qi))
             rows.append(b.select(b.icmp_signed("<", i, Sq), i, last))
-        qrow = [em.address(spec.q, [n, h, r, I64(0)]) for r in rows]
+        if spec.q_axes is None:
+            qrow = [em.address(spec.q, [n, h, r, I64(0)]) for r in rows]
+        else:           # read in place: each row's d elements contiguous in the stored buffer
+            qrow = [em.address(spec.q, [(n, h, r, I64(0))[a] if a is not None else I64(0) for a in spec.q_axes])
+                    for r in rows]
         mrow = [em.address(spec.mask, [n if mshape[0] != 1 else I64(0), h if mshape[1] != 1 else I64(0),
                                         r if mshape[2] != 1 else I64(0), I64(0)]) for r in rows]
         kbase = em.address(spec.kt, [n, h, I64(0), I64(0), I64(0)]) if spec.k_axes is None else None
@@ -232,23 +239,33 @@ def emit_attention_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]
                             a = slot(s_acc, qi * NV + v)
                             vstore(b.call(fma, [qs, keys[v], vload(a)]), a)
                 em.loop_range(I64(0), I64(D), qk)
-            shifts, rescale, scores = [], [], []
+            shifts, rescale, scores, moved = [], [], [], []
             for qi in range(QB):     # 2. scale, mask, running max
                 mp = fptr(mrow[qi], key0)
                 s = [b.fadd(b.fmul(vload(slot(s_acc, qi * NV + v)), scale), vload(fptr(mp, I64(v * vw))))
                      for v in range(NV)]
                 top = s[0]
                 for x in s[1:]:
-                    top = nanmax(top, x)
-                top = horizontal(top, nanmax)
+                    top = vmax(top, x)
+                top = horizontal(top, vmax)
                 mp_old = b.gep(m_row, [I64(qi)], source_etype=F32)
                 m_old = neg_inf if first else b.load(mp_old, typ=F32)
-                m_new = top if first else nanmax(m_old, top)     # nanmax(-inf, top) is top
+                m_new = top if first else vmax(m_old, top)     # max(-inf, top) is top
                 c = b.select(b.fcmp_ordered("==", m_new, neg_inf), ir.Constant(F32, 0.0), m_new)
-                rescale.append(None if first else math.exp(b.fsub(m_old, c)))
+                if not first:
+                    moved.append(b.fsub(m_old, c))
                 shifts.append(c)
                 b.store(m_new, mp_old)
                 scores.append(s)
+            if not first:   # the rows' rescales exp(m_old - c), one vector exp for all rows (each lane the
+                # scalar form's bits): QB scalar exps were a fifth of a panel's instructions
+                ms = ir.Constant(vec, ir.Undefined)
+                for qi, x in enumerate(moved):
+                    ms = b.insert_element(ms, x, I32(qi % vw))
+                    if qi % vw == vw - 1 or qi == QB - 1:
+                        ex = vmath.exp(ms)
+                        rescale += [b.extract_element(ex, I32(k)) for k in range(qi % vw + 1)]
+                        ms = ir.Constant(vec, ir.Undefined)
             for qi in range(QB):     # 3. probabilities (in the scores' registers) and running sums
                 row = fptr(ptile, I64(qi * KB))
                 c = splat(b, shifts[qi], vw)
@@ -320,7 +337,7 @@ def emit_attention_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]
             with b.if_then(b.icmp_signed("<", i, Sq)):
                 l_sum = horizontal(vload(slot(l_vec, qi)), b.fadd)
                 lv = splat(b, l_sum, vw)
-                out = em.address(st.buf, [n, h, i, I64(0)])
+                out = em.address(st.buf, spec.out_index(n, h, i, I64(0)))
 
                 def quotient(out=out, qi=qi, lv=lv):
                     store_row(out, [b.fdiv(vload(slot(o_acc, qi * NW + w)), lv) for w in range(NW)])

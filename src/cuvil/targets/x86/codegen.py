@@ -53,6 +53,8 @@ def _elementwise(e) -> bool:
 # KernelModule.split), claimed by whichever thread is free: a worker woken late, or on a core still slow
 # after idling, takes fewer.
 CHUNKS_PER_THREAD = 4
+# exp's last step as AVX-512F's vscalefps where the target has it (the same bits; vecmath.VectorMath ``scalef``)
+EXP_SCALEF = True
 
 
 # AVX-512 gathers and scatters are microcoded on AMD (Zen 4/5) and slow on most Intel cores: LLVM would
@@ -114,6 +116,11 @@ class KernelModule(LLVMKernelModule):
 
     def at_max(self, d) -> int:
         return bounds(d, self.ranges)[1]
+
+    @property
+    def scalef(self) -> bool:
+        """exp scales by ``llvm.ldexp`` (AVX-512F's ``vscalefps``; :class:`~cuvil.targets.llvm.vecmath.VectorMath`)."""
+        return EXP_SCALEF and self.vector_bits >= 512
 
     @property
     def cheap_masks(self) -> bool:

@@ -195,7 +195,7 @@ class X86Emitter(LLVMEmitter):
             return b.fptrunc(self.call(name, wide, DType.FLOAT), F16)
         t = ll(dt)
         if t == F32 and name in VECTOR_FUNCTIONS and self.km.math == "vector":
-            return getattr(VectorMath(b, self.km.declare), name)(*args)
+            return getattr(VectorMath(b, self.km.declare, scalef=self.km.scalef), name)(*args)
         if name in _INTRINSICS:
             f = self.km.declare(f"llvm.{name}.{'f32' if t == F32 else 'f64'}", t, [t] * len(args))
         elif name in _LIBM:

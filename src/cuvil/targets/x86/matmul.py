@@ -275,7 +275,7 @@ def lane_epilogue(em, st: Stage, node: E, kinds: dict, accs: list, rows: int, nv
     b = em.b
     vec = accs[0].type
     vw = vec.count
-    vmath = VectorMath(b, em.km.declare, vw)
+    vmath = VectorMath(b, em.km.declare, vw, scalef=em.km.scalef)
     names = [v.attr for v in st.vars]
     for r in range(rows):
         for v in range(nv):
