@@ -114,13 +114,17 @@ class VectorMath:
         return b.bitcast(b.shl(b.add(n, self.i(127)), self.i(23)), self.ft)
 
     # --- functions --------------------------------------------------------------------------------
-    def exp(self, x):
+    def exp(self, x, inside: bool = False):
         """e^x = 2^n * e^r, n = round(x / ln2), r = x - n ln2 (Cody-Waite, two parts of ln2), e^r a
         polynomial; 2^n applied as two factors so that results down to the denormals come out of one
-        rounding and overflow gives inf."""
+        rounding and overflow gives inf. ``inside``: the caller's ``x`` is finite and within [EXP_MIN, EXP_MAX]
+        (erf's -x^2 over its clamped range), where the clamps and the NaN test are identities: left out."""
         b = self.b
-        xc = self.below(x, EXP_MAX, self.f(EXP_MAX))                     # NaN -> EXP_MAX; answered at the end
-        xc = b.select(b.fcmp_ordered(">", xc, self.f(EXP_MIN)), xc, self.f(EXP_MIN))
+        if inside:
+            xc = x
+        else:
+            xc = self.below(x, EXP_MAX, self.f(EXP_MAX))                 # NaN -> EXP_MAX; answered at the end
+            xc = b.select(b.fcmp_ordered(">", xc, self.f(EXP_MIN)), xc, self.f(EXP_MIN))
         n = b.fsub(self.fma(xc, self.f(LOG2E), self.f(ROUND_SHIFTER)), self.f(ROUND_SHIFTER))
         hi = self.fma(n, self.f(-LN2_HI), xc)                            # exact
         lo = b.fmul(n, self.f(-LN2_LO))
@@ -133,7 +137,7 @@ class VectorMath:
         else:
             n1 = b.ashr(ni, self.i(1))
             y = b.fmul(b.fmul(p, self.pow2(n1)), self.pow2(b.sub(ni, n1)))
-        return self.nan_passes(x, y)
+        return y if inside else self.nan_passes(x, y)
 
     def erf(self, x):
         """x + x p(x^2) below |x| = 1; 1 - exp(-x^2) r(1/|x|) (with x's sign) from there (x clamped to 4,
@@ -143,7 +147,9 @@ class VectorMath:
         small = self.fma(x, self.horner(b.fmul(x, x), ERF_SMALL), x)
         ac = b.select(b.fcmp_ordered(">", a, self.f(ERF_SPLIT)), a, self.f(ERF_SPLIT))
         ac = self.below(ac, 4.0, self.f(4.0))
-        erfc = b.fmul(self.exp(b.fneg(b.fmul(ac, ac))), self.horner(b.fdiv(self.f(1.0), ac), ERFC_SCALED))
+        # -ac^2 in [-16, -1] (a NaN x gives ac = 1): exp's clamps would not change it
+        erfc = b.fmul(self.exp(b.fneg(b.fmul(ac, ac)), inside=True),
+                      self.horner(b.fdiv(self.f(1.0), ac), ERFC_SCALED))
         large = b.call(self._copysign, [b.fsub(self.f(1.0), erfc), x])
         return self.nan_passes(x, b.select(b.fcmp_ordered("<", a, self.f(ERF_SPLIT)), small, large))
 
