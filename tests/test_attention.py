@@ -373,3 +373,21 @@ def test_decode_step_one_library_per_past(past):
                 kv = "key" if name.endswith("key") else "value"
                 assert got[name][:, :, :past].tobytes() == f[f"past_key_values.0.{kv}"].tobytes(), (past, name)
             assert max_rel_error(got[name], w) <= RTOL, (past, masked, name)
+
+
+@pytest.mark.parametrize("name", ["bert.torchscript.onnx", "bert.dynamo.onnx"])
+def test_exports_attention_reads_queries_in_place_and_stores_rows_where_heads_merge(name):
+    """BERT as both exporters write it, S = 40 (two key panels, a partial query tile): the queries are read
+    from the Q projection's output (no ``queries`` copy), the kernel stores its rows [B, S, H, D] (the heads'
+    merge, Transpose [0, 2, 1, 3] then Reshape, a view: no copy stage between the attention and the output
+    projection), and the outputs are onnxruntime's."""
+    model = onnx.load(FIXTURES / name)
+    p = Pipeline.from_onnx(model).optimize()
+    art = p.compile(fixed=symbols_of(p, batch=2, sequence=40), cache=False)
+    steps = art.manifest["steps"]
+    attn = [k for k, st in enumerate(steps) if st["kernel"] == "attention"]
+    assert attn and not any(st["stage"].endswith("_queries") for st in steps)
+    for k in attn:
+        assert steps[k]["shape"][1] == 40, steps[k]       # [B, S, H, D]: rows where the heads merge
+        assert steps[k + 1]["kernel"] == "gemm", (steps[k], steps[k + 1])   # the output projection reads them
+    compare(model, art, 2, 40)

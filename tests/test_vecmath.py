@@ -195,3 +195,23 @@ def test_vector_form_gives_the_scalar_form_bits(compiled, op, lanes, scalef):
     same = (got.view(np.int32) == want.view(np.int32)) | (np.isnan(got) & np.isnan(want))
     wrong = np.nonzero(~same)[0]
     assert not wrong.size, f"{op}: x = {x[wrong][:6]} gives {got[wrong][:6]}, scalar form {want[wrong][:6]}"
+
+
+def test_a_library_for_a_cpu_without_avx512_scales_exp_without_vscalef():
+    """exp's last step is llvm.ldexp only where the target has AVX-512F (vscalefps); a library built for an
+    AVX2 CPU (x86-64-v3) on any host keeps the two exact multiplies: no ldexpf import, no vscalef."""
+    x = points("Exp")[:4096]
+    art = Pipeline.from_onnx(unary_model("Exp", x.size)).optimize().compile(cpu="x86-64-v3", cache=False)
+    assert not {"ldexpf", "ldexp"} & _imports(art.path)
+    asm = subprocess.run(["objdump", "-d", art.path], capture_output=True, text=True, check=True).stdout
+    assert "vscalef" not in asm and "zmm" not in asm
+    if "avx2" in host_cpu().features and "fma" in host_cpu().features:
+        y = art.run({"x": x})["y"]
+        want, _ = compiled_default_exp(x)
+        assert np.array_equal(y.view(np.int32), want.view(np.int32))
+
+
+def compiled_default_exp(x):
+    """exp of ``x`` by a library for this host (vscalefps on an AVX-512 host): the reference bits."""
+    art = Pipeline.from_onnx(unary_model("Exp", x.size)).optimize().compile(cache=False)
+    return art.run({"x": x})["y"], art

@@ -460,7 +460,8 @@ class _StageBuilder:
                 self.bufs[id(o)] = view
                 self.fns[id(o)] = _loader(view)
                 return
-        sb = _read_in_order(t, o) if node.guard is None and not self.open_loops else None
+        sb = (_read_in_order(t, o) if node.guard is None and not self.open_loops and id(o) not in self.guard_conds
+              else None)
         if sb is not None:
             # a data move that reads a stored buffer at its own index (two transposes undoing each other: the
             # attention kernel's rows stored [B, S, H, D] for the exports' head merge) is that buffer: a view
