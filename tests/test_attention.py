@@ -391,3 +391,25 @@ def test_exports_attention_reads_queries_in_place_and_stores_rows_where_heads_me
         assert steps[k]["shape"][1] == 40, steps[k]       # [B, S, H, D]: rows where the heads merge
         assert steps[k + 1]["kernel"] == "gemm", (steps[k], steps[k + 1])   # the output projection reads them
     compare(model, art, 2, 40)
+
+
+def test_key_panels_rows_loaded_whole_are_proved_and_a_larger_key_count_refuted():
+    """kernels/bounds.py's "attention_keys" family: BERT's key panels whose keys are all below the key count
+    load their rows straight from the K projection's output (x86/attention.py); those loads are proved inside
+    it, and refuted once the panel test trusts more keys than there are (S = 40: a key count of 64 makes the
+    second panel, keys 32 .. 63, look whole)."""
+    from cuvil.testing.hf_models import bert_model
+    model = bert_model(vocab=64, hidden=32, layers=1, heads=2, ffn=64, max_pos=128, type_vocab=2)
+    p = Pipeline.from_onnx(model).optimize().specialize({"batch": 1, "sequence": 40})
+    p = p.choose_algorithms("x86_64-linux-gnu", None)
+    sched = schedule(p.graph, gemm_cols=tile_cols(512), split_concat=True, gemm_tiles=tile_shapes(512),
+                     row_kernels=True, channel_tile_cost=DEFAULT_TUNING.channel_tile_cost)
+    st = next(st for st in sched.stages if st.expr.op == "attention_keys")
+    assert st.expr.attr is not None        # the keys' stored rows: whole panels load them
+    prover = BoundsProver()
+    assert prove_stage(prover, sched, st)[1] == []
+    kbuf, axes, keys = st.expr.attr
+    st.expr.attr = (kbuf, axes, 2 * KEY_BLOCK)
+    failed = prove_stage(prover, sched, st)[1]
+    st.expr.attr = (kbuf, axes, keys)
+    assert any(a.kind == "family:attention_keys" and a.buf is kbuf for a, _ in failed)

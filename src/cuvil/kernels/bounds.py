@@ -52,8 +52,8 @@ QUERY_RLIMIT = 10_000_000
 #: A wall-clock backstop far above what QUERY_RLIMIT takes, so a pathological query cannot hang a build.
 QUERY_TIMEOUT_MS = 120_000
 I64 = DType.INT64
-_FAMILIES = ("contract", "window", "wino_in", "wino_out", "padwin", "attention", "qgemm", "qplanes", "pplanes",
-             "nhwc_rows")
+_FAMILIES = ("contract", "window", "wino_in", "wino_out", "padwin", "attention", "attention_keys", "qgemm", "qplanes",
+             "pplanes", "nhwc_rows")
 
 
 @attrs.define
@@ -646,6 +646,17 @@ def _family_obligations(st: Stage, node: E, doms) -> List[Access]:
                 idx = list(st.vars)
                 idx[len(lead) + k] = _loop(d, "f", b0)
                 out.append(Access(kind, st.buf, idx, [], d, node=node))
+    elif node.op == "attention_keys" and spec is not None:
+        # x86/attention.py emit_key_panels_stage: a panel whose keys are all below the key count loads its rows
+        # straight from the keys' stored buffer (a vector of d per key); other panels read the plain value
+        kbuf, axes, keys = spec
+        B, H, nkb, D, KB = st.buf.shape
+        n, h, t = _loop(d, "n", B), _loop(d, "h", H), _loop(d, "t", nkb)
+        j, c = _loop(d, "j", KB), _loop(d, "c", D)
+        at = (n, h, t * KB + j, c)
+        whole = E("cmp", (t * KB + KB, as_index(keys)), DType.BOOL, "le")
+        out.append(Access(kind, kbuf, [at[a] if a is not None else as_index(0) for a in axes], [whole], d,
+                          node=node))
     elif node.op == "attention" and isinstance(spec, AttentionTile):
         # x86/attention.py: a unit is a block of qb query rows of one (n, h); a row past Sq loads the last row
         # (clamped) and stores nothing; whole key panels (vectors of kb keys, value rows of dvp), masked stores

@@ -50,6 +50,8 @@ TILE_MAX_DV = 512   # a tile's output rows stay on the stack: wider heads take t
 # instead of copying the whole key cache into panels every call (the copy was O(Sk D) per step for O(Sk D)
 # products: as costly as the attention itself). The head size must be whole vectors of any width.
 IN_PLACE_ROWS = 2
+# the key panels' kernel loads whole panels straight from the keys' stored rows (off: through its stack tile)
+KEY_PANELS_FROM_ROWS = True
 
 
 def _clamp(i: E, n) -> E:
@@ -257,8 +259,12 @@ def _tiled(ctx, q, kt, v, scale_t, mask):
     if k_stored is not None:
         kb, k_axes = k_stored
     else:
-        kb = ctx.temp((B, H, nkb, D, KB), dt, lambda idx: E("attention_keys", list(idx) + [kt_panels(idx)], dt),
-                      "key_panels").buf
+        # the keys' rows as stored (rows of d contiguous: the K projection through the head split), for the panel
+        # kernel's whole panels to load as vectors (x86/attention.py emit_key_panels_stage); None: element by element
+        rows = _stored_rows(lambda idx: ktf([idx[0], idx[1], idx[3], idx[2]])) if KEY_PANELS_FROM_ROWS else None
+        rows = (*rows, Sk) if rows is not None and rows[0].dtype == dt else None
+        kb = ctx.temp((B, H, nkb, D, KB), dt,
+                      lambda idx: E("attention_keys", list(idx) + [kt_panels(idx)], dt, rows), "key_panels").buf
         k_axes = None
     stored = _stored_rows(vf) if dvp == Dv else None
     if stored is not None:
