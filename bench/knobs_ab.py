@@ -25,7 +25,8 @@ import time
 import numpy as np
 
 from cuvil import Pipeline
-from cuvil.targets.x86 import gemm, matmul
+from cuvil.kernels.lower import attention as attention_lowering
+from cuvil.targets.x86 import codegen, gemm, matmul
 from cuvil.targets.x86.cpu import cpu_label
 from cuvil.testing import LIGHT_MODELS, light_model
 from cuvil.testing.hf_models import bert_model, text_feeds
@@ -33,7 +34,8 @@ from cuvil.testing.hf_models import bert_model, text_feeds
 KNOBS = {"NEXT_PANEL_L2_BYTES": matmul, "NEXT_PANEL_PREFETCH": matmul, "NEXT_PANEL_SPREAD": matmul,
          "MATMUL_PREFETCH_K": matmul,
          "MATMUL_UNROLL_K": matmul, "PREFETCH_K": gemm, "NEXT_CHUNK_PREFETCH": gemm,
-         "A_BLOCK_BYTES": gemm, "B_BLOCK_BYTES": gemm}
+         "A_BLOCK_BYTES": gemm, "B_BLOCK_BYTES": gemm, "EXP_SCALEF": codegen,
+         "KEY_BLOCK": attention_lowering, "QUERY_BLOCK": attention_lowering, "KEY_PANELS_FROM_ROWS": attention_lowering}
 
 
 def main(argv=None) -> int:
