@@ -33,6 +33,13 @@ from typing import Optional, Tuple
 from .texpr import Buf, E
 
 
+def stored_index(axes, at, zero) -> list:
+    """The index into a buffer read in place (``AttentionTile``'s ``q_axes`` / ``k_axes`` / ``v_axes``, the key
+    panels' stored rows): its dim k takes the logical index ``at[axes[k]]`` (0 batch, 1 head, 2 row or key, 3
+    column), or ``zero`` where ``axes[k]`` is None (a broadcast dim)."""
+    return [at[a] if a is not None else zero for a in axes]
+
+
 @attrs.define(eq=False)
 class AttentionTile:
     q: Buf

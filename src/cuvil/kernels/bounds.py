@@ -37,7 +37,7 @@ from ..ir.dim import SymExpr, bounds, product
 from ..ir.dtype import DType
 from .contraction import (AMX_TILE, Contraction, DepthwiseWindow, MatContraction, PadWindow, WinogradInput, WinogradOutput,
                    fallback_weights)
-from .attention import AttentionTile
+from .attention import AttentionTile, stored_index
 from .contraction_int8 import MAX_NR, Int8Contraction, Int8Planes
 from .contraction_nhwc import NHWC_MR, ChannelsLastContraction, ChannelsLastRows, is_channels_last
 from .contraction_planes import CHANNEL_BLOCK, PairPlanes, PlaneContraction
@@ -655,7 +655,7 @@ def _family_obligations(st: Stage, node: E, doms) -> List[Access]:
         j, c = _loop(d, "j", KB), _loop(d, "c", D)
         at = (n, h, t * KB + j, c)
         whole = E("cmp", (t * KB + KB, as_index(keys)), DType.BOOL, "le")
-        out.append(Access(kind, kbuf, [at[a] if a is not None else as_index(0) for a in axes], [whole], d,
+        out.append(Access(kind, kbuf, stored_index(axes, at, as_index(0)), [whole], d,
                           node=node))
     elif node.op == "attention" and isinstance(spec, AttentionTile):
         # x86/attention.py: a unit is a block of qb query rows of one (n, h); a row past Sq loads the last row
@@ -666,22 +666,22 @@ def _family_obligations(st: Stage, node: E, doms) -> List[Access]:
         row = blk * spec.qb + qi
         clamped = E("clamp", (row,), I64, (0, spec.rows - 1))
         t, k, j = _loop(d, "t", spec.key_blocks), _loop(d, "k", spec.d), _loop(d, "j", spec.kb)
-        q_at = (n, h, clamped, k)
-        out.append(Access(kind, spec.q, [n, h, clamped, k] if spec.q_axes is None else
-                          [q_at[a] if a is not None else as_index(0) for a in spec.q_axes], [], d, node=node))
+        q_at = [n, h, clamped, k]
+        out.append(Access(kind, spec.q, q_at if spec.q_axes is None else stored_index(spec.q_axes, q_at, as_index(0)),
+                          [], d, node=node))
         if spec.k_axes is None:      # the key panels
             out.append(Access(kind, spec.kt, [n, h, t, k, j], [], d, node=node))
         else:                        # read in place: a row per key, clamped to the last key
             key = E("clamp", (t * spec.kb + j,), I64, (0, spec.keys - 1))
             at = (n, h, key, k)
-            out.append(Access(kind, spec.kt, [at[a] if a is not None else as_index(0) for a in spec.k_axes], [], d,
+            out.append(Access(kind, spec.kt, stored_index(spec.k_axes, at, as_index(0)), [], d,
                               node=node))
         c = _loop(d, "c", spec.dvp)
         if spec.v_axes is None:      # the padded copy, whole panels
             out.append(Access(kind, spec.v, [n, h, t * spec.kb + j, c], [], d, node=node))
         else:                        # read in place, keys below Sk only
             at = (n, h, t * spec.kb + j, c)
-            out.append(Access(kind, spec.v, [at[a] if a is not None else as_index(0) for a in spec.v_axes],
+            out.append(Access(kind, spec.v, stored_index(spec.v_axes, at, as_index(0)),
                               [E("cmp", (t * spec.kb + j, as_index(spec.keys)), DType.BOOL, "lt")], d, node=node))
         lead = [x if size != 1 else as_index(0) for x, size in zip((n, h, clamped), spec.mask.shape)]
         out.append(Access(kind, spec.mask, lead + [t * spec.kb + j], [], d, node=node))

@@ -170,9 +170,10 @@ def _fused_attention_float32(ctx, q, kt, v, scale_t, mask):
 
 
 def _stored_rows(read):
-    """For the values' (or the keys', the queries') index function ``read`` (at [b, h, key, column]): when it is a plain load of a stored
-    buffer whose last dim is the column (contiguous rows), or such a load of float16 widened to float32, that
-    buffer and the logical axis each of its dims is indexed by (None: a broadcast dim, index 0); else None."""
+    """For the values', keys' or queries' index function ``read`` (at [b, h, key, column]): when it is a plain
+    load of a stored buffer whose last dim is the column (contiguous rows), or such a load of float16 widened to
+    float32, that buffer and the logical axis each of its dims is indexed by (None: a broadcast dim, index 0);
+    else None."""
     vs = [var("b"), var("h"), var("key"), var("c")]
     e = read(vs)
     if e.op == "cast" and e.dtype == DType.FLOAT and e.args[0].op == "load" and e.args[0].dtype == DType.FLOAT16:

@@ -44,7 +44,7 @@ from typing import Optional, Tuple
 import llvmlite.ir as ir
 
 from ...ir.dtype import DType
-from ...kernels.attention import AttentionTile
+from ...kernels.attention import AttentionTile, stored_index
 from ...kernels.schedule import Stage
 from ..llvm.types import F32, I1, I32, I64, splat
 from ..llvm.vecmath import VectorMath
@@ -170,11 +170,9 @@ def emit_attention_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]
         for qi in range(QB):
             i = b.add(i0, I64(qi))
             rows.append(b.select(b.icmp_signed("<", i, Sq), i, last))
-        if spec.q_axes is None:
-            qrow = [em.address(spec.q, [n, h, r, I64(0)]) for r in rows]
-        else:           # read in place: each row's d elements contiguous in the stored buffer
-            qrow = [em.address(spec.q, [(n, h, r, I64(0))[a] if a is not None else I64(0) for a in spec.q_axes])
-                    for r in rows]
+        # the queries' copy, or their stored buffer read in place (each row's d elements contiguous)
+        qrow = [em.address(spec.q, [n, h, r, I64(0)] if spec.q_axes is None else
+                           stored_index(spec.q_axes, (n, h, r, I64(0)), I64(0))) for r in rows]
         mrow = [em.address(spec.mask, [n if mshape[0] != 1 else I64(0), h if mshape[1] != 1 else I64(0),
                                         r if mshape[2] != 1 else I64(0), I64(0)]) for r in rows]
         kbase = em.address(spec.kt, [n, h, I64(0), I64(0), I64(0)]) if spec.k_axes is None else None
@@ -184,14 +182,14 @@ def emit_attention_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]
         def krow(key):
             """The address of key row ``key`` of the stored keys (read in place)."""
             at = (n, h, key, I64(0))
-            return em.address(spec.kt, [at[a] if a is not None else I64(0) for a in spec.k_axes])
+            return em.address(spec.kt, stored_index(spec.k_axes, at, I64(0)))
 
         def vrow(key):
             """The address of value row ``key`` (the padded copy's, or the stored buffer's in place)."""
             if spec.v_axes is None:
                 return em.address(spec.v, [n, h, key, I64(0)])
             at = (n, h, key, I64(0))
-            return em.address(spec.v, [at[a] if a is not None else I64(0) for a in spec.v_axes])
+            return em.address(spec.v, stored_index(spec.v_axes, at, I64(0)))
         for qi in range(QB):
             b.store(neg_inf, b.gep(m_row, [I64(qi)], source_etype=F32))
             vstore(zero_v, slot(l_vec, qi))
@@ -468,7 +466,7 @@ def emit_key_panels_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int
 
         def from_rows(r, d0):
             at = (n, h, b.add(key0, I64(r)), I64(d0))
-            p = em.address(kbuf, [at[a] if a is not None else I64(0) for a in axes])
+            p = em.address(kbuf, stored_index(axes, at, I64(0)))
             return b.load(b.bitcast(p, vptr), typ=vec, align=4)
         with b.if_else(b.icmp_signed("<=", b.add(key0, I64(KB)), em.index(keys))) as (whole, last):
             with whole:
