@@ -13,14 +13,20 @@ single runs with an idle pause before each.
 ``--model``: ``bert`` (default); ``attention`` (the attention alone, bench/attention.py's ``attention_only``: 12
 heads, d 64, an eighth of the keys masked); ``gelu`` (the FFN's first product, 768 -> 3072 + bias, erf GELU
 fused); ``dense768`` / ``dense3072`` (768 -> 768 and 3072 -> 768 + bias).
+
+``--kinds R``: then, per S, R alternating rounds of the step profiler on each library (1 thread, 3 runs a round),
+the median time per kernel kind and op (``gemm Add``, ``attention_keys FusedAttention``, ``loop
+LayerNormalization``, ...) side by side: where an A/B's difference comes from.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
 import time
+from collections import defaultdict
 
 import numpy as np
 import onnxruntime as ort
@@ -85,6 +91,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--threads", default="1", help="1 and/or 2, comma-separated")
     ap.add_argument("--pause-ms", type=float, default=50)
+    ap.add_argument("--kinds", type=int, default=0, metavar="R", help="rounds of the per-kernel-kind profile")
     a = ap.parse_args(argv)
     model = MODELS[a.model](a.layers)
     profile = PROFILE if a.model in ("bert", "attention") else {"S": (1, 128, 512)}
@@ -125,8 +132,32 @@ def main(argv=None) -> int:
                 what = "wall ms"
             print(f"S = {s:3}, {threads} thread(s), {what}: " + "  ".join(
                 f"{k} {1e3 * v:.3f} ({v / p50['ort']:.3f})" for k, v in p50.items()) + f"; bits: {same}", flush=True)
+    if a.kinds:
+        for s in (int(x) for x in a.seqs.split(",")):
+            kinds(dict(zip(names, a.libs)), model_feeds(a.model, s), a.kinds, s)
     print(f"load average at the end {os.getloadavg()[0]:.2f}")
     return 0
+
+
+def kinds(paths: dict, f: dict, rounds: int, s: int) -> None:
+    """Median ms per (kernel kind, op) of each library's steps over ``rounds`` alternating profiled rounds."""
+    libs = {n: load(p, num_threads=1) for n, p in paths.items()}
+    steps = {n: json.load(open(p[:-3] + ".manifest.json"))["steps"] for n, p in paths.items()}
+    acc = {n: defaultdict(list) for n in libs}
+    for i in range(rounds):
+        for n, m in (list(libs.items()) if i % 2 == 0 else list(libs.items())[::-1]):
+            per = defaultdict(float)
+            for st, t in zip(steps[n], m.profile(runs=3, num_threads=1, **f)):
+                if t > 0:        # a library with a profile lists the generic and the opt-point kernels
+                    per[f"{st['kernel']} {st['op']}"] += 1e3 * t
+            for k, v in per.items():
+                acc[n][k].append(v)
+    med = {n: {k: statistics.median(v) for k, v in acc[n].items()} for n in libs}
+    first = next(iter(med))
+    print(f"S = {s}, 1 thread, ms per kernel kind (median of {rounds} rounds): " + "  ".join(libs))
+    for k in sorted(set().union(*med.values()), key=lambda k: -med[first].get(k, 0.0)):
+        if max(m.get(k, 0.0) for m in med.values()) >= 0.05:
+            print(f"  {k:42} " + " ".join(f"{m.get(k, 0.0):9.3f}" for m in med.values()))
 
 
 if __name__ == "__main__":
