@@ -558,8 +558,8 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
                 with full:       # a full panel's rows are nr consecutive floats of each input channel
                     to_pairs(xptr(x_at(n, g), b.mul(pb, I64(nr))), dst, k_stride,
                              ahead=nr if amx and km.next_panel_prefetch and x_bytes >= STREAM_PREFETCH_BYTES else 0)
-                with partial:
-                    pack(n, g, pb, I64(1), dst)
+                with partial:    # the live positions' rows, masked; zeros past them (not gathered one by one)
+                    to_pairs(xptr(x_at(n, g), b.mul(pb, I64(nr))), dst, k_stride, live=b.sub(I64(P), b.mul(pb, I64(nr))))
         em.loop_range(I64(0), count, one_bf16)
 
     K2 = (K + 1) // 2
@@ -568,12 +568,19 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
     def ipt(base, off):
         return b.gep(base, [off], source_etype=I32, inbounds=True)
 
-    def to_pairs(src, dst, row=None, ahead=0):
+    def to_pairs(src, dst, row=None, ahead=0, live=None):
         """A panel of x's elements (K rows of nr, ``row`` apart: default nr, packed; float32, or x16
         bfloat16) as bfloat16 pairs (K2 x nr words: rows 2i and 2i+1 interleaved; past K zero), vector by
         vector (masked to nr). ``ahead`` (elements, 0: none): each line read is prefetched that far on (the
-        next panel's; a 1x1 reader's channel rows are too many streams for the hardware prefetcher)."""
+        next panel's; a 1x1 reader's channel rows are too many streams for the hardware prefetcher).
+        ``live`` (an i64 below nr, a partial panel): only the rows' first ``live`` elements are read, the
+        panel's other columns are zero (their outputs are not stored)."""
         row = nr if row is None else row
+        masks = None
+        if live is not None:     # <vw x i1> per vector of the row: its lanes below live
+            lane_ids = ir.Constant(ir.VectorType(I32, vw), list(range(vw)))
+            masks = [b.icmp_signed("<", lane_ids, splat(b, b.trunc(b.sub(live, I64(v * vw)), I32), vw))
+                     for v in range(npv)]
         pf = km.declare("llvm.prefetch.p0", ir.VoidType(), [PTR, I32, I32, I32]) if ahead else None
         esize = 2 if x16 else 4
 
@@ -587,7 +594,10 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
                         at = b.gep(r_, [I64(ahead + line // esize)], source_etype=xel, inbounds=False)
                         b.call(pf, [b.bitcast(at, PTR), I32(0), I32(3), I32(1)])
             for v in range(npv):
-                if (v + 1) * vw <= nr:
+                if masks is not None:
+                    x0 = xload(xptr(even, I64(v * vw)), masks[v])
+                    x1 = xload(xptr(odd, I64(v * vw)), masks[v])
+                elif (v + 1) * vw <= nr:
                     x0 = xload(xptr(even, I64(v * vw)))
                     x1 = xload(xptr(odd, I64(v * vw)))
                 else:
