@@ -31,6 +31,8 @@ kernels) in one process, with OpenVINO's default (bf16 on a CPU with AMX) beside
     PYTHONPATH=src python3 bench/amx_resnet_ab.py --build /tmp/inplace-rows.so --policy --rows-in-place
     # the vdpbf16ps kernels (a CPU with AVX512_BF16 and no AMX), with and without the planes
     PYTHONPATH=src python3 bench/amx_resnet_ab.py --build /tmp/dp.so --policy --no-amx [--planes]
+    # ... with the 3x3 convolutions direct, or every one as Winograd F(2x2) (X86Tuning(bf16_winograd=False / True))
+    PYTHONPATH=src python3 bench/amx_resnet_ab.py --build /tmp/dp-direct.so --policy --no-amx --no-bf16-winograd
     # the same from an older tree (git archive OLD | tar -x -C /tmp/old; cd /tmp/old; ... --build /tmp/old.so)
     PYTHONPATH=src python3 bench/amx_resnet_ab.py /tmp/old.so /tmp/new.so [--blocks 3 --runs 15]
     PYTHONPATH=src python3 bench/amx_resnet_ab.py /tmp/old.so /tmp/new.so --steps 40   # GEMM steps by kind
@@ -95,6 +97,9 @@ TUNING_FLAGS = [
     ("--no-conv-sum", "conv_sum", False,
      "a bottleneck's last convolution and its projection shortcut as two convolutions, not one over both inputs' "
      "channels"),
+    ("--no-bf16-winograd", "bf16_winograd", False,
+     "the vdpbf16ps 3x3 convolutions direct, never Winograd F(2x2) (the default takes it where the cost model says)"),
+    ("--bf16-winograd", "bf16_winograd", True, "every vdpbf16ps stride-1 3x3 convolution as Winograd F(2x2)"),
     ("--rows-in-place", "rows_in_place", True,
      "a 3x3 reader's rows written in place by its producer, the copy writing only the zeros around them"),
 ]

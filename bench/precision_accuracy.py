@@ -24,7 +24,9 @@ float32 (the reference), and the same graph with the narrowing *simulated*: for 
 policy narrows (Conv/MatMul/Gemm offered in the format, the input box declared as the normalised image range),
 its activation input is rounded to the format (a Cast to bf16/fp16 and back) and its weights are rounded once;
 it accumulates in float32, as the kernels will. ``<fmt>-all`` rounds every contraction whatever the proof says:
-what the policy protects from. When the bf16/int8 kernels land, --cuvil also runs the compiled library.
+what the policy protects from. --cuvil also runs the compiled libraries: float32 and bf16 (where the CPU has the
+kernels), and where the bf16 build's 3x3 convolutions took Winograd F(2x2) (a CPU without AMX) the direct bf16
+build beside it ("bf16 direct (cuvil)", X86Tuning(bf16_winograd=False)).
 """
 from __future__ import annotations
 
@@ -48,6 +50,7 @@ from cuvil import Pipeline
 from cuvil.frontend import export_model
 from cuvil.precision import plan_precision
 from cuvil.targets.x86.cpu import cpu_label
+from cuvil.targets.x86.tuning import X86Tuning
 from cuvil.testing.zoo import zoo_model
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -271,9 +274,13 @@ def bench_cnn(name: str, xs, threads: int, search: int, cuvil: bool = False, cuv
     else:
         cfgs, res["policy"] = configs(g, box, search)
     if cuvil:   # the compiled libraries: float32, and bf16 where this CPU has the kernels (precision_ops)
-        for label, kw in (("fp32 (cuvil)", {}), ("bf16 (cuvil)", {"precision": "bf16", "input_ranges": box})):
+        builds = [("fp32 (cuvil)", {}), ("bf16 (cuvil)", {"precision": "bf16", "input_ranges": box})]
+        for label, kw in builds:
             t = time.perf_counter()
             art = p.compile(**kw)
+            if label == "bf16 (cuvil)" and any(s_["kernel"] == "winograd_in" for s_ in art.manifest["steps"]):
+                # its 3x3 convolutions took bf16 Winograd (a CPU without AMX): the direct ones beside them
+                builds.append(("bf16 direct (cuvil)", {**kw, "tuning": X86Tuning(bf16_winograd=False)}))
             pr = art.manifest.get("precision") or {}
             got = [next(iter(art.run(f).values())) for f in feeds]
             res["rows"][label] = {"narrowed": (pr.get("counts") or {}).get("bf16", 0), **compare(ref, got),

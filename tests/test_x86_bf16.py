@@ -30,7 +30,9 @@ from cuvil.testing.conv_models import conv_epilogue_model
 from cuvil.testing.matmul_models import check_narrowed_product, constant_weight_matmul, rounded
 
 HAS_BF16 = "bf16" in narrow_formats(host_cpu())
-VDPBF16PS = X86Tuning(amx=False)
+#: the direct vdpbf16ps kernels (bf16 Winograd, which a stride-1 3x3 convolution may otherwise take on a CPU without
+#: AMX: tests/test_x86_bf16_winograd.py)
+VDPBF16PS = X86Tuning(amx=False, bf16_winograd=False)
 if not HAS_BF16:
     print(f"test_x86_bf16: skipped, this CPU has no AVX512_BF16 ({cpu_label()})")
 pytestmark = pytest.mark.skipif(not HAS_BF16, reason=f"no AVX512_BF16 on this CPU ({cpu_label()}): the bf16 "

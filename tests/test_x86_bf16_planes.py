@@ -36,7 +36,8 @@ PANELS = X86Tuning(bf16_planes=False)
 def narrowed(model, amx=True, **compile_kw):
     ranges = {vi.name: (-8.0, 8.0) for vi in model.graph.input}
     # (the planes, not the channels-last kernels that take these windows first on AMX: tests/test_x86_amx_nhwc.py)
-    compile_kw["tuning"] = attrs.evolve(compile_kw.get("tuning", X86Tuning()), channels_last=False)
+    # (and the 3x3 convolutions direct: without AMX they may otherwise take bf16 Winograd, tests/test_x86_bf16_winograd.py)
+    compile_kw["tuning"] = attrs.evolve(compile_kw.get("tuning", X86Tuning()), channels_last=False, bf16_winograd=False)
     if not amx:          # (the vdpbf16ps kernel over planes is opt-in: X86Tuning.bf16_planes)
         tuning = compile_kw["tuning"]
         compile_kw["tuning"] = attrs.evolve(tuning, amx=False, bf16_planes=tuning.bf16_planes is not False)

@@ -441,6 +441,15 @@ def reconcile(entry: dict, graph: Graph, why: str) -> dict:
     return _with_nodes(entry, nodes)
 
 
+def computed_as(entry: dict, notes: Dict[str, str]) -> dict:
+    """The manifest ``precision`` ``entry`` with ``computed_as`` set on the records of the nodes in ``notes``
+    (name: how a target's rewrite computes the narrowed node, e.g. x86's bf16 Winograd, which rounds the
+    transformed operands rather than the node's own). A copy."""
+    nodes = {name: ({**rec, "computed_as": notes[name]} if name in notes else rec)
+             for name, rec in entry.get("nodes", {}).items()}
+    return {**entry, "nodes": nodes}
+
+
 def merge_reconciled(entry: dict, parts: Sequence[Tuple[str, dict]]) -> dict:
     """The manifest ``precision`` ``entry`` with every node that one of ``parts`` ((label, entry) pairs: the same
     plan :func:`reconcile`-d by separate builds, a GPU profile bundle's buckets) records as float32 recorded so,

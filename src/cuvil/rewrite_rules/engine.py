@@ -49,6 +49,11 @@ def _cap(g: Graph) -> int:
 #: the ops whose ``precision`` the policy sets (its narrowed contractions); a narrowed one rounds its first two
 #: operands to the format
 NARROWED_OPS = frozenset({"Conv", "MatMul", "Gemm"})
+#: contractions over transformed operands (an ``on x86`` rule's WinogradConv, which the target accepts for a bf16
+#: convolution only where its kernels take it: cuvil.targets.x86.choose): in bf16 they round the transformed
+#: input and weights (sums and differences of at most 4 inputs for F(2x2): float32's exponent, so no new range
+#: beyond what the kernel's non-finite-tile fallback to the direct convolution covers) and sum in float32
+TRANSFORMED_OPS = frozenset({"WinogradConv"})
 #: ops that only move elements: rounding before or after them gives the same values
 _MOVES = frozenset({"Concat", "Slice"})
 
@@ -76,7 +81,8 @@ def carry_precision(b: Bindings, created: List[Node]) -> None:
         return c is not None and c.op in _MOVES and moved(c.inputs[0]) and (
             c.op == "Slice" or all(x is not None and moved(x) for x in c.inputs))
     for c in created:
-        if c.op in NARROWED_OPS and all(v is not None and moved(v) for v in c.inputs[:2]):
+        if (c.op in NARROWED_OPS and all(v is not None and moved(v) for v in c.inputs[:2])) or (
+                c.op in TRANSFORMED_OPS and c.inputs[0] is not None and moved(c.inputs[0])):
             c.precision = "bf16"
             c.fused_from = tuple(sorted(x for n in narrowed for x in (n.fused_from or (n.name,))))
 

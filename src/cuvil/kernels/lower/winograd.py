@@ -6,9 +6,9 @@ import numpy as np
 from ...ir.dtype import DType
 from ...ir.ops.winograd import matrices_f64, tiles_of
 from ..contraction import Contraction, WinogradInput, WinogradOutput, winograd_interleaved
-from ..texpr import E, all_of, binop, in_range, load, nodes, reduce, var
+from ..texpr import E, all_of, binop, cast, in_range, load, nodes, reduce, var
 from .conv import conv_as_gemm
-from .core import TensorFn, lowering
+from .core import TensorFn, bf16_stored, lowering
 
 
 @lowering("WinogradConv")
@@ -60,13 +60,22 @@ def _winograd_conv(ctx):
             coef = binop("mul", load(bt_buf, [i, p]), load(bt_buf, [j, q]))
             return binop("mul", coef, xp([n, c, h0 + p, w0 + q]))
         return E("wino_in", [n, ce, t, reduce("sum", [a, a], body)], DType.FLOAT, ispec)
-    v = ctx.temp((n_, a * a * c_, t_), DType.FLOAT, v_fn, "wino_v")
+    # bf16: V stored as bfloat16 (the values the GEMM rounds anyway: rounded once as the transform stores them,
+    # half the bytes; the GEMM packs its pair panels from the 16-bit words)
+    v16 = ctx.narrowed == "bf16" and ctx.bf16_storage
+    v = ctx.temp((n_, a * a * c_, t_), DType.BFLOAT16 if v16 else DType.FLOAT, v_fn, "wino_v")
+    if v16:
+        v = bf16_stored(v)
     gemm = conv_as_gemm(ctx, v, None, (n_, a * a * k_, t_), a * a, c_, k_, (1,), (1,), (1,), [0],
                          wv=uv.reshape(a * a * k_, c_, 1), interleaved=inter)
     if gemm is None:
         ctx.unsupported(f"WinogradConv with {c_} input and {k_} output channels has no GEMM micro-kernel")
     packed = next(e.attr for e in nodes(gemm([var("n"), var("ek"), var("t")]))
                   if e.op == "contract" and isinstance(e.attr, Contraction))   # U[e, k, c] = a[e, k/mr, c, k%mr]
+    if packed.precision == "bf16":      # U[e, k, c] = a[e, k/mr, c/2, k%mr, c%2] in bfloat16 pairs
+        u_at = lambda e, k, c: cast(load(packed.a, [e, k // packed.mr, c // 2, k % packed.mr, c % 2]), DType.FLOAT)
+    else:
+        u_at = lambda e, k, c: load(packed.a, [e, k // packed.mr, c, k % packed.mr])
     mt = ctx.temp(gemm.shape, DType.FLOAT, gemm.fn, "wino_m")
     ospec = WinogradOutput(mt.buf, m, k_, (th_, tw_), (oh, ow))
 
@@ -82,7 +91,7 @@ def _winograd_conv(ctx):
         def w_direct(c, p, q):             # W[k, c, p, q] = sum over i, j of G+[p, i] G+[q, j] U[i*a + j, k, c]
             def term(i, j):
                 coef = binop("mul", load(gi_buf, [p, i]), load(gi_buf, [q, j]))
-                return binop("mul", coef, load(packed.a, [i * a + j, k // packed.mr, c, k % packed.mr]))
+                return binop("mul", coef, u_at(i * a + j, k, c))
             return reduce("sum", [a, a], term)
 
         def direct(c, p, q):

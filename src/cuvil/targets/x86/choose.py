@@ -69,8 +69,11 @@ def _gemm_work(m: int, p: int, k: int, shapes, in_place: bool = False, tuning: X
     return tile_cost(m, p, tile, k, tuning.channel_tile_cost) + PACK_COST * packed
 
 
-def direct_cost(c: int, k: int, oh: int, ow: int, shapes=AVX2_TILES, tuning: X86Tuning = DEFAULT_TUNING) -> float:
-    return 9 * c * _gemm_work(k, oh * ow, 9 * c, shapes, tuning=tuning) + tuning.weight_cost * 9 * c * k
+def direct_cost(c: int, k: int, oh: int, ow: int, shapes=AVX2_TILES, tuning: X86Tuning = DEFAULT_TUNING,
+                narrow: float = 1.0) -> float:
+    """``narrow``: the GEMM's and the weights' share of the cost (0.5 for bf16: vdpbf16ps does two products per
+    lane where an FMA does one, and a weight is two bytes)."""
+    return narrow * (9 * c * _gemm_work(k, oh * ow, 9 * c, shapes, tuning=tuning) + tuning.weight_cost * 9 * c * k)
 
 
 def _transform_ops(m: int) -> tuple:
@@ -82,7 +85,8 @@ def _transform_ops(m: int) -> tuple:
 
 
 def winograd_cost(c: int, k: int, oh: int, ow: int, m: int, shapes=AVX2_TILES,
-                  tuning: X86Tuning = DEFAULT_TUNING) -> float:
+                  tuning: X86Tuning = DEFAULT_TUNING, narrow: float = 1.0) -> float:
+    """``narrow``: as :func:`direct_cost`'s, for the GEMMs and the weights (the transforms stay float32)."""
     th, tw = -(-oh // m), -(-ow // m)
     tiles = th * tw
     e = (m + 2) ** 2
@@ -93,14 +97,17 @@ def winograd_cost(c: int, k: int, oh: int, ow: int, m: int, shapes=AVX2_TILES,
     ops_in, ops_out = _transform_ops(m)
     transforms = (TRANSFORM_OP_COST * (ops_in * c + ops_out * k) * slots
                   + TRANSFORM_COST * (e * c * tiles + e * k * tiles + k * oh * ow))
-    return gemm + transforms + tuning.weight_cost * e * c * k
+    return narrow * (gemm + tuning.weight_cost * e * c * k) + transforms
 
 
-def best_tile(c: int, k: int, oh: int, ow: int, shapes=AVX2_TILES, tuning: X86Tuning = DEFAULT_TUNING) -> Optional[int]:
+def best_tile(c: int, k: int, oh: int, ow: int, shapes=AVX2_TILES, tuning: X86Tuning = DEFAULT_TUNING,
+              bf16: bool = False) -> Optional[int]:
     """The Winograd tile (2 or 4) expected to beat the direct convolution, or None, for a target whose
     micro-kernels' register tiles are ``shapes`` (see :func:`cuvil.kernels.contraction.choose_tile`), with
     the cost model's weights ``tuning`` (its ``winograd_tile``, when set, is taken whatever the costs, and so
     is this layer's entry in its ``layer_winograd``)."""
+    if bf16:
+        return best_bf16_tile(c, k, oh, ow, shapes, tuning)
     if tuning.winograd_tile is not None:
         return tuning.winograd_tile
     measured = dict(tuning.layer_winograd).get((c, k, oh, ow))
@@ -110,6 +117,17 @@ def best_tile(c: int, k: int, oh: int, ow: int, shapes=AVX2_TILES, tuning: X86Tu
         return None
     costs = {None: direct_cost(c, k, oh, ow, shapes, tuning), 2: winograd_cost(c, k, oh, ow, 2, shapes, tuning),
              4: winograd_cost(c, k, oh, ow, 4, shapes, tuning)}
+    return min(costs, key=costs.get)
+
+
+def best_bf16_tile(c: int, k: int, oh: int, ow: int, shapes, tuning: X86Tuning) -> Optional[int]:
+    """:func:`best_tile` for a convolution narrowed to bf16 (vdpbf16ps GEMMs): F(2x2) or direct, by the same
+    costs with the GEMMs and weights at half their float32 cost."""
+    if tuning.bf16_winograd is not None:
+        return 2 if tuning.bf16_winograd else None
+    if min(c, k) < MIN_CHANNELS:
+        return None
+    costs = {None: direct_cost(c, k, oh, ow, shapes, tuning, 0.5), 2: winograd_cost(c, k, oh, ow, 2, shapes, tuning, 0.5)}
     return min(costs, key=costs.get)
 
 
@@ -129,13 +147,16 @@ def conv_sum_rule(rule: Rule) -> bool:
             and rhs.args[0].op == "Concat")
 
 
-def accepter(shapes=AVX2_TILES, tuning: X86Tuning = DEFAULT_TUNING, channels_last: bool = False):
+def accepter(shapes=AVX2_TILES, tuning: X86Tuning = DEFAULT_TUNING, channels_last: bool = False,
+             bf16_winograd: bool = False):
     """The ``accept`` of a target whose micro-kernels' register tiles are ``shapes``, cost model ``tuning``;
-    ``channels_last``: its bf16 convolutions take the channels-last AMX form."""
-    return lambda rule, b: accept(rule, b, shapes, tuning, channels_last)
+    ``channels_last``: its bf16 convolutions take the channels-last AMX form; ``bf16_winograd``: its bf16
+    convolutions may take Winograd F(2x2) with vdpbf16ps GEMMs."""
+    return lambda rule, b: accept(rule, b, shapes, tuning, channels_last, bf16_winograd)
 
 
-def accept(rule: Rule, b, shapes=AVX2_TILES, tuning: X86Tuning = DEFAULT_TUNING, channels_last: bool = False) -> bool:
+def accept(rule: Rule, b, shapes=AVX2_TILES, tuning: X86Tuning = DEFAULT_TUNING, channels_last: bool = False,
+           bf16_winograd: bool = False) -> bool:
     """Whether the x86 target (register tiles ``shapes``, cost model ``tuning``) wants this match of an
     ``on x86`` rule."""
     if conv_sum_rule(rule):
@@ -152,15 +173,16 @@ def accept(rule: Rule, b, shapes=AVX2_TILES, tuning: X86Tuning = DEFAULT_TUNING,
         return False
     if x.dtype != DType.FLOAT:
         return False      # a float16 model's convolution: the direct kernels widen it; Winograd's are float32 only
-    if any(u.op == "Conv" and u.precision and u.input(1) is w for u, _ in x.uses):
-        return False      # narrowed by the precision policy: the direct bf16 kernel (Winograd's transforms are fp32)
+    narrowed = {u.precision for u, _ in x.uses if u.op == "Conv" and u.input(1) is w and u.precision}
+    if narrowed and (narrowed != {"bf16"} or not bf16_winograd or tile != 2):
+        return False      # narrowed by the precision policy: the direct kernel (or, with vdpbf16ps, F(2x2))
     k, c = w.shape[:2]
     pads = [b.attrs.get(n, 0) for n in ("t", "l", "d", "r")]
     dims = list(x.shape[2:]) + list(w.shape[:2])
     if not all(isinstance(d, int) for d in dims + pads):
         return False      # symbolic maps: the transform kernels need static geometry
     oh, ow = x.shape[2] + pads[0] + pads[2] - 2, x.shape[3] + pads[1] + pads[3] - 2
-    return best_tile(c, k, oh, ow, shapes, tuning) == tile
+    return best_tile(c, k, oh, ow, shapes, tuning, bf16=bool(narrowed)) == tile
 
 
 def conv_sum_pays(b) -> bool:

@@ -11,7 +11,7 @@ import attrs
 from ...errors import CuvilError
 from ...ir.graph import Graph
 from ...lora.slots import add_lora_slots
-from ...precision.policy import reconcile, residual_opted_out
+from ...precision.policy import computed_as, reconcile, residual_opted_out
 from ...progress import stage
 from ...rewrite_rules.engine import RewriteReport
 from ...rewrite_rules.proved_rewrite import applied_rules, proved_rewrite
@@ -137,10 +137,28 @@ def choose_algorithms(graph: Graph, cpu: Optional[str] = None, tuning: X86Tuning
     cpu_info = describe_cpu(cpu)
     g = graph.clone()
     # (the bf16 convolutions take the channels-last AMX form: the sums of two of them may run as one)
-    channels_last = bool(tuning.channels_last and tuning.conv_sum and tuning.amx and has_amx(cpu_info.features))
+    amx = tuning.amx and has_amx(cpu_info.features)
+    channels_last = bool(tuning.channels_last and tuning.conv_sum and amx)
+    # (bf16 convolutions on vdpbf16ps kernels, where the CPU has AVX512_BF16 and no AMX tiles are used, may take
+    # Winograd F(2x2): the transforms float32, the GEMMs bf16)
+    bf16_winograd = "bf16" in narrow_formats(cpu_info) and not amx and tuning.bf16_winograd is not False
     report = proved_rewrite(g, x86_rules(winograd, fused_attention), phase="x86",
-                            accept=accepter(tile_shapes(cpu_info.vector_bits, tuning), tuning, channels_last))
+                            accept=accepter(tile_shapes(cpu_info.vector_bits, tuning), tuning, channels_last,
+                                            bf16_winograd))
     return g, report
+
+
+def transformed_notes(graph: Graph) -> Dict[str, str]:
+    """{narrowed node name: how it is computed} for the bf16 convolutions the algorithm choice made Winograd
+    (rewrite_rules.engine.TRANSFORMED_OPS: the rounding is of the transformed operands, not of the node's)."""
+    out = {}
+    for n in graph.nodes:
+        if n.op == "WinogradConv" and n.precision:
+            m = int(n.attrs.get("tile", 4))
+            note = (f"Winograd F({m}x{m}, 3x3) in {n.precision}: the transformed input (Bt d B, float32) and "
+                    f"weights (G g Gt) rounded to {n.precision}, float32 sums and output transform")
+            out.update({name: note for name in n.fused_from})
+    return out
 
 
 def _winograd_choice(graph: Graph, cpu: Optional[str], tuning: X86Tuning) -> Graph:
@@ -214,8 +232,9 @@ class X86Target:
                 s.detail(f"{sum(report.applied.values())} rewrites")
             extra["rules_applied"] = {**extra.get("rules_applied", {}), **applied_rules(report)}
             if "precision" in extra:
-                extra["precision"] = reconcile(extra["precision"], g, "rewritten by the x86 algorithm choice "
-                                               "(FusedAttention, Winograd), whose kernels compute float32")
+                extra["precision"] = computed_as(reconcile(extra["precision"], g, "rewritten by the x86 algorithm "
+                                                           "choice (FusedAttention, Winograd), whose kernels "
+                                                           "compute float32"), transformed_notes(g))
         if "precision" in extra and o.tuning.bf16_storage_mode in ("", "convs"):
             extra["precision"] = residual_opted_out(extra["precision"], "X86Tuning(bf16_residual=False) or "
                                                     "bf16_storage=False")

@@ -22,11 +22,14 @@ from typing import List, Optional, Tuple
 import llvmlite.ir as ir
 
 from ...ir.dim import product
+from ...ir.dtype import DType
 from ...ir.ops.winograd import MATRICES
 from ...kernels.contraction import WinogradInput, WinogradOutput, fallback_weights
 from ...kernels.schedule import Stage
+from ..llvm.narrow import I16
 from ..llvm.types import F32, I1, I32, I64, PTR, splat
 from .gemm import batch_only, find_contraction, tile_epilogue
+from .gemm_bf16 import to_bf16
 
 
 def _vec_tools(km, em, n: int):
@@ -115,9 +118,19 @@ def emit_winograd_input(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
     vec, vmask, _, vstore = _vec_tools(km, em, vw)
     x_base = b.gep(em.base(spec.x), [I64(spec.x.offset)], source_etype=ir.IntType(8), inbounds=True)
     v_base = b.gep(em.base(st.buf), [I64(st.buf.offset)], source_etype=ir.IntType(8), inbounds=True)
+    # V stored as bfloat16 (a bf16 Winograd convolution's, lower/winograd.py): each vector rounded (nearest even)
+    # as it is stored, half the bytes written here and read by the GEMM's pair packing
+    v16 = st.buf.dtype == DType.BFLOAT16
+    velt = I16 if v16 else F32
+    h16 = ir.VectorType(I16, vw)
+    hstore = (km.declare(f"llvm.masked.store.v{vw}i16.p0", ir.VoidType(), [h16, PTR, I32, ir.VectorType(I1, vw)])
+              if v16 else None)
 
     def fptr(base, off):
         return b.gep(base, [off], source_etype=F32, inbounds=True)
+
+    def vptr(base, off):
+        return b.gep(base, [off], source_etype=velt, inbounds=True)
     split = [ir.Constant(ir.VectorType(I32, vw), [r + m * l for l in range(vw)]) for r in range(m)]
     blocks = -(-TW // vw)
     reach = (blocks - 1) * vw * m - pl + m + vw * m      # past a row's start, the last block's loads reach this far
@@ -144,7 +157,7 @@ def emit_winograd_input(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
     def unit(u):
         nc, th, row = _tile_row(b, u, TH, TW, C, a, interleaved=spec.interleaved)
         plane = fptr(x_base, b.mul(nc, I64(H * W)))
-        vrow = fptr(v_base, row)       # V[n, e*C + c (or c*E + e), th*TW + tw] at e = 0
+        vrow = vptr(v_base, row)       # V[n, e*C + c (or c*E + e), th*TW + tw] at e = 0
         estride = T if spec.interleaved else C * T
         edge = ir.Constant(I1, 0)
         if last_edge:
@@ -176,8 +189,14 @@ def emit_winograd_input(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
             def stores(keep):
                 for i in range(a):
                     for j in range(a):
-                        dst = fptr(vrow, b.add(I64((i * a + j) * estride), tw0))
-                        if keep is None:
+                        dst = vptr(vrow, b.add(I64((i * a + j) * estride), tw0))
+                        if v16:
+                            bits = b.bitcast(to_bf16(b, v[i][j]), h16)
+                            if keep is None:
+                                b.store(bits, b.bitcast(dst, h16.as_pointer()), align=2)
+                            else:
+                                b.call(hstore, [bits, dst, I32(2), keep])
+                        elif keep is None:
                             b.store(v[i][j], b.bitcast(dst, vec.as_pointer()), align=4)
                         else:
                             vstore(v[i][j], dst, keep)
