@@ -44,7 +44,7 @@ from .rewrite_rules.verdicts import builtin_rules
 from .supply_chain import record_build, sha256_file
 from .supply_chain.build_info import jsonable
 from .targets import X86_TARGET, TargetOptions, get_target, make_options
-from .targets.base import precision_ops, stores_bf16
+from .targets.base import precision_ops, stores_bf16, transformed_rounding
 from .targets.x86.target import choose_algorithms
 from .targets.x86.cpu import describe_cpu
 from .targets.x86.tuning import X86Tuning, calibrated_tuning
@@ -519,7 +519,8 @@ class Pipeline:
             with stage("precision", detail=mode):
                 pplan = plan_precision(graph, mode, input_ranges=low_precision[1], calibration=low_precision[2],
                                        target_ops=precision_ops(tgt, options), target=triple, search_budget=0,
-                                       stores_bf16=stores_bf16(tgt), keep_fp32=low_precision[3])
+                                       stores_bf16=stores_bf16(tgt), keep_fp32=low_precision[3],
+                                       transformed=transformed_rounding(tgt, options, graph))
             graph = apply_precision(graph, pplan)
             extra["precision"] = pplan.manifest()
         plan = tgt.plan(graph, options, profiles)

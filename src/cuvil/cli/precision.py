@@ -9,7 +9,7 @@ from ..pipeline import Pipeline
 from ..precision.policy import plan_precision
 from ..precision.report import format_report
 from ..targets import get_target, make_options
-from ..targets.base import precision_ops, stores_bf16
+from ..targets.base import precision_ops, stores_bf16, transformed_rounding
 from .flags import (add_actions, add_precision_flags, add_quiet_flag, add_shape_flags, add_target_flag,
                     precision_flags, resolve_target)
 from .shape_flags import bind_shapes, check_shape_flags
@@ -48,9 +48,11 @@ def cmd_report(args) -> int:
     p, _ = bind_shapes(p, args)
     if p.graph.symbols:
         p = p.specialize({name: s.tuned for name, s in p.graph.symbols.items()})
+    options = make_options(triple)
     plan = plan_precision(p.graph, mode, input_ranges=ranges, calibration=calibration,
-                          target_ops=precision_ops(tgt, make_options(triple)), target=triple,
-                          search_budget=args.search, stores_bf16=stores_bf16(tgt), keep_fp32=keep)
+                          target_ops=precision_ops(tgt, options), target=triple,
+                          search_budget=args.search, stores_bf16=stores_bf16(tgt), keep_fp32=keep,
+                          transformed=transformed_rounding(tgt, options, p.graph))
     print(format_report(plan, args.model, every=args.all))
     if args.json:
         with open(args.json, "w") as f:

@@ -162,7 +162,8 @@ def plan_precision(graph: Graph, mode: str = "auto", *, input_ranges=None, calib
                    target_ops: Optional[Mapping[str, FrozenSet[str]]] = None, target: str = "",
                    search_budget: int = 24, int_ranges: Optional[Mapping[str, Tuple[int, int]]] = None,
                    seed: int = 0, z3_rlimit: int = 2_000_000, stores_bf16: bool = True,
-                   keep_fp32: Optional[Sequence[str]] = None) -> PrecisionPlan:
+                   keep_fp32: Optional[Sequence[str]] = None,
+                   transformed: Optional[Mapping[str, float]] = None) -> PrecisionPlan:
     """The precision of every node of ``graph`` (optimised, shapes bound) under ``mode``; see the module doc.
     ``target_ops`` (format -> ops, from ``Target.precision_ops``) limits what is narrowed, not what is
     reported. ``search_budget``: model evaluations the counterexample search may spend (0: none);
@@ -170,7 +171,12 @@ def plan_precision(graph: Graph, mode: str = "auto", *, input_ranges=None, calib
     ``stores_bf16`` (the target's :func:`~cuvil.targets.base.stores_bf16`; the GPU's is False): values between
     bf16 convolutions are planned as stored in bfloat16 (:attr:`PrecisionPlan.bf16_stored`). ``keep_fp32``: node
     names or op types kept float32 whatever their ranges; None (default): the model's output layers
-    (:mod:`.heads`)."""
+    (:mod:`.heads`). ``transformed`` (the target's :func:`~cuvil.targets.base.transformed_rounding`): node name ->
+    the unit roundoff its inputs' rounding is bounded by where the target computes it in bf16 in another form
+    (x86's Winograd F(2x2), which rounds transformed operands: its error is bounded as if its inputs were rounded
+    by that much); the ranges after narrowing are re-bounded with it, and its input is not planned as stored in
+    bfloat16 (the transform reads it in float32)."""
+    transformed = dict(transformed or {})
     mode = check_mode(mode)
     asked = kept_fp32(graph, mode, keep_fp32)
     target_ops = {f: frozenset(o) for f, o in (target_ops or {}).items()}
@@ -235,18 +241,19 @@ def plan_precision(graph: Graph, mode: str = "auto", *, input_ranges=None, calib
     for n in nodes:
         verdicts = {name: _verdict(fmt, held[n.name], witnesses, proved, z3_notes) for name, fmt in FORMATS.items()}
         fmt, reason, cert = ("", asked[n.name], "") if n.name in asked and mode != "fp32" else \
-            _choose(n, mode, verdicts, target_ops, target)
+            _choose(n, mode, verdicts, target_ops, target, transformed.get(n.name))
         rng = next((iv for k, p, v, i, iv, is_in in held[n.name] if not is_in and not i), None)
         out.append(NodePlan(n.name, n.op, fmt, reason, rng, verdicts, cert))
-    _recheck_narrowed(graph, inputs, r, out, mode)
+    _recheck_narrowed(graph, inputs, r, out, mode, transformed)
     for p, n in zip(out, nodes):
         if p.format == "fp8":
             p.scales = tuple(FORMATS["fp8"].exponent(r[id(v)]) if is_float(v) and id(v) in r else None
                              for v in n.inputs)
     convs = stores_bf16 and "Conv" in target_ops.get("bf16", ())
-    stored = bf16_storage(graph, {n.name: n.format for n in out}) if convs else {}
-    residual, kept = residual_storage(graph, {n.name: n.format for n in out}, ranges) if convs and mode == "bf16" \
-        else ({}, {})
+    # (a convolution computed in transformed form reads its input in float32: no reader of the bfloat16 copy)
+    stores = {n.name: "" if n.name in transformed else n.format for n in out}
+    stored = bf16_storage(graph, stores) if convs else {}
+    residual, kept = residual_storage(graph, stores, ranges) if convs and mode == "bf16" else ({}, {})
     stored.update(residual)
     return PrecisionPlan(mode, target, target_ops, inputs, out, ranges, search,
                          searcher.evaluations if searcher else 0, stored, residual, kept)
@@ -378,8 +385,10 @@ def auto_order(target_ops) -> List[str]:
             if f.auto]
 
 
-def _choose(n: Node, mode: str, verdicts: Dict[str, Verdict], target_ops, target: str) -> Tuple[str, str, str]:
-    """(format or "", reason, certificate) for node ``n``."""
+def _choose(n: Node, mode: str, verdicts: Dict[str, Verdict], target_ops, target: str,
+            unit: Optional[float] = None) -> Tuple[str, str, str]:
+    """(format or "", reason, certificate) for node ``n``; ``unit``: its bf16 rounding's bound where the target
+    computes it in transformed form (``plan_precision``'s ``transformed``)."""
     if mode == "fp32":
         return "", "--precision fp32", ""
     wanted = auto_order(target_ops) if mode == "auto" else [mode]
@@ -391,7 +400,7 @@ def _choose(n: Node, mode: str, verdicts: Dict[str, Verdict], target_ops, target
         v = verdicts[f]
         if v.status == UNKNOWN and mode == "bf16" and n.op in CONTRACTIONS:
             try:   # an explicit bf16 request: the relative certificate (.relative) covers a contraction
-                return f, relative_reason(n.op, v.detail), RELATIVE
+                return f, relative_reason(n.op, v.detail, unit), RELATIVE
             except RuntimeError as e:
                 reasons.append(f"{f} {v.status}: {v.detail}; {e}")
                 continue
@@ -485,7 +494,8 @@ def residual_opted_out(entry: dict, why: str) -> dict:
 _UNIT = {"bf16": 2.0 ** -8, "fp16": 2.0 ** -11, "fp8": 2.0 ** -4}
 
 
-def _recheck_narrowed(graph: Graph, inputs, r, plans: List[NodePlan], mode: str = "auto") -> None:
+def _recheck_narrowed(graph: Graph, inputs, r, plans: List[NodePlan], mode: str = "auto",
+                      transformed: Optional[Mapping[str, float]] = None) -> None:
     """The ranges above are float32's; a narrowed node computes a little differently (its inputs rounded), and a
     value downstream may then leave its range: a divisor certified in [0.1, 0.5] can round to 0. Re-bound the
     graph with every narrowed node widened by its rounding; where a range that was bounded is no longer (or a
@@ -493,8 +503,11 @@ def _recheck_narrowed(graph: Graph, inputs, r, plans: List[NodePlan], mode: str 
     by_name = {p.name: p for p in plans}
     nodes = {n.name: n for n in graph.nodes}
     for _ in range(len(plans) + 1):
+        transformed = transformed or {}
         narrowed = {p.name: (_UNIT[p.format] if p.format != "fp8" else (_UNIT["fp8"], _fp8_pad(graph, nodes[p.name], r)))
                     for p in plans if p.format in _UNIT}
+        narrowed.update({k: max(u, narrowed[k]) for k, u in transformed.items()
+                         if k in narrowed and by_name[k].format == "bf16"})
         if not narrowed:
             return
         r2 = analyze(graph, inputs, narrowed)
@@ -513,7 +526,7 @@ def _recheck_narrowed(graph: Graph, inputs, r, plans: List[NodePlan], mode: str 
                     try:
                         p.certificate = RELATIVE
                         p.reason = relative_reason(n.op, "its rounding, added to its inputs' ranges, takes its "
-                                                   "bounds past ±1.7e38")
+                                                   "bounds past ±1.7e38", transformed.get(n.name))
                     except RuntimeError:
                         p.certificate = "range"
                         bad.append(n)

@@ -23,6 +23,7 @@ float32's).
 from __future__ import annotations
 
 import functools
+from typing import Optional
 
 #: NodePlan.certificate of a node narrowed on this certificate
 RELATIVE = "relative to float32"
@@ -68,9 +69,15 @@ def rounding_lemma() -> str:
             "|x|(1+2^-8) + 2^-126")
 
 
-def relative_reason(op: str, absolute: str) -> str:
+def relative_reason(op: str, absolute: str, unit: Optional[float] = None) -> str:
     """The reason recorded for a contraction narrowed on the relative certificate; ``absolute`` is why its
-    absolute verdict is unknown."""
-    return (f"bf16 relative to float32 (--precision bf16): {op} rounds its inputs to bf16 and accumulates in "
-            f"float32, so it can overflow only where float32's own sum of |products| comes within {GROWTH:.4f}x of "
+    absolute verdict is unknown. ``unit``: where the target computes it in transformed form (x86's bf16
+    Winograd), the unit roundoff its rounding is bounded by (its sums then stay within 1 + 2.01·unit of float32's
+    sum of |products|, :func:`cuvil.precision.ranges._summed`), instead of its inputs' own rounding."""
+    if unit is None:
+        how, growth = "rounds its inputs to bf16", GROWTH
+    else:
+        how, growth = "rounds its transformed operands to bf16 (the target's Winograd form)", 1 + 2.01 * unit
+    return (f"bf16 relative to float32 (--precision bf16): {op} {how} and accumulates in "
+            f"float32, so it can overflow only where float32's own sum of |products| comes within {growth:.4f}x of "
             f"float32's largest value [{rounding_lemma()}]; its absolute range is not certified ({absolute})")

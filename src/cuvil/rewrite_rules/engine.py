@@ -49,10 +49,12 @@ def _cap(g: Graph) -> int:
 #: the ops whose ``precision`` the policy sets (its narrowed contractions); a narrowed one rounds its first two
 #: operands to the format
 NARROWED_OPS = frozenset({"Conv", "MatMul", "Gemm"})
-#: contractions over transformed operands (an ``on x86`` rule's WinogradConv, which the target accepts for a bf16
-#: convolution only where its kernels take it: cuvil.targets.x86.choose): in bf16 they round the transformed
-#: input and weights (sums and differences of at most 4 inputs for F(2x2): float32's exponent, so no new range
-#: beyond what the kernel's non-finite-tile fallback to the direct convolution covers) and sum in float32
+#: contractions over transformed operands (an ``on x86`` rule's WinogradConv F(2x2), which the target accepts for
+#: a bf16 convolution only where its kernels take it: cuvil.targets.x86.choose). In bf16 they round the transformed
+#: input (V = Bt d B, sums of at most 4 inputs) and weights (U = G g Gt, at most 2.25 times the largest weight) and
+#: sum in float32: not the rounding the policy certified for the convolution, so the target states its bound
+#: (cuvil.targets.base.transformed_rounding, X86Target.transformed_rounding) and the policy re-bounds the
+#: narrowed ranges with it; a tile whose values are not finite is computed again directly (the kernel's fallback)
 TRANSFORMED_OPS = frozenset({"WinogradConv"})
 #: ops that only move elements: rounding before or after them gives the same values
 _MOVES = frozenset({"Concat", "Slice"})
@@ -65,8 +67,9 @@ def carry_precision(b: Bindings, created: List[Node]) -> None:
     contractions' operands, or moves of them (Concat, Slice: rules/conv_sum.rule's one convolution over two
     inputs' channels), computes in bf16 too and records the matched ones' names (``Node.fused_from``). It rounds
     the same values the same way and sums in float32, so the certificates the policy gave the matched nodes cover
-    it. Anywhere else (another format or none, an operand the replacement computes, such as a sum of weights) the
-    replacement stays float32."""
+    it. A Winograd F(2x2) convolution over the matched one's input (:data:`TRANSFORMED_OPS`) computes in bf16 too,
+    on the bound its target states for that form. Anywhere else (another format or none, an operand the
+    replacement computes, such as a sum of weights) the replacement stays float32."""
     narrowed = [n for n in b.nodes if n.op in NARROWED_OPS]
     formats = {n.precision for n in narrowed}
     if formats != {"bf16"}:
@@ -82,7 +85,8 @@ def carry_precision(b: Bindings, created: List[Node]) -> None:
             c.op == "Slice" or all(x is not None and moved(x) for x in c.inputs))
     for c in created:
         if (c.op in NARROWED_OPS and all(v is not None and moved(v) for v in c.inputs[:2])) or (
-                c.op in TRANSFORMED_OPS and c.inputs[0] is not None and moved(c.inputs[0])):
+                c.op in TRANSFORMED_OPS and int(c.attrs.get("tile", 4)) == 2 and c.inputs[0] is not None
+                and moved(c.inputs[0])):
             c.precision = "bf16"
             c.fused_from = tuple(sorted(x for n in narrowed for x in (n.fused_from or (n.name,))))
 

@@ -132,6 +132,14 @@ def stores_bf16(target: Target) -> bool:
     return bool(getattr(target, "stores_bf16", False))
 
 
+def transformed_rounding(target: Target, options: TargetOptions, graph) -> Dict[str, float]:
+    """``target.transformed_rounding(options, graph)``, or ``{}`` for a target without it: node name -> the unit
+    roundoff that bounds the rounding of a node the target computes in bf16 in another form than as written
+    (x86's bf16 Winograd convolutions), for the precision policy's re-bounding of the narrowed ranges."""
+    fn = getattr(target, "transformed_rounding", None)
+    return {str(k): float(v) for k, v in dict(fn(options, graph) or {}).items()} if fn is not None else {}
+
+
 def precision_ops(target: Target, options: TargetOptions) -> Dict[str, FrozenSet[str]]:
     """``target.precision_ops(options)`` checked (known formats, op names as strings), or ``{}`` for a target
     that does not define it: the ops the target runs in each narrow format."""

@@ -72,6 +72,8 @@ def _winograd_conv(ctx):
         ctx.unsupported(f"WinogradConv with {c_} input and {k_} output channels has no GEMM micro-kernel")
     packed = next(e.attr for e in nodes(gemm([var("n"), var("ek"), var("t")]))
                   if e.op == "contract" and isinstance(e.attr, Contraction))   # U[e, k, c] = a[e, k/mr, c, k%mr]
+    if packed.amx:       # (AMX tiles' weight layouts: the x86 target keeps bf16 Winograd off AMX, choose.py)
+        ctx.unsupported("WinogradConv on AMX tiles: the fallback cannot rebuild W from the tile layout")
     if packed.precision == "bf16":      # U[e, k, c] = a[e, k/mr, c/2, k%mr, c%2] in bfloat16 pairs
         u_at = lambda e, k, c: cast(load(packed.a, [e, k // packed.mr, c // 2, k % packed.mr, c % 2]), DType.FLOAT)
     else:

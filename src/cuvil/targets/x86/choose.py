@@ -32,7 +32,7 @@ tile, and a Winograd rule is accepted only when its tile size is the cheapest of
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
 from ...dsl.ast import Num, OpCall, Rule
 from ...ir.dtype import DType
@@ -54,6 +54,16 @@ TRANSFORM_OP_COST = 2.0
 # convolutions at 14x14 (36 GEMMs of 32 x 128 x 16: 0.106 ms against F(2x2)'s 0.073).
 PACK_COST = 8.0
 MIN_CHANNELS = 8          # fewer input or output channels: the GEMMs are too thin to gain
+GEMM_MIN_CHANNELS = 4     # fewer: no GEMM micro-kernel takes the Winograd GEMMs at all (lower/conv.py's conv_as_gemm)
+#: The bound of a bf16 Winograd F(2x2) convolution's rounding, as the unit roundoff of its inputs the precision
+#: policy widens its ranges by (2.01 times it times sum |w||x|: cuvil.precision.ranges._summed). V = Bt d B and
+#: U = G g Gt are each off by at most e = 2^-8 + 2^-22 of |Bt||d||B| and |G||g||Gt| (bf16's half ulp after float32's
+#: own error of a sum of at most 4 terms), so a product by (2e + e^2) of their magnitudes; with |V| <= 4 max|x|
+#: and |At||G| at most 2 in any entry, At (sum over c of Uabs Vabs) A <= 16 max|x| sum|w|: the output is off by at
+#: most 16 (2e + e^2) max|x| sum|w|, which this unit covers (2.01 u >= 16 (2e + e^2)). The non-finite-tile
+#: fallback (W rebuilt from the rounded U: within 6.25 * 2^-8 of sum |w|) stays inside it too.
+_E = 2.0 ** -8 + 2.0 ** -22
+BF16_WINOGRAD_UNIT = 8 * ((1 + _E) ** 2 - 1)
 
 
 def _gemm_work(m: int, p: int, k: int, shapes, in_place: bool = False, tuning: X86Tuning = DEFAULT_TUNING) -> float:
@@ -120,6 +130,31 @@ def best_tile(c: int, k: int, oh: int, ow: int, shapes=AVX2_TILES, tuning: X86Tu
     return min(costs, key=costs.get)
 
 
+def winograd_geometry(n) -> Optional[Tuple[int, int, int, int]]:
+    """(input channels, output channels, output height, width) of a Conv node rules/winograd.rule may rewrite (a
+    3x3 stride-1 undilated ungrouped convolution with constant weights and static float32 maps), else None."""
+    if n.op != "Conv" or len(n.inputs) < 2 or n.inputs[1] is None or not n.inputs[1].is_const:
+        return None
+    x, w = n.inputs[0], n.inputs[1].const
+    a = n.attrs
+    auto = a.get("auto_pad", "NOTSET")
+    auto = auto.decode() if isinstance(auto, bytes) else auto
+    if (w.ndim != 4 or tuple(w.shape[2:]) != (3, 3) or int(a.get("group", 1)) != 1 or auto != "NOTSET"
+            or any(int(v) != 1 for v in (a.get("strides") or ())) or any(int(v) != 1 for v in (a.get("dilations") or ()))):
+        return None
+    shape = x.shape if x is not None else None
+    pads = list(a.get("pads") or [0, 0, 0, 0])
+    if shape is None or len(shape) != 4 or x.dtype != DType.FLOAT or not all(isinstance(d, int) for d in shape[2:]):
+        return None
+    return int(w.shape[1]), int(w.shape[0]), shape[2] + pads[0] + pads[2] - 2, shape[3] + pads[1] + pads[3] - 2
+
+
+def bf16_winograd_pays(c: int, k: int, oh: int, ow: int, shapes, tuning: X86Tuning) -> bool:
+    """Whether a bf16 convolution of this geometry takes Winograd F(2x2) (the accepter's and the precision
+    policy's view alike: ``X86Target.transformed_rounding``)."""
+    return min(c, k) >= GEMM_MIN_CHANNELS and best_tile(c, k, oh, ow, shapes, tuning, bf16=True) == 2
+
+
 def best_bf16_tile(c: int, k: int, oh: int, ow: int, shapes, tuning: X86Tuning) -> Optional[int]:
     """:func:`best_tile` for a convolution narrowed to bf16 (vdpbf16ps GEMMs): F(2x2) or direct, by the same
     costs with the GEMMs and weights at half their float32 cost."""
@@ -173,16 +208,20 @@ def accept(rule: Rule, b, shapes=AVX2_TILES, tuning: X86Tuning = DEFAULT_TUNING,
         return False
     if x.dtype != DType.FLOAT:
         return False      # a float16 model's convolution: the direct kernels widen it; Winograd's are float32 only
-    narrowed = {u.precision for u, _ in x.uses if u.op == "Conv" and u.input(1) is w and u.precision}
+    narrowed = {n.precision for n in b.nodes if n.op == "Conv" and n.precision}
     if narrowed and (narrowed != {"bf16"} or not bf16_winograd or tile != 2):
         return False      # narrowed by the precision policy: the direct kernel (or, with vdpbf16ps, F(2x2))
     k, c = w.shape[:2]
+    if min(c, k) < GEMM_MIN_CHANNELS:
+        return False      # the Winograd GEMMs would have no micro-kernel (whatever the tuning forces)
     pads = [b.attrs.get(n, 0) for n in ("t", "l", "d", "r")]
     dims = list(x.shape[2:]) + list(w.shape[:2])
     if not all(isinstance(d, int) for d in dims + pads):
         return False      # symbolic maps: the transform kernels need static geometry
     oh, ow = x.shape[2] + pads[0] + pads[2] - 2, x.shape[3] + pads[1] + pads[3] - 2
-    return best_tile(c, k, oh, ow, shapes, tuning, bf16=bool(narrowed)) == tile
+    if narrowed:
+        return bf16_winograd_pays(c, k, oh, ow, shapes, tuning)
+    return best_tile(c, k, oh, ow, shapes, tuning) == tile
 
 
 def conv_sum_pays(b) -> bool:

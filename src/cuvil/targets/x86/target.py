@@ -21,7 +21,7 @@ from .. import X86_TARGET
 from ..base import BuildPlan, TargetOptions, check, is_bool, is_opt_level, target_options
 from .amx import has_amx
 from .artifact import Artifact, sidecars
-from .choose import accepter, conv_sum_rule
+from .choose import BF16_WINOGRAD_UNIT, accepter, bf16_winograd_pays, conv_sum_rule, winograd_geometry
 from .codegen import cpu_identity
 from .compile import arena_limit, compile_x86
 from .cpu import describe_cpu, validate_cpu
@@ -182,6 +182,24 @@ class X86Target:
         cpu = describe_cpu(options.cpu)
         return {**{f: BF16_OPS for f in narrow_formats(cpu)}, **{f: FP16_OPS for f in fp16_formats(cpu)}}
 
+    def transformed_rounding(self, options: X86Options, graph: Graph) -> Dict[str, float]:
+        """{Conv name: unit roundoff} for the convolutions this build computes as bf16 Winograd F(2x2) where the
+        policy narrows them (read by the precision policy through
+        :func:`cuvil.targets.base.transformed_rounding`): their rounding is of the transformed operands, bounded
+        as if their inputs were rounded by :data:`~cuvil.targets.x86.choose.BF16_WINOGRAD_UNIT`."""
+        cpu = describe_cpu(options.cpu)
+        t = options.tuning or calibrated_tuning(cpu)
+        if (not options.winograd or "bf16" not in narrow_formats(cpu) or (t.amx and has_amx(cpu.features))
+                or t.bf16_winograd is False):
+            return {}
+        shapes = tile_shapes(cpu.vector_bits, t)
+        out = {}
+        for n in graph.nodes:
+            geo = winograd_geometry(n)
+            if geo is not None and bf16_winograd_pays(*geo, shapes, t):
+                out[n.name] = BF16_WINOGRAD_UNIT
+        return out
+
     def plan(self, graph: Graph, options: X86Options, profiles: Dict[str, list]) -> BuildPlan:
         # The algorithm choices are a function of the graph, the `on x86` rules and the cost model (its
         # source is in the compiler digest): they run in `emit`, when the library is built, not on a cache hit.
@@ -233,8 +251,8 @@ class X86Target:
             extra["rules_applied"] = {**extra.get("rules_applied", {}), **applied_rules(report)}
             if "precision" in extra:
                 extra["precision"] = computed_as(reconcile(extra["precision"], g, "rewritten by the x86 algorithm "
-                                                           "choice (FusedAttention, Winograd), whose kernels "
-                                                           "compute float32"), transformed_notes(g))
+                                                           "choice (FusedAttention, a Winograd form), whose kernel "
+                                                           "computes it in float32"), transformed_notes(g))
         if "precision" in extra and o.tuning.bf16_storage_mode in ("", "convs"):
             extra["precision"] = residual_opted_out(extra["precision"], "X86Tuning(bf16_residual=False) or "
                                                     "bf16_storage=False")

@@ -87,14 +87,15 @@ class X86Tuning:
     # Xeon with AMX); the vdpbf16ps kernel over planes is written and tested but was measured only on that Xeon,
     # whose vdpbf16ps is slow (its planes layers 1.05x the packed ones there), not on the AVX512_BF16 CPUs without
     # AMX it is for (AMD Zen 4/5). True: both paths; False: the packed panels (bench/amx_resnet_ab.py --no-planes)
+    bf16_planes: Optional[bool] = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.instance_of(bool)))
     # a bf16 stride-1 3x3 convolution on vdpbf16ps kernels (no AMX) as Winograd F(2x2): the input transform in
     # float32, its values and the transformed weights rounded to bfloat16 into the 16 GEMMs, the output transform
     # in float32 (docs/precision.md, "Winograd in bf16"). None (the default): where the cost model (choose.py,
     # GEMMs and weights at half their float32 cost) expects it to pay; False: the direct bf16 kernels; True: every
-    # such convolution
+    # such convolution with 4 or more input and output channels (fewer: no GEMM takes it). On a Zen 4 ResNet-50
+    # bf16 ran 0.936x (median) the direct build's steps (bench/PRECISION.md, session 33)
     bf16_winograd: Optional[bool] = attrs.field(
-        default=None, validator=attrs.validators.optional(attrs.validators.instance_of(bool)))
-    bf16_planes: Optional[bool] = attrs.field(
         default=None, validator=attrs.validators.optional(attrs.validators.instance_of(bool)))
     # bf16 2-D convolutions on AMX tiles take the activations' channels-last rows as their A tiles (their input
     # stored once as channels-last phase planes; cuvil.kernels.contraction_nhwc, gemm_nhwc.py), and a value whose
