@@ -44,22 +44,30 @@ def kinds(art):
     return [(s["kernel"], s.get("precision")) for s in art.manifest["steps"]]
 
 
-def winograd_bound(x, w, pads):
-    """The exact (float64) convolution of ``x`` and ``w`` (stride 1, ``pads`` [t, l, b, r]) and ``mag`` of the
-    module doc for F(2x2)."""
-    bt, g, at = matrices_f64(2)
+def tiled(x, pads):
+    """``x`` zero-padded (``pads`` [t, l, b, r]) and cut into F(2x2)'s 4x4 input tiles ``d[n, c, th, tw, 4, 4]``,
+    with the padded input, the output size and a function that puts per-tile 2x2 outputs ``[n, k, th, tw, 2, 2]``
+    back as ``[n, k, oh, ow]``."""
     n, c, h, wd = x.shape
-    k = w.shape[0]
     oh, ow = h + pads[0] + pads[2] - 2, wd + pads[1] + pads[3] - 2
     th, tw = -(-oh // 2), -(-ow // 2)
     xp = np.zeros((n, c, 2 * th + 2, 2 * tw + 2))
     xp[:, :, pads[0]:pads[0] + h, pads[1]:pads[1] + wd] = x
     d = np.stack([np.stack([xp[:, :, 2 * i:2 * i + 4, 2 * j:2 * j + 4] for j in range(tw)], 2) for i in range(th)], 2)
+    untile = lambda y: y.transpose(0, 1, 2, 4, 3, 5).reshape(n, y.shape[1], 2 * th, 2 * tw)[:, :, :oh, :ow]
+    return d, xp, (oh, ow), untile
+
+
+def winograd_bound(x, w, pads):
+    """The exact (float64) convolution of ``x`` and ``w`` (stride 1, ``pads`` [t, l, b, r]) and ``mag`` of the
+    module doc for F(2x2)."""
+    bt, g, at = matrices_f64(2)
+    d, xp, (oh, ow), untile = tiled(x, pads)
+    k, c = w.shape[:2]
     v = np.einsum("ap,nctspq,bq->nctsab", np.abs(bt), np.abs(d), np.abs(bt))        # Vabs per tile
     u = np.einsum("ap,kcpq,bq->kcab", np.abs(g), np.abs(w.astype(np.float64)), np.abs(g))   # Uabs
     m = np.einsum("kcab,nctsab->nktsab", u, v)
-    mag = np.einsum("ra,nktsab,qb->nktsrq", np.abs(at), m, np.abs(at))
-    mag = mag.transpose(0, 1, 2, 4, 3, 5).reshape(n, k, 2 * th, 2 * tw)[:, :, :oh, :ow]
+    mag = untile(np.einsum("ra,nktsab,qb->nktsrq", np.abs(at), m, np.abs(at)))
     cols = np.stack([xp[:, :, i:i + oh, j:j + ow] for i in range(3) for j in range(3)], 2)   # n, c, 9, oh, ow
     exact = np.einsum("kcs,ncsyx->nkyx", w.astype(np.float64).reshape(k, c, 9), cols)
     return exact, mag
@@ -81,19 +89,12 @@ def emulated(x, w, b, pads):
     to float32 then to bfloat16 (nearest even), U likewise, their products summed in float64, the output transform
     in float64."""
     bt, g, at = matrices_f64(2)
-    n, c, h, wd = x.shape
-    k = w.shape[0]
-    oh, ow = h + pads[0] + pads[2] - 2, wd + pads[1] + pads[3] - 2
-    th, tw = -(-oh // 2), -(-ow // 2)
-    xp = np.zeros((n, c, 2 * th + 2, 2 * tw + 2))
-    xp[:, :, pads[0]:pads[0] + h, pads[1]:pads[1] + wd] = x
-    d = np.stack([np.stack([xp[:, :, 2 * i:2 * i + 4, 2 * j:2 * j + 4] for j in range(tw)], 2) for i in range(th)], 2)
+    d, _, _, untile = tiled(x, pads)
     bf = lambda a: a.astype(np.float32).astype(ml_dtypes.bfloat16).astype(np.float64)
     v = bf(np.einsum("ap,nctspq,bq->nctsab", bt, d, bt))
     u = bf(np.einsum("ap,kcpq,bq->kcab", g, w.astype(np.float64), g))
     m = np.einsum("kcab,nctsab->nktsab", u, v)
-    y = np.einsum("ra,nktsab,qb->nktsrq", at, m, at)
-    return y.transpose(0, 1, 2, 4, 3, 5).reshape(n, k, 2 * th, 2 * tw)[:, :, :oh, :ow] + b.reshape(1, -1, 1, 1)
+    return untile(np.einsum("ra,nktsab,qb->nktsrq", at, m, at)) + b.reshape(1, -1, 1, 1)
 
 
 @needs_bf16
