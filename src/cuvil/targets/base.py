@@ -116,6 +116,13 @@ class Target(Protocol):
         (:mod:`cuvil.precision`) narrows a node only to a format its op is listed under here; a target
         without the method narrows nothing. Read it through :func:`precision_ops`."""
 
+    def transformed_rounding(self, options: TargetOptions, graph: Graph) -> Dict[str, float]:
+        """Optional. ``{node name: unit roundoff}`` for the nodes of ``graph`` this target, with ``options``,
+        computes in bf16 in another form than as written (x86: stride-1 3x3 convolutions as Winograd F(2x2),
+        which round transformed operands), each with the input rounding that bounds its error. The precision
+        policy re-bounds the narrowed ranges with it. A target without the method computes every narrowed node
+        as written. Read it through :func:`transformed_rounding`."""
+
     #: Optional (default False). True: between convolutions narrowed to bf16 this target stores values as
     #: bfloat16 (:mod:`cuvil.kernels.bf16_storage`), so the precision plan lists those values and, under an
     #: explicit ``--precision bf16``, the skip path it certifies for that storage. Read it through
