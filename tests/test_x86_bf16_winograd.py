@@ -228,6 +228,67 @@ def test_the_policy_bounds_and_stores_what_the_winograd_form_computes():
     assert 16 * ((1 + 2.0 ** -8 + 2.0 ** -22) ** 2 - 1) <= 2.01 * BF16_WINOGRAD_UNIT
 
 
+def log_after_conv():
+    """x in [1, 2], w = 1/144 (sum 1 per output channel), no padding: the conv's float32 range is [1, 2] and
+    z = conv - 0.9 lies in [0.1, 1.1]. The direct kernel's rounding widens it by 2.01 * 2^-8 * 2 = 0.016 (z > 0);
+    the Winograd bound by 2.01 * BF16_WINOGRAD_UNIT * 2 = 0.25 (z may reach 0: Log's range is lost)."""
+    from onnx import TensorProto, helper
+    w = np.full((16, 16, 3, 3), 1.0 / 144, np.float32)
+    c = np.full((1, 16, 1, 1), 0.9, np.float32)
+    g = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["a"], name="c"), helper.make_node("Sub", ["a", "c"], ["z"], name="sub"),
+         helper.make_node("Log", ["z"], ["y"], name="log")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 10, 10])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 8, 8])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(c, "c")])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("mode", ["bf16", "auto"])
+def test_the_winograd_rounding_reverts_what_only_the_direct_kernel_keeps(mode):
+    """Compile-free: the policy re-bounds with the unit the target states; a value downstream that the direct
+    kernel's rounding keeps in range and the Winograd form's does not sends the convolution back to float32."""
+    from cuvil.precision import plan_precision
+    from cuvil.targets.x86.choose import BF16_WINOGRAD_UNIT
+    graph = Pipeline.from_onnx(log_after_conv()).optimize().graph
+    fmt = {}
+    for units in ({}, {"c": BF16_WINOGRAD_UNIT}):
+        plan = plan_precision(graph, mode, input_ranges={"x": (1.0, 2.0)}, keep_fp32=[], search_budget=0,
+                              target_ops={"bf16": frozenset({"Conv", "MatMul", "Gemm"})}, transformed=units)
+        p = next(p for p in plan.nodes if p.name == "c")
+        fmt[bool(units)] = (p.format, p.reason)
+    assert fmt[False][0] == "bf16", fmt
+    assert fmt[True][0] == "" and "(log)" in fmt[True][1], fmt
+
+
+@needs_bf16
+def test_the_library_keeps_float32_what_it_would_compute_as_winograd():
+    model = log_after_conv()
+    got = {}
+    for wino in (True, False):
+        art = Pipeline.from_onnx(model).optimize().compile(
+            precision="bf16", input_ranges={"x": (1.0, 2.0)}, keep_fp32=[], cache=False,
+            tuning=X86Tuning(amx=False, bf16_winograd=wino))
+        got[wino] = art.manifest["precision"]["nodes"]["c"]["format"]
+    assert got == {True: "fp32", False: "bf16"}, got
+
+
+@needs_bf16
+def test_the_relative_certificate_names_what_the_winograd_form_bounds():
+    """Inputs declared to ±1e37: the absolute range is not certified and an explicit bf16 narrows on the relative
+    certificate; its reason states the Winograd form's own bound (relative to the inputs' magnitudes over a 4x4
+    tile, 1.1259x), not the direct kernel's (float32's own sum of |products|, 1.0078x)."""
+    model = conv_epilogue_model((1, 64, 28, 28), (64, 64, 3, 3), pads=[1, 1, 1, 1], epilogue=None)
+    for wino, text in ((True, "4x4 input tile) x (sum of the channel's |weights|)"), (False, "own sum of |products|")):
+        art = Pipeline.from_onnx(model).optimize().compile(
+            precision="bf16", input_ranges={"x": (-1e37, 1e37)}, keep_fp32=[], cache=False,
+            tuning=X86Tuning(amx=False, bf16_winograd=wino))
+        rec = art.manifest["precision"]["nodes"]["conv"]
+        assert rec["format"] == "bf16" and rec.get("certificate") == "relative to float32", rec
+        assert text in rec["reason"], rec["reason"]
+        assert (("winograd_in", None) in kinds(art)) == wino, kinds(art)
+
+
 def test_winograd_needs_channels_for_its_gemms():
     """A forced Winograd tile (float32 ``winograd_tile=2``, bf16 ``bf16_winograd=True``) on a convolution with
     fewer than 4 input or output channels stays direct: the Winograd GEMMs would have no micro-kernel (it used

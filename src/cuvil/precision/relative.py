@@ -71,13 +71,20 @@ def rounding_lemma() -> str:
 
 def relative_reason(op: str, absolute: str, unit: Optional[float] = None) -> str:
     """The reason recorded for a contraction narrowed on the relative certificate; ``absolute`` is why its
-    absolute verdict is unknown. ``unit``: where the target computes it in transformed form (x86's bf16
-    Winograd), the unit roundoff its rounding is bounded by (its sums then stay within 1 + 2.01·unit of float32's
-    sum of |products|, :func:`cuvil.precision.ranges._summed`), instead of its inputs' own rounding."""
+    absolute verdict is unknown. ``unit``: where the target computes it in transformed form (x86's bf16 Winograd
+    F(2x2): :data:`cuvil.targets.x86.choose.BF16_WINOGRAD_UNIT`), the unit roundoff that bounds its rounding. Its
+    error is then not relative to float32's own sum of |products| at that output (a transformed tile mixes every
+    input of its window with every weight: where float32's products are all zero the Winograd value need not be),
+    but to the magnitudes the interval analysis bounds it by: at most 2.01·unit times the sum over its input
+    channels of (the largest |input| of its 4x4 input tile) x (the sum of the channel's |weights|), so the statement names
+    that quantity."""
     if unit is None:
-        how, growth = "rounds its inputs to bf16", GROWTH
-    else:
-        how, growth = "rounds its transformed operands to bf16 (the target's Winograd form)", 1 + 2.01 * unit
-    return (f"bf16 relative to float32 (--precision bf16): {op} {how} and accumulates in "
-            f"float32, so it can overflow only where float32's own sum of |products| comes within {growth:.4f}x of "
-            f"float32's largest value [{rounding_lemma()}]; its absolute range is not certified ({absolute})")
+        return (f"bf16 relative to float32 (--precision bf16): {op} rounds its inputs to bf16 and accumulates in "
+                f"float32, so it can overflow only where float32's own sum of |products| comes within {GROWTH:.4f}x "
+                f"of float32's largest value [{rounding_lemma()}]; its absolute range is not certified ({absolute})")
+    return (f"bf16 relative to float32's magnitudes (--precision bf16): {op} runs as the target's Winograd F(2x2) "
+            f"form, its transformed input and weights rounded to bf16, float32 sums, so its values stay within "
+            f"{2.01 * unit:.4f}x the sum over input channels of (largest |input| of its 4x4 input tile) x (sum of the "
+            f"channel's |weights|) of the exact ones: it can overflow only where that sum comes within "
+            f"{1 + 2.01 * unit:.4f}x of float32's largest value [{rounding_lemma()}]; its absolute range is not "
+            f"certified ({absolute})")

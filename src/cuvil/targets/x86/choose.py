@@ -61,7 +61,9 @@ GEMM_MIN_CHANNELS = 4     # fewer: no GEMM micro-kernel takes the Winograd GEMMs
 #: own error of a sum of at most 4 terms), so a product by (2e + e^2) of their magnitudes; with |V| <= 4 max|x|
 #: and |At||G| at most 2 in any entry, At (sum over c of Uabs Vabs) A <= 16 max|x| sum|w|: the output is off by at
 #: most 16 (2e + e^2) max|x| sum|w|, which this unit covers (2.01 u >= 16 (2e + e^2)). The non-finite-tile
-#: fallback (W rebuilt from the rounded U: within 6.25 * 2^-8 of sum |w|) stays inside it too.
+#: fallback (W rebuilt from the rounded U: within 6.25 * 2^-8 of sum |w|) stays inside it too. float32's own sums
+#: over the transformed magnitudes (up to (8C + 32) 2^-23 of them) are covered by the interval rule's (9C + 1) 2^-23
+#: for C >= 31 and by the slack between 2.01 u and 16 (2e + e^2) below that.
 _E = 2.0 ** -8 + 2.0 ** -22
 BF16_WINOGRAD_UNIT = 8 * ((1 + _E) ** 2 - 1)
 

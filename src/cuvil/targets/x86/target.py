@@ -189,9 +189,9 @@ class X86Target:
         as if their inputs were rounded by :data:`~cuvil.targets.x86.choose.BF16_WINOGRAD_UNIT`."""
         cpu = describe_cpu(options.cpu)
         t = options.tuning or calibrated_tuning(cpu)
-        if (not options.winograd or "bf16" not in narrow_formats(cpu) or (t.amx and has_amx(cpu.features))
-                or t.bf16_winograd is False):
-            return {}
+        if (not options.winograd or options.opt_level < 2 or "bf16" not in narrow_formats(cpu)
+                or (t.amx and has_amx(cpu.features)) or t.bf16_winograd is False):
+            return {}       # (the algorithm choice runs at O2 and above: plan's `choose`)
         shapes = tile_shapes(cpu.vector_bits, t)
         out = {}
         for n in graph.nodes:
