@@ -22,7 +22,7 @@ from onnx import numpy_helper
 from cuvil import Pipeline
 from cuvil.ir.ops.winograd import matrices_f64
 from cuvil.targets.x86 import codegen as x86_codegen
-from cuvil.targets.x86.choose import best_tile
+from cuvil.targets.x86.choose import best_bf16_tile, best_tile
 from cuvil.targets.x86.cpu import cpu_label, host_cpu
 from cuvil.targets.x86.gemm import tile_shapes
 from cuvil.targets.x86.gemm_bf16 import narrow_formats
@@ -333,10 +333,10 @@ def test_cost_model_bf16_choices():
     shapes = tile_shapes(512)
     t = X86Tuning()
     for c, hw in ((64, 56), (128, 28), (256, 14), (512, 7)):
-        assert best_tile(c, c, hw, hw, shapes, t, bf16=True) == 2, (c, hw)
+        assert best_bf16_tile(c, c, hw, hw, shapes, t) == 2, (c, hw)
     assert best_tile(64, 64, 56, 56, shapes, t) == 4        # (float32)
-    assert best_tile(16, 16, 40, 40, shapes, t, bf16=True) is None
-    assert best_tile(130, 20, 7, 7, shapes, t, bf16=True) is None
-    assert best_tile(4, 64, 56, 56, shapes, t, bf16=True) is None
-    assert best_tile(130, 20, 7, 7, shapes, X86Tuning(bf16_winograd=True), bf16=True) == 2
-    assert best_tile(64, 64, 56, 56, shapes, X86Tuning(bf16_winograd=False), bf16=True) is None
+    assert best_bf16_tile(16, 16, 40, 40, shapes, t) is None
+    assert best_bf16_tile(130, 20, 7, 7, shapes, t) is None
+    assert best_bf16_tile(4, 64, 56, 56, shapes, t) is None
+    assert best_bf16_tile(130, 20, 7, 7, shapes, X86Tuning(bf16_winograd=True)) == 2
+    assert best_bf16_tile(64, 64, 56, 56, shapes, X86Tuning(bf16_winograd=False)) is None

@@ -502,8 +502,8 @@ def _recheck_narrowed(graph: Graph, inputs, r, plans: List[NodePlan], mode: str 
     narrowed node's own values no longer fit), the narrowed nodes upstream of it go back to float32."""
     by_name = {p.name: p for p in plans}
     nodes = {n.name: n for n in graph.nodes}
+    transformed = transformed or {}
     for _ in range(len(plans) + 1):
-        transformed = transformed or {}
         narrowed = {p.name: (_UNIT[p.format] if p.format != "fp8" else (_UNIT["fp8"], _fp8_pad(graph, nodes[p.name], r)))
                     for p in plans if p.format in _UNIT}
         narrowed.update({k: max(u, narrowed[k]) for k, u in transformed.items()

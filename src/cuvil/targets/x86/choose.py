@@ -112,14 +112,11 @@ def winograd_cost(c: int, k: int, oh: int, ow: int, m: int, shapes=AVX2_TILES,
     return narrow * (gemm + tuning.weight_cost * e * c * k) + transforms
 
 
-def best_tile(c: int, k: int, oh: int, ow: int, shapes=AVX2_TILES, tuning: X86Tuning = DEFAULT_TUNING,
-              bf16: bool = False) -> Optional[int]:
+def best_tile(c: int, k: int, oh: int, ow: int, shapes=AVX2_TILES, tuning: X86Tuning = DEFAULT_TUNING) -> Optional[int]:
     """The Winograd tile (2 or 4) expected to beat the direct convolution, or None, for a target whose
     micro-kernels' register tiles are ``shapes`` (see :func:`cuvil.kernels.contraction.choose_tile`), with
     the cost model's weights ``tuning`` (its ``winograd_tile``, when set, is taken whatever the costs, and so
     is this layer's entry in its ``layer_winograd``)."""
-    if bf16:
-        return best_bf16_tile(c, k, oh, ow, shapes, tuning)
     if tuning.winograd_tile is not None:
         return tuning.winograd_tile
     measured = dict(tuning.layer_winograd).get((c, k, oh, ow))
@@ -154,7 +151,7 @@ def winograd_geometry(n) -> Optional[Tuple[int, int, int, int]]:
 def bf16_winograd_pays(c: int, k: int, oh: int, ow: int, shapes, tuning: X86Tuning) -> bool:
     """Whether a bf16 convolution of this geometry takes Winograd F(2x2) (the accepter's and the precision
     policy's view alike: ``X86Target.transformed_rounding``)."""
-    return min(c, k) >= GEMM_MIN_CHANNELS and best_tile(c, k, oh, ow, shapes, tuning, bf16=True) == 2
+    return min(c, k) >= GEMM_MIN_CHANNELS and best_bf16_tile(c, k, oh, ow, shapes, tuning) == 2
 
 
 def best_bf16_tile(c: int, k: int, oh: int, ow: int, shapes, tuning: X86Tuning) -> Optional[int]:
@@ -205,24 +202,16 @@ def accept(rule: Rule, b, shapes=AVX2_TILES, tuning: X86Tuning = DEFAULT_TUNING,
     tile = _rhs_tile(rule)
     if tile is None:
         return True
-    x, w = b.values.get("x"), b.values.get("w")
-    if x is None or w is None or x.shape is None or w.shape is None:
-        return False
-    if x.dtype != DType.FLOAT:
-        return False      # a float16 model's convolution: the direct kernels widen it; Winograd's are float32 only
-    narrowed = {n.precision for n in b.nodes if n.op == "Conv" and n.precision}
-    if narrowed and (narrowed != {"bf16"} or not bf16_winograd or tile != 2):
-        return False      # narrowed by the precision policy: the direct kernel (or, with vdpbf16ps, F(2x2))
-    k, c = w.shape[:2]
+    conv = next((n for n in b.nodes if n.op == "Conv"), None)
+    geo = winograd_geometry(conv) if conv is not None else None
+    if geo is None:
+        return False      # symbolic maps (the transform kernels need static geometry), a float16 model's input
+    c, k, oh, ow = geo
     if min(c, k) < GEMM_MIN_CHANNELS:
         return False      # the Winograd GEMMs would have no micro-kernel (whatever the tuning forces)
-    pads = [b.attrs.get(n, 0) for n in ("t", "l", "d", "r")]
-    dims = list(x.shape[2:]) + list(w.shape[:2])
-    if not all(isinstance(d, int) for d in dims + pads):
-        return False      # symbolic maps: the transform kernels need static geometry
-    oh, ow = x.shape[2] + pads[0] + pads[2] - 2, x.shape[3] + pads[1] + pads[3] - 2
-    if narrowed:
-        return bf16_winograd_pays(c, k, oh, ow, shapes, tuning)
+    if conv.precision:    # narrowed by the precision policy: the direct kernel, or with vdpbf16ps F(2x2)
+        return (conv.precision == "bf16" and bf16_winograd and tile == 2
+                and bf16_winograd_pays(c, k, oh, ow, shapes, tuning))
     return best_tile(c, k, oh, ow, shapes, tuning) == tile
 
 
