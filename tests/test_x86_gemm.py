@@ -674,3 +674,30 @@ def test_product_with_a_non_float_consumer_fused(dt, tail):
     y = art.model().run(x)[0]
     near = np.abs(p.astype(np.float64)) < 1e-3 * np.abs(p).max()     # a float32 sum may round across 0 there
     assert np.array_equal(y[~near], ref(p)[~near])
+
+
+@pytest.mark.parametrize("tile", [(6, 64), (8, 48)])
+def test_remainder_row_tiles_give_each_row_its_full_tile_bits(tile):
+    """The last row tile runs a k-loop of exactly the rows left over (1..MR-1, read from the run-time row
+    count; a static count has its one remainder), its sums spilled for one shared epilogue: every row's
+    output is bit for bit what it is inside a full tile (same k order, bias + Relu exact either way), at
+    every row count, static or symbolic, on 1 and 2 threads."""
+    rng = np.random.default_rng(tile[0])
+    w = (rng.standard_normal((72, 100)) / 8).astype(np.float32)
+    bias = rng.standard_normal(100).astype(np.float32)
+    x = rng.standard_normal((48, 72)).astype(np.float32)
+    sym = _matmul_model(("S", 72), w, gemm=dict(), bias=bias, epilogue=True)
+    art = Pipeline.from_onnx(sym).compile(shape_profiles={"S": (1, 16, 48)}, cache=False,
+                                          tuning=X86Tuning(matmul_tile=tile))
+    m = art.model()
+    full = m.run(x, num_threads=1)[0]           # 48 rows: whole tiles of 6 or 8
+    want = ort.InferenceSession(sym.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    assert float(np.abs(full - want).max()) <= 1e-5 * max(1.0, float(np.abs(want).max()))
+    for rows in range(1, 2 * tile[0] + 1):
+        for t in (1, 2):
+            np.testing.assert_array_equal(m.run(x[:rows], num_threads=t)[0], full[:rows], err_msg=f"{tile} {rows} {t}")
+    for rows in (tile[0] + 2, 3 * tile[0] - 1):    # static row counts with a remainder of 2 and MR - 1
+        fixed = Pipeline.from_onnx(_matmul_model((rows, 72), w, gemm=dict(), bias=bias, epilogue=True)).compile(
+            cache=False, tuning=X86Tuning(matmul_tile=tile))
+        for t in (1, 2):
+            np.testing.assert_array_equal(fixed.model().run(x[:rows], num_threads=t)[0], full[:rows])

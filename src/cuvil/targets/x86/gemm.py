@@ -106,7 +106,11 @@ def matmul_tile(cpu, tuning: X86Tuning = DEFAULT_TUNING) -> Tuple[int, int]:
     a Sapphire Rapids-class core): 8 x 48
     ran 2-25% faster than 6 x 64 (at S = 32 and 128 also because 8 divides S; 9 x 48 within noise of it,
     12 x 32, 5 x 80 and 4 x 96 slower than 8 x 48; `python3 bench/matmul_tiles.py`). AMD's cores keep 6 x 64, which the
-    Zen 5 figures of matmul.py were measured with (8 x 48 not measured there)."""
+    Zen 5 figures of matmul.py were measured with (8 x 48 not measured there). On a Zen 4 (EPYC, family 25, model
+    17) 8 x 48 and 4 x 96 led 6 x 64 by 11-12% at S = 32 while the last row tile ran MR rows whatever was left
+    (6 x 64 computed 36 rows for 32); since it runs exactly the rows left over, the three are within 1% of each
+    other at S = 32, 100 and 128 (111-113 GFLOP/s, 95-97% of the core's FMA peak;
+    bench/results/zen4-session34/matmul-tiles-remainder.txt)."""
     if tuning.matmul_tile is not None:
         return tuning.matmul_tile
     bits = cpu.vector_bits

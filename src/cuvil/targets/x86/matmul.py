@@ -170,16 +170,8 @@ def emit_matmul_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]]:
                                                      for v in range(nr * 4 // 64)],
                                  mac=mac)
 
-        def panel(mb, R=MR):
-            """The tile's ``R`` register rows over weight panel ``mb`` (R = 1: a one-row tile, below; the bf16
-            path always runs MR rows)."""
-            w_ptr = wptr(w_base, b.mul(mb, I64(K * nr)))
-            new = panel_bf16(mb) if bf else fma_tile_loop(em, fma, I64(0), I64(K), [zero] * (R * nv), nv,
-                                lambda k: [wload(wptr(wptr(w_ptr, b.mul(k, I64(nr))), I64(v * vw))) for v in range(nv)],
-                                lambda k: [b.load(fptr(rows[r], k), typ=F32, align=4) for r in range(R)],
-                                prefetch=lambda k: [wptr(w_ptr, b.add(b.mul(b.add(k, I64(MATMUL_PREFETCH_K)), I64(nr)), I64(v * 64 // wsize)))
-                                                    for v in range(lines)] + next_panel(w_ptr, t, k),
-                                unroll=MATMUL_UNROLL_K if K % MATMUL_UNROLL_K == 0 else 1)
+        def outputs(mb):
+            """Weight panel ``mb``'s columns: (their count, a tile element's output index, its stack slot)."""
             m0 = b.mul(mb, I64(nr))
             mleft = b.sub(I64(M), m0)
             ncols = b.select(b.icmp_signed("<", mleft, I64(nr)), mleft, I64(nr))
@@ -189,10 +181,30 @@ def emit_matmul_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]]:
 
             def slot(r, j):
                 return b.gep(tile_f, [b.add(b.mul(r, I64(nr)), j)], source_etype=F32, inbounds=True)
+            return ncols, index, slot
 
-            def spilled(full):
+        def panel(mb, R=MR, epilogue=True):
+            """The tile's ``R`` register rows over weight panel ``mb`` (R = 1: a one-row tile, below; the bf16
+            path always runs MR rows). ``epilogue`` False: the sums are left in the stack tile, rows ``nr``
+            floats apart, for the remainder tiles' shared spilled epilogue (below)."""
+            w_ptr = wptr(w_base, b.mul(mb, I64(K * nr)))
+            new = panel_bf16(mb) if bf else fma_tile_loop(em, fma, I64(0), I64(K), [zero] * (R * nv), nv,
+                                lambda k: [wload(wptr(wptr(w_ptr, b.mul(k, I64(nr))), I64(v * vw))) for v in range(nv)],
+                                lambda k: [b.load(fptr(rows[r], k), typ=F32, align=4) for r in range(R)],
+                                prefetch=lambda k: [wptr(w_ptr, b.add(b.mul(b.add(k, I64(MATMUL_PREFETCH_K)), I64(nr)), I64(v * 64 // wsize)))
+                                                    for v in range(lines)] + next_panel(w_ptr, t, k),
+                                unroll=MATMUL_UNROLL_K if K % MATMUL_UNROLL_K == 0 else 1)
+
+            def spill():
                 for i in range(R * nv):
                     b.store(new[i], b.gep(tile, [I64(i)], source_etype=vec, inbounds=True), align=4)
+            if not epilogue:
+                spill()
+                return
+            ncols, index, slot = outputs(mb)
+
+            def spilled(full):
+                spill()
                 tile_epilogue(em, st, c, slot, index, nrows, ncols, full=full)
             if lanes is None:
                 spilled((R, nr))
@@ -203,23 +215,57 @@ def emit_matmul_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]]:
                     lane_epilogue(em, st, c, lanes, new, R, nv, index)
                 with otherwise:
                     spilled(None)
-        if bf or (isinstance(spec.rows, int) and spec.rows >= MR):
+        if bf:                  # (the bf16 path always runs MR rows)
             panel(mb)
             return
-        if spec.rows == 1:      # a classifier's last layer at batch 1
-            panel(mb, 1)
+        counts = tile_row_counts(spec.rows, MR)
+        if len(counts) == 1:
+            panel(mb, counts[0])
             return
-        # a single row (a decode step's M = 1 GEMV; the row count may be symbolic): one row of accumulators,
-        # not MR copies of the clamped row (MR x the FMAs and broadcasts for the same weight bytes)
-        with b.if_else(b.icmp_signed("==", nrows, I64(1))) as (then, otherwise):
-            with then:
-                panel(mb, 1)
-            with otherwise:
-                panel(mb)
+        # The last row tile holds the rows left over (S = 32 with 6-row tiles: 2): it runs a k-loop of exactly
+        # that many rows, not MR rows of which the clamped copies of the last row are computed and dropped
+        # (MR / left x the FMAs for its rows; BERT-base's products at S = 32 on 6-row tiles: 36 rows' work for
+        # 32). Full tiles (the common case) take the switch's default with their register epilogue; one row
+        # (a decode step's GEMV) keeps its own; the other counts leave their sums in the stack tile for one
+        # shared spilled epilogue (each count's own register epilogue made BERT-base's compile 1.45x longer).
+        done = em.fn.append_basic_block("rows_done")
+        full = em.fn.append_basic_block("rows_full")
+        sw = b.switch(nrows, full)
+        partial = [R for R in counts if 1 < R < MR]
+        if partial:
+            shared = em.fn.append_basic_block("rows_partial")
+        for R in counts:
+            if R == MR:
+                continue
+            bb = em.fn.append_basic_block(f"rows_{R}")
+            sw.add_case(I64(R), bb)
+            b.position_at_end(bb)
+            panel(mb, R, epilogue=R == 1)
+            b.branch(done if R == 1 else shared)
+        if partial:
+            b.position_at_end(shared)
+            ncols, index, slot = outputs(mb)
+            tile_epilogue(em, st, c, slot, index, nrows, ncols)
+            b.branch(done)
+        b.position_at_end(full)
+        panel(mb)
+        b.branch(done)
+        b.position_at_end(done)
 
     em.loop_range(begin, end, unit)
     b.ret_void()
     return ((spec.rows + MR - 1) // MR) * Mb, 1
+
+
+def tile_row_counts(rows, mr: int) -> List[int]:
+    """The row counts a row tile of ``mr`` rows can have over ``rows`` rows (an int, or a symbol whose value
+    is read at run time), MR first where full tiles occur: every count 1..mr for a symbolic count, else the
+    full tiles and the one remainder."""
+    if not isinstance(rows, int):
+        return [mr] + list(range(1, mr))
+    if rows <= mr:
+        return [max(1, rows)]
+    return [mr] + ([rows % mr] if rows % mr else [])
 
 
 _LANE_OPS = {"add", "sub", "mul", "div", "neg", "cmp", "select", "and", "or", "not"}
