@@ -275,14 +275,18 @@ def test_matmul_register_tiles_over_symbolic_rows(tile):
 
 
 def test_matmul_tile_is_chosen_per_cpu():
-    """8 x 48 on Intel's AVX-512 cores (measured there, bench/matmul_tiles.py), MR x the panel width
+    """8 x 48 on Intel's AVX-512 cores and Zen 4 (measured there, bench/matmul_tiles.py), MR x the panel width
     elsewhere, the tuning's tile wherever it is set; the choice is in the cache key through the tuning or
     the CPU identity."""
-    def cpu(vendor, features):
-        return CpuDescription("x", frozenset(features), True, vendor=vendor)
+    def cpu(vendor, features, family=None):
+        return CpuDescription("x", frozenset(features), True, vendor=vendor, family=family)
     avx512 = {"avx512f", "avx2", "fma"}
     assert matmul_tile(cpu("GenuineIntel", avx512)) == (8, 48)
-    assert matmul_tile(cpu("AuthenticAMD", avx512)) == (6, 64)
+    assert matmul_tile(cpu("AuthenticAMD", avx512, family=26)) == (6, 64)    # Zen 5
+    assert matmul_tile(cpu("AuthenticAMD", avx512, family=25)) == (8, 48)    # Zen 4 (measured there)
+    assert matmul_tile(cpu("AuthenticAMD", {"avx2", "fma"}, family=25)) == (6, tile_cols(256))   # Zen 3
+    assert matmul_tile(CpuDescription("znver4", frozenset(avx512), False)) == (8, 48)
+    assert matmul_tile(CpuDescription("znver5", frozenset(avx512), False)) == (6, 64)
     assert matmul_tile(cpu("GenuineIntel", {"avx2", "fma"})) == (6, tile_cols(256))
     assert matmul_tile(cpu("AuthenticAMD", avx512), X86Tuning(matmul_tile=(9, 48))) == (9, 48)
     with pytest.raises(ValueError):

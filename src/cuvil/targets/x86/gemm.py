@@ -106,17 +106,27 @@ def matmul_tile(cpu, tuning: X86Tuning = DEFAULT_TUNING) -> Tuple[int, int]:
     a Sapphire Rapids-class core): 8 x 48
     ran 2-25% faster than 6 x 64 (at S = 32 and 128 also because 8 divides S; 9 x 48 within noise of it,
     12 x 32, 5 x 80 and 4 x 96 slower than 8 x 48; `python3 bench/matmul_tiles.py`). AMD's cores keep 6 x 64, which the
-    Zen 5 figures of matmul.py were measured with (8 x 48 not measured there). On a Zen 4 (EPYC, family 25, model
-    17) 8 x 48 and 4 x 96 led 6 x 64 by 11-12% at S = 32 while the last row tile ran MR rows whatever was left
-    (6 x 64 computed 36 rows for 32); since it runs exactly the rows left over, the three are within 1% of each
-    other at S = 32, 100 and 128 (111-113 GFLOP/s, 95-97% of the core's FMA peak;
-    bench/results/zen4-session34/matmul-tiles-remainder.txt)."""
+    Zen 5 figures of matmul.py were measured with (8 x 48 not measured there). Zen 4 takes 8 x 48 (EPYC, family
+    25, model 17; bench/results/zen4-session34/): alone, BERT-base's two FFN products ran within 1% of 6 x 64 at
+    S = 32 / 100 / 128 once the last row tile ran exactly the rows left over (111-113 GFLOP/s, 95-97% of the
+    core's FMA peak; 11-12% ahead at S = 32 before, when 6 x 64 computed 36 rows for 32), but whole models in one
+    process, the same bits: BERT-base (one library for S 1..512) x0.924 / 0.972 / 0.972 / 0.985 at S = 32 / 64 /
+    128 / 384 at 1 thread, x0.923 / 0.977 / 0.988 at 2; the GPT-2 decode step (the one-row tile over
+    48-column panels) x0.902 / 0.930 at past 128 / 1,023 at 1 thread, x0.993 / 0.973 at 2."""
     if tuning.matmul_tile is not None:
         return tuning.matmul_tile
     bits = cpu.vector_bits
-    if bits >= 512 and cpu.vendor == "GenuineIntel":
+    if bits >= 512 and (cpu.vendor == "GenuineIntel" or is_zen4(cpu)):
         return (8, 48)
     return (MR, tile_cols(bits))
+
+
+def is_zen4(cpu) -> bool:
+    """An AMD Zen 4 core: the host's cpuid family 25 with AVX-512 (Zen 3, also family 25, has none), or the CPU
+    named ``znver4``."""
+    if cpu.is_host:
+        return cpu.vendor == "AuthenticAMD" and cpu.family == 25 and cpu.vector_bits >= 512
+    return cpu.llvm_name == "znver4"
 
 
 def find_contraction(st: Stage, op: str = "contract") -> Optional[E]:
