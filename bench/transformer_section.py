@@ -24,6 +24,7 @@ import numpy as np
 import onnx
 
 from cuvil import Pipeline
+from cuvil.ir.dim import SymExpr, evaluate
 from cuvil.targets.x86.loader import load
 from cuvil.testing.hf_models import (BERT_BASE, BERT_PROFILE, GPT2_DECODE_PROFILE, GPT2_SMALL, bert_model,
                                      gpt2_decode_model, text_feeds)
@@ -126,10 +127,13 @@ def run_transformers(args, log) -> dict:
                 os.environ["CUVIL_CACHE_DIR"] = cache
                 try:
                     t0 = time.perf_counter()
-                    p = Pipeline.from_onnx(path).optimize()
+                    p0 = Pipeline.from_onnx(path)
+                    p = p0.optimize()
                     prof = {k: v for k, v in profile.items() if k in p.graph.symbols}
                     art = p.compile(opt_level=args.opt_level, shape_profiles=prof)
                     secs = time.perf_counter() - t0
+                    flops = _flops_counter(p0)
+                    del p0
                     art.save(so)
                 finally:
                     if old is None:
@@ -174,7 +178,7 @@ def run_transformers(args, log) -> dict:
                 for point in points:
                     feeds = text_feeds(model, 1, point)
                     mine = {k: v for k, v in feeds.items() if k in lib_inputs}
-                    row = {"model": kind, "axis": axis, "point": point, "threads": t}
+                    row = {"model": kind, "axis": axis, "point": point, "threads": t, "gflop": flops(feeds) / 1e9}
                     try:
                         runners = {"cuvil": lambda f=mine: lib.run(**f), "onnxruntime": ort_runner(sess, feeds)}
                         if compiled is not None:
@@ -210,6 +214,38 @@ def run_transformers(args, log) -> dict:
                 del sess, compiled
                 gc.collect()
     return {"rows": rows, "compiles": compiles, "failures": failures, "openvino": ov}
+
+
+def _flops_counter(p: Pipeline):
+    """feeds -> the model's FLOPs at the feeds' shapes: its products' and convolutions' multiply-adds x 2
+    (``Pipeline.stats()`` of the graph as imported, a polynomial in its symbols: BERT-base's
+    169,869,312 S + 36,864 S^2 + 1,179,648 at B = 1), other ops not counted."""
+    g, total = p.graph, p.stats().flops
+
+    def at(feeds) -> float:
+        env = {}
+        for v in g.inputs:
+            if v.name in feeds and v.shape is not None:
+                for d, got in zip(v.shape, np.shape(feeds[v.name])):
+                    if isinstance(d, SymExpr) and len(d.free_symbols) == 1 and str(d) in g.symbols:
+                        env[g.symbols[str(d)].name] = got
+        return float(evaluate(total, env))
+    return at
+
+
+def roofline(row: dict, peak_per_core) -> dict:
+    """A BERT row's compute roofline: each engine's GFLOP/s and share of the fp32 FMA peak of the threads it
+    ran on, and the lowest Cuvil / onnxruntime ratio that peak allows (Cuvil at 100% of it against
+    onnxruntime's measured p50). Empty without a peak."""
+    if not peak_per_core or not row.get("gflop"):
+        return {}
+    peak = peak_per_core * row["threads"]
+    out = {"bound_ms": 1e3 * row["gflop"] / peak}
+    for k in ("cuvil", "onnxruntime"):
+        out[f"{k}_gflops"] = row["gflop"] / (row[f"{k}_p50"] / 1e3)
+        out[f"{k}_pct"] = 100 * out[f"{k}_gflops"] / peak
+    out["ratio_at_peak"] = out["bound_ms"] / row["onnxruntime_p50"]
+    return out
 
 
 def _f(x, spec=".2f"):
@@ -263,6 +299,21 @@ def render(res: dict, args) -> List[str]:
                  f"{_f(r['onnxruntime_p50'])} | {_f(r.get('openvino_p50'))} | **{_f(r['ratio_ort'])}** | "
                  f"{_f(r['ratio_ov'])} | {_f(r['cuvil_p99'])} | {_f(r['onnxruntime_p99'])} | "
                  f"{_f(r.get('openvino_p99'))} | {_f(r.get('err_cuvil'), '.1e')}; {_f(r.get('err_openvino'), '.1e')} |")
+    peak = getattr(args, "peak_gflops_per_core", None)
+    bert = [(r, roofline(r, peak)) for r in res["rows"] if r["model"] == "bert"]
+    if peak and bert:
+        L += ["", f"BERT's compute roofline: FLOPs = the products' multiply-adds x 2 at the point (`Pipeline.stats()`"
+              f", other ops not counted) over the p50; % of the fp32 FMA peak of the threads used ({peak:.1f} "
+              "GFLOP/s per core, measured as the report's peak row says); the floor: the Cuvil / onnxruntime ratio "
+              "Cuvil would reach at 100% of that peak against onnxruntime's measured p50 (a goal below it cannot "
+              "be met in float32 on this CPU).", "",
+              "| point | threads | GFLOP | Cuvil GFLOP/s (% of peak) | ORT GFLOP/s (% of peak) | time at peak (ms) | "
+              "floor of Cuvil / ORT | measured |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        for r, rf in bert:
+            L.append(f"| S = {r['point']} | {r['threads']} | {r['gflop']:.4g} | {rf['cuvil_gflops']:.1f} "
+                     f"({rf['cuvil_pct']:.0f}%) | {rf['onnxruntime_gflops']:.1f} ({rf['onnxruntime_pct']:.0f}%) | "
+                     f"{rf['bound_ms']:.4g} | {rf['ratio_at_peak']:.2f} | {r['ratio_ort']:.2f} |")
     profs = [(k, pr) for k, c in res["compiles"].items() for pr in c.get("kernel_profiles", [])]
     if profs:
         L += ["", "Where Cuvil's time goes (1 thread, the runtime's step profiler, mean of 3 runs):", "",

@@ -3,6 +3,7 @@ bench/results/YYYY-MM-DD-<cpu>.md per run, bench/RESULTS.md only with --update."
 import datetime
 import importlib.util
 import os
+import re
 
 import pytest
 
@@ -72,6 +73,14 @@ def test_transformer_section_reports_ratios(run_all, tmp_path):
         assert c50 > 0 and o50 > 0 and _ratio_fits(ratio, c50, o50)
         assert row[5] == "-" and row[7] == "-"                    # no OpenVINO column asked for
         assert float(row[11].split(";")[0]) <= 1e-3              # Cuvil agrees with onnxruntime
+    # BERT's compute roofline: the measured peak, the point's FLOPs, and the floor they put under the ratio
+    (roof,) = _table_rows(text, "S = 8", 8)
+    peak = float(re.search(r"fp32 peak: ([0-9.]+) GFLOP/s per core, measured", text).group(1))
+    gflop, bound, floor = float(roof[2]), float(roof[5]), float(roof[6])
+    (bert,) = _table_rows(text, "bert", 12)
+    assert abs(gflop - _bert_flops(run_all.transformer_section.TINY_BERT, 8) / 1e9) <= 5e-4 * gflop
+    assert abs(bound - 1e3 * gflop / peak) <= 1e-3 * bound
+    assert abs(floor - bound / float(bert[4])) <= 0.01 + 0.01 * floor
     goals = [g for g in _table_rows(text, "bert (TINY config, a test of the section: not the goal's model)")
              + _table_rows(text, "gpt2_decode (TINY config, a test of the section: not the goal's model)")]
     assert len(goals) == 2 and all(g[3] in ("MET", "NOT MET") for g in goals)
@@ -119,3 +128,22 @@ def test_openvino_peer_in_the_cnn_loop(run_all, tmp_path):
                                      peers={"openvino": run_all.openvino_peer}))
     assert res["openvino"]["runs"] == 4 and res["openvino"]["p50_ms"] > 0
     assert res["peer_ratios"]["openvino"]["p50"] == pytest.approx(res["cuvil"]["p50_ms"] / res["openvino"]["p50_ms"])
+
+
+def test_flops_counter_is_the_products_multiply_adds(run_all):
+    """The roofline's FLOPs at a point: 2 x the multiply-adds of BERT's products (hidden h, ffn f, L layers,
+    S tokens: S L (4 h^2 + 2 h f) dense, 2 L S^2 h in attention, h^2 in the pooler), counted from the graph."""
+    from cuvil import Pipeline
+    from cuvil.testing.hf_models import BERT_BASE, bert_model, text_feeds
+    ts = run_all.transformer_section
+    for cfg in (ts.TINY_BERT, BERT_BASE):
+        model = bert_model(**cfg)
+        at = ts._flops_counter(Pipeline.from_onnx(model))
+        for s in (1, 8, 128):
+            assert at(text_feeds(model, 1, s)) == _bert_flops(cfg, s)
+    assert _bert_flops(BERT_BASE, 128) == 169_869_312 * 128 + 36_864 * 128 ** 2 + 1_179_648
+
+
+def _bert_flops(cfg, s):
+    h, f, L = cfg["hidden"], cfg["ffn"], cfg["layers"]
+    return 2 * (s * L * (4 * h * h + 2 * h * f) + 2 * L * s * s * h + h * h)
