@@ -81,6 +81,11 @@ def test_transformer_section_reports_ratios(run_all, tmp_path):
     assert abs(gflop - _bert_flops(run_all.transformer_section.TINY_BERT, 8) / 1e9) <= 5e-4 * gflop
     assert abs(bound - 1e3 * gflop / peak) <= 1e-3 * bound
     assert abs(floor - bound / float(bert[4])) <= 0.01 + 0.01 * floor
+    for cell, ms in ((roof[3], float(bert[3])), (roof[4], float(bert[4]))):     # Cuvil's column, then onnxruntime's
+        rate, pct = float(cell.split()[0]), float(cell.split("(")[1].rstrip("%)"))
+        lo, hi = gflop / ((ms + 0.005) / 1e3), gflop / (max(ms - 0.005, 1e-6) / 1e3)   # ms printed to 0.01
+        assert lo * 0.999 - 0.05 <= rate <= hi * 1.001 + 0.05, (cell, ms)
+        assert abs(pct - 100 * rate / peak) <= 1.0
     goals = [g for g in _table_rows(text, "bert (TINY config, a test of the section: not the goal's model)")
              + _table_rows(text, "gpt2_decode (TINY config, a test of the section: not the goal's model)")]
     assert len(goals) == 2 and all(g[3] in ("MET", "NOT MET") for g in goals)

@@ -2,6 +2,8 @@
 geometries that exercise every edge (positions not a multiple of the tile width, channels not a multiple
 of the 6-row panel, both loop orders, groups, strides, dilations, asymmetric pads, 1-D and 3-D), fused
 epilogues, and the step profiler."""
+import re
+
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -285,8 +287,9 @@ def test_matmul_tile_is_chosen_per_cpu():
     assert matmul_tile(cpu("AuthenticAMD", avx512, family=26)) == (6, 64)    # Zen 5
     assert matmul_tile(cpu("AuthenticAMD", avx512, family=25)) == (8, 48)    # Zen 4 (measured there)
     assert matmul_tile(cpu("AuthenticAMD", {"avx2", "fma"}, family=25)) == (6, tile_cols(256))   # Zen 3
-    assert matmul_tile(CpuDescription("znver4", frozenset(avx512), False)) == (8, 48)
+    assert matmul_tile(CpuDescription("znver4", frozenset(avx512), False)) == (8, 48)       # named: no cpuid
     assert matmul_tile(CpuDescription("znver5", frozenset(avx512), False)) == (6, 64)
+    assert matmul_tile(CpuDescription("sapphirerapids", frozenset(avx512), False)) == (8, 48)
     assert matmul_tile(cpu("GenuineIntel", {"avx2", "fma"})) == (6, tile_cols(256))
     assert matmul_tile(cpu("AuthenticAMD", avx512), X86Tuning(matmul_tile=(9, 48))) == (9, 48)
     with pytest.raises(ValueError):
@@ -691,17 +694,48 @@ def test_remainder_row_tiles_give_each_row_its_full_tile_bits(tile):
     bias = rng.standard_normal(100).astype(np.float32)
     x = rng.standard_normal((48, 72)).astype(np.float32)
     sym = _matmul_model(("S", 72), w, gemm=dict(), bias=bias, epilogue=True)
-    art = Pipeline.from_onnx(sym).compile(shape_profiles={"S": (1, 16, 48)}, cache=False,
+    # opt 24: a multiple of 6 and 8, so the 48-row reference (run as two opt-point slices of 24 rows) has whole tiles
+    art = Pipeline.from_onnx(sym).compile(shape_profiles={"S": (1, 24, 48)}, cache=False,
                                           tuning=X86Tuning(matmul_tile=tile))
     m = art.model()
-    full = m.run(x, num_threads=1)[0]           # 48 rows: whole tiles of 6 or 8
+    full = m.run(x, num_threads=1)[0]
     want = ort.InferenceSession(sym.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     assert float(np.abs(full - want).max()) <= 1e-5 * max(1.0, float(np.abs(want).max()))
     for rows in range(1, 2 * tile[0] + 1):
         for t in (1, 2):
             np.testing.assert_array_equal(m.run(x[:rows], num_threads=t)[0], full[:rows], err_msg=f"{tile} {rows} {t}")
-    for rows in (tile[0] + 2, 3 * tile[0] - 1):    # static row counts with a remainder of 2 and MR - 1
+    for rows in (tile[0] + 1, tile[0] + 2, 3 * tile[0] - 1, tile[0] - 1):   # static: remainders 1, 2, MR - 1; < MR
         fixed = Pipeline.from_onnx(_matmul_model((rows, 72), w, gemm=dict(), bias=bias, epilogue=True)).compile(
             cache=False, tuning=X86Tuning(matmul_tile=tile))
         for t in (1, 2):
             np.testing.assert_array_equal(fixed.model().run(x[:rows], num_threads=t)[0], full[:rows])
+
+
+def test_tile_row_counts():
+    """The row counts a row tile can have: every one up to MR over a symbolic count, the full tiles and the one
+    remainder over a static count, one tile of exactly the rows when there are at most MR."""
+    from cuvil.ir.dim import SymExpr
+    from cuvil.targets.x86.matmul import tile_row_counts
+    assert tile_row_counts(SymExpr.symbol("S"), 6) == [6, 1, 2, 3, 4, 5]
+    assert tile_row_counts(32, 6) == [6, 2] and tile_row_counts(32, 8) == [8]
+    assert tile_row_counts(7, 6) == [6, 1] and tile_row_counts(6, 6) == [6] and tile_row_counts(3, 6) == [3]
+    assert tile_row_counts(1, 8) == [1]
+
+
+@pytest.mark.parametrize("rows, cases", [("S", [1, 2, 3, 4, 5]), (14, [2]), (12, []), (4, [])])
+def test_remainder_row_tiles_are_k_loops_of_their_own(rows, cases):
+    """The kernel's LLVM IR (before optimisation, as process replay captures it): the last row tile switches on
+    the run-time row count to a k-loop of each count that can occur (every one below MR = 6 for a symbolic
+    count, the one remainder for a static one), the counts above one sharing one spilled epilogue; a count of
+    whole tiles or of at most MR rows needs no switch."""
+    from cuvil.testing.replay import _capture
+    rng = np.random.default_rng(5)
+    w = (rng.standard_normal((64, 128)) / 8).astype(np.float32)
+    shape = ("S", 64) if rows == "S" else (rows, 64)
+    p = Pipeline.from_onnx(_matmul_model(shape, w, gemm=dict(), bias=rng.standard_normal(128).astype(np.float32)))
+    kw = {"shape_profiles": {"S": (1, 6, 40)}} if rows == "S" else {}
+    _, ir = _capture(p, "x86", target="x86_64-linux-gnu", cpu="skylake-avx512", tuning=X86Tuning(matmul_tile=(6, 64)), **kw)
+    labels = sorted(int(r) for r in set(re.findall(r"^rows_(\d+):", ir, re.M)))
+    assert labels == cases, labels
+    assert ("rows_partial:" in ir) == any(c > 1 for c in cases)
+    assert len(re.findall(r"^rows_full:", ir, re.M)) == (1 if cases else 0)

@@ -116,14 +116,15 @@ def matmul_tile(cpu, tuning: X86Tuning = DEFAULT_TUNING) -> Tuple[int, int]:
     if tuning.matmul_tile is not None:
         return tuning.matmul_tile
     bits = cpu.vector_bits
-    if bits >= 512 and (cpu.vendor == "GenuineIntel" or is_zen4(cpu)):
+    if bits >= 512 and (is_zen4(cpu) or (cpu.vendor == "GenuineIntel" if cpu.is_host
+                                         else not cpu.llvm_name.startswith("znver"))):
         return (8, 48)
     return (MR, tile_cols(bits))
 
 
 def is_zen4(cpu) -> bool:
     """An AMD Zen 4 core: the host's cpuid family 25 with AVX-512 (Zen 3, also family 25, has none), or the CPU
-    named ``znver4``."""
+    named ``znver4`` (a named CPU has no cpuid: AMD's are LLVM's ``znver*``, the other AVX-512 names Intel's)."""
     if cpu.is_host:
         return cpu.vendor == "AuthenticAMD" and cpu.family == 25 and cpu.vector_bits >= 512
     return cpu.llvm_name == "znver4"

@@ -10,8 +10,9 @@ multiply-adds. A full tile runs the stage's fused epilogue (bias, residual, acti
 alpha/beta) on the accumulator vectors themselves and stores each vector to the output (``out[p, m0:m0 +
 cols]`` is contiguous; :func:`lane_epilogue_plan` says which epilogues can); otherwise the tile is spilled to a
 stack array, the epilogue runs over it in place, and rows are copied out.
-The number of rows may be symbolic (batch x sequence): it is read at run time; a partial tile clamps its
-row pointers to the last row and stores only the rows that exist.
+The number of rows may be symbolic (batch x sequence): it is read at run time; the last row tile runs a k-loop of
+exactly the rows left over (:func:`tile_row_counts`; the bf16 path runs MR rows, its row pointers clamped to the
+last row) and stores only the rows that exist.
 """
 from __future__ import annotations
 
