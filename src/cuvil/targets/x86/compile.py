@@ -277,7 +277,9 @@ def compile_x86(g: Graph, out_so: str, *, opt_level: int = 3, cpu: Optional[str]
                                             "external_weights_sha256": bytes.fromhex(weights_file["sha256"]),
                                             "external_opt_weights_offset": weights_file["opt_offset"]}),
         lora_slots=[(s.module, s.in_features, s.out_features, s.rank) for s in lora_slots],
-        batch_symbol=batch_symbol, batch_slice_bytes=slice_bytes)
+        batch_symbol=batch_symbol, batch_slice_bytes=slice_bytes,
+        weights_bytes=len(blob) if weights_sym else 0,
+        opt_weights_bytes=len(oblob) if opt_weights_sym else 0)
     with tempfile.TemporaryDirectory(prefix="cuvil-build-") as tmp:
         objs = []
         for name, parts in (("kernels", obj), ("kernels_opt", oobj or [])):

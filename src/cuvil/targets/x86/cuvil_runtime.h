@@ -5,7 +5,7 @@
  * runtime.c and by the generated model.c, both compiled with -fvisibility=hidden and
  * -DCUVIL_PREFIX=<prefix>.
  *
- * Contract (abi_version 7):
+ * Contract (abi_version 8):
  *   At run time the runtime builds, for each thread t of the session, void *bufs[4 + num_inputs + num_outputs]:
  *     bufs[0]                       the session's arena (arena_bytes, 64-byte aligned, NULL if 0 bytes)
  *     bufs[1]                       model.weights, or the weights bound by bind_weights when the model's are
@@ -49,7 +49,7 @@
 #define CUVIL_API(name) CUVIL_CAT(CUVIL_PREFIX, name)
 #define CUVIL_MODEL CUVIL_CAT(CUVIL_PREFIX, _model)
 
-#define CUVIL_ABI_VERSION 7
+#define CUVIL_ABI_VERSION 8
 #define CUVIL_HIDDEN __attribute__((visibility("hidden")))
 #define CUVIL_EXPORT __attribute__((visibility("default")))
 
@@ -113,6 +113,9 @@ typedef struct {
    * input j at inputs[j].data + i * batch_slice_bytes[j] and output j at outputs[j].data + i *
    * batch_slice_bytes[num_inputs + j]. */
   int32_t batch_symbol; const int64_t *batch_slice_bytes;
+  /* The embedded weights' and opt_weights' sizes in bytes (0 where NULL): session creation asks for their pages
+   * in 2 MB folios (runtime.c, advise_weights). */
+  int64_t weights_bytes, opt_weights_bytes;
 } cuvil_model;
 
 /* The public tensor type, identical to the one in the generated lib<name>.h. */

@@ -242,6 +242,7 @@ def generate_model_c(info: ModelInfo) -> str:
         f"{sha}, {_i64(info.external_opt_weights_offset)},",
         f"  /* num_lora_slots, lora_slots */ {len(info.lora_slots)}, {lora},",
         f"  /* batch_symbol, batch_slice_bytes */ {int(info.batch_symbol)}, {slices},",
+        f"  /* weights_bytes, opt_weights_bytes */ {_i64(info.weights_bytes)}, {_i64(info.opt_weights_bytes)},",
         "};",
         "",
     ]

@@ -183,6 +183,10 @@ class ModelInfo:
     # symbol is a multiple of its opt (the others at theirs) runs the opt steps once per slice
     batch_symbol: int = -1
     batch_slice_bytes: tuple = attrs.field(factory=tuple, converter=tuple)
+    # the embedded blobs' sizes (weights_symbol, opt_weights_symbol; 0 where absent): the runtime asks for them in
+    # huge pages (cuvil_runtime.h)
+    weights_bytes: int = attrs.field(default=0, validator=_nonneg)
+    opt_weights_bytes: int = attrs.field(default=0, validator=_nonneg)
 
     def __attrs_post_init__(self):
         names = [s.name for s in self.symbols]
