@@ -722,12 +722,13 @@ def test_tile_row_counts():
     assert tile_row_counts(1, 8) == [1]
 
 
-@pytest.mark.parametrize("rows, cases", [("S", [1, 2, 3, 4, 5]), (14, [2]), (12, []), (4, [])])
-def test_remainder_row_tiles_are_k_loops_of_their_own(rows, cases):
+@pytest.mark.parametrize("rows, cases, loops", [("S", [1, 2, 3, 4, 5], 5), (14, [2], 2), (13, [1], 2), (12, [], 1),
+                                                (4, [], 1)])
+def test_remainder_row_tiles_are_k_loops_of_their_own(rows, cases, loops):
     """The kernel's LLVM IR (before optimisation, as process replay captures it): the last row tile switches on
-    the run-time row count to a k-loop of each count that can occur (every one below MR = 6 for a symbolic
-    count, the one remainder for a static one), the counts above one sharing one spilled epilogue; a count of
-    whole tiles or of at most MR rows needs no switch."""
+    the run-time row count (every count below MR = 6 for a symbolic count, the one remainder for a static one):
+    one row to its own tile, 2..5 rows to sub-tiles of 4, 2 and 1 rows; the k-loops: the full tile's, the one-row
+    tile's, one per power of two (symbolic: 1 + 1 + 3); a count of whole tiles or of at most MR rows needs none."""
     from cuvil.testing.replay import _capture
     rng = np.random.default_rng(5)
     w = (rng.standard_normal((64, 128)) / 8).astype(np.float32)
@@ -735,7 +736,10 @@ def test_remainder_row_tiles_are_k_loops_of_their_own(rows, cases):
     p = Pipeline.from_onnx(_matmul_model(shape, w, gemm=dict(), bias=rng.standard_normal(128).astype(np.float32)))
     kw = {"shape_profiles": {"S": (1, 6, 40)}} if rows == "S" else {}
     _, ir = _capture(p, "x86", target="x86_64-linux-gnu", cpu="skylake-avx512", tuning=X86Tuning(matmul_tile=(6, 64)), **kw)
-    labels = sorted(int(r) for r in set(re.findall(r"^rows_(\d+):", ir, re.M)))
-    assert labels == cases, labels
-    assert ("rows_partial:" in ir) == any(c > 1 for c in cases)
-    assert len(re.findall(r"^rows_full:", ir, re.M)) == (1 if cases else 0)
+    kernel = ir[ir.index("define "):]
+    kernel = kernel[:kernel.index("\n}\n")]                       # the first kernel: the product's
+    switch = re.search(r'switch i64 %"?[.\w]+"?, label %"rows_full" \[([^\]]*)\]', kernel)
+    got = {} if switch is None else {int(v): t for v, t in re.findall(r'i64 (\d+), label %"([\w.]+)"', switch.group(1))}
+    assert sorted(got) == cases, got
+    assert all(t == ("rows_1" if v == 1 else "rows_partial") for v, t in got.items()), got
+    assert len(re.findall(r"^k(\.\d+)?:", kernel, re.M)) == loops

@@ -184,21 +184,30 @@ def emit_matmul_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]]:
                 return b.gep(tile_f, [b.add(b.mul(r, I64(nr)), j)], source_etype=F32, inbounds=True)
             return ncols, index, slot
 
-        def panel(mb, R=MR, epilogue=True):
+        def panel(mb, R=MR, epilogue=True, first=None, spilled_to=None):
             """The tile's ``R`` register rows over weight panel ``mb`` (R = 1: a one-row tile, below; the bf16
-            path always runs MR rows). ``epilogue`` False: the sums are left in the stack tile, rows ``nr``
-            floats apart, for the remainder tiles' shared spilled epilogue (below)."""
+            path always runs MR rows). ``first`` (an IR value): the rows are the tile's rows first .. first + R - 1
+            (all of them exist), else its rows 0 .. R - 1 (clamped to the last row). ``epilogue`` False: the sums
+            are left in the stack tile at their rows, rows ``nr`` floats apart, for the shared spilled epilogue
+            (below). ``spilled_to`` (a block): a tile the register epilogue cannot take (a partial panel) is
+            spilled and continues there, at the shared spilled epilogue, instead of its own copy of it."""
             w_ptr = wptr(w_base, b.mul(mb, I64(K * nr)))
+            if first is None:
+                mine = rows[:R]
+            else:
+                mine = [fptr(a_base, b.mul(b.add(p0, b.add(first, I64(r))), I64(K))) for r in range(R)]
             new = panel_bf16(mb) if bf else fma_tile_loop(em, fma, I64(0), I64(K), [zero] * (R * nv), nv,
                                 lambda k: [wload(wptr(wptr(w_ptr, b.mul(k, I64(nr))), I64(v * vw))) for v in range(nv)],
-                                lambda k: [b.load(fptr(rows[r], k), typ=F32, align=4) for r in range(R)],
+                                lambda k: [b.load(fptr(mine[r], k), typ=F32, align=4) for r in range(R)],
                                 prefetch=lambda k: [wptr(w_ptr, b.add(b.mul(b.add(k, I64(MATMUL_PREFETCH_K)), I64(nr)), I64(v * 64 // wsize)))
                                                     for v in range(lines)] + next_panel(w_ptr, t, k),
                                 unroll=MATMUL_UNROLL_K if K % MATMUL_UNROLL_K == 0 else 1)
 
             def spill():
+                at = None if first is None else b.mul(first, I64(nv))
                 for i in range(R * nv):
-                    b.store(new[i], b.gep(tile, [I64(i)], source_etype=vec, inbounds=True), align=4)
+                    slot_i = I64(i) if at is None else b.add(at, I64(i))
+                    b.store(new[i], b.gep(tile, [slot_i], source_etype=vec, inbounds=True), align=4)
             if not epilogue:
                 spill()
                 return
@@ -206,6 +215,9 @@ def emit_matmul_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]]:
 
             def spilled(full):
                 spill()
+                if spilled_to is not None:
+                    b.branch(spilled_to)
+                    return
                 tile_epilogue(em, st, c, slot, index, nrows, ncols, full=full)
             if lanes is None:
                 spilled((R, nr))
@@ -223,34 +235,48 @@ def emit_matmul_stage(km, st: Stage, sym: str) -> Optional[Tuple[object, int]]:
         if len(counts) == 1:
             panel(mb, counts[0])
             return
-        # The last row tile holds the rows left over (S = 32 with 6-row tiles: 2): it runs a k-loop of exactly
-        # that many rows, not MR rows of which the clamped copies of the last row are computed and dropped
-        # (MR / left x the FMAs for its rows; BERT-base's products at S = 32 on 6-row tiles: 36 rows' work for
-        # 32). Full tiles (the common case) take the switch's default with their register epilogue; one row
-        # (a decode step's GEMV) keeps its own; the other counts leave their sums in the stack tile for one
-        # shared spilled epilogue (each count's own register epilogue made BERT-base's compile 1.45x longer).
+        # The last row tile holds the rows left over (S = 32 with 6-row tiles: 2): it computes those rows only,
+        # not MR rows of which the clamped copies of the last row are computed and dropped (MR / left x the
+        # FMAs for its rows; BERT-base's products at S = 32 on 6-row tiles: 36 rows' work for 32). Full tiles
+        # (the common case) keep their register epilogue, and one row (a decode step's GEMV) its own; other
+        # counts run as sub-tiles of the powers of two in their binary form (7 = 4 + 2 + 1 rows, each over the
+        # same weight panel, read again from L2), their sums spilled to the stack tile at their rows for one
+        # shared epilogue, which a full tile over a partial panel spills to as well. A k-loop per power of two:
+        # a k-loop and register epilogue per count made BERT-base's compile 1.45x longer (6-row tiles), a k-loop per
+        # count with a shared epilogue 1.05x (8-row tiles: 7 loops; 77.6 s); this form 72.2 s, against 74.0 s
+        # for the MR clamped rows (8 x 48, 2-core Zen 4), the same speed and bits as a loop per count.
+        left_over = [R for R in counts if 1 < R < MR]
         done = em.fn.append_basic_block("rows_done")
         full = em.fn.append_basic_block("rows_full")
+        partial = em.fn.append_basic_block("rows_partial") if left_over else None
+        shared = em.fn.append_basic_block("rows_spilled") if left_over else None
+        one = em.fn.append_basic_block("rows_1") if 1 in counts else None
         sw = b.switch(nrows, full)
-        partial = [R for R in counts if 1 < R < MR]
-        if partial:
-            shared = em.fn.append_basic_block("rows_partial")
-        for R in counts:
-            if R == MR:
-                continue
-            bb = em.fn.append_basic_block(f"rows_{R}")
-            sw.add_case(I64(R), bb)
-            b.position_at_end(bb)
-            panel(mb, R, epilogue=R == 1)
-            b.branch(done if R == 1 else shared)
-        if partial:
-            b.position_at_end(shared)
+        if one is not None:
+            sw.add_case(I64(1), one)
+            b.position_at_end(one)
+            panel(mb, 1)
+            b.branch(done)
+        if partial is not None:
+            for R in left_over:
+                sw.add_case(I64(R), partial)
+            b.position_at_end(partial)
+            bits = sorted({1 << j for R in left_over for j in range(R.bit_length()) if R >> j & 1}, reverse=True)
+            first = I64(0)
+            for size in bits:           # the sub-tile of `size` rows where the count has that bit
+                has = b.icmp_signed("!=", b.and_(nrows, I64(size)), I64(0))
+                with b.if_then(has):
+                    panel(mb, size, epilogue=False, first=first)
+                first = b.add(first, b.select(has, I64(size), I64(0)))
+            b.branch(shared)
+            b.position_at_end(shared)   # (also where a full tile of a partial panel spills to)
             ncols, index, slot = outputs(mb)
             tile_epilogue(em, st, c, slot, index, nrows, ncols)
             b.branch(done)
         b.position_at_end(full)
-        panel(mb)
-        b.branch(done)
+        panel(mb, spilled_to=shared if lanes is not None else None)
+        if b.block.terminator is None:
+            b.branch(done)
         b.position_at_end(done)
 
     em.loop_range(begin, end, unit)
