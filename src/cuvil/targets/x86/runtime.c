@@ -321,12 +321,18 @@ static void prefault(struct cuvil_session *s) {
  * one page-table entry (write_library, link.py, writes the compiled library 2 MiB at a time for that). But a
  * page read back after the file left the cache (memory pressure, a reboot, a copy by another tool) comes in
  * readahead-sized folios and is mapped 4 KB a page-table entry, unless the mapping asked for huge pages before
- * the fault: then the kernel reads 2 MB folios (where its THP mode is "madvise", the usual default, or
- * "always", and the file system caches large folios: ext4, xfs). GPT-2's decode step on a 2-core Zen 4, its weights evicted and read back: 460
- * of 475 MB mapped in 2 MB pages with the request, 106 MB without (/proc/PID/smaps FilePmdMapped).
- * Only whole 2 MB pages inside [p, p + n) are advised (the mapping keeps the file's offsets congruent to its
- * addresses modulo 2 MB: the linker aligns its segments). Pages already cached stay as they are; a kernel
- * without THP refuses the request; CUVIL_HUGE_PAGES=0 in the environment leaves the mapping alone. */
+ * the fault: then the kernel reads 2 MB folios (a kernel with transparent huge pages, on a file system that
+ * caches large folios: xfs, ext4 since Linux 6.16). GPT-2's decode step on a 2-core Zen 4, its library evicted
+ * and read back by the first run: 916 of 951 MB mapped in 2 MB pages with the request, 220 MB without
+ * (/proc/PID/smaps FilePmdMapped; bench/weights_pages.py). Only whole 2 MB pages inside [p, p + n) are advised;
+ * one is mapped whole where the mapping's addresses are congruent to its file offsets modulo 2 MB (the kernel
+ * places a large file mapping on a 2 MB boundary, and the library's read-only segments keep addresses equal to
+ * file offsets). Limits: pages read before the first session, as a read() of the file (the audit log's digest,
+ * the artifact cache's check), are cached in small folios first and stay so on this kernel (one built with
+ * READ_ONLY_THP_FOR_FS may collapse them later); a sparsely read table (an embedding looked up a few rows at a
+ * time) becomes resident 2 MB per row touched, as in a freshly written library. A kernel without THP refuses
+ * the request; CUVIL_HUGE_PAGES=0 in the environment leaves the mapping alone. Once per process (the caller
+ * holds weights_mu): the request takes the address space's lock for writing. */
 static void advise_weights(const void *p, int64_t n) {
 #ifdef MADV_HUGEPAGE
   const char *env = getenv("CUVIL_HUGE_PAGES");
@@ -722,6 +728,7 @@ static struct cuvil_session *session_create(int num_threads, const void *weights
 /* External weights: the buffer bind_weights accepted, checked against the SHA-256 the library embeds    */
 
 static pthread_mutex_t weights_mu = PTHREAD_MUTEX_INITIALIZER;   /* bound_weights and live_sessions */
+static int weights_advised;                                        /* advise_weights ran (under weights_mu) */
 static const void *bound_weights;
 static long live_sessions;
 
@@ -1177,9 +1184,10 @@ CUVIL_EXPORT cuvil_session *CUVIL_API(session_create)(int num_threads) {
     weights = bound_weights;
     opt_weights = m->external_opt_weights_offset >= 0
                       ? (const void *)((const char *)bound_weights + m->external_opt_weights_offset) : NULL;
-  } else {
+  } else if (!weights_advised) {
     advise_weights(m->weights, m->weights_bytes);
     if (m->opt_weights != m->weights) advise_weights(m->opt_weights, m->opt_weights_bytes);
+    weights_advised = 1;
   }
   struct cuvil_session *s = session_create(num_threads, weights, opt_weights);
   cuvil_session *h = s != NULL ? session_register(s) : NULL;
