@@ -189,6 +189,9 @@ class ModelInfo:
     opt_weights_bytes: int = attrs.field(default=0, validator=_nonneg)
 
     def __attrs_post_init__(self):
+        for sym, n in ((self.weights_symbol, self.weights_bytes), (self.opt_weights_symbol, self.opt_weights_bytes)):
+            if n and sym is None:
+                raise CuvilError(f"{n} bytes of embedded weights without their symbol")
         names = [s.name for s in self.symbols]
         for kind, descs in (("input", self.inputs), ("output", self.outputs)):
             for d in descs:
