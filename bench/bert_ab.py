@@ -90,7 +90,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seqs", default="32,128,384")
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--threads", default="1", help="1 and/or 2, comma-separated")
-    ap.add_argument("--pause-ms", type=float, default=50)
+    ap.add_argument("--pause-ms", type=float, default=150,
+                    help="idle sleep between runs (150: onnxruntime's 2-thread workers spin ~45 ms after a run; bench/PRECISION.md, session 35)")
     ap.add_argument("--kinds", type=int, default=0, metavar="R", help="rounds of the per-kernel-kind profile")
     a = ap.parse_args(argv)
     model = MODELS[a.model](a.layers)

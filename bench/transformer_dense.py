@@ -129,7 +129,8 @@ def main(argv=None):
     ap.add_argument("--seqs", default="32,128,384")
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--runs", type=int, default=15)
-    ap.add_argument("--pause-ms", type=float, default=50)
+    ap.add_argument("--pause-ms", type=float, default=150,
+                    help="idle sleep between runs (150: onnxruntime's 2-thread workers spin ~45 ms after a run; bench/PRECISION.md, session 35)")
     ap.add_argument("--kernels", type=int, metavar="S", help="only the per-kernel table at B = 1, this S")
     ap.add_argument("--peak-gflops", type=float, help="one core's float32 peak, for the %% of peak column")
     ap.add_argument("--ort-kernels", type=int, metavar="S", help="only onnxruntime's per-op table at B = 1, this S")
