@@ -76,8 +76,10 @@ CHANNEL_CASES = [((1, 64, 7, 7), (48, 64, 3, 3), dict(pads=[1, 1, 1, 1])),
                  ((1, 256, 14, 14), (32, 256, 1, 1), {}),
                  ((1, 32, 14, 14), (40, 32, 3, 3), dict(strides=[2, 2], pads=[1, 1, 1, 1])),
                  ((1, 32, 10, 10), (45, 32, 3, 3), dict(pads=[1, 1, 1, 1])),
-                 ((1, 32, 17, 17), (64, 32, 3, 3), dict(pads=[1, 1, 1, 1]))]
-CHANNEL_TILES = ["48x7c", "64x6c", "32x7c", "48x7c", "48x7c", "64x6c"]
+                 ((1, 32, 17, 17), (64, 32, 3, 3), dict(pads=[1, 1, 1, 1])),
+                 ((1, 256, 4, 4), (32, 256, 1, 1), {}),          # 32x8: 16 positions, one panel each half
+                 ((1, 256, 6, 6), (32, 256, 1, 1), {})]          # 32x8 over 36 positions: a partial last panel
+CHANNEL_TILES = ["48x7c", "64x6c", "32x7c", "48x7c", "48x7c", "64x6c", "32x8c", "32x8c"]
 CASES += RUN_CASES + TILE_CASES + CHANNEL_CASES
 
 
@@ -111,7 +113,10 @@ def test_register_tile_choice():
     # a short reduction keeps position lanes: the transpose and weight re-reads are not amortised
     assert not channel_lanes(choose_tile(512, 49, avx512, CHANNEL_MIN_K - 1, cost))
     assert choose_tile(512, 49, avx512, channel_tile_cost=cost) == (32, 7, CHANNEL_LANES)   # 12x32 computes 64 of the 49 positions
-    assert choose_tile(512, 16, avx512, channel_tile_cost=cost) == (12, 32, 16)    # one panel: only the first vector's FMAs are kept
+    # 16 positions: a 12x32 tile would keep one live vector (a weight broadcast per FMA); 8-position channel lanes
+    assert choose_tile(512, 16, avx512, channel_tile_cost=cost) == (32, 8, CHANNEL_LANES)
+    assert choose_tile(512, 16, avx512, CHANNEL_MIN_K - 1, cost) == (12, 32, 16)    # short K: position lanes
+    assert choose_tile(512, 32, avx512, channel_tile_cost=cost) == (12, 32, 16)     # two live vectors: kept
     assert tile_shapes(256) == ((6, 16),)
 
 

@@ -38,7 +38,7 @@ def _contraction_tiles(sched) -> set:
 def test_defaults_are_the_shipped_values():
     # the constants this object replaced (x86/gemm.CHANNEL_TILES, kernels/contraction.CHANNEL_TILE_COST,
     # x86/choose.WEIGHT_COST); changing one changes kernels and needs `pytest --update-golden`
-    assert DEFAULT_TUNING == X86Tuning(channel_tiles=((3, 7), (4, 6), (2, 7)), channel_tile_cost=1.10,
+    assert DEFAULT_TUNING == X86Tuning(channel_tiles=((3, 7), (4, 6), (2, 7), (2, 8)), channel_tile_cost=1.10,
                                        weight_cost=16.0, winograd_tile=None)
     # None: the host microarchitecture's fitted settings (tuning.CALIBRATED), else these; a named CPU has no cpuid
     assert X86Options().tuning is None

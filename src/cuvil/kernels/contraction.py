@@ -99,13 +99,15 @@ def choose_tile(m: int, p, tiles, k: Optional[int] = None, channel_tile_cost: Op
     32-wide panels (224 of 196 positions computed, 256 with 64-wide ones), a 28x28 map 48-wide ones; on a
     2-core Zen 5, with each shape forced in turn, the least padded work picked the fastest of the three on
     the 3x3 layers of `python3 bench/x86_layers.py --only conv3x3` (1.23 -> 1.05 ms at 14x14 256 channels,
-    1.02 -> 0.93 ms at 56x56 64 channels). Channel-lane tiles (48 x 7, 64 x 6, 32 x 7) take 7x7 and 14x14
-    maps."""
+    1.02 -> 0.93 ms at 56x56 64 channels). Channel-lane tiles (48 x 7, 64 x 6, 32 x 7, 32 x 8) take 7x7 and
+    14x14 maps, and 16 positions (a 7x7 map's Winograd F(2x2) GEMMs), which one position-lane panel would hold
+    in a single live vector."""
     positional = [t for t in tiles if not channel_lanes(t)]
     if not isinstance(p, int):
         return tuple(positional[-1])
-    if any(len(t) > 2 and p <= t[1] and p % t[2] == 0 for t in positional):
+    if any(len(t) > 2 and p <= t[1] and p % t[2] == 0 and p > t[2] for t in positional):
         tiles = positional     # one panel whose live vectors hold exactly the positions: nothing to remove
+    # (one live vector is not such a tile: a k-step then loads a weight per FMA, and tile_cost weighs it)
     return tuple(min(tiles, key=lambda t: tile_cost(m, p, t, k, channel_tile_cost)))
 
 

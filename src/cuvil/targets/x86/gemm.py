@@ -85,8 +85,8 @@ def tile_cols(vector_bits: int) -> int:
 def tile_shapes(vector_bits: int, tuning: X86Tuning = DEFAULT_TUNING) -> tuple:
     """The convolution register tiles ``(rows, cols[, lanes | CHANNEL_LANES])`` of a target, in the order
     :func:`cuvil.kernels.contraction.choose_tile` breaks ties. AVX-512's 32 registers hold 12x2, 8x3 or 6x4
-    accumulator vectors of positions beside the B vectors and a broadcast, or (channel lanes) 7x3, 6x4 or
-    7x2 vectors of channels beside the weight vectors (7x4 spilled: 28 accumulators + 4 + a broadcast;
+    accumulator vectors of positions beside the B vectors and a broadcast, or (channel lanes) 7x3, 6x4, 7x2
+    or 8x2 vectors of channels beside the weight vectors (7x4 spilled: 28 accumulators + 4 + a broadcast;
     ``tuning.channel_tiles``); AVX2's 16 hold 6x2."""
     vw = max(4, vector_bits // 32)
     if vector_bits >= 512:

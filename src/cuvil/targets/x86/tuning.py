@@ -61,9 +61,12 @@ def _non_negative(inst, attribute, value) -> None:
 class X86Tuning:
     """Cost-model weights and register tiles of the x86 backend (defaults: the shipped, measured ones)."""
     # AVX-512's channel-lane register tiles (cuvil.kernels.contraction.choose_tile), as (channel vectors,
-    # positions): 7x3, 6x4 or 7x2 accumulator vectors of channels beside the weight vectors and a broadcast
-    # (7x4 spilled: 28 accumulators + 4 + a broadcast). Empty: position-lane tiles only
-    channel_tiles: Tuple[Tuple[int, int], ...] = attrs.field(default=((3, 7), (4, 6), (2, 7)),
+    # positions): 7x3, 6x4, 7x2 or 8x2 accumulator vectors of channels beside the weight vectors and a broadcast
+    # (7x4 spilled: 28 accumulators + 4 + a broadcast). 8x2 takes 16 positions (a 7x7 map's Winograd F(2x2)
+    # GEMMs, which a 12 x 32 tile ran with one live vector: a weight broadcast per FMA) and 6x6 maps: on a
+    # Zen 4, ResNet-50's two such GEMMs 0.88-0.92x in float32 and 0.83-0.86x in bf16, Inception-v1's 6x6 layers
+    # 0.92-0.94x, the same bits (bench/RESULTS.md, session 35). Empty: position-lane tiles only
+    channel_tiles: Tuple[Tuple[int, int], ...] = attrs.field(default=((3, 7), (4, 6), (2, 7), (2, 8)),
                                                              converter=_channel_tiles, validator=_positive_pairs)
     # A channel-lane tile's epilogue transposes it in registers, so its padded work is weighted this much
     # against a position-lane tile's (cuvil.kernels.contraction.tile_cost)
