@@ -117,6 +117,13 @@ def test_register_tile_choice():
     assert choose_tile(512, 16, avx512, channel_tile_cost=cost) == (32, 8, CHANNEL_LANES)
     assert choose_tile(512, 16, avx512, CHANNEL_MIN_K - 1, cost) == (12, 32, 16)    # short K: position lanes
     assert choose_tile(512, 32, avx512, channel_tile_cost=cost) == (12, 32, 16)     # two live vectors: kept
+    # K = 128 (DenseNet's growth layers, ResNet-50's 28x28 Winograd GEMMs) takes channel lanes in the lowering;
+    # the algorithm choice prices such a GEMM as before (choose.CHOICE_CHANNEL_MIN_K: no Winograd switch, no
+    # larger library)
+    from cuvil.targets.x86.choose import CHOICE_CHANNEL_MIN_K
+    assert CHANNEL_MIN_K == 128 < CHOICE_CHANNEL_MIN_K
+    assert choose_tile(128, 49, avx512, 128, cost) == (32, 7, CHANNEL_LANES)
+    assert not channel_lanes(choose_tile(128, 49, avx512, 128, cost, CHOICE_CHANNEL_MIN_K))
     assert tile_shapes(256) == ((6, 16),)
 
 

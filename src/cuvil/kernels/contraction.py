@@ -49,8 +49,10 @@ def _pad(n: int, to: int) -> int:
 CHANNEL_LANES = "c"
 # ... and is offered only for reductions at least this long: its per-tile transpose and the weight vectors
 # it re-reads per position panel are amortised over K (2-core Zen 5: K = 256, a 1x1 256->1024 14x14
-# layer, 214 -> 240 GFLOP/s; K = 64, the 36 GEMMs of a 55x55 F(4x4) layer with 192 channels, 24% slower)
-CHANNEL_MIN_K = 256
+# layer, 214 -> 240 GFLOP/s; K = 64, the 36 GEMMs of a 55x55 F(4x4) layer with 192 channels, 24% slower;
+# 2-core Zen 4, K = 128: ResNet-50's 28x28 F(4x4) GEMMs 0.74-0.78 -> 0.59-0.60 ms on 32 x 7 instead of 12 x 32,
+# DenseNet-121 and Inception-v1 0.985x / 0.983x in kernels, the same bits; bench/RESULTS.md, session 35)
+CHANNEL_MIN_K = 128
 
 
 # A position-lane tile with vectors dropped (see tile_cost) ran 25% below full tiles: a 12x32 tile on 16
@@ -67,17 +69,18 @@ def channel_lanes(tile) -> bool:
     return len(tile) > 2 and tile[2] == CHANNEL_LANES
 
 
-def tile_cost(m: int, p: int, tile, k: Optional[int] = None, channel_tile_cost: Optional[float] = None) -> float:
+def tile_cost(m: int, p: int, tile, k: Optional[int] = None, channel_tile_cost: Optional[float] = None,
+              min_k: int = CHANNEL_MIN_K) -> float:
     """Padded work of ``tile`` on ``m`` output channels x ``p`` positions (see :func:`choose_tile`). A
     position-lane tile whose one panel holds every position computes only the vectors that hold some (the
     x86 kernels' stores past ``p`` are masked off at compile time there, and LLVM drops their FMAs); a k-step
     then issues ``rows * live`` FMAs beside ``rows + live`` loads: its work is weighted PARTIAL_TILE_COST, or
     as load-bound where it has fewer FMAs than loads. ``k``: the reduction length,
-    when known (channel-lane tiles need CHANNEL_MIN_K). ``channel_tile_cost``: the weight of a channel-lane
-    tile's work, given by the target that offers such tiles."""
+    when known (channel-lane tiles need ``min_k``, default CHANNEL_MIN_K). ``channel_tile_cost``: the weight of
+    a channel-lane tile's work, given by the target that offers such tiles."""
     rows, cols = tile[:2]
     if channel_lanes(tile):
-        if k is not None and k < CHANNEL_MIN_K:
+        if k is not None and k < min_k:
             return float("inf")
         if channel_tile_cost is None:
             raise ValueError("a channel-lane tile needs the target's channel_tile_cost")
@@ -91,7 +94,8 @@ def tile_cost(m: int, p: int, tile, k: Optional[int] = None, channel_tile_cost: 
     return _pad(m, rows) * live * lanes * PARTIAL_TILE_COST * max(1.0, (rows + live) / (rows * live))
 
 
-def choose_tile(m: int, p, tiles, k: Optional[int] = None, channel_tile_cost: Optional[float] = None) -> tuple:
+def choose_tile(m: int, p, tiles, k: Optional[int] = None, channel_tile_cost: Optional[float] = None,
+                min_k: int = CHANNEL_MIN_K) -> tuple:
     """The register tile among the target's ``tiles`` with the least padded work (:func:`tile_cost`, about
     ``pad(m, rows) * pad(p, cols)``; channel-lane tiles weighted by ``channel_tile_cost``) for ``m``
     output channels and ``p`` positions (ties: the earlier one); the last position-lane tile when ``p`` is
@@ -108,7 +112,7 @@ def choose_tile(m: int, p, tiles, k: Optional[int] = None, channel_tile_cost: Op
     if any(len(t) > 2 and p <= t[1] and p % t[2] == 0 and p > t[2] for t in positional):
         tiles = positional     # one panel whose live vectors hold exactly the positions: nothing to remove
     # (one live vector is not such a tile: a k-step then loads a weight per FMA, and tile_cost weighs it)
-    return tuple(min(tiles, key=lambda t: tile_cost(m, p, t, k, channel_tile_cost)))
+    return tuple(min(tiles, key=lambda t: tile_cost(m, p, t, k, channel_tile_cost, min_k)))
 
 
 @attrs.define(eq=False)

@@ -68,17 +68,26 @@ _E = 2.0 ** -8 + 2.0 ** -22
 BF16_WINOGRAD_UNIT = 8 * ((1 + _E) ** 2 - 1)
 
 
+#: The reduction length from which the algorithm choice prices a GEMM on channel-lane tiles (the lowering takes
+#: them from CHANNEL_MIN_K = 128). Pricing them from 128 here too made Winograd, and F(4x4) over F(2x2), cheaper on
+#: paper for every layer of K 128 to 255: DenseNet-121's 3x3 growth layers (K = 128) went to F(4x4) and to Winograd
+#: at 7x7, its weights 42.6 -> 55.5 MB (+30%), Inception-v1's 38.5 -> 41.9 MB, for 1.3-1.6% more in kernels than the
+#: tiles alone gave on a Zen 4 (bench/RESULTS.md, session 35). The cost model has no term for a library's size, so
+#: the choice stays where it was measured.
+CHOICE_CHANNEL_MIN_K = 256
+
+
 def _gemm_work(m: int, p: int, k: int, shapes, in_place: bool = False, tuning: X86Tuning = DEFAULT_TUNING) -> float:
     """Cost per reduction element of an m x p GEMM: the chosen tile's padded work and its panel packing;
     ``in_place``: a 1x1 GEMM whose full panels are read where they are when it runs in panel order with a
     position-lane tile (m <= p, see :mod:`cuvil.targets.x86.gemm`); its partial last panel is packed."""
-    tile = choose_tile(m, p, shapes, k, tuning.channel_tile_cost)
+    tile = choose_tile(m, p, shapes, k, tuning.channel_tile_cost, CHOICE_CHANNEL_MIN_K)
     cols = tile[1]
     if in_place and m <= p and not channel_lanes(tile):    # only a partial last panel is packed
         packed = cols if p % cols else 0
     else:
         packed = -(-p // cols) * cols
-    return tile_cost(m, p, tile, k, tuning.channel_tile_cost) + PACK_COST * packed
+    return tile_cost(m, p, tile, k, tuning.channel_tile_cost, CHOICE_CHANNEL_MIN_K) + PACK_COST * packed
 
 
 def direct_cost(c: int, k: int, oh: int, ow: int, shapes=AVX2_TILES, tuning: X86Tuning = DEFAULT_TUNING,
