@@ -95,7 +95,7 @@ def tile_cost(m: int, p: int, tile, k: Optional[int] = None, channel_tile_cost: 
 
 
 def choose_tile(m: int, p, tiles, k: Optional[int] = None, channel_tile_cost: Optional[float] = None,
-                min_k: int = CHANNEL_MIN_K) -> tuple:
+                min_k: int = CHANNEL_MIN_K, one_vector_exact: bool = False) -> tuple:
     """The register tile among the target's ``tiles`` with the least padded work (:func:`tile_cost`, about
     ``pad(m, rows) * pad(p, cols)``; channel-lane tiles weighted by ``channel_tile_cost``) for ``m``
     output channels and ``p`` positions (ties: the earlier one); the last position-lane tile when ``p`` is
@@ -105,11 +105,12 @@ def choose_tile(m: int, p, tiles, k: Optional[int] = None, channel_tile_cost: Op
     the 3x3 layers of `python3 bench/x86_layers.py --only conv3x3` (1.23 -> 1.05 ms at 14x14 256 channels,
     1.02 -> 0.93 ms at 56x56 64 channels). Channel-lane tiles (48 x 7, 64 x 6, 32 x 7, 32 x 8) take 7x7 and
     14x14 maps, and 16 positions (a 7x7 map's Winograd F(2x2) GEMMs), which one position-lane panel would hold
-    in a single live vector."""
+    in a single live vector. ``min_k`` and ``one_vector_exact`` (such a panel counted as exact, keeping position
+    lanes) give the x86 algorithm choice its own, earlier view (:func:`cuvil.targets.x86.choose.choice_tile`)."""
     positional = [t for t in tiles if not channel_lanes(t)]
     if not isinstance(p, int):
         return tuple(positional[-1])
-    if any(len(t) > 2 and p <= t[1] and p % t[2] == 0 and p > t[2] for t in positional):
+    if any(len(t) > 2 and p <= t[1] and p % t[2] == 0 and (one_vector_exact or p > t[2]) for t in positional):
         tiles = positional     # one panel whose live vectors hold exactly the positions: nothing to remove
     # (one live vector is not such a tile: a k-step then loads a weight per FMA, and tile_cost weighs it)
     return tuple(min(tiles, key=lambda t: tile_cost(m, p, t, k, channel_tile_cost, min_k)))

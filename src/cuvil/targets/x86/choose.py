@@ -7,8 +7,8 @@ tile, and a Winograd rule is accepted only when its tile size is the cheapest of
 
 * GEMM work is counted on padded extents: output channels in panels of the register tile's rows,
   positions (direct: output pixels; Winograd: tiles) in panels of its columns, for the tile the lowering
-  will choose among the target's (:func:`cuvil.kernels.contraction.choose_tile` / ``tile_cost``; AVX2: 6x16;
-  AVX-512: 12x32, 8x48 or 6x64, or the channel-lane 32x7, 48x7 or 64x6 for reductions of 256 or more): a
+  chose among the target's when this model was fitted (:func:`choice_tile`; AVX2: 6x16; AVX-512: 12x32, 8x48 or
+  6x64, or the channel-lane 32x7, 48x7 or 64x6 for reductions of 256 or more; the lowering has more since): a
   7x7 map has 4 tiles of 4x4 in one panel, mostly empty, which is why small maps take F(2x2) or stay direct.
 * Weights stream from memory once per inference, Winograd's (m+2)^2/9 times as many:
   :attr:`X86Tuning.weight_cost <cuvil.targets.x86.tuning.X86Tuning.weight_cost>` per weight float. Each
@@ -68,20 +68,30 @@ _E = 2.0 ** -8 + 2.0 ** -22
 BF16_WINOGRAD_UNIT = 8 * ((1 + _E) ** 2 - 1)
 
 
-#: The reduction length from which the algorithm choice prices a GEMM on channel-lane tiles (the lowering takes
-#: them from CHANNEL_MIN_K = 128). Pricing them from 128 here too made Winograd, and F(4x4) over F(2x2), cheaper on
-#: paper for every layer of K 128 to 255: DenseNet-121's 3x3 growth layers (K = 128) went to F(4x4) and to Winograd
-#: at 7x7, its weights 42.6 -> 55.5 MB (+30%), Inception-v1's 38.5 -> 41.9 MB, for 1.3-1.6% more in kernels than the
-#: tiles alone gave on a Zen 4 (bench/RESULTS.md, session 35). The cost model has no term for a library's size, so
-#: the choice stays where it was measured.
+# The algorithm choice (Winograd or direct, F(2x2) or F(4x4)) prices each GEMM on the tile the lowering took when
+# the choice was fitted (bench/winograd_layers.py; sessions 11-33), not on the lowering's later tiles (session 35:
+# channel-lane tiles from K = 128, the 32 x 8 tile, one live vector no longer counted as an exact panel). Pricing
+# those too moved Winograd choices the model was never measured on: DenseNet-121's 3x3 growth layers (K = 128) to
+# F(4x4) and to Winograd at 7x7, its weights 42.6 -> 55.5 MB (+30%) for 1.3% more in kernels on a Zen 4 than the
+# tiles alone gave; and 45 of 200 sampled geometries with 256 or more input channels (F(2x2) -> F(4x4), direct ->
+# F(2x2) in bf16). The cost model has no term for a library's size, so the choice stays where it was measured.
+#: the reduction length from which the choice prices channel-lane tiles (the lowering: CHANNEL_MIN_K)
 CHOICE_CHANNEL_MIN_K = 256
+#: the channel-lane tiles' position counts the choice prices (the lowering also has 32 x 8)
+CHOICE_CHANNEL_COLS = (6, 7)
+
+
+def choice_tile(m: int, p: int, k: int, shapes, tuning: X86Tuning = DEFAULT_TUNING) -> tuple:
+    """The register tile the algorithm choice prices an m x p GEMM over k terms on (see above)."""
+    shapes = [t for t in shapes if not channel_lanes(t) or t[1] in CHOICE_CHANNEL_COLS]
+    return tuple(choose_tile(m, p, shapes, k, tuning.channel_tile_cost, CHOICE_CHANNEL_MIN_K, one_vector_exact=True))
 
 
 def _gemm_work(m: int, p: int, k: int, shapes, in_place: bool = False, tuning: X86Tuning = DEFAULT_TUNING) -> float:
     """Cost per reduction element of an m x p GEMM: the chosen tile's padded work and its panel packing;
     ``in_place``: a 1x1 GEMM whose full panels are read where they are when it runs in panel order with a
     position-lane tile (m <= p, see :mod:`cuvil.targets.x86.gemm`); its partial last panel is packed."""
-    tile = choose_tile(m, p, shapes, k, tuning.channel_tile_cost, CHOICE_CHANNEL_MIN_K)
+    tile = choice_tile(m, p, k, shapes, tuning)
     cols = tile[1]
     if in_place and m <= p and not channel_lanes(tile):    # only a partial last panel is packed
         packed = cols if p % cols else 0

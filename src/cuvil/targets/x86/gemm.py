@@ -9,7 +9,7 @@ registers: per k it loads ``NV`` vectors of a B panel, broadcasts ``MR`` packed 
 (bias, folded BatchNorm, residual add, activation: whatever was fused into the stage) runs over it in place
 through the generic emitter, and the rows are copied to the output.
 
-With a *channel-lane* tile (``Contraction.channel_lanes``, AVX-512: 32 x 7, 48 x 7, 64 x 6) the roles swap:
+With a *channel-lane* tile (``Contraction.channel_lanes``, AVX-512: 32 x 7, 48 x 7, 64 x 6, 32 x 8) the roles swap:
 per k the kernel loads ``MR / VW`` vectors of packed weights and broadcasts ``NR`` packed positions, so
 ``NR`` may be any count (7: one row of a 7x7 map, which position vectors would pad to 64); the weight panel
 is k-blocked to ``A_BLOCK_BYTES`` instead of the B panel, since every position panel re-reads it. Its

@@ -3,8 +3,8 @@ the schedules it already knows how to generate for each float32 convolution laye
 keeps the choice on disk.
 
 * Candidates per layer (:func:`candidates`): the direct convolution with each register tile the target offers
-  (AVX-512: 12 x 32, 8 x 48, 6 x 64 position tiles, and the channel-lane 48 x 7, 64 x 6, 32 x 7 for
-  reductions of 256 or more; :func:`cuvil.targets.x86.gemm.tile_shapes`) whose padded work is within
+  (AVX-512: 12 x 32, 8 x 48, 6 x 64 position tiles, and the channel-lane 48 x 7, 64 x 6, 32 x 7, 32 x 8 for
+  reductions of 128 or more; :func:`cuvil.targets.x86.gemm.tile_shapes`) whose padded work is within
   :data:`PRUNE` of the least, and for a stride-1 3x3 layer Winograd F(2x2) and F(4x4). The cost model's own
   choice is always among them.
 * Each candidate is the layer alone (Conv + Relu, the model's shapes and attributes, seeded weights) built
