@@ -51,7 +51,8 @@ CHANNEL_LANES = "c"
 # it re-reads per position panel are amortised over K (2-core Zen 5: K = 256, a 1x1 256->1024 14x14
 # layer, 214 -> 240 GFLOP/s; K = 64, the 36 GEMMs of a 55x55 F(4x4) layer with 192 channels, 24% slower;
 # 2-core Zen 4, K = 128: ResNet-50's 28x28 F(4x4) GEMMs 0.74-0.78 -> 0.59-0.60 ms on 32 x 7 instead of 12 x 32,
-# DenseNet-121 and Inception-v1 0.985x / 0.983x in kernels, the same bits; bench/RESULTS.md, session 35)
+# whole libraries in kernels: DenseNet-121 0.979x, Inception-v1 0.961x, ShuffleNet 0.971x at 1 thread, the same
+# bits; bench/RESULTS.md, session 35)
 CHANNEL_MIN_K = 128
 
 
