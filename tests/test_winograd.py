@@ -120,8 +120,9 @@ def test_cost_model_choices():
 def test_gemm_work_charges_the_packing_the_kernel_does():
     from cuvil.kernels.contraction import choose_tile
     avx512 = tile_shapes(512)
-    # panel order with a position-lane tile: full panels in place, only the partial last one packed
-    t = choose_tile(32, 100, avx512, 64)
+    # panel order with a position-lane tile (the choice's view of K = 64): full panels in place, only the partial
+    # last one packed
+    t = choose.choice_tile(32, 100, 64, avx512)
     assert t[1] < 100 and 100 % t[1]
     assert choose._gemm_work(32, 100, 64, avx512, in_place=True) == pytest.approx(
         choose._gemm_work(32, 100, 64, avx512) - choose.PACK_COST * (-(-100 // t[1]) - 1) * t[1])

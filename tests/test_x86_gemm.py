@@ -97,7 +97,7 @@ def test_conv_gemm_avx2_panels(xs, ws, attrs):
 
 
 def test_register_tile_choice():
-    from cuvil.kernels.contraction import CHANNEL_LANES, CHANNEL_MIN_K, channel_lanes, choose_tile
+    from cuvil.kernels.contraction import CHANNEL_FLOOR_K, CHANNEL_LANES, CHANNEL_MIN_K, channel_lanes, choose_tile
     from cuvil.targets.x86.gemm import tile_shapes
     from cuvil.targets.x86.tuning import DEFAULT_TUNING
     avx512 = tile_shapes(512)
@@ -111,11 +111,21 @@ def test_register_tile_choice():
         rows, cols = (int(v) for v in tile[:-1].split("x"))
         assert choose_tile(ws[0], out[0] * out[1], avx512, int(np.prod(ws[1:])), cost) == (rows, cols, CHANNEL_LANES)
     # a short reduction keeps position lanes: the transpose and weight re-reads are not amortised
-    assert not channel_lanes(choose_tile(512, 49, avx512, CHANNEL_MIN_K - 1, cost))
+    assert not channel_lanes(choose_tile(512, 49, avx512, 24, cost))
+    assert not channel_lanes(choose_tile(512, 49, avx512, CHANNEL_FLOOR_K - 1, cost, min_k=1))
+    # ... but from K = 32 they pay where position vectors leave lanes empty (49 positions in 64 lanes:
+    # SqueezeNet's 27x27 and 13x13 Winograd GEMMs, K = 32 and 64), and not where they fill 88% of them (its
+    # 13x13 1x1 layers, 169 positions at K = 48 / 64) or the Zen 5 layer of CHANNEL_MIN_K's comment
+    assert choose_tile(128, 49, avx512, 32, cost) == (32, 7, CHANNEL_LANES)
+    assert choose_tile(256, 49, avx512, 64, cost) == (32, 7, CHANNEL_LANES)
+    assert not channel_lanes(choose_tile(192, 169, avx512, 48, cost))
+    assert not channel_lanes(choose_tile(256, 169, avx512, 64, cost))
+    assert not channel_lanes(choose_tile(192, 196, avx512, 64, cost))
     assert choose_tile(512, 49, avx512, channel_tile_cost=cost) == (32, 7, CHANNEL_LANES)   # 12x32 computes 64 of the 49 positions
     # 16 positions: a 12x32 tile would keep one live vector (a weight broadcast per FMA); 8-position channel lanes
     assert choose_tile(512, 16, avx512, channel_tile_cost=cost) == (32, 8, CHANNEL_LANES)
-    assert choose_tile(512, 16, avx512, CHANNEL_MIN_K - 1, cost) == (12, 32, 16)    # short K: position lanes
+    assert choose_tile(512, 16, avx512, 24, cost) == (12, 32, 16)    # short K: position lanes
+    assert choose_tile(512, 16, avx512, CHANNEL_FLOOR_K - 1, cost, min_k=1) == (12, 32, 16)
     assert choose_tile(512, 32, avx512, channel_tile_cost=cost) == (12, 32, 16)     # two live vectors: kept
     # K = 128 (DenseNet's growth layers, ResNet-50's 28x28 Winograd GEMMs) takes channel lanes in the lowering;
     # the algorithm choice prices such a GEMM as before (choose.CHOICE_CHANNEL_MIN_K: no Winograd switch, no

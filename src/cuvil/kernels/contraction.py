@@ -47,13 +47,23 @@ def _pad(n: int, to: int) -> int:
 # epilogue transposes it in registers, so its work is weighted by the target's ``channel_tile_cost`` against
 # the other form's (x86: cuvil.targets.x86.tuning.X86Tuning.channel_tile_cost).
 CHANNEL_LANES = "c"
-# ... and is offered only for reductions at least this long: its per-tile transpose and the weight vectors
-# it re-reads per position panel are amortised over K (2-core Zen 5: K = 256, a 1x1 256->1024 14x14
-# layer, 214 -> 240 GFLOP/s; K = 64, the 36 GEMMs of a 55x55 F(4x4) layer with 192 channels, 24% slower;
-# 2-core Zen 4, K = 128: ResNet-50's 28x28 F(4x4) GEMMs 0.74-0.78 -> 0.59-0.60 ms on 32 x 7 instead of 12 x 32,
-# whole libraries in kernels: DenseNet-121 0.979x, Inception-v1 0.961x, ShuffleNet 0.971x at 1 thread, the same
-# bits; bench/RESULTS.md, session 35)
+# ... and is weighted so from this reduction length on: its per-tile transpose and the weight vectors it
+# re-reads per position panel are amortised over K (2-core Zen 5: K = 256, a 1x1 256->1024 14x14 layer, 214 ->
+# 240 GFLOP/s; 2-core Zen 4, K = 128: ResNet-50's 28x28 F(4x4) GEMMs 0.74-0.78 -> 0.59-0.60 ms on 32 x 7 instead
+# of 12 x 32, whole libraries in kernels: DenseNet-121 0.979x, Inception-v1 0.961x, ShuffleNet 0.971x at 1
+# thread, the same bits; bench/RESULTS.md, session 35)
 CHANNEL_MIN_K = 128
+# Below it the weight grows as (1 + CHANNEL_SHORT_K / K) / (1 + CHANNEL_SHORT_K / CHANNEL_MIN_K): a fixed cost
+# per tile of about CHANNEL_SHORT_K k-steps. Fitted on a 2-core Zen 4 (session 36) to SqueezeNet's layers, each
+# forced both ways: channel lanes pay where position vectors leave lanes empty (49 positions in 64 lanes, the
+# Winograd GEMMs of its 27x27 and 13x13 maps at K = 32 and 64: 0.193 -> 0.164 and 0.314 -> 0.254 ms) and not
+# where they fill 88% of them (169 positions at K = 48 and 64: 0.033 -> 0.036 ms, 0.019 -> 0.027 at 2 threads);
+# it also keeps the Zen 5 measurement above (K = 64, 196 positions of a 55x55 F(4x4) layer, 192 channels:
+# 24% slower on channel lanes) on position lanes.
+CHANNEL_SHORT_K = 8
+# ... and below this they are not offered at all (the property fuzz draws reductions from here,
+# tests/property/test_channel_lane_property.py; the weight above already prices them out below ~24)
+CHANNEL_FLOOR_K = 16
 
 
 # A position-lane tile with vectors dropped (see tile_cost) ran 25% below full tiles: a 12x32 tile on 16
@@ -70,22 +80,30 @@ def channel_lanes(tile) -> bool:
     return len(tile) > 2 and tile[2] == CHANNEL_LANES
 
 
+def short_k_weight(k: Optional[int]) -> float:
+    """A channel-lane tile's extra weight at reduction length ``k`` (1 from CHANNEL_MIN_K on, or unknown)."""
+    if k is None or k >= CHANNEL_MIN_K:
+        return 1.0
+    return (1.0 + CHANNEL_SHORT_K / k) / (1.0 + CHANNEL_SHORT_K / CHANNEL_MIN_K)
+
+
 def tile_cost(m: int, p: int, tile, k: Optional[int] = None, channel_tile_cost: Optional[float] = None,
-              min_k: int = CHANNEL_MIN_K) -> float:
+              min_k: int = CHANNEL_FLOOR_K) -> float:
     """Padded work of ``tile`` on ``m`` output channels x ``p`` positions (see :func:`choose_tile`). A
     position-lane tile whose one panel holds every position computes only the vectors that hold some (the
     x86 kernels' stores past ``p`` are masked off at compile time there, and LLVM drops their FMAs); a k-step
     then issues ``rows * live`` FMAs beside ``rows + live`` loads: its work is weighted PARTIAL_TILE_COST, or
     as load-bound where it has fewer FMAs than loads. ``k``: the reduction length,
-    when known (channel-lane tiles need ``min_k``, default CHANNEL_MIN_K). ``channel_tile_cost``: the weight of
-    a channel-lane tile's work, given by the target that offers such tiles."""
+    when known (channel-lane tiles need ``min_k``, default CHANNEL_FLOOR_K, and below CHANNEL_MIN_K weigh
+    :func:`short_k_weight` more). ``channel_tile_cost``: the weight of a channel-lane tile's work, given by the
+    target that offers such tiles."""
     rows, cols = tile[:2]
     if channel_lanes(tile):
         if k is not None and k < min_k:
             return float("inf")
         if channel_tile_cost is None:
             raise ValueError("a channel-lane tile needs the target's channel_tile_cost")
-        return _pad(m, rows) * _pad(p, cols) * channel_tile_cost
+        return _pad(m, rows) * _pad(p, cols) * channel_tile_cost * short_k_weight(k)
     if len(tile) < 3 or p > cols:     # no lanes given (the GPU's tiles): plain padded work
         return _pad(m, rows) * _pad(p, cols)
     lanes = tile[2]
@@ -96,7 +114,7 @@ def tile_cost(m: int, p: int, tile, k: Optional[int] = None, channel_tile_cost: 
 
 
 def choose_tile(m: int, p, tiles, k: Optional[int] = None, channel_tile_cost: Optional[float] = None,
-                min_k: int = CHANNEL_MIN_K, one_vector_exact: bool = False) -> tuple:
+                min_k: int = CHANNEL_FLOOR_K, one_vector_exact: bool = False) -> tuple:
     """The register tile among the target's ``tiles`` with the least padded work (:func:`tile_cost`, about
     ``pad(m, rows) * pad(p, cols)``; channel-lane tiles weighted by ``channel_tile_cost``) for ``m``
     output channels and ``p`` positions (ties: the earlier one); the last position-lane tile when ``p`` is

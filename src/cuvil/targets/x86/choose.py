@@ -75,7 +75,8 @@ BF16_WINOGRAD_UNIT = 8 * ((1 + _E) ** 2 - 1)
 # F(4x4) and to Winograd at 7x7, its weights 42.6 -> 55.5 MB (+30%) for 1.3% more in kernels on a Zen 4 than the
 # tiles alone gave; and 45 of 200 sampled geometries with 256 or more input channels (F(2x2) -> F(4x4), direct ->
 # F(2x2) in bf16). The cost model has no term for a library's size, so the choice stays where it was measured.
-#: the reduction length from which the choice prices channel-lane tiles (the lowering: CHANNEL_MIN_K)
+#: the reduction length from which the choice prices channel-lane tiles (the lowering: from CHANNEL_FLOOR_K,
+#: weighted more below CHANNEL_MIN_K, session 36)
 CHOICE_CHANNEL_MIN_K = 256
 #: the channel-lane tiles' position counts the choice prices (the lowering also has 32 x 8)
 CHOICE_CHANNEL_COLS = (6, 7)

@@ -15,8 +15,9 @@ per k the kernel loads ``MR / VW`` vectors of packed weights and broadcasts ``NR
 is k-blocked to ``A_BLOCK_BYTES`` instead of the B panel, since every position panel re-reads it. Its
 accumulators are transposed in registers into channel rows of ``w`` lanes (the power of two >= ``NR``,
 :func:`transpose_lanes`) for the vector epilogue (columns masked to the panel's positions), or stored
-transposed for the spilled-tile one. They are offered for reductions of at least ``CHANNEL_MIN_K`` (128; the
-algorithm choice prices them from 256, ``choose.CHOICE_CHANNEL_MIN_K``).
+transposed for the spilled-tile one. They are offered for reductions of at least ``CHANNEL_FLOOR_K`` (16), their
+work weighted more below ``CHANNEL_MIN_K`` (128: ``contraction.short_k_weight``); the algorithm choice prices
+them from 256, ``choose.CHOICE_CHANNEL_MIN_K``.
 
 B panels (``K x NR`` floats, the im2col of ``NR`` positions) are packed into the calling thread's scratch
 (``bufs[scratch]``, one region per thread, see runtime.c) from the stored input: a contiguous copy when the

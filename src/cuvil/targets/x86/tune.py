@@ -208,7 +208,7 @@ def candidates(layer: ConvLayer, bits: int, base: X86Tuning) -> Dict[str, X86Tun
     own = tuple(choose_tile(m, p, shapes, kk, base.channel_tile_cost))
     out = {}
     for tile in shapes:
-        if costs[tile] > PRUNE * least and tuple(tile) != own:   # channel-lane below CHANNEL_MIN_K: inf
+        if costs[tile] > PRUNE * least and tuple(tile) != own:   # channel-lane below CHANNEL_FLOOR_K: inf
             continue
         out[tile_label(tile)] = attrs.evolve(base, layer_winograd=direct, layer_tiles=(((m, p, kk), tile),))
     if wkey:
