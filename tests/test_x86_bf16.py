@@ -140,6 +140,7 @@ CONV_CASES = [
     ((2, 5, 9, 9), (12, 5, 1, 1), {}, "12x32"),                                         # 1x1 K=5, partial panel
     ((1, 256, 4, 4), (32, 256, 1, 1), {}, "32x8c"),                                       # 16 positions: 8-wide lanes
     ((1, 128, 7, 7), (48, 128, 1, 1), {}, "48x7c"),                                       # channel lanes at K=128
+    ((1, 80, 13, 13), (40, 80, 3, 3), dict(pads=[1, 1, 1, 1]), "8x48"),   # last panel: 2 of 3 vectors, k-blocks
 ]
 
 

@@ -96,6 +96,30 @@ def test_conv_gemm_avx2_panels(xs, ws, attrs):
     check(conv_epilogue_model(xs, ws, **attrs), x, gemm_stages=1, cpu="haswell")
 
 
+# A last position panel that fills fewer of its tile's vectors runs a k-loop of only those (gemm.py, last_live):
+# 13x13 maps on 8 x 48 (25 positions, 2 of 3 vectors) over three k-blocks, and read in place (1x1); a 10x10 map on
+# 12 x 32 in weights order (200 channels > 100 positions; 4 positions, 1 of 2); 14x14 on 12 x 32. AVX2's 6 x 16
+# tiles: the 10x10 and 14x14 maps (4 positions, 1 of 2).
+PEEL_CASES = [((1, 80, 13, 13), (40, 80, 3, 3), dict(pads=[1, 1, 1, 1]), "8x48", None),
+              ((1, 512, 13, 13), (40, 512, 1, 1), {}, "8x48", None),
+              ((1, 8, 10, 10), (200, 8, 3, 3), dict(pads=[1, 1, 1, 1]), "12x32", "6x16"),
+              ((1, 24, 14, 14), (20, 24, 3, 3), dict(pads=[1, 1, 1, 1], epilogue="residual"), "12x32", "6x16")]
+
+
+@pytest.mark.parametrize("xs,ws,attrs,tile,avx2", PEEL_CASES, ids=[f"peel{i}" for i in range(len(PEEL_CASES))])
+def test_last_panel_of_fewer_vectors(xs, ws, attrs, tile, avx2):
+    from cuvil.targets.x86.gemm import tile_shapes
+    rows, cols = (int(v) for v in tile.split("x"))
+    p = xs[2] * xs[3]
+    assert p > cols and 0 < -(-(p % cols) // 16) < cols // 16          # several panels, the last one short
+    x = np.random.default_rng(1).standard_normal(xs).astype(np.float32)
+    model = conv_epilogue_model(xs, ws, **attrs)
+    check(model, x, gemm_stages=2 if attrs.get("epilogue") == "residual" else 1, tile=tile)
+    if avx2 is not None:
+        assert tile_shapes(256) == ((6, 16),) and 0 < -(-(p % 16) // 8) < 2
+        check(model, x, gemm_stages=2 if attrs.get("epilogue") == "residual" else 1, cpu="haswell", tile=avx2)
+
+
 def test_register_tile_choice():
     from cuvil.kernels.contraction import CHANNEL_FLOOR_K, CHANNEL_LANES, CHANNEL_MIN_K, channel_lanes, choose_tile
     from cuvil.targets.x86.gemm import tile_shapes

@@ -634,16 +634,20 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
 
     nacc = MR * nr // vw
 
-    def kloop(a_ptr, b_ptr, k0: int, k1: int, acc_in, acc_out, b_stride=None, chunk_share=None):
+    def kloop(a_ptr, b_ptr, k0: int, k1: int, acc_in, acc_out, b_stride=None, chunk_share=None, live=None):
         """MR x nr accumulators over k in [k0, k1) (nacc vectors: MR rows x nv, or with channel lanes nr
         rows x nv): start from zero (acc_in None) or the vectors at acc_in, end stored at acc_out (the tile,
         or an accumulator slot between k-blocks; None: not stored). Returns the accumulator values.
+        ``live`` (position lanes: fewer than nv, a last panel's): only each row's first ``live`` vectors
+        (MR x live values, row-major; stored and loaded at their places in the MR x nv layout).
         ``b_stride``: floats from one B row to the next (default nr: a packed panel). ``chunk_share`` (pb,
         panels): this is position panel pb of the ``panels`` that read this k-block of weights (weight-block
         order); its k-loop then prefetches its even share of the next k-block's weights into L2
         (NEXT_CHUNK_PREFETCH), so that the next block's first panel does not wait on memory."""
-        init = [zero] * nacc if acc_in is None else [
-            b.load(b.gep(acc_in, [I64(i)], source_etype=vec, inbounds=True), typ=vec, align=4) for i in range(nacc)]
+        lv = nv if live is None else live
+        init = [zero] * (nacc // nv * lv) if acc_in is None else [
+            b.load(b.gep(acc_in, [I64(i)], source_etype=vec, inbounds=True), typ=vec, align=4)
+            for i in tile_slots(lv)]
         a_row = lambda k: fptr(a_ptr, b.mul(k, I64(MR)))
         b_row = lambda k: fptr(b_ptr, b.mul(k, I64(nr) if b_stride is None else b_stride))
         if bf:                   # pairs of k: 32-bit words, MR per weight row, nr per panel row
@@ -655,13 +659,13 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
                 vectors = lambda k: [vl(a_row(k), v * vw) for v in range(nv)]
                 scalars = lambda k: [wl(b_row(k), j) for j in range(nr)]
             else:
-                vectors = lambda k: [vl(b_row(k), v * vw) for v in range(nv)]
+                vectors = lambda k: [vl(b_row(k), v * vw) for v in range(lv)]
                 scalars = lambda k: [wl(a_row(k), r) for r in range(MR)]
         elif cl:
             vectors = lambda k: [b.load(fptr(a_row(k), I64(v * vw)), typ=vec, align=4) for v in range(nv)]
             scalars = lambda k: [b.load(fptr(b_row(k), I64(j)), typ=F32, align=4) for j in range(nr)]
         else:
-            vectors = lambda k: [b.load(fptr(b_row(k), I64(v * vw)), typ=vec, align=4) for v in range(nv)]
+            vectors = lambda k: [b.load(fptr(b_row(k), I64(v * vw)), typ=vec, align=4) for v in range(lv)]
             scalars = lambda k: [b.load(fptr(a_row(k), I64(r)), typ=F32, align=4) for r in range(MR)]
         # every cache line of the weight row PREFETCH_K steps ahead (a channel-lane row is 2-4 lines)
         lines = range(0, -(-MR * 4 // 64)) if cl else range(1)
@@ -681,16 +685,20 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
             def chunk(k):
                 at = even_share_line(b, pb, I64(kc_), b.sub(k, I64(k0)), I64(step))
                 return [(b.gep(nxt, [b.mul(at, I64(16))], source_etype=F32), 2)]
-        new = fma_tile_loop(em, fma, I64(k0), I64(k1), init, nv, vectors, scalars,
+        new = fma_tile_loop(em, fma, I64(k0), I64(k1), init, lv, vectors, scalars,
                             prefetch=lambda k: [fptr(fptr(a_ptr, b.mul(b.add(k, I64(PREFETCH_K)), I64(MR))), I64(16 * ln))
                                                 for ln in lines] + (chunk(k) if chunk else []), mac=mac)
         if acc_out is not None:
-            store_tile(new, acc_out)
+            store_tile(new, acc_out, lv)
         return new
 
-    def store_tile(values, dst):
-        for i in range(nacc):
-            b.store(values[i], b.gep(dst, [I64(i)], source_etype=vec, inbounds=True), align=4)
+    def tile_slots(live):
+        """The vector slots of a tile's accumulators (row-major MR x nv), each row's first ``live``."""
+        return [i for i in range(nacc) if i % nv < live] if live < nv else list(range(nacc))
+
+    def store_tile(values, dst, live=None):
+        for v, i in zip(values, tile_slots(nv if live is None else live)):
+            b.store(v, b.gep(dst, [I64(i)], source_etype=vec, inbounds=True), align=4)
 
     # full tiles of an epilogue made of per-channel and same-position operands run on the accumulators
     vplan = (vector_epilogue_plan(st, c) if (km.cheap_masks or not cl) and st.region is None
@@ -755,6 +763,14 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
                 amx_tile(a_ptr, panel)
         return _StoredTile(b, tile, vec, nacc)
 
+    # A position-lane tile's last panel holds P - (Pb - 1) nr positions; where they fill fewer of its nv
+    # vectors, that panel runs a k-loop of only those (0: none such). A single panel needs none (its stores
+    # past P are masked off at compile time, and LLVM drops the products behind them). SqueezeNet's 512 ->
+    # 1000 13x13 layer: 169 = 3 x 48 + 25 positions, 2 of 3 vectors in the last panel, 192 -> 176 positions'
+    # products. (The AMX tiles have their own: half_last.)
+    last_live = -(-(P - (Pb - 1) * nr) // vw) if isinstance(P, int) and isinstance(Pb, int) else nv
+    last_live = last_live if not amx and not cl and Pb != 1 and last_live < nv else 0
+
     def tile_at(n, g, mb, pb, panel, slot, blk, b_stride=None):
         k0, k1 = blocks[blk]
         a_ptr = (ipt(a_base, b.mul(b.add(b.mul(g, I64(Mb)), mb), I64(K2 * MR))) if bf else
@@ -763,12 +779,28 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
         last = blk == len(blocks) - 1
         if amx:
             a_ptr = ipt(a_base, b.mul(b.add(b.mul(g, I64(Mb)), mb), I64(MR * K2s)))
-            new = amx_unit(a_ptr, panel, pb)
-        else:
-            # weight-block order: Pb position panels read each k-block of weights, the first from memory;
-            # they prefetch the next k-block among them (kloop: where their steps cover its lines)
-            share = (pb, Pb) if not panel_order and NEXT_CHUNK_PREFETCH and Pb > 1 else None
-            new = kloop(a_ptr, panel, k0, k1, None if blk == 0 else acc, None if last else acc, b_stride, share)
+            finish(amx_unit(a_ptr, panel, pb), n, g, mb, pb, last, nv)
+            return
+        # weight-block order: Pb position panels read each k-block of weights, the first from memory;
+        # they prefetch the next k-block among them (kloop: where their steps cover its lines)
+        share = (pb, Pb) if not panel_order and NEXT_CHUNK_PREFETCH and Pb > 1 else None
+        run = lambda live=None: kloop(a_ptr, panel, k0, k1, None if blk == 0 else acc, None if last else acc, b_stride,
+                                      share, live)
+        if not last_live:
+            finish(run(), n, g, mb, pb, last, nv)
+            return
+        with b.if_else(b.icmp_signed("==", pb, I64(Pb - 1))) as (last_panel, whole):
+            with last_panel:
+                em.memo.append(dict(em.memo[-1]))
+                finish(run(last_live), n, g, mb, pb, last, last_live)
+                em.memo.pop()
+            with whole:
+                em.memo.append(dict(em.memo[-1]))
+                finish(run(), n, g, mb, pb, last, nv)
+                em.memo.pop()
+
+    def finish(new, n, g, mb, pb, last, live):
+        """The tile's epilogue after its last k-block (``live``: accumulator vectors a row, ``new``'s)."""
         if not last:
             return
         m0 = b.mul(mb, I64(MR))
@@ -779,7 +811,7 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
         nrows = b.select(b.icmp_signed("<", mleft, I64(MR)), mleft, I64(MR))
         if vplan is None:
             if not amx:          # (the AMX tiles are in the stack tile already)
-                store_tile(new, tile)
+                store_tile(new, tile, live)
             epilogue(n, g, m0, p0, nrows, ncols)
             return
         mbase = b.add(b.mul(g, I64(M)), m0)
@@ -787,6 +819,15 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
             rows, w = transpose_lanes(b, new, nr, nv)
             em.memo.append(dict(em.memo[-1]))
             vector_epilogue(em, st, c, vplan, n, mbase, p0, rows, MR, 1, spec.out_spatial, nrows, ncols)
+            em.memo.pop()
+            return
+        if live < nv:            # the last panel: never a full tile
+            em.memo.append(dict(em.memo[-1]))
+            if km.cheap_masks:
+                vector_epilogue(em, st, c, vplan, n, mbase, p0, new, MR, live, spec.out_spatial, nrows, ncols)
+            else:
+                store_tile(new, tile, live)
+                epilogue(n, g, m0, p0, nrows, ncols)
             em.memo.pop()
             return
         full = b.and_(b.icmp_signed("==", nrows, I64(MR)), b.icmp_signed("==", ncols, I64(nr)))
