@@ -103,13 +103,13 @@ def test_avx2_input_transform_edges(tile, h):
 
 @pytest.mark.parametrize("tile", [2, 4])
 @pytest.mark.parametrize("cpu", [None, "haswell"])
-@pytest.mark.parametrize("h,w", [(13, 13), (7, 7), (14, 14), (27, 27), (19, 10), (11, 5)])
-def test_output_transform_groups_tile_rows(tile, cpu, h, w):
+@pytest.mark.parametrize("h,w,batch", [(13, 13, 1), (7, 7, 2), (14, 14, 1), (27, 27, 2), (19, 10, 1), (11, 5, 2)])
+def test_output_transform_groups_tile_rows(tile, cpu, h, w, batch):
     """Maps of at most half a vector's tiles a row take R whole tile rows per vector in the output transform
     (winograd.rows_per_vector; AVX-512: 13x13 in F(4x4) 4 rows of 4 tiles, 27x27 2 rows of 7, 19x10 in F(4x4)
     5 rows of 3 with a partial last group; AVX2's 8 lanes: 2 rows of 4, or 1 row of 7 in blocks): the same
-    values as onnxruntime, at 1 and 2 threads, with a residual epilogue."""
-    m = winograd_conv_model(24, 20, h, w, [1, 1, 1, 1], bias=True, residual=True)
+    values as onnxruntime, at 1 and 2 threads, with a residual epilogue, one or two images."""
+    m = winograd_conv_model(24, 20, h, w, [1, 1, 1, 1], bias=True, residual=True, batch=batch)
     feeds = random_feeds(m)
     want = ort_run(m, feeds)
     art = Pipeline.from_onnx(m).optimize().compile(cache=False, cpu=cpu, tuning=X86Tuning(winograd_tile=tile))

@@ -4,9 +4,9 @@ and passed to the Winograd choice (:mod:`cuvil.targets.x86.choose`), the schedul
 (:func:`cuvil.kernels.contraction.choose_tile`, which takes the plain ``channel_tile_cost``) and the register
 tiles offered (:func:`cuvil.targets.x86.gemm.tile_shapes`), never module state. The defaults are the shipped
 choices, measured on a 2-core Zen 5 (the figures are in the comments below and in those modules); the 32 x 8
-channel-lane tile and channel-lane tiles from K = 128 (:data:`cuvil.kernels.contraction.CHANNEL_MIN_K`) on a
-2-core Zen 4 only (session 35), and their weight below it (:func:`cuvil.kernels.contraction.short_k_weight`, session
-36)."""
+channel-lane tile and channel-lane tiles at ``channel_tile_cost`` from K = 128
+(:data:`cuvil.kernels.contraction.CHANNEL_MIN_K`) on a 2-core Zen 4 only (session 35), and from K = 16 with more
+weight below 128 (:func:`cuvil.kernels.contraction.short_k_weight`, session 36)."""
 from __future__ import annotations
 
 from typing import Dict, Optional, Tuple

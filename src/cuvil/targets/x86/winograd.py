@@ -82,14 +82,15 @@ def _lanes(km, tiles_per_row: int) -> int:
     return transform_lanes(km.vector_bits // 32, tiles_per_row)
 
 
-def rows_per_vector(vw: int, tiles_per_row: int) -> int:
+def rows_per_vector(vw: int, tiles_per_row: int, tile_rows: int) -> int:
     """Tile rows the output transform takes per vector of ``vw`` lanes: as many whole rows as fit where
     at least two do (a 13x13 map's F(4x4) rows of 4 tiles: 4 rows, all 16 of its tiles; 27x27's rows of 7:
     2 rows, 14 lanes, where one row per vector used 7 of 16 lanes), else 1 (rows of ``transform_lanes``
-    lanes, in blocks). M stores a channel's tiles row after row, so R rows are one contiguous load. Zen 4,
+    lanes, in blocks); never more than the map's ``tile_rows``. M stores a channel's tiles row after row, so R
+    rows are one contiguous load. Zen 4,
     whole libraries (bench/ab_libs.py, in kernels, 1 / 2 threads), the output transforms: SqueezeNet 0.73 /
     0.75, ResNet-50 fp32 0.83, bf16 0.93 / 0.93, Inception-v1 0.95 / 0.89; the same bits."""
-    return vw // tiles_per_row if 2 * tiles_per_row <= vw else 1
+    return min(vw // tiles_per_row, tile_rows) if 2 * tiles_per_row <= vw else 1
 
 
 def _combine(b, coeffs, vals, vec):
@@ -261,7 +262,7 @@ def emit_winograd_output(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
     _, _, at = MATRICES[m]
     K = spec.channels
     TH, TW = spec.tiles
-    R = rows_per_vector(km.vector_bits // 32, TW)
+    R = rows_per_vector(km.vector_bits // 32, TW, TH)
     vw = km.vector_bits // 32 if R > 1 else _lanes(km, TW)
     T = TH * TW
     OH, OW = spec.out_spatial
