@@ -60,6 +60,22 @@ def bf16_steps(art):
     return [s for s in art.manifest["steps"] if s.get("precision") == "bf16"]
 
 
+def check_rounded_conv(model, art, xs, ws, seed, strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1), group=1):
+    """``art`` (``model``'s Conv, weights "w" and bias "b", narrowed to bf16) on a seeded standard normal input:
+    the same bits at 1 and 2 threads, and within float32 summation error of a float64 convolution of the
+    bfloat16-rounded operands (the property tests of the channel-lane and AMX kernels)."""
+    x = np.random.default_rng(seed).standard_normal(xs).astype(np.float32)
+    mod = art.model()
+    y = mod.run(x, num_threads=1)[0].astype(np.float64)
+    np.testing.assert_array_equal(y, mod.run(x, num_threads=2)[0])
+    w = numpy_helper.to_array(next(i for i in model.graph.initializer if i.name == "w"))
+    b = numpy_helper.to_array(next(i for i in model.graph.initializer if i.name == "b"))
+    want, mag = conv_ref(bf16(x), bf16(w), b.astype(np.float64), list(strides), list(pads), list(dilations), group)
+    k = ws[1] * ws[2] * ws[3]
+    bias = np.abs(b).reshape(1, -1, 1, 1) * 2.0 ** -23
+    assert np.all(np.abs(y - want) <= 2 * k * 2.0 ** -24 * mag + bias), float(np.abs(y - want).max())
+
+
 def check_product(y, a, w, k, extra=0.0):
     """The bfloat16 bounds of :func:`cuvil.testing.matmul_models.check_narrowed_product` (module docstring)."""
     check_narrowed_product(y, a, w, k, "bf16", extra, effect=1e3)

@@ -7,15 +7,13 @@ purpose. Runs only on a CPU with AMX-BF16."""
 import os
 import sys
 
-import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-from onnx import numpy_helper
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from test_x86_amx import HAS_AMX, bf16_steps, narrowed  # noqa: E402
-from test_x86_bf16 import bf16, conv_ref  # noqa: E402
+from test_x86_bf16 import check_rounded_conv  # noqa: E402
 
 from cuvil.kernels.lower.conv import PLANE_MIN_POSITIONS  # noqa: E402
 from cuvil.testing.conv_models import conv_epilogue_model  # noqa: E402
@@ -67,17 +65,7 @@ def check(case, seed, kernel=None, channels_last=True):
     assert all(s.get("path") == "amx_bf16" for s in steps), art.manifest["steps"]
     if kernel is not None:
         assert kernel in [s["kernel"] for s in steps], art.manifest["steps"]
-    x = np.random.default_rng(seed).standard_normal(xs).astype(np.float32)
-    mod = art.model()
-    y = mod.run(x, num_threads=1)[0].astype(np.float64)
-    np.testing.assert_array_equal(y, mod.run(x, num_threads=2)[0])
-    w = numpy_helper.to_array(next(i for i in model.graph.initializer if i.name == "w"))
-    b = numpy_helper.to_array(next(i for i in model.graph.initializer if i.name == "b"))
-    want, mag = conv_ref(bf16(x), bf16(w), b.astype(np.float64), attrs["strides"], attrs["pads"],
-                         attrs["dilations"], attrs["group"])
-    k = ws[1] * ws[2] * ws[3]
-    bias = np.abs(b).reshape(1, -1, 1, 1) * 2.0 ** -23
-    assert np.all(np.abs(y - want) <= 2 * k * 2.0 ** -24 * mag + bias), float(np.abs(y - want).max())
+    check_rounded_conv(model, art, xs, ws, seed, attrs["strides"], attrs["pads"], attrs["dilations"], attrs["group"])
 
 
 @settings(suppress_health_check=[HealthCheck.too_slow], max_examples=20, deadline=None)

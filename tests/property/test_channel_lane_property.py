@@ -11,10 +11,9 @@ import onnxruntime as ort
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from onnx import numpy_helper
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from test_x86_bf16 import HAS_BF16, bf16, bf16_steps, conv_ref, narrowed  # noqa: E402
+from test_x86_bf16 import HAS_BF16, bf16_steps, check_rounded_conv, narrowed  # noqa: E402
 
 from cuvil import Pipeline  # noqa: E402
 from cuvil.targets.x86.cpu import cpu_label  # noqa: E402
@@ -58,15 +57,5 @@ def test_bf16_channel_lanes_match_the_rounded_reference(case, seed):
     xs, ws, attrs = case
     model = conv_epilogue_model(xs, ws, seed=seed, pads=attrs["pads"], epilogue=None)
     art = narrowed(model, opt_level=2, winograd=False)
-    steps = bf16_steps(art)
-    assert steps, art.manifest["steps"]
-    x = np.random.default_rng(seed).standard_normal(xs).astype(np.float32)
-    mod = art.model()
-    y = mod.run(x, num_threads=1)[0].astype(np.float64)
-    np.testing.assert_array_equal(y, mod.run(x, num_threads=2)[0])
-    w = numpy_helper.to_array(next(i for i in model.graph.initializer if i.name == "w"))
-    b = numpy_helper.to_array(next(i for i in model.graph.initializer if i.name == "b"))
-    want, mag = conv_ref(bf16(x), bf16(w), b.astype(np.float64), [1, 1], attrs["pads"], [1, 1], 1)
-    k = ws[1] * ws[2] * ws[3]
-    bias = np.abs(b).reshape(1, -1, 1, 1) * 2.0 ** -23
-    assert np.all(np.abs(y - want) <= 2 * k * 2.0 ** -24 * mag + bias), float(np.abs(y - want).max())
+    assert bf16_steps(art), art.manifest["steps"]
+    check_rounded_conv(model, art, xs, ws, seed, pads=attrs["pads"])
