@@ -167,10 +167,12 @@ PREFETCH_K = 128
 # position-lane ones) before the next; the first panel pulls that block from memory at the pace of its FMAs (a
 # 32 x 7 channel-lane tile: 128 bytes of weights per 14 FMAs, 7 cycles at two FMAs a cycle), several times what
 # one core's memory delivers (17-19 GB/s here). The k-loops of all the block's panels prefetch the next k-block
-# among them into L2 instead (float32 kernels). Session 31 (Intel Xeon family 6 model 207), 1 thread, weights
-# evicted, bit-identical outputs, `python3 bench/knobs_ab.py MODEL "base,NEXT_CHUNK_PREFETCH=False"`: ResNet-50
-# 39.77 against 42.20 ms without (x0.942; bench/results/xeon-session31/next-chunk-prefetch.txt, which has the
-# other models and 2 threads too).
+# among them into L2 instead. Session 31 (Intel Xeon family 6 model 207), 1 thread, weights evicted, bit-identical
+# outputs, `python3 bench/knobs_ab.py MODEL "base,NEXT_CHUNK_PREFETCH=False"`: ResNet-50 39.77 against 42.20 ms
+# without (x0.942; bench/results/xeon-session31/next-chunk-prefetch.txt, which has the other models and 2 threads
+# too). The vdpbf16ps kernels (a weight row: MR pair words per step, the same lines per step as float32's MR
+# floats) had it off until session 37: on a Zen 4 (family 25 model 17) ResNet-50 bf16's GEMMs 0.984-0.987x /
+# 0.988-0.990x in kernels at 1 / 2 threads with it, the same bits (bench/results/zen4-session37/).
 NEXT_CHUNK_PREFETCH = True
 # An AMX convolution prefetches its next position panel's lines (X86Tuning.next_panel_prefetch) where the
 # tensor it streams (a 1x1 reader's input, an epilogue's output and residual) is at least this large: smaller
@@ -672,7 +674,7 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
         chunk = []
         kc_ = k1 - k0
         L = -(-kc_ * MR * 4 // 64)                       # cache lines of a k-block of weights
-        if chunk_share is not None and not bf and L <= chunk_share[1] * kc_:
+        if chunk_share is not None and L <= chunk_share[1] * kc_:
             # the next k-block's weights (they follow this one's: pack_weights lays a group's weight blocks
             # out as [Mb, K, MR], so after this block's rows come the next block's, after a weight block's
             # last rows the next block's first): panel pb's step k fetches line ((pb * kc + k - k0) * L) /
