@@ -27,8 +27,8 @@ from cuvil.testing.oracles import normwise_error, ort_run, random_feeds
 
 
 
-def compile_with_tile(m, tile):
-    return Pipeline.from_onnx(m).optimize().compile(cache=False, tuning=X86Tuning(winograd_tile=tile))
+def compile_with_tile(m, tile, cpu=None):
+    return Pipeline.from_onnx(m).optimize().compile(cache=False, cpu=cpu, tuning=X86Tuning(winograd_tile=tile))
 
 
 @pytest.mark.parametrize("tile", [2, 4])
@@ -250,12 +250,15 @@ def scaled_conv_model(c, k, h, w, pads, scale):
     return m
 
 
-@pytest.mark.parametrize("tile,scale,generic", [(4, 1e37, False), (2, 6e37, False), (4, 1e37, True)])
-def test_activations_near_overflow_stay_finite_like_direct_convolution(tile, scale, generic, monkeypatch):
+@pytest.mark.parametrize("tile,scale,generic,cpu", [(4, 1e37, False, None), (2, 6e37, False, None), (4, 1e37, True, None),
+                                                   (4, 1e37, False, "x86-64-v3"), (2, 6e37, False, "x86-64-v3")])
+def test_activations_near_overflow_stay_finite_like_direct_convolution(tile, scale, generic, cpu, monkeypatch):
     """Bt d B scales the input up (F(4x4) by up to 100, F(2x2) 4): these activations overflow it to inf, and
     the output transform to NaN (2,288 and 542 of 2,288 outputs before the fallback), where the direct
     convolution stays finite. The output transform computes such tiles directly instead; ``generic``: the
-    same where the stage runs as a plain loop instead of the transform kernel."""
+    same where the stage runs as a plain loop instead of the transform kernel. The 13x11 map's output transform
+    takes whole tile rows per vector (F(4x4): 4 rows of 3 tiles on AVX-512, 2 on AVX2's 8 lanes; F(2x2): 2 rows
+    of 6 on AVX-512), so the fallback is checked on grouped vectors, and compiled for AVX2 too."""
     if generic:
         monkeypatch.setattr(x86_codegen, "emit_winograd_output", lambda *a: None)   # the name codegen calls
     m = scaled_conv_model(16, 16, 13, 11, [1, 0, 1, 2], scale)
@@ -264,7 +267,7 @@ def test_activations_near_overflow_stay_finite_like_direct_convolution(tile, sca
              "r": rng.standard_normal((1, 16, 13, 11)).astype(np.float32)}
     want = ort_run(m, feeds).astype(np.float64)       # float64: its norm would overflow float32
     assert np.isfinite(want).all() and np.abs(want).max() > 1e37
-    art = compile_with_tile(m, tile)
+    art = compile_with_tile(m, tile, cpu)
     kinds = [s["kernel"] for s in art.manifest["steps"]]
     assert "winograd_in" in kinds and ("winograd_out" in kinds) != generic
     for threads in (1, 2):
@@ -305,16 +308,18 @@ def test_one_activation_near_overflow_anywhere_gives_direct_convolution():
 
 @pytest.mark.parametrize("tile", [2, 4])
 @pytest.mark.parametrize("bad", [np.nan, np.inf])
-def test_a_non_finite_input_spreads_like_direct_convolution(tile, bad):
+@pytest.mark.parametrize("cpu", [None, "x86-64-v3"])
+def test_a_non_finite_input_spreads_like_direct_convolution(tile, bad, cpu):
     """One NaN or inf activation: direct convolution makes the outputs whose 3x3 window holds it non-finite
     (NaN: 72 here, 8 channels x 9); F(4x4)'s transforms spread it over whole tiles (128 before the fallback),
     and an inf turns into NaN (inf - inf) where direct convolution gives -inf, which the Relu makes 0 (F(2x2)
     too). The fallback recomputes those tiles directly, so exactly the direct convolution's outputs are
-    non-finite and the others keep their values."""
+    non-finite and the others keep their values (on AVX-512 and AVX2; the 12x12 map in F(4x4): 3 tile rows of 3
+    in one vector on AVX-512, 2 rows a vector on AVX2)."""
     m = scaled_conv_model(8, 8, 12, 12, [1, 1, 1, 1], 1.0)
     w = numpy_helper.to_array(m.graph.initializer[0]).astype(np.float64)
     b = numpy_helper.to_array(m.graph.initializer[1]).astype(np.float64)
-    art = compile_with_tile(m, tile)
+    art = compile_with_tile(m, tile, cpu)
     assert "winograd_out" in [s["kernel"] for s in art.manifest["steps"]]
     x = np.random.default_rng(3).standard_normal((1, 8, 12, 12)).astype(np.float32)
     x[0, 2, 5, 6] = bad
