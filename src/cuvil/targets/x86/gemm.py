@@ -174,6 +174,16 @@ PREFETCH_K = 128
 # floats) had it off until session 37: on a Zen 4 (family 25 model 17) ResNet-50 bf16's GEMMs 0.984-0.987x /
 # 0.988-0.990x in kernels at 1 / 2 threads with it, the same bits (bench/results/zen4-session37/).
 NEXT_CHUNK_PREFETCH = True
+# A convolution in panel order whose units (position panels, per image and group) are at most this many is cut
+# into one chunk per panel instead of codegen.CHUNKS_PER_THREAD chunks a thread: each panel packs its own B panel,
+# so a chunk repeats no set-up work, and the threads then split the step within a panel where whole chunks left
+# them up to a quarter of a share apart (a 28x28 map on 48-position tiles: 17 panels, the last a third full, in 8
+# chunks of 2-3). Session 37, Zen 4 (family 25 model 17), ResNet-50 at 2 threads, per-step minima of 9
+# alternating profile rounds: those layers 5-7% faster (fp32 1.182 -> 1.096 ms, bf16 0.258 -> 0.243), the model's
+# kernels bf16 18.03 -> 17.75 and 17.96 -> 17.70 ms in two runs, fp32 32.31 -> 31.80 (39.10 -> 38.56 in a slower
+# minute); in kernels DenseNet-121 0.969-0.972x, ShuffleNet 0.980-1.003x, SqueezeNet and Inception-v1 0.998-1.022x;
+# the same bits (bench/results/zen4-session37/panel-chunks.txt). 1 thread: no chunks.
+PANEL_CHUNK_UNITS = 64
 # An AMX convolution prefetches its next position panel's lines (X86Tuning.next_panel_prefetch) where the
 # tensor it streams (a 1x1 reader's input, an epilogue's output and residual) is at least this large: smaller
 # ones stay in L2 (2 MB a core on this session's Xeon) from their producer, where the prefetches can only cost
@@ -930,9 +940,12 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
 
     em.loop_range(begin, end, body)
     b.ret_void()
+    units = spec.n * G * (Pb if panel_order else Mb)
     if not panel_order:
         km.split[sym] = 1       # every chunk packs all the image's panels: one chunk per thread
-    return spec.n * G * (Pb if panel_order else Mb), 1
+    elif units <= PANEL_CHUNK_UNITS:
+        km.split[sym] = units   # a chunk per panel
+    return units, 1
 
 
 class _StoredTile:
