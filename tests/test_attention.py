@@ -20,8 +20,8 @@ from cuvil.kernels.schedule import schedule
 from cuvil.targets.x86.gemm import tile_cols, tile_shapes
 from cuvil.targets.x86.target import choose_algorithms
 from cuvil.targets.x86.tuning import DEFAULT_TUNING
+from cuvil.testing.attention_models import D, attention_model, feeds
 from cuvil.testing.oracles import max_rel_error, ort_session
-from cuvil.testing.attention_models import D, H, attention_model, feeds
 from test_real_exports import compare, symbols_of
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "exports"

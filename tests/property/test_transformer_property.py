@@ -2,14 +2,15 @@
 host's vectors and compiled for AVX2 (x86-64-v3, the documented portable target: 8-lane tiles, masks and
 vector math; a wide masked load LLVM 22 miscompiled there once gave silent wrong answers, tests/test_winograd.py):
 
-* the fused attention kernel (rules/attention.rule) from one library for a (B, S) profile, at a drawn point: head
+* the fused attention kernel (rules/attention.rule, the tiled form) from one library for a (B, S) profile, at a
+  drawn point (the generic kernels, or the opt point's specialised ones where it is drawn) and at the opt point: head
   sizes that are and are not whole vectors, additive masks per batch row (padded, fully masked, one key masked,
   none; cuvil.testing.attention_models.feeds) or per head and query (causal on one head), -inf, -FLT_MAX or
   -10000 fills, with and without the exporters' NaN guard: the NaN elements exactly onnxruntime's, the rest
   within 1e-4 (tests/test_real_exports.py's tolerance);
 * a dense layer with constant weights, bias and erf GELU (the FFN's first product with its epilogue fused;
-  the vector erf) and Gemm(transB) with a residual, at drawn row counts, reductions and widths (tails of rows,
-  of columns and of k-pairs)."""
+  the vector erf) and Gemm(transB) with a residual, at drawn row counts, reductions and widths (tails of rows
+  and columns; the register-blocked product where the shape takes it, else the loop nest: both are checked)."""
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -38,17 +39,21 @@ def attention_cases(draw):
 def test_random_attention_matches_onnxruntime(case, seed):
     geo, batch, seq, cpu = case
     model = attention_model(**geo)
+    # the opt point (2, 16): its kernels are specialised; every other point runs the generic ones
     art = Pipeline.from_onnx(model).optimize().compile(
-        shape_profiles={"B": (1, batch, 4), "S": (1, seq, 2 * KEY_BLOCK + 9)}, cpu=cpu, cache=False)
+        shape_profiles={"B": (1, 2, 4), "S": (1, 16, 2 * KEY_BLOCK + 9)}, cpu=cpu, cache=False)
     assert any(r.startswith("fused_attention") for r in art.manifest["rules_applied"])
     assert cpu is None or art.manifest["target"]["vector_bits"] == 256
-    f = feeds(batch, seq, geo["mask_rank"], seed=seed, D=geo["D"])
-    want = ort_run(model, f)
-    got = art.run(f, num_threads=1)["y"]
-    np.testing.assert_array_equal(got.view(np.uint32), art.run(f, num_threads=2)["y"].view(np.uint32))
-    nan = np.isnan(want)
-    assert np.array_equal(np.isnan(got), nan)
-    assert max_rel_error(np.where(nan, 0, got), np.where(nan, 0, want)) <= RTOL
+    for variant in ("generic", "opt"):   # the tiled kernel, not the sequential form (tests/test_attention.py)
+        assert any(s["kernel"] == "attention" for s in art.manifest["steps"] if s.get("variant", "generic") == variant)
+    for b, s in {(batch, seq), (2, 16)}:
+        f = feeds(b, s, geo["mask_rank"], seed=seed, D=geo["D"])
+        want = ort_run(model, f)
+        got = art.run(f, num_threads=1)["y"]
+        np.testing.assert_array_equal(got.view(np.uint32), art.run(f, num_threads=2)["y"].view(np.uint32))
+        nan = np.isnan(want)
+        assert np.array_equal(np.isnan(got), nan), (b, s)
+        assert max_rel_error(np.where(nan, 0, got), np.where(nan, 0, want)) <= RTOL, (b, s)
 
 
 @st.composite

@@ -171,8 +171,8 @@ PREFETCH_K = 128
 # outputs, `python3 bench/knobs_ab.py MODEL "base,NEXT_CHUNK_PREFETCH=False"`: ResNet-50 39.77 against 42.20 ms
 # without (x0.942; bench/results/xeon-session31/next-chunk-prefetch.txt, which has the other models and 2 threads
 # too). The vdpbf16ps kernels (a weight row: MR pair words per step, the same lines per step as float32's MR
-# floats) had it off until session 37: on a Zen 4 (family 25 model 17) ResNet-50 bf16's GEMMs 0.984-0.987x /
-# 0.988-0.990x in kernels at 1 / 2 threads with it, the same bits (bench/results/zen4-session37/).
+# floats) had it off until session 37: on a Zen 4 (family 25 model 17) ResNet-50 bf16's GEMMs 0.987x / 0.990x
+# in kernels at 1 / 2 threads with it, the same bits (bench/results/zen4-session37/ab-bf16-next-chunk-prefetch.txt).
 NEXT_CHUNK_PREFETCH = True
 # A convolution in panel order whose units (position panels, per image and group) are at most this many is cut
 # into one chunk per panel instead of codegen.CHUNKS_PER_THREAD chunks a thread: each panel packs its own B panel,
@@ -182,7 +182,9 @@ NEXT_CHUNK_PREFETCH = True
 # alternating profile rounds: those layers 5-7% faster (fp32 1.182 -> 1.096 ms, bf16 0.258 -> 0.243), the model's
 # kernels bf16 18.03 -> 17.75 and 17.96 -> 17.70 ms in two runs, fp32 32.31 -> 31.80 (39.10 -> 38.56 in a slower
 # minute); in kernels DenseNet-121 0.969-0.972x, ShuffleNet 0.980-1.003x, SqueezeNet and Inception-v1 0.998-1.022x;
-# the same bits (bench/results/zen4-session37/panel-chunks.txt). 1 thread: no chunks.
+# the same bits (bench/results/zen4-session37/panel-chunks.txt). 1 thread: no chunks. Static unit counts only (a
+# symbolic batch's generic kernels keep the default) and not the AMX kernels (a call per panel would repeat their
+# tile configuration; not measured).
 PANEL_CHUNK_UNITS = 64
 # An AMX convolution prefetches its next position panel's lines (X86Tuning.next_panel_prefetch) where the
 # tensor it streams (a 1x1 reader's input, an epilogue's output and residual) is at least this large: smaller
@@ -686,7 +688,8 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
         L = -(-kc_ * MR * 4 // 64)                       # cache lines of a k-block of weights
         if chunk_share is not None and L <= chunk_share[1] * kc_:
             # the next k-block's weights (they follow this one's: pack_weights lays a group's weight blocks
-            # out as [Mb, K, MR], so after this block's rows come the next block's, after a weight block's
+            # out as [Mb, K, MR], pack_weights_bf16 as [Mb, K2, MR] pair words, k0 and k1 then counting
+            # pairs; so after this block's rows come the next block's, after a weight block's
             # last rows the next block's first): panel pb's step k fetches line ((pb * kc + k - k0) * L) /
             # (panels * kc) of its L lines, a 32.32 fixed-point step (each line at least once over the
             # panels: L <= panels * kc steps). Addresses past the last block are only hints (not inbounds).
@@ -943,8 +946,8 @@ def emit_gemm_stage(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
     units = spec.n * G * (Pb if panel_order else Mb)
     if not panel_order:
         km.split[sym] = 1       # every chunk packs all the image's panels: one chunk per thread
-    elif units <= PANEL_CHUNK_UNITS:
-        km.split[sym] = units   # a chunk per panel
+    elif isinstance(units, int) and units <= PANEL_CHUNK_UNITS and not amx:
+        km.split[sym] = units   # a chunk per panel (split is chunks per thread: the runtime caps it at the units)
     return units, 1
 
 
