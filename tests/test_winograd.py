@@ -196,6 +196,40 @@ def test_channel_major_v_matches_onnxruntime(c, k, h, tile):
         assert normwise_error(art.model().run(*feeds.values(), num_threads=threads)[0], want) < WINOGRAD_TOL
 
 
+def test_m_rows_pitched_where_its_planes_alias():
+    from cuvil.kernels.contraction import winograd_m_row
+    assert winograd_m_row(64, 784, 2) == 788       # 56x56 F(2x2): 16 planes 49 x 4 KiB apart -> 4 sets
+    assert winograd_m_row(64, 3136, 2) == 3140     # 112x112
+    assert winograd_m_row(128, 196, 2) == 196      # 2 sets of 12 ways hold 16 loads
+    assert winograd_m_row(64, 196, 4) == 196       # F(4x4): 4 sets hold 36
+    assert winograd_m_row(64, 729, 2) == 729       # not line-aligned: the streams drift
+    assert winograd_m_row(512, 16, 2) == 16        # no 16-byte step within an eighth spreads them: as it is
+
+
+@pytest.mark.parametrize("cpu", [None, "x86-64-v3"])
+@pytest.mark.parametrize("c,k,h,tile,batch,residual", [(64, 64, 56, 2, 1, True), (64, 64, 56, 2, 2, False),
+                                                       (48, 192, 13, 4, 2, True)])
+def test_pitched_m_matches_onnxruntime(cpu, c, k, h, tile, batch, residual):
+    """M's rows pitched (winograd_m_row): a 64 -> 64 56x56 layer in F(2x2), rows of 788 floats for 784 tiles,
+    written by a position-lane GEMM's vector epilogue (its last 48-position panel holds 16 positions: the short
+    k-loop, and a tile past the row's end stored in segments), and SqueezeNet's 13x13 F(4x4) expands (192
+    channels, rows of 20 for 16 tiles) by a channel-lane GEMM's transposed epilogue; the output transform reads
+    them at that pitch. One and two images, AVX-512 and AVX2, 1 and 2 threads: onnxruntime's values, the same bits
+    at both thread counts."""
+    from cuvil.kernels.contraction import winograd_m_row
+    t = (-(-h // tile)) ** 2
+    assert winograd_m_row(k, t, tile) > t
+    m = winograd_conv_model(c, k, h, h, [1, 1, 1, 1], residual=residual, batch=batch)
+    feeds = random_feeds(m, 5)
+    want = ort_run(m, feeds)
+    art = compile_with_tile(m, tile, cpu)
+    kinds = [s["kernel"] for s in art.manifest["steps"]]
+    assert kinds == ["winograd_in", "gemm", "winograd_out"], kinds
+    got1 = art.run(feeds, num_threads=1)["y"]
+    np.testing.assert_array_equal(got1, art.run(feeds, num_threads=2)["y"])
+    assert normwise_error(got1, want) < WINOGRAD_TOL
+
+
 def test_cost_model_follows_the_target_cpu():
     m = winograd_conv_model(256, 256, 14, 14, [1, 1, 1, 1])
     p = Pipeline.from_onnx(m).optimize()

@@ -5,8 +5,8 @@ import numpy as np
 
 from ...ir.dtype import DType
 from ...ir.ops.winograd import matrices_f64, tiles_of
-from ..contraction import Contraction, WinogradInput, WinogradOutput, winograd_interleaved
-from ..texpr import E, all_of, binop, cast, in_range, load, nodes, reduce, var
+from ..contraction import Contraction, WinogradInput, WinogradOutput, winograd_interleaved, winograd_m_row
+from ..texpr import Buf, E, all_of, binop, cast, in_range, load, nodes, reduce, var
 from .conv import conv_as_gemm
 from .core import TensorFn, bf16_stored, lowering
 
@@ -79,6 +79,12 @@ def _winograd_conv(ctx):
     else:
         u_at = lambda e, k, c: load(packed.a, [e, k // packed.mr, c, k % packed.mr])
     mt = ctx.temp(gemm.shape, DType.FLOAT, gemm.fn, "wino_m")
+    row = winograd_m_row(k_, t_, m)
+    if row != t_ and mt.buf is not None and mt.buf.root is None and mt.buf.pitch is None:
+        # M's rows `row` floats apart (a pitched view of a buffer of such rows): its planes spread over L1's sets
+        mb = mt.buf
+        mb.root = Buf(f"{mb.name}_rows", mb.dtype, (n_, a * a * k_, row), mb.base, 0)
+        mb.pitch = (a * a * k_ * row, row, 1)
     ospec = WinogradOutput(mt.buf, m, k_, (th_, tw_), (oh, ow))
 
     def y_fn(idx):

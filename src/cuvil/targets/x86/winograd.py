@@ -116,10 +116,11 @@ def _sandwich(b, left, tile: List[List[ir.Value]], right, vec):
     return [[_combine(b, rr, row, vec) for rr in right] for row in rows]
 
 
-def _tile_row(b, u, TH: int, TW: int, channels: int, a: int, interleaved: bool = False):
+def _tile_row(b, u, TH: int, TW: int, channels: int, a: int, interleaved: bool = False, row_len: int = 0):
     """Unit u of a transform kernel = (image n, channel ch, tile row th), th fastest: returns n*channels + ch,
     th, and the offset of the tile row in the transformed tensor [N, a*a*channels, TH*TW] (element 0): at
-    row e*channels + ch of image n, or ch*a*a + e when ``interleaved`` (V, see WinogradInput)."""
+    row e*channels + ch of image n, or ch*a*a + e when ``interleaved`` (V, see WinogradInput). ``row_len``:
+    elements from one row to the next (M's pitch, :func:`cuvil.kernels.contraction.winograd_m_row`; 0: TH*TW)."""
     th = b.srem(u, I64(TH))
     nch = b.sdiv(u, I64(TH))
     if interleaved:
@@ -127,7 +128,7 @@ def _tile_row(b, u, TH: int, TW: int, channels: int, a: int, interleaved: bool =
         return nch, th, row
     ch = b.srem(nch, I64(channels))
     n = b.sdiv(nch, I64(channels))
-    row = b.add(b.mul(b.add(b.mul(n, I64(a * a * channels)), ch), I64(TH * TW)), b.mul(th, I64(TW)))
+    row = b.add(b.mul(b.add(b.mul(n, I64(a * a * channels)), ch), I64(row_len or TH * TW)), b.mul(th, I64(TW)))
     return nch, th, row
 
 
@@ -264,7 +265,11 @@ def emit_winograd_output(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
     TH, TW = spec.tiles
     R = rows_per_vector(km.vector_bits // 32, TW, TH)
     vw = km.vector_bits // 32 if R > 1 else _lanes(km, TW)
-    T = TH * TW
+    # floats from one row of M to the next: TH * TW, or M's pitch where its planes would alias in L1
+    # (cuvil.kernels.contraction.winograd_m_row); a row's tiles are contiguous either way
+    T = spec.m.strides[1]
+    if spec.m.strides[2] != 1 or spec.m.strides[0] != a * a * K * T or T < TH * TW:
+        return None
     OH, OW = spec.out_spatial
     em, begin, end = km.kernel(sym)
     b = em.b
@@ -410,7 +415,7 @@ def emit_winograd_output(km, st: Stage, sym: str) -> Optional[Tuple[int, int]]:
         tile_epilogue(em, st, node, slot, index, nrows, ncols, full=(R * m, min(OW, m * TW)))
 
     def unit(u):
-        nk, th, row = _tile_row(b, u, TH, TW, K, a)
+        nk, th, row = _tile_row(b, u, TH, TW, K, a, row_len=T)
         k = b.srem(nk, I64(K))
         n = b.sdiv(nk, I64(K))
         mrow = fptr(m_base, row)       # M[n, e*K + k, th*TW + tw] at e = 0
