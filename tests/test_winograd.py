@@ -202,7 +202,8 @@ def test_m_rows_pitched_where_its_planes_alias():
     assert winograd_m_row(64, 3136, 2) == 3140     # 112x112
     assert winograd_m_row(128, 196, 2) == 196      # 2 sets of 12 ways hold 16 loads
     assert winograd_m_row(64, 196, 4) == 196       # F(4x4): 4 sets hold 36
-    assert winograd_m_row(64, 729, 2) == 729       # not line-aligned: the streams drift
+    assert winograd_m_row(64, 729, 2) == 729       # 2,916 lines apart: 16 planes in 16 sets
+    assert winograd_m_row(63, 785, 2) == 785       # not line-aligned: the streams drift
     assert winograd_m_row(512, 16, 2) == 16        # no 16-byte step within an eighth spreads them: as it is
 
 
@@ -212,7 +213,7 @@ def test_m_rows_pitched_where_its_planes_alias():
 def test_pitched_m_matches_onnxruntime(cpu, c, k, h, tile, batch, residual):
     """M's rows pitched (winograd_m_row): a 64 -> 64 56x56 layer in F(2x2), rows of 788 floats for 784 tiles,
     written by a position-lane GEMM's vector epilogue (its last 48-position panel holds 16 positions: the short
-    k-loop, and a tile past the row's end stored in segments), and SqueezeNet's 13x13 F(4x4) expands (192
+    k-loop, masked stores), and SqueezeNet's 13x13 F(4x4) expands (192
     channels, rows of 20 for 16 tiles) by a channel-lane GEMM's transposed epilogue; the output transform reads
     them at that pitch. One and two images, AVX-512 and AVX2, 1 and 2 threads: onnxruntime's values, the same bits
     at both thread counts."""

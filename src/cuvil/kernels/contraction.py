@@ -399,8 +399,8 @@ def winograd_m_row(channels: int, tiles: int, tile: int) -> int:
     """Floats from one row of M (a channel's ``tiles`` values of one tile element) to the next: ``tiles``, or
     more where the output transform's E = (tile+2)^2 loads of a vector block, ``channels * tiles`` floats apart,
     would put more of them in one L1 set than it has ways (the aliasing :func:`winograd_interleaved` avoids for
-    V's stores). A row of ``tiles`` rounded up to whole 16-byte steps until they spread; the rows' tails are
-    written by no one and read by no one. ResNet-50's 56x56 layers in bf16 (F(2x2), 64 channels, 784 tiles: 16
+    V's stores). A row of ``tiles`` rounded up to whole 16-byte steps until they spread, at most max(4, tiles / 8)
+    floats longer (else ``tiles``); the rows' tails are written by no one and read by no one. ResNet-50's 56x56 layers in bf16 (F(2x2), 64 channels, 784 tiles: 16
     planes 49 x 4 KiB apart, all in one set): the output transform 0.160 ms, against 0.079 / 0.083 at 54x54 /
     58x58 (a 64 -> 64 3x3 layer alone, 2-core Zen 4, bench/RESULTS.md session 37); with rows of 788, 0.08."""
     e = (tile + 2) ** 2
@@ -412,8 +412,8 @@ def winograd_m_row(channels: int, tiles: int, tile: int) -> int:
         step = (stride // LINE) % L1_SETS
         sets = L1_SETS // np.gcd(step, L1_SETS) if step else 1
         return -(-e // sets) <= L1_WAYS
-    # whole 16-byte steps, at most an eighth more bytes (with 128 or more channels a 16-byte step moves a
-    # plane by whole lines in multiples of 8 sets or more: few rows spread, and M stays as it is)
+    # whole 16-byte steps, at most max(4, tiles / 8) floats more (with 128 or more channels a 16-byte step moves
+    # a plane by whole lines in multiples of 8 sets or more: few rows spread, and M stays as it is)
     for row in range(tiles, tiles + max(4, tiles // 8) + 1):
         if (row == tiles or row % 4 == 0) and spread(row):
             return row

@@ -823,6 +823,8 @@ def _plan_arena(stages: List[Stage], ranges: Dict[str, Tuple[int, int]], loops: 
         active.append((off, size, last[rid]))
         offsets[rid] = off
         top = max(top, off + size)
+    for rid, r in roots.items():      # a root no stage writes whole (Winograd M's longer rows) has its own too
+        r.offset = offsets[rid]
     for s in stages:
         for b in [s.buf] + s.reads:
             r = root_of(b)

@@ -26,7 +26,9 @@ class Buf:
     """A buffer: ``bufs[base] + offset`` bytes, row-major ``shape``. Aliases (reshapes) are other Buf
     objects over the same bytes. A *pitched* view (``pitch``: element strides, not the shape's row-major ones;
     ``shift``: bytes from its root's start) is the interior of a larger buffer, written by a producer in place
-    (:mod:`cuvil.kernels.pad_in_place`): kernels address it through :attr:`strides`, never as flat offsets."""
+    (:mod:`cuvil.kernels.pad_in_place`), or a tensor stored with longer rows than its shape's (Winograd's M,
+    :func:`cuvil.kernels.contraction.winograd_m_row`: a root that no stage writes whole): kernels address it
+    through :attr:`strides`, never as flat offsets."""
     name: str
     dtype: DType
     shape: Tuple[int, ...]

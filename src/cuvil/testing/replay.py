@@ -81,7 +81,7 @@ _ADDRESS = re.compile(r" at 0x[0-9a-f]+")
 
 def _buf(b: Buf) -> str:
     view = f" view of {b.root.name}" if b.root is not None else ""
-    if b.pitch is not None:        # a producer writing into its reader's padded buffer (kernels/pad_in_place.py)
+    if b.pitch is not None:        # a padded buffer's interior (kernels/pad_in_place.py), channels-last, Winograd M
         view += f" pitch {list(b.pitch)}"
     return f"{b.name}:{b.dtype.name}{list(b.shape)}@{b.base}+{b.offset}{view}"
 

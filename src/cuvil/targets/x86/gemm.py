@@ -1060,7 +1060,9 @@ def vector_epilogue(em, st: Stage, node: E, kinds: dict, n, mbase, p0, accs, mr:
         masks = [b.icmp_signed("<", lanes, splat(b, b.sub(ncols, I64(v * vw)), vw)) for v in range(nv)]
 
     segments = None      # pitched output, a tile crossing a row end: per vector, its first position's indices
-    pitched = st.buf.pitch is not None        # and (shift, lanes) per output row it touches
+    # (a pitched output of one spatial axis, Winograd's M, has longer channel rows: no tile crosses a row's end, and
+    # the row-major path addresses it through its strides)
+    pitched = st.buf.pitch is not None and len(out_sp) > 1    # and (shift, lanes) per output row it touches
 
     def make_segments():
         width, gap = out_sp[-1], st.buf.pitch[-2] - out_sp[-1]
