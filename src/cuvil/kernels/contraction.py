@@ -379,6 +379,16 @@ class WinogradInput:
 L1_SETS, L1_WAYS, LINE = 64, 12, 64
 
 
+def planes_alias(planes: int, stride_bytes: int) -> bool:
+    """Whether ``planes`` streams ``stride_bytes`` apart put more of their lines in one L1 set than it has ways
+    (a stride that is not whole lines drifts across the sets: never)."""
+    if stride_bytes % LINE:
+        return False
+    step = (stride_bytes // LINE) % L1_SETS
+    sets = L1_SETS // np.gcd(step, L1_SETS) if step else 1
+    return -(-planes // sets) > L1_WAYS
+
+
 def winograd_interleaved(channels: int, tiles: int, tile: int) -> bool:
     """Whether V is stored channel-major (``V[n, c*E + e, t]``): when e-major storage would put more of a
     transform unit's E = (tile+2)^2 stores, ``channels * tiles`` floats apart, in one L1 set than it has
@@ -386,36 +396,22 @@ def winograd_interleaved(channels: int, tiles: int, tile: int) -> bool:
     DenseNet-121's 14x14 input transforms ran 3.3x slower than channel-major (0.080 -> 0.024 ms), ResNet-50's
     F(2x2) 7x7 ones 4x (0.135 -> 0.034 ms). Channel-major costs the GEMM's panel packing strided reads
     (C rows E*T floats apart), ~5% of the GEMM where nothing aliased (`python3 bench/winograd_layers.py`)."""
-    e = (tile + 2) ** 2
-    stride = channels * tiles * 4
-    if stride % LINE:
-        return False        # the streams drift across sets
-    step = (stride // LINE) % L1_SETS
-    sets = L1_SETS // np.gcd(step, L1_SETS) if step else 1
-    return -(-e // sets) > L1_WAYS
+    return planes_alias((tile + 2) ** 2, channels * tiles * 4)
 
 
 def winograd_m_row(channels: int, tiles: int, tile: int) -> int:
     """Floats from one row of M (a channel's ``tiles`` values of one tile element) to the next: ``tiles``, or
     more where the output transform's E = (tile+2)^2 loads of a vector block, ``channels * tiles`` floats apart,
-    would put more of them in one L1 set than it has ways (the aliasing :func:`winograd_interleaved` avoids for
-    V's stores). A row of ``tiles`` rounded up to whole 16-byte steps until they spread, at most max(4, tiles / 8)
-    floats longer (else ``tiles``); the rows' tails are written by no one and read by no one. ResNet-50's 56x56 layers in bf16 (F(2x2), 64 channels, 784 tiles: 16
-    planes 49 x 4 KiB apart, all in one set): the output transform 0.160 ms, against 0.079 / 0.083 at 54x54 /
-    58x58 (a 64 -> 64 3x3 layer alone, 2-core Zen 4, bench/RESULTS.md session 37); with rows of 788, 0.08."""
+    would alias in L1 (:func:`planes_alias`, as for V's stores in :func:`winograd_interleaved`). A row of
+    ``tiles`` rounded up to whole 16-byte steps until they spread, at most max(4, tiles / 8) floats longer (else
+    ``tiles``: with 128 or more channels a 16-byte step moves a plane by whole lines in multiples of 8 sets or
+    more, and few rows spread); the rows' tails are written by no one and read by no one. ResNet-50's 56x56
+    layers in bf16 (F(2x2), 64 channels, 784 tiles: 16 planes 49 x 4 KiB apart, all in one set): the output
+    transform 0.160 ms, against 0.079 / 0.083 at 54x54 / 58x58 (a 64 -> 64 3x3 layer alone, 2-core Zen 4); with
+    rows of 788, 0.081-0.084 (`python3 bench/winograd_alias.py --precision bf16`, bench/RESULTS.md session 37)."""
     e = (tile + 2) ** 2
-
-    def spread(row):
-        stride = channels * row * 4
-        if stride % LINE:
-            return True     # the streams drift across sets
-        step = (stride // LINE) % L1_SETS
-        sets = L1_SETS // np.gcd(step, L1_SETS) if step else 1
-        return -(-e // sets) <= L1_WAYS
-    # whole 16-byte steps, at most max(4, tiles / 8) floats more (with 128 or more channels a 16-byte step moves
-    # a plane by whole lines in multiples of 8 sets or more: few rows spread, and M stays as it is)
-    for row in range(tiles, tiles + max(4, tiles // 8) + 1):
-        if (row == tiles or row % 4 == 0) and spread(row):
+    for row in [tiles] + list(range(-(-tiles // 4) * 4, tiles + max(4, tiles // 8) + 1, 4)):
+        if not planes_alias(e, channels * row * 4):
             return row
     return tiles
 

@@ -80,8 +80,7 @@ def _winograd_conv(ctx):
         u_at = lambda e, k, c: load(packed.a, [e, k // packed.mr, c, k % packed.mr])
     mt = ctx.temp(gemm.shape, DType.FLOAT, gemm.fn, "wino_m")
     row = winograd_m_row(k_, t_, m)
-    if row != t_ and mt.buf is not None and mt.buf.root is None and mt.buf.pitch is None:
-        # M's rows `row` floats apart (a pitched view of a buffer of such rows): its planes spread over L1's sets
+    if row != t_:      # M's rows `row` floats apart (a pitched view of a buffer of such rows): its planes spread
         mb = mt.buf
         mb.root = Buf(f"{mb.name}_rows", mb.dtype, (n_, a * a * k_, row), mb.base, 0)
         mb.pitch = (a * a * k_ * row, row, 1)
