@@ -58,6 +58,48 @@ def test_slice_model_prefers_one_wave_and_no_split_when_tiles_fill_the_gpu():
     assert plan_slices("fp16", 32, 32, 10, 1, 4, 8, 132)[:2] == (1, 1)
 
 
+def test_async_products_split_only_where_tiles_are_few_and_k_long():
+    """The cp.async products' estimate (ASYNC_ROUND, ASYNC_SUM; fitted to bench/gpu/split_sweep.py on an H100):
+    BERT-base's float16 products, 4 groups per SM on 132 SMs, 3 stages. At S = 128 the projections (96 tiles of
+    32 x 32, 24 chunks) and the FFN's first product run unsplit (the synchronous estimate split them in 2, which
+    measured 1.17x slower); the FFN's second (K = 3072: 96 chunks) still splits, as it measured faster split at
+    S = 32..256; at S = 512 (384 tiles of 64 x 64) nothing splits (the synchronous estimate split the FFN's first
+    product in 4: 1.85x slower)."""
+    from cuvil.targets.ptx.matmul_mma import ASYNC_ROUND, ASYNC_SUM
+    assert 0 < ASYNC_ROUND < 1 and ASYNC_SUM > 1     # a pipelined round is cheaper than a load's latency
+    proj = dict(fmt="fp16", bm=32, bn=32, tiles=96, chunks=24, max_ks=4, sm_groups=4, sms=132, stages=3)
+    assert plan_slices(**proj)[1] == 1
+    assert plan_slices(**proj, async_model=False)[1] == 2          # the plan before session 38
+    staged = {**proj, "stages": 1}                                 # register-staged kernels: their estimate
+    assert plan_slices(**staged) == plan_slices(**staged, async_model=False)
+    ffn2 = {**proj, "tiles": 96, "chunks": 96}
+    assert plan_slices(**ffn2)[1] > 1
+    ffn2_s32 = {**proj, "tiles": 24, "chunks": 96}                 # S = 32: 24 tiles (measured best at 8 slices)
+    assert plan_slices(**ffn2_s32)[1] == 8
+    ffn1_s512 = {**proj, "bm": 64, "bn": 64, "tiles": 384, "chunks": 24}
+    assert plan_slices(**ffn1_s512)[1] == 1
+    assert plan_slices(**ffn1_s512, async_model=False)[1] == 4
+
+
+def test_forced_slices_where_the_chunks_allow_them():
+    """``PtxTuning.mma_splits`` (the sweep's knob): that many slices where they divide the chunks and leave each
+    K group two; any other count falls back to the estimate's plan."""
+    proj = dict(fmt="fp16", bm=32, bn=32, tiles=96, chunks=24, max_ks=4, sm_groups=4, sms=132, stages=3)
+    for n in (1, 2, 3, 4, 6, 8, 12):
+        ks, splits, ctas = plan_slices(**proj, only=n)
+        assert splits == n and 24 // n >= 2 * ks or (ks, n) == (1, 1) or ks == 1, (n, ks)
+        assert ctas == 4 // ks
+    assert plan_slices(**proj, only=5) == plan_slices(**proj)       # 5 does not divide 24
+    assert plan_slices(**proj, only=48) == plan_slices(**proj)      # half a chunk a slice
+    model, _ = linear_gelu(b=1, m=128, k=768, n=768)
+    st = _product(model)
+    for n in (1, 3, 8):
+        plan = plan_matmul(st, matmul_parts(st), "fp16", sm_groups=4, sms=132, splits=n)
+        assert plan.splits == n and plan.chunks % n == 0
+    with pytest.raises(ValueError):
+        PtxTuning(mma_splits=-1)
+
+
 def test_off_emits_no_split_products():
     model, _ = linear_gelu(b=1, m=128, k=3072, n=768)
     r = build_ptx(_sched(model), "sm_90", fma=True, allow_tf32=True, tuning=PtxTuning(mma_sm_groups=0))
@@ -192,6 +234,24 @@ def test_gpu_split_products_match_numpy_and_repeat(tmp_path, mode, vec, groups):
         err = np.abs(y1 - want).max() / np.abs(want).max()
         assert err < tol, (mode, groups, i, err)
     assert split_seen == (groups > 0)
+
+
+@needs_gpu
+@pytest.mark.parametrize("splits", [1, 3, 8, 32])
+def test_gpu_forced_slices_of_async_products_match_numpy_and_repeat(tmp_path, splits):
+    """The cp.async float16 products at every slice count the sweep times (``PtxTuning.mma_splits``): BERT's
+    FFN products and a ragged one against numpy, bit for bit run to run."""
+    rng = np.random.default_rng(2)
+    cases = [(linear_gelu(b=1, m=128, k=3072, n=768), [rng.standard_normal((1, 128, 3072)).astype(np.float32)]),
+             (linear_gelu(b=1, m=32, k=768, n=3072), [rng.standard_normal((1, 32, 768)).astype(np.float32)]),
+             (linear_gelu(b=2, m=40, k=1024, n=48), [rng.standard_normal((2, 40, 1024)).astype(np.float32)])]
+    for i, ((model, ref), feeds) in enumerate(cases):
+        (y1, y2), _ = _run_bundle(model, feeds, tmp_path, f"s{splits}_{i}", PtxTuning(mma_splits=splits),
+                                  enable_fp16=True)
+        assert np.array_equal(y1, y2), (splits, i)
+        want = ref(*feeds)
+        err = np.abs(y1 - want).max() / np.abs(want).max()
+        assert err < 3e-2, (splits, i, err)
 
 
 @needs_gpu

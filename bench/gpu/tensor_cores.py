@@ -211,6 +211,11 @@ TUNED.update({f"{v}_nofsk": (v, {"mma_fused_splitk": False}) for v in ("tf32", "
 # GEMVs keep their grids): does one BERT call gain from fewer split-K slices, as the concurrency=4 / 8 builds did?
 # (H100: fp16 1.086 -> 1.037 / 1.034 ms, TF32 1.515 -> 1.717 / 1.498: both ways; bench/gpu/RESULTS.md, session 27)
 TUNED.update({f"{v}_psm{c}": (v, {"concurrency": c}) for v in ("tf32", "fp16") for c in (2, 4)})
+# session 38: every split product at a fixed K-slice count (PtxTuning.mma_splits; 1: none), the sweep that
+# calibrates plan_slices (bench/gpu/split_sweep.py reads the per-kernel times of these variants)
+TUNED.update({f"{v}_sk{n}": (v, {"mma_splits": n}) for v in ("tf32", "fp16") for n in (1, 2, 3, 4, 6, 8, 12, 16, 24)})
+# ... and the cp.async products' split plan of before session 38 (PtxTuning.mma_async_model off), for the A/B
+TUNED.update({"fp16_syncmodel": ("fp16", {"mma_async_model": False})})
 
 # attention as one kernel (PtxTuning.fused_attention, ptx/attention.py): "_attn" on, "_noattn" off, each explicit
 TUNED.update({f"{v}_attn": (v, {"fused_attention": True}) for v in ("fp32", "tf32", "fp16")})

@@ -63,6 +63,17 @@ from .tile_walk import divmod_c as tile_divmod
 TK = 32            # reduction terms per chunk
 THREADS = 128      # four warps, 2 x 2 over the block tile
 MIN_BLOCKS = 264   # about two blocks per SM of an H200: the tile shrinks until the grid has this many
+# plan_slices's estimate for products through cp.async stages (stages > 1), in units of one global-load latency
+# (the first chunk's, before the rounds): a round costs ASYNC_ROUND of it (its loads were issued stages ahead,
+# under the previous rounds' products) and a split product's sum kernel ASYNC_SUM (its launch in the graph, the
+# partials' round trip). Fitted in session 38 on an H100 to the sweep of bench/gpu/split_sweep.py (15 float16
+# product shapes of BERT-base at S = 32..512, every K-slice count timed in CUDA graphs): the products' summed time
+# 239 us at the fitted estimate's choices against 278 us at the synchronous one's (rounds + 1 per wave, the sum
+# kernel one round) and 235 us at the best measured per shape; the sweep's raw rows are in
+# bench/gpu/results/session38/. The synchronous kernels (tf32, bf16, register-staged fp16) keep their estimate:
+# the same sweep found no better one for them.
+ASYNC_ROUND = 0.4
+ASYNC_SUM = 8.0
 FORMATS = ("fp16", "bf16", "tf32", "fp8")
 NARROW = ("fp16", "bf16", "fp8")     # the node precisions (the policy's) this kernel runs
 # ops whose contraction the PTX target narrows to a node's fp16 / bf16 precision (the precision policy's hook)
@@ -450,7 +461,8 @@ def mma_format(st: Stage, parts, sm: int, allow_tf32: bool, precision: str = "")
 
 
 def plan_matmul(st: Stage, parts, fmt: str, min_blocks: int = MIN_BLOCKS, max_ks: int = 4,
-                sm_groups: int = 0, sms: int = 132, vec: bool = False, async_stages: int = 0) -> MatmulPlan:
+                sm_groups: int = 0, sms: int = 132, vec: bool = False, async_stages: int = 0,
+                splits: int = 0, async_model: bool = True) -> MatmulPlan:
     """The block tile (the largest of 64 x 64, 64 x 32, 32 x 64 giving ``min_blocks`` blocks, else 32 x 32)
     and the K groups (the most of ``max_ks``, 4, 2 that leave each group two chunks, keep the launch within
     ``4 * min_blocks`` groups and fit the static shared memory; else 1).
@@ -459,7 +471,9 @@ def plan_matmul(st: Stage, parts, fmt: str, min_blocks: int = MIN_BLOCKS, max_ks
     from :func:`plan_slices` instead, for ``sm_groups`` four-warp groups resident per SM on ``sms`` SMs.
     ``vec`` (``PtxTuning.mma_vec``): each operand's loads as wide as :func:`vec_width` allows.
     ``async_stages`` (``PtxTuning.mma_async``): where both operands pass :func:`async_ok`, the cp.async
-    kernel with that many shared stages per K group (the K groups then limited by shared memory)."""
+    kernel with that many shared stages per K group (the K groups then limited by shared memory).
+    ``splits`` (``PtxTuning.mma_splits``, with ``sm_groups``): that many K slices where :func:`plan_slices` allows
+    it; ``async_model`` (``PtxTuning.mma_async_model``): the cp.async kernels' own estimate there."""
     red, a, b, swapped = parts
     shape = [int(d) for d in st.buf.shape]
     m, n, k = shape[-2], shape[-1], int(red.attr[2][0])
@@ -486,8 +500,9 @@ def plan_matmul(st: Stage, parts, fmt: str, min_blocks: int = MIN_BLOCKS, max_ks
                              and async_ok(b, fmt, b_kfast, kv, nv, bvars, k, n)):
         ns, vecs = async_stages, (ASYNC_VEC, ASYNC_VEC)
     if sm_groups > 0:
-        ks, splits, ctas = plan_slices(fmt, bm, bn, blocks, chunks, max_ks, sm_groups, sms, ns)
-        return MatmulPlan(fmt, bm, bn, batch, m, n, k, a_kfast, b_kfast, swapped, ks, splits, ctas, *vecs, ns)
+        ks, nsplit, ctas = plan_slices(fmt, bm, bn, blocks, chunks, max_ks, sm_groups, sms, ns, only=splits,
+                                       async_model=async_model)
+        return MatmulPlan(fmt, bm, bn, batch, m, n, k, a_kfast, b_kfast, swapped, ks, nsplit, ctas, *vecs, ns)
     ks = 1
     for cand in (8, 4, 2):
         if (cand <= max_ks and chunks >= 2 * cand and blocks * cand <= 4 * min_blocks
@@ -499,15 +514,18 @@ def plan_matmul(st: Stage, parts, fmt: str, min_blocks: int = MIN_BLOCKS, max_ks
 
 
 def plan_slices(fmt: str, bm: int, bn: int, tiles: int, chunks: int, max_ks: int, sm_groups: int,
-                sms: int, stages: int = 1) -> Tuple[int, int, int]:
+                sms: int, stages: int = 1, only: int = 0, async_model: bool = True) -> Tuple[int, int, int]:
     """(K groups per block, K slices, blocks per SM) for ``tiles`` output tiles of ``chunks`` chunks when
     ``sm_groups`` four-warp groups fit an SM at once (ptxas is asked for registers that allow it:
     ``sm_groups / ks`` blocks per SM). A round (every group's chunk loaded, then multiplied) costs about one
     global-load latency however many groups run, so the estimate is waves x (rounds + 1) per block (the
     first chunk's load before the rounds): blocks = ``tiles * slices``, a wave is ``sms * sm_groups / ks``
-    blocks, a block runs ``chunks / (slices * ks)`` rounds. The smallest estimate wins (ties: fewer slices, then more groups per block); slices divide the
-    chunks evenly, each group keeps two chunks, and a slice count above 1 costs one round (the sum kernel).
-    ``stages``: shared stages per group (the cp.async kernel), for the shared-memory limit."""
+    blocks, a block runs ``chunks / (slices * ks)`` rounds. The smallest estimate wins (ties: fewer slices, then
+    more groups per block); slices divide the chunks evenly, each group keeps two chunks, and a slice count above
+    1 costs one round (the sum kernel). ``stages``: shared stages per group (the cp.async kernel), for the
+    shared-memory limit; with more than one (``async_model``) the estimate is waves x (1 + ASYNC_ROUND x rounds)
+    and the sum kernel ASYNC_SUM (see there). ``only`` > 0: that many slices where some K grouping allows it (the
+    model then picks only the groups), else the model's plan."""
     best = None
     for ks in (8, 4, 2, 1):
         if (ks > max_ks or sm_groups % ks or smem_bytes(fmt, bm, bn, ks, stages) > SMEM_LIMIT
@@ -516,11 +534,19 @@ def plan_slices(fmt: str, bm: int, bn: int, tiles: int, chunks: int, max_ks: int
         for splits in range(1, chunks + 1):
             if chunks % splits or chunks // splits < 2 * ks and not (ks == 1 and splits == 1):
                 continue
+            if only and splits != only:
+                continue
             wave = sms * (sm_groups // ks)
-            cost = -(-(tiles * splits) // wave) * (-(-(chunks // splits) // ks) + 1) + (splits > 1)
+            waves, rounds = -(-(tiles * splits) // wave), -(-(chunks // splits) // ks)
+            if stages > 1 and async_model:
+                cost = waves * (1 + ASYNC_ROUND * rounds) + ASYNC_SUM * (splits > 1)
+            else:
+                cost = waves * (rounds + 1) + (splits > 1)
             key = (cost, splits, -ks)
             if best is None or key < best[0]:
                 best = (key, ks, splits)
+    if best is None:         # ``only`` no K grouping allows: the model's plan
+        return plan_slices(fmt, bm, bn, tiles, chunks, max_ks, sm_groups, sms, stages, async_model=async_model)
     _, ks, splits = best
     return ks, splits, max(1, sm_groups // ks)
 

@@ -102,6 +102,14 @@ class PtxTuning:
     # second kernel: deterministic). 4 since session 16's H200 run (bench/gpu/RESULTS.md): BERT-base B=1 S=128
     # fp16 1.227 -> 1.089 ms with mma_vec, TF32 1.616 -> 1.559; 8 and 16 were slower (1.165, 1.376 ms)
     mma_sm_groups: int = attrs.field(default=4, validator=attrs.validators.in_(tuple(range(17))))
+    # ... the K slices of every split product fixed at this many where the product's chunks allow it (they divide
+    # the chunks and leave each K group two; else the model's choice), 0: the model's (plan_slices). A
+    # calibration knob: bench/gpu/split_sweep.py times each product at several counts
+    mma_splits: int = attrs.field(default=0, validator=attrs.validators.ge(0))
+    # ... for the cp.async products (mma_async), the model's own estimate of a round and of the sum kernel
+    # (matmul_mma.ASYNC_ROUND / ASYNC_SUM, fitted in session 38: fewer slices; BERT-base's products at S = 128
+    # mostly unsplit), False: the register-staged kernels' estimate for them too (the plans before session 38)
+    mma_async_model: bool = True
     # tensor-core products: float16 operands that are one plain, aligned load take it as 16-, 8- or 4-byte vectors
     # along their contiguous index (matmul_mma.vec_width; off: one 2-byte load per element). On since the same
     # run: BERT-base fp16 1.455 -> 1.227 ms (ptxas: the products' registers 128 -> 55-61)
