@@ -7,8 +7,10 @@ For each product shape of the sweep (the 2-D ones: attention's batched products 
 product at every forced K-slice count, the slice count the shipped estimate picks and its measured time, the
 synchronous estimate's pick (the plan before session 38, ``async_model=False``: the sweep's "sk0" builds), and
 the best measured. A forced count ``s`` was built with the K groups the synchronous estimate gives ``s``; a pick
-is looked up only where the estimate's groups for it are those (else "unmeasured"). ``--fit``: the grid search
-over (round, sum) costs that gave the shipped constants: total time of the picks, least first.
+is looked up only where the estimate's groups for it are those (else "unmeasured"). ``--fit``: a grid search
+over (round, sum) costs on the sweep alone, total time of the picks, least first. Its best (a round at 0.4) is
+not what ships: the sweep's weights stay in L2 across replays, and whole BERT-base at S = 32 ran slower with
+its choices (see ``matmul_mma.ASYNC_ROUND``).
 """
 from __future__ import annotations
 

@@ -125,6 +125,10 @@ def compile_job(job):
         from cuvil import Pipeline
         t0 = time.perf_counter()
         model, _ = build_model(job["model"], job.get("layers", 12))
+        if job.get("consts"):                 # module constants of the code generator (an A/B of an estimate)
+            from cuvil.targets.ptx import matmul_mma
+            for k, v in job["consts"].items():
+                setattr(matmul_mma, k, v)
         if job.get("tuning") is not None:     # code-generator settings (an A/B): compile_bundle at a static batch
             from cuvil.targets.ptx.bundle import compile_bundle
             from cuvil.targets.ptx.tuning import PtxTuning
@@ -217,6 +221,11 @@ TUNED.update({f"{v}_sk{n}": (v, {"mma_splits": n}) for v in ("tf32", "fp16") for
 # ... and the cp.async products' split plan of before session 38 (PtxTuning.mma_async_model off), for the A/B
 TUNED.update({"fp16_syncmodel": ("fp16", {"mma_async_model": False})})
 
+# ... and the cp.async estimate's two costs (matmul_mma.ASYNC_ROUND / ASYNC_SUM) set in the compiling process:
+# "fp16_ar{R}_as{S}" (R in tenths), whole-model checks of the fitted constants at other values
+CONSTS = {f"fp16_ar{r}_as{a}": ("fp16", {"ASYNC_ROUND": r / 10, "ASYNC_SUM": float(a)})
+          for r in (2, 4, 7, 10, 15) for a in (2, 4, 8, 12)}
+
 # attention as one kernel (PtxTuning.fused_attention, ptx/attention.py): "_attn" on, "_noattn" off, each explicit
 TUNED.update({f"{v}_attn": (v, {"fused_attention": True}) for v in ("fp32", "tf32", "fp16")})
 TUNED.update({f"{v}_noattn": (v, {"fused_attention": False}) for v in ("fp32", "tf32", "fp16")})
@@ -227,6 +236,9 @@ def jobs_for(args, arch):
     jobs = []
 
     def add(key, model, variant, **extra):
+        if variant in CONSTS:
+            variant, extra["consts"] = CONSTS[variant]
+            extra["tuning"] = {}
         if variant in TUNED:
             variant, extra["tuning"] = TUNED[variant]
         if extra.get("tuning") is not None and VARIANTS[variant][1]:

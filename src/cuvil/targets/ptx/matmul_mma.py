@@ -64,15 +64,18 @@ TK = 32            # reduction terms per chunk
 THREADS = 128      # four warps, 2 x 2 over the block tile
 MIN_BLOCKS = 264   # about two blocks per SM of an H200: the tile shrinks until the grid has this many
 # plan_slices's estimate for products through cp.async stages (stages > 1), in units of one global-load latency
-# (the first chunk's, before the rounds): a round costs ASYNC_ROUND of it (its loads were issued stages ahead,
-# under the previous rounds' products) and a split product's sum kernel ASYNC_SUM (its launch in the graph, the
-# partials' round trip). Fitted in session 38 on an H100 to the sweep of bench/gpu/split_sweep.py (15 float16
-# product shapes of BERT-base at S = 32..512, every K-slice count timed in CUDA graphs): the products' summed time
-# 239 us at the fitted estimate's choices against 278 us at the synchronous one's (rounds + 1 per wave, the sum
-# kernel one round) and 235 us at the best measured per shape; the sweep's raw rows are in
-# bench/gpu/results/session38/. The synchronous kernels (tf32, bf16, register-staged fp16) keep their estimate:
-# the same sweep found no better one for them.
-ASYNC_ROUND = 0.4
+# (the first chunk's, before the rounds): a round costs ASYNC_ROUND of it and a split product's sum kernel
+# ASYNC_SUM (its launch in the graph, the partials' round trip through L2), where the register-staged kernels'
+# estimate counts one for each. From session 38 on an H100: bench/gpu/split_sweep.py timed 15 float16 product
+# shapes of BERT-base (S = 32..512) at every K-slice count in CUDA graphs (bench/gpu/split_fit.py replays it);
+# the old estimate's choices summed to 278 us of products there, the best measured per shape to 235, these
+# constants' choices to 243. The sweep's own best fit (a round at 0.4) chose unsplit products at S = 32 too, and
+# whole BERT-base at S = 32 ran 1.09x slower with them (0.725 against 0.667 ms; at S = 128 0.93x, 1.031 against
+# 1.104): its products read weights that stay in L2 across replays (8 copies of 1-5 MB), where a round is
+# cheaper than with BERT's 170 MB streaming from HBM. So a round keeps the full latency (1.0), and only the sum
+# kernel's cost changes: these constants give S = 32 and 64 the old plans and S = 128..512 the sweep's (raw
+# rows: bench/gpu/results/session38/).
+ASYNC_ROUND = 1.0
 ASYNC_SUM = 8.0
 FORMATS = ("fp16", "bf16", "tf32", "fp8")
 NARROW = ("fp16", "bf16", "fp8")     # the node precisions (the policy's) this kernel runs
@@ -524,7 +527,7 @@ def plan_slices(fmt: str, bm: int, bn: int, tiles: int, chunks: int, max_ks: int
     more groups per block); slices divide the chunks evenly, each group keeps two chunks, and a slice count above
     1 costs one round (the sum kernel). ``stages``: shared stages per group (the cp.async kernel), for the
     shared-memory limit; with more than one (``async_model``) the estimate is waves x (1 + ASYNC_ROUND x rounds)
-    and the sum kernel ASYNC_SUM (see there). ``only`` > 0: that many slices where some K grouping allows it (the
+    and the sum kernel ASYNC_SUM (see there: a split costs 8 rounds, not 1). ``only`` > 0: that many slices where some K grouping allows it (the
     model then picks only the groups), else the model's plan."""
     best = None
     for ks in (8, 4, 2, 1):

@@ -106,9 +106,10 @@ class PtxTuning:
     # the chunks and leave each K group two; else the model's choice), 0: the model's (plan_slices). A
     # calibration knob: bench/gpu/split_sweep.py times each product at several counts
     mma_splits: int = attrs.field(default=0, validator=attrs.validators.ge(0))
-    # ... for the cp.async products (mma_async), the model's own estimate of a round and of the sum kernel
-    # (matmul_mma.ASYNC_ROUND / ASYNC_SUM, fitted in session 38: fewer slices; BERT-base's products at S = 128
-    # mostly unsplit), False: the register-staged kernels' estimate for them too (the plans before session 38)
+    # ... for the cp.async products (mma_async), the model's own cost of a round and of the sum kernel
+    # (matmul_mma.ASYNC_ROUND / ASYNC_SUM, session 38: a split costs 8 rounds, so BERT-base's products at S = 128
+    # and longer run mostly unsplit), False: the register-staged kernels' estimate for them too (the plans
+    # before session 38)
     mma_async_model: bool = True
     # tensor-core products: float16 operands that are one plain, aligned load take it as 16-, 8- or 4-byte vectors
     # along their contiguous index (matmul_mma.vec_width; off: one 2-byte load per element). On since the same
