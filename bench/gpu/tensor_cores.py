@@ -125,10 +125,11 @@ def compile_job(job):
         from cuvil import Pipeline
         t0 = time.perf_counter()
         model, _ = build_model(job["model"], job.get("layers", 12))
-        if job.get("consts"):                 # module constants of the code generator (an A/B of an estimate)
-            from cuvil.targets.ptx import matmul_mma
-            for k, v in job["consts"].items():
-                setattr(matmul_mma, k, v)
+        from cuvil.targets.ptx import matmul_mma
+        if not _SHIPPED:      # a worker runs several jobs: each sets the constants, to its own or the shipped ones
+            _SHIPPED.update({k: getattr(matmul_mma, k) for k in ("ASYNC_ROUND", "ASYNC_SUM")})
+        for k, v in {**_SHIPPED, **job.get("consts", {})}.items():
+            setattr(matmul_mma, k, v)
         if job.get("tuning") is not None:     # code-generator settings (an A/B): compile_bundle at a static batch
             from cuvil.targets.ptx.bundle import compile_bundle
             from cuvil.targets.ptx.tuning import PtxTuning
@@ -225,6 +226,7 @@ TUNED.update({"fp16_syncmodel": ("fp16", {"mma_async_model": False})})
 # "fp16_ar{R}_as{S}" (R in tenths), whole-model checks of the fitted constants at other values
 CONSTS = {f"fp16_ar{r}_as{a}": ("fp16", {"ASYNC_ROUND": r / 10, "ASYNC_SUM": float(a)})
           for r in (2, 4, 7, 10, 15) for a in (2, 4, 8, 12)}
+_SHIPPED: dict = {}     # the constants' shipped values, read by a worker's first job
 
 # attention as one kernel (PtxTuning.fused_attention, ptx/attention.py): "_attn" on, "_noattn" off, each explicit
 TUNED.update({f"{v}_attn": (v, {"fused_attention": True}) for v in ("fp32", "tf32", "fp16")})

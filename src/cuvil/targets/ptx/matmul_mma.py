@@ -73,8 +73,9 @@ MIN_BLOCKS = 264   # about two blocks per SM of an H200: the tile shrinks until 
 # whole BERT-base at S = 32 ran 1.09x slower with them (0.725 against 0.667 ms; at S = 128 0.93x, 1.031 against
 # 1.104): its products read weights that stay in L2 across replays (8 copies of 1-5 MB), where a round is
 # cheaper than with BERT's 170 MB streaming from HBM. So a round keeps the full latency (1.0), and only the sum
-# kernel's cost changes: these constants give S = 32 and 64 the old plans and S = 128..512 the sweep's (raw
-# rows: bench/gpu/results/session38/).
+# kernel's cost changes: BERT-base at S = 64 then compiles to the old plans' PTX, at S = 128 to the PTX measured
+# 0.93x, at S = 32 to the old plans but for the FFN's first product (unsplit), and S = 256 / 512 take the sweep's
+# faster plans (raw rows: bench/gpu/results/session38/; bench/gpu/RESULTS.md, session 38).
 ASYNC_ROUND = 1.0
 ASYNC_SUM = 8.0
 FORMATS = ("fp16", "bf16", "tf32", "fp8")
