@@ -45,7 +45,7 @@ def shapes(path: str):
     for r in d["rows"]:
         if "p50_ms" in r and not r["batch"]:
             key = (r["fmt"], r["seq"], r["name"])
-            times[key][r["splits"]] = 1e3 * r["p50_ms"] / d["copies"]
+            times[key][r["splits"]] = 1e3 * r["p50_ms"] / r.get("copies", d["copies"])
             info[key] = r
     return times, info
 

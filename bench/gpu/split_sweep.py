@@ -1,12 +1,15 @@
 """Calibration data for the tensor-core products' split-K plan (``ptx/matmul_mma.py`` ``plan_slices``): each
 product shape of a transformer layer timed at every K-slice count, as a CUDA graph, on the GPU it runs on.
 
-    python3 bench/gpu/split_sweep.py --out DIR [--seqs 32 128 384] [--formats fp16 tf32] [--copies 8]
+    python3 bench/gpu/split_sweep.py --out DIR [--seqs 32 128 384] [--formats fp16 tf32] [--weights-mb 160]
 
-A model per (format, shape, slice count): ``--copies`` independent products of one shape (the same input,
-different seeded weights, each its own output), so that a graph replay runs them back to back as a layer's
-products run, and the time per product (p50 of ``--iters`` replays over the copies) includes the gaps between
-kernels that a split product's second (sum) kernel adds. Shapes per sequence length S (batch 1, BERT-base):
+A model per (format, shape, slice count): independent products of one shape (the same input, different seeded
+weights, each its own output), so that a graph replay runs them back to back as a layer's products run, and the
+time per product (p50 of ``--iters`` replays over the copies) includes the gaps between kernels that a split
+product's second (sum) kernel adds. As many copies as make ``--weights-mb`` of weights in the format (at least
+``--copies``): more than the GPU's L2 (50 MB on an H100, 60 on an H200), so each replay streams them from
+memory as a model's layers do. Session 38's sweep ran 8 copies whose 1-5 MB each stayed in L2 across replays:
+products with few blocks looked cheaper there than in BERT-base (bench/gpu/RESULTS.md, session 38). Shapes per sequence length S (batch 1, BERT-base):
 the projections [S, 768] x [768, 768], the FFN's [S, 768] x [768, 3072] and [S, 3072] x [3072, 768], and
 attention's batched [12, S, 64] x [12, 64, S] and [12, S, S] x [12, S, 64]. Slice counts: 0 (the model's
 choice, ``PtxTuning.mma_splits`` = 0) and the forced counts of ``--splits`` (a count the chunks do not allow
@@ -18,6 +21,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures as cf
 import json
+import math
 import multiprocessing as mp
 import os
 import statistics
@@ -115,7 +119,9 @@ def main(argv=None) -> int:
     ap.add_argument("--seqs", type=int, nargs="+", default=[32, 128, 384])
     ap.add_argument("--formats", nargs="+", default=["fp16", "tf32"])
     ap.add_argument("--splits", type=int, nargs="+", default=[1, 2, 3, 4, 6, 8, 12, 16, 24])
-    ap.add_argument("--copies", type=int, default=8)
+    ap.add_argument("--copies", type=int, default=8, help="at least this many products per model")
+    ap.add_argument("--weights-mb", type=float, default=160.0, help="... and as many as make this many MB of "
+                    "weights (0: --copies alone, session 38's sweep)")
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=2, help="timing rounds over all builds (min of the p50s)")
     ap.add_argument("--jobs", type=int, default=14)
@@ -136,10 +142,12 @@ def main(argv=None) -> int:
     for fmt in args.formats:
         for seq in args.seqs:
             for name, batch, m, k, n in shapes(seq):
+                per = (2 if fmt == "fp16" else 4) * k * n if not batch else 0    # batched: activations only
+                copies = max(args.copies, math.ceil(args.weights_mb * 1e6 / per) if per and args.weights_mb else 0)
                 for s in [0] + list(args.splits):
                     key = f"{fmt}_s{seq}_{name}_sk{s}"
                     jobs.append(dict(key=key, fmt=fmt, seq=seq, name=name, batch=list(batch), m=m, k=k, n=n,
-                                     splits=s, copies=args.copies, arch=arch,
+                                     splits=s, copies=copies, arch=arch,
                                      out=os.path.join(args.work, key + ".cuvil")))
     t0 = time.perf_counter()
     with cf.ProcessPoolExecutor(max_workers=args.jobs, mp_context=mp.get_context("spawn")) as pool:
@@ -151,7 +159,8 @@ def main(argv=None) -> int:
             print(r["key"], r["error"][-400:], flush=True)
     def save():
         with open(os.path.join(args.out, "split_sweep.json"), "w") as f:
-            json.dump({"device": info, "copies": args.copies, "iters": args.iters, "rows": rows}, f, indent=1)
+            json.dump({"device": info, "copies": args.copies, "weights_mb": args.weights_mb, "iters": args.iters,
+                       "rows": rows}, f, indent=1)
     save()
     if not args.compile_only:
         for rnd in range(args.rounds):
@@ -163,7 +172,7 @@ def main(argv=None) -> int:
                 r["min_ms"] = min(r.get("min_ms", 1e9), t["min_ms"])
         for r in rows:
             if "p50_ms" in r:
-                print(f"{r['key']:28} {r['p50_ms'] * 1e3 / args.copies:8.2f} us/product  "
+                print(f"{r['key']:28} {r['p50_ms'] * 1e3 / r['copies']:8.2f} us/product  "
                       f"{[k['kind'] + str(k['grid']) for k in r['kernels']]}", flush=True)
     save()
     return 0
