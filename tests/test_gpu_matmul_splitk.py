@@ -59,26 +59,50 @@ def test_slice_model_prefers_one_wave_and_no_split_when_tiles_fill_the_gpu():
 
 
 def test_async_products_split_only_where_tiles_are_few_and_k_long():
-    """The cp.async products' estimate (ASYNC_ROUND, ASYNC_SUM: a split costs 8 rounds; session 38, an H100):
-    BERT-base's float16 products, 4 groups per SM on 132 SMs, 3 stages. At S = 128 the projections (96 tiles of
-    32 x 32, 24 chunks) and the FFN's first product run unsplit (the synchronous estimate split them in 2, which
-    measured slower: whole BERT-base 1.104 against 1.031 ms); the FFN's second (K = 3072: 96 chunks) still splits;
-    at S = 32 the projections (24 tiles) split in 6 as before (unsplit, whole BERT-base ran 1.09x slower); at S =
-    512 (384 tiles of 64 x 64) the FFN's first product no longer splits in 4 (1.85x slower in the sweep)."""
-    from cuvil.targets.ptx.matmul_mma import ASYNC_ROUND, ASYNC_SUM
-    assert ASYNC_SUM > ASYNC_ROUND > 0
+    """The cp.async products' costs (``PtxTuning.mma_async_costs`` = (1, 8): a split costs 8 rounds; session 38,
+    an H100): BERT-base's float16 products, 4 groups per SM on 132 SMs, 3 stages. At S = 128 the projections (96
+    tiles of 32 x 32, 24 chunks) and the FFN's first product run unsplit (the synchronous costs split them in 2:
+    whole BERT-base 1.104 against 1.031 ms with these plans); the FFN's second (K = 3072: 96 chunks) still splits;
+    at S = 32 the projections (24 tiles) split in 6 as before (the sweep's own best fit left them unsplit too, and
+    whole BERT-base ran 1.09x slower with it); at S = 512 (384 tiles of 64 x 64) the FFN's first product no longer
+    splits in 4 (1.85x slower in the sweep)."""
+    shipped, sync = PtxTuning().mma_async_costs, (1.0, 1.0)
+    assert shipped == (1.0, 8.0)
     proj = dict(fmt="fp16", bm=32, bn=32, tiles=96, chunks=24, max_ks=4, sm_groups=4, sms=132, stages=3)
-    assert plan_slices(**proj)[1] == 1
-    assert plan_slices(**proj, async_model=False)[1] == 2          # the plan before session 38
-    staged = {**proj, "stages": 1}                                 # register-staged kernels: their estimate
-    assert plan_slices(**staged) == plan_slices(**staged, async_model=False)
-    assert plan_slices(**{**proj, "chunks": 96})[1] > 1            # S = 128, K = 3072
+    assert plan_slices(**proj, async_costs=shipped)[1] == 1
+    assert plan_slices(**proj, async_costs=sync)[1] == 2 == plan_slices(**proj)[1]   # the plan before session 38
+    staged = {**proj, "stages": 1}                                 # register-staged kernels: always (1, 1)
+    assert plan_slices(**staged, async_costs=shipped) == plan_slices(**staged, async_costs=sync)
+    assert plan_slices(**{**proj, "chunks": 96}, async_costs=shipped)[1] > 1       # S = 128, K = 3072
     proj_s32 = {**proj, "tiles": 24}
-    assert plan_slices(**proj_s32) == plan_slices(**proj_s32, async_model=False) and plan_slices(**proj_s32)[1] == 6
-    assert plan_slices(**{**proj_s32, "chunks": 96})[1] == 8       # S = 32, K = 3072
+    assert plan_slices(**proj_s32, async_costs=shipped) == plan_slices(**proj_s32, async_costs=sync)
+    assert plan_slices(**proj_s32, async_costs=shipped)[1] == 6
+    assert plan_slices(**{**proj_s32, "chunks": 96}, async_costs=shipped)[1] == 8  # S = 32, K = 3072
     ffn1_s512 = {**proj, "bm": 64, "bn": 64, "tiles": 384, "chunks": 24}
-    assert plan_slices(**ffn1_s512)[1] == 1
-    assert plan_slices(**ffn1_s512, async_model=False)[1] == 4
+    assert plan_slices(**ffn1_s512, async_costs=shipped)[1] == 1
+    assert plan_slices(**ffn1_s512, async_costs=sync)[1] == 4
+    with pytest.raises(ValueError):
+        PtxTuning(mma_async_costs=(1.0, 0.0))
+    with pytest.raises(ValueError):
+        plan_slices("fp16", 32, 32, 10, 0, 4, 4, 132)              # no chunk to plan
+
+
+def _fp16_kinds(model, tuning):
+    """The kernel kinds of a model's float16 build (every float32 tensor computed in float16, as enable_fp16)."""
+    from cuvil.rewrite_rules.precision import to_half
+    g, _ = to_half(Pipeline.from_onnx(model).optimize().graph)
+    return [k.kind for k in build_ptx(gpu_schedule(g, tuning=tuning), "sm_90", fma=True, tuning=tuning).kernels]
+
+
+def test_costs_and_forced_slices_reach_the_kernels():
+    """The tuning reaches the emitted kernels: BERT's 128 x 768 x 768 projection in float16 (cp.async) unsplit
+    with the shipped costs, split with the synchronous ones, and at a forced count."""
+    model, _ = linear_gelu(b=1, m=128, k=768, n=768)
+    shipped = _fp16_kinds(model, PtxTuning())
+    assert "matmul_fp16" in shipped and "matmul_sum" not in shipped
+    for tuning in (PtxTuning(mma_async_costs=(1.0, 1.0)), PtxTuning(mma_splits=3)):
+        kinds = _fp16_kinds(model, tuning)
+        assert "matmul_splitk_fp16" in kinds and "matmul_sum" in kinds, (tuning, kinds)
 
 
 def test_forced_slices_where_the_chunks_allow_them():
@@ -87,10 +111,10 @@ def test_forced_slices_where_the_chunks_allow_them():
     proj = dict(fmt="fp16", bm=32, bn=32, tiles=96, chunks=24, max_ks=4, sm_groups=4, sms=132, stages=3)
     for n in (1, 2, 3, 4, 6, 8, 12):
         ks, splits, ctas = plan_slices(**proj, only=n)
-        assert splits == n and 24 // n >= 2 * ks or (ks, n) == (1, 1) or ks == 1, (n, ks)
+        assert splits == n and (24 // n >= 2 * ks or (ks, n) == (1, 1)), (n, ks, splits)
         assert ctas == 4 // ks
     assert plan_slices(**proj, only=5) == plan_slices(**proj)       # 5 does not divide 24
-    assert plan_slices(**proj, only=48) == plan_slices(**proj)      # half a chunk a slice
+    assert plan_slices(**proj, only=24) == plan_slices(**proj)      # one chunk a slice
     model, _ = linear_gelu(b=1, m=128, k=768, n=768)
     st = _product(model)
     for n in (1, 3, 8):
@@ -246,8 +270,11 @@ def test_gpu_forced_slices_of_async_products_match_numpy_and_repeat(tmp_path, sp
              (linear_gelu(b=1, m=32, k=768, n=3072), [rng.standard_normal((1, 32, 768)).astype(np.float32)]),
              (linear_gelu(b=2, m=40, k=1024, n=48), [rng.standard_normal((2, 40, 1024)).astype(np.float32)])]
     for i, ((model, ref), feeds) in enumerate(cases):
-        (y1, y2), _ = _run_bundle(model, feeds, tmp_path, f"s{splits}_{i}", PtxTuning(mma_splits=splits),
-                                  enable_fp16=True)
+        (y1, y2), man = _run_bundle(model, feeds, tmp_path, f"s{splits}_{i}", PtxTuning(mma_splits=splits),
+                                    enable_fp16=True)
+        kinds = man["tensor_core_kernels"]
+        if (splits, i) in ((1, 0), (1, 1), (1, 2), (3, 0), (3, 1), (8, 0), (8, 1), (8, 2), (32, 0)):
+            assert any(k.startswith("matmul_splitk") for k in kinds) == (splits > 1), (splits, i, kinds)
         assert np.array_equal(y1, y2), (splits, i)
         want = ref(*feeds)
         err = np.abs(y1 - want).max() / np.abs(want).max()

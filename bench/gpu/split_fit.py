@@ -1,16 +1,17 @@
-"""The split-K estimate of the cp.async products (``matmul_mma.ASYNC_ROUND`` / ``ASYNC_SUM``) against the sweep of
+"""The split-K estimate of the cp.async products (``PtxTuning.mma_async_costs``) against the sweep of
 bench/gpu/split_sweep.py, no GPU needed:
 
     python3 bench/gpu/split_fit.py bench/gpu/results/session38/split_sweep_h100.json [--fit] [--formats fp16 tf32]
 
 For each product shape of the sweep (the 2-D ones: attention's batched products never split), the time per
-product at every forced K-slice count, the slice count the shipped estimate picks and its measured time, the
-synchronous estimate's pick (the plan before session 38, ``async_model=False``: the sweep's "sk0" builds), and
-the best measured. A forced count ``s`` was built with the K groups the synchronous estimate gives ``s``; a pick
-is looked up only where the estimate's groups for it are those (else "unmeasured"). ``--fit``: a grid search
-over (round, sum) costs on the sweep alone, total time of the picks, least first. Its best (a round at 0.4) is
-not what ships: the sweep's weights stay in L2 across replays, and whole BERT-base at S = 32 ran slower with
-its choices (see ``matmul_mma.ASYNC_ROUND``).
+product at every forced K-slice count the chunks allow (rows whose count fell back to the estimate's plan are
+left out), the slice count the shipped costs pick and its measured time, the synchronous estimate's pick (costs
+(1, 1): the plan before session 38, the sweep's "sk0" builds), and the best measured. A forced count ``s`` was
+built with the K groups the synchronous estimate gives ``s``; a pick is looked up only where the shipped
+costs' groups for it are those (else "unmeasured"). ``--fit``: a grid search over (round, sum) costs on the
+sweep alone, total time of the picks, least first. Its best (a round at 0.4) is not what ships: the sweep's
+weights stayed in L2 across replays, and whole BERT-base at S = 32 ran slower with its choices
+(``matmul_mma.plan_slices`` says why).
 """
 from __future__ import annotations
 
@@ -23,10 +24,11 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "src"))
 
-from cuvil.targets.ptx import matmul_mma  # noqa: E402
 from cuvil.targets.ptx.matmul_mma import MIN_BLOCKS, TK, plan_slices  # noqa: E402
+from cuvil.targets.ptx.tuning import DEFAULT_TUNING  # noqa: E402
 
 STAGES = {"fp16": 3, "tf32": 1}     # the sweep's builds: cp.async (PtxTuning.mma_async = 3) for float16 only
+SYNC = (1.0, 1.0)                   # the synchronous estimate's costs (a round, the sum kernel)
 GROUPS, MAX_KS, SMS = 4, 4, 132     # PtxTuning's mma_sm_groups / mma_max_ks, the H100's and H200's SMs
 
 
@@ -50,25 +52,27 @@ def shapes(path: str):
     return times, info
 
 
-def picks(times, info, fmt: str):
-    """Per shape: (key, measured times, pick of the shipped estimate, pick of the synchronous one)."""
+def picks(times, info, fmt: str, costs=DEFAULT_TUNING.mma_async_costs):
+    """Per shape: (key, measured times of the counts its chunks allow and of "sk0", pick of ``costs``, pick of
+    the synchronous estimate)."""
     out = []
     for key in sorted(k for k in times if k[0] == fmt):
         r = info[key]
         bm, bn = tile(r["m"], r["n"])
         tiles, chunks = -(-r["m"] // bm) * -(-r["n"] // bn), -(-r["k"] // TK)
         args = (fmt, bm, bn, tiles, chunks, MAX_KS, GROUPS, SMS, STAGES[fmt])
-        built = {s: plan_slices(*args, only=s, async_model=False)[0] for s in times[key] if s}
-        ks, s, _ = plan_slices(*args)
-        pick = s if built.get(s) == ks else None
-        out.append((key, times[key], pick, plan_slices(*args, async_model=False)[1]))
+        built = {s: plan_slices(*args, only=s, async_costs=SYNC)[:2] for s in times[key] if s}
+        t = {s: v for s, v in times[key].items() if not s or built[s][1] == s}     # fallback rows left out
+        ks, s, _ = plan_slices(*args, async_costs=costs)
+        pick = s if s in t and built[s][0] == ks else None
+        out.append((key, t, pick, plan_slices(*args, async_costs=SYNC)[1]))
     return out
 
 
-def report(times, info, fmt: str, verbose: bool = True):
+def report(times, info, fmt: str, verbose: bool = True, costs=DEFAULT_TUNING.mma_async_costs):
     tot = {"shipped": 0.0, "synchronous": 0.0, "best": 0.0}
     missing = 0
-    for key, t, pick, sync in picks(times, info, fmt):
+    for key, t, pick, sync in picks(times, info, fmt, costs):
         best = min(v for s, v in t.items() if s)
         if pick is None:
             missing += 1
@@ -96,17 +100,14 @@ def main(argv=None) -> int:
               f"{tot['synchronous']:.1f}, best measured {tot['best']:.1f}" + (f" ({missing} picks unmeasured)"
                                                                              if missing else ""))
         if args.fit and STAGES[fmt] > 1:
-            saved = matmul_mma.ASYNC_ROUND, matmul_mma.ASYNC_SUM
             grid = []
             for rnd in (0.1, 0.2, 0.3, 0.4, 0.5, 0.7, 1.0):
-                for ssum in (0, 1, 2, 4, 6, 8, 10, 12, 16):
-                    matmul_mma.ASYNC_ROUND, matmul_mma.ASYNC_SUM = rnd, ssum
-                    t, miss = report(times, info, fmt, verbose=False)
+                for ssum in (0.5, 1, 2, 4, 6, 8, 10, 12, 16):
+                    t, miss = report(times, info, fmt, verbose=False, costs=(rnd, ssum))
                     if not miss:
                         grid.append((t["shipped"], rnd, ssum))
-            matmul_mma.ASYNC_ROUND, matmul_mma.ASYNC_SUM = saved
             for total, rnd, ssum in sorted(grid)[:8]:
-                print(f"  ASYNC_ROUND {rnd:4} ASYNC_SUM {ssum:4}: {total:.1f} us")
+                print(f"  mma_async_costs ({rnd}, {ssum}): {total:.1f} us")
     return 0
 
 

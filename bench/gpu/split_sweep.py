@@ -1,7 +1,7 @@
 """Calibration data for the tensor-core products' split-K plan (``ptx/matmul_mma.py`` ``plan_slices``): each
 product shape of a transformer layer timed at every K-slice count, as a CUDA graph, on the GPU it runs on.
 
-    python3 bench/gpu/split_sweep.py --out DIR [--seqs 32 128 384] [--formats fp16 tf32] [--weights-mb 160]
+    python3 bench/gpu/split_sweep.py --out DIR [--seqs 32 64 128 256 512] [--formats fp16 tf32] [--weights-mb 160]
 
 A model per (format, shape, slice count): independent products of one shape (the same input, different seeded
 weights, each its own output), so that a graph replay runs them back to back as a layer's products run, and the
@@ -11,9 +11,10 @@ product's second (sum) kernel adds. As many copies as make ``--weights-mb`` of w
 memory as a model's layers do. Session 38's sweep ran 8 copies whose 1-5 MB each stayed in L2 across replays:
 products with few blocks looked cheaper there than in BERT-base (bench/gpu/RESULTS.md, session 38). Shapes per sequence length S (batch 1, BERT-base):
 the projections [S, 768] x [768, 768], the FFN's [S, 768] x [768, 3072] and [S, 3072] x [3072, 768], and
-attention's batched [12, S, 64] x [12, 64, S] and [12, S, S] x [12, S, 64]. Slice counts: 0 (the model's
-choice, ``PtxTuning.mma_splits`` = 0) and the forced counts of ``--splits`` (a count the chunks do not allow
-falls back to the model's: the JSON records the plan each build got). Formats: fp16 (``enable_fp16``) and
+attention's batched [12, S, 64] x [12, 64, S] and [12, S, S] x [12, S, 64]. Slice counts: 0 (the synchronous
+estimate's choice, ``PtxTuning(mma_splits=0, mma_async_costs=(1, 1))``: the plans before session 38) and the
+forced counts of ``--splits`` (a count the chunks do not allow falls back to that estimate's: the JSON records
+the kernels each build got; bench/gpu/split_fit.py leaves those rows out). Formats: fp16 (``enable_fp16``) and
 tf32 (``allow_tf32``). Writes ``split_sweep.json`` (one row per build) into ``--out``.
 """
 from __future__ import annotations
@@ -76,7 +77,8 @@ def build(job):
         model = product_model(tuple(job["batch"]), job["m"], job["k"], job["n"], job["copies"])
         g = Pipeline.from_onnx(model).optimize().graph
         kw = {"enable_fp16": True} if job["fmt"] == "fp16" else {"allow_tf32": True}
-        compile_bundle(g, job["out"], arch=job["arch"], tuning=PtxTuning(mma_splits=job["splits"]), **kw)
+        tuning = PtxTuning(mma_splits=job["splits"], mma_async_costs=(1.0, 1.0))   # the costs a forced count's
+        compile_bundle(g, job["out"], arch=job["arch"], tuning=tuning, **kw)          # K groups come from too
         with open(os.path.join(job["out"], "plan.json")) as f:
             plan = json.load(f)
         job["kernels"] = [{"kind": k.get("kind"), "grid": k.get("grid"), "block": k.get("block")}
@@ -116,9 +118,9 @@ def time_bundle(path: str, iters: int) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
-    ap.add_argument("--seqs", type=int, nargs="+", default=[32, 128, 384])
+    ap.add_argument("--seqs", type=int, nargs="+", default=[32, 64, 128, 256, 512])
     ap.add_argument("--formats", nargs="+", default=["fp16", "tf32"])
-    ap.add_argument("--splits", type=int, nargs="+", default=[1, 2, 3, 4, 6, 8, 12, 16, 24])
+    ap.add_argument("--splits", type=int, nargs="+", default=[1, 2, 3, 4, 6, 8, 12, 16, 24, 32])
     ap.add_argument("--copies", type=int, default=8, help="at least this many products per model")
     ap.add_argument("--weights-mb", type=float, default=160.0, help="... and as many as make this many MB of "
                     "weights (0: --copies alone, session 38's sweep)")

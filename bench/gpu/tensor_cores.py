@@ -125,11 +125,6 @@ def compile_job(job):
         from cuvil import Pipeline
         t0 = time.perf_counter()
         model, _ = build_model(job["model"], job.get("layers", 12))
-        from cuvil.targets.ptx import matmul_mma
-        if not _SHIPPED:      # a worker runs several jobs: each sets the constants, to its own or the shipped ones
-            _SHIPPED.update({k: getattr(matmul_mma, k) for k in ("ASYNC_ROUND", "ASYNC_SUM")})
-        for k, v in {**_SHIPPED, **job.get("consts", {})}.items():
-            setattr(matmul_mma, k, v)
         if job.get("tuning") is not None:     # code-generator settings (an A/B): compile_bundle at a static batch
             from cuvil.targets.ptx.bundle import compile_bundle
             from cuvil.targets.ptx.tuning import PtxTuning
@@ -216,17 +211,15 @@ TUNED.update({f"{v}_nofsk": (v, {"mma_fused_splitk": False}) for v in ("tf32", "
 # GEMVs keep their grids): does one BERT call gain from fewer split-K slices, as the concurrency=4 / 8 builds did?
 # (H100: fp16 1.086 -> 1.037 / 1.034 ms, TF32 1.515 -> 1.717 / 1.498: both ways; bench/gpu/RESULTS.md, session 27)
 TUNED.update({f"{v}_psm{c}": (v, {"concurrency": c}) for v in ("tf32", "fp16") for c in (2, 4)})
-# session 38: every split product at a fixed K-slice count (PtxTuning.mma_splits; 1: none), the sweep that
-# calibrates plan_slices (bench/gpu/split_sweep.py reads the per-kernel times of these variants)
+# session 38: every product at a fixed K-slice count where its chunks allow it (PtxTuning.mma_splits; 1: none):
+# whole BERT-base at each count, beside bench/gpu/split_sweep.py's per-shape sweep
 TUNED.update({f"{v}_sk{n}": (v, {"mma_splits": n}) for v in ("tf32", "fp16") for n in (1, 2, 3, 4, 6, 8, 12, 16, 24)})
-# ... and the cp.async products' split plan of before session 38 (PtxTuning.mma_async_model off), for the A/B
-TUNED.update({"fp16_syncmodel": ("fp16", {"mma_async_model": False})})
-
-# ... and the cp.async estimate's two costs (matmul_mma.ASYNC_ROUND / ASYNC_SUM) set in the compiling process:
-# "fp16_ar{R}_as{S}" (R in tenths), whole-model checks of the fitted constants at other values
-CONSTS = {f"fp16_ar{r}_as{a}": ("fp16", {"ASYNC_ROUND": r / 10, "ASYNC_SUM": float(a)})
-          for r in (2, 4, 7, 10, 15) for a in (2, 4, 8, 12)}
-_SHIPPED: dict = {}     # the constants' shipped values, read by a worker's first job
+# ... and the cp.async products' split plan of before session 38 (PtxTuning.mma_async_costs (1, 1)), for the A/B,
+# and "fp16_ar{R}_as{S}": a round at R tenths of a load's latency and the sum kernel at S (whole-model checks of
+# other costs than the shipped (1, 8))
+TUNED.update({"fp16_syncmodel": ("fp16", {"mma_async_costs": (1.0, 1.0)})})
+TUNED.update({f"fp16_ar{r}_as{a}": ("fp16", {"mma_async_costs": (r / 10, a)})
+              for r in (2, 4, 7, 10, 15) for a in (2, 4, 8, 12)})
 
 # attention as one kernel (PtxTuning.fused_attention, ptx/attention.py): "_attn" on, "_noattn" off, each explicit
 TUNED.update({f"{v}_attn": (v, {"fused_attention": True}) for v in ("fp32", "tf32", "fp16")})
@@ -238,9 +231,6 @@ def jobs_for(args, arch):
     jobs = []
 
     def add(key, model, variant, **extra):
-        if variant in CONSTS:
-            variant, extra["consts"] = CONSTS[variant]
-            extra["tuning"] = {}
         if variant in TUNED:
             variant, extra["tuning"] = TUNED[variant]
         if extra.get("tuning") is not None and VARIANTS[variant][1]:

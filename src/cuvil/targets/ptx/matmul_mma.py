@@ -63,21 +63,6 @@ from .tile_walk import divmod_c as tile_divmod
 TK = 32            # reduction terms per chunk
 THREADS = 128      # four warps, 2 x 2 over the block tile
 MIN_BLOCKS = 264   # about two blocks per SM of an H200: the tile shrinks until the grid has this many
-# plan_slices's estimate for products through cp.async stages (stages > 1), in units of one global-load latency
-# (the first chunk's, before the rounds): a round costs ASYNC_ROUND of it and a split product's sum kernel
-# ASYNC_SUM (its launch in the graph, the partials' round trip through L2), where the register-staged kernels'
-# estimate counts one for each. From session 38 on an H100: bench/gpu/split_sweep.py timed 15 float16 product
-# shapes of BERT-base (S = 32..512) at every K-slice count in CUDA graphs (bench/gpu/split_fit.py replays it);
-# the old estimate's choices summed to 278 us of products there, the best measured per shape to 235, these
-# constants' choices to 243. The sweep's own best fit (a round at 0.4) chose unsplit products at S = 32 too, and
-# whole BERT-base at S = 32 ran 1.09x slower with them (0.725 against 0.667 ms; at S = 128 0.93x, 1.031 against
-# 1.104): its products read weights that stay in L2 across replays (8 copies of 1-5 MB), where a round is
-# cheaper than with BERT's 170 MB streaming from HBM. So a round keeps the full latency (1.0), and only the sum
-# kernel's cost changes: BERT-base at S = 64 then compiles to the old plans' PTX, at S = 128 to the PTX measured
-# 0.93x, at S = 32 to the old plans but for the FFN's first product (unsplit), and S = 256 / 512 take the sweep's
-# faster plans (raw rows: bench/gpu/results/session38/; bench/gpu/RESULTS.md, session 38).
-ASYNC_ROUND = 1.0
-ASYNC_SUM = 8.0
 FORMATS = ("fp16", "bf16", "tf32", "fp8")
 NARROW = ("fp16", "bf16", "fp8")     # the node precisions (the policy's) this kernel runs
 # ops whose contraction the PTX target narrows to a node's fp16 / bf16 precision (the precision policy's hook)
@@ -466,7 +451,7 @@ def mma_format(st: Stage, parts, sm: int, allow_tf32: bool, precision: str = "")
 
 def plan_matmul(st: Stage, parts, fmt: str, min_blocks: int = MIN_BLOCKS, max_ks: int = 4,
                 sm_groups: int = 0, sms: int = 132, vec: bool = False, async_stages: int = 0,
-                splits: int = 0, async_model: bool = True) -> MatmulPlan:
+                splits: int = 0, async_costs: Tuple[float, float] = (1.0, 1.0)) -> MatmulPlan:
     """The block tile (the largest of 64 x 64, 64 x 32, 32 x 64 giving ``min_blocks`` blocks, else 32 x 32)
     and the K groups (the most of ``max_ks``, 4, 2 that leave each group two chunks, keep the launch within
     ``4 * min_blocks`` groups and fit the static shared memory; else 1).
@@ -477,7 +462,7 @@ def plan_matmul(st: Stage, parts, fmt: str, min_blocks: int = MIN_BLOCKS, max_ks
     ``async_stages`` (``PtxTuning.mma_async``): where both operands pass :func:`async_ok`, the cp.async
     kernel with that many shared stages per K group (the K groups then limited by shared memory).
     ``splits`` (``PtxTuning.mma_splits``, with ``sm_groups``): that many K slices where :func:`plan_slices` allows
-    it; ``async_model`` (``PtxTuning.mma_async_model``): the cp.async kernels' own estimate there."""
+    it; ``async_costs`` (``PtxTuning.mma_async_costs``): the cp.async kernels' costs there (:func:`plan_slices`)."""
     red, a, b, swapped = parts
     shape = [int(d) for d in st.buf.shape]
     m, n, k = shape[-2], shape[-1], int(red.attr[2][0])
@@ -505,7 +490,7 @@ def plan_matmul(st: Stage, parts, fmt: str, min_blocks: int = MIN_BLOCKS, max_ks
         ns, vecs = async_stages, (ASYNC_VEC, ASYNC_VEC)
     if sm_groups > 0:
         ks, nsplit, ctas = plan_slices(fmt, bm, bn, blocks, chunks, max_ks, sm_groups, sms, ns, only=splits,
-                                       async_model=async_model)
+                                       async_costs=async_costs)
         return MatmulPlan(fmt, bm, bn, batch, m, n, k, a_kfast, b_kfast, swapped, ks, nsplit, ctas, *vecs, ns)
     ks = 1
     for cand in (8, 4, 2):
@@ -518,7 +503,8 @@ def plan_matmul(st: Stage, parts, fmt: str, min_blocks: int = MIN_BLOCKS, max_ks
 
 
 def plan_slices(fmt: str, bm: int, bn: int, tiles: int, chunks: int, max_ks: int, sm_groups: int,
-                sms: int, stages: int = 1, only: int = 0, async_model: bool = True) -> Tuple[int, int, int]:
+                sms: int, stages: int = 1, only: int = 0,
+                async_costs: Tuple[float, float] = (1.0, 1.0)) -> Tuple[int, int, int]:
     """(K groups per block, K slices, blocks per SM) for ``tiles`` output tiles of ``chunks`` chunks when
     ``sm_groups`` four-warp groups fit an SM at once (ptxas is asked for registers that allow it:
     ``sm_groups / ks`` blocks per SM). A round (every group's chunk loaded, then multiplied) costs about one
@@ -527,9 +513,23 @@ def plan_slices(fmt: str, bm: int, bn: int, tiles: int, chunks: int, max_ks: int
     blocks, a block runs ``chunks / (slices * ks)`` rounds. The smallest estimate wins (ties: fewer slices, then
     more groups per block); slices divide the chunks evenly, each group keeps two chunks, and a slice count above
     1 costs one round (the sum kernel). ``stages``: shared stages per group (the cp.async kernel), for the
-    shared-memory limit; with more than one (``async_model``) the estimate is waves x (1 + ASYNC_ROUND x rounds)
-    and the sum kernel ASYNC_SUM (see there: a split costs 8 rounds, not 1). ``only`` > 0: that many slices where some K grouping allows it (the
-    model then picks only the groups), else the model's plan."""
+    shared-memory limit. With more than one stage, ``async_costs`` (``PtxTuning.mma_async_costs``, default there
+    (1, 8)) are the costs of a round and of the sum kernel instead: waves x (1 + round x rounds) + sum.
+
+    Why a split costs 8 rounds for the cp.async products (session 38, an H100): bench/gpu/split_sweep.py timed
+    15 float16 product shapes of BERT-base (S = 32..512) at every K-slice count in CUDA graphs
+    (bench/gpu/split_fit.py replays it); the old costs' choices summed to 278 us of products there, the best
+    measured per shape to 235, (1, 8)'s to 243. The sweep's own best fit (a round at 0.4) chose unsplit products
+    at S = 32 too, and whole BERT-base at S = 32 ran 1.09x slower with it (0.725 against 0.667 ms; at S = 128
+    0.93x, 1.031 against 1.104): the sweep's 8 copies of a product kept their 1-5 MB of weights in L2 across
+    replays, where a round is cheaper than with BERT's 170 MB streaming from HBM. So a round keeps the full
+    latency, and only the sum kernel's cost changes: BERT-base at S = 64 compiles to the old plans' PTX, at S =
+    128 to the PTX measured 0.93x, at S = 32 to the old plans but for the FFN's first product (unsplit; not timed
+    end to end), and S = 256 / 512 take the sweep's faster plans (bench/gpu/RESULTS.md, session 38).
+
+    ``only`` > 0: that many slices where some K grouping allows it (the estimate then picks only the groups), else
+    the estimate's plan."""
+    round_cost, sum_cost = async_costs if stages > 1 else (1.0, 1.0)
     best = None
     for ks in (8, 4, 2, 1):
         if (ks > max_ks or sm_groups % ks or smem_bytes(fmt, bm, bn, ks, stages) > SMEM_LIMIT
@@ -542,15 +542,14 @@ def plan_slices(fmt: str, bm: int, bn: int, tiles: int, chunks: int, max_ks: int
                 continue
             wave = sms * (sm_groups // ks)
             waves, rounds = -(-(tiles * splits) // wave), -(-(chunks // splits) // ks)
-            if stages > 1 and async_model:
-                cost = waves * (1 + ASYNC_ROUND * rounds) + ASYNC_SUM * (splits > 1)
-            else:
-                cost = waves * (rounds + 1) + (splits > 1)
+            cost = waves * (1 + round_cost * rounds) + sum_cost * (splits > 1)
             key = (cost, splits, -ks)
             if best is None or key < best[0]:
                 best = (key, ks, splits)
-    if best is None:         # ``only`` no K grouping allows: the model's plan
-        return plan_slices(fmt, bm, bn, tiles, chunks, max_ks, sm_groups, sms, stages, async_model=async_model)
+    if best is None and only:      # ``only`` no K grouping allows: the estimate's plan
+        return plan_slices(fmt, bm, bn, tiles, chunks, max_ks, sm_groups, sms, stages, async_costs=async_costs)
+    if best is None:
+        raise ValueError(f"no K plan for {chunks} chunks (a product needs at least one)")
     _, ks, splits = best
     return ks, splits, max(1, sm_groups // ks)
 

@@ -5,7 +5,12 @@ choices, each measured on an H200 (``bench/gpu/RESULTS.md``)."""
 from __future__ import annotations
 
 import attrs
-from typing import Optional
+from typing import Optional, Tuple
+
+
+def _positive_pair(v) -> None:
+    if len(v) != 2 or not all(x > 0 for x in v):
+        raise ValueError(f"mma_async_costs must be two positive numbers (a round, the sum kernel), not {v!r}")
 
 
 @attrs.frozen
@@ -102,15 +107,16 @@ class PtxTuning:
     # second kernel: deterministic). 4 since session 16's H200 run (bench/gpu/RESULTS.md): BERT-base B=1 S=128
     # fp16 1.227 -> 1.089 ms with mma_vec, TF32 1.616 -> 1.559; 8 and 16 were slower (1.165, 1.376 ms)
     mma_sm_groups: int = attrs.field(default=4, validator=attrs.validators.in_(tuple(range(17))))
-    # ... the K slices of every split product fixed at this many where the product's chunks allow it (they divide
-    # the chunks and leave each K group two; else the model's choice), 0: the model's (plan_slices). A
-    # calibration knob: bench/gpu/split_sweep.py times each product at several counts
+    # ... every product that plans its slices (mma_sm_groups > 0) takes this many K slices where its chunks allow
+    # it (they divide the chunks and leave each K group two; else the estimate's choice), 0: the estimate's. A
+    # calibration knob: bench/gpu/split_sweep.py times each product shape at several counts
     mma_splits: int = attrs.field(default=0, validator=attrs.validators.ge(0))
-    # ... for the cp.async products (mma_async), the model's own cost of a round and of the sum kernel
-    # (matmul_mma.ASYNC_ROUND / ASYNC_SUM, session 38: a split costs 8 rounds, so BERT-base's products at S = 128
-    # and longer run mostly unsplit), False: the register-staged kernels' estimate for them too (the plans
-    # before session 38)
-    mma_async_model: bool = True
+    # ... the estimate's costs for the products through cp.async stages (mma_async), in global-load latencies:
+    # (a round, a split product's sum kernel); the register-staged kernels count (1, 1). Session 38 (an H100,
+    # bench/gpu/split_sweep.py and whole BERT-base; matmul_mma.plan_slices says why): a split costs 8 rounds, so
+    # BERT-base's products at S = 128 and longer run mostly unsplit. (1.0, 1.0): the plans before session 38
+    mma_async_costs: Tuple[float, float] = attrs.field(default=(1.0, 8.0), converter=lambda v: tuple(float(x) for x in v),
+                                                       validator=lambda _i, _a, v: _positive_pair(v))
     # tensor-core products: float16 operands that are one plain, aligned load take it as 16-, 8- or 4-byte vectors
     # along their contiguous index (matmul_mma.vec_width; off: one 2-byte load per element). On since the same
     # run: BERT-base fp16 1.455 -> 1.227 ms (ptxas: the products' registers 128 -> 55-61)
