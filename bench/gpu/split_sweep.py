@@ -1,7 +1,8 @@
 """Calibration data for the tensor-core products' split-K plan (``ptx/matmul_mma.py`` ``plan_slices``): each
 product shape of a transformer layer timed at every K-slice count, as a CUDA graph, on the GPU it runs on.
 
-    python3 bench/gpu/split_sweep.py --out DIR [--seqs 32 64 128 256 512] [--formats fp16 tf32] [--weights-mb 160]
+    python3 bench/gpu/split_sweep.py --out DIR [--seqs 32 64 128 256 512] [--formats fp16 tf32]
+                                     [--weights-mb 160]
 
 A model per (format, shape, slice count): independent products of one shape (the same input, different seeded
 weights, each its own output), so that a graph replay runs them back to back as a layer's products run, and the

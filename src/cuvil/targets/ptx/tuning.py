@@ -115,8 +115,9 @@ class PtxTuning:
     # (a round, a split product's sum kernel); the register-staged kernels count (1, 1). Session 38 (an H100,
     # bench/gpu/split_sweep.py and whole BERT-base; matmul_mma.plan_slices says why): a split costs 8 rounds, so
     # BERT-base's products at S = 128 and longer run mostly unsplit. (1.0, 1.0): the plans before session 38
-    mma_async_costs: Tuple[float, float] = attrs.field(default=(1.0, 8.0), converter=lambda v: tuple(float(x) for x in v),
-                                                       validator=lambda _i, _a, v: _positive_pair(v))
+    mma_async_costs: Tuple[float, float] = attrs.field(
+        default=(1.0, 8.0), converter=lambda v: tuple(float(x) for x in v),
+        validator=lambda _i, _a, v: _positive_pair(v))
     # tensor-core products: float16 operands that are one plain, aligned load take it as 16-, 8- or 4-byte vectors
     # along their contiguous index (matmul_mma.vec_width; off: one 2-byte load per element). On since the same
     # run: BERT-base fp16 1.455 -> 1.227 ms (ptxas: the products' registers 128 -> 55-61)
