@@ -13,17 +13,35 @@ runtime changes' 2-thread tail figures were measured (old and new runtime, same 
 
 ``--kinds R``: then R alternating rounds of the step profiler on each (10 back-to-back runs a round), printing
 the time per kernel kind (the best round of each) from the manifest's step names.
+
+Both libraries are first copied (with their manifests) to fresh files in one temporary directory, and loaded
+from there (``--in-place``: where they are). Session 38 (Zen 4): two copies of libraries written minutes apart
+differed by up to 3% on steps that a change could not touch, the page cache holding their weights differently
+(see also bench/weights_pages.py); an A/B that read 0.982x in place read 0.997x / 1.001x (both orders) from fresh
+copies.
 """
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
+import os
+import shutil
+import tempfile
 import time
 from collections import defaultdict
 
 import numpy as np
 
-from cuvil.targets.x86.loader import load
+from cuvil.targets.x86.loader import load, manifest_path
+
+
+def fresh_copy(so: str, dest: str) -> str:
+    """``so`` and its manifest copied to ``dest`` (a ``libNAME.so`` path), written now: both arms of an A/B
+    then start from the same page-cache state."""
+    shutil.copyfile(so, dest)
+    shutil.copyfile(manifest_path(so), manifest_path(dest))
+    return dest
 
 
 def main(argv=None):
@@ -34,7 +52,12 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--pause-ms", type=float, default=150)
     ap.add_argument("--kinds", type=int, default=0, metavar="R", help="rounds of the per-kernel-kind profile")
+    ap.add_argument("--in-place", action="store_true", help="load the libraries where they are (no fresh copies)")
     args = ap.parse_args(argv)
+    if not args.in_place:
+        tmp = tempfile.mkdtemp(prefix="ab-libs-")
+        atexit.register(shutil.rmtree, tmp, True)
+        args.a, args.b = (fresh_copy(p, os.path.join(tmp, f"lib{k}.so")) for k, p in (("A", args.a), ("B", args.b)))
     libs = {"A": load(args.a, num_threads=args.threads), "B": load(args.b, num_threads=args.threads)}
     xs = [np.random.default_rng(0).standard_normal(d.shape).astype(d.dtype) for d in libs["A"].inputs]
     for m in libs.values():
@@ -63,7 +86,7 @@ def kinds(libs, paths, xs, rounds, threads):
             prof[k].append(m.profile(*xs, runs=10, num_threads=threads))
     per = {}
     for k in libs:
-        with open(paths[k][:-3] + ".manifest.json") as f:
+        with open(manifest_path(paths[k])) as f:
             steps = json.load(f)["steps"]
         best = np.array(prof[k]).min(0)
         per[k] = defaultdict(float)
