@@ -81,6 +81,15 @@ def test_async_products_split_only_where_tiles_are_few_and_k_long():
     ffn1_s512 = {**proj, "bm": 64, "bn": 64, "tiles": 384, "chunks": 24}
     assert plan_slices(**ffn1_s512, async_costs=shipped)[1] == 1
     assert plan_slices(**ffn1_s512, async_costs=sync)[1] == 4
+    # every BERT-base product at S = 64 (and S = 32 but for the FFN's first) keeps the old plan: bench/gpu/RESULTS.md
+    # session 38 (whole BERT-base at S = 32 ran 1.09x slower with those unsplit)
+    from cuvil.targets.ptx.matmul_mma import block_tile
+    for seq, same in ((64, ("proj", "ffn1", "ffn2")), (32, ("proj", "ffn2"))):
+        for name, k, n in (("proj", 768, 768), ("ffn1", 768, 3072), ("ffn2", 3072, 768)):
+            bm, bn = block_tile(1, seq, n)
+            shape = {**proj, "bm": bm, "bn": bn, "tiles": -(-seq // bm) * -(-n // bn), "chunks": k // 32}
+            old, new = plan_slices(**shape, async_costs=sync), plan_slices(**shape, async_costs=shipped)
+            assert (old == new) == (name in same), (seq, name, old, new)
     with pytest.raises(ValueError):
         PtxTuning(mma_async_costs=(1.0, 0.0))
     with pytest.raises(ValueError):

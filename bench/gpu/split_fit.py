@@ -24,20 +24,12 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "src"))
 
-from cuvil.targets.ptx.matmul_mma import MIN_BLOCKS, TK, plan_slices  # noqa: E402
+from cuvil.targets.ptx.matmul_mma import TK, block_tile, plan_slices  # noqa: E402
 from cuvil.targets.ptx.tuning import DEFAULT_TUNING  # noqa: E402
 
 STAGES = {"fp16": 3, "tf32": 1}     # the sweep's builds: cp.async (PtxTuning.mma_async = 3) for float16 only
 SYNC = (1.0, 1.0)                   # the synchronous estimate's costs (a round, the sum kernel)
 GROUPS, MAX_KS, SMS = 4, 4, 132     # PtxTuning's mma_sm_groups / mma_max_ks, the H100's and H200's SMs
-
-
-def tile(m: int, n: int):
-    """plan_matmul's block tile for an M x N product (batch 1)."""
-    for tm, tn in ((64, 64), (64, 32), (32, 64)):
-        if -(-m // tm) * -(-n // tn) >= MIN_BLOCKS:
-            return tm, tn
-    return 32, 32
 
 
 def shapes(path: str):
@@ -58,7 +50,7 @@ def picks(times, info, fmt: str, costs=DEFAULT_TUNING.mma_async_costs):
     out = []
     for key in sorted(k for k in times if k[0] == fmt):
         r = info[key]
-        bm, bn = tile(r["m"], r["n"])
+        bm, bn = block_tile(1, r["m"], r["n"])
         tiles, chunks = -(-r["m"] // bm) * -(-r["n"] // bn), -(-r["k"] // TK)
         args = (fmt, bm, bn, tiles, chunks, MAX_KS, GROUPS, SMS, STAGES[fmt])
         built = {s: plan_slices(*args, only=s, async_costs=SYNC)[:2] for s in times[key] if s}

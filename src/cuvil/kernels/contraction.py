@@ -410,7 +410,7 @@ def winograd_m_row(channels: int, tiles: int, tile: int) -> int:
     transform 0.160 ms, against 0.079 / 0.083 at 54x54 / 58x58 (a 64 -> 64 3x3 layer alone, 2-core Zen 4); with
     rows of 788, 0.081-0.084 (`python3 bench/winograd_alias.py --precision bf16`, bench/RESULTS.md session 37)."""
     e = (tile + 2) ** 2
-    for row in [tiles] + list(range(-(-tiles // 4) * 4, tiles + max(4, tiles // 8) + 1, 4)):
+    for row in [tiles] + list(range((tiles // 4 + 1) * 4, tiles + max(4, tiles // 8) + 1, 4)):
         if not planes_alias(e, channels * row * 4):
             return row
     return tiles

@@ -449,6 +449,15 @@ def mma_format(st: Stage, parts, sm: int, allow_tf32: bool, precision: str = "")
     return "tf32" if allow_tf32 else None
 
 
+def block_tile(batches: int, m: int, n: int, min_blocks: int = MIN_BLOCKS) -> Tuple[int, int]:
+    """The block tile of ``batches`` M x N products: the largest of 64 x 64, 64 x 32, 32 x 64 whose grid has
+    ``min_blocks`` blocks, else 32 x 32."""
+    for tm, tn in ((64, 64), (64, 32), (32, 64)):
+        if batches * -(-m // tm) * -(-n // tn) >= min_blocks:
+            return tm, tn
+    return 32, 32
+
+
 def plan_matmul(st: Stage, parts, fmt: str, min_blocks: int = MIN_BLOCKS, max_ks: int = 4,
                 sm_groups: int = 0, sms: int = 132, vec: bool = False, async_stages: int = 0,
                 splits: int = 0, async_costs: Tuple[float, float] = (1.0, 1.0)) -> MatmulPlan:
@@ -474,11 +483,7 @@ def plan_matmul(st: Stage, parts, fmt: str, min_blocks: int = MIN_BLOCKS, max_ks
     nb = 1
     for d in batch:
         nb *= d
-    bm = bn = 32
-    for tm, tn in ((64, 64), (64, 32), (32, 64)):
-        if nb * -(-m // tm) * -(-n // tn) >= min_blocks:
-            bm, bn = tm, tn
-            break
+    bm, bn = block_tile(nb, m, n, min_blocks)
     chunks = -(-k // TK)
     blocks = nb * -(-m // bm) * -(-n // bn)
     bvars = [v.attr for v in st.vars[:-2]]
@@ -530,7 +535,7 @@ def plan_slices(fmt: str, bm: int, bn: int, tiles: int, chunks: int, max_ks: int
     ``only`` > 0: that many slices where some K grouping allows it (the estimate then picks only the groups), else
     the estimate's plan."""
     round_cost, sum_cost = async_costs if stages > 1 else (1.0, 1.0)
-    best = None
+    plans = []           # (estimate, slices, -groups): the smallest wins
     for ks in (8, 4, 2, 1):
         if (ks > max_ks or sm_groups % ks or smem_bytes(fmt, bm, bn, ks, stages) > SMEM_LIMIT
                 or reduction_bytes(bm, bn, ks) > smem_bytes(fmt, bm, bn, ks, stages)):
@@ -538,20 +543,13 @@ def plan_slices(fmt: str, bm: int, bn: int, tiles: int, chunks: int, max_ks: int
         for splits in range(1, chunks + 1):
             if chunks % splits or chunks // splits < 2 * ks and not (ks == 1 and splits == 1):
                 continue
-            if only and splits != only:
-                continue
             wave = sms * (sm_groups // ks)
             waves, rounds = -(-(tiles * splits) // wave), -(-(chunks // splits) // ks)
-            cost = waves * (1 + round_cost * rounds) + sum_cost * (splits > 1)
-            key = (cost, splits, -ks)
-            if best is None or key < best[0]:
-                best = (key, ks, splits)
-    if best is None and only:      # ``only`` no K grouping allows: the estimate's plan
-        return plan_slices(fmt, bm, bn, tiles, chunks, max_ks, sm_groups, sms, stages, async_costs=async_costs)
-    if best is None:
+            plans.append((waves * (1 + round_cost * rounds) + sum_cost * (splits > 1), splits, -ks))
+    if not plans:
         raise ValueError(f"no K plan for {chunks} chunks (a product needs at least one)")
-    _, ks, splits = best
-    return ks, splits, max(1, sm_groups // ks)
+    _, splits, ks = min([p for p in plans if p[1] == only] or plans)     # ``only`` where some grouping allows it
+    return -ks, splits, max(1, sm_groups // -ks)
 
 
 def _plain_read(f: E) -> bool:
