@@ -37,7 +37,7 @@ def _reference(model, q, k, v, mask, fp16):
     from onnx import numpy_helper
     w = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
     r = (lambda x: np.asarray(x, np.float16).astype(np.float64)) if fp16 else (lambda x: np.asarray(x, np.float64))
-    qb, kb, vb = r(r(q) + r(w["bq"])), r(r(k) + r(w["bk"])), r(r(v) + r(w["bv"]))
+    qb, kb, vb = r(r(q) + r(w["bq"])), r(r(k) + r(w["bk"].reshape(-1))), r(r(v) + r(w["bv"]))
     s = float(w["s"]) ** 2
     scores = np.einsum("bhqd,bhkd->bhqk", qb, kb) * s + mask.astype(np.float64)
     with np.errstate(invalid="ignore"):
@@ -177,3 +177,78 @@ def test_kernel_variants_match_numpy(tmp_path, fp16, stage, fused_merge):
     assert np.abs(y - ref).max() <= tol
     assert np.array_equal(y, base)      # the same sums in the same order: the same bits as the defaults
     assert np.array_equal(y[-1], ref[-1].astype(np.float32))
+
+
+# --- many query rows in float16 on tensor cores (PtxTuning.attention_mma, ptx/attention_mma.py) ---------------
+
+def _kinds(path):
+    with open(os.path.join(path, "plan.json")) as f:
+        return [k["kind"] for k in json.load(f)["kernels"]]
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 100, 77, 64, 64, False), (1, 2, 128, 300, 128, 128, False),
+                                   (2, 2, 40, 65, 80, 48, False), (2, 2, 48, 72, 64, 64, True)])
+def test_flash_rows_match_numpy(tmp_path, shape):
+    """The flash kernel against numpy (float64 of the float16 operands): ragged rows (100: a tile past Sq) and keys
+    (77, 65, 300: a chunk past Sk), head sizes 64, 128 (32-key chunks), 80 / 48, keys stored transposed (copied
+    element by element); the padded mask, the batch masked whole (the NaN guard gives 0 + bo); the same bits on a
+    second run; against the unfused float16 kernels (attention_mma off)."""
+    from cuvil.targets.ptx.bundle import compile_bundle
+    from cuvil.targets.ptx.runtime import load_bundle
+    from cuvil.targets.ptx.tuning import PtxTuning
+    b, h, sq, sk, d, dv, kt = shape
+    model = attention_model(b, h, sq, sk, d, dv, seed=sq + sk, k_transposed=kt)
+    q, k, v, mask = _inputs(b, h, sq, sk, d, dv, sq + sk)
+    feeds = (q, np.ascontiguousarray(k.transpose(0, 1, 3, 2)) if kt else k, v, mask)
+    g = Pipeline.from_onnx(model).optimize().graph
+    outs = {}
+    for mma in (True, False):
+        path = str(tmp_path / f"m{int(mma)}")
+        compile_bundle(g, path, enable_fp16=True, tuning=PtxTuning(attention_mma=mma))
+        assert ("attention_mma" in _kinds(path)) == mma
+        with load_bundle(path) as mod:
+            outs[mma] = mod.run(*feeds)[0]
+            again = mod.run(*feeds)[0]
+        assert np.array_equal(outs[mma], again)
+    y = outs[True]
+    ref, att, vb, bound = _reference(model, q, k, v, mask, True)
+    vmax = np.abs(vb).max()
+    # test_decode_rows_match_numpy's float16 bound, plus the weights P rounded to float16 before P.V (relative
+    # 2^-11 each: at most 2^-11 max|V| on a row's weighted sum), as the unfused graph rounds the softmax's output
+    tol = 4 * 2.0 ** -24 * (d * bound + sk + 8) * vmax + 2.0 ** -10 * (np.abs(att).max() + np.abs(ref).max())
+    tol += 2.0 ** -11 * vmax
+    assert y.shape == ref.shape and np.isfinite(y).all()
+    assert np.abs(y - ref).max() <= tol
+    assert np.abs(y - outs[False]).max() <= 2 * tol
+    assert np.array_equal(y[-1], ref[-1].astype(np.float32))    # masked whole: 0 + bo, not NaN
+
+
+def test_flash_bert_with_padded_batch_matches_onnxruntime(tmp_path):
+    """A float16 BERT (2 layers, heads of 64) at B = 3, S = 128, the second sequence padded after 90 tokens and
+    the third after 7: against onnxruntime (float32) and the unfused float16 bundle."""
+    import onnxruntime as ort
+    from cuvil.testing.hf_models import bert_model
+    from cuvil.targets.ptx.runtime import load_bundle
+    m = bert_model(vocab=1001, hidden=256, layers=2, heads=4, ffn=512, max_pos=512)
+    feeds = text_feeds(m, 3, 128, seed=3)
+    feeds["attention_mask"][1, 90:] = 0
+    feeds["attention_mask"][2, 7:] = 0
+    names = [vi.name for vi in m.graph.input]
+    ref = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    p = Pipeline.from_onnx(m).optimize()
+    outs = {}
+    for mma in (True, False):
+        from cuvil.targets.ptx.bundle import compile_bundle
+        from cuvil.rewrite_rules.specialize import specialize_graph
+        g, _ = specialize_graph(p.graph, {"batch": 3, "sequence": 128})
+        path = str(tmp_path / f"b{int(mma)}")
+        from cuvil.targets.ptx.tuning import PtxTuning
+        compile_bundle(g, path, enable_fp16=True, tuning=PtxTuning(attention_mma=mma))
+        assert _kinds(path).count("attention_mma") == (2 if mma else 0)
+        with load_bundle(path) as mod:
+            outs[mma] = mod.run(*[feeds[n] for n in names])
+    for j, r in enumerate(ref):
+        scale = np.abs(r).max()
+        # the float16 BERT's tolerance against float32 (bench/gpu/RESULTS.md: 1.3e-3 - 5.8e-3 normwise measured)
+        assert np.abs(outs[True][j] - r).max() / scale <= 1e-2, j
+        assert np.abs(outs[True][j] - outs[False][j]).max() / scale <= 1e-2, j

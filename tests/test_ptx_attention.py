@@ -23,18 +23,23 @@ PTXAS = find_ptxas()
 ON = PtxTuning(fused_attention=True)
 
 
-def attention_model(b, h, sq, sk, d, dv=None, seed=0):
+def attention_model(b, h, sq, sk, d, dv=None, seed=0, k_transposed=False):
     """Projections' biases around torch's scaled_dot_product_attention as the exports spell it: ``q + bq``,
     ``k + bk``, ``v + bv`` (q [b, h, sq, d], k [b, h, sk, d], v [b, h, sk, dv]), scores ``(Q * s) @ (Kt * s) + mask``
-    (mask [b, 1, 1, sk] an input), Softmax, the NaN guard ``Where(IsNaN(P), 0, P)``, ``P @ V``, then ``+ bo``."""
+    (mask [b, 1, 1, sk] an input), Softmax, the NaN guard ``Where(IsNaN(P), 0, P)``, ``P @ V``, then ``+ bo``.
+    ``k_transposed``: the input ``k`` is Kᵀ already, [b, h, d, sk] (its bias [d, 1]; no Transpose node), so a
+    key's d values are ``sk`` elements apart."""
     dv = dv or d
     rng = np.random.default_rng(seed)
     s = np.float32(d ** -0.25)
     inits = [numpy_helper.from_array(rng.standard_normal(n).astype(np.float32), name)
              for name, n in (("bq", d), ("bk", d), ("bv", dv), ("bo", dv))]
+    if k_transposed:
+        inits[1] = numpy_helper.from_array(numpy_helper.to_array(inits[1]).reshape(d, 1), "bk")
     inits += [numpy_helper.from_array(np.array(s, np.float32), "s"), numpy_helper.from_array(np.array(0, np.float32), "zero")]
     nodes = [helper.make_node("Add", ["q", "bq"], ["qb"]), helper.make_node("Add", ["k", "bk"], ["kb"]),
              helper.make_node("Add", ["v", "bv"], ["vb"]),
+             helper.make_node("Identity", ["kb"], ["kt"]) if k_transposed else
              helper.make_node("Transpose", ["kb"], ["kt"], perm=[0, 1, 3, 2]),
              helper.make_node("Mul", ["qb", "s"], ["qs"]), helper.make_node("Mul", ["kt", "s"], ["kts"]),
              helper.make_node("MatMul", ["qs", "kts"], ["scores"]), helper.make_node("Add", ["scores", "mask"], ["masked"]),
@@ -43,7 +48,8 @@ def attention_model(b, h, sq, sk, d, dv=None, seed=0):
              helper.make_node("Add", ["ctx", "bo"], ["y"])]
     f = TensorProto.FLOAT
     g = helper.make_graph(nodes, "attention",
-                          [helper.make_tensor_value_info("q", f, [b, h, sq, d]), helper.make_tensor_value_info("k", f, [b, h, sk, d]),
+                          [helper.make_tensor_value_info("q", f, [b, h, sq, d]),
+                           helper.make_tensor_value_info("k", f, [b, h, d, sk] if k_transposed else [b, h, sk, d]),
                            helper.make_tensor_value_info("v", f, [b, h, sk, dv]),
                            helper.make_tensor_value_info("mask", f, [b, 1, 1, sk])],
                           [helper.make_tensor_value_info("y", f, [b, h, sq, dv])], inits)

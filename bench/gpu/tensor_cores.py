@@ -224,6 +224,9 @@ TUNED.update({f"fp16_ar{r}_as{a}": ("fp16", {"mma_async_costs": (r / 10, a)})
 # attention as one kernel (PtxTuning.fused_attention, ptx/attention.py): "_attn" on, "_noattn" off, each explicit
 TUNED.update({f"{v}_attn": (v, {"fused_attention": True}) for v in ("fp32", "tf32", "fp16")})
 TUNED.update({f"{v}_noattn": (v, {"fused_attention": False}) for v in ("fp32", "tf32", "fp16")})
+# session 39: float16 attention of many query rows on tensor cores (PtxTuning.attention_mma, ptx/attention_mma.py);
+# "fp16_noflash": off (BERT's attention stays the scores / softmax / P.V kernels)
+TUNED.update({"fp16_noflash": ("fp16", {"attention_mma": False})})
 
 
 def jobs_for(args, arch):
@@ -244,7 +247,7 @@ def jobs_for(args, arch):
                 add(f"{name}_{v}", name, v)
     if "bert" in args.parts:
         for v in args.bert_variants:
-            add(f"bert_{v}", "bert", v, layers=args.layers, fixed={"batch": 1, "sequence": args.seq})
+            add(f"bert_{v}", "bert", v, layers=args.layers, fixed={"batch": args.bert_batch, "sequence": args.seq})
     if "resnet" in args.parts:
         for bsz in args.batches:
             for v in args.resnet_modes:
@@ -384,12 +387,12 @@ def torch_compiled(net, inputs, iters, label, out):
 def bert_inputs(args):
     from cuvil.testing.hf_models import bert_model, text_feeds
     model = bert_model(layers=args.layers)
-    return model, text_feeds(model, 1, args.seq)
+    return model, text_feeds(model, args.bert_batch, args.seq)
 
 
 def torch_part_bert(args):
     import torch
-    out = R.setdefault("bert", {"batch": 1, "sequence": args.seq, "layers": args.layers})
+    out = R.setdefault("bert", {"batch": args.bert_batch, "sequence": args.seq, "layers": args.layers})
     _, feeds = bert_inputs(args)
     torch.manual_seed(0)
     net = torch_bert(layers=args.layers)().eval().cuda()
@@ -427,7 +430,7 @@ def torch_part_resnet(args):
 
 def part_bert(args, arch, futures):
     import onnxruntime as ort
-    out = R.setdefault("bert", {"batch": 1, "sequence": args.seq, "layers": args.layers})
+    out = R.setdefault("bert", {"batch": args.bert_batch, "sequence": args.seq, "layers": args.layers})
     model, feeds = bert_inputs(args)
     names = [vi.name for vi in model.graph.input]
     t0 = time.perf_counter()
@@ -493,6 +496,7 @@ def main(argv=None) -> int:
     ap.add_argument("--iters", type=int, default=100)
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--bert-batch", type=int, default=1, help="BERT-base's batch (fixed shapes)")
     ap.add_argument("--batches", type=int, nargs="+", default=[1])
     ap.add_argument("--resnet-modes", nargs="+", default=["fp16"], help="fp16, tf32 (allow_tf32: convolutions "
                     "and the final Gemm on TF32 tensor cores), fp32; narrowed contractions, float32 activations: "

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 import time
 from typing import Mapping, Optional
@@ -95,7 +96,9 @@ def compile_bundle(g: Graph, out_dir: str, *, arch: str = "sm_90", opt_level: in
     tuning = tuning.resolved(enable_fp16)
     if tuning.fused_attention:     # before float16: the rules match the float32 graph (its FusedAttention stays float32)
         with stage("fused attention") as s:
-            g, report = fuse_attention(g)
+            # (many query rows only for float16 on tensor cores: the flash kernel of ptx/attention_mma.py)
+            wide = enable_fp16 and tuning.attention_mma and int(re.sub(r"\D", "", arch) or 0) >= 80
+            g, report = fuse_attention(g, tensor_cores=wide)
             applied = applied_rules(report)
             s.detail(f"{sum(v['applied'] for v in applied.values())} rewrites")
         if applied:

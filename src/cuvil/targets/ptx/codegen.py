@@ -54,6 +54,7 @@ from ..llvm.types import F32, I32, I64, PTR, const_value, ll
 from .archs import check_arch
 from .attention import attention_node, emit_attention, emit_attention_merge, plan_attention
 from .attention import scratch_buf as attention_scratch
+from .attention_mma import emit_flash, plan_flash
 from .bounds_patterns import arena_limit, prove_gpu_stages
 from .conv import TILE_CHANNELS, accumulation, combine_stage, conv_node, emit_conv, plan_conv, scratch_buf
 from .conv_mma import conv_mma_format, emit_conv_mma, plan_conv_mma
@@ -88,7 +89,7 @@ class KernelDesc:
     lanes: int = 1         # threads per output element (split kernels)
     # element, split, coarse (several channels per thread), tiled (shared memory), sequential (a block per row),
     # row (row reductions and their element stage, a block per row), matmul_*, gemm_fp32, gemv (one-row products), conv*,
-    # attention (a block per query row)
+    # attention (a block per query row), attention_mma (the flash kernel: 16 query rows a warp, tensor cores)
     kind: str = "element"
 
     @property
@@ -225,8 +226,18 @@ class PtxKernelModule(LLVMKernelModule):
         self.kernels.append(sym)
         return KernelDesc(sym, rows * threads, threads, st.name, 1, "sequential")
 
+    def flash_plan(self, st: Stage):
+        """The tensor-core flash kernel's plan for the stage's FusedAttention, or None where the row kernel takes
+        it (:func:`~cuvil.targets.ptx.attention_mma.plan_flash`)."""
+        if not self.tuning.attention_mma:
+            return None
+        return plan_flash(st.expr.attr, self.sm, self.tuning.target_blocks)
+
     def attention_plan(self, st: Stage):
-        """How the stage's FusedAttention is split over blocks (:func:`~cuvil.targets.ptx.attention.plan_attention`)."""
+        """How the stage's FusedAttention is split over blocks (:func:`~cuvil.targets.ptx.attention.plan_attention`);
+        one block per row (no split, no partials in the scratch area) where the flash kernel takes it."""
+        if self.flash_plan(st) is not None:
+            return plan_attention(st.expr.attr, 1, 0)
         return plan_attention(st.expr.attr, self.tuning.target_blocks, self.tuning.attention_split_keys,
                               self.tuning.attention_stage_keys)
 
@@ -234,6 +245,10 @@ class PtxKernelModule(LLVMKernelModule):
         """A FusedAttention's node (:class:`~cuvil.kernels.attention.AttentionRows`): a block per query row, or
         per split of its keys with a merge kernel ``<sym>m`` (flash-decoding; the partials in the scratch area
         after the arena, where the split-K products' go: one stage runs at a time) (:mod:`cuvil.targets.ptx.attention`)."""
+        flash = self.flash_plan(st)
+        if flash is not None:
+            units, threads = emit_flash(self, st, sym, flash)
+            return KernelDesc(sym, units * threads, threads, st.name, 1, "attention_mma")
         plan = self.attention_plan(st)
         if plan.splits == 1:
             units, threads = emit_attention(self, st, sym, plan)

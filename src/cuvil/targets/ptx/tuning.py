@@ -159,6 +159,12 @@ class PtxTuning:
     # attention.STAGE_BYTES: each thread reads its own key's row, a warp's loads 32 rows apart). On since session
     # 22's GPU run, as ``attention_fused_merge`` (variants *_stage1: 0.723 -> 0.636 ms at past 1,023 in float16)
     attention_stage_keys: bool = True
+    # float16 attention with more than attention.MAX_ROWS query rows (BERT's 128 a head, a prefill) is fused too
+    # (the same proved rules) and computed by ptx/attention_mma.py's flash kernel: 16 query rows a warp, scores and
+    # P.V on tensor cores (mma.sync m16n8k16, ldmatrix), an online softmax in registers, K and V chunks copied by
+    # cp.async into two shared stages (off: such attention stays the tensor-core products, the softmax row kernel
+    # and their copies)
+    attention_mma: bool = True
     # plain element stages (copies such as a KV cache's concatenation, elementwise ops) with at least
     # ``element_vec_min`` elements and a last dim that ``element_vec`` divides: a thread computes that many
     # consecutive elements, its loads issued together (one element per thread leaves too few bytes in flight to
