@@ -13,7 +13,7 @@ from cuvil.rewrite_rules.precision import to_half
 from cuvil.rewrite_rules.specialize import specialize_graph
 from cuvil.targets.ptx import assemble, find_ptxas
 from cuvil.targets.ptx.attention import MAX_ROWS, attention_in_half, fuse_attention
-from cuvil.targets.ptx.attention_mma import SMEM_LIMIT, plan_flash, smem_halves
+from cuvil.targets.ptx.attention_mma import SMEM_LIMIT, flash_shapes, plan_flash, smem_halves
 from cuvil.targets.ptx.codegen import build_ptx, gpu_schedule
 from cuvil.targets.ptx.tuning import PtxTuning
 from cuvil.testing.hf_models import bert_model
@@ -25,7 +25,7 @@ ON = PtxTuning(fused_attention=True)
 
 
 def _build(graph, fp16=True, wide=True, tuning=ON, arch="sm_90"):
-    graph, report = fuse_attention(graph, tensor_cores=wide)
+    graph, report = fuse_attention(graph, also=flash_shapes if wide else None)
     if fp16:
         graph, _ = to_half(graph)
         attention_in_half(graph)

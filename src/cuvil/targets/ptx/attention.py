@@ -69,17 +69,16 @@ def few_rows(rule, binding, max_rows: int = MAX_ROWS) -> bool:
     return shape is not None and len(shape) == 4 and isinstance(shape[2], int) and shape[2] <= max_rows
 
 
-def fuse_attention(g, max_rows: int = MAX_ROWS, tensor_cores: bool = False):
+def fuse_attention(g, max_rows: int = MAX_ROWS, also=None):
     """(a copy of ``g`` with attention of at most ``max_rows`` query rows fused by the proved rules, the
-    rewrite's report). ``tensor_cores`` (a float16 build for sm_80 or later, ``PtxTuning.attention_mma``): also
-    attention of more rows whose shapes :mod:`cuvil.targets.ptx.attention_mma`'s flash kernel takes
-    (:func:`~cuvil.targets.ptx.attention_mma.flash_shapes`)."""
+    rewrite's report). ``also``: a test of a match's binding that accepts other attention too (a float16 build
+    for sm_80 or later passes :func:`~cuvil.targets.ptx.attention_mma.flash_shapes`: more rows, computed by the
+    tensor-core flash kernel)."""
     from ...rewrite_rules.proved_rewrite import proved_rewrite
-    from .attention_mma import flash_shapes
     g = g.clone()
     rules = attention_rules()
     report = proved_rewrite(g, rules, phase=rules[0].on if rules else "x86",
-                            accept=lambda r, b: few_rows(r, b, max_rows) or tensor_cores and flash_shapes(b))
+                            accept=lambda r, b: few_rows(r, b, max_rows) or also is not None and also(b))
     return g, report
 
 

@@ -34,6 +34,7 @@ from ...rewrite_rules.precision import to_half
 from ...rewrite_rules.proved_rewrite import applied_rules
 from ...version import __version__
 from .attention import attention_in_half, fuse_attention
+from .attention_mma import flash_shapes
 from .codegen import TRIPLE, build_ptx, gpu_schedule
 from ...precision.policy import reconcile
 from .conv_mma import conv_stage_precisions, narrowed_convs_run
@@ -98,7 +99,7 @@ def compile_bundle(g: Graph, out_dir: str, *, arch: str = "sm_90", opt_level: in
         with stage("fused attention") as s:
             # (many query rows only for float16 on tensor cores: the flash kernel of ptx/attention_mma.py)
             wide = enable_fp16 and tuning.attention_mma and int(re.sub(r"\D", "", arch) or 0) >= 80
-            g, report = fuse_attention(g, tensor_cores=wide)
+            g, report = fuse_attention(g, also=flash_shapes if wide else None)
             applied = applied_rules(report)
             s.detail(f"{sum(v['applied'] for v in applied.values())} rewrites")
         if applied:
