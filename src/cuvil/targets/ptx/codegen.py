@@ -314,7 +314,7 @@ class PtxKernelModule(LLVMKernelModule):
             return None
         plan = plan_matmul(st, parts, fmt, self.tuning.mma_min_blocks, self.tuning.mma_max_ks,
                            self.tuning.mma_sm_groups, self.sms, self.tuning.mma_vec, self.tuning.mma_async,
-                           self.tuning.mma_splits, self.tuning.mma_async_costs)
+                           self.tuning.mma_splits, self.tuning.mma_async_costs, self.tuning.mma_split_filled)
         if plan.m < 16 or plan.n < 8 or plan.k < 16:
             return None      # a vector product: the float32 kernels waste less
         if plan.splits > 1 and (self.scratch_offset + self.counter_bytes) // 4 + plan.scratch_floats >= 2 ** 31:

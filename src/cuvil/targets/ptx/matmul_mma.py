@@ -460,7 +460,8 @@ def block_tile(batches: int, m: int, n: int, min_blocks: int = MIN_BLOCKS) -> Tu
 
 def plan_matmul(st: Stage, parts, fmt: str, min_blocks: int = MIN_BLOCKS, max_ks: int = 4,
                 sm_groups: int = 0, sms: int = 132, vec: bool = False, async_stages: int = 0,
-                splits: int = 0, async_costs: Tuple[float, float] = (1.0, 1.0)) -> MatmulPlan:
+                splits: int = 0, async_costs: Tuple[float, float] = (1.0, 1.0),
+                split_filled: bool = False) -> MatmulPlan:
     """The block tile (the largest of 64 x 64, 64 x 32, 32 x 64 giving ``min_blocks`` blocks, else 32 x 32)
     and the K groups (the most of ``max_ks``, 4, 2 that leave each group two chunks, keep the launch within
     ``4 * min_blocks`` groups and fit the static shared memory; else 1).
@@ -471,7 +472,8 @@ def plan_matmul(st: Stage, parts, fmt: str, min_blocks: int = MIN_BLOCKS, max_ks
     ``async_stages`` (``PtxTuning.mma_async``): where both operands pass :func:`async_ok`, the cp.async
     kernel with that many shared stages per K group (the K groups then limited by shared memory).
     ``splits`` (``PtxTuning.mma_splits``, with ``sm_groups``): that many K slices where :func:`plan_slices` allows
-    it; ``async_costs`` (``PtxTuning.mma_async_costs``): the cp.async kernels' costs there (:func:`plan_slices`)."""
+    it; ``async_costs`` (``PtxTuning.mma_async_costs``): the cp.async kernels' costs there, ``split_filled``
+    (``PtxTuning.mma_split_filled``): whether a grid that fills the GPU may be split (:func:`plan_slices`)."""
     red, a, b, swapped = parts
     shape = [int(d) for d in st.buf.shape]
     m, n, k = shape[-2], shape[-1], int(red.attr[2][0])
@@ -495,7 +497,7 @@ def plan_matmul(st: Stage, parts, fmt: str, min_blocks: int = MIN_BLOCKS, max_ks
         ns, vecs = async_stages, (ASYNC_VEC, ASYNC_VEC)
     if sm_groups > 0:
         ks, nsplit, ctas = plan_slices(fmt, bm, bn, blocks, chunks, max_ks, sm_groups, sms, ns, only=splits,
-                                       async_costs=async_costs)
+                                       async_costs=async_costs, split_filled=split_filled)
         return MatmulPlan(fmt, bm, bn, batch, m, n, k, a_kfast, b_kfast, swapped, ks, nsplit, ctas, *vecs, ns)
     ks = 1
     for cand in (8, 4, 2):
@@ -509,7 +511,7 @@ def plan_matmul(st: Stage, parts, fmt: str, min_blocks: int = MIN_BLOCKS, max_ks
 
 def plan_slices(fmt: str, bm: int, bn: int, tiles: int, chunks: int, max_ks: int, sm_groups: int,
                 sms: int, stages: int = 1, only: int = 0,
-                async_costs: Tuple[float, float] = (1.0, 1.0)) -> Tuple[int, int, int]:
+                async_costs: Tuple[float, float] = (1.0, 1.0), split_filled: bool = False) -> Tuple[int, int, int]:
     """(K groups per block, K slices, blocks per SM) for ``tiles`` output tiles of ``chunks`` chunks when
     ``sm_groups`` four-warp groups fit an SM at once (ptxas is asked for registers that allow it:
     ``sm_groups / ks`` blocks per SM). A round (every group's chunk loaded, then multiplied) costs about one
@@ -533,7 +535,12 @@ def plan_slices(fmt: str, bm: int, bn: int, tiles: int, chunks: int, max_ks: int
     end to end), and S = 256 / 512 take the sweep's faster plans (bench/gpu/RESULTS.md, session 38).
 
     ``only`` > 0: that many slices where some K grouping allows it (the estimate then picks only the groups), else
-    the estimate's plan."""
+    the estimate's plan.
+
+    A grid whose tiles fill every group slot of the GPU at once (``tiles >= sms * sm_groups``) is not split
+    (``split_filled``, ``PtxTuning.mma_split_filled``: it may be): the estimate's waves are whole and its sum
+    kernel a fixed cost, so it split BERT-base's FFN product at B = 8 (1,024 x 3,072, 768 tiles of 64 x 64) in two,
+    whose sum kernel then read and wrote 25 MB of partials: 49 + 21 us a layer on an H200 (session 39)."""
     round_cost, sum_cost = async_costs if stages > 1 else (1.0, 1.0)
     plans = []           # (estimate, slices, -groups): the smallest wins
     for ks in (8, 4, 2, 1):
@@ -542,6 +549,8 @@ def plan_slices(fmt: str, bm: int, bn: int, tiles: int, chunks: int, max_ks: int
             continue
         for splits in range(1, chunks + 1):
             if chunks % splits or chunks // splits < 2 * ks and not (ks == 1 and splits == 1):
+                continue
+            if splits > 1 and not only and not split_filled and tiles >= sms * sm_groups:
                 continue
             wave = sms * (sm_groups // ks)
             waves, rounds = -(-(tiles * splits) // wave), -(-(chunks // splits) // ks)
