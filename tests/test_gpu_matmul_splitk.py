@@ -96,18 +96,19 @@ def test_async_products_split_only_where_tiles_are_few_and_k_long():
         plan_slices("fp16", 32, 32, 10, 0, 4, 4, 132)              # no chunk to plan
 
 
-def test_grids_that_fill_the_gpu_are_not_split():
-    """PtxTuning.mma_split_filled (False since session 39): BERT-base's FFN product at B = 8, S = 128 (1,024 x 3,072,
-    768 tiles of 64 x 64, 24 chunks) fills the 132 x 4 group slots of an H200 and stays unsplit (the estimate split
-    it in two: on an H200 49 us a layer plus a 21 us sum kernel over 25 MB of partials); a grid below the slots
-    still splits its long sums (the FFN's second product at B = 8: 192 tiles, 96 chunks); a forced count still
-    forces; and BERT-base at B = 1 builds the same PTX either way (S = 32 .. 512 compared, session 39)."""
+def test_grids_that_fill_the_gpu_stay_unsplit_with_the_option():
+    """PtxTuning.mma_split_filled=False (session 39, opt-in until timed on a GPU): BERT-base's FFN product at B = 8,
+    S = 128 (1,024 x 3,072, 768 tiles of 64 x 64) fills the 132 x 4 group slots of an H200 and stays unsplit (the
+    estimate, the default, splits it in two: on an H200 49 us a layer plus a 21 us sum kernel over 25 MB of
+    partials); a grid below the slots still splits its long sums (the FFN's second product at B = 8: 192 tiles, 96
+    chunks); a forced count still forces; and BERT-base at B = 1 builds the same PTX either way (S = 32 .. 512
+    compared, session 39)."""
     ffn1_b8 = dict(fmt="fp16", bm=64, bn=64, tiles=768, chunks=24, max_ks=4, sm_groups=4, sms=132, stages=3,
                    async_costs=PtxTuning().mma_async_costs)
-    assert PtxTuning().mma_split_filled is False
-    assert plan_slices(**ffn1_b8)[1] == 1 and plan_slices(**ffn1_b8, split_filled=True)[1] == 2
-    assert plan_slices(**{**ffn1_b8, "tiles": 192, "chunks": 96})[1] == 8       # below the slots: split as before
-    assert plan_slices(**ffn1_b8, only=2)[1] == 2                               # mma_splits forces
+    assert PtxTuning().mma_split_filled is True
+    assert plan_slices(**ffn1_b8, split_filled=False)[1] == 1 and plan_slices(**ffn1_b8)[1] == 2
+    assert plan_slices(**{**ffn1_b8, "tiles": 192, "chunks": 96}, split_filled=False)[1] == 8   # below the slots
+    assert plan_slices(**ffn1_b8, only=2, split_filled=False)[1] == 2           # mma_splits forces
     from cuvil.testing.hf_models import bert_model
     from cuvil.rewrite_rules.precision import to_half
     from cuvil.rewrite_rules.specialize import specialize_graph
@@ -115,7 +116,7 @@ def test_grids_that_fill_the_gpu_are_not_split():
     for batch, differs in ((1, False), (8, True)):
         g, _ = to_half(specialize_graph(p.graph, {"batch": batch, "sequence": 128})[0])
         ptx = [build_ptx(gpu_schedule(g, tuning=t), "sm_90", fma=True, tuning=t).ptx
-               for t in (PtxTuning(), PtxTuning(mma_split_filled=True))]
+               for t in (PtxTuning(), PtxTuning(mma_split_filled=False))]
         assert (ptx[0] != ptx[1]) == differs, batch
 
 

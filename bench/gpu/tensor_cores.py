@@ -227,8 +227,9 @@ TUNED.update({f"{v}_noattn": (v, {"fused_attention": False}) for v in ("fp32", "
 # session 39: float16 attention of many query rows on tensor cores (PtxTuning.attention_mma, ptx/attention_mma.py);
 # "fp16_noflash": off (BERT's attention stays the scores / softmax / P.V kernels)
 TUNED.update({"fp16_noflash": ("fp16", {"attention_mma": False})})
-# ... and the split plan before it: a product whose tiles fill the GPU may still be split (PtxTuning.mma_split_filled)
-TUNED.update({"fp16_splitfilled": ("fp16", {"mma_split_filled": True})})
+# ... and a product whose tiles fill the GPU not split (PtxTuning.mma_split_filled=False; the default splits it where
+# the estimate says so)
+TUNED.update({"fp16_nosplitfilled": ("fp16", {"mma_split_filled": False})})
 
 
 def jobs_for(args, arch):

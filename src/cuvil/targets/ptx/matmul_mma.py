@@ -461,7 +461,7 @@ def block_tile(batches: int, m: int, n: int, min_blocks: int = MIN_BLOCKS) -> Tu
 def plan_matmul(st: Stage, parts, fmt: str, min_blocks: int = MIN_BLOCKS, max_ks: int = 4,
                 sm_groups: int = 0, sms: int = 132, vec: bool = False, async_stages: int = 0,
                 splits: int = 0, async_costs: Tuple[float, float] = (1.0, 1.0),
-                split_filled: bool = False) -> MatmulPlan:
+                split_filled: bool = True) -> MatmulPlan:
     """The block tile (the largest of 64 x 64, 64 x 32, 32 x 64 giving ``min_blocks`` blocks, else 32 x 32)
     and the K groups (the most of ``max_ks``, 4, 2 that leave each group two chunks, keep the launch within
     ``4 * min_blocks`` groups and fit the static shared memory; else 1).
@@ -511,7 +511,7 @@ def plan_matmul(st: Stage, parts, fmt: str, min_blocks: int = MIN_BLOCKS, max_ks
 
 def plan_slices(fmt: str, bm: int, bn: int, tiles: int, chunks: int, max_ks: int, sm_groups: int,
                 sms: int, stages: int = 1, only: int = 0,
-                async_costs: Tuple[float, float] = (1.0, 1.0), split_filled: bool = False) -> Tuple[int, int, int]:
+                async_costs: Tuple[float, float] = (1.0, 1.0), split_filled: bool = True) -> Tuple[int, int, int]:
     """(K groups per block, K slices, blocks per SM) for ``tiles`` output tiles of ``chunks`` chunks when
     ``sm_groups`` four-warp groups fit an SM at once (ptxas is asked for registers that allow it:
     ``sm_groups / ks`` blocks per SM). A round (every group's chunk loaded, then multiplied) costs about one
@@ -537,10 +537,11 @@ def plan_slices(fmt: str, bm: int, bn: int, tiles: int, chunks: int, max_ks: int
     ``only`` > 0: that many slices where some K grouping allows it (the estimate then picks only the groups), else
     the estimate's plan.
 
-    A grid whose tiles fill every group slot of the GPU at once (``tiles >= sms * sm_groups``) is not split
-    (``split_filled``, ``PtxTuning.mma_split_filled``: it may be): the estimate's waves are whole and its sum
-    kernel a fixed cost, so it split BERT-base's FFN product at B = 8 (1,024 x 3,072, 768 tiles of 64 x 64) in two,
-    whose sum kernel then read and wrote 25 MB of partials: 49 + 21 us a layer on an H200 (session 39)."""
+    ``split_filled`` False (``PtxTuning.mma_split_filled``; True, the default, keeps the estimate's choice): a grid
+    whose tiles fill every group slot of the GPU at once (``tiles >= sms * sm_groups``) is not split. The estimate's
+    waves are whole and its sum kernel a fixed cost, so it split BERT-base's FFN product at B = 8 (1,024 x 3,072,
+    768 tiles of 64 x 64) in two, whose sum kernel then read and wrote 25 MB of partials: 49 + 21 us a layer on an
+    H200 (session 39). Not yet timed unsplit on a GPU, hence not the default."""
     round_cost, sum_cost = async_costs if stages > 1 else (1.0, 1.0)
     plans = []           # (estimate, slices, -groups): the smallest wins
     for ks in (8, 4, 2, 1):

@@ -119,9 +119,12 @@ class PtxTuning:
         default=(1.0, 8.0), converter=lambda v: tuple(float(x) for x in v),
         validator=lambda _i, _a, v: _positive_pair(v))
     # ... a product whose output tiles already fill every group slot of the GPU (tiles >= SMs x mma_sm_groups) may
-    # still be split where the estimate says so (True: the plans before session 39). False since session 39: at
-    # B = 8, S = 128 BERT-base's FFN product (768 tiles) was split in two and its sum kernel moved 25 MB a layer
-    mma_split_filled: bool = False
+    # still be split where the estimate says so (True, the default: the plans so far). False: such grids are not
+    # split. Written in session 39 after an H200 run where, at B = 8, S = 128, BERT-base's FFN product (768 tiles)
+    # ran split in two and its sum kernel moved 25 MB a layer (49 + 21 us); B = 1 builds the same PTX either way.
+    # Not yet timed on a GPU (no device for the rest of that session): stays off until it is
+    # (tensor_cores.py variant "fp16_nosplitfilled", bench/gpu/RESULTS.md session 39)
+    mma_split_filled: bool = True
     # tensor-core products: float16 operands that are one plain, aligned load take it as 16-, 8- or 4-byte vectors
     # along their contiguous index (matmul_mma.vec_width; off: one 2-byte load per element). On since the same
     # run: BERT-base fp16 1.455 -> 1.227 ms (ptxas: the products' registers 128 -> 55-61)
