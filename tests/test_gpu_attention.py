@@ -252,3 +252,74 @@ def test_flash_bert_with_padded_batch_matches_onnxruntime(tmp_path):
         # the float16 BERT's tolerance against float32 (bench/gpu/RESULTS.md: 1.3e-3 - 5.8e-3 normwise measured)
         assert np.abs(outs[True][j] - r).max() / scale <= 1e-2, j
         assert np.abs(outs[True][j] - outs[False][j]).max() / scale <= 1e-2, j
+
+
+def _plain_attention(b, h, sq, sk, d, mask):
+    """softmax(((q + bq) s) @ ((k + bk)ᵀ s) (+ mask)) @ (v + bv) with s = d^-0.25, as the exports scale, no NaN guard: ``mask`` None, "causal" (a [1, 1, sq, sk] input, each row
+    its own keys: a load per score element) or "pad" ([b, 1, 1, sk])."""
+    from onnx import TensorProto, helper, numpy_helper
+    f, vi = TensorProto.FLOAT, helper.make_tensor_value_info
+    rng = np.random.default_rng(d)
+    biases = [numpy_helper.from_array(rng.standard_normal(d).astype(np.float32), n) for n in ("bq", "bk", "bv")]
+    nodes = [helper.make_node("Add", ["q", "bq"], ["qb"]), helper.make_node("Add", ["k", "bk"], ["kb"]),
+             helper.make_node("Add", ["v", "bv"], ["vb"]),     # (computed Q, K, V: the float16 pass narrows them)
+             helper.make_node("Transpose", ["kb"], ["kt"], perm=[0, 1, 3, 2]),
+             helper.make_node("Mul", ["qb", "s"], ["qs"]), helper.make_node("Mul", ["kt", "s"], ["kts"]),
+             helper.make_node("MatMul", ["qs", "kts"], ["sc"])]
+    inputs = [vi("q", f, [b, h, sq, d]), vi("k", f, [b, h, sk, d]), vi("v", f, [b, h, sk, d])]
+    last = "sc"
+    if mask is not None:
+        nodes.append(helper.make_node("Add", ["sc", "mask"], ["m"]))
+        inputs.append(vi("mask", f, [1, 1, sq, sk] if mask == "causal" else [b, 1, 1, sk]))
+        last = "m"
+    nodes += [helper.make_node("Softmax", [last], ["p"], axis=-1), helper.make_node("MatMul", ["p", "vb"], ["y"])]
+    g = helper.make_graph(nodes, "plain", inputs, [vi("y", f, [b, h, sq, d])],
+                          biases + [numpy_helper.from_array(np.array(d ** -0.25, np.float32), "s")])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("case", ["causal_4warps", "nomask_d16", "pad_d128"])
+def test_flash_unguarded_masks_and_warps_match_numpy(tmp_path, case):
+    """The paths session 39's GPU run left out (its review): a mask per query row (causal, the unguarded rule), no
+    mask, heads of 16, 4 warps a block (target_blocks=8), heads of 128 with a padding mask: against float64 numpy of
+    the float16 operands, and the unfused float16 kernels."""
+    from cuvil.targets.ptx.bundle import compile_bundle
+    from cuvil.targets.ptx.runtime import load_bundle
+    from cuvil.targets.ptx.tuning import PtxTuning
+    b, h, sq, sk, d, mask, extra = {"causal_4warps": (2, 3, 100, 100, 64, "causal", {"target_blocks": 8}),
+                                    "nomask_d16": (2, 2, 40, 77, 16, None, {}),
+                                    "pad_d128": (2, 2, 72, 130, 128, "pad", {})}[case]
+    rng = np.random.default_rng(sq + sk + d)
+    q, k, v = (rng.standard_normal(s).astype(np.float32) for s in ((b, h, sq, d), (b, h, sk, d), (b, h, sk, d)))
+    feeds = [q, k, v]
+    m = None
+    if mask == "causal":
+        m = np.triu(np.full((sq, sk), -np.inf, np.float32), 1)[None, None]
+    elif mask == "pad":
+        m = np.zeros((b, 1, 1, sk), np.float32)
+        m[0, ..., sk // 2:] = -np.inf
+    if m is not None:
+        feeds.append(m)
+    g = Pipeline.from_onnx(_plain_attention(b, h, sq, sk, d, mask)).optimize().graph
+    outs = {}
+    for mma in (True, False):
+        path = str(tmp_path / f"m{int(mma)}")
+        compile_bundle(g, path, enable_fp16=True, tuning=PtxTuning(attention_mma=mma, **extra))
+        assert ("attention_mma" in _kinds(path)) == mma
+        with load_bundle(path) as mod:
+            outs[mma] = mod.run(*feeds)[0]
+    from onnx import numpy_helper
+    w = {t.name: numpy_helper.to_array(t) for t in _plain_attention(b, h, sq, sk, d, mask).graph.initializer}
+    r = lambda x: np.asarray(x, np.float16).astype(np.float64)   # noqa: E731 - as the float16 graph stores them
+    qb, kb, vb = r(r(q) + r(w["bq"])), r(r(k) + r(w["bk"])), r(r(v) + r(w["bv"]))
+    scale = float(np.float32(d ** -0.25)) ** 2
+    s = np.einsum("bhqd,bhkd->bhqk", qb, kb) * scale + (0.0 if m is None else m.astype(np.float64))
+    p = np.exp(s - s.max(-1, keepdims=True))
+    att = np.einsum("bhqk,bhkc->bhqc", p / p.sum(-1, keepdims=True), vb)
+    ref = r(att)
+    bound = (np.einsum("bhqd,bhkd->bhqk", np.abs(qb), np.abs(kb)) * scale).max()
+    vmax = np.abs(vb).max()
+    tol = 4 * 2.0 ** -24 * (d * bound + sk + 8) * vmax + 2.0 ** -10 * (np.abs(att).max() + np.abs(ref).max())
+    tol += 2.0 ** -11 * vmax             # the weights rounded to float16 before P.V
+    assert np.isfinite(outs[True]).all() and np.abs(outs[True] - ref).max() <= tol
+    assert np.abs(outs[True] - outs[False]).max() <= 2 * tol

@@ -145,3 +145,58 @@ def test_bundle_takes_the_kernel_in_float16_builds(tmp_path, fp16, mma, kind):
     if fp16 and mma:
         compile_bundle(_bert_layer(), str(tmp_path / "c"), enable_fp16=True, arch="sm_75")
         assert "attention_mma" not in [k["kind"] for k in json.load(open(tmp_path / "c" / "plan.json"))["kernels"]]
+
+
+def _prefill_over_cache(b=1, h=2, sq=32, past=40, d=64):
+    """A prefill of ``sq`` rows over a KV cache: K and V are Concat(past, new), the presents are outputs (the float16
+    pass keeps such state float32), a per-row additive mask [b, 1, sq, past + sq] (review of session 39)."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+    rng, f = np.random.default_rng(0), TensorProto.FLOAT
+    inits = [numpy_helper.from_array(rng.standard_normal(d).astype(np.float32), n) for n in ("bq", "bk", "bv")]
+    inits.append(numpy_helper.from_array(np.array(d ** -0.25, np.float32), "s"))
+    nodes = [helper.make_node("Add", ["q", "bq"], ["qb"]), helper.make_node("Add", ["k", "bk"], ["kb"]),
+             helper.make_node("Add", ["v", "bv"], ["vb"]),
+             helper.make_node("Concat", ["pk", "kb"], ["presk"], axis=2), helper.make_node("Concat", ["pv", "vb"], ["presv"], axis=2),
+             helper.make_node("Transpose", ["presk"], ["kt"], perm=[0, 1, 3, 2]),
+             helper.make_node("Mul", ["qb", "s"], ["qs"]), helper.make_node("Mul", ["kt", "s"], ["kts"]),
+             helper.make_node("MatMul", ["qs", "kts"], ["sc"]), helper.make_node("Add", ["sc", "mask"], ["m"]),
+             helper.make_node("Softmax", ["m"], ["p"], axis=-1), helper.make_node("MatMul", ["p", "presv"], ["y"])]
+    sk = past + sq
+    vi = helper.make_tensor_value_info
+    g = helper.make_graph(nodes, "prefill", [vi("q", f, [b, h, sq, d]), vi("k", f, [b, h, sq, d]), vi("v", f, [b, h, sq, d]),
+                                             vi("pk", f, [b, h, past, d]), vi("pv", f, [b, h, past, d]),
+                                             vi("mask", f, [b, 1, sq, sk])],
+                          [vi("y", f, [b, h, sq, d]), vi("presk", f, [b, h, sk, d]), vi("presv", f, [b, h, sk, d])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_prefill_over_a_float32_cache_keeps_the_products(tmp_path):
+    """The float16 pass keeps the KV cache (and so K, V) float32: the flash kernel cannot take the node, and the
+    row kernel would be slower than the unfused products, so the bundle fuses only few rows (here: none)."""
+    from cuvil.targets.ptx.attention_mma import flash_operands_half
+    from cuvil.targets.ptx.bundle import compile_bundle
+    g = Pipeline.from_onnx(_prefill_over_cache()).optimize().graph
+    fused, _ = fuse_attention(g, also=flash_shapes)
+    half, _ = to_half(fused)
+    attention_in_half(half)
+    assert any(n.op == "FusedAttention" for n in half.nodes) and not flash_operands_half(half)
+    compile_bundle(g, str(tmp_path / "b"), enable_fp16=True)
+    kinds = [k["kind"] for k in json.load(open(tmp_path / "b" / "plan.json"))["kernels"]]
+    assert "attention" not in kinds and "attention_mma" not in kinds and kinds.count("matmul_fp16") >= 2
+
+
+@pytest.mark.skipif(not PTXAS, reason="needs ptxas (the CUDA toolkit) to assemble")
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_row_masks_and_heads_of_128_assemble_without_spills(arch):
+    """A mask per query row ([b, 1, sq, sk]: a load per score element) with heads of 128 is the kernel's largest
+    register need (254 of 255 in session 39's review): no spill, no stack."""
+    model = attention_model(1, 2, 40, 65, 128)
+    mask = [vi for vi in model.graph.input if vi.name == "mask"][0]
+    mask.type.tensor_type.shape.dim[2].dim_value = 40          # [1, 1, 40, 65]: a mask per query row
+    g = Pipeline.from_onnx(model).optimize().graph
+    sched, r, _ = _build(g, arch=arch)
+    assert _kinds(r)["attention_mma"] == 1 and all(k.status == "proved" for k in r.memory_safety.kernels)
+    _, info = assemble(r.ptx, arch)
+    (d,) = [d_ for d_ in r.kernels if d_.kind == "attention_mma"]
+    assert info[d.name].stack_frame == 0 and info[d.name].spill_stores == 0

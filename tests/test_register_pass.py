@@ -53,6 +53,12 @@ def test_apply_caps_edits_only_the_named_entries():
     assert out.count(".maxnreg") == 1
     assert re.search(r"\.entry k1\([^)]*\)\n\.maxnreg 40\n\.maxntid 256", out)
     assert apply_caps(ptx, {}) == ptx
+    # a kernel's own .maxnreg (the flash attention kernel declares 255) is replaced, not followed by the cap (ptxas
+    # keeps the last directive)
+    own = ptx.replace(".maxntid 256\n", ".maxntid 256\n.maxnreg 255\n")
+    out = apply_caps(own, {"k1": 40})
+    assert out.count(".maxnreg") == 1 and re.search(r"\.maxnreg 40\n\.maxntid 256\n\{", out)
+    assert apply_caps(own, {}) == own
     with pytest.raises(ValueError, match="k9"):
         apply_caps(ptx, {"k9": 32})
 

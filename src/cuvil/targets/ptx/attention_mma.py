@@ -6,9 +6,11 @@ products (bench/gpu/RESULTS.md, session 17: BERT-base fp16 1.678 ms row-fused ag
 Which nodes (:func:`plan_flash`): a FusedAttention (:class:`~cuvil.kernels.attention.AttentionRows`) whose Q, K and
 V are float16 values (the float16 pass's ``attention_in_half`` reads them where the graph stores them), head
 sizes D and Dv multiples of 16 up to :data:`MAX_HEAD`, more than :data:`~cuvil.targets.ptx.attention.MAX_ROWS`
-query rows, on sm_80 or later. The proved rules of ``rules/attention.rule`` introduce the node
-(:func:`~cuvil.targets.ptx.attention.fuse_attention` with ``tensor_cores``; :func:`flash_shapes` is its test on
-the float32 graph).
+query rows, on sm_80 or later. The rules of ``rules/attention.rule`` introduce the node (``prove real``; their
+verdict is ``bounded``: the obligation checked on bounded shapes, not proved for all)
+(:func:`~cuvil.targets.ptx.attention.fuse_attention` with ``also`` = :func:`flash_shapes`, its test on the float32
+graph; ``compile_bundle`` fuses only few rows where the float16 pass leaves an operand float32:
+:func:`flash_operands_half`).
 
 The kernel (:func:`emit_flash`), after FlashAttention-2 (Dao, 2023): a block of ``W`` warps takes ``16 W`` query
 rows of one (batch, head); warp ``w`` owns rows ``16 w .. 16 w + 15``. The block copies its Q tile to shared
@@ -39,8 +41,9 @@ once after the sum (the rules' ``prove real`` reassociation), the softmax is rea
 rules), ``P`` is rounded to float16 as the unfused graph rounds the softmax's output; the score matrix never
 leaves registers (the unfused graph rounds it to float16 too).
 
-A many-row FusedAttention whose operands are not all float16 after the float16 pass (an operand the pass keeps
-in float32) is computed by the row kernel instead: correct, slower than the unfused products.
+A many-row FusedAttention whose operands are not all float16 after the float16 pass (a prefill over a KV cache the
+pass keeps in float32) would take the row kernel, slower than the unfused products: ``compile_bundle`` then fuses
+only attention of few rows (:func:`flash_operands_half`).
 
 Copies (:func:`piece_ok`): an operand that is one float16 load with stride 1 along its head dim and 16-byte
 aligned rows is copied by ``cp.async.cg`` 16 bytes at a time (zero-filled past Sq or Sk); another is read
@@ -122,6 +125,20 @@ def flash_shapes(binding) -> bool:
         return False
     q, kt, v = shapes
     return q[2] > MAX_ROWS and heads_ok(q[3], v[3]) and kt[2] == q[3] and kt[3] == v[2]
+
+
+def flash_operands_half(g) -> bool:
+    """Whether every FusedAttention of ``g`` with more than ``MAX_ROWS`` query rows reads float16 Q, K and V (after
+    the float16 pass): the flash kernel's operands. ``compile_bundle`` fuses only few rows where one does not."""
+    for n in g.nodes:
+        if n.op != "FusedAttention":
+            continue
+        shape = n.inputs[0].shape
+        if shape is not None and len(shape) == 4 and isinstance(shape[2], int) and shape[2] <= MAX_ROWS:
+            continue
+        if any(x is None or x.dtype != DType.FLOAT16 for x in n.inputs[:3]):
+            return False
+    return True
 
 
 def piece_ok(e: E, along: str, others) -> bool:

@@ -34,7 +34,7 @@ from ...rewrite_rules.precision import to_half
 from ...rewrite_rules.proved_rewrite import applied_rules
 from ...version import __version__
 from .attention import attention_in_half, fuse_attention
-from .attention_mma import flash_shapes
+from .attention_mma import flash_operands_half, flash_shapes
 from .codegen import TRIPLE, build_ptx, gpu_schedule
 from ...precision.policy import reconcile
 from .conv_mma import conv_stage_precisions, narrowed_convs_run
@@ -95,23 +95,30 @@ def compile_bundle(g: Graph, out_dir: str, *, arch: str = "sm_90", opt_level: in
     kernel, is reported through :mod:`cuvil.progress`."""
     t0 = time.perf_counter()
     tuning = tuning.resolved(enable_fp16)
-    if tuning.fused_attention:     # before float16: the rules match the float32 graph (its FusedAttention stays float32)
-        with stage("fused attention") as s:
-            # (many query rows only for float16 on tensor cores: the flash kernel of ptx/attention_mma.py)
-            wide = enable_fp16 and tuning.attention_mma and int(re.sub(r"\D", "", arch) or 0) >= 80
-            g, report = fuse_attention(g, also=flash_shapes if wide else None)
-            applied = applied_rules(report)
-            s.detail(f"{sum(v['applied'] for v in applied.values())} rewrites")
-        if applied:
-            manifest_extra = dict(manifest_extra or {})
-            manifest_extra["rules_applied"] = {**manifest_extra.get("rules_applied", {}), **applied}
-    half_names: list = []
-    if enable_fp16:
-        with stage("float16") as s:
-            g, half_names = to_half(g)
-            if tuning.fused_attention:
-                attention_in_half(g)
-            s.detail(f"{len(half_names)} tensors lowered to half")
+    # (many query rows fused only for float16 on tensor cores: the flash kernel of ptx/attention_mma.py)
+    wide = enable_fp16 and tuning.attention_mma and int(re.sub(r"\D", "", arch) or 0) >= 80
+    g0 = g
+    for many_rows in ((True, False) if wide else (False,)):
+        g, applied = g0, {}
+        if tuning.fused_attention:   # before float16: the rules match the float32 graph (its FusedAttention stays float32)
+            with stage("fused attention") as s:
+                g, report = fuse_attention(g, also=flash_shapes if many_rows else None)
+                applied = applied_rules(report)
+                s.detail(f"{sum(v['applied'] for v in applied.values())} rewrites")
+        half_names: list = []
+        if enable_fp16:
+            with stage("float16") as s:
+                g, half_names = to_half(g)
+                if tuning.fused_attention:
+                    attention_in_half(g)
+                s.detail(f"{len(half_names)} tensors lowered to half")
+        # a many-row FusedAttention whose Q, K or V the float16 pass kept float32 (a prefill over a float32 KV
+        # cache) would take the row kernel, slower than the unfused products: then only few rows are fused
+        if not many_rows or flash_operands_half(g):
+            break
+    if applied:
+        manifest_extra = dict(manifest_extra or {})
+        manifest_extra["rules_applied"] = {**manifest_extra.get("rules_applied", {}), **applied}
     with stage("schedule", detail=f"{len(g.nodes)} nodes") as s:
         sched = gpu_schedule(g, unpadded=unpadded, tuning=tuning)
         s.detail(f"{len(sched.stages)} kernels, arena {sched.arena_bytes} B, weights {sched.weights_bytes} B")

@@ -113,19 +113,22 @@ def candidate_caps(grid: int, block: int, regs: int, sms: int, limits: Optional[
     return [best[w] for w in sorted(best)]
 
 
-_ENTRY = re.compile(r"(\.entry\s+(\w+)\s*\((?:[^)]*)\)\s*\n)")
+_ENTRY = re.compile(r"(\.entry\s+(\w+)\s*\((?:[^)]*)\)\s*\n)((?:[ \t]*\.(?:maxntid|maxnreg|minnctapersm|reqntid)[^\n]*\n)*)")
 
 
 def apply_caps(ptx: str, caps: Dict[str, int]) -> str:
-    """``ptx`` with a ``.maxnreg N`` directive on each entry named in ``caps`` (after its parameter list)."""
+    """``ptx`` with a ``.maxnreg N`` directive on each entry named in ``caps`` (after its parameter list),
+    replacing one the kernel declares itself (ptxas keeps the last: the flash attention kernel's ``.maxnreg 255``
+    would have undone the cap)."""
     seen = set()
 
     def put(m):
         name = m.group(2)
         if name not in caps:
-            return m.group(1)
+            return m.group(1) + m.group(3)
         seen.add(name)
-        return f"{m.group(1)}.maxnreg {int(caps[name])}\n"
+        kept = "".join(line + "\n" for line in m.group(3).splitlines() if ".maxnreg" not in line)
+        return f"{m.group(1)}.maxnreg {int(caps[name])}\n{kept}"
     out = _ENTRY.sub(put, ptx)
     missing = set(caps) - seen
     if missing:

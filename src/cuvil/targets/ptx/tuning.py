@@ -122,8 +122,8 @@ class PtxTuning:
     # still be split where the estimate says so (True, the default: the plans so far). False: such grids are not
     # split. Written in session 39 after an H200 run where, at B = 8, S = 128, BERT-base's FFN product (768 tiles)
     # ran split in two and its sum kernel moved 25 MB a layer (49 + 21 us); B = 1 builds the same PTX either way.
-    # Not yet timed on a GPU (no device for the rest of that session): stays off until it is
-    # (tensor_cores.py variant "fp16_nosplitfilled", bench/gpu/RESULTS.md session 39)
+    # The rule is not yet timed on a GPU (no device for the rest of that session), so this stays True, the rule
+    # opt-in, until it is (tensor_cores.py variant "fp16_nosplitfilled", bench/gpu/RESULTS.md session 39)
     mma_split_filled: bool = True
     # tensor-core products: float16 operands that are one plain, aligned load take it as 16-, 8- or 4-byte vectors
     # along their contiguous index (matmul_mma.vec_width; off: one 2-byte load per element). On since the same
@@ -167,7 +167,7 @@ class PtxTuning:
     # 22's GPU run, as ``attention_fused_merge`` (variants *_stage1: 0.723 -> 0.636 ms at past 1,023 in float16)
     attention_stage_keys: bool = True
     # float16 attention with more than attention.MAX_ROWS query rows (BERT's 128 a head, a prefill) is fused too
-    # (the same proved rules) and computed by ptx/attention_mma.py's flash kernel: 16 query rows a warp, scores and
+    # (the same rules) and computed by ptx/attention_mma.py's flash kernel: 16 query rows a warp, scores and
     # P.V on tensor cores (mma.sync m16n8k16, ldmatrix), an online softmax in registers, K and V chunks copied by
     # cp.async into two shared stages (off: such attention stays the tensor-core products, the softmax row kernel
     # and their copies)
