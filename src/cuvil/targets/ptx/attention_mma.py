@@ -68,7 +68,7 @@ from ...kernels.texpr import E, nodes
 from ..llvm.types import F16, F32, I32, I64
 from .attention import MAX_ROWS, store_output
 from .emitter import PtxEmitter, set_contraction, shared_global
-from .matmul_mma import FRAGMENTS, _const_term, _stride
+from .matmul_mma import FRAGMENTS, _const_term, _stride, async_asm
 
 MAX_HEAD = 128          # head sizes (D, Dv) the kernel takes: the accumulators live in registers
 SMEM_LIMIT = 48 * 1024  # static shared memory a block may declare
@@ -203,18 +203,7 @@ def emit_flash(km, st: Stage, sym: str, plan: FlashPlan) -> Tuple[int, int]:
     neg_inf, zero = ir.Constant(F32, float("-inf")), ir.Constant(F32, 0.0)
     bar = km.declare("llvm.nvvm.barrier0", ir.VoidType(), [])
     shfl = km.declare("llvm.nvvm.shfl.sync.bfly.f32", F32, [I32, F32, I32, I32])
-    cp16 = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [I64, I64, I32]),
-                        "cp.async.cg.shared.global [$0], [$1], 16, $2;", "l,l,r,~{memory}", side_effect=True)
-    commit = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), "cp.async.commit_group;", "~{memory}",
-                          side_effect=True)
-
-    def wait(n):
-        return ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), f"cp.async.wait_group {n};", "~{memory}",
-                            side_effect=True)
-    ldsm = {t: ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([I32] * 4), [I64]),
-                            f"ldmatrix.sync.aligned.m8n8.x4{'.trans' if t else ''}.shared.b16 "
-                            "{$0,$1,$2,$3}, [$4];", "=r,=r,=r,=r,l,~{memory}", side_effect=True)
-            for t in (False, True)}
+    cp16, commit, wait, ldsm = async_asm()
     mma_op = ir.InlineAsm(
         ir.FunctionType(ir.LiteralStructType([F32] * 4), [I32] * 6 + [F32] * 4),
         FRAGMENTS["fp16"].ptx + " {$0,$1,$2,$3}, {$4,$5,$6,$7}, {$8,$9}, {$10,$11,$12,$13};",

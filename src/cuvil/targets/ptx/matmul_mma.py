@@ -1037,6 +1037,26 @@ def emit_matmul(km, st: Stage, sym: str, parts, plan: MatmulPlan, scratch: Optio
     return plan.blocks * plan.threads
 
 
+def async_asm():
+    """The inline PTX of the cp.async kernels (the products' :func:`_async_main_loop`, the flash attention kernel):
+    ``cp16(shared address, global address, source bytes)`` (a 16-byte ``cp.async.cg``, zero-filled past the source
+    bytes), ``commit()``, ``wait(n)`` (the asm of ``cp.async.wait_group n``) and ``ldsm[trans]`` (``ldmatrix.x4``,
+    four 8 x 8 half matrices from the lanes' row addresses, ``.trans`` transposed)."""
+    cp16 = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [I64, I64, I32]),
+                        "cp.async.cg.shared.global [$0], [$1], 16, $2;", "l,l,r,~{memory}", side_effect=True)
+    commit = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), "cp.async.commit_group;", "~{memory}",
+                          side_effect=True)
+
+    def wait(n):
+        return ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), f"cp.async.wait_group {n};", "~{memory}",
+                            side_effect=True)
+    ldsm = {t: ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([I32] * 4), [I64]),
+                            f"ldmatrix.sync.aligned.m8n8.x4{'.trans' if t else ''}.shared.b16 "
+                            "{$0,$1,$2,$3}, [$4];", "=r,=r,=r,=r,l,~{memory}", side_effect=True)
+            for t in (False, True)}
+    return cp16, commit, wait, ldsm
+
+
 def _async_main_loop(km, b: ir.IRBuilder, em, plan: MatmulPlan, facs, kv: str, mv: str, nv: str, tiles_smem,
                      sgep, bar, mma_op, accs, tiles, grp, tid, lane, wm, wn):
     """The main loop of the cp.async kernel (``plan.stages`` = NS > 1; float16 operands that pass
@@ -1058,18 +1078,7 @@ def _async_main_loop(km, b: ir.IRBuilder, em, plan: MatmulPlan, facs, kv: str, m
     frag = FRAGMENTS["fp16"]
     sgep(tiles_smem, I32(0))                # (the shared base, used by the K-group reduction too)
     s64 = b.ptrtoint(tiles_smem, I64)
-    cp16 = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [I64, I64, I32]),
-                        "cp.async.cg.shared.global [$0], [$1], 16, $2;", "l,l,r,~{memory}", side_effect=True)
-    commit = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), "cp.async.commit_group;", "~{memory}",
-                          side_effect=True)
-
-    def wait(n):
-        return ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), f"cp.async.wait_group {n};", "~{memory}",
-                            side_effect=True)
-    ldsm = {t: ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([I32] * 4), [I64]),
-                            f"ldmatrix.sync.aligned.m8n8.x4{'.trans' if t else ''}.shared.b16 "
-                            "{$0,$1,$2,$3}, [$4];", "=r,=r,=r,=r,l,~{memory}", side_effect=True)
-            for t in (False, True)}
+    cp16, commit, wait, ldsm = async_asm()
     lane8 = _V(b, b.and_(lane, I32(7)))
     m2 = _V(b, b.and_(b.lshr(lane, I32(3)), I32(1)))
     d2 = _V(b, b.lshr(lane, I32(4)))
