@@ -21,6 +21,11 @@ GPU_ARCHS = tuple(f"sm_{n}{suffix}" for n in GPU_ARCH_NUMBERS
                   for suffix in ("", "a" if n >= 90 else None, "f" if n >= 100 else None) if suffix is not None)
 
 
+def arch_number(arch: str) -> int:
+    """The compute capability x 10 of an architecture name (``sm_90a`` -> 90; 0 for a name without digits)."""
+    return int(re.sub(r"\D", "", arch) or 0)
+
+
 def check_arch(arch: str, flag: str = "--arch") -> str:
     """``arch`` if the target accepts it; otherwise a CuvilError naming the nearest accepted names."""
     if arch in GPU_ARCHS:

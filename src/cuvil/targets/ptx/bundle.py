@@ -20,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import subprocess
 import time
 from typing import Mapping, Optional
@@ -34,6 +33,8 @@ from ...rewrite_rules.precision import to_half
 from ...rewrite_rules.proved_rewrite import applied_rules
 from ...version import __version__
 from .attention import attention_in_half, fuse_attention
+from .archs import arch_number
+from .attention_mma import MIN_SM as FLASH_MIN_SM
 from .attention_mma import flash_operands_half, flash_shapes
 from .codegen import TRIPLE, build_ptx, gpu_schedule
 from ...precision.policy import reconcile
@@ -96,7 +97,7 @@ def compile_bundle(g: Graph, out_dir: str, *, arch: str = "sm_90", opt_level: in
     t0 = time.perf_counter()
     tuning = tuning.resolved(enable_fp16)
     # (many query rows fused only for float16 on tensor cores: the flash kernel of ptx/attention_mma.py)
-    wide = enable_fp16 and tuning.attention_mma and int(re.sub(r"\D", "", arch) or 0) >= 80
+    wide = enable_fp16 and tuning.attention_mma and arch_number(arch) >= FLASH_MIN_SM
     g0 = g
     for many_rows in ((True, False) if wide else (False,)):
         g, applied = g0, {}

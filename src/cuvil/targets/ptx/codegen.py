@@ -51,7 +51,7 @@ from ...kernels.texpr import E, cast, const, nodes
 from ...progress import stage
 from ..llvm.module import LLVMKernelModule, initialize_all
 from ..llvm.types import F32, I32, I64, PTR, const_value, ll
-from .archs import check_arch
+from .archs import arch_number, check_arch
 from .attention import attention_node, emit_attention, emit_attention_merge, plan_attention
 from .attention import scratch_buf as attention_scratch
 from .attention_mma import emit_flash, plan_flash
@@ -147,7 +147,7 @@ class PtxKernelModule(LLVMKernelModule):
         # stage name -> why: products whose tensor-core / SIMT access pattern was refuted (bounds_patterns),
         # computed by the plain kernels instead
         self.plain_products: Dict[str, List[str]] = {}
-        self.sm = int(re.sub(r"\D", "", arch) or 0)      # compute capability x 10 (sm_90a -> 90)
+        self.sm = arch_number(arch)      # compute capability x 10 (sm_90a -> 90)
         # SMs the tensor-core products' split-K plans fill: the GPU's, shared by tuning.concurrency calls in flight
         self.sms = product_sms(sms_for(arch), tuning)
         self.scratch_offset = -(-scratch_offset // 256) * 256   # split-K counters and partials go after the arena

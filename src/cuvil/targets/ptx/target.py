@@ -2,7 +2,6 @@
 (``plan``, ``emit``, ``load``) over :func:`compile_bundle`. The bundle is built without a GPU."""
 from __future__ import annotations
 
-import re
 from typing import Dict, FrozenSet, Optional, Sequence, Union
 
 import attrs
@@ -13,6 +12,7 @@ from ...ir.graph import Graph
 from ...kernels.kernel_rules import select_kernel_rules
 from .. import PTX_TARGET
 from ..base import BuildPlan, TargetOptions, check, is_bool, is_name, is_opt_level, target_options
+from .archs import arch_number
 from .artifact import Bundle
 from .bundle import compile_bundle, read_bundle
 from .profile_bundle import compile_profile_bundle
@@ -157,7 +157,7 @@ class PtxTarget:
         later with ``fma`` on (an mma rounds its sum once), MatMul and Gemm also in fp8 (E4M3, power-of-two
         scales) on sm_89 and later; else none. A narrowed node whose kernel is not a tensor-core one (a grouped
         convolution, a one-row product) computes in float32 and the manifest records it so."""
-        sm = int(re.sub(r"\D", "", options.arch) or 0)
+        sm = arch_number(options.arch)
         if not options.fma or sm < 80:
             return {}
         ops = frozenset(NARROWED_OPS)

@@ -170,7 +170,8 @@ class PtxTuning:
     # (the same rules) and computed by ptx/attention_mma.py's flash kernel: 16 query rows a warp, scores and
     # P.V on tensor cores (mma.sync m16n8k16, ldmatrix), an online softmax in registers, K and V chunks copied by
     # cp.async into two shared stages (off: such attention stays the tensor-core products, the softmax row kernel
-    # and their copies)
+    # and their copies). On since session 39's H200 run (bench/gpu/flash_run.sh; GPU tests passed there): BERT-base
+    # fp16 B = 1 at S = 32 / 128 / 384 0.732 -> 0.665, 1.006 -> 0.935, 1.740 -> 1.479 ms, B = 8 S = 128 2.875 -> 2.566
     attention_mma: bool = True
     # plain element stages (copies such as a KV cache's concatenation, elementwise ops) with at least
     # ``element_vec_min`` elements and a last dim that ``element_vec`` divides: a thread computes that many
