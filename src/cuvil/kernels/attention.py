@@ -119,6 +119,13 @@ class AttentionRows:
     d: int
     dv: int
     zero_nan: bool
+    # the stage's buffer is [B, Sq, H, Dv] (the heads merged next: the exports' Transpose [0, 2, 1, 3] then reads
+    # it at its own index, a view, and the Reshape to [B, Sq, H * Dv] another); else [B, H, Sq, Dv]
+    out_heads_inner: bool = False
+
+    def out_index(self, b, h, i, c) -> list:
+        """The stage buffer's index of output element (b, h, i, c)."""
+        return [b, i, h, c] if self.out_heads_inner else [b, h, i, c]
 
     @property
     def flops(self):

@@ -439,8 +439,9 @@ def merge_column(em, plan: AttentionPlan, spec: AttentionRows, st: Stage, scratc
 
 
 def store_output(em, spec: AttentionRows, st: Stage, acc, total, zz, idx) -> None:
-    """Store ``acc / total`` at ``idx`` of the output, rounded to its type once; with ``zero_nan`` a row whose
-    ``total`` is NaN or 0 stores ``zz`` (the sum of ``0 * V``) instead."""
+    """Store ``acc / total`` at output element ``idx`` (b, h, i, c: the buffer's index is
+    :meth:`~cuvil.kernels.attention.AttentionRows.out_index`'s), rounded to its type once; with ``zero_nan`` a
+    row whose ``total`` is NaN or 0 stores ``zz`` (the sum of ``0 * V``) instead."""
     b = em.b
     y = b.fdiv(acc, total)
     if spec.zero_nan:
@@ -449,7 +450,7 @@ def store_output(em, spec: AttentionRows, st: Stage, acc, total, zz, idx) -> Non
         y = b.select(nan_row, zz, y)
     if st.buf.dtype == DType.FLOAT16:
         y = b.fptrunc(y, F16)
-    b.store(em.to_memory(y, st.buf.dtype), em.address(st.buf, idx))
+    b.store(em.to_memory(y, st.buf.dtype), em.address(st.buf, spec.out_index(*idx)))
 
 
 def emit_attention_merge(km, st: Stage, sym: str, plan: AttentionPlan, scratch: Buf) -> int:
