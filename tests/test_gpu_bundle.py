@@ -181,6 +181,7 @@ class FakeDriver:
         self.streams = []      # streams created, in order
         self.host = {}         # page-locked host allocations: address -> array
         self.waits = []        # (stream, event) of each cuStreamWaitEvent
+        self.order = []        # ("launch", stream, kernel) / ("record", event, stream) / ("wait", stream, event)
         S = self.CUresult.CUDA_SUCCESS
 
         def ok(*vals):
@@ -224,6 +225,7 @@ class FakeDriver:
             p = (ctypes.c_uint64 * 2).from_address(params)
             vals = (ctypes.c_uint64.from_address(p[0]).value, ctypes.c_int64.from_address(p[1]).value)
             entry = (f, (gx, gy, gz), (bx, by, bz), vals)
+            self.order.append(("launch", stream, f))
             (self.capturing if self.capturing is not None else self.log).append(entry)
             return ok()
 
@@ -246,7 +248,7 @@ class FakeDriver:
             "cuDeviceGetName": lambda n, d: ok(b"Fake GPU\0\0"), "cuDriverGetVersion": lambda: ok(13000),
             "cuDeviceTotalMem": lambda d: ok(1 << 34), "cuStreamCreate": stream_create,
             "cuMemHostAlloc": host_alloc, "cuMemFreeHost": lambda p: (self.host.pop(p), ok())[1],
-            "cuStreamWaitEvent": lambda s, e, f: (self.waits.append((s, e)), ok())[1],
+            "cuStreamWaitEvent": lambda s, e, f: (self.waits.append((s, e)), self.order.append(("wait", s, e)), ok())[2],
             "cuEventSynchronize": lambda e: ok(),
             "cuModuleLoadData": load, "cuModuleGetFunction": lambda m, name: ok(name.decode()),
             "cuFuncGetAttribute": lambda a, f: ok(32), "cuMemAlloc": alloc, "cuMemcpyHtoD": htod,
@@ -257,7 +259,7 @@ class FakeDriver:
             "cuGraphLaunch": graph_launch, "cuGraphExecDestroy": lambda e: ok(), "cuGraphDestroy": lambda g: ok(),
             "cuMemFree": lambda p: ok(), "cuModuleUnload": lambda m: ok(), "cuStreamDestroy": lambda s: ok(),
             "cuDevicePrimaryCtxRelease": lambda d: ok(), "cuEventCreate": lambda f: ok(object()),
-            "cuEventRecord": lambda e, s: ok(), "cuEventElapsedTime": lambda a, b: ok(0.5),
+            "cuEventRecord": lambda e, s: (self.order.append(("record", e, s)), ok())[1], "cuEventElapsedTime": lambda a, b: ok(0.5),
             "cuEventDestroy": lambda e: ok(), "CUstream": lambda h: ("user stream", h),
             "cuGetErrorName": lambda e: ok(self.CUresult(e).name.encode()),
         }

@@ -57,11 +57,12 @@ def log(*a):
 
 # --- Cuvil ---------------------------------------------------------------------------------------------------
 
-def cuvil_time(bundle_path, feeds, iters):
-    """(outputs of one run, timing of graph replays with device-resident inputs/outputs, kernel profile)."""
+def cuvil_time(bundle_path, feeds, iters, streams=None, profile=True):
+    """(outputs of one run, timing of graph replays with device-resident inputs/outputs, kernel profile);
+    ``streams``: the runtime's (load_bundle's; None its default)."""
     from cuvil.targets.ptx.runtime import _call, driver, load_bundle
     drv = driver()
-    m = load_bundle(bundle_path)
+    m = load_bundle(bundle_path, streams=streams)
     ys = m.run(*feeds)
     d_in = [int(_call(drv, "cuMemAlloc", drv.cuMemAlloc(max(x.nbytes, 1)))) for x in feeds]
     d_out = [int(_call(drv, "cuMemAlloc", drv.cuMemAlloc(max(y.nbytes, 1)))) for y in ys]
@@ -69,6 +70,12 @@ def cuvil_time(bundle_path, feeds, iters):
         x = np.ascontiguousarray(x)
         _call(drv, "cuMemcpyHtoD", drv.cuMemcpyHtoD(d, x.ctypes.data, x.nbytes))
     r = timed(lambda: m.run_device(d_in, d_out, mode="graph"), iters)
+    r["streams"] = m.streams
+    if not profile:
+        for d in d_in + d_out:
+            drv.cuMemFree(d)
+        m.close()
+        return ys, r
     prof = m.profile_kernels(repeats=3)
     kinds: dict = {}
     for p in prof:
@@ -452,6 +459,11 @@ def part_bert(args, arch, futures):
             out[f"cuvil_{label}"] = r
             log(f"  cuvil {label}: graph p50 {r['p50_ms']:.3f} ms (kernel sum {r['kernel_sum_ms']:.3f}); error vs "
                 f"onnxruntime {['%.1e' % e for e in r['normwise_vs_ort']]}, pooled cosine {r['pooled_cosine_vs_ort']:.6f}; by kind {r['ms_by_kind']}")
+            for n in args.streams:     # the same bundle, its graph captured over n streams (1: launch order)
+                ys2, r2 = cuvil_time(info["path"], [feeds[k] for k in names], args.iters, streams=n, profile=False)
+                r2["same_bits"] = all(np.array_equal(a, b) for a, b in zip(ys, ys2))
+                out[f"cuvil_{label}_streams{n}"] = r2
+                log(f"  cuvil {label} streams={n}: graph p50 {r2['p50_ms']:.3f} ms, same bits {r2['same_bits']}")
         except Exception:  # noqa: BLE001 - the others still run
             out[f"cuvil_{label}"] = {"error": traceback.format_exc()[-1500:]}
             log(traceback.format_exc()[-1500:])
@@ -480,6 +492,12 @@ def part_resnet(args, arch, futures):
                 out[f"cuvil_{label}_b{batch}"] = r
                 log(f"  cuvil {label} b{batch}: graph p50 {r['p50_ms']:.3f} ms; err {r.get('normwise_vs_ort')}; "
                     f"by kind {r['ms_by_kind']}")
+                for n in args.streams:
+                    (y2,), r2 = cuvil_time(info["path"], [x], args.iters, streams=n, profile=False)
+                    r2["same_bits"] = bool(np.array_equal(y, y2))
+                    out[f"cuvil_{label}_b{batch}_streams{n}"] = r2
+                    log(f"  cuvil {label} b{batch} streams={n}: graph p50 {r2['p50_ms']:.3f} ms, same bits "
+                        f"{r2['same_bits']}")
             except Exception:  # noqa: BLE001
                 out[f"cuvil_{label}_b{batch}"] = {"error": traceback.format_exc()[-1500:]}
                 log(traceback.format_exc()[-1500:])
@@ -500,6 +518,9 @@ def main(argv=None) -> int:
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--bert-batch", type=int, default=1, help="BERT-base's batch (fixed shapes)")
+    ap.add_argument("--streams", type=int, nargs="*", default=[],
+                    help="also time each BERT / ResNet-50 bundle with its graph captured over this many streams (load_bundle's "
+                         "streams; 1: the launch order), outputs compared bit for bit with the default's")
     ap.add_argument("--batches", type=int, nargs="+", default=[1])
     ap.add_argument("--resnet-modes", nargs="+", default=["fp16"], help="fp16, tf32 (allow_tf32: convolutions "
                     "and the final Gemm on TF32 tensor cores), fp32; narrowed contractions, float32 activations: "

@@ -37,6 +37,7 @@ from .archs import arch_number
 from .attention_mma import MIN_SM as FLASH_MIN_SM
 from .attention_mma import flash_operands_half, flash_shapes
 from .codegen import TRIPLE, build_ptx, gpu_schedule
+from .launch_deps import kernel_dependencies, launch_summary
 from ...precision.policy import reconcile
 from .conv_mma import conv_stage_precisions, narrowed_convs_run
 from .matmul_mma import narrowed_nodes_run, stage_precisions, stage_scales
@@ -189,6 +190,10 @@ def compile_bundle(g: Graph, out_dir: str, *, arch: str = "sm_90", opt_level: in
                         for d in descs if d.name in info},
         }
 
+    # the earlier kernels each must wait for (ptx/launch_deps.py): the runtime's captured graph runs the others at
+    # once (Q, K and V products of a layer; an Inception block's branches)
+    after = kernel_dependencies(res.kernel_stages, [d.kind for d in descs],
+                                read_only=[WEIGHTS] + [b.base for b in sched.inputs])
     plan = {
         "format": PLAN_FORMAT,
         "arch": arch,
@@ -198,7 +203,8 @@ def compile_bundle(g: Graph, out_dir: str, *, arch: str = "sm_90", opt_level: in
         "buffers": {"arena": ARENA, "weights": WEIGHTS, "first_input": 2, "first_output": 2 + len(sched.inputs),
                     "count": 2 + len(sched.inputs) + len(sched.outputs)},
         "kernels": [{"name": d.name, "stage": d.stage, "n": d.n_elements, "grid": [d.grid, 1, 1],
-                     "block": [d.block, 1, 1], "args": ["bufs", "n"], "lanes": d.lanes, "kind": d.kind} for d in descs],
+                     "block": [d.block, 1, 1], "args": ["bufs", "n"], "lanes": d.lanes, "kind": d.kind,
+                     **({"after": after[j]} if after is not None else {})} for j, d in enumerate(descs)],
         "inputs": _io(sched.inputs),
         "outputs": _io(sched.outputs),
     }
@@ -234,6 +240,7 @@ def compile_bundle(g: Graph, out_dir: str, *, arch: str = "sm_90", opt_level: in
         "float16_tensors": half_names if enable_fp16 else
         [b.name for b in list(sched.inputs) + list(sched.outputs) + [s.buf for s in sched.stages] if b.dtype == DType.FLOAT16],
         "memory_safety": res.memory_safety.to_json(),
+        "launch_graph": launch_summary(after, len(descs)),
         "fused_ops": sched.fused,
         "ptxas": ptxas_info,
         **(manifest_extra or {}),

@@ -834,6 +834,9 @@ class PtxResult:
     scratch_offset: int = 0
     counter_bytes: int = 0     # the counters at scratch_offset: zeroed before each run
     memory_safety: Optional[Certificate] = None   # the bounds proof of every kernel (ptx/bounds_patterns.py)
+    # per kernel, the stages it computes (a row chain's several; both kernels of a split stage its one): what
+    # ptx/launch_deps.py reads their bytes from
+    kernel_stages: List[List[Stage]] = attrs.field(factory=list)
 
 
 def widen_half_reductions(e: E, stats: Optional[dict] = None) -> E:
@@ -922,19 +925,23 @@ def build_ptx(sched: Schedule, arch: str = "sm_90", opt: int = 3, *, fma: bool =
                              f"{k.failures[0]}; report it")
     limit = arena_limit(km, sched, stages)
     descs: List[KernelDesc] = []
+    covered: List[List[Stage]] = []     # per kernel, the stages it computes (PtxResult.kernel_stages)
     with stage("llvm IR", total=len(stages), unit="kernels") as progress:
         k = 0
         while k < len(stages):
             chain = row_chain_at(stages, k) if tuning.row_chains else 0
             if chain:      # row reductions and their element stage as one kernel (LayerNorm, Softmax)
                 descs.append(km.add_row_chain(stages[k:k + chain], f"{prefix}_k{k}"))
+                covered.append(stages[k:k + chain])
                 for st in stages[k:k + chain]:
                     progress.advance(item=f"{prefix}_k{k}: {st.op} {st.name}")
                 k += chain
                 continue
             st = stages[k]
             d = km.add_stage(st, f"{prefix}_k{k}")
-            descs.extend(d if isinstance(d, list) else [d])
+            d = d if isinstance(d, list) else [d]
+            descs.extend(d)
+            covered.extend([[st]] * len(d))
             progress.advance(item=f"{prefix}_k{k}: {st.op} {st.name}")
             k += 1
     arena = km.scratch_offset + km.scratch_bytes if km.scratch_bytes else sched.arena_bytes
@@ -944,7 +951,7 @@ def build_ptx(sched: Schedule, arch: str = "sm_90", opt: int = 3, *, fma: bool =
     with stage("llvm", detail=f"optimising {len(stages)} kernels at O{opt} and emitting PTX for {arch}"):
         ptx = km.compile_ptx(opt, libdevice)
     return PtxResult(ptx, descs, {r.name: r.proof for r in rules}, counts,
-                     stats.get("widened", 0), km.scratch_bytes, km.scratch_offset, km.counter_bytes, cert)
+                     stats.get("widened", 0), km.scratch_bytes, km.scratch_offset, km.counter_bytes, cert, covered)
 
 
 GPU_GEMM_COLS = 64   # the GPU lowering's packed contractions (schedule's gemm_cols; x86 panels are unrelated)

@@ -19,8 +19,9 @@ buffer-pointer table ``[arena, weights, inputs..., outputs...]`` that every kern
 table at run time, so pointing a session at other input/output buffers is one 8-byte-per-entry copy, never a
 re-capture. Calls on different sessions run at once (from several host threads, on several streams).
 
-Graphs: the first run of a shape bucket on a session captures all launches of one inference, in order, on its stream
-into a CUDA graph, instantiates it and keeps it in a bounded LRU cache (:mod:`cuvil.targets.ptx.graph_cache`)
+Graphs: the first run of a shape bucket on a session captures all launches of one inference into a CUDA graph, in
+order on its stream, or (``streams=N``, 4 by default) laid over N streams by the plan's dependencies so that kernels
+that share no bytes run at once (:mod:`cuvil.targets.ptx.launch_deps`: BERT's Q, K and V products), into a CUDA graph, instantiates it and keeps it in a bounded LRU cache (:mod:`cuvil.targets.ptx.graph_cache`)
 keyed by the bucket. A static bundle has one bucket; a profile bundle (:mod:`cuvil.targets.ptx.profile_bundle`)
 one per bucket point, all loaded at load time, a call between buckets running the next one up, padded where
 the graph allows it (:mod:`cuvil.targets.ptx.buckets`). Later runs replay with one ``cuGraphLaunch``.
@@ -46,6 +47,7 @@ from ..model_api import Model, Signature, SymbolProfile, fixed_symbols, tensor_s
 from . import buckets as bk
 from .bundle import SIGNATURE_FILE, bundle_file, bundle_has, read_bundle
 from .graph_cache import GraphCache
+from .launch_deps import DEFAULT_STREAMS, MAX_STREAMS
 from .session import MODES, GpuSession
 
 class NoGpuError(CuvilError):
@@ -268,12 +270,17 @@ class GpuModel(Model):
 
     def __init__(self, path: str, *, device: int = 0, max_graphs: int = 4, mode: str = "graph",
                  prefer_cubin: bool = True, files: Optional[Mapping[str, bytes]] = None, sessions: int = 1,
-                 pinned: bool = True):
+                 pinned: bool = True, streams: int = DEFAULT_STREAMS):
         if mode not in MODES:
             raise CuvilError(f"mode {mode!r}: expected one of {', '.join(MODES)}")
         if isinstance(sessions, bool) or not isinstance(sessions, int) or sessions < 1:
             raise CuvilError(f"sessions must be a positive integer, got {sessions!r}",
                              hint="sessions=4 lets four host threads each run an inference at once")
+        if isinstance(streams, bool) or not isinstance(streams, int) or not 1 <= streams <= MAX_STREAMS:
+            raise CuvilError(f"streams must be an integer from 1 to {MAX_STREAMS}, got {streams!r}",
+                             hint=f"streams={DEFAULT_STREAMS} (the default) lets a captured graph run independent "
+                                  "kernels at once; streams=1 keeps the launch order")
+        self.streams = streams
         self.path = os.path.abspath(os.fspath(path))
         self._files = files                                       # a verified load's bytes: the disk is not read
         self.plan, self.manifest = read_bundle(self.path, files)   # a bad bundle fails before the driver is touched
@@ -669,12 +676,14 @@ class GpuModel(Model):
 
 def load_bundle(path, *, device: int = 0, max_graphs: int = 4, mode: str = "graph",
                 prefer_cubin: bool = True, files: Optional[Mapping[str, bytes]] = None, sessions: int = 1,
-                pinned: bool = True) -> GpuModel:
+                pinned: bool = True, streams: int = None) -> GpuModel:
     """Load a bundle directory onto GPU ``device``. :class:`NoGpuError` where there is no CUDA driver or GPU.
     ``files``: the bundle's files as already read and verified (``{name: bytes}``, :mod:`cuvil.signing`),
     loaded instead of the directory's. ``sessions``: how many inferences may be in flight at once, from as
     many host threads (:class:`GpuModel`); ``pinned``: each session keeps page-locked input staging that
-    ``pinned_inputs()`` hands out to be filled in place (a DMA, no host copy)."""
+    ``pinned_inputs()`` hands out to be filled in place (a DMA, no host copy); ``streams``: the streams a
+    captured graph lays the kernels over by the plan's dependencies (default
+    :data:`~cuvil.targets.ptx.launch_deps.DEFAULT_STREAMS`; 1: the launch order, one stream)."""
     def digest():
         if files is not None:
             return root_digest(file_digests(files))
@@ -683,7 +692,7 @@ def load_bundle(path, *, device: int = 0, max_graphs: int = 4, mode: str = "grap
 
     try:
         m = GpuModel(path, device=device, max_graphs=max_graphs, mode=mode, prefer_cubin=prefer_cubin, files=files,
-                     sessions=sessions, pinned=pinned)
+                     sessions=sessions, pinned=pinned, streams=DEFAULT_STREAMS if streams is None else streams)
     except CuvilError as e:
         audit.record("load", artifact=path, digest=digest, outcome="error", reason=e.message)
         raise

@@ -33,6 +33,7 @@ from ...errors import CuvilError, ShapeError
 from ..model_api import Model
 from . import buckets as bk
 from .graph_cache import GraphCache
+from .launch_deps import launch_layout
 
 MODES = ("graph", "eager")
 
@@ -49,9 +50,9 @@ class _Lane:
     """A session's state for one bucket: its buffer-pointer table on the device, the host copy, the pointers
     the device copy holds now, and the launch arguments ``(table, n)`` of each kernel."""
 
-    __slots__ = ("variant", "table", "table_host", "table_set", "launches")
+    __slots__ = ("variant", "table", "table_host", "table_set", "launches", "layout")
 
-    def __init__(self, variant, table: int):
+    def __init__(self, variant, table: int, streams: int = 1):
         self.variant, self.table = variant, table
         self.table_host = np.zeros(int(variant.plan["buffers"]["count"]), dtype=np.uint64)
         self.table_set: Optional[tuple] = None
@@ -61,6 +62,8 @@ class _Lane:
             vals = np.array([table, int(k["n"])], dtype=np.uint64)
             ptrs = np.array([vals.ctypes.data, vals.ctypes.data + 8], dtype=np.uint64)
             self.launches.append((k, fn, vals, ptrs))
+        # (stream, waits, waited) per launch for graph capture over several streams (launch_deps.launch_layout)
+        self.layout = launch_layout(variant.plan["kernels"], [k for k, _ in variant.kernels], streams)
 
 
 class GpuSession(Model):
@@ -80,6 +83,7 @@ class GpuSession(Model):
         self._host: List[int] = []
         self._stream = self._graphs = self._done = None
         self._unsynced = None           # the stream of a run_device(sync=False) not yet waited for
+        self._aux, self._events = [], []
         self._closed = False
         try:
             self._setup()
@@ -105,8 +109,10 @@ class GpuSession(Model):
         if self.pinned:
             self._in_host = [self._host_alloc(max(n, 1), f"input {d['name']}")
                              for n, d in zip(m._in_bytes, m.plan["inputs"])]
-        self._lanes = [_Lane(v, m._alloc_to(self._allocs, 8 * int(v.plan["buffers"]["count"]), "buffer table"))
-                       for v in m._variants]
+        self._lanes = [_Lane(v, m._alloc_to(self._allocs, 8 * int(v.plan["buffers"]["count"]), "buffer table"),
+                             m.streams) for v in m._variants]
+        # (graph capture over several streams, GpuModel's streams: self._aux the extra streams, self._events an
+        # event per launch, then the fork and join events; made at the first such capture)
         self.device_bytes = (max(m.arena_bytes, 1) + sum(max(n, 1) for n in m._in_bytes + m._out_bytes)
                              + sum(8 * len(ln.table_host) for ln in self._lanes))
         self.host_bytes = sum(max(n, 1) for n in m._in_bytes) if self.pinned else 0
@@ -175,6 +181,42 @@ class GpuSession(Model):
             if events is not None:
                 self._call("cuEventRecord", drv.cuEventRecord(events[j][1], stream))
 
+    def _launch_branches(self, lane: _Lane, stream) -> None:
+        """Capture-time launches over several streams (the plan's dependencies, :mod:`~cuvil.targets.ptx.launch_deps`):
+        each launch on its stream after the events of its dependencies on other streams; the extra streams fork
+        from ``stream`` after the run's memsets and join it at the end, so the captured graph's edges are exactly
+        the dependencies (and each stream's order) and its replay runs independent kernels at once."""
+        drv = self._d
+        where, waits, waited = lane.layout
+        need = max(where) if where else 0
+        flags = getattr(drv.CUevent_flags, "CU_EVENT_DISABLE_TIMING", drv.CUevent_flags.CU_EVENT_DEFAULT).value
+        while len(self._aux) < need:
+            self._aux.append(self._call("cuStreamCreate",
+                                        drv.cuStreamCreate(drv.CUstream_flags.CU_STREAM_NON_BLOCKING.value)))
+        while len(self._events) < len(lane.launches) + 2:
+            self._events.append(self._call("cuEventCreate", drv.cuEventCreate(flags)))
+        fork, join = self._events[-2], self._events[-1]
+        streams = [stream] + self._aux[:need]
+        self._zero(lane, stream)
+        self._call("cuEventRecord", drv.cuEventRecord(fork, stream))
+        for s in streams[1:]:
+            self._call("cuStreamWaitEvent", drv.cuStreamWaitEvent(s, fork, 0))
+        marks = set(waited)
+        faults = self.model._faults_armed
+        for j, (k, fn, _vals, ptrs) in enumerate(lane.launches):
+            s = streams[where[j]]
+            for d in waits[j]:
+                self._call("cuStreamWaitEvent", drv.cuStreamWaitEvent(s, self._events[d], 0))
+            g, b = k["grid"], k["block"]
+            res = drv.cuLaunchKernel(fn, g[0], g[1], g[2], b[0], b[1], b[2], 0, s, ptrs.ctypes.data, 0)
+            if res[0] != drv.CUresult.CUDA_SUCCESS or faults():
+                self._call(f"cuLaunchKernel({k['name']}, stage {k['stage']})", res)
+            if j in marks:
+                self._call("cuEventRecord", drv.cuEventRecord(self._events[j], s))
+        for s in streams[1:]:
+            self._call("cuEventRecord", drv.cuEventRecord(join, s))
+            self._call("cuStreamWaitEvent", drv.cuStreamWaitEvent(stream, join, 0))
+
     def _capture(self, lane: _Lane, stream):
         drv = self._d
         v = lane.variant
@@ -186,7 +228,10 @@ class GpuSession(Model):
         self._call("cuStreamBeginCapture",
                    drv.cuStreamBeginCapture(stream, drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL))
         try:
-            self._launch_all(lane, stream)
+            if lane.layout is not None:
+                self._launch_branches(lane, stream)
+            else:
+                self._launch_all(lane, stream)
         except BaseException:
             res = drv.cuStreamEndCapture(stream)
             if res[0] == drv.CUresult.CUDA_SUCCESS and res[1] is not None:
@@ -392,6 +437,11 @@ class GpuSession(Model):
             self._host = []
             if self._done is not None:
                 drv.cuEventDestroy(self._done)
+            for e in self._events:
+                drv.cuEventDestroy(e)
+            for st in self._aux:
+                drv.cuStreamDestroy(st)
+            self._events, self._aux = [], []
             if self._stream is not None:
                 drv.cuStreamDestroy(self._stream)
             self._closed = True
