@@ -15,9 +15,10 @@ from cuvil.kernels.schedule import WEIGHTS
 from cuvil.targets.ptx import runtime as rt
 from cuvil.targets.ptx.bundle import read_bundle
 from cuvil.targets.ptx.codegen import build_ptx, gpu_schedule
+from cuvil.targets.ptx.tuning import DEFAULT_TUNING
 from cuvil.targets.ptx.launch_deps import assign_streams, kernel_dependencies, launch_layout, touches_only_its_stages
 from cuvil.testing import light_model
-from cuvil.testing.hf_models import bert_model
+from cuvil.testing.hf_models import bert_model, gpt2_decode_model
 from cuvil.testing.requires import needs_libdevice
 from test_gpu_bundle import FakeDriver
 
@@ -76,8 +77,9 @@ def test_every_conflicting_pair_is_ordered(name):
         g = p.specialize({"batch": 2, "sequence": 20}).optimize().graph
     else:
         g = Pipeline.from_onnx(light_model(name)).optimize().graph
-    sched = gpu_schedule(g)
-    res = build_ptx(sched, "sm_90", fma=True)
+    tuning = DEFAULT_TUNING.resolved(True)
+    sched = gpu_schedule(g, tuning=tuning)
+    res = build_ptx(sched, "sm_90", fma=True, tuning=tuning)
     kinds = [d.kind for d in res.kernels]
     read_only = {WEIGHTS} | {b.base for b in sched.inputs}
     after = kernel_dependencies(res.kernel_stages, kinds, read_only=sorted(read_only))
@@ -173,9 +175,97 @@ def test_capture_over_streams_orders_every_dependency(bert_bundle, monkeypatch):
         assert j == len(ks) and before[main] == set(range(len(ks))), "every stream joined the caller's at the end"
         used = {drv.order[i][1] for i in at[len(ks):]}
         assert (len(used) > 1) == (streams > 1)
+        # streams and events are made before the capture begins, never inside it
+        b, e = drv.calls.index("cuStreamBeginCapture"), drv.calls.index("cuStreamEndCapture")
+        assert not {"cuStreamCreate", "cuEventCreate"} & set(drv.calls[b:e])
         m.close()
-        assert drv.calls.count("cuStreamDestroy") == len(used) and drv.calls.count("cuEventDestroy") >= (
-            len(ks) + 3 if streams > 1 else 1)
+        assert drv.calls.count("cuStreamDestroy") == len(used)
+        assert drv.calls.count("cuEventDestroy") == drv.calls.count("cuEventCreate") >= (3 if streams > 1 else 1)
+
+
+@needs_libdevice
+def test_run_device_outputs_may_not_overlap_inputs_or_outputs(bert_bundle, monkeypatch):
+    drv = FakeDriver()
+    monkeypatch.setattr(rt, "driver", lambda: drv)
+    m = rt.load_bundle(bert_bundle.path)
+    try:
+        ins = [int(drv.cuMemAlloc(1 << 16)[1]) for _ in m.inputs]
+        outs = [int(drv.cuMemAlloc(1 << 16)[1]) for _ in m.outputs]
+        m.run_device(ins, outs)
+        with pytest.raises(CuvilError, match=r"output 'last_hidden_state' .* overlaps input 'input_ids'"):
+            m.run_device(ins, [ins[0] + 8] + outs[1:])
+        with pytest.raises(CuvilError, match="overlaps output"):
+            m.run_device(ins, [outs[0], outs[0] + 16])
+        m.run_device([ins[0]] * len(ins), outs)      # inputs may share memory: they are only read
+    finally:
+        m.close()
+
+
+def test_a_damaged_plan_is_refused_naming_the_kernel():
+    for bad in ([1], [-1], ["0"], 0, [True]):
+        ks = [{"name": "k0", "after": []}, {"name": "k1", "after": bad}]
+        with pytest.raises(CuvilError, match=r"kernel 1 \(k1\) has \"after\""):
+            launch_layout(ks, ks, 4)
+
+
+@pytest.mark.parametrize("name", ["inception_v1", "bert_fp16", "bert_tf32", "gpt2_decode"])
+def test_every_proved_access_lies_in_its_kernels_bytes(name, monkeypatch):
+    """Not the sets the dependencies are built from: every access the memory-safety proof bounds (the kernels'
+    own patterns too: tensor-core tiles, implicit-GEMM windows, attention partials) lies inside the bytes its
+    kernel was placed by, or in the scratch area after the arena and the kernel is a barrier."""
+    import cuvil.targets.ptx.codegen as cg
+    from cuvil.kernels.bounds import stage_accesses
+    from cuvil.kernels.schedule import ARENA
+    from cuvil.targets.ptx.bounds_patterns import GpuPatterns
+    seen = {}
+    prove = cg.prove_gpu_stages
+
+    def spy(sched, stages, km, *a, **k):
+        seen["km"] = km
+        return prove(sched, stages, km, *a, **k)
+    monkeypatch.setattr(cg, "prove_gpu_stages", spy)
+    kw = {}
+    if name == "gpt2_decode":    # attention split over blocks, its partials and per-row counters in the scratch
+        from cuvil.targets.ptx.attention import fuse_attention
+        p = Pipeline.from_onnx(gpt2_decode_model(vocab=1001, hidden=96, layers=2, heads=4, ffn=387, max_pos=512))
+        g = fuse_attention(p.optimize().specialize({"batch": 1, "past_sequence": 300,
+                                                     "total_sequence": 301}).optimize().graph)[0]
+    elif name.startswith("bert"):     # (S = 32: split-K products among the others)
+        p = Pipeline.from_onnx(bert_model(vocab=101, hidden=256, layers=2, heads=4, ffn=1024, max_pos=64)).optimize()
+        g = p.specialize({"batch": 1, "sequence": 32}).optimize().graph
+        if name.endswith("fp16"):
+            from cuvil.rewrite_rules.precision import to_half
+            from cuvil.targets.ptx.attention import attention_in_half, fuse_attention
+            g, _ = fuse_attention(g, 64)
+            g, _ = to_half(g)
+            attention_in_half(g)
+        else:
+            kw["allow_tf32"] = True
+    else:
+        g = Pipeline.from_onnx(light_model(name)).optimize().graph
+    tuning = DEFAULT_TUNING.resolved(True)      # (as compile_bundle: the fused attention kernels on)
+    sched = gpu_schedule(g, tuning=tuning)
+    res = build_ptx(sched, "sm_90", fma=True, tuning=tuning, **kw)
+    km = seen["km"]
+    pats = GpuPatterns(km)
+    read_only = {WEIGHTS} | {b.base for b in sched.inputs}
+    checked = 0
+    for d, sts in zip(res.kernels, res.kernel_stages):
+        mine = [_bytes(b) for st in sts for b in list(st.reads) + [st.buf] if b.base not in read_only]
+        for st in sts:
+            for a in stage_accesses(st, pats):
+                if a.buf.base in read_only:
+                    continue
+                x = _bytes(a.buf)
+                checked += 1
+                if any(y[0] == x[0] and y[1] <= x[1] and x[2] <= y[2] for y in mine):
+                    continue
+                assert a.buf.base == ARENA and x[1] >= km.scratch_offset and not touches_only_its_stages(d.kind), \
+                    (d.kind, st.name, a.kind, a.buf.name, x)
+    assert checked > len(res.kernels)
+    kinds = {d.kind for d in res.kernels}
+    assert {"bert_fp16": "attention_mma", "bert_tf32": "matmul_splitk_tf32", "gpt2_decode": "attention",
+            "inception_v1": "conv_splitk"}[name] in kinds, kinds
 
 
 def test_streams_must_be_a_small_positive_integer(monkeypatch, tmp_path):

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from ...errors import CuvilError
 from ...kernels.schedule import WEIGHTS
 from ...kernels.texpr import Buf, nodes
 
@@ -37,20 +38,19 @@ from ...kernels.texpr import Buf, nodes
 DEFAULT_STREAMS = 4
 MAX_STREAMS = 16
 
-# kernel kinds (KernelDesc.kind) whose kernels read and write only their stages' buffers: no split-K partials,
-# no tile counters, no attention partials in the scratch area after the arena
-_PLAIN_KINDS = frozenset({"element", "split", "coarse", "tiled", "sequential", "row", "gemm_fp32", "gemv",
-                          "attention_mma"})
+# kernel kinds (KernelDesc.kind, as ptx/codegen.py names them) whose kernels read and write only their stages'
+# buffers: no split-K partials, no tile counters, no attention partials in the scratch area after the arena (those
+# kinds, and any kind not listed here, are barriers). The tensor-core products and convolutions unsplit, per format.
+_FORMATS = ("fp16", "bf16", "tf32", "fp8")
+PLAIN_KINDS = frozenset({"element", "split", "coarse", "tiled", "sequential", "row", "gemm_fp32", "gemv",
+                         "attention_mma", "conv", "conv_mma"} | {f"matmul_{f}" for f in _FORMATS}
+                        | {f"conv_mma_{f}" for f in _FORMATS})
 
 
 def touches_only_its_stages(kind: str) -> bool:
-    """Whether a kernel of ``kind`` accesses only its stages' buffers (else it is a barrier: it may use the
-    shared scratch area after the arena)."""
-    if kind in _PLAIN_KINDS:
-        return True
-    if "splitk" in kind or kind.endswith("_sum") or kind.endswith("_merge"):
-        return False
-    return kind.startswith("matmul_") or kind.startswith("conv")
+    """Whether a kernel of ``kind`` accesses only its stages' buffers (:data:`PLAIN_KINDS`); any other is a
+    barrier: it may use the shared scratch area after the arena."""
+    return kind in PLAIN_KINDS
 
 
 Interval = Tuple[int, int, int]     # (buffer table slot, first byte, past the last byte)
@@ -163,6 +163,13 @@ def launch_layout(plan_kernels: Sequence[dict], launched: Sequence[dict], stream
     dependencies (an older bundle, symbolic sizes) or ``streams`` < 2: launch in order on one stream."""
     if streams < 2 or not plan_kernels or any("after" not in k for k in plan_kernels):
         return None
+    for p, k in enumerate(plan_kernels):
+        after = k["after"]
+        if not isinstance(after, list) or not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < p
+                                                  for d in after):
+            raise CuvilError(f"plan.json: kernel {p} ({k.get('name')}) has \"after\": {after!r}; each entry must be "
+                             f"the index of an earlier kernel",
+                             hint="recompile the bundle (its plan.json is damaged), or load it with streams=1")
     index = {id(k): p for p, k in enumerate(plan_kernels)}
     pos = {index[id(k)]: j for j, k in enumerate(launched)}
 

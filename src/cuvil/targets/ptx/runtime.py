@@ -249,6 +249,24 @@ class _Variant:
         return bk.point_text(self.point)
 
 
+def _check_disjoint(what: str, ptrs: Sequence[int], bufs, n_in: int, names: Sequence[str]) -> None:
+    """An output's bytes may overlap no input's and no other output's (as the x86 C ABI's CUVIL_ERR_OVERLAP):
+    the kernels read the inputs while others write the outputs, several at once (the plan's dependencies know
+    each buffer only by its slot)."""
+    spans = [(int(p), int(p) + int(b.nbytes), k) for k, (p, b) in enumerate(zip(ptrs, bufs)) if b.nbytes]
+    for lo, hi, k in spans:
+        if k < n_in:
+            continue
+        for lo2, hi2, k2 in spans:
+            if k2 != k and lo < hi2 and lo2 < hi:
+                kind = "input" if k2 < n_in else "output"
+                raise ShapeError(f"{what}: run_device's output {names[k]!r} ({hi - lo} B at {lo:#x}) overlaps "
+                                 f"{kind} {names[k2]!r} ({hi2 - lo2} B at {lo2:#x}): an output needs memory of its "
+                                 f"own, the kernels may read the inputs while others write the outputs",
+                                 hint="give each output its own device buffer (copy it over the input after the "
+                                      "call if an in-place update is wanted)")
+
+
 class GpuModel(Model):
     """A loaded GPU bundle (:class:`cuvil.targets.model_api.Model`: ``run``, ``inputs``, ``outputs``,
     ``symbols``; ``run(..., mode="eager")`` for one call), ``run_device`` for device pointers,
@@ -507,6 +525,8 @@ class GpuModel(Model):
         ptrs = [int(p) for p in list(in_ptrs) + list(out_ptrs)]
         if any(p == 0 for p, buf in zip(ptrs, v.in_bufs + v.out_bufs) if buf.nbytes):
             raise ShapeError(f"{os.path.basename(self.path)}: run_device got a null device pointer")
+        _check_disjoint(os.path.basename(self.path), ptrs, v.in_bufs + v.out_bufs, len(in_ptrs),
+                        [d["name"] for d in self.plan["inputs"] + self.plan["outputs"]])
         return v
 
     def capture(self, points: Optional[Sequence[Mapping[str, int]]] = None) -> List[str]:

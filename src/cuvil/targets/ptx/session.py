@@ -181,6 +181,18 @@ class GpuSession(Model):
             if events is not None:
                 self._call("cuEventRecord", drv.cuEventRecord(events[j][1], stream))
 
+    def _branch_resources(self, lane: _Lane) -> None:
+        """The extra streams and events the lane's capture over several streams needs, made before the capture
+        begins (kept by the session for its later captures)."""
+        drv = self._d
+        where, _waits, waited = lane.layout
+        flags = getattr(drv.CUevent_flags, "CU_EVENT_DISABLE_TIMING", drv.CUevent_flags.CU_EVENT_DEFAULT).value
+        while len(self._aux) < max(where, default=0):
+            self._aux.append(self._call("cuStreamCreate",
+                                        drv.cuStreamCreate(drv.CUstream_flags.CU_STREAM_NON_BLOCKING.value)))
+        while len(self._events) < len(waited) + 2:
+            self._events.append(self._call("cuEventCreate", drv.cuEventCreate(flags)))
+
     def _launch_branches(self, lane: _Lane, stream) -> None:
         """Capture-time launches over several streams (the plan's dependencies, :mod:`~cuvil.targets.ptx.launch_deps`):
         each launch on its stream after the events of its dependencies on other streams; the extra streams fork
@@ -188,31 +200,24 @@ class GpuSession(Model):
         the dependencies (and each stream's order) and its replay runs independent kernels at once."""
         drv = self._d
         where, waits, waited = lane.layout
-        need = max(where) if where else 0
-        flags = getattr(drv.CUevent_flags, "CU_EVENT_DISABLE_TIMING", drv.CUevent_flags.CU_EVENT_DEFAULT).value
-        while len(self._aux) < need:
-            self._aux.append(self._call("cuStreamCreate",
-                                        drv.cuStreamCreate(drv.CUstream_flags.CU_STREAM_NON_BLOCKING.value)))
-        while len(self._events) < len(lane.launches) + 2:
-            self._events.append(self._call("cuEventCreate", drv.cuEventCreate(flags)))
-        fork, join = self._events[-2], self._events[-1]
-        streams = [stream] + self._aux[:need]
+        event = {j: self._events[k] for k, j in enumerate(waited)}     # (made by _branch_resources)
+        fork, join = self._events[len(waited)], self._events[len(waited) + 1]
+        streams = [stream] + self._aux[:max(where, default=0)]
         self._zero(lane, stream)
         self._call("cuEventRecord", drv.cuEventRecord(fork, stream))
         for s in streams[1:]:
             self._call("cuStreamWaitEvent", drv.cuStreamWaitEvent(s, fork, 0))
-        marks = set(waited)
         faults = self.model._faults_armed
         for j, (k, fn, _vals, ptrs) in enumerate(lane.launches):
             s = streams[where[j]]
             for d in waits[j]:
-                self._call("cuStreamWaitEvent", drv.cuStreamWaitEvent(s, self._events[d], 0))
+                self._call("cuStreamWaitEvent", drv.cuStreamWaitEvent(s, event[d], 0))
             g, b = k["grid"], k["block"]
             res = drv.cuLaunchKernel(fn, g[0], g[1], g[2], b[0], b[1], b[2], 0, s, ptrs.ctypes.data, 0)
             if res[0] != drv.CUresult.CUDA_SUCCESS or faults():
                 self._call(f"cuLaunchKernel({k['name']}, stage {k['stage']})", res)
-            if j in marks:
-                self._call("cuEventRecord", drv.cuEventRecord(self._events[j], s))
+            if j in event:
+                self._call("cuEventRecord", drv.cuEventRecord(event[j], s))
         for s in streams[1:]:
             self._call("cuEventRecord", drv.cuEventRecord(join, s))
             self._call("cuStreamWaitEvent", drv.cuStreamWaitEvent(stream, join, 0))
@@ -225,6 +230,8 @@ class GpuSession(Model):
         self._launch_all(lane, stream)
         self._call("cuStreamSynchronize", drv.cuStreamSynchronize(stream))
         free0 = self._call("cuMemGetInfo", drv.cuMemGetInfo())[0]
+        if lane.layout is not None:
+            self._branch_resources(lane)
         self._call("cuStreamBeginCapture",
                    drv.cuStreamBeginCapture(stream, drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL))
         try:
