@@ -210,6 +210,28 @@ def test_one_bundle_holds_every_bucket(profile_bundle):
 
 
 @needs_libdevice
+def test_the_manifest_counts_every_bucket(profile_bundle):
+    """Kernels by tensor-core kind, the memory-safety proof, rules: over every bucket, not the opt bucket's alone."""
+    _, b = profile_bundle
+    man = b.manifest
+    kinds, n = {}, 0
+    for e in man["buckets"]:
+        with open(os.path.join(b.path, e["dir"], "plan.json")) as f:
+            ks = json.load(f)["kernels"]
+        n += len(ks)
+        for k in ks:
+            if "mma" in k["kind"] or k["kind"].startswith("matmul_"):
+                kinds[k["kind"]] = kinds.get(k["kind"], 0) + 1
+        assert e["launch_graph"]["kernels"] == len(ks) and e["memory_safety"].endswith("kernels proved in bounds")
+    assert man["tensor_core_kernels"] == dict(sorted(kinds.items()))
+    ms = man["memory_safety"]
+    assert man["kernels"] == n and ms["kernels"] >= len(man["buckets"])
+    assert ms["summary"] == f"{ms['kernels_proved']}/{ms['kernels']} kernels proved in bounds (4 buckets)"
+    assert {k["bucket"] for k in ms["per_kernel"]} == {"N=1", "N=2", "N=4", "N=8"} and len(ms["per_kernel"]) == ms["kernels"]
+    assert "launch_graph" not in man
+
+
+@needs_libdevice
 @needs_ptxas
 def test_every_bucket_assembles(profile_bundle):
     _, b = profile_bundle

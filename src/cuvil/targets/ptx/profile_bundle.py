@@ -22,7 +22,7 @@ import hashlib
 import json
 import os
 import shutil
-from typing import Dict, Mapping
+from typing import Dict, List, Mapping
 
 from ...errors import CuvilError, ShapeError
 from ...ir.graph import Graph
@@ -187,16 +187,19 @@ def compile_profile_bundle(g: Graph, out_dir: str, *, graph_buckets: BucketSpec 
         f.write("\n")
     k = next((j for j, e in enumerate(entries) if e["point"] == opt_point), len(entries) - 1)
     base = dict(manifests[k])
-    for key in ("bucket", "kernels", "arena_bytes", "splitk_scratch_bytes", "register_pass"):
+    for key in ("bucket", "kernels", "arena_bytes", "splitk_scratch_bytes", "register_pass", "launch_graph"):
         base.pop(key, None)
     manifest = {
         **base,
+        **merged_counts(manifests),
         "kernels": sum(m["kernels"] for m in manifests),
         "arena_bytes": plan["arena_bytes"],
         "weights_shared": shared,
         "profile": profile,
         "graph_buckets": {n: p["buckets"] for n, p in profile.items()},
         "buckets": [{"point": e["point"], "dir": e["dir"], "kernels": m["kernels"], "arena_bytes": m["arena_bytes"],
+                     "tensor_core_kernels": m.get("tensor_core_kernels"), "launch_graph": m.get("launch_graph"),
+                     "memory_safety": (m.get("memory_safety") or {}).get("summary"),
                      "ptxas": m.get("ptxas"), "register_pass": m.get("register_pass")}
                     for e, m in zip(entries, manifests)],
         **(manifest_extra or {}),
@@ -208,6 +211,51 @@ def compile_profile_bundle(g: Graph, out_dir: str, *, graph_buckets: BucketSpec 
         json.dump(manifest, f, indent=1)
         f.write("\n")
     return {**manifest, "timings": {"compile_seconds": round(seconds, 3)}}
+
+
+def merged_counts(manifests: List[dict]) -> dict:
+    """The profile manifest's records that count over the whole bundle, every bucket's summed (each bucket's own
+    manifest stays in its directory): kernels by tensor-core kind, rules applied, kernel rules fired, ops fused,
+    float16 reductions widened, the memory-safety proof (each bucket's kernels, named with their bucket)."""
+    out: dict = {}
+
+    def add_counts(key):
+        tot: Dict[str, int] = {}
+        for m in manifests:
+            for k, n in (m.get(key) or {}).items():
+                tot[k] = tot.get(k, 0) + n
+        if any(key in m for m in manifests):
+            out[key] = dict(sorted(tot.items()))
+
+    def add_rules(key):
+        tot: Dict[str, dict] = {}
+        for m in manifests:
+            for name, r in (m.get(key) or {}).items():
+                if name in tot:
+                    tot[name]["applied"] = tot[name].get("applied", 0) + r.get("applied", 0)
+                else:
+                    tot[name] = dict(r)
+        if any(key in m for m in manifests):
+            out[key] = tot
+    add_counts("tensor_core_kernels")
+    add_counts("fused_ops")
+    add_rules("rules_applied")
+    add_rules("kernel_rules")
+    if any("float16_reductions_widened" in m for m in manifests):
+        out["float16_reductions_widened"] = sum(m.get("float16_reductions_widened", 0) for m in manifests)
+    if any("float16_tensors" in m for m in manifests):
+        out["float16_tensors"] = list(dict.fromkeys(t for m in manifests for t in m.get("float16_tensors") or ()))
+    proofs = [(point_text(m["bucket"]) if m.get("bucket") else str(i), m["memory_safety"])
+              for i, m in enumerate(manifests) if m.get("memory_safety")]
+    if proofs:
+        n = sum(ms["kernels"] for _, ms in proofs)
+        ok = sum(ms["kernels_proved"] for _, ms in proofs)
+        out["memory_safety"] = {
+            "summary": f"{ok}/{n} kernels proved in bounds ({len(proofs)} buckets)", "kernels_proved": ok,
+            "kernels": n, **{k: sum(ms.get(k, 0) for _, ms in proofs) for k in ("accesses", "z3_queries", "cache_hits")},
+            "guarded": [{**k, "bucket": b} for b, ms in proofs for k in ms.get("guarded", ())],
+            "per_kernel": [{**k, "bucket": b} for b, ms in proofs for k in ms.get("per_kernel", ())]}
+    return out
 
 
 def bucket_plans(path: str, plan: dict, read) -> Dict[str, dict]:
