@@ -258,10 +258,10 @@ def test_decode_step_small_views_take_no_kernels(fp16):
     attention's output, the fused node's output (its own buffer, no copy) and the float16 pass's casts of the new
     KV row and of the residual read by LayerNorm take no kernel of their own: a layer is LayerNorm, the QKV GEMV,
     the two cache concatenations, attention, then the projection, LayerNorm, MLP GEMVs (9). Off:
-    each head split is stored by a small element kernel; the merge of attention's output takes none either way
-    (the fused kernel stores its rows where the merge puts them, AttentionRows.out_heads_inner). Unfused, BERT's
-    merged heads at S = 128 (98,304 elements, over VIEW_INLINE_MAX) stay stored, so that its products read
-    contiguous rows; fused, the attention kernel writes them there."""
+    each view is stored by a small element kernel, the merge of attention's output too unless the fused kernel
+    stores its rows where the merge puts them (PtxTuning.attention_heads_merged, AttentionRows.out_heads_inner).
+    BERT's merged heads at S = 128 (98,304 elements, over VIEW_INLINE_MAX) stay stored, so that its products read
+    contiguous rows; with attention_heads_merged, the attention kernel writes them there."""
     gpt = Pipeline.from_onnx(gpt2_decode_model(vocab=1001, hidden=96, layers=2, heads=4, ffn=387, max_pos=512)).optimize()
     g, _ = specialize_graph(gpt.graph, {"batch": 1, "past_sequence": 300, "total_sequence": 301})
     kernels = {}
@@ -277,15 +277,22 @@ def test_decode_step_small_views_take_no_kernels(fp16):
     # the embedding sum too; float16 reads it through the first LayerNorm's widening)
     assert len(kernels[True]) == 2 * 9 + (3 if fp16 else 4), kernels[True]
     assert not any(s.endswith((".q.heads", ".k.heads", ".v.heads", ".merged", ".sdpa.ctx")) for s in kernels[True])
-    assert sum(s.endswith((".q.heads", ".k.heads", ".v.heads")) for s in kernels[False]) == 6
-    assert not any(s.endswith(".merged") for s in kernels[False])
+    assert sum(s.endswith((".q.heads", ".k.heads", ".v.heads", ".merged")) for s in kernels[False]) == 8
+    _, r = _build(g, tuning=PtxTuning(fused_attention=True, inline_views=False, attention_fused_merge=True,
+                                      attention_heads_merged=True), fp16=fp16)
+    merged_off = [d.stage for d in r.kernels]
+    assert sum(s.endswith((".q.heads", ".k.heads", ".v.heads")) for s in merged_off) == 6
+    assert not any(s.endswith(".merged") for s in merged_off) and len(merged_off) == len(kernels[False]) - 2
     from cuvil.kernels.schedule import VIEW_INLINE_MAX
     bert = Pipeline.from_onnx(bert_model(vocab=101, hidden=768, layers=1, heads=12, ffn=3072, max_pos=256)).optimize()
     g, _ = specialize_graph(bert.graph, {"batch": 1, "sequence": 128})
     sched = gpu_schedule(g, tuning=PtxTuning(fused_attention=False))
     merged = [s for s in sched.stages if s.op == "Reshape" and s.buf.shape == (1, 128, 768)]
     assert merged and 128 * 768 > VIEW_INLINE_MAX
-    sched = gpu_schedule(fuse_attention(g, 128)[0], tuning=PtxTuning(fused_attention=True))
+    fused = fuse_attention(g, 128)[0]
+    sched = gpu_schedule(fused, tuning=PtxTuning(fused_attention=True))
+    assert [s for s in sched.stages if s.op == "Reshape" and s.buf.shape == (1, 128, 768)]     # (the default)
+    sched = gpu_schedule(fused, tuning=PtxTuning(fused_attention=True, attention_heads_merged=True))
     att = [s for s in sched.stages if s.expr.op == "attention"]
     assert len(att) == 1 and att[0].expr.attr.out_heads_inner and att[0].buf.shape == (1, 128, 12, 64)
     assert not [s for s in sched.stages if s.op == "Reshape" and s.buf.shape == (1, 128, 768)]

@@ -3,7 +3,8 @@
 # captured over several streams, load_bundle(streams=N), ptx/launch_deps.py) and the GPU attention kernels storing
 # their rows where the heads' merge puts them (no copy kernel). The GPU tests first (device_setup.sh: the streams'
 # bit-for-bit checks, attention, bundles, sessions), then BERT-base fp16 (12 layers) at the (B, S) points in
-# ${POINTS} through tensor_cores.py, the same bundle timed over 4 streams (the default) and over 1 (--streams 1),
+# ${POINTS} through tensor_cores.py ("fp16" as shipped, "fp16_heads" with PtxTuning.attention_heads_merged), each
+# bundle timed over 1 stream (the default) and over 4 (--streams 4),
 # torch.compile (reduce-overhead) beside them in the same process, every kernel's time by stage (bert_kernels.py);
 # then bench/gpu/streams.py over ${MODELS} (SKIP_ZOO=1: not). Run from the repository root with PYTHONPATH set;
 # writes under ${OUT:-bench/gpu/results}.
@@ -16,7 +17,7 @@ source bench/gpu/device_setup.sh
 for pt in ${POINTS:-1x128}; do
     b=${pt%x*}; s=${pt#*x}
     timeout ${BERT_S:-200} python3 bench/gpu/tensor_cores.py --out "$OUT/bert_b${b}_s${s}" --parts bert --jobs 14 \
-        --bert-batch "$b" --seq "$s" --iters ${ITERS:-100} --bert-variants ${BERT_VARIANTS:-fp16} --streams 1 \
+        --bert-batch "$b" --seq "$s" --iters ${ITERS:-100} --bert-variants ${BERT_VARIANTS:-fp16 fp16_heads} --streams 4 \
         > "$OUT/bert_b${b}_s${s}.log" 2>&1
     echo "bert rc=$?" >> "$OUT/bert_b${b}_s${s}.log"
     grep -E "p50|rc=|rror" "$OUT/bert_b${b}_s${s}.log" | cut -c1-260

@@ -237,6 +237,8 @@ TUNED.update({"fp16_noflash": ("fp16", {"attention_mma": False})})
 # ... and a product whose tiles fill the GPU not split (PtxTuning.mma_split_filled=False; the default splits it where
 # the estimate says so)
 TUNED.update({"fp16_nosplitfilled": ("fp16", {"mma_split_filled": False})})
+# session 40: the attention kernels storing their rows where the heads' merge puts them (no copy kernel)
+TUNED.update({"fp16_heads": ("fp16", {"attention_heads_merged": True})})
 
 
 def jobs_for(args, arch):

@@ -119,7 +119,8 @@ def schedule(g: Graph, gemm_cols: int = 0, split_concat: bool = False, gemm_tile
              hidden_inputs: int = 0, narrow_formats: tuple = (), matmul_tile: tuple = (),
              bf16_storage: str = "", tile_choices: Optional[dict] = None,
              scaled_operands: bool = False, pad_in_place: bool = False, rows_in_place: bool = False,
-             gpu_attention: bool = False, concat_in_place: bool = False, inline_views: bool = False) -> Schedule:
+             gpu_attention: bool = False, concat_in_place: bool = False, inline_views: bool = False,
+             gpu_heads_merged: bool = False) -> Schedule:
     """Stages and memory plan of ``g``. ``gemm_cols > 0`` lowers convolutions to packed contractions (the
     x86 micro-kernels), each with a register tile (rows, cols[, lanes]) among ``gemm_tiles`` (default
     ``((MR, gemm_cols),)``), and constant-weight MatMuls to column panels ``gemm_cols`` wide; 0 keeps plain
@@ -162,7 +163,9 @@ def schedule(g: Graph, gemm_cols: int = 0, split_concat: bool = False, gemm_tile
     stage writes only the border (:mod:`cuvil.kernels.pad_in_place`); ``rows_in_place`` (x86) the same for a
     channels-last convolution's output and its stride-1 reader's rows copy. ``gpu_attention`` (the GPU's,
     ``PtxTuning.fused_attention``): a FusedAttention with static shapes lowers to the GPU kernel's node
-    (:class:`cuvil.kernels.attention.AttentionRows`: its operands read in place through index expressions).
+    (:class:`cuvil.kernels.attention.AttentionRows`: its operands read in place through index expressions);
+    ``gpu_heads_merged`` (with it, ``PtxTuning.attention_heads_merged``): that node's output stored where the
+    exports' head merge next puts it (``AttentionRows.out_heads_inner``), the merge then a view.
     ``concat_in_place`` (x86, with ``split_concat``): a stored value that only a concatenation piece copies, into
     a contiguous slice, is written there by its producer and the copy goes (:mod:`cuvil.kernels.concat_in_place`).
     ``inline_views`` (the GPU's): a reshape of a value that is not stored (a head split of a Split's output, the
@@ -182,6 +185,7 @@ def schedule(g: Graph, gemm_cols: int = 0, split_concat: bool = False, gemm_tile
     builder.bf16_storage = bf16_storage if "bf16" in builder.narrow_formats else ""
     builder.scaled_operands = scaled_operands
     builder.gpu_attention = gpu_attention
+    builder.gpu_heads_merged = gpu_heads_merged
     builder.inline_views = inline_views
     builder.size_writers = writers
     builder.symbol_slots = {s.name: k for k, s in enumerate(syms)}
@@ -252,6 +256,7 @@ class _StageBuilder:
         self.bf16_storage = ""               # schedule's bf16_storage
         self.scaled_operands = False         # schedule's scaled_operands
         self.gpu_attention = False           # schedule's gpu_attention (LowerCtx.gpu_attention)
+        self.gpu_heads_merged = False        # schedule's gpu_heads_merged (LowerCtx.gpu_heads_merged)
         self.inline_views = False            # schedule's inline_views
         self.bf16_stored: Dict[str, str] = {}
         self.shared_temps: dict = {}          # LowerCtx.shared
@@ -368,7 +373,7 @@ class _StageBuilder:
         outs = low(LowerCtx(node, ins, self._input_store(node, ins), self.packed_weight, *self.lower_options, used_outputs=used,
                             narrow_formats=self.narrow_formats, matmul_tile=self.matmul_tile,
                             tile_choices=self.tile_choices, bf16_storage=bool(self.bf16_storage),
-                            gpu_attention=self.gpu_attention,
+                            gpu_attention=self.gpu_attention, gpu_heads_merged=self.gpu_heads_merged,
                             shared=self.shared_temps if node.guard is None and not self.open_loops else None, set_size=(lambda value, name=writes: self.write_symbol(name, value)) if writes else None))
         inlined = [v for v in node.inputs if v is not None and id(v) not in self.bufs]
         # an expression that inlines a reduction is expensive however cheap its own op is

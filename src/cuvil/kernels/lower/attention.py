@@ -390,7 +390,7 @@ def _rows(ctx, q, kt, v, scale_t, mask):
         if spec.zero_nan:
             y = _guarded(y, total, value, [Sk])
         return E("attention", [b, h, i, c, cast(y, dt)], dt, spec)
-    if not _heads_merged_next(ctx):
+    if not (ctx.gpu_heads_merged and _heads_merged_next(ctx)):
         return [ctx.temp((B, H, Sq, Dv), dt, element, "out")]
     # the heads merged next, as on x86 (_tiled): the kernels store rows at [B, Sq, H, Dv]
     # (AttentionRows.out_index), the Transpose reads them at their own index and the Reshape is a view, so the

@@ -65,13 +65,16 @@ class LowerCtx:
                  row_kernels: bool = False, channel_tile_cost: Optional[float] = None,
                  used_outputs: Optional[Sequence[bool]] = None, set_size: Optional[Callable] = None,
                  narrow_formats: Sequence[str] = (), matmul_tile: tuple = (), bf16_storage: bool = False,
-                 tile_choices: Optional[dict] = None, gpu_attention: bool = False, shared: Optional[dict] = None):
+                 tile_choices: Optional[dict] = None, gpu_attention: bool = False, shared: Optional[dict] = None,
+                 gpu_heads_merged: bool = False):
         self.node, self.inputs, self._temp, self._weight = node, inputs, temp, weight
         # copies one reader stored that a later reader may take as they are (key -> TensorFn; None: none may be
         # shared here, in a guard or a run-time loop, where a store may not run before the later reader)
         self.shared = shared
         # (GPU) FusedAttention lowers to the GPU kernel's node, operands read in place (schedule's gpu_attention)
         self.gpu_attention = gpu_attention
+        # (GPU) ... its output stored where the exports' head merge puts it (schedule's gpu_heads_merged)
+        self.gpu_heads_merged = gpu_heads_merged
         # (rows, cols) of a float32 constant-weight MatMul's register tile; () = (MR, gemm_cols)
         self.matmul_tile = tuple(matmul_tile)
         # {(m, positions, k): register tile} measured by the x86 target's --tune: a float32 convolution

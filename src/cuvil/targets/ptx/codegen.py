@@ -976,7 +976,7 @@ def gpu_schedule(g, unpadded: bool = True, tuning: PtxTuning = DEFAULT_TUNING) -
     return schedule(g, gemm_cols=GPU_GEMM_COLS, gemm_tiles=tuple((m, GPU_GEMM_COLS) for m in TILE_CHANNELS),
                     unpadded_contractions=unpadded, matmul_panels=False, half_contractions=True,
                     scaled_operands=tuning.scaled_operands, gpu_attention=tuning.fused_attention,
-                    inline_views=tuning.inline_views)
+                    inline_views=tuning.inline_views, gpu_heads_merged=tuning.attention_heads_merged)
 
 
 def _has_half(e: E) -> bool:

@@ -34,8 +34,11 @@ from ...errors import CuvilError
 from ...kernels.schedule import WEIGHTS
 from ...kernels.texpr import Buf, nodes
 
-#: streams a captured graph lays a bundle's kernels over by default (GpuModel's ``streams``; 1: launch order)
-DEFAULT_STREAMS = 4
+#: streams a captured graph lays a bundle's kernels over by default (GpuModel's ``streams``; 1: launch order).
+#: 1 until run on a GPU: written in session 40 (tested through the fake driver, every dependency checked against
+#: the memory-safety proof's accesses) when no device could be had; bench/gpu/streams_run.sh times streams=4
+#: against 1 and runs the GPU tests (tests/test_gpu_streams.py)
+DEFAULT_STREAMS = 1
 MAX_STREAMS = 16
 
 # kernel kinds (KernelDesc.kind, as ptx/codegen.py names them) whose kernels read and write only their stages'

@@ -20,7 +20,7 @@ table at run time, so pointing a session at other input/output buffers is one 8-
 re-capture. Calls on different sessions run at once (from several host threads, on several streams).
 
 Graphs: the first run of a shape bucket on a session captures all launches of one inference into a CUDA graph, in
-order on its stream, or (``streams=N``, 4 by default) laid over N streams by the plan's dependencies so that kernels
+order on its stream, or (``streams=N``; 1 by default until timed on a GPU) laid over N streams by the plan's dependencies so that kernels
 that share no bytes run at once (:mod:`cuvil.targets.ptx.launch_deps`: BERT's Q, K and V products), into a CUDA graph, instantiates it and keeps it in a bounded LRU cache (:mod:`cuvil.targets.ptx.graph_cache`)
 keyed by the bucket. A static bundle has one bucket; a profile bundle (:mod:`cuvil.targets.ptx.profile_bundle`)
 one per bucket point, all loaded at load time, a call between buckets running the next one up, padded where
@@ -296,8 +296,8 @@ class GpuModel(Model):
                              hint="sessions=4 lets four host threads each run an inference at once")
         if isinstance(streams, bool) or not isinstance(streams, int) or not 1 <= streams <= MAX_STREAMS:
             raise CuvilError(f"streams must be an integer from 1 to {MAX_STREAMS}, got {streams!r}",
-                             hint=f"streams={DEFAULT_STREAMS} (the default) lets a captured graph run independent "
-                                  "kernels at once; streams=1 keeps the launch order")
+                             hint="streams=4 lets a captured graph run independent kernels at once; streams=1 "
+                                  "keeps the launch order")
         self.streams = streams
         self.path = os.path.abspath(os.fspath(path))
         self._files = files                                       # a verified load's bytes: the disk is not read

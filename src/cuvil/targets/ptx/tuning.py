@@ -173,6 +173,13 @@ class PtxTuning:
     # and their copies). On since session 39's H200 run (bench/gpu/flash_run.sh; GPU tests passed there): BERT-base
     # fp16 B = 1 at S = 32 / 128 / 384 0.732 -> 0.665, 1.006 -> 0.935, 1.740 -> 1.479 ms, B = 8 S = 128 2.875 -> 2.566
     attention_mma: bool = True
+    # ... and, where the exports merge the heads next (Transpose [0, 2, 1, 3], Reshape to [B, S, H * D]), the
+    # attention kernels store each output row where the merge puts it ([B, S, H, D], AttentionRows.out_heads_inner,
+    # as x86's kernel does): the merge is then a view and the output projection reads the kernel's output in place,
+    # instead of an element kernel copying it (BERT-base S = 128: 7.8 us a layer on an H200, session 39). Off until
+    # run on a GPU: written in session 40 (memory safety proved, the same index arithmetic as x86's), when no device
+    # could be had; bench/gpu/streams_run.sh times it (variant fp16_heads) and runs the GPU tests
+    attention_heads_merged: bool = False
     # plain element stages (copies such as a KV cache's concatenation, elementwise ops) with at least
     # ``element_vec_min`` elements and a last dim that ``element_vec`` divides: a thread computes that many
     # consecutive elements, its loads issued together (one element per thread leaves too few bytes in flight to
