@@ -20,7 +20,7 @@ are symbolic gets no dependencies (``None``: the runtime keeps the launch order)
 reduced (a kernel waits for ``i`` only where no other kernel it waits for already does).
 
 :func:`assign_streams` lays the kernels over ``streams`` streams for graph capture (the runtime's
-``parallel_branches``): a kernel goes on the stream of one of its dependencies whose last kernel it is (stream
+``streams``, :func:`launch_layout`): a kernel goes on the stream of one of its dependencies whose last kernel it is (stream
 order then gives that dependency for free), else on an idle stream; every other dependency on another stream is an
 event it waits for. Replaying the graph runs the independent kernels at once. The results are the same bits: each
 kernel computes what it computed before, from the same inputs, and writes where it did; only the order of
@@ -124,9 +124,9 @@ def kernel_dependencies(kernel_stages: Sequence[Sequence], kinds: Sequence[str],
 
 
 def launch_summary(after: Optional[Sequence[Sequence[int]]], kernels: int) -> dict:
-    """The manifest's ``launch_graph``: kernels, dependency edges, barriers (kernels that wait for all before
-    them), the longest chain of dependent kernels and the most kernels free to run at once at any point of the
-    launch order (1 where ``after`` is None: the launch order kept)."""
+    """The manifest's ``launch_graph``: kernels, dependency edges, the longest chain of dependent kernels
+    (``critical_path``) and the most kernels at one depth of the dependency graph (``widest_level``); where
+    ``after`` is None (symbolic sizes), the kernels and that the launch order is kept."""
     if after is None:
         return {"kernels": kernels, "dependencies": "launch order (symbolic sizes)"}
     depth: List[int] = []

@@ -111,8 +111,9 @@ class GpuSession(Model):
                              for n, d in zip(m._in_bytes, m.plan["inputs"])]
         self._lanes = [_Lane(v, m._alloc_to(self._allocs, 8 * int(v.plan["buffers"]["count"]), "buffer table"),
                              m.streams) for v in m._variants]
-        # (graph capture over several streams, GpuModel's streams: self._aux the extra streams, self._events an
-        # event per launch, then the fork and join events; made at the first such capture)
+        # (graph capture over several streams, GpuModel's streams: self._aux the extra streams, self._events one
+        # event per launch another stream waits for, then the fork and join events; made before the first such
+        # capture by _branch_resources)
         self.device_bytes = (max(m.arena_bytes, 1) + sum(max(n, 1) for n in m._in_bytes + m._out_bytes)
                              + sum(8 * len(ln.table_host) for ln in self._lanes))
         self.host_bytes = sum(max(n, 1) for n in m._in_bytes) if self.pinned else 0
