@@ -50,8 +50,8 @@ def load(path: Union[str, os.PathLike], num_threads: int = 0, fallback: Union[st
     """Open a compiled model as a :class:`Model`: ``libNAME.so`` through ctypes, or a GPU bundle
     ``NAME.cuvil/`` through the CUDA driver (``gpu``: ``device``, ``max_graphs``, ``mode``,
     ``prefer_cubin``, ``sessions`` (inferences in flight at once, from as many host threads), ``pinned``,
-    ``streams`` (the streams a captured graph lays independent kernels over; 1 by default)). Both answer the same calls: ``run(*arrays)`` / ``run(**named)`` return a list in
-    output order, ``run({name: array})`` a dict by output name; ``inputs``, ``outputs``, ``symbols``;
+    ``streams`` (the streams a captured graph lays independent kernels over; 1 by default)). Both answer the
+    same calls: ``run(*arrays)`` / ``run(**named)`` return a list in output order, ``run({name: array})`` a dict by output name; ``inputs``, ``outputs``, ``symbols``;
     ``close()`` and ``with``. Where a bundle cannot run (no CUDA driver or GPU) and ``fallback`` names an
     x86 ``libNAME.so``, a :class:`~cuvil.targets.ptx.failsafe.FailSafeModel` runs the bundle and falls back to
     that library where the GPU is missing, out of memory or faults, with a warning and a counter in its
