@@ -4,8 +4,8 @@ streams a captured CUDA graph puts them on.
 A bundle launches its kernels in schedule order. Most depend on the one before (a layer's product reads what the
 LayerNorm before it wrote), but not all: BERT's Q, K and V projections all read the same LayerNorm output and
 write three buffers no other of them touches; an Inception block's four branches read one input. Launched one
-after another, each of those small products fills a part of the GPU (96 blocks of 256 threads for BERT-base's
-128 x 768 x 768 at S = 128 on an H200's 132 SMs) and the next waits for its tail.
+after another, each of those small products fills a part of the GPU (its plan launches 96 blocks of 256 threads
+for BERT-base's 128 x 768 x 768 at S = 128, against an H200's 132 SMs) and the next waits for its tail.
 
 :func:`kernel_dependencies` states, per kernel, the earlier kernels it must wait for, from the bytes each reads and
 writes: kernel ``j`` depends on an earlier ``i`` when ``i`` writes bytes that ``j`` reads or writes, or reads
@@ -33,6 +33,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from ...errors import CuvilError
 from ...kernels.schedule import WEIGHTS
 from ...kernels.texpr import Buf, nodes
+from .matmul_mma import FRAGMENTS
 
 #: streams a captured graph lays a bundle's kernels over by default (GpuModel's ``streams``; 1: launch order).
 #: 1 until run on a GPU: written in session 40 (tested through the fake driver, every dependency checked against
@@ -44,7 +45,7 @@ MAX_STREAMS = 16
 # kernel kinds (KernelDesc.kind, as ptx/codegen.py names them) whose kernels read and write only their stages'
 # buffers: no split-K partials, no tile counters, no attention partials in the scratch area after the arena (those
 # kinds, and any kind not listed here, are barriers). The tensor-core products and convolutions unsplit, per format.
-_FORMATS = ("fp16", "bf16", "tf32", "fp8")
+_FORMATS = tuple(FRAGMENTS)      # the tensor-core formats (their kernels' kinds end in the format)
 PLAIN_KINDS = frozenset({"element", "split", "coarse", "tiled", "sequential", "row", "gemm_fp32", "gemv",
                          "attention_mma", "conv", "conv_mma"} | {f"matmul_{f}" for f in _FORMATS}
                         | {f"conv_mma_{f}" for f in _FORMATS})

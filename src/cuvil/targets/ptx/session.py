@@ -168,17 +168,21 @@ class GpuSession(Model):
             self._call("cuMemsetD32Async(counters)",
                        self._d.cuMemsetD32Async(int(self.arena) + int(off), 0, int(nbytes) // 4, stream))
 
+    def _launch(self, k: dict, fn, ptrs, stream) -> None:
+        """One kernel of the plan on ``stream`` (a failure, or an injected fault, raised naming it)."""
+        drv = self._d
+        g, b = k["grid"], k["block"]
+        res = drv.cuLaunchKernel(fn, g[0], g[1], g[2], b[0], b[1], b[2], 0, stream, ptrs.ctypes.data, 0)
+        if res[0] != drv.CUresult.CUDA_SUCCESS or self.model._faults_armed():
+            self._call(f"cuLaunchKernel({k['name']}, stage {k['stage']})", res)
+
     def _launch_all(self, lane: _Lane, stream, events=None) -> None:
         drv = self._d
-        faults = self.model._faults_armed
         self._zero(lane, stream)
         for j, (k, fn, _vals, ptrs) in enumerate(lane.launches):
             if events is not None:
                 self._call("cuEventRecord", drv.cuEventRecord(events[j][0], stream))
-            g, b = k["grid"], k["block"]
-            res = drv.cuLaunchKernel(fn, g[0], g[1], g[2], b[0], b[1], b[2], 0, stream, ptrs.ctypes.data, 0)
-            if res[0] != drv.CUresult.CUDA_SUCCESS or faults():
-                self._call(f"cuLaunchKernel({k['name']}, stage {k['stage']})", res)
+            self._launch(k, fn, ptrs, stream)
             if events is not None:
                 self._call("cuEventRecord", drv.cuEventRecord(events[j][1], stream))
 
@@ -208,15 +212,11 @@ class GpuSession(Model):
         self._call("cuEventRecord", drv.cuEventRecord(fork, stream))
         for s in streams[1:]:
             self._call("cuStreamWaitEvent", drv.cuStreamWaitEvent(s, fork, 0))
-        faults = self.model._faults_armed
         for j, (k, fn, _vals, ptrs) in enumerate(lane.launches):
             s = streams[where[j]]
             for d in waits[j]:
                 self._call("cuStreamWaitEvent", drv.cuStreamWaitEvent(s, event[d], 0))
-            g, b = k["grid"], k["block"]
-            res = drv.cuLaunchKernel(fn, g[0], g[1], g[2], b[0], b[1], b[2], 0, s, ptrs.ctypes.data, 0)
-            if res[0] != drv.CUresult.CUDA_SUCCESS or faults():
-                self._call(f"cuLaunchKernel({k['name']}, stage {k['stage']})", res)
+            self._launch(k, fn, ptrs, s)
             if j in event:
                 self._call("cuEventRecord", drv.cuEventRecord(event[j], s))
         for s in streams[1:]:
